@@ -1,0 +1,3 @@
+#include "base/hash.h"
+
+_Thread_local int ote__hash_oom;

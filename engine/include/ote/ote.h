@@ -1,0 +1,154 @@
+/*
+ * <ote/ote.h> - the OrbitTE public C API.
+ *
+ * OrbitTE moves bytes between registered memory of processes and hosts. A user creates
+ * an engine, registers large buffers once, opens a peer's segment by its "host:port"
+ * address (the peer's descriptor comes from the peer itself over the control
+ * connection), submits batches of READ/WRITE requests against the peer's buffers, and
+ * polls or waits for completion.
+ *
+ * Conventions: every call returns ote_status_t (OTE_OK == 0) unless noted; outputs are
+ * written only on success; bad input returns OTE_ERR_INVALID and changes nothing. All
+ * calls are thread-safe: many threads may submit and poll at once. Every wait takes a
+ * timeout. Compare statuses with ote_status_code(); ote_status_str() names them and
+ * ote_status_errno() gives the errno of a failed native call.
+ */
+#ifndef OTE_OTE_H
+#define OTE_OTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OTE_API_VERSION 1
+
+typedef struct ote_config ote_config_t;
+typedef struct ote_engine ote_engine_t;
+typedef struct ote_segment ote_segment_t;
+typedef struct ote_batch ote_batch_t;
+
+/* ---- configuration ------------------------------------------------------------------
+ * Keys (the value is always a string; sizes accept K/M/G suffixes):
+ *   transport            "tcp" (default) or "rdma". Never silently replaced by another.
+ *   listen_address       "host:port" the engine listens on; "[v6]:port" for IPv6.
+ *                        Default "127.0.0.1:0" (port 0 = any free port).
+ *   advertise_address    "host:port" reported by ote_engine_address() when the listen
+ *                        address is a wildcard (default: the listen address).
+ *   tcp_connections      data connections per peer (default 4).
+ *   tcp_workers          transport worker threads (default 2).
+ *   slice_size           bytes per slice a request is cut into (default 1M).
+ *   transfer_timeout_ms  deadline of every transfer (default 30000).
+ *   connect_timeout_ms   deadline of a connection attempt and handshake (default 5000).
+ *   verbs_provider       "sim" or "rdma-core" (transport=rdma).
+ *   rdma_device          device name to pin (transport=rdma; default: automatic).
+ *   log_level            error|warn|info|debug|trace.
+ * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
+ * with ote_config_set() wins over the environment.
+ */
+ote_status_t ote_config_create(ote_config_t **cfg_out);
+/* OTE_ERR_NOT_FOUND for an unknown key, OTE_ERR_INVALID for a malformed value. */
+ote_status_t ote_config_set(ote_config_t *cfg, const char *key, const char *value);
+/* Effective value (set, else environment, else default) copied into buf. */
+ote_status_t ote_config_get(const ote_config_t *cfg, const char *key, char *buf, size_t len);
+void ote_config_destroy(ote_config_t *cfg);
+
+/* ---- engine ------------------------------------------------------------------------ */
+/* cfg may be NULL (environment and defaults). The engine copies what it needs. */
+ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_out);
+/* Refused with OTE_ERR_BUSY while segments or batches are open. */
+ote_status_t ote_engine_destroy(ote_engine_t *engine);
+/* "host:port" (or "[v6]:port") other engines use to reach this one. */
+ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
+
+/* ---- memory ------------------------------------------------------------------------
+ * Registration makes [addr, addr+len) reachable by remote peers with the given
+ * permissions: OTE_PERM_READ lets peers READ from it, OTE_PERM_WRITE lets peers WRITE
+ * into it. Local buffers used as the source/destination of this engine's own requests
+ * need no registration on TCP. Overlapping registrations are refused with
+ * OTE_ERR_EXISTS: each byte has exactly one registration and one set of permissions.
+ * Unregister takes the start address given at registration and is refused with
+ * OTE_ERR_BUSY while a transfer uses the range.
+ */
+#define OTE_PERM_READ 0x1u
+#define OTE_PERM_WRITE 0x2u
+ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
+ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
+
+/* ---- segments ---------------------------------------------------------------------- */
+/* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
+ * segment can be opened again; a later open reconnects. */
+ote_status_t ote_segment_open(ote_engine_t *engine, const char *peer, ote_segment_t **seg_out);
+/* Refused with OTE_ERR_BUSY while a batch has pending requests on it. */
+ote_status_t ote_segment_close(ote_segment_t *seg);
+
+/* ---- transfers --------------------------------------------------------------------- */
+typedef enum {
+    OTE_READ = 0,  /* remote -> local */
+    OTE_WRITE = 1, /* local -> remote */
+} ote_opcode_t;
+
+typedef struct {
+    ote_opcode_t opcode;
+    void *local_addr;       /* this process's buffer */
+    ote_segment_t *segment; /* the peer */
+    uint64_t remote_addr;   /* the peer's virtual address */
+    size_t length;          /* bytes; 0 completes at once */
+} ote_request_t;
+
+typedef enum {
+    OTE_TRANSFER_WAITING = 0,  /* slot not yet submitted */
+    OTE_TRANSFER_PENDING = 1,  /* submitted, in progress */
+    OTE_TRANSFER_COMPLETED = 2,
+    OTE_TRANSFER_FAILED = 3,
+    OTE_TRANSFER_CANCELED = 4,
+    OTE_TRANSFER_TIMEOUT = 5,
+} ote_transfer_state_t;
+
+typedef struct {
+    ote_transfer_state_t state;
+    uint64_t bytes_done;
+    ote_status_t error; /* OTE_OK unless FAILED/CANCELED/TIMEOUT */
+} ote_transfer_status_t;
+
+/* A batch holds up to `capacity` requests. Submissions append; index i names the i-th
+ * request submitted since creation or the last reset. */
+ote_status_t ote_batch_create(ote_engine_t *engine, size_t capacity, ote_batch_t **batch_out);
+/* Validates all n requests first (OTE_ERR_INVALID / OTE_ERR_TOO_BIG and nothing is
+ * submitted), then starts them. */
+ote_status_t ote_batch_submit(ote_batch_t *batch, const ote_request_t *reqs, size_t n);
+ote_status_t ote_batch_status(ote_batch_t *batch, size_t index, ote_transfer_status_t *status_out);
+/* Wait until every submitted request has ended or timeout_ns passes. Returns OTE_OK when
+ * all COMPLETED, OTE_ERR_TIMEOUT when some are still pending at the timeout (they go on),
+ * else the error of the first request that did not complete. */
+ote_status_t ote_batch_wait(ote_batch_t *batch, uint64_t timeout_ns);
+/* Cancel every pending request. Returns at once; in-flight slices end before their
+ * request reports CANCELED, and no byte outside the requested ranges is touched. */
+ote_status_t ote_batch_cancel(ote_batch_t *batch);
+/* Forget all finished requests so the batch can be reused; OTE_ERR_BUSY if any pending. */
+ote_status_t ote_batch_reset(ote_batch_t *batch);
+/* OTE_ERR_BUSY while requests are pending (cancel and wait first). */
+ote_status_t ote_batch_destroy(ote_batch_t *batch);
+
+/* ---- notifications ----------------------------------------------------------------- */
+#define OTE_NOTIFY_MAX 4096
+/* Send a small message (<= OTE_NOTIFY_MAX bytes) to the peer. */
+ote_status_t ote_notify_send(ote_engine_t *engine, ote_segment_t *seg, const void *msg, size_t len);
+/* Attach a message to a batch: it is sent to seg once every request of the batch that
+ * targets seg has COMPLETED, so the peer receives it only after the data is complete in
+ * its memory. It is not sent if any of those requests fails or is canceled. */
+ote_status_t ote_batch_notify(ote_batch_t *batch, ote_segment_t *seg, const void *msg, size_t len);
+/* Receive the next message sent to this engine, waiting up to timeout_ns. The message is
+ * copied into buf (OTE_ERR_TOO_BIG if cap is too small; it stays queued); the sender's
+ * address is copied into from (may be NULL). OTE_ERR_TIMEOUT when none arrived. */
+ote_status_t ote_notify_recv(ote_engine_t *engine, void *buf, size_t cap, size_t *len_out,
+                             char *from, size_t from_len, uint64_t timeout_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,126 @@
+/*
+ * verbs/verbs.h - the fallible verbs function table.
+ *
+ * Every verb OrbitTE calls goes through one ote_verbs_ops_t, so the same layers run on
+ * rdma-core ("rdma-core"), on the software RC provider ("sim"), and under the fault
+ * decorator that wraps either. The table uses rdma-core's own data structures
+ * (struct ibv_send_wr, struct ibv_wc, struct ibv_qp_attr, union ibv_gid, ...), so the
+ * real path needs no translation; providers embed rdma-core's object structs
+ * (struct ibv_context, ibv_pd, ibv_mr, ibv_mw, ibv_cq, ibv_qp, ibv_comp_channel) in their
+ * private objects and recover them with container_of.
+ *
+ * Uniform error convention: every op returns 0 on success or a positive errno value
+ * (the native errno) on failure; objects are returned through an _out parameter that is
+ * written only on success. poll_cq returns the number of completions (>= 0) or a
+ * negative errno. No entry of a table returned by ote_verbs_open() is ever NULL: an op a
+ * provider lacks fails with EOPNOTSUPP.
+ *
+ * Upper layers must never call ibv_* functions or the inline helpers of <infiniband/
+ * verbs.h> (ibv_post_send, ibv_poll_cq, ...) directly: only through this table.
+ */
+#ifndef OTE_VERBS_VERBS_H
+#define OTE_VERBS_VERBS_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ote_verbs ote_verbs_t;
+
+typedef struct ote_verbs_ops {
+    /* Device. The list is owned by the provider until free_device_list. */
+    int (*get_device_list)(ote_verbs_t *v, struct ibv_device ***list_out, int *num_out);
+    void (*free_device_list)(ote_verbs_t *v, struct ibv_device **list);
+    const char *(*get_device_name)(ote_verbs_t *v, struct ibv_device *dev);
+    int (*open_device)(ote_verbs_t *v, struct ibv_device *dev, struct ibv_context **ctx_out);
+    int (*close_device)(ote_verbs_t *v, struct ibv_context *ctx);
+    int (*query_device)(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_device_attr *attr);
+    int (*query_port)(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port,
+                      struct ibv_port_attr *attr);
+    int (*query_gid)(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port, int index,
+                     union ibv_gid *gid);
+    /* ENODATA for an empty slot, as ibv_query_gid_ex. */
+    int (*query_gid_ex)(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port, uint32_t index,
+                        struct ibv_gid_entry *entry);
+    /* NUMA node of the device, -1 when unknown. */
+    int (*device_numa_node)(ote_verbs_t *v, struct ibv_context *ctx, int *node_out);
+    /* Async events: the fd (ctx->async_fd) can be polled; get returns EAGAIN when the fd
+     * is non-blocking and no event is queued. Every event must be acked. */
+    int (*get_async_event)(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_async_event *ev);
+    void (*ack_async_event)(ote_verbs_t *v, struct ibv_async_event *ev);
+
+    /* Protection domain. */
+    int (*alloc_pd)(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_pd **pd_out);
+    int (*dealloc_pd)(ote_verbs_t *v, struct ibv_pd *pd);
+
+    /* Memory regions and windows. */
+    int (*reg_mr)(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t length, int access,
+                  struct ibv_mr **mr_out);
+    int (*dereg_mr)(ote_verbs_t *v, struct ibv_mr *mr);
+    int (*alloc_mw)(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type,
+                    struct ibv_mw **mw_out);
+    int (*dealloc_mw)(ote_verbs_t *v, struct ibv_mw *mw);
+
+    /* Completion channels and queues. */
+    int (*create_comp_channel)(ote_verbs_t *v, struct ibv_context *ctx,
+                               struct ibv_comp_channel **ch_out);
+    int (*destroy_comp_channel)(ote_verbs_t *v, struct ibv_comp_channel *ch);
+    int (*create_cq)(ote_verbs_t *v, struct ibv_context *ctx, int cqe, void *cq_context,
+                     struct ibv_comp_channel *ch, int comp_vector, struct ibv_cq **cq_out);
+    int (*destroy_cq)(ote_verbs_t *v, struct ibv_cq *cq);
+    int (*req_notify_cq)(ote_verbs_t *v, struct ibv_cq *cq, int solicited_only);
+    int (*get_cq_event)(ote_verbs_t *v, struct ibv_comp_channel *ch, struct ibv_cq **cq_out,
+                        void **cq_context_out);
+    void (*ack_cq_events)(ote_verbs_t *v, struct ibv_cq *cq, unsigned int nevents);
+    int (*poll_cq)(ote_verbs_t *v, struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
+
+    /* Queue pairs. create_qp writes back the actual caps into init_attr->cap. */
+    int (*create_qp)(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *init_attr,
+                     struct ibv_qp **qp_out);
+    int (*modify_qp)(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
+    int (*query_qp)(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                    struct ibv_qp_init_attr *init_attr);
+    int (*destroy_qp)(ote_verbs_t *v, struct ibv_qp *qp);
+    /* post_send carries SEND*, RDMA_WRITE*, RDMA_READ, BIND_MW and LOCAL_INV WRs. */
+    int (*post_send)(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr,
+                     struct ibv_send_wr **bad_wr);
+    int (*post_recv)(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *wr,
+                     struct ibv_recv_wr **bad_wr);
+} ote_verbs_ops_t;
+
+/* A provider instance. Upper layers read ->ops and pass the instance back as `v`. */
+struct ote_verbs {
+    const ote_verbs_ops_t *ops;
+    const char *provider; /* "rdma-core", "sim", "fault(sim)", ... */
+    void *priv;           /* provider state */
+    void (*close)(ote_verbs_t *v); /* frees the instance; set by the provider */
+};
+
+/*
+ * Open a provider by name: "rdma-core" or "sim". config is provider-specific (for
+ * "sim" the device configuration string, NULL = OTE_SIM_CONFIG or the default); it may be
+ * NULL. The returned table has no NULL entry. OTE_ERR_NOT_FOUND for an unknown name.
+ */
+ote_status_t ote_verbs_open(const char *provider, const char *config, ote_verbs_t **v_out);
+/* Close a provider instance. Objects opened through it must be destroyed first. */
+void ote_verbs_close(ote_verbs_t *v);
+
+/* Fill every NULL entry of ops with an EOPNOTSUPP stub. */
+void ote_verbs_ops_fill_stubs(ote_verbs_ops_t *ops);
+
+/* Status for a failed verb: OTE_ERR_NATIVE (or a more specific code) carrying err. */
+ote_status_t ote_verbs_status(int err);
+
+/* Names for logs. */
+const char *ote_verbs_wc_status_str(enum ibv_wc_status st);
+const char *ote_verbs_qp_state_str(enum ibv_qp_state st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
