@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what OrbitTE needs to build and test on Debian 12, from Debian's archive only.
+# Idempotent: does nothing when every package is already installed.
+set -eu
+PKGS=(
+    bazel-bootstrap      # Bazel 4.2.3, the only Bazel that works offline here
+    build-essential      # gcc, g++, make
+    libibverbs-dev       # rdma-core verbs (the real RDMA provider)
+    ibverbs-providers
+    libnuma-dev          # NUMA nodes for device and worker placement
+    libhwloc-dev         # topology discovery
+    uthash-dev           # hash tables and lists
+    libgtest-dev         # GoogleTest (prebuilt static libraries)
+    clang                # libFuzzer for the control-plane fuzz target
+    libclang-rt-14-dev
+    python3              # test result counting
+    procps               # pkill/ps used by multi-process tests
+)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "deps: installing ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
