@@ -5,4 +5,4 @@
 set -eu
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-exec bazel run --ui_event_filters=-info,-stdout,-stderr --noshow_progress //tools:ote_bench -- "$@"
+exec bazel run --ui_event_filters=-info --noshow_progress //tools:ote_bench -- "$@"

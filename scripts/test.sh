@@ -46,6 +46,25 @@ if [ -x tests/fuzz/run_fuzz.sh ] && [ "${OTE_SKIP_FUZZ:-0}" != 1 ]; then
     tests/fuzz/run_fuzz.sh; record "control-plane fuzzer" $?
 fi
 
+echo "== planted upward dependencies fail with a visibility error"
+(
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    git ls-files -z | xargs -0 -I{} cp --parents {} "$scratch/" 2>/dev/null ||
+        tar --exclude='./bazel-*' -cf - . | tar -xf - -C "$scratch"
+    printf '\ncc_library(name = "planted", deps = ["//qp"])\n' >>"$scratch/context/BUILD.bazel"
+    printf '\ncc_library(name = "planted", deps = ["//verbs"])\n' >>"$scratch/cuda/BUILD.bazel"
+    cd "$scratch" &&
+    out=$(bazel --output_user_root="$HOME/.cache/bazel_consumer" build --keep_going \
+        //context:planted //cuda:planted 2>&1)
+    rc=$?
+    bazel --output_user_root="$HOME/.cache/bazel_consumer" shutdown >/dev/null 2>&1
+    [ $rc -ne 0 ] &&
+    printf '%s' "$out" | grep -q "target '//qp:qp' is not visible from target '//context:planted'" &&
+    printf '%s' "$out" | grep -q "target '//verbs:verbs' is not visible from target '//cuda:planted'"
+)
+record "planted //context -> //qp and //cuda -> //verbs deps are visibility errors" $?
+
 echo "== outside consumer workspace (//verbs alone)"
 (
     cd tests/consumer &&
