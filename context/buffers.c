@@ -1,0 +1,288 @@
+/*
+ * context/buffers.c - the buffer manager (persistent MRs, all-or-nothing publication).
+ *
+ * Native reg/dereg run without the manager lock, so a long registration does not stall
+ * lookups; the lock guards only the lists. A failed dereg keeps its MR on the owner that
+ * had it (the registration, or the orphan list for rollbacks) and counts it once.
+ */
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/fault.h"
+#include "base/hash.h"
+#include "base/lock.h"
+#include "base/log.h"
+#include "context/buffers.h"
+#include "context/context_internal.h"
+
+typedef struct {
+    ote_context_t *ctx;
+    struct ibv_mr *mr; /* NULL once deregistered */
+    int retained;      /* a dereg failed; counted in the context and the manager */
+} buf_mr_t;
+
+struct ote_buffer {
+    void *addr;
+    size_t len;
+    int access;
+    int retiring;
+    size_t nmr;
+    buf_mr_t *mrs;
+    struct ote_buffer *prev, *next;
+};
+
+typedef struct orphan {
+    ote_context_t *ctx;
+    struct ibv_mr *mr;
+    struct orphan *next;
+} orphan_t;
+
+struct ote_buffer_manager {
+    ote_context_set_t *set;
+    ote_mutex_t mu;
+    ote_buffer_t *live;     /* findable registrations */
+    ote_buffer_t *retiring; /* handles whose deregistration failed */
+    orphan_t *orphans;      /* rollback MRs that could not be deregistered */
+    size_t live_count;
+    size_t retained;
+};
+
+ote_status_t ote_buffer_manager_create(ote_context_set_t *set, ote_buffer_manager_t **bm_out) {
+    if (set == NULL || bm_out == NULL) return OTE_ERR_INVALID;
+    ote_buffer_manager_t *bm = ote_calloc(1, sizeof(*bm));
+    if (bm == NULL) return OTE_ERR_NOMEM;
+    ote_status_t st = ote_mutex_init(&bm->mu);
+    if (st != OTE_OK) {
+        ote_free(bm);
+        return st;
+    }
+    bm->set = set;
+    *bm_out = bm;
+    return OTE_OK;
+}
+
+ote_status_t ote_buffer_manager_destroy(ote_buffer_manager_t *bm) {
+    if (bm == NULL) return OTE_OK;
+    ote_mutex_lock(&bm->mu);
+    int busy = bm->live != NULL || bm->retiring != NULL;
+    int orphans = bm->orphans != NULL;
+    ote_mutex_unlock(&bm->mu);
+    if (busy) return OTE_ERR_BUSY;
+    if (orphans) return OTE_ERR_RETAINED;
+    ote_mutex_destroy(&bm->mu);
+    ote_free(bm);
+    return OTE_OK;
+}
+
+/* Deregister one MR slot. On failure the MR stays in the slot, counted once. */
+static ote_status_t dereg_slot(ote_buffer_manager_t *bm, buf_mr_t *m) {
+    if (m->mr == NULL) return OTE_OK;
+    ote_verbs_t *v = ote_context_verbs(m->ctx);
+    int err = v->ops->dereg_mr(v, m->mr);
+    if (err != 0) {
+        if (!m->retained) {
+            m->retained = 1;
+            ote_context_retained_add(m->ctx, OTE_RETAINED_MR, 1);
+            ote_mutex_lock(&bm->mu);
+            bm->retained++;
+            ote_mutex_unlock(&bm->mu);
+        }
+        OTE_WARN("context", "device %s: dereg_mr failed: errno %d; MR retained",
+                 ote_context_name(m->ctx), err);
+        return ote_status_make(OTE_ERR_RETAINED, err);
+    }
+    m->mr = NULL;
+    if (m->retained) {
+        m->retained = 0;
+        ote_context_retained_add(m->ctx, OTE_RETAINED_MR, -1);
+        ote_mutex_lock(&bm->mu);
+        bm->retained--;
+        ote_mutex_unlock(&bm->mu);
+    }
+    return OTE_OK;
+}
+
+static int overlaps_exact(const ote_buffer_t *b, const void *addr, size_t len) {
+    return b->addr == addr && b->len == len;
+}
+
+ote_status_t ote_buffer_register(ote_buffer_manager_t *bm, void *addr, size_t len, int access,
+                                 ote_buffer_t **buf_out) {
+    if (bm == NULL || addr == NULL || len == 0 || buf_out == NULL) return OTE_ERR_INVALID;
+    ote_status_t st;
+    if (ote_fault_hit("context.buffer_register", &st)) return st;
+    ote_mutex_lock(&bm->mu);
+    for (ote_buffer_t *b = bm->live; b != NULL; b = b->next) {
+        if (overlaps_exact(b, addr, len)) {
+            ote_mutex_unlock(&bm->mu);
+            return OTE_ERR_EXISTS;
+        }
+    }
+    ote_mutex_unlock(&bm->mu);
+
+    size_t n = ote_context_set_count(bm->set);
+    ote_buffer_t *buf = ote_calloc(1, sizeof(*buf));
+    if (buf == NULL) return OTE_ERR_NOMEM;
+    buf->mrs = ote_calloc(n > 0 ? n : 1, sizeof(*buf->mrs));
+    if (buf->mrs == NULL) {
+        ote_free(buf);
+        return OTE_ERR_NOMEM;
+    }
+    buf->addr = addr;
+    buf->len = len;
+    buf->access = access;
+    st = OTE_OK;
+    for (size_t i = 0; i < n; i++) {
+        ote_context_t *ctx = ote_context_set_get(bm->set, i);
+        if (ote_context_state(ctx) == OTE_CONTEXT_FATAL) continue; /* not usable */
+        ote_verbs_t *v = ote_context_verbs(ctx);
+        struct ibv_mr *mr = NULL;
+        int err = v->ops->reg_mr(v, ote_context_pd(ctx), addr, len, access, &mr);
+        if (err != 0) {
+            OTE_ERROR("context",
+                      "device %s: reg_mr(%p, %zu bytes, access 0x%x) failed: errno %d; "
+                      "rolling back %zu MR(s) of this registration",
+                      ote_context_name(ctx), addr, len, (unsigned)access, err, buf->nmr);
+            st = ote_status_make(OTE_ERR_NATIVE, err);
+            break;
+        }
+        buf->mrs[buf->nmr].ctx = ctx;
+        buf->mrs[buf->nmr].mr = mr;
+        buf->nmr++;
+    }
+    if (st == OTE_OK && buf->nmr == 0) {
+        OTE_ERROR("context", "register %p (%zu bytes): no usable context", addr, len);
+        st = OTE_ERR_NO_DEVICE;
+    }
+    if (st == OTE_OK) {
+        ote_mutex_lock(&bm->mu);
+        for (ote_buffer_t *b = bm->live; b != NULL; b = b->next)
+            if (overlaps_exact(b, addr, len)) st = OTE_ERR_EXISTS; /* lost a race */
+        if (st == OTE_OK) {
+            DL_APPEND(bm->live, buf);
+            bm->live_count++;
+        }
+        ote_mutex_unlock(&bm->mu);
+        if (st == OTE_OK) {
+            *buf_out = buf;
+            return OTE_OK;
+        }
+    }
+    /* Roll back: a copy that cannot be deregistered becomes an orphan, still counted. */
+    for (size_t i = buf->nmr; i-- > 0;) {
+        buf_mr_t *m = &buf->mrs[i];
+        if (dereg_slot(bm, m) == OTE_OK) continue;
+        orphan_t *o = ote_calloc(1, sizeof(*o));
+        if (o == NULL) {
+            /* No memory to remember it: the MR is leaked, and said so. */
+            OTE_ERROR("context", "device %s: retained MR lost during rollback (no memory)",
+                      ote_context_name(m->ctx));
+            continue;
+        }
+        o->ctx = m->ctx;
+        o->mr = m->mr;
+        ote_mutex_lock(&bm->mu);
+        o->next = bm->orphans;
+        bm->orphans = o;
+        ote_mutex_unlock(&bm->mu);
+    }
+    ote_free(buf->mrs);
+    ote_free(buf);
+    return st;
+}
+
+ote_status_t ote_buffer_deregister(ote_buffer_manager_t *bm, ote_buffer_t *buf) {
+    if (bm == NULL || buf == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&bm->mu);
+    if (!buf->retiring) {
+        DL_DELETE(bm->live, buf);
+        bm->live_count--;
+        buf->retiring = 1;
+        DL_APPEND(bm->retiring, buf);
+    }
+    ote_mutex_unlock(&bm->mu);
+    ote_status_t result = OTE_OK;
+    for (size_t i = buf->nmr; i-- > 0;) {
+        ote_status_t st = dereg_slot(bm, &buf->mrs[i]);
+        if (st != OTE_OK && result == OTE_OK) result = st;
+    }
+    if (result != OTE_OK) return result;
+    ote_mutex_lock(&bm->mu);
+    DL_DELETE(bm->retiring, buf);
+    ote_mutex_unlock(&bm->mu);
+    ote_free(buf->mrs);
+    ote_free(buf);
+    return OTE_OK;
+}
+
+ote_status_t ote_buffer_manager_reclaim(ote_buffer_manager_t *bm, size_t *remaining_out) {
+    ote_mutex_lock(&bm->mu);
+    orphan_t *list = bm->orphans;
+    bm->orphans = NULL;
+    ote_mutex_unlock(&bm->mu);
+    ote_status_t result = OTE_OK;
+    while (list != NULL) {
+        orphan_t *o = list;
+        list = o->next;
+        buf_mr_t m = {.ctx = o->ctx, .mr = o->mr, .retained = 1};
+        if (dereg_slot(bm, &m) == OTE_OK) {
+            ote_free(o);
+            continue;
+        }
+        result = OTE_ERR_RETAINED;
+        ote_mutex_lock(&bm->mu);
+        o->next = bm->orphans;
+        bm->orphans = o;
+        ote_mutex_unlock(&bm->mu);
+    }
+    if (remaining_out != NULL) *remaining_out = ote_buffer_manager_retained(bm);
+    return result;
+}
+
+size_t ote_buffer_manager_retained(ote_buffer_manager_t *bm) {
+    ote_mutex_lock(&bm->mu);
+    size_t n = bm->retained;
+    ote_mutex_unlock(&bm->mu);
+    return n;
+}
+
+size_t ote_buffer_manager_count(ote_buffer_manager_t *bm) {
+    ote_mutex_lock(&bm->mu);
+    size_t n = bm->live_count;
+    ote_mutex_unlock(&bm->mu);
+    return n;
+}
+
+static ote_status_t mr_of(const ote_buffer_t *buf, const ote_context_t *ctx,
+                          struct ibv_mr **mr_out) {
+    for (size_t i = 0; i < buf->nmr; i++) {
+        if (buf->mrs[i].ctx == ctx && buf->mrs[i].mr != NULL) {
+            *mr_out = buf->mrs[i].mr;
+            return OTE_OK;
+        }
+    }
+    return OTE_ERR_NOT_FOUND;
+}
+
+ote_status_t ote_buffer_mr(const ote_buffer_t *buf, const ote_context_t *ctx,
+                           struct ibv_mr **mr_out) {
+    if (buf == NULL || ctx == NULL || mr_out == NULL || buf->retiring) return OTE_ERR_NOT_FOUND;
+    return mr_of(buf, ctx, mr_out);
+}
+
+ote_status_t ote_buffer_manager_find(ote_buffer_manager_t *bm, const void *addr, size_t len,
+                                     const ote_context_t *ctx, struct ibv_mr **mr_out) {
+    uintptr_t a = (uintptr_t)addr;
+    if (len == 0 || a + len < a) return OTE_ERR_INVALID;
+    ote_status_t st = OTE_ERR_ACCESS;
+    ote_mutex_lock(&bm->mu);
+    for (ote_buffer_t *b = bm->live; b != NULL; b = b->next) {
+        uintptr_t s = (uintptr_t)b->addr;
+        if (a >= s && a + len <= s + b->len) {
+            st = mr_of(b, ctx, mr_out);
+            break;
+        }
+    }
+    ote_mutex_unlock(&bm->mu);
+    return st;
+}

@@ -1,0 +1,370 @@
+/*
+ * context/context.c - opening and closing the context set; context accessors.
+ *
+ * Open order per device: open_device -> query_device -> NUMA node -> alloc_pd -> route.
+ * Close order: dealloc_pd -> close_device. A failed dealloc keeps the context (and its
+ * device) alive and counted; the set stays valid until a later close succeeds.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/fault.h"
+#include "base/log.h"
+#include "context/context_internal.h"
+
+typedef struct {
+    struct ibv_device *dev;
+    const char *name;
+} dev_entry_t;
+
+static int dev_entry_cmp(const void *a, const void *b) {
+    return strcmp(((const dev_entry_t *)a)->name, ((const dev_entry_t *)b)->name);
+}
+
+static const ote_context_pin_t *find_pin(const ote_context_config_t *cfg, const char *name) {
+    for (size_t i = 0; cfg != NULL && i < cfg->num_pins; i++)
+        if (cfg->pins[i].device != NULL && strcmp(cfg->pins[i].device, name) == 0)
+            return &cfg->pins[i];
+    return NULL;
+}
+
+static int listed(const ote_context_config_t *cfg, const char *name) {
+    if (cfg == NULL || cfg->devices == NULL || cfg->num_devices == 0) return -1; /* all */
+    for (size_t i = 0; i < cfg->num_devices; i++)
+        if (cfg->devices[i] != NULL && strcmp(cfg->devices[i], name) == 0) return 1;
+    return 0;
+}
+
+/* Destroy a context that owns its PD and device. OTE_ERR_RETAINED keeps it alive. */
+static ote_status_t context_close(ote_context_t *ctx) {
+    ote_verbs_t *v = ctx->v;
+    if (ctx->pd != NULL) {
+        int err = v->ops->dealloc_pd(v, ctx->pd);
+        if (err != 0) {
+            if (atomic_load(&ctx->retained[OTE_RETAINED_PD]) == 0)
+                ote_context_retained_add(ctx, OTE_RETAINED_PD, 1);
+            OTE_WARN("context", "device %s: dealloc_pd failed: errno %d; PD and device retained",
+                     ctx->name, err);
+            return ote_status_make(OTE_ERR_RETAINED, err);
+        }
+        if (atomic_load(&ctx->retained[OTE_RETAINED_PD]) != 0)
+            ote_context_retained_add(ctx, OTE_RETAINED_PD, -1);
+        ctx->pd = NULL;
+    }
+    if (ctx->native != NULL) {
+        int err = v->ops->close_device(v, ctx->native);
+        if (err != 0)
+            OTE_WARN("context", "device %s: close_device failed: errno %d", ctx->name, err);
+        ctx->native = NULL;
+    }
+    ote_free(ctx);
+    return OTE_OK;
+}
+
+/* Choose the route: the pinned one, or the first active port with a usable GID, else
+ * the first port with a usable GID (the context starts paused). */
+static ote_status_t context_route(ote_context_t *ctx, const ote_context_pin_t *pin) {
+    int active = 0;
+    if (pin != NULL) {
+        if (pin->port < 1 || pin->port > ctx->device_attr.phys_port_cnt) {
+            OTE_ERROR("context",
+                      "pinned route device %s port %u GID index %d: the device has ports 1..%u",
+                      ctx->name, (unsigned)pin->port, pin->gid_index,
+                      (unsigned)ctx->device_attr.phys_port_cnt);
+            return OTE_ERR_NOT_FOUND;
+        }
+        if (pin->gid_index < 0) {
+            OTE_ERROR("context", "pinned route device %s port %u GID index %d: invalid index",
+                      ctx->name, (unsigned)pin->port, pin->gid_index);
+            return OTE_ERR_INVALID;
+        }
+        ote_status_t st =
+            ote__context_select_route(ctx, pin->port, pin->gid_index, &ctx->route, &active);
+        if (st != OTE_OK) return st;
+    } else {
+        int found = 0;
+        for (unsigned p = 1; p <= ctx->device_attr.phys_port_cnt && p <= 255; p++) {
+            ote_context_route_t probe;
+            int probe_active = 0;
+            if (ote__context_select_route(ctx, (uint8_t)p, -1, &probe, &probe_active) != OTE_OK)
+                continue;
+            if (!found || (probe_active && !active)) {
+                ctx->route = probe;
+                active = probe_active;
+                found = 1;
+            }
+            if (active) break;
+        }
+        if (!found) return OTE_ERR_NOT_FOUND;
+    }
+    atomic_store(&ctx->state, active ? OTE_CONTEXT_ACTIVE : OTE_CONTEXT_PAUSED);
+    if (!active)
+        OTE_WARN("context", "device %s port %u is not active: context starts paused", ctx->name,
+                 (unsigned)ctx->route.port);
+    return OTE_OK;
+}
+
+static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
+                                 const char *name, uint32_t nic_id,
+                                 const ote_context_pin_t *pin, int required,
+                                 ote_context_t **ctx_out) {
+    ote_verbs_t *v = set->v;
+    ote_status_t st;
+    ote_context_t *ctx = ote_calloc(1, sizeof(*ctx));
+    if (ctx == NULL) return OTE_ERR_NOMEM;
+    ctx->set = set;
+    ctx->v = v;
+    ctx->nic_id = nic_id;
+    ctx->pin_gid_index = pin != NULL ? pin->gid_index : -1;
+    ctx->numa_node = -1;
+    snprintf(ctx->name, sizeof(ctx->name), "%s", name);
+
+    int err = v->ops->open_device(v, dev, &ctx->native);
+    if (err != 0) {
+        OTE_ERROR("context", "device %s: open_device failed: errno %d", name, err);
+        ote_free(ctx);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
+    err = v->ops->query_device(v, ctx->native, &ctx->device_attr);
+    if (err != 0) {
+        OTE_ERROR("context", "device %s: query_device failed: errno %d", name, err);
+        st = ote_status_make(OTE_ERR_NATIVE, err);
+        goto err_close;
+    }
+    int node = -1;
+    if (v->ops->device_numa_node(v, ctx->native, &node) == 0) ctx->numa_node = node;
+
+    st = context_route(ctx, pin);
+    if (st != OTE_OK) {
+        if (pin == NULL && ote_status_code(st) == OTE_ERR_NOT_FOUND) {
+            if (required)
+                OTE_ERROR("context", "device %s: no port has a usable GID", name);
+            else
+                OTE_WARN("context", "device %s: no port has a usable GID; device skipped",
+                         name);
+            st = required ? OTE_ERR_NO_DEVICE : OTE_ERR_NOT_FOUND;
+        }
+        goto err_close;
+    }
+    err = v->ops->alloc_pd(v, ctx->native, &ctx->pd);
+    if (err != 0) {
+        OTE_ERROR("context", "device %s: alloc_pd failed: errno %d", name, err);
+        st = ote_status_make(OTE_ERR_NATIVE, err);
+        goto err_close;
+    }
+    if (ctx->native->async_fd >= 0) {
+        int fl = fcntl(ctx->native->async_fd, F_GETFL);
+        if (fl >= 0) (void)fcntl(ctx->native->async_fd, F_SETFL, fl | O_NONBLOCK);
+    }
+    ctx->route_generation = 1;
+    OTE_INFO("context", "nic %u %s: port %u GID index %d (type %u)%s, NUMA node %d", nic_id,
+             name, (unsigned)ctx->route.port, ctx->route.gid_index, ctx->route.gid_type,
+             pin != NULL ? " pinned" : "", ctx->numa_node);
+    *ctx_out = ctx;
+    return OTE_OK;
+
+err_close:
+    (void)v->ops->close_device(v, ctx->native);
+    ote_free(ctx);
+    return st;
+}
+
+ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cfg,
+                                  ote_context_set_t **set_out) {
+    if (v == NULL || set_out == NULL) return OTE_ERR_INVALID;
+    ote_status_t st;
+    if (ote_fault_hit("context.set_open", &st)) return st;
+
+    struct ibv_device **list = NULL;
+    int num = 0;
+    int err = v->ops->get_device_list(v, &list, &num);
+    if (err != 0) {
+        OTE_ERROR("context", "provider %s: get_device_list failed: errno %d", v->provider, err);
+        return ote_status_make(OTE_ERR_NO_DEVICE, err);
+    }
+    dev_entry_t *devs = NULL;
+    ote_context_set_t *set = NULL;
+    if (num <= 0) {
+        OTE_ERROR("context", "provider %s lists no RDMA device", v->provider);
+        st = OTE_ERR_NO_DEVICE;
+        goto out;
+    }
+    devs = ote_calloc((size_t)num, sizeof(*devs));
+    if (devs == NULL) {
+        st = OTE_ERR_NOMEM;
+        goto out;
+    }
+    for (int i = 0; i < num; i++) {
+        devs[i].dev = list[i];
+        devs[i].name = v->ops->get_device_name(v, list[i]);
+        if (devs[i].name == NULL) devs[i].name = "";
+    }
+    qsort(devs, (size_t)num, sizeof(*devs), dev_entry_cmp);
+
+    /* Every name the configuration mentions must exist. */
+    for (size_t i = 0; cfg != NULL && i < cfg->num_devices + cfg->num_pins; i++) {
+        const char *want = i < cfg->num_devices ? cfg->devices[i]
+                                                : cfg->pins[i - cfg->num_devices].device;
+        if (want == NULL) continue;
+        int found = 0;
+        for (int j = 0; j < num && !found; j++) found = strcmp(devs[j].name, want) == 0;
+        if (!found) {
+            OTE_ERROR("context", "device %s not found: provider %s lists %d device(s)%s%s", want,
+                      v->provider, num, num > 0 ? ", first " : "", num > 0 ? devs[0].name : "");
+            st = OTE_ERR_NO_DEVICE;
+            goto out;
+        }
+    }
+
+    set = ote_calloc(1, sizeof(*set));
+    if (set == NULL) {
+        st = OTE_ERR_NOMEM;
+        goto out;
+    }
+    set->v = v;
+    set->next_listener_id = 1;
+    set->contexts = ote_calloc((size_t)num, sizeof(*set->contexts));
+    if (set->contexts == NULL) {
+        st = OTE_ERR_NOMEM;
+        goto err_free_set;
+    }
+    if ((st = ote_mutex_init(&set->mu)) != OTE_OK) goto err_free_set;
+    if ((st = ote_mutex_init(&set->listeners_mu)) != OTE_OK) goto err_mu;
+
+    for (int i = 0; i < num; i++) {
+        const ote_context_pin_t *pin = find_pin(cfg, devs[i].name);
+        int l = listed(cfg, devs[i].name);
+        if (pin == NULL && l == 0) continue;
+        ote_context_t *ctx = NULL;
+        st = context_open(set, devs[i].dev, devs[i].name, (uint32_t)i, pin, l == 1, &ctx);
+        if (st == OTE_ERR_NOT_FOUND && pin == NULL) continue; /* skipped, warned */
+        if (st != OTE_OK) goto err_close_contexts;
+        set->contexts[set->count++] = ctx;
+    }
+    if (set->count == 0) {
+        OTE_ERROR("context",
+                  "no usable RDMA device: provider %s lists %d device(s), none has a port "
+                  "with a usable GID",
+                  v->provider, num);
+        st = OTE_ERR_NO_DEVICE;
+        goto err_close_contexts;
+    }
+    *set_out = set;
+    set = NULL;
+    st = OTE_OK;
+    goto out;
+
+err_close_contexts:
+    for (size_t i = set->count; i-- > 0;) {
+        if (context_close(set->contexts[i]) != OTE_OK) {
+            /* A PD that cannot be freed right after its creation: nothing can use it; it
+             * is leaked rather than freed on a guess, and said so. */
+            OTE_ERROR("context", "device %s: PD leaked during failed open",
+                      set->contexts[i]->name);
+        }
+    }
+    ote_mutex_destroy(&set->listeners_mu);
+err_mu:
+    ote_mutex_destroy(&set->mu);
+err_free_set:
+    ote_free(set->contexts);
+    ote_free(set);
+out:
+    ote_free(devs);
+    v->ops->free_device_list(v, list);
+    return st;
+}
+
+ote_status_t ote_context_set_close(ote_context_set_t *set) {
+    if (set == NULL) return OTE_OK;
+    ote_status_t result = OTE_OK;
+    size_t kept = 0;
+    for (size_t i = 0; i < set->count; i++) {
+        ote_context_t *ctx = set->contexts[i];
+        ote_status_t st = context_close(ctx);
+        if (st != OTE_OK) {
+            set->contexts[kept++] = ctx;
+            if (result == OTE_OK) result = st;
+        }
+    }
+    set->count = kept;
+    if (result != OTE_OK) return result;
+    while (set->listeners != NULL) {
+        ote_context_listener_t *l = set->listeners;
+        set->listeners = l->next;
+        ote_free(l);
+    }
+    ote_mutex_destroy(&set->listeners_mu);
+    ote_mutex_destroy(&set->mu);
+    ote_free(set->contexts);
+    ote_free(set);
+    return OTE_OK;
+}
+
+size_t ote_context_set_count(const ote_context_set_t *set) { return set->count; }
+
+ote_context_t *ote_context_set_get(ote_context_set_t *set, size_t i) {
+    return i < set->count ? set->contexts[i] : NULL;
+}
+
+ote_context_t *ote_context_set_find(ote_context_set_t *set, uint32_t nic_id) {
+    for (size_t i = 0; i < set->count; i++)
+        if (set->contexts[i]->nic_id == nic_id) return set->contexts[i];
+    return NULL;
+}
+
+ote_context_set_t *ote_context_owner(const ote_context_t *ctx) { return ctx->set; }
+ote_verbs_t *ote_context_verbs(const ote_context_t *ctx) { return ctx->v; }
+struct ibv_context *ote_context_native(const ote_context_t *ctx) { return ctx->native; }
+struct ibv_pd *ote_context_pd(const ote_context_t *ctx) { return ctx->pd; }
+uint32_t ote_context_nic_id(const ote_context_t *ctx) { return ctx->nic_id; }
+const char *ote_context_name(const ote_context_t *ctx) { return ctx->name; }
+
+ote_context_state_t ote_context_state(const ote_context_t *ctx) {
+    return (ote_context_state_t)atomic_load_explicit(&ctx->state, memory_order_acquire);
+}
+
+ote_status_t ote_context_check(const ote_context_t *ctx) {
+    switch (ote_context_state(ctx)) {
+        case OTE_CONTEXT_ACTIVE: return OTE_OK;
+        case OTE_CONTEXT_PAUSED: return OTE_ERR_PORT_DOWN;
+        default: return OTE_ERR_DEVICE_FATAL;
+    }
+}
+
+void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info) {
+    ote_mutex_lock(&ctx->set->mu);
+    memset(info, 0, sizeof(*info));
+    info->nic_id = ctx->nic_id;
+    snprintf(info->name, sizeof(info->name), "%s", ctx->name);
+    info->port = ctx->route.port;
+    info->gid_index = ctx->route.gid_index;
+    info->gid = ctx->route.gid;
+    info->gid_type = ctx->route.gid_type;
+    info->pinned = ctx->pin_gid_index >= 0;
+    info->lid = ctx->route.lid;
+    info->link_layer = ctx->route.link_layer;
+    info->active_mtu = ctx->route.active_mtu;
+    info->numa_node = ctx->numa_node;
+    info->state = ote_context_state(ctx);
+    info->route_generation = ctx->route_generation;
+    info->device_attr = ctx->device_attr;
+    ote_mutex_unlock(&ctx->set->mu);
+}
+
+void ote_context_retained_add(ote_context_t *ctx, ote_retained_kind_t kind, int delta) {
+    if ((unsigned)kind >= OTE_RETAINED_KINDS) return;
+    if (delta >= 0)
+        atomic_fetch_add(&ctx->retained[kind], (uint64_t)delta);
+    else
+        atomic_fetch_sub(&ctx->retained[kind], (uint64_t)(-delta));
+}
+
+uint64_t ote_context_retained(const ote_context_t *ctx, ote_retained_kind_t kind) {
+    if ((unsigned)kind >= OTE_RETAINED_KINDS) return 0;
+    return atomic_load(&((ote_context_t *)ctx)->retained[kind]);
+}

@@ -1,0 +1,169 @@
+/*
+ * context/context.h - the RDMA context set: one context per usable device.
+ *
+ * A context set owns, for each device it opened, the native device context, the chosen
+ * port and GID (the route), the protection domain (PD) and the device's counters of
+ * retained native owners. Upper layers (cq, qp, endpoint, grant) borrow a context from
+ * its set; they must destroy everything they created on it before the set is closed.
+ *
+ * NIC ids are stable: a device's id is its position in the provider's device list
+ * sorted by name, so the same device gets the same id in every process that sees the
+ * same devices, whatever subset a configuration opens.
+ *
+ * Route selection, per device: automatic (scan the selected port's GID table, skip
+ * empty and zero entries, prefer RoCE v2, then IPv4-mapped or routable global entries
+ * over link-local ones; the first active port with a usable GID wins, else the first
+ * port with one and the context starts paused) or strict from a pin (device, port, GID
+ * index): a pin that does not match fails the whole open with a message naming the
+ * device, port and GID index. A pin is never replaced by another entry.
+ *
+ * Port state: the monitor calls ote_context_set_poll_events(); PORT_ERR on a context's
+ * selected port pauses it (no new route admission: ote_context_check() fails
+ * OTE_ERR_PORT_DOWN), PORT_ACTIVE / GID_CHANGE / LID_CHANGE refresh its route (automatic
+ * GID selection is repeated on the same port; a pin stays strict) and resume it,
+ * DEVICE_FATAL fences it for good. A paused context keeps its PD and MRs. Each change
+ * bumps the context's route generation. Registered listeners see every event (after
+ * the context's state was updated) in the thread that polls; this is how upper layers
+ * fail their in-flight work on a port that went down. Lower layers never call up.
+ *
+ * Thread safety: all functions are thread-safe unless noted. Listeners are called
+ * without context locks held; a listener must not add or remove listeners.
+ */
+#ifndef OTE_CONTEXT_CONTEXT_H
+#define OTE_CONTEXT_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "verbs/verbs.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ote_context_set ote_context_set_t;
+typedef struct ote_context ote_context_t;
+
+/* A strict route pin: device name, 1-based port, GID index. */
+typedef struct ote_context_pin {
+    const char *device;
+    uint8_t port;
+    int gid_index;
+} ote_context_pin_t;
+
+typedef struct ote_context_config {
+    /* Devices to open, by name; NULL/0 = every device of the provider. A listed name the
+     * provider does not have fails the open (OTE_ERR_NO_DEVICE, naming it). */
+    const char *const *devices;
+    size_t num_devices;
+    /* Strict pins; a pinned device is opened even when `devices` does not list it. */
+    const ote_context_pin_t *pins;
+    size_t num_pins;
+} ote_context_config_t;
+
+typedef enum {
+    OTE_CONTEXT_ACTIVE = 0, /* route usable */
+    OTE_CONTEXT_PAUSED = 1, /* selected port down or route invalid: PD and MRs kept */
+    OTE_CONTEXT_FATAL = 2,  /* device fatal: nothing new, not even MR registration */
+} ote_context_state_t;
+
+/* Native owners that a failed destroy left alive, counted per context. */
+typedef enum {
+    OTE_RETAINED_PD = 0,
+    OTE_RETAINED_MR = 1,
+    OTE_RETAINED_CQ = 2,
+    OTE_RETAINED_CHANNEL = 3,
+    OTE_RETAINED_QP = 4,
+    OTE_RETAINED_KINDS = 5,
+} ote_retained_kind_t;
+
+/* A snapshot of one context's identity and route. */
+typedef struct ote_context_info {
+    uint32_t nic_id;
+    char name[64];
+    uint8_t port;
+    int gid_index;
+    union ibv_gid gid;
+    uint32_t gid_type;     /* IBV_GID_TYPE_* (IB when the provider cannot tell) */
+    int pinned;            /* 1 when the route comes from a strict pin */
+    uint16_t lid;
+    uint8_t link_layer;    /* IBV_LINK_LAYER_* */
+    enum ibv_mtu active_mtu;
+    int numa_node;         /* -1 when unknown */
+    ote_context_state_t state;
+    uint64_t route_generation; /* bumped by every route/state change */
+    struct ibv_device_attr device_attr;
+} ote_context_info_t;
+
+/* A listener sees every async event of every context, after its state was updated. */
+typedef void (*ote_context_event_fn)(void *arg, ote_context_t *ctx,
+                                     const struct ibv_async_event *ev);
+
+/**
+ * ote_context_set_open() - open the configured devices of provider @v.
+ * Devices without any usable GID are skipped with a warning (unless pinned: then the
+ * open fails). OTE_ERR_NO_DEVICE when no device is usable, naming what was missing.
+ * @v must outlive the set.
+ */
+ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cfg,
+                                  ote_context_set_t **set_out);
+/**
+ * ote_context_set_close() - deallocate every PD and close every device.
+ * When a native dealloc fails (EBUSY: something still lives on the PD), that context is
+ * kept with its PD, counted as retained, the set stays valid and OTE_ERR_RETAINED is
+ * returned; call again once the cause is gone. OTE_OK frees the set.
+ */
+ote_status_t ote_context_set_close(ote_context_set_t *set);
+
+size_t ote_context_set_count(const ote_context_set_t *set);
+/* The i-th context (i < count), in NIC id order; NULL when out of range. */
+ote_context_t *ote_context_set_get(ote_context_set_t *set, size_t i);
+/* The context with this NIC id, or NULL. */
+ote_context_t *ote_context_set_find(ote_context_set_t *set, uint32_t nic_id);
+
+/**
+ * ote_context_set_poll_events() - consume every queued async event of every context
+ * without blocking: update context state, call the listeners, ack each event.
+ * @handled_out (optional) receives the number of events consumed.
+ */
+ote_status_t ote_context_set_poll_events(ote_context_set_t *set, size_t *handled_out);
+ote_status_t ote_context_set_add_listener(ote_context_set_t *set, ote_context_event_fn fn,
+                                          void *arg, uint64_t *id_out);
+/* Remove a listener; when this returns, it is not running and will not be called. */
+void ote_context_set_remove_listener(ote_context_set_t *set, uint64_t id);
+
+/* The owning set, the provider, the native context and the PD. */
+ote_context_set_t *ote_context_owner(const ote_context_t *ctx);
+ote_verbs_t *ote_context_verbs(const ote_context_t *ctx);
+struct ibv_context *ote_context_native(const ote_context_t *ctx);
+struct ibv_pd *ote_context_pd(const ote_context_t *ctx);
+uint32_t ote_context_nic_id(const ote_context_t *ctx);
+const char *ote_context_name(const ote_context_t *ctx);
+
+/* Route admission: OTE_OK when active, OTE_ERR_PORT_DOWN when paused,
+ * OTE_ERR_DEVICE_FATAL when fatal. Lock-free. */
+ote_status_t ote_context_check(const ote_context_t *ctx);
+ote_context_state_t ote_context_state(const ote_context_t *ctx);
+void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info_out);
+
+/**
+ * ote_context_refresh() - query the selected port now (the monitor's periodic pass, for
+ * missed PORT_ACTIVE events): an active port with a valid route resumes a paused context;
+ * a down port or an invalid route pauses it. A fatal context stays fatal.
+ */
+ote_status_t ote_context_refresh(ote_context_t *ctx);
+
+/* Retention accounting, kept by the layer that failed a native destroy: +1 when it
+ * retains an owner, -1 when a later destroy of that owner succeeds. */
+void ote_context_retained_add(ote_context_t *ctx, ote_retained_kind_t kind, int delta);
+uint64_t ote_context_retained(const ote_context_t *ctx, ote_retained_kind_t kind);
+
+/* Choose the best GID index in a table (exposed for tests): skip zero entries, rank RoCE
+ * v2 > IPv4-mapped > routable global > link-local, lowest index on ties. -1 if none. */
+int ote_context_rank_gids(const struct ibv_gid_entry *entries, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

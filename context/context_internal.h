@@ -1,0 +1,65 @@
+/*
+ * context/context_internal.h - internal: the context and context-set structures.
+ * Only the .c files of context/ include this.
+ */
+#ifndef OTE_CONTEXT_CONTEXT_INTERNAL_H
+#define OTE_CONTEXT_CONTEXT_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "base/lock.h"
+#include "context/context.h"
+
+typedef struct ote_context_listener {
+    uint64_t id;
+    ote_context_event_fn fn;
+    void *arg;
+    struct ote_context_listener *next;
+} ote_context_listener_t;
+
+/* The selected port and GID with what was learned from the port query. */
+typedef struct ote_context_route {
+    uint8_t port;
+    int gid_index;
+    union ibv_gid gid;
+    uint32_t gid_type;
+    uint16_t lid;
+    uint8_t link_layer;
+    enum ibv_mtu active_mtu;
+} ote_context_route_t;
+
+struct ote_context {
+    ote_context_set_t *set;
+    ote_verbs_t *v;
+    struct ibv_context *native;
+    struct ibv_pd *pd;          /* NULL once deallocated */
+    uint32_t nic_id;
+    char name[64];
+    int pin_gid_index;          /* -1 = automatic */
+    _Atomic int state;          /* ote_context_state_t; read lock-free by admission */
+    _Atomic uint64_t retained[OTE_RETAINED_KINDS];
+    ote_context_route_t route; /* guarded by set->mu */
+    int numa_node;
+    uint64_t route_generation;
+    struct ibv_device_attr device_attr;
+};
+
+struct ote_context_set {
+    ote_verbs_t *v;
+    ote_mutex_t mu;            /* route fields of every context */
+    ote_mutex_t listeners_mu;  /* held while listeners run: removal waits for them */
+    ote_context_listener_t *listeners;
+    uint64_t next_listener_id;
+    size_t count;
+    ote_context_t **contexts;  /* NIC id order */
+};
+
+/* gid.c: choose the route of ctx on `port` (automatic when pin_gid_index < 0) or check
+ * the pin; on success writes *route_out and whether the port is active. Touches no
+ * field of ctx. */
+ote_status_t ote__context_select_route(ote_context_t *ctx, uint8_t port, int pin_gid_index,
+                                       ote_context_route_t *route_out, int *active_out);
+/* events.c: re-select the route of ctx and pause or resume it. */
+ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why);
+
+#endif

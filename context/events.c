@@ -1,0 +1,180 @@
+/*
+ * context/events.c - async events: port state tracking, route refresh, listeners.
+ *
+ * The monitor (an upper layer) calls ote_context_set_poll_events() periodically. Each
+ * event first updates the context it belongs to, then every listener sees it, then it
+ * is acked (objects named by the event stay valid until the ack). Port events apply
+ * only to the context's selected port; every event is acked.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "context/context_internal.h"
+
+/* At most this many events per context per poll, so one flooding device cannot keep
+ * the monitor from the others. */
+#define EVENTS_PER_CONTEXT_PER_POLL 256
+
+static void set_state(ote_context_t *ctx, ote_context_state_t st) {
+    ote_mutex_lock(&ctx->set->mu);
+    if (ote_context_state(ctx) != OTE_CONTEXT_FATAL) atomic_store(&ctx->state, (int)st);
+    ctx->route_generation++;
+    ote_mutex_unlock(&ctx->set->mu);
+}
+
+ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
+    if (ote_context_state(ctx) == OTE_CONTEXT_FATAL) return OTE_ERR_DEVICE_FATAL;
+    ote_mutex_lock(&ctx->set->mu);
+    uint8_t port = ctx->route.port;
+    ote_mutex_unlock(&ctx->set->mu);
+    /* A pin stays strict; automatic selection is repeated on the same port. */
+    ote_context_route_t route;
+    int active = 0;
+    ote_status_t st = ote__context_select_route(ctx, port, ctx->pin_gid_index, &route, &active);
+    ote_mutex_lock(&ctx->set->mu);
+    ote_context_state_t old = ote_context_state(ctx);
+    if (old == OTE_CONTEXT_FATAL) {
+        ote_mutex_unlock(&ctx->set->mu);
+        return OTE_ERR_DEVICE_FATAL;
+    }
+    ote_context_state_t now = (st == OTE_OK && active) ? OTE_CONTEXT_ACTIVE : OTE_CONTEXT_PAUSED;
+    int changed = now != old;
+    if (st == OTE_OK &&
+        (route.gid_index != ctx->route.gid_index ||
+         memcmp(route.gid.raw, ctx->route.gid.raw, sizeof(route.gid.raw)) != 0 ||
+         route.lid != ctx->route.lid || route.active_mtu != ctx->route.active_mtu)) {
+        ctx->route = route;
+        changed = 1;
+    }
+    atomic_store(&ctx->state, (int)now);
+    if (changed) ctx->route_generation++;
+    int gid_index = ctx->route.gid_index;
+    ote_mutex_unlock(&ctx->set->mu);
+    if (changed) {
+        if (now == OTE_CONTEXT_ACTIVE)
+            OTE_INFO("context", "device %s port %u GID index %d: context active (%s)", ctx->name,
+                     (unsigned)port, gid_index, why);
+        else
+            OTE_WARN("context", "device %s port %u: context paused (%s)", ctx->name,
+                     (unsigned)port, why);
+    }
+    if (st != OTE_OK) return st;
+    return now == OTE_CONTEXT_ACTIVE ? OTE_OK : OTE_ERR_PORT_DOWN;
+}
+
+ote_status_t ote_context_refresh(ote_context_t *ctx) {
+    return ote__context_refresh(ctx, "refresh");
+}
+
+static const char *event_name(enum ibv_event_type t) {
+    switch (t) {
+        case IBV_EVENT_PORT_ACTIVE: return "PORT_ACTIVE";
+        case IBV_EVENT_PORT_ERR: return "PORT_ERR";
+        case IBV_EVENT_GID_CHANGE: return "GID_CHANGE";
+        case IBV_EVENT_LID_CHANGE: return "LID_CHANGE";
+        case IBV_EVENT_DEVICE_FATAL: return "DEVICE_FATAL";
+        case IBV_EVENT_QP_FATAL: return "QP_FATAL";
+        case IBV_EVENT_QP_REQ_ERR: return "QP_REQ_ERR";
+        case IBV_EVENT_QP_ACCESS_ERR: return "QP_ACCESS_ERR";
+        case IBV_EVENT_CQ_ERR: return "CQ_ERR";
+        case IBV_EVENT_COMM_EST: return "COMM_EST";
+        default: return "other";
+    }
+}
+
+static void apply_event(ote_context_t *ctx, const struct ibv_async_event *ev) {
+    ote_mutex_lock(&ctx->set->mu);
+    uint8_t port = ctx->route.port;
+    ote_mutex_unlock(&ctx->set->mu);
+    switch (ev->event_type) {
+        case IBV_EVENT_PORT_ERR:
+            if (ev->element.port_num != port) break;
+            set_state(ctx, OTE_CONTEXT_PAUSED);
+            OTE_WARN("context", "device %s port %u down: context paused, no new routes",
+                     ctx->name, (unsigned)port);
+            break;
+        case IBV_EVENT_PORT_ACTIVE:
+        case IBV_EVENT_GID_CHANGE:
+        case IBV_EVENT_LID_CHANGE:
+            if (ev->element.port_num != port) break;
+            (void)ote__context_refresh(ctx, event_name(ev->event_type));
+            break;
+        case IBV_EVENT_DEVICE_FATAL:
+            ote_mutex_lock(&ctx->set->mu);
+            atomic_store(&ctx->state, (int)OTE_CONTEXT_FATAL);
+            ctx->route_generation++;
+            ote_mutex_unlock(&ctx->set->mu);
+            OTE_ERROR("context", "device %s: fatal device error; context fenced", ctx->name);
+            break;
+        default:
+            OTE_DEBUG("context", "device %s: async event %s", ctx->name,
+                      event_name(ev->event_type));
+            break;
+    }
+}
+
+static void notify(ote_context_set_t *set, ote_context_t *ctx, const struct ibv_async_event *ev) {
+    ote_mutex_lock(&set->listeners_mu);
+    for (ote_context_listener_t *l = set->listeners; l != NULL; l = l->next) l->fn(l->arg, ctx, ev);
+    ote_mutex_unlock(&set->listeners_mu);
+}
+
+ote_status_t ote_context_set_poll_events(ote_context_set_t *set, size_t *handled_out) {
+    size_t handled = 0;
+    ote_status_t result = OTE_OK;
+    for (size_t i = 0; i < set->count; i++) {
+        ote_context_t *ctx = set->contexts[i];
+        ote_verbs_t *v = ctx->v;
+        for (int n = 0; n < EVENTS_PER_CONTEXT_PER_POLL; n++) {
+            struct ibv_async_event ev;
+            memset(&ev, 0, sizeof(ev));
+            int err = v->ops->get_async_event(v, ctx->native, &ev);
+            if (err == EAGAIN || err == EWOULDBLOCK) break;
+            if (err != 0) {
+                if (err != EOPNOTSUPP) {
+                    OTE_WARN("context", "device %s: get_async_event failed: errno %d",
+                             ctx->name, err);
+                    if (result == OTE_OK) result = ote_status_make(OTE_ERR_NATIVE, err);
+                }
+                break;
+            }
+            apply_event(ctx, &ev);
+            notify(set, ctx, &ev);
+            v->ops->ack_async_event(v, &ev);
+            handled++;
+        }
+    }
+    if (handled_out != NULL) *handled_out = handled;
+    return result;
+}
+
+ote_status_t ote_context_set_add_listener(ote_context_set_t *set, ote_context_event_fn fn,
+                                          void *arg, uint64_t *id_out) {
+    if (fn == NULL) return OTE_ERR_INVALID;
+    ote_context_listener_t *l = ote_calloc(1, sizeof(*l));
+    if (l == NULL) return OTE_ERR_NOMEM;
+    l->fn = fn;
+    l->arg = arg;
+    ote_mutex_lock(&set->listeners_mu);
+    l->id = set->next_listener_id++;
+    l->next = set->listeners;
+    set->listeners = l;
+    ote_mutex_unlock(&set->listeners_mu);
+    if (id_out != NULL) *id_out = l->id;
+    return OTE_OK;
+}
+
+void ote_context_set_remove_listener(ote_context_set_t *set, uint64_t id) {
+    ote_mutex_lock(&set->listeners_mu);
+    for (ote_context_listener_t **p = &set->listeners; *p != NULL; p = &(*p)->next) {
+        if ((*p)->id == id) {
+            ote_context_listener_t *l = *p;
+            *p = l->next;
+            ote_free(l);
+            break;
+        }
+    }
+    ote_mutex_unlock(&set->listeners_mu);
+}
