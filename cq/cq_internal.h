@@ -1,0 +1,64 @@
+/*
+ * cq/cq_internal.h - internal: the lane structure, shared by lane.c and workers.c.
+ */
+#ifndef OTE_CQ_CQ_INTERNAL_H
+#define OTE_CQ_CQ_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "base/hash.h"
+#include "base/lock.h"
+#include "cq/lane.h"
+
+typedef struct lane_ns {
+    uint32_t ns;
+    ote_cq_record_fn fn;
+    void *arg;
+    UT_hash_handle hh;
+} lane_ns_t;
+
+typedef struct lane_hook {
+    uint32_t qp_num;
+    ote_cq_qp_hook_fn fn;
+    void *arg;
+    UT_hash_handle hh;
+} lane_hook_t;
+
+struct ote_cq_lane {
+    ote_context_t *ctx;
+    ote_verbs_t *v;
+    uint32_t index;
+    struct ibv_comp_channel *channel; /* NULL without a channel, or once destroyed */
+    struct ibv_cq *cq[2];             /* NULL once destroyed */
+    uint32_t capacity[2];
+    int retained[3];                  /* send CQ, recv CQ, channel counted as retained */
+    int closing;                      /* destroy started: nothing polls the CQs any more */
+
+    ote_mutex_t poll_mu;  /* held by the one thread polling (and dispatching) */
+    ote_mutex_t table_mu; /* namespaces, hooks, budget */
+    lane_ns_t *namespaces;
+    lane_hook_t *hooks;
+    uint32_t next_ns;
+    uint32_t attached;
+    int in_workers;       /* added to a worker pool: destroy waits for removal */
+    uint32_t outstanding[2];
+
+    ote_mutex_t progress_mu; /* with progress_cv: wakes waiters after each poll */
+    ote_cond_t progress_cv;
+    uint64_t progress_epoch;
+
+    _Atomic uint64_t completions, errors, stray, poll_failures;
+};
+
+/* Poll and dispatch with the poll lock already held by the caller. Returns the number
+ * of completions or a negative errno from poll_cq. */
+int ote__cq_lane_poll_locked(ote_cq_lane_t *lane);
+/* Arm both CQs for one notification (channel lanes); 0 or errno. */
+int ote__cq_lane_arm(ote_cq_lane_t *lane);
+/* Consume and ack pending channel events (non-blocking fd). */
+void ote__cq_lane_consume_events(ote_cq_lane_t *lane);
+/* Take / drop the poll lock, marking this thread as the lane's poller. */
+void ote__cq_lane_poll_lock(ote_cq_lane_t *lane);
+void ote__cq_lane_poll_unlock(ote_cq_lane_t *lane);
+
+#endif

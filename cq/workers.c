@@ -1,0 +1,256 @@
+/*
+ * cq/workers.c - worker threads polling lanes.
+ *
+ * Each worker holds its own mutex while it touches its lanes (polling, arming, consuming
+ * channel events), so removal under that mutex guarantees the worker is done with the
+ * lane. The sleep in poll(2) happens without it and is bounded (10 ms with channels,
+ * 1 ms when some lane has none), and an eventfd wakes a worker for add/remove/stop.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/fault.h"
+#include "base/log.h"
+#include "cq/cq_internal.h"
+#include "cq/workers.h"
+
+#define MAX_WORKERS 64
+#define SLEEP_MS_CHANNEL 10
+#define SLEEP_MS_NO_CHANNEL 1
+
+typedef struct worker {
+    struct ote_cq_workers *pool;
+    uint32_t id;
+    pthread_t thread;
+    int started;
+    int wake_fd;
+    ote_mutex_t mu; /* lanes; held while touching them */
+    ote_cq_lane_t **lanes;
+    size_t nlanes, cap;
+} worker_t;
+
+struct ote_cq_workers {
+    uint32_t count;
+    worker_t *w;
+    _Atomic int stop;
+};
+
+static void wake(worker_t *w) {
+    uint64_t one = 1;
+    ssize_t r = write(w->wake_fd, &one, sizeof(one));
+    (void)r; /* a full eventfd counter still wakes the worker */
+}
+
+/* Poll every lane once; returns completions dispatched. Caller holds w->mu. */
+static int poll_lanes(worker_t *w) {
+    int did = 0;
+    for (size_t i = 0; i < w->nlanes; i++) {
+        ote_cq_lane_t *lane = w->lanes[i];
+        ote__cq_lane_poll_lock(lane);
+        int n = ote__cq_lane_poll_locked(lane);
+        ote__cq_lane_poll_unlock(lane);
+        if (n > 0) {
+            ote_mutex_lock(&lane->progress_mu);
+            lane->progress_epoch++;
+            ote_cond_broadcast(&lane->progress_cv);
+            ote_mutex_unlock(&lane->progress_mu);
+            did += n;
+        }
+    }
+    return did;
+}
+
+static void *worker_main(void *arg) {
+    worker_t *w = arg;
+    struct pollfd *fds = NULL;
+    size_t fds_cap = 0;
+    while (!atomic_load(&w->pool->stop)) {
+        ote_mutex_lock(&w->mu);
+        int did = poll_lanes(w);
+        if (did > 0) {
+            ote_mutex_unlock(&w->mu);
+            continue;
+        }
+        /* Arm every channel, then poll once more: a CQE that arrived between the empty
+         * poll and the arm would not fire the channel. */
+        int no_channel = 0;
+        for (size_t i = 0; i < w->nlanes; i++) {
+            if (ote_cq_lane_channel_fd(w->lanes[i]) < 0) no_channel = 1;
+            else if (ote__cq_lane_arm(w->lanes[i]) != 0) no_channel = 1;
+        }
+        did = poll_lanes(w);
+        size_t want = w->nlanes + 1;
+        if (want > fds_cap) {
+            struct pollfd *nf = ote_realloc(fds, want * sizeof(*fds));
+            if (nf != NULL) {
+                fds = nf;
+                fds_cap = want;
+            }
+        }
+        nfds_t nfds = 0;
+        if (fds_cap > 0) {
+            fds[nfds].fd = w->wake_fd;
+            fds[nfds].events = POLLIN;
+            nfds++;
+            for (size_t i = 0; i < w->nlanes && nfds < fds_cap; i++) {
+                int fd = ote_cq_lane_channel_fd(w->lanes[i]);
+                if (fd < 0) continue;
+                fds[nfds].fd = fd;
+                fds[nfds].events = POLLIN;
+                nfds++;
+            }
+        } else {
+            no_channel = 1; /* no memory for the fd set: fall back to short sleeps */
+        }
+        ote_mutex_unlock(&w->mu);
+        if (did > 0) continue;
+        int timeout = no_channel ? SLEEP_MS_NO_CHANNEL : SLEEP_MS_CHANNEL;
+        if (nfds > 0) {
+            if (poll(fds, nfds, timeout) > 0 && (fds[0].revents & POLLIN)) {
+                uint64_t cnt;
+                ssize_t r = read(w->wake_fd, &cnt, sizeof(cnt));
+                (void)r;
+            }
+        } else {
+            (void)poll(NULL, 0, timeout);
+        }
+        ote_mutex_lock(&w->mu);
+        for (size_t i = 0; i < w->nlanes; i++) ote__cq_lane_consume_events(w->lanes[i]);
+        ote_mutex_unlock(&w->mu);
+    }
+    ote_free(fds);
+    return NULL;
+}
+
+static void free_pool(ote_cq_workers_t *p) {
+    for (uint32_t i = 0; i < p->count; i++) {
+        worker_t *w = &p->w[i];
+        if (w->started) (void)pthread_join(w->thread, NULL);
+        if (w->wake_fd >= 0) {
+            close(w->wake_fd);
+            ote_mutex_destroy(&w->mu);
+        }
+        ote_free(w->lanes);
+    }
+    ote_free(p->w);
+    ote_free(p);
+}
+
+ote_status_t ote_cq_workers_start(uint32_t count, ote_cq_workers_t **workers_out) {
+    if (count == 0 || count > MAX_WORKERS || workers_out == NULL) return OTE_ERR_INVALID;
+    ote_status_t st;
+    if (ote_fault_hit("cq.workers_start", &st)) return st;
+    ote_cq_workers_t *p = ote_calloc(1, sizeof(*p));
+    if (p == NULL) return OTE_ERR_NOMEM;
+    p->w = ote_calloc(count, sizeof(*p->w));
+    if (p->w == NULL) {
+        ote_free(p);
+        return OTE_ERR_NOMEM;
+    }
+    p->count = count;
+    for (uint32_t i = 0; i < count; i++) p->w[i].wake_fd = -1;
+    st = OTE_OK;
+    for (uint32_t i = 0; i < count && st == OTE_OK; i++) {
+        worker_t *w = &p->w[i];
+        w->pool = p;
+        w->id = i;
+        int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fd < 0) {
+            st = ote_status_from_errno(errno);
+            break;
+        }
+        if ((st = ote_mutex_init(&w->mu)) != OTE_OK) {
+            close(fd);
+            break;
+        }
+        w->wake_fd = fd;
+        int err = pthread_create(&w->thread, NULL, worker_main, w);
+        if (err != 0) {
+            OTE_ERROR("cq", "worker %u: pthread_create failed: errno %d", i, err);
+            st = ote_status_from_errno(err);
+            break;
+        }
+        w->started = 1;
+    }
+    if (st != OTE_OK) {
+        atomic_store(&p->stop, 1);
+        for (uint32_t i = 0; i < count; i++)
+            if (p->w[i].started) wake(&p->w[i]);
+        free_pool(p);
+        return st;
+    }
+    *workers_out = p;
+    return OTE_OK;
+}
+
+ote_status_t ote_cq_workers_stop(ote_cq_workers_t *p) {
+    if (p == NULL) return OTE_OK;
+    for (uint32_t i = 0; i < p->count; i++) {
+        ote_mutex_lock(&p->w[i].mu);
+        size_t n = p->w[i].nlanes;
+        ote_mutex_unlock(&p->w[i].mu);
+        if (n > 0) return OTE_ERR_BUSY;
+    }
+    atomic_store(&p->stop, 1);
+    for (uint32_t i = 0; i < p->count; i++) wake(&p->w[i]);
+    free_pool(p);
+    return OTE_OK;
+}
+
+ote_status_t ote_cq_workers_add(ote_cq_workers_t *p, ote_cq_lane_t *lane) {
+    if (p == NULL || lane == NULL) return OTE_ERR_INVALID;
+    worker_t *w = &p->w[lane->index % p->count];
+    ote_mutex_lock(&lane->table_mu);
+    ote_status_t st = lane->in_workers ? OTE_ERR_EXISTS : lane->closing ? OTE_ERR_STATE : OTE_OK;
+    if (st == OTE_OK) lane->in_workers = 1;
+    ote_mutex_unlock(&lane->table_mu);
+    if (st != OTE_OK) return st;
+    ote_mutex_lock(&w->mu);
+    if (w->nlanes == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 4;
+        ote_cq_lane_t **nl = ote_realloc(w->lanes, cap * sizeof(*nl));
+        if (nl == NULL) {
+            st = OTE_ERR_NOMEM;
+        } else {
+            w->lanes = nl;
+            w->cap = cap;
+        }
+    }
+    if (st == OTE_OK) w->lanes[w->nlanes++] = lane;
+    ote_mutex_unlock(&w->mu);
+    if (st != OTE_OK) {
+        ote_mutex_lock(&lane->table_mu);
+        lane->in_workers = 0;
+        ote_mutex_unlock(&lane->table_mu);
+        return st;
+    }
+    wake(w);
+    return OTE_OK;
+}
+
+ote_status_t ote_cq_workers_remove(ote_cq_workers_t *p, ote_cq_lane_t *lane) {
+    if (p == NULL || lane == NULL) return OTE_ERR_INVALID;
+    worker_t *w = &p->w[lane->index % p->count];
+    ote_status_t st = OTE_ERR_NOT_FOUND;
+    ote_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->nlanes; i++) {
+        if (w->lanes[i] == lane) {
+            w->lanes[i] = w->lanes[--w->nlanes];
+            st = OTE_OK;
+            break;
+        }
+    }
+    ote_mutex_unlock(&w->mu);
+    if (st != OTE_OK) return st;
+    ote_mutex_lock(&lane->table_mu);
+    lane->in_workers = 0;
+    ote_mutex_unlock(&lane->table_mu);
+    wake(w);
+    return OTE_OK;
+}
+
+uint32_t ote_cq_workers_count(const ote_cq_workers_t *p) { return p->count; }
