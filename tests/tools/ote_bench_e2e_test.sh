@@ -1,0 +1,119 @@
+#!/bin/bash
+# End-to-end test of ote_bench: it spawns its own target child on loopback, moves a
+# small, fixed number of bytes with --check --json, and must print one JSON line per
+# result with exactly the contract keys and check "ok". --test-corrupt damages one byte
+# of the transfer (WRITE: the source before sending; READ: the destination before the
+# check), so the check must then say "failed" and the exit status must be 1: this proves
+# the check really looks at the bytes. Every run is bounded by `timeout`.
+#
+# Usage (from Bazel): ote_bench_e2e_test.sh <path to ote_bench>
+set -u
+
+BENCH="${1:?usage: $0 <ote_bench>}"
+KEYS="transport op block_size batch_size threads bytes seconds gbps ops_per_sec lat_avg_us lat_p50_us lat_p99_us lat_p999_us check"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+PASSED=0
+FAILED=0
+
+pass() { PASSED=$((PASSED + 1)); echo "PASS: $1"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL: $1"; }
+
+# run NAME EXPECTED_RC ARGS... : runs ote_bench, keeps stdout/stderr in $TMP/NAME.{out,err}.
+run() {
+    local name="$1" want="$2"
+    shift 2
+    timeout -k 5 120 "$BENCH" --no-progress "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
+    local rc=$?
+    if [ "$rc" -ne "$want" ]; then
+        fail "$name: exit status $rc, want $want"
+        echo "--- stdout"; cat "$TMP/$name.out"; echo "--- stderr"; cat "$TMP/$name.err"
+        return 1
+    fi
+    return 0
+}
+
+# json_ok NAME LINES CHECK MIN_BYTES: every stdout line is a JSON object with exactly the
+# contract keys in order, check == CHECK and bytes >= MIN_BYTES; there are LINES lines.
+json_ok() {
+    local name="$1" lines="$2" check="$3" min_bytes="$4" n=0 ok=1 line keys bytes
+    while IFS= read -r line; do
+        n=$((n + 1))
+        case "$line" in
+            "{"*"}") ;;
+            *) echo "not a JSON object: $line"; ok=0; continue ;;
+        esac
+        keys=$(printf '%s' "$line" | grep -o '"[a-z0-9_]*":' | tr -d '":' | tr '\n' ' ')
+        if [ "${keys% }" != "$KEYS" ]; then
+            echo "keys '${keys% }' != '$KEYS'"; ok=0
+        fi
+        if ! printf '%s' "$line" | grep -q "\"check\":\"$check\""; then
+            echo "check is not $check: $line"; ok=0
+        fi
+        if ! printf '%s' "$line" | grep -q '"transport":"tcp"'; then
+            echo "transport is not tcp: $line"; ok=0
+        fi
+        bytes=$(printf '%s' "$line" | sed -n 's/.*"bytes":\([0-9]*\),.*/\1/p')
+        if [ -z "$bytes" ] || [ "$bytes" -lt "$min_bytes" ]; then
+            echo "bytes '$bytes' < $min_bytes: $line"; ok=0
+        fi
+        if printf '%s' "$line" | grep -qiE 'nan|inf'; then
+            echo "non-finite number: $line"; ok=0
+        fi
+    done <"$TMP/$name.out"
+    if [ "$n" -ne "$lines" ]; then
+        echo "$n result lines, want $lines"; ok=0
+    fi
+    if [ "$ok" -eq 1 ]; then pass "$name"; else fail "$name"; cat "$TMP/$name.err"; fi
+}
+
+COMMON=(--total-bytes 1M --batch-size 3 --threads 1,2 --json --check)
+
+# WRITE and READ, a page-sized and an odd block size, one and two threads: 4 lines each.
+if run write_check 0 --op write --block-size 4K,4097 "${COMMON[@]}"; then
+    json_ok write_check 4 ok 1048576
+fi
+if run read_check 0 --op read --block-size 4K,4097 "${COMMON[@]}"; then
+    json_ok read_check 4 ok 1048576
+fi
+
+# One block bigger than the default slice (1M), so slicing is crossed.
+if run write_big 0 --op write --block-size 3M --batch-size 2 --total-bytes 12M --json --check; then
+    json_ok write_big 1 ok 12582912
+fi
+
+# The check must catch one wrong byte, for WRITE (checked by the target) and READ.
+if run write_corrupt 1 --op write --block-size 4K --batch-size 4 --total-bytes 64K --json \
+    --check --test-corrupt; then
+    json_ok write_corrupt 1 failed 65536
+fi
+if run read_corrupt 1 --op read --block-size 4K --batch-size 4 --total-bytes 64K --json \
+    --check --test-corrupt; then
+    json_ok read_corrupt 1 failed 65536
+fi
+
+# Without --check the line says "off"; with --duration the run is time-bound.
+if run duration_off 0 --op read --block-size 64K --batch-size 8 --duration 200ms --json; then
+    json_ok duration_off 1 off 65536
+fi
+
+# The human table: a header with the latency unit, then one row per result.
+if run table 0 --op write --block-size 4K,8K --batch-size 2 --total-bytes 256K; then
+    if grep -q 'latency per batch' "$TMP/table.out" && grep -q 'p99.9_us' "$TMP/table.out" &&
+        [ "$(grep -c '^write ' "$TMP/table.out")" -eq 2 ]; then
+        pass table
+    else
+        fail table; cat "$TMP/table.out"
+    fi
+fi
+
+# Bad usage: exit status 2 and a message naming the option.
+if run bad_usage 2 --block-size 0; then
+    if grep -q -- '--block-size: 0 is out of range' "$TMP/bad_usage.err"; then
+        pass bad_usage
+    else
+        fail bad_usage; cat "$TMP/bad_usage.err"
+    fi
+fi
+
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]

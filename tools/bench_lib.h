@@ -1,0 +1,186 @@
+/*
+ * tools/bench_lib.h - the parts of ote_bench that do not move data.
+ *
+ * Command-line parsing and validation, size/duration parsing and formatting, latency
+ * percentiles, the byte pattern used by --check, the result line formats (human table
+ * and JSON), and the small text protocol that an initiator and a target speak over
+ * OrbitTE notifications. Everything here is pure: no engine, no threads, no I/O, so the
+ * tests in //tests/tools can exercise it directly. ote_bench.c owns the engine, the
+ * target process and the measurement loop.
+ */
+#ifndef OTE_TOOLS_BENCH_LIB_H
+#define OTE_TOOLS_BENCH_LIB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most values a comma list option (--block-size, --batch-size, --threads) may hold. */
+#define BENCH_MAX_LIST 16
+/* Longest "host:port" accepted. */
+#define BENCH_ADDR_MAX 256
+
+/* Ranges checked by bench_options_parse(). */
+#define BENCH_BLOCK_MAX (4ull << 30)        /* one request: 4 GiB */
+#define BENCH_BATCH_MAX 4096ull
+#define BENCH_THREADS_MAX 64ull
+#define BENCH_WORKING_SET_MAX (64ull << 30) /* threads * batch * block */
+#define BENCH_BUFFER_MIN 4096ull
+#define BENCH_BUFFER_MAX (1ull << 40)
+
+typedef enum { BENCH_ROLE_INITIATOR = 0, BENCH_ROLE_TARGET = 1 } bench_role_t;
+typedef enum { BENCH_OP_READ = 0, BENCH_OP_WRITE = 1 } bench_op_t;
+typedef enum { BENCH_CHECK_OFF = 0, BENCH_CHECK_OK = 1, BENCH_CHECK_FAILED = 2 } bench_check_t;
+
+typedef struct {
+    bench_role_t role;
+    char transport[16];         /* "tcp" or "rdma" */
+    bench_op_t op;
+    uint64_t block_sizes[BENCH_MAX_LIST];
+    size_t n_block_sizes;
+    uint64_t batch_sizes[BENCH_MAX_LIST];
+    size_t n_batch_sizes;
+    uint64_t threads[BENCH_MAX_LIST];
+    size_t n_threads;
+    uint64_t duration_ns;       /* per result; 0 when total_bytes is used */
+    uint64_t total_bytes;       /* per result; 0 when duration_ns is used */
+    uint64_t warmup_batches;    /* per thread, before timing */
+    uint64_t timeout_ns;        /* deadline of one batch */
+    bool check;
+    bool json;
+    bool progress;              /* false with --no-progress */
+    char target[BENCH_ADDR_MAX];    /* "" = start a target child on loopback */
+    char listen[BENCH_ADDR_MAX];    /* "" = default */
+    char advertise[BENCH_ADDR_MAX]; /* "" = default */
+    bool have_remote;           /* --remote-addr and --remote-len given */
+    uint64_t remote_addr;
+    uint64_t remote_len;
+    uint64_t buffer_size;       /* target: registered buffer; 0 = default/automatic */
+    int report_fd;              /* internal: target writes its report line here; -1 none */
+    bool test_corrupt;          /* internal: damage one byte so --check must fail */
+} bench_options_t;
+
+/* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, 2 s. */
+void bench_options_defaults(bench_options_t *o);
+
+/* Parse argv (getopt_long; argv[0] is the program name). Returns 0 on success, 1 when
+ * --help was asked for (nothing else done), -1 on a bad option or value with a one-line
+ * reason in err. Resets getopt's state, so it may be called repeatedly. */
+int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, size_t errlen);
+
+/* The --help text. */
+const char *bench_usage(void);
+
+/* Largest threads * batch * block over all combinations of the lists. */
+uint64_t bench_working_set(const bench_options_t *o);
+
+/* "4096", "4K", "4k", "4KiB", "4KB", "64M", "1G", "1T" (binary multiples). Returns 0 and
+ * sets *out, or -1 for junk, a negative number, or overflow. */
+int bench_parse_size(const char *s, uint64_t *out);
+/* "2", "2s", "1.5s", "500ms", "250us", "2m". Returns 0 and sets *ns_out, or -1. */
+int bench_parse_duration(const char *s, uint64_t *ns_out);
+/* Comma list of sizes, each in [lo, hi]. Returns 0, or -1 with a reason in err. */
+int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t hi,
+                          uint64_t *vals, size_t *n_out, char *err, size_t errlen);
+/* Split "host:port" or "[v6]:port" into host (without brackets) and port. Returns 0, or
+ * -1 when malformed (no port, port out of 0..65535, empty host). */
+int bench_split_hostport(const char *s, char *host, size_t host_len, uint16_t *port_out);
+
+/* Shortest exact form: 4096 -> "4K", 67108864 -> "64M", 4097 -> "4097". */
+const char *bench_format_size(uint64_t v, char *buf, size_t len);
+const char *bench_op_name(bench_op_t op);
+const char *bench_check_name(bench_check_t c);
+
+/* ---- latency ---- */
+typedef struct {
+    double avg_us;
+    double p50_us;
+    double p99_us;
+    double p999_us;
+} bench_latency_t;
+
+/* Sorts samples (nanoseconds) in place and computes nearest-rank percentiles. avg_us is
+ * sum_ns / count (the mean over every sample taken, which may be more than were kept);
+ * pass count = n when all samples were kept. All zero when n == 0. */
+void bench_latency_summarize(uint64_t *samples_ns, size_t n, uint64_t sum_ns, uint64_t count,
+                             bench_latency_t *out);
+
+/* ---- results ---- */
+typedef struct {
+    const char *transport;
+    bench_op_t op;
+    uint64_t block_size;
+    uint64_t batch_size;
+    uint64_t threads;
+    uint64_t bytes;        /* bytes moved in the timed part */
+    uint64_t requests;     /* requests completed in the timed part */
+    double seconds;
+    bench_latency_t lat;   /* per batch */
+    bench_check_t check;
+} bench_result_t;
+
+double bench_result_gbps(const bench_result_t *r);        /* 10^9 bytes per second */
+double bench_result_ops_per_sec(const bench_result_t *r); /* requests per second */
+
+/* One JSON object, no newline, keys in this order: transport, op, block_size, batch_size,
+ * threads, bytes, seconds, gbps, ops_per_sec, lat_avg_us, lat_p50_us, lat_p99_us,
+ * lat_p999_us, check. Returns what snprintf returns. */
+int bench_format_json(const bench_result_t *r, char *buf, size_t len);
+/* Human table: a header line and one row per result (no newline). */
+int bench_format_table_header(char *buf, size_t len);
+int bench_format_table_row(const bench_result_t *r, char *buf, size_t len);
+
+/* ---- the --check pattern ----
+ * Byte i of a region (i counted from the start of the remote buffer, so local and remote
+ * copies of the same offset agree) is a hash of (seed, i / 8): every 8-byte word differs,
+ * so a block landing at the wrong offset or from an earlier run (another seed) is caught. */
+void bench_pattern_fill(void *buf, uint64_t offset, size_t len, uint64_t seed);
+/* Returns true when [buf, buf+len) holds the pattern of [offset, offset+len); otherwise
+ * false and *bad_out (may be NULL) is the first differing offset. */
+bool bench_pattern_check(const void *buf, uint64_t offset, size_t len, uint64_t seed,
+                         uint64_t *bad_out);
+
+/* ---- initiator <-> target control messages (text, over ote_notify) ----
+ * Request: "OTEB1 <id> INFO" | "OTEB1 <id> FILL <seed> <off> <len>" |
+ *          "OTEB1 <id> ZERO <off> <len>" | "OTEB1 <id> VERIFY <seed> <off> <len>" |
+ *          "OTEB1 <id> QUIT"
+ * Reply:   "OTEB1 <id> OK [<a> <b>]" (INFO: buffer address and length) |
+ *          "OTEB1 <id> BAD <offset>" (VERIFY found a wrong byte) | "OTEB1 <id> ERR <text>"
+ * The target's report line (self-spawned target, over a pipe; also printed by a
+ * standalone target): "OTEB1 TARGET <host:port> <buffer address> <buffer length>". */
+typedef enum {
+    BENCH_CTL_INFO = 0,
+    BENCH_CTL_FILL,
+    BENCH_CTL_ZERO,
+    BENCH_CTL_VERIFY,
+    BENCH_CTL_QUIT,
+    BENCH_CTL_OK,
+    BENCH_CTL_BAD,
+    BENCH_CTL_ERR,
+} bench_ctl_verb_t;
+
+typedef struct {
+    uint64_t id;
+    bench_ctl_verb_t verb;
+    uint64_t a, b, c; /* FILL/VERIFY: seed off len; ZERO: off len; OK: optional a b; BAD: a */
+    char text[128];   /* ERR */
+} bench_ctl_msg_t;
+
+/* Encode into buf (no NUL is sent; returns the length, or -1 if it does not fit). */
+int bench_ctl_format(const bench_ctl_msg_t *m, char *buf, size_t len);
+/* Decode len bytes (not NUL-terminated). Returns 0, or -1 when malformed. */
+int bench_ctl_parse(const char *buf, size_t len, bench_ctl_msg_t *out);
+
+int bench_report_format(const char *address, uint64_t buf_addr, uint64_t buf_len, char *out,
+                        size_t len);
+int bench_report_parse(const char *line, char *address, size_t address_len,
+                       uint64_t *buf_addr_out, uint64_t *buf_len_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
