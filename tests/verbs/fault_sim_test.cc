@@ -1,0 +1,321 @@
+// The fault decorator over the software RC provider ("sim"): the rules act on real
+// traffic between two connected QPs of one process (RDMA WRITEs with data checks).
+#include <gtest/gtest.h>
+
+#include <poll.h>
+#include <sched.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/time.h"
+#include "verbs/fault.h"
+#include "verbs/verbs.h"
+}
+
+namespace {
+
+using ote_test::OteTest;
+
+#define OP(x) OTE_VERBS_FAULT_OP_##x
+
+constexpr size_t kBuf = 4096;
+constexpr size_t kChunk = 256;
+
+class FaultSimTest : public OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        ote_status_t st = ote_verbs_open("sim", nullptr, &sim_);
+        if (st == OTE_ERR_UNSUPPORTED) {
+            GTEST_SKIP() << "verbs/sim is still the placeholder that returns "
+                            "OTE_ERR_UNSUPPORTED; these cases run once the sim provider lands";
+        }
+        ASSERT_EQ(st, OTE_OK);
+        ASSERT_EQ(ote_verbs_fault_wrap(sim_, OTE_VERBS_FAULT_OWN_INNER, &v_), OTE_OK);
+        ASSERT_STREQ(v_->provider, "fault(sim)");
+        const ote_verbs_ops_t *o = v_->ops;
+        struct ibv_device **list = nullptr;
+        int num = 0;
+        ASSERT_EQ(o->get_device_list(v_, &list, &num), 0);
+        ASSERT_GE(num, 1);
+        ASSERT_EQ(o->open_device(v_, list[0], &ctx_), 0);
+        o->free_device_list(v_, list);
+        struct ibv_port_attr port;
+        ASSERT_EQ(o->query_port(v_, ctx_, 1, &port), 0);
+        mtu_ = port.active_mtu;
+        gid_index_ = -1;
+        for (int i = 0; i < port.gid_tbl_len && gid_index_ < 0; i++) {
+            union ibv_gid g;
+            if (o->query_gid(v_, ctx_, 1, i, &g) != 0) continue;
+            bool zero = true;
+            for (auto b : g.raw) zero = zero && b == 0;
+            if (!zero) {
+                gid_index_ = i;
+                gid_ = g;
+            }
+        }
+        ASSERT_GE(gid_index_, 0) << "no GID on port 1";
+        ASSERT_EQ(o->alloc_pd(v_, ctx_, &pd_), 0);
+        src_.assign(kBuf, 0);
+        dst_.assign(kBuf, 0);
+        for (size_t i = 0; i < kBuf; i++) src_[i] = static_cast<char>(i * 7 + 1);
+        int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        ASSERT_EQ(o->reg_mr(v_, pd_, src_.data(), kBuf, access, &src_mr_), 0);
+        ASSERT_EQ(o->reg_mr(v_, pd_, dst_.data(), kBuf, access, &dst_mr_), 0);
+        ASSERT_EQ(o->create_cq(v_, ctx_, 64, nullptr, nullptr, 0, &cq_), 0);
+        a_ = CreateQp();
+        b_ = CreateQp();
+        ASSERT_NE(a_, nullptr);
+        ASSERT_NE(b_, nullptr);
+        Connect(a_, b_->qp_num);
+        Connect(b_, a_->qp_num);
+    }
+
+    void TearDown() override {
+        if (v_ != nullptr) {
+            ote_verbs_fault_clear(v_);
+            const ote_verbs_ops_t *o = v_->ops;
+            if (a_) {
+                EXPECT_EQ(o->destroy_qp(v_, a_), 0);
+            }
+            if (b_) {
+                EXPECT_EQ(o->destroy_qp(v_, b_), 0);
+            }
+            if (cq_) {
+                EXPECT_EQ(o->destroy_cq(v_, cq_), 0);
+            }
+            if (src_mr_) {
+                EXPECT_EQ(o->dereg_mr(v_, src_mr_), 0);
+            }
+            if (dst_mr_) {
+                EXPECT_EQ(o->dereg_mr(v_, dst_mr_), 0);
+            }
+            if (pd_) {
+                EXPECT_EQ(o->dealloc_pd(v_, pd_), 0);
+            }
+            if (ctx_) {
+                EXPECT_EQ(o->close_device(v_, ctx_), 0);
+            }
+            ote_verbs_close(v_);  // closes the sim too
+        } else if (sim_ != nullptr) {
+            ote_verbs_close(sim_);
+        }
+        OteTest::TearDown();
+    }
+
+    struct ibv_qp *CreateQp() {
+        struct ibv_qp_init_attr init;
+        std::memset(&init, 0, sizeof(init));
+        init.send_cq = cq_;
+        init.recv_cq = cq_;
+        init.qp_type = IBV_QPT_RC;
+        init.cap.max_send_wr = 16;
+        init.cap.max_recv_wr = 16;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        struct ibv_qp *qp = nullptr;
+        EXPECT_EQ(v_->ops->create_qp(v_, pd_, &init, &qp), 0);
+        EXPECT_GE(init.cap.max_send_wr, 16u) << "actual caps are written back";
+        return qp;
+    }
+
+    void Connect(struct ibv_qp *qp, uint32_t dest_qpn) {
+        const ote_verbs_ops_t *o = v_->ops;
+        struct ibv_qp_attr attr;
+        std::memset(&attr, 0, sizeof(attr));
+        attr.qp_state = IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = 1;
+        attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        ASSERT_EQ(o->modify_qp(v_, qp, &attr,
+                               IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                   IBV_QP_ACCESS_FLAGS),
+                  0);
+        std::memset(&attr, 0, sizeof(attr));
+        attr.qp_state = IBV_QPS_RTR;
+        attr.path_mtu = mtu_;
+        attr.dest_qp_num = dest_qpn;
+        attr.rq_psn = 0;
+        attr.max_dest_rd_atomic = 1;
+        attr.min_rnr_timer = 1;
+        attr.ah_attr.is_global = 1;
+        attr.ah_attr.grh.dgid = gid_;
+        attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
+        attr.ah_attr.grh.hop_limit = 1;
+        attr.ah_attr.port_num = 1;
+        ASSERT_EQ(o->modify_qp(v_, qp, &attr,
+                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                   IBV_QP_MIN_RNR_TIMER),
+                  0);
+        std::memset(&attr, 0, sizeof(attr));
+        attr.qp_state = IBV_QPS_RTS;
+        attr.sq_psn = 0;
+        attr.timeout = 14;
+        attr.retry_cnt = 7;
+        attr.rnr_retry = 7;
+        attr.max_rd_atomic = 1;
+        ASSERT_EQ(o->modify_qp(v_, qp, &attr,
+                               IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                   IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC),
+                  0);
+    }
+
+    // n signaled RDMA WRITEs of chunk i (wr_id first+i) from src_ into dst_ on QP a_.
+    int PostWrites(uint64_t first, int n, struct ibv_send_wr **bad,
+                   std::vector<struct ibv_send_wr> *wrs, std::vector<struct ibv_sge> *sges) {
+        wrs->assign(static_cast<size_t>(n), ibv_send_wr{});
+        sges->assign(static_cast<size_t>(n), ibv_sge{});
+        for (int i = 0; i < n; i++) {
+            size_t off = static_cast<size_t>(first - 1 + static_cast<uint64_t>(i)) * kChunk;
+            (*sges)[i].addr = reinterpret_cast<uintptr_t>(src_.data() + off);
+            (*sges)[i].length = kChunk;
+            (*sges)[i].lkey = src_mr_->lkey;
+            auto &w = (*wrs)[i];
+            w.wr_id = first + static_cast<uint64_t>(i);
+            w.opcode = IBV_WR_RDMA_WRITE;
+            w.send_flags = IBV_SEND_SIGNALED;
+            w.sg_list = &(*sges)[i];
+            w.num_sge = 1;
+            w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst_.data() + off);
+            w.wr.rdma.rkey = dst_mr_->rkey;
+            w.next = i + 1 < n ? &(*wrs)[i + 1] : nullptr;
+        }
+        return v_->ops->post_send(v_, a_, wrs->data(), bad);
+    }
+
+    // Polls until `want` CQEs arrived or 5 s passed; then checks nothing more comes
+    // within a short grace period (the sim completes promptly).
+    std::vector<struct ibv_wc> PollN(size_t want) {
+        std::vector<struct ibv_wc> out;
+        ote_deadline_t d = ote_deadline_after(5 * OTE_NSEC_PER_SEC);
+        while (out.size() < want && !ote_deadline_expired(d)) {
+            struct ibv_wc wc[8];
+            int n = v_->ops->poll_cq(v_, cq_, 8, wc);
+            EXPECT_GE(n, 0);
+            for (int i = 0; i < n; i++) out.push_back(wc[i]);
+            if (n == 0) sched_yield();
+        }
+        return out;
+    }
+    std::vector<struct ibv_wc> PollQuiet(uint64_t ms) {
+        std::vector<struct ibv_wc> out;
+        ote_deadline_t d = ote_deadline_after(ms * OTE_NSEC_PER_MSEC);
+        while (!ote_deadline_expired(d)) {
+            struct ibv_wc wc[8];
+            int n = v_->ops->poll_cq(v_, cq_, 8, wc);
+            for (int i = 0; i < n; i++) out.push_back(wc[i]);
+            if (n == 0) sched_yield();
+        }
+        return out;
+    }
+    bool ChunkArrived(uint64_t wr_id) {
+        size_t off = static_cast<size_t>(wr_id - 1) * kChunk;
+        return std::memcmp(src_.data() + off, dst_.data() + off, kChunk) == 0;
+    }
+
+    ote_verbs_t *sim_ = nullptr;
+    ote_verbs_t *v_ = nullptr;
+    struct ibv_context *ctx_ = nullptr;
+    struct ibv_pd *pd_ = nullptr;
+    struct ibv_mr *src_mr_ = nullptr, *dst_mr_ = nullptr;
+    struct ibv_cq *cq_ = nullptr;
+    struct ibv_qp *a_ = nullptr, *b_ = nullptr;
+    enum ibv_mtu mtu_ = IBV_MTU_1024;
+    int gid_index_ = -1;
+    union ibv_gid gid_;
+    std::vector<char> src_, dst_;
+};
+
+TEST_F(FaultSimTest, PartialPostMovesOnlyTheAcceptedWrs) {
+    ASSERT_EQ(ote_verbs_fault_partial_post(v_, OP(POST_SEND), 2, ENOMEM), OTE_OK);
+    std::vector<struct ibv_send_wr> wrs;
+    std::vector<struct ibv_sge> sges;
+    struct ibv_send_wr *bad = nullptr;
+    ASSERT_EQ(PostWrites(1, 4, &bad, &wrs, &sges), ENOMEM);
+    EXPECT_EQ(bad, &wrs[2]);
+    auto wc = PollN(2);
+    ASSERT_EQ(wc.size(), 2u);
+    EXPECT_EQ(wc[0].wr_id, 1u);
+    EXPECT_EQ(wc[1].wr_id, 2u);
+    for (auto &w : wc) EXPECT_EQ(w.status, IBV_WC_SUCCESS);
+    EXPECT_TRUE(PollQuiet(50).empty()) << "WRs past k must not complete";
+    EXPECT_TRUE(ChunkArrived(1));
+    EXPECT_TRUE(ChunkArrived(2));
+    EXPECT_FALSE(ChunkArrived(3));
+    // The caller reposts from bad_wr and everything lands.
+    ASSERT_EQ(v_->ops->post_send(v_, a_, bad, &bad), 0);
+    wc = PollN(2);
+    ASSERT_EQ(wc.size(), 2u);
+    EXPECT_TRUE(ChunkArrived(3));
+    EXPECT_TRUE(ChunkArrived(4));
+}
+
+TEST_F(FaultSimTest, LostAndErrorCqesOnRealTraffic) {
+    ASSERT_EQ(ote_verbs_fault_lose_cqe_wr_id(v_, cq_, 2), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_error_cqe_wr_id(v_, cq_, 3, IBV_WC_REM_ACCESS_ERR, 9), OTE_OK);
+    std::vector<struct ibv_send_wr> wrs;
+    std::vector<struct ibv_sge> sges;
+    struct ibv_send_wr *bad = nullptr;
+    ASSERT_EQ(PostWrites(1, 4, &bad, &wrs, &sges), 0);
+    auto wc = PollN(3);
+    ASSERT_EQ(wc.size(), 3u);
+    EXPECT_EQ(wc[0].wr_id, 1u);
+    EXPECT_EQ(wc[1].wr_id, 3u);
+    EXPECT_EQ(wc[1].status, IBV_WC_REM_ACCESS_ERR);
+    EXPECT_EQ(wc[1].vendor_err, 9u);
+    EXPECT_EQ(wc[1].qp_num, a_->qp_num);
+    EXPECT_EQ(wc[2].wr_id, 4u);
+    EXPECT_TRUE(PollQuiet(50).empty()) << "the lost CQE never appears";
+    EXPECT_TRUE(ChunkArrived(2)) << "losing the CQE does not undo the data movement";
+    EXPECT_EQ(ote_verbs_fault_injected(v_, OP(POLL_CQ)), 2u);
+}
+
+TEST_F(FaultSimTest, BusyDestroyRetainsTheQpUntilItSucceeds) {
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OP(DESTROY_QP), a_, 2), OTE_OK);
+    EXPECT_EQ(v_->ops->destroy_qp(v_, a_), EBUSY);
+    EXPECT_EQ(v_->ops->destroy_qp(v_, a_), EBUSY);
+    // Still alive: it still moves data.
+    std::vector<struct ibv_send_wr> wrs;
+    std::vector<struct ibv_sge> sges;
+    struct ibv_send_wr *bad = nullptr;
+    ASSERT_EQ(PostWrites(1, 1, &bad, &wrs, &sges), 0);
+    ASSERT_EQ(PollN(1).size(), 1u);
+    EXPECT_TRUE(ChunkArrived(1));
+    EXPECT_EQ(v_->ops->destroy_qp(v_, a_), 0);
+    a_ = nullptr;
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OP(DESTROY_QP)), 3u);
+}
+
+TEST_F(FaultSimTest, FailedRegistrationAndInjectedAsyncEvent) {
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OP(REG_MR), OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
+    struct ibv_mr *mr = nullptr;
+    EXPECT_EQ(v_->ops->reg_mr(v_, pd_, src_.data(), 64, IBV_ACCESS_LOCAL_WRITE, &mr), ENOMEM);
+    EXPECT_EQ(mr, nullptr);
+    ASSERT_EQ(v_->ops->reg_mr(v_, pd_, src_.data(), 64, IBV_ACCESS_LOCAL_WRITE, &mr), 0);
+    EXPECT_EQ(v_->ops->dereg_mr(v_, mr), 0);
+
+    int fd = -1;
+    ASSERT_EQ(ote_verbs_fault_async_fd(v_, ctx_, &fd), OTE_OK);
+    struct ibv_async_event inj;
+    std::memset(&inj, 0, sizeof(inj));
+    inj.event_type = IBV_EVENT_QP_FATAL;
+    inj.element.qp = a_;
+    ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ctx_, &inj), OTE_OK);
+    struct pollfd p = {fd, POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 1000), 1);
+    struct ibv_async_event ev;
+    ASSERT_EQ(v_->ops->get_async_event(v_, ctx_, &ev), 0);
+    EXPECT_EQ(ev.event_type, IBV_EVENT_QP_FATAL);
+    EXPECT_EQ(ev.element.qp, a_);
+    v_->ops->ack_async_event(v_, &ev);
+    EXPECT_EQ(v_->ops->destroy_qp(v_, a_), 0);
+    a_ = nullptr;
+}
+
+}  // namespace
