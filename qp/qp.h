@@ -1,0 +1,153 @@
+/*
+ * qp/qp.h - one physical RC QP: its connection, send queue and receive queue.
+ *
+ * A QP borrows a CQ lane (its send CQ for the SQ, its receive CQ for the RQ) and, through
+ * it, the lane's context; both must outlive it. Any number of upper-layer records may
+ * post on one QP: each owns the WR ids it posts (see OTE_CQ_WR_ID in cq/lane.h) and gets
+ * their completions through its lane namespace.
+ *
+ * Send queue. Every WR is signaled. At most max_send_wr WRs are outstanding; each
+ * accepted WR id is owned by the SQ until its CQE (or a flush CQE) discharges it exactly
+ * once, and only then is it forwarded to its record. A post that the provider accepts
+ * only in part is resolved from bad_wr: the WRs before it are owned by the SQ, the rest
+ * are returned to the caller untouched. A post whose outcome is unknown keeps the whole
+ * chain as debt and fences the SQ: no new admission on this QP, ever (replace it). WRs
+ * carry a deadline; ote_qp_expire() reports the ones past it and fences the SQ, but
+ * keeps them owned (the NIC could still write their buffers) until a CQE, a flush, or
+ * the QP's destruction resolves them.
+ *
+ * Receive queue. The QP owns recv_slots buffers of recv_size bytes, registered with a
+ * QP-owned MR. Each posted slot is a receive credit and stays charged until its CQE;
+ * a successful receive is handed to the on_recv callback (the buffer is valid during
+ * the call only) and the slot is posted again. Flushed slots are not reposted.
+ *
+ * Connection: create leaves the QP in INIT; ote_qp_connect() posts the receive slots
+ * and moves it INIT -> RTR -> RTS from the peer's path. A failed RTR leaves it in INIT;
+ * a failed RTS resets it to INIT: connect can be retried either way.
+ *
+ * Port down / fatal events on the QP's context, and fatal events of the QP itself,
+ * fence it and move it to ERR, so in-flight WRs end with error CQEs instead of hanging.
+ *
+ * Teardown: ote_qp_destroy() fences, moves the QP to ERR, waits for the flush until its
+ * deadline, then destroys the QP. WRs still owed after a successful native destroy can
+ * never complete: each gets one synthesized IBV_WC_WR_FLUSH_ERR completion with
+ * vendor_err OTE_QP_VENDOR_ERR_DESTROYED. When a native destroy (QP or RQ MR) fails,
+ * the QP keeps its native objects, buffers and charges, is counted as retained in its
+ * context and OTE_ERR_RETAINED is returned; call ote_qp_destroy() again later.
+ *
+ * Thread-safe. Completion callbacks may post on the QP.
+ */
+#ifndef OTE_QP_QP_H
+#define OTE_QP_QP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "base/time.h"
+#include "cq/lane.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ote_qp ote_qp_t;
+
+/* vendor_err of the completions synthesized for WRs resolved by destruction. */
+#define OTE_QP_VENDOR_ERR_DESTROYED 0x07e0de57u
+
+/* One end of a connection, as the peer learns it (its descriptor). */
+typedef struct ote_qp_path {
+    union ibv_gid gid;
+    uint16_t lid;
+    uint32_t qp_num;
+    uint32_t psn;     /* initial send PSN of that end (24 bits) */
+    enum ibv_mtu mtu; /* active MTU of that end's port */
+} ote_qp_path_t;
+
+/* A successful receive: buf holds wc->byte_len bytes, valid during the call only. */
+typedef void (*ote_qp_recv_fn)(void *arg, ote_qp_t *qp, const struct ibv_wc *wc,
+                               const void *buf);
+
+typedef struct ote_qp_config {
+    uint32_t max_send_wr;  /* SQ depth */
+    uint32_t max_send_sge;
+    uint32_t max_inline;
+    uint32_t recv_slots;   /* QP-owned receive buffers (0: none) */
+    uint32_t recv_size;    /* bytes per receive buffer */
+    int access;            /* qp_access_flags: IBV_ACCESS_REMOTE_{READ,WRITE,ATOMIC} */
+    uint8_t timeout;       /* ACK timeout exponent (4.096 us << timeout) */
+    uint8_t retry_cnt;
+    uint8_t rnr_retry;
+    uint8_t min_rnr_timer;
+    uint8_t max_rd_atomic; /* both initiator and responder depth */
+    ote_qp_recv_fn on_recv;
+    void *recv_arg;
+} ote_qp_config_t;
+
+/* What ote_qp_post_send() did. Written on every return, failures included: a partial
+ * post is a result the caller must act on, not only an error. */
+typedef struct ote_qp_post_result {
+    size_t accepted;                /* WRs now owned by the SQ */
+    struct ibv_send_wr *unposted;   /* first WR returned to the caller (NULL: none) */
+} ote_qp_post_result_t;
+
+typedef struct ote_qp_stats {
+    uint32_t qp_num;
+    enum ibv_qp_state state; /* as last set or learned (ERR after an error CQE) */
+    int fenced;
+    int retained;
+    uint32_t sq_outstanding, sq_capacity;
+    uint32_t rq_posted, rq_slots;
+    uint64_t send_completions, send_errors, recv_completions, recv_errors;
+    uint64_t unknown_cqes;        /* CQEs naming no outstanding WR: never forwarded */
+    uint64_t expired;             /* WRs reported past their deadline */
+    uint64_t resolved_by_destroy; /* WRs ended by the QP's destruction */
+} ote_qp_stats_t;
+
+/* Defaults: 128 send WRs, 1 SGE, no inline, no receive slots, REMOTE_READ|WRITE, timeout
+ * 14, retry 7, rnr_retry 7, min_rnr_timer 12, max_rd_atomic 16. */
+void ote_qp_config_default(ote_qp_config_t *cfg);
+
+/* Create the QP on @lane (its context must be active) and move it to INIT. */
+ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_qp_t **qp_out);
+/* This end's path, to give to the peer. */
+void ote_qp_local_path(const ote_qp_t *qp, ote_qp_path_t *path_out);
+/* INIT -> RTR -> RTS toward @peer. */
+ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer);
+
+/**
+ * ote_qp_post_send() - post a chain of WRs (wr_ids unique among outstanding ones).
+ * Admission is all or nothing: OTE_ERR_AGAIN when the SQ or the lane's send CQ lacks
+ * room for the whole chain, OTE_ERR_FENCED after an unknown outcome or an expired WR,
+ * OTE_ERR_PORT_DOWN on a paused context, OTE_ERR_STATE unless connected. A provider
+ * failure returns its status with @result telling which WRs the SQ now owns.
+ */
+ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadline_t deadline,
+                              ote_qp_post_result_t *result);
+
+/* Report up to @cap outstanding WR ids past their deadline (each once) into @ids; if any,
+ * the SQ is fenced. Returns how many were written. */
+size_t ote_qp_expire(ote_qp_t *qp, uint64_t *ids, size_t cap);
+
+/* Fence admission and move the QP to ERR: every outstanding WR flushes. */
+ote_status_t ote_qp_cancel(ote_qp_t *qp);
+
+/* Drive the lane until the SQ has nothing outstanding (OTE_ERR_TIMEOUT otherwise). */
+ote_status_t ote_qp_wait_idle(ote_qp_t *qp, ote_deadline_t deadline);
+
+/* See the header comment. The deadline bounds the wait for flush CQEs. */
+ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline);
+
+uint32_t ote_qp_num(const ote_qp_t *qp);
+ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp);
+/* The native QP, for verbs that take one (e.g. memory window binds). */
+struct ibv_qp *ote_qp_native(const ote_qp_t *qp);
+/* Receive credits: slots posted and not yet consumed. */
+uint32_t ote_qp_recv_credits(const ote_qp_t *qp);
+void ote_qp_get_stats(const ote_qp_t *qp, ote_qp_stats_t *stats_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,214 @@
+/*
+ * qp/send_queue.c - the send queue: bounded admission, exact WR ownership, fencing.
+ *
+ * Every WR id is entered in the outstanding table before the native post (a CQE can be
+ * polled by a worker before post_send returns), and leaves it exactly once: by its CQE,
+ * by being returned unposted (the proven suffix after bad_wr), or by the QP's native
+ * destruction. Entries come from a fixed pool of max_send_wr, so admission never
+ * allocates except for hash growth.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "context/context.h"
+#include "qp/qp_internal.h"
+
+ote_status_t ote__sq_init(ote_qp_t *qp) {
+    qp->pool = ote_calloc(qp->cfg.max_send_wr, sizeof(*qp->pool));
+    if (qp->pool == NULL) return OTE_ERR_NOMEM;
+    for (uint32_t i = 0; i < qp->cfg.max_send_wr; i++) {
+        qp->pool[i].next_free = qp->free_list;
+        qp->free_list = &qp->pool[i];
+    }
+    return OTE_OK;
+}
+
+void ote__sq_fini(ote_qp_t *qp) {
+    HASH_CLEAR(hh, qp->outstanding);
+    ote_free(qp->pool);
+    qp->pool = NULL;
+    qp->free_list = NULL;
+}
+
+static void entry_put(ote_qp_t *qp, sq_entry_t *e) {
+    HASH_DEL(qp->outstanding, e);
+    e->next_free = qp->free_list;
+    qp->free_list = e;
+    qp->sq_count--;
+}
+
+ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadline_t deadline,
+                              ote_qp_post_result_t *result) {
+    ote_qp_post_result_t res = {0, wrs};
+    if (result != NULL) *result = res;
+    if (qp == NULL || wrs == NULL || result == NULL) return OTE_ERR_INVALID;
+    size_t n = 0;
+    for (struct ibv_send_wr *w = wrs; w != NULL; w = w->next) n++;
+
+    ote_mutex_lock(&qp->mu);
+    ote_status_t st = OTE_OK;
+    if (qp->closing || qp->qp == NULL) st = OTE_ERR_STATE;
+    else if (qp->fenced) st = OTE_ERR_FENCED;
+    else if (qp->state != IBV_QPS_RTS) st = OTE_ERR_STATE;
+    else st = ote_context_check(qp->ctx); /* a paused port admits nothing new */
+    if (st == OTE_OK && (uint64_t)qp->sq_count + n > qp->cfg.max_send_wr) st = OTE_ERR_AGAIN;
+    if (st != OTE_OK) {
+        ote_mutex_unlock(&qp->mu);
+        return st;
+    }
+    /* Enter every WR id (refusing duplicates) before the post. */
+    size_t entered = 0;
+    for (struct ibv_send_wr *w = wrs; w != NULL; w = w->next, entered++) {
+        sq_entry_t *dup = NULL;
+        HASH_FIND(hh, qp->outstanding, &w->wr_id, sizeof(uint64_t), dup);
+        if (dup != NULL) {
+            OTE_WARN("qp", "QP %u: wr_id 0x%llx is already outstanding", qp->qp_num,
+                     (unsigned long long)w->wr_id);
+            st = OTE_ERR_INVALID;
+            break;
+        }
+        sq_entry_t *e = qp->free_list;
+        qp->free_list = e->next_free;
+        e->wr_id = w->wr_id;
+        e->deadline = deadline;
+        e->expired = 0;
+        OTE_HASH_ADD(hh, qp->outstanding, wr_id, sizeof(uint64_t), e, st);
+        if (st != OTE_OK) {
+            e->next_free = qp->free_list;
+            qp->free_list = e;
+            break;
+        }
+        qp->sq_count++;
+        w->send_flags |= IBV_SEND_SIGNALED;
+    }
+    if (st == OTE_OK) st = ote_cq_lane_reserve(qp->lane, OTE_CQ_SEND, (uint32_t)n);
+    if (st != OTE_OK) {
+        struct ibv_send_wr *w = wrs;
+        for (size_t i = 0; i < entered; i++, w = w->next) {
+            sq_entry_t *e = NULL;
+            HASH_FIND(hh, qp->outstanding, &w->wr_id, sizeof(uint64_t), e);
+            if (e != NULL) entry_put(qp, e);
+        }
+        ote_mutex_unlock(&qp->mu);
+        return st;
+    }
+
+    struct ibv_send_wr *bad = NULL;
+    int err = qp->v->ops->post_send(qp->v, qp->qp, wrs, &bad);
+    if (err == 0) {
+        res.accepted = n;
+        res.unposted = NULL;
+        ote_mutex_unlock(&qp->mu);
+        *result = res;
+        return OTE_OK;
+    }
+    /* Failure: resolve acceptance from bad_wr. */
+    size_t k = 0;
+    struct ibv_send_wr *w = wrs;
+    while (w != NULL && w != bad) {
+        w = w->next;
+        k++;
+    }
+    if (bad != NULL && w == bad) {
+        /* Proven: WRs [0, k) are posted and owned; [k, n) were not posted. */
+        for (struct ibv_send_wr *u = bad; u != NULL; u = u->next) {
+            sq_entry_t *e = NULL;
+            HASH_FIND(hh, qp->outstanding, &u->wr_id, sizeof(uint64_t), e);
+            if (e != NULL) entry_put(qp, e);
+        }
+        ote_mutex_unlock(&qp->mu);
+        ote_cq_lane_release(qp->lane, OTE_CQ_SEND, (uint32_t)(n - k));
+        res.accepted = k;
+        res.unposted = bad;
+        OTE_WARN("qp", "QP %u: post_send accepted %zu of %zu WRs: errno %d", qp->qp_num, k, n,
+                 err);
+        *result = res;
+        return ote_verbs_status(err);
+    }
+    /* Unknown outcome: any of the WRs may be posted. Keep the whole debt, fence. */
+    qp->fenced = 1;
+    ote_mutex_unlock(&qp->mu);
+    OTE_ERROR("qp",
+              "QP %u: post_send of %zu WRs failed (errno %d) with bad_wr outside the chain: "
+              "outcome unknown, send queue fenced, all %zu WRs kept as owed",
+              qp->qp_num, n, err, n);
+    res.accepted = n;
+    res.unposted = NULL;
+    *result = res;
+    return ote_status_make(OTE_ERR_FENCED, err);
+}
+
+int ote__sq_complete(ote_qp_t *qp, const struct ibv_wc *wc) {
+    ote_mutex_lock(&qp->mu);
+    sq_entry_t *e = NULL;
+    uint64_t id = wc->wr_id;
+    HASH_FIND(hh, qp->outstanding, &id, sizeof(uint64_t), e);
+    if (e == NULL) {
+        qp->unknown_cqes++;
+        ote_mutex_unlock(&qp->mu);
+        OTE_WARN("qp", "QP %u: send CQE for wr_id 0x%llx that is not outstanding: dropped",
+                 qp->qp_num, (unsigned long long)id);
+        return 0;
+    }
+    entry_put(qp, e);
+    if (wc->status == IBV_WC_SUCCESS) {
+        qp->send_completions++;
+    } else {
+        qp->send_errors++;
+        if (qp->state != IBV_QPS_ERR && wc->status != IBV_WC_WR_FLUSH_ERR)
+            OTE_WARN("qp", "QP %u: send error CQE %s: QP in ERR, send queue fenced", qp->qp_num,
+                     ote_verbs_wc_status_str(wc->status));
+        qp->state = IBV_QPS_ERR; /* a non-flush error moved it there; a flush means it is */
+        qp->fenced = 1;
+    }
+    ote_mutex_unlock(&qp->mu);
+    ote_cq_lane_release(qp->lane, OTE_CQ_SEND, 1);
+    return 1;
+}
+
+size_t ote_qp_expire(ote_qp_t *qp, uint64_t *ids, size_t cap) {
+    size_t n = 0;
+    uint64_t now = ote_now_ns();
+    ote_mutex_lock(&qp->mu);
+    sq_entry_t *e, *tmp;
+    HASH_ITER(hh, qp->outstanding, e, tmp) {
+        if (n >= cap) break;
+        if (e->expired || e->deadline > now) continue;
+        e->expired = 1;
+        ids[n++] = e->wr_id;
+    }
+    if (n > 0) {
+        qp->expired += n;
+        if (!qp->fenced)
+            OTE_WARN("qp", "QP %u: %zu WR(s) past their deadline: send queue fenced; their "
+                     "buffers stay owned until a CQE, a flush or destruction", qp->qp_num, n);
+        qp->fenced = 1;
+    }
+    ote_mutex_unlock(&qp->mu);
+    return n;
+}
+
+void ote__sq_resolve_destroyed(ote_qp_t *qp) {
+    for (;;) {
+        ote_mutex_lock(&qp->mu);
+        sq_entry_t *e = qp->outstanding;
+        if (e == NULL) {
+            ote_mutex_unlock(&qp->mu);
+            return;
+        }
+        uint64_t id = e->wr_id;
+        entry_put(qp, e);
+        qp->resolved_by_destroy++;
+        ote_mutex_unlock(&qp->mu);
+        ote_cq_lane_release(qp->lane, OTE_CQ_SEND, 1);
+        struct ibv_wc wc;
+        memset(&wc, 0, sizeof(wc));
+        wc.wr_id = id;
+        wc.status = IBV_WC_WR_FLUSH_ERR;
+        wc.qp_num = qp->qp_num;
+        wc.vendor_err = OTE_QP_VENDOR_ERR_DESTROYED;
+        (void)ote_cq_lane_deliver(qp->lane, OTE_CQ_SEND, &wc);
+    }
+}
