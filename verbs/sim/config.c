@@ -1,0 +1,481 @@
+/*
+ * verbs/sim/config.c - devices, ports and GID tables of the sim: the configuration
+ * parser (syntax in sim.h), unique auto GIDs, the listening socket of every GID and the
+ * device/port/GID query verbs.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "verbs/sim/sim_internal.h"
+
+static const char k_default[] =
+    "dev=sim0,numa=0;port;gid=auto-ll,type=v1;gid=auto-ll,type=v2;gid=auto-v4,type=v1;"
+    "gid=auto-v4,type=v2;dev=sim1,numa=1;port;gid=auto-ll,type=v1;gid=auto-ll,type=v2;"
+    "gid=auto-v4,type=v1;gid=auto-v4,type=v2";
+
+const char *ote_sim_default_config(void) { return k_default; }
+
+static enum ibv_mtu mtu_from_netdev(int mtu) {
+    if (mtu >= 4096 + 128) return IBV_MTU_4096;
+    if (mtu >= 2048 + 128) return IBV_MTU_2048;
+    if (mtu >= 1024 + 128) return IBV_MTU_1024;
+    if (mtu >= 512 + 128) return IBV_MTU_512;
+    return IBV_MTU_256;
+}
+
+static bool parse_uint(const char *s, unsigned long max, unsigned long *out) {
+    if (!s || !*s) return false;
+    char *end = NULL;
+    errno = 0;
+    unsigned long x = strtoul(s, &end, 0);
+    if (errno || *end || x > max) return false;
+    *out = x;
+    return true;
+}
+
+static void port_defaults(sim_port_t *pt) {
+    memset(pt, 0, sizeof(*pt));
+    pt->state = IBV_PORT_ACTIVE;
+    pt->netdev_mtu = 1500;
+    pt->active_mtu = mtu_from_netdev(1500);
+    pt->max_mtu = IBV_MTU_4096;
+    pt->link_layer = IBV_LINK_LAYER_ETHERNET;
+    pt->ngid = SIM_GID_TBL_LEN;
+}
+
+#define CFG_FAIL(...)                        \
+    do {                                     \
+        OTE_WARN(SIM_LOG, __VA_ARGS__);      \
+        st = OTE_ERR_INVALID;                \
+        goto out;                            \
+    } while (0)
+
+ote_status_t ote__sim_config_parse(const char *text, sim_config_t *cfg) {
+    ote_status_t st = OTE_OK;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->retry_cap_ms = 3000;
+    if (!text || !*text) text = k_default;
+    char *copy = ote_strdup(text);
+    if (!copy) return OTE_ERR_NOMEM;
+    char *save_item = NULL;
+    for (char *item = strtok_r(copy, ";", &save_item); item; item = strtok_r(NULL, ";", &save_item)) {
+        while (*item == ' ' || *item == '\n' || *item == '\t') item++;
+        if (!*item) continue;
+        char *save_kv = NULL;
+        int kind = 0; /* 1 dev, 2 port, 3 gid, 4 global */
+        sim_dev_t *d = cfg->ndev ? &cfg->devs[cfg->ndev - 1] : NULL;
+        sim_port_t *pt = NULL;
+        sim_gid_t gid_e;
+        memset(&gid_e, 0, sizeof(gid_e));
+        long gid_index = -1;
+        for (char *kv = strtok_r(item, ",", &save_kv); kv; kv = strtok_r(NULL, ",", &save_kv)) {
+            while (*kv == ' ') kv++;
+            char *val = strchr(kv, '=');
+            if (val) *val++ = '\0';
+            unsigned long x = 0;
+            if (kind == 0) {
+                if (!strcmp(kv, "dev")) {
+                    if (cfg->ndev >= SIM_MAX_DEVS) CFG_FAIL("sim config: more than %d devices", SIM_MAX_DEVS);
+                    if (!val || !*val || strlen(val) >= IBV_SYSFS_NAME_MAX)
+                        CFG_FAIL("sim config: bad device name");
+                    d = &cfg->devs[cfg->ndev++];
+                    memset(d, 0, sizeof(*d));
+                    d->index = cfg->ndev - 1;
+                    snprintf(d->ibdev.name, sizeof(d->ibdev.name), "%s", val);
+                    snprintf(d->ibdev.dev_name, sizeof(d->ibdev.dev_name), "uverbs-%s", val);
+                    d->ibdev.node_type = IBV_NODE_CA;
+                    d->ibdev.transport_type = IBV_TRANSPORT_IB;
+                    kind = 1;
+                } else if (!strcmp(kv, "port")) {
+                    if (!d) CFG_FAIL("sim config: port before dev");
+                    if (d->nports >= SIM_MAX_PORTS) CFG_FAIL("sim config: more than %d ports", SIM_MAX_PORTS);
+                    if (val && (!parse_uint(val, SIM_MAX_PORTS, &x) || (int)x != d->nports + 1))
+                        CFG_FAIL("sim config: ports must be numbered 1, 2, ... in order");
+                    pt = &d->ports[d->nports++];
+                    port_defaults(pt);
+                    kind = 2;
+                } else if (!strcmp(kv, "gid")) {
+                    if (!d || !d->nports) CFG_FAIL("sim config: gid before port");
+                    pt = &d->ports[d->nports - 1];
+                    if (!val) CFG_FAIL("sim config: gid needs a value");
+                    gid_e.valid = true;
+                    gid_e.type = IBV_GID_TYPE_ROCE_V2;
+                    if (!strcmp(val, "auto-v4")) gid_e.kind = SIM_GID_AUTO_V4;
+                    else if (!strcmp(val, "auto-ll")) gid_e.kind = SIM_GID_AUTO_LL;
+                    else if (!strcmp(val, "auto-v6")) gid_e.kind = SIM_GID_AUTO_V6;
+                    else {
+                        struct in_addr a4;
+                        gid_e.kind = SIM_GID_EXPLICIT;
+                        if (inet_pton(AF_INET6, val, gid_e.gid.raw) == 1) {
+                        } else if (inet_pton(AF_INET, val, &a4) == 1) {
+                            memset(gid_e.gid.raw, 0, 16);
+                            gid_e.gid.raw[10] = 0xff;
+                            gid_e.gid.raw[11] = 0xff;
+                            memcpy(&gid_e.gid.raw[12], &a4, 4);
+                        } else {
+                            CFG_FAIL("sim config: bad gid '%s'", val);
+                        }
+                    }
+                    kind = 3;
+                } else if (!strcmp(kv, "retry_cap_ms")) {
+                    if (!parse_uint(val, 3600000, &x) || x == 0) CFG_FAIL("sim config: bad retry_cap_ms");
+                    cfg->retry_cap_ms = (uint32_t)x;
+                    kind = 4;
+                } else {
+                    CFG_FAIL("sim config: unknown item '%s'", kv);
+                }
+                continue;
+            }
+            if (kind == 1 && !strcmp(kv, "numa")) {
+                if (!val || !*val) CFG_FAIL("sim config: bad numa");
+                long n = strtol(val, NULL, 10);
+                if (n < -1 || n > 1023) CFG_FAIL("sim config: bad numa");
+                d->numa = (int)n;
+            } else if (kind == 2 && !strcmp(kv, "state")) {
+                if (val && !strcmp(val, "active")) pt->state = IBV_PORT_ACTIVE;
+                else if (val && !strcmp(val, "down")) pt->state = IBV_PORT_DOWN;
+                else if (val && !strcmp(val, "init")) pt->state = IBV_PORT_INIT;
+                else CFG_FAIL("sim config: bad port state");
+            } else if (kind == 2 && !strcmp(kv, "mtu")) {
+                if (!parse_uint(val, 65536, &x) || x < 256) CFG_FAIL("sim config: bad mtu");
+                pt->netdev_mtu = (int)x;
+                pt->active_mtu = mtu_from_netdev((int)x);
+            } else if (kind == 2 && !strcmp(kv, "link")) {
+                if (val && !strcmp(val, "eth")) pt->link_layer = IBV_LINK_LAYER_ETHERNET;
+                else if (val && !strcmp(val, "ib")) pt->link_layer = IBV_LINK_LAYER_INFINIBAND;
+                else CFG_FAIL("sim config: bad link");
+            } else if (kind == 2 && !strcmp(kv, "lid")) {
+                if (!parse_uint(val, 0xbfff, &x)) CFG_FAIL("sim config: bad lid");
+                pt->lid = (uint16_t)x;
+            } else if (kind == 2 && !strcmp(kv, "gids")) {
+                if (!parse_uint(val, SIM_GID_TBL_LEN, &x) || x == 0) CFG_FAIL("sim config: bad gids");
+                pt->ngid = (int)x;
+            } else if (kind == 3 && !strcmp(kv, "type")) {
+                if (val && !strcmp(val, "v1")) gid_e.type = IBV_GID_TYPE_ROCE_V1;
+                else if (val && !strcmp(val, "v2")) gid_e.type = IBV_GID_TYPE_ROCE_V2;
+                else if (val && !strcmp(val, "ib")) gid_e.type = IBV_GID_TYPE_IB;
+                else CFG_FAIL("sim config: bad gid type");
+            } else if (kind == 3 && !strcmp(kv, "index")) {
+                if (!parse_uint(val, SIM_GID_TBL_LEN - 1, &x)) CFG_FAIL("sim config: bad gid index");
+                gid_index = (long)x;
+            } else {
+                CFG_FAIL("sim config: unknown key '%s'", kv);
+            }
+        }
+        if (kind == 3) {
+            if (gid_index < 0) {
+                for (gid_index = 0; gid_index < pt->ngid && pt->gids[gid_index].valid; gid_index++) {
+                }
+            }
+            if (gid_index >= pt->ngid) CFG_FAIL("sim config: GID table full");
+            if (pt->gids[gid_index].valid) CFG_FAIL("sim config: GID index %ld used twice", gid_index);
+            pt->gids[gid_index] = gid_e;
+        }
+    }
+    if (cfg->ndev == 0) CFG_FAIL("sim config: no device");
+    for (int i = 0; i < cfg->ndev; i++) {
+        if (cfg->devs[i].nports == 0) CFG_FAIL("sim config: device %s has no port", cfg->devs[i].ibdev.name);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(cfg->devs[i].ibdev.name, cfg->devs[j].ibdev.name))
+                CFG_FAIL("sim config: device name %s used twice", cfg->devs[i].ibdev.name);
+    }
+    const char *env = getenv("OTE_SIM_RETRY_CAP_MS");
+    unsigned long x = 0;
+    if (env && parse_uint(env, 3600000, &x) && x > 0) cfg->retry_cap_ms = (uint32_t)x;
+out:
+    ote_free(copy);
+    return st;
+}
+
+/* ---- unique auto GIDs and listeners ---- */
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static void make_auto(sim_gid_t *g, uint32_t uid) {
+    uint8_t *r = g->gid.raw;
+    memset(r, 0, 16);
+    switch (g->kind) {
+    case SIM_GID_AUTO_V4:
+        r[10] = 0xff;
+        r[11] = 0xff;
+        r[12] = 10;
+        r[13] = (uint8_t)(uid >> 16);
+        r[14] = (uint8_t)(uid >> 8);
+        r[15] = (uint8_t)uid;
+        break;
+    case SIM_GID_AUTO_LL: /* EUI-64 of MAC 02:5e:00:XX:YY:ZZ */
+        r[0] = 0xfe;
+        r[1] = 0x80;
+        r[8] = 0x00;
+        r[9] = 0x5e;
+        r[10] = 0x00;
+        r[11] = 0xff;
+        r[12] = 0xfe;
+        r[13] = (uint8_t)(uid >> 16);
+        r[14] = (uint8_t)(uid >> 8);
+        r[15] = (uint8_t)uid;
+        break;
+    case SIM_GID_AUTO_V6:
+        r[0] = 0xfd;
+        r[1] = 0x5e;
+        r[13] = (uint8_t)(uid >> 16);
+        r[14] = (uint8_t)(uid >> 8);
+        r[15] = (uint8_t)uid;
+        break;
+    default:
+        break;
+    }
+}
+
+socklen_t ote__sim_gid_sockaddr(const union ibv_gid *gid, void *sun_out) {
+    struct sockaddr_un *sun = (struct sockaddr_un *)sun_out;
+    memset(sun, 0, sizeof(*sun));
+    sun->sun_family = AF_UNIX;
+    static const char hex[] = "0123456789abcdef";
+    char name[64];
+    int n = snprintf(name, sizeof(name), "orbitte-sim/");
+    for (int i = 0; i < 16; i++) {
+        name[n++] = hex[gid->raw[i] >> 4];
+        name[n++] = hex[gid->raw[i] & 15];
+    }
+    /* abstract namespace: leading NUL, not NUL-terminated */
+    memcpy(sun->sun_path + 1, name, (size_t)n);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static bool gid_zero(const union ibv_gid *g) {
+    static const uint8_t z[16];
+    return memcmp(g->raw, z, 16) == 0;
+}
+
+/* Bind one listener for GID g; EADDRINUSE keeps *busy. */
+static ote_status_t listener_open(sim_prov_t *p, sim_dev_t *d, int port, const union ibv_gid *g,
+                                  sim_listener_t **out, bool *busy) {
+    *busy = false;
+    sim_listener_t *l = ote_calloc(1, sizeof(*l));
+    if (!l) return OTE_ERR_NOMEM;
+    l->dev = d;
+    l->port = port;
+    l->gid = *g;
+    l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (l->fd < 0) {
+        int e = errno;
+        ote_free(l);
+        return ote_status_make(OTE_ERR_NATIVE, e);
+    }
+    struct sockaddr_un sun;
+    socklen_t len = ote__sim_gid_sockaddr(g, &sun);
+    if (bind(l->fd, (struct sockaddr *)&sun, len) != 0 || listen(l->fd, 256) != 0) {
+        int e = errno;
+        close(l->fd);
+        ote_free(l);
+        if (e == EADDRINUSE) {
+            *busy = true;
+            return OTE_ERR_EXISTS;
+        }
+        return ote_status_make(OTE_ERR_NATIVE, e);
+    }
+    ote_status_t st = ote__sim_listener_add(p, l);
+    if (st != OTE_OK) {
+        close(l->fd);
+        ote_free(l);
+        return st;
+    }
+    *out = l;
+    return OTE_OK;
+}
+
+void ote__sim_port_unbind(sim_prov_t *p, sim_dev_t *d, int port) {
+    sim_port_t *pt = &d->ports[port - 1];
+    for (int i = 0; i < SIM_GID_TBL_LEN; i++) {
+        if (pt->listeners[i]) {
+            ote__sim_listener_del(p, pt->listeners[i]);
+            pt->listeners[i] = NULL;
+        }
+    }
+}
+
+/* Listen on every distinct valid GID of the port. */
+static ote_status_t port_listen(sim_prov_t *p, sim_dev_t *d, int port, bool *auto_busy) {
+    sim_port_t *pt = &d->ports[port - 1];
+    *auto_busy = false;
+    for (int i = 0; i < pt->ngid; i++) {
+        sim_gid_t *g = &pt->gids[i];
+        if (!g->valid || gid_zero(&g->gid)) continue;
+        bool dup = false;
+        for (int j = 0; j < i; j++)
+            if (pt->gids[j].valid && !memcmp(pt->gids[j].gid.raw, g->gid.raw, 16)) dup = true;
+        if (dup) continue;
+        bool busy = false;
+        ote_status_t st = listener_open(p, d, port, &g->gid, &pt->listeners[i], &busy);
+        if (st != OTE_OK) {
+            ote__sim_port_unbind(p, d, port);
+            if (busy && g->kind != SIM_GID_EXPLICIT) *auto_busy = true;
+            return st;
+        }
+    }
+    return OTE_OK;
+}
+
+ote_status_t ote__sim_port_bind(sim_prov_t *p, sim_dev_t *d, int port) {
+    sim_port_t *pt = &d->ports[port - 1];
+    uint64_t seed = ((uint64_t)getpid() << 32) ^ ((uint64_t)p->instance << 12) ^
+                    ((uint64_t)d->index << 4) ^ (uint64_t)port;
+    for (int attempt = 0; attempt < 64; attempt++) {
+        uint32_t uid = (uint32_t)(mix64(seed + (uint64_t)attempt * 0x100000001ull) & 0xffffff);
+        if (uid == 0) uid = 1;
+        pt->uid = uid;
+        for (int i = 0; i < pt->ngid; i++)
+            if (pt->gids[i].valid && pt->gids[i].kind != SIM_GID_EXPLICIT) make_auto(&pt->gids[i], uid);
+        bool auto_busy = false;
+        ote_status_t st = port_listen(p, d, port, &auto_busy);
+        if (st == OTE_OK) return OTE_OK;
+        if (!auto_busy) {
+            OTE_ERROR(SIM_LOG, "sim: cannot listen on the GIDs of %s port %d (%s)", d->ibdev.name,
+                      port, ote_status_str(st));
+            return st;
+        }
+    }
+    return OTE_ERR_EXISTS;
+}
+
+/* ---- device and port verbs ---- */
+
+int ote__sim_get_device_list(ote_verbs_t *v, struct ibv_device ***list_out, int *num_out) {
+    sim_prov_t *p = to_sim_prov(v);
+    struct ibv_device **list = ote_calloc((size_t)p->cfg.ndev + 1, sizeof(*list));
+    if (!list) return ENOMEM;
+    for (int i = 0; i < p->cfg.ndev; i++) list[i] = &p->cfg.devs[i].ibdev;
+    *list_out = list;
+    if (num_out) *num_out = p->cfg.ndev;
+    return 0;
+}
+
+void ote__sim_free_device_list(ote_verbs_t *v, struct ibv_device **list) {
+    (void)v;
+    ote_free(list);
+}
+
+const char *ote__sim_get_device_name(ote_verbs_t *v, struct ibv_device *dev) {
+    (void)v;
+    return dev ? dev->name : NULL;
+}
+
+int ote__sim_query_device(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_device_attr *a) {
+    (void)v;
+    if (!ctx || !a) return EINVAL;
+    sim_dev_t *d = to_sim_ctx(ctx)->dev;
+    memset(a, 0, sizeof(*a));
+    snprintf(a->fw_ver, sizeof(a->fw_ver), "ote-sim 1.0");
+    a->node_guid = d->guid;
+    a->sys_image_guid = d->guid;
+    a->max_mr_size = SIM_MAX_MR_SIZE;
+    a->page_size_cap = 4096;
+    a->vendor_id = 0x5e5e;
+    a->vendor_part_id = 1;
+    a->hw_ver = 1;
+    a->max_qp = SIM_MAX_QP;
+    a->max_qp_wr = SIM_MAX_QP_WR;
+    a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW |
+                          IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_MEM_MGT_EXTENSIONS;
+    a->max_sge = SIM_MAX_SGE;
+    a->max_sge_rd = SIM_MAX_SGE;
+    a->max_cq = SIM_MAX_QP;
+    a->max_cqe = SIM_MAX_CQE;
+    a->max_mr = SIM_MAX_KEYS / 2;
+    a->max_pd = SIM_MAX_QP;
+    a->max_qp_rd_atom = SIM_MAX_RD_ATOM;
+    a->max_qp_init_rd_atom = SIM_MAX_RD_ATOM;
+    a->max_res_rd_atom = SIM_MAX_RD_ATOM * SIM_MAX_QP;
+    a->atomic_cap = IBV_ATOMIC_NONE;
+    a->max_mw = SIM_MAX_KEYS / 2;
+    a->max_pkeys = 1;
+    a->local_ca_ack_delay = 15;
+    a->phys_port_cnt = (uint8_t)d->nports;
+    return 0;
+}
+
+int ote__sim_query_port(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port,
+                        struct ibv_port_attr *a) {
+    if (!ctx || !a) return EINVAL;
+    sim_prov_t *p = to_sim_prov(v);
+    sim_dev_t *d = to_sim_ctx(ctx)->dev;
+    if (port < 1 || port > d->nports) return EINVAL;
+    ote_mutex_lock(&p->mu);
+    sim_port_t *pt = &d->ports[port - 1];
+    memset(a, 0, sizeof(*a));
+    a->state = pt->state;
+    a->max_mtu = pt->max_mtu;
+    a->active_mtu = pt->active_mtu;
+    a->gid_tbl_len = pt->ngid;
+    a->port_cap_flags = 0;
+    a->max_msg_sz = (uint32_t)SIM_MAX_MSG_SZ;
+    a->pkey_tbl_len = 1;
+    a->link_layer = pt->link_layer;
+    if (pt->link_layer == IBV_LINK_LAYER_INFINIBAND) {
+        a->lid = pt->lid;
+        a->sm_lid = 1;
+    }
+    a->active_width = 2;  /* 4X */
+    a->active_speed = 32; /* EDR */
+    a->phys_state = pt->state == IBV_PORT_ACTIVE ? 5 : 3;
+    ote_mutex_unlock(&p->mu);
+    return 0;
+}
+
+int ote__sim_query_gid(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port, int index,
+                       union ibv_gid *gid) {
+    if (!ctx || !gid) return EINVAL;
+    sim_prov_t *p = to_sim_prov(v);
+    sim_dev_t *d = to_sim_ctx(ctx)->dev;
+    if (port < 1 || port > d->nports) return EINVAL;
+    sim_port_t *pt = &d->ports[port - 1];
+    if (index < 0 || index >= pt->ngid) return EINVAL;
+    ote_mutex_lock(&p->mu);
+    if (pt->gids[index].valid) *gid = pt->gids[index].gid;
+    else memset(gid, 0, sizeof(*gid));
+    ote_mutex_unlock(&p->mu);
+    return 0;
+}
+
+int ote__sim_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port, uint32_t index,
+                          struct ibv_gid_entry *e) {
+    if (!ctx || !e) return EINVAL;
+    sim_prov_t *p = to_sim_prov(v);
+    sim_dev_t *d = to_sim_ctx(ctx)->dev;
+    if (port < 1 || port > (uint32_t)d->nports) return EINVAL;
+    sim_port_t *pt = &d->ports[port - 1];
+    if (index >= (uint32_t)pt->ngid) return EINVAL;
+    int rc = 0;
+    ote_mutex_lock(&p->mu);
+    if (!pt->gids[index].valid || gid_zero(&pt->gids[index].gid)) {
+        rc = ENODATA;
+    } else {
+        memset(e, 0, sizeof(*e));
+        e->gid = pt->gids[index].gid;
+        e->gid_index = index;
+        e->port_num = port;
+        e->gid_type = pt->gids[index].type;
+        e->ndev_ifindex = pt->link_layer == IBV_LINK_LAYER_ETHERNET ? (uint32_t)(100 + d->index) : 0;
+    }
+    ote_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int ote__sim_device_numa_node(ote_verbs_t *v, struct ibv_context *ctx, int *node_out) {
+    (void)v;
+    if (!ctx || !node_out) return EINVAL;
+    *node_out = to_sim_ctx(ctx)->dev->numa;
+    return 0;
+}

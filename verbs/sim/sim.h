@@ -1,0 +1,86 @@
+/*
+ * verbs/sim/sim.h - control API of the software RC provider ("sim").
+ *
+ * The sim is opened like any provider: ote_verbs_open("sim", config, &v). Each instance
+ * runs one progress thread, owns its devices and reaches other instances (in this or
+ * another process) over abstract UNIX-domain stream sockets: every valid GID of a port
+ * is a listening socket named "\0orbitte-sim/<32 hex digits of the GID>", so a peer that
+ * learned a GID and a QP number out of band (as on RoCE) connects to exactly that port.
+ *
+ * Configuration (the config argument, else $OTE_SIM_CONFIG, else the default). Items
+ * are separated by ';', each item is a comma-separated list of key=value whose first
+ * key says what it is:
+ *
+ *   dev=NAME[,numa=N]                          start a device (at most 8)
+ *   port[=N][,state=active|down|init][,mtu=NETDEV_MTU][,link=eth|ib][,lid=N][,gids=LEN]
+ *                                              add a port to the last device (at most 4;
+ *                                              mtu 1500 -> IBV_MTU_1024, 9000 -> 4096;
+ *                                              gids = gid_tbl_len, default 16)
+ *   gid=ADDR[,type=v1|v2|ib][,index=I]         add a GID to the last port. ADDR is an
+ *                                              IPv6 literal, an IPv4 address (stored
+ *                                              IPv4-mapped), or auto-v4 / auto-ll /
+ *                                              auto-v6: derived from a per-process unique
+ *                                              24-bit port id (::ffff:10.X.Y.Z,
+ *                                              fe80::XX:XXff:feXX:XXXX, fd5e:...::XXXXXX)
+ *   retry_cap_ms=N                             upper bound on the time before outstanding
+ *                                              WRs fail with IBV_WC_RETRY_EXC_ERR when
+ *                                              the peer is gone (default 3000;
+ *                                              $OTE_SIM_RETRY_CAP_MS overrides)
+ *
+ * The default is
+ *   dev=sim0,numa=0;port;gid=auto-ll,type=v1;gid=auto-ll,type=v2;gid=auto-v4,type=v1;
+ *   gid=auto-v4,type=v2;dev=sim1,numa=1;port;gid=auto-ll,type=v1;gid=auto-ll,type=v2;
+ *   gid=auto-v4,type=v1;gid=auto-v4,type=v2
+ * (ports default to state=active, mtu=1500, link=eth). Auto GIDs are unique among all
+ * sim instances on the host (the sim retries another id until its listening socket
+ * name is free), so two processes using the default can tell each other apart. An
+ * explicit GID that another instance already holds makes open fail (OTE_ERR_EXISTS).
+ */
+#ifndef OTE_VERBS_SIM_SIM_H
+#define OTE_VERBS_SIM_SIM_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "verbs/verbs.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The default configuration text (see above). */
+const char *ote_sim_default_config(void);
+
+/* True when v is a sim instance (the control calls below fail with OTE_ERR_INVALID on
+ * anything else, e.g. a fault decorator: pass the inner instance). */
+int ote_sim_is_sim(const ote_verbs_t *v);
+
+/* Port state: IBV_PORT_DOWN raises IBV_EVENT_PORT_ERR, IBV_PORT_ACTIVE raises
+ * IBV_EVENT_PORT_ACTIVE on every context open on the device. While a port is down its
+ * QPs neither send nor accept requests, so outstanding WRs end in RETRY_EXC_ERR. */
+ote_status_t ote_sim_set_port_state(ote_verbs_t *v, const char *dev, uint8_t port,
+                                    enum ibv_port_state state);
+
+/* Set (gid != NULL) or delete (gid == NULL) GID table entry index; raises
+ * IBV_EVENT_GID_CHANGE. The new GID becomes reachable at once; a deleted one does not
+ * accept new connections. OTE_ERR_EXISTS when another instance holds that GID. */
+ote_status_t ote_sim_set_gid(ote_verbs_t *v, const char *dev, uint8_t port, int index,
+                             const union ibv_gid *gid, enum ibv_gid_type type);
+
+/* Move qp to ERR as a catastrophic WQ error would: IBV_EVENT_QP_FATAL, then flush. */
+ote_status_t ote_sim_qp_fatal(ote_verbs_t *v, struct ibv_qp *qp);
+
+/* Raise IBV_EVENT_DEVICE_FATAL on every context of dev (nothing else changes). */
+ote_status_t ote_sim_device_fatal(ote_verbs_t *v, const char *dev);
+
+/* Effective cap on the retry-exceeded time, in milliseconds. */
+uint32_t ote_sim_retry_cap_ms(const ote_verbs_t *v);
+
+/* Number of devices of the instance. */
+int ote_sim_device_count(const ote_verbs_t *v);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

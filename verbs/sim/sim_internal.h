@@ -1,0 +1,463 @@
+/*
+ * verbs/sim/sim_internal.h - private objects of the software RC provider.
+ *
+ * One provider instance (sim_prov_t) owns its devices (from the configuration), one
+ * progress thread, one epoll set, the listening sockets of its GIDs and every
+ * connection. The verbs objects (context, PD, MR, MW, CQ, channel, QP) embed rdma-core's
+ * structs and are recovered with the to_sim_*() helpers.
+ *
+ * Locking: prov->mu protects every object's state, the key table, the QP table, all
+ * connections and queues. Each CQ also has cq->mu for its ring and arming so that
+ * poll_cq and req_notify_cq never wait for the progress thread; order is prov->mu then
+ * cq->mu. Every producer of CQEs holds prov->mu.
+ */
+#ifndef OTE_VERBS_SIM_SIM_INTERNAL_H
+#define OTE_VERBS_SIM_SIM_INTERNAL_H
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "base/alloc.h"
+#include "base/hash.h"
+#include "base/lock.h"
+#include "base/log.h"
+#include "base/status.h"
+#include "base/time.h"
+#include "verbs/sim/sim.h"
+#include "verbs/verbs.h"
+
+#define SIM_LOG "verbs.sim"
+
+#define sim_container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+#define SIM_MAX_DEVS 8
+#define SIM_MAX_PORTS 4
+#define SIM_GID_TBL_LEN 16
+#define SIM_MAX_QP_WR 16384
+#define SIM_MAX_SGE 32
+#define SIM_MAX_CQE (1 << 20)
+#define SIM_MAX_INLINE 512
+#define SIM_MAX_RD_ATOM 16
+#define SIM_MAX_MSG_SZ (1ull << 31)
+#define SIM_MAX_MR_SIZE (1ull << 40)
+#define SIM_MAX_QP (1 << 16)
+#define SIM_MAX_KEYS (1 << 20)
+
+struct sim_prov;
+struct sim_qp;
+struct sim_conn;
+
+/* ---- configuration: devices, ports, GIDs (config.c) ---- */
+
+typedef enum { SIM_GID_EXPLICIT = 0, SIM_GID_AUTO_V4, SIM_GID_AUTO_LL, SIM_GID_AUTO_V6 } sim_gid_kind_t;
+
+enum { SIM_FD_WAKE = 1, SIM_FD_LISTENER = 2, SIM_FD_CONN = 3 };
+
+typedef struct sim_listener {
+    int kind; /* SIM_FD_LISTENER: first member, epoll data points here */
+    int fd;
+    struct sim_dev *dev;
+    int port; /* 1-based */
+    union ibv_gid gid;
+} sim_listener_t;
+
+typedef struct sim_gid {
+    bool valid;
+    union ibv_gid gid;
+    uint32_t type; /* enum ibv_gid_type */
+    sim_gid_kind_t kind;
+} sim_gid_t;
+
+typedef struct sim_port {
+    enum ibv_port_state state;
+    int netdev_mtu;
+    enum ibv_mtu active_mtu;
+    enum ibv_mtu max_mtu;
+    uint8_t link_layer;
+    uint16_t lid;
+    uint32_t uid; /* unique 24-bit component of this port's auto GIDs */
+    int ngid;     /* gid_tbl_len */
+    sim_gid_t gids[SIM_GID_TBL_LEN];
+    sim_listener_t *listeners[SIM_GID_TBL_LEN]; /* one per distinct valid GID */
+} sim_port_t;
+
+typedef struct sim_dev {
+    struct ibv_device ibdev;
+    struct sim_prov *prov;
+    int index;
+    int numa;
+    int nports;
+    uint64_t guid;
+    sim_port_t ports[SIM_MAX_PORTS];
+} sim_dev_t;
+
+typedef struct sim_config {
+    int ndev;
+    sim_dev_t devs[SIM_MAX_DEVS];
+    uint32_t retry_cap_ms;
+} sim_config_t;
+
+/* Parse text (NULL/empty = default) into cfg. OTE_ERR_INVALID with a logged reason. */
+ote_status_t ote__sim_config_parse(const char *text, sim_config_t *cfg);
+/* Bind listeners for every valid GID, choosing unique auto GIDs. Under prov->mu or
+ * before the thread starts. */
+ote_status_t ote__sim_port_bind(struct sim_prov *p, sim_dev_t *d, int port);
+void ote__sim_port_unbind(struct sim_prov *p, sim_dev_t *d, int port);
+/* Route: the abstract socket address for a GID. */
+socklen_t ote__sim_gid_sockaddr(const union ibv_gid *gid, void *sun_out);
+
+/* ---- contexts and async events ---- */
+
+typedef struct sim_aev {
+    struct ibv_async_event ev;
+    struct sim_aev *next, *prev;
+} sim_aev_t;
+
+typedef struct sim_ctx {
+    struct ibv_context ibctx;
+    struct sim_prov *prov;
+    sim_dev_t *dev;
+    int efd; /* async fd (eventfd, level: readable iff aq non-empty) */
+    bool efd_level;
+    sim_aev_t *aq;
+    int children; /* PDs, CQs, channels */
+    struct sim_ctx *next, *prev;
+} sim_ctx_t;
+
+/* ---- PD, MR, MW (mr.c) ---- */
+
+typedef struct sim_pd {
+    struct ibv_pd ibpd;
+    sim_ctx_t *ctx;
+    int children; /* MRs, MWs, QPs */
+} sim_pd_t;
+
+enum { SIM_KEY_FREE = 0, SIM_KEY_MR = 1, SIM_KEY_MW = 2 };
+
+typedef struct sim_key {
+    int kind;
+    uint8_t tag;
+    void *obj;
+    uint32_t next_free;
+} sim_key_t;
+
+typedef struct sim_mr {
+    struct ibv_mr ibmr;
+    sim_pd_t *pd;
+    int access;
+    uint32_t index;
+    int nbound; /* windows bound to it */
+} sim_mr_t;
+
+typedef struct sim_mw {
+    struct ibv_mw ibmw;
+    sim_pd_t *pd;
+    uint32_t index;
+    bool bound;
+    uint32_t key; /* current rkey (index<<8|tag) */
+    sim_mr_t *mr;
+    uint64_t addr, len;
+    int access;
+    struct sim_qp *qp; /* type 2: the QP it is bound to (NULL once that QP is gone) */
+} sim_mw_t;
+
+ote_status_t ote__sim_key_alloc(struct sim_prov *p, int kind, void *obj, uint32_t *index_out,
+                                uint8_t *tag_out);
+void ote__sim_key_free(struct sim_prov *p, uint32_t index);
+sim_mr_t *ote__sim_mr_lookup(struct sim_prov *p, uint32_t key);
+sim_mw_t *ote__sim_mw_lookup(struct sim_prov *p, uint32_t key);
+/* Check a local SGE list; need_write: the sim writes into it. Returns false on a
+ * protection error. */
+bool ote__sim_check_local(struct sim_prov *p, sim_pd_t *pd, const struct ibv_sge *sge, int n,
+                          bool need_write, uint64_t len);
+/* Check remote access (rkey, range, permission) on responder QP qp. */
+bool ote__sim_check_remote(struct sim_prov *p, struct sim_qp *qp, uint32_t rkey, uint64_t addr,
+                           uint64_t len, int need_access);
+
+/* ---- CQ and completion channel (cq.c) ---- */
+
+typedef struct sim_cqe {
+    struct ibv_wc wc;
+    struct sim_qp *credit_qp; /* SQ completion: frees send slots up to credit_seq */
+    uint64_t credit_seq;
+} sim_cqe_t;
+
+typedef struct sim_channel {
+    struct ibv_comp_channel ibch;
+    sim_ctx_t *ctx;
+    int efd;
+    bool efd_level;
+    struct sim_cq *q_head, *q_tail; /* queued CQ events */
+    int ncq;
+} sim_channel_t;
+
+typedef struct sim_cq {
+    struct ibv_cq ibcq;
+    sim_ctx_t *ctx;
+    ote_mutex_t mu;
+    sim_cqe_t *ring;
+    int cap, head, count;
+    bool overflowed, overflow_handled;
+    int armed; /* 0 no, 1 solicited only, 2 any */
+    sim_channel_t *ch;
+    bool queued; /* on ch's event queue */
+    struct sim_cq *q_next;
+    uint32_t comp_delivered, comp_acked;
+    uint32_t async_delivered, async_acked;
+    int nqp;
+} sim_cq_t;
+
+/* Add a CQE (prov->mu held). solicited: fires a solicited-only arm. */
+void ote__sim_cq_push(sim_cq_t *cq, const struct ibv_wc *wc, struct sim_qp *credit_qp,
+                      uint64_t credit_seq, bool solicited);
+void ote__sim_async_push(sim_ctx_t *ctx, const struct ibv_async_event *ev);
+void ote__sim_efd_set(int efd, bool *level, bool on);
+
+/* ---- QP (qp.c) ---- */
+
+typedef enum { SWR_QUEUED = 0, SWR_SENT = 1, SWR_DONE = 2 } sim_swr_state_t;
+
+typedef struct sim_swr {
+    uint64_t wr_id;
+    enum ibv_wr_opcode op;
+    unsigned flags;
+    bool signaled;
+    uint32_t imm; /* imm_data (network order) or invalidate_rkey */
+    uint64_t raddr;
+    uint32_t rkey;
+    int nsge;
+    struct ibv_sge *sge; /* qp->max_send_sge entries */
+    uint8_t *inl;        /* qp->max_inline bytes */
+    bool inlined;
+    uint64_t len;
+    /* BIND_MW */
+    struct ibv_mw *mw;
+    uint32_t new_rkey;
+    struct ibv_mr *bmr;
+    uint64_t baddr, blen;
+    unsigned bacc;
+    /* progress */
+    sim_swr_state_t state;
+    bool psn_set;
+    uint32_t psn, npsn;
+    enum ibv_wc_status status;
+    uint32_t byte_len;
+} sim_swr_t;
+
+typedef struct sim_rwr {
+    uint64_t wr_id;
+    int nsge;
+    struct ibv_sge *sge;
+} sim_rwr_t;
+
+typedef struct sim_qp {
+    struct ibv_qp ibqp;
+    struct sim_prov *p;
+    sim_ctx_t *ctx;
+    sim_pd_t *pd;
+    sim_cq_t *scq, *rcq;
+    struct ibv_qp_init_attr init;
+    struct ibv_qp_attr attr; /* current attributes */
+    enum ibv_qp_state state;  /* real state (the device may move it to ERR) */
+    uint32_t epoch;           /* bumped on every move to ERR/RESET */
+    uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
+    bool sq_sig_all;
+    /* send queue: sequence numbers never reset */
+    sim_swr_t *sq;
+    uint64_t sq_head, sq_next, sq_tail; /* [head,next) sent/executing, [next,tail) queued */
+    _Atomic uint64_t sq_freed;          /* slots below this are free (advanced by poll) */
+    uint32_t sq_psn_next;
+    int reads_out;
+    /* receive queue */
+    sim_rwr_t *rq;
+    uint64_t rq_head, rq_tail;
+    uint32_t rq_epsn; /* responder: next expected PSN */
+    /* requester transport */
+    struct sim_conn *req;
+    bool conn_lost;
+    uint64_t lost_at_ns;
+    uint64_t progress_ns;
+    uint64_t rnr_until_ns;
+    int rnr_tries;
+    bool sqd_notify_pending;
+    bool halted; /* a local error is pending: send nothing more */
+    uint32_t async_delivered, async_acked;
+    UT_hash_handle hh; /* prov->qps by qp_num */
+    struct sim_qp *next, *prev; /* prov->qp_list */
+} sim_qp_t;
+
+/* Move qp to ERR (flushing), generating CQEs. status_wr: the failing WR's status was
+ * already recorded in the SQ entry. */
+void ote__sim_qp_to_err(sim_qp_t *qp);
+void ote__sim_qp_fatal(sim_qp_t *qp, enum ibv_event_type ev);
+/* Report done SQ entries from the head in order; flush on error. */
+void ote__sim_qp_complete(sim_qp_t *qp);
+void ote__sim_rq_complete(sim_qp_t *qp, const struct ibv_wc *wc, bool solicited);
+uint64_t ote__sim_retry_bound_ns(sim_qp_t *qp, bool lost);
+
+/* ---- wire (wire.c) ---- */
+
+enum { SIM_MSG_HELLO = 1, SIM_MSG_REQ = 2, SIM_MSG_ACK = 3, SIM_MSG_NAK = 4, SIM_MSG_RRESP = 5 };
+enum { SIM_NAK_RNR = 1, SIM_NAK_ACCESS = 2, SIM_NAK_INV_REQ = 3, SIM_NAK_OP = 4 };
+enum { SIM_HF_SE = 1 };
+
+typedef struct sim_hdr {
+    uint8_t type;
+    uint8_t op;
+    uint8_t flags;
+    uint8_t syndrome;
+    uint32_t psn;
+    uint32_t imm; /* imm / invalidate rkey / HELLO: src qpn / NAK RNR: min_rnr_timer */
+    uint32_t rkey;
+    uint32_t npsn;  /* REQ: PSNs the message consumes */
+    uint32_t pad;
+    uint64_t raddr; /* HELLO: dst qpn */
+    uint64_t len;   /* payload bytes following the header */
+} sim_hdr_t;
+
+typedef struct sim_frame {
+    struct sim_frame *next;
+    sim_hdr_t hdr;
+    uint8_t extra[16]; /* small payload (HELLO GID) */
+    size_t total, done;
+    int niov;
+    struct iovec iov[]; /* iov[0] = header (+extra) */
+} sim_frame_t;
+
+typedef enum { RX_HDR = 0, RX_PAYLOAD } sim_rx_state_t;
+
+#define SIM_RXBUF (256 * 1024)
+
+typedef struct sim_conn {
+    int kind; /* SIM_FD_CONN */
+    int fd;
+    struct sim_prov *p;
+    bool requester;   /* our QP's outgoing connection */
+    bool dead;
+    sim_qp_t *qp;     /* requester: owner; responder: bound after HELLO (may be NULL) */
+    sim_listener_t *via; /* responder: the listener that accepted it */
+    sim_frame_t *tx_head, *tx_tail;
+    bool want_out;
+    /* receive */
+    uint8_t *rbuf;
+    size_t rpos, rlen;
+    sim_rx_state_t rx;
+    sim_hdr_t h;
+    uint64_t remaining;
+    struct iovec *div; /* destination iovs (NULL = discard) */
+    int ndiv, idiv;
+    int div_cap;
+    /* what to do at payload end */
+    int act;
+    uint32_t act_epoch;
+    uint64_t act_seq;
+    union ibv_gid hello_gid;
+    struct sim_conn *next, *prev;
+} sim_conn_t;
+
+ote_status_t ote__sim_wire_start(struct sim_prov *p);
+void ote__sim_wire_stop(struct sim_prov *p);
+void ote__sim_wake(struct sim_prov *p);
+void ote__sim_conn_close(struct sim_prov *p, sim_conn_t *c);
+/* Detach every connection of qp (RESET, ERR of requester side, destroy). */
+void ote__sim_qp_detach(sim_qp_t *qp, bool responder_too);
+ote_status_t ote__sim_listener_add(struct sim_prov *p, sim_listener_t *l);
+void ote__sim_listener_del(struct sim_prov *p, sim_listener_t *l);
+
+/* ---- provider ---- */
+
+typedef struct sim_prov {
+    ote_verbs_t v;
+    ote_mutex_t mu;
+    ote_cond_t cv; /* acks of events */
+    sim_config_t cfg;
+    uint32_t instance;
+    uint32_t next_qpn;
+    sim_key_t *keys;
+    uint32_t nkeys, key_cap, key_free;
+    sim_qp_t *qps; /* hash by qp_num */
+    sim_qp_t *qp_list;
+    sim_ctx_t *ctxs;
+    sim_conn_t *conns;
+    int epfd, wake_efd;
+    int wake_kind; /* SIM_FD_WAKE: epoll data of wake_efd points here */
+    pthread_t thread;
+    bool thread_started;
+    _Atomic bool stop;
+    int nlisteners;
+} sim_prov_t;
+
+static inline sim_prov_t *to_sim_prov(ote_verbs_t *v) { return (sim_prov_t *)v->priv; }
+static inline sim_ctx_t *to_sim_ctx(struct ibv_context *c) { return sim_container_of(c, sim_ctx_t, ibctx); }
+static inline sim_dev_t *to_sim_dev(struct ibv_device *d) { return sim_container_of(d, sim_dev_t, ibdev); }
+static inline sim_pd_t *to_sim_pd(struct ibv_pd *pd) { return sim_container_of(pd, sim_pd_t, ibpd); }
+static inline sim_mr_t *to_sim_mr(struct ibv_mr *mr) { return sim_container_of(mr, sim_mr_t, ibmr); }
+static inline sim_mw_t *to_sim_mw(struct ibv_mw *mw) { return sim_container_of(mw, sim_mw_t, ibmw); }
+static inline sim_cq_t *to_sim_cq(struct ibv_cq *cq) { return sim_container_of(cq, sim_cq_t, ibcq); }
+static inline sim_qp_t *to_sim_qp(struct ibv_qp *qp) { return sim_container_of(qp, sim_qp_t, ibqp); }
+static inline sim_channel_t *to_sim_ch(struct ibv_comp_channel *ch) {
+    return sim_container_of(ch, sim_channel_t, ibch);
+}
+
+/* op implementations spread over the files */
+int ote__sim_get_device_list(ote_verbs_t *v, struct ibv_device ***list_out, int *num_out);
+void ote__sim_free_device_list(ote_verbs_t *v, struct ibv_device **list);
+const char *ote__sim_get_device_name(ote_verbs_t *v, struct ibv_device *dev);
+int ote__sim_open_device(ote_verbs_t *v, struct ibv_device *dev, struct ibv_context **ctx_out);
+int ote__sim_close_device(ote_verbs_t *v, struct ibv_context *ctx);
+int ote__sim_query_device(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_device_attr *attr);
+int ote__sim_query_port(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port,
+                        struct ibv_port_attr *attr);
+int ote__sim_query_gid(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port, int index,
+                       union ibv_gid *gid);
+int ote__sim_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port, uint32_t index,
+                          struct ibv_gid_entry *entry);
+int ote__sim_device_numa_node(ote_verbs_t *v, struct ibv_context *ctx, int *node_out);
+int ote__sim_get_async_event(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_async_event *ev);
+void ote__sim_ack_async_event(ote_verbs_t *v, struct ibv_async_event *ev);
+int ote__sim_alloc_pd(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_pd **pd_out);
+int ote__sim_dealloc_pd(ote_verbs_t *v, struct ibv_pd *pd);
+int ote__sim_reg_mr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t length, int access,
+                    struct ibv_mr **mr_out);
+int ote__sim_dereg_mr(ote_verbs_t *v, struct ibv_mr *mr);
+int ote__sim_alloc_mw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type,
+                      struct ibv_mw **mw_out);
+int ote__sim_dealloc_mw(ote_verbs_t *v, struct ibv_mw *mw);
+int ote__sim_create_comp_channel(ote_verbs_t *v, struct ibv_context *ctx,
+                                 struct ibv_comp_channel **ch_out);
+int ote__sim_destroy_comp_channel(ote_verbs_t *v, struct ibv_comp_channel *ch);
+int ote__sim_create_cq(ote_verbs_t *v, struct ibv_context *ctx, int cqe, void *cq_context,
+                       struct ibv_comp_channel *ch, int comp_vector, struct ibv_cq **cq_out);
+int ote__sim_destroy_cq(ote_verbs_t *v, struct ibv_cq *cq);
+int ote__sim_req_notify_cq(ote_verbs_t *v, struct ibv_cq *cq, int solicited_only);
+int ote__sim_get_cq_event(ote_verbs_t *v, struct ibv_comp_channel *ch, struct ibv_cq **cq_out,
+                          void **cq_context_out);
+void ote__sim_ack_cq_events(ote_verbs_t *v, struct ibv_cq *cq, unsigned int nevents);
+int ote__sim_poll_cq(ote_verbs_t *v, struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
+int ote__sim_create_qp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *init_attr,
+                       struct ibv_qp **qp_out);
+int ote__sim_modify_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
+int ote__sim_query_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                      struct ibv_qp_init_attr *init_attr);
+int ote__sim_destroy_qp(ote_verbs_t *v, struct ibv_qp *qp);
+int ote__sim_post_send(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr,
+                       struct ibv_send_wr **bad_wr);
+int ote__sim_post_recv(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *wr,
+                       struct ibv_recv_wr **bad_wr);
+
+/* Raise CQ_ERR / QP_FATAL for CQs that overran (prov->mu held). */
+void ote__sim_handle_overflow(sim_prov_t *p);
+uint32_t ote__sim_mtu_bytes(enum ibv_mtu m);
+
+/* Wait (prov->mu held) until *delivered == *acked or ~1 s; false on timeout. */
+bool ote__sim_wait_acked(sim_prov_t *p, const uint32_t *delivered, const uint32_t *acked);
+/* Blocking read for an event fd (poll without the lock). EAGAIN if O_NONBLOCK. */
+int ote__sim_wait_fd(sim_prov_t *p, int fd);
+
+#endif
