@@ -64,7 +64,9 @@
  * Ownership: the decorator borrows the inner provider unless OTE_VERBS_FAULT_OWN_INNER
  * is given, in which case ote_verbs_close() of the decorator also closes the inner one.
  * A borrowed inner provider must outlive the decorator. Objects created through the
- * decorator are the inner provider's objects and may be destroyed through either.
+ * decorator are the inner provider's objects and may be destroyed through either; only
+ * a context closed through the decorator releases the decorator's per-context fds at
+ * once (otherwise they live until the decorator is closed).
  * Thread-safe: rules may be armed while other threads call ops.
  */
 #ifndef OTE_VERBS_FAULT_H
