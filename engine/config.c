@@ -1,0 +1,349 @@
+/*
+ * engine/config.c - ote_config_t (public), its resolution into ote__cfg_t, and
+ * "host:port" / "[v6]:port" parsing.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/control/ctl.h"
+#include "engine/engine_internal.h"
+
+typedef enum { K_STRING, K_UINT, K_SIZE, K_ENUM, K_ADDR, K_ADDR_OPT, K_LOGLEVEL } kind_t;
+
+typedef struct {
+    const char *key;
+    kind_t kind;
+    const char *def;
+    uint64_t min, max;      /* K_UINT / K_SIZE */
+    const char *choices[4]; /* K_ENUM */
+} key_def_t;
+
+static const key_def_t g_keys[] = {
+    {"transport", K_ENUM, "tcp", 0, 0, {"tcp", "rdma", NULL, NULL}},
+    {"listen_address", K_ADDR, "127.0.0.1:0", 0, 0, {NULL}},
+    {"advertise_address", K_ADDR_OPT, "", 0, 0, {NULL}},
+    {"tcp_connections", K_UINT, "4", 1, 64, {NULL}},
+    {"tcp_workers", K_UINT, "2", 1, 64, {NULL}},
+    {"slice_size", K_SIZE, "1M", 4096, 32u << 20, {NULL}},
+    {"transfer_timeout_ms", K_UINT, "30000", 1, 86400000, {NULL}},
+    {"connect_timeout_ms", K_UINT, "5000", 1, 600000, {NULL}},
+    {"verbs_provider", K_ENUM, "", 0, 0, {"", "sim", "rdma-core", NULL}},
+    {"rdma_device", K_STRING, "", 0, 63, {NULL}},
+    {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
+};
+#define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
+
+struct ote_config {
+    char *values[NKEYS]; /* NULL = not set */
+};
+
+static int key_index(const char *key) {
+    if (key == NULL) return -1;
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(g_keys[i].key, key) == 0) return (int)i;
+    return -1;
+}
+
+ote_status_t ote__parse_size(const char *s, uint64_t *out) {
+    if (s == NULL || out == NULL || !isdigit((unsigned char)s[0])) return OTE_ERR_INVALID;
+    errno = 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0) return OTE_ERR_INVALID;
+    uint64_t mul = 1;
+    if (*end != '\0') {
+        switch (*end) {
+            case 'k': case 'K': mul = 1ull << 10; break;
+            case 'm': case 'M': mul = 1ull << 20; break;
+            case 'g': case 'G': mul = 1ull << 30; break;
+            default: return OTE_ERR_INVALID;
+        }
+        end++;
+        if (*end == 'i' || *end == 'B' || *end == 'b') end += (*end == 'i' && (end[1] == 'B' || end[1] == 'b')) ? 2 : 1;
+        if (*end != '\0') return OTE_ERR_INVALID;
+    }
+    if (v > UINT64_MAX / mul) return OTE_ERR_INVALID;
+    *out = (uint64_t)v * mul;
+    return OTE_OK;
+}
+
+ote_status_t ote__addr_split(const char *s, char *host, size_t host_len, uint16_t *port_out,
+                             int *is_v6_out) {
+    if (s == NULL || host == NULL || port_out == NULL || host_len == 0) return OTE_ERR_INVALID;
+    const char *h, *hend, *colon;
+    int v6 = 0;
+    if (s[0] == '[') {
+        h = s + 1;
+        hend = strchr(h, ']');
+        if (hend == NULL || hend[1] != ':') return OTE_ERR_INVALID;
+        colon = hend + 1;
+        v6 = 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (colon == NULL) return OTE_ERR_INVALID;
+        if (memchr(s, ':', (size_t)(colon - s)) != NULL) return OTE_ERR_INVALID; /* unbracketed v6 */
+        h = s;
+        hend = colon;
+    }
+    size_t hl = (size_t)(hend - h);
+    if (hl == 0 || hl >= host_len || hl > 255) return OTE_ERR_INVALID;
+    const char *p = colon + 1;
+    if (*p == '\0' || strlen(p) > 5) return OTE_ERR_INVALID;
+    unsigned long port = 0;
+    for (const char *q = p; *q; q++) {
+        if (!isdigit((unsigned char)*q)) return OTE_ERR_INVALID;
+        port = port * 10 + (unsigned long)(*q - '0');
+    }
+    if (port > 65535) return OTE_ERR_INVALID;
+    if (v6) {
+        char tmp[256];
+        memcpy(tmp, h, hl);
+        tmp[hl] = '\0';
+        char *pct = strchr(tmp, '%'); /* scope id: validate the address part only */
+        if (pct) *pct = '\0';
+        struct in6_addr a6;
+        if (inet_pton(AF_INET6, tmp, &a6) != 1) return OTE_ERR_INVALID;
+    } else {
+        for (size_t i = 0; i < hl; i++) {
+            unsigned char c = (unsigned char)h[i];
+            if (!(isalnum(c) || c == '.' || c == '-' || c == '_')) return OTE_ERR_INVALID;
+        }
+    }
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    *port_out = (uint16_t)port;
+    if (is_v6_out) *is_v6_out = v6;
+    return OTE_OK;
+}
+
+ote_status_t ote__addr_resolve(const char *s, struct sockaddr_storage *ss, socklen_t *len_out) {
+    char host[256];
+    uint16_t port;
+    int v6;
+    ote_status_t st = ote__addr_split(s, host, sizeof(host), &port, &v6);
+    if (st != OTE_OK) return st;
+    struct sockaddr_storage tmp;
+    memset(&tmp, 0, sizeof(tmp));
+    if (!v6) {
+        struct sockaddr_in *a = (struct sockaddr_in *)&tmp;
+        if (inet_pton(AF_INET, host, &a->sin_addr) == 1) {
+            a->sin_family = AF_INET;
+            a->sin_port = htons(port);
+            *ss = tmp;
+            *len_out = sizeof(*a);
+            return OTE_OK;
+        }
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = v6 ? AF_INET6 : AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV | (v6 ? AI_NUMERICHOST : 0);
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        OTE_WARN("engine", "cannot resolve \"%s\": %s", s, gai_strerror(rc));
+        if (res) freeaddrinfo(res);
+        return OTE_ERR_NOT_FOUND;
+    }
+    memcpy(&tmp, res->ai_addr, res->ai_addrlen);
+    *len_out = res->ai_addrlen;
+    freeaddrinfo(res);
+    *ss = tmp;
+    return OTE_OK;
+}
+
+ote_status_t ote__addr_format(const struct sockaddr *sa, char *buf, size_t len) {
+    if (sa == NULL || buf == NULL) return OTE_ERR_INVALID;
+    char h[INET6_ADDRSTRLEN];
+    int n;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+        if (!inet_ntop(AF_INET, &a->sin_addr, h, sizeof(h))) return OTE_ERR_INVALID;
+        n = snprintf(buf, len, "%s:%u", h, ntohs(a->sin_port));
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
+        if (!inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof(h))) return OTE_ERR_INVALID;
+        n = snprintf(buf, len, "[%s]:%u", h, ntohs(a->sin6_port));
+    } else {
+        return OTE_ERR_INVALID;
+    }
+    if (n < 0 || (size_t)n >= len) return OTE_ERR_TOO_BIG;
+    return OTE_OK;
+}
+
+static ote_status_t validate(const key_def_t *k, const char *v) {
+    char host[256];
+    uint16_t port;
+    uint64_t n;
+    switch (k->kind) {
+        case K_STRING:
+            return strlen(v) <= k->max ? OTE_OK : OTE_ERR_INVALID;
+        case K_ENUM:
+            for (int i = 0; i < 4 && k->choices[i]; i++)
+                if (strcmp(v, k->choices[i]) == 0) return OTE_OK;
+            return OTE_ERR_INVALID;
+        case K_ADDR_OPT:
+            if (v[0] == '\0') return OTE_OK;
+            /* fallthrough */
+        case K_ADDR:
+            return ote__addr_split(v, host, sizeof(host), &port, NULL);
+        case K_LOGLEVEL:
+            return (v[0] == '\0' || ote_log_parse_level(v) >= 0) ? OTE_OK : OTE_ERR_INVALID;
+        case K_UINT:
+            for (const char *p = v; *p; p++)
+                if (!isdigit((unsigned char)*p)) return OTE_ERR_INVALID;
+            if (v[0] == '\0' || strlen(v) > 19) return OTE_ERR_INVALID;
+            n = strtoull(v, NULL, 10);
+            return (n >= k->min && n <= k->max) ? OTE_OK : OTE_ERR_INVALID;
+        case K_SIZE:
+            if (ote__parse_size(v, &n) != OTE_OK) return OTE_ERR_INVALID;
+            return (n >= k->min && n <= k->max) ? OTE_OK : OTE_ERR_INVALID;
+    }
+    return OTE_ERR_INVALID;
+}
+
+static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
+    switch (k->kind) {
+        case K_ENUM: {
+            size_t o = (size_t)snprintf(buf, len, "one of");
+            for (int i = 0; i < 4 && k->choices[i] && o < len; i++)
+                o += (size_t)snprintf(buf + o, len - o, " \"%s\"", k->choices[i]);
+            break;
+        }
+        case K_ADDR: case K_ADDR_OPT:
+            snprintf(buf, len, "\"host:port\" or \"[v6]:port\"");
+            break;
+        case K_UINT:
+            snprintf(buf, len, "an integer in [%llu, %llu]", (unsigned long long)k->min,
+                     (unsigned long long)k->max);
+            break;
+        case K_SIZE:
+            snprintf(buf, len, "a size (K/M/G suffix) in [%llu, %llu] bytes",
+                     (unsigned long long)k->min, (unsigned long long)k->max);
+            break;
+        case K_LOGLEVEL:
+            snprintf(buf, len, "error, warn, info, debug or trace");
+            break;
+        default:
+            snprintf(buf, len, "at most %llu characters", (unsigned long long)k->max);
+    }
+}
+
+ote_status_t ote_config_create(ote_config_t **cfg_out) {
+    if (cfg_out == NULL) return OTE_ERR_INVALID;
+    ote_config_t *c = ote_calloc(1, sizeof(*c));
+    if (c == NULL) return OTE_ERR_NOMEM;
+    *cfg_out = c;
+    return OTE_OK;
+}
+
+void ote_config_destroy(ote_config_t *cfg) {
+    if (cfg == NULL) return;
+    for (size_t i = 0; i < NKEYS; i++) ote_free(cfg->values[i]);
+    ote_free(cfg);
+}
+
+ote_status_t ote_config_set(ote_config_t *cfg, const char *key, const char *value) {
+    if (cfg == NULL || key == NULL || value == NULL) return OTE_ERR_INVALID;
+    int i = key_index(key);
+    if (i < 0) {
+        OTE_WARN("engine", "config: unknown key \"%s\"", key);
+        return OTE_ERR_NOT_FOUND;
+    }
+    if (validate(&g_keys[i], value) != OTE_OK) {
+        char allowed[160];
+        describe_allowed(&g_keys[i], allowed, sizeof(allowed));
+        OTE_WARN("engine", "config: invalid %s=\"%s\": expected %s", key, value, allowed);
+        return OTE_ERR_INVALID;
+    }
+    char *dup = ote_strdup(value);
+    if (dup == NULL) return OTE_ERR_NOMEM;
+    ote_free(cfg->values[i]);
+    cfg->values[i] = dup;
+    return OTE_OK;
+}
+
+/* Effective value and where it came from. */
+static const char *effective(const ote_config_t *cfg, size_t i, const char **src) {
+    if (cfg != NULL && cfg->values[i] != NULL) {
+        *src = "ote_config_set";
+        return cfg->values[i];
+    }
+    char env[64] = "OTE_";
+    size_t n = 4;
+    for (const char *p = g_keys[i].key; *p && n + 1 < sizeof(env); p++)
+        env[n++] = (char)toupper((unsigned char)*p);
+    env[n] = '\0';
+    const char *v = getenv(env);
+    if (v != NULL) {
+        *src = "environment";
+        return v;
+    }
+    *src = "default";
+    return g_keys[i].def;
+}
+
+ote_status_t ote_config_get(const ote_config_t *cfg, const char *key, char *buf, size_t len) {
+    if (key == NULL || buf == NULL || len == 0) return OTE_ERR_INVALID;
+    int i = key_index(key);
+    if (i < 0) return OTE_ERR_NOT_FOUND;
+    const char *src;
+    const char *v = effective(cfg, (size_t)i, &src);
+    size_t vl = strlen(v);
+    if (vl >= len) return OTE_ERR_TOO_BIG;
+    memcpy(buf, v, vl + 1);
+    return OTE_OK;
+}
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
+    if (out == NULL) return OTE_ERR_INVALID;
+    ote__cfg_t r;
+    memset(&r, 0, sizeof(r));
+    for (size_t i = 0; i < NKEYS; i++) {
+        const char *src;
+        const char *v = effective(cfg, i, &src);
+        const key_def_t *k = &g_keys[i];
+        if (validate(k, v) != OTE_OK || strlen(v) >= OTE__ADDR_MAX) {
+            char allowed[160];
+            describe_allowed(k, allowed, sizeof(allowed));
+            OTE_ERROR("engine", "config: invalid %s=\"%s\" (from %s): expected %s", k->key, v, src,
+                      allowed);
+            return OTE_ERR_INVALID;
+        }
+        uint64_t n = 0;
+        if (k->kind == K_UINT) n = strtoull(v, NULL, 10);
+        if (k->kind == K_SIZE) (void)ote__parse_size(v, &n);
+        if (strcmp(k->key, "transport") == 0) copy_str(r.transport, sizeof(r.transport), v);
+        else if (strcmp(k->key, "listen_address") == 0) copy_str(r.listen_address, sizeof(r.listen_address), v);
+        else if (strcmp(k->key, "advertise_address") == 0) copy_str(r.advertise_address, sizeof(r.advertise_address), v);
+        else if (strcmp(k->key, "tcp_connections") == 0) r.tcp_connections = (uint32_t)n;
+        else if (strcmp(k->key, "tcp_workers") == 0) r.tcp_workers = (uint32_t)n;
+        else if (strcmp(k->key, "slice_size") == 0) r.slice_size = n;
+        else if (strcmp(k->key, "transfer_timeout_ms") == 0) r.transfer_timeout_ms = n;
+        else if (strcmp(k->key, "connect_timeout_ms") == 0) r.connect_timeout_ms = n;
+        else if (strcmp(k->key, "verbs_provider") == 0) copy_str(r.verbs_provider, sizeof(r.verbs_provider), v);
+        else if (strcmp(k->key, "rdma_device") == 0) copy_str(r.rdma_device, sizeof(r.rdma_device), v);
+        else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
+    }
+    if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
+    *out = r;
+    return OTE_OK;
+}

@@ -1,0 +1,280 @@
+/* engine/control/ctl.c - frame codec and version negotiation (see ctl.h). */
+#include "engine/control/ctl.h"
+
+#include <string.h>
+
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t get64(const uint8_t *p) {
+    return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
+}
+static inline void put16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+static inline void put64(uint8_t *p, uint64_t v) {
+    put32(p, (uint32_t)v);
+    put32(p + 4, (uint32_t)(v >> 32));
+}
+
+const char *ote_ctl_opcode_str(uint16_t opcode) {
+    switch (opcode) {
+        case OTE_CTL_HELLO: return "HELLO";
+        case OTE_CTL_HELLO_ACK: return "HELLO_ACK";
+        case OTE_CTL_WRITE_REQ: return "WRITE_REQ";
+        case OTE_CTL_WRITE_ACK: return "WRITE_ACK";
+        case OTE_CTL_READ_REQ: return "READ_REQ";
+        case OTE_CTL_READ_RESP: return "READ_RESP";
+        case OTE_CTL_NOTIFY: return "NOTIFY";
+        case OTE_CTL_NOTIFY_ACK: return "NOTIFY_ACK";
+        case OTE_CTL_ERROR: return "ERROR";
+        default: return "UNKNOWN";
+    }
+}
+
+void ote_ctl_put_hdr(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                     ote_status_t status, uint32_t length) {
+    put32(buf, OTE_CTL_MAGIC);
+    put16(buf + 4, version);
+    put16(buf + 6, opcode);
+    put64(buf + 8, req_id);
+    put32(buf + 16, (uint32_t)status);
+    put32(buf + 20, length);
+}
+
+void ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                    uint64_t addr, uint32_t len) {
+    uint32_t length = OTE_CTL_RW_BODY_LEN + (opcode == OTE_CTL_WRITE_REQ ? len : 0);
+    ote_ctl_put_hdr(buf, version, opcode, req_id, OTE_OK, length);
+    put64(buf + OTE_CTL_HDR_LEN, addr);
+    put32(buf + OTE_CTL_HDR_LEN + 8, len);
+    put32(buf + OTE_CTL_HDR_LEN + 12, 0);
+}
+
+ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
+                            size_t *consumed_out) {
+    if (buf == NULL || out == NULL || consumed_out == NULL) return OTE_ERR_INVALID;
+    if (len < OTE_CTL_HDR_LEN) {
+        /* Reject garbage as early as its first bytes allow. */
+        uint8_t magic[4];
+        put32(magic, OTE_CTL_MAGIC);
+        if (memcmp(buf, magic, len < 4 ? len : 4) != 0) return OTE_ERR_PROTOCOL;
+        return OTE_ERR_AGAIN;
+    }
+    ote_ctl_msg_t m;
+    memset(&m, 0, sizeof(m));
+    if (get32(buf) != OTE_CTL_MAGIC) return OTE_ERR_PROTOCOL;
+    m.version = get16(buf + 4);
+    m.opcode = get16(buf + 6);
+    m.req_id = get64(buf + 8);
+    m.status = (ote_status_t)get32(buf + 16);
+    m.length = get32(buf + 20);
+    if (m.version == 0) return OTE_ERR_PROTOCOL;
+    if (m.opcode == 0 || m.opcode > OTE_CTL_OPCODE_MAX) return OTE_ERR_PROTOCOL;
+    if (m.length > OTE_CTL_MAX_FRAME) return OTE_ERR_TOO_BIG;
+
+    /* body_len: bytes that must be present and are consumed; the rest is bulk data. */
+    uint32_t body_len = 0;
+    switch (m.opcode) {
+        case OTE_CTL_HELLO:
+        case OTE_CTL_HELLO_ACK:
+        case OTE_CTL_NOTIFY:
+        case OTE_CTL_ERROR:
+            if (m.length > OTE_CTL_MAX_BODY) return OTE_ERR_TOO_BIG;
+            body_len = m.length;
+            break;
+        case OTE_CTL_WRITE_REQ:
+        case OTE_CTL_READ_REQ:
+            if (m.length < OTE_CTL_RW_BODY_LEN) return OTE_ERR_PROTOCOL;
+            body_len = OTE_CTL_RW_BODY_LEN;
+            break;
+        case OTE_CTL_READ_RESP:
+            if (m.length > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
+            if (m.status != OTE_OK && m.length != 0) return OTE_ERR_PROTOCOL;
+            body_len = 0;
+            break;
+        case OTE_CTL_WRITE_ACK:
+        case OTE_CTL_NOTIFY_ACK:
+            if (m.length != 0) return OTE_ERR_PROTOCOL;
+            break;
+        default:
+            return OTE_ERR_PROTOCOL;
+    }
+    if (len - OTE_CTL_HDR_LEN < body_len) return OTE_ERR_AGAIN;
+    const uint8_t *b = buf + OTE_CTL_HDR_LEN;
+
+    switch (m.opcode) {
+        case OTE_CTL_HELLO:
+            if (body_len < 16) return OTE_ERR_PROTOCOL;
+            m.u.hello.min_version = get16(b);
+            m.u.hello.max_version = get16(b + 2);
+            m.u.hello.role = get16(b + 4);
+            m.u.hello.conn_index = get16(b + 6);
+            m.u.hello.session = get64(b + 8);
+            m.u.hello.addr_len = body_len - 16;
+            if (m.u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
+            if (m.u.hello.min_version == 0 || m.u.hello.min_version > m.u.hello.max_version)
+                return OTE_ERR_PROTOCOL;
+            m.u.hello.addr = (const char *)(b + 16);
+            if (memchr(m.u.hello.addr, '\0', m.u.hello.addr_len) != NULL) return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_HELLO_ACK:
+            if (body_len < 8) return OTE_ERR_PROTOCOL;
+            m.u.hello_ack.version = get16(b);
+            m.u.hello_ack.reserved = get16(b + 2);
+            m.u.hello_ack.max_data = get32(b + 4);
+            m.u.hello_ack.addr_len = body_len - 8;
+            if (m.u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
+            if (m.u.hello_ack.version == 0 || m.u.hello_ack.max_data == 0) return OTE_ERR_PROTOCOL;
+            m.u.hello_ack.addr = (const char *)(b + 8);
+            if (memchr(m.u.hello_ack.addr, '\0', m.u.hello_ack.addr_len) != NULL)
+                return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_WRITE_REQ:
+        case OTE_CTL_READ_REQ:
+            m.u.rw.addr = get64(b);
+            m.u.rw.len = get32(b + 8);
+            m.u.rw.flags = get32(b + 12);
+            if (m.u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
+            if (m.u.rw.flags != 0) return OTE_ERR_PROTOCOL;
+            if (m.u.rw.len != 0 && m.u.rw.addr > UINT64_MAX - m.u.rw.len) return OTE_ERR_PROTOCOL;
+            if (m.opcode == OTE_CTL_WRITE_REQ) {
+                if (m.length - OTE_CTL_RW_BODY_LEN != m.u.rw.len) return OTE_ERR_PROTOCOL;
+                m.data_len = m.u.rw.len;
+            } else if (m.length != OTE_CTL_RW_BODY_LEN) {
+                return OTE_ERR_PROTOCOL;
+            }
+            if (m.status != OTE_OK) return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_READ_RESP:
+            m.data_len = m.length;
+            break;
+        case OTE_CTL_NOTIFY:
+            if (body_len > OTE_CTL_MAX_NOTIFY) return OTE_ERR_TOO_BIG;
+            m.u.notify.msg = b;
+            m.u.notify.len = body_len;
+            break;
+        case OTE_CTL_ERROR:
+            if (body_len < 4) return OTE_ERR_PROTOCOL;
+            m.u.error.min_version = get16(b);
+            m.u.error.max_version = get16(b + 2);
+            m.u.error.text_len = body_len - 4;
+            if (m.u.error.text_len > OTE_CTL_MAX_TEXT) return OTE_ERR_TOO_BIG;
+            m.u.error.text = (const char *)(b + 4);
+            if (m.status == OTE_OK) return OTE_ERR_PROTOCOL;
+            break;
+        default:
+            break;
+    }
+    *out = m;
+    *consumed_out = OTE_CTL_HDR_LEN + body_len;
+    return OTE_OK;
+}
+
+ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, size_t *len_out) {
+    if (m == NULL || buf == NULL || len_out == NULL) return OTE_ERR_INVALID;
+    if (m->version == 0 || m->opcode == 0 || m->opcode > OTE_CTL_OPCODE_MAX) return OTE_ERR_INVALID;
+    uint32_t body = 0, data = 0;
+    switch (m->opcode) {
+        case OTE_CTL_HELLO:
+            if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
+            body = 16 + m->u.hello.addr_len;
+            break;
+        case OTE_CTL_HELLO_ACK:
+            if (m->u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
+            body = 8 + m->u.hello_ack.addr_len;
+            break;
+        case OTE_CTL_WRITE_REQ:
+        case OTE_CTL_READ_REQ:
+            if (m->u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_INVALID;
+            body = OTE_CTL_RW_BODY_LEN;
+            if (m->opcode == OTE_CTL_WRITE_REQ) data = m->u.rw.len;
+            break;
+        case OTE_CTL_READ_RESP:
+            if (m->data_len > OTE_CTL_MAX_DATA) return OTE_ERR_INVALID;
+            data = m->data_len;
+            break;
+        case OTE_CTL_NOTIFY:
+            if (m->u.notify.len > OTE_CTL_MAX_NOTIFY) return OTE_ERR_INVALID;
+            body = m->u.notify.len;
+            break;
+        case OTE_CTL_ERROR:
+            if (m->u.error.text_len > OTE_CTL_MAX_TEXT) return OTE_ERR_INVALID;
+            body = 4 + m->u.error.text_len;
+            break;
+        default:
+            break;
+    }
+    if (cap < OTE_CTL_HDR_LEN + (size_t)body) return OTE_ERR_TOO_BIG;
+    ote_ctl_put_hdr(buf, m->version, m->opcode, m->req_id, m->status, body + data);
+    uint8_t *b = buf + OTE_CTL_HDR_LEN;
+    switch (m->opcode) {
+        case OTE_CTL_HELLO:
+            put16(b, m->u.hello.min_version);
+            put16(b + 2, m->u.hello.max_version);
+            put16(b + 4, m->u.hello.role);
+            put16(b + 6, m->u.hello.conn_index);
+            put64(b + 8, m->u.hello.session);
+            if (m->u.hello.addr_len) memcpy(b + 16, m->u.hello.addr, m->u.hello.addr_len);
+            break;
+        case OTE_CTL_HELLO_ACK:
+            put16(b, m->u.hello_ack.version);
+            put16(b + 2, 0);
+            put32(b + 4, m->u.hello_ack.max_data);
+            if (m->u.hello_ack.addr_len) memcpy(b + 8, m->u.hello_ack.addr, m->u.hello_ack.addr_len);
+            break;
+        case OTE_CTL_WRITE_REQ:
+        case OTE_CTL_READ_REQ:
+            put64(b, m->u.rw.addr);
+            put32(b + 8, m->u.rw.len);
+            put32(b + 12, 0);
+            break;
+        case OTE_CTL_NOTIFY:
+            if (m->u.notify.len) memcpy(b, m->u.notify.msg, m->u.notify.len);
+            break;
+        case OTE_CTL_ERROR:
+            put16(b, m->u.error.min_version);
+            put16(b + 2, m->u.error.max_version);
+            if (m->u.error.text_len) memcpy(b + 4, m->u.error.text, m->u.error.text_len);
+            break;
+        default:
+            break;
+    }
+    *len_out = OTE_CTL_HDR_LEN + body;
+    return OTE_OK;
+}
+
+ote_status_t ote_ctl_negotiate(const ote_ctl_msg_t *hello, uint16_t my_min, uint16_t my_max,
+                               uint16_t *version_out) {
+    if (hello == NULL || version_out == NULL) return OTE_ERR_INVALID;
+    if (hello->opcode != OTE_CTL_HELLO) return OTE_ERR_PROTOCOL;
+    uint16_t lo = hello->u.hello.min_version, hi = hello->u.hello.max_version;
+    if (lo == 0 || lo > hi) return OTE_ERR_PROTOCOL;
+    uint16_t best = hi < my_max ? hi : my_max;
+    uint16_t floor = lo > my_min ? lo : my_min;
+    if (best < floor) return OTE_ERR_VERSION;
+    *version_out = best;
+    return OTE_OK;
+}
+
+ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, uint16_t my_max,
+                                     uint16_t *version_out) {
+    if (ack == NULL || version_out == NULL) return OTE_ERR_INVALID;
+    if (ack->opcode == OTE_CTL_ERROR) {
+        if (ote_status_code(ack->status) == OTE_ERR_VERSION) return OTE_ERR_VERSION;
+        return ack->status != OTE_OK ? ack->status : OTE_ERR_PROTOCOL;
+    }
+    if (ack->opcode != OTE_CTL_HELLO_ACK) return OTE_ERR_PROTOCOL;
+    uint16_t v = ack->u.hello_ack.version;
+    if (v < my_min || v > my_max || ack->version != v) return OTE_ERR_VERSION;
+    *version_out = v;
+    return OTE_OK;
+}

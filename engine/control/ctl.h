@@ -1,0 +1,144 @@
+/*
+ * engine/control/ctl.h - OrbitTE wire framing and handshake (control plane).
+ *
+ * Every message on an OrbitTE TCP connection is one frame:
+ *
+ *     offset  size  field
+ *          0     4  magic    OTE_CTL_MAGIC, little endian
+ *          4     2  version  protocol version the frame is written in
+ *          6     2  opcode   ote_ctl_opcode_t
+ *          8     8  req_id   chosen by the requester, echoed by the responder
+ *         16     4  status   ote_status_t of a response (0 in requests)
+ *         20     4  length   bytes that follow the header (body + bulk data)
+ *         24   ...  body     fixed fields of the opcode, then variable text/message
+ *                   data     bulk bytes (WRITE_REQ payload, READ_RESP payload only)
+ *
+ * The decoder checks every field before anything uses it: magic, version != 0, known
+ * opcode, length <= OTE_CTL_MAX_FRAME, the exact body size of the opcode, bulk sizes
+ * against OTE_CTL_MAX_DATA and the body's own length fields, text lengths. It never
+ * reads past `len`, never allocates and keeps no state, so it can be fuzzed directly
+ * (engine/control/fuzz_decode.c). Bulk data is not part of the decoded message: the
+ * caller receives it straight into its destination after validating the request.
+ *
+ * Handshake: the connecting side sends HELLO with the range of versions it speaks; the
+ * accepting side answers HELLO_ACK with the highest common version, or ERROR with
+ * OTE_ERR_VERSION and its own range, then closes. After the handshake every frame must
+ * carry the negotiated version.
+ */
+#ifndef OTE_ENGINE_CONTROL_CTL_H
+#define OTE_ENGINE_CONTROL_CTL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OTE_CTL_MAGIC 0x4d45544fu /* "OTEM" on the wire */
+#define OTE_CTL_VERSION_MIN 1
+#define OTE_CTL_VERSION_MAX 1
+#define OTE_CTL_HDR_LEN 24u
+#define OTE_CTL_RW_BODY_LEN 16u /* remote addr u64, length u32, flags u32 */
+#define OTE_CTL_RW_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW_BODY_LEN)
+#define OTE_CTL_MAX_DATA (64u << 20)  /* largest bulk payload of one frame (one slice) */
+#define OTE_CTL_MAX_BODY 8192u        /* largest non-bulk body */
+#define OTE_CTL_MAX_FRAME (OTE_CTL_MAX_DATA + OTE_CTL_MAX_BODY)
+#define OTE_CTL_MAX_ADDR 255u          /* advertised "host:port" */
+#define OTE_CTL_MAX_TEXT 1024u         /* ERROR text */
+#define OTE_CTL_MAX_NOTIFY 4096u       /* == OTE_NOTIFY_MAX */
+
+typedef enum {
+    OTE_CTL_HELLO = 1,      /* requester -> source: versions, role, own address */
+    OTE_CTL_HELLO_ACK = 2,  /* source -> requester: chosen version, own address */
+    OTE_CTL_WRITE_REQ = 3,  /* rw body + length bytes of data */
+    OTE_CTL_WRITE_ACK = 4,  /* status only */
+    OTE_CTL_READ_REQ = 5,   /* rw body */
+    OTE_CTL_READ_RESP = 6,  /* status; on OK exactly the requested bytes follow */
+    OTE_CTL_NOTIFY = 7,     /* message bytes */
+    OTE_CTL_NOTIFY_ACK = 8, /* status only */
+    OTE_CTL_ERROR = 9,      /* status, the sender's version range and a text */
+    OTE_CTL_OPCODE_MAX = 9,
+} ote_ctl_opcode_t;
+
+typedef struct {
+    uint16_t version;
+    uint16_t opcode;
+    uint64_t req_id;
+    ote_status_t status;
+    uint32_t length;   /* as on the wire: body + data */
+    uint32_t data_len; /* bulk bytes that follow the decoded part (not consumed) */
+    union {
+        struct {
+            uint16_t min_version, max_version;
+            uint16_t role, conn_index;
+            uint64_t session;
+            const char *addr; /* points into the decoded buffer, not NUL-terminated */
+            uint32_t addr_len;
+        } hello;
+        struct {
+            uint16_t version;
+            uint16_t reserved;
+            uint32_t max_data;
+            const char *addr;
+            uint32_t addr_len;
+        } hello_ack;
+        struct {
+            uint64_t addr;
+            uint32_t len;
+            uint32_t flags;
+        } rw;
+        struct {
+            const uint8_t *msg;
+            uint32_t len;
+        } notify;
+        struct {
+            uint16_t min_version, max_version;
+            const char *text;
+            uint32_t text_len;
+        } error;
+    } u;
+} ote_ctl_msg_t;
+
+/*
+ * Decode one frame from buf[0, len). OTE_OK: *out filled, *consumed_out = header + body
+ * (bulk data, out->data_len bytes, follows and is not consumed). OTE_ERR_AGAIN: the
+ * frame is not complete yet (nothing written). OTE_ERR_PROTOCOL: malformed;
+ * OTE_ERR_TOO_BIG: a length over a limit. Pointers in *out point into buf.
+ */
+ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
+                            size_t *consumed_out);
+
+/* Encode header + body of m (m->data_len bulk bytes are sent separately by the
+ * caller). OTE_ERR_INVALID for out-of-range fields, OTE_ERR_TOO_BIG when cap is short. */
+ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, size_t *len_out);
+
+/* Hot-path encoders into fixed-size buffers (no checks beyond the types). */
+void ote_ctl_put_hdr(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                     ote_status_t status, uint32_t length);
+/* WRITE_REQ / READ_REQ: OTE_CTL_RW_FRAME_LEN bytes. */
+void ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                    uint64_t addr, uint32_t len);
+
+/*
+ * Handshake, source side: pick the version for a HELLO. OTE_OK with *version_out = the
+ * highest version both ranges contain; OTE_ERR_VERSION when they do not overlap;
+ * OTE_ERR_PROTOCOL when hello is not a well-formed HELLO.
+ */
+ote_status_t ote_ctl_negotiate(const ote_ctl_msg_t *hello, uint16_t my_min, uint16_t my_max,
+                               uint16_t *version_out);
+/* Handshake, requester side: check the answer to our HELLO. OTE_OK with the version the
+ * source chose (inside our range); OTE_ERR_VERSION for an ERROR frame saying so or a
+ * chosen version outside [my_min, my_max]; the ERROR's status for other refusals;
+ * OTE_ERR_PROTOCOL for anything else. */
+ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, uint16_t my_max,
+                                     uint16_t *version_out);
+
+const char *ote_ctl_opcode_str(uint16_t opcode);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,64 @@
+/*
+ * engine/engine_internal.h - what the engine's own files share: the resolved
+ * configuration, "host:port" parsing, and the internal transport interface.
+ *
+ * Not part of the public API; only engine/ and its tests include it.
+ */
+#ifndef OTE_ENGINE_ENGINE_INTERNAL_H
+#define OTE_ENGINE_ENGINE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "base/status.h"
+#include "engine/transport.h"
+#include "ote/ote.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OTE__ADDR_MAX 272 /* "[" + 255 host chars + "]:" + port + NUL, rounded */
+
+/* Resolved, validated configuration: what an engine copies at creation. */
+typedef struct {
+    char transport[16];
+    char listen_address[OTE__ADDR_MAX];
+    char advertise_address[OTE__ADDR_MAX]; /* "" = none */
+    uint32_t tcp_connections;
+    uint32_t tcp_workers;
+    uint64_t slice_size;
+    uint64_t transfer_timeout_ms;
+    uint64_t connect_timeout_ms;
+    char verbs_provider[32];
+    char rdma_device[64];
+    char log_level[16]; /* "" = leave the process-wide level alone */
+} ote__cfg_t;
+
+/* Effective values of every key (set > OTE_<KEY> environment > default), each
+ * validated. OTE_ERR_INVALID names the key and its source in an ERROR log line. */
+ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out);
+/* Parse a size with an optional K/M/G suffix (powers of 1024). */
+ote_status_t ote__parse_size(const char *s, uint64_t *out);
+
+/*
+ * Split "host:port" or "[v6 literal]:port" into host (without brackets) and port.
+ * An IPv6 literal must be bracketed: "::1:80" is OTE_ERR_INVALID (ambiguous), not a
+ * host "::1" and port 80. is_v6_out (may be NULL) tells whether the host was bracketed.
+ */
+ote_status_t ote__addr_split(const char *s, char *host, size_t host_len, uint16_t *port_out,
+                             int *is_v6_out);
+/* Resolve "host:port" to a socket address (numeric first, then getaddrinfo). */
+ote_status_t ote__addr_resolve(const char *s, struct sockaddr_storage *ss, socklen_t *len_out);
+/* Format a socket address as "a.b.c.d:port" or "[v6]:port". */
+ote_status_t ote__addr_format(const struct sockaddr *sa, char *buf, size_t len);
+
+/* The TCP transport (engine/tcp/). */
+ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
+                             ote__transport_t **tp_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,93 @@
+/*
+ * engine/transport.h - the internal interface between the engine and a transport.
+ *
+ * The engine owns registrations, batches and requests; a transport owns connections to
+ * peers and moves slices. TCP (engine/tcp/) fills this table today; an RDMA transport
+ * will sit beside it and fill the same table.
+ *
+ * Ownership: a slice belongs to the engine. Between submit() and the call of its done
+ * function the transport may read it and the memory it names; after calling done() the
+ * transport never touches the slice again. done() is called exactly once per submitted
+ * slice, from a transport thread or from the submitting thread (when the peer is known
+ * to be lost), never with a transport lock held. done() must not block.
+ */
+#ifndef OTE_ENGINE_TRANSPORT_H
+#define OTE_ENGINE_TRANSPORT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "base/time.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ote__slice ote__slice_t;
+typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
+
+enum {
+    OTE__SLICE_WRITE = 3,  /* == OTE_CTL_WRITE_REQ */
+    OTE__SLICE_READ = 5,   /* == OTE_CTL_READ_REQ */
+    OTE__SLICE_NOTIFY = 7, /* == OTE_CTL_NOTIFY; local/len is the message */
+};
+
+/* One unit of transport work: a contiguous piece of one request (or a notification). */
+struct ote__slice {
+    ote__slice_t *next; /* transport queue link */
+    ote__slice_done_fn done;
+    void *owner;              /* the engine's request or notification */
+    const _Atomic int *canceled; /* nonzero: skip if not yet on the wire; may be NULL */
+    uint8_t *local;
+    uint64_t remote;
+    uint32_t len;
+    uint16_t op;
+    uint16_t wire_len; /* transport scratch: bytes of wire[] in use */
+    ote_deadline_t deadline;
+    uint64_t seq;      /* transport scratch */
+    uint8_t wire[40];  /* transport scratch: encoded frame header */
+};
+
+/* Services of the engine that the source side of a transport uses. */
+typedef struct {
+    void *arg;
+    /* Check [addr, addr+len) against the registrations and perms (OTE_PERM_*); on
+     * success the registration is pinned (unregister is BUSY) until unpin(*pin_out). */
+    ote_status_t (*pin)(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
+    void (*unpin)(void *arg, void *pin);
+    /* A notification arrived from the peer whose advertised address is `from`. */
+    void (*deliver_notify)(void *arg, const char *from, const void *msg, size_t len);
+} ote__host_t;
+
+typedef struct ote__transport ote__transport_t;
+typedef struct ote__tpeer ote__tpeer_t;
+
+typedef struct {
+    const char *name;
+    ote_status_t (*address)(ote__transport_t *tp, char *buf, size_t len);
+    /* Connect and handshake with "host:port". */
+    ote_status_t (*peer_open)(ote__transport_t *tp, const char *peer, ote__tpeer_t **peer_out);
+    /* Reconnect a peer whose connections were lost; OTE_OK at once when healthy. */
+    ote_status_t (*peer_ensure)(ote__tpeer_t *peer);
+    /* Largest slice the peer accepts. */
+    uint32_t (*peer_max_slice)(ote__tpeer_t *peer);
+    /* Start a NULL-terminated list of slices. Never fails: a slice that cannot start
+     * is completed through its done() with the reason. */
+    void (*submit)(ote__tpeer_t *peer, ote__slice_t *list);
+    /* Skip queued slices whose canceled flag is set (promptly, without waiting). */
+    void (*cancel)(ote__tpeer_t *peer);
+    /* Close the peer's connections; the peer must have no slices in flight. */
+    ote_status_t (*peer_close)(ote__tpeer_t *peer);
+    void (*destroy)(ote__transport_t *tp);
+} ote__transport_ops_t;
+
+struct ote__transport {
+    const ote__transport_ops_t *ops;
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif
