@@ -66,6 +66,7 @@ json_ok() {
     if [ "$ok" -eq 1 ]; then pass "$name"; else fail "$name"; cat "$TMP/$name.err"; fi
 }
 
+# shellcheck disable=SC2054  # "1,2" is one value: a --threads list
 COMMON=(--total-bytes 1M --batch-size 3 --threads 1,2 --json --check)
 
 # WRITE and READ, a page-sized and an odd block size, one and two threads: 4 lines each.
