@@ -1,0 +1,244 @@
+// Drives context/ through the verbs fault decorator over the software provider: MR
+// publication rolled back when the second context fails, EBUSY on dereg_mr and
+// dealloc_pd retained and counted then retried, injected port events pausing and
+// resuming a context, failed opens leaving nothing behind.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/alloc.h"
+#include "base/status.h"
+#include "context/buffers.h"
+#include "context/context.h"
+#include "verbs/fault.h"
+#include "verbs/verbs.h"
+}
+
+namespace {
+
+using ote_test::OteTest;
+
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+
+class ContextFaultTest : public OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        ote_verbs_t *sim = nullptr;
+        ASSERT_EQ(ote_verbs_open("sim", nullptr, &sim), OTE_OK);
+        ASSERT_EQ(ote_verbs_fault_wrap(sim, OTE_VERBS_FAULT_OWN_INNER, &v_), OTE_OK);
+    }
+    void TearDown() override {
+        if (bm_ != nullptr) {
+            EXPECT_EQ(ote_buffer_manager_destroy(bm_), OTE_OK);
+        }
+        if (set_ != nullptr) {
+            EXPECT_EQ(ote_context_set_close(set_), OTE_OK);
+        }
+        if (v_ != nullptr) ote_verbs_close(v_);
+        OteTest::TearDown();
+    }
+    void Open() {
+        ASSERT_EQ(ote_context_set_open(v_, nullptr, &set_), OTE_OK);
+        ASSERT_EQ(ote_context_set_count(set_), 2u);
+        ASSERT_EQ(ote_buffer_manager_create(set_, &bm_), OTE_OK);
+    }
+    uint64_t Retained(ote_retained_kind_t kind) {
+        uint64_t n = 0;
+        for (size_t i = 0; i < ote_context_set_count(set_); i++)
+            n += ote_context_retained(ote_context_set_get(set_, i), kind);
+        return n;
+    }
+    ote_verbs_t *v_ = nullptr;
+    ote_context_set_t *set_ = nullptr;
+    ote_buffer_manager_t *bm_ = nullptr;
+    std::vector<char> mem_ = std::vector<char>(256 * 1024);
+};
+
+TEST_F(ContextFaultTest, MrFailingInSecondContextRollsBackTheFirst) {
+    ExpectErrorLogs();
+    Open();
+    ote_verbs_fault_reset_counters(v_);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_REG_MR, OTE_FAULT_NTH, 2, ENOMEM),
+              OTE_OK);
+    ote_buffer_t *buf = nullptr;
+    ote_status_t st = ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
+    EXPECT_EQ(ote_status_errno(st), ENOMEM);
+    EXPECT_EQ(buf, nullptr);
+    // Exactly one MR was made (in the first context) and exactly it was deregistered.
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_REG_MR), 2u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DEREG_MR), 1u);
+    EXPECT_EQ(ote_buffer_manager_count(bm_), 0u);
+    EXPECT_EQ(ote_buffer_manager_retained(bm_), 0u);
+    ibv_mr *mr = nullptr;
+    EXPECT_EQ(ote_buffer_manager_find(bm_, mem_.data(), 1, ote_context_set_get(set_, 0), &mr),
+              OTE_ERR_ACCESS);
+    EXPECT_TRUE(LogContains("sim1"));
+    // Once the fault clears the same range registers in both contexts.
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    for (size_t i = 0; i < 2; i++)
+        EXPECT_EQ(ote_buffer_mr(buf, ote_context_set_get(set_, i), &mr), OTE_OK);
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+}
+
+TEST_F(ContextFaultTest, RollbackThatCannotDeregisterKeepsAnOrphanUntilReclaimed) {
+    ExpectErrorLogs();
+    Open();
+    ote_context_t *first = ote_context_set_get(set_, 0);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_REG_MR, OTE_FAULT_NTH, 2, EFAULT),
+              OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEREG_MR, nullptr, 1), OTE_OK);
+    ote_buffer_t *buf = nullptr;
+    EXPECT_NE(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    EXPECT_EQ(ote_buffer_manager_count(bm_), 0u);
+    EXPECT_EQ(ote_buffer_manager_retained(bm_), 1u);
+    EXPECT_EQ(ote_context_retained(first, OTE_RETAINED_MR), 1u);
+    EXPECT_EQ(ote_buffer_manager_destroy(bm_), OTE_ERR_RETAINED);
+    size_t left = 99;
+    EXPECT_EQ(ote_buffer_manager_reclaim(bm_, &left), OTE_OK);
+    EXPECT_EQ(left, 0u);
+    EXPECT_EQ(ote_context_retained(first, OTE_RETAINED_MR), 0u);
+}
+
+TEST_F(ContextFaultTest, DeregBusyRetainsTheMrAndALaterRetrySucceeds) {
+    Open();
+    ote_buffer_t *buf = nullptr;
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    ote_verbs_fault_reset_counters(v_);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEREG_MR, nullptr, 2), OTE_OK);
+    // Two contexts, both refuse once: both MRs retained, counted once each.
+    EXPECT_EQ(ote_status_code(ote_buffer_deregister(bm_, buf)), OTE_ERR_RETAINED);
+    EXPECT_EQ(ote_buffer_manager_retained(bm_), 2u);
+    EXPECT_EQ(Retained(OTE_RETAINED_MR), 2u);
+    EXPECT_EQ(ote_buffer_manager_count(bm_), 0u);  // retiring: no longer found
+    ibv_mr *mr = nullptr;
+    EXPECT_EQ(ote_buffer_manager_find(bm_, mem_.data(), 8, ote_context_set_get(set_, 0), &mr),
+              OTE_ERR_ACCESS);
+    EXPECT_EQ(ote_buffer_manager_destroy(bm_), OTE_ERR_BUSY);
+    // The retry reaches the provider and succeeds.
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DEREG_MR), 4u);
+    EXPECT_EQ(ote_buffer_manager_retained(bm_), 0u);
+    EXPECT_EQ(Retained(OTE_RETAINED_MR), 0u);
+}
+
+TEST_F(ContextFaultTest, DeallocPdBusyRetainsTheContextAndCloseRetries) {
+    Open();
+    ASSERT_EQ(ote_buffer_manager_destroy(bm_), OTE_OK);
+    bm_ = nullptr;
+    ote_context_t *second = ote_context_set_get(set_, 1);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEALLOC_PD,
+                                           ote_context_pd(second), 1),
+              OTE_OK);
+    EXPECT_EQ(ote_status_code(ote_context_set_close(set_)), OTE_ERR_RETAINED);
+    ASSERT_EQ(ote_context_set_count(set_), 1u);
+    EXPECT_EQ(ote_context_set_get(set_, 0), second);
+    EXPECT_EQ(ote_context_retained(second, OTE_RETAINED_PD), 1u);
+    EXPECT_EQ(ote_context_set_close(set_), OTE_OK);
+    set_ = nullptr;
+}
+
+TEST_F(ContextFaultTest, InjectedPortEventsPauseAndResumeOnlyTheSelectedPort) {
+    Open();
+    ote_context_t *ctx = ote_context_set_get(set_, 0);
+    ibv_async_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.event_type = IBV_EVENT_PORT_ERR;
+    ev.element.port_num = 2;  // not the selected port: ignored (but acked)
+    ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(ctx), &ev), OTE_OK);
+    size_t handled = 0;
+    ASSERT_EQ(ote_context_set_poll_events(set_, &handled), OTE_OK);
+    EXPECT_EQ(handled, 1u);
+    EXPECT_EQ(ote_context_check(ctx), OTE_OK);
+
+    ev.element.port_num = 1;
+    ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(ctx), &ev), OTE_OK);
+    ASSERT_EQ(ote_context_set_poll_events(set_, &handled), OTE_OK);
+    EXPECT_EQ(ote_context_check(ctx), OTE_ERR_PORT_DOWN);
+    // Paused contexts still take persistent MRs (publication includes them).
+    ote_buffer_t *buf = nullptr;
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    ibv_mr *mr = nullptr;
+    EXPECT_EQ(ote_buffer_mr(buf, ctx, &mr), OTE_OK);
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+
+    // PORT_ACTIVE refreshes the route from a real query: the sim port is active.
+    ev.event_type = IBV_EVENT_PORT_ACTIVE;
+    ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(ctx), &ev), OTE_OK);
+    ASSERT_EQ(ote_context_set_poll_events(set_, &handled), OTE_OK);
+    EXPECT_EQ(ote_context_check(ctx), OTE_OK);
+}
+
+TEST_F(ContextFaultTest, DeviceFatalFencesAndPublicationSkipsTheContext) {
+    ExpectErrorLogs();
+    Open();
+    ote_context_t *fatal = ote_context_set_get(set_, 1);
+    ibv_async_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.event_type = IBV_EVENT_DEVICE_FATAL;
+    ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(fatal), &ev), OTE_OK);
+    ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+    EXPECT_EQ(ote_context_check(fatal), OTE_ERR_DEVICE_FATAL);
+    EXPECT_EQ(ote_context_refresh(fatal), OTE_ERR_DEVICE_FATAL);  // a query cannot heal it
+    ote_buffer_t *buf = nullptr;
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    ibv_mr *mr = nullptr;
+    EXPECT_EQ(ote_buffer_mr(buf, fatal, &mr), OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_buffer_mr(buf, ote_context_set_get(set_, 0), &mr), OTE_OK);
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+}
+
+TEST_F(ContextFaultTest, FailedOpenLeavesNothingAndRetrySucceeds) {
+    ExpectErrorLogs();
+    const ote_verbs_fault_op_t ops[] = {OTE_VERBS_FAULT_OP_OPEN_DEVICE,
+                                        OTE_VERBS_FAULT_OP_QUERY_DEVICE,
+                                        OTE_VERBS_FAULT_OP_ALLOC_PD};
+    for (auto op : ops) {
+        ote_verbs_fault_reset_counters(v_);
+        ASSERT_EQ(ote_verbs_fault_fail(v_, op, OTE_FAULT_NTH, 2, EIO), OTE_OK);
+        ote_context_set_t *set = nullptr;
+        ote_status_t st = ote_context_set_open(v_, nullptr, &set);
+        EXPECT_EQ(ote_status_errno(st), EIO) << ote_verbs_fault_op_name(op);
+        EXPECT_EQ(set, nullptr);
+        // Everything the first device got was undone.
+        EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CLOSE_DEVICE),
+                  ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE) -
+                      (op == OTE_VERBS_FAULT_OP_OPEN_DEVICE ? 1 : 0))
+            << ote_verbs_fault_op_name(op);
+        EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DEALLOC_PD),
+                  ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_ALLOC_PD) -
+                      (op == OTE_VERBS_FAULT_OP_ALLOC_PD ? 1 : 0))
+            << ote_verbs_fault_op_name(op);
+        ote_verbs_fault_clear(v_);
+    }
+    Open();
+}
+
+TEST_F(ContextFaultTest, AllocationFailuresDuringRegistrationLeakNothing) {
+    ExpectErrorLogs();
+    Open();
+    int failures = 0;
+    for (uint64_t n = 1; n < 200; n++) {
+        ote_alloc_fail_nth(n);
+        ote_buffer_t *buf = nullptr;
+        ote_status_t st = ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf);
+        ote_alloc_fail_disarm();
+        EXPECT_EQ(ote_buffer_manager_retained(bm_), 0u) << n;
+        if (st == OTE_OK) {
+            EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+            EXPECT_GT(failures, 0);
+            return;
+        }
+        failures++;
+        EXPECT_EQ(ote_buffer_manager_count(bm_), 0u) << n;
+    }
+    FAIL() << "registration never succeeded";
+}
+
+}  // namespace
