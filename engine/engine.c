@@ -785,7 +785,15 @@ ote_status_t ote_batch_destroy(ote_batch_t *b) {
         ote_mutex_unlock(&b->mu);
         return OTE_ERR_BUSY;
     }
+    ote__nout_t *notes = b->notes; /* attached to requests never submitted */
+    b->notes = NULL;
     ote_mutex_unlock(&b->mu);
+    while (notes) {
+        ote__nout_t *n = notes;
+        notes = n->next;
+        atomic_fetch_sub(&n->seg->pending, 1);
+        nout_put(n);
+    }
     ote_engine_t *e = b->e;
     ote_cond_destroy(&b->cv);
     ote_mutex_destroy(&b->mu);
@@ -806,7 +814,8 @@ ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *ms
     ote_mutex_lock(&b->mu);
     n->next = b->notes;
     b->notes = n;
-    if (atomic_load(&b->pending) == 0) send = batch_decide_notes(b);
+    /* Nothing submitted yet: decided when the coming submissions end. */
+    if (atomic_load(&b->pending) == 0 && atomic_load(&b->nsub) > 0) send = batch_decide_notes(b);
     ote_mutex_unlock(&b->mu);
     if (send) {
         st = b->e->tp->ops->peer_ensure(seg->peer);

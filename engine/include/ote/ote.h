@@ -140,7 +140,11 @@ ote_status_t ote_batch_destroy(ote_batch_t *batch);
 ote_status_t ote_notify_send(ote_engine_t *engine, ote_segment_t *seg, const void *msg, size_t len);
 /* Attach a message to a batch: it is sent to seg once every request of the batch that
  * targets seg has COMPLETED, so the peer receives it only after the data is complete in
- * its memory. It is not sent if any of those requests fails or is canceled. */
+ * its memory. It is not sent if any of those requests fails or is canceled. The decision
+ * is taken when no request of the batch is pending any more: at once when requests were
+ * submitted and all have ended, else when the pending (or the next submitted) requests
+ * end. A reset keeps undecided notifications; destroy drops them. While attached, the
+ * notification holds seg (ote_segment_close is BUSY). */
 ote_status_t ote_batch_notify(ote_batch_t *batch, ote_segment_t *seg, const void *msg, size_t len);
 /* Receive the next message sent to this engine, waiting up to timeout_ns. The message is
  * copied into buf (OTE_ERR_TOO_BIG if cap is too small; it stays queued); the sender's

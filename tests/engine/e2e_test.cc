@@ -1,0 +1,422 @@
+// End-to-end tests: this process is the requester; the target engine runs in a child
+// process (ote_target) and answers questions about its memory over stdin/stdout.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/engine/target.h"
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/time.h"
+#include "ote/ote.h"
+#include "tests/engine/pattern.h"
+}
+
+namespace {
+
+using ote_test::Target;
+
+constexpr uint64_t kSec = 1000000000ull;
+
+class E2eTest : public ote_test::OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        ASSERT_TRUE(target_.Start()) << "target did not start";
+        ASSERT_EQ(ote_engine_create(nullptr, &engine_), OTE_OK);
+        ASSERT_EQ(ote_segment_open(engine_, target_.address.c_str(), &seg_), OTE_OK);
+    }
+    void TearDown() override {
+        if (seg_) { EXPECT_EQ(ote_segment_close(seg_), OTE_OK); }
+        if (engine_) { EXPECT_EQ(ote_engine_destroy(engine_), OTE_OK); }
+        if (target_.pid > 0) { EXPECT_EQ(target_.Quit(), 0); }
+        OteTest::TearDown();
+    }
+
+    // One request, waited for; returns the wait status.
+    ote_status_t Transfer(ote_opcode_t op, void *local, uint64_t remote, size_t len,
+                          ote_transfer_status_t *st_out = nullptr) {
+        ote_batch_t *b = nullptr;
+        EXPECT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+        ote_request_t r = {op, local, seg_, remote, len};
+        ote_status_t st = ote_batch_submit(b, &r, 1);
+        if (st == OTE_OK) st = ote_batch_wait(b, 60 * kSec);
+        if (st_out) { EXPECT_EQ(ote_batch_status(b, 0, st_out), OTE_OK); }
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+        return st;
+    }
+
+    // WRITE len bytes at rw+off, check them on the target, READ them back, check here.
+    void RoundTrip(size_t len, uint64_t off, size_t local_shift, uint64_t seed) {
+        std::vector<uint8_t> src(len + local_shift + 1), dst(len + local_shift + 2, 0xEE);
+        ote_pattern_fill(src.data() + local_shift, len, seed, 0);
+        ASSERT_EQ(Transfer(OTE_WRITE, src.data() + local_shift, target_.rw + off, len), OTE_OK);
+        EXPECT_EQ(target_.Hash("rw", off, len), ote_hash(src.data() + local_shift, len)) << len;
+        ote_transfer_status_t ts;
+        ASSERT_EQ(Transfer(OTE_READ, dst.data() + local_shift, target_.rw + off, len, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
+        EXPECT_EQ(ts.bytes_done, len);
+        EXPECT_EQ(memcmp(dst.data() + local_shift, src.data() + local_shift, len), 0) << len;
+        for (size_t i = 0; i < local_shift; i++) ASSERT_EQ(dst[i], 0xEE);
+        ASSERT_EQ(dst[local_shift + len], 0xEE) << "READ wrote past its range";
+    }
+
+    Target target_;
+    ote_engine_t *engine_ = nullptr;
+    ote_segment_t *seg_ = nullptr;
+};
+
+TEST_F(E2eTest, SizesZeroOneOddUnaligned) {
+    RoundTrip(0, 0, 0, 11);
+    RoundTrip(1, 0, 0, 12);
+    RoundTrip(1, 7, 3, 13);
+    RoundTrip(4093, 5, 1, 14);
+    RoundTrip(65537, 4099, 7, 15);
+    RoundTrip((3u << 20) + 12345, 333, 5, 16); /* several slices with a folded tail */
+}
+
+TEST_F(E2eTest, SixtyFourMiBWriteAndRead) {
+    RoundTrip(64u << 20, 0, 0, 21);
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(E2eTest, EightThreadsSubmitAtOnce) {
+    constexpr int kThreads = 8;
+    constexpr size_t kChunk = 256 * 1024;
+    constexpr int kReqs = 16;  // each thread: 16 requests of 16 KiB in one batch, 4 rounds
+    std::vector<std::vector<uint8_t>> src(kThreads, std::vector<uint8_t>(kChunk)),
+        back(kThreads, std::vector<uint8_t>(kChunk));
+    std::atomic<int> failures{0};
+    ote_batch_t *shared = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, kThreads * kReqs, &shared), OTE_OK);
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; t++) {
+        ts.emplace_back([&, t] {
+            ote_pattern_fill(src[t].data(), kChunk, 100 + t, 0);
+            uint64_t base = target_.rw + t * kChunk;
+            size_t piece = kChunk / kReqs;
+            for (int round = 0; round < 4; round++) {
+                ote_batch_t *b = nullptr;
+                if (ote_batch_create(engine_, kReqs, &b) != OTE_OK) {
+                    failures++;
+                    return;
+                }
+                ote_request_t r[kReqs];
+                for (int i = 0; i < kReqs; i++)
+                    r[i] = {round % 2 ? OTE_READ : OTE_WRITE,
+                            (round % 2 ? back[t].data() : src[t].data()) + i * piece, seg_,
+                            base + i * piece, piece};
+                if (ote_batch_submit(b, r, kReqs) != OTE_OK || ote_batch_wait(b, 60 * kSec) != OTE_OK)
+                    failures++;
+                if (ote_batch_destroy(b) != OTE_OK) failures++;
+                if (round % 2 && memcmp(back[t].data(), src[t].data(), kChunk) != 0) failures++;
+            }
+            // Also many threads appending to one shared batch.
+            ote_request_t one = {OTE_READ, back[t].data(), seg_, base, kChunk / kReqs};
+            for (int i = 0; i < kReqs; i++)
+                if (ote_batch_submit(shared, &one, 1) != OTE_OK) failures++;
+        });
+    }
+    for (auto &th : ts) th.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(ote_batch_wait(shared, 60 * kSec), OTE_OK);
+    for (size_t i = 0; i < kThreads * kReqs; i++) {
+        ote_transfer_status_t s;
+        ASSERT_EQ(ote_batch_status(shared, i, &s), OTE_OK);
+        EXPECT_EQ(s.state, OTE_TRANSFER_COMPLETED);
+    }
+    EXPECT_EQ(ote_batch_submit(shared, nullptr, 0), OTE_OK);
+    ote_request_t extra = {OTE_READ, back[0].data(), seg_, target_.rw, 1};
+    EXPECT_EQ(ote_batch_submit(shared, &extra, 1), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(ote_batch_destroy(shared), OTE_OK);
+    for (int t = 0; t < kThreads; t++)
+        EXPECT_EQ(target_.Hash("rw", t * kChunk, kChunk), ote_hash(src[t].data(), kChunk)) << t;
+}
+
+TEST_F(E2eTest, OutOfRangeAndWrongPermissionTouchNothing) {
+    uint64_t ro0 = target_.Hash("ro", 0, target_.ro_len), wo0 = target_.Hash("wo", 0, target_.wo_len);
+    uint64_t rw_tail = target_.Hash("rw", target_.rw_len - 4096, 4096);
+    std::vector<uint8_t> buf(8192, 0x5A);
+    ote_transfer_status_t ts;
+    // WRITE into a read-only registration.
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.ro + 10, 100, &ts), OTE_ERR_ACCESS);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_ACCESS);
+    // READ from a write-only registration: the local buffer stays as it was.
+    EXPECT_EQ(Transfer(OTE_READ, buf.data(), target_.wo, 4096, &ts), OTE_ERR_ACCESS);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    for (uint8_t c : buf) ASSERT_EQ(c, 0x5A);
+    // Past the end of a registration, and nowhere at all.
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.rw + target_.rw_len - 100, 200), OTE_ERR_ACCESS);
+    EXPECT_EQ(Transfer(OTE_READ, buf.data(), target_.rw + target_.rw_len - 1, 2), OTE_ERR_ACCESS);
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), 4096, 16), OTE_ERR_ACCESS);
+    EXPECT_EQ(Transfer(OTE_READ, buf.data(), UINT64_MAX - 8192, 8192), OTE_ERR_ACCESS);
+    for (uint8_t c : buf) ASSERT_EQ(c, 0x5A);
+    EXPECT_EQ(target_.Hash("ro", 0, target_.ro_len), ro0);
+    EXPECT_EQ(target_.Hash("wo", 0, target_.wo_len), wo0);
+    EXPECT_EQ(target_.Hash("rw", target_.rw_len - 4096, 4096), rw_tail);
+    // A big refused WRITE (several slices) leaves the connection usable.
+    std::vector<uint8_t> big(5u << 20, 1);
+    EXPECT_EQ(Transfer(OTE_WRITE, big.data(), target_.ro, big.size()), OTE_ERR_ACCESS);
+    EXPECT_EQ(target_.Hash("ro", 0, target_.ro_len), ro0);
+    // Allowed directions still work.
+    EXPECT_EQ(Transfer(OTE_READ, buf.data(), target_.ro, 4096), OTE_OK);
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.wo, 4096), OTE_OK);
+}
+
+TEST_F(E2eTest, UnregisterWhileInUseIsBusy) {
+    // The local buffer is registered; while the target is stopped the transfer cannot
+    // finish, so the registration is certainly in use.
+    std::vector<uint8_t> buf(1u << 20, 3);
+    ASSERT_EQ(ote_memory_register(engine_, buf.data(), buf.size(), OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, buf.data() + 100, seg_, target_.rw, 4096};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, buf.data()), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_batch_reset(b), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_segment_close(seg_), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_batch_wait(b, 50 * 1000 * 1000), OTE_ERR_TIMEOUT);
+    ote_transfer_status_t ts;
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING);
+    ASSERT_EQ(kill(target_.pid, SIGCONT), 0);
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, buf.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, buf.data()), OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_batch_reset(b), OTE_OK);
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_WAITING);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    // On the target, unregistering works once nothing uses the range.
+    EXPECT_EQ(target_.Command("unreg wo"), "ST 0");
+}
+
+TEST_F(E2eTest, CancelQueuedAndInFlightTouchesNothingOutside) {
+    constexpr int kN = 32;
+    constexpr size_t kLen = 2u << 20;
+    std::vector<uint8_t> src(kN * kLen);
+    ote_pattern_fill(src.data(), src.size(), 77, 0);
+    uint64_t outside = target_.Hash("rw", kN * kLen, 1u << 20);
+    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, kN, &b), OTE_OK);
+    std::vector<ote_request_t> r(kN);
+    // Every other 2 MiB stripe only, so the gaps must stay untouched.
+    for (int i = 0; i < kN; i++)
+        r[i] = {OTE_WRITE, src.data() + i * kLen, seg_, target_.rw + i * kLen, kLen / 2};
+    ASSERT_EQ(ote_batch_submit(b, r.data(), kN), OTE_OK);
+    EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
+    ASSERT_EQ(kill(target_.pid, SIGCONT), 0);
+    ote_status_t st = ote_batch_wait(b, 30 * kSec);
+    EXPECT_TRUE(st == OTE_OK || st == OTE_ERR_CANCELED) << ote_status_str(st);
+    int canceled = 0;
+    for (int i = 0; i < kN; i++) {
+        ote_transfer_status_t ts;
+        ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+        EXPECT_TRUE(ts.state == OTE_TRANSFER_COMPLETED || ts.state == OTE_TRANSFER_CANCELED) << ts.state;
+        if (ts.state == OTE_TRANSFER_CANCELED) canceled++;
+        if (ts.state == OTE_TRANSFER_COMPLETED) {
+            EXPECT_EQ(target_.Hash("rw", i * kLen, kLen / 2), ote_hash(src.data() + i * kLen, kLen / 2));
+        }
+    }
+    EXPECT_GT(canceled, 0);
+    for (int i = 0; i < kN; i++)
+        ASSERT_EQ(target_.Hash("rw", i * kLen + kLen / 2, kLen / 2),
+                  [&] {
+                      std::vector<uint8_t> orig(kLen / 2);
+                      ote_pattern_fill(orig.data(), orig.size(), 1, i * kLen + kLen / 2);
+                      return ote_hash(orig.data(), orig.size());
+                  }())
+            << "gap " << i << " was written";
+    EXPECT_EQ(target_.Hash("rw", kN * kLen, 1u << 20), outside);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    // The segment keeps working after a cancel.
+    RoundTrip(100000, 0, 0, 5);
+}
+
+TEST_F(E2eTest, NotificationArrivesAfterItsData) {
+    constexpr size_t kLen = 24u << 20;
+    constexpr uint64_t kOff = 4096 + 3;
+    std::vector<uint8_t> src(kLen);
+    ote_pattern_fill(src.data(), kLen, 99, 0);
+    ASSERT_TRUE(target_.Send("recv 30000 " + std::to_string(kOff) + " " + std::to_string(kLen)));
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 8, &b), OTE_OK);
+    const char msg[] = "landed";
+    ASSERT_EQ(ote_batch_notify(b, seg_, msg, strlen(msg)), OTE_OK);
+    std::vector<ote_request_t> r;
+    for (int i = 0; i < 8; i++)
+        r.push_back({OTE_WRITE, src.data() + i * (kLen / 8), seg_, target_.rw + kOff + i * (kLen / 8), kLen / 8});
+    ASSERT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 60 * kSec), OTE_OK);
+    std::string reply = target_.Reply();
+    char expect[64];
+    snprintf(expect, sizeof(expect), "SUM %016llx", (unsigned long long)ote_hash(src.data(), kLen));
+    EXPECT_EQ(reply.rfind("NOTE 6 landed ", 0), 0u) << reply;
+    EXPECT_NE(reply.find(expect), std::string::npos) << "notification arrived before its data: " << reply;
+    char me[300];
+    ASSERT_EQ(ote_engine_address(engine_, me, sizeof(me)), OTE_OK);
+    EXPECT_NE(reply.find(std::string("FROM ") + me), std::string::npos) << reply;
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    // A plain notification, and a batch notification dropped because a request failed.
+    ASSERT_TRUE(target_.Send("recv 30000 0 0"));
+    ASSERT_EQ(ote_notify_send(engine_, seg_, "hi", 2), OTE_OK);
+    EXPECT_EQ(target_.Reply().rfind("NOTE 2 hi ", 0), 0u);
+    ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+    ASSERT_EQ(ote_batch_notify(b, seg_, "never", 5), OTE_OK);
+    ote_request_t bad = {OTE_WRITE, src.data(), seg_, target_.ro, 10};
+    ASSERT_EQ(ote_batch_submit(b, &bad, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_ERR_ACCESS);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(target_.Command("recv 300 0 0"), "ST 8");  // OTE_ERR_TIMEOUT: nothing came
+}
+
+TEST_F(E2eTest, PeerOnIpv6Loopback) {
+    Target v6;
+    if (!v6.Start(1u << 20, "[::1]:0")) GTEST_SKIP() << "no IPv6 loopback here";
+    EXPECT_EQ(v6.address.rfind("[::1]:", 0), 0u) << v6.address;
+    ote_segment_t *s6 = nullptr;
+    ASSERT_EQ(ote_segment_open(engine_, v6.address.c_str(), &s6), OTE_OK);
+    std::vector<uint8_t> src(300001), dst(300001);
+    ote_pattern_fill(src.data(), src.size(), 6, 0);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 2, &b), OTE_OK);
+    ote_request_t w = {OTE_WRITE, src.data(), s6, v6.rw + 1, src.size()};
+    ASSERT_EQ(ote_batch_submit(b, &w, 1), OTE_OK);
+    ASSERT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    ote_request_t rd = {OTE_READ, dst.data(), s6, v6.rw + 1, dst.size()};
+    ASSERT_EQ(ote_batch_submit(b, &rd, 1), OTE_OK);
+    ASSERT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    EXPECT_EQ(src, dst);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(s6), OTE_OK);
+    EXPECT_EQ(v6.Quit(), 0);
+}
+
+// A killed peer fails its transfers with PEER_LOST well within the deadline, a second
+// peer keeps working throughout, and a target started again on the same address is
+// reached by the old segment on its next submit (and by a new open).
+TEST_F(E2eTest, PeerKilledMidTransfer) {
+    ExpectErrorLogs();
+    Target other;
+    ASSERT_TRUE(other.Start(16u << 20));
+    ote_segment_t *seg2 = nullptr;
+    ASSERT_EQ(ote_segment_open(engine_, other.address.c_str(), &seg2), OTE_OK);
+    std::atomic<bool> stop{false};
+    std::atomic<int> other_ok{0}, other_bad{0};
+    std::thread healthy([&] {
+        std::vector<uint8_t> src(1u << 20), dst(1u << 20);
+        ote_pattern_fill(src.data(), src.size(), 8, 0);
+        ote_batch_t *b = nullptr;
+        if (ote_batch_create(engine_, 2, &b) != OTE_OK) return;
+        while (!stop.load() || other_ok.load() < 3) {
+            ote_request_t r[2] = {{OTE_WRITE, src.data(), seg2, other.rw, src.size()},
+                                  {OTE_READ, dst.data(), seg2, other.rw + (4u << 20), dst.size()}};
+            if (ote_batch_submit(b, r, 2) == OTE_OK && ote_batch_wait(b, 10 * kSec) == OTE_OK)
+                other_ok++;
+            else
+                other_bad++;
+            if (ote_batch_reset(b) != OTE_OK) other_bad++;
+        }
+        ote_batch_destroy(b);
+    });
+
+    std::vector<uint8_t> big(64u << 20, 7);
+    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);  // certainly mid-transfer when killed
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 4, &b), OTE_OK);
+    ote_request_t r[2] = {{OTE_WRITE, big.data(), seg_, target_.rw, big.size()},
+                          {OTE_READ, big.data(), seg_, target_.rw, 1u << 20}};
+    ASSERT_EQ(ote_batch_submit(b, r, 2), OTE_OK);
+    std::string old_addr = target_.address;
+    uint64_t t0 = ote_now_ns();
+    target_.Kill();
+    ote_status_t st = ote_batch_wait(b, 20 * kSec);
+    uint64_t took_ms = (ote_now_ns() - t0) / 1000000;
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
+    EXPECT_LT(took_ms, 5000u);
+    for (int i = 0; i < 2; i++) {
+        ote_transfer_status_t ts;
+        ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_PEER_LOST);
+    }
+    EXPECT_EQ(ote_batch_reset(b), OTE_OK);
+    // While it is gone, a submit fails fast (reconnect refused) and nothing is queued.
+    ote_request_t small = {OTE_WRITE, big.data(), seg_, 0, 16};
+    EXPECT_EQ(ote_status_code(ote_batch_submit(b, &small, 1)), OTE_ERR_CONNECT);
+
+    stop = true;
+    healthy.join();
+    EXPECT_GE(other_ok.load(), 3);
+    EXPECT_EQ(other_bad.load(), 0);
+
+    // A new target on the same address: the old segment reconnects on submit.
+    ASSERT_TRUE(target_.Start(64ull << 20, old_addr));
+    std::vector<uint8_t> src(123457), dst(123457);
+    ote_pattern_fill(src.data(), src.size(), 31, 0);
+    ote_request_t w = {OTE_WRITE, src.data(), seg_, target_.rw + 9, src.size()};
+    ASSERT_EQ(ote_batch_submit(b, &w, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 9, src.size()), ote_hash(src.data(), src.size()));
+    ote_segment_t *again = nullptr;
+    ASSERT_EQ(ote_segment_open(engine_, old_addr.c_str(), &again), OTE_OK);
+    ote_request_t rd = {OTE_READ, dst.data(), again, target_.rw + 9, dst.size()};
+    ASSERT_EQ(ote_batch_submit(b, &rd, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    EXPECT_EQ(src, dst);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(again), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg2), OTE_OK);
+    EXPECT_EQ(other.Quit(), 0);
+}
+
+// A peer that stops answering fails the transfer with TIMEOUT at its deadline; a later
+// submit reconnects once it answers again.
+TEST_F(E2eTest, HungPeerTimesOutAtDeadline) {
+    ote_config_t *cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "transfer_timeout_ms", "800"), OTE_OK);
+    ote_engine_t *e2 = nullptr;
+    ASSERT_EQ(ote_engine_create(cfg, &e2), OTE_OK);
+    ote_config_destroy(cfg);
+    ote_segment_t *s = nullptr;
+    ASSERT_EQ(ote_segment_open(e2, target_.address.c_str(), &s), OTE_OK);
+    std::vector<uint8_t> buf(4u << 20, 1);
+    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(e2, 4, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, buf.data(), s, target_.rw, buf.size()};
+    uint64_t t0 = ote_now_ns();
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 20 * kSec), OTE_ERR_TIMEOUT);  // the request's own TIMEOUT
+    uint64_t took_ms = (ote_now_ns() - t0) / 1000000;
+    EXPECT_GE(took_ms, 700u);
+    EXPECT_LT(took_ms, 3000u);
+    ote_transfer_status_t ts;
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT);
+    ASSERT_EQ(kill(target_.pid, SIGCONT), 0);
+    ASSERT_EQ(ote_batch_reset(b), OTE_OK);
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 20 * kSec), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(s), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(e2), OTE_OK);
+}
+
+}  // namespace

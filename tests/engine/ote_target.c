@@ -1,0 +1,102 @@
+/*
+ * tests/engine/ote_target.c - the target engine of the end-to-end tests, run as a child
+ * process. It registers three buffers, prints one READY line on stdout and then obeys
+ * one command per stdin line (answering one line each):
+ *
+ *   READY <address> <rw_addr> <rw_len> <ro_addr> <ro_len> <wo_addr> <wo_len>
+ *   fill <rw|ro|wo> <seed>          -> OK              fill with the seed pattern
+ *   sum <rw|ro|wo> <off> <len>      -> SUM <hex>       hash of a range
+ *   unreg <rw|ro|wo>                -> ST <code>       ote_memory_unregister status
+ *   recv <timeout_ms> <off> <len>   -> NOTE <len> <text> SUM <hex> | ST <code>
+ *                                      (hash of rw[off, off+len) taken on arrival)
+ *   quit / end of input             -> exits 0 after destroying the engine
+ *
+ * Usage: ote_target [rw_size] [listen_address]. Config also from OTE_* variables.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "ote/ote.h"
+#include "tests/engine/pattern.h"
+
+typedef struct {
+    const char *name;
+    uint8_t *p;
+    size_t len;
+    unsigned perms;
+} buf_t;
+
+static buf_t *find(buf_t *b, const char *name) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(b[i].name, name) == 0) return &b[i];
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    size_t rw_len = argc > 1 ? strtoull(argv[1], NULL, 0) : (64u << 20);
+    ote_config_t *cfg = NULL;
+    if (ote_config_create(&cfg) != OTE_OK) return 2;
+    if (argc > 2 && ote_config_set(cfg, "listen_address", argv[2]) != OTE_OK) return 2;
+    ote_engine_t *e = NULL;
+    ote_status_t st = ote_engine_create(cfg, &e);
+    ote_config_destroy(cfg);
+    if (st != OTE_OK) {
+        printf("ST %d\n", st);
+        return 3;
+    }
+    buf_t bufs[3] = {{"rw", NULL, rw_len, OTE_PERM_READ | OTE_PERM_WRITE},
+                     {"ro", NULL, 1u << 20, OTE_PERM_READ},
+                     {"wo", NULL, 1u << 20, OTE_PERM_WRITE}};
+    for (int i = 0; i < 3; i++) {
+        void *m = mmap(NULL, bufs[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return 4;
+        bufs[i].p = m;
+        ote_pattern_fill(bufs[i].p, bufs[i].len, (uint64_t)(i + 1), 0);
+        if (ote_memory_register(e, bufs[i].p, bufs[i].len, bufs[i].perms) != OTE_OK) return 5;
+    }
+    char addr[300];
+    if (ote_engine_address(e, addr, sizeof(addr)) != OTE_OK) return 6;
+    printf("READY %s %" PRIuPTR " %zu %" PRIuPTR " %zu %" PRIuPTR " %zu\n", addr, (uintptr_t)bufs[0].p,
+           bufs[0].len, (uintptr_t)bufs[1].p, bufs[1].len, (uintptr_t)bufs[2].p, bufs[2].len);
+    fflush(stdout);
+
+    char line[512];
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        char cmd[16] = "", which[8] = "";
+        unsigned long long a = 0, b = 0, c = 0;
+        int n = sscanf(line, "%15s %7s %llu %llu", cmd, which, &a, &b);
+        if (n >= 1 && strcmp(cmd, "quit") == 0) break;
+        buf_t *bf = n >= 2 ? find(bufs, which) : NULL;
+        if (strcmp(cmd, "fill") == 0 && bf && n >= 3) {
+            ote_pattern_fill(bf->p, bf->len, a, 0);
+            printf("OK\n");
+        } else if (strcmp(cmd, "sum") == 0 && bf && n >= 4 && a <= bf->len && b <= bf->len - a) {
+            printf("SUM %016" PRIx64 "\n", ote_hash(bf->p + a, b));
+        } else if (strcmp(cmd, "unreg") == 0 && bf) {
+            printf("ST %d\n", ote_memory_unregister(e, bf->p));
+        } else if (strcmp(cmd, "recv") == 0 &&
+                   sscanf(line, "%15s %llu %llu %llu", cmd, &a, &b, &c) == 4 && b <= bufs[0].len &&
+                   c <= bufs[0].len - b) {
+            char msg[OTE_NOTIFY_MAX + 1], from[300];
+            size_t len = 0;
+            st = ote_notify_recv(e, msg, OTE_NOTIFY_MAX, &len, from, sizeof(from),
+                                 a * 1000000ull);
+            if (st != OTE_OK) {
+                printf("ST %d\n", st);
+            } else {
+                uint64_t h = ote_hash(bufs[0].p + b, c); /* at arrival: data must be there */
+                msg[len] = '\0';
+                printf("NOTE %zu %s SUM %016" PRIx64 " FROM %s\n", len, msg, h, from);
+            }
+        } else {
+            printf("ERR bad command\n");
+        }
+        fflush(stdout);
+    }
+    st = ote_engine_destroy(e);
+    for (int i = 0; i < 3; i++) munmap(bufs[i].p, bufs[i].len);
+    return st == OTE_OK ? 0 : 7;
+}

@@ -1,0 +1,48 @@
+/* tests/engine/pattern.h - deterministic buffer contents and a fast hash, shared by the
+ * test target (C) and the tests (C++), so both sides can check every byte. */
+#ifndef OTE_TESTS_ENGINE_PATTERN_H
+#define OTE_TESTS_ENGINE_PATTERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The byte at absolute offset i of a buffer filled with seed. */
+static inline uint8_t ote_pattern_byte(uint64_t seed, uint64_t i) {
+    uint64_t w = (i >> 3) * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+    w ^= w >> 29;
+    return (uint8_t)(w >> ((i & 7) * 8));
+}
+
+/* Fill buf[0, len) with the bytes at offsets [base, base+len) of the seed pattern. */
+static inline void ote_pattern_fill(void *buf, size_t len, uint64_t seed, uint64_t base) {
+    uint8_t *p = (uint8_t *)buf;
+    size_t i = 0;
+    while (i < len && ((base + i) & 7) != 0) {
+        p[i] = ote_pattern_byte(seed, base + i);
+        i++;
+    }
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w = ((base + i) >> 3) * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+        w ^= w >> 29;
+        memcpy(p + i, &w, 8); /* little endian: byte k is w >> 8k */
+    }
+    for (; i < len; i++) p[i] = ote_pattern_byte(seed, base + i);
+}
+
+/* 64-bit hash of a byte range (word-wise, position dependent). */
+static inline uint64_t ote_hash(const void *buf, size_t len) {
+    const uint8_t *p = (const uint8_t *)buf;
+    uint64_t h = 0xcbf29ce484222325ull ^ len;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 31;
+    }
+    for (; i < len; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+#endif
