@@ -116,6 +116,7 @@ ote_status_t ote__verbs_sim_open(const char *config, ote_verbs_t **v_out) {
     p->v.ops = &k_sim_ops;
     p->v.provider = "sim";
     p->v.priv = p;
+    p->magic = SIM_MAGIC;
     p->v.close = sim_close;
     st = ote__sim_wire_start(p);
     if (st != OTE_OK) goto err_free;
@@ -128,6 +129,7 @@ err_free:
 
 static void sim_close(ote_verbs_t *v) {
     if (!v) return;
+    to_sim_prov(v)->magic = 0;
     prov_free(to_sim_prov(v));
 }
 
@@ -159,7 +161,10 @@ void ote__sim_handle_overflow(sim_prov_t *p) {
 
 /* ---- control API ---- */
 
-int ote_sim_is_sim(const ote_verbs_t *v) { return v && v->close == sim_close; }
+int ote_sim_is_sim(const ote_verbs_t *v) {
+    return v && v->provider && !strcmp(v->provider, "sim") && v->priv &&
+           ((const sim_prov_t *)v->priv)->magic == SIM_MAGIC;
+}
 
 static sim_dev_t *find_dev(sim_prov_t *p, const char *name) {
     for (int i = 0; i < p->cfg.ndev; i++)

@@ -372,8 +372,11 @@ void ote__sim_listener_del(struct sim_prov *p, sim_listener_t *l);
 
 /* ---- provider ---- */
 
+#define SIM_MAGIC 0x5e5e0115u
+
 typedef struct sim_prov {
     ote_verbs_t v;
+    uint32_t magic;
     ote_mutex_t mu;
     ote_cond_t cv; /* acks of events */
     sim_config_t cfg;
