@@ -296,7 +296,11 @@ int ote_cq_lane_deliver(ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_
                   wc->qp_num, (int)wc->status);
         return 0;
     }
+    /* Callbacks run under the poll lock: take it when called from outside a poll. */
+    int self = tls_polling == lane;
+    if (!self) ote__cq_lane_poll_lock(lane);
     fn(arg, lane, dir, wc);
+    if (!self) ote__cq_lane_poll_unlock(lane);
     return 1;
 }
 
@@ -314,7 +318,14 @@ static void dispatch(ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc 
         arg = h->arg;
     }
     ote_mutex_unlock(&lane->table_mu);
-    if (fn != NULL && !fn(arg, lane, dir, wc)) return;
+    if (fn == NULL) {
+        /* No owner for this QP number (a QP destroyed with CQEs still queued): stray. */
+        atomic_fetch_add(&lane->stray, 1);
+        OTE_DEBUG("cq", "lane %u: CQE of unattached QP %u dropped (wr_id 0x%llx)", lane->index,
+                  wc->qp_num, (unsigned long long)wc->wr_id);
+        return;
+    }
+    if (!fn(arg, lane, dir, wc)) return;
     ote_cq_lane_deliver(lane, dir, wc);
 }
 

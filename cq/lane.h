@@ -13,9 +13,11 @@
  * completion for a record that has left cannot reach a newer one; it is counted as
  * stray and dropped.
  *
- * QP hooks: a QP owner (the qp layer) may attach a hook for its QP number. The hook sees
- * every completion of that QP first (to discharge its own accounting) and returns
- * whether the completion goes on to the namespace owner (ote_cq_lane_deliver()).
+ * QP hooks: every QP on a lane is attached with a hook for its QP number (the qp layer
+ * does this). The hook sees every completion of that QP first (to discharge its own
+ * accounting) and returns whether the completion goes on to the namespace owner. A
+ * completion of a QP number without a hook (e.g. a destroyed QP's leftover CQE) is
+ * stray: counted and dropped, never delivered.
  *
  * Budget: each CQ has a capacity (its actual depth). Whoever posts work charges the
  * lane first (ote_cq_lane_reserve()), so the CQ cannot overrun, and releases the charge
@@ -104,8 +106,10 @@ void ote_cq_lane_unregister_ns(ote_cq_lane_t *lane, uint32_t ns);
 ote_status_t ote_cq_lane_attach_qp(ote_cq_lane_t *lane, uint32_t qp_num, ote_cq_qp_hook_fn fn,
                                    void *arg);
 void ote_cq_lane_detach_qp(ote_cq_lane_t *lane, uint32_t qp_num);
-/* Hand a completion to its namespace owner (hooks forward with this). 1 when delivered,
- * 0 when stray (counted). */
+/* Hand a completion to its namespace owner (the lane does this after the hook; an owner
+ * of WRs that can never complete natively uses it to deliver their synthesized end).
+ * Takes the poll lock when called from outside a poll, so callbacks never overlap.
+ * 1 when delivered, 0 when stray (counted). */
 int ote_cq_lane_deliver(ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc *wc);
 
 /* Budget: OTE_ERR_AGAIN when n more CQEs could overrun the CQ. */

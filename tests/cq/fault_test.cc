@@ -1,0 +1,249 @@
+// Drives cq/ through the verbs fault decorator over the software provider: lane
+// creation failing at each native step (nothing leaked, retry works), destroy_cq and
+// destroy_comp_channel returning EBUSY (lane retained and counted, later destroy
+// succeeds), a lost CQE (the charge stays owed, drain ends at its deadline), an error
+// CQE (the record sees the error, the lane counts it), and a failing poll_cq.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "tests/cq/raw_qp.h"
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/alloc.h"
+#include "base/status.h"
+#include "base/time.h"
+#include "context/context.h"
+#include "cq/lane.h"
+#include "cq/workers.h"
+#include "verbs/fault.h"
+#include "verbs/verbs.h"
+}
+
+namespace {
+
+using ote_test::OteTest;
+using ote_test::RawQp;
+
+struct Record {
+    std::vector<ibv_wc> seen;
+    uint32_t ns = 0;
+    static void Fn(void *arg, ote_cq_lane_t *, ote_cq_dir_t, const ibv_wc *wc) {
+        static_cast<Record *>(arg)->seen.push_back(*wc);
+    }
+};
+
+// Forwards and releases the lane charge the test took for each WR.
+static int ChargedHook(void *, ote_cq_lane_t *lane, ote_cq_dir_t dir, const ibv_wc *) {
+    ote_cq_lane_release(lane, dir, 1);
+    return 1;
+}
+
+class CqFaultTest : public OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        ote_verbs_t *sim = nullptr;
+        ASSERT_EQ(ote_verbs_open("sim", nullptr, &sim), OTE_OK);
+        ASSERT_EQ(ote_verbs_fault_wrap(sim, OTE_VERBS_FAULT_OWN_INNER, &v_), OTE_OK);
+        ASSERT_EQ(ote_context_set_open(v_, nullptr, &set_), OTE_OK);
+        ctx_ = ote_context_set_get(set_, 0);
+    }
+    void TearDown() override {
+        if (set_ != nullptr) {
+            EXPECT_EQ(ote_context_set_close(set_), OTE_OK);
+        }
+        if (v_ != nullptr) ote_verbs_close(v_);
+        OteTest::TearDown();
+    }
+    ote_status_t Create(ote_cq_lane_t **lane, int channel = 1) {
+        ote_cq_lane_config_t cfg = {0, 32, 32, channel};
+        return ote_cq_lane_create(ctx_, &cfg, lane);
+    }
+    ote_verbs_t *v_ = nullptr;
+    ote_context_set_t *set_ = nullptr;
+    ote_context_t *ctx_ = nullptr;
+};
+
+TEST_F(CqFaultTest, CreationFailingAtEachStepLeaksNothingAndRetryWorks) {
+    ExpectErrorLogs();
+    struct Step {
+        ote_verbs_fault_op_t op;
+        uint64_t nth;
+    } steps[] = {{OTE_VERBS_FAULT_OP_CREATE_COMP_CHANNEL, 1},
+                 {OTE_VERBS_FAULT_OP_CREATE_CQ, 1},
+                 {OTE_VERBS_FAULT_OP_CREATE_CQ, 2}};
+    for (auto &s : steps) {
+        ote_verbs_fault_reset_counters(v_);
+        ASSERT_EQ(ote_verbs_fault_fail(v_, s.op, OTE_FAULT_NTH, s.nth, ENOMEM), OTE_OK);
+        ote_cq_lane_t *lane = nullptr;
+        ote_status_t st = Create(&lane);
+        EXPECT_EQ(ote_status_errno(st), ENOMEM);
+        EXPECT_EQ(lane, nullptr);
+        // Every CQ and channel that was made was destroyed again.
+        EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_CQ),
+                  ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_CQ) -
+                      ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_CREATE_CQ));
+        EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_COMP_CHANNEL),
+                  ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_COMP_CHANNEL) -
+                      ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_CREATE_COMP_CHANNEL));
+        ote_verbs_fault_clear(v_);
+    }
+    ote_cq_lane_t *lane = nullptr;
+    ASSERT_EQ(Create(&lane), OTE_OK);
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+}
+
+TEST_F(CqFaultTest, AllocationFailuresDuringCreationLeakNothing) {
+    ExpectErrorLogs();  // the provider's own allocations fail too: logged create errors
+    int failures = 0;
+    for (uint64_t n = 1; n < 200; n++) {
+        ote_alloc_fail_nth(n);
+        ote_cq_lane_t *lane = nullptr;
+        ote_status_t st = Create(&lane);
+        ote_alloc_fail_disarm();
+        if (st == OTE_OK) {
+            EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+            EXPECT_GT(failures, 0);
+            return;
+        }
+        failures++;
+        EXPECT_EQ(lane, nullptr);
+    }
+    FAIL() << "lane creation never succeeded";
+}
+
+TEST_F(CqFaultTest, DestroyCqBusyRetainsTheLaneAndALaterDestroySucceeds) {
+    ote_cq_lane_t *lane = nullptr;
+    ASSERT_EQ(Create(&lane), OTE_OK);
+    ibv_cq *recv_cq = ote_cq_lane_native_cq(lane, OTE_CQ_RECV);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DESTROY_CQ, recv_cq, 2), OTE_OK);
+    ote_verbs_fault_reset_counters(v_);
+    EXPECT_EQ(ote_status_code(ote_cq_lane_destroy(lane)), OTE_ERR_RETAINED);
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CQ), 1u);
+    // The channel cannot go while a CQ is still attached to it: kept and counted too.
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CHANNEL), 1u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_COMP_CHANNEL), 0u);
+    // A retained lane accepts no new work.
+    EXPECT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 1), OTE_ERR_STATE);
+    EXPECT_EQ(ote_status_code(ote_cq_lane_destroy(lane)), OTE_ERR_RETAINED);
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CQ), 1u);  // still counted once
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CQ), 0u);
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CHANNEL), 0u);
+    // 1 send + 3 tries of the receive CQ; the channel once.
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_CQ), 4u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_COMP_CHANNEL), 1u);
+}
+
+TEST_F(CqFaultTest, DestroyChannelBusyIsRetainedToo) {
+    ote_cq_lane_t *lane = nullptr;
+    ASSERT_EQ(Create(&lane), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DESTROY_COMP_CHANNEL, nullptr, 1),
+              OTE_OK);
+    EXPECT_EQ(ote_status_code(ote_cq_lane_destroy(lane)), OTE_ERR_RETAINED);
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CHANNEL), 1u);
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CQ), 0u);
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CHANNEL), 0u);
+}
+
+TEST_F(CqFaultTest, LostCqeKeepsItsChargeOwedAndDrainEndsAtTheDeadline) {
+    ote_cq_lane_t *lane = nullptr;
+    ASSERT_EQ(Create(&lane), OTE_OK);
+    Record rec;
+    ASSERT_EQ(ote_cq_lane_register_ns(lane, &Record::Fn, &rec, &rec.ns), OTE_OK);
+    RawQp qp;
+    ASSERT_EQ(qp.Create(lane), 0);
+    ASSERT_EQ(ote_cq_lane_attach_qp(lane, qp.Num(), &ChargedHook, nullptr), OTE_OK);
+    uint64_t lost = OTE_CQ_WR_ID(rec.ns, 2);
+    ASSERT_EQ(ote_verbs_fault_lose_cqe_wr_id(v_, nullptr, lost), OTE_OK);
+    ASSERT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 3), OTE_OK);
+    ASSERT_EQ(qp.PostSends({OTE_CQ_WR_ID(rec.ns, 1), lost, OTE_CQ_WR_ID(rec.ns, 3)}), 0);
+    EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(100 * OTE_NSEC_PER_MSEC)),
+              OTE_ERR_TIMEOUT);
+    ASSERT_EQ(rec.seen.size(), 2u);
+    EXPECT_EQ(rec.seen[0].wr_id, OTE_CQ_WR_ID(rec.ns, 1));
+    EXPECT_EQ(rec.seen[1].wr_id, OTE_CQ_WR_ID(rec.ns, 3));
+    EXPECT_EQ(ote_cq_lane_outstanding(lane, OTE_CQ_SEND), 1u);  // the lost one stays owed
+    EXPECT_EQ(ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
+    // Destroying the QP proves nothing more can come: its owner releases the charge.
+    ote_cq_lane_detach_qp(lane, qp.Num());
+    ASSERT_EQ(qp.Destroy(), 0);
+    ote_cq_lane_release(lane, OTE_CQ_SEND, 1);
+    EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(OTE_NSEC_PER_SEC)), OTE_OK);
+    ote_cq_lane_unregister_ns(lane, rec.ns);
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+}
+
+TEST_F(CqFaultTest, ErrorCqeReachesTheRecordWithItsStatus) {
+    ote_cq_lane_t *lane = nullptr;
+    ASSERT_EQ(Create(&lane, 0), OTE_OK);
+    Record rec;
+    ASSERT_EQ(ote_cq_lane_register_ns(lane, &Record::Fn, &rec, &rec.ns), OTE_OK);
+    RawQp qp;
+    ASSERT_EQ(qp.Create(lane), 0);
+    ASSERT_EQ(ote_cq_lane_attach_qp(lane, qp.Num(), &ChargedHook, nullptr), OTE_OK);
+    uint64_t id = OTE_CQ_WR_ID(rec.ns, 5);
+    ASSERT_EQ(ote_verbs_fault_error_cqe_wr_id(v_, nullptr, id, IBV_WC_REM_ACCESS_ERR, 77), OTE_OK);
+    ASSERT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 1), OTE_OK);
+    ASSERT_EQ(qp.PostSends({id}), 0);
+    ASSERT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(5 * OTE_NSEC_PER_SEC)), OTE_OK);
+    ASSERT_EQ(rec.seen.size(), 1u);
+    EXPECT_EQ(rec.seen[0].status, IBV_WC_REM_ACCESS_ERR);
+    EXPECT_EQ(rec.seen[0].vendor_err, 77u);
+    ote_cq_lane_stats_t st;
+    ote_cq_lane_get_stats(lane, &st);
+    EXPECT_EQ(st.errors, 1u);
+    ote_cq_lane_detach_qp(lane, qp.Num());
+    ASSERT_EQ(qp.Destroy(), 0);
+    ote_cq_lane_unregister_ns(lane, rec.ns);
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+}
+
+TEST_F(CqFaultTest, FailingPollIsReportedAndCountedThenPollingRecovers) {
+    ote_cq_lane_t *lane = nullptr;
+    ASSERT_EQ(Create(&lane), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_POLL_CQ, OTE_FAULT_NTH, 1, EIO), OTE_OK);
+    int n = -1;
+    ote_status_t st = ote_cq_lane_poll(lane, &n);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
+    EXPECT_EQ(ote_status_errno(st), EIO);
+    ote_cq_lane_stats_t stats;
+    ote_cq_lane_get_stats(lane, &stats);
+    EXPECT_EQ(stats.poll_failures, 1u);
+    EXPECT_EQ(ote_cq_lane_poll(lane, &n), OTE_OK);
+    EXPECT_EQ(n, 0);
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+}
+
+TEST_F(CqFaultTest, WorkersKeepPollingThroughPollFailures) {
+    ote_cq_lane_t *lane = nullptr;
+    ASSERT_EQ(Create(&lane), OTE_OK);
+    Record rec;
+    ASSERT_EQ(ote_cq_lane_register_ns(lane, &Record::Fn, &rec, &rec.ns), OTE_OK);
+    RawQp qp;
+    ASSERT_EQ(qp.Create(lane), 0);
+    ASSERT_EQ(ote_cq_lane_attach_qp(lane, qp.Num(), &ChargedHook, nullptr), OTE_OK);
+    ote_cq_workers_t *w = nullptr;
+    ASSERT_EQ(ote_cq_workers_start(1, &w), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_POLL_CQ, OTE_FAULT_NTH, 3, EIO), OTE_OK);
+    ASSERT_EQ(ote_cq_workers_add(w, lane), OTE_OK);
+    ASSERT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 4), OTE_OK);
+    ASSERT_EQ(qp.PostSends({OTE_CQ_WR_ID(rec.ns, 1), OTE_CQ_WR_ID(rec.ns, 2),
+                            OTE_CQ_WR_ID(rec.ns, 3), OTE_CQ_WR_ID(rec.ns, 4)}),
+              0);
+    // The worker drives it; drain only waits (and polls when the worker does not).
+    EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(5 * OTE_NSEC_PER_SEC)), OTE_OK);
+    ASSERT_EQ(ote_cq_workers_remove(w, lane), OTE_OK);
+    EXPECT_EQ(rec.seen.size(), 4u);
+    EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK);
+    ote_cq_lane_detach_qp(lane, qp.Num());
+    ASSERT_EQ(qp.Destroy(), 0);
+    ote_cq_lane_unregister_ns(lane, rec.ns);
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+}
+
+}  // namespace
