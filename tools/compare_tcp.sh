@@ -162,49 +162,50 @@ if port="$(free_port)"; then
             IPERF_GBPS="$(awk -v b="$bps" 'BEGIN { if (b != "") printf "%.4f", b / 8 / 1e9 }')"
         fi
     fi
-    [ -z "$IPERF_GBPS" ] && { log "iperf3 failed"; cat "$TMP/iperf.json" "$TMP/iperf_srv.txt" >&2 2>/dev/null; STATUS=1; }
+    [ -z "$IPERF_GBPS" ] && { log "iperf3 failed"; cat "$TMP/iperf.json" "$TMP/iperf_srv.txt" >&2; STATUS=1; }
     stop_server "$srv"
 fi
 
 # ---- 3. ucx_perftest over tcp --------------------------------------------------------
-# ucx TEST SIZE ITERS LAYOUT: prints "overall_bw_MBps overall_mr" from the client's CSV.
-# UCX's MB is 2^20 bytes. The UCT test uses the tcp transport on the lo device; the
-# perftest's own rendezvous socket listens on all addresses (1.13 has no bind option),
-# but the client connects over 127.0.0.1.
+# ucx TEST SIZE WARMUP LAYOUT: prints "overall_bw_MBps overall_mr" of the client.
+# ucx_perftest has no duration option, so the client gets a huge iteration count and is
+# stopped after SECS seconds (plus warm-up slack); its per-second CSV lines carry the
+# running "overall" figures, and the last one is taken. UCX's MB is 2^20 bytes. The UCT
+# test uses the tcp transport on the lo device; the perftest's own rendezvous socket
+# listens on all addresses (1.13 has no bind option), but the client connects over
+# 127.0.0.1.
 ucx() {
-    local test="$1" size="$2" iters="$3" layout="$4" port srv out
+    local test="$1" size="$2" warmup="$3" layout="$4" iters=1000000000 port srv out=""
     port="$(free_port)" || return 1
-    log "ucx_perftest -t $test -x tcp -d lo -s $size -n $iters -D $layout"
-    UCX_TLS=tcp timeout -k 5 $((SECS * 4 + 60)) ucx_perftest -t "$test" -x tcp -d lo -D "$layout" \
-        -s "$size" -n "$iters" -p "$port" >"$TMP/ucx_srv.txt" 2>&1 &
+    log "ucx_perftest -t $test -x tcp -d lo -s $size -D $layout (${SECS} s)"
+    UCX_TLS=tcp timeout -k 5 $((SECS + 60)) ucx_perftest -t "$test" -x tcp -d lo -D "$layout" \
+        -s "$size" -n "$iters" -w "$warmup" -p "$port" >"$TMP/ucx_srv.txt" 2>&1 &
     srv=$!
     PIDS+=("$srv")
     if wait_listen "$port" "$srv"; then
-        out="$(UCX_TLS=tcp timeout -k 5 $((SECS * 4 + 30)) ucx_perftest 127.0.0.1 -t "$test" -x tcp \
-            -d lo -D "$layout" -s "$size" -n "$iters" -p "$port" -f -v 2>"$TMP/ucx_cli.err" |
+        UCX_TLS=tcp timeout -s INT -k 5 $((SECS + 2)) stdbuf -oL ucx_perftest 127.0.0.1 \
+            -t "$test" -x tcp -d lo -D "$layout" -s "$size" -n "$iters" -w "$warmup" \
+            -p "$port" -v >"$TMP/ucx_cli.txt" 2>"$TMP/ucx_cli.err"
+        out="$(sed 's/^\[thread [0-9]*\]//' "$TMP/ucx_cli.txt" |
             awk -F, '$1 ~ /^ *[0-9]+$/ && NF >= 8 { gsub(/ /, ""); print $6, $8 }' | tail -n 1)"
     fi
     stop_server "$srv"
-    if [ -z "${out:-}" ]; then
+    if [ -z "$out" ]; then
         log "ucx_perftest $test failed"
-        cat "$TMP/ucx_srv.txt" "$TMP/ucx_cli.err" >&2 2>/dev/null
+        cat "$TMP/ucx_srv.txt" "$TMP/ucx_cli.txt" "$TMP/ucx_cli.err" >&2
         return 1
     fi
     echo "$out"
 }
 
-# Iteration counts sized for about SECS seconds at this machine class's rates
-# (put_bw 64M ~2 GB/s, am_bw 4K ~100k msg/s); the perftest stops at the count.
-PUT_ITERS=$((SECS * 30))
-AM_ITERS=$((SECS * 100000))
 UCX_PUT_GBPS="" UCX_AM_MR="" UCX_AM_LAYOUT=""
-if r="$(ucx put_bw 67108864 "$PUT_ITERS" zcopy)"; then
+if r="$(ucx put_bw 67108864 3 zcopy)"; then
     UCX_PUT_GBPS="$(awk -v m="${r%% *}" 'BEGIN { printf "%.4f", m * 1048576 / 1e9 }')"
 else
     STATUS=1
 fi
 for layout in short bcopy; do
-    if r="$(ucx am_bw 4096 "$AM_ITERS" "$layout")"; then
+    if r="$(ucx am_bw 4096 10000 "$layout")"; then
         mr="${r##* }"
         if [ -z "$UCX_AM_MR" ] || awk -v a="$mr" -v b="$UCX_AM_MR" 'BEGIN { exit !(a > b) }'; then
             UCX_AM_MR="$mr"
