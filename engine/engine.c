@@ -26,6 +26,7 @@
 #include "base/time.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
+#include "engine/transport.h"
 #include "ote/ote.h"
 
 typedef struct ote__reg {
@@ -79,7 +80,8 @@ struct ote_engine {
 struct ote_segment {
     ote_engine_t *e;
     ote__tpeer_t *peer;
-    _Atomic long pending; /* requests and notifications in flight */
+    _Atomic long pending; /* requests in flight */
+    _Atomic long notes;   /* notifications attached to batches or in flight */
     char name[OTE__ADDR_MAX];
 };
 
@@ -346,6 +348,17 @@ ote_status_t ote_segment_close(ote_segment_t *s) {
     if (s == NULL) return OTE_ERR_INVALID;
     if (atomic_load(&s->pending) > 0) return OTE_ERR_BUSY;
     ote_engine_t *e = s->e;
+    /* Notifications on their way (sent after their batch's data) are waited for: each
+     * ends by its deadline. */
+    if (atomic_load(&s->notes) > 0) {
+        ote_deadline_t dl =
+            ote_deadline_after((e->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
+        ote_mutex_lock(&e->omu);
+        while (atomic_load(&s->notes) > 0)
+            if (ote_cond_wait(&e->ocv, &e->omu, dl) == OTE_ERR_TIMEOUT) break;
+        ote_mutex_unlock(&e->omu);
+        if (atomic_load(&s->notes) > 0) return OTE_ERR_BUSY;
+    }
     ote_status_t st = e->tp->ops->peer_close(s->peer);
     if (st != OTE_OK) return st;
     atomic_fetch_sub(&e->nsegments, 1);
@@ -364,7 +377,7 @@ static void nout_done(ote__slice_t *sl, ote_status_t st) {
     ote_engine_t *e = n->e;
     if (st != OTE_OK)
         OTE_WARN("engine", "notification to %s not delivered: %s", n->seg->name, ote_status_str(st));
-    atomic_fetch_sub(&n->seg->pending, 1);
+    atomic_fetch_sub(&n->seg->notes, 1); /* last use of seg */
     ote_mutex_lock(&e->omu);
     n->done = 1;
     n->st = st;
@@ -394,7 +407,7 @@ static ote_status_t nout_new(ote_engine_t *e, ote_segment_t *seg, const void *ms
 }
 
 static void nout_send(ote__nout_t *n) {
-    atomic_fetch_add(&n->seg->pending, 1);
+    atomic_fetch_add(&n->seg->notes, 1);
     n->slice.deadline = ote_deadline_after(n->e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     n->slice.next = NULL;
     n->seg->e->tp->ops->submit(n->seg->peer, &n->slice);
@@ -492,7 +505,7 @@ static ote__nout_t *batch_decide_notes(ote_batch_t *b) {
         } else {
             OTE_INFO("engine", "batch notification to %s dropped: a request to it did not complete",
                      n->seg->name);
-            atomic_fetch_sub(&n->seg->pending, 1);
+            atomic_fetch_sub(&n->seg->notes, 1);
             nout_put(n);
         }
     }
@@ -504,7 +517,7 @@ static void send_notes(ote__nout_t *list) {
         ote__nout_t *n = list;
         list = n->next;
         n->next = NULL;
-        /* The batch's hold on seg->pending is handed to the in-flight notification. */
+        /* The batch's hold on seg->notes is handed to the in-flight notification. */
         n->slice.deadline = ote_deadline_after(n->e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
         n->seg->e->tp->ops->submit(n->seg->peer, &n->slice);
     }
@@ -791,7 +804,7 @@ ote_status_t ote_batch_destroy(ote_batch_t *b) {
     while (notes) {
         ote__nout_t *n = notes;
         notes = n->next;
-        atomic_fetch_sub(&n->seg->pending, 1);
+        atomic_fetch_sub(&n->seg->notes, 1);
         nout_put(n);
     }
     ote_engine_t *e = b->e;
@@ -809,7 +822,7 @@ ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *ms
     ote__nout_t *n;
     ote_status_t st = nout_new(b->e, seg, msg, len, 1, &n);
     if (st != OTE_OK) return st;
-    atomic_fetch_add(&seg->pending, 1); /* held until sent and acknowledged, or dropped */
+    atomic_fetch_add(&seg->notes, 1); /* held until sent and acknowledged, or dropped */
     ote__nout_t *send = NULL;
     ote_mutex_lock(&b->mu);
     n->next = b->notes;

@@ -1,6 +1,7 @@
 /*
  * engine/engine_internal.h - what the engine's own files share: the resolved
- * configuration, "host:port" parsing, and the internal transport interface.
+ * configuration and "host:port" parsing (C and C++; the transport interface, which
+ * uses C11 atomics, is engine/transport.h).
  *
  * Not part of the public API; only engine/ and its tests include it.
  */
@@ -12,7 +13,6 @@
 #include <sys/socket.h>
 
 #include "base/status.h"
-#include "engine/transport.h"
 #include "ote/ote.h"
 
 #ifdef __cplusplus
@@ -22,7 +22,7 @@ extern "C" {
 #define OTE__ADDR_MAX 272 /* "[" + 255 host chars + "]:" + port + NUL, rounded */
 
 /* Resolved, validated configuration: what an engine copies at creation. */
-typedef struct {
+typedef struct ote__cfg_s {
     char transport[16];
     char listen_address[OTE__ADDR_MAX];
     char advertise_address[OTE__ADDR_MAX]; /* "" = none */
@@ -53,10 +53,6 @@ ote_status_t ote__addr_split(const char *s, char *host, size_t host_len, uint16_
 ote_status_t ote__addr_resolve(const char *s, struct sockaddr_storage *ss, socklen_t *len_out);
 /* Format a socket address as "a.b.c.d:port" or "[v6]:port". */
 ote_status_t ote__addr_format(const struct sockaddr *sa, char *buf, size_t len);
-
-/* The TCP transport (engine/tcp/). */
-ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
-                             ote__transport_t **tp_out);
 
 #ifdef __cplusplus
 }

@@ -87,6 +87,11 @@ struct ote__transport {
     const ote__transport_ops_t *ops;
 };
 
+/* The TCP transport (engine/tcp/). cfg is the engine's resolved configuration. */
+struct ote__cfg_s;
+ote_status_t ote__tcp_create(const struct ote__cfg_s *cfg, const ote__host_t *host,
+                             ote__transport_t **tp_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,6 +50,7 @@
 #include "base/time.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
+#include "engine/transport.h"
 
 #define TCP_RXBUF (256u << 10)
 #define TCP_DIRECT_MIN (16u << 10) /* payload remainders this large are received in place */

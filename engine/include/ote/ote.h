@@ -83,7 +83,9 @@ ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
 /* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
  * segment can be opened again; a later open reconnects. */
 ote_status_t ote_segment_open(ote_engine_t *engine, const char *peer, ote_segment_t **seg_out);
-/* Refused with OTE_ERR_BUSY while a batch has pending requests on it. */
+/* Refused with OTE_ERR_BUSY while a batch has pending requests on it. Notifications
+ * still on their way to the peer are waited for (each ends by its deadline); one still
+ * attached to an undecided batch makes the close BUSY once that wait runs out. */
 ote_status_t ote_segment_close(ote_segment_t *seg);
 
 /* ---- transfers --------------------------------------------------------------------- */

@@ -1,0 +1,198 @@
+// Unit tests of the control-plane codec and handshake checks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "engine/control/ctl.h"
+}
+
+namespace {
+
+class ControlTest : public ote_test::OteTest {
+  protected:
+    std::vector<uint8_t> Encode(const ote_ctl_msg_t &m) {
+        std::vector<uint8_t> buf(OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY);
+        size_t len = 0;
+        EXPECT_EQ(ote_ctl_encode(&m, buf.data(), buf.size(), &len), OTE_OK);
+        buf.resize(len);
+        return buf;
+    }
+    static ote_ctl_msg_t Hello(uint16_t lo, uint16_t hi) {
+        ote_ctl_msg_t m{};
+        m.version = hi;
+        m.opcode = OTE_CTL_HELLO;
+        m.req_id = 9;
+        m.u.hello.min_version = lo;
+        m.u.hello.max_version = hi;
+        m.u.hello.session = 0x1122334455667788ull;
+        m.u.hello.addr = "10.0.0.1:99";
+        m.u.hello.addr_len = 11;
+        return m;
+    }
+    static void Put32(std::vector<uint8_t> &b, size_t off, uint32_t v) {
+        for (int i = 0; i < 4; i++) b[off + i] = static_cast<uint8_t>(v >> (8 * i));
+    }
+};
+
+TEST_F(ControlTest, RoundTripEveryOpcode) {
+    ote_ctl_msg_t out{};
+    size_t used = 0;
+    auto hello = Encode(Hello(1, 3));
+    ASSERT_EQ(ote_ctl_decode(hello.data(), hello.size(), &out, &used), OTE_OK);
+    EXPECT_EQ(used, hello.size());
+    EXPECT_EQ(out.opcode, OTE_CTL_HELLO);
+    EXPECT_EQ(out.req_id, 9u);
+    EXPECT_EQ(out.u.hello.min_version, 1);
+    EXPECT_EQ(out.u.hello.max_version, 3);
+    EXPECT_EQ(out.u.hello.session, 0x1122334455667788ull);
+    EXPECT_EQ(std::string(out.u.hello.addr, out.u.hello.addr_len), "10.0.0.1:99");
+
+    uint8_t rw[OTE_CTL_RW_FRAME_LEN];
+    ote_ctl_put_rw(rw, 1, OTE_CTL_WRITE_REQ, 77, 0xdeadbeef000ull, 4096);
+    ASSERT_EQ(ote_ctl_decode(rw, sizeof(rw), &out, &used), OTE_OK);
+    EXPECT_EQ(used, OTE_CTL_RW_FRAME_LEN);  // the 4096 data bytes are not consumed
+    EXPECT_EQ(out.data_len, 4096u);
+    EXPECT_EQ(out.u.rw.addr, 0xdeadbeef000ull);
+    ote_ctl_put_rw(rw, 1, OTE_CTL_READ_REQ, 78, 64, 10);
+    ASSERT_EQ(ote_ctl_decode(rw, sizeof(rw), &out, &used), OTE_OK);
+    EXPECT_EQ(out.data_len, 0u);
+    EXPECT_EQ(out.u.rw.len, 10u);
+
+    uint8_t hdr[OTE_CTL_HDR_LEN];
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 78, OTE_OK, 10);
+    ASSERT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_OK);
+    EXPECT_EQ(out.data_len, 10u);
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_WRITE_ACK, 77, OTE_ERR_ACCESS, 0);
+    ASSERT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_OK);
+    EXPECT_EQ(out.status, OTE_ERR_ACCESS);
+
+    ote_ctl_msg_t n{};
+    n.version = 1;
+    n.opcode = OTE_CTL_NOTIFY;
+    n.u.notify.msg = reinterpret_cast<const uint8_t *>("abc");
+    n.u.notify.len = 3;
+    auto nb = Encode(n);
+    ASSERT_EQ(ote_ctl_decode(nb.data(), nb.size(), &out, &used), OTE_OK);
+    EXPECT_EQ(std::string(reinterpret_cast<const char *>(out.u.notify.msg), out.u.notify.len), "abc");
+
+    ote_ctl_msg_t er{};
+    er.version = 1;
+    er.opcode = OTE_CTL_ERROR;
+    er.status = OTE_ERR_VERSION;
+    er.u.error.min_version = 4;
+    er.u.error.max_version = 6;
+    er.u.error.text = "no";
+    er.u.error.text_len = 2;
+    auto eb = Encode(er);
+    ASSERT_EQ(ote_ctl_decode(eb.data(), eb.size(), &out, &used), OTE_OK);
+    EXPECT_EQ(out.u.error.max_version, 6);
+}
+
+TEST_F(ControlTest, TruncatedFramesNeedMoreAtEveryLength) {
+    auto hello = Encode(Hello(1, 1));
+    ote_ctl_msg_t out{};
+    out.req_id = 12345;
+    size_t used = 777;
+    for (size_t n = 0; n < hello.size(); n++) {
+        EXPECT_EQ(ote_ctl_decode(hello.data(), n, &out, &used), OTE_ERR_AGAIN) << n;
+        EXPECT_EQ(used, 777u);  // outputs untouched
+        EXPECT_EQ(out.req_id, 12345u);
+    }
+}
+
+TEST_F(ControlTest, MalformedAndOversizedFramesAreRejected) {
+    ote_ctl_msg_t out{};
+    size_t used = 0;
+    uint8_t hdr[OTE_CTL_HDR_LEN];
+    std::vector<uint8_t> b(64, 0);
+
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_WRITE_ACK, 1, OTE_OK, 0);
+    hdr[0] ^= 0xff;
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // magic
+    EXPECT_EQ(ote_ctl_decode(hdr, 2, &out, &used), OTE_ERR_PROTOCOL);            // early
+    ote_ctl_put_hdr(hdr, 0, OTE_CTL_WRITE_ACK, 1, OTE_OK, 0);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // version 0
+    ote_ctl_put_hdr(hdr, 1, 0, 1, OTE_OK, 0);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // opcode 0
+    ote_ctl_put_hdr(hdr, 1, 200, 1, OTE_OK, 0);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // unknown
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 1, OTE_OK, OTE_CTL_MAX_FRAME + 1);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_TOO_BIG);
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 1, OTE_OK, OTE_CTL_MAX_DATA + 1);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_TOO_BIG);
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_NOTIFY, 1, OTE_OK, OTE_CTL_MAX_BODY + 1);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_TOO_BIG);
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_WRITE_ACK, 1, OTE_OK, 4);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // ack with body
+    ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 1, OTE_ERR_ACCESS, 8);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // error + data
+
+    // WRITE_REQ whose announced data disagrees with its length field.
+    ote_ctl_put_rw(b.data(), 1, OTE_CTL_WRITE_REQ, 1, 4096, 100);
+    Put32(b, 20, OTE_CTL_RW_BODY_LEN + 99);
+    EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_PROTOCOL);
+    // READ_REQ over the slice limit, or wrapping the address space.
+    ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, 4096, OTE_CTL_MAX_DATA + 1);
+    EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_TOO_BIG);
+    ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, UINT64_MAX - 5, 10);
+    EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_PROTOCOL);
+    // READ_REQ with a short body.
+    ote_ctl_put_hdr(b.data(), 1, OTE_CTL_READ_REQ, 1, OTE_OK, 8);
+    EXPECT_EQ(ote_ctl_decode(b.data(), 64, &out, &used), OTE_ERR_PROTOCOL);
+    // HELLO with min > max, and with an address over the limit.
+    auto h = Encode(Hello(3, 3));
+    h[OTE_CTL_HDR_LEN] = 5;
+    EXPECT_EQ(ote_ctl_decode(h.data(), h.size(), &out, &used), OTE_ERR_PROTOCOL);
+    std::vector<uint8_t> big(OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR + 1, 'a');
+    auto hh = Encode(Hello(1, 1));
+    memcpy(big.data(), hh.data(), OTE_CTL_HDR_LEN + 16);
+    Put32(big, 20, static_cast<uint32_t>(big.size() - OTE_CTL_HDR_LEN));
+    EXPECT_EQ(ote_ctl_decode(big.data(), big.size(), &out, &used), OTE_ERR_TOO_BIG);
+    // Encoding refuses what decoding would refuse.
+    ote_ctl_msg_t m = Hello(1, 1);
+    m.u.hello.addr_len = OTE_CTL_MAX_ADDR + 1;
+    size_t len = 0;
+    EXPECT_EQ(ote_ctl_encode(&m, b.data(), b.size(), &len), OTE_ERR_INVALID);
+    m = Hello(1, 1);
+    EXPECT_EQ(ote_ctl_encode(&m, b.data(), 10, &len), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(ote_ctl_decode(nullptr, 0, &out, &used), OTE_ERR_INVALID);
+}
+
+TEST_F(ControlTest, VersionNegotiation) {
+    uint16_t v = 0;
+    ote_ctl_msg_t h = Hello(1, 5);
+    EXPECT_EQ(ote_ctl_negotiate(&h, 2, 3, &v), OTE_OK);
+    EXPECT_EQ(v, 3);
+    h = Hello(4, 9);
+    EXPECT_EQ(ote_ctl_negotiate(&h, 1, 4, &v), OTE_OK);
+    EXPECT_EQ(v, 4);
+    v = 0;
+    h = Hello(5, 9);
+    EXPECT_EQ(ote_ctl_negotiate(&h, 1, 4, &v), OTE_ERR_VERSION);
+    EXPECT_EQ(v, 0);
+    h.opcode = OTE_CTL_NOTIFY;
+    EXPECT_EQ(ote_ctl_negotiate(&h, 1, 4, &v), OTE_ERR_PROTOCOL);
+
+    ote_ctl_msg_t ack{};
+    ack.opcode = OTE_CTL_HELLO_ACK;
+    ack.version = 2;
+    ack.u.hello_ack.version = 2;
+    EXPECT_EQ(ote_ctl_check_hello_ack(&ack, 1, 3, &v), OTE_OK);
+    EXPECT_EQ(v, 2);
+    ack.version = ack.u.hello_ack.version = 7;
+    EXPECT_EQ(ote_ctl_check_hello_ack(&ack, 1, 3, &v), OTE_ERR_VERSION);
+    ote_ctl_msg_t err{};
+    err.opcode = OTE_CTL_ERROR;
+    err.status = OTE_ERR_VERSION;
+    EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_VERSION);
+    err.status = OTE_ERR_BUSY;
+    EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_BUSY);
+    err.opcode = OTE_CTL_WRITE_ACK;
+    EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_PROTOCOL);
+}
+
+}  // namespace

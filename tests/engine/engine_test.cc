@@ -1,0 +1,467 @@
+// In-process tests of the engine: the registry, the batch state machine against a peer
+// that never answers, cancellation of queued requests, the handshake against raw sockets
+// speaking other protocol versions or garbage, notifications between two engines and
+// allocation failures.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/alloc.h"
+#include "base/time.h"
+#include "engine/control/ctl.h"
+#include "ote/ote.h"
+}
+
+namespace {
+
+constexpr uint64_t kMs = 1000000ull;
+
+// A raw TCP server on 127.0.0.1 that runs `on_conn` for every accepted connection
+// (on its own thread) and keeps the fds until destroyed.
+class RawServer {
+  public:
+    explicit RawServer(std::function<void(int)> on_conn) : on_conn_(std::move(on_conn)) {
+        lfd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+        listen(lfd_, 16);
+        socklen_t l = sizeof(a);
+        getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &l);
+        address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+        th_ = std::thread([this] {
+            while (!stop_) {
+                pollfd p = {lfd_, POLLIN, 0};
+                if (poll(&p, 1, 20) <= 0) continue;
+                int fd = accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC);
+                if (fd < 0) continue;
+                fds_.push_back(fd);
+                on_conn_(fd);
+            }
+        });
+    }
+    ~RawServer() {
+        stop_ = true;
+        th_.join();
+        for (int fd : fds_) close(fd);
+        close(lfd_);
+    }
+    std::string address;
+
+  private:
+    std::function<void(int)> on_conn_;
+    int lfd_ = -1;
+    std::atomic<bool> stop_{false};
+    std::vector<int> fds_;
+    std::thread th_;
+};
+
+// Read one frame (header + body) with a deadline; false on EOF/timeout/garbage.
+bool ReadFrame(int fd, std::vector<uint8_t> &buf, ote_ctl_msg_t *m, int timeout_ms = 5000) {
+    buf.assign(OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY, 0);
+    size_t have = 0;
+    ote_deadline_t dl = ote_deadline_after(timeout_ms * kMs);
+    for (;;) {
+        size_t used = 0;
+        ote_status_t st = ote_ctl_decode(buf.data(), have, m, &used);
+        if (st == OTE_OK) return true;
+        if (st != OTE_ERR_AGAIN || have == buf.size()) return false;
+        pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, ote_deadline_remaining_ms(dl, 1000)) <= 0) {
+            if (ote_deadline_expired(dl)) return false;
+            continue;
+        }
+        ssize_t n = recv(fd, buf.data() + have, buf.size() - have, 0);
+        if (n <= 0) return false;
+        have += static_cast<size_t>(n);
+    }
+}
+
+void SendMsg(int fd, const ote_ctl_msg_t &m) {
+    uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
+    size_t len = 0;
+    ASSERT_EQ(ote_ctl_encode(&m, buf, sizeof(buf), &len), OTE_OK);
+    ASSERT_EQ(send(fd, buf, len, MSG_NOSIGNAL), static_cast<ssize_t>(len));
+}
+
+// Handshake like a version-1 source, then never read again ("black hole").
+void AcceptSilently(int fd) {
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    if (!ReadFrame(fd, buf, &m)) return;
+    ote_ctl_msg_t ack{};
+    ack.version = 1;
+    ack.opcode = OTE_CTL_HELLO_ACK;
+    ack.u.hello_ack.version = 1;
+    ack.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+    ack.u.hello_ack.addr = "127.0.0.1:1";
+    ack.u.hello_ack.addr_len = 11;
+    SendMsg(fd, ack);
+}
+
+class EngineTest : public ote_test::OteTest {
+  protected:
+    ote_engine_t *NewEngine(std::vector<std::pair<const char *, const char *>> kv = {}) {
+        ote_config_t *cfg = nullptr;
+        EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
+        for (auto &p : kv) EXPECT_EQ(ote_config_set(cfg, p.first, p.second), OTE_OK);
+        ote_engine_t *e = nullptr;
+        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+        ote_config_destroy(cfg);
+        return e;
+    }
+};
+
+TEST_F(EngineTest, RegistryRules) {
+    ote_engine_t *e = NewEngine();
+    std::vector<uint8_t> mem(1 << 16);
+    uint8_t *p = mem.data();
+    EXPECT_EQ(ote_memory_register(e, nullptr, 10, OTE_PERM_READ), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_memory_register(e, p, 0, OTE_PERM_READ), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_memory_register(e, p, 10, 0), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_memory_register(e, p, 10, 0x4), OTE_ERR_INVALID);
+    ASSERT_EQ(ote_memory_register(e, p + 1000, 1000, OTE_PERM_READ), OTE_OK);
+    EXPECT_EQ(ote_memory_register(e, p + 1000, 1000, OTE_PERM_READ), OTE_ERR_EXISTS);
+    EXPECT_EQ(ote_memory_register(e, p + 1500, 10, OTE_PERM_WRITE), OTE_ERR_EXISTS);  // inside
+    EXPECT_EQ(ote_memory_register(e, p + 900, 101, OTE_PERM_WRITE), OTE_ERR_EXISTS);  // left edge
+    EXPECT_EQ(ote_memory_register(e, p + 1999, 10, OTE_PERM_WRITE), OTE_ERR_EXISTS);  // right edge
+    EXPECT_EQ(ote_memory_register(e, p, 5000, OTE_PERM_WRITE), OTE_ERR_EXISTS);       // covering
+    EXPECT_EQ(ote_memory_register(e, p + 900, 100, OTE_PERM_WRITE), OTE_OK);          // adjacent
+    EXPECT_EQ(ote_memory_register(e, p + 2000, 100, OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(e, p + 1001), OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_memory_unregister(e, p + 1000), OTE_OK);
+    EXPECT_EQ(ote_memory_register(e, p + 1000, 1000, OTE_PERM_WRITE), OTE_OK);
+    // Many registrations in random order stay sorted and findable.
+    for (int i = 40; i >= 4; i--) ASSERT_EQ(ote_memory_register(e, p + i * 1000 + 200, 500, OTE_PERM_READ), OTE_OK) << i;
+    for (int i = 4; i <= 40; i++) ASSERT_EQ(ote_memory_unregister(e, p + i * 1000 + 200), OTE_OK) << i;
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);  // remaining registrations go with it
+}
+
+TEST_F(EngineTest, BatchStateMachineAgainstSilentPeer) {
+    RawServer hole(AcceptSilently);
+    ote_engine_t *e = NewEngine({{"tcp_connections", "2"}, {"transfer_timeout_ms", "700"}});
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(e, hole.address.c_str(), &seg), OTE_OK);
+    ote_batch_t *b = nullptr;
+    EXPECT_EQ(ote_batch_create(e, 0, &b), OTE_ERR_INVALID);
+    ASSERT_EQ(ote_batch_create(e, 4, &b), OTE_OK);
+    ote_transfer_status_t ts;
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_WAITING);
+    EXPECT_EQ(ote_batch_status(b, 4, &ts), OTE_ERR_INVALID);
+    uint8_t buf[64] = {0};
+    ote_request_t bad[] = {
+        {static_cast<ote_opcode_t>(7), buf, seg, 0, 1},
+        {OTE_READ, buf, nullptr, 0, 1},
+        {OTE_READ, nullptr, seg, 0, 1},
+        {OTE_WRITE, buf, seg, UINT64_MAX - 2, 8},
+    };
+    ote_request_t good = {OTE_WRITE, buf, seg, 4096, sizeof(buf)};
+    for (auto &r : bad) {
+        ote_request_t two[2] = {good, r};
+        EXPECT_EQ(ote_batch_submit(b, two, 2), OTE_ERR_INVALID);
+    }
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_WAITING);  // nothing was submitted
+    ote_request_t five[5] = {good, good, good, good, good};
+    EXPECT_EQ(ote_batch_submit(b, five, 5), OTE_ERR_TOO_BIG);
+    ote_request_t zero = {OTE_READ, nullptr, seg, 0, 0};
+    ote_request_t reqs[3] = {good, good, zero};
+    ASSERT_EQ(ote_batch_submit(b, reqs, 3), OTE_OK);
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING);
+    ASSERT_EQ(ote_batch_status(b, 2, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);  // length 0 completes at once
+    EXPECT_EQ(ote_batch_wait(b, 10 * kMs), OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_batch_reset(b), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_segment_close(seg), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_ERR_BUSY);
+    // The silent peer never answers: the requests end with TIMEOUT at their deadline.
+    uint64_t t0 = ote_now_ns();
+    EXPECT_EQ(ote_batch_wait(b, 10000 * kMs), OTE_ERR_TIMEOUT);
+    uint64_t took = (ote_now_ns() - t0) / kMs;
+    EXPECT_LT(took, 2000u);
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT);
+        EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_TIMEOUT);
+        EXPECT_EQ(ts.bytes_done, 0u);
+    }
+    EXPECT_EQ(ote_batch_reset(b), OTE_OK);
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_WAITING);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
+    RawServer hole(AcceptSilently);  // never reads: the socket buffers fill up
+    ote_engine_t *e = NewEngine({{"tcp_connections", "2"}, {"transfer_timeout_ms", "3000"}});
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(e, hole.address.c_str(), &seg), OTE_OK);
+    constexpr int kN = 96;
+    std::vector<uint8_t> src(1u << 20, 9);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(e, kN, &b), OTE_OK);
+    std::vector<ote_request_t> r(kN, ote_request_t{OTE_WRITE, src.data(), seg, 1u << 20, src.size()});
+    ASSERT_EQ(ote_batch_submit(b, r.data(), kN), OTE_OK);
+    EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
+    // Queued requests end CANCELED long before the 3 s deadline.
+    ote_deadline_t dl = ote_deadline_after(1000 * kMs);
+    int canceled = 0;
+    while (!ote_deadline_expired(dl)) {
+        canceled = 0;
+        for (int i = 0; i < kN; i++) {
+            ote_transfer_status_t ts;
+            ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+            canceled += ts.state == OTE_TRANSFER_CANCELED;
+        }
+        if (canceled > kN / 2) break;
+        std::this_thread::yield();
+    }
+    EXPECT_GT(canceled, kN / 2);
+    // Those on the wire end at the deadline (TIMEOUT) or canceled.
+    ote_status_t st = ote_batch_wait(b, 10000 * kMs);
+    EXPECT_TRUE(ote_status_code(st) == OTE_ERR_CANCELED || ote_status_code(st) == OTE_ERR_TIMEOUT);
+    for (int i = 0; i < kN; i++) {
+        ote_transfer_status_t ts;
+        ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+        EXPECT_TRUE(ts.state == OTE_TRANSFER_CANCELED || ts.state == OTE_TRANSFER_TIMEOUT) << ts.state;
+    }
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+TEST_F(EngineTest, RequesterSpeakingAnotherVersionIsRefused) {
+    ote_engine_t *e = NewEngine();
+    char addr[300];
+    ASSERT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(atoi(strrchr(addr, ':') + 1)));
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    ote_ctl_msg_t h{};
+    h.version = 9;
+    h.opcode = OTE_CTL_HELLO;
+    h.u.hello.min_version = 9;
+    h.u.hello.max_version = 9;
+    h.u.hello.addr = "raw:1";
+    h.u.hello.addr_len = 5;
+    SendMsg(fd, h);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    ASSERT_TRUE(ReadFrame(fd, buf, &m));
+    EXPECT_EQ(m.opcode, OTE_CTL_ERROR);
+    EXPECT_EQ(m.status, OTE_ERR_VERSION);
+    EXPECT_EQ(m.u.error.min_version, OTE_CTL_VERSION_MIN);
+    EXPECT_EQ(m.u.error.max_version, OTE_CTL_VERSION_MAX);
+    ote_ctl_msg_t more;
+    EXPECT_FALSE(ReadFrame(fd, buf, &more));  // and the source closed the connection
+    close(fd);
+    EXPECT_TRUE(LogContains("peer raw:1 speaks versions 9..9, this engine 1..1"));
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+TEST_F(EngineTest, SourceSpeakingAnotherVersionFailsOpenClearly) {
+    ExpectErrorLogs();
+    ote_engine_t *e = NewEngine();
+    {
+        RawServer refuses([](int fd) {
+            std::vector<uint8_t> buf;
+            ote_ctl_msg_t m;
+            if (!ReadFrame(fd, buf, &m)) return;
+            ote_ctl_msg_t er{};
+            er.version = 7;
+            er.opcode = OTE_CTL_ERROR;
+            er.status = OTE_ERR_VERSION;
+            er.u.error.min_version = 7;
+            er.u.error.max_version = 9;
+            SendMsg(fd, er);
+        });
+        ote_segment_t *seg = nullptr;
+        EXPECT_EQ(ote_segment_open(e, refuses.address.c_str(), &seg), OTE_ERR_VERSION);
+        EXPECT_EQ(seg, nullptr);
+        EXPECT_TRUE(LogContains("this engine speaks versions 1..1, the peer 7..9"));
+    }
+    {
+        RawServer answers_v7([](int fd) {
+            std::vector<uint8_t> buf;
+            ote_ctl_msg_t m;
+            if (!ReadFrame(fd, buf, &m)) return;
+            ote_ctl_msg_t ack{};
+            ack.version = 7;
+            ack.opcode = OTE_CTL_HELLO_ACK;
+            ack.u.hello_ack.version = 7;
+            ack.u.hello_ack.max_data = 1024;
+            SendMsg(fd, ack);
+        });
+        ote_segment_t *seg = nullptr;
+        EXPECT_EQ(ote_segment_open(e, answers_v7.address.c_str(), &seg), OTE_ERR_VERSION);
+    }
+    {
+        RawServer garbage([](int fd) {
+            const char junk[] = "HTTP/1.1 400 Bad Request\r\n\r\n";
+            send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
+        });
+        ote_segment_t *seg = nullptr;
+        EXPECT_EQ(ote_segment_open(e, garbage.address.c_str(), &seg), OTE_ERR_PROTOCOL);
+    }
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+TEST_F(EngineTest, GarbageFromARequesterClosesOnlyThatConnection) {
+    ExpectErrorLogs();
+    ote_engine_t *src = NewEngine();
+    char addr[300];
+    ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(atoi(strrchr(addr, ':') + 1)));
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    std::vector<uint8_t> junk(100000, 0x41);
+    send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    EXPECT_FALSE(ReadFrame(fd, buf, &m));  // closed without an answer
+    close(fd);
+    // The engine still serves well-behaved peers.
+    std::vector<uint8_t> mem(4096, 1), got(4096, 0);
+    ASSERT_EQ(ote_memory_register(src, mem.data(), mem.size(), OTE_PERM_READ), OTE_OK);
+    ote_engine_t *req = NewEngine();
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, addr, &seg), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()), mem.size()};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 5000 * kMs), OTE_OK);
+    EXPECT_EQ(got, mem);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+TEST_F(EngineTest, NotificationsBetweenTwoEngines) {
+    ote_engine_t *a = NewEngine(), *b = NewEngine();
+    char aaddr[300], baddr[300];
+    ASSERT_EQ(ote_engine_address(a, aaddr, sizeof(aaddr)), OTE_OK);
+    ASSERT_EQ(ote_engine_address(b, baddr, sizeof(baddr)), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(a, baddr, &seg), OTE_OK);
+    char buf[OTE_NOTIFY_MAX + 1];
+    char from[300];
+    size_t len = 0;
+    uint64_t t0 = ote_now_ns();
+    EXPECT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, from, sizeof(from), 20 * kMs), OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_now_ns() - t0, 19 * kMs);
+    ASSERT_EQ(ote_notify_send(a, seg, "first", 5), OTE_OK);
+    ASSERT_EQ(ote_notify_send(a, seg, "second!", 7), OTE_OK);
+    std::vector<char> huge(OTE_NOTIFY_MAX + 1, 'x');
+    EXPECT_EQ(ote_notify_send(a, seg, huge.data(), huge.size()), OTE_ERR_TOO_BIG);
+    ASSERT_EQ(ote_notify_send(a, seg, huge.data(), OTE_NOTIFY_MAX), OTE_OK);
+    EXPECT_EQ(ote_notify_recv(b, buf, 3, &len, from, sizeof(from), 1000 * kMs), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, from, 4, 1000 * kMs), OTE_ERR_TOO_BIG);
+    ASSERT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, from, sizeof(from), 1000 * kMs), OTE_OK);
+    EXPECT_EQ(std::string(buf, len), "first");
+    EXPECT_STREQ(from, aaddr);
+    ASSERT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, nullptr, 0, 1000 * kMs), OTE_OK);
+    EXPECT_EQ(std::string(buf, len), "second!");
+    ASSERT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, nullptr, 0, 1000 * kMs), OTE_OK);
+    EXPECT_EQ(len, static_cast<size_t>(OTE_NOTIFY_MAX));
+    // A batch notification with no request to its segment goes once requests ended.
+    ote_batch_t *bt = nullptr;
+    ASSERT_EQ(ote_batch_create(a, 1, &bt), OTE_OK);
+    ote_request_t zero = {OTE_WRITE, nullptr, seg, 0, 0};
+    ASSERT_EQ(ote_batch_submit(bt, &zero, 1), OTE_OK);
+    ASSERT_EQ(ote_batch_wait(bt, 1000 * kMs), OTE_OK);
+    ASSERT_EQ(ote_batch_notify(bt, seg, "after", 5), OTE_OK);
+    ASSERT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, nullptr, 0, 5000 * kMs), OTE_OK);
+    EXPECT_EQ(std::string(buf, len), "after");
+    EXPECT_EQ(ote_batch_destroy(bt), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(a), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
+}
+
+TEST_F(EngineTest, SegmentOpenErrors) {
+    ote_engine_t *e = NewEngine({{"connect_timeout_ms", "2000"}});
+    ote_segment_t *seg = nullptr;
+    EXPECT_EQ(ote_segment_open(e, "bogus", &seg), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_segment_open(e, "127.0.0.1:0", &seg), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_segment_open(e, "::1:80", &seg), OTE_ERR_INVALID);
+    // A port nobody listens on: refused at once.
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+    socklen_t l = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr *>(&a), &l);
+    std::string dead = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    EXPECT_EQ(ote_status_code(ote_segment_open(e, dead.c_str(), &seg)), OTE_ERR_CONNECT);
+    close(fd);
+    EXPECT_EQ(seg, nullptr);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+TEST_F(EngineTest, AllocationFailuresAreStatusesNotCrashes) {
+    ExpectErrorLogs();
+    ote_engine_t *peer = NewEngine();
+    char addr[300];
+    ASSERT_EQ(ote_engine_address(peer, addr, sizeof(addr)), OTE_OK);
+    std::vector<uint8_t> mem(1 << 20, 5), got(1 << 20);
+    ASSERT_EQ(ote_memory_register(peer, mem.data(), mem.size(), OTE_PERM_READ), OTE_OK);
+    int clean_runs = 0;
+    for (uint64_t n = 1; n < 400 && clean_runs < 2; n++) {
+        uint64_t before = ote_alloc_injected_failures();
+        ote_alloc_fail_nth(n);
+        ote_engine_t *e = nullptr;
+        ote_segment_t *seg = nullptr;
+        ote_batch_t *b = nullptr;
+        ote_status_t st = ote_engine_create(nullptr, &e);
+        if (st == OTE_OK) st = ote_segment_open(e, addr, &seg);
+        if (st == OTE_OK) st = ote_batch_create(e, 4, &b);
+        if (st == OTE_OK) {
+            ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()), got.size()};
+            st = ote_batch_submit(b, &r, 1);
+            if (st == OTE_OK) { EXPECT_EQ(ote_batch_wait(b, 5000 * kMs), OTE_OK); }
+        }
+        ote_alloc_fail_disarm();
+        // The peer engine lives in this process too: when its accept path is the one
+        // that fails, the handshake sees the connection closed (PEER_LOST).
+        EXPECT_TRUE(st == OTE_OK || ote_status_code(st) == OTE_ERR_NOMEM ||
+                    ote_status_code(st) == OTE_ERR_PEER_LOST)
+            << n << " " << ote_status_str(st);
+        if (b) { EXPECT_EQ(ote_batch_destroy(b), OTE_OK); }
+        if (seg) { EXPECT_EQ(ote_segment_close(seg), OTE_OK); }
+        if (e) { EXPECT_EQ(ote_engine_destroy(e), OTE_OK); }
+        if (ote_alloc_injected_failures() == before) clean_runs++;
+    }
+    EXPECT_EQ(clean_runs, 2);
+    EXPECT_EQ(ote_engine_destroy(peer), OTE_OK);
+}
+
+}  // namespace
