@@ -1,0 +1,397 @@
+// Two processes over the sim: this test and multiprocess_peer (a data dependency,
+// started with posix_spawn so no fork happens after the sim's thread exists) exchange
+// GID, QPN and rkey over a socketpair, then RDMA WRITE, READ and SEND with data checks,
+// a large transfer whose throughput goes to the log, and finally the peer is killed
+// with SIGKILL mid-stream and this side must see IBV_WC_RETRY_EXC_ERR within the bound.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/util/test_base.h"
+#include "tests/verbs/multiprocess_common.h"
+
+extern "C" {
+#include "base/alloc.h"
+#include "base/time.h"
+#include "verbs/sim/sim.h"
+#include "verbs/verbs.h"
+}
+
+extern char **environ;
+
+namespace {
+
+using ote_test::OteTest;
+
+uint64_t TransferBytes() {
+    const char *e = getenv("OTE_MP_BYTES");  // e.g. 1073741824 for the 1 GiB figure
+    if (e && *e) return strtoull(e, nullptr, 10);
+    return 256ull << 20;
+}
+
+std::string PeerPath() {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return "";
+    self[n] = '\0';
+    std::string s(self);
+    return s.substr(0, s.rfind('/')) + "/multiprocess_peer";
+}
+
+class MultiProcess : public OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        bytes_ = TransferBytes();
+        ASSERT_EQ(ote_verbs_open("sim", nullptr, &v_), OTE_OK);
+        o_ = v_->ops;
+        struct ibv_device **list = nullptr;
+        int num = 0;
+        ASSERT_EQ(o_->get_device_list(v_, &list, &num), 0);
+        ASSERT_EQ(o_->open_device(v_, list[0], &ctx_), 0);
+        o_->free_device_list(v_, list);
+        ASSERT_EQ(o_->alloc_pd(v_, ctx_, &pd_), 0);
+        ASSERT_EQ(o_->create_cq(v_, ctx_, 1024, nullptr, nullptr, 0, &scq_), 0);
+        ASSERT_EQ(o_->create_cq(v_, ctx_, 1024, nullptr, nullptr, 0, &rcq_), 0);
+        buf_ = static_cast<uint8_t *>(ote_aligned_alloc(4096, bytes_));
+        ASSERT_NE(buf_, nullptr);
+        memset(buf_, 0, bytes_);
+        ASSERT_EQ(o_->reg_mr(v_, pd_, buf_, bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &mr_), 0);
+        struct ibv_qp_init_attr ia;
+        memset(&ia, 0, sizeof(ia));
+        ia.send_cq = scq_;
+        ia.recv_cq = rcq_;
+        ia.qp_type = IBV_QPT_RC;
+        ia.sq_sig_all = 1;
+        ia.cap.max_send_wr = 64;
+        ia.cap.max_recv_wr = 16;
+        ia.cap.max_send_sge = 1;
+        ia.cap.max_recv_sge = 1;
+        ASSERT_EQ(o_->create_qp(v_, pd_, &ia, &qp_), 0);
+        struct ibv_port_attr pa;
+        ASSERT_EQ(o_->query_port(v_, ctx_, 1, &pa), 0);
+        for (int i = 0; i < pa.gid_tbl_len; i++) {
+            struct ibv_gid_entry e;
+            if (o_->query_gid_ex(v_, ctx_, 1, (uint32_t)i, &e) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
+                e.gid.raw[10] == 0xff)
+                gidx_ = i;
+        }
+        ASSERT_GE(gidx_, 0);
+        union ibv_gid gid;
+        ASSERT_EQ(o_->query_gid(v_, ctx_, 1, gidx_, &gid), 0);
+
+        // the peer gets its end of a socketpair as fd 100
+        int sv[2];
+        ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        sock_ = sv[0];
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, sv[1], 100);
+        std::string path = PeerPath();
+        std::string nbytes = std::to_string(bytes_ + (1 << 20));
+        char *args[] = {const_cast<char *>(path.c_str()), const_cast<char *>("100"),
+                        const_cast<char *>(nbytes.c_str()), nullptr};
+        int rc = posix_spawn(&pid_, path.c_str(), &fa, nullptr, args, environ);
+        posix_spawn_file_actions_destroy(&fa);
+        close(sv[1]);
+        ASSERT_EQ(rc, 0) << "spawning " << path;
+
+        mp::Msg m;
+        memset(&m, 0, sizeof(m));
+        m.type = mp::kHello;
+        m.qpn = qp_->qp_num;
+        memcpy(m.gid, gid.raw, 16);
+        ASSERT_TRUE(mp::WriteMsg(sock_, m));
+        ASSERT_TRUE(mp::ReadMsg(sock_, &peer_));
+        ASSERT_EQ(peer_.type, (uint32_t)mp::kHello);
+        EXPECT_NE(memcmp(peer_.gid, gid.raw, 16), 0) << "both processes got the same GID";
+
+        struct ibv_qp_attr a;
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        ASSERT_EQ(o_->modify_qp(v_, qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = pa.active_mtu;
+        a.dest_qp_num = peer_.qpn;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 1;
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, peer_.gid, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)gidx_;
+        a.ah_attr.port_num = 1;
+        ASSERT_EQ(o_->modify_qp(v_, qp_, &a,
+                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+                  0);
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_RTS;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 16;
+        ASSERT_EQ(o_->modify_qp(v_, qp_, &a,
+                                IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                    IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC),
+                  0);
+    }
+
+    void TearDown() override {
+        if (sock_ >= 0) close(sock_);
+        if (pid_ > 0) {
+            int status = 0;
+            ote_deadline_t dl = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
+            pid_t r = 0;
+            while ((r = waitpid(pid_, &status, WNOHANG)) == 0 && !ote_deadline_expired(dl)) {
+                struct timespec ts = {0, 5 * 1000 * 1000};  // waiting for a process to exit
+                nanosleep(&ts, nullptr);
+            }
+            if (r == 0) {
+                kill(pid_, SIGKILL);
+                waitpid(pid_, &status, 0);
+                ADD_FAILURE() << "peer did not exit";
+            } else {
+                EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer status " << status;
+            }
+        }
+        if (v_) {
+            if (qp_) {
+                EXPECT_EQ(o_->destroy_qp(v_, qp_), 0);
+            }
+            if (mr_) {
+                EXPECT_EQ(o_->dereg_mr(v_, mr_), 0);
+            }
+            if (scq_) {
+                EXPECT_EQ(o_->destroy_cq(v_, scq_), 0);
+            }
+            if (rcq_) {
+                EXPECT_EQ(o_->destroy_cq(v_, rcq_), 0);
+            }
+            if (pd_) {
+                EXPECT_EQ(o_->dealloc_pd(v_, pd_), 0);
+            }
+            if (ctx_) {
+                EXPECT_EQ(o_->close_device(v_, ctx_), 0);
+            }
+            ote_verbs_close(v_);
+        }
+        ote_aligned_free(buf_);
+        OteTest::TearDown();
+    }
+
+    mp::Msg Ask(uint32_t type, uint64_t off, uint64_t len, uint32_t seed) {
+        mp::Msg m;
+        memset(&m, 0, sizeof(m));
+        m.type = type;
+        m.off = off;
+        m.len = len;
+        m.seed = seed;
+        EXPECT_TRUE(mp::WriteMsg(sock_, m));
+        mp::Msg r;
+        memset(&r, 0, sizeof(r));
+        EXPECT_TRUE(mp::ReadMsg(sock_, &r));
+        return r;
+    }
+
+    int Post(enum ibv_wr_opcode op, uint64_t loff, uint32_t len, uint64_t roff, uint64_t id, uint32_t imm = 0) {
+        struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf_ + loff), len, mr_->lkey};
+        struct ibv_send_wr wr, *bad = nullptr;
+        memset(&wr, 0, sizeof(wr));
+        wr.wr_id = id;
+        wr.opcode = op;
+        wr.sg_list = &sge;
+        wr.num_sge = len ? 1 : 0;
+        wr.imm_data = htonl(imm);
+        wr.wr.rdma.remote_addr = peer_.addr + roff;
+        wr.wr.rdma.rkey = peer_.rkey;
+        return o_->post_send(v_, qp_, &wr, &bad);
+    }
+
+    std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, size_t n, uint64_t ns) {
+        std::vector<struct ibv_wc> out;
+        ote_deadline_t dl = ote_deadline_after(ns);
+        while (out.size() < n && !ote_deadline_expired(dl)) {
+            struct ibv_wc wc[32];
+            int want = n - out.size() < 32 ? (int)(n - out.size()) : 32;
+            int r = o_->poll_cq(v_, cq, want, wc);
+            if (r < 0) break;
+            for (int i = 0; i < r; i++) out.push_back(wc[i]);
+        }
+        return out;
+    }
+
+    // Move `total` bytes with `op` in chunks, keeping `depth` WRs in flight. Returns MB/s.
+    double Stream(enum ibv_wr_opcode op, uint64_t total, uint32_t chunk, int depth) {
+        uint64_t t0 = ote_now_ns();
+        uint64_t posted = 0, done = 0, id = 0;
+        int inflight = 0;
+        ote_deadline_t dl = ote_deadline_after(300 * OTE_NSEC_PER_SEC);
+        while (done < total && !ote_deadline_expired(dl)) {
+            while (inflight < depth && posted < total) {
+                uint32_t len = (uint32_t)(total - posted < chunk ? total - posted : chunk);
+                if (Post(op, posted, len, posted, id++) != 0) {
+                    ADD_FAILURE() << "post failed";
+                    return 0;
+                }
+                posted += len;
+                inflight++;
+            }
+            struct ibv_wc wc[32];
+            int r = o_->poll_cq(v_, scq_, 32, wc);
+            if (r < 0) {
+                ADD_FAILURE() << "poll failed";
+                return 0;
+            }
+            for (int i = 0; i < r; i++) {
+                if (wc[i].status != IBV_WC_SUCCESS) {
+                    ADD_FAILURE() << "status " << ote_verbs_wc_status_str(wc[i].status);
+                    return 0;
+                }
+                done += (uint64_t)chunk < total ? chunk : total;
+                inflight--;
+            }
+            if (inflight == 0 && posted >= total) break;
+        }
+        double secs = (double)(ote_now_ns() - t0) / 1e9;
+        return (double)total / (1024.0 * 1024.0) / secs;
+    }
+
+    ote_verbs_t *v_ = nullptr;
+    const ote_verbs_ops_t *o_ = nullptr;
+    struct ibv_context *ctx_ = nullptr;
+    struct ibv_pd *pd_ = nullptr;
+    struct ibv_cq *scq_ = nullptr, *rcq_ = nullptr;
+    struct ibv_qp *qp_ = nullptr;
+    struct ibv_mr *mr_ = nullptr;
+    uint8_t *buf_ = nullptr;
+    uint64_t bytes_ = 0;
+    int gidx_ = -1;
+    int sock_ = -1;
+    pid_t pid_ = -1;
+    mp::Msg peer_;
+};
+
+TEST_F(MultiProcess, WriteReadSendWithDataChecks) {
+    constexpr uint32_t kLen = 1 << 20;
+    // WRITE then SEND: when the peer polls the SEND's receive, the WRITE data is there
+    mp::Fill(buf_, kLen, 1, 0);
+    ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 0, kLen, 0, 1), 0);
+    ASSERT_EQ(Post(IBV_WR_SEND_WITH_IMM, 0, 64, 0, 2, 0x1234), 0);
+    auto wc = Poll(scq_, 2, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(wc.size(), 2u);
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc[0].opcode, IBV_WC_RDMA_WRITE);
+    EXPECT_EQ(wc[1].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc[1].opcode, IBV_WC_SEND);
+    mp::Msg r = Ask(mp::kRecv, 0, kLen, 1);
+    EXPECT_EQ(r.value, 1u) << "peer did not see the WRITE data with the SEND";
+    EXPECT_EQ(r.aux, 0x1234u);
+    // READ what the peer wrote into its own memory
+    ASSERT_EQ(Ask(mp::kFill, 4 << 20, kLen, 2).value, 1u);
+    memset(buf_, 0, kLen);
+    ASSERT_EQ(Post(IBV_WR_RDMA_READ, 0, kLen, 4 << 20, 3), 0);
+    wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc[0].opcode, IBV_WC_RDMA_READ);
+    EXPECT_EQ(wc[0].byte_len, kLen);
+    EXPECT_TRUE(mp::Check(buf_, kLen, 2, 0));
+    // SEND from the peer into a receive posted here
+    ASSERT_EQ(Ask(mp::kFill, 8 << 20, 4096, 3).value, 1u);
+    struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf_ + (2 << 20)), 8192, mr_->lkey};
+    struct ibv_recv_wr rw, *bad = nullptr;
+    memset(&rw, 0, sizeof(rw));
+    rw.wr_id = 9;
+    rw.sg_list = &sge;
+    rw.num_sge = 1;
+    ASSERT_EQ(o_->post_recv(v_, qp_, &rw, &bad), 0);
+    mp::Msg s;
+    memset(&s, 0, sizeof(s));
+    s.type = mp::kSend;
+    s.off = 8 << 20;
+    s.len = 4096;
+    s.seed = 77;
+    ASSERT_TRUE(mp::WriteMsg(sock_, s));
+    auto rwc = Poll(rcq_, 1, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_TRUE(mp::ReadMsg(sock_, &r));
+    EXPECT_EQ(r.value, 1u);
+    ASSERT_EQ(rwc.size(), 1u);
+    EXPECT_EQ(rwc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(rwc[0].wr_id, 9u);
+    EXPECT_EQ(rwc[0].byte_len, 4096u);
+    EXPECT_TRUE(rwc[0].wc_flags & IBV_WC_WITH_IMM);
+    EXPECT_EQ(ntohl(rwc[0].imm_data), 77u);
+    // the peer filled with seed 3 but the pattern is position based from 0
+    std::vector<uint8_t> expect(4096);
+    mp::Fill(expect.data(), 4096, 3, 0);
+    EXPECT_EQ(memcmp(buf_ + (2 << 20), expect.data(), 4096), 0);
+}
+
+TEST_F(MultiProcess, LargeTransferThroughput) {
+    mp::Fill(buf_, bytes_, 4, 0);
+    double w = Stream(IBV_WR_RDMA_WRITE, bytes_, 8 << 20, 16);
+    ASSERT_GT(w, 0);
+    ASSERT_EQ(Post(IBV_WR_SEND, 0, 0, 0, 1000), 0);
+    auto wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(Ask(mp::kRecv, 0, bytes_, 4).value, 1u) << "data check of the large WRITE";
+    ASSERT_EQ(Ask(mp::kFill, 0, bytes_, 5).value, 1u);
+    memset(buf_, 0, bytes_);
+    double r = Stream(IBV_WR_RDMA_READ, bytes_, 8 << 20, 16);
+    ASSERT_GT(r, 0);
+    EXPECT_TRUE(mp::Check(buf_, bytes_, 5, 0)) << "data check of the large READ";
+    printf("[ multiprocess ] %llu MiB between two processes: RDMA WRITE %.0f MB/s, RDMA READ %.0f MB/s\n",
+           (unsigned long long)(bytes_ >> 20), w, r);
+    RecordProperty("write_MBps", std::to_string((int)w));
+    RecordProperty("read_MBps", std::to_string((int)r));
+}
+
+TEST_F(MultiProcess, PeerKilledMidStreamGivesRetryExceeded) {
+    constexpr uint32_t kChunk = 4 << 20;
+    int n = (int)(bytes_ / kChunk < 32 ? bytes_ / kChunk : 32);
+    ASSERT_GE(n, 4);
+    for (int i = 0; i < n; i++) ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, (uint64_t)i * kChunk, kChunk, (uint64_t)i * kChunk, (uint64_t)i), 0);
+    auto first = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(first.size(), 1u);
+    EXPECT_EQ(first[0].status, IBV_WC_SUCCESS);
+    ASSERT_EQ(kill(pid_, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid_, &status, 0), pid_);
+    pid_ = -1;
+    uint64_t t_kill = ote_now_ns();
+    // more work after the death: it can never be acknowledged
+    for (int i = 0; i < 4; i++) ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 0, 4096, 0, (uint64_t)(100 + i)), 0);
+    uint64_t bound_ns = (uint64_t)ote_sim_retry_cap_ms(v_) * OTE_NSEC_PER_MSEC;
+    auto rest = Poll(scq_, (size_t)n - 1 + 4, bound_ns + 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(rest.size(), (size_t)n - 1 + 4);
+    size_t i = 0;
+    while (i < rest.size() && rest[i].status == IBV_WC_SUCCESS) i++;
+    ASSERT_LT(i, rest.size());
+    EXPECT_EQ(rest[i].status, IBV_WC_RETRY_EXC_ERR) << ote_verbs_wc_status_str(rest[i].status);
+    for (size_t j = i + 1; j < rest.size(); j++) {
+        EXPECT_EQ(rest[j].status, IBV_WC_WR_FLUSH_ERR);
+    }
+    uint64_t took = ote_now_ns() - t_kill;
+    printf("[ multiprocess ] peer killed: %zu WRs had completed, RETRY_EXC_ERR after %.0f ms (cap %u ms)\n", i + 1,
+           (double)took / 1e6, ote_sim_retry_cap_ms(v_));
+    EXPECT_LE(took, bound_ns + 2 * OTE_NSEC_PER_SEC);
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    ASSERT_EQ(o_->query_qp(v_, qp_, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.qp_state, IBV_QPS_ERR);
+}
+
+}  // namespace
