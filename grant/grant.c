@@ -1,0 +1,815 @@
+/*
+ * grant/grant.c - requester grants (answer, slices, invalidation) and source grants
+ * (registration check, MW bind, receipt), with their deadlines.
+ *
+ * Locking: one manager mutex guards every grant of the manager, the MW pool and the
+ * per-lane wait lists. It may be held across ote_qp_post_send()/ote_qp_cancel() and
+ * endpoint return/retire (lock order: manager -> qp -> lane tables; manager -> endpoint
+ * store). It is never held across the user callbacks (done, answer, unpin), which are
+ * deferred until the mutex is dropped, nor across anything that drives a lane.
+ */
+#include "grant/grant.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/hash.h"
+#include "base/lock.h"
+#include "base/log.h"
+
+/* ---- geometry ------------------------------------------------------------------------ */
+
+uint32_t ote_grant_slice_count(uint64_t len) {
+    if (len == 0) return 0;
+    uint64_t n = len / OTE_GRANT_BLOCK, tail = len % OTE_GRANT_BLOCK;
+    if (n == 0) return 1;
+    if (tail != 0 && tail >= OTE_GRANT_BLOCK / 4) n++; /* a short tail folds into the last */
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+void ote_grant_slice_at(uint64_t len, uint32_t i, uint64_t *off_out, uint32_t *len_out) {
+    uint32_t n = ote_grant_slice_count(len);
+    uint64_t off = (uint64_t)i * OTE_GRANT_BLOCK;
+    *off_out = off;
+    *len_out = (uint32_t)(i + 1 == n ? len - off : OTE_GRANT_BLOCK);
+}
+
+/* ---- records ------------------------------------------------------------------------- */
+
+#define IDX_INV 0xffffu  /* the SEND_WITH_INV of a requester grant */
+#define IDX_BIND 0xfffeu /* the BIND_MW of a source grant */
+#define SEQ_MASK 0xffffffu
+#define CHAIN 16u        /* WRs per post_send call */
+
+typedef enum { R_WAIT_ANSWER = 0, R_POSTING, R_INVALIDATING, R_ENDED } rstate_t;
+typedef enum { S_BINDING = 0, S_BOUND, S_ENDED } sstate_t;
+
+typedef struct mw_ent {
+    struct ibv_mw *mw;
+    uint32_t rkey; /* current key: the library does not track type-2 rkeys */
+    struct mw_ent *next;
+} mw_ent_t;
+
+typedef struct grant grant_t;
+struct grant {
+    ote_grant_mgr_t *m;
+    uint32_t seq;
+    int source;
+    uint32_t lane;
+    ote_endpoint_t *ep;
+    uint32_t slot;
+    ote_qp_t *qp;
+    uint32_t qp_num;
+    int qp_returned;
+    ote_deadline_t deadline;
+    ote_status_t failed;
+    uint32_t outstanding; /* WRs posted and not yet discharged */
+    int waiting;          /* on the lane wait list */
+    grant_t *wait_next;
+    grant_t *fin_next;    /* deferred end */
+
+    /* requester */
+    rstate_t rstate;
+    ote_grant_desc_t d;
+    uint32_t rkey;
+    uint32_t nslices, next, done_slices;
+
+    /* source */
+    sstate_t sstate;
+    void *pin;
+    mw_ent_t *mw;
+    int mw_unbound; /* proven unbound (invalidated, or the bind never ran) */
+    int keyed;      /* in by_key */
+    uint64_t answer_ctx;
+
+    UT_hash_handle hh;      /* by seq */
+    UT_hash_handle hh_key;  /* source: by rkey */
+};
+
+typedef struct {
+    ote_grant_mgr_t *m;
+    uint32_t idx;
+    ote_cq_lane_t *lane;
+    uint32_t ns;
+    int registered;
+    grant_t *wait_head, *wait_tail;
+} mlane_t;
+
+struct ote_grant_mgr {
+    ote_context_t *ctx;
+    ote_verbs_t *v;
+    uint32_t nlanes;
+    mlane_t *lanes;
+    int has_src;
+    ote_grant_source_ops_t src;
+    ote_mutex_t mu;
+    grant_t *by_seq;
+    grant_t *by_key;
+    uint32_t next_seq;
+    ote_status_t fence;
+    mw_ent_t *pool;
+    ote_grant_stats_t stats;
+};
+
+/* Work deferred until the manager mutex is dropped. Answers are copied by value: the
+ * grant they came from may end in another thread as soon as the mutex is released. */
+#define DEFER_ANSWERS 32
+typedef struct {
+    grant_t *fin;
+    size_t nans;
+    struct {
+        uint64_t ctx;
+        ote_status_t st;
+        uint32_t rkey;
+    } ans[DEFER_ANSWERS];
+} defer_t;
+
+static int defer_answer(defer_t *df, grant_t *g, ote_status_t st) {
+    if (df->nans == DEFER_ANSWERS) return 0;
+    df->ans[df->nans].ctx = g->answer_ctx;
+    df->ans[df->nans].st = st;
+    df->ans[df->nans].rkey = st == OTE_OK ? g->rkey : 0;
+    df->nans++;
+    return 1;
+}
+
+static void defer_run(ote_grant_mgr_t *m, defer_t *df) {
+    for (size_t i = 0; i < df->nans; i++)
+        m->src.answer(m->src.arg, df->ans[i].ctx, df->ans[i].st, df->ans[i].rkey);
+    df->nans = 0;
+    while (df->fin != NULL) {
+        grant_t *g = df->fin;
+        df->fin = g->fin_next;
+        if (g->source) {
+            if (g->pin != NULL) m->src.unpin(m->src.arg, g->pin);
+        } else if (g->d.done != NULL) {
+            g->d.done(g->d.done_arg, g->failed);
+        }
+        ote_free(g);
+    }
+}
+
+static ote_status_t wc_status(const struct ibv_wc *wc) {
+    switch (wc->status) {
+        case IBV_WC_SUCCESS: return OTE_OK;
+        case IBV_WC_REM_ACCESS_ERR: return OTE_ERR_REMOTE_ACCESS;
+        case IBV_WC_RETRY_EXC_ERR:
+        case IBV_WC_RNR_RETRY_EXC_ERR: return OTE_ERR_PEER_LOST;
+        case IBV_WC_REM_INV_REQ_ERR:
+        case IBV_WC_REM_OP_ERR: return OTE_ERR_REMOTE;
+        case IBV_WC_WR_FLUSH_ERR: return ote_status_make(OTE_ERR_CANCELED, 0);
+        default: return ote_status_make(OTE_ERR_NATIVE, (int)wc->status);
+    }
+}
+
+/* Give the QP borrow back once; retire the slot first when the QP is broken. */
+static void give_back_qp(grant_t *g, int broken) {
+    if (g->qp_returned) return;
+    if (broken) ote_endpoint_retire(g->ep, g->slot, g->qp);
+    ote_endpoint_return(g->ep, g->slot, g->qp);
+    g->qp_returned = 1;
+}
+
+static void wait_remove(mlane_t *ml, grant_t *g) {
+    if (!g->waiting) return;
+    grant_t **pp = &ml->wait_head, *prev = NULL;
+    while (*pp != NULL && *pp != g) {
+        prev = *pp;
+        pp = &(*pp)->wait_next;
+    }
+    if (*pp == g) {
+        *pp = g->wait_next;
+        if (ml->wait_tail == g) ml->wait_tail = prev;
+    }
+    g->wait_next = NULL;
+    g->waiting = 0;
+}
+
+static void wait_add(mlane_t *ml, grant_t *g) {
+    if (g->waiting) return;
+    g->waiting = 1;
+    g->wait_next = NULL;
+    if (ml->wait_tail) ml->wait_tail->wait_next = g;
+    else ml->wait_head = g;
+    ml->wait_tail = g;
+    g->m->stats.sq_waits++;
+}
+
+/* End a record once nothing it posted is owed any more. m->mu held. */
+static void maybe_finish(grant_t *g, defer_t *df) {
+    ote_grant_mgr_t *m = g->m;
+    if (g->outstanding != 0) return;
+    if (!g->source) {
+        int ended = g->rstate == R_ENDED || (g->failed != OTE_OK && g->rstate != R_ENDED);
+        if (!ended) return;
+        wait_remove(&m->lanes[g->lane], g);
+        HASH_DEL(m->by_seq, g);
+        give_back_qp(g, g->failed != OTE_OK && g->rstate != R_WAIT_ANSWER);
+        if (g->failed == OTE_OK) m->stats.completed++;
+        else m->stats.failed++;
+        m->stats.live_requester--;
+        g->rstate = R_ENDED;
+        g->fin_next = df->fin;
+        df->fin = g;
+        return;
+    }
+    if (g->sstate != S_ENDED) return;
+    HASH_DEL(m->by_seq, g);
+    if (g->keyed) {
+        HASH_DELETE(hh_key, m->by_key, g);
+        g->keyed = 0;
+    }
+    if (g->mw != NULL) {
+        if (g->mw_unbound) {
+            g->mw->next = m->pool;
+            m->pool = g->mw;
+            m->stats.mw_pool++;
+        } else {
+            /* The window may still be bound: only dealloc (which unbinds) is safe. */
+            int err = m->v->ops->dealloc_mw(m->v, g->mw->mw);
+            if (err != 0) {
+                m->stats.mw_retained++;
+                OTE_WARN("grant", "%s: dealloc_mw failed: errno %d; window retained",
+                         ote_context_name(m->ctx), err);
+                /* Retained: the entry is kept (leaked on purpose, counted). */
+            } else {
+                ote_free(g->mw);
+            }
+        }
+        g->mw = NULL;
+    }
+    give_back_qp(g, g->failed != OTE_OK);
+    m->stats.live_source--;
+    g->fin_next = df->fin;
+    df->fin = g;
+}
+
+static void fail_requester(grant_t *g, ote_status_t st, defer_t *df) {
+    if (g->failed == OTE_OK) g->failed = st;
+    if (g->rstate != R_WAIT_ANSWER && !g->qp_returned) {
+        /* The QP carried our WRs: fence and flush it, then let the slot be rebuilt. */
+        (void)ote_qp_cancel(g->qp);
+        give_back_qp(g, 1);
+    }
+    maybe_finish(g, df);
+}
+
+/* ---- requester ----------------------------------------------------------------------- */
+
+static void pump(grant_t *g, defer_t *df);
+
+static void post_inv(grant_t *g, defer_t *df) {
+    ote_grant_mgr_t *m = g->m;
+    struct ibv_send_wr wr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = OTE_CQ_WR_ID(m->lanes[g->lane].ns, ((uint64_t)g->seq << 16) | IDX_INV);
+    wr.opcode = IBV_WR_SEND_WITH_INV;
+    wr.invalidate_rkey = g->rkey;
+    wr.num_sge = 0;
+    ote_qp_post_result_t res;
+    ote_status_t st = ote_qp_post_send(g->qp, &wr, g->d.deadline, &res);
+    if (st == OTE_OK) {
+        g->outstanding++;
+        g->rstate = R_INVALIDATING;
+        return;
+    }
+    if (ote_status_code(st) == OTE_ERR_AGAIN) {
+        wait_add(&m->lanes[g->lane], g);
+        return;
+    }
+    if (res.accepted > 0) g->outstanding += (uint32_t)res.accepted; /* unknown outcome */
+    fail_requester(g, st, df);
+}
+
+static void pump(grant_t *g, defer_t *df) {
+    ote_grant_mgr_t *m = g->m;
+    mlane_t *ml = &m->lanes[g->lane];
+    if (g->rstate != R_POSTING || g->failed != OTE_OK) return;
+    while (g->next < g->nslices) {
+        struct ibv_send_wr wrs[CHAIN];
+        struct ibv_sge sges[CHAIN];
+        uint32_t n = g->nslices - g->next < CHAIN ? g->nslices - g->next : CHAIN;
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t i = g->next + k;
+            uint64_t off;
+            uint32_t len;
+            ote_grant_slice_at(g->d.len, i, &off, &len);
+            memset(&wrs[k], 0, sizeof(wrs[k]));
+            sges[k].addr = (uintptr_t)(g->d.local + off);
+            sges[k].length = len;
+            sges[k].lkey = g->d.lkey;
+            wrs[k].wr_id = OTE_CQ_WR_ID(ml->ns, ((uint64_t)g->seq << 16) | i);
+            wrs[k].sg_list = &sges[k];
+            wrs[k].num_sge = 1;
+            wrs[k].opcode = g->d.op == OTE_GRANT_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+            wrs[k].wr.rdma.remote_addr = g->d.remote + off;
+            wrs[k].wr.rdma.rkey = g->rkey;
+            wrs[k].next = k + 1 < n ? &wrs[k + 1] : NULL;
+        }
+        ote_qp_post_result_t res;
+        ote_status_t st = ote_qp_post_send(g->qp, wrs, g->d.deadline, &res);
+        g->next += (uint32_t)res.accepted;
+        g->outstanding += (uint32_t)res.accepted;
+        m->stats.slices_posted += res.accepted;
+        if (st == OTE_OK) continue;
+        if (ote_status_code(st) == OTE_ERR_AGAIN) {
+            wait_add(ml, g);
+            return;
+        }
+        if (ote_status_code(st) != OTE_ERR_FENCED && res.accepted > 0 && res.unposted != NULL) {
+            /* Proven partial acceptance: the suffix was not posted; retry it once the SQ
+             * drains (the accepted prefix completes on its own). */
+            m->stats.partial_posts++;
+            wait_add(ml, g);
+            return;
+        }
+        OTE_WARN("grant", "grant %u: posting slice %u of %u failed: %s", g->seq, g->next,
+                 g->nslices, ote_status_str(st));
+        fail_requester(g, st, df);
+        return;
+    }
+    if (g->done_slices == g->nslices) post_inv(g, df);
+}
+
+ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
+                             const ote_grant_ctl_t *ctl) {
+    if (m == NULL || d == NULL || ctl == NULL || ctl->request == NULL || d->qp == NULL ||
+        d->ep == NULL || d->len == 0 || d->len > OTE_GRANT_MAX_LEN || d->local == NULL)
+        return OTE_ERR_INVALID;
+    ote_cq_lane_t *lane = ote_qp_lane(d->qp);
+    uint32_t li = 0;
+    while (li < m->nlanes && m->lanes[li].lane != lane) li++;
+    if (li == m->nlanes) return OTE_ERR_INVALID;
+    ote_status_t st = ote_context_check(m->ctx);
+    if (st != OTE_OK) return st;
+    grant_t *g = ote_calloc(1, sizeof(*g));
+    if (g == NULL) return OTE_ERR_NOMEM;
+    g->m = m;
+    g->d = *d;
+    g->lane = li;
+    g->ep = d->ep;
+    g->slot = d->slot;
+    g->qp = d->qp;
+    g->qp_num = ote_qp_num(d->qp);
+    g->deadline = d->deadline;
+    g->nslices = ote_grant_slice_count(d->len);
+    g->rstate = R_WAIT_ANSWER;
+    ote_mutex_lock(&m->mu);
+    if (m->fence != OTE_OK) {
+        st = m->fence;
+        ote_mutex_unlock(&m->mu);
+        ote_free(g);
+        return st;
+    }
+    grant_t *dup;
+    do {
+        g->seq = (++m->next_seq) & SEQ_MASK;
+        HASH_FIND(hh, m->by_seq, &g->seq, sizeof(g->seq), dup);
+    } while (g->seq == 0 || dup != NULL);
+    OTE_HASH_ADD(hh, m->by_seq, seq, sizeof(g->seq), g, st);
+    if (st != OTE_OK) {
+        ote_mutex_unlock(&m->mu);
+        ote_free(g);
+        return st;
+    }
+    m->stats.started++;
+    m->stats.live_requester++;
+    uint32_t seq = g->seq;
+    ote_mutex_unlock(&m->mu);
+
+    /* The answer may arrive before request() returns: the record is already findable. */
+    uint32_t remote_qpn = ote_endpoint_remote_qpn(d->ep, d->slot);
+    st = ctl->request(ctl->arg, seq, d->slot, remote_qpn, d->op, d->remote, d->len);
+    if (st != OTE_OK) {
+        ote_mutex_lock(&m->mu);
+        /* Nothing was sent: withdraw the record; the borrow stays the caller's. */
+        HASH_DEL(m->by_seq, g);
+        m->stats.started--;
+        m->stats.live_requester--;
+        ote_mutex_unlock(&m->mu);
+        ote_free(g);
+        return st;
+    }
+    return OTE_OK;
+}
+
+void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st, uint32_t rkey) {
+    defer_t df = {.fin = NULL, .nans = 0};
+    uint32_t seq = (uint32_t)grant_id;
+    ote_mutex_lock(&m->mu);
+    grant_t *g = NULL;
+    if (grant_id <= SEQ_MASK) HASH_FIND(hh, m->by_seq, &seq, sizeof(seq), g);
+    if (g == NULL || g->source || g->rstate != R_WAIT_ANSWER || g->failed != OTE_OK) {
+        m->stats.stale_receipts++;
+        ote_mutex_unlock(&m->mu);
+        OTE_DEBUG("grant", "answer for grant %llu that no longer waits: ignored",
+                  (unsigned long long)grant_id);
+        return;
+    }
+    if (st != OTE_OK) {
+        OTE_WARN("grant", "grant %u ([0x%llx, +%llu) %s) refused by the source: %s", g->seq,
+                 (unsigned long long)g->d.remote, (unsigned long long)g->d.len,
+                 g->d.op == OTE_GRANT_WRITE ? "WRITE" : "READ", ote_status_str(st));
+        fail_requester(g, st, &df);
+    } else {
+        g->rkey = rkey;
+        g->rstate = R_POSTING;
+        pump(g, &df);
+    }
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+}
+
+/* ---- completions ----------------------------------------------------------------------- */
+
+static void kick_lane(mlane_t *ml, defer_t *df) {
+    grant_t *list = ml->wait_head;
+    ml->wait_head = ml->wait_tail = NULL;
+    while (list != NULL) {
+        grant_t *g = list;
+        list = g->wait_next;
+        g->wait_next = NULL;
+        g->waiting = 0;
+        if (g->rstate == R_POSTING) {
+            if (g->next < g->nslices) pump(g, df);
+            else if (g->done_slices == g->nslices) post_inv(g, df);
+        }
+        if (g->waiting && ml->wait_head == g) {
+            /* Still blocked: keep the rest queued behind it, in order. */
+            g->wait_next = list;
+            if (list != NULL) {
+                grant_t *t = list;
+                while (t->wait_next) t = t->wait_next;
+                ml->wait_tail = t;
+            }
+            return;
+        }
+    }
+}
+
+static void on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc *wc) {
+    (void)lane;
+    mlane_t *ml = arg;
+    ote_grant_mgr_t *m = ml->m;
+    defer_t df = {.fin = NULL, .nans = 0};
+    uint64_t local = OTE_CQ_WR_LOCAL(wc->wr_id);
+    uint32_t seq = (uint32_t)(local >> 16), idx = (uint32_t)(local & 0xffff);
+    ote_mutex_lock(&m->mu);
+    grant_t *g = NULL;
+    HASH_FIND(hh, m->by_seq, &seq, sizeof(seq), g);
+    if (dir != OTE_CQ_SEND || g == NULL || g->outstanding == 0 || g->qp_num != wc->qp_num) {
+        m->stats.stale_cqes++;
+        ote_mutex_unlock(&m->mu);
+        OTE_WARN("grant", "completion 0x%llx on QP %u names no live grant: dropped",
+                 (unsigned long long)wc->wr_id, wc->qp_num);
+        return;
+    }
+    g->outstanding--;
+    ote_status_t st = wc_status(wc);
+    if (g->source) {
+        if (idx != IDX_BIND) {
+            m->stats.stale_cqes++;
+        } else if (st == OTE_OK && g->sstate == S_BINDING && g->failed == OTE_OK) {
+            g->sstate = S_BOUND;
+            g->rkey = g->mw->rkey;
+            (void)defer_answer(&df, g, OTE_OK);
+        } else {
+            /* Bind failed (or flushed): the QP is in ERR; refuse, release on the spot. */
+            if (st != OTE_OK) {
+                m->stats.bind_failures++;
+                OTE_WARN("grant", "%s: BIND_MW for grant %u failed: %s (%s): refused",
+                         ote_context_name(m->ctx), g->seq, ote_verbs_wc_status_str(wc->status),
+                         ote_status_str(st));
+            }
+            if (g->failed == OTE_OK) {
+                g->failed = st != OTE_OK ? st : OTE_ERR_STATE;
+                (void)defer_answer(&df, g, g->failed);
+            }
+            g->sstate = S_ENDED;
+            maybe_finish(g, &df);
+        }
+    } else if (idx == IDX_INV) {
+        if (st == OTE_OK && g->failed == OTE_OK) g->rstate = R_ENDED;
+        else fail_requester(g, st != OTE_OK ? st : g->failed, &df);
+        maybe_finish(g, &df);
+    } else {
+        if (st == OTE_OK && idx < g->nslices) {
+            g->done_slices++;
+            m->stats.slices_completed++;
+            if (g->failed == OTE_OK && g->next == g->nslices && g->done_slices == g->nslices)
+                post_inv(g, &df);
+        } else if (st != OTE_OK) {
+            if (g->failed == OTE_OK)
+                OTE_WARN("grant", "grant %u: slice %u ended %s: %s", g->seq, idx,
+                         ote_verbs_wc_status_str(wc->status), ote_status_str(st));
+            fail_requester(g, st, &df);
+        }
+        maybe_finish(g, &df);
+    }
+    /* Room on this lane's SQs/CQ: let blocked grants go on. */
+    kick_lane(ml, &df);
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+}
+
+/* ---- source ------------------------------------------------------------------------- */
+
+ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
+                             ote_grant_op_t op, uint64_t addr, uint64_t len,
+                             ote_deadline_t deadline, uint64_t answer_ctx) {
+    if (m == NULL || !m->has_src || ep == NULL || qp == NULL || len == 0 ||
+        addr > UINT64_MAX - len || (op != OTE_GRANT_READ && op != OTE_GRANT_WRITE))
+        return OTE_ERR_INVALID;
+    ote_cq_lane_t *lane = ote_qp_lane(qp);
+    uint32_t li = 0;
+    while (li < m->nlanes && m->lanes[li].lane != lane) li++;
+    if (li == m->nlanes) return OTE_ERR_INVALID;
+    ote_status_t st = ote_context_check(m->ctx);
+    if (st != OTE_OK) return st;
+    int access = op == OTE_GRANT_WRITE ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+    struct ibv_mr *mr = NULL;
+    void *pin = NULL;
+    /* The exact range is checked before any window exists. */
+    st = m->src.pin(m->src.arg, m->ctx, addr, len, access, &mr, &pin);
+    if (st != OTE_OK) {
+        ote_mutex_lock(&m->mu);
+        m->stats.refused++;
+        ote_mutex_unlock(&m->mu);
+        OTE_WARN("grant", "%s: %s grant over [0x%llx, +%llu) refused: %s",
+                 ote_context_name(m->ctx), op == OTE_GRANT_WRITE ? "WRITE" : "READ",
+                 (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
+        return st;
+    }
+    grant_t *g = ote_calloc(1, sizeof(*g));
+    if (g == NULL) {
+        m->src.unpin(m->src.arg, pin);
+        return OTE_ERR_NOMEM;
+    }
+    g->m = m;
+    g->source = 1;
+    g->lane = li;
+    g->ep = ep;
+    g->slot = slot;
+    g->qp = qp;
+    g->qp_num = ote_qp_num(qp);
+    g->deadline = deadline;
+    g->pin = pin;
+    g->answer_ctx = answer_ctx;
+    g->sstate = S_BINDING;
+
+    defer_t df = {.fin = NULL, .nans = 0};
+    ote_mutex_lock(&m->mu);
+    if (m->fence != OTE_OK) {
+        st = m->fence;
+        goto err_unlock;
+    }
+    mw_ent_t *ent = m->pool;
+    if (ent != NULL) {
+        m->pool = ent->next;
+        m->stats.mw_pool--;
+    } else {
+        ent = ote_calloc(1, sizeof(*ent));
+        if (ent == NULL) {
+            st = OTE_ERR_NOMEM;
+            goto err_unlock;
+        }
+        int err = m->v->ops->alloc_mw(m->v, ote_context_pd(m->ctx), IBV_MW_TYPE_2, &ent->mw);
+        if (err != 0) {
+            ote_free(ent);
+            st = ote_status_make(OTE_ERR_NATIVE, err);
+            OTE_WARN("grant", "%s: alloc_mw(type 2) failed: errno %d: grant refused",
+                     ote_context_name(m->ctx), err);
+            m->stats.bind_failures++;
+            goto err_unlock;
+        }
+        ent->rkey = ent->mw->rkey;
+    }
+    ent->next = NULL;
+    grant_t *dup;
+    do {
+        g->seq = (++m->next_seq) & SEQ_MASK;
+        HASH_FIND(hh, m->by_seq, &g->seq, sizeof(g->seq), dup);
+    } while (g->seq == 0 || dup != NULL);
+    OTE_HASH_ADD(hh, m->by_seq, seq, sizeof(g->seq), g, st);
+    if (st != OTE_OK) {
+        ent->next = m->pool; /* never bound by us: back to the pool */
+        m->pool = ent;
+        m->stats.mw_pool++;
+        goto err_unlock;
+    }
+    /* A new tag on every bind: a stale rkey of an earlier grant never matches. */
+    uint32_t new_rkey = (ent->rkey & 0xffffff00u) | ((ent->rkey + 1) & 0xffu);
+    struct ibv_send_wr wr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = OTE_CQ_WR_ID(m->lanes[li].ns, ((uint64_t)g->seq << 16) | IDX_BIND);
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.bind_mw.mw = ent->mw;
+    wr.bind_mw.rkey = new_rkey;
+    wr.bind_mw.bind_info.mr = mr;
+    wr.bind_mw.bind_info.addr = addr;
+    wr.bind_mw.bind_info.length = len;
+    wr.bind_mw.bind_info.mw_access_flags = (unsigned)access;
+    ote_qp_post_result_t res;
+    st = ote_qp_post_send(qp, &wr, deadline, &res);
+    if (st != OTE_OK && res.accepted == 0) {
+        /* Proven not posted: the window was never touched. */
+        HASH_DEL(m->by_seq, g);
+        ent->next = m->pool;
+        m->pool = ent;
+        m->stats.mw_pool++;
+        m->stats.bind_failures++;
+        OTE_WARN("grant", "%s: posting BIND_MW on QP %u failed: %s: grant refused",
+                 ote_context_name(m->ctx), g->qp_num, ote_status_str(st));
+        goto err_unlock;
+    }
+    /* Posted (or possibly posted): the window belongs to this grant until its bind WR
+     * is discharged; never back to the pool unless proven unbound. */
+    ent->rkey = new_rkey;
+    g->mw = ent;
+    g->rkey = new_rkey;
+    g->outstanding = 1;
+    m->stats.served++;
+    m->stats.live_source++;
+    if (st == OTE_OK) {
+        OTE_HASH_ADD_KEYPTR(hh_key, m->by_key, &g->rkey, sizeof(g->rkey), g, st);
+        if (st == OTE_OK) g->keyed = 1;
+    }
+    if (st != OTE_OK) {
+        /* Unknown outcome (or no room to index the key): keep the debt, fail the grant;
+         * the QP is moved to ERR and the grant ends when its bind WR is discharged. The
+         * requester is answered through ops->answer, as for any accepted request. */
+        g->failed = st;
+        g->sstate = S_ENDED;
+        (void)ote_qp_cancel(qp);
+        (void)defer_answer(&df, g, st);
+    }
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+    return OTE_OK;
+
+err_unlock:
+    m->stats.refused++;
+    ote_mutex_unlock(&m->mu);
+    m->src.unpin(m->src.arg, pin);
+    ote_free(g);
+    return st;
+}
+
+void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct ibv_wc *wc) {
+    if (!(wc->wc_flags & IBV_WC_WITH_INV)) {
+        OTE_WARN("grant", "QP %u: receive without invalidation: not a grant receipt", qp_num);
+        return;
+    }
+    uint32_t rkey = wc->invalidated_rkey;
+    defer_t df = {.fin = NULL, .nans = 0};
+    ote_mutex_lock(&m->mu);
+    grant_t *g = NULL;
+    HASH_FIND(hh_key, m->by_key, &rkey, sizeof(rkey), g);
+    if (g == NULL || g->qp_num != qp_num || g->sstate != S_BOUND) {
+        m->stats.stale_receipts++;
+        ote_mutex_unlock(&m->mu);
+        OTE_WARN("grant", "QP %u: receipt for rkey 0x%x that names no bound grant: ignored",
+                 qp_num, rkey);
+        return;
+    }
+    /* The provider invalidated the window before delivering this CQE. */
+    g->mw_unbound = 1;
+    g->sstate = S_ENDED;
+    m->stats.receipts++;
+    maybe_finish(g, &df);
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+}
+
+/* ---- manager ---------------------------------------------------------------------- */
+
+ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes,
+                                  uint32_t nlanes, const ote_grant_source_ops_t *src,
+                                  ote_grant_mgr_t **mgr_out) {
+    if (ctx == NULL || lanes == NULL || nlanes == 0 || mgr_out == NULL) return OTE_ERR_INVALID;
+    if (src != NULL && (src->pin == NULL || src->unpin == NULL || src->answer == NULL))
+        return OTE_ERR_INVALID;
+    ote_grant_mgr_t *m = ote_calloc(1, sizeof(*m));
+    if (m == NULL) return OTE_ERR_NOMEM;
+    m->lanes = ote_calloc(nlanes, sizeof(*m->lanes));
+    if (m->lanes == NULL) {
+        ote_free(m);
+        return OTE_ERR_NOMEM;
+    }
+    ote_status_t st = ote_mutex_init(&m->mu);
+    if (st != OTE_OK) {
+        ote_free(m->lanes);
+        ote_free(m);
+        return st;
+    }
+    m->ctx = ctx;
+    m->v = ote_context_verbs(ctx);
+    m->nlanes = nlanes;
+    if (src != NULL) {
+        m->has_src = 1;
+        m->src = *src;
+    }
+    for (uint32_t i = 0; i < nlanes; i++) {
+        m->lanes[i].m = m;
+        m->lanes[i].idx = i;
+        m->lanes[i].lane = lanes[i];
+        st = ote_cq_lane_register_ns(lanes[i], on_cqe, &m->lanes[i], &m->lanes[i].ns);
+        if (st != OTE_OK) break;
+        m->lanes[i].registered = 1;
+    }
+    if (st != OTE_OK) {
+        for (uint32_t i = 0; i < nlanes; i++)
+            if (m->lanes[i].registered) ote_cq_lane_unregister_ns(lanes[i], m->lanes[i].ns);
+        ote_mutex_destroy(&m->mu);
+        ote_free(m->lanes);
+        ote_free(m);
+        return st;
+    }
+    *mgr_out = m;
+    return OTE_OK;
+}
+
+ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m) {
+    if (m == NULL) return OTE_OK;
+    ote_mutex_lock(&m->mu);
+    if (m->by_seq != NULL) {
+        ote_mutex_unlock(&m->mu);
+        return OTE_ERR_BUSY;
+    }
+    ote_status_t st = OTE_OK;
+    mw_ent_t **pp = &m->pool;
+    while (*pp != NULL) {
+        mw_ent_t *e = *pp;
+        int err = m->v->ops->dealloc_mw(m->v, e->mw);
+        if (err != 0) {
+            st = ote_status_make(OTE_ERR_RETAINED, err);
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        m->stats.mw_pool--;
+        ote_free(e);
+    }
+    ote_mutex_unlock(&m->mu);
+    if (st != OTE_OK) {
+        OTE_WARN("grant", "%s: pooled windows could not be deallocated: %s; manager retained",
+                 ote_context_name(m->ctx), ote_status_str(st));
+        return st;
+    }
+    for (uint32_t i = 0; i < m->nlanes; i++)
+        if (m->lanes[i].registered) ote_cq_lane_unregister_ns(m->lanes[i].lane, m->lanes[i].ns);
+    ote_mutex_destroy(&m->mu);
+    ote_free(m->lanes);
+    ote_free(m);
+    return OTE_OK;
+}
+
+void ote_grant_mgr_fence(ote_grant_mgr_t *m, ote_status_t why) {
+    ote_mutex_lock(&m->mu);
+    m->fence = why;
+    ote_mutex_unlock(&m->mu);
+}
+
+void ote_grant_mgr_get_stats(ote_grant_mgr_t *m, ote_grant_stats_t *out) {
+    ote_mutex_lock(&m->mu);
+    *out = m->stats;
+    ote_mutex_unlock(&m->mu);
+}
+
+size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
+    defer_t df = {.fin = NULL, .nans = 0};
+    uint64_t now = ote_now_ns();
+    ote_mutex_lock(&m->mu);
+    for (uint32_t i = 0; i < m->nlanes; i++) kick_lane(&m->lanes[i], &df);
+    grant_t *g, *tmp;
+    HASH_ITER(hh, m->by_seq, g, tmp) {
+        if (g->deadline > now) continue;
+        if (!g->source) {
+            if (g->failed != OTE_OK || g->rstate == R_ENDED) continue;
+            m->stats.expired++;
+            OTE_WARN("grant", "grant %u: deadline passed with %u of %u slices done, %u WRs "
+                     "owed: failing it; QP %u fenced and flushed", g->seq, g->done_slices,
+                     g->nslices, g->outstanding, g->qp_num);
+            fail_requester(g, OTE_ERR_TIMEOUT, &df);
+        } else if (g->sstate != S_ENDED) {
+            /* The requester never sent its receipt: kill the QP the window is bound to
+             * (so nothing can use it), then release. */
+            m->stats.source_expired++;
+            OTE_WARN("grant", "%s: source grant %u not invalidated by its deadline: QP %u "
+                     "moved to ERR, window released", ote_context_name(m->ctx), g->seq, g->qp_num);
+            if (g->sstate == S_BINDING && g->failed == OTE_OK) {
+                if (!defer_answer(&df, g, OTE_ERR_TIMEOUT)) continue; /* next tick */
+                g->failed = OTE_ERR_TIMEOUT;
+            }
+            (void)ote_qp_cancel(g->qp);
+            if (g->failed == OTE_OK) g->failed = OTE_ERR_TIMEOUT;
+            g->sstate = S_ENDED;
+            maybe_finish(g, &df);
+        }
+    }
+    size_t live = HASH_COUNT(m->by_seq);
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+    return live;
+}

@@ -1,0 +1,160 @@
+/*
+ * grant/grant.h - exact-range DMA authority over RDMA: grants, their slices and receipts.
+ *
+ * A grant is one loan of exactly [addr, addr+len) of a source's registered host memory,
+ * for exactly one operation (READ or WRITE), to one requester QP:
+ *
+ *   requester                              source
+ *   ote_grant_start() -- ctl->request --->  ote_grant_serve(): check the registration
+ *                                           (refused before any window exists), bind a
+ *                                           type-2 MW over exactly the range and access
+ *                                           with IBV_WR_BIND_MW on the QP connected to
+ *                                           this requester; on the bind CQE answer rkey
+ *   ote_grant_on_answer(rkey) <-- answer --
+ *   post the slices (RDMA_WRITE/READ, TENT geometry, windowed through the QP's SQ);
+ *   after every data CQE succeeded, SEND_WITH_INV(rkey) on the same QP ---------------->
+ *                                           receive CQE WITH_INV, invalidated_rkey:
+ *                                           ote_grant_source_receipt() releases the
+ *                                           window, the registration pin and the QP borrow
+ *   the SEND's CQE ends the grant: done(OK).
+ *
+ * The grant layer never includes engine headers: the control plane is a callback table
+ * (ote_grant_ctl_t for the requester, ote_grant_source_ops_t for the source).
+ *
+ * Ownership: a grant takes over the caller's borrow of its QP from an endpoint slot and
+ * gives it back exactly once (retiring the slot first when the QP broke). Its WRs are
+ * named in one lane namespace per manager and lane (OTE_CQ_WR_ID(ns, seq<<16|index)).
+ * A failed or expired grant stops posting, fences/cancels its QP and ends (done()) only
+ * once every WR it posted was discharged by a CQE, a flush, or the QP's destruction, so
+ * nothing the NIC could still write is given back early.
+ *
+ * Thread-safe. Completion work runs in the lane's polling thread.
+ */
+#ifndef OTE_GRANT_GRANT_H
+#define OTE_GRANT_GRANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "base/time.h"
+#include "context/context.h"
+#include "cq/lane.h"
+#include "endpoint/endpoint.h"
+#include "qp/qp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- slice geometry (TENT): 64 KiB blocks, a tail under a quarter block folded into
+ * the last full block. */
+#define OTE_GRANT_BLOCK (64u << 10)
+#define OTE_GRANT_MAX_SLICES 0xfff0u
+/* Number of slices of a len-byte grant (0 for 0). */
+uint32_t ote_grant_slice_count(uint64_t len);
+/* Offset and length of slice i (< count) of a len-byte grant. */
+void ote_grant_slice_at(uint64_t len, uint32_t i, uint64_t *off_out, uint32_t *len_out);
+/* Largest grant this layer accepts. */
+#define OTE_GRANT_MAX_LEN ((uint64_t)OTE_GRANT_MAX_SLICES * OTE_GRANT_BLOCK)
+
+typedef struct ote_grant_mgr ote_grant_mgr_t;
+
+typedef enum { OTE_GRANT_READ = 0, OTE_GRANT_WRITE = 1 } ote_grant_op_t;
+
+/* Requester: the control plane asks the source for a grant. request() sends it and
+ * returns OTE_OK, after which the engine calls ote_grant_on_answer(mgr, id, ...) at most
+ * once (a lost answer is ended by the grant's deadline). */
+typedef struct ote_grant_ctl {
+    void *arg;
+    ote_status_t (*request)(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
+                            ote_grant_op_t op, uint64_t addr, uint64_t len);
+} ote_grant_ctl_t;
+
+typedef void (*ote_grant_done_fn)(void *arg, ote_status_t st);
+
+typedef struct ote_grant_desc {
+    ote_grant_op_t op;
+    uint8_t *local;         /* requester buffer */
+    uint32_t lkey;          /* its MR's lkey in the QP's context */
+    uint64_t remote;        /* source address */
+    uint64_t len;           /* 1..OTE_GRANT_MAX_LEN */
+    ote_endpoint_t *ep;     /* the QP's endpoint and slot: the borrow is handed over */
+    uint32_t slot;
+    ote_qp_t *qp;
+    ote_deadline_t deadline;
+    ote_grant_done_fn done; /* exactly once, without grant locks */
+    void *done_arg;
+} ote_grant_desc_t;
+
+/* Source: checks against registrations and the answer channel. */
+typedef struct ote_grant_source_ops {
+    void *arg;
+    /* Check [addr, addr+len) against the registrations for `access` (IBV_ACCESS_REMOTE_
+     * READ or _WRITE) and pin it; give its MW-bindable MR in ctx. */
+    ote_status_t (*pin)(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
+                        struct ibv_mr **mr_out, void **pin_out);
+    void (*unpin)(void *arg, void *pin);
+    /* Answer a served request (exactly once per request ote_grant_serve() accepted). */
+    void (*answer)(void *arg, uint64_t answer_ctx, ote_status_t st, uint32_t rkey);
+} ote_grant_source_ops_t;
+
+typedef struct ote_grant_stats {
+    uint64_t started, completed, failed, expired;
+    uint64_t slices_posted, slices_completed, partial_posts, sq_waits;
+    uint64_t served, refused, bind_failures, receipts, source_expired;
+    uint64_t stale_cqes, stale_receipts;
+    uint64_t live_requester, live_source, mw_pool, mw_retained;
+} ote_grant_stats_t;
+
+/**
+ * ote_grant_mgr_create() - grants on @ctx whose QPs use @lanes (one namespace is
+ * registered per lane). @src may be NULL for a requester-only manager.
+ */
+ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes,
+                                  uint32_t nlanes, const ote_grant_source_ops_t *src,
+                                  ote_grant_mgr_t **mgr_out);
+/* OTE_ERR_BUSY while grants live; OTE_ERR_RETAINED when a pooled MW would not dealloc. */
+ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m);
+/* Fence new grants (requester and source): OTE_ERR_PORT_DOWN / the reason given. */
+void ote_grant_mgr_fence(ote_grant_mgr_t *m, ote_status_t why);
+void ote_grant_mgr_get_stats(ote_grant_mgr_t *m, ote_grant_stats_t *out);
+
+/**
+ * ote_grant_start() - requester: take over d->qp's borrow, ask the source for the
+ * grant through @ctl and, once answered, post the slices. On OTE_OK, d->done is called
+ * exactly once later. On failure nothing was sent, the borrow is still the caller's, and
+ * done is not called.
+ */
+ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
+                             const ote_grant_ctl_t *ctl);
+/* The source's answer to grant @grant_id: OTE_OK with the window's rkey, else refused.
+ * Unknown/late ids are ignored (counted). */
+void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st, uint32_t rkey);
+
+/**
+ * ote_grant_serve() - source: serve a request from the requester connected to slot
+ * @slot of @ep (whose QP the caller borrowed; the borrow is handed over on OTE_OK). The
+ * range is checked first: OTE_ERR_ACCESS (or the pin's status) refuses before any window
+ * exists. On OTE_OK the answer comes through ops->answer once the bind completes (or
+ * fails: bind failure answers an error and retires the QP).
+ */
+ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
+                             ote_grant_op_t op, uint64_t addr, uint64_t len,
+                             ote_deadline_t deadline, uint64_t answer_ctx);
+/* Source: a receive CQE with IBV_WC_WITH_INV on QP qp_num (call from the QP's on_recv). */
+void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct ibv_wc *wc);
+
+/**
+ * ote_grant_mgr_tick() - periodic work (the transport's monitor, every few ms): retry
+ * grants waiting for SQ room, fail requester grants past their deadline (their QP is
+ * cancelled and its slot retired), and release source grants whose requester never
+ * invalidated them by their deadline (QP moved to ERR first, so the window is dead).
+ * Returns the number of grants still live.
+ */
+size_t ote_grant_mgr_tick(ote_grant_mgr_t *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
