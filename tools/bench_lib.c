@@ -198,6 +198,7 @@ void bench_options_defaults(bench_options_t *o) {
     o->n_batch_sizes = 1;
     o->threads[0] = 1;
     o->n_threads = 1;
+    o->depth = 1;
     o->duration_ns = 2 * 1000000000ull;
     o->total_bytes = 0;
     o->warmup_batches = 1;
@@ -218,7 +219,9 @@ const char *bench_usage(void) {
         "  -b, --block-size LIST    bytes per request, K/M/G suffixes, comma list sweeps\n"
         "                           (default 4K,64K,1M,16M; range 1..4G)\n"
         "  -B, --batch-size LIST    requests per batch (default 16; range 1..4096)\n"
-        "  -t, --threads LIST       submitting threads, one batch each (default 1; 1..64)\n"
+        "  -t, --threads LIST       submitting threads (default 1; 1..64)\n"
+        "  --depth N                batches each thread keeps in flight, each with its own\n"
+        "                           slots of the buffer (default 1; 1..16)\n"
         "  -d, --duration TIME      timed part of each result: 2, 2s, 500ms, 1m (default 2s)\n"
         "  -n, --total-bytes SIZE   instead of --duration: move this many bytes per result\n"
         "  -c, --check              fill the source with a pattern and verify every byte of\n"
@@ -236,7 +239,7 @@ const char *bench_usage(void) {
         "                           local address that routes to --target, port 0)\n"
         "  --advertise HOST:PORT    address reported to peers when listening on a wildcard\n"
         "  --buffer-size SIZE       registered buffer of the spawned target (default: just\n"
-        "                           enough for the largest threads*batch*block)\n"
+        "                           enough for the largest threads*depth*batch*block)\n"
         "\n"
         "Target options (--role target):\n"
         "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
@@ -248,7 +251,8 @@ const char *bench_usage(void) {
         "notification, so it must be reachable from the target (--listen/--advertise), or\n"
         "pass --remote-addr/--remote-len as printed (then --check still needs replies).\n"
         "\n"
-        "Latency is per batch: from ote_batch_submit to the return of ote_batch_wait.\n"
+        "Latency is per batch: from ote_batch_submit to the return of ote_batch_wait (with\n"
+        "--depth > 1 it includes waiting behind the batches submitted before it).\n"
         "GB/s is 10^9 bytes per second; ops/s counts requests. Exit status: 0 ok, 1 a\n"
         "transfer or --check failed, 2 bad usage.\n";
 }
@@ -268,6 +272,7 @@ enum {
     OPT_BUFFER_SIZE,
     OPT_REPORT_FD,
     OPT_TEST_CORRUPT,
+    OPT_DEPTH,
     OPT_END,
 };
 
@@ -285,8 +290,8 @@ uint64_t bench_working_set(const bench_options_t *o) {
     for (size_t i = 0; i < o->n_block_sizes; i++)
         for (size_t j = 0; j < o->n_batch_sizes; j++)
             for (size_t k = 0; k < o->n_threads; k++) {
-                /* Each factor is range-checked, so the product fits: 4G*4096*64 = 2^50. */
-                uint64_t ws = o->block_sizes[i] * o->batch_sizes[j] * o->threads[k];
+                /* Each factor is range-checked: 4G * 4096 * 64 * 16 = 2^54 fits. */
+                uint64_t ws = o->block_sizes[i] * o->batch_sizes[j] * o->threads[k] * o->depth;
                 if (ws > best) best = ws;
             }
     return best;
@@ -315,6 +320,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"buffer-size", required_argument, NULL, OPT_BUFFER_SIZE},
         {"report-fd", required_argument, NULL, OPT_REPORT_FD},
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
+        {"depth", required_argument, NULL, OPT_DEPTH},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -459,6 +465,12 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
             case OPT_TEST_CORRUPT:
                 o->test_corrupt = true;
                 break;
+            case OPT_DEPTH:
+                if (parse_u64(arg, 10, &v) != 0 || v < 1 || v > BENCH_DEPTH_MAX)
+                    return set_err(err, errlen, "--depth: '%s' is not a count in [1, %llu]", arg,
+                                   BENCH_DEPTH_MAX);
+                o->depth = v;
+                break;
             default:
                 return set_err(err, errlen, "unexpected option");
         }
@@ -479,6 +491,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
             {'j', "--json"},            {OPT_WARMUP, "--warmup"},
             {OPT_TIMEOUT, "--timeout"}, {OPT_REMOTE_ADDR, "--remote-addr"},
             {OPT_REMOTE_LEN, "--remote-len"}, {OPT_TEST_CORRUPT, "--test-corrupt"},
+            {OPT_DEPTH, "--depth"},
         };
         for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
             if (seen[initiator_only[i].opt])
@@ -505,18 +518,18 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
     char a[32], b[32];
     if (ws > BENCH_WORKING_SET_MAX)
         return set_err(err, errlen,
-                       "threads * batch * block = %s bytes is over the %s limit (each "
-                       "request has its own slot of the buffer)",
+                       "threads * depth * batch * block = %s bytes is over the %s limit "
+                       "(each request in flight has its own slot of the buffer)",
                        bench_format_size(ws, a, sizeof a),
                        bench_format_size(BENCH_WORKING_SET_MAX, b, sizeof b));
     if (o->have_remote && ws > o->remote_len)
         return set_err(err, errlen,
-                       "threads * batch * block = %s bytes does not fit --remote-len %s",
+                       "threads * depth * batch * block = %s bytes does not fit --remote-len %s",
                        bench_format_size(ws, a, sizeof a),
                        bench_format_size(o->remote_len, b, sizeof b));
     if (seen[OPT_BUFFER_SIZE] && o->buffer_size < ws)
         return set_err(err, errlen,
-                       "--buffer-size %s is smaller than threads * batch * block = %s",
+                       "--buffer-size %s is smaller than threads * depth * batch * block = %s",
                        bench_format_size(o->buffer_size, a, sizeof a),
                        bench_format_size(ws, b, sizeof b));
     return 0;

@@ -28,7 +28,8 @@ extern "C" {
 #define BENCH_BLOCK_MAX (4ull << 30)        /* one request: 4 GiB */
 #define BENCH_BATCH_MAX 4096ull
 #define BENCH_THREADS_MAX 64ull
-#define BENCH_WORKING_SET_MAX (64ull << 30) /* threads * batch * block */
+#define BENCH_DEPTH_MAX 16ull
+#define BENCH_WORKING_SET_MAX (64ull << 30) /* threads * depth * batch * block */
 #define BENCH_BUFFER_MIN 4096ull
 #define BENCH_BUFFER_MAX (1ull << 40)
 
@@ -46,6 +47,7 @@ typedef struct {
     size_t n_batch_sizes;
     uint64_t threads[BENCH_MAX_LIST];
     size_t n_threads;
+    uint64_t depth;             /* batches in flight per thread */
     uint64_t duration_ns;       /* per result; 0 when total_bytes is used */
     uint64_t total_bytes;       /* per result; 0 when duration_ns is used */
     uint64_t warmup_batches;    /* per thread, before timing */
@@ -64,7 +66,8 @@ typedef struct {
     bool test_corrupt;          /* internal: damage one byte so --check must fail */
 } bench_options_t;
 
-/* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, 2 s. */
+/* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, depth 1,
+ * 2 s per result. */
 void bench_options_defaults(bench_options_t *o);
 
 /* Parse argv (getopt_long; argv[0] is the program name). Returns 0 on success, 1 when
@@ -75,7 +78,8 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
 /* The --help text. */
 const char *bench_usage(void);
 
-/* Largest threads * batch * block over all combinations of the lists. */
+/* Largest threads * depth * batch * block over all combinations of the lists: the bytes
+ * of buffer a run needs on each side (every request in flight has its own slot). */
 uint64_t bench_working_set(const bench_options_t *o);
 
 /* "4096", "4K", "4k", "4KiB", "4KB", "64M", "1G", "1T" (binary multiples). Returns 0 and

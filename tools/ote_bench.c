@@ -10,8 +10,10 @@
  * back over a pipe, which also serves as a lifeline: when the initiator dies the pipe
  * breaks and the target exits.
  *
- * Buffer layout: request j of thread t always uses offset (t * batch + j) * block on both
- * sides, so a --check compares the destination against the pattern of the same offsets.
+ * Buffer layout: request j of batch d of thread t always uses offset
+ * ((t * depth + d) * batch + j) * block on both sides, so a --check compares the
+ * destination against the pattern of the same offsets, and batches in flight at once
+ * never share bytes.
  * The timed loop only submits, waits and resets preallocated batches; latency samples go
  * into preallocated arrays (reservoir-sampled past their capacity) and are sorted once
  * at the end.
@@ -524,21 +526,25 @@ static int route_local_address(const char *target, char *out, size_t out_len) {
 
 typedef struct run run_t;
 
+/* One thread's batches: `depth` of them, each with its own `batch` slots of the buffer,
+ * kept in flight round-robin. */
 typedef struct {
     run_t *run;
     size_t idx;
     pthread_t tid;
-    ote_batch_t *batch;
-    ote_request_t *reqs;
-    uint64_t *lat;       /* kept samples (ns) */
+    ote_batch_t *batches[BENCH_DEPTH_MAX];
+    ote_request_t *reqs;                /* depth * batch requests, batch d at d * batch */
+    uint64_t t0[BENCH_DEPTH_MAX];       /* submit time of batch d */
+    size_t n_in[BENCH_DEPTH_MAX];       /* requests of batch d in flight (0 = idle) */
+    uint64_t covered[BENCH_DEPTH_MAX];  /* most requests batch d submitted at once */
+    uint64_t *lat;                      /* kept samples (ns) */
     size_t lat_cap;
     size_t lat_n;
-    uint64_t lat_count;  /* samples taken */
+    uint64_t lat_count;                 /* samples taken */
     uint64_t lat_sum;
     uint64_t rng;
     uint64_t bytes;
     uint64_t requests;
-    uint64_t covered;    /* most requests of one batch submitted: slots that were written */
     uint64_t end_ns;
     ote_status_t err;
     char err_what[96];
@@ -551,6 +557,7 @@ struct run {
     uint64_t remote_base;
     uint64_t block;
     uint64_t batch;
+    size_t depth;
     size_t threads;
     uint64_t total_ops; /* 0: duration mode */
     _Atomic uint64_t ops_claimed;
@@ -558,7 +565,8 @@ struct run {
     _Atomic int failed;
     uint64_t start_ns;
     uint64_t deadline_ns;
-    uint64_t covered[BENCH_THREADS_MAX]; /* per thread, kept after the workers are freed */
+    /* Per (thread, depth) batch: slots written, kept after the workers are freed. */
+    uint64_t covered[BENCH_THREADS_MAX * BENCH_DEPTH_MAX];
     ote_mutex_t mu;
     ote_cond_t cv;
     size_t ready; /* workers done with warmup */
@@ -583,30 +591,39 @@ static void worker_fail(worker_t *w, const char *what, ote_status_t st) {
     atomic_store(&w->run->failed, 1);
 }
 
-/* One batch of n requests: submit, wait, reset. Returns 0, or -1 after worker_fail. */
-static int worker_batch(worker_t *w, size_t n, bool timed) {
+/* Submit n requests on batch d. Returns 0, or -1 after worker_fail. */
+static int batch_start(worker_t *w, size_t d, size_t n) {
     run_t *r = w->run;
-    uint64_t t0 = ote_now_ns();
-    ote_status_t st = ote_batch_submit(w->batch, w->reqs, n);
+    w->t0[d] = ote_now_ns();
+    ote_status_t st = ote_batch_submit(w->batches[d], w->reqs + d * r->batch, n);
     if (st != OTE_OK) {
         worker_fail(w, "ote_batch_submit", st);
         return -1;
     }
-    if (n > w->covered) w->covered = n;
-    st = ote_batch_wait(w->batch, r->o->timeout_ns);
+    w->n_in[d] = n;
+    if (n > w->covered[d]) w->covered[d] = n;
+    return 0;
+}
+
+/* Wait for batch d, record it when timed, reset it. Returns 0, or -1 after worker_fail. */
+static int batch_finish(worker_t *w, size_t d, bool timed) {
+    run_t *r = w->run;
+    ote_batch_t *b = w->batches[d];
+    size_t n = w->n_in[d];
+    ote_status_t st = ote_batch_wait(b, r->o->timeout_ns);
     uint64_t t1 = ote_now_ns();
     if (st != OTE_OK) {
         if (ote_status_code(st) == OTE_ERR_TIMEOUT) {
-            ote_batch_cancel(w->batch);
-            ote_batch_wait(w->batch, 10 * OTE_NSEC_PER_SEC);
+            ote_batch_cancel(b);
+            ote_batch_wait(b, 10 * OTE_NSEC_PER_SEC);
             worker_fail(w, "a batch passed --timeout", st);
             return -1;
         }
         /* Name the first request that did not complete. */
         for (size_t i = 0; i < n; i++) {
             ote_transfer_status_t ts;
-            if (ote_batch_status(w->batch, i, &ts) == OTE_OK &&
-                ts.state != OTE_TRANSFER_COMPLETED && ts.error != OTE_OK) {
+            if (ote_batch_status(b, i, &ts) == OTE_OK && ts.state != OTE_TRANSFER_COMPLETED &&
+                ts.error != OTE_OK) {
                 char what[96];
                 snprintf(what, sizeof what, "request %zu of a batch (state %d)", i,
                          (int)ts.state);
@@ -617,20 +634,21 @@ static int worker_batch(worker_t *w, size_t n, bool timed) {
         worker_fail(w, "ote_batch_wait", st);
         return -1;
     }
-    st = ote_batch_reset(w->batch);
+    st = ote_batch_reset(b);
     if (st != OTE_OK) {
         worker_fail(w, "ote_batch_reset", st);
         return -1;
     }
+    w->n_in[d] = 0;
     if (timed) {
-        uint64_t d = t1 - t0;
+        uint64_t lat = t1 - w->t0[d];
         w->lat_count++;
-        w->lat_sum += d;
+        w->lat_sum += lat;
         if (w->lat_n < w->lat_cap) {
-            w->lat[w->lat_n++] = d;
+            w->lat[w->lat_n++] = lat;
         } else {
             uint64_t j = xorshift(&w->rng) % w->lat_count; /* reservoir sampling */
-            if (j < w->lat_cap) w->lat[j] = d;
+            if (j < w->lat_cap) w->lat[j] = lat;
         }
         w->bytes += n * r->block;
         w->requests += n;
@@ -639,11 +657,25 @@ static int worker_batch(worker_t *w, size_t n, bool timed) {
     return 0;
 }
 
+/* Requests the next batch may carry: 0 when the run is over. */
+static size_t claim(run_t *r) {
+    if (atomic_load_explicit(&r->failed, memory_order_relaxed) || g_stop) return 0;
+    if (r->total_ops != 0) {
+        uint64_t c = atomic_fetch_add(&r->ops_claimed, r->batch);
+        if (c >= r->total_ops) return 0;
+        return (size_t)(r->total_ops - c < r->batch ? r->total_ops - c : r->batch);
+    }
+    return ote_now_ns() < r->deadline_ns ? (size_t)r->batch : 0;
+}
+
 static void *worker_main(void *arg) {
     worker_t *w = arg;
     run_t *r = w->run;
-    for (uint64_t i = 0; i < r->o->warmup_batches && !atomic_load(&r->failed) && !g_stop; i++)
-        if (worker_batch(w, (size_t)r->batch, false) != 0) break;
+    /* Warm-up: every batch once per round, untimed. */
+    for (uint64_t i = 0; i < r->o->warmup_batches && !atomic_load(&r->failed) && !g_stop; i++) {
+        size_t d = (size_t)(i % r->depth);
+        if (batch_start(w, d, (size_t)r->batch) != 0 || batch_finish(w, d, false) != 0) break;
+    }
 
     ote_mutex_lock(&r->mu);
     r->ready++;
@@ -651,17 +683,27 @@ static void *worker_main(void *arg) {
     while (!r->go) ote_cond_wait(&r->cv, &r->mu, ote_deadline_after(OTE_NSEC_PER_SEC));
     ote_mutex_unlock(&r->mu);
 
-    for (;;) {
-        if (atomic_load_explicit(&r->failed, memory_order_relaxed) || g_stop) break;
-        size_t n = (size_t)r->batch;
-        if (r->total_ops != 0) {
-            uint64_t claim = atomic_fetch_add(&r->ops_claimed, r->batch);
-            if (claim >= r->total_ops) break;
-            if (r->total_ops - claim < n) n = (size_t)(r->total_ops - claim);
-        } else if (ote_now_ns() >= r->deadline_ns) {
-            break;
+    /* Fill the pipeline, then wait for the oldest batch and refill it, until the run is
+     * over; batches in flight at the end are waited for and counted. */
+    size_t inflight = 0;
+    if (!atomic_load(&r->failed)) {
+        for (size_t d = 0; d < r->depth; d++) {
+            size_t n = claim(r);
+            if (n == 0 || batch_start(w, d, n) != 0) break;
+            inflight++;
         }
-        if (worker_batch(w, n, true) != 0) break;
+    }
+    size_t d = 0;
+    while (inflight > 0) {
+        while (w->n_in[d] == 0) d = (d + 1) % r->depth;
+        if (batch_finish(w, d, true) != 0) break; /* the rest is canceled at destroy */
+        inflight--;
+        size_t n = claim(r);
+        if (n > 0) {
+            if (batch_start(w, d, n) != 0) break;
+            inflight++;
+        }
+        d = (d + 1) % r->depth;
     }
     w->end_ns = ote_now_ns();
 
@@ -699,12 +741,15 @@ static void free_workers(run_t *r) {
     if (r->w == NULL) return;
     for (size_t i = 0; i < r->threads; i++) {
         worker_t *w = &r->w[i];
-        if (w->batch != NULL) {
-            ote_status_t st = ote_batch_destroy(w->batch);
+        for (size_t d = 0; d < r->depth; d++) {
+            ote_batch_t *b = w->batches[d];
+            if (b == NULL) continue;
+            ote_status_t st = ote_batch_destroy(b);
             if (ote_status_code(st) == OTE_ERR_BUSY) {
-                ote_batch_cancel(w->batch);
-                ote_batch_wait(w->batch, 10 * OTE_NSEC_PER_SEC);
-                st = ote_batch_destroy(w->batch);
+                /* Still in flight after a failure elsewhere: cancel, then destroy. */
+                ote_batch_cancel(b);
+                ote_batch_wait(b, 10 * OTE_NSEC_PER_SEC);
+                st = ote_batch_destroy(b);
             }
             if (st != OTE_OK) print_status("ote_batch_destroy", st);
         }
@@ -715,8 +760,14 @@ static void free_workers(run_t *r) {
     r->w = NULL;
 }
 
-/* One result: threads workers, each with one batch of `batch` requests of `block` bytes.
- * Returns 0 and fills res (all but check), or -1 when a transfer failed. */
+/* Offset of slot j of batch d of thread t, the same on both sides. */
+static uint64_t slot_offset(const run_t *r, size_t t, size_t d, uint64_t j) {
+    return (((uint64_t)t * r->depth + d) * r->batch + j) * r->block;
+}
+
+/* One result: threads workers, each keeping `depth` batches of `batch` requests of
+ * `block` bytes in flight. Returns 0 and fills res (all but check), or -1 when a transfer
+ * failed. */
 static int run_one(run_t *r, ote_engine_t *engine, bench_result_t *res) {
     const bench_options_t *o = r->o;
     int rc = -1;
@@ -728,23 +779,26 @@ static int run_one(run_t *r, ote_engine_t *engine, bench_result_t *res) {
         w->run = r;
         w->idx = t;
         w->rng = 0x9E3779B97F4A7C15ull ^ (t + 1);
-        w->reqs = calloc((size_t)r->batch, sizeof w->reqs[0]);
+        w->reqs = calloc(r->depth * (size_t)r->batch, sizeof w->reqs[0]);
         w->lat = calloc(lat_cap, sizeof w->lat[0]);
         if (w->reqs == NULL || w->lat == NULL) goto err_nomem;
         memset(w->lat, 0, lat_cap * sizeof w->lat[0]); /* fault the pages in now */
         w->lat_cap = lat_cap;
-        for (uint64_t j = 0; j < r->batch; j++) {
-            uint64_t off = ((uint64_t)t * r->batch + j) * r->block;
-            w->reqs[j].opcode = o->op == BENCH_OP_READ ? OTE_READ : OTE_WRITE;
-            w->reqs[j].local_addr = r->local + off;
-            w->reqs[j].segment = r->seg;
-            w->reqs[j].remote_addr = r->remote_base + off;
-            w->reqs[j].length = (size_t)r->block;
-        }
-        ote_status_t st = ote_batch_create(engine, (size_t)r->batch, &w->batch);
-        if (st != OTE_OK) {
-            print_status("ote_batch_create", st);
-            goto err_free;
+        for (size_t d = 0; d < r->depth; d++) {
+            for (uint64_t j = 0; j < r->batch; j++) {
+                uint64_t off = slot_offset(r, t, d, j);
+                ote_request_t *q = &w->reqs[d * r->batch + j];
+                q->opcode = o->op == BENCH_OP_READ ? OTE_READ : OTE_WRITE;
+                q->local_addr = r->local + off;
+                q->segment = r->seg;
+                q->remote_addr = r->remote_base + off;
+                q->length = (size_t)r->block;
+            }
+            ote_status_t st = ote_batch_create(engine, (size_t)r->batch, &w->batches[d]);
+            if (st != OTE_OK) {
+                print_status("ote_batch_create", st);
+                goto err_free;
+            }
         }
     }
     if (ote_mutex_init(&r->mu) != OTE_OK) goto err_free;
@@ -796,7 +850,7 @@ static int run_one(run_t *r, ote_engine_t *engine, bench_result_t *res) {
         count += w->lat_count;
         sum += w->lat_sum;
         kept += w->lat_n;
-        r->covered[t] = w->covered;
+        for (size_t d = 0; d < r->depth; d++) r->covered[t * r->depth + d] = w->covered[d];
         if (w->err != OTE_OK) {
             char bs[32], what[160];
             snprintf(what, sizeof what, "%s %s x%" PRIu64 " thread %zu: %s",
@@ -842,23 +896,24 @@ err_nomem:
     goto err_free;
 }
 
-/* Ranges a run wrote at the destination: thread t's first `covered` slots. */
-static bench_check_t check_destination(run_t *r, ctl_client_t *ctl, uint64_t seed,
-                                       const uint64_t *covered) {
+/* Verify what a run wrote at the destination: each batch's first `covered` slots. */
+static bench_check_t check_destination(run_t *r, ctl_client_t *ctl, uint64_t seed) {
     for (size_t t = 0; t < r->threads; t++) {
-        uint64_t off = (uint64_t)t * r->batch * r->block;
-        uint64_t len = covered[t] * r->block;
-        if (len == 0) continue;
-        uint64_t bad = 0;
-        if (r->o->op == BENCH_OP_READ) {
-            if (!bench_pattern_check(r->local + off, off, (size_t)len, seed, &bad)) {
-                fprintf(stderr,
-                        "ote_bench: check failed: local byte at offset %" PRIu64
-                        " differs from the target's\n",
-                        bad);
-                return BENCH_CHECK_FAILED;
+        for (size_t d = 0; d < r->depth; d++) {
+            uint64_t off = slot_offset(r, t, d, 0);
+            uint64_t len = r->covered[t * r->depth + d] * r->block;
+            if (len == 0) continue;
+            uint64_t bad = 0;
+            if (r->o->op == BENCH_OP_READ) {
+                if (!bench_pattern_check(r->local + off, off, (size_t)len, seed, &bad)) {
+                    fprintf(stderr,
+                            "ote_bench: check failed: local byte at offset %" PRIu64
+                            " differs from the target's\n",
+                            bad);
+                    return BENCH_CHECK_FAILED;
+                }
+                continue;
             }
-        } else {
             bench_ctl_msg_t req = {.verb = BENCH_CTL_VERIFY, .a = seed, .b = off, .c = len};
             bench_ctl_msg_t rep;
             if (ctl_call(ctl, &req, &rep) != 0) return BENCH_CHECK_FAILED;
@@ -929,7 +984,7 @@ static int run_initiator(const bench_options_t *o) {
     char a[32], b[32];
     if (ws > rlen) {
         fprintf(stderr,
-                "ote_bench: threads * batch * block = %s bytes does not fit the target's "
+                "ote_bench: threads * depth * batch * block = %s bytes does not fit the target's "
                 "%s-byte buffer (start the target with a larger --buffer-size)\n",
                 bench_format_size(ws, a, sizeof a), bench_format_size(rlen, b, sizeof b));
         goto out;
@@ -952,9 +1007,11 @@ static int run_initiator(const bench_options_t *o) {
 
     if (!o->json) {
         char hdr[256];
-        printf("# ote_bench: %s %s against %s%s; %s per result\n", o->transport,
-               bench_op_name(o->op), target, child.pid ? " (child on loopback)" : "",
-               o->total_bytes ? "fixed bytes" : "fixed time");
+        printf("# ote_bench: %s %s against %s%s; %s per result; %" PRIu64
+               " batch(es) in flight per thread\n",
+               o->transport, bench_op_name(o->op), target,
+               child.pid ? " (child on loopback)" : "",
+               o->total_bytes ? "fixed bytes" : "fixed time", o->depth);
         printf("# GB/s = 10^9 bytes/s; ops/s = requests/s; latency per batch (submit to "
                "wait return), microseconds\n");
         bench_format_table_header(hdr, sizeof hdr);
@@ -976,9 +1033,10 @@ static int run_initiator(const bench_options_t *o) {
                 r.block = o->block_sizes[i];
                 r.batch = o->batch_sizes[j];
                 r.threads = (size_t)o->threads[k];
+                r.depth = (size_t)o->depth;
                 if (o->total_bytes != 0)
                     r.total_ops = (o->total_bytes + r.block - 1) / r.block;
-                uint64_t region = r.block * r.batch * r.threads;
+                uint64_t region = r.block * r.batch * r.depth * r.threads;
                 uint64_t seed = ((uint64_t)getpid() << 20) ^ (++result_idx);
 
                 if (o->check) {
@@ -1001,7 +1059,7 @@ static int run_initiator(const bench_options_t *o) {
                 res.check = BENCH_CHECK_OFF;
                 if (o->check) {
                     if (o->op == BENCH_OP_READ && o->test_corrupt) local[region / 2] ^= 0x5a;
-                    res.check = check_destination(&r, &ctl, seed, r.covered);
+                    res.check = check_destination(&r, &ctl, seed);
                     if (res.check == BENCH_CHECK_FAILED) any_failed = true;
                 }
                 char line[512];

@@ -146,6 +146,7 @@ TEST_F(BenchOptionsTest, DefaultsWithNoArguments) {
     EXPECT_EQ(o_.batch_sizes[0], 16u);
     ASSERT_EQ(o_.n_threads, 1u);
     EXPECT_EQ(o_.threads[0], 1u);
+    EXPECT_EQ(o_.depth, 1u);
     EXPECT_EQ(o_.duration_ns, 2000000000ull);
     EXPECT_EQ(o_.total_bytes, 0u);
     EXPECT_FALSE(o_.check);
@@ -186,6 +187,15 @@ TEST_F(BenchOptionsTest, FullInitiatorCommandLine) {
     EXPECT_EQ(o_.remote_addr, 0x7f0000001000ull);
     EXPECT_EQ(o_.remote_len, 8ull << 30);
     EXPECT_EQ(bench_working_set(&o_), 2ull * 64 * (64ull << 20));
+}
+
+TEST_F(BenchOptionsTest, DepthMultipliesTheWorkingSet) {
+    ASSERT_EQ(Parse({"-b", "4K,1M", "-B", "8,64", "-t", "1,4", "--depth", "3"}), 0) << err_;
+    EXPECT_EQ(o_.depth, 3u);
+    // The largest combination: 1M * 64 * 4 threads * 3 batches in flight.
+    EXPECT_EQ(bench_working_set(&o_), 3ull * 4 * 64 * (1ull << 20));
+    ASSERT_EQ(Parse({"--depth=16"}), 0) << err_;
+    EXPECT_EQ(o_.depth, 16u);
 }
 
 TEST_F(BenchOptionsTest, TargetRole) {
@@ -249,6 +259,11 @@ TEST_F(BenchOptionsTest, RejectsBadValuesWithClearErrors) {
     ExpectError({"--buffer-size", "1K"}, "--buffer-size: '1K' is not a size in [4K, 1T]");
     ExpectError({"-b", "4G", "-B", "4096", "-t", "64"}, "over the 64G limit");
     ExpectError({"--report-fd", "3"}, "--report-fd is internal");
+    ExpectError({"--depth", "0"}, "--depth: '0' is not a count in [1, 16]");
+    ExpectError({"--depth", "17"}, "--depth: '17'");
+    ExpectError({"--depth", "2x"}, "--depth: '2x'");
+    ExpectError({"-b", "1G", "-B", "4096", "-t", "16", "--depth", "2"}, "threads * depth * batch * block");
+    ExpectError({"--role", "target", "--depth", "2"}, "--depth is an initiator option");
     ExpectError({"--role", "target", "--op", "read"},
                 "--op is an initiator option; not valid with --role target");
     ExpectError({"--role", "target", "--check"}, "--check is an initiator option");

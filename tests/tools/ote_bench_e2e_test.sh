@@ -77,6 +77,16 @@ if run read_check 0 --op read --block-size 4K,4097 "${COMMON[@]}"; then
     json_ok read_check 4 ok 1048576
 fi
 
+# Three batches in flight per thread, each on its own slots.
+if run depth_check 0 --op write --block-size 8K --batch-size 4 --threads 2 --depth 3 \
+    --total-bytes 2M --json --check; then
+    json_ok depth_check 1 ok 2097152
+fi
+if run depth_read 0 --op read --block-size 8K --batch-size 4 --depth 3 --total-bytes 2M \
+    --json --check; then
+    json_ok depth_read 1 ok 2097152
+fi
+
 # One block bigger than the default slice (1M), so slicing is crossed.
 if run write_big 0 --op write --block-size 3M --batch-size 2 --total-bytes 12M --json --check; then
     json_ok write_big 1 ok 12582912
