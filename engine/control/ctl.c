@@ -36,6 +36,7 @@ const char *ote_ctl_opcode_str(uint16_t opcode) {
         case OTE_CTL_NOTIFY: return "NOTIFY";
         case OTE_CTL_NOTIFY_ACK: return "NOTIFY_ACK";
         case OTE_CTL_ERROR: return "ERROR";
+        case OTE_CTL_RDMA: return "RDMA";
         default: return "UNKNOWN";
     }
 }
@@ -88,6 +89,7 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
         case OTE_CTL_HELLO_ACK:
         case OTE_CTL_NOTIFY:
         case OTE_CTL_ERROR:
+        case OTE_CTL_RDMA:
             if (m.length > OTE_CTL_MAX_BODY) return OTE_ERR_TOO_BIG;
             body_len = m.length;
             break;
@@ -162,6 +164,10 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             m.u.notify.msg = b;
             m.u.notify.len = body_len;
             break;
+        case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
+            m.u.rdma.body = b;
+            m.u.rdma.len = body_len;
+            break;
         case OTE_CTL_ERROR:
             if (body_len < 4) return OTE_ERR_PROTOCOL;
             m.u.error.min_version = get16(b);
@@ -210,6 +216,10 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             if (m->u.error.text_len > OTE_CTL_MAX_TEXT) return OTE_ERR_INVALID;
             body = 4 + m->u.error.text_len;
             break;
+        case OTE_CTL_RDMA:
+            if (m->u.rdma.len > OTE_CTL_MAX_BODY) return OTE_ERR_INVALID;
+            body = m->u.rdma.len;
+            break;
         default:
             break;
     }
@@ -244,6 +254,9 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             put16(b, m->u.error.min_version);
             put16(b + 2, m->u.error.max_version);
             if (m->u.error.text_len) memcpy(b + 4, m->u.error.text, m->u.error.text_len);
+            break;
+        case OTE_CTL_RDMA:
+            if (m->u.rdma.len) memcpy(b, m->u.rdma.body, m->u.rdma.len);
             break;
         default:
             break;

@@ -60,7 +60,11 @@ typedef enum {
     OTE_CTL_NOTIFY = 7,     /* message bytes */
     OTE_CTL_NOTIFY_ACK = 8, /* status only */
     OTE_CTL_ERROR = 9,      /* status, the sender's version range and a text */
-    OTE_CTL_OPCODE_MAX = 9,
+    /* RDMA transport control (engine/rdma/proto.h): an opaque body of at most
+     * OTE_CTL_MAX_BODY bytes whose own codec (QP handshake, grant request/answer) checks
+     * it. Added for the RDMA transport; TCP peers never send it. */
+    OTE_CTL_RDMA = 10,
+    OTE_CTL_OPCODE_MAX = 10,
 } ote_ctl_opcode_t;
 
 typedef struct {
@@ -99,6 +103,10 @@ typedef struct {
             const char *text;
             uint32_t text_len;
         } error;
+        struct {
+            const uint8_t *body; /* OTE_CTL_RDMA: decoded by engine/rdma/proto.c */
+            uint32_t len;
+        } rdma;
     } u;
 } ote_ctl_msg_t;
 
