@@ -3,7 +3,8 @@
 #
 # Runs back to back on loopback, one after the other (never concurrently):
 #   1. ote_bench (self-spawned target on 127.0.0.1): 64 MiB WRITE and READ (one request
-#      per batch), and 4 KiB requests in batches of 64 (WRITE and READ);
+#      per batch), and 4 KiB requests in batches of 64 (WRITE and READ; and for
+#      information WRITE with two batches in flight, --depth 2);
 #   2. iperf3, one TCP stream, server bound to 127.0.0.1;
 #   3. ucx_perftest (UCT over tcp on the lo device, UCX_TLS=tcp): put_bw at 64 MiB and
 #      am_bw at 4 KiB (the better of the short and bcopy layouts);
@@ -140,11 +141,13 @@ ote() {
     printf -v "OTE_${name}_GBPS" '%s' "$(json_field "$line" gbps)"
     printf -v "OTE_${name}_OPS" '%s' "$(json_field "$line" ops_per_sec)"
 }
-OTE_W64M_GBPS="" OTE_R64M_GBPS="" OTE_W4K_OPS="" OTE_R4K_OPS=""
+OTE_W64M_GBPS="" OTE_R64M_GBPS="" OTE_W4K_OPS="" OTE_R4K_OPS="" OTE_W4KD2_OPS=""
 ote W64M --op write --block-size 64M --batch-size 1
 ote R64M --op read --block-size 64M --batch-size 1
 ote W4K --op write --block-size 4K --batch-size 64
 ote R4K --op read --block-size 4K --batch-size 64
+# Information only: the same requests with two batches per thread in flight.
+ote W4KD2 --op write --block-size 4K --batch-size 64 --depth 2
 
 # ---- 2. iperf3, one stream ---------------------------------------------------------
 IPERF_GBPS=""
@@ -225,6 +228,7 @@ printf '%-52s %14s\n' "iperf3 one stream (receiver)" "$(fmt "$IPERF_GBPS" '%.3f 
 printf '%-52s %14s\n' "ucx_perftest put_bw 64 MiB (UCX_TLS=tcp, zcopy)" "$(fmt "$UCX_PUT_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench WRITE 4 KiB, batch 64, 1 thread" "$(fmt "$OTE_W4K_OPS" '%.0f msg/s')"
 printf '%-52s %14s\n' "ote_bench READ  4 KiB, batch 64, 1 thread" "$(fmt "$OTE_R4K_OPS" '%.0f msg/s')"
+printf '%-52s %14s\n' "ote_bench WRITE 4 KiB, batch 64, depth 2 (info)" "$(fmt "$OTE_W4KD2_OPS" '%.0f msg/s')"
 printf '%-52s %14s\n' "ucx_perftest am_bw 4 KiB (UCX_TLS=tcp, ${UCX_AM_LAYOUT:-?})" "$(fmt "$UCX_AM_MR" '%.0f msg/s')"
 echo
 echo "ratios (target)"

@@ -978,6 +978,10 @@ static int run_initiator(const bench_options_t *o) {
     if (raddr == 0) {
         bench_ctl_msg_t req = {.verb = BENCH_CTL_INFO}, rep;
         if (ctl_call(&ctl, &req, &rep) != 0) goto out;
+        if (rep.a == 0 || rep.b == 0) {
+            fprintf(stderr, "ote_bench: the target %s reported no buffer\n", target);
+            goto out;
+        }
         raddr = rep.a;
         rlen = rep.b;
     }
