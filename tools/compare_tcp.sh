@@ -124,6 +124,8 @@ ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2fx", a / b }'
 }
 
+LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
+
 # ---- 1. ote_bench ------------------------------------------------------------------
 # ote NAME ARGS...: one result line; sets OTE_<NAME>_GBPS and OTE_<NAME>_OPS.
 ote() {
@@ -221,6 +223,7 @@ done
 # ---- report ------------------------------------------------------------------------
 echo
 echo "OrbitTE TCP vs anchors, loopback, $(nproc) CPUs, ${SECS} s per figure, $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load average at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg) (other work skews every figure)"
 printf '%-52s %14s\n' "figure" "value"
 printf '%-52s %14s\n' "ote_bench WRITE 64 MiB, batch 1, 1 thread" "$(fmt "$OTE_W64M_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench READ  64 MiB, batch 1, 1 thread" "$(fmt "$OTE_R64M_GBPS" '%.3f GB/s')"
