@@ -35,7 +35,8 @@
  * the QP keeps its native objects, buffers and charges, is counted as retained in its
  * context and OTE_ERR_RETAINED is returned; call ote_qp_destroy() again later.
  *
- * Thread-safe. Completion callbacks may post on the QP.
+ * Thread-safe. Completion callbacks may post on the QP, but must not call
+ * ote_qp_wait_idle() or ote_qp_destroy() (both drive the lane that runs them).
  */
 #ifndef OTE_QP_QP_H
 #define OTE_QP_QP_H

@@ -14,6 +14,7 @@
 #include "tests/qp/qp_fixture.h"
 
 extern "C" {
+#include "base/alloc.h"
 #include "verbs/sim/sim.h"
 }
 
@@ -74,6 +75,49 @@ TEST_F(QpFaultTest, CreateQpFailingLeaksNothingAndRetrySucceeds) {
     ote_qp_t *b = MakeQp(1, cfg);
     ASSERT_EQ(ConnectPair(a, b), OTE_OK);
     ProveUsable(a, b, 1);
+}
+
+TEST_F(QpFaultTest, AllocationFailuresDuringCreateAndConnectLeakNothing) {
+    ExpectErrorLogs();  // the provider's own allocations fail too
+    ote_qp_config_t cfg = Config(16, 4, 64);
+    int failures = 0;
+    for (uint64_t n = 1; n < 300; n++) {
+        ote_alloc_fail_nth(n);
+        ote_qp_t *qp = nullptr;
+        ote_status_t st = ote_qp_create(lane_[0], &cfg, &qp);
+        ote_alloc_fail_disarm();
+        if (st != OTE_OK) {
+            failures++;
+            EXPECT_EQ(qp, nullptr);
+            continue;
+        }
+        EXPECT_EQ(ote_qp_destroy(qp, Soon()), OTE_OK);
+        EXPECT_GT(failures, 0);
+        break;
+    }
+    EXPECT_GT(failures, 0);
+    EXPECT_EQ(ote_context_retained(ctx_[0], OTE_RETAINED_QP), 0u);
+    EXPECT_EQ(ote_context_retained(ctx_[0], OTE_RETAINED_MR), 0u);
+    // Connect under allocation failure: a failed connect can be retried.
+    ote_qp_t *a = MakeQp(0, cfg);
+    ote_qp_t *b = MakeQp(1, cfg);
+    ote_qp_path_t pa, pb;
+    ote_qp_local_path(a, &pa);
+    ote_qp_local_path(b, &pb);
+    ote_alloc_fail_nth(1);
+    ote_status_t st = ote_qp_connect(a, &pb);
+    ote_alloc_fail_disarm();
+    EXPECT_NE(st, OTE_OK);
+    ASSERT_EQ(ote_qp_connect(a, &pb), OTE_OK);
+    ASSERT_EQ(ote_qp_connect(b, &pa), OTE_OK);
+    ProveUsable(a, b, 1);
+    // Every lane charge is accounted for: destroying the QPs returns all of them.
+    Forget(a);
+    Forget(b);
+    EXPECT_EQ(ote_qp_destroy(a, Soon()), OTE_OK);
+    EXPECT_EQ(ote_qp_destroy(b, Soon()), OTE_OK);
+    EXPECT_EQ(ote_cq_lane_outstanding(lane_[0], OTE_CQ_RECV), 0u);
+    EXPECT_EQ(ote_cq_lane_outstanding(lane_[1], OTE_CQ_RECV), 0u);
 }
 
 TEST_F(QpFaultTest, ModifyToRtrFailingLeavesInitAndConnectRetrySucceeds) {
