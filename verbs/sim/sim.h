@@ -35,6 +35,29 @@
  * sim instances on the host (the sim retries another id until its listening socket
  * name is free), so two processes using the default can tell each other apart. An
  * explicit GID that another instance already holds makes open fail (OTE_ERR_EXISTS).
+ *
+ * Where the sim differs from a NIC (see VERBS_FACTS.md for the NIC side):
+ * - RC only (other QP types, SRQ: EOPNOTSUPP); no atomics (atomic_cap NONE, atomic
+ *   opcodes EINVAL at post); type-1 windows EOPNOTSUPP; no alternate paths/APM,
+ *   COMM_EST or LID routing (a GRH is required on IB ports too).
+ * - One message is one transfer: PSNs advance by packets (length / path MTU) but the
+ *   data is not cut into MTU packets, so no MTU-size drops; duplicates and out-of-order
+ *   PSNs are dropped silently (a NIC NAKs a sequence error once), so a PSN mismatch ends
+ *   in RETRY_EXC_ERR.
+ * - Retry exceeded: no retransmission; when the peer's socket closes (process died) the
+ *   WRs fail after min(4.096 us * 2^timeout * (retry_cnt+1), cap), when the peer is
+ *   alive but silent (its QP gone, in ERR, or its port down) after max(that, 1 s)
+ *   capped likewise; timeout 0 (infinite on a NIC) means the cap.
+ * - CQ overrun: poll_cq on the CQ fails with -EIO from then on; the NIC may keep
+ *   returning (corrupt) entries. destroy_cq/destroy_qp with unacked events wait up to
+ *   1 s, then fail EBUSY (rdma-core blocks); close_device with children fails EBUSY
+ *   (rdma-core returns 0 and leaks). Repeated arming before get_cq_event coalesces into
+ *   one channel event per CQ. Blocking get_cq_event/get_async_event wait as long as the
+ *   verb does (the caller chose a blocking fd).
+ * - Responder errors: write to an MR without QP REMOTE_WRITE access -> requester
+ *   REM_INV_REQ_ERR (as rxe); WRITE_WITH_IMM protection error -> responder LOC_ACCESS_ERR;
+ *   bad SEND_WITH_INV rkey -> requester REM_INV_REQ_ERR, responder LOC_QP_OP_ERR.
+ *   max_dest_rd_atomic is not enforced at the responder; max_rd_atomic 0 acts as 1.
  */
 #ifndef OTE_VERBS_SIM_SIM_H
 #define OTE_VERBS_SIM_SIM_H
