@@ -201,6 +201,10 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
             e->capregs = ncap;
         }
     }
+    /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
+     * failure leaves nothing registered. NULL for transports that need none (tcp). */
+    if (st == OTE_OK && e->tp->ops->mem_register != NULL)
+        st = e->tp->ops->mem_register(e->tp, addr, len, perms);
     if (st == OTE_OK) {
         size_t at = (size_t)(i + 1);
         memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
@@ -228,6 +232,9 @@ ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
         st = OTE_ERR_NOT_FOUND;
     } else if (atomic_load(&e->regs[i]->inuse) > 0) {
         st = OTE_ERR_BUSY;
+    } else if (e->tp->ops->mem_unregister != NULL &&
+               (st = e->tp->ops->mem_unregister(e->tp, addr)) != OTE_OK) {
+        /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {
         victim = e->regs[i];
         memmove(&e->regs[i], &e->regs[i + 1], (e->nregs - (size_t)i - 1) * sizeof(*e->regs));
@@ -247,7 +254,7 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     ote_status_t st = ote__config_resolve(cfg, &rc);
     if (st != OTE_OK) return st;
     if (rc.log_level[0]) ote_log_set_level((ote_log_level_t)ote_log_parse_level(rc.log_level));
-    if (strcmp(rc.transport, "tcp") != 0) {
+    if (strcmp(rc.transport, "tcp") != 0 && strcmp(rc.transport, "rdma") != 0) {
         OTE_ERROR("engine",
                   "transport=%s requested, but this build has no %s transport yet; refusing to "
                   "create the engine (no fallback to tcp)",
@@ -270,7 +277,10 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     st = ote_cond_init(&e->ocv);
     if (st != OTE_OK) goto err_omu;
     ote__host_t host = {.arg = e, .pin = host_pin, .unpin = host_unpin, .deliver_notify = host_deliver};
-    st = ote__tcp_create(&e->cfg, &host, &e->tp);
+    /* transport=rdma selects engine/rdma/ (no fallback: its creation fails, naming what is
+     * missing, when no device is usable). */
+    if (strcmp(rc.transport, "rdma") == 0) st = ote__rdma_create(&e->cfg, &host, &e->tp);
+    else st = ote__tcp_create(&e->cfg, &host, &e->tp);
     if (st != OTE_OK) goto err_ocv;
     *engine_out = e;
     return OTE_OK;

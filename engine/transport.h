@@ -81,6 +81,11 @@ typedef struct {
     /* Close the peer's connections; the peer must have no slices in flight. */
     ote_status_t (*peer_close)(ote__tpeer_t *peer);
     void (*destroy)(ote__transport_t *tp);
+    /* Optional (NULL: not needed, as for tcp). Called by ote_memory_register/unregister
+     * under the engine's registry lock: the RDMA transport publishes/deregisters the
+     * range's MRs here. A failure refuses the (un)registration. */
+    ote_status_t (*mem_register)(ote__transport_t *tp, void *addr, size_t len, unsigned perms);
+    ote_status_t (*mem_unregister)(ote__transport_t *tp, void *addr);
 } ote__transport_ops_t;
 
 struct ote__transport {
@@ -91,6 +96,10 @@ struct ote__transport {
 struct ote__cfg_s;
 ote_status_t ote__tcp_create(const struct ote__cfg_s *cfg, const ote__host_t *host,
                              ote__transport_t **tp_out);
+/* The RDMA transport (engine/rdma/): verbs_provider sim|rdma-core. OTE_ERR_NO_DEVICE when
+ * no device is usable (never a fallback to tcp). */
+ote_status_t ote__rdma_create(const struct ote__cfg_s *cfg, const ote__host_t *host,
+                              ote__transport_t **tp_out);
 
 #ifdef __cplusplus
 }

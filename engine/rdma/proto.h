@@ -1,0 +1,59 @@
+/*
+ * engine/rdma/proto.h - the RDMA transport's control messages, carried in the body of
+ * OTE_CTL_RDMA frames (engine/control/ctl.h). Little endian, fixed sizes per type; the
+ * decoder checks the exact size of each type before reading it and never allocates.
+ *
+ *   body = type u16, reserved u16 (0), then:
+ *   INFO / INFO_ACK   process u64, pd u64, nic u32, lanes u32          (identity + width)
+ *   CONNECT           slot u32, cap u32, path (gid 16, lid u32, qpn u32, psn u32, mtu u32)
+ *   CONNECT_ACK       the source's path (status in the frame header)
+ *   GRANT_REQ         slot u32, op u32, source qpn u32, requester qpn u32, addr u64, len u64
+ *   GRANT_RESP        rkey u32 (status in the frame header; req_id = the grant id)
+ */
+#ifndef OTE_ENGINE_RDMA_PROTO_H
+#define OTE_ENGINE_RDMA_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "qp/qp.h"
+
+enum {
+    OTE_RP_INFO = 1,
+    OTE_RP_INFO_ACK = 2,
+    OTE_RP_CONNECT = 3,
+    OTE_RP_CONNECT_ACK = 4,
+    OTE_RP_GRANT_REQ = 5,
+    OTE_RP_GRANT_RESP = 6,
+};
+
+typedef struct {
+    uint16_t type;
+    union {
+        struct {
+            uint64_t process, pd;
+            uint32_t nic, lanes;
+        } info;
+        struct {
+            uint32_t slot, cap;
+            ote_qp_path_t path;
+        } connect;
+        struct {
+            uint32_t slot, op, src_qpn, req_qpn;
+            uint64_t addr, len;
+        } grant;
+        struct {
+            uint32_t rkey;
+        } resp;
+    } u;
+} ote_rp_msg_t;
+
+#define OTE_RP_MAX_BODY 64u
+
+/* Encode into buf (>= OTE_RP_MAX_BODY bytes); returns the body length. */
+size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf);
+/* OTE_ERR_PROTOCOL for an unknown type or a size that is not the type's exact size. */
+ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out);
+
+#endif
