@@ -271,16 +271,17 @@ static int run_target(const bench_options_t *o) {
 
     for (;;) {
         if (g_stop || parent_gone(o->report_fd)) break;
-        char msg[MSG_MAX];
+        char msg[OTE_NOTIFY_MAX]; /* the largest any peer may send: never OTE_ERR_TOO_BIG */
         char from[BENCH_ADDR_MAX];
         size_t len = 0;
         from[0] = '\0';
         st = ote_notify_recv(t.engine, msg, sizeof msg, &len, from, sizeof from, RECV_SLICE_NS);
         if (ote_status_code(st) == OTE_ERR_TIMEOUT) continue;
         if (ote_status_code(st) == OTE_ERR_TOO_BIG) {
-            /* Not ours, and it stays queued: there is no way to skip it. */
+            /* Cannot happen with an OTE_NOTIFY_MAX buffer; a message that stays queued
+             * would block every later one, so stop rather than spin. */
             fprintf(stderr, "ote_bench: target: a notification over %d bytes arrived; stopping\n",
-                    MSG_MAX);
+                    OTE_NOTIFY_MAX);
             goto err_close_peers;
         }
         if (st != OTE_OK) {
@@ -465,7 +466,7 @@ static int ctl_call(ctl_client_t *c, bench_ctl_msg_t *req, bench_ctl_msg_t *rep)
                     c->target, CTL_TIMEOUT_NS / OTE_NSEC_PER_SEC, me);
             return -1;
         }
-        char buf[MSG_MAX];
+        char buf[OTE_NOTIFY_MAX];
         size_t len = 0;
         st = ote_notify_recv(c->engine, buf, sizeof buf, &len, NULL, 0,
                              left < RECV_SLICE_NS ? left : RECV_SLICE_NS);
