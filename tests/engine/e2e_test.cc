@@ -180,7 +180,7 @@ TEST_F(E2eTest, UnregisterWhileInUseIsBusy) {
     // finish, so the registration is certainly in use.
     std::vector<uint8_t> buf(1u << 20, 3);
     ASSERT_EQ(ote_memory_register(engine_, buf.data(), buf.size(), OTE_PERM_READ), OTE_OK);
-    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);
+    ASSERT_TRUE(target_.Stop());
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
     ote_request_t r = {OTE_WRITE, buf.data() + 100, seg_, target_.rw, 4096};
@@ -193,7 +193,7 @@ TEST_F(E2eTest, UnregisterWhileInUseIsBusy) {
     ote_transfer_status_t ts;
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING);
-    ASSERT_EQ(kill(target_.pid, SIGCONT), 0);
+    ASSERT_TRUE(target_.Cont());
     EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(engine_, buf.data()), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(engine_, buf.data()), OTE_ERR_NOT_FOUND);
@@ -211,7 +211,7 @@ TEST_F(E2eTest, CancelQueuedAndInFlightTouchesNothingOutside) {
     std::vector<uint8_t> src(kN * kLen);
     ote_pattern_fill(src.data(), src.size(), 77, 0);
     uint64_t outside = target_.Hash("rw", kN * kLen, 1u << 20);
-    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);
+    ASSERT_TRUE(target_.Stop());
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(engine_, kN, &b), OTE_OK);
     std::vector<ote_request_t> r(kN);
@@ -220,7 +220,7 @@ TEST_F(E2eTest, CancelQueuedAndInFlightTouchesNothingOutside) {
         r[i] = {OTE_WRITE, src.data() + i * kLen, seg_, target_.rw + i * kLen, kLen / 2};
     ASSERT_EQ(ote_batch_submit(b, r.data(), kN), OTE_OK);
     EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
-    ASSERT_EQ(kill(target_.pid, SIGCONT), 0);
+    ASSERT_TRUE(target_.Cont());
     ote_status_t st = ote_batch_wait(b, 30 * kSec);
     EXPECT_TRUE(st == OTE_OK || st == OTE_ERR_CANCELED) << ote_status_str(st);
     int canceled = 0;
@@ -336,7 +336,7 @@ TEST_F(E2eTest, PeerKilledMidTransfer) {
     });
 
     std::vector<uint8_t> big(64u << 20, 7);
-    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);  // certainly mid-transfer when killed
+    ASSERT_TRUE(target_.Stop());  // certainly mid-transfer when killed
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(engine_, 4, &b), OTE_OK);
     ote_request_t r[2] = {{OTE_WRITE, big.data(), seg_, target_.rw, big.size()},
@@ -397,7 +397,7 @@ TEST_F(E2eTest, HungPeerTimesOutAtDeadline) {
     ote_segment_t *s = nullptr;
     ASSERT_EQ(ote_segment_open(e2, target_.address.c_str(), &s), OTE_OK);
     std::vector<uint8_t> buf(4u << 20, 1);
-    ASSERT_EQ(kill(target_.pid, SIGSTOP), 0);
+    ASSERT_TRUE(target_.Stop());
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(e2, 4, &b), OTE_OK);
     ote_request_t r = {OTE_WRITE, buf.data(), s, target_.rw, buf.size()};
@@ -410,7 +410,7 @@ TEST_F(E2eTest, HungPeerTimesOutAtDeadline) {
     ote_transfer_status_t ts;
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT);
-    ASSERT_EQ(kill(target_.pid, SIGCONT), 0);
+    ASSERT_TRUE(target_.Cont());
     ASSERT_EQ(ote_batch_reset(b), OTE_OK);
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 20 * kSec), OTE_OK);

@@ -150,6 +150,14 @@ int Target::Quit() {
     return -1;
 }
 
+bool Target::Stop() {
+    if (pid <= 0 || kill(pid, SIGSTOP) != 0) return false;
+    int status = 0;
+    return waitpid(pid, &status, WUNTRACED) == pid && WIFSTOPPED(status);
+}
+
+bool Target::Cont() { return pid > 0 && kill(pid, SIGCONT) == 0; }
+
 void Target::Kill() {
     if (pid <= 0) return;
     kill(pid, SIGKILL);

@@ -26,6 +26,10 @@ class Target {
     std::string Command(const std::string &cmd, int timeout_ms = 30000);
     // Ask it to quit and reap it; returns its exit status (or -1).
     int Quit();
+    // SIGSTOP it and return once it has stopped (waitpid WUNTRACED): from then on it
+    // certainly does not answer. Cont() resumes it.
+    bool Stop();
+    bool Cont();
     // SIGKILL it and reap it.
     void Kill();
 
