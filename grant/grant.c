@@ -68,6 +68,7 @@ struct grant {
     int waiting;          /* on the lane wait list */
     grant_t *wait_next;
     grant_t *fin_next;    /* deferred end */
+    int finished;         /* on a deferred end list: never again */
 
     /* requester */
     rstate_t rstate;
@@ -199,7 +200,7 @@ static void wait_add(mlane_t *ml, grant_t *g) {
 /* End a record once nothing it posted is owed any more. m->mu held. */
 static void maybe_finish(grant_t *g, defer_t *df) {
     ote_grant_mgr_t *m = g->m;
-    if (g->outstanding != 0) return;
+    if (g->outstanding != 0 || g->finished) return;
     if (!g->source) {
         int ended = g->rstate == R_ENDED || (g->failed != OTE_OK && g->rstate != R_ENDED);
         if (!ended) return;
@@ -210,6 +211,7 @@ static void maybe_finish(grant_t *g, defer_t *df) {
         else m->stats.failed++;
         m->stats.live_requester--;
         g->rstate = R_ENDED;
+        g->finished = 1;
         g->fin_next = df->fin;
         df->fin = g;
         return;
@@ -241,6 +243,7 @@ static void maybe_finish(grant_t *g, defer_t *df) {
     }
     give_back_qp(g, g->failed != OTE_OK);
     m->stats.live_source--;
+    g->finished = 1;
     g->fin_next = df->fin;
     df->fin = g;
 }
