@@ -1,0 +1,93 @@
+// endpoint fault_test: construction under verbs faults leaks nothing and leaves the slot
+// usable; a QP that will not die keeps its slot (retained) until a destroy succeeds.
+#include <gtest/gtest.h>
+
+#include "tests/grant/rig.h"
+#include "tests/util/test_base.h"
+
+namespace {
+
+using ote_test::kMs;
+using ote_test::Rig;
+
+class EndpointFaultTest : public ote_test::OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        ExpectErrorLogs();
+        rig_.with_grants = false;
+        rig_.Open(1 << 20);
+    }
+    void TearDown() override {
+        rig_.Close();
+        OteTest::TearDown();
+    }
+    Rig rig_;
+};
+
+TEST_F(EndpointFaultTest, CreateQpFailsNothingLeakedSlotUsableOnRetry) {
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_CREATE_QP, OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
+    ote_qp_t *qp = nullptr;
+    EXPECT_NE(rig_.Borrow(1, 0, &qp), OTE_OK);
+    EXPECT_EQ(qp, nullptr);
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP), 0u); /* nothing made */
+    EXPECT_EQ(ote_context_retained(rig_.c0, OTE_RETAINED_QP), 0u);
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+    ote_endpoint_stats_t st;
+    ote_endpoint_store_stats(rig_.s0, &st);
+    EXPECT_EQ(st.build_failures, 1u);
+    EXPECT_EQ(st.built, 1u);
+}
+
+// Exchange that builds the source side, then makes the requester's next modify_qp (its
+// INIT->RTR) fail.
+ote_status_t FailRtrExchange(void *arg, uint32_t slot, const ote_qp_path_t *local,
+                             ote_qp_path_t *peer_out, ote_deadline_t dl) {
+    Rig::Xarg *x = static_cast<Rig::Xarg *>(arg);
+    ote_status_t st = Rig::Exchange(arg, slot, local, peer_out, dl);
+    if (st == OTE_OK) ote_verbs_fault_fail(x->r->v, OTE_VERBS_FAULT_OP_MODIFY_QP, OTE_FAULT_NTH, 1, EINVAL);
+    return st;
+}
+
+TEST_F(EndpointFaultTest, ModifyToRtrFailsQpDestroyedSlotUsableOnRetry) {
+    Rig::Xarg x = {&rig_, 1};
+    ote_qp_t *qp = nullptr;
+    uint64_t destroys = ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP);
+    EXPECT_NE(ote_endpoint_borrow(rig_.ep0[1], 0, FailRtrExchange, &x, ote_deadline_after(2000 * kMs), &qp),
+              OTE_OK);
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP), destroys + 1);
+    EXPECT_EQ(ote_context_retained(rig_.c0, OTE_RETAINED_QP), 0u);
+    EXPECT_EQ(ote_endpoint_ready_count(rig_.ep0[1]), 0u);
+    // Retry: the requester builds a new QP; the source replaces its orphaned pair.
+    ote_qp_t *src_old = nullptr;
+    ASSERT_EQ(ote_endpoint_borrow_ready(rig_.ep1[1], 0, 0, &src_old), OTE_OK);
+    ote_endpoint_retire(rig_.ep1[1], 0, src_old);
+    ote_endpoint_return(rig_.ep1[1], 0, src_old);
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_qp_stats_t s;
+    ote_qp_get_stats(qp, &s);
+    EXPECT_EQ(s.state, IBV_QPS_RTS);
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+}
+
+TEST_F(EndpointFaultTest, DestroyBusyRetainsQpInSlotUntilReclaimSucceeds) {
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(0, 0, &qp), OTE_OK);
+    ote_endpoint_retire(rig_.ep0[0], 0, qp);
+    ote_endpoint_return(rig_.ep0[0], 0, qp);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP, nullptr, 1), OTE_OK);
+    size_t left = 0;
+    EXPECT_NE(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(200 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 1u);
+    EXPECT_EQ(ote_context_retained(rig_.c0, OTE_RETAINED_QP), 1u);
+    ote_endpoint_stats_t st;
+    ote_endpoint_store_stats(rig_.s0, &st);
+    EXPECT_EQ(st.retained_now, 1u);
+    // The slot stays occupied while retained; the next reclaim succeeds and frees it.
+    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(200 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 0u);
+    EXPECT_EQ(ote_context_retained(rig_.c0, OTE_RETAINED_QP), 0u);
+}
+
+}  // namespace
