@@ -45,6 +45,7 @@ struct Rig {
     ote_endpoint_t *ep0[2] = {}, *ep1[2] = {};
     bool with_grants = true;
     uint64_t src_deadline_ms = 5000;
+    std::atomic<unsigned> partial_k{0}; /* arm a partial post just before the next answer */
 
     static ote_status_t Pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
                             struct ibv_mr **mr_out, void **pin_out) {
@@ -61,7 +62,10 @@ struct Rig {
     }
     static void Unpin(void *arg, void *) { static_cast<Rig *>(arg)->pins--; }
     static void Answer(void *arg, uint64_t ctx, ote_status_t st, uint32_t rkey) {
-        ote_grant_on_answer(static_cast<Rig *>(arg)->g0, ctx, st, rkey);
+        Rig *r = static_cast<Rig *>(arg);
+        unsigned k = r->partial_k.exchange(0);
+        if (k) ote_verbs_fault_partial_post(r->v, OTE_VERBS_FAULT_OP_POST_SEND, k, ENOMEM);
+        ote_grant_on_answer(r->g0, ctx, st, rkey);
     }
     static void OnRecv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *) {
         Rig *r = static_cast<Rig *>(arg);

@@ -1,0 +1,201 @@
+// grant_test: slice geometry, and grants between two contexts of one sim instance.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "tests/grant/rig.h"
+#include "tests/util/test_base.h"
+
+namespace {
+
+using ote_test::Done;
+using ote_test::kMs;
+using ote_test::Rig;
+
+constexpr unsigned long long B = OTE_GRANT_BLOCK;
+
+TEST(GrantGeometryTest, BlocksAndFoldedTails) {
+    EXPECT_EQ(ote_grant_slice_count(0), 0u);
+    EXPECT_EQ(ote_grant_slice_count(1), 1u);
+    EXPECT_EQ(ote_grant_slice_count(B - 1), 1u);
+    EXPECT_EQ(ote_grant_slice_count(B), 1u);
+    EXPECT_EQ(ote_grant_slice_count(B + 1), 1u);              /* 1-byte tail folded */
+    EXPECT_EQ(ote_grant_slice_count(B + B / 4 - 1), 1u);      /* under a quarter: folded */
+    EXPECT_EQ(ote_grant_slice_count(B + B / 4), 2u);          /* a quarter: own slice */
+    EXPECT_EQ(ote_grant_slice_count(2 * B), 2u);
+    EXPECT_EQ(ote_grant_slice_count(64ull << 20), 1024u);
+    uint64_t off;
+    uint32_t len;
+    ote_grant_slice_at(B + 100, 0, &off, &len);
+    EXPECT_EQ(off, 0u);
+    EXPECT_EQ(len, B + 100);
+    ote_grant_slice_at(B + B / 4, 1, &off, &len);
+    EXPECT_EQ(off, B);
+    EXPECT_EQ(len, B / 4);
+    // Slices tile [0, len) exactly for many lengths.
+    for (uint64_t n : {1ull, 7ull, B - 3, B, B + 5, 3 * B + B / 4 - 1, 3 * B + B / 4, 10 * B + 12345}) {
+        uint64_t next = 0;
+        for (uint32_t i = 0; i < ote_grant_slice_count(n); i++) {
+            ote_grant_slice_at(n, i, &off, &len);
+            EXPECT_EQ(off, next) << n;
+            EXPECT_GT(len, 0u);
+            EXPECT_LT(len, B + B / 4) << n;
+            next = off + len;
+        }
+        EXPECT_EQ(next, n);
+    }
+}
+
+class GrantTest : public ote_test::OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        rig_.Open(8u << 20);
+    }
+    void TearDown() override {
+        rig_.Close();
+        EXPECT_EQ(rig_.pins.load(), 0) << "registration pins leaked";
+        OteTest::TearDown();
+    }
+
+    // Run one grant over [src+off, +len) to completion; returns its status.
+    ote_status_t Run(ote_grant_op_t op, uint8_t *local, uint32_t lkey, uint64_t off, uint64_t len,
+                     uint32_t slot = 0, uint64_t timeout_ms = 5000) {
+        int cap = op == OTE_GRANT_WRITE ? 1 : 0;
+        ote_qp_t *qp = nullptr;
+        ote_status_t st = rig_.Borrow(cap, slot, &qp);
+        if (st != OTE_OK) return st;
+        Done d;
+        ote_grant_desc_t g = {};
+        g.op = op;
+        g.local = local;
+        g.lkey = lkey;
+        g.remote = (uintptr_t)rig_.src.data() + off;
+        g.len = len;
+        g.ep = rig_.ep0[cap];
+        g.slot = slot;
+        g.qp = qp;
+        g.deadline = ote_deadline_after(timeout_ms * kMs);
+        g.done = Done::Fn;
+        g.done_arg = &d;
+        ote_grant_ctl_t ctl = {&rig_, Rig::Request};
+        st = ote_grant_start(rig_.g0, &g, &ctl);
+        if (st != OTE_OK) {
+            ote_endpoint_return(rig_.ep0[cap], slot, qp);
+            return st;
+        }
+        EXPECT_TRUE(d.Wait(rig_, 20000)) << "grant did not end";
+        EXPECT_EQ(d.calls.load(), 1);
+        return d.st.load();
+    }
+
+    struct ibv_mr *LocalMr(std::vector<uint8_t> &buf) {
+        struct ibv_mr *mr = nullptr;
+        EXPECT_EQ(rig_.v->ops->reg_mr(rig_.v, ote_context_pd(rig_.c0), buf.data(), buf.size(),
+                                      IBV_ACCESS_LOCAL_WRITE, &mr),
+                  0);
+        mrs_.push_back(mr);
+        return mr;
+    }
+    void FreeMrs() {
+        for (auto *mr : mrs_) EXPECT_EQ(rig_.v->ops->dereg_mr(rig_.v, mr), 0);
+        mrs_.clear();
+    }
+
+    Rig rig_;
+    std::vector<struct ibv_mr *> mrs_;
+};
+
+TEST_F(GrantTest, WriteThenReadExactBytesThroughWindows) {
+    std::vector<uint8_t> out(3 * B + 999), in(3 * B + 999 + 2, 0xEE);
+    for (size_t i = 0; i < out.size(); i++) out[i] = (uint8_t)(i * 7 + 1);
+    struct ibv_mr *mo = LocalMr(out), *mi = LocalMr(in);
+    for (uint64_t len : {1ull, 4093ull, B, B + 1, 3 * B + 999}) {
+        std::fill(rig_.src.begin(), rig_.src.end(), 0);
+        ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 4097, len), OTE_OK) << len;
+        EXPECT_EQ(memcmp(rig_.src.data() + 4097, out.data(), len), 0) << len;
+        EXPECT_EQ(rig_.src[4096], 0) << "WRITE before its range";
+        EXPECT_EQ(rig_.src[4097 + len], 0) << "WRITE past its range";
+        ASSERT_EQ(Run(OTE_GRANT_READ, in.data() + 1, mi->lkey, 4097, len, 1), OTE_OK) << len;
+        EXPECT_EQ(memcmp(in.data() + 1, out.data(), len), 0) << len;
+        EXPECT_EQ(in[0], 0xEE);
+        EXPECT_EQ(in[1 + len], 0xEE);
+    }
+    ote_grant_stats_t s0, s1;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s0.completed, 10u);
+    EXPECT_EQ(s0.live_requester, 0u);
+    EXPECT_EQ(s1.receipts, 10u); /* every window invalidated by the requester's SEND_WITH_INV */
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_GE(s1.mw_pool, 1u);   /* invalidated windows are reused */
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), s1.mw_pool);
+    FreeMrs();
+}
+
+TEST_F(GrantTest, OutsideRegistrationOrAccessRefusedBeforeAnyWindow) {
+    ExpectErrorLogs();
+    std::vector<uint8_t> out(2 * B, 0x33);
+    struct ibv_mr *mo = LocalMr(out);
+    EXPECT_EQ(ote_status_code(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, rig_.src.size() - 100, 200)),
+              OTE_ERR_ACCESS);
+    rig_.src_access = IBV_ACCESS_REMOTE_READ;
+    EXPECT_EQ(ote_status_code(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, 100)), OTE_ERR_ACCESS);
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), 0u);
+    for (uint8_t b : rig_.src) ASSERT_EQ(b, 0);
+    EXPECT_EQ(Run(OTE_GRANT_READ, out.data(), mo->lkey, 0, 100), OTE_OK);
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.refused, 2u);
+    FreeMrs();
+}
+
+TEST_F(GrantTest, ManyGrantsShareOneQpBeyondItsDepth) {
+    // 16 grants x 8 slices on one QP of depth 32: admission waits and resumes.
+    constexpr int kN = 16;
+    constexpr uint64_t kLen = 8 * B;
+    std::vector<uint8_t> out(kN * kLen);
+    for (size_t i = 0; i < out.size(); i++) out[i] = (uint8_t)(i * 13 + 5);
+    struct ibv_mr *mo = LocalMr(out);
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    std::vector<Done> done(kN);
+    ote_grant_ctl_t ctl = {&rig_, Rig::Request};
+    for (int i = 0; i < kN; i++) {
+        ote_qp_t *q = nullptr;
+        ASSERT_EQ(rig_.Borrow(1, 0, &q), OTE_OK);
+        ASSERT_EQ(q, qp);
+        ote_grant_desc_t g = {};
+        g.op = OTE_GRANT_WRITE;
+        g.local = out.data() + i * kLen;
+        g.lkey = mo->lkey;
+        g.remote = (uintptr_t)rig_.src.data() + i * kLen;
+        g.len = kLen;
+        g.ep = rig_.ep0[1];
+        g.slot = 0;
+        g.qp = q;
+        g.deadline = ote_deadline_after(10000 * kMs);
+        g.done = Done::Fn;
+        g.done_arg = &done[i];
+        ASSERT_EQ(ote_grant_start(rig_.g0, &g, &ctl), OTE_OK);
+    }
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+    for (int i = 0; i < kN; i++) {
+        ASSERT_TRUE(done[i].Wait(rig_, 20000));
+        EXPECT_EQ(done[i].st.load(), OTE_OK);
+        EXPECT_EQ(done[i].calls.load(), 1);
+    }
+    EXPECT_EQ(memcmp(rig_.src.data(), out.data(), out.size()), 0);
+    ote_grant_stats_t s0;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    EXPECT_EQ(s0.slices_completed, (uint64_t)kN * 8);
+    EXPECT_EQ(s0.stale_cqes, 0u);
+    ote_qp_stats_t qs;
+    ote_qp_get_stats(qp, &qs);
+    EXPECT_EQ(qs.sq_outstanding, 0u);
+    EXPECT_EQ(qs.unknown_cqes, 0u);
+    FreeMrs();
+}
+
+}  // namespace
