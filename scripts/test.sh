@@ -3,8 +3,9 @@
 # the include layering, runs the Bazel suites in the default and the AddressSanitizer
 # (+LeakSanitizer) configurations (they include //tests/fuzz:control_fuzz_test, the
 # control-plane fuzzer run for a bounded time), checks that planted upward dependencies
-# are visibility errors, and builds the outside consumer workspace against //verbs alone. Ends with a line
-# "N passed, N failed, N skipped" counted per test case; exits non-zero on any failure.
+# are visibility errors, and builds the outside consumer workspace against //verbs
+# alone. Ends with a line "N passed, N failed, N skipped" counted per test case; exits
+# non-zero on any failure.
 #
 #   scripts/test.sh                 everything
 #   OTE_TEST_CONFIGS=default scripts/test.sh   only the default configuration
