@@ -783,30 +783,37 @@ void ote_grant_mgr_get_stats(ote_grant_mgr_t *m, ote_grant_stats_t *out) {
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
     defer_t df = {.fin = NULL, .nans = 0};
     uint64_t now = ote_now_ns();
+    /* A context whose port went down (or whose device failed) ends its in-flight grants
+     * now, with that status, instead of leaving them to their deadlines. */
+    ote_status_t down = ote_context_check(m->ctx);
     ote_mutex_lock(&m->mu);
     for (uint32_t i = 0; i < m->nlanes; i++) kick_lane(&m->lanes[i], &df);
     grant_t *g, *tmp;
     HASH_ITER(hh, m->by_seq, g, tmp) {
-        if (g->deadline > now) continue;
+        int expired = g->deadline <= now;
+        if (!expired && down == OTE_OK) continue;
+        ote_status_t why = expired ? OTE_ERR_TIMEOUT : down;
         if (!g->source) {
             if (g->failed != OTE_OK || g->rstate == R_ENDED) continue;
-            m->stats.expired++;
-            OTE_WARN("grant", "grant %u: deadline passed with %u of %u slices done, %u WRs "
-                     "owed: failing it; QP %u fenced and flushed", g->seq, g->done_slices,
+            if (expired) m->stats.expired++;
+            OTE_WARN("grant", "grant %u: %s with %u of %u slices done, %u WRs owed: failing "
+                     "it; QP %u fenced and flushed", g->seq,
+                     expired ? "deadline passed" : "its context is down", g->done_slices,
                      g->nslices, g->outstanding, g->qp_num);
-            fail_requester(g, OTE_ERR_TIMEOUT, &df);
+            fail_requester(g, why, &df);
         } else if (g->sstate != S_ENDED) {
-            /* The requester never sent its receipt: kill the QP the window is bound to
-             * (so nothing can use it), then release. */
-            m->stats.source_expired++;
-            OTE_WARN("grant", "%s: source grant %u not invalidated by its deadline: QP %u "
-                     "moved to ERR, window released", ote_context_name(m->ctx), g->seq, g->qp_num);
+            /* The requester never sent its receipt (or our port is down): kill the QP the
+             * window is bound to (so nothing can use it), then release. */
+            if (expired) m->stats.source_expired++;
+            OTE_WARN("grant", "%s: source grant %u %s: QP %u moved to ERR, window released",
+                     ote_context_name(m->ctx), g->seq,
+                     expired ? "not invalidated by its deadline" : "ended: context down", g->qp_num);
             if (g->sstate == S_BINDING && g->failed == OTE_OK) {
-                if (!defer_answer(&df, g, OTE_ERR_TIMEOUT)) continue; /* next tick */
-                g->failed = OTE_ERR_TIMEOUT;
+                if (!defer_answer(&df, g, why)) continue; /* next tick */
+                g->failed = why;
             }
             (void)ote_qp_cancel(g->qp);
-            if (g->failed == OTE_OK) g->failed = OTE_ERR_TIMEOUT;
+            if (g->failed == OTE_OK) g->failed = why;
             g->sstate = S_ENDED;
             maybe_finish(g, &df);
         }

@@ -150,6 +150,8 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
  * grants waiting for SQ room, fail requester grants past their deadline (their QP is
  * cancelled and its slot retired), and release source grants whose requester never
  * invalidated them by their deadline (QP moved to ERR first, so the window is dead).
+ * While the manager's context is down (ote_context_check() fails: port down, device
+ * fatal), every live grant ends the same way at once, with that status.
  * Returns the number of grants still live.
  */
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m);

@@ -1,6 +1,7 @@
 // grant fault_test: grants under verbs faults and port events.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <vector>
 
 #include "tests/grant/rig.h"
@@ -151,6 +152,23 @@ TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
     uint64_t t0 = ote_now_ns();
     Done d;
     ASSERT_EQ(Start(OTE_GRANT_WRITE, 4 * B, &d, 300), OTE_OK);
+    // Tick (as the monitor does) without reclaiming, until the deadline failed the grant:
+    // its QP is fenced, and the grant has not ended: the lost WR is still owed.
+    ote_grant_stats_t s;
+    for (int i = 0; i < 5000; i++) {
+        ote_grant_mgr_tick(rig_.g0);
+        ote_grant_mgr_tick(rig_.g1);
+        ote_grant_mgr_get_stats(rig_.g0, &s);
+        if (s.expired > 0) break;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+    }
+    ASSERT_EQ(s.expired, 1u);
+    ote_qp_stats_t qs;
+    ote_qp_get_stats(qp, &qs); /* the grant's QP: not destroyed before reclaim */
+    EXPECT_EQ(qs.fenced, 1) << "the QP that lost a completion was not fenced";
+    EXPECT_GE(qs.sq_outstanding, 1u) << "the lost WR must stay owed until the QP is destroyed";
+    EXPECT_EQ(d.calls.load(), 0) << "the grant ended while the NIC could still write its buffer";
     ASSERT_TRUE(d.Wait(rig_, 10000));
     uint64_t took = ote_now_ns() - t0;
     EXPECT_EQ(d.calls.load(), 1);
@@ -169,8 +187,22 @@ TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
 
 TEST_F(GrantFaultTest, PortDownNoNewGrantsInFlightEndsWithError) {
     rig_.src_deadline_ms = 1500; /* the source releases windows its dead requester never ends */
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+    // The first data CQE is lost: the grant cannot finish on its own, so it is certainly
+    // still in flight when the port goes down.
+    ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 1),
+              OTE_OK);
     Done d;
-    ASSERT_EQ(Start(OTE_GRANT_WRITE, 8u << 20, &d, 10000), OTE_OK);
+    uint64_t t0 = ote_now_ns();
+    ASSERT_EQ(Start(OTE_GRANT_WRITE, 8 * B, &d, 10000), OTE_OK);
+    for (int i = 0; i < 2000 && ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0; i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+    }
+    ASSERT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
+    EXPECT_EQ(d.calls.load(), 0);
     ASSERT_EQ(ote_sim_set_port_state(rig_.sim, "sim0", 1, IBV_PORT_DOWN), OTE_OK);
     for (int i = 0; i < 100 && ote_context_check(rig_.c0) == OTE_OK; i++) {
         ote_context_set_poll_events(rig_.set, nullptr);
@@ -180,8 +212,9 @@ TEST_F(GrantFaultTest, PortDownNoNewGrantsInFlightEndsWithError) {
     EXPECT_EQ(ote_context_check(rig_.c0), OTE_ERR_PORT_DOWN);
     ASSERT_TRUE(d.Wait(rig_, 15000)) << "in-flight grant hung after port down";
     EXPECT_EQ(d.calls.load(), 1);
-    // Either it had finished before the event, or it ended with an error; never a hang.
-    if (d.st.load() != OTE_OK) { EXPECT_NE(ote_status_code(d.st.load()), OTE_ERR_TIMEOUT); }
+    // It ended with the port's error, well before its own 10 s deadline.
+    EXPECT_EQ(ote_status_code(d.st.load()), OTE_ERR_PORT_DOWN) << ote_status_str(d.st.load());
+    EXPECT_LT(ote_now_ns() - t0, 8000 * kMs);
     Done d2;
     EXPECT_EQ(ote_status_code(Start(OTE_GRANT_WRITE, B, &d2)), OTE_ERR_PORT_DOWN);
     EXPECT_EQ(d2.calls.load(), 0);
@@ -192,6 +225,71 @@ TEST_F(GrantFaultTest, PortDownNoNewGrantsInFlightEndsWithError) {
         nanosleep(&ts, nullptr);
     }
     rig_.Reclaim();
+    CloseMr();
+}
+
+// A post whose outcome is unknown (the provider fails it with bad_wr outside the chain
+// after having posted it): the grant's QP is fenced, the grant fails, and it ends only
+// after every WR it might have posted was discharged. A fresh QP then works.
+struct AmbiguousWrite {
+    static const ote_verbs_ops_t *real;
+    static std::atomic<int> armed;
+    static int PostSend(ote_verbs_t *v, ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
+        int err = real->post_send(v, qp, wr, bad);
+        if (err != 0 || wr->opcode != IBV_WR_RDMA_WRITE || armed.exchange(0) == 0) return err;
+        *bad = nullptr;
+        return EIO;
+    }
+};
+const ote_verbs_ops_t *AmbiguousWrite::real = nullptr;
+std::atomic<int> AmbiguousWrite::armed{0};
+
+TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+    const ote_verbs_ops_t *orig = rig_.v->ops;
+    static ote_verbs_ops_t amb;
+    amb = *orig;
+    amb.post_send = &AmbiguousWrite::PostSend;
+    AmbiguousWrite::real = orig;
+    AmbiguousWrite::armed = 1;
+    rig_.src_deadline_ms = 800; /* the source releases the window nobody will invalidate */
+    rig_.v->ops = &amb; /* every other op is the decorator's own */
+    Done d;
+    ASSERT_EQ(Start(OTE_GRANT_WRITE, 4 * B, &d, 5000), OTE_OK);
+    ote_grant_stats_t s;
+    for (int i = 0; i < 5000; i++) {
+        ote_grant_mgr_tick(rig_.g0);
+        ote_grant_mgr_tick(rig_.g1);
+        ote_grant_mgr_get_stats(rig_.g0, &s);
+        if (s.slices_posted > 0 && AmbiguousWrite::armed.load() == 0) break;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+    }
+    ASSERT_EQ(AmbiguousWrite::armed.load(), 0) << "no slice was posted";
+    ote_qp_stats_t qs;
+    ote_qp_get_stats(qp, &qs);
+    EXPECT_EQ(qs.fenced, 1) << "an unknown post outcome did not fence the queue";
+    ASSERT_TRUE(d.Wait(rig_, 10000));
+    rig_.v->ops = orig;
+    EXPECT_EQ(d.calls.load(), 1);
+    EXPECT_EQ(ote_status_code(d.st.load()), OTE_ERR_FENCED) << ote_status_str(d.st.load());
+    ote_grant_mgr_get_stats(rig_.g0, &s);
+    EXPECT_EQ(s.slices_posted, 4u); /* the whole chain stays owed: it may have been posted */
+    EXPECT_EQ(s.stale_cqes, 0u);
+    ote_grant_stats_t s1;
+    for (int i = 0; i < 5000; i++) {
+        ote_grant_mgr_tick(rig_.g1);
+        ote_grant_mgr_get_stats(rig_.g1, &s1);
+        if (s1.live_source == 0) break;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+    }
+    EXPECT_EQ(s1.live_source, 0u);
+    rig_.Reclaim();
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, 2 * B), OTE_OK); /* a fresh pair works */
+    EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), 2 * B), 0);
     CloseMr();
 }
 
