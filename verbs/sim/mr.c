@@ -118,21 +118,25 @@ bool ote__sim_check_local(sim_prov_t *p, sim_pd_t *pd, const struct ibv_sge *sge
 }
 
 bool ote__sim_check_remote(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, uint64_t addr,
-                           uint64_t len, int need) {
+                           uint64_t len, int need, const void **auth_out) {
     sim_key_t *k = key_entry(p, rkey);
     if (!k) return false;
     if (k->kind == SIM_KEY_MR) {
         sim_mr_t *mr = k->obj;
         if (mr->ibmr.rkey != rkey || mr->pd != qp->pd) return false;
         if (!(mr->access & need)) return false;
-        return in_range((uint64_t)(uintptr_t)mr->ibmr.addr, mr->ibmr.length, addr, len);
+        if (!in_range((uint64_t)(uintptr_t)mr->ibmr.addr, mr->ibmr.length, addr, len)) return false;
+        if (auth_out) *auth_out = mr;
+        return true;
     }
     if (k->kind == SIM_KEY_MW) {
         sim_mw_t *mw = k->obj;
         if (!mw->bound || mw->key != rkey || mw->pd != qp->pd || mw->len == 0) return false;
         if (mw->ibmw.type == IBV_MW_TYPE_2 && mw->qp != qp) return false;
         if (!(mw->access & need)) return false;
-        return in_range(mw->addr, mw->len, addr, len);
+        if (!in_range(mw->addr, mw->len, addr, len)) return false;
+        if (auth_out) *auth_out = mw;
+        return true;
     }
     return false;
 }
@@ -189,9 +193,12 @@ int ote__sim_dereg_mr(ote_verbs_t *v, struct ibv_mr *ibmr) {
         ote_mutex_unlock(&p->mu);
         return EINVAL;
     }
+    /* No transfer may touch the memory once this returns (the caller may free it). */
+    ote__sim_revoke(p, mr, false);
     ote__sim_key_free(p, mr->index);
     mr->pd->children--;
     ote_mutex_unlock(&p->mu);
+    ote__sim_wake(p);
     ote_free(mr);
     return 0;
 }
@@ -234,9 +241,11 @@ int ote__sim_dealloc_mw(ote_verbs_t *v, struct ibv_mw *ibmw) {
     sim_mw_t *mw = to_sim_mw(ibmw);
     ote_mutex_lock(&p->mu);
     if (mw->bound && mw->mr) mw->mr->nbound--;
+    ote__sim_revoke(p, mw, true);
     ote__sim_key_free(p, mw->index);
     mw->pd->children--;
     ote_mutex_unlock(&p->mu);
+    ote__sim_wake(p);
     ote_free(mw);
     return 0;
 }

@@ -58,6 +58,21 @@
  *   REM_INV_REQ_ERR (as rxe); WRITE_WITH_IMM protection error -> responder LOC_ACCESS_ERR;
  *   bad SEND_WITH_INV rkey -> requester REM_INV_REQ_ERR, responder LOC_QP_OP_ERR.
  *   max_dest_rd_atomic is not enforced at the responder; max_rd_atomic 0 acts as 1.
+ *   SEND_WITH_INV of a type-2 window bound to another QP fails like a bad rkey (IBA);
+ *   LOCAL_INV checks the PD only (as rxe). A requester takes an ACK in place of a READ
+ *   response (or a READ response for another request) as IBV_WC_BAD_RESP_ERR, QP to ERR.
+ * - Connections are stricter than RC on a NIC: a responder QP accepts a connection only
+ *   while in RTR/RTS/SQD, on its own port, from its RTR destination (the HELLO's source
+ *   QPN = dest_qp_num, source GID = dgid, and that GID held by the connecting process,
+ *   checked with SO_PEERCRED), once per connection; anything else is closed (the sender's
+ *   WRs end in RETRY_EXC_ERR). So the requester's sgid must be the GID its peer uses as dgid.
+ * - Payloads are zero-copy (read from / written to registered memory by the socket calls).
+ *   A responder starts no request on a connection until the READ response ahead of it is
+ *   fully sent. Dereg, dealloc_mw, invalidation (local or remote) and a move to ERR drop
+ *   every reference to that memory before they return, without waiting: an inbound payload
+ *   is read and discarded (then NAK, responder QP to ERR; silent when the QP left RTS), a
+ *   READ response not yet started becomes an access NAK (REM_ACCESS_ERR), and a READ
+ *   response or request partly sent closes its connection (RETRY_EXC_ERR at the requester).
  */
 #ifndef OTE_VERBS_SIM_SIM_H
 #define OTE_VERBS_SIM_SIM_H

@@ -176,9 +176,11 @@ sim_mw_t *ote__sim_mw_lookup(struct sim_prov *p, uint32_t key);
  * protection error. */
 bool ote__sim_check_local(struct sim_prov *p, sim_pd_t *pd, const struct ibv_sge *sge, int n,
                           bool need_write, uint64_t len);
-/* Check remote access (rkey, range, permission) on responder QP qp. */
+/* Check remote access (rkey, range, permission) on responder QP qp. On success *auth_out
+ * (if not NULL) is the MR or MW that grants it: the owner recorded with every zero-copy
+ * reference to that memory, so that revoking it (ote__sim_revoke) finds the reference. */
 bool ote__sim_check_remote(struct sim_prov *p, struct sim_qp *qp, uint32_t rkey, uint64_t addr,
-                           uint64_t len, int need_access);
+                           uint64_t len, int need_access, const void **auth_out);
 
 /* ---- CQ and completion channel (cq.c) ---- */
 
@@ -327,6 +329,7 @@ typedef struct sim_frame {
     uint8_t extra[16]; /* small payload (HELLO GID) */
     size_t total, done;
     int niov;
+    const void **own;   /* per iov: the MR/MW the bytes are read under (NULL: the sim's own) */
     struct iovec iov[]; /* iov[0] = header (+extra) */
 } sim_frame_t;
 
@@ -351,13 +354,19 @@ typedef struct sim_conn {
     sim_hdr_t h;
     uint64_t remaining;
     struct iovec *div; /* destination iovs (NULL = discard) */
+    const void **div_own; /* per div entry: the MR/MW that grants the write (NULL: sim memory) */
     int ndiv, idiv;
     int div_cap;
     /* what to do at payload end */
     int act;
+    bool act_revoked; /* the destination was revoked mid-payload: the rest was dropped */
     uint32_t act_epoch;
     uint64_t act_seq;
     union ibv_gid hello_gid;
+    bool helloed;        /* responder: a HELLO was seen (a second one closes the connection) */
+    sim_frame_t *rresp;  /* responder: the READ response not yet fully sent, if any */
+    bool rx_blocked;     /* responder: the next request waits until rresp is sent */
+    uint32_t ev_mask;    /* epoll events registered */
     struct sim_conn *next, *prev;
 } sim_conn_t;
 
@@ -367,6 +376,12 @@ void ote__sim_wake(struct sim_prov *p);
 void ote__sim_conn_close(struct sim_prov *p, sim_conn_t *c);
 /* Detach every connection of qp (RESET, ERR of requester side, destroy). */
 void ote__sim_qp_detach(sim_qp_t *qp, bool responder_too);
+/* obj (an MR or MW) no longer grants access (dereg, dealloc, invalidation): drop every
+ * zero-copy reference to its memory now, under prov->mu. An inbound payload headed there
+ * is read and discarded (the responder then fails the request); a READ response not yet
+ * started becomes an access NAK; a READ response or request partly sent closes its
+ * connection (the requester ends in RETRY_EXC_ERR). Nothing waits. */
+void ote__sim_revoke(struct sim_prov *p, const void *obj, bool is_mw);
 ote_status_t ote__sim_listener_add(struct sim_prov *p, sim_listener_t *l);
 void ote__sim_listener_del(struct sim_prov *p, sim_listener_t *l);
 

@@ -5,7 +5,8 @@
  * responses), executed by the side that owns the memory.
  *
  * Each RC QP that sends opens its own connection to the listener of the destination
- * GID and names the destination QP in a HELLO; requests flow on it and the responder
+ * GID and names the destination QP and itself in a HELLO (accepted only from that QP's
+ * RTR destination, see hello_target); requests flow on it and the responder
  * answers (ACK, NAK, READ response) on the same connection. Messages carry PSNs; the
  * responder executes only the expected PSN and silently drops anything else, so the
  * requester's go-back (after an RNR NAK) and a PSN mismatch behave as on a NIC.
@@ -27,6 +28,8 @@ enum { ACT_NONE = 0, ACT_HELLO, ACT_RECV, ACT_WRITE, ACT_WRITE_IMM, ACT_RRESP };
 
 #define SIM_SOCKBUF (8 * 1024 * 1024)
 #define SIM_TX_IOV 64
+
+static void rresp_cancel(sim_prov_t *p, sim_conn_t *c, bool nak);
 
 static const uint32_t k_rnr_us[32] = {
     655360, 10,    20,    30,    40,    60,    80,    120,   160,    240,    320,
@@ -80,19 +83,23 @@ static sim_conn_t *conn_new(sim_prov_t *p, int fd) {
     c->rbuf = ote_malloc(SIM_RXBUF);
     c->div_cap = SIM_MAX_SGE + 1;
     c->div = ote_calloc((size_t)c->div_cap, sizeof(*c->div));
-    if (!c->rbuf || !c->div) {
+    c->div_own = ote_calloc((size_t)c->div_cap, sizeof(*c->div_own));
+    if (!c->rbuf || !c->div || !c->div_own) {
         ote_free(c->rbuf);
         ote_free(c->div);
+        ote_free(c->div_own);
         ote_free(c);
         return NULL;
     }
     c->kind = SIM_FD_CONN;
     c->fd = fd;
     c->p = p;
+    c->ev_mask = EPOLLIN;
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
     if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         ote_free(c->rbuf);
         ote_free(c->div);
+        ote_free(c->div_own);
         ote_free(c);
         return NULL;
     }
@@ -125,6 +132,7 @@ static void conn_free(sim_prov_t *p, sim_conn_t *c) {
     DL_DELETE(p->conns, c);
     ote_free(c->rbuf);
     ote_free(c->div);
+    ote_free(c->div_own);
     ote_free(c);
 }
 
@@ -142,14 +150,18 @@ void ote__sim_qp_detach(sim_qp_t *qp, bool responder_too) {
         ote__sim_conn_close(p, c);
     }
     qp->conn_lost = false;
-    if (responder_too) {
-        sim_conn_t *c;
-        DL_FOREACH(p->conns, c) {
-            if (!c->requester && c->qp == qp) {
-                c->qp = NULL;
-                ote__sim_conn_close(p, c);
-            }
+    sim_conn_t *c;
+    DL_FOREACH(p->conns, c) {
+        if (c->requester || c->qp != qp || c->dead) continue;
+        if (responder_too) {
+            c->qp = NULL;
+            ote__sim_conn_close(p, c);
+            continue;
         }
+        /* ERR: the connection stays (a NAK may be queued on it) but the QP touches no
+         * more memory: its READ response is withdrawn and an inbound payload dropped. */
+        if (c->rresp) rresp_cancel(p, c, false);
+        if (c->rx == RX_PAYLOAD) c->idiv = c->ndiv;
     }
     ote__sim_wake(p);
 }
@@ -157,8 +169,10 @@ void ote__sim_qp_detach(sim_qp_t *qp, bool responder_too) {
 /* ---- transmit ---- */
 
 static sim_frame_t *frame_new(int npay) {
-    sim_frame_t *f = ote_calloc(1, sizeof(*f) + (size_t)(npay + 1) * sizeof(struct iovec));
+    size_t n = (size_t)npay + 1;
+    sim_frame_t *f = ote_calloc(1, sizeof(*f) + n * sizeof(struct iovec) + n * sizeof(void *));
     if (!f) return NULL;
+    f->own = (const void **)(void *)((char *)f->iov + n * sizeof(struct iovec));
     f->iov[0].iov_base = &f->hdr;
     f->iov[0].iov_len = sizeof(f->hdr);
     f->niov = 1;
@@ -166,10 +180,12 @@ static sim_frame_t *frame_new(int npay) {
     return f;
 }
 
-static void frame_add(sim_frame_t *f, void *base, size_t len) {
+/* own: the MR or MW under whose access the bytes are read (NULL for the sim's memory). */
+static void frame_add(sim_frame_t *f, void *base, size_t len, const void *own) {
     if (len == 0) return;
     f->iov[f->niov].iov_base = base;
     f->iov[f->niov].iov_len = len;
+    f->own[f->niov] = own;
     f->niov++;
     f->total += len;
 }
@@ -181,11 +197,20 @@ static void conn_queue(sim_conn_t *c, sim_frame_t *f) {
     c->tx_tail = f;
 }
 
-static void conn_want_out(sim_prov_t *p, sim_conn_t *c, bool on) {
-    if (c->want_out == on) return;
-    c->want_out = on;
-    struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c};
+/* Register what the connection waits for: input unless the next request must wait for a
+ * READ response (level-triggered epoll would spin on unread input), output while frames
+ * are pending. */
+static void conn_events(sim_prov_t *p, sim_conn_t *c) {
+    uint32_t m = (c->rx_blocked ? 0 : EPOLLIN) | (c->want_out ? EPOLLOUT : 0);
+    if (m == c->ev_mask || c->dead) return;
+    c->ev_mask = m;
+    struct epoll_event ev = {.events = m, .data.ptr = c};
     epoll_ctl(p->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+static void conn_want_out(sim_prov_t *p, sim_conn_t *c, bool on) {
+    c->want_out = on;
+    conn_events(p, c);
 }
 
 static void touch(sim_conn_t *c) {
@@ -237,10 +262,79 @@ static void conn_tx(sim_prov_t *p, sim_conn_t *c) {
             left -= rem;
             c->tx_head = f->next;
             if (!c->tx_head) c->tx_tail = NULL;
+            if (f == c->rresp) c->rresp = NULL; /* fully handed to the kernel */
             ote_free(f);
         }
     }
     conn_want_out(p, c, false);
+}
+
+/* ---- revocation ----
+ *
+ * Payloads move zero-copy: a READ response or a request is read from registered memory
+ * when the socket takes it, an inbound payload is read straight into its destination. Every
+ * such reference records the MR or MW that granted it, and everything runs under prov->mu,
+ * so revoking that MR/MW (dereg, dealloc, invalidation) or moving the QP to ERR drops the
+ * references synchronously: once the verb returns, no byte of that memory is read or
+ * written. A responder also starts no request on a connection before the READ response
+ * ahead of it is fully sent (requests execute in order, as on a NIC), so a pipelined
+ * SEND_WITH_INV cannot revoke a window under its own READ. */
+
+static void rresp_cancel(sim_prov_t *p, sim_conn_t *c, bool nak) {
+    sim_frame_t *f = c->rresp;
+    c->rresp = NULL;
+    if (!f) return;
+    if (f->done > 0) { /* the header is out: the rest cannot be sent, end the stream */
+        ote__sim_conn_close(p, c);
+        return;
+    }
+    if (nak) { /* not started: answer as if the access had been checked now */
+        f->hdr.type = SIM_MSG_NAK;
+        f->hdr.syndrome = SIM_NAK_ACCESS;
+        f->hdr.len = 0;
+        f->niov = 1;
+        f->total = f->iov[0].iov_len;
+        return;
+    }
+    sim_frame_t **pp = &c->tx_head, *prev = NULL; /* the QP left RTS: say nothing */
+    while (*pp && *pp != f) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (!*pp) return;
+    *pp = f->next;
+    if (c->tx_tail == f) c->tx_tail = prev;
+    ote_free(f);
+}
+
+static bool frames_use(const sim_conn_t *c, const void *obj) {
+    for (const sim_frame_t *f = c->tx_head; f; f = f->next)
+        for (int i = 1; i < f->niov; i++)
+            if (f->own[i] == obj) return true;
+    return false;
+}
+
+void ote__sim_revoke(sim_prov_t *p, const void *obj, bool is_mw) {
+    sim_conn_t *c;
+    DL_FOREACH(p->conns, c) {
+        if (c->dead) continue;
+        if (c->rx == RX_PAYLOAD) {
+            for (int i = c->idiv; i < c->ndiv; i++) {
+                if (c->div_own[i] == obj) {
+                    c->idiv = c->ndiv; /* the rest is read and dropped */
+                    c->act_revoked = true;
+                    break;
+                }
+            }
+        }
+        if (c->requester) {
+            /* requests read local SGEs (MRs only); a partly queued stream cannot be
+             * patched: close it and let the WRs fail */
+            if (!is_mw && frames_use(c, obj)) ote__sim_conn_close(p, c);
+        } else if (c->rresp && c->rresp->niov > 1 && c->rresp->own[1] == obj) {
+            rresp_cancel(p, c, true);
+        }
+    }
 }
 
 static void send_ctl(sim_prov_t *p, sim_conn_t *c, uint8_t type, uint32_t psn, uint8_t syndrome,
@@ -317,10 +411,20 @@ static void exec_bind(sim_prov_t *p, sim_qp_t *qp, sim_swr_t *e) {
     e->status = IBV_WC_SUCCESS;
 }
 
-static bool invalidate(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey) {
+/* A type-2 window may be invalidated by the peer (SEND_WITH_INV, remote) only through
+ * the QP it is bound to (IBA); LOCAL_INV needs the same PD. */
+static bool inv_allowed(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, bool remote) {
     sim_mw_t *mw = ote__sim_mw_lookup(p, rkey);
     if (!mw || !mw->bound || mw->key != rkey || mw->pd != qp->pd || mw->ibmw.type != IBV_MW_TYPE_2)
         return false;
+    if (remote && mw->qp != qp) return false;
+    return true;
+}
+
+static bool invalidate(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, bool remote) {
+    if (!inv_allowed(p, qp, rkey, remote)) return false;
+    sim_mw_t *mw = ote__sim_mw_lookup(p, rkey);
+    ote__sim_revoke(p, mw, true);
     mw->bound = false;
     if (mw->mr) mw->mr->nbound--;
     mw->mr = NULL;
@@ -386,7 +490,7 @@ static void req_build(sim_prov_t *p, sim_qp_t *qp) {
             continue;
         }
         if (e->op == IBV_WR_LOCAL_INV) {
-            if (invalidate(p, qp, e->imm)) {
+            if (invalidate(p, qp, e->imm, false)) {
                 e->state = SWR_DONE;
                 e->status = IBV_WC_SUCCESS;
             } else {
@@ -433,10 +537,11 @@ static void req_build(sim_prov_t *p, sim_qp_t *qp) {
             qp->reads_out++;
         } else {
             h->len = e->len;
-            if (e->inlined) frame_add(f, e->inl, e->len);
+            if (e->inlined) frame_add(f, e->inl, e->len, NULL);
             else
                 for (int i = 0; i < e->nsge; i++)
-                    frame_add(f, (void *)(uintptr_t)e->sge[i].addr, e->sge[i].length);
+                    frame_add(f, (void *)(uintptr_t)e->sge[i].addr, e->sge[i].length,
+                              ote__sim_mr_lookup(p, e->sge[i].lkey));
         }
         conn_queue(qp->req, f);
         e->state = SWR_SENT;
@@ -516,6 +621,13 @@ static void on_ack(sim_qp_t *qp, const sim_hdr_t *h) {
     uint64_t s;
     if (!swr_find(qp, h->psn, &s)) return;
     sim_swr_t *e = slot(qp, s);
+    if (e->op == IBV_WR_RDMA_READ) {
+        /* Only a READ response completes a READ: an ACK in its place is an unexpected
+         * opcode from the responder (IBA: BAD_RESP_ERR, the requester goes to ERR). */
+        swr_fail(qp, e, IBV_WC_BAD_RESP_ERR);
+        ote__sim_qp_complete(qp);
+        return;
+    }
     e->state = SWR_DONE;
     e->status = IBV_WC_SUCCESS;
     e->byte_len = (uint32_t)e->len;
@@ -551,7 +663,7 @@ static sim_rwr_t *rq_front(sim_qp_t *qp) {
     return &qp->rq[qp->rq_head % qp->max_recv_wr];
 }
 
-static void set_div_sges(sim_conn_t *c, const struct ibv_sge *sge, int n, uint64_t len) {
+static void set_div_sges(sim_prov_t *p, sim_conn_t *c, const struct ibv_sge *sge, int n, uint64_t len) {
     c->ndiv = 0;
     c->idiv = 0;
     for (int i = 0; i < n && len > 0 && c->ndiv < c->div_cap; i++) {
@@ -559,17 +671,19 @@ static void set_div_sges(sim_conn_t *c, const struct ibv_sge *sge, int n, uint64
         if (!l) continue;
         c->div[c->ndiv].iov_base = (void *)(uintptr_t)sge[i].addr;
         c->div[c->ndiv].iov_len = l;
+        c->div_own[c->ndiv] = ote__sim_mr_lookup(p, sge[i].lkey);
         c->ndiv++;
         len -= l;
     }
 }
 
-static void set_div_one(sim_conn_t *c, void *base, uint64_t len) {
+static void set_div_one(sim_conn_t *c, void *base, uint64_t len, const void *own) {
     c->ndiv = 0;
     c->idiv = 0;
     if (len) {
         c->div[0].iov_base = base;
         c->div[0].iov_len = len;
+        c->div_own[0] = own;
         c->ndiv = 1;
     }
 }
@@ -637,14 +751,11 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
             resp_fail(p, c, qp, SIM_NAK_OP, w, IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
             return;
         }
-        if (h->op == IBV_WR_SEND_WITH_INV) {
-            sim_mw_t *mw = ote__sim_mw_lookup(p, h->imm);
-            if (!mw || !mw->bound || mw->key != h->imm || mw->pd != qp->pd) {
-                resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_QP_OP_ERR, IBV_EVENT_QP_REQ_ERR);
-                return;
-            }
+        if (h->op == IBV_WR_SEND_WITH_INV && !inv_allowed(p, qp, h->imm, true)) {
+            resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_QP_OP_ERR, IBV_EVENT_QP_REQ_ERR);
+            return;
         }
-        set_div_sges(c, w->sge, w->nsge, h->len);
+        set_div_sges(p, c, w->sge, w->nsge, h->len);
         c->act = ACT_RECV;
         return;
     }
@@ -658,28 +769,30 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
                 return;
             }
         }
+        const void *auth = NULL;
         if (h->len > 0) {
             if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
                 resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_REQ_ERR);
                 return;
             }
-            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len, IBV_ACCESS_REMOTE_WRITE)) {
+            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len, IBV_ACCESS_REMOTE_WRITE, &auth)) {
                 resp_fail(p, c, qp, SIM_NAK_ACCESS, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
                 return;
             }
         }
-        set_div_one(c, (void *)(uintptr_t)h->raddr, h->len);
+        set_div_one(c, (void *)(uintptr_t)h->raddr, h->len, auth);
         c->act = w ? ACT_WRITE_IMM : ACT_WRITE;
         return;
     }
     case IBV_WR_RDMA_READ: {
         uint64_t len = h->imm;
+        const void *auth = NULL;
         if (len > 0) {
             if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)) {
                 resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_REQ_ERR);
                 return;
             }
-            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ)) {
+            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ, &auth)) {
                 resp_fail(p, c, qp, SIM_NAK_ACCESS, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_ACCESS_ERR);
                 return;
             }
@@ -689,8 +802,11 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
         f->hdr.type = SIM_MSG_RRESP;
         f->hdr.psn = h->psn;
         f->hdr.len = len;
-        frame_add(f, (void *)(uintptr_t)h->raddr, len);
+        /* Zero-copy: the bytes are read when the socket takes them. Until then the next
+         * request on this connection waits (conn_rx) and revoking auth withdraws it. */
+        frame_add(f, (void *)(uintptr_t)h->raddr, len, auth);
         conn_queue(c, f);
+        c->rresp = f;
         qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
         return;
     }
@@ -704,6 +820,16 @@ static void resp_done(sim_prov_t *p, sim_conn_t *c) {
     sim_hdr_t *h = &c->h;
     sim_qp_t *qp = c->qp;
     if (!qp || qp->epoch != c->act_epoch || qp->state == IBV_QPS_ERR || qp->state == IBV_QPS_RESET) return;
+    if (c->act_revoked) {
+        /* The destination was deregistered or invalidated mid-payload and the rest was
+         * dropped: a protection error found late (class C: NAK, QP to ERR). */
+        if (c->act == ACT_RECV)
+            resp_fail(p, c, qp, SIM_NAK_OP, rq_front(qp), IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
+        else
+            resp_fail(p, c, qp, SIM_NAK_ACCESS, c->act == ACT_WRITE_IMM ? rq_front(qp) : NULL,
+                      IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+        return;
+    }
     struct ibv_wc wc;
     memset(&wc, 0, sizeof(wc));
     wc.status = IBV_WC_SUCCESS;
@@ -720,7 +846,7 @@ static void resp_done(sim_prov_t *p, sim_conn_t *c) {
             wc.wc_flags = IBV_WC_WITH_IMM;
             wc.imm_data = h->imm;
         } else if (h->op == IBV_WR_SEND_WITH_INV) {
-            if (!invalidate(p, qp, h->imm)) {
+            if (!invalidate(p, qp, h->imm, true)) {
                 resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_QP_OP_ERR, IBV_EVENT_QP_REQ_ERR);
                 return;
             }
@@ -750,6 +876,7 @@ static void resp_done(sim_prov_t *p, sim_conn_t *c) {
 static void on_header(sim_prov_t *p, sim_conn_t *c) {
     sim_hdr_t *h = &c->h;
     c->act = ACT_NONE;
+    c->act_revoked = false;
     c->ndiv = 0;
     c->idiv = 0;
     c->remaining = h->len;
@@ -765,14 +892,20 @@ static void on_header(sim_prov_t *p, sim_conn_t *c) {
             break;
         case SIM_MSG_RRESP: {
             uint64_t s;
-            if (live && swr_find(qp, h->psn, &s) && slot(qp, s)->op == IBV_WR_RDMA_READ) {
-                sim_swr_t *e = slot(qp, s);
-                uint64_t len = h->len < e->len ? h->len : e->len;
-                set_div_sges(c, e->sge, e->nsge, len);
-                c->act = ACT_RRESP;
-                c->act_seq = s;
-                c->act_epoch = qp->epoch;
+            if (!live || !swr_find(qp, h->psn, &s)) break; /* stale: payload dropped */
+            sim_swr_t *e = slot(qp, s);
+            if (e->op != IBV_WR_RDMA_READ) { /* a READ response for a non-READ request */
+                swr_fail(qp, e, IBV_WC_BAD_RESP_ERR);
+                ote__sim_qp_complete(qp);
+                break;
             }
+            uint64_t len = h->len < e->len ? h->len : e->len;
+            c->act = ACT_RRESP;
+            c->act_seq = s;
+            c->act_epoch = qp->epoch;
+            /* the local SGEs were checked at post; they may have been deregistered since */
+            if (ote__sim_check_local(p, qp->pd, e->sge, e->nsge, true, len)) set_div_sges(p, c, e->sge, e->nsge, len);
+            else c->act_revoked = true;
             break;
         }
         default:
@@ -783,11 +916,12 @@ static void on_header(sim_prov_t *p, sim_conn_t *c) {
     }
     switch (h->type) {
     case SIM_MSG_HELLO:
-        if (h->len != 16) {
+        if (c->helloed || h->len != 16) { /* one HELLO binds a connection, once */
             ote__sim_conn_close(p, c);
             return;
         }
-        set_div_one(c, c->hello_gid.raw, 16);
+        c->helloed = true;
+        set_div_one(c, c->hello_gid.raw, 16, NULL);
         c->act = ACT_HELLO;
         break;
     case SIM_MSG_REQ:
@@ -799,14 +933,52 @@ static void on_header(sim_prov_t *p, sim_conn_t *c) {
     }
 }
 
+/* True when the process at the other end of c also holds the listener of gid: the HELLO's
+ * source GID is that process's own (a process cannot claim another one's GID). */
+static bool peer_holds_gid(int fd, const union ibv_gid *gid) {
+    struct ucred peer, owner;
+    socklen_t l = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &l) != 0 || peer.pid <= 0) return false;
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) return false;
+    struct sockaddr_un sun;
+    socklen_t len = ote__sim_gid_sockaddr(gid, &sun);
+    bool ok = false;
+    if (connect(s, (struct sockaddr *)&sun, len) == 0) {
+        l = sizeof(owner);
+        ok = getsockopt(s, SOL_SOCKET, SO_PEERCRED, &owner, &l) == 0 && owner.pid == peer.pid;
+    }
+    close(s);
+    return ok;
+}
+
+/* The QP a HELLO may bind: it exists on the port the connection came in through, is
+ * connected (RTR/RTS/SQD) and its RTR destination is the sender: the HELLO's source QPN
+ * is its dest_qp_num, the source GID its dgid, and that GID is the sender's own. So a
+ * connection reaches a QP only from the QP it was connected to, and a type-2 window's
+ * "bound to this QP" check names the requester. NULL otherwise. */
+static sim_qp_t *hello_target(sim_prov_t *p, sim_conn_t *c) {
+    if (c->h.raddr > 0xffffff || !c->via) return NULL;
+    uint32_t qpn = (uint32_t)c->h.raddr;
+    sim_qp_t *qp = NULL;
+    HASH_FIND(hh, p->qps, &qpn, sizeof(qpn), qp);
+    if (!qp || qp->ctx->dev != c->via->dev || qp->attr.port_num != c->via->port) return NULL;
+    if (qp->state != IBV_QPS_RTR && qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) return NULL;
+    if (c->h.imm != qp->attr.dest_qp_num) return NULL;
+    if (memcmp(c->hello_gid.raw, qp->attr.ah_attr.grh.dgid.raw, 16) != 0) return NULL;
+    if (!peer_holds_gid(c->fd, &c->hello_gid)) return NULL;
+    return qp;
+}
+
 static void on_payload_done(sim_prov_t *p, sim_conn_t *c) {
     switch (c->act) {
     case ACT_HELLO: {
-        sim_qp_t *qp = NULL;
-        uint32_t qpn = (uint32_t)c->h.raddr;
-        HASH_FIND(hh, p->qps, &qpn, sizeof(qpn), qp);
-        if (!qp || !c->via || qp->ctx->dev != c->via->dev) {
-            ote__sim_conn_close(p, c); /* no such QP: the requester sees no answer */
+        sim_qp_t *qp = hello_target(p, c);
+        if (!qp) {
+            OTE_WARN(SIM_LOG, "sim: connection for QP %llu from QP %u refused (no such QP, not connected, "
+                              "or not its RTR destination)",
+                     (unsigned long long)c->h.raddr, c->h.imm);
+            ote__sim_conn_close(p, c); /* the requester sees the peer gone */
             return;
         }
         c->qp = qp;
@@ -822,6 +994,11 @@ static void on_payload_done(sim_prov_t *p, sim_conn_t *c) {
         if (!qp || qp->epoch != c->act_epoch) break;
         sim_swr_t *e = slot(qp, c->act_seq);
         if (e->state != SWR_SENT) break;
+        if (c->act_revoked) { /* a local SGE's MR went away: nothing was written */
+            swr_fail(qp, e, IBV_WC_LOC_PROT_ERR);
+            ote__sim_qp_complete(qp);
+            break;
+        }
         e->state = SWR_DONE;
         e->status = IBV_WC_SUCCESS;
         e->byte_len = (uint32_t)(c->h.len < e->len ? c->h.len : e->len);
@@ -862,9 +1039,40 @@ static void div_advance(sim_conn_t *c, size_t k) {
     }
 }
 
+/* Whether the destination of the payload in progress may still be written: a responder
+ * QP that left RTR/RTS/SQD or changed epoch (ERR, RESET) takes no more bytes, nor does a
+ * requester whose READ's QP changed epoch. Checked before every copy. */
+static bool div_live(const sim_conn_t *c) {
+    const sim_qp_t *qp = c->qp;
+    switch (c->act) {
+    case ACT_RECV:
+    case ACT_WRITE:
+    case ACT_WRITE_IMM:
+        return qp && qp->epoch == c->act_epoch &&
+               (qp->state == IBV_QPS_RTR || qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD);
+    case ACT_RRESP:
+        return qp && qp->epoch == c->act_epoch;
+    case ACT_HELLO:
+        return true;
+    default:
+        return false;
+    }
+}
+
 static void conn_rx(sim_prov_t *p, sim_conn_t *c) {
     size_t budget = 256u << 20;
     while (!c->dead && budget > 0) {
+        if (c->rx == RX_HDR && c->rresp) {
+            /* The next request executes only after the READ response ahead of it is
+             * fully sent (in order, and no later request can revoke what it reads). */
+            conn_tx(p, c);
+            if (c->dead) return;
+            if (c->rresp) {
+                c->rx_blocked = true;
+                conn_events(p, c);
+                return;
+            }
+        }
         if (c->rx == RX_HDR) {
             if (c->rlen - c->rpos >= sizeof(sim_hdr_t)) {
                 memcpy(&c->h, c->rbuf + c->rpos, sizeof(sim_hdr_t));
@@ -895,6 +1103,7 @@ static void conn_rx(sim_prov_t *p, sim_conn_t *c) {
             continue;
         }
         /* RX_PAYLOAD */
+        if (c->idiv < c->ndiv && !div_live(c)) c->idiv = c->ndiv; /* drop the rest */
         size_t avail = c->rlen - c->rpos;
         if (avail > 0 && c->remaining > 0) {
             size_t k = avail < c->remaining ? avail : (size_t)c->remaining;
@@ -959,6 +1168,21 @@ static void accept_all(sim_prov_t *p, sim_listener_t *l) {
     }
 }
 
+/* Receive (when readable), send, and resume a receive that waited for a READ response. */
+static void conn_service(sim_prov_t *p, sim_conn_t *c, bool readable) {
+    for (int round = 0; round < 16 && !c->dead; round++) {
+        if (c->rx_blocked && !c->rresp) {
+            c->rx_blocked = false;
+            conn_events(p, c);
+            readable = true; /* requests may wait in rbuf with nothing left in the socket */
+        }
+        if (readable && !c->rx_blocked) conn_rx(p, c);
+        if (!c->dead && c->tx_head) conn_tx(p, c);
+        if (c->dead || !c->rx_blocked || c->rresp) return;
+        readable = false;
+    }
+}
+
 static int next_timeout_ms(sim_prov_t *p, uint64_t now) {
     int ms = 1000;
     sim_qp_t *qp;
@@ -993,15 +1217,14 @@ static void *progress_main(void *arg) {
             } else {
                 sim_conn_t *c = evs[i].data.ptr;
                 if (c->dead) continue;
-                if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) conn_rx(p, c);
-                if (!c->dead && c->tx_head) conn_tx(p, c);
+                conn_service(p, c, (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0);
             }
         }
         uint64_t now = ote_now_ns();
         sim_qp_t *qp;
         DL_FOREACH2(p->qp_list, qp, next) req_pump(p, qp, now);
         sim_conn_t *c;
-        DL_FOREACH(p->conns, c) if (!c->dead && c->tx_head) conn_tx(p, c);
+        DL_FOREACH(p->conns, c) if (!c->dead && (c->tx_head || c->rx_blocked)) conn_service(p, c, false);
         ote__sim_handle_overflow(p);
         reap(p);
     }
