@@ -51,13 +51,16 @@ void ote_ctl_put_hdr(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t r
     put32(buf + 20, length);
 }
 
-void ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
-                    uint64_t addr, uint32_t len) {
-    uint32_t length = OTE_CTL_RW_BODY_LEN + (opcode == OTE_CTL_WRITE_REQ ? len : 0);
-    ote_ctl_put_hdr(buf, version, opcode, req_id, OTE_OK, length);
+ote_status_t ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                            uint64_t addr, uint32_t len) {
+    /* 64-bit sum: a len near 4 GiB must not wrap into a short frame length. */
+    uint64_t length = OTE_CTL_RW_BODY_LEN + (opcode == OTE_CTL_WRITE_REQ ? (uint64_t)len : 0);
+    if (len > OTE_CTL_MAX_DATA || length > OTE_CTL_MAX_FRAME) return OTE_ERR_INVALID;
+    ote_ctl_put_hdr(buf, version, opcode, req_id, OTE_OK, (uint32_t)length);
     put64(buf + OTE_CTL_HDR_LEN, addr);
     put32(buf + OTE_CTL_HDR_LEN + 8, len);
     put32(buf + OTE_CTL_HDR_LEN + 12, 0);
+    return OTE_OK;
 }
 
 ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
@@ -283,11 +286,44 @@ ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, 
     if (ack == NULL || version_out == NULL) return OTE_ERR_INVALID;
     if (ack->opcode == OTE_CTL_ERROR) {
         if (ote_status_code(ack->status) == OTE_ERR_VERSION) return OTE_ERR_VERSION;
-        return ack->status != OTE_OK ? ack->status : OTE_ERR_PROTOCOL;
+        return ote_ctl_peer_status(OTE_CTL_ERROR, ack->status);
     }
     if (ack->opcode != OTE_CTL_HELLO_ACK) return OTE_ERR_PROTOCOL;
     uint16_t v = ack->u.hello_ack.version;
     if (v < my_min || v > my_max || ack->version != v) return OTE_ERR_VERSION;
+    uint32_t md = ack->u.hello_ack.max_data;
+    if (md < OTE_CTL_MIN_DATA || md > OTE_CTL_MAX_DATA) return OTE_ERR_PROTOCOL;
     *version_out = v;
     return OTE_OK;
+}
+
+ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st) {
+    int code = ote_status_code(st);
+    if (st == OTE_OK) return opcode == OTE_CTL_ERROR ? OTE_ERR_PROTOCOL : OTE_OK;
+    if (code == OTE_OK) return OTE_ERR_PROTOCOL; /* "success" with stray bits */
+    if (ote_status_errno(st) != 0 || (uint32_t)st >> 31) return OTE_ERR_REMOTE;
+    int ok = 0;
+    switch (opcode) {
+        case OTE_CTL_WRITE_ACK:
+        case OTE_CTL_READ_RESP:
+            ok = code == OTE_ERR_ACCESS || code == OTE_ERR_INVALID || code == OTE_ERR_TOO_BIG ||
+                 code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE;
+            break;
+        case OTE_CTL_NOTIFY_ACK:
+            ok = code == OTE_ERR_AGAIN || code == OTE_ERR_INVALID || code == OTE_ERR_TOO_BIG ||
+                 code == OTE_ERR_REMOTE;
+            break;
+        case OTE_CTL_ERROR:
+            ok = code == OTE_ERR_VERSION || code == OTE_ERR_PROTOCOL || code == OTE_ERR_INVALID ||
+                 code == OTE_ERR_UNSUPPORTED || code == OTE_ERR_REMOTE;
+            break;
+        case OTE_CTL_RDMA:
+            ok = code == OTE_ERR_ACCESS || code == OTE_ERR_INVALID || code == OTE_ERR_TOO_BIG ||
+                 code == OTE_ERR_AGAIN || code == OTE_ERR_UNSUPPORTED ||
+                 code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE;
+            break;
+        default:
+            break;
+    }
+    return ok ? (ote_status_t)code : OTE_ERR_REMOTE;
 }

@@ -44,6 +44,10 @@ extern "C" {
 #define OTE_CTL_RW_BODY_LEN 16u /* remote addr u64, length u32, flags u32 */
 #define OTE_CTL_RW_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW_BODY_LEN)
 #define OTE_CTL_MAX_DATA (64u << 20)  /* largest bulk payload of one frame (one slice) */
+/* Smallest max_data a source may advertise in HELLO_ACK. A requester cuts requests into
+ * slices of at most max_data / 2 bytes; below this floor a peer could make it cut a
+ * request into billions of slices (or none), so such a HELLO_ACK is refused. */
+#define OTE_CTL_MIN_DATA (8u << 10)
 #define OTE_CTL_MAX_BODY 8192u        /* largest non-bulk body */
 #define OTE_CTL_MAX_FRAME (OTE_CTL_MAX_DATA + OTE_CTL_MAX_BODY)
 #define OTE_CTL_MAX_ADDR 255u          /* advertised "host:port" */
@@ -123,12 +127,13 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
  * caller). OTE_ERR_INVALID for out-of-range fields, OTE_ERR_TOO_BIG when cap is short. */
 ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, size_t *len_out);
 
-/* Hot-path encoders into fixed-size buffers (no checks beyond the types). */
+/* Hot-path encoders into fixed-size buffers. */
 void ote_ctl_put_hdr(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
                      ote_status_t status, uint32_t length);
-/* WRITE_REQ / READ_REQ: OTE_CTL_RW_FRAME_LEN bytes. */
-void ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
-                    uint64_t addr, uint32_t len);
+/* WRITE_REQ / READ_REQ: OTE_CTL_RW_FRAME_LEN bytes. OTE_ERR_INVALID (nothing written)
+ * when len > OTE_CTL_MAX_DATA: the frame length (body + data) could not be encoded. */
+ote_status_t ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                            uint64_t addr, uint32_t len);
 
 /*
  * Handshake, source side: pick the version for a HELLO. OTE_OK with *version_out = the
@@ -139,10 +144,31 @@ ote_status_t ote_ctl_negotiate(const ote_ctl_msg_t *hello, uint16_t my_min, uint
                                uint16_t *version_out);
 /* Handshake, requester side: check the answer to our HELLO. OTE_OK with the version the
  * source chose (inside our range); OTE_ERR_VERSION for an ERROR frame saying so or a
- * chosen version outside [my_min, my_max]; the ERROR's status for other refusals;
- * OTE_ERR_PROTOCOL for anything else. */
+ * chosen version outside [my_min, my_max]; for other ERROR refusals the ERROR's status
+ * as ote_ctl_peer_status() admits it; OTE_ERR_PROTOCOL for a HELLO_ACK whose max_data
+ * lies outside [OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA] and for anything else. */
 ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, uint16_t my_max,
                                      uint16_t *version_out);
+
+/*
+ * The status a peer reported in a frame of `opcode`, made safe to report as this
+ * engine's own. Every status that comes from a peer passes through here before anything
+ * uses it: a peer must not make a local call return a code that promises a local state
+ * (OTE_ERR_RETAINED, OTE_ERR_BUSY, OTE_ERR_NOMEM, OTE_ERR_TIMEOUT, ...) or carry errno
+ * bits of its own native calls. Each answer admits only the codes the protocol gives it:
+ *
+ *   WRITE_ACK, READ_RESP   ACCESS, INVALID, TOO_BIG, REMOTE_ACCESS, REMOTE
+ *   NOTIFY_ACK             AGAIN (its notification queue is full), INVALID, TOO_BIG,
+ *                          REMOTE
+ *   ERROR                  VERSION, PROTOCOL, INVALID, UNSUPPORTED, REMOTE
+ *   RDMA                   ACCESS, INVALID, TOO_BIG, AGAIN, UNSUPPORTED, REMOTE_ACCESS,
+ *                          REMOTE
+ *
+ * OTE_OK stays OTE_OK, except in ERROR (a refusal without a reason: OTE_ERR_PROTOCOL);
+ * code 0 with other bits set is OTE_ERR_PROTOCOL; any other code, any status with errno
+ * bits, and any status of another opcode is OTE_ERR_REMOTE ("the peer failed it").
+ */
+ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st);
 
 const char *ote_ctl_opcode_str(uint16_t opcode);
 

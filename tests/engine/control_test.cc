@@ -136,7 +136,10 @@ TEST_F(ControlTest, MalformedAndOversizedFramesAreRejected) {
     Put32(b, 20, OTE_CTL_RW_BODY_LEN + 99);
     EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_PROTOCOL);
     // READ_REQ over the slice limit, or wrapping the address space.
-    ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, 4096, OTE_CTL_MAX_DATA + 1);
+    // (The encoder refuses to write one; the length field is patched in by hand.)
+    EXPECT_EQ(ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, 4096, OTE_CTL_MAX_DATA + 1), OTE_ERR_INVALID);
+    ASSERT_EQ(ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, 4096, 10), OTE_OK);
+    Put32(b, OTE_CTL_HDR_LEN + 8, OTE_CTL_MAX_DATA + 1);
     EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_TOO_BIG);
     ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, UINT64_MAX - 5, 10);
     EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_PROTOCOL);
@@ -181,18 +184,79 @@ TEST_F(ControlTest, VersionNegotiation) {
     ack.opcode = OTE_CTL_HELLO_ACK;
     ack.version = 2;
     ack.u.hello_ack.version = 2;
+    ack.u.hello_ack.max_data = OTE_CTL_MIN_DATA;
     EXPECT_EQ(ote_ctl_check_hello_ack(&ack, 1, 3, &v), OTE_OK);
     EXPECT_EQ(v, 2);
+    // max_data outside [OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA] refuses the source.
+    for (uint32_t md : {1u, 2u, OTE_CTL_MIN_DATA - 1, OTE_CTL_MAX_DATA + 1, 0xfffffff0u}) {
+        ote_ctl_msg_t bad = ack;
+        bad.u.hello_ack.max_data = md;
+        v = 0;
+        EXPECT_EQ(ote_ctl_check_hello_ack(&bad, 1, 3, &v), OTE_ERR_PROTOCOL) << md;
+        EXPECT_EQ(v, 0);
+    }
+    ack.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+    EXPECT_EQ(ote_ctl_check_hello_ack(&ack, 1, 3, &v), OTE_OK);
     ack.version = ack.u.hello_ack.version = 7;
     EXPECT_EQ(ote_ctl_check_hello_ack(&ack, 1, 3, &v), OTE_ERR_VERSION);
     ote_ctl_msg_t err{};
     err.opcode = OTE_CTL_ERROR;
     err.status = OTE_ERR_VERSION;
     EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_VERSION);
+    // Other refusals pass through ote_ctl_peer_status: a peer's local-only code does not
+    // become ours.
     err.status = OTE_ERR_BUSY;
-    EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_REMOTE);
+    err.status = OTE_ERR_UNSUPPORTED;
+    EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_UNSUPPORTED);
     err.opcode = OTE_CTL_WRITE_ACK;
     EXPECT_EQ(ote_ctl_check_hello_ack(&err, 1, 3, &v), OTE_ERR_PROTOCOL);
+}
+
+TEST_F(ControlTest, PutRwNeverWrapsTheFrameLength) {
+    uint8_t rw[OTE_CTL_RW_FRAME_LEN];
+    memset(rw, 0xAB, sizeof(rw));
+    // A length near 4 GiB would wrap 16 + len into a short frame: refused, nothing written.
+    EXPECT_EQ(ote_ctl_put_rw(rw, 1, OTE_CTL_WRITE_REQ, 1, 4096, 0xfffffff8u), OTE_ERR_INVALID);
+    for (uint8_t x : rw) EXPECT_EQ(x, 0xAB);
+    ASSERT_EQ(ote_ctl_put_rw(rw, 1, OTE_CTL_WRITE_REQ, 1, 4096, OTE_CTL_MAX_DATA), OTE_OK);
+    ote_ctl_msg_t out{};
+    size_t used = 0;
+    ASSERT_EQ(ote_ctl_decode(rw, sizeof(rw), &out, &used), OTE_OK);
+    EXPECT_EQ(out.length, OTE_CTL_RW_BODY_LEN + OTE_CTL_MAX_DATA);
+    EXPECT_EQ(out.data_len, OTE_CTL_MAX_DATA);
+}
+
+TEST_F(ControlTest, PeerStatusAdmitsOnlyWhatEachAnswerMayCarry) {
+    // Ordinary refusals pass.
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_OK), OTE_OK);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_ERR_ACCESS), OTE_ERR_ACCESS);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_READ_RESP, OTE_ERR_ACCESS), OTE_ERR_ACCESS);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_NOTIFY_ACK, OTE_ERR_AGAIN), OTE_ERR_AGAIN);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_ERR_VERSION), OTE_ERR_VERSION);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_RDMA, OTE_ERR_AGAIN), OTE_ERR_AGAIN);
+    // Local-only codes, errno bits and codes outside the answer's set become REMOTE.
+    const ote_status_t local_only[] = {OTE_ERR_RETAINED, OTE_ERR_BUSY, OTE_ERR_NOMEM,
+                                       OTE_ERR_TIMEOUT, OTE_ERR_CANCELED, OTE_ERR_PEER_LOST,
+                                       OTE_ERR_FENCED, OTE_ERR_FAULT, OTE_ERR_STATE,
+                                       ote_status_make(OTE_ERR_NATIVE, 12),
+                                       ote_status_make(OTE_ERR_ACCESS, 13), 0x7fff1234};
+    for (uint16_t op : {OTE_CTL_WRITE_ACK, OTE_CTL_READ_RESP, OTE_CTL_NOTIFY_ACK, OTE_CTL_ERROR,
+                        OTE_CTL_RDMA}) {
+        for (ote_status_t st : local_only)
+            EXPECT_EQ(ote_ctl_peer_status(op, st), OTE_ERR_REMOTE) << op << " " << st;
+        // Code 0 with errno bits: not a success, not a reason.
+        EXPECT_EQ(ote_ctl_peer_status(op, ote_status_make(OTE_ERR_NATIVE, 5) & ~0xffff),
+                  OTE_ERR_PROTOCOL)
+            << op;
+        EXPECT_EQ(ote_ctl_peer_status(op, static_cast<ote_status_t>(0x80000000u)), OTE_ERR_PROTOCOL) << op;
+    }
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_ERR_AGAIN), OTE_ERR_REMOTE);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_READ_RESP, OTE_ERR_VERSION), OTE_ERR_REMOTE);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_NOTIFY_ACK, OTE_ERR_ACCESS), OTE_ERR_REMOTE);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_ERR_AGAIN), OTE_ERR_REMOTE);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_OK), OTE_ERR_PROTOCOL);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_HELLO, OTE_ERR_ACCESS), OTE_ERR_REMOTE);
 }
 
 }  // namespace
