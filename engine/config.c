@@ -33,6 +33,7 @@ static const key_def_t g_keys[] = {
     {"advertise_address", K_ADDR_OPT, "", 0, 0, {NULL}},
     {"tcp_connections", K_UINT, "4", 1, 64, {NULL}},
     {"tcp_workers", K_UINT, "2", 1, 64, {NULL}},
+    {"tcp_max_accepted", K_UINT, "1024", 1, 65536, {NULL}},
     {"slice_size", K_SIZE, "1M", 4096, 32u << 20, {NULL}},
     {"transfer_timeout_ms", K_UINT, "30000", 1, 86400000, {NULL}},
     {"connect_timeout_ms", K_UINT, "5000", 1, 600000, {NULL}},
@@ -336,6 +337,7 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "advertise_address") == 0) copy_str(r.advertise_address, sizeof(r.advertise_address), v);
         else if (strcmp(k->key, "tcp_connections") == 0) r.tcp_connections = (uint32_t)n;
         else if (strcmp(k->key, "tcp_workers") == 0) r.tcp_workers = (uint32_t)n;
+        else if (strcmp(k->key, "tcp_max_accepted") == 0) r.tcp_max_accepted = (uint32_t)n;
         else if (strcmp(k->key, "slice_size") == 0) r.slice_size = n;
         else if (strcmp(k->key, "transfer_timeout_ms") == 0) r.transfer_timeout_ms = n;
         else if (strcmp(k->key, "connect_timeout_ms") == 0) r.connect_timeout_ms = n;

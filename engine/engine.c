@@ -69,6 +69,8 @@ struct ote_engine {
     ote_mutex_t nmu; /* received notifications */
     ote_cond_t ncv;
     ote__nin_t *nhead, *ntail;
+    size_t nqcount, nqbytes; /* queued: at most OTE_NOTIFY_QUEUE_MAX / _BYTES */
+    int nqfull_logged;       /* one WARN per episode of a full queue */
 
     ote_mutex_t omu; /* completion of synchronous outgoing notifications */
     ote_cond_t ocv;
@@ -158,23 +160,63 @@ static void host_unpin(void *arg, void *pin) {
     atomic_fetch_sub(&((ote__reg_t *)pin)->inuse, 1);
 }
 
-static void host_deliver(void *arg, const char *from, const void *msg, size_t len) {
+/* Queue a received notification. OTE_ERR_AGAIN when the queue is at its cap
+ * (OTE_NOTIFY_QUEUE_MAX messages or OTE_NOTIFY_QUEUE_BYTES bytes) or out of memory: the
+ * transport answers the sender with it, so the sender's ote_notify_send fails with AGAIN
+ * instead of this engine growing without bound behind a receiver that does not keep up. */
+static ote_status_t host_deliver(void *arg, const char *from, const void *msg, size_t len) {
     ote_engine_t *e = arg;
+    if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
+    ote_mutex_lock(&e->nmu);
+    int full = e->nqcount >= OTE_NOTIFY_QUEUE_MAX || len > OTE_NOTIFY_QUEUE_BYTES - e->nqbytes;
+    int log_full = full && !e->nqfull_logged;
+    if (log_full) e->nqfull_logged = 1;
+    size_t qc = e->nqcount, qb = e->nqbytes;
+    ote_mutex_unlock(&e->nmu);
+    if (full) {
+        if (log_full)
+            OTE_WARN("engine",
+                     "notification queue full (%zu message(s), %zu bytes; caps %u, %u): refusing "
+                     "notifications from %s and others with OTE_ERR_AGAIN until ote_notify_recv "
+                     "drains it",
+                     qc, qb, (unsigned)OTE_NOTIFY_QUEUE_MAX, (unsigned)OTE_NOTIFY_QUEUE_BYTES, from);
+        return OTE_ERR_AGAIN;
+    }
     ote__nin_t *n = ote_malloc(sizeof(*n) + len);
     if (n == NULL) {
-        OTE_WARN("engine", "out of memory: dropping a %zu-byte notification from %s", len, from);
-        return;
+        OTE_WARN("engine", "out of memory: refusing a %zu-byte notification from %s", len, from);
+        return OTE_ERR_AGAIN;
     }
     n->next = NULL;
     n->len = len;
     snprintf(n->from, sizeof(n->from), "%s", from);
     if (len) memcpy(n->data, msg, len);
     ote_mutex_lock(&e->nmu);
+    /* Re-checked: another worker may have queued one since. */
+    if (e->nqcount >= OTE_NOTIFY_QUEUE_MAX || len > OTE_NOTIFY_QUEUE_BYTES - e->nqbytes) {
+        ote_mutex_unlock(&e->nmu);
+        ote_free(n);
+        return OTE_ERR_AGAIN;
+    }
     if (e->ntail) e->ntail->next = n;
     else e->nhead = n;
     e->ntail = n;
+    e->nqcount++;
+    e->nqbytes += len;
     ote_cond_broadcast(&e->ncv);
     ote_mutex_unlock(&e->nmu);
+    return OTE_OK;
+}
+
+/* Unlink the head of the queue. e->nmu held, queue not empty. */
+static ote__nin_t *nq_pop(ote_engine_t *e) {
+    ote__nin_t *n = e->nhead;
+    e->nhead = n->next;
+    if (e->nhead == NULL) e->ntail = NULL;
+    e->nqcount--;
+    e->nqbytes -= n->len;
+    e->nqfull_logged = 0;
+    return n;
 }
 
 ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
@@ -460,12 +502,26 @@ ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len
         ote_mutex_unlock(&e->nmu);
         return OTE_ERR_TOO_BIG;
     }
-    e->nhead = n->next;
-    if (e->nhead == NULL) e->ntail = NULL;
+    (void)nq_pop(e);
     ote_mutex_unlock(&e->nmu);
     if (n->len) memcpy(buf, n->data, n->len);
     if (from != NULL) memcpy(from, n->from, strlen(n->from) + 1);
     *len_out = n->len;
+    ote_free(n);
+    return OTE_OK;
+}
+
+ote_status_t ote_notify_discard(ote_engine_t *e, size_t *len_out) {
+    if (e == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&e->nmu);
+    if (e->nhead == NULL) {
+        ote_mutex_unlock(&e->nmu);
+        return OTE_ERR_NOT_FOUND;
+    }
+    ote__nin_t *n = nq_pop(e);
+    ote_mutex_unlock(&e->nmu);
+    OTE_DEBUG("engine", "discarded a %zu-byte notification from %s", n->len, n->from);
+    if (len_out != NULL) *len_out = n->len;
     ote_free(n);
     return OTE_OK;
 }
@@ -580,17 +636,40 @@ static void req_slice_done(ote__slice_t *s, ote_status_t st) {
     if (atomic_fetch_sub(&r->left, 1) == 1) req_finalize(r);
 }
 
-static uint32_t slice_count(size_t length, uint64_t ssz) {
-    if (length <= ssz) return 1;
-    uint64_t n = length / ssz, tail = length % ssz;
-    if (tail != 0 && tail >= ssz / 2) n++; /* a short tail is folded into the last slice */
-    return (uint32_t)n;
-}
+/* How one request is cut: ns slices of ssz bytes, the last one taking the rest. Computed
+ * once per request and used for both the allocation and the slices themselves: the
+ * peer's limit may change under us (a reconnect), and the two must agree. */
+typedef struct {
+    ote__slice_t *arr; /* ns > 1: the request's slice array */
+    uint64_t ssz;
+    uint32_t ns;
+} req_plan_t;
 
-static uint64_t seg_slice_size(ote_segment_t *seg) {
+/* The slice geometry of a `length`-byte request to seg. A slice is at most half the
+ * peer's max_data, so the last one (ssz plus a folded tail shorter than ssz / 2) stays
+ * under it. OTE_ERR_TOO_BIG when the request would need more than UINT32_MAX slices;
+ * OTE_ERR_PROTOCOL when the transport reports a peer limit too small to slice by (the
+ * handshake refuses such peers; this keeps the slice size from ever being 0). */
+static ote_status_t req_plan(ote_segment_t *seg, uint64_t length, req_plan_t *out) {
     uint64_t ssz = seg->e->cfg.slice_size;
-    uint64_t mx = seg->e->tp->ops->peer_max_slice(seg->peer) / 2;
-    return ssz < mx ? ssz : mx;
+    uint64_t mx = (uint64_t)seg->e->tp->ops->peer_max_slice(seg->peer) / 2;
+    if (mx < ssz) ssz = mx;
+    if (ssz == 0) {
+        OTE_ERROR("engine", "segment %s: the transport reports a slice limit of %llu bytes",
+                  seg->name, (unsigned long long)mx * 2);
+        return OTE_ERR_PROTOCOL;
+    }
+    uint64_t n = 1;
+    if (length > ssz) {
+        n = length / ssz;
+        uint64_t tail = length % ssz;
+        if (tail != 0 && tail >= ssz / 2) n++; /* a short tail is folded into the last slice */
+    }
+    if (n > UINT32_MAX) return OTE_ERR_TOO_BIG;
+    out->arr = NULL;
+    out->ssz = ssz;
+    out->ns = (uint32_t)n;
+    return OTE_OK;
 }
 
 ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
@@ -614,18 +693,20 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
         ote_status_t st = e->tp->ops->peer_ensure(last->peer);
         if (st != OTE_OK) return st;
     }
-    /* Slice arrays of multi-slice requests, allocated before anything starts. */
-    ote__slice_t *stack_arrs[64];
-    ote__slice_t **arrs = n <= 64 ? stack_arrs : ote_calloc(n, sizeof(*arrs));
-    if (arrs == NULL) return OTE_ERR_NOMEM;
+    /* Each request's geometry (once) and the slice arrays of multi-slice requests, all
+     * before anything starts. */
+    req_plan_t stack_plans[64];
+    req_plan_t *plans = n <= 64 ? stack_plans : ote_calloc(n, sizeof(*plans));
+    if (plans == NULL) return OTE_ERR_NOMEM;
     ote_status_t st = OTE_OK;
     for (size_t i = 0; i < n; i++) {
-        arrs[i] = NULL;
-        if (reqs[i].length == 0) continue;
-        uint32_t ns = slice_count(reqs[i].length, seg_slice_size(reqs[i].segment));
-        if (ns > 1) {
-            arrs[i] = ote_malloc((size_t)ns * sizeof(ote__slice_t));
-            if (arrs[i] == NULL) st = OTE_ERR_NOMEM;
+        plans[i] = (req_plan_t){NULL, 0, 1};
+        if (reqs[i].length == 0 || st != OTE_OK) continue;
+        st = req_plan(reqs[i].segment, reqs[i].length, &plans[i]);
+        if (st == OTE_OK && plans[i].ns > 1) {
+            /* ns <= UINT32_MAX: the product fits a 64-bit size_t. */
+            plans[i].arr = ote_malloc((size_t)plans[i].ns * sizeof(ote__slice_t));
+            if (plans[i].arr == NULL) st = OTE_ERR_NOMEM;
         }
     }
     size_t k = 0;
@@ -642,8 +723,8 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
         ote_mutex_unlock(&b->mu);
     }
     if (st != OTE_OK) {
-        for (size_t i = 0; i < n; i++) ote_free(arrs[i]);
-        if (arrs != stack_arrs) ote_free(arrs);
+        for (size_t i = 0; i < n; i++) ote_free(plans[i].arr);
+        if (plans != stack_plans) ote_free(plans);
         return st;
     }
 
@@ -665,7 +746,7 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
         atomic_store(&r->bytes_done, 0);
         atomic_store(&r->canceled, 0);
         r->local_pin = NULL;
-        r->many = arrs[i];
+        r->many = plans[i].arr;
         atomic_fetch_add(&q->segment->pending, 1);
         if (use_pins && q->length > 0) {
             ote__reg_t *lr = reg_covering(e, (uintptr_t)q->local_addr, q->length);
@@ -678,8 +759,8 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
             atomic_store(&r->left, 1);
             continue; /* completed below, after the lock */
         }
-        uint64_t ssz = seg_slice_size(q->segment);
-        uint32_t ns = slice_count(q->length, ssz);
+        uint64_t ssz = plans[i].ssz;
+        uint32_t ns = plans[i].ns;
         atomic_store(&r->left, ns);
         ote__slice_t *sl = ns > 1 ? r->many : &r->one;
         if (list_seg != q->segment && list != NULL) {
@@ -710,7 +791,7 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
     if (list != NULL) e->tp->ops->submit(list_seg->peer, list);
     for (size_t i = 0; i < n; i++)
         if (reqs[i].length == 0) req_finalize(&b->reqs[k + i]);
-    if (arrs != stack_arrs) ote_free(arrs);
+    if (plans != stack_plans) ote_free(plans);
     return OTE_OK;
 }
 

@@ -28,6 +28,7 @@ typedef struct ote__cfg_s {
     char advertise_address[OTE__ADDR_MAX]; /* "" = none */
     uint32_t tcp_connections;
     uint32_t tcp_workers;
+    uint32_t tcp_max_accepted;
     uint64_t slice_size;
     uint64_t transfer_timeout_ms;
     uint64_t connect_timeout_ms;

@@ -57,8 +57,10 @@ typedef struct {
      * success the registration is pinned (unregister is BUSY) until unpin(*pin_out). */
     ote_status_t (*pin)(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
     void (*unpin)(void *arg, void *pin);
-    /* A notification arrived from the peer whose advertised address is `from`. */
-    void (*deliver_notify)(void *arg, const char *from, const void *msg, size_t len);
+    /* A notification arrived from the peer whose advertised address is `from`. OTE_OK
+     * when queued; OTE_ERR_AGAIN when the engine's queue is full (or out of memory):
+     * the transport answers NOTIFY_ACK with the returned status. */
+    ote_status_t (*deliver_notify)(void *arg, const char *from, const void *msg, size_t len);
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;

@@ -27,6 +27,16 @@
  * marks the peer broken (a later submit reconnects). A slice whose deadline passes
  * closes its connection (its data can no longer arrive) and fails with
  * OTE_ERR_TIMEOUT. Peers are independent: one peer's death never blocks another's.
+ *
+ * Hostile or stuck requesters (source side). At most tcp_max_accepted accepted
+ * connections exist at once (more are closed at accept); each must complete its
+ * handshake within connect_timeout_ms and, until then, owns only a small receive buffer.
+ * A connection queues at most TCP_SRC_MAX_RESP responses: at the cap it stops reading
+ * (EPOLLIN off) until the requester drains them. A connection that owes responses or is
+ * receiving a payload must make progress (bytes in or out) every transfer_timeout_ms,
+ * else it is closed and its registrations unpinned. Accept failures for lack of fds or
+ * memory take the listen socket out of epoll for TCP_ACCEPT_BACKOFF_NS (no spinning) and
+ * are logged at most once per TCP_LOG_EVERY_NS.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +69,10 @@
 #define TCP_TICK_NS (20 * OTE_NSEC_PER_MSEC)
 #define TCP_RX_BUDGET (16u << 20) /* bytes per readable event per connection (fairness) */
 #define TCP_MAX_CONNS 64
+#define TCP_SRC_MAX_RESP 256u /* queued responses per source connection */
+#define TCP_HS_RXBUF 512u     /* receive buffer before the handshake: one HELLO fits */
+#define TCP_ACCEPT_BACKOFF_NS (100 * OTE_NSEC_PER_MSEC)
+#define TCP_LOG_EVERY_NS (1000 * OTE_NSEC_PER_MSEC)
 #define TCP_HSBUF (OTE_CTL_HDR_LEN + 8 + OTE_CTL_MAX_TEXT + OTE_CTL_MAX_ADDR + 16)
 
 enum { ROLE_REQUESTER = 1, ROLE_SOURCE = 2 };
@@ -96,6 +110,11 @@ struct tcp_conn {
     tcp_peer_t *peer; /* requester role */
     char from[OTE__ADDR_MAX];
     uint32_t ev;
+    int out_wanted;  /* EPOLLOUT requested */
+    int rx_paused;   /* source: EPOLLIN off (response cap reached, or closing) */
+    int closing;     /* source: a close_after response is queued; parse nothing more */
+    uint64_t born_ns; /* source: accept time (handshake deadline) */
+    uint64_t progress, progress_seen, progress_ns; /* bytes moved: a counter, its tick view */
 
     /* Submission queue (requester): any thread under qmu. */
     ote_mutex_t qmu;
@@ -122,6 +141,7 @@ struct tcp_conn {
 
     /* Receive, worker-owned. */
     uint8_t *rxbuf;
+    size_t rxcap;
     size_t rx_start, rx_end;
     int rx_state;
     uint8_t *rx_dst;
@@ -162,6 +182,11 @@ struct tcp {
     ote_cond_t cv;
     int sockbuf;
     _Atomic uint64_t session;
+    _Atomic uint32_t naccepted; /* source connections alive (<= cfg.tcp_max_accepted) */
+    /* Accept path, worker 0 only. */
+    uint64_t accept_resume_ns; /* nonzero: listen fd out of epoll until then */
+    uint64_t accept_log_ns;    /* last accept WARN */
+    uint64_t accept_quiet;     /* failures not logged since */
 };
 
 struct tcp_peer {
@@ -173,7 +198,9 @@ struct tcp_peer {
     tcp_conn_t **conns;
     _Atomic int broken;
     _Atomic uint32_t rr;
-    uint32_t max_data;
+    /* The source's max_data from the handshake, in [OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA].
+     * Written by a (re)connect under lk for writing, read by submitters without it. */
+    _Atomic uint32_t max_data;
 };
 
 static inline tcp_t *to_tcp(ote__transport_t *t) { return (tcp_t *)t; }
@@ -228,10 +255,13 @@ static void worker_post(tcp_worker_t *w, tcp_cmd_t *cmd) {
     worker_wake(w);
 }
 
+/* A source connection starts with a TCP_HS_RXBUF receive buffer (a connection that never
+ * handshakes costs little) and gets TCP_RXBUF once its HELLO is accepted. */
 static tcp_conn_t *conn_new(tcp_t *tp, int fd, int role) {
     tcp_conn_t *c = ote_calloc(1, sizeof(*c));
     if (c == NULL) return NULL;
-    c->rxbuf = ote_malloc(TCP_RXBUF);
+    c->rxcap = role == ROLE_SOURCE ? TCP_HS_RXBUF : TCP_RXBUF;
+    c->rxbuf = ote_malloc(c->rxcap);
     if (c->rxbuf == NULL || ote_mutex_init(&c->qmu) != OTE_OK) {
         ote_free(c->rxbuf);
         ote_free(c);
@@ -249,6 +279,7 @@ static tcp_conn_t *conn_new(tcp_t *tp, int fd, int role) {
 
 static void conn_free(tcp_conn_t *c) {
     if (c == NULL) return;
+    if (c->role == ROLE_SOURCE) atomic_fetch_sub(&c->w->tp->naccepted, 1);
     if (c->fd >= 0) close(c->fd);
     ote_mutex_destroy(&c->qmu);
     ote_free(c->rxbuf);
@@ -260,18 +291,17 @@ static uint32_t slice_payload(const ote__slice_t *s) {
     return s->op == OTE__SLICE_READ ? 0 : s->len;
 }
 
-static ote_status_t sanitize_remote_status(ote_status_t st) {
-    int code = ote_status_code(st);
-    if (code == OTE_OK) return OTE_ERR_PROTOCOL;
-    if (code >= 300 || ote_status_errno(st) != 0) return ote_status_make(OTE_ERR_REMOTE, 0);
-    return st;
-}
-
-static void want_out(tcp_conn_t *c, int on) {
-    uint32_t ev = EPOLLIN | (on ? EPOLLOUT : 0);
+/* Keep the epoll interest of c in line with out_wanted and rx_paused. */
+static void conn_events(tcp_conn_t *c) {
+    uint32_t ev = (c->rx_paused ? 0u : (uint32_t)EPOLLIN) | (c->out_wanted ? (uint32_t)EPOLLOUT : 0u);
     if (ev == c->ev || c->fd < 0) return;
     struct epoll_event e = {.events = ev, .data.ptr = c};
     if (epoll_ctl(c->w->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0) c->ev = ev;
+}
+
+static void want_out(tcp_conn_t *c, int on) {
+    c->out_wanted = on;
+    conn_events(c);
 }
 
 /* ---- connection death ------------------------------------------------------------- */
@@ -377,9 +407,11 @@ static void req_pull(tcp_conn_t *c) {
         if (s->op == OTE__SLICE_NOTIFY) {
             ote_ctl_put_hdr(s->wire, c->version, OTE_CTL_NOTIFY, s->seq, OTE_OK, s->len);
             s->wire_len = OTE_CTL_HDR_LEN;
-        } else {
-            ote_ctl_put_rw(s->wire, c->version, s->op, s->seq, s->remote, s->len);
+        } else if (ote_ctl_put_rw(s->wire, c->version, s->op, s->seq, s->remote, s->len) == OTE_OK) {
             s->wire_len = OTE_CTL_RW_FRAME_LEN;
+        } else { /* tcp_submit refuses these; never put a wrapped length on the wire */
+            s->done(s, OTE_ERR_TOO_BIG);
+            continue;
         }
         if (c->tail) c->tail->next = s;
         else c->head = s;
@@ -454,6 +486,7 @@ static void req_write(tcp_conn_t *c) {
             conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
             return;
         }
+        c->progress++;
         size_t left = (size_t)r;
         while (left > 0 && c->tx) {
             ote__slice_t *s = c->tx;
@@ -506,7 +539,7 @@ static int req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
         }
     }
     c->last_large = 0;
-    req_pop_complete(c, m->status == OTE_OK ? OTE_OK : sanitize_remote_status(m->status));
+    req_pop_complete(c, ote_ctl_peer_status(m->opcode, m->status));
     return 0;
 }
 
@@ -546,6 +579,12 @@ static int src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t
     return 0;
 }
 
+/* Whether the source may take another request from c: not after a refusal that closes
+ * the connection, and not while TCP_SRC_MAX_RESP responses wait to be sent. */
+static int src_may_parse(const tcp_conn_t *c) {
+    return !c->closing && c->rcount < TCP_SRC_MAX_RESP;
+}
+
 static void src_write(tcp_conn_t *c) {
     tcp_t *tp = c->w->tp;
     struct iovec *iov = c->w->iov;
@@ -579,6 +618,7 @@ static void src_write(tcp_conn_t *c) {
             conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
             return;
         }
+        c->progress++;
         size_t left = (size_t)rc;
         while (left > 0 && c->rcount > 0) {
             tcp_resp_t *r = &c->ring[c->rhead];
@@ -661,6 +701,25 @@ static int src_handshake(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     r->data = c->hsbuf;
     r->len = (uint32_t)len;
     r->close_after = st != OTE_OK;
+    /* The queued answer points into hsbuf: after a refusal nothing more is parsed (a
+     * second HELLO would overwrite it), and the connection closes once it is sent. */
+    if (st != OTE_OK) {
+        c->closing = 1;
+        return 0;
+    }
+    uint8_t *nb = ote_malloc(TCP_RXBUF);
+    if (nb == NULL) {
+        OTE_ERROR("tcp", "out of memory for the receive buffer of %s: closing connection", c->from);
+        conn_kill(c, OTE_ERR_NOMEM);
+        return -1;
+    }
+    size_t rem = c->rx_end - c->rx_start;
+    if (rem) memcpy(nb, c->rxbuf + c->rx_start, rem);
+    ote_free(c->rxbuf);
+    c->rxbuf = nb;
+    c->rxcap = TCP_RXBUF;
+    c->rx_start = 0;
+    c->rx_end = rem;
     return 0;
 }
 
@@ -705,8 +764,8 @@ static int src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
                                (const uint8_t *)(uintptr_t)m->u.rw.addr, m->u.rw.len, pin);
         case OTE_CTL_NOTIFY:
             c->last_large = 0;
-            tp->host.deliver_notify(tp->host.arg, c->from, m->u.notify.msg, m->u.notify.len);
-            return src_respond(c, OTE_CTL_NOTIFY_ACK, m->req_id, OTE_OK, NULL, 0, NULL);
+            st = tp->host.deliver_notify(tp->host.arg, c->from, m->u.notify.msg, m->u.notify.len);
+            return src_respond(c, OTE_CTL_NOTIFY_ACK, m->req_id, st, NULL, 0, NULL);
         default:
             OTE_WARN("control", "unexpected %s from requester %s: closing",
                      ote_ctl_opcode_str(m->opcode), c->from);
@@ -730,8 +789,16 @@ static int payload_done(tcp_conn_t *c) {
 
 /* ---- receive ---------------------------------------------------------------------- */
 
+/* Source: stop reading c (its buffered frames stay for src_resume). */
+static void src_pause(tcp_conn_t *c) {
+    if (c->rx_paused) return;
+    c->rx_paused = 1;
+    conn_events(c);
+}
+
 static void conn_read(tcp_conn_t *c) {
     size_t budget = TCP_RX_BUDGET;
+    if (c->rx_paused) return;
     while (c->fd >= 0) {
         ssize_t r;
         if (c->rx_state != RX_HDR) {
@@ -752,8 +819,9 @@ static void conn_read(tcp_conn_t *c) {
             if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN)
                 r = recv(c->fd, c->rx_dst, c->rx_left, MSG_DONTWAIT);
             else
-                r = recv(c->fd, c->rxbuf, TCP_RXBUF, MSG_DONTWAIT);
+                r = recv(c->fd, c->rxbuf, c->rxcap, MSG_DONTWAIT);
             if (r > 0) {
+                c->progress++;
                 budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
                 if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN) {
                     c->rx_dst += r;
@@ -768,6 +836,10 @@ static void conn_read(tcp_conn_t *c) {
         /* Parse every complete frame in the buffer. */
         int stop_parsing = 0;
         while (c->rx_state == RX_HDR && c->rx_end > c->rx_start) {
+            if (c->role == ROLE_SOURCE && !src_may_parse(c)) {
+                src_pause(c); /* resumed by src_resume once responses drain */
+                return;
+            }
             ote_ctl_msg_t m;
             size_t used = 0;
             ote_status_t st = ote_ctl_decode(c->rxbuf + c->rx_start, c->rx_end - c->rx_start, &m, &used);
@@ -797,10 +869,18 @@ static void conn_read(tcp_conn_t *c) {
             c->rx_start = 0;
             c->rx_end = rem;
         }
-        size_t want = TCP_RXBUF - c->rx_end;
+        size_t want = c->rxcap - c->rx_end;
         if (c->last_large && c->rx_end < OTE_CTL_RW_FRAME_LEN) want = OTE_CTL_RW_FRAME_LEN - c->rx_end;
+        if (want == 0) { /* an incomplete frame fills the buffer: larger than allowed here */
+            OTE_WARN("control", "frame from %s larger than %zu bytes%s: closing connection",
+                     c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"), c->rxcap,
+                     c->handshaken ? "" : " before the handshake");
+            conn_kill(c, OTE_ERR_PROTOCOL);
+            return;
+        }
         r = recv(c->fd, c->rxbuf + c->rx_end, want, MSG_DONTWAIT);
         if (r > 0) {
+            c->progress++;
             c->rx_end += (size_t)r;
             budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
             continue;
@@ -818,9 +898,23 @@ static void conn_read(tcp_conn_t *c) {
     }
 }
 
+/* Source: send queued responses; once below the cap again, take the frames that waited
+ * in the buffer and read on, then send what they produced, until nothing moves. */
+static void src_pump(tcp_conn_t *c) {
+    for (;;) {
+        src_write(c);
+        if (c->fd < 0 || !c->rx_paused || !src_may_parse(c)) return;
+        c->rx_paused = 0;
+        conn_events(c);
+        size_t before = c->rcount;
+        conn_read(c);
+        if (c->fd < 0 || c->rcount == 0 || (c->rcount == before && !c->rx_paused)) return;
+    }
+}
+
 static void conn_flush(tcp_conn_t *c) {
     if (c->fd < 0) return;
-    if (c->role == ROLE_SOURCE) src_write(c);
+    if (c->role == ROLE_SOURCE) src_pump(c);
     else req_write(c);
 }
 
@@ -829,6 +923,8 @@ static void conn_flush(tcp_conn_t *c) {
 static void worker_attach(tcp_worker_t *w, tcp_conn_t *c) {
     c->w = w;
     c->ev = EPOLLIN;
+    c->out_wanted = 0;
+    c->rx_paused = 0;
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
     c->wprev = NULL;
     c->wnext = w->conns;
@@ -873,35 +969,108 @@ static void worker_service(tcp_worker_t *w) {
     }
 }
 
+/* Deadlines of a source connection: the handshake within connect_timeout_ms; while it
+ * owes responses, is receiving a payload or holds part of a frame, progress (bytes in or
+ * out) at least every transfer_timeout_ms. Closing it unpins what it held. */
+static void src_tick(tcp_conn_t *c, uint64_t now) {
+    tcp_t *tp = c->w->tp;
+    if (!c->handshaken) {
+        uint64_t limit = tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC;
+        if (now - c->born_ns >= limit) {
+            OTE_WARN("tcp", "connection from %s did not complete its handshake within %llu ms: closing",
+                     c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
+            conn_kill(c, OTE_ERR_TIMEOUT);
+        }
+        return;
+    }
+    int owes = c->rcount > 0 || c->rx_state != RX_HDR || c->rx_end > c->rx_start;
+    if (!owes || c->progress != c->progress_seen) {
+        c->progress_seen = c->progress;
+        c->progress_ns = now;
+        return;
+    }
+    if (now - c->progress_ns >= tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC) {
+        OTE_WARN("tcp",
+                 "requester %s made no progress for %llu ms (%zu response(s) queued%s): closing "
+                 "its connection and releasing its registrations",
+                 c->from, (unsigned long long)tp->cfg.transfer_timeout_ms, c->rcount,
+                 c->rx_state != RX_HDR ? ", a payload pending" : "");
+        conn_kill(c, OTE_ERR_TIMEOUT);
+    }
+}
+
+/* Rate-limited accept WARN (worker 0): at most one line per TCP_LOG_EVERY_NS. */
+static void accept_warn(tcp_t *tp, uint64_t now, const char *what, int err) {
+    if (tp->accept_log_ns != 0 && now - tp->accept_log_ns < TCP_LOG_EVERY_NS) {
+        tp->accept_quiet++;
+        return;
+    }
+    OTE_WARN("tcp", "%s%s%s (%llu similar event(s) not logged in the last second)", what,
+             err ? ": " : "", err ? strerror(err) : "", (unsigned long long)tp->accept_quiet);
+    tp->accept_log_ns = now;
+    tp->accept_quiet = 0;
+}
+
 static void worker_tick(tcp_worker_t *w, uint64_t now) {
+    tcp_t *tp = w->tp;
     for (tcp_conn_t *c = w->conns, *next; c; c = next) {
         next = c->wnext;
-        if (c->role != ROLE_REQUESTER || c->head == NULL) continue;
+        if (c->role == ROLE_SOURCE) {
+            src_tick(c, now);
+            continue;
+        }
+        if (c->head == NULL) continue;
         if (now >= c->head->deadline) {
             OTE_WARN("tcp", "a transfer to %s passed its deadline: closing connection %u",
                      c->peer ? c->peer->addr : "?", c->index);
             conn_kill(c, OTE_ERR_TIMEOUT);
         }
     }
+    if (w->idx == 0 && tp->accept_resume_ns != 0 && now >= tp->accept_resume_ns) {
+        struct epoll_event le = {.events = EPOLLIN, .data.ptr = &tp->lfd};
+        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, tp->lfd, &le) == 0 || errno == EEXIST)
+            tp->accept_resume_ns = 0;
+        else
+            tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
+    }
 }
 
+/* Worker 0. The listen fd is level-triggered: an accept that keeps failing (no fds, no
+ * memory) would make this loop spin, so such failures take the listen fd out of epoll
+ * for TCP_ACCEPT_BACKOFF_NS (worker_tick puts it back). Connections over the
+ * tcp_max_accepted cap are accepted and closed at once, so their peers learn it now. */
 static void tcp_accept(tcp_worker_t *w) {
     tcp_t *tp = w->tp;
     for (;;) {
-        int fd = accept4(tp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(tp->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                OTE_WARN("tcp", "accept failed: %s", strerror(errno));
+            int err = errno;
+            if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+            if (err == EAGAIN || err == EWOULDBLOCK) return;
+            uint64_t now = ote_now_ns();
+            (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, tp->lfd, NULL);
+            tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
+            accept_warn(tp, now, "accept failed, pausing accepts for 100 ms", err);
             return;
+        }
+        if (atomic_load(&tp->naccepted) >= tp->cfg.tcp_max_accepted) {
+            accept_warn(tp, ote_now_ns(), "tcp_max_accepted connections reached: closing a new connection", 0);
+            close(fd);
+            continue;
         }
         set_sockopts(tp, fd);
         tcp_conn_t *c = conn_new(tp, fd, ROLE_SOURCE);
         if (c == NULL) {
-            OTE_WARN("tcp", "out of memory accepting a connection: refusing it");
             close(fd);
+            accept_warn(tp, ote_now_ns(), "out of memory accepting a connection: refusing it", 0);
             continue;
         }
+        atomic_fetch_add(&tp->naccepted, 1); /* conn_free gives it back */
+        c->born_ns = ote_now_ns();
+        if (ote__addr_format((struct sockaddr *)&ss, c->from, sizeof(c->from)) != OTE_OK)
+            snprintf(c->from, sizeof(c->from), "?");
         if (c->w == w) worker_attach(w, c);
         else worker_post(c->w, &c->attach_cmd);
     }
@@ -933,6 +1102,10 @@ static void *worker_main(void *arg) {
                 tcp_conn_t *c = p;
                 if (c->fd < 0) continue;
                 uint32_t ev = evs[i].events;
+                if (c->rx_paused && (ev & (EPOLLERR | EPOLLHUP))) { /* reported even when paused */
+                    conn_kill(c, OTE_ERR_PEER_LOST);
+                    continue;
+                }
                 if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) conn_read(c);
                 if (c->fd >= 0 && (ev & EPOLLOUT)) conn_flush(c);
                 else if (c->fd >= 0 && c->role == ROLE_SOURCE && c->rcount) conn_flush(c);
@@ -1073,6 +1246,14 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
     uint16_t ver = 0;
     if (st == OTE_OK) {
         st = ote_ctl_check_hello_ack(&ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+        if (st == OTE_ERR_PROTOCOL && ack.opcode == OTE_CTL_HELLO_ACK &&
+            (ack.u.hello_ack.max_data < OTE_CTL_MIN_DATA || ack.u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
+            OTE_ERROR("control",
+                      "%s advertises max_data %u, outside [%u, %u]: refusing the peer",
+                      p->addr, ack.u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
+            close(fd);
+            return st;
+        }
         if (st == OTE_ERR_VERSION) {
             unsigned plo = ack.opcode == OTE_CTL_ERROR ? ack.u.error.min_version : ack.u.hello_ack.version;
             unsigned phi = ack.opcode == OTE_CTL_ERROR ? ack.u.error.max_version : ack.u.hello_ack.version;
@@ -1100,7 +1281,7 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
     if (index == 0) {
         memcpy(p->remote_addr, ack.u.hello_ack.addr, ack.u.hello_ack.addr_len);
         p->remote_addr[ack.u.hello_ack.addr_len] = '\0';
-        p->max_data = ack.u.hello_ack.max_data;
+        atomic_store(&p->max_data, ack.u.hello_ack.max_data); /* checked by check_hello_ack */
     }
     snprintf(c->from, sizeof(c->from), "%s", p->addr);
     *c_out = c;
@@ -1224,7 +1405,7 @@ static ote_status_t tcp_peer_ensure(ote__tpeer_t *tpeer) {
 
 static uint32_t tcp_peer_max_slice(ote__tpeer_t *tpeer) {
     tcp_peer_t *p = (tcp_peer_t *)tpeer;
-    return p->max_data ? p->max_data : OTE_CTL_MAX_DATA;
+    return atomic_load(&p->max_data); /* set by the handshake before the peer is visible */
 }
 
 static void tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
@@ -1240,10 +1421,19 @@ static void tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
     }
     uint32_t n = p->n;
     uint32_t i = atomic_fetch_add_explicit(&p->rr, 1, memory_order_relaxed) % n;
+    /* The engine cut these slices by the limit it saw; a reconnect since may have
+     * brought a peer with a smaller one. Such slices fail rather than go on the wire. */
+    uint32_t max_data = atomic_load(&p->max_data);
+    ote__slice_t *too_big = NULL;
     while (list) {
         ote__slice_t *s = list;
         list = s->next;
         s->next = NULL;
+        if (s->len > max_data) {
+            s->next = too_big;
+            too_big = s;
+            continue;
+        }
         if (tails[i]) tails[i]->next = s;
         else heads[i] = s;
         tails[i] = s;
@@ -1272,6 +1462,7 @@ static void tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
     }
     pthread_rwlock_unlock(&p->lk);
     if (failed) complete_list(failed, OTE_ERR_PEER_LOST);
+    if (too_big) complete_list(too_big, OTE_ERR_TOO_BIG);
 }
 
 static void tcp_cancel(ote__tpeer_t *tpeer) {

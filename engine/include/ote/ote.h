@@ -41,6 +41,11 @@ typedef struct ote_batch ote_batch_t;
  *                        address is a wildcard (default: the listen address).
  *   tcp_connections      data connections per peer (default 4).
  *   tcp_workers          transport worker threads (default 2).
+ *   tcp_max_accepted     connections this engine accepts from requesters at once
+ *                        (default 1024); more are closed at once. An accepted connection
+ *                        must finish its handshake within connect_timeout_ms, and one
+ *                        that owes answers or data must make progress at least every
+ *                        transfer_timeout_ms, else it is closed (a WARN names the peer).
  *   slice_size           bytes per slice a request is cut into (default 1M).
  *   transfer_timeout_ms  deadline of every transfer (default 30000).
  *   connect_timeout_ms   deadline of a connection attempt and handshake (default 5000).
@@ -138,7 +143,14 @@ ote_status_t ote_batch_destroy(ote_batch_t *batch);
 
 /* ---- notifications ----------------------------------------------------------------- */
 #define OTE_NOTIFY_MAX 4096
-/* Send a small message (<= OTE_NOTIFY_MAX bytes) to the peer. */
+/* Received messages wait in a queue of at most OTE_NOTIFY_QUEUE_MAX messages and
+ * OTE_NOTIFY_QUEUE_BYTES message bytes until ote_notify_recv takes them. While it is
+ * full, new messages are refused: their senders' ote_notify_send fails with
+ * OTE_ERR_AGAIN (retry later) and batch notifications are dropped with a WARN. */
+#define OTE_NOTIFY_QUEUE_MAX 1024
+#define OTE_NOTIFY_QUEUE_BYTES (1u << 20)
+/* Send a small message (<= OTE_NOTIFY_MAX bytes) to the peer. OTE_ERR_AGAIN when the
+ * peer's queue of received messages is full. */
 ote_status_t ote_notify_send(ote_engine_t *engine, ote_segment_t *seg, const void *msg, size_t len);
 /* Attach a message to a batch: it is sent to seg once every request of the batch that
  * targets seg has COMPLETED, so the peer receives it only after the data is complete in
@@ -149,10 +161,16 @@ ote_status_t ote_notify_send(ote_engine_t *engine, ote_segment_t *seg, const voi
  * notification holds seg (ote_segment_close is BUSY). */
 ote_status_t ote_batch_notify(ote_batch_t *batch, ote_segment_t *seg, const void *msg, size_t len);
 /* Receive the next message sent to this engine, waiting up to timeout_ns. The message is
- * copied into buf (OTE_ERR_TOO_BIG if cap is too small; it stays queued); the sender's
- * address is copied into from (may be NULL). OTE_ERR_TIMEOUT when none arrived. */
+ * copied into buf (OTE_ERR_TOO_BIG if cap is too small; it stays queued: receive it into
+ * a bigger buffer, e.g. OTE_NOTIFY_MAX bytes, or drop it with ote_notify_discard); the
+ * sender's address is copied into from (may be NULL). OTE_ERR_TIMEOUT when none arrived. */
 ote_status_t ote_notify_recv(ote_engine_t *engine, void *buf, size_t cap, size_t *len_out,
                              char *from, size_t from_len, uint64_t timeout_ns);
+/* Drop the next queued message without waiting (typically the one ote_notify_recv just
+ * refused with OTE_ERR_TOO_BIG); its length goes to len_out (may be NULL).
+ * OTE_ERR_NOT_FOUND when none is queued. With several threads receiving, the next
+ * message may already be another one: discard from the thread that owns the receiving. */
+ote_status_t ote_notify_discard(ote_engine_t *engine, size_t *len_out);
 
 #ifdef __cplusplus
 }
