@@ -329,6 +329,17 @@ static void conn_kill(tcp_conn_t *c, ote_status_t why) {
     if (c->fd < 0) return;
     tcp_worker_t *w = c->w;
     tcp_t *tp = w->tp;
+    if (c->role == ROLE_SOURCE) {
+        /* Unpinned before the close: once the requester sees EOF, unregister works. */
+        for (size_t i = 0; i < c->rcount; i++) {
+            tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
+            if (r->pin) tp->host.unpin(tp->host.arg, r->pin);
+            r->pin = NULL;
+        }
+        c->rcount = 0;
+        if (c->rx_pin) tp->host.unpin(tp->host.arg, c->rx_pin);
+        c->rx_pin = NULL;
+    }
     (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     c->fd = -1;
@@ -339,16 +350,7 @@ static void conn_kill(tcp_conn_t *c, ote_status_t why) {
     c->wnext = w->grave;
     w->grave = c;
 
-    if (c->role == ROLE_SOURCE) {
-        for (size_t i = 0; i < c->rcount; i++) {
-            tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
-            if (r->pin) tp->host.unpin(tp->host.arg, r->pin);
-        }
-        c->rcount = 0;
-        if (c->rx_pin) tp->host.unpin(tp->host.arg, c->rx_pin);
-        c->rx_pin = NULL;
-        return;
-    }
+    if (c->role == ROLE_SOURCE) return;
     ote_mutex_lock(&c->qmu);
     c->qdead = 1;
     ote__slice_t *q = c->qhead;
