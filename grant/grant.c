@@ -82,6 +82,10 @@ struct grant {
     mw_ent_t *mw;
     int mw_unbound; /* proven unbound (invalidated, or the bind never ran) */
     int keyed;      /* in by_key */
+    int bind_wait;  /* the bind waits for room on the QP's SQ (on the lane wait list) */
+    struct ibv_mr *bind_mr;
+    uint64_t bind_addr, bind_len;
+    int bind_access;
     uint64_t answer_ctx;
 
     UT_hash_handle hh;      /* by seq */
@@ -261,6 +265,8 @@ static void fail_requester(grant_t *g, ote_status_t st, defer_t *df) {
 /* ---- requester ----------------------------------------------------------------------- */
 
 static void pump(grant_t *g, defer_t *df);
+static ote_status_t bind_post(grant_t *g, defer_t *df);
+static void bind_refused(grant_t *g, ote_status_t st, defer_t *df);
 
 static void post_inv(grant_t *g, defer_t *df) {
     ote_grant_mgr_t *m = g->m;
@@ -414,6 +420,13 @@ void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
         OTE_WARN("grant", "grant %u ([0x%llx, +%llu) %s) refused by the source: %s", g->seq,
                  (unsigned long long)g->d.remote, (unsigned long long)g->d.len,
                  g->d.op == OTE_GRANT_WRITE ? "WRITE" : "READ", ote_status_str(st));
+        /* The source could not give access (its bind failed: its QP went to ERR), failed
+         * otherwise, or the peer was lost: the source's end of the QP may be broken, so
+         * retire ours and let the slot be rebuilt. A refusal of the range itself (ACCESS,
+         * ...) leaves the connection as it was. */
+        int code = ote_status_code(st);
+        if (code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE || code == OTE_ERR_PEER_LOST)
+            give_back_qp(g, 1);
         fail_requester(g, st, &df);
     } else {
         g->rkey = rkey;
@@ -434,7 +447,12 @@ static void kick_lane(mlane_t *ml, defer_t *df) {
         list = g->wait_next;
         g->wait_next = NULL;
         g->waiting = 0;
-        if (g->rstate == R_POSTING) {
+        if (g->source) {
+            if (g->bind_wait && g->sstate == S_BINDING && g->failed == OTE_OK) {
+                ote_status_t st = bind_post(g, df);
+                if (st != OTE_OK) bind_refused(g, st, df);
+            }
+        } else if (g->rstate == R_POSTING) {
             if (g->next < g->nslices) pump(g, df);
             else if (g->done_slices == g->nslices) post_inv(g, df);
         }
@@ -517,6 +535,78 @@ static void on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const struc
 }
 
 /* ---- source ------------------------------------------------------------------------- */
+
+/*
+ * Post the bind of source grant g (m->mu held). A full send queue is not a refusal: the
+ * grant waits on its lane's wait list (S_BINDING, nothing posted) and kick_lane() posts
+ * it once a completion makes room. Returns the status of a post proven not to have
+ * happened (the caller refuses the grant); OTE_OK when posted, possibly posted (an
+ * unknown outcome fails the grant here and answers it), or waiting.
+ */
+static ote_status_t bind_post(grant_t *g, defer_t *df) {
+    ote_grant_mgr_t *m = g->m;
+    mw_ent_t *ent = g->mw;
+    /* A new tag on every bind: a stale rkey of an earlier grant never matches. */
+    uint32_t new_rkey = (ent->rkey & 0xffffff00u) | ((ent->rkey + 1) & 0xffu);
+    struct ibv_send_wr wr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = OTE_CQ_WR_ID(m->lanes[g->lane].ns, ((uint64_t)g->seq << 16) | IDX_BIND);
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.bind_mw.mw = ent->mw;
+    wr.bind_mw.rkey = new_rkey;
+    wr.bind_mw.bind_info.mr = g->bind_mr;
+    wr.bind_mw.bind_info.addr = g->bind_addr;
+    wr.bind_mw.bind_info.length = g->bind_len;
+    wr.bind_mw.bind_info.mw_access_flags = (unsigned)g->bind_access;
+    ote_qp_post_result_t res;
+    ote_status_t st = ote_qp_post_send(g->qp, &wr, g->deadline, &res);
+    if (st != OTE_OK && res.accepted == 0) {
+        if (ote_status_code(st) == OTE_ERR_AGAIN) {
+            g->bind_wait = 1;
+            wait_add(&m->lanes[g->lane], g);
+            return OTE_OK;
+        }
+        m->stats.bind_failures++;
+        OTE_WARN("grant", "%s: posting BIND_MW on QP %u failed: %s: grant refused",
+                 ote_context_name(m->ctx), g->qp_num, ote_status_str(st));
+        return st;
+    }
+    /* Posted (or possibly posted): the window belongs to this grant until its bind WR
+     * is discharged; never back to the pool unless proven unbound. */
+    g->bind_wait = 0;
+    g->mw_unbound = 0;
+    ent->rkey = new_rkey;
+    g->rkey = new_rkey;
+    g->outstanding = 1;
+    if (st == OTE_OK) {
+        OTE_HASH_ADD_KEYPTR(hh_key, m->by_key, &g->rkey, sizeof(g->rkey), g, st);
+        if (st == OTE_OK) g->keyed = 1;
+    }
+    if (st != OTE_OK) {
+        /* Unknown outcome (or no room to index the key): keep the debt, fail the grant;
+         * the QP is moved to ERR and the grant ends when its bind WR is discharged. The
+         * requester is answered through ops->answer, as for any accepted request. */
+        g->failed = st;
+        g->sstate = S_ENDED;
+        (void)ote_qp_cancel(g->qp);
+        (void)defer_answer(df, g, st);
+    }
+    return OTE_OK;
+}
+
+/* A waiting bind whose retry was refused (proven not posted): answer and end it. */
+static void bind_refused(grant_t *g, ote_status_t st, defer_t *df) {
+    if (g->failed == OTE_OK) {
+        if (!defer_answer(df, g, st)) { /* no room to answer now: on the next kick */
+            wait_add(&g->m->lanes[g->lane], g);
+            return;
+        }
+        g->failed = st;
+    }
+    g->bind_wait = 0;
+    g->sstate = S_ENDED;
+    maybe_finish(g, df);
+}
 
 ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
                              ote_grant_op_t op, uint64_t addr, uint64_t len,
@@ -601,51 +691,26 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
         m->stats.mw_pool++;
         goto err_unlock;
     }
-    /* A new tag on every bind: a stale rkey of an earlier grant never matches. */
-    uint32_t new_rkey = (ent->rkey & 0xffffff00u) | ((ent->rkey + 1) & 0xffu);
-    struct ibv_send_wr wr;
-    memset(&wr, 0, sizeof(wr));
-    wr.wr_id = OTE_CQ_WR_ID(m->lanes[li].ns, ((uint64_t)g->seq << 16) | IDX_BIND);
-    wr.opcode = IBV_WR_BIND_MW;
-    wr.bind_mw.mw = ent->mw;
-    wr.bind_mw.rkey = new_rkey;
-    wr.bind_mw.bind_info.mr = mr;
-    wr.bind_mw.bind_info.addr = addr;
-    wr.bind_mw.bind_info.length = len;
-    wr.bind_mw.bind_info.mw_access_flags = (unsigned)access;
-    ote_qp_post_result_t res;
-    st = ote_qp_post_send(qp, &wr, deadline, &res);
-    if (st != OTE_OK && res.accepted == 0) {
+    g->mw = ent;
+    g->mw_unbound = 1; /* until its bind is posted */
+    g->bind_mr = mr;
+    g->bind_addr = addr;
+    g->bind_len = len;
+    g->bind_access = access;
+    m->stats.served++;
+    m->stats.live_source++;
+    st = bind_post(g, &df);
+    if (st != OTE_OK) {
         /* Proven not posted: the window was never touched. */
+        wait_remove(&m->lanes[li], g);
         HASH_DEL(m->by_seq, g);
+        g->mw = NULL;
         ent->next = m->pool;
         m->pool = ent;
         m->stats.mw_pool++;
-        m->stats.bind_failures++;
-        OTE_WARN("grant", "%s: posting BIND_MW on QP %u failed: %s: grant refused",
-                 ote_context_name(m->ctx), g->qp_num, ote_status_str(st));
+        m->stats.served--;
+        m->stats.live_source--;
         goto err_unlock;
-    }
-    /* Posted (or possibly posted): the window belongs to this grant until its bind WR
-     * is discharged; never back to the pool unless proven unbound. */
-    ent->rkey = new_rkey;
-    g->mw = ent;
-    g->rkey = new_rkey;
-    g->outstanding = 1;
-    m->stats.served++;
-    m->stats.live_source++;
-    if (st == OTE_OK) {
-        OTE_HASH_ADD_KEYPTR(hh_key, m->by_key, &g->rkey, sizeof(g->rkey), g, st);
-        if (st == OTE_OK) g->keyed = 1;
-    }
-    if (st != OTE_OK) {
-        /* Unknown outcome (or no room to index the key): keep the debt, fail the grant;
-         * the QP is moved to ERR and the grant ends when its bind WR is discharged. The
-         * requester is answered through ops->answer, as for any accepted request. */
-        g->failed = st;
-        g->sstate = S_ENDED;
-        (void)ote_qp_cancel(qp);
-        (void)defer_answer(&df, g, st);
     }
     ote_mutex_unlock(&m->mu);
     defer_run(m, &df);
@@ -808,6 +873,12 @@ size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
             OTE_WARN("grant", "%s: source grant %u %s: QP %u moved to ERR, window released",
                      ote_context_name(m->ctx), g->seq,
                      expired ? "not invalidated by its deadline" : "ended: context down", g->qp_num);
+            if (g->bind_wait) {
+                /* Its bind never reached the QP: nothing to kill, just refuse it. */
+                wait_remove(&m->lanes[g->lane], g);
+                bind_refused(g, why, &df);
+                continue;
+            }
             if (g->sstate == S_BINDING && g->failed == OTE_OK) {
                 if (!defer_answer(&df, g, why)) continue; /* next tick */
                 g->failed = why;

@@ -129,7 +129,9 @@ void ote_grant_mgr_get_stats(ote_grant_mgr_t *m, ote_grant_stats_t *out);
 ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
                              const ote_grant_ctl_t *ctl);
 /* The source's answer to grant @grant_id: OTE_OK with the window's rkey, else refused.
- * Unknown/late ids are ignored (counted). */
+ * A refusal with OTE_ERR_REMOTE_ACCESS (the source could not bind a window: its end of
+ * the QP may be in ERR), OTE_ERR_REMOTE or OTE_ERR_PEER_LOST also retires the grant's QP
+ * from its slot so that it is rebuilt. Unknown/late ids are ignored (counted). */
 void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st, uint32_t rkey);
 
 /**
