@@ -21,6 +21,7 @@
  * No fallback: with no usable device, creation fails with OTE_ERR_NO_DEVICE.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -44,6 +45,7 @@
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
 #include "engine/rdma/proto.h"
+#include "engine/rdma/test_hook.h"
 #include "grant/grant.h"
 #include "ote/ote.h"
 #include "qp/qp.h"
@@ -51,6 +53,15 @@
 
 #define MAX_LANES 8
 #define FRAME_MAX (OTE_CTL_HDR_LEN + OTE_CTL_MAX_NOTIFY + 64)
+/* Bytes a control connection may queue beyond what its socket accepted. A peer that lets
+ * more pile up (it does not read) is dropped, never waited on. */
+#define OUT_CAP (256u << 10)
+/* Poll period of a connection's own thread: it flushes its queue and checks the queue's
+ * deadline at least this often. */
+#define CONN_POLL_MS 10
+/* Notification ids carry this tag; call (INFO/CONNECT) ids never do, grant ids are
+ * 24-bit: an answer of the wrong kind is recognised as such. */
+#define NOTE_TAG (1ull << 62)
 
 typedef struct rdma_tp rdma_tp_t;
 
@@ -60,27 +71,50 @@ typedef struct reg_ent {
     ote_buffer_t *buf;
 } reg_ent_t;
 
-/* A control connection (either side). Writers serialize on wmu. */
+/*
+ * A control connection (either side). The socket is non-blocking and nobody ever waits on
+ * it while holding a lock or on a thread that is not the connection's own: conn_send()
+ * (any thread: lane workers answering grants, the monitor, user threads) sends what the
+ * socket takes at once and queues the rest (at most OUT_CAP bytes); the connection's own
+ * thread (reader or server) flushes the queue. A queue that overflows or makes no
+ * progress for send_timeout_ns kills the connection (dead, socket shut down): its owner
+ * thread then fails whatever waited on it with OTE_ERR_PEER_LOST.
+ */
 typedef struct conn {
     rdma_tp_t *tp;
     int fd;
-    ote_mutex_t wmu;
+    ote_mutex_t wmu; /* out queue */
+    uint8_t *out;    /* OUT_CAP bytes once needed */
+    size_t ooff, olen;
+    uint64_t out_progress_ns; /* last time the queue drained some bytes (or was empty) */
+    uint64_t send_timeout_ns;
     _Atomic int refs;
     _Atomic int dead;
+    uint8_t *in; /* FRAME_MAX: bytes received, not yet consumed (owner thread only) */
+    size_t ilen, iconsumed;
+    uint16_t version; /* negotiated in the handshake; 0 before it */
     uint64_t process, pd;
     uint32_t nic, lanes;
     char peer_addr[OTE__ADDR_MAX];
 } conn_t;
 
-/* Requester-side pending request (CONNECT or NOTIFY). */
-typedef struct pend {
-    struct pend *next;
+/* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack). */
+typedef struct call {
+    struct call *next;
     uint64_t req_id;
+    uint16_t want; /* OTE_RP_INFO_ACK or OTE_RP_CONNECT_ACK */
     int done;
     ote_status_t st;
     ote_qp_path_t path;
-    ote__slice_t *notify; /* NOTIFY: the engine's slice, ended on the ack */
-} pend_t;
+} call_t;
+
+/* Requester: a notification waiting for its NOTIFY_ACK (heap; expired by the monitor). */
+typedef struct note {
+    struct note *next;
+    uint64_t req_id; /* NOTE_TAG | n */
+    ote_deadline_t deadline;
+    ote__slice_t *s;
+} note_t;
 
 typedef struct grant_id_ent {
     struct grant_id_ent *next;
@@ -89,17 +123,26 @@ typedef struct grant_id_ent {
 
 struct ote__tpeer {
     rdma_tp_t *tp;
+    struct ote__tpeer *tp_next; /* tp->peers, under tp->mu */
     conn_t *c;
     pthread_t reader;
     int reader_started;
     char name[OTE__ADDR_MAX];
     ote_mutex_t mu;
     ote_cond_t cv;
-    pend_t *pend;
+    call_t *calls;
+    note_t *notes;
     gid_ent_t *grants; /* grant ids waiting for an answer */
-    uint64_t next_req;
+    uint64_t next_call, next_note;
     ote_endpoint_t *ep[2]; /* requester endpoints per capability (READ, WRITE) */
 };
+
+/* A server connection and its (joinable) thread. */
+typedef struct srv {
+    conn_t *c;
+    pthread_t th;
+    int exited; /* under tp->mu: the thread is past its last use of tp but for this */
+} srv_t;
 
 struct rdma_tp {
     ote__transport_t base;
@@ -120,52 +163,154 @@ struct rdma_tp {
     pthread_t acceptor, monitor;
     int acceptor_started, monitor_started;
     _Atomic int stop;
-    ote_mutex_t mu; /* registrations, server connections, thread count */
+    ote_mutex_t mu; /* registrations, server connections, peers */
     ote_cond_t cv;
     reg_ent_t *regs;
-    conn_t *sconns[256];
+    srv_t *sconns[256]; /* heap entries: a thread keeps its own */
     size_t nsconns;
-    int server_threads;
+    ote__tpeer_t *peers; /* open requester peers (notification deadlines) */
 };
 
-/* ---- socket I/O ---------------------------------------------------------------- */
+static _Atomic uint64_t ote__rdma_retained_transports;
+ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
+uint64_t ote__rdma_retained_transports_get(void) { return atomic_load(&ote__rdma_retained_transports); }
 
-static int write_all(int fd, const void *buf, size_t len) {
-    const uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+/* ---- peer statuses ------------------------------------------------------------------- */
+
+/* Every status a peer reports passes through the shared sanitizer (engine/control)
+ * before anything uses it. */
+static ote_status_t peer_status(uint16_t opcode, ote_status_t st) {
+    return ote_ctl_peer_status(opcode, st);
+}
+
+/* ---- socket I/O ---------------------------------------------------------------------- */
+
+static void conn_kill(conn_t *c, const char *why) {
+    if (atomic_exchange(&c->dead, 1) == 0 && why != NULL)
+        OTE_WARN("rdma", "control connection %s%s dropped: %s", c->peer_addr[0] ? "with " : "",
+                 c->peer_addr, why);
+    (void)shutdown(c->fd, SHUT_RDWR); /* wakes the connection's own thread */
+}
+
+/* Under wmu: send what the socket takes now. -1 on a socket error. */
+static int out_flush_locked(conn_t *c) {
+    while (c->olen > 0) {
+        ssize_t n = send(c->fd, c->out + c->ooff, c->olen, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            c->ooff += (size_t)n;
+            c->olen -= (size_t)n;
+            c->out_progress_ns = ote_now_ns();
+            continue;
+        }
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        p += n;
-        len -= (size_t)n;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        return -1;
     }
+    if (c->olen == 0) c->ooff = 0;
     return 0;
 }
 
-static int read_all(int fd, void *buf, size_t len) {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+/* Owner thread: flush, and enforce the queue's deadline. -1: the connection died. */
+static int conn_flush(conn_t *c, int *pending_out) {
+    const char *why = NULL;
+    ote_mutex_lock(&c->wmu);
+    if (out_flush_locked(c) != 0) why = "send failed";
+    else if (c->olen > 0 && ote_now_ns() - c->out_progress_ns > c->send_timeout_ns)
+        why = "peer stopped reading its answers (send deadline passed)";
+    *pending_out = c->olen > 0;
+    ote_mutex_unlock(&c->wmu);
+    if (why != NULL) conn_kill(c, why);
+    return atomic_load(&c->dead) ? -1 : 0;
 }
 
-/* Read one frame into buf (FRAME_MAX) and decode it. */
-static ote_status_t read_frame(int fd, uint8_t *buf, ote_ctl_msg_t *m) {
-    if (read_all(fd, buf, OTE_CTL_HDR_LEN) != 0) return OTE_ERR_PEER_LOST;
-    uint32_t length = (uint32_t)buf[20] | ((uint32_t)buf[21] << 8) | ((uint32_t)buf[22] << 16) |
-                      ((uint32_t)buf[23] << 24);
-    if (length > FRAME_MAX - OTE_CTL_HDR_LEN) return OTE_ERR_PROTOCOL;
-    if (read_all(fd, buf + OTE_CTL_HDR_LEN, length) != 0) return OTE_ERR_PEER_LOST;
-    size_t used = 0;
-    ote_status_t st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN + length, m, &used);
-    if (st != OTE_OK) return st == OTE_ERR_AGAIN ? OTE_ERR_PROTOCOL : st;
-    if (m->data_len != 0 || used != OTE_CTL_HDR_LEN + length) return OTE_ERR_PROTOCOL;
+/* Queue one encoded frame; never blocks on the socket. */
+static ote_status_t conn_send_raw(conn_t *c, const uint8_t *buf, size_t len) {
+    const char *why = NULL;
+    ote_mutex_lock(&c->wmu);
+    if (atomic_load(&c->dead)) {
+        ote_mutex_unlock(&c->wmu);
+        return OTE_ERR_PEER_LOST;
+    }
+    if (c->olen == 0) {
+        c->out_progress_ns = ote_now_ns();
+        while (len > 0) {
+            ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                buf += n;
+                len -= (size_t)n;
+                continue;
+            }
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+            why = "send failed";
+            break;
+        }
+    }
+    if (why == NULL && len > 0) {
+        if (c->out == NULL) c->out = ote_malloc(OUT_CAP);
+        if (c->out == NULL) {
+            why = "no memory for its output queue";
+        } else if (len > OUT_CAP - c->olen) {
+            why = "output queue overflow (the peer does not read)";
+        } else {
+            if (c->ooff + c->olen + len > OUT_CAP) {
+                memmove(c->out, c->out + c->ooff, c->olen);
+                c->ooff = 0;
+            }
+            memcpy(c->out + c->ooff + c->olen, buf, len);
+            c->olen += len;
+        }
+    }
+    ote_mutex_unlock(&c->wmu);
+    if (why != NULL) {
+        conn_kill(c, why);
+        return OTE_ERR_PEER_LOST;
+    }
     return OTE_OK;
+}
+
+/*
+ * Owner thread: the next frame (valid until the next call), flushing queued output while
+ * waiting. OTE_ERR_PEER_LOST when the connection closed or died (or *stop was set),
+ * OTE_ERR_PROTOCOL for bad framing, OTE_ERR_TIMEOUT at dl.
+ */
+static ote_status_t conn_next(conn_t *c, ote_ctl_msg_t *m, ote_deadline_t dl, const _Atomic int *stop) {
+    if (c->iconsumed > 0) {
+        memmove(c->in, c->in + c->iconsumed, c->ilen - c->iconsumed);
+        c->ilen -= c->iconsumed;
+        c->iconsumed = 0;
+    }
+    for (;;) {
+        if (c->ilen >= OTE_CTL_HDR_LEN) {
+            const uint8_t *b = c->in;
+            uint32_t length = (uint32_t)b[20] | ((uint32_t)b[21] << 8) | ((uint32_t)b[22] << 16) |
+                              ((uint32_t)b[23] << 24);
+            if (length > FRAME_MAX - OTE_CTL_HDR_LEN) return OTE_ERR_PROTOCOL;
+            if (c->ilen >= OTE_CTL_HDR_LEN + length) {
+                size_t used = 0;
+                ote_status_t st = ote_ctl_decode(c->in, OTE_CTL_HDR_LEN + length, m, &used);
+                if (st != OTE_OK) return st == OTE_ERR_AGAIN ? OTE_ERR_PROTOCOL : st;
+                if (m->data_len != 0 || used != OTE_CTL_HDR_LEN + length) return OTE_ERR_PROTOCOL;
+                c->iconsumed = used;
+                return OTE_OK;
+            }
+        }
+        if (stop != NULL && atomic_load(stop)) return OTE_ERR_PEER_LOST;
+        int pending = 0;
+        if (conn_flush(c, &pending) != 0) return OTE_ERR_PEER_LOST;
+        if (ote_deadline_expired(dl)) return OTE_ERR_TIMEOUT;
+        struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (pending ? POLLOUT : 0))};
+        int n = poll(&p, 1, ote_deadline_remaining_ms(dl, CONN_POLL_MS));
+        if (n < 0 && errno != EINTR) return OTE_ERR_PEER_LOST;
+        if (n <= 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        ssize_t r = recv(c->fd, c->in + c->ilen, FRAME_MAX - c->ilen, MSG_DONTWAIT);
+        if (r == 0) return OTE_ERR_PEER_LOST;
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return OTE_ERR_PEER_LOST;
+        }
+        c->ilen += (size_t)r;
+    }
 }
 
 static ote_status_t conn_send(conn_t *c, const ote_ctl_msg_t *m) {
@@ -173,15 +318,7 @@ static ote_status_t conn_send(conn_t *c, const ote_ctl_msg_t *m) {
     size_t len = 0;
     ote_status_t st = ote_ctl_encode(m, buf, sizeof(buf), &len);
     if (st != OTE_OK) return st;
-    if (atomic_load(&c->dead)) return OTE_ERR_PEER_LOST;
-    ote_mutex_lock(&c->wmu);
-    int rc = write_all(c->fd, buf, len);
-    ote_mutex_unlock(&c->wmu);
-    if (rc != 0) {
-        atomic_store(&c->dead, 1);
-        return OTE_ERR_PEER_LOST;
-    }
-    return OTE_OK;
+    return conn_send_raw(c, buf, len);
 }
 
 static ote_status_t conn_send_rp(conn_t *c, uint64_t req_id, ote_status_t status,
@@ -189,7 +326,7 @@ static ote_status_t conn_send_rp(conn_t *c, uint64_t req_id, ote_status_t status
     uint8_t body[OTE_RP_MAX_BODY];
     ote_ctl_msg_t m;
     memset(&m, 0, sizeof(m));
-    m.version = 1;
+    m.version = c->version;
     m.opcode = OTE_CTL_RDMA;
     m.req_id = req_id;
     m.status = status;
@@ -202,21 +339,30 @@ static void conn_put(conn_t *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     close(c->fd);
     ote_mutex_destroy(&c->wmu);
+    ote_free(c->out);
+    ote_free(c->in);
     ote_free(c);
 }
 
+/* Takes over fd (closed on failure). */
 static conn_t *conn_new(rdma_tp_t *tp, int fd) {
     conn_t *c = ote_calloc(1, sizeof(*c));
-    if (c == NULL) return NULL;
-    if (ote_mutex_init(&c->wmu) != OTE_OK) {
+    if (c != NULL) c->in = ote_malloc(FRAME_MAX);
+    if (c == NULL || c->in == NULL || ote_mutex_init(&c->wmu) != OTE_OK) {
+        if (c != NULL) ote_free(c->in);
         ote_free(c);
+        close(fd);
         return NULL;
     }
     c->tp = tp;
     c->fd = fd;
+    uint64_t ms = tp->cfg.connect_timeout_ms < 1000 ? 1000 : tp->cfg.connect_timeout_ms;
+    c->send_timeout_ns = ms * OTE_NSEC_PER_MSEC;
     atomic_store(&c->refs, 1);
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    int fl = fcntl(fd, F_GETFL, 0);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     return c;
 }
 
@@ -290,9 +436,19 @@ static void src_unpin(void *arg, void *pin) {
     tp->host.unpin(tp->host.arg, pin);
 }
 
+/* What the requester learns of a grant we accepted to serve: a refusal of the range
+ * (ACCESS, ...) as it is; any other failure (alloc/bind of the window failed, the window
+ * expired) as OTE_ERR_REMOTE_ACCESS: our native reasons stay in our log. */
+static ote_status_t grant_refusal(ote_status_t st) {
+    if (st == OTE_OK || st == OTE_ERR_ACCESS || st == OTE_ERR_TOO_BIG || st == OTE_ERR_AGAIN)
+        return st;
+    return OTE_ERR_REMOTE_ACCESS;
+}
+
 static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey) {
     (void)arg;
     answer_t *a = (answer_t *)(uintptr_t)actx;
+    st = grant_refusal(st);
     ote_rp_msg_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.type = OTE_RP_GRANT_RESP;
@@ -393,6 +549,7 @@ static void src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                 ote_endpoint_return(ep, rq->u.grant.slot, qp);
                 conn_put(c);
                 ote_free(a);
+                st = grant_refusal(st);
             } else {
                 return; /* answered by src_answer */
             }
@@ -413,110 +570,155 @@ static void local_info(rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type) {
     rp->u.info.lanes = tp->nlanes;
 }
 
-static void *server_main(void *arg) {
-    conn_t *c = arg;
+/* Answer a HELLO; 0 when the handshake is done (c->version set). */
+static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
     rdma_tp_t *tp = c->tp;
-    uint8_t *buf = ote_malloc(FRAME_MAX);
+    uint16_t ver = 0;
+    ote_ctl_msg_t a;
+    memset(&a, 0, sizeof(a));
+    a.version = OTE_CTL_VERSION_MIN;
+    a.req_id = m->req_id;
+    if (ote_ctl_negotiate(m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK) {
+        OTE_WARN("rdma", "control: HELLO with versions %u..%u refused (we speak %u..%u): closing",
+                 m->u.hello.min_version, m->u.hello.max_version, OTE_CTL_VERSION_MIN,
+                 OTE_CTL_VERSION_MAX);
+        a.opcode = OTE_CTL_ERROR;
+        a.status = OTE_ERR_VERSION;
+        a.u.error.min_version = OTE_CTL_VERSION_MIN;
+        a.u.error.max_version = OTE_CTL_VERSION_MAX;
+        (void)conn_send(c, &a);
+        return -1;
+    }
+    size_t alen = m->u.hello.addr_len < sizeof(c->peer_addr) - 1 ? m->u.hello.addr_len
+                                                                   : sizeof(c->peer_addr) - 1;
+    memcpy(c->peer_addr, m->u.hello.addr, alen);
+    c->peer_addr[alen] = '\0';
+    a.version = ver;
+    a.opcode = OTE_CTL_HELLO_ACK;
+    a.u.hello_ack.version = ver;
+    a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+    a.u.hello_ack.addr = tp->addr;
+    a.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
+    if (conn_send(c, &a) != OTE_OK) return -1;
+    c->version = ver;
+    return 0;
+}
+
+/* One frame after the handshake; 0 to go on, -1 to close the connection. */
+static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
+    rdma_tp_t *tp = c->tp;
+    if (m->opcode == OTE_CTL_NOTIFY) {
+        ote_status_t st = tp->host.deliver_notify(tp->host.arg, c->peer_addr, m->u.notify.msg,
+                                                  m->u.notify.len);
+        ote_ctl_msg_t a;
+        memset(&a, 0, sizeof(a));
+        a.version = c->version;
+        a.opcode = OTE_CTL_NOTIFY_ACK;
+        a.req_id = m->req_id;
+        a.status = st;
+        return conn_send(c, &a) == OTE_OK ? 0 : -1;
+    }
+    if (m->opcode != OTE_CTL_RDMA) {
+        OTE_WARN("rdma", "control from %s: unexpected %s frame: closing", c->peer_addr,
+                 ote_ctl_opcode_str(m->opcode));
+        return -1;
+    }
+    ote_rp_msg_t rq;
+    if (ote__rp_decode(m->u.rdma.body, m->u.rdma.len, &rq) != OTE_OK) {
+        OTE_WARN("rdma", "control from %s: malformed RDMA message: closing", c->peer_addr);
+        return -1;
+    }
+    if (rq.type == OTE_RP_INFO) {
+        c->process = rq.u.info.process;
+        c->pd = rq.u.info.pd;
+        c->nic = rq.u.info.nic;
+        c->lanes = rq.u.info.lanes;
+        *have_info = 1;
+        ote_rp_msg_t rp;
+        local_info(tp, &rp, OTE_RP_INFO_ACK);
+        return conn_send_rp(c, m->req_id, OTE_OK, &rp) == OTE_OK ? 0 : -1;
+    }
+    if (!*have_info) {
+        OTE_WARN("rdma", "control from %s: request before INFO: closing", c->peer_addr);
+        return -1;
+    }
+    if (rq.type == OTE_RP_CONNECT) {
+        src_connect(c, m->req_id, &rq);
+    } else if (rq.type == OTE_RP_GRANT_REQ) {
+        src_grant(c, m->req_id, &rq);
+    } else {
+        OTE_WARN("rdma", "control from %s: unexpected message %u: closing", c->peer_addr, rq.type);
+        return -1;
+    }
+    return 0;
+}
+
+static void *server_main(void *arg) {
+    srv_t *sv = arg;
+    conn_t *c = sv->c;
+    rdma_tp_t *tp = c->tp;
     int have_info = 0;
-    while (buf != NULL && !atomic_load(&tp->stop)) {
+    for (;;) {
         ote_ctl_msg_t m;
-        ote_status_t st = read_frame(c->fd, buf, &m);
-        if (st != OTE_OK) break;
-        if (m.opcode == OTE_CTL_HELLO) {
-            uint16_t ver = 0;
-            ote_ctl_msg_t a;
-            memset(&a, 0, sizeof(a));
-            a.version = 1;
-            a.req_id = m.req_id;
-            if (ote_ctl_negotiate(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK) {
-                a.opcode = OTE_CTL_ERROR;
-                a.status = OTE_ERR_VERSION;
-                a.u.error.min_version = OTE_CTL_VERSION_MIN;
-                a.u.error.max_version = OTE_CTL_VERSION_MAX;
-                (void)conn_send(c, &a);
+        if (conn_next(c, &m, UINT64_MAX, &tp->stop) != OTE_OK) break;
+        if (c->version == 0) {
+            /* Nothing but HELLO before the handshake. */
+            if (m.opcode != OTE_CTL_HELLO) {
+                OTE_WARN("rdma", "control: %s frame before HELLO: closing",
+                         ote_ctl_opcode_str(m.opcode));
                 break;
             }
-            size_t alen = m.u.hello.addr_len < sizeof(c->peer_addr) - 1 ? m.u.hello.addr_len : sizeof(c->peer_addr) - 1;
-            memcpy(c->peer_addr, m.u.hello.addr, alen);
-            c->peer_addr[alen] = '\0';
-            a.opcode = OTE_CTL_HELLO_ACK;
-            a.u.hello_ack.version = ver;
-            a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
-            a.u.hello_ack.addr = tp->addr;
-            a.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
-            if (conn_send(c, &a) != OTE_OK) break;
+            if (server_hello(c, &m) != 0) break;
             continue;
         }
-        if (m.opcode == OTE_CTL_NOTIFY) {
-            tp->host.deliver_notify(tp->host.arg, c->peer_addr, m.u.notify.msg, m.u.notify.len);
-            ote_ctl_msg_t a;
-            memset(&a, 0, sizeof(a));
-            a.version = 1;
-            a.opcode = OTE_CTL_NOTIFY_ACK;
-            a.req_id = m.req_id;
-            if (conn_send(c, &a) != OTE_OK) break;
-            continue;
-        }
-        if (m.opcode != OTE_CTL_RDMA) {
-            OTE_WARN("rdma", "control from %s: unexpected %s frame: closing", c->peer_addr,
-                     ote_ctl_opcode_str(m.opcode));
+        if (m.version != c->version) {
+            OTE_WARN("rdma", "control from %s: %s frame of version %u on a connection that "
+                     "negotiated %u: closing", c->peer_addr, ote_ctl_opcode_str(m.opcode),
+                     m.version, c->version);
             break;
         }
-        ote_rp_msg_t rq;
-        if (ote__rp_decode(m.u.rdma.body, m.u.rdma.len, &rq) != OTE_OK) {
-            OTE_WARN("rdma", "control from %s: malformed RDMA message: closing", c->peer_addr);
+        if (m.opcode == OTE_CTL_HELLO) {
+            OTE_WARN("rdma", "control from %s: second HELLO: closing", c->peer_addr);
             break;
         }
-        if (rq.type == OTE_RP_INFO) {
-            c->process = rq.u.info.process;
-            c->pd = rq.u.info.pd;
-            c->nic = rq.u.info.nic;
-            c->lanes = rq.u.info.lanes;
-            have_info = 1;
-            ote_rp_msg_t rp;
-            local_info(tp, &rp, OTE_RP_INFO_ACK);
-            if (conn_send_rp(c, m.req_id, OTE_OK, &rp) != OTE_OK) break;
-        } else if (!have_info) {
-            OTE_WARN("rdma", "control from %s: request before INFO: closing", c->peer_addr);
-            break;
-        } else if (rq.type == OTE_RP_CONNECT) {
-            src_connect(c, m.req_id, &rq);
-        } else if (rq.type == OTE_RP_GRANT_REQ) {
-            src_grant(c, m.req_id, &rq);
-        } else {
-            OTE_WARN("rdma", "control from %s: unexpected message %u: closing", c->peer_addr, rq.type);
-            break;
-        }
+        if (server_frame(c, &m, &have_info) != 0) break;
     }
-    ote_free(buf);
-    atomic_store(&c->dead, 1);
+    conn_kill(c, NULL);
     ote_mutex_lock(&tp->mu);
-    for (size_t i = 0; i < tp->nsconns; i++) {
-        if (tp->sconns[i] == c) {
-            tp->sconns[i] = tp->sconns[--tp->nsconns];
-            break;
-        }
-    }
-    tp->server_threads--;
+    sv->exited = 1;
     ote_cond_broadcast(&tp->cv);
     ote_mutex_unlock(&tp->mu);
-    conn_put(c);
     return NULL;
+}
+
+/* Under tp->mu: join and drop server threads that have exited. */
+static void reap_servers_locked(rdma_tp_t *tp) {
+    for (size_t i = 0; i < tp->nsconns;) {
+        srv_t *sv = tp->sconns[i];
+        if (!sv->exited) {
+            i++;
+            continue;
+        }
+        (void)pthread_join(sv->th, NULL); /* it has returned or is returning */
+        conn_put(sv->c);
+        ote_free(sv);
+        tp->sconns[i] = tp->sconns[--tp->nsconns];
+    }
 }
 
 static void *acceptor_main(void *arg) {
     rdma_tp_t *tp = arg;
     while (!atomic_load(&tp->stop)) {
+        ote_mutex_lock(&tp->mu);
+        reap_servers_locked(tp);
+        ote_mutex_unlock(&tp->mu);
         struct pollfd p = {.fd = tp->lfd, .events = POLLIN};
         int n = poll(&p, 1, 50);
         if (n <= 0) continue;
-        int fd = accept(tp->lfd, NULL, NULL);
+        int fd = accept4(tp->lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) continue;
         conn_t *c = conn_new(tp, fd);
-        if (c == NULL) {
-            close(fd);
-            continue;
-        }
+        if (c == NULL) continue;
         ote_mutex_lock(&tp->mu);
         if (tp->nsconns == sizeof(tp->sconns) / sizeof(tp->sconns[0])) {
             ote_mutex_unlock(&tp->mu);
@@ -524,26 +726,51 @@ static void *acceptor_main(void *arg) {
             conn_put(c);
             continue;
         }
-        tp->sconns[tp->nsconns++] = c;
-        tp->server_threads++;
-        ote_mutex_unlock(&tp->mu);
-        pthread_t th;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&th, &at, server_main, c) != 0) {
-            ote_mutex_lock(&tp->mu);
-            tp->sconns[--tp->nsconns] = NULL;
-            tp->server_threads--;
+        srv_t *sv = ote_calloc(1, sizeof(*sv));
+        if (sv != NULL) sv->c = c;
+        if (sv == NULL || pthread_create(&sv->th, NULL, server_main, sv) != 0) {
             ote_mutex_unlock(&tp->mu);
+            ote_free(sv);
             conn_put(c);
+            continue;
         }
-        pthread_attr_destroy(&at);
+        tp->sconns[tp->nsconns++] = sv;
+        ote_mutex_unlock(&tp->mu);
     }
     return NULL;
 }
 
 /* ---- monitor -------------------------------------------------------------------- */
+
+/* Fail notifications whose NOTIFY_ACK did not come by their deadline. */
+static void expire_notes(rdma_tp_t *tp) {
+    uint64_t now = ote_now_ns();
+    note_t *expired = NULL;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
+        ote_mutex_lock(&p->mu);
+        for (note_t **pp = &p->notes; *pp != NULL;) {
+            note_t *x = *pp;
+            if (x->deadline > now) {
+                pp = &x->next;
+                continue;
+            }
+            *pp = x->next;
+            x->next = expired;
+            expired = x;
+            OTE_WARN("rdma", "notification to %s not acknowledged by its deadline: failed",
+                     p->name);
+        }
+        ote_mutex_unlock(&p->mu);
+    }
+    ote_mutex_unlock(&tp->mu);
+    while (expired != NULL) {
+        note_t *x = expired;
+        expired = x->next;
+        x->s->done(x->s, OTE_ERR_TIMEOUT);
+        ote_free(x);
+    }
+}
 
 static void *monitor_main(void *arg) {
     rdma_tp_t *tp = arg;
@@ -551,6 +778,7 @@ static void *monitor_main(void *arg) {
     while (!atomic_load(&tp->stop)) {
         (void)ote_context_set_poll_events(tp->set, NULL);
         (void)ote_grant_mgr_tick(tp->gm);
+        expire_notes(tp);
         uint64_t now = ote_now_ns();
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
@@ -564,12 +792,18 @@ static void *monitor_main(void *arg) {
 
 /* ---- requester side ------------------------------------------------------------- */
 
-static pend_t *pend_take(ote__tpeer_t *p, uint64_t req_id) {
-    pend_t **pp = &p->pend;
+static note_t *note_take(ote__tpeer_t *p, uint64_t req_id) {
+    note_t **pp = &p->notes;
     while (*pp != NULL && (*pp)->req_id != req_id) pp = &(*pp)->next;
-    pend_t *x = *pp;
+    note_t *x = *pp;
     if (x != NULL) *pp = x->next;
     return x;
+}
+
+static void call_unlink(ote__tpeer_t *p, call_t *x) {
+    call_t **pp = &p->calls;
+    while (*pp != NULL && *pp != x) pp = &(*pp)->next;
+    if (*pp != NULL) *pp = x->next;
 }
 
 static int grant_id_take(ote__tpeer_t *p, uint64_t id) {
@@ -582,75 +816,108 @@ static int grant_id_take(ote__tpeer_t *p, uint64_t id) {
     return 1;
 }
 
+/* One answer from the source; 0 to go on, -1: a protocol error (the peer is dropped). */
+static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
+    rdma_tp_t *tp = p->tp;
+    conn_t *c = p->c;
+    if (m->version != c->version) {
+        OTE_WARN("rdma", "control to %s: %s frame of version %u on a connection that negotiated "
+                 "%u: closing", p->name, ote_ctl_opcode_str(m->opcode), m->version, c->version);
+        return -1;
+    }
+    if (m->opcode == OTE_CTL_NOTIFY_ACK) {
+        if ((m->req_id & NOTE_TAG) == 0) {
+            OTE_WARN("rdma", "control to %s: NOTIFY_ACK for request %llu, which is no "
+                     "notification: closing", p->name, (unsigned long long)m->req_id);
+            return -1;
+        }
+        ote_mutex_lock(&p->mu);
+        note_t *x = note_take(p, m->req_id);
+        ote_mutex_unlock(&p->mu);
+        if (x == NULL) {
+            OTE_DEBUG("rdma", "NOTIFY_ACK from %s for a notification that no longer waits",
+                      p->name);
+            return 0;
+        }
+        x->s->done(x->s, peer_status(OTE_CTL_NOTIFY_ACK, m->status));
+        ote_free(x);
+        return 0;
+    }
+    ote_rp_msg_t rp;
+    if (m->opcode != OTE_CTL_RDMA || ote__rp_decode(m->u.rdma.body, m->u.rdma.len, &rp) != OTE_OK) {
+        OTE_WARN("rdma", "control to %s: malformed or unexpected %s answer: closing", p->name,
+                 ote_ctl_opcode_str(m->opcode));
+        return -1;
+    }
+    ote_status_t st = peer_status(OTE_CTL_RDMA, m->status);
+    if (rp.type == OTE_RP_GRANT_RESP) {
+        ote_mutex_lock(&p->mu);
+        int mine = grant_id_take(p, m->req_id);
+        ote_mutex_unlock(&p->mu);
+        if (mine) ote_grant_on_answer(tp->gm, m->req_id, st, rp.u.resp.rkey);
+        return 0;
+    }
+    if (rp.type != OTE_RP_CONNECT_ACK && rp.type != OTE_RP_INFO_ACK) {
+        OTE_WARN("rdma", "control to %s: unexpected message %u: closing", p->name, rp.type);
+        return -1;
+    }
+    int bad = (m->req_id & NOTE_TAG) != 0;
+    ote_mutex_lock(&p->mu);
+    call_t *x = p->calls;
+    while (!bad && x != NULL && x->req_id != m->req_id) x = x->next;
+    if (!bad && x != NULL) {
+        if (x->want != rp.type) {
+            bad = 1;
+        } else {
+            call_unlink(p, x);
+            x->done = 1;
+            x->st = st;
+            x->path = rp.u.connect.path;
+            if (rp.type == OTE_RP_INFO_ACK && st == OTE_OK) {
+                c->process = rp.u.info.process;
+                c->pd = rp.u.info.pd;
+                c->nic = rp.u.info.nic;
+                c->lanes = rp.u.info.lanes;
+            }
+            ote_cond_broadcast(&p->cv);
+        }
+    }
+    ote_mutex_unlock(&p->mu);
+    if (bad) {
+        OTE_WARN("rdma", "control to %s: answer of the wrong kind (%u) for request %llu: closing",
+                 p->name, rp.type, (unsigned long long)m->req_id);
+        return -1;
+    }
+    return 0;
+}
+
 static void *reader_main(void *arg) {
     ote__tpeer_t *p = arg;
     rdma_tp_t *tp = p->tp;
     conn_t *c = p->c;
-    uint8_t *buf = ote_malloc(FRAME_MAX);
-    while (buf != NULL) {
+    for (;;) {
         ote_ctl_msg_t m;
-        if (read_frame(c->fd, buf, &m) != OTE_OK) break;
-        if (m.opcode == OTE_CTL_NOTIFY_ACK) {
-            ote_mutex_lock(&p->mu);
-            pend_t *x = pend_take(p, m.req_id);
-            ote_mutex_unlock(&p->mu);
-            if (x != NULL && x->notify != NULL) x->notify->done(x->notify, m.status);
-            ote_free(x);
-            continue;
-        }
-        ote_rp_msg_t rp;
-        if (m.opcode != OTE_CTL_RDMA || ote__rp_decode(m.u.rdma.body, m.u.rdma.len, &rp) != OTE_OK) {
-            OTE_WARN("rdma", "control to %s: malformed answer: closing", p->name);
-            break;
-        }
-        if (rp.type == OTE_RP_GRANT_RESP) {
-            ote_mutex_lock(&p->mu);
-            int mine = grant_id_take(p, m.req_id);
-            ote_mutex_unlock(&p->mu);
-            if (mine) ote_grant_on_answer(tp->gm, m.req_id, m.status, rp.u.resp.rkey);
-        } else if (rp.type == OTE_RP_CONNECT_ACK || rp.type == OTE_RP_INFO_ACK) {
-            ote_mutex_lock(&p->mu);
-            for (pend_t *x = p->pend; x != NULL; x = x->next) {
-                if (x->req_id != m.req_id) continue;
-                x->done = 1;
-                x->st = m.status;
-                x->path = rp.u.connect.path;
-                if (rp.type == OTE_RP_INFO_ACK) {
-                    c->process = rp.u.info.process;
-                    c->pd = rp.u.info.pd;
-                    c->nic = rp.u.info.nic;
-                    c->lanes = rp.u.info.lanes;
-                }
-            }
-            ote_cond_broadcast(&p->cv);
-            ote_mutex_unlock(&p->mu);
-        }
+        if (conn_next(c, &m, UINT64_MAX, NULL) != OTE_OK) break;
+        if (reader_frame(p, &m) != 0) break;
     }
-    ote_free(buf);
     /* Peer lost: fail everything waiting on this connection. */
-    atomic_store(&c->dead, 1);
+    conn_kill(c, NULL);
     ote_mutex_lock(&p->mu);
-    pend_t *notes = NULL;
-    for (pend_t **pp = &p->pend; *pp != NULL;) {
-        pend_t *x = *pp;
-        if (x->notify != NULL) {
-            *pp = x->next;
-            x->next = notes;
-            notes = x;
-        } else {
-            x->done = 1;
-            x->st = OTE_ERR_PEER_LOST;
-            pp = &x->next;
-        }
+    for (call_t *x = p->calls; x != NULL; x = x->next) {
+        x->done = 1;
+        x->st = OTE_ERR_PEER_LOST;
     }
+    p->calls = NULL;
+    note_t *notes = p->notes;
+    p->notes = NULL;
     gid_ent_t *grants = p->grants;
     p->grants = NULL;
     ote_cond_broadcast(&p->cv);
     ote_mutex_unlock(&p->mu);
     while (notes != NULL) {
-        pend_t *x = notes;
+        note_t *x = notes;
         notes = x->next;
-        x->notify->done(x->notify, OTE_ERR_PEER_LOST);
+        x->s->done(x->s, OTE_ERR_PEER_LOST);
         ote_free(x);
     }
     while (grants != NULL) {
@@ -663,14 +930,19 @@ static void *reader_main(void *arg) {
 }
 
 /* Send a request and wait for its CONNECT_ACK / INFO_ACK. */
-static ote_status_t peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, ote_deadline_t dl,
-                              ote_qp_path_t *path_out) {
-    pend_t x;
+static ote_status_t peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16_t want,
+                              ote_deadline_t dl, ote_qp_path_t *path_out) {
+    call_t x;
     memset(&x, 0, sizeof(x));
+    x.want = want;
     ote_mutex_lock(&p->mu);
-    x.req_id = ++p->next_req;
-    x.next = p->pend;
-    p->pend = &x;
+    if (atomic_load(&p->c->dead)) {
+        ote_mutex_unlock(&p->mu);
+        return OTE_ERR_PEER_LOST;
+    }
+    x.req_id = ++p->next_call;
+    x.next = p->calls;
+    p->calls = &x;
     ote_mutex_unlock(&p->mu);
     ote_status_t st = conn_send_rp(p->c, x.req_id, OTE_OK, rq);
     ote_mutex_lock(&p->mu);
@@ -678,7 +950,7 @@ static ote_status_t peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, ote_deadl
         if (atomic_load(&p->c->dead)) st = OTE_ERR_PEER_LOST;
         else if (ote_cond_wait(&p->cv, &p->mu, dl) == OTE_ERR_TIMEOUT && !x.done) st = OTE_ERR_TIMEOUT;
     }
-    (void)pend_take(p, x.req_id);
+    call_unlink(p, &x); /* no-op once answered or failed by the reader */
     ote_mutex_unlock(&p->mu);
     if (st == OTE_OK) st = x.st;
     if (st == OTE_OK && path_out != NULL) *path_out = x.path;
@@ -699,7 +971,7 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
     rq.u.connect.slot = slot;
     rq.u.connect.cap = x->cap;
     rq.u.connect.path = *local;
-    return peer_call(x->p, &rq, deadline, peer_out);
+    return peer_call(x->p, &rq, OTE_RP_CONNECT_ACK, deadline, peer_out);
 }
 
 static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
@@ -765,30 +1037,47 @@ static void submit_one(ote__tpeer_t *p, ote__slice_t *s) {
         return;
     }
     if (s->op == OTE__SLICE_NOTIFY) {
-        pend_t *x = ote_calloc(1, sizeof(*x));
+        note_t *x = ote_calloc(1, sizeof(*x));
         if (x == NULL) {
             s->done(s, OTE_ERR_NOMEM);
             return;
         }
-        x->notify = s;
+        x->s = s;
+        x->deadline = s->deadline;
+        uint8_t frame[FRAME_MAX];
+        size_t flen = 0;
         ote_mutex_lock(&p->mu);
-        x->req_id = ++p->next_req;
-        x->next = p->pend;
-        p->pend = x;
+        if (atomic_load(&p->c->dead)) {
+            ote_mutex_unlock(&p->mu);
+            ote_free(x);
+            s->done(s, OTE_ERR_PEER_LOST);
+            return;
+        }
+        x->req_id = NOTE_TAG | ++p->next_note;
         uint64_t id = x->req_id;
-        ote_mutex_unlock(&p->mu);
         ote_ctl_msg_t m;
         memset(&m, 0, sizeof(m));
-        m.version = 1;
+        m.version = p->c->version;
         m.opcode = OTE_CTL_NOTIFY;
         m.req_id = id;
         m.u.notify.msg = s->local;
         m.u.notify.len = s->len;
-        if (conn_send(p->c, &m) != OTE_OK) {
-            ote_mutex_lock(&p->mu);
-            pend_t *y = pend_take(p, id);
+        /* Encoded before the note is findable: once it is, the monitor may end s. */
+        ote_status_t est = ote_ctl_encode(&m, frame, sizeof(frame), &flen);
+        if (est != OTE_OK) {
             ote_mutex_unlock(&p->mu);
-            if (y != NULL) { /* else the reader already failed it */
+            ote_free(x);
+            s->done(s, est);
+            return;
+        }
+        x->next = p->notes;
+        p->notes = x;
+        ote_mutex_unlock(&p->mu);
+        if (conn_send_raw(p->c, frame, flen) != OTE_OK) {
+            ote_mutex_lock(&p->mu);
+            note_t *y = note_take(p, id);
+            ote_mutex_unlock(&p->mu);
+            if (y != NULL) { /* else the reader or the monitor already ended it */
                 ote_free(y);
                 s->done(s, OTE_ERR_PEER_LOST);
             }
@@ -870,31 +1159,50 @@ static uint32_t rdma_peer_max_slice(ote__tpeer_t *p) {
 
 static ote_status_t connect_ctl(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     struct sockaddr_storage ss;
     socklen_t sl;
     ote_status_t st = ote__addr_resolve(p->name, &ss, &sl);
     if (st != OTE_OK) return st;
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return ote_status_make(OTE_ERR_CONNECT, errno);
+    /* Non-blocking connect bounded by connect_timeout_ms. */
     if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
         int err = errno;
-        close(fd);
-        OTE_WARN("rdma", "control connection to %s failed: errno %d", p->name, err);
-        return ote_status_make(OTE_ERR_CONNECT, err);
+        if (err == EINPROGRESS) {
+            err = 0;
+            for (;;) {
+                struct pollfd pf = {.fd = fd, .events = POLLOUT};
+                if (ote_deadline_expired(dl)) {
+                    err = ETIMEDOUT;
+                    break;
+                }
+                int n = poll(&pf, 1, ote_deadline_remaining_ms(dl, 1000));
+                if (n < 0 && errno != EINTR) {
+                    err = errno;
+                    break;
+                }
+                if (n > 0) {
+                    socklen_t el = sizeof(err);
+                    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+                    break;
+                }
+            }
+        }
+        if (err != 0) {
+            close(fd);
+            OTE_WARN("rdma", "control connection to %s failed: %s", p->name,
+                     err == ETIMEDOUT ? "timed out (connect_timeout_ms)" : strerror(err));
+            return err == ETIMEDOUT ? OTE_ERR_TIMEOUT : ote_status_make(OTE_ERR_CONNECT, err);
+        }
     }
-    struct timeval tv = {(time_t)(tp->cfg.connect_timeout_ms / 1000),
-                         (suseconds_t)((tp->cfg.connect_timeout_ms % 1000) * 1000)};
-    (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     conn_t *c = conn_new(tp, fd);
-    if (c == NULL) {
-        close(fd);
-        return OTE_ERR_NOMEM;
-    }
+    if (c == NULL) return OTE_ERR_NOMEM;
     snprintf(c->peer_addr, sizeof(c->peer_addr), "%s", p->name);
-    /* HELLO, synchronously (no reader yet). */
+    /* HELLO and its answer, on this thread (no reader yet), bounded by dl. */
     ote_ctl_msg_t h;
     memset(&h, 0, sizeof(h));
-    h.version = 1;
+    h.version = OTE_CTL_VERSION_MIN;
     h.opcode = OTE_CTL_HELLO;
     h.u.hello.min_version = OTE_CTL_VERSION_MIN;
     h.u.hello.max_version = OTE_CTL_VERSION_MAX;
@@ -902,20 +1210,17 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     h.u.hello.addr = tp->addr;
     h.u.hello.addr_len = (uint32_t)strlen(tp->addr);
     st = conn_send(c, &h);
-    uint8_t *buf = ote_malloc(FRAME_MAX);
-    if (buf == NULL && st == OTE_OK) st = OTE_ERR_NOMEM;
     ote_ctl_msg_t a;
-    if (st == OTE_OK) st = read_frame(fd, buf, &a);
+    if (st == OTE_OK) st = conn_next(c, &a, dl, NULL);
     uint16_t ver = 0;
     if (st == OTE_OK) st = ote_ctl_check_hello_ack(&a, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
-    ote_free(buf);
+    if (st == OTE_OK && a.version != ver) st = OTE_ERR_PROTOCOL;
     if (st != OTE_OK) {
         OTE_WARN("rdma", "handshake with %s failed: %s", p->name, ote_status_str(st));
         conn_put(c);
         return st;
     }
-    struct timeval none = {0, 0};
-    (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+    c->version = ver;
     p->c = c;
     if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
         p->c = NULL;
@@ -925,7 +1230,7 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     p->reader_started = 1;
     ote_rp_msg_t info;
     local_info(tp, &info, OTE_RP_INFO);
-    st = peer_call(p, &info, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC), NULL);
+    st = peer_call(p, &info, OTE_RP_INFO_ACK, dl, NULL);
     for (int cap = 0; st == OTE_OK && cap < 2; cap++) {
         ote_ep_key_t key;
         ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic,
@@ -933,7 +1238,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         st = ote_endpoint_get(tp->eps, &key, c->lanes, &p->ep[cap]);
     }
     if (st != OTE_OK) {
-        shutdown(fd, SHUT_RDWR);
+        OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name, ote_status_str(st));
+        conn_kill(c, NULL);
         pthread_join(p->reader, NULL);
         p->reader_started = 0;
         p->c = NULL;
@@ -945,7 +1251,7 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
 
 static void disconnect_ctl(ote__tpeer_t *p) {
     if (p->c == NULL) return;
-    shutdown(p->c->fd, SHUT_RDWR);
+    conn_kill(p->c, NULL);
     if (p->reader_started) pthread_join(p->reader, NULL);
     p->reader_started = 0;
     conn_put(p->c);
@@ -974,6 +1280,10 @@ static ote_status_t rdma_peer_open(ote__transport_t *t, const char *peer, ote__t
         ote_free(p);
         return st;
     }
+    ote_mutex_lock(&tp->mu);
+    p->tp_next = tp->peers;
+    tp->peers = p;
+    ote_mutex_unlock(&tp->mu);
     *peer_out = p;
     return OTE_OK;
 }
@@ -983,7 +1293,7 @@ static ote_status_t rdma_peer_ensure(ote__tpeer_t *p) {
     /* Reconnect: grants that still need the old connection end on their own (their
      * answers were failed by the reader, their QPs by their CQEs or deadlines). */
     ote_mutex_lock(&p->mu);
-    int busy = p->grants != NULL || p->pend != NULL;
+    int busy = p->grants != NULL || p->calls != NULL || p->notes != NULL;
     ote_mutex_unlock(&p->mu);
     if (busy) return OTE_ERR_PEER_LOST;
     disconnect_ctl(p);
@@ -991,6 +1301,15 @@ static ote_status_t rdma_peer_ensure(ote__tpeer_t *p) {
 }
 
 static ote_status_t rdma_peer_close(ote__tpeer_t *p) {
+    rdma_tp_t *tp = p->tp;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t **pp = &tp->peers; *pp != NULL; pp = &(*pp)->tp_next) {
+        if (*pp == p) {
+            *pp = p->tp_next;
+            break;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
     disconnect_ctl(p);
     ote_cond_destroy(&p->cv);
     ote_mutex_destroy(&p->mu);
@@ -1010,13 +1329,31 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
 static void teardown(rdma_tp_t *tp) {
     atomic_store(&tp->stop, 1);
     if (tp->acceptor_started) pthread_join(tp->acceptor, NULL);
-    /* Wake and wait for the server connection threads. */
+    /* Wake the server connection threads (each polls tp->stop every CONN_POLL_MS and
+     * its own waits are bounded) and join them. One that does not end within the bound
+     * is still using tp: then nothing is freed (the transport is retained, counted in
+     * ote__rdma_retained_transports, and logged), never freed under a running thread. */
     ote_mutex_lock(&tp->mu);
-    for (size_t i = 0; i < tp->nsconns; i++) shutdown(tp->sconns[i]->fd, SHUT_RDWR);
-    ote_deadline_t dl = ote_deadline_after(10 * OTE_NSEC_PER_SEC);
-    while (tp->server_threads > 0)
-        if (ote_cond_wait(&tp->cv, &tp->mu, dl) == OTE_ERR_TIMEOUT) break;
+    for (size_t i = 0; i < tp->nsconns; i++) conn_kill(tp->sconns[i]->c, NULL);
+    uint64_t wait_ms = tp->cfg.connect_timeout_ms + 10000;
+    ote_deadline_t dl = ote_deadline_after(wait_ms * OTE_NSEC_PER_MSEC);
+    for (;;) {
+        reap_servers_locked(tp);
+        if (tp->nsconns == 0) break;
+        if (ote_cond_wait(&tp->cv, &tp->mu, dl) == OTE_ERR_TIMEOUT) {
+            reap_servers_locked(tp);
+            break;
+        }
+    }
+    size_t stuck = tp->nsconns;
     ote_mutex_unlock(&tp->mu);
+    if (stuck != 0) {
+        atomic_fetch_add(&ote__rdma_retained_transports, 1);
+        OTE_ERROR("rdma", "%zu control connection thread(s) did not end within %llu ms: the "
+                  "transport and everything it owns are retained (not freed)", stuck,
+                  (unsigned long long)wait_ms);
+        return;
+    }
     if (tp->gm != NULL) {
         /* Let in-flight grants end (their own deadlines bound this). */
         ote_deadline_t gdl = ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC);
@@ -1123,6 +1460,10 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         OTE_ERROR("rdma", "transport=rdma: verbs provider \"%s\" could not be opened: %s", prov,
                   ote_status_str(st));
         goto err;
+    }
+    if (ote__rdma_test_verbs_hook != NULL) {
+        st = ote__rdma_test_verbs_hook(&tp->v);
+        if (st != OTE_OK) goto err;
     }
     ote_context_config_t cc;
     memset(&cc, 0, sizeof(cc));
