@@ -1,0 +1,526 @@
+// RDMA transport control plane, against hostile or broken peers: a fake source (this
+// test speaking the control protocol on a socket) and raw clients of a real RDMA engine's
+// control listener. Each test is the regression test of one review finding of
+// engine/rdma/rdma.c (numbers as in the review).
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/engine/target.h"
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/time.h"
+#include "engine/control/ctl.h"
+#include "engine/rdma/test_hook.h"
+#include "ote/ote.h"
+}
+
+namespace {
+
+constexpr uint64_t kMs = 1000000ull;
+constexpr uint64_t kSec = 1000 * kMs;
+
+ote_config_t *RdmaConfig(const char *timeout_ms = "20000", const char *connect_ms = nullptr) {
+    ote_config_t *cfg = nullptr;
+    EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", timeout_ms), OTE_OK);
+    if (connect_ms) { EXPECT_EQ(ote_config_set(cfg, "connect_timeout_ms", connect_ms), OTE_OK); }
+    return cfg;
+}
+
+ote_engine_t *RdmaEngine(const char *timeout_ms = "20000", const char *connect_ms = nullptr) {
+    ote_config_t *cfg = RdmaConfig(timeout_ms, connect_ms);
+    ote_engine_t *e = nullptr;
+    EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+    ote_config_destroy(cfg);
+    return e;
+}
+
+std::string Address(ote_engine_t *e) {
+    char buf[300] = {0};
+    EXPECT_EQ(ote_engine_address(e, buf, sizeof(buf)), OTE_OK);
+    return buf;
+}
+
+int Listen(int backlog, std::string *addr) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa = {};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, (sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, backlog) != 0) return -1;
+    socklen_t sl = sizeof(sa);
+    getsockname(fd, (sockaddr *)&sa, &sl);
+    *addr = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+    return fd;
+}
+
+int Dial(const std::string &addr, int rcvbuf = 0) {
+    size_t colon = addr.rfind(':');
+    sockaddr_in sa = {};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)std::stoi(addr.substr(colon + 1)));
+    inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (rcvbuf) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    if (connect(fd, (sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int Accept(int lfd, int timeout_ms) {
+    pollfd p = {lfd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) != 1) return -1;
+    return accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+}
+
+bool ReadN(int fd, uint8_t *p, size_t n, ote_deadline_t dl) {
+    while (n > 0) {
+        pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, ote_deadline_remaining_ms(dl, 1000)) <= 0) {
+            if (ote_deadline_expired(dl)) return false;
+            continue;
+        }
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0) return false;
+        p += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+// One frame (its bytes stay in *buf; m points into them).
+bool ReadFrame(int fd, std::vector<uint8_t> *buf, ote_ctl_msg_t *m, int timeout_ms = 10000) {
+    ote_deadline_t dl = ote_deadline_after((uint64_t)timeout_ms * kMs);
+    buf->assign(OTE_CTL_HDR_LEN, 0);
+    if (!ReadN(fd, buf->data(), OTE_CTL_HDR_LEN, dl)) return false;
+    uint32_t len;
+    memcpy(&len, buf->data() + 20, 4);
+    if (len > 65536) return false;
+    buf->resize(OTE_CTL_HDR_LEN + len);
+    if (!ReadN(fd, buf->data() + OTE_CTL_HDR_LEN, len, dl)) return false;
+    size_t used = 0;
+    return ote_ctl_decode(buf->data(), buf->size(), m, &used) == OTE_OK;
+}
+
+std::vector<uint8_t> Encode(const ote_ctl_msg_t &m) {
+    std::vector<uint8_t> b(OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY);
+    size_t len = 0;
+    EXPECT_EQ(ote_ctl_encode(&m, b.data(), b.size(), &len), OTE_OK);
+    b.resize(len);
+    return b;
+}
+
+bool SendAll(int fd, const std::vector<uint8_t> &b) {
+    return send(fd, b.data(), b.size(), MSG_NOSIGNAL) == (ssize_t)b.size();
+}
+
+// The RDMA body of an INFO / INFO_ACK (engine/rdma/proto.h): type, reserved, process,
+// pd, nic, lanes.
+std::vector<uint8_t> InfoBody(uint16_t type) {
+    std::vector<uint8_t> b(28, 0);
+    b[0] = (uint8_t)type;
+    uint64_t process = 0x1234, pd = 0x5678;
+    uint32_t nic = 1, lanes = 2;
+    memcpy(&b[4], &process, 8);
+    memcpy(&b[12], &pd, 8);
+    memcpy(&b[20], &nic, 4);
+    memcpy(&b[24], &lanes, 4);
+    return b;
+}
+
+std::vector<uint8_t> Frame(uint16_t opcode, uint64_t req_id, ote_status_t st,
+                           const std::vector<uint8_t> &rdma_body = {}, uint16_t version = 1) {
+    ote_ctl_msg_t m = {};
+    m.version = 1;
+    m.opcode = opcode;
+    m.req_id = req_id;
+    m.status = st;
+    if (opcode == OTE_CTL_RDMA) {
+        m.u.rdma.body = rdma_body.data();
+        m.u.rdma.len = (uint32_t)rdma_body.size();
+    }
+    std::vector<uint8_t> b = Encode(m);
+    b[4] = (uint8_t)version; /* header: magic u32, version u16, ... */
+    b[5] = (uint8_t)(version >> 8);
+    return b;
+}
+
+std::vector<uint8_t> Hello() {
+    static const char kAddr[] = "127.0.0.1:1";
+    ote_ctl_msg_t m = {};
+    m.version = 1;
+    m.opcode = OTE_CTL_HELLO;
+    m.u.hello.min_version = OTE_CTL_VERSION_MIN;
+    m.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    m.u.hello.role = 2;
+    m.u.hello.addr = kAddr;
+    m.u.hello.addr_len = sizeof(kAddr) - 1;
+    return Encode(m);
+}
+
+// Fake source side of the handshake: accept, read HELLO and answer HELLO_ACK.
+int FakeHandshake(int lfd, const std::string &addr) {
+    int fd = Accept(lfd, 10000);
+    if (fd < 0) return -1;
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    if (!ReadFrame(fd, &buf, &m) || m.opcode != OTE_CTL_HELLO) {
+        close(fd);
+        return -1;
+    }
+    ote_ctl_msg_t a = {};
+    a.version = 1;
+    a.opcode = OTE_CTL_HELLO_ACK;
+    a.req_id = m.req_id;
+    a.u.hello_ack.version = 1;
+    a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+    a.u.hello_ack.addr = addr.c_str();
+    a.u.hello_ack.addr_len = (uint32_t)addr.size();
+    if (!SendAll(fd, Encode(a))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// True when the other side closes fd within timeout_ms (frames it sends are skipped).
+bool ClosedByPeer(int fd, int timeout_ms = 10000) {
+    ote_deadline_t dl = ote_deadline_after((uint64_t)timeout_ms * kMs);
+    uint8_t b[4096];
+    while (!ote_deadline_expired(dl)) {
+        pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, ote_deadline_remaining_ms(dl, 100)) <= 0) continue;
+        ssize_t r = recv(fd, b, sizeof(b), 0);
+        if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) return true;
+    }
+    return false;
+}
+
+class RdmaControlTest : public ote_test::OteTest {};
+
+// Finding 2: a NOTIFY_ACK naming the id of a pending INFO call (on the requester's
+// stack) used to free that stack address. Now it is a protocol error for that peer.
+TEST_F(RdmaControlTest, NotifyAckNamingACallIsAProtocolErrorNotAFree) {
+    ExpectErrorLogs();
+    std::string addr;
+    int lfd = Listen(16, &addr);
+    ASSERT_GE(lfd, 0);
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::atomic<ote_status_t> open_st{OTE_OK};
+    ote_segment_t *seg = nullptr;
+    std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    int fd = FakeHandshake(lfd, addr);
+    ASSERT_GE(fd, 0);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+    ASSERT_EQ(m.opcode, OTE_CTL_RDMA); /* INFO */
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_NOTIFY_ACK, m.req_id, OTE_OK)));
+    EXPECT_TRUE(ClosedByPeer(fd)) << "the requester kept a peer that answered a call with NOTIFY_ACK";
+    opener.join();
+    EXPECT_NE(open_st.load(), OTE_OK);
+    EXPECT_EQ(seg, nullptr);
+    // A reply of the wrong RDMA kind (CONNECT_ACK to INFO) is refused the same way.
+    std::thread opener2([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    int fd2 = FakeHandshake(lfd, addr);
+    ASSERT_GE(fd2, 0);
+    ASSERT_TRUE(ReadFrame(fd2, &buf, &m));
+    std::vector<uint8_t> cack(4 + 32, 0);
+    cack[0] = 4; /* CONNECT_ACK with a zero path */
+    ASSERT_TRUE(SendAll(fd2, Frame(OTE_CTL_RDMA, m.req_id, OTE_OK, cack)));
+    EXPECT_TRUE(ClosedByPeer(fd2));
+    opener2.join();
+    EXPECT_NE(open_st.load(), OTE_OK);
+    close(fd);
+    close(fd2);
+    close(lfd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Finding 15: statuses chosen by the peer are sanitized before they are returned.
+TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
+    ExpectErrorLogs();
+    std::string addr;
+    int lfd = Listen(16, &addr);
+    ASSERT_GE(lfd, 0);
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    const ote_status_t kLies[] = {OTE_ERR_RETAINED, OTE_ERR_BUSY, ote_status_make(OTE_ERR_NATIVE, 12),
+                                  (ote_status_t)0x7fff0007};
+    for (ote_status_t lie : kLies) {
+        std::atomic<ote_status_t> open_st{OTE_OK};
+        ote_segment_t *seg = nullptr;
+        std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+        int fd = FakeHandshake(lfd, addr);
+        ASSERT_GE(fd, 0);
+        std::vector<uint8_t> buf;
+        ote_ctl_msg_t m;
+        ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+        ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, lie, InfoBody(2))));
+        opener.join();
+        EXPECT_EQ(ote_status_code(open_st.load()), OTE_ERR_REMOTE) << ote_status_str(open_st.load());
+        EXPECT_EQ(ote_status_errno(open_st.load()), 0);
+        close(fd);
+    }
+    // NOTIFY_ACK: AGAIN (the receiver's queue is full) passes, a local-state code does not.
+    ote_segment_t *seg = nullptr;
+    std::atomic<ote_status_t> open_st{OTE_ERR_STATE};
+    std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    int fd = FakeHandshake(lfd, addr);
+    ASSERT_GE(fd, 0);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, OTE_OK, InfoBody(2))));
+    opener.join();
+    ASSERT_EQ(open_st.load(), OTE_OK);
+    const std::pair<ote_status_t, int> kNotes[] = {{OTE_ERR_AGAIN, OTE_ERR_AGAIN},
+                                                  {OTE_ERR_NOMEM, OTE_ERR_REMOTE},
+                                                  {OTE_ERR_TIMEOUT, OTE_ERR_REMOTE},
+                                                  {OTE_OK, OTE_OK}};
+    for (auto [sent, want] : kNotes) {
+        std::atomic<ote_status_t> nst{OTE_ERR_STATE};
+        std::thread sender([&] { nst = ote_notify_send(e, seg, "hi", 2); });
+        ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+        ASSERT_EQ(m.opcode, OTE_CTL_NOTIFY);
+        ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_NOTIFY_ACK, m.req_id, sent)));
+        sender.join();
+        EXPECT_EQ(ote_status_code(nst.load()), want) << ote_status_str(sent);
+    }
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    close(fd);
+    close(lfd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Finding 16: the control server refuses frames before HELLO and frames of a version
+// other than the negotiated one (and closes the connection).
+TEST_F(RdmaControlTest, ServerRefusesFramesBeforeHelloAndOfAnotherVersion) {
+    ExpectErrorLogs();
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = Address(e);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    // INFO before HELLO: no INFO_ACK, closed.
+    int a = Dial(addr);
+    ASSERT_GE(a, 0);
+    ASSERT_TRUE(SendAll(a, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1))));
+    EXPECT_FALSE(ReadFrame(a, &buf, &m, 3000)) << "answered a frame sent before HELLO";
+    EXPECT_TRUE(ClosedByPeer(a));
+    close(a);
+    // NOTIFY before HELLO: not delivered, closed.
+    int b = Dial(addr);
+    ASSERT_GE(b, 0);
+    ote_ctl_msg_t n = {};
+    n.version = 1;
+    n.opcode = OTE_CTL_NOTIFY;
+    n.req_id = 5;
+    n.u.notify.msg = (const uint8_t *)"x";
+    n.u.notify.len = 1;
+    ASSERT_TRUE(SendAll(b, Encode(n)));
+    EXPECT_TRUE(ClosedByPeer(b));
+    close(b);
+    char note[16];
+    size_t nlen = 0;
+    EXPECT_EQ(ote_notify_recv(e, note, sizeof(note), &nlen, nullptr, 0, 100 * kMs), OTE_ERR_TIMEOUT);
+    // After HELLO (version 1), an INFO claiming version 2: closed without an answer.
+    int c = Dial(addr);
+    ASSERT_GE(c, 0);
+    ASSERT_TRUE(SendAll(c, Hello()));
+    ASSERT_TRUE(ReadFrame(c, &buf, &m));
+    ASSERT_EQ(m.opcode, OTE_CTL_HELLO_ACK);
+    ASSERT_TRUE(SendAll(c, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1), /*version=*/2)));
+    EXPECT_FALSE(ReadFrame(c, &buf, &m, 3000)) << "answered a frame of another version";
+    EXPECT_TRUE(ClosedByPeer(c));
+    close(c);
+    // The well-behaved sequence is answered.
+    int d = Dial(addr);
+    ASSERT_GE(d, 0);
+    ASSERT_TRUE(SendAll(d, Hello()));
+    ASSERT_TRUE(ReadFrame(d, &buf, &m));
+    ASSERT_TRUE(SendAll(d, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1))));
+    ASSERT_TRUE(ReadFrame(d, &buf, &m));
+    EXPECT_EQ(m.opcode, OTE_CTL_RDMA);
+    EXPECT_EQ(m.status, OTE_OK);
+    close(d);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Finding 4: a peer that never reads its answers cannot block the engine's threads: its
+// answers queue (bounded) and it is dropped, while other peers are served meanwhile.
+TEST_F(RdmaControlTest, PeerThatNeverReadsIsDroppedNotWaitedOn) {
+    ExpectErrorLogs();
+    ote_engine_t *src = RdmaEngine("20000", "1000");
+    ASSERT_NE(src, nullptr);
+    std::string addr = Address(src);
+    int fd = Dial(addr, 4096);
+    ASSERT_GE(fd, 0);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    ASSERT_TRUE(SendAll(fd, Hello()));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+    // Flood INFO requests (each answered) and never read again.
+    std::vector<uint8_t> one = Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1)), many;
+    for (int i = 0; i < 1024; i++) many.insert(many.end(), one.begin(), one.end());
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    ote_deadline_t dl = ote_deadline_after(30 * kSec);
+    bool dropped = false;
+    size_t off = 0;
+    uint64_t sent = 0;
+    while (!dropped && !ote_deadline_expired(dl)) {
+        pollfd pf = {fd, POLLOUT, 0};
+        poll(&pf, 1, 100);
+        ssize_t r = send(fd, many.data() + off, many.size() - off, MSG_NOSIGNAL);
+        if (r > 0) {
+            sent += (uint64_t)r;
+            off = (off + (size_t)r) % many.size();
+        } else if (r < 0 && errno != EAGAIN && errno != EINTR) {
+            dropped = true; /* EPIPE / ECONNRESET: the source closed it */
+        }
+        if (!dropped && (pf.revents & (POLLHUP | POLLERR))) dropped = true;
+    }
+    EXPECT_TRUE(dropped) << "a peer that never reads was not dropped (" << sent << " bytes sent)";
+    // Healthy peers are unaffected: a real requester transfers through the same source.
+    ote_engine_t *req = RdmaEngine();
+    ASSERT_NE(req, nullptr);
+    std::vector<uint8_t> target(1 << 20, 0), data(1 << 20);
+    for (size_t i = 0; i < data.size(); i++) data[i] = (uint8_t)(i * 7 + 1);
+    ASSERT_EQ(ote_memory_register(src, target.data(), target.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, addr.c_str(), &seg), OTE_OK);
+    ote_batch_t *bt = nullptr;
+    ASSERT_EQ(ote_batch_create(req, 1, &bt), OTE_OK);
+    ote_request_t r = {OTE_WRITE, data.data(), seg, (uint64_t)(uintptr_t)target.data(), data.size()};
+    ASSERT_EQ(ote_batch_submit(bt, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(bt, 20 * kSec), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(bt), OTE_OK);
+    EXPECT_EQ(memcmp(target.data(), data.data(), data.size()), 0);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    close(fd);
+    EXPECT_EQ(ote_memory_unregister(src, target.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// Finding 5: the control connect is bounded by connect_timeout_ms (a listener whose
+// accept queue is full drops SYNs, so a blocking connect would wait for minutes).
+TEST_F(RdmaControlTest, ConnectIsBoundedByConnectTimeout) {
+    ExpectErrorLogs();
+    std::string addr;
+    int lfd = Listen(0, &addr);
+    ASSERT_GE(lfd, 0);
+    std::vector<int> fill;
+    for (int i = 0; i < 4; i++) {
+        int f = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        sockaddr_in sa = {};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons((uint16_t)std::stoi(addr.substr(addr.rfind(':') + 1)));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        connect(f, (sockaddr *)&sa, sizeof(sa));
+        fill.push_back(f);
+    }
+    ote_engine_t *e = RdmaEngine("20000", "500");
+    ASSERT_NE(e, nullptr);
+    uint64_t t0 = ote_now_ns();
+    ote_segment_t *seg = nullptr;
+    ote_status_t st = ote_segment_open(e, addr.c_str(), &seg);
+    uint64_t took = ote_now_ns() - t0;
+    EXPECT_NE(st, OTE_OK);
+    EXPECT_LT(took, 5 * kSec) << "connect waited " << took / kMs << " ms";
+    for (int f : fill) close(f);
+    close(lfd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Finding 8: a notification the peer never acknowledges fails at its deadline, and the
+// segment can be closed afterwards (it was BUSY forever).
+TEST_F(RdmaControlTest, UnacknowledgedNotificationFailsAtItsDeadline) {
+    ExpectErrorLogs();
+    ote_test::Target target;
+    ASSERT_TRUE(target.Start(16ull << 20, "127.0.0.1:0", {"OTE_TRANSPORT=rdma", "OTE_VERBS_PROVIDER=sim"}));
+    ote_engine_t *e = RdmaEngine("1500");
+    ASSERT_NE(e, nullptr);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(e, target.address.c_str(), &seg), OTE_OK);
+    ASSERT_TRUE(target.Stop()); /* certainly does not answer now */
+    uint64_t t0 = ote_now_ns();
+    ote_status_t st = ote_notify_send(e, seg, "ping", 4);
+    uint64_t took = ote_now_ns() - t0;
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
+    EXPECT_GE(took, 1400 * kMs);
+    EXPECT_LT(took, 6 * kSec);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK) << "the expired notification still holds the segment";
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    ASSERT_TRUE(target.Cont());
+    EXPECT_EQ(target.Quit(), 0);
+}
+
+// host_deliver's status reaches the sender: AGAIN once the receiver's queue is full.
+TEST_F(RdmaControlTest, FullNotificationQueueAnswersAgain) {
+    ExpectErrorLogs();
+    ote_engine_t *dst = RdmaEngine();
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(dst, nullptr);
+    ASSERT_NE(e, nullptr);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(e, Address(dst).c_str(), &seg), OTE_OK);
+    for (int i = 0; i < OTE_NOTIFY_QUEUE_MAX; i++) ASSERT_EQ(ote_notify_send(e, seg, "n", 1), OTE_OK) << i;
+    EXPECT_EQ(ote_status_code(ote_notify_send(e, seg, "n", 1)), OTE_ERR_AGAIN);
+    char b[8];
+    size_t len = 0;
+    ASSERT_EQ(ote_notify_recv(dst, b, sizeof(b), &len, nullptr, 0, kSec), OTE_OK);
+    EXPECT_EQ(ote_notify_send(e, seg, "n", 1), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(dst), OTE_OK);
+}
+
+// Finding 14: destroy joins the control connection threads (woken, joinable) instead of
+// freeing the transport under detached ones; nothing is retained.
+TEST_F(RdmaControlTest, DestroyJoinsControlThreadsOfOpenConnections) {
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = Address(e);
+    std::vector<int> fds;
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    for (int i = 0; i < 4; i++) {
+        int fd = Dial(addr);
+        ASSERT_GE(fd, 0);
+        if (i % 2 == 0) { /* half of them past the handshake, half silent */
+            ASSERT_TRUE(SendAll(fd, Hello()));
+            ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+        }
+        fds.push_back(fd);
+    }
+    uint64_t before = ote__rdma_retained_transports_get();
+    uint64_t t0 = ote_now_ns();
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    EXPECT_LT(ote_now_ns() - t0, 5 * kSec);
+    EXPECT_EQ(ote__rdma_retained_transports_get(), before);
+    for (int fd : fds) {
+        EXPECT_TRUE(ClosedByPeer(fd, 2000));
+        close(fd);
+    }
+}
+
+}  // namespace
