@@ -7,8 +7,12 @@
  * 1 ms when some lane has none), and an eventfd wakes a worker for add/remove/stop.
  */
 #include <errno.h>
+#include <hwloc.h>
+#include <hwloc/glibc-sched.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -37,7 +41,44 @@ struct ote_cq_workers {
     uint32_t count;
     worker_t *w;
     _Atomic int stop;
+    int bound;       /* threads were started on `cpus` */
+    cpu_set_t cpus;  /* NUMA node's CPUs within the creator's allowed set */
 };
+
+/*
+ * The CPUs of NUMA node `node` that the calling thread may run on, from the hwloc
+ * topology (Debian libhwloc). OTE_ERR_NOT_FOUND when the node does not exist here or
+ * none of its CPUs is allowed; the pool then runs unbound. hwloc reports failures as
+ * values (libnuma's bitmask helpers exit the process on allocation failure, which a
+ * library may not do).
+ */
+static ote_status_t numa_node_cpus(int node, cpu_set_t *out) {
+    ote_status_t st;
+    if (ote_fault_hit("cq.workers_numa", &st)) return st;
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return ote_status_from_errno(errno);
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) != 0) return ote_status_from_errno(errno);
+    st = OTE_ERR_NOT_FOUND;
+    if (hwloc_topology_load(topo) != 0) {
+        st = ote_status_from_errno(errno);
+        goto out_topo;
+    }
+    hwloc_obj_t obj = hwloc_get_numanode_obj_by_os_index(topo, (unsigned)node);
+    if (obj == NULL || obj->cpuset == NULL) goto out_topo;
+    cpu_set_t node_cpus;
+    CPU_ZERO(&node_cpus);
+    if (hwloc_cpuset_to_glibc_sched_affinity(topo, obj->cpuset, &node_cpus, sizeof(node_cpus)) != 0) {
+        st = ote_status_from_errno(errno);
+        goto out_topo;
+    }
+    CPU_AND(out, &node_cpus, &allowed);
+    st = CPU_COUNT(out) > 0 ? OTE_OK : OTE_ERR_NOT_FOUND;
+out_topo:
+    hwloc_topology_destroy(topo);
+    return st;
+}
 
 static void wake(worker_t *w) {
     uint64_t one = 1;
@@ -141,11 +182,31 @@ static void free_pool(ote_cq_workers_t *p) {
 }
 
 ote_status_t ote_cq_workers_start(uint32_t count, ote_cq_workers_t **workers_out) {
-    if (count == 0 || count > MAX_WORKERS || workers_out == NULL) return OTE_ERR_INVALID;
+    return ote_cq_workers_start_numa(count, -1, workers_out);
+}
+
+ote_status_t ote_cq_workers_start_numa(uint32_t count, int numa_node,
+                                       ote_cq_workers_t **workers_out) {
+    if (count == 0 || count > MAX_WORKERS || workers_out == NULL || numa_node < -1)
+        return OTE_ERR_INVALID;
     ote_status_t st;
     if (ote_fault_hit("cq.workers_start", &st)) return st;
     ote_cq_workers_t *p = ote_calloc(1, sizeof(*p));
     if (p == NULL) return OTE_ERR_NOMEM;
+    if (numa_node >= 0) {
+        st = numa_node_cpus(numa_node, &p->cpus);
+        if (st == OTE_OK) {
+            p->bound = 1;
+            OTE_DEBUG("cq", "worker pool bound to NUMA node %d (%d CPUs)", numa_node,
+                      CPU_COUNT(&p->cpus));
+        } else {
+            /* Placement is an optimisation: a node this machine lacks (or whose CPUs the
+             * creator may not use) leaves the pool unbound, and says so. */
+            char desc[128];
+            OTE_INFO("cq", "worker pool not bound to NUMA node %d: %s", numa_node,
+                     ote_status_describe(st, desc, sizeof(desc)));
+        }
+    }
     p->w = ote_calloc(count, sizeof(*p->w));
     if (p->w == NULL) {
         ote_free(p);
@@ -168,7 +229,19 @@ ote_status_t ote_cq_workers_start(uint32_t count, ote_cq_workers_t **workers_out
             break;
         }
         w->wake_fd = fd;
-        int err = pthread_create(&w->thread, NULL, worker_main, w);
+        /* A bound pool's threads start on their CPUs, before they poll anything. */
+        pthread_attr_t attr;
+        int err = pthread_attr_init(&attr);
+        if (err == 0) {
+            if (p->bound) err = pthread_attr_setaffinity_np(&attr, sizeof(p->cpus), &p->cpus);
+            if (err == 0) err = pthread_create(&w->thread, &attr, worker_main, w);
+            pthread_attr_destroy(&attr);
+        }
+        if (err == 0) {
+            char name[16];
+            snprintf(name, sizeof(name), "ote-cq-%u", i);
+            pthread_setname_np(w->thread, name); /* for top/gdb/tests; failure is harmless */
+        }
         if (err != 0) {
             OTE_ERROR("cq", "worker %u: pthread_create failed: errno %d", i, err);
             st = ote_status_from_errno(err);
@@ -250,6 +323,13 @@ ote_status_t ote_cq_workers_remove(ote_cq_workers_t *p, ote_cq_lane_t *lane) {
     lane->in_workers = 0;
     ote_mutex_unlock(&lane->table_mu);
     wake(w);
+    return OTE_OK;
+}
+
+ote_status_t ote_cq_workers_cpus(const ote_cq_workers_t *p, cpu_set_t *cpus_out) {
+    if (p == NULL || cpus_out == NULL) return OTE_ERR_INVALID;
+    if (!p->bound) return OTE_ERR_NOT_FOUND;
+    *cpus_out = p->cpus;
     return OTE_OK;
 }
 

@@ -14,6 +14,7 @@
 #ifndef OTE_CQ_WORKERS_H
 #define OTE_CQ_WORKERS_H
 
+#include <sched.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -27,6 +28,14 @@ typedef struct ote_cq_workers ote_cq_workers_t;
 
 /* Start `count` (1..64) worker threads. */
 ote_status_t ote_cq_workers_start(uint32_t count, ote_cq_workers_t **workers_out);
+/* The same, with every thread bound (before it polls anything) to the CPUs of NUMA node
+ * numa_node that the creating thread is allowed to use: the node of the NICs the pool
+ * serves. numa_node -1, a node this machine lacks, or no allowed CPU on it leaves the
+ * pool unbound (logged at INFO); placement never fails the start. */
+ote_status_t ote_cq_workers_start_numa(uint32_t count, int numa_node,
+                                       ote_cq_workers_t **workers_out);
+/* The CPU set the pool's threads are bound to; OTE_ERR_NOT_FOUND when unbound. */
+ote_status_t ote_cq_workers_cpus(const ote_cq_workers_t *workers, cpu_set_t *cpus_out);
 /* Stop and join every thread (each wakes within its bounded sleep) and free the pool.
  * OTE_ERR_BUSY while lanes are still added. */
 ote_status_t ote_cq_workers_stop(ote_cq_workers_t *workers);

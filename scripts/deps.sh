@@ -7,8 +7,7 @@ PKGS=(
     build-essential      # gcc, g++, make
     libibverbs-dev       # rdma-core verbs (the real RDMA provider)
     ibverbs-providers
-    libnuma-dev          # NUMA nodes for device and worker placement
-    libhwloc-dev         # topology discovery
+    libhwloc-dev         # NUMA topology for CQ worker placement
     uthash-dev           # hash tables and lists
     libgtest-dev         # GoogleTest (prebuilt static libraries)
     clang                # libFuzzer for the control-plane fuzz target
