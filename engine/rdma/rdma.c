@@ -6,9 +6,12 @@
  * manager (a persistent MR per registration in every usable context, MW-bindable and
  * local-only: peers reach memory only through windows), `nlanes` CQ lanes on the data
  * context with one worker per lane, the endpoint store, the grant manager, a control
- * listener (its own TCP socket: HELLO/HELLO_ACK, then OTE_CTL_RDMA messages), one reader
- * thread per control connection and a monitor thread (async events, grant deadlines,
- * endpoint reclaim).
+ * listener (its own TCP socket: HELLO/HELLO_ACK, then OTE_CTL_RDMA messages; nothing
+ * before HELLO, nothing of another version after it), one joinable thread per control
+ * connection (which alone waits on its non-blocking socket and flushes its bounded
+ * output queue: no other thread ever blocks on a peer) and a monitor thread (async
+ * events, grant and notification deadlines, endpoint reclaim). Every status a peer
+ * reports passes through ote_ctl_peer_status().
  *
  * Requester path of one engine slice: pick the least-loaded slot of the (peer, cap)
  * endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
