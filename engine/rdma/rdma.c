@@ -1498,7 +1498,11 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     st = ote_buffer_manager_create(tp->set, &tp->bm);
     if (st != OTE_OK) goto err;
     tp->nlanes = cfg->tcp_workers < 2 ? 2 : (cfg->tcp_workers > MAX_LANES ? MAX_LANES : cfg->tcp_workers);
-    st = ote_cq_workers_start(tp->nlanes, &tp->workers);
+    /* Lane workers run on the CPUs of the data NIC's NUMA node (unbound when unknown). */
+    ote_context_info_t info;
+    ote_context_get_info(tp->ctx, &info);
+    st = ote_cq_workers_start_numa(tp->nlanes, info.numa_node >= 0 ? info.numa_node : -1,
+                                   &tp->workers);
     if (st != OTE_OK) goto err;
     for (uint32_t i = 0; i < tp->nlanes; i++) {
         ote_cq_lane_config_t lc = {.index = i, .send_depth = 4096, .recv_depth = 4096, .use_channel = 1};
@@ -1532,8 +1536,6 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         goto err;
     }
     tp->acceptor_started = 1;
-    ote_context_info_t info;
-    ote_context_get_info(tp->ctx, &info);
     OTE_INFO("rdma", "transport=rdma over \"%s\": data context %s port %u GID index %d, %u lanes, "
              "listening on %s", tp->v->provider, info.name, info.port, info.gid_index, tp->nlanes,
              tp->addr);
