@@ -32,10 +32,11 @@ run() {
     return 0
 }
 
-# json_ok NAME LINES CHECK MIN_BYTES: every stdout line is a JSON object with exactly the
-# contract keys in order, check == CHECK and bytes >= MIN_BYTES; there are LINES lines.
+# json_ok NAME LINES CHECK MIN_BYTES [TRANSPORT]: every stdout line is a JSON object with
+# exactly the contract keys in order, check == CHECK, bytes >= MIN_BYTES and transport ==
+# TRANSPORT (default tcp); there are LINES lines.
 json_ok() {
-    local name="$1" lines="$2" check="$3" min_bytes="$4" n=0 ok=1 line keys bytes
+    local name="$1" lines="$2" check="$3" min_bytes="$4" transport="${5:-tcp}" n=0 ok=1 line keys bytes
     while IFS= read -r line; do
         n=$((n + 1))
         case "$line" in
@@ -49,8 +50,8 @@ json_ok() {
         if ! printf '%s' "$line" | grep -q "\"check\":\"$check\""; then
             echo "check is not $check: $line"; ok=0
         fi
-        if ! printf '%s' "$line" | grep -q '"transport":"tcp"'; then
-            echo "transport is not tcp: $line"; ok=0
+        if ! printf '%s' "$line" | grep -q "\"transport\":\"$transport\""; then
+            echo "transport is not $transport: $line"; ok=0
         fi
         bytes=$(printf '%s' "$line" | sed -n 's/.*"bytes":\([0-9]*\),.*/\1/p')
         if [ -z "$bytes" ] || [ "$bytes" -lt "$min_bytes" ]; then
@@ -116,6 +117,23 @@ if run table 0 --op write --block-size 4K,8K --batch-size 2 --total-bytes 256K; 
         fail table; cat "$TMP/table.out"
     fi
 fi
+
+# The RDMA path over the software verbs provider: both engines use transport=rdma, every
+# byte goes through a memory window granted by the target, and the check still holds.
+export OTE_VERBS_PROVIDER=sim
+if run rdma_write 0 --transport rdma --op write --block-size 4K,1M --batch-size 4 \
+    --total-bytes 8M --json --check; then
+    json_ok rdma_write 2 ok 8388608 rdma
+fi
+if run rdma_read 0 --transport rdma --op read --block-size 4097,1M --batch-size 4 \
+    --total-bytes 8M --json --check; then
+    json_ok rdma_read 2 ok 8388608 rdma
+fi
+if run rdma_corrupt 1 --transport rdma --op read --block-size 4K --batch-size 4 \
+    --total-bytes 64K --json --check --test-corrupt; then
+    json_ok rdma_corrupt 1 failed 65536 rdma
+fi
+unset OTE_VERBS_PROVIDER
 
 # Bad usage: exit status 2 and a message naming the option.
 if run bad_usage 2 --block-size 0; then
