@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/util/test_base.h"
+#include "tests/verbs/rc_qp.h"
 
 extern "C" {
 #include "base/time.h"
@@ -116,19 +117,14 @@ class Conformance : public OteTest, public ::testing::WithParamInterface<std::st
 
     struct ibv_qp *Qp(struct ibv_cq *scq, struct ibv_cq *rcq, uint32_t sw = 64, uint32_t rw = 64,
                       int sig_all = 1) {
-        struct ibv_qp_init_attr ia;
-        memset(&ia, 0, sizeof(ia));
-        ia.send_cq = scq;
-        ia.recv_cq = rcq;
-        ia.qp_type = IBV_QPT_RC;
-        ia.sq_sig_all = sig_all;
-        ia.cap.max_send_wr = sw;
-        ia.cap.max_recv_wr = rw;
-        ia.cap.max_send_sge = 4;
-        ia.cap.max_recv_sge = 4;
-        ia.cap.max_inline_data = 64;
+        ote_test::RcQpCaps caps;
+        caps.max_send_wr = sw;
+        caps.max_recv_wr = rw;
+        caps.max_sge = 4;
+        caps.max_inline_data = 64;
+        caps.sq_sig_all = sig_all;
         struct ibv_qp *qp = nullptr;
-        EXPECT_EQ(o_->create_qp(v_, pd_, &ia, &qp), 0);
+        EXPECT_EQ(ote_test::CreateRcQp(v_, pd_, scq, rcq, caps, &qp), 0);
         if (qp) qps_.push_back(qp);
         return qp;
     }
@@ -143,48 +139,29 @@ class Conformance : public OteTest, public ::testing::WithParamInterface<std::st
     }
 
     int ToInit(struct ibv_qp *qp, int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_INIT;
-        a.pkey_index = 0;
-        a.port_num = 1;
-        a.qp_access_flags = access;
-        return o_->modify_qp(v_, qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        return ote_test::QpToInit(v_, qp, access);
     }
 
     int ToRtr(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid, uint8_t min_rnr = 1,
               uint32_t rq_psn = 0) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = port_.active_mtu;
-        a.dest_qp_num = dqpn;
-        a.rq_psn = rq_psn;
-        a.max_dest_rd_atomic = 4;
-        a.min_rnr_timer = min_rnr;
-        a.ah_attr.is_global = 1;
-        a.ah_attr.grh.dgid = dgid;
-        a.ah_attr.grh.sgid_index = (uint8_t)gid_index_;
-        a.ah_attr.grh.hop_limit = 64;
-        a.ah_attr.port_num = 1;
-        return o_->modify_qp(v_, qp, &a,
-                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+        ote_test::QpPath path;
+        path.dest_qpn = dqpn;
+        path.dgid = dgid;
+        path.mtu = port_.active_mtu;
+        path.sgid_index = (uint8_t)gid_index_;
+        path.min_rnr_timer = min_rnr;
+        path.rq_psn = rq_psn;
+        return ote_test::QpToRtr(v_, qp, path);
     }
 
     int ToRts(struct ibv_qp *qp, uint8_t rnr_retry = 7, uint8_t timeout = 14, uint8_t retry = 7,
               uint32_t sq_psn = 0) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_RTS;
-        a.sq_psn = sq_psn;
-        a.timeout = timeout;
-        a.retry_cnt = retry;
-        a.rnr_retry = rnr_retry;
-        a.max_rd_atomic = 4;
-        return o_->modify_qp(v_, qp, &a,
-                             IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                 IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+        ote_test::QpRetry r;
+        r.timeout = timeout;
+        r.retry_cnt = retry;
+        r.rnr_retry = rnr_retry;
+        r.sq_psn = sq_psn;
+        return ote_test::QpToRts(v_, qp, r);
     }
 
     // Connect a and b (same context) back to back.
@@ -199,34 +176,20 @@ class Conformance : public OteTest, public ::testing::WithParamInterface<std::st
     }
 
     enum ibv_qp_state State(struct ibv_qp *qp) {
-        struct ibv_qp_attr a;
-        struct ibv_qp_init_attr ia;
-        EXPECT_EQ(o_->query_qp(v_, qp, &a, IBV_QP_STATE, &ia), 0);
-        return a.qp_state;
+        enum ibv_qp_state st;
+        EXPECT_EQ(ote_test::QpState(v_, qp, &st), 0);
+        return st;
     }
 
     // Poll until n completions or the deadline; returns what arrived.
     std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, int n, uint64_t wait_ns = kWaitNs) {
         std::vector<struct ibv_wc> out;
-        ote_deadline_t dl = ote_deadline_after(wait_ns);
-        while ((int)out.size() < n && !ote_deadline_expired(dl)) {
-            struct ibv_wc wc[16];
-            int r = o_->poll_cq(v_, cq, 16 < n - (int)out.size() ? 16 : n - (int)out.size(), wc);
-            EXPECT_GE(r, 0);
-            if (r < 0) break;
-            for (int i = 0; i < r; i++) out.push_back(wc[i]);
-        }
+        EXPECT_GE(ote_test::PollCq(v_, cq, n, wait_ns, &out), 0);
         return out;
     }
 
     int PostRecv(struct ibv_qp *qp, Buf *b, uint64_t off, uint32_t len, uint64_t id) {
-        struct ibv_sge sge = {b->addr() + off, len, b->mr->lkey};
-        struct ibv_recv_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = id;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        return o_->post_recv(v_, qp, &wr, &bad);
+        return ote_test::PostRecvOne(v_, qp, b->addr() + off, len, b->mr->lkey, id);
     }
 
     int PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, Buf *b, uint64_t off, uint32_t len, uint64_t id,
@@ -1219,18 +1182,8 @@ TEST_P(Conformance, SimTwoInstancesInOneProcess) {
     ASSERT_EQ(o2->alloc_pd(v2, c2, &pd2), 0);
     struct ibv_cq *cq2 = nullptr;
     ASSERT_EQ(o2->create_cq(v2, c2, 64, nullptr, nullptr, 0, &cq2), 0);
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.send_cq = cq2;
-    ia.recv_cq = cq2;
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = 1;
-    ia.cap.max_send_wr = 16;
-    ia.cap.max_recv_wr = 16;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
     struct ibv_qp *q2 = nullptr;
-    ASSERT_EQ(o2->create_qp(v2, pd2, &ia, &q2), 0);
+    ASSERT_EQ(ote_test::CreateRcQp(v2, pd2, cq2, cq2, ote_test::RcQpCaps(), &q2), 0);
     std::vector<uint8_t> mem2(4096, 0);
     struct ibv_mr *mr2 = nullptr;
     ASSERT_EQ(o2->reg_mr(v2, pd2, mem2.data(), mem2.size(),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/util/test_base.h"
+#include "tests/verbs/rc_qp.h"
 
 extern "C" {
 #include "base/time.h"
@@ -109,61 +110,28 @@ class FaultSimTest : public OteTest {
     }
 
     struct ibv_qp *CreateQp() {
-        struct ibv_qp_init_attr init;
-        std::memset(&init, 0, sizeof(init));
-        init.send_cq = cq_;
-        init.recv_cq = cq_;
-        init.qp_type = IBV_QPT_RC;
-        init.cap.max_send_wr = 16;
-        init.cap.max_recv_wr = 16;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
+        ote_test::RcQpCaps caps;
+        caps.sq_sig_all = 0;
+        struct ibv_qp_cap actual;
         struct ibv_qp *qp = nullptr;
-        EXPECT_EQ(v_->ops->create_qp(v_, pd_, &init, &qp), 0);
-        EXPECT_GE(init.cap.max_send_wr, 16u) << "actual caps are written back";
+        EXPECT_EQ(ote_test::CreateRcQp(v_, pd_, cq_, cq_, caps, &qp, &actual), 0);
+        EXPECT_GE(actual.max_send_wr, 16u) << "actual caps are written back";
         return qp;
     }
 
     void Connect(struct ibv_qp *qp, uint32_t dest_qpn) {
-        const ote_verbs_ops_t *o = v_->ops;
-        struct ibv_qp_attr attr;
-        std::memset(&attr, 0, sizeof(attr));
-        attr.qp_state = IBV_QPS_INIT;
-        attr.pkey_index = 0;
-        attr.port_num = 1;
-        attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-        ASSERT_EQ(o->modify_qp(v_, qp, &attr,
-                               IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                   IBV_QP_ACCESS_FLAGS),
-                  0);
-        std::memset(&attr, 0, sizeof(attr));
-        attr.qp_state = IBV_QPS_RTR;
-        attr.path_mtu = mtu_;
-        attr.dest_qp_num = dest_qpn;
-        attr.rq_psn = 0;
-        attr.max_dest_rd_atomic = 1;
-        attr.min_rnr_timer = 1;
-        attr.ah_attr.is_global = 1;
-        attr.ah_attr.grh.dgid = gid_;
-        attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
-        attr.ah_attr.grh.hop_limit = 1;
-        attr.ah_attr.port_num = 1;
-        ASSERT_EQ(o->modify_qp(v_, qp, &attr,
-                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                   IBV_QP_MIN_RNR_TIMER),
-                  0);
-        std::memset(&attr, 0, sizeof(attr));
-        attr.qp_state = IBV_QPS_RTS;
-        attr.sq_psn = 0;
-        attr.timeout = 14;
-        attr.retry_cnt = 7;
-        attr.rnr_retry = 7;
-        attr.max_rd_atomic = 1;
-        ASSERT_EQ(o->modify_qp(v_, qp, &attr,
-                               IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                   IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC),
-                  0);
+        ote_test::QpPath path;
+        path.dest_qpn = dest_qpn;
+        path.dgid = gid_;
+        path.mtu = mtu_;
+        path.sgid_index = static_cast<uint8_t>(gid_index_);
+        path.hop_limit = 1;
+        path.max_dest_rd_atomic = 1;
+        ote_test::QpRetry retry;
+        retry.max_rd_atomic = 1;
+        ASSERT_EQ(ote_test::QpToInit(v_, qp), 0);
+        ASSERT_EQ(ote_test::QpToRtr(v_, qp, path), 0);
+        ASSERT_EQ(ote_test::QpToRts(v_, qp, retry), 0);
     }
 
     // n signaled RDMA WRITEs of chunk i (wr_id first+i) from src_ into dst_ on QP a_.

@@ -9,6 +9,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/verbs/rc_qp.h"
+
+extern "C" {
+#include "verbs/verbs.h"
+}
+
 namespace mp {
 
 enum : uint32_t {
@@ -79,6 +85,37 @@ inline bool Check(const uint8_t *p, uint64_t len, uint32_t seed, uint64_t base_o
     for (; i < len; i++)
         if (p[i] != (uint8_t)(seed + i)) return false;
     return true;
+}
+
+// The GID both processes use: the last RoCE v2, IPv4-mapped entry of port 1; -1 if none.
+inline int RoceV2Ipv4GidIndex(ote_verbs_t *v, struct ibv_context *ctx, const struct ibv_port_attr &pa) {
+    int gidx = -1;
+    for (int i = 0; i < pa.gid_tbl_len; i++) {
+        struct ibv_gid_entry e;
+        if (v->ops->query_gid_ex(v, ctx, 1, (uint32_t)i, &e) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
+            e.gid.raw[10] == 0xff)
+            gidx = i;
+    }
+    return gidx;
+}
+
+// RTR towards the other process (its kHello message): 16 READs in flight, hop limit 0.
+inline ote_test::QpPath PathTo(const Msg &peer, enum ibv_mtu mtu, int sgid_index) {
+    ote_test::QpPath path;
+    path.dest_qpn = peer.qpn;
+    memcpy(path.dgid.raw, peer.gid, 16);
+    path.mtu = mtu;
+    path.sgid_index = (uint8_t)sgid_index;
+    path.hop_limit = 0;
+    path.max_dest_rd_atomic = 16;
+    return path;
+}
+
+// RTS settings of both processes: 16 READs in flight, default timeout and retries.
+inline ote_test::QpRetry Retry() {
+    ote_test::QpRetry r;
+    r.max_rd_atomic = 16;
+    return r;
 }
 
 }  // namespace mp

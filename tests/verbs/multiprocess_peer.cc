@@ -66,27 +66,14 @@ int main(int argc, char **argv) {
     if (o->reg_mr(v, pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
                   &mr) != 0)
         return Fail("reg_mr");
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.send_cq = scq;
-    ia.recv_cq = rcq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = 1;
-    ia.cap.max_send_wr = 64;
-    ia.cap.max_recv_wr = 64;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
+    ote_test::RcQpCaps caps;
+    caps.max_send_wr = 64;
+    caps.max_recv_wr = 64;
     struct ibv_qp *qp = nullptr;
-    if (o->create_qp(v, pd, &ia, &qp) != 0) return Fail("create_qp");
+    if (ote_test::CreateRcQp(v, pd, scq, rcq, caps, &qp) != 0) return Fail("create_qp");
     struct ibv_port_attr pa;
     o->query_port(v, ctx, 1, &pa);
-    int gidx = -1;
-    for (int i = 0; i < pa.gid_tbl_len; i++) {
-        struct ibv_gid_entry e;
-        if (o->query_gid_ex(v, ctx, 1, (uint32_t)i, &e) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
-            e.gid.raw[10] == 0xff)
-            gidx = i;
-    }
+    int gidx = mp::RoceV2Ipv4GidIndex(v, ctx, pa);
     if (gidx < 0) return Fail("no RoCE v2 GID");
     union ibv_gid gid;
     o->query_gid(v, ctx, 1, gidx, &gid);
@@ -101,46 +88,14 @@ int main(int argc, char **argv) {
     out.rkey = mr->rkey;
     out.len = bytes;
 
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (o->modify_qp(v, qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return Fail("init");
+    if (ote_test::QpToInit(v, qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)) return Fail("init");
     // receives land in the last 64 KiB of the buffer (kRecv checks data written by WRITEs)
     for (int i = 0; i < 32; i++) {
-        struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf + bytes - 65536), 65536, mr->lkey};
-        struct ibv_recv_wr rw, *bad = nullptr;
-        memset(&rw, 0, sizeof(rw));
-        rw.wr_id = (uint64_t)i;
-        rw.sg_list = &sge;
-        rw.num_sge = 1;
-        if (o->post_recv(v, qp, &rw, &bad)) return Fail("post_recv");
+        if (ote_test::PostRecvOne(v, qp, (uint64_t)(uintptr_t)(buf + bytes - 65536), 65536, mr->lkey, (uint64_t)i))
+            return Fail("post_recv");
     }
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = pa.active_mtu;
-    a.dest_qp_num = in.qpn;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    a.ah_attr.is_global = 1;
-    memcpy(a.ah_attr.grh.dgid.raw, in.gid, 16);
-    a.ah_attr.grh.sgid_index = (uint8_t)gidx;
-    a.ah_attr.port_num = 1;
-    if (o->modify_qp(v, qp, &a,
-                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return Fail("rtr");
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    if (o->modify_qp(v, qp, &a,
-                     IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                         IBV_QP_MAX_QP_RD_ATOMIC))
-        return Fail("rts");
+    if (ote_test::QpToRtr(v, qp, mp::PathTo(in, pa.active_mtu, gidx))) return Fail("rtr");
+    if (ote_test::QpToRts(v, qp, mp::Retry())) return Fail("rts");
     if (!mp::WriteMsg(fd, out)) return Fail("hello reply");
 
     int recvs = 32;

@@ -68,25 +68,12 @@ class MultiProcess : public OteTest {
         ASSERT_NE(buf_, nullptr);
         memset(buf_, 0, bytes_);
         ASSERT_EQ(o_->reg_mr(v_, pd_, buf_, bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &mr_), 0);
-        struct ibv_qp_init_attr ia;
-        memset(&ia, 0, sizeof(ia));
-        ia.send_cq = scq_;
-        ia.recv_cq = rcq_;
-        ia.qp_type = IBV_QPT_RC;
-        ia.sq_sig_all = 1;
-        ia.cap.max_send_wr = 64;
-        ia.cap.max_recv_wr = 16;
-        ia.cap.max_send_sge = 1;
-        ia.cap.max_recv_sge = 1;
-        ASSERT_EQ(o_->create_qp(v_, pd_, &ia, &qp_), 0);
+        ote_test::RcQpCaps caps;
+        caps.max_send_wr = 64;
+        ASSERT_EQ(ote_test::CreateRcQp(v_, pd_, scq_, rcq_, caps, &qp_), 0);
         struct ibv_port_attr pa;
         ASSERT_EQ(o_->query_port(v_, ctx_, 1, &pa), 0);
-        for (int i = 0; i < pa.gid_tbl_len; i++) {
-            struct ibv_gid_entry e;
-            if (o_->query_gid_ex(v_, ctx_, 1, (uint32_t)i, &e) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
-                e.gid.raw[10] == 0xff)
-                gidx_ = i;
-        }
+        gidx_ = mp::RoceV2Ipv4GidIndex(v_, ctx_, pa);
         ASSERT_GE(gidx_, 0);
         union ibv_gid gid;
         ASSERT_EQ(o_->query_gid(v_, ctx_, 1, gidx_, &gid), 0);
@@ -117,35 +104,9 @@ class MultiProcess : public OteTest {
         ASSERT_EQ(peer_.type, (uint32_t)mp::kHello);
         EXPECT_NE(memcmp(peer_.gid, gid.raw, 16), 0) << "both processes got the same GID";
 
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_INIT;
-        a.port_num = 1;
-        ASSERT_EQ(o_->modify_qp(v_, qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = pa.active_mtu;
-        a.dest_qp_num = peer_.qpn;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 1;
-        a.ah_attr.is_global = 1;
-        memcpy(a.ah_attr.grh.dgid.raw, peer_.gid, 16);
-        a.ah_attr.grh.sgid_index = (uint8_t)gidx_;
-        a.ah_attr.port_num = 1;
-        ASSERT_EQ(o_->modify_qp(v_, qp_, &a,
-                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
-                  0);
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_RTS;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 16;
-        ASSERT_EQ(o_->modify_qp(v_, qp_, &a,
-                                IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                    IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC),
-                  0);
+        ASSERT_EQ(ote_test::QpToInit(v_, qp_, 0), 0);
+        ASSERT_EQ(ote_test::QpToRtr(v_, qp_, mp::PathTo(peer_, pa.active_mtu, gidx_)), 0);
+        ASSERT_EQ(ote_test::QpToRts(v_, qp_, mp::Retry()), 0);
     }
 
     void TearDown() override {
@@ -221,14 +182,7 @@ class MultiProcess : public OteTest {
 
     std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, size_t n, uint64_t ns) {
         std::vector<struct ibv_wc> out;
-        ote_deadline_t dl = ote_deadline_after(ns);
-        while (out.size() < n && !ote_deadline_expired(dl)) {
-            struct ibv_wc wc[32];
-            int want = n - out.size() < 32 ? (int)(n - out.size()) : 32;
-            int r = o_->poll_cq(v_, cq, want, wc);
-            if (r < 0) break;
-            for (int i = 0; i < r; i++) out.push_back(wc[i]);
-        }
+        ote_test::PollCq(v_, cq, n, ns, &out);
         return out;
     }
 
@@ -310,13 +264,7 @@ TEST_F(MultiProcess, WriteReadSendWithDataChecks) {
     EXPECT_TRUE(mp::Check(buf_, kLen, 2, 0));
     // SEND from the peer into a receive posted here
     ASSERT_EQ(Ask(mp::kFill, 8 << 20, 4096, 3).value, 1u);
-    struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf_ + (2 << 20)), 8192, mr_->lkey};
-    struct ibv_recv_wr rw, *bad = nullptr;
-    memset(&rw, 0, sizeof(rw));
-    rw.wr_id = 9;
-    rw.sg_list = &sge;
-    rw.num_sge = 1;
-    ASSERT_EQ(o_->post_recv(v_, qp_, &rw, &bad), 0);
+    ASSERT_EQ(ote_test::PostRecvOne(v_, qp_, (uint64_t)(uintptr_t)(buf_ + (2 << 20)), 8192, mr_->lkey, 9), 0);
     mp::Msg s;
     memset(&s, 0, sizeof(s));
     s.type = mp::kSend;

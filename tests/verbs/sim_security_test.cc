@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tests/util/test_base.h"
+#include "tests/verbs/rc_qp.h"
 
 extern "C" {
 #include "base/time.h"
@@ -230,18 +231,8 @@ class SimSecurity : public OteTest {
     }
 
     struct ibv_qp *Qp() {
-        struct ibv_qp_init_attr ia;
-        memset(&ia, 0, sizeof(ia));
-        ia.send_cq = scq_;
-        ia.recv_cq = rcq_;
-        ia.qp_type = IBV_QPT_RC;
-        ia.sq_sig_all = 1;
-        ia.cap.max_send_wr = 16;
-        ia.cap.max_recv_wr = 16;
-        ia.cap.max_send_sge = 1;
-        ia.cap.max_recv_sge = 1;
         struct ibv_qp *qp = nullptr;
-        EXPECT_EQ(o_->create_qp(v_, pd_, &ia, &qp), 0);
+        EXPECT_EQ(ote_test::CreateRcQp(v_, pd_, scq_, rcq_, ote_test::RcQpCaps(), &qp), 0);
         if (qp) qps_.push_back(qp);
         return qp;
     }
@@ -269,43 +260,19 @@ class SimSecurity : public OteTest {
         return mw;
     }
 
-    int ToInit(struct ibv_qp *qp) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_INIT;
-        a.port_num = 1;
-        a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-        return o_->modify_qp(v_, qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-    }
+    int ToInit(struct ibv_qp *qp) { return ote_test::QpToInit(v_, qp); }
     int ToRtr(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = port_.active_mtu;
-        a.dest_qp_num = dqpn;
-        a.rq_psn = 0;
-        a.max_dest_rd_atomic = 4;
-        a.min_rnr_timer = 1;
-        a.ah_attr.is_global = 1;
-        a.ah_attr.grh.dgid = dgid;
-        a.ah_attr.grh.sgid_index = (uint8_t)gid_index_;
-        a.ah_attr.grh.hop_limit = 64;
-        a.ah_attr.port_num = 1;
-        return o_->modify_qp(v_, qp, &a,
-                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+        ote_test::QpPath path;
+        path.dest_qpn = dqpn;
+        path.dgid = dgid;
+        path.mtu = port_.active_mtu;
+        path.sgid_index = (uint8_t)gid_index_;
+        return ote_test::QpToRtr(v_, qp, path);
     }
     int ToRts(struct ibv_qp *qp, uint8_t timeout = 14) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_RTS;
-        a.timeout = timeout;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 4;
-        return o_->modify_qp(v_, qp, &a,
-                             IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                 IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+        ote_test::QpRetry r;
+        r.timeout = timeout;
+        return ote_test::QpToRts(v_, qp, r);
     }
     // qp connected to (dqpn, dgid): INIT, RTR, RTS.
     void Connect(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid, uint8_t timeout = 14) {
@@ -313,29 +280,16 @@ class SimSecurity : public OteTest {
         ASSERT_EQ(ToRtr(qp, dqpn, dgid), 0);
         ASSERT_EQ(ToRts(qp, timeout), 0);
     }
-    int ToErr(struct ibv_qp *qp) {
-        struct ibv_qp_attr a;
-        memset(&a, 0, sizeof(a));
-        a.qp_state = IBV_QPS_ERR;
-        return o_->modify_qp(v_, qp, &a, IBV_QP_STATE);
-    }
+    int ToErr(struct ibv_qp *qp) { return ote_test::QpToErr(v_, qp); }
     enum ibv_qp_state State(struct ibv_qp *qp) {
-        struct ibv_qp_attr a;
-        struct ibv_qp_init_attr ia;
-        EXPECT_EQ(o_->query_qp(v_, qp, &a, IBV_QP_STATE, &ia), 0);
-        return a.qp_state;
+        enum ibv_qp_state st;
+        EXPECT_EQ(ote_test::QpState(v_, qp, &st), 0);
+        return st;
     }
 
     std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, int n, uint64_t wait_ns = kWaitNs) {
         std::vector<struct ibv_wc> out;
-        ote_deadline_t dl = ote_deadline_after(wait_ns);
-        while ((int)out.size() < n && !ote_deadline_expired(dl)) {
-            struct ibv_wc wc[16];
-            int r = o_->poll_cq(v_, cq, 16 < n - (int)out.size() ? 16 : n - (int)out.size(), wc);
-            EXPECT_GE(r, 0);
-            if (r < 0) break;
-            for (int i = 0; i < r; i++) out.push_back(wc[i]);
-        }
+        EXPECT_GE(ote_test::PollCq(v_, cq, n, wait_ns, &out), 0);
         return out;
     }
 
@@ -355,13 +309,7 @@ class SimSecurity : public OteTest {
         return o_->post_send(v_, qp, &wr, &bad);
     }
     int PostRecv(struct ibv_qp *qp, const Mem &m, uint32_t len, uint64_t id) {
-        struct ibv_sge sge = {m.addr(), len, m.mr->lkey};
-        struct ibv_recv_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = id;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        return o_->post_recv(v_, qp, &wr, &bad);
+        return ote_test::PostRecvOne(v_, qp, m.addr(), len, m.mr->lkey, id);
     }
     // Bind mw on qp over [off, off+len) of m; returns the new rkey (0 on failure).
     uint32_t Bind(struct ibv_qp *qp, struct ibv_mw *mw, const Mem &m, uint64_t off, uint64_t len, unsigned acc) {
