@@ -11,8 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/engine/target.h"
-#include "tests/util/test_base.h"
+#include "tests/engine/e2e_fixture.h"
 
 extern "C" {
 #include "base/time.h"
@@ -22,56 +21,12 @@ extern "C" {
 
 namespace {
 
+using ote_test::kSec;
 using ote_test::Target;
 
-constexpr uint64_t kSec = 1000000000ull;
-
-class E2eTest : public ote_test::OteTest {
+class E2eTest : public ote_test::TargetE2eTest {
   protected:
-    void SetUp() override {
-        OteTest::SetUp();
-        ASSERT_TRUE(target_.Start()) << "target did not start";
-        ASSERT_EQ(ote_engine_create(nullptr, &engine_), OTE_OK);
-        ASSERT_EQ(ote_segment_open(engine_, target_.address.c_str(), &seg_), OTE_OK);
-    }
-    void TearDown() override {
-        if (seg_) { EXPECT_EQ(ote_segment_close(seg_), OTE_OK); }
-        if (engine_) { EXPECT_EQ(ote_engine_destroy(engine_), OTE_OK); }
-        if (target_.pid > 0) { EXPECT_EQ(target_.Quit(), 0); }
-        OteTest::TearDown();
-    }
-
-    // One request, waited for; returns the wait status.
-    ote_status_t Transfer(ote_opcode_t op, void *local, uint64_t remote, size_t len,
-                          ote_transfer_status_t *st_out = nullptr) {
-        ote_batch_t *b = nullptr;
-        EXPECT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
-        ote_request_t r = {op, local, seg_, remote, len};
-        ote_status_t st = ote_batch_submit(b, &r, 1);
-        if (st == OTE_OK) st = ote_batch_wait(b, 60 * kSec);
-        if (st_out) { EXPECT_EQ(ote_batch_status(b, 0, st_out), OTE_OK); }
-        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        return st;
-    }
-
-    // WRITE len bytes at rw+off, check them on the target, READ them back, check here.
-    void RoundTrip(size_t len, uint64_t off, size_t local_shift, uint64_t seed) {
-        std::vector<uint8_t> src(len + local_shift + 1), dst(len + local_shift + 2, 0xEE);
-        ote_pattern_fill(src.data() + local_shift, len, seed, 0);
-        ASSERT_EQ(Transfer(OTE_WRITE, src.data() + local_shift, target_.rw + off, len), OTE_OK);
-        EXPECT_EQ(target_.Hash("rw", off, len), ote_hash(src.data() + local_shift, len)) << len;
-        ote_transfer_status_t ts;
-        ASSERT_EQ(Transfer(OTE_READ, dst.data() + local_shift, target_.rw + off, len, &ts), OTE_OK);
-        EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
-        EXPECT_EQ(ts.bytes_done, len);
-        EXPECT_EQ(memcmp(dst.data() + local_shift, src.data() + local_shift, len), 0) << len;
-        for (size_t i = 0; i < local_shift; i++) ASSERT_EQ(dst[i], 0xEE);
-        ASSERT_EQ(dst[local_shift + len], 0xEE) << "READ wrote past its range";
-    }
-
-    Target target_;
-    ote_engine_t *engine_ = nullptr;
-    ote_segment_t *seg_ = nullptr;
+    E2eTest() : TargetE2eTest(ote_test::TargetSession{}) {}
 };
 
 TEST_F(E2eTest, SizesZeroOneOddUnaligned) {

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/engine/ctl_peer.h"
+#include "tests/engine/engine_util.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -28,104 +30,16 @@ extern "C" {
 
 namespace {
 
-constexpr uint64_t kMs = 1000000ull;
-
-// A raw TCP server on 127.0.0.1 that runs `on_conn` for every accepted connection
-// (on its own thread) and keeps the fds until destroyed.
-class RawServer {
-  public:
-    explicit RawServer(std::function<void(int)> on_conn) : on_conn_(std::move(on_conn)) {
-        lfd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-        listen(lfd_, 16);
-        socklen_t l = sizeof(a);
-        getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &l);
-        address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-        th_ = std::thread([this] {
-            while (!stop_) {
-                pollfd p = {lfd_, POLLIN, 0};
-                if (poll(&p, 1, 20) <= 0) continue;
-                int fd = accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC);
-                if (fd < 0) continue;
-                fds_.push_back(fd);
-                on_conn_(fd);
-            }
-        });
-    }
-    ~RawServer() {
-        stop_ = true;
-        th_.join();
-        for (int fd : fds_) close(fd);
-        close(lfd_);
-    }
-    std::string address;
-
-  private:
-    std::function<void(int)> on_conn_;
-    int lfd_ = -1;
-    std::atomic<bool> stop_{false};
-    std::vector<int> fds_;
-    std::thread th_;
-};
-
-// Read one frame (header + body) with a deadline; false on EOF/timeout/garbage.
-bool ReadFrame(int fd, std::vector<uint8_t> &buf, ote_ctl_msg_t *m, int timeout_ms = 5000) {
-    buf.assign(OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY, 0);
-    size_t have = 0;
-    ote_deadline_t dl = ote_deadline_after(timeout_ms * kMs);
-    for (;;) {
-        size_t used = 0;
-        ote_status_t st = ote_ctl_decode(buf.data(), have, m, &used);
-        if (st == OTE_OK) return true;
-        if (st != OTE_ERR_AGAIN || have == buf.size()) return false;
-        pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, ote_deadline_remaining_ms(dl, 1000)) <= 0) {
-            if (ote_deadline_expired(dl)) return false;
-            continue;
-        }
-        ssize_t n = recv(fd, buf.data() + have, buf.size() - have, 0);
-        if (n <= 0) return false;
-        have += static_cast<size_t>(n);
-    }
-}
-
-void SendMsg(int fd, const ote_ctl_msg_t &m) {
-    uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
-    size_t len = 0;
-    ASSERT_EQ(ote_ctl_encode(&m, buf, sizeof(buf), &len), OTE_OK);
-    ASSERT_EQ(send(fd, buf, len, MSG_NOSIGNAL), static_cast<ssize_t>(len));
-}
+using ote_test::kMs;
+using ote_test::NewEngine;
+using ote_test::RawServer;
+using ote_test::ReadFrame;
+using ote_test::SendMsg;
 
 // Handshake like a version-1 source, then never read again ("black hole").
-void AcceptSilently(int fd) {
-    std::vector<uint8_t> buf;
-    ote_ctl_msg_t m;
-    if (!ReadFrame(fd, buf, &m)) return;
-    ote_ctl_msg_t ack{};
-    ack.version = 1;
-    ack.opcode = OTE_CTL_HELLO_ACK;
-    ack.u.hello_ack.version = 1;
-    ack.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
-    ack.u.hello_ack.addr = "127.0.0.1:1";
-    ack.u.hello_ack.addr_len = 11;
-    SendMsg(fd, ack);
-}
+void AcceptSilently(int fd) { ote_test::AnswerHello(fd); }
 
-class EngineTest : public ote_test::OteTest {
-  protected:
-    ote_engine_t *NewEngine(std::vector<std::pair<const char *, const char *>> kv = {}) {
-        ote_config_t *cfg = nullptr;
-        EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
-        for (auto &p : kv) EXPECT_EQ(ote_config_set(cfg, p.first, p.second), OTE_OK);
-        ote_engine_t *e = nullptr;
-        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-        ote_config_destroy(cfg);
-        return e;
-    }
-};
+class EngineTest : public ote_test::OteTest {};
 
 TEST_F(EngineTest, RegistryRules) {
     ote_engine_t *e = NewEngine();
@@ -254,12 +168,8 @@ TEST_F(EngineTest, RequesterSpeakingAnotherVersionIsRefused) {
     ote_engine_t *e = NewEngine();
     char addr[300];
     ASSERT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(atoi(strrchr(addr, ':') + 1)));
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    int fd = ote_test::ConnectTo(addr);
+    ASSERT_GE(fd, 0);
     ote_ctl_msg_t h{};
     h.version = 9;
     h.opcode = OTE_CTL_HELLO;
@@ -270,13 +180,13 @@ TEST_F(EngineTest, RequesterSpeakingAnotherVersionIsRefused) {
     SendMsg(fd, h);
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
-    ASSERT_TRUE(ReadFrame(fd, buf, &m));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
     EXPECT_EQ(m.opcode, OTE_CTL_ERROR);
     EXPECT_EQ(m.status, OTE_ERR_VERSION);
     EXPECT_EQ(m.u.error.min_version, OTE_CTL_VERSION_MIN);
     EXPECT_EQ(m.u.error.max_version, OTE_CTL_VERSION_MAX);
     ote_ctl_msg_t more;
-    EXPECT_FALSE(ReadFrame(fd, buf, &more));  // and the source closed the connection
+    EXPECT_FALSE(ReadFrame(fd, &buf, &more));  // and the source closed the connection
     close(fd);
     EXPECT_TRUE(LogContains("peer raw:1 speaks versions 9..9, this engine 1..1"));
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
@@ -289,7 +199,7 @@ TEST_F(EngineTest, SourceSpeakingAnotherVersionFailsOpenClearly) {
         RawServer refuses([](int fd) {
             std::vector<uint8_t> buf;
             ote_ctl_msg_t m;
-            if (!ReadFrame(fd, buf, &m)) return;
+            if (!ReadFrame(fd, &buf, &m)) return;
             ote_ctl_msg_t er{};
             er.version = 7;
             er.opcode = OTE_CTL_ERROR;
@@ -307,7 +217,7 @@ TEST_F(EngineTest, SourceSpeakingAnotherVersionFailsOpenClearly) {
         RawServer answers_v7([](int fd) {
             std::vector<uint8_t> buf;
             ote_ctl_msg_t m;
-            if (!ReadFrame(fd, buf, &m)) return;
+            if (!ReadFrame(fd, &buf, &m)) return;
             ote_ctl_msg_t ack{};
             ack.version = 7;
             ack.opcode = OTE_CTL_HELLO_ACK;
@@ -334,17 +244,13 @@ TEST_F(EngineTest, GarbageFromARequesterClosesOnlyThatConnection) {
     ote_engine_t *src = NewEngine();
     char addr[300];
     ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(atoi(strrchr(addr, ':') + 1)));
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)), 0);
+    int fd = ote_test::ConnectTo(addr);
+    ASSERT_GE(fd, 0);
     std::vector<uint8_t> junk(100000, 0x41);
     send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
-    EXPECT_FALSE(ReadFrame(fd, buf, &m));  // closed without an answer
+    EXPECT_FALSE(ReadFrame(fd, &buf, &m));  // closed without an answer
     close(fd);
     // The engine still serves well-behaved peers.
     std::vector<uint8_t> mem(4096, 1), got(4096, 0);

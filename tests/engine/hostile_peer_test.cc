@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/engine/ctl_peer.h"
+#include "tests/engine/engine_util.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -40,7 +42,15 @@ extern "C" {
 
 namespace {
 
-constexpr uint64_t kMs = 1000000ull;
+using ote_test::ClosedByPeer;
+using ote_test::ConnectTo;
+using ote_test::EngineAddress;
+using ote_test::Encode;
+using ote_test::kMs;
+using ote_test::NewEngine;
+using ote_test::ReadFrame;
+using ote_test::RecvAll;
+using ote_test::SendAll;
 
 // Poll a condition until it holds or timeout_ms passes (1 ms between looks).
 bool WaitFor(const std::function<bool()> &pred, int timeout_ms) {
@@ -50,89 +60,6 @@ bool WaitFor(const std::function<bool()> &pred, int timeout_ms) {
         if (ote_deadline_expired(dl)) return false;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-}
-
-int ConnectTo(const std::string &addr) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(atoi(strrchr(addr.c_str(), ':') + 1)));
-    if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-bool SendAll(int fd, const void *p, size_t len) {
-    const uint8_t *b = static_cast<const uint8_t *>(p);
-    while (len > 0) {
-        ssize_t n = send(fd, b, len, MSG_NOSIGNAL);
-        if (n <= 0) return false;
-        b += n;
-        len -= static_cast<size_t>(n);
-    }
-    return true;
-}
-
-bool RecvAll(int fd, void *p, size_t len, int timeout_ms = 5000) {
-    uint8_t *b = static_cast<uint8_t *>(p);
-    ote_deadline_t dl = ote_deadline_after(static_cast<uint64_t>(timeout_ms) * kMs);
-    while (len > 0) {
-        pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, ote_deadline_remaining_ms(dl, 100)) <= 0) {
-            if (ote_deadline_expired(dl)) return false;
-            continue;
-        }
-        ssize_t n = recv(fd, b, len, 0);
-        if (n <= 0) return false;
-        b += n;
-        len -= static_cast<size_t>(n);
-    }
-    return true;
-}
-
-// Read one frame (header + body, not bulk data) with a deadline.
-bool ReadFrame(int fd, std::vector<uint8_t> &buf, ote_ctl_msg_t *m, int timeout_ms = 5000) {
-    buf.assign(OTE_CTL_HDR_LEN, 0);
-    if (!RecvAll(fd, buf.data(), OTE_CTL_HDR_LEN, timeout_ms)) return false;
-    size_t used = 0;
-    ote_status_t st = ote_ctl_decode(buf.data(), buf.size(), m, &used);
-    if (st == OTE_OK) return true;
-    if (st != OTE_ERR_AGAIN) return false;
-    uint32_t body = buf[20] | (buf[21] << 8) | (buf[22] << 16) | (static_cast<uint32_t>(buf[23]) << 24);
-    uint16_t op = static_cast<uint16_t>(buf[6] | (buf[7] << 8));
-    if (op == OTE_CTL_WRITE_REQ || op == OTE_CTL_READ_REQ) body = OTE_CTL_RW_BODY_LEN;  // data follows
-    if (body > OTE_CTL_MAX_BODY) return false;
-    buf.resize(OTE_CTL_HDR_LEN + body);
-    if (!RecvAll(fd, buf.data() + OTE_CTL_HDR_LEN, body, timeout_ms)) return false;
-    return ote_ctl_decode(buf.data(), buf.size(), m, &used) == OTE_OK;
-}
-
-// True once the peer closed (EOF or reset) within timeout_ms; data is discarded.
-bool WaitEof(int fd, int timeout_ms) {
-    ote_deadline_t dl = ote_deadline_after(static_cast<uint64_t>(timeout_ms) * kMs);
-    char junk[4096];
-    for (;;) {
-        pollfd pf = {fd, POLLIN, 0};
-        int r = poll(&pf, 1, ote_deadline_remaining_ms(dl, 100));
-        if (r > 0) {
-            ssize_t n = recv(fd, junk, sizeof(junk), MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
-        } else if (ote_deadline_expired(dl)) {
-            return false;
-        }
-    }
-}
-
-std::vector<uint8_t> Encode(const ote_ctl_msg_t &m) {
-    std::vector<uint8_t> b(OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY);
-    size_t len = 0;
-    EXPECT_EQ(ote_ctl_encode(&m, b.data(), b.size(), &len), OTE_OK);
-    b.resize(len);
-    return b;
 }
 
 std::vector<uint8_t> HelloFrame(uint16_t version, uint64_t req_id) {
@@ -154,7 +81,7 @@ bool RawHandshake(int fd) {
     if (!SendAll(fd, h.data(), h.size())) return false;
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
-    return ReadFrame(fd, buf, &m) && m.opcode == OTE_CTL_HELLO_ACK;
+    return ReadFrame(fd, &buf, &m) && m.opcode == OTE_CTL_HELLO_ACK;
 }
 
 std::vector<uint8_t> RwFrame(uint16_t opcode, uint64_t id, uint64_t addr, uint32_t len) {
@@ -178,41 +105,11 @@ class FakeSource {
     std::atomic<int> handshakes{0};
     std::string address;
 
-    FakeSource() {
-        lfd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-        listen(lfd_, 64);
-        socklen_t l = sizeof(a);
-        getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &l);
-        address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-        acceptor_ = std::thread([this] {
-            while (!stop_) {
-                pollfd p = {lfd_, POLLIN, 0};
-                if (poll(&p, 1, 20) <= 0) continue;
-                int fd = accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC);
-                if (fd < 0) continue;
-                std::lock_guard<std::mutex> g(mu_);
-                fds_.push_back(fd);
-                threads_.emplace_back([this, fd] { Serve(fd); });
-            }
-        });
-    }
-    ~FakeSource() {
-        stop_ = true;
-        acceptor_.join();
-        DropAll();
-        for (auto &t : threads_) t.join();
-        for (int fd : fds_) close(fd);
-        close(lfd_);
+    FakeSource() : server_([this](int fd) { Serve(fd); }, 64, /*thread_per_connection=*/true) {
+        address = server_.address;
     }
     // Cut every connection (the requester sees EOF and reconnects on its next submit).
-    void DropAll() {
-        std::lock_guard<std::mutex> g(mu_);
-        for (int fd : fds_) shutdown(fd, SHUT_RDWR);
-    }
+    void DropAll() { server_.DropAll(); }
     void ResetCounters() {
         max_len_seen = 0;
         bytes_seen = 0;
@@ -222,28 +119,25 @@ class FakeSource {
     void Serve(int fd) {
         std::vector<uint8_t> buf;
         ote_ctl_msg_t m;
-        if (!ReadFrame(fd, buf, &m, 5000) || m.opcode != OTE_CTL_HELLO) return;
-        ote_ctl_msg_t a{};
-        a.version = 1;
+        if (!ReadFrame(fd, &buf, &m, 5000) || m.opcode != OTE_CTL_HELLO) return;
+        bool answered;
         if (hello_error.load() != OTE_OK) {
+            ote_ctl_msg_t a{};
+            a.version = 1;
             a.opcode = OTE_CTL_ERROR;
             a.status = hello_error.load();
             a.u.error.min_version = a.u.error.max_version = 1;
+            answered = SendAll(fd, Encode(a));
         } else {
-            a.opcode = OTE_CTL_HELLO_ACK;
-            a.u.hello_ack.version = 1;
-            a.u.hello_ack.max_data = max_data.load();
-            a.u.hello_ack.addr = "fake:1";
-            a.u.hello_ack.addr_len = 6;
+            answered = ote_test::SendHelloAck(fd, m.req_id, max_data.load(), "fake:1");
         }
-        auto ab = Encode(a);
-        if (!SendAll(fd, ab.data(), ab.size())) return;
+        if (!answered) return;
         handshakes++;
         std::vector<uint8_t> data;
-        while (!stop_) {
+        while (!server_.Stopping()) {
             pollfd p = {fd, POLLIN, 0};
             if (poll(&p, 1, 20) <= 0) continue;
-            if (!ReadFrame(fd, buf, &m, 5000)) return;
+            if (!ReadFrame(fd, &buf, &m, 5000)) return;
             uint8_t hdr[OTE_CTL_HDR_LEN];
             if (m.opcode == OTE_CTL_WRITE_REQ) {
                 data.resize(m.data_len);
@@ -269,39 +163,14 @@ class FakeSource {
         }
     }
 
-    int lfd_ = -1;
-    std::atomic<bool> stop_{false};
-    std::mutex mu_;
-    std::vector<int> fds_;
-    std::vector<std::thread> threads_;
-    std::thread acceptor_;
+    ote_test::RawServer server_;  // last: its threads stop before the fields above go
 };
 
 class HostilePeerTest : public ote_test::OteTest {
   protected:
-    ote_engine_t *NewEngine(std::vector<std::pair<const char *, const char *>> kv = {}) {
-        ote_config_t *cfg = nullptr;
-        EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
-        for (auto &p : kv) EXPECT_EQ(ote_config_set(cfg, p.first, p.second), OTE_OK);
-        ote_engine_t *e = nullptr;
-        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-        ote_config_destroy(cfg);
-        return e;
-    }
-    static std::string Address(ote_engine_t *e) {
-        char a[300];
-        EXPECT_EQ(ote_engine_address(e, a, sizeof(a)), OTE_OK);
-        return a;
-    }
     // One request on a fresh batch, waited for; the request's status goes to ts.
     static ote_status_t Transfer(ote_engine_t *e, ote_request_t r, ote_transfer_status_t *ts = nullptr) {
-        ote_batch_t *b = nullptr;
-        EXPECT_EQ(ote_batch_create(e, 1, &b), OTE_OK);
-        ote_status_t st = ote_batch_submit(b, &r, 1);
-        if (st == OTE_OK) st = ote_batch_wait(b, 20000 * kMs);
-        if (ts) { EXPECT_EQ(ote_batch_status(b, 0, ts), OTE_OK); }
-        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        return st;
+        return ote_test::RunOne(e, r, 20000 * kMs, ts);
     }
     size_t CountLogs(const std::string &needle) {
         auto l = Logs();
@@ -433,7 +302,7 @@ TEST_F(HostilePeerTest, PeerStatusesAreSanitized) {
 TEST_F(HostilePeerTest, NotificationQueueIsBoundedAndSendersSeeAgain) {
     ote_engine_t *a = NewEngine(), *b = NewEngine();
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(a, Address(b).c_str(), &seg), OTE_OK);
+    ASSERT_EQ(ote_segment_open(a, EngineAddress(b).c_str(), &seg), OTE_OK);
     std::vector<char> big(OTE_NOTIFY_MAX, 'b');
     // Byte cap: OTE_NOTIFY_QUEUE_BYTES of messages, then AGAIN.
     size_t sent = 0;
@@ -465,7 +334,7 @@ TEST_F(HostilePeerTest, NotificationQueueIsBoundedAndSendersSeeAgain) {
 TEST_F(HostilePeerTest, DiscardDropsAMessageTooBigForTheCaller) {
     ote_engine_t *a = NewEngine(), *b = NewEngine();
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(a, Address(b).c_str(), &seg), OTE_OK);
+    ASSERT_EQ(ote_segment_open(a, EngineAddress(b).c_str(), &seg), OTE_OK);
     std::vector<char> hundred(100, 'h');
     ASSERT_EQ(ote_notify_send(a, seg, hundred.data(), hundred.size()), OTE_OK);
     ASSERT_EQ(ote_notify_send(a, seg, "small", 5), OTE_OK);
@@ -492,7 +361,7 @@ TEST_F(HostilePeerTest, DiscardDropsAMessageTooBigForTheCaller) {
 
 TEST_F(HostilePeerTest, NothingIsParsedAfterARefusedHello) {
     ote_engine_t *e = NewEngine();
-    int fd = ConnectTo(Address(e));
+    int fd = ConnectTo(EngineAddress(e));
     ASSERT_GE(fd, 0);
     // A refused HELLO and, in the same read, a good one: the refusal queued for the first
     // must go out as it was (it used to be overwritten by the second's HELLO_ACK).
@@ -502,11 +371,11 @@ TEST_F(HostilePeerTest, NothingIsParsedAfterARefusedHello) {
     ASSERT_TRUE(SendAll(fd, both.data(), both.size()));
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
-    ASSERT_TRUE(ReadFrame(fd, buf, &m));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
     EXPECT_EQ(m.opcode, OTE_CTL_ERROR);
     EXPECT_EQ(m.req_id, 1u);
     EXPECT_EQ(m.status, OTE_ERR_VERSION);
-    EXPECT_TRUE(WaitEof(fd, 5000));  // and nothing else: closed
+    EXPECT_TRUE(ClosedByPeer(fd, 5000));  // and nothing else: closed
     close(fd);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
@@ -515,13 +384,13 @@ TEST_F(HostilePeerTest, NothingIsParsedAfterARefusedHello) {
 
 TEST_F(HostilePeerTest, AcceptedConnectionsAreCapped) {
     ote_engine_t *e = NewEngine({{"tcp_max_accepted", "2"}});
-    std::string addr = Address(e);
+    std::string addr = EngineAddress(e);
     int a = ConnectTo(addr), b = ConnectTo(addr);
     ASSERT_TRUE(RawHandshake(a));
     ASSERT_TRUE(RawHandshake(b));
     int c = ConnectTo(addr);
     ASSERT_GE(c, 0);
-    EXPECT_TRUE(WaitEof(c, 5000));  // over the cap: closed at once
+    EXPECT_TRUE(ClosedByPeer(c, 5000));  // over the cap: closed at once
     close(c);
     EXPECT_TRUE(LogContains("tcp_max_accepted connections reached"));
     close(a);  // frees a place (once the engine sees the EOF)
@@ -540,15 +409,15 @@ TEST_F(HostilePeerTest, AcceptedConnectionsAreCapped) {
 
 TEST_F(HostilePeerTest, HandshakeHasADeadline) {
     ote_engine_t *e = NewEngine({{"connect_timeout_ms", "300"}});
-    std::string addr = Address(e);
+    std::string addr = EngineAddress(e);
     int silent = ConnectTo(addr), partial = ConnectTo(addr);
     ASSERT_GE(silent, 0);
     ASSERT_GE(partial, 0);
     auto h = HelloFrame(1, 0);
     ASSERT_TRUE(SendAll(partial, h.data(), 10));  // a third of a header, then nothing
     uint64_t t0 = ote_now_ns();
-    EXPECT_TRUE(WaitEof(silent, 5000));
-    EXPECT_TRUE(WaitEof(partial, 5000));
+    EXPECT_TRUE(ClosedByPeer(silent, 5000));
+    EXPECT_TRUE(ClosedByPeer(partial, 5000));
     EXPECT_GE(ote_now_ns() - t0, 200 * kMs);  // at the deadline, not before
     EXPECT_TRUE(LogContains("did not complete its handshake within 300 ms"));
     close(silent);
@@ -560,7 +429,7 @@ TEST_F(HostilePeerTest, HandshakeHasADeadline) {
     uint32_t body = static_cast<uint32_t>(frame.size() - OTE_CTL_HDR_LEN);
     for (int i = 0; i < 4; i++) frame[20 + i] = static_cast<uint8_t>(body >> (8 * i));
     ASSERT_TRUE(SendAll(big, frame.data(), frame.size()));
-    EXPECT_TRUE(WaitEof(big, 5000));
+    EXPECT_TRUE(ClosedByPeer(big, 5000));
     close(big);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
@@ -580,7 +449,7 @@ int HighestFd() {
 
 TEST_F(HostilePeerTest, AcceptBacksOffWhenOutOfFds) {
     ote_engine_t *e = NewEngine();
-    std::string addr = Address(e);
+    std::string addr = EngineAddress(e);
     int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ASSERT_GE(client, 0);
     rlimit old{};
@@ -624,7 +493,7 @@ TEST_F(HostilePeerTest, WriteWithoutItsPayloadIsClosedAndUnpinned) {
     ote_engine_t *e = NewEngine({{"transfer_timeout_ms", "500"}});
     std::vector<uint8_t> mem(1 << 16, 0);
     ASSERT_EQ(ote_memory_register(e, mem.data(), mem.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
-    int fd = ConnectTo(Address(e));
+    int fd = ConnectTo(EngineAddress(e));
     ASSERT_TRUE(RawHandshake(fd));
     // A READ, then a WRITE header with 100 of its 4096 bytes, in one send: the READ's
     // answer proves the WRITE header was taken (same read) and its range pinned.
@@ -636,14 +505,14 @@ TEST_F(HostilePeerTest, WriteWithoutItsPayloadIsClosedAndUnpinned) {
     ASSERT_TRUE(SendAll(fd, out.data(), out.size()));
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
-    ASSERT_TRUE(ReadFrame(fd, buf, &m));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
     ASSERT_EQ(m.opcode, OTE_CTL_READ_RESP);
     std::vector<uint8_t> data(16);
     ASSERT_TRUE(RecvAll(fd, data.data(), data.size()));
     uint64_t t0 = ote_now_ns();
     EXPECT_EQ(ote_memory_unregister(e, mem.data()), OTE_ERR_BUSY);  // pinned by the WRITE
     // It used to stay pinned forever; now no progress for transfer_timeout_ms closes it.
-    EXPECT_TRUE(WaitEof(fd, 5000));
+    EXPECT_TRUE(ClosedByPeer(fd, 5000));
     EXPECT_GE(ote_now_ns() - t0, 400 * kMs);
     EXPECT_EQ(ote_memory_unregister(e, mem.data()), OTE_OK);
     EXPECT_TRUE(LogContains("made no progress for 500 ms"));
@@ -655,7 +524,7 @@ TEST_F(HostilePeerTest, PipelinedReadsWithoutReadingStopTheSourceThenClose) {
     ote_engine_t *e = NewEngine({{"transfer_timeout_ms", "1000"}});
     std::vector<uint8_t> mem(1 << 20, 1);
     ASSERT_EQ(ote_memory_register(e, mem.data(), mem.size(), OTE_PERM_READ), OTE_OK);
-    int fd = ConnectTo(Address(e));
+    int fd = ConnectTo(EngineAddress(e));
     ASSERT_TRUE(RawHandshake(fd));
     ASSERT_EQ(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
     // 64 KiB READs, a MiB of frames at a time, never reading an answer.

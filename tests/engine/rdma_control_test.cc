@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/engine/ctl_peer.h"
+#include "tests/engine/engine_util.h"
 #include "tests/engine/target.h"
 #include "tests/util/test_base.h"
 
@@ -30,106 +32,15 @@ extern "C" {
 
 namespace {
 
-constexpr uint64_t kMs = 1000000ull;
-constexpr uint64_t kSec = 1000 * kMs;
-
-ote_config_t *RdmaConfig(const char *timeout_ms = "20000", const char *connect_ms = nullptr) {
-    ote_config_t *cfg = nullptr;
-    EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", timeout_ms), OTE_OK);
-    if (connect_ms) { EXPECT_EQ(ote_config_set(cfg, "connect_timeout_ms", connect_ms), OTE_OK); }
-    return cfg;
-}
-
-ote_engine_t *RdmaEngine(const char *timeout_ms = "20000", const char *connect_ms = nullptr) {
-    ote_config_t *cfg = RdmaConfig(timeout_ms, connect_ms);
-    ote_engine_t *e = nullptr;
-    EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-    ote_config_destroy(cfg);
-    return e;
-}
-
-std::string Address(ote_engine_t *e) {
-    char buf[300] = {0};
-    EXPECT_EQ(ote_engine_address(e, buf, sizeof(buf)), OTE_OK);
-    return buf;
-}
-
-int Listen(int backlog, std::string *addr) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa = {};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, backlog) != 0) return -1;
-    socklen_t sl = sizeof(sa);
-    getsockname(fd, (sockaddr *)&sa, &sl);
-    *addr = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
-    return fd;
-}
-
-int Dial(const std::string &addr, int rcvbuf = 0) {
-    size_t colon = addr.rfind(':');
-    sockaddr_in sa = {};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)std::stoi(addr.substr(colon + 1)));
-    inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (rcvbuf) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-    if (connect(fd, (sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-int Accept(int lfd, int timeout_ms) {
-    pollfd p = {lfd, POLLIN, 0};
-    if (poll(&p, 1, timeout_ms) != 1) return -1;
-    return accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-}
-
-bool ReadN(int fd, uint8_t *p, size_t n, ote_deadline_t dl) {
-    while (n > 0) {
-        pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, ote_deadline_remaining_ms(dl, 1000)) <= 0) {
-            if (ote_deadline_expired(dl)) return false;
-            continue;
-        }
-        ssize_t r = recv(fd, p, n, 0);
-        if (r <= 0) return false;
-        p += r;
-        n -= (size_t)r;
-    }
-    return true;
-}
-
-// One frame (its bytes stay in *buf; m points into them).
-bool ReadFrame(int fd, std::vector<uint8_t> *buf, ote_ctl_msg_t *m, int timeout_ms = 10000) {
-    ote_deadline_t dl = ote_deadline_after((uint64_t)timeout_ms * kMs);
-    buf->assign(OTE_CTL_HDR_LEN, 0);
-    if (!ReadN(fd, buf->data(), OTE_CTL_HDR_LEN, dl)) return false;
-    uint32_t len;
-    memcpy(&len, buf->data() + 20, 4);
-    if (len > 65536) return false;
-    buf->resize(OTE_CTL_HDR_LEN + len);
-    if (!ReadN(fd, buf->data() + OTE_CTL_HDR_LEN, len, dl)) return false;
-    size_t used = 0;
-    return ote_ctl_decode(buf->data(), buf->size(), m, &used) == OTE_OK;
-}
-
-std::vector<uint8_t> Encode(const ote_ctl_msg_t &m) {
-    std::vector<uint8_t> b(OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY);
-    size_t len = 0;
-    EXPECT_EQ(ote_ctl_encode(&m, b.data(), b.size(), &len), OTE_OK);
-    b.resize(len);
-    return b;
-}
-
-bool SendAll(int fd, const std::vector<uint8_t> &b) {
-    return send(fd, b.data(), b.size(), MSG_NOSIGNAL) == (ssize_t)b.size();
-}
+using ote_test::AcceptWithin;
+using ote_test::ClosedByPeer;
+using ote_test::EngineAddress;
+using ote_test::Encode;
+using ote_test::kMs;
+using ote_test::kSec;
+using ote_test::RdmaEngine;
+using ote_test::ReadFrame;
+using ote_test::SendAll;
 
 // The RDMA body of an INFO / INFO_ACK (engine/rdma/proto.h): type, reserved, process,
 // pd, nic, lanes.
@@ -177,40 +88,13 @@ std::vector<uint8_t> Hello() {
 
 // Fake source side of the handshake: accept, read HELLO and answer HELLO_ACK.
 int FakeHandshake(int lfd, const std::string &addr) {
-    int fd = Accept(lfd, 10000);
+    int fd = AcceptWithin(lfd, 10000);
     if (fd < 0) return -1;
-    std::vector<uint8_t> buf;
-    ote_ctl_msg_t m;
-    if (!ReadFrame(fd, &buf, &m) || m.opcode != OTE_CTL_HELLO) {
-        close(fd);
-        return -1;
-    }
-    ote_ctl_msg_t a = {};
-    a.version = 1;
-    a.opcode = OTE_CTL_HELLO_ACK;
-    a.req_id = m.req_id;
-    a.u.hello_ack.version = 1;
-    a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
-    a.u.hello_ack.addr = addr.c_str();
-    a.u.hello_ack.addr_len = (uint32_t)addr.size();
-    if (!SendAll(fd, Encode(a))) {
+    if (!ote_test::AnswerHello(fd, OTE_CTL_MAX_DATA, addr)) {
         close(fd);
         return -1;
     }
     return fd;
-}
-
-// True when the other side closes fd within timeout_ms (frames it sends are skipped).
-bool ClosedByPeer(int fd, int timeout_ms = 10000) {
-    ote_deadline_t dl = ote_deadline_after((uint64_t)timeout_ms * kMs);
-    uint8_t b[4096];
-    while (!ote_deadline_expired(dl)) {
-        pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, ote_deadline_remaining_ms(dl, 100)) <= 0) continue;
-        ssize_t r = recv(fd, b, sizeof(b), 0);
-        if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) return true;
-    }
-    return false;
 }
 
 class RdmaControlTest : public ote_test::OteTest {};
@@ -220,7 +104,7 @@ class RdmaControlTest : public ote_test::OteTest {};
 TEST_F(RdmaControlTest, NotifyAckNamingACallIsAProtocolErrorNotAFree) {
     ExpectErrorLogs();
     std::string addr;
-    int lfd = Listen(16, &addr);
+    int lfd = ote_test::ListenLoopback(16, &addr);
     ASSERT_GE(lfd, 0);
     ote_engine_t *e = RdmaEngine();
     ASSERT_NE(e, nullptr);
@@ -259,7 +143,7 @@ TEST_F(RdmaControlTest, NotifyAckNamingACallIsAProtocolErrorNotAFree) {
 TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
     ExpectErrorLogs();
     std::string addr;
-    int lfd = Listen(16, &addr);
+    int lfd = ote_test::ListenLoopback(16, &addr);
     ASSERT_GE(lfd, 0);
     ote_engine_t *e = RdmaEngine();
     ASSERT_NE(e, nullptr);
@@ -317,18 +201,18 @@ TEST_F(RdmaControlTest, ServerRefusesFramesBeforeHelloAndOfAnotherVersion) {
     ExpectErrorLogs();
     ote_engine_t *e = RdmaEngine();
     ASSERT_NE(e, nullptr);
-    std::string addr = Address(e);
+    std::string addr = EngineAddress(e);
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
     // INFO before HELLO: no INFO_ACK, closed.
-    int a = Dial(addr);
+    int a = ote_test::ConnectTo(addr);
     ASSERT_GE(a, 0);
     ASSERT_TRUE(SendAll(a, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1))));
     EXPECT_FALSE(ReadFrame(a, &buf, &m, 3000)) << "answered a frame sent before HELLO";
     EXPECT_TRUE(ClosedByPeer(a));
     close(a);
     // NOTIFY before HELLO: not delivered, closed.
-    int b = Dial(addr);
+    int b = ote_test::ConnectTo(addr);
     ASSERT_GE(b, 0);
     ote_ctl_msg_t n = {};
     n.version = 1;
@@ -343,7 +227,7 @@ TEST_F(RdmaControlTest, ServerRefusesFramesBeforeHelloAndOfAnotherVersion) {
     size_t nlen = 0;
     EXPECT_EQ(ote_notify_recv(e, note, sizeof(note), &nlen, nullptr, 0, 100 * kMs), OTE_ERR_TIMEOUT);
     // After HELLO (version 1), an INFO claiming version 2: closed without an answer.
-    int c = Dial(addr);
+    int c = ote_test::ConnectTo(addr);
     ASSERT_GE(c, 0);
     ASSERT_TRUE(SendAll(c, Hello()));
     ASSERT_TRUE(ReadFrame(c, &buf, &m));
@@ -353,7 +237,7 @@ TEST_F(RdmaControlTest, ServerRefusesFramesBeforeHelloAndOfAnotherVersion) {
     EXPECT_TRUE(ClosedByPeer(c));
     close(c);
     // The well-behaved sequence is answered.
-    int d = Dial(addr);
+    int d = ote_test::ConnectTo(addr);
     ASSERT_GE(d, 0);
     ASSERT_TRUE(SendAll(d, Hello()));
     ASSERT_TRUE(ReadFrame(d, &buf, &m));
@@ -371,8 +255,8 @@ TEST_F(RdmaControlTest, PeerThatNeverReadsIsDroppedNotWaitedOn) {
     ExpectErrorLogs();
     ote_engine_t *src = RdmaEngine("20000", "1000");
     ASSERT_NE(src, nullptr);
-    std::string addr = Address(src);
-    int fd = Dial(addr, 4096);
+    std::string addr = EngineAddress(src);
+    int fd = ote_test::ConnectTo(addr, 4096);
     ASSERT_GE(fd, 0);
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
@@ -426,7 +310,7 @@ TEST_F(RdmaControlTest, PeerThatNeverReadsIsDroppedNotWaitedOn) {
 TEST_F(RdmaControlTest, ConnectIsBoundedByConnectTimeout) {
     ExpectErrorLogs();
     std::string addr;
-    int lfd = Listen(0, &addr);
+    int lfd = ote_test::ListenLoopback(0, &addr);
     ASSERT_GE(lfd, 0);
     std::vector<int> fill;
     for (int i = 0; i < 4; i++) {
@@ -456,7 +340,7 @@ TEST_F(RdmaControlTest, ConnectIsBoundedByConnectTimeout) {
 TEST_F(RdmaControlTest, UnacknowledgedNotificationFailsAtItsDeadline) {
     ExpectErrorLogs();
     ote_test::Target target;
-    ASSERT_TRUE(target.Start(16ull << 20, "127.0.0.1:0", {"OTE_TRANSPORT=rdma", "OTE_VERBS_PROVIDER=sim"}));
+    ASSERT_TRUE(target.Start(16ull << 20, "127.0.0.1:0", ote_test::kRdmaTargetEnv));
     ote_engine_t *e = RdmaEngine("1500");
     ASSERT_NE(e, nullptr);
     ote_segment_t *seg = nullptr;
@@ -482,7 +366,7 @@ TEST_F(RdmaControlTest, FullNotificationQueueAnswersAgain) {
     ASSERT_NE(dst, nullptr);
     ASSERT_NE(e, nullptr);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(e, Address(dst).c_str(), &seg), OTE_OK);
+    ASSERT_EQ(ote_segment_open(e, EngineAddress(dst).c_str(), &seg), OTE_OK);
     for (int i = 0; i < OTE_NOTIFY_QUEUE_MAX; i++) ASSERT_EQ(ote_notify_send(e, seg, "n", 1), OTE_OK) << i;
     EXPECT_EQ(ote_status_code(ote_notify_send(e, seg, "n", 1)), OTE_ERR_AGAIN);
     char b[8];
@@ -499,12 +383,12 @@ TEST_F(RdmaControlTest, FullNotificationQueueAnswersAgain) {
 TEST_F(RdmaControlTest, DestroyJoinsControlThreadsOfOpenConnections) {
     ote_engine_t *e = RdmaEngine();
     ASSERT_NE(e, nullptr);
-    std::string addr = Address(e);
+    std::string addr = EngineAddress(e);
     std::vector<int> fds;
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
     for (int i = 0; i < 4; i++) {
-        int fd = Dial(addr);
+        int fd = ote_test::ConnectTo(addr);
         ASSERT_GE(fd, 0);
         if (i % 2 == 0) { /* half of them past the handshake, half silent */
             ASSERT_TRUE(SendAll(fd, Hello()));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/engine/engine_util.h"
 #include "tests/engine/target.h"
 #include "tests/util/test_base.h"
 
@@ -20,32 +21,16 @@ extern "C" {
 
 namespace {
 
-constexpr uint64_t kSec = 1000000000ull;
-const std::vector<std::string> kRdmaEnv = {"OTE_TRANSPORT=rdma", "OTE_VERBS_PROVIDER=sim"};
+using ote_test::kSec;
+using ote_test::RdmaEngine;
+using ote_test::kRdmaTargetEnv;
 
-ote_engine_t *RdmaEngine(const char *timeout_ms) {
-    ote_config_t *cfg = nullptr;
-    EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", timeout_ms), OTE_OK);
-    ote_engine_t *e = nullptr;
-    EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-    ote_config_destroy(cfg);
-    return e;
-}
-
+// One request, waited for; a completed one moved all len bytes.
 ote_status_t Xfer(ote_engine_t *e, ote_opcode_t op, void *local, ote_segment_t *seg, uint64_t remote,
                  size_t len) {
-    ote_batch_t *b = nullptr;
-    EXPECT_EQ(ote_batch_create(e, 1, &b), OTE_OK);
-    ote_request_t r = {op, local, seg, remote, len};
-    ote_status_t st = ote_batch_submit(b, &r, 1);
-    if (st == OTE_OK) st = ote_batch_wait(b, 120 * kSec);
     ote_transfer_status_t ts;
-    EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    ote_status_t st = ote_test::RunOne(e, {op, local, seg, remote, len}, 120 * kSec, &ts);
     if (st == OTE_OK) { EXPECT_EQ(ts.bytes_done, len); }
-    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     return st;
 }
 
@@ -54,7 +39,7 @@ class RdmaE2eLargeTest : public ote_test::OteTest {};
 TEST_F(RdmaE2eLargeTest, OneGiBWriteThenReadEveryByteChecked) {
     constexpr size_t kLen = 1ull << 30;
     ote_test::Target t;
-    ASSERT_TRUE(t.Start(kLen + 4096, "127.0.0.1:0", kRdmaEnv));
+    ASSERT_TRUE(t.Start(kLen + 4096, "127.0.0.1:0", kRdmaTargetEnv));
     ote_engine_t *e = RdmaEngine("60000");
     ASSERT_NE(e, nullptr);
     ote_segment_t *s = nullptr;
@@ -89,8 +74,8 @@ TEST_F(RdmaE2eLargeTest, PeerKilledMidTransferSurvivorKeepsWorkingWithAThirdProc
     ExpectErrorLogs();
     constexpr size_t kLen = 64u << 20;
     ote_test::Target victim, third;
-    ASSERT_TRUE(victim.Start(kLen, "127.0.0.1:0", kRdmaEnv));
-    ASSERT_TRUE(third.Start(kLen, "127.0.0.1:0", kRdmaEnv));
+    ASSERT_TRUE(victim.Start(kLen, "127.0.0.1:0", kRdmaTargetEnv));
+    ASSERT_TRUE(third.Start(kLen, "127.0.0.1:0", kRdmaTargetEnv));
     ote_engine_t *e = RdmaEngine("20000");
     ASSERT_NE(e, nullptr);
     ote_segment_t *sv = nullptr, *st3 = nullptr;

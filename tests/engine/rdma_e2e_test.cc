@@ -12,8 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/engine/target.h"
-#include "tests/util/test_base.h"
+#include "tests/engine/e2e_fixture.h"
 
 extern "C" {
 #include "base/time.h"
@@ -23,67 +22,16 @@ extern "C" {
 
 namespace {
 
-using ote_test::Target;
+using ote_test::kSec;
+using ote_test::RdmaConfig;
 
-constexpr uint64_t kSec = 1000000000ull;
-
-const std::vector<std::string> kRdmaEnv = {"OTE_TRANSPORT=rdma", "OTE_VERBS_PROVIDER=sim"};
-
-ote_config_t *RdmaConfig(const char *timeout_ms = "20000") {
-    ote_config_t *cfg = nullptr;
-    EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
-    EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", timeout_ms), OTE_OK);
-    return cfg;
-}
-
-class RdmaE2eTest : public ote_test::OteTest {
+class RdmaE2eTest : public ote_test::TargetE2eTest {
   protected:
-    void SetUp() override {
-        OteTest::SetUp();
-        ASSERT_TRUE(target_.Start(96ull << 20, "127.0.0.1:0", kRdmaEnv)) << "target did not start";
-        ote_config_t *cfg = RdmaConfig();
-        ASSERT_EQ(ote_engine_create(cfg, &engine_), OTE_OK);
-        ote_config_destroy(cfg);
-        ASSERT_EQ(ote_segment_open(engine_, target_.address.c_str(), &seg_), OTE_OK);
-    }
-    void TearDown() override {
-        if (seg_) { EXPECT_EQ(ote_segment_close(seg_), OTE_OK); }
-        if (engine_) { EXPECT_EQ(ote_engine_destroy(engine_), OTE_OK); }
-        if (target_.pid > 0) { EXPECT_EQ(target_.Quit(), 0); }
-        OteTest::TearDown();
-    }
-
-    ote_status_t Transfer(ote_opcode_t op, void *local, uint64_t remote, size_t len,
-                          ote_transfer_status_t *st_out = nullptr) {
-        ote_batch_t *b = nullptr;
-        EXPECT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
-        ote_request_t r = {op, local, seg_, remote, len};
-        ote_status_t st = ote_batch_submit(b, &r, 1);
-        if (st == OTE_OK) st = ote_batch_wait(b, 120 * kSec);
-        if (st_out) { EXPECT_EQ(ote_batch_status(b, 0, st_out), OTE_OK); }
-        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        return st;
-    }
-
-    void RoundTrip(size_t len, uint64_t off, size_t local_shift, uint64_t seed) {
-        std::vector<uint8_t> src(len + local_shift + 1), dst(len + local_shift + 2, 0xEE);
-        ote_pattern_fill(src.data() + local_shift, len, seed, 0);
-        ASSERT_EQ(Transfer(OTE_WRITE, src.data() + local_shift, target_.rw + off, len), OTE_OK) << len;
-        EXPECT_EQ(target_.Hash("rw", off, len), ote_hash(src.data() + local_shift, len)) << len;
-        ote_transfer_status_t ts;
-        ASSERT_EQ(Transfer(OTE_READ, dst.data() + local_shift, target_.rw + off, len, &ts), OTE_OK) << len;
-        EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
-        EXPECT_EQ(ts.bytes_done, len);
-        EXPECT_EQ(memcmp(dst.data() + local_shift, src.data() + local_shift, len), 0) << len;
-        for (size_t i = 0; i < local_shift; i++) ASSERT_EQ(dst[i], 0xEE);
-        ASSERT_EQ(dst[local_shift + len], 0xEE) << "READ wrote past its range";
-    }
-
-    Target target_;
-    ote_engine_t *engine_ = nullptr;
-    ote_segment_t *seg_ = nullptr;
+    RdmaE2eTest()
+        : TargetE2eTest({96ull << 20,
+                         ote_test::kRdmaTargetEnv,
+                         {{"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "20000"}},
+                         120 * kSec}) {}
 };
 
 TEST_F(RdmaE2eTest, SizesFromOneByteUnalignedAndFoldedTails) {
