@@ -7,16 +7,30 @@
  * touching memory, and answers. One connection serves one role only.
  *
  * Threads and ownership. tcp_workers worker threads each own an epoll set and the
- * connections attached to it; only the owning worker touches a connection's socket,
- * its in-flight list, its receive buffer and its response ring. Other threads talk to a
- * worker through (a) a connection's submission queue (qmu) plus an eventfd wake, and
- * (b) attach/detach commands. A requester connection is freed by its peer (segment)
- * after the worker reports it detached; a source connection is freed by its worker.
+ * connections attached to it; only the owning worker receives on a connection, owns its
+ * receive buffer, its response ring (source), its epoll interest and its close. Other
+ * threads talk to a worker through (a) a connection's submission queue (qmu) plus an
+ * eventfd wake, and (b) attach/detach commands. A requester connection is freed by its
+ * peer (segment) after the worker reports it detached; a source connection is freed by
+ * its worker.
  *
- * Data path. A requester connection keeps one FIFO of slices: [head, tx) are on the
- * wire awaiting their response, [tx, tail] wait to be sent. The source answers frames
- * of one connection in order, so a response always belongs to the head; anything else
- * is a protocol error that closes the connection. Sends gather many frames into one
+ * Inline send (requester). Sending on a requester connection is done under its send
+ * lock smu, by the worker or by a submitting thread: tcp_submit tries smu (never waits
+ * for it) and, when it gets it and the connection has nothing queued or unsent and its
+ * share of the list is at most TCP_INLINE_MAX bytes, numbers the slices and sendmsg()s
+ * them itself (non-blocking), saving the worker's wakeup on the small-request path.
+ * What the socket does not take, or a send error, is left to the worker (qflag + wake):
+ * it sends the rest under EPOLLOUT or fails the connection. Otherwise the list is queued
+ * for the worker as before. Lock order smu before qmu; the worker closes the socket only
+ * under smu, so an inline sender never sees a reused fd; no done() runs under either lock.
+ *
+ * Data path. A requester connection keeps its slices in seq order in three lists: under
+ * smu, [tx, tx_tail] wait to be sent (tx partly sent when tx_off > 0) and [sent,
+ * sent_tail] are fully sent; worker-owned, [head, tail] are sent slices awaiting their
+ * response (the receive side takes the whole sent list, one lock per take, when its own
+ * list runs out). The source answers frames of one connection in order, so a response
+ * always belongs to the head; anything else (including a response to a slice not fully
+ * sent) is a protocol error that closes the connection. Sends gather many frames into one
  * sendmsg(): WRITE payloads go straight from the caller's memory, READ payloads straight
  * from registered memory. Receives read up to 256 KiB into a connection buffer; once a
  * frame header is validated, a large payload remainder is received straight into its
@@ -69,6 +83,7 @@
 #define TCP_TICK_NS (20 * OTE_NSEC_PER_MSEC)
 #define TCP_RX_BUDGET (16u << 20) /* bytes per readable event per connection (fairness) */
 #define TCP_MAX_CONNS 64
+#define TCP_INLINE_MAX (256u << 10) /* submit: a connection's share this small may go inline */
 #define TCP_SRC_MAX_RESP 256u /* queued responses per source connection */
 #define TCP_HS_RXBUF 512u     /* receive buffer before the handshake: one HELLO fits */
 #define TCP_ACCEPT_BACKOFF_NS (100 * OTE_NSEC_PER_MSEC)
@@ -128,10 +143,17 @@ struct tcp_conn {
     int cmd_pending;
     tcp_cmd_t attach_cmd, detach_cmd;
 
-    /* Requester, worker-owned. */
-    ote__slice_t *head, *tail, *tx;
+    /* Requester transmit state, under smu (held by whoever sends: the worker, or a
+     * submitting thread sending inline). Lock order: smu before qmu. sent..sent_tail are
+     * fully on the wire and not yet taken by the receive side; tx..tx_tail wait to be
+     * sent (tx partly sent when tx_off > 0). The fd is closed only under smu. */
+    ote_mutex_t smu;
+    ote__slice_t *sent, *sent_tail, *tx, *tx_tail;
     size_t tx_off;
     uint64_t seq;
+
+    /* Requester, worker-owned: sent slices awaiting their responses, in seq order. */
+    ote__slice_t *head, *tail;
 
     /* Source, worker-owned. */
     tcp_resp_t *ring;
@@ -267,6 +289,12 @@ static tcp_conn_t *conn_new(tcp_t *tp, int fd, int role) {
         ote_free(c);
         return NULL;
     }
+    if (ote_mutex_init(&c->smu) != OTE_OK) {
+        ote_mutex_destroy(&c->qmu);
+        ote_free(c->rxbuf);
+        ote_free(c);
+        return NULL;
+    }
     c->fd = fd;
     c->role = role;
     c->w = &tp->workers[atomic_fetch_add(&tp->rr, 1) % tp->nworkers];
@@ -282,6 +310,7 @@ static void conn_free(tcp_conn_t *c) {
     if (c->role == ROLE_SOURCE) atomic_fetch_sub(&c->w->tp->naccepted, 1);
     if (c->fd >= 0) close(c->fd);
     ote_mutex_destroy(&c->qmu);
+    ote_mutex_destroy(&c->smu);
     ote_free(c->rxbuf);
     ote_free(c->ring);
     ote_free(c);
@@ -327,6 +356,7 @@ static void complete_list(ote__slice_t *list, ote_status_t why) {
  * no event of this iteration can touch freed memory). Worker thread only. */
 static void conn_kill(tcp_conn_t *c, ote_status_t why) {
     if (c->fd < 0) return;
+    if (c->role == ROLE_REQUESTER) ote_mutex_lock(&c->smu); /* no inline send while closing */
     tcp_worker_t *w = c->w;
     tcp_t *tp = w->tp;
     if (c->role == ROLE_SOURCE) {
@@ -356,9 +386,17 @@ static void conn_kill(tcp_conn_t *c, ote_status_t why) {
     ote__slice_t *q = c->qhead;
     c->qhead = c->qtail = NULL;
     ote_mutex_unlock(&c->qmu);
+    /* Everything in flight, oldest first: awaiting responses, sent, unsent. */
+    ote__slice_t *inflight = c->head, **link = c->head ? &c->tail->next : &inflight;
+    *link = c->sent;
+    if (c->sent) link = &c->sent_tail->next;
+    *link = c->tx;
+    c->head = c->tail = c->sent = c->sent_tail = c->tx = c->tx_tail = NULL;
+    c->tx_off = 0;
+    ote_mutex_unlock(&c->smu);
     if (c->peer) atomic_store(&c->peer->broken, 1);
     size_t n = 0;
-    for (ote__slice_t *s = c->head; s; s = s->next) n++;
+    for (ote__slice_t *s = inflight; s; s = s->next) n++;
     for (ote__slice_t *s = q; s; s = s->next) n++;
     if (n > 0)
         OTE_WARN("tcp", "connection %u to %s closed (%s): failing %zu slice(s)", c->index,
@@ -366,8 +404,6 @@ static void conn_kill(tcp_conn_t *c, ote_status_t why) {
     else
         OTE_DEBUG("tcp", "connection %u to %s closed (%s)", c->index, c->peer ? c->peer->addr : "?",
                   ote_status_str(why));
-    ote__slice_t *inflight = c->head;
-    c->head = c->tail = c->tx = NULL;
     complete_list(inflight, why);
     complete_list(q, why);
 }
@@ -391,18 +427,26 @@ static void worker_bury(tcp_worker_t *w) {
 
 /* ---- requester side -------------------------------------------------------------- */
 
-static void req_pull(tcp_conn_t *c) {
-    ote_mutex_lock(&c->qmu);
-    ote__slice_t *list = c->qhead;
-    c->qhead = c->qtail = NULL;
-    atomic_store(&c->qflag, 0);
-    ote_mutex_unlock(&c->qmu);
+/* Slices taken off a connection before reaching the wire, completed by whoever dropped
+ * them once it holds no lock. */
+typedef struct {
+    ote__slice_t *canceled, *too_big;
+} req_drop_t;
+
+static void drop_push(ote__slice_t **list, ote__slice_t *s) {
+    s->next = *list;
+    *list = s;
+}
+
+/* Number, encode and append `list` to the unsent slices. smu held. Slices that cannot
+ * start (canceled when `check_cancel`, or unencodable) go to *dropped. */
+static void req_append(tcp_conn_t *c, ote__slice_t *list, int check_cancel, req_drop_t *dropped) {
     while (list) {
         ote__slice_t *s = list;
         list = s->next;
         s->next = NULL;
-        if (s->canceled && atomic_load_explicit(s->canceled, memory_order_relaxed)) {
-            s->done(s, OTE_ERR_CANCELED);
+        if (check_cancel && s->canceled && atomic_load_explicit(s->canceled, memory_order_relaxed)) {
+            drop_push(&dropped->canceled, s);
             continue;
         }
         s->seq = ++c->seq;
@@ -412,54 +456,60 @@ static void req_pull(tcp_conn_t *c) {
         } else if (ote_ctl_put_rw(s->wire, c->version, s->op, s->seq, s->remote, s->len) == OTE_OK) {
             s->wire_len = OTE_CTL_RW_FRAME_LEN;
         } else { /* tcp_submit refuses these; never put a wrapped length on the wire */
-            s->done(s, OTE_ERR_TOO_BIG);
+            drop_push(&dropped->too_big, s);
             continue;
         }
-        if (c->tail) c->tail->next = s;
-        else c->head = s;
-        c->tail = s;
-        if (c->tx == NULL) c->tx = s;
+        if (c->tx_tail) c->tx_tail->next = s;
+        else c->tx = s;
+        c->tx_tail = s;
     }
 }
 
-/* Drop canceled slices that are not on the wire yet. */
-static void req_purge(tcp_conn_t *c) {
+/* Complete the slices req_append or req_purge dropped (no lock held). */
+static void req_complete_dropped(req_drop_t *d) {
+    complete_list(d->canceled, OTE_ERR_CANCELED);
+    complete_list(d->too_big, OTE_ERR_TOO_BIG);
+}
+
+/* Move the submission queue to the unsent slices. smu held. */
+static void req_pull(tcp_conn_t *c, req_drop_t *dropped) {
+    ote_mutex_lock(&c->qmu);
+    ote__slice_t *list = c->qhead;
+    c->qhead = c->qtail = NULL;
+    atomic_store(&c->qflag, 0);
+    ote_mutex_unlock(&c->qmu);
+    req_append(c, list, 1, dropped);
+}
+
+/* Drop canceled slices that are not on the wire yet. smu held. */
+static void req_purge(tcp_conn_t *c, req_drop_t *dropped) {
     atomic_store(&c->purge, 0);
-    ote__slice_t *prev = NULL, *s = c->head;
-    while (s && s != c->tx) {
-        prev = s;
-        s = s->next;
-    }
+    ote__slice_t *prev = NULL, *s = c->tx;
     if (s && c->tx_off > 0) { /* partly sent: it must finish */
         prev = s;
         s = s->next;
     }
-    ote__slice_t *dropped = NULL;
     while (s) {
         ote__slice_t *next = s->next;
         if (s->canceled && atomic_load_explicit(s->canceled, memory_order_relaxed)) {
             if (prev) prev->next = next;
-            else c->head = next;
-            if (c->tx == s) c->tx = next;
-            if (c->tail == s) c->tail = prev;
-            s->next = dropped;
-            dropped = s;
+            else c->tx = next;
+            if (c->tx_tail == s) c->tx_tail = prev;
+            drop_push(&dropped->canceled, s);
         } else {
             prev = s;
         }
         s = next;
     }
-    while (dropped) {
-        ote__slice_t *d = dropped;
-        dropped = d->next;
-        d->next = NULL;
-        d->done(d, OTE_ERR_CANCELED);
-    }
 }
 
-static void req_write(tcp_conn_t *c) {
-    struct iovec *iov = c->w->iov;
-    while (c->tx && c->fd >= 0) {
+/* Send the unsent slices, many frames per sendmsg(), from iov[TCP_IOV]; fully sent ones
+ * move to the sent list. smu held. OTE_OK when everything went, OTE_ERR_AGAIN when the
+ * socket is full, else the connection failed: the caller kills it once it holds no lock
+ * (the worker itself; a submitting thread by waking the worker, whose own send fails). */
+static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
+    while (c->tx) {
+        if (c->fd < 0) return OTE_ERR_PEER_LOST;
         int n = 0;
         size_t off = c->tx_off;
         for (ote__slice_t *s = c->tx; s && n < TCP_IOV - 1; s = s->next) {
@@ -481,29 +531,55 @@ static void req_write(tcp_conn_t *c) {
         ssize_t r = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                want_out(c, 1);
-                return;
-            }
-            conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
-            return;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return OTE_ERR_AGAIN;
+            return ote_status_make(OTE_ERR_PEER_LOST, errno);
         }
-        c->progress++;
         size_t left = (size_t)r;
         while (left > 0 && c->tx) {
             ote__slice_t *s = c->tx;
             size_t rem = s->wire_len + slice_payload(s) - c->tx_off;
-            if (left >= rem) {
-                left -= rem;
-                c->tx = s->next;
-                c->tx_off = 0;
-            } else {
+            if (left < rem) {
                 c->tx_off += left;
-                left = 0;
+                break;
             }
+            left -= rem;
+            c->tx = s->next;
+            if (c->tx == NULL) c->tx_tail = NULL;
+            c->tx_off = 0;
+            s->next = NULL;
+            if (c->sent_tail) c->sent_tail->next = s;
+            else c->sent = s;
+            c->sent_tail = s;
         }
     }
-    want_out(c, 0);
+    return OTE_OK;
+}
+
+/* Worker: take the queue (when flagged), drop canceled unsent slices (when asked), send
+ * what waits, and keep EPOLLOUT in line with what is left. */
+static void req_write(tcp_conn_t *c) {
+    req_drop_t dropped = {NULL, NULL};
+    ote_mutex_lock(&c->smu);
+    if (atomic_load_explicit(&c->qflag, memory_order_acquire)) req_pull(c, &dropped);
+    if (atomic_load_explicit(&c->purge, memory_order_relaxed)) req_purge(c, &dropped);
+    ote_status_t st = c->tx ? req_send(c, c->w->iov) : OTE_OK;
+    ote_mutex_unlock(&c->smu);
+    req_complete_dropped(&dropped);
+    if (st == OTE_OK || st == OTE_ERR_AGAIN) want_out(c, st == OTE_ERR_AGAIN);
+    else conn_kill(c, st);
+}
+
+/* Receive side: the oldest slice awaiting a response, taking the sent list (under smu)
+ * when the worker's own list is empty. NULL: nothing was fully sent. */
+static ote__slice_t *req_oldest_sent(tcp_conn_t *c) {
+    if (c->head == NULL) {
+        ote_mutex_lock(&c->smu);
+        c->head = c->sent;
+        c->tail = c->sent_tail;
+        c->sent = c->sent_tail = NULL;
+        ote_mutex_unlock(&c->smu);
+    }
+    return c->head;
 }
 
 static void req_pop_complete(tcp_conn_t *c, ote_status_t st) {
@@ -516,8 +592,8 @@ static void req_pop_complete(tcp_conn_t *c, ote_status_t st) {
 
 /* A response frame; returns 0 or -1 when the connection was killed. */
 static int req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
-    ote__slice_t *s = c->head;
-    if (m->version != c->version || s == NULL || s == c->tx || m->req_id != s->seq ||
+    ote__slice_t *s = req_oldest_sent(c);
+    if (m->version != c->version || s == NULL || m->req_id != s->seq ||
         m->opcode != s->op + 1) {
         OTE_ERROR("tcp", "unexpected %s (id %llu, version %u) from %s: closing connection",
                   ote_ctl_opcode_str(m->opcode), (unsigned long long)m->req_id, m->version,
@@ -965,9 +1041,9 @@ static void worker_service(tcp_worker_t *w) {
     for (tcp_conn_t *c = w->conns, *next; c; c = next) {
         next = c->wnext;
         if (c->role != ROLE_REQUESTER) continue;
-        if (atomic_load_explicit(&c->qflag, memory_order_acquire)) req_pull(c);
-        if (atomic_load_explicit(&c->purge, memory_order_relaxed)) req_purge(c);
-        if (c->tx) req_write(c);
+        if (atomic_load_explicit(&c->qflag, memory_order_acquire) ||
+            atomic_load_explicit(&c->purge, memory_order_relaxed))
+            req_write(c);
     }
 }
 
@@ -1013,6 +1089,16 @@ static void accept_warn(tcp_t *tp, uint64_t now, const char *what, int err) {
     tp->accept_quiet = 0;
 }
 
+/* Deadline of the oldest slice of a requester connection (UINT64_MAX: none). */
+static uint64_t req_oldest_deadline(tcp_conn_t *c) {
+    if (c->head) return c->head->deadline;
+    ote_mutex_lock(&c->smu);
+    ote__slice_t *s = c->sent ? c->sent : c->tx;
+    uint64_t dl = s ? s->deadline : UINT64_MAX;
+    ote_mutex_unlock(&c->smu);
+    return dl;
+}
+
 static void worker_tick(tcp_worker_t *w, uint64_t now) {
     tcp_t *tp = w->tp;
     for (tcp_conn_t *c = w->conns, *next; c; c = next) {
@@ -1021,8 +1107,7 @@ static void worker_tick(tcp_worker_t *w, uint64_t now) {
             src_tick(c, now);
             continue;
         }
-        if (c->head == NULL) continue;
-        if (now >= c->head->deadline) {
+        if (now >= req_oldest_deadline(c)) {
             OTE_WARN("tcp", "a transfer to %s passed its deadline: closing connection %u",
                      c->peer ? c->peer->addr : "?", c->index);
             conn_kill(c, OTE_ERR_TIMEOUT);
@@ -1410,9 +1495,34 @@ static uint32_t tcp_peer_max_slice(ote__tpeer_t *tpeer) {
     return atomic_load(&p->max_data); /* set by the handshake before the peer is visible */
 }
 
+/* Submitting thread: when nobody else is sending on c (smu free) and its queue is empty,
+ * put `list` on the wire from here rather than waking the worker. Whatever the socket
+ * does not take now (or a send error) is left to the worker: it is woken to send the
+ * rest under EPOLLOUT, or to fail the connection. Returns 0 when the list was not taken
+ * (the caller queues it). */
+static int req_send_inline(tcp_conn_t *c, ote__slice_t *list) {
+    if (ote_mutex_trylock(&c->smu) != OTE_OK) return 0;
+    ote_mutex_lock(&c->qmu);
+    int ok = !c->qdead && c->qhead == NULL && c->tx == NULL;
+    ote_mutex_unlock(&c->qmu);
+    if (!ok) {
+        ote_mutex_unlock(&c->smu);
+        return 0;
+    }
+    req_drop_t dropped = {NULL, NULL};
+    struct iovec iov[TCP_IOV];
+    req_append(c, list, 0, &dropped);
+    ote_status_t st = c->tx ? req_send(c, iov) : OTE_OK;
+    ote_mutex_unlock(&c->smu);
+    if (st != OTE_OK && !atomic_exchange(&c->qflag, 1)) worker_wake(c->w);
+    req_complete_dropped(&dropped);
+    return 1;
+}
+
 static void tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
     tcp_peer_t *p = (tcp_peer_t *)tpeer;
     ote__slice_t *heads[TCP_MAX_CONNS] = {0}, *tails[TCP_MAX_CONNS] = {0};
+    uint64_t bytes[TCP_MAX_CONNS] = {0};
     ote__slice_t *failed = NULL;
     if (pthread_rwlock_tryrdlock(&p->lk) != 0) {
         if (tl_worker) { /* the peer is being reconnected or closed: it was lost */
@@ -1439,11 +1549,14 @@ static void tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
         if (tails[i]) tails[i]->next = s;
         else heads[i] = s;
         tails[i] = s;
+        bytes[i] += (uint64_t)OTE_CTL_RW_FRAME_LEN + slice_payload(s);
         i = i + 1 == n ? 0 : i + 1;
     }
     for (i = 0; i < n; i++) {
         if (heads[i] == NULL) continue;
         tcp_conn_t *c = p->conns[i];
+        if (c != NULL && !tl_worker && bytes[i] <= TCP_INLINE_MAX && req_send_inline(c, heads[i]))
+            continue;
         int ok = 0;
         if (c != NULL) {
             ote_mutex_lock(&c->qmu);
