@@ -403,8 +403,10 @@ TEST_F(SimSecurity, HelloFromTheRtrDestinationBindsOnce) {
     EXPECT_EQ(r.type, kAck);
     EXPECT_EQ(r.psn, 0u);
     EXPECT_EQ((*M(t).buf)[63], 0xee);
-    // a second HELLO on the bound connection (to re-bind it elsewhere) ends it
-    ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
+    // a second HELLO on the bound connection (to re-bind it elsewhere) ends it; the sim
+    // may close as soon as it has read the header, so sending the HELLO's payload can
+    // already fail: only the end of the stream is the outcome under test
+    (void)c->Hello(kPeerQpn, b->qp_num, gid_);
     EXPECT_TRUE(c->WaitEof());
     EXPECT_EQ(State(b), IBV_QPS_RTS);
 }
