@@ -362,6 +362,7 @@ void ote_context_retained_add(ote_context_t *ctx, ote_retained_kind_t kind, int 
         atomic_fetch_add(&ctx->retained[kind], (uint64_t)delta);
     else
         atomic_fetch_sub(&ctx->retained[kind], (uint64_t)(-delta));
+    ote_retained_note(kind, delta); /* the process-wide registry the test fixture reads */
 }
 
 uint64_t ote_context_retained(const ote_context_t *ctx, ote_retained_kind_t kind) {

@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/retained.h"
 #include "base/status.h"
 #include "verbs/verbs.h"
 
@@ -68,15 +69,8 @@ typedef enum {
     OTE_CONTEXT_FATAL = 2,  /* device fatal: nothing new, not even MR registration */
 } ote_context_state_t;
 
-/* Native owners that a failed destroy left alive, counted per context. */
-typedef enum {
-    OTE_RETAINED_PD = 0,
-    OTE_RETAINED_MR = 1,
-    OTE_RETAINED_CQ = 2,
-    OTE_RETAINED_CHANNEL = 3,
-    OTE_RETAINED_QP = 4,
-    OTE_RETAINED_KINDS = 5,
-} ote_retained_kind_t;
+/* Native owners that a failed destroy left alive are counted per context, by the kinds
+ * of base/retained.h (every count is also noted in its process-wide registry). */
 
 /* A snapshot of one context's identity and route. */
 typedef struct ote_context_info {

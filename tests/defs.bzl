@@ -6,8 +6,8 @@ _GTEST_MAIN = "@gtest//:gtest_main"
 def ote_cc_test(name, srcs, deps = [], size = "small", **kwargs):
     """A GoogleTest cc_test that links the shared fixture and gtest_main.
 
-    Adds //tests/util:test_base (the OteTest fixture: fd leak and ERROR log checks) and
-    @gtest//:gtest_main to deps; everything else is passed to cc_test as given.
+    Adds //tests/util:test_base (the OteTest fixture: fd leak, scoped ERROR log and
+    retained-owner checks) and @gtest//:gtest_main to deps; everything else is passed to cc_test as given.
     """
     native.cc_test(
         name = name,
