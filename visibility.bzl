@@ -5,6 +5,12 @@ A package may depend only on the packages below it:
     tools -> engine -> grant -> endpoint -> qp -> cq -> context -> verbs -> base
              engine -> cuda -> base
 
+Inside engine/ the same holds between its owner libraries:
+
+    //engine (public API, registrations, batches, notifications, composition)
+        -> //engine/tcp, //engine/rdma (one library per transport; never each other)
+        -> //engine:transport_api, //engine:config, //engine/control, //engine:api
+
 Each layer's targets are visible only to the layers above it (and to //tests), so an
 upward or sideways dependency fails the build with "is not visible". //base, //verbs,
 //cuda and //engine are also usable from an outside workspace that pulls OrbitTE in with
@@ -26,6 +32,26 @@ def vis_tools():
 
 def vis_engine():
     return _pkgs(["tools"]) + _external()
+
+def _engine_inside():
+    return ["//engine:__subpackages__", "//tests:__subpackages__"]
+
+def vis_engine_api():
+    """//engine:api, the public headers <ote/*.h>: everything in engine/ and tools."""
+    return _engine_inside() + ["//tools:__subpackages__"]
+
+def vis_engine_internal():
+    """//engine:config and //engine:transport_api: the engine and its transports."""
+    return _engine_inside()
+
+def vis_engine_control():
+    """//engine/control, the wire codec and handshake: the engine and its transports."""
+    return _engine_inside()
+
+def vis_engine_transport():
+    """//engine/tcp, //engine/rdma, ...: only //engine composes a transport; a transport
+    never sees another one."""
+    return ["//engine:__pkg__", "//tests:__subpackages__"]
 
 def vis_grant():
     return _pkgs(["engine", "tools"])
