@@ -3,27 +3,7 @@
 
 #include <string.h>
 
-static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static inline uint64_t get64(const uint8_t *p) {
-    return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
-}
-static inline void put16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static inline void put32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-static inline void put64(uint8_t *p, uint64_t v) {
-    put32(p, (uint32_t)v);
-    put32(p + 4, (uint32_t)(v >> 32));
-}
+#include "base/le.h"
 
 const char *ote_ctl_opcode_str(uint16_t opcode) {
     switch (opcode) {
@@ -43,12 +23,12 @@ const char *ote_ctl_opcode_str(uint16_t opcode) {
 
 void ote_ctl_put_hdr(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
                      ote_status_t status, uint32_t length) {
-    put32(buf, OTE_CTL_MAGIC);
-    put16(buf + 4, version);
-    put16(buf + 6, opcode);
-    put64(buf + 8, req_id);
-    put32(buf + 16, (uint32_t)status);
-    put32(buf + 20, length);
+    ote_le_put32(buf, OTE_CTL_MAGIC);
+    ote_le_put16(buf + 4, version);
+    ote_le_put16(buf + 6, opcode);
+    ote_le_put64(buf + 8, req_id);
+    ote_le_put32(buf + 16, (uint32_t)status);
+    ote_le_put32(buf + 20, length);
 }
 
 ote_status_t ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
@@ -57,9 +37,9 @@ ote_status_t ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uin
     uint64_t length = OTE_CTL_RW_BODY_LEN + (opcode == OTE_CTL_WRITE_REQ ? (uint64_t)len : 0);
     if (len > OTE_CTL_MAX_DATA || length > OTE_CTL_MAX_FRAME) return OTE_ERR_INVALID;
     ote_ctl_put_hdr(buf, version, opcode, req_id, OTE_OK, (uint32_t)length);
-    put64(buf + OTE_CTL_HDR_LEN, addr);
-    put32(buf + OTE_CTL_HDR_LEN + 8, len);
-    put32(buf + OTE_CTL_HDR_LEN + 12, 0);
+    ote_le_put64(buf + OTE_CTL_HDR_LEN, addr);
+    ote_le_put32(buf + OTE_CTL_HDR_LEN + 8, len);
+    ote_le_put32(buf + OTE_CTL_HDR_LEN + 12, 0);
     return OTE_OK;
 }
 
@@ -69,18 +49,18 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
     if (len < OTE_CTL_HDR_LEN) {
         /* Reject garbage as early as its first bytes allow. */
         uint8_t magic[4];
-        put32(magic, OTE_CTL_MAGIC);
+        ote_le_put32(magic, OTE_CTL_MAGIC);
         if (memcmp(buf, magic, len < 4 ? len : 4) != 0) return OTE_ERR_PROTOCOL;
         return OTE_ERR_AGAIN;
     }
     ote_ctl_msg_t m;
     memset(&m, 0, sizeof(m));
-    if (get32(buf) != OTE_CTL_MAGIC) return OTE_ERR_PROTOCOL;
-    m.version = get16(buf + 4);
-    m.opcode = get16(buf + 6);
-    m.req_id = get64(buf + 8);
-    m.status = (ote_status_t)get32(buf + 16);
-    m.length = get32(buf + 20);
+    if (ote_le_get32(buf) != OTE_CTL_MAGIC) return OTE_ERR_PROTOCOL;
+    m.version = ote_le_get16(buf + 4);
+    m.opcode = ote_le_get16(buf + 6);
+    m.req_id = ote_le_get64(buf + 8);
+    m.status = (ote_status_t)ote_le_get32(buf + 16);
+    m.length = ote_le_get32(buf + 20);
     if (m.version == 0) return OTE_ERR_PROTOCOL;
     if (m.opcode == 0 || m.opcode > OTE_CTL_OPCODE_MAX) return OTE_ERR_PROTOCOL;
     if (m.length > OTE_CTL_MAX_FRAME) return OTE_ERR_TOO_BIG;
@@ -119,11 +99,11 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
     switch (m.opcode) {
         case OTE_CTL_HELLO:
             if (body_len < 16) return OTE_ERR_PROTOCOL;
-            m.u.hello.min_version = get16(b);
-            m.u.hello.max_version = get16(b + 2);
-            m.u.hello.role = get16(b + 4);
-            m.u.hello.conn_index = get16(b + 6);
-            m.u.hello.session = get64(b + 8);
+            m.u.hello.min_version = ote_le_get16(b);
+            m.u.hello.max_version = ote_le_get16(b + 2);
+            m.u.hello.role = ote_le_get16(b + 4);
+            m.u.hello.conn_index = ote_le_get16(b + 6);
+            m.u.hello.session = ote_le_get64(b + 8);
             m.u.hello.addr_len = body_len - 16;
             if (m.u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
             if (m.u.hello.min_version == 0 || m.u.hello.min_version > m.u.hello.max_version)
@@ -133,9 +113,9 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             break;
         case OTE_CTL_HELLO_ACK:
             if (body_len < 8) return OTE_ERR_PROTOCOL;
-            m.u.hello_ack.version = get16(b);
-            m.u.hello_ack.reserved = get16(b + 2);
-            m.u.hello_ack.max_data = get32(b + 4);
+            m.u.hello_ack.version = ote_le_get16(b);
+            m.u.hello_ack.reserved = ote_le_get16(b + 2);
+            m.u.hello_ack.max_data = ote_le_get32(b + 4);
             m.u.hello_ack.addr_len = body_len - 8;
             if (m.u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
             if (m.u.hello_ack.version == 0 || m.u.hello_ack.max_data == 0) return OTE_ERR_PROTOCOL;
@@ -145,9 +125,9 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
-            m.u.rw.addr = get64(b);
-            m.u.rw.len = get32(b + 8);
-            m.u.rw.flags = get32(b + 12);
+            m.u.rw.addr = ote_le_get64(b);
+            m.u.rw.len = ote_le_get32(b + 8);
+            m.u.rw.flags = ote_le_get32(b + 12);
             if (m.u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
             if (m.u.rw.flags != 0) return OTE_ERR_PROTOCOL;
             if (m.u.rw.len != 0 && m.u.rw.addr > UINT64_MAX - m.u.rw.len) return OTE_ERR_PROTOCOL;
@@ -173,8 +153,8 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             break;
         case OTE_CTL_ERROR:
             if (body_len < 4) return OTE_ERR_PROTOCOL;
-            m.u.error.min_version = get16(b);
-            m.u.error.max_version = get16(b + 2);
+            m.u.error.min_version = ote_le_get16(b);
+            m.u.error.max_version = ote_le_get16(b + 2);
             m.u.error.text_len = body_len - 4;
             if (m.u.error.text_len > OTE_CTL_MAX_TEXT) return OTE_ERR_TOO_BIG;
             m.u.error.text = (const char *)(b + 4);
@@ -231,31 +211,31 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
     uint8_t *b = buf + OTE_CTL_HDR_LEN;
     switch (m->opcode) {
         case OTE_CTL_HELLO:
-            put16(b, m->u.hello.min_version);
-            put16(b + 2, m->u.hello.max_version);
-            put16(b + 4, m->u.hello.role);
-            put16(b + 6, m->u.hello.conn_index);
-            put64(b + 8, m->u.hello.session);
+            ote_le_put16(b, m->u.hello.min_version);
+            ote_le_put16(b + 2, m->u.hello.max_version);
+            ote_le_put16(b + 4, m->u.hello.role);
+            ote_le_put16(b + 6, m->u.hello.conn_index);
+            ote_le_put64(b + 8, m->u.hello.session);
             if (m->u.hello.addr_len) memcpy(b + 16, m->u.hello.addr, m->u.hello.addr_len);
             break;
         case OTE_CTL_HELLO_ACK:
-            put16(b, m->u.hello_ack.version);
-            put16(b + 2, 0);
-            put32(b + 4, m->u.hello_ack.max_data);
+            ote_le_put16(b, m->u.hello_ack.version);
+            ote_le_put16(b + 2, 0);
+            ote_le_put32(b + 4, m->u.hello_ack.max_data);
             if (m->u.hello_ack.addr_len) memcpy(b + 8, m->u.hello_ack.addr, m->u.hello_ack.addr_len);
             break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
-            put64(b, m->u.rw.addr);
-            put32(b + 8, m->u.rw.len);
-            put32(b + 12, 0);
+            ote_le_put64(b, m->u.rw.addr);
+            ote_le_put32(b + 8, m->u.rw.len);
+            ote_le_put32(b + 12, 0);
             break;
         case OTE_CTL_NOTIFY:
             if (m->u.notify.len) memcpy(b, m->u.notify.msg, m->u.notify.len);
             break;
         case OTE_CTL_ERROR:
-            put16(b, m->u.error.min_version);
-            put16(b + 2, m->u.error.max_version);
+            ote_le_put16(b, m->u.error.min_version);
+            ote_le_put16(b + 2, m->u.error.max_version);
             if (m->u.error.text_len) memcpy(b + 4, m->u.error.text, m->u.error.text_len);
             break;
         case OTE_CTL_RDMA:
