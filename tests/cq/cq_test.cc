@@ -199,7 +199,7 @@ TEST_F(CqTest, DrainHasADeadline) {
               OTE_ERR_TIMEOUT);
     uint64_t took = ote_now_ns() - t0;
     EXPECT_GE(took, 50 * OTE_NSEC_PER_MSEC);
-    EXPECT_LT(took, 2 * OTE_NSEC_PER_SEC);
+    EXPECT_LT(took, 60 * OTE_NSEC_PER_SEC);  // bounded (a hang would fail), not a speed check
     EXPECT_TRUE(LogContains("drain deadline passed"));
     ote_cq_lane_release(lane, OTE_CQ_SEND, 1);
     EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(OTE_NSEC_PER_SEC)), OTE_OK);
@@ -227,7 +227,7 @@ TEST_F(CqTest, WorkerIPollsLaneIAcrossContexts) {
         for (int i = 0; i < 4; i++)
             ASSERT_EQ(qps[i].PostSends({OTE_CQ_WR_ID(recs[i].ns, (uint64_t)round)}), 0);
     // Nobody but the workers polls: wait for their progress.
-    ote_deadline_t d = ote_deadline_after(10 * OTE_NSEC_PER_SEC);
+    ote_deadline_t d = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
     for (int i = 0; i < 4; i++) {
         while (recs[i].Count() < 20 && !ote_deadline_expired(d)) std::this_thread::yield();
         ASSERT_EQ(recs[i].Count(), 20u) << "lane " << i;

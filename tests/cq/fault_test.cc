@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "tests/cq/raw_qp.h"
@@ -68,7 +72,6 @@ class CqFaultTest : public OteTest {
 };
 
 TEST_F(CqFaultTest, CreationFailingAtEachStepLeaksNothingAndRetryWorks) {
-    ExpectErrorLogs();
     struct Step {
         ote_verbs_fault_op_t op;
         uint64_t nth;
@@ -79,7 +82,8 @@ TEST_F(CqFaultTest, CreationFailingAtEachStepLeaksNothingAndRetryWorks) {
         ote_verbs_fault_reset_counters(v_);
         ASSERT_EQ(ote_verbs_fault_fail(v_, s.op, OTE_FAULT_NTH, s.nth, ENOMEM), OTE_OK);
         ote_cq_lane_t *lane = nullptr;
-        ote_status_t st = Create(&lane);
+        ote_status_t st = OTE_OK;
+        ExpectErrorLogsIn([&] { st = Create(&lane); });  // the failed native call is logged
         EXPECT_EQ(ote_status_errno(st), ENOMEM);
         EXPECT_EQ(lane, nullptr);
         // Every CQ and channel that was made was destroyed again.
@@ -97,13 +101,17 @@ TEST_F(CqFaultTest, CreationFailingAtEachStepLeaksNothingAndRetryWorks) {
 }
 
 TEST_F(CqFaultTest, AllocationFailuresDuringCreationLeakNothing) {
-    ExpectErrorLogs();  // the provider's own allocations fail too: logged create errors
     int failures = 0;
     for (uint64_t n = 1; n < 200; n++) {
-        ote_alloc_fail_nth(n);
         ote_cq_lane_t *lane = nullptr;
-        ote_status_t st = Create(&lane);
-        ote_alloc_fail_disarm();
+        ote_status_t st;
+        {
+            // The provider's own allocations fail too: their create errors are logged.
+            ote_test::ErrorLogsExpected guard;
+            ote_alloc_fail_nth(n);
+            st = Create(&lane);
+            ote_alloc_fail_disarm();
+        }
         if (st == OTE_OK) {
             EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
             EXPECT_GT(failures, 0);
@@ -162,6 +170,13 @@ TEST_F(CqFaultTest, LostCqeKeepsItsChargeOwedAndDrainEndsAtTheDeadline) {
     ASSERT_EQ(ote_verbs_fault_lose_cqe_wr_id(v_, nullptr, lost), OTE_OK);
     ASSERT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 3), OTE_OK);
     ASSERT_EQ(qp.PostSends({OTE_CQ_WR_ID(rec.ns, 1), lost, OTE_CQ_WR_ID(rec.ns, 3)}), 0);
+    // First the two CQEs that do come (generous deadline), so that the short drain below
+    // cannot time out before it ever polled, however long this thread is preempted.
+    struct Two {
+        static int Fn(void *arg) { return static_cast<Record *>(arg)->seen.size() >= 2; }
+    };
+    ASSERT_EQ(ote_cq_lane_progress(lane, &Two::Fn, &rec, ote_deadline_after(30 * OTE_NSEC_PER_SEC)),
+              OTE_OK);
     EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(100 * OTE_NSEC_PER_MSEC)),
               OTE_ERR_TIMEOUT);
     ASSERT_EQ(rec.seen.size(), 2u);
@@ -219,11 +234,29 @@ TEST_F(CqFaultTest, FailingPollIsReportedAndCountedThenPollingRecovers) {
     EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
 }
 
+// The injected poll failure must land in the worker: the test thread never polls this
+// lane (no drain/progress: it only waits, without polling, for the worker to deliver),
+// so the third poll_cq of the lane is the worker's third, wherever the scheduler runs it.
 TEST_F(CqFaultTest, WorkersKeepPollingThroughPollFailures) {
+    struct Seen {
+        std::mutex mu;
+        std::vector<uint64_t> wr_ids;
+        std::set<std::thread::id> threads;
+        uint32_t ns = 0;
+        static void Fn(void *arg, ote_cq_lane_t *, ote_cq_dir_t, const ibv_wc *wc) {
+            auto *self = static_cast<Seen *>(arg);
+            std::lock_guard<std::mutex> g(self->mu);
+            self->wr_ids.push_back(wc->wr_id);
+            self->threads.insert(std::this_thread::get_id());
+        }
+        size_t Count() {
+            std::lock_guard<std::mutex> g(mu);
+            return wr_ids.size();
+        }
+    } rec;
     ote_cq_lane_t *lane = nullptr;
     ASSERT_EQ(Create(&lane), OTE_OK);
-    Record rec;
-    ASSERT_EQ(ote_cq_lane_register_ns(lane, &Record::Fn, &rec, &rec.ns), OTE_OK);
+    ASSERT_EQ(ote_cq_lane_register_ns(lane, &Seen::Fn, &rec, &rec.ns), OTE_OK);
     RawQp qp;
     ASSERT_EQ(qp.Create(lane), 0);
     ASSERT_EQ(ote_cq_lane_attach_qp(lane, qp.Num(), &ChargedHook, nullptr), OTE_OK);
@@ -231,14 +264,37 @@ TEST_F(CqFaultTest, WorkersKeepPollingThroughPollFailures) {
     ASSERT_EQ(ote_cq_workers_start(1, &w), OTE_OK);
     ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_POLL_CQ, OTE_FAULT_NTH, 3, EIO), OTE_OK);
     ASSERT_EQ(ote_cq_workers_add(w, lane), OTE_OK);
+    // The worker's first polls (and the failing third) may come before or after the
+    // posts; either way it must keep polling and deliver all four.
     ASSERT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 4), OTE_OK);
     ASSERT_EQ(qp.PostSends({OTE_CQ_WR_ID(rec.ns, 1), OTE_CQ_WR_ID(rec.ns, 2),
                             OTE_CQ_WR_ID(rec.ns, 3), OTE_CQ_WR_ID(rec.ns, 4)}),
               0);
-    // The worker drives it; drain only waits (and polls when the worker does not).
-    EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(5 * OTE_NSEC_PER_SEC)), OTE_OK);
+    // Wait (generous deadline, no polling here) until the failure was injected and the
+    // worker delivered every completion.
+    ote_deadline_t deadline = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
+    while ((rec.Count() < 4 ||
+            ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ) < 1) &&
+           !ote_deadline_expired(deadline)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     ASSERT_EQ(ote_cq_workers_remove(w, lane), OTE_OK);
-    EXPECT_EQ(rec.seen.size(), 4u);
+    EXPECT_EQ(ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
+    EXPECT_GE(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 4u);  // it polled on
+    ote_cq_lane_stats_t stats;
+    ote_cq_lane_get_stats(lane, &stats);
+    EXPECT_EQ(stats.poll_failures, 1u);  // the one injected failure, seen by the lane
+    EXPECT_EQ(stats.completions, 4u);
+    EXPECT_TRUE(LogContains("poll_cq(") && LogContains("failed: errno 5"));
+    {
+        std::lock_guard<std::mutex> g(rec.mu);
+        ASSERT_EQ(rec.wr_ids.size(), 4u);
+        for (uint64_t i = 0; i < 4; i++) EXPECT_EQ(rec.wr_ids[i], OTE_CQ_WR_ID(rec.ns, i + 1));
+        // Delivered by the worker, never by this thread.
+        ASSERT_EQ(rec.threads.size(), 1u);
+        EXPECT_NE(*rec.threads.begin(), std::this_thread::get_id());
+    }
+    EXPECT_EQ(ote_cq_lane_outstanding(lane, OTE_CQ_SEND), 0u);
     EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK);
     ote_cq_lane_detach_qp(lane, qp.Num());
     ASSERT_EQ(qp.Destroy(), 0);
