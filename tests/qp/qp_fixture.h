@@ -174,7 +174,9 @@ class QpFixture : public OteTest {
         return v;
     }
 
-    static ote_deadline_t Soon(uint64_t ms = 5000) {
+    // A generous deadline for waits that must succeed (a loaded 2-core machine under
+    // ASan can stall for seconds); a hang still fails, just later.
+    static ote_deadline_t Soon(uint64_t ms = 30000) {
         return ote_deadline_after(ms * OTE_NSEC_PER_MSEC);
     }
 
