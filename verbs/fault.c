@@ -30,7 +30,7 @@ static const char *const g_op_names[OTE_VERBS_FAULT_OP_COUNT] = {
     "get_device_list", "free_device_list", "get_device_name", "open_device",
     "close_device", "query_device", "query_port", "query_gid",
     "query_gid_ex", "device_numa_node", "get_async_event", "ack_async_event",
-    "alloc_pd", "dealloc_pd", "reg_mr", "dereg_mr",
+    "alloc_pd", "dealloc_pd", "reg_mr", "reg_dmabuf_mr", "dereg_mr",
     "alloc_mw", "dealloc_mw", "create_comp_channel", "destroy_comp_channel",
     "create_cq", "destroy_cq", "req_notify_cq", "get_cq_event",
     "ack_cq_events", "poll_cq", "create_qp", "modify_qp",
@@ -456,6 +456,14 @@ static int f_reg_mr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t length
     return in_ops(f)->reg_mr(f->inner, pd, addr, length, access, mr_out);
 }
 
+static int f_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, size_t length,
+                           uint64_t iova, int fd, int access, struct ibv_mr **mr_out) {
+    fault_t *f = to_fault(v);
+    int err = enter(f, OP(REG_DMABUF_MR), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->reg_dmabuf_mr(f->inner, pd, offset, length, iova, fd, access, mr_out);
+}
+
 static int f_dereg_mr(ote_verbs_t *v, struct ibv_mr *mr) {
     fault_t *f = to_fault(v);
     int err = enter(f, OP(DEREG_MR), mr);
@@ -730,6 +738,7 @@ static const ote_verbs_ops_t g_fault_ops = {
     .alloc_pd = f_alloc_pd,
     .dealloc_pd = f_dealloc_pd,
     .reg_mr = f_reg_mr,
+    .reg_dmabuf_mr = f_reg_dmabuf_mr,
     .dereg_mr = f_dereg_mr,
     .alloc_mw = f_alloc_mw,
     .dealloc_mw = f_dealloc_mw,

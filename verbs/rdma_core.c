@@ -183,6 +183,17 @@ static int rc_reg_mr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t lengt
     return 0;
 }
 
+static int rc_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, size_t length,
+                            uint64_t iova, int fd, int access, struct ibv_mr **mr_out) {
+    (void)v;
+    if (pd == NULL || mr_out == NULL) return EINVAL;
+    errno = 0;
+    struct ibv_mr *mr = ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access);
+    if (mr == NULL) return failed_errno();
+    *mr_out = mr;
+    return 0;
+}
+
 static int rc_dereg_mr(ote_verbs_t *v, struct ibv_mr *mr) {
     (void)v;
     errno = 0;
@@ -341,6 +352,7 @@ static const ote_verbs_ops_t g_rdma_core_ops = {
     .alloc_pd = rc_alloc_pd,
     .dealloc_pd = rc_dealloc_pd,
     .reg_mr = rc_reg_mr,
+    .reg_dmabuf_mr = rc_reg_dmabuf_mr,
     .dereg_mr = rc_dereg_mr,
     .alloc_mw = rc_alloc_mw,
     .dealloc_mw = rc_dealloc_mw,

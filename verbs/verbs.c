@@ -80,6 +80,12 @@ static int stub_reg_mr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len
     (void)v; (void)pd; (void)addr; (void)length; (void)access; (void)mr_out;
     return EOPNOTSUPP;
 }
+static int stub_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, size_t length,
+                              uint64_t iova, int fd, int access, struct ibv_mr **mr_out) {
+    (void)v; (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access;
+    (void)mr_out;
+    return EOPNOTSUPP;
+}
 static int stub_dereg_mr(ote_verbs_t *v, struct ibv_mr *mr) {
     (void)v; (void)mr;
     return EOPNOTSUPP;
@@ -182,6 +188,7 @@ void ote_verbs_ops_fill_stubs(ote_verbs_ops_t *ops) {
     FILL(ops, alloc_pd);
     FILL(ops, dealloc_pd);
     FILL(ops, reg_mr);
+    FILL(ops, reg_dmabuf_mr);
     FILL(ops, dereg_mr);
     FILL(ops, alloc_mw);
     FILL(ops, dealloc_mw);

@@ -61,6 +61,15 @@ typedef struct ote_verbs_ops {
     /* Memory regions and windows. */
     int (*reg_mr)(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t length, int access,
                   struct ibv_mr **mr_out);
+    /* A dma-buf MR, as ibv_reg_dmabuf_mr: bytes [offset, offset+length) of the dma-buf fd
+     * (GPU memory the host may not address), reached through lkey/rkey at addresses
+     * [iova, iova+length) by local SGEs and remote requests alike. As rdma-core, the MR's
+     * addr is `offset` and its length `length`. iova and offset must lie at the same
+     * offset within a page (EINVAL); a bad fd fails with EBADF, a range past the end of
+     * the dma-buf with EINVAL; access flags as for reg_mr. The fd stays the caller's (it
+     * may be closed once the MR exists); dereg_mr releases the MR. */
+    int (*reg_dmabuf_mr)(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, size_t length,
+                         uint64_t iova, int fd, int access, struct ibv_mr **mr_out);
     int (*dereg_mr)(ote_verbs_t *v, struct ibv_mr *mr);
     int (*alloc_mw)(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type,
                     struct ibv_mw **mw_out);

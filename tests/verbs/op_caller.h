@@ -111,6 +111,13 @@ inline OpResult CallOp(ote_verbs_t *v, ote_verbs_fault_op_t op, const OpArgs &a)
             r.output_untouched = mr == kSentinel;
             break;
         }
+        case OTE_VERBS_FAULT_OP_REG_DMABUF_MR: {
+            // fd -1: a provider that gets this far fails it (EBADF) and creates nothing
+            auto mr = static_cast<struct ibv_mr *>(kSentinel);
+            r.ret = o->reg_dmabuf_mr(v, a.pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE, &mr);
+            r.output_untouched = mr == kSentinel;
+            break;
+        }
         case OTE_VERBS_FAULT_OP_DEREG_MR: r.ret = o->dereg_mr(v, a.mr); break;
         case OTE_VERBS_FAULT_OP_ALLOC_MW: {
             auto mw = static_cast<struct ibv_mw *>(kSentinel);

@@ -5,6 +5,9 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "verbs/sim/sim_internal.h"
 
@@ -109,7 +112,7 @@ bool ote__sim_check_local(sim_prov_t *p, sim_pd_t *pd, const struct ibv_sge *sge
         if (sge[i].length == 0) continue;
         sim_mr_t *mr = ote__sim_mr_lookup(p, sge[i].lkey);
         if (!mr || mr->pd != pd) return false;
-        if (!in_range((uint64_t)(uintptr_t)mr->ibmr.addr, mr->ibmr.length, sge[i].addr, sge[i].length))
+        if (!in_range(mr->va, mr->ibmr.length, sge[i].addr, sge[i].length))
             return false;
         if (need_write && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return false;
         left -= sge[i].length < left ? sge[i].length : left;
@@ -118,15 +121,16 @@ bool ote__sim_check_local(sim_prov_t *p, sim_pd_t *pd, const struct ibv_sge *sge
 }
 
 bool ote__sim_check_remote(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, uint64_t addr,
-                           uint64_t len, int need, const void **auth_out) {
+                           uint64_t len, int need, const void **auth_out, void **host_out) {
     sim_key_t *k = key_entry(p, rkey);
     if (!k) return false;
     if (k->kind == SIM_KEY_MR) {
         sim_mr_t *mr = k->obj;
         if (mr->ibmr.rkey != rkey || mr->pd != qp->pd) return false;
         if (!(mr->access & need)) return false;
-        if (!in_range((uint64_t)(uintptr_t)mr->ibmr.addr, mr->ibmr.length, addr, len)) return false;
+        if (!in_range(mr->va, mr->ibmr.length, addr, len)) return false;
         if (auth_out) *auth_out = mr;
+        if (host_out) *host_out = ote__sim_mr_host(mr, addr);
         return true;
     }
     if (k->kind == SIM_KEY_MW) {
@@ -136,9 +140,16 @@ bool ote__sim_check_remote(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, uint64_t 
         if (!(mw->access & need)) return false;
         if (!in_range(mw->addr, mw->len, addr, len)) return false;
         if (auth_out) *auth_out = mw;
+        if (host_out) *host_out = ote__sim_mr_host(mw->mr, addr); /* a bound window has its MR */
         return true;
     }
     return false;
+}
+
+void *ote__sim_sge_host(sim_prov_t *p, const struct ibv_sge *sge) {
+    sim_mr_t *mr = ote__sim_mr_lookup(p, sge->lkey);
+    if (!mr || sge->length == 0) return (void *)(uintptr_t)sge->addr;
+    return ote__sim_mr_host(mr, sge->addr);
 }
 
 /* ---- MR ---- */
@@ -175,9 +186,82 @@ int ote__sim_reg_mr(ote_verbs_t *v, struct ibv_pd *ibpd, void *addr, size_t leng
     mr->ibmr.pd = ibpd;
     mr->ibmr.addr = addr;
     mr->ibmr.length = length;
+    mr->va = (uint64_t)(uintptr_t)addr;
+    mr->host = addr;
     mr->ibmr.handle = mr->index;
     mr->ibmr.lkey = mr->index << 8 | tag;
     mr->ibmr.rkey = mr->ibmr.lkey;
+    pd->children++;
+    ote_mutex_unlock(&p->mu);
+    *mr_out = &mr->ibmr;
+    return 0;
+}
+
+/* Flags the kernel's dma-buf registration accepts (MW_BIND is not among them). */
+#define SIM_DMABUF_KNOWN_ACCESS                                                              \
+    (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |              \
+     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING)
+
+/* Checks in the kernel's order: page offsets of offset and iova, access flags, range
+ * arithmetic, then the fd (EBADF) and the range against the dma-buf's size (EINVAL). */
+static int dmabuf_check(uint64_t offset, size_t length, uint64_t iova, int fd, int access,
+                        uint64_t page, struct stat *st) {
+    if ((offset & (page - 1)) != (iova & (page - 1))) return EINVAL;
+    if (access & ~SIM_DMABUF_KNOWN_ACCESS) return EINVAL;
+    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+        !(access & IBV_ACCESS_LOCAL_WRITE))
+        return EINVAL;
+    if (length == 0 || length > SIM_MAX_MR_SIZE) return EINVAL;
+    if (offset + length < offset || iova + length < iova) return EINVAL;
+    if (fd < 0 || fstat(fd, st) != 0) return EBADF;
+    if (st->st_size < 0 || offset + length > (uint64_t)st->st_size) return EINVAL;
+    return 0;
+}
+
+int ote__sim_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *ibpd, uint64_t offset, size_t length,
+                           uint64_t iova, int fd, int access, struct ibv_mr **mr_out) {
+    if (!ibpd || !mr_out) return EINVAL;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    struct stat st;
+    int err = dmabuf_check(offset, length, iova, fd, access, page, &st);
+    if (err) return err;
+    /* The software NIC reaches the "device" memory through its own mapping of the fd;
+     * the registering process need not (and, for GPU memory, cannot) address it. */
+    uint64_t start = offset & ~(page - 1);
+    size_t map_len = (size_t)(offset + length - start);
+    void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+    if (map == MAP_FAILED) {
+        err = errno;
+        return err == ENODEV ? EINVAL : err; /* an fd that cannot be mapped is no dma-buf */
+    }
+    sim_prov_t *p = to_sim_prov(v);
+    sim_pd_t *pd = to_sim_pd(ibpd);
+    sim_mr_t *mr = ote_calloc(1, sizeof(*mr));
+    if (!mr) {
+        munmap(map, map_len);
+        return ENOMEM;
+    }
+    ote_mutex_lock(&p->mu);
+    uint8_t tag = 0;
+    if (ote__sim_key_alloc(p, SIM_KEY_MR, mr, &mr->index, &tag) != OTE_OK) {
+        ote_mutex_unlock(&p->mu);
+        ote_free(mr);
+        munmap(map, map_len);
+        return ENOMEM;
+    }
+    mr->pd = pd;
+    mr->access = access;
+    mr->ibmr.context = ibpd->context;
+    mr->ibmr.pd = ibpd;
+    mr->ibmr.addr = (void *)(uintptr_t)offset; /* as rdma-core's ibv_reg_dmabuf_mr */
+    mr->ibmr.length = length;
+    mr->ibmr.handle = mr->index;
+    mr->ibmr.lkey = mr->index << 8 | tag;
+    mr->ibmr.rkey = mr->ibmr.lkey;
+    mr->va = iova;
+    mr->host = (uint8_t *)map + (offset - start);
+    mr->map = map; /* owned by the MR from here; dereg unmaps it */
+    mr->map_len = map_len;
     pd->children++;
     ote_mutex_unlock(&p->mu);
     *mr_out = &mr->ibmr;
@@ -199,6 +283,8 @@ int ote__sim_dereg_mr(ote_verbs_t *v, struct ibv_mr *ibmr) {
     mr->pd->children--;
     ote_mutex_unlock(&p->mu);
     ote__sim_wake(p);
+    /* Revoked above: no transfer holds a reference into the mapping any more. */
+    if (mr->map) munmap(mr->map, mr->map_len);
     ote_free(mr);
     return 0;
 }

@@ -31,6 +31,7 @@ static const ote_verbs_ops_t k_sim_ops = {
     .alloc_pd = ote__sim_alloc_pd,
     .dealloc_pd = ote__sim_dealloc_pd,
     .reg_mr = ote__sim_reg_mr,
+    .reg_dmabuf_mr = ote__sim_reg_dmabuf_mr,
     .dereg_mr = ote__sim_dereg_mr,
     .alloc_mw = ote__sim_alloc_mw,
     .dealloc_mw = ote__sim_dealloc_mw,

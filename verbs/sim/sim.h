@@ -66,6 +66,15 @@
  *   QPN = dest_qp_num, source GID = dgid, and that GID held by the connecting process,
  *   checked with SO_PEERCRED), once per connection; anything else is closed (the sender's
  *   WRs end in RETRY_EXC_ERR). So the requester's sgid must be the GID its peer uses as dgid.
+ * - dma-buf MRs (reg_dmabuf_mr): the fd is any mappable file with a size (a memfd stands in
+ *   for a GPU's dma-buf). The sim maps [page of offset, offset+length) of it MAP_SHARED and
+ *   reads and writes the MR's bytes through that mapping, so the registering process never
+ *   needs to address them; requests and SGEs address them at [iova, iova+length). Errors
+ *   follow the kernel: iova and offset at different page offsets, unknown or MW_BIND
+ *   access, REMOTE_WRITE/ATOMIC without LOCAL_WRITE, length 0, or a range past the file's
+ *   size -> EINVAL; a bad fd -> EBADF; an fd that cannot be mapped -> EINVAL (another
+ *   mmap failure: its errno). The mapping keeps the memory alive after the caller closes
+ *   the fd; dereg revokes like any MR (below) and then unmaps it.
  * - Payloads are zero-copy (read from / written to registered memory by the socket calls).
  *   A responder starts no request on a connection until the READ response ahead of it is
  *   fully sent. Dereg, dealloc_mw, invalidation (local or remote) and a move to ERR drop

@@ -147,13 +147,27 @@ typedef struct sim_key {
     uint32_t next_free;
 } sim_key_t;
 
+/* An MR is addressed (by SGEs, rkeys and window binds) at [va, va + ibmr.length): va is
+ * ibmr.addr for an ordinary MR and the iova for a dma-buf MR, whose ibmr.addr is the
+ * offset into the dma-buf (as rdma-core sets it). host is where byte va lies in this
+ * process: addr itself, or inside the sim's own MAP_SHARED mapping of the dma-buf (map,
+ * map_len from the page holding `offset`), which dereg unmaps after revoking. */
 typedef struct sim_mr {
     struct ibv_mr ibmr;
     sim_pd_t *pd;
     int access;
     uint32_t index;
     int nbound; /* windows bound to it */
+    uint64_t va;
+    uint8_t *host;
+    void *map; /* dma-buf MR only: NULL for an ordinary MR */
+    size_t map_len;
 } sim_mr_t;
+
+/* Where address addr of mr (checked to lie inside it) is in this process. */
+static inline void *ote__sim_mr_host(const sim_mr_t *mr, uint64_t addr) {
+    return mr->host + (addr - mr->va);
+}
 
 typedef struct sim_mw {
     struct ibv_mw ibmw;
@@ -178,9 +192,13 @@ bool ote__sim_check_local(struct sim_prov *p, sim_pd_t *pd, const struct ibv_sge
                           bool need_write, uint64_t len);
 /* Check remote access (rkey, range, permission) on responder QP qp. On success *auth_out
  * (if not NULL) is the MR or MW that grants it: the owner recorded with every zero-copy
- * reference to that memory, so that revoking it (ote__sim_revoke) finds the reference. */
+ * reference to that memory, so that revoking it (ote__sim_revoke) finds the reference;
+ * *host_out (if not NULL) is where addr lies in this process (ote__sim_mr_host). */
 bool ote__sim_check_remote(struct sim_prov *p, struct sim_qp *qp, uint32_t rkey, uint64_t addr,
-                           uint64_t len, int need_access, const void **auth_out);
+                           uint64_t len, int need_access, const void **auth_out, void **host_out);
+/* Where the bytes of a local SGE (already checked) are in this process; sge->addr itself
+ * when no MR of that lkey exists (a zero-length SGE). */
+void *ote__sim_sge_host(struct sim_prov *p, const struct ibv_sge *sge);
 
 /* ---- CQ and completion channel (cq.c) ---- */
 
@@ -443,6 +461,8 @@ int ote__sim_alloc_pd(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_pd **p
 int ote__sim_dealloc_pd(ote_verbs_t *v, struct ibv_pd *pd);
 int ote__sim_reg_mr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t length, int access,
                     struct ibv_mr **mr_out);
+int ote__sim_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, size_t length,
+                           uint64_t iova, int fd, int access, struct ibv_mr **mr_out);
 int ote__sim_dereg_mr(ote_verbs_t *v, struct ibv_mr *mr);
 int ote__sim_alloc_mw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type,
                       struct ibv_mw **mw_out);

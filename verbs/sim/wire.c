@@ -390,7 +390,7 @@ static void exec_bind(sim_prov_t *p, sim_qp_t *qp, sim_swr_t *e) {
         !(mr->access & IBV_ACCESS_LOCAL_WRITE))
         ok = false;
     if (ok) {
-        uint64_t base = (uint64_t)(uintptr_t)mr->ibmr.addr;
+        uint64_t base = mr->va;
         if (e->baddr < base || e->blen > mr->ibmr.length || e->baddr - base > mr->ibmr.length - e->blen) ok = false;
     }
     if (!ok) {
@@ -540,7 +540,7 @@ static void req_build(sim_prov_t *p, sim_qp_t *qp) {
             if (e->inlined) frame_add(f, e->inl, e->len, NULL);
             else
                 for (int i = 0; i < e->nsge; i++)
-                    frame_add(f, (void *)(uintptr_t)e->sge[i].addr, e->sge[i].length,
+                    frame_add(f, ote__sim_sge_host(p, &e->sge[i]), e->sge[i].length,
                               ote__sim_mr_lookup(p, e->sge[i].lkey));
         }
         conn_queue(qp->req, f);
@@ -669,7 +669,7 @@ static void set_div_sges(sim_prov_t *p, sim_conn_t *c, const struct ibv_sge *sge
     for (int i = 0; i < n && len > 0 && c->ndiv < c->div_cap; i++) {
         uint64_t l = sge[i].length < len ? sge[i].length : len;
         if (!l) continue;
-        c->div[c->ndiv].iov_base = (void *)(uintptr_t)sge[i].addr;
+        c->div[c->ndiv].iov_base = ote__sim_sge_host(p, &sge[i]);
         c->div[c->ndiv].iov_len = l;
         c->div_own[c->ndiv] = ote__sim_mr_lookup(p, sge[i].lkey);
         c->ndiv++;
@@ -770,29 +770,32 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
             }
         }
         const void *auth = NULL;
+        void *host = NULL;
         if (h->len > 0) {
             if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
                 resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_REQ_ERR);
                 return;
             }
-            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len, IBV_ACCESS_REMOTE_WRITE, &auth)) {
+            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len, IBV_ACCESS_REMOTE_WRITE, &auth,
+                                       &host)) {
                 resp_fail(p, c, qp, SIM_NAK_ACCESS, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
                 return;
             }
         }
-        set_div_one(c, (void *)(uintptr_t)h->raddr, h->len, auth);
+        set_div_one(c, host, h->len, auth);
         c->act = w ? ACT_WRITE_IMM : ACT_WRITE;
         return;
     }
     case IBV_WR_RDMA_READ: {
         uint64_t len = h->imm;
         const void *auth = NULL;
+        void *host = NULL;
         if (len > 0) {
             if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)) {
                 resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_REQ_ERR);
                 return;
             }
-            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ, &auth)) {
+            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ, &auth, &host)) {
                 resp_fail(p, c, qp, SIM_NAK_ACCESS, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_ACCESS_ERR);
                 return;
             }
@@ -804,7 +807,7 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
         f->hdr.len = len;
         /* Zero-copy: the bytes are read when the socket takes them. Until then the next
          * request on this connection waits (conn_rx) and revoking auth withdraws it. */
-        frame_add(f, (void *)(uintptr_t)h->raddr, len, auth);
+        frame_add(f, host, len, auth);
         conn_queue(c, f);
         c->rresp = f;
         qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
