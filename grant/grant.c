@@ -1,6 +1,7 @@
 /*
  * grant/grant.c - requester grants (answer, slices, invalidation) and source grants
- * (registration check, MW bind, receipt), with their deadlines.
+ * (registration check, MW bind, receipt), with their deadlines, and the monitor's tick.
+ * Geometry, sequence numbers, windows and the manager's lifecycle are in manager.c.
  *
  * Locking: one manager mutex guards every grant of the manager, the MW pool and the
  * per-lane wait lists. It may be held across ote_qp_post_send()/ote_qp_cancel() and
@@ -8,8 +9,6 @@
  * store). It is never held across the user callbacks (done, answer, unpin), which are
  * deferred until the mutex is dropped, nor across anything that drives a lane.
  */
-#include "grant/grant.h"
-
 #include <errno.h>
 #include <string.h>
 
@@ -17,105 +16,9 @@
 #include "base/hash.h"
 #include "base/lock.h"
 #include "base/log.h"
-
-/* ---- geometry ------------------------------------------------------------------------ */
-
-uint32_t ote_grant_slice_count(uint64_t len) {
-    if (len == 0) return 0;
-    uint64_t n = len / OTE_GRANT_BLOCK, tail = len % OTE_GRANT_BLOCK;
-    if (n == 0) return 1;
-    if (tail != 0 && tail >= OTE_GRANT_BLOCK / 4) n++; /* a short tail folds into the last */
-    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
-}
-
-void ote_grant_slice_at(uint64_t len, uint32_t i, uint64_t *off_out, uint32_t *len_out) {
-    uint32_t n = ote_grant_slice_count(len);
-    uint64_t off = (uint64_t)i * OTE_GRANT_BLOCK;
-    *off_out = off;
-    *len_out = (uint32_t)(i + 1 == n ? len - off : OTE_GRANT_BLOCK);
-}
+#include "grant/grant_internal.h"
 
 /* ---- records ------------------------------------------------------------------------- */
-
-#define IDX_INV 0xffffu  /* the SEND_WITH_INV of a requester grant */
-#define IDX_BIND 0xfffeu /* the BIND_MW of a source grant */
-#define SEQ_MASK 0xffffffu
-#define CHAIN 16u        /* WRs per post_send call */
-
-typedef enum { R_WAIT_ANSWER = 0, R_POSTING, R_INVALIDATING, R_ENDED } rstate_t;
-typedef enum { S_BINDING = 0, S_BOUND, S_ENDED } sstate_t;
-
-typedef struct mw_ent {
-    struct ibv_mw *mw;
-    uint32_t rkey; /* current key: the library does not track type-2 rkeys */
-    struct mw_ent *next;
-} mw_ent_t;
-
-typedef struct grant grant_t;
-struct grant {
-    ote_grant_mgr_t *m;
-    uint32_t seq;
-    int source;
-    uint32_t lane;
-    ote_endpoint_t *ep;
-    uint32_t slot;
-    ote_qp_t *qp;
-    uint32_t qp_num;
-    int qp_returned;
-    ote_deadline_t deadline;
-    ote_status_t failed;
-    uint32_t outstanding; /* WRs posted and not yet discharged */
-    int waiting;          /* on the lane wait list */
-    grant_t *wait_next;
-    grant_t *fin_next;    /* deferred end */
-    int finished;         /* on a deferred end list: never again */
-
-    /* requester */
-    rstate_t rstate;
-    ote_grant_desc_t d;
-    uint32_t rkey;
-    uint32_t nslices, next, done_slices;
-
-    /* source */
-    sstate_t sstate;
-    void *pin;
-    mw_ent_t *mw;
-    int mw_unbound; /* proven unbound (invalidated, or the bind never ran) */
-    int keyed;      /* in by_key */
-    int bind_wait;  /* the bind waits for room on the QP's SQ (on the lane wait list) */
-    struct ibv_mr *bind_mr;
-    uint64_t bind_addr, bind_len;
-    int bind_access;
-    uint64_t answer_ctx;
-
-    UT_hash_handle hh;      /* by seq */
-    UT_hash_handle hh_key;  /* source: by rkey */
-};
-
-typedef struct {
-    ote_grant_mgr_t *m;
-    uint32_t idx;
-    ote_cq_lane_t *lane;
-    uint32_t ns;
-    int registered;
-    grant_t *wait_head, *wait_tail;
-} mlane_t;
-
-struct ote_grant_mgr {
-    ote_context_t *ctx;
-    ote_verbs_t *v;
-    uint32_t nlanes;
-    mlane_t *lanes;
-    int has_src;
-    ote_grant_source_ops_t src;
-    ote_mutex_t mu;
-    grant_t *by_seq;
-    grant_t *by_key;
-    uint32_t next_seq;
-    ote_status_t fence;
-    mw_ent_t *pool;
-    ote_grant_stats_t stats;
-};
 
 /* Work deferred until the manager mutex is dropped. Answers are copied by value: the
  * grant they came from may end in another thread as soon as the mutex is released. */
@@ -233,15 +136,7 @@ static void maybe_finish(grant_t *g, defer_t *df) {
             m->stats.mw_pool++;
         } else {
             /* The window may still be bound: only dealloc (which unbinds) is safe. */
-            int err = m->v->ops->dealloc_mw(m->v, g->mw->mw);
-            if (err != 0) {
-                m->stats.mw_retained++;
-                OTE_WARN("grant", "%s: dealloc_mw failed: errno %d; window retained",
-                         ote_context_name(m->ctx), err);
-                /* Retained: the entry is kept (leaked on purpose, counted). */
-            } else {
-                ote_free(g->mw);
-            }
+            (void)ote__grant_mw_dealloc_or_retain(m, g->mw);
         }
         g->mw = NULL;
     }
@@ -371,12 +266,7 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
         ote_free(g);
         return st;
     }
-    grant_t *dup;
-    do {
-        g->seq = (++m->next_seq) & SEQ_MASK;
-        HASH_FIND(hh, m->by_seq, &g->seq, sizeof(g->seq), dup);
-    } while (g->seq == 0 || dup != NULL);
-    OTE_HASH_ADD(hh, m->by_seq, seq, sizeof(g->seq), g, st);
+    st = ote__grant_seq_assign(m, g);
     if (st != OTE_OK) {
         ote_mutex_unlock(&m->mu);
         ote_free(g);
@@ -469,7 +359,7 @@ static void kick_lane(mlane_t *ml, defer_t *df) {
     }
 }
 
-static void on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc *wc) {
+void ote__grant_on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc *wc) {
     (void)lane;
     mlane_t *ml = arg;
     ote_grant_mgr_t *m = ml->m;
@@ -679,12 +569,7 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
         ent->rkey = ent->mw->rkey;
     }
     ent->next = NULL;
-    grant_t *dup;
-    do {
-        g->seq = (++m->next_seq) & SEQ_MASK;
-        HASH_FIND(hh, m->by_seq, &g->seq, sizeof(g->seq), dup);
-    } while (g->seq == 0 || dup != NULL);
-    OTE_HASH_ADD(hh, m->by_seq, seq, sizeof(g->seq), g, st);
+    st = ote__grant_seq_assign(m, g);
     if (st != OTE_OK) {
         ent->next = m->pool; /* never bound by us: back to the pool */
         m->pool = ent;
@@ -750,100 +635,6 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
     defer_run(m, &df);
 }
 
-/* ---- manager ---------------------------------------------------------------------- */
-
-ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes,
-                                  uint32_t nlanes, const ote_grant_source_ops_t *src,
-                                  ote_grant_mgr_t **mgr_out) {
-    if (ctx == NULL || lanes == NULL || nlanes == 0 || mgr_out == NULL) return OTE_ERR_INVALID;
-    if (src != NULL && (src->pin == NULL || src->unpin == NULL || src->answer == NULL))
-        return OTE_ERR_INVALID;
-    ote_grant_mgr_t *m = ote_calloc(1, sizeof(*m));
-    if (m == NULL) return OTE_ERR_NOMEM;
-    m->lanes = ote_calloc(nlanes, sizeof(*m->lanes));
-    if (m->lanes == NULL) {
-        ote_free(m);
-        return OTE_ERR_NOMEM;
-    }
-    ote_status_t st = ote_mutex_init(&m->mu);
-    if (st != OTE_OK) {
-        ote_free(m->lanes);
-        ote_free(m);
-        return st;
-    }
-    m->ctx = ctx;
-    m->v = ote_context_verbs(ctx);
-    m->nlanes = nlanes;
-    if (src != NULL) {
-        m->has_src = 1;
-        m->src = *src;
-    }
-    for (uint32_t i = 0; i < nlanes; i++) {
-        m->lanes[i].m = m;
-        m->lanes[i].idx = i;
-        m->lanes[i].lane = lanes[i];
-        st = ote_cq_lane_register_ns(lanes[i], on_cqe, &m->lanes[i], &m->lanes[i].ns);
-        if (st != OTE_OK) break;
-        m->lanes[i].registered = 1;
-    }
-    if (st != OTE_OK) {
-        for (uint32_t i = 0; i < nlanes; i++)
-            if (m->lanes[i].registered) ote_cq_lane_unregister_ns(lanes[i], m->lanes[i].ns);
-        ote_mutex_destroy(&m->mu);
-        ote_free(m->lanes);
-        ote_free(m);
-        return st;
-    }
-    *mgr_out = m;
-    return OTE_OK;
-}
-
-ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m) {
-    if (m == NULL) return OTE_OK;
-    ote_mutex_lock(&m->mu);
-    if (m->by_seq != NULL) {
-        ote_mutex_unlock(&m->mu);
-        return OTE_ERR_BUSY;
-    }
-    ote_status_t st = OTE_OK;
-    mw_ent_t **pp = &m->pool;
-    while (*pp != NULL) {
-        mw_ent_t *e = *pp;
-        int err = m->v->ops->dealloc_mw(m->v, e->mw);
-        if (err != 0) {
-            st = ote_status_make(OTE_ERR_RETAINED, err);
-            pp = &e->next;
-            continue;
-        }
-        *pp = e->next;
-        m->stats.mw_pool--;
-        ote_free(e);
-    }
-    ote_mutex_unlock(&m->mu);
-    if (st != OTE_OK) {
-        OTE_WARN("grant", "%s: pooled windows could not be deallocated: %s; manager retained",
-                 ote_context_name(m->ctx), ote_status_str(st));
-        return st;
-    }
-    for (uint32_t i = 0; i < m->nlanes; i++)
-        if (m->lanes[i].registered) ote_cq_lane_unregister_ns(m->lanes[i].lane, m->lanes[i].ns);
-    ote_mutex_destroy(&m->mu);
-    ote_free(m->lanes);
-    ote_free(m);
-    return OTE_OK;
-}
-
-void ote_grant_mgr_fence(ote_grant_mgr_t *m, ote_status_t why) {
-    ote_mutex_lock(&m->mu);
-    m->fence = why;
-    ote_mutex_unlock(&m->mu);
-}
-
-void ote_grant_mgr_get_stats(ote_grant_mgr_t *m, ote_grant_stats_t *out) {
-    ote_mutex_lock(&m->mu);
-    *out = m->stats;
-    ote_mutex_unlock(&m->mu);
-}
 
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
     defer_t df = {.fin = NULL, .nans = 0};
@@ -852,6 +643,7 @@ size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
      * now, with that status, instead of leaving them to their deadlines. */
     ote_status_t down = ote_context_check(m->ctx);
     ote_mutex_lock(&m->mu);
+    if (m->retained != NULL) (void)ote__grant_mw_retry_retained(m); /* the monitor's retry */
     for (uint32_t i = 0; i < m->nlanes; i++) kick_lane(&m->lanes[i], &df);
     grant_t *g, *tmp;
     HASH_ITER(hh, m->by_seq, g, tmp) {

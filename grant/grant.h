@@ -104,7 +104,8 @@ typedef struct ote_grant_stats {
     uint64_t slices_posted, slices_completed, partial_posts, sq_waits;
     uint64_t served, refused, bind_failures, receipts, source_expired;
     uint64_t stale_cqes, stale_receipts;
-    uint64_t live_requester, live_source, mw_pool, mw_retained;
+    uint64_t live_requester, live_source, mw_pool;
+    uint64_t mw_retained; /* windows whose dealloc failed, kept until a retry succeeds */
 } ote_grant_stats_t;
 
 /**
@@ -114,7 +115,11 @@ typedef struct ote_grant_stats {
 ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes,
                                   uint32_t nlanes, const ote_grant_source_ops_t *src,
                                   ote_grant_mgr_t **mgr_out);
-/* OTE_ERR_BUSY while grants live; OTE_ERR_RETAINED when a pooled MW would not dealloc. */
+/* OTE_ERR_BUSY while grants live. OTE_ERR_RETAINED when a window (pooled, or retained
+ * earlier) would not dealloc: it is kept, counted as OTE_RETAINED_MW in the manager's
+ * context and in its stats, the manager stays valid, and a later destroy retries. A
+ * window that a finished grant could not dealloc is retained the same way; the monitor's
+ * ote_grant_mgr_tick() retries those too. */
 ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m);
 /* Fence new grants (requester and source): OTE_ERR_PORT_DOWN / the reason given. */
 void ote_grant_mgr_fence(ote_grant_mgr_t *m, ote_status_t why);
