@@ -1,0 +1,294 @@
+/*
+ * engine/rdma/rdma_internal.h - what the files of the RDMA transport share: its structs,
+ * its lock order and its cross-file functions. Private to engine/rdma/ (never in a
+ * public hdrs).
+ *
+ * The RDMA transport composes context, cq, qp, endpoint and grant behind the engine's
+ * transport table (engine/transport.h).
+ *
+ * Owns: the verbs provider (verbs_provider=sim|rdma-core), the context set, the buffer
+ * manager (a persistent MR per registration in every usable context, MW-bindable and
+ * local-only: peers reach memory only through windows), `nlanes` CQ lanes on the data
+ * context with one worker per lane, the endpoint store, the grant manager, a control
+ * listener (its own TCP socket: HELLO/HELLO_ACK, then OTE_CTL_RDMA messages; nothing
+ * before HELLO, nothing of another version after it), one joinable thread per control
+ * connection (which alone waits on its non-blocking socket and flushes its bounded
+ * output queue: no other thread ever blocks on a peer) and a monitor thread (async
+ * events, grant and notification deadlines, endpoint reclaim). Every status a peer
+ * reports passes through ote_ctl_peer_status().
+ *
+ * Requester path of one engine slice: pick the least-loaded slot of the (peer, cap)
+ * endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
+ * local MR (or register a temporary one), start a grant (GRANT_REQ), and the grant layer
+ * posts the 64 KiB slices and the SEND_WITH_INV receipt; its done() ends the engine slice.
+ * Source path: CONNECT builds/returns the source QP of that slot; GRANT_REQ is checked
+ * against the engine's registrations (host->pin) and served with a bound window.
+ *
+ * Data path uses the first usable context (NIC striping across contexts is later work).
+ * No fallback: with no usable device, creation fails with OTE_ERR_NO_DEVICE.
+ *
+ * Files, one job each:
+ *   rdma_conn.c       one control connection (either side): framing, the non-blocking
+ *                     socket and its bounded output queue, reference count
+ *   rdma_server.c     the control listener, its acceptor thread and one thread per
+ *                     accepted connection: HELLO, INFO, dispatch to the source side
+ *   rdma_source.c     the source side: CONNECT (source QP of a slot) and GRANT_REQ
+ *                     (checked against the engine's registrations, served by a window),
+ *                     the grant layer's source callbacks
+ *   rdma_peer.c       the requester's control connection to one peer: connect and
+ *                     handshake, its reader thread, INFO/CONNECT calls, open/ensure/close
+ *   rdma_requester.c  the requester data path: engine slices to grants, GRANT_REQ,
+ *                     notifications and their deadlines
+ *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
+ *
+ * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
+ * c->wmu is a leaf: nothing else is locked under it, and no thread holds tp->mu or p->mu
+ * while it sends (conn_send* may be called from any thread with no transport lock held).
+ * The grant and endpoint layers call this transport's callbacks (source pin/answer,
+ * grant request, CONNECT exchange) with none of their own locks held. A slice's done()
+ * is never called with a transport lock held.
+ */
+#ifndef OTE_ENGINE_RDMA_RDMA_INTERNAL_H
+#define OTE_ENGINE_RDMA_RDMA_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/lock.h"
+#include "base/status.h"
+#include "base/time.h"
+#include "context/buffers.h"
+#include "context/context.h"
+#include "cq/lane.h"
+#include "cq/workers.h"
+#include "endpoint/endpoint.h"
+#include "engine/control/ctl.h"
+#include "engine/engine_internal.h"
+#include "engine/rdma/proto.h"
+#include "engine/transport.h"
+#include "grant/grant.h"
+#include "qp/qp.h"
+#include "verbs/verbs.h"
+
+#define OTE__RDMA_MAX_LANES 8
+#define OTE__RDMA_FRAME_MAX (OTE_CTL_HDR_LEN + OTE_CTL_MAX_NOTIFY + 64)
+/* Bytes a control connection may queue beyond what its socket accepted. A peer that lets
+ * more pile up (it does not read) is dropped, never waited on. */
+#define OTE__RDMA_OUT_CAP (256u << 10)
+/* Poll period of a connection's own thread: it flushes its queue and checks the queue's
+ * deadline at least this often. */
+#define OTE__RDMA_CONN_POLL_MS 10
+/* Notification ids carry this tag; call (INFO/CONNECT) ids never do, grant ids are
+ * 24-bit: an answer of the wrong kind is recognised as such. */
+#define OTE__RDMA_NOTE_TAG (1ull << 62)
+
+typedef struct ote__rdma_tp rdma_tp_t;
+
+/* A registration's MRs. rdma.c owns the list (tp->regs, under tp->mu). */
+typedef struct reg_ent {
+    struct reg_ent *next;
+    void *addr;
+    ote_buffer_t *buf;
+} reg_ent_t;
+
+/*
+ * A control connection (either side). The socket is non-blocking and nobody ever waits on
+ * it while holding a lock or on a thread that is not the connection's own: conn_send()
+ * (any thread: lane workers answering grants, the monitor, user threads) sends what the
+ * socket takes at once and queues the rest (at most OUT_CAP bytes); the connection's own
+ * thread (reader or server) flushes the queue. A queue that overflows or makes no
+ * progress for send_timeout_ns kills the connection (dead, socket shut down): its owner
+ * thread then fails whatever waited on it with OTE_ERR_PEER_LOST.
+ *
+ * Fields: rdma_conn.c owns fd, wmu, the out queue, refs, dead and the in buffer (in,
+ * ilen, iconsumed: the owner thread only). The handshake sets version and peer_addr
+ * once, before any other thread uses the connection: rdma_server.c on the source side,
+ * rdma_peer.c on the requester side. process, pd, nic and lanes (the peer's INFO) are
+ * written by the server thread on INFO (rdma_server.c) or, on the requester side, by the
+ * reader under p->mu on INFO_ACK (rdma_peer.c) before the caller of the INFO call reads
+ * them.
+ */
+typedef struct conn {
+    rdma_tp_t *tp;
+    int fd;
+    ote_mutex_t wmu; /* out queue */
+    uint8_t *out;    /* OUT_CAP bytes once needed */
+    size_t ooff, olen;
+    uint64_t out_progress_ns; /* last time the queue drained some bytes (or was empty) */
+    uint64_t send_timeout_ns;
+    _Atomic int refs;
+    _Atomic int dead;
+    uint8_t *in; /* FRAME_MAX: bytes received, not yet consumed (owner thread only) */
+    size_t ilen, iconsumed;
+    uint16_t version; /* negotiated in the handshake; 0 before it */
+    uint64_t process, pd;
+    uint32_t nic, lanes;
+    char peer_addr[OTE__ADDR_MAX];
+} conn_t;
+
+/* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
+ * rdma_peer.c only: linked by the caller, ended by the reader, both under p->mu. */
+typedef struct call {
+    struct call *next;
+    uint64_t req_id;
+    uint16_t want; /* OTE_RP_INFO_ACK or OTE_RP_CONNECT_ACK */
+    int done;
+    ote_status_t st;
+    ote_qp_path_t path;
+} call_t;
+
+/* Requester: a notification waiting for its NOTIFY_ACK (heap). Created and linked by
+ * rdma_requester.c; taken (under p->mu) and ended by whoever takes it first: the reader
+ * on its NOTIFY_ACK or on loss of the connection (rdma_peer.c), the monitor at its
+ * deadline, or the sender when the send fails (rdma_requester.c). */
+typedef struct note {
+    struct note *next;
+    uint64_t req_id; /* NOTE_TAG | n */
+    ote_deadline_t deadline;
+    ote__slice_t *s;
+} note_t;
+
+/* Requester: a grant id waiting for its GRANT_RESP. Linked by rdma_requester.c, taken by
+ * the reader (rdma_peer.c), both under p->mu. */
+typedef struct grant_id_ent {
+    struct grant_id_ent *next;
+    uint64_t id;
+} gid_ent_t;
+
+/*
+ * A requester peer (the engine's ote__tpeer_t). rdma_peer.c owns it: c, reader,
+ * reader_started, name, mu, cv, calls, next_call and ep[] (set at connect, read-only
+ * while connected). rdma_requester.c adds to notes (next_note) and grants under mu.
+ * tp_next links tp->peers under tp->mu (rdma_peer.c; walked by the monitor).
+ */
+struct ote__tpeer {
+    rdma_tp_t *tp;
+    struct ote__tpeer *tp_next; /* tp->peers, under tp->mu */
+    conn_t *c;
+    pthread_t reader;
+    int reader_started;
+    char name[OTE__ADDR_MAX];
+    ote_mutex_t mu;
+    ote_cond_t cv;
+    call_t *calls;
+    note_t *notes;
+    gid_ent_t *grants; /* grant ids waiting for an answer */
+    uint64_t next_call, next_note;
+    ote_endpoint_t *ep[2]; /* requester endpoints per capability (READ, WRITE) */
+};
+
+/* A server connection and its (joinable) thread. rdma_server.c only. */
+typedef struct srv {
+    conn_t *c;
+    pthread_t th;
+    int exited; /* under tp->mu: the thread is past its last use of tp but for this */
+} srv_t;
+
+/*
+ * The transport. rdma.c creates and tears down everything here and owns base, cfg, host,
+ * the layer objects (v .. gm), process_id, pd_id, the monitor thread, stop and regs.
+ * rdma_server.c owns lfd, addr (set once by ote__rdma_listen at creation, read-only
+ * after), the acceptor thread and sconns/nsconns (under mu). rdma_peer.c links peers
+ * (under mu). Every file reads the read-only part (cfg, host, layer objects) freely.
+ */
+struct ote__rdma_tp {
+    ote__transport_t base;
+    ote__cfg_t cfg;
+    ote__host_t host;
+    ote_verbs_t *v;
+    ote_context_set_t *set;
+    ote_buffer_manager_t *bm;
+    ote_context_t *ctx;
+    uint32_t nlanes;
+    ote_cq_lane_t *lanes[OTE__RDMA_MAX_LANES];
+    ote_cq_workers_t *workers;
+    ote_endpoint_store_t *eps;
+    ote_grant_mgr_t *gm;
+    uint64_t process_id, pd_id;
+    int lfd;
+    char addr[OTE__ADDR_MAX];
+    pthread_t acceptor, monitor;
+    int acceptor_started, monitor_started;
+    _Atomic int stop;
+    ote_mutex_t mu; /* registrations, server connections, peers */
+    ote_cond_t cv;
+    reg_ent_t *regs;
+    srv_t *sconns[256]; /* heap entries: a thread keeps its own */
+    size_t nsconns;
+    ote__tpeer_t *peers; /* open requester peers (notification deadlines) */
+};
+
+/* ---- rdma_conn.c: one control connection ----------------------------------------- */
+
+/* Takes over fd (closed on failure); NULL when out of memory. One reference. */
+conn_t *ote__rdma_conn_new(rdma_tp_t *tp, int fd);
+void ote__rdma_conn_get(conn_t *c);
+/* Drops a reference; the last one closes the socket and frees the connection. */
+void ote__rdma_conn_put(conn_t *c);
+/* Marks the connection dead (logging why, once, when why is not NULL) and shuts its
+ * socket down, which wakes its own thread. Any thread. */
+void ote__rdma_conn_kill(conn_t *c, const char *why);
+/*
+ * Owner thread: the next frame (valid until the next call), flushing queued output while
+ * waiting. OTE_ERR_PEER_LOST when the connection closed or died (or *stop was set),
+ * OTE_ERR_PROTOCOL for bad framing, OTE_ERR_TIMEOUT at dl.
+ */
+ote_status_t ote__rdma_conn_next(conn_t *c, ote_ctl_msg_t *m, ote_deadline_t dl,
+                                 const _Atomic int *stop);
+/* Queue one encoded frame / encode and queue one message / one OTE_CTL_RDMA message of
+ * the negotiated version. Any thread; never blocks on the socket. */
+ote_status_t ote__rdma_conn_send_raw(conn_t *c, const uint8_t *buf, size_t len);
+ote_status_t ote__rdma_conn_send(conn_t *c, const ote_ctl_msg_t *m);
+ote_status_t ote__rdma_conn_send_rp(conn_t *c, uint64_t req_id, ote_status_t status,
+                                    const ote_rp_msg_t *rp);
+
+/* ---- rdma_server.c: listener, acceptor, server connections ------------------------- */
+
+/* Listen on cfg.listen_address and set tp->addr (the advertised address). */
+ote_status_t ote__rdma_listen(rdma_tp_t *tp);
+/* Start the acceptor thread (tp->stop ends it); it starts a thread per connection. */
+ote_status_t ote__rdma_acceptor_start(rdma_tp_t *tp);
+/* Teardown, after tp->stop is set: join the acceptor, wake the server threads and join
+ * them within wait_ms. Returns how many did not end (they still use tp). */
+size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms);
+
+/* ---- rdma_source.c: the source side ------------------------------------------------ */
+
+/* Server thread: answer a CONNECT / GRANT_REQ (always answered, now or by the grant). */
+void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
+void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
+/* The grant layer's source callbacks (pin, unpin, answer) for this transport. */
+ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp);
+/* Receive callback of every QP (qp_config.on_recv): grant receipts. */
+void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *buf);
+
+/* ---- rdma_peer.c: the requester's control connection ------------------------------ */
+
+ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out);
+ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p);
+ote_status_t ote__rdma_peer_close(ote__tpeer_t *p);
+/* Send a request and wait (until dl) for its CONNECT_ACK / INFO_ACK. */
+ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16_t want,
+                                 ote_deadline_t dl, ote_qp_path_t *path_out);
+
+/* ---- rdma_requester.c: the requester data path ------------------------------------- */
+
+void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list);
+void ote__rdma_cancel(ote__tpeer_t *p);
+uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p);
+/* Under p->mu: unlink and return the notification / grant id, if it still waits. */
+note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id);
+int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id);
+/* End each notification of an unlinked list with st (no lock held) and free it. */
+void ote__rdma_notes_end(note_t *list, ote_status_t st);
+/* Monitor: fail notifications whose NOTIFY_ACK did not come by their deadline. */
+void ote__rdma_notes_expire(rdma_tp_t *tp);
+
+/* ---- rdma.c: lifecycle ------------------------------------------------------------- */
+
+/* This transport's identity (INFO / INFO_ACK of the given type). */
+void ote__rdma_local_info(const rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type);
+
+#endif

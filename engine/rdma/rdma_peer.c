@@ -1,0 +1,333 @@
+/*
+ * engine/rdma/rdma_peer.c - the requester's control connection to one peer (the engine's
+ * ote__tpeer_t): a bounded non-blocking connect and the HELLO handshake, INFO (both
+ * sides' identity and width, then the peer's requester endpoints), the reader thread
+ * that alone waits on the connection and routes each answer (INFO_ACK / CONNECT_ACK to
+ * the call that waits for it, GRANT_RESP to the grant layer, NOTIFY_ACK to its
+ * notification) and fails everything that waits when the connection is lost, and
+ * open / ensure (reconnect) / close. Touches the peer's fields under p->mu and
+ * tp->peers under tp->mu.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/rdma/rdma_internal.h"
+
+static void call_unlink(ote__tpeer_t *p, call_t *x) {
+    call_t **pp = &p->calls;
+    while (*pp != NULL && *pp != x) pp = &(*pp)->next;
+    if (*pp != NULL) *pp = x->next;
+}
+
+/* One answer from the source; 0 to go on, -1: a protocol error (the peer is dropped). */
+static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
+    rdma_tp_t *tp = p->tp;
+    conn_t *c = p->c;
+    if (m->version != c->version) {
+        OTE_WARN("rdma", "control to %s: %s frame of version %u on a connection that negotiated "
+                 "%u: closing", p->name, ote_ctl_opcode_str(m->opcode), m->version, c->version);
+        return -1;
+    }
+    if (m->opcode == OTE_CTL_NOTIFY_ACK) {
+        if ((m->req_id & OTE__RDMA_NOTE_TAG) == 0) {
+            OTE_WARN("rdma", "control to %s: NOTIFY_ACK for request %llu, which is no "
+                     "notification: closing", p->name, (unsigned long long)m->req_id);
+            return -1;
+        }
+        ote_mutex_lock(&p->mu);
+        note_t *x = ote__rdma_note_take(p, m->req_id);
+        ote_mutex_unlock(&p->mu);
+        if (x == NULL) {
+            OTE_DEBUG("rdma", "NOTIFY_ACK from %s for a notification that no longer waits",
+                      p->name);
+            return 0;
+        }
+        x->s->done(x->s, ote_ctl_peer_status(OTE_CTL_NOTIFY_ACK, m->status));
+        ote_free(x);
+        return 0;
+    }
+    ote_rp_msg_t rp;
+    if (m->opcode != OTE_CTL_RDMA || ote__rp_decode(m->u.rdma.body, m->u.rdma.len, &rp) != OTE_OK) {
+        OTE_WARN("rdma", "control to %s: malformed or unexpected %s answer: closing", p->name,
+                 ote_ctl_opcode_str(m->opcode));
+        return -1;
+    }
+    ote_status_t st = ote_ctl_peer_status(OTE_CTL_RDMA, m->status);
+    if (rp.type == OTE_RP_GRANT_RESP) {
+        ote_mutex_lock(&p->mu);
+        int mine = ote__rdma_grant_id_take(p, m->req_id);
+        ote_mutex_unlock(&p->mu);
+        if (mine) ote_grant_on_answer(tp->gm, m->req_id, st, rp.u.resp.rkey);
+        return 0;
+    }
+    if (rp.type != OTE_RP_CONNECT_ACK && rp.type != OTE_RP_INFO_ACK) {
+        OTE_WARN("rdma", "control to %s: unexpected message %u: closing", p->name, rp.type);
+        return -1;
+    }
+    int bad = (m->req_id & OTE__RDMA_NOTE_TAG) != 0;
+    ote_mutex_lock(&p->mu);
+    call_t *x = p->calls;
+    while (!bad && x != NULL && x->req_id != m->req_id) x = x->next;
+    if (!bad && x != NULL) {
+        if (x->want != rp.type) {
+            bad = 1;
+        } else {
+            call_unlink(p, x);
+            x->done = 1;
+            x->st = st;
+            x->path = rp.u.connect.path;
+            if (rp.type == OTE_RP_INFO_ACK && st == OTE_OK) {
+                c->process = rp.u.info.process;
+                c->pd = rp.u.info.pd;
+                c->nic = rp.u.info.nic;
+                c->lanes = rp.u.info.lanes;
+            }
+            ote_cond_broadcast(&p->cv);
+        }
+    }
+    ote_mutex_unlock(&p->mu);
+    if (bad) {
+        OTE_WARN("rdma", "control to %s: answer of the wrong kind (%u) for request %llu: closing",
+                 p->name, rp.type, (unsigned long long)m->req_id);
+        return -1;
+    }
+    return 0;
+}
+
+static void *reader_main(void *arg) {
+    ote__tpeer_t *p = arg;
+    rdma_tp_t *tp = p->tp;
+    conn_t *c = p->c;
+    for (;;) {
+        ote_ctl_msg_t m;
+        if (ote__rdma_conn_next(c, &m, UINT64_MAX, NULL) != OTE_OK) break;
+        if (reader_frame(p, &m) != 0) break;
+    }
+    /* Peer lost: fail everything waiting on this connection. */
+    ote__rdma_conn_kill(c, NULL);
+    ote_mutex_lock(&p->mu);
+    for (call_t *x = p->calls; x != NULL; x = x->next) {
+        x->done = 1;
+        x->st = OTE_ERR_PEER_LOST;
+    }
+    p->calls = NULL;
+    note_t *notes = p->notes;
+    p->notes = NULL;
+    gid_ent_t *grants = p->grants;
+    p->grants = NULL;
+    ote_cond_broadcast(&p->cv);
+    ote_mutex_unlock(&p->mu);
+    ote__rdma_notes_end(notes, OTE_ERR_PEER_LOST);
+    while (grants != NULL) {
+        gid_ent_t *g = grants;
+        grants = g->next;
+        ote_grant_on_answer(tp->gm, g->id, OTE_ERR_PEER_LOST, 0);
+        ote_free(g);
+    }
+    return NULL;
+}
+
+/* Send a request and wait for its CONNECT_ACK / INFO_ACK. */
+ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16_t want,
+                                 ote_deadline_t dl, ote_qp_path_t *path_out) {
+    call_t x;
+    memset(&x, 0, sizeof(x));
+    x.want = want;
+    ote_mutex_lock(&p->mu);
+    if (atomic_load(&p->c->dead)) {
+        ote_mutex_unlock(&p->mu);
+        return OTE_ERR_PEER_LOST;
+    }
+    x.req_id = ++p->next_call;
+    x.next = p->calls;
+    p->calls = &x;
+    ote_mutex_unlock(&p->mu);
+    ote_status_t st = ote__rdma_conn_send_rp(p->c, x.req_id, OTE_OK, rq);
+    ote_mutex_lock(&p->mu);
+    while (st == OTE_OK && !x.done) {
+        if (atomic_load(&p->c->dead)) st = OTE_ERR_PEER_LOST;
+        else if (ote_cond_wait(&p->cv, &p->mu, dl) == OTE_ERR_TIMEOUT && !x.done) st = OTE_ERR_TIMEOUT;
+    }
+    call_unlink(p, &x); /* no-op once answered or failed by the reader */
+    ote_mutex_unlock(&p->mu);
+    if (st == OTE_OK) st = x.st;
+    if (st == OTE_OK && path_out != NULL) *path_out = x.path;
+    return st;
+}
+
+/* A non-blocking TCP connection to the peer, bounded by dl (connect_timeout_ms). */
+static ote_status_t connect_socket(ote__tpeer_t *p, ote_deadline_t dl, int *fd_out) {
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    ote_status_t st = ote__addr_resolve(p->name, &ss, &sl);
+    if (st != OTE_OK) return st;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return ote_status_make(OTE_ERR_CONNECT, errno);
+    /* Non-blocking connect bounded by connect_timeout_ms. */
+    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
+        int err = errno;
+        if (err == EINPROGRESS) {
+            err = 0;
+            for (;;) {
+                struct pollfd pf = {.fd = fd, .events = POLLOUT};
+                if (ote_deadline_expired(dl)) {
+                    err = ETIMEDOUT;
+                    break;
+                }
+                int n = poll(&pf, 1, ote_deadline_remaining_ms(dl, 1000));
+                if (n < 0 && errno != EINTR) {
+                    err = errno;
+                    break;
+                }
+                if (n > 0) {
+                    socklen_t el = sizeof(err);
+                    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+                    break;
+                }
+            }
+        }
+        if (err != 0) {
+            close(fd);
+            OTE_WARN("rdma", "control connection to %s failed: %s", p->name,
+                     err == ETIMEDOUT ? "timed out (connect_timeout_ms)" : strerror(err));
+            return err == ETIMEDOUT ? OTE_ERR_TIMEOUT : ote_status_make(OTE_ERR_CONNECT, err);
+        }
+    }
+    *fd_out = fd;
+    return OTE_OK;
+}
+
+static ote_status_t connect_ctl(ote__tpeer_t *p) {
+    rdma_tp_t *tp = p->tp;
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    int fd = -1;
+    ote_status_t st = connect_socket(p, dl, &fd);
+    if (st != OTE_OK) return st;
+    conn_t *c = ote__rdma_conn_new(tp, fd);
+    if (c == NULL) return OTE_ERR_NOMEM;
+    snprintf(c->peer_addr, sizeof(c->peer_addr), "%s", p->name);
+    /* HELLO and its answer, on this thread (no reader yet), bounded by dl. */
+    ote_ctl_msg_t h;
+    memset(&h, 0, sizeof(h));
+    h.version = OTE_CTL_VERSION_MIN;
+    h.opcode = OTE_CTL_HELLO;
+    h.u.hello.min_version = OTE_CTL_VERSION_MIN;
+    h.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    h.u.hello.role = 2; /* RDMA control */
+    h.u.hello.addr = tp->addr;
+    h.u.hello.addr_len = (uint32_t)strlen(tp->addr);
+    st = ote__rdma_conn_send(c, &h);
+    ote_ctl_msg_t a;
+    if (st == OTE_OK) st = ote__rdma_conn_next(c, &a, dl, NULL);
+    uint16_t ver = 0;
+    if (st == OTE_OK) st = ote_ctl_check_hello_ack(&a, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+    if (st == OTE_OK && a.version != ver) st = OTE_ERR_PROTOCOL;
+    if (st != OTE_OK) {
+        OTE_WARN("rdma", "handshake with %s failed: %s", p->name, ote_status_str(st));
+        ote__rdma_conn_put(c);
+        return st;
+    }
+    c->version = ver;
+    p->c = c;
+    if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
+        p->c = NULL;
+        ote__rdma_conn_put(c);
+        return OTE_ERR_NOMEM;
+    }
+    p->reader_started = 1;
+    ote_rp_msg_t info;
+    ote__rdma_local_info(tp, &info, OTE_RP_INFO);
+    st = ote__rdma_peer_call(p, &info, OTE_RP_INFO_ACK, dl, NULL);
+    for (int cap = 0; st == OTE_OK && cap < 2; cap++) {
+        ote_ep_key_t key;
+        ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic,
+                        OTE_EP_REQUESTER, (ote_ep_cap_t)cap);
+        st = ote_endpoint_get(tp->eps, &key, c->lanes, &p->ep[cap]);
+    }
+    if (st != OTE_OK) {
+        OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name, ote_status_str(st));
+        ote__rdma_conn_kill(c, NULL);
+        pthread_join(p->reader, NULL);
+        p->reader_started = 0;
+        p->c = NULL;
+        ote__rdma_conn_put(c);
+        return st;
+    }
+    return OTE_OK;
+}
+
+static void disconnect_ctl(ote__tpeer_t *p) {
+    if (p->c == NULL) return;
+    ote__rdma_conn_kill(p->c, NULL);
+    if (p->reader_started) pthread_join(p->reader, NULL);
+    p->reader_started = 0;
+    ote__rdma_conn_put(p->c);
+    p->c = NULL;
+}
+
+ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer,
+                                 ote__tpeer_t **peer_out) {
+    rdma_tp_t *tp = (rdma_tp_t *)t;
+    ote__tpeer_t *p = ote_calloc(1, sizeof(*p));
+    if (p == NULL) return OTE_ERR_NOMEM;
+    p->tp = tp;
+    snprintf(p->name, sizeof(p->name), "%s", peer);
+    ote_status_t st = ote_mutex_init(&p->mu);
+    if (st == OTE_OK) {
+        st = ote_cond_init(&p->cv);
+        if (st != OTE_OK) ote_mutex_destroy(&p->mu);
+    }
+    if (st != OTE_OK) {
+        ote_free(p);
+        return st;
+    }
+    st = connect_ctl(p);
+    if (st != OTE_OK) {
+        ote_cond_destroy(&p->cv);
+        ote_mutex_destroy(&p->mu);
+        ote_free(p);
+        return st;
+    }
+    ote_mutex_lock(&tp->mu);
+    p->tp_next = tp->peers;
+    tp->peers = p;
+    ote_mutex_unlock(&tp->mu);
+    *peer_out = p;
+    return OTE_OK;
+}
+
+ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p) {
+    if (p->c != NULL && !atomic_load(&p->c->dead)) return OTE_OK;
+    /* Reconnect: grants that still need the old connection end on their own (their
+     * answers were failed by the reader, their QPs by their CQEs or deadlines). */
+    ote_mutex_lock(&p->mu);
+    int busy = p->grants != NULL || p->calls != NULL || p->notes != NULL;
+    ote_mutex_unlock(&p->mu);
+    if (busy) return OTE_ERR_PEER_LOST;
+    disconnect_ctl(p);
+    return connect_ctl(p);
+}
+
+ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
+    rdma_tp_t *tp = p->tp;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t **pp = &tp->peers; *pp != NULL; pp = &(*pp)->tp_next) {
+        if (*pp == p) {
+            *pp = p->tp_next;
+            break;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
+    disconnect_ctl(p);
+    ote_cond_destroy(&p->cv);
+    ote_mutex_destroy(&p->mu);
+    ote_free(p);
+    return OTE_OK;
+}

@@ -1,0 +1,277 @@
+/*
+ * engine/rdma/rdma_requester.c - the requester data path of the RDMA transport: an engine
+ * slice becomes a grant. Pick the least-loaded slot of the (peer, capability) endpoint,
+ * borrow its QP (built with a CONNECT round trip when cold), find the local MR (or
+ * register a temporary one), and start a grant whose GRANT_REQ this file sends; the
+ * grant layer posts the data and ends the slice. A notification is one NOTIFY frame
+ * whose NOTIFY_ACK (or its deadline, or the loss of the connection) ends it. Runs on
+ * the submitting threads (and the monitor for deadlines); touches the peer's notes and
+ * grant ids under p->mu and the slice's transport scratch.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/rdma/rdma_internal.h"
+
+note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id) {
+    note_t **pp = &p->notes;
+    while (*pp != NULL && (*pp)->req_id != req_id) pp = &(*pp)->next;
+    note_t *x = *pp;
+    if (x != NULL) *pp = x->next;
+    return x;
+}
+
+int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id) {
+    gid_ent_t **pp = &p->grants;
+    while (*pp != NULL && (*pp)->id != id) pp = &(*pp)->next;
+    gid_ent_t *x = *pp;
+    if (x == NULL) return 0;
+    *pp = x->next;
+    ote_free(x);
+    return 1;
+}
+
+
+void ote__rdma_notes_end(note_t *list, ote_status_t st) {
+    while (list != NULL) {
+        note_t *x = list;
+        list = x->next;
+        x->s->done(x->s, st);
+        ote_free(x);
+    }
+}
+
+/* Fail notifications whose NOTIFY_ACK did not come by their deadline. */
+void ote__rdma_notes_expire(rdma_tp_t *tp) {
+    uint64_t now = ote_now_ns();
+    note_t *expired = NULL;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
+        ote_mutex_lock(&p->mu);
+        for (note_t **pp = &p->notes; *pp != NULL;) {
+            note_t *x = *pp;
+            if (x->deadline > now) {
+                pp = &x->next;
+                continue;
+            }
+            *pp = x->next;
+            x->next = expired;
+            expired = x;
+            OTE_WARN("rdma", "notification to %s not acknowledged by its deadline: failed",
+                     p->name);
+        }
+        ote_mutex_unlock(&p->mu);
+    }
+    ote_mutex_unlock(&tp->mu);
+    ote__rdma_notes_end(expired, OTE_ERR_TIMEOUT);
+}
+
+typedef struct {
+    ote__tpeer_t *p;
+    uint32_t cap;
+} xarg_t;
+
+static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *local,
+                                 ote_qp_path_t *peer_out, ote_deadline_t deadline) {
+    xarg_t *x = arg;
+    ote_rp_msg_t rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.type = OTE_RP_CONNECT;
+    rq.u.connect.slot = slot;
+    rq.u.connect.cap = x->cap;
+    rq.u.connect.path = *local;
+    return ote__rdma_peer_call(x->p, &rq, OTE_RP_CONNECT_ACK, deadline, peer_out);
+}
+
+static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
+                                  ote_grant_op_t op, uint64_t addr, uint64_t len) {
+    ote__tpeer_t *p = arg;
+    gid_ent_t *g = ote_calloc(1, sizeof(*g));
+    if (g == NULL) return OTE_ERR_NOMEM;
+    g->id = grant_id;
+    ote_mutex_lock(&p->mu);
+    g->next = p->grants;
+    p->grants = g;
+    ote_mutex_unlock(&p->mu);
+    ote_rp_msg_t rq;
+    memset(&rq, 0, sizeof(rq));
+    rq.type = OTE_RP_GRANT_REQ;
+    rq.u.grant.slot = slot;
+    rq.u.grant.op = (uint32_t)op;
+    rq.u.grant.src_qpn = remote_qpn;
+    rq.u.grant.addr = addr;
+    rq.u.grant.len = len;
+    /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
+    ote_endpoint_t *ep = p->ep[op == OTE_GRANT_WRITE ? 1 : 0];
+    ote_qp_t *qp = NULL;
+    if (ote_endpoint_borrow_ready(ep, slot, remote_qpn, &qp) == OTE_OK) {
+        rq.u.grant.req_qpn = ote_qp_num(qp);
+        ote_endpoint_return(ep, slot, qp);
+    }
+    ote_status_t st = ote__rdma_conn_send_rp(p->c, grant_id, OTE_OK, &rq);
+    if (st != OTE_OK) {
+        ote_mutex_lock(&p->mu);
+        (void)ote__rdma_grant_id_take(p, grant_id);
+        ote_mutex_unlock(&p->mu);
+    }
+    return st;
+}
+
+/* Scratch in the slice: the temporary MR of an unregistered local buffer. */
+static void slice_set_mr(ote__slice_t *s, struct ibv_mr *mr) { memcpy(s->wire, &mr, sizeof(mr)); }
+static struct ibv_mr *slice_mr(const ote__slice_t *s) {
+    struct ibv_mr *mr;
+    memcpy(&mr, s->wire, sizeof(mr));
+    return mr;
+}
+
+static void slice_grant_done(void *arg, ote_status_t st) {
+    ote__slice_t *s = arg;
+    rdma_tp_t *tp = (rdma_tp_t *)(uintptr_t)s->seq;
+    struct ibv_mr *mr = slice_mr(s);
+    if (mr != NULL) {
+        int err = tp->v->ops->dereg_mr(tp->v, mr);
+        if (err != 0) {
+            ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
+            OTE_WARN("rdma", "dereg of a temporary MR failed: errno %d; retained", err);
+        }
+    }
+    s->done(s, st);
+}
+
+/* A notification: one NOTIFY frame; its NOTIFY_ACK, its deadline or the loss of the
+ * connection ends the slice, whichever takes the note first. */
+static void submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
+    note_t *x = ote_calloc(1, sizeof(*x));
+    if (x == NULL) {
+        s->done(s, OTE_ERR_NOMEM);
+        return;
+    }
+    x->s = s;
+    x->deadline = s->deadline;
+    uint8_t frame[OTE__RDMA_FRAME_MAX];
+    size_t flen = 0;
+    ote_mutex_lock(&p->mu);
+    if (atomic_load(&p->c->dead)) {
+        ote_mutex_unlock(&p->mu);
+        ote_free(x);
+        s->done(s, OTE_ERR_PEER_LOST);
+        return;
+    }
+    x->req_id = OTE__RDMA_NOTE_TAG | ++p->next_note;
+    uint64_t id = x->req_id;
+    ote_ctl_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.version = p->c->version;
+    m.opcode = OTE_CTL_NOTIFY;
+    m.req_id = id;
+    m.u.notify.msg = s->local;
+    m.u.notify.len = s->len;
+    /* Encoded before the note is findable: once it is, the monitor may end s. */
+    ote_status_t est = ote_ctl_encode(&m, frame, sizeof(frame), &flen);
+    if (est != OTE_OK) {
+        ote_mutex_unlock(&p->mu);
+        ote_free(x);
+        s->done(s, est);
+        return;
+    }
+    x->next = p->notes;
+    p->notes = x;
+    ote_mutex_unlock(&p->mu);
+    if (ote__rdma_conn_send_raw(p->c, frame, flen) != OTE_OK) {
+        ote_mutex_lock(&p->mu);
+        note_t *y = ote__rdma_note_take(p, id);
+        ote_mutex_unlock(&p->mu);
+        if (y != NULL) { /* else the reader or the monitor already ended it */
+            ote_free(y);
+            s->done(s, OTE_ERR_PEER_LOST);
+        }
+    }
+}
+
+/* A READ or WRITE slice: on success the grant owns the QP borrow and ends the slice. */
+static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
+    rdma_tp_t *tp = p->tp;
+    if (atomic_load(&p->c->dead)) {
+        s->done(s, OTE_ERR_PEER_LOST);
+        return;
+    }
+    int write = s->op == OTE__SLICE_WRITE;
+    ote_endpoint_t *ep = p->ep[write ? 1 : 0];
+    uint32_t slot = ote_endpoint_pick_slot(ep);
+    ote_qp_t *qp = NULL;
+    xarg_t xa = {p, write ? OTE_EP_WRITE : OTE_EP_READ};
+    ote_deadline_t cdl = ote_deadline_min(
+        s->deadline, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC));
+    ote_status_t st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
+    if (st != OTE_OK) {
+        s->done(s, st);
+        return;
+    }
+    struct ibv_mr *mr = NULL, *tmp = NULL;
+    if (ote_buffer_manager_find(tp->bm, s->local, s->len, tp->ctx, &mr) != OTE_OK) {
+        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(tp->ctx), s->local, s->len,
+                                     IBV_ACCESS_LOCAL_WRITE, &tmp);
+        if (err != 0) {
+            ote_endpoint_return(ep, slot, qp);
+            OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
+            s->done(s, ote_status_make(OTE_ERR_NATIVE, err));
+            return;
+        }
+        mr = tmp;
+    }
+    slice_set_mr(s, tmp);
+    s->seq = (uint64_t)(uintptr_t)tp;
+    ote_grant_desc_t d;
+    memset(&d, 0, sizeof(d));
+    d.op = write ? OTE_GRANT_WRITE : OTE_GRANT_READ;
+    d.local = s->local;
+    d.lkey = mr->lkey;
+    d.remote = s->remote;
+    d.len = s->len;
+    d.ep = ep;
+    d.slot = slot;
+    d.qp = qp;
+    d.deadline = s->deadline;
+    d.done = slice_grant_done;
+    d.done_arg = s;
+    ote_grant_ctl_t ctl = {.arg = p, .request = grant_request};
+    /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
+    st = ote_grant_start(tp->gm, &d, &ctl);
+    if (st != OTE_OK) {
+        ote_endpoint_return(ep, slot, qp);
+        slice_set_mr(s, NULL);
+        if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
+            ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
+        s->done(s, st);
+    }
+}
+
+static void submit_one(ote__tpeer_t *p, ote__slice_t *s) {
+    if (s->canceled != NULL && atomic_load(s->canceled)) {
+        s->done(s, OTE_ERR_CANCELED);
+        return;
+    }
+    if (s->op == OTE__SLICE_NOTIFY) submit_notify(p, s);
+    else submit_data(p, s);
+}
+
+void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
+    while (list != NULL) {
+        ote__slice_t *s = list;
+        list = s->next;
+        s->next = NULL;
+        submit_one(p, s);
+    }
+}
+
+void ote__rdma_cancel(ote__tpeer_t *p) {
+    (void)p; /* nothing is queued in this transport: slices go straight to grants */
+}
+
+uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p) {
+    (void)p;
+    return 64u << 20;
+}

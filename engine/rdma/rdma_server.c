@@ -1,0 +1,242 @@
+/*
+ * engine/rdma/rdma_server.c - the source side's control plane: the listener, its
+ * acceptor thread, and one joinable thread per accepted control connection. Such a
+ * thread alone waits on its connection; it accepts nothing but HELLO before the
+ * handshake and only the negotiated version after it, answers INFO and NOTIFY, and hands
+ * CONNECT and GRANT_REQ to the source side (rdma_source.c). Touches tp->lfd, tp->addr,
+ * the acceptor and tp->sconns (under tp->mu), and the handshake fields of its own
+ * connections.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/rdma/rdma_internal.h"
+
+/* Answer a HELLO; 0 when the handshake is done (c->version set). */
+static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
+    rdma_tp_t *tp = c->tp;
+    uint16_t ver = 0;
+    ote_ctl_msg_t a;
+    memset(&a, 0, sizeof(a));
+    a.version = OTE_CTL_VERSION_MIN;
+    a.req_id = m->req_id;
+    if (ote_ctl_negotiate(m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK) {
+        OTE_WARN("rdma", "control: HELLO with versions %u..%u refused (we speak %u..%u): closing",
+                 m->u.hello.min_version, m->u.hello.max_version, OTE_CTL_VERSION_MIN,
+                 OTE_CTL_VERSION_MAX);
+        a.opcode = OTE_CTL_ERROR;
+        a.status = OTE_ERR_VERSION;
+        a.u.error.min_version = OTE_CTL_VERSION_MIN;
+        a.u.error.max_version = OTE_CTL_VERSION_MAX;
+        (void)ote__rdma_conn_send(c, &a);
+        return -1;
+    }
+    size_t alen = m->u.hello.addr_len < sizeof(c->peer_addr) - 1 ? m->u.hello.addr_len
+                                                                   : sizeof(c->peer_addr) - 1;
+    memcpy(c->peer_addr, m->u.hello.addr, alen);
+    c->peer_addr[alen] = '\0';
+    a.version = ver;
+    a.opcode = OTE_CTL_HELLO_ACK;
+    a.u.hello_ack.version = ver;
+    a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+    a.u.hello_ack.addr = tp->addr;
+    a.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
+    if (ote__rdma_conn_send(c, &a) != OTE_OK) return -1;
+    c->version = ver;
+    return 0;
+}
+
+/* One frame after the handshake; 0 to go on, -1 to close the connection. */
+static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
+    rdma_tp_t *tp = c->tp;
+    if (m->opcode == OTE_CTL_NOTIFY) {
+        ote_status_t st = tp->host.deliver_notify(tp->host.arg, c->peer_addr, m->u.notify.msg,
+                                                  m->u.notify.len);
+        ote_ctl_msg_t a;
+        memset(&a, 0, sizeof(a));
+        a.version = c->version;
+        a.opcode = OTE_CTL_NOTIFY_ACK;
+        a.req_id = m->req_id;
+        a.status = st;
+        return ote__rdma_conn_send(c, &a) == OTE_OK ? 0 : -1;
+    }
+    if (m->opcode != OTE_CTL_RDMA) {
+        OTE_WARN("rdma", "control from %s: unexpected %s frame: closing", c->peer_addr,
+                 ote_ctl_opcode_str(m->opcode));
+        return -1;
+    }
+    ote_rp_msg_t rq;
+    if (ote__rp_decode(m->u.rdma.body, m->u.rdma.len, &rq) != OTE_OK) {
+        OTE_WARN("rdma", "control from %s: malformed RDMA message: closing", c->peer_addr);
+        return -1;
+    }
+    if (rq.type == OTE_RP_INFO) {
+        c->process = rq.u.info.process;
+        c->pd = rq.u.info.pd;
+        c->nic = rq.u.info.nic;
+        c->lanes = rq.u.info.lanes;
+        *have_info = 1;
+        ote_rp_msg_t rp;
+        ote__rdma_local_info(tp, &rp, OTE_RP_INFO_ACK);
+        return ote__rdma_conn_send_rp(c, m->req_id, OTE_OK, &rp) == OTE_OK ? 0 : -1;
+    }
+    if (!*have_info) {
+        OTE_WARN("rdma", "control from %s: request before INFO: closing", c->peer_addr);
+        return -1;
+    }
+    if (rq.type == OTE_RP_CONNECT) {
+        ote__rdma_src_connect(c, m->req_id, &rq);
+    } else if (rq.type == OTE_RP_GRANT_REQ) {
+        ote__rdma_src_grant(c, m->req_id, &rq);
+    } else {
+        OTE_WARN("rdma", "control from %s: unexpected message %u: closing", c->peer_addr, rq.type);
+        return -1;
+    }
+    return 0;
+}
+
+static void *server_main(void *arg) {
+    srv_t *sv = arg;
+    conn_t *c = sv->c;
+    rdma_tp_t *tp = c->tp;
+    int have_info = 0;
+    for (;;) {
+        ote_ctl_msg_t m;
+        if (ote__rdma_conn_next(c, &m, UINT64_MAX, &tp->stop) != OTE_OK) break;
+        if (c->version == 0) {
+            /* Nothing but HELLO before the handshake. */
+            if (m.opcode != OTE_CTL_HELLO) {
+                OTE_WARN("rdma", "control: %s frame before HELLO: closing",
+                         ote_ctl_opcode_str(m.opcode));
+                break;
+            }
+            if (server_hello(c, &m) != 0) break;
+            continue;
+        }
+        if (m.version != c->version) {
+            OTE_WARN("rdma", "control from %s: %s frame of version %u on a connection that "
+                     "negotiated %u: closing", c->peer_addr, ote_ctl_opcode_str(m.opcode),
+                     m.version, c->version);
+            break;
+        }
+        if (m.opcode == OTE_CTL_HELLO) {
+            OTE_WARN("rdma", "control from %s: second HELLO: closing", c->peer_addr);
+            break;
+        }
+        if (server_frame(c, &m, &have_info) != 0) break;
+    }
+    ote__rdma_conn_kill(c, NULL);
+    ote_mutex_lock(&tp->mu);
+    sv->exited = 1;
+    ote_cond_broadcast(&tp->cv);
+    ote_mutex_unlock(&tp->mu);
+    return NULL;
+}
+
+/* Under tp->mu: join and drop server threads that have exited. */
+static void reap_servers_locked(rdma_tp_t *tp) {
+    for (size_t i = 0; i < tp->nsconns;) {
+        srv_t *sv = tp->sconns[i];
+        if (!sv->exited) {
+            i++;
+            continue;
+        }
+        (void)pthread_join(sv->th, NULL); /* it has returned or is returning */
+        ote__rdma_conn_put(sv->c);
+        ote_free(sv);
+        tp->sconns[i] = tp->sconns[--tp->nsconns];
+    }
+}
+
+static void *acceptor_main(void *arg) {
+    rdma_tp_t *tp = arg;
+    while (!atomic_load(&tp->stop)) {
+        ote_mutex_lock(&tp->mu);
+        reap_servers_locked(tp);
+        ote_mutex_unlock(&tp->mu);
+        struct pollfd p = {.fd = tp->lfd, .events = POLLIN};
+        int n = poll(&p, 1, 50);
+        if (n <= 0) continue;
+        int fd = accept4(tp->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        conn_t *c = ote__rdma_conn_new(tp, fd);
+        if (c == NULL) continue;
+        ote_mutex_lock(&tp->mu);
+        if (tp->nsconns == sizeof(tp->sconns) / sizeof(tp->sconns[0])) {
+            ote_mutex_unlock(&tp->mu);
+            OTE_WARN("rdma", "too many control connections: refusing one");
+            ote__rdma_conn_put(c);
+            continue;
+        }
+        srv_t *sv = ote_calloc(1, sizeof(*sv));
+        if (sv != NULL) sv->c = c;
+        if (sv == NULL || pthread_create(&sv->th, NULL, server_main, sv) != 0) {
+            ote_mutex_unlock(&tp->mu);
+            ote_free(sv);
+            ote__rdma_conn_put(c);
+            continue;
+        }
+        tp->sconns[tp->nsconns++] = sv;
+        ote_mutex_unlock(&tp->mu);
+    }
+    return NULL;
+}
+
+ote_status_t ote__rdma_listen(rdma_tp_t *tp) {
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    ote_status_t st = ote__addr_resolve(tp->cfg.listen_address, &ss, &sl);
+    if (st != OTE_OK) return st;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ote_status_make(OTE_ERR_IO, errno);
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, 128) != 0) {
+        int err = errno;
+        close(fd);
+        OTE_ERROR("rdma", "cannot listen on %s: errno %d", tp->cfg.listen_address, err);
+        return ote_status_make(OTE_ERR_IO, err);
+    }
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof(bound);
+    getsockname(fd, (struct sockaddr *)&bound, &bl);
+    tp->lfd = fd;
+    if (tp->cfg.advertise_address[0]) {
+        snprintf(tp->addr, sizeof(tp->addr), "%s", tp->cfg.advertise_address);
+        return OTE_OK;
+    }
+    return ote__addr_format((struct sockaddr *)&bound, tp->addr, sizeof(tp->addr));
+}
+
+ote_status_t ote__rdma_acceptor_start(rdma_tp_t *tp) {
+    if (pthread_create(&tp->acceptor, NULL, acceptor_main, tp) != 0) return OTE_ERR_NOMEM;
+    tp->acceptor_started = 1;
+    return OTE_OK;
+}
+
+size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms) {
+    if (tp->acceptor_started) pthread_join(tp->acceptor, NULL);
+    /* Wake the server connection threads (each polls tp->stop every CONN_POLL_MS and
+     * its own waits are bounded) and join them. */
+    ote_mutex_lock(&tp->mu);
+    for (size_t i = 0; i < tp->nsconns; i++) ote__rdma_conn_kill(tp->sconns[i]->c, NULL);
+    ote_deadline_t dl = ote_deadline_after(wait_ms * OTE_NSEC_PER_MSEC);
+    for (;;) {
+        reap_servers_locked(tp);
+        if (tp->nsconns == 0) break;
+        if (ote_cond_wait(&tp->cv, &tp->mu, dl) == OTE_ERR_TIMEOUT) {
+            reap_servers_locked(tp);
+            break;
+        }
+    }
+    size_t stuck = tp->nsconns;
+    ote_mutex_unlock(&tp->mu);
+    return stuck;
+}

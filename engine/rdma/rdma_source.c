@@ -1,0 +1,175 @@
+/*
+ * engine/rdma/rdma_source.c - the source side of the RDMA transport: what a peer may ask
+ * of the memory registered here. CONNECT builds (or returns) the source QP of a slot of
+ * the (peer, capability) source endpoint; GRANT_REQ is checked against the engine's
+ * registrations (host->pin) and the QP identity of its slot, then served by the grant
+ * layer with a window over the exact range; the grant layer answers through src_answer.
+ * Called on server connection threads (rdma_server.c) and, for the grant callbacks, on
+ * lane workers and the monitor. Touches only the read-only part of the transport and the
+ * connection it answers on.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/rdma/rdma_internal.h"
+#include "ote/ote.h"
+
+typedef struct {
+    conn_t *c;
+    uint64_t req_id;
+} answer_t;
+
+static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
+                            struct ibv_mr **mr_out, void **pin_out) {
+    rdma_tp_t *tp = arg;
+    unsigned perm = access == IBV_ACCESS_REMOTE_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
+    void *pin = NULL;
+    ote_status_t st = tp->host.pin(tp->host.arg, addr, len, perm, &pin);
+    if (st != OTE_OK) return st;
+    struct ibv_mr *mr = NULL;
+    st = ote_buffer_manager_find(tp->bm, (const void *)(uintptr_t)addr, len, ctx, &mr);
+    if (st != OTE_OK) {
+        tp->host.unpin(tp->host.arg, pin);
+        return st;
+    }
+    *mr_out = mr;
+    *pin_out = pin;
+    return OTE_OK;
+}
+
+static void src_unpin(void *arg, void *pin) {
+    rdma_tp_t *tp = arg;
+    tp->host.unpin(tp->host.arg, pin);
+}
+
+/* What the requester learns of a grant we accepted to serve: a refusal of the range
+ * (ACCESS, ...) as it is; any other failure (alloc/bind of the window failed, the window
+ * expired) as OTE_ERR_REMOTE_ACCESS: our native reasons stay in our log. */
+static ote_status_t grant_refusal(ote_status_t st) {
+    if (st == OTE_OK || st == OTE_ERR_ACCESS || st == OTE_ERR_TOO_BIG || st == OTE_ERR_AGAIN)
+        return st;
+    return OTE_ERR_REMOTE_ACCESS;
+}
+
+static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey) {
+    (void)arg;
+    answer_t *a = (answer_t *)(uintptr_t)actx;
+    st = grant_refusal(st);
+    ote_rp_msg_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.type = OTE_RP_GRANT_RESP;
+    rp.u.resp.rkey = rkey;
+    (void)ote__rdma_conn_send_rp(a->c, a->req_id, st, &rp);
+    ote__rdma_conn_put(a->c);
+    ote_free(a);
+}
+
+void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *buf) {
+    (void)buf;
+    rdma_tp_t *tp = arg;
+    ote_grant_source_receipt(tp->gm, ote_qp_num(qp), wc);
+}
+
+static ote_status_t copy_exchange(void *arg, uint32_t slot, const ote_qp_path_t *local,
+                                  ote_qp_path_t *peer_out, ote_deadline_t deadline) {
+    (void)slot;
+    (void)local;
+    (void)deadline;
+    *peer_out = *(const ote_qp_path_t *)arg;
+    return OTE_OK;
+}
+
+void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
+    rdma_tp_t *tp = c->tp;
+    ote_rp_msg_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.type = OTE_RP_CONNECT_ACK;
+    ote_ep_key_t key;
+    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
+                    (ote_ep_cap_t)rq->u.connect.cap);
+    ote_endpoint_t *ep = NULL;
+    ote_status_t st = ote_endpoint_get(tp->eps, &key, c->lanes, &ep);
+    uint32_t slot = rq->u.connect.slot;
+    if (st == OTE_OK && slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
+    ote_qp_t *qp = NULL;
+    if (st == OTE_OK) {
+        uint32_t cur = ote_endpoint_remote_qpn(ep, slot);
+        if (cur != 0 && ote_endpoint_borrow_ready(ep, slot, 0, &qp) == OTE_OK) {
+            if (cur != rq->u.connect.path.qp_num) {
+                /* The requester discarded its old QP: retire ours (destroyed once idle). */
+                ote_endpoint_retire(ep, slot, qp);
+                ote_endpoint_return(ep, slot, qp);
+                qp = NULL;
+            }
+        }
+        if (qp == NULL) {
+            ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+            ote_qp_path_t peer = rq->u.connect.path;
+            st = ote_endpoint_borrow(ep, slot, copy_exchange, &peer, dl, &qp);
+        }
+    }
+    if (st == OTE_OK) {
+        /* Published (READY) before the answer leaves: a grant request can follow at once. */
+        ote_qp_local_path(qp, &rp.u.connect.path);
+        ote_endpoint_return(ep, slot, qp);
+    } else {
+        OTE_WARN("rdma", "CONNECT slot %u from %s refused: %s", slot, c->peer_addr,
+                 ote_status_str(st));
+    }
+    (void)ote__rdma_conn_send_rp(c, req_id, st, &rp);
+}
+
+void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
+    rdma_tp_t *tp = c->tp;
+    ote_ep_key_t key;
+    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
+                    rq->u.grant.op == OTE_GRANT_WRITE ? OTE_EP_WRITE : OTE_EP_READ);
+    ote_endpoint_t *ep = NULL;
+    ote_qp_t *qp = NULL;
+    ote_status_t st = ote_endpoint_get(tp->eps, &key, c->lanes, &ep);
+    if (st == OTE_OK && rq->u.grant.slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
+    if (st == OTE_OK) st = ote_endpoint_borrow_ready(ep, rq->u.grant.slot, rq->u.grant.req_qpn, &qp);
+    if (st == OTE_OK && ote_qp_num(qp) != rq->u.grant.src_qpn) {
+        ote_endpoint_return(ep, rq->u.grant.slot, qp);
+        st = OTE_ERR_NOT_FOUND;
+    }
+    if (st != OTE_OK) {
+        if (ote_status_code(st) == OTE_ERR_NOT_FOUND) st = OTE_ERR_STATE;
+        OTE_WARN("rdma", "GRANT from %s on slot %u: no such connection (QP %u <- %u): %s",
+                 c->peer_addr, rq->u.grant.slot, rq->u.grant.src_qpn, rq->u.grant.req_qpn,
+                 ote_status_str(st));
+    } else {
+        answer_t *a = ote_calloc(1, sizeof(*a));
+        if (a == NULL) {
+            st = OTE_ERR_NOMEM;
+            ote_endpoint_return(ep, rq->u.grant.slot, qp);
+        } else {
+            a->c = c;
+            a->req_id = req_id;
+            ote__rdma_conn_get(c);
+            ote_deadline_t dl = ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
+            st = ote_grant_serve(tp->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op,
+                                 rq->u.grant.addr, rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
+            if (st != OTE_OK) {
+                /* Refused before any window exists; the borrow stays ours. */
+                ote_endpoint_return(ep, rq->u.grant.slot, qp);
+                ote__rdma_conn_put(c);
+                ote_free(a);
+                st = grant_refusal(st);
+            } else {
+                return; /* answered by src_answer */
+            }
+        }
+    }
+    ote_rp_msg_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.type = OTE_RP_GRANT_RESP;
+    (void)ote__rdma_conn_send_rp(c, req_id, st, &rp);
+}
+
+ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp) {
+    ote_grant_source_ops_t src = {.arg = tp, .pin = src_pin, .unpin = src_unpin, .answer = src_answer};
+    return src;
+}
