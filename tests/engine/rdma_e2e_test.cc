@@ -5,6 +5,7 @@
 // SEND_WITH_INV receipt.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
 #include <signal.h>
 
 #include <cstring>
@@ -16,8 +17,10 @@
 
 extern "C" {
 #include "base/time.h"
+#include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
+#include "verbs/fault.h"
 }
 
 namespace {
@@ -76,7 +79,46 @@ TEST_F(RdmaE2eTest, OutsideRegistrationOrPermissionRefusedWithoutTouching) {
     EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.wo, 100), OTE_OK);
 }
 
-TEST_F(RdmaE2eTest, ManyConcurrentRequestsShareQps) {
+// The requester's provider wrapped by verbs/fault (through the transport's test hook)
+// only to count its verbs calls; nothing is armed.
+std::vector<ote_verbs_t *> *g_wrapped = nullptr;
+
+ote_status_t WrapToCount(ote_verbs_t **v) {
+    ote_verbs_t *f = nullptr;
+    ote_status_t st = ote_verbs_fault_wrap(*v, OTE_VERBS_FAULT_OWN_INNER, &f);
+    if (st != OTE_OK) return st;
+    *v = f;
+    g_wrapped->push_back(f);
+    return OTE_OK;
+}
+
+class RdmaE2eQpCountTest : public RdmaE2eTest {
+  protected:
+    void SetUp() override {
+        g_wrapped = &wrapped_;
+        ote__rdma_test_verbs_hook = WrapToCount;
+        RdmaE2eTest::SetUp();
+        ote__rdma_test_verbs_hook = nullptr;
+        ASSERT_EQ(wrapped_.size(), 1u) << "the requester engine's provider was not wrapped";
+        v_ = wrapped_[0];
+    }
+    void TearDown() override {
+        ote__rdma_test_verbs_hook = nullptr;
+        RdmaE2eTest::TearDown();
+        g_wrapped = nullptr;
+    }
+    std::vector<ote_verbs_t *> wrapped_;
+    ote_verbs_t *v_ = nullptr;  // owned by engine_'s transport
+};
+
+// 4 threads x 32 requests x 4 slices in flight at once go over the requester's fixed QP
+// arrays: one endpoint per capability (READ, WRITE) of min(local, remote) lanes each, so
+// at most 2 x 2 QPs (both engines have the default 2 lanes) are ever created, never one
+// per request or per slice, and none is torn down and rebuilt on the way.
+TEST_F(RdmaE2eQpCountTest, ManyConcurrentRequestsShareQps) {
+    constexpr uint64_t kMaxQps = 2 * 2; /* capabilities x lanes */
+    uint64_t created0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP);
+    uint64_t destroyed0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_QP);
     constexpr int kThreads = 4, kPerBatch = 32;
     constexpr size_t kLen = 200000; /* 3 blocks + a tail */
     std::vector<std::thread> th;
@@ -106,6 +148,11 @@ TEST_F(RdmaE2eTest, ManyConcurrentRequestsShareQps) {
                   ote_hash(srcs[t].data(), srcs[t].size()))
             << t;
     }
+    uint64_t created = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP) - created0;
+    uint64_t destroyed = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_QP) - destroyed0;
+    EXPECT_GE(created, 1u) << "no QP was built: the requests did not go over RDMA QPs";
+    EXPECT_LE(created, kMaxQps) << kThreads * kPerBatch << " requests built " << created << " QPs";
+    EXPECT_EQ(destroyed, 0u) << "QPs were torn down and rebuilt while the requests ran";
 }
 
 TEST_F(RdmaE2eTest, NotificationAfterData) {
@@ -126,7 +173,26 @@ TEST_F(RdmaE2eTest, NotificationAfterData) {
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
 }
 
+// Names of the uverbs devices the kernel exposes (what rdma-core would open).
+std::vector<std::string> KernelVerbsDevices() {
+    std::vector<std::string> names;
+    DIR *d = opendir("/sys/class/infiniband_verbs");
+    if (d == nullptr) return names;
+    while (dirent *de = readdir(d)) {
+        if (strncmp(de->d_name, "uverbs", 6) == 0) names.push_back(de->d_name);
+    }
+    closedir(d);
+    return names;
+}
+
+// On a machine without an RDMA device, verbs_provider=rdma-core fails the engine's
+// creation with a clear status and does not fall back to the sim or to TCP. A machine
+// with a device cannot show that: the test is skipped there, saying so.
 TEST(RdmaEngineTest, NoDeviceFailsClearlyWithoutFallback) {
+    std::vector<std::string> devs = KernelVerbsDevices();
+    if (!devs.empty())
+        GTEST_SKIP() << "this machine has an RDMA device (" << devs[0]
+                     << " in /sys/class/infiniband_verbs): the no-device failure cannot be shown here";
     ote_config_t *cfg = RdmaConfig();
     ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "rdma-core"), OTE_OK);
     ote_engine_t *e = nullptr;

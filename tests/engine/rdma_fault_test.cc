@@ -1,15 +1,23 @@
 // RDMA transport under verbs faults, engine to engine: both engines run in this process
 // over verbs/sim, each wrapped by the verbs fault decorator through the transport's test
-// hook (engine/rdma/test_hook.h), so a test arms faults on either side.
+// hook (engine/rdma/test_hook.h), so a test arms faults on either side. Between each
+// decorator and its sim sits a NativeCounter: it counts the native objects (QPs, MWs,
+// MRs) that really exist, so a test checks what a failure released or retained, and
+// every test ends by checking that destroying both engines released every one of them.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/util/test_base.h"
 
 extern "C" {
+#include "base/retained.h"
 #include "base/time.h"
 #include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
@@ -22,14 +30,118 @@ constexpr uint64_t kMs = 1000000ull;
 constexpr uint64_t kSec = 1000 * kMs;
 constexpr size_t kBlock = 64u << 10;
 
+// A provider instance in front of a sim instance: the sim's own ops (the sim reaches its
+// state through v->priv, which is the sim's), except that the create/destroy pairs of
+// QPs, MWs and MRs count the objects that exist, and one destroy_qp can be held until the
+// test lets it go. Calls the fault decorator refuses never get here: what is counted is
+// what the sim really created. The test owns it; close() closes the sim only.
+struct NativeCounter {
+    ote_verbs_t v{};  // what the fault decorator wraps (and closes)
+    ote_verbs_ops_t ops{};
+    ote_verbs_t *sim = nullptr;
+    std::atomic<int64_t> qps{0}, mws{0}, mrs{0};
+    std::atomic<uint64_t> qps_destroyed{0};
+    std::atomic<bool> hold_next_qp_destroy{false}, holding{false}, release{false}, closed{false};
+};
+
+std::vector<NativeCounter *> g_counters;  // of the current test, in creation order
+
+NativeCounter *CounterOf(ote_verbs_t *v) {
+    for (NativeCounter *c : g_counters)
+        if (&c->v == v) return c;
+    return nullptr;
+}
+
+int CountCreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, struct ibv_qp **qp_out) {
+    NativeCounter *c = CounterOf(v);
+    if (c == nullptr) return EINVAL;
+    int err = c->sim->ops->create_qp(c->sim, pd, a, qp_out);
+    if (err == 0) c->qps++;
+    return err;
+}
+
+int CountDestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
+    NativeCounter *c = CounterOf(v);
+    if (c == nullptr) return EINVAL;
+    if (c->hold_next_qp_destroy.exchange(false)) {
+        c->holding = true;  // the test looks at its request now; bounded by 30 s
+        ote_deadline_t dl = ote_deadline_after(30 * 1000000000ull);
+        while (!c->release.load() && !ote_deadline_expired(dl)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    int err = c->sim->ops->destroy_qp(c->sim, qp);
+    if (err == 0) {
+        c->qps--;
+        c->qps_destroyed++;
+    }
+    return err;
+}
+
+int CountAllocMw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type, struct ibv_mw **mw_out) {
+    NativeCounter *c = CounterOf(v);
+    if (c == nullptr) return EINVAL;
+    int err = c->sim->ops->alloc_mw(c->sim, pd, type, mw_out);
+    if (err == 0) c->mws++;
+    return err;
+}
+
+int CountDeallocMw(ote_verbs_t *v, struct ibv_mw *mw) {
+    NativeCounter *c = CounterOf(v);
+    if (c == nullptr) return EINVAL;
+    int err = c->sim->ops->dealloc_mw(c->sim, mw);
+    if (err == 0) c->mws--;
+    return err;
+}
+
+int CountRegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access, struct ibv_mr **mr_out) {
+    NativeCounter *c = CounterOf(v);
+    if (c == nullptr) return EINVAL;
+    int err = c->sim->ops->reg_mr(c->sim, pd, addr, len, access, mr_out);
+    if (err == 0) c->mrs++;
+    return err;
+}
+
+int CountDeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
+    NativeCounter *c = CounterOf(v);
+    if (c == nullptr) return EINVAL;
+    int err = c->sim->ops->dereg_mr(c->sim, mr);
+    if (err == 0) c->mrs--;
+    return err;
+}
+
+void CloseCounter(ote_verbs_t *v) {
+    NativeCounter *c = CounterOf(v);
+    if (c == nullptr) return;
+    c->closed = true;
+    ote_verbs_close(c->sim);
+}
+
 std::vector<ote_verbs_t *> *g_wrapped = nullptr;
+std::vector<std::unique_ptr<NativeCounter>> *g_owned = nullptr;
 
 ote_status_t WrapWithFault(ote_verbs_t **v) {
+    auto c = std::make_unique<NativeCounter>();
+    c->sim = *v;
+    c->ops = *(*v)->ops;
+    c->ops.create_qp = CountCreateQp;
+    c->ops.destroy_qp = CountDestroyQp;
+    c->ops.alloc_mw = CountAllocMw;
+    c->ops.dealloc_mw = CountDeallocMw;
+    c->ops.reg_mr = CountRegMr;
+    c->ops.dereg_mr = CountDeregMr;
+    c->v.ops = &c->ops;
+    c->v.provider = (*v)->provider;
+    c->v.priv = (*v)->priv;
+    c->v.close = CloseCounter;
+    g_counters.push_back(c.get());
     ote_verbs_t *f = nullptr;
-    ote_status_t st = ote_verbs_fault_wrap(*v, OTE_VERBS_FAULT_OWN_INNER, &f);
-    if (st != OTE_OK) return st;
+    ote_status_t st = ote_verbs_fault_wrap(&c->v, OTE_VERBS_FAULT_OWN_INNER, &f);
+    if (st != OTE_OK) {
+        g_counters.pop_back();
+        return st;  // *v is still the caller's to close
+    }
     *v = f;
     g_wrapped->push_back(f);
+    g_owned->push_back(std::move(c));
     return OTE_OK;
 }
 
@@ -39,6 +151,9 @@ class RdmaFaultTest : public ote_test::OteTest {
         OteTest::SetUp();
         ExpectErrorLogs();
         g_wrapped = &wrapped_;
+        g_owned = &counters_;
+        g_counters.clear();
+        retained0_ = ote_retained_total();
         ote__rdma_test_verbs_hook = WrapWithFault;
         src_ = Create();
         req_ = Create();
@@ -48,6 +163,8 @@ class RdmaFaultTest : public ote_test::OteTest {
         ASSERT_EQ(wrapped_.size(), 2u);
         vs_ = wrapped_[0];
         vr_ = wrapped_[1];
+        ns_ = counters_[0].get();
+        nr_ = counters_[1].get();
         mem_.assign(4u << 20, 0);
         ASSERT_EQ(ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
         char addr[300];
@@ -57,13 +174,43 @@ class RdmaFaultTest : public ote_test::OteTest {
         for (size_t i = 0; i < out_.size(); i++) out_[i] = (uint8_t)(i * 13 + 5);
     }
     void TearDown() override {
+        DestroyEngines();
+        // Every native object either engine created was destroyed with it: nothing a
+        // failure touched was leaked, and nothing was retained.
+        for (auto &c : counters_) {
+            EXPECT_TRUE(c->closed.load()) << "an engine did not close its provider";
+            EXPECT_EQ(c->qps.load(), 0) << "QPs left alive";
+            EXPECT_EQ(c->mws.load(), 0) << "memory windows left alive";
+            EXPECT_EQ(c->mrs.load(), 0) << "memory regions left alive";
+        }
+        EXPECT_EQ(ote_retained_total(), retained0_);
+        ote__rdma_test_verbs_hook = nullptr;
+        g_counters.clear();
+        OteTest::TearDown();
+    }
+    void DestroyEngines() {
         if (seg_) { EXPECT_EQ(ote_segment_close(seg_), OTE_OK); }
+        seg_ = nullptr;
         if (req_) { EXPECT_EQ(ote_engine_destroy(req_), OTE_OK); }
+        req_ = nullptr;
         /* A source grant whose requester vanished keeps its registration pinned until its
          * own deadline; destroy waits for that (bounded) and drops the registration. */
         if (src_) { EXPECT_EQ(ote_engine_destroy(src_), OTE_OK); }
-        ote__rdma_test_verbs_hook = nullptr;
-        OteTest::TearDown();
+        src_ = nullptr;
+        vs_ = vr_ = nullptr;
+    }
+    // The source's registration of mem_ is not pinned by anything: it can be dropped
+    // (within 10 s: a refused grant ends on the source's own threads). It is registered
+    // again at once, so the test goes on as before.
+    bool SourceRegistrationFree() {
+        ote_deadline_t dl = ote_deadline_after(10 * kSec);
+        for (;;) {
+            ote_status_t st = ote_memory_unregister(src_, mem_.data());
+            if (st == OTE_OK) break;
+            if (st != OTE_ERR_BUSY || ote_deadline_expired(dl)) return false;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        return ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE) == OTE_OK;
     }
     static ote_engine_t *Create() {
         ote_config_t *cfg = nullptr;
@@ -92,40 +239,71 @@ class RdmaFaultTest : public ote_test::OteTest {
     }
 
     std::vector<ote_verbs_t *> wrapped_;
+    std::vector<std::unique_ptr<NativeCounter>> counters_;  // outlive the engines
+    uint64_t retained0_ = 0;
     ote_engine_t *src_ = nullptr, *req_ = nullptr;
-    ote_verbs_t *vs_ = nullptr, *vr_ = nullptr;
+    ote_verbs_t *vs_ = nullptr, *vr_ = nullptr;  // fault decorators (owned by the engines)
+    NativeCounter *ns_ = nullptr, *nr_ = nullptr;  // source's and requester's sims
     ote_segment_t *seg_ = nullptr;
     std::vector<uint8_t> mem_, out_;
 };
 
 // A data CQE lost at the requester: the transfer fails at its deadline, its QP is fenced
 // and destroyed before the request ends (nothing the NIC could still write is given
-// back), and the next transfer works over a rebuilt QP.
+// back), and the next transfer works over a rebuilt QP. The order is observed, not
+// inferred: the requester's first QP destroy after the fault is held inside the provider
+// while the test reads the request's state, which must still be PENDING.
 TEST_F(RdmaFaultTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestEnds) {
     ASSERT_EQ(Write(kBlock), OTE_OK); /* QPs built */
-    uint64_t destroyed0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_DESTROY_QP);
+    ASSERT_GE(nr_->qps.load(), 1);
+    uint64_t destroyed0 = nr_->qps_destroyed.load();
     ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(vr_, nullptr, 2), OTE_OK);
+    nr_->hold_next_qp_destroy = true;
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, out_.data(), seg_, (uint64_t)(uintptr_t)mem_.data(), 4 * kBlock};
     uint64_t t0 = ote_now_ns();
-    ote_status_t st = Write(4 * kBlock);
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    // The fenced QP's destroy arrives (at the 1.5 s deadline) and waits for us.
+    ote_deadline_t dl = ote_deadline_after(20 * kSec);
+    while (!nr_->holding.load() && !ote_deadline_expired(dl)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    bool held = nr_->holding.load();
+    ote_transfer_status_t during{};
+    EXPECT_EQ(ote_batch_status(b, 0, &during), OTE_OK);
+    nr_->hold_next_qp_destroy = false;
+    nr_->release = true;
+    EXPECT_TRUE(held) << "no QP was destroyed within 20 s of the lost CQE";
+    EXPECT_EQ(during.state, OTE_TRANSFER_PENDING) << "the request ended (state " << during.state
+                                                  << ") before its fenced QP was destroyed";
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_ERR_TIMEOUT);
     uint64_t took = ote_now_ns() - t0;
-    uint64_t destroyed = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_DESTROY_QP);
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT);
+    EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_TIMEOUT) << ote_status_str(ts.error);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     EXPECT_EQ(ote_verbs_fault_injected(vr_, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
-    EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
-    EXPECT_GE(took, 1400 * kMs);
-    EXPECT_LT(took, 10 * kSec);
-    EXPECT_GT(destroyed, destroyed0) << "the request ended before its fenced QP was destroyed";
+    EXPECT_GE(took, 1500 * kMs) << "ended before its 1.5 s deadline";
+    EXPECT_LT(took, 20 * kSec);
+    EXPECT_GE(nr_->qps_destroyed.load(), destroyed0 + 1) << "the fenced QP's destroy did not succeed";
     ote_verbs_fault_clear(vr_);
     std::fill(mem_.begin(), mem_.end(), 0);
     EXPECT_EQ(Write(3 * kBlock + 100, 4096), OTE_OK);
     EXPECT_EQ(memcmp(mem_.data() + 4096, out_.data(), 3 * kBlock + 100), 0);
+    EXPECT_EQ(ote_retained_total(), retained0_);
 }
 
 // The source's MW bind fails (its post is refused): the grant is refused, the requester
 // is told OTE_ERR_REMOTE_ACCESS, no byte is touched, and the next transfer works (the
-// requester retired the QP whose other end the failed bind broke).
+// requester retired the QP whose other end the failed bind broke). On the source, what
+// the grant held is released and nothing is retained: the window that was never bound
+// stays with the source's pool (no new MW is created for a refused grant), its
+// registration is not left pinned, and no owner is counted as retained.
 TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
     ASSERT_EQ(Write(kBlock), OTE_OK);
     std::fill(mem_.begin(), mem_.end(), 0);
+    int64_t mws0 = ns_->mws.load();
+    ASSERT_GE(mws0, 1) << "the first grant bound no window";
     // The source posts nothing but binds on its send queues (receipts arrive on its RQ).
     ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 1, EINVAL), OTE_OK);
     ote_status_t st = Write(2 * kBlock);
@@ -136,19 +314,32 @@ TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
     }();
     EXPECT_EQ(ote_verbs_fault_injected(vs_, OTE_VERBS_FAULT_OP_POST_SEND), 1u);
     for (size_t i = 0; i < 2 * kBlock; i++) ASSERT_EQ(mem_[i], 0) << "a refused grant wrote at " << i;
+    // Released on the source: the registration is free, no window was added or retained.
+    EXPECT_TRUE(SourceRegistrationFree()) << "the refused grant left the source's registration pinned";
+    EXPECT_LE(ns_->mws.load(), mws0) << "the refused grant left a new window alive";
+    EXPECT_EQ(ote_retained_count(OTE_RETAINED_MW), 0u);
+    EXPECT_EQ(ote_retained_total(), retained0_);
     EXPECT_EQ(Write(2 * kBlock), OTE_OK);
     EXPECT_EQ(memcmp(mem_.data(), out_.data(), 2 * kBlock), 0);
 }
 
-// alloc_mw failing at the source: refused before any window, requester told.
+// alloc_mw failing at the source: refused before any window, requester told. On the
+// source no window exists afterwards (none was created, none is retained), the
+// registration is not pinned, and once alloc_mw works again the next grant creates its
+// window and the transfer lands.
 TEST_F(RdmaFaultTest, AllocMwFailureRefusesTheGrant) {
     ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_EVERY, 0, ENOMEM), OTE_OK);
     ote_status_t st = Write(kBlock);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_REMOTE_ACCESS) << ote_status_str(st);
     EXPECT_GE(ote_verbs_fault_injected(vs_, OTE_VERBS_FAULT_OP_ALLOC_MW), 1u);
+    EXPECT_EQ(ns_->mws.load(), 0) << "a window exists although every alloc_mw failed";
+    for (size_t i = 0; i < kBlock; i++) ASSERT_EQ(mem_[i], 0) << "a refused grant wrote at " << i;
+    EXPECT_TRUE(SourceRegistrationFree()) << "the refused grant left the source's registration pinned";
+    EXPECT_EQ(ote_retained_total(), retained0_);
     ote_verbs_fault_clear(vs_);
     EXPECT_EQ(Write(kBlock), OTE_OK);
     EXPECT_EQ(memcmp(mem_.data(), out_.data(), kBlock), 0);
+    EXPECT_GE(ns_->mws.load(), 1) << "the working grant bound no window";
 }
 
 }  // namespace
