@@ -74,5 +74,14 @@ def vis_verbs():
 def vis_cuda():
     return _pkgs(["engine", "tools"]) + _external()
 
+def vis_cuda_layer(upper):
+    """A library inside cuda/: visible to the cuda/ subpackages named in upper (the owners
+    built on it), to the //cuda umbrella, and to what may see //cuda.
+
+    cuda/ is layered inside too: driver (//cuda:driver) -> memory -> pinned -> stream, and
+    memory -> ipc; a subpackage sees only those below it.
+    """
+    return ["//cuda/%s:__pkg__" % u for u in upper] + ["//cuda:__pkg__"] + vis_cuda()
+
 def vis_base():
     return ["//visibility:public"]
