@@ -52,7 +52,7 @@ TEST_F(EndpointTest, OneBuilderWaitersUseOwnDeadlineCancelFreesSlot) {
     ote_endpoint_t *ep = rig_.ep0[1];
     ote_ep_claim_t claim, claim2;
     ote_qp_t *qp = nullptr;
-    ASSERT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(100 * kMs), &qp, &claim), OTE_OK);
+    ASSERT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(30000 * kMs), &qp, &claim), OTE_OK);
     EXPECT_EQ(qp, nullptr);
     EXPECT_NE(claim.token, 0u);
     // Another caller waits with its own deadline and cannot take or cancel the slot.
@@ -60,13 +60,13 @@ TEST_F(EndpointTest, OneBuilderWaitersUseOwnDeadlineCancelFreesSlot) {
     EXPECT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(50 * kMs), &qp, &claim2), OTE_ERR_TIMEOUT);
     EXPECT_GE(ote_now_ns() - t0, 45 * kMs);
     // Slot 1 is independent.
-    ASSERT_EQ(ote_endpoint_reserve(ep, 1, ote_deadline_after(50 * kMs), &qp, &claim2), OTE_OK);
+    ASSERT_EQ(ote_endpoint_reserve(ep, 1, ote_deadline_after(30000 * kMs), &qp, &claim2), OTE_OK);
     EXPECT_NE(claim2.token, claim.token);
     EXPECT_EQ(ote_endpoint_cancel(&claim2), OTE_OK);
     // A stale guard (old token) cannot release a replacement.
     ote_ep_claim_t stale = claim;
     EXPECT_EQ(ote_endpoint_cancel(&claim), OTE_OK);
-    ASSERT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(50 * kMs), &qp, &claim2), OTE_OK);
+    ASSERT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(30000 * kMs), &qp, &claim2), OTE_OK);
     EXPECT_EQ(ote_endpoint_cancel(&stale), OTE_ERR_STATE);
     EXPECT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(20 * kMs), &qp, &claim), OTE_ERR_TIMEOUT);
     EXPECT_EQ(ote_endpoint_cancel(&claim2), OTE_OK);
@@ -106,13 +106,13 @@ TEST_F(EndpointTest, RetiredQpKeepsSlotUntilDestroyedThenRebuilds) {
     EXPECT_EQ(ote_endpoint_ready_count(rig_.ep0[0]), 0u);
     // Borrowed: reclaim cannot destroy it, and a new reserve waits.
     size_t left = 0;
-    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(100 * kMs), &left), OTE_OK);
+    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
     EXPECT_EQ(left, 1u);
     ote_ep_claim_t c;
     ote_qp_t *q2 = nullptr;
     EXPECT_EQ(ote_endpoint_reserve(rig_.ep0[0], 1, ote_deadline_after(20 * kMs), &q2, &c), OTE_ERR_TIMEOUT);
     ote_endpoint_return(rig_.ep0[0], 1, qp);
-    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(500 * kMs), &left), OTE_OK);
+    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
     EXPECT_EQ(left, 0u);
     // The source side's old pair is replaced when the requester rebuilds the slot.
     ote_qp_t *src_old = nullptr;

@@ -1,4 +1,6 @@
-// grant fault_test: grants under verbs faults and port events.
+// grant fault_test: grants under verbs faults and port events. Each fault test checks the
+// error, what was released or retained (records, pins, QP borrows, windows), and that the
+// layer works again once the fault clears.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -19,7 +21,6 @@ class GrantFaultTest : public ote_test::OteTest {
   protected:
     void SetUp() override {
         OteTest::SetUp();
-        ExpectErrorLogs();
         rig_.Open(8u << 20);
         out_.resize(8u << 20);
         for (size_t i = 0; i < out_.size(); i++) out_[i] = (uint8_t)(i * 3 + 11);
@@ -36,7 +37,7 @@ class GrantFaultTest : public ote_test::OteTest {
         if (mr_) { EXPECT_EQ(rig_.v->ops->dereg_mr(rig_.v, mr_), 0); }
         mr_ = nullptr;
     }
-    ote_status_t Start(ote_grant_op_t op, uint64_t len, Done *d, uint64_t timeout_ms = 5000,
+    ote_status_t Start(ote_grant_op_t op, uint64_t len, Done *d, uint64_t timeout_ms = 30000,
                        uint32_t slot = 0) {
         int cap = op == OTE_GRANT_WRITE ? 1 : 0;
         ote_qp_t *qp = nullptr;
@@ -59,11 +60,11 @@ class GrantFaultTest : public ote_test::OteTest {
         if (st != OTE_OK) ote_endpoint_return(rig_.ep0[cap], slot, qp);
         return st;
     }
-    ote_status_t Run(ote_grant_op_t op, uint64_t len, uint64_t timeout_ms = 5000) {
+    ote_status_t Run(ote_grant_op_t op, uint64_t len, uint64_t timeout_ms = 30000) {
         Done d;
         ote_status_t st = Start(op, len, &d, timeout_ms);
         if (st != OTE_OK) return st;
-        EXPECT_TRUE(d.Wait(rig_, 20000));
+        EXPECT_TRUE(d.Wait(rig_, 60000));
         EXPECT_EQ(d.calls.load(), 1);
         return d.st.load();
     }
@@ -72,12 +73,116 @@ class GrantFaultTest : public ote_test::OteTest {
     struct ibv_mr *mr_ = nullptr;
 };
 
-TEST_F(GrantFaultTest, AllocMwFailsGrantRefusedRequesterTold) {
+TEST_F(GrantFaultTest, AllocMwFailsGrantRefusedRequesterToldEverythingReleased) {
     ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
     ote_status_t st = Run(OTE_GRANT_WRITE, B);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
     EXPECT_EQ(ote_status_errno(st), ENOMEM);
-    EXPECT_EQ(Run(OTE_GRANT_WRITE, B), OTE_OK); /* the fault cleared: usable again */
+    EXPECT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), 1u);
+    // Released: no window exists or is pooled, the registration pin was dropped, both
+    // sides' records ended, both QP borrows were given back; nothing was retained.
+    ote_grant_stats_t s0, s1;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.bind_failures, 1u);
+    EXPECT_EQ(s1.refused, 1u);
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(s1.mw_pool, 0u);
+    EXPECT_EQ(s1.mw_retained, 0u);
+    EXPECT_EQ(s0.live_requester, 0u);
+    EXPECT_EQ(s0.failed, 1u);
+    EXPECT_EQ(rig_.pins.load(), 0);
+    EXPECT_EQ(ote_endpoint_users(rig_.ep0[1], 0), 0u);
+    EXPECT_EQ(ote_endpoint_users(rig_.ep1[1], 0), 0u);
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_MW), 0u);
+    EXPECT_EQ(RetainedSinceStart(), 0);
+    // Recovery: the fault cleared, the layer works again on the same slot.
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, B), OTE_OK);
+    EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), B), 0);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.receipts, 1u);
+    EXPECT_EQ(s1.mw_pool, 1u); /* the new window, invalidated, back in the pool */
+    EXPECT_EQ(rig_.pins.load(), 0);
+    CloseMr();
+}
+
+// A window that a source grant could not leave unbound (no receipt by its deadline) is
+// deallocated; when that dealloc fails the window is retained and counted (MW is a
+// retained kind), and the monitor's next tick retries it.
+TEST_F(GrantFaultTest, DeallocMwBusyRetainsTheWindowUntilTheRetrySucceeds) {
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK); /* builds both ends of slot 0 */
+    uint32_t remote_qpn = ote_endpoint_remote_qpn(rig_.ep0[1], 0);
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+    // Serve a request as the source would, but the requester never answers: its id is
+    // unknown to the requester's manager, so the answer is dropped there.
+    rig_.src_deadline_ms = 200;
+    ASSERT_EQ(Rig::Request(&rig_, 0xabcdef00ull, 0, remote_qpn, OTE_GRANT_WRITE,
+                           (uintptr_t)rig_.src.data(), B),
+              OTE_OK);
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.served, 1u);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1), OTE_OK);
+    // Wait for the source deadline: tick g1 alone until the record ended.
+    ote_deadline_t until = ote_deadline_after(30000 * kMs);
+    do {  // tick as the monitor does; nothing is retained yet, so no tick retries
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+        ote_grant_mgr_tick(rig_.g1);
+        ote_grant_mgr_get_stats(rig_.g1, &s1);
+    } while (s1.live_source != 0 && !ote_deadline_expired(until));
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    ASSERT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(s1.source_expired, 1u);
+    EXPECT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW), 1u);
+    // Retained, counted once in the manager, its context and the process registry; the
+    // pin and the QP borrow were still released (the window alone is kept).
+    EXPECT_EQ(s1.mw_retained, 1u);
+    EXPECT_EQ(s1.mw_pool, 0u);
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_MW), 1u);
+    EXPECT_EQ(RetainedSinceStart(), 1);
+    EXPECT_EQ(rig_.pins.load(), 0);
+    EXPECT_TRUE(LogContains("dealloc_mw failed"));
+    // The fault is spent: the next tick's retry deallocates it.
+    ote_grant_mgr_tick(rig_.g1);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.mw_retained, 0u);
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_MW), 0u);
+    EXPECT_EQ(RetainedSinceStart(), 0);
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW), 2u);
+    // The source QP was killed with the window: retire the requester's end too, then a
+    // fresh pair serves a full grant.
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_endpoint_retire(rig_.ep0[1], 0, qp);
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+    rig_.Reclaim();
+    rig_.src_deadline_ms = 30000;
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, B), OTE_OK);
+    EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), B), 0);
+    CloseMr();
+}
+
+// A pooled window whose dealloc fails at manager destroy: the manager is retained with
+// it (OTE_ERR_RETAINED, counted as MW), and the next destroy succeeds.
+TEST_F(GrantFaultTest, DeallocMwBusyAtManagerDestroyRetainsUntilTheNextDestroy) {
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, B), OTE_OK);
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    ASSERT_EQ(s1.mw_pool, 1u);
+    ASSERT_EQ(ote_grant_mgr_tick(rig_.g1), 0u);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1), OTE_OK);
+    ote_status_t st = ote_grant_mgr_destroy(rig_.g1);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_RETAINED);
+    ote_grant_mgr_get_stats(rig_.g1, &s1); /* still valid */
+    EXPECT_EQ(s1.mw_pool, 0u);
+    EXPECT_EQ(s1.mw_retained, 1u);
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_MW), 1u);
+    EXPECT_EQ(RetainedSinceStart(), 1);
+    EXPECT_EQ(ote_grant_mgr_destroy(rig_.g1), OTE_OK);
+    rig_.g1 = nullptr;
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_MW), 0u);
+    EXPECT_EQ(RetainedSinceStart(), 0);
     CloseMr();
 }
 
@@ -146,16 +251,18 @@ TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
     ote_qp_t *qp = nullptr;
     ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
     ote_endpoint_return(rig_.ep0[1], 0, qp);
-    rig_.src_deadline_ms = 800;
+    rig_.src_deadline_ms = 2000;
     ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 2),
               OTE_OK);
     uint64_t t0 = ote_now_ns();
     Done d;
-    ASSERT_EQ(Start(OTE_GRANT_WRITE, 4 * B, &d, 300), OTE_OK);
+    // The deadline (1.5 s) must pass after the slices were posted, not before the source
+    // answered: generous enough for a loaded machine, still short for the test.
+    ASSERT_EQ(Start(OTE_GRANT_WRITE, 4 * B, &d, 1500), OTE_OK);
     // Tick (as the monitor does) without reclaiming, until the deadline failed the grant:
     // its QP is fenced, and the grant has not ended: the lost WR is still owed.
     ote_grant_stats_t s;
-    for (int i = 0; i < 5000; i++) {
+    for (int i = 0; i < 30000; i++) {
         ote_grant_mgr_tick(rig_.g0);
         ote_grant_mgr_tick(rig_.g1);
         ote_grant_mgr_get_stats(rig_.g0, &s);
@@ -164,17 +271,17 @@ TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
         nanosleep(&ts, nullptr);
     }
     ASSERT_EQ(s.expired, 1u);
+    ASSERT_GT(s.slices_posted, 0u) << "the deadline passed before the slices were posted";
     ote_qp_stats_t qs;
     ote_qp_get_stats(qp, &qs); /* the grant's QP: not destroyed before reclaim */
     EXPECT_EQ(qs.fenced, 1) << "the QP that lost a completion was not fenced";
     EXPECT_GE(qs.sq_outstanding, 1u) << "the lost WR must stay owed until the QP is destroyed";
     EXPECT_EQ(d.calls.load(), 0) << "the grant ended while the NIC could still write its buffer";
-    ASSERT_TRUE(d.Wait(rig_, 10000));
+    ASSERT_TRUE(d.Wait(rig_, 30000));
     uint64_t took = ote_now_ns() - t0;
     EXPECT_EQ(d.calls.load(), 1);
     EXPECT_EQ(ote_status_code(d.st.load()), OTE_ERR_TIMEOUT);
-    EXPECT_GE(took, 290 * kMs);
-    EXPECT_LT(took, 5000 * kMs);
+    EXPECT_GE(took, 1500 * kMs); /* not before its deadline (no upper bound: load) */
     ote_grant_stats_t s0;
     ote_grant_mgr_get_stats(rig_.g0, &s0);
     EXPECT_EQ(s0.expired, 1u);
@@ -185,7 +292,7 @@ TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
     CloseMr();
 }
 
-TEST_F(GrantFaultTest, PortDownNoNewGrantsInFlightEndsWithError) {
+TEST_F(GrantFaultTest, PortDownEndsInFlightGrantReleasesItAndGrantsWorkAfterRecovery) {
     rig_.src_deadline_ms = 1500; /* the source releases windows its dead requester never ends */
     ote_qp_t *qp = nullptr;
     ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
@@ -195,36 +302,72 @@ TEST_F(GrantFaultTest, PortDownNoNewGrantsInFlightEndsWithError) {
     ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 1),
               OTE_OK);
     Done d;
-    uint64_t t0 = ote_now_ns();
-    ASSERT_EQ(Start(OTE_GRANT_WRITE, 8 * B, &d, 10000), OTE_OK);
-    for (int i = 0; i < 2000 && ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0; i++) {
+    ASSERT_EQ(Start(OTE_GRANT_WRITE, 8 * B, &d, 120000), OTE_OK);
+    ote_deadline_t until = ote_deadline_after(30000 * kMs);
+    while (ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0 && !ote_deadline_expired(until)) {
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, nullptr);
     }
     ASSERT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
     EXPECT_EQ(d.calls.load(), 0);
     ASSERT_EQ(ote_sim_set_port_state(rig_.sim, "sim0", 1, IBV_PORT_DOWN), OTE_OK);
-    for (int i = 0; i < 100 && ote_context_check(rig_.c0) == OTE_OK; i++) {
+    until = ote_deadline_after(30000 * kMs);
+    while (ote_context_check(rig_.c0) == OTE_OK && !ote_deadline_expired(until)) {
         ote_context_set_poll_events(rig_.set, nullptr);
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, nullptr);
     }
     EXPECT_EQ(ote_context_check(rig_.c0), OTE_ERR_PORT_DOWN);
-    ASSERT_TRUE(d.Wait(rig_, 15000)) << "in-flight grant hung after port down";
+    ASSERT_TRUE(d.Wait(rig_, 60000)) << "in-flight grant hung after port down";
     EXPECT_EQ(d.calls.load(), 1);
-    // It ended with the port's error, well before its own 10 s deadline.
+    // It ended with the port's error, not at its own (120 s) deadline.
     EXPECT_EQ(ote_status_code(d.st.load()), OTE_ERR_PORT_DOWN) << ote_status_str(d.st.load());
-    EXPECT_LT(ote_now_ns() - t0, 8000 * kMs);
     Done d2;
     EXPECT_EQ(ote_status_code(Start(OTE_GRANT_WRITE, B, &d2)), OTE_ERR_PORT_DOWN);
     EXPECT_EQ(d2.calls.load(), 0);
+    // Released: the requester's record ended and its QP borrow came back (retired: it
+    // carried the grant's WRs); the source's window is released by its deadline, with
+    // its pin; nothing was retained.
+    ote_grant_stats_t s0, s1;
+    until = ote_deadline_after(30000 * kMs);
+    do {
+        ote_grant_mgr_tick(rig_.g0);
+        ote_grant_mgr_tick(rig_.g1);
+        ote_grant_mgr_get_stats(rig_.g0, &s0);
+        ote_grant_mgr_get_stats(rig_.g1, &s1);
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, nullptr);
+    } while ((s0.live_requester != 0 || s1.live_source != 0) && !ote_deadline_expired(until));
+    EXPECT_EQ(s0.live_requester, 0u);
+    EXPECT_EQ(s0.failed, 1u);
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(s1.mw_retained, 0u);
+    EXPECT_EQ(rig_.pins.load(), 0);
+    EXPECT_EQ(ote_endpoint_users(rig_.ep0[1], 0), 0u);
+    EXPECT_EQ(ote_endpoint_users(rig_.ep1[1], 0), 0u);
+    EXPECT_EQ(RetainedSinceStart(), 0);
+    // Recovery: the port returns, the context resumes, and a grant works again.
     ASSERT_EQ(ote_sim_set_port_state(rig_.sim, "sim0", 1, IBV_PORT_ACTIVE), OTE_OK);
-    for (int i = 0; i < 100 && ote_context_check(rig_.c0) != OTE_OK; i++) {
+    until = ote_deadline_after(30000 * kMs);
+    while (ote_context_check(rig_.c0) != OTE_OK && !ote_deadline_expired(until)) {
         ote_context_set_poll_events(rig_.set, nullptr);
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, nullptr);
     }
+    ASSERT_EQ(ote_context_check(rig_.c0), OTE_OK);
     rig_.Reclaim();
+    // The source's end of the old pair was killed with its window: retire it so that the
+    // requester's rebuild of the slot builds a fresh pair (the engine does this on failure).
+    ote_qp_t *src_old = nullptr;
+    if (ote_endpoint_borrow_ready(rig_.ep1[1], 0, 0, &src_old) == OTE_OK) {
+        ote_endpoint_retire(rig_.ep1[1], 0, src_old);
+        ote_endpoint_return(rig_.ep1[1], 0, src_old);
+    }
+    rig_.Reclaim();
+    rig_.src_deadline_ms = 30000;
+    for (size_t i = 0; i < 2 * B; i++) out_[i] = (uint8_t)(i * 7 + 1);
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, 2 * B), OTE_OK);
+    EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), 2 * B), 0);
     CloseMr();
 }
 
@@ -257,21 +400,27 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     rig_.src_deadline_ms = 800; /* the source releases the window nobody will invalidate */
     rig_.v->ops = &amb; /* every other op is the decorator's own */
     Done d;
-    ASSERT_EQ(Start(OTE_GRANT_WRITE, 4 * B, &d, 5000), OTE_OK);
     ote_grant_stats_t s;
-    for (int i = 0; i < 5000; i++) {
-        ote_grant_mgr_tick(rig_.g0);
-        ote_grant_mgr_tick(rig_.g1);
-        ote_grant_mgr_get_stats(rig_.g0, &s);
-        if (s.slices_posted > 0 && AmbiguousWrite::armed.load() == 0) break;
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, nullptr);
+    {
+        // The qp layer logs the unknown outcome (from whichever thread posts the slices).
+        ote_test::ErrorLogsExpected guard;
+        ASSERT_EQ(Start(OTE_GRANT_WRITE, 4 * B, &d, 30000), OTE_OK);
+        ote_deadline_t until = ote_deadline_after(30000 * kMs);
+        while (!ote_deadline_expired(until)) {
+            ote_grant_mgr_tick(rig_.g0);
+            ote_grant_mgr_tick(rig_.g1);
+            ote_grant_mgr_get_stats(rig_.g0, &s);
+            if (s.slices_posted > 0 && AmbiguousWrite::armed.load() == 0 && guard.Seen() > 0) break;
+            struct timespec ts = {0, 1000 * 1000};
+            nanosleep(&ts, nullptr);
+        }
+        EXPECT_EQ(guard.Seen(), 1u);
     }
     ASSERT_EQ(AmbiguousWrite::armed.load(), 0) << "no slice was posted";
     ote_qp_stats_t qs;
     ote_qp_get_stats(qp, &qs);
     EXPECT_EQ(qs.fenced, 1) << "an unknown post outcome did not fence the queue";
-    ASSERT_TRUE(d.Wait(rig_, 10000));
+    ASSERT_TRUE(d.Wait(rig_, 30000));
     rig_.v->ops = orig;
     EXPECT_EQ(d.calls.load(), 1);
     EXPECT_EQ(ote_status_code(d.st.load()), OTE_ERR_FENCED) << ote_status_str(d.st.load());
@@ -279,7 +428,7 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     EXPECT_EQ(s.slices_posted, 4u); /* the whole chain stays owed: it may have been posted */
     EXPECT_EQ(s.stale_cqes, 0u);
     ote_grant_stats_t s1;
-    for (int i = 0; i < 5000; i++) {
+    for (int i = 0; i < 30000; i++) {
         ote_grant_mgr_tick(rig_.g1);
         ote_grant_mgr_get_stats(rig_.g1, &s1);
         if (s1.live_source == 0) break;

@@ -61,7 +61,7 @@ class GrantTest : public ote_test::OteTest {
 
     // Run one grant over [src+off, +len) to completion; returns its status.
     ote_status_t Run(ote_grant_op_t op, uint8_t *local, uint32_t lkey, uint64_t off, uint64_t len,
-                     uint32_t slot = 0, uint64_t timeout_ms = 5000) {
+                     uint32_t slot = 0, uint64_t timeout_ms = 30000) {
         int cap = op == OTE_GRANT_WRITE ? 1 : 0;
         ote_qp_t *qp = nullptr;
         ote_status_t st = rig_.Borrow(cap, slot, &qp);
@@ -85,7 +85,7 @@ class GrantTest : public ote_test::OteTest {
             ote_endpoint_return(rig_.ep0[cap], slot, qp);
             return st;
         }
-        EXPECT_TRUE(d.Wait(rig_, 20000)) << "grant did not end";
+        EXPECT_TRUE(d.Wait(rig_, 60000)) << "grant did not end";
         EXPECT_EQ(d.calls.load(), 1);
         return d.st.load();
     }
@@ -135,7 +135,6 @@ TEST_F(GrantTest, WriteThenReadExactBytesThroughWindows) {
 }
 
 TEST_F(GrantTest, OutsideRegistrationOrAccessRefusedBeforeAnyWindow) {
-    ExpectErrorLogs();
     std::vector<uint8_t> out(2 * B, 0x33);
     struct ibv_mr *mo = LocalMr(out);
     EXPECT_EQ(ote_status_code(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, rig_.src.size() - 100, 200)),
@@ -175,14 +174,14 @@ TEST_F(GrantTest, ManyGrantsShareOneQpBeyondItsDepth) {
         g.ep = rig_.ep0[1];
         g.slot = 0;
         g.qp = q;
-        g.deadline = ote_deadline_after(10000 * kMs);
+        g.deadline = ote_deadline_after(30000 * kMs);
         g.done = Done::Fn;
         g.done_arg = &done[i];
         ASSERT_EQ(ote_grant_start(rig_.g0, &g, &ctl), OTE_OK);
     }
     ote_endpoint_return(rig_.ep0[1], 0, qp);
     for (int i = 0; i < kN; i++) {
-        ASSERT_TRUE(done[i].Wait(rig_, 20000));
+        ASSERT_TRUE(done[i].Wait(rig_, 60000));
         EXPECT_EQ(done[i].st.load(), OTE_OK);
         EXPECT_EQ(done[i].calls.load(), 1);
     }

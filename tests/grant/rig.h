@@ -158,7 +158,7 @@ struct Rig {
     // Borrow a connected requester QP of slot `slot`.
     ote_status_t Borrow(int cap, uint32_t slot, ote_qp_t **qp) {
         Xarg x = {this, cap};
-        return ote_endpoint_borrow(ep0[cap], slot, Exchange, &x, ote_deadline_after(2000 * kMs), qp);
+        return ote_endpoint_borrow(ep0[cap], slot, Exchange, &x, ote_deadline_after(30000 * kMs), qp);
     }
 
     // Reclaim retired QPs on both sides until none is left or the deadline passes.
@@ -175,14 +175,15 @@ struct Rig {
 
     void Close() {
         ote_verbs_fault_clear(v);
-        if (g0) {
-            for (int i = 0; i < 2000 && (ote_grant_mgr_tick(g0) + ote_grant_mgr_tick(g1)) > 0; i++) {
+        auto tick = [](ote_grant_mgr_t *g) -> size_t { return g ? ote_grant_mgr_tick(g) : 0; };
+        if (g0 || g1) {
+            for (int i = 0; i < 15000 && (tick(g0) + tick(g1)) > 0; i++) {
                 struct timespec ts = {0, 2 * 1000 * 1000};
                 nanosleep(&ts, nullptr);
             }
         }
-        if (s0) { EXPECT_EQ(ote_endpoint_store_destroy(s0, ote_deadline_after(1000 * kMs)), OTE_OK); }
-        if (s1) { EXPECT_EQ(ote_endpoint_store_destroy(s1, ote_deadline_after(1000 * kMs)), OTE_OK); }
+        if (s0) { EXPECT_EQ(ote_endpoint_store_destroy(s0, ote_deadline_after(30000 * kMs)), OTE_OK); }
+        if (s1) { EXPECT_EQ(ote_endpoint_store_destroy(s1, ote_deadline_after(30000 * kMs)), OTE_OK); }
         if (g0) { EXPECT_EQ(ote_grant_mgr_destroy(g0), OTE_OK); }
         if (g1) { EXPECT_EQ(ote_grant_mgr_destroy(g1), OTE_OK); }
         for (int i = 0; i < 2; i++) {
