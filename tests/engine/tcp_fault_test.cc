@@ -1,0 +1,181 @@
+// The TCP transport under the fault points of engine/ (base/fault.h). engine/tcp has one,
+// "tcp.connect", hit before each data connection of a peer is made; engine/control has
+// none. A requester connects tcp_connections = 4 data connections per peer, so failing
+// the Nth hit makes a partial connect: N-1 connections are made (each with its
+// handshake), then the Nth fails. The contract: the whole connect rolls back (no fd is
+// left open on either side, no segment is handed out, the injected status is returned as
+// it was), and the peer can be opened (or reconnected) again once the fault clears.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/engine/engine_util.h"
+#include "tests/engine/target.h"
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/fault.h"
+#include "base/time.h"
+#include "ote/ote.h"
+#include "tests/engine/pattern.h"
+}
+
+namespace {
+
+using ote_test::CountOpenFds;
+using ote_test::EngineAddress;
+using ote_test::kMs;
+using ote_test::kSec;
+using ote_test::NewEngine;
+using ote_test::RunOne;
+
+constexpr uint32_t kConns = 4;
+const char *const kPoint = "tcp.connect";
+
+class TcpFaultTest : public ote_test::OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        ExpectErrorLogs();  // failed connects are logged
+        src_ = NewEngine();
+        req_ = NewEngine({{"tcp_connections", "4"}});
+        ASSERT_NE(src_, nullptr);
+        ASSERT_NE(req_, nullptr);
+        mem_.assign(1u << 20, 0);
+        ASSERT_EQ(ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+        addr_ = EngineAddress(src_);
+        out_.resize(300001);
+        ote_pattern_fill(out_.data(), out_.size(), 41, 0);
+    }
+    void TearDown() override {
+        ote_fault_disarm_all();
+        if (req_) { EXPECT_EQ(ote_engine_destroy(req_), OTE_OK); }
+        if (src_) { EXPECT_EQ(ote_engine_destroy(src_), OTE_OK); }
+        OteTest::TearDown();
+    }
+    // The open fds of this process come back to `want` (the source closes the accepted
+    // halves of a rolled-back connect when it sees their EOF, on its own thread).
+    static bool FdsSettleAt(int want) {
+        ote_deadline_t dl = ote_deadline_after(10 * kSec);
+        for (;;) {
+            if (CountOpenFds() == want) return true;
+            if (ote_deadline_expired(dl)) return false;
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+    }
+    // WRITE out_ at offset 7 of the source's buffer and READ it back; both byte-checked.
+    void RoundTrip(ote_segment_t *seg) {
+        std::fill(mem_.begin(), mem_.end(), 0);
+        uint64_t remote = reinterpret_cast<uintptr_t>(mem_.data()) + 7;
+        ASSERT_EQ(RunOne(req_, {OTE_WRITE, out_.data(), seg, remote, out_.size()}, 30 * kSec), OTE_OK);
+        EXPECT_EQ(memcmp(mem_.data() + 7, out_.data(), out_.size()), 0);
+        std::vector<uint8_t> back(out_.size(), 0);
+        ASSERT_EQ(RunOne(req_, {OTE_READ, back.data(), seg, remote, back.size()}, 30 * kSec), OTE_OK);
+        EXPECT_EQ(back, out_);
+    }
+
+    ote_engine_t *src_ = nullptr, *req_ = nullptr;
+    std::string addr_;
+    std::vector<uint8_t> mem_, out_;
+};
+
+// Fail connection 1, 2, 3 and then 4 of 4: each open fails with the injected status,
+// after exactly that many hits, leaves no fd behind and no segment; the next open works.
+TEST_F(TcpFaultTest, PartialConnectRollsBackAndThePeerOpensAgain) {
+    for (uint32_t n = 1; n <= kConns; n++) {
+        SCOPED_TRACE("failing data connection " + std::to_string(n) + " of " + std::to_string(kConns));
+        int fds0 = CountOpenFds();
+        ASSERT_EQ(ote_fault_arm(kPoint, OTE_FAULT_NTH, n, OTE_ERR_CONNECT, ECONNREFUSED), OTE_OK);
+        ote_segment_t *seg = nullptr;
+        ote_status_t st = ote_segment_open(req_, addr_.c_str(), &seg);
+        EXPECT_EQ(ote_status_code(st), OTE_ERR_CONNECT) << ote_status_str(st);
+        EXPECT_EQ(ote_status_errno(st), ECONNREFUSED);
+        EXPECT_EQ(seg, nullptr);  // outputs only on success
+        EXPECT_EQ(ote_fault_hits(kPoint), n) << "the connect went on after its failure";
+        EXPECT_EQ(ote_fault_failures(kPoint), 1u);
+        EXPECT_TRUE(FdsSettleAt(fds0)) << "fds: " << CountOpenFds() << ", before: " << fds0;
+        ASSERT_EQ(ote_fault_disarm(kPoint), OTE_OK);
+        // Cleared: the same peer opens, moves bytes both ways and closes.
+        ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
+        RoundTrip(seg);
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_TRUE(FdsSettleAt(fds0)) << "fds: " << CountOpenFds() << ", before: " << fds0;
+    }
+}
+
+// Every connect failing (OTE_FAULT_FROM 1): the open fails at the first connection with
+// a status of another kind (a timeout), nothing is retried behind the caller's back, and
+// the engines stay usable.
+TEST_F(TcpFaultTest, EveryConnectFailingFailsTheOpenOnce) {
+    int fds0 = CountOpenFds();
+    ASSERT_EQ(ote_fault_arm(kPoint, OTE_FAULT_FROM, 1, OTE_ERR_TIMEOUT, 0), OTE_OK);
+    for (int i = 0; i < 3; i++) {
+        ote_segment_t *seg = nullptr;
+        EXPECT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_ERR_TIMEOUT);
+        EXPECT_EQ(seg, nullptr);
+    }
+    EXPECT_EQ(ote_fault_hits(kPoint), 3u);
+    EXPECT_EQ(ote_fault_failures(kPoint), 3u);
+    EXPECT_TRUE(FdsSettleAt(fds0));
+    ote_fault_disarm_all();
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
+    RoundTrip(seg);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+}
+
+// The reconnect path: the peer dies and comes back on the same address; the old segment
+// reconnects on its next submit. When that reconnect fails part-way (connection 3 of 4),
+// the submit fails with the injected status and queues nothing, the three connections
+// made are closed again (no fd left), the segment stays usable, and the next submit
+// reconnects for real.
+TEST_F(TcpFaultTest, PartialReconnectRollsBackAndTheNextSubmitReconnects) {
+    ote_test::Target target;
+    ASSERT_TRUE(target.Start(4u << 20));
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req_, target.address.c_str(), &seg), OTE_OK);
+    std::vector<uint8_t> buf(100000);
+    ote_pattern_fill(buf.data(), buf.size(), 5, 0);
+    ASSERT_EQ(RunOne(req_, {OTE_WRITE, buf.data(), seg, target.rw, buf.size()}, 30 * kSec), OTE_OK);
+    std::string addr = target.address;
+    target.Kill();
+    // The loss is seen by the engine's workers (EOF on every connection); a submit then
+    // tries to reconnect and is refused, with nothing listening.
+    ote_deadline_t dl = ote_deadline_after(20 * kSec);
+    ote_status_t st;
+    do {
+        st = RunOne(req_, {OTE_WRITE, buf.data(), seg, target.rw, 16}, 10 * kSec);
+        if (ote_status_code(st) == OTE_ERR_CONNECT) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } while (!ote_deadline_expired(dl));
+    ASSERT_EQ(ote_status_code(st), OTE_ERR_CONNECT) << ote_status_str(st);
+    ASSERT_TRUE(target.Start(4u << 20, addr)) << "no new target on " << addr;
+    int fds0 = CountOpenFds();
+
+    ASSERT_EQ(ote_fault_arm(kPoint, OTE_FAULT_NTH, 3, OTE_ERR_CONNECT, EHOSTUNREACH), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t w = {OTE_WRITE, buf.data(), seg, target.rw + 3, buf.size()};
+    st = ote_batch_submit(b, &w, 1);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_CONNECT) << ote_status_str(st);
+    EXPECT_EQ(ote_status_errno(st), EHOSTUNREACH);
+    EXPECT_EQ(ote_fault_hits(kPoint), 3u);
+    ote_transfer_status_t ts;
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_WAITING) << "a refused submit queued its request";
+    EXPECT_TRUE(FdsSettleAt(fds0)) << "fds: " << CountOpenFds() << ", before: " << fds0;
+    ASSERT_EQ(ote_fault_disarm(kPoint), OTE_OK);
+
+    ASSERT_EQ(ote_batch_submit(b, &w, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    EXPECT_EQ(target.Hash("rw", 3, buf.size()), ote_hash(buf.data(), buf.size()));
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(target.Quit(), 0);
+}
+
+}  // namespace
