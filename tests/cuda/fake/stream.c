@@ -1,0 +1,594 @@
+/* The fake libcuda's streams and events. Each stream has a worker thread that runs its
+ * queued operations in order, each after a random delay of up to max_delay_us, so work
+ * that a caller does not wait for really is unfinished when the call returns. Async copies
+ * touching only pinned host memory or device memory are fully asynchronous; an HtoD from
+ * pageable memory stages the source before returning, a DtoH into pageable memory waits
+ * for the stream up to it. The NULL (legacy) stream runs synchronously after the blocking
+ * streams (created with flags 0) have drained. See fake_internal.h. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tests/cuda/fake/fake_internal.h"
+
+#define FK_STREAM_MAGIC 0x5354524du
+#define FK_EVENT_MAGIC 0x45564e54u
+/* The longest a synchronize waits before giving up with CUDA_ERROR_LAUNCH_TIMEOUT. */
+#define FK_SYNC_LIMIT_NS (120ull * 1000000000ull)
+
+typedef enum { FK_OP_COPY, FK_OP_EVENT, FK_OP_HOSTFN } fk_op_kind_t;
+
+typedef struct fk_op {
+    struct fk_op *next;
+    fk_op_kind_t kind;
+    uint64_t seq;
+    char *dst;
+    const char *src;
+    size_t n;
+    fk_region_t *pin[2];
+    void *staging;
+    struct CUevent_st *ev;
+    uint64_t ev_gen;
+    CUhostFn fn;
+    void *arg;
+} fk_op_t;
+
+struct CUstream_st {
+    uint32_t magic;
+    struct CUstream_st *next; /* fk_g.streams */
+    struct CUctx_st *ctx;
+    unsigned flags;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* new work, or an operation finished */
+    fk_op_t *head, *tail;
+    uint64_t enq_seq, done_seq;
+    int destroying; /* cuStreamDestroy called: the handle is dead, the queue drains */
+    int exited;     /* the worker has returned */
+    unsigned users; /* callers between lookup and return (st_mu) */
+    unsigned seed;
+};
+
+struct CUevent_st {
+    uint32_t magic;
+    struct CUevent_st *next; /* fk_g.events */
+    struct CUctx_st *ctx;
+    unsigned flags;
+    uint64_t gen;      /* records issued */
+    uint64_t done_gen; /* newest record completed */
+    unsigned refs;     /* the handle + queued records */
+    int destroyed;
+};
+
+static int fk_special_stream(CUstream s) {
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+static void fk_deadline(struct timespec *ts, uint64_t ns_from_now) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    uint64_t ns = (uint64_t)ts->tv_nsec + ns_from_now % 1000000000ull;
+    ts->tv_sec += (time_t)(ns_from_now / 1000000000ull + ns / 1000000000ull);
+    ts->tv_nsec = (long)(ns % 1000000000ull);
+}
+
+/* ---- events ---- */
+
+static void fk_event_unref(struct CUevent_st *e) {
+    /* ev_mu held */
+    if (--e->refs == 0) {
+        e->magic = 0;
+        free(e);
+    }
+}
+
+static void fk_event_complete(struct CUevent_st *e, uint64_t gen) {
+    pthread_mutex_lock(&fk_g.ev_mu);
+    if (gen > e->done_gen) e->done_gen = gen;
+    pthread_cond_broadcast(&fk_g.ev_cv);
+    fk_event_unref(e);
+    pthread_mutex_unlock(&fk_g.ev_mu);
+}
+
+/* Finds a live event (ev_mu held). */
+static struct CUevent_st *fk_event_find(CUevent h) {
+    for (struct CUevent_st *e = fk_g.events; e != NULL; e = e->next)
+        if (e == h && !e->destroyed) return e;
+    return NULL;
+}
+
+/* ---- the worker ---- */
+
+static void fk_op_finish(fk_op_t *op) {
+    fk__unpin(op->pin[0]);
+    fk__unpin(op->pin[1]);
+    free(op->staging);
+    if (op->kind == FK_OP_EVENT) fk_event_complete(op->ev, op->ev_gen);
+    atomic_fetch_sub(&fk_g.c_pending_ops, 1);
+}
+
+static void fk_delay(struct CUstream_st *s) {
+    unsigned max = atomic_load(&fk_g.max_delay_us);
+    if (max == 0) return;
+    unsigned us = (unsigned)rand_r(&s->seed) % (max + 1);
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static void *fk_worker(void *arg) {
+    struct CUstream_st *s = arg;
+    fk_current = s->ctx; /* host functions run with the stream's context current */
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->head == NULL && !s->destroying) pthread_cond_wait(&s->cv, &s->mu);
+        if (s->head == NULL) break;
+        fk_op_t *op = s->head; /* stays queued (the stream is busy) while it runs */
+        pthread_mutex_unlock(&s->mu);
+        fk_delay(s);
+        if (op->kind == FK_OP_COPY) {
+            memmove(op->dst, op->src, op->n);
+        } else if (op->kind == FK_OP_HOSTFN) {
+            op->fn(op->arg);
+        }
+        fk_op_finish(op);
+        pthread_mutex_lock(&s->mu);
+        s->head = op->next;
+        if (s->head == NULL) s->tail = NULL;
+        s->done_seq = op->seq;
+        pthread_cond_broadcast(&s->cv);
+        free(op);
+    }
+    s->exited = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    atomic_fetch_sub(&fk_g.c_streams, 1);
+    return NULL;
+}
+
+/* Joins and frees destroyed streams whose worker has ended (st_mu held). */
+static void fk_reap(void) {
+    struct CUstream_st **pp = &fk_g.streams;
+    while (*pp != NULL) {
+        struct CUstream_st *s = *pp;
+        pthread_mutex_lock(&s->mu);
+        int done = s->destroying && s->exited && s->users == 0;
+        pthread_mutex_unlock(&s->mu);
+        if (!done) {
+            pp = &s->next;
+            continue;
+        }
+        *pp = s->next;
+        pthread_join(s->thread, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        s->magic = 0;
+        free(s);
+    }
+}
+
+/* Waits until the stream has finished operation seq (s->mu held). */
+static CUresult fk_wait_seq(struct CUstream_st *s, uint64_t seq) {
+    struct timespec dl;
+    fk_deadline(&dl, FK_SYNC_LIMIT_NS);
+    while (s->done_seq < seq) {
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) == ETIMEDOUT && s->done_seq < seq)
+            return CUDA_ERROR_LAUNCH_TIMEOUT;
+    }
+    return CUDA_SUCCESS;
+}
+
+FK_HIDDEN void fk__drain_blocking_streams(void) {
+    pthread_mutex_lock(&fk_g.st_mu);
+    for (struct CUstream_st *s = fk_g.streams; s != NULL; s = s->next) {
+        if (s->flags != CU_STREAM_DEFAULT) continue;
+        pthread_mutex_lock(&s->mu);
+        (void)fk_wait_seq(s, s->enq_seq);
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&fk_g.st_mu);
+}
+
+FK_HIDDEN void fk__streams_shutdown(void) {
+    pthread_mutex_lock(&fk_g.st_mu);
+    for (struct CUstream_st *s = fk_g.streams; s != NULL; s = s->next) {
+        pthread_mutex_lock(&s->mu);
+        s->destroying = 1;
+        s->users = 0;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    for (struct CUstream_st *s = fk_g.streams; s != NULL; s = s->next) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->exited) pthread_cond_wait(&s->cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+    fk_reap();
+    pthread_mutex_unlock(&fk_g.st_mu);
+    pthread_mutex_lock(&fk_g.ev_mu);
+    while (fk_g.events != NULL) {
+        struct CUevent_st *e = fk_g.events;
+        fk_g.events = e->next;
+        free(e);
+    }
+    pthread_mutex_unlock(&fk_g.ev_mu);
+}
+
+/* Looks a live stream up and takes a user reference on it. */
+static CUresult fk_stream_get(CUstream h, struct CUstream_st **out) {
+    pthread_mutex_lock(&fk_g.st_mu);
+    struct CUstream_st *s = fk_g.streams;
+    while (s != NULL && s != h) s = s->next;
+    CUresult res = CUDA_ERROR_INVALID_HANDLE;
+    if (s != NULL) {
+        pthread_mutex_lock(&s->mu);
+        if (!s->destroying) {
+            s->users++;
+            res = CUDA_SUCCESS;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&fk_g.st_mu);
+    if (res == CUDA_SUCCESS) *out = s;
+    return res;
+}
+
+static void fk_stream_put(struct CUstream_st *s) {
+    pthread_mutex_lock(&fk_g.st_mu);
+    pthread_mutex_lock(&s->mu);
+    s->users--;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&fk_g.st_mu);
+}
+
+/* Queues op (ownership passes to the stream); returns its sequence number. */
+static uint64_t fk_enqueue(struct CUstream_st *s, fk_op_t *op) {
+    atomic_fetch_add(&fk_g.c_pending_ops, 1);
+    pthread_mutex_lock(&s->mu);
+    op->seq = ++s->enq_seq;
+    op->next = NULL;
+    if (s->tail != NULL)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return op->seq;
+}
+
+/* ---- streams ---- */
+
+CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    FK_ENTER(cuStreamCreate);
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
+    if (res != CUDA_SUCCESS) return res;
+    if (phStream == NULL || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s = calloc(1, sizeof(*s));
+    if (s == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    s->magic = FK_STREAM_MAGIC;
+    s->ctx = ctx;
+    s->flags = Flags;
+    s->seed = (unsigned)fk__now_ns() ^ (unsigned)(uintptr_t)s;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_lock(&fk_g.st_mu);
+    fk_reap();
+    if (pthread_create(&s->thread, NULL, fk_worker, s) != 0) {
+        pthread_mutex_unlock(&fk_g.st_mu);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s->next = fk_g.streams;
+    fk_g.streams = s;
+    atomic_fetch_add(&fk_g.c_streams, 1);
+    pthread_mutex_unlock(&fk_g.st_mu);
+    *phStream = s;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
+    FK_ENTER(cuStreamDestroy);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    pthread_mutex_lock(&fk_g.st_mu);
+    struct CUstream_st *s = fk_g.streams;
+    while (s != NULL && s != hStream) s = s->next;
+    res = CUDA_ERROR_INVALID_HANDLE;
+    if (s != NULL) {
+        pthread_mutex_lock(&s->mu);
+        if (!s->destroying) {
+            /* Queued work still completes; the worker ends after it and is reaped later. */
+            s->destroying = 1;
+            pthread_cond_broadcast(&s->cv);
+            res = CUDA_SUCCESS;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    fk_reap();
+    pthread_mutex_unlock(&fk_g.st_mu);
+    return res;
+}
+
+CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
+    FK_ENTER(cuStreamQuery);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    if (fk_special_stream(hStream)) return CUDA_SUCCESS;
+    struct CUstream_st *s = NULL;
+    res = fk_stream_get(hStream, &s);
+    if (res != CUDA_SUCCESS) return res;
+    pthread_mutex_lock(&s->mu);
+    res = s->done_seq < s->enq_seq ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    pthread_mutex_unlock(&s->mu);
+    fk_stream_put(s);
+    return res;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+    FK_ENTER(cuStreamSynchronize);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    if (fk_special_stream(hStream)) {
+        fk__drain_blocking_streams();
+        return CUDA_SUCCESS;
+    }
+    struct CUstream_st *s = NULL;
+    res = fk_stream_get(hStream, &s);
+    if (res != CUDA_SUCCESS) return res;
+    pthread_mutex_lock(&s->mu);
+    res = fk_wait_seq(s, s->enq_seq);
+    pthread_mutex_unlock(&s->mu);
+    fk_stream_put(s);
+    return res;
+}
+
+CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
+    FK_ENTER(cuLaunchHostFunc);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    if (fn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (fk_special_stream(hStream)) {
+        fk__drain_blocking_streams();
+        fn(userData);
+        return CUDA_SUCCESS;
+    }
+    struct CUstream_st *s = NULL;
+    res = fk_stream_get(hStream, &s);
+    if (res != CUDA_SUCCESS) return res;
+    fk_op_t *op = calloc(1, sizeof(*op));
+    if (op == NULL) {
+        fk_stream_put(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    op->kind = FK_OP_HOSTFN;
+    op->fn = fn;
+    op->arg = userData;
+    fk_enqueue(s, op);
+    fk_stream_put(s);
+    return CUDA_SUCCESS;
+}
+
+/* ---- async copies ---- */
+
+/* dst_host/src_host non-NULL marks the host side; the other side is a device address. */
+static CUresult fk_copy_async(uint64_t dst_dev, void *dst_host, uint64_t src_dev,
+                              const void *src_host, size_t n, CUstream hStream) {
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    struct CUstream_st *s = NULL;
+    if (!fk_special_stream(hStream)) {
+        res = fk_stream_get(hStream, &s);
+        if (res != CUDA_SUCCESS) return res;
+    }
+    fk_op_t *op = calloc(1, sizeof(*op));
+    if (op == NULL) {
+        res = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    op->kind = FK_OP_COPY;
+    op->n = n;
+    int wait_done = 0;
+    if (dst_host != NULL) {
+        int k = fk__classify_host(dst_host, n, &op->pin[0]);
+        if (k < 0) res = CUDA_ERROR_INVALID_VALUE;
+        op->dst = dst_host;
+        wait_done = k == 0; /* pageable destination: complete when the call returns */
+    } else {
+        res = fk__resolve_device(dst_dev, n, 1, &op->dst, &op->pin[0]);
+    }
+    if (res == CUDA_SUCCESS && src_host != NULL) {
+        int k = fk__classify_host(src_host, n, &op->pin[1]);
+        if (k < 0) {
+            res = CUDA_ERROR_INVALID_VALUE;
+        } else if (k == 0 && n > 0) {
+            /* Pageable source: staged before the call returns. */
+            op->staging = malloc(n);
+            if (op->staging == NULL) {
+                res = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                memcpy(op->staging, src_host, n);
+                op->src = op->staging;
+            }
+        } else {
+            op->src = src_host;
+        }
+    } else if (res == CUDA_SUCCESS) {
+        char *p = NULL;
+        res = fk__resolve_device(src_dev, n, 0, &p, &op->pin[1]);
+        op->src = p;
+    }
+    if (res != CUDA_SUCCESS || n == 0 || s == NULL) {
+        if (res == CUDA_SUCCESS && n > 0) {
+            /* The legacy stream: synchronous after the blocking streams. */
+            fk__drain_blocking_streams();
+            memmove(op->dst, op->src, n);
+        }
+        fk__unpin(op->pin[0]);
+        fk__unpin(op->pin[1]);
+        free(op->staging);
+        free(op);
+        goto out;
+    }
+    uint64_t seq = fk_enqueue(s, op); /* op belongs to the stream now */
+    if (wait_done) {
+        pthread_mutex_lock(&s->mu);
+        res = fk_wait_seq(s, seq);
+        pthread_mutex_unlock(&s->mu);
+    }
+out:
+    if (s != NULL) fk_stream_put(s);
+    return res;
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                      CUstream hStream) {
+    FK_ENTER(cuMemcpyHtoDAsync);
+    if (srcHost == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return fk_copy_async(dstDevice, NULL, 0, srcHost, ByteCount, hStream);
+}
+
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                      CUstream hStream) {
+    FK_ENTER(cuMemcpyDtoHAsync);
+    if (dstHost == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return fk_copy_async(0, dstHost, srcDevice, NULL, ByteCount, hStream);
+}
+
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                      CUstream hStream) {
+    FK_ENTER(cuMemcpyDtoDAsync);
+    return fk_copy_async(dstDevice, NULL, srcDevice, NULL, ByteCount, hStream);
+}
+
+/* ---- events ---- */
+
+CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+    FK_ENTER(cuEventCreate);
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
+    if (res != CUDA_SUCCESS) return res;
+    if (phEvent == NULL || (Flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+                                                CU_EVENT_INTERPROCESS)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUevent_st *e = calloc(1, sizeof(*e));
+    if (e == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = FK_EVENT_MAGIC;
+    e->ctx = ctx;
+    e->flags = Flags;
+    e->refs = 1;
+    pthread_mutex_lock(&fk_g.ev_mu);
+    e->next = fk_g.events;
+    fk_g.events = e;
+    pthread_mutex_unlock(&fk_g.ev_mu);
+    atomic_fetch_add(&fk_g.c_events, 1);
+    *phEvent = e;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
+    FK_ENTER(cuEventDestroy);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    pthread_mutex_lock(&fk_g.ev_mu);
+    struct CUevent_st **pp = &fk_g.events;
+    while (*pp != NULL && (*pp != hEvent || (*pp)->destroyed)) pp = &(*pp)->next;
+    struct CUevent_st *e = *pp;
+    if (e == NULL) {
+        pthread_mutex_unlock(&fk_g.ev_mu);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    *pp = e->next;
+    e->destroyed = 1;
+    fk_event_unref(e); /* queued records keep it until they complete */
+    pthread_mutex_unlock(&fk_g.ev_mu);
+    atomic_fetch_sub(&fk_g.c_events, 1);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
+    FK_ENTER(cuEventRecord);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    struct CUstream_st *s = NULL;
+    if (!fk_special_stream(hStream)) {
+        res = fk_stream_get(hStream, &s);
+        if (res != CUDA_SUCCESS) return res;
+    }
+    fk_op_t *op = s != NULL ? calloc(1, sizeof(*op)) : NULL;
+    if (s != NULL && op == NULL) {
+        fk_stream_put(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (s == NULL) fk__drain_blocking_streams();
+    pthread_mutex_lock(&fk_g.ev_mu);
+    struct CUevent_st *e = fk_event_find(hEvent);
+    uint64_t gen = 0;
+    if (e != NULL) {
+        gen = ++e->gen;
+        if (s == NULL) {
+            e->done_gen = gen; /* the legacy stream has nothing pending */
+            pthread_cond_broadcast(&fk_g.ev_cv);
+        } else {
+            e->refs++; /* the queued record's reference */
+        }
+    }
+    pthread_mutex_unlock(&fk_g.ev_mu);
+    if (e == NULL) {
+        free(op);
+        if (s != NULL) fk_stream_put(s);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (s != NULL) {
+        op->kind = FK_OP_EVENT;
+        op->ev = e;
+        op->ev_gen = gen;
+        fk_enqueue(s, op);
+        fk_stream_put(s);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
+    FK_ENTER(cuEventQuery);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    pthread_mutex_lock(&fk_g.ev_mu);
+    struct CUevent_st *e = fk_event_find(hEvent);
+    if (e == NULL)
+        res = CUDA_ERROR_INVALID_HANDLE;
+    else
+        res = e->done_gen < e->gen ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    pthread_mutex_unlock(&fk_g.ev_mu);
+    return res;
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+    FK_ENTER(cuEventSynchronize);
+    CUresult res = fk__need_ctx(NULL);
+    if (res != CUDA_SUCCESS) return res;
+    struct timespec dl;
+    fk_deadline(&dl, FK_SYNC_LIMIT_NS);
+    pthread_mutex_lock(&fk_g.ev_mu);
+    struct CUevent_st *e = fk_event_find(hEvent);
+    if (e == NULL) {
+        pthread_mutex_unlock(&fk_g.ev_mu);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    uint64_t want = e->gen;
+    e->refs++; /* a concurrent destroy must not free it under us */
+    while (e->done_gen < want) {
+        if (pthread_cond_timedwait(&fk_g.ev_cv, &fk_g.ev_mu, &dl) == ETIMEDOUT &&
+            e->done_gen < want) {
+            res = CUDA_ERROR_LAUNCH_TIMEOUT;
+            break;
+        }
+    }
+    fk_event_unref(e);
+    pthread_mutex_unlock(&fk_g.ev_mu);
+    return res;
+}
