@@ -18,8 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/util/test_base.h"
-#include "tests/verbs/rc_qp.h"
+#include "tests/verbs/verbs_fixture.h"
 
 extern "C" {
 #include "base/time.h"
@@ -29,215 +28,18 @@ extern "C" {
 
 namespace {
 
-using ote_test::OteTest;
 
-constexpr uint64_t kWaitNs = 5 * OTE_NSEC_PER_SEC;
+using Buf = ote_test::VerbsBuf;
 
-struct Buf {
-    std::vector<uint8_t> mem;
-    struct ibv_mr *mr = nullptr;
-    uint64_t addr() const { return (uint64_t)(uintptr_t)mem.data(); }
-};
-
-class Conformance : public OteTest, public ::testing::WithParamInterface<std::string> {
+class Conformance : public ote_test::VerbsFixture, public ::testing::WithParamInterface<std::string> {
   protected:
     void SetUp() override {
-        OteTest::SetUp();
-        // A short retry cap keeps the retry-exceeded cases quick on the sim.
-        const char *cfg = nullptr;
-        ote_status_t st = ote_verbs_open(GetParam().c_str(), cfg, &v_);
-        if (GetParam() == "rdma-core") {
-            if (st != OTE_OK) GTEST_SKIP() << "no rdma-core device on this machine";
-            struct ibv_device **list = nullptr;
-            int num = 0;
-            if (v_->ops->get_device_list(v_, &list, &num) != 0 || num == 0) {
-                if (list) v_->ops->free_device_list(v_, list);
-                GTEST_SKIP() << "no rdma-core device on this machine";
-            }
-            v_->ops->free_device_list(v_, list);
-        }
-        ASSERT_EQ(st, OTE_OK);
-        o_ = v_->ops;
-        struct ibv_device **list = nullptr;
-        int num = 0;
-        ASSERT_EQ(o_->get_device_list(v_, &list, &num), 0);
-        ASSERT_GE(num, 1);
-        ASSERT_EQ(o_->open_device(v_, list[0], &ctx_), 0);
-        o_->free_device_list(v_, list);
-        ASSERT_EQ(o_->alloc_pd(v_, ctx_, &pd_), 0);
-        ASSERT_EQ(o_->query_port(v_, ctx_, 1, &port_), 0);
-        gid_index_ = PickGid(ctx_);
-        ASSERT_GE(gid_index_, 0);
-        ASSERT_EQ(o_->query_gid(v_, ctx_, 1, gid_index_, &gid_), 0);
-    }
-
-    void TearDown() override {
-        if (v_) {
-            for (auto *qp : qps_) EXPECT_EQ(o_->destroy_qp(v_, qp), 0);
-            for (auto *b : bufs_) {
-                if (b->mr) {
-                    EXPECT_EQ(o_->dereg_mr(v_, b->mr), 0);
-                }
-                delete b;
-            }
-            for (auto *cq : cqs_) EXPECT_EQ(o_->destroy_cq(v_, cq), 0);
-            for (auto *ch : chs_) EXPECT_EQ(o_->destroy_comp_channel(v_, ch), 0);
-            if (pd_) {
-                EXPECT_EQ(o_->dealloc_pd(v_, pd_), 0);
-            }
-            if (ctx_) {
-                EXPECT_EQ(o_->close_device(v_, ctx_), 0);
-            }
-            ote_verbs_close(v_);
-        }
-        OteTest::TearDown();
+        VerbsFixture::SetUp();
+        if (!ProviderHasDevice(GetParam())) GTEST_SKIP() << "no " << GetParam() << " device on this machine";
+        ASSERT_NO_FATAL_FAILURE(OpenVerbs(GetParam()));
     }
 
     bool IsSim() const { return GetParam() == "sim"; }
-
-    // perftest's choice: a RoCE v2 entry, preferring IPv4-mapped, then any non-zero one.
-    int PickGid(struct ibv_context *ctx) {
-        int best = -1, score = -1;
-        for (int i = 0; i < port_.gid_tbl_len; i++) {
-            struct ibv_gid_entry e;
-            if (o_->query_gid_ex(v_, ctx, 1, (uint32_t)i, &e) != 0) continue;
-            bool v4 = e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff;
-            int s = (e.gid_type == IBV_GID_TYPE_ROCE_V2 ? 2 : 0) + (v4 ? 1 : 0);
-            if (s > score) score = s, best = i;
-        }
-        return best;
-    }
-
-    struct ibv_cq *Cq(int n = 256, struct ibv_comp_channel *ch = nullptr) {
-        struct ibv_cq *cq = nullptr;
-        EXPECT_EQ(o_->create_cq(v_, ctx_, n, nullptr, ch, 0, &cq), 0);
-        if (cq) cqs_.push_back(cq);
-        return cq;
-    }
-
-    struct ibv_qp *Qp(struct ibv_cq *scq, struct ibv_cq *rcq, uint32_t sw = 64, uint32_t rw = 64,
-                      int sig_all = 1) {
-        ote_test::RcQpCaps caps;
-        caps.max_send_wr = sw;
-        caps.max_recv_wr = rw;
-        caps.max_sge = 4;
-        caps.max_inline_data = 64;
-        caps.sq_sig_all = sig_all;
-        struct ibv_qp *qp = nullptr;
-        EXPECT_EQ(ote_test::CreateRcQp(v_, pd_, scq, rcq, caps, &qp), 0);
-        if (qp) qps_.push_back(qp);
-        return qp;
-    }
-
-    Buf *Mem(size_t n, int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                     IBV_ACCESS_REMOTE_READ) {
-        Buf *b = new Buf;
-        b->mem.assign(n, 0);
-        EXPECT_EQ(o_->reg_mr(v_, pd_, b->mem.data(), n, access, &b->mr), 0);
-        bufs_.push_back(b);
-        return b;
-    }
-
-    int ToInit(struct ibv_qp *qp, int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) {
-        return ote_test::QpToInit(v_, qp, access);
-    }
-
-    int ToRtr(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid, uint8_t min_rnr = 1,
-              uint32_t rq_psn = 0) {
-        ote_test::QpPath path;
-        path.dest_qpn = dqpn;
-        path.dgid = dgid;
-        path.mtu = port_.active_mtu;
-        path.sgid_index = (uint8_t)gid_index_;
-        path.min_rnr_timer = min_rnr;
-        path.rq_psn = rq_psn;
-        return ote_test::QpToRtr(v_, qp, path);
-    }
-
-    int ToRts(struct ibv_qp *qp, uint8_t rnr_retry = 7, uint8_t timeout = 14, uint8_t retry = 7,
-              uint32_t sq_psn = 0) {
-        ote_test::QpRetry r;
-        r.timeout = timeout;
-        r.retry_cnt = retry;
-        r.rnr_retry = rnr_retry;
-        r.sq_psn = sq_psn;
-        return ote_test::QpToRts(v_, qp, r);
-    }
-
-    // Connect a and b (same context) back to back.
-    void Connect(struct ibv_qp *a, struct ibv_qp *b, uint8_t rnr_retry = 7, uint8_t min_rnr = 1,
-                 uint8_t timeout = 14, uint8_t retry = 7) {
-        ASSERT_EQ(ToInit(a), 0);
-        ASSERT_EQ(ToInit(b), 0);
-        ASSERT_EQ(ToRtr(a, b->qp_num, gid_, min_rnr), 0);
-        ASSERT_EQ(ToRtr(b, a->qp_num, gid_, min_rnr), 0);
-        ASSERT_EQ(ToRts(a, rnr_retry, timeout, retry), 0);
-        ASSERT_EQ(ToRts(b, rnr_retry, timeout, retry), 0);
-    }
-
-    enum ibv_qp_state State(struct ibv_qp *qp) {
-        enum ibv_qp_state st;
-        EXPECT_EQ(ote_test::QpState(v_, qp, &st), 0);
-        return st;
-    }
-
-    // Poll until n completions or the deadline; returns what arrived.
-    std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, int n, uint64_t wait_ns = kWaitNs) {
-        std::vector<struct ibv_wc> out;
-        EXPECT_GE(ote_test::PollCq(v_, cq, n, wait_ns, &out), 0);
-        return out;
-    }
-
-    int PostRecv(struct ibv_qp *qp, Buf *b, uint64_t off, uint32_t len, uint64_t id) {
-        return ote_test::PostRecvOne(v_, qp, b->addr() + off, len, b->mr->lkey, id);
-    }
-
-    int PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, Buf *b, uint64_t off, uint32_t len, uint64_t id,
-                 uint64_t raddr = 0, uint32_t rkey = 0, uint32_t imm = 0, unsigned flags = IBV_SEND_SIGNALED,
-                 uint32_t lkey_override = 0) {
-        struct ibv_sge sge = {b ? b->addr() + off : 0, len, b ? b->mr->lkey : 0};
-        if (lkey_override) sge.lkey = lkey_override;
-        struct ibv_send_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = id;
-        wr.opcode = op;
-        wr.sg_list = &sge;
-        wr.num_sge = b ? 1 : 0;
-        wr.send_flags = flags;
-        wr.wr.rdma.remote_addr = raddr;
-        wr.wr.rdma.rkey = rkey;
-        if (op == IBV_WR_SEND_WITH_INV) wr.invalidate_rkey = imm;
-        else wr.imm_data = imm;
-        return o_->post_send(v_, qp, &wr, &bad);
-    }
-
-    int BindMw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t rkey, Buf *b, uint64_t off, uint64_t len,
-               unsigned access, uint64_t id) {
-        struct ibv_send_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = id;
-        wr.opcode = IBV_WR_BIND_MW;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.bind_mw.mw = mw;
-        wr.bind_mw.rkey = rkey;
-        wr.bind_mw.bind_info.mr = b->mr;
-        wr.bind_mw.bind_info.addr = b->addr() + off;
-        wr.bind_mw.bind_info.length = len;
-        wr.bind_mw.bind_info.mw_access_flags = access;
-        return o_->post_send(v_, qp, &wr, &bad);
-    }
-
-    ote_verbs_t *v_ = nullptr;
-    const ote_verbs_ops_t *o_ = nullptr;
-    struct ibv_context *ctx_ = nullptr;
-    struct ibv_pd *pd_ = nullptr;
-    struct ibv_port_attr port_;
-    union ibv_gid gid_;
-    int gid_index_ = -1;
-    std::vector<struct ibv_qp *> qps_;
-    std::vector<Buf *> bufs_;
-    std::vector<struct ibv_cq *> cqs_;
-    std::vector<struct ibv_comp_channel *> chs_;
 };
 
 // A connected pair with its own CQs.
@@ -528,7 +330,7 @@ TEST_P(Conformance, CreateCqLimits) {
 TEST_P(Conformance, DestroyCqWithQpIsBusyAndChannelWithCqIsBusy) {
     struct ibv_comp_channel *ch = nullptr;
     ASSERT_EQ(o_->create_comp_channel(v_, ctx_, &ch), 0);
-    chs_.push_back(ch);
+    TrackChannel(ch);
     struct ibv_cq *cq = Cq(16, ch);
     struct ibv_qp *qp = Qp(cq, cq);
     ASSERT_TRUE(qp);
@@ -536,13 +338,13 @@ TEST_P(Conformance, DestroyCqWithQpIsBusyAndChannelWithCqIsBusy) {
     EXPECT_NE(o_->destroy_comp_channel(v_, ch), 0);
     ToInit(qp);  // destroy works in any state
     EXPECT_EQ(o_->destroy_qp(v_, qp), 0);
-    qps_.clear();
+    Forget(qp);
 }
 
 TEST_P(Conformance, CompChannelNotifyOneShotAndSolicited) {
     struct ibv_comp_channel *ch = nullptr;
     ASSERT_EQ(o_->create_comp_channel(v_, ctx_, &ch), 0);
-    chs_.push_back(ch);
+    TrackChannel(ch);
     struct ibv_cq *scq = Cq();
     struct ibv_cq *rcq = Cq(64, ch);
     struct ibv_qp *a = Qp(scq, rcq), *b = Qp(scq, rcq);
@@ -580,7 +382,7 @@ TEST_P(Conformance, CompChannelNotifyOneShotAndSolicited) {
 TEST_P(Conformance, NonBlockingChannelGivesEagain) {
     struct ibv_comp_channel *ch = nullptr;
     ASSERT_EQ(o_->create_comp_channel(v_, ctx_, &ch), 0);
-    chs_.push_back(ch);
+    TrackChannel(ch);
     int fl = fcntl(ch->fd, F_GETFL);
     ASSERT_EQ(fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK), 0);
     struct ibv_cq *cq = nullptr;
@@ -712,7 +514,7 @@ TEST_P(Conformance, CreateQpCapsWrittenBackAndLimits) {
     EXPECT_EQ(qp, nullptr);
     ia.cap.max_send_wr = 8;
     ASSERT_EQ(o_->create_qp(v_, pd_, &ia, &qp), 0);
-    qps_.push_back(qp);
+    TrackQp(qp);
     EXPECT_GE(ia.cap.max_send_wr, 8u);
     EXPECT_NE(qp->qp_num, 0u);
 }
@@ -1043,7 +845,7 @@ TEST_P(Conformance, PeerQpGoneEndsInRetryExceeded) {
     Connect(a, b, 7, 1, /*timeout=*/12, /*retry=*/2);
     Buf *src = Mem(64), *dst = Mem(64);
     ASSERT_EQ(o_->destroy_qp(v_, b), 0);
-    qps_.erase(std::find(qps_.begin(), qps_.end(), b));
+    Forget(b);
     uint64_t t0 = ote_now_ns();
     ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 1, dst->addr(), dst->mr->rkey), 0);
     auto s = Poll(scq, 1, 30 * OTE_NSEC_PER_SEC);

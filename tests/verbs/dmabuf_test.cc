@@ -68,16 +68,7 @@ class Dmabuf : public ote_test::VerbsFixture, public ::testing::WithParamInterfa
   protected:
     void SetUp() override {
         VerbsFixture::SetUp();
-        if (GetParam() == "rdma-core") {
-            ote_verbs_t *probe = nullptr;
-            if (ote_verbs_open("rdma-core", nullptr, &probe) != OTE_OK) GTEST_SKIP() << "no rdma-core";
-            struct ibv_device **list = nullptr;
-            int num = 0;
-            int rc = probe->ops->get_device_list(probe, &list, &num);
-            if (rc == 0) probe->ops->free_device_list(probe, list);
-            ote_verbs_close(probe);
-            if (rc != 0 || num == 0) GTEST_SKIP() << "no rdma-core device on this machine";
-        }
+        if (!ProviderHasDevice(GetParam())) GTEST_SKIP() << "no " << GetParam() << " device on this machine";
         ASSERT_NO_FATAL_FAILURE(OpenVerbs(GetParam()));
     }
     void TearDown() override {

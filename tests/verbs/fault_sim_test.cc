@@ -9,8 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "tests/util/test_base.h"
-#include "tests/verbs/rc_qp.h"
+#include "tests/verbs/verbs_fixture.h"
 
 extern "C" {
 #include "base/time.h"
@@ -20,118 +19,41 @@ extern "C" {
 
 namespace {
 
-using ote_test::OteTest;
-
 #define OP(x) OTE_VERBS_FAULT_OP_##x
 
 constexpr size_t kBuf = 4096;
 constexpr size_t kChunk = 256;
 
-class FaultSimTest : public OteTest {
+class FaultSimTest : public ote_test::VerbsFixture {
   protected:
     void SetUp() override {
-        OteTest::SetUp();
-        ote_status_t st = ote_verbs_open("sim", nullptr, &sim_);
-        if (st == OTE_ERR_UNSUPPORTED) {
-            GTEST_SKIP() << "verbs/sim is still the placeholder that returns "
-                            "OTE_ERR_UNSUPPORTED; these cases run once the sim provider lands";
-        }
-        ASSERT_EQ(st, OTE_OK);
-        ASSERT_EQ(ote_verbs_fault_wrap(sim_, OTE_VERBS_FAULT_OWN_INNER, &v_), OTE_OK);
+        VerbsFixture::SetUp();
+        ASSERT_NO_FATAL_FAILURE(OpenVerbs("sim", nullptr, /*fault=*/true));
         ASSERT_STREQ(v_->provider, "fault(sim)");
-        const ote_verbs_ops_t *o = v_->ops;
-        struct ibv_device **list = nullptr;
-        int num = 0;
-        ASSERT_EQ(o->get_device_list(v_, &list, &num), 0);
-        ASSERT_GE(num, 1);
-        ASSERT_EQ(o->open_device(v_, list[0], &ctx_), 0);
-        o->free_device_list(v_, list);
-        struct ibv_port_attr port;
-        ASSERT_EQ(o->query_port(v_, ctx_, 1, &port), 0);
-        mtu_ = port.active_mtu;
-        gid_index_ = -1;
-        for (int i = 0; i < port.gid_tbl_len && gid_index_ < 0; i++) {
-            union ibv_gid g;
-            if (o->query_gid(v_, ctx_, 1, i, &g) != 0) continue;
-            bool zero = true;
-            for (auto b : g.raw) zero = zero && b == 0;
-            if (!zero) {
-                gid_index_ = i;
-                gid_ = g;
-            }
-        }
-        ASSERT_GE(gid_index_, 0) << "no GID on port 1";
-        ASSERT_EQ(o->alloc_pd(v_, ctx_, &pd_), 0);
-        src_.assign(kBuf, 0);
-        dst_.assign(kBuf, 0);
-        for (size_t i = 0; i < kBuf; i++) src_[i] = static_cast<char>(i * 7 + 1);
-        int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-        ASSERT_EQ(o->reg_mr(v_, pd_, src_.data(), kBuf, access, &src_mr_), 0);
-        ASSERT_EQ(o->reg_mr(v_, pd_, dst_.data(), kBuf, access, &dst_mr_), 0);
-        ASSERT_EQ(o->create_cq(v_, ctx_, 64, nullptr, nullptr, 0, &cq_), 0);
+        src_ = Mem(kBuf);
+        dst_ = Mem(kBuf);
+        for (size_t i = 0; i < kBuf; i++) src_->mem[i] = static_cast<uint8_t>(i * 7 + 1);
+        cq_ = Cq(64);
         a_ = CreateQp();
         b_ = CreateQp();
         ASSERT_NE(a_, nullptr);
         ASSERT_NE(b_, nullptr);
-        Connect(a_, b_->qp_num);
-        Connect(b_, a_->qp_num);
-    }
-
-    void TearDown() override {
-        if (v_ != nullptr) {
-            ote_verbs_fault_clear(v_);
-            const ote_verbs_ops_t *o = v_->ops;
-            if (a_) {
-                EXPECT_EQ(o->destroy_qp(v_, a_), 0);
-            }
-            if (b_) {
-                EXPECT_EQ(o->destroy_qp(v_, b_), 0);
-            }
-            if (cq_) {
-                EXPECT_EQ(o->destroy_cq(v_, cq_), 0);
-            }
-            if (src_mr_) {
-                EXPECT_EQ(o->dereg_mr(v_, src_mr_), 0);
-            }
-            if (dst_mr_) {
-                EXPECT_EQ(o->dereg_mr(v_, dst_mr_), 0);
-            }
-            if (pd_) {
-                EXPECT_EQ(o->dealloc_pd(v_, pd_), 0);
-            }
-            if (ctx_) {
-                EXPECT_EQ(o->close_device(v_, ctx_), 0);
-            }
-            ote_verbs_close(v_);  // closes the sim too
-        } else if (sim_ != nullptr) {
-            ote_verbs_close(sim_);
-        }
-        OteTest::TearDown();
+        Connect(a_, b_);
     }
 
     struct ibv_qp *CreateQp() {
-        ote_test::RcQpCaps caps;
-        caps.sq_sig_all = 0;
         struct ibv_qp_cap actual;
-        struct ibv_qp *qp = nullptr;
-        EXPECT_EQ(ote_test::CreateRcQp(v_, pd_, cq_, cq_, caps, &qp, &actual), 0);
-        EXPECT_GE(actual.max_send_wr, 16u) << "actual caps are written back";
+        struct ibv_qp *qp = Qp(cq_, cq_, 16, 16, /*sig_all=*/0, &actual);
+        if (qp != nullptr) {
+            EXPECT_GE(actual.max_send_wr, 16u) << "actual caps are written back";
+        }
         return qp;
     }
 
-    void Connect(struct ibv_qp *qp, uint32_t dest_qpn) {
-        ote_test::QpPath path;
-        path.dest_qpn = dest_qpn;
-        path.dgid = gid_;
-        path.mtu = mtu_;
-        path.sgid_index = static_cast<uint8_t>(gid_index_);
-        path.hop_limit = 1;
-        path.max_dest_rd_atomic = 1;
-        ote_test::QpRetry retry;
-        retry.max_rd_atomic = 1;
-        ASSERT_EQ(ote_test::QpToInit(v_, qp), 0);
-        ASSERT_EQ(ote_test::QpToRtr(v_, qp, path), 0);
-        ASSERT_EQ(ote_test::QpToRts(v_, qp, retry), 0);
+    // The test destroyed a_ itself.
+    void DestroyedA() {
+        Forget(a_);
+        a_ = nullptr;
     }
 
     // n signaled RDMA WRITEs of chunk i (wr_id first+i) from src_ into dst_ on QP a_.
@@ -141,27 +63,27 @@ class FaultSimTest : public OteTest {
         sges->assign(static_cast<size_t>(n), ibv_sge{});
         for (int i = 0; i < n; i++) {
             size_t off = static_cast<size_t>(first - 1 + static_cast<uint64_t>(i)) * kChunk;
-            (*sges)[i].addr = reinterpret_cast<uintptr_t>(src_.data() + off);
+            (*sges)[i].addr = reinterpret_cast<uintptr_t>(src_->mem.data() + off);
             (*sges)[i].length = kChunk;
-            (*sges)[i].lkey = src_mr_->lkey;
+            (*sges)[i].lkey = src_->mr->lkey;
             auto &w = (*wrs)[i];
             w.wr_id = first + static_cast<uint64_t>(i);
             w.opcode = IBV_WR_RDMA_WRITE;
             w.send_flags = IBV_SEND_SIGNALED;
             w.sg_list = &(*sges)[i];
             w.num_sge = 1;
-            w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst_.data() + off);
-            w.wr.rdma.rkey = dst_mr_->rkey;
+            w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst_->mem.data() + off);
+            w.wr.rdma.rkey = dst_->mr->rkey;
             w.next = i + 1 < n ? &(*wrs)[i + 1] : nullptr;
         }
         return v_->ops->post_send(v_, a_, wrs->data(), bad);
     }
 
-    // Polls until `want` CQEs arrived or 5 s passed; then checks nothing more comes
+    // Polls until `want` CQEs arrived or the wait ran out; PollQuiet checks nothing more comes
     // within a short grace period (the sim completes promptly).
     std::vector<struct ibv_wc> PollN(size_t want) {
         std::vector<struct ibv_wc> out;
-        ote_deadline_t d = ote_deadline_after(5 * OTE_NSEC_PER_SEC);
+        ote_deadline_t d = ote_deadline_after(ote_test::kVerbsWaitNs);
         while (out.size() < want && !ote_deadline_expired(d)) {
             struct ibv_wc wc[8];
             int n = v_->ops->poll_cq(v_, cq_, 8, wc);
@@ -184,20 +106,12 @@ class FaultSimTest : public OteTest {
     }
     bool ChunkArrived(uint64_t wr_id) {
         size_t off = static_cast<size_t>(wr_id - 1) * kChunk;
-        return std::memcmp(src_.data() + off, dst_.data() + off, kChunk) == 0;
+        return std::memcmp(src_->mem.data() + off, dst_->mem.data() + off, kChunk) == 0;
     }
 
-    ote_verbs_t *sim_ = nullptr;
-    ote_verbs_t *v_ = nullptr;
-    struct ibv_context *ctx_ = nullptr;
-    struct ibv_pd *pd_ = nullptr;
-    struct ibv_mr *src_mr_ = nullptr, *dst_mr_ = nullptr;
+    ote_test::VerbsBuf *src_ = nullptr, *dst_ = nullptr;
     struct ibv_cq *cq_ = nullptr;
     struct ibv_qp *a_ = nullptr, *b_ = nullptr;
-    enum ibv_mtu mtu_ = IBV_MTU_1024;
-    int gid_index_ = -1;
-    union ibv_gid gid_;
-    std::vector<char> src_, dst_;
 };
 
 TEST_F(FaultSimTest, PartialPostMovesOnlyTheAcceptedWrs) {
@@ -256,16 +170,16 @@ TEST_F(FaultSimTest, BusyDestroyRetainsTheQpUntilItSucceeds) {
     ASSERT_EQ(PollN(1).size(), 1u);
     EXPECT_TRUE(ChunkArrived(1));
     EXPECT_EQ(v_->ops->destroy_qp(v_, a_), 0);
-    a_ = nullptr;
+    DestroyedA();
     EXPECT_EQ(ote_verbs_fault_calls(v_, OP(DESTROY_QP)), 3u);
 }
 
 TEST_F(FaultSimTest, FailedRegistrationAndInjectedAsyncEvent) {
     ASSERT_EQ(ote_verbs_fault_fail(v_, OP(REG_MR), OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
     struct ibv_mr *mr = nullptr;
-    EXPECT_EQ(v_->ops->reg_mr(v_, pd_, src_.data(), 64, IBV_ACCESS_LOCAL_WRITE, &mr), ENOMEM);
+    EXPECT_EQ(v_->ops->reg_mr(v_, pd_, src_->mem.data(), 64, IBV_ACCESS_LOCAL_WRITE, &mr), ENOMEM);
     EXPECT_EQ(mr, nullptr);
-    ASSERT_EQ(v_->ops->reg_mr(v_, pd_, src_.data(), 64, IBV_ACCESS_LOCAL_WRITE, &mr), 0);
+    ASSERT_EQ(v_->ops->reg_mr(v_, pd_, src_->mem.data(), 64, IBV_ACCESS_LOCAL_WRITE, &mr), 0);
     EXPECT_EQ(v_->ops->dereg_mr(v_, mr), 0);
 
     int fd = -1;
@@ -283,7 +197,7 @@ TEST_F(FaultSimTest, FailedRegistrationAndInjectedAsyncEvent) {
     EXPECT_EQ(ev.element.qp, a_);
     v_->ops->ack_async_event(v_, &ev);
     EXPECT_EQ(v_->ops->destroy_qp(v_, a_), 0);
-    a_ = nullptr;
+    DestroyedA();
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/util/test_base.h"
+#include "tests/verbs/verbs_fixture.h"
 #include "tests/verbs/multiprocess_common.h"
 
 extern "C" {
@@ -31,8 +31,6 @@ extern "C" {
 extern char **environ;
 
 namespace {
-
-using ote_test::OteTest;
 
 uint64_t TransferBytes() {
     const char *e = getenv("OTE_MP_BYTES");  // e.g. 1073741824 for the 1 GiB figure
@@ -49,34 +47,23 @@ std::string PeerPath() {
     return s.substr(0, s.rfind('/')) + "/multiprocess_peer";
 }
 
-class MultiProcess : public OteTest {
+class MultiProcess : public ote_test::VerbsFixture {
   protected:
     void SetUp() override {
-        OteTest::SetUp();
+        VerbsFixture::SetUp();
         bytes_ = TransferBytes();
-        ASSERT_EQ(ote_verbs_open("sim", nullptr, &v_), OTE_OK);
-        o_ = v_->ops;
-        struct ibv_device **list = nullptr;
-        int num = 0;
-        ASSERT_EQ(o_->get_device_list(v_, &list, &num), 0);
-        ASSERT_EQ(o_->open_device(v_, list[0], &ctx_), 0);
-        o_->free_device_list(v_, list);
-        ASSERT_EQ(o_->alloc_pd(v_, ctx_, &pd_), 0);
-        ASSERT_EQ(o_->create_cq(v_, ctx_, 1024, nullptr, nullptr, 0, &scq_), 0);
-        ASSERT_EQ(o_->create_cq(v_, ctx_, 1024, nullptr, nullptr, 0, &rcq_), 0);
+        ASSERT_NO_FATAL_FAILURE(OpenVerbs("sim"));
+        scq_ = Cq(1024);
+        rcq_ = Cq(1024);
+        ASSERT_TRUE(scq_ && rcq_);
         buf_ = static_cast<uint8_t *>(ote_aligned_alloc(4096, bytes_));
         ASSERT_NE(buf_, nullptr);
         memset(buf_, 0, bytes_);
         ASSERT_EQ(o_->reg_mr(v_, pd_, buf_, bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &mr_), 0);
-        ote_test::RcQpCaps caps;
-        caps.max_send_wr = 64;
-        ASSERT_EQ(ote_test::CreateRcQp(v_, pd_, scq_, rcq_, caps, &qp_), 0);
-        struct ibv_port_attr pa;
-        ASSERT_EQ(o_->query_port(v_, ctx_, 1, &pa), 0);
-        gidx_ = mp::RoceV2Ipv4GidIndex(v_, ctx_, pa);
-        ASSERT_GE(gidx_, 0);
-        union ibv_gid gid;
-        ASSERT_EQ(o_->query_gid(v_, ctx_, 1, gidx_, &gid), 0);
+        TrackMr(mr_);  // deregistered by the fixture before buf_ is freed
+        qp_ = Qp(scq_, rcq_, 64, 16);
+        ASSERT_NE(qp_, nullptr);
+        const union ibv_gid &gid = gid_;
 
         // the peer gets its end of a socketpair as fd 100
         int sv[2];
@@ -105,7 +92,7 @@ class MultiProcess : public OteTest {
         EXPECT_NE(memcmp(peer_.gid, gid.raw, 16), 0) << "both processes got the same GID";
 
         ASSERT_EQ(ote_test::QpToInit(v_, qp_, 0), 0);
-        ASSERT_EQ(ote_test::QpToRtr(v_, qp_, mp::PathTo(peer_, pa.active_mtu, gidx_)), 0);
+        ASSERT_EQ(ote_test::QpToRtr(v_, qp_, mp::PathTo(peer_, port_.active_mtu, gid_index_)), 0);
         ASSERT_EQ(ote_test::QpToRts(v_, qp_, mp::Retry()), 0);
     }
 
@@ -127,29 +114,8 @@ class MultiProcess : public OteTest {
                 EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer status " << status;
             }
         }
-        if (v_) {
-            if (qp_) {
-                EXPECT_EQ(o_->destroy_qp(v_, qp_), 0);
-            }
-            if (mr_) {
-                EXPECT_EQ(o_->dereg_mr(v_, mr_), 0);
-            }
-            if (scq_) {
-                EXPECT_EQ(o_->destroy_cq(v_, scq_), 0);
-            }
-            if (rcq_) {
-                EXPECT_EQ(o_->destroy_cq(v_, rcq_), 0);
-            }
-            if (pd_) {
-                EXPECT_EQ(o_->dealloc_pd(v_, pd_), 0);
-            }
-            if (ctx_) {
-                EXPECT_EQ(o_->close_device(v_, ctx_), 0);
-            }
-            ote_verbs_close(v_);
-        }
+        VerbsFixture::TearDown();  // QP, MR, CQs, PD, context, provider
         ote_aligned_free(buf_);
-        OteTest::TearDown();
     }
 
     mp::Msg Ask(uint32_t type, uint64_t off, uint64_t len, uint32_t seed) {
@@ -222,16 +188,11 @@ class MultiProcess : public OteTest {
         return (double)total / (1024.0 * 1024.0) / secs;
     }
 
-    ote_verbs_t *v_ = nullptr;
-    const ote_verbs_ops_t *o_ = nullptr;
-    struct ibv_context *ctx_ = nullptr;
-    struct ibv_pd *pd_ = nullptr;
     struct ibv_cq *scq_ = nullptr, *rcq_ = nullptr;
     struct ibv_qp *qp_ = nullptr;
     struct ibv_mr *mr_ = nullptr;
     uint8_t *buf_ = nullptr;
     uint64_t bytes_ = 0;
-    int gidx_ = -1;
     int sock_ = -1;
     pid_t pid_ = -1;
     mp::Msg peer_;

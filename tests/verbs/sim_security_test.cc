@@ -28,8 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/util/test_base.h"
-#include "tests/verbs/rc_qp.h"
+#include "tests/verbs/verbs_fixture.h"
 
 extern "C" {
 #include "base/time.h"
@@ -39,9 +38,7 @@ extern "C" {
 
 namespace {
 
-using ote_test::OteTest;
-
-constexpr uint64_t kWaitNs = 5 * OTE_NSEC_PER_SEC;
+constexpr uint64_t kWaitNs = ote_test::kVerbsWaitNs;
 
 // The sim's wire header (verbs/sim/sim_internal.h, sim_hdr_t), mirrored: the tests speak
 // the protocol from outside, as a process that is not a sim would.
@@ -180,155 +177,27 @@ class Raw {
     bool eof_ = false;
 };
 
-class SimSecurity : public OteTest {
+using Buf = ote_test::VerbsBuf;
+
+class SimSecurity : public ote_test::VerbsFixture {
   protected:
     void SetUp() override {
-        OteTest::SetUp();
-        ASSERT_EQ(ote_verbs_open("sim", nullptr, &v_), OTE_OK);
-        o_ = v_->ops;
-        struct ibv_device **list = nullptr;
-        int num = 0;
-        ASSERT_EQ(o_->get_device_list(v_, &list, &num), 0);
-        ASSERT_GE(num, 1);
-        ASSERT_EQ(o_->open_device(v_, list[0], &ctx_), 0);
-        o_->free_device_list(v_, list);
-        ASSERT_EQ(o_->alloc_pd(v_, ctx_, &pd_), 0);
-        ASSERT_EQ(o_->query_port(v_, ctx_, 1, &port_), 0);
-        for (int i = 0; i < port_.gid_tbl_len && gid_index_ < 0; i++) {
-            struct ibv_gid_entry e;
-            if (o_->query_gid_ex(v_, ctx_, 1, (uint32_t)i, &e) == 0) {
-                gid_index_ = i;
-                gid_ = e.gid;
-            }
-        }
-        ASSERT_GE(gid_index_, 0);
-        ASSERT_EQ(o_->create_cq(v_, ctx_, 256, nullptr, nullptr, 0, &scq_), 0);
-        ASSERT_EQ(o_->create_cq(v_, ctx_, 256, nullptr, nullptr, 0, &rcq_), 0);
+        VerbsFixture::SetUp();
+        ASSERT_NO_FATAL_FAILURE(OpenVerbs("sim"));
+        scq_ = Cq();
+        rcq_ = Cq();
+        ASSERT_TRUE(scq_ && rcq_);
         mtu_ = 128u << port_.active_mtu;  // IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5
     }
 
-    void TearDown() override {
-        if (v_) {
-            for (auto *qp : qps_) EXPECT_EQ(o_->destroy_qp(v_, qp), 0);
-            for (auto *mw : mws_) EXPECT_EQ(o_->dealloc_mw(v_, mw), 0);
-            for (auto &m : mrs_) {
-                if (m.mr) {
-                    EXPECT_EQ(o_->dereg_mr(v_, m.mr), 0);
-                }
-            }
-            if (scq_) {
-                EXPECT_EQ(o_->destroy_cq(v_, scq_), 0);
-            }
-            if (rcq_) {
-                EXPECT_EQ(o_->destroy_cq(v_, rcq_), 0);
-            }
-            if (pd_) {
-                EXPECT_EQ(o_->dealloc_pd(v_, pd_), 0);
-            }
-            if (ctx_) {
-                EXPECT_EQ(o_->close_device(v_, ctx_), 0);
-            }
-            ote_verbs_close(v_);
-        }
-        OteTest::TearDown();
-    }
+    using VerbsFixture::Qp;
+    struct ibv_qp *Qp() { return Qp(scq_, rcq_, 16, 16); }
+    Buf *NewMem(size_t n, int access, uint8_t fill) { return VerbsFixture::Mem(n, access, fill); }
 
-    struct ibv_qp *Qp() {
-        struct ibv_qp *qp = nullptr;
-        EXPECT_EQ(ote_test::CreateRcQp(v_, pd_, scq_, rcq_, ote_test::RcQpCaps(), &qp), 0);
-        if (qp) qps_.push_back(qp);
-        return qp;
-    }
-
-    // Registered memory; the vector is owned by the fixture unless Release()d.
-    struct Mem {
-        std::vector<uint8_t> *buf = nullptr;
-        struct ibv_mr *mr = nullptr;
-        uint64_t addr() const { return (uint64_t)(uintptr_t)buf->data(); }
-    };
-    size_t NewMem(size_t n, int access, uint8_t fill) {
-        Mem m;
-        m.buf = new std::vector<uint8_t>(n, fill);
-        owned_.emplace_back(m.buf);
-        EXPECT_EQ(o_->reg_mr(v_, pd_, m.buf->data(), n, access, &m.mr), 0);
-        mrs_.push_back(m);
-        return mrs_.size() - 1;
-    }
-    Mem &M(size_t i) { return mrs_[i]; }
-
-    struct ibv_mw *Mw() {
-        struct ibv_mw *mw = nullptr;
-        EXPECT_EQ(o_->alloc_mw(v_, pd_, IBV_MW_TYPE_2, &mw), 0);
-        if (mw) mws_.push_back(mw);
-        return mw;
-    }
-
-    int ToInit(struct ibv_qp *qp) { return ote_test::QpToInit(v_, qp); }
-    int ToRtr(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid) {
-        ote_test::QpPath path;
-        path.dest_qpn = dqpn;
-        path.dgid = dgid;
-        path.mtu = port_.active_mtu;
-        path.sgid_index = (uint8_t)gid_index_;
-        return ote_test::QpToRtr(v_, qp, path);
-    }
-    int ToRts(struct ibv_qp *qp, uint8_t timeout = 14) {
-        ote_test::QpRetry r;
-        r.timeout = timeout;
-        return ote_test::QpToRts(v_, qp, r);
-    }
-    // qp connected to (dqpn, dgid): INIT, RTR, RTS.
-    void Connect(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid, uint8_t timeout = 14) {
-        ASSERT_EQ(ToInit(qp), 0);
-        ASSERT_EQ(ToRtr(qp, dqpn, dgid), 0);
-        ASSERT_EQ(ToRts(qp, timeout), 0);
-    }
-    int ToErr(struct ibv_qp *qp) { return ote_test::QpToErr(v_, qp); }
-    enum ibv_qp_state State(struct ibv_qp *qp) {
-        enum ibv_qp_state st;
-        EXPECT_EQ(ote_test::QpState(v_, qp, &st), 0);
-        return st;
-    }
-
-    std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, int n, uint64_t wait_ns = kWaitNs) {
-        std::vector<struct ibv_wc> out;
-        EXPECT_GE(ote_test::PollCq(v_, cq, n, wait_ns, &out), 0);
-        return out;
-    }
-
-    int Post(struct ibv_qp *qp, enum ibv_wr_opcode op, const Mem *m, uint64_t off, uint32_t len, uint64_t id,
-             uint64_t raddr = 0, uint32_t rkey = 0, uint32_t inv = 0) {
-        struct ibv_sge sge = {m ? m->addr() + off : 0, len, m ? m->mr->lkey : 0};
-        struct ibv_send_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = id;
-        wr.opcode = op;
-        wr.sg_list = &sge;
-        wr.num_sge = m ? 1 : 0;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.wr.rdma.remote_addr = raddr;
-        wr.wr.rdma.rkey = rkey;
-        wr.invalidate_rkey = inv;
-        return o_->post_send(v_, qp, &wr, &bad);
-    }
-    int PostRecv(struct ibv_qp *qp, const Mem &m, uint32_t len, uint64_t id) {
-        return ote_test::PostRecvOne(v_, qp, m.addr(), len, m.mr->lkey, id);
-    }
     // Bind mw on qp over [off, off+len) of m; returns the new rkey (0 on failure).
-    uint32_t Bind(struct ibv_qp *qp, struct ibv_mw *mw, const Mem &m, uint64_t off, uint64_t len, unsigned acc) {
+    uint32_t Bind(struct ibv_qp *qp, struct ibv_mw *mw, const Buf *m, uint64_t off, uint64_t len, unsigned acc) {
         uint32_t rkey = ibv_inc_rkey(mw->rkey);
-        struct ibv_send_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = 900;
-        wr.opcode = IBV_WR_BIND_MW;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.bind_mw.mw = mw;
-        wr.bind_mw.rkey = rkey;
-        wr.bind_mw.bind_info.mr = m.mr;
-        wr.bind_mw.bind_info.addr = m.addr() + off;
-        wr.bind_mw.bind_info.length = len;
-        wr.bind_mw.bind_info.mw_access_flags = acc;
-        if (o_->post_send(v_, qp, &wr, &bad) != 0) return 0;
+        if (BindMw(qp, mw, rkey, m, off, len, acc, 900) != 0) return 0;
         auto wc = Poll(scq_, 1);
         if (wc.size() != 1 || wc[0].status != IBV_WC_SUCCESS) return 0;
         return rkey;
@@ -372,19 +241,8 @@ class SimSecurity : public OteTest {
         return b;
     }
 
-    ote_verbs_t *v_ = nullptr;
-    const ote_verbs_ops_t *o_ = nullptr;
-    struct ibv_context *ctx_ = nullptr;
-    struct ibv_pd *pd_ = nullptr;
-    struct ibv_port_attr port_;
-    union ibv_gid gid_;
-    int gid_index_ = -1;
     uint32_t mtu_ = 1024;
     struct ibv_cq *scq_ = nullptr, *rcq_ = nullptr;
-    std::vector<struct ibv_qp *> qps_;
-    std::vector<struct ibv_mw *> mws_;
-    std::vector<Mem> mrs_;
-    std::vector<std::unique_ptr<std::vector<uint8_t>>> owned_;
 };
 
 constexpr int kRw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
@@ -395,17 +253,17 @@ constexpr int kRwBind = kRw | IBV_ACCESS_MW_BIND;
 TEST_F(SimSecurity, HelloFromTheRtrDestinationBindsOnce) {
     struct ibv_qp *b = Victim();
     ASSERT_TRUE(b);
-    size_t t = NewMem(4096, kRw, 0);
+    Buf *t = NewMem(4096, kRw, 0);
     std::vector<uint8_t> data(64, 0xee);
     auto c = Raw::Connect(gid_);
     ASSERT_TRUE(c);
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
-    ASSERT_TRUE(c->SendHdr(Req(IBV_WR_RDMA_WRITE, 0, 64, M(t).addr(), M(t).mr->rkey), data.data(), 64));
+    ASSERT_TRUE(c->SendHdr(Req(IBV_WR_RDMA_WRITE, 0, 64, t->addr(), t->mr->rkey), data.data(), 64));
     WireHdr r{};
     ASSERT_TRUE(c->Recv(&r, sizeof(r))) << "the RTR destination is served";
     EXPECT_EQ(r.type, kAck);
     EXPECT_EQ(r.psn, 0u);
-    EXPECT_EQ((*M(t).buf)[63], 0xee);
+    EXPECT_EQ(t->mem[63], 0xee);
     // a second HELLO on the bound connection (to re-bind it elsewhere) ends it; the sim
     // may close as soon as it has read the header, so sending the HELLO's payload can
     // already fail: only the end of the stream is the outcome under test
@@ -419,7 +277,7 @@ TEST_F(SimSecurity, HelloNotFromTheRtrDestinationIsRefused) {
     struct ibv_qp *idle = Qp();  // exists, but never connected (INIT)
     ASSERT_TRUE(b && idle);
     ASSERT_EQ(ToInit(idle), 0);
-    size_t t = NewMem(4096, kRw, 0);
+    Buf *t = NewMem(4096, kRw, 0);
     std::vector<uint8_t> data(64, 0xee);
     union ibv_gid other = gid_;
     other.raw[15] ^= 0x5a;
@@ -437,10 +295,10 @@ TEST_F(SimSecurity, HelloNotFromTheRtrDestinationIsRefused) {
         auto c = Raw::Connect(gid_);
         ASSERT_TRUE(c) << k.what;
         ASSERT_TRUE(c->Hello(k.src, k.dst, k.gid)) << k.what;
-        (void)c->SendHdr(Req(IBV_WR_RDMA_WRITE, 0, 64, M(t).addr(), M(t).mr->rkey), data.data(), 64);
+        (void)c->SendHdr(Req(IBV_WR_RDMA_WRITE, 0, 64, t->addr(), t->mr->rkey), data.data(), 64);
         EXPECT_TRUE(c->WaitEof()) << k.what << ": the connection must be refused";
     }
-    EXPECT_EQ((*M(t).buf)[0], 0) << "nothing landed";
+    EXPECT_EQ(t->mem[0], 0) << "nothing landed";
     EXPECT_EQ(State(b), IBV_QPS_RTS);
 }
 
@@ -452,20 +310,20 @@ TEST_F(SimSecurity, HostileThirdQpCannotReachAConnectedQp) {
     Connect(a, b->qp_num, gid_);
     Connect(b, a->qp_num, gid_);
     Connect(x, b->qp_num, gid_, 8);  // ~1 ms ACK timeout: the refusal ends it quickly
-    size_t t = NewMem(4096, kRw, 0);
-    size_t s = NewMem(64, kRw, 0x77);
-    ASSERT_EQ(Post(x, IBV_WR_RDMA_WRITE, &M(s), 0, 64, 1, M(t).addr(), M(t).mr->rkey), 0);
+    Buf *t = NewMem(4096, kRw, 0);
+    Buf *s = NewMem(64, kRw, 0x77);
+    ASSERT_EQ(PostSend(x, IBV_WR_RDMA_WRITE, s, 0, 64, 1, t->addr(), t->mr->rkey), 0);
     auto wc = Poll(scq_, 1);
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].qp_num, x->qp_num);
     EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
-    EXPECT_EQ((*M(t).buf)[0], 0);
+    EXPECT_EQ(t->mem[0], 0);
     EXPECT_EQ(State(b), IBV_QPS_RTS);
-    ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, &M(s), 0, 64, 2, M(t).addr(), M(t).mr->rkey), 0);
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, s, 0, 64, 2, t->addr(), t->mr->rkey), 0);
     wc = Poll(scq_, 1);
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
-    EXPECT_EQ((*M(t).buf)[0], 0x77);
+    EXPECT_EQ(t->mem[0], 0x77);
 }
 
 // Another process that claims the right source QPN and GID is still refused: the GID is
@@ -473,7 +331,7 @@ TEST_F(SimSecurity, HostileThirdQpCannotReachAConnectedQp) {
 TEST_F(SimSecurity, ForgedIdentityFromAnotherProcessIsRefused) {
     struct ibv_qp *b = Victim();
     ASSERT_TRUE(b);
-    size_t t = NewMem(4096, kRw, 0);
+    Buf *t = NewMem(4096, kRw, 0);
     // everything the child sends is prepared before fork (the child only makes syscalls)
     struct {
         WireHdr hello;
@@ -487,7 +345,7 @@ TEST_F(SimSecurity, ForgedIdentityFromAnotherProcessIsRefused) {
     msg.hello.raddr = b->qp_num;
     msg.hello.len = 16;
     memcpy(msg.gid, gid_.raw, 16);
-    msg.write = Req(IBV_WR_RDMA_WRITE, 0, 64, M(t).addr(), M(t).mr->rkey);
+    msg.write = Req(IBV_WR_RDMA_WRITE, 0, 64, t->addr(), t->mr->rkey);
     memset(msg.data, 0xee, sizeof(msg.data));
     struct sockaddr_un sun;
     socklen_t sl = GidAddr(gid_, &sun);
@@ -521,7 +379,7 @@ TEST_F(SimSecurity, ForgedIdentityFromAnotherProcessIsRefused) {
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_EQ(verdict, 'E') << "A = the forged requester was answered, T = no answer";
-    EXPECT_EQ((*M(t).buf)[0], 0) << "nothing landed";
+    EXPECT_EQ(t->mem[0], 0) << "nothing landed";
 }
 
 // ------------------------------------------------------------------ 11: SEND_WITH_INV
@@ -533,16 +391,16 @@ TEST_F(SimSecurity, SendWithInvCannotInvalidateAWindowBoundToAnotherQp) {
     Connect(b, a->qp_num, gid_);
     Connect(c, d->qp_num, gid_);
     Connect(d, c->qp_num, gid_);
-    size_t t = NewMem(4096, kRwBind, 0);
-    size_t s = NewMem(64, kRw, 0x33);
-    size_t r = NewMem(64, kRw, 0);
+    Buf *t = NewMem(4096, kRwBind, 0);
+    Buf *s = NewMem(64, kRw, 0x33);
+    Buf *r = NewMem(64, kRw, 0);
     struct ibv_mw *mw = Mw();
     ASSERT_TRUE(mw);
-    uint32_t rkey = Bind(b, mw, M(t), 0, 4096, IBV_ACCESS_REMOTE_WRITE);
+    uint32_t rkey = Bind(b, mw, t, 0, 4096, IBV_ACCESS_REMOTE_WRITE);
     ASSERT_NE(rkey, 0u);
     // c -> d: same PD, but the window is bound to b
-    ASSERT_EQ(PostRecv(d, M(r), 64, 10), 0);
-    ASSERT_EQ(Post(c, IBV_WR_SEND_WITH_INV, &M(s), 0, 8, 11, 0, 0, rkey), 0);
+    ASSERT_EQ(PostRecv(d, r, 0, 64, 10), 0);
+    ASSERT_EQ(PostSend(c, IBV_WR_SEND_WITH_INV, s, 0, 8, 11, 0, 0, rkey), 0);
     auto wc = Poll(scq_, 1);
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].qp_num, c->qp_num);
@@ -553,14 +411,14 @@ TEST_F(SimSecurity, SendWithInvCannotInvalidateAWindowBoundToAnotherQp) {
     EXPECT_EQ(rw[0].status, IBV_WC_LOC_QP_OP_ERR);
     EXPECT_EQ(State(d), IBV_QPS_ERR);
     // the window still grants b's peer
-    ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, &M(s), 0, 64, 12, M(t).addr(), rkey), 0);
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, s, 0, 64, 12, t->addr(), rkey), 0);
     wc = Poll(scq_, 1);
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
-    EXPECT_EQ((*M(t).buf)[0], 0x33);
+    EXPECT_EQ(t->mem[0], 0x33);
     // and b's own peer may invalidate it
-    ASSERT_EQ(PostRecv(b, M(r), 64, 13), 0);
-    ASSERT_EQ(Post(a, IBV_WR_SEND_WITH_INV, &M(s), 0, 8, 14, 0, 0, rkey), 0);
+    ASSERT_EQ(PostRecv(b, r, 0, 64, 13), 0);
+    ASSERT_EQ(PostSend(a, IBV_WR_SEND_WITH_INV, s, 0, 8, 14, 0, 0, rkey), 0);
     wc = Poll(scq_, 1);
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
@@ -602,18 +460,18 @@ size_t ReadPayload(Raw &c, size_t n, uint8_t want, size_t *bad) {
 TEST_F(SimSecurity, ReadResponseIsSentBeforeALaterInvalidateExecutes) {
     struct ibv_qp *b = Victim();
     ASSERT_TRUE(b);
-    size_t t = NewMem(kBig, kRwBind, 0xa5);
-    size_t r = NewMem(64, kRw, 0);
+    Buf *t = NewMem(kBig, kRwBind, 0xa5);
+    Buf *r = NewMem(64, kRw, 0);
     struct ibv_mw *mw = Mw();
     ASSERT_TRUE(mw);
-    uint32_t rkey = Bind(b, mw, M(t), 0, kBig, IBV_ACCESS_REMOTE_READ);
+    uint32_t rkey = Bind(b, mw, t, 0, kBig, IBV_ACCESS_REMOTE_READ);
     ASSERT_NE(rkey, 0u);
-    ASSERT_EQ(PostRecv(b, M(r), 64, 20), 0);
+    ASSERT_EQ(PostRecv(b, r, 0, 64, 20), 0);
     auto c = Raw::Connect(gid_);
     ASSERT_TRUE(c);
     // HELLO, a 64 MiB READ and a SEND_WITH_INV of its window, pipelined, then read nothing
     uint8_t inv_payload[8] = {};
-    WireHdr rd = Req(IBV_WR_RDMA_READ, 0, kBig, M(t).addr(), rkey);
+    WireHdr rd = Req(IBV_WR_RDMA_READ, 0, kBig, t->addr(), rkey);
     WireHdr inv = Req(IBV_WR_SEND_WITH_INV, rd.npsn, 8, 0, 0, rkey);
     std::vector<uint8_t> all;
     WireHdr hello{};
@@ -659,19 +517,19 @@ TEST_F(SimSecurity, ReadResponseIsSentBeforeALaterInvalidateExecutes) {
 TEST_F(SimSecurity, RevokedWindowIsNotReadByAStalledReadResponse) {
     struct ibv_qp *b = Victim();
     ASSERT_TRUE(b);
-    size_t t = NewMem(kBig, kRwBind, 0xa5);
+    Buf *t = NewMem(kBig, kRwBind, 0xa5);
     struct ibv_mw *mw = Mw();
     ASSERT_TRUE(mw);
-    uint32_t rkey = Bind(b, mw, M(t), 0, kBig, IBV_ACCESS_REMOTE_READ);
+    uint32_t rkey = Bind(b, mw, t, 0, kBig, IBV_ACCESS_REMOTE_READ);
     ASSERT_NE(rkey, 0u);
     auto c = Raw::Connect(gid_);
     ASSERT_TRUE(c);
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
-    ASSERT_TRUE(c->SendHdr(Req(IBV_WR_RDMA_READ, 0, kBig, M(t).addr(), rkey)));
+    ASSERT_TRUE(c->SendHdr(Req(IBV_WR_RDMA_READ, 0, kBig, t->addr(), rkey)));
     struct pollfd pf = {c->fd(), POLLIN, 0};
     ASSERT_EQ(poll(&pf, 1, 5000), 1) << "the response started";
     ASSERT_TRUE(LocalInv(b, rkey));
-    memset(M(t).buf->data(), 0x5a, kBig);  // the owner reuses the memory
+    memset(t->mem.data(), 0x5a, kBig);  // the owner reuses the memory
     WireHdr h{};
     ASSERT_TRUE(c->Recv(&h, sizeof(h)));
     ASSERT_EQ(h.type, kRresp);
@@ -709,17 +567,17 @@ TEST_F(SimSecurity, DeregisteredMrIsNotReadByAStalledReadResponse) {
 TEST_F(SimSecurity, ReadQueuedBehindARevokedWindowIsNaked) {
     struct ibv_qp *b = Victim();
     ASSERT_TRUE(b);
-    size_t t = NewMem(kBig, kRwBind, 0xa5);
-    size_t t2 = NewMem(4096, kRwBind, 0xa5);
+    Buf *t = NewMem(kBig, kRwBind, 0xa5);
+    Buf *t2 = NewMem(4096, kRwBind, 0xa5);
     struct ibv_mw *mw = Mw(), *mw2 = Mw();
     ASSERT_TRUE(mw && mw2);
-    uint32_t rkey = Bind(b, mw, M(t), 0, kBig, IBV_ACCESS_REMOTE_READ);
-    uint32_t rkey2 = Bind(b, mw2, M(t2), 0, 4096, IBV_ACCESS_REMOTE_READ);
+    uint32_t rkey = Bind(b, mw, t, 0, kBig, IBV_ACCESS_REMOTE_READ);
+    uint32_t rkey2 = Bind(b, mw2, t2, 0, 4096, IBV_ACCESS_REMOTE_READ);
     ASSERT_TRUE(rkey && rkey2);
     auto c = Raw::Connect(gid_);
     ASSERT_TRUE(c);
-    WireHdr r1 = Req(IBV_WR_RDMA_READ, 0, kBig, M(t).addr(), rkey);
-    WireHdr r2 = Req(IBV_WR_RDMA_READ, r1.npsn, 4096, M(t2).addr(), rkey2);
+    WireHdr r1 = Req(IBV_WR_RDMA_READ, 0, kBig, t->addr(), rkey);
+    WireHdr r2 = Req(IBV_WR_RDMA_READ, r1.npsn, 4096, t2->addr(), rkey2);
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
     ASSERT_TRUE(c->SendHdr(r1));
     ASSERT_TRUE(c->SendHdr(r2));
@@ -758,15 +616,15 @@ bool AllEqual(const std::vector<uint8_t> &v, uint8_t x) {
 TEST_F(SimSecurity, InboundWriteStopsLandingWhenTheQpGoesToErr) {
     struct ibv_qp *b = Victim();
     ASSERT_TRUE(b);
-    size_t t = NewMem(kIn, kRw, 0);
+    Buf *t = NewMem(kIn, kRw, 0);
     std::vector<uint8_t> payload(kIn, 0xee);
     auto c = Raw::Connect(gid_);
     ASSERT_TRUE(c);
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
-    StartWrite(*c, Req(IBV_WR_RDMA_WRITE, 0, kIn, M(t).addr(), M(t).mr->rkey), payload);
-    EXPECT_EQ((*M(t).buf)[0], 0xee) << "the copy had started";
+    StartWrite(*c, Req(IBV_WR_RDMA_WRITE, 0, kIn, t->addr(), t->mr->rkey), payload);
+    EXPECT_EQ(t->mem[0], 0xee) << "the copy had started";
     ASSERT_EQ(ToErr(b), 0);
-    memset(M(t).buf->data(), 0, kIn);
+    memset(t->mem.data(), 0, kIn);
     // The contract is only that no byte lands once the QP is in ERR. The sim may keep
     // reading and dropping the rest, or end the stream: neither outcome is asserted, so
     // the send may fail, but it may not stall (the sim must not stop reading).
@@ -776,33 +634,33 @@ TEST_F(SimSecurity, InboundWriteStopsLandingWhenTheQpGoesToErr) {
     // stream); the provider lock then orders this thread after the pass that took it.
     ASSERT_TRUE(c->WaitConsumed(30 * OTE_NSEC_PER_SEC));
     EXPECT_EQ(State(b), IBV_QPS_ERR);
-    EXPECT_TRUE(AllEqual(*M(t).buf, 0)) << "payload landed after the QP went to ERR";
+    EXPECT_TRUE(AllEqual(t->mem, 0)) << "payload landed after the QP went to ERR";
 }
 
 TEST_F(SimSecurity, InboundWriteStopsLandingWhenTheWindowIsInvalidated) {
     ExpectErrorLogs();
     struct ibv_qp *b = Victim();
     ASSERT_TRUE(b);
-    size_t t = NewMem(kIn, kRwBind, 0);
+    Buf *t = NewMem(kIn, kRwBind, 0);
     struct ibv_mw *mw = Mw();
     ASSERT_TRUE(mw);
-    uint32_t rkey = Bind(b, mw, M(t), 0, kIn, IBV_ACCESS_REMOTE_WRITE);
+    uint32_t rkey = Bind(b, mw, t, 0, kIn, IBV_ACCESS_REMOTE_WRITE);
     ASSERT_NE(rkey, 0u);
     std::vector<uint8_t> payload(kIn, 0xee);
     auto c = Raw::Connect(gid_);
     ASSERT_TRUE(c);
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
-    WireHdr w = Req(IBV_WR_RDMA_WRITE, 0, kIn, M(t).addr(), rkey);
+    WireHdr w = Req(IBV_WR_RDMA_WRITE, 0, kIn, t->addr(), rkey);
     StartWrite(*c, w, payload);
     ASSERT_TRUE(LocalInv(b, rkey));
-    memset(M(t).buf->data(), 0, kIn);
+    memset(t->mem.data(), 0, kIn);
     ASSERT_TRUE(c->Send(payload.data() + (1u << 20), kIn - (1u << 20)));
     WireHdr h{};
     ASSERT_TRUE(c->Recv(&h, sizeof(h))) << "the responder answers at the payload's end";
     EXPECT_EQ(h.type, kNak);
     EXPECT_EQ(h.syndrome, kNakAccess);
     EXPECT_EQ(h.psn, w.psn);
-    EXPECT_TRUE(AllEqual(*M(t).buf, 0)) << "payload landed after the window was invalidated";
+    EXPECT_TRUE(AllEqual(t->mem, 0)) << "payload landed after the window was invalidated";
     EXPECT_EQ(State(b), IBV_QPS_ERR);
     struct ibv_async_event ev;
     ASSERT_EQ(o_->get_async_event(v_, ctx_, &ev), 0);
@@ -857,8 +715,8 @@ TEST_F(SimSecurity, AckInPlaceOfAReadResponseIsABadResponse) {
     struct ibv_qp *a = Qp();
     ASSERT_TRUE(a);
     Connect(a, 0x123456, fake);
-    size_t l = NewMem(8192, kRw, 0);
-    ASSERT_EQ(Post(a, IBV_WR_RDMA_READ, &M(l), 0, 4096, 1, 0x10000, 0x777), 0);
+    Buf *l = NewMem(8192, kRw, 0);
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_READ, l, 0, 4096, 1, 0x10000, 0x777), 0);
     struct pollfd pf = {lfd, POLLIN, 0};
     ASSERT_EQ(poll(&pf, 1, 5000), 1);
     int fd = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -884,9 +742,9 @@ TEST_F(SimSecurity, AckInPlaceOfAReadResponseIsABadResponse) {
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
     EXPECT_EQ(wc[0].opcode, IBV_WC_RDMA_READ);
-    EXPECT_EQ((*M(l).buf)[4095], 0x42);
+    EXPECT_EQ(l->mem[4095], 0x42);
     // second READ: a plain ACK instead
-    ASSERT_EQ(Post(a, IBV_WR_RDMA_READ, &M(l), 4096, 4096, 2, 0x10000, 0x777), 0);
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_READ, l, 4096, 4096, 2, 0x10000, 0x777), 0);
     ASSERT_TRUE(peer.Recv(&h, sizeof(h)));
     ASSERT_EQ(h.op, (uint8_t)IBV_WR_RDMA_READ);
     WireHdr ack{};
@@ -898,7 +756,7 @@ TEST_F(SimSecurity, AckInPlaceOfAReadResponseIsABadResponse) {
     EXPECT_EQ(wc[0].wr_id, 2u);
     EXPECT_EQ(wc[0].status, IBV_WC_BAD_RESP_ERR);
     EXPECT_EQ(State(a), IBV_QPS_ERR);
-    EXPECT_EQ((*M(l).buf)[4096], 0) << "nothing was read";
+    EXPECT_EQ(l->mem[4096], 0) << "nothing was read";
 }
 
 }  // namespace

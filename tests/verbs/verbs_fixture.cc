@@ -34,6 +34,18 @@ void VerbsFixture::OpenVerbs(const std::string &provider, const char *config, bo
     ASSERT_EQ(o_->query_gid(v_, ctx_, 1, gid_index_, &gid_), 0);
 }
 
+bool VerbsFixture::ProviderHasDevice(const std::string &provider) {
+    if (provider == "sim") return true;
+    ote_verbs_t *probe = nullptr;
+    if (ote_verbs_open(provider.c_str(), nullptr, &probe) != OTE_OK) return false;
+    struct ibv_device **list = nullptr;
+    int num = 0;
+    int rc = probe->ops->get_device_list(probe, &list, &num);
+    if (rc == 0) probe->ops->free_device_list(probe, list);
+    ote_verbs_close(probe);
+    return rc == 0 && num > 0;
+}
+
 void VerbsFixture::TearDown() {
     if (v_ != nullptr) {
         if (sim_ != nullptr) ote_verbs_fault_clear(v_);

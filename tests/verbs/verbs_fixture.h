@@ -45,6 +45,9 @@ class VerbsFixture : public OteTest {
     // RoCE v2, IPv4-mapped first). Call under ASSERT_NO_FATAL_FAILURE.
     void OpenVerbs(const std::string &provider, const char *config = nullptr, bool fault = false,
                    int dev_index = 0);
+    // True for "sim"; for another provider, whether it opens and lists a device (tests of
+    // hardware providers skip with the reason otherwise).
+    static bool ProviderHasDevice(const std::string &provider);
     // Destroys what the fixture created (QPs, windows, MRs, extra MRs, CQs, channels, PD,
     // context) expecting each destroy to succeed, then closes the provider.
     void TearDown() override;
