@@ -3,22 +3,7 @@
 
 #include <string.h>
 
-static void p16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void p32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void p64(uint8_t *p, uint64_t v) {
-    p32(p, (uint32_t)v);
-    p32(p + 4, (uint32_t)(v >> 32));
-}
-static uint16_t g16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t g32(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static uint64_t g64(const uint8_t *p) { return (uint64_t)g32(p) | ((uint64_t)g32(p + 4) << 32); }
+#include "base/le.h"
 
 static size_t body_size(uint16_t type) {
     switch (type) {
@@ -34,18 +19,18 @@ static size_t body_size(uint16_t type) {
 
 static void put_path(uint8_t *b, const ote_qp_path_t *p) {
     memcpy(b, p->gid.raw, 16);
-    p32(b + 16, p->lid);
-    p32(b + 20, p->qp_num);
-    p32(b + 24, p->psn);
-    p32(b + 28, (uint32_t)p->mtu);
+    ote_le_put32(b + 16, p->lid);
+    ote_le_put32(b + 20, p->qp_num);
+    ote_le_put32(b + 24, p->psn);
+    ote_le_put32(b + 28, (uint32_t)p->mtu);
 }
 
 static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
     memset(p, 0, sizeof(*p));
     memcpy(p->gid.raw, b, 16);
-    uint32_t lid = g32(b + 16), mtu = g32(b + 28);
-    p->qp_num = g32(b + 20);
-    p->psn = g32(b + 24);
+    uint32_t lid = ote_le_get32(b + 16), mtu = ote_le_get32(b + 28);
+    p->qp_num = ote_le_get32(b + 20);
+    p->psn = ote_le_get32(b + 24);
     if (lid > 0xffff || p->qp_num == 0 || p->qp_num > 0xffffff || p->psn > 0xffffff ||
         mtu < IBV_MTU_256 || mtu > IBV_MTU_4096)
         return OTE_ERR_PROTOCOL;
@@ -57,34 +42,34 @@ static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
     size_t n = body_size(m->type);
     memset(buf, 0, n);
-    p16(buf, m->type);
+    ote_le_put16(buf, m->type);
     uint8_t *b = buf + 4;
     switch (m->type) {
         case OTE_RP_INFO:
         case OTE_RP_INFO_ACK:
-            p64(b, m->u.info.process);
-            p64(b + 8, m->u.info.pd);
-            p32(b + 16, m->u.info.nic);
-            p32(b + 20, m->u.info.lanes);
+            ote_le_put64(b, m->u.info.process);
+            ote_le_put64(b + 8, m->u.info.pd);
+            ote_le_put32(b + 16, m->u.info.nic);
+            ote_le_put32(b + 20, m->u.info.lanes);
             break;
         case OTE_RP_CONNECT:
-            p32(b, m->u.connect.slot);
-            p32(b + 4, m->u.connect.cap);
+            ote_le_put32(b, m->u.connect.slot);
+            ote_le_put32(b + 4, m->u.connect.cap);
             put_path(b + 8, &m->u.connect.path);
             break;
         case OTE_RP_CONNECT_ACK:
             put_path(b, &m->u.connect.path);
             break;
         case OTE_RP_GRANT_REQ:
-            p32(b, m->u.grant.slot);
-            p32(b + 4, m->u.grant.op);
-            p32(b + 8, m->u.grant.src_qpn);
-            p32(b + 12, m->u.grant.req_qpn);
-            p64(b + 16, m->u.grant.addr);
-            p64(b + 24, m->u.grant.len);
+            ote_le_put32(b, m->u.grant.slot);
+            ote_le_put32(b + 4, m->u.grant.op);
+            ote_le_put32(b + 8, m->u.grant.src_qpn);
+            ote_le_put32(b + 12, m->u.grant.req_qpn);
+            ote_le_put64(b + 16, m->u.grant.addr);
+            ote_le_put64(b + 24, m->u.grant.len);
             break;
         case OTE_RP_GRANT_RESP:
-            p32(b, m->u.resp.rkey);
+            ote_le_put32(b, m->u.resp.rkey);
             break;
         default:
             return 0;
@@ -96,22 +81,22 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
     if (buf == NULL || out == NULL || len < 4) return OTE_ERR_PROTOCOL;
     ote_rp_msg_t m;
     memset(&m, 0, sizeof(m));
-    m.type = g16(buf);
+    m.type = ote_le_get16(buf);
     size_t n = body_size(m.type);
-    if (n == 0 || len != n || g16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
+    if (n == 0 || len != n || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
     const uint8_t *b = buf + 4;
     switch (m.type) {
         case OTE_RP_INFO:
         case OTE_RP_INFO_ACK:
-            m.u.info.process = g64(b);
-            m.u.info.pd = g64(b + 8);
-            m.u.info.nic = g32(b + 16);
-            m.u.info.lanes = g32(b + 20);
+            m.u.info.process = ote_le_get64(b);
+            m.u.info.pd = ote_le_get64(b + 8);
+            m.u.info.nic = ote_le_get32(b + 16);
+            m.u.info.lanes = ote_le_get32(b + 20);
             if (m.u.info.lanes == 0 || m.u.info.lanes > 64) return OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_CONNECT:
-            m.u.connect.slot = g32(b);
-            m.u.connect.cap = g32(b + 4);
+            m.u.connect.slot = ote_le_get32(b);
+            m.u.connect.cap = ote_le_get32(b + 4);
             if (m.u.connect.cap > 1) return OTE_ERR_PROTOCOL;
             if (get_path(b + 8, &m.u.connect.path) != OTE_OK) return OTE_ERR_PROTOCOL;
             break;
@@ -120,17 +105,17 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             if (get_path(b, &m.u.connect.path) != OTE_OK) memset(&m.u.connect.path, 0, sizeof(m.u.connect.path));
             break;
         case OTE_RP_GRANT_REQ:
-            m.u.grant.slot = g32(b);
-            m.u.grant.op = g32(b + 4);
-            m.u.grant.src_qpn = g32(b + 8);
-            m.u.grant.req_qpn = g32(b + 12);
-            m.u.grant.addr = g64(b + 16);
-            m.u.grant.len = g64(b + 24);
+            m.u.grant.slot = ote_le_get32(b);
+            m.u.grant.op = ote_le_get32(b + 4);
+            m.u.grant.src_qpn = ote_le_get32(b + 8);
+            m.u.grant.req_qpn = ote_le_get32(b + 12);
+            m.u.grant.addr = ote_le_get64(b + 16);
+            m.u.grant.len = ote_le_get64(b + 24);
             if (m.u.grant.op > 1 || m.u.grant.len == 0 || m.u.grant.addr > UINT64_MAX - m.u.grant.len)
                 return OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_GRANT_RESP:
-            m.u.resp.rkey = g32(b);
+            m.u.resp.rkey = ote_le_get32(b);
             break;
         default:
             return OTE_ERR_PROTOCOL;

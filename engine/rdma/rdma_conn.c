@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/le.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
 
@@ -115,9 +116,7 @@ ote_status_t ote__rdma_conn_next(conn_t *c, ote_ctl_msg_t *m, ote_deadline_t dl,
     }
     for (;;) {
         if (c->ilen >= OTE_CTL_HDR_LEN) {
-            const uint8_t *b = c->in;
-            uint32_t length = (uint32_t)b[20] | ((uint32_t)b[21] << 8) | ((uint32_t)b[22] << 16) |
-                              ((uint32_t)b[23] << 24);
+            uint32_t length = ote_le_get32(c->in + 20); /* the header's body length */
             if (length > OTE__RDMA_FRAME_MAX - OTE_CTL_HDR_LEN) return OTE_ERR_PROTOCOL;
             if (c->ilen >= OTE_CTL_HDR_LEN + length) {
                 size_t used = 0;
