@@ -43,7 +43,8 @@
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
  * c->wmu is a leaf: nothing else is locked under it, and no thread holds tp->mu or p->mu
- * while it sends (conn_send* may be called from any thread with no transport lock held).
+ * while it sends (ote__rdma_conn_send* may be called from any thread, with no transport
+ * lock held).
  * The grant and endpoint layers call this transport's callbacks (source pin/answer,
  * grant request, CONNECT exchange) with none of their own locks held. A slice's done()
  * is never called with a transport lock held.
@@ -95,10 +96,11 @@ typedef struct reg_ent {
 
 /*
  * A control connection (either side). The socket is non-blocking and nobody ever waits on
- * it while holding a lock or on a thread that is not the connection's own: conn_send()
- * (any thread: lane workers answering grants, the monitor, user threads) sends what the
- * socket takes at once and queues the rest (at most OUT_CAP bytes); the connection's own
- * thread (reader or server) flushes the queue. A queue that overflows or makes no
+ * it while holding a lock or on a thread that is not the connection's own:
+ * ote__rdma_conn_send*() (any thread: lane workers answering grants, the monitor, user
+ * threads) sends what the socket takes at once and queues the rest (at most
+ * OTE__RDMA_OUT_CAP bytes); the connection's own thread (reader or server) flushes the
+ * queue. A queue that overflows or makes no
  * progress for send_timeout_ns kills the connection (dead, socket shut down): its owner
  * thread then fails whatever waited on it with OTE_ERR_PEER_LOST.
  *
@@ -114,13 +116,13 @@ typedef struct conn {
     rdma_tp_t *tp;
     int fd;
     ote_mutex_t wmu; /* out queue */
-    uint8_t *out;    /* OUT_CAP bytes once needed */
+    uint8_t *out;    /* OTE__RDMA_OUT_CAP bytes once needed */
     size_t ooff, olen;
     uint64_t out_progress_ns; /* last time the queue drained some bytes (or was empty) */
     uint64_t send_timeout_ns;
     _Atomic int refs;
     _Atomic int dead;
-    uint8_t *in; /* FRAME_MAX: bytes received, not yet consumed (owner thread only) */
+    uint8_t *in; /* FRAME_MAX bytes: received, not yet consumed (owner thread only) */
     size_t ilen, iconsumed;
     uint16_t version; /* negotiated in the handshake; 0 before it */
     uint64_t process, pd;
@@ -145,7 +147,7 @@ typedef struct call {
  * deadline, or the sender when the send fails (rdma_requester.c). */
 typedef struct note {
     struct note *next;
-    uint64_t req_id; /* NOTE_TAG | n */
+    uint64_t req_id; /* OTE__RDMA_NOTE_TAG | n */
     ote_deadline_t deadline;
     ote__slice_t *s;
 } note_t;

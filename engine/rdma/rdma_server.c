@@ -223,8 +223,8 @@ ote_status_t ote__rdma_acceptor_start(rdma_tp_t *tp) {
 
 size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms) {
     if (tp->acceptor_started) pthread_join(tp->acceptor, NULL);
-    /* Wake the server connection threads (each polls tp->stop every CONN_POLL_MS and
-     * its own waits are bounded) and join them. */
+    /* Wake the server connection threads (each polls tp->stop every
+     * OTE__RDMA_CONN_POLL_MS and its own waits are bounded) and join them. */
     ote_mutex_lock(&tp->mu);
     for (size_t i = 0; i < tp->nsconns; i++) ote__rdma_conn_kill(tp->sconns[i]->c, NULL);
     ote_deadline_t dl = ote_deadline_after(wait_ms * OTE_NSEC_PER_MSEC);

@@ -16,6 +16,8 @@
 #include "engine/rdma/rdma_internal.h"
 #include "ote/ote.h"
 
+/* A GRANT_REQ being served: where its GRANT_RESP goes (a reference on c, dropped once
+ * the grant layer has answered through src_answer). */
 typedef struct {
     conn_t *c;
     uint64_t req_id;
@@ -170,6 +172,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
 }
 
 ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp) {
-    ote_grant_source_ops_t src = {.arg = tp, .pin = src_pin, .unpin = src_unpin, .answer = src_answer};
+    ote_grant_source_ops_t src = {
+        .arg = tp, .pin = src_pin, .unpin = src_unpin, .answer = src_answer};
     return src;
 }
