@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "base/alloc.h"
+#include "base/fault.h"
 #include "base/status.h"
 #include "context/buffers.h"
 #include "context/context.h"
@@ -244,6 +245,32 @@ TEST_F(ContextFaultTest, AllocationFailuresDuringRegistrationLeakNothing) {
         EXPECT_EQ(ote_buffer_manager_count(bm_), 0u) << n;
     }
     FAIL() << "registration never succeeded";
+}
+
+// The layer's own fault points: an armed point fails the call with its status before
+// anything is made (no device opened, no MR registered, no output written), and the
+// same call succeeds once it is disarmed.
+TEST_F(ContextFaultTest, FaultPointsFailOpenAndRegisterBeforeAnythingIsMade) {
+    ote_verbs_fault_reset_counters(v_);
+    ASSERT_EQ(ote_fault_arm("context.set_open", OTE_FAULT_NTH, 1, OTE_ERR_NATIVE, EIO), OTE_OK);
+    ote_context_set_t *set = nullptr;
+    ote_status_t st = ote_context_set_open(v_, nullptr, &set);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
+    EXPECT_EQ(ote_status_errno(st), EIO);
+    EXPECT_EQ(set, nullptr);
+    EXPECT_EQ(ote_fault_failures("context.set_open"), 1u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE), 0u);
+    Open();  // the NTH rule is spent: the next open succeeds
+    ASSERT_EQ(ote_fault_arm("context.buffer_register", OTE_FAULT_NTH, 1, OTE_ERR_NOMEM, 0), OTE_OK);
+    ote_verbs_fault_reset_counters(v_);
+    ote_buffer_t *buf = nullptr;
+    EXPECT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_ERR_NOMEM);
+    EXPECT_EQ(buf, nullptr);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_REG_MR), 0u);
+    EXPECT_EQ(ote_buffer_manager_count(bm_), 0u);
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    EXPECT_EQ(ote_buffer_manager_count(bm_), 1u);
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 extern "C" {
 #include "base/alloc.h"
+#include "base/fault.h"
 #include "base/status.h"
 #include "base/time.h"
 #include "context/context.h"
@@ -299,6 +300,37 @@ TEST_F(CqFaultTest, WorkersKeepPollingThroughPollFailures) {
     ote_cq_lane_detach_qp(lane, qp.Num());
     ASSERT_EQ(qp.Destroy(), 0);
     ote_cq_lane_unregister_ns(lane, rec.ns);
+    EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
+}
+
+// The layer's own fault points: lane creation and worker start fail with the armed
+// status before anything is made (no CQ, no thread, no output), then succeed.
+TEST_F(CqFaultTest, FaultPointsFailLaneCreateAndWorkerStartBeforeAnythingIsMade) {
+    ote_verbs_fault_reset_counters(v_);
+    ASSERT_EQ(ote_fault_arm("cq.lane_create", OTE_FAULT_NTH, 1, OTE_ERR_NOMEM, 0), OTE_OK);
+    ote_cq_lane_t *lane = nullptr;
+    EXPECT_EQ(Create(&lane), OTE_ERR_NOMEM);
+    EXPECT_EQ(lane, nullptr);
+    EXPECT_EQ(ote_fault_failures("cq.lane_create"), 1u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_CQ), 0u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_COMP_CHANNEL), 0u);
+    ASSERT_EQ(Create(&lane), OTE_OK);
+    ASSERT_EQ(ote_fault_arm("cq.workers_start", OTE_FAULT_EVERY, 0, OTE_ERR_NATIVE, EAGAIN), OTE_OK);
+    ote_cq_workers_t *w = nullptr;
+    int fds = ote_test::CountOpenFds();
+    ote_status_t st = ote_cq_workers_start(2, &w);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
+    EXPECT_EQ(ote_status_errno(st), EAGAIN);
+    EXPECT_EQ(w, nullptr);
+    EXPECT_EQ(ote_test::CountOpenFds(), fds);  // no wake fd left behind
+    EXPECT_EQ(ote_status_code(ote_cq_workers_start_numa(1, -1, &w)), OTE_ERR_NATIVE);  // same path
+    EXPECT_EQ(w, nullptr);
+    EXPECT_EQ(ote_fault_failures("cq.workers_start"), 2u);
+    ASSERT_EQ(ote_fault_disarm("cq.workers_start"), OTE_OK);
+    ASSERT_EQ(ote_cq_workers_start(2, &w), OTE_OK);
+    ASSERT_EQ(ote_cq_workers_add(w, lane), OTE_OK);
+    ASSERT_EQ(ote_cq_workers_remove(w, lane), OTE_OK);
+    EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK);
     EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
 }
 

@@ -15,6 +15,7 @@
 
 extern "C" {
 #include "base/alloc.h"
+#include "base/fault.h"
 #include "verbs/sim/sim.h"
 }
 
@@ -370,6 +371,25 @@ TEST_F(QpFaultTest, PortDownEndsInFlightWorkWithErrorsAndPausesAdmission) {
     ote_qp_t *b2 = MakeQp(1, Config(16));
     ASSERT_EQ(ConnectPair(a2, b2), OTE_OK);
     ProveUsable(a2, b2, 50);
+}
+
+// The layer's own fault point: QP creation fails with the armed status before anything
+// is made (no QP, no receive MR, no lane charge, no output), then succeeds.
+TEST_F(QpFaultTest, FaultPointFailsCreateBeforeAnythingIsMade) {
+    ote_verbs_fault_reset_counters(v_);
+    ASSERT_EQ(ote_fault_arm("qp.create", OTE_FAULT_NTH, 1, OTE_ERR_NOMEM, 0), OTE_OK);
+    ote_qp_config_t cfg = Config(16, 4, 64);
+    ote_qp_t *qp = nullptr;
+    EXPECT_EQ(ote_qp_create(lane_[0], &cfg, &qp), OTE_ERR_NOMEM);
+    EXPECT_EQ(qp, nullptr);
+    EXPECT_EQ(ote_fault_failures("qp.create"), 1u);
+    EXPECT_EQ(Calls(OTE_VERBS_FAULT_OP_CREATE_QP), 0u);
+    EXPECT_EQ(Calls(OTE_VERBS_FAULT_OP_REG_MR), 0u);
+    EXPECT_EQ(ote_cq_lane_outstanding(lane_[0], OTE_CQ_RECV), 0u);
+    ote_qp_t *a = MakeQp(0, cfg);
+    ote_qp_t *b = MakeQp(1, cfg);
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    ProveUsable(a, b, 1);
 }
 
 }  // namespace
