@@ -10,6 +10,17 @@
 #
 # and also rejects including another package's *_internal.h or internal/ headers.
 #
+# Inside engine/ the owner libraries are layered too (see //:visibility.bzl):
+#   engine/control      may include base only;
+#   engine/<transport>  (tcp, rdma, ...) may include its own files, engine/control, the
+#                       transport interface (engine/transport.h), the resolved
+#                       configuration (engine/engine_internal.h) and the public headers
+#                       (engine/include/, <ote/...>), never another transport or the
+#                       engine's other private files;
+#   engine              (the files at its top) may include all of engine/.
+# <ote/status.h> (engine/include/ote/status.h) is the public status header that
+# base/status.h includes: it depends on nothing, so every package may include it.
+#
 # Usage: scripts/check_layering.sh [ROOT]     check the tree at ROOT (default: repo root)
 #        scripts/check_layering.sh --self-test plant bad includes in a scratch copy and
 #                                              check that each one is caught
@@ -32,8 +43,29 @@ allowed() { # package -> space-separated packages it may include
 }
 LAYERS="base verbs context cq qp endpoint grant cuda engine tools"
 
+# Owner inside engine/ of a workspace-relative path: engine/<sub> for a subdirectory
+# (other than the public include/), else engine.
+engine_owner() {
+    local rest=${1#engine/} sub
+    sub=${rest%%/*}
+    if [ "$sub" != "$rest" ] && [ "$sub" != include ]; then echo "engine/$sub"; else echo engine; fi
+}
+
+# Whether a file owned by $1 (engine or engine/<sub>) may include engine path $2.
+engine_allowed() {
+    local from=$1 inc=$2 to
+    to=$(engine_owner "$inc")
+    [ "$from" = engine ] && return 0
+    [ "$from" = "$to" ] && return 0
+    case "$inc" in engine/include/*) return 0 ;; esac
+    [ "$from" = engine/control ] && return 1
+    [ "$to" = engine/control ] && return 0
+    case "$inc" in engine/transport.h | engine/engine_internal.h) return 0 ;; esac
+    return 1
+}
+
 check_tree() {
-    local root=$1 bad=0 pkg f line target inc ok
+    local root=$1 bad=0 pkg f line target inc ok owner
     for pkg in $LAYERS; do
         [ -d "$root/$pkg" ] || continue
         while IFS= read -r -d '' f; do
@@ -48,6 +80,7 @@ check_tree() {
                 [ -n "$inc" ] || continue
                 target=${inc%%/*}
                 [ "$target" = "$inc" ] && continue # same-directory include
+                [ "$inc" = engine/include/ote/status.h ] && continue # dependency-free
                 case " $LAYERS tests " in *" $target "*) ;; *) continue ;; esac
                 ok=0
                 for a in $(allowed "$pkg"); do [ "$a" = "$target" ] && ok=1; done
@@ -57,6 +90,12 @@ check_tree() {
                 elif [ "$target" != "$pkg" ] && printf '%s' "$inc" | grep -qE '(_internal\.h$|/internal/)'; then
                     echo "layering: ${f#$root/}: '$pkg' includes another package's internal header \"$inc\""
                     bad=1
+                elif [ "$pkg" = engine ] && [ "$target" = engine ]; then
+                    owner=$(engine_owner "${f#$root/}")
+                    if ! engine_allowed "$owner" "$inc"; then
+                        echo "layering: ${f#$root/}: '$owner' may not include \"$inc\" (a transport sees engine/control, engine/transport.h, engine/engine_internal.h and <ote/...> only; control sees base only)"
+                        bad=1
+                    fi
                 fi
             done < <(grep -E '^[[:space:]]*#[[:space:]]*include' "$f")
         done < <(find "$root/$pkg" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cc' -o -name '*.cpp' \) -print0)
@@ -87,6 +126,10 @@ self_test() {
     plant "cuda includes verbs (sibling)" cuda/planted.c '#include "verbs/verbs.h"'
     plant "verbs includes the engine API" verbs/planted.c '#include <ote/ote.h>'
     plant "qp includes cq internals" qp/planted.c '#include "cq/cq_internal.h"'
+    plant "tcp includes the rdma transport" engine/tcp/planted.c '#include "engine/rdma/test_hook.h"'
+    plant "rdma includes the tcp transport" engine/rdma/planted.c '#include "engine/tcp/tcp_internal.h"'
+    plant "tcp includes the engine's batches" engine/tcp/planted.c '#include "engine/batch_internal.h"'
+    plant "control includes the transport interface" engine/control/planted.c '#include "engine/transport.h"'
     return $fails
 }
 

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/status.h"
+#include "ote/status.h"
 
 #ifdef __cplusplus
 extern "C" {
