@@ -283,33 +283,13 @@ static void efd_drain(ctx_state_t *cs) {
 /* Two events are "the same" for ack matching when type and element agree. */
 static bool event_matches(const struct ibv_async_event *a, const struct ibv_async_event *b) {
     if (a->event_type != b->event_type) return false;
-    switch (a->event_type) {
-        case IBV_EVENT_CQ_ERR:
-            return a->element.cq == b->element.cq;
-        case IBV_EVENT_QP_FATAL:
-        case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR:
-        case IBV_EVENT_COMM_EST:
-        case IBV_EVENT_SQ_DRAINED:
-        case IBV_EVENT_PATH_MIG:
-        case IBV_EVENT_PATH_MIG_ERR:
-        case IBV_EVENT_QP_LAST_WQE_REACHED:
-            return a->element.qp == b->element.qp;
-        case IBV_EVENT_SRQ_ERR:
-        case IBV_EVENT_SRQ_LIMIT_REACHED:
-            return a->element.srq == b->element.srq;
-        case IBV_EVENT_WQ_FATAL:
-            return a->element.wq == b->element.wq;
-        case IBV_EVENT_PORT_ACTIVE:
-        case IBV_EVENT_PORT_ERR:
-        case IBV_EVENT_LID_CHANGE:
-        case IBV_EVENT_PKEY_CHANGE:
-        case IBV_EVENT_SM_CHANGE:
-        case IBV_EVENT_CLIENT_REREGISTER:
-        case IBV_EVENT_GID_CHANGE:
-            return a->element.port_num == b->element.port_num;
-        case IBV_EVENT_DEVICE_FATAL:
-            return true;
+    switch (ote_verbs_event_target(a->event_type)) {
+        case OTE_VERBS_EVENT_ON_QP: return a->element.qp == b->element.qp;
+        case OTE_VERBS_EVENT_ON_CQ: return a->element.cq == b->element.cq;
+        case OTE_VERBS_EVENT_ON_SRQ: return a->element.srq == b->element.srq;
+        case OTE_VERBS_EVENT_ON_WQ: return a->element.wq == b->element.wq;
+        case OTE_VERBS_EVENT_ON_PORT: return a->element.port_num == b->element.port_num;
+        case OTE_VERBS_EVENT_ON_DEVICE: return true;
     }
     return true;
 }

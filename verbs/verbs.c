@@ -282,6 +282,38 @@ ote_status_t ote_verbs_status(int err) {
     return ote_status_from_errno(err);
 }
 
+ote_verbs_event_target_t ote_verbs_event_target(enum ibv_event_type type) {
+    switch (type) {
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+        case IBV_EVENT_COMM_EST:
+        case IBV_EVENT_SQ_DRAINED:
+        case IBV_EVENT_PATH_MIG:
+        case IBV_EVENT_PATH_MIG_ERR:
+        case IBV_EVENT_QP_LAST_WQE_REACHED:
+            return OTE_VERBS_EVENT_ON_QP;
+        case IBV_EVENT_CQ_ERR:
+            return OTE_VERBS_EVENT_ON_CQ;
+        case IBV_EVENT_SRQ_ERR:
+        case IBV_EVENT_SRQ_LIMIT_REACHED:
+            return OTE_VERBS_EVENT_ON_SRQ;
+        case IBV_EVENT_WQ_FATAL:
+            return OTE_VERBS_EVENT_ON_WQ;
+        case IBV_EVENT_PORT_ACTIVE:
+        case IBV_EVENT_PORT_ERR:
+        case IBV_EVENT_LID_CHANGE:
+        case IBV_EVENT_PKEY_CHANGE:
+        case IBV_EVENT_SM_CHANGE:
+        case IBV_EVENT_CLIENT_REREGISTER:
+        case IBV_EVENT_GID_CHANGE:
+            return OTE_VERBS_EVENT_ON_PORT;
+        case IBV_EVENT_DEVICE_FATAL:
+            return OTE_VERBS_EVENT_ON_DEVICE;
+    }
+    return OTE_VERBS_EVENT_ON_DEVICE;
+}
+
 const char *ote_verbs_wc_status_str(enum ibv_wc_status st) {
     switch (st) {
         case IBV_WC_SUCCESS: return "SUCCESS";

@@ -125,6 +125,18 @@ void ote_verbs_ops_fill_stubs(ote_verbs_ops_t *ops);
 /* Status for a failed verb: OTE_ERR_NATIVE (or a more specific code) carrying err. */
 ote_status_t ote_verbs_status(int err);
 
+/* Which object an async event is about, i.e. which member of ev->element it carries. */
+typedef enum {
+    OTE_VERBS_EVENT_ON_DEVICE = 0, /* DEVICE_FATAL (and types this table does not know) */
+    OTE_VERBS_EVENT_ON_QP,         /* element.qp */
+    OTE_VERBS_EVENT_ON_CQ,         /* element.cq */
+    OTE_VERBS_EVENT_ON_SRQ,        /* element.srq */
+    OTE_VERBS_EVENT_ON_WQ,         /* element.wq */
+    OTE_VERBS_EVENT_ON_PORT        /* element.port_num */
+} ote_verbs_event_target_t;
+
+ote_verbs_event_target_t ote_verbs_event_target(enum ibv_event_type type);
+
 /* Names for logs. */
 const char *ote_verbs_wc_status_str(enum ibv_wc_status st);
 const char *ote_verbs_qp_state_str(enum ibv_qp_state st);

@@ -268,13 +268,7 @@ TEST_P(Conformance, WindowBoundToAnotherQpRefusesAccessAndLocalInv) {
     ASSERT_EQ(BindMw(b, mw, rkey, target, 0, 4096, IBV_ACCESS_REMOTE_WRITE, 1), 0);
     ASSERT_EQ(Poll(scq, 1).size(), 1u);
     // LOCAL_INV on b, then rebinding with the next tag works
-    struct ibv_send_wr wr, *bad = nullptr;
-    memset(&wr, 0, sizeof(wr));
-    wr.wr_id = 2;
-    wr.opcode = IBV_WR_LOCAL_INV;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.invalidate_rkey = rkey;
-    ASSERT_EQ(o_->post_send(v_, b, &wr, &bad), 0);
+    ASSERT_EQ(PostLocalInv(b, rkey, 2), 0);
     auto wc = Poll(scq, 1);
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);

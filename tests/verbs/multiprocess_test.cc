@@ -133,17 +133,8 @@ class MultiProcess : public ote_test::VerbsFixture {
     }
 
     int Post(enum ibv_wr_opcode op, uint64_t loff, uint32_t len, uint64_t roff, uint64_t id, uint32_t imm = 0) {
-        struct ibv_sge sge = {(uint64_t)(uintptr_t)(buf_ + loff), len, mr_->lkey};
-        struct ibv_send_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = id;
-        wr.opcode = op;
-        wr.sg_list = &sge;
-        wr.num_sge = len ? 1 : 0;
-        wr.imm_data = htonl(imm);
-        wr.wr.rdma.remote_addr = peer_.addr + roff;
-        wr.wr.rdma.rkey = peer_.rkey;
-        return o_->post_send(v_, qp_, &wr, &bad);
+        return PostSendSge(qp_, op, (uint64_t)(uintptr_t)(buf_ + loff), len, mr_->lkey, id, peer_.addr + roff,
+                           peer_.rkey, htonl(imm));
     }
 
     std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, size_t n, uint64_t ns) {

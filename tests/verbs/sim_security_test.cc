@@ -203,13 +203,7 @@ class SimSecurity : public ote_test::VerbsFixture {
         return rkey;
     }
     bool LocalInv(struct ibv_qp *qp, uint32_t rkey) {
-        struct ibv_send_wr wr, *bad = nullptr;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = 901;
-        wr.opcode = IBV_WR_LOCAL_INV;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.invalidate_rkey = rkey;
-        if (o_->post_send(v_, qp, &wr, &bad) != 0) return false;
+        if (PostLocalInv(qp, rkey, 901) != 0) return false;
         auto wc = Poll(scq_, 1);
         return wc.size() == 1 && wc[0].status == IBV_WC_SUCCESS && wc[0].opcode == IBV_WC_LOCAL_INV;
     }

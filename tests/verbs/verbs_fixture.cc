@@ -209,17 +209,28 @@ int VerbsFixture::PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, const Verbs
 }
 
 int VerbsFixture::PostSendSge(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
-                              uint64_t id, uint64_t raddr, uint32_t rkey) {
+                              uint64_t id, uint64_t raddr, uint32_t rkey, uint32_t imm) {
     struct ibv_sge sge = {addr, len, lkey};
     struct ibv_send_wr wr, *bad = nullptr;
     memset(&wr, 0, sizeof(wr));
     wr.wr_id = id;
     wr.opcode = op;
     wr.sg_list = &sge;
-    wr.num_sge = 1;
+    wr.num_sge = len ? 1 : 0;
     wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = imm;
     wr.wr.rdma.remote_addr = raddr;
     wr.wr.rdma.rkey = rkey;
+    return o_->post_send(v_, qp, &wr, &bad);
+}
+
+int VerbsFixture::PostLocalInv(struct ibv_qp *qp, uint32_t rkey, uint64_t id) {
+    struct ibv_send_wr wr, *bad = nullptr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = id;
+    wr.opcode = IBV_WR_LOCAL_INV;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.invalidate_rkey = rkey;
     return o_->post_send(v_, qp, &wr, &bad);
 }
 

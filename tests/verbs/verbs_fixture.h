@@ -90,9 +90,12 @@ class VerbsFixture : public OteTest {
     int PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, const VerbsBuf *b, uint64_t off, uint32_t len,
                  uint64_t id, uint64_t raddr = 0, uint32_t rkey = 0, uint32_t imm = 0,
                  unsigned flags = IBV_SEND_SIGNALED, uint32_t lkey_override = 0);
-    // One WR whose SGE is (addr, len, lkey) as given: for memory the fixture does not own.
+    // One signaled WR whose SGE is (addr, len, lkey) as given (none when len is 0): for
+    // memory the fixture does not own. imm is the immediate data.
     int PostSendSge(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
-                    uint64_t id, uint64_t raddr, uint32_t rkey);
+                    uint64_t id, uint64_t raddr, uint32_t rkey, uint32_t imm = 0);
+    // A signaled LOCAL_INV of rkey.
+    int PostLocalInv(struct ibv_qp *qp, uint32_t rkey, uint64_t id);
     int BindMw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t rkey, const VerbsBuf *b, uint64_t off,
                uint64_t len, unsigned access, uint64_t id);
 

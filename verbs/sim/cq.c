@@ -106,19 +106,20 @@ void ote__sim_async_push(sim_ctx_t *ctx, const struct ibv_async_event *ev) {
     ote__sim_efd_set(ctx->efd, ctx_level(ctx), true);
 }
 
-static bool ev_is_qp(enum ibv_event_type t) {
-    switch (t) {
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-        return true;
+/* The counter of the QP or CQ an async event names that delivery (or the ack) moves:
+ * destroy_qp/destroy_cq wait until both agree. NULL for events on other objects. */
+static uint32_t *aev_counter(const struct ibv_async_event *ev, bool acked) {
+    switch (ote_verbs_event_target(ev->event_type)) {
+    case OTE_VERBS_EVENT_ON_QP: {
+        sim_qp_t *qp = to_sim_qp(ev->element.qp);
+        return acked ? &qp->async_acked : &qp->async_delivered;
+    }
+    case OTE_VERBS_EVENT_ON_CQ: {
+        sim_cq_t *cq = to_sim_cq(ev->element.cq);
+        return acked ? &cq->async_acked : &cq->async_delivered;
+    }
     default:
-        return false;
+        return NULL;
     }
 }
 
@@ -138,8 +139,8 @@ int ote__sim_get_async_event(ote_verbs_t *v, struct ibv_context *ctx, struct ibv
     DL_DELETE(c->aq, e);
     if (!c->aq) ote__sim_efd_set(c->efd, ctx_level(c), false);
     *ev = e->ev;
-    if (ev_is_qp(ev->event_type)) to_sim_qp(ev->element.qp)->async_delivered++;
-    else if (ev->event_type == IBV_EVENT_CQ_ERR) to_sim_cq(ev->element.cq)->async_delivered++;
+    uint32_t *n = aev_counter(ev, false);
+    if (n) (*n)++;
     ote_mutex_unlock(&p->mu);
     ote_free(e);
     return 0;
@@ -149,8 +150,8 @@ void ote__sim_ack_async_event(ote_verbs_t *v, struct ibv_async_event *ev) {
     if (!ev) return;
     sim_prov_t *p = to_sim_prov(v);
     ote_mutex_lock(&p->mu);
-    if (ev_is_qp(ev->event_type)) to_sim_qp(ev->element.qp)->async_acked++;
-    else if (ev->event_type == IBV_EVENT_CQ_ERR) to_sim_cq(ev->element.cq)->async_acked++;
+    uint32_t *n = aev_counter(ev, true);
+    if (n) (*n)++;
     ote_cond_broadcast(&p->cv);
     ote_mutex_unlock(&p->mu);
 }
