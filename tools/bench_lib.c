@@ -297,6 +297,220 @@ uint64_t bench_working_set(const bench_options_t *o) {
     return best;
 }
 
+/* Options of role, addresses, transport and operation.
+ * Returns 0, -1 after set_err, or 1 when c is not one of them. */
+static int parse_where_and_what(int c, const char *arg, bench_options_t *o, char *err, size_t errlen) {
+    switch (c) {
+        case OPT_ROLE:
+            if (strcmp(arg, "target") == 0)
+                o->role = BENCH_ROLE_TARGET;
+            else if (strcmp(arg, "initiator") == 0)
+                o->role = BENCH_ROLE_INITIATOR;
+            else
+                return set_err(err, errlen, "--role: '%s' is not initiator or target", arg);
+            break;
+        case OPT_TARGET:
+            if (copy_addr("--target", arg, o->target, err, errlen) != 0) return -1;
+            break;
+        case OPT_LISTEN:
+            if (copy_addr("--listen", arg, o->listen, err, errlen) != 0) return -1;
+            break;
+        case OPT_ADVERTISE:
+            if (copy_addr("--advertise", arg, o->advertise, err, errlen) != 0) return -1;
+            break;
+        case OPT_TRANSPORT:
+            if (strcmp(arg, "tcp") != 0 && strcmp(arg, "rdma") != 0)
+                return set_err(err, errlen, "--transport: '%s' is not tcp or rdma", arg);
+            snprintf(o->transport, sizeof o->transport, "%s", arg);
+            break;
+        case OPT_OP:
+            if (strcmp(arg, "read") == 0)
+                o->op = BENCH_OP_READ;
+            else if (strcmp(arg, "write") == 0)
+                o->op = BENCH_OP_WRITE;
+            else
+                return set_err(err, errlen, "--op: '%s' is not read or write", arg);
+            break;
+        default:
+            return 1;
+    }
+    return 0;
+}
+
+/* Options of the shape of a run: sizes, counts and times.
+ * Returns 0, -1 after set_err, or 1 when c is not one of them. */
+static int parse_shape(int c, const char *arg, bench_options_t *o, char *err, size_t errlen) {
+    uint64_t v;
+    switch (c) {
+        case 'b':
+            if (bench_parse_size_list("--block-size", arg, 1, BENCH_BLOCK_MAX,
+                                      o->block_sizes, &o->n_block_sizes, err, errlen) != 0)
+                return -1;
+            break;
+        case 'B':
+            if (bench_parse_size_list("--batch-size", arg, 1, BENCH_BATCH_MAX,
+                                      o->batch_sizes, &o->n_batch_sizes, err, errlen) != 0)
+                return -1;
+            break;
+        case 't':
+            if (bench_parse_size_list("--threads", arg, 1, BENCH_THREADS_MAX, o->threads,
+                                      &o->n_threads, err, errlen) != 0)
+                return -1;
+            break;
+        case 'd':
+            if (bench_parse_duration(arg, &v) != 0)
+                return set_err(err, errlen,
+                               "--duration: '%s' is not a duration (e.g. 2, 2s, 500ms, 1m)",
+                               arg);
+            if (v < 1000000ull || v > 86400ull * 1000000000ull)
+                return set_err(err, errlen, "--duration: %s is out of range [1ms, 24h]", arg);
+            o->duration_ns = v;
+            break;
+        case 'n':
+            if (bench_parse_size(arg, &v) != 0)
+                return set_err(err, errlen,
+                               "--total-bytes: '%s' is not a size (digits with an optional "
+                               "K/M/G/T suffix)",
+                               arg);
+            if (v == 0 || v > (1ull << 50))
+                return set_err(err, errlen, "--total-bytes: %s is out of range [1, 1024T]",
+                               arg);
+            o->total_bytes = v;
+            break;
+        case OPT_WARMUP:
+            if (parse_u64(arg, 10, &v) != 0 || v > 1000000)
+                return set_err(err, errlen, "--warmup: '%s' is not a count in [0, 1000000]",
+                               arg);
+            o->warmup_batches = v;
+            break;
+        case OPT_TIMEOUT:
+            if (bench_parse_duration(arg, &v) != 0 || v < 1000000ull ||
+                v > 3600ull * 1000000000ull)
+                return set_err(err, errlen,
+                               "--timeout: '%s' is not a duration in [1ms, 1h] (e.g. 30s)",
+                               arg);
+            o->timeout_ns = v;
+            break;
+        case OPT_DEPTH:
+            if (parse_u64(arg, 10, &v) != 0 || v < 1 || v > BENCH_DEPTH_MAX)
+                return set_err(err, errlen, "--depth: '%s' is not a count in [1, %llu]", arg,
+                               BENCH_DEPTH_MAX);
+            o->depth = v;
+            break;
+        default:
+            return 1;
+    }
+    return 0;
+}
+
+/* Options of output, checking, the remote buffer and internals.
+ * Returns 0, -1 after set_err, or 1 when c is not one of them. */
+static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, char *err, size_t errlen) {
+    uint64_t v;
+    switch (c) {
+        case 'c':
+            o->check = true;
+            break;
+        case 'j':
+            o->json = true;
+            break;
+        case OPT_NO_PROGRESS:
+            o->progress = false;
+            break;
+        case OPT_REMOTE_ADDR:
+            if (parse_u64(arg, 0, &v) != 0 || v == 0)
+                return set_err(err, errlen,
+                               "--remote-addr: '%s' is not a nonzero address (e.g. "
+                               "0x7f12a0000000)",
+                               arg);
+            o->remote_addr = v;
+            break;
+        case OPT_REMOTE_LEN:
+            if (bench_parse_size(arg, &v) != 0 || v == 0)
+                return set_err(err, errlen, "--remote-len: '%s' is not a nonzero size", arg);
+            o->remote_len = v;
+            break;
+        case OPT_BUFFER_SIZE:
+            if (bench_parse_size(arg, &v) != 0 || v < BENCH_BUFFER_MIN ||
+                v > BENCH_BUFFER_MAX)
+                return set_err(err, errlen,
+                               "--buffer-size: '%s' is not a size in [4K, 1T]", arg);
+            o->buffer_size = v;
+            break;
+        case OPT_REPORT_FD:
+            if (parse_u64(arg, 10, &v) != 0 || v > 65535)
+                return set_err(err, errlen, "--report-fd: '%s' is not a descriptor", arg);
+            o->report_fd = (int)v;
+            break;
+        case OPT_TEST_CORRUPT:
+            o->test_corrupt = true;
+            break;
+        default:
+            return 1;
+    }
+    return 0;
+}
+
+/* --role target: no initiator option was given; the buffer defaults to 1 GiB. */
+static int check_target_options(const bool *seen, bench_options_t *o, char *err, size_t errlen) {
+    static const struct {
+        int opt;
+        const char *name;
+    } initiator_only[] = {
+        {OPT_TARGET, "--target"},   {OPT_OP, "--op"},
+        {'b', "--block-size"},      {'B', "--batch-size"},
+        {'t', "--threads"},         {'d', "--duration"},
+        {'n', "--total-bytes"},     {'c', "--check"},
+        {'j', "--json"},            {OPT_WARMUP, "--warmup"},
+        {OPT_TIMEOUT, "--timeout"}, {OPT_REMOTE_ADDR, "--remote-addr"},
+        {OPT_REMOTE_LEN, "--remote-len"}, {OPT_TEST_CORRUPT, "--test-corrupt"},
+        {OPT_DEPTH, "--depth"},
+    };
+    for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
+        if (seen[initiator_only[i].opt])
+            return set_err(err, errlen, "%s is an initiator option; not valid with --role target",
+                           initiator_only[i].name);
+    if (o->buffer_size == 0) o->buffer_size = 1ull << 30;
+    return 0;
+}
+
+/* The initiator: options that go together or exclude each other, and the working set
+ * against every limit it must fit. */
+static int check_initiator_options(const bool *seen, bench_options_t *o, char *err, size_t errlen) {
+    if (seen[OPT_REPORT_FD])
+        return set_err(err, errlen, "--report-fd is internal to --role target");
+    if (seen['d'] && seen['n'])
+        return set_err(err, errlen, "--duration and --total-bytes exclude each other");
+    if (seen['n']) o->duration_ns = 0;
+    if (seen[OPT_REMOTE_ADDR] != seen[OPT_REMOTE_LEN])
+        return set_err(err, errlen, "--remote-addr and --remote-len go together");
+    if (seen[OPT_REMOTE_ADDR] && o->target[0] == '\0')
+        return set_err(err, errlen, "--remote-addr needs --target (a spawned target reports its buffer itself)");
+    o->have_remote = seen[OPT_REMOTE_ADDR];
+    if (seen[OPT_BUFFER_SIZE] && o->target[0] != '\0')
+        return set_err(err, errlen,
+                       "--buffer-size sizes a spawned target; give it to the --role target process");
+    uint64_t ws = bench_working_set(o);
+    char a[32], b[32];
+    if (ws > BENCH_WORKING_SET_MAX)
+        return set_err(err, errlen,
+                       "threads * depth * batch * block = %s bytes is over the %s limit "
+                       "(each request in flight has its own slot of the buffer)",
+                       bench_format_size(ws, a, sizeof a),
+                       bench_format_size(BENCH_WORKING_SET_MAX, b, sizeof b));
+    if (o->have_remote && ws > o->remote_len)
+        return set_err(err, errlen,
+                       "threads * depth * batch * block = %s bytes does not fit --remote-len %s",
+                       bench_format_size(ws, a, sizeof a),
+                       bench_format_size(o->remote_len, b, sizeof b));
+    if (seen[OPT_BUFFER_SIZE] && o->buffer_size < ws)
+        return set_err(err, errlen,
+                       "--buffer-size %s is smaller than threads * depth * batch * block = %s",
+                       bench_format_size(o->buffer_size, a, sizeof a),
+                       bench_format_size(ws, b, sizeof b));
+    return 0;
+}
+
 int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, size_t errlen) {
     static const struct option longopts[] = {
         {"role", required_argument, NULL, OPT_ROLE},
@@ -345,194 +559,18 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
             return set_err(err, errlen, "option '%s' needs a value", bad);
         }
         if (c >= 0 && c < OPT_END) seen[c] = true;
-        uint64_t v;
-        switch (c) {
-            case 'h':
-                return 1;
-            case OPT_ROLE:
-                if (strcmp(arg, "target") == 0)
-                    o->role = BENCH_ROLE_TARGET;
-                else if (strcmp(arg, "initiator") == 0)
-                    o->role = BENCH_ROLE_INITIATOR;
-                else
-                    return set_err(err, errlen, "--role: '%s' is not initiator or target", arg);
-                break;
-            case OPT_TARGET:
-                if (copy_addr("--target", arg, o->target, err, errlen) != 0) return -1;
-                break;
-            case OPT_LISTEN:
-                if (copy_addr("--listen", arg, o->listen, err, errlen) != 0) return -1;
-                break;
-            case OPT_ADVERTISE:
-                if (copy_addr("--advertise", arg, o->advertise, err, errlen) != 0) return -1;
-                break;
-            case OPT_TRANSPORT:
-                if (strcmp(arg, "tcp") != 0 && strcmp(arg, "rdma") != 0)
-                    return set_err(err, errlen, "--transport: '%s' is not tcp or rdma", arg);
-                snprintf(o->transport, sizeof o->transport, "%s", arg);
-                break;
-            case OPT_OP:
-                if (strcmp(arg, "read") == 0)
-                    o->op = BENCH_OP_READ;
-                else if (strcmp(arg, "write") == 0)
-                    o->op = BENCH_OP_WRITE;
-                else
-                    return set_err(err, errlen, "--op: '%s' is not read or write", arg);
-                break;
-            case 'b':
-                if (bench_parse_size_list("--block-size", arg, 1, BENCH_BLOCK_MAX,
-                                          o->block_sizes, &o->n_block_sizes, err, errlen) != 0)
-                    return -1;
-                break;
-            case 'B':
-                if (bench_parse_size_list("--batch-size", arg, 1, BENCH_BATCH_MAX,
-                                          o->batch_sizes, &o->n_batch_sizes, err, errlen) != 0)
-                    return -1;
-                break;
-            case 't':
-                if (bench_parse_size_list("--threads", arg, 1, BENCH_THREADS_MAX, o->threads,
-                                          &o->n_threads, err, errlen) != 0)
-                    return -1;
-                break;
-            case 'd':
-                if (bench_parse_duration(arg, &v) != 0)
-                    return set_err(err, errlen,
-                                   "--duration: '%s' is not a duration (e.g. 2, 2s, 500ms, 1m)",
-                                   arg);
-                if (v < 1000000ull || v > 86400ull * 1000000000ull)
-                    return set_err(err, errlen, "--duration: %s is out of range [1ms, 24h]", arg);
-                o->duration_ns = v;
-                break;
-            case 'n':
-                if (bench_parse_size(arg, &v) != 0)
-                    return set_err(err, errlen,
-                                   "--total-bytes: '%s' is not a size (digits with an optional "
-                                   "K/M/G/T suffix)",
-                                   arg);
-                if (v == 0 || v > (1ull << 50))
-                    return set_err(err, errlen, "--total-bytes: %s is out of range [1, 1024T]",
-                                   arg);
-                o->total_bytes = v;
-                break;
-            case 'c':
-                o->check = true;
-                break;
-            case 'j':
-                o->json = true;
-                break;
-            case OPT_WARMUP:
-                if (parse_u64(arg, 10, &v) != 0 || v > 1000000)
-                    return set_err(err, errlen, "--warmup: '%s' is not a count in [0, 1000000]",
-                                   arg);
-                o->warmup_batches = v;
-                break;
-            case OPT_TIMEOUT:
-                if (bench_parse_duration(arg, &v) != 0 || v < 1000000ull ||
-                    v > 3600ull * 1000000000ull)
-                    return set_err(err, errlen,
-                                   "--timeout: '%s' is not a duration in [1ms, 1h] (e.g. 30s)",
-                                   arg);
-                o->timeout_ns = v;
-                break;
-            case OPT_NO_PROGRESS:
-                o->progress = false;
-                break;
-            case OPT_REMOTE_ADDR:
-                if (parse_u64(arg, 0, &v) != 0 || v == 0)
-                    return set_err(err, errlen,
-                                   "--remote-addr: '%s' is not a nonzero address (e.g. "
-                                   "0x7f12a0000000)",
-                                   arg);
-                o->remote_addr = v;
-                break;
-            case OPT_REMOTE_LEN:
-                if (bench_parse_size(arg, &v) != 0 || v == 0)
-                    return set_err(err, errlen, "--remote-len: '%s' is not a nonzero size", arg);
-                o->remote_len = v;
-                break;
-            case OPT_BUFFER_SIZE:
-                if (bench_parse_size(arg, &v) != 0 || v < BENCH_BUFFER_MIN ||
-                    v > BENCH_BUFFER_MAX)
-                    return set_err(err, errlen,
-                                   "--buffer-size: '%s' is not a size in [4K, 1T]", arg);
-                o->buffer_size = v;
-                break;
-            case OPT_REPORT_FD:
-                if (parse_u64(arg, 10, &v) != 0 || v > 65535)
-                    return set_err(err, errlen, "--report-fd: '%s' is not a descriptor", arg);
-                o->report_fd = (int)v;
-                break;
-            case OPT_TEST_CORRUPT:
-                o->test_corrupt = true;
-                break;
-            case OPT_DEPTH:
-                if (parse_u64(arg, 10, &v) != 0 || v < 1 || v > BENCH_DEPTH_MAX)
-                    return set_err(err, errlen, "--depth: '%s' is not a count in [1, %llu]", arg,
-                                   BENCH_DEPTH_MAX);
-                o->depth = v;
-                break;
-            default:
-                return set_err(err, errlen, "unexpected option");
-        }
+        if (c == 'h') return 1;
+        int r = parse_where_and_what(c, arg, o, err, errlen);
+        if (r == 1) r = parse_shape(c, arg, o, err, errlen);
+        if (r == 1) r = parse_output_and_remote(c, arg, o, err, errlen);
+        if (r == 1) return set_err(err, errlen, "unexpected option");
+        if (r != 0) return -1;
     }
     if (optind < argc)
         return set_err(err, errlen, "unexpected argument '%s' (options start with --)",
                        argv[optind]);
-
-    if (o->role == BENCH_ROLE_TARGET) {
-        static const struct {
-            int opt;
-            const char *name;
-        } initiator_only[] = {
-            {OPT_TARGET, "--target"},   {OPT_OP, "--op"},
-            {'b', "--block-size"},      {'B', "--batch-size"},
-            {'t', "--threads"},         {'d', "--duration"},
-            {'n', "--total-bytes"},     {'c', "--check"},
-            {'j', "--json"},            {OPT_WARMUP, "--warmup"},
-            {OPT_TIMEOUT, "--timeout"}, {OPT_REMOTE_ADDR, "--remote-addr"},
-            {OPT_REMOTE_LEN, "--remote-len"}, {OPT_TEST_CORRUPT, "--test-corrupt"},
-            {OPT_DEPTH, "--depth"},
-        };
-        for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
-            if (seen[initiator_only[i].opt])
-                return set_err(err, errlen, "%s is an initiator option; not valid with --role target",
-                               initiator_only[i].name);
-        if (o->buffer_size == 0) o->buffer_size = 1ull << 30;
-        return 0;
-    }
-
-    if (seen[OPT_REPORT_FD])
-        return set_err(err, errlen, "--report-fd is internal to --role target");
-    if (seen['d'] && seen['n'])
-        return set_err(err, errlen, "--duration and --total-bytes exclude each other");
-    if (seen['n']) o->duration_ns = 0;
-    if (seen[OPT_REMOTE_ADDR] != seen[OPT_REMOTE_LEN])
-        return set_err(err, errlen, "--remote-addr and --remote-len go together");
-    if (seen[OPT_REMOTE_ADDR] && o->target[0] == '\0')
-        return set_err(err, errlen, "--remote-addr needs --target (a spawned target reports its buffer itself)");
-    o->have_remote = seen[OPT_REMOTE_ADDR];
-    if (seen[OPT_BUFFER_SIZE] && o->target[0] != '\0')
-        return set_err(err, errlen,
-                       "--buffer-size sizes a spawned target; give it to the --role target process");
-    uint64_t ws = bench_working_set(o);
-    char a[32], b[32];
-    if (ws > BENCH_WORKING_SET_MAX)
-        return set_err(err, errlen,
-                       "threads * depth * batch * block = %s bytes is over the %s limit "
-                       "(each request in flight has its own slot of the buffer)",
-                       bench_format_size(ws, a, sizeof a),
-                       bench_format_size(BENCH_WORKING_SET_MAX, b, sizeof b));
-    if (o->have_remote && ws > o->remote_len)
-        return set_err(err, errlen,
-                       "threads * depth * batch * block = %s bytes does not fit --remote-len %s",
-                       bench_format_size(ws, a, sizeof a),
-                       bench_format_size(o->remote_len, b, sizeof b));
-    if (seen[OPT_BUFFER_SIZE] && o->buffer_size < ws)
-        return set_err(err, errlen,
-                       "--buffer-size %s is smaller than threads * depth * batch * block = %s",
-                       bench_format_size(o->buffer_size, a, sizeof a),
-                       bench_format_size(ws, b, sizeof b));
-    return 0;
+    if (o->role == BENCH_ROLE_TARGET) return check_target_options(seen, o, err, errlen);
+    return check_initiator_options(seen, o, err, errlen);
 }
 
 /* ---- latency ---- */

@@ -1,0 +1,265 @@
+/*
+ * tools/bench_initiator.c - the initiator: finds or spawns its target, opens a segment,
+ * learns the target's buffer, then measures one result per (block size, batch size,
+ * threads) of the options, checking the destination with --check, and prints a table or
+ * JSON lines.
+ *
+ * Buffer layout: request j of batch d of thread t always uses offset
+ * ((t * depth + d) * batch + j) * block on both sides, so a --check compares the
+ * destination against the pattern of the same offsets, and batches in flight at once
+ * never share bytes.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <ote/ote.h>
+
+#include "tools/bench_internal.h"
+#include "tools/bench_lib.h"
+
+/* Verify what a run wrote at the destination: each batch's first `covered` slots. */
+static bench_check_t check_destination(run_t *r, ctl_client_t *ctl, uint64_t seed) {
+    for (size_t t = 0; t < r->threads; t++) {
+        for (size_t d = 0; d < r->depth; d++) {
+            uint64_t off = bench__slot_offset(r, t, d, 0);
+            uint64_t len = r->covered[t * r->depth + d] * r->block;
+            if (len == 0) continue;
+            uint64_t bad = 0;
+            if (r->o->op == BENCH_OP_READ) {
+                if (!bench_pattern_check(r->local + off, off, (size_t)len, seed, &bad)) {
+                    fprintf(stderr,
+                            "ote_bench: check failed: local byte at offset %" PRIu64
+                            " differs from the target's\n",
+                            bad);
+                    return BENCH_CHECK_FAILED;
+                }
+                continue;
+            }
+            bench_ctl_msg_t req = {.verb = BENCH_CTL_VERIFY, .a = seed, .b = off, .c = len};
+            bench_ctl_msg_t rep;
+            if (bench__ctl_call(ctl, &req, &rep) != 0) return BENCH_CHECK_FAILED;
+            if (rep.verb == BENCH_CTL_BAD) {
+                fprintf(stderr,
+                        "ote_bench: check failed: the target's byte at offset %" PRIu64
+                        " differs from what was written\n",
+                        rep.a);
+                return BENCH_CHECK_FAILED;
+            }
+            if (rep.verb != BENCH_CTL_OK) return BENCH_CHECK_FAILED;
+        }
+    }
+    return BENCH_CHECK_OK;
+}
+
+/* What the initiator holds from its target's discovery to its teardown. */
+typedef struct {
+    const bench_options_t *o;
+    child_t child;
+    char target[BENCH_ADDR_MAX];
+    uint64_t raddr, rlen; /* the target's buffer */
+    uint64_t ws;          /* bytes of the largest result's working set */
+    ote_engine_t *engine;
+    ote_segment_t *seg;
+    ctl_client_t ctl;
+    uint8_t *local;
+    bool registered;
+    uint64_t result_idx;
+} initiator_t;
+
+/* Spawn or name the target, create the engine, open the segment and learn the target's
+ * buffer. Returns 0, or -1 after saying why (what exists is undone by initiator_close). */
+static int initiator_connect(initiator_t *in) {
+    const bench_options_t *o = in->o;
+    char listen[BENCH_ADDR_MAX] = "";
+    if (o->target[0] == '\0') {
+        uint64_t bufsz = o->buffer_size != 0 ? o->buffer_size : in->ws;
+        if (bufsz < BENCH_BUFFER_MIN) bufsz = BENCH_BUFFER_MIN;
+        if (bench__spawn_target(o, bufsz, &in->child, in->target, sizeof in->target, &in->raddr,
+                                &in->rlen) != 0)
+            return -1;
+        snprintf(listen, sizeof listen, "%s", o->listen[0] ? o->listen : "127.0.0.1:0");
+    } else {
+        snprintf(in->target, sizeof in->target, "%s", o->target);
+        if (o->listen[0] != '\0')
+            snprintf(listen, sizeof listen, "%s", o->listen);
+        else if (bench__route_local_address(o->target, listen, sizeof listen) != 0)
+            listen[0] = '\0'; /* engine default */
+        if (o->have_remote) {
+            in->raddr = o->remote_addr;
+            in->rlen = o->remote_len;
+        }
+    }
+
+    ote_status_t st = bench__make_engine(o, listen, &in->engine);
+    if (st != OTE_OK) {
+        bench__print_status("ote_engine_create", st);
+        return -1;
+    }
+    st = ote_segment_open(in->engine, in->target, &in->seg);
+    if (st != OTE_OK) {
+        char what[BENCH_ADDR_MAX + 32];
+        snprintf(what, sizeof what, "ote_segment_open(%s)", in->target);
+        bench__print_status(what, st);
+        return -1;
+    }
+    in->ctl = (ctl_client_t){.engine = in->engine, .seg = in->seg, .next_id = 0, .target = in->target};
+    if (in->raddr == 0) {
+        bench_ctl_msg_t req = {.verb = BENCH_CTL_INFO}, rep;
+        if (bench__ctl_call(&in->ctl, &req, &rep) != 0) return -1;
+        if (rep.a == 0 || rep.b == 0) {
+            fprintf(stderr, "ote_bench: the target %s reported no buffer\n", in->target);
+            return -1;
+        }
+        in->raddr = rep.a;
+        in->rlen = rep.b;
+    }
+    return 0;
+}
+
+/* The local buffer (registered where the transport needs it). Returns 0 or -1. */
+static int initiator_buffer(initiator_t *in) {
+    const bench_options_t *o = in->o;
+    char a[32], b[32];
+    if (in->ws > in->rlen) {
+        fprintf(stderr,
+                "ote_bench: threads * depth * batch * block = %s bytes does not fit the target's "
+                "%s-byte buffer (start the target with a larger --buffer-size)\n",
+                bench_format_size(in->ws, a, sizeof a), bench_format_size(in->rlen, b, sizeof b));
+        return -1;
+    }
+    in->local = bench__map_buffer(in->ws);
+    if (in->local == NULL) {
+        fprintf(stderr, "ote_bench: cannot map a %" PRIu64 "-byte local buffer: %s\n", in->ws,
+                strerror(errno));
+        return -1;
+    }
+    if (strcmp(o->transport, "tcp") != 0) {
+        /* TCP needs no registration of local buffers (ote.h); other transports do. */
+        ote_status_t st =
+            ote_memory_register(in->engine, in->local, (size_t)in->ws, OTE_PERM_READ | OTE_PERM_WRITE);
+        if (st != OTE_OK) {
+            bench__print_status("ote_memory_register (local buffer)", st);
+            return -1;
+        }
+        in->registered = true;
+    }
+    return 0;
+}
+
+static void print_table_header(const initiator_t *in) {
+    const bench_options_t *o = in->o;
+    char hdr[256];
+    printf("# ote_bench: %s %s against %s%s; %s per result; %" PRIu64
+           " batch(es) in flight per thread\n",
+           o->transport, bench_op_name(o->op), in->target,
+           in->child.pid ? " (child on loopback)" : "",
+           o->total_bytes ? "fixed bytes" : "fixed time", o->depth);
+    printf("# GB/s = 10^9 bytes/s; ops/s = requests/s; latency per batch (submit to "
+           "wait return), microseconds\n");
+    bench_format_table_header(hdr, sizeof hdr);
+    printf("%s\n", hdr);
+    fflush(stdout);
+}
+
+/* One result: block size, batch size and threads of the options; with --check the
+ * source is filled (and the destination cleared) first and the destination verified
+ * after. Prints its line. Returns 0, 1 when the check failed, or -1 when the run could
+ * not be made. */
+static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t threads) {
+    const bench_options_t *o = in->o;
+    uint8_t *local = in->local;
+    run_t r;
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    r.seg = in->seg;
+    r.local = local;
+    r.remote_base = in->raddr;
+    r.block = block;
+    r.batch = batch;
+    r.threads = (size_t)threads;
+    r.depth = (size_t)o->depth;
+    if (o->total_bytes != 0) r.total_ops = (o->total_bytes + r.block - 1) / r.block;
+    uint64_t region = r.block * r.batch * r.depth * r.threads;
+    uint64_t seed = ((uint64_t)getpid() << 20) ^ (++in->result_idx);
+
+    if (o->check) {
+        if (o->op == BENCH_OP_WRITE) {
+            bench_pattern_fill(local, 0, (size_t)region, seed);
+            bench_ctl_msg_t req = {.verb = BENCH_CTL_ZERO, .a = 0, .b = region}, rep;
+            if (bench__ctl_call(&in->ctl, &req, &rep) != 0) return -1;
+            if (o->test_corrupt) local[region / 2] ^= 0x5a;
+        } else {
+            bench_ctl_msg_t req = {.verb = BENCH_CTL_FILL, .a = seed, .b = 0, .c = region}, rep;
+            if (bench__ctl_call(&in->ctl, &req, &rep) != 0) return -1;
+            memset(local, 0, (size_t)region);
+        }
+    }
+
+    bench_result_t res;
+    if (bench__run_one(&r, in->engine, &res) != 0) return -1;
+    res.check = BENCH_CHECK_OFF;
+    if (o->check) {
+        if (o->op == BENCH_OP_READ && o->test_corrupt) local[region / 2] ^= 0x5a;
+        res.check = check_destination(&r, &in->ctl, seed);
+    }
+    char line[512];
+    if (o->json)
+        bench_format_json(&res, line, sizeof line);
+    else
+        bench_format_table_row(&res, line, sizeof line);
+    printf("%s\n", line);
+    fflush(stdout);
+    return res.check == BENCH_CHECK_FAILED ? 1 : 0;
+}
+
+/* Undo what initiator_connect and initiator_buffer made: QUIT to a spawned target, then
+ * segment, registration, engine, buffer and child. Returns rc, or 1 when the engine or
+ * the child did not end cleanly. */
+static int initiator_close(initiator_t *in, int rc) {
+    ote_status_t st;
+    bool quit_sent = false;
+    if (in->child.pid > 0 && in->seg != NULL && !bench__stop) {
+        ctl_client_t q = {.engine = in->engine, .seg = in->seg, .next_id = 1000000, .target = in->target};
+        bench_ctl_msg_t req = {.verb = BENCH_CTL_QUIT}, rep;
+        quit_sent = bench__ctl_call(&q, &req, &rep) == 0;
+    }
+    if (in->seg != NULL) {
+        st = ote_segment_close(in->seg);
+        if (st != OTE_OK) bench__print_status("ote_segment_close", st);
+    }
+    if (in->registered) {
+        st = ote_memory_unregister(in->engine, in->local);
+        if (st != OTE_OK) bench__print_status("ote_memory_unregister", st);
+    }
+    if (in->engine != NULL) {
+        st = ote_engine_destroy(in->engine);
+        if (st != OTE_OK) {
+            bench__print_status("ote_engine_destroy", st);
+            rc = 1;
+        }
+    }
+    if (in->local != NULL) munmap(in->local, (size_t)in->ws);
+    if (bench__reap_child(&in->child, quit_sent) != 0) rc = 1;
+    return rc;
+}
+
+int bench__run_initiator(const bench_options_t *o) {
+    initiator_t in;
+    memset(&in, 0, sizeof in);
+    in.o = o;
+    in.child.pid = 0;
+    in.child.lifeline = -1;
+    in.ws = bench_working_set(o);
+    if (initiator_connect(&in) != 0 || initiator_buffer(&in) != 0) return initiator_close(&in, 1);
+    if (!o->json) print_table_header(&in);
+    int rc = 0;
+    for (size_t i = 0; i < o->n_block_sizes && rc == 0; i++)
+        for (size_t j = 0; j < o->n_batch_sizes && rc == 0; j++)
+            for (size_t k = 0; k < o->n_threads && rc == 0; k++)
+                rc = measure_one(&in, o->block_sizes[i], o->batch_sizes[j], o->threads[k]) != 0;
+    return initiator_close(&in, rc);
+}

@@ -1,0 +1,114 @@
+/*
+ * tools/bench_internal.h - what the files of ote_bench share: the stop flag, the engine
+ * and buffer helpers, and one prototype block per file. Not a library header: only the
+ * ote_bench binary includes it.
+ *
+ *   ote_bench.c        main, signals, engine and buffer helpers
+ *   bench_target.c     --role target: the registered buffer and its control requests
+ *   bench_child.c      the initiator's spawned target child and its control client
+ *   bench_run.c        one measured result: worker threads, batches, latency samples
+ *   bench_initiator.c  the initiator: connect, sweep the options, check, print
+ *
+ * Threads: the workers of bench_run.c touch only their own worker_t and the atomics and
+ * mutex of their run_t; everything else runs on the main thread.
+ */
+#ifndef OTE_TOOLS_BENCH_INTERNAL_H
+#define OTE_TOOLS_BENCH_INTERNAL_H
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <ote/ote.h>
+
+#include "base/lock.h"
+#include "tools/bench_lib.h"
+
+#define CTL_TIMEOUT_NS (60ull * OTE_NSEC_PER_SEC)  /* VERIFY of a large buffer takes a while */
+#define SPAWN_TIMEOUT_NS (60ull * OTE_NSEC_PER_SEC)
+#define RECV_SLICE_NS (100ull * OTE_NSEC_PER_MSEC) /* how often waits look at signals */
+#define LAT_SAMPLES_TOTAL (1u << 22)               /* kept latency samples per result */
+#define MSG_MAX 256
+
+/* Set by SIGINT/SIGTERM: every loop of the program looks at it. */
+extern volatile sig_atomic_t bench__stop;
+
+void bench__print_status(const char *what, ote_status_t st);
+/* An anonymous, populated mapping of len bytes; NULL on failure. */
+void *bench__map_buffer(uint64_t len);
+/* Engine with the transport and addresses of the options. */
+ote_status_t bench__make_engine(const bench_options_t *o, const char *listen,
+                                ote_engine_t **engine_out);
+
+/* ---- bench_target.c ---- */
+int bench__run_target(const bench_options_t *o);
+
+/* ---- bench_child.c ---- */
+typedef struct {
+    pid_t pid;   /* 0 when no child */
+    int lifeline; /* read end of the report pipe, kept open while the child should live */
+} child_t;
+
+
+/* fork+exec this binary as --role target on loopback and read its report line. */
+int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t *child,
+                        char *addr, size_t addr_len, uint64_t *raddr, uint64_t *rlen);
+/* Ends the child: it normally exits after QUIT; otherwise SIGTERM, then SIGKILL. Returns
+ * the child's exit status (0 = clean), or 1 when it had to be killed. */
+int bench__reap_child(child_t *c, bool asked_to_quit);
+
+typedef struct {
+    ote_engine_t *engine;
+    ote_segment_t *seg;
+    uint64_t next_id;
+    const char *target;
+} ctl_client_t;
+
+/* Send a request to the target and wait for the reply with the same id. */
+int bench__ctl_call(ctl_client_t *c, bench_ctl_msg_t *req, bench_ctl_msg_t *rep);
+/* Local address that routes to the target, as "ip:0" or "[ip6]:0", for --listen. */
+int bench__route_local_address(const char *target, char *out, size_t out_len);
+
+/* ---- bench_run.c ---- */
+typedef struct bench_worker worker_t;
+
+struct run {
+    const bench_options_t *o;
+    ote_segment_t *seg;
+    uint8_t *local;
+    uint64_t remote_base;
+    uint64_t block;
+    uint64_t batch;
+    size_t depth;
+    size_t threads;
+    uint64_t total_ops; /* 0: duration mode */
+    _Atomic uint64_t ops_claimed;
+    _Atomic uint64_t progress_bytes;
+    _Atomic int failed;
+    uint64_t start_ns;
+    uint64_t deadline_ns;
+    /* Per (thread, depth) batch: slots written, kept after the workers are freed. */
+    uint64_t covered[BENCH_THREADS_MAX * BENCH_DEPTH_MAX];
+    ote_mutex_t mu;
+    ote_cond_t cv;
+    size_t ready; /* workers done with warmup */
+    size_t done;
+    bool go;
+    worker_t *w;
+};
+typedef struct run run_t;
+
+/* Offset of slot j of batch d of thread t, the same on both sides. */
+uint64_t bench__slot_offset(const run_t *r, size_t t, size_t d, uint64_t j);
+/* One result: threads workers, each keeping `depth` batches of `batch` requests of
+ * `block` bytes in flight. Returns 0 and fills res (all but check), or -1 when a transfer
+ * failed. */
+int bench__run_one(run_t *r, ote_engine_t *engine, bench_result_t *res);
+
+/* ---- bench_initiator.c ---- */
+int bench__run_initiator(const bench_options_t *o);
+
+#endif
