@@ -26,6 +26,8 @@ extern "C" {
 #endif
 
 typedef struct ote__slice ote__slice_t;
+struct ote__rdma_tp; /* engine/rdma's transport, named only in the slice's scratch */
+struct ibv_mr;
 typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
 
 enum {
@@ -44,10 +46,23 @@ struct ote__slice {
     uint64_t remote;
     uint32_t len;
     uint16_t op;
-    uint16_t wire_len; /* transport scratch: bytes of wire[] in use */
+    uint16_t wire_len; /* old transport scratch: goes once engine/rdma uses xp.rdma */
     ote_deadline_t deadline;
-    uint64_t seq;      /* transport scratch */
-    uint8_t wire[40];  /* transport scratch: encoded frame header */
+    uint64_t seq;      /* old transport scratch: goes once engine/rdma uses xp.rdma */
+    uint8_t wire[40];  /* old transport scratch: goes once engine/rdma uses xp.rdma */
+    /* Transport scratch: the submitting transport's member only, from submit() until it
+     * calls done(); the engine never reads it. */
+    union {
+        struct {
+            uint64_t seq;      /* req_id of the slice's frame on its connection */
+            uint16_t wire_len; /* bytes of wire[] in use */
+            uint8_t wire[40];  /* the encoded frame header (OTE_CTL_RW_FRAME_LEN max) */
+        } tcp;
+        struct {
+            struct ote__rdma_tp *tp; /* the transport that took the slice */
+            struct ibv_mr *mr;       /* the MR covering the slice's local bytes */
+        } rdma;
+    } xp;
 };
 
 /* Services of the engine that the source side of a transport uses. */

@@ -76,6 +76,9 @@
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
 
+_Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW_FRAME_LEN,
+               "a slice's tcp scratch holds the largest frame header it sends");
+
 #define TCP_RXBUF (256u << 10)
 #define TCP_DIRECT_MIN (16u << 10) /* payload remainders this large are received in place */
 #define TCP_IOV 128
@@ -449,12 +452,12 @@ static void req_append(tcp_conn_t *c, ote__slice_t *list, int check_cancel, req_
             drop_push(&dropped->canceled, s);
             continue;
         }
-        s->seq = ++c->seq;
+        s->xp.tcp.seq = ++c->seq;
         if (s->op == OTE__SLICE_NOTIFY) {
-            ote_ctl_put_hdr(s->wire, c->version, OTE_CTL_NOTIFY, s->seq, OTE_OK, s->len);
-            s->wire_len = OTE_CTL_HDR_LEN;
-        } else if (ote_ctl_put_rw(s->wire, c->version, s->op, s->seq, s->remote, s->len) == OTE_OK) {
-            s->wire_len = OTE_CTL_RW_FRAME_LEN;
+            ote_ctl_put_hdr(s->xp.tcp.wire, c->version, OTE_CTL_NOTIFY, s->xp.tcp.seq, OTE_OK, s->len);
+            s->xp.tcp.wire_len = OTE_CTL_HDR_LEN;
+        } else if (ote_ctl_put_rw(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote, s->len) == OTE_OK) {
+            s->xp.tcp.wire_len = OTE_CTL_RW_FRAME_LEN;
         } else { /* tcp_submit refuses these; never put a wrapped length on the wire */
             drop_push(&dropped->too_big, s);
             continue;
@@ -513,9 +516,9 @@ static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
         int n = 0;
         size_t off = c->tx_off;
         for (ote__slice_t *s = c->tx; s && n < TCP_IOV - 1; s = s->next) {
-            size_t wl = s->wire_len, pl = slice_payload(s);
+            size_t wl = s->xp.tcp.wire_len, pl = slice_payload(s);
             if (off < wl) {
-                iov[n].iov_base = s->wire + off;
+                iov[n].iov_base = s->xp.tcp.wire + off;
                 iov[n++].iov_len = wl - off;
                 if (pl) {
                     iov[n].iov_base = s->local;
@@ -537,7 +540,7 @@ static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
         size_t left = (size_t)r;
         while (left > 0 && c->tx) {
             ote__slice_t *s = c->tx;
-            size_t rem = s->wire_len + slice_payload(s) - c->tx_off;
+            size_t rem = s->xp.tcp.wire_len + slice_payload(s) - c->tx_off;
             if (left < rem) {
                 c->tx_off += left;
                 break;
@@ -593,7 +596,7 @@ static void req_pop_complete(tcp_conn_t *c, ote_status_t st) {
 /* A response frame; returns 0 or -1 when the connection was killed. */
 static int req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     ote__slice_t *s = req_oldest_sent(c);
-    if (m->version != c->version || s == NULL || m->req_id != s->seq ||
+    if (m->version != c->version || s == NULL || m->req_id != s->xp.tcp.seq ||
         m->opcode != s->op + 1) {
         OTE_ERROR("tcp", "unexpected %s (id %llu, version %u) from %s: closing connection",
                   ote_ctl_opcode_str(m->opcode), (unsigned long long)m->req_id, m->version,
