@@ -152,6 +152,28 @@ void *ote__sim_sge_host(sim_prov_t *p, const struct ibv_sge *sge) {
     return ote__sim_mr_host(mr, sge->addr);
 }
 
+/* A type-2 window may be invalidated by the peer (SEND_WITH_INV, remote) only through
+ * the QP it is bound to (IBA); LOCAL_INV needs the same PD. */
+bool ote__sim_mw_inv_allowed(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, bool remote) {
+    sim_mw_t *mw = ote__sim_mw_lookup(p, rkey);
+    if (!mw || !mw->bound || mw->key != rkey || mw->pd != qp->pd || mw->ibmw.type != IBV_MW_TYPE_2)
+        return false;
+    if (remote && mw->qp != qp) return false;
+    return true;
+}
+
+bool ote__sim_mw_invalidate(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, bool remote) {
+    if (!ote__sim_mw_inv_allowed(p, qp, rkey, remote)) return false;
+    sim_mw_t *mw = ote__sim_mw_lookup(p, rkey);
+    ote__sim_revoke(p, mw, true);
+    mw->bound = false;
+    if (mw->mr) mw->mr->nbound--;
+    mw->mr = NULL;
+    mw->qp = NULL;
+    mw->len = 0;
+    return true;
+}
+
 /* ---- MR ---- */
 
 #define SIM_MR_KNOWN_ACCESS                                                                  \

@@ -186,6 +186,10 @@ ote_status_t ote__sim_key_alloc(struct sim_prov *p, int kind, void *obj, uint32_
 void ote__sim_key_free(struct sim_prov *p, uint32_t index);
 sim_mr_t *ote__sim_mr_lookup(struct sim_prov *p, uint32_t key);
 sim_mw_t *ote__sim_mw_lookup(struct sim_prov *p, uint32_t key);
+/* Whether qp may invalidate the type-2 window of rkey (remote: SEND_WITH_INV from the
+ * peer, which must come through the QP the window is bound to); invalidate does it. */
+bool ote__sim_mw_inv_allowed(struct sim_prov *p, struct sim_qp *qp, uint32_t rkey, bool remote);
+bool ote__sim_mw_invalidate(struct sim_prov *p, struct sim_qp *qp, uint32_t rkey, bool remote);
 /* Check a local SGE list; need_write: the sim writes into it. Returns false on a
  * protection error. */
 bool ote__sim_check_local(struct sim_prov *p, sim_pd_t *pd, const struct ibv_sge *sge, int n,
@@ -388,10 +392,53 @@ typedef struct sim_conn {
     struct sim_conn *next, *prev;
 } sim_conn_t;
 
+/* What the receive engine does with a payload when it has landed (sim_conn_t.act). */
+enum { SIM_ACT_NONE = 0, SIM_ACT_HELLO, SIM_ACT_RECV, SIM_ACT_WRITE, SIM_ACT_WRITE_IMM, SIM_ACT_RRESP };
+
+/* The transport is one job per file, all under prov->mu:
+ *   wire.c       connections, frames and their transmission, revocation, progress thread
+ *   wire_req.c   requester: send queue -> frames, ACK/NAK/RNR, retry timer, READ data in
+ *   wire_resp.c  responder: HELLO binding, request checks and execution, NAKs
+ *   wire_rx.c    receive engine: header parsing, payload into destination iovs, dispatch
+ * Lock order inside the transport: prov->mu, then a CQ's mu (through ote__sim_cq_push). */
+
+/* wire.c */
 ote_status_t ote__sim_wire_start(struct sim_prov *p);
 void ote__sim_wire_stop(struct sim_prov *p);
 void ote__sim_wake(struct sim_prov *p);
+/* The QP's port is ACTIVE (a QP neither sends nor accepts requests otherwise). */
+bool ote__sim_port_up(sim_qp_t *qp);
+void ote__sim_set_bufs(int fd);
+/* A connection over fd, registered with the progress thread's epoll (NULL: no memory). */
+sim_conn_t *ote__sim_conn_new(struct sim_prov *p, int fd);
 void ote__sim_conn_close(struct sim_prov *p, sim_conn_t *c);
+/* A frame with room for npay payload iovs after the header. */
+sim_frame_t *ote__sim_frame_new(int npay);
+/* own: the MR or MW under whose access the bytes are read (NULL for the sim's memory). */
+void ote__sim_frame_add(sim_frame_t *f, void *base, size_t len, const void *own);
+void ote__sim_conn_queue(sim_conn_t *c, sim_frame_t *f);
+/* Register the epoll events the connection waits for now. */
+void ote__sim_conn_events(struct sim_prov *p, sim_conn_t *c);
+/* Bytes moved on a requester connection: the retry timer restarts. */
+void ote__sim_conn_touch(sim_conn_t *c);
+/* Send what the socket takes of the queued frames. */
+void ote__sim_conn_tx(struct sim_prov *p, sim_conn_t *c);
+/* Queue an ACK/NAK header. */
+void ote__sim_send_ctl(struct sim_prov *p, sim_conn_t *c, uint8_t type, uint32_t psn, uint8_t syndrome,
+                       uint32_t imm);
+/* wire_req.c */
+void ote__sim_req_pump(struct sim_prov *p, sim_qp_t *qp, uint64_t now);
+void ote__sim_req_on_header(struct sim_prov *p, sim_conn_t *c);
+void ote__sim_req_read_done(struct sim_prov *p, sim_conn_t *c);
+/* wire_resp.c */
+void ote__sim_resp_on_header(struct sim_prov *p, sim_conn_t *c);
+void ote__sim_resp_hello_done(struct sim_prov *p, sim_conn_t *c);
+void ote__sim_resp_done(struct sim_prov *p, sim_conn_t *c);
+/* wire_rx.c */
+void ote__sim_conn_rx(struct sim_prov *p, sim_conn_t *c);
+/* The payload's destination: the local SGEs (up to len bytes) or one range. */
+void ote__sim_div_sges(struct sim_prov *p, sim_conn_t *c, const struct ibv_sge *sge, int n, uint64_t len);
+void ote__sim_div_one(sim_conn_t *c, void *base, uint64_t len, const void *own);
 /* Detach every connection of qp (RESET, ERR of requester side, destroy). */
 void ote__sim_qp_detach(sim_qp_t *qp, bool responder_too);
 /* obj (an MR or MW) no longer grants access (dereg, dealloc, invalidation): drop every
