@@ -4,8 +4,20 @@
 # (+LeakSanitizer) configurations (they include //tests/fuzz:control_fuzz_test, the
 # control-plane fuzzer run for a bounded time), checks that planted upward dependencies
 # are visibility errors, and builds the outside consumer workspace against //verbs
-# alone. Ends with a line "N passed, N failed, N skipped" counted per test case; exits
-# non-zero on any failure.
+# alone. Also: every fault point in library code is armed by a test
+# (scripts/check_fault_points.py), the result counter's own unit tests, and the
+# formatting check scripts/check_format.sh when that script exists.
+#
+# In the default configuration the multi-process suites (//tests/engine, //tests/verbs,
+# //tests/tools) run three times each (--runs_per_test=3): a case counts once, failed if
+# it failed in any run, so a one-in-three flake cannot pass.
+#
+# Counting (scripts/count_results.py says how): test cases per configuration, each case
+# once; a target that fails outside its cases (LSan at exit, a crash in teardown) counts
+# all its cases as failed; a check that is not a Bazel test counts as one case. A crash
+# of the counter is a failure. The output ends with one line per configuration
+# ("default: N passed, N failed, N skipped", "asan: ...", "checks: ..."), then the total
+# "N passed, N failed, N skipped" alone as the last line; exits non-zero on any failure.
 #
 #   scripts/test.sh                 everything
 #   OTE_TEST_CONFIGS=default scripts/test.sh   only the default configuration
@@ -14,32 +26,65 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 scripts/deps.sh || { echo "dependency installation failed"; echo "0 passed, 1 failed"; exit 1; }
 
-PASSED=0 FAILED=0 SKIPPED=0
+PASSED=0 FAILED=0 SKIPPED=0           # totals
+CHECKS_PASSED=0 CHECKS_FAILED=0        # checks that are not Bazel tests
+SUMMARY=()                             # one closing line per configuration
 LOGDIR=$(mktemp -d)
 trap 'rm -rf "$LOGDIR"' EXIT
 record() { # name, exit code
-    if [ "$2" -eq 0 ]; then PASSED=$((PASSED + 1)); echo "PASS: $1"
-    else FAILED=$((FAILED + 1)); echo "FAIL: $1"; fi
+    if [ "$2" -eq 0 ]; then CHECKS_PASSED=$((CHECKS_PASSED + 1)); echo "PASS: $1"
+    else CHECKS_FAILED=$((CHECKS_FAILED + 1)); echo "FAIL: $1"; fi
 }
 
 echo "== include layering"
 scripts/check_layering.sh; record "include layering" $?
 scripts/check_layering.sh --self-test; record "include layering catches planted includes" $?
 
+echo "== every fault point is armed by a test"
+python3 scripts/check_fault_points.py; record "every fault point in library code is armed by a test" $?
+python3 scripts/check_fault_points.py --self-test >/dev/null
+record "fault point check catches a planted unarmed point" $?
+
+echo "== the result counter's own tests"
+python3 scripts/count_results_test.py; record "count_results.py unit tests" $?
+
+if [ -f scripts/check_format.sh ]; then
+    echo "== formatting"
+    bash scripts/check_format.sh; record "formatting (scripts/check_format.sh)" $?
+fi
+
+# The multi-process suites, three runs each in the default configuration.
+MULTI_RUNS='--runs_per_test=//tests/engine[:/],//tests/verbs[:/],//tests/tools[:/]@3'
 BAZEL_FLAGS=(--keep_going --test_output=errors --local_test_jobs=2)
 for cfg in ${OTE_TEST_CONFIGS:-default asan}; do
     echo "== bazel test //... ($cfg)"
     extra=()
-    [ "$cfg" = default ] || extra=(--config="$cfg")
+    if [ "$cfg" = default ]; then extra=("$MULTI_RUNS"); else extra=(--config="$cfg"); fi
     bazel test "${BAZEL_FLAGS[@]}" "${extra[@]}" //... 2>&1 | tee "$LOGDIR/$cfg.log"
     rc=${PIPESTATUS[0]}
-    testlogs=$(bazel info "${extra[@]}" bazel-testlogs 2>/dev/null)
-    read -r p f s < <(python3 scripts/count_results.py "$LOGDIR/$cfg.log" "$testlogs")
+    info=()
+    [ "$cfg" = default ] || info=(--config="$cfg")
+    testlogs=$(bazel info "${info[@]}" bazel-testlogs 2>/dev/null)
+    # The counter must print exactly three integers and exit 0; anything else (a crash,
+    # a traceback) is a failure of the run, never a silent zero.
+    counted=$(python3 scripts/count_results.py "$LOGDIR/$cfg.log" "$testlogs")
+    crc=$?
+    p=0 f=0 s=0
+    if [ "$crc" -eq 0 ] && [[ "$counted" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]]; then
+        read -r p f s <<<"$counted"
+    else
+        echo "FAIL: the result counter crashed or printed '$counted' (exit $crc) ($cfg)"
+        f=1
+    fi
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then
         echo "bazel exited with $rc ($cfg): build or infrastructure failure"
         f=$((f + 1))
+    elif [ "$rc" -eq 3 ] && [ "$f" -eq 0 ]; then
+        echo "bazel reported failing tests but none was counted ($cfg): counted as a failure"
+        f=1
     fi
     echo "$cfg: $p passed, $f failed, $s skipped"
+    SUMMARY+=("$cfg: $p passed, $f failed, $s skipped")
     PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
 done
 
@@ -78,6 +123,9 @@ record "consumer workspace builds and runs against //verbs alone" $?
 record "consumer workspace cannot use //context (not visible)" $?
 ( cd tests/consumer && bazel --output_user_root="$HOME/.cache/bazel_consumer" shutdown )
 
+PASSED=$((PASSED + CHECKS_PASSED)) FAILED=$((FAILED + CHECKS_FAILED))
 echo
+for line in "${SUMMARY[@]}"; do echo "$line"; done
+echo "checks: $CHECKS_PASSED passed, $CHECKS_FAILED failed, 0 skipped"
 echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
 [ "$FAILED" -eq 0 ]

@@ -131,7 +131,7 @@ FK_HIDDEN CUresult fk__resolve_device(uint64_t addr, size_t n, int write, char *
         res = CUDA_ERROR_INVALID_VALUE;
     } else if (r->kind == FK_VMM_RESERVE) {
         res = fk__vmm_resolve(r, addr, n, write);
-    } else if (addr + n - r->start > (r->kind == FK_HOST_REG || r->kind == FK_HOST_ALLOC ? r->size : r->map_len)) {
+    } else if (addr + n - r->start > r->size) { /* the bytes asked for, not the padding */
         res = CUDA_ERROR_INVALID_VALUE;
     }
     if (res == CUDA_SUCCESS) {
