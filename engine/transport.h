@@ -60,7 +60,7 @@ struct ote__slice {
         } tcp;
         struct {
             struct ote__rdma_tp *tp; /* the transport that took the slice */
-            struct ibv_mr *mr;       /* the MR covering the slice's local bytes */
+            struct ibv_mr *mr;       /* temporary MR of an unregistered local buffer, or NULL */
         } rdma;
     } xp;
 };

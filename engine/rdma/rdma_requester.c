@@ -119,18 +119,12 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     return st;
 }
 
-/* Scratch in the slice: the temporary MR of an unregistered local buffer. */
-static void slice_set_mr(ote__slice_t *s, struct ibv_mr *mr) { memcpy(s->wire, &mr, sizeof(mr)); }
-static struct ibv_mr *slice_mr(const ote__slice_t *s) {
-    struct ibv_mr *mr;
-    memcpy(&mr, s->wire, sizeof(mr));
-    return mr;
-}
-
+/* The grant of a slice ended: deregister the slice's temporary MR (s->xp.rdma.mr, set
+ * only for an unregistered local buffer), then end the slice. */
 static void slice_grant_done(void *arg, ote_status_t st) {
     ote__slice_t *s = arg;
-    rdma_tp_t *tp = (rdma_tp_t *)(uintptr_t)s->seq;
-    struct ibv_mr *mr = slice_mr(s);
+    rdma_tp_t *tp = s->xp.rdma.tp;
+    struct ibv_mr *mr = s->xp.rdma.mr;
     if (mr != NULL) {
         int err = tp->v->ops->dereg_mr(tp->v, mr);
         if (err != 0) {
@@ -222,8 +216,9 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         }
         mr = tmp;
     }
-    slice_set_mr(s, tmp);
-    s->seq = (uint64_t)(uintptr_t)tp;
+    /* Scratch for slice_grant_done: the temporary MR (NULL when registered) and tp. */
+    s->xp.rdma.mr = tmp;
+    s->xp.rdma.tp = tp;
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
     d.op = write ? OTE_GRANT_WRITE : OTE_GRANT_READ;
@@ -242,7 +237,7 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     st = ote_grant_start(tp->gm, &d, &ctl);
     if (st != OTE_OK) {
         ote_endpoint_return(ep, slot, qp);
-        slice_set_mr(s, NULL);
+        s->xp.rdma.mr = NULL;
         if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
             ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
         s->done(s, st);
