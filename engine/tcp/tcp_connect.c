@@ -1,0 +1,304 @@
+/*
+ * engine/tcp/tcp_connect.c - the requester's connections: connect with a deadline, the
+ * HELLO / HELLO_ACK handshake (versions, max_data, the peer's advertised address), and
+ * the peer object: open, reconnect after a loss, close (each connection detached by its
+ * worker before it is freed).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/fault.h"
+#include "base/le.h"
+#include "base/log.h"
+#include "engine/tcp/tcp_internal.h"
+
+static ote_status_t wait_fd(int fd, short events, ote_deadline_t dl) {
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int ms = ote_deadline_remaining_ms(dl, 1000);
+        if (ms == 0 && ote_deadline_expired(dl)) return OTE_ERR_TIMEOUT;
+        int r = poll(&p, 1, ms);
+        if (r > 0) return OTE_OK;
+        if (r < 0 && errno != EINTR) return ote_status_from_errno(errno);
+    }
+}
+
+static ote_status_t send_all(int fd, const uint8_t *b, size_t len, ote_deadline_t dl) {
+    while (len > 0) {
+        ssize_t r = send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r > 0) {
+            b += r;
+            len -= (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            ote_status_t st = wait_fd(fd, POLLOUT, dl);
+            if (st != OTE_OK) return st;
+            continue;
+        }
+        return ote_status_make(OTE_ERR_PEER_LOST, errno);
+    }
+    return OTE_OK;
+}
+
+static ote_status_t recv_all(int fd, uint8_t *b, size_t len, ote_deadline_t dl) {
+    while (len > 0) {
+        ssize_t r = recv(fd, b, len, MSG_DONTWAIT);
+        if (r > 0) {
+            b += r;
+            len -= (size_t)r;
+            continue;
+        }
+        if (r == 0) return OTE_ERR_PEER_LOST;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            ote_status_t st = wait_fd(fd, POLLIN, dl);
+            if (st != OTE_OK) return st;
+            continue;
+        }
+        return ote_status_make(OTE_ERR_PEER_LOST, errno);
+    }
+    return OTE_OK;
+}
+
+/* Connect one data connection of `p` and run the handshake. */
+static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session,
+                                 ote_deadline_t dl, tcp_conn_t **c_out) {
+    tcp_t *tp = p->tp;
+    ote_status_t st;
+    if (ote_fault_hit("tcp.connect", &st)) return st;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    st = ote__addr_resolve(p->addr, &ss, &sl);
+    if (st != OTE_OK) return st;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        st = ote_status_from_errno(errno);
+        OTE_WARN("tcp", "socket() for %s failed: %s", p->addr, strerror(errno));
+        return st;
+    }
+    ote__tcp_set_sockopts(tp, fd);
+    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
+        if (errno != EINPROGRESS) {
+            int e = errno;
+            OTE_WARN("tcp", "connect to %s failed: %s", p->addr, strerror(e));
+            close(fd);
+            return ote_status_make(OTE_ERR_CONNECT, e);
+        }
+        st = wait_fd(fd, POLLOUT, dl);
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (st == OTE_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        if (st != OTE_OK || err != 0) {
+            OTE_WARN("tcp", "connect to %s failed: %s", p->addr,
+                     st != OTE_OK ? "timed out" : strerror(err));
+            close(fd);
+            return st != OTE_OK ? OTE_ERR_TIMEOUT : ote_status_make(OTE_ERR_CONNECT, err);
+        }
+    }
+    /* HELLO: our versions and the address the peer should name us by. */
+    uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
+    ote_ctl_msg_t hello;
+    memset(&hello, 0, sizeof(hello));
+    hello.version = OTE_CTL_VERSION_MAX;
+    hello.opcode = OTE_CTL_HELLO;
+    hello.req_id = 0;
+    hello.u.hello.min_version = OTE_CTL_VERSION_MIN;
+    hello.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    hello.u.hello.role = ROLE_REQUESTER;
+    hello.u.hello.conn_index = index;
+    hello.u.hello.session = session;
+    hello.u.hello.addr = tp->addr;
+    hello.u.hello.addr_len = (uint32_t)strlen(tp->addr);
+    size_t len = 0;
+    st = ote_ctl_encode(&hello, buf, sizeof(buf), &len);
+    if (st == OTE_OK) st = send_all(fd, buf, len, dl);
+    if (st == OTE_OK) st = recv_all(fd, buf, OTE_CTL_HDR_LEN, dl);
+    ote_ctl_msg_t ack;
+    size_t used = 0;
+    if (st == OTE_OK) {
+        st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN, &ack, &used);
+        if (st == OTE_ERR_AGAIN) {
+            uint32_t body = ote_le_get32(buf + 20); /* the header's length field */
+            st = body > OTE_CTL_MAX_BODY ? OTE_ERR_PROTOCOL
+                                         : recv_all(fd, buf + OTE_CTL_HDR_LEN, body, dl);
+            if (st == OTE_OK) st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN + body, &ack, &used);
+        }
+        if (st != OTE_OK && ote_status_scope(st) == OTE_SCOPE_REQUEST &&
+            ote_status_code(st) != OTE_ERR_TIMEOUT)
+            st = OTE_ERR_PROTOCOL;
+    }
+    uint16_t ver = 0;
+    if (st == OTE_OK) {
+        st = ote_ctl_check_hello_ack(&ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+        if (st == OTE_ERR_PROTOCOL && ack.opcode == OTE_CTL_HELLO_ACK &&
+            (ack.u.hello_ack.max_data < OTE_CTL_MIN_DATA || ack.u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
+            OTE_ERROR("control",
+                      "%s advertises max_data %u, outside [%u, %u]: refusing the peer",
+                      p->addr, ack.u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
+            close(fd);
+            return st;
+        }
+        if (st == OTE_ERR_VERSION) {
+            unsigned plo = ack.opcode == OTE_CTL_ERROR ? ack.u.error.min_version : ack.u.hello_ack.version;
+            unsigned phi = ack.opcode == OTE_CTL_ERROR ? ack.u.error.max_version : ack.u.hello_ack.version;
+            OTE_ERROR("control",
+                      "protocol version mismatch with %s: this engine speaks versions %u..%u, the "
+                      "peer %u..%u",
+                      p->addr, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, plo, phi);
+        }
+    }
+    if (st != OTE_OK) {
+        if (st != OTE_ERR_VERSION)
+            OTE_WARN("control", "handshake with %s failed: %s", p->addr, ote_status_str(st));
+        close(fd);
+        return st;
+    }
+    tcp_conn_t *c = ote__tcp_conn_new(tp, fd, ROLE_REQUESTER);
+    if (c == NULL) {
+        close(fd);
+        return OTE_ERR_NOMEM;
+    }
+    c->version = ver;
+    c->index = index;
+    c->peer = p;
+    c->handshaken = 1;
+    if (index == 0) {
+        memcpy(p->remote_addr, ack.u.hello_ack.addr, ack.u.hello_ack.addr_len);
+        p->remote_addr[ack.u.hello_ack.addr_len] = '\0';
+        atomic_store(&p->max_data, ack.u.hello_ack.max_data); /* checked by check_hello_ack */
+    }
+    snprintf(c->from, sizeof(c->from), "%s", p->addr);
+    *c_out = c;
+    return OTE_OK;
+}
+
+/* Detach (through its worker) and free one requester connection. */
+static ote_status_t conn_close(tcp_t *tp, tcp_conn_t *c) {
+    ote_deadline_t dl = ote_deadline_after(10 * OTE_NSEC_PER_SEC);
+    ote_mutex_lock(&tp->mu);
+    if (!c->detached) {
+        c->cmd_pending = 1;
+        ote_mutex_unlock(&tp->mu);
+        ote__tcp_worker_post(c->w, &c->detach_cmd);
+        ote_mutex_lock(&tp->mu);
+    }
+    while (!c->detached || c->cmd_pending) {
+        if (ote_cond_wait(&tp->cv, &tp->mu, dl) == OTE_ERR_TIMEOUT &&
+            (!c->detached || c->cmd_pending)) {
+            ote_mutex_unlock(&tp->mu);
+            OTE_ERROR("tcp", "worker did not release a connection within 10 s; keeping it");
+            return OTE_ERR_TIMEOUT;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
+    ote__tcp_conn_free(c);
+    return OTE_OK;
+}
+
+/* Connect all p->n connections (p->lk held for writing or p private). */
+static ote_status_t peer_connect_all(tcp_peer_t *p) {
+    tcp_t *tp = p->tp;
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    uint64_t session = atomic_fetch_add(&tp->session, 1);
+    ote_status_t st = OTE_OK;
+    uint32_t i;
+    for (i = 0; i < p->n; i++) {
+        st = conn_connect(p, (uint16_t)i, session, dl, &p->conns[i]);
+        if (st != OTE_OK) break;
+    }
+    if (st != OTE_OK) {
+        for (uint32_t j = 0; j < i; j++) {
+            ote__tcp_conn_free(p->conns[j]);
+            p->conns[j] = NULL;
+        }
+        return st;
+    }
+    for (i = 0; i < p->n; i++) {
+        tcp_conn_t *c = p->conns[i];
+        c->w = &tp->workers[(atomic_fetch_add(&tp->rr, 1)) % tp->nworkers];
+        ote__tcp_worker_post(c->w, &c->attach_cmd);
+    }
+    return OTE_OK;
+}
+
+static ote_status_t peer_disconnect_all(tcp_peer_t *p) {
+    ote_status_t first = OTE_OK;
+    for (uint32_t i = 0; i < p->n; i++) {
+        if (p->conns[i] == NULL) continue;
+        ote_status_t st = conn_close(p->tp, p->conns[i]);
+        if (st == OTE_OK) p->conns[i] = NULL;
+        else if (first == OTE_OK) first = st;
+    }
+    return first;
+}
+
+ote_status_t ote__tcp_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out) {
+    tcp_t *tp = to_tcp(t);
+    if (strlen(peer) >= OTE__ADDR_MAX) return OTE_ERR_INVALID;
+    tcp_peer_t *p = ote_calloc(1, sizeof(*p));
+    if (p == NULL) return OTE_ERR_NOMEM;
+    p->conns = ote_calloc(tp->cfg.tcp_connections, sizeof(*p->conns));
+    if (p->conns == NULL || pthread_rwlock_init(&p->lk, NULL) != 0) {
+        ote_free(p->conns);
+        ote_free(p);
+        return OTE_ERR_NOMEM;
+    }
+    p->tp = tp;
+    p->n = tp->cfg.tcp_connections;
+    snprintf(p->addr, sizeof(p->addr), "%s", peer);
+    ote_status_t st = peer_connect_all(p);
+    if (st != OTE_OK) {
+        pthread_rwlock_destroy(&p->lk);
+        ote_free(p->conns);
+        ote_free(p);
+        return st;
+    }
+    OTE_INFO("tcp", "connected to %s (advertises %s) over %u connection(s)", p->addr, p->remote_addr,
+             p->n);
+    *peer_out = (ote__tpeer_t *)p;
+    return OTE_OK;
+}
+
+ote_status_t ote__tcp_peer_ensure(ote__tpeer_t *tpeer) {
+    tcp_peer_t *p = (tcp_peer_t *)tpeer;
+    if (!atomic_load_explicit(&p->broken, memory_order_acquire)) return OTE_OK;
+    pthread_rwlock_wrlock(&p->lk);
+    ote_status_t st = OTE_OK;
+    if (atomic_load(&p->broken)) {
+        st = peer_disconnect_all(p);
+        if (st == OTE_OK) {
+            OTE_INFO("tcp", "reconnecting to %s", p->addr);
+            atomic_store(&p->broken, 0);
+            st = peer_connect_all(p);
+            if (st != OTE_OK) atomic_store(&p->broken, 1);
+        }
+    }
+    pthread_rwlock_unlock(&p->lk);
+    return st;
+}
+
+uint32_t ote__tcp_peer_max_slice(ote__tpeer_t *tpeer) {
+    tcp_peer_t *p = (tcp_peer_t *)tpeer;
+    return atomic_load(&p->max_data); /* set by the handshake before the peer is visible */
+}
+
+ote_status_t ote__tcp_peer_close(ote__tpeer_t *tpeer) {
+    tcp_peer_t *p = (tcp_peer_t *)tpeer;
+    pthread_rwlock_wrlock(&p->lk);
+    ote_status_t st = peer_disconnect_all(p);
+    pthread_rwlock_unlock(&p->lk);
+    if (st != OTE_OK) return st;
+    pthread_rwlock_destroy(&p->lk);
+    ote_free(p->conns);
+    ote_free(p);
+    return OTE_OK;
+}

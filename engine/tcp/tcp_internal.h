@@ -1,0 +1,314 @@
+/*
+ * engine/tcp/tcp_internal.h - what the files of the TCP transport share: its structs,
+ * their lock order and ownership, and the cross-file functions. Nothing outside
+ * engine/tcp/ includes it (the engine reaches the transport through ote__tcp_create and
+ * the ops table only).
+ *
+ * Files, one job each:
+ *   tcp.c            the ops table, ote__tcp_create (listen socket, workers) and destroy
+ *   tcp_conn.c       one connection: creation, epoll interest, death (conn_kill)
+ *   tcp_worker.c     the worker threads: epoll loop, commands, receive loop and framing
+ *                    dispatch, deadlines (tick), accept with backoff
+ *   tcp_requester.c  requester data path: submit (queued or inline), numbering and
+ *                    encoding, sending, responses, cancel
+ *   tcp_source.c     source data path: the handshake it answers, requests checked
+ *                    against registrations (host->pin), responses, pause/resume, deadlines
+ *   tcp_connect.c    connect and handshake as requester, peer open/reconnect/close
+ *
+ * The TCP transport.
+ *
+ * Roles. Every engine listens. An engine that opens a segment is the requester on the
+ * connections it makes; the engine that accepted them is the source: it owns the
+ * remote addresses, checks every request against its registrations (host->pin) before
+ * touching memory, and answers. One connection serves one role only.
+ *
+ * Threads and ownership. tcp_workers worker threads each own an epoll set and the
+ * connections attached to it; only the owning worker receives on a connection, owns its
+ * receive buffer, its response ring (source), its epoll interest and its close. Other
+ * threads talk to a worker through (a) a connection's submission queue (qmu) plus an
+ * eventfd wake, and (b) attach/detach commands. A requester connection is freed by its
+ * peer (segment) after the worker reports it detached; a source connection is freed by
+ * its worker.
+ *
+ * Inline send (requester). Sending on a requester connection is done under its send
+ * lock smu, by the worker or by a submitting thread: tcp_submit tries smu (never waits
+ * for it) and, when it gets it and the connection has nothing queued or unsent and its
+ * share of the list is at most TCP_INLINE_MAX bytes, numbers the slices and sendmsg()s
+ * them itself (non-blocking), saving the worker's wakeup on the small-request path.
+ * What the socket does not take, or a send error, is left to the worker (qflag + wake):
+ * it sends the rest under EPOLLOUT or fails the connection. Otherwise the list is queued
+ * for the worker as before. Lock order smu before qmu; the worker closes the socket only
+ * under smu, so an inline sender never sees a reused fd; no done() runs under either lock.
+ *
+ * Data path. A requester connection keeps its slices in seq order in three lists: under
+ * smu, [tx, tx_tail] wait to be sent (tx partly sent when tx_off > 0) and [sent,
+ * sent_tail] are fully sent; worker-owned, [head, tail] are sent slices awaiting their
+ * response (the receive side takes the whole sent list, one lock per take, when its own
+ * list runs out). The source answers frames of one connection in order, so a response
+ * always belongs to the head; anything else (including a response to a slice not fully
+ * sent) is a protocol error that closes the connection. Sends gather many frames into one
+ * sendmsg(): WRITE payloads go straight from the caller's memory, READ payloads straight
+ * from registered memory. Receives read up to 256 KiB into a connection buffer; once a
+ * frame header is validated, a large payload remainder is received straight into its
+ * destination (small payloads are copied out of the buffer: cheaper than a syscall
+ * each). Slices are never allocated here and no lock is taken per slice.
+ *
+ * Failure. EOF/reset fails every slice of the connection with OTE_ERR_PEER_LOST and
+ * marks the peer broken (a later submit reconnects). A slice whose deadline passes
+ * closes its connection (its data can no longer arrive) and fails with
+ * OTE_ERR_TIMEOUT. Peers are independent: one peer's death never blocks another's.
+ *
+ * Hostile or stuck requesters (source side). At most tcp_max_accepted accepted
+ * connections exist at once (more are closed at accept); each must complete its
+ * handshake within connect_timeout_ms and, until then, owns only a small receive buffer.
+ * A connection queues at most TCP_SRC_MAX_RESP responses: at the cap it stops reading
+ * (EPOLLIN off) until the requester drains them. A connection that owes responses or is
+ * receiving a payload must make progress (bytes in or out) every transfer_timeout_ms,
+ * else it is closed and its registrations unpinned. Accept failures for lack of fds or
+ * memory take the listen socket out of epoll for TCP_ACCEPT_BACKOFF_NS (no spinning) and
+ * are logged at most once per TCP_LOG_EVERY_NS.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#ifndef OTE_ENGINE_TCP_TCP_INTERNAL_H
+#define OTE_ENGINE_TCP_TCP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "base/lock.h"
+#include "base/time.h"
+#include "engine/control/ctl.h"
+#include "engine/engine_internal.h"
+#include "engine/transport.h"
+
+_Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW_FRAME_LEN,
+               "a slice's tcp scratch holds the largest frame header it sends");
+
+#define TCP_RXBUF (256u << 10)
+#define TCP_DIRECT_MIN (16u << 10) /* payload remainders this large are received in place */
+#define TCP_IOV 128
+#define TCP_SOCKBUF (4 << 20)
+#define TCP_TICK_NS (20 * OTE_NSEC_PER_MSEC)
+#define TCP_RX_BUDGET (16u << 20) /* bytes per readable event per connection (fairness) */
+#define TCP_MAX_CONNS 64
+#define TCP_INLINE_MAX (256u << 10) /* submit: a connection's share this small may go inline */
+#define TCP_SRC_MAX_RESP 256u /* queued responses per source connection */
+#define TCP_HS_RXBUF 512u     /* receive buffer before the handshake: one HELLO fits */
+#define TCP_ACCEPT_BACKOFF_NS (100 * OTE_NSEC_PER_MSEC)
+#define TCP_LOG_EVERY_NS (1000 * OTE_NSEC_PER_MSEC)
+#define TCP_HSBUF (OTE_CTL_HDR_LEN + 8 + OTE_CTL_MAX_TEXT + OTE_CTL_MAX_ADDR + 16)
+
+enum { ROLE_REQUESTER = 1, ROLE_SOURCE = 2 };
+enum { RX_HDR = 0, RX_DATA = 1, RX_DISCARD = 2 };
+enum { CMD_ATTACH = 1, CMD_DETACH = 2 };
+
+typedef struct tcp tcp_t;
+typedef struct tcp_worker tcp_worker_t;
+typedef struct tcp_conn tcp_conn_t;
+typedef struct tcp_peer tcp_peer_t;
+
+typedef struct tcp_cmd {
+    struct tcp_cmd *next;
+    int kind;
+    tcp_conn_t *c;
+} tcp_cmd_t;
+
+/* A response of the source side, waiting to be sent. */
+typedef struct {
+    uint8_t hdr[OTE_CTL_HDR_LEN];
+    uint8_t hdr_len;
+    uint8_t close_after; /* close the connection once sent (handshake refusal) */
+    const uint8_t *data;
+    uint32_t len;
+    void *pin; /* registration pinned until the data is sent */
+} tcp_resp_t;
+
+struct tcp_conn {
+    tcp_worker_t *w;
+    tcp_conn_t *wnext, *wprev; /* worker list, or graveyard (wnext) */
+    int fd;
+    int role;
+    uint16_t version;
+    uint16_t index;
+    tcp_peer_t *peer; /* requester role */
+    char from[OTE__ADDR_MAX];
+    uint32_t ev;
+    int out_wanted;  /* EPOLLOUT requested */
+    int rx_paused;   /* source: EPOLLIN off (response cap reached, or closing) */
+    int closing;     /* source: a close_after response is queued; parse nothing more */
+    uint64_t born_ns; /* source: accept time (handshake deadline) */
+    uint64_t progress, progress_seen, progress_ns; /* bytes moved: a counter, its tick view */
+
+    /* Submission queue (requester): any thread under qmu. */
+    ote_mutex_t qmu;
+    ote__slice_t *qhead, *qtail;
+    int qdead;
+    _Atomic int qflag;
+    _Atomic int purge;
+
+    /* Lifecycle, under tp->mu. */
+    int detached;
+    int cmd_pending;
+    tcp_cmd_t attach_cmd, detach_cmd;
+
+    /* Requester transmit state, under smu (held by whoever sends: the worker, or a
+     * submitting thread sending inline). Lock order: smu before qmu. sent..sent_tail are
+     * fully on the wire and not yet taken by the receive side; tx..tx_tail wait to be
+     * sent (tx partly sent when tx_off > 0). The fd is closed only under smu. */
+    ote_mutex_t smu;
+    ote__slice_t *sent, *sent_tail, *tx, *tx_tail;
+    size_t tx_off;
+    uint64_t seq;
+
+    /* Requester, worker-owned: sent slices awaiting their responses, in seq order. */
+    ote__slice_t *head, *tail;
+
+    /* Source, worker-owned. */
+    tcp_resp_t *ring;
+    size_t rcap, rhead, rcount, rtx_off;
+    int handshaken;
+    uint8_t hsbuf[TCP_HSBUF];
+
+    /* Receive, worker-owned. */
+    uint8_t *rxbuf;
+    size_t rxcap;
+    size_t rx_start, rx_end;
+    int rx_state;
+    uint8_t *rx_dst;
+    size_t rx_left;
+    void *rx_pin;
+    uint64_t rx_id;
+    ote_status_t rx_status;
+    int last_large;
+};
+
+struct tcp_worker {
+    tcp_t *tp;
+    uint32_t idx;
+    pthread_t th;
+    int started;
+    int epfd;
+    int evfd;
+    _Atomic int woken;
+    ote_mutex_t cmu;
+    tcp_cmd_t *chead, *ctail;
+    tcp_conn_t *conns;
+    tcp_conn_t *grave;
+    uint64_t next_tick;
+    struct iovec iov[TCP_IOV];
+};
+
+struct tcp {
+    ote__transport_t base;
+    ote__cfg_t cfg;
+    ote__host_t host;
+    int lfd;
+    char addr[OTE__ADDR_MAX];
+    uint32_t nworkers;
+    tcp_worker_t *workers;
+    _Atomic uint32_t rr;
+    _Atomic int stop;
+    ote_mutex_t mu; /* conn lifecycle */
+    ote_cond_t cv;
+    int sockbuf;
+    _Atomic uint64_t session;
+    _Atomic uint32_t naccepted; /* source connections alive (<= cfg.tcp_max_accepted) */
+    /* Accept path, worker 0 only. */
+    uint64_t accept_resume_ns; /* nonzero: listen fd out of epoll until then */
+    uint64_t accept_log_ns;    /* last accept WARN */
+    uint64_t accept_quiet;     /* failures not logged since */
+};
+
+struct tcp_peer {
+    tcp_t *tp;
+    char addr[OTE__ADDR_MAX];        /* as the user gave it */
+    char remote_addr[OTE__ADDR_MAX]; /* as the peer advertises itself */
+    pthread_rwlock_t lk;             /* read: submit; write: reconnect/close */
+    uint32_t n;
+    tcp_conn_t **conns;
+    _Atomic int broken;
+    _Atomic uint32_t rr;
+    /* The source's max_data from the handshake, in [OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA].
+     * Written by a (re)connect under lk for writing, read by submitters without it. */
+    _Atomic uint32_t max_data;
+};
+
+static inline tcp_t *to_tcp(ote__transport_t *t) { return (tcp_t *)t; }
+
+static inline uint32_t slice_payload(const ote__slice_t *s) {
+    return s->op == OTE__SLICE_READ ? 0 : s->len;
+}
+
+/* Set on worker threads: they must never block on a peer lock (a reconnecting thread
+ * holds it while it waits for the workers). */
+extern _Thread_local int ote__tcp_on_worker;
+
+/* ---- tcp_conn.c: one connection --------------------------------------------------- */
+void ote__tcp_set_sockopts(tcp_t *tp, int fd);
+/* A new connection of `role` on fd, given to a worker round-robin (not attached yet).
+ * NULL when out of memory (fd stays the caller's). */
+tcp_conn_t *ote__tcp_conn_new(tcp_t *tp, int fd, int role);
+void ote__tcp_conn_free(tcp_conn_t *c);
+/* Keep the epoll interest of c in line with out_wanted and rx_paused. Worker only. */
+void ote__tcp_conn_events(tcp_conn_t *c);
+void ote__tcp_want_out(tcp_conn_t *c, int on);
+/* Complete every slice of a NULL-terminated list with `why` (CANCELED for a canceled
+ * slice, PEER_LOST for a TIMEOUT before the slice's own deadline). No lock held. */
+void ote__tcp_complete_list(ote__slice_t *list, ote_status_t why);
+/* Close c, fail or release all it holds, move it to its worker's graveyard. Worker only. */
+void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why);
+
+/* ---- tcp_worker.c: worker threads -------------------------------------------------- */
+void ote__tcp_worker_wake(tcp_worker_t *w);
+/* Queue an attach/detach command for w and wake it. Any thread. */
+void ote__tcp_worker_post(tcp_worker_t *w, tcp_cmd_t *cmd);
+void *ote__tcp_worker_main(void *arg);
+/* Receive and dispatch frames of c within a byte budget. Worker only. */
+void ote__tcp_conn_read(tcp_conn_t *c);
+
+/* ---- tcp_requester.c: requester data path ------------------------------------------ */
+/* Worker: take the queue (when flagged), drop canceled unsent slices (when asked), send
+ * what waits, and keep EPOLLOUT in line with what is left. */
+void ote__tcp_req_write(tcp_conn_t *c);
+/* A response frame; returns 0, or -1 when the connection was killed. Worker only. */
+int ote__tcp_req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m);
+/* Complete the oldest slice awaiting a response with st. Worker only. */
+void ote__tcp_req_pop_complete(tcp_conn_t *c, ote_status_t st);
+/* Deadline of the oldest slice of a requester connection (UINT64_MAX: none). */
+uint64_t ote__tcp_req_oldest_deadline(tcp_conn_t *c);
+void ote__tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list);
+void ote__tcp_cancel(ote__tpeer_t *tpeer);
+
+/* ---- tcp_source.c: source data path ------------------------------------------------ */
+/* A request frame (or the HELLO); returns 0, or -1 when the connection was killed. */
+int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m);
+/* A WRITE payload has fully arrived (or was discarded): unpin and answer WRITE_ACK. */
+int ote__tcp_src_payload_done(tcp_conn_t *c);
+int ote__tcp_src_may_parse(const tcp_conn_t *c);
+void ote__tcp_src_pause(tcp_conn_t *c);
+void ote__tcp_src_pump(tcp_conn_t *c);
+void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now);
+
+/* ---- tcp_connect.c: connect and handshake (requester), peers ----------------------- */
+ote_status_t ote__tcp_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out);
+ote_status_t ote__tcp_peer_ensure(ote__tpeer_t *tpeer);
+uint32_t ote__tcp_peer_max_slice(ote__tpeer_t *tpeer);
+ote_status_t ote__tcp_peer_close(ote__tpeer_t *tpeer);
+
+#endif

@@ -1,0 +1,302 @@
+/*
+ * engine/tcp/tcp_source.c - the source data path of the TCP transport: it answers the
+ * HELLO of an accepted connection, checks every request against the engine's
+ * registrations and permissions (host->pin) before touching memory, queues responses
+ * (at most TCP_SRC_MAX_RESP; reading pauses at the cap), sends them, and closes a
+ * connection that misses its handshake or progress deadline. Worker thread only.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/tcp/tcp_internal.h"
+
+static tcp_resp_t *resp_push(tcp_conn_t *c) {
+    if (c->rcount == c->rcap) {
+        size_t ncap = c->rcap ? c->rcap * 2 : 256;
+        tcp_resp_t *nr = ote_malloc(ncap * sizeof(*nr));
+        if (nr == NULL) return NULL;
+        for (size_t i = 0; i < c->rcount; i++) nr[i] = c->ring[(c->rhead + i) % c->rcap];
+        ote_free(c->ring);
+        c->ring = nr;
+        c->rcap = ncap;
+        c->rhead = 0;
+    }
+    tcp_resp_t *r = &c->ring[(c->rhead + c->rcount) % c->rcap];
+    c->rcount++;
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+static int src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t st,
+                       const uint8_t *data, uint32_t len, void *pin) {
+    tcp_resp_t *r = resp_push(c);
+    if (r == NULL) {
+        if (pin) c->w->tp->host.unpin(c->w->tp->host.arg, pin);
+        OTE_ERROR("tcp", "out of memory queueing a response to %s: closing connection", c->from);
+        ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
+        return -1;
+    }
+    ote_ctl_put_hdr(r->hdr, c->version, opcode, id, st, len);
+    r->hdr_len = OTE_CTL_HDR_LEN;
+    r->data = data;
+    r->len = len;
+    r->pin = pin;
+    return 0;
+}
+
+int ote__tcp_src_payload_done(tcp_conn_t *c) {
+    tcp_t *tp = c->w->tp;
+    if (c->rx_pin) tp->host.unpin(tp->host.arg, c->rx_pin);
+    c->rx_pin = NULL;
+    return src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, c->rx_status, NULL, 0, NULL);
+}
+
+/* Whether the source may take another request from c: not after a refusal that closes
+ * the connection, and not while TCP_SRC_MAX_RESP responses wait to be sent. */
+int ote__tcp_src_may_parse(const tcp_conn_t *c) {
+    return !c->closing && c->rcount < TCP_SRC_MAX_RESP;
+}
+
+static void src_write(tcp_conn_t *c) {
+    tcp_t *tp = c->w->tp;
+    struct iovec *iov = c->w->iov;
+    while (c->rcount > 0 && c->fd >= 0) {
+        int n = 0;
+        size_t off = c->rtx_off;
+        for (size_t i = 0; i < c->rcount && n < TCP_IOV - 1; i++) {
+            tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
+            if (off < r->hdr_len) {
+                iov[n].iov_base = r->hdr + off;
+                iov[n++].iov_len = r->hdr_len - off;
+                if (r->len) {
+                    iov[n].iov_base = (void *)r->data;
+                    iov[n++].iov_len = r->len;
+                }
+            } else {
+                iov[n].iov_base = (void *)(r->data + (off - r->hdr_len));
+                iov[n++].iov_len = r->len - (off - r->hdr_len);
+            }
+            off = 0;
+        }
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t rc = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (rc < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                ote__tcp_want_out(c, 1);
+                return;
+            }
+            OTE_DEBUG("tcp", "send to %s failed: %s", c->from, strerror(errno));
+            ote__tcp_conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
+            return;
+        }
+        c->progress++;
+        size_t left = (size_t)rc;
+        while (left > 0 && c->rcount > 0) {
+            tcp_resp_t *r = &c->ring[c->rhead];
+            size_t rem = r->hdr_len + r->len - c->rtx_off;
+            if (left >= rem) {
+                left -= rem;
+                c->rtx_off = 0;
+                if (r->pin) tp->host.unpin(tp->host.arg, r->pin);
+                r->pin = NULL;
+                int close_after = r->close_after;
+                c->rhead = (c->rhead + 1) % c->rcap;
+                c->rcount--;
+                if (close_after) {
+                    ote__tcp_conn_kill(c, OTE_ERR_VERSION);
+                    return;
+                }
+            } else {
+                c->rtx_off += left;
+                left = 0;
+            }
+        }
+    }
+    ote__tcp_want_out(c, 0);
+}
+
+static int src_handshake(tcp_conn_t *c, const ote_ctl_msg_t *m) {
+    if (m->opcode != OTE_CTL_HELLO) {
+        OTE_WARN("control", "connection began with %s instead of HELLO: closing",
+                 ote_ctl_opcode_str(m->opcode));
+        ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+        return -1;
+    }
+    size_t al = m->u.hello.addr_len;
+    memcpy(c->from, m->u.hello.addr, al);
+    c->from[al] = '\0';
+    uint16_t ver = 0;
+    ote_status_t st = ote_ctl_negotiate(m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+    ote_ctl_msg_t out;
+    memset(&out, 0, sizeof(out));
+    char text[160];
+    if (st != OTE_OK) {
+        OTE_WARN("control",
+                 "protocol version mismatch: peer %s speaks versions %u..%u, this engine %u..%u: "
+                 "refusing the connection",
+                 c->from[0] ? c->from : "?", m->u.hello.min_version, m->u.hello.max_version,
+                 OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX);
+        int tl = snprintf(text, sizeof(text), "protocol version mismatch: source speaks %u..%u",
+                          OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX);
+        out.version = m->version;
+        out.opcode = OTE_CTL_ERROR;
+        out.req_id = m->req_id;
+        out.status = OTE_ERR_VERSION;
+        out.u.error.min_version = OTE_CTL_VERSION_MIN;
+        out.u.error.max_version = OTE_CTL_VERSION_MAX;
+        out.u.error.text = text;
+        out.u.error.text_len = (uint32_t)tl;
+    } else {
+        tcp_t *tp = c->w->tp;
+        c->version = ver;
+        c->handshaken = 1;
+        out.version = ver;
+        out.opcode = OTE_CTL_HELLO_ACK;
+        out.req_id = m->req_id;
+        out.u.hello_ack.version = ver;
+        out.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+        out.u.hello_ack.addr = tp->addr;
+        out.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
+    }
+    size_t len = 0;
+    if (ote_ctl_encode(&out, c->hsbuf, sizeof(c->hsbuf), &len) != OTE_OK) {
+        ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+        return -1;
+    }
+    tcp_resp_t *r = resp_push(c);
+    if (r == NULL) {
+        ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
+        return -1;
+    }
+    r->hdr_len = 0;
+    r->data = c->hsbuf;
+    r->len = (uint32_t)len;
+    r->close_after = st != OTE_OK;
+    /* The queued answer points into hsbuf: after a refusal nothing more is parsed (a
+     * second HELLO would overwrite it), and the connection closes once it is sent. */
+    if (st != OTE_OK) {
+        c->closing = 1;
+        return 0;
+    }
+    uint8_t *nb = ote_malloc(TCP_RXBUF);
+    if (nb == NULL) {
+        OTE_ERROR("tcp", "out of memory for the receive buffer of %s: closing connection", c->from);
+        ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
+        return -1;
+    }
+    size_t rem = c->rx_end - c->rx_start;
+    if (rem) memcpy(nb, c->rxbuf + c->rx_start, rem);
+    ote_free(c->rxbuf);
+    c->rxbuf = nb;
+    c->rxcap = TCP_RXBUF;
+    c->rx_start = 0;
+    c->rx_end = rem;
+    return 0;
+}
+
+int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
+    tcp_t *tp = c->w->tp;
+    if (!c->handshaken) return src_handshake(c, m);
+    if (m->version != c->version) {
+        OTE_WARN("control", "frame with version %u on a version-%u connection from %s: closing",
+                 m->version, c->version, c->from);
+        ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+        return -1;
+    }
+    void *pin = NULL;
+    ote_status_t st;
+    switch (m->opcode) {
+        case OTE_CTL_WRITE_REQ:
+            st = tp->host.pin(tp->host.arg, m->u.rw.addr, m->u.rw.len, OTE_PERM_WRITE, &pin);
+            c->rx_id = m->req_id;
+            c->rx_left = m->u.rw.len;
+            c->last_large = m->u.rw.len >= TCP_DIRECT_MIN;
+            if (st == OTE_OK) {
+                c->rx_state = RX_DATA;
+                c->rx_dst = (uint8_t *)(uintptr_t)m->u.rw.addr;
+                c->rx_pin = pin;
+                c->rx_status = OTE_OK;
+            } else {
+                OTE_WARN("tcp", "refused WRITE of %u bytes at 0x%llx from %s: %s", m->u.rw.len,
+                         (unsigned long long)m->u.rw.addr, c->from, ote_status_str(st));
+                c->rx_state = RX_DISCARD;
+                c->rx_status = st;
+            }
+            return 0;
+        case OTE_CTL_READ_REQ:
+            c->last_large = 0;
+            st = tp->host.pin(tp->host.arg, m->u.rw.addr, m->u.rw.len, OTE_PERM_READ, &pin);
+            if (st != OTE_OK) {
+                OTE_WARN("tcp", "refused READ of %u bytes at 0x%llx from %s: %s", m->u.rw.len,
+                         (unsigned long long)m->u.rw.addr, c->from, ote_status_str(st));
+                return src_respond(c, OTE_CTL_READ_RESP, m->req_id, st, NULL, 0, NULL);
+            }
+            return src_respond(c, OTE_CTL_READ_RESP, m->req_id, OTE_OK,
+                               (const uint8_t *)(uintptr_t)m->u.rw.addr, m->u.rw.len, pin);
+        case OTE_CTL_NOTIFY:
+            c->last_large = 0;
+            st = tp->host.deliver_notify(tp->host.arg, c->from, m->u.notify.msg, m->u.notify.len);
+            return src_respond(c, OTE_CTL_NOTIFY_ACK, m->req_id, st, NULL, 0, NULL);
+        default:
+            OTE_WARN("control", "unexpected %s from requester %s: closing",
+                     ote_ctl_opcode_str(m->opcode), c->from);
+            ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+            return -1;
+    }
+}
+
+/* Source: stop reading c (its buffered frames stay for src_resume). */
+void ote__tcp_src_pause(tcp_conn_t *c) {
+    if (c->rx_paused) return;
+    c->rx_paused = 1;
+    ote__tcp_conn_events(c);
+}
+
+/* Source: send queued responses; once below the cap again, take the frames that waited
+ * in the buffer and read on, then send what they produced, until nothing moves. */
+void ote__tcp_src_pump(tcp_conn_t *c) {
+    for (;;) {
+        src_write(c);
+        if (c->fd < 0 || !c->rx_paused || !ote__tcp_src_may_parse(c)) return;
+        c->rx_paused = 0;
+        ote__tcp_conn_events(c);
+        size_t before = c->rcount;
+        ote__tcp_conn_read(c);
+        if (c->fd < 0 || c->rcount == 0 || (c->rcount == before && !c->rx_paused)) return;
+    }
+}
+
+/* Deadlines of a source connection: the handshake within connect_timeout_ms; while it
+ * owes responses, is receiving a payload or holds part of a frame, progress (bytes in or
+ * out) at least every transfer_timeout_ms. Closing it unpins what it held. */
+void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
+    tcp_t *tp = c->w->tp;
+    if (!c->handshaken) {
+        uint64_t limit = tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC;
+        if (now - c->born_ns >= limit) {
+            OTE_WARN("tcp", "connection from %s did not complete its handshake within %llu ms: closing",
+                     c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
+            ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
+        }
+        return;
+    }
+    int owes = c->rcount > 0 || c->rx_state != RX_HDR || c->rx_end > c->rx_start;
+    if (!owes || c->progress != c->progress_seen) {
+        c->progress_seen = c->progress;
+        c->progress_ns = now;
+        return;
+    }
+    if (now - c->progress_ns >= tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC) {
+        OTE_WARN("tcp",
+                 "requester %s made no progress for %llu ms (%zu response(s) queued%s): closing "
+                 "its connection and releasing its registrations",
+                 c->from, (unsigned long long)tp->cfg.transfer_timeout_ms, c->rcount,
+                 c->rx_state != RX_HDR ? ", a payload pending" : "");
+        ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
+    }
+}

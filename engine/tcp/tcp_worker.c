@@ -1,0 +1,344 @@
+/*
+ * engine/tcp/tcp_worker.c - the worker threads of the TCP transport. A worker owns an
+ * epoll set and the connections attached to it: it runs their commands (attach,
+ * detach), receives on them and dispatches each frame to the requester or source side,
+ * sends when they are writable, enforces deadlines every tick, and (worker 0) accepts
+ * new connections, backing off when accept fails for lack of fds or memory.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "engine/tcp/tcp_internal.h"
+
+/* Set on worker threads (see tcp_internal.h). */
+_Thread_local int ote__tcp_on_worker;
+
+void ote__tcp_worker_wake(tcp_worker_t *w) {
+    if (!atomic_exchange(&w->woken, 1)) {
+        uint64_t one = 1;
+        ssize_t r = write(w->evfd, &one, sizeof(one));
+        (void)r;
+    }
+}
+
+void ote__tcp_worker_post(tcp_worker_t *w, tcp_cmd_t *cmd) {
+    ote_mutex_lock(&w->cmu);
+    cmd->next = NULL;
+    if (w->ctail) w->ctail->next = cmd;
+    else w->chead = cmd;
+    w->ctail = cmd;
+    ote_mutex_unlock(&w->cmu);
+    ote__tcp_worker_wake(w);
+}
+
+static void worker_bury(tcp_worker_t *w) {
+    tcp_t *tp = w->tp;
+    while (w->grave) {
+        tcp_conn_t *c = w->grave;
+        w->grave = c->wnext;
+        c->wnext = NULL;
+        if (c->role == ROLE_SOURCE) {
+            ote__tcp_conn_free(c);
+        } else {
+            ote_mutex_lock(&tp->mu);
+            c->detached = 1;
+            ote_cond_broadcast(&tp->cv);
+            ote_mutex_unlock(&tp->mu);
+        }
+    }
+}
+
+/* A payload (WRITE data on the source, READ data on the requester) has fully arrived. */
+static int payload_done(tcp_conn_t *c) {
+    c->rx_state = RX_HDR;
+    if (c->role == ROLE_REQUESTER) {
+        ote__tcp_req_pop_complete(c, OTE_OK);
+        return 0;
+    }
+    return ote__tcp_src_payload_done(c);
+}
+
+void ote__tcp_conn_read(tcp_conn_t *c) {
+    size_t budget = TCP_RX_BUDGET;
+    if (c->rx_paused) return;
+    while (c->fd >= 0) {
+        ssize_t r;
+        if (c->rx_state != RX_HDR) {
+            size_t avail = c->rx_end - c->rx_start;
+            if (avail > 0) {
+                size_t k = avail < c->rx_left ? avail : c->rx_left;
+                if (c->rx_state == RX_DATA) memcpy(c->rx_dst, c->rxbuf + c->rx_start, k);
+                c->rx_dst += k;
+                c->rx_start += k;
+                c->rx_left -= k;
+            }
+            if (c->rx_left == 0) {
+                if (payload_done(c) != 0) return;
+                continue;
+            }
+            c->rx_start = c->rx_end = 0;
+            if (budget == 0) break;
+            if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN)
+                r = recv(c->fd, c->rx_dst, c->rx_left, MSG_DONTWAIT);
+            else
+                r = recv(c->fd, c->rxbuf, c->rxcap, MSG_DONTWAIT);
+            if (r > 0) {
+                c->progress++;
+                budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
+                if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN) {
+                    c->rx_dst += r;
+                    c->rx_left -= (size_t)r;
+                } else {
+                    c->rx_end = (size_t)r;
+                }
+                continue;
+            }
+            goto recv_failed_or_again;
+        }
+        /* Parse every complete frame in the buffer. */
+        int stop_parsing = 0;
+        while (c->rx_state == RX_HDR && c->rx_end > c->rx_start) {
+            if (c->role == ROLE_SOURCE && !ote__tcp_src_may_parse(c)) {
+                ote__tcp_src_pause(c); /* resumed by src_resume once responses drain */
+                return;
+            }
+            ote_ctl_msg_t m;
+            size_t used = 0;
+            ote_status_t st = ote_ctl_decode(c->rxbuf + c->rx_start, c->rx_end - c->rx_start, &m, &used);
+            if (st == OTE_ERR_AGAIN) break;
+            if (st != OTE_OK) {
+                OTE_ERROR("control", "malformed frame from %s: %s; closing connection",
+                          c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
+                          ote_status_str(st));
+                ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+                return;
+            }
+            c->rx_start += used;
+            int rc = c->role == ROLE_SOURCE ? ote__tcp_src_frame(c, &m) : ote__tcp_req_frame(c, &m);
+            if (rc != 0) return;
+            if (c->rx_state != RX_HDR) {
+                stop_parsing = 1;
+                break;
+            }
+        }
+        if (stop_parsing) continue;
+        if (budget == 0) break;
+        /* Read more: keep the partial frame, bounded by a header after a large payload
+         * so that the next large payload lands in place rather than in the buffer. */
+        if (c->rx_start > 0) {
+            size_t rem = c->rx_end - c->rx_start;
+            if (rem) memmove(c->rxbuf, c->rxbuf + c->rx_start, rem);
+            c->rx_start = 0;
+            c->rx_end = rem;
+        }
+        size_t want = c->rxcap - c->rx_end;
+        if (c->last_large && c->rx_end < OTE_CTL_RW_FRAME_LEN) want = OTE_CTL_RW_FRAME_LEN - c->rx_end;
+        if (want == 0) { /* an incomplete frame fills the buffer: larger than allowed here */
+            OTE_WARN("control", "frame from %s larger than %zu bytes%s: closing connection",
+                     c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"), c->rxcap,
+                     c->handshaken ? "" : " before the handshake");
+            ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+            return;
+        }
+        r = recv(c->fd, c->rxbuf + c->rx_end, want, MSG_DONTWAIT);
+        if (r > 0) {
+            c->progress++;
+            c->rx_end += (size_t)r;
+            budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
+            continue;
+        }
+    recv_failed_or_again:
+        if (r == 0) {
+            if (c->role == ROLE_SOURCE) OTE_DEBUG("tcp", "requester %s closed its connection", c->from);
+            ote__tcp_conn_kill(c, OTE_ERR_PEER_LOST);
+            return;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        ote__tcp_conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
+        return;
+    }
+}
+
+static void conn_flush(tcp_conn_t *c) {
+    if (c->fd < 0) return;
+    if (c->role == ROLE_SOURCE) ote__tcp_src_pump(c);
+    else ote__tcp_req_write(c);
+}
+
+static void worker_attach(tcp_worker_t *w, tcp_conn_t *c) {
+    c->w = w;
+    c->ev = EPOLLIN;
+    c->out_wanted = 0;
+    c->rx_paused = 0;
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+    c->wprev = NULL;
+    c->wnext = w->conns;
+    if (w->conns) w->conns->wprev = c;
+    w->conns = c;
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, c->fd, &e) != 0) {
+        OTE_ERROR("tcp", "epoll_ctl(ADD) failed: %s", strerror(errno));
+        ote__tcp_conn_kill(c, ote_status_from_errno(errno));
+    }
+}
+
+static void worker_commands(tcp_worker_t *w) {
+    tcp_t *tp = w->tp;
+    ote_mutex_lock(&w->cmu);
+    tcp_cmd_t *list = w->chead;
+    w->chead = w->ctail = NULL;
+    ote_mutex_unlock(&w->cmu);
+    while (list) {
+        tcp_cmd_t *cmd = list;
+        list = cmd->next;
+        tcp_conn_t *c = cmd->c;
+        if (cmd->kind == CMD_ATTACH) {
+            worker_attach(w, c);
+        } else {
+            if (c->fd >= 0) ote__tcp_conn_kill(c, OTE_ERR_PEER_LOST);
+            ote_mutex_lock(&tp->mu);
+            c->cmd_pending = 0;
+            ote_cond_broadcast(&tp->cv);
+            ote_mutex_unlock(&tp->mu);
+        }
+    }
+}
+
+static void worker_service(tcp_worker_t *w) {
+    worker_commands(w);
+    for (tcp_conn_t *c = w->conns, *next; c; c = next) {
+        next = c->wnext;
+        if (c->role != ROLE_REQUESTER) continue;
+        if (atomic_load_explicit(&c->qflag, memory_order_acquire) ||
+            atomic_load_explicit(&c->purge, memory_order_relaxed))
+            ote__tcp_req_write(c);
+    }
+}
+
+/* Rate-limited accept WARN (worker 0): at most one line per TCP_LOG_EVERY_NS. */
+static void accept_warn(tcp_t *tp, uint64_t now, const char *what, int err) {
+    if (tp->accept_log_ns != 0 && now - tp->accept_log_ns < TCP_LOG_EVERY_NS) {
+        tp->accept_quiet++;
+        return;
+    }
+    OTE_WARN("tcp", "%s%s%s (%llu similar event(s) not logged in the last second)", what,
+             err ? ": " : "", err ? strerror(err) : "", (unsigned long long)tp->accept_quiet);
+    tp->accept_log_ns = now;
+    tp->accept_quiet = 0;
+}
+
+static void worker_tick(tcp_worker_t *w, uint64_t now) {
+    tcp_t *tp = w->tp;
+    for (tcp_conn_t *c = w->conns, *next; c; c = next) {
+        next = c->wnext;
+        if (c->role == ROLE_SOURCE) {
+            ote__tcp_src_tick(c, now);
+            continue;
+        }
+        if (now >= ote__tcp_req_oldest_deadline(c)) {
+            OTE_WARN("tcp", "a transfer to %s passed its deadline: closing connection %u",
+                     c->peer ? c->peer->addr : "?", c->index);
+            ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
+        }
+    }
+    if (w->idx == 0 && tp->accept_resume_ns != 0 && now >= tp->accept_resume_ns) {
+        struct epoll_event le = {.events = EPOLLIN, .data.ptr = &tp->lfd};
+        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, tp->lfd, &le) == 0 || errno == EEXIST)
+            tp->accept_resume_ns = 0;
+        else
+            tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
+    }
+}
+
+/* Worker 0. The listen fd is level-triggered: an accept that keeps failing (no fds, no
+ * memory) would make this loop spin, so such failures take the listen fd out of epoll
+ * for TCP_ACCEPT_BACKOFF_NS (worker_tick puts it back). Connections over the
+ * tcp_max_accepted cap are accepted and closed at once, so their peers learn it now. */
+static void tcp_accept(tcp_worker_t *w) {
+    tcp_t *tp = w->tp;
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(tp->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            int err = errno;
+            if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+            if (err == EAGAIN || err == EWOULDBLOCK) return;
+            uint64_t now = ote_now_ns();
+            (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, tp->lfd, NULL);
+            tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
+            accept_warn(tp, now, "accept failed, pausing accepts for 100 ms", err);
+            return;
+        }
+        if (atomic_load(&tp->naccepted) >= tp->cfg.tcp_max_accepted) {
+            accept_warn(tp, ote_now_ns(), "tcp_max_accepted connections reached: closing a new connection", 0);
+            close(fd);
+            continue;
+        }
+        ote__tcp_set_sockopts(tp, fd);
+        tcp_conn_t *c = ote__tcp_conn_new(tp, fd, ROLE_SOURCE);
+        if (c == NULL) {
+            close(fd);
+            accept_warn(tp, ote_now_ns(), "out of memory accepting a connection: refusing it", 0);
+            continue;
+        }
+        atomic_fetch_add(&tp->naccepted, 1); /* ote__tcp_conn_free gives it back */
+        c->born_ns = ote_now_ns();
+        if (ote__addr_format((struct sockaddr *)&ss, c->from, sizeof(c->from)) != OTE_OK)
+            snprintf(c->from, sizeof(c->from), "?");
+        if (c->w == w) worker_attach(w, c);
+        else ote__tcp_worker_post(c->w, &c->attach_cmd);
+    }
+}
+
+void *ote__tcp_worker_main(void *arg) {
+    tcp_worker_t *w = arg;
+    tcp_t *tp = w->tp;
+    struct epoll_event evs[64];
+    ote__tcp_on_worker = 1;
+    w->next_tick = ote_now_ns() + TCP_TICK_NS;
+    while (!atomic_load(&tp->stop)) {
+        int n = epoll_wait(w->epfd, evs, 64, (int)(TCP_TICK_NS / OTE_NSEC_PER_MSEC));
+        if (n < 0) {
+            if (errno != EINTR) OTE_ERROR("tcp", "epoll_wait failed: %s", strerror(errno));
+            n = 0;
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == &w->evfd) {
+                uint64_t v;
+                ssize_t r = read(w->evfd, &v, sizeof(v));
+                (void)r;
+                atomic_store(&w->woken, 0);
+                worker_service(w);
+            } else if (p == &tp->lfd) {
+                tcp_accept(w);
+            } else {
+                tcp_conn_t *c = p;
+                if (c->fd < 0) continue;
+                uint32_t ev = evs[i].events;
+                if (c->rx_paused && (ev & (EPOLLERR | EPOLLHUP))) { /* reported even when paused */
+                    ote__tcp_conn_kill(c, OTE_ERR_PEER_LOST);
+                    continue;
+                }
+                if (ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) ote__tcp_conn_read(c);
+                if (c->fd >= 0 && (ev & EPOLLOUT)) conn_flush(c);
+                else if (c->fd >= 0 && c->role == ROLE_SOURCE && c->rcount) conn_flush(c);
+            }
+        }
+        uint64_t now = ote_now_ns();
+        if (now >= w->next_tick) {
+            worker_tick(w, now);
+            w->next_tick = now + TCP_TICK_NS;
+        }
+        worker_bury(w);
+    }
+    while (w->conns) ote__tcp_conn_kill(w->conns, OTE_ERR_PEER_LOST);
+    worker_bury(w);
+    return NULL;
+}
