@@ -99,6 +99,16 @@ int FakeHandshake(int lfd, const std::string &addr) {
 
 class RdmaControlTest : public ote_test::OteTest {};
 
+// Joins a thread on every way out of its scope, ASSERTs included: a failed assertion then
+// fails the test instead of destroying a joinable std::thread (std::terminate). Each
+// thread it guards runs one engine call, which is bounded by the engine's own deadlines.
+struct JoinOnExit {
+    std::thread &t;
+    ~JoinOnExit() {
+        if (t.joinable()) t.join();
+    }
+};
+
 // Finding 2: a NOTIFY_ACK naming the id of a pending INFO call (on the requester's
 // stack) used to free that stack address. Now it is a protocol error for that peer.
 TEST_F(RdmaControlTest, NotifyAckNamingACallIsAProtocolErrorNotAFree) {
@@ -111,6 +121,7 @@ TEST_F(RdmaControlTest, NotifyAckNamingACallIsAProtocolErrorNotAFree) {
     std::atomic<ote_status_t> open_st{OTE_OK};
     ote_segment_t *seg = nullptr;
     std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    JoinOnExit join_opener{opener};
     int fd = FakeHandshake(lfd, addr);
     ASSERT_GE(fd, 0);
     std::vector<uint8_t> buf;
@@ -124,6 +135,7 @@ TEST_F(RdmaControlTest, NotifyAckNamingACallIsAProtocolErrorNotAFree) {
     EXPECT_EQ(seg, nullptr);
     // A reply of the wrong RDMA kind (CONNECT_ACK to INFO) is refused the same way.
     std::thread opener2([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    JoinOnExit join_opener2{opener2};
     int fd2 = FakeHandshake(lfd, addr);
     ASSERT_GE(fd2, 0);
     ASSERT_TRUE(ReadFrame(fd2, &buf, &m));
@@ -153,6 +165,7 @@ TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
         std::atomic<ote_status_t> open_st{OTE_OK};
         ote_segment_t *seg = nullptr;
         std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+        JoinOnExit join_opener{opener};
         int fd = FakeHandshake(lfd, addr);
         ASSERT_GE(fd, 0);
         std::vector<uint8_t> buf;
@@ -168,6 +181,7 @@ TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
     ote_segment_t *seg = nullptr;
     std::atomic<ote_status_t> open_st{OTE_ERR_STATE};
     std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    JoinOnExit join_opener{opener};
     int fd = FakeHandshake(lfd, addr);
     ASSERT_GE(fd, 0);
     std::vector<uint8_t> buf;
@@ -183,6 +197,7 @@ TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
     for (auto [sent, want] : kNotes) {
         std::atomic<ote_status_t> nst{OTE_ERR_STATE};
         std::thread sender([&] { nst = ote_notify_send(e, seg, "hi", 2); });
+        JoinOnExit join_sender{sender};
         ASSERT_TRUE(ReadFrame(fd, &buf, &m));
         ASSERT_EQ(m.opcode, OTE_CTL_NOTIFY);
         ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_NOTIFY_ACK, m.req_id, sent)));
@@ -250,7 +265,8 @@ TEST_F(RdmaControlTest, ServerRefusesFramesBeforeHelloAndOfAnotherVersion) {
 }
 
 // Finding 4: a peer that never reads its answers cannot block the engine's threads: its
-// answers queue (bounded) and it is dropped, while other peers are served meanwhile.
+// answers queue (bounded) and it is dropped; the source then still serves a healthy
+// requester (its threads were not left blocked on the dropped peer).
 TEST_F(RdmaControlTest, PeerThatNeverReadsIsDroppedNotWaitedOn) {
     ExpectErrorLogs();
     ote_engine_t *src = RdmaEngine("20000", "1000");
@@ -354,8 +370,9 @@ TEST_F(RdmaControlTest, UnacknowledgedNotificationFailsAtItsDeadline) {
     ote_status_t st = ote_notify_send(e, seg, "ping", 4);
     uint64_t took = ote_now_ns() - t0;
     EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
-    EXPECT_GE(took, 1400 * kMs);
-    EXPECT_LT(took, 6 * kSec);
+    // The notification's deadline starts inside ote_notify_send, after t0: not before it.
+    EXPECT_GE(took, 1500 * kMs) << took / kMs << " ms";
+    EXPECT_LT(took, 10 * kSec) << took / kMs << " ms";
     EXPECT_EQ(ote_segment_close(seg), OTE_OK) << "the expired notification still holds the segment";
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
     ASSERT_TRUE(target.Cont());
@@ -375,7 +392,7 @@ TEST_F(RdmaControlTest, FullNotificationQueueAnswersAgain) {
     EXPECT_EQ(ote_status_code(ote_notify_send(e, seg, "n", 1)), OTE_ERR_AGAIN);
     char b[8];
     size_t len = 0;
-    ASSERT_EQ(ote_notify_recv(dst, b, sizeof(b), &len, nullptr, 0, kSec), OTE_OK);
+    ASSERT_EQ(ote_notify_recv(dst, b, sizeof(b), &len, nullptr, 0, 10 * kSec), OTE_OK);
     EXPECT_EQ(ote_notify_send(e, seg, "n", 1), OTE_OK);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
@@ -406,7 +423,7 @@ TEST_F(RdmaControlTest, DestroyJoinsControlThreadsOfOpenConnections) {
     EXPECT_LT(ote_now_ns() - t0, 5 * kSec);
     EXPECT_EQ(ote__rdma_retained_transports_get(), before);
     for (int fd : fds) {
-        EXPECT_TRUE(ClosedByPeer(fd, 2000));
+        EXPECT_TRUE(ClosedByPeer(fd, 5000));
         close(fd);
     }
 }
