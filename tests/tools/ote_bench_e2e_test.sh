@@ -103,8 +103,9 @@ if run read_corrupt 1 --op read --block-size 4K --batch-size 4 --total-bytes 64K
     json_ok read_corrupt 1 failed 65536
 fi
 
-# Without --check the line says "off"; with --duration the run is time-bound.
-if run duration_off 0 --op read --block-size 64K --batch-size 8 --duration 200ms --json; then
+# Without --check the line says "off"; with --duration the run is time-bound (1 s: long
+# enough that even a loaded machine completes a batch inside it).
+if run duration_off 0 --op read --block-size 64K --batch-size 8 --duration 1s --json; then
     json_ok duration_off 1 off 65536
 fi
 
@@ -134,6 +135,49 @@ if run rdma_corrupt 1 --transport rdma --op read --block-size 4K --batch-size 4 
     json_ok rdma_corrupt 1 failed 65536 rdma
 fi
 unset OTE_VERBS_PROVIDER
+
+# Two processes: a target started on its own (--role target) and an initiator that names
+# it (--target), once asking it for its buffer (and checking every byte), once given the
+# buffer on the command line (--remote-addr/--remote-len, no control requests). The
+# target's report line is awaited for at most 30 s; SIGTERM ends it, within 30 s.
+timeout -k 5 300 "$BENCH" --role target --listen 127.0.0.1:0 --buffer-size 16M \
+    >"$TMP/target.out" 2>"$TMP/target.err" &
+TARGET_PID=$!
+REPORT=""
+for _ in $(seq 300); do
+    REPORT="$(grep -m1 '^OTEB1 TARGET ' "$TMP/target.out" 2>/dev/null)"
+    [ -n "$REPORT" ] && break
+    kill -0 "$TARGET_PID" 2>/dev/null || break
+    sleep 0.1
+done
+if [ -z "$REPORT" ]; then
+    fail "target_role: no report line"; cat "$TMP/target.out" "$TMP/target.err"
+else
+    # OTEB1 TARGET <host:port> <buffer address> <length>
+    read -r _ _ T_ADDR T_BUF T_LEN <<<"$REPORT"
+    if run named_target 0 --target "$T_ADDR" --op write --block-size 4K,64K --batch-size 4 \
+        --total-bytes 1M --json --check; then
+        json_ok named_target 2 ok 1048576
+    fi
+    if run remote_given 0 --target "$T_ADDR" --remote-addr "$T_BUF" --remote-len "$T_LEN" \
+        --op read --block-size 64K --batch-size 4 --total-bytes 1M --json; then
+        json_ok remote_given 1 off 1048576
+    fi
+fi
+kill -TERM "$TARGET_PID" 2>/dev/null
+T_RC=0
+for _ in $(seq 300); do
+    kill -0 "$TARGET_PID" 2>/dev/null || break
+    sleep 0.1
+done
+if kill -0 "$TARGET_PID" 2>/dev/null; then
+    kill -KILL "$TARGET_PID" 2>/dev/null
+    fail "target_role: did not stop within 30 s of SIGTERM"
+fi
+wait "$TARGET_PID" 2>/dev/null || T_RC=$?
+if [ -n "$REPORT" ]; then
+    if [ "$T_RC" -eq 0 ]; then pass target_role; else fail "target_role: exit status $T_RC"; cat "$TMP/target.err"; fi
+fi
 
 # Bad usage: exit status 2 and a message naming the option.
 if run bad_usage 2 --block-size 0; then
