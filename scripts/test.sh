@@ -125,6 +125,7 @@ record "consumer workspace cannot use //context (not visible)" $?
 
 PASSED=$((PASSED + CHECKS_PASSED)) FAILED=$((FAILED + CHECKS_FAILED))
 echo
+echo "scripts/test.sh took $((SECONDS / 60)) min $((SECONDS % 60)) s"
 for line in "${SUMMARY[@]}"; do echo "$line"; done
 echo "checks: $CHECKS_PASSED passed, $CHECKS_FAILED failed, 0 skipped"
 echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"

@@ -178,7 +178,7 @@ TEST_F(QpTest, WorkersCompleteManyWindowsExactlyOnce) {
     for (size_t i = 0; i < kMem; i++) mem_[0][i] = (uint8_t)(i % 251);
     const size_t kWindows = 50, kPer = 8, kLen = 2048;
     size_t posted = 0;
-    ote_deadline_t d = Soon(20000);
+    ote_deadline_t d = Soon(60000);
     for (size_t win = 0; win < kWindows && !ote_deadline_expired(d);) {
         auto v = Window(0, win * kPer, kPer, kLen);
         ote_qp_post_result_t res;
