@@ -182,7 +182,8 @@ ote_status_t ote_cuda_driver_load(const char *path, ote_cuda_driver_t **drv_out)
     if (drv_out == NULL) return OTE_ERR_INVALID;
     if (path == NULL) path = getenv("OTE_CUDA_LIBRARY");
     if (path == NULL || path[0] == '\0') path = "libcuda.so.1";
-    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    /* NODELETE: a driver is never unmapped (its threads and callbacks may outlive us). */
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (dl == NULL) {
         OTE_INFO("cuda", "no CUDA driver: dlopen(%s) failed: %s", path, dlerror());
         return OTE_ERR_NO_DEVICE;

@@ -86,7 +86,8 @@ static ote_status_t stream_retry(void *owner) {
     if (s->state == OTE_CUDA_STREAM_RETAINED) {
         ote_status_t st = ote_cuda_device_make_current(s->dev);
         if (st != OTE_OK) return st;
-        ote_cu_result_t res = s->t->cuEventQuery(s->event);
+        /* The stream, not the event: a failed record leaves work the event does not cover. */
+        ote_cu_result_t res = s->t->cuStreamQuery(s->stream);
         if (res != OTE_CU_SUCCESS) return ote_cuda_status(res);
         release_holds(s);
         s->state = OTE_CUDA_STREAM_IDLE;
@@ -229,18 +230,18 @@ ote_status_t ote_cuda_stream_commit(ote_cuda_stream_t *s, ote_cuda_stream_done_f
     if (st != OTE_OK) return st;
     st = ote_cuda_device_make_current(s->dev);
     if (st != OTE_OK) return st;
+    if (done != NULL) {
+        /* Before the event, so that a completed event proves the callback has run. */
+        st = ote_cuda_check(s->drv, s->t->cuLaunchHostFunc(s->stream, done, arg), "cuLaunchHostFunc");
+        if (st != OTE_OK) {
+            drain_after_failure(s);
+            return st;
+        }
+    }
     st = ote_cuda_check(s->drv, s->t->cuEventRecord(s->event, s->stream), "cuEventRecord");
     if (st != OTE_OK) {
         drain_after_failure(s);
         return st;
-    }
-    if (done != NULL) {
-        st = ote_cuda_check(s->drv, s->t->cuLaunchHostFunc(s->stream, done, arg), "cuLaunchHostFunc");
-        if (st != OTE_OK) {
-            /* The callback will not run: drain so the caller gets a settled stream. */
-            drain_after_failure(s);
-            return st;
-        }
     }
     s->state = OTE_CUDA_STREAM_PENDING;
     return OTE_OK;
@@ -287,9 +288,11 @@ ote_status_t ote_cuda_stream_reclaim(ote_cuda_stream_t *s) {
     if (s->state != OTE_CUDA_STREAM_RETAINED) return OTE_OK;
     ote_status_t st = ote_cuda_device_make_current(s->dev);
     if (st != OTE_OK) return st;
-    ote_cu_result_t res = s->t->cuEventQuery(s->event);
+    /* An idle stream proves every piece of work enqueued on it complete, including work a
+     * failed record left without an event. */
+    ote_cu_result_t res = s->t->cuStreamQuery(s->stream);
     if (res == OTE_CU_ERROR_NOT_READY) return OTE_ERR_AGAIN;
-    if (res != OTE_CU_SUCCESS) return ote_cuda_check(s->drv, res, "cuEventQuery (reclaim)");
+    if (res != OTE_CU_SUCCESS) return ote_cuda_check(s->drv, res, "cuStreamQuery (reclaim)");
     release_holds(s);
     s->state = OTE_CUDA_STREAM_IDLE;
     ote__cuda_retained_note(s->drv, -1);

@@ -75,7 +75,9 @@ ote_status_t ote_cuda_stream_hold_host(ote_cuda_stream_t *s, ote_cuda_host_mem_t
 ote_status_t ote_cuda_stream_hold_chunk(ote_cuda_stream_t *s, ote_cuda_staging_t *pool,
                                         const ote_cuda_chunk_t *chunk);
 /* Record the completion event; done (optional) runs on a driver thread once the work
- * before it completed. */
+ * before it completed, and before the event completes (so a poll that returns OTE_OK
+ * proves it has run). If done was enqueued and the record then fails, done still runs
+ * during the drain. */
 ote_status_t ote_cuda_stream_commit(ote_cuda_stream_t *s, ote_cuda_stream_done_fn done, void *arg);
 /* OTE_OK: idle (work complete, holds released); OTE_ERR_AGAIN: pending; OTE_ERR_STATE:
  * open (not committed); OTE_ERR_RETAINED; another status: the query failed just now and
