@@ -24,7 +24,7 @@
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-scripts/deps.sh || { echo "dependency installation failed"; echo "0 passed, 1 failed"; exit 1; }
+scripts/deps.sh || { echo "dependency installation failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 
 PASSED=0 FAILED=0 SKIPPED=0           # totals
 CHECKS_PASSED=0 CHECKS_FAILED=0        # checks that are not Bazel tests
