@@ -49,135 +49,186 @@ static void port_defaults(sim_port_t *pt) {
     pt->ngid = SIM_GID_TBL_LEN;
 }
 
+/* Log why the configuration is refused and refuse it. */
 #define CFG_FAIL(...)                        \
     do {                                     \
         OTE_WARN(SIM_LOG, __VA_ARGS__);      \
-        st = OTE_ERR_INVALID;                \
-        goto out;                            \
+        return OTE_ERR_INVALID;              \
     } while (0)
 
-ote_status_t ote__sim_config_parse(const char *text, sim_config_t *cfg) {
-    ote_status_t st = OTE_OK;
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->retry_cap_ms = 3000;
-    if (!text || !*text) text = k_default;
-    char *copy = ote_strdup(text);
-    if (!copy) return OTE_ERR_NOMEM;
-    char *save_item = NULL;
-    for (char *item = strtok_r(copy, ";", &save_item); item; item = strtok_r(NULL, ";", &save_item)) {
-        while (*item == ' ' || *item == '\n' || *item == '\t') item++;
-        if (!*item) continue;
-        char *save_kv = NULL;
-        int kind = 0; /* 1 dev, 2 port, 3 gid, 4 global */
-        sim_dev_t *d = cfg->ndev ? &cfg->devs[cfg->ndev - 1] : NULL;
-        sim_port_t *pt = NULL;
-        sim_gid_t gid_e;
-        memset(&gid_e, 0, sizeof(gid_e));
-        long gid_index = -1;
-        for (char *kv = strtok_r(item, ",", &save_kv); kv; kv = strtok_r(NULL, ",", &save_kv)) {
-            while (*kv == ' ') kv++;
-            char *val = strchr(kv, '=');
-            if (val) *val++ = '\0';
-            unsigned long x = 0;
-            if (kind == 0) {
-                if (!strcmp(kv, "dev")) {
-                    if (cfg->ndev >= SIM_MAX_DEVS) CFG_FAIL("sim config: more than %d devices", SIM_MAX_DEVS);
-                    if (!val || !*val || strlen(val) >= IBV_SYSFS_NAME_MAX)
-                        CFG_FAIL("sim config: bad device name");
-                    d = &cfg->devs[cfg->ndev++];
-                    memset(d, 0, sizeof(*d));
-                    d->index = cfg->ndev - 1;
-                    snprintf(d->ibdev.name, sizeof(d->ibdev.name), "%s", val);
-                    snprintf(d->ibdev.dev_name, sizeof(d->ibdev.dev_name), "uverbs-%s", val);
-                    d->ibdev.node_type = IBV_NODE_CA;
-                    d->ibdev.transport_type = IBV_TRANSPORT_IB;
-                    kind = 1;
-                } else if (!strcmp(kv, "port")) {
-                    if (!d) CFG_FAIL("sim config: port before dev");
-                    if (d->nports >= SIM_MAX_PORTS) CFG_FAIL("sim config: more than %d ports", SIM_MAX_PORTS);
-                    if (val && (!parse_uint(val, SIM_MAX_PORTS, &x) || (int)x != d->nports + 1))
-                        CFG_FAIL("sim config: ports must be numbered 1, 2, ... in order");
-                    pt = &d->ports[d->nports++];
-                    port_defaults(pt);
-                    kind = 2;
-                } else if (!strcmp(kv, "gid")) {
-                    if (!d || !d->nports) CFG_FAIL("sim config: gid before port");
-                    pt = &d->ports[d->nports - 1];
-                    if (!val) CFG_FAIL("sim config: gid needs a value");
-                    gid_e.valid = true;
-                    gid_e.type = IBV_GID_TYPE_ROCE_V2;
-                    if (!strcmp(val, "auto-v4")) gid_e.kind = SIM_GID_AUTO_V4;
-                    else if (!strcmp(val, "auto-ll")) gid_e.kind = SIM_GID_AUTO_LL;
-                    else if (!strcmp(val, "auto-v6")) gid_e.kind = SIM_GID_AUTO_V6;
-                    else {
-                        struct in_addr a4;
-                        gid_e.kind = SIM_GID_EXPLICIT;
-                        if (inet_pton(AF_INET6, val, gid_e.gid.raw) == 1) {
-                        } else if (inet_pton(AF_INET, val, &a4) == 1) {
-                            memset(gid_e.gid.raw, 0, 16);
-                            gid_e.gid.raw[10] = 0xff;
-                            gid_e.gid.raw[11] = 0xff;
-                            memcpy(&gid_e.gid.raw[12], &a4, 4);
-                        } else {
-                            CFG_FAIL("sim config: bad gid '%s'", val);
-                        }
-                    }
-                    kind = 3;
-                } else if (!strcmp(kv, "retry_cap_ms")) {
-                    if (!parse_uint(val, 3600000, &x) || x == 0) CFG_FAIL("sim config: bad retry_cap_ms");
-                    cfg->retry_cap_ms = (uint32_t)x;
-                    kind = 4;
-                } else {
-                    CFG_FAIL("sim config: unknown item '%s'", kv);
-                }
-                continue;
-            }
-            if (kind == 1 && !strcmp(kv, "numa")) {
-                if (!val || !*val) CFG_FAIL("sim config: bad numa");
-                long n = strtol(val, NULL, 10);
-                if (n < -1 || n > 1023) CFG_FAIL("sim config: bad numa");
-                d->numa = (int)n;
-            } else if (kind == 2 && !strcmp(kv, "state")) {
-                if (val && !strcmp(val, "active")) pt->state = IBV_PORT_ACTIVE;
-                else if (val && !strcmp(val, "down")) pt->state = IBV_PORT_DOWN;
-                else if (val && !strcmp(val, "init")) pt->state = IBV_PORT_INIT;
-                else CFG_FAIL("sim config: bad port state");
-            } else if (kind == 2 && !strcmp(kv, "mtu")) {
-                if (!parse_uint(val, 65536, &x) || x < 256) CFG_FAIL("sim config: bad mtu");
-                pt->netdev_mtu = (int)x;
-                pt->active_mtu = mtu_from_netdev((int)x);
-            } else if (kind == 2 && !strcmp(kv, "link")) {
-                if (val && !strcmp(val, "eth")) pt->link_layer = IBV_LINK_LAYER_ETHERNET;
-                else if (val && !strcmp(val, "ib")) pt->link_layer = IBV_LINK_LAYER_INFINIBAND;
-                else CFG_FAIL("sim config: bad link");
-            } else if (kind == 2 && !strcmp(kv, "lid")) {
-                if (!parse_uint(val, 0xbfff, &x)) CFG_FAIL("sim config: bad lid");
-                pt->lid = (uint16_t)x;
-            } else if (kind == 2 && !strcmp(kv, "gids")) {
-                if (!parse_uint(val, SIM_GID_TBL_LEN, &x) || x == 0) CFG_FAIL("sim config: bad gids");
-                pt->ngid = (int)x;
-            } else if (kind == 3 && !strcmp(kv, "type")) {
-                if (val && !strcmp(val, "v1")) gid_e.type = IBV_GID_TYPE_ROCE_V1;
-                else if (val && !strcmp(val, "v2")) gid_e.type = IBV_GID_TYPE_ROCE_V2;
-                else if (val && !strcmp(val, "ib")) gid_e.type = IBV_GID_TYPE_IB;
-                else CFG_FAIL("sim config: bad gid type");
-            } else if (kind == 3 && !strcmp(kv, "index")) {
-                if (!parse_uint(val, SIM_GID_TBL_LEN - 1, &x)) CFG_FAIL("sim config: bad gid index");
-                gid_index = (long)x;
-            } else {
-                CFG_FAIL("sim config: unknown key '%s'", kv);
-            }
-        }
-        if (kind == 3) {
-            if (gid_index < 0) {
-                for (gid_index = 0; gid_index < pt->ngid && pt->gids[gid_index].valid; gid_index++) {
-                }
-            }
-            if (gid_index >= pt->ngid) CFG_FAIL("sim config: GID table full");
-            if (pt->gids[gid_index].valid) CFG_FAIL("sim config: GID index %ld used twice", gid_index);
-            pt->gids[gid_index] = gid_e;
+/* The item being parsed: what its first key made (kind) and where its options go. */
+enum { ITEM_NONE = 0, ITEM_DEV, ITEM_PORT, ITEM_GID, ITEM_GLOBAL };
+
+typedef struct {
+    int kind;
+    sim_dev_t *d;    /* the last device */
+    sim_port_t *pt;  /* ITEM_PORT, ITEM_GID: the port */
+    sim_gid_t gid;   /* ITEM_GID: the entry, placed when the item ends */
+    long gid_index;  /* ITEM_GID: -1 = the first free index */
+} cfg_item_t;
+
+/* An IPv6 literal, or an IPv4 address stored IPv4-mapped. */
+static ote_status_t parse_gid_addr(const char *val, union ibv_gid *gid) {
+    struct in_addr a4;
+    if (inet_pton(AF_INET6, val, gid->raw) == 1) return OTE_OK;
+    if (inet_pton(AF_INET, val, &a4) != 1) CFG_FAIL("sim config: bad gid '%s'", val);
+    memset(gid->raw, 0, 16);
+    gid->raw[10] = 0xff;
+    gid->raw[11] = 0xff;
+    memcpy(&gid->raw[12], &a4, 4);
+    return OTE_OK;
+}
+
+static ote_status_t head_dev(sim_config_t *cfg, cfg_item_t *it, const char *val) {
+    if (cfg->ndev >= SIM_MAX_DEVS) CFG_FAIL("sim config: more than %d devices", SIM_MAX_DEVS);
+    if (!val || !*val || strlen(val) >= IBV_SYSFS_NAME_MAX) CFG_FAIL("sim config: bad device name");
+    sim_dev_t *d = &cfg->devs[cfg->ndev++];
+    memset(d, 0, sizeof(*d));
+    d->index = cfg->ndev - 1;
+    snprintf(d->ibdev.name, sizeof(d->ibdev.name), "%s", val);
+    snprintf(d->ibdev.dev_name, sizeof(d->ibdev.dev_name), "uverbs-%s", val);
+    d->ibdev.node_type = IBV_NODE_CA;
+    d->ibdev.transport_type = IBV_TRANSPORT_IB;
+    it->d = d;
+    it->kind = ITEM_DEV;
+    return OTE_OK;
+}
+
+static ote_status_t head_port(cfg_item_t *it, const char *val) {
+    sim_dev_t *d = it->d;
+    unsigned long x = 0;
+    if (!d) CFG_FAIL("sim config: port before dev");
+    if (d->nports >= SIM_MAX_PORTS) CFG_FAIL("sim config: more than %d ports", SIM_MAX_PORTS);
+    if (val && (!parse_uint(val, SIM_MAX_PORTS, &x) || (int)x != d->nports + 1))
+        CFG_FAIL("sim config: ports must be numbered 1, 2, ... in order");
+    it->pt = &d->ports[d->nports++];
+    port_defaults(it->pt);
+    it->kind = ITEM_PORT;
+    return OTE_OK;
+}
+
+static ote_status_t head_gid(cfg_item_t *it, const char *val) {
+    if (!it->d || !it->d->nports) CFG_FAIL("sim config: gid before port");
+    if (!val) CFG_FAIL("sim config: gid needs a value");
+    it->pt = &it->d->ports[it->d->nports - 1];
+    it->gid.valid = true;
+    it->gid.type = IBV_GID_TYPE_ROCE_V2;
+    it->kind = ITEM_GID;
+    if (!strcmp(val, "auto-v4")) it->gid.kind = SIM_GID_AUTO_V4;
+    else if (!strcmp(val, "auto-ll")) it->gid.kind = SIM_GID_AUTO_LL;
+    else if (!strcmp(val, "auto-v6")) it->gid.kind = SIM_GID_AUTO_V6;
+    else {
+        it->gid.kind = SIM_GID_EXPLICIT;
+        return parse_gid_addr(val, &it->gid.gid);
+    }
+    return OTE_OK;
+}
+
+/* The first key of an item says what it is. */
+static ote_status_t parse_head(sim_config_t *cfg, cfg_item_t *it, const char *key, const char *val) {
+    if (!strcmp(key, "dev")) return head_dev(cfg, it, val);
+    if (!strcmp(key, "port")) return head_port(it, val);
+    if (!strcmp(key, "gid")) return head_gid(it, val);
+    if (!strcmp(key, "retry_cap_ms")) {
+        unsigned long x = 0;
+        if (!parse_uint(val, 3600000, &x) || x == 0) CFG_FAIL("sim config: bad retry_cap_ms");
+        cfg->retry_cap_ms = (uint32_t)x;
+        it->kind = ITEM_GLOBAL;
+        return OTE_OK;
+    }
+    CFG_FAIL("sim config: unknown item '%s'", key);
+}
+
+static ote_status_t port_option(sim_port_t *pt, const char *key, const char *val) {
+    unsigned long x = 0;
+    if (!strcmp(key, "state")) {
+        if (val && !strcmp(val, "active")) pt->state = IBV_PORT_ACTIVE;
+        else if (val && !strcmp(val, "down")) pt->state = IBV_PORT_DOWN;
+        else if (val && !strcmp(val, "init")) pt->state = IBV_PORT_INIT;
+        else CFG_FAIL("sim config: bad port state");
+    } else if (!strcmp(key, "mtu")) {
+        if (!parse_uint(val, 65536, &x) || x < 256) CFG_FAIL("sim config: bad mtu");
+        pt->netdev_mtu = (int)x;
+        pt->active_mtu = mtu_from_netdev((int)x);
+    } else if (!strcmp(key, "link")) {
+        if (val && !strcmp(val, "eth")) pt->link_layer = IBV_LINK_LAYER_ETHERNET;
+        else if (val && !strcmp(val, "ib")) pt->link_layer = IBV_LINK_LAYER_INFINIBAND;
+        else CFG_FAIL("sim config: bad link");
+    } else if (!strcmp(key, "lid")) {
+        if (!parse_uint(val, 0xbfff, &x)) CFG_FAIL("sim config: bad lid");
+        pt->lid = (uint16_t)x;
+    } else if (!strcmp(key, "gids")) {
+        if (!parse_uint(val, SIM_GID_TBL_LEN, &x) || x == 0) CFG_FAIL("sim config: bad gids");
+        pt->ngid = (int)x;
+    } else {
+        CFG_FAIL("sim config: unknown key '%s'", key);
+    }
+    return OTE_OK;
+}
+
+static ote_status_t gid_option(cfg_item_t *it, const char *key, const char *val) {
+    unsigned long x = 0;
+    if (!strcmp(key, "type")) {
+        if (val && !strcmp(val, "v1")) it->gid.type = IBV_GID_TYPE_ROCE_V1;
+        else if (val && !strcmp(val, "v2")) it->gid.type = IBV_GID_TYPE_ROCE_V2;
+        else if (val && !strcmp(val, "ib")) it->gid.type = IBV_GID_TYPE_IB;
+        else CFG_FAIL("sim config: bad gid type");
+    } else if (!strcmp(key, "index")) {
+        if (!parse_uint(val, SIM_GID_TBL_LEN - 1, &x)) CFG_FAIL("sim config: bad gid index");
+        it->gid_index = (long)x;
+    } else {
+        CFG_FAIL("sim config: unknown key '%s'", key);
+    }
+    return OTE_OK;
+}
+
+/* A key after the first one: an option of what the item made. */
+static ote_status_t parse_option(cfg_item_t *it, const char *key, const char *val) {
+    if (it->kind == ITEM_DEV && !strcmp(key, "numa")) {
+        if (!val || !*val) CFG_FAIL("sim config: bad numa");
+        long n = strtol(val, NULL, 10);
+        if (n < -1 || n > 1023) CFG_FAIL("sim config: bad numa");
+        it->d->numa = (int)n;
+        return OTE_OK;
+    }
+    if (it->kind == ITEM_PORT) return port_option(it->pt, key, val);
+    if (it->kind == ITEM_GID) return gid_option(it, key, val);
+    CFG_FAIL("sim config: unknown key '%s'", key);
+}
+
+/* A GID item ends by taking its index (the first free one unless given). */
+static ote_status_t place_gid(cfg_item_t *it) {
+    sim_port_t *pt = it->pt;
+    long i = it->gid_index;
+    if (i < 0) {
+        for (i = 0; i < pt->ngid && pt->gids[i].valid; i++) {
         }
     }
+    if (i >= pt->ngid) CFG_FAIL("sim config: GID table full");
+    if (pt->gids[i].valid) CFG_FAIL("sim config: GID index %ld used twice", i);
+    pt->gids[i] = it->gid;
+    return OTE_OK;
+}
+
+/* One ';'-separated item: comma-separated key=value, the first key says what it is. */
+static ote_status_t parse_item(sim_config_t *cfg, char *item) {
+    cfg_item_t it;
+    memset(&it, 0, sizeof(it));
+    it.d = cfg->ndev ? &cfg->devs[cfg->ndev - 1] : NULL;
+    it.gid_index = -1;
+    char *save_kv = NULL;
+    for (char *kv = strtok_r(item, ",", &save_kv); kv; kv = strtok_r(NULL, ",", &save_kv)) {
+        while (*kv == ' ') kv++;
+        char *val = strchr(kv, '=');
+        if (val) *val++ = '\0';
+        ote_status_t st = it.kind == ITEM_NONE ? parse_head(cfg, &it, kv, val) : parse_option(&it, kv, val);
+        if (st != OTE_OK) return st;
+    }
+    return it.kind == ITEM_GID ? place_gid(&it) : OTE_OK;
+}
+
+/* Whole-configuration rules: at least one device, every device has a port, names differ. */
+static ote_status_t config_check(const sim_config_t *cfg) {
     if (cfg->ndev == 0) CFG_FAIL("sim config: no device");
     for (int i = 0; i < cfg->ndev; i++) {
         if (cfg->devs[i].nports == 0) CFG_FAIL("sim config: device %s has no port", cfg->devs[i].ibdev.name);
@@ -185,12 +236,29 @@ ote_status_t ote__sim_config_parse(const char *text, sim_config_t *cfg) {
             if (!strcmp(cfg->devs[i].ibdev.name, cfg->devs[j].ibdev.name))
                 CFG_FAIL("sim config: device name %s used twice", cfg->devs[i].ibdev.name);
     }
+    return OTE_OK;
+}
+
+ote_status_t ote__sim_config_parse(const char *text, sim_config_t *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->retry_cap_ms = 3000;
+    if (!text || !*text) text = k_default;
+    char *copy = ote_strdup(text);
+    if (!copy) return OTE_ERR_NOMEM;
+    ote_status_t st = OTE_OK;
+    char *save_item = NULL;
+    for (char *item = strtok_r(copy, ";", &save_item); item && st == OTE_OK;
+         item = strtok_r(NULL, ";", &save_item)) {
+        while (*item == ' ' || *item == '\n' || *item == '\t') item++;
+        if (*item) st = parse_item(cfg, item);
+    }
+    ote_free(copy);
+    if (st == OTE_OK) st = config_check(cfg);
+    if (st != OTE_OK) return st;
     const char *env = getenv("OTE_SIM_RETRY_CAP_MS");
     unsigned long x = 0;
     if (env && parse_uint(env, 3600000, &x) && x > 0) cfg->retry_cap_ms = (uint32_t)x;
-out:
-    ote_free(copy);
-    return st;
+    return OTE_OK;
 }
 
 /* ---- unique auto GIDs and listeners ---- */
