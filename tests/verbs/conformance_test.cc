@@ -28,6 +28,9 @@ extern "C" {
 
 namespace {
 
+// How long a poll for an fd that must become readable may wait (reached only on failure).
+constexpr int kPollMs = 10000;
+
 
 using Buf = ote_test::VerbsBuf;
 
@@ -399,14 +402,14 @@ TEST_P(Conformance, CqOverrunIsAnError) {
     int afl = fcntl(ctx_->async_fd, F_GETFL);
     ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, afl | O_NONBLOCK), 0);
     struct pollfd pfd = {ctx_->async_fd, POLLIN, 0};
-    ASSERT_EQ(poll(&pfd, 1, 5000), 1);
+    ASSERT_EQ(poll(&pfd, 1, kPollMs), 1);
     bool cq_err = false, qp_fatal = false;
     struct ibv_async_event ev;
     while (o_->get_async_event(v_, ctx_, &ev) == 0) {
         if (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == scq) cq_err = true;
         if (ev.event_type == IBV_EVENT_QP_FATAL && (ev.element.qp == a || ev.element.qp == b)) qp_fatal = true;
         o_->ack_async_event(v_, &ev);
-        if (!(cq_err && qp_fatal)) poll(&pfd, 1, 5000);
+        if (!(cq_err && qp_fatal)) poll(&pfd, 1, kPollMs);
     }
     EXPECT_TRUE(cq_err);
     EXPECT_TRUE(qp_fatal);
@@ -846,7 +849,8 @@ TEST_P(Conformance, PeerQpGoneEndsInRetryExceeded) {
     ASSERT_EQ(s.size(), 1u);
     EXPECT_EQ(s[0].status, IBV_WC_RETRY_EXC_ERR);
     if (IsSim()) {
-        EXPECT_LE(ote_now_ns() - t0, (uint64_t)(ote_sim_retry_cap_ms(v_) + 2000) * OTE_NSEC_PER_MSEC);
+        // bounded by the cap (with room for a loaded machine), not by the 30 s wait above
+        EXPECT_LE(ote_now_ns() - t0, (uint64_t)(ote_sim_retry_cap_ms(v_) + 10000) * OTE_NSEC_PER_MSEC);
     }
 }
 
@@ -901,7 +905,7 @@ TEST_P(Conformance, SimAsyncEventsThroughTheAsyncFd) {
     ASSERT_EQ(o_->query_gid_ex(v_, ctx_, 1, 9, &e), 0);
     EXPECT_EQ(memcmp(e.gid.raw, g.raw, 16), 0);
     ASSERT_EQ(ote_sim_qp_fatal(v_, qp), OTE_OK);
-    ASSERT_EQ(poll(&pfd, 1, 5000), 1);
+    ASSERT_EQ(poll(&pfd, 1, kPollMs), 1);
     std::vector<enum ibv_event_type> got;
     for (int i = 0; i < 4; i++) {
         struct ibv_async_event ev;

@@ -275,7 +275,7 @@ TEST_F(MultiProcess, PeerKilledMidStreamGivesRetryExceeded) {
     // more work after the death: it can never be acknowledged
     for (int i = 0; i < 4; i++) ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 0, 4096, 0, (uint64_t)(100 + i)), 0);
     uint64_t bound_ns = (uint64_t)ote_sim_retry_cap_ms(v_) * OTE_NSEC_PER_MSEC;
-    auto rest = Poll(scq_, (size_t)n - 1 + 4, bound_ns + 10 * OTE_NSEC_PER_SEC);
+    auto rest = Poll(scq_, (size_t)n - 1 + 4, bound_ns + 20 * OTE_NSEC_PER_SEC);
     ASSERT_EQ(rest.size(), (size_t)n - 1 + 4);
     size_t i = 0;
     while (i < rest.size() && rest[i].status == IBV_WC_SUCCESS) i++;
@@ -287,7 +287,7 @@ TEST_F(MultiProcess, PeerKilledMidStreamGivesRetryExceeded) {
     uint64_t took = ote_now_ns() - t_kill;
     printf("[ multiprocess ] peer killed: %zu WRs had completed, RETRY_EXC_ERR after %.0f ms (cap %u ms)\n", i + 1,
            (double)took / 1e6, ote_sim_retry_cap_ms(v_));
-    EXPECT_LE(took, bound_ns + 2 * OTE_NSEC_PER_SEC);
+    EXPECT_LE(took, bound_ns + 10 * OTE_NSEC_PER_SEC) << "bounded by the cap (room left for a loaded machine)";
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
     ASSERT_EQ(o_->query_qp(v_, qp_, &a, IBV_QP_STATE, &ia), 0);

@@ -39,6 +39,8 @@ extern "C" {
 namespace {
 
 constexpr uint64_t kWaitNs = ote_test::kVerbsWaitNs;
+// How long a poll for an fd that must become readable may wait (reached only on failure).
+constexpr int kPollMs = 10000;
 
 // The sim's wire header (verbs/sim/sim_internal.h, sim_hdr_t), mirrored: the tests speak
 // the protocol from outside, as a process that is not a sim would.
@@ -114,8 +116,13 @@ class Raw {
         }
         return true;
     }
+    // Header and payload in one send: the sim may end the stream once it has read a
+    // message, so a message is never split across two sends that could race that.
     bool SendHdr(const WireHdr &h, const void *payload = nullptr, size_t n = 0) {
-        return Send(&h, sizeof(h)) && (n == 0 || Send(payload, n));
+        std::vector<uint8_t> msg(sizeof(h) + n);
+        memcpy(msg.data(), &h, sizeof(h));
+        if (n > 0) memcpy(msg.data() + sizeof(h), payload, n);
+        return Send(msg.data(), msg.size());
     }
     bool Hello(uint32_t src_qpn, uint32_t dst_qpn, const union ibv_gid &src_gid) {
         WireHdr h{};
@@ -353,8 +360,8 @@ TEST_F(SimSecurity, ForgedIdentityFromAnotherProcessIsRefused) {
         if (fd >= 0 && connect(fd, (struct sockaddr *)&sun, sl) == 0 &&
             send(fd, &msg, sizeof(msg), MSG_NOSIGNAL) == (ssize_t)sizeof(msg)) {
             struct pollfd pf = {fd, POLLIN, 0};
-            verdict = 'T';  // neither answer nor end within 5 s
-            if (poll(&pf, 1, 5000) == 1) {
+            verdict = 'T';  // neither answer nor end within 20 s
+            if (poll(&pf, 1, 20000) == 1) {
                 char b1;
                 ssize_t r = recv(fd, &b1, 1, 0);
                 verdict = r <= 0 ? 'E' : 'A';  // ended / answered
@@ -367,7 +374,7 @@ TEST_F(SimSecurity, ForgedIdentityFromAnotherProcessIsRefused) {
     close(pfd[1]);
     char verdict = 0;
     struct pollfd pf = {pfd[0], POLLIN, 0};
-    ASSERT_EQ(poll(&pf, 1, 10000), 1);
+    ASSERT_EQ(poll(&pf, 1, 40000), 1);
     ASSERT_EQ(read(pfd[0], &verdict, 1), 1);
     close(pfd[0]);
     int status = 0;
@@ -521,7 +528,7 @@ TEST_F(SimSecurity, RevokedWindowIsNotReadByAStalledReadResponse) {
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
     ASSERT_TRUE(c->SendHdr(Req(IBV_WR_RDMA_READ, 0, kBig, t->addr(), rkey)));
     struct pollfd pf = {c->fd(), POLLIN, 0};
-    ASSERT_EQ(poll(&pf, 1, 5000), 1) << "the response started";
+    ASSERT_EQ(poll(&pf, 1, kPollMs), 1) << "the response started";
     ASSERT_TRUE(LocalInv(b, rkey));
     memset(t->mem.data(), 0x5a, kBig);  // the owner reuses the memory
     WireHdr h{};
@@ -545,7 +552,7 @@ TEST_F(SimSecurity, DeregisteredMrIsNotReadByAStalledReadResponse) {
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
     ASSERT_TRUE(c->SendHdr(Req(IBV_WR_RDMA_READ, 0, kBig, (uint64_t)(uintptr_t)mem->data(), mr->rkey)));
     struct pollfd pf = {c->fd(), POLLIN, 0};
-    ASSERT_EQ(poll(&pf, 1, 5000), 1) << "the response started";
+    ASSERT_EQ(poll(&pf, 1, kPollMs), 1) << "the response started";
     ASSERT_EQ(o_->dereg_mr(v_, mr), 0);
     delete mem;  // freed (unmapped): a later read of it would fault or trip ASan
     WireHdr h{};
@@ -576,7 +583,7 @@ TEST_F(SimSecurity, ReadQueuedBehindARevokedWindowIsNaked) {
     ASSERT_TRUE(c->SendHdr(r1));
     ASSERT_TRUE(c->SendHdr(r2));
     struct pollfd pf = {c->fd(), POLLIN, 0};
-    ASSERT_EQ(poll(&pf, 1, 5000), 1);
+    ASSERT_EQ(poll(&pf, 1, kPollMs), 1);
     // r2 waits behind r1; revoke r2's window, then drain r1
     ASSERT_TRUE(LocalInv(b, rkey2));
     WireHdr h{};
@@ -712,7 +719,7 @@ TEST_F(SimSecurity, AckInPlaceOfAReadResponseIsABadResponse) {
     Buf *l = NewMem(8192, kRw, 0);
     ASSERT_EQ(PostSend(a, IBV_WR_RDMA_READ, l, 0, 4096, 1, 0x10000, 0x777), 0);
     struct pollfd pf = {lfd, POLLIN, 0};
-    ASSERT_EQ(poll(&pf, 1, 5000), 1);
+    ASSERT_EQ(poll(&pf, 1, kPollMs), 1);
     int fd = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     ASSERT_GE(fd, 0);
     Raw peer(fd);
