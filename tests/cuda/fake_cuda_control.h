@@ -16,6 +16,22 @@
  *   FAKE_CUDA_INIT_FAIL     if set, cuInit returns CUDA_ERROR_NO_DEVICE (100)
  *
  * All functions are thread-safe. Counters are a snapshot taken under the fake's locks.
+ *
+ * Host synchronisation is CUDA's documented one, so code that forgets a wait fails here:
+ *   - every stream (and each context's legacy NULL stream) is a worker thread running its
+ *     queue in order after a random delay; events complete when the worker passes them;
+ *   - cuMemcpy*Async with pinned host memory or device memory only returns at once; an
+ *     async HtoD from pageable memory has staged the source when it returns; an async
+ *     DtoH into pageable memory is complete when it returns;
+ *   - the synchronous cuMemcpyDtoH and cuMemcpyHtoD from pinned memory return complete;
+ *     cuMemcpyHtoD from PAGEABLE memory returns once the source is staged and cuMemcpyDtoD
+ *     and cuMemsetD8 (device memory) return at once: the bytes land when the legacy stream
+ *     gets to them. Later work on the legacy stream or on a BLOCKING stream (flags 0) is
+ *     ordered after them; a NON-BLOCKING stream, another process, or a NIC reading through
+ *     a dmabuf fd may see the old bytes until cuStreamSynchronize(NULL), unless the
+ *     allocation has CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 1 (then they return complete);
+ *   - cuMemFree / cuMemFreeHost / cuMemHostUnregister / cuIpcCloseMemHandle / cuMemUnmap
+ *     wait for queued work that touches the memory.
  */
 #ifndef OTE_TESTS_CUDA_FAKE_CUDA_CONTROL_H
 #define OTE_TESTS_CUDA_FAKE_CUDA_CONTROL_H

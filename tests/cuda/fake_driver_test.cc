@@ -280,6 +280,9 @@ int ChildIpcExport() {
     if (a.MemAlloc(&d, n) != CUDA_SUCCESS) return 30;
     std::vector<unsigned char> buf(n, 0x77);
     if (a.MemcpyHtoD(d, buf.data(), n) != CUDA_SUCCESS) return 31;
+    // A pageable HtoD may land after it returns: drain the legacy stream before another
+    // process reads.
+    if (a.StreamSynchronize(nullptr) != CUDA_SUCCESS) return 34;
     CUipcMemHandle h;
     if (a.IpcGetMemHandle(&h, d + 100) != CUDA_SUCCESS) return 32;
     std::string line = Hex(&h, sizeof(h)) + "\n";
@@ -629,6 +632,9 @@ TEST_F(FakeDriverTest, AsyncCopyIsReallyAsynchronous) {
     for (int t = 0; t < tries; t++) {
         std::vector<unsigned char> pattern(n, static_cast<unsigned char>(t + 1));
         ASSERT_EQ(a.MemcpyHtoD(d, pattern.data(), n), CUDA_SUCCESS);
+        // A pageable cuMemcpyHtoD may still be in flight on the legacy stream, which a
+        // non-blocking stream does not wait for.
+        ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
         std::memset(ph, 0, n);
         ASSERT_EQ(a.MemcpyDtoHAsync(ph, d, n, s), CUDA_SUCCESS);
         ASSERT_EQ(a.EventRecord(e, s), CUDA_SUCCESS);
@@ -660,6 +666,82 @@ TEST_F(FakeDriverTest, AsyncCopyIsReallyAsynchronous) {
     EXPECT_EQ(a.EventDestroy(e), CUDA_SUCCESS);
     EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFreeHost(pinned), CUDA_SUCCESS);
+    EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
+}
+
+// cuMemcpyHtoD from pageable memory returns once the source is staged, cuMemsetD8 on device
+// memory at once (CUDA's documented host synchronisation); a reader that does not go
+// through the stream (a NIC through the dmabuf) sees the old bytes until the legacy stream
+// drains, unless SYNC_MEMOPS is set on the allocation.
+TEST_F(FakeDriverTest, SyncMemopsMakesSynchronousCopiesComplete) {
+    a.SetMaxDelayUs(2000);
+    const size_t n = 4096;
+    CUdeviceptr d = 0;
+    ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
+    int fd = -1;
+    ASSERT_EQ(a.MemGetHandleForAddressRange(&fd, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0), CUDA_SUCCESS);
+    void *m = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    const volatile unsigned char *nic = static_cast<const volatile unsigned char *>(m);
+    int stale_copy = 0, stale_memset = 0;
+    const int tries = 20;
+    for (int t = 0; t < tries; t++) {
+        std::vector<unsigned char> src(n, static_cast<unsigned char>(2 * t + 1));
+        ASSERT_EQ(a.MemcpyHtoD(d, src.data(), n), CUDA_SUCCESS);
+        if (nic[n - 1] != 2 * t + 1) stale_copy++;
+        ASSERT_EQ(a.MemsetD8(d, static_cast<unsigned char>(2 * t + 2), n), CUDA_SUCCESS);
+        if (nic[n - 1] != 2 * t + 2) stale_memset++;
+        ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
+        EXPECT_EQ(nic[0], 2 * t + 2);
+        EXPECT_EQ(nic[n - 1], 2 * t + 2);
+    }
+    EXPECT_GT(stale_copy, 0) << "a pageable cuMemcpyHtoD always landed before returning";
+    EXPECT_GT(stale_memset, 0) << "cuMemsetD8 always landed before returning";
+    unsigned one = 1;
+    ASSERT_EQ(a.PointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d), CUDA_SUCCESS);
+    for (int t = 0; t < tries; t++) {
+        std::vector<unsigned char> src(n, static_cast<unsigned char>(100 + t));
+        ASSERT_EQ(a.MemcpyHtoD(d, src.data(), n), CUDA_SUCCESS);
+        EXPECT_EQ(nic[n - 1], 100 + t);
+        ASSERT_EQ(a.MemsetD8(d, static_cast<unsigned char>(200 + t), n), CUDA_SUCCESS);
+        EXPECT_EQ(nic[n - 1], 200 + t);
+    }
+    munmap(m, n);
+    close(fd);
+    EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
+}
+
+// The legacy stream synchronises with blocking streams (flags 0), not with non-blocking
+// ones: a DtoH on a blocking stream after a memset always sees it, on a non-blocking
+// stream only sometimes.
+TEST_F(FakeDriverTest, LegacyStreamOrdersBlockingStreamsOnly) {
+    a.SetMaxDelayUs(2000);
+    const size_t n = 4096;
+    CUdeviceptr d = 0;
+    ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
+    void *pin = nullptr;
+    ASSERT_EQ(a.MemHostAlloc(&pin, n, 0), CUDA_SUCCESS);
+    unsigned char *p = static_cast<unsigned char *>(pin);
+    CUstream blocking = nullptr, nonblocking = nullptr;
+    ASSERT_EQ(a.StreamCreate(&blocking, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+    ASSERT_EQ(a.StreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    int stale_nonblocking = 0;
+    const int tries = 20;
+    for (int t = 0; t < tries; t++) {
+        ASSERT_EQ(a.MemsetD8(d, static_cast<unsigned char>(t + 1), n), CUDA_SUCCESS);
+        ASSERT_EQ(a.MemcpyDtoHAsync(p, d, n, blocking), CUDA_SUCCESS);
+        ASSERT_EQ(a.StreamSynchronize(blocking), CUDA_SUCCESS);
+        EXPECT_EQ(p[n - 1], t + 1) << "a blocking stream waits for the legacy stream";
+        ASSERT_EQ(a.MemsetD8(d, static_cast<unsigned char>(t + 101), n), CUDA_SUCCESS);
+        ASSERT_EQ(a.MemcpyDtoHAsync(p, d, n, nonblocking), CUDA_SUCCESS);
+        ASSERT_EQ(a.StreamSynchronize(nonblocking), CUDA_SUCCESS);
+        if (p[n - 1] != t + 101) stale_nonblocking++;
+        ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
+    }
+    EXPECT_GT(stale_nonblocking, 0) << "a non-blocking stream never overtook the legacy stream";
+    EXPECT_EQ(a.StreamDestroy(blocking), CUDA_SUCCESS);
+    EXPECT_EQ(a.StreamDestroy(nonblocking), CUDA_SUCCESS);
+    EXPECT_EQ(a.MemFreeHost(pin), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
 }
 
@@ -725,6 +807,7 @@ TEST_F(FakeDriverTest, DestroyedStreamFinishesItsWork) {
     ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
     std::vector<unsigned char> pattern(n, 0x3c);
     ASSERT_EQ(a.MemcpyHtoD(d, pattern.data(), n), CUDA_SUCCESS);
+    ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
     void *pin = nullptr;
     ASSERT_EQ(a.MemHostAlloc(&pin, n, 0), CUDA_SUCCESS);
     std::memset(pin, 0, n);
@@ -822,6 +905,7 @@ TEST_F(FakeDriverTest, IpcAcrossProcesses) {
         ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
         std::vector<unsigned char> buf(n, 0x5a);
         ASSERT_EQ(a.MemcpyHtoD(d, buf.data(), n), CUDA_SUCCESS);
+        ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);  // landed before the child reads
         CUipcMemHandle h;
         uint64_t exports = Snap().ipc_exports;
         ASSERT_EQ(a.IpcGetMemHandle(&h, d + 4096), CUDA_SUCCESS);  // inside: the whole allocation
@@ -868,6 +952,8 @@ TEST_F(FakeDriverTest, DmabufFdShowsDeviceBytes) {
     ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
     std::vector<unsigned char> src(n);
     for (size_t i = 0; i < n; i++) src[i] = static_cast<unsigned char>(i ^ 0x5c);
+    unsigned one = 1;  // memory a NIC reads: synchronous copies complete before returning
+    ASSERT_EQ(a.PointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d), CUDA_SUCCESS);
     ASSERT_EQ(a.MemcpyHtoD(d, src.data(), n), CUDA_SUCCESS);
     int fd = -1;
     EXPECT_EQ(a.MemGetHandleForAddressRange(&fd, d + 4096, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
@@ -920,6 +1006,7 @@ TEST_F(FakeDriverTest, VmmMapsExportsAndImportsAcrossProcesses) {
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     ASSERT_EQ(a.MemSetAccess(va, 2 * gran, &acc, 1), CUDA_SUCCESS);
     ASSERT_EQ(a.MemcpyHtoD(va, buf.data(), buf.size()), CUDA_SUCCESS);  // spans both mappings
+    ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
     EXPECT_DEATH({ *reinterpret_cast<volatile unsigned char *>(va) = 1; }, "");
 
     // Export h2 as a POSIX fd; a child imports it, maps it, checks and writes.

@@ -158,6 +158,7 @@ typedef struct fk_region {
 
 typedef struct fk_device {
     struct CUctx_st ctx;
+    struct CUstream_st *legacy; /* the legacy (NULL) stream, created on first use (st_mu) */
     uint32_t refs;   /* primary context retain count */
     uint64_t used;   /* live device bytes (cuMemAlloc + cuMemCreate) */
 } fk_device_t;
@@ -237,8 +238,13 @@ FK_HIDDEN void fk__region_free(fk_region_t *r); /* unmaps and frees (no lock nee
 FK_HIDDEN void *fk__reserve(size_t len, size_t align, void **base_out, size_t *base_len_out);
 FK_HIDDEN uint64_t fk__new_buffer_id(void); /* under fk_g.mu */
 
-/* stream.c */
-FK_HIDDEN void fk__drain_blocking_streams(void);
+/* stream.c. A copy (dst_host or src_host non-NULL marks the host side, the other side is
+ * a device address) on hStream (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the
+ * context's legacy stream); sync_api = 1 for cuMemcpy* (host-synchronous where CUDA says
+ * so), 0 for cuMemcpy*Async. */
+FK_HIDDEN CUresult fk__copy(uint64_t dst_dev, void *dst_host, uint64_t src_dev, const void *src_host,
+                            size_t n, CUstream hStream, int sync_api);
+FK_HIDDEN CUresult fk__memset(uint64_t dst_dev, unsigned char value, size_t n);
 FK_HIDDEN void fk__streams_shutdown(void);
 
 /* vmm.c */

@@ -515,65 +515,30 @@ CUresult CUDAAPI cuPointerSetAttribute(const void *value, CUpointer_attribute at
     return res;
 }
 
-/* ---- synchronous copies and memset (on the legacy default stream: they wait for the
- * blocking streams' queued work first, and are complete when they return) ---- */
-
-static CUresult fk_copy_sync(uint64_t dst_dev, void *dst_host, uint64_t src_dev,
-                             const void *src_host, size_t n) {
-    CUresult res = fk__need_ctx(NULL);
-    if (res != CUDA_SUCCESS) return res;
-    if (n == 0) return CUDA_SUCCESS;
-    fk_region_t *pd = NULL, *ps = NULL;
-    char *d = dst_host, *s = (char *)(uintptr_t)src_host;
-    if (dst_host == NULL) {
-        res = fk__resolve_device(dst_dev, n, 1, &d, &pd);
-    } else if (fk__classify_host(dst_host, n, NULL) < 0) {
-        res = CUDA_ERROR_INVALID_VALUE;
-    }
-    if (res == CUDA_SUCCESS && src_host == NULL) {
-        res = fk__resolve_device(src_dev, n, 0, &s, &ps);
-    } else if (res == CUDA_SUCCESS && fk__classify_host(src_host, n, NULL) < 0) {
-        res = CUDA_ERROR_INVALID_VALUE;
-    }
-    if (res == CUDA_SUCCESS) {
-        fk__drain_blocking_streams();
-        memmove(d, s, n);
-    }
-    fk__unpin(pd);
-    fk__unpin(ps);
-    return res;
-}
+/* ---- synchronous copies and memset: on the legacy stream, host-synchronous as CUDA
+ * documents (see fk__copy in stream.c) ---- */
 
 CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
     FK_ENTER(cuMemcpyHtoD);
     if (srcHost == NULL && ByteCount != 0) return CUDA_ERROR_INVALID_VALUE;
-    return fk_copy_sync(dstDevice, NULL, 0, srcHost != NULL ? srcHost : "", ByteCount);
+    return fk__copy(dstDevice, NULL, 0, srcHost != NULL ? srcHost : "", ByteCount, NULL, 1);
 }
 
 CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
     FK_ENTER(cuMemcpyDtoH);
     if (dstHost == NULL && ByteCount != 0) return CUDA_ERROR_INVALID_VALUE;
     char dummy;
-    return fk_copy_sync(0, dstHost != NULL ? dstHost : &dummy, srcDevice, NULL, ByteCount);
+    return fk__copy(0, dstHost != NULL ? dstHost : &dummy, srcDevice, NULL, ByteCount, NULL, 1);
 }
 
 CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
     FK_ENTER(cuMemcpyDtoD);
-    return fk_copy_sync(dstDevice, NULL, srcDevice, NULL, ByteCount);
+    return fk__copy(dstDevice, NULL, srcDevice, NULL, ByteCount, NULL, 1);
 }
 
 CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
     FK_ENTER(cuMemsetD8);
-    CUresult res = fk__need_ctx(NULL);
-    if (res != CUDA_SUCCESS || N == 0) return res;
-    char *d = NULL;
-    fk_region_t *pin = NULL;
-    res = fk__resolve_device(dstDevice, N, 1, &d, &pin);
-    if (res != CUDA_SUCCESS) return res;
-    fk__drain_blocking_streams();
-    memset(d, uc, N);
-    fk__unpin(pin);
-    return CUDA_SUCCESS;
+    return fk__memset(dstDevice, uc, N);
 }
 
 /* ---- dmabuf ---- */

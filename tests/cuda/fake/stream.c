@@ -1,10 +1,18 @@
 /* The fake libcuda's streams and events. Each stream has a worker thread that runs its
  * queued operations in order, each after a random delay of up to max_delay_us, so work
- * that a caller does not wait for really is unfinished when the call returns. Async copies
- * touching only pinned host memory or device memory are fully asynchronous; an HtoD from
- * pageable memory stages the source before returning, a DtoH into pageable memory waits
- * for the stream up to it. The NULL (legacy) stream runs synchronously after the blocking
- * streams (created with flags 0) have drained. See fake_internal.h. */
+ * that a caller does not wait for really is unfinished when the call returns.
+ *
+ * Host synchronisation follows CUDA's documented rules: async copies touching only pinned
+ * host memory or device memory return at once; an async HtoD from pageable memory stages
+ * the source before returning; an async DtoH into pageable memory waits for the stream up
+ * to it. The synchronous cuMemcpy* run on the context's legacy stream: DtoH and HtoD from
+ * pinned memory return when done, HtoD from pageable memory once staged, DtoD and
+ * cuMemsetD8 on device memory at once -- unless the device memory has
+ * CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set, then they return complete (what a NIC reading
+ * the memory through a dmabuf needs). The legacy stream (NULL, CU_STREAM_LEGACY and, here,
+ * CU_STREAM_PER_THREAD) synchronises implicitly with blocking streams (flags 0): an
+ * operation on one waits for the work queued before it on the other(s); non-blocking
+ * streams never wait for it. See fake_internal.h. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +25,21 @@
 /* The longest a synchronize waits before giving up with CUDA_ERROR_LAUNCH_TIMEOUT. */
 #define FK_SYNC_LIMIT_NS (120ull * 1000000000ull)
 
-typedef enum { FK_OP_COPY, FK_OP_EVENT, FK_OP_HOSTFN } fk_op_kind_t;
+typedef enum { FK_OP_COPY, FK_OP_MEMSET, FK_OP_EVENT, FK_OP_HOSTFN, FK_OP_MARK } fk_op_kind_t;
+
+/* Work queued on another stream before this operation, which it must wait for. */
+typedef struct fk_dep {
+    struct CUstream_st *s;
+    uint64_t seq;
+} fk_dep_t;
 
 typedef struct fk_op {
     struct fk_op *next;
     fk_op_kind_t kind;
     uint64_t seq;
+    fk_dep_t *deps;
+    unsigned ndeps;
+    unsigned char value; /* FK_OP_MEMSET */
     char *dst;
     const char *src;
     size_t n;
@@ -46,7 +63,9 @@ struct CUstream_st {
     uint64_t enq_seq, done_seq;
     int destroying; /* cuStreamDestroy called: the handle is dead, the queue drains */
     int exited;     /* the worker has returned */
-    unsigned users; /* callers between lookup and return (st_mu) */
+    int legacy;     /* a context's legacy stream (not a handle; lives until unload) */
+    unsigned users; /* callers between lookup and return */
+    unsigned deprefs; /* other streams' operations waiting for this one's work */
     unsigned seed;
 };
 
@@ -60,10 +79,6 @@ struct CUevent_st {
     unsigned refs;     /* the handle + queued records */
     int destroyed;
 };
-
-static int fk_special_stream(CUstream s) {
-    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
-}
 
 static void fk_deadline(struct timespec *ts, uint64_t ns_from_now) {
     clock_gettime(CLOCK_REALTIME, ts);
@@ -99,12 +114,12 @@ static struct CUevent_st *fk_event_find(CUevent h) {
 
 /* ---- the worker ---- */
 
-static void fk_op_finish(fk_op_t *op) {
+static void fk_op_free(fk_op_t *op) {
     fk__unpin(op->pin[0]);
     fk__unpin(op->pin[1]);
     free(op->staging);
-    if (op->kind == FK_OP_EVENT) fk_event_complete(op->ev, op->ev_gen);
-    atomic_fetch_sub(&fk_g.c_pending_ops, 1);
+    free(op->deps);
+    free(op);
 }
 
 static void fk_delay(struct CUstream_st *s) {
@@ -113,57 +128,6 @@ static void fk_delay(struct CUstream_st *s) {
     unsigned us = (unsigned)rand_r(&s->seed) % (max + 1);
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static void *fk_worker(void *arg) {
-    struct CUstream_st *s = arg;
-    fk_current = s->ctx; /* host functions run with the stream's context current */
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (s->head == NULL && !s->destroying) pthread_cond_wait(&s->cv, &s->mu);
-        if (s->head == NULL) break;
-        fk_op_t *op = s->head; /* stays queued (the stream is busy) while it runs */
-        pthread_mutex_unlock(&s->mu);
-        fk_delay(s);
-        if (op->kind == FK_OP_COPY) {
-            memmove(op->dst, op->src, op->n);
-        } else if (op->kind == FK_OP_HOSTFN) {
-            op->fn(op->arg);
-        }
-        fk_op_finish(op);
-        pthread_mutex_lock(&s->mu);
-        s->head = op->next;
-        if (s->head == NULL) s->tail = NULL;
-        s->done_seq = op->seq;
-        pthread_cond_broadcast(&s->cv);
-        free(op);
-    }
-    s->exited = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    atomic_fetch_sub(&fk_g.c_streams, 1);
-    return NULL;
-}
-
-/* Joins and frees destroyed streams whose worker has ended (st_mu held). */
-static void fk_reap(void) {
-    struct CUstream_st **pp = &fk_g.streams;
-    while (*pp != NULL) {
-        struct CUstream_st *s = *pp;
-        pthread_mutex_lock(&s->mu);
-        int done = s->destroying && s->exited && s->users == 0;
-        pthread_mutex_unlock(&s->mu);
-        if (!done) {
-            pp = &s->next;
-            continue;
-        }
-        *pp = s->next;
-        pthread_join(s->thread, NULL);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        s->magic = 0;
-        free(s);
     }
 }
 
@@ -178,15 +142,71 @@ static CUresult fk_wait_seq(struct CUstream_st *s, uint64_t seq) {
     return CUDA_SUCCESS;
 }
 
-FK_HIDDEN void fk__drain_blocking_streams(void) {
-    pthread_mutex_lock(&fk_g.st_mu);
-    for (struct CUstream_st *s = fk_g.streams; s != NULL; s = s->next) {
-        if (s->flags != CU_STREAM_DEFAULT) continue;
-        pthread_mutex_lock(&s->mu);
-        (void)fk_wait_seq(s, s->enq_seq);
+static void *fk_worker(void *arg) {
+    struct CUstream_st *s = arg;
+    fk_current = s->ctx; /* host functions run with the stream's context current */
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->head == NULL && !s->destroying) pthread_cond_wait(&s->cv, &s->mu);
+        if (s->head == NULL) break;
+        fk_op_t *op = s->head; /* stays queued (the stream is busy) while it runs */
         pthread_mutex_unlock(&s->mu);
+        /* Implicit synchronisation: work queued earlier on the other stream(s) first. */
+        for (unsigned i = 0; i < op->ndeps; i++) {
+            struct CUstream_st *o = op->deps[i].s;
+            pthread_mutex_lock(&o->mu);
+            (void)fk_wait_seq(o, op->deps[i].seq);
+            o->deprefs--;
+            pthread_mutex_unlock(&o->mu);
+        }
+        fk_delay(s);
+        switch (op->kind) {
+        case FK_OP_COPY: memmove(op->dst, op->src, op->n); break;
+        case FK_OP_MEMSET: memset(op->dst, op->value, op->n); break;
+        case FK_OP_HOSTFN: op->fn(op->arg); break;
+        case FK_OP_EVENT: fk_event_complete(op->ev, op->ev_gen); break;
+        case FK_OP_MARK: break;
+        }
+        fk__unpin(op->pin[0]);
+        op->pin[0] = NULL;
+        fk__unpin(op->pin[1]);
+        op->pin[1] = NULL;
+        atomic_fetch_sub(&fk_g.c_pending_ops, 1);
+        pthread_mutex_lock(&s->mu);
+        s->head = op->next;
+        if (s->head == NULL) s->tail = NULL;
+        s->done_seq = op->seq;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        fk_op_free(op);
+        pthread_mutex_lock(&s->mu);
     }
-    pthread_mutex_unlock(&fk_g.st_mu);
+    s->exited = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (!s->legacy) atomic_fetch_sub(&fk_g.c_streams, 1);
+    return NULL;
+}
+
+/* Joins and frees destroyed streams whose worker has ended (st_mu held). */
+static void fk_reap(void) {
+    struct CUstream_st **pp = &fk_g.streams;
+    while (*pp != NULL) {
+        struct CUstream_st *s = *pp;
+        pthread_mutex_lock(&s->mu);
+        int done = s->destroying && s->exited && s->users == 0 && s->deprefs == 0;
+        pthread_mutex_unlock(&s->mu);
+        if (!done) {
+            pp = &s->next;
+            continue;
+        }
+        *pp = s->next;
+        pthread_join(s->thread, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        s->magic = 0;
+        free(s);
+    }
 }
 
 FK_HIDDEN void fk__streams_shutdown(void) {
@@ -194,16 +214,17 @@ FK_HIDDEN void fk__streams_shutdown(void) {
     for (struct CUstream_st *s = fk_g.streams; s != NULL; s = s->next) {
         pthread_mutex_lock(&s->mu);
         s->destroying = 1;
-        s->users = 0;
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
     }
     for (struct CUstream_st *s = fk_g.streams; s != NULL; s = s->next) {
         pthread_mutex_lock(&s->mu);
         while (!s->exited) pthread_cond_wait(&s->cv, &s->mu);
+        s->users = 0;
         pthread_mutex_unlock(&s->mu);
     }
     fk_reap();
+    for (int d = 0; d < FAKE_CUDA_MAX_DEVICES; d++) fk_g.devs[d].legacy = NULL;
     pthread_mutex_unlock(&fk_g.st_mu);
     pthread_mutex_lock(&fk_g.ev_mu);
     while (fk_g.events != NULL) {
@@ -214,17 +235,56 @@ FK_HIDDEN void fk__streams_shutdown(void) {
     pthread_mutex_unlock(&fk_g.ev_mu);
 }
 
-/* Looks a live stream up and takes a user reference on it. */
-static CUresult fk_stream_get(CUstream h, struct CUstream_st **out) {
-    pthread_mutex_lock(&fk_g.st_mu);
-    struct CUstream_st *s = fk_g.streams;
-    while (s != NULL && s != h) s = s->next;
+/* Creates a stream and its worker (st_mu held). */
+static CUresult fk_stream_new(struct CUctx_st *ctx, unsigned flags, int legacy, struct CUstream_st **out) {
+    struct CUstream_st *s = calloc(1, sizeof(*s));
+    if (s == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    s->magic = FK_STREAM_MAGIC;
+    s->ctx = ctx;
+    s->flags = flags;
+    s->legacy = legacy;
+    s->seed = (unsigned)fk__now_ns() ^ (unsigned)(uintptr_t)s;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, fk_worker, s) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    s->next = fk_g.streams;
+    fk_g.streams = s;
+    if (!legacy) atomic_fetch_add(&fk_g.c_streams, 1);
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+static int fk_special_stream(CUstream s);
+
+/* Looks a stream up (the current context's legacy stream for the special handles,
+ * created on first use) and takes a user reference on it. */
+static CUresult fk_stream_get(CUstream h, struct CUctx_st *ctx, struct CUstream_st **out) {
     CUresult res = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&fk_g.st_mu);
+    struct CUstream_st *s = NULL;
+    if (fk_special_stream(h)) {
+        s = fk_g.devs[ctx->dev].legacy;
+        if (s == NULL) {
+            res = fk_stream_new(ctx, CU_STREAM_DEFAULT, 1, &s);
+            if (res != CUDA_SUCCESS) s = NULL;
+            fk_g.devs[ctx->dev].legacy = s;
+        }
+    } else {
+        s = fk_g.streams;
+        while (s != NULL && (s != h || s->legacy)) s = s->next;
+    }
     if (s != NULL) {
         pthread_mutex_lock(&s->mu);
         if (!s->destroying) {
             s->users++;
             res = CUDA_SUCCESS;
+        } else {
+            res = CUDA_ERROR_INVALID_HANDLE;
         }
         pthread_mutex_unlock(&s->mu);
     }
@@ -234,15 +294,40 @@ static CUresult fk_stream_get(CUstream h, struct CUstream_st **out) {
 }
 
 static void fk_stream_put(struct CUstream_st *s) {
-    pthread_mutex_lock(&fk_g.st_mu);
     pthread_mutex_lock(&s->mu);
     s->users--;
     pthread_mutex_unlock(&s->mu);
-    pthread_mutex_unlock(&fk_g.st_mu);
 }
 
-/* Queues op (ownership passes to the stream); returns its sequence number. */
-static uint64_t fk_enqueue(struct CUstream_st *s, fk_op_t *op) {
+/* Adds a dependency on o's queued work if it has any (st_mu held). */
+static void fk_add_dep(fk_op_t *op, struct CUstream_st *o) {
+    pthread_mutex_lock(&o->mu);
+    if (o->done_seq < o->enq_seq && !o->exited) {
+        op->deps[op->ndeps].s = o;
+        op->deps[op->ndeps].seq = o->enq_seq;
+        op->ndeps++;
+        o->deprefs++;
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* Queues op on s (ownership passes to the stream) after recording what it must wait for
+ * on other streams; returns its sequence number, or 0 when out of memory (op kept). */
+static uint64_t fk_submit(struct CUstream_st *s, fk_op_t *op) {
+    pthread_mutex_lock(&fk_g.st_mu);
+    size_t n = 0;
+    for (struct CUstream_st *o = fk_g.streams; o != NULL; o = o->next) n++;
+    op->deps = calloc(n, sizeof(*op->deps));
+    if (op->deps == NULL) {
+        pthread_mutex_unlock(&fk_g.st_mu);
+        return 0;
+    }
+    if (s->legacy) {
+        for (struct CUstream_st *o = fk_g.streams; o != NULL; o = o->next)
+            if (o != s && !o->legacy && o->ctx == s->ctx && o->flags == CU_STREAM_DEFAULT) fk_add_dep(op, o);
+    } else if (s->flags == CU_STREAM_DEFAULT && fk_g.devs[s->ctx->dev].legacy != NULL) {
+        fk_add_dep(op, fk_g.devs[s->ctx->dev].legacy);
+    }
     atomic_fetch_add(&fk_g.c_pending_ops, 1);
     pthread_mutex_lock(&s->mu);
     op->seq = ++s->enq_seq;
@@ -254,7 +339,26 @@ static uint64_t fk_enqueue(struct CUstream_st *s, fk_op_t *op) {
     s->tail = op;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&fk_g.st_mu);
     return op->seq;
+}
+
+/* Queues op and, when wait is set, waits until it has run. Consumes op. */
+static CUresult fk_submit_wait(struct CUstream_st *s, fk_op_t *op, int wait) {
+    uint64_t seq = fk_submit(s, op);
+    if (seq == 0) {
+        fk_op_free(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (!wait) return CUDA_SUCCESS;
+    pthread_mutex_lock(&s->mu);
+    CUresult res = fk_wait_seq(s, seq);
+    pthread_mutex_unlock(&s->mu);
+    return res;
+}
+
+static int fk_special_stream(CUstream s) {
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
 
 /* ---- streams ---- */
@@ -266,27 +370,12 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
     if (res != CUDA_SUCCESS) return res;
     if (phStream == NULL || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    struct CUstream_st *s = calloc(1, sizeof(*s));
-    if (s == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    s->magic = FK_STREAM_MAGIC;
-    s->ctx = ctx;
-    s->flags = Flags;
-    s->seed = (unsigned)fk__now_ns() ^ (unsigned)(uintptr_t)s;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    struct CUstream_st *s = NULL;
     pthread_mutex_lock(&fk_g.st_mu);
     fk_reap();
-    if (pthread_create(&s->thread, NULL, fk_worker, s) != 0) {
-        pthread_mutex_unlock(&fk_g.st_mu);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        free(s);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    s->next = fk_g.streams;
-    fk_g.streams = s;
-    atomic_fetch_add(&fk_g.c_streams, 1);
+    res = fk_stream_new(ctx, Flags, 0, &s);
     pthread_mutex_unlock(&fk_g.st_mu);
+    if (res != CUDA_SUCCESS) return res;
     *phStream = s;
     return CUDA_SUCCESS;
 }
@@ -297,7 +386,7 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
     if (res != CUDA_SUCCESS) return res;
     pthread_mutex_lock(&fk_g.st_mu);
     struct CUstream_st *s = fk_g.streams;
-    while (s != NULL && s != hStream) s = s->next;
+    while (s != NULL && (s != hStream || s->legacy)) s = s->next;
     res = CUDA_ERROR_INVALID_HANDLE;
     if (s != NULL) {
         pthread_mutex_lock(&s->mu);
@@ -316,11 +405,11 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
 
 CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
     FK_ENTER(cuStreamQuery);
-    CUresult res = fk__need_ctx(NULL);
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
     if (res != CUDA_SUCCESS) return res;
-    if (fk_special_stream(hStream)) return CUDA_SUCCESS;
     struct CUstream_st *s = NULL;
-    res = fk_stream_get(hStream, &s);
+    res = fk_stream_get(hStream, ctx, &s);
     if (res != CUDA_SUCCESS) return res;
     pthread_mutex_lock(&s->mu);
     res = s->done_seq < s->enq_seq ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
@@ -331,34 +420,38 @@ CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
 
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
     FK_ENTER(cuStreamSynchronize);
-    CUresult res = fk__need_ctx(NULL);
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
     if (res != CUDA_SUCCESS) return res;
-    if (fk_special_stream(hStream)) {
-        fk__drain_blocking_streams();
-        return CUDA_SUCCESS;
-    }
     struct CUstream_st *s = NULL;
-    res = fk_stream_get(hStream, &s);
+    res = fk_stream_get(hStream, ctx, &s);
     if (res != CUDA_SUCCESS) return res;
-    pthread_mutex_lock(&s->mu);
-    res = fk_wait_seq(s, s->enq_seq);
-    pthread_mutex_unlock(&s->mu);
+    if (s->legacy) {
+        /* A marker on the legacy stream also waits for the blocking streams. */
+        fk_op_t *op = calloc(1, sizeof(*op));
+        if (op == NULL) {
+            res = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            op->kind = FK_OP_MARK;
+            res = fk_submit_wait(s, op, 1);
+        }
+    } else {
+        pthread_mutex_lock(&s->mu);
+        res = fk_wait_seq(s, s->enq_seq);
+        pthread_mutex_unlock(&s->mu);
+    }
     fk_stream_put(s);
     return res;
 }
 
 CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
     FK_ENTER(cuLaunchHostFunc);
-    CUresult res = fk__need_ctx(NULL);
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
     if (res != CUDA_SUCCESS) return res;
     if (fn == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (fk_special_stream(hStream)) {
-        fk__drain_blocking_streams();
-        fn(userData);
-        return CUDA_SUCCESS;
-    }
     struct CUstream_st *s = NULL;
-    res = fk_stream_get(hStream, &s);
+    res = fk_stream_get(hStream, ctx, &s);
     if (res != CUDA_SUCCESS) return res;
     fk_op_t *op = calloc(1, sizeof(*op));
     if (op == NULL) {
@@ -368,36 +461,44 @@ CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
     op->kind = FK_OP_HOSTFN;
     op->fn = fn;
     op->arg = userData;
-    fk_enqueue(s, op);
+    res = fk_submit_wait(s, op, 0);
     fk_stream_put(s);
-    return CUDA_SUCCESS;
+    return res;
 }
 
-/* ---- async copies ---- */
+/* ---- copies and memset ---- */
 
-/* dst_host/src_host non-NULL marks the host side; the other side is a device address. */
-static CUresult fk_copy_async(uint64_t dst_dev, void *dst_host, uint64_t src_dev,
-                              const void *src_host, size_t n, CUstream hStream) {
-    CUresult res = fk__need_ctx(NULL);
+static int fk_sync_memops(fk_region_t *r) {
+    if (r == NULL) return 0;
+    pthread_mutex_lock(&fk_g.mu);
+    int v = r->sync_memops != 0;
+    pthread_mutex_unlock(&fk_g.mu);
+    return v;
+}
+
+FK_HIDDEN CUresult fk__copy(uint64_t dst_dev, void *dst_host, uint64_t src_dev, const void *src_host,
+                            size_t n, CUstream hStream, int sync_api) {
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
     if (res != CUDA_SUCCESS) return res;
     struct CUstream_st *s = NULL;
-    if (!fk_special_stream(hStream)) {
-        res = fk_stream_get(hStream, &s);
-        if (res != CUDA_SUCCESS) return res;
-    }
+    res = fk_stream_get(hStream, ctx, &s);
+    if (res != CUDA_SUCCESS) return res;
     fk_op_t *op = calloc(1, sizeof(*op));
     if (op == NULL) {
-        res = CUDA_ERROR_OUT_OF_MEMORY;
-        goto out;
+        fk_stream_put(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     op->kind = FK_OP_COPY;
     op->n = n;
-    int wait_done = 0;
+    int wait = 0;
     if (dst_host != NULL) {
         int k = fk__classify_host(dst_host, n, &op->pin[0]);
         if (k < 0) res = CUDA_ERROR_INVALID_VALUE;
         op->dst = dst_host;
-        wait_done = k == 0; /* pageable destination: complete when the call returns */
+        /* DtoH: the synchronous call always returns complete, the async one when the
+         * destination is pageable. */
+        wait = sync_api || k == 0;
     } else {
         res = fk__resolve_device(dst_dev, n, 1, &op->dst, &op->pin[0]);
     }
@@ -406,7 +507,7 @@ static CUresult fk_copy_async(uint64_t dst_dev, void *dst_host, uint64_t src_dev
         if (k < 0) {
             res = CUDA_ERROR_INVALID_VALUE;
         } else if (k == 0 && n > 0) {
-            /* Pageable source: staged before the call returns. */
+            /* Pageable source: staged before the call returns, copied later. */
             op->staging = malloc(n);
             if (op->staging == NULL) {
                 res = CUDA_ERROR_OUT_OF_MEMORY;
@@ -416,32 +517,49 @@ static CUresult fk_copy_async(uint64_t dst_dev, void *dst_host, uint64_t src_dev
             }
         } else {
             op->src = src_host;
+            wait = sync_api; /* HtoD from pinned memory: synchronous for cuMemcpyHtoD */
         }
     } else if (res == CUDA_SUCCESS) {
         char *p = NULL;
         res = fk__resolve_device(src_dev, n, 0, &p, &op->pin[1]);
         op->src = p;
     }
-    if (res != CUDA_SUCCESS || n == 0 || s == NULL) {
-        if (res == CUDA_SUCCESS && n > 0) {
-            /* The legacy stream: synchronous after the blocking streams. */
-            fk__drain_blocking_streams();
-            memmove(op->dst, op->src, n);
-        }
-        fk__unpin(op->pin[0]);
-        fk__unpin(op->pin[1]);
-        free(op->staging);
-        free(op);
-        goto out;
+    if (res == CUDA_SUCCESS && sync_api && (fk_sync_memops(op->pin[0]) || fk_sync_memops(op->pin[1])))
+        wait = 1; /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: synchronous copies always complete */
+    if (res != CUDA_SUCCESS || n == 0) {
+        fk_op_free(op);
+    } else {
+        res = fk_submit_wait(s, op, wait); /* op belongs to the stream now */
     }
-    uint64_t seq = fk_enqueue(s, op); /* op belongs to the stream now */
-    if (wait_done) {
-        pthread_mutex_lock(&s->mu);
-        res = fk_wait_seq(s, seq);
-        pthread_mutex_unlock(&s->mu);
+    fk_stream_put(s);
+    return res;
+}
+
+FK_HIDDEN CUresult fk__memset(uint64_t dst_dev, unsigned char value, size_t n) {
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
+    if (res != CUDA_SUCCESS || n == 0) return res;
+    fk_op_t *op = calloc(1, sizeof(*op));
+    if (op == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = FK_OP_MEMSET;
+    op->n = n;
+    op->value = value;
+    res = fk__resolve_device(dst_dev, n, 1, &op->dst, &op->pin[0]);
+    if (res != CUDA_SUCCESS) {
+        fk_op_free(op);
+        return res;
     }
-out:
-    if (s != NULL) fk_stream_put(s);
+    /* Asynchronous on device memory, synchronous on pinned host memory (UVA). */
+    int host = op->pin[0]->kind == FK_HOST_ALLOC || op->pin[0]->kind == FK_HOST_REG ||
+               fk_sync_memops(op->pin[0]);
+    struct CUstream_st *s = NULL;
+    res = fk_stream_get(NULL, ctx, &s);
+    if (res != CUDA_SUCCESS) {
+        fk_op_free(op);
+        return res;
+    }
+    res = fk_submit_wait(s, op, host);
+    fk_stream_put(s);
     return res;
 }
 
@@ -449,20 +567,20 @@ CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost
                                       CUstream hStream) {
     FK_ENTER(cuMemcpyHtoDAsync);
     if (srcHost == NULL) return CUDA_ERROR_INVALID_VALUE;
-    return fk_copy_async(dstDevice, NULL, 0, srcHost, ByteCount, hStream);
+    return fk__copy(dstDevice, NULL, 0, srcHost, ByteCount, hStream, 0);
 }
 
 CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                       CUstream hStream) {
     FK_ENTER(cuMemcpyDtoHAsync);
     if (dstHost == NULL) return CUDA_ERROR_INVALID_VALUE;
-    return fk_copy_async(0, dstHost, srcDevice, NULL, ByteCount, hStream);
+    return fk__copy(0, dstHost, srcDevice, NULL, ByteCount, hStream, 0);
 }
 
 CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                                       CUstream hStream) {
     FK_ENTER(cuMemcpyDtoDAsync);
-    return fk_copy_async(dstDevice, NULL, srcDevice, NULL, ByteCount, hStream);
+    return fk__copy(dstDevice, NULL, srcDevice, NULL, ByteCount, hStream, 0);
 }
 
 /* ---- events ---- */
@@ -512,45 +630,42 @@ CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
 
 CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
     FK_ENTER(cuEventRecord);
-    CUresult res = fk__need_ctx(NULL);
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
     if (res != CUDA_SUCCESS) return res;
     struct CUstream_st *s = NULL;
-    if (!fk_special_stream(hStream)) {
-        res = fk_stream_get(hStream, &s);
-        if (res != CUDA_SUCCESS) return res;
-    }
-    fk_op_t *op = s != NULL ? calloc(1, sizeof(*op)) : NULL;
-    if (s != NULL && op == NULL) {
+    res = fk_stream_get(hStream, ctx, &s);
+    if (res != CUDA_SUCCESS) return res;
+    fk_op_t *op = calloc(1, sizeof(*op));
+    if (op == NULL) {
         fk_stream_put(s);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (s == NULL) fk__drain_blocking_streams();
     pthread_mutex_lock(&fk_g.ev_mu);
     struct CUevent_st *e = fk_event_find(hEvent);
-    uint64_t gen = 0;
     if (e != NULL) {
-        gen = ++e->gen;
-        if (s == NULL) {
-            e->done_gen = gen; /* the legacy stream has nothing pending */
-            pthread_cond_broadcast(&fk_g.ev_cv);
-        } else {
-            e->refs++; /* the queued record's reference */
-        }
+        op->kind = FK_OP_EVENT;
+        op->ev = e;
+        op->ev_gen = ++e->gen;
+        e->refs++; /* the queued record's reference */
     }
     pthread_mutex_unlock(&fk_g.ev_mu);
     if (e == NULL) {
         free(op);
-        if (s != NULL) fk_stream_put(s);
+        fk_stream_put(s);
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    if (s != NULL) {
-        op->kind = FK_OP_EVENT;
-        op->ev = e;
-        op->ev_gen = gen;
-        fk_enqueue(s, op);
-        fk_stream_put(s);
+    uint64_t gen = op->ev_gen;
+    res = fk_submit_wait(s, op, 0);
+    if (res != CUDA_SUCCESS) {
+        /* Not queued: the record never happened. */
+        pthread_mutex_lock(&fk_g.ev_mu);
+        if (e->gen == gen) e->gen--;
+        fk_event_unref(e);
+        pthread_mutex_unlock(&fk_g.ev_mu);
     }
-    return CUDA_SUCCESS;
+    fk_stream_put(s);
+    return res;
 }
 
 CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
