@@ -128,7 +128,7 @@ self_test() {
     plant "qp includes cq internals" qp/planted.c '#include "cq/cq_internal.h"'
     plant "tcp includes the rdma transport" engine/tcp/planted.c '#include "engine/rdma/test_hook.h"'
     plant "rdma includes the tcp transport" engine/rdma/planted.c '#include "engine/tcp/tcp_internal.h"'
-    plant "tcp includes the engine's batches" engine/tcp/planted.c '#include "engine/batch_internal.h"'
+    plant "tcp includes the engine's own objects" engine/tcp/planted.c '#include "engine/core_internal.h"'
     plant "control includes the transport interface" engine/control/planted.c '#include "engine/transport.h"'
     return $fails
 }

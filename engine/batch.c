@@ -1,0 +1,433 @@
+/*
+ * engine/batch.c - batches: submit validates every request, plans its slices, reserves
+ * the slots under the batch mutex and hands one list of slices per segment to the
+ * transport; completion is lock-free per slice and per request, and only the request
+ * that ends the batch takes the mutex (to wake waiters and decide attached
+ * notifications). Also status, wait (a short poll before sleeping), cancel, reset and
+ * destroy.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "base/time.h"
+#include "engine/core_internal.h"
+
+#define BATCH_SPIN_MAX_NS (500u * 1000u)
+
+ote_status_t ote_batch_create(ote_engine_t *e, size_t capacity, ote_batch_t **batch_out) {
+    if (e == NULL || batch_out == NULL || capacity == 0 || capacity > (1u << 24)) return OTE_ERR_INVALID;
+    ote_batch_t *b = ote_calloc(1, sizeof(*b));
+    if (b == NULL) return OTE_ERR_NOMEM;
+    b->reqs = ote_calloc(capacity, sizeof(*b->reqs));
+    if (b->reqs == NULL) {
+        ote_free(b);
+        return OTE_ERR_NOMEM;
+    }
+    ote_status_t st = ote_mutex_init(&b->mu);
+    if (st == OTE_OK) {
+        st = ote_cond_init(&b->cv);
+        if (st != OTE_OK) ote_mutex_destroy(&b->mu);
+    }
+    if (st != OTE_OK) {
+        ote_free(b->reqs);
+        ote_free(b);
+        return st;
+    }
+    b->e = e;
+    b->cap = capacity;
+    atomic_fetch_add(&e->nbatches, 1);
+    *batch_out = b;
+    return OTE_OK;
+}
+
+/* One request of b ended. The last one takes the mutex so that a thread that sees
+ * pending == 0 under it knows every completer is done with the batch. */
+static void batch_end_one(ote_batch_t *b) {
+    size_t old = atomic_load(&b->pending);
+    while (old > 1)
+        if (atomic_compare_exchange_weak(&b->pending, &old, old - 1)) return;
+    ote_mutex_lock(&b->mu);
+    ote__nout_t *send = NULL;
+    if (atomic_fetch_sub(&b->pending, 1) == 1) {
+        send = ote__batch_decide_notes(b);
+        ote_cond_broadcast(&b->cv);
+    }
+    ote_mutex_unlock(&b->mu);
+    ote__notes_send(send);
+}
+
+static void req_finalize(ote__req_t *r) {
+    ote_status_t err = atomic_load(&r->error);
+    int state;
+    switch (ote_status_code(err)) {
+        case OTE_OK: state = OTE_TRANSFER_COMPLETED; break;
+        case OTE_ERR_CANCELED: state = OTE_TRANSFER_CANCELED; break;
+        case OTE_ERR_TIMEOUT: state = OTE_TRANSFER_TIMEOUT; break;
+        default: state = OTE_TRANSFER_FAILED; break;
+    }
+    if (r->local_pin) ote__reg_unpin(NULL, r->local_pin);
+    r->local_pin = NULL;
+    ote_free(r->many);
+    r->many = NULL;
+    ote_segment_t *seg = r->seg;
+    ote_batch_t *b = r->b;
+    atomic_store(&r->state, state);
+    if (seg) atomic_fetch_sub(&seg->pending, 1);
+    batch_end_one(b);
+}
+
+static void req_slice_done(ote__slice_t *s, ote_status_t st) {
+    ote__req_t *r = s->owner;
+    if (st == OTE_OK) {
+        atomic_fetch_add_explicit(&r->bytes_done, s->len, memory_order_relaxed);
+    } else {
+        ote_status_t zero = OTE_OK;
+        atomic_compare_exchange_strong(&r->error, &zero, st);
+    }
+    if (atomic_fetch_sub(&r->left, 1) == 1) req_finalize(r);
+}
+
+/* How one request is cut: ns slices of ssz bytes, the last one taking the rest. Computed
+ * once per request and used for both the allocation and the slices themselves: the
+ * peer's limit may change under us (a reconnect), and the two must agree. */
+typedef struct {
+    ote__slice_t *arr; /* ns > 1: the request's slice array */
+    uint64_t ssz;
+    uint32_t ns;
+} req_plan_t;
+
+/* The slice geometry of a `length`-byte request to seg. A slice is at most half the
+ * peer's max_data, so the last one (ssz plus a folded tail shorter than ssz / 2) stays
+ * under it. OTE_ERR_TOO_BIG when the request would need more than UINT32_MAX slices;
+ * OTE_ERR_PROTOCOL when the transport reports a peer limit too small to slice by (the
+ * handshake refuses such peers; this keeps the slice size from ever being 0). */
+static ote_status_t req_plan(ote_segment_t *seg, uint64_t length, req_plan_t *out) {
+    uint64_t ssz = seg->e->cfg.slice_size;
+    uint64_t mx = (uint64_t)seg->e->tp->ops->peer_max_slice(seg->peer) / 2;
+    if (mx < ssz) ssz = mx;
+    if (ssz == 0) {
+        OTE_ERROR("engine", "segment %s: the transport reports a slice limit of %llu bytes",
+                  seg->name, (unsigned long long)mx * 2);
+        return OTE_ERR_PROTOCOL;
+    }
+    uint64_t n = 1;
+    if (length > ssz) {
+        n = length / ssz;
+        uint64_t tail = length % ssz;
+        if (tail != 0 && tail >= ssz / 2) n++; /* a short tail is folded into the last slice */
+    }
+    if (n > UINT32_MAX) return OTE_ERR_TOO_BIG;
+    out->arr = NULL;
+    out->ssz = ssz;
+    out->ns = (uint32_t)n;
+    return OTE_OK;
+}
+
+/* Every request is checked before anything happens (OTE_ERR_INVALID), and the batch
+ * must have room for all of them (OTE_ERR_TOO_BIG). */
+static ote_status_t submit_validate(const ote_batch_t *b, const ote_request_t *reqs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const ote_request_t *q = &reqs[i];
+        if ((q->opcode != OTE_READ && q->opcode != OTE_WRITE) || q->segment == NULL ||
+            q->segment->e != b->e || (q->local_addr == NULL && q->length > 0) ||
+            (q->length > 0 && (q->remote_addr > UINT64_MAX - q->length ||
+                               (uintptr_t)q->local_addr > UINTPTR_MAX - q->length)))
+            return OTE_ERR_INVALID;
+    }
+    if (n > b->cap - atomic_load(&b->nsub)) return OTE_ERR_TOO_BIG;
+    return OTE_OK;
+}
+
+/* Reconnect lost peers before anything is reserved. */
+static ote_status_t submit_ensure_peers(ote_engine_t *e, const ote_request_t *reqs, size_t n) {
+    ote_segment_t *last = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (reqs[i].segment == last) continue;
+        last = reqs[i].segment;
+        ote_status_t st = e->tp->ops->peer_ensure(last->peer);
+        if (st != OTE_OK) return st;
+    }
+    return OTE_OK;
+}
+
+/* Each request's geometry (once) and the slice arrays of multi-slice requests, all
+ * before anything starts. Every plans[i] is set, also after a failure, so that the
+ * caller can free the arrays that were allocated. */
+static ote_status_t submit_plan(const ote_request_t *reqs, size_t n, req_plan_t *plans) {
+    ote_status_t st = OTE_OK;
+    for (size_t i = 0; i < n; i++) {
+        plans[i] = (req_plan_t){NULL, 0, 1};
+        if (reqs[i].length == 0 || st != OTE_OK) continue;
+        st = req_plan(reqs[i].segment, reqs[i].length, &plans[i]);
+        if (st == OTE_OK && plans[i].ns > 1) {
+            /* ns <= UINT32_MAX: the product fits a 64-bit size_t. */
+            plans[i].arr = ote_malloc((size_t)plans[i].ns * sizeof(ote__slice_t));
+            if (plans[i].arr == NULL) st = OTE_ERR_NOMEM;
+        }
+    }
+    return st;
+}
+
+/* Reserve n request slots (PENDING) under the batch mutex; *k_out is the first. */
+static ote_status_t submit_reserve(ote_batch_t *b, size_t n, size_t *k_out) {
+    ote_status_t st = OTE_OK;
+    ote_mutex_lock(&b->mu);
+    size_t k = atomic_load(&b->nsub);
+    if (n > b->cap - k) {
+        st = OTE_ERR_TOO_BIG;
+    } else {
+        for (size_t i = 0; i < n; i++) atomic_store(&b->reqs[k + i].state, OTE_TRANSFER_PENDING);
+        atomic_fetch_add(&b->pending, n);
+        atomic_store(&b->nsub, k + n);
+        *k_out = k;
+    }
+    ote_mutex_unlock(&b->mu);
+    return st;
+}
+
+/* Slices of consecutive requests to one segment, handed to the transport as one list. */
+typedef struct {
+    ote__slice_t *head, *tail;
+    ote_segment_t *seg;
+} slice_list_t;
+
+static void slice_list_flush(ote_engine_t *e, slice_list_t *l) {
+    if (l->head != NULL) e->tp->ops->submit(l->seg->peer, l->head);
+    l->head = l->tail = NULL;
+}
+
+/* Fill request slot r for q: its fields, its hold on the segment, and (when its local
+ * buffer lies in a registration; reg_lk held for reading when use_pins) that pin. */
+static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote__slice_t *many,
+                     int use_pins) {
+    r->b = b;
+    r->seg = q->segment;
+    r->op = q->opcode;
+    r->local = q->local_addr;
+    r->remote = q->remote_addr;
+    r->length = q->length;
+    atomic_store(&r->error, OTE_OK);
+    atomic_store(&r->bytes_done, 0);
+    atomic_store(&r->canceled, 0);
+    r->local_pin = NULL;
+    r->many = many;
+    atomic_fetch_add(&q->segment->pending, 1);
+    if (use_pins && q->length > 0) {
+        ote__reg_t *lr = ote__reg_covering(b->e, (uintptr_t)q->local_addr, q->length);
+        if (lr) {
+            atomic_fetch_add(&lr->inuse, 1);
+            r->local_pin = lr;
+        }
+    }
+}
+
+/* Cut r (length > 0) into its planned slices and append them to l, handing l to the
+ * transport first when it holds another segment's slices. */
+static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, ote_deadline_t dl,
+                    slice_list_t *l) {
+    uint64_t ssz = p->ssz;
+    uint32_t ns = p->ns;
+    atomic_store(&r->left, ns);
+    ote__slice_t *sl = ns > 1 ? r->many : &r->one;
+    if (l->seg != q->segment) slice_list_flush(r->b->e, l);
+    l->seg = q->segment;
+    uint64_t off = 0;
+    for (uint32_t j = 0; j < ns; j++) {
+        ote__slice_t *s = &sl[j];
+        uint64_t len = j + 1 == ns ? q->length - off : ssz;
+        s->next = NULL;
+        s->done = req_slice_done;
+        s->owner = r;
+        s->canceled = &r->canceled;
+        s->local = (uint8_t *)q->local_addr + off;
+        s->remote = q->remote_addr + off;
+        s->len = (uint32_t)len;
+        s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
+        s->deadline = dl;
+        off += len;
+        if (l->tail) l->tail->next = s;
+        else l->head = s;
+        l->tail = s;
+    }
+}
+
+/* Start the n requests reserved at slot k: one list per run of requests to the same
+ * segment goes to the transport; zero-length requests complete once no lock is held. */
+static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, size_t k,
+                         const req_plan_t *plans) {
+    ote_engine_t *e = b->e;
+    ote_deadline_t dl = ote_deadline_after(e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    int use_pins = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
+    if (use_pins) pthread_rwlock_rdlock(&e->reg_lk);
+    slice_list_t l = {NULL, NULL, NULL};
+    for (size_t i = 0; i < n; i++) {
+        ote__req_t *r = &b->reqs[k + i];
+        req_init(r, b, &reqs[i], plans[i].arr, use_pins);
+        if (reqs[i].length == 0) {
+            atomic_store(&r->left, 1);
+            continue; /* completed below, after the lock */
+        }
+        req_cut(r, &reqs[i], &plans[i], dl, &l);
+    }
+    if (use_pins) pthread_rwlock_unlock(&e->reg_lk);
+    slice_list_flush(e, &l);
+    for (size_t i = 0; i < n; i++)
+        if (reqs[i].length == 0) req_finalize(&b->reqs[k + i]);
+}
+
+ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
+    if (b == NULL || (reqs == NULL && n > 0)) return OTE_ERR_INVALID;
+    if (n == 0) return OTE_OK;
+    ote_status_t st = submit_validate(b, reqs, n);
+    if (st == OTE_OK) st = submit_ensure_peers(b->e, reqs, n);
+    if (st != OTE_OK) return st;
+    req_plan_t stack_plans[64];
+    req_plan_t *plans = n <= 64 ? stack_plans : ote_calloc(n, sizeof(*plans));
+    if (plans == NULL) return OTE_ERR_NOMEM;
+    size_t k = 0;
+    st = submit_plan(reqs, n, plans);
+    if (st == OTE_OK) st = submit_reserve(b, n, &k);
+    if (st != OTE_OK) {
+        for (size_t i = 0; i < n; i++) ote_free(plans[i].arr);
+        if (plans != stack_plans) ote_free(plans);
+        return st;
+    }
+    submit_start(b, reqs, n, k, plans);
+    if (plans != stack_plans) ote_free(plans);
+    return OTE_OK;
+}
+
+ote_status_t ote_batch_status(ote_batch_t *b, size_t index, ote_transfer_status_t *status_out) {
+    if (b == NULL || status_out == NULL || index >= b->cap) return OTE_ERR_INVALID;
+    ote_transfer_status_t s = {OTE_TRANSFER_WAITING, 0, OTE_OK};
+    if (index < atomic_load(&b->nsub)) {
+        ote__req_t *r = &b->reqs[index];
+        s.state = (ote_transfer_state_t)atomic_load(&r->state);
+        s.bytes_done = atomic_load_explicit(&r->bytes_done, memory_order_relaxed);
+        if (s.state != OTE_TRANSFER_PENDING && s.state != OTE_TRANSFER_WAITING) s.error = atomic_load(&r->error);
+    }
+    *status_out = s;
+    return OTE_OK;
+}
+
+static ote_status_t state_error(const ote__req_t *r) {
+    ote_status_t err = atomic_load(&r->error);
+    return err != OTE_OK ? err : OTE_ERR_STATE;
+}
+
+/* Before sleeping, a wait whose batch is likely to end soon (its previous wait took at
+ * most BATCH_SPIN_MAX_NS) polls the pending count for about that long (1.5x, at most
+ * BATCH_SPIN_MAX_NS, never past the deadline), yielding the CPU between looks: a small
+ * batch's completion then costs no sleep and wakeup of the waiter. */
+static void batch_spin(ote_batch_t *b, uint64_t now, ote_deadline_t dl) {
+    uint64_t hint = atomic_load_explicit(&b->last_wait_ns, memory_order_relaxed);
+    if (hint == 0 || hint > BATCH_SPIN_MAX_NS) return;
+    uint64_t span = hint + hint / 2;
+    if (span > BATCH_SPIN_MAX_NS) span = BATCH_SPIN_MAX_NS;
+    ote_deadline_t until = ote_deadline_min(now + span, dl);
+    while (atomic_load(&b->pending) > 0 && ote_now_ns() < until) sched_yield();
+}
+
+ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
+    if (b == NULL) return OTE_ERR_INVALID;
+    ote_deadline_t dl = ote_deadline_after(timeout_ns);
+    uint64_t t0 = 0;
+    if (atomic_load(&b->pending) > 0) {
+        t0 = ote_now_ns();
+        batch_spin(b, t0, dl);
+    }
+    ote_mutex_lock(&b->mu);
+    while (atomic_load(&b->pending) > 0) {
+        if (ote_cond_wait(&b->cv, &b->mu, dl) == OTE_ERR_TIMEOUT && atomic_load(&b->pending) > 0) {
+            ote_mutex_unlock(&b->mu);
+            return OTE_ERR_TIMEOUT;
+        }
+    }
+    if (t0 != 0) atomic_store_explicit(&b->last_wait_ns, ote_now_ns() - t0, memory_order_relaxed);
+    ote_status_t st = OTE_OK;
+    size_t nsub = atomic_load(&b->nsub);
+    for (size_t i = 0; i < nsub; i++) {
+        if (atomic_load(&b->reqs[i].state) != OTE_TRANSFER_COMPLETED) {
+            st = state_error(&b->reqs[i]);
+            break;
+        }
+    }
+    ote_mutex_unlock(&b->mu);
+    return st;
+}
+
+ote_status_t ote_batch_cancel(ote_batch_t *b) {
+    if (b == NULL) return OTE_ERR_INVALID;
+    ote_segment_t *segs[16];
+    size_t nsegs = 0;
+    int overflow = 0;
+    ote_mutex_lock(&b->mu);
+    size_t nsub = atomic_load(&b->nsub);
+    for (size_t i = 0; i < nsub; i++) {
+        ote__req_t *r = &b->reqs[i];
+        if (atomic_load(&r->state) != OTE_TRANSFER_PENDING) continue;
+        atomic_store(&r->canceled, 1);
+        size_t j;
+        for (j = 0; j < nsegs && segs[j] != r->seg; j++) {
+        }
+        if (j == nsegs) {
+            if (nsegs < 16) segs[nsegs++] = r->seg;
+            else overflow = 1;
+        }
+    }
+    /* The transports drop queued slices now; slices on the wire finish first. With many
+     * segments, the others see the flag when they next touch the queue. */
+    for (size_t j = 0; j < nsegs; j++) b->e->tp->ops->cancel(segs[j]->peer);
+    ote_mutex_unlock(&b->mu);
+    if (overflow) OTE_DEBUG("engine", "cancel: more than 16 segments; others drop lazily");
+    return OTE_OK;
+}
+
+ote_status_t ote_batch_reset(ote_batch_t *b) {
+    if (b == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&b->mu);
+    if (atomic_load(&b->pending) > 0) {
+        ote_mutex_unlock(&b->mu);
+        return OTE_ERR_BUSY;
+    }
+    size_t nsub = atomic_load(&b->nsub);
+    for (size_t i = 0; i < nsub; i++) {
+        ote__req_t *r = &b->reqs[i];
+        atomic_store(&r->state, OTE_TRANSFER_WAITING);
+        atomic_store(&r->bytes_done, 0);
+        atomic_store(&r->error, OTE_OK);
+        r->seg = NULL;
+    }
+    atomic_store(&b->nsub, 0);
+    ote_mutex_unlock(&b->mu);
+    return OTE_OK;
+}
+
+ote_status_t ote_batch_destroy(ote_batch_t *b) {
+    if (b == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&b->mu);
+    if (atomic_load(&b->pending) > 0) {
+        ote_mutex_unlock(&b->mu);
+        return OTE_ERR_BUSY;
+    }
+    ote__nout_t *notes = b->notes; /* attached to requests never submitted */
+    b->notes = NULL;
+    ote_mutex_unlock(&b->mu);
+    while (notes) {
+        ote__nout_t *n = notes;
+        notes = n->next;
+        atomic_fetch_sub(&n->seg->notes, 1);
+        ote__nout_put(n);
+    }
+    ote_engine_t *e = b->e;
+    ote_cond_destroy(&b->cv);
+    ote_mutex_destroy(&b->mu);
+    ote_free(b->reqs);
+    ote_free(b);
+    atomic_fetch_sub(&e->nbatches, 1);
+    return OTE_OK;
+}

@@ -1,0 +1,155 @@
+/*
+ * engine/core_internal.h - what the engine's own files share: the objects behind the
+ * public handles (engine, segment, batch and its request slots), registrations and
+ * notifications, and the cross-file functions. Transports never include it (they see
+ * engine/transport.h and engine/engine_internal.h only).
+ *
+ * Files, one job each:
+ *   engine.c    engine lifecycle (create, destroy, address) and segments
+ *   registry.c  registered memory: register/unregister and the pins the source side of a
+ *               transport (host->pin) and local buffers of requests take
+ *   notify.c    notifications: the received queue, ote_notify_*, and notifications
+ *               attached to batches (decided when no request of the batch is pending)
+ *   batch.c     batches: submit (validate, plan, reserve, cut into slices), completion,
+ *               status, wait, cancel, reset, destroy
+ *
+ * Ownership: the engine owns its transport, registrations and the queue of received
+ * notifications. A segment owns its transport peer; a batch owns its request slots.
+ * Segments and batches hold the engine (destroy is BUSY while they exist); a request in
+ * flight holds its segment (close is BUSY) and, when its local buffer lies in a
+ * registration, that registration (unregister is BUSY).
+ *
+ * Hot path: ote_batch_submit() takes the batch mutex once to reserve slots, builds the
+ * slices in the request slots (one embedded slice for requests up to slice_size, one
+ * allocation per larger request) and hands one list per segment to the transport.
+ * Completion is lock-free per slice and per request; only the request that ends the
+ * batch takes the batch mutex to wake waiters and send attached notifications.
+ * ote_batch_wait() first polls the pending count, yielding the CPU, for about as long as
+ * the batch's previous wait took when that was short (at most BATCH_SPIN_MAX_NS), and
+ * only then sleeps on the condition variable: small batches end without a waiter wakeup.
+ *
+ * Locks: reg_lk (registrations) is written by (un)register, which call the transport's
+ * mem_(un)register hook under it, and read by pins and by submit, which hands slices to
+ * the transport under it. A batch's mu is held by ote_batch_cancel around the
+ * transport's cancel, never around its submit. nmu (received notifications) and omu
+ * (completion of outgoing notifications) are leaves. done() of a slice runs with no
+ * transport lock held (transport.h) and may take a batch's mu or omu.
+ */
+#ifndef OTE_ENGINE_CORE_INTERNAL_H
+#define OTE_ENGINE_CORE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/lock.h"
+#include "engine/engine_internal.h"
+#include "engine/transport.h"
+#include "ote/ote.h"
+
+typedef struct ote__reg {
+    uint64_t start;
+    uint64_t len;
+    unsigned perms;
+    _Atomic long inuse;
+} ote__reg_t;
+
+typedef struct ote__nin {
+    struct ote__nin *next;
+    size_t len;
+    char from[OTE__ADDR_MAX];
+    uint8_t data[];
+} ote__nin_t;
+
+/* An outgoing notification: either synchronous (ote_notify_send waits for its ack) or
+ * attached to a batch (fire and forget). */
+typedef struct ote__nout {
+    ote__slice_t slice;
+    struct ote__nout *next;
+    ote_engine_t *e;
+    ote_segment_t *seg;
+    _Atomic int refs;
+    int done;
+    ote_status_t st;
+    size_t len;
+    uint8_t msg[];
+} ote__nout_t;
+
+struct ote_engine {
+    ote__cfg_t cfg;
+    ote__transport_t *tp;
+
+    pthread_rwlock_t reg_lk;
+    ote__reg_t **regs; /* sorted by start, non-overlapping */
+    size_t nregs, capregs;
+    _Atomic size_t nregs_hint;
+
+    ote_mutex_t nmu; /* received notifications */
+    ote_cond_t ncv;
+    ote__nin_t *nhead, *ntail;
+    size_t nqcount, nqbytes; /* queued: at most OTE_NOTIFY_QUEUE_MAX / _BYTES */
+    int nqfull_logged;       /* one WARN per episode of a full queue */
+
+    ote_mutex_t omu; /* completion of synchronous outgoing notifications */
+    ote_cond_t ocv;
+
+    _Atomic long nsegments;
+    _Atomic long nbatches;
+};
+
+struct ote_segment {
+    ote_engine_t *e;
+    ote__tpeer_t *peer;
+    _Atomic long pending; /* requests in flight */
+    _Atomic long notes;   /* notifications attached to batches or in flight */
+    char name[OTE__ADDR_MAX];
+};
+
+typedef struct ote__req {
+    ote_batch_t *b;
+    ote_segment_t *seg;
+    ote_opcode_t op;
+    uint8_t *local;
+    uint64_t remote;
+    size_t length;
+    _Atomic int state;
+    _Atomic ote_status_t error;
+    _Atomic uint64_t bytes_done;
+    _Atomic uint32_t left;
+    _Atomic int canceled;
+    ote__reg_t *local_pin;
+    ote__slice_t one;
+    ote__slice_t *many;
+} ote__req_t;
+
+struct ote_batch {
+    ote_engine_t *e;
+    size_t cap;
+    ote__req_t *reqs;
+    ote_mutex_t mu;
+    ote_cond_t cv;
+    _Atomic size_t nsub;
+    _Atomic size_t pending;
+    ote__nout_t *notes; /* attached, not yet decided */
+    _Atomic uint64_t last_wait_ns; /* how long the last completed wait took (0: none yet) */
+};
+
+/* ---- registry.c ------------------------------------------------------------------- */
+/* The registration covering [addr, addr+len), or NULL. e->reg_lk held. */
+ote__reg_t *ote__reg_covering(const ote_engine_t *e, uint64_t addr, uint64_t len);
+/* host->pin / host->unpin of the engine's transports (arg: the engine). */
+ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
+void ote__reg_unpin(void *arg, void *pin);
+
+/* ---- notify.c ---------------------------------------------------------------------- */
+/* host->deliver_notify (arg: the engine). */
+ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, size_t len);
+/* Drop one reference of an outgoing notification (freed with the last). */
+void ote__nout_put(ote__nout_t *n);
+/* Decide b's attached notifications once no request is pending. b->mu held. Returns the
+ * list to send (with ote__notes_send, no lock held); frees the others. */
+ote__nout_t *ote__batch_decide_notes(ote_batch_t *b);
+void ote__notes_send(ote__nout_t *list);
+
+#endif

@@ -1,0 +1,242 @@
+/*
+ * engine/notify.c - notifications. Received ones wait in a bounded queue (nmu) until
+ * ote_notify_recv takes them; a full queue refuses new ones with OTE_ERR_AGAIN, which the
+ * transport returns to the sender. Outgoing ones are slices of their own: ote_notify_send
+ * waits for the acknowledgement (omu), and those attached to a batch are sent once every
+ * request of the batch to their segment has COMPLETED.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "base/time.h"
+#include "engine/core_internal.h"
+
+/* Queue a received notification. OTE_ERR_AGAIN when the queue is at its cap
+ * (OTE_NOTIFY_QUEUE_MAX messages or OTE_NOTIFY_QUEUE_BYTES bytes) or out of memory: the
+ * transport answers the sender with it, so the sender's ote_notify_send fails with AGAIN
+ * instead of this engine growing without bound behind a receiver that does not keep up. */
+ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, size_t len) {
+    ote_engine_t *e = arg;
+    if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
+    ote_mutex_lock(&e->nmu);
+    int full = e->nqcount >= OTE_NOTIFY_QUEUE_MAX || len > OTE_NOTIFY_QUEUE_BYTES - e->nqbytes;
+    int log_full = full && !e->nqfull_logged;
+    if (log_full) e->nqfull_logged = 1;
+    size_t qc = e->nqcount, qb = e->nqbytes;
+    ote_mutex_unlock(&e->nmu);
+    if (full) {
+        if (log_full)
+            OTE_WARN("engine",
+                     "notification queue full (%zu message(s), %zu bytes; caps %u, %u): refusing "
+                     "notifications from %s and others with OTE_ERR_AGAIN until ote_notify_recv "
+                     "drains it",
+                     qc, qb, (unsigned)OTE_NOTIFY_QUEUE_MAX, (unsigned)OTE_NOTIFY_QUEUE_BYTES, from);
+        return OTE_ERR_AGAIN;
+    }
+    ote__nin_t *n = ote_malloc(sizeof(*n) + len);
+    if (n == NULL) {
+        OTE_WARN("engine", "out of memory: refusing a %zu-byte notification from %s", len, from);
+        return OTE_ERR_AGAIN;
+    }
+    n->next = NULL;
+    n->len = len;
+    snprintf(n->from, sizeof(n->from), "%s", from);
+    if (len) memcpy(n->data, msg, len);
+    ote_mutex_lock(&e->nmu);
+    /* Re-checked: another worker may have queued one since. */
+    if (e->nqcount >= OTE_NOTIFY_QUEUE_MAX || len > OTE_NOTIFY_QUEUE_BYTES - e->nqbytes) {
+        ote_mutex_unlock(&e->nmu);
+        ote_free(n);
+        return OTE_ERR_AGAIN;
+    }
+    if (e->ntail) e->ntail->next = n;
+    else e->nhead = n;
+    e->ntail = n;
+    e->nqcount++;
+    e->nqbytes += len;
+    ote_cond_broadcast(&e->ncv);
+    ote_mutex_unlock(&e->nmu);
+    return OTE_OK;
+}
+
+/* Unlink the head of the queue. e->nmu held, queue not empty. */
+static ote__nin_t *nq_pop(ote_engine_t *e) {
+    ote__nin_t *n = e->nhead;
+    e->nhead = n->next;
+    if (e->nhead == NULL) e->ntail = NULL;
+    e->nqcount--;
+    e->nqbytes -= n->len;
+    e->nqfull_logged = 0;
+    return n;
+}
+
+void ote__nout_put(ote__nout_t *n) {
+    if (atomic_fetch_sub(&n->refs, 1) == 1) ote_free(n);
+}
+
+static void nout_done(ote__slice_t *sl, ote_status_t st) {
+    ote__nout_t *n = sl->owner;
+    ote_engine_t *e = n->e;
+    if (st != OTE_OK)
+        OTE_WARN("engine", "notification to %s not delivered: %s", n->seg->name, ote_status_str(st));
+    atomic_fetch_sub(&n->seg->notes, 1); /* last use of seg */
+    ote_mutex_lock(&e->omu);
+    n->done = 1;
+    n->st = st;
+    ote_cond_broadcast(&e->ocv);
+    ote_mutex_unlock(&e->omu);
+    ote__nout_put(n);
+}
+
+static ote_status_t nout_new(ote_engine_t *e, ote_segment_t *seg, const void *msg, size_t len,
+                             int refs, ote__nout_t **out) {
+    if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
+    ote__nout_t *n = ote_calloc(1, sizeof(*n) + len);
+    if (n == NULL) return OTE_ERR_NOMEM;
+    n->e = e;
+    n->seg = seg;
+    atomic_store(&n->refs, refs);
+    n->len = len;
+    if (len) memcpy(n->msg, msg, len);
+    n->slice.done = nout_done;
+    n->slice.owner = n;
+    n->slice.local = n->msg;
+    n->slice.len = (uint32_t)len;
+    n->slice.op = OTE__SLICE_NOTIFY;
+    n->slice.deadline = ote_deadline_after(e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    *out = n;
+    return OTE_OK;
+}
+
+static void nout_send(ote__nout_t *n) {
+    atomic_fetch_add(&n->seg->notes, 1);
+    n->slice.deadline = ote_deadline_after(n->e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    n->slice.next = NULL;
+    n->seg->e->tp->ops->submit(n->seg->peer, &n->slice);
+}
+
+ote_status_t ote_notify_send(ote_engine_t *e, ote_segment_t *seg, const void *msg, size_t len) {
+    if (e == NULL || seg == NULL || seg->e != e || (msg == NULL && len > 0)) return OTE_ERR_INVALID;
+    if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
+    ote_status_t st = e->tp->ops->peer_ensure(seg->peer);
+    if (st != OTE_OK) return st;
+    ote__nout_t *n;
+    st = nout_new(e, seg, msg, len, 2, &n);
+    if (st != OTE_OK) return st;
+    nout_send(n);
+    /* The transport fails the slice by its deadline; the grace covers the worker tick. */
+    ote_deadline_t dl = n->slice.deadline + OTE_NSEC_PER_SEC;
+    ote_mutex_lock(&e->omu);
+    while (!n->done) {
+        if (ote_cond_wait(&e->ocv, &e->omu, dl) == OTE_ERR_TIMEOUT && !n->done) break;
+    }
+    st = n->done ? n->st : OTE_ERR_TIMEOUT;
+    ote_mutex_unlock(&e->omu);
+    ote__nout_put(n);
+    return st;
+}
+
+ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len_out, char *from,
+                             size_t from_len, uint64_t timeout_ns) {
+    if (e == NULL || len_out == NULL || (buf == NULL && cap > 0)) return OTE_ERR_INVALID;
+    ote_deadline_t dl = ote_deadline_after(timeout_ns);
+    ote_mutex_lock(&e->nmu);
+    while (e->nhead == NULL) {
+        if (ote_cond_wait(&e->ncv, &e->nmu, dl) == OTE_ERR_TIMEOUT && e->nhead == NULL) {
+            ote_mutex_unlock(&e->nmu);
+            return OTE_ERR_TIMEOUT;
+        }
+    }
+    ote__nin_t *n = e->nhead;
+    if (n->len > cap || (from != NULL && strlen(n->from) >= from_len)) {
+        ote_mutex_unlock(&e->nmu);
+        return OTE_ERR_TOO_BIG;
+    }
+    (void)nq_pop(e);
+    ote_mutex_unlock(&e->nmu);
+    if (n->len) memcpy(buf, n->data, n->len);
+    if (from != NULL) memcpy(from, n->from, strlen(n->from) + 1);
+    *len_out = n->len;
+    ote_free(n);
+    return OTE_OK;
+}
+
+ote_status_t ote_notify_discard(ote_engine_t *e, size_t *len_out) {
+    if (e == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&e->nmu);
+    if (e->nhead == NULL) {
+        ote_mutex_unlock(&e->nmu);
+        return OTE_ERR_NOT_FOUND;
+    }
+    ote__nin_t *n = nq_pop(e);
+    ote_mutex_unlock(&e->nmu);
+    OTE_DEBUG("engine", "discarded a %zu-byte notification from %s", n->len, n->from);
+    if (len_out != NULL) *len_out = n->len;
+    ote_free(n);
+    return OTE_OK;
+}
+
+/* Decide the batch's attached notifications once no request is pending. b->mu held.
+ * Returns the list to send; frees the ones that will not be sent. */
+ote__nout_t *ote__batch_decide_notes(ote_batch_t *b) {
+    ote__nout_t *send = NULL;
+    size_t nsub = atomic_load(&b->nsub);
+    while (b->notes) {
+        ote__nout_t *n = b->notes;
+        b->notes = n->next;
+        int ok = 1;
+        for (size_t i = 0; i < nsub && ok; i++)
+            if (b->reqs[i].seg == n->seg && atomic_load(&b->reqs[i].state) != OTE_TRANSFER_COMPLETED) ok = 0;
+        if (ok) {
+            n->next = send;
+            send = n;
+        } else {
+            OTE_INFO("engine", "batch notification to %s dropped: a request to it did not complete",
+                     n->seg->name);
+            atomic_fetch_sub(&n->seg->notes, 1);
+            ote__nout_put(n);
+        }
+    }
+    return send;
+}
+
+void ote__notes_send(ote__nout_t *list) {
+    while (list) {
+        ote__nout_t *n = list;
+        list = n->next;
+        n->next = NULL;
+        /* The batch's hold on seg->notes is handed to the in-flight notification. */
+        n->slice.deadline = ote_deadline_after(n->e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+        n->seg->e->tp->ops->submit(n->seg->peer, &n->slice);
+    }
+}
+
+ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *msg, size_t len) {
+    if (b == NULL || seg == NULL || seg->e != b->e || (msg == NULL && len > 0)) return OTE_ERR_INVALID;
+    if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
+    ote__nout_t *n;
+    ote_status_t st = nout_new(b->e, seg, msg, len, 1, &n);
+    if (st != OTE_OK) return st;
+    atomic_fetch_add(&seg->notes, 1); /* held until sent and acknowledged, or dropped */
+    ote__nout_t *send = NULL;
+    ote_mutex_lock(&b->mu);
+    n->next = b->notes;
+    b->notes = n;
+    /* Nothing submitted yet: decided when the coming submissions end. */
+    if (atomic_load(&b->pending) == 0 && atomic_load(&b->nsub) > 0) send = ote__batch_decide_notes(b);
+    ote_mutex_unlock(&b->mu);
+    if (send) {
+        st = b->e->tp->ops->peer_ensure(seg->peer);
+        if (st != OTE_OK) {
+            /* Unsendable: the slice fails through the transport with PEER_LOST. */
+            OTE_WARN("engine", "batch notification to %s: reconnect failed: %s", seg->name,
+                     ote_status_str(st));
+        }
+        ote__notes_send(send);
+    }
+    return OTE_OK;
+}

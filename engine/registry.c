@@ -1,0 +1,126 @@
+/*
+ * engine/registry.c - registered memory: a sorted array of non-overlapping ranges with
+ * their permissions, under reg_lk. A pin (a transport's source side checking a request,
+ * or a request whose local buffer lies in a registration) holds the registration:
+ * unregister is BUSY until every pin is released. The RDMA transport's mem_register /
+ * mem_unregister hooks run under reg_lk so that a range is never visible half-published.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/core_internal.h"
+
+/* Index of the registration with the greatest start <= addr, or -1. reg_lk held. */
+static long reg_find(const ote_engine_t *e, uint64_t addr) {
+    long lo = 0, hi = (long)e->nregs - 1, best = -1;
+    while (lo <= hi) {
+        long mid = lo + (hi - lo) / 2;
+        if (e->regs[mid]->start <= addr) {
+            best = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return best;
+}
+
+ote__reg_t *ote__reg_covering(const ote_engine_t *e, uint64_t addr, uint64_t len) {
+    long i = reg_find(e, addr);
+    if (i < 0) return NULL;
+    ote__reg_t *r = e->regs[i];
+    uint64_t off = addr - r->start;
+    if (off >= r->len || len > r->len - off) return NULL;
+    return r;
+}
+
+ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out) {
+    ote_engine_t *e = arg;
+    ote_status_t st = OTE_ERR_ACCESS;
+    pthread_rwlock_rdlock(&e->reg_lk);
+    ote__reg_t *r = ote__reg_covering(e, addr, len);
+    if (r != NULL && (r->perms & perm) == perm) {
+        atomic_fetch_add(&r->inuse, 1);
+        *pin_out = r;
+        st = OTE_OK;
+    }
+    pthread_rwlock_unlock(&e->reg_lk);
+    return st;
+}
+
+void ote__reg_unpin(void *arg, void *pin) {
+    (void)arg;
+    atomic_fetch_sub(&((ote__reg_t *)pin)->inuse, 1);
+}
+
+ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
+    if (e == NULL || addr == NULL || len == 0 || perms == 0 ||
+        (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE)) != 0 || (uintptr_t)addr > UINT64_MAX - len)
+        return OTE_ERR_INVALID;
+    uint64_t start = (uintptr_t)addr;
+    ote__reg_t *r = ote_calloc(1, sizeof(*r));
+    if (r == NULL) return OTE_ERR_NOMEM;
+    r->start = start;
+    r->len = len;
+    r->perms = perms;
+    ote_status_t st = OTE_OK;
+    pthread_rwlock_wrlock(&e->reg_lk);
+    long i = reg_find(e, start);
+    if (i >= 0 && start - e->regs[i]->start < e->regs[i]->len) st = OTE_ERR_EXISTS;
+    if ((size_t)(i + 1) < e->nregs && e->regs[i + 1]->start < start + len) st = OTE_ERR_EXISTS;
+    if (st == OTE_OK && e->nregs == e->capregs) {
+        size_t ncap = e->capregs ? e->capregs * 2 : 16;
+        ote__reg_t **nr = ote_realloc(e->regs, ncap * sizeof(*nr));
+        if (nr == NULL) st = OTE_ERR_NOMEM;
+        else {
+            e->regs = nr;
+            e->capregs = ncap;
+        }
+    }
+    /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
+     * failure leaves nothing registered. NULL for transports that need none (tcp). */
+    if (st == OTE_OK && e->tp->ops->mem_register != NULL)
+        st = e->tp->ops->mem_register(e->tp, addr, len, perms);
+    if (st == OTE_OK) {
+        size_t at = (size_t)(i + 1);
+        memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
+        e->regs[at] = r;
+        e->nregs++;
+        atomic_store(&e->nregs_hint, e->nregs);
+    }
+    pthread_rwlock_unlock(&e->reg_lk);
+    if (st != OTE_OK) {
+        if (st == OTE_ERR_EXISTS)
+            OTE_WARN("engine", "register [%p, +%zu) refused: overlaps an existing registration", addr, len);
+        ote_free(r);
+    }
+    return st;
+}
+
+ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
+    if (e == NULL || addr == NULL) return OTE_ERR_INVALID;
+    uint64_t start = (uintptr_t)addr;
+    ote_status_t st = OTE_OK;
+    ote__reg_t *victim = NULL;
+    pthread_rwlock_wrlock(&e->reg_lk);
+    long i = reg_find(e, start);
+    if (i < 0 || e->regs[i]->start != start) {
+        st = OTE_ERR_NOT_FOUND;
+    } else if (atomic_load(&e->regs[i]->inuse) > 0) {
+        st = OTE_ERR_BUSY;
+    } else if (e->tp->ops->mem_unregister != NULL &&
+               (st = e->tp->ops->mem_unregister(e->tp, addr)) != OTE_OK) {
+        /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
+    } else {
+        victim = e->regs[i];
+        memmove(&e->regs[i], &e->regs[i + 1], (e->nregs - (size_t)i - 1) * sizeof(*e->regs));
+        e->nregs--;
+        atomic_store(&e->nregs_hint, e->nregs);
+    }
+    pthread_rwlock_unlock(&e->reg_lk);
+    ote_free(victim);
+    return st;
+}
