@@ -285,25 +285,19 @@ ote_status_t ote_verbs_fault_destroy_busy(ote_verbs_t *v, ote_verbs_fault_op_t o
     return OTE_OK;
 }
 
-uint64_t ote_verbs_fault_calls(ote_verbs_t *v, ote_verbs_fault_op_t op) {
+static uint64_t read_counter(ote_verbs_t *v, ote_verbs_fault_op_t op, bool injected) {
     GET_FAULT_OR(v, 0);
     if (!op_valid(op)) return 0;
     fault_t *f = to_fault(v);
     ote_mutex_lock(&f->mu);
-    uint64_t n = f->calls[op];
+    uint64_t n = injected ? f->injected[op] : f->calls[op];
     ote_mutex_unlock(&f->mu);
     return n;
 }
 
-uint64_t ote_verbs_fault_injected(ote_verbs_t *v, ote_verbs_fault_op_t op) {
-    GET_FAULT_OR(v, 0);
-    if (!op_valid(op)) return 0;
-    fault_t *f = to_fault(v);
-    ote_mutex_lock(&f->mu);
-    uint64_t n = f->injected[op];
-    ote_mutex_unlock(&f->mu);
-    return n;
-}
+uint64_t ote_verbs_fault_calls(ote_verbs_t *v, ote_verbs_fault_op_t op) { return read_counter(v, op, false); }
+
+uint64_t ote_verbs_fault_injected(ote_verbs_t *v, ote_verbs_fault_op_t op) { return read_counter(v, op, true); }
 
 void ote_verbs_fault_clear(ote_verbs_t *v) {
     if (!ote_verbs_fault_is(v)) return;

@@ -80,16 +80,21 @@ void ote__sim_qp_complete(sim_qp_t *qp) {
     }
 }
 
+void ote__sim_recv_error_wc(const sim_qp_t *qp, uint64_t wr_id, enum ibv_wc_status st, struct ibv_wc *wc) {
+    memset(wc, 0, sizeof(*wc));
+    wc->wr_id = wr_id;
+    wc->status = st;
+    wc->opcode = IBV_WC_RECV;
+    wc->qp_num = qp->ibqp.qp_num;
+    wc->src_qp = qp->attr.dest_qp_num;
+    wc->vendor_err = 0x5e;
+}
+
 static void rq_flush(sim_qp_t *qp) {
     while (qp->rq_head < qp->rq_tail) {
         sim_rwr_t *r = rq_slot(qp, qp->rq_head);
         struct ibv_wc wc;
-        memset(&wc, 0, sizeof(wc));
-        wc.wr_id = r->wr_id;
-        wc.status = IBV_WC_WR_FLUSH_ERR;
-        wc.opcode = IBV_WC_RECV;
-        wc.qp_num = qp->ibqp.qp_num;
-        wc.vendor_err = 0x5e;
+        ote__sim_recv_error_wc(qp, r->wr_id, IBV_WC_WR_FLUSH_ERR, &wc);
         qp->rq_head++;
         ote__sim_cq_push(qp->rcq, &wc, NULL, 0, false);
     }

@@ -323,6 +323,8 @@ void ote__sim_qp_fatal(sim_qp_t *qp, enum ibv_event_type ev);
 /* Report done SQ entries from the head in order; flush on error. */
 void ote__sim_qp_complete(sim_qp_t *qp);
 void ote__sim_rq_complete(sim_qp_t *qp, const struct ibv_wc *wc, bool solicited);
+/* An error CQE of the receive WQE wr_id (flushed or failed by the responder). */
+void ote__sim_recv_error_wc(const sim_qp_t *qp, uint64_t wr_id, enum ibv_wc_status st, struct ibv_wc *wc);
 uint64_t ote__sim_retry_bound_ns(sim_qp_t *qp, bool lost);
 
 /* ---- wire (wire.c) ---- */

@@ -31,13 +31,7 @@ static void resp_fail(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp, uint8_t syndro
     ote__sim_send_ctl(p, c, SIM_MSG_NAK, c->h.psn, syndrome, 0);
     if (w) {
         struct ibv_wc wc;
-        memset(&wc, 0, sizeof(wc));
-        wc.wr_id = w->wr_id;
-        wc.status = st;
-        wc.opcode = IBV_WC_RECV;
-        wc.qp_num = qp->ibqp.qp_num;
-        wc.src_qp = qp->attr.dest_qp_num;
-        wc.vendor_err = 0x5e;
+        ote__sim_recv_error_wc(qp, w->wr_id, st, &wc);
         ote__sim_rq_complete(qp, &wc, true);
     } else {
         resp_error_event(qp, ev);
