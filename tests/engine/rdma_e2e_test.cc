@@ -47,21 +47,6 @@ TEST_F(RdmaE2eTest, SizesFromOneByteUnalignedAndFoldedTails) {
     RoundTrip((3u << 20) + 12345, 333, 5, 18);      /* several engine slices */
 }
 
-TEST_F(RdmaE2eTest, SixtyFourMiBWriteAndReadRegisteredLocal) {
-    size_t len = 64u << 20;
-    std::vector<uint8_t> src(len), dst(len, 0);
-    ote_pattern_fill(src.data(), len, 21, 0);
-    // Registered local buffers use their persistent MRs (no temporary registration).
-    ASSERT_EQ(ote_memory_register(engine_, src.data(), len, OTE_PERM_READ), OTE_OK);
-    ASSERT_EQ(ote_memory_register(engine_, dst.data(), len, OTE_PERM_WRITE), OTE_OK);
-    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, len), OTE_OK);
-    EXPECT_EQ(target_.Hash("rw", 0, len), ote_hash(src.data(), len));
-    ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, len), OTE_OK);
-    EXPECT_EQ(memcmp(dst.data(), src.data(), len), 0);
-    EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
-    EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
-}
-
 TEST_F(RdmaE2eTest, OutsideRegistrationOrPermissionRefusedWithoutTouching) {
     ExpectErrorLogs();
     std::vector<uint8_t> buf(8192, 0x5A);
@@ -92,7 +77,7 @@ ote_status_t WrapToCount(ote_verbs_t **v) {
     return OTE_OK;
 }
 
-class RdmaE2eQpCountTest : public RdmaE2eTest {
+class RdmaE2eCountedTest : public RdmaE2eTest {
   protected:
     void SetUp() override {
         g_wrapped = &wrapped_;
@@ -115,7 +100,7 @@ class RdmaE2eQpCountTest : public RdmaE2eTest {
 // arrays: one endpoint per capability (READ, WRITE) of min(local, remote) lanes each, so
 // at most 2 x 2 QPs (both engines have the default 2 lanes) are ever created, never one
 // per request or per slice, and none is torn down and rebuilt on the way.
-TEST_F(RdmaE2eQpCountTest, ManyConcurrentRequestsShareQps) {
+TEST_F(RdmaE2eCountedTest, ManyConcurrentRequestsShareQps) {
     constexpr uint64_t kMaxQps = 2 * 2; /* capabilities x lanes */
     uint64_t created0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP);
     uint64_t destroyed0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_QP);
@@ -153,6 +138,38 @@ TEST_F(RdmaE2eQpCountTest, ManyConcurrentRequestsShareQps) {
     EXPECT_GE(created, 1u) << "no QP was built: the requests did not go over RDMA QPs";
     EXPECT_LE(created, kMaxQps) << kThreads * kPerBatch << " requests built " << created << " QPs";
     EXPECT_EQ(destroyed, 0u) << "QPs were torn down and rebuilt while the requests ran";
+}
+
+// Registered local buffers use their persistent MRs: once the QPs exist, 64 MiB each way
+// registers no memory region (the MRs were made by ote_memory_register), while
+// the same transfer from an unregistered buffer does register a temporary one.
+TEST_F(RdmaE2eCountedTest, SixtyFourMiBWriteAndReadRegisteredLocal) {
+    size_t len = 64u << 20;
+    std::vector<uint8_t> src(len), dst(len, 0);
+    ote_pattern_fill(src.data(), len, 21, 0);
+    ASSERT_EQ(ote_memory_register(engine_, src.data(), len, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(engine_, dst.data(), len, OTE_PERM_WRITE), OTE_OK);
+    // Warm-up: the first round builds the QPs of every slot it uses (each QP brings MRs of
+    // its own receive buffers); the counted round below builds none.
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, len), OTE_OK);
+    ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, len), OTE_OK);
+    std::fill(dst.begin(), dst.end(), 0);
+    uint64_t mrs0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_REG_MR);
+    uint64_t qps0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP);
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, len), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 0, len), ote_hash(src.data(), len));
+    ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, len), OTE_OK);
+    EXPECT_EQ(memcmp(dst.data(), src.data(), len), 0);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP), qps0) << "QPs were built again";
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_REG_MR), mrs0)
+        << "a transfer from a registered buffer registered a memory region";
+    EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
+    // The counter does see registrations: an unregistered source needs a temporary MR.
+    std::vector<uint8_t> plain(1u << 20, 9);
+    uint64_t mrs1 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_REG_MR);
+    ASSERT_EQ(Transfer(OTE_WRITE, plain.data(), target_.rw, plain.size()), OTE_OK);
+    EXPECT_GT(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_REG_MR), mrs1);
 }
 
 TEST_F(RdmaE2eTest, NotificationAfterData) {
