@@ -149,7 +149,6 @@ class RdmaFaultTest : public ote_test::OteTest {
   protected:
     void SetUp() override {
         OteTest::SetUp();
-        ExpectErrorLogs();
         g_wrapped = &wrapped_;
         g_owned = &counters_;
         g_counters.clear();
@@ -257,6 +256,7 @@ TEST_F(RdmaFaultTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestEnds) {
     ASSERT_EQ(Write(kBlock), OTE_OK); /* QPs built */
     ASSERT_GE(nr_->qps.load(), 1);
     uint64_t destroyed0 = nr_->qps_destroyed.load();
+    ote_test::ErrorLogsExpected fault_logs;  // from the fault to the end of the test body
     ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(vr_, nullptr, 2), OTE_OK);
     nr_->hold_next_qp_destroy = true;
     ote_batch_t *b = nullptr;
@@ -305,6 +305,7 @@ TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
     int64_t mws0 = ns_->mws.load();
     ASSERT_GE(mws0, 1) << "the first grant bound no window";
     // The source posts nothing but binds on its send queues (receipts arrive on its RQ).
+    ote_test::ErrorLogsExpected fault_logs;  // from the fault to the end of the test body
     ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 1, EINVAL), OTE_OK);
     ote_status_t st = Write(2 * kBlock);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_REMOTE_ACCESS) << ote_status_str(st) << [&] {
@@ -328,6 +329,7 @@ TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
 // registration is not pinned, and once alloc_mw works again the next grant creates its
 // window and the transfer lands.
 TEST_F(RdmaFaultTest, AllocMwFailureRefusesTheGrant) {
+    ote_test::ErrorLogsExpected fault_logs;  // from the fault to the end of the test body
     ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_EVERY, 0, ENOMEM), OTE_OK);
     ote_status_t st = Write(kBlock);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_REMOTE_ACCESS) << ote_status_str(st);

@@ -40,7 +40,6 @@ class TcpFaultTest : public ote_test::OteTest {
   protected:
     void SetUp() override {
         OteTest::SetUp();
-        ExpectErrorLogs();  // failed connects are logged
         src_ = NewEngine();
         req_ = NewEngine({{"tcp_connections", "4"}});
         ASSERT_NE(src_, nullptr);
