@@ -6,13 +6,11 @@
 // only the argument checks run.
 #include <gtest/gtest.h>
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "tests/verbs/verbs_fixture.h"
@@ -25,44 +23,13 @@ extern "C" {
 
 namespace {
 
+using ote_test::Memfd;
+using ote_test::MemfdMappings;
 using ote_test::VerbsBuf;
 using ote_test::kAccessRw;
 
 constexpr size_t kPage = 4096;
 constexpr uint64_t kIovaBase = 0x7e5a00000000ull;  // an address the host has nothing at
-
-// A memfd ("device memory") and the test's own view of it.
-class Memfd {
-  public:
-    explicit Memfd(size_t size) : size_(size) {
-        fd_ = memfd_create("ote-dmabuf-test", MFD_CLOEXEC);
-        if (fd_ < 0 || ftruncate(fd_, (off_t)size) != 0) return;
-        void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-        if (p != MAP_FAILED) view_ = static_cast<uint8_t *>(p);
-    }
-    ~Memfd() {
-        if (view_ != nullptr) munmap(view_, size_);
-        if (fd_ >= 0) close(fd_);
-    }
-    bool ok() const { return view_ != nullptr; }
-    int fd() const { return fd_; }
-    uint8_t *view() const { return view_; }
-    size_t size() const { return size_; }
-
-  private:
-    int fd_ = -1;
-    size_t size_;
-    uint8_t *view_ = nullptr;
-};
-
-// Mappings of the test's memfds in this process (/proc/self/maps names them).
-int MemfdMappings() {
-    std::ifstream maps("/proc/self/maps");
-    std::string line;
-    int n = 0;
-    while (std::getline(maps, line)) n += line.find("memfd:ote-dmabuf-test") != std::string::npos;
-    return n;
-}
 
 class Dmabuf : public ote_test::VerbsFixture, public ::testing::WithParamInterface<std::string> {
   protected:

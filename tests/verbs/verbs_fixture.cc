@@ -1,14 +1,47 @@
 // tests/verbs/verbs_fixture.cc - see verbs_fixture.h.
 #include "tests/verbs/verbs_fixture.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 
 extern "C" {
 #include "verbs/fault.h"
 }
 
 namespace ote_test {
+
+namespace {
+constexpr char kMemfdName[] = "ote-dmabuf-test";
+}
+
+Memfd::Memfd(size_t size) : size_(size) {
+    fd_ = memfd_create(kMemfdName, MFD_CLOEXEC);
+    if (fd_ < 0 || ftruncate(fd_, (off_t)size) != 0) return;
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p != MAP_FAILED) view_ = static_cast<uint8_t *>(p);
+}
+
+Memfd::~Memfd() {
+    if (view_ != nullptr) munmap(view_, size_);
+    if (fd_ >= 0) close(fd_);
+}
+
+std::vector<std::pair<uintptr_t, uintptr_t>> MemfdRanges() {
+    std::ifstream maps("/proc/self/maps");
+    std::string line, name = std::string("memfd:") + kMemfdName;
+    std::vector<std::pair<uintptr_t, uintptr_t>> out;
+    while (std::getline(maps, line)) {
+        if (line.find(name) == std::string::npos) continue;
+        unsigned long start = 0, end = 0;
+        if (sscanf(line.c_str(), "%lx-%lx", &start, &end) == 2) out.emplace_back(start, end);
+    }
+    return out;
+}
 
 void VerbsFixture::OpenVerbs(const std::string &provider, const char *config, bool fault, int dev_index) {
     ote_verbs_t *v = nullptr;

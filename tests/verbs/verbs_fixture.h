@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/util/test_base.h"
@@ -36,6 +37,30 @@ struct VerbsBuf {
     struct ibv_mr *mr = nullptr;
     uint64_t addr() const { return (uint64_t)(uintptr_t)mem.data(); }
 };
+
+// "Device memory" for dma-buf MRs: a memfd (as the fake GPU driver's memory is) and the
+// test's own MAP_SHARED view of it, through which the test checks what a NIC wrote.
+class Memfd {
+  public:
+    explicit Memfd(size_t size);
+    ~Memfd();
+    Memfd(const Memfd &) = delete;
+    Memfd &operator=(const Memfd &) = delete;
+    bool ok() const { return view_ != nullptr; }
+    int fd() const { return fd_; }
+    uint8_t *view() const { return view_; }
+    size_t size() const { return size_; }
+
+  private:
+    int fd_ = -1;
+    size_t size_;
+    uint8_t *view_ = nullptr;
+};
+
+// Mappings of Memfd memory in this process (the test's views and any provider's own),
+// as [start, end) address ranges.
+std::vector<std::pair<uintptr_t, uintptr_t>> MemfdRanges();
+inline int MemfdMappings() { return (int)MemfdRanges().size(); }
 
 class VerbsFixture : public OteTest {
   protected:
