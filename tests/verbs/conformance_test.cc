@@ -31,19 +31,9 @@ namespace {
 // How long a poll for an fd that must become readable may wait (reached only on failure).
 constexpr int kPollMs = 10000;
 
-
 using Buf = ote_test::VerbsBuf;
 
-class Conformance : public ote_test::VerbsFixture, public ::testing::WithParamInterface<std::string> {
-  protected:
-    void SetUp() override {
-        VerbsFixture::SetUp();
-        if (!ProviderHasDevice(GetParam())) GTEST_SKIP() << "no " << GetParam() << " device on this machine";
-        ASSERT_NO_FATAL_FAILURE(OpenVerbs(GetParam()));
-    }
-
-    bool IsSim() const { return GetParam() == "sim"; }
-};
+using Conformance = ote_test::ProviderTest;
 
 // A connected pair with its own CQs.
 #define PAIR()                                   \
@@ -1022,9 +1012,6 @@ TEST_P(Conformance, SimTwoInstancesInOneProcess) {
     ote_verbs_close(v2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, Conformance, ::testing::Values(std::string("sim"), std::string("rdma-core")),
-                         [](const ::testing::TestParamInfo<std::string> &i) {
-                             return i.param == "sim" ? std::string("sim") : std::string("rdma_core");
-                         });
+INSTANTIATE_TEST_SUITE_P(Providers, Conformance, ote_test::AllProviders(), ote_test::ProviderName);
 
 }  // namespace

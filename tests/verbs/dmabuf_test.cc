@@ -31,19 +31,12 @@ using ote_test::kAccessRw;
 constexpr size_t kPage = 4096;
 constexpr uint64_t kIovaBase = 0x7e5a00000000ull;  // an address the host has nothing at
 
-class Dmabuf : public ote_test::VerbsFixture, public ::testing::WithParamInterface<std::string> {
+class Dmabuf : public ote_test::ProviderTest {
   protected:
-    void SetUp() override {
-        VerbsFixture::SetUp();
-        if (!ProviderHasDevice(GetParam())) GTEST_SKIP() << "no " << GetParam() << " device on this machine";
-        ASSERT_NO_FATAL_FAILURE(OpenVerbs(GetParam()));
-    }
     void TearDown() override {
         for (auto *mr : dmrs_) EXPECT_EQ(o_->dereg_mr(v_, mr), 0);
         VerbsFixture::TearDown();
     }
-
-    bool IsSim() const { return GetParam() == "sim"; }
 
     // A dma-buf MR over [off, off+len) of m at iova kIovaBase + the page offset of off.
     int RegDmabuf(const Memfd &m, uint64_t off, size_t len, struct ibv_mr **mr, int access = kAccessRw) {
@@ -203,10 +196,7 @@ TEST_P(Dmabuf, DeregThenRemoteAccessFails) {
     for (size_t i = 0; i < dev.size(); i++) ASSERT_EQ(dev.view()[i], 0) << "byte " << i << " landed after dereg";
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, Dmabuf, ::testing::Values(std::string("sim"), std::string("rdma-core")),
-                         [](const ::testing::TestParamInfo<std::string> &i) {
-                             return i.param == "sim" ? std::string("sim") : std::string("rdma_core");
-                         });
+INSTANTIATE_TEST_SUITE_P(Providers, Dmabuf, ote_test::AllProviders(), ote_test::ProviderName);
 
 // The fault decorator fails reg_dmabuf_mr like any op: nothing reaches the provider, the
 // output is untouched, and the next call registers.

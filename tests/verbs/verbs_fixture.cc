@@ -283,4 +283,18 @@ int VerbsFixture::BindMw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t rkey, co
     return o_->post_send(v_, qp, &wr, &bad);
 }
 
+void ProviderTest::SetUp() {
+    VerbsFixture::SetUp();
+    if (!ProviderHasDevice(GetParam())) GTEST_SKIP() << "no " << GetParam() << " device on this machine";
+    ASSERT_NO_FATAL_FAILURE(OpenVerbs(GetParam()));
+}
+
+std::string ProviderName(const ::testing::TestParamInfo<std::string> &info) {
+    std::string n = info.param;
+    for (auto &ch : n) {
+        if (ch == '-') ch = '_';  // gtest names: letters, digits and '_'
+    }
+    return n;
+}
+
 }  // namespace ote_test

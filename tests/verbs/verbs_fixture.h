@@ -142,6 +142,19 @@ class VerbsFixture : public OteTest {
     std::vector<struct ibv_comp_channel *> chs_;
 };
 
+// VerbsFixture over each provider of a parametrized suite: "sim" always, a hardware
+// provider ("rdma-core") only where it lists a device (skipped with the reason otherwise).
+class ProviderTest : public VerbsFixture, public ::testing::WithParamInterface<std::string> {
+  protected:
+    void SetUp() override;
+    bool IsSim() const { return GetParam() == "sim"; }
+};
+
+// The providers of a ProviderTest suite and their test-name suffixes:
+//   INSTANTIATE_TEST_SUITE_P(Providers, MySuite, ote_test::AllProviders(), ote_test::ProviderName);
+inline auto AllProviders() { return ::testing::Values(std::string("sim"), std::string("rdma-core")); }
+std::string ProviderName(const ::testing::TestParamInfo<std::string> &info);
+
 }  // namespace ote_test
 
 #endif
