@@ -3,7 +3,9 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "tests/engine/engine_util.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -76,21 +78,24 @@ TEST_F(ConfigTest, InvalidValuesAreRefusedAndChangeNothing) {
 }
 
 TEST_F(ConfigTest, InvalidEnvironmentFailsEngineCreation) {
-    ExpectErrorLogs();
     setenv("OTE_SLICE_SIZE", "lots", 1);
     ote_engine_t *e = nullptr;
-    EXPECT_EQ(ote_engine_create(cfg_, &e), OTE_ERR_INVALID);
+    ExpectErrorLogsIn([&] { EXPECT_EQ(ote_engine_create(cfg_, &e), OTE_ERR_INVALID); });
     EXPECT_EQ(e, nullptr);
     EXPECT_TRUE(LogContains("slice_size=\"lots\" (from environment)"));
 }
 
 TEST_F(ConfigTest, RdmaIsRefusedWithoutFallback) {
-    ExpectErrorLogs();
+    std::vector<std::string> devs = ote_test::KernelVerbsDevices();
+    if (!devs.empty())
+        GTEST_SKIP() << "this machine has an RDMA device (" << devs[0]
+                     << " in /sys/class/infiniband_verbs): the no-device refusal cannot be shown here";
     ASSERT_EQ(ote_config_set(cfg_, "transport", "rdma"), OTE_OK);
     ote_engine_t *e = nullptr;
     // Without an RDMA device here the engine is refused (NO_DEVICE once engine/rdma is
     // built in, UNSUPPORTED before): never an engine quietly running over TCP.
-    int code = ote_status_code(ote_engine_create(cfg_, &e));
+    int code = 0;
+    ExpectErrorLogsIn([&] { code = ote_status_code(ote_engine_create(cfg_, &e)); });
     EXPECT_TRUE(code == OTE_ERR_NO_DEVICE || code == OTE_ERR_UNSUPPORTED) << code;
     EXPECT_EQ(e, nullptr);
     EXPECT_TRUE(LogContains("no fallback to tcp"));
@@ -160,13 +165,12 @@ TEST_F(ConfigTest, EngineAddressesV4V6AndAdvertised) {
 }
 
 TEST_F(ConfigTest, ListenAddressInUseIsAClearError) {
-    ExpectErrorLogs();
     ote_engine_t *a = nullptr, *b = nullptr;
     ASSERT_EQ(ote_engine_create(cfg_, &a), OTE_OK);
     char addr[300];
     ASSERT_EQ(ote_engine_address(a, addr, sizeof(addr)), OTE_OK);
     ASSERT_EQ(ote_config_set(cfg_, "listen_address", addr), OTE_OK);
-    EXPECT_EQ(ote_status_code(ote_engine_create(cfg_, &b)), OTE_ERR_BUSY);
+    ExpectErrorLogsIn([&] { EXPECT_EQ(ote_status_code(ote_engine_create(cfg_, &b)), OTE_ERR_BUSY); });
     EXPECT_TRUE(LogContains("cannot listen on"));
     ASSERT_EQ(ote_engine_destroy(a), OTE_OK);
 }

@@ -1,8 +1,23 @@
 #include "tests/engine/engine_util.h"
 
+#include <dirent.h>
+
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 namespace ote_test {
+
+std::vector<std::string> KernelVerbsDevices() {
+    std::vector<std::string> names;
+    DIR *d = opendir("/sys/class/infiniband_verbs");
+    if (d == nullptr) return names;
+    while (dirent *de = readdir(d)) {
+        if (strncmp(de->d_name, "uverbs", 6) == 0) names.push_back(de->d_name);
+    }
+    closedir(d);
+    return names;
+}
 
 ote_engine_t *NewEngine(const ConfigKv &kv) {
     ote_config_t *cfg = nullptr;

@@ -31,6 +31,11 @@ ote_config_t *RdmaConfig(const char *timeout_ms = "20000", const char *connect_m
 // An engine made from RdmaConfig(timeout_ms, connect_ms); nullptr on failure.
 ote_engine_t *RdmaEngine(const char *timeout_ms = "20000", const char *connect_ms = nullptr);
 
+// Names of the uverbs devices the kernel exposes (what rdma-core would open), from
+// /sys/class/infiniband_verbs; empty on a machine without an RDMA device. Tests that
+// show a no-device failure skip, saying so, where this is not empty.
+std::vector<std::string> KernelVerbsDevices();
+
 // The engine's listen address ("host:port").
 std::string EngineAddress(ote_engine_t *e);
 

@@ -5,7 +5,6 @@
 // SEND_WITH_INV receipt.
 #include <gtest/gtest.h>
 
-#include <dirent.h>
 #include <signal.h>
 
 #include <cstring>
@@ -48,7 +47,6 @@ TEST_F(RdmaE2eTest, SizesFromOneByteUnalignedAndFoldedTails) {
 }
 
 TEST_F(RdmaE2eTest, OutsideRegistrationOrPermissionRefusedWithoutTouching) {
-    ExpectErrorLogs();
     std::vector<uint8_t> buf(8192, 0x5A);
     uint64_t before = target_.Hash("rw", target_.rw_len - 4096, 4096);
     // Straddles the end of rw: refused by the source before any window exists.
@@ -190,23 +188,11 @@ TEST_F(RdmaE2eTest, NotificationAfterData) {
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
 }
 
-// Names of the uverbs devices the kernel exposes (what rdma-core would open).
-std::vector<std::string> KernelVerbsDevices() {
-    std::vector<std::string> names;
-    DIR *d = opendir("/sys/class/infiniband_verbs");
-    if (d == nullptr) return names;
-    while (dirent *de = readdir(d)) {
-        if (strncmp(de->d_name, "uverbs", 6) == 0) names.push_back(de->d_name);
-    }
-    closedir(d);
-    return names;
-}
-
 // On a machine without an RDMA device, verbs_provider=rdma-core fails the engine's
 // creation with a clear status and does not fall back to the sim or to TCP. A machine
 // with a device cannot show that: the test is skipped there, saying so.
 TEST(RdmaEngineTest, NoDeviceFailsClearlyWithoutFallback) {
-    std::vector<std::string> devs = KernelVerbsDevices();
+    std::vector<std::string> devs = ote_test::KernelVerbsDevices();
     if (!devs.empty())
         GTEST_SKIP() << "this machine has an RDMA device (" << devs[0]
                      << " in /sys/class/infiniband_verbs): the no-device failure cannot be shown here";
@@ -232,7 +218,6 @@ TEST(RdmaEngineTest, PinnedDeviceThatDoesNotExistFails) {
 }
 
 TEST_F(RdmaE2eTest, PeerKilledMidTransferFailsWithinDeadline) {
-    ExpectErrorLogs();
     size_t len = 64u << 20;
     std::vector<uint8_t> src(len, 1);
     ote_batch_t *b = nullptr;
