@@ -56,7 +56,8 @@ class Dmabuf : public ote_test::ProviderTest {
     }
 
     // WRITE from host memory into the dma-buf MR and READ it back into host memory, checked
-    // through the test's own mapping of the memfd; then the dma-buf MR as a local SGE.
+    // through the test's own mapping of the memfd; then the dma-buf MR as the local side
+    // (source of a WRITE, destination of a READ, a receive WQE); then its bounds.
     void WriteAndRead(uint64_t off, size_t len) {
         Memfd dev(off + len + 2 * kPage);
         ASSERT_TRUE(dev.ok());
@@ -95,6 +96,24 @@ class Dmabuf : public ote_test::ProviderTest {
         ASSERT_EQ(wc.size(), 1u);
         ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
         EXPECT_EQ(memcmp(out->mem.data(), dev.view() + off, len), 0);
+        // a READ whose local SGE is the dma-buf MR: the response lands in the memfd
+        for (size_t i = 0; i < len; i++) out->mem[i] = (uint8_t)(i * 3 + 11);
+        ASSERT_EQ(PostSendSge(b, IBV_WR_RDMA_READ, Iova(off), (uint32_t)len, mr->lkey, 5, out->addr(),
+                              out->mr->rkey),
+                  0);
+        wc = Poll(scq, 1);
+        ASSERT_EQ(wc.size(), 1u);
+        ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
+        EXPECT_EQ(memcmp(dev.view() + off, out->mem.data(), len), 0) << "the READ response reached the memfd";
+        // a receive WQE in the dma-buf MR: a SEND lands in the memfd
+        ASSERT_EQ(ote_test::PostRecvOne(v_, b, Iova(off), (uint32_t)len, mr->lkey, 6), 0);
+        ASSERT_EQ(PostSend(a, IBV_WR_SEND, src, 0, (uint32_t)len, 7), 0);
+        wc = Poll(rcq, 1);
+        ASSERT_EQ(wc.size(), 1u);
+        ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
+        EXPECT_EQ(wc[0].byte_len, len);
+        ASSERT_EQ(Poll(scq, 1).size(), 1u);
+        EXPECT_EQ(memcmp(dev.view() + off, src->mem.data(), len), 0) << "the SEND reached the memfd";
         // one byte past the end of the MR is a remote access error
         ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 4, Iova(off) + len - 7, mr->rkey), 0);
         wc = Poll(scq, 1);
