@@ -16,6 +16,7 @@
 #include "tests/verbs/verbs_fixture.h"
 
 extern "C" {
+#include "base/alloc.h"
 #include "base/time.h"
 #include "verbs/fault.h"
 #include "verbs/verbs.h"
@@ -213,6 +214,37 @@ TEST_P(Dmabuf, DeregThenRemoteAccessFails) {
     EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
     EXPECT_EQ(State(a), IBV_QPS_ERR);
     for (size_t i = 0; i < dev.size(); i++) ASSERT_EQ(dev.view()[i], 0) << "byte " << i << " landed after dereg";
+}
+
+// Every allocation of a registration can fail: the call fails with ENOMEM, leaves no
+// mapping of the dma-buf and no MR behind; once the allocations go through it registers.
+TEST_P(Dmabuf, RegistrationSurvivesEveryAllocationFailure) {
+    if (!IsSim()) GTEST_SKIP() << "a memfd is not a dma-buf to a real NIC (needs a GPU exporter)";
+    Memfd dev(2 * kPage);
+    ASSERT_TRUE(dev.ok());
+    struct ibv_mr *const kSentinel = reinterpret_cast<struct ibv_mr *>(0x1);
+    bool registered = false;
+    uint64_t failed = 0;
+    for (uint64_t n = 1; n <= 16 && !registered; n++) {
+        struct ibv_mr *mr = kSentinel;
+        uint64_t before = ote_alloc_injected_failures();
+        ote_alloc_fail_nth(n);
+        int rc = o_->reg_dmabuf_mr(v_, pd_, 0, kPage, kIovaBase, dev.fd(), kAccessRw, &mr);
+        ote_alloc_fail_disarm();
+        if (rc == 0) {
+            registered = true;
+            EXPECT_EQ(o_->dereg_mr(v_, mr), 0);
+            break;
+        }
+        EXPECT_EQ(rc, ENOMEM) << "allocation " << n;
+        EXPECT_EQ(ote_alloc_injected_failures(), before + 1) << "allocation " << n;
+        EXPECT_EQ(mr, kSentinel) << "allocation " << n;
+        EXPECT_EQ(MemfdMappings(), 1) << "allocation " << n << ": the failed registration left its mapping";
+        failed++;
+    }
+    EXPECT_TRUE(registered) << "never registered within 16 allocations";
+    EXPECT_GE(failed, 1u) << "no allocation of the registration was failed";
+    EXPECT_EQ(MemfdMappings(), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, Dmabuf, ote_test::AllProviders(), ote_test::ProviderName);
