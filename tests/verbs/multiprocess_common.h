@@ -23,8 +23,14 @@ enum : uint32_t {
     kRecv = 3,    // peer waits for one receive CQE, checks [off, off+len) == pattern(seed)
                   // reply value = 1 when status, byte_len and data are right; aux = imm
     kSend = 4,    // peer SENDs [off, off+len) to the test with imm = seed; reply value=1
+    kDmabuf = 5,  // peer registers a dma-buf MR over [off, off+len) of the memfd it got as
+                  // fd kDmabufFd, addressed at iova = addr; reply value=1, rkey
+    kDmabufDereg = 6,  // peer deregisters that MR; reply value=1
     kReply = 100,
 };
+
+// The fd number under which the peer gets the test's memfd ("device memory").
+constexpr int kDmabufFd = 101;
 
 struct Msg {
     uint32_t type;

@@ -2,7 +2,8 @@
 // default configuration (as the test does), creates one RC QP with a large registered
 // buffer, exchanges GID/QPN/rkey over the socket given as argv[1] (an fd number), and
 // then serves the test's commands (mp::Msg) until the socket closes or it is killed.
-// argv[2] is the buffer size in bytes. Exit status 0 on a clean end.
+// argv[2] is the buffer size in bytes. Its fd mp::kDmabufFd is the test's memfd, which
+// kDmabuf registers as a dma-buf MR. Exit status 0 on a clean end.
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,10 +100,18 @@ int main(int argc, char **argv) {
     if (!mp::WriteMsg(fd, out)) return Fail("hello reply");
 
     int recvs = 32;
+    struct ibv_mr *dmr = nullptr;  // the dma-buf MR over the test's memfd, while registered
     while (mp::ReadMsg(fd, &in)) {
         memset(&out, 0, sizeof(out));
         out.type = mp::kReply;
-        if (in.type == mp::kFill && in.off + in.len <= bytes) {
+        if (in.type == mp::kDmabuf && dmr == nullptr) {
+            int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+            out.value = o->reg_dmabuf_mr(v, pd, in.off, in.len, in.addr, mp::kDmabufFd, acc, &dmr) == 0;
+            if (out.value) out.rkey = dmr->rkey;
+        } else if (in.type == mp::kDmabufDereg && dmr != nullptr) {
+            out.value = o->dereg_mr(v, dmr) == 0;
+            if (out.value) dmr = nullptr;
+        } else if (in.type == mp::kFill && in.off + in.len <= bytes) {
             mp::Fill(buf + in.off, in.len, in.seed, 0);
             out.value = 1;
         } else if (in.type == mp::kRecv) {
@@ -130,6 +139,7 @@ int main(int argc, char **argv) {
     (void)recvs;
     int rc = 0;
     rc |= o->destroy_qp(v, qp);
+    if (dmr != nullptr) rc |= o->dereg_mr(v, dmr);
     rc |= o->dereg_mr(v, mr);
     rc |= o->destroy_cq(v, scq);
     rc |= o->destroy_cq(v, rcq);

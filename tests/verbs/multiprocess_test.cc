@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,8 @@ class MultiProcess : public ote_test::VerbsFixture {
         qp_ = Qp(scq_, rcq_, 64, 16);
         ASSERT_NE(qp_, nullptr);
         const union ibv_gid &gid = gid_;
+        dev_ = std::make_unique<ote_test::Memfd>(kDevBytes);  // the peer's "device memory"
+        ASSERT_TRUE(dev_->ok());
 
         // the peer gets its end of a socketpair as fd 100
         int sv[2];
@@ -72,6 +75,7 @@ class MultiProcess : public ote_test::VerbsFixture {
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
         posix_spawn_file_actions_adddup2(&fa, sv[1], 100);
+        posix_spawn_file_actions_adddup2(&fa, dev_->fd(), mp::kDmabufFd);
         std::string path = PeerPath();
         std::string nbytes = std::to_string(bytes_ + (1 << 20));
         char *args[] = {const_cast<char *>(path.c_str()), const_cast<char *>("100"),
@@ -114,6 +118,7 @@ class MultiProcess : public ote_test::VerbsFixture {
                 EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer status " << status;
             }
         }
+        dev_.reset();              // before the fixture's fd check
         VerbsFixture::TearDown();  // QP, MR, CQs, PD, context, provider
         ote_aligned_free(buf_);
     }
@@ -179,6 +184,8 @@ class MultiProcess : public ote_test::VerbsFixture {
         return (double)total / (1024.0 * 1024.0) / secs;
     }
 
+    static constexpr size_t kDevBytes = 2 << 20;
+    std::unique_ptr<ote_test::Memfd> dev_;
     struct ibv_cq *scq_ = nullptr, *rcq_ = nullptr;
     struct ibv_qp *qp_ = nullptr;
     struct ibv_mr *mr_ = nullptr;
@@ -237,6 +244,53 @@ TEST_F(MultiProcess, WriteReadSendWithDataChecks) {
     std::vector<uint8_t> expect(4096);
     mp::Fill(expect.data(), 4096, 3, 0);
     EXPECT_EQ(memcmp(buf_ + (2 << 20), expect.data(), 4096), 0);
+}
+
+// The peer registers a dma-buf MR over this process's memfd (GPU memory's stand-in, shared
+// with the peer as an fd): the peer's software NIC writes and reads it for this process's
+// WRITE and READ, and this process sees the bytes through its own mapping of the memfd.
+TEST_F(MultiProcess, DmabufMrInThePeerIsReachedByWriteAndRead) {
+    constexpr uint64_t kOff = 3 * 4096 + 200, kLen = 256 * 1024;
+    constexpr uint64_t kIova = 0x7e5a00000000ull + kOff % 4096;
+    mp::Msg m;
+    memset(&m, 0, sizeof(m));
+    m.type = mp::kDmabuf;
+    m.off = kOff;
+    m.len = kLen;
+    m.addr = kIova;
+    ASSERT_TRUE(mp::WriteMsg(sock_, m));
+    mp::Msg r;
+    ASSERT_TRUE(mp::ReadMsg(sock_, &r));
+    ASSERT_EQ(r.value, 1u) << "the peer could not register the dma-buf MR";
+    uint32_t rkey = r.rkey;
+    mp::Fill(buf_, kLen, 5, 0);
+    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)buf_, kLen, mr_->lkey, 1, kIova, rkey), 0);
+    auto wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(wc.size(), 1u);
+    ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_TRUE(mp::Check(dev_->view() + kOff, kLen, 5, 0)) << "the WRITE did not reach the memfd";
+    EXPECT_EQ(dev_->view()[kOff - 1], 0);
+    EXPECT_EQ(dev_->view()[kOff + kLen], 0);
+    mp::Fill(dev_->view() + kOff, kLen, 6, 0);  // the "device" changes its memory
+    memset(buf_, 0, kLen);
+    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_READ, (uint64_t)(uintptr_t)buf_, kLen, mr_->lkey, 2, kIova, rkey), 0);
+    wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(wc.size(), 1u);
+    ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_TRUE(mp::Check(buf_, kLen, 6, 0)) << "the READ did not see the memfd";
+    // deregistered in the peer: the rkey no longer reaches the memory
+    m.type = mp::kDmabufDereg;
+    ASSERT_TRUE(mp::WriteMsg(sock_, m));
+    ASSERT_TRUE(mp::ReadMsg(sock_, &r));
+    ASSERT_EQ(r.value, 1u);
+    memset(dev_->view(), 0, kDevBytes);
+    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)buf_, 4096, mr_->lkey, 3, kIova, rkey), 0);
+    wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    size_t landed = 0;
+    for (size_t i = 0; i < kDevBytes; i++) landed += dev_->view()[i] != 0;
+    EXPECT_EQ(landed, 0u);
 }
 
 TEST_F(MultiProcess, LargeTransferThroughput) {
