@@ -120,6 +120,22 @@ TEST_F(VerbsTest, NamesForLogs) {
     EXPECT_STREQ(ote_verbs_qp_state_str(static_cast<enum ibv_qp_state>(99)), "UNKNOWN_QP_STATE");
 }
 
+// Which member of ev->element an async event carries: the fault decorator's ack matching
+// and the sim's per-object event counters both go by this one classification.
+TEST_F(VerbsTest, AsyncEventTargets) {
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_QP_FATAL), OTE_VERBS_EVENT_ON_QP);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_QP_ACCESS_ERR), OTE_VERBS_EVENT_ON_QP);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_SQ_DRAINED), OTE_VERBS_EVENT_ON_QP);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_QP_LAST_WQE_REACHED), OTE_VERBS_EVENT_ON_QP);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_CQ_ERR), OTE_VERBS_EVENT_ON_CQ);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_SRQ_LIMIT_REACHED), OTE_VERBS_EVENT_ON_SRQ);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_WQ_FATAL), OTE_VERBS_EVENT_ON_WQ);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_PORT_ERR), OTE_VERBS_EVENT_ON_PORT);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_GID_CHANGE), OTE_VERBS_EVENT_ON_PORT);
+    EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_DEVICE_FATAL), OTE_VERBS_EVENT_ON_DEVICE);
+    EXPECT_EQ(ote_verbs_event_target(static_cast<enum ibv_event_type>(999)), OTE_VERBS_EVENT_ON_DEVICE);
+}
+
 // The rdma-core provider opens anywhere and its table is complete.
 TEST_F(VerbsTest, RdmaCoreOpensWithCompleteTable) {
     ote_verbs_t *v = nullptr;
