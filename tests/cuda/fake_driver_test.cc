@@ -467,6 +467,38 @@ TEST_F(FakeDriverTest, FreshProcessNeedsInitAndHasPerDeviceCapacity) {
     EXPECT_EQ(WaitChild(pid), 0);
 }
 
+// A child forked (without exec) after cuInit cannot use the parent's driver: calls fail at
+// once instead of waiting for stream workers that did not come along, and exit() does not
+// hang in the library's destructor.
+TEST_F(FakeDriverTest, ForkedChildCannotUseTheParentsDriver) {
+    CUstream s = nullptr;
+    ASSERT_EQ(a.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr d = 0;
+    ASSERT_EQ(a.MemAlloc(&d, 4096), CUDA_SUCCESS);
+    pid_t pid = fork();
+    if (pid == 0) {
+        CUdeviceptr c = 0;
+        char b = 0;
+        int rc = 0;
+        if (a.MemAlloc(&c, 4096) != CUDA_ERROR_NOT_INITIALIZED) rc = 1;
+        if (a.MemcpyDtoH(&b, d, 1) != CUDA_ERROR_NOT_INITIALIZED) rc = 2;
+        if (a.StreamSynchronize(s) != CUDA_ERROR_NOT_INITIALIZED) rc = 3;
+        if (a.Init(0) != CUDA_ERROR_NOT_INITIALIZED) rc = 4;
+        std::exit(rc);  // runs the library's destructor
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    bool ended = WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; });
+    if (!ended) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    EXPECT_TRUE(ended) << "the forked child hung";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
+    EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
+}
+
 TEST_F(FakeDriverTest, ThreadWithoutContextGetsInvalidContext) {
     std::vector<CUresult> got;
     std::thread t([&] {

@@ -140,7 +140,20 @@ static uint64_t fk_env_u64(const char *name, uint64_t dflt) {
     return (uint64_t)v;
 }
 
+/* Set in the child of a fork() taken after cuInit: the parent's driver state (stream
+ * workers, locks other threads held) did not come along, and as with a real driver the
+ * child cannot use it: every call that needs initialisation fails at once, cuInit too,
+ * and the unload reclaims nothing (no worker to join). A child that execs starts afresh. */
+static atomic_int fk_forked;
+
+static void fk_atfork_child(void) {
+    if (fk_g.initialized) atomic_store(&fk_forked, 1);
+}
+
+__attribute__((constructor)) static void fk_load(void) { pthread_atfork(NULL, NULL, fk_atfork_child); }
+
 FK_HIDDEN CUresult fk__need_init(void) {
+    if (atomic_load(&fk_forked)) return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&fk_g.mu);
     int ok = fk_g.initialized;
     pthread_mutex_unlock(&fk_g.mu);
@@ -164,6 +177,7 @@ CUresult CUDAAPI cuInit(unsigned int Flags) {
     FK_ENTER(cuInit);
     if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (getenv("FAKE_CUDA_INIT_FAIL") != NULL) return CUDA_ERROR_NO_DEVICE;
+    if (atomic_load(&fk_forked)) return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&fk_g.mu);
     if (!fk_g.initialized) {
         uint64_t n = fk_env_u64("FAKE_CUDA_DEVICES", 1);
@@ -431,6 +445,7 @@ FK_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int 
 /* Reclaims what the process left behind when the library is unloaded (dlclose or exit):
  * stream workers are drained and joined, then every region is unmapped. Silent. */
 __attribute__((destructor)) static void fk_shutdown(void) {
+    if (atomic_load(&fk_forked)) return;
     fk__streams_shutdown();
     fk__vmm_shutdown();
     pthread_mutex_lock(&fk_g.mu);
