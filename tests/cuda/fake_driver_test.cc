@@ -269,6 +269,21 @@ int ChildIpcImport() {
     return 0;
 }
 
+// Opening FAKE_CHILD_HANDLE must fail (the exporter freed the allocation).
+int ChildIpcImportFails() {
+    Api &a = A();
+    CUcontext ctx;
+    if (int r = ChildSetup(&ctx)) return r;
+    CUipcMemHandle h;
+    if (!Unhex(std::getenv("FAKE_CHILD_HANDLE"), &h, sizeof(h))) return 80;
+    CUdeviceptr d = 0;
+    if (a.IpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS) return 81;
+    fake_cuda_counters_t c;
+    a.Counters(&c);
+    if (c.ipc_imports != 0) return 82;
+    return 0;
+}
+
 // Exports an allocation filled with 0x77: prints the handle on stdout, then waits for
 // stdin to close and exits (the allocation dies with it).
 int ChildIpcExport() {
@@ -369,6 +384,7 @@ int RunChildIfAsked() {
     int rc = 99;
     if (std::strcmp(mode, "ipc_import") == 0) rc = ChildIpcImport();
     if (std::strcmp(mode, "ipc_export") == 0) rc = ChildIpcExport();
+    if (std::strcmp(mode, "ipc_import_fails") == 0) rc = ChildIpcImportFails();
     if (std::strcmp(mode, "vmm_import") == 0) rc = ChildVmmImport();
     if (std::strcmp(mode, "fresh") == 0) rc = ChildFreshProcess();
     if (rc != 0) std::fprintf(stderr, "fake_driver_test child %s failed at step %d\n", mode, rc);
@@ -506,6 +522,10 @@ TEST_F(FakeDriverTest, ForkedChildCannotUseTheParentsDriver) {
 }
 
 TEST_F(FakeDriverTest, ThreadWithoutContextGetsInvalidContext) {
+    CUstream ms = nullptr;
+    CUevent me = nullptr;
+    ASSERT_EQ(a.StreamCreate(&ms, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    ASSERT_EQ(a.EventCreate(&me, 0), CUDA_SUCCESS);
     std::vector<CUresult> got;
     std::thread t([&] {
         CUcontext cur = reinterpret_cast<CUcontext>(0x1);
@@ -523,9 +543,14 @@ TEST_F(FakeDriverTest, ThreadWithoutContextGetsInvalidContext) {
         got.push_back(a.MemcpyDtoH(buf, 0x1000, sizeof(buf)));
         CUdevice dev;
         got.push_back(a.CtxGetDevice(&dev));
+        got.push_back(a.StreamQuery(ms));  // handles made elsewhere need a context too
+        got.push_back(a.EventQuery(me));
+        got.push_back(a.EventRecord(me, ms));
     });
     t.join();
-    ASSERT_EQ(got.size(), 8u);
+    EXPECT_EQ(a.EventDestroy(me), CUDA_SUCCESS);
+    EXPECT_EQ(a.StreamDestroy(ms), CUDA_SUCCESS);
+    ASSERT_EQ(got.size(), 11u);
     EXPECT_EQ(got[0], CUDA_SUCCESS);
     EXPECT_EQ(got[1], CUDA_SUCCESS) << "a new thread has no current context";
     for (size_t i = 2; i < got.size(); i++) EXPECT_EQ(got[i], CUDA_ERROR_INVALID_CONTEXT) << i;
@@ -960,6 +985,24 @@ TEST_F(FakeDriverTest, IpcAcrossProcesses) {
         EXPECT_EQ(buf, std::vector<unsigned char>(n, 0xc3)) << "the importer's writes reach the exporter";
         EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
     }
+}
+
+TEST_F(FakeDriverTest, IpcImportOfAFreedAllocationFails) {
+    CUdeviceptr d = 0;
+    ASSERT_EQ(a.MemAlloc(&d, 4096), CUDA_SUCCESS);
+    CUipcMemHandle h;
+    ASSERT_EQ(a.IpcGetMemHandle(&h, d), CUDA_SUCCESS);
+    ASSERT_EQ(a.IpcGetMemHandle(&h, d), CUDA_SUCCESS);
+    EXPECT_EQ(Snap().ipc_exported_allocs, base.ipc_exported_allocs + 1);
+    ASSERT_EQ(a.MemFree(d), CUDA_SUCCESS);
+    EXPECT_EQ(Snap().ipc_exported_allocs, base.ipc_exported_allocs);
+    // Another allocation may now hold the same fd number: the handle still names the old one.
+    CUdeviceptr other = 0;
+    ASSERT_EQ(a.MemAlloc(&other, 4096), CUDA_SUCCESS);
+    pid_t pid = SpawnChild({"FAKE_CHILD_MODE=ipc_import_fails", "FAKE_CHILD_HANDLE=" + Hex(&h, sizeof(h))});
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(WaitChild(pid), 0);
+    EXPECT_EQ(a.MemFree(other), CUDA_SUCCESS);
 }
 
 TEST_F(FakeDriverTest, IpcImportFailsAfterExporterDies) {
