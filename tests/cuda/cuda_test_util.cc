@@ -106,6 +106,17 @@ void CudaTest::SettleFake() {
     }
 }
 
+LiveCounts CudaTest::WaitCounts(const LiveCounts &want) {
+    LiveCounts now = Live(Counters());
+    ote_deadline_t d = LongDeadline();
+    while (!(now == want) && !ote_deadline_expired(d)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, nullptr);
+        now = Live(Counters());
+    }
+    return now;
+}
+
 void CudaTest::TearDown() {
     if (fake_.present()) fake_.clear_faults();
     if (dev_ != nullptr) {
@@ -117,14 +128,7 @@ void CudaTest::TearDown() {
     if (drv_ != nullptr) {
         EXPECT_EQ(ote_cuda_driver_retained(drv_), 0u);
         if (fake_.present() && check_counts_) {
-            // A stream destroyed with pending work counts until its worker ends.
-            LiveCounts now = Live(Counters());
-            ote_deadline_t d = LongDeadline();
-            while (!(now == at_start_) && !ote_deadline_expired(d)) {
-                struct timespec ts = {0, 1000000};
-                nanosleep(&ts, nullptr);
-                now = Live(Counters());
-            }
+            LiveCounts now = WaitCounts(at_start_);
             EXPECT_TRUE(now == at_start_) << "fake driver objects leaked: at start {"
                                           << Describe(at_start_) << "}, now {" << Describe(now)
                                           << "}";

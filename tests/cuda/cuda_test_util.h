@@ -71,6 +71,9 @@ class CudaTest : public ote_test::OteTest {
     fake_cuda_counters_t Counters();
     // Waits (generously) until the fake's queued stream work is back to its start count.
     void SettleFake();
+    // Waits (generously) until the fake's live counters equal want; returns the last
+    // snapshot (a stream destroyed with pending work counts until its worker ends).
+    LiveCounts WaitCounts(const LiveCounts &want);
 
     ote_cuda_driver_t *drv_ = nullptr;
     ote_cuda_device_t *dev_ = nullptr;
