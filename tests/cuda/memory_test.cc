@@ -26,6 +26,10 @@ class CudaMemoryTest : public CudaTest {
     void Put(ote_cu_deviceptr_t d, const void *src, size_t n) {
         ASSERT_EQ(ote_cuda_device_make_current(dev_), OTE_OK);
         ASSERT_EQ(t_->cuMemcpyHtoD(d, src, n), OTE_CU_SUCCESS);
+        // A pageable HtoD returns once the source is staged; a synchronous DtoH after it
+        // returns when both are done (what a NIC or another mapping reads is then there).
+        unsigned char fence = 0;
+        ASSERT_EQ(t_->cuMemcpyDtoH(&fence, d, 1), OTE_CU_SUCCESS);
     }
     void Get(void *dst, ote_cu_deviceptr_t d, size_t n) {
         ASSERT_EQ(ote_cuda_device_make_current(dev_), OTE_OK);
