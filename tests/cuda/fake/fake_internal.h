@@ -12,13 +12,15 @@
  *
  * Files: core.c (init, devices, contexts, faults, counters, cuGetProcAddress, error
  * names), memory.c (the region registry, device and host memory, pointer attributes,
- * synchronous copies, dmabuf), stream.c (streams, events, async copies, host functions),
+ * dmabuf), stream.c (streams and each context's legacy stream, events, every copy and
+ * memset with CUDA's host-synchronisation rules, host functions),
  * ipc.c (legacy IPC), vmm.c (virtual memory management).
  *
  * Lock order: fk_g.st_mu (the stream list) before a stream's mu before fk_g.mu (the
  * registry, contexts) before fk_g.ev_mu (events). A stream worker never takes st_mu and
  * never holds its stream's mu while it runs an operation, so a thread holding st_mu may
- * wait for a worker.
+ * wait for a worker. (A host function that calls the driver, which CUDA forbids, could
+ * deadlock the unload: the destructor holds st_mu while it joins the workers.)
  */
 #ifndef OTE_TESTS_CUDA_FAKE_INTERNAL_H
 #define OTE_TESTS_CUDA_FAKE_INTERNAL_H
