@@ -64,15 +64,18 @@ bazel_build() { # extra build flags...
 # ---- --package: build here, copy what the GPU machine needs ----
 if [ "$MODE" = package ]; then
     command -v "$BAZEL" >/dev/null || { echo "gpu_check: --package needs bazel"; exit 1; }
-    # libstdc++/libgcc linked statically so the binaries depend on glibc only.
-    bazel_build --linkopt=-static-libstdc++ --linkopt=-static-libgcc || { echo "gpu_check: build failed"; exit 1; }
+    # Our libraries linked in (not as the test-only shared objects bazel uses by
+    # default), libstdc++/libgcc statically: the binaries depend on glibc only.
+    bazel_build --dynamic_mode=off --linkopt=-static-libstdc++ --linkopt=-static-libgcc || { echo "gpu_check: build failed"; exit 1; }
     mkdir -p "$PKG/bin" "$PKG/lib" "$PKG/src" || exit 1
     for t in "${TESTS[@]}" bw_probe; do install -m 755 "$BIN/$t" "$PKG/bin/$t" || exit 1; done
     install -m 755 "$BIN/libfake_cuda.so" "$PKG/lib/libfake_cuda.so" || exit 1
     # Sources for the fallbacks: the header check, and rebuilding the probe with gcc when
     # the prebuilt binaries do not run on the GPU machine's libc.
+    # (base's headers include the public status header of the engine's API.)
     (cd "$SRC_ROOT" && tar -cf - base/*.c base/*.h cuda/*.c cuda/*.h cuda/*/*.c cuda/*/*.h \
-        tests/cuda/header_check.cc tests/cuda/bw_probe.c) | tar -xf - -C "$PKG/src" || exit 1
+        $(ls engine/include/ote/*.h 2>/dev/null) tests/cuda/header_check.cc tests/cuda/bw_probe.c) |
+        tar -xf - -C "$PKG/src" || exit 1
     for h in uthash.h utlist.h; do [ -f "/usr/include/$h" ] && cp "/usr/include/$h" "$PKG/src/"; done
     install -m 755 "$SELF_DIR/gpu_check.sh" "$PKG/gpu_check.sh" || exit 1
     (cd "$SRC_ROOT" && git rev-parse HEAD 2>/dev/null || echo unknown) >"$PKG/REVISION"
