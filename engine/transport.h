@@ -46,10 +46,7 @@ struct ote__slice {
     uint64_t remote;
     uint32_t len;
     uint16_t op;
-    uint16_t wire_len; /* old transport scratch: goes once engine/rdma uses xp.rdma */
     ote_deadline_t deadline;
-    uint64_t seq;      /* old transport scratch: goes once engine/rdma uses xp.rdma */
-    uint8_t wire[40];  /* old transport scratch: goes once engine/rdma uses xp.rdma */
     /* Transport scratch: the submitting transport's member only, from submit() until it
      * calls done(); the engine never reads it. */
     union {
