@@ -9,6 +9,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/retained.h"
 
 struct ote_cuda_driver {
     ote_cuda_driver_table_t t;
@@ -247,4 +248,5 @@ uint64_t ote_cuda_driver_retained(const ote_cuda_driver_t *drv) {
 void ote__cuda_retained_note(ote_cuda_driver_t *drv, int delta) {
     if (drv == NULL || delta == 0) return;
     atomic_fetch_add(&drv->retained, delta);
+    ote_retained_note(OTE_RETAINED_OTHER, delta); /* the process-wide registry */
 }

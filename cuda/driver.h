@@ -255,7 +255,8 @@ ote_status_t ote_cuda_device_count(ote_cuda_driver_t *drv, int *count_out);
 
 /* Retained native owners of this driver's cuda/ owners (streams, events, allocations,
  * registrations, IPC mappings, primary contexts) right now. The owners add and remove
- * themselves with ote__cuda_retained_note(). */
+ * themselves with ote__cuda_retained_note(), which also notes them in the process-wide
+ * registry (base/retained.h) as OTE_RETAINED_OTHER. */
 uint64_t ote_cuda_driver_retained(const ote_cuda_driver_t *drv);
 void ote__cuda_retained_note(ote_cuda_driver_t *drv, int delta);
 

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -138,11 +139,85 @@ int ExporterMain(int fd, int n) {
     return 0;
 }
 
+// Passes fd with one byte of data over a UNIX socket (SCM_RIGHTS).
+bool SendFd(int sock, int fd) {
+    char byte = 'F';
+    struct iovec iov = {&byte, 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof(u));
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof(u.buf);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    return sendmsg(sock, &msg, 0) == 1;
+}
+
+int RecvFd(int sock) {
+    char byte = 0;
+    struct iovec iov = {&byte, 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof(u.buf);
+    struct pollfd pfd = {sock, POLLIN, 0};
+    if (poll(&pfd, 1, 30000) != 1 || recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd = -1;
+    memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    return fd;
+}
+
+// The VMM exporter: one cuMemCreate allocation filled with Pattern(7), exported as a
+// POSIX fd passed over the socket with its size; exits when the parent says so.
+int VmmExporterMain(int fd) {
+    ote_cuda_driver_t *drv = nullptr;
+    ote_cuda_device_t *dev = nullptr;
+    if (ote_cuda_driver_load(nullptr, &drv) != OTE_OK || ote_cuda_device_open(drv, 0, &dev) != OTE_OK)
+        return 20;
+    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(drv);
+    ote_cuda_alloc_t *a = nullptr;
+    ote_cuda_ipc_export_t *e = nullptr;
+    if (ote_cuda_alloc_create(dev, kAllocSize, OTE_CUDA_ALLOC_VMM, &a) != OTE_OK) return 21;
+    std::vector<uint8_t> buf(ote_cuda_alloc_size(a), Pattern(7));
+    uint8_t fence = 0;
+    if (ote_cuda_device_make_current(dev) != OTE_OK ||
+        t->cuMemcpyHtoD(ote_cuda_alloc_ptr(a), buf.data(), buf.size()) != OTE_CU_SUCCESS ||
+        t->cuMemcpyDtoH(&fence, ote_cuda_alloc_ptr(a), 1) != OTE_CU_SUCCESS)
+        return 22;
+    if (ote_cuda_ipc_export_alloc(a, &e) != OTE_OK || ote_cuda_ipc_export_fd(e) < 0) return 23;
+    uint64_t size = ote_cuda_alloc_size(a);
+    if (!IoFull(fd, &size, sizeof(size), true, LongDeadline()) || !SendFd(fd, ote_cuda_ipc_export_fd(e)))
+        return 24;
+    Cmd cmd{};
+    (void)IoFull(fd, &cmd, sizeof(cmd), false, ote_deadline_after(3600ull * OTE_NSEC_PER_SEC));
+    ote_cuda_ipc_export_destroy(e);
+    int rc = ote_cuda_alloc_destroy(a, LongDeadline()) == OTE_OK ? 0 : 25;
+    ote_cuda_device_close(dev);
+    ote_cuda_driver_unload(drv);
+    return rc;
+}
+
 // Runs before gtest in the re-executed child.
 const int kChildInit = [] {
     const char *fd = std::getenv("OTE_IPC_CHILD_FD");
     if (fd == nullptr) return 0;
     const char *n = std::getenv("OTE_IPC_CHILD_ALLOCS");
+    if (n != nullptr && std::string(n) == "vmm") _exit(VmmExporterMain(atoi(fd)));
     _exit(ExporterMain(atoi(fd), n != nullptr ? atoi(n) : 2));
 }();
 
@@ -162,13 +237,13 @@ class CudaIpcTest : public CudaTest {
         CudaTest::TearDown();
     }
 
-    void Spawn(int n) {
+    void Spawn(int n, bool vmm = false) {
         int sv[2];
         ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
         std::vector<std::string> env;
         for (char **e = environ; *e != nullptr; e++) env.emplace_back(*e);
         env.push_back("OTE_IPC_CHILD_FD=" + std::to_string(sv[1]));
-        env.push_back("OTE_IPC_CHILD_ALLOCS=" + std::to_string(n));
+        env.push_back("OTE_IPC_CHILD_ALLOCS=" + (vmm ? std::string("vmm") : std::to_string(n)));
         std::vector<char *> envp;
         for (auto &s : env) envp.push_back(&s[0]);
         envp.push_back(nullptr);
@@ -186,6 +261,7 @@ class CudaIpcTest : public CudaTest {
         close(sv[1]);
         child_ = pid;
         sock_ = sv[0];
+        if (vmm) return;
         ASSERT_TRUE(IoFull(sock_, &hello_, sizeof(hello_), false, LongDeadline()))
             << "the exporter did not say hello";
         ASSERT_EQ(hello_.pid, child_);
@@ -404,6 +480,31 @@ TEST_F(CudaIpcTest, ExportingProcessCannotImportItsOwnExport) {
     ote_cuda_ipc_export_destroy(e);
     EXPECT_EQ(ote_cuda_alloc_users(a), 0u);
     ASSERT_EQ(ote_cuda_alloc_destroy(a, LongDeadline()), OTE_OK);
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(CudaIpcTest, VmmAllocationCrossesAsAPosixFd) {
+    int vmm = 0;
+    ASSERT_EQ(t_->cuDeviceGetAttribute(&vmm, OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                       ote_cuda_device_handle(dev_)),
+              OTE_CU_SUCCESS);
+    if (!vmm) GTEST_SKIP() << "the device does not support virtual memory management";
+    Spawn(0, true);
+    uint64_t size = 0;
+    ASSERT_TRUE(IoFull(sock_, &size, sizeof(size), false, LongDeadline())) << "no size from the exporter";
+    int fd = RecvFd(sock_);
+    ASSERT_GE(fd, 0);
+    ote_cuda_alloc_t *imported = nullptr;
+    ASSERT_EQ(ote_cuda_alloc_import_vmm(dev_, fd, size, &imported), OTE_OK);
+    EXPECT_EQ(ote_cuda_alloc_is_vmm(imported), 1);
+    EXPECT_EQ(ReadByte(ote_cuda_alloc_ptr(imported) + size - 1), Pattern(7));
+    close(fd);  // the import keeps its own reference to the memory
+    EXPECT_EQ(ReadByte(ote_cuda_alloc_ptr(imported) + 12345), Pattern(7));
+    ASSERT_EQ(ote_cuda_alloc_destroy(imported, LongDeadline()), OTE_OK);
+    EndChild();
 }
 
 }  // namespace
