@@ -109,6 +109,7 @@ if [ "$MODE" = bazel ]; then
 else
     PKG=$(cd "$PKG" && pwd) || exit 64
     BINDIR=$PKG/bin FAKELIB=$PKG/lib/libfake_cuda.so SRCDIR=$PKG/src
+    [ -f "$PKG/REVISION" ] && note "package built from revision $(cat "$PKG/REVISION")"
 fi
 
 if [ "$USE_FAKE" = 1 ]; then
