@@ -8,6 +8,14 @@
 #ifndef OTE_ENGINE_ENGINE_INTERNAL_H
 #define OTE_ENGINE_ENGINE_INTERNAL_H
 
+/* Internal to OrbitTE's engine: only its own targets (and tests) compile with
+ * OTE__INSIDE_ENGINE (Bazel local_defines, never passed on to dependents), so an outside
+ * workspace that includes this header fails here instead of building against internals.
+ * Use <ote/ote.h>. */
+#ifndef OTE__INSIDE_ENGINE
+#error "engine/engine_internal.h is internal to OrbitTE's engine; include <ote/ote.h> instead"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>

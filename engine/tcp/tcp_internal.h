@@ -85,6 +85,14 @@
 #ifndef OTE_ENGINE_TCP_TCP_INTERNAL_H
 #define OTE_ENGINE_TCP_TCP_INTERNAL_H
 
+/* Internal to OrbitTE's engine: only its own targets (and tests) compile with
+ * OTE__INSIDE_ENGINE (Bazel local_defines, never passed on to dependents), so an outside
+ * workspace that includes this header fails here instead of building against internals.
+ * Use <ote/ote.h>. */
+#ifndef OTE__INSIDE_ENGINE
+#error "engine/tcp/tcp_internal.h is internal to OrbitTE's engine; include <ote/ote.h> instead"
+#endif
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
