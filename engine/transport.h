@@ -2,8 +2,10 @@
  * engine/transport.h - the internal interface between the engine and a transport.
  *
  * The engine owns registrations, batches and requests; a transport owns connections to
- * peers and moves slices. TCP (engine/tcp/) fills this table today; an RDMA transport
- * will sit beside it and fill the same table.
+ * peers and moves slices. TCP (engine/tcp/) and RDMA (engine/rdma/) each fill this table
+ * in a library of their own (//engine:transport_api is this header): a transport sees
+ * this interface, the control plane and the layers it composes, never another
+ * transport; only //engine, which composes them, calls ote__tcp_create/ote__rdma_create.
  *
  * Ownership: a slice belongs to the engine. Between submit() and the call of its done
  * function the transport may read it and the memory it names; after calling done() the

@@ -31,7 +31,7 @@
  * its worker.
  *
  * Inline send (requester). Sending on a requester connection is done under its send
- * lock smu, by the worker or by a submitting thread: tcp_submit tries smu (never waits
+ * lock smu, by the worker or by a submitting thread: ote__tcp_submit tries smu (never waits
  * for it) and, when it gets it and the connection has nothing queued or unsent and its
  * share of the list is at most TCP_INLINE_MAX bytes, numbers the slices and sendmsg()s
  * them itself (non-blocking), saving the worker's wakeup on the small-request path.
