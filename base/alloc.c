@@ -98,14 +98,8 @@ void ote_alloc_fail_from(uint64_t n) {
     atomic_store(&g_fail_at, n == 0 ? 0 : atomic_load(&g_calls) + n);
 }
 
-void ote_alloc_fail_disarm(void) {
-    atomic_store(&g_fail_at, 0);
-}
+void ote_alloc_fail_disarm(void) { atomic_store(&g_fail_at, 0); }
 
-uint64_t ote_alloc_calls(void) {
-    return atomic_load(&g_calls);
-}
+uint64_t ote_alloc_calls(void) { return atomic_load(&g_calls); }
 
-uint64_t ote_alloc_injected_failures(void) {
-    return atomic_load(&g_injected);
-}
+uint64_t ote_alloc_injected_failures(void) { return atomic_load(&g_injected); }

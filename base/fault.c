@@ -103,13 +103,9 @@ static uint64_t point_read(const char *name, int failures) {
     return v;
 }
 
-uint64_t ote_fault_hits(const char *name) {
-    return point_read(name, 0);
-}
+uint64_t ote_fault_hits(const char *name) { return point_read(name, 0); }
 
-uint64_t ote_fault_failures(const char *name) {
-    return point_read(name, 1);
-}
+uint64_t ote_fault_failures(const char *name) { return point_read(name, 1); }
 
 bool ote__fault_hit_slow(const char *name, ote_status_t *st_out) {
     bool fail = false;

@@ -27,17 +27,17 @@ extern _Thread_local int ote__hash_oom;
 
 /* Add with a key field; evaluates to OTE_OK or OTE_ERR_NOMEM (element not added). */
 #define OTE_HASH_ADD(hh, head, fieldname, keylen, add, st_out) \
-    do {                                                          \
-        ote__hash_oom = 0;                                        \
-        HASH_ADD(hh, head, fieldname, keylen, add);               \
-        (st_out) = ote__hash_oom ? OTE_ERR_NOMEM : OTE_OK;        \
+    do { \
+        ote__hash_oom = 0; \
+        HASH_ADD(hh, head, fieldname, keylen, add); \
+        (st_out) = ote__hash_oom ? OTE_ERR_NOMEM : OTE_OK; \
     } while (0)
 
 #define OTE_HASH_ADD_KEYPTR(hh, head, keyptr, keylen, add, st_out) \
-    do {                                                              \
-        ote__hash_oom = 0;                                            \
-        HASH_ADD_KEYPTR(hh, head, keyptr, keylen, add);               \
-        (st_out) = ote__hash_oom ? OTE_ERR_NOMEM : OTE_OK;            \
+    do { \
+        ote__hash_oom = 0; \
+        HASH_ADD_KEYPTR(hh, head, keyptr, keylen, add); \
+        (st_out) = ote__hash_oom ? OTE_ERR_NOMEM : OTE_OK; \
     } while (0)
 
 #endif

@@ -15,9 +15,7 @@
 extern "C" {
 #endif
 
-static inline uint16_t ote_le_get16(const uint8_t *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
+static inline uint16_t ote_le_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 static inline uint32_t ote_le_get32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);

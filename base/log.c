@@ -34,9 +34,7 @@ ote_log_level_t ote_log_level(void) {
     return (ote_log_level_t)atomic_load(&g_level);
 }
 
-void ote_log_set_level(ote_log_level_t level) {
-    atomic_store(&g_level, (int)level);
-}
+void ote_log_set_level(ote_log_level_t level) { atomic_store(&g_level, (int)level); }
 
 void ote_log_set_sink(ote_log_sink_fn fn, void *arg) {
     pthread_mutex_lock(&g_sink_lock);
@@ -45,9 +43,7 @@ void ote_log_set_sink(ote_log_sink_fn fn, void *arg) {
     pthread_mutex_unlock(&g_sink_lock);
 }
 
-uint64_t ote_log_error_count(void) {
-    return atomic_load(&g_errors);
-}
+uint64_t ote_log_error_count(void) { return atomic_load(&g_errors); }
 
 void ote_log_write(ote_log_level_t level, const char *component, const char *fmt, ...) {
     static const char letters[] = "EWIDT";

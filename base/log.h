@@ -38,10 +38,10 @@ uint64_t ote_log_error_count(void);
 void ote_log_write(ote_log_level_t level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define OTE_LOG(level, component, ...)                           \
-    do {                                                         \
-        if ((int)(level) <= (int)ote_log_level())                \
-            ote_log_write((level), (component), __VA_ARGS__);    \
+#define OTE_LOG(level, component, ...) \
+    do { \
+        if ((int)(level) <= (int)ote_log_level()) \
+            ote_log_write((level), (component), __VA_ARGS__); \
     } while (0)
 
 #define OTE_ERROR(component, ...) OTE_LOG(OTE_LOG_ERROR, component, __VA_ARGS__)

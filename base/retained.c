@@ -6,10 +6,8 @@ static _Atomic uint64_t counts[OTE_RETAINED_KINDS];
 
 void ote_retained_note(ote_retained_kind_t kind, int delta) {
     if ((unsigned)kind >= OTE_RETAINED_KINDS || delta == 0) return;
-    if (delta > 0)
-        atomic_fetch_add(&counts[kind], (uint64_t)delta);
-    else
-        atomic_fetch_sub(&counts[kind], (uint64_t)(-(int64_t)delta));
+    if (delta > 0) atomic_fetch_add(&counts[kind], (uint64_t)delta);
+    else atomic_fetch_sub(&counts[kind], (uint64_t)(-(int64_t)delta));
 }
 
 uint64_t ote_retained_count(ote_retained_kind_t kind) {
@@ -24,7 +22,7 @@ uint64_t ote_retained_total(void) {
 }
 
 const char *ote_retained_kind_name(ote_retained_kind_t kind) {
-    static const char *const names[OTE_RETAINED_KINDS] = {"PD", "MR",  "CQ",   "channel",
+    static const char *const names[OTE_RETAINED_KINDS] = {"PD", "MR", "CQ",   "channel",
                                                           "QP", "MW", "other"};
     if ((unsigned)kind >= OTE_RETAINED_KINDS) return "?";
     return names[kind];

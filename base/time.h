@@ -35,9 +35,7 @@ static inline ote_deadline_t ote_deadline_after(uint64_t timeout_ns) {
     return timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
 }
 
-static inline bool ote_deadline_expired(ote_deadline_t d) {
-    return ote_now_ns() >= d;
-}
+static inline bool ote_deadline_expired(ote_deadline_t d) { return ote_now_ns() >= d; }
 
 /* Nanoseconds left, 0 when expired. */
 static inline uint64_t ote_deadline_remaining_ns(ote_deadline_t d) {

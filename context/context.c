@@ -108,9 +108,8 @@ static ote_status_t context_route(ote_context_t *ctx, const ote_context_pin_t *p
     return OTE_OK;
 }
 
-static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
-                                 const char *name, uint32_t nic_id,
-                                 const ote_context_pin_t *pin, int required,
+static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev, const char *name,
+                                 uint32_t nic_id, const ote_context_pin_t *pin, int required,
                                  ote_context_t **ctx_out) {
     ote_verbs_t *v = set->v;
     ote_status_t st;
@@ -141,11 +140,8 @@ static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
     st = context_route(ctx, pin);
     if (st != OTE_OK) {
         if (pin == NULL && ote_status_code(st) == OTE_ERR_NOT_FOUND) {
-            if (required)
-                OTE_ERROR("context", "device %s: no port has a usable GID", name);
-            else
-                OTE_WARN("context", "device %s: no port has a usable GID; device skipped",
-                         name);
+            if (required) OTE_ERROR("context", "device %s: no port has a usable GID", name);
+            else OTE_WARN("context", "device %s: no port has a usable GID; device skipped", name);
             st = required ? OTE_ERR_NO_DEVICE : OTE_ERR_NOT_FOUND;
         }
         goto err_close;
@@ -161,8 +157,8 @@ static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
         if (fl >= 0) (void)fcntl(ctx->native->async_fd, F_SETFL, fl | O_NONBLOCK);
     }
     ctx->route_generation = 1;
-    OTE_INFO("context", "nic %u %s: port %u GID index %d (type %u)%s, NUMA node %d", nic_id,
-             name, (unsigned)ctx->route.port, ctx->route.gid_index, ctx->route.gid_type,
+    OTE_INFO("context", "nic %u %s: port %u GID index %d (type %u)%s, NUMA node %d", nic_id, name,
+             (unsigned)ctx->route.port, ctx->route.gid_index, ctx->route.gid_type,
              pin != NULL ? " pinned" : "", ctx->numa_node);
     *ctx_out = ctx;
     return OTE_OK;
@@ -207,8 +203,8 @@ ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cf
 
     /* Every name the configuration mentions must exist. */
     for (size_t i = 0; cfg != NULL && i < cfg->num_devices + cfg->num_pins; i++) {
-        const char *want = i < cfg->num_devices ? cfg->devices[i]
-                                                : cfg->pins[i - cfg->num_devices].device;
+        const char *want =
+            i < cfg->num_devices ? cfg->devices[i] : cfg->pins[i - cfg->num_devices].device;
         if (want == NULL) continue;
         int found = 0;
         for (int j = 0; j < num && !found; j++) found = strcmp(devs[j].name, want) == 0;
@@ -263,8 +259,7 @@ err_close_contexts:
         if (context_close(set->contexts[i]) != OTE_OK) {
             /* A PD that cannot be freed right after its creation: nothing can use it; it
              * is leaked rather than freed on a guess, and said so. */
-            OTE_ERROR("context", "device %s: PD leaked during failed open",
-                      set->contexts[i]->name);
+            OTE_ERROR("context", "device %s: PD leaked during failed open", set->contexts[i]->name);
         }
     }
     ote_mutex_destroy(&set->listeners_mu);
@@ -319,8 +314,12 @@ ote_context_t *ote_context_set_find(ote_context_set_t *set, uint32_t nic_id) {
 
 ote_context_set_t *ote_context_owner(const ote_context_t *ctx) { return ctx->set; }
 ote_verbs_t *ote_context_verbs(const ote_context_t *ctx) { return ctx->v; }
-struct ibv_context *ote_context_native(const ote_context_t *ctx) { return ctx->native; }
-struct ibv_pd *ote_context_pd(const ote_context_t *ctx) { return ctx->pd; }
+struct ibv_context *ote_context_native(const ote_context_t *ctx) {
+    return ctx->native;
+}
+struct ibv_pd *ote_context_pd(const ote_context_t *ctx) {
+    return ctx->pd;
+}
 uint32_t ote_context_nic_id(const ote_context_t *ctx) { return ctx->nic_id; }
 const char *ote_context_name(const ote_context_t *ctx) { return ctx->name; }
 
@@ -358,10 +357,8 @@ void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info) {
 
 void ote_context_retained_add(ote_context_t *ctx, ote_retained_kind_t kind, int delta) {
     if ((unsigned)kind >= OTE_RETAINED_KINDS) return;
-    if (delta >= 0)
-        atomic_fetch_add(&ctx->retained[kind], (uint64_t)delta);
-    else
-        atomic_fetch_sub(&ctx->retained[kind], (uint64_t)(-delta));
+    if (delta >= 0) atomic_fetch_add(&ctx->retained[kind], (uint64_t)delta);
+    else atomic_fetch_sub(&ctx->retained[kind], (uint64_t)(-delta));
     ote_retained_note(kind, delta); /* the process-wide registry the test fixture reads */
 }
 

@@ -79,12 +79,12 @@ typedef struct ote_context_info {
     uint8_t port;
     int gid_index;
     union ibv_gid gid;
-    uint32_t gid_type;     /* IBV_GID_TYPE_* (IB when the provider cannot tell) */
-    int pinned;            /* 1 when the route comes from a strict pin */
+    uint32_t gid_type; /* IBV_GID_TYPE_* (IB when the provider cannot tell) */
+    int pinned;        /* 1 when the route comes from a strict pin */
     uint16_t lid;
-    uint8_t link_layer;    /* IBV_LINK_LAYER_* */
+    uint8_t link_layer; /* IBV_LINK_LAYER_* */
     enum ibv_mtu active_mtu;
-    int numa_node;         /* -1 when unknown */
+    int numa_node; /* -1 when unknown */
     ote_context_state_t state;
     uint64_t route_generation; /* bumped by every route/state change */
     struct ibv_device_attr device_attr;

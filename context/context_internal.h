@@ -32,11 +32,11 @@ struct ote_context {
     ote_context_set_t *set;
     ote_verbs_t *v;
     struct ibv_context *native;
-    struct ibv_pd *pd;          /* NULL once deallocated */
+    struct ibv_pd *pd; /* NULL once deallocated */
     uint32_t nic_id;
     char name[64];
-    int pin_gid_index;          /* -1 = automatic */
-    _Atomic int state;          /* ote_context_state_t; read lock-free by admission */
+    int pin_gid_index; /* -1 = automatic */
+    _Atomic int state; /* ote_context_state_t; read lock-free by admission */
     _Atomic uint64_t retained[OTE_RETAINED_KINDS];
     ote_context_route_t route; /* guarded by set->mu */
     int numa_node;
@@ -46,12 +46,12 @@ struct ote_context {
 
 struct ote_context_set {
     ote_verbs_t *v;
-    ote_mutex_t mu;            /* route fields of every context */
-    ote_mutex_t listeners_mu;  /* held while listeners run: removal waits for them */
+    ote_mutex_t mu;           /* route fields of every context */
+    ote_mutex_t listeners_mu; /* held while listeners run: removal waits for them */
     ote_context_listener_t *listeners;
     uint64_t next_listener_id;
     size_t count;
-    ote_context_t **contexts;  /* NIC id order */
+    ote_context_t **contexts; /* NIC id order */
 };
 
 /* gid.c: choose the route of ctx on `port` (automatic when pin_gid_index < 0) or check

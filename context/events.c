@@ -57,8 +57,8 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
             OTE_INFO("context", "device %s port %u GID index %d: context active (%s)", ctx->name,
                      (unsigned)port, gid_index, why);
         else
-            OTE_WARN("context", "device %s port %u: context paused (%s)", ctx->name,
-                     (unsigned)port, why);
+            OTE_WARN("context", "device %s port %u: context paused (%s)", ctx->name, (unsigned)port,
+                     why);
     }
     if (st != OTE_OK) return st;
     return now == OTE_CONTEXT_ACTIVE ? OTE_OK : OTE_ERR_PORT_DOWN;
@@ -92,8 +92,8 @@ static void apply_event(ote_context_t *ctx, const struct ibv_async_event *ev) {
         case IBV_EVENT_PORT_ERR:
             if (ev->element.port_num != port) break;
             set_state(ctx, OTE_CONTEXT_PAUSED);
-            OTE_WARN("context", "device %s port %u down: context paused, no new routes",
-                     ctx->name, (unsigned)port);
+            OTE_WARN("context", "device %s port %u down: context paused, no new routes", ctx->name,
+                     (unsigned)port);
             break;
         case IBV_EVENT_PORT_ACTIVE:
         case IBV_EVENT_GID_CHANGE:
@@ -134,8 +134,8 @@ ote_status_t ote_context_set_poll_events(ote_context_set_t *set, size_t *handled
             if (err == EAGAIN || err == EWOULDBLOCK) break;
             if (err != 0) {
                 if (err != EOPNOTSUPP) {
-                    OTE_WARN("context", "device %s: get_async_event failed: errno %d",
-                             ctx->name, err);
+                    OTE_WARN("context", "device %s: get_async_event failed: errno %d", ctx->name,
+                             err);
                     if (result == OTE_OK) result = ote_status_make(OTE_ERR_NATIVE, err);
                 }
                 break;

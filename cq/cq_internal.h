@@ -31,8 +31,8 @@ struct ote_cq_lane {
     struct ibv_comp_channel *channel; /* NULL without a channel, or once destroyed */
     struct ibv_cq *cq[2];             /* NULL once destroyed */
     uint32_t capacity[2];
-    int retained[3];                  /* send CQ, recv CQ, channel counted as retained */
-    int closing;                      /* destroy started: nothing polls the CQs any more */
+    int retained[3]; /* send CQ, recv CQ, channel counted as retained */
+    int closing;     /* destroy started: nothing polls the CQs any more */
 
     ote_mutex_t poll_mu;  /* held by the one thread polling (and dispatching) */
     ote_mutex_t table_mu; /* namespaces, hooks, budget */
@@ -40,7 +40,7 @@ struct ote_cq_lane {
     lane_hook_t *hooks;
     uint32_t next_ns;
     uint32_t attached;
-    int in_workers;       /* added to a worker pool: destroy waits for removal */
+    int in_workers; /* added to a worker pool: destroy waits for removal */
     uint32_t outstanding[2];
 
     ote_mutex_t progress_mu; /* with progress_cv: wakes waiters after each poll */

@@ -62,9 +62,12 @@ static ote_status_t destroy_natives(ote_cq_lane_t *lane) {
                 lane->retained[i] = 1;
                 ote_context_retained_add(lane->ctx, kinds[i], 1);
             }
-            OTE_WARN("cq", "lane %u on %s: destroy of %s failed: errno %d; retained",
-                     lane->index, ote_context_name(lane->ctx),
-                     i == 0 ? "send CQ" : i == 1 ? "receive CQ" : "completion channel", err);
+            OTE_WARN("cq", "lane %u on %s: destroy of %s failed: errno %d; retained", lane->index,
+                     ote_context_name(lane->ctx),
+                     i == 0   ? "send CQ"
+                     : i == 1 ? "receive CQ"
+                              : "completion channel",
+                     err);
             if (result == OTE_OK) result = ote_status_make(OTE_ERR_RETAINED, err);
         } else if (lane->retained[i]) {
             lane->retained[i] = 0;
@@ -130,9 +133,8 @@ ote_status_t ote_cq_lane_create(ote_context_t *ctx, const ote_cq_lane_config_t *
     for (int d = 0; d < 2; d++) {
         err = v->ops->create_cq(v, nctx, depth[d], lane, lane->channel, 0, &lane->cq[d]);
         if (err != 0) {
-            OTE_ERROR("cq", "lane %u on %s: create_cq(%s, %d CQEs) failed: errno %d",
-                      cfg->index, ote_context_name(ctx), d == 0 ? "send" : "recv", depth[d],
-                      err);
+            OTE_ERROR("cq", "lane %u on %s: create_cq(%s, %d CQEs) failed: errno %d", cfg->index,
+                      ote_context_name(ctx), d == 0 ? "send" : "recv", depth[d], err);
             st = ote_status_make(OTE_ERR_NATIVE, err);
             goto err_natives;
         }
@@ -292,8 +294,8 @@ int ote_cq_lane_deliver(ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_
     if (fn == NULL) {
         atomic_fetch_add(&lane->stray, 1);
         OTE_DEBUG("cq", "lane %u: stray %s CQE wr_id 0x%llx qp %u status %d", lane->index,
-                  dir == OTE_CQ_SEND ? "send" : "recv", (unsigned long long)wc->wr_id,
-                  wc->qp_num, (int)wc->status);
+                  dir == OTE_CQ_SEND ? "send" : "recv", (unsigned long long)wc->wr_id, wc->qp_num,
+                  (int)wc->status);
         return 0;
     }
     /* Callbacks run under the poll lock: take it when called from outside a poll. */
@@ -424,9 +426,9 @@ ote_status_t ote_cq_lane_progress(ote_cq_lane_t *lane, int (*pred)(void *arg), v
         if (st != OTE_OK && ote_status_code(st) != OTE_ERR_BUSY) return st;
         if (polled > 0) continue;
         /* Nothing here now: wait for another poller's progress or a short backoff. */
-        ote_deadline_t until =
-            ote_deadline_min(deadline, ote_deadline_after(st == OTE_OK ? 100 * OTE_NSEC_PER_USEC
-                                                                       : OTE_NSEC_PER_MSEC));
+        ote_deadline_t until = ote_deadline_min(
+            deadline,
+            ote_deadline_after(st == OTE_OK ? 100 * OTE_NSEC_PER_USEC : OTE_NSEC_PER_MSEC));
         ote_mutex_lock(&lane->progress_mu);
         while (lane->progress_epoch == epoch && !ote_deadline_expired(until))
             (void)ote_cond_wait(&lane->progress_cv, &lane->progress_mu, until);

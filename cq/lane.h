@@ -56,9 +56,9 @@ typedef enum { OTE_CQ_SEND = 0, OTE_CQ_RECV = 1 } ote_cq_dir_t;
 #define OTE_CQ_NS_SHIFT 40
 #define OTE_CQ_LOCAL_MASK ((UINT64_C(1) << OTE_CQ_NS_SHIFT) - 1)
 #define OTE_CQ_WR_ID(ns, local) \
-    (((uint64_t)(ns) << OTE_CQ_NS_SHIFT) | ((uint64_t)(local) & OTE_CQ_LOCAL_MASK))
+    (((uint64_t)(ns) << OTE_CQ_NS_SHIFT) | ((uint64_t)(local)&OTE_CQ_LOCAL_MASK))
 #define OTE_CQ_WR_NS(wr_id) ((uint32_t)((uint64_t)(wr_id) >> OTE_CQ_NS_SHIFT))
-#define OTE_CQ_WR_LOCAL(wr_id) ((uint64_t)(wr_id) & OTE_CQ_LOCAL_MASK)
+#define OTE_CQ_WR_LOCAL(wr_id) ((uint64_t)(wr_id)&OTE_CQ_LOCAL_MASK)
 
 /* A record's completion callback. On an error CQE only wr_id, status, qp_num and
  * vendor_err are meaningful. */
@@ -70,10 +70,10 @@ typedef int (*ote_cq_qp_hook_fn)(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t di
                                  const struct ibv_wc *wc);
 
 typedef struct ote_cq_lane_config {
-    uint32_t index;   /* lane number in its context; worker (index % workers) polls it */
-    int send_depth;   /* requested CQEs of the send CQ (> 0) */
-    int recv_depth;   /* requested CQEs of the receive CQ (> 0) */
-    int use_channel;  /* create a completion channel, so idle workers sleep on it */
+    uint32_t index;  /* lane number in its context; worker (index % workers) polls it */
+    int send_depth;  /* requested CQEs of the send CQ (> 0) */
+    int recv_depth;  /* requested CQEs of the receive CQ (> 0) */
+    int use_channel; /* create a completion channel, so idle workers sleep on it */
 } ote_cq_lane_config_t;
 
 typedef struct ote_cq_lane_stats {

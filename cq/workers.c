@@ -41,8 +41,8 @@ struct ote_cq_workers {
     uint32_t count;
     worker_t *w;
     _Atomic int stop;
-    int bound;       /* threads were started on `cpus` */
-    cpu_set_t cpus;  /* NUMA node's CPUs within the creator's allowed set */
+    int bound;      /* threads were started on `cpus` */
+    cpu_set_t cpus; /* NUMA node's CPUs within the creator's allowed set */
 };
 
 /*
@@ -69,7 +69,8 @@ static ote_status_t numa_node_cpus(int node, cpu_set_t *out) {
     if (obj == NULL || obj->cpuset == NULL) goto out_topo;
     cpu_set_t node_cpus;
     CPU_ZERO(&node_cpus);
-    if (hwloc_cpuset_to_glibc_sched_affinity(topo, obj->cpuset, &node_cpus, sizeof(node_cpus)) != 0) {
+    if (hwloc_cpuset_to_glibc_sched_affinity(topo, obj->cpuset, &node_cpus, sizeof(node_cpus)) !=
+        0) {
         st = ote_status_from_errno(errno);
         goto out_topo;
     }

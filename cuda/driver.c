@@ -13,15 +13,16 @@
 
 struct ote_cuda_driver {
     ote_cuda_driver_table_t t;
-    void *dl;               /* dlopen handle, NULL for a table-built driver */
-    int used_proc_address;  /* resolved through cuGetProcAddress_v2 */
+    void *dl;              /* dlopen handle, NULL for a table-built driver */
+    int used_proc_address; /* resolved through cuGetProcAddress_v2 */
     _Atomic int64_t retained;
 };
 
 /* Base name, versioned symbol and offset of every entry, so loading and validation share
  * one list. cuGetProcAddress_v2 takes the base name and returns the ABI of the version
  * asked for (OTE_CU_PROC_ADDRESS_VERSION), which is the versioned symbol's. */
-#define ENTRY(field, sym) {#field, sym, offsetof(ote_cuda_driver_table_t, field)}
+#define ENTRY(field, sym) \
+    { #field, sym, offsetof(ote_cuda_driver_table_t, field) }
 static const struct {
     const char *name;
     const char *symbol;
@@ -88,7 +89,7 @@ static const struct {
 
 /* cuGetProcAddress_v2 (CUDA >= 12.0). */
 typedef ote_cu_result_t (*get_proc_address_fn)(const char *symbol, void **pfn, int cuda_version,
-                                                unsigned long long flags, int *symbol_status);
+                                               unsigned long long flags, int *symbol_status);
 
 static void **slot(ote_cuda_driver_table_t *t, size_t i) {
     return (void **)((char *)t + k_entries[i].offset);
@@ -163,8 +164,10 @@ static ote_status_t resolve(ote_cuda_driver_t *drv, const char *path) {
             ote_cu_result_t res = gpa(k_entries[i].name, &sym, OTE_CU_PROC_ADDRESS_VERSION,
                                       OTE_CU_GET_PROC_ADDRESS_DEFAULT, &found);
             if (res != OTE_CU_SUCCESS || found != OTE_CU_GET_PROC_ADDRESS_SUCCESS) {
-                OTE_WARN("cuda", "CUDA driver %s: cuGetProcAddress_v2(%s) failed (CUresult %d, "
-                         "status %d)", path, k_entries[i].name, res, found);
+                OTE_WARN("cuda",
+                         "CUDA driver %s: cuGetProcAddress_v2(%s) failed (CUresult %d, "
+                         "status %d)",
+                         path, k_entries[i].name, res, found);
                 return res == OTE_CU_SUCCESS ? OTE_ERR_UNSUPPORTED : ote_cuda_status(res);
             }
         } else {
@@ -211,8 +214,7 @@ ote_status_t ote_cuda_driver_unload(ote_cuda_driver_t *drv) {
     if (drv == NULL) return OTE_OK;
     int64_t retained = atomic_load(&drv->retained);
     if (retained != 0) {
-        OTE_WARN("cuda", "driver unload refused: %lld native owners retained",
-                 (long long)retained);
+        OTE_WARN("cuda", "driver unload refused: %lld native owners retained", (long long)retained);
         return OTE_ERR_BUSY;
     }
     if (drv->dl != NULL) dlclose(drv->dl);
@@ -224,7 +226,9 @@ const ote_cuda_driver_table_t *ote_cuda_driver_table(const ote_cuda_driver_t *dr
     return drv == NULL ? NULL : &drv->t;
 }
 
-void *ote_cuda_driver_dl_handle(const ote_cuda_driver_t *drv) { return drv == NULL ? NULL : drv->dl; }
+void *ote_cuda_driver_dl_handle(const ote_cuda_driver_t *drv) {
+    return drv == NULL ? NULL : drv->dl;
+}
 
 int ote_cuda_driver_used_proc_address(const ote_cuda_driver_t *drv) {
     return drv != NULL && drv->used_proc_address;

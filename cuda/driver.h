@@ -34,8 +34,8 @@
 extern "C" {
 #endif
 
-typedef int ote_cu_result_t;                 /* CUresult; 0 = CUDA_SUCCESS */
-typedef int ote_cu_device_t;                 /* CUdevice */
+typedef int ote_cu_result_t;                      /* CUresult; 0 = CUDA_SUCCESS */
+typedef int ote_cu_device_t;                      /* CUdevice */
 typedef struct ote_cu_ctx_st *ote_cu_context_t;   /* CUcontext */
 typedef struct ote_cu_stream_st *ote_cu_stream_t; /* CUstream */
 typedef struct ote_cu_event_st *ote_cu_event_t;   /* CUevent */
@@ -68,7 +68,7 @@ typedef struct ote_cu_mem_allocation_prop {
 
 typedef struct ote_cu_mem_access_desc {
     ote_cu_mem_location_t location;
-    int flags; /* CUmemAccess_flags */
+    int flags;              /* CUmemAccess_flags */
 } ote_cu_mem_access_desc_t; /* CUmemAccessDesc */
 
 /* CUresult values the owners act on. */
@@ -157,8 +157,8 @@ typedef struct ote_cuda_driver_table {
     ote_cu_result_t (*cuCtxSetCurrent)(ote_cu_context_t ctx);
     ote_cu_result_t (*cuCtxGetCurrent)(ote_cu_context_t *ctx);
     ote_cu_result_t (*cuCtxGetDevice)(ote_cu_device_t *dev);
-    ote_cu_result_t (*cuMemAlloc)(ote_cu_deviceptr_t *dptr, size_t bytes);   /* _v2 */
-    ote_cu_result_t (*cuMemFree)(ote_cu_deviceptr_t dptr);                  /* _v2 */
+    ote_cu_result_t (*cuMemAlloc)(ote_cu_deviceptr_t *dptr, size_t bytes); /* _v2 */
+    ote_cu_result_t (*cuMemFree)(ote_cu_deviceptr_t dptr);                 /* _v2 */
     ote_cu_result_t (*cuMemGetAddressRange)(ote_cu_deviceptr_t *base, size_t *size,
                                             ote_cu_deviceptr_t dptr); /* _v2 */
     ote_cu_result_t (*cuMemHostAlloc)(void **pp, size_t bytes, unsigned int flags);

@@ -19,9 +19,9 @@ typedef enum { SLOT_EMPTY = 0, SLOT_BUILDING, SLOT_READY, SLOT_RETIRING } slot_s
 
 typedef struct {
     slot_state_t state;
-    uint64_t token;     /* owner of BUILDING (also a reclaimer's hold on RETIRING) */
-    ote_qp_t *qp;       /* attached from creation until native destroy succeeds */
-    uint32_t users;     /* borrows outstanding */
+    uint64_t token; /* owner of BUILDING (also a reclaimer's hold on RETIRING) */
+    ote_qp_t *qp;   /* attached from creation until native destroy succeeds */
+    uint32_t users; /* borrows outstanding */
     uint32_t remote_qpn;
     int destroy_failed; /* RETIRING after a failed native destroy */
 } ep_slot_t;
@@ -115,7 +115,8 @@ ote_status_t ote_endpoint_get(ote_endpoint_store_t *s, const ote_ep_key_t *key,
     if (ep != NULL) {
         ote_status_t st = OTE_OK;
         if (ep->width != width) {
-            OTE_WARN("endpoint", "peer %llx announces %u lanes, but width %u was negotiated: "
+            OTE_WARN("endpoint",
+                     "peer %llx announces %u lanes, but width %u was negotiated: "
                      "refused, the established array is kept",
                      (unsigned long long)key->remote_process, remote_lanes, ep->width);
             st = OTE_ERR_PROTOCOL;
@@ -359,7 +360,8 @@ void ote_endpoint_retire(ote_endpoint_t *ep, uint32_t slot, const ote_qp_t *qp) 
 uint32_t ote_endpoint_remote_qpn(ote_endpoint_t *ep, uint32_t slot) {
     ote_endpoint_store_t *s = ep->store;
     ote_mutex_lock(&s->mu);
-    uint32_t n = slot < ep->width && ep->slots[slot].state == SLOT_READY ? ep->slots[slot].remote_qpn : 0;
+    uint32_t n =
+        slot < ep->width && ep->slots[slot].state == SLOT_READY ? ep->slots[slot].remote_qpn : 0;
     ote_mutex_unlock(&s->mu);
     return n;
 }

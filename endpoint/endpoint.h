@@ -63,8 +63,7 @@ typedef struct ote_ep_key {
 } ote_ep_key_t;
 
 void ote_ep_key_make(ote_ep_key_t *key, uint64_t remote_process, uint64_t remote_pd,
-                     uint32_t local_nic, uint32_t remote_nic, ote_ep_role_t role,
-                     ote_ep_cap_t cap);
+                     uint32_t local_nic, uint32_t remote_nic, ote_ep_role_t role, ote_ep_cap_t cap);
 
 /* A construction reservation: unique token, never reused within a store. */
 typedef struct ote_ep_claim {

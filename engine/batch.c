@@ -19,7 +19,8 @@
 #define BATCH_SPIN_MAX_NS (500u * 1000u)
 
 ote_status_t ote_batch_create(ote_engine_t *e, size_t capacity, ote_batch_t **batch_out) {
-    if (e == NULL || batch_out == NULL || capacity == 0 || capacity > (1u << 24)) return OTE_ERR_INVALID;
+    if (e == NULL || batch_out == NULL || capacity == 0 || capacity > (1u << 24))
+        return OTE_ERR_INVALID;
     ote_batch_t *b = ote_calloc(1, sizeof(*b));
     if (b == NULL) return OTE_ERR_NOMEM;
     b->reqs = ote_calloc(capacity, sizeof(*b->reqs));
@@ -308,7 +309,8 @@ ote_status_t ote_batch_status(ote_batch_t *b, size_t index, ote_transfer_status_
         ote__req_t *r = &b->reqs[index];
         s.state = (ote_transfer_state_t)atomic_load(&r->state);
         s.bytes_done = atomic_load_explicit(&r->bytes_done, memory_order_relaxed);
-        if (s.state != OTE_TRANSFER_PENDING && s.state != OTE_TRANSFER_WAITING) s.error = atomic_load(&r->error);
+        if (s.state != OTE_TRANSFER_PENDING && s.state != OTE_TRANSFER_WAITING)
+            s.error = atomic_load(&r->error);
     }
     *status_out = s;
     return OTE_OK;
@@ -372,8 +374,7 @@ ote_status_t ote_batch_cancel(ote_batch_t *b) {
         if (atomic_load(&r->state) != OTE_TRANSFER_PENDING) continue;
         atomic_store(&r->canceled, 1);
         size_t j;
-        for (j = 0; j < nsegs && segs[j] != r->seg; j++) {
-        }
+        for (j = 0; j < nsegs && segs[j] != r->seg; j++) {}
         if (j == nsegs) {
             if (nsegs < 16) segs[nsegs++] = r->seg;
             else overflow = 1;

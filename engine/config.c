@@ -63,13 +63,17 @@ ote_status_t ote__parse_size(const char *s, uint64_t *out) {
     uint64_t mul = 1;
     if (*end != '\0') {
         switch (*end) {
-            case 'k': case 'K': mul = 1ull << 10; break;
-            case 'm': case 'M': mul = 1ull << 20; break;
-            case 'g': case 'G': mul = 1ull << 30; break;
+            case 'k':
+            case 'K': mul = 1ull << 10; break;
+            case 'm':
+            case 'M': mul = 1ull << 20; break;
+            case 'g':
+            case 'G': mul = 1ull << 30; break;
             default: return OTE_ERR_INVALID;
         }
         end++;
-        if (*end == 'i' || *end == 'B' || *end == 'b') end += (*end == 'i' && (end[1] == 'B' || end[1] == 'b')) ? 2 : 1;
+        if (*end == 'i' || *end == 'B' || *end == 'b')
+            end += (*end == 'i' && (end[1] == 'B' || end[1] == 'b')) ? 2 : 1;
         if (*end != '\0') return OTE_ERR_INVALID;
     }
     if (v > UINT64_MAX / mul) return OTE_ERR_INVALID;
@@ -91,7 +95,8 @@ ote_status_t ote__addr_split(const char *s, char *host, size_t host_len, uint16_
     } else {
         colon = strrchr(s, ':');
         if (colon == NULL) return OTE_ERR_INVALID;
-        if (memchr(s, ':', (size_t)(colon - s)) != NULL) return OTE_ERR_INVALID; /* unbracketed v6 */
+        if (memchr(s, ':', (size_t)(colon - s)) != NULL)
+            return OTE_ERR_INVALID; /* unbracketed v6 */
         h = s;
         hend = colon;
     }
@@ -188,8 +193,7 @@ static ote_status_t validate(const key_def_t *k, const char *v) {
     uint16_t port;
     uint64_t n;
     switch (k->kind) {
-        case K_STRING:
-            return strlen(v) <= k->max ? OTE_OK : OTE_ERR_INVALID;
+        case K_STRING: return strlen(v) <= k->max ? OTE_OK : OTE_ERR_INVALID;
         case K_ENUM:
             for (int i = 0; i < 4 && k->choices[i]; i++)
                 if (strcmp(v, k->choices[i]) == 0) return OTE_OK;
@@ -197,8 +201,7 @@ static ote_status_t validate(const key_def_t *k, const char *v) {
         case K_ADDR_OPT:
             if (v[0] == '\0') return OTE_OK;
             /* fallthrough */
-        case K_ADDR:
-            return ote__addr_split(v, host, sizeof(host), &port, NULL);
+        case K_ADDR: return ote__addr_split(v, host, sizeof(host), &port, NULL);
         case K_LOGLEVEL:
             return (v[0] == '\0' || ote_log_parse_level(v) >= 0) ? OTE_OK : OTE_ERR_INVALID;
         case K_UINT:
@@ -222,9 +225,8 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
                 o += (size_t)snprintf(buf + o, len - o, " \"%s\"", k->choices[i]);
             break;
         }
-        case K_ADDR: case K_ADDR_OPT:
-            snprintf(buf, len, "\"host:port\" or \"[v6]:port\"");
-            break;
+        case K_ADDR:
+        case K_ADDR_OPT: snprintf(buf, len, "\"host:port\" or \"[v6]:port\""); break;
         case K_UINT:
             snprintf(buf, len, "an integer in [%llu, %llu]", (unsigned long long)k->min,
                      (unsigned long long)k->max);
@@ -233,11 +235,8 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
             snprintf(buf, len, "a size (K/M/G suffix) in [%llu, %llu] bytes",
                      (unsigned long long)k->min, (unsigned long long)k->max);
             break;
-        case K_LOGLEVEL:
-            snprintf(buf, len, "error, warn, info, debug or trace");
-            break;
-        default:
-            snprintf(buf, len, "at most %llu characters", (unsigned long long)k->max);
+        case K_LOGLEVEL: snprintf(buf, len, "error, warn, info, debug or trace"); break;
+        default: snprintf(buf, len, "at most %llu characters", (unsigned long long)k->max);
     }
 }
 
@@ -333,16 +332,20 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         if (k->kind == K_UINT) n = strtoull(v, NULL, 10);
         if (k->kind == K_SIZE) (void)ote__parse_size(v, &n);
         if (strcmp(k->key, "transport") == 0) copy_str(r.transport, sizeof(r.transport), v);
-        else if (strcmp(k->key, "listen_address") == 0) copy_str(r.listen_address, sizeof(r.listen_address), v);
-        else if (strcmp(k->key, "advertise_address") == 0) copy_str(r.advertise_address, sizeof(r.advertise_address), v);
+        else if (strcmp(k->key, "listen_address") == 0)
+            copy_str(r.listen_address, sizeof(r.listen_address), v);
+        else if (strcmp(k->key, "advertise_address") == 0)
+            copy_str(r.advertise_address, sizeof(r.advertise_address), v);
         else if (strcmp(k->key, "tcp_connections") == 0) r.tcp_connections = (uint32_t)n;
         else if (strcmp(k->key, "tcp_workers") == 0) r.tcp_workers = (uint32_t)n;
         else if (strcmp(k->key, "tcp_max_accepted") == 0) r.tcp_max_accepted = (uint32_t)n;
         else if (strcmp(k->key, "slice_size") == 0) r.slice_size = n;
         else if (strcmp(k->key, "transfer_timeout_ms") == 0) r.transfer_timeout_ms = n;
         else if (strcmp(k->key, "connect_timeout_ms") == 0) r.connect_timeout_ms = n;
-        else if (strcmp(k->key, "verbs_provider") == 0) copy_str(r.verbs_provider, sizeof(r.verbs_provider), v);
-        else if (strcmp(k->key, "rdma_device") == 0) copy_str(r.rdma_device, sizeof(r.rdma_device), v);
+        else if (strcmp(k->key, "verbs_provider") == 0)
+            copy_str(r.verbs_provider, sizeof(r.verbs_provider), v);
+        else if (strcmp(k->key, "rdma_device") == 0)
+            copy_str(r.rdma_device, sizeof(r.rdma_device), v);
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
     }
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;

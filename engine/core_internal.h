@@ -139,7 +139,7 @@ struct ote_batch {
     ote_cond_t cv;
     _Atomic size_t nsub;
     _Atomic size_t pending;
-    ote__nout_t *notes; /* attached, not yet decided */
+    ote__nout_t *notes;            /* attached, not yet decided */
     _Atomic uint64_t last_wait_ns; /* how long the last completed wait took (0: none yet) */
 };
 

@@ -40,7 +40,10 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     if (st != OTE_OK) goto err_ncv;
     st = ote_cond_init(&e->ocv);
     if (st != OTE_OK) goto err_omu;
-    ote__host_t host = {.arg = e, .pin = ote__reg_pin, .unpin = ote__reg_unpin, .deliver_notify = ote__notify_deliver};
+    ote__host_t host = {.arg = e,
+                        .pin = ote__reg_pin,
+                        .unpin = ote__reg_unpin,
+                        .deliver_notify = ote__notify_deliver};
     /* transport=rdma selects engine/rdma/ (no fallback: its creation fails, naming what is
      * missing, when no device is usable). */
     if (strcmp(rc.transport, "rdma") == 0) st = ote__rdma_create(&e->cfg, &host, &e->tp);
@@ -68,7 +71,8 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
     if (e == NULL) return OTE_ERR_INVALID;
     long segs = atomic_load(&e->nsegments), batches = atomic_load(&e->nbatches);
     if (segs > 0 || batches > 0) {
-        OTE_WARN("engine", "destroy refused: %ld segment(s) and %ld batch(es) still open", segs, batches);
+        OTE_WARN("engine", "destroy refused: %ld segment(s) and %ld batch(es) still open", segs,
+                 batches);
         return OTE_ERR_BUSY;
     }
     e->tp->ops->destroy(e->tp);
@@ -97,8 +101,8 @@ ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t *
     if (e == NULL || peer == NULL || seg_out == NULL) return OTE_ERR_INVALID;
     char host[256];
     uint16_t port;
-    if (strlen(peer) >= OTE__ADDR_MAX || ote__addr_split(peer, host, sizeof(host), &port, NULL) != OTE_OK ||
-        port == 0) {
+    if (strlen(peer) >= OTE__ADDR_MAX ||
+        ote__addr_split(peer, host, sizeof(host), &port, NULL) != OTE_OK || port == 0) {
         OTE_WARN("engine", "segment_open: \"%s\" is not \"host:port\" or \"[v6]:port\"", peer);
         return OTE_ERR_INVALID;
     }

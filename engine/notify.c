@@ -34,7 +34,8 @@ ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, s
                      "notification queue full (%zu message(s), %zu bytes; caps %u, %u): refusing "
                      "notifications from %s and others with OTE_ERR_AGAIN until ote_notify_recv "
                      "drains it",
-                     qc, qb, (unsigned)OTE_NOTIFY_QUEUE_MAX, (unsigned)OTE_NOTIFY_QUEUE_BYTES, from);
+                     qc, qb, (unsigned)OTE_NOTIFY_QUEUE_MAX, (unsigned)OTE_NOTIFY_QUEUE_BYTES,
+                     from);
         return OTE_ERR_AGAIN;
     }
     ote__nin_t *n = ote_malloc(sizeof(*n) + len);
@@ -82,7 +83,8 @@ static void nout_done(ote__slice_t *sl, ote_status_t st) {
     ote__nout_t *n = sl->owner;
     ote_engine_t *e = n->e;
     if (st != OTE_OK)
-        OTE_WARN("engine", "notification to %s not delivered: %s", n->seg->name, ote_status_str(st));
+        OTE_WARN("engine", "notification to %s not delivered: %s", n->seg->name,
+                 ote_status_str(st));
     atomic_fetch_sub(&n->seg->notes, 1); /* last use of seg */
     ote_mutex_lock(&e->omu);
     n->done = 1;
@@ -190,7 +192,9 @@ ote__nout_t *ote__batch_decide_notes(ote_batch_t *b) {
         b->notes = n->next;
         int ok = 1;
         for (size_t i = 0; i < nsub && ok; i++)
-            if (b->reqs[i].seg == n->seg && atomic_load(&b->reqs[i].state) != OTE_TRANSFER_COMPLETED) ok = 0;
+            if (b->reqs[i].seg == n->seg &&
+                atomic_load(&b->reqs[i].state) != OTE_TRANSFER_COMPLETED)
+                ok = 0;
         if (ok) {
             n->next = send;
             send = n;
@@ -216,7 +220,8 @@ void ote__notes_send(ote__nout_t *list) {
 }
 
 ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *msg, size_t len) {
-    if (b == NULL || seg == NULL || seg->e != b->e || (msg == NULL && len > 0)) return OTE_ERR_INVALID;
+    if (b == NULL || seg == NULL || seg->e != b->e || (msg == NULL && len > 0))
+        return OTE_ERR_INVALID;
     if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
     ote__nout_t *n;
     ote_status_t st = nout_new(b->e, seg, msg, len, 1, &n);
@@ -227,7 +232,8 @@ ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *ms
     n->next = b->notes;
     b->notes = n;
     /* Nothing submitted yet: decided when the coming submissions end. */
-    if (atomic_load(&b->pending) == 0 && atomic_load(&b->nsub) > 0) send = ote__batch_decide_notes(b);
+    if (atomic_load(&b->pending) == 0 && atomic_load(&b->nsub) > 0)
+        send = ote__batch_decide_notes(b);
     ote_mutex_unlock(&b->mu);
     if (send) {
         st = b->e->tp->ops->peer_ensure(seg->peer);

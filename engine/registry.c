@@ -94,7 +94,8 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
     pthread_rwlock_unlock(&e->reg_lk);
     if (st != OTE_OK) {
         if (st == OTE_ERR_EXISTS)
-            OTE_WARN("engine", "register [%p, +%zu) refused: overlaps an existing registration", addr, len);
+            OTE_WARN("engine", "register [%p, +%zu) refused: overlaps an existing registration",
+                     addr, len);
         ote_free(r);
     }
     return st;

@@ -42,7 +42,7 @@ enum {
 struct ote__slice {
     ote__slice_t *next; /* transport queue link */
     ote__slice_done_fn done;
-    void *owner;              /* the engine's request or notification */
+    void *owner;                 /* the engine's request or notification */
     const _Atomic int *canceled; /* nonzero: skip if not yet on the wire; may be NULL */
     uint8_t *local;
     uint64_t remote;

@@ -519,9 +519,9 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
         ote_mutex_lock(&m->mu);
         m->stats.refused++;
         ote_mutex_unlock(&m->mu);
-        OTE_WARN("grant", "%s: %s grant over [0x%llx, +%llu) refused: %s",
-                 ote_context_name(m->ctx), op == OTE_GRANT_WRITE ? "WRITE" : "READ",
-                 (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
+        OTE_WARN("grant", "%s: %s grant over [0x%llx, +%llu) refused: %s", ote_context_name(m->ctx),
+                 op == OTE_GRANT_WRITE ? "WRITE" : "READ", (unsigned long long)addr,
+                 (unsigned long long)len, ote_status_str(st));
         return st;
     }
     grant_t *g = ote_calloc(1, sizeof(*g));
@@ -622,8 +622,8 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
     if (g == NULL || g->qp_num != qp_num || g->sstate != S_BOUND) {
         m->stats.stale_receipts++;
         ote_mutex_unlock(&m->mu);
-        OTE_WARN("grant", "QP %u: receipt for rkey 0x%x that names no bound grant: ignored",
-                 qp_num, rkey);
+        OTE_WARN("grant", "QP %u: receipt for rkey 0x%x that names no bound grant: ignored", qp_num,
+                 rkey);
         return;
     }
     /* The provider invalidated the window before delivering this CQE. */
@@ -634,7 +634,6 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
     ote_mutex_unlock(&m->mu);
     defer_run(m, &df);
 }
-
 
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
     defer_t df = {.fin = NULL, .nans = 0};
@@ -653,9 +652,10 @@ size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
         if (!g->source) {
             if (g->failed != OTE_OK || g->rstate == R_ENDED) continue;
             if (expired) m->stats.expired++;
-            OTE_WARN("grant", "grant %u: %s with %u of %u slices done, %u WRs owed: failing "
-                     "it; QP %u fenced and flushed", g->seq,
-                     expired ? "deadline passed" : "its context is down", g->done_slices,
+            OTE_WARN("grant",
+                     "grant %u: %s with %u of %u slices done, %u WRs owed: failing "
+                     "it; QP %u fenced and flushed",
+                     g->seq, expired ? "deadline passed" : "its context is down", g->done_slices,
                      g->nslices, g->outstanding, g->qp_num);
             fail_requester(g, why, &df);
         } else if (g->sstate != S_ENDED) {
@@ -664,7 +664,8 @@ size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
             if (expired) m->stats.source_expired++;
             OTE_WARN("grant", "%s: source grant %u %s: QP %u moved to ERR, window released",
                      ote_context_name(m->ctx), g->seq,
-                     expired ? "not invalidated by its deadline" : "ended: context down", g->qp_num);
+                     expired ? "not invalidated by its deadline" : "ended: context down",
+                     g->qp_num);
             if (g->bind_wait) {
                 /* Its bind never reached the QP: nothing to kill, just refuse it. */
                 wait_remove(&m->lanes[g->lane], g);

@@ -75,11 +75,11 @@ typedef void (*ote_grant_done_fn)(void *arg, ote_status_t st);
 
 typedef struct ote_grant_desc {
     ote_grant_op_t op;
-    uint8_t *local;         /* requester buffer */
-    uint32_t lkey;          /* its MR's lkey in the QP's context */
-    uint64_t remote;        /* source address */
-    uint64_t len;           /* 1..OTE_GRANT_MAX_LEN */
-    ote_endpoint_t *ep;     /* the QP's endpoint and slot: the borrow is handed over */
+    uint8_t *local;     /* requester buffer */
+    uint32_t lkey;      /* its MR's lkey in the QP's context */
+    uint64_t remote;    /* source address */
+    uint64_t len;       /* 1..OTE_GRANT_MAX_LEN */
+    ote_endpoint_t *ep; /* the QP's endpoint and slot: the borrow is handed over */
     uint32_t slot;
     ote_qp_t *qp;
     ote_deadline_t deadline;
@@ -112,9 +112,8 @@ typedef struct ote_grant_stats {
  * ote_grant_mgr_create() - grants on @ctx whose QPs use @lanes (one namespace is
  * registered per lane). @src may be NULL for a requester-only manager.
  */
-ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes,
-                                  uint32_t nlanes, const ote_grant_source_ops_t *src,
-                                  ote_grant_mgr_t **mgr_out);
+ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes, uint32_t nlanes,
+                                  const ote_grant_source_ops_t *src, ote_grant_mgr_t **mgr_out);
 /* OTE_ERR_BUSY while grants live. OTE_ERR_RETAINED when a window (pooled, or retained
  * earlier) would not dealloc: it is kept, counted as OTE_RETAINED_MW in the manager's
  * context and in its stats, the manager stays valid, and a later destroy retries. A

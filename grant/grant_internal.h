@@ -17,7 +17,7 @@
 #define IDX_INV 0xffffu  /* the SEND_WITH_INV of a requester grant */
 #define IDX_BIND 0xfffeu /* the BIND_MW of a source grant */
 #define SEQ_MASK 0xffffffu
-#define CHAIN 16u        /* WRs per post_send call */
+#define CHAIN 16u /* WRs per post_send call */
 
 typedef enum { R_WAIT_ANSWER = 0, R_POSTING, R_INVALIDATING, R_ENDED } rstate_t;
 typedef enum { S_BINDING = 0, S_BOUND, S_ENDED } sstate_t;
@@ -44,8 +44,8 @@ struct grant {
     uint32_t outstanding; /* WRs posted and not yet discharged */
     int waiting;          /* on the lane wait list */
     grant_t *wait_next;
-    grant_t *fin_next;    /* deferred end */
-    int finished;         /* on a deferred end list: never again */
+    grant_t *fin_next; /* deferred end */
+    int finished;      /* on a deferred end list: never again */
 
     /* requester */
     rstate_t rstate;
@@ -65,8 +65,8 @@ struct grant {
     int bind_access;
     uint64_t answer_ctx;
 
-    UT_hash_handle hh;      /* by seq */
-    UT_hash_handle hh_key;  /* source: by rkey */
+    UT_hash_handle hh;     /* by seq */
+    UT_hash_handle hh_key; /* source: by rkey */
 };
 
 typedef struct {

@@ -80,10 +80,8 @@ size_t ote__grant_mw_retry_retained(ote_grant_mgr_t *m) {
     return left;
 }
 
-
-ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes,
-                                  uint32_t nlanes, const ote_grant_source_ops_t *src,
-                                  ote_grant_mgr_t **mgr_out) {
+ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes, uint32_t nlanes,
+                                  const ote_grant_source_ops_t *src, ote_grant_mgr_t **mgr_out) {
     if (ctx == NULL || lanes == NULL || nlanes == 0 || mgr_out == NULL) return OTE_ERR_INVALID;
     if (src != NULL && (src->pin == NULL || src->unpin == NULL || src->answer == NULL))
         return OTE_ERR_INVALID;

@@ -76,8 +76,7 @@ static void qp_listener(void *arg, ote_context_t *ctx, const struct ibv_async_ev
         case IBV_EVENT_QP_ACCESS_ERR:
             if (ev->element.qp != NULL && ev->element.qp == qp->qp) why = "QP error event";
             break;
-        default:
-            break;
+        default: break;
     }
     if (why == NULL) return;
     OTE_WARN("qp", "QP %u on %s: %s: fencing and flushing outstanding work", qp->qp_num,
@@ -146,18 +145,16 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     attr.pkey_index = 0;
     attr.port_num = qp->port;
     attr.qp_access_flags = (unsigned)cfg->access;
-    err = qp->v->ops->modify_qp(qp->v, qp->qp, &attr,
-                                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                    IBV_QP_ACCESS_FLAGS);
+    err = qp->v->ops->modify_qp(
+        qp->v, qp->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (err != 0) {
-        OTE_ERROR("qp", "%s: QP %u RESET->INIT failed: errno %d", ote_context_name(ctx),
-                  qp->qp_num, err);
+        OTE_ERROR("qp", "%s: QP %u RESET->INIT failed: errno %d", ote_context_name(ctx), qp->qp_num,
+                  err);
         st = ote_status_make(OTE_ERR_NATIVE, err);
         goto err_destroy_qp;
     }
     qp->state = IBV_QPS_INIT;
-    if ((st = ote_cq_lane_attach_qp(lane, qp->qp_num, qp_hook, qp)) != OTE_OK)
-        goto err_destroy_qp;
+    if ((st = ote_cq_lane_attach_qp(lane, qp->qp_num, qp_hook, qp)) != OTE_OK) goto err_destroy_qp;
     qp->hook_attached = 1;
     st = ote_context_set_add_listener(ote_context_owner(ctx), qp_listener, qp, &qp->listener_id);
     if (st != OTE_OK) goto err_detach;
@@ -215,16 +212,18 @@ static ote_status_t back_to_init(ote_qp_t *qp) {
         attr.qp_state = IBV_QPS_INIT;
         attr.port_num = qp->port;
         attr.qp_access_flags = (unsigned)qp->cfg.access;
-        err = qp->v->ops->modify_qp(qp->v, qp->qp, &attr,
-                                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                        IBV_QP_ACCESS_FLAGS);
+        err = qp->v->ops->modify_qp(
+            qp->v, qp->qp, &attr,
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
         ote_mutex_lock(&qp->mu);
         qp->state = err == 0 ? IBV_QPS_INIT : IBV_QPS_RESET;
         ote_mutex_unlock(&qp->mu);
     }
     if (err != 0) {
-        OTE_WARN("qp", "QP %u: could not return to INIT after a failed connect: errno %d; "
-                 "destroy it", qp->qp_num, err);
+        OTE_WARN("qp",
+                 "QP %u: could not return to INIT after a failed connect: errno %d; "
+                 "destroy it",
+                 qp->qp_num, err);
         ote_mutex_lock(&qp->mu);
         qp->fenced = 1;
         ote_mutex_unlock(&qp->mu);
@@ -267,10 +266,10 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer) {
     attr.ah_attr.grh.hop_limit = 64;
     attr.ah_attr.dlid = peer->lid;
     attr.ah_attr.port_num = qp->port;
-    int err = qp->v->ops->modify_qp(qp->v, qp->qp, &attr,
-                                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                                        IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    int err =
+        qp->v->ops->modify_qp(qp->v, qp->qp, &attr,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (err != 0) {
         OTE_ERROR("qp", "%s: QP %u INIT->RTR toward QP %u failed: errno %d; still INIT",
                   ote_context_name(qp->ctx), qp->qp_num, peer->qp_num, err);
@@ -289,9 +288,8 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer) {
     attr.rnr_retry = qp->cfg.rnr_retry;
     attr.max_rd_atomic = qp->cfg.max_rd_atomic;
     err = qp->v->ops->modify_qp(qp->v, qp->qp, &attr,
-                                IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                                    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                    IBV_QP_MAX_QP_RD_ATOMIC);
+                                IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                    IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
     if (err != 0) {
         OTE_ERROR("qp", "%s: QP %u RTR->RTS failed: errno %d; returning to INIT",
                   ote_context_name(qp->ctx), qp->qp_num, err);
@@ -352,8 +350,10 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
             ote_mutex_lock(&qp->mu);
             uint32_t s = qp->sq_count, r = qp->rq_count;
             ote_mutex_unlock(&qp->mu);
-            OTE_WARN("qp", "QP %u: %u send / %u receive WRs not flushed by the deadline; "
-                     "native destruction will resolve them", qp->qp_num, s, r);
+            OTE_WARN("qp",
+                     "QP %u: %u send / %u receive WRs not flushed by the deadline; "
+                     "native destruction will resolve them",
+                     qp->qp_num, s, r);
         }
         ote_mutex_lock(&qp->native_mu);
         int err = qp->v->ops->destroy_qp(qp->v, qp->qp);
@@ -363,8 +363,10 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
                 ote_context_retained_add(qp->ctx, OTE_RETAINED_QP, 1);
             }
             ote_mutex_unlock(&qp->native_mu);
-            OTE_WARN("qp", "QP %u on %s: destroy_qp failed: errno %d; QP, buffers and "
-                     "charges retained", qp->qp_num, ote_context_name(qp->ctx), err);
+            OTE_WARN("qp",
+                     "QP %u on %s: destroy_qp failed: errno %d; QP, buffers and "
+                     "charges retained",
+                     qp->qp_num, ote_context_name(qp->ctx), err);
             return ote_status_make(OTE_ERR_RETAINED, err);
         }
         ote_mutex_lock(&qp->mu);
@@ -393,7 +395,9 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
 
 uint32_t ote_qp_num(const ote_qp_t *qp) { return qp->qp_num; }
 ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp) { return qp->lane; }
-struct ibv_qp *ote_qp_native(const ote_qp_t *qp) { return qp->qp; }
+struct ibv_qp *ote_qp_native(const ote_qp_t *qp) {
+    return qp->qp;
+}
 
 void ote_qp_get_stats(const ote_qp_t *qp, ote_qp_stats_t *s) {
     ote_qp_t *q = (ote_qp_t *)qp;

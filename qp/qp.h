@@ -67,17 +67,16 @@ typedef struct ote_qp_path {
 } ote_qp_path_t;
 
 /* A successful receive: buf holds wc->byte_len bytes, valid during the call only. */
-typedef void (*ote_qp_recv_fn)(void *arg, ote_qp_t *qp, const struct ibv_wc *wc,
-                               const void *buf);
+typedef void (*ote_qp_recv_fn)(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *buf);
 
 typedef struct ote_qp_config {
-    uint32_t max_send_wr;  /* SQ depth */
+    uint32_t max_send_wr; /* SQ depth */
     uint32_t max_send_sge;
     uint32_t max_inline;
-    uint32_t recv_slots;   /* QP-owned receive buffers (0: none) */
-    uint32_t recv_size;    /* bytes per receive buffer */
-    int access;            /* qp_access_flags: IBV_ACCESS_REMOTE_{READ,WRITE,ATOMIC} */
-    uint8_t timeout;       /* ACK timeout exponent (4.096 us << timeout) */
+    uint32_t recv_slots; /* QP-owned receive buffers (0: none) */
+    uint32_t recv_size;  /* bytes per receive buffer */
+    int access;          /* qp_access_flags: IBV_ACCESS_REMOTE_{READ,WRITE,ATOMIC} */
+    uint8_t timeout;     /* ACK timeout exponent (4.096 us << timeout) */
     uint8_t retry_cnt;
     uint8_t rnr_retry;
     uint8_t min_rnr_timer;
@@ -89,8 +88,8 @@ typedef struct ote_qp_config {
 /* What ote_qp_post_send() did. Written on every return, failures included: a partial
  * post is a result the caller must act on, not only an error. */
 typedef struct ote_qp_post_result {
-    size_t accepted;                /* WRs now owned by the SQ */
-    struct ibv_send_wr *unposted;   /* first WR returned to the caller (NULL: none) */
+    size_t accepted;              /* WRs now owned by the SQ */
+    struct ibv_send_wr *unposted; /* first WR returned to the caller (NULL: none) */
 } ote_qp_post_result_t;
 
 typedef struct ote_qp_stats {

@@ -109,8 +109,8 @@ ote_status_t ote__rq_post_idle(ote_qp_t *qp) {
             while (j < k && &wrs[j] != bad) j++;
             posted = j < k ? j : k;
             st = ote_verbs_status(err);
-            OTE_WARN("qp", "QP %u: post_recv posted %u of %u receive slots: errno %d",
-                     qp->qp_num, posted, k, err);
+            OTE_WARN("qp", "QP %u: post_recv posted %u of %u receive slots: errno %d", qp->qp_num,
+                     posted, k, err);
         }
         for (uint32_t j = 0; j < posted; j++) qp->rq_posted[wrs[j].wr_id] = 1;
         qp->rq_count += posted;
@@ -134,8 +134,8 @@ void ote__rq_complete(ote_qp_t *qp, const struct ibv_wc *wc) {
     if (i >= qp->cfg.recv_slots || !qp->rq_posted[i]) {
         qp->unknown_cqes++;
         ote_mutex_unlock(&qp->mu);
-        OTE_WARN("qp", "QP %u: receive CQE for slot 0x%llx that is not posted: dropped",
-                 qp->qp_num, (unsigned long long)i);
+        OTE_WARN("qp", "QP %u: receive CQE for slot 0x%llx that is not posted: dropped", qp->qp_num,
+                 (unsigned long long)i);
         return;
     }
     qp->rq_posted[i] = 0;
@@ -153,11 +153,10 @@ void ote__rq_complete(ote_qp_t *qp, const struct ibv_wc *wc) {
     if (!ok) return;
     /* The buffer stays QP-owned: the callback reads it, then the slot is posted again. */
     if (qp->cfg.on_recv != NULL)
-        qp->cfg.on_recv(qp->cfg.recv_arg, qp, wc,
-                        qp->rq_buf + (size_t)i * qp->cfg.recv_size);
+        qp->cfg.on_recv(qp->cfg.recv_arg, qp, wc, qp->rq_buf + (size_t)i * qp->cfg.recv_size);
     ote_mutex_lock(&qp->mu);
-    int repost = !qp->closing && !qp->rq_posted[i] &&
-                 (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_RTR);
+    int repost =
+        !qp->closing && !qp->rq_posted[i] && (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_RTR);
     if (repost && ote_cq_lane_reserve(qp->lane, OTE_CQ_RECV, 1) == OTE_OK) {
         struct ibv_recv_wr wr, *bad = NULL;
         struct ibv_sge sge;

@@ -122,8 +122,7 @@ ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadlin
         ote_cq_lane_release(qp->lane, OTE_CQ_SEND, (uint32_t)(n - k));
         res.accepted = k;
         res.unposted = bad;
-        OTE_WARN("qp", "QP %u: post_send accepted %zu of %zu WRs: errno %d", qp->qp_num, k, n,
-                 err);
+        OTE_WARN("qp", "QP %u: post_send accepted %zu of %zu WRs: errno %d", qp->qp_num, k, n, err);
         *result = res;
         return ote_verbs_status(err);
     }
@@ -182,8 +181,10 @@ size_t ote_qp_expire(ote_qp_t *qp, uint64_t *ids, size_t cap) {
     if (n > 0) {
         qp->expired += n;
         if (!qp->fenced)
-            OTE_WARN("qp", "QP %u: %zu WR(s) past their deadline: send queue fenced; their "
-                     "buffers stay owned until a CQE, a flush or destruction", qp->qp_num, n);
+            OTE_WARN("qp",
+                     "QP %u: %zu WR(s) past their deadline: send queue fenced; their "
+                     "buffers stay owned until a CQE, a flush or destruction",
+                     qp->qp_num, n);
         qp->fenced = 1;
     }
     ote_mutex_unlock(&qp->mu);

@@ -38,7 +38,8 @@ static void *no_ctx_thread(void *arg) {
     if (r == CUDA_SUCCESS) cuStreamDestroy(s);
     CUmemorytype mt = 0;
     r = cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, *(CUdeviceptr *)arg);
-    FACT("cuPointerGetAttribute(MEMORY_TYPE, device ptr) with no current context -> %s type %d", rn(r), (int)mt);
+    FACT("cuPointerGetAttribute(MEMORY_TYPE, device ptr) with no current context -> %s type %d",
+         rn(r), (int)mt);
     char buf[16];
     r = cuMemcpyDtoH(buf, *(CUdeviceptr *)arg, sizeof buf);
     FACT("cuMemcpyDtoH with no current context -> %s", rn(r));
@@ -50,21 +51,29 @@ static void host_fn(void *arg) { *(volatile int *)arg = 1; }
 static int child_import(const char *hex) {
     CUipcMemHandle h;
     for (int i = 0; i < 64; i++) sscanf(hex + 2 * i, "%2hhx", &h.reserved[i]);
-    CUdevice dev; CUcontext ctx;
-    cuInit(0); cuDeviceGet(&dev, 0); cuDevicePrimaryCtxRetain(&ctx, dev); cuCtxSetCurrent(ctx);
+    CUdevice dev;
+    CUcontext ctx;
+    cuInit(0);
+    cuDeviceGet(&dev, 0);
+    cuDevicePrimaryCtxRetain(&ctx, dev);
+    cuCtxSetCurrent(ctx);
     CUdeviceptr p = 0, p2 = 0;
     CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     printf("fact: child cuIpcOpenMemHandle -> %s\n", rn(r));
     if (r == CUDA_SUCCESS) {
         unsigned char b[4] = {0};
         r = cuMemcpyDtoH(b, p, 4);
-        printf("fact: child reads imported base bytes -> %s %02x%02x%02x%02x (parent wrote a5 at 0)\n", rn(r), b[0], b[1], b[2], b[3]);
-        CUdeviceptr base = 0; size_t sz = 0;
+        printf(
+            "fact: child reads imported base bytes -> %s %02x%02x%02x%02x (parent wrote a5 at 0)\n",
+            rn(r), b[0], b[1], b[2], b[3]);
+        CUdeviceptr base = 0;
+        size_t sz = 0;
         r = cuMemGetAddressRange(&base, &sz, p);
         printf("fact: child imported range -> %s base==ptr %d size %zu\n", rn(r), base == p, sz);
         r = cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
         printf("fact: child opens the same handle twice -> %s same ptr %d\n", rn(r), p2 == p);
-        if (r == CUDA_SUCCESS && p2 != 0) printf("fact: child close of 2nd open -> %s\n", rn(cuIpcCloseMemHandle(p2)));
+        if (r == CUDA_SUCCESS && p2 != 0)
+            printf("fact: child close of 2nd open -> %s\n", rn(cuIpcCloseMemHandle(p2)));
         printf("fact: child close -> %s\n", rn(cuIpcCloseMemHandle(p)));
         r = cuIpcCloseMemHandle(p);
         printf("fact: child close again -> %s\n", rn(r));
@@ -76,8 +85,12 @@ static int child_import(const char *hex) {
 static int child_import_dead(const char *hex) {
     CUipcMemHandle h;
     for (int i = 0; i < 64; i++) sscanf(hex + 2 * i, "%2hhx", &h.reserved[i]);
-    CUdevice dev; CUcontext ctx;
-    cuInit(0); cuDeviceGet(&dev, 0); cuDevicePrimaryCtxRetain(&ctx, dev); cuCtxSetCurrent(ctx);
+    CUdevice dev;
+    CUcontext ctx;
+    cuInit(0);
+    cuDeviceGet(&dev, 0);
+    cuDevicePrimaryCtxRetain(&ctx, dev);
+    cuCtxSetCurrent(ctx);
     CUdeviceptr p = 0;
     CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     printf("fact: import of a handle whose exporter freed the allocation -> %s\n", rn(r));
@@ -88,24 +101,34 @@ static int child_import_dead(const char *hex) {
 
 static int child_vmm_import(const char *fdstr) {
     int fd = atoi(fdstr);
-    CUdevice dev; CUcontext ctx;
-    cuInit(0); cuDeviceGet(&dev, 0); cuDevicePrimaryCtxRetain(&ctx, dev); cuCtxSetCurrent(ctx);
+    CUdevice dev;
+    CUcontext ctx;
+    cuInit(0);
+    cuDeviceGet(&dev, 0);
+    cuDevicePrimaryCtxRetain(&ctx, dev);
+    cuCtxSetCurrent(ctx);
     CUmemGenericAllocationHandle ih;
-    CUresult r = cuMemImportFromShareableHandle(&ih, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r = cuMemImportFromShareableHandle(&ih, (void *)(uintptr_t)fd,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     printf("fact: child cuMemImportFromShareableHandle(inherited POSIX fd) -> %s\n", rn(r));
     if (r == CUDA_SUCCESS) {
         size_t gran = 2u << 20;
         CUdeviceptr va = 0;
         cuMemAddressReserve(&va, gran, 0, 0, 0);
         r = cuMemMap(va, gran, 0, ih, 0);
-        CUmemAccessDesc ad; memset(&ad, 0, sizeof ad);
-        ad.location.type = CU_MEM_LOCATION_TYPE_DEVICE; ad.location.id = dev;
+        CUmemAccessDesc ad;
+        memset(&ad, 0, sizeof ad);
+        ad.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        ad.location.id = dev;
         ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         CUresult r2 = cuMemSetAccess(va, gran, &ad, 1);
         unsigned char b = 0;
         CUresult r3 = cuMemcpyDtoH(&b, va, 1);
-        printf("fact: child maps the imported VMM memory -> %s/%s/%s byte %02x (parent wrote 3c)\n", rn(r), rn(r2), rn(r3), b);
-        cuMemUnmap(va, gran); cuMemAddressFree(va, gran); cuMemRelease(ih);
+        printf("fact: child maps the imported VMM memory -> %s/%s/%s byte %02x (parent wrote 3c)\n",
+               rn(r), rn(r2), rn(r3), b);
+        cuMemUnmap(va, gran);
+        cuMemAddressFree(va, gran);
+        cuMemRelease(ih);
     }
     fflush(stdout);
     return 0;
@@ -136,35 +159,47 @@ int main(int argc, char **argv) {
     r = cuInit(0);
     FACT("cuInit -> %s", rn(r));
     if (r != CUDA_SUCCESS) return 0;
-    int v = 0; cuDriverGetVersion(&v);
+    int v = 0;
+    cuDriverGetVersion(&v);
     FACT("driver version %d", v);
-    int n = 0; cuDeviceGetCount(&n);
+    int n = 0;
+    cuDeviceGetCount(&n);
     FACT("devices %d", n);
-    CUdevice dev; cuDeviceGet(&dev, 0);
-    char name[128] = ""; cuDeviceGetName(name, sizeof name, dev);
+    CUdevice dev;
+    cuDeviceGet(&dev, 0);
+    char name[128] = "";
+    cuDeviceGetName(name, sizeof name, dev);
     FACT("device 0 name %s", name);
-    int attrs[] = {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+    int attrs[] = {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+                   CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
                    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
                    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                   CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT,
+                   CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+                   CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT,
                    CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM};
-    const char *an[] = {"UNIFIED_ADDRESSING", "DMA_BUF_SUPPORTED", "GPU_DIRECT_RDMA_SUPPORTED",
-                        "VMM_SUPPORTED", "POSIX_FD_SUPPORTED", "PCI_BUS_ID", "ASYNC_ENGINE_COUNT",
-                        "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"};
+    const char *an[] = {"UNIFIED_ADDRESSING",        "DMA_BUF_SUPPORTED",
+                        "GPU_DIRECT_RDMA_SUPPORTED", "VMM_SUPPORTED",
+                        "POSIX_FD_SUPPORTED",        "PCI_BUS_ID",
+                        "ASYNC_ENGINE_COUNT",        "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"};
     for (unsigned i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
-        int a = -1; r = cuDeviceGetAttribute(&a, attrs[i], dev);
+        int a = -1;
+        r = cuDeviceGetAttribute(&a, attrs[i], dev);
         FACT("attribute %s = %d (%s)", an[i], a, rn(r));
     }
-    char bus[64] = ""; cuDeviceGetPCIBusId(bus, sizeof bus, dev);
+    char bus[64] = "";
+    cuDeviceGetPCIBusId(bus, sizeof bus, dev);
     FACT("pci bus id %s", bus);
-    void *pfn = NULL; CUdriverProcAddressQueryResult qs;
+    void *pfn = NULL;
+    CUdriverProcAddressQueryResult qs;
     r = cuGetProcAddress("cuMemAlloc", &pfn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &qs);
-    FACT("cuGetProcAddress(cuMemAlloc, 12000) -> %s status %d same as cuMemAlloc_v2 %d", rn(r), (int)qs, pfn == (void *)cuMemAlloc_v2);
+    FACT("cuGetProcAddress(cuMemAlloc, 12000) -> %s status %d same as cuMemAlloc_v2 %d", rn(r),
+         (int)qs, pfn == (void *)cuMemAlloc_v2);
     r = cuGetProcAddress("cuNoSuchThing", &pfn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &qs);
     FACT("cuGetProcAddress(unknown) -> %s status %d", rn(r), (int)qs);
     r = cuGetProcAddress("cuMemAlloc", &pfn, 3000, CU_GET_PROC_ADDRESS_DEFAULT, &qs);
-    FACT("cuGetProcAddress(cuMemAlloc, 3000) -> %s status %d same as cuMemAlloc_v2 %d", rn(r), (int)qs, pfn == (void *)cuMemAlloc_v2);
+    FACT("cuGetProcAddress(cuMemAlloc, 3000) -> %s status %d same as cuMemAlloc_v2 %d", rn(r),
+         (int)qs, pfn == (void *)cuMemAlloc_v2);
 
     CUcontext ctx = NULL, cur = (CUcontext)1;
     r = cuCtxGetCurrent(&cur);
@@ -180,14 +215,19 @@ int main(int argc, char **argv) {
     CUdeviceptr ptrs[5] = {0};
     for (int i = 0; i < 5; i++) {
         r = cuMemAlloc(&ptrs[i], sizes[i]);
-        CUdeviceptr b = 0; size_t s = 0; cuMemGetAddressRange(&b, &s, ptrs[i] + (sizes[i] > 1 ? 1 : 0));
-        FACT("cuMemAlloc(%zu) -> %s ptr %% 256 = %llu, %% 2MiB = %llu, range size %zu base==ptr %d", sizes[i], rn(r),
-             (unsigned long long)(ptrs[i] % 256), (unsigned long long)(ptrs[i] % (2u << 20)), s, b == ptrs[i]);
+        CUdeviceptr b = 0;
+        size_t s = 0;
+        cuMemGetAddressRange(&b, &s, ptrs[i] + (sizes[i] > 1 ? 1 : 0));
+        FACT("cuMemAlloc(%zu) -> %s ptr %% 256 = %llu, %% 2MiB = %llu, range size %zu base==ptr %d",
+             sizes[i], rn(r), (unsigned long long)(ptrs[i] % 256),
+             (unsigned long long)(ptrs[i] % (2u << 20)), s, b == ptrs[i]);
     }
     r = cuMemAlloc(&dx, 0);
     FACT("cuMemAlloc(0) -> %s", rn(r));
     CUdeviceptr dd = ptrs[4];
-    pthread_t th; pthread_create(&th, NULL, no_ctx_thread, &dd); pthread_join(th, NULL);
+    pthread_t th;
+    pthread_create(&th, NULL, no_ctx_thread, &dd);
+    pthread_join(th, NULL);
 
     unsigned long long bid1 = 0, bid2 = 0;
     cuPointerGetAttribute(&bid1, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptrs[0]);
@@ -200,26 +240,41 @@ int main(int argc, char **argv) {
     CUmemorytype mt = 0;
     r = cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)hm);
     FACT("cuPointerGetAttribute(MEMORY_TYPE, malloc) -> %s", rn(r));
-    CUpointer_attribute pa[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_CONTEXT,
-                                CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_DEVICE_POINTER};
-    unsigned int a_mt = 77; int a_ord = 77; unsigned long long a_bid = 77; CUdeviceptr a_start = 77;
-    size_t a_size = 77; CUcontext a_ctx = (CUcontext)77; unsigned int a_man = 77; CUdeviceptr a_dp = 77;
+    CUpointer_attribute pa[] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_BUFFER_ID,   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE,  CU_POINTER_ATTRIBUTE_CONTEXT,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED,  CU_POINTER_ATTRIBUTE_DEVICE_POINTER};
+    unsigned int a_mt = 77;
+    int a_ord = 77;
+    unsigned long long a_bid = 77;
+    CUdeviceptr a_start = 77;
+    size_t a_size = 77;
+    CUcontext a_ctx = (CUcontext)77;
+    unsigned int a_man = 77;
+    CUdeviceptr a_dp = 77;
     void *pv[] = {&a_mt, &a_ord, &a_bid, &a_start, &a_size, &a_ctx, &a_man, &a_dp};
     r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)hm);
-    FACT("cuPointerGetAttributes(malloc) -> %s mt %u ord %d bid %llu start %llu size %zu ctx %p managed %u dptr %llu", rn(r),
-         a_mt, a_ord, a_bid, (unsigned long long)a_start, a_size, (void *)a_ctx, a_man, (unsigned long long)a_dp);
+    FACT(
+        "cuPointerGetAttributes(malloc) -> %s mt %u ord %d bid %llu start %llu size %zu ctx %p "
+        "managed %u dptr %llu",
+        rn(r), a_mt, a_ord, a_bid, (unsigned long long)a_start, a_size, (void *)a_ctx, a_man,
+        (unsigned long long)a_dp);
     r = cuPointerGetAttributes(8, pa, pv, ptrs[4] + 100);
-    FACT("cuPointerGetAttributes(device+100) -> %s mt %u ord %d start==base %d size %zu ctx==primary %d managed %u dptr==p %d", rn(r),
-         a_mt, a_ord, a_start == ptrs[4], a_size, a_ctx == ctx, a_man, a_dp == ptrs[4] + 100);
+    FACT(
+        "cuPointerGetAttributes(device+100) -> %s mt %u ord %d start==base %d size %zu "
+        "ctx==primary %d managed %u dptr==p %d",
+        rn(r), a_mt, a_ord, a_start == ptrs[4], a_size, a_ctx == ctx, a_man, a_dp == ptrs[4] + 100);
     r = cuMemHostRegister(hm + 100, 5000, 0);
     FACT("cuMemHostRegister(unaligned 5000) -> %s", rn(r));
     r = cuMemHostRegister(hm + 100, 5000, 0);
     FACT("cuMemHostRegister same range twice -> %s", rn(r));
     r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)(hm + 200));
-    FACT("cuPointerGetAttributes(registered+100) -> %s mt %u ord %d start==hm+100 %d size %zu dptr==host %d", rn(r),
-         a_mt, a_ord, a_start == (CUdeviceptr)(hm + 100), a_size, a_dp == (CUdeviceptr)(hm + 200));
+    FACT(
+        "cuPointerGetAttributes(registered+100) -> %s mt %u ord %d start==hm+100 %d size %zu "
+        "dptr==host %d",
+        rn(r), a_mt, a_ord, a_start == (CUdeviceptr)(hm + 100), a_size,
+        a_dp == (CUdeviceptr)(hm + 200));
     r = cuMemHostUnregister(hm + 100);
     FACT("cuMemHostUnregister -> %s", rn(r));
     r = cuMemHostUnregister(hm + 100);
@@ -227,7 +282,8 @@ int main(int argc, char **argv) {
     void *pin = NULL;
     r = cuMemHostAlloc(&pin, 1 << 20, 0);
     r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)pin);
-    FACT("cuPointerGetAttributes(cuMemHostAlloc) -> %s mt %u dptr==host %d size %zu", rn(r), a_mt, a_dp == (CUdeviceptr)pin, a_size);
+    FACT("cuPointerGetAttributes(cuMemHostAlloc) -> %s mt %u dptr==host %d size %zu", rn(r), a_mt,
+         a_dp == (CUdeviceptr)pin, a_size);
     int one = 1;
     r = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptrs[4]);
     FACT("cuPointerSetAttribute(SYNC_MEMOPS, device) -> %s", rn(r));
@@ -237,8 +293,10 @@ int main(int argc, char **argv) {
     FACT("cuPointerSetAttribute(SYNC_MEMOPS, pinned host) -> %s", rn(r));
 
     /* streams and events */
-    CUstream st; cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
-    CUevent ev; cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+    CUstream st;
+    cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
+    CUevent ev;
+    cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
     r = cuEventQuery(ev);
     FACT("cuEventQuery on a never-recorded event -> %s", rn(r));
     r = cuStreamQuery(st);
@@ -272,7 +330,8 @@ int main(int argc, char **argv) {
 
     /* dmabuf */
     int fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4], 64u << 20, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    r = cuMemGetHandleForAddressRange(&fd, ptrs[4], 64u << 20, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                      0);
     FACT("dmabuf whole 64 MiB allocation -> %s fd %d", rn(r), fd);
     if (r == CUDA_SUCCESS) {
         off_t end = lseek(fd, 0, SEEK_END);
@@ -283,15 +342,18 @@ int main(int argc, char **argv) {
         close(fd);
     }
     fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 65536, 65536, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 65536, 65536,
+                                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     FACT("dmabuf interior 64 KiB at +64 KiB -> %s", rn(r));
     if (fd >= 0) close(fd);
     fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 4096, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 4096, 4096,
+                                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     FACT("dmabuf interior 4 KiB at +4 KiB -> %s", rn(r));
     if (fd >= 0) close(fd);
     fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 100, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 100, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                      0);
     FACT("dmabuf unaligned start -> %s", rn(r));
     if (fd >= 0) close(fd);
     fd = -1;
@@ -311,24 +373,30 @@ int main(int argc, char **argv) {
     FACT("cuIpcOpenMemHandle in the exporting process -> %s", rn(r));
     r = cuIpcGetMemHandle(&h, (CUdeviceptr)pin);
     FACT("cuIpcGetMemHandle(pinned host) -> %s", rn(r));
-    char hex[129]; tohex(&h0, hex);
+    char hex[129];
+    tohex(&h0, hex);
     run_child(argv[0], "import", hex);
-    CUdeviceptr fresh = 0; cuMemAlloc(&fresh, 4u << 20);
-    cuMemsetD8(fresh, 0xa5, 4u << 20); cuCtxSynchronize();
+    CUdeviceptr fresh = 0;
+    cuMemAlloc(&fresh, 4u << 20);
+    cuMemsetD8(fresh, 0xa5, 4u << 20);
+    cuCtxSynchronize();
     CUipcMemHandle hf;
     r = cuIpcGetMemHandle(&hf, fresh);
     FACT("fresh 4 MiB allocation, cuIpcGetMemHandle -> %s (no self-open before the child)", rn(r));
     tohex(&hf, hex);
     run_child(argv[0], "import", hex);
     cuMemFree(fresh);
-    CUdeviceptr tmp; cuMemAlloc(&tmp, 1 << 20);
-    CUipcMemHandle hd; cuIpcGetMemHandle(&hd, tmp);
+    CUdeviceptr tmp;
+    cuMemAlloc(&tmp, 1 << 20);
+    CUipcMemHandle hd;
+    cuIpcGetMemHandle(&hd, tmp);
     cuMemFree(tmp);
     tohex(&hd, hex);
     run_child(argv[0], "import_dead", hex);
 
     /* VMM */
-    CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
@@ -345,8 +413,10 @@ int main(int argc, char **argv) {
         FACT("cuMemAddressReserve -> %s", rn(r));
         r = cuMemMap(va, gran, 0, ah, 0);
         FACT("cuMemMap -> %s", rn(r));
-        CUmemAccessDesc ad; memset(&ad, 0, sizeof ad);
-        ad.location = prop.location; ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CUmemAccessDesc ad;
+        memset(&ad, 0, sizeof ad);
+        ad.location = prop.location;
+        ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         r = cuMemcpyHtoD(va, pg, 16);
         FACT("copy to VMM before cuMemSetAccess -> %s", rn(r));
         r = cuMemSetAccess(va, gran, &ad, 1);
@@ -365,11 +435,14 @@ int main(int argc, char **argv) {
         FACT("dmabuf of VMM range -> %s", rn(r));
         if (fd >= 0) close(fd);
         if (xfd >= 0) {
-            cuMemsetD8(va, 0x3c, gran); cuCtxSynchronize();
-            char fds[16]; snprintf(fds, sizeof fds, "%d", xfd);
+            cuMemsetD8(va, 0x3c, gran);
+            cuCtxSynchronize();
+            char fds[16];
+            snprintf(fds, sizeof fds, "%d", xfd);
             run_child(argv[0], "vmm_import", fds);
             CUmemGenericAllocationHandle ih;
-            r = cuMemImportFromShareableHandle(&ih, (void *)(uintptr_t)xfd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            r = cuMemImportFromShareableHandle(&ih, (void *)(uintptr_t)xfd,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
             FACT("cuMemImportFromShareableHandle in the same process -> %s", rn(r));
             if (r == CUDA_SUCCESS) cuMemRelease(ih);
             close(xfd);
@@ -392,6 +465,7 @@ int main(int argc, char **argv) {
     FACT("cuDevicePrimaryCtxRelease -> %s", rn(r));
     r = cuDevicePrimaryCtxRelease(dev);
     FACT("cuDevicePrimaryCtxRelease again (refcount 0) -> %s", rn(r));
-    free(hm); free(pg);
+    free(hm);
+    free(pg);
     return 0;
 }

@@ -10,6 +10,7 @@ PKGS=(
     libhwloc-dev         # NUMA topology for CQ worker placement
     uthash-dev           # hash tables and lists
     libgtest-dev         # GoogleTest (prebuilt static libraries)
+    clang-format         # the formatting check (scripts/check_format.sh)
     clang                # libFuzzer for the control-plane fuzz target
     libclang-rt-14-dev
     python3              # test result counting

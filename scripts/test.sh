@@ -123,6 +123,10 @@ record "consumer workspace builds and runs against //verbs alone" $?
 record "consumer workspace cannot use //context (not visible)" $?
 ( cd tests/consumer && bazel --output_user_root="$HOME/.cache/bazel_consumer" shutdown )
 
+echo "== engine owners: planted //engine/tcp <-> //engine/rdma deps and *_internal.h includes fail"
+OTE_VIS_SCRATCH=$(mktemp -d) bash scripts/check_visibility.sh
+record "engine visibility (scripts/check_visibility.sh)" $?
+
 PASSED=$((PASSED + CHECKS_PASSED)) FAILED=$((FAILED + CHECKS_FAILED))
 echo
 echo "scripts/test.sh took $((SECONDS / 60)) min $((SECONDS % 60)) s"

@@ -25,8 +25,8 @@
 #include "tools/bench_lib.h"
 
 /* fork+exec this binary as --role target on loopback and read its report line. */
-int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t *child,
-                        char *addr, size_t addr_len, uint64_t *raddr, uint64_t *rlen) {
+int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t *child, char *addr,
+                        size_t addr_len, uint64_t *raddr, uint64_t *rlen) {
     char exe[4096];
     ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (el <= 0) {
@@ -42,8 +42,8 @@ int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t 
     char fd_s[16], size_s[32];
     snprintf(fd_s, sizeof fd_s, "%d", fds[1]);
     snprintf(size_s, sizeof size_s, "%" PRIu64, buffer_size);
-    char *argv[] = {exe,        "--role",        "target",  "--transport", (char *)o->transport,
-                    "--listen", "127.0.0.1:0",   "--buffer-size", size_s, "--report-fd",
+    char *argv[] = {exe,        "--role",      "target",        "--transport", (char *)o->transport,
+                    "--listen", "127.0.0.1:0", "--buffer-size", size_s,        "--report-fd",
                     fd_s,       NULL};
     fflush(stdout);
     fflush(stderr);
@@ -126,13 +126,11 @@ int bench__reap_child(child_t *c, bool asked_to_quit) {
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
     if (WIFEXITED(status))
-        fprintf(stderr, "ote_bench: the target child exited with status %d\n",
-                WEXITSTATUS(status));
+        fprintf(stderr, "ote_bench: the target child exited with status %d\n", WEXITSTATUS(status));
     else if (WIFSIGNALED(status))
         fprintf(stderr, "ote_bench: the target child died of signal %d\n", WTERMSIG(status));
     return 1;
 }
-
 
 /* Send a request to the target and wait for the reply with the same id. */
 int bench__ctl_call(ctl_client_t *c, bench_ctl_msg_t *req, bench_ctl_msg_t *rep) {
@@ -200,12 +198,9 @@ int bench__route_local_address(const char *target, char *out, size_t out_len) {
         /* A UDP connect sends nothing; it only picks the route and source address. */
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
             getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
-            getnameinfo((struct sockaddr *)&ss, sl, ip, sizeof ip, NULL, 0, NI_NUMERICHOST) ==
-                0) {
-            if (ss.ss_family == AF_INET6)
-                snprintf(out, out_len, "[%s]:0", ip);
-            else
-                snprintf(out, out_len, "%s:0", ip);
+            getnameinfo((struct sockaddr *)&ss, sl, ip, sizeof ip, NULL, 0, NI_NUMERICHOST) == 0) {
+            if (ss.ss_family == AF_INET6) snprintf(out, out_len, "[%s]:0", ip);
+            else snprintf(out, out_len, "%s:0", ip);
             rc = 0;
         }
         close(fd);
@@ -213,4 +208,3 @@ int bench__route_local_address(const char *target, char *out, size_t out_len) {
     freeaddrinfo(ai);
     return rc;
 }
-

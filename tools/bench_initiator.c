@@ -84,8 +84,7 @@ static int initiator_connect(initiator_t *in) {
         snprintf(listen, sizeof listen, "%s", o->listen[0] ? o->listen : "127.0.0.1:0");
     } else {
         snprintf(in->target, sizeof in->target, "%s", o->target);
-        if (o->listen[0] != '\0')
-            snprintf(listen, sizeof listen, "%s", o->listen);
+        if (o->listen[0] != '\0') snprintf(listen, sizeof listen, "%s", o->listen);
         else if (bench__route_local_address(o->target, listen, sizeof listen) != 0)
             listen[0] = '\0'; /* engine default */
         if (o->have_remote) {
@@ -106,7 +105,8 @@ static int initiator_connect(initiator_t *in) {
         bench__print_status(what, st);
         return -1;
     }
-    in->ctl = (ctl_client_t){.engine = in->engine, .seg = in->seg, .next_id = 0, .target = in->target};
+    in->ctl =
+        (ctl_client_t){.engine = in->engine, .seg = in->seg, .next_id = 0, .target = in->target};
     if (in->raddr == 0) {
         bench_ctl_msg_t req = {.verb = BENCH_CTL_INFO}, rep;
         if (bench__ctl_call(&in->ctl, &req, &rep) != 0) return -1;
@@ -139,8 +139,8 @@ static int initiator_buffer(initiator_t *in) {
     }
     if (strcmp(o->transport, "tcp") != 0) {
         /* TCP needs no registration of local buffers (ote.h); other transports do. */
-        ote_status_t st =
-            ote_memory_register(in->engine, in->local, (size_t)in->ws, OTE_PERM_READ | OTE_PERM_WRITE);
+        ote_status_t st = ote_memory_register(in->engine, in->local, (size_t)in->ws,
+                                              OTE_PERM_READ | OTE_PERM_WRITE);
         if (st != OTE_OK) {
             bench__print_status("ote_memory_register (local buffer)", st);
             return -1;
@@ -158,8 +158,9 @@ static void print_table_header(const initiator_t *in) {
            o->transport, bench_op_name(o->op), in->target,
            in->child.pid ? " (child on loopback)" : "",
            o->total_bytes ? "fixed bytes" : "fixed time", o->depth);
-    printf("# GB/s = 10^9 bytes/s; ops/s = requests/s; latency per batch (submit to "
-           "wait return), microseconds\n");
+    printf(
+        "# GB/s = 10^9 bytes/s; ops/s = requests/s; latency per batch (submit to "
+        "wait return), microseconds\n");
     bench_format_table_header(hdr, sizeof hdr);
     printf("%s\n", hdr);
     fflush(stdout);
@@ -207,10 +208,8 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
         res.check = check_destination(&r, &in->ctl, seed);
     }
     char line[512];
-    if (o->json)
-        bench_format_json(&res, line, sizeof line);
-    else
-        bench_format_table_row(&res, line, sizeof line);
+    if (o->json) bench_format_json(&res, line, sizeof line);
+    else bench_format_table_row(&res, line, sizeof line);
     printf("%s\n", line);
     fflush(stdout);
     return res.check == BENCH_CHECK_FAILED ? 1 : 0;
@@ -223,7 +222,8 @@ static int initiator_close(initiator_t *in, int rc) {
     ote_status_t st;
     bool quit_sent = false;
     if (in->child.pid > 0 && in->seg != NULL && !bench__stop) {
-        ctl_client_t q = {.engine = in->engine, .seg = in->seg, .next_id = 1000000, .target = in->target};
+        ctl_client_t q = {
+            .engine = in->engine, .seg = in->seg, .next_id = 1000000, .target = in->target};
         bench_ctl_msg_t req = {.verb = BENCH_CTL_QUIT}, rep;
         quit_sent = bench__ctl_call(&q, &req, &rep) == 0;
     }

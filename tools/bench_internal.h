@@ -27,7 +27,7 @@
 #include "base/lock.h"
 #include "tools/bench_lib.h"
 
-#define CTL_TIMEOUT_NS (60ull * OTE_NSEC_PER_SEC)  /* VERIFY of a large buffer takes a while */
+#define CTL_TIMEOUT_NS (60ull * OTE_NSEC_PER_SEC) /* VERIFY of a large buffer takes a while */
 #define SPAWN_TIMEOUT_NS (60ull * OTE_NSEC_PER_SEC)
 #define RECV_SLICE_NS (100ull * OTE_NSEC_PER_MSEC) /* how often waits look at signals */
 #define LAT_SAMPLES_TOTAL (1u << 22)               /* kept latency samples per result */
@@ -48,14 +48,13 @@ int bench__run_target(const bench_options_t *o);
 
 /* ---- bench_child.c ---- */
 typedef struct {
-    pid_t pid;   /* 0 when no child */
+    pid_t pid;    /* 0 when no child */
     int lifeline; /* read end of the report pipe, kept open while the child should live */
 } child_t;
 
-
 /* fork+exec this binary as --role target on loopback and read its report line. */
-int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t *child,
-                        char *addr, size_t addr_len, uint64_t *raddr, uint64_t *rlen);
+int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t *child, char *addr,
+                        size_t addr_len, uint64_t *raddr, uint64_t *rlen);
 /* Ends the child: it normally exits after QUIT; otherwise SIGTERM, then SIGKILL. Returns
  * the child's exit status (0 = clean), or 1 when it had to be killed. */
 int bench__reap_child(child_t *c, bool asked_to_quit);

@@ -30,8 +30,7 @@ static int set_err(char *err, size_t errlen, const char *fmt, ...) {
 
 /* Strict unsigned decimal (or 0x hex when base is 0); no sign, no junk, no overflow. */
 static int parse_u64(const char *s, int base, uint64_t *out) {
-    if (s == NULL || *s == '\0' || *s == '-' || *s == '+' || isspace((unsigned char)*s))
-        return -1;
+    if (s == NULL || *s == '\0' || *s == '-' || *s == '+' || isspace((unsigned char)*s)) return -1;
     errno = 0;
     char *end = NULL;
     unsigned long long v = strtoull(s, &end, base);
@@ -48,18 +47,32 @@ int bench_parse_size(const char *s, uint64_t *out) {
     if (errno != 0 || end == s) return -1;
     uint64_t mult = 1;
     switch (*end) {
-        case 'k': case 'K': mult = 1ull << 10; end++; break;
-        case 'm': case 'M': mult = 1ull << 20; end++; break;
-        case 'g': case 'G': mult = 1ull << 30; end++; break;
-        case 't': case 'T': mult = 1ull << 40; end++; break;
+        case 'k':
+        case 'K':
+            mult = 1ull << 10;
+            end++;
+            break;
+        case 'm':
+        case 'M':
+            mult = 1ull << 20;
+            end++;
+            break;
+        case 'g':
+        case 'G':
+            mult = 1ull << 30;
+            end++;
+            break;
+        case 't':
+        case 'T':
+            mult = 1ull << 40;
+            end++;
+            break;
         default: break;
     }
     if (mult != 1) {
         /* Accept "K", "KB", "KiB" (all binary). */
-        if ((end[0] == 'i' || end[0] == 'I') && (end[1] == 'b' || end[1] == 'B'))
-            end += 2;
-        else if (end[0] == 'b' || end[0] == 'B')
-            end += 1;
+        if ((end[0] == 'i' || end[0] == 'I') && (end[1] == 'b' || end[1] == 'B')) end += 2;
+        else if (end[0] == 'b' || end[0] == 'B') end += 1;
     } else if (end[0] == 'b' || end[0] == 'B') {
         end += 1; /* "4096B" */
     }
@@ -76,28 +89,21 @@ int bench_parse_duration(const char *s, uint64_t *ns_out) {
     double v = strtod(s, &end);
     if (errno != 0 || end == s || !isfinite(v) || v < 0) return -1;
     double scale;
-    if (strcmp(end, "") == 0 || strcmp(end, "s") == 0)
-        scale = 1e9;
-    else if (strcmp(end, "ms") == 0)
-        scale = 1e6;
-    else if (strcmp(end, "us") == 0)
-        scale = 1e3;
-    else if (strcmp(end, "ns") == 0)
-        scale = 1;
-    else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
-        scale = 60e9;
-    else if (strcmp(end, "h") == 0)
-        scale = 3600e9;
-    else
-        return -1;
+    if (strcmp(end, "") == 0 || strcmp(end, "s") == 0) scale = 1e9;
+    else if (strcmp(end, "ms") == 0) scale = 1e6;
+    else if (strcmp(end, "us") == 0) scale = 1e3;
+    else if (strcmp(end, "ns") == 0) scale = 1;
+    else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0) scale = 60e9;
+    else if (strcmp(end, "h") == 0) scale = 3600e9;
+    else return -1;
     double ns = v * scale;
     if (ns > 9e18) return -1;
     *ns_out = (uint64_t)(ns + 0.5);
     return 0;
 }
 
-int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t hi,
-                          uint64_t *vals, size_t *n_out, char *err, size_t errlen) {
+int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *vals,
+                          size_t *n_out, char *err, size_t errlen) {
     char lo_s[32], hi_s[32];
     bench_format_size(lo, lo_s, sizeof lo_s);
     bench_format_size(hi, hi_s, sizeof hi_s);
@@ -109,8 +115,8 @@ int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t
         size_t tl = comma ? (size_t)(comma - p) : strlen(p);
         char tok[64];
         if (tl == 0 || tl >= sizeof tok)
-            return set_err(err, errlen, "%s: '%s' is not a comma-separated list of values",
-                           name, s);
+            return set_err(err, errlen, "%s: '%s' is not a comma-separated list of values", name,
+                           s);
         memcpy(tok, p, tl);
         tok[tl] = '\0';
         uint64_t v;
@@ -120,8 +126,7 @@ int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t
                            "suffix)",
                            name, tok);
         if (v < lo || v > hi)
-            return set_err(err, errlen, "%s: %s is out of range [%s, %s]", name, tok, lo_s,
-                           hi_s);
+            return set_err(err, errlen, "%s: %s is out of range [%s, %s]", name, tok, lo_s, hi_s);
         if (n == BENCH_MAX_LIST)
             return set_err(err, errlen, "%s: more than %d values", name, BENCH_MAX_LIST);
         vals[n++] = v;
@@ -165,16 +170,12 @@ const char *bench_format_size(uint64_t v, char *buf, size_t len) {
         x >>= 10;
         u++;
     }
-    if (u < 0)
-        snprintf(buf, len, "%" PRIu64, v);
-    else
-        snprintf(buf, len, "%" PRIu64 "%c", x, units[u]);
+    if (u < 0) snprintf(buf, len, "%" PRIu64, v);
+    else snprintf(buf, len, "%" PRIu64 "%c", x, units[u]);
     return buf;
 }
 
-const char *bench_op_name(bench_op_t op) {
-    return op == BENCH_OP_READ ? "read" : "write";
-}
+const char *bench_op_name(bench_op_t op) { return op == BENCH_OP_READ ? "read" : "write"; }
 
 const char *bench_check_name(bench_check_t c) {
     switch (c) {
@@ -208,53 +209,54 @@ void bench_options_defaults(bench_options_t *o) {
 }
 
 const char *bench_usage(void) {
-    return
-        "Usage: ote_bench [options]                      measure against a target child on loopback\n"
-        "       ote_bench --role target [--listen H:P]   serve as the target of another host\n"
-        "       ote_bench --target H:P [options]         measure against that target\n"
-        "\n"
-        "Initiator options:\n"
-        "  --transport tcp|rdma     transport of both engines (default tcp)\n"
-        "  --op read|write          READ pulls from the target, WRITE pushes to it (default write)\n"
-        "  -b, --block-size LIST    bytes per request, K/M/G suffixes, comma list sweeps\n"
-        "                           (default 4K,64K,1M,16M; range 1..4G)\n"
-        "  -B, --batch-size LIST    requests per batch (default 16; range 1..4096)\n"
-        "  -t, --threads LIST       submitting threads (default 1; 1..64)\n"
-        "  --depth N                batches each thread keeps in flight, each with its own\n"
-        "                           slots of the buffer (default 1; 1..16)\n"
-        "  -d, --duration TIME      timed part of each result: 2, 2s, 500ms, 1m (default 2s)\n"
-        "  -n, --total-bytes SIZE   instead of --duration: move this many bytes per result\n"
-        "  -c, --check              fill the source with a pattern and verify every byte of\n"
-        "                           the destination after the run (WRITE: the target checks\n"
-        "                           its own memory; READ: this process checks)\n"
-        "  -j, --json               one JSON object per result line on stdout, no table\n"
-        "  --warmup N               untimed batches per thread before each result (default 1)\n"
-        "  --timeout TIME           deadline of one batch (default 60s)\n"
-        "  --no-progress            no progress line on stderr (shown only on a terminal)\n"
-        "  --target HOST:PORT       a target started with --role target (no child is spawned)\n"
-        "  --remote-addr ADDR       the target's buffer address as it printed it; with\n"
-        "  --remote-len SIZE        --remote-len, skips asking the target for them\n"
-        "  --listen HOST:PORT       this engine's listen address; the target sends its replies\n"
-        "                           here (default: 127.0.0.1:0 with a child target, else the\n"
-        "                           local address that routes to --target, port 0)\n"
-        "  --advertise HOST:PORT    address reported to peers when listening on a wildcard\n"
-        "  --buffer-size SIZE       registered buffer of the spawned target (default: just\n"
-        "                           enough for the largest threads*depth*batch*block)\n"
-        "\n"
-        "Target options (--role target):\n"
-        "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
-        "  --advertise HOST:PORT    address to report (default: the listen address)\n"
-        "  --buffer-size SIZE       buffer registered for READ and WRITE (default 1G)\n"
-        "  --transport tcp|rdma\n"
-        "The target prints one line 'OTEB1 TARGET <host:port> <buffer address> <length>' and\n"
-        "serves until interrupted. An initiator asks it for the buffer through an OrbitTE\n"
-        "notification, so it must be reachable from the target (--listen/--advertise), or\n"
-        "pass --remote-addr/--remote-len as printed (then --check still needs replies).\n"
-        "\n"
-        "Latency is per batch: from ote_batch_submit to the return of ote_batch_wait (with\n"
-        "--depth > 1 it includes waiting behind the batches submitted before it).\n"
-        "GB/s is 10^9 bytes per second; ops/s counts requests. Exit status: 0 ok, 1 a\n"
-        "transfer or --check failed, 2 bad usage.\n";
+    return "Usage: ote_bench [options]                      measure against a target child on "
+           "loopback\n"
+           "       ote_bench --role target [--listen H:P]   serve as the target of another host\n"
+           "       ote_bench --target H:P [options]         measure against that target\n"
+           "\n"
+           "Initiator options:\n"
+           "  --transport tcp|rdma     transport of both engines (default tcp)\n"
+           "  --op read|write          READ pulls from the target, WRITE pushes to it (default "
+           "write)\n"
+           "  -b, --block-size LIST    bytes per request, K/M/G suffixes, comma list sweeps\n"
+           "                           (default 4K,64K,1M,16M; range 1..4G)\n"
+           "  -B, --batch-size LIST    requests per batch (default 16; range 1..4096)\n"
+           "  -t, --threads LIST       submitting threads (default 1; 1..64)\n"
+           "  --depth N                batches each thread keeps in flight, each with its own\n"
+           "                           slots of the buffer (default 1; 1..16)\n"
+           "  -d, --duration TIME      timed part of each result: 2, 2s, 500ms, 1m (default 2s)\n"
+           "  -n, --total-bytes SIZE   instead of --duration: move this many bytes per result\n"
+           "  -c, --check              fill the source with a pattern and verify every byte of\n"
+           "                           the destination after the run (WRITE: the target checks\n"
+           "                           its own memory; READ: this process checks)\n"
+           "  -j, --json               one JSON object per result line on stdout, no table\n"
+           "  --warmup N               untimed batches per thread before each result (default 1)\n"
+           "  --timeout TIME           deadline of one batch (default 60s)\n"
+           "  --no-progress            no progress line on stderr (shown only on a terminal)\n"
+           "  --target HOST:PORT       a target started with --role target (no child is spawned)\n"
+           "  --remote-addr ADDR       the target's buffer address as it printed it; with\n"
+           "  --remote-len SIZE        --remote-len, skips asking the target for them\n"
+           "  --listen HOST:PORT       this engine's listen address; the target sends its replies\n"
+           "                           here (default: 127.0.0.1:0 with a child target, else the\n"
+           "                           local address that routes to --target, port 0)\n"
+           "  --advertise HOST:PORT    address reported to peers when listening on a wildcard\n"
+           "  --buffer-size SIZE       registered buffer of the spawned target (default: just\n"
+           "                           enough for the largest threads*depth*batch*block)\n"
+           "\n"
+           "Target options (--role target):\n"
+           "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
+           "  --advertise HOST:PORT    address to report (default: the listen address)\n"
+           "  --buffer-size SIZE       buffer registered for READ and WRITE (default 1G)\n"
+           "  --transport tcp|rdma\n"
+           "The target prints one line 'OTEB1 TARGET <host:port> <buffer address> <length>' and\n"
+           "serves until interrupted. An initiator asks it for the buffer through an OrbitTE\n"
+           "notification, so it must be reachable from the target (--listen/--advertise), or\n"
+           "pass --remote-addr/--remote-len as printed (then --check still needs replies).\n"
+           "\n"
+           "Latency is per batch: from ote_batch_submit to the return of ote_batch_wait (with\n"
+           "--depth > 1 it includes waiting behind the batches submitted before it).\n"
+           "GB/s is 10^9 bytes per second; ops/s counts requests. Exit status: 0 ok, 1 a\n"
+           "transfer or --check failed, 2 bad usage.\n";
 }
 
 enum {
@@ -299,15 +301,13 @@ uint64_t bench_working_set(const bench_options_t *o) {
 
 /* Options of role, addresses, transport and operation.
  * Returns 0, -1 after set_err, or 1 when c is not one of them. */
-static int parse_where_and_what(int c, const char *arg, bench_options_t *o, char *err, size_t errlen) {
+static int parse_where_and_what(int c, const char *arg, bench_options_t *o, char *err,
+                                size_t errlen) {
     switch (c) {
         case OPT_ROLE:
-            if (strcmp(arg, "target") == 0)
-                o->role = BENCH_ROLE_TARGET;
-            else if (strcmp(arg, "initiator") == 0)
-                o->role = BENCH_ROLE_INITIATOR;
-            else
-                return set_err(err, errlen, "--role: '%s' is not initiator or target", arg);
+            if (strcmp(arg, "target") == 0) o->role = BENCH_ROLE_TARGET;
+            else if (strcmp(arg, "initiator") == 0) o->role = BENCH_ROLE_INITIATOR;
+            else return set_err(err, errlen, "--role: '%s' is not initiator or target", arg);
             break;
         case OPT_TARGET:
             if (copy_addr("--target", arg, o->target, err, errlen) != 0) return -1;
@@ -324,15 +324,11 @@ static int parse_where_and_what(int c, const char *arg, bench_options_t *o, char
             snprintf(o->transport, sizeof o->transport, "%s", arg);
             break;
         case OPT_OP:
-            if (strcmp(arg, "read") == 0)
-                o->op = BENCH_OP_READ;
-            else if (strcmp(arg, "write") == 0)
-                o->op = BENCH_OP_WRITE;
-            else
-                return set_err(err, errlen, "--op: '%s' is not read or write", arg);
+            if (strcmp(arg, "read") == 0) o->op = BENCH_OP_READ;
+            else if (strcmp(arg, "write") == 0) o->op = BENCH_OP_WRITE;
+            else return set_err(err, errlen, "--op: '%s' is not read or write", arg);
             break;
-        default:
-            return 1;
+        default: return 1;
     }
     return 0;
 }
@@ -343,13 +339,13 @@ static int parse_shape(int c, const char *arg, bench_options_t *o, char *err, si
     uint64_t v;
     switch (c) {
         case 'b':
-            if (bench_parse_size_list("--block-size", arg, 1, BENCH_BLOCK_MAX,
-                                      o->block_sizes, &o->n_block_sizes, err, errlen) != 0)
+            if (bench_parse_size_list("--block-size", arg, 1, BENCH_BLOCK_MAX, o->block_sizes,
+                                      &o->n_block_sizes, err, errlen) != 0)
                 return -1;
             break;
         case 'B':
-            if (bench_parse_size_list("--batch-size", arg, 1, BENCH_BATCH_MAX,
-                                      o->batch_sizes, &o->n_batch_sizes, err, errlen) != 0)
+            if (bench_parse_size_list("--batch-size", arg, 1, BENCH_BATCH_MAX, o->batch_sizes,
+                                      &o->n_batch_sizes, err, errlen) != 0)
                 return -1;
             break;
         case 't':
@@ -360,8 +356,7 @@ static int parse_shape(int c, const char *arg, bench_options_t *o, char *err, si
         case 'd':
             if (bench_parse_duration(arg, &v) != 0)
                 return set_err(err, errlen,
-                               "--duration: '%s' is not a duration (e.g. 2, 2s, 500ms, 1m)",
-                               arg);
+                               "--duration: '%s' is not a duration (e.g. 2, 2s, 500ms, 1m)", arg);
             if (v < 1000000ull || v > 86400ull * 1000000000ull)
                 return set_err(err, errlen, "--duration: %s is out of range [1ms, 24h]", arg);
             o->duration_ns = v;
@@ -373,22 +368,18 @@ static int parse_shape(int c, const char *arg, bench_options_t *o, char *err, si
                                "K/M/G/T suffix)",
                                arg);
             if (v == 0 || v > (1ull << 50))
-                return set_err(err, errlen, "--total-bytes: %s is out of range [1, 1024T]",
-                               arg);
+                return set_err(err, errlen, "--total-bytes: %s is out of range [1, 1024T]", arg);
             o->total_bytes = v;
             break;
         case OPT_WARMUP:
             if (parse_u64(arg, 10, &v) != 0 || v > 1000000)
-                return set_err(err, errlen, "--warmup: '%s' is not a count in [0, 1000000]",
-                               arg);
+                return set_err(err, errlen, "--warmup: '%s' is not a count in [0, 1000000]", arg);
             o->warmup_batches = v;
             break;
         case OPT_TIMEOUT:
-            if (bench_parse_duration(arg, &v) != 0 || v < 1000000ull ||
-                v > 3600ull * 1000000000ull)
+            if (bench_parse_duration(arg, &v) != 0 || v < 1000000ull || v > 3600ull * 1000000000ull)
                 return set_err(err, errlen,
-                               "--timeout: '%s' is not a duration in [1ms, 1h] (e.g. 30s)",
-                               arg);
+                               "--timeout: '%s' is not a duration in [1ms, 1h] (e.g. 30s)", arg);
             o->timeout_ns = v;
             break;
         case OPT_DEPTH:
@@ -397,26 +388,20 @@ static int parse_shape(int c, const char *arg, bench_options_t *o, char *err, si
                                BENCH_DEPTH_MAX);
             o->depth = v;
             break;
-        default:
-            return 1;
+        default: return 1;
     }
     return 0;
 }
 
 /* Options of output, checking, the remote buffer and internals.
  * Returns 0, -1 after set_err, or 1 when c is not one of them. */
-static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, char *err, size_t errlen) {
+static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, char *err,
+                                   size_t errlen) {
     uint64_t v;
     switch (c) {
-        case 'c':
-            o->check = true;
-            break;
-        case 'j':
-            o->json = true;
-            break;
-        case OPT_NO_PROGRESS:
-            o->progress = false;
-            break;
+        case 'c': o->check = true; break;
+        case 'j': o->json = true; break;
+        case OPT_NO_PROGRESS: o->progress = false; break;
         case OPT_REMOTE_ADDR:
             if (parse_u64(arg, 0, &v) != 0 || v == 0)
                 return set_err(err, errlen,
@@ -431,10 +416,8 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
             o->remote_len = v;
             break;
         case OPT_BUFFER_SIZE:
-            if (bench_parse_size(arg, &v) != 0 || v < BENCH_BUFFER_MIN ||
-                v > BENCH_BUFFER_MAX)
-                return set_err(err, errlen,
-                               "--buffer-size: '%s' is not a size in [4K, 1T]", arg);
+            if (bench_parse_size(arg, &v) != 0 || v < BENCH_BUFFER_MIN || v > BENCH_BUFFER_MAX)
+                return set_err(err, errlen, "--buffer-size: '%s' is not a size in [4K, 1T]", arg);
             o->buffer_size = v;
             break;
         case OPT_REPORT_FD:
@@ -442,11 +425,8 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
                 return set_err(err, errlen, "--report-fd: '%s' is not a descriptor", arg);
             o->report_fd = (int)v;
             break;
-        case OPT_TEST_CORRUPT:
-            o->test_corrupt = true;
-            break;
-        default:
-            return 1;
+        case OPT_TEST_CORRUPT: o->test_corrupt = true; break;
+        default: return 1;
     }
     return 0;
 }
@@ -457,13 +437,20 @@ static int check_target_options(const bool *seen, bench_options_t *o, char *err,
         int opt;
         const char *name;
     } initiator_only[] = {
-        {OPT_TARGET, "--target"},   {OPT_OP, "--op"},
-        {'b', "--block-size"},      {'B', "--batch-size"},
-        {'t', "--threads"},         {'d', "--duration"},
-        {'n', "--total-bytes"},     {'c', "--check"},
-        {'j', "--json"},            {OPT_WARMUP, "--warmup"},
-        {OPT_TIMEOUT, "--timeout"}, {OPT_REMOTE_ADDR, "--remote-addr"},
-        {OPT_REMOTE_LEN, "--remote-len"}, {OPT_TEST_CORRUPT, "--test-corrupt"},
+        {OPT_TARGET, "--target"},
+        {OPT_OP, "--op"},
+        {'b', "--block-size"},
+        {'B', "--batch-size"},
+        {'t', "--threads"},
+        {'d', "--duration"},
+        {'n', "--total-bytes"},
+        {'c', "--check"},
+        {'j', "--json"},
+        {OPT_WARMUP, "--warmup"},
+        {OPT_TIMEOUT, "--timeout"},
+        {OPT_REMOTE_ADDR, "--remote-addr"},
+        {OPT_REMOTE_LEN, "--remote-len"},
+        {OPT_TEST_CORRUPT, "--test-corrupt"},
         {OPT_DEPTH, "--depth"},
     };
     for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
@@ -485,11 +472,13 @@ static int check_initiator_options(const bool *seen, bench_options_t *o, char *e
     if (seen[OPT_REMOTE_ADDR] != seen[OPT_REMOTE_LEN])
         return set_err(err, errlen, "--remote-addr and --remote-len go together");
     if (seen[OPT_REMOTE_ADDR] && o->target[0] == '\0')
-        return set_err(err, errlen, "--remote-addr needs --target (a spawned target reports its buffer itself)");
+        return set_err(err, errlen,
+                       "--remote-addr needs --target (a spawned target reports its buffer itself)");
     o->have_remote = seen[OPT_REMOTE_ADDR];
     if (seen[OPT_BUFFER_SIZE] && o->target[0] != '\0')
-        return set_err(err, errlen,
-                       "--buffer-size sizes a spawned target; give it to the --role target process");
+        return set_err(
+            err, errlen,
+            "--buffer-size sizes a spawned target; give it to the --role target process");
     uint64_t ws = bench_working_set(o);
     char a[32], b[32];
     if (ws > BENCH_WORKING_SET_MAX)
@@ -499,15 +488,13 @@ static int check_initiator_options(const bool *seen, bench_options_t *o, char *e
                        bench_format_size(ws, a, sizeof a),
                        bench_format_size(BENCH_WORKING_SET_MAX, b, sizeof b));
     if (o->have_remote && ws > o->remote_len)
-        return set_err(err, errlen,
-                       "threads * depth * batch * block = %s bytes does not fit --remote-len %s",
-                       bench_format_size(ws, a, sizeof a),
-                       bench_format_size(o->remote_len, b, sizeof b));
+        return set_err(
+            err, errlen, "threads * depth * batch * block = %s bytes does not fit --remote-len %s",
+            bench_format_size(ws, a, sizeof a), bench_format_size(o->remote_len, b, sizeof b));
     if (seen[OPT_BUFFER_SIZE] && o->buffer_size < ws)
-        return set_err(err, errlen,
-                       "--buffer-size %s is smaller than threads * depth * batch * block = %s",
-                       bench_format_size(o->buffer_size, a, sizeof a),
-                       bench_format_size(ws, b, sizeof b));
+        return set_err(
+            err, errlen, "--buffer-size %s is smaller than threads * depth * batch * block = %s",
+            bench_format_size(o->buffer_size, a, sizeof a), bench_format_size(ws, b, sizeof b));
     return 0;
 }
 
@@ -609,9 +596,7 @@ double bench_result_ops_per_sec(const bench_result_t *r) {
 }
 
 /* JSON has no NaN or infinity. */
-static double finite_or_zero(double v) {
-    return isfinite(v) ? v : 0.0;
-}
+static double finite_or_zero(double v) { return isfinite(v) ? v : 0.0; }
 
 int bench_format_json(const bench_result_t *r, char *buf, size_t len) {
     return snprintf(buf, len,
@@ -628,19 +613,18 @@ int bench_format_json(const bench_result_t *r, char *buf, size_t len) {
 }
 
 int bench_format_table_header(char *buf, size_t len) {
-    return snprintf(buf, len, "%-5s %8s %6s %7s %9s %12s %10s %10s %10s %10s  %s", "op",
-                    "block", "batch", "threads", "GB/s", "ops/s", "avg_us", "p50_us", "p99_us",
-                    "p99.9_us", "check");
+    return snprintf(buf, len, "%-5s %8s %6s %7s %9s %12s %10s %10s %10s %10s  %s", "op", "block",
+                    "batch", "threads", "GB/s", "ops/s", "avg_us", "p50_us", "p99_us", "p99.9_us",
+                    "check");
 }
 
 int bench_format_table_row(const bench_result_t *r, char *buf, size_t len) {
     char bs[32];
-    return snprintf(buf, len,
-                    "%-5s %8s %6" PRIu64 " %7" PRIu64 " %9.3f %12.0f %10.1f %10.1f %10.1f %10.1f  %s",
-                    bench_op_name(r->op), bench_format_size(r->block_size, bs, sizeof bs),
-                    r->batch_size, r->threads, bench_result_gbps(r), bench_result_ops_per_sec(r),
-                    r->lat.avg_us, r->lat.p50_us, r->lat.p99_us, r->lat.p999_us,
-                    bench_check_name(r->check));
+    return snprintf(
+        buf, len, "%-5s %8s %6" PRIu64 " %7" PRIu64 " %9.3f %12.0f %10.1f %10.1f %10.1f %10.1f  %s",
+        bench_op_name(r->op), bench_format_size(r->block_size, bs, sizeof bs), r->batch_size,
+        r->threads, bench_result_gbps(r), bench_result_ops_per_sec(r), r->lat.avg_us, r->lat.p50_us,
+        r->lat.p99_us, r->lat.p999_us, bench_check_name(r->check));
 }
 
 /* ---- pattern ---- */
@@ -706,9 +690,9 @@ bad_byte:
 /* ---- control messages ---- */
 
 static const char *const verb_names[] = {
-    [BENCH_CTL_INFO] = "INFO", [BENCH_CTL_FILL] = "FILL",     [BENCH_CTL_ZERO] = "ZERO",
+    [BENCH_CTL_INFO] = "INFO",     [BENCH_CTL_FILL] = "FILL", [BENCH_CTL_ZERO] = "ZERO",
     [BENCH_CTL_VERIFY] = "VERIFY", [BENCH_CTL_QUIT] = "QUIT", [BENCH_CTL_OK] = "OK",
-    [BENCH_CTL_BAD] = "BAD",   [BENCH_CTL_ERR] = "ERR",
+    [BENCH_CTL_BAD] = "BAD",       [BENCH_CTL_ERR] = "ERR",
 };
 #define N_VERBS (sizeof verb_names / sizeof verb_names[0])
 
@@ -719,8 +703,8 @@ int bench_ctl_format(const bench_ctl_msg_t *m, char *buf, size_t len) {
     switch (m->verb) {
         case BENCH_CTL_FILL:
         case BENCH_CTL_VERIFY:
-            n = snprintf(buf, len, "OTEB1 %" PRIu64 " %s %" PRIu64 " %" PRIu64 " %" PRIu64,
-                         m->id, v, m->a, m->b, m->c);
+            n = snprintf(buf, len, "OTEB1 %" PRIu64 " %s %" PRIu64 " %" PRIu64 " %" PRIu64, m->id,
+                         v, m->a, m->b, m->c);
             break;
         case BENCH_CTL_ZERO:
         case BENCH_CTL_OK:
@@ -733,9 +717,7 @@ int bench_ctl_format(const bench_ctl_msg_t *m, char *buf, size_t len) {
         case BENCH_CTL_ERR:
             n = snprintf(buf, len, "OTEB1 %" PRIu64 " %s %s", m->id, v, m->text);
             break;
-        default:
-            n = snprintf(buf, len, "OTEB1 %" PRIu64 " %s", m->id, v);
-            break;
+        default: n = snprintf(buf, len, "OTEB1 %" PRIu64 " %s", m->id, v); break;
     }
     if (n < 0 || (size_t)n >= len) return -1;
     return n;
@@ -774,7 +756,10 @@ int bench_ctl_parse(const char *buf, size_t len, bench_ctl_msg_t *out) {
         case BENCH_CTL_FILL:
         case BENCH_CTL_VERIFY: want_min = want_max = 3; break;
         case BENCH_CTL_ZERO: want_min = want_max = 2; break;
-        case BENCH_CTL_OK: want_min = 0; want_max = 2; break;
+        case BENCH_CTL_OK:
+            want_min = 0;
+            want_max = 2;
+            break;
         case BENCH_CTL_BAD: want_min = want_max = 1; break;
         default: want_min = want_max = 0; break;
     }
@@ -792,14 +777,14 @@ int bench_ctl_parse(const char *buf, size_t len, bench_ctl_msg_t *out) {
 
 int bench_report_format(const char *address, uint64_t buf_addr, uint64_t buf_len, char *out,
                         size_t len) {
-    int n = snprintf(out, len, "OTEB1 TARGET %s 0x%" PRIx64 " %" PRIu64, address, buf_addr,
-                     buf_len);
+    int n =
+        snprintf(out, len, "OTEB1 TARGET %s 0x%" PRIx64 " %" PRIu64, address, buf_addr, buf_len);
     if (n < 0 || (size_t)n >= len) return -1;
     return n;
 }
 
-int bench_report_parse(const char *line, char *address, size_t address_len,
-                       uint64_t *buf_addr_out, uint64_t *buf_len_out) {
+int bench_report_parse(const char *line, char *address, size_t address_len, uint64_t *buf_addr_out,
+                       uint64_t *buf_len_out) {
     char copy[BENCH_ADDR_MAX + 96];
     if (line == NULL || strlen(line) >= sizeof copy) return -1;
     snprintf(copy, sizeof copy, "%s", line);

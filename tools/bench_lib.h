@@ -25,7 +25,7 @@ extern "C" {
 #define BENCH_ADDR_MAX 256
 
 /* Ranges checked by bench_options_parse(). */
-#define BENCH_BLOCK_MAX (4ull << 30)        /* one request: 4 GiB */
+#define BENCH_BLOCK_MAX (4ull << 30) /* one request: 4 GiB */
 #define BENCH_BATCH_MAX 4096ull
 #define BENCH_THREADS_MAX 64ull
 #define BENCH_DEPTH_MAX 16ull
@@ -39,7 +39,7 @@ typedef enum { BENCH_CHECK_OFF = 0, BENCH_CHECK_OK = 1, BENCH_CHECK_FAILED = 2 }
 
 typedef struct {
     bench_role_t role;
-    char transport[16];         /* "tcp" or "rdma" */
+    char transport[16]; /* "tcp" or "rdma" */
     bench_op_t op;
     uint64_t block_sizes[BENCH_MAX_LIST];
     size_t n_block_sizes;
@@ -47,23 +47,23 @@ typedef struct {
     size_t n_batch_sizes;
     uint64_t threads[BENCH_MAX_LIST];
     size_t n_threads;
-    uint64_t depth;             /* batches in flight per thread */
-    uint64_t duration_ns;       /* per result; 0 when total_bytes is used */
-    uint64_t total_bytes;       /* per result; 0 when duration_ns is used */
-    uint64_t warmup_batches;    /* per thread, before timing */
-    uint64_t timeout_ns;        /* deadline of one batch */
+    uint64_t depth;          /* batches in flight per thread */
+    uint64_t duration_ns;    /* per result; 0 when total_bytes is used */
+    uint64_t total_bytes;    /* per result; 0 when duration_ns is used */
+    uint64_t warmup_batches; /* per thread, before timing */
+    uint64_t timeout_ns;     /* deadline of one batch */
     bool check;
     bool json;
-    bool progress;              /* false with --no-progress */
+    bool progress;                  /* false with --no-progress */
     char target[BENCH_ADDR_MAX];    /* "" = start a target child on loopback */
     char listen[BENCH_ADDR_MAX];    /* "" = default */
     char advertise[BENCH_ADDR_MAX]; /* "" = default */
-    bool have_remote;           /* --remote-addr and --remote-len given */
+    bool have_remote;               /* --remote-addr and --remote-len given */
     uint64_t remote_addr;
     uint64_t remote_len;
-    uint64_t buffer_size;       /* target: registered buffer; 0 = default/automatic */
-    int report_fd;              /* internal: target writes its report line here; -1 none */
-    bool test_corrupt;          /* internal: damage one byte so --check must fail */
+    uint64_t buffer_size; /* target: registered buffer; 0 = default/automatic */
+    int report_fd;        /* internal: target writes its report line here; -1 none */
+    bool test_corrupt;    /* internal: damage one byte so --check must fail */
 } bench_options_t;
 
 /* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, depth 1,
@@ -88,8 +88,8 @@ int bench_parse_size(const char *s, uint64_t *out);
 /* "2", "2s", "1.5s", "500ms", "250us", "2m". Returns 0 and sets *ns_out, or -1. */
 int bench_parse_duration(const char *s, uint64_t *ns_out);
 /* Comma list of sizes, each in [lo, hi]. Returns 0, or -1 with a reason in err. */
-int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t hi,
-                          uint64_t *vals, size_t *n_out, char *err, size_t errlen);
+int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *vals,
+                          size_t *n_out, char *err, size_t errlen);
 /* Split "host:port" or "[v6]:port" into host (without brackets) and port. Returns 0, or
  * -1 when malformed (no port, port out of 0..65535, empty host). */
 int bench_split_hostport(const char *s, char *host, size_t host_len, uint16_t *port_out);
@@ -120,10 +120,10 @@ typedef struct {
     uint64_t block_size;
     uint64_t batch_size;
     uint64_t threads;
-    uint64_t bytes;        /* bytes moved in the timed part */
-    uint64_t requests;     /* requests completed in the timed part */
+    uint64_t bytes;    /* bytes moved in the timed part */
+    uint64_t requests; /* requests completed in the timed part */
     double seconds;
-    bench_latency_t lat;   /* per batch */
+    bench_latency_t lat; /* per batch */
     bench_check_t check;
 } bench_result_t;
 
@@ -181,8 +181,8 @@ int bench_ctl_parse(const char *buf, size_t len, bench_ctl_msg_t *out);
 
 int bench_report_format(const char *address, uint64_t buf_addr, uint64_t buf_len, char *out,
                         size_t len);
-int bench_report_parse(const char *line, char *address, size_t address_len,
-                       uint64_t *buf_addr_out, uint64_t *buf_len_out);
+int bench_report_parse(const char *line, char *address, size_t address_len, uint64_t *buf_addr_out,
+                       uint64_t *buf_len_out);
 
 #ifdef __cplusplus
 }

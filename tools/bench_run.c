@@ -27,14 +27,14 @@ struct bench_worker {
     size_t idx;
     pthread_t tid;
     ote_batch_t *batches[BENCH_DEPTH_MAX];
-    ote_request_t *reqs;                /* depth * batch requests, batch d at d * batch */
-    uint64_t t0[BENCH_DEPTH_MAX];       /* submit time of batch d */
-    size_t n_in[BENCH_DEPTH_MAX];       /* requests of batch d in flight (0 = idle) */
-    uint64_t covered[BENCH_DEPTH_MAX];  /* most requests batch d submitted at once */
-    uint64_t *lat;                      /* kept samples (ns) */
+    ote_request_t *reqs;               /* depth * batch requests, batch d at d * batch */
+    uint64_t t0[BENCH_DEPTH_MAX];      /* submit time of batch d */
+    size_t n_in[BENCH_DEPTH_MAX];      /* requests of batch d in flight (0 = idle) */
+    uint64_t covered[BENCH_DEPTH_MAX]; /* most requests batch d submitted at once */
+    uint64_t *lat;                     /* kept samples (ns) */
     size_t lat_cap;
     size_t lat_n;
-    uint64_t lat_count;                 /* samples taken */
+    uint64_t lat_count; /* samples taken */
     uint64_t lat_sum;
     uint64_t rng;
     uint64_t bytes;
@@ -43,7 +43,6 @@ struct bench_worker {
     ote_status_t err;
     char err_what[96];
 };
-
 
 static uint64_t xorshift(uint64_t *s) {
     uint64_t x = *s;
@@ -95,8 +94,7 @@ static int batch_finish(worker_t *w, size_t d, bool timed) {
             if (ote_batch_status(b, i, &ts) == OTE_OK && ts.state != OTE_TRANSFER_COMPLETED &&
                 ts.error != OTE_OK) {
                 char what[96];
-                snprintf(what, sizeof what, "request %zu of a batch (state %d)", i,
-                         (int)ts.state);
+                snprintf(what, sizeof what, "request %zu of a batch (state %d)", i, (int)ts.state);
                 worker_fail(w, what, ts.error);
                 return -1;
             }
@@ -142,7 +140,8 @@ static void *worker_main(void *arg) {
     worker_t *w = arg;
     run_t *r = w->run;
     /* Warm-up: every batch once per round, untimed. */
-    for (uint64_t i = 0; i < r->o->warmup_batches && !atomic_load(&r->failed) && !bench__stop; i++) {
+    for (uint64_t i = 0; i < r->o->warmup_batches && !atomic_load(&r->failed) && !bench__stop;
+         i++) {
         size_t d = (size_t)(i % r->depth);
         if (batch_start(w, d, (size_t)r->batch) != 0 || batch_finish(w, d, false) != 0) break;
     }
@@ -336,9 +335,8 @@ int bench__run_one(run_t *r, ote_engine_t *engine, bench_result_t *res) {
         for (size_t d = 0; d < r->depth; d++) r->covered[t * r->depth + d] = w->covered[d];
         if (w->err != OTE_OK) {
             char bs[32], what[160];
-            snprintf(what, sizeof what, "%s %s x%" PRIu64 " thread %zu: %s",
-                     bench_op_name(o->op), bench_format_size(r->block, bs, sizeof bs), r->batch,
-                     t, w->err_what);
+            snprintf(what, sizeof what, "%s %s x%" PRIu64 " thread %zu: %s", bench_op_name(o->op),
+                     bench_format_size(r->block, bs, sizeof bs), r->batch, t, w->err_what);
             bench__print_status(what, w->err);
         }
     }
@@ -375,4 +373,3 @@ err_free:
     free_workers(r);
     return rc;
 }
-

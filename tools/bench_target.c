@@ -56,8 +56,7 @@ static void target_reply(target_t *t, const char *from, const bench_ctl_msg_t *r
             ote_segment_t *seg = NULL;
             ote_status_t st = ote_segment_open(t->engine, from, &seg);
             if (st != OTE_OK) {
-                fprintf(stderr, "ote_bench: target: cannot reach initiator '%s' to reply\n",
-                        from);
+                fprintf(stderr, "ote_bench: target: cannot reach initiator '%s' to reply\n", from);
                 bench__print_status("target: ote_segment_open", st);
                 return;
             }
@@ -107,9 +106,7 @@ static bool target_handle(target_t *t, const char *from, const bench_ctl_msg_t *
             }
             break;
         }
-        case BENCH_CTL_QUIT:
-            quit = true;
-            break;
+        case BENCH_CTL_QUIT: quit = true; break;
         default:
             rep.verb = BENCH_CTL_ERR;
             snprintf(rep.text, sizeof rep.text, "unexpected request");
@@ -185,9 +182,10 @@ int bench__run_target(const bench_options_t *o) {
         if (write_all(o->report_fd, line, (size_t)n + 1) != 0) goto err_unregister;
     } else {
         printf("%s\n", line);
-        printf("# target ready: run `ote_bench --target %s` on the initiator (a wildcard "
-               "address means: use this host's name or IP with that port); Ctrl-C stops\n",
-               addr);
+        printf(
+            "# target ready: run `ote_bench --target %s` on the initiator (a wildcard "
+            "address means: use this host's name or IP with that port); Ctrl-C stops\n",
+            addr);
         fflush(stdout);
     }
 

@@ -20,14 +20,39 @@
 #include "verbs/fault_internal.h"
 
 static const char *const g_op_names[OTE_VERBS_FAULT_OP_COUNT] = {
-    "get_device_list", "free_device_list", "get_device_name", "open_device",
-    "close_device", "query_device", "query_port", "query_gid",
-    "query_gid_ex", "device_numa_node", "get_async_event", "ack_async_event",
-    "alloc_pd", "dealloc_pd", "reg_mr", "reg_dmabuf_mr", "dereg_mr",
-    "alloc_mw", "dealloc_mw", "create_comp_channel", "destroy_comp_channel",
-    "create_cq", "destroy_cq", "req_notify_cq", "get_cq_event",
-    "ack_cq_events", "poll_cq", "create_qp", "modify_qp",
-    "query_qp", "destroy_qp", "post_send", "post_recv",
+    "get_device_list",
+    "free_device_list",
+    "get_device_name",
+    "open_device",
+    "close_device",
+    "query_device",
+    "query_port",
+    "query_gid",
+    "query_gid_ex",
+    "device_numa_node",
+    "get_async_event",
+    "ack_async_event",
+    "alloc_pd",
+    "dealloc_pd",
+    "reg_mr",
+    "reg_dmabuf_mr",
+    "dereg_mr",
+    "alloc_mw",
+    "dealloc_mw",
+    "create_comp_channel",
+    "destroy_comp_channel",
+    "create_cq",
+    "destroy_cq",
+    "req_notify_cq",
+    "get_cq_event",
+    "ack_cq_events",
+    "poll_cq",
+    "create_qp",
+    "modify_qp",
+    "query_qp",
+    "destroy_qp",
+    "post_send",
+    "post_recv",
 };
 
 const char *ote_verbs_fault_op_name(ote_verbs_fault_op_t op) {
@@ -54,20 +79,20 @@ bool ote_verbs_fault_op_is_destroy(ote_verbs_fault_op_t op) {
         case OP(DEALLOC_MW):
         case OP(DESTROY_COMP_CHANNEL):
         case OP(DESTROY_CQ):
-        case OP(DESTROY_QP):
-            return true;
-        default:
-            return false;
+        case OP(DESTROY_QP): return true;
+        default: return false;
     }
 }
 
 /* Ops whose signature cannot carry a failure. */
 static bool op_can_fail(ote_verbs_fault_op_t op) {
-    return op != OP(FREE_DEVICE_LIST) && op != OP(GET_DEVICE_NAME) &&
-           op != OP(ACK_ASYNC_EVENT) && op != OP(ACK_CQ_EVENTS);
+    return op != OP(FREE_DEVICE_LIST) && op != OP(GET_DEVICE_NAME) && op != OP(ACK_ASYNC_EVENT) &&
+           op != OP(ACK_CQ_EVENTS);
 }
 
-bool ote_verbs_fault_is(const ote_verbs_t *v) { return v != NULL && v->ops == &ote__verbs_fault_ops; }
+bool ote_verbs_fault_is(const ote_verbs_t *v) {
+    return v != NULL && v->ops == &ote__verbs_fault_ops;
+}
 
 ote_verbs_t *ote_verbs_fault_inner(ote_verbs_t *v) {
     return ote_verbs_fault_is(v) ? to_fault(v)->inner : NULL;
@@ -105,9 +130,8 @@ int ote__verbs_fault_enter(fault_t *f, ote_verbs_fault_op_t op, const void *obj)
     if (err != 0) f->injected[op]++;
     ote_mutex_unlock(&f->mu);
     if (err != 0) {
-        OTE_DEBUG(LOGC, "%s: %s call %llu fails with errno %d (%s)%s", f->name,
-                  g_op_names[op], (unsigned long long)call, err, strerror(err),
-                  busy ? " [busy destroy]" : "");
+        OTE_DEBUG(LOGC, "%s: %s call %llu fails with errno %d (%s)%s", f->name, g_op_names[op],
+                  (unsigned long long)call, err, strerror(err), busy ? " [busy destroy]" : "");
     }
     return err;
 }
@@ -261,21 +285,29 @@ ote_status_t ote_verbs_fault_lose_cqe_nth(ote_verbs_t *v, struct ibv_cq *cq, uin
 
 ote_status_t ote_verbs_fault_error_cqe_wr_id(ote_verbs_t *v, struct ibv_cq *cq, uint64_t wr_id,
                                              enum ibv_wc_status status, uint32_t vendor_err) {
-    cqe_rule_t t = {.cq = cq, .by_wr_id = true, .wr_id = wr_id, .lose = false,
-                    .status = status, .vendor_err = vendor_err};
+    cqe_rule_t t = {.cq = cq,
+                    .by_wr_id = true,
+                    .wr_id = wr_id,
+                    .lose = false,
+                    .status = status,
+                    .vendor_err = vendor_err};
     return add_cqe_rule(v, &t);
 }
 
 ote_status_t ote_verbs_fault_error_cqe_nth(ote_verbs_t *v, struct ibv_cq *cq, uint64_t n,
                                            enum ibv_wc_status status, uint32_t vendor_err) {
     if (n == 0) return OTE_ERR_INVALID;
-    cqe_rule_t t = {.cq = cq, .by_wr_id = false, .nth = n, .lose = false,
-                    .status = status, .vendor_err = vendor_err};
+    cqe_rule_t t = {.cq = cq,
+                    .by_wr_id = false,
+                    .nth = n,
+                    .lose = false,
+                    .status = status,
+                    .vendor_err = vendor_err};
     return add_cqe_rule(v, &t);
 }
 
-ote_status_t ote_verbs_fault_destroy_busy(ote_verbs_t *v, ote_verbs_fault_op_t op,
-                                          const void *obj, uint64_t times) {
+ote_status_t ote_verbs_fault_destroy_busy(ote_verbs_t *v, ote_verbs_fault_op_t op, const void *obj,
+                                          uint64_t times) {
     GET_FAULT_OR(v, OTE_ERR_INVALID);
     if (!ote_verbs_fault_op_is_destroy(op)) return OTE_ERR_INVALID;
     fault_t *f = to_fault(v);
@@ -295,9 +327,13 @@ static uint64_t read_counter(ote_verbs_t *v, ote_verbs_fault_op_t op, bool injec
     return n;
 }
 
-uint64_t ote_verbs_fault_calls(ote_verbs_t *v, ote_verbs_fault_op_t op) { return read_counter(v, op, false); }
+uint64_t ote_verbs_fault_calls(ote_verbs_t *v, ote_verbs_fault_op_t op) {
+    return read_counter(v, op, false);
+}
 
-uint64_t ote_verbs_fault_injected(ote_verbs_t *v, ote_verbs_fault_op_t op) { return read_counter(v, op, true); }
+uint64_t ote_verbs_fault_injected(ote_verbs_t *v, ote_verbs_fault_op_t op) {
+    return read_counter(v, op, true);
+}
 
 void ote_verbs_fault_clear(ote_verbs_t *v) {
     if (!ote_verbs_fault_is(v)) return;

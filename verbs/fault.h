@@ -172,8 +172,8 @@ ote_status_t ote_verbs_fault_error_cqe_nth(ote_verbs_t *v, struct ibv_cq *cq, ui
  * ibv_qp/ibv_cq/ibv_mr/ibv_mw/ibv_pd/ibv_comp_channel/ibv_context pointer) return EBUSY
  * without reaching the inner provider; later calls reach it. Replaces any busy rule of
  * op. times 0 removes the rule. */
-ote_status_t ote_verbs_fault_destroy_busy(ote_verbs_t *v, ote_verbs_fault_op_t op,
-                                          const void *obj, uint64_t times);
+ote_status_t ote_verbs_fault_destroy_busy(ote_verbs_t *v, ote_verbs_fault_op_t op, const void *obj,
+                                          uint64_t times);
 /* Queue *ev for get_async_event(ctx) and make ote_verbs_fault_async_fd(ctx) readable. */
 ote_status_t ote_verbs_fault_inject_async_event(ote_verbs_t *v, struct ibv_context *ctx,
                                                 const struct ibv_async_event *ev);

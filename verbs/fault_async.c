@@ -60,7 +60,8 @@ static ote_status_t ctx_state_get(fault_t *f, struct ibv_context *ctx, ctx_state
     if (ctx != NULL && ctx->async_fd >= 0) {
         ee.data.fd = ctx->async_fd;
         if (epoll_ctl(cs->epfd, EPOLL_CTL_ADD, ctx->async_fd, &ee) != 0) {
-            OTE_DEBUG(LOGC, "%s: async fd %d of the inner provider is not pollable (%s); "
+            OTE_DEBUG(LOGC,
+                      "%s: async fd %d of the inner provider is not pollable (%s); "
                       "only injected events wake the decorator's fd",
                       f->name, ctx->async_fd, strerror(errno));
         }
@@ -96,7 +97,8 @@ void ote__verbs_fault_efd_drain(ctx_state_t *cs) {
     (void)n; /* EAGAIN: already drained */
 }
 
-bool ote__verbs_fault_event_matches(const struct ibv_async_event *a, const struct ibv_async_event *b) {
+bool ote__verbs_fault_event_matches(const struct ibv_async_event *a,
+                                    const struct ibv_async_event *b) {
     if (a->event_type != b->event_type) return false;
     switch (ote_verbs_event_target(a->event_type)) {
         case OTE_VERBS_EVENT_ON_QP: return a->element.qp == b->element.qp;
@@ -145,4 +147,3 @@ ote_status_t ote_verbs_fault_async_fd(ote_verbs_t *v, struct ibv_context *ctx, i
     ote_mutex_unlock(&f->mu);
     return st;
 }
-

@@ -48,7 +48,7 @@ typedef struct cqe_rule {
     uint64_t wr_id;
     uint64_t nth;
     uint64_t seen;
-    bool lose;         /* else rewrite the status */
+    bool lose; /* else rewrite the status */
     enum ibv_wc_status status;
     uint32_t vendor_err;
     struct cqe_rule *prev, *next;
@@ -89,9 +89,9 @@ extern const ote_verbs_ops_t ote__verbs_fault_ops;
 static inline fault_t *to_fault(ote_verbs_t *v) { return (fault_t *)(void *)v; }
 static inline const ote_verbs_ops_t *in_ops(fault_t *f) { return f->inner->ops; }
 
-#define GET_FAULT_OR(v, ret)                       \
-    do {                                           \
-        if (!ote_verbs_fault_is(v)) return (ret);  \
+#define GET_FAULT_OR(v, ret) \
+    do { \
+        if (!ote_verbs_fault_is(v)) return (ret); \
     } while (0)
 
 /* fault.c: entry of every op that can fail: count the call, then apply the op's fail
@@ -107,6 +107,7 @@ void ote__verbs_fault_ctx_drop(fault_t *f, struct ibv_context *ctx);
 /* Make the context's eventfd unreadable (its queue went empty); under f->mu. */
 void ote__verbs_fault_efd_drain(ctx_state_t *cs);
 /* Two events are "the same" for ack matching when type and element agree. */
-bool ote__verbs_fault_event_matches(const struct ibv_async_event *a, const struct ibv_async_event *b);
+bool ote__verbs_fault_event_matches(const struct ibv_async_event *a,
+                                    const struct ibv_async_event *b);
 
 #endif

@@ -41,7 +41,8 @@ static int f_close_device(ote_verbs_t *v, struct ibv_context *ctx) {
     int err = ote__verbs_fault_enter(f, OP(CLOSE_DEVICE), ctx);
     if (err != 0) return err;
     err = in_ops(f)->close_device(f->inner, ctx);
-    if (err == 0) ote__verbs_fault_ctx_drop(f, ctx); /* a failed close keeps the context, and its state */
+    if (err == 0)
+        ote__verbs_fault_ctx_drop(f, ctx); /* a failed close keeps the context, and its state */
     return err;
 }
 
@@ -312,8 +313,7 @@ static int f_create_qp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_att
     return in_ops(f)->create_qp(f->inner, pd, init_attr, qp_out);
 }
 
-static int f_modify_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr,
-                       int attr_mask) {
+static int f_modify_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask) {
     fault_t *f = to_fault(v);
     int err = ote__verbs_fault_enter(f, OP(MODIFY_QP), NULL);
     if (err != 0) return err;
@@ -380,8 +380,8 @@ static int f_post_send(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr
         if (r != 0) return r; /* the inner provider refused one of the first k itself */
     }
     count_injected(f, OP(POST_SEND));
-    OTE_DEBUG(LOGC, "%s: post_send accepts only %u WRs, fails with errno %d at wr_id %llu",
-              f->name, k, err, (unsigned long long)cut->wr_id);
+    OTE_DEBUG(LOGC, "%s: post_send accepts only %u WRs, fails with errno %d at wr_id %llu", f->name,
+              k, err, (unsigned long long)cut->wr_id);
     if (bad_wr != NULL) *bad_wr = cut;
     return err;
 }
@@ -410,8 +410,8 @@ static int f_post_recv(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *wr
         if (r != 0) return r;
     }
     count_injected(f, OP(POST_RECV));
-    OTE_DEBUG(LOGC, "%s: post_recv accepts only %u WRs, fails with errno %d at wr_id %llu",
-              f->name, k, err, (unsigned long long)cut->wr_id);
+    OTE_DEBUG(LOGC, "%s: post_recv accepts only %u WRs, fails with errno %d at wr_id %llu", f->name,
+              k, err, (unsigned long long)cut->wr_id);
     if (bad_wr != NULL) *bad_wr = cut;
     return err;
 }
@@ -451,4 +451,3 @@ const ote_verbs_ops_t ote__verbs_fault_ops = {
     .post_send = f_post_send,
     .post_recv = f_post_recv,
 };
-

@@ -111,8 +111,8 @@ static int rc_query_gid(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port, i
     return r;
 }
 
-static int rc_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port,
-                           uint32_t index, struct ibv_gid_entry *entry) {
+static int rc_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port, uint32_t index,
+                           struct ibv_gid_entry *entry) {
     (void)v;
     struct ibv_gid_entry tmp;
     errno = 0;

@@ -18,156 +18,233 @@
 /* ---- EOPNOTSUPP stubs, one per op signature ---- */
 
 static int stub_get_device_list(ote_verbs_t *v, struct ibv_device ***list_out, int *num_out) {
-    (void)v; (void)list_out; (void)num_out;
+    (void)v;
+    (void)list_out;
+    (void)num_out;
     return EOPNOTSUPP;
 }
 static void stub_free_device_list(ote_verbs_t *v, struct ibv_device **list) {
-    (void)v; (void)list;
+    (void)v;
+    (void)list;
 }
 static const char *stub_get_device_name(ote_verbs_t *v, struct ibv_device *dev) {
-    (void)v; (void)dev;
+    (void)v;
+    (void)dev;
     return NULL;
 }
 static int stub_open_device(ote_verbs_t *v, struct ibv_device *dev, struct ibv_context **ctx_out) {
-    (void)v; (void)dev; (void)ctx_out;
+    (void)v;
+    (void)dev;
+    (void)ctx_out;
     return EOPNOTSUPP;
 }
 static int stub_close_device(ote_verbs_t *v, struct ibv_context *ctx) {
-    (void)v; (void)ctx;
+    (void)v;
+    (void)ctx;
     return EOPNOTSUPP;
 }
 static int stub_query_device(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_device_attr *a) {
-    (void)v; (void)ctx; (void)a;
+    (void)v;
+    (void)ctx;
+    (void)a;
     return EOPNOTSUPP;
 }
 static int stub_query_port(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port,
                            struct ibv_port_attr *a) {
-    (void)v; (void)ctx; (void)port; (void)a;
+    (void)v;
+    (void)ctx;
+    (void)port;
+    (void)a;
     return EOPNOTSUPP;
 }
 static int stub_query_gid(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port, int index,
                           union ibv_gid *gid) {
-    (void)v; (void)ctx; (void)port; (void)index; (void)gid;
+    (void)v;
+    (void)ctx;
+    (void)port;
+    (void)index;
+    (void)gid;
     return EOPNOTSUPP;
 }
-static int stub_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port,
-                             uint32_t index, struct ibv_gid_entry *entry) {
-    (void)v; (void)ctx; (void)port; (void)index; (void)entry;
+static int stub_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port, uint32_t index,
+                             struct ibv_gid_entry *entry) {
+    (void)v;
+    (void)ctx;
+    (void)port;
+    (void)index;
+    (void)entry;
     return EOPNOTSUPP;
 }
 static int stub_device_numa_node(ote_verbs_t *v, struct ibv_context *ctx, int *node_out) {
-    (void)v; (void)ctx; (void)node_out;
+    (void)v;
+    (void)ctx;
+    (void)node_out;
     return EOPNOTSUPP;
 }
 static int stub_get_async_event(ote_verbs_t *v, struct ibv_context *ctx,
                                 struct ibv_async_event *ev) {
-    (void)v; (void)ctx; (void)ev;
+    (void)v;
+    (void)ctx;
+    (void)ev;
     return EOPNOTSUPP;
 }
 static void stub_ack_async_event(ote_verbs_t *v, struct ibv_async_event *ev) {
-    (void)v; (void)ev;
+    (void)v;
+    (void)ev;
 }
 static int stub_alloc_pd(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_pd **pd_out) {
-    (void)v; (void)ctx; (void)pd_out;
+    (void)v;
+    (void)ctx;
+    (void)pd_out;
     return EOPNOTSUPP;
 }
 static int stub_dealloc_pd(ote_verbs_t *v, struct ibv_pd *pd) {
-    (void)v; (void)pd;
+    (void)v;
+    (void)pd;
     return EOPNOTSUPP;
 }
 static int stub_reg_mr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t length, int access,
                        struct ibv_mr **mr_out) {
-    (void)v; (void)pd; (void)addr; (void)length; (void)access; (void)mr_out;
+    (void)v;
+    (void)pd;
+    (void)addr;
+    (void)length;
+    (void)access;
+    (void)mr_out;
     return EOPNOTSUPP;
 }
 static int stub_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, size_t length,
                               uint64_t iova, int fd, int access, struct ibv_mr **mr_out) {
-    (void)v; (void)pd; (void)offset; (void)length; (void)iova; (void)fd; (void)access;
+    (void)v;
+    (void)pd;
+    (void)offset;
+    (void)length;
+    (void)iova;
+    (void)fd;
+    (void)access;
     (void)mr_out;
     return EOPNOTSUPP;
 }
 static int stub_dereg_mr(ote_verbs_t *v, struct ibv_mr *mr) {
-    (void)v; (void)mr;
+    (void)v;
+    (void)mr;
     return EOPNOTSUPP;
 }
 static int stub_alloc_mw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type,
                          struct ibv_mw **mw_out) {
-    (void)v; (void)pd; (void)type; (void)mw_out;
+    (void)v;
+    (void)pd;
+    (void)type;
+    (void)mw_out;
     return EOPNOTSUPP;
 }
 static int stub_dealloc_mw(ote_verbs_t *v, struct ibv_mw *mw) {
-    (void)v; (void)mw;
+    (void)v;
+    (void)mw;
     return EOPNOTSUPP;
 }
 static int stub_create_comp_channel(ote_verbs_t *v, struct ibv_context *ctx,
                                     struct ibv_comp_channel **ch_out) {
-    (void)v; (void)ctx; (void)ch_out;
+    (void)v;
+    (void)ctx;
+    (void)ch_out;
     return EOPNOTSUPP;
 }
 static int stub_destroy_comp_channel(ote_verbs_t *v, struct ibv_comp_channel *ch) {
-    (void)v; (void)ch;
+    (void)v;
+    (void)ch;
     return EOPNOTSUPP;
 }
 static int stub_create_cq(ote_verbs_t *v, struct ibv_context *ctx, int cqe, void *cq_context,
                           struct ibv_comp_channel *ch, int comp_vector, struct ibv_cq **cq_out) {
-    (void)v; (void)ctx; (void)cqe; (void)cq_context; (void)ch; (void)comp_vector; (void)cq_out;
+    (void)v;
+    (void)ctx;
+    (void)cqe;
+    (void)cq_context;
+    (void)ch;
+    (void)comp_vector;
+    (void)cq_out;
     return EOPNOTSUPP;
 }
 static int stub_destroy_cq(ote_verbs_t *v, struct ibv_cq *cq) {
-    (void)v; (void)cq;
+    (void)v;
+    (void)cq;
     return EOPNOTSUPP;
 }
 static int stub_req_notify_cq(ote_verbs_t *v, struct ibv_cq *cq, int solicited_only) {
-    (void)v; (void)cq; (void)solicited_only;
+    (void)v;
+    (void)cq;
+    (void)solicited_only;
     return EOPNOTSUPP;
 }
 static int stub_get_cq_event(ote_verbs_t *v, struct ibv_comp_channel *ch, struct ibv_cq **cq_out,
                              void **cq_context_out) {
-    (void)v; (void)ch; (void)cq_out; (void)cq_context_out;
+    (void)v;
+    (void)ch;
+    (void)cq_out;
+    (void)cq_context_out;
     return EOPNOTSUPP;
 }
 static void stub_ack_cq_events(ote_verbs_t *v, struct ibv_cq *cq, unsigned int nevents) {
-    (void)v; (void)cq; (void)nevents;
+    (void)v;
+    (void)cq;
+    (void)nevents;
 }
 static int stub_poll_cq(ote_verbs_t *v, struct ibv_cq *cq, int num_entries, struct ibv_wc *wc) {
-    (void)v; (void)cq; (void)num_entries; (void)wc;
+    (void)v;
+    (void)cq;
+    (void)num_entries;
+    (void)wc;
     return -EOPNOTSUPP;
 }
 static int stub_create_qp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *init_attr,
                           struct ibv_qp **qp_out) {
-    (void)v; (void)pd; (void)init_attr; (void)qp_out;
+    (void)v;
+    (void)pd;
+    (void)init_attr;
+    (void)qp_out;
     return EOPNOTSUPP;
 }
 static int stub_modify_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr,
                           int attr_mask) {
-    (void)v; (void)qp; (void)attr; (void)attr_mask;
+    (void)v;
+    (void)qp;
+    (void)attr;
+    (void)attr_mask;
     return EOPNOTSUPP;
 }
-static int stub_query_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr,
-                         int attr_mask, struct ibv_qp_init_attr *init_attr) {
-    (void)v; (void)qp; (void)attr; (void)attr_mask; (void)init_attr;
+static int stub_query_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                         struct ibv_qp_init_attr *init_attr) {
+    (void)v;
+    (void)qp;
+    (void)attr;
+    (void)attr_mask;
+    (void)init_attr;
     return EOPNOTSUPP;
 }
 static int stub_destroy_qp(ote_verbs_t *v, struct ibv_qp *qp) {
-    (void)v; (void)qp;
+    (void)v;
+    (void)qp;
     return EOPNOTSUPP;
 }
 /* Nothing is posted: *bad_wr names the first WR, as a failed post does. */
 static int stub_post_send(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr,
                           struct ibv_send_wr **bad_wr) {
-    (void)v; (void)qp;
+    (void)v;
+    (void)qp;
     if (bad_wr != NULL) *bad_wr = wr;
     return EOPNOTSUPP;
 }
 static int stub_post_recv(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *wr,
                           struct ibv_recv_wr **bad_wr) {
-    (void)v; (void)qp;
+    (void)v;
+    (void)qp;
     if (bad_wr != NULL) *bad_wr = wr;
     return EOPNOTSUPP;
 }
 
 #define FILL(ops, name) \
-    do {                                          \
+    do { \
         if ((ops)->name == NULL) (ops)->name = stub_##name; \
     } while (0)
 
@@ -291,25 +368,19 @@ ote_verbs_event_target_t ote_verbs_event_target(enum ibv_event_type type) {
         case IBV_EVENT_SQ_DRAINED:
         case IBV_EVENT_PATH_MIG:
         case IBV_EVENT_PATH_MIG_ERR:
-        case IBV_EVENT_QP_LAST_WQE_REACHED:
-            return OTE_VERBS_EVENT_ON_QP;
-        case IBV_EVENT_CQ_ERR:
-            return OTE_VERBS_EVENT_ON_CQ;
+        case IBV_EVENT_QP_LAST_WQE_REACHED: return OTE_VERBS_EVENT_ON_QP;
+        case IBV_EVENT_CQ_ERR: return OTE_VERBS_EVENT_ON_CQ;
         case IBV_EVENT_SRQ_ERR:
-        case IBV_EVENT_SRQ_LIMIT_REACHED:
-            return OTE_VERBS_EVENT_ON_SRQ;
-        case IBV_EVENT_WQ_FATAL:
-            return OTE_VERBS_EVENT_ON_WQ;
+        case IBV_EVENT_SRQ_LIMIT_REACHED: return OTE_VERBS_EVENT_ON_SRQ;
+        case IBV_EVENT_WQ_FATAL: return OTE_VERBS_EVENT_ON_WQ;
         case IBV_EVENT_PORT_ACTIVE:
         case IBV_EVENT_PORT_ERR:
         case IBV_EVENT_LID_CHANGE:
         case IBV_EVENT_PKEY_CHANGE:
         case IBV_EVENT_SM_CHANGE:
         case IBV_EVENT_CLIENT_REREGISTER:
-        case IBV_EVENT_GID_CHANGE:
-            return OTE_VERBS_EVENT_ON_PORT;
-        case IBV_EVENT_DEVICE_FATAL:
-            return OTE_VERBS_EVENT_ON_DEVICE;
+        case IBV_EVENT_GID_CHANGE: return OTE_VERBS_EVENT_ON_PORT;
+        case IBV_EVENT_DEVICE_FATAL: return OTE_VERBS_EVENT_ON_DEVICE;
     }
     return OTE_VERBS_EVENT_ON_DEVICE;
 }

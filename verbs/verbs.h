@@ -105,8 +105,8 @@ typedef struct ote_verbs_ops {
 /* A provider instance. Upper layers read ->ops and pass the instance back as `v`. */
 struct ote_verbs {
     const ote_verbs_ops_t *ops;
-    const char *provider; /* "rdma-core", "sim", "fault(sim)", ... */
-    void *priv;           /* provider state */
+    const char *provider;          /* "rdma-core", "sim", "fault(sim)", ... */
+    void *priv;                    /* provider state */
     void (*close)(ote_verbs_t *v); /* frees the instance; set by the provider */
 };
 

@@ -68,11 +68,11 @@ ote_status_t ote_cuda_ipc_export_alloc(ote_cuda_alloc_t *a, ote_cuda_ipc_export_
         st = ote_cuda_device_make_current(dev);
         if (st != OTE_OK) goto err_release;
         int fd = -1;
-        st = ote_cuda_check(ote_cuda_device_driver(dev),
-                            ote_cuda_device_table(dev)->cuMemExportToShareableHandle(
-                                &fd, ote_cuda_alloc_vmm_handle(a),
-                                OTE_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                            "cuMemExportToShareableHandle(POSIX_FD)");
+        st = ote_cuda_check(
+            ote_cuda_device_driver(dev),
+            ote_cuda_device_table(dev)->cuMemExportToShareableHandle(
+                &fd, ote_cuda_alloc_vmm_handle(a), OTE_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            "cuMemExportToShareableHandle(POSIX_FD)");
         if (st != OTE_OK) goto err_release;
         e->fd = fd;
         e->desc.base = ote_cuda_alloc_ptr(a);
@@ -93,7 +93,9 @@ err_free:
     return st;
 }
 
-const ote_cuda_ipc_desc_t *ote_cuda_ipc_export_desc(const ote_cuda_ipc_export_t *e) { return &e->desc; }
+const ote_cuda_ipc_desc_t *ote_cuda_ipc_export_desc(const ote_cuda_ipc_export_t *e) {
+    return &e->desc;
+}
 int ote_cuda_ipc_export_fd(const ote_cuda_ipc_export_t *e) { return e->fd; }
 
 void ote_cuda_ipc_export_destroy(ote_cuda_ipc_export_t *e) {
@@ -112,7 +114,7 @@ struct ote_cuda_ipc_mapping {
     ote_cuda_ipc_desc_t desc;
     ote_cu_deviceptr_t local;
     uint32_t users;
-    int invalid; /* never handed out again; closed when unused */
+    int invalid;            /* never handed out again; closed when unused */
     ote_cuda_device_t *dev; /* set while parked on the device's retained list */
     ote__cuda_retained_node_t retained;
 };
@@ -127,8 +129,10 @@ struct ote_cuda_ipc_cache {
 };
 
 static void unlink_entry(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m) {
-    if (m->prev != NULL) m->prev->next = m->next; else c->head = m->next;
-    if (m->next != NULL) m->next->prev = m->prev; else c->tail = m->prev;
+    if (m->prev != NULL) m->prev->next = m->next;
+    else c->head = m->next;
+    if (m->next != NULL) m->next->prev = m->prev;
+    else c->tail = m->prev;
     m->prev = m->next = NULL;
     c->stats.entries--;
     c->stats.bytes -= m->desc.size;
@@ -137,7 +141,8 @@ static void unlink_entry(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m) {
 static void push_front(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m) {
     m->prev = NULL;
     m->next = c->head;
-    if (c->head != NULL) c->head->prev = m; else c->tail = m;
+    if (c->head != NULL) c->head->prev = m;
+    else c->tail = m;
     c->head = m;
 }
 
@@ -173,9 +178,10 @@ static ote_status_t close_mapping(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_
     return OTE_OK;
 }
 
-ote_status_t ote_cuda_ipc_cache_create(ote_cuda_device_t *dev, size_t max_entries, uint64_t max_bytes,
-                                       ote_cuda_ipc_cache_t **cache_out) {
-    if (dev == NULL || cache_out == NULL || max_entries == 0 || max_bytes == 0) return OTE_ERR_INVALID;
+ote_status_t ote_cuda_ipc_cache_create(ote_cuda_device_t *dev, size_t max_entries,
+                                       uint64_t max_bytes, ote_cuda_ipc_cache_t **cache_out) {
+    if (dev == NULL || cache_out == NULL || max_entries == 0 || max_bytes == 0)
+        return OTE_ERR_INVALID;
     ote_cuda_ipc_cache_t *c = ote_calloc(1, sizeof(*c));
     if (c == NULL) return OTE_ERR_NOMEM;
     ote_status_t st = ote_mutex_init(&c->mu);
@@ -221,7 +227,8 @@ static int same_handle(const ote_cuda_ipc_desc_t *a, const ote_cuda_ipc_desc_t *
  * recently used first. Called with c->mu held. */
 static ote_status_t make_room(ote_cuda_ipc_cache_t *c, uint64_t size) {
     ote_cuda_ipc_mapping_t *m = c->tail;
-    while ((c->stats.entries + 1 > c->max_entries || c->stats.bytes + size > c->max_bytes) && m != NULL) {
+    while ((c->stats.entries + 1 > c->max_entries || c->stats.bytes + size > c->max_bytes) &&
+           m != NULL) {
         ote_cuda_ipc_mapping_t *prev = m->prev;
         if (m->users == 0) {
             unlink_entry(c, m);
@@ -236,7 +243,8 @@ static ote_status_t make_room(ote_cuda_ipc_cache_t *c, uint64_t size) {
 }
 
 ote_status_t ote_cuda_ipc_import(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
-                                 const ote_cuda_ipc_desc_t *desc, ote_cuda_ipc_mapping_t **map_out) {
+                                 const ote_cuda_ipc_desc_t *desc,
+                                 ote_cuda_ipc_mapping_t **map_out) {
     if (c == NULL || desc == NULL || map_out == NULL || desc->size == 0) return OTE_ERR_INVALID;
     if (desc->size > c->max_bytes) return OTE_ERR_TOO_BIG;
     ote_mutex_lock(&c->mu);
@@ -258,7 +266,8 @@ ote_status_t ote_cuda_ipc_import(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
             ote_cuda_ipc_mapping_t *tmp = m;
             /* move to the front without touching the counters */
             if (tmp->prev != NULL) tmp->prev->next = tmp->next;
-            if (tmp->next != NULL) tmp->next->prev = tmp->prev; else c->tail = tmp->prev;
+            if (tmp->next != NULL) tmp->next->prev = tmp->prev;
+            else c->tail = tmp->prev;
             push_front(c, tmp);
         }
         c->stats.hits++;
@@ -318,8 +327,9 @@ void ote_cuda_ipc_mapping_put(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m
 
 ote_cu_deviceptr_t ote_cuda_ipc_mapping_base(const ote_cuda_ipc_mapping_t *m) { return m->local; }
 
-ote_status_t ote_cuda_ipc_mapping_translate(const ote_cuda_ipc_mapping_t *m, ote_cu_deviceptr_t remote,
-                                            size_t len, ote_cu_deviceptr_t *local_out) {
+ote_status_t ote_cuda_ipc_mapping_translate(const ote_cuda_ipc_mapping_t *m,
+                                            ote_cu_deviceptr_t remote, size_t len,
+                                            ote_cu_deviceptr_t *local_out) {
     if (m == NULL || local_out == NULL) return OTE_ERR_INVALID;
     if (remote < m->desc.base || len > m->desc.size || remote - m->desc.base > m->desc.size - len)
         return OTE_ERR_ACCESS;
@@ -334,7 +344,8 @@ static size_t invalidate(ote_cuda_ipc_cache_t *c, uint64_t exporter_id, int any_
     ote_cuda_ipc_mapping_t *m = c->head;
     while (m != NULL) {
         ote_cuda_ipc_mapping_t *next = m->next;
-        if (!m->invalid && m->exporter_id == exporter_id && (any_buffer || m->desc.buffer_id == buffer_id)) {
+        if (!m->invalid && m->exporter_id == exporter_id &&
+            (any_buffer || m->desc.buffer_id == buffer_id)) {
             m->invalid = 1;
             n++;
             c->stats.invalidations++;

@@ -65,18 +65,18 @@ typedef struct ote_cuda_ipc_cache ote_cuda_ipc_cache_t;
 typedef struct ote_cuda_ipc_mapping ote_cuda_ipc_mapping_t;
 
 typedef struct ote_cuda_ipc_cache_stats {
-    size_t entries;     /* mappings open (in use, cached, or invalidated in use) */
-    uint64_t bytes;     /* their sizes */
-    size_t in_use;      /* mappings with users */
-    uint64_t imports;   /* cuIpcOpenMemHandle calls that succeeded */
-    uint64_t hits;      /* imports served from the cache */
-    uint64_t evictions; /* unused mappings closed to make room */
+    size_t entries;         /* mappings open (in use, cached, or invalidated in use) */
+    uint64_t bytes;         /* their sizes */
+    size_t in_use;          /* mappings with users */
+    uint64_t imports;       /* cuIpcOpenMemHandle calls that succeeded */
+    uint64_t hits;          /* imports served from the cache */
+    uint64_t evictions;     /* unused mappings closed to make room */
     uint64_t invalidations; /* by close receipts or exporter death */
 } ote_cuda_ipc_cache_stats_t;
 
 /* max_entries >= 1 and max_bytes >= 1 bound the open mappings. */
-ote_status_t ote_cuda_ipc_cache_create(ote_cuda_device_t *dev, size_t max_entries, uint64_t max_bytes,
-                                       ote_cuda_ipc_cache_t **cache_out);
+ote_status_t ote_cuda_ipc_cache_create(ote_cuda_device_t *dev, size_t max_entries,
+                                       uint64_t max_bytes, ote_cuda_ipc_cache_t **cache_out);
 /* OTE_ERR_BUSY while mappings are in use; else closes every mapping (failed closes are
  * retained on the device: OTE_ERR_RETAINED, the cache is gone either way). */
 ote_status_t ote_cuda_ipc_cache_destroy(ote_cuda_ipc_cache_t *c);
@@ -91,8 +91,9 @@ void ote_cuda_ipc_mapping_put(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m
 ote_cu_deviceptr_t ote_cuda_ipc_mapping_base(const ote_cuda_ipc_mapping_t *m);
 /* The local address of [remote, remote + len) given in the exporter's addresses;
  * OTE_ERR_ACCESS when outside the allocation. */
-ote_status_t ote_cuda_ipc_mapping_translate(const ote_cuda_ipc_mapping_t *m, ote_cu_deviceptr_t remote,
-                                            size_t len, ote_cu_deviceptr_t *local_out);
+ote_status_t ote_cuda_ipc_mapping_translate(const ote_cuda_ipc_mapping_t *m,
+                                            ote_cu_deviceptr_t remote, size_t len,
+                                            ote_cu_deviceptr_t *local_out);
 /* Close receipt: the exporter unregistered buffer_id. OTE_ERR_NOT_FOUND when nothing of it
  * is cached. */
 ote_status_t ote_cuda_ipc_close_receipt(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,

@@ -15,13 +15,14 @@ struct ote_cuda_device {
     ote_cu_context_t ctx;
     int release_failed; /* the device itself is retained (counted once) */
     char name[128];
-    ote_mutex_t mu;     /* guards owners and the retained list */
+    ote_mutex_t mu; /* guards owners and the retained list */
     size_t owners;
     size_t n_retained;
     ote__cuda_retained_node_t *retained;
 };
 
-ote_status_t ote_cuda_device_open(ote_cuda_driver_t *drv, int ordinal, ote_cuda_device_t **dev_out) {
+ote_status_t ote_cuda_device_open(ote_cuda_driver_t *drv, int ordinal,
+                                  ote_cuda_device_t **dev_out) {
     if (drv == NULL || dev_out == NULL || ordinal < 0) return OTE_ERR_INVALID;
     const ote_cuda_driver_table_t *t = ote_cuda_driver_table(drv);
     ote_cuda_device_t *dev = ote_calloc(1, sizeof(*dev));
@@ -132,7 +133,9 @@ size_t ote_cuda_device_owners(ote_cuda_device_t *dev) {
 }
 
 ote_cuda_driver_t *ote_cuda_device_driver(const ote_cuda_device_t *dev) { return dev->drv; }
-const ote_cuda_driver_table_t *ote_cuda_device_table(const ote_cuda_device_t *dev) { return dev->t; }
+const ote_cuda_driver_table_t *ote_cuda_device_table(const ote_cuda_device_t *dev) {
+    return dev->t;
+}
 int ote_cuda_device_ordinal(const ote_cuda_device_t *dev) { return dev->ordinal; }
 ote_cu_device_t ote_cuda_device_handle(const ote_cuda_device_t *dev) { return dev->handle; }
 ote_cu_context_t ote_cuda_device_context(const ote_cuda_device_t *dev) { return dev->ctx; }

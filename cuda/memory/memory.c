@@ -21,10 +21,11 @@ ote_status_t ote_cuda_pointer_classify(ote_cuda_driver_t *drv, ote_cu_deviceptr_
     unsigned long long buffer_id = 0;
     ote_cu_deviceptr_t start = 0;
     size_t size = 0;
-    int attrs[] = {OTE_CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      OTE_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                   OTE_CU_POINTER_ATTRIBUTE_CONTEXT,          OTE_CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                   OTE_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, OTE_CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                   OTE_CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    int attrs[] = {
+        OTE_CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      OTE_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        OTE_CU_POINTER_ATTRIBUTE_CONTEXT,          OTE_CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        OTE_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, OTE_CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        OTE_CU_POINTER_ATTRIBUTE_IS_MANAGED};
     void *data[] = {&mem_type, &ordinal, &ctx, &buffer_id, &start, &size, &is_managed};
     ote_status_t st = ote_cuda_check(
         drv, t->cuPointerGetAttributes(sizeof(attrs) / sizeof(attrs[0]), attrs, data, ptr),
@@ -285,9 +286,11 @@ ote_status_t ote_cuda_alloc_import_vmm(ote_cuda_device_t *dev, int fd, size_t si
     if (st != OTE_OK) goto err_cond;
     ote__cuda_device_ref(dev);
     ote_cu_mem_handle_t h = 0;
-    st = ote_cuda_check(drv, t->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
-                                                               OTE_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                        "cuMemImportFromShareableHandle(POSIX_FD)");
+    st =
+        ote_cuda_check(drv,
+                       t->cuMemImportFromShareableHandle(
+                           &h, (void *)(uintptr_t)fd, OTE_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                       "cuMemImportFromShareableHandle(POSIX_FD)");
     if (st != OTE_OK) goto err_unwind;
     a->vmm_handle = h;
     a->vmm_stage = VMM_HANDLE;
@@ -299,8 +302,9 @@ ote_status_t ote_cuda_alloc_import_vmm(ote_cuda_device_t *dev, int fd, size_t si
     st = ote_cuda_check(drv, t->cuMemMap(p, size, 0, h, 0), "cuMemMap");
     if (st != OTE_OK) goto err_unwind;
     a->vmm_stage = VMM_MAPPED;
-    ote_cu_mem_access_desc_t desc = {{OTE_CU_MEM_LOCATION_TYPE_DEVICE, ote_cuda_device_ordinal(dev)},
-                                     OTE_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    ote_cu_mem_access_desc_t desc = {
+        {OTE_CU_MEM_LOCATION_TYPE_DEVICE, ote_cuda_device_ordinal(dev)},
+        OTE_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     st = ote_cuda_check(drv, t->cuMemSetAccess(p, size, &desc, 1), "cuMemSetAccess");
     if (st != OTE_OK) goto err_unwind;
     *alloc_out = a;

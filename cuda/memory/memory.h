@@ -38,10 +38,10 @@ typedef enum {
 
 typedef struct ote_cuda_pointer_info {
     ote_cuda_mem_kind_t kind;
-    int device_ordinal;            /* -1 for pageable memory */
-    ote_cu_context_t context;      /* NULL for pageable memory */
-    unsigned long long buffer_id;  /* process-wide unique, never reused; 0 for pageable */
-    ote_cu_deviceptr_t range_start;/* the whole allocation holding the pointer */
+    int device_ordinal;             /* -1 for pageable memory */
+    ote_cu_context_t context;       /* NULL for pageable memory */
+    unsigned long long buffer_id;   /* process-wide unique, never reused; 0 for pageable */
+    ote_cu_deviceptr_t range_start; /* the whole allocation holding the pointer */
     size_t range_size;
 } ote_cuda_pointer_info_t;
 
@@ -59,9 +59,9 @@ ote_status_t ote_cuda_pointer_set_sync_memops(ote_cuda_device_t *dev, ote_cu_dev
  * the fd: ote_cuda_dmabuf_close() closes it. */
 typedef struct ote_cuda_dmabuf {
     int fd;
-    uint64_t offset;          /* ptr - base */
-    size_t length;            /* exported length from base, page multiple */
-    ote_cu_deviceptr_t base;  /* exported range start (the allocation base) */
+    uint64_t offset;         /* ptr - base */
+    size_t length;           /* exported length from base, page multiple */
+    ote_cu_deviceptr_t base; /* exported range start (the allocation base) */
 } ote_cuda_dmabuf_t;
 
 ote_status_t ote_cuda_dmabuf_export(ote_cuda_device_t *dev, ote_cu_deviceptr_t ptr, size_t len,

@@ -88,7 +88,8 @@ err_free:
     return st;
 }
 
-ote_status_t ote_cuda_host_alloc(ote_cuda_device_t *dev, size_t size, ote_cuda_host_mem_t **mem_out) {
+ote_status_t ote_cuda_host_alloc(ote_cuda_device_t *dev, size_t size,
+                                 ote_cuda_host_mem_t **mem_out) {
     return host_create(dev, NULL, size, 0, mem_out);
 }
 
@@ -156,12 +157,13 @@ struct ote_cuda_staging {
     ote_cond_t cv;
     uint32_t *free_stack; /* indices of free chunks */
     uint32_t n_free;
-    uint8_t *out;         /* out[i]: chunk i is handed out */
+    uint8_t *out; /* out[i]: chunk i is handed out */
 };
 
-ote_status_t ote_cuda_staging_create(ote_cuda_device_t *dev, size_t chunk_size, uint32_t chunk_count,
-                                     ote_cuda_staging_t **pool_out) {
-    if (dev == NULL || pool_out == NULL || chunk_size == 0 || chunk_count == 0) return OTE_ERR_INVALID;
+ote_status_t ote_cuda_staging_create(ote_cuda_device_t *dev, size_t chunk_size,
+                                     uint32_t chunk_count, ote_cuda_staging_t **pool_out) {
+    if (dev == NULL || pool_out == NULL || chunk_size == 0 || chunk_count == 0)
+        return OTE_ERR_INVALID;
     if (chunk_size > SIZE_MAX / chunk_count) return OTE_ERR_TOO_BIG;
     ote_cuda_staging_t *p = ote_calloc(1, sizeof(*p));
     if (p == NULL) return OTE_ERR_NOMEM;

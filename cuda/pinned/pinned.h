@@ -30,7 +30,8 @@ extern "C" {
 
 typedef struct ote_cuda_host_mem ote_cuda_host_mem_t;
 
-ote_status_t ote_cuda_host_alloc(ote_cuda_device_t *dev, size_t size, ote_cuda_host_mem_t **mem_out);
+ote_status_t ote_cuda_host_alloc(ote_cuda_device_t *dev, size_t size,
+                                 ote_cuda_host_mem_t **mem_out);
 /* Pins [ptr, ptr + size) of caller memory. */
 ote_status_t ote_cuda_host_register(ote_cuda_device_t *dev, void *ptr, size_t size,
                                     ote_cuda_host_mem_t **mem_out);
@@ -53,8 +54,8 @@ typedef struct ote_cuda_chunk {
     uint32_t index;
 } ote_cuda_chunk_t;
 
-ote_status_t ote_cuda_staging_create(ote_cuda_device_t *dev, size_t chunk_size, uint32_t chunk_count,
-                                     ote_cuda_staging_t **pool_out);
+ote_status_t ote_cuda_staging_create(ote_cuda_device_t *dev, size_t chunk_size,
+                                     uint32_t chunk_count, ote_cuda_staging_t **pool_out);
 /* OTE_ERR_BUSY while chunks are out; then the pinned memory is destroyed (its
  * OTE_ERR_RETAINED is passed on: the pool object is freed, the memory retained). */
 ote_status_t ote_cuda_staging_destroy(ote_cuda_staging_t *pool);

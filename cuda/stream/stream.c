@@ -48,7 +48,8 @@ static void to_retained(ote_cuda_stream_t *s) {
 /* After a failed enqueue or record: only a successful drain proves that the work already
  * enqueued is done. */
 static void drain_after_failure(ote_cuda_stream_t *s) {
-    ote_status_t st = ote_cuda_check(s->drv, s->t->cuStreamSynchronize(s->stream), "cuStreamSynchronize");
+    ote_status_t st =
+        ote_cuda_check(s->drv, s->t->cuStreamSynchronize(s->stream), "cuStreamSynchronize");
     if (st != OTE_OK) {
         to_retained(s);
         return;
@@ -108,11 +109,13 @@ ote_status_t ote_cuda_stream_create(ote_cuda_device_t *dev, ote_cuda_stream_t **
     ote_status_t st = ote_cuda_device_make_current(dev);
     if (st != OTE_OK) goto err_free;
     ote_cu_stream_t cs = NULL;
-    st = ote_cuda_check(s->drv, s->t->cuStreamCreate(&cs, OTE_CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    st = ote_cuda_check(s->drv, s->t->cuStreamCreate(&cs, OTE_CU_STREAM_NON_BLOCKING),
+                        "cuStreamCreate");
     if (st != OTE_OK) goto err_free;
     s->stream = cs;
     ote_cu_event_t ev = NULL;
-    st = ote_cuda_check(s->drv, s->t->cuEventCreate(&ev, OTE_CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    st = ote_cuda_check(s->drv, s->t->cuEventCreate(&ev, OTE_CU_EVENT_DISABLE_TIMING),
+                        "cuEventCreate");
     if (st != OTE_OK) goto err_stream;
     s->event = ev;
     ote__cuda_device_ref(dev);
@@ -123,7 +126,8 @@ err_stream:
     if (ote_cuda_check(s->drv, s->t->cuStreamDestroy(s->stream), "cuStreamDestroy") != OTE_OK) {
         /* Nothing was ever enqueued; the stream handle is retained with its owner. */
         ote__cuda_device_ref(dev);
-        ote__cuda_device_retain(dev, &s->retained, s, stream_retry, "copy stream (create rollback)");
+        ote__cuda_device_retain(dev, &s->retained, s, stream_retry,
+                                "copy stream (create rollback)");
         return st;
     }
 err_free:
@@ -232,7 +236,8 @@ ote_status_t ote_cuda_stream_commit(ote_cuda_stream_t *s, ote_cuda_stream_done_f
     if (st != OTE_OK) return st;
     if (done != NULL) {
         /* Before the event, so that a completed event proves the callback has run. */
-        st = ote_cuda_check(s->drv, s->t->cuLaunchHostFunc(s->stream, done, arg), "cuLaunchHostFunc");
+        st = ote_cuda_check(s->drv, s->t->cuLaunchHostFunc(s->stream, done, arg),
+                            "cuLaunchHostFunc");
         if (st != OTE_OK) {
             drain_after_failure(s);
             return st;

@@ -90,8 +90,7 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
         case OTE_CTL_NOTIFY_ACK:
             if (m.length != 0) return OTE_ERR_PROTOCOL;
             break;
-        default:
-            return OTE_ERR_PROTOCOL;
+        default: return OTE_ERR_PROTOCOL;
     }
     if (len - OTE_CTL_HDR_LEN < body_len) return OTE_ERR_AGAIN;
     const uint8_t *b = buf + OTE_CTL_HDR_LEN;
@@ -139,9 +138,7 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             }
             if (m.status != OTE_OK) return OTE_ERR_PROTOCOL;
             break;
-        case OTE_CTL_READ_RESP:
-            m.data_len = m.length;
-            break;
+        case OTE_CTL_READ_RESP: m.data_len = m.length; break;
         case OTE_CTL_NOTIFY:
             if (body_len > OTE_CTL_MAX_NOTIFY) return OTE_ERR_TOO_BIG;
             m.u.notify.msg = b;
@@ -160,8 +157,7 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             m.u.error.text = (const char *)(b + 4);
             if (m.status == OTE_OK) return OTE_ERR_PROTOCOL;
             break;
-        default:
-            break;
+        default: break;
     }
     *out = m;
     *consumed_out = OTE_CTL_HDR_LEN + body_len;
@@ -203,8 +199,7 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             if (m->u.rdma.len > OTE_CTL_MAX_BODY) return OTE_ERR_INVALID;
             body = m->u.rdma.len;
             break;
-        default:
-            break;
+        default: break;
     }
     if (cap < OTE_CTL_HDR_LEN + (size_t)body) return OTE_ERR_TOO_BIG;
     ote_ctl_put_hdr(buf, m->version, m->opcode, m->req_id, m->status, body + data);
@@ -222,7 +217,8 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             ote_le_put16(b, m->u.hello_ack.version);
             ote_le_put16(b + 2, 0);
             ote_le_put32(b + 4, m->u.hello_ack.max_data);
-            if (m->u.hello_ack.addr_len) memcpy(b + 8, m->u.hello_ack.addr, m->u.hello_ack.addr_len);
+            if (m->u.hello_ack.addr_len)
+                memcpy(b + 8, m->u.hello_ack.addr, m->u.hello_ack.addr_len);
             break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
@@ -241,8 +237,7 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
         case OTE_CTL_RDMA:
             if (m->u.rdma.len) memcpy(b, m->u.rdma.body, m->u.rdma.len);
             break;
-        default:
-            break;
+        default: break;
     }
     *len_out = OTE_CTL_HDR_LEN + body;
     return OTE_OK;
@@ -302,8 +297,7 @@ ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st) {
                  code == OTE_ERR_AGAIN || code == OTE_ERR_UNSUPPORTED ||
                  code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE;
             break;
-        default:
-            break;
+        default: break;
     }
     return ok ? (ote_status_t)code : OTE_ERR_REMOTE;
 }

@@ -43,16 +43,16 @@ extern "C" {
 #define OTE_CTL_HDR_LEN 24u
 #define OTE_CTL_RW_BODY_LEN 16u /* remote addr u64, length u32, flags u32 */
 #define OTE_CTL_RW_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW_BODY_LEN)
-#define OTE_CTL_MAX_DATA (64u << 20)  /* largest bulk payload of one frame (one slice) */
+#define OTE_CTL_MAX_DATA (64u << 20) /* largest bulk payload of one frame (one slice) */
 /* Smallest max_data a source may advertise in HELLO_ACK. A requester cuts requests into
  * slices of at most max_data / 2 bytes; below this floor a peer could make it cut a
  * request into billions of slices (or none), so such a HELLO_ACK is refused. */
 #define OTE_CTL_MIN_DATA (8u << 10)
-#define OTE_CTL_MAX_BODY 8192u        /* largest non-bulk body */
+#define OTE_CTL_MAX_BODY 8192u /* largest non-bulk body */
 #define OTE_CTL_MAX_FRAME (OTE_CTL_MAX_DATA + OTE_CTL_MAX_BODY)
-#define OTE_CTL_MAX_ADDR 255u          /* advertised "host:port" */
-#define OTE_CTL_MAX_TEXT 1024u         /* ERROR text */
-#define OTE_CTL_MAX_NOTIFY 4096u       /* == OTE_NOTIFY_MAX */
+#define OTE_CTL_MAX_ADDR 255u    /* advertised "host:port" */
+#define OTE_CTL_MAX_TEXT 1024u   /* ERROR text */
+#define OTE_CTL_MAX_NOTIFY 4096u /* == OTE_NOTIFY_MAX */
 
 typedef enum {
     OTE_CTL_HELLO = 1,      /* requester -> source: versions, role, own address */

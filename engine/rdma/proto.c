@@ -57,9 +57,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put32(b + 4, m->u.connect.cap);
             put_path(b + 8, &m->u.connect.path);
             break;
-        case OTE_RP_CONNECT_ACK:
-            put_path(b, &m->u.connect.path);
-            break;
+        case OTE_RP_CONNECT_ACK: put_path(b, &m->u.connect.path); break;
         case OTE_RP_GRANT_REQ:
             ote_le_put32(b, m->u.grant.slot);
             ote_le_put32(b + 4, m->u.grant.op);
@@ -68,11 +66,8 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 16, m->u.grant.addr);
             ote_le_put64(b + 24, m->u.grant.len);
             break;
-        case OTE_RP_GRANT_RESP:
-            ote_le_put32(b, m->u.resp.rkey);
-            break;
-        default:
-            return 0;
+        case OTE_RP_GRANT_RESP: ote_le_put32(b, m->u.resp.rkey); break;
+        default: return 0;
     }
     return n;
 }
@@ -102,7 +97,8 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             break;
         case OTE_RP_CONNECT_ACK:
             /* A refusal carries its status in the header and a zero path. */
-            if (get_path(b, &m.u.connect.path) != OTE_OK) memset(&m.u.connect.path, 0, sizeof(m.u.connect.path));
+            if (get_path(b, &m.u.connect.path) != OTE_OK)
+                memset(&m.u.connect.path, 0, sizeof(m.u.connect.path));
             break;
         case OTE_RP_GRANT_REQ:
             m.u.grant.slot = ote_le_get32(b);
@@ -111,14 +107,12 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             m.u.grant.req_qpn = ote_le_get32(b + 12);
             m.u.grant.addr = ote_le_get64(b + 16);
             m.u.grant.len = ote_le_get64(b + 24);
-            if (m.u.grant.op > 1 || m.u.grant.len == 0 || m.u.grant.addr > UINT64_MAX - m.u.grant.len)
+            if (m.u.grant.op > 1 || m.u.grant.len == 0 ||
+                m.u.grant.addr > UINT64_MAX - m.u.grant.len)
                 return OTE_ERR_PROTOCOL;
             break;
-        case OTE_RP_GRANT_RESP:
-            m.u.resp.rkey = ote_le_get32(b);
-            break;
-        default:
-            return OTE_ERR_PROTOCOL;
+        case OTE_RP_GRANT_RESP: m.u.resp.rkey = ote_le_get32(b); break;
+        default: return OTE_ERR_PROTOCOL;
     }
     *out = m;
     return OTE_OK;

@@ -20,8 +20,9 @@
 
 static _Atomic uint64_t ote__rdma_retained_transports;
 ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
-uint64_t ote__rdma_retained_transports_get(void) { return atomic_load(&ote__rdma_retained_transports); }
-
+uint64_t ote__rdma_retained_transports_get(void) {
+    return atomic_load(&ote__rdma_retained_transports);
+}
 
 /* ---- registrations (engine hooks) ------------------------------------------------ */
 
@@ -84,7 +85,8 @@ static void *monitor_main(void *arg) {
         uint64_t now = ote_now_ns();
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
-            (void)ote_endpoint_store_reclaim(tp->eps, ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
+            (void)ote_endpoint_store_reclaim(tp->eps, ote_deadline_after(200 * OTE_NSEC_PER_MSEC),
+                                             NULL);
         }
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -110,14 +112,16 @@ static void teardown(rdma_tp_t *tp) {
     size_t stuck = ote__rdma_servers_stop(tp, wait_ms);
     if (stuck != 0) {
         atomic_fetch_add(&ote__rdma_retained_transports, 1);
-        OTE_ERROR("rdma", "%zu control connection thread(s) did not end within %llu ms: the "
-                  "transport and everything it owns are retained (not freed)", stuck,
-                  (unsigned long long)wait_ms);
+        OTE_ERROR("rdma",
+                  "%zu control connection thread(s) did not end within %llu ms: the "
+                  "transport and everything it owns are retained (not freed)",
+                  stuck, (unsigned long long)wait_ms);
         return;
     }
     if (tp->gm != NULL) {
         /* Let in-flight grants end (their own deadlines bound this). */
-        ote_deadline_t gdl = ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC);
+        ote_deadline_t gdl =
+            ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC);
         while (ote_grant_mgr_tick(tp->gm) > 0 && !ote_deadline_expired(gdl)) {
             struct timespec ts = {0, 2 * 1000 * 1000};
             nanosleep(&ts, NULL);
@@ -195,9 +199,11 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
     st = ote_context_set_open(tp->v, &cc, &tp->set);
     if (st != OTE_OK || ote_context_set_count(tp->set) == 0) {
         if (st == OTE_OK) st = OTE_ERR_NO_DEVICE;
-        OTE_ERROR("rdma", "transport=rdma: no usable RDMA device through provider \"%s\"%s%s: %s "
-                  "(no fallback to tcp)", prov, tp->cfg.rdma_device[0] ? " named " : "",
-                  tp->cfg.rdma_device, ote_status_str(st));
+        OTE_ERROR("rdma",
+                  "transport=rdma: no usable RDMA device through provider \"%s\"%s%s: %s "
+                  "(no fallback to tcp)",
+                  prov, tp->cfg.rdma_device[0] ? " named " : "", tp->cfg.rdma_device,
+                  ote_status_str(st));
         if (ote_status_code(st) != OTE_ERR_NO_DEVICE && ote_status_code(st) != OTE_ERR_NATIVE)
             st = OTE_ERR_NO_DEVICE;
         return st;
@@ -208,7 +214,8 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
         if (ote_context_check(c) == OTE_OK) tp->ctx = c;
     }
     if (tp->ctx == NULL) {
-        OTE_ERROR("rdma", "transport=rdma: every device of provider \"%s\" has its port down", prov);
+        OTE_ERROR("rdma", "transport=rdma: every device of provider \"%s\" has its port down",
+                  prov);
         return OTE_ERR_NO_DEVICE;
     }
     return OTE_OK;
@@ -218,11 +225,12 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
 static ote_status_t start_lanes(rdma_tp_t *tp, const ote_context_info_t *info) {
     uint32_t want = tp->cfg.tcp_workers;
     tp->nlanes = want < 2 ? 2 : (want > OTE__RDMA_MAX_LANES ? OTE__RDMA_MAX_LANES : want);
-    ote_status_t st = ote_cq_workers_start_numa(tp->nlanes, info->numa_node >= 0 ? info->numa_node : -1,
-                                   &tp->workers);
+    ote_status_t st = ote_cq_workers_start_numa(
+        tp->nlanes, info->numa_node >= 0 ? info->numa_node : -1, &tp->workers);
     if (st != OTE_OK) return st;
     for (uint32_t i = 0; i < tp->nlanes; i++) {
-        ote_cq_lane_config_t lc = {.index = i, .send_depth = 4096, .recv_depth = 4096, .use_channel = 1};
+        ote_cq_lane_config_t lc = {
+            .index = i, .send_depth = 4096, .recv_depth = 4096, .use_channel = 1};
         st = ote_cq_lane_create(tp->ctx, &lc, &tp->lanes[i]);
         if (st == OTE_OK) st = ote_cq_workers_add(tp->workers, tp->lanes[i]);
         if (st != OTE_OK) return st;
@@ -281,9 +289,10 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     tp->monitor_started = 1;
     st = ote__rdma_acceptor_start(tp);
     if (st != OTE_OK) goto err;
-    OTE_INFO("rdma", "transport=rdma over \"%s\": data context %s port %u GID index %d, %u lanes, "
-             "listening on %s", tp->v->provider, info.name, info.port, info.gid_index, tp->nlanes,
-             tp->addr);
+    OTE_INFO("rdma",
+             "transport=rdma over \"%s\": data context %s port %u GID index %d, %u lanes, "
+             "listening on %s",
+             tp->v->provider, info.name, info.port, info.gid_index, tp->nlanes, tp->addr);
     *tp_out = &tp->base;
     return OTE_OK;
 err:

@@ -31,14 +31,18 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
     rdma_tp_t *tp = p->tp;
     conn_t *c = p->c;
     if (m->version != c->version) {
-        OTE_WARN("rdma", "control to %s: %s frame of version %u on a connection that negotiated "
-                 "%u: closing", p->name, ote_ctl_opcode_str(m->opcode), m->version, c->version);
+        OTE_WARN("rdma",
+                 "control to %s: %s frame of version %u on a connection that negotiated "
+                 "%u: closing",
+                 p->name, ote_ctl_opcode_str(m->opcode), m->version, c->version);
         return -1;
     }
     if (m->opcode == OTE_CTL_NOTIFY_ACK) {
         if ((m->req_id & OTE__RDMA_NOTE_TAG) == 0) {
-            OTE_WARN("rdma", "control to %s: NOTIFY_ACK for request %llu, which is no "
-                     "notification: closing", p->name, (unsigned long long)m->req_id);
+            OTE_WARN("rdma",
+                     "control to %s: NOTIFY_ACK for request %llu, which is no "
+                     "notification: closing",
+                     p->name, (unsigned long long)m->req_id);
             return -1;
         }
         ote_mutex_lock(&p->mu);
@@ -153,7 +157,8 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
     ote_mutex_lock(&p->mu);
     while (st == OTE_OK && !x.done) {
         if (atomic_load(&p->c->dead)) st = OTE_ERR_PEER_LOST;
-        else if (ote_cond_wait(&p->cv, &p->mu, dl) == OTE_ERR_TIMEOUT && !x.done) st = OTE_ERR_TIMEOUT;
+        else if (ote_cond_wait(&p->cv, &p->mu, dl) == OTE_ERR_TIMEOUT && !x.done)
+            st = OTE_ERR_TIMEOUT;
     }
     call_unlink(p, &x); /* no-op once answered or failed by the reader */
     ote_mutex_unlock(&p->mu);
@@ -227,7 +232,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     ote_ctl_msg_t a;
     if (st == OTE_OK) st = ote__rdma_conn_next(c, &a, dl, NULL);
     uint16_t ver = 0;
-    if (st == OTE_OK) st = ote_ctl_check_hello_ack(&a, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+    if (st == OTE_OK)
+        st = ote_ctl_check_hello_ack(&a, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
     if (st == OTE_OK && a.version != ver) st = OTE_ERR_PROTOCOL;
     if (st != OTE_OK) {
         OTE_WARN("rdma", "handshake with %s failed: %s", p->name, ote_status_str(st));
@@ -252,7 +258,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         st = ote_endpoint_get(tp->eps, &key, c->lanes, &p->ep[cap]);
     }
     if (st != OTE_OK) {
-        OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name, ote_status_str(st));
+        OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
+                 ote_status_str(st));
         ote__rdma_conn_kill(c, NULL);
         pthread_join(p->reader, NULL);
         p->reader_started = 0;
@@ -272,8 +279,7 @@ static void disconnect_ctl(ote__tpeer_t *p) {
     p->c = NULL;
 }
 
-ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer,
-                                 ote__tpeer_t **peer_out) {
+ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out) {
     rdma_tp_t *tp = (rdma_tp_t *)t;
     ote__tpeer_t *p = ote_calloc(1, sizeof(*p));
     if (p == NULL) return OTE_ERR_NOMEM;

@@ -33,7 +33,6 @@ int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id) {
     return 1;
 }
 
-
 void ote__rdma_notes_end(note_t *list, ote_status_t st) {
     while (list != NULL) {
         note_t *x = list;

@@ -39,7 +39,7 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
         return -1;
     }
     size_t alen = m->u.hello.addr_len < sizeof(c->peer_addr) - 1 ? m->u.hello.addr_len
-                                                                   : sizeof(c->peer_addr) - 1;
+                                                                 : sizeof(c->peer_addr) - 1;
     memcpy(c->peer_addr, m->u.hello.addr, alen);
     c->peer_addr[alen] = '\0';
     a.version = ver;
@@ -57,8 +57,8 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
 static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
     rdma_tp_t *tp = c->tp;
     if (m->opcode == OTE_CTL_NOTIFY) {
-        ote_status_t st = tp->host.deliver_notify(tp->host.arg, c->peer_addr, m->u.notify.msg,
-                                                  m->u.notify.len);
+        ote_status_t st =
+            tp->host.deliver_notify(tp->host.arg, c->peer_addr, m->u.notify.msg, m->u.notify.len);
         ote_ctl_msg_t a;
         memset(&a, 0, sizeof(a));
         a.version = c->version;
@@ -121,9 +121,10 @@ static void *server_main(void *arg) {
             continue;
         }
         if (m.version != c->version) {
-            OTE_WARN("rdma", "control from %s: %s frame of version %u on a connection that "
-                     "negotiated %u: closing", c->peer_addr, ote_ctl_opcode_str(m.opcode),
-                     m.version, c->version);
+            OTE_WARN("rdma",
+                     "control from %s: %s frame of version %u on a connection that "
+                     "negotiated %u: closing",
+                     c->peer_addr, ote_ctl_opcode_str(m.opcode), m.version, c->version);
             break;
         }
         if (m.opcode == OTE_CTL_HELLO) {

@@ -132,7 +132,8 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     ote_qp_t *qp = NULL;
     ote_status_t st = ote_endpoint_get(tp->eps, &key, c->lanes, &ep);
     if (st == OTE_OK && rq->u.grant.slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
-    if (st == OTE_OK) st = ote_endpoint_borrow_ready(ep, rq->u.grant.slot, rq->u.grant.req_qpn, &qp);
+    if (st == OTE_OK)
+        st = ote_endpoint_borrow_ready(ep, rq->u.grant.slot, rq->u.grant.req_qpn, &qp);
     if (st == OTE_OK && ote_qp_num(qp) != rq->u.grant.src_qpn) {
         ote_endpoint_return(ep, rq->u.grant.slot, qp);
         st = OTE_ERR_NOT_FOUND;
@@ -151,7 +152,8 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             a->c = c;
             a->req_id = req_id;
             ote__rdma_conn_get(c);
-            ote_deadline_t dl = ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
+            ote_deadline_t dl =
+                ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
             st = ote_grant_serve(tp->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op,
                                  rq->u.grant.addr, rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
             if (st != OTE_OK) {

@@ -91,7 +91,8 @@ static ote_status_t compute_address(tcp_t *tp, const struct sockaddr_storage *bo
         char host[256];
         uint16_t aport;
         int v6;
-        ote_status_t st = ote__addr_split(tp->cfg.advertise_address, host, sizeof(host), &aport, &v6);
+        ote_status_t st =
+            ote__addr_split(tp->cfg.advertise_address, host, sizeof(host), &aport, &v6);
         if (st != OTE_OK) return st;
         int n = snprintf(tp->addr, sizeof(tp->addr), v6 ? "[%s]:%u" : "%s:%u", host,
                          aport ? aport : port);
@@ -102,7 +103,8 @@ static ote_status_t compute_address(tcp_t *tp, const struct sockaddr_storage *bo
         if (a4->sin_addr.s_addr == htonl(INADDR_ANY)) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     } else {
         struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&a;
-        if (memcmp(&a6->sin6_addr, &in6addr_any, sizeof(in6addr_any)) == 0) a6->sin6_addr = in6addr_loopback;
+        if (memcmp(&a6->sin6_addr, &in6addr_any, sizeof(in6addr_any)) == 0)
+            a6->sin6_addr = in6addr_loopback;
     }
     return ote__addr_format((struct sockaddr *)&a, tp->addr, sizeof(tp->addr));
 }
@@ -128,13 +130,15 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
     socklen_t sl;
     st = ote__addr_resolve(cfg->listen_address, &ss, &sl);
     if (st != OTE_OK) {
-        OTE_ERROR("tcp", "cannot use listen_address \"%s\": %s", cfg->listen_address, ote_status_str(st));
+        OTE_ERROR("tcp", "cannot use listen_address \"%s\": %s", cfg->listen_address,
+                  ote_status_str(st));
         goto err_cond;
     }
     tp->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (tp->lfd < 0) {
         st = ote_status_from_errno(errno);
-        OTE_ERROR("tcp", "socket() for listen_address %s failed: %s", cfg->listen_address, strerror(errno));
+        OTE_ERROR("tcp", "socket() for listen_address %s failed: %s", cfg->listen_address,
+                  strerror(errno));
         goto err_cond;
     }
     int one = 1;

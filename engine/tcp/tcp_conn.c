@@ -66,7 +66,8 @@ void ote__tcp_conn_free(tcp_conn_t *c) {
 
 /* Keep the epoll interest of c in line with out_wanted and rx_paused. */
 void ote__tcp_conn_events(tcp_conn_t *c) {
-    uint32_t ev = (c->rx_paused ? 0u : (uint32_t)EPOLLIN) | (c->out_wanted ? (uint32_t)EPOLLOUT : 0u);
+    uint32_t ev =
+        (c->rx_paused ? 0u : (uint32_t)EPOLLIN) | (c->out_wanted ? (uint32_t)EPOLLOUT : 0u);
     if (ev == c->ev || c->fd < 0) return;
     struct epoll_event e = {.events = ev, .data.ptr = c};
     if (epoll_ctl(c->w->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0) c->ev = ev;
@@ -78,7 +79,8 @@ void ote__tcp_want_out(tcp_conn_t *c, int on) {
 }
 
 static ote_status_t fail_status(const ote__slice_t *s, ote_status_t why, uint64_t now) {
-    if (s->canceled && atomic_load_explicit(s->canceled, memory_order_relaxed)) return OTE_ERR_CANCELED;
+    if (s->canceled && atomic_load_explicit(s->canceled, memory_order_relaxed))
+        return OTE_ERR_CANCELED;
     if (ote_status_code(why) == OTE_ERR_TIMEOUT && now < s->deadline) return OTE_ERR_PEER_LOST;
     return why;
 }

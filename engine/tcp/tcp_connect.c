@@ -70,8 +70,8 @@ static ote_status_t recv_all(int fd, uint8_t *b, size_t len, ote_deadline_t dl) 
 }
 
 /* Connect one data connection of `p` and run the handshake. */
-static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session,
-                                 ote_deadline_t dl, tcp_conn_t **c_out) {
+static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session, ote_deadline_t dl,
+                                 tcp_conn_t **c_out) {
     tcp_t *tp = p->tp;
     ote_status_t st;
     if (ote_fault_hit("tcp.connect", &st)) return st;
@@ -140,16 +140,18 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
     if (st == OTE_OK) {
         st = ote_ctl_check_hello_ack(&ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
         if (st == OTE_ERR_PROTOCOL && ack.opcode == OTE_CTL_HELLO_ACK &&
-            (ack.u.hello_ack.max_data < OTE_CTL_MIN_DATA || ack.u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
-            OTE_ERROR("control",
-                      "%s advertises max_data %u, outside [%u, %u]: refusing the peer",
+            (ack.u.hello_ack.max_data < OTE_CTL_MIN_DATA ||
+             ack.u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
+            OTE_ERROR("control", "%s advertises max_data %u, outside [%u, %u]: refusing the peer",
                       p->addr, ack.u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
             close(fd);
             return st;
         }
         if (st == OTE_ERR_VERSION) {
-            unsigned plo = ack.opcode == OTE_CTL_ERROR ? ack.u.error.min_version : ack.u.hello_ack.version;
-            unsigned phi = ack.opcode == OTE_CTL_ERROR ? ack.u.error.max_version : ack.u.hello_ack.version;
+            unsigned plo =
+                ack.opcode == OTE_CTL_ERROR ? ack.u.error.min_version : ack.u.hello_ack.version;
+            unsigned phi =
+                ack.opcode == OTE_CTL_ERROR ? ack.u.error.max_version : ack.u.hello_ack.version;
             OTE_ERROR("control",
                       "protocol version mismatch with %s: this engine speaks versions %u..%u, the "
                       "peer %u..%u",
@@ -262,8 +264,8 @@ ote_status_t ote__tcp_peer_open(ote__transport_t *t, const char *peer, ote__tpee
         ote_free(p);
         return st;
     }
-    OTE_INFO("tcp", "connected to %s (advertises %s) over %u connection(s)", p->addr, p->remote_addr,
-             p->n);
+    OTE_INFO("tcp", "connected to %s (advertises %s) over %u connection(s)", p->addr,
+             p->remote_addr, p->n);
     *peer_out = (ote__tpeer_t *)p;
     return OTE_OK;
 }

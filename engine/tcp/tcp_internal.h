@@ -116,8 +116,8 @@ _Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW_FRAME_LEN,
 #define TCP_RX_BUDGET (16u << 20) /* bytes per readable event per connection (fairness) */
 #define TCP_MAX_CONNS 64
 #define TCP_INLINE_MAX (256u << 10) /* submit: a connection's share this small may go inline */
-#define TCP_SRC_MAX_RESP 256u /* queued responses per source connection */
-#define TCP_HS_RXBUF 512u     /* receive buffer before the handshake: one HELLO fits */
+#define TCP_SRC_MAX_RESP 256u       /* queued responses per source connection */
+#define TCP_HS_RXBUF 512u           /* receive buffer before the handshake: one HELLO fits */
 #define TCP_ACCEPT_BACKOFF_NS (100 * OTE_NSEC_PER_MSEC)
 #define TCP_LOG_EVERY_NS (1000 * OTE_NSEC_PER_MSEC)
 #define TCP_HSBUF (OTE_CTL_HDR_LEN + 8 + OTE_CTL_MAX_TEXT + OTE_CTL_MAX_ADDR + 16)
@@ -157,9 +157,9 @@ struct tcp_conn {
     tcp_peer_t *peer; /* requester role */
     char from[OTE__ADDR_MAX];
     uint32_t ev;
-    int out_wanted;  /* EPOLLOUT requested */
-    int rx_paused;   /* source: EPOLLIN off (response cap reached, or closing) */
-    int closing;     /* source: a close_after response is queued; parse nothing more */
+    int out_wanted;   /* EPOLLOUT requested */
+    int rx_paused;    /* source: EPOLLIN off (response cap reached, or closing) */
+    int closing;      /* source: a close_after response is queued; parse nothing more */
     uint64_t born_ns; /* source: accept time (handshake deadline) */
     uint64_t progress, progress_seen, progress_ns; /* bytes moved: a counter, its tick view */
 

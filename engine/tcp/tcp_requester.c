@@ -33,15 +33,18 @@ static void req_append(tcp_conn_t *c, ote__slice_t *list, int check_cancel, req_
         ote__slice_t *s = list;
         list = s->next;
         s->next = NULL;
-        if (check_cancel && s->canceled && atomic_load_explicit(s->canceled, memory_order_relaxed)) {
+        if (check_cancel && s->canceled &&
+            atomic_load_explicit(s->canceled, memory_order_relaxed)) {
             drop_push(&dropped->canceled, s);
             continue;
         }
         s->xp.tcp.seq = ++c->seq;
         if (s->op == OTE__SLICE_NOTIFY) {
-            ote_ctl_put_hdr(s->xp.tcp.wire, c->version, OTE_CTL_NOTIFY, s->xp.tcp.seq, OTE_OK, s->len);
+            ote_ctl_put_hdr(s->xp.tcp.wire, c->version, OTE_CTL_NOTIFY, s->xp.tcp.seq, OTE_OK,
+                            s->len);
             s->xp.tcp.wire_len = OTE_CTL_HDR_LEN;
-        } else if (ote_ctl_put_rw(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote, s->len) == OTE_OK) {
+        } else if (ote_ctl_put_rw(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote,
+                                  s->len) == OTE_OK) {
             s->xp.tcp.wire_len = OTE_CTL_RW_FRAME_LEN;
         } else { /* ote__tcp_submit refuses these; never put a wrapped length on the wire */
             drop_push(&dropped->too_big, s);
@@ -279,7 +282,8 @@ void ote__tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
     for (i = 0; i < n; i++) {
         if (heads[i] == NULL) continue;
         tcp_conn_t *c = p->conns[i];
-        if (c != NULL && !ote__tcp_on_worker && bytes[i] <= TCP_INLINE_MAX && req_send_inline(c, heads[i]))
+        if (c != NULL && !ote__tcp_on_worker && bytes[i] <= TCP_INLINE_MAX &&
+            req_send_inline(c, heads[i]))
             continue;
         int ok = 0;
         if (c != NULL) {

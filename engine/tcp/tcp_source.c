@@ -279,7 +279,8 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
     if (!c->handshaken) {
         uint64_t limit = tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC;
         if (now - c->born_ns >= limit) {
-            OTE_WARN("tcp", "connection from %s did not complete its handshake within %llu ms: closing",
+            OTE_WARN("tcp",
+                     "connection from %s did not complete its handshake within %llu ms: closing",
                      c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }

@@ -85,8 +85,7 @@ void ote__tcp_conn_read(tcp_conn_t *c) {
             if (budget == 0) break;
             if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN)
                 r = recv(c->fd, c->rx_dst, c->rx_left, MSG_DONTWAIT);
-            else
-                r = recv(c->fd, c->rxbuf, c->rxcap, MSG_DONTWAIT);
+            else r = recv(c->fd, c->rxbuf, c->rxcap, MSG_DONTWAIT);
             if (r > 0) {
                 c->progress++;
                 budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
@@ -109,7 +108,8 @@ void ote__tcp_conn_read(tcp_conn_t *c) {
             }
             ote_ctl_msg_t m;
             size_t used = 0;
-            ote_status_t st = ote_ctl_decode(c->rxbuf + c->rx_start, c->rx_end - c->rx_start, &m, &used);
+            ote_status_t st =
+                ote_ctl_decode(c->rxbuf + c->rx_start, c->rx_end - c->rx_start, &m, &used);
             if (st == OTE_ERR_AGAIN) break;
             if (st != OTE_OK) {
                 OTE_ERROR("control", "malformed frame from %s: %s; closing connection",
@@ -137,7 +137,8 @@ void ote__tcp_conn_read(tcp_conn_t *c) {
             c->rx_end = rem;
         }
         size_t want = c->rxcap - c->rx_end;
-        if (c->last_large && c->rx_end < OTE_CTL_RW_FRAME_LEN) want = OTE_CTL_RW_FRAME_LEN - c->rx_end;
+        if (c->last_large && c->rx_end < OTE_CTL_RW_FRAME_LEN)
+            want = OTE_CTL_RW_FRAME_LEN - c->rx_end;
         if (want == 0) { /* an incomplete frame fills the buffer: larger than allowed here */
             OTE_WARN("control", "frame from %s larger than %zu bytes%s: closing connection",
                      c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"), c->rxcap,
@@ -154,7 +155,8 @@ void ote__tcp_conn_read(tcp_conn_t *c) {
         }
     recv_failed_or_again:
         if (r == 0) {
-            if (c->role == ROLE_SOURCE) OTE_DEBUG("tcp", "requester %s closed its connection", c->from);
+            if (c->role == ROLE_SOURCE)
+                OTE_DEBUG("tcp", "requester %s closed its connection", c->from);
             ote__tcp_conn_kill(c, OTE_ERR_PEER_LOST);
             return;
         }
@@ -250,8 +252,7 @@ static void worker_tick(tcp_worker_t *w, uint64_t now) {
         struct epoll_event le = {.events = EPOLLIN, .data.ptr = &tp->lfd};
         if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, tp->lfd, &le) == 0 || errno == EEXIST)
             tp->accept_resume_ns = 0;
-        else
-            tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
+        else tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
     }
 }
 
@@ -276,7 +277,8 @@ static void tcp_accept(tcp_worker_t *w) {
             return;
         }
         if (atomic_load(&tp->naccepted) >= tp->cfg.tcp_max_accepted) {
-            accept_warn(tp, ote_now_ns(), "tcp_max_accepted connections reached: closing a new connection", 0);
+            accept_warn(tp, ote_now_ns(),
+                        "tcp_max_accepted connections reached: closing a new connection", 0);
             close(fd);
             continue;
         }

@@ -43,13 +43,19 @@ TEST_F(BaseTest, StatusCodesKeepErrnoAndScope) {
 }
 
 TEST_F(BaseTest, EveryCodeHasAName) {
-    const int codes[] = {OTE_ERR_INVALID,   OTE_ERR_NOMEM,      OTE_ERR_ACCESS,   OTE_ERR_NOT_FOUND,
-                         OTE_ERR_EXISTS,    OTE_ERR_BUSY,       OTE_ERR_AGAIN,    OTE_ERR_TIMEOUT,
-                         OTE_ERR_CANCELED,  OTE_ERR_UNSUPPORTED, OTE_ERR_TOO_BIG, OTE_ERR_FAULT,
-                         OTE_ERR_STATE,     OTE_ERR_PEER_LOST,  OTE_ERR_PROTOCOL, OTE_ERR_VERSION,
-                         OTE_ERR_CONNECT,   OTE_ERR_REMOTE_ACCESS, OTE_ERR_REMOTE, OTE_ERR_NATIVE,
-                         OTE_ERR_NO_DEVICE, OTE_ERR_PORT_DOWN,  OTE_ERR_DEVICE_FATAL, OTE_ERR_RETAINED,
-                         OTE_ERR_FENCED,    OTE_ERR_IO};
+    const int codes[] = {OTE_ERR_INVALID,      OTE_ERR_NOMEM,
+                         OTE_ERR_ACCESS,       OTE_ERR_NOT_FOUND,
+                         OTE_ERR_EXISTS,       OTE_ERR_BUSY,
+                         OTE_ERR_AGAIN,        OTE_ERR_TIMEOUT,
+                         OTE_ERR_CANCELED,     OTE_ERR_UNSUPPORTED,
+                         OTE_ERR_TOO_BIG,      OTE_ERR_FAULT,
+                         OTE_ERR_STATE,        OTE_ERR_PEER_LOST,
+                         OTE_ERR_PROTOCOL,     OTE_ERR_VERSION,
+                         OTE_ERR_CONNECT,      OTE_ERR_REMOTE_ACCESS,
+                         OTE_ERR_REMOTE,       OTE_ERR_NATIVE,
+                         OTE_ERR_NO_DEVICE,    OTE_ERR_PORT_DOWN,
+                         OTE_ERR_DEVICE_FATAL, OTE_ERR_RETAINED,
+                         OTE_ERR_FENCED,       OTE_ERR_IO};
     for (int c : codes) EXPECT_STRNE(ote_status_str(c), "OTE_ERR_UNKNOWN") << c;
 }
 
@@ -102,14 +108,16 @@ TEST_F(BaseTest, DeadlinesSaturateAndExpire) {
     int ms = ote_deadline_remaining_ms(soon, 1000);
     uint64_t after = ote_now_ns();
     auto ceil_ms = [&](uint64_t now) -> int {
-        return now >= soon ? 0 : static_cast<int>((soon - now + OTE_NSEC_PER_MSEC - 1) / OTE_NSEC_PER_MSEC);
+        return now >= soon
+                   ? 0
+                   : static_cast<int>((soon - now + OTE_NSEC_PER_MSEC - 1) / OTE_NSEC_PER_MSEC);
     };
-    EXPECT_LE(ms, ceil_ms(before));  // at most what was left before the call (5)
-    EXPECT_GE(ms, ceil_ms(after));   // at least what was left after it
+    EXPECT_LE(ms, ceil_ms(before)); // at most what was left before the call (5)
+    EXPECT_GE(ms, ceil_ms(after));  // at least what was left after it
     EXPECT_LE(ms, 5);
     // The cap applies to deadlines far away.
     ote_deadline_t far = ote_now_ns() + 3600 * OTE_NSEC_PER_SEC + 1;
-    EXPECT_EQ(ote_deadline_remaining_ms(far, 1000), 1000);  // capped
+    EXPECT_EQ(ote_deadline_remaining_ms(far, 1000), 1000); // capped
     EXPECT_EQ(ote_deadline_remaining_ms(far, 0), 0);
     // 1 ms + 1 ns away rounds up to 2 (less once time passes), never to 0 before expiry.
     uint64_t t0 = ote_now_ns();
@@ -126,7 +134,7 @@ TEST_F(BaseTest, RetainedRegistryCountsByKind) {
     uint64_t total = ote_retained_total(), mw = ote_retained_count(OTE_RETAINED_MW);
     ote_retained_note(OTE_RETAINED_MW, 2);
     ote_retained_note(OTE_RETAINED_QP, 1);
-    ote_retained_note(OTE_RETAINED_KINDS, 5);  // out of range: ignored
+    ote_retained_note(OTE_RETAINED_KINDS, 5); // out of range: ignored
     EXPECT_EQ(ote_retained_count(OTE_RETAINED_MW), mw + 2);
     EXPECT_EQ(ote_retained_total(), total + 3);
     EXPECT_EQ(RetainedSinceStart(), 3);
@@ -169,7 +177,7 @@ TEST_F(BaseTest, CondWaitHonoursDeadlineAndSignal) {
     ote_deadline_t short_deadline = ote_deadline_after(20 * OTE_NSEC_PER_MSEC);
     ote_status_t st;
     do st = ote_cond_wait(&cv, &mu, short_deadline);
-    while (st == OTE_OK);  // nobody signals: OK can only be a spurious wakeup
+    while (st == OTE_OK); // nobody signals: OK can only be a spurious wakeup
     EXPECT_EQ(st, OTE_ERR_TIMEOUT);
     EXPECT_GE(ote_now_ns(), short_deadline);
     bool flag = false;
@@ -191,4 +199,4 @@ TEST_F(BaseTest, CondWaitHonoursDeadlineAndSignal) {
     ote_mutex_destroy(&mu);
 }
 
-}  // namespace
+} // namespace

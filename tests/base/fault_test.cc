@@ -76,7 +76,7 @@ TEST_F(BaseFaultTest, StrdupAndAlignedAllocFailCleanly) {
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
     ote_aligned_free(p);
-    EXPECT_EQ(ote_aligned_alloc(3, 10), nullptr);  // not a power of two
+    EXPECT_EQ(ote_aligned_alloc(3, 10), nullptr); // not a power of two
 }
 
 TEST_F(BaseFaultTest, FailFromFailsEveryLaterAllocation) {
@@ -136,7 +136,7 @@ TEST_F(BaseFaultTest, MutexAndCondInitFaultPoints) {
     ote_status_t st = ote_mutex_init(&mu);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
     EXPECT_EQ(ote_status_errno(st), EAGAIN);
-    ASSERT_EQ(ote_mutex_init(&mu), OTE_OK);  // only the first hit fails
+    ASSERT_EQ(ote_mutex_init(&mu), OTE_OK); // only the first hit fails
     ASSERT_EQ(ote_fault_arm("base.cond_init", OTE_FAULT_EVERY, 0, OTE_ERR_NOMEM, 0), OTE_OK);
     EXPECT_EQ(ote_cond_init(&cv), OTE_ERR_NOMEM);
     EXPECT_EQ(ote_cond_init(&cv), OTE_ERR_NOMEM);
@@ -200,7 +200,7 @@ TEST_F(BaseFaultTest, ConcurrentHitsAreCountedExactly) {
     }
     for (auto &t : threads) t.join();
     EXPECT_EQ(ote_fault_hits("mt.point"), 8000u);
-    EXPECT_EQ(failed.load(), 1);  // exactly the 5000th hit, whichever thread made it
+    EXPECT_EQ(failed.load(), 1); // exactly the 5000th hit, whichever thread made it
 }
 
-}  // namespace
+} // namespace

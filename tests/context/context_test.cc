@@ -129,7 +129,7 @@ TEST_F(ContextTest, RankPrefersRoceV2ThenIpv4MappedThenGlobalAndSkipsZero) {
 }
 
 TEST_F(ContextTest, PinIsHonouredExactly) {
-    ote_context_pin_t pin = {"sim0", 1, 0};  // link-local v1: never auto-selected
+    ote_context_pin_t pin = {"sim0", 1, 0}; // link-local v1: never auto-selected
     ote_context_config_t cfg = {};
     cfg.pins = &pin;
     cfg.num_pins = 1;
@@ -149,7 +149,7 @@ TEST_F(ContextTest, PinThatDoesNotMatchFailsNamingDevicePortAndIndex) {
         ote_context_pin_t pin;
         const char *needle;
     } cases[] = {
-        {{"sim1", 1, 9}, "device sim1 port 1 GID index 9"},    // empty slot
+        {{"sim1", 1, 9}, "device sim1 port 1 GID index 9"},     // empty slot
         {{"sim1", 1, 500}, "device sim1 port 1 GID index 500"}, // beyond the table
         {{"sim0", 3, 1}, "device sim0 port 3 GID index 1"},     // no such port
     };
@@ -175,13 +175,13 @@ TEST_F(ContextTest, PinThatDoesNotMatchFailsNamingDevicePortAndIndex) {
 TEST_F(ContextTest, DownPortStartsPausedAndDeviceWithoutGidIsSkipped) {
     OpenWith("dev=a;port,state=down;gid=auto-v4,type=v2;dev=b;port;dev=c;port;gid=auto-ll,type=v2");
     ASSERT_EQ(ote_context_set_open(v_, nullptr, &set_), OTE_OK);
-    ASSERT_EQ(ote_context_set_count(set_), 2u);  // b has no GID at all
+    ASSERT_EQ(ote_context_set_count(set_), 2u); // b has no GID at all
     ote_context_t *a = ote_context_set_get(set_, 0);
     ote_context_t *c = ote_context_set_get(set_, 1);
     EXPECT_STREQ(ote_context_name(a), "a");
-    EXPECT_EQ(ote_context_nic_id(c), 2u);  // stable: b keeps id 1 though skipped
+    EXPECT_EQ(ote_context_nic_id(c), 2u); // stable: b keeps id 1 though skipped
     EXPECT_EQ(ote_context_check(a), OTE_ERR_PORT_DOWN);
-    EXPECT_NE(ote_context_pd(a), nullptr);  // paused contexts keep their PD
+    EXPECT_NE(ote_context_pd(a), nullptr); // paused contexts keep their PD
     EXPECT_EQ(ote_context_check(c), OTE_OK);
     // Only a link-local GID on c: still used, it is the best there is.
     ote_context_info_t info;
@@ -192,7 +192,8 @@ TEST_F(ContextTest, DownPortStartsPausedAndDeviceWithoutGidIsSkipped) {
 
 TEST_F(ContextTest, NoUsableDeviceFailsClearly) {
     OpenWith("dev=lonely;port");
-    ExpectErrorLogsIn([&] { EXPECT_EQ(ote_context_set_open(v_, nullptr, &set_), OTE_ERR_NO_DEVICE); });
+    ExpectErrorLogsIn(
+        [&] { EXPECT_EQ(ote_context_set_open(v_, nullptr, &set_), OTE_ERR_NO_DEVICE); });
     EXPECT_TRUE(LogContains("no usable RDMA device"));
 }
 
@@ -215,7 +216,7 @@ TEST_F(ContextTest, PortDownPausesAndPortActiveResumesWithNewGeneration) {
     ASSERT_EQ(ote_sim_set_port_state(v_, "sim0", 1, IBV_PORT_DOWN), OTE_OK);
     ASSERT_TRUE(WaitState(ctx, OTE_CONTEXT_PAUSED));
     EXPECT_EQ(ote_context_check(ctx), OTE_ERR_PORT_DOWN);
-    EXPECT_EQ(ote_context_check(ote_context_set_get(set_, 1)), OTE_OK);  // other NIC unaffected
+    EXPECT_EQ(ote_context_check(ote_context_set_get(set_, 1)), OTE_OK); // other NIC unaffected
     ote_context_info_t paused;
     ote_context_get_info(ctx, &paused);
     EXPECT_GT(paused.route_generation, before.route_generation);
@@ -246,12 +247,12 @@ TEST_F(ContextTest, GidChangeReselectsAutomaticallyButKeepsPinStrict) {
     ote_deadline_t d = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
     ote_context_info_t info;
     {
-        ote_test::ErrorLogsExpected guard;  // the vanished pinned GID is reported
+        ote_test::ErrorLogsExpected guard; // the vanished pinned GID is reported
         do {
             ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
             ote_context_get_info(autoc, &info);
         } while (info.gid_index == 3 && !ote_deadline_expired(d));
-        EXPECT_EQ(info.gid_index, 1);  // ll v2 outranks v4 v1
+        EXPECT_EQ(info.gid_index, 1); // ll v2 outranks v4 v1
         EXPECT_EQ(ote_context_check(autoc), OTE_OK);
         // ...while the pin is not replaced: its context pauses.
         ASSERT_TRUE(WaitState(pinned, OTE_CONTEXT_PAUSED));
@@ -295,4 +296,4 @@ TEST_F(ContextTest, BufferManagerPublishesInEveryContextIncludingPaused) {
     EXPECT_EQ(ote_buffer_manager_destroy(bm), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -68,7 +68,8 @@ TEST_F(ContextFaultTest, MrFailingInSecondContextRollsBackTheFirst) {
               OTE_OK);
     ote_buffer_t *buf = nullptr;
     ote_status_t st = OTE_OK;
-    ExpectErrorLogsIn([&] { st = ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf); });
+    ExpectErrorLogsIn(
+        [&] { st = ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf); });
     EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
     EXPECT_EQ(ote_status_errno(st), ENOMEM);
     EXPECT_EQ(buf, nullptr);
@@ -120,7 +121,7 @@ TEST_F(ContextFaultTest, DeregBusyRetainsTheMrAndALaterRetrySucceeds) {
     EXPECT_EQ(ote_status_code(ote_buffer_deregister(bm_, buf)), OTE_ERR_RETAINED);
     EXPECT_EQ(ote_buffer_manager_retained(bm_), 2u);
     EXPECT_EQ(Retained(OTE_RETAINED_MR), 2u);
-    EXPECT_EQ(ote_buffer_manager_count(bm_), 0u);  // retiring: no longer found
+    EXPECT_EQ(ote_buffer_manager_count(bm_), 0u); // retiring: no longer found
     ibv_mr *mr = nullptr;
     EXPECT_EQ(ote_buffer_manager_find(bm_, mem_.data(), 8, ote_context_set_get(set_, 0), &mr),
               OTE_ERR_ACCESS);
@@ -137,9 +138,9 @@ TEST_F(ContextFaultTest, DeallocPdBusyRetainsTheContextAndCloseRetries) {
     ASSERT_EQ(ote_buffer_manager_destroy(bm_), OTE_OK);
     bm_ = nullptr;
     ote_context_t *second = ote_context_set_get(set_, 1);
-    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEALLOC_PD,
-                                           ote_context_pd(second), 1),
-              OTE_OK);
+    ASSERT_EQ(
+        ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEALLOC_PD, ote_context_pd(second), 1),
+        OTE_OK);
     EXPECT_EQ(ote_status_code(ote_context_set_close(set_)), OTE_ERR_RETAINED);
     ASSERT_EQ(ote_context_set_count(set_), 1u);
     EXPECT_EQ(ote_context_set_get(set_, 0), second);
@@ -154,7 +155,7 @@ TEST_F(ContextFaultTest, InjectedPortEventsPauseAndResumeOnlyTheSelectedPort) {
     ibv_async_event ev;
     memset(&ev, 0, sizeof(ev));
     ev.event_type = IBV_EVENT_PORT_ERR;
-    ev.element.port_num = 2;  // not the selected port: ignored (but acked)
+    ev.element.port_num = 2; // not the selected port: ignored (but acked)
     ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(ctx), &ev), OTE_OK);
     size_t handled = 0;
     ASSERT_EQ(ote_context_set_poll_events(set_, &handled), OTE_OK);
@@ -188,7 +189,7 @@ TEST_F(ContextFaultTest, DeviceFatalFencesAndPublicationSkipsTheContext) {
     ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(fatal), &ev), OTE_OK);
     ExpectErrorLogsIn([&] { ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK); });
     EXPECT_EQ(ote_context_check(fatal), OTE_ERR_DEVICE_FATAL);
-    EXPECT_EQ(ote_context_refresh(fatal), OTE_ERR_DEVICE_FATAL);  // a query cannot heal it
+    EXPECT_EQ(ote_context_refresh(fatal), OTE_ERR_DEVICE_FATAL); // a query cannot heal it
     ote_buffer_t *buf = nullptr;
     ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
     ibv_mr *mr = nullptr;
@@ -230,7 +231,7 @@ TEST_F(ContextFaultTest, AllocationFailuresDuringRegistrationLeakNothing) {
         ote_buffer_t *buf = nullptr;
         ote_status_t st;
         {
-            ote_test::ErrorLogsExpected guard;  // the provider's own allocations fail too
+            ote_test::ErrorLogsExpected guard; // the provider's own allocations fail too
             ote_alloc_fail_nth(n);
             st = ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf);
             ote_alloc_fail_disarm();
@@ -260,7 +261,7 @@ TEST_F(ContextFaultTest, FaultPointsFailOpenAndRegisterBeforeAnythingIsMade) {
     EXPECT_EQ(set, nullptr);
     EXPECT_EQ(ote_fault_failures("context.set_open"), 1u);
     EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE), 0u);
-    Open();  // the NTH rule is spent: the next open succeeds
+    Open(); // the NTH rule is spent: the next open succeeds
     ASSERT_EQ(ote_fault_arm("context.buffer_register", OTE_FAULT_NTH, 1, OTE_ERR_NOMEM, 0), OTE_OK);
     ote_verbs_fault_reset_counters(v_);
     ote_buffer_t *buf = nullptr;
@@ -273,4 +274,4 @@ TEST_F(ContextFaultTest, FaultPointsFailOpenAndRegisterBeforeAnythingIsMade) {
     EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -43,8 +43,8 @@ struct Record {
     static void Fn(void *arg, ote_cq_lane_t *, ote_cq_dir_t dir, const ibv_wc *wc) {
         auto *r = static_cast<Record *>(arg);
         std::lock_guard<std::mutex> g(r->mu);
-        r->seen.push_back({OTE_CQ_WR_NS(wc->wr_id), dir, wc->wr_id, wc->status,
-                           std::this_thread::get_id()});
+        r->seen.push_back(
+            {OTE_CQ_WR_NS(wc->wr_id), dir, wc->wr_id, wc->status, std::this_thread::get_id()});
     }
     size_t Count() {
         std::lock_guard<std::mutex> g(mu);
@@ -134,7 +134,7 @@ TEST_F(CqTest, CompletionsReachTheRecordOwningTheNamespaceThroughTheHook) {
     ASSERT_EQ(ote_cq_lane_progress(lane, &Wait::Pred, &wa, d), OTE_OK);
     ASSERT_EQ(ote_cq_lane_progress(lane, &Wait::Pred, &wb, d), OTE_OK);
     ASSERT_EQ(a.seen.size(), 2u);
-    EXPECT_EQ(a.seen[0].wr_id, OTE_CQ_WR_ID(a.ns, 1));  // SQ completes in posting order
+    EXPECT_EQ(a.seen[0].wr_id, OTE_CQ_WR_ID(a.ns, 1)); // SQ completes in posting order
     EXPECT_EQ(a.seen[1].wr_id, OTE_CQ_WR_ID(a.ns, 3));
     EXPECT_EQ(a.seen[0].status, IBV_WC_WR_FLUSH_ERR);
     EXPECT_EQ(a.seen[0].dir, OTE_CQ_SEND);
@@ -148,7 +148,7 @@ TEST_F(CqTest, CompletionsReachTheRecordOwningTheNamespaceThroughTheHook) {
     ote_cq_lane_unregister_ns(lane, a.ns);
     Record c;
     ASSERT_EQ(ote_cq_lane_register_ns(lane, &Record::Fn, &c, &c.ns), OTE_OK);
-    EXPECT_GT(c.ns, b.ns);  // never reused
+    EXPECT_GT(c.ns, b.ns); // never reused
     ASSERT_EQ(qp.PostSends({OTE_CQ_WR_ID(a.ns, 9), OTE_CQ_WR_ID(c.ns, 1)}), 0);
     Wait wc{&c, 1};
     ASSERT_EQ(ote_cq_lane_progress(lane, &Wait::Pred, &wc, d), OTE_OK);
@@ -183,7 +183,7 @@ TEST_F(CqTest, BudgetRefusesWhatCouldOverrunTheCq) {
     EXPECT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 10), OTE_OK);
     EXPECT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 7), OTE_ERR_AGAIN);
     EXPECT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 6), OTE_OK);
-    EXPECT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_RECV, 16), OTE_OK);  // separate budget
+    EXPECT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_RECV, 16), OTE_OK); // separate budget
     EXPECT_EQ(ote_cq_lane_outstanding(lane, OTE_CQ_SEND), 16u);
     ote_cq_lane_release(lane, OTE_CQ_SEND, 16);
     ote_cq_lane_release(lane, OTE_CQ_RECV, 16);
@@ -193,13 +193,12 @@ TEST_F(CqTest, BudgetRefusesWhatCouldOverrunTheCq) {
 
 TEST_F(CqTest, DrainHasADeadline) {
     ote_cq_lane_t *lane = Lane(0, 0);
-    ASSERT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 1), OTE_OK);  // a CQE that never comes
+    ASSERT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 1), OTE_OK); // a CQE that never comes
     uint64_t t0 = ote_now_ns();
-    EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(50 * OTE_NSEC_PER_MSEC)),
-              OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(50 * OTE_NSEC_PER_MSEC)), OTE_ERR_TIMEOUT);
     uint64_t took = ote_now_ns() - t0;
     EXPECT_GE(took, 50 * OTE_NSEC_PER_MSEC);
-    EXPECT_LT(took, 60 * OTE_NSEC_PER_SEC);  // bounded (a hang would fail), not a speed check
+    EXPECT_LT(took, 60 * OTE_NSEC_PER_SEC); // bounded (a hang would fail), not a speed check
     EXPECT_TRUE(LogContains("drain deadline passed"));
     ote_cq_lane_release(lane, OTE_CQ_SEND, 1);
     EXPECT_EQ(ote_cq_lane_drain(lane, ote_deadline_after(30 * OTE_NSEC_PER_SEC)), OTE_OK);
@@ -222,7 +221,7 @@ TEST_F(CqTest, WorkerIPollsLaneIAcrossContexts) {
         ASSERT_EQ(ote_cq_workers_add(w, lanes[i]), OTE_OK);
     }
     EXPECT_EQ(ote_cq_workers_add(w, lanes[0]), OTE_ERR_EXISTS);
-    EXPECT_EQ(ote_cq_lane_destroy(lanes[0]), OTE_ERR_BUSY);  // QP attached, worker polling
+    EXPECT_EQ(ote_cq_lane_destroy(lanes[0]), OTE_ERR_BUSY); // QP attached, worker polling
     for (int round = 0; round < 20; round++)
         for (int i = 0; i < 4; i++)
             ASSERT_EQ(qps[i].PostSends({OTE_CQ_WR_ID(recs[i].ns, (uint64_t)round)}), 0);
@@ -235,7 +234,7 @@ TEST_F(CqTest, WorkerIPollsLaneIAcrossContexts) {
     std::set<std::thread::id> lane0, lane1;
     for (int i = 0; i < 4; i++)
         for (auto &s : recs[i].seen) (i % 2 == 0 ? lane0 : lane1).insert(s.thread);
-    ASSERT_EQ(lane0.size(), 1u);  // one worker for lane 0 of both contexts
+    ASSERT_EQ(lane0.size(), 1u); // one worker for lane 0 of both contexts
     ASSERT_EQ(lane1.size(), 1u);
     EXPECT_NE(*lane0.begin(), *lane1.begin());
     EXPECT_NE(*lane0.begin(), std::this_thread::get_id());
@@ -281,12 +280,13 @@ TEST_F(CqTest, CallbackMayUnregisterItsOwnNamespace) {
             return st.completions >= 2;
         }
     } both{lane};
-    ASSERT_EQ(ote_cq_lane_progress(lane, &Both::Fn, &both, ote_deadline_after(30 * OTE_NSEC_PER_SEC)),
-              OTE_OK);
-    EXPECT_EQ(s.calls, 1);  // the second CQE found no record
+    ASSERT_EQ(
+        ote_cq_lane_progress(lane, &Both::Fn, &both, ote_deadline_after(30 * OTE_NSEC_PER_SEC)),
+        OTE_OK);
+    EXPECT_EQ(s.calls, 1); // the second CQE found no record
     ote_cq_lane_detach_qp(lane, qp.Num());
     ASSERT_EQ(qp.Destroy(), 0);
     EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -84,7 +84,7 @@ TEST_F(CqFaultTest, CreationFailingAtEachStepLeaksNothingAndRetryWorks) {
         ASSERT_EQ(ote_verbs_fault_fail(v_, s.op, OTE_FAULT_NTH, s.nth, ENOMEM), OTE_OK);
         ote_cq_lane_t *lane = nullptr;
         ote_status_t st = OTE_OK;
-        ExpectErrorLogsIn([&] { st = Create(&lane); });  // the failed native call is logged
+        ExpectErrorLogsIn([&] { st = Create(&lane); }); // the failed native call is logged
         EXPECT_EQ(ote_status_errno(st), ENOMEM);
         EXPECT_EQ(lane, nullptr);
         // Every CQ and channel that was made was destroyed again.
@@ -138,7 +138,7 @@ TEST_F(CqFaultTest, DestroyCqBusyRetainsTheLaneAndALaterDestroySucceeds) {
     // A retained lane accepts no new work.
     EXPECT_EQ(ote_cq_lane_reserve(lane, OTE_CQ_SEND, 1), OTE_ERR_STATE);
     EXPECT_EQ(ote_status_code(ote_cq_lane_destroy(lane)), OTE_ERR_RETAINED);
-    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CQ), 1u);  // still counted once
+    EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CQ), 1u); // still counted once
     EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
     EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CQ), 0u);
     EXPECT_EQ(ote_context_retained(ctx_, OTE_RETAINED_CHANNEL), 0u);
@@ -183,7 +183,7 @@ TEST_F(CqFaultTest, LostCqeKeepsItsChargeOwedAndDrainEndsAtTheDeadline) {
     ASSERT_EQ(rec.seen.size(), 2u);
     EXPECT_EQ(rec.seen[0].wr_id, OTE_CQ_WR_ID(rec.ns, 1));
     EXPECT_EQ(rec.seen[1].wr_id, OTE_CQ_WR_ID(rec.ns, 3));
-    EXPECT_EQ(ote_cq_lane_outstanding(lane, OTE_CQ_SEND), 1u);  // the lost one stays owed
+    EXPECT_EQ(ote_cq_lane_outstanding(lane, OTE_CQ_SEND), 1u); // the lost one stays owed
     EXPECT_EQ(ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
     // Destroying the QP proves nothing more can come: its owner releases the charge.
     ote_cq_lane_detach_qp(lane, qp.Num());
@@ -274,17 +274,16 @@ TEST_F(CqFaultTest, WorkersKeepPollingThroughPollFailures) {
     // Wait (generous deadline, no polling here) until the failure was injected and the
     // worker delivered every completion.
     ote_deadline_t deadline = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
-    while ((rec.Count() < 4 ||
-            ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ) < 1) &&
+    while ((rec.Count() < 4 || ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ) < 1) &&
            !ote_deadline_expired(deadline)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     ASSERT_EQ(ote_cq_workers_remove(w, lane), OTE_OK);
     EXPECT_EQ(ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
-    EXPECT_GE(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 4u);  // it polled on
+    EXPECT_GE(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 4u); // it polled on
     ote_cq_lane_stats_t stats;
     ote_cq_lane_get_stats(lane, &stats);
-    EXPECT_EQ(stats.poll_failures, 1u);  // the one injected failure, seen by the lane
+    EXPECT_EQ(stats.poll_failures, 1u); // the one injected failure, seen by the lane
     EXPECT_EQ(stats.completions, 4u);
     EXPECT_TRUE(LogContains("poll_cq(") && LogContains("failed: errno 5"));
     {
@@ -315,15 +314,16 @@ TEST_F(CqFaultTest, FaultPointsFailLaneCreateAndWorkerStartBeforeAnythingIsMade)
     EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_CQ), 0u);
     EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_COMP_CHANNEL), 0u);
     ASSERT_EQ(Create(&lane), OTE_OK);
-    ASSERT_EQ(ote_fault_arm("cq.workers_start", OTE_FAULT_EVERY, 0, OTE_ERR_NATIVE, EAGAIN), OTE_OK);
+    ASSERT_EQ(ote_fault_arm("cq.workers_start", OTE_FAULT_EVERY, 0, OTE_ERR_NATIVE, EAGAIN),
+              OTE_OK);
     ote_cq_workers_t *w = nullptr;
     int fds = ote_test::CountOpenFds();
     ote_status_t st = ote_cq_workers_start(2, &w);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
     EXPECT_EQ(ote_status_errno(st), EAGAIN);
     EXPECT_EQ(w, nullptr);
-    EXPECT_EQ(ote_test::CountOpenFds(), fds);  // no wake fd left behind
-    EXPECT_EQ(ote_status_code(ote_cq_workers_start_numa(1, -1, &w)), OTE_ERR_NATIVE);  // same path
+    EXPECT_EQ(ote_test::CountOpenFds(), fds); // no wake fd left behind
+    EXPECT_EQ(ote_status_code(ote_cq_workers_start_numa(1, -1, &w)), OTE_ERR_NATIVE); // same path
     EXPECT_EQ(w, nullptr);
     EXPECT_EQ(ote_fault_failures("cq.workers_start"), 2u);
     ASSERT_EQ(ote_fault_disarm("cq.workers_start"), OTE_OK);
@@ -334,4 +334,4 @@ TEST_F(CqFaultTest, FaultPointsFailLaneCreateAndWorkerStartBeforeAnythingIsMade)
     EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
 }
 
-}  // namespace
+} // namespace

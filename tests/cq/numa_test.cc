@@ -98,7 +98,7 @@ TEST_F(NumaTest, MissingNodeLeavesThePoolUnbound) {
     std::vector<cpu_set_t> seen = WorkerAffinities();
     EXPECT_EQ(seen.size(), 1u);
     if (!seen.empty()) {
-        EXPECT_TRUE(CPU_EQUAL(&seen[0], &saved_));  // the creator's mask
+        EXPECT_TRUE(CPU_EQUAL(&seen[0], &saved_)); // the creator's mask
     }
     EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK);
     ote_log_set_level(old);
@@ -126,4 +126,4 @@ TEST_F(NumaTest, BadArguments) {
     EXPECT_EQ(ote_cq_workers_cpus(nullptr, &s), OTE_ERR_INVALID);
 }
 
-}  // namespace
+} // namespace

@@ -37,9 +37,8 @@ class RawQp {
         memset(&a, 0, sizeof(a));
         a.qp_state = IBV_QPS_INIT;
         a.port_num = 1;
-        err = v_->ops->modify_qp(v_, qp_, &a,
-                                 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                     IBV_QP_ACCESS_FLAGS);
+        err = v_->ops->modify_qp(
+            v_, qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
         if (err != 0) return err;
         memset(&a, 0, sizeof(a));
         a.qp_state = IBV_QPS_ERR;
@@ -82,6 +81,6 @@ class RawQp {
     ibv_qp *qp_ = nullptr;
 };
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

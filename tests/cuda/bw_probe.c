@@ -30,9 +30,21 @@ static size_t parse_size(const char *s) {
     unsigned long long v = strtoull(s, &end, 10);
     if (end == s) return 0;
     switch (*end) {
-        case 'k': case 'K': v <<= 10; end++; break;
-        case 'm': case 'M': v <<= 20; end++; break;
-        case 'g': case 'G': v <<= 30; end++; break;
+        case 'k':
+        case 'K':
+            v <<= 10;
+            end++;
+            break;
+        case 'm':
+        case 'M':
+            v <<= 20;
+            end++;
+            break;
+        case 'g':
+        case 'G':
+            v <<= 30;
+            end++;
+            break;
         default: break;
     }
     return *end == '\0' ? (size_t)v : 0;
@@ -52,11 +64,19 @@ static const char *kind_name(ote_cuda_copy_kind_t k) {
     return k == OTE_CUDA_COPY_HTOD ? "HtoD" : k == OTE_CUDA_COPY_DTOH ? "DtoH" : "DtoD";
 }
 
-static void endpoints(probe_t *p, ote_cuda_copy_kind_t k, ote_cu_deviceptr_t *dst, ote_cu_deviceptr_t *src) {
+static void endpoints(probe_t *p, ote_cuda_copy_kind_t k, ote_cu_deviceptr_t *dst,
+                      ote_cu_deviceptr_t *src) {
     ote_cu_deviceptr_t h = (ote_cu_deviceptr_t)(uintptr_t)ote_cuda_host_mem_ptr(p->host);
-    if (k == OTE_CUDA_COPY_HTOD) { *dst = ote_cuda_alloc_ptr(p->da); *src = h; }
-    else if (k == OTE_CUDA_COPY_DTOH) { *dst = h; *src = ote_cuda_alloc_ptr(p->da); }
-    else { *dst = ote_cuda_alloc_ptr(p->db); *src = ote_cuda_alloc_ptr(p->da); }
+    if (k == OTE_CUDA_COPY_HTOD) {
+        *dst = ote_cuda_alloc_ptr(p->da);
+        *src = h;
+    } else if (k == OTE_CUDA_COPY_DTOH) {
+        *dst = h;
+        *src = ote_cuda_alloc_ptr(p->da);
+    } else {
+        *dst = ote_cuda_alloc_ptr(p->db);
+        *src = ote_cuda_alloc_ptr(p->da);
+    }
 }
 
 /* One copy through the owners: enqueue, hold what it touches, commit, wait. */
@@ -68,7 +88,8 @@ static ote_status_t owner_copy(probe_t *p, ote_cuda_copy_kind_t k) {
     if (st == OTE_OK && k != OTE_CUDA_COPY_DTOD) st = ote_cuda_stream_hold_host(p->stream, p->host);
     if (st == OTE_OK) st = ote_cuda_stream_copy(p->stream, k, dst, src, p->size);
     if (st == OTE_OK) st = ote_cuda_stream_commit(p->stream, NULL, NULL);
-    if (st == OTE_OK) st = ote_cuda_stream_wait(p->stream, ote_deadline_after(60ull * OTE_NSEC_PER_SEC));
+    if (st == OTE_OK)
+        st = ote_cuda_stream_wait(p->stream, ote_deadline_after(60ull * OTE_NSEC_PER_SEC));
     return st;
 }
 
@@ -78,8 +99,10 @@ static ote_status_t direct_copy(probe_t *p, ote_cuda_copy_kind_t k) {
     ote_status_t st = ote_cuda_device_make_current(p->dev);
     if (st != OTE_OK) return st;
     ote_cu_result_t res;
-    if (k == OTE_CUDA_COPY_HTOD) res = p->t->cuMemcpyHtoD(dst, (const void *)(uintptr_t)src, p->size);
-    else if (k == OTE_CUDA_COPY_DTOH) res = p->t->cuMemcpyDtoH((void *)(uintptr_t)dst, src, p->size);
+    if (k == OTE_CUDA_COPY_HTOD)
+        res = p->t->cuMemcpyHtoD(dst, (const void *)(uintptr_t)src, p->size);
+    else if (k == OTE_CUDA_COPY_DTOH)
+        res = p->t->cuMemcpyDtoH((void *)(uintptr_t)dst, src, p->size);
     else res = p->t->cuMemcpyDtoD(dst, src, p->size); /* fenced by the caller */
     return ote_cuda_check(p->drv, res, kind_name(k));
 }
@@ -88,7 +111,8 @@ static ote_status_t direct_copy(probe_t *p, ote_cuda_copy_kind_t k) {
  * a synchronous DtoH of one byte after it orders the measurement on the null stream. */
 static ote_status_t direct_fence(probe_t *p) {
     unsigned char b;
-    return ote_cuda_check(p->drv, p->t->cuMemcpyDtoH(&b, ote_cuda_alloc_ptr(p->db), 1), "cuMemcpyDtoH(fence)");
+    return ote_cuda_check(p->drv, p->t->cuMemcpyDtoH(&b, ote_cuda_alloc_ptr(p->db), 1),
+                          "cuMemcpyDtoH(fence)");
 }
 
 static ote_status_t check_round_trip(probe_t *p) {
@@ -105,7 +129,8 @@ static ote_status_t check_round_trip(probe_t *p) {
         st = ote_cuda_stream_copy(p->stream, OTE_CUDA_COPY_DTOH, (ote_cu_deviceptr_t)(uintptr_t)h2,
                                   ote_cuda_alloc_ptr(p->db), p->size);
     if (st == OTE_OK) st = ote_cuda_stream_commit(p->stream, NULL, NULL);
-    if (st == OTE_OK) st = ote_cuda_stream_wait(p->stream, ote_deadline_after(60ull * OTE_NSEC_PER_SEC));
+    if (st == OTE_OK)
+        st = ote_cuda_stream_wait(p->stream, ote_deadline_after(60ull * OTE_NSEC_PER_SEC));
     if (st != OTE_OK) return st;
     if (memcmp(h, h2, p->size) != 0) {
         fprintf(stderr, "bw_probe: round trip HtoD/DtoD/DtoH returned different bytes\n");
@@ -117,12 +142,10 @@ static ote_status_t check_round_trip(probe_t *p) {
 int main(int argc, char **argv) {
     size_t size = 256u << 20;
     int iters = 5, ordinal = 0, json = 0;
-    static const struct option opts[] = {{"size", required_argument, 0, 's'},
-                                         {"iters", required_argument, 0, 'i'},
-                                         {"device", required_argument, 0, 'd'},
-                                         {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"size", required_argument, 0, 's'},   {"iters", required_argument, 0, 'i'},
+        {"device", required_argument, 0, 'd'}, {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "s:i:d:jh", opts, NULL)) != -1) {
         switch (c) {
@@ -131,7 +154,9 @@ int main(int argc, char **argv) {
             case 'd': ordinal = atoi(optarg); break;
             case 'j': json = 1; break;
             default:
-                fprintf(stderr, "usage: %s [--size BYTES[K|M|G]] [--iters N] [--device N] [--json]\n", argv[0]);
+                fprintf(stderr,
+                        "usage: %s [--size BYTES[K|M|G]] [--iters N] [--device N] [--json]\n",
+                        argv[0]);
                 return c == 'h' ? 0 : 1;
         }
     }
@@ -185,10 +210,14 @@ int main(int argc, char **argv) {
         double gb = (double)size * iters / 1e9;
         double owners = gb / secs[0], direct = gb / secs[1];
         if (json)
-            printf("{\"copy\":\"%s\",\"bytes\":%zu,\"iters\":%d,\"owners_gbps\":%.3f,\"direct_gbps\":%.3f,"
-                   "\"ratio\":%.3f}\n", kind_name(kinds[k]), size, iters, owners, direct, owners / direct);
+            printf(
+                "{\"copy\":\"%s\",\"bytes\":%zu,\"iters\":%d,\"owners_gbps\":%.3f,\"direct_gbps\":%"
+                ".3f,"
+                "\"ratio\":%.3f}\n",
+                kind_name(kinds[k]), size, iters, owners, direct, owners / direct);
         else
-            printf("%-5s %14.2f %14.2f %7.2fx\n", kind_name(kinds[k]), owners, direct, owners / direct);
+            printf("%-5s %14.2f %14.2f %7.2fx\n", kind_name(kinds[k]), owners, direct,
+                   owners / direct);
     }
     rc = 0;
 

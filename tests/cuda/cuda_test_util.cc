@@ -21,7 +21,7 @@ bool UseRealCuda() {
 }
 
 void SelectDriverLibrary() {
-    if (UseRealCuda()) return;  // the production default, or what the caller set
+    if (UseRealCuda()) return; // the production default, or what the caller set
     setenv("OTE_CUDA_LIBRARY", FakeLibraryPath().c_str(), 1);
 }
 
@@ -32,30 +32,32 @@ FakeControl LookupFake(ote_cuda_driver_t *drv) {
     f.is_fake = reinterpret_cast<fake_cuda_is_fake_fn>(dlsym(dl, "fake_cuda_is_fake"));
     if (f.is_fake == nullptr) return f;
     f.fail = reinterpret_cast<fake_cuda_fail_fn>(dlsym(dl, "fake_cuda_fail"));
-    f.clear_faults = reinterpret_cast<fake_cuda_clear_faults_fn>(dlsym(dl, "fake_cuda_clear_faults"));
+    f.clear_faults =
+        reinterpret_cast<fake_cuda_clear_faults_fn>(dlsym(dl, "fake_cuda_clear_faults"));
     f.set_max_delay_us =
         reinterpret_cast<fake_cuda_set_max_delay_us_fn>(dlsym(dl, "fake_cuda_set_max_delay_us"));
     f.counters = reinterpret_cast<fake_cuda_counters_fn>(dlsym(dl, "fake_cuda_counters"));
     f.calls = reinterpret_cast<fake_cuda_calls_fn>(dlsym(dl, "fake_cuda_calls"));
     if (f.fail == nullptr || f.clear_faults == nullptr || f.set_max_delay_us == nullptr ||
         f.counters == nullptr || f.calls == nullptr)
-        f.is_fake = nullptr;  // an incomplete control API is no control API
+        f.is_fake = nullptr; // an incomplete control API is no control API
     return f;
 }
 
 bool LiveCounts::operator==(const LiveCounts &o) const {
     return device_allocs == o.device_allocs && host_allocs == o.host_allocs &&
-           host_registrations == o.host_registrations && streams == o.streams && events == o.events &&
-           pending_ops == o.pending_ops && ipc_imports == o.ipc_imports &&
+           host_registrations == o.host_registrations && streams == o.streams &&
+           events == o.events && pending_ops == o.pending_ops && ipc_imports == o.ipc_imports &&
            ipc_import_refs == o.ipc_import_refs && primary_ctx_retains == o.primary_ctx_retains &&
            vmm_handles == o.vmm_handles && vmm_reservations == o.vmm_reservations &&
            vmm_mappings == o.vmm_mappings;
 }
 
 LiveCounts Live(const fake_cuda_counters_t &c) {
-    return LiveCounts{c.device_allocs, c.host_allocs,  c.host_registrations, c.streams,
-                      c.events,        c.pending_ops,  c.ipc_imports,        c.ipc_import_refs,
-                      c.primary_ctx_retains, c.vmm_handles, c.vmm_reservations, c.vmm_mappings};
+    return LiveCounts{c.device_allocs, c.host_allocs,      c.host_registrations,
+                      c.streams,       c.events,           c.pending_ops,
+                      c.ipc_imports,   c.ipc_import_refs,  c.primary_ctx_retains,
+                      c.vmm_handles,   c.vmm_reservations, c.vmm_mappings};
 }
 
 std::string Describe(const LiveCounts &c) {
@@ -129,9 +131,9 @@ void CudaTest::TearDown() {
         EXPECT_EQ(ote_cuda_driver_retained(drv_), 0u);
         if (fake_.present() && check_counts_) {
             LiveCounts now = WaitCounts(at_start_);
-            EXPECT_TRUE(now == at_start_) << "fake driver objects leaked: at start {"
-                                          << Describe(at_start_) << "}, now {" << Describe(now)
-                                          << "}";
+            EXPECT_TRUE(now == at_start_)
+                << "fake driver objects leaked: at start {" << Describe(at_start_) << "}, now {"
+                << Describe(now) << "}";
         }
         EXPECT_EQ(ote_cuda_driver_unload(drv_), OTE_OK);
         drv_ = nullptr;
@@ -139,4 +141,4 @@ void CudaTest::TearDown() {
     OteTest::TearDown();
 }
 
-}  // namespace ote_cuda_test
+} // namespace ote_cuda_test

@@ -83,13 +83,13 @@ class CudaTest : public ote_test::OteTest {
     bool check_counts_ = true;
 };
 
-}  // namespace ote_cuda_test
+} // namespace ote_cuda_test
 
-#define REQUIRE_FAKE()                                                                      \
-    do {                                                                                    \
-        if (!fake_.present())                                                               \
+#define REQUIRE_FAKE() \
+    do { \
+        if (!fake_.present()) \
             GTEST_SKIP() << "needs the fake libcuda's control API (fault points/counters); " \
-                            "the driver in use is a real one";                              \
+                            "the driver in use is a real one"; \
     } while (0)
 
 #endif

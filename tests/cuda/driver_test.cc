@@ -23,8 +23,9 @@ class CudaDriverTest : public OteTest {};
 
 TEST_F(CudaDriverTest, MissingLibraryIsNoDevice) {
     ote_cuda_driver_t *drv = reinterpret_cast<ote_cuda_driver_t *>(0x1);
-    EXPECT_EQ(ote_status_code(ote_cuda_driver_load("/nonexistent/libcuda.so.1", &drv)), OTE_ERR_NO_DEVICE);
-    EXPECT_EQ(drv, reinterpret_cast<ote_cuda_driver_t *>(0x1));  // untouched on failure
+    EXPECT_EQ(ote_status_code(ote_cuda_driver_load("/nonexistent/libcuda.so.1", &drv)),
+              OTE_ERR_NO_DEVICE);
+    EXPECT_EQ(drv, reinterpret_cast<ote_cuda_driver_t *>(0x1)); // untouched on failure
 }
 
 TEST_F(CudaDriverTest, EnvironmentNamesTheLibrary) {
@@ -35,7 +36,8 @@ TEST_F(CudaDriverTest, EnvironmentNamesTheLibrary) {
     EXPECT_EQ(ote_status_code(ote_cuda_driver_load(nullptr, &drv)), OTE_ERR_NO_DEVICE);
     EXPECT_EQ(drv, nullptr);
     EXPECT_TRUE(LogContains("libcuda-from-env.so") || ote_log_level() < OTE_LOG_INFO);
-    if (old != nullptr) setenv("OTE_CUDA_LIBRARY", saved.c_str(), 1); else unsetenv("OTE_CUDA_LIBRARY");
+    if (old != nullptr) setenv("OTE_CUDA_LIBRARY", saved.c_str(), 1);
+    else unsetenv("OTE_CUDA_LIBRARY");
 }
 
 TEST_F(CudaDriverTest, LibraryWithoutEntryPointsIsUnsupported) {
@@ -74,14 +76,16 @@ class CudaDriverLoadTest : public CudaTest {};
 TEST_F(CudaDriverLoadTest, ResolvesEveryEntryPointAndNamesResults) {
     const ote_cuda_driver_table_t *t = ote_cuda_driver_table(drv_);
     const void *const *slots = reinterpret_cast<const void *const *>(t);
-    for (size_t i = 0; i < sizeof(*t) / sizeof(void *); i++) EXPECT_NE(slots[i], nullptr) << "entry " << i;
+    for (size_t i = 0; i < sizeof(*t) / sizeof(void *); i++)
+        EXPECT_NE(slots[i], nullptr) << "entry " << i;
     // Both the fake and CUDA >= 12 drivers have cuGetProcAddress_v2, which the loader
     // prefers over dlsym.
     EXPECT_EQ(ote_cuda_driver_used_proc_address(drv_), 1);
     int version = 0;
     ASSERT_EQ(t->cuDriverGetVersion(&version), OTE_CU_SUCCESS);
     EXPECT_GE(version, 12000);
-    EXPECT_STREQ(ote_cuda_result_name(drv_, OTE_CU_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
+    EXPECT_STREQ(ote_cuda_result_name(drv_, OTE_CU_ERROR_OUT_OF_MEMORY),
+                 "CUDA_ERROR_OUT_OF_MEMORY");
     EXPECT_STREQ(ote_cuda_result_name(drv_, OTE_CU_ERROR_NOT_READY), "CUDA_ERROR_NOT_READY");
     // A failed call is logged with the driver's name of the result.
     EXPECT_EQ(ote_status_code(ote_cuda_check(drv_, OTE_CU_ERROR_INVALID_VALUE, "cuSomething")),
@@ -135,4 +139,4 @@ TEST_F(CudaDriverLoadTest, AllocationFailureLeavesNothing) {
     EXPECT_TRUE(loaded);
 }
 
-}  // namespace
+} // namespace

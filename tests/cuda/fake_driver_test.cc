@@ -104,20 +104,22 @@ struct Api {
     void *Proc(const char *name) {
         void *p = nullptr;
         CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-        if (GetProcAddress(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS) return nullptr;
+        if (GetProcAddress(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS)
+            return nullptr;
         return st == CU_GET_PROC_ADDRESS_SUCCESS ? p : nullptr;
     }
     bool Load() {
         handle = dlopen(FakeLibPath().c_str(), RTLD_NOW | RTLD_LOCAL);
         if (handle == nullptr) return false;
-        GetProcAddress = reinterpret_cast<decltype(GetProcAddress)>(dlsym(handle, "cuGetProcAddress_v2"));
+        GetProcAddress =
+            reinterpret_cast<decltype(GetProcAddress)>(dlsym(handle, "cuGetProcAddress_v2"));
         if (GetProcAddress == nullptr) return false;
         bool ok = true;
-#define FK_LOAD(field, base)                                              \
-    field = reinterpret_cast<decltype(field)>(Proc(base));                \
-    if (field == nullptr) {                                               \
+#define FK_LOAD(field, base) \
+    field = reinterpret_cast<decltype(field)>(Proc(base)); \
+    if (field == nullptr) { \
         std::fprintf(stderr, "fake_driver_test: %s not resolved\n", base); \
-        ok = false;                                                       \
+        ok = false; \
     }
         FK_LOAD(Init, "cuInit");
         FK_LOAD(DeviceGetCount, "cuDeviceGetCount");
@@ -171,8 +173,10 @@ struct Api {
         FK_LOAD(MemImportFromShareableHandle, "cuMemImportFromShareableHandle");
 #undef FK_LOAD
         Fail = reinterpret_cast<fake_cuda_fail_fn>(dlsym(handle, "fake_cuda_fail"));
-        ClearFaults = reinterpret_cast<fake_cuda_clear_faults_fn>(dlsym(handle, "fake_cuda_clear_faults"));
-        SetMaxDelayUs = reinterpret_cast<fake_cuda_set_max_delay_us_fn>(dlsym(handle, "fake_cuda_set_max_delay_us"));
+        ClearFaults =
+            reinterpret_cast<fake_cuda_clear_faults_fn>(dlsym(handle, "fake_cuda_clear_faults"));
+        SetMaxDelayUs = reinterpret_cast<fake_cuda_set_max_delay_us_fn>(
+            dlsym(handle, "fake_cuda_set_max_delay_us"));
         Counters = reinterpret_cast<fake_cuda_counters_fn>(dlsym(handle, "fake_cuda_counters"));
         Calls = reinterpret_cast<fake_cuda_calls_fn>(dlsym(handle, "fake_cuda_calls"));
         IsFake = reinterpret_cast<fake_cuda_is_fake_fn>(dlsym(handle, "fake_cuda_is_fake"));
@@ -185,7 +189,8 @@ Api &A() {
     static Api *api = [] {
         Api *a = new Api;
         if (!a->Load()) {
-            std::fprintf(stderr, "fake_driver_test: cannot load %s: %s\n", FakeLibPath().c_str(), dlerror());
+            std::fprintf(stderr, "fake_driver_test: cannot load %s: %s\n", FakeLibPath().c_str(),
+                         dlerror());
             std::abort();
         }
         return a;
@@ -258,11 +263,13 @@ int ChildIpcImport() {
         if (buf[i] != 0x5a) return 23;
     std::memset(buf.data(), 0xc3, n);
     if (a.MemcpyHtoD(d, buf.data(), n) != CUDA_SUCCESS) return 24;
-    if (a.IpcOpenMemHandle(&d2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS || d2 != d) return 25;
+    if (a.IpcOpenMemHandle(&d2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS || d2 != d)
+        return 25;
     fake_cuda_counters_t c;
     a.Counters(&c);
     if (c.ipc_imports != 1 || c.ipc_import_refs != 2) return 26;
-    if (a.IpcCloseMemHandle(d) != CUDA_SUCCESS || a.IpcCloseMemHandle(d2) != CUDA_SUCCESS) return 27;
+    if (a.IpcCloseMemHandle(d) != CUDA_SUCCESS || a.IpcCloseMemHandle(d2) != CUDA_SUCCESS)
+        return 27;
     a.Counters(&c);
     if (c.ipc_imports != 0 || c.ipc_import_refs != 0) return 28;
     if (a.IpcCloseMemHandle(d) != CUDA_ERROR_INVALID_VALUE) return 29;
@@ -303,8 +310,7 @@ int ChildIpcExport() {
     std::string line = Hex(&h, sizeof(h)) + "\n";
     if (write(1, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 33;
     char c;
-    while (read(0, &c, 1) > 0) {
-    }
+    while (read(0, &c, 1) > 0) {}
     return 0;
 }
 
@@ -351,7 +357,8 @@ int ChildFreshProcess() {
     if (a.Init(0) != CUDA_SUCCESS) return 52;
     if (a.DeviceGetCount(&n) != CUDA_SUCCESS || n != 2) return 53;
     CUcontext c0, c1;
-    if (a.PrimaryCtxRetain(&c0, 0) != CUDA_SUCCESS || a.PrimaryCtxRetain(&c1, 1) != CUDA_SUCCESS) return 54;
+    if (a.PrimaryCtxRetain(&c0, 0) != CUDA_SUCCESS || a.PrimaryCtxRetain(&c1, 1) != CUDA_SUCCESS)
+        return 54;
     if (c0 == c1) return 55;
     if (a.CtxSetCurrent(c0) != CUDA_SUCCESS) return 56;
     CUdeviceptr a0 = 0, a1 = 0, b0 = 0;
@@ -362,11 +369,15 @@ int ChildFreshProcess() {
     if (a.CtxGetDevice(&dev) != CUDA_SUCCESS || dev != 1) return 60;
     if (a.MemAlloc(&a1, 512 << 10) != CUDA_SUCCESS) return 61;
     int ord = -1;
-    if (a.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a1) != CUDA_SUCCESS || ord != 1) return 62;
+    if (a.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a1) != CUDA_SUCCESS ||
+        ord != 1)
+        return 62;
     fake_cuda_counters_t c;
     a.Counters(&c);
-    if (c.device_bytes_per_device[0] != (1u << 20) || c.device_bytes_per_device[1] != (512u << 10)) return 63;
-    if (c.primary_ctx_refs[0] != 1 || c.primary_ctx_refs[1] != 1 || c.primary_ctx_retains != 2) return 64;
+    if (c.device_bytes_per_device[0] != (1u << 20) || c.device_bytes_per_device[1] != (512u << 10))
+        return 63;
+    if (c.primary_ctx_refs[0] != 1 || c.primary_ctx_refs[1] != 1 || c.primary_ctx_retains != 2)
+        return 64;
     if (a.MemFree(a1) != CUDA_SUCCESS) return 65;
     if (a.CtxSetCurrent(c0) != CUDA_SUCCESS || a.MemFree(a0) != CUDA_SUCCESS) return 66;
     if (a.MemAlloc(&b0, 1 << 20) != CUDA_SUCCESS || a.MemFree(b0) != CUDA_SUCCESS) return 67;
@@ -395,7 +406,8 @@ const int g_child = RunChildIfAsked();
 
 // Starts this binary in child mode with extra environment; pipes its stdin/stdout when
 // asked. Returns the pid.
-pid_t SpawnChild(const std::vector<std::string> &env, int *stdin_fd = nullptr, int *stdout_fd = nullptr) {
+pid_t SpawnChild(const std::vector<std::string> &env, int *stdin_fd = nullptr,
+                 int *stdout_fd = nullptr) {
     int in[2] = {-1, -1}, out[2] = {-1, -1};
     if (stdin_fd != nullptr && pipe2(in, O_CLOEXEC) != 0) return -1;
     if (stdout_fd != nullptr && pipe2(out, O_CLOEXEC) != 0) return -1;
@@ -445,7 +457,8 @@ class FakeDriverTest : public ote_test::OteTest {
         EXPECT_EQ(c.vmm_handles, base.vmm_handles);
         EXPECT_EQ(c.vmm_reservations, base.vmm_reservations);
         EXPECT_EQ(c.vmm_mappings, base.vmm_mappings);
-        EXPECT_TRUE(WaitFor([&] { return Snap().streams == base.streams; })) << "stream workers left";
+        EXPECT_TRUE(WaitFor([&] { return Snap().streams == base.streams; }))
+            << "stream workers left";
         EXPECT_EQ(Snap().pending_ops, 0u);
         EXPECT_EQ(a.PrimaryCtxRelease(0), CUDA_SUCCESS);
         EXPECT_EQ(a.CtxSetCurrent(nullptr), CUDA_SUCCESS);
@@ -460,12 +473,14 @@ TEST_F(FakeDriverTest, ResolvesBaseNamesToVersionedExports) {
     EXPECT_EQ(a.IsFake(), 1);
     EXPECT_EQ(reinterpret_cast<void *>(a.MemAlloc), dlsym(a.handle, "cuMemAlloc_v2"));
     EXPECT_EQ(reinterpret_cast<void *>(a.StreamDestroy), dlsym(a.handle, "cuStreamDestroy_v2"));
-    EXPECT_EQ(reinterpret_cast<void *>(a.IpcOpenMemHandle), dlsym(a.handle, "cuIpcOpenMemHandle_v2"));
+    EXPECT_EQ(reinterpret_cast<void *>(a.IpcOpenMemHandle),
+              dlsym(a.handle, "cuIpcOpenMemHandle_v2"));
     EXPECT_EQ(reinterpret_cast<void *>(a.MemcpyHtoDAsync), dlsym(a.handle, "cuMemcpyHtoDAsync_v2"));
     EXPECT_EQ(a.Proc("cuGetProcAddress"), reinterpret_cast<void *>(a.GetProcAddress));
     void *p = reinterpret_cast<void *>(0x1);
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
-    EXPECT_EQ(a.GetProcAddress("cuNoSuchThing", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st), CUDA_ERROR_NOT_FOUND);
+    EXPECT_EQ(a.GetProcAddress("cuNoSuchThing", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st),
+              CUDA_ERROR_NOT_FOUND);
     EXPECT_EQ(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     EXPECT_EQ(p, nullptr);
     const char *name = nullptr;
@@ -478,7 +493,8 @@ TEST_F(FakeDriverTest, ResolvesBaseNamesToVersionedExports) {
 }
 
 TEST_F(FakeDriverTest, FreshProcessNeedsInitAndHasPerDeviceCapacity) {
-    pid_t pid = SpawnChild({"FAKE_CHILD_MODE=fresh", "FAKE_CUDA_DEVICES=2", "FAKE_CUDA_MEM_BYTES=1048576"});
+    pid_t pid =
+        SpawnChild({"FAKE_CHILD_MODE=fresh", "FAKE_CUDA_DEVICES=2", "FAKE_CUDA_MEM_BYTES=1048576"});
     ASSERT_GT(pid, 0);
     EXPECT_EQ(WaitChild(pid), 0);
 }
@@ -505,7 +521,7 @@ TEST_F(FakeDriverTest, ForkedChildCannotUseTheParentsDriver) {
         // in the child, and LeakSanitizer's exit-time check would hang on it: skip exit().
         _exit(rc);
 #else
-        std::exit(rc);  // runs the library's destructor
+        std::exit(rc); // runs the library's destructor
 #endif
     }
     ASSERT_GT(pid, 0);
@@ -543,7 +559,7 @@ TEST_F(FakeDriverTest, ThreadWithoutContextGetsInvalidContext) {
         got.push_back(a.MemcpyDtoH(buf, 0x1000, sizeof(buf)));
         CUdevice dev;
         got.push_back(a.CtxGetDevice(&dev));
-        got.push_back(a.StreamQuery(ms));  // handles made elsewhere need a context too
+        got.push_back(a.StreamQuery(ms)); // handles made elsewhere need a context too
         got.push_back(a.EventQuery(me));
         got.push_back(a.EventRecord(me, ms));
     });
@@ -582,14 +598,18 @@ TEST_F(FakeDriverTest, AllocationAlignmentAttributesAndBufferIds) {
     EXPECT_EQ(small % 256, 0u);
     EXPECT_EQ(big % (2u << 20), 0u);
     unsigned int type = 0;
-    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, small + 999), CUDA_SUCCESS);
+    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, small + 999),
+              CUDA_SUCCESS);
     EXPECT_EQ(type, static_cast<unsigned>(CU_MEMORYTYPE_DEVICE));
-    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, small + 1000), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, small + 1000),
+              CUDA_ERROR_INVALID_VALUE);
     CUdeviceptr start = 0;
     size_t size = 0;
-    EXPECT_EQ(a.PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, big + 12345), CUDA_SUCCESS);
+    EXPECT_EQ(a.PointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, big + 12345),
+              CUDA_SUCCESS);
     EXPECT_EQ(start, big);
-    EXPECT_EQ(a.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, big + 12345), CUDA_SUCCESS);
+    EXPECT_EQ(a.PointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, big + 12345),
+              CUDA_SUCCESS);
     EXPECT_EQ(size, (4u << 20) + 5);
     CUdeviceptr rb = 0;
     size_t rs = 0;
@@ -618,7 +638,8 @@ TEST_F(FakeDriverTest, AllocationAlignmentAttributesAndBufferIds) {
     // A pointer the driver does not know: one attribute fails, the batch reads zeros.
     int local = 0;
     CUdeviceptr hp = reinterpret_cast<CUdeviceptr>(&local);
-    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, hp), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, hp),
+              CUDA_ERROR_INVALID_VALUE);
     CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_CONTEXT,
                                     CU_POINTER_ATTRIBUTE_BUFFER_ID};
     unsigned mt = 7;
@@ -637,16 +658,19 @@ TEST_F(FakeDriverTest, AllocationAlignmentAttributesAndBufferIds) {
     // Pinned host memory: host type, the device pointer is the host address (UVA).
     void *h = nullptr;
     ASSERT_EQ(a.MemHostAlloc(&h, 10000, CU_MEMHOSTALLOC_PORTABLE), CUDA_SUCCESS);
-    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(h) + 5),
+    EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    reinterpret_cast<CUdeviceptr>(h) + 5),
               CUDA_SUCCESS);
     EXPECT_EQ(type, static_cast<unsigned>(CU_MEMORYTYPE_HOST));
     CUdeviceptr dp = 0;
-    EXPECT_EQ(a.PointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, reinterpret_cast<CUdeviceptr>(h) + 5),
+    EXPECT_EQ(a.PointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                    reinterpret_cast<CUdeviceptr>(h) + 5),
               CUDA_SUCCESS);
     EXPECT_EQ(dp, reinterpret_cast<CUdeviceptr>(h) + 5);
     std::vector<char> reg(8192);
     ASSERT_EQ(a.MemHostRegister(reg.data(), reg.size(), 0), CUDA_SUCCESS);
-    EXPECT_EQ(a.MemHostRegister(reg.data() + 100, 10, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    EXPECT_EQ(a.MemHostRegister(reg.data() + 100, 10, 0),
+              CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     EXPECT_EQ(a.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                     reinterpret_cast<CUdeviceptr>(reg.data()) + 100),
               CUDA_SUCCESS);
@@ -671,8 +695,10 @@ TEST_F(FakeDriverTest, SyncCopiesMemsetAndBounds) {
     ASSERT_EQ(a.MemcpyDtoH(back.data(), d2, n), CUDA_SUCCESS);
     for (size_t i = 10; i < 15; i++) src[i] = 0xee;
     EXPECT_EQ(back, src);
-    EXPECT_EQ(a.MemcpyDtoH(back.data(), d1 + 1, n), CUDA_ERROR_INVALID_VALUE) << "past the allocation";
-    EXPECT_EQ(a.MemcpyHtoD(reinterpret_cast<CUdeviceptr>(back.data()), src.data(), 1), CUDA_ERROR_INVALID_VALUE)
+    EXPECT_EQ(a.MemcpyDtoH(back.data(), d1 + 1, n), CUDA_ERROR_INVALID_VALUE)
+        << "past the allocation";
+    EXPECT_EQ(a.MemcpyHtoD(reinterpret_cast<CUdeviceptr>(back.data()), src.data(), 1),
+              CUDA_ERROR_INVALID_VALUE)
         << "pageable host memory is no device pointer";
     EXPECT_EQ(a.MemFree(d1), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d2), CUDA_SUCCESS);
@@ -708,13 +734,14 @@ TEST_F(FakeDriverTest, AsyncCopyIsReallyAsynchronous) {
         EXPECT_EQ(ph[0], t + 1);
         EXPECT_EQ(ph[n - 1], t + 1);
     }
-    EXPECT_GT(stale, 0) << "a DtoH into pinned memory completed before its call returned every time";
+    EXPECT_GT(stale, 0)
+        << "a DtoH into pinned memory completed before its call returned every time";
     EXPECT_GT(not_ready, 0);
 
     // Pageable memory: an HtoD has taken its source when it returns, a DtoH is complete.
     std::vector<unsigned char> pageable(n, 0x42), back(n, 0);
     ASSERT_EQ(a.MemcpyHtoDAsync(d, pageable.data(), n, s), CUDA_SUCCESS);
-    std::memset(pageable.data(), 0x99, n);  // too late to matter
+    std::memset(pageable.data(), 0x99, n); // too late to matter
     ASSERT_EQ(a.MemcpyDtoHAsync(back.data(), d, n, s), CUDA_SUCCESS);
     EXPECT_EQ(back, std::vector<unsigned char>(n, 0x42));
 
@@ -742,7 +769,8 @@ TEST_F(FakeDriverTest, SyncMemopsMakesSynchronousCopiesComplete) {
     CUdeviceptr d = 0;
     ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
     int fd = -1;
-    ASSERT_EQ(a.MemGetHandleForAddressRange(&fd, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0), CUDA_SUCCESS);
+    ASSERT_EQ(a.MemGetHandleForAddressRange(&fd, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+              CUDA_SUCCESS);
     void *m = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
     ASSERT_NE(m, MAP_FAILED);
     const volatile unsigned char *nic = static_cast<const volatile unsigned char *>(m);
@@ -849,7 +877,8 @@ TEST_F(FakeDriverTest, StreamRunsOperationsInOrderOnItsWorker) {
         ASSERT_EQ(out[n - 1], i);
     }
     // Host functions queued back to back also run in order.
-    for (int i = 0; i < 64; i++) ASSERT_EQ(a.LaunchHostFunc(s, RecordStep, &steps[i]), CUDA_SUCCESS);
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ(a.LaunchHostFunc(s, RecordStep, &steps[i]), CUDA_SUCCESS);
     ASSERT_EQ(a.StreamSynchronize(s), CUDA_SUCCESS);
     ASSERT_EQ(order.seen.size(), 128u);
     for (int i = 0; i < 128; i++) EXPECT_EQ(order.seen[i], i % 64);
@@ -884,7 +913,7 @@ TEST_F(FakeDriverTest, DestroyedStreamFinishesItsWork) {
     ASSERT_EQ(a.LaunchHostFunc(s, SetFlag, &flag), CUDA_SUCCESS);
     EXPECT_GT(Snap().pending_ops, 0u);
     ASSERT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
-    ASSERT_EQ(a.EventDestroy(e), CUDA_SUCCESS);  // its queued record still completes
+    ASSERT_EQ(a.EventDestroy(e), CUDA_SUCCESS); // its queued record still completes
     EXPECT_TRUE(WaitFor([&] { return flag.load() == 1; }));
     EXPECT_EQ(static_cast<unsigned char *>(pin)[n - 1], 0x3c);
     EXPECT_TRUE(WaitFor([&] { return Snap().pending_ops == 0; }));
@@ -968,21 +997,24 @@ TEST_F(FakeDriverTest, IpcAcrossProcesses) {
         ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
         std::vector<unsigned char> buf(n, 0x5a);
         ASSERT_EQ(a.MemcpyHtoD(d, buf.data(), n), CUDA_SUCCESS);
-        ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);  // landed before the child reads
+        ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS); // landed before the child reads
         CUipcMemHandle h;
         uint64_t exports = Snap().ipc_exports;
-        ASSERT_EQ(a.IpcGetMemHandle(&h, d + 4096), CUDA_SUCCESS);  // inside: the whole allocation
+        ASSERT_EQ(a.IpcGetMemHandle(&h, d + 4096), CUDA_SUCCESS); // inside: the whole allocation
         EXPECT_EQ(Snap().ipc_exports, exports + 1);
         CUdeviceptr self = 0;
-        EXPECT_EQ(a.IpcOpenMemHandle(&self, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_INVALID_CONTEXT)
+        EXPECT_EQ(a.IpcOpenMemHandle(&self, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                  CUDA_ERROR_INVALID_CONTEXT)
             << "the exporting process cannot open its own handle";
-        pid_t pid = SpawnChild({"FAKE_CHILD_MODE=ipc_import", "FAKE_CHILD_HANDLE=" + Hex(&h, sizeof(h)),
-                                "FAKE_CHILD_SIZE=" + std::to_string(n),
-                                std::string("FAKE_CUDA_IPC_PROC_ONLY=") + proc_only});
+        pid_t pid =
+            SpawnChild({"FAKE_CHILD_MODE=ipc_import", "FAKE_CHILD_HANDLE=" + Hex(&h, sizeof(h)),
+                        "FAKE_CHILD_SIZE=" + std::to_string(n),
+                        std::string("FAKE_CUDA_IPC_PROC_ONLY=") + proc_only});
         ASSERT_GT(pid, 0);
         EXPECT_EQ(WaitChild(pid), 0);
         ASSERT_EQ(a.MemcpyDtoH(buf.data(), d, n), CUDA_SUCCESS);
-        EXPECT_EQ(buf, std::vector<unsigned char>(n, 0xc3)) << "the importer's writes reach the exporter";
+        EXPECT_EQ(buf, std::vector<unsigned char>(n, 0xc3))
+            << "the importer's writes reach the exporter";
         EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
     }
 }
@@ -999,7 +1031,8 @@ TEST_F(FakeDriverTest, IpcImportOfAFreedAllocationFails) {
     // Another allocation may now hold the same fd number: the handle still names the old one.
     CUdeviceptr other = 0;
     ASSERT_EQ(a.MemAlloc(&other, 4096), CUDA_SUCCESS);
-    pid_t pid = SpawnChild({"FAKE_CHILD_MODE=ipc_import_fails", "FAKE_CHILD_HANDLE=" + Hex(&h, sizeof(h))});
+    pid_t pid =
+        SpawnChild({"FAKE_CHILD_MODE=ipc_import_fails", "FAKE_CHILD_HANDLE=" + Hex(&h, sizeof(h))});
     ASSERT_GT(pid, 0);
     EXPECT_EQ(WaitChild(pid), 0);
     EXPECT_EQ(a.MemFree(other), CUDA_SUCCESS);
@@ -1022,7 +1055,7 @@ TEST_F(FakeDriverTest, IpcImportFailsAfterExporterDies) {
     EXPECT_EQ(buf, std::vector<unsigned char>(8192, 0x77));
     EXPECT_EQ(Snap().ipc_imports, base.ipc_imports + 1);
     EXPECT_EQ(a.IpcCloseMemHandle(d), CUDA_SUCCESS);
-    close(to_child);  // the exporter exits
+    close(to_child); // the exporter exits
     EXPECT_EQ(WaitChild(pid), 0);
     EXPECT_NE(a.IpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
 }
@@ -1033,24 +1066,27 @@ TEST_F(FakeDriverTest, DmabufFdShowsDeviceBytes) {
     ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
     std::vector<unsigned char> src(n);
     for (size_t i = 0; i < n; i++) src[i] = static_cast<unsigned char>(i ^ 0x5c);
-    unsigned one = 1;  // memory a NIC reads: synchronous copies complete before returning
+    unsigned one = 1; // memory a NIC reads: synchronous copies complete before returning
     ASSERT_EQ(a.PointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, d), CUDA_SUCCESS);
     ASSERT_EQ(a.MemcpyHtoD(d, src.data(), n), CUDA_SUCCESS);
     int fd = -1;
-    EXPECT_EQ(a.MemGetHandleForAddressRange(&fd, d + 4096, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-              CUDA_ERROR_INVALID_VALUE)
+    EXPECT_EQ(
+        a.MemGetHandleForAddressRange(&fd, d + 4096, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+        CUDA_ERROR_INVALID_VALUE)
         << "the fake exports from the allocation base only";
     EXPECT_EQ(a.MemGetHandleForAddressRange(&fd, d, 100, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
               CUDA_ERROR_INVALID_VALUE)
         << "size must be page aligned";
     uint64_t before = Snap().dmabuf_fds;
-    ASSERT_EQ(a.MemGetHandleForAddressRange(&fd, d, 4 * 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0), CUDA_SUCCESS);
+    ASSERT_EQ(
+        a.MemGetHandleForAddressRange(&fd, d, 4 * 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+        CUDA_SUCCESS);
     ASSERT_GE(fd, 0);
     EXPECT_EQ(Snap().dmabuf_fds, before + 1);
     void *m = mmap(nullptr, 4 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ASSERT_NE(m, MAP_FAILED);
     EXPECT_EQ(std::memcmp(m, src.data(), n), 0);
-    static_cast<unsigned char *>(m)[5] = 0xfe;  // what a NIC writes, the GPU sees
+    static_cast<unsigned char *>(m)[5] = 0xfe; // what a NIC writes, the GPU sees
     unsigned char b = 0;
     ASSERT_EQ(a.MemcpyDtoH(&b, d + 5, 1), CUDA_SUCCESS);
     EXPECT_EQ(b, 0xfe);
@@ -1066,7 +1102,8 @@ TEST_F(FakeDriverTest, VmmMapsExportsAndImportsAcrossProcesses) {
     prop.location.id = 0;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t gran = 0;
-    ASSERT_EQ(a.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    ASSERT_EQ(a.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              CUDA_SUCCESS);
     ASSERT_GT(gran, 0u);
     CUmemGenericAllocationHandle h1 = 0, h2 = 0;
     ASSERT_EQ(a.MemCreate(&h1, gran, &prop, 0), CUDA_SUCCESS);
@@ -1080,21 +1117,23 @@ TEST_F(FakeDriverTest, VmmMapsExportsAndImportsAcrossProcesses) {
     EXPECT_EQ(a.MemMap(va, gran, 0, h2, 0), CUDA_ERROR_ALREADY_MAPPED);
     std::vector<unsigned char> buf(2 * gran, 0x31);
     GTEST_FLAG_SET(death_test_style, "threadsafe");
-    EXPECT_EQ(a.MemcpyHtoD(va, buf.data(), buf.size()), CUDA_ERROR_INVALID_VALUE) << "no access set yet";
+    EXPECT_EQ(a.MemcpyHtoD(va, buf.data(), buf.size()), CUDA_ERROR_INVALID_VALUE)
+        << "no access set yet";
     CUmemAccessDesc acc = {};
     acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     acc.location.id = 0;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     ASSERT_EQ(a.MemSetAccess(va, 2 * gran, &acc, 1), CUDA_SUCCESS);
-    ASSERT_EQ(a.MemcpyHtoD(va, buf.data(), buf.size()), CUDA_SUCCESS);  // spans both mappings
+    ASSERT_EQ(a.MemcpyHtoD(va, buf.data(), buf.size()), CUDA_SUCCESS); // spans both mappings
     ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
     EXPECT_DEATH({ *reinterpret_cast<volatile unsigned char *>(va) = 1; }, "");
 
     // Export h2 as a POSIX fd; a child imports it, maps it, checks and writes.
     int fd = -1;
-    ASSERT_EQ(a.MemExportToShareableHandle(&fd, h2, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+    ASSERT_EQ(a.MemExportToShareableHandle(&fd, h2, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_SUCCESS);
     ASSERT_GE(fd, 0);
-    ASSERT_EQ(fcntl(fd, F_SETFD, 0), 0);  // inherited by the child
+    ASSERT_EQ(fcntl(fd, F_SETFD, 0), 0); // inherited by the child
     pid_t pid = SpawnChild({"FAKE_CHILD_MODE=vmm_import", "FAKE_CHILD_FD=" + std::to_string(fd),
                             "FAKE_CHILD_SIZE=" + std::to_string(gran)});
     close(fd);
@@ -1102,13 +1141,14 @@ TEST_F(FakeDriverTest, VmmMapsExportsAndImportsAcrossProcesses) {
     EXPECT_EQ(WaitChild(pid), 0);
     std::vector<unsigned char> back(4096);
     ASSERT_EQ(a.MemcpyDtoH(back.data(), va + gran, back.size()), CUDA_SUCCESS);
-    EXPECT_EQ(back, std::vector<unsigned char>(4096, 0x92)) << "the importer's writes reach the exporter";
+    EXPECT_EQ(back, std::vector<unsigned char>(4096, 0x92))
+        << "the importer's writes reach the exporter";
     ASSERT_EQ(a.MemcpyDtoH(back.data(), va, back.size()), CUDA_SUCCESS);
     EXPECT_EQ(back, std::vector<unsigned char>(4096, 0x31));
 
     EXPECT_EQ(a.MemAddressFree(va, 2 * gran), CUDA_ERROR_INVALID_VALUE) << "still mapped";
     EXPECT_EQ(a.MemUnmap(va, gran / 2), CUDA_ERROR_INVALID_VALUE) << "part of a mapping";
-    EXPECT_EQ(a.MemRelease(h1), CUDA_SUCCESS);  // the mapping keeps the memory
+    EXPECT_EQ(a.MemRelease(h1), CUDA_SUCCESS); // the mapping keeps the memory
     ASSERT_EQ(a.MemcpyDtoH(back.data(), va, back.size()), CUDA_SUCCESS);
     EXPECT_EQ(back[0], 0x31);
     EXPECT_EQ(a.MemUnmap(va, 2 * gran), CUDA_SUCCESS);
@@ -1118,4 +1158,4 @@ TEST_F(FakeDriverTest, VmmMapsExportsAndImportsAcrossProcesses) {
     EXPECT_EQ(Snap().device_bytes_per_device[0], base.device_bytes_per_device[0]);
 }
 
-}  // namespace
+} // namespace

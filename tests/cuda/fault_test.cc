@@ -34,15 +34,44 @@ using ote_cuda_test::LongDeadline;
 
 // Every entry point the owners call (base names, as the fake's fault points know them).
 const char *const kEntryPoints[] = {
-    "cuGetErrorName", "cuDeviceGet", "cuDeviceGetName", "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease", "cuCtxSetCurrent", "cuMemAlloc", "cuMemFree", "cuMemHostAlloc",
-    "cuMemFreeHost", "cuMemHostRegister", "cuMemHostUnregister", "cuMemcpyHtoDAsync",
-    "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync", "cuPointerGetAttributes", "cuPointerSetAttribute",
-    "cuStreamCreate", "cuStreamDestroy", "cuStreamQuery", "cuStreamSynchronize", "cuLaunchHostFunc",
-    "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy", "cuIpcGetMemHandle",
-    "cuMemGetHandleForAddressRange", "cuMemGetAllocationGranularity", "cuMemCreate", "cuMemRelease",
-    "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
-    "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
+    "cuGetErrorName",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuCtxSetCurrent",
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostRegister",
+    "cuMemHostUnregister",
+    "cuMemcpyHtoDAsync",
+    "cuMemcpyDtoHAsync",
+    "cuMemcpyDtoDAsync",
+    "cuPointerGetAttributes",
+    "cuPointerSetAttribute",
+    "cuStreamCreate",
+    "cuStreamDestroy",
+    "cuStreamQuery",
+    "cuStreamSynchronize",
+    "cuLaunchHostFunc",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventDestroy",
+    "cuIpcGetMemHandle",
+    "cuMemGetHandleForAddressRange",
+    "cuMemGetAllocationGranularity",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
 };
 
 constexpr size_t kSize = 1 << 20;
@@ -59,26 +88,29 @@ struct Scenario {
     std::vector<char> reg = std::vector<char>(64 << 10);
     std::atomic<int> callbacks{0};
     bool vmm = true;
-    std::vector<std::string> problems;  // contract violations seen during the run
+    std::vector<std::string> problems; // contract violations seen during the run
 
     static void Done(void *arg) { static_cast<Scenario *>(arg)->callbacks++; }
 
     // A create that failed must have left its output untouched.
     template <typename T>
     ote_status_t Create(ote_status_t st, T *out, const char *what) {
-        if (st != OTE_OK && out != nullptr) problems.push_back(std::string(what) + " wrote its output on failure");
+        if (st != OTE_OK && out != nullptr)
+            problems.push_back(std::string(what) + " wrote its output on failure");
         return st;
     }
-#define STEP(expr)                     \
-    do {                               \
-        ote_status_t st_ = (expr);     \
+#define STEP(expr) \
+    do { \
+        ote_status_t st_ = (expr); \
         if (st_ != OTE_OK) return st_; \
     } while (0)
 
     ote_status_t Run() {
         STEP(Create(ote_cuda_device_open(drv, 0, &dev), dev, "device_open"));
         STEP(Create(ote_cuda_alloc_create(dev, kSize, 0, &a), a, "alloc_create"));
-        if (vmm) STEP(Create(ote_cuda_alloc_create(dev, kSize, OTE_CUDA_ALLOC_VMM, &v), v, "alloc_create(VMM)"));
+        if (vmm)
+            STEP(Create(ote_cuda_alloc_create(dev, kSize, OTE_CUDA_ALLOC_VMM, &v), v,
+                        "alloc_create(VMM)"));
         STEP(Create(ote_cuda_host_alloc(dev, kSize, &h), h, "host_alloc"));
         STEP(Create(ote_cuda_host_register(dev, reg.data(), reg.size(), &r), r, "host_register"));
         STEP(Create(ote_cuda_staging_create(dev, 64 << 10, 2, &pool), pool, "staging_create"));
@@ -90,7 +122,8 @@ struct Scenario {
         STEP(ote_cuda_stream_copy(s, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a), hp, kSize));
         if (vmm) {
             STEP(ote_cuda_stream_hold_alloc(s, v));
-            STEP(ote_cuda_stream_copy(s, OTE_CUDA_COPY_DTOD, ote_cuda_alloc_ptr(v), ote_cuda_alloc_ptr(a), kSize));
+            STEP(ote_cuda_stream_copy(s, OTE_CUDA_COPY_DTOD, ote_cuda_alloc_ptr(v),
+                                      ote_cuda_alloc_ptr(a), kSize));
         }
         STEP(ote_cuda_stream_copy(s, OTE_CUDA_COPY_DTOH, hp, ote_cuda_alloc_ptr(a), kSize));
         STEP(ote_cuda_stream_commit(s, Done, this));
@@ -105,13 +138,15 @@ struct Scenario {
         STEP(ote_cuda_pointer_set_sync_memops(dev, ote_cuda_alloc_ptr(a)));
         ote_cuda_dmabuf_t d = {-3, 0, 0, 0};
         st = ote_cuda_dmabuf_export(dev, ote_cuda_alloc_ptr(a) + 4096, 4096, &d);
-        if (st != OTE_OK && d.fd != -3) problems.push_back("dmabuf_export wrote its output on failure");
+        if (st != OTE_OK && d.fd != -3)
+            problems.push_back("dmabuf_export wrote its output on failure");
         STEP(st);
         ote_cuda_dmabuf_close(&d);
         STEP(Create(ote_cuda_ipc_export_alloc(a, &e), e, "ipc_export_alloc"));
         if (vmm) {
             STEP(Create(ote_cuda_ipc_export_alloc(v, &ev), ev, "ipc_export_alloc(VMM)"));
-            STEP(Create(ote_cuda_alloc_import_vmm(dev, ote_cuda_ipc_export_fd(ev), ote_cuda_alloc_size(v), &iv),
+            STEP(Create(ote_cuda_alloc_import_vmm(dev, ote_cuda_ipc_export_fd(ev),
+                                                  ote_cuda_alloc_size(v), &iv),
                         iv, "alloc_import_vmm"));
         }
         return OTE_OK;
@@ -148,7 +183,8 @@ struct Scenario {
         // A retained stream is released once its work is seen complete (it may still be
         // running): reclaim until nothing is left, within a generous deadline.
         ote_deadline_t d = LongDeadline();
-        while (ote_cuda_device_reclaim(dev, nullptr) != OTE_OK && !ote_deadline_expired(d)) usleep(1000);
+        while (ote_cuda_device_reclaim(dev, nullptr) != OTE_OK && !ote_deadline_expired(d))
+            usleep(1000);
         Cleanup(true);
         size_t left = 0;
         if (ote_cuda_device_reclaim(dev, &left) != OTE_OK)
@@ -166,13 +202,14 @@ class CudaFaultTest : public CudaTest {
         CudaTest::SetUp();
         if (IsSkipped() || HasFatalFailure()) return;
         int vmm = 0;
-        ASSERT_EQ(t_->cuDeviceGetAttribute(&vmm, OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                           ote_cuda_device_handle(dev_)),
+        ASSERT_EQ(t_->cuDeviceGetAttribute(
+                      &vmm, OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                      ote_cuda_device_handle(dev_)),
                   OTE_CU_SUCCESS);
         vmm_ = vmm != 0;
         if (fake_.present()) {
             fake_.set_max_delay_us(20);
-            baseline_ = ote_cuda_test::Live(Counters());  // with the fixture's device open
+            baseline_ = ote_cuda_test::Live(Counters()); // with the fixture's device open
         }
     }
     void TearDown() override {
@@ -202,13 +239,14 @@ class CudaFaultTest : public CudaTest {
         if (fake_.present()) fake_.clear_faults();
         sc.Recover();
         for (auto &p : sc.problems) ADD_FAILURE() << label << ": " << p;
-        if (st == OTE_OK && sc.callbacks.load() != 1) ADD_FAILURE() << label << ": callback ran " << sc.callbacks;
+        if (st == OTE_OK && sc.callbacks.load() != 1)
+            ADD_FAILURE() << label << ": callback ran " << sc.callbacks;
         EXPECT_EQ(ote_cuda_driver_retained(drv_), 0u) << label;
         if (fake_.present()) {
             ote_cuda_test::LiveCounts now = WaitCounts(baseline_);
-            EXPECT_TRUE(now == baseline_) << label << ": fake objects left: {"
-                                          << ote_cuda_test::Describe(now) << "} vs before {"
-                                          << ote_cuda_test::Describe(baseline_) << "}";
+            EXPECT_TRUE(now == baseline_)
+                << label << ": fake objects left: {" << ote_cuda_test::Describe(now)
+                << "} vs before {" << ote_cuda_test::Describe(baseline_) << "}";
         }
         (void)armed_fault;
         return st;
@@ -241,7 +279,7 @@ TEST_F(CudaFaultTest, EveryAllocationFailureIsCleanAndRecoverable) {
         }
     }
     std::printf("allocation sweep: %llu runs\n", static_cast<unsigned long long>(n));
-    EXPECT_GT(n, 5u);  // the scenario allocates: the sweep really swept
+    EXPECT_GT(n, 5u); // the scenario allocates: the sweep really swept
     EXPECT_LT(n, 500u);
     EXPECT_EQ(RunOnce("after the allocation sweep", false), OTE_OK);
 }
@@ -281,16 +319,17 @@ TEST_F(CudaFaultTest, EveryDriverFailureIsCleanAndRecoverable) {
                 failed_runs++;
                 // The driver's failure reaches the caller with the CUresult kept.
                 int code = ote_status_code(st);
-                EXPECT_TRUE((code == OTE_ERR_NATIVE && ote_status_errno(st) == OTE_CU_ERROR_UNKNOWN) ||
-                            code == OTE_ERR_RETAINED || code == OTE_ERR_INVALID)
+                EXPECT_TRUE(
+                    (code == OTE_ERR_NATIVE && ote_status_errno(st) == OTE_CU_ERROR_UNKNOWN) ||
+                    code == OTE_ERR_RETAINED || code == OTE_ERR_INVALID)
                     << label << ": " << ote_status_str(st) << " errno " << ote_status_errno(st);
             }
             swept++;
-            if (HasFailure()) return;  // one broken entry point is enough to read
+            if (HasFailure()) return; // one broken entry point is enough to read
         }
     }
-    std::printf("driver sweep: %zu faulted runs over %zu entry points, %zu failed the scenario\n", swept,
-                calls.size(), failed_runs);
+    std::printf("driver sweep: %zu faulted runs over %zu entry points, %zu failed the scenario\n",
+                swept, calls.size(), failed_runs);
     EXPECT_GE(swept, 40u);
     EXPECT_GT(failed_runs, 30u);
     // A stream whose final wait errs is retained and then reclaimed (covered above by
@@ -302,4 +341,4 @@ TEST_F(CudaFaultTest, EveryDriverFailureIsCleanAndRecoverable) {
     EXPECT_EQ(RunOnce("after the driver sweep", false), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -30,18 +30,25 @@ static_assert(alignof(ote_cu_ipc_mem_handle_t) == alignof(CUipcMemHandle), "CUip
 
 // VMM structs.
 static_assert(sizeof(ote_cu_mem_location_t) == sizeof(CUmemLocation), "CUmemLocation");
-static_assert(offsetof(ote_cu_mem_location_t, id) == offsetof(CUmemLocation, id), "CUmemLocation.id");
-static_assert(sizeof(ote_cu_mem_allocation_prop_t) == sizeof(CUmemAllocationProp), "CUmemAllocationProp");
+static_assert(offsetof(ote_cu_mem_location_t, id) == offsetof(CUmemLocation, id),
+              "CUmemLocation.id");
+static_assert(sizeof(ote_cu_mem_allocation_prop_t) == sizeof(CUmemAllocationProp),
+              "CUmemAllocationProp");
 static_assert(offsetof(ote_cu_mem_allocation_prop_t, requested_handle_types) ==
-                  offsetof(CUmemAllocationProp, requestedHandleTypes), "prop.requestedHandleTypes");
-static_assert(offsetof(ote_cu_mem_allocation_prop_t, location) == offsetof(CUmemAllocationProp, location),
+                  offsetof(CUmemAllocationProp, requestedHandleTypes),
+              "prop.requestedHandleTypes");
+static_assert(offsetof(ote_cu_mem_allocation_prop_t, location) ==
+                  offsetof(CUmemAllocationProp, location),
               "prop.location");
 static_assert(offsetof(ote_cu_mem_allocation_prop_t, win32_handle_meta_data) ==
-                  offsetof(CUmemAllocationProp, win32HandleMetaData), "prop.win32HandleMetaData");
+                  offsetof(CUmemAllocationProp, win32HandleMetaData),
+              "prop.win32HandleMetaData");
 static_assert(offsetof(ote_cu_mem_allocation_prop_t, alloc_flags) ==
-                  offsetof(CUmemAllocationProp, allocFlags), "prop.allocFlags");
+                  offsetof(CUmemAllocationProp, allocFlags),
+              "prop.allocFlags");
 static_assert(sizeof(((ote_cu_mem_allocation_prop_t *)0)->alloc_flags) ==
-                  sizeof(((CUmemAllocationProp *)0)->allocFlags), "prop.allocFlags size");
+                  sizeof(((CUmemAllocationProp *)0)->allocFlags),
+              "prop.allocFlags size");
 static_assert(sizeof(ote_cu_mem_access_desc_t) == sizeof(CUmemAccessDesc), "CUmemAccessDesc");
 static_assert(offsetof(ote_cu_mem_access_desc_t, flags) == offsetof(CUmemAccessDesc, flags),
               "CUmemAccessDesc.flags");
@@ -91,7 +98,8 @@ SAME(OTE_CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
 SAME(OTE_CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
 SAME(OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
      CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
-SAME(OTE_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED);
+SAME(OTE_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
+     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED);
 SAME(OTE_CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED);
 
 // Flags.
@@ -122,7 +130,7 @@ struct SameAbi<RA (*)(A0, As...), RB (*)(B0, Bs...)>
     : std::integral_constant<bool, sizeof(A0) == sizeof(B0) &&
                                        std::is_pointer<A0>::value == std::is_pointer<B0>::value &&
                                        SameAbi<RA (*)(As...), RB (*)(Bs...)>::value> {};
-#define SIG(field, fn)                                                                    \
+#define SIG(field, fn) \
     static_assert(SameAbi<decltype(ote_cuda_driver_table_t::field), decltype(&fn)>::value, \
                   #fn " signature")
 SIG(cuInit, cuInit);

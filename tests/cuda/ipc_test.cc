@@ -79,7 +79,8 @@ bool IoFull(int fd, void *buf, size_t n, bool writing, ote_deadline_t deadline) 
 int ExporterMain(int fd, int n) {
     ote_cuda_driver_t *drv = nullptr;
     ote_cuda_device_t *dev = nullptr;
-    if (ote_cuda_driver_load(nullptr, &drv) != OTE_OK || ote_cuda_device_open(drv, 0, &dev) != OTE_OK)
+    if (ote_cuda_driver_load(nullptr, &drv) != OTE_OK ||
+        ote_cuda_device_open(drv, 0, &dev) != OTE_OK)
         return 10;
     const ote_cuda_driver_table_t *t = ote_cuda_driver_table(drv);
     std::vector<ote_cuda_alloc_t *> allocs(n, nullptr);
@@ -92,7 +93,8 @@ int ExporterMain(int fd, int n) {
         if (ote_cuda_alloc_create(dev, kAllocSize, 0, &allocs[i]) != OTE_OK) return 11;
         memset(buf.data(), Pattern(i), buf.size());
         if (ote_cuda_device_make_current(dev) != OTE_OK ||
-            t->cuMemcpyHtoD(ote_cuda_alloc_ptr(allocs[i]), buf.data(), buf.size()) != OTE_CU_SUCCESS)
+            t->cuMemcpyHtoD(ote_cuda_alloc_ptr(allocs[i]), buf.data(), buf.size()) !=
+                OTE_CU_SUCCESS)
             return 12;
         // A pageable HtoD returns once the source is staged, not when the bytes landed;
         // a synchronous DtoH after it (same null stream) returns only when both are done,
@@ -106,7 +108,8 @@ int ExporterMain(int fd, int n) {
     for (;;) {
         Cmd cmd{};
         // The parent drives the test; an hour without a command means it is gone.
-        if (!IoFull(fd, &cmd, sizeof(cmd), false, ote_deadline_after(3600ull * OTE_NSEC_PER_SEC))) break;
+        if (!IoFull(fd, &cmd, sizeof(cmd), false, ote_deadline_after(3600ull * OTE_NSEC_PER_SEC)))
+            break;
         Reply reply{OTE_OK};
         int i = cmd.index;
         if (i < 0 || i >= n) {
@@ -121,10 +124,10 @@ int ExporterMain(int fd, int n) {
         } else if (cmd.op == kCheck) {
             uint8_t got = 0;
             if (ote_cuda_device_make_current(dev) != OTE_OK ||
-                t->cuMemcpyDtoH(&got, ote_cuda_alloc_ptr(allocs[i]) + cmd.offset, 1) != OTE_CU_SUCCESS)
+                t->cuMemcpyDtoH(&got, ote_cuda_alloc_ptr(allocs[i]) + cmd.offset, 1) !=
+                    OTE_CU_SUCCESS)
                 reply.status = OTE_ERR_NATIVE;
-            else if (got != cmd.value)
-                reply.status = OTE_ERR_IO;
+            else if (got != cmd.value) reply.status = OTE_ERR_IO;
         } else if (cmd.op == kExit) {
             break;
         }
@@ -187,7 +190,8 @@ int RecvFd(int sock) {
 int VmmExporterMain(int fd) {
     ote_cuda_driver_t *drv = nullptr;
     ote_cuda_device_t *dev = nullptr;
-    if (ote_cuda_driver_load(nullptr, &drv) != OTE_OK || ote_cuda_device_open(drv, 0, &dev) != OTE_OK)
+    if (ote_cuda_driver_load(nullptr, &drv) != OTE_OK ||
+        ote_cuda_device_open(drv, 0, &dev) != OTE_OK)
         return 20;
     const ote_cuda_driver_table_t *t = ote_cuda_driver_table(drv);
     ote_cuda_alloc_t *a = nullptr;
@@ -201,7 +205,8 @@ int VmmExporterMain(int fd) {
         return 22;
     if (ote_cuda_ipc_export_alloc(a, &e) != OTE_OK || ote_cuda_ipc_export_fd(e) < 0) return 23;
     uint64_t size = ote_cuda_alloc_size(a);
-    if (!IoFull(fd, &size, sizeof(size), true, LongDeadline()) || !SendFd(fd, ote_cuda_ipc_export_fd(e)))
+    if (!IoFull(fd, &size, sizeof(size), true, LongDeadline()) ||
+        !SendFd(fd, ote_cuda_ipc_export_fd(e)))
         return 24;
     Cmd cmd{};
     (void)IoFull(fd, &cmd, sizeof(cmd), false, ote_deadline_after(3600ull * OTE_NSEC_PER_SEC));
@@ -316,14 +321,15 @@ TEST_F(CudaIpcTest, ImportCopyBothWaysAndCloseOnTheReceipt) {
     ote_cu_deviceptr_t local = 0;
     ASSERT_EQ(ote_cuda_ipc_mapping_translate(m, d0.base + 4096, 100, &local), OTE_OK);
     EXPECT_EQ(local, ote_cuda_ipc_mapping_base(m) + 4096);
-    EXPECT_EQ(ote_cuda_ipc_mapping_translate(m, d0.base + d0.size - 10, 100, &local), OTE_ERR_ACCESS);
+    EXPECT_EQ(ote_cuda_ipc_mapping_translate(m, d0.base + d0.size - 10, 100, &local),
+              OTE_ERR_ACCESS);
     EXPECT_EQ(ote_cuda_ipc_mapping_translate(m, d0.base - 1, 1, &local), OTE_ERR_ACCESS);
     // The exporter's bytes, read here; bytes written here, seen there.
     EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(m) + 777), Pattern(0));
     uint8_t v = 0xab;
     ASSERT_EQ(ote_cuda_device_make_current(dev_), OTE_OK);
     ASSERT_EQ(t_->cuMemcpyHtoD(ote_cuda_ipc_mapping_base(m) + 4096, &v, 1), OTE_CU_SUCCESS);
-    EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(m) + 4096), 0xab);  // landed (DtoH is synchronous)
+    EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(m) + 4096), 0xab); // landed (DtoH is synchronous)
     EXPECT_EQ(Ask(kCheck, 0, 4096, 0xab), OTE_OK);
     // A second import of the same export is the cached mapping.
     ote_cuda_ipc_mapping_t *again = nullptr;
@@ -333,7 +339,7 @@ TEST_F(CudaIpcTest, ImportCopyBothWaysAndCloseOnTheReceipt) {
     EXPECT_EQ(Stats().imports, 1u);
     ote_cuda_ipc_mapping_put(cache_, again);
     ote_cuda_ipc_mapping_put(cache_, m);
-    EXPECT_EQ(Stats().entries, 1u);  // unused, still cached
+    EXPECT_EQ(Stats().entries, 1u); // unused, still cached
     EXPECT_EQ(Stats().in_use, 0u);
     if (fake_.present()) {
         EXPECT_EQ(Imports(), at_start_.ipc_imports + 1);
@@ -345,7 +351,7 @@ TEST_F(CudaIpcTest, ImportCopyBothWaysAndCloseOnTheReceipt) {
     EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(m1)), Pattern(1));
     ASSERT_EQ(Ask(kUnregister, 1), OTE_OK);
     ASSERT_EQ(ote_cuda_ipc_close_receipt(cache_, child_, hello_.desc[1].buffer_id), OTE_OK);
-    EXPECT_EQ(Stats().entries, 2u);  // still mapped: it has a user
+    EXPECT_EQ(Stats().entries, 2u); // still mapped: it has a user
     if (fake_.present()) {
         EXPECT_EQ(Imports(), at_start_.ipc_imports + 2);
     }
@@ -373,13 +379,13 @@ TEST_F(CudaIpcTest, ExporterDeathDropsItsMappingsWithoutLeaks) {
     ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[0], &m0), OTE_OK);
     ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[1], &m1), OTE_OK);
     EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(m1) + 5), Pattern(1));
-    ote_cuda_ipc_mapping_put(cache_, m0);  // m0 unused, m1 in use
+    ote_cuda_ipc_mapping_put(cache_, m0); // m0 unused, m1 in use
     pid_t dead = child_;
     ASSERT_EQ(kill(child_, SIGKILL), 0);
     ASSERT_EQ(waitpid(child_, nullptr, 0), child_);
     child_ = -1;
     EXPECT_EQ(ote_cuda_ipc_exporter_dead(cache_, dead), 2u);
-    EXPECT_EQ(Stats().entries, 1u);  // m1 until its user is done
+    EXPECT_EQ(Stats().entries, 1u); // m1 until its user is done
     ote_cuda_ipc_mapping_put(cache_, m1);
     EXPECT_EQ(Stats().entries, 0u);
     EXPECT_EQ(ote_cuda_ipc_exporter_dead(cache_, dead), 0u);
@@ -402,15 +408,15 @@ TEST_F(CudaIpcTest, CacheIsBoundedAndEvictsTheLeastRecentlyUsed) {
     ote_cuda_ipc_mapping_put(cache_, a);
     ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[1], &b), OTE_OK);
     ote_cuda_ipc_mapping_put(cache_, b);
-    ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[0], &x), OTE_OK);  // a is used again
+    ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[0], &x), OTE_OK); // a is used again
     EXPECT_EQ(x, a);
     ote_cuda_ipc_mapping_put(cache_, x);
-    ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[2], &c), OTE_OK);  // evicts b
+    ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[2], &c), OTE_OK); // evicts b
     EXPECT_EQ(Stats().evictions, 1u);
     EXPECT_EQ(Stats().entries, 2u);
     EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(c) + 99), Pattern(2));
     EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(a) + 99), Pattern(0));
-    ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[0], &x), OTE_OK);  // still cached
+    ASSERT_EQ(ote_cuda_ipc_import(cache_, child_, &hello_.desc[0], &x), OTE_OK); // still cached
     EXPECT_EQ(Stats().hits, 2u);
     // Both entries in use: no room for b.
     ote_cuda_ipc_mapping_t *none = nullptr;
@@ -464,7 +470,7 @@ TEST_F(CudaIpcTest, ExportingProcessCannotImportItsOwnExport) {
     ASSERT_EQ(ote_cuda_alloc_create(dev_, kAllocSize, 0, &a), OTE_OK);
     ote_cuda_ipc_export_t *e = nullptr;
     ASSERT_EQ(ote_cuda_ipc_export_alloc(a, &e), OTE_OK);
-    EXPECT_EQ(ote_cuda_alloc_users(a), 1u);  // exported memory is in use
+    EXPECT_EQ(ote_cuda_alloc_users(a), 1u); // exported memory is in use
     EXPECT_EQ(ote_cuda_alloc_destroy(a, ote_deadline_after(5 * OTE_NSEC_PER_MSEC)), OTE_ERR_BUSY);
     ASSERT_EQ(ote_cuda_ipc_cache_create(dev_, 4, 64 << 20, &cache_), OTE_OK);
     ote_cuda_ipc_mapping_t *m = nullptr;
@@ -482,29 +488,31 @@ TEST_F(CudaIpcTest, ExportingProcessCannotImportItsOwnExport) {
     ASSERT_EQ(ote_cuda_alloc_destroy(a, LongDeadline()), OTE_OK);
 }
 
-}  // namespace
+} // namespace
 
 namespace {
 
 TEST_F(CudaIpcTest, VmmAllocationCrossesAsAPosixFd) {
     int vmm = 0;
-    ASSERT_EQ(t_->cuDeviceGetAttribute(&vmm, OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                       ote_cuda_device_handle(dev_)),
-              OTE_CU_SUCCESS);
+    ASSERT_EQ(
+        t_->cuDeviceGetAttribute(&vmm, OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 ote_cuda_device_handle(dev_)),
+        OTE_CU_SUCCESS);
     if (!vmm) GTEST_SKIP() << "the device does not support virtual memory management";
     Spawn(0, true);
     uint64_t size = 0;
-    ASSERT_TRUE(IoFull(sock_, &size, sizeof(size), false, LongDeadline())) << "no size from the exporter";
+    ASSERT_TRUE(IoFull(sock_, &size, sizeof(size), false, LongDeadline()))
+        << "no size from the exporter";
     int fd = RecvFd(sock_);
     ASSERT_GE(fd, 0);
     ote_cuda_alloc_t *imported = nullptr;
     ASSERT_EQ(ote_cuda_alloc_import_vmm(dev_, fd, size, &imported), OTE_OK);
     EXPECT_EQ(ote_cuda_alloc_is_vmm(imported), 1);
     EXPECT_EQ(ReadByte(ote_cuda_alloc_ptr(imported) + size - 1), Pattern(7));
-    close(fd);  // the import keeps its own reference to the memory
+    close(fd); // the import keeps its own reference to the memory
     EXPECT_EQ(ReadByte(ote_cuda_alloc_ptr(imported) + 12345), Pattern(7));
     ASSERT_EQ(ote_cuda_alloc_destroy(imported, LongDeadline()), OTE_OK);
     EndChild();
 }
 
-}  // namespace
+} // namespace

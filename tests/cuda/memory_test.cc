@@ -43,7 +43,7 @@ TEST_F(CudaMemoryTest, DeviceHoldsItsPrimaryContextAndRefusesToCloseWithOwners) 
     uint64_t retains = Counters().primary_ctx_retains;
     ote_cuda_device_t *second = nullptr;
     ASSERT_EQ(ote_cuda_device_open(drv_, 0, &second), OTE_OK);
-    EXPECT_EQ(ote_cuda_device_context(second), ote_cuda_device_context(dev_));  // the primary one
+    EXPECT_EQ(ote_cuda_device_context(second), ote_cuda_device_context(dev_)); // the primary one
     if (fake_.present()) {
         EXPECT_EQ(Counters().primary_ctx_retains, retains + 1);
     }
@@ -90,7 +90,8 @@ TEST_F(CudaMemoryTest, ClassifiesDeviceAndPageableMemoryWithoutTouchingIt) {
 
     std::vector<char> heap(4096);
     int on_stack = 0;
-    for (const void *p : {static_cast<const void *>(heap.data()), static_cast<const void *>(&on_stack)}) {
+    for (const void *p :
+         {static_cast<const void *>(heap.data()), static_cast<const void *>(&on_stack)}) {
         ote_cuda_pointer_info_t h;
         ASSERT_EQ(ote_cuda_pointer_classify(drv_, reinterpret_cast<uintptr_t>(p), &h), OTE_OK);
         EXPECT_EQ(h.kind, OTE_CUDA_MEM_PAGEABLE);
@@ -117,14 +118,15 @@ TEST_F(CudaMemoryTest, AllocationHoldsBytes) {
 
 TEST_F(CudaMemoryTest, VmmAllocationIsMappedAccessibleAndFreed) {
     int vmm = 0;
-    ASSERT_EQ(t_->cuDeviceGetAttribute(&vmm, OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                       ote_cuda_device_handle(dev_)),
-              OTE_CU_SUCCESS);
+    ASSERT_EQ(
+        t_->cuDeviceGetAttribute(&vmm, OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 ote_cuda_device_handle(dev_)),
+        OTE_CU_SUCCESS);
     if (!vmm) GTEST_SKIP() << "the device does not support virtual memory management";
     ote_cuda_alloc_t *a = nullptr;
     ASSERT_EQ(ote_cuda_alloc_create(dev_, 1000, OTE_CUDA_ALLOC_VMM, &a), OTE_OK);
     EXPECT_EQ(ote_cuda_alloc_is_vmm(a), 1);
-    EXPECT_GE(ote_cuda_alloc_size(a), 1000u);  // rounded to the granularity
+    EXPECT_GE(ote_cuda_alloc_size(a), 1000u); // rounded to the granularity
     EXPECT_NE(ote_cuda_alloc_vmm_handle(a), 0u);
     if (fake_.present()) {
         EXPECT_EQ(Counters().vmm_handles, at_start_.vmm_handles + 1);
@@ -151,7 +153,7 @@ TEST_F(CudaMemoryTest, AccessLockMakesDestroyWaitOrRefuse) {
     Put(ote_cuda_alloc_ptr(a), x, sizeof(x));
     Get(y, ote_cuda_alloc_ptr(a), sizeof(y));
     EXPECT_STREQ(y, "alive");
-    ASSERT_EQ(ote_cuda_alloc_acquire(a), OTE_OK);  // new users are welcome again
+    ASSERT_EQ(ote_cuda_alloc_acquire(a), OTE_OK); // new users are welcome again
     ote_cuda_alloc_release(a);
     // Destroy waits for the user: meanwhile new users are refused.
     std::atomic<int> destroyed{-1};
@@ -165,7 +167,7 @@ TEST_F(CudaMemoryTest, AccessLockMakesDestroyWaitOrRefuse) {
         usleep(1000);
     }
     EXPECT_EQ(st, OTE_ERR_STATE);
-    EXPECT_EQ(destroyed.load(), -1);  // still waiting for the first user
+    EXPECT_EQ(destroyed.load(), -1); // still waiting for the first user
     ote_cuda_alloc_release(a);
     th.join();
     EXPECT_EQ(destroyed.load(), OTE_OK);
@@ -176,8 +178,9 @@ TEST_F(CudaMemoryTest, SyncMemopsIsSetOnTheAllocation) {
     ASSERT_EQ(ote_cuda_alloc_create(dev_, 1 << 16, 0, &a), OTE_OK);
     ASSERT_EQ(ote_cuda_pointer_set_sync_memops(dev_, ote_cuda_alloc_ptr(a) + 100), OTE_OK);
     unsigned int v = 0;
-    ASSERT_EQ(t_->cuPointerGetAttribute(&v, OTE_CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ote_cuda_alloc_ptr(a)),
-              OTE_CU_SUCCESS);
+    ASSERT_EQ(
+        t_->cuPointerGetAttribute(&v, OTE_CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ote_cuda_alloc_ptr(a)),
+        OTE_CU_SUCCESS);
     EXPECT_EQ(v & 0xff, 1u);
     ASSERT_EQ(ote_cuda_alloc_destroy(a, LongDeadline()), OTE_OK);
 }
@@ -238,7 +241,7 @@ TEST_F(CudaMemoryTest, DriverFailuresAreStatusesAndAFailedFreeIsRetained) {
     EXPECT_EQ(ote_status_code(ote_cuda_alloc_destroy(a, LongDeadline())), OTE_ERR_RETAINED);
     EXPECT_EQ(ote_cuda_device_retained(dev_), 1u);
     EXPECT_EQ(ote_cuda_driver_retained(drv_), 1u);
-    EXPECT_EQ(Counters().device_allocs, at_start_.device_allocs + 1);  // still allocated
+    EXPECT_EQ(Counters().device_allocs, at_start_.device_allocs + 1); // still allocated
     EXPECT_EQ(ote_cuda_device_close(dev_), OTE_ERR_BUSY);
     size_t left = 9;
     ASSERT_EQ(ote_cuda_device_reclaim(dev_, &left), OTE_OK);
@@ -256,4 +259,4 @@ TEST_F(CudaMemoryTest, DriverFailuresAreStatusesAndAFailedFreeIsRetained) {
     EXPECT_EQ(ote_cuda_driver_retained(drv_), 0u);
 }
 
-}  // namespace
+} // namespace

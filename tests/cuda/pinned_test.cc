@@ -32,7 +32,7 @@ TEST_F(CudaPinnedTest, HostAllocationIsPinnedAndClassified) {
         EXPECT_EQ(Counters().host_allocs, at_start_.host_allocs + 1);
     }
     char *p = static_cast<char *>(ote_cuda_host_mem_ptr(m));
-    memset(p, 0x5a, 1 << 20);  // host memory: the host may touch it
+    memset(p, 0x5a, 1 << 20); // host memory: the host may touch it
     ote_cuda_pointer_info_t info;
     ASSERT_EQ(ote_cuda_pointer_classify(drv_, reinterpret_cast<uintptr_t>(p + 100), &info), OTE_OK);
     EXPECT_EQ(info.kind, OTE_CUDA_MEM_PINNED);
@@ -56,7 +56,8 @@ TEST_F(CudaPinnedTest, RegistrationPinsCallerMemoryAndKeepsItTheCallers) {
         EXPECT_EQ(Counters().host_registrations, at_start_.host_registrations + 1);
     }
     ote_cuda_pointer_info_t info;
-    ASSERT_EQ(ote_cuda_pointer_classify(drv_, reinterpret_cast<uintptr_t>(buf) + 4096, &info), OTE_OK);
+    ASSERT_EQ(ote_cuda_pointer_classify(drv_, reinterpret_cast<uintptr_t>(buf) + 4096, &info),
+              OTE_OK);
     EXPECT_EQ(info.kind, OTE_CUDA_MEM_PINNED);
     // A pinned buffer moves bytes to and from the device with a synchronous copy.
     ote_cuda_alloc_t *a = nullptr;
@@ -71,11 +72,12 @@ TEST_F(CudaPinnedTest, RegistrationPinsCallerMemoryAndKeepsItTheCallers) {
     ASSERT_EQ(ote_cuda_alloc_destroy(a, LongDeadline()), OTE_OK);
     // Users hold it; destroy refuses at its deadline.
     ASSERT_EQ(ote_cuda_host_mem_acquire(m), OTE_OK);
-    EXPECT_EQ(ote_cuda_host_mem_destroy(m, ote_deadline_after(10 * OTE_NSEC_PER_MSEC)), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_cuda_host_mem_destroy(m, ote_deadline_after(10 * OTE_NSEC_PER_MSEC)),
+              OTE_ERR_BUSY);
     ote_cuda_host_mem_release(m);
     ASSERT_EQ(ote_cuda_host_mem_destroy(m, LongDeadline()), OTE_OK);
     ASSERT_EQ(ote_cuda_pointer_classify(drv_, reinterpret_cast<uintptr_t>(buf), &info), OTE_OK);
-    EXPECT_EQ(info.kind, OTE_CUDA_MEM_PAGEABLE);  // unregistered, still ours
+    EXPECT_EQ(info.kind, OTE_CUDA_MEM_PAGEABLE); // unregistered, still ours
     free(buf);
 }
 
@@ -105,19 +107,20 @@ TEST_F(CudaPinnedTest, StagingPoolHandsOutDistinctChunksAndTimesOutWhenEmpty) {
     for (auto &c : got) {
         ASSERT_EQ(ote_cuda_staging_acquire(pool, LongDeadline(), &c), OTE_OK);
         EXPECT_EQ(c.size, size_t{64} << 10);
-        memset(c.ptr, c.index, c.size);  // pinned host memory
+        memset(c.ptr, c.index, c.size); // pinned host memory
         ptrs.insert(c.ptr);
     }
     EXPECT_EQ(ptrs.size(), 4u);
     ote_cuda_pointer_info_t info;
-    ASSERT_EQ(ote_cuda_pointer_classify(drv_, reinterpret_cast<uintptr_t>(got[2].ptr), &info), OTE_OK);
+    ASSERT_EQ(ote_cuda_pointer_classify(drv_, reinterpret_cast<uintptr_t>(got[2].ptr), &info),
+              OTE_OK);
     EXPECT_EQ(info.kind, OTE_CUDA_MEM_PINNED);
     ote_cuda_chunk_t extra{};
     EXPECT_EQ(ote_cuda_staging_acquire(pool, ote_deadline_after(10 * OTE_NSEC_PER_MSEC), &extra),
               OTE_ERR_TIMEOUT);
     EXPECT_EQ(ote_cuda_staging_destroy(pool), OTE_ERR_BUSY);
     ASSERT_EQ(ote_cuda_staging_release(pool, &got[1]), OTE_OK);
-    EXPECT_EQ(ote_cuda_staging_release(pool, &got[1]), OTE_ERR_INVALID);  // not out any more
+    EXPECT_EQ(ote_cuda_staging_release(pool, &got[1]), OTE_ERR_INVALID); // not out any more
     ASSERT_EQ(ote_cuda_staging_acquire(pool, LongDeadline(), &extra), OTE_OK);
     EXPECT_EQ(extra.ptr, got[1].ptr);
     got[1] = extra;
@@ -134,7 +137,7 @@ TEST_F(CudaPinnedTest, StagingWaiterIsServedWhenAChunkComesBack) {
     ote_cuda_chunk_t waited{};
     std::thread waiter([&] { result = ote_cuda_staging_acquire(pool, LongDeadline(), &waited); });
     usleep(20000);
-    EXPECT_EQ(result.load(), -1);  // still waiting (the deadline is far)
+    EXPECT_EQ(result.load(), -1); // still waiting (the deadline is far)
     ASSERT_EQ(ote_cuda_staging_release(pool, &held), OTE_OK);
     waiter.join();
     EXPECT_EQ(result.load(), OTE_OK);
@@ -143,4 +146,4 @@ TEST_F(CudaPinnedTest, StagingWaiterIsServedWhenAChunkComesBack) {
     ASSERT_EQ(ote_cuda_staging_destroy(pool), OTE_OK);
 }
 
-}  // namespace
+} // namespace

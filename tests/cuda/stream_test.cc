@@ -73,10 +73,15 @@ class CudaStreamTest : public CudaTest {
         ASSERT_EQ(ote_cuda_stream_hold_host(s_, back_), OTE_OK);
         ASSERT_EQ(ote_cuda_stream_hold_alloc(s_, a_), OTE_OK);
         ASSERT_EQ(ote_cuda_stream_hold_alloc(s_, b_), OTE_OK);
-        ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), kSize), OTE_OK);
-        ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_DTOD, ote_cuda_alloc_ptr(b_), ote_cuda_alloc_ptr(a_), kSize),
+        ASSERT_EQ(
+            ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), kSize),
+            OTE_OK);
+        ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_DTOD, ote_cuda_alloc_ptr(b_),
+                                       ote_cuda_alloc_ptr(a_), kSize),
                   OTE_OK);
-        ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_DTOH, H(back_), ote_cuda_alloc_ptr(b_), kSize), OTE_OK);
+        ASSERT_EQ(
+            ote_cuda_stream_copy(s_, OTE_CUDA_COPY_DTOH, H(back_), ote_cuda_alloc_ptr(b_), kSize),
+            OTE_OK);
     }
     bool RoundTripArrived() {
         return memcmp(ote_cuda_host_mem_ptr(host_), ote_cuda_host_mem_ptr(back_), kSize) == 0;
@@ -90,7 +95,7 @@ class CudaStreamTest : public CudaTest {
 TEST_F(CudaStreamTest, RoundTripIsAsynchronousAndHoldsItsMemoryUntilComplete) {
     EnqueueRoundTrip();
     EXPECT_EQ(ote_cuda_stream_state(s_), OTE_CUDA_STREAM_OPEN);
-    EXPECT_EQ(ote_cuda_stream_poll(s_), OTE_ERR_STATE);  // not committed yet
+    EXPECT_EQ(ote_cuda_stream_poll(s_), OTE_ERR_STATE); // not committed yet
     EXPECT_EQ(ote_cuda_alloc_users(a_), 1u);
     EXPECT_EQ(ote_cuda_host_mem_users(back_), 1u);
     ASSERT_EQ(ote_cuda_stream_commit(s_, nullptr, nullptr), OTE_OK);
@@ -117,16 +122,19 @@ TEST_F(CudaStreamTest, PendingWorkIsDrainedBeforeReuseOrDestroy) {
     ASSERT_TRUE(gate.entered.load());
     // The stream is held up by the gate: pending, reuse refused, destroy not possible.
     EXPECT_EQ(ote_status_code(ote_cuda_stream_poll(s_)), OTE_ERR_AGAIN);
-    EXPECT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), 16), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), 16),
+              OTE_ERR_BUSY);
     EXPECT_EQ(ote_cuda_stream_wait(s_, ote_deadline_after(5 * OTE_NSEC_PER_MSEC)), OTE_ERR_TIMEOUT);
-    EXPECT_EQ(ote_cuda_stream_destroy(s_, ote_deadline_after(5 * OTE_NSEC_PER_MSEC)), OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_cuda_stream_destroy(s_, ote_deadline_after(5 * OTE_NSEC_PER_MSEC)),
+              OTE_ERR_TIMEOUT);
     EXPECT_EQ(ote_cuda_alloc_destroy(a_, ote_deadline_after(5 * OTE_NSEC_PER_MSEC)), OTE_ERR_BUSY);
     EXPECT_EQ(ote_cuda_alloc_users(a_), 1u);
     gate.open = true;
     ASSERT_EQ(ote_cuda_stream_wait(s_, LongDeadline()), OTE_OK);
     EXPECT_TRUE(RoundTripArrived());
     EXPECT_EQ(ote_cuda_alloc_users(a_), 0u);
-    ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), 16), OTE_OK);
+    ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), 16),
+              OTE_OK);
     // Destroy of a stream with uncommitted work commits and drains it.
     ASSERT_EQ(ote_cuda_stream_destroy(s_, LongDeadline()), OTE_OK);
     s_ = nullptr;
@@ -150,9 +158,9 @@ TEST_F(CudaStreamTest, StagingChunkGoesBackWhenItsCopyCompletes) {
     ote_cuda_chunk_t c{};
     ASSERT_EQ(ote_cuda_staging_acquire(pool, LongDeadline(), &c), OTE_OK);
     memset(c.ptr, 0x77, c.size);
-    ASSERT_EQ(ote_cuda_stream_hold_chunk(s_, pool, &c), OTE_OK);  // the stream owns it now
-    ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), reinterpret_cast<uintptr_t>(c.ptr),
-                                   c.size),
+    ASSERT_EQ(ote_cuda_stream_hold_chunk(s_, pool, &c), OTE_OK); // the stream owns it now
+    ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_),
+                                   reinterpret_cast<uintptr_t>(c.ptr), c.size),
               OTE_OK);
     ASSERT_EQ(ote_cuda_stream_commit(s_, nullptr, nullptr), OTE_OK);
     ASSERT_EQ(ote_cuda_stream_wait(s_, LongDeadline()), OTE_OK);
@@ -174,9 +182,10 @@ TEST_F(CudaStreamTest, UnknownWaitOutcomeRetainsTheStreamAndItsHoldsUntilReclaim
     EXPECT_EQ(ote_cuda_stream_state(s_), OTE_CUDA_STREAM_RETAINED);
     EXPECT_EQ(ote_cuda_driver_retained(drv_), 1u);
     EXPECT_EQ(ote_cuda_stream_holds(s_), 4u);
-    EXPECT_EQ(ote_cuda_alloc_users(a_), 1u);  // the memory stays held
+    EXPECT_EQ(ote_cuda_alloc_users(a_), 1u); // the memory stays held
     EXPECT_EQ(ote_cuda_alloc_destroy(a_, ote_deadline_after(5 * OTE_NSEC_PER_MSEC)), OTE_ERR_BUSY);
-    EXPECT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), 16), OTE_ERR_RETAINED);
+    EXPECT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), 16),
+              OTE_ERR_RETAINED);
     EXPECT_EQ(ote_cuda_stream_poll(s_), OTE_ERR_RETAINED);
     // Asked again (the driver answers now): the work proved complete, holds released.
     ote_deadline_t d = LongDeadline();
@@ -197,7 +206,7 @@ TEST_F(CudaStreamTest, RetainedStreamDestroyIsParkedOnTheDevice) {
     fake_.fail("cuEventQuery", 1, 1, OTE_CU_ERROR_ILLEGAL_ADDRESS);
     EXPECT_EQ(ote_status_code(ote_cuda_stream_wait(s_, LongDeadline())), OTE_ERR_DEVICE_FATAL);
     EXPECT_EQ(ote_cuda_stream_destroy(s_, LongDeadline()), OTE_ERR_RETAINED);
-    s_ = nullptr;  // owned by the device's retained list now
+    s_ = nullptr; // owned by the device's retained list now
     EXPECT_EQ(ote_cuda_device_retained(dev_), 1u);
     EXPECT_EQ(ote_cuda_driver_retained(drv_), 1u);
     EXPECT_EQ(ote_cuda_alloc_users(b_), 1u);
@@ -211,12 +220,13 @@ TEST_F(CudaStreamTest, RetainedStreamDestroyIsParkedOnTheDevice) {
 TEST_F(CudaStreamTest, FailedEnqueueDrainsAndReleasesHolds) {
     REQUIRE_FAKE();
     ASSERT_EQ(ote_cuda_stream_hold_alloc(s_, a_), OTE_OK);
-    ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), kSize), OTE_OK);
+    ASSERT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), kSize),
+              OTE_OK);
     fake_.fail("cuMemcpyDtoDAsync", 1, 1, OTE_CU_ERROR_INVALID_VALUE);
-    ote_status_t st =
-        ote_cuda_stream_copy(s_, OTE_CUDA_COPY_DTOD, ote_cuda_alloc_ptr(b_), ote_cuda_alloc_ptr(a_), kSize);
+    ote_status_t st = ote_cuda_stream_copy(s_, OTE_CUDA_COPY_DTOD, ote_cuda_alloc_ptr(b_),
+                                           ote_cuda_alloc_ptr(a_), kSize);
     EXPECT_EQ(ote_status_errno(st), OTE_CU_ERROR_INVALID_VALUE);
-    EXPECT_EQ(ote_cuda_stream_state(s_), OTE_CUDA_STREAM_IDLE);  // drained
+    EXPECT_EQ(ote_cuda_stream_state(s_), OTE_CUDA_STREAM_IDLE); // drained
     EXPECT_EQ(ote_cuda_alloc_users(a_), 0u);
     // A failed record after a drain that fails: retained.
     ASSERT_EQ(ote_cuda_stream_hold_alloc(s_, a_), OTE_OK);
@@ -230,4 +240,4 @@ TEST_F(CudaStreamTest, FailedEnqueueDrainsAndReleasesHolds) {
     EXPECT_EQ(ote_cuda_alloc_users(a_), 0u);
 }
 
-}  // namespace
+} // namespace

@@ -57,7 +57,8 @@ TEST_F(EndpointTest, OneBuilderWaitersUseOwnDeadlineCancelFreesSlot) {
     EXPECT_NE(claim.token, 0u);
     // Another caller waits with its own deadline and cannot take or cancel the slot.
     uint64_t t0 = ote_now_ns();
-    EXPECT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(50 * kMs), &qp, &claim2), OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(50 * kMs), &qp, &claim2),
+              OTE_ERR_TIMEOUT);
     EXPECT_GE(ote_now_ns() - t0, 45 * kMs);
     // Slot 1 is independent.
     ASSERT_EQ(ote_endpoint_reserve(ep, 1, ote_deadline_after(30000 * kMs), &qp, &claim2), OTE_OK);
@@ -68,7 +69,8 @@ TEST_F(EndpointTest, OneBuilderWaitersUseOwnDeadlineCancelFreesSlot) {
     EXPECT_EQ(ote_endpoint_cancel(&claim), OTE_OK);
     ASSERT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(30000 * kMs), &qp, &claim2), OTE_OK);
     EXPECT_EQ(ote_endpoint_cancel(&stale), OTE_ERR_STATE);
-    EXPECT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(20 * kMs), &qp, &claim), OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_endpoint_reserve(ep, 0, ote_deadline_after(20 * kMs), &qp, &claim),
+              OTE_ERR_TIMEOUT);
     EXPECT_EQ(ote_endpoint_cancel(&claim2), OTE_OK);
 }
 
@@ -110,7 +112,8 @@ TEST_F(EndpointTest, RetiredQpKeepsSlotUntilDestroyedThenRebuilds) {
     EXPECT_EQ(left, 1u);
     ote_ep_claim_t c;
     ote_qp_t *q2 = nullptr;
-    EXPECT_EQ(ote_endpoint_reserve(rig_.ep0[0], 1, ote_deadline_after(20 * kMs), &q2, &c), OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_endpoint_reserve(rig_.ep0[0], 1, ote_deadline_after(20 * kMs), &q2, &c),
+              OTE_ERR_TIMEOUT);
     ote_endpoint_return(rig_.ep0[0], 1, qp);
     EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
     EXPECT_EQ(left, 0u);
@@ -124,4 +127,4 @@ TEST_F(EndpointTest, RetiredQpKeepsSlotUntilDestroyedThenRebuilds) {
     ote_endpoint_return(rig_.ep0[0], 1, q2);
 }
 
-}  // namespace
+} // namespace

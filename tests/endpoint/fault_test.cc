@@ -27,10 +27,11 @@ class EndpointFaultTest : public ote_test::OteTest {
 TEST_F(EndpointFaultTest, CreateQpFailsNothingLeakedSlotUsableOnRetry) {
     ote_verbs_fault_reset_counters(rig_.v);
     uint32_t recv_charged = ote_cq_lane_outstanding(rig_.l0[0], OTE_CQ_RECV);
-    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_CREATE_QP, OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_CREATE_QP, OTE_FAULT_NTH, 1, ENOMEM),
+              OTE_OK);
     ote_qp_t *qp = nullptr;
     ote_status_t st = OTE_OK;
-    ExpectErrorLogsIn([&] { st = rig_.Borrow(1, 0, &qp); });  // the qp layer logs create_qp
+    ExpectErrorLogsIn([&] { st = rig_.Borrow(1, 0, &qp); }); // the qp layer logs create_qp
     EXPECT_EQ(ote_status_errno(st), ENOMEM);
     EXPECT_EQ(qp, nullptr);
     EXPECT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_CREATE_QP), 1u);
@@ -62,7 +63,8 @@ ote_status_t FailRtrExchange(void *arg, uint32_t slot, const ote_qp_path_t *loca
                              ote_qp_path_t *peer_out, ote_deadline_t dl) {
     Rig::Xarg *x = static_cast<Rig::Xarg *>(arg);
     ote_status_t st = Rig::Exchange(arg, slot, local, peer_out, dl);
-    if (st == OTE_OK) ote_verbs_fault_fail(x->r->v, OTE_VERBS_FAULT_OP_MODIFY_QP, OTE_FAULT_NTH, 1, EINVAL);
+    if (st == OTE_OK)
+        ote_verbs_fault_fail(x->r->v, OTE_VERBS_FAULT_OP_MODIFY_QP, OTE_FAULT_NTH, 1, EINVAL);
     return st;
 }
 
@@ -71,7 +73,8 @@ TEST_F(EndpointFaultTest, ModifyToRtrFailsQpDestroyedSlotUsableOnRetry) {
     ote_qp_t *qp = nullptr;
     uint64_t destroys = ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP);
     ExpectErrorLogsIn([&] {
-        EXPECT_NE(ote_endpoint_borrow(rig_.ep0[1], 0, FailRtrExchange, &x, ote_deadline_after(30000 * kMs), &qp),
+        EXPECT_NE(ote_endpoint_borrow(rig_.ep0[1], 0, FailRtrExchange, &x,
+                                      ote_deadline_after(30000 * kMs), &qp),
                   OTE_OK);
     });
     EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP), destroys + 1);
@@ -94,7 +97,8 @@ TEST_F(EndpointFaultTest, DestroyBusyRetainsQpInSlotUntilReclaimSucceeds) {
     ASSERT_EQ(rig_.Borrow(0, 0, &qp), OTE_OK);
     ote_endpoint_retire(rig_.ep0[0], 0, qp);
     ote_endpoint_return(rig_.ep0[0], 0, qp);
-    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP, nullptr, 1), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP, nullptr, 1),
+              OTE_OK);
     size_t left = 0;
     EXPECT_NE(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
     EXPECT_EQ(left, 1u);
@@ -110,4 +114,4 @@ TEST_F(EndpointFaultTest, DestroyBusyRetainsQpInSlotUntilReclaimSucceeds) {
     EXPECT_EQ(RetainedSinceStart(), 0);
 }
 
-}  // namespace
+} // namespace

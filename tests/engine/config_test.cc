@@ -46,7 +46,7 @@ TEST_F(ConfigTest, DefaultsSetAndEnvironment) {
     setenv("OTE_TCP_WORKERS", "3", 1);
     EXPECT_EQ(Get("tcp_workers"), "3");
     ASSERT_EQ(ote_config_set(cfg_, "tcp_workers", "5"), OTE_OK);
-    EXPECT_EQ(Get("tcp_workers"), "5");  // set wins over the environment
+    EXPECT_EQ(Get("tcp_workers"), "5"); // set wins over the environment
     ASSERT_EQ(ote_config_set(cfg_, "slice_size", "256K"), OTE_OK);
     ote__cfg_t r;
     ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
@@ -88,8 +88,9 @@ TEST_F(ConfigTest, InvalidEnvironmentFailsEngineCreation) {
 TEST_F(ConfigTest, RdmaIsRefusedWithoutFallback) {
     std::vector<std::string> devs = ote_test::KernelVerbsDevices();
     if (!devs.empty())
-        GTEST_SKIP() << "this machine has an RDMA device (" << devs[0]
-                     << " in /sys/class/infiniband_verbs): the no-device refusal cannot be shown here";
+        GTEST_SKIP()
+            << "this machine has an RDMA device (" << devs[0]
+            << " in /sys/class/infiniband_verbs): the no-device refusal cannot be shown here";
     ASSERT_EQ(ote_config_set(cfg_, "transport", "rdma"), OTE_OK);
     ote_engine_t *e = nullptr;
     // Without an RDMA device here the engine is refused (NO_DEVICE once engine/rdma is
@@ -116,14 +117,15 @@ TEST_F(ConfigTest, AddressParsing) {
     ASSERT_EQ(ote__addr_split("[fe80::1%eth0]:1", host, sizeof(host), &port, &v6), OTE_OK);
     EXPECT_STREQ(host, "fe80::1%eth0");
     ASSERT_EQ(ote__addr_split("[2001:db8::7:80]:90", host, sizeof(host), &port, &v6), OTE_OK);
-    EXPECT_STREQ(host, "2001:db8::7:80");  // the last group is not taken as the port
+    EXPECT_STREQ(host, "2001:db8::7:80"); // the last group is not taken as the port
     EXPECT_EQ(port, 90);
     ASSERT_EQ(ote__addr_split("node-1.example:7", host, sizeof(host), &port, &v6), OTE_OK);
     EXPECT_STREQ(host, "node-1.example");
-    const char *bad[] = {"",         ":80",          "host:",        "host:65536", "host:-1",
-                         "::1:80",   "[::1]",        "[::1]80",      "[zz::1]:80", "host:8o",
-                         "a b:1",    "[::1]:123456", "host:1:2"};
-    for (const char *b : bad) EXPECT_EQ(ote__addr_split(b, host, sizeof(host), &port, &v6), OTE_ERR_INVALID) << b;
+    const char *bad[] = {"",       ":80",          "host:",   "host:65536", "host:-1",
+                         "::1:80", "[::1]",        "[::1]80", "[zz::1]:80", "host:8o",
+                         "a b:1",  "[::1]:123456", "host:1:2"};
+    for (const char *b : bad)
+        EXPECT_EQ(ote__addr_split(b, host, sizeof(host), &port, &v6), OTE_ERR_INVALID) << b;
     char tiny[4];
     EXPECT_EQ(ote__addr_split("hostname:1", tiny, sizeof(tiny), &port, &v6), OTE_ERR_INVALID);
 
@@ -160,7 +162,7 @@ TEST_F(ConfigTest, EngineAddressesV4V6AndAdvertised) {
     ASSERT_EQ(ote_engine_create(cfg_, &e), OTE_OK);
     ASSERT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);
     EXPECT_EQ(std::string(addr).rfind("[2001:db8::5]:", 0), 0u) << addr;
-    EXPECT_NE(std::string(addr), "[2001:db8::5]:0");  // port 0 = the port we listen on
+    EXPECT_NE(std::string(addr), "[2001:db8::5]:0"); // port 0 = the port we listen on
     ASSERT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
@@ -170,9 +172,10 @@ TEST_F(ConfigTest, ListenAddressInUseIsAClearError) {
     char addr[300];
     ASSERT_EQ(ote_engine_address(a, addr, sizeof(addr)), OTE_OK);
     ASSERT_EQ(ote_config_set(cfg_, "listen_address", addr), OTE_OK);
-    ExpectErrorLogsIn([&] { EXPECT_EQ(ote_status_code(ote_engine_create(cfg_, &b)), OTE_ERR_BUSY); });
+    ExpectErrorLogsIn(
+        [&] { EXPECT_EQ(ote_status_code(ote_engine_create(cfg_, &b)), OTE_ERR_BUSY); });
     EXPECT_TRUE(LogContains("cannot listen on"));
     ASSERT_EQ(ote_engine_destroy(a), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -54,7 +54,7 @@ TEST_F(ControlTest, RoundTripEveryOpcode) {
     uint8_t rw[OTE_CTL_RW_FRAME_LEN];
     ote_ctl_put_rw(rw, 1, OTE_CTL_WRITE_REQ, 77, 0xdeadbeef000ull, 4096);
     ASSERT_EQ(ote_ctl_decode(rw, sizeof(rw), &out, &used), OTE_OK);
-    EXPECT_EQ(used, OTE_CTL_RW_FRAME_LEN);  // the 4096 data bytes are not consumed
+    EXPECT_EQ(used, OTE_CTL_RW_FRAME_LEN); // the 4096 data bytes are not consumed
     EXPECT_EQ(out.data_len, 4096u);
     EXPECT_EQ(out.u.rw.addr, 0xdeadbeef000ull);
     ote_ctl_put_rw(rw, 1, OTE_CTL_READ_REQ, 78, 64, 10);
@@ -77,7 +77,8 @@ TEST_F(ControlTest, RoundTripEveryOpcode) {
     n.u.notify.len = 3;
     auto nb = Encode(n);
     ASSERT_EQ(ote_ctl_decode(nb.data(), nb.size(), &out, &used), OTE_OK);
-    EXPECT_EQ(std::string(reinterpret_cast<const char *>(out.u.notify.msg), out.u.notify.len), "abc");
+    EXPECT_EQ(std::string(reinterpret_cast<const char *>(out.u.notify.msg), out.u.notify.len),
+              "abc");
 
     ote_ctl_msg_t er{};
     er.version = 1;
@@ -99,7 +100,7 @@ TEST_F(ControlTest, TruncatedFramesNeedMoreAtEveryLength) {
     size_t used = 777;
     for (size_t n = 0; n < hello.size(); n++) {
         EXPECT_EQ(ote_ctl_decode(hello.data(), n, &out, &used), OTE_ERR_AGAIN) << n;
-        EXPECT_EQ(used, 777u);  // outputs untouched
+        EXPECT_EQ(used, 777u); // outputs untouched
         EXPECT_EQ(out.req_id, 12345u);
     }
 }
@@ -112,14 +113,14 @@ TEST_F(ControlTest, MalformedAndOversizedFramesAreRejected) {
 
     ote_ctl_put_hdr(hdr, 1, OTE_CTL_WRITE_ACK, 1, OTE_OK, 0);
     hdr[0] ^= 0xff;
-    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // magic
-    EXPECT_EQ(ote_ctl_decode(hdr, 2, &out, &used), OTE_ERR_PROTOCOL);            // early
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL); // magic
+    EXPECT_EQ(ote_ctl_decode(hdr, 2, &out, &used), OTE_ERR_PROTOCOL);           // early
     ote_ctl_put_hdr(hdr, 0, OTE_CTL_WRITE_ACK, 1, OTE_OK, 0);
-    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // version 0
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL); // version 0
     ote_ctl_put_hdr(hdr, 1, 0, 1, OTE_OK, 0);
-    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // opcode 0
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL); // opcode 0
     ote_ctl_put_hdr(hdr, 1, 200, 1, OTE_OK, 0);
-    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // unknown
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL); // unknown
     ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 1, OTE_OK, OTE_CTL_MAX_FRAME + 1);
     EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_TOO_BIG);
     ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 1, OTE_OK, OTE_CTL_MAX_DATA + 1);
@@ -127,9 +128,9 @@ TEST_F(ControlTest, MalformedAndOversizedFramesAreRejected) {
     ote_ctl_put_hdr(hdr, 1, OTE_CTL_NOTIFY, 1, OTE_OK, OTE_CTL_MAX_BODY + 1);
     EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_TOO_BIG);
     ote_ctl_put_hdr(hdr, 1, OTE_CTL_WRITE_ACK, 1, OTE_OK, 4);
-    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // ack with body
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL); // ack with body
     ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 1, OTE_ERR_ACCESS, 8);
-    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);  // error + data
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL); // error + data
 
     // WRITE_REQ whose announced data disagrees with its length field.
     ote_ctl_put_rw(b.data(), 1, OTE_CTL_WRITE_REQ, 1, 4096, 100);
@@ -137,7 +138,8 @@ TEST_F(ControlTest, MalformedAndOversizedFramesAreRejected) {
     EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_PROTOCOL);
     // READ_REQ over the slice limit, or wrapping the address space.
     // (The encoder refuses to write one; the length field is patched in by hand.)
-    EXPECT_EQ(ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, 4096, OTE_CTL_MAX_DATA + 1), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, 4096, OTE_CTL_MAX_DATA + 1),
+              OTE_ERR_INVALID);
     ASSERT_EQ(ote_ctl_put_rw(b.data(), 1, OTE_CTL_READ_REQ, 1, 4096, 10), OTE_OK);
     Put32(b, OTE_CTL_HDR_LEN + 8, OTE_CTL_MAX_DATA + 1);
     EXPECT_EQ(ote_ctl_decode(b.data(), OTE_CTL_RW_FRAME_LEN, &out, &used), OTE_ERR_TOO_BIG);
@@ -236,20 +238,28 @@ TEST_F(ControlTest, PeerStatusAdmitsOnlyWhatEachAnswerMayCarry) {
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_ERR_VERSION), OTE_ERR_VERSION);
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_RDMA, OTE_ERR_AGAIN), OTE_ERR_AGAIN);
     // Local-only codes, errno bits and codes outside the answer's set become REMOTE.
-    const ote_status_t local_only[] = {OTE_ERR_RETAINED, OTE_ERR_BUSY, OTE_ERR_NOMEM,
-                                       OTE_ERR_TIMEOUT, OTE_ERR_CANCELED, OTE_ERR_PEER_LOST,
-                                       OTE_ERR_FENCED, OTE_ERR_FAULT, OTE_ERR_STATE,
+    const ote_status_t local_only[] = {OTE_ERR_RETAINED,
+                                       OTE_ERR_BUSY,
+                                       OTE_ERR_NOMEM,
+                                       OTE_ERR_TIMEOUT,
+                                       OTE_ERR_CANCELED,
+                                       OTE_ERR_PEER_LOST,
+                                       OTE_ERR_FENCED,
+                                       OTE_ERR_FAULT,
+                                       OTE_ERR_STATE,
                                        ote_status_make(OTE_ERR_NATIVE, 12),
-                                       ote_status_make(OTE_ERR_ACCESS, 13), 0x7fff1234};
-    for (uint16_t op : {OTE_CTL_WRITE_ACK, OTE_CTL_READ_RESP, OTE_CTL_NOTIFY_ACK, OTE_CTL_ERROR,
-                        OTE_CTL_RDMA}) {
+                                       ote_status_make(OTE_ERR_ACCESS, 13),
+                                       0x7fff1234};
+    for (uint16_t op :
+         {OTE_CTL_WRITE_ACK, OTE_CTL_READ_RESP, OTE_CTL_NOTIFY_ACK, OTE_CTL_ERROR, OTE_CTL_RDMA}) {
         for (ote_status_t st : local_only)
             EXPECT_EQ(ote_ctl_peer_status(op, st), OTE_ERR_REMOTE) << op << " " << st;
         // Code 0 with errno bits: not a success, not a reason.
         EXPECT_EQ(ote_ctl_peer_status(op, ote_status_make(OTE_ERR_NATIVE, 5) & ~0xffff),
                   OTE_ERR_PROTOCOL)
             << op;
-        EXPECT_EQ(ote_ctl_peer_status(op, static_cast<ote_status_t>(0x80000000u)), OTE_ERR_PROTOCOL) << op;
+        EXPECT_EQ(ote_ctl_peer_status(op, static_cast<ote_status_t>(0x80000000u)), OTE_ERR_PROTOCOL)
+            << op;
     }
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_ERR_AGAIN), OTE_ERR_REMOTE);
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_READ_RESP, OTE_ERR_VERSION), OTE_ERR_REMOTE);
@@ -259,4 +269,4 @@ TEST_F(ControlTest, PeerStatusAdmitsOnlyWhatEachAnswerMayCarry) {
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_HELLO, OTE_ERR_ACCESS), OTE_ERR_REMOTE);
 }
 
-}  // namespace
+} // namespace

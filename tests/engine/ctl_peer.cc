@@ -36,7 +36,7 @@ bool RecvUntil(int fd, uint8_t *p, size_t len, ote_deadline_t dl) {
     return true;
 }
 
-}  // namespace
+} // namespace
 
 int ListenLoopback(int backlog, std::string *addr) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -115,12 +115,13 @@ bool ReadFrame(int fd, std::vector<uint8_t> *buf, ote_ctl_msg_t *m, int timeout_
     if (!RecvUntil(fd, buf->data(), OTE_CTL_HDR_LEN, dl)) return false;
     size_t used = 0;
     ote_status_t st = ote_ctl_decode(buf->data(), buf->size(), m, &used);
-    if (st == OTE_OK) return true;  // a header-only frame (bulk data, if any, follows)
+    if (st == OTE_OK) return true; // a header-only frame (bulk data, if any, follows)
     if (st != OTE_ERR_AGAIN) return false;
     const uint8_t *h = buf->data();
     uint32_t body = h[20] | (h[21] << 8) | (h[22] << 16) | (static_cast<uint32_t>(h[23]) << 24);
     uint16_t op = static_cast<uint16_t>(h[6] | (h[7] << 8));
-    if (op == OTE_CTL_WRITE_REQ || op == OTE_CTL_READ_REQ) body = OTE_CTL_RW_BODY_LEN;  // data follows
+    if (op == OTE_CTL_WRITE_REQ || op == OTE_CTL_READ_REQ)
+        body = OTE_CTL_RW_BODY_LEN; // data follows
     if (body > OTE_CTL_MAX_BODY) return false;
     buf->resize(OTE_CTL_HDR_LEN + body);
     if (!RecvUntil(fd, buf->data() + OTE_CTL_HDR_LEN, body, dl)) return false;
@@ -197,4 +198,4 @@ void RawServer::DropAll() {
     for (int fd : fds_) shutdown(fd, SHUT_RDWR);
 }
 
-}  // namespace ote_test
+} // namespace ote_test

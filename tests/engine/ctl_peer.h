@@ -48,7 +48,8 @@ void SendMsg(int fd, const ote_ctl_msg_t &m);
 // Send HELLO_ACK (version 1, req_id, max_data, the source address addr).
 bool SendHelloAck(int fd, uint64_t req_id, uint32_t max_data, const std::string &addr);
 // Read the requester's HELLO and answer it with SendHelloAck; false when no HELLO came.
-bool AnswerHello(int fd, uint32_t max_data = OTE_CTL_MAX_DATA, const std::string &addr = "127.0.0.1:1");
+bool AnswerHello(int fd, uint32_t max_data = OTE_CTL_MAX_DATA,
+                 const std::string &addr = "127.0.0.1:1");
 
 // A raw TCP server on 127.0.0.1 that runs on_conn for every accepted connection, on the
 // accepting thread or (thread_per_connection) on a thread of its own, and keeps the fds
@@ -56,7 +57,8 @@ bool AnswerHello(int fd, uint32_t max_data = OTE_CTL_MAX_DATA, const std::string
 // threads and closes the fds.
 class RawServer {
   public:
-    explicit RawServer(std::function<void(int)> on_conn, int backlog = 16, bool thread_per_connection = false);
+    explicit RawServer(std::function<void(int)> on_conn, int backlog = 16,
+                       bool thread_per_connection = false);
     ~RawServer();
     RawServer(const RawServer &) = delete;
     RawServer &operator=(const RawServer &) = delete;
@@ -79,6 +81,6 @@ class RawServer {
     std::thread acceptor_;
 };
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

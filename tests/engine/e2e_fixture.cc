@@ -12,7 +12,8 @@ namespace ote_test {
 
 void TargetE2eTest::SetUp() {
     OteTest::SetUp();
-    ASSERT_TRUE(target_.Start(session_.rw_size, "127.0.0.1:0", session_.target_env)) << "target did not start";
+    ASSERT_TRUE(target_.Start(session_.rw_size, "127.0.0.1:0", session_.target_env))
+        << "target did not start";
     if (session_.config.empty()) {
         ASSERT_EQ(ote_engine_create(nullptr, &engine_), OTE_OK);
     } else {
@@ -23,9 +24,15 @@ void TargetE2eTest::SetUp() {
 }
 
 void TargetE2eTest::TearDown() {
-    if (seg_) { EXPECT_EQ(ote_segment_close(seg_), OTE_OK); }
-    if (engine_) { EXPECT_EQ(ote_engine_destroy(engine_), OTE_OK); }
-    if (target_.pid > 0) { EXPECT_EQ(target_.Quit(), 0); }
+    if (seg_) {
+        EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+    }
+    if (engine_) {
+        EXPECT_EQ(ote_engine_destroy(engine_), OTE_OK);
+    }
+    if (target_.pid > 0) {
+        EXPECT_EQ(target_.Quit(), 0);
+    }
     OteTest::TearDown();
 }
 
@@ -40,7 +47,8 @@ void TargetE2eTest::RoundTrip(size_t len, uint64_t off, size_t local_shift, uint
     ASSERT_EQ(Transfer(OTE_WRITE, src.data() + local_shift, target_.rw + off, len), OTE_OK) << len;
     EXPECT_EQ(target_.Hash("rw", off, len), ote_hash(src.data() + local_shift, len)) << len;
     ote_transfer_status_t ts;
-    ASSERT_EQ(Transfer(OTE_READ, dst.data() + local_shift, target_.rw + off, len, &ts), OTE_OK) << len;
+    ASSERT_EQ(Transfer(OTE_READ, dst.data() + local_shift, target_.rw + off, len, &ts), OTE_OK)
+        << len;
     EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
     EXPECT_EQ(ts.bytes_done, len);
     EXPECT_EQ(memcmp(dst.data() + local_shift, src.data() + local_shift, len), 0) << len;
@@ -48,4 +56,4 @@ void TargetE2eTest::RoundTrip(size_t len, uint64_t off, size_t local_shift, uint
     ASSERT_EQ(dst[local_shift + len], 0xEE) << "READ wrote past its range";
 }
 
-}  // namespace ote_test
+} // namespace ote_test

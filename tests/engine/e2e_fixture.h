@@ -21,10 +21,10 @@ extern "C" {
 namespace ote_test {
 
 struct TargetSession {
-    uint64_t rw_size = 64ull << 20;       // the target's rw buffer
-    std::vector<std::string> target_env;  // extra "KEY=VALUE" for the target
-    ConfigKv config;                      // the requester's settings (none: defaults)
-    uint64_t wait_ns = 60 * kSec;         // how long Transfer() waits for its request
+    uint64_t rw_size = 64ull << 20;      // the target's rw buffer
+    std::vector<std::string> target_env; // extra "KEY=VALUE" for the target
+    ConfigKv config;                     // the requester's settings (none: defaults)
+    uint64_t wait_ns = 60 * kSec;        // how long Transfer() waits for its request
 };
 
 class TargetE2eTest : public OteTest {
@@ -49,6 +49,6 @@ class TargetE2eTest : public OteTest {
     ote_segment_t *seg_ = nullptr;
 };
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

@@ -21,7 +21,8 @@ TEST(E2eLargeTest, OneGiBWriteThenRead) {
     ASSERT_EQ(ote_engine_create(nullptr, &e), OTE_OK);
     ote_segment_t *s = nullptr;
     ASSERT_EQ(ote_segment_open(e, t.address.c_str(), &s), OTE_OK);
-    auto *src = static_cast<uint8_t *>(mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    auto *src = static_cast<uint8_t *>(
+        mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     ASSERT_NE(src, MAP_FAILED);
     ote_pattern_fill(src, kLen, 4242, 0);
     uint64_t want = ote_hash(src, kLen);
@@ -46,4 +47,4 @@ TEST(E2eLargeTest, OneGiBWriteThenRead) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
-}  // namespace
+} // namespace

@@ -38,18 +38,16 @@ TEST_F(E2eTest, SizesZeroOneOddUnaligned) {
     RoundTrip((3u << 20) + 12345, 333, 5, 16); /* several slices with a folded tail */
 }
 
-TEST_F(E2eTest, SixtyFourMiBWriteAndRead) {
-    RoundTrip(64u << 20, 0, 0, 21);
-}
+TEST_F(E2eTest, SixtyFourMiBWriteAndRead) { RoundTrip(64u << 20, 0, 0, 21); }
 
-}  // namespace
+} // namespace
 
 namespace {
 
 TEST_F(E2eTest, EightThreadsSubmitAtOnce) {
     constexpr int kThreads = 8;
     constexpr size_t kChunk = 256 * 1024;
-    constexpr int kReqs = 16;  // each thread: 16 requests of 16 KiB in one batch, 4 rounds
+    constexpr int kReqs = 16; // each thread: 16 requests of 16 KiB in one batch, 4 rounds
     std::vector<std::vector<uint8_t>> src(kThreads, std::vector<uint8_t>(kChunk)),
         back(kThreads, std::vector<uint8_t>(kChunk));
     std::atomic<int> failures{0};
@@ -72,7 +70,8 @@ TEST_F(E2eTest, EightThreadsSubmitAtOnce) {
                     r[i] = {round % 2 ? OTE_READ : OTE_WRITE,
                             (round % 2 ? back[t].data() : src[t].data()) + i * piece, seg_,
                             base + i * piece, piece};
-                if (ote_batch_submit(b, r, kReqs) != OTE_OK || ote_batch_wait(b, 60 * kSec) != OTE_OK)
+                if (ote_batch_submit(b, r, kReqs) != OTE_OK ||
+                    ote_batch_wait(b, 60 * kSec) != OTE_OK)
                     failures++;
                 if (ote_batch_destroy(b) != OTE_OK) failures++;
                 if (round % 2 && memcmp(back[t].data(), src[t].data(), kChunk) != 0) failures++;
@@ -100,7 +99,8 @@ TEST_F(E2eTest, EightThreadsSubmitAtOnce) {
 }
 
 TEST_F(E2eTest, OutOfRangeAndWrongPermissionTouchNothing) {
-    uint64_t ro0 = target_.Hash("ro", 0, target_.ro_len), wo0 = target_.Hash("wo", 0, target_.wo_len);
+    uint64_t ro0 = target_.Hash("ro", 0, target_.ro_len),
+             wo0 = target_.Hash("wo", 0, target_.wo_len);
     uint64_t rw_tail = target_.Hash("rw", target_.rw_len - 4096, 4096);
     std::vector<uint8_t> buf(8192, 0x5A);
     ote_transfer_status_t ts;
@@ -113,7 +113,8 @@ TEST_F(E2eTest, OutOfRangeAndWrongPermissionTouchNothing) {
     EXPECT_EQ(ts.bytes_done, 0u);
     for (uint8_t c : buf) ASSERT_EQ(c, 0x5A);
     // Past the end of a registration, and nowhere at all.
-    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.rw + target_.rw_len - 100, 200), OTE_ERR_ACCESS);
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.rw + target_.rw_len - 100, 200),
+              OTE_ERR_ACCESS);
     EXPECT_EQ(Transfer(OTE_READ, buf.data(), target_.rw + target_.rw_len - 1, 2), OTE_ERR_ACCESS);
     EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), 4096, 16), OTE_ERR_ACCESS);
     EXPECT_EQ(Transfer(OTE_READ, buf.data(), UINT64_MAX - 8192, 8192), OTE_ERR_ACCESS);
@@ -195,10 +196,12 @@ TEST_F(E2eCancelTest, CancelQueuedAndInFlightTouchesNothingOutside) {
     for (int i = 0; i < kN; i++) {
         ote_transfer_status_t ts;
         ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
-        EXPECT_TRUE(ts.state == OTE_TRANSFER_COMPLETED || ts.state == OTE_TRANSFER_CANCELED) << ts.state;
+        EXPECT_TRUE(ts.state == OTE_TRANSFER_COMPLETED || ts.state == OTE_TRANSFER_CANCELED)
+            << ts.state;
         if (ts.state == OTE_TRANSFER_CANCELED) canceled++;
         if (ts.state == OTE_TRANSFER_COMPLETED) {
-            EXPECT_EQ(target_.Hash("rw", i * kLen, kLen / 2), ote_hash(src.data() + i * kLen, kLen / 2));
+            EXPECT_EQ(target_.Hash("rw", i * kLen, kLen / 2),
+                      ote_hash(src.data() + i * kLen, kLen / 2));
         }
     }
     EXPECT_GT(canceled, 0);
@@ -228,14 +231,16 @@ TEST_F(E2eTest, NotificationArrivesAfterItsData) {
     ASSERT_EQ(ote_batch_notify(b, seg_, msg, strlen(msg)), OTE_OK);
     std::vector<ote_request_t> r;
     for (int i = 0; i < 8; i++)
-        r.push_back({OTE_WRITE, src.data() + i * (kLen / 8), seg_, target_.rw + kOff + i * (kLen / 8), kLen / 8});
+        r.push_back({OTE_WRITE, src.data() + i * (kLen / 8), seg_,
+                     target_.rw + kOff + i * (kLen / 8), kLen / 8});
     ASSERT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 60 * kSec), OTE_OK);
     std::string reply = target_.Reply();
     char expect[64];
     snprintf(expect, sizeof(expect), "SUM %016llx", (unsigned long long)ote_hash(src.data(), kLen));
     EXPECT_EQ(reply.rfind("NOTE 6 landed ", 0), 0u) << reply;
-    EXPECT_NE(reply.find(expect), std::string::npos) << "notification arrived before its data: " << reply;
+    EXPECT_NE(reply.find(expect), std::string::npos)
+        << "notification arrived before its data: " << reply;
     char me[300];
     ASSERT_EQ(ote_engine_address(engine_, me, sizeof(me)), OTE_OK);
     EXPECT_NE(reply.find(std::string("FROM ") + me), std::string::npos) << reply;
@@ -250,7 +255,7 @@ TEST_F(E2eTest, NotificationArrivesAfterItsData) {
     ASSERT_EQ(ote_batch_submit(b, &bad, 1), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_ERR_ACCESS);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-    EXPECT_EQ(target_.Command("recv 300 0 0"), "ST 8");  // OTE_ERR_TIMEOUT: nothing came
+    EXPECT_EQ(target_.Command("recv 300 0 0"), "ST 8"); // OTE_ERR_TIMEOUT: nothing came
 }
 
 TEST_F(E2eTest, PeerOnIpv6Loopback) {
@@ -305,8 +310,7 @@ TEST_F(E2eTest, PeerKilledMidTransfer) {
                                   {OTE_READ, dst.data(), seg2, other.rw + (4u << 20), dst.size()}};
             if (ote_batch_submit(b, r, 2) == OTE_OK && ote_batch_wait(b, 10 * kSec) == OTE_OK)
                 other_ok++;
-            else
-                other_bad++;
+            else other_bad++;
             if (ote_batch_reset(b) != OTE_OK) other_bad++;
         }
         if (ote_batch_destroy(b) != OTE_OK) other_bad++;
@@ -322,7 +326,7 @@ TEST_F(E2eTest, PeerKilledMidTransfer) {
     } joiner{stop, healthy};
 
     std::vector<uint8_t> big(64u << 20, 7);
-    ASSERT_TRUE(target_.Stop());  // certainly mid-transfer when killed
+    ASSERT_TRUE(target_.Stop()); // certainly mid-transfer when killed
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(engine_, 4, &b), OTE_OK);
     ote_request_t r[2] = {{OTE_WRITE, big.data(), seg_, target_.rw, big.size()},
@@ -392,7 +396,7 @@ TEST_F(E2eTest, HungPeerTimesOutAtDeadline) {
     ote_request_t r = {OTE_WRITE, buf.data(), s, target_.rw, buf.size()};
     uint64_t t0 = ote_now_ns();
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-    EXPECT_EQ(ote_batch_wait(b, 20 * kSec), OTE_ERR_TIMEOUT);  // the request's own TIMEOUT
+    EXPECT_EQ(ote_batch_wait(b, 20 * kSec), OTE_ERR_TIMEOUT); // the request's own TIMEOUT
     uint64_t took = ote_now_ns() - t0;
     // The request's deadline starts inside ote_batch_submit, after t0: a TIMEOUT seen
     // before 800 ms came before the deadline. The upper bound only says "not the 20 s
@@ -411,4 +415,4 @@ TEST_F(E2eTest, HungPeerTimesOutAtDeadline) {
     EXPECT_EQ(ote_engine_destroy(e2), OTE_OK);
 }
 
-}  // namespace
+} // namespace

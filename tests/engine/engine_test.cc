@@ -51,19 +51,21 @@ TEST_F(EngineTest, RegistryRules) {
     EXPECT_EQ(ote_memory_register(e, p, 10, 0x4), OTE_ERR_INVALID);
     ASSERT_EQ(ote_memory_register(e, p + 1000, 1000, OTE_PERM_READ), OTE_OK);
     EXPECT_EQ(ote_memory_register(e, p + 1000, 1000, OTE_PERM_READ), OTE_ERR_EXISTS);
-    EXPECT_EQ(ote_memory_register(e, p + 1500, 10, OTE_PERM_WRITE), OTE_ERR_EXISTS);  // inside
-    EXPECT_EQ(ote_memory_register(e, p + 900, 101, OTE_PERM_WRITE), OTE_ERR_EXISTS);  // left edge
-    EXPECT_EQ(ote_memory_register(e, p + 1999, 10, OTE_PERM_WRITE), OTE_ERR_EXISTS);  // right edge
-    EXPECT_EQ(ote_memory_register(e, p, 5000, OTE_PERM_WRITE), OTE_ERR_EXISTS);       // covering
-    EXPECT_EQ(ote_memory_register(e, p + 900, 100, OTE_PERM_WRITE), OTE_OK);          // adjacent
+    EXPECT_EQ(ote_memory_register(e, p + 1500, 10, OTE_PERM_WRITE), OTE_ERR_EXISTS); // inside
+    EXPECT_EQ(ote_memory_register(e, p + 900, 101, OTE_PERM_WRITE), OTE_ERR_EXISTS); // left edge
+    EXPECT_EQ(ote_memory_register(e, p + 1999, 10, OTE_PERM_WRITE), OTE_ERR_EXISTS); // right edge
+    EXPECT_EQ(ote_memory_register(e, p, 5000, OTE_PERM_WRITE), OTE_ERR_EXISTS);      // covering
+    EXPECT_EQ(ote_memory_register(e, p + 900, 100, OTE_PERM_WRITE), OTE_OK);         // adjacent
     EXPECT_EQ(ote_memory_register(e, p + 2000, 100, OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(e, p + 1001), OTE_ERR_NOT_FOUND);
     EXPECT_EQ(ote_memory_unregister(e, p + 1000), OTE_OK);
     EXPECT_EQ(ote_memory_register(e, p + 1000, 1000, OTE_PERM_WRITE), OTE_OK);
     // Many registrations in random order stay sorted and findable.
-    for (int i = 40; i >= 4; i--) ASSERT_EQ(ote_memory_register(e, p + i * 1000 + 200, 500, OTE_PERM_READ), OTE_OK) << i;
-    for (int i = 4; i <= 40; i++) ASSERT_EQ(ote_memory_unregister(e, p + i * 1000 + 200), OTE_OK) << i;
-    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);  // remaining registrations go with it
+    for (int i = 40; i >= 4; i--)
+        ASSERT_EQ(ote_memory_register(e, p + i * 1000 + 200, 500, OTE_PERM_READ), OTE_OK) << i;
+    for (int i = 4; i <= 40; i++)
+        ASSERT_EQ(ote_memory_unregister(e, p + i * 1000 + 200), OTE_OK) << i;
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK); // remaining registrations go with it
 }
 
 TEST_F(EngineTest, BatchStateMachineAgainstSilentPeer) {
@@ -91,7 +93,7 @@ TEST_F(EngineTest, BatchStateMachineAgainstSilentPeer) {
         EXPECT_EQ(ote_batch_submit(b, two, 2), OTE_ERR_INVALID);
     }
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
-    EXPECT_EQ(ts.state, OTE_TRANSFER_WAITING);  // nothing was submitted
+    EXPECT_EQ(ts.state, OTE_TRANSFER_WAITING); // nothing was submitted
     ote_request_t five[5] = {good, good, good, good, good};
     EXPECT_EQ(ote_batch_submit(b, five, 5), OTE_ERR_TOO_BIG);
     ote_request_t zero = {OTE_READ, nullptr, seg, 0, 0};
@@ -101,7 +103,7 @@ TEST_F(EngineTest, BatchStateMachineAgainstSilentPeer) {
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING);
     ASSERT_EQ(ote_batch_status(b, 2, &ts), OTE_OK);
-    EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);  // length 0 completes at once
+    EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED); // length 0 completes at once
     EXPECT_EQ(ote_batch_wait(b, 10 * kMs), OTE_ERR_TIMEOUT);
     EXPECT_EQ(ote_batch_reset(b), OTE_ERR_BUSY);
     EXPECT_EQ(ote_batch_destroy(b), OTE_ERR_BUSY);
@@ -129,7 +131,7 @@ TEST_F(EngineTest, BatchStateMachineAgainstSilentPeer) {
 }
 
 TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
-    RawServer hole(AcceptSilently);  // never reads: the socket buffers fill up
+    RawServer hole(AcceptSilently); // never reads: the socket buffers fill up
     ote_engine_t *e = NewEngine({{"tcp_connections", "2"}, {"transfer_timeout_ms", "3000"}});
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(e, hole.address.c_str(), &seg), OTE_OK);
@@ -137,7 +139,8 @@ TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
     std::vector<uint8_t> src(1u << 20, 9);
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(e, kN, &b), OTE_OK);
-    std::vector<ote_request_t> r(kN, ote_request_t{OTE_WRITE, src.data(), seg, 1u << 20, src.size()});
+    std::vector<ote_request_t> r(kN,
+                                 ote_request_t{OTE_WRITE, src.data(), seg, 1u << 20, src.size()});
     ASSERT_EQ(ote_batch_submit(b, r.data(), kN), OTE_OK);
     EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
     // Queued requests end CANCELED, not at the 3 s deadline (a request that waited for its
@@ -161,7 +164,8 @@ TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
     for (int i = 0; i < kN; i++) {
         ote_transfer_status_t ts;
         ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
-        EXPECT_TRUE(ts.state == OTE_TRANSFER_CANCELED || ts.state == OTE_TRANSFER_TIMEOUT) << ts.state;
+        EXPECT_TRUE(ts.state == OTE_TRANSFER_CANCELED || ts.state == OTE_TRANSFER_TIMEOUT)
+            << ts.state;
     }
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
@@ -190,7 +194,7 @@ TEST_F(EngineTest, RequesterSpeakingAnotherVersionIsRefused) {
     EXPECT_EQ(m.u.error.min_version, OTE_CTL_VERSION_MIN);
     EXPECT_EQ(m.u.error.max_version, OTE_CTL_VERSION_MAX);
     ote_ctl_msg_t more;
-    EXPECT_FALSE(ReadFrame(fd, &buf, &more));  // and the source closed the connection
+    EXPECT_FALSE(ReadFrame(fd, &buf, &more)); // and the source closed the connection
     close(fd);
     EXPECT_TRUE(LogContains("peer raw:1 speaks versions 9..9, this engine 1..1"));
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
@@ -212,7 +216,9 @@ TEST_F(EngineTest, SourceSpeakingAnotherVersionFailsOpenClearly) {
             SendMsg(fd, er);
         });
         ote_segment_t *seg = nullptr;
-        ExpectErrorLogsIn([&] { EXPECT_EQ(ote_segment_open(e, refuses.address.c_str(), &seg), OTE_ERR_VERSION); });
+        ExpectErrorLogsIn([&] {
+            EXPECT_EQ(ote_segment_open(e, refuses.address.c_str(), &seg), OTE_ERR_VERSION);
+        });
         EXPECT_EQ(seg, nullptr);
         EXPECT_TRUE(LogContains("this engine speaks versions 1..1, the peer 7..9"));
     }
@@ -229,8 +235,9 @@ TEST_F(EngineTest, SourceSpeakingAnotherVersionFailsOpenClearly) {
             SendMsg(fd, ack);
         });
         ote_segment_t *seg = nullptr;
-        ExpectErrorLogsIn(
-            [&] { EXPECT_EQ(ote_segment_open(e, answers_v7.address.c_str(), &seg), OTE_ERR_VERSION); });
+        ExpectErrorLogsIn([&] {
+            EXPECT_EQ(ote_segment_open(e, answers_v7.address.c_str(), &seg), OTE_ERR_VERSION);
+        });
     }
     {
         RawServer garbage([](int fd) {
@@ -256,7 +263,7 @@ TEST_F(EngineTest, GarbageFromARequesterClosesOnlyThatConnection) {
         send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
         std::vector<uint8_t> buf;
         ote_ctl_msg_t m;
-        EXPECT_FALSE(ReadFrame(fd, &buf, &m));  // closed without an answer
+        EXPECT_FALSE(ReadFrame(fd, &buf, &m)); // closed without an answer
         EXPECT_GE(garbage_logs.Seen(), 1u);
         close(fd);
     }
@@ -268,7 +275,8 @@ TEST_F(EngineTest, GarbageFromARequesterClosesOnlyThatConnection) {
     ASSERT_EQ(ote_segment_open(req, addr, &seg), OTE_OK);
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
-    ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()), mem.size()};
+    ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()),
+                       mem.size()};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 5000 * kMs), OTE_OK);
     EXPECT_EQ(got, mem);
@@ -289,8 +297,9 @@ TEST_F(EngineTest, NotificationsBetweenTwoEngines) {
     char from[300];
     size_t len = 0;
     uint64_t t0 = ote_now_ns();
-    EXPECT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, from, sizeof(from), 20 * kMs), OTE_ERR_TIMEOUT);
-    EXPECT_GE(ote_now_ns() - t0, 20 * kMs);  // not before its deadline
+    EXPECT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, from, sizeof(from), 20 * kMs),
+              OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_now_ns() - t0, 20 * kMs); // not before its deadline
     ASSERT_EQ(ote_notify_send(a, seg, "first", 5), OTE_OK);
     ASSERT_EQ(ote_notify_send(a, seg, "second!", 7), OTE_OK);
     std::vector<char> huge(OTE_NOTIFY_MAX + 1, 'x');
@@ -361,9 +370,12 @@ TEST_F(EngineTest, AllocationFailuresAreStatusesNotCrashes) {
         if (st == OTE_OK) st = ote_segment_open(e, addr, &seg);
         if (st == OTE_OK) st = ote_batch_create(e, 4, &b);
         if (st == OTE_OK) {
-            ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()), got.size()};
+            ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()),
+                               got.size()};
             st = ote_batch_submit(b, &r, 1);
-            if (st == OTE_OK) { EXPECT_EQ(ote_batch_wait(b, 5000 * kMs), OTE_OK); }
+            if (st == OTE_OK) {
+                EXPECT_EQ(ote_batch_wait(b, 5000 * kMs), OTE_OK);
+            }
         }
         ote_alloc_fail_disarm();
         // The peer engine lives in this process too: when its accept path is the one
@@ -371,13 +383,19 @@ TEST_F(EngineTest, AllocationFailuresAreStatusesNotCrashes) {
         EXPECT_TRUE(st == OTE_OK || ote_status_code(st) == OTE_ERR_NOMEM ||
                     ote_status_code(st) == OTE_ERR_PEER_LOST)
             << n << " " << ote_status_str(st);
-        if (b) { EXPECT_EQ(ote_batch_destroy(b), OTE_OK); }
-        if (seg) { EXPECT_EQ(ote_segment_close(seg), OTE_OK); }
-        if (e) { EXPECT_EQ(ote_engine_destroy(e), OTE_OK); }
+        if (b) {
+            EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+        }
+        if (seg) {
+            EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        }
+        if (e) {
+            EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+        }
         if (ote_alloc_injected_failures() == before) clean_runs++;
     }
     EXPECT_EQ(clean_runs, 2);
     EXPECT_EQ(ote_engine_destroy(peer), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -37,7 +37,9 @@ ote_config_t *RdmaConfig(const char *timeout_ms, const char *connect_ms) {
     EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
     EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
     EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", timeout_ms), OTE_OK);
-    if (connect_ms) { EXPECT_EQ(ote_config_set(cfg, "connect_timeout_ms", connect_ms), OTE_OK); }
+    if (connect_ms) {
+        EXPECT_EQ(ote_config_set(cfg, "connect_timeout_ms", connect_ms), OTE_OK);
+    }
     return cfg;
 }
 
@@ -55,14 +57,17 @@ std::string EngineAddress(ote_engine_t *e) {
     return buf;
 }
 
-ote_status_t RunOne(ote_engine_t *e, const ote_request_t &r, uint64_t wait_ns, ote_transfer_status_t *ts) {
+ote_status_t RunOne(ote_engine_t *e, const ote_request_t &r, uint64_t wait_ns,
+                    ote_transfer_status_t *ts) {
     ote_batch_t *b = nullptr;
     EXPECT_EQ(ote_batch_create(e, 1, &b), OTE_OK);
     ote_status_t st = ote_batch_submit(b, &r, 1);
     if (st == OTE_OK) st = ote_batch_wait(b, wait_ns);
-    if (ts) { EXPECT_EQ(ote_batch_status(b, 0, ts), OTE_OK); }
+    if (ts) {
+        EXPECT_EQ(ote_batch_status(b, 0, ts), OTE_OK);
+    }
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     return st;
 }
 
-}  // namespace ote_test
+} // namespace ote_test

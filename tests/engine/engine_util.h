@@ -44,6 +44,6 @@ std::string EngineAddress(ote_engine_t *e);
 ote_status_t RunOne(ote_engine_t *e, const ote_request_t &r, uint64_t wait_ns,
                     ote_transfer_status_t *ts = nullptr);
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

@@ -45,7 +45,7 @@ extern "C" {
 // Every accept4() of this process goes through here (the definition in the executable
 // comes before libc's), so a test can count the engine's accepts: calls, and calls that
 // failed for want of an fd. errno is the real call's.
-std::atomic<uint64_t> g_accept_calls{0}, g_accept_no_fd{0};  // calls for diagnosis
+std::atomic<uint64_t> g_accept_calls{0}, g_accept_no_fd{0}; // calls for diagnosis
 
 extern "C" int accept4(int fd, sockaddr *__restrict addr, socklen_t *__restrict len, int flags) {
     using accept4_fn = int (*)(int, sockaddr *, socklen_t *, int);
@@ -66,8 +66,8 @@ namespace {
 
 using ote_test::ClosedByPeer;
 using ote_test::ConnectTo;
-using ote_test::EngineAddress;
 using ote_test::Encode;
+using ote_test::EngineAddress;
 using ote_test::kMs;
 using ote_test::NewEngine;
 using ote_test::ReadFrame;
@@ -185,19 +185,21 @@ class FakeSource {
         }
     }
 
-    ote_test::RawServer server_;  // last: its threads stop before the fields above go
+    ote_test::RawServer server_; // last: its threads stop before the fields above go
 };
 
 class HostilePeerTest : public ote_test::OteTest {
   protected:
     // One request on a fresh batch, waited for; the request's status goes to ts.
-    static ote_status_t Transfer(ote_engine_t *e, ote_request_t r, ote_transfer_status_t *ts = nullptr) {
+    static ote_status_t Transfer(ote_engine_t *e, ote_request_t r,
+                                 ote_transfer_status_t *ts = nullptr) {
         return ote_test::RunOne(e, r, 20000 * kMs, ts);
     }
     size_t CountLogs(const std::string &needle) {
         auto l = Logs();
-        return static_cast<size_t>(
-            std::count_if(l.begin(), l.end(), [&](const std::string &s) { return s.find(needle) != std::string::npos; }));
+        return static_cast<size_t>(std::count_if(l.begin(), l.end(), [&](const std::string &s) {
+            return s.find(needle) != std::string::npos;
+        }));
     }
 };
 
@@ -211,7 +213,9 @@ TEST_F(HostilePeerTest, MaxDataOutsideTheSaneRangeRefusesThePeer) {
         FakeSource src;
         src.max_data = md;
         ote_segment_t *seg = nullptr;
-        ExpectErrorLogsIn([&] { EXPECT_EQ(ote_segment_open(e, src.address.c_str(), &seg), OTE_ERR_PROTOCOL) << md; });
+        ExpectErrorLogsIn([&] {
+            EXPECT_EQ(ote_segment_open(e, src.address.c_str(), &seg), OTE_ERR_PROTOCOL) << md;
+        });
         EXPECT_EQ(seg, nullptr);
         EXPECT_TRUE(LogContains("advertises max_data " + std::to_string(md))) << md;
     }
@@ -253,7 +257,7 @@ TEST_F(HostilePeerTest, ReconnectToASmallerMaxDataCutsByTheNewLimit) {
     ASSERT_EQ(ote_segment_open(e, src.address.c_str(), &seg), OTE_OK);
     std::vector<uint8_t> buf(4u << 20, 3);
     ASSERT_EQ(Transfer(e, {OTE_WRITE, buf.data(), seg, 4096, buf.size()}), OTE_OK);
-    EXPECT_GT(src.max_len_seen.load(), OTE_CTL_MIN_DATA);  // 1 MiB slices
+    EXPECT_GT(src.max_len_seen.load(), OTE_CTL_MIN_DATA); // 1 MiB slices
     // The source comes back with the smallest limit it may advertise.
     src.max_data = OTE_CTL_MIN_DATA;
     src.DropAll();
@@ -285,12 +289,12 @@ TEST_F(HostilePeerTest, PeerStatusesAreSanitized) {
     struct {
         ote_status_t wire, want;
     } cases[] = {
-        {OTE_ERR_ACCESS, OTE_ERR_ACCESS},                            // a real refusal
-        {OTE_ERR_RETAINED, OTE_ERR_REMOTE},                          // local-only codes
+        {OTE_ERR_ACCESS, OTE_ERR_ACCESS},   // a real refusal
+        {OTE_ERR_RETAINED, OTE_ERR_REMOTE}, // local-only codes
         {OTE_ERR_BUSY, OTE_ERR_REMOTE},
         {OTE_ERR_AGAIN, OTE_ERR_REMOTE},
-        {ote_status_make(OTE_ERR_NATIVE, 5), OTE_ERR_REMOTE},       // the peer's errno
-        {ote_status_make(OTE_ERR_NATIVE, 5) & ~0xffff, OTE_ERR_PROTOCOL},  // code 0 + errno
+        {ote_status_make(OTE_ERR_NATIVE, 5), OTE_ERR_REMOTE},             // the peer's errno
+        {ote_status_make(OTE_ERR_NATIVE, 5) & ~0xffff, OTE_ERR_PROTOCOL}, // code 0 + errno
     };
     for (auto &c : cases) {
         src.write_status = c.wire;
@@ -327,17 +331,19 @@ TEST_F(HostilePeerTest, NotificationQueueIsBoundedAndSendersSeeAgain) {
     // Byte cap: OTE_NOTIFY_QUEUE_BYTES of messages, then AGAIN.
     size_t sent = 0;
     ote_status_t st;
-    while ((st = ote_notify_send(a, seg, big.data(), big.size())) == OTE_OK && sent < 100000) sent++;
+    while ((st = ote_notify_send(a, seg, big.data(), big.size())) == OTE_OK && sent < 100000)
+        sent++;
     EXPECT_EQ(st, OTE_ERR_AGAIN);
     EXPECT_EQ(sent, OTE_NOTIFY_QUEUE_BYTES / OTE_NOTIFY_MAX);
     EXPECT_TRUE(LogContains("notification queue full"));
     std::vector<char> got(OTE_NOTIFY_MAX);
     size_t len = 0;
     ASSERT_EQ(ote_notify_recv(b, got.data(), got.size(), &len, nullptr, 0, 1000 * kMs), OTE_OK);
-    EXPECT_EQ(ote_notify_send(a, seg, big.data(), big.size()), OTE_OK);  // room for one
+    EXPECT_EQ(ote_notify_send(a, seg, big.data(), big.size()), OTE_OK); // room for one
     EXPECT_EQ(ote_notify_send(a, seg, big.data(), big.size()), OTE_ERR_AGAIN);
     for (size_t i = 0; i < sent; i++)
-        ASSERT_EQ(ote_notify_recv(b, got.data(), got.size(), &len, nullptr, 0, 1000 * kMs), OTE_OK) << i;
+        ASSERT_EQ(ote_notify_recv(b, got.data(), got.size(), &len, nullptr, 0, 1000 * kMs), OTE_OK)
+            << i;
     EXPECT_EQ(ote_notify_recv(b, got.data(), got.size(), &len, nullptr, 0, 0), OTE_ERR_TIMEOUT);
     // Count cap: OTE_NOTIFY_QUEUE_MAX messages however small.
     sent = 0;
@@ -361,7 +367,7 @@ TEST_F(HostilePeerTest, DiscardDropsAMessageTooBigForTheCaller) {
     char buf[16];
     size_t len = 12345;
     EXPECT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, nullptr, 0, 1000 * kMs), OTE_ERR_TOO_BIG);
-    EXPECT_EQ(len, 12345u);  // outputs only on success
+    EXPECT_EQ(len, 12345u); // outputs only on success
     EXPECT_EQ(ote_notify_discard(nullptr, &len), OTE_ERR_INVALID);
     ASSERT_EQ(ote_notify_discard(b, &len), OTE_OK);
     EXPECT_EQ(len, 100u);
@@ -395,7 +401,7 @@ TEST_F(HostilePeerTest, NothingIsParsedAfterARefusedHello) {
     EXPECT_EQ(m.opcode, OTE_CTL_ERROR);
     EXPECT_EQ(m.req_id, 1u);
     EXPECT_EQ(m.status, OTE_ERR_VERSION);
-    EXPECT_TRUE(ClosedByPeer(fd, 5000));  // and nothing else: closed
+    EXPECT_TRUE(ClosedByPeer(fd, 5000)); // and nothing else: closed
     close(fd);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
@@ -410,10 +416,10 @@ TEST_F(HostilePeerTest, AcceptedConnectionsAreCapped) {
     ASSERT_TRUE(RawHandshake(b));
     int c = ConnectTo(addr);
     ASSERT_GE(c, 0);
-    EXPECT_TRUE(ClosedByPeer(c, 5000));  // over the cap: closed at once
+    EXPECT_TRUE(ClosedByPeer(c, 5000)); // over the cap: closed at once
     close(c);
     EXPECT_TRUE(LogContains("tcp_max_accepted connections reached"));
-    close(a);  // frees a place (once the engine sees the EOF)
+    close(a); // frees a place (once the engine sees the EOF)
     int d = -1;
     EXPECT_TRUE(WaitFor(
         [&] {
@@ -436,10 +442,10 @@ TEST_F(HostilePeerTest, HandshakeHasADeadline) {
     ASSERT_GE(silent, 0);
     ASSERT_GE(partial, 0);
     auto h = HelloFrame(1, 0);
-    ASSERT_TRUE(SendAll(partial, h.data(), 10));  // a third of a header, then nothing
+    ASSERT_TRUE(SendAll(partial, h.data(), 10)); // a third of a header, then nothing
     EXPECT_TRUE(ClosedByPeer(silent, 5000));
     EXPECT_TRUE(ClosedByPeer(partial, 5000));
-    EXPECT_GE(ote_now_ns() - t0, 300 * kMs);  // at the deadline, not before
+    EXPECT_GE(ote_now_ns() - t0, 300 * kMs); // at the deadline, not before
     EXPECT_TRUE(LogContains("did not complete its handshake within 300 ms"));
     close(silent);
     close(partial);
@@ -510,7 +516,8 @@ TEST_F(HostilePeerTest, AcceptBacksOffWhenOutOfFds) {
     ASSERT_TRUE(warned);
     EXPECT_GE(window0 - no_fd0, 1u) << "the WARN came without a failing accept4()";
     EXPECT_LE(failed_in_window, window_ns / (100 * kMs) + 3)
-        << failed_in_window << " failed accepts in " << window_ns / kMs << " ms: accept does not back off";
+        << failed_in_window << " failed accepts in " << window_ns / kMs
+        << " ms: accept does not back off";
     EXPECT_LE(lines, 2u);
     // With fds again, the pending connection is accepted once the pause ends.
     EXPECT_TRUE(RawHandshake(client));
@@ -523,13 +530,15 @@ TEST_F(HostilePeerTest, AcceptBacksOffWhenOutOfFds) {
 TEST_F(HostilePeerTest, WriteWithoutItsPayloadIsClosedAndUnpinned) {
     ote_engine_t *e = NewEngine({{"transfer_timeout_ms", "500"}});
     std::vector<uint8_t> mem(1 << 16, 0);
-    ASSERT_EQ(ote_memory_register(e, mem.data(), mem.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+    ASSERT_EQ(ote_memory_register(e, mem.data(), mem.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
     int fd = ConnectTo(EngineAddress(e));
     ASSERT_TRUE(RawHandshake(fd));
     // A READ, then a WRITE header with 100 of its 4096 bytes, in one send: the READ's
     // answer proves the WRITE header was taken (same read) and its range pinned.
     uint64_t base = reinterpret_cast<uintptr_t>(mem.data());
-    auto rd = RwFrame(OTE_CTL_READ_REQ, 1, base, 16), wr = RwFrame(OTE_CTL_WRITE_REQ, 2, base + 4096, 4096);
+    auto rd = RwFrame(OTE_CTL_READ_REQ, 1, base, 16),
+         wr = RwFrame(OTE_CTL_WRITE_REQ, 2, base + 4096, 4096);
     std::vector<uint8_t> out(rd);
     out.insert(out.end(), wr.begin(), wr.end());
     out.insert(out.end(), 100, 0x5a);
@@ -542,7 +551,7 @@ TEST_F(HostilePeerTest, WriteWithoutItsPayloadIsClosedAndUnpinned) {
     ASSERT_EQ(m.opcode, OTE_CTL_READ_RESP);
     std::vector<uint8_t> data(16);
     ASSERT_TRUE(RecvAll(fd, data.data(), data.size()));
-    EXPECT_EQ(ote_memory_unregister(e, mem.data()), OTE_ERR_BUSY);  // pinned by the WRITE
+    EXPECT_EQ(ote_memory_unregister(e, mem.data()), OTE_ERR_BUSY); // pinned by the WRITE
     // It used to stay pinned forever; now no progress for transfer_timeout_ms closes it
     // (not before: the progress clock started after t0).
     EXPECT_TRUE(ClosedByPeer(fd, 5000));
@@ -564,10 +573,11 @@ TEST_F(HostilePeerTest, PipelinedReadsWithoutReadingStopTheSourceThenClose) {
     uint64_t base = reinterpret_cast<uintptr_t>(mem.data());
     std::vector<uint8_t> chunk;
     for (int i = 0; i < (1 << 20) / static_cast<int>(OTE_CTL_RW_FRAME_LEN); i++) {
-        auto f = RwFrame(OTE_CTL_READ_REQ, static_cast<uint64_t>(i), base + (i % 16) * 65536ull, 65536);
+        auto f =
+            RwFrame(OTE_CTL_READ_REQ, static_cast<uint64_t>(i), base + (i % 16) * 65536ull, 65536);
         chunk.insert(chunk.end(), f.begin(), f.end());
     }
-    const uint64_t kLimit = 256ull << 20;  // far beyond any socket buffers
+    const uint64_t kLimit = 256ull << 20; // far beyond any socket buffers
     uint64_t sent = 0;
     size_t off = 0;
     while (sent < kLimit) {
@@ -579,7 +589,7 @@ TEST_F(HostilePeerTest, PipelinedReadsWithoutReadingStopTheSourceThenClose) {
         }
         if (n < 0 && errno != EAGAIN && errno != EINTR) break;
         pollfd p = {fd, POLLOUT, 0};
-        if (poll(&p, 1, 300) == 0) break;  // the source stopped reading
+        if (poll(&p, 1, 300) == 0) break; // the source stopped reading
     }
     // It used to read every frame, queueing an answer (and a pin) for each without bound.
     EXPECT_LT(sent, kLimit);
@@ -591,4 +601,4 @@ TEST_F(HostilePeerTest, PipelinedReadsWithoutReadingStopTheSourceThenClose) {
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -51,7 +51,8 @@ int main(int argc, char **argv) {
                      {"ro", NULL, 1u << 20, OTE_PERM_READ},
                      {"wo", NULL, 1u << 20, OTE_PERM_WRITE}};
     for (int i = 0; i < 3; i++) {
-        void *m = mmap(NULL, bufs[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *m =
+            mmap(NULL, bufs[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return 4;
         bufs[i].p = m;
         ote_pattern_fill(bufs[i].p, bufs[i].len, (uint64_t)(i + 1), 0);
@@ -59,8 +60,9 @@ int main(int argc, char **argv) {
     }
     char addr[300];
     if (ote_engine_address(e, addr, sizeof(addr)) != OTE_OK) return 6;
-    printf("READY %s %" PRIuPTR " %zu %" PRIuPTR " %zu %" PRIuPTR " %zu\n", addr, (uintptr_t)bufs[0].p,
-           bufs[0].len, (uintptr_t)bufs[1].p, bufs[1].len, (uintptr_t)bufs[2].p, bufs[2].len);
+    printf("READY %s %" PRIuPTR " %zu %" PRIuPTR " %zu %" PRIuPTR " %zu\n", addr,
+           (uintptr_t)bufs[0].p, bufs[0].len, (uintptr_t)bufs[1].p, bufs[1].len,
+           (uintptr_t)bufs[2].p, bufs[2].len);
     fflush(stdout);
 
     char line[512];
@@ -82,8 +84,7 @@ int main(int argc, char **argv) {
                    c <= bufs[0].len - b) {
             char msg[OTE_NOTIFY_MAX + 1], from[300];
             size_t len = 0;
-            st = ote_notify_recv(e, msg, OTE_NOTIFY_MAX, &len, from, sizeof(from),
-                                 a * 1000000ull);
+            st = ote_notify_recv(e, msg, OTE_NOTIFY_MAX, &len, from, sizeof(from), a * 1000000ull);
             if (st != OTE_OK) {
                 printf("ST %d\n", st);
             } else {

@@ -34,8 +34,8 @@ namespace {
 
 using ote_test::AcceptWithin;
 using ote_test::ClosedByPeer;
-using ote_test::EngineAddress;
 using ote_test::Encode;
+using ote_test::EngineAddress;
 using ote_test::kMs;
 using ote_test::kSec;
 using ote_test::RdmaEngine;
@@ -128,7 +128,8 @@ TEST_F(RdmaControlTest, NotifyAckNamingACallIsAProtocolErrorNotAFree) {
     ASSERT_TRUE(ReadFrame(fd, &buf, &m));
     ASSERT_EQ(m.opcode, OTE_CTL_RDMA); /* INFO */
     ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_NOTIFY_ACK, m.req_id, OTE_OK)));
-    EXPECT_TRUE(ClosedByPeer(fd)) << "the requester kept a peer that answered a call with NOTIFY_ACK";
+    EXPECT_TRUE(ClosedByPeer(fd))
+        << "the requester kept a peer that answered a call with NOTIFY_ACK";
     opener.join();
     EXPECT_NE(open_st.load(), OTE_OK);
     EXPECT_EQ(seg, nullptr);
@@ -157,8 +158,8 @@ TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
     ASSERT_GE(lfd, 0);
     ote_engine_t *e = RdmaEngine();
     ASSERT_NE(e, nullptr);
-    const ote_status_t kLies[] = {OTE_ERR_RETAINED, OTE_ERR_BUSY, ote_status_make(OTE_ERR_NATIVE, 12),
-                                  (ote_status_t)0x7fff0007};
+    const ote_status_t kLies[] = {OTE_ERR_RETAINED, OTE_ERR_BUSY,
+                                  ote_status_make(OTE_ERR_NATIVE, 12), (ote_status_t)0x7fff0007};
     for (ote_status_t lie : kLies) {
         std::atomic<ote_status_t> open_st{OTE_OK};
         ote_segment_t *seg = nullptr;
@@ -171,7 +172,8 @@ TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
         ASSERT_TRUE(ReadFrame(fd, &buf, &m));
         ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, lie, InfoBody(2))));
         opener.join();
-        EXPECT_EQ(ote_status_code(open_st.load()), OTE_ERR_REMOTE) << ote_status_str(open_st.load());
+        EXPECT_EQ(ote_status_code(open_st.load()), OTE_ERR_REMOTE)
+            << ote_status_str(open_st.load());
         EXPECT_EQ(ote_status_errno(open_st.load()), 0);
         close(fd);
     }
@@ -189,9 +191,9 @@ TEST_F(RdmaControlTest, PeerChosenStatusesAreSanitized) {
     opener.join();
     ASSERT_EQ(open_st.load(), OTE_OK);
     const std::pair<ote_status_t, int> kNotes[] = {{OTE_ERR_AGAIN, OTE_ERR_AGAIN},
-                                                  {OTE_ERR_NOMEM, OTE_ERR_REMOTE},
-                                                  {OTE_ERR_TIMEOUT, OTE_ERR_REMOTE},
-                                                  {OTE_OK, OTE_OK}};
+                                                   {OTE_ERR_NOMEM, OTE_ERR_REMOTE},
+                                                   {OTE_ERR_TIMEOUT, OTE_ERR_REMOTE},
+                                                   {OTE_OK, OTE_OK}};
     for (auto [sent, want] : kNotes) {
         std::atomic<ote_status_t> nst{OTE_ERR_STATE};
         std::thread sender([&] { nst = ote_notify_send(e, seg, "hi", 2); });
@@ -237,7 +239,8 @@ TEST_F(RdmaControlTest, ServerRefusesFramesBeforeHelloAndOfAnotherVersion) {
     close(b);
     char note[16];
     size_t nlen = 0;
-    EXPECT_EQ(ote_notify_recv(e, note, sizeof(note), &nlen, nullptr, 0, 100 * kMs), OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_notify_recv(e, note, sizeof(note), &nlen, nullptr, 0, 100 * kMs),
+              OTE_ERR_TIMEOUT);
     // After HELLO (version 1), an INFO claiming version 2: closed without an answer.
     int c = ote_test::ConnectTo(addr);
     ASSERT_GE(c, 0);
@@ -300,12 +303,15 @@ TEST_F(RdmaControlTest, PeerThatNeverReadsIsDroppedNotWaitedOn) {
     ASSERT_NE(req, nullptr);
     std::vector<uint8_t> target(1 << 20, 0), data(1 << 20);
     for (size_t i = 0; i < data.size(); i++) data[i] = (uint8_t)(i * 7 + 1);
-    ASSERT_EQ(ote_memory_register(src, target.data(), target.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+    ASSERT_EQ(
+        ote_memory_register(src, target.data(), target.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+        OTE_OK);
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(req, addr.c_str(), &seg), OTE_OK);
     ote_batch_t *bt = nullptr;
     ASSERT_EQ(ote_batch_create(req, 1, &bt), OTE_OK);
-    ote_request_t r = {OTE_WRITE, data.data(), seg, (uint64_t)(uintptr_t)target.data(), data.size()};
+    ote_request_t r = {OTE_WRITE, data.data(), seg, (uint64_t)(uintptr_t)target.data(),
+                       data.size()};
     ASSERT_EQ(ote_batch_submit(bt, &r, 1), OTE_OK);
     EXPECT_EQ(ote_batch_wait(bt, 20 * kSec), OTE_OK);
     EXPECT_EQ(ote_batch_destroy(bt), OTE_OK);
@@ -381,7 +387,8 @@ TEST_F(RdmaControlTest, FullNotificationQueueAnswersAgain) {
     ASSERT_NE(e, nullptr);
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(e, EngineAddress(dst).c_str(), &seg), OTE_OK);
-    for (int i = 0; i < OTE_NOTIFY_QUEUE_MAX; i++) ASSERT_EQ(ote_notify_send(e, seg, "n", 1), OTE_OK) << i;
+    for (int i = 0; i < OTE_NOTIFY_QUEUE_MAX; i++)
+        ASSERT_EQ(ote_notify_send(e, seg, "n", 1), OTE_OK) << i;
     EXPECT_EQ(ote_status_code(ote_notify_send(e, seg, "n", 1)), OTE_ERR_AGAIN);
     char b[8];
     size_t len = 0;
@@ -421,4 +428,4 @@ TEST_F(RdmaControlTest, DestroyJoinsControlThreadsOfOpenConnections) {
     }
 }
 
-}  // namespace
+} // namespace

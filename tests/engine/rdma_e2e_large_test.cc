@@ -21,16 +21,18 @@ extern "C" {
 
 namespace {
 
+using ote_test::kRdmaTargetEnv;
 using ote_test::kSec;
 using ote_test::RdmaEngine;
-using ote_test::kRdmaTargetEnv;
 
 // One request, waited for; a completed one moved all len bytes.
-ote_status_t Xfer(ote_engine_t *e, ote_opcode_t op, void *local, ote_segment_t *seg, uint64_t remote,
-                 size_t len) {
+ote_status_t Xfer(ote_engine_t *e, ote_opcode_t op, void *local, ote_segment_t *seg,
+                  uint64_t remote, size_t len) {
     ote_transfer_status_t ts;
     ote_status_t st = ote_test::RunOne(e, {op, local, seg, remote, len}, 120 * kSec, &ts);
-    if (st == OTE_OK) { EXPECT_EQ(ts.bytes_done, len); }
+    if (st == OTE_OK) {
+        EXPECT_EQ(ts.bytes_done, len);
+    }
     return st;
 }
 
@@ -96,7 +98,8 @@ TEST_F(RdmaE2eLargeTest, PeerKilledMidTransferSurvivorKeepsWorkingWithAThirdProc
     ote_status_t stv = ote_batch_wait(bv, 40 * kSec);
     uint64_t took = ote_now_ns() - t0;
     EXPECT_NE(stv, OTE_OK);
-    EXPECT_NE(ote_status_code(stv), OTE_ERR_TIMEOUT) << "requests to the dead peer still pending after 40 s";
+    EXPECT_NE(ote_status_code(stv), OTE_ERR_TIMEOUT)
+        << "requests to the dead peer still pending after 40 s";
     EXPECT_LT(took, 25 * kSec); /* transfer_timeout_ms is 20 s */
     EXPECT_EQ(ote_batch_destroy(bv), OTE_OK);
     // After the victim's requests ended, the survivor still works with the third process.
@@ -113,4 +116,4 @@ TEST_F(RdmaE2eLargeTest, PeerKilledMidTransferSurvivorKeepsWorkingWithAThirdProc
     EXPECT_EQ(third.Quit(), 0);
 }
 
-}  // namespace
+} // namespace

@@ -30,10 +30,11 @@ using ote_test::RdmaConfig;
 class RdmaE2eTest : public ote_test::TargetE2eTest {
   protected:
     RdmaE2eTest()
-        : TargetE2eTest({96ull << 20,
-                         ote_test::kRdmaTargetEnv,
-                         {{"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "20000"}},
-                         120 * kSec}) {}
+        : TargetE2eTest(
+              {96ull << 20,
+               ote_test::kRdmaTargetEnv,
+               {{"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "20000"}},
+               120 * kSec}) {}
 };
 
 TEST_F(RdmaE2eTest, SizesFromOneByteUnalignedAndFoldedTails) {
@@ -41,9 +42,9 @@ TEST_F(RdmaE2eTest, SizesFromOneByteUnalignedAndFoldedTails) {
     RoundTrip(1, 7, 3, 13);
     RoundTrip(4093, 5, 1, 14);
     RoundTrip(65536, 0, 0, 15);
-    RoundTrip(65536 + 100, 11, 2, 16);              /* tail < 1/4 block: folded */
-    RoundTrip(65536 + 20000, 11, 2, 17);            /* tail >= 1/4 block: own slice */
-    RoundTrip((3u << 20) + 12345, 333, 5, 18);      /* several engine slices */
+    RoundTrip(65536 + 100, 11, 2, 16);         /* tail < 1/4 block: folded */
+    RoundTrip(65536 + 20000, 11, 2, 17);       /* tail >= 1/4 block: own slice */
+    RoundTrip((3u << 20) + 12345, 333, 5, 18); /* several engine slices */
 }
 
 TEST_F(RdmaE2eTest, OutsideRegistrationOrPermissionRefusedWithoutTouching) {
@@ -51,7 +52,8 @@ TEST_F(RdmaE2eTest, OutsideRegistrationOrPermissionRefusedWithoutTouching) {
     uint64_t before = target_.Hash("rw", target_.rw_len - 4096, 4096);
     // Straddles the end of rw: refused by the source before any window exists.
     ote_transfer_status_t ts;
-    EXPECT_NE(Transfer(OTE_WRITE, buf.data(), target_.rw + target_.rw_len - 4096, 8192, &ts), OTE_OK);
+    EXPECT_NE(Transfer(OTE_WRITE, buf.data(), target_.rw + target_.rw_len - 4096, 8192, &ts),
+              OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
     EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_ACCESS);
     EXPECT_EQ(target_.Hash("rw", target_.rw_len - 4096, 4096), before);
@@ -91,7 +93,7 @@ class RdmaE2eCountedTest : public RdmaE2eTest {
         g_wrapped = nullptr;
     }
     std::vector<ote_verbs_t *> wrapped_;
-    ote_verbs_t *v_ = nullptr;  // owned by engine_'s transport
+    ote_verbs_t *v_ = nullptr; // owned by engine_'s transport
 };
 
 // 4 threads x 32 requests x 4 slices in flight at once go over the requester's fixed QP
@@ -114,7 +116,10 @@ TEST_F(RdmaE2eCountedTest, ManyConcurrentRequestsShareQps) {
     for (int t = 0; t < kThreads; t++) {
         th.emplace_back([&, t] {
             ote_batch_t *b = nullptr;
-            if (ote_batch_create(engine_, kPerBatch, &b) != OTE_OK) { fails[t]++; return; }
+            if (ote_batch_create(engine_, kPerBatch, &b) != OTE_OK) {
+                fails[t]++;
+                return;
+            }
             std::vector<ote_request_t> r(kPerBatch);
             for (int i = 0; i < kPerBatch; i++)
                 r[i] = {OTE_WRITE, srcs[t].data() + i * kLen, seg_,
@@ -158,7 +163,8 @@ TEST_F(RdmaE2eCountedTest, SixtyFourMiBWriteAndReadRegisteredLocal) {
     EXPECT_EQ(target_.Hash("rw", 0, len), ote_hash(src.data(), len));
     ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, len), OTE_OK);
     EXPECT_EQ(memcmp(dst.data(), src.data(), len), 0);
-    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP), qps0) << "QPs were built again";
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP), qps0)
+        << "QPs were built again";
     EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_REG_MR), mrs0)
         << "a transfer from a registered buffer registered a memory region";
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
@@ -182,7 +188,8 @@ TEST_F(RdmaE2eTest, NotificationAfterData) {
     EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
     std::string reply = target_.Reply();
     char want[40];
-    snprintf(want, sizeof(want), "SUM %016llx", (unsigned long long)ote_hash(src.data(), src.size()));
+    snprintf(want, sizeof(want), "SUM %016llx",
+             (unsigned long long)ote_hash(src.data(), src.size()));
     EXPECT_NE(reply.find("NOTE 6 landed"), std::string::npos) << reply;
     EXPECT_NE(reply.find(want), std::string::npos) << reply;
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
@@ -194,8 +201,9 @@ TEST_F(RdmaE2eTest, NotificationAfterData) {
 TEST(RdmaEngineTest, NoDeviceFailsClearlyWithoutFallback) {
     std::vector<std::string> devs = ote_test::KernelVerbsDevices();
     if (!devs.empty())
-        GTEST_SKIP() << "this machine has an RDMA device (" << devs[0]
-                     << " in /sys/class/infiniband_verbs): the no-device failure cannot be shown here";
+        GTEST_SKIP()
+            << "this machine has an RDMA device (" << devs[0]
+            << " in /sys/class/infiniband_verbs): the no-device failure cannot be shown here";
     ote_config_t *cfg = RdmaConfig();
     ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "rdma-core"), OTE_OK);
     ote_engine_t *e = nullptr;
@@ -235,4 +243,4 @@ TEST_F(RdmaE2eTest, PeerKilledMidTransferFailsWithinDeadline) {
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
 }
 
-}  // namespace
+} // namespace

@@ -36,7 +36,7 @@ constexpr size_t kBlock = 64u << 10;
 // test lets it go. Calls the fault decorator refuses never get here: what is counted is
 // what the sim really created. The test owns it; close() closes the sim only.
 struct NativeCounter {
-    ote_verbs_t v{};  // what the fault decorator wraps (and closes)
+    ote_verbs_t v{}; // what the fault decorator wraps (and closes)
     ote_verbs_ops_t ops{};
     ote_verbs_t *sim = nullptr;
     std::atomic<int64_t> qps{0}, mws{0}, mrs{0};
@@ -44,7 +44,7 @@ struct NativeCounter {
     std::atomic<bool> hold_next_qp_destroy{false}, holding{false}, release{false}, closed{false};
 };
 
-std::vector<NativeCounter *> g_counters;  // of the current test, in creation order
+std::vector<NativeCounter *> g_counters; // of the current test, in creation order
 
 NativeCounter *CounterOf(ote_verbs_t *v) {
     for (NativeCounter *c : g_counters)
@@ -52,7 +52,8 @@ NativeCounter *CounterOf(ote_verbs_t *v) {
     return nullptr;
 }
 
-int CountCreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, struct ibv_qp **qp_out) {
+int CountCreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a,
+                  struct ibv_qp **qp_out) {
     NativeCounter *c = CounterOf(v);
     if (c == nullptr) return EINVAL;
     int err = c->sim->ops->create_qp(c->sim, pd, a, qp_out);
@@ -64,9 +65,10 @@ int CountDestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
     NativeCounter *c = CounterOf(v);
     if (c == nullptr) return EINVAL;
     if (c->hold_next_qp_destroy.exchange(false)) {
-        c->holding = true;  // the test looks at its request now; bounded by 30 s
+        c->holding = true; // the test looks at its request now; bounded by 30 s
         ote_deadline_t dl = ote_deadline_after(30 * 1000000000ull);
-        while (!c->release.load() && !ote_deadline_expired(dl)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        while (!c->release.load() && !ote_deadline_expired(dl))
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     int err = c->sim->ops->destroy_qp(c->sim, qp);
     if (err == 0) {
@@ -92,7 +94,8 @@ int CountDeallocMw(ote_verbs_t *v, struct ibv_mw *mw) {
     return err;
 }
 
-int CountRegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access, struct ibv_mr **mr_out) {
+int CountRegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access,
+               struct ibv_mr **mr_out) {
     NativeCounter *c = CounterOf(v);
     if (c == nullptr) return EINVAL;
     int err = c->sim->ops->reg_mr(c->sim, pd, addr, len, access, mr_out);
@@ -137,7 +140,7 @@ ote_status_t WrapWithFault(ote_verbs_t **v) {
     ote_status_t st = ote_verbs_fault_wrap(&c->v, OTE_VERBS_FAULT_OWN_INNER, &f);
     if (st != OTE_OK) {
         g_counters.pop_back();
-        return st;  // *v is still the caller's to close
+        return st; // *v is still the caller's to close
     }
     *v = f;
     g_wrapped->push_back(f);
@@ -165,7 +168,9 @@ class RdmaFaultTest : public ote_test::OteTest {
         ns_ = counters_[0].get();
         nr_ = counters_[1].get();
         mem_.assign(4u << 20, 0);
-        ASSERT_EQ(ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+        ASSERT_EQ(
+            ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+            OTE_OK);
         char addr[300];
         ASSERT_EQ(ote_engine_address(src_, addr, sizeof(addr)), OTE_OK);
         ASSERT_EQ(ote_segment_open(req_, addr, &seg_), OTE_OK);
@@ -188,13 +193,19 @@ class RdmaFaultTest : public ote_test::OteTest {
         OteTest::TearDown();
     }
     void DestroyEngines() {
-        if (seg_) { EXPECT_EQ(ote_segment_close(seg_), OTE_OK); }
+        if (seg_) {
+            EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+        }
         seg_ = nullptr;
-        if (req_) { EXPECT_EQ(ote_engine_destroy(req_), OTE_OK); }
+        if (req_) {
+            EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+        }
         req_ = nullptr;
         /* A source grant whose requester vanished keeps its registration pinned until its
          * own deadline; destroy waits for that (bounded) and drops the registration. */
-        if (src_) { EXPECT_EQ(ote_engine_destroy(src_), OTE_OK); }
+        if (src_) {
+            EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+        }
         src_ = nullptr;
         vs_ = vr_ = nullptr;
     }
@@ -209,7 +220,8 @@ class RdmaFaultTest : public ote_test::OteTest {
             if (st != OTE_ERR_BUSY || ote_deadline_expired(dl)) return false;
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
-        return ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE) == OTE_OK;
+        return ote_memory_register(src_, mem_.data(), mem_.size(),
+                                   OTE_PERM_READ | OTE_PERM_WRITE) == OTE_OK;
     }
     static ote_engine_t *Create() {
         ote_config_t *cfg = nullptr;
@@ -225,7 +237,8 @@ class RdmaFaultTest : public ote_test::OteTest {
     ote_status_t Write(size_t len, uint64_t off = 0) {
         ote_batch_t *b = nullptr;
         EXPECT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
-        ote_request_t r = {OTE_WRITE, out_.data(), seg_, (uint64_t)(uintptr_t)mem_.data() + off, len};
+        ote_request_t r = {OTE_WRITE, out_.data(), seg_, (uint64_t)(uintptr_t)mem_.data() + off,
+                           len};
         ote_status_t st = ote_batch_submit(b, &r, 1);
         if (st == OTE_OK) st = ote_batch_wait(b, 30 * kSec);
         if (st != OTE_OK) {
@@ -238,11 +251,11 @@ class RdmaFaultTest : public ote_test::OteTest {
     }
 
     std::vector<ote_verbs_t *> wrapped_;
-    std::vector<std::unique_ptr<NativeCounter>> counters_;  // outlive the engines
+    std::vector<std::unique_ptr<NativeCounter>> counters_; // outlive the engines
     uint64_t retained0_ = 0;
     ote_engine_t *src_ = nullptr, *req_ = nullptr;
-    ote_verbs_t *vs_ = nullptr, *vr_ = nullptr;  // fault decorators (owned by the engines)
-    NativeCounter *ns_ = nullptr, *nr_ = nullptr;  // source's and requester's sims
+    ote_verbs_t *vs_ = nullptr, *vr_ = nullptr;   // fault decorators (owned by the engines)
+    NativeCounter *ns_ = nullptr, *nr_ = nullptr; // source's and requester's sims
     ote_segment_t *seg_ = nullptr;
     std::vector<uint8_t> mem_, out_;
 };
@@ -256,7 +269,7 @@ TEST_F(RdmaFaultTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestEnds) {
     ASSERT_EQ(Write(kBlock), OTE_OK); /* QPs built */
     ASSERT_GE(nr_->qps.load(), 1);
     uint64_t destroyed0 = nr_->qps_destroyed.load();
-    ote_test::ErrorLogsExpected fault_logs;  // from the fault to the end of the test body
+    ote_test::ErrorLogsExpected fault_logs; // from the fault to the end of the test body
     ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(vr_, nullptr, 2), OTE_OK);
     nr_->hold_next_qp_destroy = true;
     ote_batch_t *b = nullptr;
@@ -266,15 +279,16 @@ TEST_F(RdmaFaultTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestEnds) {
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     // The fenced QP's destroy arrives (at the 1.5 s deadline) and waits for us.
     ote_deadline_t dl = ote_deadline_after(20 * kSec);
-    while (!nr_->holding.load() && !ote_deadline_expired(dl)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (!nr_->holding.load() && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     bool held = nr_->holding.load();
     ote_transfer_status_t during{};
     EXPECT_EQ(ote_batch_status(b, 0, &during), OTE_OK);
     nr_->hold_next_qp_destroy = false;
     nr_->release = true;
     EXPECT_TRUE(held) << "no QP was destroyed within 20 s of the lost CQE";
-    EXPECT_EQ(during.state, OTE_TRANSFER_PENDING) << "the request ended (state " << during.state
-                                                  << ") before its fenced QP was destroyed";
+    EXPECT_EQ(during.state, OTE_TRANSFER_PENDING)
+        << "the request ended (state " << during.state << ") before its fenced QP was destroyed";
     EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_ERR_TIMEOUT);
     uint64_t took = ote_now_ns() - t0;
     ote_transfer_status_t ts{};
@@ -285,7 +299,8 @@ TEST_F(RdmaFaultTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestEnds) {
     EXPECT_EQ(ote_verbs_fault_injected(vr_, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
     EXPECT_GE(took, 1500 * kMs) << "ended before its 1.5 s deadline";
     EXPECT_LT(took, 20 * kSec);
-    EXPECT_GE(nr_->qps_destroyed.load(), destroyed0 + 1) << "the fenced QP's destroy did not succeed";
+    EXPECT_GE(nr_->qps_destroyed.load(), destroyed0 + 1)
+        << "the fenced QP's destroy did not succeed";
     ote_verbs_fault_clear(vr_);
     std::fill(mem_.begin(), mem_.end(), 0);
     EXPECT_EQ(Write(3 * kBlock + 100, 4096), OTE_OK);
@@ -305,8 +320,9 @@ TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
     int64_t mws0 = ns_->mws.load();
     ASSERT_GE(mws0, 1) << "the first grant bound no window";
     // The source posts nothing but binds on its send queues (receipts arrive on its RQ).
-    ote_test::ErrorLogsExpected fault_logs;  // from the fault to the end of the test body
-    ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 1, EINVAL), OTE_OK);
+    ote_test::ErrorLogsExpected fault_logs; // from the fault to the end of the test body
+    ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 1, EINVAL),
+              OTE_OK);
     ote_status_t st = Write(2 * kBlock);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_REMOTE_ACCESS) << ote_status_str(st) << [&] {
         std::string all;
@@ -314,9 +330,11 @@ TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
         return all;
     }();
     EXPECT_EQ(ote_verbs_fault_injected(vs_, OTE_VERBS_FAULT_OP_POST_SEND), 1u);
-    for (size_t i = 0; i < 2 * kBlock; i++) ASSERT_EQ(mem_[i], 0) << "a refused grant wrote at " << i;
+    for (size_t i = 0; i < 2 * kBlock; i++)
+        ASSERT_EQ(mem_[i], 0) << "a refused grant wrote at " << i;
     // Released on the source: the registration is free, no window was added or retained.
-    EXPECT_TRUE(SourceRegistrationFree()) << "the refused grant left the source's registration pinned";
+    EXPECT_TRUE(SourceRegistrationFree())
+        << "the refused grant left the source's registration pinned";
     EXPECT_LE(ns_->mws.load(), mws0) << "the refused grant left a new window alive";
     EXPECT_EQ(ote_retained_count(OTE_RETAINED_MW), 0u);
     EXPECT_EQ(ote_retained_total(), retained0_);
@@ -329,14 +347,16 @@ TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
 // registration is not pinned, and once alloc_mw works again the next grant creates its
 // window and the transfer lands.
 TEST_F(RdmaFaultTest, AllocMwFailureRefusesTheGrant) {
-    ote_test::ErrorLogsExpected fault_logs;  // from the fault to the end of the test body
-    ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_EVERY, 0, ENOMEM), OTE_OK);
+    ote_test::ErrorLogsExpected fault_logs; // from the fault to the end of the test body
+    ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_EVERY, 0, ENOMEM),
+              OTE_OK);
     ote_status_t st = Write(kBlock);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_REMOTE_ACCESS) << ote_status_str(st);
     EXPECT_GE(ote_verbs_fault_injected(vs_, OTE_VERBS_FAULT_OP_ALLOC_MW), 1u);
     EXPECT_EQ(ns_->mws.load(), 0) << "a window exists although every alloc_mw failed";
     for (size_t i = 0; i < kBlock; i++) ASSERT_EQ(mem_[i], 0) << "a refused grant wrote at " << i;
-    EXPECT_TRUE(SourceRegistrationFree()) << "the refused grant left the source's registration pinned";
+    EXPECT_TRUE(SourceRegistrationFree())
+        << "the refused grant left the source's registration pinned";
     EXPECT_EQ(ote_retained_total(), retained0_);
     ote_verbs_fault_clear(vs_);
     EXPECT_EQ(Write(kBlock), OTE_OK);
@@ -344,4 +364,4 @@ TEST_F(RdmaFaultTest, AllocMwFailureRefusesTheGrant) {
     EXPECT_GE(ns_->mws.load(), 1) << "the working grant bound no window";
 }
 
-}  // namespace
+} // namespace

@@ -31,7 +31,8 @@ static ote_engine_t *make(void) {
     return e;
 }
 
-static int run(ote_engine_t *req, ote_segment_t *seg, uint8_t *local, uint8_t *remote, unsigned nreq) {
+static int run(ote_engine_t *req, ote_segment_t *seg, uint8_t *local, uint8_t *remote,
+               unsigned nreq) {
     ote_batch_t *b = NULL;
     if (ote_batch_create(req, 8, &b) != OTE_OK) return -1;
     int rc = 0;
@@ -40,10 +41,11 @@ static int run(ote_engine_t *req, ote_segment_t *seg, uint8_t *local, uint8_t *r
         unsigned n = nreq - done < 8 ? nreq - done : 8;
         for (unsigned i = 0; i < n; i++) {
             size_t off = (size_t)((done + i) % (BUF / MIB)) * MIB;
-            r[i] = (ote_request_t){OTE_WRITE, local + off, seg, (uint64_t)(uintptr_t)(remote + off), MIB};
+            r[i] = (ote_request_t){OTE_WRITE, local + off, seg, (uint64_t)(uintptr_t)(remote + off),
+                                   MIB};
         }
-        if (ote_batch_submit(b, r, n) != OTE_OK || ote_batch_wait(b, 600ull * 1000000000ull) != OTE_OK ||
-            ote_batch_reset(b) != OTE_OK)
+        if (ote_batch_submit(b, r, n) != OTE_OK ||
+            ote_batch_wait(b, 600ull * 1000000000ull) != OTE_OK || ote_batch_reset(b) != OTE_OK)
             rc = -1;
         done += n;
     }

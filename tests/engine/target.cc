@@ -43,7 +43,8 @@ void Target::CloseFds() {
     in_ = out_ = -1;
 }
 
-bool Target::Start(uint64_t rw_size, const std::string &listen, const std::vector<std::string> &env) {
+bool Target::Start(uint64_t rw_size, const std::string &listen,
+                   const std::vector<std::string> &env) {
     int pin[2], pout[2];
     if (pipe2(pin, O_CLOEXEC) != 0) return false;
     if (pipe2(pout, O_CLOEXEC) != 0) {
@@ -167,4 +168,4 @@ void Target::Kill() {
     CloseFds();
 }
 
-}  // namespace ote_test
+} // namespace ote_test

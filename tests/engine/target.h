@@ -52,6 +52,6 @@ class Target {
 // Path of a data dependency binary in tests/engine (runfiles or next to this test).
 std::string EngineTestBinary(const char *name);
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

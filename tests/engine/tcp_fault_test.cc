@@ -45,15 +45,21 @@ class TcpFaultTest : public ote_test::OteTest {
         ASSERT_NE(src_, nullptr);
         ASSERT_NE(req_, nullptr);
         mem_.assign(1u << 20, 0);
-        ASSERT_EQ(ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+        ASSERT_EQ(
+            ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+            OTE_OK);
         addr_ = EngineAddress(src_);
         out_.resize(300001);
         ote_pattern_fill(out_.data(), out_.size(), 41, 0);
     }
     void TearDown() override {
         ote_fault_disarm_all();
-        if (req_) { EXPECT_EQ(ote_engine_destroy(req_), OTE_OK); }
-        if (src_) { EXPECT_EQ(ote_engine_destroy(src_), OTE_OK); }
+        if (req_) {
+            EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+        }
+        if (src_) {
+            EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+        }
         OteTest::TearDown();
     }
     // The open fds of this process come back to `want` (the source closes the accepted
@@ -70,10 +76,12 @@ class TcpFaultTest : public ote_test::OteTest {
     void RoundTrip(ote_segment_t *seg) {
         std::fill(mem_.begin(), mem_.end(), 0);
         uint64_t remote = reinterpret_cast<uintptr_t>(mem_.data()) + 7;
-        ASSERT_EQ(RunOne(req_, {OTE_WRITE, out_.data(), seg, remote, out_.size()}, 30 * kSec), OTE_OK);
+        ASSERT_EQ(RunOne(req_, {OTE_WRITE, out_.data(), seg, remote, out_.size()}, 30 * kSec),
+                  OTE_OK);
         EXPECT_EQ(memcmp(mem_.data() + 7, out_.data(), out_.size()), 0);
         std::vector<uint8_t> back(out_.size(), 0);
-        ASSERT_EQ(RunOne(req_, {OTE_READ, back.data(), seg, remote, back.size()}, 30 * kSec), OTE_OK);
+        ASSERT_EQ(RunOne(req_, {OTE_READ, back.data(), seg, remote, back.size()}, 30 * kSec),
+                  OTE_OK);
         EXPECT_EQ(back, out_);
     }
 
@@ -86,14 +94,15 @@ class TcpFaultTest : public ote_test::OteTest {
 // after exactly that many hits, leaves no fd behind and no segment; the next open works.
 TEST_F(TcpFaultTest, PartialConnectRollsBackAndThePeerOpensAgain) {
     for (uint32_t n = 1; n <= kConns; n++) {
-        SCOPED_TRACE("failing data connection " + std::to_string(n) + " of " + std::to_string(kConns));
+        SCOPED_TRACE("failing data connection " + std::to_string(n) + " of " +
+                     std::to_string(kConns));
         int fds0 = CountOpenFds();
         ASSERT_EQ(ote_fault_arm(kPoint, OTE_FAULT_NTH, n, OTE_ERR_CONNECT, ECONNREFUSED), OTE_OK);
         ote_segment_t *seg = nullptr;
         ote_status_t st = ote_segment_open(req_, addr_.c_str(), &seg);
         EXPECT_EQ(ote_status_code(st), OTE_ERR_CONNECT) << ote_status_str(st);
         EXPECT_EQ(ote_status_errno(st), ECONNREFUSED);
-        EXPECT_EQ(seg, nullptr);  // outputs only on success
+        EXPECT_EQ(seg, nullptr); // outputs only on success
         EXPECT_EQ(ote_fault_hits(kPoint), n) << "the connect went on after its failure";
         EXPECT_EQ(ote_fault_failures(kPoint), 1u);
         EXPECT_TRUE(FdsSettleAt(fds0)) << "fds: " << CountOpenFds() << ", before: " << fds0;
@@ -177,4 +186,4 @@ TEST_F(TcpFaultTest, PartialReconnectRollsBackAndTheNextSubmitReconnects) {
     EXPECT_EQ(target.Quit(), 0);
 }
 
-}  // namespace
+} // namespace

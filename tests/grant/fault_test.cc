@@ -34,7 +34,9 @@ class GrantFaultTest : public ote_test::OteTest {
         OteTest::TearDown();
     }
     void CloseMr() {
-        if (mr_) { EXPECT_EQ(rig_.v->ops->dereg_mr(rig_.v, mr_), 0); }
+        if (mr_) {
+            EXPECT_EQ(rig_.v->ops->dereg_mr(rig_.v, mr_), 0);
+        }
         mr_ = nullptr;
     }
     ote_status_t Start(ote_grant_op_t op, uint64_t len, Done *d, uint64_t timeout_ms = 30000,
@@ -74,7 +76,8 @@ class GrantFaultTest : public ote_test::OteTest {
 };
 
 TEST_F(GrantFaultTest, AllocMwFailsGrantRefusedRequesterToldEverythingReleased) {
-    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_NTH, 1, ENOMEM),
+              OTE_OK);
     ote_status_t st = Run(OTE_GRANT_WRITE, B);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
     EXPECT_EQ(ote_status_errno(st), ENOMEM);
@@ -123,10 +126,11 @@ TEST_F(GrantFaultTest, DeallocMwBusyRetainsTheWindowUntilTheRetrySucceeds) {
     ote_grant_stats_t s1;
     ote_grant_mgr_get_stats(rig_.g1, &s1);
     EXPECT_EQ(s1.served, 1u);
-    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1),
+              OTE_OK);
     // Wait for the source deadline: tick g1 alone until the record ended.
     ote_deadline_t until = ote_deadline_after(30000 * kMs);
-    do {  // tick as the monitor does; nothing is retained yet, so no tick retries
+    do { // tick as the monitor does; nothing is retained yet, so no tick retries
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, nullptr);
         ote_grant_mgr_tick(rig_.g1);
@@ -171,7 +175,8 @@ TEST_F(GrantFaultTest, DeallocMwBusyAtManagerDestroyRetainsUntilTheNextDestroy) 
     ote_grant_mgr_get_stats(rig_.g1, &s1);
     ASSERT_EQ(s1.mw_pool, 1u);
     ASSERT_EQ(ote_grant_mgr_tick(rig_.g1), 0u);
-    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1),
+              OTE_OK);
     ote_status_t st = ote_grant_mgr_destroy(rig_.g1);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_RETAINED);
     ote_grant_mgr_get_stats(rig_.g1, &s1); /* still valid */
@@ -190,7 +195,8 @@ TEST_F(GrantFaultTest, BindPostFailsGrantRefusedQpStillUsable) {
     ote_qp_t *qp = nullptr; /* build the pair first so the next post_send is the bind */
     ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
     ote_endpoint_return(rig_.ep0[1], 0, qp);
-    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 1, EINVAL), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 1, EINVAL),
+              OTE_OK);
     EXPECT_NE(Run(OTE_GRANT_WRITE, B), OTE_OK);
     ote_grant_stats_t s1;
     ote_grant_mgr_get_stats(rig_.g1, &s1);
@@ -205,8 +211,8 @@ TEST_F(GrantFaultTest, BindErrorCqeRefusesRetiresQpAndNextGrantRebuilds) {
     ote_qp_t *qp = nullptr;
     ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
     ote_endpoint_return(rig_.ep0[1], 0, qp);
-    ASSERT_EQ(ote_verbs_fault_error_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l1[0], OTE_CQ_SEND), 1,
-                                            IBV_WC_MW_BIND_ERR, 0),
+    ASSERT_EQ(ote_verbs_fault_error_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l1[0], OTE_CQ_SEND),
+                                            1, IBV_WC_MW_BIND_ERR, 0),
               OTE_OK);
     EXPECT_NE(Run(OTE_GRANT_WRITE, B), OTE_OK);
     ote_grant_stats_t s1;
@@ -252,8 +258,9 @@ TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
     ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
     ote_endpoint_return(rig_.ep0[1], 0, qp);
     rig_.src_deadline_ms = 2000;
-    ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 2),
-              OTE_OK);
+    ASSERT_EQ(
+        ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 2),
+        OTE_OK);
     uint64_t t0 = ote_now_ns();
     Done d;
     // The deadline (1.5 s) must pass after the slices were posted, not before the source
@@ -299,12 +306,14 @@ TEST_F(GrantFaultTest, PortDownEndsInFlightGrantReleasesItAndGrantsWorkAfterReco
     ote_endpoint_return(rig_.ep0[1], 0, qp);
     // The first data CQE is lost: the grant cannot finish on its own, so it is certainly
     // still in flight when the port goes down.
-    ASSERT_EQ(ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 1),
-              OTE_OK);
+    ASSERT_EQ(
+        ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 1),
+        OTE_OK);
     Done d;
     ASSERT_EQ(Start(OTE_GRANT_WRITE, 8 * B, &d, 120000), OTE_OK);
     ote_deadline_t until = ote_deadline_after(30000 * kMs);
-    while (ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0 && !ote_deadline_expired(until)) {
+    while (ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0 &&
+           !ote_deadline_expired(until)) {
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, nullptr);
     }
@@ -398,7 +407,7 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     AmbiguousWrite::real = orig;
     AmbiguousWrite::armed = 1;
     rig_.src_deadline_ms = 800; /* the source releases the window nobody will invalidate */
-    rig_.v->ops = &amb; /* every other op is the decorator's own */
+    rig_.v->ops = &amb;         /* every other op is the decorator's own */
     Done d;
     ote_grant_stats_t s;
     {
@@ -442,4 +451,4 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     CloseMr();
 }
 
-}  // namespace
+} // namespace

@@ -20,9 +20,9 @@ TEST(GrantGeometryTest, BlocksAndFoldedTails) {
     EXPECT_EQ(ote_grant_slice_count(1), 1u);
     EXPECT_EQ(ote_grant_slice_count(B - 1), 1u);
     EXPECT_EQ(ote_grant_slice_count(B), 1u);
-    EXPECT_EQ(ote_grant_slice_count(B + 1), 1u);              /* 1-byte tail folded */
-    EXPECT_EQ(ote_grant_slice_count(B + B / 4 - 1), 1u);      /* under a quarter: folded */
-    EXPECT_EQ(ote_grant_slice_count(B + B / 4), 2u);          /* a quarter: own slice */
+    EXPECT_EQ(ote_grant_slice_count(B + 1), 1u);         /* 1-byte tail folded */
+    EXPECT_EQ(ote_grant_slice_count(B + B / 4 - 1), 1u); /* under a quarter: folded */
+    EXPECT_EQ(ote_grant_slice_count(B + B / 4), 2u);     /* a quarter: own slice */
     EXPECT_EQ(ote_grant_slice_count(2 * B), 2u);
     EXPECT_EQ(ote_grant_slice_count(64ull << 20), 1024u);
     uint64_t off;
@@ -34,7 +34,8 @@ TEST(GrantGeometryTest, BlocksAndFoldedTails) {
     EXPECT_EQ(off, B);
     EXPECT_EQ(len, B / 4);
     // Slices tile [0, len) exactly for many lengths.
-    for (uint64_t n : {1ull, 7ull, B - 3, B, B + 5, 3 * B + B / 4 - 1, 3 * B + B / 4, 10 * B + 12345}) {
+    for (uint64_t n :
+         {1ull, 7ull, B - 3, B, B + 5, 3 * B + B / 4 - 1, 3 * B + B / 4, 10 * B + 12345}) {
         uint64_t next = 0;
         for (uint32_t i = 0; i < ote_grant_slice_count(n); i++) {
             ote_grant_slice_at(n, i, &off, &len);
@@ -129,7 +130,7 @@ TEST_F(GrantTest, WriteThenReadExactBytesThroughWindows) {
     EXPECT_EQ(s0.live_requester, 0u);
     EXPECT_EQ(s1.receipts, 10u); /* every window invalidated by the requester's SEND_WITH_INV */
     EXPECT_EQ(s1.live_source, 0u);
-    EXPECT_GE(s1.mw_pool, 1u);   /* invalidated windows are reused */
+    EXPECT_GE(s1.mw_pool, 1u); /* invalidated windows are reused */
     EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), s1.mw_pool);
     FreeMrs();
 }
@@ -137,8 +138,9 @@ TEST_F(GrantTest, WriteThenReadExactBytesThroughWindows) {
 TEST_F(GrantTest, OutsideRegistrationOrAccessRefusedBeforeAnyWindow) {
     std::vector<uint8_t> out(2 * B, 0x33);
     struct ibv_mr *mo = LocalMr(out);
-    EXPECT_EQ(ote_status_code(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, rig_.src.size() - 100, 200)),
-              OTE_ERR_ACCESS);
+    EXPECT_EQ(
+        ote_status_code(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, rig_.src.size() - 100, 200)),
+        OTE_ERR_ACCESS);
     rig_.src_access = IBV_ACCESS_REMOTE_READ;
     EXPECT_EQ(ote_status_code(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, 100)), OTE_ERR_ACCESS);
     EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), 0u);
@@ -197,4 +199,4 @@ TEST_F(GrantTest, ManyGrantsShareOneQpBeyondItsDepth) {
     FreeMrs();
 }
 
-}  // namespace
+} // namespace

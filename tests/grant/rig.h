@@ -87,8 +87,8 @@ struct Rig {
         ote_endpoint_return(x->r->ep1[x->cap], slot, qp);
         return OTE_OK;
     }
-    static ote_status_t CopyExchange(void *arg, uint32_t, const ote_qp_path_t *, ote_qp_path_t *peer_out,
-                                     ote_deadline_t) {
+    static ote_status_t CopyExchange(void *arg, uint32_t, const ote_qp_path_t *,
+                                     ote_qp_path_t *peer_out, ote_deadline_t) {
         *peer_out = *static_cast<ote_qp_path_t *>(arg);
         return OTE_OK;
     }
@@ -158,7 +158,8 @@ struct Rig {
     // Borrow a connected requester QP of slot `slot`.
     ote_status_t Borrow(int cap, uint32_t slot, ote_qp_t **qp) {
         Xarg x = {this, cap};
-        return ote_endpoint_borrow(ep0[cap], slot, Exchange, &x, ote_deadline_after(30000 * kMs), qp);
+        return ote_endpoint_borrow(ep0[cap], slot, Exchange, &x, ote_deadline_after(30000 * kMs),
+                                   qp);
     }
 
     // Reclaim retired QPs on both sides until none is left or the deadline passes.
@@ -182,18 +183,40 @@ struct Rig {
                 nanosleep(&ts, nullptr);
             }
         }
-        if (s0) { EXPECT_EQ(ote_endpoint_store_destroy(s0, ote_deadline_after(30000 * kMs)), OTE_OK); }
-        if (s1) { EXPECT_EQ(ote_endpoint_store_destroy(s1, ote_deadline_after(30000 * kMs)), OTE_OK); }
-        if (g0) { EXPECT_EQ(ote_grant_mgr_destroy(g0), OTE_OK); }
-        if (g1) { EXPECT_EQ(ote_grant_mgr_destroy(g1), OTE_OK); }
-        for (int i = 0; i < 2; i++) {
-            if (l0[i]) { EXPECT_EQ(ote_cq_workers_remove(w, l0[i]), OTE_OK); EXPECT_EQ(ote_cq_lane_destroy(l0[i]), OTE_OK); }
-            if (l1[i]) { EXPECT_EQ(ote_cq_workers_remove(w, l1[i]), OTE_OK); EXPECT_EQ(ote_cq_lane_destroy(l1[i]), OTE_OK); }
+        if (s0) {
+            EXPECT_EQ(ote_endpoint_store_destroy(s0, ote_deadline_after(30000 * kMs)), OTE_OK);
         }
-        if (w) { EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK); }
-        if (src_buf) { EXPECT_EQ(ote_buffer_deregister(bm, src_buf), OTE_OK); }
-        if (bm) { EXPECT_EQ(ote_buffer_manager_destroy(bm), OTE_OK); }
-        if (set) { EXPECT_EQ(ote_context_set_close(set), OTE_OK); }
+        if (s1) {
+            EXPECT_EQ(ote_endpoint_store_destroy(s1, ote_deadline_after(30000 * kMs)), OTE_OK);
+        }
+        if (g0) {
+            EXPECT_EQ(ote_grant_mgr_destroy(g0), OTE_OK);
+        }
+        if (g1) {
+            EXPECT_EQ(ote_grant_mgr_destroy(g1), OTE_OK);
+        }
+        for (int i = 0; i < 2; i++) {
+            if (l0[i]) {
+                EXPECT_EQ(ote_cq_workers_remove(w, l0[i]), OTE_OK);
+                EXPECT_EQ(ote_cq_lane_destroy(l0[i]), OTE_OK);
+            }
+            if (l1[i]) {
+                EXPECT_EQ(ote_cq_workers_remove(w, l1[i]), OTE_OK);
+                EXPECT_EQ(ote_cq_lane_destroy(l1[i]), OTE_OK);
+            }
+        }
+        if (w) {
+            EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK);
+        }
+        if (src_buf) {
+            EXPECT_EQ(ote_buffer_deregister(bm, src_buf), OTE_OK);
+        }
+        if (bm) {
+            EXPECT_EQ(ote_buffer_manager_destroy(bm), OTE_OK);
+        }
+        if (set) {
+            EXPECT_EQ(ote_context_set_close(set), OTE_OK);
+        }
         if (v) ote_verbs_close(v);
     }
 };
@@ -223,6 +246,6 @@ struct Done {
     }
 };
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

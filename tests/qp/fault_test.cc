@@ -55,7 +55,7 @@ TEST_F(QpFaultTest, CreateQpFailingLeaksNothingAndRetrySucceeds) {
     ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_CREATE_QP, OTE_FAULT_NTH, 1, ENOMEM),
               OTE_OK);
     ote_qp_t *qp = nullptr;
-    ote_qp_config_t cfg = Config(16, 8, 128);  // with an RQ MR to unwind
+    ote_qp_config_t cfg = Config(16, 8, 128); // with an RQ MR to unwind
     ote_status_t st = OTE_OK;
     ExpectErrorLogsIn([&] { st = ote_qp_create(lane_[0], &cfg, &qp); });
     EXPECT_EQ(ote_status_errno(st), ENOMEM);
@@ -68,7 +68,7 @@ TEST_F(QpFaultTest, CreateQpFailingLeaksNothingAndRetrySucceeds) {
     EXPECT_EQ(ote_status_errno(st), EINVAL);
     EXPECT_EQ(Calls(OTE_VERBS_FAULT_OP_DESTROY_QP), 1u);
     EXPECT_EQ(Calls(OTE_VERBS_FAULT_OP_DEREG_MR), Calls(OTE_VERBS_FAULT_OP_REG_MR));
-    EXPECT_EQ(ote_cq_lane_destroy(lane_[0]), OTE_OK);  // nothing left attached
+    EXPECT_EQ(ote_cq_lane_destroy(lane_[0]), OTE_OK); // nothing left attached
     lane_[0] = nullptr;
     ote_cq_lane_config_t lc = {0, 256, 256, 1};
     ASSERT_EQ(ote_cq_lane_create(ctx_[0], &lc, &lane_[0]), OTE_OK);
@@ -87,7 +87,7 @@ TEST_F(QpFaultTest, AllocationFailuresDuringCreateAndConnectLeakNothing) {
         ote_qp_t *qp = nullptr;
         ote_status_t st;
         {
-            ErrorLogsExpected guard;  // the provider's own allocations fail too
+            ErrorLogsExpected guard; // the provider's own allocations fail too
             ote_alloc_fail_nth(n);
             st = ote_qp_create(lane_[0], &cfg, &qp);
             ote_alloc_fail_disarm();
@@ -143,12 +143,12 @@ TEST_F(QpFaultTest, ModifyToRtrFailingLeavesInitAndConnectRetrySucceeds) {
     ote_qp_get_stats(a, &st);
     EXPECT_EQ(st.state, IBV_QPS_INIT);
     EXPECT_EQ(st.fenced, 0);
-    EXPECT_EQ(st.rq_posted, 4u);  // receives posted in INIT stay posted
+    EXPECT_EQ(st.rq_posted, 4u); // receives posted in INIT stay posted
     EXPECT_TRUE(LogContains("INIT->RTR"));
     ASSERT_EQ(ote_qp_connect(a, &pb), OTE_OK);
     ASSERT_EQ(ote_qp_connect(b, &pa), OTE_OK);
     ote_qp_get_stats(a, &st);
-    EXPECT_EQ(st.rq_posted, 4u);  // not posted twice
+    EXPECT_EQ(st.rq_posted, 4u); // not posted twice
     EXPECT_EQ(ote_cq_lane_outstanding(lane_[0], OTE_CQ_RECV), 4u);
     ProveUsable(a, b, 1);
 }
@@ -165,7 +165,7 @@ TEST_F(QpFaultTest, ModifyToRtsFailingReturnsToInitAndConnectRetrySucceeds) {
     ote_qp_stats_t st;
     ote_qp_get_stats(a, &st);
     EXPECT_EQ(st.state, IBV_QPS_INIT);
-    EXPECT_EQ(st.rq_posted, 0u);  // RESET dropped them: credits returned
+    EXPECT_EQ(st.rq_posted, 0u); // RESET dropped them: credits returned
     EXPECT_EQ(ote_cq_lane_outstanding(lane_[0], OTE_CQ_RECV), 0u);
     ASSERT_EQ(ote_qp_connect(a, &pb), OTE_OK);
     ASSERT_EQ(ote_qp_connect(b, &pa), OTE_OK);
@@ -185,10 +185,10 @@ TEST_F(QpFaultTest, PartialPostIsResolvedFromBadWrWithExactAccounting) {
     ote_status_t st = ote_qp_post_send(a, &win[0].wr, Soon(), &res);
     EXPECT_EQ(ote_status_errno(st), ENOMEM);
     EXPECT_EQ(res.accepted, 2u);
-    ASSERT_EQ(res.unposted, &win[2].wr);  // the caller gets WRs 3..5 back
+    ASSERT_EQ(res.unposted, &win[2].wr); // the caller gets WRs 3..5 back
     ote_qp_stats_t s;
     ote_qp_get_stats(a, &s);
-    EXPECT_EQ(s.fenced, 0);  // the outcome is known: no fence
+    EXPECT_EQ(s.fenced, 0); // the outcome is known: no fence
     EXPECT_LE(s.sq_outstanding, 2u);
     ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
     EXPECT_EQ(rec_[0].Total(), 2u);
@@ -240,7 +240,7 @@ TEST_F(QpFaultTest, UnknownPostOutcomeKeepsTheWholeDebtAndFences) {
         v_->ops = orig;
     });
     EXPECT_EQ(ote_status_code(st), OTE_ERR_FENCED);
-    EXPECT_EQ(res.accepted, 3u);  // all possibly accepted: all owed
+    EXPECT_EQ(res.accepted, 3u); // all possibly accepted: all owed
     EXPECT_EQ(res.unposted, nullptr);
     // The WRs were in fact posted: their CQEs discharge them, the fence stays.
     ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
@@ -283,7 +283,7 @@ TEST_F(QpFaultTest, LostCqeExpiresFencesAndOnlyDestructionResolvesIt) {
     ote_qp_stats_t s;
     ote_qp_get_stats(a, &s);
     EXPECT_EQ(s.fenced, 1);
-    EXPECT_EQ(s.sq_outstanding, 1u);  // still owed: the NIC could still write it
+    EXPECT_EQ(s.sq_outstanding, 1u); // still owed: the NIC could still write it
     EXPECT_EQ(s.expired, 1u);
     EXPECT_EQ(ote_cq_lane_outstanding(lane_[0], OTE_CQ_SEND), 1u);
     auto more = Window(0, 10, 1, 8);
@@ -295,7 +295,7 @@ TEST_F(QpFaultTest, LostCqeExpiresFencesAndOnlyDestructionResolvesIt) {
     ibv_wc wc = rec_[0].First(2);
     EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
     EXPECT_EQ(wc.vendor_err, OTE_QP_VENDOR_ERR_DESTROYED);
-    EXPECT_EQ(rec_[0].Total(), 3u);  // each WR ended exactly once
+    EXPECT_EQ(rec_[0].Total(), 3u); // each WR ended exactly once
     EXPECT_EQ(ote_cq_lane_outstanding(lane_[0], OTE_CQ_SEND), 0u);
     EXPECT_TRUE(LogContains("not flushed by the deadline"));
 }
@@ -328,7 +328,7 @@ TEST_F(QpFaultTest, ReceiveMrDeregBusyRetainsBuffersUntilRetry) {
     ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEREG_MR, nullptr, 1), OTE_OK);
     EXPECT_EQ(ote_status_code(ote_qp_destroy(b, Soon())), OTE_ERR_RETAINED);
     EXPECT_EQ(ote_context_retained(ctx_[1], OTE_RETAINED_MR), 1u);
-    EXPECT_EQ(ote_context_retained(ctx_[1], OTE_RETAINED_QP), 0u);  // the QP itself is gone
+    EXPECT_EQ(ote_context_retained(ctx_[1], OTE_RETAINED_QP), 0u); // the QP itself is gone
     Forget(b);
     EXPECT_EQ(ote_qp_destroy(b, Soon()), OTE_OK);
     EXPECT_EQ(ote_context_retained(ctx_[1], OTE_RETAINED_MR), 0u);
@@ -350,7 +350,7 @@ TEST_F(QpFaultTest, PortDownEndsInFlightWorkWithErrorsAndPausesAdmission) {
     while (ote_context_check(ctx_[0]) == OTE_OK && !ote_deadline_expired(d))
         ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
     ASSERT_EQ(ote_context_check(ctx_[0]), OTE_ERR_PORT_DOWN);
-    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);  // ended, not hung
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK); // ended, not hung
     for (uint64_t id = 1; id <= 4; id++) {
         ASSERT_EQ(rec_[0].Count(id), 1u);
         EXPECT_NE(rec_[0].First(id).status, IBV_WC_SUCCESS);
@@ -392,4 +392,4 @@ TEST_F(QpFaultTest, FaultPointFailsCreateBeforeAnythingIsMade) {
     ProveUsable(a, b, 1);
 }
 
-}  // namespace
+} // namespace

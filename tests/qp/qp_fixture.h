@@ -75,10 +75,10 @@ class QpFixture : public OteTest {
             ASSERT_EQ(ote_cq_lane_register_ns(lane_[i], &Record::Fn, &rec_[i], &rec_[i].ns),
                       OTE_OK);
             mem_[i].assign(kMem, 0);
-            ASSERT_EQ(ote_buffer_register(bm_, mem_[i].data(), kMem,
-                                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-                                              IBV_ACCESS_REMOTE_WRITE,
-                                          &buf_[i]),
+            ASSERT_EQ(ote_buffer_register(
+                          bm_, mem_[i].data(), kMem,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE,
+                          &buf_[i]),
                       OTE_OK);
         }
     }
@@ -169,7 +169,8 @@ class QpFixture : public OteTest {
     // Chain n WRITEs of `len` bytes at consecutive offsets, ids first_id..first_id+n-1.
     std::vector<Wr> Window(int from, uint64_t first_id, size_t n, size_t len) {
         std::vector<Wr> v(n);
-        for (size_t i = 0; i < n; i++) Rdma(&v[i], from, first_id + i, IBV_WR_RDMA_WRITE, i * len, len);
+        for (size_t i = 0; i < n; i++)
+            Rdma(&v[i], from, first_id + i, IBV_WR_RDMA_WRITE, i * len, len);
         for (size_t i = 0; i + 1 < n; i++) v[i].wr.next = &v[i + 1].wr;
         return v;
     }
@@ -192,6 +193,6 @@ class QpFixture : public OteTest {
     std::vector<ote_qp_t *> qps_;
 };
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

@@ -64,8 +64,7 @@ TEST_F(QpTest, ConnectedPairMovesBytesWithWriteAndRead) {
         ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
         ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
         EXPECT_EQ(rec_[0].First(id).status, IBV_WC_SUCCESS);
-        EXPECT_EQ(memcmp(mem_[0].data() + off + 300 * 1024, mem_[1].data() + off, len), 0)
-            << len;
+        EXPECT_EQ(memcmp(mem_[0].data() + off + 300 * 1024, mem_[1].data() + off, len), 0) << len;
         id++;
     }
     ote_qp_get_stats(a, &st);
@@ -101,7 +100,7 @@ TEST_F(QpTest, SendsLandInQpOwnedReceiveBuffersAndCreditsAreReturned) {
     cb.recv_arg = &inbox;
     ote_qp_t *a = MakeQp(0, Config(16));
     ote_qp_t *b = MakeQp(1, cb);
-    EXPECT_EQ(ote_qp_recv_credits(b), 0u);  // posted at connect
+    EXPECT_EQ(ote_qp_recv_credits(b), 0u); // posted at connect
     ASSERT_EQ(ConnectPair(a, b), OTE_OK);
     EXPECT_EQ(ote_qp_recv_credits(b), 4u);
     EXPECT_EQ(ote_cq_lane_outstanding(lane_[1], OTE_CQ_RECV), 4u);
@@ -125,7 +124,7 @@ TEST_F(QpTest, SendsLandInQpOwnedReceiveBuffersAndCreditsAreReturned) {
     ote_qp_get_stats(b, &st);
     EXPECT_EQ(st.recv_completions, 10u);
     EXPECT_EQ(st.rq_slots, 4u);
-    EXPECT_EQ(rec_[1].Total(), 0u);  // receive CQEs belong to the RQ, not to a record
+    EXPECT_EQ(rec_[1].Total(), 0u); // receive CQEs belong to the RQ, not to a record
 }
 
 TEST_F(QpTest, AdmissionIsBoundedByMaxSendWrAndAllOrNothing) {
@@ -134,7 +133,7 @@ TEST_F(QpTest, AdmissionIsBoundedByMaxSendWrAndAllOrNothing) {
     ote_qp_post_result_t res;
     Wr w;
     Rdma(&w, 0, 1, IBV_WR_RDMA_WRITE, 0, 8);
-    EXPECT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_ERR_STATE);  // not connected
+    EXPECT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_ERR_STATE); // not connected
     EXPECT_EQ(res.accepted, 0u);
     ASSERT_EQ(ConnectPair(a, b), OTE_OK);
 
@@ -183,7 +182,7 @@ TEST_F(QpTest, WorkersCompleteManyWindowsExactlyOnce) {
         auto v = Window(0, win * kPer, kPer, kLen);
         ote_qp_post_result_t res;
         ote_status_t st = ote_qp_post_send(a, &v[0].wr, d, &res);
-        if (st == OTE_ERR_AGAIN) continue;  // SQ full: the worker frees it
+        if (st == OTE_ERR_AGAIN) continue; // SQ full: the worker frees it
         ASSERT_EQ(st, OTE_OK);
         posted += res.accepted;
         win++;
@@ -211,7 +210,7 @@ TEST_F(QpTest, DestroyFlushesAndEndsEveryOutstandingWrOnce) {
     for (uint64_t i = 1; i <= 3; i++) EXPECT_EQ(rec_[0].Count(i), 1u);
     EXPECT_EQ(ote_cq_lane_outstanding(lane_[0], OTE_CQ_SEND), 0u);
     EXPECT_EQ(ote_qp_destroy(b, Soon()), OTE_OK);
-    EXPECT_EQ(ote_cq_lane_outstanding(lane_[1], OTE_CQ_RECV), 0u);  // slots flushed or dropped
+    EXPECT_EQ(ote_cq_lane_outstanding(lane_[1], OTE_CQ_RECV), 0u); // slots flushed or dropped
 }
 
-}  // namespace
+} // namespace

@@ -54,18 +54,29 @@ TEST_F(BenchLibTest, ParseSizeAcceptsBinarySuffixes) {
         const char *s;
         uint64_t v;
     } ok[] = {
-        {"0", 0},           {"4096", 4096},         {"4096B", 4096},       {"4K", 4096},
-        {"4k", 4096},       {"4KB", 4096},          {"4KiB", 4096},        {"64M", 64ull << 20},
-        {"64mib", 64ull << 20}, {"1G", 1ull << 30}, {"2T", 2ull << 40},
-        {"18446744073709551615", UINT64_MAX},
+        {"0", 0},           {"4096", 4096},       {"4096B", 4096},
+        {"4K", 4096},       {"4k", 4096},         {"4KB", 4096},
+        {"4KiB", 4096},     {"64M", 64ull << 20}, {"64mib", 64ull << 20},
+        {"1G", 1ull << 30}, {"2T", 2ull << 40},   {"18446744073709551615", UINT64_MAX},
     };
     for (auto &c : ok) {
         uint64_t v = 12345;
         EXPECT_EQ(bench_parse_size(c.s, &v), 0) << c.s;
         EXPECT_EQ(v, c.v) << c.s;
     }
-    const char *bad[] = {"",    "K",    "-1",  "+4",  " 4",   "4 ",  "4X",   "4KK",
-                         "4.5K", "0x10", "4Ki", "4KiBB", "18446744073709551616",
+    const char *bad[] = {"",
+                         "K",
+                         "-1",
+                         "+4",
+                         " 4",
+                         "4 ",
+                         "4X",
+                         "4KK",
+                         "4.5K",
+                         "0x10",
+                         "4Ki",
+                         "4KiBB",
+                         "18446744073709551616",
                          "16777216T"};
     for (const char *s : bad) {
         uint64_t v = 777;
@@ -81,9 +92,9 @@ TEST_F(BenchLibTest, ParseDuration) {
         const char *s;
         uint64_t ns;
     } ok[] = {
-        {"2", 2000000000ull},  {"2s", 2000000000ull},  {"1.5s", 1500000000ull},
-        {"500ms", 500000000ull}, {"250us", 250000ull}, {"2m", 120000000000ull},
-        {"1h", 3600000000000ull}, {".5", 500000000ull}, {"7ns", 7},
+        {"2", 2000000000ull},     {"2s", 2000000000ull}, {"1.5s", 1500000000ull},
+        {"500ms", 500000000ull},  {"250us", 250000ull},  {"2m", 120000000000ull},
+        {"1h", 3600000000000ull}, {".5", 500000000ull},  {"7ns", 7},
     };
     for (auto &c : ok) {
         uint64_t ns = 0;
@@ -109,8 +120,8 @@ TEST_F(BenchLibTest, SplitHostPort) {
     ASSERT_EQ(bench_split_hostport("node-7.example:65535", host, sizeof host, &port), 0);
     EXPECT_STREQ(host, "node-7.example");
     EXPECT_EQ(port, 65535);
-    for (const char *s : {"", "host", "host:", ":80", "host:65536", "host:-1", "::1:80",
-                          "[::1]80", "[::1]", "[]:80", "host:80x"})
+    for (const char *s : {"", "host", "host:", ":80", "host:65536", "host:-1", "::1:80", "[::1]80",
+                          "[::1]", "[]:80", "host:80x"})
         EXPECT_EQ(bench_split_hostport(s, host, sizeof host, &port), -1) << s;
     char tiny[4];
     EXPECT_EQ(bench_split_hostport("longhost:1", tiny, sizeof tiny, &port), -1);
@@ -158,10 +169,31 @@ TEST_F(BenchOptionsTest, DefaultsWithNoArguments) {
 }
 
 TEST_F(BenchOptionsTest, FullInitiatorCommandLine) {
-    ASSERT_EQ(Parse({"--transport", "tcp", "--op", "read", "-b", "4K,64M,4097", "--batch-size=64",
-                     "-t", "1,2", "-n", "64M", "--check", "--json", "--warmup", "0",
-                     "--timeout", "5s", "--no-progress", "--target", "[::1]:7000",
-                     "--listen", "[::1]:0", "--remote-addr", "0x7f0000001000", "--remote-len",
+    ASSERT_EQ(Parse({"--transport",
+                     "tcp",
+                     "--op",
+                     "read",
+                     "-b",
+                     "4K,64M,4097",
+                     "--batch-size=64",
+                     "-t",
+                     "1,2",
+                     "-n",
+                     "64M",
+                     "--check",
+                     "--json",
+                     "--warmup",
+                     "0",
+                     "--timeout",
+                     "5s",
+                     "--no-progress",
+                     "--target",
+                     "[::1]:7000",
+                     "--listen",
+                     "[::1]:0",
+                     "--remote-addr",
+                     "0x7f0000001000",
+                     "--remote-len",
                      "8G"}),
               0)
         << err_;
@@ -251,9 +283,9 @@ TEST_F(BenchOptionsTest, RejectsBadValuesWithClearErrors) {
     ExpectError({"--target", "h:1", "--remote-addr", "0x1000"}, "go together");
     ExpectError({"--target", "h:1", "--remote-addr", "zz", "--remote-len", "1G"},
                 "--remote-addr: 'zz'");
-    ExpectError({"--target", "h:1", "--remote-addr", "0x1000", "--remote-len", "1M", "-b",
-                 "1M", "-B", "2"},
-                "does not fit --remote-len 1M");
+    ExpectError(
+        {"--target", "h:1", "--remote-addr", "0x1000", "--remote-len", "1M", "-b", "1M", "-B", "2"},
+        "does not fit --remote-len 1M");
     ExpectError({"--target", "h:1", "--buffer-size", "1G"}, "--buffer-size sizes a spawned target");
     ExpectError({"--buffer-size", "1M", "-b", "1M", "-B", "2"}, "smaller than");
     ExpectError({"--buffer-size", "1K"}, "--buffer-size: '1K' is not a size in [4K, 1T]");
@@ -262,7 +294,8 @@ TEST_F(BenchOptionsTest, RejectsBadValuesWithClearErrors) {
     ExpectError({"--depth", "0"}, "--depth: '0' is not a count in [1, 16]");
     ExpectError({"--depth", "17"}, "--depth: '17'");
     ExpectError({"--depth", "2x"}, "--depth: '2x'");
-    ExpectError({"-b", "1G", "-B", "4096", "-t", "16", "--depth", "2"}, "threads * depth * batch * block");
+    ExpectError({"-b", "1G", "-B", "4096", "-t", "16", "--depth", "2"},
+                "threads * depth * batch * block");
     ExpectError({"--role", "target", "--depth", "2"}, "--depth is an initiator option");
     ExpectError({"--role", "target", "--op", "read"},
                 "--op is an initiator option; not valid with --role target");
@@ -275,7 +308,7 @@ TEST_F(BenchLibTest, LatencyPercentilesNearestRank) {
     std::vector<uint64_t> s;
     uint64_t sum = 0;
     for (uint64_t i = 1; i <= 1000; i++) {
-        s.push_back(i * 1000);  // 1..1000 us
+        s.push_back(i * 1000); // 1..1000 us
         sum += i * 1000;
     }
     std::shuffle(s.begin(), s.end(), std::mt19937_64(42));
@@ -332,7 +365,8 @@ std::vector<std::string> JsonKeys(const std::string &json) {
     while ((pos = json.find('"', pos)) != std::string::npos) {
         size_t end = json.find('"', pos + 1);
         if (end == std::string::npos) break;
-        if (end + 1 < json.size() && json[end + 1] == ':') keys.push_back(json.substr(pos + 1, end - pos - 1));
+        if (end + 1 < json.size() && json[end + 1] == ':')
+            keys.push_back(json.substr(pos + 1, end - pos - 1));
         pos = end + 1;
     }
     return keys;
@@ -349,8 +383,8 @@ TEST_F(BenchLibTest, JsonLineHasExactlyTheContractKeys) {
                  "\"threads\":2,\"bytes\":4096000000,\"seconds\":2.000000,\"gbps\":2.0480,"
                  "\"ops_per_sec\":500000.0,\"lat_avg_us\":12.500,\"lat_p50_us\":11.000,"
                  "\"lat_p99_us\":40.250,\"lat_p999_us\":100.000,\"check\":\"ok\"}");
-    std::vector<std::string> want = {"transport", "op",         "block_size", "batch_size",
-                                     "threads",   "bytes",      "seconds",    "gbps",
+    std::vector<std::string> want = {"transport",   "op",         "block_size", "batch_size",
+                                     "threads",     "bytes",      "seconds",    "gbps",
                                      "ops_per_sec", "lat_avg_us", "lat_p50_us", "lat_p99_us",
                                      "lat_p999_us", "check"};
     EXPECT_EQ(JsonKeys(buf), want);
@@ -403,7 +437,7 @@ TEST_F(BenchLibTest, PatternDependsOnOffsetAndSeed) {
     for (size_t off : {0, 1, 3, 7, 8, 9, 4095, 4097}) {
         for (size_t len : {0, 1, 2, 7, 8, 9, 15, 16, 17, 100, 4097}) {
             std::vector<uint8_t> part(len + 1);
-            uint8_t *p = part.data() + 1;  // unaligned destination
+            uint8_t *p = part.data() + 1; // unaligned destination
             bench_pattern_fill(p, off, len, 77);
             ASSERT_EQ(memcmp(p, whole.data() + off, len), 0) << off << "+" << len;
             EXPECT_TRUE(bench_pattern_check(p, off, len, 77, nullptr));
@@ -504,9 +538,9 @@ TEST_F(BenchLibTest, ControlParserRejectsMalformedMessages) {
 
 TEST_F(BenchLibTest, TargetReportLine) {
     char line[400];
-    ASSERT_GT(bench_report_format("127.0.0.1:40123", 0x7f1200000000ull, 1ull << 30, line,
-                                  sizeof line),
-              0);
+    ASSERT_GT(
+        bench_report_format("127.0.0.1:40123", 0x7f1200000000ull, 1ull << 30, line, sizeof line),
+        0);
     EXPECT_STREQ(line, "OTEB1 TARGET 127.0.0.1:40123 0x7f1200000000 1073741824");
     char addr[BENCH_ADDR_MAX];
     uint64_t a = 0, l = 0;
@@ -515,14 +549,13 @@ TEST_F(BenchLibTest, TargetReportLine) {
     EXPECT_STREQ(addr, "127.0.0.1:40123");
     EXPECT_EQ(a, 0x7f1200000000ull);
     EXPECT_EQ(l, 1ull << 30);
-    ASSERT_EQ(bench_report_parse("OTEB1 TARGET [::1]:9 0x1000 4096", addr, sizeof addr, &a, &l),
-              0);
+    ASSERT_EQ(bench_report_parse("OTEB1 TARGET [::1]:9 0x1000 4096", addr, sizeof addr, &a, &l), 0);
     EXPECT_STREQ(addr, "[::1]:9");
-    for (const char *s : {"", "OTEB1 TARGET", "OTEB1 TARGET h:1 0x1000",
-                          "OTEB1 TARGET h:1 0x1000 4096 extra", "OTEB1 TARGET nohost 0x1000 1",
-                          "OTEB1 TARGET h:1 0x0 4096", "OTEB1 TARGET h:1 0x1000 0",
-                          "OTEB1 OTHER h:1 0x1000 1", "XXXXX TARGET h:1 0x1000 1"})
+    for (const char *s :
+         {"", "OTEB1 TARGET", "OTEB1 TARGET h:1 0x1000", "OTEB1 TARGET h:1 0x1000 4096 extra",
+          "OTEB1 TARGET nohost 0x1000 1", "OTEB1 TARGET h:1 0x0 4096", "OTEB1 TARGET h:1 0x1000 0",
+          "OTEB1 OTHER h:1 0x1000 1", "XXXXX TARGET h:1 0x1000 1"})
         EXPECT_EQ(bench_report_parse(s, addr, sizeof addr, &a, &l), -1) << s;
 }
 
-}  // namespace
+} // namespace

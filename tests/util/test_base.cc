@@ -26,7 +26,7 @@ std::string RetainedByKind() {
     }
     return s.empty() ? "none" : s;
 }
-}  // namespace
+} // namespace
 
 int CountOpenFds() {
     int n = 0;
@@ -36,7 +36,7 @@ int CountOpenFds() {
         if (e->d_name[0] != '.') n++;
     }
     closedir(d);
-    return n - 1;  // the DIR's own fd
+    return n - 1; // the DIR's own fd
 }
 
 void OteTest::SetUp() {
@@ -53,11 +53,12 @@ void OteTest::TearDown() {
     g_current.store(nullptr);
     EXPECT_EQ(expect_depth_.load(), 0) << "an ErrorLogsExpected guard outlived its test";
     if (!allow_errors_) {
-        EXPECT_EQ(errors_, 0) << "unexpected ERROR log lines (outside ErrorLogsExpected):\n" << [&] {
-            std::string all;
-            for (auto &l : lines_) all += l + "\n";
-            return all;
-        }();
+        EXPECT_EQ(errors_, 0) << "unexpected ERROR log lines (outside ErrorLogsExpected):\n"
+                              << [&] {
+                                     std::string all;
+                                     for (auto &l : lines_) all += l + "\n";
+                                     return all;
+                                 }();
     }
     if (check_fds_) {
         EXPECT_EQ(CountOpenFds(), fds_at_start_) << "file descriptors leaked";
@@ -65,8 +66,8 @@ void OteTest::TearDown() {
     int64_t grown = RetainedSinceStart();
     EXPECT_LE(grown, static_cast<int64_t>(retained_allowed_))
         << "the test ends with " << grown << " more retained native owner(s) than it started "
-        << "with, " << retained_allowed_ << " declared with ExpectRetained(); retained now: "
-        << RetainedByKind();
+        << "with, " << retained_allowed_
+        << " declared with ExpectRetained(); retained now: " << RetainedByKind();
 }
 
 int64_t OteTest::RetainedSinceStart() const {
@@ -88,10 +89,8 @@ void OteTest::Sink(void *arg, ote_log_level_t level, const char *component, cons
     self->lines_.push_back(std::string(1, kLetters[level < 5 ? level : 4]) + " [" + component +
                            "] " + msg);
     if (level == OTE_LOG_ERROR) {
-        if (self->expect_depth_.load() > 0)
-            self->expected_seen_++;
-        else
-            self->errors_++;
+        if (self->expect_depth_.load() > 0) self->expected_seen_++;
+        else self->errors_++;
     }
 }
 
@@ -128,4 +127,4 @@ uint64_t ErrorLogsExpected::Seen() const {
     return test_->expected_seen_.load() - seen_at_start_;
 }
 
-}  // namespace ote_test
+} // namespace ote_test

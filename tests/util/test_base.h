@@ -68,9 +68,9 @@ class OteTest : public ::testing::Test {
     static void Sink(void *arg, ote_log_level_t level, const char *component, const char *msg);
     std::mutex mu_;
     std::vector<std::string> lines_;
-    int errors_ = 0;                        // unexpected ERROR lines
-    std::atomic<int> expect_depth_{0};      // live ErrorLogsExpected scopes
-    std::atomic<uint64_t> expected_seen_{0};  // ERROR lines seen inside such scopes
+    int errors_ = 0;                         // unexpected ERROR lines
+    std::atomic<int> expect_depth_{0};       // live ErrorLogsExpected scopes
+    std::atomic<uint64_t> expected_seen_{0}; // ERROR lines seen inside such scopes
     int fds_at_start_ = 0;
     uint64_t retained_at_start_ = 0;
     uint64_t retained_allowed_ = 0;
@@ -94,6 +94,6 @@ class ErrorLogsExpected {
     uint64_t seen_at_start_;
 };
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

@@ -36,10 +36,10 @@ using Buf = ote_test::VerbsBuf;
 using Conformance = ote_test::ProviderTest;
 
 // A connected pair with its own CQs.
-#define PAIR()                                   \
-    struct ibv_cq *scq = Cq(), *rcq = Cq();      \
+#define PAIR() \
+    struct ibv_cq *scq = Cq(), *rcq = Cq(); \
     struct ibv_qp *a = Qp(scq, rcq), *b = Qp(scq, rcq); \
-    ASSERT_TRUE(a && b)
+    ASSERT_TRUE(a &&b)
 
 // ---------------------------------------------------------------- device, port, GID
 
@@ -91,7 +91,8 @@ TEST_P(Conformance, SimDefaultHasLinkLocalAndRoutableV2Gids) {
         struct ibv_gid_entry e;
         if (o_->query_gid_ex(v_, ctx_, 1, (uint32_t)i, &e) != 0) continue;
         if (e.gid.raw[0] == 0xfe && e.gid.raw[1] == 0x80) ll = true;
-        if (e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff && e.gid_type == IBV_GID_TYPE_ROCE_V2) v4v2 = true;
+        if (e.gid.raw[10] == 0xff && e.gid.raw[11] == 0xff && e.gid_type == IBV_GID_TYPE_ROCE_V2)
+            v4v2 = true;
     }
     EXPECT_TRUE(ll);
     EXPECT_TRUE(v4v2);
@@ -117,11 +118,12 @@ TEST_P(Conformance, SimConfigSyntax) {
     EXPECT_EQ(ote_verbs_open("sim", "bogus=1", &v2), OTE_ERR_INVALID);
     EXPECT_EQ(ote_verbs_open("sim", "port;gid=auto-v4", &v2), OTE_ERR_INVALID);
     EXPECT_EQ(ote_verbs_open("sim", "dev=x;port;gid=not-an-address", &v2), OTE_ERR_INVALID);
-    ASSERT_EQ(ote_verbs_open("sim",
-                             "dev=ibx,numa=3;port,state=active,mtu=9000,link=ib,lid=7,gids=4;"
-                             "gid=auto-v6,type=ib;gid=fd00::1234:5,type=v2,index=2;retry_cap_ms=250",
-                             &v2),
-              OTE_OK);
+    ASSERT_EQ(
+        ote_verbs_open("sim",
+                       "dev=ibx,numa=3;port,state=active,mtu=9000,link=ib,lid=7,gids=4;"
+                       "gid=auto-v6,type=ib;gid=fd00::1234:5,type=v2,index=2;retry_cap_ms=250",
+                       &v2),
+        OTE_OK);
     EXPECT_EQ(ote_sim_retry_cap_ms(v2), 250u);
     struct ibv_device **list = nullptr;
     int num = 0;
@@ -323,7 +325,7 @@ TEST_P(Conformance, DestroyCqWithQpIsBusyAndChannelWithCqIsBusy) {
     ASSERT_TRUE(qp);
     EXPECT_EQ(o_->destroy_cq(v_, cq), EBUSY);
     EXPECT_NE(o_->destroy_comp_channel(v_, ch), 0);
-    ToInit(qp);  // destroy works in any state
+    ToInit(qp); // destroy works in any state
     EXPECT_EQ(o_->destroy_qp(v_, qp), 0);
     Forget(qp);
 }
@@ -350,7 +352,8 @@ TEST_P(Conformance, CompChannelNotifyOneShotAndSolicited) {
     ASSERT_EQ(Poll(rcq, 1).size(), 1u);
     EXPECT_EQ(epoll_wait(ep, &ev, 1, 0), 0);
     // a solicited one fires it
-    ASSERT_EQ(PostSend(a, IBV_WR_SEND, src, 0, 8, 2, 0, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
+    ASSERT_EQ(
+        PostSend(a, IBV_WR_SEND, src, 0, 8, 2, 0, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
     EXPECT_EQ(epoll_wait(ep, &ev, 1, 5000), 1);
     struct ibv_cq *got = nullptr;
     void *gctx = nullptr;
@@ -359,7 +362,8 @@ TEST_P(Conformance, CompChannelNotifyOneShotAndSolicited) {
     o_->ack_cq_events(v_, got, 1);
     EXPECT_EQ(Poll(rcq, 1).size(), 1u);
     // one-shot: without re-arming, the next CQE does not fire
-    ASSERT_EQ(PostSend(a, IBV_WR_SEND, src, 0, 8, 3, 0, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
+    ASSERT_EQ(
+        PostSend(a, IBV_WR_SEND, src, 0, 8, 3, 0, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_SOLICITED), 0);
     EXPECT_EQ(Poll(rcq, 1).size(), 1u);
     EXPECT_EQ(epoll_wait(ep, &ev, 1, 0), 0);
     EXPECT_EQ(Poll(scq, 3).size(), 3u);
@@ -388,7 +392,8 @@ TEST_P(Conformance, CqOverrunIsAnError) {
     ASSERT_TRUE(a && b);
     Connect(a, b);
     Buf *src = Mem(64), *dst = Mem(64);
-    for (int i = 0; i < 3; i++) ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, i, dst->addr(), dst->mr->rkey), 0);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, i, dst->addr(), dst->mr->rkey), 0);
     int afl = fcntl(ctx_->async_fd, F_GETFL);
     ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, afl | O_NONBLOCK), 0);
     struct pollfd pfd = {ctx_->async_fd, POLLIN, 0};
@@ -397,7 +402,8 @@ TEST_P(Conformance, CqOverrunIsAnError) {
     struct ibv_async_event ev;
     while (o_->get_async_event(v_, ctx_, &ev) == 0) {
         if (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == scq) cq_err = true;
-        if (ev.event_type == IBV_EVENT_QP_FATAL && (ev.element.qp == a || ev.element.qp == b)) qp_fatal = true;
+        if (ev.event_type == IBV_EVENT_QP_FATAL && (ev.element.qp == a || ev.element.qp == b))
+            qp_fatal = true;
         o_->ack_async_event(v_, &ev);
         if (!(cq_err && qp_fatal)) poll(&pfd, 1, kPollMs);
     }
@@ -424,7 +430,8 @@ TEST_P(Conformance, ModifyQpMaskRules) {
     EXPECT_EQ(State(qp), IBV_QPS_RESET);
     // an extra bit not allowed for RESET->INIT
     EXPECT_NE(o_->modify_qp(v_, qp, &a,
-                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS | IBV_QP_SQ_PSN),
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS |
+                                IBV_QP_SQ_PSN),
               0);
     EXPECT_EQ(State(qp), IBV_QPS_RESET);
     // RESET->RTR skips a state
@@ -433,7 +440,9 @@ TEST_P(Conformance, ModifyQpMaskRules) {
     // an invalid port
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 77;
-    EXPECT_NE(o_->modify_qp(v_, qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
+    EXPECT_NE(o_->modify_qp(v_, qp, &a,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+              0);
     ASSERT_EQ(ToInit(qp), 0);
     EXPECT_EQ(qp->state, IBV_QPS_INIT);
     // INIT->RTS skips RTR; INIT->RTR without RQ_PSN fails
@@ -462,8 +471,8 @@ TEST_P(Conformance, ModifyQpMaskRules) {
     a.rnr_retry = 7;
     a.max_rd_atomic = 1;
     EXPECT_NE(o_->modify_qp(v_, qp, &a,
-                            IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                IBV_QP_MAX_QP_RD_ATOMIC),
+                            IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC),
               0);
     EXPECT_EQ(State(qp), IBV_QPS_RTR);
     ASSERT_EQ(ToRts(qp), 0);
@@ -625,7 +634,7 @@ TEST_P(Conformance, InlineSendDoesNotNeedLkey) {
     wr.num_sge = 1;
     wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
     ASSERT_EQ(o_->post_send(v_, a, &wr, &bad), 0);
-    memset(msg, 0, sizeof(msg));  // reusable on return
+    memset(msg, 0, sizeof(msg)); // reusable on return
     auto s = Poll(scq, 1);
     ASSERT_EQ(s.size(), 1u);
     EXPECT_EQ(s[0].status, IBV_WC_SUCCESS);
@@ -655,8 +664,8 @@ TEST_P(Conformance, WriteReadAndWriteWithImm) {
     memset(&rw, 0, sizeof(rw));
     rw.wr_id = 77;
     ASSERT_EQ(o_->post_recv(v_, b, &rw, &rbad), 0);
-    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE_WITH_IMM, src, 100, 200, 3, dst->addr() + 5000, dst->mr->rkey,
-                       htonl(42)),
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE_WITH_IMM, src, 100, 200, 3, dst->addr() + 5000,
+                       dst->mr->rkey, htonl(42)),
               0);
     s = Poll(scq, 1);
     ASSERT_EQ(s.size(), 1u);
@@ -708,11 +717,12 @@ TEST_P(Conformance, ZeroLengthWriteNeedsNoRkey) {
 TEST_P(Conformance, BadRkeyIsRemoteAccessErrorAndBothQpsGoToErr) {
     PAIR();
     Connect(a, b);
-    Buf *src = Mem(64), *dst = Mem(64), *ro = Mem(64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    Buf *src = Mem(64), *dst = Mem(64),
+        *ro = Mem(64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
     ASSERT_EQ(PostRecv(b, dst, 0, 64, 50), 0);
     // out of range by one byte
     ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 1, dst->addr() + 57, dst->mr->rkey), 0);
-    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 2, 0, 0, 0, 0), 0);  // unsignaled, flushed
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 2, 0, 0, 0, 0), 0); // unsignaled, flushed
     auto s = Poll(scq, 2);
     ASSERT_EQ(s.size(), 2u);
     EXPECT_EQ(s[0].wr_id, 1u);
@@ -744,8 +754,8 @@ TEST_P(Conformance, BadLkeyIsLocalProtectionError) {
     PAIR();
     Connect(a, b);
     Buf *src = Mem(64), *dst = Mem(64), *ro = Mem(64, 0);
-    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 1, dst->addr(), dst->mr->rkey, 0, IBV_SEND_SIGNALED,
-                       src->mr->lkey + 0x100000),
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 1, dst->addr(), dst->mr->rkey, 0,
+                       IBV_SEND_SIGNALED, src->mr->lkey + 0x100000),
               0);
     auto s = Poll(scq, 1);
     ASSERT_EQ(s.size(), 1u);
@@ -840,7 +850,8 @@ TEST_P(Conformance, PeerQpGoneEndsInRetryExceeded) {
     EXPECT_EQ(s[0].status, IBV_WC_RETRY_EXC_ERR);
     if (IsSim()) {
         // bounded by the cap (with room for a loaded machine), not by the 30 s wait above
-        EXPECT_LE(ote_now_ns() - t0, (uint64_t)(ote_sim_retry_cap_ms(v_) + 10000) * OTE_NSEC_PER_MSEC);
+        EXPECT_LE(ote_now_ns() - t0,
+                  (uint64_t)(ote_sim_retry_cap_ms(v_) + 10000) * OTE_NSEC_PER_MSEC);
     }
 }
 
@@ -851,8 +862,8 @@ TEST_P(Conformance, PsnMismatchNeverCompletesSuccessfully) {
     ASSERT_EQ(ToInit(a), 0);
     ASSERT_EQ(ToInit(b), 0);
     ASSERT_EQ(ToRtr(a, b->qp_num, gid_, 1, 0), 0);
-    ASSERT_EQ(ToRtr(b, a->qp_num, gid_, 1, 500), 0);  // b expects 500
-    ASSERT_EQ(ToRts(a, 7, 10, 1, 100), 0);            // a sends from 100
+    ASSERT_EQ(ToRtr(b, a->qp_num, gid_, 1, 500), 0); // b expects 500
+    ASSERT_EQ(ToRts(a, 7, 10, 1, 100), 0);           // a sends from 100
     ASSERT_EQ(ToRts(b, 7, 10, 1, 0), 0);
     Buf *src = Mem(64), *dst = Mem(64);
     ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 1, dst->addr(), dst->mr->rkey), 0);
@@ -903,8 +914,7 @@ TEST_P(Conformance, SimAsyncEventsThroughTheAsyncFd) {
         got.push_back(ev.event_type);
         if (ev.event_type == IBV_EVENT_QP_FATAL) {
             EXPECT_EQ(ev.element.qp, qp);
-        }
-        else {
+        } else {
             EXPECT_EQ(ev.element.port_num, 1);
         }
         o_->ack_async_event(v_, &ev);
@@ -966,7 +976,7 @@ TEST_P(Conformance, SimTwoInstancesInOneProcess) {
     int num = 0;
     ASSERT_EQ(o2->get_device_list(v2, &list, &num), 0);
     struct ibv_context *c2 = nullptr;
-    ASSERT_EQ(o2->open_device(v2, list[1], &c2), 0);  // the second device
+    ASSERT_EQ(o2->open_device(v2, list[1], &c2), 0); // the second device
     o2->free_device_list(v2, list);
     struct ibv_pd *pd2 = nullptr;
     ASSERT_EQ(o2->alloc_pd(v2, c2, &pd2), 0);
@@ -976,9 +986,10 @@ TEST_P(Conformance, SimTwoInstancesInOneProcess) {
     ASSERT_EQ(ote_test::CreateRcQp(v2, pd2, cq2, cq2, ote_test::RcQpCaps(), &q2), 0);
     std::vector<uint8_t> mem2(4096, 0);
     struct ibv_mr *mr2 = nullptr;
-    ASSERT_EQ(o2->reg_mr(v2, pd2, mem2.data(), mem2.size(),
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, &mr2),
-              0);
+    ASSERT_EQ(
+        o2->reg_mr(v2, pd2, mem2.data(), mem2.size(),
+                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, &mr2),
+        0);
     union ibv_gid g2;
     ASSERT_EQ(o2->query_gid(v2, c2, 1, gid_index_, &g2), 0);
     struct ibv_cq *scq = Cq(), *rcq = Cq();
@@ -999,7 +1010,9 @@ TEST_P(Conformance, SimTwoInstancesInOneProcess) {
     }
     Buf *src = Mem(4096);
     memset(src->mem.data(), 0xc3, 4096);
-    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 4096, 1, (uint64_t)(uintptr_t)mem2.data(), mr2->rkey), 0);
+    ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 4096, 1, (uint64_t)(uintptr_t)mem2.data(),
+                       mr2->rkey),
+              0);
     auto s = Poll(scq, 1);
     ASSERT_EQ(s.size(), 1u);
     EXPECT_EQ(s[0].status, IBV_WC_SUCCESS);
@@ -1014,4 +1027,4 @@ TEST_P(Conformance, SimTwoInstancesInOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Providers, Conformance, ote_test::AllProviders(), ote_test::ProviderName);
 
-}  // namespace
+} // namespace

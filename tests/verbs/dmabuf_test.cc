@@ -24,13 +24,13 @@ extern "C" {
 
 namespace {
 
+using ote_test::kAccessRw;
 using ote_test::Memfd;
 using ote_test::MemfdMappings;
 using ote_test::VerbsBuf;
-using ote_test::kAccessRw;
 
 constexpr size_t kPage = 4096;
-constexpr uint64_t kIovaBase = 0x7e5a00000000ull;  // an address the host has nothing at
+constexpr uint64_t kIovaBase = 0x7e5a00000000ull; // an address the host has nothing at
 
 class Dmabuf : public ote_test::ProviderTest {
   protected:
@@ -40,7 +40,8 @@ class Dmabuf : public ote_test::ProviderTest {
     }
 
     // A dma-buf MR over [off, off+len) of m at iova kIovaBase + the page offset of off.
-    int RegDmabuf(const Memfd &m, uint64_t off, size_t len, struct ibv_mr **mr, int access = kAccessRw) {
+    int RegDmabuf(const Memfd &m, uint64_t off, size_t len, struct ibv_mr **mr,
+                  int access = kAccessRw) {
         int rc = o_->reg_dmabuf_mr(v_, pd_, off, len, Iova(off), m.fd(), access, mr);
         if (rc == 0) dmrs_.push_back(*mr);
         return rc;
@@ -77,7 +78,8 @@ class Dmabuf : public ote_test::ProviderTest {
         auto wc = Poll(scq, 1);
         ASSERT_EQ(wc.size(), 1u);
         ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
-        EXPECT_EQ(memcmp(dev.view() + off, src->mem.data(), len), 0) << "the WRITE reached the memfd";
+        EXPECT_EQ(memcmp(dev.view() + off, src->mem.data(), len), 0)
+            << "the WRITE reached the memfd";
         EXPECT_EQ(dev.view()[off + len], 0) << "nothing past the MR was written";
         if (off > 0) {
             EXPECT_EQ(dev.view()[off - 1], 0) << "nothing before the MR was written";
@@ -88,10 +90,11 @@ class Dmabuf : public ote_test::ProviderTest {
         wc = Poll(scq, 1);
         ASSERT_EQ(wc.size(), 1u);
         ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
-        EXPECT_EQ(memcmp(back->mem.data(), dev.view() + off, len), 0) << "the READ reached the memfd";
+        EXPECT_EQ(memcmp(back->mem.data(), dev.view() + off, len), 0)
+            << "the READ reached the memfd";
         // the dma-buf MR as the local side: b WRITEs from it (SGE at its iova) into host memory
-        ASSERT_EQ(PostSendSge(b, IBV_WR_RDMA_WRITE, Iova(off), (uint32_t)len, mr->lkey, 3, out->addr(),
-                              out->mr->rkey),
+        ASSERT_EQ(PostSendSge(b, IBV_WR_RDMA_WRITE, Iova(off), (uint32_t)len, mr->lkey, 3,
+                              out->addr(), out->mr->rkey),
                   0);
         wc = Poll(scq, 1);
         ASSERT_EQ(wc.size(), 1u);
@@ -99,13 +102,14 @@ class Dmabuf : public ote_test::ProviderTest {
         EXPECT_EQ(memcmp(out->mem.data(), dev.view() + off, len), 0);
         // a READ whose local SGE is the dma-buf MR: the response lands in the memfd
         for (size_t i = 0; i < len; i++) out->mem[i] = (uint8_t)(i * 3 + 11);
-        ASSERT_EQ(PostSendSge(b, IBV_WR_RDMA_READ, Iova(off), (uint32_t)len, mr->lkey, 5, out->addr(),
-                              out->mr->rkey),
+        ASSERT_EQ(PostSendSge(b, IBV_WR_RDMA_READ, Iova(off), (uint32_t)len, mr->lkey, 5,
+                              out->addr(), out->mr->rkey),
                   0);
         wc = Poll(scq, 1);
         ASSERT_EQ(wc.size(), 1u);
         ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
-        EXPECT_EQ(memcmp(dev.view() + off, out->mem.data(), len), 0) << "the READ response reached the memfd";
+        EXPECT_EQ(memcmp(dev.view() + off, out->mem.data(), len), 0)
+            << "the READ response reached the memfd";
         // a receive WQE in the dma-buf MR: a SEND lands in the memfd
         ASSERT_EQ(ote_test::PostRecvOne(v_, b, Iova(off), (uint32_t)len, mr->lkey, 6), 0);
         ASSERT_EQ(PostSend(a, IBV_WR_SEND, src, 0, (uint32_t)len, 7), 0);
@@ -114,14 +118,15 @@ class Dmabuf : public ote_test::ProviderTest {
         ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
         EXPECT_EQ(wc[0].byte_len, len);
         ASSERT_EQ(Poll(scq, 1).size(), 1u);
-        EXPECT_EQ(memcmp(dev.view() + off, src->mem.data(), len), 0) << "the SEND reached the memfd";
+        EXPECT_EQ(memcmp(dev.view() + off, src->mem.data(), len), 0)
+            << "the SEND reached the memfd";
         // one byte past the end of the MR is a remote access error
         ASSERT_EQ(PostSend(a, IBV_WR_RDMA_WRITE, src, 0, 8, 4, Iova(off) + len - 7, mr->rkey), 0);
         wc = Poll(scq, 1);
         ASSERT_EQ(wc.size(), 1u);
         EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
         EXPECT_EQ(dev.view()[off + len], 0);
-        Dereg(mr);  // before the memfd goes
+        Dereg(mr); // before the memfd goes
     }
 
     std::vector<struct ibv_mr *> dmrs_;
@@ -151,22 +156,29 @@ TEST_P(Dmabuf, BadFdAndBadArgumentsFailAndCreateNothing) {
     ASSERT_TRUE(dev.ok());
     int closed = dup(dev.fd());
     ASSERT_GE(closed, 0);
-    close(closed);  // a number that names no open file
+    close(closed); // a number that names no open file
     rc = o_->reg_dmabuf_mr(v_, pd_, 0, kPage, kIovaBase, closed, kAccessRw, &mr);
     EXPECT_NE(rc, 0);
     if (IsSim()) {
         EXPECT_EQ(rc, EBADF);
     }
-    if (!IsSim()) return;  // the rest needs the memfd to count as a dma-buf
+    if (!IsSim()) return; // the rest needs the memfd to count as a dma-buf
     // a range past the end of the dma-buf
-    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 3 * kPage, 2 * kPage, kIovaBase, dev.fd(), kAccessRw, &mr), EINVAL);
-    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 0, 4 * kPage + 1, kIovaBase, dev.fd(), kAccessRw, &mr), EINVAL);
-    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, ~0ull - 10, 100, kIovaBase, dev.fd(), kAccessRw, &mr), EINVAL);
+    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 3 * kPage, 2 * kPage, kIovaBase, dev.fd(), kAccessRw, &mr),
+              EINVAL);
+    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 0, 4 * kPage + 1, kIovaBase, dev.fd(), kAccessRw, &mr),
+              EINVAL);
+    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, ~0ull - 10, 100, kIovaBase, dev.fd(), kAccessRw, &mr),
+              EINVAL);
     // iova and offset at different offsets within a page
-    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 100, kPage, kIovaBase + 101, dev.fd(), kAccessRw, &mr), EINVAL);
+    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 100, kPage, kIovaBase + 101, dev.fd(), kAccessRw, &mr),
+              EINVAL);
     // access flags as for reg_mr: remote write needs local write; no window binding
-    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 0, kPage, kIovaBase, dev.fd(), IBV_ACCESS_REMOTE_WRITE, &mr), EINVAL);
-    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 0, kPage, kIovaBase, dev.fd(), kAccessRw | IBV_ACCESS_MW_BIND, &mr),
+    EXPECT_EQ(
+        o_->reg_dmabuf_mr(v_, pd_, 0, kPage, kIovaBase, dev.fd(), IBV_ACCESS_REMOTE_WRITE, &mr),
+        EINVAL);
+    EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 0, kPage, kIovaBase, dev.fd(),
+                                kAccessRw | IBV_ACCESS_MW_BIND, &mr),
               EINVAL);
     EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 0, 0, kIovaBase, dev.fd(), kAccessRw, &mr), EINVAL);
     // a file that cannot be mapped is no dma-buf
@@ -213,7 +225,8 @@ TEST_P(Dmabuf, DeregThenRemoteAccessFails) {
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
     EXPECT_EQ(State(a), IBV_QPS_ERR);
-    for (size_t i = 0; i < dev.size(); i++) ASSERT_EQ(dev.view()[i], 0) << "byte " << i << " landed after dereg";
+    for (size_t i = 0; i < dev.size(); i++)
+        ASSERT_EQ(dev.view()[i], 0) << "byte " << i << " landed after dereg";
 }
 
 // Every allocation of a registration can fail: the call fails with ENOMEM, leaves no
@@ -239,7 +252,8 @@ TEST_P(Dmabuf, RegistrationSurvivesEveryAllocationFailure) {
         EXPECT_EQ(rc, ENOMEM) << "allocation " << n;
         EXPECT_EQ(ote_alloc_injected_failures(), before + 1) << "allocation " << n;
         EXPECT_EQ(mr, kSentinel) << "allocation " << n;
-        EXPECT_EQ(MemfdMappings(), 1) << "allocation " << n << ": the failed registration left its mapping";
+        EXPECT_EQ(MemfdMappings(), 1)
+            << "allocation " << n << ": the failed registration left its mapping";
         failed++;
     }
     EXPECT_TRUE(registered) << "never registered within 16 allocations";
@@ -257,7 +271,8 @@ TEST_F(DmabufFault, DecoratorFailsRegDmabufMr) {
     ASSERT_NO_FATAL_FAILURE(OpenVerbs("sim", nullptr, /*fault=*/true));
     Memfd dev(2 * kPage);
     ASSERT_TRUE(dev.ok());
-    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_REG_DMABUF_MR, OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_REG_DMABUF_MR, OTE_FAULT_NTH, 1, ENOMEM),
+              OTE_OK);
     struct ibv_mr *const kSentinel = reinterpret_cast<struct ibv_mr *>(0x1);
     struct ibv_mr *mr = kSentinel;
     EXPECT_EQ(o_->reg_dmabuf_mr(v_, pd_, 0, kPage, kIovaBase, dev.fd(), kAccessRw, &mr), ENOMEM);
@@ -269,4 +284,4 @@ TEST_F(DmabufFault, DecoratorFailsRegDmabufMr) {
     EXPECT_EQ(o_->dereg_mr(v_, mr), 0);
 }
 
-}  // namespace
+} // namespace

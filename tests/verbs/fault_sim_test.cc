@@ -190,7 +190,7 @@ TEST_F(FaultSimTest, FailedRegistrationAndInjectedAsyncEvent) {
     inj.element.qp = a_;
     ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ctx_, &inj), OTE_OK);
     struct pollfd p = {fd, POLLIN, 0};
-    ASSERT_EQ(poll(&p, 1, 10000), 1);  // readable at once; the wait only bounds a failure
+    ASSERT_EQ(poll(&p, 1, 10000), 1); // readable at once; the wait only bounds a failure
     struct ibv_async_event ev;
     ASSERT_EQ(v_->ops->get_async_event(v_, ctx_, &ev), 0);
     EXPECT_EQ(ev.event_type, IBV_EVENT_QP_FATAL);
@@ -200,4 +200,4 @@ TEST_F(FaultSimTest, FailedRegistrationAndInjectedAsyncEvent) {
     DestroyedA();
 }
 
-}  // namespace
+} // namespace

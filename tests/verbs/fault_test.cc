@@ -62,7 +62,8 @@ class FaultTest : public OteTest {
         ASSERT_EQ(v_->ops->open_device(v_, list[0], &a_.ctx), 0);
         v_->ops->free_device_list(v_, list);
         ASSERT_EQ(v_->ops->alloc_pd(v_, a_.ctx, &a_.pd), 0);
-        ASSERT_EQ(v_->ops->reg_mr(v_, a_.pd, buf_, sizeof(buf_), IBV_ACCESS_LOCAL_WRITE, &a_.mr), 0);
+        ASSERT_EQ(v_->ops->reg_mr(v_, a_.pd, buf_, sizeof(buf_), IBV_ACCESS_LOCAL_WRITE, &a_.mr),
+                  0);
         ASSERT_EQ(v_->ops->alloc_mw(v_, a_.pd, IBV_MW_TYPE_2, &a_.mw), 0);
         ASSERT_EQ(v_->ops->create_comp_channel(v_, a_.ctx, &a_.ch), 0);
         ASSERT_EQ(v_->ops->create_cq(v_, a_.ctx, 64, nullptr, a_.ch, 0, &a_.cq), 0);
@@ -487,8 +488,8 @@ TEST_F(FaultTest, OldestMatchingCqeRuleActsFirst) {
 
 TEST_F(FaultTest, EveryDestroyCanReturnEbusyNTimesThenSucceed) {
     OpenAll();
-    const ote_verbs_fault_op_t order[] = {OP(DESTROY_QP), OP(DESTROY_CQ), OP(DESTROY_COMP_CHANNEL),
-                                          OP(DEALLOC_MW), OP(DEREG_MR), OP(DEALLOC_PD),
+    const ote_verbs_fault_op_t order[] = {OP(DESTROY_QP),  OP(DESTROY_CQ), OP(DESTROY_COMP_CHANNEL),
+                                          OP(DEALLOC_MW),  OP(DEREG_MR),   OP(DEALLOC_PD),
                                           OP(CLOSE_DEVICE)};
     int live = mock_.live_objects();
     for (auto op : order) {
@@ -507,7 +508,7 @@ TEST_F(FaultTest, EveryDestroyCanReturnEbusyNTimesThenSucceed) {
             EXPECT_EQ(mock_.live_objects(), --live);
         }
     }
-    a_ = OpArgs();  // all destroyed
+    a_ = OpArgs(); // all destroyed
 }
 
 TEST_F(FaultTest, BusyDestroyForOneObjectOnly) {
@@ -603,7 +604,7 @@ TEST_F(FaultTest, ClosingTheContextReleasesTheDecoratorFds) {
     OpenAll();
     int fd = -1;
     ASSERT_EQ(ote_verbs_fault_async_fd(v_, a_.ctx, &fd), OTE_OK);
-    EXPECT_GT(ote_test::CountOpenFds(), fds_before + 1);  // mock's eventfd + ours
+    EXPECT_GT(ote_test::CountOpenFds(), fds_before + 1); // mock's eventfd + ours
     DestroyAll();
     EXPECT_EQ(ote_test::CountOpenFds(), fds_before);
 }
@@ -683,4 +684,4 @@ TEST_F(FaultTest, NthFailureIsExactUnderConcurrentCallers) {
     EXPECT_EQ(mock_.inner_calls(OP(QUERY_PORT)), uint64_t{kThreads * kPerThread - 1});
 }
 
-}  // namespace
+} // namespace

@@ -363,7 +363,8 @@ class MockProvider {
                 std::lock_guard<std::mutex> g(m->mu_);
                 m->posted_send_.push_back(wr->wr_id);
             }
-            if (qp != nullptr && qp->send_cq != nullptr) m->complete(qp->send_cq, wr->wr_id, qp->qp_num);
+            if (qp != nullptr && qp->send_cq != nullptr)
+                m->complete(qp->send_cq, wr->wr_id, qp->qp_num);
         }
         return 0;
     }
@@ -400,6 +401,6 @@ class MockProvider {
     bool closed_ = false;
 };
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

@@ -18,14 +18,14 @@ extern "C" {
 namespace mp {
 
 enum : uint32_t {
-    kHello = 1,   // both ways: gid, qpn, addr, rkey of the sender
-    kFill = 2,    // peer fills [off, off+len) with pattern(seed); reply value=1
-    kRecv = 3,    // peer waits for one receive CQE, checks [off, off+len) == pattern(seed)
-                  // reply value = 1 when status, byte_len and data are right; aux = imm
-    kSend = 4,    // peer SENDs [off, off+len) to the test with imm = seed; reply value=1
-    kDmabuf = 5,  // peer registers a dma-buf MR over [off, off+len) of the memfd it got as
-                  // fd kDmabufFd, addressed at iova = addr; reply value=1, rkey
-    kDmabufDereg = 6,  // peer deregisters that MR; reply value=1
+    kHello = 1,       // both ways: gid, qpn, addr, rkey of the sender
+    kFill = 2,        // peer fills [off, off+len) with pattern(seed); reply value=1
+    kRecv = 3,        // peer waits for one receive CQE, checks [off, off+len) == pattern(seed)
+                      // reply value = 1 when status, byte_len and data are right; aux = imm
+    kSend = 4,        // peer SENDs [off, off+len) to the test with imm = seed; reply value=1
+    kDmabuf = 5,      // peer registers a dma-buf MR over [off, off+len) of the memfd it got as
+                      // fd kDmabufFd, addressed at iova = addr; reply value=1, rkey
+    kDmabufDereg = 6, // peer deregisters that MR; reply value=1
     kReply = 100,
 };
 
@@ -94,12 +94,13 @@ inline bool Check(const uint8_t *p, uint64_t len, uint32_t seed, uint64_t base_o
 }
 
 // The GID both processes use: the last RoCE v2, IPv4-mapped entry of port 1; -1 if none.
-inline int RoceV2Ipv4GidIndex(ote_verbs_t *v, struct ibv_context *ctx, const struct ibv_port_attr &pa) {
+inline int RoceV2Ipv4GidIndex(ote_verbs_t *v, struct ibv_context *ctx,
+                              const struct ibv_port_attr &pa) {
     int gidx = -1;
     for (int i = 0; i < pa.gid_tbl_len; i++) {
         struct ibv_gid_entry e;
-        if (v->ops->query_gid_ex(v, ctx, 1, (uint32_t)i, &e) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
-            e.gid.raw[10] == 0xff)
+        if (v->ops->query_gid_ex(v, ctx, 1, (uint32_t)i, &e) == 0 &&
+            e.gid_type == IBV_GID_TYPE_ROCE_V2 && e.gid.raw[10] == 0xff)
             gidx = i;
     }
     return gidx;
@@ -124,6 +125,6 @@ inline ote_test::QpRetry Retry() {
     return r;
 }
 
-}  // namespace mp
+} // namespace mp
 
 #endif

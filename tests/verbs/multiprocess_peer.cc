@@ -41,7 +41,7 @@ int Fail(const char *what) {
     return 2;
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char **argv) {
     if (argc < 3) return Fail("usage: multiprocess_peer FD BYTES");
@@ -64,7 +64,8 @@ int main(int argc, char **argv) {
     if (!buf) return Fail("buffer");
     memset(buf, 0, bytes);
     struct ibv_mr *mr = nullptr;
-    if (o->reg_mr(v, pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+    if (o->reg_mr(v, pd, buf, bytes,
+                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
                   &mr) != 0)
         return Fail("reg_mr");
     ote_test::RcQpCaps caps;
@@ -89,10 +90,12 @@ int main(int argc, char **argv) {
     out.rkey = mr->rkey;
     out.len = bytes;
 
-    if (ote_test::QpToInit(v, qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)) return Fail("init");
+    if (ote_test::QpToInit(v, qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ))
+        return Fail("init");
     // receives land in the last 64 KiB of the buffer (kRecv checks data written by WRITEs)
     for (int i = 0; i < 32; i++) {
-        if (ote_test::PostRecvOne(v, qp, (uint64_t)(uintptr_t)(buf + bytes - 65536), 65536, mr->lkey, (uint64_t)i))
+        if (ote_test::PostRecvOne(v, qp, (uint64_t)(uintptr_t)(buf + bytes - 65536), 65536,
+                                  mr->lkey, (uint64_t)i))
             return Fail("post_recv");
     }
     if (ote_test::QpToRtr(v, qp, mp::PathTo(in, pa.active_mtu, gidx))) return Fail("rtr");
@@ -100,13 +103,14 @@ int main(int argc, char **argv) {
     if (!mp::WriteMsg(fd, out)) return Fail("hello reply");
 
     int recvs = 32;
-    struct ibv_mr *dmr = nullptr;  // the dma-buf MR over the test's memfd, while registered
+    struct ibv_mr *dmr = nullptr; // the dma-buf MR over the test's memfd, while registered
     while (mp::ReadMsg(fd, &in)) {
         memset(&out, 0, sizeof(out));
         out.type = mp::kReply;
         if (in.type == mp::kDmabuf && dmr == nullptr) {
             int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-            out.value = o->reg_dmabuf_mr(v, pd, in.off, in.len, in.addr, mp::kDmabufFd, acc, &dmr) == 0;
+            out.value =
+                o->reg_dmabuf_mr(v, pd, in.off, in.len, in.addr, mp::kDmabufFd, acc, &dmr) == 0;
             if (out.value) out.rkey = dmr->rkey;
         } else if (in.type == mp::kDmabufDereg && dmr != nullptr) {
             out.value = o->dereg_mr(v, dmr) == 0;
@@ -131,8 +135,8 @@ int main(int argc, char **argv) {
             wr.sg_list = &sge;
             wr.num_sge = 1;
             struct ibv_wc wc;
-            out.value = o->post_send(v, qp, &wr, &bad) == 0 && PollOne(scq, &wc, 20 * OTE_NSEC_PER_SEC) &&
-                        wc.status == IBV_WC_SUCCESS;
+            out.value = o->post_send(v, qp, &wr, &bad) == 0 &&
+                        PollOne(scq, &wc, 20 * OTE_NSEC_PER_SEC) && wc.status == IBV_WC_SUCCESS;
         }
         if (!mp::WriteMsg(fd, out)) break;
     }

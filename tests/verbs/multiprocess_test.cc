@@ -34,7 +34,7 @@ extern char **environ;
 namespace {
 
 uint64_t TransferBytes() {
-    const char *e = getenv("OTE_MP_BYTES");  // e.g. 1073741824 for the 1 GiB figure
+    const char *e = getenv("OTE_MP_BYTES"); // e.g. 1073741824 for the 1 GiB figure
     if (e && *e) return strtoull(e, nullptr, 10);
     return 256ull << 20;
 }
@@ -60,12 +60,14 @@ class MultiProcess : public ote_test::VerbsFixture {
         buf_ = static_cast<uint8_t *>(ote_aligned_alloc(4096, bytes_));
         ASSERT_NE(buf_, nullptr);
         memset(buf_, 0, bytes_);
-        ASSERT_EQ(o_->reg_mr(v_, pd_, buf_, bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &mr_), 0);
-        TrackMr(mr_);  // deregistered by the fixture before buf_ is freed
+        ASSERT_EQ(o_->reg_mr(v_, pd_, buf_, bytes_,
+                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &mr_),
+                  0);
+        TrackMr(mr_); // deregistered by the fixture before buf_ is freed
         qp_ = Qp(scq_, rcq_, 64, 16);
         ASSERT_NE(qp_, nullptr);
         const union ibv_gid &gid = gid_;
-        dev_ = std::make_unique<ote_test::Memfd>(kDevBytes);  // the peer's "device memory"
+        dev_ = std::make_unique<ote_test::Memfd>(kDevBytes); // the peer's "device memory"
         ASSERT_TRUE(dev_->ok());
 
         // the peer gets its end of a socketpair as fd 100
@@ -107,7 +109,7 @@ class MultiProcess : public ote_test::VerbsFixture {
             ote_deadline_t dl = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
             pid_t r = 0;
             while ((r = waitpid(pid_, &status, WNOHANG)) == 0 && !ote_deadline_expired(dl)) {
-                struct timespec ts = {0, 5 * 1000 * 1000};  // waiting for a process to exit
+                struct timespec ts = {0, 5 * 1000 * 1000}; // waiting for a process to exit
                 nanosleep(&ts, nullptr);
             }
             if (r == 0) {
@@ -115,11 +117,12 @@ class MultiProcess : public ote_test::VerbsFixture {
                 waitpid(pid_, &status, 0);
                 ADD_FAILURE() << "peer did not exit";
             } else {
-                EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "peer status " << status;
+                EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                    << "peer status " << status;
             }
         }
-        dev_.reset();              // before the fixture's fd check
-        VerbsFixture::TearDown();  // QP, MR, CQs, PD, context, provider
+        dev_.reset();             // before the fixture's fd check
+        VerbsFixture::TearDown(); // QP, MR, CQs, PD, context, provider
         ote_aligned_free(buf_);
     }
 
@@ -137,9 +140,10 @@ class MultiProcess : public ote_test::VerbsFixture {
         return r;
     }
 
-    int Post(enum ibv_wr_opcode op, uint64_t loff, uint32_t len, uint64_t roff, uint64_t id, uint32_t imm = 0) {
-        return PostSendSge(qp_, op, (uint64_t)(uintptr_t)(buf_ + loff), len, mr_->lkey, id, peer_.addr + roff,
-                           peer_.rkey, htonl(imm));
+    int Post(enum ibv_wr_opcode op, uint64_t loff, uint32_t len, uint64_t roff, uint64_t id,
+             uint32_t imm = 0) {
+        return PostSendSge(qp_, op, (uint64_t)(uintptr_t)(buf_ + loff), len, mr_->lkey, id,
+                           peer_.addr + roff, peer_.rkey, htonl(imm));
     }
 
     std::vector<struct ibv_wc> Poll(struct ibv_cq *cq, size_t n, uint64_t ns) {
@@ -223,7 +227,9 @@ TEST_F(MultiProcess, WriteReadSendWithDataChecks) {
     EXPECT_TRUE(mp::Check(buf_, kLen, 2, 0));
     // SEND from the peer into a receive posted here
     ASSERT_EQ(Ask(mp::kFill, 8 << 20, 4096, 3).value, 1u);
-    ASSERT_EQ(ote_test::PostRecvOne(v_, qp_, (uint64_t)(uintptr_t)(buf_ + (2 << 20)), 8192, mr_->lkey, 9), 0);
+    ASSERT_EQ(
+        ote_test::PostRecvOne(v_, qp_, (uint64_t)(uintptr_t)(buf_ + (2 << 20)), 8192, mr_->lkey, 9),
+        0);
     mp::Msg s;
     memset(&s, 0, sizeof(s));
     s.type = mp::kSend;
@@ -264,16 +270,20 @@ TEST_F(MultiProcess, DmabufMrInThePeerIsReachedByWriteAndRead) {
     ASSERT_EQ(r.value, 1u) << "the peer could not register the dma-buf MR";
     uint32_t rkey = r.rkey;
     mp::Fill(buf_, kLen, 5, 0);
-    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)buf_, kLen, mr_->lkey, 1, kIova, rkey), 0);
+    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)buf_, kLen, mr_->lkey, 1,
+                          kIova, rkey),
+              0);
     auto wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
     ASSERT_EQ(wc.size(), 1u);
     ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
     EXPECT_TRUE(mp::Check(dev_->view() + kOff, kLen, 5, 0)) << "the WRITE did not reach the memfd";
     EXPECT_EQ(dev_->view()[kOff - 1], 0);
     EXPECT_EQ(dev_->view()[kOff + kLen], 0);
-    mp::Fill(dev_->view() + kOff, kLen, 6, 0);  // the "device" changes its memory
+    mp::Fill(dev_->view() + kOff, kLen, 6, 0); // the "device" changes its memory
     memset(buf_, 0, kLen);
-    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_READ, (uint64_t)(uintptr_t)buf_, kLen, mr_->lkey, 2, kIova, rkey), 0);
+    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_READ, (uint64_t)(uintptr_t)buf_, kLen, mr_->lkey, 2,
+                          kIova, rkey),
+              0);
     wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
     ASSERT_EQ(wc.size(), 1u);
     ASSERT_EQ(wc[0].status, IBV_WC_SUCCESS);
@@ -284,7 +294,9 @@ TEST_F(MultiProcess, DmabufMrInThePeerIsReachedByWriteAndRead) {
     ASSERT_TRUE(mp::ReadMsg(sock_, &r));
     ASSERT_EQ(r.value, 1u);
     memset(dev_->view(), 0, kDevBytes);
-    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)buf_, 4096, mr_->lkey, 3, kIova, rkey), 0);
+    ASSERT_EQ(PostSendSge(qp_, IBV_WR_RDMA_WRITE, (uint64_t)(uintptr_t)buf_, 4096, mr_->lkey, 3,
+                          kIova, rkey),
+              0);
     wc = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
     ASSERT_EQ(wc.size(), 1u);
     EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
@@ -307,8 +319,10 @@ TEST_F(MultiProcess, LargeTransferThroughput) {
     double r = Stream(IBV_WR_RDMA_READ, bytes_, 8 << 20, 16);
     ASSERT_GT(r, 0);
     EXPECT_TRUE(mp::Check(buf_, bytes_, 5, 0)) << "data check of the large READ";
-    printf("[ multiprocess ] %llu MiB between two processes: RDMA WRITE %.0f MB/s, RDMA READ %.0f MB/s\n",
-           (unsigned long long)(bytes_ >> 20), w, r);
+    printf(
+        "[ multiprocess ] %llu MiB between two processes: RDMA WRITE %.0f MB/s, RDMA READ %.0f "
+        "MB/s\n",
+        (unsigned long long)(bytes_ >> 20), w, r);
     RecordProperty("write_MBps", std::to_string((int)w));
     RecordProperty("read_MBps", std::to_string((int)r));
 }
@@ -317,7 +331,10 @@ TEST_F(MultiProcess, PeerKilledMidStreamGivesRetryExceeded) {
     constexpr uint32_t kChunk = 4 << 20;
     int n = (int)(bytes_ / kChunk < 32 ? bytes_ / kChunk : 32);
     ASSERT_GE(n, 4);
-    for (int i = 0; i < n; i++) ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, (uint64_t)i * kChunk, kChunk, (uint64_t)i * kChunk, (uint64_t)i), 0);
+    for (int i = 0; i < n; i++)
+        ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, (uint64_t)i * kChunk, kChunk, (uint64_t)i * kChunk,
+                       (uint64_t)i),
+                  0);
     auto first = Poll(scq_, 1, 10 * OTE_NSEC_PER_SEC);
     ASSERT_EQ(first.size(), 1u);
     EXPECT_EQ(first[0].status, IBV_WC_SUCCESS);
@@ -327,7 +344,8 @@ TEST_F(MultiProcess, PeerKilledMidStreamGivesRetryExceeded) {
     pid_ = -1;
     uint64_t t_kill = ote_now_ns();
     // more work after the death: it can never be acknowledged
-    for (int i = 0; i < 4; i++) ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 0, 4096, 0, (uint64_t)(100 + i)), 0);
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 0, 4096, 0, (uint64_t)(100 + i)), 0);
     uint64_t bound_ns = (uint64_t)ote_sim_retry_cap_ms(v_) * OTE_NSEC_PER_MSEC;
     auto rest = Poll(scq_, (size_t)n - 1 + 4, bound_ns + 20 * OTE_NSEC_PER_SEC);
     ASSERT_EQ(rest.size(), (size_t)n - 1 + 4);
@@ -339,13 +357,16 @@ TEST_F(MultiProcess, PeerKilledMidStreamGivesRetryExceeded) {
         EXPECT_EQ(rest[j].status, IBV_WC_WR_FLUSH_ERR);
     }
     uint64_t took = ote_now_ns() - t_kill;
-    printf("[ multiprocess ] peer killed: %zu WRs had completed, RETRY_EXC_ERR after %.0f ms (cap %u ms)\n", i + 1,
-           (double)took / 1e6, ote_sim_retry_cap_ms(v_));
-    EXPECT_LE(took, bound_ns + 10 * OTE_NSEC_PER_SEC) << "bounded by the cap (room left for a loaded machine)";
+    printf(
+        "[ multiprocess ] peer killed: %zu WRs had completed, RETRY_EXC_ERR after %.0f ms (cap %u "
+        "ms)\n",
+        i + 1, (double)took / 1e6, ote_sim_retry_cap_ms(v_));
+    EXPECT_LE(took, bound_ns + 10 * OTE_NSEC_PER_SEC)
+        << "bounded by the cap (room left for a loaded machine)";
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
     ASSERT_EQ(o_->query_qp(v_, qp_, &a, IBV_QP_STATE, &ia), 0);
     EXPECT_EQ(a.qp_state, IBV_QPS_ERR);
 }
 
-}  // namespace
+} // namespace

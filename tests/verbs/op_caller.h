@@ -132,7 +132,9 @@ inline OpResult CallOp(ote_verbs_t *v, ote_verbs_fault_op_t op, const OpArgs &a)
             r.output_untouched = ch == kSentinel;
             break;
         }
-        case OTE_VERBS_FAULT_OP_DESTROY_COMP_CHANNEL: r.ret = o->destroy_comp_channel(v, a.ch); break;
+        case OTE_VERBS_FAULT_OP_DESTROY_COMP_CHANNEL:
+            r.ret = o->destroy_comp_channel(v, a.ch);
+            break;
         case OTE_VERBS_FAULT_OP_CREATE_CQ: {
             auto cq = static_cast<struct ibv_cq *>(kSentinel);
             r.ret = o->create_cq(v, a.ctx, 16, nullptr, nullptr, 0, &cq);
@@ -213,6 +215,6 @@ inline bool OpReturnsStatus(ote_verbs_fault_op_t op) {
            op != OTE_VERBS_FAULT_OP_ACK_ASYNC_EVENT && op != OTE_VERBS_FAULT_OP_ACK_CQ_EVENTS;
 }
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

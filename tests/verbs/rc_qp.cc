@@ -8,8 +8,8 @@ extern "C" {
 
 namespace ote_test {
 
-int CreateRcQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq, const RcQpCaps &caps,
-               struct ibv_qp **qp, struct ibv_qp_cap *caps_out) {
+int CreateRcQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
+               const RcQpCaps &caps, struct ibv_qp **qp, struct ibv_qp_cap *caps_out) {
     struct ibv_qp_init_attr ia;
     memset(&ia, 0, sizeof(ia));
     ia.send_cq = scq;
@@ -33,7 +33,8 @@ int QpToInit(ote_verbs_t *v, struct ibv_qp *qp, int access) {
     a.pkey_index = 0;
     a.port_num = 1;
     a.qp_access_flags = (unsigned)access;
-    return v->ops->modify_qp(v, qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    return v->ops->modify_qp(v, qp, &a,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
 int QpToRtr(ote_verbs_t *v, struct ibv_qp *qp, const QpPath &path) {
@@ -51,8 +52,8 @@ int QpToRtr(ote_verbs_t *v, struct ibv_qp *qp, const QpPath &path) {
     a.ah_attr.grh.hop_limit = path.hop_limit;
     a.ah_attr.port_num = 1;
     return v->ops->modify_qp(v, qp, &a,
-                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 }
 
 int QpToRts(ote_verbs_t *v, struct ibv_qp *qp, const QpRetry &retry) {
@@ -65,8 +66,8 @@ int QpToRts(ote_verbs_t *v, struct ibv_qp *qp, const QpRetry &retry) {
     a.rnr_retry = retry.rnr_retry;
     a.max_rd_atomic = retry.max_rd_atomic;
     return v->ops->modify_qp(v, qp, &a,
-                             IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                 IBV_QP_MAX_QP_RD_ATOMIC);
+                             IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                 IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
 int QpToErr(ote_verbs_t *v, struct ibv_qp *qp) {
@@ -85,7 +86,8 @@ int QpState(ote_verbs_t *v, struct ibv_qp *qp, enum ibv_qp_state *state) {
     return err;
 }
 
-int PostRecvOne(ote_verbs_t *v, struct ibv_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey, uint64_t wr_id) {
+int PostRecvOne(ote_verbs_t *v, struct ibv_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey,
+                uint64_t wr_id) {
     struct ibv_sge sge = {addr, len, lkey};
     struct ibv_recv_wr wr, *bad = nullptr;
     memset(&wr, 0, sizeof(wr));
@@ -95,7 +97,8 @@ int PostRecvOne(ote_verbs_t *v, struct ibv_qp *qp, uint64_t addr, uint32_t len, 
     return v->ops->post_recv(v, qp, &wr, &bad);
 }
 
-int PollCq(ote_verbs_t *v, struct ibv_cq *cq, size_t n, uint64_t wait_ns, std::vector<struct ibv_wc> *out) {
+int PollCq(ote_verbs_t *v, struct ibv_cq *cq, size_t n, uint64_t wait_ns,
+           std::vector<struct ibv_wc> *out) {
     ote_deadline_t dl = ote_deadline_after(wait_ns);
     size_t got = 0;
     while (got < n && !ote_deadline_expired(dl)) {
@@ -109,4 +112,4 @@ int PollCq(ote_verbs_t *v, struct ibv_cq *cq, size_t n, uint64_t wait_ns, std::v
     return 0;
 }
 
-}  // namespace ote_test
+} // namespace ote_test

@@ -20,17 +20,18 @@ namespace ote_test {
 struct RcQpCaps {
     uint32_t max_send_wr = 16;
     uint32_t max_recv_wr = 16;
-    uint32_t max_sge = 1;  // send and receive
+    uint32_t max_sge = 1; // send and receive
     uint32_t max_inline_data = 0;
     int sq_sig_all = 1;
 };
 
 // An RC QP on (scq, rcq); 0 or the errno of create_qp (the actual caps go to *caps_out).
-int CreateRcQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq, const RcQpCaps &caps,
-               struct ibv_qp **qp, struct ibv_qp_cap *caps_out = nullptr);
+int CreateRcQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
+               const RcQpCaps &caps, struct ibv_qp **qp, struct ibv_qp_cap *caps_out = nullptr);
 
 // RESET -> INIT on port 1, pkey index 0, with these remote access flags.
-int QpToInit(ote_verbs_t *v, struct ibv_qp *qp, int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+int QpToInit(ote_verbs_t *v, struct ibv_qp *qp,
+             int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 
 // The RTR attributes: the destination, the path MTU, the local GID index and the rest.
 struct QpPath {
@@ -61,12 +62,14 @@ int QpToErr(ote_verbs_t *v, struct ibv_qp *qp);
 int QpState(ote_verbs_t *v, struct ibv_qp *qp, enum ibv_qp_state *state);
 
 // One receive of [addr, addr+len) with lkey.
-int PostRecvOne(ote_verbs_t *v, struct ibv_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey, uint64_t wr_id);
+int PostRecvOne(ote_verbs_t *v, struct ibv_qp *qp, uint64_t addr, uint32_t len, uint32_t lkey,
+                uint64_t wr_id);
 
 // Poll cq until n completions arrived or wait_ns passed; they are appended to *out.
 // Returns 0, or the negative value of a failing poll_cq (polling stops there).
-int PollCq(ote_verbs_t *v, struct ibv_cq *cq, size_t n, uint64_t wait_ns, std::vector<struct ibv_wc> *out);
+int PollCq(ote_verbs_t *v, struct ibv_cq *cq, size_t n, uint64_t wait_ns,
+           std::vector<struct ibv_wc> *out);
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

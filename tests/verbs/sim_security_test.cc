@@ -51,12 +51,12 @@ struct WireHdr {
     uint8_t flags;
     uint8_t syndrome;
     uint32_t psn;
-    uint32_t imm;  // REQ READ: length; SEND_WITH_INV: rkey; HELLO: source QPN
+    uint32_t imm; // REQ READ: length; SEND_WITH_INV: rkey; HELLO: source QPN
     uint32_t rkey;
     uint32_t npsn;
     uint32_t pad;
-    uint64_t raddr;  // HELLO: destination QPN
-    uint64_t len;    // payload bytes that follow
+    uint64_t raddr; // HELLO: destination QPN
+    uint64_t len;   // payload bytes that follow
 };
 static_assert(sizeof(WireHdr) == 40, "wire header layout");
 enum : uint8_t { kHello = 1, kReq = 2, kAck = 3, kNak = 4, kRresp = 5 };
@@ -108,7 +108,7 @@ class Raw {
                 continue;
             }
             if (w < 0 && errno != EAGAIN && errno != EINTR) {
-                if (errno == EPIPE || errno == ECONNRESET) eof_ = true;  // the peer ended it
+                if (errno == EPIPE || errno == ECONNRESET) eof_ = true; // the peer ended it
                 return false;
             }
             if (ote_deadline_expired(dl)) return false;
@@ -149,7 +149,7 @@ class Raw {
                 return false;
             }
             if (errno != EAGAIN && errno != EINTR) {
-                eof_ = true;  // reset by the peer: the stream ended
+                eof_ = true; // reset by the peer: the stream ended
                 return false;
             }
             if (ote_deadline_expired(dl)) return false;
@@ -195,15 +195,18 @@ class SimSecurity : public ote_test::VerbsFixture {
         scq_ = Cq();
         rcq_ = Cq();
         ASSERT_TRUE(scq_ && rcq_);
-        mtu_ = 128u << port_.active_mtu;  // IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5
+        mtu_ = 128u << port_.active_mtu; // IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5
     }
 
     using VerbsFixture::Qp;
-    struct ibv_qp *Qp() { return Qp(scq_, rcq_, 16, 16); }
+    struct ibv_qp *Qp() {
+        return Qp(scq_, rcq_, 16, 16);
+    }
     Buf *NewMem(size_t n, int access, uint8_t fill) { return VerbsFixture::Mem(n, access, fill); }
 
     // Bind mw on qp over [off, off+len) of m; returns the new rkey (0 on failure).
-    uint32_t Bind(struct ibv_qp *qp, struct ibv_mw *mw, const Buf *m, uint64_t off, uint64_t len, unsigned acc) {
+    uint32_t Bind(struct ibv_qp *qp, struct ibv_mw *mw, const Buf *m, uint64_t off, uint64_t len,
+                  unsigned acc) {
         uint32_t rkey = ibv_inc_rkey(mw->rkey);
         if (BindMw(qp, mw, rkey, m, off, len, acc, 900) != 0) return 0;
         auto wc = Poll(scq_, 1);
@@ -218,8 +221,8 @@ class SimSecurity : public ote_test::VerbsFixture {
 
     uint32_t Packets(uint64_t len) const { return len ? (uint32_t)((len + mtu_ - 1) / mtu_) : 1; }
 
-    WireHdr Req(enum ibv_wr_opcode op, uint32_t psn, uint64_t len, uint64_t raddr = 0, uint32_t rkey = 0,
-                uint32_t imm = 0) const {
+    WireHdr Req(enum ibv_wr_opcode op, uint32_t psn, uint64_t len, uint64_t raddr = 0,
+                uint32_t rkey = 0, uint32_t imm = 0) const {
         WireHdr h{};
         h.type = kReq;
         h.op = (uint8_t)op;
@@ -228,7 +231,7 @@ class SimSecurity : public ote_test::VerbsFixture {
         h.raddr = raddr;
         h.rkey = rkey;
         h.imm = imm;
-        if (op == IBV_WR_RDMA_READ) h.imm = (uint32_t)len;  // a READ carries its length here
+        if (op == IBV_WR_RDMA_READ) h.imm = (uint32_t)len; // a READ carries its length here
         else h.len = len;
         return h;
     }
@@ -249,7 +252,8 @@ class SimSecurity : public ote_test::VerbsFixture {
 
 constexpr int kRw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 constexpr int kRwBind = kRw | IBV_ACCESS_MW_BIND;
-constexpr uint64_t kIova = 0x7e5a00000000ull;  // where dma-buf MRs are addressed (nothing of the host there)
+constexpr uint64_t kIova =
+    0x7e5a00000000ull; // where dma-buf MRs are addressed (nothing of the host there)
 
 // ------------------------------------------------------------------ 10: HELLO identity
 
@@ -277,7 +281,7 @@ TEST_F(SimSecurity, HelloFromTheRtrDestinationBindsOnce) {
 
 TEST_F(SimSecurity, HelloNotFromTheRtrDestinationIsRefused) {
     struct ibv_qp *b = Victim();
-    struct ibv_qp *idle = Qp();  // exists, but never connected (INIT)
+    struct ibv_qp *idle = Qp(); // exists, but never connected (INIT)
     ASSERT_TRUE(b && idle);
     ASSERT_EQ(ToInit(idle), 0);
     Buf *t = NewMem(4096, kRw, 0);
@@ -312,7 +316,7 @@ TEST_F(SimSecurity, HostileThirdQpCannotReachAConnectedQp) {
     ASSERT_TRUE(a && b && x);
     Connect(a, b->qp_num, gid_);
     Connect(b, a->qp_num, gid_);
-    Connect(x, b->qp_num, gid_, 8);  // ~1 ms ACK timeout: the refusal ends it quickly
+    Connect(x, b->qp_num, gid_, 8); // ~1 ms ACK timeout: the refusal ends it quickly
     Buf *t = NewMem(4096, kRw, 0);
     Buf *s = NewMem(64, kRw, 0x77);
     ASSERT_EQ(PostSend(x, IBV_WR_RDMA_WRITE, s, 0, 64, 1, t->addr(), t->mr->rkey), 0);
@@ -362,11 +366,11 @@ TEST_F(SimSecurity, ForgedIdentityFromAnotherProcessIsRefused) {
         if (fd >= 0 && connect(fd, (struct sockaddr *)&sun, sl) == 0 &&
             send(fd, &msg, sizeof(msg), MSG_NOSIGNAL) == (ssize_t)sizeof(msg)) {
             struct pollfd pf = {fd, POLLIN, 0};
-            verdict = 'T';  // neither answer nor end within 20 s
+            verdict = 'T'; // neither answer nor end within 20 s
             if (poll(&pf, 1, 20000) == 1) {
                 char b1;
                 ssize_t r = recv(fd, &b1, 1, 0);
-                verdict = r <= 0 ? 'E' : 'A';  // ended / answered
+                verdict = r <= 0 ? 'E' : 'A'; // ended / answered
             }
         }
         ssize_t w = write(pfd[1], &verdict, 1);
@@ -434,7 +438,7 @@ TEST_F(SimSecurity, SendWithInvCannotInvalidateAWindowBoundToAnotherQp) {
 
 // ------------------------------------------------------------------ 12: READ responses
 
-constexpr size_t kBig = 64u << 20;  // far more than the sockets hold
+constexpr size_t kBig = 64u << 20; // far more than the sockets hold
 
 // Read a READ response's payload of n bytes; every byte must be `want`. Returns bytes read
 // (less than n when the stream ended).
@@ -449,7 +453,8 @@ size_t ReadPayload(Raw &c, size_t n, uint8_t want, size_t *bad) {
         ote_deadline_t dl = ote_deadline_after(kWaitNs);
         for (;;) {
             r = recv(c.fd(), buf.data(), k, 0);
-            if (r > 0 || r == 0 || (errno != EAGAIN && errno != EINTR) || ote_deadline_expired(dl)) break;
+            if (r > 0 || r == 0 || (errno != EAGAIN && errno != EINTR) || ote_deadline_expired(dl))
+                break;
             struct pollfd pf = {c.fd(), POLLIN, 0};
             poll(&pf, 1, 10);
         }
@@ -490,13 +495,14 @@ TEST_F(SimSecurity, ReadResponseIsSentBeforeALaterInvalidateExecutes) {
     put(&rd, sizeof(rd));
     put(&inv, sizeof(inv));
     put(inv_payload, 8);
-    ASSERT_TRUE(c->Send(all.data(), all.size()));  // one write: the sim reads it at once
+    ASSERT_TRUE(c->Send(all.data(), all.size())); // one write: the sim reads it at once
     // Either the sim has read it all (then the pass that parsed it has ended once State()
     // gets the lock) or it stopped reading before the SEND_WITH_INV: both are fine.
     (void)c->WaitConsumed(OTE_NSEC_PER_SEC);
     (void)State(b);
     struct ibv_wc wc;
-    EXPECT_EQ(o_->poll_cq(v_, rcq_, 1, &wc), 0) << "the invalidation ran before the READ response was sent";
+    EXPECT_EQ(o_->poll_cq(v_, rcq_, 1, &wc), 0)
+        << "the invalidation ran before the READ response was sent";
     // drain: the whole response, all of it the window's contents, then the SEND's ACK
     WireHdr h{};
     ASSERT_TRUE(c->Recv(&h, sizeof(h)));
@@ -532,7 +538,7 @@ TEST_F(SimSecurity, RevokedWindowIsNotReadByAStalledReadResponse) {
     struct pollfd pf = {c->fd(), POLLIN, 0};
     ASSERT_EQ(poll(&pf, 1, kPollMs), 1) << "the response started";
     ASSERT_TRUE(LocalInv(b, rkey));
-    memset(t->mem.data(), 0x5a, kBig);  // the owner reuses the memory
+    memset(t->mem.data(), 0x5a, kBig); // the owner reuses the memory
     WireHdr h{};
     ASSERT_TRUE(c->Recv(&h, sizeof(h)));
     ASSERT_EQ(h.type, kRresp);
@@ -552,7 +558,8 @@ TEST_F(SimSecurity, DeregisteredMrIsNotReadByAStalledReadResponse) {
     auto c = Raw::Connect(gid_);
     ASSERT_TRUE(c);
     ASSERT_TRUE(c->Hello(kPeerQpn, b->qp_num, gid_));
-    ASSERT_TRUE(c->SendHdr(Req(IBV_WR_RDMA_READ, 0, kBig, (uint64_t)(uintptr_t)mem->data(), mr->rkey)));
+    ASSERT_TRUE(
+        c->SendHdr(Req(IBV_WR_RDMA_READ, 0, kBig, (uint64_t)(uintptr_t)mem->data(), mr->rkey)));
     struct pollfd pf = {c->fd(), POLLIN, 0};
     ASSERT_EQ(poll(&pf, 1, kPollMs), 1) << "the response started";
     ASSERT_EQ(o_->dereg_mr(v_, mr), 0);
@@ -593,7 +600,7 @@ TEST_F(SimSecurity, DeregisteredDmabufMrIsNotReadByAStalledReadResponse) {
     ASSERT_NE(sim_at, 0u);
     ASSERT_EQ(o_->dereg_mr(v_, mr), 0);
     EXPECT_EQ(ote_test::MemfdMappings(), 1) << "the sim's mapping is gone";
-    memset(dev.view(), 0x5a, kBig);  // the device reuses its memory
+    memset(dev.view(), 0x5a, kBig); // the device reuses its memory
     // and the process reuses the addresses: a response still reading them would send 0x5a
     // (where nothing is mapped, the kernel's copy would only fail, which proves nothing)
     size_t reuse_len = sim_end - sim_at;
@@ -728,7 +735,7 @@ TEST_F(SimSecurity, InboundWriteStopsLandingWhenTheMrIsDeregistered) {
     WireHdr w = Req(IBV_WR_RDMA_WRITE, 0, kIn, (uint64_t)(uintptr_t)mem->data(), mr->rkey);
     StartWrite(*c, w, payload);
     ASSERT_EQ(o_->dereg_mr(v_, mr), 0);
-    delete mem;  // freed: a later write into it would fault or trip ASan
+    delete mem; // freed: a later write into it would fault or trip ASan
     ASSERT_TRUE(c->Send(payload.data() + (1u << 20), kIn - (1u << 20)));
     WireHdr h{};
     ASSERT_TRUE(c->Recv(&h, sizeof(h)));
@@ -838,4 +845,4 @@ TEST_F(SimSecurity, AckInPlaceOfAReadResponseIsABadResponse) {
     EXPECT_EQ(l->mem[4096], 0) << "nothing was read";
 }
 
-}  // namespace
+} // namespace

@@ -43,7 +43,8 @@ std::vector<std::pair<uintptr_t, uintptr_t>> MemfdRanges() {
     return out;
 }
 
-void VerbsFixture::OpenVerbs(const std::string &provider, const char *config, bool fault, int dev_index) {
+void VerbsFixture::OpenVerbs(const std::string &provider, const char *config, bool fault,
+                             int dev_index) {
     ote_verbs_t *v = nullptr;
     ASSERT_EQ(ote_verbs_open(provider.c_str(), config, &v), OTE_OK) << provider;
     if (fault) {
@@ -99,7 +100,7 @@ void VerbsFixture::TearDown() {
         if (ctx_ != nullptr) {
             EXPECT_EQ(o_->close_device(v_, ctx_), 0);
         }
-        ote_verbs_close(v_);  // with the decorator: closes the wrapped provider too
+        ote_verbs_close(v_); // with the decorator: closes the wrapped provider too
     } else if (sim_ != nullptr) {
         ote_verbs_close(sim_);
     }
@@ -133,8 +134,8 @@ struct ibv_comp_channel *VerbsFixture::Channel() {
     return ch;
 }
 
-struct ibv_qp *VerbsFixture::Qp(struct ibv_cq *scq, struct ibv_cq *rcq, uint32_t sw, uint32_t rw, int sig_all,
-                                struct ibv_qp_cap *actual) {
+struct ibv_qp *VerbsFixture::Qp(struct ibv_cq *scq, struct ibv_cq *rcq, uint32_t sw, uint32_t rw,
+                                int sig_all, struct ibv_qp_cap *actual) {
     RcQpCaps caps;
     caps.max_send_wr = sw;
     caps.max_recv_wr = rw;
@@ -169,8 +170,8 @@ struct ibv_mw *VerbsFixture::Mw(enum ibv_mw_type type) {
 
 int VerbsFixture::ToInit(struct ibv_qp *qp, int access) { return QpToInit(v_, qp, access); }
 
-int VerbsFixture::ToRtr(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid, uint8_t min_rnr,
-                        uint32_t rq_psn) {
+int VerbsFixture::ToRtr(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid,
+                        uint8_t min_rnr, uint32_t rq_psn) {
     QpPath path;
     path.dest_qpn = dqpn;
     path.dgid = dgid;
@@ -181,7 +182,8 @@ int VerbsFixture::ToRtr(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &d
     return QpToRtr(v_, qp, path);
 }
 
-int VerbsFixture::ToRts(struct ibv_qp *qp, uint8_t rnr_retry, uint8_t timeout, uint8_t retry, uint32_t sq_psn) {
+int VerbsFixture::ToRts(struct ibv_qp *qp, uint8_t rnr_retry, uint8_t timeout, uint8_t retry,
+                        uint32_t sq_psn) {
     QpRetry r;
     r.timeout = timeout;
     r.retry_cnt = retry;
@@ -196,8 +198,8 @@ enum ibv_qp_state VerbsFixture::State(struct ibv_qp *qp) {
     return st;
 }
 
-void VerbsFixture::Connect(struct ibv_qp *a, struct ibv_qp *b, uint8_t rnr_retry, uint8_t min_rnr, uint8_t timeout,
-                           uint8_t retry) {
+void VerbsFixture::Connect(struct ibv_qp *a, struct ibv_qp *b, uint8_t rnr_retry, uint8_t min_rnr,
+                           uint8_t timeout, uint8_t retry) {
     ASSERT_EQ(ToInit(a), 0);
     ASSERT_EQ(ToInit(b), 0);
     ASSERT_EQ(ToRtr(a, b->qp_num, gid_, min_rnr), 0);
@@ -206,7 +208,8 @@ void VerbsFixture::Connect(struct ibv_qp *a, struct ibv_qp *b, uint8_t rnr_retry
     ASSERT_EQ(ToRts(b, rnr_retry, timeout, retry), 0);
 }
 
-void VerbsFixture::Connect(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid, uint8_t timeout) {
+void VerbsFixture::Connect(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid &dgid,
+                           uint8_t timeout) {
     ASSERT_EQ(ToInit(qp), 0);
     ASSERT_EQ(ToRtr(qp, dqpn, dgid), 0);
     ASSERT_EQ(ToRts(qp, 7, timeout), 0);
@@ -218,13 +221,14 @@ std::vector<struct ibv_wc> VerbsFixture::Poll(struct ibv_cq *cq, int n, uint64_t
     return out;
 }
 
-int VerbsFixture::PostRecv(struct ibv_qp *qp, const VerbsBuf *b, uint64_t off, uint32_t len, uint64_t id) {
+int VerbsFixture::PostRecv(struct ibv_qp *qp, const VerbsBuf *b, uint64_t off, uint32_t len,
+                           uint64_t id) {
     return PostRecvOne(v_, qp, b->addr() + off, len, b->mr->lkey, id);
 }
 
-int VerbsFixture::PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, const VerbsBuf *b, uint64_t off, uint32_t len,
-                           uint64_t id, uint64_t raddr, uint32_t rkey, uint32_t imm, unsigned flags,
-                           uint32_t lkey_override) {
+int VerbsFixture::PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, const VerbsBuf *b,
+                           uint64_t off, uint32_t len, uint64_t id, uint64_t raddr, uint32_t rkey,
+                           uint32_t imm, unsigned flags, uint32_t lkey_override) {
     struct ibv_sge sge = {b ? b->addr() + off : 0, len, b ? b->mr->lkey : 0};
     if (lkey_override) sge.lkey = lkey_override;
     struct ibv_send_wr wr, *bad = nullptr;
@@ -241,8 +245,9 @@ int VerbsFixture::PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, const Verbs
     return o_->post_send(v_, qp, &wr, &bad);
 }
 
-int VerbsFixture::PostSendSge(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
-                              uint64_t id, uint64_t raddr, uint32_t rkey, uint32_t imm) {
+int VerbsFixture::PostSendSge(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t addr, uint32_t len,
+                              uint32_t lkey, uint64_t id, uint64_t raddr, uint32_t rkey,
+                              uint32_t imm) {
     struct ibv_sge sge = {addr, len, lkey};
     struct ibv_send_wr wr, *bad = nullptr;
     memset(&wr, 0, sizeof(wr));
@@ -267,8 +272,8 @@ int VerbsFixture::PostLocalInv(struct ibv_qp *qp, uint32_t rkey, uint64_t id) {
     return o_->post_send(v_, qp, &wr, &bad);
 }
 
-int VerbsFixture::BindMw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t rkey, const VerbsBuf *b, uint64_t off,
-                         uint64_t len, unsigned access, uint64_t id) {
+int VerbsFixture::BindMw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t rkey, const VerbsBuf *b,
+                         uint64_t off, uint64_t len, unsigned access, uint64_t id) {
     struct ibv_send_wr wr, *bad = nullptr;
     memset(&wr, 0, sizeof(wr));
     wr.wr_id = id;
@@ -285,16 +290,17 @@ int VerbsFixture::BindMw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t rkey, co
 
 void ProviderTest::SetUp() {
     VerbsFixture::SetUp();
-    if (!ProviderHasDevice(GetParam())) GTEST_SKIP() << "no " << GetParam() << " device on this machine";
+    if (!ProviderHasDevice(GetParam()))
+        GTEST_SKIP() << "no " << GetParam() << " device on this machine";
     ASSERT_NO_FATAL_FAILURE(OpenVerbs(GetParam()));
 }
 
 std::string ProviderName(const ::testing::TestParamInfo<std::string> &info) {
     std::string n = info.param;
     for (auto &ch : n) {
-        if (ch == '-') ch = '_';  // gtest names: letters, digits and '_'
+        if (ch == '-') ch = '_'; // gtest names: letters, digits and '_'
     }
     return n;
 }
 
-}  // namespace ote_test
+} // namespace ote_test

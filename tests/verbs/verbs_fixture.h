@@ -112,20 +112,20 @@ class VerbsFixture : public OteTest {
     int PostRecv(struct ibv_qp *qp, const VerbsBuf *b, uint64_t off, uint32_t len, uint64_t id);
     // One WR with one SGE of b (none when b is NULL); imm is the invalidated rkey of a
     // SEND_WITH_INV, else the immediate data.
-    int PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, const VerbsBuf *b, uint64_t off, uint32_t len,
-                 uint64_t id, uint64_t raddr = 0, uint32_t rkey = 0, uint32_t imm = 0,
+    int PostSend(struct ibv_qp *qp, enum ibv_wr_opcode op, const VerbsBuf *b, uint64_t off,
+                 uint32_t len, uint64_t id, uint64_t raddr = 0, uint32_t rkey = 0, uint32_t imm = 0,
                  unsigned flags = IBV_SEND_SIGNALED, uint32_t lkey_override = 0);
     // One signaled WR whose SGE is (addr, len, lkey) as given (none when len is 0): for
     // memory the fixture does not own. imm is the immediate data.
-    int PostSendSge(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
-                    uint64_t id, uint64_t raddr, uint32_t rkey, uint32_t imm = 0);
+    int PostSendSge(struct ibv_qp *qp, enum ibv_wr_opcode op, uint64_t addr, uint32_t len,
+                    uint32_t lkey, uint64_t id, uint64_t raddr, uint32_t rkey, uint32_t imm = 0);
     // A signaled LOCAL_INV of rkey.
     int PostLocalInv(struct ibv_qp *qp, uint32_t rkey, uint64_t id);
     int BindMw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t rkey, const VerbsBuf *b, uint64_t off,
                uint64_t len, unsigned access, uint64_t id);
 
-    ote_verbs_t *v_ = nullptr;    // the provider the test drives
-    ote_verbs_t *sim_ = nullptr;  // with the fault decorator: the wrapped provider
+    ote_verbs_t *v_ = nullptr;   // the provider the test drives
+    ote_verbs_t *sim_ = nullptr; // with the fault decorator: the wrapped provider
     const ote_verbs_ops_t *o_ = nullptr;
     struct ibv_context *ctx_ = nullptr;
     struct ibv_pd *pd_ = nullptr;
@@ -152,9 +152,11 @@ class ProviderTest : public VerbsFixture, public ::testing::WithParamInterface<s
 
 // The providers of a ProviderTest suite and their test-name suffixes:
 //   INSTANTIATE_TEST_SUITE_P(Providers, MySuite, ote_test::AllProviders(), ote_test::ProviderName);
-inline auto AllProviders() { return ::testing::Values(std::string("sim"), std::string("rdma-core")); }
+inline auto AllProviders() {
+    return ::testing::Values(std::string("sim"), std::string("rdma-core"));
+}
 std::string ProviderName(const ::testing::TestParamInfo<std::string> &info);
 
-}  // namespace ote_test
+} // namespace ote_test
 
 #endif

@@ -41,7 +41,7 @@ TEST_F(VerbsTest, UnknownProviderIsNotFoundAndLogged) {
     EXPECT_TRUE(LogContains("no-such-provider"));
     EXPECT_EQ(ote_verbs_open(nullptr, nullptr, &v), OTE_ERR_INVALID);
     EXPECT_EQ(ote_verbs_open("rdma-core", nullptr, nullptr), OTE_ERR_INVALID);
-    ote_verbs_close(nullptr);  // closing nothing is a no-op
+    ote_verbs_close(nullptr); // closing nothing is a no-op
 }
 
 TEST_F(VerbsTest, StubsFailEveryOpWithEopnotsupp) {
@@ -88,7 +88,7 @@ TEST_F(VerbsTest, FillStubsKeepsExistingEntries) {
     ote_verbs_t v{};
     v.ops = &ops;
     EXPECT_EQ(ops.alloc_pd(&v, nullptr, nullptr), EOPNOTSUPP);
-    ote_verbs_ops_fill_stubs(nullptr);  // tolerated
+    ote_verbs_ops_fill_stubs(nullptr); // tolerated
 }
 
 TEST_F(VerbsTest, StatusCarriesErrno) {
@@ -98,7 +98,7 @@ TEST_F(VerbsTest, StatusCarriesErrno) {
     st = ote_verbs_status(EPROTO);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
     EXPECT_EQ(ote_status_errno(st), EPROTO);
-    st = ote_verbs_status(-EBUSY);  // poll_cq's negative convention
+    st = ote_verbs_status(-EBUSY); // poll_cq's negative convention
     EXPECT_EQ(ote_status_code(st), OTE_ERR_BUSY);
     EXPECT_EQ(ote_status_errno(st), EBUSY);
     EXPECT_EQ(ote_status_code(ote_verbs_status(EOPNOTSUPP)), OTE_ERR_UNSUPPORTED);
@@ -133,7 +133,8 @@ TEST_F(VerbsTest, AsyncEventTargets) {
     EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_PORT_ERR), OTE_VERBS_EVENT_ON_PORT);
     EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_GID_CHANGE), OTE_VERBS_EVENT_ON_PORT);
     EXPECT_EQ(ote_verbs_event_target(IBV_EVENT_DEVICE_FATAL), OTE_VERBS_EVENT_ON_DEVICE);
-    EXPECT_EQ(ote_verbs_event_target(static_cast<enum ibv_event_type>(999)), OTE_VERBS_EVENT_ON_DEVICE);
+    EXPECT_EQ(ote_verbs_event_target(static_cast<enum ibv_event_type>(999)),
+              OTE_VERBS_EVENT_ON_DEVICE);
 }
 
 // The rdma-core provider opens anywhere and its table is complete.
@@ -165,7 +166,7 @@ TEST_F(VerbsTest, RdmaCoreListsZeroDevicesWithoutRdma) {
         EXPECT_EQ(list[0], nullptr);
     }
     v->ops->free_device_list(v, list);
-    v->ops->free_device_list(v, nullptr);  // tolerated
+    v->ops->free_device_list(v, nullptr); // tolerated
     // Listing again works the same way (no state left behind by the first list).
     int num2 = -1;
     ASSERT_EQ(v->ops->get_device_list(v, &list, &num2), 0);
@@ -199,7 +200,7 @@ TEST_F(VerbsTest, RdmaCoreUnderTheFaultDecorator) {
               OTE_OK);
     EXPECT_EQ(f->ops->get_device_list(f, &list, &num), EPERM);
     EXPECT_EQ(ote_verbs_fault_calls(f, OTE_VERBS_FAULT_OP_GET_DEVICE_LIST), 2u);
-    ote_verbs_close(f);  // closes rdma-core too
+    ote_verbs_close(f); // closes rdma-core too
 }
 
-}  // namespace
+} // namespace

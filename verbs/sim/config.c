@@ -50,10 +50,10 @@ static void port_defaults(sim_port_t *pt) {
 }
 
 /* Log why the configuration is refused and refuse it. */
-#define CFG_FAIL(...)                        \
-    do {                                     \
-        OTE_WARN(SIM_LOG, __VA_ARGS__);      \
-        return OTE_ERR_INVALID;              \
+#define CFG_FAIL(...) \
+    do { \
+        OTE_WARN(SIM_LOG, __VA_ARGS__); \
+        return OTE_ERR_INVALID; \
     } while (0)
 
 /* The item being parsed: what its first key made (kind) and where its options go. */
@@ -61,10 +61,10 @@ enum { ITEM_NONE = 0, ITEM_DEV, ITEM_PORT, ITEM_GID, ITEM_GLOBAL };
 
 typedef struct {
     int kind;
-    sim_dev_t *d;    /* the last device */
-    sim_port_t *pt;  /* ITEM_PORT, ITEM_GID: the port */
-    sim_gid_t gid;   /* ITEM_GID: the entry, placed when the item ends */
-    long gid_index;  /* ITEM_GID: -1 = the first free index */
+    sim_dev_t *d;   /* the last device */
+    sim_port_t *pt; /* ITEM_PORT, ITEM_GID: the port */
+    sim_gid_t gid;  /* ITEM_GID: the entry, placed when the item ends */
+    long gid_index; /* ITEM_GID: -1 = the first free index */
 } cfg_item_t;
 
 /* An IPv6 literal, or an IPv4 address stored IPv4-mapped. */
@@ -125,7 +125,8 @@ static ote_status_t head_gid(cfg_item_t *it, const char *val) {
 }
 
 /* The first key of an item says what it is. */
-static ote_status_t parse_head(sim_config_t *cfg, cfg_item_t *it, const char *key, const char *val) {
+static ote_status_t parse_head(sim_config_t *cfg, cfg_item_t *it, const char *key,
+                               const char *val) {
     if (!strcmp(key, "dev")) return head_dev(cfg, it, val);
     if (!strcmp(key, "port")) return head_port(it, val);
     if (!strcmp(key, "gid")) return head_gid(it, val);
@@ -201,8 +202,7 @@ static ote_status_t place_gid(cfg_item_t *it) {
     sim_port_t *pt = it->pt;
     long i = it->gid_index;
     if (i < 0) {
-        for (i = 0; i < pt->ngid && pt->gids[i].valid; i++) {
-        }
+        for (i = 0; i < pt->ngid && pt->gids[i].valid; i++) {}
     }
     if (i >= pt->ngid) CFG_FAIL("sim config: GID table full");
     if (pt->gids[i].valid) CFG_FAIL("sim config: GID index %ld used twice", i);
@@ -221,7 +221,8 @@ static ote_status_t parse_item(sim_config_t *cfg, char *item) {
         while (*kv == ' ') kv++;
         char *val = strchr(kv, '=');
         if (val) *val++ = '\0';
-        ote_status_t st = it.kind == ITEM_NONE ? parse_head(cfg, &it, kv, val) : parse_option(&it, kv, val);
+        ote_status_t st =
+            it.kind == ITEM_NONE ? parse_head(cfg, &it, kv, val) : parse_option(&it, kv, val);
         if (st != OTE_OK) return st;
     }
     return it.kind == ITEM_GID ? place_gid(&it) : OTE_OK;
@@ -231,7 +232,8 @@ static ote_status_t parse_item(sim_config_t *cfg, char *item) {
 static ote_status_t config_check(const sim_config_t *cfg) {
     if (cfg->ndev == 0) CFG_FAIL("sim config: no device");
     for (int i = 0; i < cfg->ndev; i++) {
-        if (cfg->devs[i].nports == 0) CFG_FAIL("sim config: device %s has no port", cfg->devs[i].ibdev.name);
+        if (cfg->devs[i].nports == 0)
+            CFG_FAIL("sim config: device %s has no port", cfg->devs[i].ibdev.name);
         for (int j = 0; j < i; j++)
             if (!strcmp(cfg->devs[i].ibdev.name, cfg->devs[j].ibdev.name))
                 CFG_FAIL("sim config: device name %s used twice", cfg->devs[i].ibdev.name);
@@ -274,35 +276,34 @@ static void make_auto(sim_gid_t *g, uint32_t uid) {
     uint8_t *r = g->gid.raw;
     memset(r, 0, 16);
     switch (g->kind) {
-    case SIM_GID_AUTO_V4:
-        r[10] = 0xff;
-        r[11] = 0xff;
-        r[12] = 10;
-        r[13] = (uint8_t)(uid >> 16);
-        r[14] = (uint8_t)(uid >> 8);
-        r[15] = (uint8_t)uid;
-        break;
-    case SIM_GID_AUTO_LL: /* EUI-64 of MAC 02:5e:00:XX:YY:ZZ */
-        r[0] = 0xfe;
-        r[1] = 0x80;
-        r[8] = 0x00;
-        r[9] = 0x5e;
-        r[10] = 0x00;
-        r[11] = 0xff;
-        r[12] = 0xfe;
-        r[13] = (uint8_t)(uid >> 16);
-        r[14] = (uint8_t)(uid >> 8);
-        r[15] = (uint8_t)uid;
-        break;
-    case SIM_GID_AUTO_V6:
-        r[0] = 0xfd;
-        r[1] = 0x5e;
-        r[13] = (uint8_t)(uid >> 16);
-        r[14] = (uint8_t)(uid >> 8);
-        r[15] = (uint8_t)uid;
-        break;
-    default:
-        break;
+        case SIM_GID_AUTO_V4:
+            r[10] = 0xff;
+            r[11] = 0xff;
+            r[12] = 10;
+            r[13] = (uint8_t)(uid >> 16);
+            r[14] = (uint8_t)(uid >> 8);
+            r[15] = (uint8_t)uid;
+            break;
+        case SIM_GID_AUTO_LL: /* EUI-64 of MAC 02:5e:00:XX:YY:ZZ */
+            r[0] = 0xfe;
+            r[1] = 0x80;
+            r[8] = 0x00;
+            r[9] = 0x5e;
+            r[10] = 0x00;
+            r[11] = 0xff;
+            r[12] = 0xfe;
+            r[13] = (uint8_t)(uid >> 16);
+            r[14] = (uint8_t)(uid >> 8);
+            r[15] = (uint8_t)uid;
+            break;
+        case SIM_GID_AUTO_V6:
+            r[0] = 0xfd;
+            r[1] = 0x5e;
+            r[13] = (uint8_t)(uid >> 16);
+            r[14] = (uint8_t)(uid >> 8);
+            r[15] = (uint8_t)uid;
+            break;
+        default: break;
     }
 }
 
@@ -405,7 +406,8 @@ ote_status_t ote__sim_port_bind(sim_prov_t *p, sim_dev_t *d, int port) {
         if (uid == 0) uid = 1;
         pt->uid = uid;
         for (int i = 0; i < pt->ngid; i++)
-            if (pt->gids[i].valid && pt->gids[i].kind != SIM_GID_EXPLICIT) make_auto(&pt->gids[i], uid);
+            if (pt->gids[i].valid && pt->gids[i].kind != SIM_GID_EXPLICIT)
+                make_auto(&pt->gids[i], uid);
         bool auto_busy = false;
         ote_status_t st = port_listen(p, d, port, &auto_busy);
         if (st == OTE_OK) return OTE_OK;
@@ -535,7 +537,8 @@ int ote__sim_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t port
         e->gid_index = index;
         e->port_num = port;
         e->gid_type = pt->gids[index].type;
-        e->ndev_ifindex = pt->link_layer == IBV_LINK_LAYER_ETHERNET ? (uint32_t)(100 + d->index) : 0;
+        e->ndev_ifindex =
+            pt->link_layer == IBV_LINK_LAYER_ETHERNET ? (uint32_t)(100 + d->index) : 0;
     }
     ote_mutex_unlock(&p->mu);
     return rc;

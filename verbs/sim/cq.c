@@ -110,16 +110,15 @@ void ote__sim_async_push(sim_ctx_t *ctx, const struct ibv_async_event *ev) {
  * destroy_qp/destroy_cq wait until both agree. NULL for events on other objects. */
 static uint32_t *aev_counter(const struct ibv_async_event *ev, bool acked) {
     switch (ote_verbs_event_target(ev->event_type)) {
-    case OTE_VERBS_EVENT_ON_QP: {
-        sim_qp_t *qp = to_sim_qp(ev->element.qp);
-        return acked ? &qp->async_acked : &qp->async_delivered;
-    }
-    case OTE_VERBS_EVENT_ON_CQ: {
-        sim_cq_t *cq = to_sim_cq(ev->element.cq);
-        return acked ? &cq->async_acked : &cq->async_delivered;
-    }
-    default:
-        return NULL;
+        case OTE_VERBS_EVENT_ON_QP: {
+            sim_qp_t *qp = to_sim_qp(ev->element.qp);
+            return acked ? &qp->async_acked : &qp->async_delivered;
+        }
+        case OTE_VERBS_EVENT_ON_CQ: {
+            sim_cq_t *cq = to_sim_cq(ev->element.cq);
+            return acked ? &cq->async_acked : &cq->async_delivered;
+        }
+        default: return NULL;
     }
 }
 
@@ -388,8 +387,8 @@ int ote__sim_poll_cq(ote_verbs_t *v, struct ibv_cq *ibcq, int n, struct ibv_wc *
         if (e->credit_qp) {
             uint64_t want = e->credit_seq + 1;
             uint64_t cur = atomic_load(&e->credit_qp->sq_freed);
-            while (cur < want && !atomic_compare_exchange_weak(&e->credit_qp->sq_freed, &cur, want)) {
-            }
+            while (cur < want &&
+                   !atomic_compare_exchange_weak(&e->credit_qp->sq_freed, &cur, want)) {}
         }
         cq->head = (cq->head + 1) % cq->cap;
         cq->count--;

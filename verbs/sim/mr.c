@@ -112,16 +112,15 @@ bool ote__sim_check_local(sim_prov_t *p, sim_pd_t *pd, const struct ibv_sge *sge
         if (sge[i].length == 0) continue;
         sim_mr_t *mr = ote__sim_mr_lookup(p, sge[i].lkey);
         if (!mr || mr->pd != pd) return false;
-        if (!in_range(mr->va, mr->ibmr.length, sge[i].addr, sge[i].length))
-            return false;
+        if (!in_range(mr->va, mr->ibmr.length, sge[i].addr, sge[i].length)) return false;
         if (need_write && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return false;
         left -= sge[i].length < left ? sge[i].length : left;
     }
     return true;
 }
 
-bool ote__sim_check_remote(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, uint64_t addr,
-                           uint64_t len, int need, const void **auth_out, void **host_out) {
+bool ote__sim_check_remote(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, uint64_t addr, uint64_t len,
+                           int need, const void **auth_out, void **host_out) {
     sim_key_t *k = key_entry(p, rkey);
     if (!k) return false;
     if (k->kind == SIM_KEY_MR) {
@@ -176,8 +175,8 @@ bool ote__sim_mw_invalidate(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, bool rem
 
 /* ---- MR ---- */
 
-#define SIM_MR_KNOWN_ACCESS                                                                  \
-    (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |              \
+#define SIM_MR_KNOWN_ACCESS \
+    (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING)
 
 int ote__sim_reg_mr(ote_verbs_t *v, struct ibv_pd *ibpd, void *addr, size_t length, int access,
@@ -220,8 +219,8 @@ int ote__sim_reg_mr(ote_verbs_t *v, struct ibv_pd *ibpd, void *addr, size_t leng
 }
 
 /* Flags the kernel's dma-buf registration accepts (MW_BIND is not among them). */
-#define SIM_DMABUF_KNOWN_ACCESS                                                              \
-    (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |              \
+#define SIM_DMABUF_KNOWN_ACCESS \
+    (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING)
 
 /* Checks in the kernel's order: page offsets of offset and iova, access flags, range

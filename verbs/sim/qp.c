@@ -10,12 +10,12 @@
 
 uint32_t ote__sim_mtu_bytes(enum ibv_mtu m) {
     switch (m) {
-    case IBV_MTU_256: return 256;
-    case IBV_MTU_512: return 512;
-    case IBV_MTU_1024: return 1024;
-    case IBV_MTU_2048: return 2048;
-    case IBV_MTU_4096: return 4096;
-    default: return 1024;
+        case IBV_MTU_256: return 256;
+        case IBV_MTU_512: return 512;
+        case IBV_MTU_1024: return 1024;
+        case IBV_MTU_2048: return 2048;
+        case IBV_MTU_4096: return 4096;
+        default: return 1024;
     }
 }
 
@@ -38,12 +38,12 @@ static sim_rwr_t *rq_slot(sim_qp_t *qp, uint64_t seq) { return &qp->rq[seq % qp-
 
 static enum ibv_wc_opcode wc_opcode(enum ibv_wr_opcode op) {
     switch (op) {
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
-    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
-    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
-    default: return IBV_WC_SEND;
+        case IBV_WR_RDMA_WRITE:
+        case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+        case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+        case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+        case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
+        default: return IBV_WC_SEND;
     }
 }
 
@@ -80,7 +80,8 @@ void ote__sim_qp_complete(sim_qp_t *qp) {
     }
 }
 
-void ote__sim_recv_error_wc(const sim_qp_t *qp, uint64_t wr_id, enum ibv_wc_status st, struct ibv_wc *wc) {
+void ote__sim_recv_error_wc(const sim_qp_t *qp, uint64_t wr_id, enum ibv_wc_status st,
+                            struct ibv_wc *wc) {
     memset(wc, 0, sizeof(*wc));
     wc->wr_id = wr_id;
     wc->status = st;
@@ -142,10 +143,12 @@ int ote__sim_create_qp(ote_verbs_t *v, struct ibv_pd *ibpd, struct ibv_qp_init_a
     if (ia->qp_type != IBV_QPT_RC) return EOPNOTSUPP; /* the sim models RC only */
     if (ia->srq) return EOPNOTSUPP;
     if (!ia->send_cq || !ia->recv_cq) return EINVAL;
-    if (ia->send_cq->context != ibpd->context || ia->recv_cq->context != ibpd->context) return EINVAL;
+    if (ia->send_cq->context != ibpd->context || ia->recv_cq->context != ibpd->context)
+        return EINVAL;
     struct ibv_qp_cap c = ia->cap;
-    if (c.max_send_wr > SIM_MAX_QP_WR || c.max_recv_wr > SIM_MAX_QP_WR || c.max_send_sge > SIM_MAX_SGE ||
-        c.max_recv_sge > SIM_MAX_SGE || c.max_inline_data > SIM_MAX_INLINE)
+    if (c.max_send_wr > SIM_MAX_QP_WR || c.max_recv_wr > SIM_MAX_QP_WR ||
+        c.max_send_sge > SIM_MAX_SGE || c.max_recv_sge > SIM_MAX_SGE ||
+        c.max_inline_data > SIM_MAX_INLINE)
         return EINVAL;
     sim_prov_t *p = to_sim_prov(v);
     sim_qp_t *qp = ote_calloc(1, sizeof(*qp));
@@ -173,7 +176,8 @@ int ote__sim_create_qp(ote_verbs_t *v, struct ibv_pd *ibpd, struct ibv_qp_init_a
         qp->sq[i].sge = ssge + (size_t)i * qp->max_send_sge;
         qp->sq[i].inl = inl ? inl + (size_t)i * qp->max_inline : NULL;
     }
-    for (uint32_t i = 0; i < qp->max_recv_wr; i++) qp->rq[i].sge = rsge + (size_t)i * qp->max_recv_sge;
+    for (uint32_t i = 0; i < qp->max_recv_wr; i++)
+        qp->rq[i].sge = rsge + (size_t)i * qp->max_recv_sge;
     /* The caps reported are what the queues hold (>= requested). */
     ia->cap.max_send_wr = c.max_send_wr;
     ia->cap.max_recv_wr = c.max_recv_wr;
@@ -235,9 +239,11 @@ int ote__sim_destroy_qp(ote_verbs_t *v, struct ibv_qp *ibqp) {
     DL_FOREACH_SAFE(qp->ctx->aq, e, tmp) {
         if (e->ev.element.qp == ibqp && e->ev.event_type != IBV_EVENT_CQ_ERR &&
             e->ev.event_type != IBV_EVENT_PORT_ACTIVE && e->ev.event_type != IBV_EVENT_PORT_ERR &&
-            e->ev.event_type != IBV_EVENT_GID_CHANGE && e->ev.event_type != IBV_EVENT_DEVICE_FATAL &&
+            e->ev.event_type != IBV_EVENT_GID_CHANGE &&
+            e->ev.event_type != IBV_EVENT_DEVICE_FATAL &&
             e->ev.event_type != IBV_EVENT_LID_CHANGE && e->ev.event_type != IBV_EVENT_PKEY_CHANGE &&
-            e->ev.event_type != IBV_EVENT_SM_CHANGE && e->ev.event_type != IBV_EVENT_CLIENT_REREGISTER) {
+            e->ev.event_type != IBV_EVENT_SM_CHANGE &&
+            e->ev.event_type != IBV_EVENT_CLIENT_REREGISTER) {
             DL_DELETE(qp->ctx->aq, e);
             ote_free(e);
         }
@@ -275,65 +281,69 @@ int ote__sim_destroy_qp(ote_verbs_t *v, struct ibv_qp *ibqp) {
 /* ---- modify / query ---- */
 
 #define M(x) IBV_QP_##x
-static const int k_rtr_rts_opt = M(CUR_STATE) | M(ALT_PATH) | M(ACCESS_FLAGS) | M(MIN_RNR_TIMER) | M(PATH_MIG_STATE);
+static const int k_rtr_rts_opt =
+    M(CUR_STATE) | M(ALT_PATH) | M(ACCESS_FLAGS) | M(MIN_RNR_TIMER) | M(PATH_MIG_STATE);
 
 static bool transition_masks(enum ibv_qp_state cur, enum ibv_qp_state next, int *req, int *opt) {
     *req = 0;
     *opt = 0;
     if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) return true;
     switch (cur) {
-    case IBV_QPS_RESET:
-        if (next == IBV_QPS_INIT) {
-            *req = M(PKEY_INDEX) | M(PORT) | M(ACCESS_FLAGS);
-            return true;
-        }
-        return false;
-    case IBV_QPS_INIT:
-        if (next == IBV_QPS_INIT) {
-            *opt = M(PKEY_INDEX) | M(PORT) | M(ACCESS_FLAGS);
-            return true;
-        }
-        if (next == IBV_QPS_RTR) {
-            *req = M(AV) | M(PATH_MTU) | M(DEST_QPN) | M(RQ_PSN) | M(MAX_DEST_RD_ATOMIC) | M(MIN_RNR_TIMER);
-            *opt = M(ALT_PATH) | M(ACCESS_FLAGS) | M(PKEY_INDEX);
-            return true;
-        }
-        return false;
-    case IBV_QPS_RTR:
-        if (next == IBV_QPS_RTS) {
-            *req = M(SQ_PSN) | M(TIMEOUT) | M(RETRY_CNT) | M(RNR_RETRY) | M(MAX_QP_RD_ATOMIC);
-            *opt = k_rtr_rts_opt;
-            return true;
-        }
-        return false;
-    case IBV_QPS_RTS:
-        if (next == IBV_QPS_RTS) {
-            *opt = M(CUR_STATE) | M(ACCESS_FLAGS) | M(ALT_PATH) | M(PATH_MIG_STATE) | M(MIN_RNR_TIMER);
-            return true;
-        }
-        if (next == IBV_QPS_SQD) {
-            *opt = M(EN_SQD_ASYNC_NOTIFY);
-            return true;
-        }
-        return false;
-    case IBV_QPS_SQD:
-        if (next == IBV_QPS_RTS) {
-            *opt = k_rtr_rts_opt;
-            return true;
-        }
-        if (next == IBV_QPS_SQD) {
-            *opt = M(PORT) | M(AV) | M(TIMEOUT) | M(RETRY_CNT) | M(RNR_RETRY) | M(MAX_QP_RD_ATOMIC) |
-                   M(MAX_DEST_RD_ATOMIC) | M(ALT_PATH) | M(ACCESS_FLAGS) | M(PKEY_INDEX) |
-                   M(MIN_RNR_TIMER) | M(PATH_MIG_STATE);
-            return true;
-        }
-        return false;
-    default:
-        return false;
+        case IBV_QPS_RESET:
+            if (next == IBV_QPS_INIT) {
+                *req = M(PKEY_INDEX) | M(PORT) | M(ACCESS_FLAGS);
+                return true;
+            }
+            return false;
+        case IBV_QPS_INIT:
+            if (next == IBV_QPS_INIT) {
+                *opt = M(PKEY_INDEX) | M(PORT) | M(ACCESS_FLAGS);
+                return true;
+            }
+            if (next == IBV_QPS_RTR) {
+                *req = M(AV) | M(PATH_MTU) | M(DEST_QPN) | M(RQ_PSN) | M(MAX_DEST_RD_ATOMIC) |
+                       M(MIN_RNR_TIMER);
+                *opt = M(ALT_PATH) | M(ACCESS_FLAGS) | M(PKEY_INDEX);
+                return true;
+            }
+            return false;
+        case IBV_QPS_RTR:
+            if (next == IBV_QPS_RTS) {
+                *req = M(SQ_PSN) | M(TIMEOUT) | M(RETRY_CNT) | M(RNR_RETRY) | M(MAX_QP_RD_ATOMIC);
+                *opt = k_rtr_rts_opt;
+                return true;
+            }
+            return false;
+        case IBV_QPS_RTS:
+            if (next == IBV_QPS_RTS) {
+                *opt = M(CUR_STATE) | M(ACCESS_FLAGS) | M(ALT_PATH) | M(PATH_MIG_STATE) |
+                       M(MIN_RNR_TIMER);
+                return true;
+            }
+            if (next == IBV_QPS_SQD) {
+                *opt = M(EN_SQD_ASYNC_NOTIFY);
+                return true;
+            }
+            return false;
+        case IBV_QPS_SQD:
+            if (next == IBV_QPS_RTS) {
+                *opt = k_rtr_rts_opt;
+                return true;
+            }
+            if (next == IBV_QPS_SQD) {
+                *opt = M(PORT) | M(AV) | M(TIMEOUT) | M(RETRY_CNT) | M(RNR_RETRY) |
+                       M(MAX_QP_RD_ATOMIC) | M(MAX_DEST_RD_ATOMIC) | M(ALT_PATH) | M(ACCESS_FLAGS) |
+                       M(PKEY_INDEX) | M(MIN_RNR_TIMER) | M(PATH_MIG_STATE);
+                return true;
+            }
+            return false;
+        default: return false;
     }
 }
 
-#define SIM_QP_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)
+#define SIM_QP_ACCESS \
+    (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
+     IBV_ACCESS_REMOTE_ATOMIC)
 
 static int check_values(sim_qp_t *qp, const struct ibv_qp_attr *a, int mask) {
     sim_dev_t *d = qp->ctx->dev;
@@ -343,7 +353,8 @@ static int check_values(sim_qp_t *qp, const struct ibv_qp_attr *a, int mask) {
     sim_port_t *pt = &d->ports[port - 1];
     if ((mask & M(PKEY_INDEX)) && a->pkey_index >= 1) return EINVAL;
     if ((mask & M(ACCESS_FLAGS)) && (a->qp_access_flags & ~SIM_QP_ACCESS)) return EINVAL;
-    if ((mask & M(PATH_MTU)) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > pt->max_mtu)) return EINVAL;
+    if ((mask & M(PATH_MTU)) && (a->path_mtu < IBV_MTU_256 || a->path_mtu > pt->max_mtu))
+        return EINVAL;
     if ((mask & M(TIMEOUT)) && a->timeout > 31) return EINVAL;
     if ((mask & M(RETRY_CNT)) && a->retry_cnt > 7) return EINVAL;
     if ((mask & M(RNR_RETRY)) && a->rnr_retry > 7) return EINVAL;
@@ -354,7 +365,8 @@ static int check_values(sim_qp_t *qp, const struct ibv_qp_attr *a, int mask) {
     if (mask & M(AV)) {
         /* The sim routes by GID only: a GRH is mandatory, on IB ports too. */
         if (!a->ah_attr.is_global) return EINVAL;
-        if (a->ah_attr.grh.sgid_index >= pt->ngid || !pt->gids[a->ah_attr.grh.sgid_index].valid) return EINVAL;
+        if (a->ah_attr.grh.sgid_index >= pt->ngid || !pt->gids[a->ah_attr.grh.sgid_index].valid)
+            return EINVAL;
         if (a->ah_attr.port_num && a->ah_attr.port_num != port) return EINVAL;
     }
     if ((mask & M(CUR_STATE)) && a->cur_qp_state != qp->state) return EINVAL;
@@ -369,11 +381,15 @@ int ote__sim_modify_qp(ote_verbs_t *v, struct ibv_qp *ibqp, struct ibv_qp_attr *
     enum ibv_qp_state cur = qp->state;
     enum ibv_qp_state next = (mask & M(STATE)) ? a->qp_state : cur;
     int req = 0, opt = 0, rc = 0;
-    if ((mask & M(STATE)) && (a->qp_state < IBV_QPS_RESET || a->qp_state > IBV_QPS_ERR || a->qp_state == IBV_QPS_SQE)) rc = EINVAL;
+    if ((mask & M(STATE)) &&
+        (a->qp_state < IBV_QPS_RESET || a->qp_state > IBV_QPS_ERR || a->qp_state == IBV_QPS_SQE))
+        rc = EINVAL;
     else if (!transition_masks(cur, next, &req, &opt)) rc = EINVAL;
     else if ((mask & req) != req) rc = EINVAL;
     else if (mask & ~(req | opt | M(STATE))) rc = EINVAL;
-    else if ((mask & M(CUR_STATE)) && cur != IBV_QPS_RTR && cur != IBV_QPS_RTS && cur != IBV_QPS_SQD) rc = EINVAL;
+    else if ((mask & M(CUR_STATE)) && cur != IBV_QPS_RTR && cur != IBV_QPS_RTS &&
+             cur != IBV_QPS_SQD)
+        rc = EINVAL;
     else rc = check_values(qp, a, mask);
     if (rc) {
         ote_mutex_unlock(&p->mu);
@@ -404,42 +420,40 @@ int ote__sim_modify_qp(ote_verbs_t *v, struct ibv_qp *ibqp, struct ibv_qp_attr *
     if (mask & M(EN_SQD_ASYNC_NOTIFY)) q->en_sqd_async_notify = a->en_sqd_async_notify;
     if (next != cur || next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
         switch (next) {
-        case IBV_QPS_RESET:
-            ote__sim_qp_detach(qp, true);
-            qp->epoch++;
-            qp->sq_head = qp->sq_next = qp->sq_tail;
-            atomic_store(&qp->sq_freed, qp->sq_tail);
-            qp->rq_head = qp->rq_tail;
-            qp->reads_out = 0;
-            qp->halted = false;
-            qp->conn_lost = false;
-            qp->rnr_until_ns = 0;
-            qp->rnr_tries = 0;
-            qp->state = IBV_QPS_RESET;
-            break;
-        case IBV_QPS_ERR:
-            if (cur != IBV_QPS_ERR) ote__sim_qp_to_err(qp);
-            break;
-        case IBV_QPS_RTR:
-            qp->rq_epsn = q->rq_psn;
-            qp->state = next;
-            break;
-        case IBV_QPS_RTS:
-            if (cur == IBV_QPS_RTR) {
-                qp->sq_psn_next = q->sq_psn;
+            case IBV_QPS_RESET:
+                ote__sim_qp_detach(qp, true);
+                qp->epoch++;
+                qp->sq_head = qp->sq_next = qp->sq_tail;
+                atomic_store(&qp->sq_freed, qp->sq_tail);
+                qp->rq_head = qp->rq_tail;
+                qp->reads_out = 0;
+                qp->halted = false;
                 qp->conn_lost = false;
-            }
-            qp->progress_ns = ote_now_ns();
-            qp->state = next;
-            break;
-        case IBV_QPS_SQD:
-            qp->sqd_notify_pending = (mask & M(EN_SQD_ASYNC_NOTIFY)) && a->en_sqd_async_notify;
-            qp->state = next;
-            ote__sim_qp_complete(qp);
-            break;
-        default:
-            qp->state = next;
-            break;
+                qp->rnr_until_ns = 0;
+                qp->rnr_tries = 0;
+                qp->state = IBV_QPS_RESET;
+                break;
+            case IBV_QPS_ERR:
+                if (cur != IBV_QPS_ERR) ote__sim_qp_to_err(qp);
+                break;
+            case IBV_QPS_RTR:
+                qp->rq_epsn = q->rq_psn;
+                qp->state = next;
+                break;
+            case IBV_QPS_RTS:
+                if (cur == IBV_QPS_RTR) {
+                    qp->sq_psn_next = q->sq_psn;
+                    qp->conn_lost = false;
+                }
+                qp->progress_ns = ote_now_ns();
+                qp->state = next;
+                break;
+            case IBV_QPS_SQD:
+                qp->sqd_notify_pending = (mask & M(EN_SQD_ASYNC_NOTIFY)) && a->en_sqd_async_notify;
+                qp->state = next;
+                ote__sim_qp_complete(qp);
+                break;
+            default: qp->state = next; break;
         }
     }
     if (mask & M(STATE)) ibqp->state = next;
@@ -471,24 +485,23 @@ int ote__sim_query_qp(ote_verbs_t *v, struct ibv_qp *ibqp, struct ibv_qp_attr *a
 
 static int check_send_wr(sim_qp_t *qp, const struct ibv_send_wr *wr) {
     switch (wr->opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_SEND_WITH_INV:
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_LOCAL_INV:
-        break;
-    case IBV_WR_BIND_MW:
-        if (!wr->bind_mw.mw) return EINVAL;
-        break;
-    default:
-        return EINVAL; /* atomics (atomic_cap NONE), TSO, driver opcodes */
+        case IBV_WR_SEND:
+        case IBV_WR_SEND_WITH_IMM:
+        case IBV_WR_SEND_WITH_INV:
+        case IBV_WR_RDMA_WRITE:
+        case IBV_WR_RDMA_WRITE_WITH_IMM:
+        case IBV_WR_RDMA_READ:
+        case IBV_WR_LOCAL_INV: break;
+        case IBV_WR_BIND_MW:
+            if (!wr->bind_mw.mw) return EINVAL;
+            break;
+        default: return EINVAL; /* atomics (atomic_cap NONE), TSO, driver opcodes */
     }
     if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->init.cap.max_send_sge) return EINVAL;
     if (wr->num_sge > 0 && !wr->sg_list) return EINVAL;
     if (wr->send_flags & IBV_SEND_INLINE) {
-        if (wr->opcode == IBV_WR_RDMA_READ || wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_BIND_MW)
+        if (wr->opcode == IBV_WR_RDMA_READ || wr->opcode == IBV_WR_LOCAL_INV ||
+            wr->opcode == IBV_WR_BIND_MW)
             return EINVAL;
         uint64_t total = 0;
         for (int i = 0; i < wr->num_sge; i++) total += wr->sg_list[i].length;
@@ -537,32 +550,33 @@ int ote__sim_post_send(ote_verbs_t *v, struct ibv_qp *ibqp, struct ibv_send_wr *
             size_t off = 0;
             for (int i = 0; i < wr->num_sge; i++) {
                 if (wr->sg_list[i].length)
-                    memcpy(e->inl + off, (const void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+                    memcpy(e->inl + off, (const void *)(uintptr_t)wr->sg_list[i].addr,
+                           wr->sg_list[i].length);
                 off += wr->sg_list[i].length;
             }
             e->inlined = true;
         }
         switch (wr->opcode) {
-        case IBV_WR_SEND_WITH_IMM: e->imm = wr->imm_data; break;
-        case IBV_WR_SEND_WITH_INV: e->imm = wr->invalidate_rkey; break;
-        case IBV_WR_LOCAL_INV: e->imm = wr->invalidate_rkey; break;
-        case IBV_WR_RDMA_WRITE_WITH_IMM:
-            e->imm = wr->imm_data;
-            /* fall through */
-        case IBV_WR_RDMA_WRITE:
-        case IBV_WR_RDMA_READ:
-            e->raddr = wr->wr.rdma.remote_addr;
-            e->rkey = wr->wr.rdma.rkey;
-            break;
-        case IBV_WR_BIND_MW:
-            e->mw = wr->bind_mw.mw;
-            e->new_rkey = wr->bind_mw.rkey;
-            e->bmr = wr->bind_mw.bind_info.mr;
-            e->baddr = wr->bind_mw.bind_info.addr;
-            e->blen = wr->bind_mw.bind_info.length;
-            e->bacc = wr->bind_mw.bind_info.mw_access_flags;
-            break;
-        default: break;
+            case IBV_WR_SEND_WITH_IMM: e->imm = wr->imm_data; break;
+            case IBV_WR_SEND_WITH_INV: e->imm = wr->invalidate_rkey; break;
+            case IBV_WR_LOCAL_INV: e->imm = wr->invalidate_rkey; break;
+            case IBV_WR_RDMA_WRITE_WITH_IMM:
+                e->imm = wr->imm_data;
+                /* fall through */
+            case IBV_WR_RDMA_WRITE:
+            case IBV_WR_RDMA_READ:
+                e->raddr = wr->wr.rdma.remote_addr;
+                e->rkey = wr->wr.rdma.rkey;
+                break;
+            case IBV_WR_BIND_MW:
+                e->mw = wr->bind_mw.mw;
+                e->new_rkey = wr->bind_mw.rkey;
+                e->bmr = wr->bind_mw.bind_info.mr;
+                e->baddr = wr->bind_mw.bind_info.addr;
+                e->blen = wr->bind_mw.bind_info.length;
+                e->bacc = wr->bind_mw.bind_info.mw_access_flags;
+                break;
+            default: break;
         }
         e->state = SWR_QUEUED;
         e->psn_set = false;
@@ -598,8 +612,7 @@ int ote__sim_post_recv(ote_verbs_t *v, struct ibv_qp *ibqp, struct ibv_recv_wr *
         if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->init.cap.max_recv_sge ||
             (wr->num_sge > 0 && !wr->sg_list))
             rc = EINVAL;
-        else if (qp->rq_tail - qp->rq_head >= qp->init.cap.max_recv_wr)
-            rc = ENOMEM;
+        else if (qp->rq_tail - qp->rq_head >= qp->init.cap.max_recv_wr) rc = ENOMEM;
         if (rc) {
             if (bad_wr) *bad_wr = wr;
             break;

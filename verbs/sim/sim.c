@@ -56,7 +56,8 @@ static void sim_close(ote_verbs_t *v);
 static void prov_free(sim_prov_t *p) {
     ote__sim_wire_stop(p);
     for (int i = 0; i < p->cfg.ndev; i++)
-        for (int j = 1; j <= p->cfg.devs[i].nports; j++) ote__sim_port_unbind(p, &p->cfg.devs[i], j);
+        for (int j = 1; j <= p->cfg.devs[i].nports; j++)
+            ote__sim_port_unbind(p, &p->cfg.devs[i], j);
     /* Objects the user did not destroy are leaked on purpose (as rdma-core). */
     if (p->ctxs) OTE_WARN(SIM_LOG, "sim: closed with device contexts still open");
     HASH_CLEAR(hh, p->qps);
@@ -108,7 +109,8 @@ ote_status_t ote__verbs_sim_open(const char *config, ote_verbs_t **v_out) {
     for (int i = 0; i < p->cfg.ndev; i++) {
         sim_dev_t *d = &p->cfg.devs[i];
         d->prov = p;
-        d->guid = ((uint64_t)getpid() << 24) ^ ((uint64_t)p->instance << 8) ^ (uint64_t)i ^ 0x025e000000000000ull;
+        d->guid = ((uint64_t)getpid() << 24) ^ ((uint64_t)p->instance << 8) ^ (uint64_t)i ^
+                  0x025e000000000000ull;
         for (int j = 1; j <= d->nports; j++) {
             st = ote__sim_port_bind(p, d, j);
             if (st != OTE_OK) goto err_free;
@@ -188,15 +190,18 @@ static void port_event(sim_prov_t *p, sim_dev_t *d, uint8_t port, enum ibv_event
 ote_status_t ote_sim_set_port_state(ote_verbs_t *v, const char *dev, uint8_t port,
                                     enum ibv_port_state state) {
     if (!ote_sim_is_sim(v)) return OTE_ERR_INVALID;
-    if (state != IBV_PORT_DOWN && state != IBV_PORT_ACTIVE && state != IBV_PORT_INIT) return OTE_ERR_INVALID;
+    if (state != IBV_PORT_DOWN && state != IBV_PORT_ACTIVE && state != IBV_PORT_INIT)
+        return OTE_ERR_INVALID;
     sim_prov_t *p = to_sim_prov(v);
     sim_dev_t *d = find_dev(p, dev);
     if (!d || port < 1 || port > d->nports) return OTE_ERR_NOT_FOUND;
     ote_mutex_lock(&p->mu);
     enum ibv_port_state old = d->ports[port - 1].state;
     d->ports[port - 1].state = state;
-    if (old == IBV_PORT_ACTIVE && state != IBV_PORT_ACTIVE) port_event(p, d, port, IBV_EVENT_PORT_ERR);
-    if (old != IBV_PORT_ACTIVE && state == IBV_PORT_ACTIVE) port_event(p, d, port, IBV_EVENT_PORT_ACTIVE);
+    if (old == IBV_PORT_ACTIVE && state != IBV_PORT_ACTIVE)
+        port_event(p, d, port, IBV_EVENT_PORT_ERR);
+    if (old != IBV_PORT_ACTIVE && state == IBV_PORT_ACTIVE)
+        port_event(p, d, port, IBV_EVENT_PORT_ACTIVE);
     ote_mutex_unlock(&p->mu);
     ote__sim_wake(p);
     return OTE_OK;
@@ -229,7 +234,8 @@ ote_status_t ote_sim_set_gid(ote_verbs_t *v, const char *dev, uint8_t port, int 
     if (st != OTE_OK) {
         memcpy(pt->gids, saved, sizeof(saved));
         ote_status_t st2 = ote__sim_port_bind(p, d, port);
-        if (st2 != OTE_OK) OTE_WARN(SIM_LOG, "sim: %s port %u lost its listeners", d->ibdev.name, port);
+        if (st2 != OTE_OK)
+            OTE_WARN(SIM_LOG, "sim: %s port %u lost its listeners", d->ibdev.name, port);
     } else {
         port_event(p, d, port, IBV_EVENT_GID_CHANGE);
     }

@@ -55,7 +55,12 @@ struct sim_conn;
 
 /* ---- configuration: devices, ports, GIDs (config.c) ---- */
 
-typedef enum { SIM_GID_EXPLICIT = 0, SIM_GID_AUTO_V4, SIM_GID_AUTO_LL, SIM_GID_AUTO_V6 } sim_gid_kind_t;
+typedef enum {
+    SIM_GID_EXPLICIT = 0,
+    SIM_GID_AUTO_V4,
+    SIM_GID_AUTO_LL,
+    SIM_GID_AUTO_V6
+} sim_gid_kind_t;
 
 enum { SIM_FD_WAKE = 1, SIM_FD_LISTENER = 2, SIM_FD_CONN = 3 };
 
@@ -288,8 +293,8 @@ typedef struct sim_qp {
     sim_cq_t *scq, *rcq;
     struct ibv_qp_init_attr init;
     struct ibv_qp_attr attr; /* current attributes */
-    enum ibv_qp_state state;  /* real state (the device may move it to ERR) */
-    uint32_t epoch;           /* bumped on every move to ERR/RESET */
+    enum ibv_qp_state state; /* real state (the device may move it to ERR) */
+    uint32_t epoch;          /* bumped on every move to ERR/RESET */
     uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
     bool sq_sig_all;
     /* send queue: sequence numbers never reset */
@@ -312,7 +317,7 @@ typedef struct sim_qp {
     bool sqd_notify_pending;
     bool halted; /* a local error is pending: send nothing more */
     uint32_t async_delivered, async_acked;
-    UT_hash_handle hh; /* prov->qps by qp_num */
+    UT_hash_handle hh;          /* prov->qps by qp_num */
     struct sim_qp *next, *prev; /* prov->qp_list */
 } sim_qp_t;
 
@@ -324,7 +329,8 @@ void ote__sim_qp_fatal(sim_qp_t *qp, enum ibv_event_type ev);
 void ote__sim_qp_complete(sim_qp_t *qp);
 void ote__sim_rq_complete(sim_qp_t *qp, const struct ibv_wc *wc, bool solicited);
 /* An error CQE of the receive WQE wr_id (flushed or failed by the responder). */
-void ote__sim_recv_error_wc(const sim_qp_t *qp, uint64_t wr_id, enum ibv_wc_status st, struct ibv_wc *wc);
+void ote__sim_recv_error_wc(const sim_qp_t *qp, uint64_t wr_id, enum ibv_wc_status st,
+                            struct ibv_wc *wc);
 uint64_t ote__sim_retry_bound_ns(sim_qp_t *qp, bool lost);
 
 /* ---- wire (wire.c) ---- */
@@ -341,7 +347,7 @@ typedef struct sim_hdr {
     uint32_t psn;
     uint32_t imm; /* imm / invalidate rkey / HELLO: src qpn / NAK RNR: min_rnr_timer */
     uint32_t rkey;
-    uint32_t npsn;  /* REQ: PSNs the message consumes */
+    uint32_t npsn; /* REQ: PSNs the message consumes */
     uint32_t pad;
     uint64_t raddr; /* HELLO: dst qpn */
     uint64_t len;   /* payload bytes following the header */
@@ -365,9 +371,9 @@ typedef struct sim_conn {
     int kind; /* SIM_FD_CONN */
     int fd;
     struct sim_prov *p;
-    bool requester;   /* our QP's outgoing connection */
+    bool requester; /* our QP's outgoing connection */
     bool dead;
-    sim_qp_t *qp;     /* requester: owner; responder: bound after HELLO (may be NULL) */
+    sim_qp_t *qp;        /* requester: owner; responder: bound after HELLO (may be NULL) */
     sim_listener_t *via; /* responder: the listener that accepted it */
     sim_frame_t *tx_head, *tx_tail;
     bool want_out;
@@ -377,7 +383,7 @@ typedef struct sim_conn {
     sim_rx_state_t rx;
     sim_hdr_t h;
     uint64_t remaining;
-    struct iovec *div; /* destination iovs (NULL = discard) */
+    struct iovec *div;    /* destination iovs (NULL = discard) */
     const void **div_own; /* per div entry: the MR/MW that grants the write (NULL: sim memory) */
     int ndiv, idiv;
     int div_cap;
@@ -387,15 +393,22 @@ typedef struct sim_conn {
     uint32_t act_epoch;
     uint64_t act_seq;
     union ibv_gid hello_gid;
-    bool helloed;        /* responder: a HELLO was seen (a second one closes the connection) */
-    sim_frame_t *rresp;  /* responder: the READ response not yet fully sent, if any */
-    bool rx_blocked;     /* responder: the next request waits until rresp is sent */
-    uint32_t ev_mask;    /* epoll events registered */
+    bool helloed;       /* responder: a HELLO was seen (a second one closes the connection) */
+    sim_frame_t *rresp; /* responder: the READ response not yet fully sent, if any */
+    bool rx_blocked;    /* responder: the next request waits until rresp is sent */
+    uint32_t ev_mask;   /* epoll events registered */
     struct sim_conn *next, *prev;
 } sim_conn_t;
 
 /* What the receive engine does with a payload when it has landed (sim_conn_t.act). */
-enum { SIM_ACT_NONE = 0, SIM_ACT_HELLO, SIM_ACT_RECV, SIM_ACT_WRITE, SIM_ACT_WRITE_IMM, SIM_ACT_RRESP };
+enum {
+    SIM_ACT_NONE = 0,
+    SIM_ACT_HELLO,
+    SIM_ACT_RECV,
+    SIM_ACT_WRITE,
+    SIM_ACT_WRITE_IMM,
+    SIM_ACT_RRESP
+};
 
 /* The transport is one job per file, all under prov->mu:
  *   wire.c       connections, frames and their transmission, revocation, progress thread
@@ -426,8 +439,8 @@ void ote__sim_conn_touch(sim_conn_t *c);
 /* Send what the socket takes of the queued frames. */
 void ote__sim_conn_tx(struct sim_prov *p, sim_conn_t *c);
 /* Queue an ACK/NAK header. */
-void ote__sim_send_ctl(struct sim_prov *p, sim_conn_t *c, uint8_t type, uint32_t psn, uint8_t syndrome,
-                       uint32_t imm);
+void ote__sim_send_ctl(struct sim_prov *p, sim_conn_t *c, uint8_t type, uint32_t psn,
+                       uint8_t syndrome, uint32_t imm);
 /* wire_req.c */
 void ote__sim_req_pump(struct sim_prov *p, sim_qp_t *qp, uint64_t now);
 void ote__sim_req_on_header(struct sim_prov *p, sim_conn_t *c);
@@ -439,7 +452,8 @@ void ote__sim_resp_done(struct sim_prov *p, sim_conn_t *c);
 /* wire_rx.c */
 void ote__sim_conn_rx(struct sim_prov *p, sim_conn_t *c);
 /* The payload's destination: the local SGEs (up to len bytes) or one range. */
-void ote__sim_div_sges(struct sim_prov *p, sim_conn_t *c, const struct ibv_sge *sge, int n, uint64_t len);
+void ote__sim_div_sges(struct sim_prov *p, sim_conn_t *c, const struct ibv_sge *sge, int n,
+                       uint64_t len);
 void ote__sim_div_one(sim_conn_t *c, void *base, uint64_t len, const void *own);
 /* Detach every connection of qp (RESET, ERR of requester side, destroy). */
 void ote__sim_qp_detach(sim_qp_t *qp, bool responder_too);
@@ -479,13 +493,27 @@ typedef struct sim_prov {
 } sim_prov_t;
 
 static inline sim_prov_t *to_sim_prov(ote_verbs_t *v) { return (sim_prov_t *)v->priv; }
-static inline sim_ctx_t *to_sim_ctx(struct ibv_context *c) { return sim_container_of(c, sim_ctx_t, ibctx); }
-static inline sim_dev_t *to_sim_dev(struct ibv_device *d) { return sim_container_of(d, sim_dev_t, ibdev); }
-static inline sim_pd_t *to_sim_pd(struct ibv_pd *pd) { return sim_container_of(pd, sim_pd_t, ibpd); }
-static inline sim_mr_t *to_sim_mr(struct ibv_mr *mr) { return sim_container_of(mr, sim_mr_t, ibmr); }
-static inline sim_mw_t *to_sim_mw(struct ibv_mw *mw) { return sim_container_of(mw, sim_mw_t, ibmw); }
-static inline sim_cq_t *to_sim_cq(struct ibv_cq *cq) { return sim_container_of(cq, sim_cq_t, ibcq); }
-static inline sim_qp_t *to_sim_qp(struct ibv_qp *qp) { return sim_container_of(qp, sim_qp_t, ibqp); }
+static inline sim_ctx_t *to_sim_ctx(struct ibv_context *c) {
+    return sim_container_of(c, sim_ctx_t, ibctx);
+}
+static inline sim_dev_t *to_sim_dev(struct ibv_device *d) {
+    return sim_container_of(d, sim_dev_t, ibdev);
+}
+static inline sim_pd_t *to_sim_pd(struct ibv_pd *pd) {
+    return sim_container_of(pd, sim_pd_t, ibpd);
+}
+static inline sim_mr_t *to_sim_mr(struct ibv_mr *mr) {
+    return sim_container_of(mr, sim_mr_t, ibmr);
+}
+static inline sim_mw_t *to_sim_mw(struct ibv_mw *mw) {
+    return sim_container_of(mw, sim_mw_t, ibmw);
+}
+static inline sim_cq_t *to_sim_cq(struct ibv_cq *cq) {
+    return sim_container_of(cq, sim_cq_t, ibcq);
+}
+static inline sim_qp_t *to_sim_qp(struct ibv_qp *qp) {
+    return sim_container_of(qp, sim_qp_t, ibqp);
+}
 static inline sim_channel_t *to_sim_ch(struct ibv_comp_channel *ch) {
     return sim_container_of(ch, sim_channel_t, ibch);
 }

@@ -47,7 +47,8 @@ bool ote__sim_port_up(sim_qp_t *qp) {
 ote_status_t ote__sim_listener_add(sim_prov_t *p, sim_listener_t *l) {
     l->kind = SIM_FD_LISTENER;
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = l};
-    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, l->fd, &ev) != 0) return ote_status_make(OTE_ERR_NATIVE, errno);
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, l->fd, &ev) != 0)
+        return ote_status_make(OTE_ERR_NATIVE, errno);
     p->nlisteners++;
     return OTE_OK;
 }
@@ -331,7 +332,7 @@ void ote__sim_revoke(sim_prov_t *p, const void *obj, bool is_mw) {
 }
 
 void ote__sim_send_ctl(sim_prov_t *p, sim_conn_t *c, uint8_t type, uint32_t psn, uint8_t syndrome,
-                     uint32_t imm) {
+                       uint32_t imm) {
     sim_frame_t *f = ote__sim_frame_new(0);
     if (!f) {
         /* Out of memory: the requester sees no answer and ends in RETRY_EXC_ERR. */
@@ -418,7 +419,8 @@ static void *progress_main(void *arg) {
         sim_qp_t *qp;
         DL_FOREACH2(p->qp_list, qp, next) ote__sim_req_pump(p, qp, now);
         sim_conn_t *c;
-        DL_FOREACH(p->conns, c) if (!c->dead && (c->tx_head || c->rx_blocked)) conn_service(p, c, false);
+        DL_FOREACH(p->conns, c)
+        if (!c->dead && (c->tx_head || c->rx_blocked)) conn_service(p, c, false);
         ote__sim_handle_overflow(p);
         reap(p);
     }

@@ -12,14 +12,16 @@
 
 #include "verbs/sim/sim_internal.h"
 
-static const uint32_t k_rnr_us[32] = {
-    655360, 10,    20,    30,    40,    60,    80,    120,   160,    240,    320,
-    480,    640,   960,   1280,  1920,  2560,  3840,  5120,  7680,   10240,  15360,
-    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+static const uint32_t k_rnr_us[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                      160,    240,   320,   480,    640,    960,    1280,   1920,
+                                      2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                      40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 static sim_swr_t *slot(sim_qp_t *qp, uint64_t seq) { return &qp->sq[seq % qp->max_send_wr]; }
 
-static bool is_remote(enum ibv_wr_opcode op) { return op != IBV_WR_BIND_MW && op != IBV_WR_LOCAL_INV; }
+static bool is_remote(enum ibv_wr_opcode op) {
+    return op != IBV_WR_BIND_MW && op != IBV_WR_LOCAL_INV;
+}
 
 static bool swr_find(sim_qp_t *qp, uint32_t psn, uint64_t *seq_out) {
     for (uint64_t s = qp->sq_head; s < qp->sq_next; s++) {
@@ -45,15 +47,17 @@ static void exec_bind(sim_prov_t *p, sim_qp_t *qp, sim_swr_t *e) {
     bool ok = mw->ibmw.type == IBV_MW_TYPE_2 && !mw->bound && mw->pd == qp->pd && mr &&
               ote__sim_mr_lookup(p, mr->ibmr.lkey) == mr && e->blen > 0 &&
               (mr->access & IBV_ACCESS_MW_BIND) && (e->new_rkey >> 8) == mw->index &&
-              !(e->bacc & ~(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                            IBV_ACCESS_ZERO_BASED)) &&
+              !(e->bacc & ~(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                            IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED)) &&
               !(e->bacc & IBV_ACCESS_ZERO_BASED);
     if (ok && (e->bacc & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
         !(mr->access & IBV_ACCESS_LOCAL_WRITE))
         ok = false;
     if (ok) {
         uint64_t base = mr->va;
-        if (e->baddr < base || e->blen > mr->ibmr.length || e->baddr - base > mr->ibmr.length - e->blen) ok = false;
+        if (e->baddr < base || e->blen > mr->ibmr.length ||
+            e->baddr - base > mr->ibmr.length - e->blen)
+            ok = false;
     }
     if (!ok) {
         swr_fail(qp, e, IBV_WC_MW_BIND_ERR);
@@ -153,7 +157,8 @@ static void req_build(sim_prov_t *p, sim_qp_t *qp) {
         if ((e->flags & IBV_SEND_FENCE) && qp->reads_out > 0) break;
         if (e->op == IBV_WR_RDMA_READ && (uint32_t)qp->reads_out >= max_reads) break;
         if (!qp->req || qp->req->dead || !ote__sim_port_up(qp)) break;
-        sim_frame_t *f = ote__sim_frame_new(e->op == IBV_WR_RDMA_READ ? 0 : (e->inlined ? 1 : e->nsge));
+        sim_frame_t *f =
+            ote__sim_frame_new(e->op == IBV_WR_RDMA_READ ? 0 : (e->inlined ? 1 : e->nsge));
         if (!f) break; /* retried on the next round */
         if (!e->psn_set) {
             e->psn = qp->sq_psn_next;
@@ -181,7 +186,7 @@ static void req_build(sim_prov_t *p, sim_qp_t *qp) {
             else
                 for (int i = 0; i < e->nsge; i++)
                     ote__sim_frame_add(f, ote__sim_sge_host(p, &e->sge[i]), e->sge[i].length,
-                              ote__sim_mr_lookup(p, e->sge[i].lkey));
+                                       ote__sim_mr_lookup(p, e->sge[i].lkey));
         }
         ote__sim_conn_queue(qp->req, f);
         e->state = SWR_SENT;
@@ -245,7 +250,8 @@ void ote__sim_req_pump(sim_prov_t *p, sim_qp_t *qp, uint64_t now) {
         qp->progress_ns = now;
     }
     if (qp->sq_head == qp->sq_tail) return;
-    if (qp->state == IBV_QPS_RTS && !qp->req && !qp->conn_lost && !qp->halted && ote__sim_port_up(qp)) {
+    if (qp->state == IBV_QPS_RTS && !qp->req && !qp->conn_lost && !qp->halted &&
+        ote__sim_port_up(qp)) {
         bool need = false;
         for (uint64_t s = qp->sq_next; s < qp->sq_tail; s++)
             if (is_remote(slot(qp, s)->op)) need = true;
@@ -280,18 +286,18 @@ static void on_nak(sim_qp_t *qp, const sim_hdr_t *h) {
     if (!swr_find(qp, h->psn, &s)) return;
     sim_swr_t *e = slot(qp, s);
     switch (h->syndrome) {
-    case SIM_NAK_RNR:
-        if (qp->attr.rnr_retry != 7 && qp->rnr_tries >= qp->attr.rnr_retry) {
-            swr_fail(qp, e, IBV_WC_RNR_RETRY_EXC_ERR);
-            break;
-        }
-        qp->rnr_tries++;
-        req_rewind(qp, s);
-        qp->rnr_until_ns = ote_now_ns() + (uint64_t)k_rnr_us[h->imm & 31] * OTE_NSEC_PER_USEC;
-        return;
-    case SIM_NAK_ACCESS: swr_fail(qp, e, IBV_WC_REM_ACCESS_ERR); break;
-    case SIM_NAK_INV_REQ: swr_fail(qp, e, IBV_WC_REM_INV_REQ_ERR); break;
-    default: swr_fail(qp, e, IBV_WC_REM_OP_ERR); break;
+        case SIM_NAK_RNR:
+            if (qp->attr.rnr_retry != 7 && qp->rnr_tries >= qp->attr.rnr_retry) {
+                swr_fail(qp, e, IBV_WC_RNR_RETRY_EXC_ERR);
+                break;
+            }
+            qp->rnr_tries++;
+            req_rewind(qp, s);
+            qp->rnr_until_ns = ote_now_ns() + (uint64_t)k_rnr_us[h->imm & 31] * OTE_NSEC_PER_USEC;
+            return;
+        case SIM_NAK_ACCESS: swr_fail(qp, e, IBV_WC_REM_ACCESS_ERR); break;
+        case SIM_NAK_INV_REQ: swr_fail(qp, e, IBV_WC_REM_INV_REQ_ERR); break;
+        default: swr_fail(qp, e, IBV_WC_REM_OP_ERR); break;
     }
     ote__sim_qp_complete(qp);
 }
@@ -302,33 +308,32 @@ void ote__sim_req_on_header(sim_prov_t *p, sim_conn_t *c) {
     sim_qp_t *qp = c->qp;
     bool live = qp && (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD);
     switch (h->type) {
-    case SIM_MSG_ACK:
-        if (live) on_ack(qp, h);
-        break;
-    case SIM_MSG_NAK:
-        if (live) on_nak(qp, h);
-        break;
-    case SIM_MSG_RRESP: {
-        uint64_t s;
-        if (!live || !swr_find(qp, h->psn, &s)) break; /* stale: payload dropped */
-        sim_swr_t *e = slot(qp, s);
-        if (e->op != IBV_WR_RDMA_READ) { /* a READ response for a non-READ request */
-            swr_fail(qp, e, IBV_WC_BAD_RESP_ERR);
-            ote__sim_qp_complete(qp);
+        case SIM_MSG_ACK:
+            if (live) on_ack(qp, h);
+            break;
+        case SIM_MSG_NAK:
+            if (live) on_nak(qp, h);
+            break;
+        case SIM_MSG_RRESP: {
+            uint64_t s;
+            if (!live || !swr_find(qp, h->psn, &s)) break; /* stale: payload dropped */
+            sim_swr_t *e = slot(qp, s);
+            if (e->op != IBV_WR_RDMA_READ) { /* a READ response for a non-READ request */
+                swr_fail(qp, e, IBV_WC_BAD_RESP_ERR);
+                ote__sim_qp_complete(qp);
+                break;
+            }
+            uint64_t len = h->len < e->len ? h->len : e->len;
+            c->act = SIM_ACT_RRESP;
+            c->act_seq = s;
+            c->act_epoch = qp->epoch;
+            /* the local SGEs were checked at post; they may have been deregistered since */
+            if (ote__sim_check_local(p, qp->pd, e->sge, e->nsge, true, len))
+                ote__sim_div_sges(p, c, e->sge, e->nsge, len);
+            else c->act_revoked = true;
             break;
         }
-        uint64_t len = h->len < e->len ? h->len : e->len;
-        c->act = SIM_ACT_RRESP;
-        c->act_seq = s;
-        c->act_epoch = qp->epoch;
-        /* the local SGEs were checked at post; they may have been deregistered since */
-        if (ote__sim_check_local(p, qp->pd, e->sge, e->nsge, true, len)) ote__sim_div_sges(p, c, e->sge, e->nsge, len);
-        else c->act_revoked = true;
-        break;
-    }
-    default:
-        ote__sim_conn_close(p, c);
-        break;
+        default: ote__sim_conn_close(p, c); break;
     }
 }
 

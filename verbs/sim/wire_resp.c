@@ -53,103 +53,111 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
     c->idiv = 0;
     if (!qp || (qp->state != IBV_QPS_RTR && qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) ||
         !ote__sim_port_up(qp))
-        return; /* dropped: the requester times out */
+        return;                        /* dropped: the requester times out */
     if (h->psn != qp->rq_epsn) return; /* out of sequence (after a go-back) or PSN mismatch */
     c->act_epoch = qp->epoch;
     switch (h->op) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_SEND_WITH_INV: {
-        sim_rwr_t *w = rq_front(qp);
-        if (!w) {
-            ote__sim_send_ctl(p, c, SIM_MSG_NAK, h->psn, SIM_NAK_RNR, qp->attr.min_rnr_timer);
-            return;
-        }
-        if (h->len > sge_total(w)) {
-            resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_LEN_ERR, IBV_EVENT_QP_REQ_ERR);
-            return;
-        }
-        if (!ote__sim_check_local(p, qp->pd, w->sge, w->nsge, true, h->len)) {
-            resp_fail(p, c, qp, SIM_NAK_OP, w, IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
-            return;
-        }
-        if (h->op == IBV_WR_SEND_WITH_INV && !ote__sim_mw_inv_allowed(p, qp, h->imm, true)) {
-            resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_QP_OP_ERR, IBV_EVENT_QP_REQ_ERR);
-            return;
-        }
-        ote__sim_div_sges(p, c, w->sge, w->nsge, h->len);
-        c->act = SIM_ACT_RECV;
-        return;
-    }
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM: {
-        sim_rwr_t *w = NULL;
-        if (h->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-            w = rq_front(qp);
+        case IBV_WR_SEND:
+        case IBV_WR_SEND_WITH_IMM:
+        case IBV_WR_SEND_WITH_INV: {
+            sim_rwr_t *w = rq_front(qp);
             if (!w) {
                 ote__sim_send_ctl(p, c, SIM_MSG_NAK, h->psn, SIM_NAK_RNR, qp->attr.min_rnr_timer);
                 return;
             }
+            if (h->len > sge_total(w)) {
+                resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_LEN_ERR, IBV_EVENT_QP_REQ_ERR);
+                return;
+            }
+            if (!ote__sim_check_local(p, qp->pd, w->sge, w->nsge, true, h->len)) {
+                resp_fail(p, c, qp, SIM_NAK_OP, w, IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
+                return;
+            }
+            if (h->op == IBV_WR_SEND_WITH_INV && !ote__sim_mw_inv_allowed(p, qp, h->imm, true)) {
+                resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_QP_OP_ERR, IBV_EVENT_QP_REQ_ERR);
+                return;
+            }
+            ote__sim_div_sges(p, c, w->sge, w->nsge, h->len);
+            c->act = SIM_ACT_RECV;
+            return;
         }
-        const void *auth = NULL;
-        void *host = NULL;
-        if (h->len > 0) {
-            if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
-                resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_REQ_ERR);
-                return;
+        case IBV_WR_RDMA_WRITE:
+        case IBV_WR_RDMA_WRITE_WITH_IMM: {
+            sim_rwr_t *w = NULL;
+            if (h->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+                w = rq_front(qp);
+                if (!w) {
+                    ote__sim_send_ctl(p, c, SIM_MSG_NAK, h->psn, SIM_NAK_RNR,
+                                      qp->attr.min_rnr_timer);
+                    return;
+                }
             }
-            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len, IBV_ACCESS_REMOTE_WRITE, &auth,
-                                       &host)) {
-                resp_fail(p, c, qp, SIM_NAK_ACCESS, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
-                return;
+            const void *auth = NULL;
+            void *host = NULL;
+            if (h->len > 0) {
+                if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
+                    resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_ACCESS_ERR,
+                              IBV_EVENT_QP_REQ_ERR);
+                    return;
+                }
+                if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len,
+                                           IBV_ACCESS_REMOTE_WRITE, &auth, &host)) {
+                    resp_fail(p, c, qp, SIM_NAK_ACCESS, w, IBV_WC_LOC_ACCESS_ERR,
+                              IBV_EVENT_QP_ACCESS_ERR);
+                    return;
+                }
             }
+            ote__sim_div_one(c, host, h->len, auth);
+            c->act = w ? SIM_ACT_WRITE_IMM : SIM_ACT_WRITE;
+            return;
         }
-        ote__sim_div_one(c, host, h->len, auth);
-        c->act = w ? SIM_ACT_WRITE_IMM : SIM_ACT_WRITE;
-        return;
-    }
-    case IBV_WR_RDMA_READ: {
-        uint64_t len = h->imm;
-        const void *auth = NULL;
-        void *host = NULL;
-        if (len > 0) {
-            if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)) {
-                resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_REQ_ERR);
-                return;
+        case IBV_WR_RDMA_READ: {
+            uint64_t len = h->imm;
+            const void *auth = NULL;
+            void *host = NULL;
+            if (len > 0) {
+                if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)) {
+                    resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS,
+                              IBV_EVENT_QP_REQ_ERR);
+                    return;
+                }
+                if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ,
+                                           &auth, &host)) {
+                    resp_fail(p, c, qp, SIM_NAK_ACCESS, NULL, IBV_WC_SUCCESS,
+                              IBV_EVENT_QP_ACCESS_ERR);
+                    return;
+                }
             }
-            if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ, &auth, &host)) {
-                resp_fail(p, c, qp, SIM_NAK_ACCESS, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_ACCESS_ERR);
-                return;
-            }
-        }
-        sim_frame_t *f = ote__sim_frame_new(1);
-        if (!f) return; /* no answer: the requester retries out */
-        f->hdr.type = SIM_MSG_RRESP;
-        f->hdr.psn = h->psn;
-        f->hdr.len = len;
-        /* Zero-copy: the bytes are read when the socket takes them. Until then the next
+            sim_frame_t *f = ote__sim_frame_new(1);
+            if (!f) return; /* no answer: the requester retries out */
+            f->hdr.type = SIM_MSG_RRESP;
+            f->hdr.psn = h->psn;
+            f->hdr.len = len;
+            /* Zero-copy: the bytes are read when the socket takes them. Until then the next
          * request on this connection waits (conn_rx) and revoking auth withdraws it. */
-        ote__sim_frame_add(f, host, len, auth);
-        ote__sim_conn_queue(c, f);
-        c->rresp = f;
-        qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
-        return;
-    }
-    default:
-        resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_REQ_ERR);
-        return;
+            ote__sim_frame_add(f, host, len, auth);
+            ote__sim_conn_queue(c, f);
+            c->rresp = f;
+            qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
+            return;
+        }
+        default:
+            resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_REQ_ERR);
+            return;
     }
 }
 
 void ote__sim_resp_done(sim_prov_t *p, sim_conn_t *c) {
     sim_hdr_t *h = &c->h;
     sim_qp_t *qp = c->qp;
-    if (!qp || qp->epoch != c->act_epoch || qp->state == IBV_QPS_ERR || qp->state == IBV_QPS_RESET) return;
+    if (!qp || qp->epoch != c->act_epoch || qp->state == IBV_QPS_ERR || qp->state == IBV_QPS_RESET)
+        return;
     if (c->act_revoked) {
         /* The destination was deregistered or invalidated mid-payload and the rest was
          * dropped: a protection error found late (class C: NAK, QP to ERR). */
         if (c->act == SIM_ACT_RECV)
-            resp_fail(p, c, qp, SIM_NAK_OP, rq_front(qp), IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
+            resp_fail(p, c, qp, SIM_NAK_OP, rq_front(qp), IBV_WC_LOC_PROT_ERR,
+                      IBV_EVENT_QP_ACCESS_ERR);
         else
             resp_fail(p, c, qp, SIM_NAK_ACCESS, c->act == SIM_ACT_WRITE_IMM ? rq_front(qp) : NULL,
                       IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
@@ -226,32 +234,28 @@ static sim_qp_t *hello_target(sim_prov_t *p, sim_conn_t *c) {
     sim_qp_t *qp = NULL;
     HASH_FIND(hh, p->qps, &qpn, sizeof(qpn), qp);
     if (!qp || qp->ctx->dev != c->via->dev || qp->attr.port_num != c->via->port) return NULL;
-    if (qp->state != IBV_QPS_RTR && qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) return NULL;
+    if (qp->state != IBV_QPS_RTR && qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD)
+        return NULL;
     if (c->h.imm != qp->attr.dest_qp_num) return NULL;
     if (memcmp(c->hello_gid.raw, qp->attr.ah_attr.grh.dgid.raw, 16) != 0) return NULL;
     if (!peer_holds_gid(c->fd, &c->hello_gid)) return NULL;
     return qp;
 }
 
-
 /* A header on a connection our listener accepted: its HELLO (once) or a request. */
 void ote__sim_resp_on_header(sim_prov_t *p, sim_conn_t *c) {
     switch (c->h.type) {
-    case SIM_MSG_HELLO:
-        if (c->helloed || c->h.len != 16) { /* one HELLO binds a connection, once */
-            ote__sim_conn_close(p, c);
-            return;
-        }
-        c->helloed = true;
-        ote__sim_div_one(c, c->hello_gid.raw, 16, NULL);
-        c->act = SIM_ACT_HELLO;
-        break;
-    case SIM_MSG_REQ:
-        resp_request(p, c);
-        break;
-    default:
-        ote__sim_conn_close(p, c);
-        break;
+        case SIM_MSG_HELLO:
+            if (c->helloed || c->h.len != 16) { /* one HELLO binds a connection, once */
+                ote__sim_conn_close(p, c);
+                return;
+            }
+            c->helloed = true;
+            ote__sim_div_one(c, c->hello_gid.raw, 16, NULL);
+            c->act = SIM_ACT_HELLO;
+            break;
+        case SIM_MSG_REQ: resp_request(p, c); break;
+        default: ote__sim_conn_close(p, c); break;
     }
 }
 
@@ -259,8 +263,9 @@ void ote__sim_resp_on_header(sim_prov_t *p, sim_conn_t *c) {
 void ote__sim_resp_hello_done(sim_prov_t *p, sim_conn_t *c) {
     sim_qp_t *qp = hello_target(p, c);
     if (!qp) {
-        OTE_WARN(SIM_LOG, "sim: connection for QP %llu from QP %u refused (no such QP, not connected, "
-                          "or not its RTR destination)",
+        OTE_WARN(SIM_LOG,
+                 "sim: connection for QP %llu from QP %u refused (no such QP, not connected, "
+                 "or not its RTR destination)",
                  (unsigned long long)c->h.raddr, c->h.imm);
         ote__sim_conn_close(p, c); /* the requester sees the peer gone */
         return;

@@ -11,7 +11,8 @@
 
 #include "verbs/sim/sim_internal.h"
 
-void ote__sim_div_sges(sim_prov_t *p, sim_conn_t *c, const struct ibv_sge *sge, int n, uint64_t len) {
+void ote__sim_div_sges(sim_prov_t *p, sim_conn_t *c, const struct ibv_sge *sge, int n,
+                       uint64_t len) {
     c->ndiv = 0;
     c->idiv = 0;
     for (int i = 0; i < n && len > 0 && c->ndiv < c->div_cap; i++) {
@@ -50,19 +51,12 @@ static void on_header(sim_prov_t *p, sim_conn_t *c) {
 
 static void on_payload_done(sim_prov_t *p, sim_conn_t *c) {
     switch (c->act) {
-    case SIM_ACT_HELLO:
-        ote__sim_resp_hello_done(p, c);
-        break;
-    case SIM_ACT_RECV:
-    case SIM_ACT_WRITE:
-    case SIM_ACT_WRITE_IMM:
-        ote__sim_resp_done(p, c);
-        break;
-    case SIM_ACT_RRESP:
-        ote__sim_req_read_done(p, c);
-        break;
-    default:
-        break;
+        case SIM_ACT_HELLO: ote__sim_resp_hello_done(p, c); break;
+        case SIM_ACT_RECV:
+        case SIM_ACT_WRITE:
+        case SIM_ACT_WRITE_IMM: ote__sim_resp_done(p, c); break;
+        case SIM_ACT_RRESP: ote__sim_req_read_done(p, c); break;
+        default: break;
     }
     c->act = SIM_ACT_NONE;
 }
@@ -99,17 +93,15 @@ static void div_advance(sim_conn_t *c, size_t k) {
 static bool div_live(const sim_conn_t *c) {
     const sim_qp_t *qp = c->qp;
     switch (c->act) {
-    case SIM_ACT_RECV:
-    case SIM_ACT_WRITE:
-    case SIM_ACT_WRITE_IMM:
-        return qp && qp->epoch == c->act_epoch &&
-               (qp->state == IBV_QPS_RTR || qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD);
-    case SIM_ACT_RRESP:
-        return qp && qp->epoch == c->act_epoch;
-    case SIM_ACT_HELLO:
-        return true;
-    default:
-        return false;
+        case SIM_ACT_RECV:
+        case SIM_ACT_WRITE:
+        case SIM_ACT_WRITE_IMM:
+            return qp && qp->epoch == c->act_epoch &&
+                   (qp->state == IBV_QPS_RTR || qp->state == IBV_QPS_RTS ||
+                    qp->state == IBV_QPS_SQD);
+        case SIM_ACT_RRESP: return qp && qp->epoch == c->act_epoch;
+        case SIM_ACT_HELLO: return true;
+        default: return false;
     }
 }
 
@@ -205,4 +197,3 @@ void ote__sim_conn_rx(sim_prov_t *p, sim_conn_t *c) {
         c->rlen = got - into_div; /* the rest landed in staging */
     }
 }
-

@@ -108,8 +108,8 @@ typedef struct {
 } ote_request_t;
 
 typedef enum {
-    OTE_TRANSFER_WAITING = 0,  /* slot not yet submitted */
-    OTE_TRANSFER_PENDING = 1,  /* submitted, in progress */
+    OTE_TRANSFER_WAITING = 0, /* slot not yet submitted */
+    OTE_TRANSFER_PENDING = 1, /* submitted, in progress */
     OTE_TRANSFER_COMPLETED = 2,
     OTE_TRANSFER_FAILED = 3,
     OTE_TRANSFER_CANCELED = 4,

@@ -45,21 +45,21 @@ enum {
     OTE_ERR_STATE = 13,       /* object is in a state that forbids the call */
 
     /* Peer / endpoint scope (100..199): the peer or connection is unusable. */
-    OTE_ERR_PEER_LOST = 100,   /* peer died or connection dropped */
-    OTE_ERR_PROTOCOL = 101,    /* malformed or unexpected message from the peer */
-    OTE_ERR_VERSION = 102,     /* protocol version mismatch */
-    OTE_ERR_CONNECT = 103,     /* could not connect to the peer */
+    OTE_ERR_PEER_LOST = 100,     /* peer died or connection dropped */
+    OTE_ERR_PROTOCOL = 101,      /* malformed or unexpected message from the peer */
+    OTE_ERR_VERSION = 102,       /* protocol version mismatch */
+    OTE_ERR_CONNECT = 103,       /* could not connect to the peer */
     OTE_ERR_REMOTE_ACCESS = 104, /* the remote side refused access */
-    OTE_ERR_REMOTE = 105,      /* the remote side failed the request */
+    OTE_ERR_REMOTE = 105,        /* the remote side failed the request */
 
     /* Context / device scope (200..299): a device, port or native owner failed. */
-    OTE_ERR_NATIVE = 200,      /* a native call failed; see ote_status_errno() */
-    OTE_ERR_NO_DEVICE = 201,   /* no usable device */
-    OTE_ERR_PORT_DOWN = 202,   /* selected port is not active */
-    OTE_ERR_DEVICE_FATAL = 203,/* device reported a fatal error */
-    OTE_ERR_RETAINED = 204,    /* native destroy failed; the owner was retained */
-    OTE_ERR_FENCED = 205,      /* queue fenced after an unknown outcome */
-    OTE_ERR_IO = 206,          /* local I/O error */
+    OTE_ERR_NATIVE = 200,       /* a native call failed; see ote_status_errno() */
+    OTE_ERR_NO_DEVICE = 201,    /* no usable device */
+    OTE_ERR_PORT_DOWN = 202,    /* selected port is not active */
+    OTE_ERR_DEVICE_FATAL = 203, /* device reported a fatal error */
+    OTE_ERR_RETAINED = 204,     /* native destroy failed; the owner was retained */
+    OTE_ERR_FENCED = 205,       /* queue fenced after an unknown outcome */
+    OTE_ERR_IO = 206,           /* local I/O error */
 };
 
 typedef enum {
@@ -70,7 +70,9 @@ typedef enum {
 } ote_status_scope_t;
 
 static inline int ote_status_code(ote_status_t st) { return (int)((uint32_t)st & 0xffffu); }
-static inline int ote_status_errno(ote_status_t st) { return (int)(((uint32_t)st >> 16) & 0x7fffu); }
+static inline int ote_status_errno(ote_status_t st) {
+    return (int)(((uint32_t)st >> 16) & 0x7fffu);
+}
 static inline int ote_status_is_ok(ote_status_t st) { return st == OTE_OK; }
 
 /* Static name of the status code, e.g. "OTE_ERR_PEER_LOST". Never NULL. */

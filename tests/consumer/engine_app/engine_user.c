@@ -18,7 +18,8 @@ static int check(const char *what, ote_status_t st) {
 }
 
 /* One request of `op` between `local` and the peer's `remote`, waited for. */
-static int transfer(ote_engine_t *e, ote_segment_t *seg, ote_opcode_t op, void *local, void *remote) {
+static int transfer(ote_engine_t *e, ote_segment_t *seg, ote_opcode_t op, void *local,
+                    void *remote) {
     ote_batch_t *b = NULL;
     if (check("batch_create", ote_batch_create(e, 1, &b))) return 1;
     ote_request_t r = {op, local, seg, (uint64_t)(uintptr_t)remote, LEN};

@@ -150,7 +150,9 @@ static void fk_atfork_child(void) {
     if (fk_g.initialized) atomic_store(&fk_forked, 1);
 }
 
-__attribute__((constructor)) static void fk_load(void) { pthread_atfork(NULL, NULL, fk_atfork_child); }
+__attribute__((constructor)) static void fk_load(void) {
+    pthread_atfork(NULL, NULL, fk_atfork_child);
+}
 
 FK_HIDDEN CUresult fk__need_init(void) {
     if (atomic_load(&fk_forked)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -255,23 +257,23 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
         return CUDA_ERROR_INVALID_VALUE;
     int v = 0;
     switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 4; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
-    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
-    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 1; break;
-    default: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 4; break;
+        case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+        case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+        case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
+        case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+        case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+        case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 1; break;
+        default: v = 0; break;
     }
     *pi = v;
     return CUDA_SUCCESS;
@@ -411,12 +413,13 @@ static void *fk_fn(int i) {
     case FK_EP_##base: return (void *)fn;
         FK_ENTRY_POINTS(FK_CASE)
 #undef FK_CASE
-    default: return NULL;
+        default: return NULL;
     }
 }
 
 CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
-                                     cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus) {
+                                     cuuint64_t flags,
+                                     CUdriverProcAddressQueryResult *symbolStatus) {
     FK_ENTER(cuGetProcAddress);
     (void)flags;
     if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;

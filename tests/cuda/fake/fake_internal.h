@@ -38,69 +38,69 @@
 
 /* The entry points: base name (the one cuGetProcAddress and the fault API take) and the
  * exported function. */
-#define FK_ENTRY_POINTS(X)                                                       \
-    X(cuInit, cuInit)                                                            \
-    X(cuDriverGetVersion, cuDriverGetVersion)                                    \
-    X(cuGetProcAddress, cuGetProcAddress_v2)                                     \
-    X(cuGetErrorName, cuGetErrorName)                                            \
-    X(cuGetErrorString, cuGetErrorString)                                        \
-    X(cuDeviceGetCount, cuDeviceGetCount)                                        \
-    X(cuDeviceGet, cuDeviceGet)                                                  \
-    X(cuDeviceGetName, cuDeviceGetName)                                          \
-    X(cuDeviceGetAttribute, cuDeviceGetAttribute)                                \
-    X(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId)                                  \
-    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                        \
-    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2)                   \
-    X(cuCtxSetCurrent, cuCtxSetCurrent)                                          \
-    X(cuCtxGetCurrent, cuCtxGetCurrent)                                          \
-    X(cuCtxGetDevice, cuCtxGetDevice)                                            \
-    X(cuMemAlloc, cuMemAlloc_v2)                                                 \
-    X(cuMemFree, cuMemFree_v2)                                                   \
-    X(cuMemGetAddressRange, cuMemGetAddressRange_v2)                             \
-    X(cuMemHostAlloc, cuMemHostAlloc)                                            \
-    X(cuMemFreeHost, cuMemFreeHost)                                              \
-    X(cuMemHostRegister, cuMemHostRegister_v2)                                   \
-    X(cuMemHostUnregister, cuMemHostUnregister)                                  \
-    X(cuMemcpyHtoD, cuMemcpyHtoD_v2)                                             \
-    X(cuMemcpyDtoH, cuMemcpyDtoH_v2)                                             \
-    X(cuMemcpyDtoD, cuMemcpyDtoD_v2)                                             \
-    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2)                                   \
-    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2)                                   \
-    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2)                                   \
-    X(cuMemsetD8, cuMemsetD8_v2)                                                 \
-    X(cuPointerGetAttribute, cuPointerGetAttribute)                              \
-    X(cuPointerGetAttributes, cuPointerGetAttributes)                            \
-    X(cuPointerSetAttribute, cuPointerSetAttribute)                              \
-    X(cuStreamCreate, cuStreamCreate)                                            \
-    X(cuStreamDestroy, cuStreamDestroy_v2)                                       \
-    X(cuStreamQuery, cuStreamQuery)                                              \
-    X(cuStreamSynchronize, cuStreamSynchronize)                                  \
-    X(cuLaunchHostFunc, cuLaunchHostFunc)                                        \
-    X(cuEventCreate, cuEventCreate)                                              \
-    X(cuEventRecord, cuEventRecord)                                              \
-    X(cuEventQuery, cuEventQuery)                                                \
-    X(cuEventSynchronize, cuEventSynchronize)                                    \
-    X(cuEventDestroy, cuEventDestroy_v2)                                         \
-    X(cuIpcGetMemHandle, cuIpcGetMemHandle)                                      \
-    X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2)                                 \
-    X(cuIpcCloseMemHandle, cuIpcCloseMemHandle)                                  \
-    X(cuMemGetHandleForAddressRange, cuMemGetHandleForAddressRange)              \
-    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity)              \
-    X(cuMemCreate, cuMemCreate)                                                  \
-    X(cuMemRelease, cuMemRelease)                                                \
-    X(cuMemAddressReserve, cuMemAddressReserve)                                  \
-    X(cuMemAddressFree, cuMemAddressFree)                                        \
-    X(cuMemMap, cuMemMap)                                                        \
-    X(cuMemUnmap, cuMemUnmap)                                                    \
-    X(cuMemSetAccess, cuMemSetAccess)                                            \
-    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle)                \
+#define FK_ENTRY_POINTS(X) \
+    X(cuInit, cuInit) \
+    X(cuDriverGetVersion, cuDriverGetVersion) \
+    X(cuGetProcAddress, cuGetProcAddress_v2) \
+    X(cuGetErrorName, cuGetErrorName) \
+    X(cuGetErrorString, cuGetErrorString) \
+    X(cuDeviceGetCount, cuDeviceGetCount) \
+    X(cuDeviceGet, cuDeviceGet) \
+    X(cuDeviceGetName, cuDeviceGetName) \
+    X(cuDeviceGetAttribute, cuDeviceGetAttribute) \
+    X(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId) \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain) \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2) \
+    X(cuCtxSetCurrent, cuCtxSetCurrent) \
+    X(cuCtxGetCurrent, cuCtxGetCurrent) \
+    X(cuCtxGetDevice, cuCtxGetDevice) \
+    X(cuMemAlloc, cuMemAlloc_v2) \
+    X(cuMemFree, cuMemFree_v2) \
+    X(cuMemGetAddressRange, cuMemGetAddressRange_v2) \
+    X(cuMemHostAlloc, cuMemHostAlloc) \
+    X(cuMemFreeHost, cuMemFreeHost) \
+    X(cuMemHostRegister, cuMemHostRegister_v2) \
+    X(cuMemHostUnregister, cuMemHostUnregister) \
+    X(cuMemcpyHtoD, cuMemcpyHtoD_v2) \
+    X(cuMemcpyDtoH, cuMemcpyDtoH_v2) \
+    X(cuMemcpyDtoD, cuMemcpyDtoD_v2) \
+    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2) \
+    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2) \
+    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2) \
+    X(cuMemsetD8, cuMemsetD8_v2) \
+    X(cuPointerGetAttribute, cuPointerGetAttribute) \
+    X(cuPointerGetAttributes, cuPointerGetAttributes) \
+    X(cuPointerSetAttribute, cuPointerSetAttribute) \
+    X(cuStreamCreate, cuStreamCreate) \
+    X(cuStreamDestroy, cuStreamDestroy_v2) \
+    X(cuStreamQuery, cuStreamQuery) \
+    X(cuStreamSynchronize, cuStreamSynchronize) \
+    X(cuLaunchHostFunc, cuLaunchHostFunc) \
+    X(cuEventCreate, cuEventCreate) \
+    X(cuEventRecord, cuEventRecord) \
+    X(cuEventQuery, cuEventQuery) \
+    X(cuEventSynchronize, cuEventSynchronize) \
+    X(cuEventDestroy, cuEventDestroy_v2) \
+    X(cuIpcGetMemHandle, cuIpcGetMemHandle) \
+    X(cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2) \
+    X(cuIpcCloseMemHandle, cuIpcCloseMemHandle) \
+    X(cuMemGetHandleForAddressRange, cuMemGetHandleForAddressRange) \
+    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity) \
+    X(cuMemCreate, cuMemCreate) \
+    X(cuMemRelease, cuMemRelease) \
+    X(cuMemAddressReserve, cuMemAddressReserve) \
+    X(cuMemAddressFree, cuMemAddressFree) \
+    X(cuMemMap, cuMemMap) \
+    X(cuMemUnmap, cuMemUnmap) \
+    X(cuMemSetAccess, cuMemSetAccess) \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle) \
     X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle)
 
 enum {
 #define FK_ENUM(base, fn) FK_EP_##base,
     FK_ENTRY_POINTS(FK_ENUM)
 #undef FK_ENUM
-    FK_EP_COUNT
+        FK_EP_COUNT
 };
 
 /* VMM granularity and the alignment of large cuMemAlloc allocations. */
@@ -136,20 +136,20 @@ typedef struct fk_vmm_map {
 } fk_vmm_map_t;
 
 typedef struct fk_region {
-    uint64_t start;    /* address as the driver's callers see it */
-    size_t size;       /* the size asked for */
-    size_t map_len;    /* bytes reserved / mapped (page or granularity multiple) */
+    uint64_t start; /* address as the driver's callers see it */
+    size_t size;    /* the size asked for */
+    size_t map_len; /* bytes reserved / mapped (page or granularity multiple) */
     fk_kind_t kind;
-    char *shadow;      /* host-accessible view of start (== start for host kinds) */
-    void *va_base;     /* the PROT_NONE reservation actually mmap()ed (alignment slack) */
+    char *shadow;  /* host-accessible view of start (== start for host kinds) */
+    void *va_base; /* the PROT_NONE reservation actually mmap()ed (alignment slack) */
     size_t va_len;
     int dev;
     struct CUctx_st *ctx;
     uint64_t buffer_id;
-    int memfd;         /* FK_DEVICE_ALLOC: the backing memfd (kept for IPC and dmabuf) */
+    int memfd; /* FK_DEVICE_ALLOC: the backing memfd (kept for IPC and dmabuf) */
     unsigned sync_memops;
     int ipc_exported;
-    unsigned busy;     /* stream operations in flight that read or write it */
+    unsigned busy; /* stream operations in flight that read or write it */
     /* FK_IPC_IMPORT */
     int32_t imp_pid;
     uint64_t imp_buffer_id;
@@ -161,8 +161,8 @@ typedef struct fk_region {
 typedef struct fk_device {
     struct CUctx_st ctx;
     struct CUstream_st *legacy; /* the legacy (NULL) stream, created on first use (st_mu) */
-    uint32_t refs;   /* primary context retain count */
-    uint64_t used;   /* live device bytes (cuMemAlloc + cuMemCreate) */
+    uint32_t refs;              /* primary context retain count */
+    uint64_t used;              /* live device bytes (cuMemAlloc + cuMemCreate) */
 } fk_device_t;
 
 typedef struct fk_fault {
@@ -175,7 +175,7 @@ typedef struct fk_fault {
 
 typedef struct fk_global {
     pthread_mutex_t mu;
-    pthread_cond_t cv;          /* region busy counts dropped */
+    pthread_cond_t cv; /* region busy counts dropped */
     int initialized;
     int ndev;
     uint64_t capacity;
@@ -197,27 +197,26 @@ typedef struct fk_global {
     pthread_cond_t ev_cv;
     struct CUevent_st *events;
     /* Counters (atomics, so that any file may bump them without a lock). */
-    atomic_uint_least64_t c_device_allocs, c_device_bytes, c_host_allocs, c_host_bytes,
-        c_host_regs, c_streams, c_events, c_pending_ops, c_ipc_exports,
-        c_ipc_exported_allocs, c_ipc_imports, c_ipc_import_refs, c_dmabuf_fds,
-        c_vmm_handles, c_vmm_reservations, c_vmm_mappings, c_vmm_exported_fds,
-        c_faults_fired;
+    atomic_uint_least64_t c_device_allocs, c_device_bytes, c_host_allocs, c_host_bytes, c_host_regs,
+        c_streams, c_events, c_pending_ops, c_ipc_exports, c_ipc_exported_allocs, c_ipc_imports,
+        c_ipc_import_refs, c_dmabuf_fds, c_vmm_handles, c_vmm_reservations, c_vmm_mappings,
+        c_vmm_exported_fds, c_faults_fired;
 } fk_global_t;
 
 FK_HIDDEN extern fk_global_t fk_g;
 FK_HIDDEN extern _Thread_local struct CUctx_st *fk_current;
 
 /* core.c */
-FK_HIDDEN int fk__fault(int ep);                 /* calls++; the armed result or 0 */
-FK_HIDDEN CUresult fk__need_init(void);          /* NOT_INITIALIZED before cuInit */
+FK_HIDDEN int fk__fault(int ep);                            /* calls++; the armed result or 0 */
+FK_HIDDEN CUresult fk__need_init(void);                     /* NOT_INITIALIZED before cuInit */
 FK_HIDDEN CUresult fk__need_ctx(struct CUctx_st **ctx_out); /* init + a live current ctx */
 FK_HIDDEN uint64_t fk__now_ns(void);
 
 /* Every entry point starts with this: the fault table first, then (where the call
  * needs it) initialisation. */
-#define FK_ENTER(base)                          \
-    do {                                        \
-        int fk_r_ = fk__fault(FK_EP_##base);    \
+#define FK_ENTER(base) \
+    do { \
+        int fk_r_ = fk__fault(FK_EP_##base); \
         if (fk_r_ != 0) return (CUresult)fk_r_; \
     } while (0)
 
@@ -244,8 +243,8 @@ FK_HIDDEN uint64_t fk__new_buffer_id(void); /* under fk_g.mu */
  * a device address) on hStream (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the
  * context's legacy stream); sync_api = 1 for cuMemcpy* (host-synchronous where CUDA says
  * so), 0 for cuMemcpy*Async. */
-FK_HIDDEN CUresult fk__copy(uint64_t dst_dev, void *dst_host, uint64_t src_dev, const void *src_host,
-                            size_t n, CUstream hStream, int sync_api);
+FK_HIDDEN CUresult fk__copy(uint64_t dst_dev, void *dst_host, uint64_t src_dev,
+                            const void *src_host, size_t n, CUstream hStream, int sync_api);
 FK_HIDDEN CUresult fk__memset(uint64_t dst_dev, unsigned char value, size_t n);
 FK_HIDDEN void fk__streams_shutdown(void);
 

@@ -81,7 +81,7 @@ static int fk_fetch_fd(pid_t pid, int fd) {
         if (pidfd >= 0) {
             int got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
             close(pidfd);
-            if (got >= 0) return got; /* pidfd_getfd sets O_CLOEXEC */
+            if (got >= 0) return got;                        /* pidfd_getfd sets O_CLOEXEC */
             if (errno == ESRCH || errno == EBADF) return -1; /* gone: no fallback */
         } else if (errno == ESRCH) {
             return -1;
@@ -106,7 +106,8 @@ static int fk_fd_matches(int fd, const fk_ipc_wire_t *w) {
     return fstat(fd, &st) == 0 && (uint64_t)st.st_size >= w->map_len;
 }
 
-CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                       unsigned int Flags) {
     FK_ENTER(cuIpcOpenMemHandle);
     struct CUctx_st *ctx = NULL;
     CUresult res = fk__need_ctx(&ctx);

@@ -19,10 +19,8 @@ static size_t fk_upper(uint64_t addr) {
     size_t lo = 0, hi = fk_g.nregions;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (fk_g.regions[mid]->start <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
+        if (fk_g.regions[mid]->start <= addr) lo = mid + 1;
+        else hi = mid;
     }
     return lo;
 }
@@ -70,7 +68,8 @@ FK_HIDDEN void fk__region_remove(fk_region_t *r) {
     size_t i = fk_upper(r->start);
     if (i == 0 || fk_g.regions[i - 1] != r) return;
     i--;
-    memmove(&fk_g.regions[i], &fk_g.regions[i + 1], (fk_g.nregions - i - 1) * sizeof(*fk_g.regions));
+    memmove(&fk_g.regions[i], &fk_g.regions[i + 1],
+            (fk_g.nregions - i - 1) * sizeof(*fk_g.regions));
     fk_g.nregions--;
 }
 
@@ -88,19 +87,19 @@ FK_HIDDEN void *fk__reserve(size_t len, size_t align, void **base_out, size_t *b
 
 FK_HIDDEN void fk__region_free(fk_region_t *r) {
     switch (r->kind) {
-    case FK_DEVICE_ALLOC:
-    case FK_IPC_IMPORT:
-        if (r->shadow != NULL) munmap(r->shadow, r->map_len);
-        if (r->va_base != NULL) munmap(r->va_base, r->va_len);
-        if (r->memfd >= 0) close(r->memfd);
-        break;
-    case FK_HOST_ALLOC: munmap((void *)(uintptr_t)r->start, r->map_len); break;
-    case FK_HOST_REG: break;
-    case FK_VMM_RESERVE:
-        /* Mappings were released by fk__vmm_shutdown or cuMemUnmap. */
-        if (r->shadow != NULL) munmap(r->shadow, r->map_len);
-        if (r->va_base != NULL) munmap(r->va_base, r->va_len);
-        break;
+        case FK_DEVICE_ALLOC:
+        case FK_IPC_IMPORT:
+            if (r->shadow != NULL) munmap(r->shadow, r->map_len);
+            if (r->va_base != NULL) munmap(r->va_base, r->va_len);
+            if (r->memfd >= 0) close(r->memfd);
+            break;
+        case FK_HOST_ALLOC: munmap((void *)(uintptr_t)r->start, r->map_len); break;
+        case FK_HOST_REG: break;
+        case FK_VMM_RESERVE:
+            /* Mappings were released by fk__vmm_shutdown or cuMemUnmap. */
+            if (r->shadow != NULL) munmap(r->shadow, r->map_len);
+            if (r->va_base != NULL) munmap(r->va_base, r->va_len);
+            break;
     }
     free(r);
 }
@@ -260,8 +259,8 @@ CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUde
     fk_region_t *r = fk__region_find(dptr);
     uint64_t base = 0;
     size_t size = 0;
-    if (r == NULL || (r->kind != FK_DEVICE_ALLOC && r->kind != FK_IPC_IMPORT &&
-                      r->kind != FK_VMM_RESERVE)) {
+    if (r == NULL ||
+        (r->kind != FK_DEVICE_ALLOC && r->kind != FK_IPC_IMPORT && r->kind != FK_VMM_RESERVE)) {
         res = CUDA_ERROR_NOT_FOUND;
     } else if (r->kind == FK_VMM_RESERVE) {
         res = CUDA_ERROR_NOT_FOUND;
@@ -398,22 +397,22 @@ CUresult CUDAAPI cuMemHostUnregister(void *p) {
 
 static size_t fk_attr_size(CUpointer_attribute a) {
     switch (a) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: return sizeof(CUcontext);
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: return sizeof(unsigned int);
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: return sizeof(CUdeviceptr);
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER: return sizeof(void *);
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: return sizeof(unsigned int);
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: return sizeof(unsigned long long);
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: return sizeof(unsigned int);
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: return sizeof(int);
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: return sizeof(int);
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: return sizeof(CUdeviceptr);
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: return sizeof(size_t);
-    case CU_POINTER_ATTRIBUTE_MAPPED: return sizeof(int);
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: return sizeof(unsigned long long);
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: return sizeof(int);
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: return sizeof(unsigned int);
-    default: return 0;
+        case CU_POINTER_ATTRIBUTE_CONTEXT: return sizeof(CUcontext);
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: return sizeof(unsigned int);
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: return sizeof(CUdeviceptr);
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER: return sizeof(void *);
+        case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: return sizeof(unsigned int);
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID: return sizeof(unsigned long long);
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED: return sizeof(unsigned int);
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: return sizeof(int);
+        case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: return sizeof(int);
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: return sizeof(CUdeviceptr);
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: return sizeof(size_t);
+        case CU_POINTER_ATTRIBUTE_MAPPED: return sizeof(int);
+        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: return sizeof(unsigned long long);
+        case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: return sizeof(int);
+        case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: return sizeof(unsigned int);
+        default: return 0;
     }
 }
 
@@ -432,33 +431,34 @@ static CUresult fk_attr(fk_region_t *r, uint64_t addr, CUpointer_attribute a, vo
         return CUDA_ERROR_INVALID_VALUE;
     }
     switch (a) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = r->ctx; break;
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *(unsigned int *)data = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
-        break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = addr; break;
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (!host) return CUDA_ERROR_INVALID_VALUE;
-        *(void **)data = (void *)(uintptr_t)addr;
-        break;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(unsigned int *)data = r->sync_memops; break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = id; break;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = r->dev; break;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-        *(int *)data = r->kind == FK_DEVICE_ALLOC;
-        break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = rs; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = rsize; break;
-    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; break;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-        *(unsigned long long *)data = r->kind == FK_VMM_RESERVE ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
-        break;
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(int *)data = !host; break;
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
-        *(unsigned int *)data = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
-        break;
-    default: return CUDA_ERROR_NOT_SUPPORTED;
+        case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = r->ctx; break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned int *)data = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = addr; break;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+            if (!host) return CUDA_ERROR_INVALID_VALUE;
+            *(void **)data = (void *)(uintptr_t)addr;
+            break;
+        case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(unsigned int *)data = r->sync_memops; break;
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = id; break;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = r->dev; break;
+        case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+            *(int *)data = r->kind == FK_DEVICE_ALLOC;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = rs; break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = rsize; break;
+        case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; break;
+        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+            *(unsigned long long *)data =
+                r->kind == FK_VMM_RESERVE ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(int *)data = !host; break;
+        case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+            *(unsigned int *)data = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+            break;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
     }
     return CUDA_SUCCESS;
 }
@@ -492,18 +492,21 @@ CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_at
         unsigned char tmp[16];
         memset(tmp, 0, sizeof(tmp));
         /* An attribute the pointer does not have (or an unknown pointer) reads as zero. */
-        if (r != NULL && fk_attr(r, ptr, attributes[i], tmp) != CUDA_SUCCESS) memset(tmp, 0, sizeof(tmp));
+        if (r != NULL && fk_attr(r, ptr, attributes[i], tmp) != CUDA_SUCCESS)
+            memset(tmp, 0, sizeof(tmp));
         memcpy(data[i], tmp, fk_attr_size(attributes[i]));
     }
     pthread_mutex_unlock(&fk_g.mu);
     return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuPointerSetAttribute(const void *value, CUpointer_attribute attribute, CUdeviceptr ptr) {
+CUresult CUDAAPI cuPointerSetAttribute(const void *value, CUpointer_attribute attribute,
+                                       CUdeviceptr ptr) {
     FK_ENTER(cuPointerSetAttribute);
     CUresult res = fk__need_init();
     if (res != CUDA_SUCCESS) return res;
-    if (value == NULL || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+    if (value == NULL || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fk_g.mu);
     fk_region_t *r = fk__region_find(ptr);
     if (r == NULL || !fk_is_device_kind(r->kind)) {

@@ -61,10 +61,10 @@ struct CUstream_st {
     pthread_cond_t cv; /* new work, or an operation finished */
     fk_op_t *head, *tail;
     uint64_t enq_seq, done_seq;
-    int destroying; /* cuStreamDestroy called: the handle is dead, the queue drains */
-    int exited;     /* the worker has returned */
-    int legacy;     /* a context's legacy stream (not a handle; lives until unload) */
-    unsigned users; /* callers between lookup and return */
+    int destroying;   /* cuStreamDestroy called: the handle is dead, the queue drains */
+    int exited;       /* the worker has returned */
+    int legacy;       /* a context's legacy stream (not a handle; lives until unload) */
+    unsigned users;   /* callers between lookup and return */
     unsigned deprefs; /* other streams' operations waiting for this one's work */
     unsigned seed;
 };
@@ -127,8 +127,7 @@ static void fk_delay(struct CUstream_st *s) {
     if (max == 0) return;
     unsigned us = (unsigned)rand_r(&s->seed) % (max + 1);
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
 /* Waits until the stream has finished operation seq (s->mu held). */
@@ -161,11 +160,11 @@ static void *fk_worker(void *arg) {
         }
         fk_delay(s);
         switch (op->kind) {
-        case FK_OP_COPY: memmove(op->dst, op->src, op->n); break;
-        case FK_OP_MEMSET: memset(op->dst, op->value, op->n); break;
-        case FK_OP_HOSTFN: op->fn(op->arg); break;
-        case FK_OP_EVENT: fk_event_complete(op->ev, op->ev_gen); break;
-        case FK_OP_MARK: break;
+            case FK_OP_COPY: memmove(op->dst, op->src, op->n); break;
+            case FK_OP_MEMSET: memset(op->dst, op->value, op->n); break;
+            case FK_OP_HOSTFN: op->fn(op->arg); break;
+            case FK_OP_EVENT: fk_event_complete(op->ev, op->ev_gen); break;
+            case FK_OP_MARK: break;
         }
         fk__unpin(op->pin[0]);
         op->pin[0] = NULL;
@@ -236,7 +235,8 @@ FK_HIDDEN void fk__streams_shutdown(void) {
 }
 
 /* Creates a stream and its worker (st_mu held). */
-static CUresult fk_stream_new(struct CUctx_st *ctx, unsigned flags, int legacy, struct CUstream_st **out) {
+static CUresult fk_stream_new(struct CUctx_st *ctx, unsigned flags, int legacy,
+                              struct CUstream_st **out) {
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (s == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     s->magic = FK_STREAM_MAGIC;
@@ -324,7 +324,8 @@ static uint64_t fk_submit(struct CUstream_st *s, fk_op_t *op) {
     }
     if (s->legacy) {
         for (struct CUstream_st *o = fk_g.streams; o != NULL; o = o->next)
-            if (o != s && !o->legacy && o->ctx == s->ctx && o->flags == CU_STREAM_DEFAULT) fk_add_dep(op, o);
+            if (o != s && !o->legacy && o->ctx == s->ctx && o->flags == CU_STREAM_DEFAULT)
+                fk_add_dep(op, o);
     } else if (s->flags == CU_STREAM_DEFAULT && fk_g.devs[s->ctx->dev].legacy != NULL) {
         fk_add_dep(op, fk_g.devs[s->ctx->dev].legacy);
     }
@@ -332,10 +333,8 @@ static uint64_t fk_submit(struct CUstream_st *s, fk_op_t *op) {
     pthread_mutex_lock(&s->mu);
     op->seq = ++s->enq_seq;
     op->next = NULL;
-    if (s->tail != NULL)
-        s->tail->next = op;
-    else
-        s->head = op;
+    if (s->tail != NULL) s->tail->next = op;
+    else s->head = op;
     s->tail = op;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -476,8 +475,8 @@ static int fk_sync_memops(fk_region_t *r) {
     return v;
 }
 
-FK_HIDDEN CUresult fk__copy(uint64_t dst_dev, void *dst_host, uint64_t src_dev, const void *src_host,
-                            size_t n, CUstream hStream, int sync_api) {
+FK_HIDDEN CUresult fk__copy(uint64_t dst_dev, void *dst_host, uint64_t src_dev,
+                            const void *src_host, size_t n, CUstream hStream, int sync_api) {
     struct CUctx_st *ctx = NULL;
     CUresult res = fk__need_ctx(&ctx);
     if (res != CUDA_SUCCESS) return res;
@@ -524,7 +523,8 @@ FK_HIDDEN CUresult fk__copy(uint64_t dst_dev, void *dst_host, uint64_t src_dev, 
         res = fk__resolve_device(src_dev, n, 0, &p, &op->pin[1]);
         op->src = p;
     }
-    if (res == CUDA_SUCCESS && sync_api && (fk_sync_memops(op->pin[0]) || fk_sync_memops(op->pin[1])))
+    if (res == CUDA_SUCCESS && sync_api &&
+        (fk_sync_memops(op->pin[0]) || fk_sync_memops(op->pin[1])))
         wait = 1; /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: synchronous copies always complete */
     if (res != CUDA_SUCCESS || n == 0) {
         fk_op_free(op);
@@ -577,8 +577,8 @@ CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size
     return fk__copy(0, dstHost, srcDevice, NULL, ByteCount, hStream, 0);
 }
 
-CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
-                                      CUstream hStream) {
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                      size_t ByteCount, CUstream hStream) {
     FK_ENTER(cuMemcpyDtoDAsync);
     return fk__copy(dstDevice, NULL, srcDevice, NULL, ByteCount, hStream, 0);
 }
@@ -674,10 +674,8 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
     if (res != CUDA_SUCCESS) return res;
     pthread_mutex_lock(&fk_g.ev_mu);
     struct CUevent_st *e = fk_event_find(hEvent);
-    if (e == NULL)
-        res = CUDA_ERROR_INVALID_HANDLE;
-    else
-        res = e->done_gen < e->gen ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    if (e == NULL) res = CUDA_ERROR_INVALID_HANDLE;
+    else res = e->done_gen < e->gen ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
     pthread_mutex_unlock(&fk_g.ev_mu);
     return res;
 }

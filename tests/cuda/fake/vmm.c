@@ -20,9 +20,9 @@ typedef struct fk_vmm_handle {
     int memfd;
     size_t size;
     int dev;
-    int imported;      /* from cuMemImportFromShareableHandle: not charged to a device */
+    int imported; /* from cuMemImportFromShareableHandle: not charged to a device */
     unsigned long long handle_types;
-    unsigned refs;     /* the caller's (until cuMemRelease) + one per mapping */
+    unsigned refs; /* the caller's (until cuMemRelease) + one per mapping */
     int released;
 } fk_vmm_handle_t;
 
@@ -57,7 +57,8 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemA
     CUresult res = fk__need_init();
     if (res != CUDA_SUCCESS) return res;
     if (granularity == NULL || !fk_valid_prop(prop) ||
-        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+         option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
         return CUDA_ERROR_INVALID_VALUE;
     *granularity = FK_GRANULARITY;
     return CUDA_SUCCESS;
@@ -84,7 +85,8 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     pthread_mutex_unlock(&fk_g.mu);
     fk_vmm_handle_t *v = calloc(1, sizeof(*v));
     char name[64];
-    snprintf(name, sizeof(name), "fake_cuda:%d:%llu:%d", (int)getpid(), (unsigned long long)id, dev);
+    snprintf(name, sizeof(name), "fake_cuda:%d:%llu:%d", (int)getpid(), (unsigned long long)id,
+             dev);
     int fd = v != NULL ? memfd_create(name, MFD_CLOEXEC) : -1;
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
         if (fd >= 0) close(fd);
@@ -125,8 +127,8 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
     return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                                     unsigned long long flags) {
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                     CUdeviceptr addr, unsigned long long flags) {
     FK_ENTER(cuMemAddressReserve);
     CUresult res = fk__need_init();
     if (res != CUDA_SUCCESS) return res;
@@ -189,8 +191,8 @@ static fk_vmm_map_t *fk_map_at(fk_region_t *r, uint64_t addr) {
     return NULL;
 }
 
-CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                          unsigned long long flags) {
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                          CUmemGenericAllocationHandle handle, unsigned long long flags) {
     FK_ENTER(cuMemMap);
     CUresult res = fk__need_init();
     if (res != CUDA_SUCCESS) return res;
@@ -213,7 +215,8 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         }
     }
     void *at = r->shadow + (ptr - r->start);
-    if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->memfd, (off_t)offset) == MAP_FAILED) {
+    if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->memfd, (off_t)offset) ==
+        MAP_FAILED) {
         res = CUDA_ERROR_OUT_OF_MEMORY;
         goto err;
     }
@@ -288,7 +291,8 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                size_t count) {
     FK_ENTER(cuMemSetAccess);
     CUresult res = fk__need_init();
     if (res != CUDA_SUCCESS) return res;
@@ -297,7 +301,8 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
             desc[i].location.id >= fk_g.ndev ||
-            (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
              desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
             return CUDA_ERROR_INVALID_VALUE;
         if ((int)desc[i].flags > flags) flags = (int)desc[i].flags;
@@ -337,20 +342,23 @@ FK_HIDDEN CUresult fk__vmm_resolve(fk_region_t *r, uint64_t addr, size_t n, int 
 
 FK_HIDDEN int fk__vmm_dmabuf(fk_region_t *r, uint64_t addr, size_t size, int *fd_out) {
     fk_vmm_map_t *m = fk_map_at(r, addr);
-    if (m == NULL || m->start != addr || m->offset != 0 || size > m->size) return CUDA_ERROR_INVALID_VALUE;
+    if (m == NULL || m->start != addr || m->offset != 0 || size > m->size)
+        return CUDA_ERROR_INVALID_VALUE;
     int fd = fcntl(m->handle->memfd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *fd_out = fd;
     return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
+                                              CUmemGenericAllocationHandle handle,
                                               CUmemAllocationHandleType handleType,
                                               unsigned long long flags) {
     FK_ENTER(cuMemExportToShareableHandle);
     CUresult res = fk__need_init();
     if (res != CUDA_SUCCESS) return res;
-    if (shareableHandle == NULL || flags != 0 || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    if (shareableHandle == NULL || flags != 0 ||
+        handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fk_g.mu);
     fk_vmm_handle_t *v = fk_handle_find(handle);
@@ -368,7 +376,8 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneri
     return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                void *osHandle,
                                                 CUmemAllocationHandleType shHandleType) {
     FK_ENTER(cuMemImportFromShareableHandle);
     CUresult res = fk__need_ctx(NULL);
