@@ -479,8 +479,9 @@ TEST_F(FakeDriverTest, ResolvesBaseNamesToVersionedExports) {
     EXPECT_EQ(a.Proc("cuGetProcAddress"), reinterpret_cast<void *>(a.GetProcAddress));
     void *p = reinterpret_cast<void *>(0x1);
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+    // As on an H200 (driver 580): the call succeeds, the symbol status says not found.
     EXPECT_EQ(a.GetProcAddress("cuNoSuchThing", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st),
-              CUDA_ERROR_NOT_FOUND);
+              CUDA_SUCCESS);
     EXPECT_EQ(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     EXPECT_EQ(p, nullptr);
     const char *name = nullptr;
@@ -650,6 +651,19 @@ TEST_F(FakeDriverTest, AllocationAlignmentAttributesAndBufferIds) {
     EXPECT_EQ(mt, 0u);
     EXPECT_EQ(c, nullptr);
     EXPECT_EQ(bid, 0u);
+    // As on an H200: the ordinal of an unknown pointer reads -2 and its range is left
+    // unwritten.
+    CUpointer_attribute range_attrs[3] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                          CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                          CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    int uord = 7;
+    CUdeviceptr ustart = 77;
+    size_t usize = 77;
+    void *range_data[3] = {&uord, &ustart, &usize};
+    EXPECT_EQ(a.PointerGetAttributes(3, range_attrs, range_data, hp), CUDA_SUCCESS);
+    EXPECT_EQ(uord, -2);
+    EXPECT_EQ(ustart, 77u);
+    EXPECT_EQ(usize, 77u);
     EXPECT_EQ(a.PointerGetAttributes(3, attrs, data, big + 7), CUDA_SUCCESS);
     EXPECT_EQ(mt, static_cast<unsigned>(CU_MEMORYTYPE_DEVICE));
     EXPECT_EQ(c, ctx);

@@ -425,9 +425,11 @@ CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVer
     if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;
     int i = fk_index(symbol);
     if (i < 0 || cudaVersion < 1000) {
+        /* As an H200's driver 580 does (scripts/cuda_facts.c): an unknown symbol is not an
+         * error of the call, only of the symbol status. */
         *pfn = NULL;
         if (symbolStatus != NULL) *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_FOUND;
+        return CUDA_SUCCESS;
     }
     *pfn = fk_fn(i);
     if (symbolStatus != NULL) *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;

@@ -491,9 +491,18 @@ CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_at
     for (unsigned i = 0; i < numAttributes; i++) {
         unsigned char tmp[16];
         memset(tmp, 0, sizeof(tmp));
-        /* An attribute the pointer does not have (or an unknown pointer) reads as zero. */
-        if (r != NULL && fk_attr(r, ptr, attributes[i], tmp) != CUDA_SUCCESS)
+        /* An attribute the pointer does not have reads as zero. For a pointer the driver
+         * does not know, a real driver (H200, driver 580: scripts/cuda_facts.c) writes zeros
+         * except DEVICE_ORDINAL, which reads -2, and leaves RANGE_START_ADDR and RANGE_SIZE
+         * unwritten; the fake does the same so callers cannot rely on a zeroed range. */
+        if (r == NULL) {
+            if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+                attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+                continue;
+            if (attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) *(int *)tmp = -2;
+        } else if (fk_attr(r, ptr, attributes[i], tmp) != CUDA_SUCCESS) {
             memset(tmp, 0, sizeof(tmp));
+        }
         memcpy(data[i], tmp, fk_attr_size(attributes[i]));
     }
     pthread_mutex_unlock(&fk_g.mu);
@@ -509,9 +518,10 @@ CUresult CUDAAPI cuPointerSetAttribute(const void *value, CUpointer_attribute at
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fk_g.mu);
     fk_region_t *r = fk__region_find(ptr);
-    if (r == NULL || !fk_is_device_kind(r->kind)) {
+    if (r == NULL) {
         res = CUDA_ERROR_INVALID_VALUE;
     } else {
+        /* Accepted on pinned and registered host memory too, as an H200 does. */
         r->sync_memops = *(const unsigned int *)value != 0;
     }
     pthread_mutex_unlock(&fk_g.mu);
