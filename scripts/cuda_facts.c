@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,7 +136,7 @@ static int child_vmm_import(const char *fdstr) {
 }
 
 static void tohex(const CUipcMemHandle *h, char *out) {
-    for (int i = 0; i < 64; i++) sprintf(out + 2 * i, "%02x", h->reserved[i]);
+    for (int i = 0; i < 64; i++) sprintf(out + 2 * i, "%02x", (unsigned char)h->reserved[i]);
 }
 
 static void run_child(const char *self, const char *mode, const char *hex) {
@@ -148,13 +149,21 @@ static void run_child(const char *self, const char *mode, const char *hex) {
     waitpid(pid, &ws, 0);
 }
 
-int main(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "import") == 0) return child_import(argv[2]);
-    if (argc == 3 && strcmp(argv[1], "import_dead") == 0) return child_import_dead(argv[2]);
-    if (argc == 3 && strcmp(argv[1], "vmm_import") == 0) return child_vmm_import(argv[2]);
-    setvbuf(stdout, NULL, _IOLBF, 0);
+/* What the questions share, in the order main asks them. */
+static struct {
+    const char *self; /* argv[0], re-executed as the importing child */
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr ptrs[5];
+    void *pin;
+    char *pg, *hm;
+} g;
+
+/* cuInit, the device and its attributes, cuGetProcAddress. 0 when no driver. */
+static int facts_driver(void) {
+    CUresult r;
     CUdeviceptr d0 = 0;
-    CUresult r = cuMemAlloc(&d0, 16);
+    r = cuMemAlloc(&d0, 16);
     FACT("cuMemAlloc before cuInit -> %s", rn(r));
     r = cuInit(0);
     FACT("cuInit -> %s", rn(r));
@@ -165,10 +174,9 @@ int main(int argc, char **argv) {
     int n = 0;
     cuDeviceGetCount(&n);
     FACT("devices %d", n);
-    CUdevice dev;
-    cuDeviceGet(&dev, 0);
+    cuDeviceGet(&g.dev, 0);
     char name[128] = "";
-    cuDeviceGetName(name, sizeof name, dev);
+    cuDeviceGetName(name, sizeof name, g.dev);
     FACT("device 0 name %s", name);
     int attrs[] = {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
                    CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
@@ -184,11 +192,11 @@ int main(int argc, char **argv) {
                         "ASYNC_ENGINE_COUNT",        "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"};
     for (unsigned i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
         int a = -1;
-        r = cuDeviceGetAttribute(&a, attrs[i], dev);
+        r = cuDeviceGetAttribute(&a, attrs[i], g.dev);
         FACT("attribute %s = %d (%s)", an[i], a, rn(r));
     }
     char bus[64] = "";
-    cuDeviceGetPCIBusId(bus, sizeof bus, dev);
+    cuDeviceGetPCIBusId(bus, sizeof bus, g.dev);
     FACT("pci bus id %s", bus);
     void *pfn = NULL;
     CUdriverProcAddressQueryResult qs;
@@ -201,44 +209,51 @@ int main(int argc, char **argv) {
     FACT("cuGetProcAddress(cuMemAlloc, 3000) -> %s status %d same as cuMemAlloc_v2 %d", rn(r),
          (int)qs, pfn == (void *)cuMemAlloc_v2);
 
-    CUcontext ctx = NULL, cur = (CUcontext)1;
+    return 1;
+}
+
+static void facts_allocations(void) {
+    CUresult r;
+    CUcontext cur = (CUcontext)1;
     r = cuCtxGetCurrent(&cur);
     FACT("cuCtxGetCurrent before any -> %s ctx %p", rn(r), (void *)cur);
     CUdeviceptr dx = 0;
     r = cuMemAlloc(&dx, 16);
     FACT("cuMemAlloc after cuInit, no context -> %s", rn(r));
-    r = cuDevicePrimaryCtxRetain(&ctx, dev);
+    r = cuDevicePrimaryCtxRetain(&g.ctx, g.dev);
     FACT("cuDevicePrimaryCtxRetain -> %s", rn(r));
-    cuCtxSetCurrent(ctx);
+    cuCtxSetCurrent(g.ctx);
 
     size_t sizes[] = {1, 100, 4097, (2u << 20) + 1, 64u << 20};
-    CUdeviceptr ptrs[5] = {0};
     for (int i = 0; i < 5; i++) {
-        r = cuMemAlloc(&ptrs[i], sizes[i]);
+        r = cuMemAlloc(&g.ptrs[i], sizes[i]);
         CUdeviceptr b = 0;
         size_t s = 0;
-        cuMemGetAddressRange(&b, &s, ptrs[i] + (sizes[i] > 1 ? 1 : 0));
+        cuMemGetAddressRange(&b, &s, g.ptrs[i] + (sizes[i] > 1 ? 1 : 0));
         FACT("cuMemAlloc(%zu) -> %s ptr %% 256 = %llu, %% 2MiB = %llu, range size %zu base==ptr %d",
-             sizes[i], rn(r), (unsigned long long)(ptrs[i] % 256),
-             (unsigned long long)(ptrs[i] % (2u << 20)), s, b == ptrs[i]);
+             sizes[i], rn(r), (unsigned long long)(g.ptrs[i] % 256),
+             (unsigned long long)(g.ptrs[i] % (2u << 20)), s, b == g.ptrs[i]);
     }
     r = cuMemAlloc(&dx, 0);
     FACT("cuMemAlloc(0) -> %s", rn(r));
-    CUdeviceptr dd = ptrs[4];
+    CUdeviceptr dd = g.ptrs[4];
     pthread_t th;
     pthread_create(&th, NULL, no_ctx_thread, &dd);
     pthread_join(th, NULL);
 
     unsigned long long bid1 = 0, bid2 = 0;
-    cuPointerGetAttribute(&bid1, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptrs[0]);
-    cuMemFree(ptrs[0]);
-    cuMemAlloc(&ptrs[0], 1);
-    cuPointerGetAttribute(&bid2, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptrs[0]);
+    cuPointerGetAttribute(&bid1, CU_POINTER_ATTRIBUTE_BUFFER_ID, g.ptrs[0]);
+    cuMemFree(g.ptrs[0]);
+    cuMemAlloc(&g.ptrs[0], 1);
+    cuPointerGetAttribute(&bid2, CU_POINTER_ATTRIBUTE_BUFFER_ID, g.ptrs[0]);
     FACT("buffer id reused after free+alloc %d (%llu %llu)", bid1 == bid2, bid1, bid2);
+}
 
-    char *hm = malloc(1 << 20);
+static void facts_host_memory(void) {
+    CUresult r;
+    g.hm = malloc(1 << 20);
     CUmemorytype mt = 0;
-    r = cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)hm);
+    r = cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)g.hm);
     FACT("cuPointerGetAttribute(MEMORY_TYPE, malloc) -> %s", rn(r));
     CUpointer_attribute pa[] = {
         CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
@@ -254,44 +269,47 @@ int main(int argc, char **argv) {
     unsigned int a_man = 77;
     CUdeviceptr a_dp = 77;
     void *pv[] = {&a_mt, &a_ord, &a_bid, &a_start, &a_size, &a_ctx, &a_man, &a_dp};
-    r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)hm);
+    r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)g.hm);
     FACT(
         "cuPointerGetAttributes(malloc) -> %s mt %u ord %d bid %llu start %llu size %zu ctx %p "
         "managed %u dptr %llu",
         rn(r), a_mt, a_ord, a_bid, (unsigned long long)a_start, a_size, (void *)a_ctx, a_man,
         (unsigned long long)a_dp);
-    r = cuPointerGetAttributes(8, pa, pv, ptrs[4] + 100);
+    r = cuPointerGetAttributes(8, pa, pv, g.ptrs[4] + 100);
     FACT(
         "cuPointerGetAttributes(device+100) -> %s mt %u ord %d start==base %d size %zu "
         "ctx==primary %d managed %u dptr==p %d",
-        rn(r), a_mt, a_ord, a_start == ptrs[4], a_size, a_ctx == ctx, a_man, a_dp == ptrs[4] + 100);
-    r = cuMemHostRegister(hm + 100, 5000, 0);
+        rn(r), a_mt, a_ord, a_start == g.ptrs[4], a_size, a_ctx == g.ctx, a_man,
+        a_dp == g.ptrs[4] + 100);
+    r = cuMemHostRegister(g.hm + 100, 5000, 0);
     FACT("cuMemHostRegister(unaligned 5000) -> %s", rn(r));
-    r = cuMemHostRegister(hm + 100, 5000, 0);
+    r = cuMemHostRegister(g.hm + 100, 5000, 0);
     FACT("cuMemHostRegister same range twice -> %s", rn(r));
-    r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)(hm + 200));
+    r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)(g.hm + 200));
     FACT(
         "cuPointerGetAttributes(registered+100) -> %s mt %u ord %d start==hm+100 %d size %zu "
         "dptr==host %d",
-        rn(r), a_mt, a_ord, a_start == (CUdeviceptr)(hm + 100), a_size,
-        a_dp == (CUdeviceptr)(hm + 200));
-    r = cuMemHostUnregister(hm + 100);
+        rn(r), a_mt, a_ord, a_start == (CUdeviceptr)(g.hm + 100), a_size,
+        a_dp == (CUdeviceptr)(g.hm + 200));
+    r = cuMemHostUnregister(g.hm + 100);
     FACT("cuMemHostUnregister -> %s", rn(r));
-    r = cuMemHostUnregister(hm + 100);
+    r = cuMemHostUnregister(g.hm + 100);
     FACT("cuMemHostUnregister twice -> %s", rn(r));
-    void *pin = NULL;
-    r = cuMemHostAlloc(&pin, 1 << 20, 0);
-    r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)pin);
+    r = cuMemHostAlloc(&g.pin, 1 << 20, 0);
+    r = cuPointerGetAttributes(8, pa, pv, (CUdeviceptr)g.pin);
     FACT("cuPointerGetAttributes(cuMemHostAlloc) -> %s mt %u dptr==host %d size %zu", rn(r), a_mt,
-         a_dp == (CUdeviceptr)pin, a_size);
+         a_dp == (CUdeviceptr)g.pin, a_size);
     int one = 1;
-    r = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptrs[4]);
+    r = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, g.ptrs[4]);
     FACT("cuPointerSetAttribute(SYNC_MEMOPS, device) -> %s", rn(r));
-    r = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptrs[4] + 4096);
+    r = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, g.ptrs[4] + 4096);
     FACT("cuPointerSetAttribute(SYNC_MEMOPS, device interior) -> %s", rn(r));
-    r = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)pin);
+    r = cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)g.pin);
     FACT("cuPointerSetAttribute(SYNC_MEMOPS, pinned host) -> %s", rn(r));
+}
 
+static void facts_streams(void) {
+    CUresult r;
     /* streams and events */
     CUstream st;
     cuStreamCreate(&st, CU_STREAM_NON_BLOCKING);
@@ -301,8 +319,8 @@ int main(int argc, char **argv) {
     FACT("cuEventQuery on a never-recorded event -> %s", rn(r));
     r = cuStreamQuery(st);
     FACT("cuStreamQuery on an idle stream -> %s", rn(r));
-    memset(pin, 0x5a, 1 << 20);
-    r = cuMemcpyHtoDAsync(ptrs[4], pin, 1 << 20, st);
+    memset(g.pin, 0x5a, 1 << 20);
+    r = cuMemcpyHtoDAsync(g.ptrs[4], g.pin, 1 << 20, st);
     cuEventRecord(ev, st);
     CUresult q = cuEventQuery(ev);
     FACT("async 1 MiB HtoD from pinned then immediate cuEventQuery -> %s / %s", rn(r), rn(q));
@@ -312,7 +330,7 @@ int main(int argc, char **argv) {
     cuStreamSynchronize(st);
     FACT("cuLaunchHostFunc -> %s ran %d", rn(r), flag);
     /* destroy stream with pending work */
-    for (int i = 0; i < 8; i++) cuMemcpyDtoDAsync(ptrs[3], ptrs[4], 2u << 20, st);
+    for (int i = 0; i < 8; i++) cuMemcpyDtoDAsync(g.ptrs[3], g.ptrs[4], 2u << 20, st);
     r = cuStreamDestroy(st);
     FACT("cuStreamDestroy with pending work -> %s", rn(r));
     r = cuEventQuery(ev);
@@ -320,18 +338,21 @@ int main(int argc, char **argv) {
     r = cuCtxSynchronize();
     FACT("cuCtxSynchronize after -> %s", rn(r));
     cuEventDestroy(ev);
-    r = cuMemsetD8(ptrs[4], 0xa5, 64u << 20);
+    r = cuMemsetD8(g.ptrs[4], 0xa5, 64u << 20);
     FACT("cuMemsetD8 -> %s", rn(r));
-    char *pg = malloc(4096);
-    r = cuMemcpyDtoH(pg, ptrs[4], 4096);
-    FACT("cuMemcpyDtoH pageable -> %s byte %02x", rn(r), (unsigned char)pg[0]);
-    r = cuMemcpyDtoH(pg, ptrs[4] + (64u << 20) - 100, 4096);
+    g.pg = malloc(4096);
+    r = cuMemcpyDtoH(g.pg, g.ptrs[4], 4096);
+    FACT("cuMemcpyDtoH pageable -> %s byte %02x", rn(r), (unsigned char)g.pg[0]);
+    r = cuMemcpyDtoH(g.pg, g.ptrs[4] + (64u << 20) - 100, 4096);
     FACT("cuMemcpyDtoH past the end of an allocation -> %s", rn(r));
+}
 
+static void facts_dmabuf(void) {
+    CUresult r;
     /* dmabuf */
     int fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4], 64u << 20, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                                      0);
+    r = cuMemGetHandleForAddressRange(&fd, g.ptrs[4], 64u << 20,
+                                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     FACT("dmabuf whole 64 MiB allocation -> %s fd %d", rn(r), fd);
     if (r == CUDA_SUCCESS) {
         off_t end = lseek(fd, 0, SEEK_END);
@@ -342,40 +363,43 @@ int main(int argc, char **argv) {
         close(fd);
     }
     fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 65536, 65536,
+    r = cuMemGetHandleForAddressRange(&fd, g.ptrs[4] + 65536, 65536,
                                       CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     FACT("dmabuf interior 64 KiB at +64 KiB -> %s", rn(r));
     if (fd >= 0) close(fd);
     fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 4096, 4096,
+    r = cuMemGetHandleForAddressRange(&fd, g.ptrs[4] + 4096, 4096,
                                       CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     FACT("dmabuf interior 4 KiB at +4 KiB -> %s", rn(r));
     if (fd >= 0) close(fd);
     fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[4] + 100, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                                      0);
+    r = cuMemGetHandleForAddressRange(&fd, g.ptrs[4] + 100, 4096,
+                                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     FACT("dmabuf unaligned start -> %s", rn(r));
     if (fd >= 0) close(fd);
     fd = -1;
-    r = cuMemGetHandleForAddressRange(&fd, ptrs[2], 4097, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    r = cuMemGetHandleForAddressRange(&fd, g.ptrs[2], 4097, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
     FACT("dmabuf unaligned size -> %s", rn(r));
     if (fd >= 0) close(fd);
+}
 
+static void facts_ipc(void) {
+    CUresult r;
     /* IPC */
     CUipcMemHandle h;
-    r = cuIpcGetMemHandle(&h, ptrs[4] + 4096);
+    r = cuIpcGetMemHandle(&h, g.ptrs[4] + 4096);
     FACT("cuIpcGetMemHandle(interior) -> %s", rn(r));
     CUipcMemHandle h0;
-    r = cuIpcGetMemHandle(&h0, ptrs[4]);
+    r = cuIpcGetMemHandle(&h0, g.ptrs[4]);
     FACT("cuIpcGetMemHandle(interior) == (base) %d", memcmp(&h, &h0, sizeof h) == 0);
     CUdeviceptr self = 0;
     r = cuIpcOpenMemHandle(&self, h0, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     FACT("cuIpcOpenMemHandle in the exporting process -> %s", rn(r));
-    r = cuIpcGetMemHandle(&h, (CUdeviceptr)pin);
+    r = cuIpcGetMemHandle(&h, (CUdeviceptr)g.pin);
     FACT("cuIpcGetMemHandle(pinned host) -> %s", rn(r));
     char hex[129];
     tohex(&h0, hex);
-    run_child(argv[0], "import", hex);
+    run_child(g.self, "import", hex);
     CUdeviceptr fresh = 0;
     cuMemAlloc(&fresh, 4u << 20);
     cuMemsetD8(fresh, 0xa5, 4u << 20);
@@ -384,7 +408,7 @@ int main(int argc, char **argv) {
     r = cuIpcGetMemHandle(&hf, fresh);
     FACT("fresh 4 MiB allocation, cuIpcGetMemHandle -> %s (no self-open before the child)", rn(r));
     tohex(&hf, hex);
-    run_child(argv[0], "import", hex);
+    run_child(g.self, "import", hex);
     cuMemFree(fresh);
     CUdeviceptr tmp;
     cuMemAlloc(&tmp, 1 << 20);
@@ -392,14 +416,18 @@ int main(int argc, char **argv) {
     cuIpcGetMemHandle(&hd, tmp);
     cuMemFree(tmp);
     tohex(&hd, hex);
-    run_child(argv[0], "import_dead", hex);
+    run_child(g.self, "import_dead", hex);
+}
 
+static void facts_vmm_and_frees(void) {
+    CUresult r;
+    int fd = -1;
     /* VMM */
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
+    prop.location.id = g.dev;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t gran = 0;
     r = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -417,7 +445,7 @@ int main(int argc, char **argv) {
         memset(&ad, 0, sizeof ad);
         ad.location = prop.location;
         ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        r = cuMemcpyHtoD(va, pg, 16);
+        r = cuMemcpyHtoD(va, g.pg, 16);
         FACT("copy to VMM before cuMemSetAccess -> %s", rn(r));
         r = cuMemSetAccess(va, gran, &ad, 1);
         FACT("cuMemSetAccess -> %s", rn(r));
@@ -439,7 +467,8 @@ int main(int argc, char **argv) {
             cuCtxSynchronize();
             char fds[16];
             snprintf(fds, sizeof fds, "%d", xfd);
-            run_child(argv[0], "vmm_import", fds);
+            fcntl(xfd, F_SETFD, 0); /* inherited by the exec'd child */
+            run_child(g.self, "vmm_import", fds);
             CUmemGenericAllocationHandle ih;
             r = cuMemImportFromShareableHandle(&ih, (void *)(uintptr_t)xfd,
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -454,18 +483,32 @@ int main(int argc, char **argv) {
         r = cuMemAddressFree(va, gran);
         FACT("cuMemAddressFree -> %s", rn(r));
     }
-    r = cuMemFree(ptrs[4] + 4096);
+    r = cuMemFree(g.ptrs[4] + 4096);
     FACT("cuMemFree(interior) -> %s", rn(r));
-    for (int i = 0; i < 5; i++) cuMemFree(ptrs[i]);
-    r = cuMemFree(ptrs[1]);
+    for (int i = 0; i < 5; i++) cuMemFree(g.ptrs[i]);
+    r = cuMemFree(g.ptrs[1]);
     FACT("cuMemFree twice -> %s", rn(r));
-    r = cuMemFreeHost(pin);
+    r = cuMemFreeHost(g.pin);
     FACT("cuMemFreeHost -> %s", rn(r));
-    r = cuDevicePrimaryCtxRelease(dev);
+    r = cuDevicePrimaryCtxRelease(g.dev);
     FACT("cuDevicePrimaryCtxRelease -> %s", rn(r));
-    r = cuDevicePrimaryCtxRelease(dev);
+    r = cuDevicePrimaryCtxRelease(g.dev);
     FACT("cuDevicePrimaryCtxRelease again (refcount 0) -> %s", rn(r));
-    free(hm);
-    free(pg);
-    return 0;
+    free(g.hm);
+    free(g.pg);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "import") == 0) return child_import(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "import_dead") == 0) return child_import_dead(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "vmm_import") == 0) return child_vmm_import(argv[2]);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    g.self = argv[0];
+    if (!facts_driver()) return 0;
+    facts_allocations();
+    facts_host_memory();
+    facts_streams();
+    facts_dmabuf();
+    facts_ipc();
+    facts_vmm_and_frees();
 }

@@ -54,6 +54,7 @@
     X(cuCtxSetCurrent, cuCtxSetCurrent) \
     X(cuCtxGetCurrent, cuCtxGetCurrent) \
     X(cuCtxGetDevice, cuCtxGetDevice) \
+    X(cuCtxSynchronize, cuCtxSynchronize) \
     X(cuMemAlloc, cuMemAlloc_v2) \
     X(cuMemFree, cuMemFree_v2) \
     X(cuMemGetAddressRange, cuMemGetAddressRange_v2) \

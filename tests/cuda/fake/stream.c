@@ -443,6 +443,54 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
     return res;
 }
 
+/* Waits for every stream of the current context: the non-blocking ones one by one, then
+ * the legacy stream, whose marker also waits for the blocking streams. */
+CUresult CUDAAPI cuCtxSynchronize(void) {
+    FK_ENTER(cuCtxSynchronize);
+    struct CUctx_st *ctx = NULL;
+    CUresult res = fk__need_ctx(&ctx);
+    if (res != CUDA_SUCCESS) return res;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&fk_g.st_mu);
+    for (struct CUstream_st *o = fk_g.streams; o != NULL; o = o->next) cap++;
+    struct CUstream_st **held = calloc(cap > 0 ? cap : 1, sizeof(*held));
+    if (held == NULL) {
+        pthread_mutex_unlock(&fk_g.st_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (struct CUstream_st *o = fk_g.streams; o != NULL; o = o->next) {
+        if (o->legacy || o->ctx != ctx) continue;
+        pthread_mutex_lock(&o->mu);
+        if (!o->destroying) {
+            o->users++;
+            held[n++] = o;
+        }
+        pthread_mutex_unlock(&o->mu);
+    }
+    pthread_mutex_unlock(&fk_g.st_mu);
+    for (size_t i = 0; i < n; i++) {
+        pthread_mutex_lock(&held[i]->mu);
+        CUresult r = fk_wait_seq(held[i], held[i]->enq_seq);
+        pthread_mutex_unlock(&held[i]->mu);
+        if (res == CUDA_SUCCESS) res = r;
+        fk_stream_put(held[i]);
+    }
+    free(held);
+    struct CUstream_st *s = NULL;
+    CUresult r = fk_stream_get(NULL, ctx, &s);
+    if (r == CUDA_SUCCESS) {
+        fk_op_t *op = calloc(1, sizeof(*op));
+        if (op == NULL) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            op->kind = FK_OP_MARK;
+            r = fk_submit_wait(s, op, 1);
+        }
+        fk_stream_put(s);
+    }
+    return res != CUDA_SUCCESS ? res : r;
+}
+
 CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
     FK_ENTER(cuLaunchHostFunc);
     struct CUctx_st *ctx = NULL;
