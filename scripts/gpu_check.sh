@@ -74,7 +74,7 @@ if [ "$MODE" = package ]; then
     # the prebuilt binaries do not run on the GPU machine's libc.
     # (base's headers include the public status header of the engine's API.)
     (cd "$SRC_ROOT" && tar -cf - base/*.c base/*.h cuda/*.c cuda/*.h cuda/*/*.c cuda/*/*.h \
-        $(ls engine/include/ote/*.h 2>/dev/null) tests/cuda/header_check.cc tests/cuda/bw_probe.c) |
+        $(ls engine/include/ote/*.h 2>/dev/null) tests/cuda/header_check.cc tests/cuda/bw_probe.c scripts/cuda_facts.c) |
         tar -xf - -C "$PKG/src" || exit 1
     for h in uthash.h utlist.h; do [ -f "/usr/include/$h" ] && cp "/usr/include/$h" "$PKG/src/"; done
     install -m 755 "$SELF_DIR/gpu_check.sh" "$PKG/gpu_check.sh" || exit 1
@@ -225,6 +225,19 @@ if [ "$SKIP_PROBE" = 0 ]; then
     else
         note "FAIL: bw_probe exited $rc"; FAILED=$((FAILED + 1))
         sed 's/^/    /' "$LOGDIR/bw_probe.log" | head -20
+    fi
+fi
+
+# ---- what the real driver answers to the fake driver's questions (scripts/cuda_facts.c):
+# informational, recorded in the logs for a diff against the fake's answers ----
+if [ -f "$SRCDIR/scripts/cuda_facts.c" ] && command -v gcc >/dev/null 2>&1; then
+    inc=/usr/local/cuda/include
+    if [ -f "$inc/cuda.h" ] && gcc -O1 -I"$inc" "$SRCDIR/scripts/cuda_facts.c" -o "$LOGDIR/cuda_facts" \
+        -ldl -lpthread -L/usr/local/cuda/lib64/stubs -lcuda >"$LOGDIR/cuda_facts_build.log" 2>&1; then
+        timeout -k 5 60 "$LOGDIR/cuda_facts" >"$LOGDIR/cuda_facts.txt" 2>&1
+        note "INFO: scripts/cuda_facts.c answers ($(grep -c '^fact:' "$LOGDIR/cuda_facts.txt") facts) in gpu_check_logs/cuda_facts.txt"
+    else
+        note "INFO: scripts/cuda_facts.c not built here (no cuda.h or link stub)"
     fi
 fi
 
