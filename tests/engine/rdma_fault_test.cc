@@ -317,6 +317,10 @@ TEST_F(RdmaFaultTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestEnds) {
 TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
     ASSERT_EQ(Write(kBlock), OTE_OK);
     std::fill(mem_.begin(), mem_.end(), 0);
+    // The source ends the first grant (window back to its pool, then the pin released)
+    // after the requester saw COMPLETED: wait for that before counting its windows, or the
+    // refused grant below may find the pool still empty and rightly create a window.
+    ASSERT_TRUE(SourceRegistrationFree()) << "the first grant's pin was never released";
     int64_t mws0 = ns_->mws.load();
     ASSERT_GE(mws0, 1) << "the first grant bound no window";
     // The source posts nothing but binds on its send queues (receipts arrive on its RQ).
