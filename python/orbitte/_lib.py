@@ -163,7 +163,11 @@ class BufferView:
         flags = _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE
         # PyBUF_SIMPLE/WRITABLE ask for one contiguous run of bytes: a strided numpy view
         # raises BufferError here, a read-only object asked to be writable too.
-        _get_buffer(obj, ctypes.byref(self._view), flags)
+        self._held = False
+        try:
+            _get_buffer(obj, ctypes.byref(self._view), flags)
+        except ValueError as e:  # numpy says "ndarray is not C-contiguous" as a ValueError
+            raise BufferError(str(e)) from e
         self.address = self._view.buf or 0
         self.length = self._view.len
         self._held = True

@@ -359,8 +359,12 @@ class Engine:
             self._segments.add(seg)
         return seg
 
+    def session(self, peer):
+        """The engine's own segment to "host:port", opened on first use and kept until
+        close(); write(), read(), notify_send() and Batch.submit() use it for a string."""
+        return self._segment_of(peer)
+
     def _segment_of(self, target):
-        """A Segment as given, or the engine's session segment of a "host:port" string."""
         if isinstance(target, Segment):
             return target
         with self._lock:
