@@ -8,6 +8,12 @@
 # (scripts/check_fault_points.py), the result counter's own unit tests, and the
 # formatting check scripts/check_format.sh when that script exists.
 #
+# The Python binding (python/orbitte): //engine:liborbitte.so is built in the default
+# configuration and python/tests run under pytest (Debian's python3-pytest, with
+# /usr/bin/python3) against it; every pytest case counts once, on a line
+# "python: N passed, N failed, N skipped". A failed build, a crash, pytest's exit status 5
+# (no tests collected) or a report that cannot be read counts as a failure.
+#
 # In the default configuration the multi-process suites (//tests/engine, //tests/verbs,
 # //tests/tools) run three times each (--runs_per_test=3): a case counts once, failed if
 # it failed in any run, so a one-in-three flake cannot pass.
@@ -52,6 +58,44 @@ if [ -f scripts/check_format.sh ]; then
     echo "== formatting"
     bash scripts/check_format.sh; record "formatting (scripts/check_format.sh)" $?
 fi
+
+echo "== the Python binding (python/tests, pytest)"
+python_block() { # prints "passed failed skipped"
+    local py=/usr/bin/python3 xml="$LOGDIR/pytest.xml" rc
+    [ -x "$py" ] || py=python3
+    if ! bazel build //engine:liborbitte.so >&2; then echo "0 1 0"; return; fi
+    ORBITTE_LIBRARY="$ROOT/bazel-bin/engine/liborbitte.so" PYTHONPATH="$ROOT/python" \
+        timeout 1200 "$py" -m pytest -p no:cacheprovider -v --junitxml="$xml" python/tests >&2
+    rc=$?
+    "$py" - "$xml" "$rc" <<'PYEOF'
+import sys
+import xml.etree.ElementTree as ET
+xml, rc = sys.argv[1], int(sys.argv[2])
+p = f = s = 0
+try:
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}: f += 1
+        elif "skipped" in kinds: s += 1
+        else: p += 1
+except Exception as e:  # no report (a crash, a timeout): a failure, never a silent zero
+    print("pytest report unreadable: %r" % e, file=sys.stderr)
+    f += 1
+if rc == 5 or p + f + s == 0:
+    print("pytest collected no tests (exit %d): counted as a failure" % rc, file=sys.stderr)
+    f += 1
+elif rc != 0 and f == 0:
+    print("pytest exited %d with no failed case: counted as a failure" % rc, file=sys.stderr)
+    f += 1
+print(p, f, s)
+PYEOF
+}
+counted=$(python_block)
+p=0 f=1 s=0
+[[ "$counted" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]] && read -r p f s <<<"$counted"
+echo "python: $p passed, $f failed, $s skipped"
+SUMMARY+=("python: $p passed, $f failed, $s skipped")
+PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
 
 # The multi-process suites, three runs each in the default configuration.
 MULTI_RUNS='--runs_per_test=//tests/engine[:/],//tests/verbs[:/],//tests/tools[:/]@3'

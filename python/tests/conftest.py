@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -58,6 +59,17 @@ class Peer:
 
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
+
+    def stop(self):
+        """SIGSTOP, returning once the process is certainly stopped (state T)."""
+        self.signal(signal.SIGSTOP)
+        end = time.monotonic() + ANSWER_TIMEOUT_S
+        while time.monotonic() < end:
+            with open("/proc/%d/stat" % self.proc.pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return
+            time.sleep(0.001)
+        raise AssertionError("peer did not stop within %d s" % ANSWER_TIMEOUT_S)
 
     def kill(self):
         if self.proc.poll() is None:

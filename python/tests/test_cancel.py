@@ -14,7 +14,7 @@ def test_cancel_pending_requests(engine, make_peer):
     peer = make_peer(32 << 20)
     big = np.full(32 << 20, 3, np.uint8)
     engine.session(peer.address)  # connected before it stops answering
-    peer.signal(signal.SIGSTOP)  # nothing can complete before the cancel
+    peer.stop()  # nothing can complete before the cancel
     with engine.batch(4) as b:
         b.submit([(orbitte.WRITE, big, peer.address, peer.rw)] * 4)
         assert [s.state for s in b.statuses()] == ["PENDING"] * 4
@@ -60,7 +60,7 @@ def test_context_manager_closes_everything(make_peer):
         done.submit([(orbitte.WRITE, big[:4096], seg, peer.rw)])
         done.wait(60)
         eng.session(peer.address)
-        peer.signal(signal.SIGSTOP)
+        peer.stop()
         pending = eng.batch(1)
         pending.submit([(orbitte.WRITE, big, seg, peer.rw)])
         # close() cancels `pending`, whose in-flight slices end once the peer runs again

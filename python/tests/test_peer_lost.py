@@ -15,7 +15,7 @@ def test_killed_peer_fails_pending_requests_with_peer_lost(engine, make_peer):
     healthy = make_peer(1 << 20)
     big = np.full(64 << 20, 7, np.uint8)
     engine.session(victim.address)  # connected before it stops answering
-    victim.signal(signal.SIGSTOP)  # certainly mid-transfer when killed
+    victim.stop()  # certainly mid-transfer when killed
     with engine.batch(2) as b:
         b.submit([(orbitte.WRITE, big, victim.address, victim.rw),
                   (orbitte.READ, big[:1 << 20], victim.address, victim.rw)])
