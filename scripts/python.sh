@@ -23,13 +23,15 @@ scripts/deps.sh >&2
 bazel build //engine:liborbitte.so >&2
 install -m 0755 bazel-bin/engine/liborbitte.so python/orbitte/liborbitte.so
 if [ "${1:-}" = "--install" ]; then
-    dest=${2:-$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')}
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    dest=${2:-$site}
     mkdir -p "$dest"
     rm -rf "$dest/orbitte"
     cp -r python/orbitte "$dest/orbitte"
     rm -rf "$dest/orbitte/__pycache__"
     echo "orbitte installed in $dest/orbitte (with liborbitte.so)" >&2
-    echo "# nothing to export: $dest is on $PY's path"
+    if [ "$dest" = "$site" ]; then echo "# nothing to export: $dest is on $PY's path"
+    else echo "export PYTHONPATH=$dest\${PYTHONPATH:+:\$PYTHONPATH}"; fi
     exit 0
 fi
 echo "export PYTHONPATH=$ROOT/python\${PYTHONPATH:+:\$PYTHONPATH}"

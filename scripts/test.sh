@@ -8,11 +8,13 @@
 # (scripts/check_fault_points.py), the result counter's own unit tests, and the
 # formatting check scripts/check_format.sh when that script exists.
 #
-# The Python binding (python/orbitte): //engine:liborbitte.so is built in the default
-# configuration and python/tests run under pytest (Debian's python3-pytest, with
-# /usr/bin/python3) against it; every pytest case counts once, on a line
-# "python: N passed, N failed, N skipped". A failed build, a crash, pytest's exit status 5
-# (no tests collected) or a report that cannot be read counts as a failure.
+# The Python binding (python/orbitte): //engine:liborbitte.so is built and python/tests
+# run under pytest (Debian's python3-pytest, with /usr/bin/python3) against it, in the
+# default configuration first and, after the ASan suites, over the ASan library (libasan
+# preloaded, leak detection off for the interpreter); every pytest case counts once per
+# configuration, on lines "python: N passed, ..." and "python (asan): ...". A failed
+# build, a crash, pytest's exit status 5 (no tests collected) or a report that cannot be
+# read counts as a failure.
 #
 # In the default configuration the multi-process suites (//tests/engine, //tests/verbs,
 # //tests/tools) run three times each (--runs_per_test=3): a case counts once, failed if
@@ -59,12 +61,20 @@ if [ -f scripts/check_format.sh ]; then
     bash scripts/check_format.sh; record "formatting (scripts/check_format.sh)" $?
 fi
 
-echo "== the Python binding (python/tests, pytest)"
+# The Python binding's pytest suite against liborbitte.so built in configuration $1:
+# "default", or "asan" (python3 is not instrumented: libasan is preloaded, leak detection
+# off because the interpreter itself does not free everything at exit).
 python_block() { # prints "passed failed skipped"
-    local py=/usr/bin/python3 xml="$LOGDIR/pytest.xml" rc
+    local cfg=$1 py=/usr/bin/python3 xml="$LOGDIR/pytest-$1.xml" so="$LOGDIR/liborbitte-$1.so" rc
+    local pre=() bflags=()
     [ -x "$py" ] || py=python3
-    if ! bazel build //engine:liborbitte.so >&2; then echo "0 1 0"; return; fi
-    ORBITTE_LIBRARY="$ROOT/bazel-bin/engine/liborbitte.so" PYTHONPATH="$ROOT/python" \
+    if [ "$cfg" = asan ]; then
+        bflags=(--config=asan)
+        pre=(env LD_PRELOAD="$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0)
+    fi
+    if ! bazel build "${bflags[@]}" //engine:liborbitte.so >&2 ||
+        ! cp bazel-bin/engine/liborbitte.so "$so"; then echo "0 1 0"; return; fi
+    "${pre[@]}" env ORBITTE_LIBRARY="$so" PYTHONPATH="$ROOT/python" \
         timeout 1200 "$py" -m pytest -p no:cacheprovider -v --junitxml="$xml" python/tests >&2
     rc=$?
     "$py" - "$xml" "$rc" <<'PYEOF'
@@ -90,12 +100,17 @@ elif rc != 0 and f == 0:
 print(p, f, s)
 PYEOF
 }
-counted=$(python_block)
-p=0 f=1 s=0
-[[ "$counted" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]] && read -r p f s <<<"$counted"
-echo "python: $p passed, $f failed, $s skipped"
-SUMMARY+=("python: $p passed, $f failed, $s skipped")
-PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
+run_python() { # configuration
+    local counted p=0 f=1 s=0 name=python
+    [ "$1" = default ] || name="python ($1)"
+    echo "== the Python binding (python/tests, pytest, $1)"
+    counted=$(python_block "$1")
+    [[ "$counted" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]] && read -r p f s <<<"$counted"
+    echo "$name: $p passed, $f failed, $s skipped"
+    SUMMARY+=("$name: $p passed, $f failed, $s skipped")
+    PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
+}
+run_python default
 
 # The multi-process suites, three runs each in the default configuration.
 MULTI_RUNS='--runs_per_test=//tests/engine[:/],//tests/verbs[:/],//tests/tools[:/]@3'
@@ -130,6 +145,8 @@ for cfg in ${OTE_TEST_CONFIGS:-default asan}; do
     echo "$cfg: $p passed, $f failed, $s skipped"
     SUMMARY+=("$cfg: $p passed, $f failed, $s skipped")
     PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
+    # the binding again over the ASan library, right after the ASan build (same outputs)
+    [ "$cfg" = asan ] && run_python asan
 done
 
 echo "== planted upward dependencies fail with a visibility error"
