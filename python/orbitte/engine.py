@@ -2,6 +2,7 @@
 
 import collections
 import ctypes
+import numbers
 import threading
 import time
 
@@ -56,10 +57,10 @@ def _resolve(obj, length, writable):
     """(address, length, holder) of a local buffer: a buffer-protocol object (held by a
     BufferView until released), an object with data_ptr() (a torch tensor; the caller
     keeps it referenced) or a raw integer address (length required)."""
-    if isinstance(obj, int):
+    if isinstance(obj, numbers.Integral):  # int, numpy integers
         if length is None:
             raise ValueError("a raw address needs a length")
-        return obj, int(length), None
+        return int(obj), int(length), None
     if hasattr(obj, "data_ptr") and hasattr(obj, "element_size") and hasattr(obj, "numel"):
         n = obj.numel() * obj.element_size()
         if length is not None and length > n:

@@ -121,5 +121,6 @@ def test_closed_objects_raise_state_errors(peer):
         with pytest.raises(orbitte.StateError):
             call()
     eng.close()  # closing twice is harmless
-    with pytest.raises(ValueError):
-        orbitte.Engine().batch(1).submit([(7, bytearray(1), peer.address, peer.rw)])
+    with orbitte.Engine() as other, other.batch(1) as b:
+        with pytest.raises(ValueError):
+            b.submit([(7, bytearray(1), peer.address, peer.rw)])

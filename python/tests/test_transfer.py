@@ -84,7 +84,7 @@ def test_raw_address_and_data_ptr_objects(engine, peer):
     reg.unregister()
     reg2 = engine.register(ctypes.addressof(raw), 4096, perms=orbitte.PERM_READ, name="raw")
     assert reg2.name == "raw" and reg2 in engine.registrations
-    engine.read(peer.address, ctypes.addressof(raw), peer.ro, 4096)
+    engine.read(peer.address, np.uint64(ctypes.addressof(raw)), peer.ro, 4096)  # numpy int
     assert bytes(raw[:4096]) == pattern(peer.size, 2)[:4096].tobytes()
 
 
