@@ -13,7 +13,9 @@ PKGS=(
     clang-format         # the formatting check (scripts/check_format.sh)
     clang                # libFuzzer for the control-plane fuzz target
     libclang-rt-14-dev
-    python3              # test result counting
+    python3              # test result counting, the Python binding (python/orbitte)
+    python3-pytest       # the binding's tests (python/tests)
+    python3-numpy        # arrays moved by the binding's tests
     procps               # pkill/ps used by multi-process tests
 )
 missing=()

@@ -8,6 +8,14 @@
 # (scripts/check_fault_points.py), the result counter's own unit tests, and the
 # formatting check scripts/check_format.sh when that script exists.
 #
+# The Python binding (python/orbitte): //engine:liborbitte.so is built and python/tests
+# run under pytest (Debian's python3-pytest, with /usr/bin/python3) against it, in the
+# default configuration first and, after the ASan suites, over the ASan library (libasan
+# preloaded, leak detection off for the interpreter); every pytest case counts once per
+# configuration, on lines "python: N passed, ..." and "python (asan): ...". A failed
+# build, a crash, pytest's exit status 5 (no tests collected) or a report that cannot be
+# read counts as a failure.
+#
 # In the default configuration the multi-process suites (//tests/engine, //tests/verbs,
 # //tests/tools) run three times each (--runs_per_test=3): a case counts once, failed if
 # it failed in any run, so a one-in-three flake cannot pass.
@@ -53,6 +61,57 @@ if [ -f scripts/check_format.sh ]; then
     bash scripts/check_format.sh; record "formatting (scripts/check_format.sh)" $?
 fi
 
+# The Python binding's pytest suite against liborbitte.so built in configuration $1:
+# "default", or "asan" (python3 is not instrumented: libasan is preloaded, leak detection
+# off because the interpreter itself does not free everything at exit).
+python_block() { # prints "passed failed skipped"
+    local cfg=$1 py=/usr/bin/python3 xml="$LOGDIR/pytest-$1.xml" so="$LOGDIR/liborbitte-$1.so" rc
+    local pre=() bflags=()
+    [ -x "$py" ] || py=python3
+    if [ "$cfg" = asan ]; then
+        bflags=(--config=asan)
+        pre=(env LD_PRELOAD="$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0)
+    fi
+    if ! bazel build "${bflags[@]}" //engine:liborbitte.so >&2 ||
+        ! cp bazel-bin/engine/liborbitte.so "$so"; then echo "0 1 0"; return; fi
+    "${pre[@]}" env ORBITTE_LIBRARY="$so" PYTHONPATH="$ROOT/python" \
+        timeout 1200 "$py" -m pytest -p no:cacheprovider -v --junitxml="$xml" python/tests >&2
+    rc=$?
+    "$py" - "$xml" "$rc" <<'PYEOF'
+import sys
+import xml.etree.ElementTree as ET
+xml, rc = sys.argv[1], int(sys.argv[2])
+p = f = s = 0
+try:
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}: f += 1
+        elif "skipped" in kinds: s += 1
+        else: p += 1
+except Exception as e:  # no report (a crash, a timeout): a failure, never a silent zero
+    print("pytest report unreadable: %r" % e, file=sys.stderr)
+    f += 1
+if rc == 5 or p + f + s == 0:
+    print("pytest collected no tests (exit %d): counted as a failure" % rc, file=sys.stderr)
+    f += 1
+elif rc != 0 and f == 0:
+    print("pytest exited %d with no failed case: counted as a failure" % rc, file=sys.stderr)
+    f += 1
+print(p, f, s)
+PYEOF
+}
+run_python() { # configuration
+    local counted p=0 f=1 s=0 name=python
+    [ "$1" = default ] || name="python ($1)"
+    echo "== the Python binding (python/tests, pytest, $1)"
+    counted=$(python_block "$1")
+    [[ "$counted" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]] && read -r p f s <<<"$counted"
+    echo "$name: $p passed, $f failed, $s skipped"
+    SUMMARY+=("$name: $p passed, $f failed, $s skipped")
+    PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
+}
+run_python default
+
 # The multi-process suites, three runs each in the default configuration.
 MULTI_RUNS='--runs_per_test=//tests/engine[:/],//tests/verbs[:/],//tests/tools[:/]@3'
 BAZEL_FLAGS=(--keep_going --test_output=errors --local_test_jobs=2)
@@ -86,6 +145,8 @@ for cfg in ${OTE_TEST_CONFIGS:-default asan}; do
     echo "$cfg: $p passed, $f failed, $s skipped"
     SUMMARY+=("$cfg: $p passed, $f failed, $s skipped")
     PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
+    # the binding again over the ASan library, right after the ASan build (same outputs)
+    [ "$cfg" = asan ] && run_python asan
 done
 
 echo "== planted upward dependencies fail with a visibility error"

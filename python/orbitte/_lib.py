@@ -1,0 +1,184 @@
+"""Finding and loading liborbitte.so, and the ctypes prototypes of the public C API.
+
+The library is looked for, in order:
+  1. the path in the environment variable ORBITTE_LIBRARY (an error if it does not exist);
+  2. liborbitte.so in this package's directory (where scripts/python.sh or an install
+     step puts it);
+  3. bazel-bin/engine/liborbitte.so of the source tree this package sits in
+     (python/orbitte -> ../../bazel-bin), as built by `bazel build //engine:liborbitte.so`.
+Nothing is compiled at import or install time.
+"""
+
+import ctypes
+import os
+
+LIBRARY_NAME = "liborbitte.so"
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_DIR = os.path.dirname(os.path.dirname(_PKG_DIR))
+
+
+def candidate_paths():
+    """The places searched for the library, in order, as (how, path) pairs."""
+    env = os.environ.get("ORBITTE_LIBRARY")
+    if env:
+        return [("ORBITTE_LIBRARY", env)]
+    return [
+        ("package directory", os.path.join(_PKG_DIR, LIBRARY_NAME)),
+        ("bazel-bin", os.path.join(_REPO_DIR, "bazel-bin", "engine", LIBRARY_NAME)),
+    ]
+
+
+def find_library():
+    """The path of liborbitte.so; ImportError naming every place looked at if none."""
+    tried = []
+    for how, path in candidate_paths():
+        if os.path.isfile(path):
+            return path
+        tried.append("%s: %s" % (how, path))
+    raise ImportError(
+        "orbitte: liborbitte.so not found (looked at %s). Build it with scripts/python.sh "
+        "(or `bazel build //engine:liborbitte.so`) or set ORBITTE_LIBRARY to its path."
+        % "; ".join(tried)
+    )
+
+
+status_t = ctypes.c_int32
+c_void_p = ctypes.c_void_p
+c_size_t = ctypes.c_size_t
+
+
+class Request(ctypes.Structure):
+    """ote_request_t"""
+
+    _fields_ = [
+        ("opcode", ctypes.c_int),
+        ("local_addr", c_void_p),
+        ("segment", c_void_p),
+        ("remote_addr", ctypes.c_uint64),
+        ("length", c_size_t),
+    ]
+
+
+class TransferStatus(ctypes.Structure):
+    """ote_transfer_status_t"""
+
+    _fields_ = [
+        ("state", ctypes.c_int),
+        ("bytes_done", ctypes.c_uint64),
+        ("error", status_t),
+    ]
+
+
+# name: (restype, argtypes). Every call that can wait (ote_batch_wait, ote_notify_recv)
+# takes a deadline in C; ctypes.CDLL releases the GIL for the length of each call.
+_PROTOTYPES = {
+    "ote_config_create": (status_t, [ctypes.POINTER(c_void_p)]),
+    "ote_config_set": (status_t, [c_void_p, ctypes.c_char_p, ctypes.c_char_p]),
+    "ote_config_get": (status_t, [c_void_p, ctypes.c_char_p, ctypes.c_char_p, c_size_t]),
+    "ote_config_destroy": (None, [c_void_p]),
+    "ote_engine_create": (status_t, [c_void_p, ctypes.POINTER(c_void_p)]),
+    "ote_engine_destroy": (status_t, [c_void_p]),
+    "ote_engine_address": (status_t, [c_void_p, ctypes.c_char_p, c_size_t]),
+    "ote_memory_register": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.c_uint]),
+    "ote_memory_unregister": (status_t, [c_void_p, c_void_p]),
+    "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
+    "ote_segment_close": (status_t, [c_void_p]),
+    "ote_batch_create": (status_t, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
+    "ote_batch_submit": (status_t, [c_void_p, ctypes.POINTER(Request), c_size_t]),
+    "ote_batch_status": (status_t, [c_void_p, c_size_t, ctypes.POINTER(TransferStatus)]),
+    "ote_batch_wait": (status_t, [c_void_p, ctypes.c_uint64]),
+    "ote_batch_cancel": (status_t, [c_void_p]),
+    "ote_batch_reset": (status_t, [c_void_p]),
+    "ote_batch_destroy": (status_t, [c_void_p]),
+    "ote_batch_notify": (status_t, [c_void_p, c_void_p, ctypes.c_char_p, c_size_t]),
+    "ote_notify_send": (status_t, [c_void_p, c_void_p, ctypes.c_char_p, c_size_t]),
+    "ote_notify_recv": (
+        status_t,
+        [
+            c_void_p,
+            c_void_p,
+            c_size_t,
+            ctypes.POINTER(c_size_t),
+            ctypes.c_char_p,
+            c_size_t,
+            ctypes.c_uint64,
+        ],
+    ),
+    "ote_notify_discard": (status_t, [c_void_p, ctypes.POINTER(c_size_t)]),
+    "ote_status_str": (ctypes.c_char_p, [status_t]),
+    "ote_status_describe": (ctypes.c_char_p, [status_t, ctypes.c_char_p, c_size_t]),
+    "ote_status_scope": (ctypes.c_int, [status_t]),
+}
+
+PUBLIC_FUNCTIONS = tuple(sorted(_PROTOTYPES))
+
+
+def load(path=None):
+    """Load liborbitte.so (from `path`, else find_library()) and set the prototypes."""
+    path = path or find_library()
+    lib = ctypes.CDLL(path)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    lib.orbitte_path = path
+    return lib
+
+
+# ---- the Python buffer protocol through the C API (keeps the export while registered) ----
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer (stable layout since Python 3.3)."""
+
+    _fields_ = [
+        ("buf", c_void_p),
+        ("obj", c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", c_void_p),
+        ("strides", c_void_p),
+        ("suboffsets", c_void_p),
+        ("internal", c_void_p),
+    ]
+
+
+_PyBUF_SIMPLE = 0
+_PyBUF_WRITABLE = 0x0001
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+class BufferView:
+    """A held export of a contiguous buffer-protocol object: its address and length stay
+    valid (a bytearray cannot be resized, for example) until release()."""
+
+    def __init__(self, obj, writable):
+        self._view = _PyBuffer()
+        flags = _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE
+        # PyBUF_SIMPLE/WRITABLE ask for one contiguous run of bytes: a strided numpy view
+        # raises BufferError here, a read-only object asked to be writable too.
+        self._held = False
+        try:
+            _get_buffer(obj, ctypes.byref(self._view), flags)
+        except ValueError as e:  # numpy says "ndarray is not C-contiguous" as a ValueError
+            raise BufferError(str(e)) from e
+        self.address = self._view.buf or 0
+        self.length = self._view.len
+        self._held = True
+
+    def release(self):
+        if self._held:
+            self._held = False
+            _release_buffer(ctypes.byref(self._view))
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass

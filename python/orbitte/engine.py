@@ -1,0 +1,482 @@
+"""Engine, registrations, segments and batches over liborbitte.so (see __init__.py)."""
+
+import collections
+import ctypes
+import numbers
+import threading
+import time
+
+from . import _lib
+from .errors import error_class
+
+READ = 0  # remote -> local (OTE_READ)
+WRITE = 1  # local -> remote (OTE_WRITE)
+PERM_READ = 0x1  # peers may READ from the registration
+PERM_WRITE = 0x2  # peers may WRITE into it
+PERM_RW = PERM_READ | PERM_WRITE
+NOTIFY_MAX = 4096  # OTE_NOTIFY_MAX
+STATES = ("WAITING", "PENDING", "COMPLETED", "FAILED", "CANCELED", "TIMEOUT")
+_OTE_ERR_STATE = 13
+_OTE_ERR_TIMEOUT = 8
+_WAIT_SLICE_S = 0.5  # longest single C wait, so Ctrl-C is seen between two of them
+_CLOSE_WAIT_S = 60.0  # how long close() waits for canceled requests to end
+
+lib = None  # set by orbitte/__init__.py once the library is loaded
+
+
+def describe(status):
+    buf = ctypes.create_string_buffer(256)
+    return lib.ote_status_describe(status, buf, len(buf)).decode(errors="replace")
+
+
+def status_name(status):
+    return lib.ote_status_str(status).decode()
+
+
+def check(status, what):
+    """Raise the exception of a failed status; `what` says which call failed."""
+    if status != 0:
+        raise error_class(status)(status, what, describe(status))
+
+
+def _state_error(what):
+    return error_class(_OTE_ERR_STATE)(_OTE_ERR_STATE, what, "OTE_ERR_STATE: " + what)
+
+
+def _ns(seconds):
+    return max(0, int(seconds * 1e9))
+
+
+def _config_str(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _resolve(obj, length, writable):
+    """(address, length, holder) of a local buffer: a buffer-protocol object (held by a
+    BufferView until released), an object with data_ptr() (a torch tensor; the caller
+    keeps it referenced) or a raw integer address (length required)."""
+    if isinstance(obj, numbers.Integral):  # int, numpy integers
+        if length is None:
+            raise ValueError("a raw address needs a length")
+        return int(obj), int(length), None
+    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        n = obj.numel() * obj.element_size()
+        if length is not None and length > n:
+            raise ValueError("length %d is over the tensor's %d bytes" % (length, n))
+        return obj.data_ptr(), n if length is None else int(length), None
+    view = _lib.BufferView(obj, writable)
+    if length is not None and length > view.length:
+        view.release()
+        raise ValueError("length %d is over the buffer's %d bytes" % (length, view.length))
+    return view.address, view.length if length is None else int(length), view
+
+
+TransferStatus = collections.namedtuple("TransferStatus", "state bytes_done error")
+TransferStatus.__doc__ = """One request of a batch: state is one of STATES, error is None
+or the exception (not raised) of a FAILED/CANCELED/TIMEOUT request."""
+Notification = collections.namedtuple("Notification", "message sender")
+
+
+class Registration:
+    """Registered memory: [address, address + length) reachable by peers with `perms`.
+    The registered object stays referenced (and a buffer stays exported, so a bytearray
+    cannot be resized) until unregister()."""
+
+    def __init__(self, engine, address, length, perms, name, obj, view):
+        self.engine, self.address, self.length = engine, address, length
+        self.perms, self.name, self.obj = perms, name, obj
+        self._view = view
+
+    def unregister(self):
+        self.engine.unregister(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.engine._registrations.get(self.address) is self:
+            self.unregister()
+
+    def __repr__(self):
+        return "Registration(address=0x%x, length=%d, perms=%d, name=%r)" % (
+            self.address, self.length, self.perms, self.name)
+
+
+class Segment:
+    """An open connection to a peer engine ("host:port")."""
+
+    def __init__(self, engine, peer, handle):
+        self.engine, self.peer, self._handle = engine, peer, handle
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise _state_error("segment %s is closed" % self.peer)
+        return self._handle
+
+    def close(self):
+        with self.engine._lock:
+            if not self._handle:
+                return
+            check(lib.ote_segment_close(self._handle), "ote_segment_close(%s)" % self.peer)
+            self._handle = None
+            self.engine._segments.discard(self)
+            if self.engine._sessions.get(self.peer) is self:
+                del self.engine._sessions[self.peer]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "Segment(%r%s)" % (self.peer, "" if self._handle else ", closed")
+
+
+class Batch:
+    """Up to `capacity` READ/WRITE requests submitted, waited for, polled and canceled
+    together. Local buffers are held from submit until reset() or close()."""
+
+    def __init__(self, engine, capacity):
+        self.engine, self.capacity = engine, capacity
+        self._lock = threading.Lock()
+        self._held = []  # BufferViews and objects of the submitted requests
+        self._count = 0
+        handle = ctypes.c_void_p()
+        check(lib.ote_batch_create(engine.handle, capacity, ctypes.byref(handle)), "ote_batch_create")
+        self._handle = handle.value
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise _state_error("batch is closed")
+        return self._handle
+
+    def __len__(self):
+        return self._count
+
+    def submit(self, requests):
+        """Submit (opcode, local, segment, remote_addr[, length]) tuples: opcode READ or
+        WRITE, local a buffer (numpy array, bytearray, memoryview, ...) or an address,
+        segment a Segment or "host:port", length default the local buffer's. All are
+        validated first, then started; returns the requests' indices in the batch."""
+        requests = list(requests)
+        arr = (_lib.Request * max(1, len(requests)))()
+        held = []
+        try:
+            for i, req in enumerate(requests):
+                opcode, local, seg, remote = req[:4]
+                length = req[4] if len(req) > 4 else None
+                if opcode not in (READ, WRITE):
+                    raise ValueError("opcode must be orbitte.READ or orbitte.WRITE")
+                addr, n, view = _resolve(local, length, writable=opcode == READ)
+                held.append(view if view is not None else local)
+                seg = self.engine._segment_of(seg)
+                held.append(seg)
+                arr[i] = _lib.Request(opcode, addr, seg.handle, int(remote), n)
+            with self._lock:
+                check(lib.ote_batch_submit(self.handle, arr, len(requests)), "ote_batch_submit")
+                first = self._count
+                self._count += len(requests)
+                self._held.extend(held)
+                held = []
+            return list(range(first, first + len(requests)))
+        finally:
+            for h in held:
+                if isinstance(h, _lib.BufferView):
+                    h.release()
+
+    def wait(self, timeout=None):
+        """Wait until every submitted request has ended. Raises the first failed request's
+        error (the exception's .failed lists the indices of all failed requests), or
+        orbitte.TimeoutError_ when `timeout` seconds (None: no limit of its own; every
+        transfer still ends by the engine's transfer_timeout_ms) pass with requests still
+        pending. The GIL is released during the wait, which runs in C with a deadline."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _WAIT_SLICE_S if end is None else min(_WAIT_SLICE_S, end - time.monotonic())
+            st = lib.ote_batch_wait(self.handle, _ns(left))
+            if st == 0:
+                return
+            if st != _OTE_ERR_TIMEOUT or (end is not None and time.monotonic() >= end):
+                break
+        exc = error_class(st)(st, "ote_batch_wait", describe(st))
+        if st != _OTE_ERR_TIMEOUT:
+            exc.failed = [i for i in range(self._count) if self.status(i).state != "COMPLETED"]
+        raise exc
+
+    def status(self, index):
+        """TransferStatus of the index-th request submitted."""
+        ts = _lib.TransferStatus()
+        check(lib.ote_batch_status(self.handle, index, ctypes.byref(ts)), "ote_batch_status")
+        err = None
+        if ts.error != 0:
+            err = error_class(ts.error)(ts.error, "request %d" % index, describe(ts.error))
+        return TransferStatus(STATES[ts.state], ts.bytes_done, err)
+
+    def statuses(self):
+        return [self.status(i) for i in range(self._count)]
+
+    def cancel(self):
+        """Cancel every pending request; returns at once (wait() sees them end)."""
+        check(lib.ote_batch_cancel(self.handle), "ote_batch_cancel")
+
+    def notify(self, segment, message):
+        """Attach a message for `segment`'s engine, sent once every request of this batch
+        to that segment has completed (never before the data is in its memory)."""
+        seg = self.engine._segment_of(segment)
+        msg = bytes(message)
+        check(lib.ote_batch_notify(self.handle, seg.handle, msg, len(msg)), "ote_batch_notify")
+        with self._lock:
+            self._held.append(seg)
+
+    def reset(self):
+        """Forget the finished requests (BusyError while some are pending)."""
+        with self._lock:
+            check(lib.ote_batch_reset(self.handle), "ote_batch_reset")
+            self._count = 0
+            self._release_held()
+
+    def _release_held(self):
+        for h in self._held:
+            if isinstance(h, _lib.BufferView):
+                h.release()
+        self._held = []
+
+    def close(self):
+        """Cancel what is pending, wait for it to end (bounded) and destroy the batch."""
+        if not self._handle:
+            return
+        st = lib.ote_batch_destroy(self._handle)
+        if st != 0 and (st & 0xFFFF) == 6:  # BUSY: requests pending
+            lib.ote_batch_cancel(self._handle)
+            end = time.monotonic() + _CLOSE_WAIT_S
+            while lib.ote_batch_wait(self._handle, _ns(_WAIT_SLICE_S)) == _OTE_ERR_TIMEOUT:
+                if time.monotonic() >= end:
+                    break
+            st = lib.ote_batch_destroy(self._handle)
+        check(st, "ote_batch_destroy")
+        self._handle = None
+        with self._lock:
+            self._release_held()
+        with self.engine._lock:
+            self.engine._batches.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Engine:
+    """An OrbitTE engine. `config` maps the keys of <ote/ote.h> (transport,
+    listen_address, transfer_timeout_ms, ...) to values (str, int or bool); keys not given
+    come from OTE_<KEY> environment variables or the defaults. A context manager: leaving
+    it (or close()) closes every batch, segment and registration it made, then the
+    engine."""
+
+    def __init__(self, config=None):
+        self._lock = threading.RLock()
+        self._handle = None
+        self._registrations = {}  # address -> Registration
+        self._segments = set()
+        self._sessions = {}  # "host:port" -> Segment opened for write()/read()/notify_send()
+        self._batches = set()
+        cfg = ctypes.c_void_p()
+        check(lib.ote_config_create(ctypes.byref(cfg)), "ote_config_create")
+        try:
+            for key, value in (config or {}).items():
+                check(lib.ote_config_set(cfg, str(key).encode(), _config_str(value).encode()),
+                      "config %s=%r" % (key, value))
+            handle = ctypes.c_void_p()
+            check(lib.ote_engine_create(cfg, ctypes.byref(handle)), "ote_engine_create")
+        finally:
+            lib.ote_config_destroy(cfg)
+        self._handle = handle.value
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise _state_error("engine is closed")
+        return self._handle
+
+    @property
+    def closed(self):
+        return not self._handle
+
+    @property
+    def address(self):
+        """The "host:port" other engines open this one by."""
+        buf = ctypes.create_string_buffer(256)
+        check(lib.ote_engine_address(self.handle, buf, len(buf)), "ote_engine_address")
+        return buf.value.decode()
+
+    # ---- memory ----
+    def register(self, buffer_or_address, length=None, perms=PERM_RW, name=None):
+        """Register memory for peers: a buffer-protocol object (numpy array, bytearray,
+        memoryview; one contiguous run, writable when perms has PERM_WRITE), an object
+        with data_ptr() (a torch tensor) or a raw address with its length. The object is
+        referenced until unregistered. `name` is kept on the Registration."""
+        obj = buffer_or_address
+        addr, n, view = _resolve(obj, length, writable=bool(perms & PERM_WRITE))
+        try:
+            with self._lock:
+                check(lib.ote_memory_register(self.handle, addr, n, perms),
+                      "ote_memory_register(0x%x, %d)" % (addr, n))
+                reg = Registration(self, addr, n, perms, name, obj, view)
+                self._registrations[addr] = reg
+                view = None
+            return reg
+        finally:
+            if view is not None:
+                view.release()
+
+    def unregister(self, registration_or_address):
+        r = registration_or_address
+        addr = r.address if isinstance(r, Registration) else int(r)
+        with self._lock:
+            check(lib.ote_memory_unregister(self.handle, addr), "ote_memory_unregister(0x%x)" % addr)
+            reg = self._registrations.pop(addr, None)
+        if reg is not None and reg._view is not None:
+            reg._view.release()
+
+    @property
+    def registrations(self):
+        with self._lock:
+            return list(self._registrations.values())
+
+    # ---- segments ----
+    def open_segment(self, peer):
+        """Connect to the engine at "host:port" (or "[v6]:port") and handshake."""
+        handle = ctypes.c_void_p()
+        with self._lock:
+            check(lib.ote_segment_open(self.handle, peer.encode(), ctypes.byref(handle)),
+                  "ote_segment_open(%s)" % peer)
+            seg = Segment(self, peer, handle.value)
+            self._segments.add(seg)
+        return seg
+
+    def session(self, peer):
+        """The engine's own segment to "host:port", opened on first use and kept until
+        close(); write(), read(), notify_send() and Batch.submit() use it for a string."""
+        return self._segment_of(peer)
+
+    def _segment_of(self, target):
+        if isinstance(target, Segment):
+            return target
+        with self._lock:
+            seg = self._sessions.get(target)
+            if seg is None:
+                seg = self._sessions[target] = self.open_segment(target)
+            return seg
+
+    # ---- batches and the synchronous conveniences ----
+    def batch(self, capacity=64):
+        """A new Batch of up to `capacity` requests (a context manager)."""
+        with self._lock:
+            b = Batch(self, capacity)
+            self._batches.add(b)
+        return b
+
+    def _transfer(self, opcode, target, local, remote, length, notify, timeout):
+        if isinstance(local, (list, tuple)):
+            lengths = length if length is not None else [None] * len(local)
+            reqs = [(opcode, lo, target, ra, ln) for lo, ra, ln in zip(local, remote, lengths)]
+            if not len(local) == len(remote) == len(lengths):
+                raise ValueError("buffers, remote addresses and lengths differ in number")
+        else:
+            reqs = [(opcode, local, target, remote, length)]
+        with self.batch(max(1, len(reqs))) as b:
+            b.submit(reqs)
+            if notify is not None:
+                b.notify(target, notify)
+            b.wait(timeout)
+
+    def write(self, target, local, remote_addr, length=None, notify=None, timeout=None):
+        """WRITE local buffer(s) to the peer's address(es) and wait. `target` is a Segment
+        or "host:port"; local, remote_addr and length may be lists (one batch). With
+        `notify`, the peer receives that message once all the data is in its memory."""
+        self._transfer(WRITE, target, local, remote_addr, length, notify, timeout)
+
+    def read(self, target, local, remote_addr, length=None, notify=None, timeout=None):
+        """READ from the peer's address(es) into local buffer(s) and wait (see write)."""
+        self._transfer(READ, target, local, remote_addr, length, notify, timeout)
+
+    def transfer_sync_write(self, target, buffer, peer_buffer_address, length):
+        """Mooncake's call: returns 0; a failure raises instead of returning -1."""
+        self.write(target, buffer, peer_buffer_address, length)
+        return 0
+
+    def transfer_sync_read(self, target, buffer, peer_buffer_address, length):
+        self.read(target, buffer, peer_buffer_address, length)
+        return 0
+
+    def batch_transfer_sync_write(self, target, buffers, peer_buffer_addresses, lengths):
+        """Mooncake's call over lists: returns 0; a failure raises."""
+        self.write(target, list(buffers), list(peer_buffer_addresses), list(lengths))
+        return 0
+
+    def batch_transfer_sync_read(self, target, buffers, peer_buffer_addresses, lengths):
+        self.read(target, list(buffers), list(peer_buffer_addresses), list(lengths))
+        return 0
+
+    # ---- notifications ----
+    def notify_send(self, target, message):
+        """Send a message (bytes, at most NOTIFY_MAX) to a Segment or "host:port"."""
+        seg = self._segment_of(target)
+        msg = bytes(message)
+        check(lib.ote_notify_send(self.handle, seg.handle, msg, len(msg)), "ote_notify_send")
+
+    def notify_recv(self, timeout=1.0):
+        """The next Notification(message, sender) sent to this engine, or None when none
+        arrives within `timeout` seconds (the wait runs in C without the GIL)."""
+        buf = ctypes.create_string_buffer(NOTIFY_MAX)
+        sender = ctypes.create_string_buffer(256)
+        n = ctypes.c_size_t()
+        st = lib.ote_notify_recv(self.handle, buf, len(buf), ctypes.byref(n), sender,
+                                 len(sender), _ns(timeout))
+        if st == _OTE_ERR_TIMEOUT:
+            return None
+        check(st, "ote_notify_recv")
+        return Notification(buf.raw[: n.value], sender.value.decode())
+
+    # ---- closing ----
+    def close(self):
+        """Close every batch (canceling what is pending), segment and registration, then
+        destroy the engine. Raises the first failure; what could not be closed stays."""
+        with self._lock:
+            if not self._handle:
+                return
+            first = None
+            for batch in list(self._batches):
+                try:
+                    batch.close()
+                except Exception as e:  # keep closing the rest, report the first
+                    first = first or e
+            for seg in list(self._segments):
+                try:
+                    seg.close()
+                except Exception as e:
+                    first = first or e
+            for reg in list(self._registrations.values()):
+                try:
+                    self.unregister(reg)
+                except Exception as e:
+                    first = first or e
+            if first is not None:
+                raise first
+            check(lib.ote_engine_destroy(self._handle), "ote_engine_destroy")
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "Engine(%s)" % (self.address if self._handle else "closed")

@@ -1,0 +1,81 @@
+"""liborbitte.so exports exactly the public C API, and Python finds it as documented."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import orbitte
+from orbitte import _lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HEADERS = [os.path.join(REPO, "engine", "include", "ote", h) for h in ("ote.h", "status.h")]
+
+
+def declared_functions():
+    """Functions the public headers declare (static inline helpers are not symbols)."""
+    names = set()
+    for path in HEADERS:
+        text = open(path).read()
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        for m in re.finditer(r"^(?!static)[A-Za-z_][\w \*]*?\b(ote_\w+)\s*\(", text, re.M):
+            names.add(m.group(1))
+    return names
+
+
+def exported_functions(path):
+    out = subprocess.run(["nm", "-D", "--defined-only", "--extern-only", path],
+                         check=True, capture_output=True, text=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+def test_exports_exactly_the_public_api():
+    declared = declared_functions()
+    assert "ote_batch_wait" in declared and "ote_status_code" not in declared
+    assert exported_functions(orbitte.library_path) == declared
+
+
+def test_binding_declares_what_the_library_exports():
+    """Every exported function has a ctypes prototype, so none is called untyped."""
+    missing = exported_functions(orbitte.library_path) - set(_lib.PUBLIC_FUNCTIONS)
+    assert missing == set(), "functions without a prototype in orbitte/_lib.py: %s" % missing
+
+
+def _import_in_child(pythonpath, env_lib):
+    env = {k: v for k, v in os.environ.items() if k != "ORBITTE_LIBRARY"}
+    env["PYTHONPATH"] = pythonpath
+    if env_lib is not None:
+        env["ORBITTE_LIBRARY"] = env_lib
+    return subprocess.run([sys.executable, "-c", "import orbitte; print(orbitte.library_path)"],
+                          env=env, capture_output=True, text=True, timeout=120,
+                          cwd=pythonpath)
+
+
+def test_library_search_order(tmp_path):
+    pkg = tmp_path / "orbitte"
+    shutil.copytree(os.path.dirname(orbitte.__file__), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    # 1. ORBITTE_LIBRARY wins, and a wrong one is an ImportError naming it
+    r = _import_in_child(str(tmp_path), orbitte.library_path)
+    assert r.returncode == 0 and r.stdout.strip() == orbitte.library_path
+    r = _import_in_child(str(tmp_path), str(tmp_path / "missing.so"))
+    assert r.returncode != 0 and "ORBITTE_LIBRARY" in r.stderr and "missing.so" in r.stderr
+    # with no library anywhere the error says where it looked and how to build it
+    r = _import_in_child(str(tmp_path), None)
+    assert r.returncode != 0 and "scripts/python.sh" in r.stderr
+    assert "package directory" in r.stderr and "bazel-bin" in r.stderr
+    # 2. the package directory
+    shutil.copy(orbitte.library_path, pkg / "liborbitte.so")
+    r = _import_in_child(str(tmp_path), None)
+    assert r.returncode == 0 and r.stdout.strip() == str(pkg / "liborbitte.so")
+    # 3. bazel-bin of the source tree the package sits in
+    src_tree = tmp_path / "tree"
+    (src_tree / "python").mkdir(parents=True)
+    shutil.copytree(os.path.dirname(orbitte.__file__), src_tree / "python" / "orbitte",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    (src_tree / "bazel-bin" / "engine").mkdir(parents=True)
+    shutil.copy(orbitte.library_path, src_tree / "bazel-bin" / "engine" / "liborbitte.so")
+    r = _import_in_child(str(src_tree / "python"), None)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(src_tree / "bazel-bin" / "engine" / "liborbitte.so")

@@ -1,0 +1,52 @@
+"""Notifications: sent directly, and attached to a batch (only after its data landed)."""
+
+import numpy as np
+
+import orbitte
+from conftest import digest, pattern
+
+
+def test_batch_notification_arrives_after_the_data(engine, make_peer):
+    peer = make_peer(8 << 20)
+    for i in range(5):
+        src = pattern(8 << 20, 50 + i)
+        # the peer starts waiting first; its digest is taken right after it receives
+        peer.proc.stdin.write("recvdigest 60\n")
+        peer.proc.stdin.flush()
+        engine.write(peer.address, src, peer.rw, notify=b"chunk %d" % i)
+        ans = peer._answer()
+        assert bytes.fromhex(ans["message"]) == b"chunk %d" % i
+        assert ans["sender"] == engine.address
+        assert ans["digest"] == digest(src)  # all the data was there at the notification
+    assert peer.quit() == 0
+
+
+def test_notification_of_a_failed_batch_is_not_sent(engine, peer):
+    with engine.batch(1) as b:
+        b.submit([(orbitte.WRITE, np.ones(64, np.uint8), peer.address, peer.ro)])
+        b.notify(peer.address, b"must not arrive")
+        try:
+            b.wait(60)
+            raise AssertionError("a WRITE into a READ-only registration succeeded")
+        except orbitte.AccessError:
+            pass
+    engine.notify_send(peer.address, b"after")  # ordered behind anything sent before
+    assert bytes.fromhex(peer.ask("recv 60")["message"]) == b"after"
+
+
+def test_notify_send_both_ways_and_limits(engine, peer):
+    engine.notify_send(peer.address, b"\x00binary\xff")
+    ans = peer.ask("recv 60")
+    assert bytes.fromhex(ans["message"]) == b"\x00binary\xff"
+    assert peer.ask("send %s %s" % (engine.address, b"pong".hex())) == {"ok": True}
+    n = engine.notify_recv(timeout=60)
+    assert n.message == b"pong" and n.sender == peer.address
+    assert engine.notify_recv(timeout=0.05) is None
+    big = bytes(orbitte.NOTIFY_MAX + 1)
+    try:
+        engine.notify_send(peer.address, big)
+        raise AssertionError("an oversized notification was accepted")
+    except orbitte.RequestError as e:
+        assert e.name in ("OTE_ERR_TOO_BIG", "OTE_ERR_INVALID")
+    engine.notify_send(peer.address, bytes(orbitte.NOTIFY_MAX))  # the limit itself is fine
+    assert len(bytes.fromhex(peer.ask("recv 60")["message"])) == orbitte.NOTIFY_MAX
