@@ -70,7 +70,7 @@ static void req_finalize(ote__req_t *r) {
         case OTE_ERR_TIMEOUT: state = OTE_TRANSFER_TIMEOUT; break;
         default: state = OTE_TRANSFER_FAILED; break;
     }
-    if (r->local_pin) ote__reg_unpin(NULL, r->local_pin);
+    if (r->local_pin) ote__reg_unpin(r->b->e, r->local_pin);
     r->local_pin = NULL;
     ote_free(r->many);
     r->many = NULL;
@@ -246,6 +246,8 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->canceled = &r->canceled;
         s->local = (uint8_t *)q->local_addr + off;
         s->remote = q->remote_addr + off;
+        s->req_remote = q->remote_addr;
+        s->req_len = q->length;
         s->len = (uint32_t)len;
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
         s->deadline = dl;

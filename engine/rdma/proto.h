@@ -7,7 +7,8 @@
  *   INFO / INFO_ACK   process u64, pd u64, nic u32, lanes u32          (identity + width)
  *   CONNECT           slot u32, cap u32, path (gid 16, lid u32, qpn u32, psn u32, mtu u32)
  *   CONNECT_ACK       the source's path (status in the frame header)
- *   GRANT_REQ         slot u32, op u32, source qpn u32, requester qpn u32, addr u64, len u64
+ *   GRANT_REQ         slot u32, op u32, source qpn u32, requester qpn u32, addr u64, len u64,
+ *                     req_addr u64, req_len u64 (the whole request; [addr, +len) inside it)
  *   GRANT_RESP        rkey u32 (status in the frame header; req_id = the grant id)
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
@@ -42,6 +43,7 @@ typedef struct {
         struct {
             uint32_t slot, op, src_qpn, req_qpn;
             uint64_t addr, len;
+            uint64_t req_addr, req_len; /* the request's extent, checked as a whole */
         } grant;
         struct {
             uint32_t rkey;

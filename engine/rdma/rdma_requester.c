@@ -84,9 +84,17 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
     return ote__rdma_peer_call(x->p, &rq, OTE_RP_CONNECT_ACK, deadline, peer_out);
 }
 
+/* The grant's control callback argument: the peer and the slice (for its request's
+ * extent). ote_grant_start() calls request() before it returns, so it lives on the stack. */
+typedef struct {
+    ote__tpeer_t *p;
+    const ote__slice_t *s;
+} garg_t;
+
 static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
                                   ote_grant_op_t op, uint64_t addr, uint64_t len) {
-    ote__tpeer_t *p = arg;
+    const garg_t *ga = arg;
+    ote__tpeer_t *p = ga->p;
     gid_ent_t *g = ote_calloc(1, sizeof(*g));
     if (g == NULL) return OTE_ERR_NOMEM;
     g->id = grant_id;
@@ -102,6 +110,8 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.src_qpn = remote_qpn;
     rq.u.grant.addr = addr;
     rq.u.grant.len = len;
+    rq.u.grant.req_addr = ga->s->req_len != 0 ? ga->s->req_remote : addr;
+    rq.u.grant.req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
     ote_endpoint_t *ep = p->ep[op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
@@ -114,6 +124,22 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
         ote_mutex_lock(&p->mu);
         (void)ote__rdma_grant_id_take(p, grant_id);
         ote_mutex_unlock(&p->mu);
+    }
+    return st;
+}
+
+/* What a slice's grant status means to the user, request-scope and from the first cause.
+ * A flush (CANCELED) that the user did not ask for, and a post refused because the QP was
+ * fenced (FENCED) while the context is healthy, are consequences: the QP to the peer
+ * broke (the peer died, or its end failed). Both become OTE_ERR_PEER_LOST; FENCED stays
+ * only when the context itself is down, and CANCELED only for a canceled request. */
+static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_status_t st) {
+    int code = ote_status_code(st);
+    int user = s->canceled != NULL && atomic_load(s->canceled);
+    if (code == OTE_ERR_CANCELED && !user) return OTE_ERR_PEER_LOST;
+    if (code == OTE_ERR_FENCED) {
+        if (user) return OTE_ERR_CANCELED;
+        if (ote_context_check(tp->ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
     }
     return st;
 }
@@ -131,7 +157,7 @@ static void slice_grant_done(void *arg, ote_status_t st) {
             OTE_WARN("rdma", "dereg of a temporary MR failed: errno %d; retained", err);
         }
     }
-    s->done(s, st);
+    s->done(s, slice_status(tp, s, st));
 }
 
 /* A notification: one NOTIFY frame; its NOTIFY_ACK, its deadline or the loss of the
@@ -184,6 +210,12 @@ static void submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
     }
 }
 
+/* The grant's cancel check: the engine's flag of the slice's request. */
+static int slice_canceled(void *arg) {
+    const ote__slice_t *s = arg;
+    return s->canceled != NULL && atomic_load_explicit(s->canceled, memory_order_relaxed);
+}
+
 /* A READ or WRITE slice: on success the grant owns the QP borrow and ends the slice. */
 static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     rdma_tp_t *tp = p->tp;
@@ -231,7 +263,9 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     d.deadline = s->deadline;
     d.done = slice_grant_done;
     d.done_arg = s;
-    ote_grant_ctl_t ctl = {.arg = p, .request = grant_request};
+    d.canceled = slice_canceled;
+    garg_t ga = {p, s};
+    ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
     st = ote_grant_start(tp->gm, &d, &ctl);
     if (st != OTE_OK) {

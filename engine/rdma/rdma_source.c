@@ -123,8 +123,36 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     (void)ote__rdma_conn_send_rp(c, req_id, st, &rp);
 }
 
+/* The whole request a GRANT_REQ belongs to is checked before its grant is served, so a
+ * request partly outside a registration (or without the permission) is refused on every
+ * one of its grants and moves no byte. The grant itself then pins its own range. */
+static ote_status_t src_check_request(conn_t *c, const ote_rp_msg_t *rq) {
+    rdma_tp_t *tp = c->tp;
+    unsigned perm = rq->u.grant.op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
+    void *pin = NULL;
+    ote_status_t st =
+        tp->host.pin(tp->host.arg, rq->u.grant.req_addr, rq->u.grant.req_len, perm, &pin);
+    if (st == OTE_OK) {
+        tp->host.unpin(tp->host.arg, pin);
+        return OTE_OK;
+    }
+    OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s",
+                     rq->u.grant.op == OTE_GRANT_WRITE ? "WRITE" : "READ",
+                     (unsigned long long)rq->u.grant.req_len,
+                     (unsigned long long)rq->u.grant.req_addr, c->peer_addr, ote_status_str(st));
+    return st;
+}
+
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     rdma_tp_t *tp = c->tp;
+    ote_status_t chk = src_check_request(c, rq);
+    if (chk != OTE_OK) {
+        ote_rp_msg_t rp;
+        memset(&rp, 0, sizeof(rp));
+        rp.type = OTE_RP_GRANT_RESP;
+        (void)ote__rdma_conn_send_rp(c, req_id, grant_refusal(chk), &rp);
+        return;
+    }
     ote_ep_key_t key;
     ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
                     rq->u.grant.op == OTE_GRANT_WRITE ? OTE_EP_WRITE : OTE_EP_READ);

@@ -105,7 +105,7 @@
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
 
-_Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW_FRAME_LEN,
+_Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW2_FRAME_LEN,
                "a slice's tcp scratch holds the largest frame header it sends");
 
 #define TCP_RXBUF (256u << 10)
@@ -144,7 +144,9 @@ typedef struct {
     uint8_t close_after; /* close the connection once sent (handshake refusal) */
     const uint8_t *data;
     uint32_t len;
-    void *pin; /* registration pinned until the data is sent */
+    void *pin;       /* registration pinned until the data is sent */
+    uint64_t id;     /* req_id it answers */
+    uint16_t opcode; /* what it answers with */
 } tcp_resp_t;
 
 struct tcp_conn {
@@ -191,6 +193,7 @@ struct tcp_conn {
     tcp_resp_t *ring;
     size_t rcap, rhead, rcount, rtx_off;
     int handshaken;
+    uint64_t last_refused_req; /* extent start of the last refused request (one WARN each) */
     uint8_t hsbuf[TCP_HSBUF];
 
     /* Receive, worker-owned. */

@@ -7,11 +7,14 @@
  * (qmu), transmit lists (smu) and, on the worker, its awaiting-response list.
  */
 #include <errno.h>
+#include <string.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "base/alloc.h"
+#include "base/le.h"
 #include "base/log.h"
 #include "engine/tcp/tcp_internal.h"
 
@@ -39,13 +42,14 @@ static void req_append(tcp_conn_t *c, ote__slice_t *list, int check_cancel, req_
             continue;
         }
         s->xp.tcp.seq = ++c->seq;
+        s->xp.tcp.withdrawn = 0;
         if (s->op == OTE__SLICE_NOTIFY) {
             ote_ctl_put_hdr(s->xp.tcp.wire, c->version, OTE_CTL_NOTIFY, s->xp.tcp.seq, OTE_OK,
                             s->len);
             s->xp.tcp.wire_len = OTE_CTL_HDR_LEN;
-        } else if (ote_ctl_put_rw(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote,
-                                  s->len) == OTE_OK) {
-            s->xp.tcp.wire_len = OTE_CTL_RW_FRAME_LEN;
+        } else if (ote_ctl_put_rw2(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote,
+                                   s->len, s->req_remote, s->req_len,
+                                   &s->xp.tcp.wire_len) == OTE_OK) {
         } else { /* ote__tcp_submit refuses these; never put a wrapped length on the wire */
             drop_push(&dropped->too_big, s);
             continue;
@@ -94,6 +98,59 @@ static void req_purge(tcp_conn_t *c, req_drop_t *dropped) {
     }
 }
 
+/* A CANCEL frame on its way: a transport-owned slice (op OTE_CTL_CANCEL, the body as its
+ * payload) that goes out in order with the others but awaits no answer. */
+typedef struct {
+    ote__slice_t s;
+    uint8_t body[8 + 8 * OTE_CTL_CANCEL_MAX];
+} cancel_frame_t;
+
+static void cancel_frame_free(ote__slice_t *s, ote_status_t st) {
+    (void)st;
+    ote_free(s);
+}
+
+static void withdraw_scan(ote__slice_t *s, cancel_frame_t *f, uint32_t *n) {
+    for (; s != NULL && *n < OTE_CTL_CANCEL_MAX; s = s->next) {
+        if (s->op != OTE__SLICE_READ || s->xp.tcp.withdrawn || s->canceled == NULL ||
+            !atomic_load_explicit(s->canceled, memory_order_relaxed))
+            continue;
+        s->xp.tcp.withdrawn = 1;
+        ote_le_put64(f->body + 8 + 8 * (size_t)*n, s->xp.tcp.seq);
+        if (*n == 0) f->s.deadline = s->deadline;
+        (*n)++;
+    }
+}
+
+/* Cancel of READs already requested: withdraw those whose answers have not come yet
+ * (the awaiting list, worker-owned, and the sent list) with one CANCEL frame queued
+ * behind the unsent slices. Worker, smu held; version-2 connections only. */
+static void req_withdraw(tcp_conn_t *c) {
+    if (c->version < 2 || (c->head == NULL && c->sent == NULL)) return;
+    cancel_frame_t *f = ote_malloc(sizeof(*f));
+    if (f == NULL) return; /* the READs then finish as if not canceled */
+    memset(&f->s, 0, sizeof(f->s));
+    uint32_t n = 0;
+    withdraw_scan(c->head, f, &n);
+    withdraw_scan(c->sent, f, &n);
+    if (n == 0) {
+        ote_free(f);
+        return;
+    }
+    ote_le_put32(f->body, n);
+    ote_le_put32(f->body + 4, 0);
+    f->s.done = cancel_frame_free;
+    f->s.owner = f;
+    f->s.local = f->body;
+    f->s.len = 8 + 8 * n;
+    f->s.op = OTE_CTL_CANCEL;
+    ote_ctl_put_hdr(f->s.xp.tcp.wire, c->version, OTE_CTL_CANCEL, 0, OTE_OK, f->s.len);
+    f->s.xp.tcp.wire_len = OTE_CTL_HDR_LEN;
+    if (c->tx_tail) c->tx_tail->next = &f->s;
+    else c->tx = &f->s;
+    c->tx_tail = &f->s;
+}
+
 /* Send the unsent slices, many frames per sendmsg(), from iov[TCP_IOV]; fully sent ones
  * move to the sent list. smu held. OTE_OK when everything went, OTE_ERR_AGAIN when the
  * socket is full, else the connection failed: the caller kills it once it holds no lock
@@ -138,6 +195,10 @@ static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
             if (c->tx == NULL) c->tx_tail = NULL;
             c->tx_off = 0;
             s->next = NULL;
+            if (s->op == OTE_CTL_CANCEL) { /* awaits no answer */
+                s->done(s, OTE_OK);
+                continue;
+            }
             if (c->sent_tail) c->sent_tail->next = s;
             else c->sent = s;
             c->sent_tail = s;
@@ -152,7 +213,10 @@ void ote__tcp_req_write(tcp_conn_t *c) {
     req_drop_t dropped = {NULL, NULL};
     ote_mutex_lock(&c->smu);
     if (atomic_load_explicit(&c->qflag, memory_order_acquire)) req_pull(c, &dropped);
-    if (atomic_load_explicit(&c->purge, memory_order_relaxed)) req_purge(c, &dropped);
+    if (atomic_load_explicit(&c->purge, memory_order_relaxed)) {
+        req_purge(c, &dropped);
+        req_withdraw(c);
+    }
     ote_status_t st = c->tx ? req_send(c, c->w->iov) : OTE_OK;
     ote_mutex_unlock(&c->smu);
     req_complete_dropped(&dropped);
@@ -208,7 +272,10 @@ int ote__tcp_req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
         }
     }
     c->last_large = 0;
-    ote__tcp_req_pop_complete(c, ote_ctl_peer_status(m->opcode, m->status));
+    ote_status_t st = ote_ctl_peer_status(m->opcode, m->status);
+    /* CANCELED answers only a READ this side withdrew; from anyone else it is a lie. */
+    if (ote_status_code(st) == OTE_ERR_CANCELED && !s->xp.tcp.withdrawn) st = OTE_ERR_REMOTE;
+    ote__tcp_req_pop_complete(c, st);
     return 0;
 }
 
@@ -276,7 +343,7 @@ void ote__tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
         if (tails[i]) tails[i]->next = s;
         else heads[i] = s;
         tails[i] = s;
-        bytes[i] += (uint64_t)OTE_CTL_RW_FRAME_LEN + slice_payload(s);
+        bytes[i] += (uint64_t)OTE_CTL_RW2_FRAME_LEN + slice_payload(s);
         i = i + 1 == n ? 0 : i + 1;
     }
     for (i = 0; i < n; i++) {

@@ -78,7 +78,28 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
  * OTE_ERR_EXISTS: each byte has exactly one registration and one set of permissions.
  * Unregister takes the start address given at registration and is refused with
  * OTE_ERR_BUSY while a transfer uses the range.
+ *
+ * When a peer's transfer uses the range (what a user can rely on):
+ *  - The source checks a peer's request as a whole, its entire remote range against one
+ *    registration and its permission, before the request's first byte moves (TCP: on
+ *    every slice, each of which names its request's range; RDMA: on every grant). A
+ *    request that is partly outside a registration, or lacks the permission, is refused
+ *    with OTE_ERR_ACCESS on every slice: no byte of it is read or written here.
+ *  - The range is pinned while a slice of a peer's request is being served (TCP: from
+ *    the slice's frame until its data is received or sent; RDMA: from the grant to the
+ *    requester's receipt). NOT YET per request: an unregister between two slices of one
+ *    request can succeed, and the request's later slices then fail with OTE_ERR_ACCESS.
+ *  - Free again: when the requester sees a request COMPLETED (or receives a notification
+ *    attached to its batch), the source's last release may still be in flight (RDMA: the
+ *    receipt is processed by the source after the requester's completion). Unregister
+ *    therefore waits up to OTE_UNREGISTER_WAIT_MS for the pins of the range to drop
+ *    before it answers OTE_ERR_BUSY: an unregister on such a signal succeeds.
+ *  - A requester that dies releases its pins at once on both transports: TCP when its
+ *    connections close; RDMA when its control connection closes (its windows are
+ *    invalidated by moving their QPs to the error state first). Only a requester that
+ *    stays connected but stops making progress holds them until transfer_timeout_ms.
  */
+#define OTE_UNREGISTER_WAIT_MS 100
 #define OTE_PERM_READ 0x1u
 #define OTE_PERM_WRITE 0x2u
 ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
