@@ -232,6 +232,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
                     slice_list_t *l) {
     uint64_t ssz = p->ssz;
     uint32_t ns = p->ns;
+    uint64_t uid = atomic_fetch_add_explicit(&r->b->e->next_uid, 1, memory_order_relaxed) + 1;
     atomic_store(&r->left, ns);
     ote__slice_t *sl = ns > 1 ? r->many : &r->one;
     if (l->seg != q->segment) slice_list_flush(r->b->e, l);
@@ -248,6 +249,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->remote = q->remote_addr + off;
         s->req_remote = q->remote_addr;
         s->req_len = q->length;
+        s->req_uid = uid;
         s->len = (uint32_t)len;
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
         s->deadline = dl;

@@ -106,6 +106,7 @@ struct ote_engine {
 
     _Atomic long nsegments;
     _Atomic long nbatches;
+    _Atomic uint64_t next_uid; /* request ids (slice req_uid): the source's per-request account */
 };
 
 struct ote_segment {

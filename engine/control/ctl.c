@@ -50,7 +50,7 @@ static uint32_t rw_body_len(uint16_t version) {
 
 ote_status_t ote_ctl_put_rw2(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
                              uint64_t addr, uint32_t len, uint64_t req_addr, uint64_t req_len,
-                             uint16_t *frame_len_out) {
+                             uint64_t req_uid, uint16_t *frame_len_out) {
     uint32_t body = rw_body_len(version);
     uint64_t length = body + (opcode == OTE_CTL_WRITE_REQ ? (uint64_t)len : 0);
     if (len > OTE_CTL_MAX_DATA || length > OTE_CTL_MAX_FRAME) return OTE_ERR_INVALID;
@@ -61,6 +61,7 @@ ote_status_t ote_ctl_put_rw2(uint8_t *buf, uint16_t version, uint16_t opcode, ui
     if (body == OTE_CTL_RW2_BODY_LEN) {
         ote_le_put64(buf + OTE_CTL_HDR_LEN + 16, req_addr);
         ote_le_put64(buf + OTE_CTL_HDR_LEN + 24, req_len);
+        ote_le_put64(buf + OTE_CTL_HDR_LEN + 32, req_uid);
     }
     *frame_len_out = (uint16_t)(OTE_CTL_HDR_LEN + body);
     return OTE_OK;
@@ -108,7 +109,7 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             break;
         case OTE_CTL_CANCEL:
             if (m.version < 2 || m.status != OTE_OK || m.length < 8 || m.length % 8 != 0 ||
-                m.length > 8 + 8 * OTE_CTL_CANCEL_MAX)
+                m.length > OTE_CTL_MAX_BODY)
                 return OTE_ERR_PROTOCOL;
             body_len = m.length;
             break;
@@ -171,7 +172,8 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (body_len == OTE_CTL_RW2_BODY_LEN) {
                 m.u.rw.req_addr = ote_le_get64(b + 16);
                 m.u.rw.req_len = ote_le_get64(b + 24);
-                if (!rw_extent_ok(&m)) return OTE_ERR_PROTOCOL;
+                m.u.rw.req_uid = ote_le_get64(b + 32);
+                if (!rw_extent_ok(&m) || m.u.rw.req_uid == 0) return OTE_ERR_PROTOCOL;
             }
             if (m.opcode == OTE_CTL_WRITE_REQ) {
                 if (m.length - body_len != m.u.rw.len) return OTE_ERR_PROTOCOL;
@@ -189,10 +191,13 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             break;
         case OTE_CTL_CANCEL:
             m.u.cancel.count = ote_le_get32(b);
-            if (m.u.cancel.count == 0 || ote_le_get32(b + 4) != 0 ||
-                8 + 8 * (uint64_t)m.u.cancel.count != body_len)
+            m.u.cancel.nwd = ote_le_get32(b + 4);
+            if (m.u.cancel.count > OTE_CTL_CANCEL_MAX || m.u.cancel.nwd > OTE_CTL_CANCEL_MAX ||
+                m.u.cancel.count + m.u.cancel.nwd == 0 ||
+                8 + 8 * (uint64_t)m.u.cancel.count + 24 * (uint64_t)m.u.cancel.nwd != body_len)
                 return OTE_ERR_PROTOCOL;
             m.u.cancel.ids = b + 8;
+            m.u.cancel.wd = b + 8 + 8 * (size_t)m.u.cancel.count;
             break;
         case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
             m.u.rdma.body = b;
@@ -250,9 +255,10 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             body = m->u.rdma.len;
             break;
         case OTE_CTL_CANCEL:
-            if (m->version < 2 || m->u.cancel.count == 0 || m->u.cancel.count > OTE_CTL_CANCEL_MAX)
+            if (m->version < 2 || m->u.cancel.count + m->u.cancel.nwd == 0 ||
+                m->u.cancel.count > OTE_CTL_CANCEL_MAX || m->u.cancel.nwd > OTE_CTL_CANCEL_MAX)
                 return OTE_ERR_INVALID;
-            body = 8 + 8 * m->u.cancel.count;
+            body = 8 + 8 * m->u.cancel.count + 24 * m->u.cancel.nwd;
             break;
         default: break;
     }
@@ -284,6 +290,7 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
                 int ext = m->u.rw.req_len != 0;
                 ote_le_put64(b + 16, ext ? m->u.rw.req_addr : m->u.rw.addr);
                 ote_le_put64(b + 24, ext ? m->u.rw.req_len : m->u.rw.len);
+                ote_le_put64(b + 32, m->u.rw.req_uid);
             }
             break;
         case OTE_CTL_NOTIFY:
@@ -299,8 +306,11 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             break;
         case OTE_CTL_CANCEL:
             ote_le_put32(b, m->u.cancel.count);
-            ote_le_put32(b + 4, 0);
-            memcpy(b + 8, m->u.cancel.ids, 8 * (size_t)m->u.cancel.count);
+            ote_le_put32(b + 4, m->u.cancel.nwd);
+            if (m->u.cancel.count) memcpy(b + 8, m->u.cancel.ids, 8 * (size_t)m->u.cancel.count);
+            if (m->u.cancel.nwd)
+                memcpy(b + 8 + 8 * (size_t)m->u.cancel.count, m->u.cancel.wd,
+                       24 * (size_t)m->u.cancel.nwd);
             break;
         default: break;
     }

@@ -46,8 +46,11 @@ extern "C" {
 #define OTE_CTL_RW_BODY_LEN 16u /* version 1: remote addr u64, length u32, flags u32 */
 #define OTE_CTL_RW_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW_BODY_LEN)
 /* Version 2: the version-1 body, then the request's extent req_addr u64, req_len u64
- * (the slice [addr, addr+len) lies inside it; the decoder refuses one that does not). */
-#define OTE_CTL_RW2_BODY_LEN 32u
+ * (the slice [addr, addr+len) lies inside it; the decoder refuses one that does not) and
+ * req_uid u64, the request's id, unique among the requester's requests (nonzero): the
+ * source pins a request once, on its first slice, and unpins it once all its bytes are
+ * accounted for (served, refused or withdrawn by CANCEL). */
+#define OTE_CTL_RW2_BODY_LEN 40u
 #define OTE_CTL_RW2_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW2_BODY_LEN)
 #define OTE_CTL_MAX_DATA (64u << 20) /* largest bulk payload of one frame (one slice) */
 /* Smallest max_data a source may advertise in HELLO_ACK. A requester cuts requests into
@@ -75,11 +78,14 @@ typedef enum {
      * OTE_CTL_MAX_BODY bytes whose own codec (QP handshake, grant request/answer) checks
      * it. Added for the RDMA transport; TCP peers never send it. */
     OTE_CTL_RDMA = 10,
-    /* Version 2, requester -> source, no answer: withdraw READ_REQs of this connection
-     * (by req_id) whose data the source has not started to send. Each withdrawn one is
+    /* Version 2, requester -> source, no answer. (a) Withdraw READ_REQs of this
+     * connection (by req_id) whose data the source has not started to send: each is
      * answered READ_RESP with OTE_ERR_CANCELED and no data, in its place in the order;
-     * the others are served as usual. Body: count u32, reserved u32 (0), count req_ids
-     * u64 (1..OTE_CTL_CANCEL_MAX). */
+     * the others are served as usual. (b) Bytes of requests that will never be sent
+     * (slices dropped by a cancel before they reached the wire), so that the source can
+     * close its account of those requests. Body: nids u32, nwd u32, nids req_ids u64,
+     * then nwd withdrawals {req_uid u64, req_len u64, bytes u64}; 1 <= nids + nwd and
+     * nids, nwd <= OTE_CTL_CANCEL_MAX. */
     OTE_CTL_CANCEL = 11,
     OTE_CTL_OPCODE_MAX = 11,
 } ote_ctl_opcode_t;
@@ -111,6 +117,7 @@ typedef struct {
             uint32_t len;
             uint32_t flags;
             uint64_t req_addr, req_len; /* the request's extent (version 1: the slice) */
+            uint64_t req_uid;           /* the request's id (version 1: 0) */
         } rw;
         struct {
             const uint8_t *msg;
@@ -128,6 +135,8 @@ typedef struct {
         struct {
             const uint8_t *ids; /* count little-endian u64 req_ids (ote_le_get64) */
             uint32_t count;
+            const uint8_t *wd; /* nwd withdrawals of 24 bytes: uid, req_len, bytes */
+            uint32_t nwd;
         } cancel;
     } u;
 } ote_ctl_msg_t;
@@ -156,7 +165,7 @@ ote_status_t ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uin
  * version-1 frame, without the extent, below that); *frame_len_out = bytes written. */
 ote_status_t ote_ctl_put_rw2(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
                              uint64_t addr, uint32_t len, uint64_t req_addr, uint64_t req_len,
-                             uint16_t *frame_len_out);
+                             uint64_t req_uid, uint16_t *frame_len_out);
 
 /*
  * Handshake, source side: pick the version for a HELLO. OTE_OK with *version_out = the

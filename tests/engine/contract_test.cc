@@ -35,7 +35,8 @@ ote_test::TargetSession SessionFor(bool rdma) {
     s.target_env = {"OTE_TRANSFER_TIMEOUT_MS=30000"};
     if (rdma) {
         for (const auto &kv : ote_test::kRdmaTargetEnv) s.target_env.push_back(kv);
-        s.config = {{"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "30000"}};
+        s.config = {
+            {"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "30000"}};
     } else {
         s.config = {{"transfer_timeout_ms", "30000"}};
     }
@@ -59,7 +60,8 @@ class ContractTest : public ote_test::TargetE2eTest, public ::testing::WithParam
         EXPECT_EQ(ote_batch_create(engine_, n, &b), OTE_OK);
         if (b == nullptr) return nullptr;
         std::vector<ote_request_t> r;
-        for (int i = 0; i < n; i++) r.push_back({op, local, seg_, target_.rw + (i % spread) * len, len});
+        for (int i = 0; i < n; i++)
+            r.push_back({op, local, seg_, target_.rw + (i % spread) * len, len});
         EXPECT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
         return b;
     }
@@ -100,6 +102,44 @@ TEST_P(ContractTest, RequestPartlyOutsideARegistrationMovesNoByte) {
     RoundTrip(4096, 0, 0, 5); // the segment still works
 }
 
+// Point 1: one pin per request at the source. The target unregisters its buffer again
+// and again (registering it again after each success) while WRITEs into it run: an
+// unregister may succeed between requests, never inside one, so every request either
+// completes or is refused as a whole (OTE_ERR_ACCESS with no byte moved).
+TEST_P(ContractTest, UnregisterNeverSucceedsInsideARequest) {
+    if (GetParam()) GTEST_SKIP() << "RDMA pins per grant (per slice), not yet per request";
+    constexpr int kN = 16;
+    size_t len = 16u << 20;
+    std::vector<uint8_t> src(len, 5);
+    ASSERT_TRUE(target_.Send("unregloop 1500"));
+    int completed = 0, refused = 0;
+    for (int round = 0; round < 4; round++) {
+        ote_batch_t *b = Submit(OTE_WRITE, src.data(), len, kN, 4);
+        ASSERT_NE(b, nullptr);
+        (void)ote_batch_wait(b, 120 * kSec);
+        for (int i = 0; i < kN; i++) {
+            ote_transfer_status_t ts;
+            ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+            if (ts.state == OTE_TRANSFER_COMPLETED) {
+                completed++;
+                continue;
+            }
+            EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED) << round << " " << i;
+            EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_ACCESS) << round << " " << i;
+            EXPECT_EQ(ts.bytes_done, 0u) << "request " << i << " of round " << round
+                                         << " was cut in the middle by an unregister";
+            refused++;
+        }
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    std::string reply = target_.Reply(30000);
+    std::printf(
+        "[ figures ] %s: unregister loop during 4 x %d x 16 MiB WRITEs: %s (ok, busy); "
+        "%d completed, %d refused whole\n",
+        Tp(), kN, reply.c_str(), completed, refused);
+    EXPECT_EQ(reply.rfind("ST ", 0), 0u) << reply;
+}
+
 // Point 3: peer death is reported as OTE_ERR_PEER_LOST, request-scope, from the first cause.
 TEST_P(ContractTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
     constexpr int kN = 128;
@@ -136,9 +176,10 @@ TEST_P(ContractTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
     }
     EXPECT_LT(took, 25 * kSec) << "peer death waited for the transfer timeout (30 s)";
     size_t warns = Warns() - w0;
-    std::printf("[ figures ] %s: SIGKILL mid-batch: %d of %d requests PEER_LOST (%d completed) "
-                "%.1f ms after the kill; %zu WARN line(s) here\n",
-                Tp(), lost, kN, done, took / 1e6, warns);
+    std::printf(
+        "[ figures ] %s: SIGKILL mid-batch: %d of %d requests PEER_LOST (%d completed) "
+        "%.1f ms after the kill; %zu WARN line(s) here\n",
+        Tp(), lost, kN, done, took / 1e6, warns);
     EXPECT_LE(warns, 20u) << "peer death floods the log";
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
 }
@@ -171,9 +212,10 @@ TEST_P(ContractTest, CancelStopsWriteAndReadWorkNotOnTheWire) {
             EXPECT_LT(ts.bytes_done, len) << name << " " << i;
             canceled++;
         }
-        std::printf("[ figures ] %s: cancel just after submit: %d of %d %s requests CANCELED, "
-                    "%d completed, batch ended %.1f ms after the cancel\n",
-                    Tp(), canceled, kN, name, completed, took / 1e6);
+        std::printf(
+            "[ figures ] %s: cancel just after submit: %d of %d %s requests CANCELED, "
+            "%d completed, batch ended %.1f ms after the cancel\n",
+            Tp(), canceled, kN, name, completed, took / 1e6);
         EXPECT_GT(canceled, 0) << name << ": cancel reached nothing";
         if (canceled > 0) {
             EXPECT_EQ(ote_status_code(st), OTE_ERR_CANCELED) << name;
@@ -205,9 +247,10 @@ TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
         usleep(1000);
     uint64_t took = ote_now_ns() - t0;
     EXPECT_EQ(st, OTE_OK);
-    std::printf("[ figures ] %s: requester SIGKILLed mid-READ: source pin released %.1f ms "
-                "after the kill (transfer_timeout 30000 ms)\n",
-                Tp(), took / 1e6);
+    std::printf(
+        "[ figures ] %s: requester SIGKILLed mid-READ: source pin released %.1f ms "
+        "after the kill (transfer_timeout 30000 ms)\n",
+        Tp(), took / 1e6);
     EXPECT_LT(took, 15 * kSec) << "the pins waited for the transfer timeout";
     if (st != OTE_OK) (void)ote_memory_unregister(engine_, mem);
     munmap(mem, len);

@@ -65,20 +65,25 @@ TEST_F(ControlTest, RoundTripEveryOpcode) {
     // Version 2: the slice names its request's extent; one outside it is malformed.
     uint8_t rw2[OTE_CTL_RW2_FRAME_LEN];
     uint16_t flen = 0;
-    ASSERT_EQ(ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 79, 0x10000, 4096, 0xf000, 3u << 20, &flen),
-              OTE_OK);
+    ASSERT_EQ(
+        ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 79, 0x10000, 4096, 0xf000, 3u << 20, 42, &flen),
+        OTE_OK);
     EXPECT_EQ(flen, OTE_CTL_RW2_FRAME_LEN);
     ASSERT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_OK);
     EXPECT_EQ(used, OTE_CTL_RW2_FRAME_LEN);
     EXPECT_EQ(out.u.rw.req_addr, 0xf000u);
     EXPECT_EQ(out.u.rw.req_len, 3u << 20);
-    ASSERT_EQ(ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 80, 0x10000, 4096, 0x10001, 8192, &flen),
-              OTE_OK);
+    EXPECT_EQ(out.u.rw.req_uid, 42u);
+    ASSERT_EQ(
+        ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 80, 0x10000, 4096, 0x10001, 8192, 42, &flen),
+        OTE_OK);
     EXPECT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_ERR_PROTOCOL); // starts before it
-    ASSERT_EQ(ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 81, 0x10000, 4096, 0x10000, 4095, &flen),
-              OTE_OK);
+    ASSERT_EQ(
+        ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 81, 0x10000, 4096, 0x10000, 4095, 42, &flen),
+        OTE_OK);
     EXPECT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_ERR_PROTOCOL); // ends past it
-    ASSERT_EQ(ote_ctl_put_rw2(rw2, 1, OTE_CTL_READ_REQ, 82, 64, 10, 0, 1u << 20, &flen), OTE_OK);
+    ASSERT_EQ(ote_ctl_put_rw2(rw2, 1, OTE_CTL_READ_REQ, 82, 64, 10, 0, 1u << 20, 42, &flen),
+              OTE_OK);
     EXPECT_EQ(flen, OTE_CTL_RW_FRAME_LEN); // version 1 has no extent: the slice is its own
     ASSERT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_OK);
     EXPECT_EQ(out.u.rw.req_addr, 64u);
@@ -101,6 +106,15 @@ TEST_F(ControlTest, RoundTripEveryOpcode) {
     EXPECT_EQ(out.opcode, OTE_CTL_CANCEL);
     EXPECT_EQ(out.u.cancel.count, 2u);
     EXPECT_EQ(out.u.cancel.ids[8], 7);
+    uint8_t wd[24] = {9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0};
+    cm.u.cancel.wd = wd;
+    cm.u.cancel.nwd = 1;
+    uint8_t cbuf2[128];
+    ASSERT_EQ(ote_ctl_encode(&cm, cbuf2, sizeof(cbuf2), &clen), OTE_OK);
+    ASSERT_EQ(ote_ctl_decode(cbuf2, clen, &out, &used), OTE_OK);
+    EXPECT_EQ(out.u.cancel.nwd, 1u);
+    EXPECT_EQ(out.u.cancel.wd[0], 9);
+    EXPECT_EQ(out.u.cancel.wd[18], 1);
     cm.version = 1;
     EXPECT_EQ(ote_ctl_encode(&cm, cbuf, sizeof(cbuf), &clen), OTE_ERR_INVALID);
 

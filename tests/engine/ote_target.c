@@ -12,6 +12,8 @@
  *   recvunreg <timeout_ms>          -> ST <recv code> <unregister code of rw>  the unregister
  *                                      called the moment the notification is received
  *   rereg <rw|ro|wo>                -> ST <code>       register it again (same perms)
+ *   unregloop <ms>                  -> ST <ok> <busy>  unregister rw again and again for ms
+ *                                      (registering it again after each success)
  *   pull <host:port> <addr> <len> <n> -> STARTED | ST <code>  n READs of len bytes at addr
  *                                      of that engine into rw, submitted, not waited for
  *                                      (the process is meant to be killed meanwhile)
@@ -24,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
@@ -128,6 +131,26 @@ int main(int argc, char **argv) {
             st = ote_notify_recv(e, msg, sizeof(msg), &len, NULL, 0, a * 1000000ull);
             ote_status_t ust = st == OTE_OK ? ote_memory_unregister(e, bufs[0].p) : OTE_OK;
             printf("ST %d %d\n", st, ust);
+        } else if (strcmp(cmd, "unregloop") == 0 && sscanf(line, "%15s %llu", cmd, &a) == 2) {
+            unsigned long long ok = 0, busy = 0;
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            do {
+                st = ote_memory_unregister(e, bufs[0].p);
+                if (st == OTE_OK) {
+                    ok++;
+                    if (ote_memory_register(e, bufs[0].p, bufs[0].len, bufs[0].perms) != OTE_OK)
+                        return 8;
+                } else {
+                    busy++;
+                }
+                struct timespec pause = {0, 200 * 1000}; /* let the engine's workers run */
+                nanosleep(&pause, NULL);
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+            } while ((unsigned long long)(t1.tv_sec - t0.tv_sec) * 1000ull +
+                         (unsigned long long)(t1.tv_nsec / 1000000) <
+                     a + (unsigned long long)(t0.tv_nsec / 1000000));
+            printf("ST %llu %llu\n", ok, busy);
         } else if (strcmp(cmd, "rereg") == 0 && bf) {
             printf("ST %d\n", ote_memory_register(e, bf->p, bf->len, bf->perms));
         } else if (strcmp(cmd, "pull") == 0) {
