@@ -22,7 +22,10 @@
  * local MR (or register a temporary one), start a grant (GRANT_REQ), and the grant layer
  * posts the 64 KiB slices and the SEND_WITH_INV receipt; its done() ends the engine slice.
  * Source path: CONNECT builds/returns the source QP of that slot; GRANT_REQ is checked
- * against the engine's registrations (host->pin) and served with a bound window.
+ * against the engine's registrations (host->pin) as its whole request's extent first,
+ * then served with a window bound over the grant's own range (pinned per grant).
+ * Statuses: a flush or QP fence the user did not ask for is the peer's loss
+ * (OTE_ERR_PEER_LOST); cancel stops a grant's unposted slices and invalidates at once.
  *
  * Data path uses the first usable context (NIC striping across contexts is later work).
  * No fallback: with no usable device, creation fails with OTE_ERR_NO_DEVICE.
@@ -31,7 +34,9 @@
  *   rdma_conn.c       one control connection (either side): framing, the non-blocking
  *                     socket and its bounded output queue, reference count
  *   rdma_server.c     the control listener, its acceptor thread and one thread per
- *                     accepted connection: HELLO, INFO, dispatch to the source side
+ *                     accepted connection: HELLO, INFO, dispatch to the source side; when
+ *                     that connection ends, the grants its requester still held are
+ *                     ended at once (after a short grace for receipts in flight)
  *   rdma_source.c     the source side: CONNECT (source QP of a slot) and GRANT_REQ
  *                     (checked against the engine's registrations, served by a window),
  *                     the grant layer's source callbacks

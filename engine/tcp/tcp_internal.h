@@ -12,7 +12,9 @@
  *   tcp_requester.c  requester data path: submit (queued or inline), numbering and
  *                    encoding, sending, responses, cancel
  *   tcp_source.c     source data path: the handshake it answers, requests checked
- *                    against registrations (host->pin), responses, pause/resume, deadlines
+ *                    against registrations (host->pin), responses, pause/resume, deadlines,
+ *                    CANCEL (withdrawn READs, written-off bytes)
+ *   tcp_pins.c       source: one account and one pin per request (version 2), sessions
  *   tcp_connect.c    connect and handshake as requester, peer open/reconnect/close
  *
  * The TCP transport.
@@ -52,6 +54,12 @@
  * frame header is validated, a large payload remainder is received straight into its
  * destination (small payloads are copied out of the buffer: cheaper than a syscall
  * each). Slices are never allocated here and no lock is taken per slice.
+ *
+ * Requests (version 2). Every slice frame names its request's extent and id: the source
+ * checks the whole extent, and pins it once per request (tcp_pins.c), before the first
+ * byte moves. Cancel withdraws what is not on the wire: unsent slices are dropped and
+ * written off, READs already requested are withdrawn, both by a CANCEL frame that travels
+ * behind the connection's unsent frames and needs no answer.
  *
  * Failure. EOF/reset fails every slice of the connection with OTE_ERR_PEER_LOST and
  * marks the peer broken (a later submit reconnects). A slice whose deadline passes
