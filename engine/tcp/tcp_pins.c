@@ -186,7 +186,8 @@ static ote_status_t pin_alone(tcp_t *tp, uint64_t addr, uint64_t len, unsigned p
     return st;
 }
 
-ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned perm, void **pin_out) {
+ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned perm,
+                              void **pin_out) {
     tcp_t *tp = c->w->tp;
     if (c->sess == NULL || m->u.rw.req_uid == 0) /* version 1: the slice's own range */
         return pin_alone(tp, m->u.rw.req_addr, m->u.rw.req_len, perm, pin_out);
@@ -220,8 +221,9 @@ ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned pe
     ote_mutex_unlock(&tp->pmu);
     if (release != NULL) tp->host.unpin(tp->host.arg, release);
     if (alone) {
-        OTE_WARN_LIMITED("tcp", "no account for a request of %s (out of memory or %u open): "
-                                "its slices pin alone",
+        OTE_WARN_LIMITED("tcp",
+                         "no account for a request of %s (out of memory or %u open): "
+                         "its slices pin alone",
                          c->from, TCP_SRC_MAX_REQS);
         st = pin_alone(tp, m->u.rw.req_addr, m->u.rw.req_len, perm, pin_out);
     }
