@@ -112,6 +112,7 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.len = len;
     rq.u.grant.req_addr = ga->s->req_len != 0 ? ga->s->req_remote : addr;
     rq.u.grant.req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
+    rq.u.grant.req_uid = ga->s->req_uid;
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
     ote_endpoint_t *ep = p->ep[op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
@@ -158,6 +159,20 @@ static void slice_grant_done(void *arg, ote_status_t st) {
         }
     }
     s->done(s, slice_status(tp, s, st));
+}
+
+/* A slice that ends before its grant was asked for: tell the source its bytes will never
+ * be asked for, so that its account of the request (and the request's pin) can close.
+ * Best effort: a lost WRITE_OFF leaves the account to the end of the connection. */
+static void slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
+    if (s->req_uid == 0 || atomic_load(&p->c->dead)) return;
+    ote_rp_msg_t wo;
+    memset(&wo, 0, sizeof(wo));
+    wo.type = OTE_RP_WRITE_OFF;
+    wo.u.wo.req_uid = s->req_uid;
+    wo.u.wo.req_len = s->req_len;
+    wo.u.wo.bytes = s->len;
+    (void)ote__rdma_conn_send_rp(p->c, 0, OTE_OK, &wo);
 }
 
 /* A notification: one NOTIFY frame; its NOTIFY_ACK, its deadline or the loss of the
@@ -232,6 +247,7 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         s->deadline, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC));
     ote_status_t st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
     if (st != OTE_OK) {
+        slice_write_off(p, s);
         s->done(s, st);
         return;
     }
@@ -242,6 +258,7 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         if (err != 0) {
             ote_endpoint_return(ep, slot, qp);
             OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
+            slice_write_off(p, s);
             s->done(s, ote_status_make(OTE_ERR_NATIVE, err));
             return;
         }
@@ -273,12 +290,14 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         s->xp.rdma.mr = NULL;
         if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
             ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
+        slice_write_off(p, s);
         s->done(s, st);
     }
 }
 
 static void submit_one(ote__tpeer_t *p, ote__slice_t *s) {
     if (s->canceled != NULL && atomic_load(s->canceled)) {
+        if (s->op != OTE__SLICE_NOTIFY) slice_write_off(p, s);
         s->done(s, OTE_ERR_CANCELED);
         return;
     }

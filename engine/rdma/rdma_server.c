@@ -96,6 +96,8 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         ote__rdma_src_connect(c, m->req_id, &rq);
     } else if (rq.type == OTE_RP_GRANT_REQ) {
         ote__rdma_src_grant(c, m->req_id, &rq);
+    } else if (rq.type == OTE_RP_WRITE_OFF) {
+        ote__rdma_acct_write_off(c, &rq);
     } else {
         OTE_WARN("rdma", "control from %s: unexpected message %u: closing", c->peer_addr, rq.type);
         return -1;
@@ -170,6 +172,7 @@ static void *server_main(void *arg) {
     }
     ote__rdma_conn_kill(c, NULL);
     server_peer_gone(c);
+    ote__rdma_acct_end_conn(tp, c); /* nothing more comes: accounts end with their grants */
     ote_mutex_lock(&tp->mu);
     sv->exited = 1;
     ote_cond_broadcast(&tp->cv);

@@ -88,14 +88,12 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
  *    every slice, each of which names its request's range; RDMA: on every grant). A
  *    request that is partly outside a registration, or lacks the permission, is refused
  *    with OTE_ERR_ACCESS on every slice: no byte of it is read or written here.
- *  - The range is pinned once per request (TCP): from the arrival of the request's first
- *    slice until its last byte is served, refused, or withdrawn by the requester's
- *    cancel, or until the requester's connections all close. While that holds,
- *    unregister is BUSY: it can succeed between two requests, never inside one, so a
- *    request is either served whole or refused whole (OTE_ERR_ACCESS, no byte moved).
- *    Over RDMA the pin is still per grant (one slice of at most slice_size bytes): an
- *    unregister between two grants of one request can succeed there, and the request's
- *    later grants then fail with OTE_ERR_ACCESS.
+ *  - The range is pinned once per request, on both transports: from the arrival of the
+ *    request's first slice (TCP) or grant (RDMA) until its last byte is served, refused,
+ *    or written off by the requester's cancel, or until the requester's connections
+ *    close. While that holds, unregister is BUSY: it can succeed between two requests,
+ *    never inside one, so a request is either served whole or refused whole
+ *    (OTE_ERR_ACCESS, no byte moved).
  *  - Free again: when the requester sees a request COMPLETED (or receives a notification
  *    attached to its batch), the source's last release may still be in flight (RDMA: the
  *    receipt is processed by the source after the requester's completion). Unregister
