@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 static _Atomic int g_level = -1; /* -1: not yet read from the environment */
 static _Atomic uint64_t g_errors;
@@ -44,6 +45,21 @@ void ote_log_set_sink(ote_log_sink_fn fn, void *arg) {
 }
 
 uint64_t ote_log_error_count(void) { return atomic_load(&g_errors); }
+
+int ote_log_limit_pass(ote_log_limit_t *l, uint64_t every_ns, uint64_t *suppressed_out) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t last = __atomic_load_n(&l->last_ns, __ATOMIC_RELAXED);
+    if ((last != 0 && now - last < every_ns) ||
+        !__atomic_compare_exchange_n(&l->last_ns, &last, now, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED)) {
+        __atomic_fetch_add(&l->suppressed, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    *suppressed_out = __atomic_exchange_n(&l->suppressed, 0, __ATOMIC_RELAXED);
+    return 1;
+}
 
 void ote_log_write(ote_log_level_t level, const char *component, const char *fmt, ...) {
     static const char letters[] = "EWIDT";

@@ -44,6 +44,35 @@ void ote_log_write(ote_log_level_t level, const char *component, const char *fmt
             ote_log_write((level), (component), __VA_ARGS__); \
     } while (0)
 
+/*
+ * Rate limit of one kind of line (one static limiter per call site, zero-initialized):
+ * the first line goes out, then at most one per `every_ns`; the line that goes out after
+ * a quiet spell says how many were swallowed since. Thread-safe (atomic builtins).
+ */
+typedef struct {
+    uint64_t last_ns;    /* when a line last went out (0: never) */
+    uint64_t suppressed; /* lines swallowed since */
+} ote_log_limit_t;
+#define OTE_LOG_EVERY_NS 1000000000ull
+/* 1: log now (*suppressed_out: lines swallowed since the previous one); 0: swallow. */
+int ote_log_limit_pass(ote_log_limit_t *l, uint64_t every_ns, uint64_t *suppressed_out);
+
+/* A WARN at most once per OTE_LOG_EVERY_NS from this call site, with the count of the
+ * lines swallowed since the previous one. fmt must be a string literal. */
+#define OTE_WARN_LIMITED(component, fmt, ...) \
+    do { \
+        static ote_log_limit_t ote_lim_; \
+        uint64_t ote_sup_ = 0; \
+        if ((int)OTE_LOG_WARN <= (int)ote_log_level() && \
+            ote_log_limit_pass(&ote_lim_, OTE_LOG_EVERY_NS, &ote_sup_)) { \
+            if (ote_sup_ == 0) ote_log_write(OTE_LOG_WARN, (component), fmt, __VA_ARGS__); \
+            else \
+                ote_log_write(OTE_LOG_WARN, (component), \
+                              fmt " (%llu more like it since the last)", __VA_ARGS__, \
+                              (unsigned long long)ote_sup_); \
+        } \
+    } while (0)
+
 #define OTE_ERROR(component, ...) OTE_LOG(OTE_LOG_ERROR, component, __VA_ARGS__)
 #define OTE_WARN(component, ...) OTE_LOG(OTE_LOG_WARN, component, __VA_ARGS__)
 #define OTE_INFO(component, ...) OTE_LOG(OTE_LOG_INFO, component, __VA_ARGS__)

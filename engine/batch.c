@@ -70,7 +70,7 @@ static void req_finalize(ote__req_t *r) {
         case OTE_ERR_TIMEOUT: state = OTE_TRANSFER_TIMEOUT; break;
         default: state = OTE_TRANSFER_FAILED; break;
     }
-    if (r->local_pin) ote__reg_unpin(NULL, r->local_pin);
+    if (r->local_pin) ote__reg_unpin(r->b->e, r->local_pin);
     r->local_pin = NULL;
     ote_free(r->many);
     r->many = NULL;
@@ -232,6 +232,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
                     slice_list_t *l) {
     uint64_t ssz = p->ssz;
     uint32_t ns = p->ns;
+    uint64_t uid = atomic_fetch_add_explicit(&r->b->e->next_uid, 1, memory_order_relaxed) + 1;
     atomic_store(&r->left, ns);
     ote__slice_t *sl = ns > 1 ? r->many : &r->one;
     if (l->seg != q->segment) slice_list_flush(r->b->e, l);
@@ -246,6 +247,9 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->canceled = &r->canceled;
         s->local = (uint8_t *)q->local_addr + off;
         s->remote = q->remote_addr + off;
+        s->req_remote = q->remote_addr;
+        s->req_len = q->length;
+        s->req_uid = uid;
         s->len = (uint32_t)len;
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
         s->deadline = dl;

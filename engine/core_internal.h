@@ -32,7 +32,8 @@
  * mem_(un)register hook under it, and read by pins and by submit, which hands slices to
  * the transport under it. A batch's mu is held by ote_batch_cancel around the
  * transport's cancel, never around its submit. nmu (received notifications) and omu
- * (completion of outgoing notifications) are leaves. done() of a slice runs with no
+ * (completion of outgoing notifications; unpins waking an unregister) are leaves; an
+ * unregister takes omu under reg_lk (written) and releases reg_lk before it waits. done() of a slice runs with no
  * transport lock held (transport.h) and may take a batch's mu or omu.
  */
 #ifndef OTE_ENGINE_CORE_INTERNAL_H
@@ -99,11 +100,13 @@ struct ote_engine {
     size_t nqcount, nqbytes; /* queued: at most OTE_NOTIFY_QUEUE_MAX / _BYTES */
     int nqfull_logged;       /* one WARN per episode of a full queue */
 
-    ote_mutex_t omu; /* completion of synchronous outgoing notifications */
-    ote_cond_t ocv;
+    ote_mutex_t omu;            /* completion of synchronous outgoing notifications, and the last */
+    ote_cond_t ocv;             /* unpin of a registration that an unregister waits for */
+    _Atomic long unreg_waiters; /* unregisters waiting on ocv for a pin to drop */
 
     _Atomic long nsegments;
     _Atomic long nbatches;
+    _Atomic uint64_t next_uid; /* request ids (slice req_uid): the source's per-request account */
 };
 
 struct ote_segment {

@@ -11,6 +11,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/time.h"
 #include "engine/core_internal.h"
 
 /* Index of the registration with the greatest start <= addr, or -1. reg_lk held. */
@@ -52,8 +53,15 @@ ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm,
 }
 
 void ote__reg_unpin(void *arg, void *pin) {
-    (void)arg;
-    atomic_fetch_sub(&((ote__reg_t *)pin)->inuse, 1);
+    ote_engine_t *e = arg;
+    if (atomic_fetch_sub(&((ote__reg_t *)pin)->inuse, 1) != 1) return;
+    /* The last pin: wake the unregisters waiting for it (they hold omu from before they
+     * looked at the count until they sleep, so this wakeup cannot be lost). */
+    if (atomic_load(&e->unreg_waiters) > 0) {
+        ote_mutex_lock(&e->omu);
+        ote_cond_broadcast(&e->ocv);
+        ote_mutex_unlock(&e->omu);
+    }
 }
 
 ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
@@ -101,19 +109,32 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
     return st;
 }
 
-ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
-    if (e == NULL || addr == NULL) return OTE_ERR_INVALID;
-    uint64_t start = (uintptr_t)addr;
+/* One attempt: NOT_FOUND, BUSY (pinned; with *waiting 1, omu is held and reg_lk
+ * released, so that the caller can sleep on ocv without missing the last unpin; with
+ * *waiting 2 the pins dropped meanwhile: try again), the transport hook's failure, or OK. */
+static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wait, int *waiting) {
     ote_status_t st = OTE_OK;
     ote__reg_t *victim = NULL;
+    *waiting = 0;
     pthread_rwlock_wrlock(&e->reg_lk);
     long i = reg_find(e, start);
     if (i < 0 || e->regs[i]->start != start) {
         st = OTE_ERR_NOT_FOUND;
     } else if (atomic_load(&e->regs[i]->inuse) > 0) {
         st = OTE_ERR_BUSY;
+        if (may_wait) {
+            atomic_fetch_add(&e->unreg_waiters, 1);
+            ote_mutex_lock(&e->omu);
+            if (atomic_load(&e->regs[i]->inuse) > 0) {
+                *waiting = 1; /* omu stays held */
+            } else {
+                ote_mutex_unlock(&e->omu);
+                atomic_fetch_sub(&e->unreg_waiters, 1);
+                *waiting = 2; /* released meanwhile: try again at once */
+            }
+        }
     } else if (e->tp->ops->mem_unregister != NULL &&
-               (st = e->tp->ops->mem_unregister(e->tp, addr)) != OTE_OK) {
+               (st = e->tp->ops->mem_unregister(e->tp, (void *)(uintptr_t)start)) != OTE_OK) {
         /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {
         victim = e->regs[i];
@@ -124,4 +145,24 @@ ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
     pthread_rwlock_unlock(&e->reg_lk);
     ote_free(victim);
     return st;
+}
+
+/* A registration still pinned waits at most OTE_UNREGISTER_WAIT_MS for its pins to drop
+ * (a release already in flight: the source's receipt of a request whose requester saw
+ * it COMPLETED), then answers BUSY. */
+ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
+    if (e == NULL || addr == NULL) return OTE_ERR_INVALID;
+    uint64_t start = (uintptr_t)addr;
+    ote_deadline_t dl = ote_deadline_after(OTE_UNREGISTER_WAIT_MS * OTE_NSEC_PER_MSEC);
+    for (;;) {
+        int waiting = 0;
+        int may_wait = ote_now_ns() < dl;
+        ote_status_t st = unregister_once(e, start, may_wait, &waiting);
+        if (waiting == 2) continue;
+        if (waiting == 0) return st;
+        ote_status_t wst = ote_cond_wait(&e->ocv, &e->omu, dl);
+        ote_mutex_unlock(&e->omu);
+        atomic_fetch_sub(&e->unreg_waiters, 1);
+        (void)wst; /* woken or at the deadline: look again (BUSY past the deadline) */
+    }
 }

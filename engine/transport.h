@@ -46,6 +46,11 @@ struct ote__slice {
     const _Atomic int *canceled; /* nonzero: skip if not yet on the wire; may be NULL */
     uint8_t *local;
     uint64_t remote;
+    /* The whole request this slice belongs to, [req_remote, req_remote + req_len) at the
+     * peer (a notification: 0, 0). The source checks and pins that extent, never the
+     * slice alone, so a request partly outside a registration moves no byte. */
+    uint64_t req_remote, req_len;
+    uint64_t req_uid; /* the request's id, unique in this engine (nonzero; 0: a notification) */
     uint32_t len;
     uint16_t op;
     ote_deadline_t deadline;
@@ -55,7 +60,8 @@ struct ote__slice {
         struct {
             uint64_t seq;      /* req_id of the slice's frame on its connection */
             uint16_t wire_len; /* bytes of wire[] in use */
-            uint8_t wire[40];  /* the encoded frame header (OTE_CTL_RW_FRAME_LEN max) */
+            uint8_t withdrawn; /* a READ whose CANCEL went to the source */
+            uint8_t wire[64];  /* the encoded frame header (OTE_CTL_RW2_FRAME_LEN max) */
         } tcp;
         struct {
             struct ote__rdma_tp *tp; /* the transport that took the slice */

@@ -52,7 +52,9 @@ static void defer_run(ote_grant_mgr_t *m, defer_t *df) {
         if (g->source) {
             if (g->pin != NULL) m->src.unpin(m->src.arg, g->pin);
         } else if (g->d.done != NULL) {
-            g->d.done(g->d.done_arg, g->failed);
+            ote_status_t st = g->failed;
+            if (st == OTE_OK && g->cut) st = OTE_ERR_CANCELED;
+            g->d.done(g->d.done_arg, st);
         }
         ote_free(g);
     }
@@ -190,6 +192,11 @@ static void pump(grant_t *g, defer_t *df) {
     ote_grant_mgr_t *m = g->m;
     mlane_t *ml = &m->lanes[g->lane];
     if (g->rstate != R_POSTING || g->failed != OTE_OK) return;
+    if (g->next < g->nslices && g->d.canceled != NULL && g->d.canceled(g->d.done_arg)) {
+        /* Canceled: what is posted finishes, the rest never goes; the receipt follows. */
+        g->nslices = g->next;
+        g->cut = 1;
+    }
     while (g->next < g->nslices) {
         struct ibv_send_wr wrs[CHAIN];
         struct ibv_sge sges[CHAIN];
@@ -228,8 +235,8 @@ static void pump(grant_t *g, defer_t *df) {
             wait_add(ml, g);
             return;
         }
-        OTE_WARN("grant", "grant %u: posting slice %u of %u failed: %s", g->seq, g->next,
-                 g->nslices, ote_status_str(st));
+        OTE_WARN_LIMITED("grant", "grant %u: posting slice %u of %u failed: %s", g->seq, g->next,
+                         g->nslices, ote_status_str(st));
         fail_requester(g, st, df);
         return;
     }
@@ -307,9 +314,9 @@ void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
         return;
     }
     if (st != OTE_OK) {
-        OTE_WARN("grant", "grant %u ([0x%llx, +%llu) %s) refused by the source: %s", g->seq,
-                 (unsigned long long)g->d.remote, (unsigned long long)g->d.len,
-                 g->d.op == OTE_GRANT_WRITE ? "WRITE" : "READ", ote_status_str(st));
+        OTE_WARN_LIMITED("grant", "grant %u ([0x%llx, +%llu) %s) refused by the source: %s", g->seq,
+                         (unsigned long long)g->d.remote, (unsigned long long)g->d.len,
+                         g->d.op == OTE_GRANT_WRITE ? "WRITE" : "READ", ote_status_str(st));
         /* The source could not give access (its bind failed: its QP went to ERR), failed
          * otherwise, or the peer was lost: the source's end of the QP may be broken, so
          * retire ours and let the slot be rebuilt. A refusal of the range itself (ACCESS,
@@ -412,8 +419,8 @@ void ote__grant_on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const s
                 post_inv(g, &df);
         } else if (st != OTE_OK) {
             if (g->failed == OTE_OK)
-                OTE_WARN("grant", "grant %u: slice %u ended %s: %s", g->seq, idx,
-                         ote_verbs_wc_status_str(wc->status), ote_status_str(st));
+                OTE_WARN_LIMITED("grant", "grant %u: slice %u ended %s: %s", g->seq, idx,
+                                 ote_verbs_wc_status_str(wc->status), ote_status_str(st));
             fail_requester(g, st, &df);
         }
         maybe_finish(g, &df);
@@ -519,9 +526,9 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
         ote_mutex_lock(&m->mu);
         m->stats.refused++;
         ote_mutex_unlock(&m->mu);
-        OTE_WARN("grant", "%s: %s grant over [0x%llx, +%llu) refused: %s", ote_context_name(m->ctx),
-                 op == OTE_GRANT_WRITE ? "WRITE" : "READ", (unsigned long long)addr,
-                 (unsigned long long)len, ote_status_str(st));
+        OTE_WARN_LIMITED("grant", "%s: %s grant over [0x%llx, +%llu) refused: %s",
+                         ote_context_name(m->ctx), op == OTE_GRANT_WRITE ? "WRITE" : "READ",
+                         (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
         return st;
     }
     grant_t *g = ote_calloc(1, sizeof(*g));
@@ -622,8 +629,8 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
     if (g == NULL || g->qp_num != qp_num || g->sstate != S_BOUND) {
         m->stats.stale_receipts++;
         ote_mutex_unlock(&m->mu);
-        OTE_WARN("grant", "QP %u: receipt for rkey 0x%x that names no bound grant: ignored", qp_num,
-                 rkey);
+        OTE_WARN_LIMITED("grant", "QP %u: receipt for rkey 0x%x that names no bound grant: ignored",
+                         qp_num, rkey);
         return;
     }
     /* The provider invalidated the window before delivering this CQE. */
@@ -633,6 +640,52 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
     maybe_finish(g, &df);
     ote_mutex_unlock(&m->mu);
     defer_run(m, &df);
+}
+
+/* End a live source grant now: the requester never sent its receipt, is gone, or our
+ * port is down. The QP the window is bound to is killed first (so nothing can use the
+ * window), then the window, the pin and the QP borrow are released. m->mu held. */
+static void source_end(grant_t *g, ote_status_t why, defer_t *df) {
+    if (g->bind_wait) {
+        /* Its bind never reached the QP: nothing to kill, just refuse it. */
+        wait_remove(&g->m->lanes[g->lane], g);
+        bind_refused(g, why, df);
+        return;
+    }
+    if (g->sstate == S_BINDING && g->failed == OTE_OK) {
+        if (!defer_answer(df, g, why)) return; /* the monitor's next tick ends it */
+        g->failed = why;
+    }
+    (void)ote_qp_cancel(g->qp);
+    if (g->failed == OTE_OK) g->failed = why;
+    g->sstate = S_ENDED;
+    maybe_finish(g, df);
+}
+
+size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep) {
+    size_t n = 0;
+    ote_mutex_lock(&m->mu);
+    grant_t *g, *tmp;
+    HASH_ITER(hh, m->by_seq, g, tmp) n += g->source && g->ep == ep && g->sstate != S_ENDED;
+    ote_mutex_unlock(&m->mu);
+    return n;
+}
+
+size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep) {
+    defer_t df = {.fin = NULL, .nans = 0};
+    size_t n = 0;
+    ote_mutex_lock(&m->mu);
+    grant_t *g, *tmp;
+    HASH_ITER(hh, m->by_seq, g, tmp) {
+        if (!g->source || g->ep != ep || g->sstate == S_ENDED) continue;
+        /* A grant whose deferred answer did not fit this round stays for the tick. */
+        g->deadline = 0;
+        source_end(g, OTE_ERR_PEER_LOST, &df);
+        n++;
+    }
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+    return n;
 }
 
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
@@ -652,34 +705,19 @@ size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
         if (!g->source) {
             if (g->failed != OTE_OK || g->rstate == R_ENDED) continue;
             if (expired) m->stats.expired++;
-            OTE_WARN("grant",
-                     "grant %u: %s with %u of %u slices done, %u WRs owed: failing "
-                     "it; QP %u fenced and flushed",
-                     g->seq, expired ? "deadline passed" : "its context is down", g->done_slices,
-                     g->nslices, g->outstanding, g->qp_num);
+            OTE_WARN_LIMITED("grant",
+                             "grant %u: %s with %u of %u slices done, %u WRs owed: failing "
+                             "it; QP %u fenced and flushed",
+                             g->seq, expired ? "deadline passed" : "its context is down",
+                             g->done_slices, g->nslices, g->outstanding, g->qp_num);
             fail_requester(g, why, &df);
         } else if (g->sstate != S_ENDED) {
-            /* The requester never sent its receipt (or our port is down): kill the QP the
-             * window is bound to (so nothing can use it), then release. */
             if (expired) m->stats.source_expired++;
-            OTE_WARN("grant", "%s: source grant %u %s: QP %u moved to ERR, window released",
-                     ote_context_name(m->ctx), g->seq,
-                     expired ? "not invalidated by its deadline" : "ended: context down",
-                     g->qp_num);
-            if (g->bind_wait) {
-                /* Its bind never reached the QP: nothing to kill, just refuse it. */
-                wait_remove(&m->lanes[g->lane], g);
-                bind_refused(g, why, &df);
-                continue;
-            }
-            if (g->sstate == S_BINDING && g->failed == OTE_OK) {
-                if (!defer_answer(&df, g, why)) continue; /* next tick */
-                g->failed = why;
-            }
-            (void)ote_qp_cancel(g->qp);
-            if (g->failed == OTE_OK) g->failed = why;
-            g->sstate = S_ENDED;
-            maybe_finish(g, &df);
+            OTE_WARN_LIMITED("grant", "%s: source grant %u %s: QP %u moved to ERR, window released",
+                             ote_context_name(m->ctx), g->seq,
+                             expired ? "not invalidated by its deadline" : "ended: context down",
+                             g->qp_num);
+            source_end(g, why, &df);
         }
     }
     size_t live = HASH_COUNT(m->by_seq);

@@ -85,6 +85,11 @@ typedef struct ote_grant_desc {
     ote_deadline_t deadline;
     ote_grant_done_fn done; /* exactly once, without grant locks */
     void *done_arg;
+    /* Optional (NULL: never): nonzero once the caller canceled the grant. Slices not yet
+     * posted are then never posted; what was posted completes, the window is invalidated
+     * by the receipt as usual (the source releases it at once) and done() reports
+     * OTE_ERR_CANCELED. Looked at under the manager's lock: it must not block. */
+    int (*canceled)(void *done_arg);
 } ote_grant_desc_t;
 
 /* Source: checks against registrations and the answer channel. */
@@ -148,6 +153,13 @@ void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
 ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
                              ote_grant_op_t op, uint64_t addr, uint64_t len,
                              ote_deadline_t deadline, uint64_t answer_ctx);
+/* Source: the requester behind endpoint @ep is gone (its control connection died). End
+ * every live source grant of @ep now, as its deadline would (the QP its window is bound
+ * to is moved to ERR first, then window, pin and QP borrow are released), and answer a
+ * grant still binding with OTE_ERR_PEER_LOST. Returns how many were ended. */
+size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep);
+/* Source: how many source grants of @ep are live (not yet ended). */
+size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep);
 /* Source: a receive CQE with IBV_WC_WITH_INV on QP qp_num (call from the QP's on_recv). */
 void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct ibv_wc *wc);
 

@@ -52,6 +52,7 @@ struct grant {
     ote_grant_desc_t d;
     uint32_t rkey;
     uint32_t nslices, next, done_slices;
+    int cut; /* canceled: nslices was cut down to the slices already posted */
 
     /* source */
     sstate_t sstate;

@@ -17,6 +17,7 @@ const char *ote_ctl_opcode_str(uint16_t opcode) {
         case OTE_CTL_NOTIFY_ACK: return "NOTIFY_ACK";
         case OTE_CTL_ERROR: return "ERROR";
         case OTE_CTL_RDMA: return "RDMA";
+        case OTE_CTL_CANCEL: return "CANCEL";
         default: return "UNKNOWN";
     }
 }
@@ -41,6 +42,36 @@ ote_status_t ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uin
     ote_le_put32(buf + OTE_CTL_HDR_LEN + 8, len);
     ote_le_put32(buf + OTE_CTL_HDR_LEN + 12, 0);
     return OTE_OK;
+}
+
+static uint32_t rw_body_len(uint16_t version) {
+    return version >= 2 ? OTE_CTL_RW2_BODY_LEN : OTE_CTL_RW_BODY_LEN;
+}
+
+ote_status_t ote_ctl_put_rw2(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                             uint64_t addr, uint32_t len, uint64_t req_addr, uint64_t req_len,
+                             uint64_t req_uid, uint16_t *frame_len_out) {
+    uint32_t body = rw_body_len(version);
+    uint64_t length = body + (opcode == OTE_CTL_WRITE_REQ ? (uint64_t)len : 0);
+    if (len > OTE_CTL_MAX_DATA || length > OTE_CTL_MAX_FRAME) return OTE_ERR_INVALID;
+    ote_ctl_put_hdr(buf, version, opcode, req_id, OTE_OK, (uint32_t)length);
+    ote_le_put64(buf + OTE_CTL_HDR_LEN, addr);
+    ote_le_put32(buf + OTE_CTL_HDR_LEN + 8, len);
+    ote_le_put32(buf + OTE_CTL_HDR_LEN + 12, 0);
+    if (body == OTE_CTL_RW2_BODY_LEN) {
+        ote_le_put64(buf + OTE_CTL_HDR_LEN + 16, req_addr);
+        ote_le_put64(buf + OTE_CTL_HDR_LEN + 24, req_len);
+        ote_le_put64(buf + OTE_CTL_HDR_LEN + 32, req_uid);
+    }
+    *frame_len_out = (uint16_t)(OTE_CTL_HDR_LEN + body);
+    return OTE_OK;
+}
+
+/* A version-2 slice must lie inside the extent it names, and the extent must not wrap. */
+static int rw_extent_ok(const ote_ctl_msg_t *m) {
+    uint64_t ra = m->u.rw.req_addr, rl = m->u.rw.req_len;
+    if (rl < m->u.rw.len || ra > UINT64_MAX - rl) return 0;
+    return m->u.rw.addr >= ra && m->u.rw.addr - ra <= rl - m->u.rw.len;
 }
 
 ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
@@ -76,10 +107,16 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (m.length > OTE_CTL_MAX_BODY) return OTE_ERR_TOO_BIG;
             body_len = m.length;
             break;
+        case OTE_CTL_CANCEL:
+            if (m.version < 2 || m.status != OTE_OK || m.length < 8 || m.length % 8 != 0 ||
+                m.length > OTE_CTL_MAX_BODY)
+                return OTE_ERR_PROTOCOL;
+            body_len = m.length;
+            break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
-            if (m.length < OTE_CTL_RW_BODY_LEN) return OTE_ERR_PROTOCOL;
-            body_len = OTE_CTL_RW_BODY_LEN;
+            body_len = rw_body_len(m.version);
+            if (m.length < body_len) return OTE_ERR_PROTOCOL;
             break;
         case OTE_CTL_READ_RESP:
             if (m.length > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
@@ -130,10 +167,18 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (m.u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
             if (m.u.rw.flags != 0) return OTE_ERR_PROTOCOL;
             if (m.u.rw.len != 0 && m.u.rw.addr > UINT64_MAX - m.u.rw.len) return OTE_ERR_PROTOCOL;
+            m.u.rw.req_addr = m.u.rw.addr;
+            m.u.rw.req_len = m.u.rw.len;
+            if (body_len == OTE_CTL_RW2_BODY_LEN) {
+                m.u.rw.req_addr = ote_le_get64(b + 16);
+                m.u.rw.req_len = ote_le_get64(b + 24);
+                m.u.rw.req_uid = ote_le_get64(b + 32);
+                if (!rw_extent_ok(&m) || m.u.rw.req_uid == 0) return OTE_ERR_PROTOCOL;
+            }
             if (m.opcode == OTE_CTL_WRITE_REQ) {
-                if (m.length - OTE_CTL_RW_BODY_LEN != m.u.rw.len) return OTE_ERR_PROTOCOL;
+                if (m.length - body_len != m.u.rw.len) return OTE_ERR_PROTOCOL;
                 m.data_len = m.u.rw.len;
-            } else if (m.length != OTE_CTL_RW_BODY_LEN) {
+            } else if (m.length != body_len) {
                 return OTE_ERR_PROTOCOL;
             }
             if (m.status != OTE_OK) return OTE_ERR_PROTOCOL;
@@ -143,6 +188,16 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (body_len > OTE_CTL_MAX_NOTIFY) return OTE_ERR_TOO_BIG;
             m.u.notify.msg = b;
             m.u.notify.len = body_len;
+            break;
+        case OTE_CTL_CANCEL:
+            m.u.cancel.count = ote_le_get32(b);
+            m.u.cancel.nwd = ote_le_get32(b + 4);
+            if (m.u.cancel.count > OTE_CTL_CANCEL_MAX || m.u.cancel.nwd > OTE_CTL_CANCEL_MAX ||
+                m.u.cancel.count + m.u.cancel.nwd == 0 ||
+                8 + 8 * (uint64_t)m.u.cancel.count + 24 * (uint64_t)m.u.cancel.nwd != body_len)
+                return OTE_ERR_PROTOCOL;
+            m.u.cancel.ids = b + 8;
+            m.u.cancel.wd = b + 8 + 8 * (size_t)m.u.cancel.count;
             break;
         case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
             m.u.rdma.body = b;
@@ -180,7 +235,7 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
             if (m->u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_INVALID;
-            body = OTE_CTL_RW_BODY_LEN;
+            body = rw_body_len(m->version);
             if (m->opcode == OTE_CTL_WRITE_REQ) data = m->u.rw.len;
             break;
         case OTE_CTL_READ_RESP:
@@ -198,6 +253,12 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
         case OTE_CTL_RDMA:
             if (m->u.rdma.len > OTE_CTL_MAX_BODY) return OTE_ERR_INVALID;
             body = m->u.rdma.len;
+            break;
+        case OTE_CTL_CANCEL:
+            if (m->version < 2 || m->u.cancel.count + m->u.cancel.nwd == 0 ||
+                m->u.cancel.count > OTE_CTL_CANCEL_MAX || m->u.cancel.nwd > OTE_CTL_CANCEL_MAX)
+                return OTE_ERR_INVALID;
+            body = 8 + 8 * m->u.cancel.count + 24 * m->u.cancel.nwd;
             break;
         default: break;
     }
@@ -225,6 +286,12 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             ote_le_put64(b, m->u.rw.addr);
             ote_le_put32(b + 8, m->u.rw.len);
             ote_le_put32(b + 12, 0);
+            if (body == OTE_CTL_RW2_BODY_LEN) {
+                int ext = m->u.rw.req_len != 0;
+                ote_le_put64(b + 16, ext ? m->u.rw.req_addr : m->u.rw.addr);
+                ote_le_put64(b + 24, ext ? m->u.rw.req_len : m->u.rw.len);
+                ote_le_put64(b + 32, m->u.rw.req_uid);
+            }
             break;
         case OTE_CTL_NOTIFY:
             if (m->u.notify.len) memcpy(b, m->u.notify.msg, m->u.notify.len);
@@ -236,6 +303,14 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             break;
         case OTE_CTL_RDMA:
             if (m->u.rdma.len) memcpy(b, m->u.rdma.body, m->u.rdma.len);
+            break;
+        case OTE_CTL_CANCEL:
+            ote_le_put32(b, m->u.cancel.count);
+            ote_le_put32(b + 4, m->u.cancel.nwd);
+            if (m->u.cancel.count) memcpy(b + 8, m->u.cancel.ids, 8 * (size_t)m->u.cancel.count);
+            if (m->u.cancel.nwd)
+                memcpy(b + 8 + 8 * (size_t)m->u.cancel.count, m->u.cancel.wd,
+                       24 * (size_t)m->u.cancel.nwd);
             break;
         default: break;
     }
@@ -282,7 +357,8 @@ ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st) {
         case OTE_CTL_WRITE_ACK:
         case OTE_CTL_READ_RESP:
             ok = code == OTE_ERR_ACCESS || code == OTE_ERR_INVALID || code == OTE_ERR_TOO_BIG ||
-                 code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE;
+                 code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE ||
+                 (opcode == OTE_CTL_READ_RESP && code == OTE_ERR_CANCELED);
             break;
         case OTE_CTL_NOTIFY_ACK:
             ok = code == OTE_ERR_AGAIN || code == OTE_ERR_INVALID || code == OTE_ERR_TOO_BIG ||

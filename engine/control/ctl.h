@@ -39,10 +39,19 @@ extern "C" {
 
 #define OTE_CTL_MAGIC 0x4d45544fu /* "OTEM" on the wire */
 #define OTE_CTL_VERSION_MIN 1
-#define OTE_CTL_VERSION_MAX 1
+/* Version 2 adds the request extent to WRITE_REQ / READ_REQ (OTE_CTL_RW2_BODY_LEN): the
+ * source checks and pins the whole request, not the slice, before any byte moves. */
+#define OTE_CTL_VERSION_MAX 2
 #define OTE_CTL_HDR_LEN 24u
-#define OTE_CTL_RW_BODY_LEN 16u /* remote addr u64, length u32, flags u32 */
+#define OTE_CTL_RW_BODY_LEN 16u /* version 1: remote addr u64, length u32, flags u32 */
 #define OTE_CTL_RW_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW_BODY_LEN)
+/* Version 2: the version-1 body, then the request's extent req_addr u64, req_len u64
+ * (the slice [addr, addr+len) lies inside it; the decoder refuses one that does not) and
+ * req_uid u64, the request's id, unique among the requester's requests (nonzero): the
+ * source pins a request once, on its first slice, and unpins it once all its bytes are
+ * accounted for (served, refused or withdrawn by CANCEL). */
+#define OTE_CTL_RW2_BODY_LEN 40u
+#define OTE_CTL_RW2_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW2_BODY_LEN)
 #define OTE_CTL_MAX_DATA (64u << 20) /* largest bulk payload of one frame (one slice) */
 /* Smallest max_data a source may advertise in HELLO_ACK. A requester cuts requests into
  * slices of at most max_data / 2 bytes; below this floor a peer could make it cut a
@@ -53,6 +62,7 @@ extern "C" {
 #define OTE_CTL_MAX_ADDR 255u    /* advertised "host:port" */
 #define OTE_CTL_MAX_TEXT 1024u   /* ERROR text */
 #define OTE_CTL_MAX_NOTIFY 4096u /* == OTE_NOTIFY_MAX */
+#define OTE_CTL_CANCEL_MAX 1000u /* req_ids of one CANCEL frame */
 
 typedef enum {
     OTE_CTL_HELLO = 1,      /* requester -> source: versions, role, own address */
@@ -68,7 +78,16 @@ typedef enum {
      * OTE_CTL_MAX_BODY bytes whose own codec (QP handshake, grant request/answer) checks
      * it. Added for the RDMA transport; TCP peers never send it. */
     OTE_CTL_RDMA = 10,
-    OTE_CTL_OPCODE_MAX = 10,
+    /* Version 2, requester -> source, no answer. (a) Withdraw READ_REQs of this
+     * connection (by req_id) whose data the source has not started to send: each is
+     * answered READ_RESP with OTE_ERR_CANCELED and no data, in its place in the order;
+     * the others are served as usual. (b) Bytes of requests that will never be sent
+     * (slices dropped by a cancel before they reached the wire), so that the source can
+     * close its account of those requests. Body: nids u32, nwd u32, nids req_ids u64,
+     * then nwd withdrawals {req_uid u64, req_len u64, bytes u64}; 1 <= nids + nwd and
+     * nids, nwd <= OTE_CTL_CANCEL_MAX. */
+    OTE_CTL_CANCEL = 11,
+    OTE_CTL_OPCODE_MAX = 11,
 } ote_ctl_opcode_t;
 
 typedef struct {
@@ -97,6 +116,8 @@ typedef struct {
             uint64_t addr;
             uint32_t len;
             uint32_t flags;
+            uint64_t req_addr, req_len; /* the request's extent (version 1: the slice) */
+            uint64_t req_uid;           /* the request's id (version 1: 0) */
         } rw;
         struct {
             const uint8_t *msg;
@@ -111,6 +132,12 @@ typedef struct {
             const uint8_t *body; /* OTE_CTL_RDMA: decoded by engine/rdma/proto.c */
             uint32_t len;
         } rdma;
+        struct {
+            const uint8_t *ids; /* count little-endian u64 req_ids (ote_le_get64) */
+            uint32_t count;
+            const uint8_t *wd; /* nwd withdrawals of 24 bytes: uid, req_len, bytes */
+            uint32_t nwd;
+        } cancel;
     } u;
 } ote_ctl_msg_t;
 
@@ -134,6 +161,11 @@ void ote_ctl_put_hdr(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t r
  * when len > OTE_CTL_MAX_DATA: the frame length (body + data) could not be encoded. */
 ote_status_t ote_ctl_put_rw(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
                             uint64_t addr, uint32_t len);
+/* The same with the request's extent: OTE_CTL_RW2_FRAME_LEN bytes for version >= 2 (the
+ * version-1 frame, without the extent, below that); *frame_len_out = bytes written. */
+ote_status_t ote_ctl_put_rw2(uint8_t *buf, uint16_t version, uint16_t opcode, uint64_t req_id,
+                             uint64_t addr, uint32_t len, uint64_t req_addr, uint64_t req_len,
+                             uint64_t req_uid, uint16_t *frame_len_out);
 
 /*
  * Handshake, source side: pick the version for a HELLO. OTE_OK with *version_out = the
@@ -157,7 +189,8 @@ ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, 
  * (OTE_ERR_RETAINED, OTE_ERR_BUSY, OTE_ERR_NOMEM, OTE_ERR_TIMEOUT, ...) or carry errno
  * bits of its own native calls. Each answer admits only the codes the protocol gives it:
  *
- *   WRITE_ACK, READ_RESP   ACCESS, INVALID, TOO_BIG, REMOTE_ACCESS, REMOTE
+ *   WRITE_ACK              ACCESS, INVALID, TOO_BIG, REMOTE_ACCESS, REMOTE
+ *   READ_RESP              the same and CANCELED (a READ_REQ the requester withdrew)
  *   NOTIFY_ACK             AGAIN (its notification queue is full), INVALID, TOO_BIG,
  *                          REMOTE
  *   ERROR                  VERSION, PROTOCOL, INVALID, UNSUPPORTED, REMOTE

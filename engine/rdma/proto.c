@@ -11,7 +11,8 @@ static size_t body_size(uint16_t type) {
         case OTE_RP_INFO_ACK: return 4 + 24;
         case OTE_RP_CONNECT: return 4 + 8 + 32;
         case OTE_RP_CONNECT_ACK: return 4 + 32;
-        case OTE_RP_GRANT_REQ: return 4 + 32;
+        case OTE_RP_GRANT_REQ: return 4 + 56;
+        case OTE_RP_WRITE_OFF: return 4 + 24;
         case OTE_RP_GRANT_RESP: return 4 + 4;
         default: return 0;
     }
@@ -65,6 +66,14 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put32(b + 12, m->u.grant.req_qpn);
             ote_le_put64(b + 16, m->u.grant.addr);
             ote_le_put64(b + 24, m->u.grant.len);
+            ote_le_put64(b + 32, m->u.grant.req_addr);
+            ote_le_put64(b + 40, m->u.grant.req_len);
+            ote_le_put64(b + 48, m->u.grant.req_uid);
+            break;
+        case OTE_RP_WRITE_OFF:
+            ote_le_put64(b, m->u.wo.req_uid);
+            ote_le_put64(b + 8, m->u.wo.req_len);
+            ote_le_put64(b + 16, m->u.wo.bytes);
             break;
         case OTE_RP_GRANT_RESP: ote_le_put32(b, m->u.resp.rkey); break;
         default: return 0;
@@ -107,11 +116,25 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             m.u.grant.req_qpn = ote_le_get32(b + 12);
             m.u.grant.addr = ote_le_get64(b + 16);
             m.u.grant.len = ote_le_get64(b + 24);
+            m.u.grant.req_addr = ote_le_get64(b + 32);
+            m.u.grant.req_len = ote_le_get64(b + 40);
+            m.u.grant.req_uid = ote_le_get64(b + 48);
             if (m.u.grant.op > 1 || m.u.grant.len == 0 ||
                 m.u.grant.addr > UINT64_MAX - m.u.grant.len)
                 return OTE_ERR_PROTOCOL;
+            /* The grant's range lies inside the request's extent, which does not wrap. */
+            if (m.u.grant.req_len < m.u.grant.len ||
+                m.u.grant.req_addr > UINT64_MAX - m.u.grant.req_len ||
+                m.u.grant.addr < m.u.grant.req_addr ||
+                m.u.grant.addr - m.u.grant.req_addr > m.u.grant.req_len - m.u.grant.len)
+                return OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_GRANT_RESP: m.u.resp.rkey = ote_le_get32(b); break;
+        case OTE_RP_WRITE_OFF:
+            m.u.wo.req_uid = ote_le_get64(b);
+            m.u.wo.req_len = ote_le_get64(b + 8);
+            m.u.wo.bytes = ote_le_get64(b + 16);
+            break;
         default: return OTE_ERR_PROTOCOL;
     }
     *out = m;

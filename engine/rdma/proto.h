@@ -7,7 +7,12 @@
  *   INFO / INFO_ACK   process u64, pd u64, nic u32, lanes u32          (identity + width)
  *   CONNECT           slot u32, cap u32, path (gid 16, lid u32, qpn u32, psn u32, mtu u32)
  *   CONNECT_ACK       the source's path (status in the frame header)
- *   GRANT_REQ         slot u32, op u32, source qpn u32, requester qpn u32, addr u64, len u64
+ *   GRANT_REQ         slot u32, op u32, source qpn u32, requester qpn u32, addr u64, len u64,
+ *                     req_addr u64, req_len u64 (the whole request; [addr, +len) inside it),
+ *                     req_uid u64 (the request's id, nonzero: the source's account of it)
+ *   WRITE_OFF         req_uid u64, req_len u64, bytes u64: bytes of the request that will
+ *                     never be asked for (slices canceled or failed before their grant);
+ *                     no answer
  *   GRANT_RESP        rkey u32 (status in the frame header; req_id = the grant id)
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
@@ -26,6 +31,7 @@ enum {
     OTE_RP_CONNECT_ACK = 4,
     OTE_RP_GRANT_REQ = 5,
     OTE_RP_GRANT_RESP = 6,
+    OTE_RP_WRITE_OFF = 7,
 };
 
 typedef struct {
@@ -42,7 +48,12 @@ typedef struct {
         struct {
             uint32_t slot, op, src_qpn, req_qpn;
             uint64_t addr, len;
+            uint64_t req_addr, req_len; /* the request's extent, checked as a whole */
+            uint64_t req_uid;
         } grant;
+        struct {
+            uint64_t req_uid, req_len, bytes;
+        } wo;
         struct {
             uint32_t rkey;
         } resp;

@@ -133,6 +133,7 @@ static void teardown(rdma_tp_t *tp) {
         OTE_ERROR("rdma", "endpoint store retained at shutdown (QPs that would not die)");
     if (tp->gm != NULL && ote_grant_mgr_destroy(tp->gm) != OTE_OK)
         OTE_ERROR("rdma", "grant manager retained at shutdown");
+    ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
     for (uint32_t i = 0; i < tp->nlanes; i++) {
         if (tp->lanes[i] == NULL) continue;
         if (tp->workers != NULL) (void)ote_cq_workers_remove(tp->workers, tp->lanes[i]);

@@ -22,7 +22,11 @@
  * local MR (or register a temporary one), start a grant (GRANT_REQ), and the grant layer
  * posts the 64 KiB slices and the SEND_WITH_INV receipt; its done() ends the engine slice.
  * Source path: CONNECT builds/returns the source QP of that slot; GRANT_REQ is checked
- * against the engine's registrations (host->pin) and served with a bound window.
+ * against the engine's registrations (host->pin) as its whole request's extent, pinned
+ * once per request (rdma_accounts.c), then served with a window bound over the grant's
+ * own range; WRITE_OFF returns the bytes of grants the requester will never ask for.
+ * Statuses: a flush or QP fence the user did not ask for is the peer's loss
+ * (OTE_ERR_PEER_LOST); cancel stops a grant's unposted slices and invalidates at once.
  *
  * Data path uses the first usable context (NIC striping across contexts is later work).
  * No fallback: with no usable device, creation fails with OTE_ERR_NO_DEVICE.
@@ -31,10 +35,13 @@
  *   rdma_conn.c       one control connection (either side): framing, the non-blocking
  *                     socket and its bounded output queue, reference count
  *   rdma_server.c     the control listener, its acceptor thread and one thread per
- *                     accepted connection: HELLO, INFO, dispatch to the source side
+ *                     accepted connection: HELLO, INFO, dispatch to the source side; when
+ *                     that connection ends, the grants its requester still held are
+ *                     ended at once (after a short grace for receipts in flight)
  *   rdma_source.c     the source side: CONNECT (source QP of a slot) and GRANT_REQ
  *                     (checked against the engine's registrations, served by a window),
  *                     the grant layer's source callbacks
+ *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake, its reader thread, INFO/CONNECT calls, open/ensure/close
  *   rdma_requester.c  the requester data path: engine slices to grants, GRANT_REQ,
@@ -86,6 +93,7 @@
 #define OTE__RDMA_NOTE_TAG (1ull << 62)
 
 typedef struct ote__rdma_tp rdma_tp_t;
+typedef struct acct acct_t; /* the source's account of one request (rdma_accounts.c) */
 
 /* A registration's MRs. rdma.c owns the list (tp->regs, under tp->mu). */
 typedef struct reg_ent {
@@ -220,6 +228,7 @@ struct ote__rdma_tp {
     srv_t *sconns[256]; /* heap entries: a thread keeps its own */
     size_t nsconns;
     ote__tpeer_t *peers; /* open requester peers (notification deadlines) */
+    acct_t *accts;       /* source: accounts of requests (rdma_accounts.c), under mu */
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */
@@ -265,6 +274,21 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
 ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp);
 /* Receive callback of every QP (qp_config.on_recv): grant receipts. */
 void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *buf);
+
+/* ---- rdma_accounts.c: one check and one pin per request at the source ------------- */
+
+/* GRANT_REQ rq on c: its request's account, checked and pinned over the whole extent by
+ * the request's first grant. OTE_OK with *a_out (the grant then holds its bytes with
+ * ote__rdma_acct_hold), or the refusal (its bytes already accounted for). Server thread. */
+ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_out);
+void ote__rdma_acct_hold(rdma_tp_t *tp, acct_t *a, uint64_t len);
+/* seen: bytes of the request that will never be held (refused, never served); done:
+ * held bytes released. The last byte releases the pin. Any thread, no lock held. */
+void ote__rdma_acct_settle(rdma_tp_t *tp, acct_t *a, uint64_t seen, uint64_t done);
+void ote__rdma_acct_write_off(conn_t *c, const ote_rp_msg_t *rq);
+/* c's control connection ended (NULL: teardown, no grant left): nothing more will come;
+ * accounts end now or with their last grant. */
+void ote__rdma_acct_end_conn(rdma_tp_t *tp, const conn_t *c);
 
 /* ---- rdma_peer.c: the requester's control connection ------------------------------ */
 

@@ -84,9 +84,17 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
     return ote__rdma_peer_call(x->p, &rq, OTE_RP_CONNECT_ACK, deadline, peer_out);
 }
 
+/* The grant's control callback argument: the peer and the slice (for its request's
+ * extent). ote_grant_start() calls request() before it returns, so it lives on the stack. */
+typedef struct {
+    ote__tpeer_t *p;
+    const ote__slice_t *s;
+} garg_t;
+
 static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
                                   ote_grant_op_t op, uint64_t addr, uint64_t len) {
-    ote__tpeer_t *p = arg;
+    const garg_t *ga = arg;
+    ote__tpeer_t *p = ga->p;
     gid_ent_t *g = ote_calloc(1, sizeof(*g));
     if (g == NULL) return OTE_ERR_NOMEM;
     g->id = grant_id;
@@ -102,6 +110,9 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.src_qpn = remote_qpn;
     rq.u.grant.addr = addr;
     rq.u.grant.len = len;
+    rq.u.grant.req_addr = ga->s->req_len != 0 ? ga->s->req_remote : addr;
+    rq.u.grant.req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
+    rq.u.grant.req_uid = ga->s->req_uid;
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
     ote_endpoint_t *ep = p->ep[op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
@@ -114,6 +125,22 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
         ote_mutex_lock(&p->mu);
         (void)ote__rdma_grant_id_take(p, grant_id);
         ote_mutex_unlock(&p->mu);
+    }
+    return st;
+}
+
+/* What a slice's grant status means to the user, request-scope and from the first cause.
+ * A flush (CANCELED) that the user did not ask for, and a post refused because the QP was
+ * fenced (FENCED) while the context is healthy, are consequences: the QP to the peer
+ * broke (the peer died, or its end failed). Both become OTE_ERR_PEER_LOST; FENCED stays
+ * only when the context itself is down, and CANCELED only for a canceled request. */
+static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_status_t st) {
+    int code = ote_status_code(st);
+    int user = s->canceled != NULL && atomic_load(s->canceled);
+    if (code == OTE_ERR_CANCELED && !user) return OTE_ERR_PEER_LOST;
+    if (code == OTE_ERR_FENCED) {
+        if (user) return OTE_ERR_CANCELED;
+        if (ote_context_check(tp->ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
     }
     return st;
 }
@@ -131,7 +158,21 @@ static void slice_grant_done(void *arg, ote_status_t st) {
             OTE_WARN("rdma", "dereg of a temporary MR failed: errno %d; retained", err);
         }
     }
-    s->done(s, st);
+    s->done(s, slice_status(tp, s, st));
+}
+
+/* A slice that ends before its grant was asked for: tell the source its bytes will never
+ * be asked for, so that its account of the request (and the request's pin) can close.
+ * Best effort: a lost WRITE_OFF leaves the account to the end of the connection. */
+static void slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
+    if (s->req_uid == 0 || atomic_load(&p->c->dead)) return;
+    ote_rp_msg_t wo;
+    memset(&wo, 0, sizeof(wo));
+    wo.type = OTE_RP_WRITE_OFF;
+    wo.u.wo.req_uid = s->req_uid;
+    wo.u.wo.req_len = s->req_len;
+    wo.u.wo.bytes = s->len;
+    (void)ote__rdma_conn_send_rp(p->c, 0, OTE_OK, &wo);
 }
 
 /* A notification: one NOTIFY frame; its NOTIFY_ACK, its deadline or the loss of the
@@ -184,6 +225,12 @@ static void submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
     }
 }
 
+/* The grant's cancel check: the engine's flag of the slice's request. */
+static int slice_canceled(void *arg) {
+    const ote__slice_t *s = arg;
+    return s->canceled != NULL && atomic_load_explicit(s->canceled, memory_order_relaxed);
+}
+
 /* A READ or WRITE slice: on success the grant owns the QP borrow and ends the slice. */
 static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     rdma_tp_t *tp = p->tp;
@@ -200,6 +247,7 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         s->deadline, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC));
     ote_status_t st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
     if (st != OTE_OK) {
+        slice_write_off(p, s);
         s->done(s, st);
         return;
     }
@@ -210,6 +258,7 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         if (err != 0) {
             ote_endpoint_return(ep, slot, qp);
             OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
+            slice_write_off(p, s);
             s->done(s, ote_status_make(OTE_ERR_NATIVE, err));
             return;
         }
@@ -231,7 +280,9 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     d.deadline = s->deadline;
     d.done = slice_grant_done;
     d.done_arg = s;
-    ote_grant_ctl_t ctl = {.arg = p, .request = grant_request};
+    d.canceled = slice_canceled;
+    garg_t ga = {p, s};
+    ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
     st = ote_grant_start(tp->gm, &d, &ctl);
     if (st != OTE_OK) {
@@ -239,12 +290,14 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         s->xp.rdma.mr = NULL;
         if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
             ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
+        slice_write_off(p, s);
         s->done(s, st);
     }
 }
 
 static void submit_one(ote__tpeer_t *p, ote__slice_t *s) {
     if (s->canceled != NULL && atomic_load(s->canceled)) {
+        if (s->op != OTE__SLICE_NOTIFY) slice_write_off(p, s);
         s->done(s, OTE_ERR_CANCELED);
         return;
     }

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -95,11 +96,47 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         ote__rdma_src_connect(c, m->req_id, &rq);
     } else if (rq.type == OTE_RP_GRANT_REQ) {
         ote__rdma_src_grant(c, m->req_id, &rq);
+    } else if (rq.type == OTE_RP_WRITE_OFF) {
+        ote__rdma_acct_write_off(c, &rq);
     } else {
         OTE_WARN("rdma", "control from %s: unexpected message %u: closing", c->peer_addr, rq.type);
         return -1;
     }
     return 0;
+}
+
+#define SERVER_RECEIPT_GRACE_MS 20
+
+/* The requester on c is gone (its control connection closed or died): release at once
+ * what it held here, every live source grant of its endpoints (window, registration pin,
+ * QP borrow), rather than at each grant's deadline. */
+static void server_peer_gone(conn_t *c) {
+    rdma_tp_t *tp = c->tp;
+    if (c->process == 0 || atomic_load(&tp->stop)) return; /* no INFO: it holds nothing */
+    ote_endpoint_t *eps[2] = {NULL, NULL};
+    for (int cap = 0; cap < 2; cap++) {
+        ote_ep_key_t key;
+        ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
+                        cap ? OTE_EP_WRITE : OTE_EP_READ);
+        if (ote_endpoint_get(tp->eps, &key, c->lanes, &eps[cap]) != OTE_OK) eps[cap] = NULL;
+    }
+    /* A requester that closed cleanly sent its last receipts before it closed: give the
+     * lane workers SERVER_RECEIPT_GRACE_MS to take them, so that only what a dead
+     * requester really left behind is ended by force. */
+    ote_deadline_t dl = ote_deadline_after(SERVER_RECEIPT_GRACE_MS * OTE_NSEC_PER_MSEC);
+    for (;;) {
+        size_t live = 0;
+        for (int cap = 0; cap < 2; cap++)
+            if (eps[cap] != NULL) live += ote_grant_source_live_endpoint(tp->gm, eps[cap]);
+        if (live == 0 || ote_deadline_expired(dl)) break;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    size_t n = 0;
+    for (int cap = 0; cap < 2; cap++)
+        if (eps[cap] != NULL) n += ote_grant_source_end_endpoint(tp->gm, eps[cap]);
+    if (n > 0)
+        OTE_WARN("rdma", "requester %s lost: %zu grant(s) it held released", c->peer_addr, n);
 }
 
 static void *server_main(void *arg) {
@@ -134,6 +171,8 @@ static void *server_main(void *arg) {
         if (server_frame(c, &m, &have_info) != 0) break;
     }
     ote__rdma_conn_kill(c, NULL);
+    server_peer_gone(c);
+    ote__rdma_acct_end_conn(tp, c); /* nothing more comes: accounts end with their grants */
     ote_mutex_lock(&tp->mu);
     sv->exited = 1;
     ote_cond_broadcast(&tp->cv);

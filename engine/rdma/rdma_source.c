@@ -23,27 +23,46 @@ typedef struct {
     uint64_t req_id;
 } answer_t;
 
+/* The request account of the GRANT_REQ being served on this (server) thread, handed to
+ * src_pin, which ote_grant_serve() calls before it returns; pinned: src_pin took it. */
+static _Thread_local struct {
+    acct_t *a;
+    int pinned;
+} tl_serve;
+
+/* A grant's pin: its bytes of its request's account. */
+typedef struct {
+    acct_t *a;
+    uint64_t len;
+} grant_pin_t;
+
 static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
                             struct ibv_mr **mr_out, void **pin_out) {
     rdma_tp_t *tp = arg;
-    unsigned perm = access == IBV_ACCESS_REMOTE_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
-    void *pin = NULL;
-    ote_status_t st = tp->host.pin(tp->host.arg, addr, len, perm, &pin);
-    if (st != OTE_OK) return st;
+    (void)access; /* the account checked the whole request for this access */
+    if (tl_serve.a == NULL) return OTE_ERR_STATE; /* only ote__rdma_src_grant serves */
+    grant_pin_t *gp = ote_malloc(sizeof(*gp));
+    if (gp == NULL) return OTE_ERR_NOMEM;
     struct ibv_mr *mr = NULL;
-    st = ote_buffer_manager_find(tp->bm, (const void *)(uintptr_t)addr, len, ctx, &mr);
+    ote_status_t st = ote_buffer_manager_find(tp->bm, (const void *)(uintptr_t)addr, len, ctx, &mr);
     if (st != OTE_OK) {
-        tp->host.unpin(tp->host.arg, pin);
+        ote_free(gp);
         return st;
     }
+    gp->a = tl_serve.a;
+    gp->len = len;
+    ote__rdma_acct_hold(tp, gp->a, len);
+    tl_serve.pinned = 1;
     *mr_out = mr;
-    *pin_out = pin;
+    *pin_out = gp;
     return OTE_OK;
 }
 
 static void src_unpin(void *arg, void *pin) {
     rdma_tp_t *tp = arg;
-    tp->host.unpin(tp->host.arg, pin);
+    grant_pin_t *gp = pin;
+    ote__rdma_acct_settle(tp, gp->a, 0, gp->len);
+    ote_free(gp);
 }
 
 /* What the requester learns of a grant we accepted to serve: a refusal of the range
@@ -125,11 +144,23 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
 
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     rdma_tp_t *tp = c->tp;
+    /* The whole request is checked, and pinned, by its first grant (rdma_accounts.c): a
+     * request partly outside a registration is refused on every grant, no byte moves. */
+    acct_t *acct = NULL;
+    ote_status_t chk = ote__rdma_acct_take(c, rq, &acct);
+    if (chk != OTE_OK) {
+        ote_rp_msg_t rp;
+        memset(&rp, 0, sizeof(rp));
+        rp.type = OTE_RP_GRANT_RESP;
+        (void)ote__rdma_conn_send_rp(c, req_id, grant_refusal(chk), &rp);
+        return;
+    }
     ote_ep_key_t key;
     ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
                     rq->u.grant.op == OTE_GRANT_WRITE ? OTE_EP_WRITE : OTE_EP_READ);
     ote_endpoint_t *ep = NULL;
     ote_qp_t *qp = NULL;
+    int pinned = 0; /* the grant took its bytes of the account (and gives them back) */
     ote_status_t st = ote_endpoint_get(tp->eps, &key, c->lanes, &ep);
     if (st == OTE_OK && rq->u.grant.slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
     if (st == OTE_OK)
@@ -154,8 +185,12 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             ote__rdma_conn_get(c);
             ote_deadline_t dl =
                 ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
+            tl_serve.a = acct;
+            tl_serve.pinned = 0;
             st = ote_grant_serve(tp->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op,
                                  rq->u.grant.addr, rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
+            pinned = tl_serve.pinned;
+            tl_serve.a = NULL;
             if (st != OTE_OK) {
                 /* Refused before any window exists; the borrow stays ours. */
                 ote_endpoint_return(ep, rq->u.grant.slot, qp);
@@ -167,6 +202,8 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             }
         }
     }
+    /* Not served: these bytes of the request will never be held. */
+    if (!pinned) ote__rdma_acct_settle(tp, acct, rq->u.grant.len, 0);
     ote_rp_msg_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.type = OTE_RP_GRANT_RESP;

@@ -62,6 +62,8 @@ static void tcp_destroy(ote__transport_t *t) {
         ote_mutex_destroy(&w->cmu);
     }
     if (tp->lfd >= 0) close(tp->lfd);
+    ote__tcp_src_reqs_drop_all(tp); /* workers joined: every connection is gone */
+    ote_mutex_destroy(&tp->pmu);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
     ote_free(tp->workers);
@@ -125,6 +127,8 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
     if (st != OTE_OK) goto err_free;
     st = ote_cond_init(&tp->cv);
     if (st != OTE_OK) goto err_mutex;
+    st = ote_mutex_init(&tp->pmu);
+    if (st != OTE_OK) goto err_cond;
 
     struct sockaddr_storage ss;
     socklen_t sl;
@@ -132,14 +136,14 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
     if (st != OTE_OK) {
         OTE_ERROR("tcp", "cannot use listen_address \"%s\": %s", cfg->listen_address,
                   ote_status_str(st));
-        goto err_cond;
+        goto err_pmu;
     }
     tp->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (tp->lfd < 0) {
         st = ote_status_from_errno(errno);
         OTE_ERROR("tcp", "socket() for listen_address %s failed: %s", cfg->listen_address,
                   strerror(errno));
-        goto err_cond;
+        goto err_pmu;
     }
     int one = 1;
     (void)setsockopt(tp->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -215,6 +219,8 @@ err_workers:
     return st;
 err_sock:
     close(tp->lfd);
+err_pmu:
+    ote_mutex_destroy(&tp->pmu);
 err_cond:
     ote_cond_destroy(&tp->cv);
 err_mutex:

@@ -102,17 +102,18 @@ void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why) {
     if (c->fd < 0) return;
     if (c->role == ROLE_REQUESTER) ote_mutex_lock(&c->smu); /* no inline send while closing */
     tcp_worker_t *w = c->w;
-    tcp_t *tp = w->tp;
     if (c->role == ROLE_SOURCE) {
         /* Unpinned before the close: once the requester sees EOF, unregister works. */
         for (size_t i = 0; i < c->rcount; i++) {
             tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
-            if (r->pin) tp->host.unpin(tp->host.arg, r->pin);
+            if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
             r->pin = NULL;
         }
         c->rcount = 0;
-        if (c->rx_pin) tp->host.unpin(tp->host.arg, c->rx_pin);
+        if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
         c->rx_pin = NULL;
+        /* The last connection of its session ends what the requester left open. */
+        ote__tcp_src_sess_leave(c);
     }
     (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);

@@ -12,7 +12,9 @@
  *   tcp_requester.c  requester data path: submit (queued or inline), numbering and
  *                    encoding, sending, responses, cancel
  *   tcp_source.c     source data path: the handshake it answers, requests checked
- *                    against registrations (host->pin), responses, pause/resume, deadlines
+ *                    against registrations (host->pin), responses, pause/resume, deadlines,
+ *                    CANCEL (withdrawn READs, written-off bytes)
+ *   tcp_pins.c       source: one account and one pin per request (version 2), sessions
  *   tcp_connect.c    connect and handshake as requester, peer open/reconnect/close
  *
  * The TCP transport.
@@ -52,6 +54,12 @@
  * frame header is validated, a large payload remainder is received straight into its
  * destination (small payloads are copied out of the buffer: cheaper than a syscall
  * each). Slices are never allocated here and no lock is taken per slice.
+ *
+ * Requests (version 2). Every slice frame names its request's extent and id: the source
+ * checks the whole extent, and pins it once per request (tcp_pins.c), before the first
+ * byte moves. Cancel withdraws what is not on the wire: unsent slices are dropped and
+ * written off, READs already requested are withdrawn, both by a CANCEL frame that travels
+ * behind the connection's unsent frames and needs no answer.
  *
  * Failure. EOF/reset fails every slice of the connection with OTE_ERR_PEER_LOST and
  * marks the peer broken (a later submit reconnects). A slice whose deadline passes
@@ -105,7 +113,7 @@
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
 
-_Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW_FRAME_LEN,
+_Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW2_FRAME_LEN,
                "a slice's tcp scratch holds the largest frame header it sends");
 
 #define TCP_RXBUF (256u << 10)
@@ -144,7 +152,9 @@ typedef struct {
     uint8_t close_after; /* close the connection once sent (handshake refusal) */
     const uint8_t *data;
     uint32_t len;
-    void *pin; /* registration pinned until the data is sent */
+    void *pin;       /* registration pinned until the data is sent */
+    uint64_t id;     /* req_id it answers */
+    uint16_t opcode; /* what it answers with */
 } tcp_resp_t;
 
 struct tcp_conn {
@@ -191,6 +201,9 @@ struct tcp_conn {
     tcp_resp_t *ring;
     size_t rcap, rhead, rcount, rtx_off;
     int handshaken;
+    struct src_sess *sess;     /* version 2: the session it belongs to (tcp_pins.c) */
+    uint32_t rx_len;           /* length of the WRITE slice being received */
+    uint64_t last_refused_req; /* extent start of the last refused request (one WARN each) */
     uint8_t hsbuf[TCP_HSBUF];
 
     /* Receive, worker-owned. */
@@ -241,6 +254,12 @@ struct tcp {
     uint64_t accept_resume_ns; /* nonzero: listen fd out of epoll until then */
     uint64_t accept_log_ns;    /* last accept WARN */
     uint64_t accept_quiet;     /* failures not logged since */
+    /* Source: the account of each request in flight from a version-2 requester (one pin
+     * per request) and the sessions (requester engines' connection sets) they belong
+     * to; tcp_pins.c, under pmu (a leaf but for the engine's pin, taken under it). */
+    ote_mutex_t pmu;
+    struct src_req *preqs;
+    struct src_sess *psess;
 };
 
 struct tcp_peer {
@@ -312,6 +331,24 @@ int ote__tcp_src_may_parse(const tcp_conn_t *c);
 void ote__tcp_src_pause(tcp_conn_t *c);
 void ote__tcp_src_pump(tcp_conn_t *c);
 void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now);
+
+/* ---- tcp_pins.c: one pin per request at the source (version 2) -------------------- */
+/* A handshaken version-2 source connection joins its requester's session; at close it
+ * leaves it, and the last one to leave ends the accounts the session still has open
+ * (requests whose bytes will never come), unpinning them. Worker only. */
+ote_status_t ote__tcp_src_sess_join(tcp_conn_t *c, uint64_t session);
+void ote__tcp_src_sess_leave(tcp_conn_t *c);
+/* A WRITE/READ slice frame: the source's pin for it. Version 2: the request's account
+ * (pinned once, over the request's extent, by its first slice; a refusal is kept and
+ * given to every slice of the request). Version 1: a pin of the slice's own range.
+ * OTE_OK with *pin_out, or the refusal (the slice's bytes are then already accounted). */
+ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned perm, void **pin_out);
+/* The slice holding pin (len bytes) is done: served, discarded or withdrawn. */
+void ote__tcp_src_unpin(tcp_conn_t *c, void *pin, uint32_t len);
+/* CANCEL's withdrawals: bytes of request uid that will never come. */
+void ote__tcp_src_write_off(tcp_conn_t *c, uint64_t uid, uint64_t req_len, uint64_t bytes);
+/* Transport teardown, no connection left: end every account. */
+void ote__tcp_src_reqs_drop_all(tcp_t *tp);
 
 /* ---- tcp_connect.c: connect and handshake (requester), peers ----------------------- */
 ote_status_t ote__tcp_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out);

@@ -7,12 +7,16 @@
  * (qmu), transmit lists (smu) and, on the worker, its awaiting-response list.
  */
 #include <errno.h>
+#include <string.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "base/alloc.h"
+#include "base/le.h"
 #include "base/log.h"
+#include "base/time.h"
 #include "engine/tcp/tcp_internal.h"
 
 /* Slices taken off a connection before reaching the wire, completed by whoever dropped
@@ -39,13 +43,14 @@ static void req_append(tcp_conn_t *c, ote__slice_t *list, int check_cancel, req_
             continue;
         }
         s->xp.tcp.seq = ++c->seq;
+        s->xp.tcp.withdrawn = 0;
         if (s->op == OTE__SLICE_NOTIFY) {
             ote_ctl_put_hdr(s->xp.tcp.wire, c->version, OTE_CTL_NOTIFY, s->xp.tcp.seq, OTE_OK,
                             s->len);
             s->xp.tcp.wire_len = OTE_CTL_HDR_LEN;
-        } else if (ote_ctl_put_rw(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote,
-                                  s->len) == OTE_OK) {
-            s->xp.tcp.wire_len = OTE_CTL_RW_FRAME_LEN;
+        } else if (ote_ctl_put_rw2(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote,
+                                   s->len, s->req_remote, s->req_len, s->req_uid,
+                                   &s->xp.tcp.wire_len) == OTE_OK) {
         } else { /* ote__tcp_submit refuses these; never put a wrapped length on the wire */
             drop_push(&dropped->too_big, s);
             continue;
@@ -94,6 +99,104 @@ static void req_purge(tcp_conn_t *c, req_drop_t *dropped) {
     }
 }
 
+/* A CANCEL frame on its way: a transport-owned slice (op OTE_CTL_CANCEL, the body as its
+ * payload) that goes out in order with the others but awaits no answer. */
+typedef struct {
+    ote__slice_t s;
+    uint32_t nids, nwd;
+    uint64_t ids[OTE_CTL_CANCEL_MAX];
+    uint64_t wd[OTE_CTL_CANCEL_MAX][3]; /* uid, req_len, bytes */
+    uint8_t body[8 + 32 * OTE_CTL_CANCEL_MAX];
+} cancel_frame_t;
+
+static void cancel_frame_free(ote__slice_t *s, ote_status_t st) {
+    (void)st;
+    ote_free(s);
+}
+
+/* Encode f and queue it behind the unsent slices. smu held. */
+static void cancel_queue(tcp_conn_t *c, cancel_frame_t *f) {
+    uint8_t *b = f->body;
+    ote_le_put32(b, f->nids);
+    ote_le_put32(b + 4, f->nwd);
+    b += 8;
+    for (uint32_t i = 0; i < f->nids; i++, b += 8) ote_le_put64(b, f->ids[i]);
+    for (uint32_t i = 0; i < f->nwd; i++, b += 24)
+        for (int k = 0; k < 3; k++) ote_le_put64(b + 8 * k, f->wd[i][k]);
+    memset(&f->s, 0, sizeof(f->s));
+    f->s.done = cancel_frame_free;
+    f->s.owner = f;
+    f->s.local = f->body;
+    f->s.len = (uint32_t)(b - f->body);
+    f->s.op = OTE_CTL_CANCEL;
+    f->s.deadline = ote_deadline_after(c->w->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    ote_ctl_put_hdr(f->s.xp.tcp.wire, c->version, OTE_CTL_CANCEL, 0, OTE_OK, f->s.len);
+    f->s.xp.tcp.wire_len = OTE_CTL_HDR_LEN;
+    if (c->tx_tail) c->tx_tail->next = &f->s;
+    else c->tx = &f->s;
+    c->tx_tail = &f->s;
+}
+
+/* The frame being filled, with room for one more id (wd 0) or withdrawal (wd 1): a full
+ * one is queued and a new one started. NULL when out of memory. smu held. */
+static cancel_frame_t *cancel_room(tcp_conn_t *c, cancel_frame_t **fp, int wd) {
+    cancel_frame_t *f = *fp;
+    if (f != NULL && (wd ? f->nwd : f->nids) == OTE_CTL_CANCEL_MAX) {
+        cancel_queue(c, f);
+        f = NULL;
+    }
+    if (f == NULL && (f = ote_malloc(sizeof(*f))) != NULL) f->nids = f->nwd = 0;
+    *fp = f;
+    return f;
+}
+
+/* READs of list that were canceled and whose answers have not come: withdraw them. */
+static void withdraw_reads(tcp_conn_t *c, ote__slice_t *s, cancel_frame_t **fp) {
+    for (; s != NULL; s = s->next) {
+        if (s->op != OTE__SLICE_READ || s->xp.tcp.withdrawn || s->canceled == NULL ||
+            !atomic_load_explicit(s->canceled, memory_order_relaxed))
+            continue;
+        cancel_frame_t *f = cancel_room(c, fp, 0);
+        if (f == NULL) return; /* out of memory: they are served as if not canceled */
+        s->xp.tcp.withdrawn = 1;
+        f->ids[f->nids++] = s->xp.tcp.seq;
+    }
+}
+
+/* Slices of list dropped before the wire: tell the source their bytes will never come,
+ * so that it closes its account of their requests (one withdrawal per run of a request). */
+static void withdraw_bytes(tcp_conn_t *c, ote__slice_t *s, cancel_frame_t **fp) {
+    for (; s != NULL; s = s->next) {
+        if (s->req_uid == 0) continue;
+        cancel_frame_t *f = *fp;
+        if (f != NULL && f->nwd > 0 && f->wd[f->nwd - 1][0] == s->req_uid) {
+            f->wd[f->nwd - 1][2] += s->len;
+            continue;
+        }
+        if ((f = cancel_room(c, fp, 1)) == NULL) return; /* its account ends with the session */
+        f->wd[f->nwd][0] = s->req_uid;
+        f->wd[f->nwd][1] = s->req_len;
+        f->wd[f->nwd][2] = s->len;
+        f->nwd++;
+    }
+}
+
+/* Cancel reaches the source (version-2 connections): READs already requested whose
+ * answers have not come (the awaiting list, worker-owned, and the sent list) are
+ * withdrawn, and the bytes of slices dropped before the wire are written off, in CANCEL
+ * frames queued behind the unsent slices. Worker, smu held. */
+static void req_withdraw(tcp_conn_t *c, const req_drop_t *dropped) {
+    if (c->version < 2) return;
+    cancel_frame_t *f = NULL;
+    withdraw_reads(c, c->head, &f);
+    withdraw_reads(c, c->sent, &f);
+    withdraw_bytes(c, dropped->canceled, &f);
+    withdraw_bytes(c, dropped->too_big, &f);
+    if (f == NULL) return;
+    if (f->nids + f->nwd > 0) cancel_queue(c, f);
+    else ote_free(f);
+}
+
 /* Send the unsent slices, many frames per sendmsg(), from iov[TCP_IOV]; fully sent ones
  * move to the sent list. smu held. OTE_OK when everything went, OTE_ERR_AGAIN when the
  * socket is full, else the connection failed: the caller kills it once it holds no lock
@@ -138,6 +241,10 @@ static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
             if (c->tx == NULL) c->tx_tail = NULL;
             c->tx_off = 0;
             s->next = NULL;
+            if (s->op == OTE_CTL_CANCEL) { /* awaits no answer */
+                s->done(s, OTE_OK);
+                continue;
+            }
             if (c->sent_tail) c->sent_tail->next = s;
             else c->sent = s;
             c->sent_tail = s;
@@ -152,7 +259,9 @@ void ote__tcp_req_write(tcp_conn_t *c) {
     req_drop_t dropped = {NULL, NULL};
     ote_mutex_lock(&c->smu);
     if (atomic_load_explicit(&c->qflag, memory_order_acquire)) req_pull(c, &dropped);
-    if (atomic_load_explicit(&c->purge, memory_order_relaxed)) req_purge(c, &dropped);
+    int purge = atomic_load_explicit(&c->purge, memory_order_relaxed);
+    if (purge) req_purge(c, &dropped);
+    if (purge || dropped.canceled != NULL || dropped.too_big != NULL) req_withdraw(c, &dropped);
     ote_status_t st = c->tx ? req_send(c, c->w->iov) : OTE_OK;
     ote_mutex_unlock(&c->smu);
     req_complete_dropped(&dropped);
@@ -208,7 +317,10 @@ int ote__tcp_req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
         }
     }
     c->last_large = 0;
-    ote__tcp_req_pop_complete(c, ote_ctl_peer_status(m->opcode, m->status));
+    ote_status_t st = ote_ctl_peer_status(m->opcode, m->status);
+    /* CANCELED answers only a READ this side withdrew; from anyone else it is a lie. */
+    if (ote_status_code(st) == OTE_ERR_CANCELED && !s->xp.tcp.withdrawn) st = OTE_ERR_REMOTE;
+    ote__tcp_req_pop_complete(c, st);
     return 0;
 }
 
@@ -276,7 +388,7 @@ void ote__tcp_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
         if (tails[i]) tails[i]->next = s;
         else heads[i] = s;
         tails[i] = s;
-        bytes[i] += (uint64_t)OTE_CTL_RW_FRAME_LEN + slice_payload(s);
+        bytes[i] += (uint64_t)OTE_CTL_RW2_FRAME_LEN + slice_payload(s);
         i = i + 1 == n ? 0 : i + 1;
     }
     for (i = 0; i < n; i++) {

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 
 #include "base/alloc.h"
+#include "base/le.h"
 #include "base/log.h"
 #include "engine/tcp/tcp_internal.h"
 
@@ -35,13 +36,15 @@ static int src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t
                        const uint8_t *data, uint32_t len, void *pin) {
     tcp_resp_t *r = resp_push(c);
     if (r == NULL) {
-        if (pin) c->w->tp->host.unpin(c->w->tp->host.arg, pin);
+        if (pin) ote__tcp_src_unpin(c, pin, len);
         OTE_ERROR("tcp", "out of memory queueing a response to %s: closing connection", c->from);
         ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
         return -1;
     }
     ote_ctl_put_hdr(r->hdr, c->version, opcode, id, st, len);
     r->hdr_len = OTE_CTL_HDR_LEN;
+    r->id = id;
+    r->opcode = opcode;
     r->data = data;
     r->len = len;
     r->pin = pin;
@@ -49,8 +52,7 @@ static int src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t
 }
 
 int ote__tcp_src_payload_done(tcp_conn_t *c) {
-    tcp_t *tp = c->w->tp;
-    if (c->rx_pin) tp->host.unpin(tp->host.arg, c->rx_pin);
+    if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
     c->rx_pin = NULL;
     return src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, c->rx_status, NULL, 0, NULL);
 }
@@ -62,7 +64,6 @@ int ote__tcp_src_may_parse(const tcp_conn_t *c) {
 }
 
 static void src_write(tcp_conn_t *c) {
-    tcp_t *tp = c->w->tp;
     struct iovec *iov = c->w->iov;
     while (c->rcount > 0 && c->fd >= 0) {
         int n = 0;
@@ -102,7 +103,7 @@ static void src_write(tcp_conn_t *c) {
             if (left >= rem) {
                 left -= rem;
                 c->rtx_off = 0;
-                if (r->pin) tp->host.unpin(tp->host.arg, r->pin);
+                if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
                 r->pin = NULL;
                 int close_after = r->close_after;
                 c->rhead = (c->rhead + 1) % c->rcap;
@@ -153,6 +154,11 @@ static int src_handshake(tcp_conn_t *c, const ote_ctl_msg_t *m) {
         out.u.error.text_len = (uint32_t)tl;
     } else {
         tcp_t *tp = c->w->tp;
+        if (ver >= 2 && ote__tcp_src_sess_join(c, m->u.hello.session) != OTE_OK) {
+            OTE_ERROR("tcp", "out of memory for the session of %s: closing connection", c->from);
+            ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
+            return -1;
+        }
         c->version = ver;
         c->handshaken = 1;
         out.version = ver;
@@ -199,6 +205,43 @@ static int src_handshake(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     return 0;
 }
 
+/* CANCEL: every listed READ whose answer waits in the ring and has not begun to go out
+ * is answered READ_RESP CANCELED without data instead, and its pin is dropped now. Ids
+ * already answered (or unknown) are ignored: the requester learns from the answer. */
+static void src_withdraw(tcp_conn_t *c, const ote_ctl_msg_t *m) {
+    size_t first = c->rtx_off > 0 ? 1 : 0, n = 0;
+    for (uint32_t k = 0; k < m->u.cancel.count; k++) {
+        uint64_t id = ote_le_get64(m->u.cancel.ids + 8 * (size_t)k);
+        for (size_t i = first; i < c->rcount; i++) {
+            tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
+            if (r->id != id || r->opcode != OTE_CTL_READ_RESP || r->data == NULL) continue;
+            if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
+            r->pin = NULL;
+            r->data = NULL;
+            r->len = 0;
+            ote_ctl_put_hdr(r->hdr, c->version, OTE_CTL_READ_RESP, id, OTE_ERR_CANCELED, 0);
+            n++;
+            break;
+        }
+    }
+    for (uint32_t k = 0; k < m->u.cancel.nwd; k++) {
+        const uint8_t *w = m->u.cancel.wd + 24 * (size_t)k;
+        ote__tcp_src_write_off(c, ote_le_get64(w), ote_le_get64(w + 8), ote_le_get64(w + 16));
+    }
+    OTE_DEBUG("tcp", "requester %s withdrew %zu of %u READ(s), wrote off %u request(s)", c->from, n,
+              m->u.cancel.count, m->u.cancel.nwd);
+}
+
+/* One refused request logs once (on its first slice: the one at its start, or the
+ * first that arrives), and refusals in a burst are rate-limited with a count. */
+static void src_refused(tcp_conn_t *c, const char *op, const ote_ctl_msg_t *m, ote_status_t st) {
+    if (m->u.rw.addr != m->u.rw.req_addr && c->last_refused_req == m->u.rw.req_addr) return;
+    c->last_refused_req = m->u.rw.req_addr;
+    OTE_WARN_LIMITED("tcp", "refused %s request of %llu bytes at 0x%llx from %s: %s", op,
+                     (unsigned long long)m->u.rw.req_len, (unsigned long long)m->u.rw.req_addr,
+                     c->from, ote_status_str(st));
+}
+
 int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     tcp_t *tp = c->w->tp;
     if (!c->handshaken) return src_handshake(c, m);
@@ -212,8 +255,12 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     ote_status_t st;
     switch (m->opcode) {
         case OTE_CTL_WRITE_REQ:
-            st = tp->host.pin(tp->host.arg, m->u.rw.addr, m->u.rw.len, OTE_PERM_WRITE, &pin);
+            /* The whole request (its extent; the decoder checked that the slice lies
+             * inside it) is checked and pinned, so a request partly outside a
+             * registration is refused on every slice and moves no byte. */
+            st = ote__tcp_src_pin(c, m, OTE_PERM_WRITE, &pin);
             c->rx_id = m->req_id;
+            c->rx_len = m->u.rw.len;
             c->rx_left = m->u.rw.len;
             c->last_large = m->u.rw.len >= TCP_DIRECT_MIN;
             if (st == OTE_OK) {
@@ -222,22 +269,24 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
                 c->rx_pin = pin;
                 c->rx_status = OTE_OK;
             } else {
-                OTE_WARN("tcp", "refused WRITE of %u bytes at 0x%llx from %s: %s", m->u.rw.len,
-                         (unsigned long long)m->u.rw.addr, c->from, ote_status_str(st));
+                src_refused(c, "WRITE", m, st);
                 c->rx_state = RX_DISCARD;
                 c->rx_status = st;
             }
             return 0;
         case OTE_CTL_READ_REQ:
             c->last_large = 0;
-            st = tp->host.pin(tp->host.arg, m->u.rw.addr, m->u.rw.len, OTE_PERM_READ, &pin);
+            st = ote__tcp_src_pin(c, m, OTE_PERM_READ, &pin);
             if (st != OTE_OK) {
-                OTE_WARN("tcp", "refused READ of %u bytes at 0x%llx from %s: %s", m->u.rw.len,
-                         (unsigned long long)m->u.rw.addr, c->from, ote_status_str(st));
+                src_refused(c, "READ", m, st);
                 return src_respond(c, OTE_CTL_READ_RESP, m->req_id, st, NULL, 0, NULL);
             }
             return src_respond(c, OTE_CTL_READ_RESP, m->req_id, OTE_OK,
                                (const uint8_t *)(uintptr_t)m->u.rw.addr, m->u.rw.len, pin);
+        case OTE_CTL_CANCEL:
+            c->last_large = 0;
+            src_withdraw(c, m);
+            return 0;
         case OTE_CTL_NOTIFY:
             c->last_large = 0;
             st = tp->host.deliver_notify(tp->host.arg, c->from, m->u.notify.msg, m->u.notify.len);

@@ -137,8 +137,8 @@ void ote__tcp_conn_read(tcp_conn_t *c) {
             c->rx_end = rem;
         }
         size_t want = c->rxcap - c->rx_end;
-        if (c->last_large && c->rx_end < OTE_CTL_RW_FRAME_LEN)
-            want = OTE_CTL_RW_FRAME_LEN - c->rx_end;
+        if (c->last_large && c->rx_end < OTE_CTL_RW2_FRAME_LEN)
+            want = OTE_CTL_RW2_FRAME_LEN - c->rx_end;
         if (want == 0) { /* an incomplete frame fills the buffer: larger than allowed here */
             OTE_WARN("control", "frame from %s larger than %zu bytes%s: closing connection",
                      c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"), c->rxcap,

@@ -62,6 +62,62 @@ TEST_F(ControlTest, RoundTripEveryOpcode) {
     EXPECT_EQ(out.data_len, 0u);
     EXPECT_EQ(out.u.rw.len, 10u);
 
+    // Version 2: the slice names its request's extent; one outside it is malformed.
+    uint8_t rw2[OTE_CTL_RW2_FRAME_LEN];
+    uint16_t flen = 0;
+    ASSERT_EQ(
+        ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 79, 0x10000, 4096, 0xf000, 3u << 20, 42, &flen),
+        OTE_OK);
+    EXPECT_EQ(flen, OTE_CTL_RW2_FRAME_LEN);
+    ASSERT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_OK);
+    EXPECT_EQ(used, OTE_CTL_RW2_FRAME_LEN);
+    EXPECT_EQ(out.u.rw.req_addr, 0xf000u);
+    EXPECT_EQ(out.u.rw.req_len, 3u << 20);
+    EXPECT_EQ(out.u.rw.req_uid, 42u);
+    ASSERT_EQ(
+        ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 80, 0x10000, 4096, 0x10001, 8192, 42, &flen),
+        OTE_OK);
+    EXPECT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_ERR_PROTOCOL); // starts before it
+    ASSERT_EQ(
+        ote_ctl_put_rw2(rw2, 2, OTE_CTL_READ_REQ, 81, 0x10000, 4096, 0x10000, 4095, 42, &flen),
+        OTE_OK);
+    EXPECT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_ERR_PROTOCOL); // ends past it
+    ASSERT_EQ(ote_ctl_put_rw2(rw2, 1, OTE_CTL_READ_REQ, 82, 64, 10, 0, 1u << 20, 42, &flen),
+              OTE_OK);
+    EXPECT_EQ(flen, OTE_CTL_RW_FRAME_LEN); // version 1 has no extent: the slice is its own
+    ASSERT_EQ(ote_ctl_decode(rw2, flen, &out, &used), OTE_OK);
+    EXPECT_EQ(out.u.rw.req_addr, 64u);
+    EXPECT_EQ(out.u.rw.req_len, 10u);
+
+    // CANCEL (version 2 only): a list of req_ids.
+    uint8_t ids[16];
+    for (int i = 0; i < 16; i++) ids[i] = 0;
+    ids[0] = 5;
+    ids[8] = 7;
+    ote_ctl_msg_t cm{};
+    cm.version = 2;
+    cm.opcode = OTE_CTL_CANCEL;
+    cm.u.cancel.ids = ids;
+    cm.u.cancel.count = 2;
+    uint8_t cbuf[64];
+    size_t clen = 0;
+    ASSERT_EQ(ote_ctl_encode(&cm, cbuf, sizeof(cbuf), &clen), OTE_OK);
+    ASSERT_EQ(ote_ctl_decode(cbuf, clen, &out, &used), OTE_OK);
+    EXPECT_EQ(out.opcode, OTE_CTL_CANCEL);
+    EXPECT_EQ(out.u.cancel.count, 2u);
+    EXPECT_EQ(out.u.cancel.ids[8], 7);
+    uint8_t wd[24] = {9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0};
+    cm.u.cancel.wd = wd;
+    cm.u.cancel.nwd = 1;
+    uint8_t cbuf2[128];
+    ASSERT_EQ(ote_ctl_encode(&cm, cbuf2, sizeof(cbuf2), &clen), OTE_OK);
+    ASSERT_EQ(ote_ctl_decode(cbuf2, clen, &out, &used), OTE_OK);
+    EXPECT_EQ(out.u.cancel.nwd, 1u);
+    EXPECT_EQ(out.u.cancel.wd[0], 9);
+    EXPECT_EQ(out.u.cancel.wd[18], 1);
+    cm.version = 1;
+    EXPECT_EQ(ote_ctl_encode(&cm, cbuf, sizeof(cbuf), &clen), OTE_ERR_INVALID);
+
     uint8_t hdr[OTE_CTL_HDR_LEN];
     ote_ctl_put_hdr(hdr, 1, OTE_CTL_READ_RESP, 78, OTE_OK, 10);
     ASSERT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_OK);
@@ -252,8 +308,10 @@ TEST_F(ControlTest, PeerStatusAdmitsOnlyWhatEachAnswerMayCarry) {
                                        0x7fff1234};
     for (uint16_t op :
          {OTE_CTL_WRITE_ACK, OTE_CTL_READ_RESP, OTE_CTL_NOTIFY_ACK, OTE_CTL_ERROR, OTE_CTL_RDMA}) {
-        for (ote_status_t st : local_only)
+        for (ote_status_t st : local_only) {
+            if (op == OTE_CTL_READ_RESP && st == OTE_ERR_CANCELED) continue; /* a withdrawn READ */
             EXPECT_EQ(ote_ctl_peer_status(op, st), OTE_ERR_REMOTE) << op << " " << st;
+        }
         // Code 0 with errno bits: not a success, not a reason.
         EXPECT_EQ(ote_ctl_peer_status(op, ote_status_make(OTE_ERR_NATIVE, 5) & ~0xffff),
                   OTE_ERR_PROTOCOL)
@@ -261,6 +319,9 @@ TEST_F(ControlTest, PeerStatusAdmitsOnlyWhatEachAnswerMayCarry) {
         EXPECT_EQ(ote_ctl_peer_status(op, static_cast<ote_status_t>(0x80000000u)), OTE_ERR_PROTOCOL)
             << op;
     }
+    // A READ the requester withdrew (CANCEL) is answered CANCELED; nothing else is.
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_READ_RESP, OTE_ERR_CANCELED), OTE_ERR_CANCELED);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_ERR_CANCELED), OTE_ERR_REMOTE);
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_ERR_AGAIN), OTE_ERR_REMOTE);
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_READ_RESP, OTE_ERR_VERSION), OTE_ERR_REMOTE);
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_NOTIFY_ACK, OTE_ERR_ACCESS), OTE_ERR_REMOTE);

@@ -9,6 +9,14 @@
  *   unreg <rw|ro|wo>                -> ST <code>       ote_memory_unregister status
  *   recv <timeout_ms> <off> <len>   -> NOTE <len> <text> SUM <hex> | ST <code>
  *                                      (hash of rw[off, off+len) taken on arrival)
+ *   recvunreg <timeout_ms>          -> ST <recv code> <unregister code of rw>  the unregister
+ *                                      called the moment the notification is received
+ *   rereg <rw|ro|wo>                -> ST <code>       register it again (same perms)
+ *   unregloop <ms>                  -> ST <ok> <busy>  unregister rw again and again for ms
+ *                                      (registering it again after each success)
+ *   pull <host:port> <addr> <len> <n> -> STARTED | ST <code>  n READs of len bytes at addr
+ *                                      of that engine into rw, submitted, not waited for
+ *                                      (the process is meant to be killed meanwhile)
  *   quit / end of input             -> exits 0 after destroying the engine
  *
  * Usage: ote_target [rw_size] [listen_address]. Config also from OTE_* variables.
@@ -18,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
@@ -33,6 +42,30 @@ static buf_t *find(buf_t *b, const char *name) {
     for (int i = 0; i < 3; i++)
         if (strcmp(b[i].name, name) == 0) return &b[i];
     return NULL;
+}
+
+/* pull: n READs from another engine into rw, left running. The segment and batch stay
+ * open (the process is killed while they run). Returns the reply line. */
+static const char *pull(ote_engine_t *e, const char *line, const buf_t *rw) {
+    static char reply[32];
+    char cmd[16], peer[300];
+    unsigned long long addr = 0, len = 0, n = 0;
+    if (sscanf(line, "%15s %299s %llu %llu %llu", cmd, peer, &addr, &len, &n) != 5 || len == 0 ||
+        len > rw->len || n == 0 || n > 1024)
+        return "ERR bad pull";
+    ote_segment_t *seg = NULL;
+    ote_batch_t *b = NULL;
+    ote_status_t st = ote_segment_open(e, peer, &seg);
+    if (st == OTE_OK) st = ote_batch_create(e, n, &b);
+    for (unsigned long long i = 0; st == OTE_OK && i < n; i++) {
+        ote_request_t r = {OTE_READ, rw->p, seg, addr, len};
+        st = ote_batch_submit(b, &r, 1);
+    }
+    if (st != OTE_OK) {
+        snprintf(reply, sizeof(reply), "ST %d", st);
+        return reply;
+    }
+    return "STARTED";
 }
 
 int main(int argc, char **argv) {
@@ -92,6 +125,36 @@ int main(int argc, char **argv) {
                 msg[len] = '\0';
                 printf("NOTE %zu %s SUM %016" PRIx64 " FROM %s\n", len, msg, h, from);
             }
+        } else if (strcmp(cmd, "recvunreg") == 0 && sscanf(line, "%15s %llu", cmd, &a) == 2) {
+            char msg[OTE_NOTIFY_MAX];
+            size_t len = 0;
+            st = ote_notify_recv(e, msg, sizeof(msg), &len, NULL, 0, a * 1000000ull);
+            ote_status_t ust = st == OTE_OK ? ote_memory_unregister(e, bufs[0].p) : OTE_OK;
+            printf("ST %d %d\n", st, ust);
+        } else if (strcmp(cmd, "unregloop") == 0 && sscanf(line, "%15s %llu", cmd, &a) == 2) {
+            unsigned long long ok = 0, busy = 0;
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            do {
+                st = ote_memory_unregister(e, bufs[0].p);
+                if (st == OTE_OK) {
+                    ok++;
+                    if (ote_memory_register(e, bufs[0].p, bufs[0].len, bufs[0].perms) != OTE_OK)
+                        return 8;
+                } else {
+                    busy++;
+                }
+                struct timespec pause = {0, 200 * 1000}; /* let the engine's workers run */
+                nanosleep(&pause, NULL);
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+            } while ((unsigned long long)(t1.tv_sec - t0.tv_sec) * 1000ull +
+                         (unsigned long long)(t1.tv_nsec / 1000000) <
+                     a + (unsigned long long)(t0.tv_nsec / 1000000));
+            printf("ST %llu %llu\n", ok, busy);
+        } else if (strcmp(cmd, "rereg") == 0 && bf) {
+            printf("ST %d\n", ote_memory_register(e, bf->p, bf->len, bf->perms));
+        } else if (strcmp(cmd, "pull") == 0) {
+            printf("%s\n", pull(e, line, &bufs[0]));
         } else {
             printf("ERR bad command\n");
         }

@@ -78,8 +78,8 @@ std::vector<uint8_t> Hello() {
     ote_ctl_msg_t m = {};
     m.version = 1;
     m.opcode = OTE_CTL_HELLO;
-    m.u.hello.min_version = OTE_CTL_VERSION_MIN;
-    m.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    m.u.hello.min_version = 1; /* this raw client speaks version 1 only */
+    m.u.hello.max_version = 1;
     m.u.hello.role = 2;
     m.u.hello.addr = kAddr;
     m.u.hello.addr_len = sizeof(kAddr) - 1;

@@ -51,7 +51,10 @@ typedef struct ote_batch ote_batch_t;
  *   connect_timeout_ms   deadline of a connection attempt and handshake (default 5000).
  *   verbs_provider       "sim" or "rdma-core" (transport=rdma).
  *   rdma_device          device name to pin (transport=rdma; default: automatic).
- *   log_level            error|warn|info|debug|trace.
+ *   log_level            error|warn|info|debug|trace. A WARN that an event can repeat
+ *                        per slice or per grant (a refused request, a failed grant, a
+ *                        dead peer's windows) is logged once per event, at most once a
+ *                        second per kind, the next line saying how many were swallowed.
  * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
  * with ote_config_set() wins over the environment.
  */
@@ -78,7 +81,30 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
  * OTE_ERR_EXISTS: each byte has exactly one registration and one set of permissions.
  * Unregister takes the start address given at registration and is refused with
  * OTE_ERR_BUSY while a transfer uses the range.
+ *
+ * When a peer's transfer uses the range (what a user can rely on):
+ *  - The source checks a peer's request as a whole, its entire remote range against one
+ *    registration and its permission, before the request's first byte moves (TCP: on
+ *    every slice, each of which names its request's range; RDMA: on every grant). A
+ *    request that is partly outside a registration, or lacks the permission, is refused
+ *    with OTE_ERR_ACCESS on every slice: no byte of it is read or written here.
+ *  - The range is pinned once per request, on both transports: from the arrival of the
+ *    request's first slice (TCP) or grant (RDMA) until its last byte is served, refused,
+ *    or written off by the requester's cancel, or until the requester's connections
+ *    close. While that holds, unregister is BUSY: it can succeed between two requests,
+ *    never inside one, so a request is either served whole or refused whole
+ *    (OTE_ERR_ACCESS, no byte moved).
+ *  - Free again: when the requester sees a request COMPLETED (or receives a notification
+ *    attached to its batch), the source's last release may still be in flight (RDMA: the
+ *    receipt is processed by the source after the requester's completion). Unregister
+ *    therefore waits up to OTE_UNREGISTER_WAIT_MS for the pins of the range to drop
+ *    before it answers OTE_ERR_BUSY: an unregister on such a signal succeeds.
+ *  - A requester that dies releases its pins at once on both transports: TCP when its
+ *    connections close; RDMA when its control connection closes (its windows are
+ *    invalidated by moving their QPs to the error state first). Only a requester that
+ *    stays connected but stops making progress holds them until transfer_timeout_ms.
  */
+#define OTE_UNREGISTER_WAIT_MS 100
 #define OTE_PERM_READ 0x1u
 #define OTE_PERM_WRITE 0x2u
 ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
@@ -131,10 +157,36 @@ ote_status_t ote_batch_submit(ote_batch_t *batch, const ote_request_t *reqs, siz
 ote_status_t ote_batch_status(ote_batch_t *batch, size_t index, ote_transfer_status_t *status_out);
 /* Wait until every submitted request has ended or timeout_ns passes. Returns OTE_OK when
  * all COMPLETED, OTE_ERR_TIMEOUT when some are still pending at the timeout (they go on),
- * else the error of the first request that did not complete. */
+ * else the error of the first request that did not complete.
+ *
+ * Statuses a request can end with, each request-scope and from its first cause (never
+ * from the cleanup that followed it):
+ *   OTE_ERR_ACCESS       the peer refused the request as a whole (outside a registration,
+ *                        or without the permission); no byte of it moved.
+ *   OTE_ERR_PEER_LOST    the peer died or its connection broke (on RDMA also: the queue
+ *                        pair to it broke). The request may have moved part of its bytes
+ *                        (bytes_done says how many were proven done); retry on a peer
+ *                        that is up. Within transfer_timeout_ms of the death, usually at
+ *                        once (TCP: when the connection resets; RDMA: within about
+ *                        0.5 s over verbs/sim).
+ *   OTE_ERR_CANCELED     only after ote_batch_cancel on this batch; never for a peer's
+ *                        death or a broken connection.
+ *   OTE_ERR_TIMEOUT      transfer_timeout_ms passed (the peer is alive but stuck).
+ *   OTE_ERR_FENCED, OTE_ERR_PORT_DOWN, OTE_ERR_NO_DEVICE (RDMA): this engine's own device
+ *                        or port failed; never used for a peer's death.
+ *   OTE_ERR_REMOTE, OTE_ERR_REMOTE_ACCESS: the peer failed the request for a reason of
+ *                        its own (logged there). */
 ote_status_t ote_batch_wait(ote_batch_t *batch, uint64_t timeout_ns);
 /* Cancel every pending request. Returns at once; in-flight slices end before their
- * request reports CANCELED, and no byte outside the requested ranges is touched. */
+ * request reports CANCELED, and no byte outside the requested ranges is touched.
+ * What is stopped, on both transports and for READ and WRITE: every slice not yet on the
+ * wire. WRITE: slices not yet handed to the socket (TCP) or not yet posted (RDMA) are
+ * never sent. READ: slices whose data the source has not started to send are withdrawn
+ * from the source (TCP: a CANCEL frame; the source answers them without data and drops
+ * its pins) or never requested (RDMA: grants stop before posting). Slices already on the
+ * wire complete. A canceled request ends CANCELED with bytes_done counting the bytes
+ * proven moved (it may be COMPLETED if every slice was already on the wire); the source
+ * releases a canceled request's pins as soon as its last moving slice ends. */
 ote_status_t ote_batch_cancel(ote_batch_t *batch);
 /* Forget all finished requests so the batch can be reused; OTE_ERR_BUSY if any pending. */
 ote_status_t ote_batch_reset(ote_batch_t *batch);

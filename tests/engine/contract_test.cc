@@ -1,0 +1,286 @@
+// Request-level contracts of <ote/ote.h>, end to end between two processes, on TCP and on
+// RDMA over verbs/sim (each test runs for both): a request partly outside a registration
+// moves no byte; a peer killed mid-batch ends every unfinished request OTE_ERR_PEER_LOST
+// (never CANCELED or FENCED); cancel stops WRITE and READ work not on the wire yet; a
+// requester that dies releases the source's pins at once; a range is free to unregister
+// the moment the requester saw COMPLETED (its notification arrived); and none of this
+// floods the log. Each test prints the figure it observed ("[ figures ]" lines).
+#include <gtest/gtest.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/engine/e2e_fixture.h"
+
+extern "C" {
+#include "base/time.h"
+#include "ote/ote.h"
+#include "tests/engine/pattern.h"
+}
+
+namespace {
+
+using ote_test::kMs;
+using ote_test::kSec;
+
+ote_test::TargetSession SessionFor(bool rdma) {
+    ote_test::TargetSession s;
+    s.rw_size = 64ull << 20;
+    s.target_env = {"OTE_TRANSFER_TIMEOUT_MS=30000"};
+    if (rdma) {
+        for (const auto &kv : ote_test::kRdmaTargetEnv) s.target_env.push_back(kv);
+        s.config = {
+            {"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "30000"}};
+    } else {
+        s.config = {{"transfer_timeout_ms", "30000"}};
+    }
+    s.wait_ns = 120 * kSec;
+    return s;
+}
+
+class ContractTest : public ote_test::TargetE2eTest, public ::testing::WithParamInterface<bool> {
+  protected:
+    ContractTest() : TargetE2eTest(SessionFor(GetParam())) {}
+    const char *Tp() const { return GetParam() ? "rdma" : "tcp"; }
+    size_t Warns() {
+        size_t n = 0;
+        for (const auto &l : Logs())
+            if (!l.empty() && l[0] == 'W') n++;
+        return n;
+    }
+    // Submit n requests of len bytes (op) at rw + (i % spread) * len from one local buffer.
+    ote_batch_t *Submit(ote_opcode_t op, uint8_t *local, size_t len, int n, int spread) {
+        ote_batch_t *b = nullptr;
+        EXPECT_EQ(ote_batch_create(engine_, n, &b), OTE_OK);
+        if (b == nullptr) return nullptr;
+        std::vector<ote_request_t> r;
+        for (int i = 0; i < n; i++)
+            r.push_back({op, local, seg_, target_.rw + (i % spread) * len, len});
+        EXPECT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
+        return b;
+    }
+};
+
+// Point 2: the source checks the whole request before its first byte moves.
+TEST_P(ContractTest, RequestPartlyOutsideARegistrationMovesNoByte) {
+    size_t inside = 3u << 20, len = inside + (64u << 10); // the last 64 KiB run past rw
+    uint64_t off = target_.rw_len - inside;
+    std::vector<uint8_t> buf(len, 0x5A);
+    uint64_t before = target_.Hash("rw", off, inside);
+    size_t w0 = Warns();
+    ote_transfer_status_t ts;
+    EXPECT_NE(Transfer(OTE_WRITE, buf.data(), target_.rw + off, len, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_ACCESS);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    EXPECT_EQ(target_.Hash("rw", off, inside), before) << "a refused WRITE wrote into the target";
+    std::vector<uint8_t> dst(len, 0xEE);
+    EXPECT_NE(Transfer(OTE_READ, dst.data(), target_.rw + off, len, &ts), OTE_OK);
+    EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_ACCESS);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    size_t touched = 0;
+    for (uint8_t c : dst) touched += c != 0xEE;
+    EXPECT_EQ(touched, 0u) << "a refused READ brought bytes here";
+    // Permission: a 3 MiB WRITE that starts in the write-only buffer and is refused there
+    // as a whole (ro is READ-only: a WRITE into it fails before a byte moves).
+    std::vector<uint8_t> small(2u << 20, 0x11);
+    uint64_t ro_before = target_.Hash("ro", 0, target_.ro_len);
+    EXPECT_EQ(ote_status_code(Transfer(OTE_WRITE, small.data(), target_.ro, small.size(), &ts)),
+              OTE_ERR_ACCESS);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    EXPECT_EQ(target_.Hash("ro", 0, target_.ro_len), ro_before);
+    size_t warns = Warns() - w0;
+    std::printf("[ figures ] %s: refused requests: %zu WARN line(s) here for 3 refused requests\n",
+                Tp(), warns);
+    EXPECT_LE(warns, 3u) << "refusals flood the log";
+    RoundTrip(4096, 0, 0, 5); // the segment still works
+}
+
+// Point 1: one pin per request at the source. The target unregisters its buffer again
+// and again (registering it again after each success) while WRITEs into it run: an
+// unregister may succeed between requests, never inside one, so every request either
+// completes or is refused as a whole (OTE_ERR_ACCESS with no byte moved).
+TEST_P(ContractTest, UnregisterNeverSucceedsInsideARequest) {
+    constexpr int kN = 16;
+    size_t len = 16u << 20;
+    std::vector<uint8_t> src(len, 5);
+    ASSERT_TRUE(target_.Send("unregloop 1500"));
+    int completed = 0, refused = 0;
+    for (int round = 0; round < 4; round++) {
+        ote_batch_t *b = Submit(OTE_WRITE, src.data(), len, kN, 4);
+        ASSERT_NE(b, nullptr);
+        (void)ote_batch_wait(b, 120 * kSec);
+        for (int i = 0; i < kN; i++) {
+            ote_transfer_status_t ts;
+            ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+            if (ts.state == OTE_TRANSFER_COMPLETED) {
+                completed++;
+                continue;
+            }
+            EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED) << round << " " << i;
+            EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_ACCESS) << round << " " << i;
+            EXPECT_EQ(ts.bytes_done, 0u) << "request " << i << " of round " << round
+                                         << " was cut in the middle by an unregister";
+            refused++;
+        }
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    std::string reply = target_.Reply(30000);
+    std::printf(
+        "[ figures ] %s: unregister loop during 4 x %d x 16 MiB WRITEs: %s (ok, busy); "
+        "%d completed, %d refused whole\n",
+        Tp(), kN, reply.c_str(), completed, refused);
+    EXPECT_EQ(reply.rfind("ST ", 0), 0u) << reply;
+}
+
+// Point 3: peer death is reported as OTE_ERR_PEER_LOST, request-scope, from the first cause.
+TEST_P(ContractTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
+    constexpr int kN = 128;
+    size_t len = 4u << 20;
+    std::vector<uint8_t> src(len, 3);
+    size_t w0 = Warns();
+    ote_batch_t *b = Submit(OTE_WRITE, src.data(), len, kN, 16);
+    ASSERT_NE(b, nullptr);
+    // Let the first request finish (data is moving), then kill the target.
+    ote_deadline_t dl = ote_deadline_after(20 * kSec);
+    ote_transfer_status_t ts{};
+    while (ote_batch_status(b, 0, &ts) == OTE_OK && ts.state == OTE_TRANSFER_PENDING &&
+           !ote_deadline_expired(dl))
+        usleep(200);
+    target_.Kill();
+    uint64_t t0 = ote_now_ns();
+    ote_status_t st = ote_batch_wait(b, 60 * kSec);
+    uint64_t took = ote_now_ns() - t0;
+    ASSERT_NE(ote_status_code(st), OTE_ERR_TIMEOUT) << "requests still pending 60 s after the kill";
+    int lost = 0, done = 0;
+    for (int i = 0; i < kN; i++) {
+        ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+        if (ts.state == OTE_TRANSFER_COMPLETED) {
+            done++;
+            continue;
+        }
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED) << i;
+        EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_PEER_LOST)
+            << i << ": " << ote_status_str(ts.error);
+        lost++;
+    }
+    if (lost > 0) {
+        EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
+    }
+    EXPECT_LT(took, 25 * kSec) << "peer death waited for the transfer timeout (30 s)";
+    size_t warns = Warns() - w0;
+    std::printf(
+        "[ figures ] %s: SIGKILL mid-batch: %d of %d requests PEER_LOST (%d completed) "
+        "%.1f ms after the kill; %zu WARN line(s) here\n",
+        Tp(), lost, kN, done, took / 1e6, warns);
+    EXPECT_LE(warns, 20u) << "peer death floods the log";
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+}
+
+// Point 4: cancel stops what is not on the wire yet, for WRITE and for READ.
+TEST_P(ContractTest, CancelStopsWriteAndReadWorkNotOnTheWire) {
+    constexpr int kN = 32;
+    size_t len = 16u << 20;
+    std::vector<uint8_t> local(len, 7);
+    for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
+        const char *name = op == OTE_WRITE ? "WRITE" : "READ";
+        ote_batch_t *b = Submit(op, local.data(), len, kN, 4);
+        ASSERT_NE(b, nullptr);
+        uint64_t t0 = ote_now_ns();
+        ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
+        ote_status_t st = ote_batch_wait(b, 120 * kSec);
+        uint64_t took = ote_now_ns() - t0;
+        ASSERT_NE(ote_status_code(st), OTE_ERR_TIMEOUT) << name;
+        int canceled = 0, completed = 0;
+        for (int i = 0; i < kN; i++) {
+            ote_transfer_status_t ts;
+            ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+            if (ts.state == OTE_TRANSFER_COMPLETED) {
+                EXPECT_EQ(ts.bytes_done, len);
+                completed++;
+                continue;
+            }
+            EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << name << " " << i;
+            EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_CANCELED) << name << " " << i;
+            EXPECT_LT(ts.bytes_done, len) << name << " " << i;
+            canceled++;
+        }
+        std::printf(
+            "[ figures ] %s: cancel just after submit: %d of %d %s requests CANCELED, "
+            "%d completed, batch ended %.1f ms after the cancel\n",
+            Tp(), canceled, kN, name, completed, took / 1e6);
+        EXPECT_GT(canceled, 0) << name << ": cancel reached nothing";
+        if (canceled > 0) {
+            EXPECT_EQ(ote_status_code(st), OTE_ERR_CANCELED) << name;
+        }
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    RoundTrip((1u << 20) + 3, 100, 1, 9); // the segment still works, every byte right
+}
+
+// Point 5: a requester that dies releases what it pinned at the source at once.
+TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
+    size_t len = 64u << 20, piece = 16u << 20;
+    void *mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mem, MAP_FAILED);
+    memset(mem, 9, len);
+    ASSERT_EQ(ote_memory_register(engine_, mem, len, OTE_PERM_READ), OTE_OK);
+    // The target becomes a requester: 64 READs of 16 MiB from this engine's buffer.
+    std::string cmd = "pull " + ote_test::EngineAddress(engine_) + " " +
+                      std::to_string((uintptr_t)mem) + " " + std::to_string(piece) + " 64";
+    ASSERT_EQ(target_.Command(cmd), "STARTED");
+    usleep(20 * 1000);
+    ASSERT_TRUE(target_.Stop()); // it can no longer make progress: its pins stay
+    EXPECT_EQ(ote_memory_unregister(engine_, mem), OTE_ERR_BUSY) << "nothing was pinned";
+    target_.Kill();
+    uint64_t t0 = ote_now_ns();
+    ote_status_t st = OTE_ERR_BUSY;
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while ((st = ote_memory_unregister(engine_, mem)) == OTE_ERR_BUSY && !ote_deadline_expired(dl))
+        usleep(1000);
+    uint64_t took = ote_now_ns() - t0;
+    EXPECT_EQ(st, OTE_OK);
+    std::printf(
+        "[ figures ] %s: requester SIGKILLed mid-READ: source pin released %.1f ms "
+        "after the kill (transfer_timeout 30000 ms)\n",
+        Tp(), took / 1e6);
+    EXPECT_LT(took, 15 * kSec) << "the pins waited for the transfer timeout";
+    if (st != OTE_OK) (void)ote_memory_unregister(engine_, mem);
+    munmap(mem, len);
+}
+
+// Point 6: a range is free again once the requester saw COMPLETED: the target unregisters
+// the moment the batch's notification arrives, and that succeeds every time.
+TEST_P(ContractTest, UnregisterOnTheNotificationSucceeds) {
+    size_t len = 8u << 20;
+    std::vector<uint8_t> src(len);
+    ote_pattern_fill(src.data(), len, 77, 0);
+    for (int round = 0; round < 5; round++) {
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(engine_, 4, &b), OTE_OK);
+        ASSERT_TRUE(target_.Send("recvunreg 30000"));
+        std::vector<ote_request_t> r;
+        for (int i = 0; i < 4; i++)
+            r.push_back({i % 2 ? OTE_READ : OTE_WRITE, src.data(), seg_,
+                         target_.rw + (uint64_t)i * len, len});
+        ASSERT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
+        ASSERT_EQ(ote_batch_notify(b, seg_, "done", 4), OTE_OK);
+        ASSERT_EQ(ote_batch_wait(b, 60 * kSec), OTE_OK);
+        EXPECT_EQ(target_.Reply(), "ST 0 0") << "round " << round;
+        EXPECT_EQ(target_.Command("rereg rw"), "ST 0");
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ContractTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool> &i) {
+                             return std::string(i.param ? "Rdma" : "Tcp");
+                         });
+
+} // namespace
