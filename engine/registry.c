@@ -82,8 +82,7 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
     }
     /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
      * failure leaves nothing registered. NULL for transports that need none (tcp). */
-    if (st == OTE_OK && e->tp->ops->mem_register != NULL)
-        st = e->tp->ops->mem_register(e->tp, addr, len, perms);
+    if (st == OTE_OK) st = ote__router_mem_register(e, addr, len, perms);
     if (st == OTE_OK) {
         size_t at = (size_t)(i + 1);
         memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
@@ -112,8 +111,7 @@ ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
         st = OTE_ERR_NOT_FOUND;
     } else if (atomic_load(&e->regs[i]->inuse) > 0) {
         st = OTE_ERR_BUSY;
-    } else if (e->tp->ops->mem_unregister != NULL &&
-               (st = e->tp->ops->mem_unregister(e->tp, addr)) != OTE_OK) {
+    } else if ((st = ote__router_mem_unregister(e, addr)) != OTE_OK) {
         /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {
         victim = e->regs[i];

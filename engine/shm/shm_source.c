@@ -1,0 +1,195 @@
+/*
+ * engine/shm/shm_source.c - the source side of the same-host transport: one thread per
+ * accepted requester answers its HELLO (credentials from SO_PEERCRED, the
+ * cross-memory-attach probe) and then serves its REQS: every request is checked against
+ * the engine's registrations and permissions (host->pin) before any byte moves, then
+ * copied by this thread with process_vm_readv / process_vm_writev. Design:
+ * shm_internal.h.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "engine/control/ctl.h"
+#include "engine/shm/shm_internal.h"
+#include "ote/ote.h"
+
+/* Wait until fd is readable; 1 ready, 0 stop requested, -1 deadline passed. */
+static int wait_in(shm_src_t *s, ote_deadline_t dl) {
+    for (;;) {
+        if (atomic_load(&s->tp->stop)) return 0;
+        if (dl != 0 && ote_deadline_expired(dl)) return -1;
+        struct pollfd p = {.fd = s->fd, .events = POLLIN};
+        int r = poll(&p, 1, 100);
+        if (r > 0) return 1;
+    }
+}
+
+/* Still connected: no hangup and no EOF pending from the requester. */
+static int requester_alive(shm_src_t *s) {
+    struct pollfd p = {.fd = s->fd, .events = POLLRDHUP};
+    return !(poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
+}
+
+static ote_status_t send_msg(shm_src_t *s, const void *buf, size_t len) {
+    ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    for (;;) {
+        ssize_t r = send(s->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r == (ssize_t)len) return OTE_OK;
+        if (r >= 0 || (errno != EAGAIN && errno != EINTR)) return OTE_ERR_PEER_LOST;
+        struct pollfd p = {.fd = s->fd, .events = POLLOUT};
+        if (ote_deadline_expired(dl) || atomic_load(&s->tp->stop)) return OTE_ERR_TIMEOUT;
+        (void)poll(&p, 1, 100);
+    }
+}
+
+/* The handshake: 0 when the requester is served, -1 when refused or gone. */
+static int src_hello(shm_src_t *s) {
+    shm_tp_t *tp = s->tp;
+    shm_hello_t h;
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    if (wait_in(s, dl) != 1) return -1;
+    ssize_t n = recv(s->fd, &h, sizeof(h), MSG_DONTWAIT);
+    if (n != (ssize_t)sizeof(h) || h.h.magic != SHM_MAGIC || h.h.kind != SHM_HELLO) {
+        OTE_WARN("shm", "connection from pid %d did not begin with a HELLO: closing", (int)s->pid);
+        return -1;
+    }
+    h.addr[sizeof(h.addr) - 1] = '\0';
+    snprintf(s->from, sizeof(s->from), "%s", h.addr);
+    shm_hello_ack_t a;
+    memset(&a, 0, sizeof(a));
+    a.h.magic = SHM_MAGIC;
+    a.h.version = SHM_VERSION;
+    a.h.kind = SHM_HELLO_ACK;
+    a.max_slice = SHM_MAX_SLICE;
+    if (h.h.version != SHM_VERSION) {
+        a.status = OTE_ERR_VERSION;
+        snprintf(a.text, sizeof(a.text), "shm protocol version %u, the source speaks %u",
+                 h.h.version, SHM_VERSION);
+    } else if (s->uid != getuid()) {
+        a.status = OTE_ERR_UNSUPPORTED;
+        snprintf(a.text, sizeof(a.text),
+                 "requester uid %u differs from the source's uid %u: no cross-memory attach",
+                 (unsigned)s->uid, (unsigned)getuid());
+    } else {
+        /* The probe: read the requester's cookie where it says it is. */
+        uint64_t v = 0;
+        struct iovec l = {&v, sizeof(v)}, r = {(void *)(uintptr_t)h.probe_addr, sizeof(v)};
+        ssize_t got = process_vm_readv(s->pid, &l, 1, &r, 1, 0);
+        if (got != (ssize_t)sizeof(v) || v != h.probe_val) {
+            a.status = OTE_ERR_UNSUPPORTED;
+            snprintf(a.text, sizeof(a.text), "cross-memory attach to pid %d refused: %s",
+                     (int)s->pid, got < 0 ? strerror(errno) : "wrong cookie");
+        }
+    }
+    if (send_msg(s, &a, sizeof(a)) != OTE_OK) return -1;
+    if (a.status != OTE_OK) {
+        OTE_INFO("shm", "refused requester pid %d (%s): %s", (int)s->pid, s->from, a.text);
+        return -1;
+    }
+    OTE_DEBUG("shm", "serving requester pid %d uid %u (%s)", (int)s->pid, (unsigned)s->uid,
+              s->from);
+    return 0;
+}
+
+/* Copy one checked request; OTE_ERR_PEER_LOST when the requester went away meanwhile. */
+static ote_status_t src_copy(shm_src_t *s, const shm_req_t *q) {
+    uint8_t *mine = (uint8_t *)(uintptr_t)q->remote;
+    uint64_t theirs = q->local;
+    uint32_t left = q->len;
+    while (left > 0) {
+        size_t n = left < SHM_CHUNK ? left : SHM_CHUNK;
+        struct iovec l = {mine, n}, r = {(void *)(uintptr_t)theirs, n};
+        ssize_t got = q->op == OTE__SLICE_WRITE ? process_vm_readv(s->pid, &l, 1, &r, 1, 0)
+                                                : process_vm_writev(s->pid, &l, 1, &r, 1, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && errno == ESRCH) return OTE_ERR_PEER_LOST;
+        if (got <= 0) return OTE_ERR_INVALID; /* the requester's own buffer is not mapped */
+        mine += got;
+        theirs += (uint64_t)got;
+        left -= (uint32_t)got;
+        if (left > 0 && !requester_alive(s)) return OTE_ERR_PEER_LOST;
+    }
+    return OTE_OK;
+}
+
+static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
+    uint8_t msg[OTE_CTL_MAX_NOTIFY];
+    if (q->len > sizeof(msg)) return OTE_ERR_TOO_BIG;
+    struct iovec l = {msg, q->len}, r = {(void *)(uintptr_t)q->local, q->len};
+    if (q->len > 0 && process_vm_readv(s->pid, &l, 1, &r, 1, 0) != (ssize_t)q->len)
+        return OTE_ERR_INVALID;
+    return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
+}
+
+/* Serve one request: check, copy, unpin. */
+static ote_status_t src_serve(shm_src_t *s, const shm_req_t *q) {
+    const ote__host_t *host = &s->tp->host;
+    if (q->op == OTE__SLICE_NOTIFY) return src_notify(s, q);
+    if (q->op != OTE__SLICE_WRITE && q->op != OTE__SLICE_READ) return OTE_ERR_INVALID;
+    if (q->len > SHM_MAX_SLICE) return OTE_ERR_TOO_BIG;
+    unsigned perm = q->op == OTE__SLICE_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
+    void *pin = NULL;
+    ote_status_t st = host->pin(host->arg, q->remote, q->len, perm, &pin);
+    if (st != OTE_OK) {
+        OTE_DEBUG("shm", "%s of %u bytes at 0x%llx from %s refused: %s",
+                  q->op == OTE__SLICE_WRITE ? "WRITE" : "READ", q->len,
+                  (unsigned long long)q->remote, s->from, ote_status_str(st));
+        return ote_status_code(st) == OTE_ERR_ACCESS ? OTE_ERR_ACCESS : st;
+    }
+    st = src_copy(s, q);
+    host->unpin(host->arg, pin);
+    return st;
+}
+
+void *ote__shm_src_main(void *arg) {
+    shm_src_t *s = arg;
+    union {
+        shm_hdr_t h;
+        uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
+    } in;
+    union {
+        shm_hdr_t h;
+        uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t)];
+    } out;
+    if (src_hello(s) != 0) goto out_done;
+    for (;;) {
+        int w = wait_in(s, 0);
+        if (w != 1) break;
+        ssize_t n = recv(s->fd, in.b, sizeof(in.b), MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        if (n <= 0) break; /* the requester closed or died */
+        if ((size_t)n < sizeof(shm_hdr_t) || in.h.magic != SHM_MAGIC || in.h.kind != SHM_REQS ||
+            in.h.n > SHM_BATCH_MAX || (size_t)n != sizeof(shm_hdr_t) + in.h.n * sizeof(shm_req_t)) {
+            OTE_WARN("shm", "malformed message from %s (pid %d): closing", s->from, (int)s->pid);
+            break;
+        }
+        const shm_req_t *reqs = (const shm_req_t *)(in.b + sizeof(shm_hdr_t));
+        shm_resp_t *resps = (shm_resp_t *)(out.b + sizeof(shm_hdr_t));
+        uint32_t nr = 0, cnt = in.h.n;
+        int lost = 0;
+        for (uint32_t i = 0; i < cnt && !lost; i++) {
+            ote_status_t st = src_serve(s, &reqs[i]);
+            if (st == OTE_ERR_PEER_LOST) lost = 1;
+            resps[nr].id = reqs[i].id;
+            resps[nr].status = (int32_t)st;
+            resps[nr].pad = 0;
+            nr++;
+            /* Answer big copies at once so the requester's window refills meanwhile. */
+            int flush = i + 1 == cnt || reqs[i].len >= SHM_CHUNK;
+            if (!flush || lost) continue;
+            out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, nr, 0};
+            if (send_msg(s, out.b, sizeof(shm_hdr_t) + nr * sizeof(shm_resp_t)) != OTE_OK) lost = 1;
+            nr = 0;
+        }
+        if (lost) break;
+    }
+out_done:
+    atomic_store(&s->done, 1);
+    return NULL;
+}
