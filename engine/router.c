@@ -87,11 +87,11 @@ static void build_info(ote_engine_t *e) {
     ns_ino("user", user, sizeof(user));
     ns_ino("pid", pidn, sizeof(pidn));
     ns_ino("mnt", mnt, sizeof(mnt));
-    size_t o = (size_t)snprintf(
-        e->info, sizeof(e->info), "transports=%s;boot=%s%.32s;netns=%s;userns=%s;pidns=%s;mntns=%s;"
-                                  "uid=%u;pid=%d",
-        e->cfg.transports, boot, suffix ? suffix : "", net, user, pidn, mnt, (unsigned)getuid(),
-        (int)getpid());
+    size_t o = (size_t)snprintf(e->info, sizeof(e->info),
+                                "transports=%s;boot=%s%.32s;netns=%s;userns=%s;pidns=%s;mntns=%s;"
+                                "uid=%u;pid=%d",
+                                e->cfg.transports, boot, suffix ? suffix : "", net, user, pidn, mnt,
+                                (unsigned)getuid(), (int)getpid());
     for (size_t i = 0; i < e->ntps && o + 2 < sizeof(e->info); i++) {
         char adv[256] = "";
         if (e->tps[i]->ops->advert == NULL ||
@@ -193,7 +193,8 @@ static ote_status_t wait_fd(int fd, short events, ote_deadline_t dl) {
 
 static ote_status_t xfer_all(int fd, uint8_t *b, size_t len, int out, ote_deadline_t dl) {
     while (len > 0) {
-        ssize_t r = out ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
+        ssize_t r =
+            out ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
         if (r > 0) {
             b += r;
             len -= (size_t)r;
@@ -201,7 +202,8 @@ static ote_status_t xfer_all(int fd, uint8_t *b, size_t len, int out, ote_deadli
         }
         if (r == 0) return OTE_ERR_PEER_LOST;
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return ote_status_make(OTE_ERR_PEER_LOST, errno);
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return ote_status_make(OTE_ERR_PEER_LOST, errno);
         ote_status_t st = wait_fd(fd, out ? POLLOUT : POLLIN, dl);
         if (st != OTE_OK) return st;
     }
@@ -303,13 +305,12 @@ ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_
         if (tp == NULL) continue; /* the listener of an shm-only engine is not in its list */
         if (plist[0] ? !list_has(plist, tname) : strcmp(tname, "shm") == 0) continue;
         ote__tpeer_t *tpeer = NULL;
-        ote_status_t ost = tp->ops->peer_open_info
-                               ? tp->ops->peer_open_info(tp, peer, info, &tpeer)
-                               : tp->ops->peer_open(tp, peer, &tpeer);
+        ote_status_t ost = tp->ops->peer_open_info ? tp->ops->peer_open_info(tp, peer, info, &tpeer)
+                                                   : tp->ops->peer_open(tp, peer, &tpeer);
         if (ost == OTE_ERR_UNSUPPORTED) continue;
         if (ost == OTE_OK) {
-            OTE_INFO("engine", "segment %s: transport %s (this engine offers %s, the peer %s)", peer,
-                     tname, e->cfg.transports, plist[0] ? plist : "an unknown list");
+            OTE_INFO("engine", "segment %s: transport %s (this engine offers %s, the peer %s)",
+                     peer, tname, e->cfg.transports, plist[0] ? plist : "an unknown list");
             *tp_out = tp;
             *name_out = tname;
             *peer_out = tpeer;

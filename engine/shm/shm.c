@@ -70,7 +70,8 @@ static void accept_one(shm_tp_t *tp) {
     int fd = accept4(tp->lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-            OTE_WARN("shm", "accept on %s failed: %s; retrying in 100 ms", tp->sock, strerror(errno));
+            OTE_WARN("shm", "accept on %s failed: %s; retrying in 100 ms", tp->sock,
+                     strerror(errno));
             struct timespec ts = {0, 100000000};
             nanosleep(&ts, NULL);
         }

@@ -71,9 +71,13 @@
 
 #define SHM_MAGIC 0x4d48534fu /* "OSHM" */
 #define SHM_VERSION 1
-#define SHM_BATCH_MAX 64          /* requests per REQS message */
-#define SHM_WINDOW 256            /* slices in flight per peer */
+#define SHM_BATCH_MAX 64            /* requests per REQS message */
+#define SHM_WINDOW 256              /* slices in flight per peer */
 #define SHM_WINDOW_BYTES (8u << 20) /* bytes in flight per peer (one slice always may go) */
+/* Payload bytes named by one REQS message (at least one request): the source answers per
+ * message, so large slices travel one per message and the window refills while the
+ * source copies the next. */
+#define SHM_MSG_BYTES (1u << 20)
 #define SHM_CHUNK (4u << 20)      /* bytes copied between liveness checks */
 #define SHM_MAX_SLICE (64u << 20) /* largest slice a source accepts (as TCP's max_data) */
 #define SHM_SOCK_MAX 100          /* abstract socket name, without its leading NUL */

@@ -160,7 +160,8 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
         ote__slice_t *s = p->qh, *last = NULL;
         uint64_t bytes = 0;
         while (s && n < SHM_BATCH_MAX && p->nflight + n < SHM_WINDOW &&
-               (n == 0 || p->flight_bytes + bytes + s->len <= SHM_WINDOW_BYTES)) {
+               (n == 0 || (p->flight_bytes + bytes + s->len <= SHM_WINDOW_BYTES &&
+                           bytes + s->len <= SHM_MSG_BYTES))) {
             ote__slice_t *next = s->next;
             if (s->canceled && atomic_load(s->canceled)) { /* never sent: drop it */
                 if (last) last->next = next;
@@ -171,8 +172,8 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                 continue;
             }
             s->xp.shm.id = p->next_id + n;
-            r[n] = (shm_req_t){s->xp.shm.id, s->remote, (uint64_t)(uintptr_t)s->local, s->len,
-                               s->op, 0};
+            r[n] = (shm_req_t){s->xp.shm.id, s->remote, (uint64_t)(uintptr_t)s->local,
+                               s->len,       s->op,     0};
             n++;
             bytes += s->len;
             last = s;
@@ -396,7 +397,8 @@ ote_status_t ote__shm_peer_ensure(ote__tpeer_t *tpeer) {
         st = peer_relearn(p);
         if (st == OTE_OK) st = peer_start(p);
         if (st == OTE_ERR_UNSUPPORTED) st = OTE_ERR_CONNECT; /* no shm source there now */
-        if (st == OTE_OK) OTE_INFO("shm", "peer %s: reconnected (pid %d)", p->addr, (int)p->src_pid);
+        if (st == OTE_OK)
+            OTE_INFO("shm", "peer %s: reconnected (pid %d)", p->addr, (int)p->src_pid);
     }
     ote_mutex_unlock(&p->ensure_mu);
     return st;

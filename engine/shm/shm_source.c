@@ -127,24 +127,74 @@ static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
     return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
 }
 
-/* Serve one request: check, copy, unpin. */
-static ote_status_t src_serve(shm_src_t *s, const shm_req_t *q) {
+/* Check one data request against the registrations and pin its range. */
+static ote_status_t src_check(shm_src_t *s, const shm_req_t *q, void **pin_out) {
     const ote__host_t *host = &s->tp->host;
-    if (q->op == OTE__SLICE_NOTIFY) return src_notify(s, q);
     if (q->op != OTE__SLICE_WRITE && q->op != OTE__SLICE_READ) return OTE_ERR_INVALID;
     if (q->len > SHM_MAX_SLICE) return OTE_ERR_TOO_BIG;
     unsigned perm = q->op == OTE__SLICE_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
-    void *pin = NULL;
-    ote_status_t st = host->pin(host->arg, q->remote, q->len, perm, &pin);
+    ote_status_t st = host->pin(host->arg, q->remote, q->len, perm, pin_out);
     if (st != OTE_OK) {
         OTE_DEBUG("shm", "%s of %u bytes at 0x%llx from %s refused: %s",
                   q->op == OTE__SLICE_WRITE ? "WRITE" : "READ", q->len,
                   (unsigned long long)q->remote, s->from, ote_status_str(st));
         return ote_status_code(st) == OTE_ERR_ACCESS ? OTE_ERR_ACCESS : st;
     }
-    st = src_copy(s, q);
-    host->unpin(host->arg, pin);
-    return st;
+    return OTE_OK;
+}
+
+/* Copy the checked small requests [i, j) of one op with one system call (their
+ * statuses stay OTE_OK); when the kernel copies less, each is copied alone instead so
+ * that each gets its own status. */
+static void src_copy_run(shm_src_t *s, const shm_req_t *q, uint32_t n, ote_status_t *st) {
+    struct iovec l[SHM_BATCH_MAX], r[SHM_BATCH_MAX];
+    size_t total = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        l[k] = (struct iovec){(void *)(uintptr_t)q[k].remote, q[k].len};
+        r[k] = (struct iovec){(void *)(uintptr_t)q[k].local, q[k].len};
+        total += q[k].len;
+    }
+    ssize_t got = q[0].op == OTE__SLICE_WRITE ? process_vm_readv(s->pid, l, n, r, n, 0)
+                                              : process_vm_writev(s->pid, l, n, r, n, 0);
+    if (got == (ssize_t)total) return;
+    for (uint32_t k = 0; k < n; k++) st[k] = src_copy(s, &q[k]);
+}
+
+/* Small requests share one copy call; larger ones are copied alone, in pieces. */
+#define SHM_RUN_MAX_LEN (256u << 10)
+
+/* Serve the requests of one REQS message in order: every data request is checked (and
+ * pinned) before any byte of the message moves; notifications are delivered in their
+ * place, after the data before them. */
+static void src_serve(shm_src_t *s, const shm_req_t *reqs, uint32_t cnt, ote_status_t *st) {
+    const ote__host_t *host = &s->tp->host;
+    void *pins[SHM_BATCH_MAX];
+    for (uint32_t i = 0; i < cnt; i++) {
+        pins[i] = NULL;
+        st[i] = reqs[i].op == OTE__SLICE_NOTIFY ? OTE_OK : src_check(s, &reqs[i], &pins[i]);
+    }
+    for (uint32_t i = 0; i < cnt;) {
+        const shm_req_t *q = &reqs[i];
+        if (st[i] != OTE_OK) {
+            i++;
+            continue;
+        }
+        if (q->op == OTE__SLICE_NOTIFY) {
+            st[i] = src_notify(s, q);
+            i++;
+            continue;
+        }
+        uint32_t j = i + 1;
+        if (q->len <= SHM_RUN_MAX_LEN)
+            while (j < cnt && st[j] == OTE_OK && reqs[j].op == q->op &&
+                   reqs[j].len <= SHM_RUN_MAX_LEN)
+                j++;
+        if (j - i == 1) st[i] = src_copy(s, q);
+        else src_copy_run(s, q, j - i, st + i);
+        i = j;
+    }
+    for (uint32_t i = 0; i < cnt; i++)
+        if (pins[i] != NULL) host->unpin(host->arg, pins[i]);
 }
 
 void *ote__shm_src_main(void *arg) {
@@ -171,22 +221,16 @@ void *ote__shm_src_main(void *arg) {
         }
         const shm_req_t *reqs = (const shm_req_t *)(in.b + sizeof(shm_hdr_t));
         shm_resp_t *resps = (shm_resp_t *)(out.b + sizeof(shm_hdr_t));
-        uint32_t nr = 0, cnt = in.h.n;
+        ote_status_t st[SHM_BATCH_MAX];
+        src_serve(s, reqs, in.h.n, st);
         int lost = 0;
-        for (uint32_t i = 0; i < cnt && !lost; i++) {
-            ote_status_t st = src_serve(s, &reqs[i]);
-            if (st == OTE_ERR_PEER_LOST) lost = 1;
-            resps[nr].id = reqs[i].id;
-            resps[nr].status = (int32_t)st;
-            resps[nr].pad = 0;
-            nr++;
-            /* Answer big copies at once so the requester's window refills meanwhile. */
-            int flush = i + 1 == cnt || reqs[i].len >= SHM_CHUNK;
-            if (!flush || lost) continue;
-            out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, nr, 0};
-            if (send_msg(s, out.b, sizeof(shm_hdr_t) + nr * sizeof(shm_resp_t)) != OTE_OK) lost = 1;
-            nr = 0;
+        for (uint32_t i = 0; i < in.h.n; i++) {
+            if (st[i] == OTE_ERR_PEER_LOST) lost = 1;
+            resps[i] = (shm_resp_t){reqs[i].id, (int32_t)st[i], 0};
         }
+        out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, in.h.n, 0};
+        if (lost || send_msg(s, out.b, sizeof(shm_hdr_t) + in.h.n * sizeof(shm_resp_t)) != OTE_OK)
+            lost = 1;
         if (lost) break;
     }
 out_done:
