@@ -40,6 +40,9 @@ static const key_def_t g_keys[] = {
     /* transport: the one-element form of transports; "" = not set (transports rules). */
     {"transport", K_ENUM, "", 0, 0, {"", "tcp", "rdma", "shm"}},
     {"transports", K_TRANSPORTS, "shm,tcp", 0, 0, {NULL}},
+    /* shm data path: auto = cross-memory attach where the kernel allows it, else the
+     * shared ring; ring = always the shared ring. */
+    {"shm_mode", K_ENUM, "auto", 0, 0, {"auto", "ring", NULL, NULL}},
     {"listen_address", K_ADDR, "127.0.0.1:0", 0, 0, {NULL}},
     {"advertise_address", K_ADDR_OPT, "", 0, 0, {NULL}},
     {"tcp_connections", K_UINT, "4", 1, 64, {NULL}},
@@ -370,7 +373,8 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "transports") == 0) {
             copy_str(r.transports, sizeof(r.transports), v);
             transports_set = strcmp(src, "default") != 0;
-        } else if (strcmp(k->key, "listen_address") == 0)
+        } else if (strcmp(k->key, "shm_mode") == 0) copy_str(r.shm_mode, sizeof(r.shm_mode), v);
+        else if (strcmp(k->key, "listen_address") == 0)
             copy_str(r.listen_address, sizeof(r.listen_address), v);
         else if (strcmp(k->key, "advertise_address") == 0)
             copy_str(r.advertise_address, sizeof(r.advertise_address), v);

@@ -63,7 +63,8 @@ struct ote__slice {
             struct ibv_mr *mr;       /* temporary MR of an unregistered local buffer, or NULL */
         } rdma;
         struct {
-            uint64_t id; /* number of the slice's request on its peer connection */
+            uint64_t id;       /* number of the slice's request on its peer connection */
+            uint64_t ring_end; /* ring mode: where its bytes end in the ring (virtual) */
         } shm;
     } xp;
 };

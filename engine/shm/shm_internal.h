@@ -35,6 +35,14 @@
  * (another uid, ptrace_scope 2/3, a seccomp filter) is refused with OTE_ERR_UNSUPPORTED
  * and a reason, before any transfer: the router then uses the next transport.
  *
+ * Ring mode (config shm_mode=ring, or when the probe fails: another uid, ptrace refused).
+ * The requester creates a memfd of SHM_RING_BYTES, maps it and passes it in its HELLO
+ * (SCM_RIGHTS); the source maps it too and copies only between the ring and its own
+ * registered memory (offsets bounded by the ring, checked). Slices are at most
+ * SHM_RING_SLICE; each one in flight owns a piece of the ring, allocated in order and
+ * freed in order by its response, so the requester stages WRITE data (and copies READ
+ * data out) for one slice while the source copies another: both processes copy at once.
+ *
  * Requests. A requester connection carries REQS messages (up to SHM_BATCH_MAX requests
  * each, so a batch of small requests costs one message per 64) and receives RESPS in the
  * same order; at most SHM_WINDOW slices and SHM_WINDOW_BYTES bytes are in flight, the rest wait in the peer's queue,
@@ -84,6 +92,9 @@
 #define SHM_TICK_MS 20            /* receive thread: deadline checks */
 
 enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4 };
+enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
+#define SHM_RING_BYTES (16u << 20) /* the shared ring of one connection (ring mode) */
+#define SHM_RING_SLICE (1u << 20)  /* largest slice in ring mode */
 
 typedef struct {
     uint32_t magic;
@@ -95,8 +106,10 @@ typedef struct {
 
 typedef struct {
     shm_hdr_t h;
-    uint64_t probe_addr; /* a cookie in the requester's memory the source must read */
+    uint64_t probe_addr; /* a cookie in the requester's memory the source must read (0:
+                          * ring mode forced) */
     uint64_t probe_val;
+    uint64_t ring_len;        /* bytes of the memfd passed with this message (SCM_RIGHTS) */
     char addr[OTE__ADDR_MAX]; /* the requester's advertised "host:port" (notifications) */
 } shm_hello_t;
 
@@ -104,13 +117,15 @@ typedef struct {
     shm_hdr_t h;
     int32_t status; /* OTE_OK, or why the source refuses this requester */
     uint32_t max_slice;
+    uint32_t mode; /* SHM_MODE_CMA or SHM_MODE_RING */
+    uint32_t pad;
     char text[160];
 } shm_hello_ack_t;
 
 typedef struct {
     uint64_t id;
     uint64_t remote; /* the source's address */
-    uint64_t local;  /* the requester's address */
+    uint64_t local;  /* the requester's address (CMA) or the offset in the ring (ring) */
     uint32_t len;
     uint16_t op; /* OTE__SLICE_* */
     uint16_t pad;
@@ -143,6 +158,9 @@ struct shm_src {
     int fd;
     pid_t pid;
     uid_t uid;
+    int mode;      /* SHM_MODE_* chosen at the handshake */
+    uint8_t *ring; /* ring mode: the requester's memfd, mapped */
+    size_t ring_len;
     pthread_t thr;
     _Atomic int done; /* its thread has returned */
     char from[OTE__ADDR_MAX];
@@ -160,6 +178,9 @@ typedef struct shm_peer {
     int stop;
     pid_t src_pid;
     uint32_t max_slice;
+    int mode;      /* SHM_MODE_* of the current connection */
+    uint8_t *ring; /* the shared ring (mapped while connected; unmapped in CMA mode) */
+    uint64_t ring_head, ring_tail; /* in-order allocation (virtual offsets) */
     pthread_t rx;
     int rx_started;
     ote__slice_t *qh, *qt; /* waiting to be sent */

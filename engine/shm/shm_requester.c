@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -55,6 +56,41 @@ static int read_ptrace_scope(void) {
     return v;
 }
 
+/* A fresh shared ring: its mapping in *map_out, its fd (to pass) returned; -1 on error. */
+static int ring_create(uint8_t **map_out) {
+    int fd = memfd_create("orbitte-shm-ring", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, SHM_RING_BYTES) == 0)
+        m = mmap(NULL, SHM_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    *map_out = m;
+    return fd;
+}
+
+static ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd) {
+    struct iovec iov = {(void *)buf, len};
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } c;
+    memset(&c, 0, sizeof(c));
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        m.msg_control = c.b;
+        m.msg_controllen = sizeof(c.b);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    return sendmsg(sock, &m, MSG_NOSIGNAL);
+}
+
 /* Connect and handshake (fd and src_pid set on success). */
 static ote_status_t peer_connect(shm_peer_t *p) {
     shm_tp_t *tp = p->tp;
@@ -88,12 +124,26 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     shm_hello_t h;
     memset(&h, 0, sizeof(h));
     h.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO, 0, 0};
-    h.probe_addr = (uint64_t)(uintptr_t)&g_probe_cookie;
+    int force_ring = strcmp(tp->cfg.shm_mode, "ring") == 0;
+    h.probe_addr = force_ring ? 0 : (uint64_t)(uintptr_t)&g_probe_cookie;
     h.probe_val = atomic_load(&g_probe_cookie);
     snprintf(h.addr, sizeof(h.addr), "%s", tp->host.self_addr ? tp->host.self_addr : "");
+    /* The ring goes along in every HELLO: the source falls back to it when it cannot
+     * attach to this process (its pages are allocated only when used). */
+    uint8_t *ring = NULL;
+    int rfd = ring_create(&ring);
+    if (rfd < 0) {
+        OTE_WARN("shm", "peer %s: cannot create the shared ring: %s", p->addr, strerror(errno));
+        if (force_ring) {
+            close(fd);
+            return OTE_ERR_UNSUPPORTED;
+        }
+    }
+    h.ring_len = rfd >= 0 ? SHM_RING_BYTES : 0;
     shm_hello_ack_t a;
     ote_status_t st = OTE_OK;
-    if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
+    if (send_with_fd(fd, &h, sizeof(h), rfd) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
+    if (rfd >= 0) close(rfd); /* the mapping (and the source's copy of the fd) keep it */
     for (;;) {
         if (st != OTE_OK) break;
         struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -110,15 +160,26 @@ static ote_status_t peer_connect(shm_peer_t *p) {
         OTE_INFO("shm", "peer %s (pid %d) refuses shm: %s", p->addr, (int)cr.pid, a.text);
         st = OTE_ERR_UNSUPPORTED;
     }
+    if (st == OTE_OK && (a.mode != SHM_MODE_CMA && (a.mode != SHM_MODE_RING || ring == NULL)))
+        st = OTE_ERR_PROTOCOL;
     if (st != OTE_OK) {
         if (st != OTE_ERR_UNSUPPORTED)
             OTE_WARN("shm", "handshake with %s failed: %s", p->addr, ote_status_str(st));
+        if (ring) munmap(ring, SHM_RING_BYTES);
         close(fd);
         return st;
     }
+    if (a.mode == SHM_MODE_CMA && ring != NULL) {
+        munmap(ring, SHM_RING_BYTES);
+        ring = NULL;
+    }
     p->fd = fd;
     p->src_pid = cr.pid;
-    p->max_slice = a.max_slice < SHM_MAX_SLICE ? a.max_slice : SHM_MAX_SLICE;
+    p->mode = (int)a.mode;
+    p->ring = ring;
+    p->ring_head = p->ring_tail = 0;
+    uint32_t cap = a.mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
+    p->max_slice = a.max_slice < cap ? a.max_slice : cap;
     if (p->max_slice < OTE_CTL_MIN_DATA) p->max_slice = OTE_CTL_MIN_DATA;
     return OTE_OK;
 }
@@ -146,6 +207,23 @@ static void peer_kill(shm_peer_t *p, ote_status_t st, slist_t *done) {
     p->ft = p->qt = NULL;
     p->nflight = 0;
     p->flight_bytes = 0;
+    p->ring_head = p->ring_tail = 0;
+}
+
+/* Ring mode: a piece of the ring for slice s (in order; freed in order by responses),
+ * staged with its bytes for WRITE and NOTIFY. 0, or -1 when the ring is full now. */
+static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
+    if (s->len > SHM_RING_SLICE * 2u) return -1; /* cannot happen: peer_max_slice */
+    if (p->ring_head == p->ring_tail) p->ring_head = p->ring_tail = 0;
+    uint64_t pos = p->ring_head % SHM_RING_BYTES;
+    uint64_t pad = pos + s->len > SHM_RING_BYTES ? SHM_RING_BYTES - pos : 0;
+    if (p->ring_head + pad + s->len - p->ring_tail > SHM_RING_BYTES) return -1;
+    uint64_t off = (p->ring_head + pad) % SHM_RING_BYTES;
+    p->ring_head += pad + s->len;
+    s->xp.shm.ring_end = p->ring_head;
+    if (s->op != OTE__SLICE_READ) memcpy(p->ring + off, s->local, s->len);
+    *off_out = off;
+    return 0;
 }
 
 /* Send queued slices while the window allows. p->mu held. */
@@ -158,7 +236,7 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
         shm_req_t *r = (shm_req_t *)(m.b + sizeof(shm_hdr_t));
         uint32_t n = 0;
         ote__slice_t *s = p->qh, *last = NULL;
-        uint64_t bytes = 0;
+        uint64_t bytes = 0, head0 = p->ring_head;
         while (s && n < SHM_BATCH_MAX && p->nflight + n < SHM_WINDOW &&
                (n == 0 || (p->flight_bytes + bytes + s->len <= SHM_WINDOW_BYTES &&
                            bytes + s->len <= SHM_MSG_BYTES))) {
@@ -171,9 +249,11 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                 s = next;
                 continue;
             }
+            uint64_t local = (uint64_t)(uintptr_t)s->local;
+            if (p->mode == SHM_MODE_RING && s->len > 0 && ring_alloc(p, s, &local) != 0)
+                break; /* the ring is full: more after responses */
             s->xp.shm.id = p->next_id + n;
-            r[n] = (shm_req_t){s->xp.shm.id, s->remote, (uint64_t)(uintptr_t)s->local,
-                               s->len,       s->op,     0};
+            r[n] = (shm_req_t){s->xp.shm.id, s->remote, local, s->len, s->op, 0};
             n++;
             bytes += s->len;
             last = s;
@@ -181,9 +261,14 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
         }
         if (n == 0) break;
         m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_REQS, n, 0};
+        /* (ring pieces of an unsent message are taken again, in the same order, when it
+         * is retried: the head goes back to where this message began) */
         size_t len = sizeof(shm_hdr_t) + n * sizeof(shm_req_t);
         ssize_t w = send(p->fd, m.b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && (errno == EAGAIN || errno == EINTR)) break; /* the receive thread retries */
+        if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+            p->ring_head = head0;
+            break; /* the receive thread retries */
+        }
         if (w != (ssize_t)len) {
             peer_kill(p, OTE_ERR_PEER_LOST, done);
             return;
@@ -219,7 +304,13 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
         uint16_t op = s->op == OTE__SLICE_NOTIFY ? OTE_CTL_NOTIFY_ACK
                       : s->op == OTE__SLICE_READ ? OTE_CTL_READ_RESP
                                                  : OTE_CTL_WRITE_ACK;
-        slist_add(done, s, ote_ctl_peer_status(op, (ote_status_t)r[i].status));
+        ote_status_t st = ote_ctl_peer_status(op, (ote_status_t)r[i].status);
+        if (p->mode == SHM_MODE_RING && s->len > 0) {
+            if (st == OTE_OK && s->op == OTE__SLICE_READ)
+                memcpy(s->local, p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->len);
+            p->ring_tail = s->xp.shm.ring_end;
+        }
+        slist_add(done, s, st);
     }
     return 0;
 }
@@ -287,6 +378,8 @@ static ote_status_t peer_start(shm_peer_t *p) {
     if (pthread_create(&p->rx, NULL, rx_main, p) != 0) {
         close(p->fd);
         p->fd = -1;
+        if (p->ring != NULL) munmap(p->ring, SHM_RING_BYTES);
+        p->ring = NULL;
         return OTE_ERR_NOMEM;
     }
     p->rx_started = 1;
@@ -329,7 +422,9 @@ ote_status_t ote__shm_peer_open_info(ote__transport_t *t, const char *peer, cons
     if (st != OTE_OK) goto err_mu;
     st = peer_start(p);
     if (st != OTE_OK) goto err_emu;
-    OTE_INFO("shm", "peer %s: source pid %d, cross-memory attach", peer, (int)p->src_pid);
+    /* From here the engine owns the peer: peer_close frees it (and its ring). */
+    OTE_INFO("shm", "peer %s: source pid %d, %s", peer, (int)p->src_pid,
+             p->mode == SHM_MODE_RING ? "shared ring" : "cross-memory attach");
     *peer_out = (ote__tpeer_t *)p;
     return OTE_OK;
 
@@ -376,6 +471,8 @@ static void peer_stop_rx(shm_peer_t *p) {
     p->rx_started = 0;
     close(p->fd);
     p->fd = -1;
+    if (p->ring != NULL) munmap(p->ring, SHM_RING_BYTES);
+    p->ring = NULL;
     ote_mutex_lock(&p->mu);
     p->stop = 0;
     ote_mutex_unlock(&p->mu);

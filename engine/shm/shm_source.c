@@ -10,7 +10,9 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -48,17 +50,67 @@ static ote_status_t send_msg(shm_src_t *s, const void *buf, size_t len) {
     }
 }
 
+static ssize_t recv_hello(int sock, shm_hello_t *h, int *fd_out);
+static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd);
+
 /* The handshake: 0 when the requester is served, -1 when refused or gone. */
 static int src_hello(shm_src_t *s) {
     shm_tp_t *tp = s->tp;
     shm_hello_t h;
     ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     if (wait_in(s, dl) != 1) return -1;
-    ssize_t n = recv(s->fd, &h, sizeof(h), MSG_DONTWAIT);
+    int rfd = -1;
+    ssize_t n = recv_hello(s->fd, &h, &rfd);
     if (n != (ssize_t)sizeof(h) || h.h.magic != SHM_MAGIC || h.h.kind != SHM_HELLO) {
         OTE_WARN("shm", "connection from pid %d did not begin with a HELLO: closing", (int)s->pid);
+        if (rfd >= 0) close(rfd);
         return -1;
     }
+    int rc = src_hello_answer(s, &h, rfd);
+    if (rfd >= 0) close(rfd); /* mapped (ring mode) or not needed */
+    return rc;
+}
+
+/* recvmsg of the HELLO and of the ring's fd that may come with it. */
+static ssize_t recv_hello(int sock, shm_hello_t *h, int *fd_out) {
+    struct iovec iov = {h, sizeof(*h)};
+    union {
+        struct cmsghdr c;
+        char b[CMSG_SPACE(sizeof(int))];
+    } cb;
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof(cb.b)};
+    ssize_t n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n >= 0 && c; c = CMSG_NXTHDR(&m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(fd_out, CMSG_DATA(c), sizeof(int));
+    if (m.msg_flags & MSG_CTRUNC) n = -1;
+    return n;
+}
+
+/* Map the requester's ring: 0, or -1 (text says why). */
+static int src_map_ring(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl) {
+    struct stat sb;
+    if (rfd < 0 || h->ring_len == 0 || h->ring_len > (1ull << 30) || fstat(rfd, &sb) != 0 ||
+        (uint64_t)sb.st_size < h->ring_len) {
+        snprintf(text, tl, "no usable shared ring in the HELLO");
+        return -1;
+    }
+    void *m = mmap(NULL, (size_t)h->ring_len, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(text, tl, "cannot map the shared ring: %s", strerror(errno));
+        return -1;
+    }
+    s->ring = m;
+    s->ring_len = (size_t)h->ring_len;
+    return 0;
+}
+
+/* Choose the mode and answer the HELLO: cross-memory attach when the requester asks for
+ * it and the probe proves it, else the ring it passed. */
+static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
+    shm_hello_t h = *hp;
     h.addr[sizeof(h.addr) - 1] = '\0';
     snprintf(s->from, sizeof(s->from), "%s", h.addr);
     shm_hello_ack_t a;
@@ -67,26 +119,34 @@ static int src_hello(shm_src_t *s) {
     a.h.version = SHM_VERSION;
     a.h.kind = SHM_HELLO_ACK;
     a.max_slice = SHM_MAX_SLICE;
+    char why[96] = "ring mode requested";
+    a.mode = SHM_MODE_CMA;
     if (h.h.version != SHM_VERSION) {
         a.status = OTE_ERR_VERSION;
         snprintf(a.text, sizeof(a.text), "shm protocol version %u, the source speaks %u",
                  h.h.version, SHM_VERSION);
-    } else if (s->uid != getuid()) {
-        a.status = OTE_ERR_UNSUPPORTED;
-        snprintf(a.text, sizeof(a.text),
-                 "requester uid %u differs from the source's uid %u: no cross-memory attach",
-                 (unsigned)s->uid, (unsigned)getuid());
-    } else {
+    } else if (h.probe_addr != 0 && s->uid != getuid()) {
+        snprintf(why, sizeof(why), "requester uid %u is not the source's uid %u", (unsigned)s->uid,
+                 (unsigned)getuid());
+        a.mode = SHM_MODE_RING;
+    } else if (h.probe_addr != 0) {
         /* The probe: read the requester's cookie where it says it is. */
         uint64_t v = 0;
         struct iovec l = {&v, sizeof(v)}, r = {(void *)(uintptr_t)h.probe_addr, sizeof(v)};
         ssize_t got = process_vm_readv(s->pid, &l, 1, &r, 1, 0);
         if (got != (ssize_t)sizeof(v) || v != h.probe_val) {
-            a.status = OTE_ERR_UNSUPPORTED;
-            snprintf(a.text, sizeof(a.text), "cross-memory attach to pid %d refused: %s",
-                     (int)s->pid, got < 0 ? strerror(errno) : "wrong cookie");
+            snprintf(why, sizeof(why), "cross-memory attach to pid %d refused: %s", (int)s->pid,
+                     got < 0 ? strerror(errno) : "wrong cookie");
+            a.mode = SHM_MODE_RING;
         }
+    } else {
+        a.mode = SHM_MODE_RING;
     }
+    if (a.status == OTE_OK && a.mode == SHM_MODE_RING) {
+        if (src_map_ring(s, &h, rfd, a.text, sizeof(a.text)) != 0) a.status = OTE_ERR_UNSUPPORTED;
+        else OTE_INFO("shm", "requester pid %d (%s): shared ring (%s)", (int)s->pid, s->from, why);
+    }
+    s->mode = (int)a.mode;
     if (send_msg(s, &a, sizeof(a)) != OTE_OK) return -1;
     if (a.status != OTE_OK) {
         OTE_INFO("shm", "refused requester pid %d (%s): %s", (int)s->pid, s->from, a.text);
@@ -99,6 +159,14 @@ static int src_hello(shm_src_t *s) {
 
 /* Copy one checked request; OTE_ERR_PEER_LOST when the requester went away meanwhile. */
 static ote_status_t src_copy(shm_src_t *s, const shm_req_t *q) {
+    if (s->mode == SHM_MODE_RING) {
+        /* The ring piece the requester named, bounded by the ring. */
+        if (q->local > s->ring_len || q->len > s->ring_len - q->local) return OTE_ERR_INVALID;
+        uint8_t *mine = (uint8_t *)(uintptr_t)q->remote, *piece = s->ring + q->local;
+        if (q->op == OTE__SLICE_WRITE) memcpy(mine, piece, q->len);
+        else memcpy(piece, mine, q->len);
+        return OTE_OK;
+    }
     uint8_t *mine = (uint8_t *)(uintptr_t)q->remote;
     uint64_t theirs = q->local;
     uint32_t left = q->len;
@@ -121,6 +189,11 @@ static ote_status_t src_copy(shm_src_t *s, const shm_req_t *q) {
 static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
     uint8_t msg[OTE_CTL_MAX_NOTIFY];
     if (q->len > sizeof(msg)) return OTE_ERR_TOO_BIG;
+    if (s->mode == SHM_MODE_RING) {
+        if (q->local > s->ring_len || q->len > s->ring_len - q->local) return OTE_ERR_INVALID;
+        memcpy(msg, s->ring + q->local, q->len);
+        return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
+    }
     struct iovec l = {msg, q->len}, r = {(void *)(uintptr_t)q->local, q->len};
     if (q->len > 0 && process_vm_readv(s->pid, &l, 1, &r, 1, 0) != (ssize_t)q->len)
         return OTE_ERR_INVALID;
@@ -189,7 +262,8 @@ static void src_serve(shm_src_t *s, const shm_req_t *reqs, uint32_t cnt, ote_sta
             while (j < cnt && st[j] == OTE_OK && reqs[j].op == q->op &&
                    reqs[j].len <= SHM_RUN_MAX_LEN)
                 j++;
-        if (j - i == 1) st[i] = src_copy(s, q);
+        if (j - i == 1 || s->mode == SHM_MODE_RING)
+            for (uint32_t k = i; k < j; k++) st[k] = src_copy(s, &reqs[k]);
         else src_copy_run(s, q, j - i, st + i);
         i = j;
     }
@@ -234,6 +308,8 @@ void *ote__shm_src_main(void *arg) {
         if (lost) break;
     }
 out_done:
+    if (s->ring != NULL) munmap(s->ring, s->ring_len);
+    s->ring = NULL;
     atomic_store(&s->done, 1);
     return NULL;
 }

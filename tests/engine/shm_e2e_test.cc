@@ -29,12 +29,22 @@ std::string TransportOf(ote_segment_t *seg) {
     return info.transport;
 }
 
-class ShmE2eTest : public ote_test::TargetE2eTest {
+// Every shm test runs in both data-path modes: shm_mode=auto (cross-memory attach, which
+// this host allows) and shm_mode=ring (the shared memfd ring, forced).
+ote_test::TargetSession ModeSession(const char *mode, const char *timeout_ms = nullptr) {
+    ote_test::TargetSession s;
+    s.config = {{"shm_mode", mode}};
+    if (timeout_ms != nullptr) s.config.push_back({"transfer_timeout_ms", timeout_ms});
+    return s;
+}
+
+class ShmE2eTest : public ote_test::TargetE2eTest,
+                   public ::testing::WithParamInterface<const char *> {
   protected:
-    ShmE2eTest() : TargetE2eTest(ote_test::TargetSession{}) {}
+    ShmE2eTest() : TargetE2eTest(ModeSession(GetParam())) {}
 };
 
-TEST_F(ShmE2eTest, SameHostPeerGetsShmAndEveryByteArrives) {
+TEST_P(ShmE2eTest, SameHostPeerGetsShmAndEveryByteArrives) {
     EXPECT_EQ(TransportOf(seg_), "shm");
     ote_segment_info_t info;
     EXPECT_EQ(ote_segment_info(nullptr, &info), OTE_ERR_INVALID);
@@ -46,7 +56,7 @@ TEST_F(ShmE2eTest, SameHostPeerGetsShmAndEveryByteArrives) {
     RoundTrip(64u << 20, 0, 0, 5);
 }
 
-TEST_F(ShmE2eTest, OutOfRangeAndWrongPermissionTouchNothing) {
+TEST_P(ShmE2eTest, OutOfRangeAndWrongPermissionTouchNothing) {
     std::vector<uint8_t> buf(8192, 0x5A);
     uint64_t ro0 = target_.Hash("ro", 0, target_.ro_len);
     uint64_t wo0 = target_.Hash("wo", 0, target_.wo_len);
@@ -67,7 +77,7 @@ TEST_F(ShmE2eTest, OutOfRangeAndWrongPermissionTouchNothing) {
     EXPECT_EQ(TransportOf(seg_), "shm");
 }
 
-TEST_F(ShmE2eTest, UnregisterWhileInUseIsBusy) {
+TEST_P(ShmE2eTest, UnregisterWhileInUseIsBusy) {
     std::vector<uint8_t> buf(1u << 20, 3);
     ASSERT_EQ(ote_memory_register(engine_, buf.data(), buf.size(), OTE_PERM_READ), OTE_OK);
     ASSERT_TRUE(target_.Stop()); // the source cannot serve: the request stays in flight
@@ -85,7 +95,7 @@ TEST_F(ShmE2eTest, UnregisterWhileInUseIsBusy) {
     EXPECT_EQ(target_.Hash("rw", 0, 4096), ote_hash(buf.data() + 100, 4096));
 }
 
-TEST_F(ShmE2eTest, PeerKilledIsLostAtOnceAndANewPeerWorks) {
+TEST_P(ShmE2eTest, PeerKilledIsLostAtOnceAndANewPeerWorks) {
     std::vector<uint8_t> big(64u << 20, 7);
     ASSERT_TRUE(target_.Stop()); // certainly mid-transfer when killed
     ote_batch_t *b = nullptr;
@@ -121,17 +131,13 @@ TEST_F(ShmE2eTest, PeerKilledIsLostAtOnceAndANewPeerWorks) {
 
 // A stopped source fails requests at their deadline (not before) and does not hold up
 // another peer of the same engine.
-class ShmDeadlineTest : public ote_test::TargetE2eTest {
+class ShmDeadlineTest : public ote_test::TargetE2eTest,
+                        public ::testing::WithParamInterface<const char *> {
   protected:
-    static ote_test::TargetSession Session() {
-        ote_test::TargetSession s;
-        s.config = {{"transfer_timeout_ms", "1500"}};
-        return s;
-    }
-    ShmDeadlineTest() : TargetE2eTest(Session()) {}
+    ShmDeadlineTest() : TargetE2eTest(ModeSession(GetParam(), "1500")) {}
 };
 
-TEST_F(ShmDeadlineTest, StoppedPeerFailsAtTheDeadlineOthersUnaffected) {
+TEST_P(ShmDeadlineTest, StoppedPeerFailsAtTheDeadlineOthersUnaffected) {
     Target other;
     ASSERT_TRUE(other.Start(16u << 20));
     ote_segment_t *s2 = nullptr;
@@ -146,10 +152,12 @@ TEST_F(ShmDeadlineTest, StoppedPeerFailsAtTheDeadlineOthersUnaffected) {
     // Meanwhile the other peer serves.
     std::vector<uint8_t> src(1u << 20), dst(1u << 20);
     ote_pattern_fill(src.data(), src.size(), 4, 0);
-    EXPECT_EQ(ote_test::RunOne(engine_, {OTE_WRITE, src.data(), s2, other.rw, src.size()}, 30 * kSec),
-              OTE_OK);
-    EXPECT_EQ(ote_test::RunOne(engine_, {OTE_READ, dst.data(), s2, other.rw, dst.size()}, 30 * kSec),
-              OTE_OK);
+    EXPECT_EQ(
+        ote_test::RunOne(engine_, {OTE_WRITE, src.data(), s2, other.rw, src.size()}, 30 * kSec),
+        OTE_OK);
+    EXPECT_EQ(
+        ote_test::RunOne(engine_, {OTE_READ, dst.data(), s2, other.rw, dst.size()}, 30 * kSec),
+        OTE_OK);
     EXPECT_EQ(src, dst);
     ote_status_t st = ote_batch_wait(b, 60 * kSec);
     uint64_t took_ms = (ote_now_ns() - t0) / 1000000;
@@ -160,6 +168,9 @@ TEST_F(ShmDeadlineTest, StoppedPeerFailsAtTheDeadlineOthersUnaffected) {
     EXPECT_EQ(ote_segment_close(s2), OTE_OK);
     EXPECT_EQ(other.Quit(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, ShmE2eTest, ::testing::Values("auto", "ring"));
+INSTANTIATE_TEST_SUITE_P(Modes, ShmDeadlineTest, ::testing::Values("auto", "ring"));
 
 // Routing between engines of different lists and hosts.
 class RoutingTest : public ote_test::OteTest {
@@ -178,10 +189,12 @@ class RoutingTest : public ote_test::OteTest {
             name = TransportOf(seg);
             std::vector<uint8_t> src(300001), dst(300001);
             ote_pattern_fill(src.data(), src.size(), 12, 0);
-            EXPECT_EQ(ote_test::RunOne(e, {OTE_WRITE, src.data(), seg, t.rw + 1, src.size()}, 30 * kSec),
-                      OTE_OK);
-            EXPECT_EQ(ote_test::RunOne(e, {OTE_READ, dst.data(), seg, t.rw + 1, dst.size()}, 30 * kSec),
-                      OTE_OK);
+            EXPECT_EQ(
+                ote_test::RunOne(e, {OTE_WRITE, src.data(), seg, t.rw + 1, src.size()}, 30 * kSec),
+                OTE_OK);
+            EXPECT_EQ(
+                ote_test::RunOne(e, {OTE_READ, dst.data(), seg, t.rw + 1, dst.size()}, 30 * kSec),
+                OTE_OK);
             EXPECT_EQ(src, dst);
             EXPECT_EQ(ote_segment_close(seg), OTE_OK);
         }
