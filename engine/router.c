@@ -288,6 +288,15 @@ ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_
     char *info = ote_malloc(OTE_CTL_MAX_INFO + 1);
     if (info == NULL) return OTE_ERR_NOMEM;
     ote_status_t st = query_info(e, peer, info, OTE_CTL_MAX_INFO + 1);
+    /* A peer that answered but whose answer the router cannot use (another version, a
+     * limit out of range, garbage) is left to the transports, whose own handshakes say
+     * precisely what is wrong; one that cannot be reached fails here. */
+    int code = ote_status_code(st);
+    if (st != OTE_OK && code != OTE_ERR_CONNECT && code != OTE_ERR_TIMEOUT &&
+        code != OTE_ERR_NOMEM && code != OTE_ERR_INVALID) {
+        info[0] = '\0';
+        st = OTE_OK;
+    }
     char plist[64] = "";
     if (st == OTE_OK && ote_ctl_info_get(info, "transports", plist, sizeof(plist)) != OTE_OK)
         plist[0] = '\0'; /* an engine without routing: its list is unknown */
