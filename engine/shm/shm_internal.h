@@ -90,6 +90,11 @@
 #define SHM_MAX_SLICE (64u << 20) /* largest slice a source accepts (as TCP's max_data) */
 #define SHM_SOCK_MAX 100          /* abstract socket name, without its leading NUL */
 #define SHM_TICK_MS 20            /* receive thread: deadline checks */
+/* A thread that expects a message soon (requests in flight; a source that just answered)
+ * polls without sleeping for at most this long before it sleeps in poll(2): no busy core
+ * when idle, no wakeup on a busy connection. (On the shared 2-core test machine an A/B
+ * of 30 us against none showed no difference in the 4 KiB x64 rate.) */
+#define SHM_SPIN_NS (20u * 1000u)
 
 enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4 };
 enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
@@ -183,9 +188,9 @@ typedef struct shm_peer {
     uint64_t ring_head, ring_tail; /* in-order allocation (virtual offsets) */
     pthread_t rx;
     int rx_started;
-    ote__slice_t *qh, *qt; /* waiting to be sent */
-    ote__slice_t *fh, *ft; /* sent, in order, awaiting their response */
-    size_t nflight;
+    ote__slice_t *qh, *qt;  /* waiting to be sent */
+    ote__slice_t *fh, *ft;  /* sent, in order, awaiting their response */
+    _Atomic size_t nflight; /* read without mu by the receive thread's spin */
     uint64_t flight_bytes;
     uint64_t next_id;
 } shm_peer_t;

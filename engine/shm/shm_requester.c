@@ -343,7 +343,12 @@ static void *rx_main(void *arg) {
     uint8_t buf[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t)];
     for (;;) {
         struct pollfd pf = {.fd = p->fd, .events = POLLIN};
-        int r = poll(&pf, 1, SHM_TICK_MS);
+        int r = 0;
+        if (atomic_load(&p->nflight) > 0) { /* a response is due: spin a little first */
+            ote_deadline_t spin = ote_deadline_after(SHM_SPIN_NS);
+            while ((r = poll(&pf, 1, 0)) == 0 && !ote_deadline_expired(spin)) {}
+        }
+        if (r == 0) r = poll(&pf, 1, SHM_TICK_MS);
         slist_t done = {NULL, NULL};
         ote_mutex_lock(&p->mu);
         if (p->stop || p->broken) {

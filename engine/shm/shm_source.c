@@ -23,6 +23,13 @@
 
 /* Wait until fd is readable; 1 ready, 0 stop requested, -1 deadline passed. */
 static int wait_in(shm_src_t *s, ote_deadline_t dl) {
+    /* The requester often sends its next message right after our answer. */
+    ote_deadline_t spin = ote_deadline_after(SHM_SPIN_NS);
+    for (;;) {
+        struct pollfd p = {.fd = s->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) > 0) return 1;
+        if (ote_deadline_expired(spin)) break;
+    }
     for (;;) {
         if (atomic_load(&s->tp->stop)) return 0;
         if (dl != 0 && ote_deadline_expired(dl)) return -1;
