@@ -15,7 +15,9 @@
  *   uid=, pid=           the process's credentials
  *   <transport keys>     each transport's own part (ops->advert), e.g. shm=<socket>
  *
- * ote_segment_open asks the peer for its advertisement (a HELLO with role
+ * An engine with transports=tcp opens it directly, as before routing existed, and asks
+ * the peer for its list only when that open fails, to report a mismatch of lists as one. Otherwise ote_segment_open first asks the peer for
+ * its advertisement (a HELLO with role
  * OTE_CTL_ROLE_INFO on a short TCP connection), then takes the first transport of this
  * engine's list that the peer offers and that can reach it (peer_open_info answers
  * OTE_ERR_UNSUPPORTED when it cannot). A peer without an advertisement (an older engine)
@@ -283,11 +285,53 @@ ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size
     return query_info(arg, peer, buf, cap);
 }
 
+/* transports=tcp: open it directly, exactly as before routing existed (no extra
+ * connection); only when that fails is the peer asked for its list, so that a mismatch
+ * is reported as one. 1 when handled (*st_out set). */
+static int open_single(ote_engine_t *e, const char *peer, char *info, ote__transport_t **tp_out,
+                       const char **name_out, ote__tpeer_t **peer_out, ote_status_t *st_out) {
+    ote__transport_t *tp = NULL;
+    const char *tname = NULL;
+    for (size_t j = 0; j < e->ntps; j++)
+        if (strcmp(e->tpnames[j], e->cfg.transports) == 0) {
+            tp = e->tps[j];
+            tname = e->tpnames[j];
+        }
+    if (tp == NULL || strcmp(tname, "tcp") != 0) return 0;
+    ote__tpeer_t *tpeer = NULL;
+    ote_status_t st = tp->ops->peer_open(tp, peer, &tpeer);
+    if (st == OTE_OK) {
+        OTE_INFO("engine", "segment %s: transport %s (this engine offers only %s)", peer, tname,
+                 tname);
+        *tp_out = tp;
+        *name_out = tname;
+        *peer_out = tpeer;
+    } else {
+        char plist[64];
+        if (query_info(e, peer, info, OTE_CTL_MAX_INFO + 1) == OTE_OK &&
+            ote_ctl_info_get(info, "transports", plist, sizeof(plist)) == OTE_OK &&
+            !list_has(plist, tname)) {
+            OTE_ERROR("engine",
+                      "segment_open %s: no common transport: this engine offers transports=%s, "
+                      "the peer transports=%s",
+                      peer, e->cfg.transports, plist);
+            st = OTE_ERR_UNSUPPORTED;
+        }
+    }
+    *st_out = st;
+    return 1;
+}
+
 ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_t **tp_out,
                               const char **name_out, ote__tpeer_t **peer_out) {
     char *info = ote_malloc(OTE_CTL_MAX_INFO + 1);
     if (info == NULL) return OTE_ERR_NOMEM;
-    ote_status_t st = query_info(e, peer, info, OTE_CTL_MAX_INFO + 1);
+    ote_status_t st;
+    if (open_single(e, peer, info, tp_out, name_out, peer_out, &st)) {
+        ote_free(info);
+        return st;
+    }
+    st = query_info(e, peer, info, OTE_CTL_MAX_INFO + 1);
     /* A peer that answered but whose answer the router cannot use (another version, a
      * limit out of range, garbage) is left to the transports, whose own handshakes say
      * precisely what is wrong; one that cannot be reached fails here. */

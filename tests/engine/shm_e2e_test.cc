@@ -4,6 +4,9 @@
 // configuration) and over tcp (e2e_tcp_test).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -13,6 +16,7 @@
 #include "tests/engine/e2e_fixture.h"
 
 extern "C" {
+#include "base/log.h"
 #include "base/time.h"
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
@@ -221,6 +225,30 @@ TEST_F(RoutingTest, PeerOfAnotherHostGetsTcp) {
 TEST_F(RoutingTest, ShmOnlyEngineUsesShm) {
     EXPECT_EQ(OpenAndMove({{"transports", "shm"}}, {}), "shm");
     EXPECT_EQ(OpenAndMove({{"transports", "tcp,shm"}}, {}), "tcp"); // the requester's order
+}
+
+// Whether this process may start a child as uid 65534 (root outside a user namespace
+// that maps only root).
+bool CanRunAsNobody() {
+    if (getuid() != 0) return false;
+    pid_t pid = fork();
+    if (pid == 0) _exit(setgid(65534) == 0 && setuid(65534) == 0 ? 0 : 1);
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+}
+
+TEST_F(RoutingTest, PeerOfAnotherUidGetsTheRing) {
+    if (!CanRunAsNobody())
+        GTEST_SKIP() << "cannot start a process as uid 65534 here (not root, or a user "
+                        "namespace that maps only root): the other-uid case is not shown";
+    // Cross-memory attach needs one uid; the source sees the requester's uid differ and
+    // takes the shared ring the HELLO carries, before any transfer.
+    ote_log_level_t old = ote_log_level();
+    ote_log_set_level(OTE_LOG_INFO);
+    EXPECT_EQ(OpenAndMove({}, {"OTE_TARGET_UID=65534"}), "shm");
+    ote_log_set_level(old);
+    EXPECT_TRUE(LogContains("shared ring"));
 }
 
 TEST_F(RoutingTest, NoCommonTransportFailsNamingBothLists) {
