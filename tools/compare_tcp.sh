@@ -8,9 +8,9 @@
 #   2. iperf3, one TCP stream, server bound to 127.0.0.1;
 #   3. ucx_perftest (UCT over tcp on the lo device, UCX_TLS=tcp): put_bw at 64 MiB and
 #      am_bw at 4 KiB (the better of the short and bcopy layouts);
-#   4. same host: ote_bench --transport shm (cross-memory attach) 64 MiB WRITE/READ and
-#      4 KiB x64 WRITE/READ, and ucx_perftest over UCX's shared-memory transport
-#      (-x posix -d memory) put_bw at 64 MiB and 4 KiB;
+#   4. same host: ote_bench --transport shm, cross-memory attach and then shm_mode=ring,
+#      64 MiB WRITE/READ and 4 KiB x64 WRITE/READ, and ucx_perftest over UCX's shared-memory transport
+#      (-x posix -d memory) put_bw at 64 MiB (bcopy: posix has no put zcopy) and 4 KiB;
 # then prints every figure and OrbitTE's ratios: 64 MiB WRITE and READ against iperf3's
 # single-stream throughput (target >= 1.0x), the 4 KiB batch-64 WRITE message rate
 # against UCX's am_bw message rate (target >= 2x), and for the same host: shm 64 MiB
@@ -234,8 +234,16 @@ ote SW64M --transport shm --op write --block-size 64M --batch-size 1
 ote SR64M --transport shm --op read --block-size 64M --batch-size 1
 ote SW4K --transport shm --op write --block-size 4K --batch-size 64
 ote SR4K --transport shm --op read --block-size 4K --batch-size 64
+# The same over the shared ring (shm_mode=ring, which both processes inherit).
+OTE_QW64M_GBPS="" OTE_QR64M_GBPS="" OTE_QW4K_OPS="" OTE_QR4K_OPS=""
+export OTE_SHM_MODE=ring
+ote QW64M --transport shm --op write --block-size 64M --batch-size 1
+ote QR64M --transport shm --op read --block-size 64M --batch-size 1
+ote QW4K --transport shm --op write --block-size 4K --batch-size 64
+ote QR4K --transport shm --op read --block-size 4K --batch-size 64
+unset OTE_SHM_MODE
 UCX_SHM_PUT_GBPS="" UCX_SHM_PUT4K_MR=""
-if r="$(ucx put_bw 67108864 3 zcopy posix memory)"; then
+if r="$(ucx put_bw 67108864 3 bcopy posix memory)"; then
     UCX_SHM_PUT_GBPS="$(awk -v m="${r%% *}" 'BEGIN { printf "%.4f", m * 1048576 / 1e9 }')"
 else
     STATUS=1
@@ -267,17 +275,25 @@ printf '%-52s %14s\n' "WRITE 4 KiB x64 rate / UCX am_bw 4 KiB rate (>= 2x)" "$(r
 printf '%-52s %14s\n' "READ  4 KiB x64 rate / UCX am_bw 4 KiB rate (info)" "$(ratio "$OTE_R4K_OPS" "$UCX_AM_MR")"
 printf '%-52s %14s\n' "WRITE 64 MiB / UCX put_bw 64 MiB (info)" "$(ratio "$OTE_W64M_GBPS" "$UCX_PUT_GBPS")"
 echo
-echo "same host: ote_bench --transport shm (cross-memory attach) vs UCX posix and ote_bench TCP"
+echo "same host: ote_bench --transport shm (cross-memory attach; ring: shm_mode=ring) vs UCX posix and ote_bench TCP"
 printf '%-52s %14s\n' "ote_bench shm WRITE 64 MiB, batch 1, 1 thread" "$(fmt "$OTE_SW64M_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench shm READ  64 MiB, batch 1, 1 thread" "$(fmt "$OTE_SR64M_GBPS" '%.3f GB/s')"
-printf '%-52s %14s\n' "ucx_perftest put_bw 64 MiB (posix memory, zcopy)" "$(fmt "$UCX_SHM_PUT_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm ring WRITE 64 MiB, batch 1, 1 thread" "$(fmt "$OTE_QW64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm ring READ  64 MiB, batch 1, 1 thread" "$(fmt "$OTE_QR64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ucx_perftest put_bw 64 MiB (posix memory, bcopy)" "$(fmt "$UCX_SHM_PUT_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench shm WRITE 4 KiB, batch 64, 1 thread" "$(fmt "$OTE_SW4K_OPS" '%.0f msg/s')"
 printf '%-52s %14s\n' "ote_bench shm READ  4 KiB, batch 64, 1 thread" "$(fmt "$OTE_SR4K_OPS" '%.0f msg/s')"
+printf '%-52s %14s\n' "ote_bench shm ring WRITE 4 KiB, batch 64, 1 thread" "$(fmt "$OTE_QW4K_OPS" '%.0f msg/s')"
+printf '%-52s %14s\n' "ote_bench shm ring READ  4 KiB, batch 64, 1 thread" "$(fmt "$OTE_QR4K_OPS" '%.0f msg/s')"
 printf '%-52s %14s\n' "ucx_perftest put_bw 4 KiB (posix memory)" "$(fmt "$UCX_SHM_PUT4K_MR" '%.0f msg/s')"
 echo "ratios (target)"
 printf '%-52s %14s\n' "shm WRITE 64 MiB / UCX posix put_bw 64 MiB (>= 0.9x)" "$(ratio "$OTE_SW64M_GBPS" "$UCX_SHM_PUT_GBPS")"
 printf '%-52s %14s\n' "shm READ  64 MiB / UCX posix put_bw 64 MiB (>= 0.9x)" "$(ratio "$OTE_SR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "ring WRITE 64 MiB / UCX posix put_bw 64 MiB (>= 0.6x)" "$(ratio "$OTE_QW64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "ring READ  64 MiB / UCX posix put_bw 64 MiB (>= 0.6x)" "$(ratio "$OTE_QR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
 printf '%-52s %14s\n' "shm WRITE 4 KiB x64 / TCP WRITE 4 KiB x64 (>= 3x)" "$(ratio "$OTE_SW4K_OPS" "$OTE_W4K_OPS")"
 printf '%-52s %14s\n' "shm READ  4 KiB x64 / TCP READ  4 KiB x64 (>= 3x)" "$(ratio "$OTE_SR4K_OPS" "$OTE_R4K_OPS")"
+printf '%-52s %14s\n' "ring WRITE 4 KiB x64 / TCP WRITE 4 KiB x64 (info)" "$(ratio "$OTE_QW4K_OPS" "$OTE_W4K_OPS")"
+printf '%-52s %14s\n' "ring READ  4 KiB x64 / TCP READ  4 KiB x64 (info)" "$(ratio "$OTE_QR4K_OPS" "$OTE_R4K_OPS")"
 printf '%-52s %14s\n' "shm WRITE 4 KiB x64 / UCX posix put_bw 4 KiB (info)" "$(ratio "$OTE_SW4K_OPS" "$UCX_SHM_PUT4K_MR")"
 exit "$STATUS"
