@@ -8,7 +8,8 @@ A package may depend only on the packages below it:
 Inside engine/ the same holds between its owner libraries:
 
     //engine (public API, registrations, batches, notifications, composition)
-        -> //engine/tcp, //engine/rdma (one library per transport; never each other)
+        -> //engine/tcp, //engine/rdma, //engine/shm (one library per transport; never
+           each other)
         -> //engine:transport_api, //engine:config, //engine/control, //engine:api
 
 Each layer's targets are visible only to the layers above it (and to //tests), so an
@@ -49,7 +50,7 @@ def vis_engine_control():
     return _engine_inside()
 
 def vis_engine_transport():
-    """//engine/tcp, //engine/rdma, ...: only //engine composes a transport; a transport
+    """//engine/tcp, //engine/rdma, //engine/shm: only //engine composes a transport; a transport
     never sees another one."""
     return ["//engine:__pkg__", "//tests:__subpackages__"]
 

@@ -108,7 +108,7 @@ typedef struct {
  * handshake refuses such peers; this keeps the slice size from ever being 0). */
 static ote_status_t req_plan(ote_segment_t *seg, uint64_t length, req_plan_t *out) {
     uint64_t ssz = seg->e->cfg.slice_size;
-    uint64_t mx = (uint64_t)seg->e->tp->ops->peer_max_slice(seg->peer) / 2;
+    uint64_t mx = (uint64_t)seg->tp->ops->peer_max_slice(seg->peer) / 2;
     if (mx < ssz) ssz = mx;
     if (ssz == 0) {
         OTE_ERROR("engine", "segment %s: the transport reports a slice limit of %llu bytes",
@@ -145,11 +145,12 @@ static ote_status_t submit_validate(const ote_batch_t *b, const ote_request_t *r
 
 /* Reconnect lost peers before anything is reserved. */
 static ote_status_t submit_ensure_peers(ote_engine_t *e, const ote_request_t *reqs, size_t n) {
+    (void)e; /* each segment names its own transport */
     ote_segment_t *last = NULL;
     for (size_t i = 0; i < n; i++) {
         if (reqs[i].segment == last) continue;
         last = reqs[i].segment;
-        ote_status_t st = e->tp->ops->peer_ensure(last->peer);
+        ote_status_t st = last->tp->ops->peer_ensure(last->peer);
         if (st != OTE_OK) return st;
     }
     return OTE_OK;
@@ -197,7 +198,8 @@ typedef struct {
 } slice_list_t;
 
 static void slice_list_flush(ote_engine_t *e, slice_list_t *l) {
-    if (l->head != NULL) e->tp->ops->submit(l->seg->peer, l->head);
+    (void)e; /* each segment names its own transport */
+    if (l->head != NULL) l->seg->tp->ops->submit(l->seg->peer, l->head);
     l->head = l->tail = NULL;
 }
 
@@ -386,7 +388,7 @@ ote_status_t ote_batch_cancel(ote_batch_t *b) {
     }
     /* The transports drop queued slices now; slices on the wire finish first. With many
      * segments, the others see the flag when they next touch the queue. */
-    for (size_t j = 0; j < nsegs; j++) b->e->tp->ops->cancel(segs[j]->peer);
+    for (size_t j = 0; j < nsegs; j++) segs[j]->tp->ops->cancel(segs[j]->peer);
     ote_mutex_unlock(&b->mu);
     if (overflow) OTE_DEBUG("engine", "cancel: more than 16 segments; others drop lazily");
     return OTE_OK;

@@ -17,7 +17,16 @@
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
 
-typedef enum { K_STRING, K_UINT, K_SIZE, K_ENUM, K_ADDR, K_ADDR_OPT, K_LOGLEVEL } kind_t;
+typedef enum {
+    K_STRING,
+    K_UINT,
+    K_SIZE,
+    K_ENUM,
+    K_ADDR,
+    K_ADDR_OPT,
+    K_LOGLEVEL,
+    K_TRANSPORTS
+} kind_t;
 
 typedef struct {
     const char *key;
@@ -28,7 +37,12 @@ typedef struct {
 } key_def_t;
 
 static const key_def_t g_keys[] = {
-    {"transport", K_ENUM, "tcp", 0, 0, {"tcp", "rdma", NULL, NULL}},
+    /* transport: the one-element form of transports; "" = not set (transports rules). */
+    {"transport", K_ENUM, "", 0, 0, {"", "tcp", "rdma", "shm"}},
+    {"transports", K_TRANSPORTS, "shm,tcp", 0, 0, {NULL}},
+    /* shm data path: auto = cross-memory attach where the kernel allows it, else the
+     * shared ring; ring = always the shared ring. */
+    {"shm_mode", K_ENUM, "auto", 0, 0, {"auto", "ring", NULL, NULL}},
     {"listen_address", K_ADDR, "127.0.0.1:0", 0, 0, {NULL}},
     {"advertise_address", K_ADDR_OPT, "", 0, 0, {NULL}},
     {"tcp_connections", K_UINT, "4", 1, 64, {NULL}},
@@ -188,6 +202,25 @@ ote_status_t ote__addr_format(const struct sockaddr *sa, char *buf, size_t len) 
     return OTE_OK;
 }
 
+/* "shm,rdma,tcp": 1..3 distinct names out of tcp, rdma, shm, comma-separated. */
+static ote_status_t validate_transports(const char *v) {
+    static const char *const names[] = {"tcp", "rdma", "shm"};
+    unsigned seen = 0, n = 0;
+    for (const char *p = v;;) {
+        const char *end = strchr(p, ',');
+        size_t l = end ? (size_t)(end - p) : strlen(p);
+        int found = -1;
+        for (int i = 0; i < 3; i++)
+            if (strlen(names[i]) == l && memcmp(names[i], p, l) == 0) found = i;
+        if (found < 0 || (seen & (1u << found))) return OTE_ERR_INVALID;
+        seen |= 1u << found;
+        n++;
+        if (end == NULL) break;
+        p = end + 1;
+    }
+    return n >= 1 ? OTE_OK : OTE_ERR_INVALID;
+}
+
 static ote_status_t validate(const key_def_t *k, const char *v) {
     char host[256];
     uint16_t port;
@@ -204,6 +237,7 @@ static ote_status_t validate(const key_def_t *k, const char *v) {
         case K_ADDR: return ote__addr_split(v, host, sizeof(host), &port, NULL);
         case K_LOGLEVEL:
             return (v[0] == '\0' || ote_log_parse_level(v) >= 0) ? OTE_OK : OTE_ERR_INVALID;
+        case K_TRANSPORTS: return validate_transports(v);
         case K_UINT:
             for (const char *p = v; *p; p++)
                 if (!isdigit((unsigned char)*p)) return OTE_ERR_INVALID;
@@ -236,6 +270,9 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
                      (unsigned long long)k->min, (unsigned long long)k->max);
             break;
         case K_LOGLEVEL: snprintf(buf, len, "error, warn, info, debug or trace"); break;
+        case K_TRANSPORTS:
+            snprintf(buf, len, "a comma list of distinct tcp, rdma, shm (e.g. \"shm,tcp\")");
+            break;
         default: snprintf(buf, len, "at most %llu characters", (unsigned long long)k->max);
     }
 }
@@ -317,6 +354,7 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
     if (out == NULL) return OTE_ERR_INVALID;
     ote__cfg_t r;
     memset(&r, 0, sizeof(r));
+    int transports_set = 0;
     for (size_t i = 0; i < NKEYS; i++) {
         const char *src;
         const char *v = effective(cfg, i, &src);
@@ -332,6 +370,10 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         if (k->kind == K_UINT) n = strtoull(v, NULL, 10);
         if (k->kind == K_SIZE) (void)ote__parse_size(v, &n);
         if (strcmp(k->key, "transport") == 0) copy_str(r.transport, sizeof(r.transport), v);
+        else if (strcmp(k->key, "transports") == 0) {
+            copy_str(r.transports, sizeof(r.transports), v);
+            transports_set = strcmp(src, "default") != 0;
+        } else if (strcmp(k->key, "shm_mode") == 0) copy_str(r.shm_mode, sizeof(r.shm_mode), v);
         else if (strcmp(k->key, "listen_address") == 0)
             copy_str(r.listen_address, sizeof(r.listen_address), v);
         else if (strcmp(k->key, "advertise_address") == 0)
@@ -349,6 +391,19 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
     }
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
+    /* transport (one element) counts when transports was left at its default; setting
+     * both to different lists is refused rather than guessed. */
+    if (r.transport[0] != '\0') {
+        if (transports_set && strcmp(r.transport, r.transports) != 0) {
+            OTE_ERROR("engine", "config: transport=%s and transports=%s disagree: set one of them",
+                      r.transport, r.transports);
+            return OTE_ERR_INVALID;
+        }
+        copy_str(r.transports, sizeof(r.transports), r.transport);
+    }
+    size_t first = strcspn(r.transports, ",");
+    memcpy(r.transport, r.transports, first);
+    r.transport[first] = '\0';
     *out = r;
     return OTE_OK;
 }

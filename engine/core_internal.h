@@ -6,6 +6,8 @@
  *
  * Files, one job each:
  *   engine.c    engine lifecycle (create, destroy, address) and segments
+ *   router.c    the engine's transports, its advertisement and the choice of a transport
+ *               per segment (ote_segment_info)
  *   registry.c  registered memory: register/unregister and the pins the source side of a
  *               transport (host->pin) and local buffers of requests take
  *   notify.c    notifications: the received queue, ote_notify_*, and notifications
@@ -85,9 +87,16 @@ typedef struct ote__nout {
     uint8_t msg[];
 } ote__nout_t;
 
+#define OTE__MAX_TRANSPORTS 3
+
 struct ote_engine {
     ote__cfg_t cfg;
-    ote__transport_t *tp;
+    ote__transport_t *tp; /* the listener (tps[0]): the engine's address */
+    ote__transport_t *tps[OTE__MAX_TRANSPORTS];
+    char tpnames[OTE__MAX_TRANSPORTS][8];
+    size_t ntps;
+    char self_addr[OTE__ADDR_MAX]; /* host->self_addr */
+    char info[1025];               /* host->info: the advertisement (router.c) */
 
     pthread_rwlock_t reg_lk;
     ote__reg_t **regs; /* sorted by start, non-overlapping */
@@ -111,6 +120,8 @@ struct ote_engine {
 
 struct ote_segment {
     ote_engine_t *e;
+    ote__transport_t *tp; /* the transport the router chose */
+    const char *tpname;
     ote__tpeer_t *peer;
     _Atomic long pending; /* requests in flight */
     _Atomic long notes;   /* notifications attached to batches or in flight */
@@ -145,6 +156,19 @@ struct ote_batch {
     ote__nout_t *notes;            /* attached, not yet decided */
     _Atomic uint64_t last_wait_ns; /* how long the last completed wait took (0: none yet) */
 };
+
+/* ---- router.c --------------------------------------------------------------------- */
+/* Create the transports of e->cfg.transports (all or none), fill e->info/self_addr. */
+ote_status_t ote__router_create(ote_engine_t *e);
+void ote__router_destroy(ote_engine_t *e);
+/* Connect to peer through the first transport both sides offer that reaches it. */
+ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_t **tp_out,
+                              const char **name_out, ote__tpeer_t **peer_out);
+/* host->query_info (arg: the engine). */
+ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size_t cap);
+/* mem_(un)register of every transport (all or none for register). */
+ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms);
+ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr);
 
 /* ---- registry.c ------------------------------------------------------------------- */
 /* The registration covering [addr, addr+len), or NULL. e->reg_lk held. */

@@ -18,13 +18,6 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     ote_status_t st = ote__config_resolve(cfg, &rc);
     if (st != OTE_OK) return st;
     if (rc.log_level[0]) ote_log_set_level((ote_log_level_t)ote_log_parse_level(rc.log_level));
-    if (strcmp(rc.transport, "tcp") != 0 && strcmp(rc.transport, "rdma") != 0) {
-        OTE_ERROR("engine",
-                  "transport=%s requested, but this build has no %s transport yet; refusing to "
-                  "create the engine (no fallback to tcp)",
-                  rc.transport, rc.transport);
-        return OTE_ERR_UNSUPPORTED;
-    }
     ote_engine_t *e = ote_calloc(1, sizeof(*e));
     if (e == NULL) return OTE_ERR_NOMEM;
     e->cfg = rc;
@@ -40,14 +33,9 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     if (st != OTE_OK) goto err_ncv;
     st = ote_cond_init(&e->ocv);
     if (st != OTE_OK) goto err_omu;
-    ote__host_t host = {.arg = e,
-                        .pin = ote__reg_pin,
-                        .unpin = ote__reg_unpin,
-                        .deliver_notify = ote__notify_deliver};
-    /* transport=rdma selects engine/rdma/ (no fallback: its creation fails, naming what is
-     * missing, when no device is usable). */
-    if (strcmp(rc.transport, "rdma") == 0) st = ote__rdma_create(&e->cfg, &host, &e->tp);
-    else st = ote__tcp_create(&e->cfg, &host, &e->tp);
+    /* Every transport of the list (router.c); rdma fails, naming what is missing, when no
+     * device is usable (never a fallback). */
+    st = ote__router_create(e);
     if (st != OTE_OK) goto err_ocv;
     *engine_out = e;
     return OTE_OK;
@@ -75,7 +63,7 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
                  batches);
         return OTE_ERR_BUSY;
     }
-    e->tp->ops->destroy(e->tp);
+    ote__router_destroy(e);
     for (size_t i = 0; i < e->nregs; i++) ote_free(e->regs[i]);
     ote_free(e->regs);
     while (e->nhead) {
@@ -108,7 +96,7 @@ ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t *
     }
     ote_segment_t *s = ote_calloc(1, sizeof(*s));
     if (s == NULL) return OTE_ERR_NOMEM;
-    ote_status_t st = e->tp->ops->peer_open(e->tp, peer, &s->peer);
+    ote_status_t st = ote__router_open(e, peer, &s->tp, &s->tpname, &s->peer);
     if (st != OTE_OK) {
         ote_free(s);
         return st;
@@ -135,7 +123,7 @@ ote_status_t ote_segment_close(ote_segment_t *s) {
         ote_mutex_unlock(&e->omu);
         if (atomic_load(&s->notes) > 0) return OTE_ERR_BUSY;
     }
-    ote_status_t st = e->tp->ops->peer_close(s->peer);
+    ote_status_t st = s->tp->ops->peer_close(s->peer);
     if (st != OTE_OK) return st;
     atomic_fetch_sub(&e->nsegments, 1);
     ote_free(s);

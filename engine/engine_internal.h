@@ -31,7 +31,9 @@ extern "C" {
 
 /* Resolved, validated configuration: what an engine copies at creation. */
 typedef struct ote__cfg_s {
-    char transport[16];
+    char transport[16];  /* the first of transports */
+    char transports[32]; /* ordered list, e.g. "shm,tcp" (validated) */
+    char shm_mode[8];    /* "auto" or "ring" */
     char listen_address[OTE__ADDR_MAX];
     char advertise_address[OTE__ADDR_MAX]; /* "" = none */
     uint32_t tcp_connections;

@@ -118,13 +118,13 @@ static void nout_send(ote__nout_t *n) {
     atomic_fetch_add(&n->seg->notes, 1);
     n->slice.deadline = ote_deadline_after(n->e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     n->slice.next = NULL;
-    n->seg->e->tp->ops->submit(n->seg->peer, &n->slice);
+    n->seg->tp->ops->submit(n->seg->peer, &n->slice);
 }
 
 ote_status_t ote_notify_send(ote_engine_t *e, ote_segment_t *seg, const void *msg, size_t len) {
     if (e == NULL || seg == NULL || seg->e != e || (msg == NULL && len > 0)) return OTE_ERR_INVALID;
     if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
-    ote_status_t st = e->tp->ops->peer_ensure(seg->peer);
+    ote_status_t st = seg->tp->ops->peer_ensure(seg->peer);
     if (st != OTE_OK) return st;
     ote__nout_t *n;
     st = nout_new(e, seg, msg, len, 2, &n);
@@ -215,7 +215,7 @@ void ote__notes_send(ote__nout_t *list) {
         n->next = NULL;
         /* The batch's hold on seg->notes is handed to the in-flight notification. */
         n->slice.deadline = ote_deadline_after(n->e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
-        n->seg->e->tp->ops->submit(n->seg->peer, &n->slice);
+        n->seg->tp->ops->submit(n->seg->peer, &n->slice);
     }
 }
 
@@ -236,7 +236,7 @@ ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *ms
         send = ote__batch_decide_notes(b);
     ote_mutex_unlock(&b->mu);
     if (send) {
-        st = b->e->tp->ops->peer_ensure(seg->peer);
+        st = seg->tp->ops->peer_ensure(seg->peer);
         if (st != OTE_OK) {
             /* Unsendable: the slice fails through the transport with PEER_LOST. */
             OTE_WARN("engine", "batch notification to %s: reconnect failed: %s", seg->name,

@@ -90,8 +90,7 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
     }
     /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
      * failure leaves nothing registered. NULL for transports that need none (tcp). */
-    if (st == OTE_OK && e->tp->ops->mem_register != NULL)
-        st = e->tp->ops->mem_register(e->tp, addr, len, perms);
+    if (st == OTE_OK) st = ote__router_mem_register(e, addr, len, perms);
     if (st == OTE_OK) {
         size_t at = (size_t)(i + 1);
         memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
@@ -133,8 +132,7 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
                 *waiting = 2; /* released meanwhile: try again at once */
             }
         }
-    } else if (e->tp->ops->mem_unregister != NULL &&
-               (st = e->tp->ops->mem_unregister(e->tp, (void *)(uintptr_t)start)) != OTE_OK) {
+    } else if ((st = ote__router_mem_unregister(e, (void *)(uintptr_t)start)) != OTE_OK) {
         /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {
         victim = e->regs[i];

@@ -2,7 +2,8 @@
  * engine/transport.h - the internal interface between the engine and a transport.
  *
  * The engine owns registrations, batches and requests; a transport owns connections to
- * peers and moves slices. TCP (engine/tcp/) and RDMA (engine/rdma/) each fill this table
+ * peers and moves slices. TCP (engine/tcp/), RDMA (engine/rdma/) and shm (engine/shm/)
+ * each fill this table
  * in a library of their own (//engine:transport_api is this header): a transport sees
  * this interface, the control plane and the layers it composes, never another
  * transport; only //engine, which composes them, calls ote__tcp_create/ote__rdma_create.
@@ -67,6 +68,10 @@ struct ote__slice {
             struct ote__rdma_tp *tp; /* the transport that took the slice */
             struct ibv_mr *mr;       /* temporary MR of an unregistered local buffer, or NULL */
         } rdma;
+        struct {
+            uint64_t id;       /* number of the slice's request on its peer connection */
+            uint64_t ring_end; /* ring mode: where its bytes end in the ring (virtual) */
+        } shm;
     } xp;
 };
 
@@ -81,6 +86,16 @@ typedef struct {
      * when queued; OTE_ERR_AGAIN when the engine's queue is full (or out of memory):
      * the transport answers NOTIFY_ACK with the returned status. */
     ote_status_t (*deliver_notify)(void *arg, const char *from, const void *msg, size_t len);
+    /* The engine's advertisement ("transports=...;boot=...;..." text, see engine/router.c)
+     * and its advertised "host:port": NUL-terminated, owned by the engine, filled once all
+     * its transports exist and unchanged from then until the engine is destroyed. Each
+     * points at "" before that. A transport's source side sends info in its HELLO_ACK. */
+    const char *info;
+    const char *self_addr;
+    /* Ask the engine listening at "host:port" for its advertisement now (a short
+     * handshake on its listener, bounded by connect_timeout_ms): how a transport that
+     * reaches peers by advertised names (shm) finds a restarted peer again. */
+    ote_status_t (*query_info)(void *arg, const char *peer, char *buf, size_t cap);
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;
@@ -108,6 +123,15 @@ typedef struct {
      * range's MRs here. A failure refuses the (un)registration. */
     ote_status_t (*mem_register)(ote__transport_t *tp, void *addr, size_t len, unsigned perms);
     ote_status_t (*mem_unregister)(ote__transport_t *tp, void *addr);
+    /* Optional. This transport's own part of the engine's advertisement ("key=value"
+     * pairs joined by ';', e.g. the shm transport's control socket), or "". */
+    ote_status_t (*advert)(ote__transport_t *tp, char *buf, size_t len);
+    /* Optional: used instead of peer_open when set. peer_info is the peer's
+     * advertisement (its HELLO_ACK info). OTE_ERR_UNSUPPORTED, logged at INFO and quietly
+     * returned, when this transport cannot reach that peer (another host, another
+     * namespace, no kernel support): the router then tries the next transport. */
+    ote_status_t (*peer_open_info)(ote__transport_t *tp, const char *peer, const char *peer_info,
+                                   ote__tpeer_t **peer_out);
 } ote__transport_ops_t;
 
 struct ote__transport {
@@ -122,6 +146,11 @@ ote_status_t ote__tcp_create(const struct ote__cfg_s *cfg, const ote__host_t *ho
  * no device is usable (never a fallback to tcp). */
 ote_status_t ote__rdma_create(const struct ote__cfg_s *cfg, const ote__host_t *host,
                               ote__transport_t **tp_out);
+/* The same-host transport (engine/shm/): UNIX-domain control socket, cross-memory attach
+ * data path. It has no TCP listener of its own: peers learn its socket from the engine's
+ * advertisement. */
+ote_status_t ote__shm_create(const struct ote__cfg_s *cfg, const ote__host_t *host,
+                             ote__transport_t **tp_out);
 
 #ifdef __cplusplus
 }

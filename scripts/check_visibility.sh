@@ -77,6 +77,14 @@ expect_fail "planted //engine/tcp -> //engine/rdma is a visibility error" \
 expect_fail "planted //engine/rdma -> //engine/tcp is a visibility error" \
     "target '//engine/tcp:tcp' is not visible from target '//engine/rdma:planted'" \
     -- build --nobuild //engine/rdma:planted
+printf '\ncc_library(name = "planted", deps = ["//engine/tcp"])\n' >>engine/shm/BUILD.bazel
+printf '\ncc_library(name = "planted_shm", deps = ["//engine/shm"])\n' >>engine/tcp/BUILD.bazel
+expect_fail "planted //engine/shm -> //engine/tcp is a visibility error" \
+    "target '//engine/tcp:tcp' is not visible from target '//engine/shm:planted'" \
+    -- build --nobuild //engine/shm:planted
+expect_fail "planted //engine/tcp -> //engine/shm is a visibility error" \
+    "target '//engine/shm:shm' is not visible from target '//engine/tcp:planted_shm'" \
+    -- build --nobuild //engine/tcp:planted_shm
 bz shutdown >/dev/null 2>&1
 
 echo "== outside consumer workspace against //engine through <ote/ote.h>"
@@ -85,7 +93,8 @@ bz build //engine_app:engine_user && ./bazel-bin/engine_app/engine_user
 record "consumer builds and runs engine_user against //engine" $?
 
 cp engine_app/engine_user.c "$SCRATCH/engine_user.c.orig"
-for h in engine/engine_internal.h engine/core_internal.h engine/tcp/tcp_internal.h; do
+for h in engine/engine_internal.h engine/core_internal.h engine/tcp/tcp_internal.h \
+    engine/shm/shm_internal.h; do
     { printf '#include "%s"\n' "$h"; cat "$SCRATCH/engine_user.c.orig"; } >engine_app/engine_user.c
     expect_fail "consumer cannot include $h" \
         "$h is internal to OrbitTE's engine" -- build //engine_app:engine_user

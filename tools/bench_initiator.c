@@ -153,9 +153,12 @@ static int initiator_buffer(initiator_t *in) {
 static void print_table_header(const initiator_t *in) {
     const bench_options_t *o = in->o;
     char hdr[256];
-    printf("# ote_bench: %s %s against %s%s; %s per result; %" PRIu64
+    ote_segment_info_t info;
+    if (ote_segment_info(in->seg, &info) != OTE_OK)
+        snprintf(info.transport, sizeof(info.transport), "?");
+    printf("# ote_bench: %s (transports %s) %s against %s%s; %s per result; %" PRIu64
            " batch(es) in flight per thread\n",
-           o->transport, bench_op_name(o->op), in->target,
+           info.transport, o->transport, bench_op_name(o->op), in->target,
            in->child.pid ? " (child on loopback)" : "",
            o->total_bytes ? "fixed bytes" : "fixed time", o->depth);
     printf(

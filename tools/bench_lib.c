@@ -215,7 +215,11 @@ const char *bench_usage(void) {
            "       ote_bench --target H:P [options]         measure against that target\n"
            "\n"
            "Initiator options:\n"
-           "  --transport tcp|rdma     transport of both engines (default tcp)\n"
+           "  --transport tcp|rdma|shm transport of both engines (default tcp); shm: the "
+           "same-host\n"
+           "                           transport (cross-memory attach)\n"
+           "  --transports LIST        the engines' ordered list instead, e.g. shm,tcp: each\n"
+           "                           segment takes the first both offer (the header says which)\n"
            "  --op read|write          READ pulls from the target, WRITE pushes to it (default "
            "write)\n"
            "  -b, --block-size LIST    bytes per request, K/M/G suffixes, comma list sweeps\n"
@@ -247,7 +251,7 @@ const char *bench_usage(void) {
            "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
            "  --advertise HOST:PORT    address to report (default: the listen address)\n"
            "  --buffer-size SIZE       buffer registered for READ and WRITE (default 1G)\n"
-           "  --transport tcp|rdma\n"
+           "  --transport tcp|rdma|shm, --transports LIST\n"
            "The target prints one line 'OTEB1 TARGET <host:port> <buffer address> <length>' and\n"
            "serves until interrupted. An initiator asks it for the buffer through an OrbitTE\n"
            "notification, so it must be reachable from the target (--listen/--advertise), or\n"
@@ -265,6 +269,7 @@ enum {
     OPT_LISTEN,
     OPT_ADVERTISE,
     OPT_TRANSPORT,
+    OPT_TRANSPORTS,
     OPT_OP,
     OPT_WARMUP,
     OPT_TIMEOUT,
@@ -299,6 +304,23 @@ uint64_t bench_working_set(const bench_options_t *o) {
     return best;
 }
 
+/* A list of 1..3 distinct names out of tcp, rdma, shm (the engine checks it again). */
+static bool transports_ok(const char *arg) {
+    static const char *const names[] = {"tcp", "rdma", "shm"};
+    unsigned seen = 0;
+    if (strlen(arg) >= sizeof(((bench_options_t *)0)->transport)) return false;
+    for (const char *p = arg;;) {
+        size_t l = strcspn(p, ",");
+        int found = -1;
+        for (int i = 0; i < 3; i++)
+            if (strlen(names[i]) == l && strncmp(names[i], p, l) == 0) found = i;
+        if (found < 0 || (seen & (1u << found))) return false;
+        seen |= 1u << found;
+        if (p[l] == '\0') return true;
+        p += l + 1;
+    }
+}
+
 /* Options of role, addresses, transport and operation.
  * Returns 0, -1 after set_err, or 1 when c is not one of them. */
 static int parse_where_and_what(int c, const char *arg, bench_options_t *o, char *err,
@@ -319,8 +341,11 @@ static int parse_where_and_what(int c, const char *arg, bench_options_t *o, char
             if (copy_addr("--advertise", arg, o->advertise, err, errlen) != 0) return -1;
             break;
         case OPT_TRANSPORT:
-            if (strcmp(arg, "tcp") != 0 && strcmp(arg, "rdma") != 0)
-                return set_err(err, errlen, "--transport: '%s' is not tcp or rdma", arg);
+        case OPT_TRANSPORTS:
+            if (!transports_ok(arg))
+                return set_err(err, errlen,
+                               "--transport%s: '%s' is not a comma list of distinct tcp, rdma, shm",
+                               c == OPT_TRANSPORTS ? "s" : "", arg);
             snprintf(o->transport, sizeof o->transport, "%s", arg);
             break;
         case OPT_OP:
@@ -505,6 +530,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"listen", required_argument, NULL, OPT_LISTEN},
         {"advertise", required_argument, NULL, OPT_ADVERTISE},
         {"transport", required_argument, NULL, OPT_TRANSPORT},
+        {"transports", required_argument, NULL, OPT_TRANSPORTS},
         {"op", required_argument, NULL, OPT_OP},
         {"block-size", required_argument, NULL, 'b'},
         {"batch-size", required_argument, NULL, 'B'},

@@ -39,7 +39,7 @@ typedef enum { BENCH_CHECK_OFF = 0, BENCH_CHECK_OK = 1, BENCH_CHECK_FAILED = 2 }
 
 typedef struct {
     bench_role_t role;
-    char transport[16]; /* "tcp" or "rdma" */
+    char transport[32]; /* the engines' transports list: "tcp", "shm", "rdma", "shm,tcp" */
     bench_op_t op;
     uint64_t block_sizes[BENCH_MAX_LIST];
     size_t n_block_sizes;

@@ -8,9 +8,14 @@
 #   2. iperf3, one TCP stream, server bound to 127.0.0.1;
 #   3. ucx_perftest (UCT over tcp on the lo device, UCX_TLS=tcp): put_bw at 64 MiB and
 #      am_bw at 4 KiB (the better of the short and bcopy layouts);
+#   4. same host: ote_bench --transport shm, cross-memory attach and then shm_mode=ring,
+#      64 MiB WRITE/READ and 4 KiB x64 WRITE/READ, and ucx_perftest over UCX's shared-memory transport
+#      (-x posix -d memory) put_bw at 64 MiB (bcopy: posix has no put zcopy) and 4 KiB;
 # then prints every figure and OrbitTE's ratios: 64 MiB WRITE and READ against iperf3's
-# single-stream throughput (target >= 1.0x), and the 4 KiB batch-64 WRITE message rate
-# against UCX's am_bw message rate (target >= 2x). It is a benchmark, not a test.
+# single-stream throughput (target >= 1.0x), the 4 KiB batch-64 WRITE message rate
+# against UCX's am_bw message rate (target >= 2x), and for the same host: shm 64 MiB
+# against UCX posix put_bw 64 MiB (target >= 0.9x) and shm 4 KiB x64 against ote_bench
+# TCP's rate of this run (target >= 3x). It is a benchmark, not a test.
 #
 # iperf3 and ucx-utils come from Debian: installed with apt-get only when missing.
 # Every process runs under `timeout`, and a trap stops the servers on any exit.
@@ -179,17 +184,20 @@ fi
 # test uses the tcp transport on the lo device; the perftest's own rendezvous socket
 # listens on all addresses (1.13 has no bind option), but the client connects over
 # 127.0.0.1.
+# ucx TEST SIZE WARMUP LAYOUT [TL DEV]: the UCT transport TL on device DEV (default tcp
+# on lo; posix on memory is UCX's shared-memory transport).
 ucx() {
-    local test="$1" size="$2" warmup="$3" layout="$4" iters=1000000000 port srv out=""
+    local test="$1" size="$2" warmup="$3" layout="$4" tl="${5:-tcp}" dev="${6:-lo}"
+    local iters=1000000000 port srv out=""
     port="$(free_port)" || return 1
-    log "ucx_perftest -t $test -x tcp -d lo -s $size -D $layout (${SECS} s)"
-    UCX_TLS=tcp timeout -k 5 $((SECS + 60)) ucx_perftest -t "$test" -x tcp -d lo -D "$layout" \
+    log "ucx_perftest -t $test -x $tl -d $dev -s $size -D $layout (${SECS} s)"
+    UCX_TLS=$tl timeout -k 5 $((SECS + 60)) ucx_perftest -t "$test" -x "$tl" -d "$dev" -D "$layout" \
         -s "$size" -n "$iters" -w "$warmup" -p "$port" >"$TMP/ucx_srv.txt" 2>&1 &
     srv=$!
     PIDS+=("$srv")
     if wait_listen "$port" "$srv"; then
-        UCX_TLS=tcp timeout -s INT -k 5 $((SECS + 2)) stdbuf -oL ucx_perftest 127.0.0.1 \
-            -t "$test" -x tcp -d lo -D "$layout" -s "$size" -n "$iters" -w "$warmup" \
+        UCX_TLS=$tl timeout -s INT -k 5 $((SECS + 2)) stdbuf -oL ucx_perftest 127.0.0.1 \
+            -t "$test" -x "$tl" -d "$dev" -D "$layout" -s "$size" -n "$iters" -w "$warmup" \
             -p "$port" -v >"$TMP/ucx_cli.txt" 2>"$TMP/ucx_cli.err"
         out="$(sed 's/^\[thread [0-9]*\]//' "$TMP/ucx_cli.txt" |
             awk -F, '$1 ~ /^ *[0-9]+$/ && NF >= 8 { gsub(/ /, ""); print $6, $8 }' | tail -n 1)"
@@ -220,6 +228,32 @@ for layout in short bcopy; do
 done
 [ -z "$UCX_AM_MR" ] && STATUS=1
 
+# ---- 4. same host: ote_bench shm against UCX's shared-memory transport ----------------
+OTE_SW64M_GBPS="" OTE_SR64M_GBPS="" OTE_SW4K_OPS="" OTE_SR4K_OPS=""
+ote SW64M --transport shm --op write --block-size 64M --batch-size 1
+ote SR64M --transport shm --op read --block-size 64M --batch-size 1
+ote SW4K --transport shm --op write --block-size 4K --batch-size 64
+ote SR4K --transport shm --op read --block-size 4K --batch-size 64
+# The same over the shared ring (shm_mode=ring, which both processes inherit).
+OTE_QW64M_GBPS="" OTE_QR64M_GBPS="" OTE_QW4K_OPS="" OTE_QR4K_OPS=""
+export OTE_SHM_MODE=ring
+ote QW64M --transport shm --op write --block-size 64M --batch-size 1
+ote QR64M --transport shm --op read --block-size 64M --batch-size 1
+ote QW4K --transport shm --op write --block-size 4K --batch-size 64
+ote QR4K --transport shm --op read --block-size 4K --batch-size 64
+unset OTE_SHM_MODE
+UCX_SHM_PUT_GBPS="" UCX_SHM_PUT4K_MR=""
+if r="$(ucx put_bw 67108864 3 bcopy posix memory)"; then
+    UCX_SHM_PUT_GBPS="$(awk -v m="${r%% *}" 'BEGIN { printf "%.4f", m * 1048576 / 1e9 }')"
+else
+    STATUS=1
+fi
+if r="$(ucx put_bw 4096 10000 short posix memory)" || r="$(ucx put_bw 4096 10000 bcopy posix memory)"; then
+    UCX_SHM_PUT4K_MR="${r##* }"
+else
+    STATUS=1
+fi
+
 # ---- report ------------------------------------------------------------------------
 echo
 echo "OrbitTE TCP vs anchors, loopback, $(nproc) CPUs, ${SECS} s per figure, $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -240,4 +274,26 @@ printf '%-52s %14s\n' "READ  64 MiB / iperf3 one stream (>= 1.0x)" "$(ratio "$OT
 printf '%-52s %14s\n' "WRITE 4 KiB x64 rate / UCX am_bw 4 KiB rate (>= 2x)" "$(ratio "$OTE_W4K_OPS" "$UCX_AM_MR")"
 printf '%-52s %14s\n' "READ  4 KiB x64 rate / UCX am_bw 4 KiB rate (info)" "$(ratio "$OTE_R4K_OPS" "$UCX_AM_MR")"
 printf '%-52s %14s\n' "WRITE 64 MiB / UCX put_bw 64 MiB (info)" "$(ratio "$OTE_W64M_GBPS" "$UCX_PUT_GBPS")"
+echo
+echo "same host: ote_bench --transport shm (cross-memory attach; ring: shm_mode=ring) vs UCX posix and ote_bench TCP"
+printf '%-52s %14s\n' "ote_bench shm WRITE 64 MiB, batch 1, 1 thread" "$(fmt "$OTE_SW64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm READ  64 MiB, batch 1, 1 thread" "$(fmt "$OTE_SR64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm ring WRITE 64 MiB, batch 1, 1 thread" "$(fmt "$OTE_QW64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm ring READ  64 MiB, batch 1, 1 thread" "$(fmt "$OTE_QR64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ucx_perftest put_bw 64 MiB (posix memory, bcopy)" "$(fmt "$UCX_SHM_PUT_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm WRITE 4 KiB, batch 64, 1 thread" "$(fmt "$OTE_SW4K_OPS" '%.0f msg/s')"
+printf '%-52s %14s\n' "ote_bench shm READ  4 KiB, batch 64, 1 thread" "$(fmt "$OTE_SR4K_OPS" '%.0f msg/s')"
+printf '%-52s %14s\n' "ote_bench shm ring WRITE 4 KiB, batch 64, 1 thread" "$(fmt "$OTE_QW4K_OPS" '%.0f msg/s')"
+printf '%-52s %14s\n' "ote_bench shm ring READ  4 KiB, batch 64, 1 thread" "$(fmt "$OTE_QR4K_OPS" '%.0f msg/s')"
+printf '%-52s %14s\n' "ucx_perftest put_bw 4 KiB (posix memory)" "$(fmt "$UCX_SHM_PUT4K_MR" '%.0f msg/s')"
+echo "ratios (target)"
+printf '%-52s %14s\n' "shm WRITE 64 MiB / UCX posix put_bw 64 MiB (>= 0.9x)" "$(ratio "$OTE_SW64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "shm READ  64 MiB / UCX posix put_bw 64 MiB (>= 0.9x)" "$(ratio "$OTE_SR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "ring WRITE 64 MiB / UCX posix put_bw 64 MiB (>= 0.6x)" "$(ratio "$OTE_QW64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "ring READ  64 MiB / UCX posix put_bw 64 MiB (>= 0.6x)" "$(ratio "$OTE_QR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "shm WRITE 4 KiB x64 / TCP WRITE 4 KiB x64 (>= 3x)" "$(ratio "$OTE_SW4K_OPS" "$OTE_W4K_OPS")"
+printf '%-52s %14s\n' "shm READ  4 KiB x64 / TCP READ  4 KiB x64 (>= 3x)" "$(ratio "$OTE_SR4K_OPS" "$OTE_R4K_OPS")"
+printf '%-52s %14s\n' "ring WRITE 4 KiB x64 / TCP WRITE 4 KiB x64 (info)" "$(ratio "$OTE_QW4K_OPS" "$OTE_W4K_OPS")"
+printf '%-52s %14s\n' "ring READ  4 KiB x64 / TCP READ  4 KiB x64 (info)" "$(ratio "$OTE_QR4K_OPS" "$OTE_R4K_OPS")"
+printf '%-52s %14s\n' "shm WRITE 4 KiB x64 / UCX posix put_bw 4 KiB (info)" "$(ratio "$OTE_SW4K_OPS" "$UCX_SHM_PUT4K_MR")"
 exit "$STATUS"

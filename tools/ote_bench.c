@@ -65,7 +65,7 @@ ote_status_t bench__make_engine(const bench_options_t *o, const char *listen,
     ote_config_t *cfg = NULL;
     ote_status_t st = ote_config_create(&cfg);
     if (st != OTE_OK) return st;
-    st = ote_config_set(cfg, "transport", o->transport);
+    st = ote_config_set(cfg, "transports", o->transport);
     if (st == OTE_OK && listen != NULL && listen[0] != '\0')
         st = ote_config_set(cfg, "listen_address", listen);
     if (st == OTE_OK && o->advertise[0] != '\0')

@@ -150,13 +150,18 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
         case OTE_CTL_HELLO_ACK:
             if (body_len < 8) return OTE_ERR_PROTOCOL;
             m.u.hello_ack.version = ote_le_get16(b);
-            m.u.hello_ack.reserved = ote_le_get16(b + 2);
+            m.u.hello_ack.info_len = ote_le_get16(b + 2);
             m.u.hello_ack.max_data = ote_le_get32(b + 4);
-            m.u.hello_ack.addr_len = body_len - 8;
+            if (m.u.hello_ack.info_len > OTE_CTL_MAX_INFO) return OTE_ERR_TOO_BIG;
+            if (m.u.hello_ack.info_len > body_len - 8) return OTE_ERR_PROTOCOL;
+            m.u.hello_ack.addr_len = body_len - 8 - m.u.hello_ack.info_len;
             if (m.u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
             if (m.u.hello_ack.version == 0 || m.u.hello_ack.max_data == 0) return OTE_ERR_PROTOCOL;
             m.u.hello_ack.addr = (const char *)(b + 8);
             if (memchr(m.u.hello_ack.addr, '\0', m.u.hello_ack.addr_len) != NULL)
+                return OTE_ERR_PROTOCOL;
+            m.u.hello_ack.info = m.u.hello_ack.addr + m.u.hello_ack.addr_len;
+            if (memchr(m.u.hello_ack.info, '\0', m.u.hello_ack.info_len) != NULL)
                 return OTE_ERR_PROTOCOL;
             break;
         case OTE_CTL_WRITE_REQ:
@@ -230,7 +235,8 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             break;
         case OTE_CTL_HELLO_ACK:
             if (m->u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
-            body = 8 + m->u.hello_ack.addr_len;
+            if (m->u.hello_ack.info_len > OTE_CTL_MAX_INFO) return OTE_ERR_INVALID;
+            body = 8 + m->u.hello_ack.addr_len + m->u.hello_ack.info_len;
             break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
@@ -276,10 +282,13 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             break;
         case OTE_CTL_HELLO_ACK:
             ote_le_put16(b, m->u.hello_ack.version);
-            ote_le_put16(b + 2, 0);
+            ote_le_put16(b + 2, m->u.hello_ack.info_len);
             ote_le_put32(b + 4, m->u.hello_ack.max_data);
             if (m->u.hello_ack.addr_len)
                 memcpy(b + 8, m->u.hello_ack.addr, m->u.hello_ack.addr_len);
+            if (m->u.hello_ack.info_len)
+                memcpy(b + 8 + m->u.hello_ack.addr_len, m->u.hello_ack.info,
+                       m->u.hello_ack.info_len);
             break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
@@ -376,4 +385,23 @@ ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st) {
         default: break;
     }
     return ok ? (ote_status_t)code : OTE_ERR_REMOTE;
+}
+
+ote_status_t ote_ctl_info_get(const char *info, const char *key, char *out, size_t cap) {
+    if (info == NULL || key == NULL || out == NULL || cap == 0) return OTE_ERR_INVALID;
+    size_t kl = strlen(key);
+    for (const char *p = info; *p;) {
+        const char *end = strchr(p, ';');
+        size_t fl = end ? (size_t)(end - p) : strlen(p);
+        if (fl > kl && memcmp(p, key, kl) == 0 && p[kl] == '=') {
+            size_t vl = fl - kl - 1;
+            if (vl >= cap) return OTE_ERR_TOO_BIG;
+            memcpy(out, p + kl + 1, vl);
+            out[vl] = '\0';
+            return OTE_OK;
+        }
+        if (end == NULL) break;
+        p = end + 1;
+    }
+    return OTE_ERR_NOT_FOUND;
 }

@@ -63,6 +63,10 @@ extern "C" {
 #define OTE_CTL_MAX_TEXT 1024u   /* ERROR text */
 #define OTE_CTL_MAX_NOTIFY 4096u /* == OTE_NOTIFY_MAX */
 #define OTE_CTL_CANCEL_MAX 1000u /* req_ids of one CANCEL frame */
+#define OTE_CTL_MAX_INFO 1024u   /* HELLO_ACK advertisement text */
+/* HELLO role of a connection that only asks for the source's advertisement (the
+ * engine's router); the source answers HELLO_ACK and the requester closes. */
+#define OTE_CTL_ROLE_INFO 3
 
 typedef enum {
     OTE_CTL_HELLO = 1,      /* requester -> source: versions, role, own address */
@@ -107,10 +111,12 @@ typedef struct {
         } hello;
         struct {
             uint16_t version;
-            uint16_t reserved;
+            uint16_t info_len; /* bytes of info after addr (0 from engines without routing) */
             uint32_t max_data;
             const char *addr;
             uint32_t addr_len;
+            const char *info; /* the engine's advertisement (transports, host identity),
+                               * "key=value;..." text, not NUL-terminated */
         } hello_ack;
         struct {
             uint64_t addr;
@@ -204,6 +210,13 @@ ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, 
 ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st);
 
 const char *ote_ctl_opcode_str(uint16_t opcode);
+
+/*
+ * The value of `key` in an advertisement "k1=v1;k2=v2" (HELLO_ACK info): OTE_OK with the
+ * value copied NUL-terminated into out; OTE_ERR_NOT_FOUND when the key is absent;
+ * OTE_ERR_TOO_BIG when the value does not fit cap.
+ */
+ote_status_t ote_ctl_info_get(const char *info, const char *key, char *out, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -49,6 +49,9 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
     a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
     a.u.hello_ack.addr = tp->addr;
     a.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
+    size_t il = tp->host.info ? strlen(tp->host.info) : 0; /* for the engine's router */
+    a.u.hello_ack.info = tp->host.info;
+    a.u.hello_ack.info_len = (uint16_t)(il > OTE_CTL_MAX_INFO ? 0 : il);
     if (ote__rdma_conn_send(c, &a) != OTE_OK) return -1;
     c->version = ver;
     return 0;

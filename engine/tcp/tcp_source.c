@@ -168,6 +168,10 @@ static int src_handshake(tcp_conn_t *c, const ote_ctl_msg_t *m) {
         out.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
         out.u.hello_ack.addr = tp->addr;
         out.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
+        /* The engine's advertisement (transports, host identity) for its router. */
+        size_t il = tp->host.info ? strlen(tp->host.info) : 0;
+        out.u.hello_ack.info = tp->host.info;
+        out.u.hello_ack.info_len = (uint16_t)(il > OTE_CTL_MAX_INFO ? 0 : il);
     }
     size_t len = 0;
     if (ote_ctl_encode(&out, c->hsbuf, sizeof(c->hsbuf), &len) != OTE_OK) {

@@ -36,7 +36,8 @@ class ConfigTest : public ote_test::OteTest {
 };
 
 TEST_F(ConfigTest, DefaultsSetAndEnvironment) {
-    EXPECT_EQ(Get("transport"), "tcp");
+    EXPECT_EQ(Get("transport"), ""); // not set: transports decides
+    EXPECT_EQ(Get("transports"), "shm,tcp");
     EXPECT_EQ(Get("listen_address"), "127.0.0.1:0");
     EXPECT_EQ(Get("tcp_connections"), "4");
     EXPECT_EQ(Get("tcp_workers"), "2");
@@ -53,7 +54,7 @@ TEST_F(ConfigTest, DefaultsSetAndEnvironment) {
     EXPECT_EQ(r.tcp_workers, 5u);
     EXPECT_EQ(r.slice_size, 256u * 1024);
     char small[2];
-    EXPECT_EQ(ote_config_get(cfg_, "transport", small, sizeof(small)), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(ote_config_get(cfg_, "transports", small, sizeof(small)), OTE_ERR_TOO_BIG);
     EXPECT_EQ(ote_config_get(cfg_, "nope", small, sizeof(small)), OTE_ERR_NOT_FOUND);
 }
 
@@ -72,7 +73,7 @@ TEST_F(ConfigTest, InvalidValuesAreRefusedAndChangeNothing) {
     EXPECT_EQ(ote_config_set(cfg_, "log_level", "loud"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(cfg_, "verbs_provider", "magic"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(nullptr, "transport", "tcp"), OTE_ERR_INVALID);
-    EXPECT_EQ(Get("transport"), "tcp");
+    EXPECT_EQ(Get("transport"), "");
     EXPECT_EQ(Get("tcp_connections"), "4");
     EXPECT_TRUE(LogContains("invalid tcp_connections=\"0\""));
 }
@@ -83,6 +84,30 @@ TEST_F(ConfigTest, InvalidEnvironmentFailsEngineCreation) {
     ExpectErrorLogsIn([&] { EXPECT_EQ(ote_engine_create(cfg_, &e), OTE_ERR_INVALID); });
     EXPECT_EQ(e, nullptr);
     EXPECT_TRUE(LogContains("slice_size=\"lots\" (from environment)"));
+}
+
+TEST_F(ConfigTest, TransportsListAndItsOneElementForm) {
+    ote__cfg_t r;
+    ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
+    EXPECT_STREQ(r.transports, "shm,tcp");
+    EXPECT_STREQ(r.transport, "shm");
+    for (const char *bad : {"", "udp", "tcp,tcp", "shm,", ",tcp", "tcp,rdma,shm,tcp", "TCP"})
+        EXPECT_EQ(ote_config_set(cfg_, "transports", bad), OTE_ERR_INVALID) << bad;
+    ASSERT_EQ(ote_config_set(cfg_, "transports", "rdma,shm,tcp"), OTE_OK);
+    ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
+    EXPECT_STREQ(r.transports, "rdma,shm,tcp");
+    EXPECT_STREQ(r.transport, "rdma");
+    // transport alone is the one-element list.
+    ote_config_t *one = nullptr;
+    ASSERT_EQ(ote_config_create(&one), OTE_OK);
+    ASSERT_EQ(ote_config_set(one, "transport", "tcp"), OTE_OK);
+    ASSERT_EQ(ote__config_resolve(one, &r), OTE_OK);
+    EXPECT_STREQ(r.transports, "tcp");
+    // Both set and different: refused, naming both.
+    ASSERT_EQ(ote_config_set(one, "transports", "shm,tcp"), OTE_OK);
+    ExpectErrorLogsIn([&] { EXPECT_EQ(ote__config_resolve(one, &r), OTE_ERR_INVALID); });
+    EXPECT_TRUE(LogContains("transport=tcp and transports=shm,tcp disagree"));
+    ote_config_destroy(one);
 }
 
 TEST_F(ConfigTest, RdmaIsRefusedWithoutFallback) {

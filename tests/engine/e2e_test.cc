@@ -4,6 +4,8 @@
 
 #include <signal.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -28,6 +30,16 @@ class E2eTest : public ote_test::TargetE2eTest {
   protected:
     E2eTest() : TargetE2eTest(ote_test::TargetSession{}) {}
 };
+
+// e2e_test runs with the default transports (shm for a peer on this host), e2e_tcp_test
+// with OTE_TRANSPORTS=tcp.
+TEST_F(E2eTest, SegmentUsesTheConfiguredTransport) {
+    const char *list = getenv("OTE_TRANSPORTS");
+    ote_segment_info_t info;
+    ASSERT_EQ(ote_segment_info(seg_, &info), OTE_OK);
+    EXPECT_STREQ(info.transport, list != nullptr && strcmp(list, "tcp") == 0 ? "tcp" : "shm");
+    EXPECT_EQ(target_.address, info.peer);
+}
 
 TEST_F(E2eTest, SizesZeroOneOddUnaligned) {
     RoundTrip(0, 0, 0, 11);

@@ -26,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
@@ -70,6 +72,14 @@ static const char *pull(ote_engine_t *e, const char *line, const buf_t *rw) {
 
 int main(int argc, char **argv) {
     size_t rw_len = argc > 1 ? strtoull(argv[1], NULL, 0) : (64u << 20);
+    /* OTE_TARGET_UID: run as that uid (and gid), for tests of a peer of another uid;
+     * needs root. Dumpable again afterwards, so /proc/self stays readable. */
+    const char *as_uid = getenv("OTE_TARGET_UID");
+    if (as_uid != NULL) {
+        unsigned long id = strtoul(as_uid, NULL, 10);
+        if (setgid((gid_t)id) != 0 || setuid((uid_t)id) != 0) return 7;
+        if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) return 7;
+    }
     ote_config_t *cfg = NULL;
     if (ote_config_create(&cfg) != OTE_OK) return 2;
     if (argc > 2 && ote_config_set(cfg, "listen_address", argv[2]) != OTE_OK) return 2;

@@ -86,15 +86,24 @@ std::vector<uint8_t> Hello() {
     return Encode(m);
 }
 
-// Fake source side of the handshake: accept, read HELLO and answer HELLO_ACK.
+// Fake source side of the handshake: accept, read HELLO and answer HELLO_ACK. The
+// engine's router first asks for the source's advertisement on a connection of its own
+// (HELLO role OTE_CTL_ROLE_INFO): that one is answered and closed, and the transport's
+// connection that follows is returned.
 int FakeHandshake(int lfd, const std::string &addr) {
-    int fd = AcceptWithin(lfd, 10000);
-    if (fd < 0) return -1;
-    if (!ote_test::AnswerHello(fd, OTE_CTL_MAX_DATA, addr)) {
+    for (;;) {
+        int fd = AcceptWithin(lfd, 10000);
+        if (fd < 0) return -1;
+        std::vector<uint8_t> buf;
+        ote_ctl_msg_t m;
+        if (!ote_test::ReadFrame(fd, &buf, &m) || m.opcode != OTE_CTL_HELLO ||
+            !ote_test::SendHelloAck(fd, m.req_id, OTE_CTL_MAX_DATA, addr)) {
+            close(fd);
+            return -1;
+        }
+        if (m.u.hello.role != OTE_CTL_ROLE_INFO) return fd;
         close(fd);
-        return -1;
     }
-    return fd;
 }
 
 class RdmaControlTest : public ote_test::OteTest {};

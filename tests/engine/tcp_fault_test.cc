@@ -41,7 +41,8 @@ class TcpFaultTest : public ote_test::OteTest {
     void SetUp() override {
         OteTest::SetUp();
         src_ = NewEngine();
-        req_ = NewEngine({{"tcp_connections", "4"}});
+        // The requester uses TCP only: a same-host peer would otherwise get shm.
+        req_ = NewEngine({{"transports", "tcp"}, {"tcp_connections", "4"}});
         ASSERT_NE(src_, nullptr);
         ASSERT_NE(req_, nullptr);
         mem_.assign(1u << 20, 0);

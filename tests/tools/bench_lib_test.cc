@@ -259,7 +259,10 @@ TEST_F(BenchOptionsTest, RejectsBadValuesWithClearErrors) {
     ExpectError({"-b"}, "needs a value");
     ExpectError({"--op", "copy"}, "--op: 'copy' is not read or write");
     ExpectError({"--role", "server"}, "--role");
-    ExpectError({"--transport", "udp"}, "--transport: 'udp' is not tcp or rdma");
+    ExpectError({"--transport", "udp"},
+                "--transport: 'udp' is not a comma list of distinct tcp, rdma, shm");
+    ExpectError({"--transports", "shm,shm"},
+                "--transports: 'shm,shm' is not a comma list of distinct tcp, rdma, shm");
     ExpectError({"-b", "0"}, "--block-size: 0 is out of range [1, 4G]");
     ExpectError({"-b", "5G"}, "--block-size: 5G is out of range");
     ExpectError({"-b", "4K,,8K"}, "comma-separated");

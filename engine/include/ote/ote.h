@@ -119,6 +119,15 @@ ote_status_t ote_segment_open(ote_engine_t *engine, const char *peer, ote_segmen
  * attached to an undecided batch makes the close BUSY once that wait runs out. */
 ote_status_t ote_segment_close(ote_segment_t *seg);
 
+/* What ote_segment_open chose for a segment: the transport (the first of the engine's
+ * `transports` list that the peer offers and that reaches it: "shm", "tcp" or "rdma") and
+ * the peer's "host:port". */
+typedef struct {
+    char transport[16];
+    char peer[272];
+} ote_segment_info_t;
+ote_status_t ote_segment_info(ote_segment_t *seg, ote_segment_info_t *info_out);
+
 /* ---- transfers --------------------------------------------------------------------- */
 typedef enum {
     OTE_READ = 0,  /* remote -> local */

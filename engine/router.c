@@ -1,0 +1,393 @@
+/*
+ * engine/router.c - the engine's transports and the choice of one per segment.
+ *
+ * An engine creates every transport of its `transports` list (config; default "shm,tcp").
+ * The listening transport (tcp, else rdma) gives the engine its "host:port"; an engine
+ * whose list has neither (transports=shm) still creates the TCP transport, as the
+ * listener that answers handshakes with the advertisement, and names only "shm" in it.
+ *
+ * The advertisement (host->info, sent in every HELLO_ACK) is "key=value;..." text:
+ *
+ *   transports=shm,tcp   the engine's list, in its order
+ *   boot=<boot id>       /proc/sys/kernel/random/boot_id (plus the test suffix below)
+ *   netns=, userns=, pidns=, mntns=   inode numbers of the namespaces that decide whether
+ *                        memory and UNIX sockets of the peer are reachable
+ *   uid=, pid=           the process's credentials
+ *   <transport keys>     each transport's own part (ops->advert), e.g. shm=<socket>
+ *
+ * An engine with transports=tcp opens it directly, as before routing existed, and asks
+ * the peer for its list only when that open fails, to report a mismatch of lists as one. Otherwise ote_segment_open first asks the peer for
+ * its advertisement (a HELLO with role
+ * OTE_CTL_ROLE_INFO on a short TCP connection), then takes the first transport of this
+ * engine's list that the peer offers and that can reach it (peer_open_info answers
+ * OTE_ERR_UNSUPPORTED when it cannot). A peer without an advertisement (an older engine)
+ * is tried with this engine's transports in order, shm excepted. A transport outside the
+ * list is never used: no common transport fails with OTE_ERR_UNSUPPORTED and an ERROR line
+ * that names both lists. The choice is logged at INFO and read with ote_segment_info.
+ *
+ * Test hook: OTE_TEST_HOST_SUFFIX (environment, read at engine creation) is appended to
+ * the advertised boot id, so a test can make two engines of one host look like two hosts.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/le.h"
+#include "base/log.h"
+#include "engine/control/ctl.h"
+#include "engine/core_internal.h"
+
+static int list_has(const char *list, const char *name) {
+    size_t nl = strlen(name);
+    for (const char *p = list; *p;) {
+        size_t l = strcspn(p, ",");
+        if (l == nl && memcmp(p, name, l) == 0) return 1;
+        p += l;
+        if (*p == ',') p++;
+    }
+    return 0;
+}
+
+static ote_status_t create_one(ote_engine_t *e, const char *name, const ote__host_t *host) {
+    ote__transport_t *tp = NULL;
+    ote_status_t st;
+    if (strcmp(name, "tcp") == 0) st = ote__tcp_create(&e->cfg, host, &tp);
+    else if (strcmp(name, "rdma") == 0) st = ote__rdma_create(&e->cfg, host, &tp);
+    else st = ote__shm_create(&e->cfg, host, &tp);
+    if (st != OTE_OK) return st;
+    e->tps[e->ntps] = tp;
+    snprintf(e->tpnames[e->ntps], sizeof(e->tpnames[0]), "%s", name);
+    e->ntps++;
+    return OTE_OK;
+}
+
+static void ns_ino(const char *which, char *buf, size_t len) {
+    char path[64];
+    struct stat sb;
+    snprintf(path, sizeof(path), "/proc/self/ns/%s", which);
+    if (stat(path, &sb) == 0) snprintf(buf, len, "%llu", (unsigned long long)sb.st_ino);
+    else snprintf(buf, len, "none");
+}
+
+static void build_info(ote_engine_t *e) {
+    char boot[64] = "unknown";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f != NULL) {
+        if (fgets(boot, sizeof(boot), f) == NULL) snprintf(boot, sizeof(boot), "unknown");
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    const char *suffix = getenv("OTE_TEST_HOST_SUFFIX");
+    char net[24], user[24], pidn[24], mnt[24];
+    ns_ino("net", net, sizeof(net));
+    ns_ino("user", user, sizeof(user));
+    ns_ino("pid", pidn, sizeof(pidn));
+    ns_ino("mnt", mnt, sizeof(mnt));
+    size_t o = (size_t)snprintf(e->info, sizeof(e->info),
+                                "transports=%s;boot=%s%.32s;netns=%s;userns=%s;pidns=%s;mntns=%s;"
+                                "uid=%u;pid=%d",
+                                e->cfg.transports, boot, suffix ? suffix : "", net, user, pidn, mnt,
+                                (unsigned)getuid(), (int)getpid());
+    for (size_t i = 0; i < e->ntps && o + 2 < sizeof(e->info); i++) {
+        char adv[256] = "";
+        if (e->tps[i]->ops->advert == NULL ||
+            e->tps[i]->ops->advert(e->tps[i], adv, sizeof(adv)) != OTE_OK || adv[0] == '\0')
+            continue;
+        o += (size_t)snprintf(e->info + o, sizeof(e->info) - o, ";%s", adv);
+    }
+    if (o >= sizeof(e->info)) e->info[0] = '\0'; /* never a truncated advertisement */
+}
+
+ote_status_t ote__router_create(ote_engine_t *e) {
+    ote__host_t host = {.arg = e,
+                        .pin = ote__reg_pin,
+                        .unpin = ote__reg_unpin,
+                        .deliver_notify = ote__notify_deliver,
+                        .info = e->info,
+                        .self_addr = e->self_addr,
+                        .query_info = ote__router_query_info};
+    /* The listener first (its address names the engine), then the others in order. */
+    const char *lname = list_has(e->cfg.transports, "tcp")    ? "tcp"
+                        : list_has(e->cfg.transports, "rdma") ? "rdma"
+                                                              : "tcp";
+    ote_status_t st = create_one(e, lname, &host);
+    for (const char *p = e->cfg.transports; st == OTE_OK && *p;) {
+        char name[8];
+        size_t l = strcspn(p, ",");
+        snprintf(name, sizeof(name), "%.*s", (int)l, p);
+        p += l;
+        if (*p == ',') p++;
+        if (strcmp(name, lname) == 0) continue;
+        if (strcmp(name, "tcp") != 0 && strcmp(name, "shm") != 0) {
+            /* tcp and rdma would both listen on listen_address: one listener per engine
+             * is not built yet. */
+            OTE_ERROR("engine",
+                      "transports=%s: %s beside %s needs a shared listener, which this build "
+                      "does not have; refusing to create the engine",
+                      e->cfg.transports, name, lname);
+            st = OTE_ERR_UNSUPPORTED;
+            break;
+        }
+        st = create_one(e, name, &host);
+    }
+    if (st != OTE_OK) {
+        ote__router_destroy(e);
+        return st;
+    }
+    e->tp = e->tps[0];
+    st = e->tp->ops->address(e->tp, e->self_addr, sizeof(e->self_addr));
+    if (st != OTE_OK) {
+        ote__router_destroy(e);
+        return st;
+    }
+    build_info(e);
+    OTE_INFO("engine", "engine %s serves transports %s", e->self_addr, e->cfg.transports);
+    return OTE_OK;
+}
+
+void ote__router_destroy(ote_engine_t *e) {
+    /* The others first: the listener's address is advertised by all of them. */
+    while (e->ntps > 0) {
+        ote__transport_t *tp = e->tps[--e->ntps];
+        tp->ops->destroy(tp);
+    }
+    e->tp = NULL;
+}
+
+ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
+    for (size_t i = 0; i < e->ntps; i++) {
+        if (e->tps[i]->ops->mem_register == NULL) continue;
+        ote_status_t st = e->tps[i]->ops->mem_register(e->tps[i], addr, len, perms);
+        if (st == OTE_OK) continue;
+        while (i-- > 0)
+            if (e->tps[i]->ops->mem_unregister != NULL)
+                (void)e->tps[i]->ops->mem_unregister(e->tps[i], addr);
+        return st;
+    }
+    return OTE_OK;
+}
+
+ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr) {
+    for (size_t i = 0; i < e->ntps; i++) {
+        if (e->tps[i]->ops->mem_unregister == NULL) continue;
+        ote_status_t st = e->tps[i]->ops->mem_unregister(e->tps[i], addr);
+        if (st != OTE_OK) return st;
+    }
+    return OTE_OK;
+}
+
+static ote_status_t wait_fd(int fd, short events, ote_deadline_t dl) {
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int ms = ote_deadline_remaining_ms(dl, 1000);
+        if (ms == 0 && ote_deadline_expired(dl)) return OTE_ERR_TIMEOUT;
+        int r = poll(&p, 1, ms);
+        if (r > 0) return OTE_OK;
+        if (r < 0 && errno != EINTR) return ote_status_from_errno(errno);
+    }
+}
+
+static ote_status_t xfer_all(int fd, uint8_t *b, size_t len, int out, ote_deadline_t dl) {
+    while (len > 0) {
+        ssize_t r =
+            out ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
+        if (r > 0) {
+            b += r;
+            len -= (size_t)r;
+            continue;
+        }
+        if (r == 0) return OTE_ERR_PEER_LOST;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return ote_status_make(OTE_ERR_PEER_LOST, errno);
+        ote_status_t st = wait_fd(fd, out ? POLLOUT : POLLIN, dl);
+        if (st != OTE_OK) return st;
+    }
+    return OTE_OK;
+}
+
+static ote_status_t info_connect(const char *peer, ote_deadline_t dl, int *fd_out) {
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    ote_status_t st = ote__addr_resolve(peer, &ss, &sl);
+    if (st != OTE_OK) return st;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ote_status_from_errno(errno);
+    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
+        int err = errno;
+        if (err == EINPROGRESS) {
+            socklen_t el = sizeof(err);
+            st = wait_fd(fd, POLLOUT, dl);
+            if (st == OTE_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+        }
+        if (st != OTE_OK || err != 0) {
+            OTE_WARN("engine", "connect to %s failed: %s", peer,
+                     st != OTE_OK ? "timed out" : strerror(err));
+            close(fd);
+            return st != OTE_OK ? OTE_ERR_TIMEOUT : ote_status_make(OTE_ERR_CONNECT, err);
+        }
+    }
+    *fd_out = fd;
+    return OTE_OK;
+}
+
+/* The peer's advertisement ("" from an engine that sends none). */
+static ote_status_t query_info(ote_engine_t *e, const char *peer, char *info, size_t cap) {
+    if (cap == 0) return OTE_ERR_INVALID;
+    ote_deadline_t dl = ote_deadline_after(e->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    int fd = -1;
+    ote_status_t st = info_connect(peer, dl, &fd);
+    if (st != OTE_OK) return st;
+    uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
+    ote_ctl_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.version = OTE_CTL_VERSION_MAX;
+    m.opcode = OTE_CTL_HELLO;
+    m.u.hello.min_version = OTE_CTL_VERSION_MIN;
+    m.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    m.u.hello.role = OTE_CTL_ROLE_INFO;
+    m.u.hello.addr = e->self_addr;
+    m.u.hello.addr_len = (uint32_t)strlen(e->self_addr);
+    size_t len = 0, used = 0;
+    st = ote_ctl_encode(&m, buf, sizeof(buf), &len);
+    if (st == OTE_OK) st = xfer_all(fd, buf, len, 1, dl);
+    if (st == OTE_OK) st = xfer_all(fd, buf, OTE_CTL_HDR_LEN, 0, dl);
+    if (st == OTE_OK) {
+        uint32_t body = ote_le_get32(buf + 20);
+        st = body > OTE_CTL_MAX_BODY ? OTE_ERR_PROTOCOL
+                                     : xfer_all(fd, buf + OTE_CTL_HDR_LEN, body, 0, dl);
+        if (st == OTE_OK) st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN + body, &m, &used);
+        if (st != OTE_OK && ote_status_code(st) != OTE_ERR_TIMEOUT &&
+            ote_status_code(st) != OTE_ERR_PEER_LOST)
+            st = OTE_ERR_PROTOCOL;
+    }
+    uint16_t ver = 0;
+    if (st == OTE_OK)
+        st = ote_ctl_check_hello_ack(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+    close(fd);
+    if (st != OTE_OK) {
+        OTE_WARN("engine", "asking %s for its transports failed: %s", peer, ote_status_str(st));
+        return st;
+    }
+    size_t il = m.u.hello_ack.info_len < cap ? m.u.hello_ack.info_len : 0;
+    memcpy(info, m.u.hello_ack.info, il);
+    info[il] = '\0';
+    return OTE_OK;
+}
+
+ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size_t cap) {
+    return query_info(arg, peer, buf, cap);
+}
+
+/* transports=tcp: open it directly, exactly as before routing existed (no extra
+ * connection); only when that fails is the peer asked for its list, so that a mismatch
+ * is reported as one. 1 when handled (*st_out set). */
+static int open_single(ote_engine_t *e, const char *peer, char *info, ote__transport_t **tp_out,
+                       const char **name_out, ote__tpeer_t **peer_out, ote_status_t *st_out) {
+    ote__transport_t *tp = NULL;
+    const char *tname = NULL;
+    for (size_t j = 0; j < e->ntps; j++)
+        if (strcmp(e->tpnames[j], e->cfg.transports) == 0) {
+            tp = e->tps[j];
+            tname = e->tpnames[j];
+        }
+    if (tp == NULL || strcmp(tname, "tcp") != 0) return 0;
+    ote__tpeer_t *tpeer = NULL;
+    ote_status_t st = tp->ops->peer_open(tp, peer, &tpeer);
+    if (st == OTE_OK) {
+        OTE_INFO("engine", "segment %s: transport %s (this engine offers only %s)", peer, tname,
+                 tname);
+        *tp_out = tp;
+        *name_out = tname;
+        *peer_out = tpeer;
+    } else {
+        char plist[64];
+        if (query_info(e, peer, info, OTE_CTL_MAX_INFO + 1) == OTE_OK &&
+            ote_ctl_info_get(info, "transports", plist, sizeof(plist)) == OTE_OK &&
+            !list_has(plist, tname)) {
+            OTE_ERROR("engine",
+                      "segment_open %s: no common transport: this engine offers transports=%s, "
+                      "the peer transports=%s",
+                      peer, e->cfg.transports, plist);
+            st = OTE_ERR_UNSUPPORTED;
+        }
+    }
+    *st_out = st;
+    return 1;
+}
+
+ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_t **tp_out,
+                              const char **name_out, ote__tpeer_t **peer_out) {
+    char *info = ote_malloc(OTE_CTL_MAX_INFO + 1);
+    if (info == NULL) return OTE_ERR_NOMEM;
+    ote_status_t st;
+    if (open_single(e, peer, info, tp_out, name_out, peer_out, &st)) {
+        ote_free(info);
+        return st;
+    }
+    st = query_info(e, peer, info, OTE_CTL_MAX_INFO + 1);
+    /* A peer that answered but whose answer the router cannot use (another version, a
+     * limit out of range, garbage) is left to the transports, whose own handshakes say
+     * precisely what is wrong; one that cannot be reached fails here. */
+    int code = ote_status_code(st);
+    if (st != OTE_OK && code != OTE_ERR_CONNECT && code != OTE_ERR_TIMEOUT &&
+        code != OTE_ERR_NOMEM && code != OTE_ERR_INVALID) {
+        info[0] = '\0';
+        st = OTE_OK;
+    }
+    char plist[64] = "";
+    if (st == OTE_OK && ote_ctl_info_get(info, "transports", plist, sizeof(plist)) != OTE_OK)
+        plist[0] = '\0'; /* an engine without routing: its list is unknown */
+    for (const char *p = e->cfg.transports; st == OTE_OK && *p;) {
+        size_t wl = strcspn(p, ",");
+        const char *want = p;
+        p += wl + (p[wl] == ',');
+        ote__transport_t *tp = NULL;
+        const char *tname = NULL;
+        for (size_t j = 0; j < e->ntps; j++)
+            if (strlen(e->tpnames[j]) == wl && memcmp(e->tpnames[j], want, wl) == 0) {
+                tp = e->tps[j];
+                tname = e->tpnames[j];
+            }
+        if (tp == NULL) continue; /* the listener of an shm-only engine is not in its list */
+        if (plist[0] ? !list_has(plist, tname) : strcmp(tname, "shm") == 0) continue;
+        ote__tpeer_t *tpeer = NULL;
+        ote_status_t ost = tp->ops->peer_open_info ? tp->ops->peer_open_info(tp, peer, info, &tpeer)
+                                                   : tp->ops->peer_open(tp, peer, &tpeer);
+        if (ost == OTE_ERR_UNSUPPORTED) continue;
+        if (ost == OTE_OK) {
+            OTE_INFO("engine", "segment %s: transport %s (this engine offers %s, the peer %s)",
+                     peer, tname, e->cfg.transports, plist[0] ? plist : "an unknown list");
+            *tp_out = tp;
+            *name_out = tname;
+            *peer_out = tpeer;
+        }
+        ote_free(info);
+        return ost;
+    }
+    if (st == OTE_OK) {
+        OTE_ERROR("engine",
+                  "segment_open %s: no common transport: this engine offers transports=%s, the "
+                  "peer transports=%s",
+                  peer, e->cfg.transports, plist[0] ? plist : "(not advertised)");
+        st = OTE_ERR_UNSUPPORTED;
+    }
+    ote_free(info);
+    return st;
+}
+
+ote_status_t ote_segment_info(ote_segment_t *seg, ote_segment_info_t *info_out) {
+    if (seg == NULL || info_out == NULL) return OTE_ERR_INVALID;
+    ote_segment_info_t r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.transport, sizeof(r.transport), "%s", seg->tpname);
+    snprintf(r.peer, sizeof(r.peer), "%s", seg->name);
+    *info_out = r;
+    return OTE_OK;
+}

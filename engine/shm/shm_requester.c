@@ -1,0 +1,568 @@
+/*
+ * engine/shm/shm_requester.c - the requester side of the same-host transport:
+ * reachability from the peer's advertisement, connect and handshake over the peer's
+ * abstract control socket, submit (a queue and a window of slices in flight, REQS of up
+ * to SHM_BATCH_MAX requests), the receive thread (responses in order, deadlines, peer
+ * death), cancel, reconnect and close. Design: shm_internal.h.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/control/ctl.h"
+#include "engine/shm/shm_internal.h"
+
+/* The cookie the source must read from this process (cross-memory-attach probe). */
+static _Atomic uint64_t g_probe_cookie;
+
+typedef struct {
+    ote__slice_t *h, *t;
+} slist_t;
+
+static void slist_add(slist_t *l, ote__slice_t *s, ote_status_t st) {
+    s->next = NULL;
+    s->xp.shm.id = (uint64_t)(int64_t)st; /* the status travels in the scratch until done() */
+    if (l->t) l->t->next = s;
+    else l->h = s;
+    l->t = s;
+}
+
+/* Call done() of every slice of l; no lock held. */
+static void slist_finish(slist_t *l) {
+    ote__slice_t *s = l->h;
+    while (s) {
+        ote__slice_t *next = s->next;
+        s->done(s, (ote_status_t)(int64_t)s->xp.shm.id);
+        s = next;
+    }
+    l->h = l->t = NULL;
+}
+
+static int read_ptrace_scope(void) {
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+    int v = 0;
+    if (f == NULL) return 0;
+    if (fscanf(f, "%d", &v) != 1) v = 0;
+    fclose(f);
+    return v;
+}
+
+/* A fresh shared ring: its mapping in *map_out, its fd (to pass) returned; -1 on error. */
+static int ring_create(uint8_t **map_out) {
+    int fd = memfd_create("orbitte-shm-ring", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, SHM_RING_BYTES) == 0)
+        m = mmap(NULL, SHM_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    *map_out = m;
+    return fd;
+}
+
+static ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd) {
+    struct iovec iov = {(void *)buf, len};
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } c;
+    memset(&c, 0, sizeof(c));
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        m.msg_control = c.b;
+        m.msg_controllen = sizeof(c.b);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    return sendmsg(sock, &m, MSG_NOSIGNAL);
+}
+
+/* Connect and handshake (fd and src_pid set on success). */
+static ote_status_t peer_connect(shm_peer_t *p) {
+    shm_tp_t *tp = p->tp;
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ote_status_from_errno(errno);
+    struct sockaddr_un sun;
+    socklen_t sl = ote__shm_sockaddr(p->sock, &sun);
+    if (connect(fd, (struct sockaddr *)&sun, sl) != 0) {
+        int e = errno;
+        close(fd);
+        OTE_INFO("shm", "peer %s: control socket @%s unreachable: %s", p->addr, p->sock,
+                 strerror(e));
+        return OTE_ERR_UNSUPPORTED;
+    }
+    struct ucred cr;
+    socklen_t cl = sizeof(cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0) {
+        close(fd);
+        return OTE_ERR_UNSUPPORTED;
+    }
+    /* Yama ptrace_scope 1: only a named process may attach; name the source. */
+    if (read_ptrace_scope() == 1) (void)prctl(PR_SET_PTRACER, (unsigned long)cr.pid, 0, 0, 0);
+    uint64_t expect = 0;
+    if (atomic_load(&g_probe_cookie) == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        atomic_compare_exchange_strong(&g_probe_cookie, &expect,
+                                       ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)getpid() ^ 1u);
+    }
+    shm_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO, 0, 0};
+    int force_ring = strcmp(tp->cfg.shm_mode, "ring") == 0;
+    h.probe_addr = force_ring ? 0 : (uint64_t)(uintptr_t)&g_probe_cookie;
+    h.probe_val = atomic_load(&g_probe_cookie);
+    snprintf(h.addr, sizeof(h.addr), "%s", tp->host.self_addr ? tp->host.self_addr : "");
+    /* The ring goes along in every HELLO: the source falls back to it when it cannot
+     * attach to this process (its pages are allocated only when used). */
+    uint8_t *ring = NULL;
+    int rfd = ring_create(&ring);
+    if (rfd < 0) {
+        OTE_WARN("shm", "peer %s: cannot create the shared ring: %s", p->addr, strerror(errno));
+        if (force_ring) {
+            close(fd);
+            return OTE_ERR_UNSUPPORTED;
+        }
+    }
+    h.ring_len = rfd >= 0 ? SHM_RING_BYTES : 0;
+    shm_hello_ack_t a;
+    ote_status_t st = OTE_OK;
+    if (send_with_fd(fd, &h, sizeof(h), rfd) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
+    if (rfd >= 0) close(rfd); /* the mapping (and the source's copy of the fd) keep it */
+    for (;;) {
+        if (st != OTE_OK) break;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int ms = ote_deadline_remaining_ms(dl, 1000);
+        if (ms == 0 && ote_deadline_expired(dl)) st = OTE_ERR_TIMEOUT;
+        else if (poll(&pf, 1, ms) > 0) break;
+    }
+    if (st == OTE_OK && recv(fd, &a, sizeof(a), MSG_DONTWAIT) != (ssize_t)sizeof(a))
+        st = OTE_ERR_PEER_LOST;
+    if (st == OTE_OK && (a.h.magic != SHM_MAGIC || a.h.kind != SHM_HELLO_ACK))
+        st = OTE_ERR_PROTOCOL;
+    if (st == OTE_OK && a.status != OTE_OK) {
+        a.text[sizeof(a.text) - 1] = '\0';
+        OTE_INFO("shm", "peer %s (pid %d) refuses shm: %s", p->addr, (int)cr.pid, a.text);
+        st = OTE_ERR_UNSUPPORTED;
+    }
+    if (st == OTE_OK && (a.mode != SHM_MODE_CMA && (a.mode != SHM_MODE_RING || ring == NULL)))
+        st = OTE_ERR_PROTOCOL;
+    if (st != OTE_OK) {
+        if (st != OTE_ERR_UNSUPPORTED)
+            OTE_WARN("shm", "handshake with %s failed: %s", p->addr, ote_status_str(st));
+        if (ring) munmap(ring, SHM_RING_BYTES);
+        close(fd);
+        return st;
+    }
+    if (a.mode == SHM_MODE_CMA && ring != NULL) {
+        munmap(ring, SHM_RING_BYTES);
+        ring = NULL;
+    }
+    p->fd = fd;
+    p->src_pid = cr.pid;
+    p->mode = (int)a.mode;
+    p->ring = ring;
+    p->ring_head = p->ring_tail = 0;
+    uint32_t cap = a.mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
+    p->max_slice = a.max_slice < cap ? a.max_slice : cap;
+    if (p->max_slice < OTE_CTL_MIN_DATA) p->max_slice = OTE_CTL_MIN_DATA;
+    return OTE_OK;
+}
+
+/* Fail everything (in flight and queued) with st, expired slices with TIMEOUT. p->mu held. */
+static void peer_kill(shm_peer_t *p, ote_status_t st, slist_t *done) {
+    if (!p->broken) {
+        p->broken = 1;
+        shutdown(p->fd, SHUT_RDWR);
+        if (st != OTE_OK && !p->stop)
+            OTE_WARN("shm", "peer %s (pid %d): connection lost: %s", p->addr, (int)p->src_pid,
+                     ote_status_str(st));
+    }
+    ote_deadline_t now = ote_now_ns();
+    ote__slice_t *lists[2] = {p->fh, p->qh};
+    for (int i = 0; i < 2; i++) {
+        ote__slice_t *s = lists[i];
+        while (s) {
+            ote__slice_t *next = s->next;
+            slist_add(done, s, s->deadline <= now ? OTE_ERR_TIMEOUT : st);
+            s = next;
+        }
+    }
+    p->fh = p->qh = NULL;
+    p->ft = p->qt = NULL;
+    p->nflight = 0;
+    p->flight_bytes = 0;
+    p->ring_head = p->ring_tail = 0;
+}
+
+/* Ring mode: a piece of the ring for slice s (in order; freed in order by responses),
+ * staged with its bytes for WRITE and NOTIFY. 0, or -1 when the ring is full now. */
+static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
+    if (s->len > SHM_RING_SLICE * 2u) return -1; /* cannot happen: peer_max_slice */
+    if (p->ring_head == p->ring_tail) p->ring_head = p->ring_tail = 0;
+    uint64_t pos = p->ring_head % SHM_RING_BYTES;
+    uint64_t pad = pos + s->len > SHM_RING_BYTES ? SHM_RING_BYTES - pos : 0;
+    if (p->ring_head + pad + s->len - p->ring_tail > SHM_RING_BYTES) return -1;
+    uint64_t off = (p->ring_head + pad) % SHM_RING_BYTES;
+    p->ring_head += pad + s->len;
+    s->xp.shm.ring_end = p->ring_head;
+    if (s->op != OTE__SLICE_READ) memcpy(p->ring + off, s->local, s->len);
+    *off_out = off;
+    return 0;
+}
+
+/* Send queued slices while the window allows. p->mu held. */
+static void peer_pump(shm_peer_t *p, slist_t *done) {
+    union {
+        shm_hdr_t h;
+        uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
+    } m;
+    while (!p->broken && p->qh && p->nflight < SHM_WINDOW && p->flight_bytes < SHM_WINDOW_BYTES) {
+        shm_req_t *r = (shm_req_t *)(m.b + sizeof(shm_hdr_t));
+        uint32_t n = 0;
+        ote__slice_t *s = p->qh, *last = NULL;
+        uint64_t bytes = 0, head0 = p->ring_head;
+        while (s && n < SHM_BATCH_MAX && p->nflight + n < SHM_WINDOW &&
+               (n == 0 || (p->flight_bytes + bytes + s->len <= SHM_WINDOW_BYTES &&
+                           bytes + s->len <= SHM_MSG_BYTES))) {
+            ote__slice_t *next = s->next;
+            if (s->canceled && atomic_load(s->canceled)) { /* never sent: drop it */
+                if (last) last->next = next;
+                else p->qh = next;
+                if (p->qt == s) p->qt = last;
+                slist_add(done, s, OTE_ERR_CANCELED);
+                s = next;
+                continue;
+            }
+            uint64_t local = (uint64_t)(uintptr_t)s->local;
+            if (p->mode == SHM_MODE_RING && s->len > 0 && ring_alloc(p, s, &local) != 0)
+                break; /* the ring is full: more after responses */
+            s->xp.shm.id = p->next_id + n;
+            r[n] = (shm_req_t){s->xp.shm.id, s->remote, local, s->len, s->op, 0};
+            n++;
+            bytes += s->len;
+            last = s;
+            s = next;
+        }
+        if (n == 0) break;
+        m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_REQS, n, 0};
+        /* (ring pieces of an unsent message are taken again, in the same order, when it
+         * is retried: the head goes back to where this message began) */
+        size_t len = sizeof(shm_hdr_t) + n * sizeof(shm_req_t);
+        ssize_t w = send(p->fd, m.b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+            p->ring_head = head0;
+            break; /* the receive thread retries */
+        }
+        if (w != (ssize_t)len) {
+            peer_kill(p, OTE_ERR_PEER_LOST, done);
+            return;
+        }
+        /* [qh, last] is in flight now. */
+        ote__slice_t *first = p->qh;
+        p->qh = last->next;
+        if (p->qh == NULL) p->qt = NULL;
+        last->next = NULL;
+        if (p->ft) p->ft->next = first;
+        else p->fh = first;
+        p->ft = last;
+        p->nflight += n;
+        p->flight_bytes += bytes;
+        p->next_id += n;
+    }
+}
+
+/* Responses of one RESPS message. p->mu held; -1 on a protocol error. */
+static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+    const shm_hdr_t *h = (const shm_hdr_t *)b;
+    if (n < sizeof(*h) || h->magic != SHM_MAGIC || h->kind != SHM_RESPS ||
+        n != sizeof(*h) + (size_t)h->n * sizeof(shm_resp_t))
+        return -1;
+    const shm_resp_t *r = (const shm_resp_t *)(b + sizeof(*h));
+    for (uint32_t i = 0; i < h->n; i++) {
+        ote__slice_t *s = p->fh;
+        if (s == NULL || s->xp.shm.id != r[i].id) return -1;
+        p->fh = s->next;
+        if (p->fh == NULL) p->ft = NULL;
+        p->nflight--;
+        p->flight_bytes -= s->len;
+        uint16_t op = s->op == OTE__SLICE_NOTIFY ? OTE_CTL_NOTIFY_ACK
+                      : s->op == OTE__SLICE_READ ? OTE_CTL_READ_RESP
+                                                 : OTE_CTL_WRITE_ACK;
+        ote_status_t st = ote_ctl_peer_status(op, (ote_status_t)r[i].status);
+        if (p->mode == SHM_MODE_RING && s->len > 0) {
+            if (st == OTE_OK && s->op == OTE__SLICE_READ)
+                memcpy(s->local, p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->len);
+            p->ring_tail = s->xp.shm.ring_end;
+        }
+        slist_add(done, s, st);
+    }
+    return 0;
+}
+
+/* Deadlines: queued slices fail alone; an expired slice in flight kills the connection
+ * (the source may still be copying it). p->mu held. */
+static void peer_expire(shm_peer_t *p, slist_t *done) {
+    ote_deadline_t now = ote_now_ns();
+    for (ote__slice_t *s = p->fh; s; s = s->next)
+        if (s->deadline <= now) {
+            peer_kill(p, OTE_ERR_PEER_LOST, done);
+            return;
+        }
+    ote__slice_t **pp = &p->qh, *last = NULL;
+    while (*pp) {
+        ote__slice_t *s = *pp;
+        if (s->deadline <= now) {
+            *pp = s->next;
+            slist_add(done, s, OTE_ERR_TIMEOUT);
+        } else {
+            last = s;
+            pp = &s->next;
+        }
+    }
+    p->qt = last;
+}
+
+static void *rx_main(void *arg) {
+    shm_peer_t *p = arg;
+    uint8_t buf[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t)];
+    for (;;) {
+        struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+        int r = 0;
+        if (atomic_load(&p->nflight) > 0) { /* a response is due: spin a little first */
+            ote_deadline_t spin = ote_deadline_after(SHM_SPIN_NS);
+            while ((r = poll(&pf, 1, 0)) == 0 && !ote_deadline_expired(spin)) {}
+        }
+        if (r == 0) r = poll(&pf, 1, SHM_TICK_MS);
+        slist_t done = {NULL, NULL};
+        ote_mutex_lock(&p->mu);
+        if (p->stop || p->broken) {
+            ote_mutex_unlock(&p->mu);
+            break;
+        }
+        while (r > 0) {
+            ssize_t n = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+            if (n <= 0) {
+                peer_kill(p, OTE_ERR_PEER_LOST, &done);
+                break;
+            }
+            if (peer_responses(p, buf, (size_t)n, &done) != 0) {
+                OTE_ERROR("shm", "peer %s: malformed or out-of-order response: closing", p->addr);
+                peer_kill(p, OTE_ERR_PROTOCOL, &done);
+                break;
+            }
+        }
+        if (!p->broken) peer_expire(p, &done);
+        peer_pump(p, &done);
+        ote_mutex_unlock(&p->mu);
+        slist_finish(&done);
+    }
+    return NULL;
+}
+
+static ote_status_t peer_start(shm_peer_t *p) {
+    ote_status_t st = peer_connect(p);
+    if (st != OTE_OK) return st;
+    p->broken = 0;
+    if (pthread_create(&p->rx, NULL, rx_main, p) != 0) {
+        close(p->fd);
+        p->fd = -1;
+        if (p->ring != NULL) munmap(p->ring, SHM_RING_BYTES);
+        p->ring = NULL;
+        return OTE_ERR_NOMEM;
+    }
+    p->rx_started = 1;
+    return OTE_OK;
+}
+
+/* The peer is reachable by this transport: same boot, same network and user namespace. */
+static int same_host(const char *mine, const char *theirs) {
+    static const char *const keys[] = {"boot", "netns", "userns"};
+    for (int i = 0; i < 3; i++) {
+        char a[64], b[64];
+        if (ote_ctl_info_get(mine, keys[i], a, sizeof(a)) != OTE_OK ||
+            ote_ctl_info_get(theirs, keys[i], b, sizeof(b)) != OTE_OK || strcmp(a, b) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+ote_status_t ote__shm_peer_open_info(ote__transport_t *t, const char *peer, const char *peer_info,
+                                     ote__tpeer_t **peer_out) {
+    shm_tp_t *tp = (shm_tp_t *)t;
+    char sock[SHM_SOCK_MAX + 1];
+    if (ote_ctl_info_get(peer_info, "shm", sock, sizeof(sock)) != OTE_OK || sock[0] == '\0') {
+        OTE_INFO("shm", "peer %s advertises no shm socket", peer);
+        return OTE_ERR_UNSUPPORTED;
+    }
+    if (!same_host(tp->host.info ? tp->host.info : "", peer_info)) {
+        OTE_INFO("shm", "peer %s is on another host or namespace: not reachable by shm", peer);
+        return OTE_ERR_UNSUPPORTED;
+    }
+    shm_peer_t *p = ote_calloc(1, sizeof(*p));
+    if (p == NULL) return OTE_ERR_NOMEM;
+    p->tp = tp;
+    p->fd = -1;
+    snprintf(p->addr, sizeof(p->addr), "%s", peer);
+    snprintf(p->sock, sizeof(p->sock), "%s", sock);
+    ote_status_t st = ote_mutex_init(&p->mu);
+    if (st != OTE_OK) goto err_free;
+    st = ote_mutex_init(&p->ensure_mu);
+    if (st != OTE_OK) goto err_mu;
+    st = peer_start(p);
+    if (st != OTE_OK) goto err_emu;
+    /* From here the engine owns the peer: peer_close frees it (and its ring). */
+    OTE_INFO("shm", "peer %s: source pid %d, %s", peer, (int)p->src_pid,
+             p->mode == SHM_MODE_RING ? "shared ring" : "cross-memory attach");
+    *peer_out = (ote__tpeer_t *)p;
+    return OTE_OK;
+
+err_emu:
+    ote_mutex_destroy(&p->ensure_mu);
+err_mu:
+    ote_mutex_destroy(&p->mu);
+err_free:
+    ote_free(p);
+    return st;
+}
+
+ote_status_t ote__shm_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out) {
+    (void)t;
+    (void)peer_out;
+    OTE_INFO("shm", "peer %s: no advertisement, so no shm socket to reach", peer);
+    return OTE_ERR_UNSUPPORTED;
+}
+
+/* Ask the peer for its advertisement again: a restarted peer has another socket. */
+static ote_status_t peer_relearn(shm_peer_t *p) {
+    shm_tp_t *tp = p->tp;
+    if (tp->host.query_info == NULL) return OTE_OK;
+    char *info = ote_malloc(OTE_CTL_MAX_INFO + 1);
+    if (info == NULL) return OTE_ERR_NOMEM;
+    ote_status_t st = tp->host.query_info(tp->host.arg, p->addr, info, OTE_CTL_MAX_INFO + 1);
+    char sock[SHM_SOCK_MAX + 1];
+    if (st == OTE_OK && (ote_ctl_info_get(info, "shm", sock, sizeof(sock)) != OTE_OK ||
+                         !same_host(tp->host.info ? tp->host.info : "", info)))
+        st = OTE_ERR_UNSUPPORTED;
+    if (st == OTE_OK) snprintf(p->sock, sizeof(p->sock), "%s", sock);
+    ote_free(info);
+    return st;
+}
+
+/* Join a finished receive thread and close its socket. p->ensure_mu held. */
+static void peer_stop_rx(shm_peer_t *p) {
+    if (!p->rx_started) return;
+    ote_mutex_lock(&p->mu);
+    p->stop = 1;
+    shutdown(p->fd, SHUT_RDWR);
+    ote_mutex_unlock(&p->mu);
+    pthread_join(p->rx, NULL);
+    p->rx_started = 0;
+    close(p->fd);
+    p->fd = -1;
+    if (p->ring != NULL) munmap(p->ring, SHM_RING_BYTES);
+    p->ring = NULL;
+    ote_mutex_lock(&p->mu);
+    p->stop = 0;
+    ote_mutex_unlock(&p->mu);
+}
+
+ote_status_t ote__shm_peer_ensure(ote__tpeer_t *tpeer) {
+    shm_peer_t *p = (shm_peer_t *)tpeer;
+    ote_mutex_lock(&p->mu);
+    int broken = p->broken;
+    ote_mutex_unlock(&p->mu);
+    if (!broken) return OTE_OK;
+    ote_mutex_lock(&p->ensure_mu);
+    ote_status_t st = OTE_OK;
+    ote_mutex_lock(&p->mu);
+    broken = p->broken;
+    ote_mutex_unlock(&p->mu);
+    if (broken) {
+        peer_stop_rx(p);
+        st = peer_relearn(p);
+        if (st == OTE_OK) st = peer_start(p);
+        if (st == OTE_ERR_UNSUPPORTED) st = OTE_ERR_CONNECT; /* no shm source there now */
+        if (st == OTE_OK)
+            OTE_INFO("shm", "peer %s: reconnected (pid %d)", p->addr, (int)p->src_pid);
+    }
+    ote_mutex_unlock(&p->ensure_mu);
+    return st;
+}
+
+uint32_t ote__shm_peer_max_slice(ote__tpeer_t *tpeer) { return ((shm_peer_t *)tpeer)->max_slice; }
+
+void ote__shm_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
+    shm_peer_t *p = (shm_peer_t *)tpeer;
+    slist_t done = {NULL, NULL};
+    ote_mutex_lock(&p->mu);
+    if (p->broken || p->fd < 0) {
+        while (list) {
+            ote__slice_t *next = list->next;
+            slist_add(&done, list, OTE_ERR_PEER_LOST);
+            list = next;
+        }
+    } else {
+        ote__slice_t *tail = list;
+        while (tail->next) tail = tail->next;
+        if (p->qt) p->qt->next = list;
+        else p->qh = list;
+        p->qt = tail;
+        peer_pump(p, &done);
+    }
+    ote_mutex_unlock(&p->mu);
+    slist_finish(&done);
+}
+
+void ote__shm_cancel(ote__tpeer_t *tpeer) {
+    shm_peer_t *p = (shm_peer_t *)tpeer;
+    slist_t done = {NULL, NULL};
+    ote_mutex_lock(&p->mu);
+    ote__slice_t **pp = &p->qh, *last = NULL;
+    while (*pp) {
+        ote__slice_t *s = *pp;
+        if (s->canceled && atomic_load(s->canceled)) {
+            *pp = s->next;
+            slist_add(&done, s, OTE_ERR_CANCELED);
+        } else {
+            last = s;
+            pp = &s->next;
+        }
+    }
+    p->qt = last;
+    ote_mutex_unlock(&p->mu);
+    slist_finish(&done);
+}
+
+ote_status_t ote__shm_peer_close(ote__tpeer_t *tpeer) {
+    shm_peer_t *p = (shm_peer_t *)tpeer;
+    ote_mutex_lock(&p->ensure_mu);
+    peer_stop_rx(p);
+    ote_mutex_unlock(&p->ensure_mu);
+    slist_t done = {NULL, NULL};
+    ote_mutex_lock(&p->mu);
+    p->stop = 1;
+    peer_kill(p, OTE_ERR_PEER_LOST, &done); /* none: the engine closes idle segments only */
+    ote_mutex_unlock(&p->mu);
+    slist_finish(&done);
+    ote_mutex_destroy(&p->ensure_mu);
+    ote_mutex_destroy(&p->mu);
+    ote_free(p);
+    return OTE_OK;
+}

@@ -1,0 +1,289 @@
+// The same-host transport and the router, end to end: this process is the requester, the
+// target engine runs in a child process (ote_target). Which transport a segment got is
+// read with ote_segment_info; the whole e2e_test suite also runs over shm (its default
+// configuration) and over tcp (e2e_tcp_test).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/engine/e2e_fixture.h"
+
+extern "C" {
+#include "base/log.h"
+#include "base/time.h"
+#include "ote/ote.h"
+#include "tests/engine/pattern.h"
+}
+
+namespace {
+
+using ote_test::kSec;
+using ote_test::Target;
+
+std::string TransportOf(ote_segment_t *seg) {
+    ote_segment_info_t info;
+    if (ote_segment_info(seg, &info) != OTE_OK) return "?";
+    return info.transport;
+}
+
+// Every shm test runs in both data-path modes: shm_mode=auto (cross-memory attach, which
+// this host allows) and shm_mode=ring (the shared memfd ring, forced).
+ote_test::TargetSession ModeSession(const char *mode, const char *timeout_ms = nullptr) {
+    ote_test::TargetSession s;
+    s.config = {{"shm_mode", mode}};
+    if (timeout_ms != nullptr) s.config.push_back({"transfer_timeout_ms", timeout_ms});
+    return s;
+}
+
+class ShmE2eTest : public ote_test::TargetE2eTest,
+                   public ::testing::WithParamInterface<const char *> {
+  protected:
+    ShmE2eTest() : TargetE2eTest(ModeSession(GetParam())) {}
+};
+
+TEST_P(ShmE2eTest, SameHostPeerGetsShmAndEveryByteArrives) {
+    EXPECT_EQ(TransportOf(seg_), "shm");
+    ote_segment_info_t info;
+    EXPECT_EQ(ote_segment_info(nullptr, &info), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_segment_info(seg_, nullptr), OTE_ERR_INVALID);
+    RoundTrip(0, 0, 0, 1);
+    RoundTrip(1, 7, 3, 2);
+    RoundTrip(123457, 4099, 5, 3);
+    RoundTrip((3u << 20) + 13, 1, 1, 4); // several slices, unaligned both sides
+    RoundTrip(64u << 20, 0, 0, 5);
+}
+
+TEST_P(ShmE2eTest, OutOfRangeAndWrongPermissionTouchNothing) {
+    std::vector<uint8_t> buf(8192, 0x5A);
+    uint64_t ro0 = target_.Hash("ro", 0, target_.ro_len);
+    uint64_t wo0 = target_.Hash("wo", 0, target_.wo_len);
+    uint64_t rw_tail = target_.Hash("rw", target_.rw_len - 4096, 4096);
+    // Straddling the end of rw, into ro (WRITE), out of wo (READ), wrapping addresses.
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.rw + target_.rw_len - 4096, 8192),
+              OTE_ERR_ACCESS);
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.ro, 4096), OTE_ERR_ACCESS);
+    EXPECT_EQ(Transfer(OTE_READ, buf.data(), target_.wo, 4096), OTE_ERR_ACCESS);
+    EXPECT_EQ(Transfer(OTE_READ, buf.data(), UINT64_MAX - 8192, 8192), OTE_ERR_ACCESS);
+    for (uint8_t c : buf) ASSERT_EQ(c, 0x5A);
+    EXPECT_EQ(target_.Hash("ro", 0, target_.ro_len), ro0);
+    EXPECT_EQ(target_.Hash("wo", 0, target_.wo_len), wo0);
+    EXPECT_EQ(target_.Hash("rw", target_.rw_len - 4096, 4096), rw_tail);
+    // The connection stays usable; the allowed directions work.
+    EXPECT_EQ(Transfer(OTE_READ, buf.data(), target_.ro, 4096), OTE_OK);
+    EXPECT_EQ(Transfer(OTE_WRITE, buf.data(), target_.wo, 4096), OTE_OK);
+    EXPECT_EQ(TransportOf(seg_), "shm");
+}
+
+TEST_P(ShmE2eTest, UnregisterWhileInUseIsBusy) {
+    std::vector<uint8_t> buf(1u << 20, 3);
+    ASSERT_EQ(ote_memory_register(engine_, buf.data(), buf.size(), OTE_PERM_READ), OTE_OK);
+    ASSERT_TRUE(target_.Stop()); // the source cannot serve: the request stays in flight
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, buf.data() + 100, seg_, target_.rw, 4096};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, buf.data()), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_segment_close(seg_), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_batch_wait(b, 50 * 1000 * 1000), OTE_ERR_TIMEOUT);
+    ASSERT_TRUE(target_.Cont());
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, buf.data()), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 0, 4096), ote_hash(buf.data() + 100, 4096));
+}
+
+TEST_P(ShmE2eTest, PeerKilledIsLostAtOnceAndANewPeerWorks) {
+    std::vector<uint8_t> big(64u << 20, 7);
+    ASSERT_TRUE(target_.Stop()); // certainly mid-transfer when killed
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 2, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, big.data(), seg_, target_.rw, big.size()};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    uint64_t t0 = ote_now_ns();
+    target_.Kill();
+    ote_status_t st = ote_batch_wait(b, 20 * kSec);
+    uint64_t took_ms = (ote_now_ns() - t0) / 1000000;
+    // PEER_LOST, not TIMEOUT: seen from the socket, not waited out (default deadline 30 s).
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
+    EXPECT_LT(took_ms, 10000u);
+    EXPECT_EQ(ote_batch_reset(b), OTE_OK);
+    // While it is gone, a submit fails fast and nothing is queued.
+    EXPECT_EQ(ote_status_code(ote_batch_submit(b, &r, 1)), OTE_ERR_CONNECT);
+    // A new peer: a new segment reaches it over shm and every byte arrives.
+    Target fresh;
+    ASSERT_TRUE(fresh.Start(16u << 20));
+    ote_segment_t *s2 = nullptr;
+    ASSERT_EQ(ote_segment_open(engine_, fresh.address.c_str(), &s2), OTE_OK);
+    EXPECT_EQ(TransportOf(s2), "shm");
+    std::vector<uint8_t> src(777777);
+    ote_pattern_fill(src.data(), src.size(), 9, 0);
+    ote_request_t w = {OTE_WRITE, src.data(), s2, fresh.rw + 3, src.size()};
+    ASSERT_EQ(ote_batch_submit(b, &w, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
+    EXPECT_EQ(fresh.Hash("rw", 3, src.size()), ote_hash(src.data(), src.size()));
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(s2), OTE_OK);
+    EXPECT_EQ(fresh.Quit(), 0);
+}
+
+// A stopped source fails requests at their deadline (not before) and does not hold up
+// another peer of the same engine.
+class ShmDeadlineTest : public ote_test::TargetE2eTest,
+                        public ::testing::WithParamInterface<const char *> {
+  protected:
+    ShmDeadlineTest() : TargetE2eTest(ModeSession(GetParam(), "1500")) {}
+};
+
+TEST_P(ShmDeadlineTest, StoppedPeerFailsAtTheDeadlineOthersUnaffected) {
+    Target other;
+    ASSERT_TRUE(other.Start(16u << 20));
+    ote_segment_t *s2 = nullptr;
+    ASSERT_EQ(ote_segment_open(engine_, other.address.c_str(), &s2), OTE_OK);
+    ASSERT_TRUE(target_.Stop());
+    std::vector<uint8_t> buf(4u << 20, 1);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, buf.data(), seg_, target_.rw, buf.size()};
+    uint64_t t0 = ote_now_ns();
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    // Meanwhile the other peer serves.
+    std::vector<uint8_t> src(1u << 20), dst(1u << 20);
+    ote_pattern_fill(src.data(), src.size(), 4, 0);
+    EXPECT_EQ(
+        ote_test::RunOne(engine_, {OTE_WRITE, src.data(), s2, other.rw, src.size()}, 30 * kSec),
+        OTE_OK);
+    EXPECT_EQ(
+        ote_test::RunOne(engine_, {OTE_READ, dst.data(), s2, other.rw, dst.size()}, 30 * kSec),
+        OTE_OK);
+    EXPECT_EQ(src, dst);
+    ote_status_t st = ote_batch_wait(b, 60 * kSec);
+    uint64_t took_ms = (ote_now_ns() - t0) / 1000000;
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
+    EXPECT_GE(took_ms, 1400u); // not before the deadline (clock granularity aside)
+    ASSERT_TRUE(target_.Cont());
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(s2), OTE_OK);
+    EXPECT_EQ(other.Quit(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ShmE2eTest, ::testing::Values("auto", "ring"));
+INSTANTIATE_TEST_SUITE_P(Modes, ShmDeadlineTest, ::testing::Values("auto", "ring"));
+
+// Routing between engines of different lists and hosts.
+class RoutingTest : public ote_test::OteTest {
+  protected:
+    // Opens a segment from an engine configured kv to a target started with env, checks
+    // the transport and one round trip. Returns the transport's name.
+    std::string OpenAndMove(const ote_test::ConfigKv &kv, const std::vector<std::string> &env) {
+        Target t;
+        EXPECT_TRUE(t.Start(8u << 20, "127.0.0.1:0", env));
+        ote_engine_t *e = ote_test::NewEngine(kv);
+        EXPECT_NE(e, nullptr);
+        if (e == nullptr) return "?";
+        ote_segment_t *seg = nullptr;
+        std::string name = "none";
+        if (ote_segment_open(e, t.address.c_str(), &seg) == OTE_OK) {
+            name = TransportOf(seg);
+            std::vector<uint8_t> src(300001), dst(300001);
+            ote_pattern_fill(src.data(), src.size(), 12, 0);
+            EXPECT_EQ(
+                ote_test::RunOne(e, {OTE_WRITE, src.data(), seg, t.rw + 1, src.size()}, 30 * kSec),
+                OTE_OK);
+            EXPECT_EQ(
+                ote_test::RunOne(e, {OTE_READ, dst.data(), seg, t.rw + 1, dst.size()}, 30 * kSec),
+                OTE_OK);
+            EXPECT_EQ(src, dst);
+            EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        }
+        EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+        EXPECT_EQ(t.Quit(), 0);
+        return name;
+    }
+};
+
+TEST_F(RoutingTest, TcpOnlyTargetAndShmTcpRequesterInteroperateOverTcp) {
+    EXPECT_EQ(OpenAndMove({}, {"OTE_TRANSPORTS=tcp"}), "tcp");
+}
+
+TEST_F(RoutingTest, TcpOnlyRequesterAndShmTcpTargetInteroperateOverTcp) {
+    EXPECT_EQ(OpenAndMove({{"transports", "tcp"}}, {}), "tcp");
+    EXPECT_EQ(OpenAndMove({{"transport", "tcp"}}, {}), "tcp");
+}
+
+TEST_F(RoutingTest, PeerOfAnotherHostGetsTcp) {
+    // The test hook makes the target's boot id differ: another host as far as shm knows.
+    EXPECT_EQ(OpenAndMove({}, {"OTE_TEST_HOST_SUFFIX=-elsewhere"}), "tcp");
+}
+
+TEST_F(RoutingTest, ShmOnlyEngineUsesShm) {
+    EXPECT_EQ(OpenAndMove({{"transports", "shm"}}, {}), "shm");
+    EXPECT_EQ(OpenAndMove({{"transports", "tcp,shm"}}, {}), "tcp"); // the requester's order
+}
+
+// tcp and rdma would both listen on listen_address: one engine with both is refused,
+// saying so, rather than built with one of them silently missing.
+TEST_F(RoutingTest, TcpBesideRdmaIsRefusedAtCreation) {
+    ote_config_t *cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "transports", "rdma,shm,tcp"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+    ote_engine_t *e = nullptr;
+    ExpectErrorLogsIn([&] { EXPECT_EQ(ote_engine_create(cfg, &e), OTE_ERR_UNSUPPORTED); });
+    EXPECT_EQ(e, nullptr);
+    EXPECT_TRUE(LogContains("needs a shared listener"));
+    ote_config_destroy(cfg);
+}
+
+// Whether this process may start a child as uid 65534 (root outside a user namespace
+// that maps only root).
+bool CanRunAsNobody() {
+    if (getuid() != 0) return false;
+    pid_t pid = fork();
+    if (pid == 0) _exit(setgid(65534) == 0 && setuid(65534) == 0 ? 0 : 1);
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+}
+
+TEST_F(RoutingTest, PeerOfAnotherUidGetsTheRing) {
+    if (!CanRunAsNobody())
+        GTEST_SKIP() << "cannot start a process as uid 65534 here (not root, or a user "
+                        "namespace that maps only root): the other-uid case is not shown";
+    // Cross-memory attach needs one uid; the source sees the requester's uid differ and
+    // takes the shared ring the HELLO carries, before any transfer.
+    ote_log_level_t old = ote_log_level();
+    ote_log_set_level(OTE_LOG_INFO);
+    EXPECT_EQ(OpenAndMove({}, {"OTE_TARGET_UID=65534"}), "shm");
+    ote_log_set_level(old);
+    EXPECT_TRUE(LogContains("shared ring"));
+}
+
+TEST_F(RoutingTest, NoCommonTransportFailsNamingBothLists) {
+    Target t;
+    ASSERT_TRUE(t.Start(8u << 20, "127.0.0.1:0", {"OTE_TRANSPORTS=tcp"}));
+    ote_engine_t *e = ote_test::NewEngine({{"transports", "shm"}});
+    ASSERT_NE(e, nullptr);
+    ote_segment_t *seg = nullptr;
+    ExpectErrorLogsIn(
+        [&] { EXPECT_EQ(ote_segment_open(e, t.address.c_str(), &seg), OTE_ERR_UNSUPPORTED); });
+    EXPECT_EQ(seg, nullptr);
+    EXPECT_TRUE(LogContains("this engine offers transports=shm, the peer transports=tcp"));
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    // transports=rdma (over verbs/sim) meeting the tcp-only peer: the same refusal.
+    ote_engine_t *r = ote_test::NewEngine({{"transports", "rdma"}, {"verbs_provider", "sim"}});
+    ASSERT_NE(r, nullptr);
+    ExpectErrorLogsIn(
+        [&] { EXPECT_EQ(ote_segment_open(r, t.address.c_str(), &seg), OTE_ERR_UNSUPPORTED); });
+    EXPECT_TRUE(LogContains("this engine offers transports=rdma, the peer transports=tcp"));
+    EXPECT_EQ(ote_engine_destroy(r), OTE_OK);
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+} // namespace
