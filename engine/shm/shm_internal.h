@@ -134,6 +134,10 @@ typedef struct {
     uint32_t len;
     uint16_t op; /* OTE__SLICE_* */
     uint16_t pad;
+    /* The whole request this piece belongs to, at the source ([req_remote, +req_len);
+     * 0, 0 for a notification): the source checks and pins that extent, never the piece
+     * alone, so a request partly outside a registration moves no byte. */
+    uint64_t req_remote, req_len;
 } shm_req_t;
 
 typedef struct {

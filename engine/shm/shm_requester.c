@@ -253,7 +253,8 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
             if (p->mode == SHM_MODE_RING && s->len > 0 && ring_alloc(p, s, &local) != 0)
                 break; /* the ring is full: more after responses */
             s->xp.shm.id = p->next_id + n;
-            r[n] = (shm_req_t){s->xp.shm.id, s->remote, local, s->len, s->op, 0};
+            r[n] = (shm_req_t){s->xp.shm.id, s->remote, local,         s->len,
+                               s->op,        0,         s->req_remote, s->req_len};
             n++;
             bytes += s->len;
             last = s;

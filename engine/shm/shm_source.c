@@ -213,7 +213,16 @@ static ote_status_t src_check(shm_src_t *s, const shm_req_t *q, void **pin_out) 
     if (q->op != OTE__SLICE_WRITE && q->op != OTE__SLICE_READ) return OTE_ERR_INVALID;
     if (q->len > SHM_MAX_SLICE) return OTE_ERR_TOO_BIG;
     unsigned perm = q->op == OTE__SLICE_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
-    ote_status_t st = host->pin(host->arg, q->remote, q->len, perm, pin_out);
+    /* The piece must lie in its request's extent, and the whole extent is checked: a
+     * request partly outside a registration moves no byte, whichever piece comes first. */
+    uint64_t start = q->req_remote, len = q->req_len;
+    if (len == 0) { /* a request of one piece sent without its extent */
+        start = q->remote;
+        len = q->len;
+    }
+    if (q->remote < start || q->remote - start > len || q->len > len - (q->remote - start))
+        return OTE_ERR_INVALID;
+    ote_status_t st = host->pin(host->arg, start, len, perm, pin_out);
     if (st != OTE_OK) {
         OTE_DEBUG("shm", "%s of %u bytes at 0x%llx from %s refused: %s",
                   q->op == OTE__SLICE_WRITE ? "WRITE" : "READ", q->len,

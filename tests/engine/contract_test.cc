@@ -29,25 +29,28 @@ namespace {
 using ote_test::kMs;
 using ote_test::kSec;
 
-ote_test::TargetSession SessionFor(bool rdma) {
+// The contracts hold on every transport: "tcp" and "shm" against the same target (the
+// requester's transports list picks one), "rdma" over the software verbs provider.
+ote_test::TargetSession SessionFor(const std::string &tp) {
     ote_test::TargetSession s;
     s.rw_size = 64ull << 20;
     s.target_env = {"OTE_TRANSFER_TIMEOUT_MS=30000"};
-    if (rdma) {
+    if (tp == "rdma") {
         for (const auto &kv : ote_test::kRdmaTargetEnv) s.target_env.push_back(kv);
         s.config = {
             {"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "30000"}};
     } else {
-        s.config = {{"transfer_timeout_ms", "30000"}};
+        s.config = {{"transports", tp.c_str()}, {"transfer_timeout_ms", "30000"}};
     }
     s.wait_ns = 120 * kSec;
     return s;
 }
 
-class ContractTest : public ote_test::TargetE2eTest, public ::testing::WithParamInterface<bool> {
+class ContractTest : public ote_test::TargetE2eTest,
+                     public ::testing::WithParamInterface<std::string> {
   protected:
     ContractTest() : TargetE2eTest(SessionFor(GetParam())) {}
-    const char *Tp() const { return GetParam() ? "rdma" : "tcp"; }
+    const char *Tp() const { return GetParam().c_str(); }
     size_t Warns() {
         size_t n = 0;
         for (const auto &l : Logs())
@@ -237,7 +240,18 @@ TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
     ASSERT_EQ(target_.Command(cmd), "STARTED");
     usleep(20 * 1000);
     ASSERT_TRUE(target_.Stop()); // it can no longer make progress: its pins stay
-    EXPECT_EQ(ote_memory_unregister(engine_, mem), OTE_ERR_BUSY) << "nothing was pinned";
+    ote_status_t st0 = ote_memory_unregister(engine_, mem);
+    if (GetParam() == "shm" && st0 == OTE_OK) {
+        // Over shm with cross-memory attach the source copies into the stopped requester
+        // itself: every READ finished and nothing stays pinned by a requester that stopped.
+        std::printf(
+            "[ figures ] shm: a stopped requester pins nothing (the source copied "
+            "its READs into it)\n");
+        target_.Kill();
+        munmap(mem, len);
+        return;
+    }
+    EXPECT_EQ(st0, OTE_ERR_BUSY) << "nothing was pinned";
     target_.Kill();
     uint64_t t0 = ote_now_ns();
     ote_status_t st = OTE_ERR_BUSY;
@@ -278,9 +292,9 @@ TEST_P(ContractTest, UnregisterOnTheNotificationSucceeds) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ContractTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool> &i) {
-                             return std::string(i.param ? "Rdma" : "Tcp");
-                         });
+INSTANTIATE_TEST_SUITE_P(Transports, ContractTest,
+                         ::testing::Values(std::string("tcp"), std::string("shm"),
+                                           std::string("rdma")),
+                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
 } // namespace
