@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,6 +75,11 @@ class MultiProcess : public ote_test::VerbsFixture {
         int sv[2];
         ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
         sock_ = sv[0];
+        // Every exchange with the peer is bounded: a peer that hangs (rather than dies)
+        // fails the test after 120 s instead of blocking it until Bazel's timeout.
+        struct timeval tv = {120, 0};
+        ASSERT_EQ(setsockopt(sock_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        ASSERT_EQ(setsockopt(sock_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)), 0);
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
         posix_spawn_file_actions_adddup2(&fa, sv[1], 100);
