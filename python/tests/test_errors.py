@@ -99,12 +99,13 @@ def test_a_registered_bytearray_cannot_be_resized():
 
 
 def test_unreachable_peer_is_a_peer_error(engine):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    with pytest.raises(orbitte.ConnectError) as info:
-        engine.open_segment("127.0.0.1:%d" % port)
+    # bound but never listening: connections to it are refused, and while it stays bound
+    # no other process (tests run in parallel) can take the port and start listening there
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(orbitte.ConnectError) as info:
+            engine.open_segment("127.0.0.1:%d" % port)
     assert isinstance(info.value, orbitte.PeerError) and info.value.name == "OTE_ERR_CONNECT"
     with pytest.raises(orbitte.InvalidError):
         engine.open_segment("no port here")

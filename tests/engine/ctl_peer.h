@@ -29,18 +29,21 @@ int ConnectTo(const std::string &addr, int rcvbuf = 0);
 // accept4 once the listener is readable within timeout_ms; -1 otherwise.
 int AcceptWithin(int lfd, int timeout_ms);
 
+// The default waits below are generous (a loaded 2-core machine under ASan can stall for
+// seconds): they bound what must happen, and cost nothing when it does.
+
 // Send all len bytes (MSG_NOSIGNAL); false on any error.
 bool SendAll(int fd, const void *p, size_t len);
 bool SendAll(int fd, const std::vector<uint8_t> &b);
 // Receive exactly len bytes within timeout_ms; false on EOF, error or the deadline.
-bool RecvAll(int fd, void *p, size_t len, int timeout_ms = 5000);
+bool RecvAll(int fd, void *p, size_t len, int timeout_ms = 20000);
 // True once the peer closed (EOF or reset) within timeout_ms; what it sends is dropped.
-bool ClosedByPeer(int fd, int timeout_ms = 10000);
+bool ClosedByPeer(int fd, int timeout_ms = 20000);
 
 // One control frame: header and body, without the bulk data of WRITE_REQ / READ_RESP
 // (the caller reads that). Its bytes stay in *buf; m points into them. False on EOF,
 // the deadline, or a frame that does not decode.
-bool ReadFrame(int fd, std::vector<uint8_t> *buf, ote_ctl_msg_t *m, int timeout_ms = 10000);
+bool ReadFrame(int fd, std::vector<uint8_t> *buf, ote_ctl_msg_t *m, int timeout_ms = 20000);
 // The encoded bytes of m (EXPECTs the encoding to succeed).
 std::vector<uint8_t> Encode(const ote_ctl_msg_t &m);
 // Encode m and send it; ASSERTs both succeed.

@@ -320,7 +320,9 @@ TEST_F(E2eTest, PeerKilledMidTransfer) {
             }
             ote_request_t r[2] = {{OTE_WRITE, src.data(), seg2, other.rw, src.size()},
                                   {OTE_READ, dst.data(), seg2, other.rw + (4u << 20), dst.size()}};
-            if (ote_batch_submit(b, r, 2) == OTE_OK && ote_batch_wait(b, 10 * kSec) == OTE_OK)
+            // 60 s: beyond the 30 s transfer deadline, so only the requests' own end (never
+            // a loaded machine's slowness) decides the round.
+            if (ote_batch_submit(b, r, 2) == OTE_OK && ote_batch_wait(b, 60 * kSec) == OTE_OK)
                 other_ok++;
             else other_bad++;
             if (ote_batch_reset(b) != OTE_OK) other_bad++;
@@ -347,12 +349,13 @@ TEST_F(E2eTest, PeerKilledMidTransfer) {
     std::string old_addr = target_.address;
     uint64_t t0 = ote_now_ns();
     target_.Kill();
-    ote_status_t st = ote_batch_wait(b, 20 * kSec);
+    ote_status_t st = ote_batch_wait(b, 25 * kSec);
     uint64_t took_ms = (ote_now_ns() - t0) / 1000000;
-    // PEER_LOST (not TIMEOUT) proves the loss was detected, not waited out; the default
-    // transfer_timeout_ms is 30 s, so 10 s is still well within it.
+    // PEER_LOST (not TIMEOUT) proves the loss was detected, not waited out: it came
+    // before the default 30 s transfer_timeout_ms (and the 25 s wait), however loaded
+    // the machine.
     EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
-    EXPECT_LT(took_ms, 10000u);
+    EXPECT_LT(took_ms, 25000u);
     for (int i = 0; i < 2; i++) {
         ote_transfer_status_t ts;
         ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
@@ -395,7 +398,9 @@ TEST_F(E2eTest, PeerKilledMidTransfer) {
 TEST_F(E2eTest, HungPeerTimesOutAtDeadline) {
     ote_config_t *cfg = nullptr;
     ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
-    ASSERT_EQ(ote_config_set(cfg, "transfer_timeout_ms", "800"), OTE_OK);
+    // 5 s, not less: the same engine's request after SIGCONT (reconnect, then 4 MiB) must
+    // finish within this deadline too, on a loaded machine.
+    ASSERT_EQ(ote_config_set(cfg, "transfer_timeout_ms", "5000"), OTE_OK);
     ote_engine_t *e2 = nullptr;
     ASSERT_EQ(ote_engine_create(cfg, &e2), OTE_OK);
     ote_config_destroy(cfg);
@@ -408,13 +413,13 @@ TEST_F(E2eTest, HungPeerTimesOutAtDeadline) {
     ote_request_t r = {OTE_WRITE, buf.data(), s, target_.rw, buf.size()};
     uint64_t t0 = ote_now_ns();
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-    EXPECT_EQ(ote_batch_wait(b, 20 * kSec), OTE_ERR_TIMEOUT); // the request's own TIMEOUT
+    EXPECT_EQ(ote_batch_wait(b, 60 * kSec), OTE_ERR_TIMEOUT); // the request's own TIMEOUT
     uint64_t took = ote_now_ns() - t0;
     // The request's deadline starts inside ote_batch_submit, after t0: a TIMEOUT seen
-    // before 800 ms came before the deadline. The upper bound only says "not the 20 s
-    // wait": the timeout is detected, not waited out.
-    EXPECT_GE(took, 800 * ote_test::kMs) << "timed out after " << took / ote_test::kMs << " ms";
-    EXPECT_LT(took, 10 * kSec) << "timed out after " << took / ote_test::kMs << " ms";
+    // before 5 s came before the deadline. The upper bound only says "not the 60 s
+    // wait" (the state below says so too): the timeout is detected, not waited out.
+    EXPECT_GE(took, 5000 * ote_test::kMs) << "timed out after " << took / ote_test::kMs << " ms";
+    EXPECT_LT(took, 60 * kSec) << "timed out after " << took / ote_test::kMs << " ms";
     ote_transfer_status_t ts;
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT);

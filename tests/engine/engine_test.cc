@@ -112,12 +112,13 @@ TEST_F(EngineTest, BatchStateMachineAgainstSilentPeer) {
     EXPECT_EQ(ote_segment_close(seg), OTE_ERR_BUSY);
     EXPECT_EQ(ote_engine_destroy(e), OTE_ERR_BUSY);
     // The silent peer never answers: the requests end with TIMEOUT at their deadline.
-    EXPECT_EQ(ote_batch_wait(b, 10000 * kMs), OTE_ERR_TIMEOUT);
+    EXPECT_EQ(ote_batch_wait(b, 60000 * kMs), OTE_ERR_TIMEOUT);
     uint64_t took = ote_now_ns() - t_submit;
     // Not before the 3 s deadline (it starts inside submit, after t_submit), and not
-    // the 10 s wait either (the states below say TIMEOUT, which only the deadline sets).
+    // the 60 s wait either (the states below say TIMEOUT, which only the deadline sets);
+    // no tighter upper bound: a loaded machine may see the deadline late.
     EXPECT_GE(took, 3000 * kMs) << took / kMs << " ms";
-    EXPECT_LT(took, 9500 * kMs) << took / kMs << " ms";
+    EXPECT_LT(took, 60000 * kMs) << took / kMs << " ms";
     for (int i = 0; i < 2; i++) {
         ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
         EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT);
@@ -134,7 +135,9 @@ TEST_F(EngineTest, BatchStateMachineAgainstSilentPeer) {
 
 TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
     RawServer hole(AcceptSilently); // never reads: the socket buffers fill up
-    ote_engine_t *e = NewEngine({{"tcp_connections", "2"}, {"transfer_timeout_ms", "3000"}});
+    // 10 s: the engine's worker drops the queued requests on its own thread; on a loaded
+    // machine that may come seconds after the cancel, but never after this deadline.
+    ote_engine_t *e = NewEngine({{"tcp_connections", "2"}, {"transfer_timeout_ms", "10000"}});
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(e, hole.address.c_str(), &seg), OTE_OK);
     constexpr int kN = 96;
@@ -145,9 +148,9 @@ TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
                                  ote_request_t{OTE_WRITE, src.data(), seg, 1u << 20, src.size()});
     ASSERT_EQ(ote_batch_submit(b, r.data(), kN), OTE_OK);
     EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
-    // Queued requests end CANCELED, not at the 3 s deadline (a request that waited for its
-    // deadline would end TIMEOUT instead). Looked at least once, for at most 2.5 s.
-    ote_deadline_t dl = ote_deadline_after(2500 * kMs);
+    // Queued requests end CANCELED, not at the 10 s deadline (a request that waited for
+    // its deadline would end TIMEOUT instead). Looked at least once, for at most 9 s.
+    ote_deadline_t dl = ote_deadline_after(9000 * kMs);
     int canceled = 0;
     for (;;) {
         canceled = 0;
@@ -161,7 +164,7 @@ TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
     }
     EXPECT_GT(canceled, kN / 2);
     // Those on the wire end at the deadline (TIMEOUT) or canceled.
-    ote_status_t st = ote_batch_wait(b, 10000 * kMs);
+    ote_status_t st = ote_batch_wait(b, 60000 * kMs);
     EXPECT_TRUE(ote_status_code(st) == OTE_ERR_CANCELED || ote_status_code(st) == OTE_ERR_TIMEOUT);
     for (int i = 0; i < kN; i++) {
         ote_transfer_status_t ts;

@@ -348,18 +348,19 @@ TEST_F(RdmaControlTest, ConnectIsBoundedByConnectTimeout) {
         connect(f, (sockaddr *)&sa, sizeof(sa));
         fill.push_back(f);
     }
-    ote_engine_t *e = RdmaEngine("20000", "500");
+    ote_engine_t *e = RdmaEngine("60000", "500");
     ASSERT_NE(e, nullptr);
     uint64_t t0 = ote_now_ns();
     ote_segment_t *seg = nullptr;
     ote_status_t st = ote_segment_open(e, addr.c_str(), &seg);
     uint64_t took = ote_now_ns() - t0;
     // Nobody accepts or answers: the open ends with TIMEOUT at connect_timeout_ms (500 ms),
-    // not before it and not at transfer_timeout_ms (20 s); no segment is handed out.
+    // not before it and not at transfer_timeout_ms (60 s: far from the 30 s bound below,
+    // which a loaded machine cannot reach by slowness alone); no segment is handed out.
     EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
     EXPECT_EQ(seg, nullptr);
     EXPECT_GE(took, 500 * kMs) << "connect gave up after " << took / kMs << " ms";
-    EXPECT_LT(took, 5 * kSec) << "connect waited " << took / kMs << " ms";
+    EXPECT_LT(took, 30 * kSec) << "connect waited " << took / kMs << " ms";
     for (int f : fill) close(f);
     close(lfd);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
@@ -379,9 +380,10 @@ TEST_F(RdmaControlTest, UnacknowledgedNotificationFailsAtItsDeadline) {
     ote_status_t st = ote_notify_send(e, seg, "ping", 4);
     uint64_t took = ote_now_ns() - t0;
     EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
-    // The notification's deadline starts inside ote_notify_send, after t0: not before it.
+    // The notification's deadline starts inside ote_notify_send, after t0: not before it;
+    // and it did end (at its deadline, seen late at worst on a loaded machine).
     EXPECT_GE(took, 1500 * kMs) << took / kMs << " ms";
-    EXPECT_LT(took, 10 * kSec) << took / kMs << " ms";
+    EXPECT_LT(took, 30 * kSec) << took / kMs << " ms";
     EXPECT_EQ(ote_segment_close(seg), OTE_OK) << "the expired notification still holds the segment";
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
     ASSERT_TRUE(target.Cont());
@@ -411,7 +413,10 @@ TEST_F(RdmaControlTest, FullNotificationQueueAnswersAgain) {
 // Finding 14: destroy joins the control connection threads (woken, joinable) instead of
 // freeing the transport under detached ones; nothing is retained.
 TEST_F(RdmaControlTest, DestroyJoinsControlThreadsOfOpenConnections) {
-    ote_engine_t *e = RdmaEngine();
+    // connect_timeout_ms 60 s: destroy would wait up to 70 s (connect_timeout_ms + 10 s)
+    // for threads that are not woken, far beyond the 30 s bound below; woken ones end at
+    // once, and 30 s leaves a loaded machine all the slack it needs.
+    ote_engine_t *e = RdmaEngine("20000", "60000");
     ASSERT_NE(e, nullptr);
     std::string addr = EngineAddress(e);
     std::vector<int> fds;
@@ -429,10 +434,10 @@ TEST_F(RdmaControlTest, DestroyJoinsControlThreadsOfOpenConnections) {
     uint64_t before = ote__rdma_retained_transports_get();
     uint64_t t0 = ote_now_ns();
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
-    EXPECT_LT(ote_now_ns() - t0, 5 * kSec);
+    EXPECT_LT(ote_now_ns() - t0, 30 * kSec);
     EXPECT_EQ(ote__rdma_retained_transports_get(), before);
     for (int fd : fds) {
-        EXPECT_TRUE(ClosedByPeer(fd, 5000));
+        EXPECT_TRUE(ClosedByPeer(fd, 20000));
         close(fd);
     }
 }

@@ -84,7 +84,7 @@ class QpFixture : public OteTest {
     }
 
     void TearDown() override {
-        ote_deadline_t d = ote_deadline_after(5 * OTE_NSEC_PER_SEC);
+        ote_deadline_t d = ote_deadline_after(30 * OTE_NSEC_PER_SEC); // see Soon()
         for (auto *qp : qps_) {
             if (qp != nullptr) {
                 EXPECT_EQ(ote_qp_destroy(qp, d), OTE_OK);

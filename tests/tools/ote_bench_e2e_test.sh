@@ -103,9 +103,10 @@ if run read_corrupt 1 --op read --block-size 4K --batch-size 4 --total-bytes 64K
     json_ok read_corrupt 1 failed 65536
 fi
 
-# Without --check the line says "off"; with --duration the run is time-bound (1 s: long
-# enough that even a loaded machine completes a batch inside it).
-if run duration_off 0 --op read --block-size 64K --batch-size 8 --duration 1s --json; then
+# Without --check the line says "off"; with --duration the run is time-bound. A worker
+# claims a batch only before the duration ends (counted from when all workers were ready),
+# so the duration must cover a worker thread's wake-up on a loaded machine: 5 s, not 1 s.
+if run duration_off 0 --op read --block-size 64K --batch-size 8 --duration 5s --json; then
     json_ok duration_off 1 off 65536
 fi
 

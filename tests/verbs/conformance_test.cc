@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -118,12 +119,14 @@ TEST_P(Conformance, SimConfigSyntax) {
     EXPECT_EQ(ote_verbs_open("sim", "bogus=1", &v2), OTE_ERR_INVALID);
     EXPECT_EQ(ote_verbs_open("sim", "port;gid=auto-v4", &v2), OTE_ERR_INVALID);
     EXPECT_EQ(ote_verbs_open("sim", "dev=x;port;gid=not-an-address", &v2), OTE_ERR_INVALID);
-    ASSERT_EQ(
-        ote_verbs_open("sim",
-                       "dev=ibx,numa=3;port,state=active,mtu=9000,link=ib,lid=7,gids=4;"
-                       "gid=auto-v6,type=ib;gid=fd00::1234:5,type=v2,index=2;retry_cap_ms=250",
-                       &v2),
-        OTE_OK);
+    // The explicit GID names a listening socket (abstract, machine-wide): made unique to
+    // this process, so runs of this test in parallel (and other worktrees') never collide.
+    char cfg[256];
+    snprintf(cfg, sizeof(cfg),
+             "dev=ibx,numa=3;port,state=active,mtu=9000,link=ib,lid=7,gids=4;"
+             "gid=auto-v6,type=ib;gid=fd00::1234:%x:%x,type=v2,index=2;retry_cap_ms=250",
+             ((unsigned)getpid() >> 16) & 0xffffu, (unsigned)getpid() & 0xffffu);
+    ASSERT_EQ(ote_verbs_open("sim", cfg, &v2), OTE_OK);
     EXPECT_EQ(ote_sim_retry_cap_ms(v2), 250u);
     struct ibv_device **list = nullptr;
     int num = 0;
