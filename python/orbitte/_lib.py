@@ -59,6 +59,15 @@ class Request(ctypes.Structure):
     ]
 
 
+class SegmentInfo(ctypes.Structure):
+    """ote_segment_info_t"""
+
+    _fields_ = [
+        ("transport", ctypes.c_char * 16),
+        ("peer", ctypes.c_char * 272),
+    ]
+
+
 class TransferStatus(ctypes.Structure):
     """ote_transfer_status_t"""
 
@@ -83,6 +92,7 @@ _PROTOTYPES = {
     "ote_memory_unregister": (status_t, [c_void_p, c_void_p]),
     "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_close": (status_t, [c_void_p]),
+    "ote_segment_info": (status_t, [c_void_p, ctypes.POINTER(SegmentInfo)]),
     "ote_batch_create": (status_t, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
     "ote_batch_submit": (status_t, [c_void_p, ctypes.POINTER(Request), c_size_t]),
     "ote_batch_status": (status_t, [c_void_p, c_size_t, ctypes.POINTER(TransferStatus)]),

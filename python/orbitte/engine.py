@@ -116,6 +116,14 @@ class Segment:
             raise _state_error("segment %s is closed" % self.peer)
         return self._handle
 
+    @property
+    def transport(self):
+        """The transport ote_segment_open chose for this peer: "shm", "tcp" or "rdma"."""
+        info = _lib.SegmentInfo()
+        with self.engine._lock:
+            check(lib.ote_segment_info(self.handle, ctypes.byref(info)), "ote_segment_info")
+        return info.transport.decode()
+
     def close(self):
         with self.engine._lock:
             if not self._handle:

@@ -106,3 +106,16 @@ def test_peer_process_writes_and_reads_this_processes_registration(engine, peer)
     assert ans == {"error": "OTE_ERR_ACCESS"}
     assert ro == bytes(4096)
     assert peer.quit() == 0
+
+
+def test_segment_names_the_transport_the_router_chose(peer):
+    # The default list is "shm,tcp": a peer on this host is reached over shm.
+    with orbitte.Engine({"listen_address": "127.0.0.1:0"}) as eng:
+        with eng.open_segment(peer.address) as seg:
+            assert seg.transport == "shm"
+    with orbitte.Engine({"listen_address": "127.0.0.1:0", "transports": "tcp"}) as eng:
+        with eng.open_segment(peer.address) as seg:
+            assert seg.transport == "tcp"
+            dst = np.zeros(4096, np.uint8)
+            eng.read(peer.address, dst, peer.rw)
+            assert np.array_equal(dst, pattern(peer.size, 1)[:4096])
