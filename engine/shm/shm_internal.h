@@ -13,6 +13,7 @@
  *   shm_source.c     source side: one thread per accepted requester, its handshake
  *                    (credentials, cross-memory-attach probe) and every request checked
  *                    against the engine's registrations before any byte moves
+ *   shm_pins.c       source side: one account and one pin per request of a connection
  *
  * Reaching the peer. Every engine with shm in its list listens on an abstract UNIX
  * SOCK_SEQPACKET socket whose name it advertises ("shm=<name>") in its HELLO_ACK info. A
@@ -26,8 +27,17 @@
  * local address); the source pins the remote range through host->pin (registrations and
  * permissions) and only then copies, itself, with process_vm_readv (WRITE: from the
  * requester's local buffer into its registered memory) or process_vm_writev (READ), one
- * copy, no staging. A refused request moves no byte and answers OTE_ERR_ACCESS; the pin
- * lasts for the copy, so unregister is BUSY meanwhile. The source reads the requester's
+ * copy, no staging. A refused request moves no byte and answers OTE_ERR_ACCESS.
+ *
+ * One pin per request. Every piece names its request (an id unique in the requester's
+ * engine, and the extent). The source keeps one account per request of the connection:
+ * the first piece to arrive checks the whole extent and pins it once (or records the
+ * refusal, which every later piece of the request gets too); the pin is released when the
+ * last byte of the request has been served, refused or written off. Pieces the requester
+ * drops without sending them (cancel, a deadline in its queue) are written off by a
+ * WRITE_OFF entry in its next REQS message; the accounts a connection leaves open end
+ * when it closes. Unregister of the range is therefore BUSY from the first piece of a
+ * request to its last, never between two of its pieces. The source reads the requester's
  * memory only at the local addresses the requester itself named, which the kernel allows
  * because both run under one uid (checked by SO_PEERCRED, probed once per connection by
  * reading a cookie the requester names in its HELLO; under Yama ptrace_scope 1 the
@@ -77,8 +87,8 @@
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
 
-#define SHM_MAGIC 0x4d48534fu /* "OSHM" */
-#define SHM_VERSION 1
+#define SHM_MAGIC 0x4d48534fu       /* "OSHM" */
+#define SHM_VERSION 2               /* 2: pieces name their request (req_uid); WRITE_OFF */
 #define SHM_BATCH_MAX 64            /* requests per REQS message */
 #define SHM_WINDOW 256              /* slices in flight per peer */
 #define SHM_WINDOW_BYTES (8u << 20) /* bytes in flight per peer (one slice always may go) */
@@ -97,6 +107,10 @@
 #define SHM_SPIN_NS (20u * 1000u)
 
 enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4 };
+/* A REQS entry that is no request: `local` bytes of request req_uid will never come
+ * (dropped unsent by the requester). It gets no response. (OTE__SLICE_* are 3, 5, 7.) */
+#define SHM_OP_WRITE_OFF 9
+#define SHM_SRC_MAX_REQS 65536u /* accounts per connection; pieces past it pin alone */
 enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
 #define SHM_RING_BYTES (16u << 20) /* the shared ring of one connection (ring mode) */
 #define SHM_RING_SLICE (1u << 20)  /* largest slice in ring mode */
@@ -138,6 +152,7 @@ typedef struct {
      * 0, 0 for a notification): the source checks and pins that extent, never the piece
      * alone, so a request partly outside a registration moves no byte. */
     uint64_t req_remote, req_len;
+    uint64_t req_uid; /* the request's id in the requester's engine (0: no account) */
 } shm_req_t;
 
 typedef struct {
@@ -147,6 +162,12 @@ typedef struct {
 } shm_resp_t;
 
 typedef struct shm_src shm_src_t;
+typedef struct shm_acct shm_acct_t; /* shm_source.c: one request's account */
+
+/* Bytes of one request the requester dropped unsent, to write off at the source. */
+typedef struct {
+    uint64_t uid, req_remote, req_len, bytes;
+} shm_woff_t;
 
 typedef struct shm_tp {
     ote__transport_t base;
@@ -171,7 +192,9 @@ struct shm_src {
     uint8_t *ring; /* ring mode: the requester's memfd, mapped */
     size_t ring_len;
     pthread_t thr;
-    _Atomic int done; /* its thread has returned */
+    _Atomic int done;  /* its thread has returned */
+    shm_acct_t *accts; /* open requests (uthash by uid); its thread's only */
+    size_t naccts;
     char from[OTE__ADDR_MAX];
 };
 
@@ -197,6 +220,8 @@ typedef struct shm_peer {
     _Atomic size_t nflight; /* read without mu by the receive thread's spin */
     uint64_t flight_bytes;
     uint64_t next_id;
+    shm_woff_t *woff; /* write-offs to send with the next REQS message */
+    size_t nwoff, woff_cap;
 } shm_peer_t;
 
 /* shm_requester.c */
@@ -208,6 +233,16 @@ uint32_t ote__shm_peer_max_slice(ote__tpeer_t *peer);
 void ote__shm_submit(ote__tpeer_t *peer, ote__slice_t *list);
 void ote__shm_cancel(ote__tpeer_t *peer);
 ote_status_t ote__shm_peer_close(ote__tpeer_t *peer);
+
+/* shm_pins.c (the connection's thread only). Check and pin piece q, whose request's
+ * extent (validated by the caller) is [start, start + len): through its request's account
+ * (pinned once, by the first piece) or alone; *pin_out goes back to src_unpin with the
+ * piece's length once it is copied. A refusal is the request's: every piece gets it. */
+ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, uint64_t len,
+                              unsigned perm, void **pin_out);
+void ote__shm_src_unpin(shm_src_t *s, void *pin, uint32_t len);
+void ote__shm_src_write_off(shm_src_t *s, const shm_req_t *q); /* a WRITE_OFF entry */
+void ote__shm_src_accts_end(shm_src_t *s);                     /* the connection closed */
 
 /* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
 void *ote__shm_src_main(void *arg);

@@ -47,6 +47,31 @@ static void slist_finish(slist_t *l) {
     l->h = l->t = NULL;
 }
 
+/* Slice s of a request was dropped unsent: its bytes will never reach the source, which
+ * is told (a WRITE_OFF entry in the next REQS message) so that the request's pin there
+ * ends. Consecutive pieces of one request share an entry. p->mu held. */
+static void peer_write_off(shm_peer_t *p, const ote__slice_t *s) {
+    if (s->req_uid == 0 || s->op == OTE__SLICE_NOTIFY || p->broken) return;
+    if (p->nwoff > 0 && p->woff[p->nwoff - 1].uid == s->req_uid) {
+        p->woff[p->nwoff - 1].bytes += s->len;
+        return;
+    }
+    if (p->nwoff == p->woff_cap) {
+        size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
+        shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
+        if (w == NULL) {
+            OTE_WARN_LIMITED("shm",
+                             "peer %s: out of memory for a write-off: the source keeps a "
+                             "dropped request pinned until the connection closes",
+                             p->addr);
+            return;
+        }
+        p->woff = w;
+        p->woff_cap = cap;
+    }
+    p->woff[p->nwoff++] = (shm_woff_t){s->req_uid, s->req_remote, s->req_len, s->len};
+}
+
 static int read_ptrace_scope(void) {
     FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
     int v = 0;
@@ -208,6 +233,7 @@ static void peer_kill(shm_peer_t *p, ote_status_t st, slist_t *done) {
     p->nflight = 0;
     p->flight_bytes = 0;
     p->ring_head = p->ring_tail = 0;
+    p->nwoff = 0; /* the source ends the connection's accounts when it closes */
 }
 
 /* Ring mode: a piece of the ring for slice s (in order; freed in order by responses),
@@ -226,18 +252,29 @@ static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
     return 0;
 }
 
-/* Send queued slices while the window allows. p->mu held. */
+/* Send pending write-offs, and queued slices while the window allows. p->mu held. */
 static void peer_pump(shm_peer_t *p, slist_t *done) {
     union {
         shm_hdr_t h;
         uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
     } m;
-    while (!p->broken && p->qh && p->nflight < SHM_WINDOW && p->flight_bytes < SHM_WINDOW_BYTES) {
+    while (!p->broken && (p->nwoff > 0 || (p->qh && p->nflight < SHM_WINDOW &&
+                                           p->flight_bytes < SHM_WINDOW_BYTES))) {
         shm_req_t *r = (shm_req_t *)(m.b + sizeof(shm_hdr_t));
-        uint32_t n = 0;
+        uint32_t nw = 0, n = 0; /* write-off entries first, then n slices */
+        for (; nw < p->nwoff && nw < SHM_BATCH_MAX; nw++) {
+            const shm_woff_t *w = &p->woff[nw];
+            r[nw] = (shm_req_t){.id = 0,
+                                .local = w->bytes,
+                                .op = SHM_OP_WRITE_OFF,
+                                .req_remote = w->req_remote,
+                                .req_len = w->req_len,
+                                .req_uid = w->uid};
+        }
         ote__slice_t *s = p->qh, *last = NULL;
         uint64_t bytes = 0, head0 = p->ring_head;
-        while (s && n < SHM_BATCH_MAX && p->nflight + n < SHM_WINDOW &&
+        while (s && nw + n < SHM_BATCH_MAX && p->nflight + n < SHM_WINDOW &&
+               p->flight_bytes < SHM_WINDOW_BYTES &&
                (n == 0 || (p->flight_bytes + bytes + s->len <= SHM_WINDOW_BYTES &&
                            bytes + s->len <= SHM_MSG_BYTES))) {
             ote__slice_t *next = s->next;
@@ -245,6 +282,7 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                 if (last) last->next = next;
                 else p->qh = next;
                 if (p->qt == s) p->qt = last;
+                peer_write_off(p, s); /* goes with a later message */
                 slist_add(done, s, OTE_ERR_CANCELED);
                 s = next;
                 continue;
@@ -253,27 +291,37 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
             if (p->mode == SHM_MODE_RING && s->len > 0 && ring_alloc(p, s, &local) != 0)
                 break; /* the ring is full: more after responses */
             s->xp.shm.id = p->next_id + n;
-            r[n] = (shm_req_t){s->xp.shm.id, s->remote, local,         s->len,
-                               s->op,        0,         s->req_remote, s->req_len};
+            r[nw + n] = (shm_req_t){.id = s->xp.shm.id,
+                                    .remote = s->remote,
+                                    .local = local,
+                                    .len = s->len,
+                                    .op = s->op,
+                                    .req_remote = s->req_remote,
+                                    .req_len = s->req_len,
+                                    .req_uid = s->req_uid};
             n++;
             bytes += s->len;
             last = s;
             s = next;
         }
-        if (n == 0) break;
-        m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_REQS, n, 0};
+        if (nw + n == 0) break;
+        m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_REQS, nw + n, 0};
         /* (ring pieces of an unsent message are taken again, in the same order, when it
          * is retried: the head goes back to where this message began) */
-        size_t len = sizeof(shm_hdr_t) + n * sizeof(shm_req_t);
-        ssize_t w = send(p->fd, m.b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+        size_t len = sizeof(shm_hdr_t) + (nw + n) * sizeof(shm_req_t);
+        ssize_t wr = send(p->fd, m.b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (wr < 0 && (errno == EAGAIN || errno == EINTR)) {
             p->ring_head = head0;
             break; /* the receive thread retries */
         }
-        if (w != (ssize_t)len) {
+        if (wr != (ssize_t)len) {
             peer_kill(p, OTE_ERR_PEER_LOST, done);
             return;
         }
+        /* The first nw write-offs are sent (later ones may have been added meanwhile). */
+        memmove(p->woff, p->woff + nw, (p->nwoff - nw) * sizeof(*p->woff));
+        p->nwoff -= nw;
+        if (n == 0) continue;
         /* [qh, last] is in flight now. */
         ote__slice_t *first = p->qh;
         p->qh = last->next;
@@ -330,6 +378,7 @@ static void peer_expire(shm_peer_t *p, slist_t *done) {
         ote__slice_t *s = *pp;
         if (s->deadline <= now) {
             *pp = s->next;
+            peer_write_off(p, s);
             slist_add(done, s, OTE_ERR_TIMEOUT);
         } else {
             last = s;
@@ -540,6 +589,7 @@ void ote__shm_cancel(ote__tpeer_t *tpeer) {
         ote__slice_t *s = *pp;
         if (s->canceled && atomic_load(s->canceled)) {
             *pp = s->next;
+            peer_write_off(p, s);
             slist_add(&done, s, OTE_ERR_CANCELED);
         } else {
             last = s;
@@ -547,6 +597,7 @@ void ote__shm_cancel(ote__tpeer_t *tpeer) {
         }
     }
     p->qt = last;
+    peer_pump(p, &done); /* the write-offs, so the source releases those requests now */
     ote_mutex_unlock(&p->mu);
     slist_finish(&done);
 }
@@ -564,6 +615,7 @@ ote_status_t ote__shm_peer_close(ote__tpeer_t *tpeer) {
     slist_finish(&done);
     ote_mutex_destroy(&p->ensure_mu);
     ote_mutex_destroy(&p->mu);
+    ote_free(p->woff);
     ote_free(p);
     return OTE_OK;
 }

@@ -209,7 +209,6 @@ static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
 
 /* Check one data request against the registrations and pin its range. */
 static ote_status_t src_check(shm_src_t *s, const shm_req_t *q, void **pin_out) {
-    const ote__host_t *host = &s->tp->host;
     if (q->op != OTE__SLICE_WRITE && q->op != OTE__SLICE_READ) return OTE_ERR_INVALID;
     if (q->len > SHM_MAX_SLICE) return OTE_ERR_TOO_BIG;
     unsigned perm = q->op == OTE__SLICE_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
@@ -222,7 +221,7 @@ static ote_status_t src_check(shm_src_t *s, const shm_req_t *q, void **pin_out) 
     }
     if (q->remote < start || q->remote - start > len || q->len > len - (q->remote - start))
         return OTE_ERR_INVALID;
-    ote_status_t st = host->pin(host->arg, start, len, perm, pin_out);
+    ote_status_t st = ote__shm_src_pin(s, q, start, len, perm, pin_out);
     if (st != OTE_OK) {
         OTE_DEBUG("shm", "%s of %u bytes at 0x%llx from %s refused: %s",
                   q->op == OTE__SLICE_WRITE ? "WRITE" : "READ", q->len,
@@ -256,15 +255,16 @@ static void src_copy_run(shm_src_t *s, const shm_req_t *q, uint32_t n, ote_statu
  * pinned) before any byte of the message moves; notifications are delivered in their
  * place, after the data before them. */
 static void src_serve(shm_src_t *s, const shm_req_t *reqs, uint32_t cnt, ote_status_t *st) {
-    const ote__host_t *host = &s->tp->host;
     void *pins[SHM_BATCH_MAX];
     for (uint32_t i = 0; i < cnt; i++) {
         pins[i] = NULL;
-        st[i] = reqs[i].op == OTE__SLICE_NOTIFY ? OTE_OK : src_check(s, &reqs[i], &pins[i]);
+        st[i] = OTE_OK;
+        if (reqs[i].op == SHM_OP_WRITE_OFF) ote__shm_src_write_off(s, &reqs[i]);
+        else if (reqs[i].op != OTE__SLICE_NOTIFY) st[i] = src_check(s, &reqs[i], &pins[i]);
     }
     for (uint32_t i = 0; i < cnt;) {
         const shm_req_t *q = &reqs[i];
-        if (st[i] != OTE_OK) {
+        if (st[i] != OTE_OK || q->op == SHM_OP_WRITE_OFF) {
             i++;
             continue;
         }
@@ -284,7 +284,7 @@ static void src_serve(shm_src_t *s, const shm_req_t *reqs, uint32_t cnt, ote_sta
         i = j;
     }
     for (uint32_t i = 0; i < cnt; i++)
-        if (pins[i] != NULL) host->unpin(host->arg, pins[i]);
+        if (pins[i] != NULL) ote__shm_src_unpin(s, pins[i], reqs[i].len);
 }
 
 void *ote__shm_src_main(void *arg) {
@@ -314,16 +314,20 @@ void *ote__shm_src_main(void *arg) {
         ote_status_t st[SHM_BATCH_MAX];
         src_serve(s, reqs, in.h.n, st);
         int lost = 0;
+        uint32_t m = 0; /* write-offs get no response */
         for (uint32_t i = 0; i < in.h.n; i++) {
             if (st[i] == OTE_ERR_PEER_LOST) lost = 1;
-            resps[i] = (shm_resp_t){reqs[i].id, (int32_t)st[i], 0};
+            if (reqs[i].op != SHM_OP_WRITE_OFF)
+                resps[m++] = (shm_resp_t){reqs[i].id, (int32_t)st[i], 0};
         }
-        out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, in.h.n, 0};
-        if (lost || send_msg(s, out.b, sizeof(shm_hdr_t) + in.h.n * sizeof(shm_resp_t)) != OTE_OK)
+        out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, m, 0};
+        if (!lost && m > 0 &&
+            send_msg(s, out.b, sizeof(shm_hdr_t) + m * sizeof(shm_resp_t)) != OTE_OK)
             lost = 1;
         if (lost) break;
     }
 out_done:
+    ote__shm_src_accts_end(s);
     if (s->ring != NULL) munmap(s->ring, s->ring_len);
     s->ring = NULL;
     atomic_store(&s->done, 1);

@@ -84,12 +84,12 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
  *
  * When a peer's transfer uses the range (what a user can rely on):
  *  - The source checks a peer's request as a whole, its entire remote range against one
- *    registration and its permission, before the request's first byte moves (TCP: on
- *    every slice, each of which names its request's range; RDMA: on every grant). A
+ *    registration and its permission, before the request's first byte moves (TCP and shm:
+ *    on every slice, each of which names its request's range; RDMA: on every grant). A
  *    request that is partly outside a registration, or lacks the permission, is refused
  *    with OTE_ERR_ACCESS on every slice: no byte of it is read or written here.
- *  - The range is pinned once per request, on both transports: from the arrival of the
- *    request's first slice (TCP) or grant (RDMA) until its last byte is served, refused,
+ *  - The range is pinned once per request, on every transport: from the arrival of the
+ *    request's first slice (TCP, shm) or grant (RDMA) until its last byte is served, refused,
  *    or written off by the requester's cancel, or until the requester's connections
  *    close. While that holds, unregister is BUSY: it can succeed between two requests,
  *    never inside one, so a request is either served whole or refused whole
@@ -99,8 +99,8 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
  *    receipt is processed by the source after the requester's completion). Unregister
  *    therefore waits up to OTE_UNREGISTER_WAIT_MS for the pins of the range to drop
  *    before it answers OTE_ERR_BUSY: an unregister on such a signal succeeds.
- *  - A requester that dies releases its pins at once on both transports: TCP when its
- *    connections close; RDMA when its control connection closes (its windows are
+ *  - A requester that dies releases its pins at once on every transport: TCP when its
+ *    connections close; shm when its UNIX socket closes; RDMA when its control connection closes (its windows are
  *    invalidated by moving their QPs to the error state first). Only a requester that
  *    stays connected but stops making progress holds them until transfer_timeout_ms.
  */
