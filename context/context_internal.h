@@ -5,6 +5,13 @@
 #ifndef OTE_CONTEXT_CONTEXT_INTERNAL_H
 #define OTE_CONTEXT_CONTEXT_INTERNAL_H
 
+/* Compiled only inside the context library (Bazel local_defines, never passed on to
+ * dependents): an outside file that includes this header fails here. */
+#ifndef OTE__INSIDE_CONTEXT
+#error \
+    "context/context_internal.h is internal to OrbitTE's context layer; include context/context.h instead"
+#endif
+
 #include <stdatomic.h>
 
 #include "base/lock.h"

@@ -4,6 +4,13 @@
 #ifndef OTE_CQ_CQ_INTERNAL_H
 #define OTE_CQ_CQ_INTERNAL_H
 
+/* Compiled only inside the cq library (Bazel local_defines, never passed on to
+ * dependents): an outside file that includes this header fails here. */
+#ifndef OTE__INSIDE_CQ
+#error \
+    "cq/cq_internal.h is internal to OrbitTE's cq layer; include cq/lane.h or cq/workers.h instead"
+#endif
+
 #include <stdatomic.h>
 
 #include "base/hash.h"

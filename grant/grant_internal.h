@@ -10,6 +10,12 @@
 #ifndef OTE_GRANT_GRANT_INTERNAL_H
 #define OTE_GRANT_GRANT_INTERNAL_H
 
+/* Compiled only inside the grant library (Bazel local_defines, never passed on to
+ * dependents): an outside file that includes this header fails here. */
+#ifndef OTE__INSIDE_GRANT
+#error "grant/grant_internal.h is internal to OrbitTE's grant layer; include grant/grant.h instead"
+#endif
+
 #include "base/hash.h"
 #include "base/lock.h"
 #include "grant/grant.h"

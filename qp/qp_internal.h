@@ -9,6 +9,12 @@
 #ifndef OTE_QP_QP_INTERNAL_H
 #define OTE_QP_QP_INTERNAL_H
 
+/* Compiled only inside the qp library (Bazel local_defines, never passed on to
+ * dependents): an outside file that includes this header fails here. */
+#ifndef OTE__INSIDE_QP
+#error "qp/qp_internal.h is internal to OrbitTE's qp layer; include qp/qp.h instead"
+#endif
+
 #include "base/hash.h"
 #include "base/lock.h"
 #include "qp/qp.h"

@@ -9,6 +9,8 @@
 #   3. the same program with a planted #include of an engine *_internal.h header
 #      (engine/engine_internal.h, engine/core_internal.h, engine/tcp/tcp_internal.h)
 #      fails to build with the header's "is internal to OrbitTE's engine" error;
+#      and a planted #include of a layer's *_internal.h (grant, qp, cq, context, verbs)
+#      fails with its "is internal to OrbitTE's ... layer" error;
 #   4. the consumer cannot depend on @orbitte//engine/tcp (not visible from outside).
 #
 # Usage: scripts/check_visibility.sh
@@ -98,6 +100,15 @@ for h in engine/engine_internal.h engine/core_internal.h engine/tcp/tcp_internal
     { printf '#include "%s"\n' "$h"; cat "$SCRATCH/engine_user.c.orig"; } >engine_app/engine_user.c
     expect_fail "consumer cannot include $h" \
         "$h is internal to OrbitTE's engine" -- build //engine_app:engine_user
+done
+# The layers' own *_internal.h headers are private sources of their cc_library (never in
+# hdrs) and refuse to compile outside it (an #error unless the library's local_defines
+# name it): gcc has no layering check, so a private header would still be found.
+for h in grant/grant_internal.h qp/qp_internal.h cq/cq_internal.h \
+    context/context_internal.h verbs/sim/sim_internal.h verbs/fault_internal.h; do
+    { printf '#include "%s"\n' "$h"; cat "$SCRATCH/engine_user.c.orig"; } >engine_app/engine_user.c
+    expect_fail "consumer cannot include $h" \
+        "$h is internal to OrbitTE's" -- build //engine_app:engine_user
 done
 cp "$SCRATCH/engine_user.c.orig" engine_app/engine_user.c
 

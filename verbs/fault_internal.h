@@ -11,6 +11,12 @@
 #ifndef OTE_VERBS_FAULT_INTERNAL_H
 #define OTE_VERBS_FAULT_INTERNAL_H
 
+/* Compiled only inside the verbs library (Bazel local_defines, never passed on to
+ * dependents): an outside file that includes this header fails here. */
+#ifndef OTE__INSIDE_VERBS
+#error "verbs/fault_internal.h is internal to OrbitTE's verbs layer; include verbs/fault.h instead"
+#endif
+
 #include <stdbool.h>
 #include <stdint.h>
 

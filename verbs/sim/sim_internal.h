@@ -14,6 +14,13 @@
 #ifndef OTE_VERBS_SIM_SIM_INTERNAL_H
 #define OTE_VERBS_SIM_SIM_INTERNAL_H
 
+/* Compiled only inside the verbs library (Bazel local_defines, never passed on to
+ * dependents): an outside file that includes this header fails here. */
+#ifndef OTE__INSIDE_VERBS
+#error \
+    "verbs/sim/sim_internal.h is internal to OrbitTE's verbs layer; include verbs/sim/sim.h instead"
+#endif
+
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdatomic.h>
