@@ -154,9 +154,9 @@ class ShmHostileTest : public ote_test::OteTest {
         ASSERT_NE(target_, nullptr);
         buf_.assign(kBufLen, 0);
         for (size_t i = 0; i < kBufLen; i++) buf_[i] = static_cast<uint8_t>(i * 7 + 1);
-        ASSERT_EQ(ote_memory_register(target_, buf_.data(), kBufLen,
-                                      OTE_PERM_READ | OTE_PERM_WRITE),
-                  OTE_OK);
+        ASSERT_EQ(
+            ote_memory_register(target_, buf_.data(), kBufLen, OTE_PERM_READ | OTE_PERM_WRITE),
+            OTE_OK);
         sock_ = ShmSocketOf(target_);
         ASSERT_FALSE(sock_.empty());
     }
@@ -169,8 +169,7 @@ class ShmHostileTest : public ote_test::OteTest {
             ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
             ote_status_t st;
             while ((st = ote_memory_unregister(target_, buf_.data())) == OTE_ERR_BUSY &&
-                   !ote_deadline_expired(dl)) {
-            }
+                   !ote_deadline_expired(dl)) {}
             EXPECT_EQ(st, OTE_OK) << "a pin outlived the hostile connection";
             EXPECT_EQ(ote_engine_destroy(target_), OTE_OK);
         }
@@ -261,10 +260,10 @@ class ShmHostileTest : public ote_test::OteTest {
     std::vector<int32_t> Exchange(int fd, const std::vector<tw_req_t> &reqs, long n_hdr = -1) {
         std::vector<uint8_t> msg(sizeof(tw_hdr_t) + reqs.size() * sizeof(tw_req_t));
         tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS,
-                      static_cast<uint32_t>(n_hdr < 0 ? static_cast<long>(reqs.size()) : n_hdr),
-                      0};
+                      static_cast<uint32_t>(n_hdr < 0 ? static_cast<long>(reqs.size()) : n_hdr), 0};
         memcpy(msg.data(), &h, sizeof(h));
-        if (!reqs.empty()) memcpy(msg.data() + sizeof(h), reqs.data(), reqs.size() * sizeof(tw_req_t));
+        if (!reqs.empty())
+            memcpy(msg.data() + sizeof(h), reqs.data(), reqs.size() * sizeof(tw_req_t));
         EXPECT_EQ(send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
         std::vector<uint8_t> in(sizeof(tw_hdr_t) + TW_BATCH_MAX * sizeof(tw_resp_t) + 64);
         ssize_t got = RecvMsg(fd, in.data(), in.size());
@@ -301,9 +300,9 @@ class ShmHostileTest : public ote_test::OteTest {
     bool Pinned() {
         ote_status_t st = ote_memory_unregister(target_, buf_.data());
         if (st == OTE_OK) {
-            EXPECT_EQ(ote_memory_register(target_, buf_.data(), kBufLen,
-                                          OTE_PERM_READ | OTE_PERM_WRITE),
-                      OTE_OK);
+            EXPECT_EQ(
+                ote_memory_register(target_, buf_.data(), kBufLen, OTE_PERM_READ | OTE_PERM_WRITE),
+                OTE_OK);
             return false;
         }
         EXPECT_EQ(st, OTE_ERR_BUSY);
@@ -371,8 +370,8 @@ TEST_F(ShmHostileTest, RingModeWithoutAUsableRingIsRefused) {
     int small = MakeRing(4096, true);
     ASSERT_GE(small, 0);
     ExpectRefused(Hello(TW_RING_BYTES), {small}, OTE_ERR_UNSUPPORTED); // fd smaller than said
-    ExpectRefused(Hello(0), {small}, OTE_ERR_UNSUPPORTED);            // ring_len 0
-    ExpectRefused(Hello(1ull << 40), {small}, OTE_ERR_UNSUPPORTED);   // absurd ring_len
+    ExpectRefused(Hello(0), {small}, OTE_ERR_UNSUPPORTED);             // ring_len 0
+    ExpectRefused(Hello(1ull << 40), {small}, OTE_ERR_UNSUPPORTED);    // absurd ring_len
     close(small);
     int p[2];
     ASSERT_EQ(pipe2(p, O_CLOEXEC), 0); // not mappable, no size
@@ -506,12 +505,8 @@ TEST_F(ShmHostileTest, RingRangesOutsideTheRingAreRefused) {
     struct {
         uint64_t local;
         uint32_t len;
-    } bad[] = {{TW_RING_BYTES - 10, 11},
-               {TW_RING_BYTES, 1},
-               {TW_RING_BYTES + 1, 0},
-               {~0ull, 1},
-               {~0ull - 5, 10},
-               {1, TW_RING_BYTES}};
+    } bad[] = {{TW_RING_BYTES - 10, 11}, {TW_RING_BYTES, 1}, {TW_RING_BYTES + 1, 0}, {~0ull, 1},
+               {~0ull - 5, 10},          {1, TW_RING_BYTES}};
     for (auto &b : bad) {
         // len bounded by the registration so that only the ring check is at stake
         uint32_t len = b.len > kBufLen ? static_cast<uint32_t>(kBufLen) : b.len;
@@ -616,8 +611,8 @@ TEST_F(ShmHostileTest, WriteOffsAreBoundedByTheirOwnRequest) {
     EXPECT_TRUE(Pinned());
     // Written off with far more bytes than it has left: ends, pin released, no underflow
     // that would keep it (or another request) open.
-    st = Exchange(fd, {Req(TW_OP_WRITE_OFF, 0, ~0ull, 0, 10, ext, 1000),
-                       Req(TW_OP_READ, Buf(), 0, 8)});
+    st = Exchange(fd,
+                  {Req(TW_OP_WRITE_OFF, 0, ~0ull, 0, 10, ext, 1000), Req(TW_OP_READ, Buf(), 0, 8)});
     ASSERT_EQ(st.size(), 1u);
     EXPECT_FALSE(Pinned());
     // Pieces of a written-off request are a new request (its uid is free again) and
@@ -636,7 +631,8 @@ TEST_F(ShmHostileTest, OpenRequestsAreCappedAndPiecesPastTheCapStillWork) {
     while (uid <= total) {
         std::vector<tw_req_t> reqs;
         for (int k = 0; k < TW_BATCH_MAX && uid <= total; k++, uid++)
-            reqs.push_back(Req(TW_OP_READ, Buf(uid % 4096), uid % 4096, 1, uid, Buf(uid % 4096), 2));
+            reqs.push_back(
+                Req(TW_OP_READ, Buf(uid % 4096), uid % 4096, 1, uid, Buf(uid % 4096), 2));
         std::vector<int32_t> st = Exchange(fd, reqs);
         ASSERT_EQ(st.size(), reqs.size()) << "uid " << uid;
         for (int32_t s : st) ASSERT_EQ(s, OTE_OK) << "uid " << uid;
@@ -672,6 +668,56 @@ TEST_F(ShmHostileTest, NotificationsAreBoundedByTheLimitAndTheRing) {
     // Nothing else was delivered.
     EXPECT_EQ(ote_notify_recv(target_, got.data(), got.size(), &len, nullptr, 0, 200 * kMs),
               OTE_ERR_TIMEOUT);
+}
+
+// The name a requester gives itself fills its HELLO's addr without a terminating NUL: the
+// source cuts it, and its notifications carry the cut name.
+TEST_F(ShmHostileTest, AnUnterminatedRequesterNameIsCut) {
+    int ring = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring, 0);
+    void *m = mmap(nullptr, TW_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    int fd = Connect();
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    memset(h.addr, 'x', sizeof(h.addr));
+    tw_hello_ack_t a;
+    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring}, &a));
+    EXPECT_EQ(a.status, OTE_OK) << a.text;
+    memcpy(m, "hi", 2);
+    EXPECT_EQ(One(fd, Req(TW_OP_NOTIFY, 0, 0, 2)), OTE_OK);
+    char msg[8] = {0}, from[TW_ADDR_MAX + 64];
+    memset(from, 0, sizeof(from));
+    size_t len = 0;
+    ASSERT_EQ(ote_notify_recv(target_, msg, sizeof(msg), &len, from, sizeof(from), 10 * kSec),
+              OTE_OK);
+    EXPECT_EQ(std::string(msg, len), "hi");
+    EXPECT_EQ(std::string(from), std::string(TW_ADDR_MAX - 1, 'x'));
+    munmap(m, TW_RING_BYTES);
+    close(ring);
+}
+
+// A requester that sends requests and never reads the responses does not hold the
+// source's thread: once its socket is full, the source gives up at transfer_timeout_ms
+// (5 s here) and closes the connection.
+TEST_F(ShmHostileTest, ARequesterThatNeverReadsIsDropped) {
+    int fd = GoodRing();
+    std::vector<uint8_t> msg(sizeof(tw_hdr_t) + sizeof(tw_req_t));
+    tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS, 1, 0};
+    tw_req_t q = Req(TW_OP_READ, Buf(), 0, 1);
+    memcpy(msg.data(), &h, sizeof(h));
+    memcpy(msg.data() + sizeof(h), &q, sizeof(q));
+    ote_deadline_t dl = ote_deadline_after(120 * kSec);
+    bool closed = false;
+    uint64_t sent = 0;
+    while (!closed && !ote_deadline_expired(dl)) {
+        pollfd p = {fd, POLLOUT, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t r = send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r == static_cast<ssize_t>(msg.size())) sent++;
+        else if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) closed = true;
+    }
+    EXPECT_TRUE(closed) << sent << " requests sent";
+    EXPECT_GT(sent, 1u);
 }
 
 } // namespace
