@@ -70,7 +70,9 @@
  *
  * Threads and locks. Requester: submitting threads and the peer's receive thread share
  * the peer's mu (queue, window, fd state); done() runs with no lock held. Source: the
- * accept thread creates one thread per connection; tp->mu guards the list of connections.
+ * accept thread creates one thread per connection, for at most tcp_max_accepted
+ * connections at once (the engine's accept limit, as on TCP: any local process may
+ * connect, so more are closed at once); tp->mu guards the list of connections.
  * Lock order: peer->ensure_mu before peer->mu; tp->mu is a leaf.
  */
 #ifndef OTE_ENGINE_SHM_SHM_INTERNAL_H
@@ -179,8 +181,9 @@ typedef struct shm_tp {
     char sock[SHM_SOCK_MAX + 1];
     pthread_t accept_thr;
     _Atomic int stop;
-    ote_mutex_t mu; /* srcs */
+    ote_mutex_t mu; /* srcs, nsrcs */
     shm_src_t *srcs;
+    size_t nsrcs; /* at most cfg.tcp_max_accepted: more connections are closed at once */
 } shm_tp_t;
 
 /* One accepted requester (source side). */

@@ -199,14 +199,15 @@ class ShmHostileTest : public ote_test::OteTest {
     }
 
     // A raw SOCK_SEQPACKET connection to the target's shm socket.
-    int Connect() {
+    int Connect(std::string sock = "") {
+        if (sock.empty()) sock = sock_;
         int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         EXPECT_GE(fd, 0);
         sockaddr_un sun;
         memset(&sun, 0, sizeof(sun));
         sun.sun_family = AF_UNIX;
-        memcpy(sun.sun_path + 1, sock_.data(), sock_.size());
-        socklen_t sl = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + sock_.size());
+        memcpy(sun.sun_path + 1, sock.data(), sock.size());
+        socklen_t sl = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + sock.size());
         EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&sun), sl), 0) << strerror(errno);
         raw_.push_back(fd);
         return fd;
@@ -718,6 +719,36 @@ TEST_F(ShmHostileTest, ARequesterThatNeverReadsIsDropped) {
     }
     EXPECT_TRUE(closed) << sent << " requests sent";
     EXPECT_GT(sent, 1u);
+}
+
+// Any local process can connect, so the source serves at most tcp_max_accepted
+// connections at once (a thread each), like the TCP listener: more are closed at once,
+// and a place frees when a connection ends.
+TEST_F(ShmHostileTest, AcceptedConnectionsAreCapped) {
+    ote_engine_t *e = ote_test::NewEngine({{"transports", "shm,tcp"}, {"tcp_max_accepted", "2"}});
+    ASSERT_NE(e, nullptr);
+    std::string sock = ShmSocketOf(e);
+    int ring = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring, 0);
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    auto served = [&](int fd) { // the HELLO may meet a connection already closed
+        tw_hello_ack_t a;
+        return SendWithFds(fd, &h, sizeof(h), {ring}) &&
+               RecvMsg(fd, &a, sizeof(a)) == static_cast<ssize_t>(sizeof(a)) && a.status == OTE_OK;
+    };
+    int a = Connect(sock), b = Connect(sock);
+    EXPECT_TRUE(served(a));
+    EXPECT_TRUE(served(b));
+    EXPECT_FALSE(served(Connect(sock))); // over the cap: closed, no HELLO_ACK
+    EXPECT_TRUE(LogContains("connections reached: closing a new one"));
+    shutdown(a, SHUT_RDWR); // frees a place once the source's thread has seen the EOF
+    ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
+    bool again = false;
+    while (!again && !ote_deadline_expired(dl)) again = served(Connect(sock));
+    EXPECT_TRUE(again);
+    close(ring);
+    CloseRaw();
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
 } // namespace

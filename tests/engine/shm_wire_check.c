@@ -8,8 +8,8 @@
 #include "tests/engine/shm_wire.h"
 
 #define SAME(a, b) _Static_assert((long long)(a) == (long long)(b), #a " != " #b)
-#define SAME_FIELD(tw, shm, f)                                                                     \
-    SAME(offsetof(tw, f), offsetof(shm, f));                                                       \
+#define SAME_FIELD(tw, shm, f) \
+    SAME(offsetof(tw, f), offsetof(shm, f)); \
     SAME(sizeof(((tw *)0)->f), sizeof(((shm *)0)->f))
 
 SAME(TW_MAGIC, SHM_MAGIC);
