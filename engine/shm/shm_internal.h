@@ -48,12 +48,13 @@
  * Ring mode (config shm_mode=ring, or when the probe fails: another uid, ptrace refused).
  * The requester creates a memfd of SHM_RING_BYTES sealed against shrinking
  * (F_SEAL_SHRINK: the source maps no other fd, since a ring shrunk under it would turn its
- * next copy into a SIGBUS), maps it and passes it in its HELLO (SCM_RIGHTS; any other
- * number of fds is refused and every fd received closed); the source maps it too and copies only between the ring and its own
- * registered memory (offsets bounded by the ring, checked). Slices are at most
- * SHM_RING_SLICE; each one in flight owns a piece of the ring, allocated in order and
- * freed in order by its response, so the requester stages WRITE data (and copies READ
- * data out) for one slice while the source copies another: both processes copy at once.
+ * next copy into a SIGBUS), maps it and passes it in its HELLO (SCM_RIGHTS; a HELLO with
+ * more fds is refused and every fd received closed); the source maps it too and copies
+ * only between the ring and its own registered memory (offsets bounded by the ring,
+ * checked). Slices are at most SHM_RING_SLICE; each one in flight owns a piece of the
+ * ring, allocated in order and freed in order by its response, so the requester stages
+ * WRITE data (and copies READ data out) for one slice while the source copies another:
+ * both processes copy at once.
  *
  * Requests. A requester connection carries REQS messages (up to SHM_BATCH_MAX requests
  * each, so a batch of small requests costs one message per 64) and receives RESPS in the
