@@ -48,6 +48,7 @@ static void reap_srcs(shm_tp_t *tp, int all) {
     while (*pp) {
         shm_src_t *s = *pp;
         if (all || atomic_load(&s->done)) {
+            tp->nsrcs--;
             *pp = s->next;
             s->next = dead;
             dead = s;
@@ -77,6 +78,15 @@ static void accept_one(shm_tp_t *tp) {
         }
         return;
     }
+    ote_mutex_lock(&tp->mu);
+    int full = tp->nsrcs >= tp->cfg.tcp_max_accepted;
+    ote_mutex_unlock(&tp->mu);
+    if (full) {
+        OTE_WARN_LIMITED("shm", "tcp_max_accepted (%u) connections reached: closing a new one",
+                         tp->cfg.tcp_max_accepted);
+        close(fd);
+        return;
+    }
     struct ucred cr;
     socklen_t cl = sizeof(cr);
     shm_src_t *s = NULL;
@@ -99,6 +109,7 @@ static void accept_one(shm_tp_t *tp) {
     ote_mutex_lock(&tp->mu);
     s->next = tp->srcs;
     tp->srcs = s;
+    tp->nsrcs++;
     ote_mutex_unlock(&tp->mu);
 }
 

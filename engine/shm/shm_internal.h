@@ -46,12 +46,15 @@
  * and a reason, before any transfer: the router then uses the next transport.
  *
  * Ring mode (config shm_mode=ring, or when the probe fails: another uid, ptrace refused).
- * The requester creates a memfd of SHM_RING_BYTES, maps it and passes it in its HELLO
- * (SCM_RIGHTS); the source maps it too and copies only between the ring and its own
- * registered memory (offsets bounded by the ring, checked). Slices are at most
- * SHM_RING_SLICE; each one in flight owns a piece of the ring, allocated in order and
- * freed in order by its response, so the requester stages WRITE data (and copies READ
- * data out) for one slice while the source copies another: both processes copy at once.
+ * The requester creates a memfd of SHM_RING_BYTES sealed against shrinking
+ * (F_SEAL_SHRINK: the source maps no other fd, since a ring shrunk under it would turn its
+ * next copy into a SIGBUS), maps it and passes it in its HELLO (SCM_RIGHTS; a HELLO with
+ * more fds is refused and every fd received closed); the source maps it too and copies
+ * only between the ring and its own registered memory (offsets bounded by the ring,
+ * checked). Slices are at most SHM_RING_SLICE; each one in flight owns a piece of the
+ * ring, allocated in order and freed in order by its response, so the requester stages
+ * WRITE data (and copies READ data out) for one slice while the source copies another:
+ * both processes copy at once.
  *
  * Requests. A requester connection carries REQS messages (up to SHM_BATCH_MAX requests
  * each, so a batch of small requests costs one message per 64) and receives RESPS in the
@@ -68,7 +71,9 @@
  *
  * Threads and locks. Requester: submitting threads and the peer's receive thread share
  * the peer's mu (queue, window, fd state); done() runs with no lock held. Source: the
- * accept thread creates one thread per connection; tp->mu guards the list of connections.
+ * accept thread creates one thread per connection, for at most tcp_max_accepted
+ * connections at once (the engine's accept limit, as on TCP: any local process may
+ * connect, so more are closed at once); tp->mu guards the list of connections.
  * Lock order: peer->ensure_mu before peer->mu; tp->mu is a leaf.
  */
 #ifndef OTE_ENGINE_SHM_SHM_INTERNAL_H
@@ -177,8 +182,9 @@ typedef struct shm_tp {
     char sock[SHM_SOCK_MAX + 1];
     pthread_t accept_thr;
     _Atomic int stop;
-    ote_mutex_t mu; /* srcs */
+    ote_mutex_t mu; /* srcs, nsrcs */
     shm_src_t *srcs;
+    size_t nsrcs; /* at most cfg.tcp_max_accepted: more connections are closed at once */
 } shm_tp_t;
 
 /* One accepted requester (source side). */

@@ -6,6 +6,7 @@
  * death), cancel, reconnect and close. Design: shm_internal.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,10 +84,11 @@ static int read_ptrace_scope(void) {
 
 /* A fresh shared ring: its mapping in *map_out, its fd (to pass) returned; -1 on error. */
 static int ring_create(uint8_t **map_out) {
-    int fd = memfd_create("orbitte-shm-ring", MFD_CLOEXEC);
+    int fd = memfd_create("orbitte-shm-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return -1;
     void *m = MAP_FAILED;
-    if (ftruncate(fd, SHM_RING_BYTES) == 0)
+    /* The source maps only a ring that cannot shrink under it (shm_source.c). */
+    if (ftruncate(fd, SHM_RING_BYTES) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
         m = mmap(NULL, SHM_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         close(fd);

@@ -7,6 +7,7 @@
  * shm_internal.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -88,11 +89,19 @@ static ssize_t recv_hello(int sock, shm_hello_t *h, int *fd_out) {
     struct msghdr m = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof(cb.b)};
     ssize_t n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n >= 0 && c; c = CMSG_NXTHDR(&m, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-            c->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(fd_out, CMSG_DATA(c), sizeof(int));
-    if (m.msg_flags & MSG_CTRUNC) n = -1;
+    /* Every fd the kernel installed is ours to close: keep one, only when it came alone
+     * (the control buffer holds two ints, so a second fd arrives too and was leaked). */
+    int nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n >= 0 && c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++, nfds++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+            if (*fd_out < 0) *fd_out = fd;
+            else close(fd);
+        }
+    }
+    if (n >= 0 && ((m.msg_flags & MSG_CTRUNC) || nfds > 1)) n = -1;
     return n;
 }
 
@@ -102,6 +111,13 @@ static int src_map_ring(shm_src_t *s, const shm_hello_t *h, int rfd, char *text,
     if (rfd < 0 || h->ring_len == 0 || h->ring_len > (1ull << 30) || fstat(rfd, &sb) != 0 ||
         (uint64_t)sb.st_size < h->ring_len) {
         snprintf(text, tl, "no usable shared ring in the HELLO");
+        return -1;
+    }
+    /* A ring the requester could shrink would make our next copy a SIGBUS of the whole
+     * engine: only a memfd sealed against shrinking is mapped. */
+    int seals = fcntl(rfd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        snprintf(text, tl, "the shared ring is not a memfd sealed against shrinking");
         return -1;
     }
     void *m = mmap(NULL, (size_t)h->ring_len, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);

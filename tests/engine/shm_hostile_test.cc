@@ -1,0 +1,754 @@
+// The same-host transport's source side against hostile local processes: anything in
+// the network namespace can connect to an engine's abstract shm socket, so this test
+// plays such a process, speaking raw and malformed protocol (the wire messages of
+// engine/shm/shm_internal.h, mirrored in shm_wire.h) to an engine of this process, one
+// fresh connection per case:
+//
+//   handshake: no HELLO, garbage, wrong magic / kind / version, a ring that is missing,
+//     too small, not a memfd, unsealed (the SIGBUS of a ring shrunk under the source),
+//     two fds, a probe with a wrong cookie or a wild address
+//   framing after a good HELLO: n > SHM_BATCH_MAX, n not matching the length, a short
+//     header, an empty message, wrong magic or kind (each closes the connection)
+//   requests: unknown op, len > SHM_MAX_SLICE, ring ranges outside the ring, remote ranges
+//     outside any registration or its permissions, pieces outside their own extent,
+//     pieces of one req_uid naming another extent or op, WRITE_OFF for unknown uids / too
+//     many bytes / another request, 65536+ requests left open (the accounts cap),
+//     notifications too long or outside the ring
+//
+// After every case (TearDown) the hostile connection is closed, the engine still serves a
+// normal transfer over shm from a second engine, the buffer unregisters (no pin leaked)
+// and the fixture finds no fd leaked.
+#include <gtest/gtest.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/engine/ctl_peer.h"
+#include "tests/engine/engine_util.h"
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/time.h"
+#include "engine/control/ctl.h"
+#include "ote/ote.h"
+#include "tests/engine/shm_wire.h"
+}
+
+namespace {
+
+using ote_test::kMs;
+using ote_test::kSec;
+
+constexpr size_t kBufLen = 1u << 20;
+constexpr int kWaitMs = 20000; // generous: a loaded 2-core machine under ASan
+
+// The engine's advertised shm socket name, asked the way any local process can: a HELLO
+// of role INFO on its TCP listener.
+std::string ShmSocketOf(ote_engine_t *e) {
+    int fd = ote_test::ConnectTo(ote_test::EngineAddress(e));
+    EXPECT_GE(fd, 0);
+    if (fd < 0) return "";
+    ote_ctl_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.version = OTE_CTL_VERSION_MAX;
+    m.opcode = OTE_CTL_HELLO;
+    m.u.hello.min_version = OTE_CTL_VERSION_MIN;
+    m.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    m.u.hello.role = OTE_CTL_ROLE_INFO;
+    m.u.hello.addr = "127.0.0.1:1";
+    m.u.hello.addr_len = 11;
+    std::vector<uint8_t> frame;
+    ote_ctl_msg_t ack;
+    EXPECT_TRUE(ote_test::SendAll(fd, ote_test::Encode(m)));
+    EXPECT_TRUE(ote_test::ReadFrame(fd, &frame, &ack));
+    close(fd);
+    if (ack.opcode != OTE_CTL_HELLO_ACK) return "";
+    std::string info(ack.u.hello_ack.info, ack.u.hello_ack.info_len);
+    char sock[128] = {0};
+    EXPECT_EQ(ote_ctl_info_get(info.c_str(), "shm", sock, sizeof(sock)), OTE_OK) << info;
+    return sock;
+}
+
+// A memfd of len bytes (sealed against shrinking when seal), or -1.
+int MakeRing(size_t len, bool seal) {
+    int fd = memfd_create("hostile-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, static_cast<off_t>(len)) != 0 ||
+        (seal && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Send one message with fds (SCM_RIGHTS) attached.
+bool SendWithFds(int sock, const void *buf, size_t len, const std::vector<int> &fds) {
+    iovec iov = {const_cast<void *>(buf), len};
+    msghdr m = {};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    std::vector<char> cb(CMSG_SPACE(sizeof(int) * (fds.empty() ? 1 : fds.size())), 0);
+    if (!fds.empty()) {
+        m.msg_control = cb.data();
+        m.msg_controllen = cb.size();
+        cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    return sendmsg(sock, &m, MSG_NOSIGNAL) == static_cast<ssize_t>(len);
+}
+
+// One message within timeout_ms: its length, 0 on EOF, -1 on the deadline or an error.
+ssize_t RecvMsg(int fd, void *buf, size_t cap, int timeout_ms = kWaitMs) {
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) return -1;
+    ssize_t n = recv(fd, buf, cap, 0);
+    return n < 0 && errno == ECONNRESET ? 0 : n;
+}
+
+tw_hello_t Hello(uint64_t ring_len, uint64_t probe_addr = 0, uint64_t probe_val = 0) {
+    tw_hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.h = {TW_MAGIC, TW_VERSION, TW_HELLO, 0, 0};
+    h.probe_addr = probe_addr;
+    h.probe_val = probe_val;
+    h.ring_len = ring_len;
+    snprintf(h.addr, sizeof(h.addr), "hostile:1");
+    return h;
+}
+
+tw_req_t Req(uint16_t op, uint64_t remote, uint64_t local, uint32_t len, uint64_t uid = 0,
+             uint64_t req_remote = 0, uint64_t req_len = 0) {
+    static uint64_t next_id = 1;
+    tw_req_t q;
+    memset(&q, 0, sizeof(q));
+    q.id = next_id++;
+    q.remote = remote;
+    q.local = local;
+    q.len = len;
+    q.op = op;
+    q.req_uid = uid;
+    q.req_remote = req_remote;
+    q.req_len = req_len;
+    return q;
+}
+
+class ShmHostileTest : public ote_test::OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        target_ = ote_test::NewEngine({{"transports", "shm,tcp"},
+                                       {"connect_timeout_ms", "1000"},
+                                       {"transfer_timeout_ms", "5000"}});
+        ASSERT_NE(target_, nullptr);
+        buf_.assign(kBufLen, 0);
+        for (size_t i = 0; i < kBufLen; i++) buf_[i] = static_cast<uint8_t>(i * 7 + 1);
+        ASSERT_EQ(
+            ote_memory_register(target_, buf_.data(), kBufLen, OTE_PERM_READ | OTE_PERM_WRITE),
+            OTE_OK);
+        sock_ = ShmSocketOf(target_);
+        ASSERT_FALSE(sock_.empty());
+    }
+
+    void TearDown() override {
+        CloseRaw();
+        if (target_ != nullptr) {
+            if (!::testing::Test::HasFatalFailure()) ServesANormalTransfer();
+            // The hostile connection is closed: every pin it held goes with it.
+            ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
+            ote_status_t st;
+            while ((st = ote_memory_unregister(target_, buf_.data())) == OTE_ERR_BUSY &&
+                   !ote_deadline_expired(dl)) {}
+            EXPECT_EQ(st, OTE_OK) << "a pin outlived the hostile connection";
+            EXPECT_EQ(ote_engine_destroy(target_), OTE_OK);
+        }
+        OteTest::TearDown();
+    }
+
+    // A second engine of this process opens the target over shm and round-trips bytes.
+    void ServesANormalTransfer() {
+        ote_engine_t *req = ote_test::NewEngine({{"transports", "shm,tcp"}});
+        ASSERT_NE(req, nullptr);
+        ote_segment_t *seg = nullptr;
+        ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(target_).c_str(), &seg), OTE_OK);
+        ote_segment_info_t info;
+        EXPECT_EQ(ote_segment_info(seg, &info), OTE_OK);
+        EXPECT_STREQ(info.transport, "shm");
+        std::vector<uint8_t> out(8192), back(8192, 0);
+        for (size_t i = 0; i < out.size(); i++) out[i] = static_cast<uint8_t>(i ^ 0xa5);
+        uint64_t remote = reinterpret_cast<uintptr_t>(buf_.data()) + 4096;
+        ote_request_t w = {OTE_WRITE, out.data(), seg, remote, out.size()};
+        ote_request_t r = {OTE_READ, back.data(), seg, remote, back.size()};
+        EXPECT_EQ(ote_test::RunOne(req, w, 30 * kSec), OTE_OK);
+        EXPECT_EQ(ote_test::RunOne(req, r, 30 * kSec), OTE_OK);
+        EXPECT_EQ(back, out);
+        EXPECT_EQ(memcmp(buf_.data() + 4096, out.data(), out.size()), 0);
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    }
+
+    // A raw SOCK_SEQPACKET connection to the target's shm socket.
+    int Connect(std::string sock = "") {
+        if (sock.empty()) sock = sock_;
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        EXPECT_GE(fd, 0);
+        sockaddr_un sun;
+        memset(&sun, 0, sizeof(sun));
+        sun.sun_family = AF_UNIX;
+        memcpy(sun.sun_path + 1, sock.data(), sock.size());
+        socklen_t sl = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + sock.size());
+        EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&sun), sl), 0) << strerror(errno);
+        raw_.push_back(fd);
+        return fd;
+    }
+
+    void CloseRaw() {
+        for (int fd : raw_) close(fd);
+        raw_.clear();
+        if (ring_ != nullptr) munmap(ring_, TW_RING_BYTES);
+        ring_ = nullptr;
+        if (ring_fd_ >= 0) close(ring_fd_);
+        ring_fd_ = -1;
+    }
+
+    // Send a HELLO (with fds) and read the answer: true with *ack when one came.
+    bool Handshake(int fd, const void *hello, size_t len, const std::vector<int> &fds,
+                   tw_hello_ack_t *ack) {
+        EXPECT_TRUE(SendWithFds(fd, hello, len, fds));
+        return RecvMsg(fd, ack, sizeof(*ack)) == static_cast<ssize_t>(sizeof(*ack));
+    }
+
+    // Expect the HELLO to be answered with status st, then the connection closed.
+    void ExpectRefused(const tw_hello_t &h, const std::vector<int> &fds, ote_status_t st) {
+        int fd = Connect();
+        tw_hello_ack_t a;
+        ASSERT_TRUE(Handshake(fd, &h, sizeof(h), fds, &a));
+        EXPECT_EQ(a.h.magic, TW_MAGIC);
+        EXPECT_EQ(a.h.kind, TW_HELLO_ACK);
+        EXPECT_EQ(a.status, st) << a.text;
+        EXPECT_TRUE(ote_test::ClosedByPeer(fd));
+    }
+
+    // A served connection in ring mode (probe_addr 0, a sealed memfd ring mapped here).
+    int GoodRing() {
+        int fd = Connect();
+        ring_fd_ = MakeRing(TW_RING_BYTES, true);
+        EXPECT_GE(ring_fd_, 0);
+        void *m = mmap(nullptr, TW_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd_, 0);
+        EXPECT_NE(m, MAP_FAILED);
+        ring_ = static_cast<uint8_t *>(m);
+        tw_hello_t h = Hello(TW_RING_BYTES);
+        tw_hello_ack_t a;
+        EXPECT_TRUE(Handshake(fd, &h, sizeof(h), {ring_fd_}, &a));
+        EXPECT_EQ(a.status, OTE_OK) << a.text;
+        EXPECT_EQ(a.mode, static_cast<uint32_t>(TW_MODE_RING));
+        return fd;
+    }
+
+    // Send one REQS message of reqs (header n = n_hdr unless negative) and return the
+    // statuses of its RESPS by request id order; empty when the connection closed.
+    std::vector<int32_t> Exchange(int fd, const std::vector<tw_req_t> &reqs, long n_hdr = -1) {
+        std::vector<uint8_t> msg(sizeof(tw_hdr_t) + reqs.size() * sizeof(tw_req_t));
+        tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS,
+                      static_cast<uint32_t>(n_hdr < 0 ? static_cast<long>(reqs.size()) : n_hdr), 0};
+        memcpy(msg.data(), &h, sizeof(h));
+        if (!reqs.empty())
+            memcpy(msg.data() + sizeof(h), reqs.data(), reqs.size() * sizeof(tw_req_t));
+        EXPECT_EQ(send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+        std::vector<uint8_t> in(sizeof(tw_hdr_t) + TW_BATCH_MAX * sizeof(tw_resp_t) + 64);
+        ssize_t got = RecvMsg(fd, in.data(), in.size());
+        if (got <= 0) return {};
+        tw_hdr_t rh;
+        memcpy(&rh, in.data(), sizeof(rh));
+        EXPECT_EQ(rh.magic, TW_MAGIC);
+        EXPECT_EQ(rh.kind, TW_RESPS);
+        EXPECT_EQ(static_cast<size_t>(got), sizeof(rh) + rh.n * sizeof(tw_resp_t));
+        std::vector<int32_t> st;
+        size_t k = 0;
+        for (uint32_t i = 0; i < rh.n; i++) {
+            tw_resp_t r;
+            memcpy(&r, in.data() + sizeof(rh) + i * sizeof(r), sizeof(r));
+            while (k < reqs.size() && reqs[k].op == TW_OP_WRITE_OFF) k++;
+            EXPECT_LT(k, reqs.size());
+            if (k < reqs.size()) {
+                EXPECT_EQ(r.id, reqs[k].id);
+            }
+            k++;
+            st.push_back(r.status);
+        }
+        return st;
+    }
+
+    // One request's status (a closed connection fails the test).
+    int32_t One(int fd, const tw_req_t &q) {
+        std::vector<int32_t> st = Exchange(fd, {q});
+        EXPECT_EQ(st.size(), 1u);
+        return st.empty() ? 0x7fffffff : st[0];
+    }
+
+    // The registration is pinned: unregister answers BUSY (it is re-registered otherwise).
+    bool Pinned() {
+        ote_status_t st = ote_memory_unregister(target_, buf_.data());
+        if (st == OTE_OK) {
+            EXPECT_EQ(
+                ote_memory_register(target_, buf_.data(), kBufLen, OTE_PERM_READ | OTE_PERM_WRITE),
+                OTE_OK);
+            return false;
+        }
+        EXPECT_EQ(st, OTE_ERR_BUSY);
+        return true;
+    }
+
+    // The message closes the connection without an answer.
+    void ExpectClosedBy(int fd, const void *msg, size_t len) {
+        EXPECT_EQ(send(fd, msg, len, MSG_NOSIGNAL), static_cast<ssize_t>(len));
+        EXPECT_TRUE(ote_test::ClosedByPeer(fd));
+    }
+
+    uint64_t Buf(size_t off = 0) const { return reinterpret_cast<uintptr_t>(buf_.data()) + off; }
+    bool BufIntact() const {
+        for (size_t i = 0; i < kBufLen; i++)
+            if (buf_[i] != static_cast<uint8_t>(i * 7 + 1)) return false;
+        return true;
+    }
+
+    ote_engine_t *target_ = nullptr;
+    std::vector<uint8_t> buf_;
+    std::string sock_;
+    std::vector<int> raw_;
+    int ring_fd_ = -1;
+    uint8_t *ring_ = nullptr;
+};
+
+// ---- the handshake ------------------------------------------------------------------
+
+TEST_F(ShmHostileTest, NoHelloIsClosedAtTheHandshakeDeadline) {
+    int fd = Connect();
+    EXPECT_TRUE(ote_test::ClosedByPeer(fd)); // connect_timeout_ms 1000
+}
+
+TEST_F(ShmHostileTest, GarbageOrWrongFirstMessagesAreClosed) {
+    const char junk[] = "GET / HTTP/1.0\r\n";
+    ExpectClosedBy(Connect(), junk, sizeof(junk));
+    tw_hello_t h = Hello(0);
+    ExpectClosedBy(Connect(), &h, sizeof(h) - 1); // one byte short
+    tw_hello_t big[2] = {h, h};
+    ExpectClosedBy(Connect(), big, sizeof(big)); // truncated by the source's buffer: closed
+    h.h.magic = ~TW_MAGIC;
+    ExpectClosedBy(Connect(), &h, sizeof(h));
+    h = Hello(0);
+    h.h.kind = TW_REQS;
+    ExpectClosedBy(Connect(), &h, sizeof(h));
+    tw_hdr_t reqs = {TW_MAGIC, TW_VERSION, TW_REQS, 0, 0};
+    ExpectClosedBy(Connect(), &reqs, sizeof(reqs));
+    ExpectClosedBy(Connect(), "", 0); // an empty message
+}
+
+TEST_F(ShmHostileTest, WrongVersionIsRefusedWithVersionStatus) {
+    int ring = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring, 0);
+    for (uint16_t v : {0, 1, 3, 0xffff}) {
+        tw_hello_t h = Hello(TW_RING_BYTES);
+        h.h.version = v;
+        ExpectRefused(h, {ring}, OTE_ERR_VERSION);
+    }
+    close(ring);
+}
+
+TEST_F(ShmHostileTest, RingModeWithoutAUsableRingIsRefused) {
+    ExpectRefused(Hello(TW_RING_BYTES), {}, OTE_ERR_UNSUPPORTED); // no fd at all
+    int small = MakeRing(4096, true);
+    ASSERT_GE(small, 0);
+    ExpectRefused(Hello(TW_RING_BYTES), {small}, OTE_ERR_UNSUPPORTED); // fd smaller than said
+    ExpectRefused(Hello(0), {small}, OTE_ERR_UNSUPPORTED);             // ring_len 0
+    ExpectRefused(Hello(1ull << 40), {small}, OTE_ERR_UNSUPPORTED);    // absurd ring_len
+    close(small);
+    int p[2];
+    ASSERT_EQ(pipe2(p, O_CLOEXEC), 0); // not mappable, no size
+    ExpectRefused(Hello(4096), {p[0]}, OTE_ERR_UNSUPPORTED);
+    close(p[0]);
+    close(p[1]);
+}
+
+// Two fds where the source expects at most one: its control buffer truncates, it closes
+// the connection and whatever fd it got (the fixture counts this process's fds).
+TEST_F(ShmHostileTest, TwoFdsInTheHelloAreClosedWithoutLeakingEither) {
+    int a = MakeRing(TW_RING_BYTES, true), b = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(a, 0);
+    ASSERT_GE(b, 0);
+    int fd = Connect();
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    EXPECT_TRUE(SendWithFds(fd, &h, sizeof(h), {a, b}));
+    EXPECT_TRUE(ote_test::ClosedByPeer(fd));
+    close(a);
+    close(b);
+}
+
+// A ring the requester can shrink under the source would turn the source's next copy into
+// a SIGBUS of the whole engine process: the source accepts only a ring sealed against
+// shrinking. (Before the fix an unsealed ring was accepted; shrinking it and asking for a
+// READ killed this process.)
+TEST_F(ShmHostileTest, UnsealedRingIsRefusedSoItCannotBeShrunkUnderTheSource) {
+    int ring = MakeRing(TW_RING_BYTES, false);
+    ASSERT_GE(ring, 0);
+    int fd = Connect();
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    tw_hello_ack_t a;
+    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring}, &a));
+    EXPECT_EQ(a.status, OTE_ERR_UNSUPPORTED) << a.text;
+    if (a.status == OTE_OK) { // what the source must never have accepted
+        ASSERT_EQ(ftruncate(ring, 0), 0);
+        One(fd, Req(TW_OP_READ, Buf(), 0, 4096));
+    } else {
+        EXPECT_TRUE(ote_test::ClosedByPeer(fd));
+    }
+    close(ring);
+    // A sealed ring cannot be shrunk at all.
+    int sealed = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(sealed, 0);
+    EXPECT_NE(ftruncate(sealed, 0), 0);
+    close(sealed);
+}
+
+TEST_F(ShmHostileTest, ProbeWithAWrongCookieFallsBackToTheRingOrIsRefused) {
+    volatile uint64_t cookie = 0x1234567890abcdefull;
+    uint64_t where = reinterpret_cast<uintptr_t>(&cookie);
+    // Wrong cookie, no ring: refused.
+    ExpectRefused(Hello(0, where, cookie + 1), {}, OTE_ERR_UNSUPPORTED);
+    // A wild address, no ring: refused.
+    ExpectRefused(Hello(0, 0x10, 1), {}, OTE_ERR_UNSUPPORTED);
+    // Wrong cookie with a ring: served over the ring.
+    int ring = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring, 0);
+    int fd = Connect();
+    tw_hello_t h = Hello(TW_RING_BYTES, where, cookie ^ 1);
+    tw_hello_ack_t a;
+    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring}, &a));
+    EXPECT_EQ(a.status, OTE_OK) << a.text;
+    EXPECT_EQ(a.mode, static_cast<uint32_t>(TW_MODE_RING));
+    close(ring);
+}
+
+// ---- framing after a good HELLO -----------------------------------------------------
+
+TEST_F(ShmHostileTest, MalformedReqsFramesCloseTheConnection) {
+    std::vector<tw_req_t> many(TW_BATCH_MAX + 1, Req(TW_OP_READ, Buf(), 0, 1));
+    auto frame = [&](uint32_t n, size_t entries, size_t extra) {
+        std::vector<uint8_t> m(sizeof(tw_hdr_t) + entries * sizeof(tw_req_t) + extra, 0);
+        tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS, n, 0};
+        memcpy(m.data(), &h, sizeof(h));
+        memcpy(m.data() + sizeof(h), many.data(), entries * sizeof(tw_req_t));
+        return m;
+    };
+    std::vector<std::vector<uint8_t>> bad = {
+        frame(TW_BATCH_MAX + 1, TW_BATCH_MAX + 1, 0), // too many, length consistent
+        frame(TW_BATCH_MAX + 1, 0, 0),                // too many, header only
+        frame(0xffffffffu, 1, 0),                     // n wraps a size computation?
+        frame(2, 1, 0),                               // n larger than the entries
+        frame(1, 2, 0),                               // n smaller than the entries
+        frame(1, 1, 3),                               // trailing bytes
+        frame(1, 0, 0),                               // header only, n 1
+    };
+    for (auto &m : bad) ExpectClosedBy(GoodRing(), m.data(), m.size()), CloseRaw();
+    tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS, 0, 0};
+    ExpectClosedBy(GoodRing(), &h, sizeof(h) - 1); // truncated header
+    CloseRaw();
+    ExpectClosedBy(GoodRing(), &h, 4);
+    CloseRaw();
+    ExpectClosedBy(GoodRing(), "", 0);
+    CloseRaw();
+    h.magic = ~TW_MAGIC;
+    ExpectClosedBy(GoodRing(), &h, sizeof(h));
+    CloseRaw();
+    h = {TW_MAGIC, TW_VERSION, TW_RESPS, 0, 0}; // a kind it does not take
+    ExpectClosedBy(GoodRing(), &h, sizeof(h));
+    CloseRaw();
+    tw_hello_t again = Hello(TW_RING_BYTES); // a second HELLO
+    ExpectClosedBy(GoodRing(), &again, sizeof(again));
+    EXPECT_TRUE(BufIntact());
+}
+
+TEST_F(ShmHostileTest, EmptyReqsGetsNoAnswerAndTheConnectionGoesOn) {
+    int fd = GoodRing();
+    tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS, 0, 0};
+    ASSERT_EQ(send(fd, &h, sizeof(h), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(h)));
+    memset(ring_, 0, 64);
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(100), 0, 64)), OTE_OK);
+    EXPECT_EQ(memcmp(ring_, buf_.data() + 100, 64), 0);
+}
+
+// ---- requests -----------------------------------------------------------------------
+
+TEST_F(ShmHostileTest, UnknownOpsAndOversizedPiecesAreRefused) {
+    int fd = GoodRing();
+    for (uint16_t op : {0, 1, 2, 4, 6, 8, 10, 0xffff})
+        EXPECT_EQ(One(fd, Req(op, Buf(), 0, 16)), OTE_ERR_INVALID) << "op " << op;
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(), 0, TW_MAX_SLICE + 1)), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(), 0, 0xffffffffu)), OTE_ERR_TOO_BIG);
+    EXPECT_TRUE(BufIntact());
+    EXPECT_FALSE(Pinned());
+}
+
+TEST_F(ShmHostileTest, RingRangesOutsideTheRingAreRefused) {
+    int fd = GoodRing();
+    memset(ring_, 0xee, TW_RING_BYTES);
+    struct {
+        uint64_t local;
+        uint32_t len;
+    } bad[] = {{TW_RING_BYTES - 10, 11}, {TW_RING_BYTES, 1}, {TW_RING_BYTES + 1, 0}, {~0ull, 1},
+               {~0ull - 5, 10},          {1, TW_RING_BYTES}};
+    for (auto &b : bad) {
+        // len bounded by the registration so that only the ring check is at stake
+        uint32_t len = b.len > kBufLen ? static_cast<uint32_t>(kBufLen) : b.len;
+        if (b.len > kBufLen) b.local = TW_RING_BYTES - len + 1;
+        EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(), b.local, len)), OTE_ERR_INVALID) << b.local;
+        EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(), b.local, len)), OTE_ERR_INVALID) << b.local;
+    }
+    EXPECT_TRUE(BufIntact());
+    // The very end of the ring is fine.
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(8), TW_RING_BYTES - 8, 8)), OTE_OK);
+    EXPECT_EQ(memcmp(ring_ + TW_RING_BYTES - 8, buf_.data() + 8, 8), 0);
+    EXPECT_FALSE(Pinned());
+}
+
+TEST_F(ShmHostileTest, RemoteRangesOutsideTheRegistrationsAreAccessErrors) {
+    std::vector<uint8_t> other(8192, 0x5c); // this process's, never registered
+    std::vector<uint8_t> ro(8192, 0x3d);    // registered read-only
+    ASSERT_EQ(ote_memory_register(target_, ro.data(), ro.size(), OTE_PERM_READ), OTE_OK);
+    int fd = GoodRing();
+    memset(ring_, 0x77, 1 << 20);
+    uint64_t o = reinterpret_cast<uintptr_t>(other.data());
+    uint64_t r = reinterpret_cast<uintptr_t>(ro.data());
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, o, 0, 100)), OTE_ERR_ACCESS);
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, o, 0, 100)), OTE_ERR_ACCESS);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(kBufLen - 10), 0, 20)), OTE_ERR_ACCESS); // straddles
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf() - 10, 0, 20)), OTE_ERR_ACCESS);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(kBufLen), 0, 1)), OTE_ERR_ACCESS);
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, 0x1000, 0, 1)), OTE_ERR_ACCESS);
+    EXPECT_NE(One(fd, Req(TW_OP_WRITE, ~0ull - 5, 0, 100)), OTE_OK); // wraps
+    EXPECT_NE(One(fd, Req(TW_OP_WRITE, Buf(), 0, 16, 0, Buf(), ~0ull)), OTE_OK);
+    EXPECT_NE(One(fd, Req(TW_OP_WRITE, Buf(), 0, 16, 0, Buf(), ~0ull - Buf() + 1)), OTE_OK);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, r, 0, 100)), OTE_ERR_ACCESS); // read-only
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, r, 0, 100)), OTE_OK);
+    EXPECT_EQ(memcmp(ring_, ro.data(), 100), 0);
+    // A request whose extent leaves the registration moves none of its pieces, even the
+    // ones inside.
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(), 0, 16, 41, Buf(), kBufLen + 4096)), OTE_ERR_ACCESS);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(16), 16, 16, 41, Buf(), kBufLen + 4096)),
+              OTE_ERR_ACCESS);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(), 0, 16, 0, Buf(), kBufLen + 1)), OTE_ERR_ACCESS);
+    EXPECT_TRUE(BufIntact());
+    EXPECT_EQ(other, std::vector<uint8_t>(8192, 0x5c));
+    EXPECT_EQ(ro, std::vector<uint8_t>(8192, 0x3d));
+    EXPECT_FALSE(Pinned()); // request 41 is still open, refused: it holds no pin
+    CloseRaw();
+    EXPECT_EQ(ote_memory_unregister(target_, ro.data()), OTE_OK);
+}
+
+TEST_F(ShmHostileTest, PiecesOutsideTheirOwnExtentAreInvalid) {
+    int fd = GoodRing();
+    memset(ring_, 0x99, 4096);
+    uint64_t ext = Buf(1000);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(1200), 0, 10, 0, ext, 100)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(999), 0, 10, 0, ext, 100)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(1095), 0, 10, 0, ext, 100)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(1000), 0, 101, 0, ext, 100)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(1200), 0, 10, 5, ext, 100)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, ~0ull, 0, 10, 5, ext, 100)), OTE_ERR_INVALID);
+    EXPECT_TRUE(BufIntact());
+    EXPECT_FALSE(Pinned());
+}
+
+TEST_F(ShmHostileTest, PiecesOfOneRequestMustNameItsExtentAndOp) {
+    int fd = GoodRing();
+    memset(ring_, 0x42, 4096);
+    uint64_t ext = Buf(2000);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, ext, 0, 100, 7, ext, 300)), OTE_OK);
+    EXPECT_TRUE(Pinned()); // 200 bytes of request 7 still to come
+    // The same uid naming another extent, or another op, is refused alone.
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(2100), 0, 100, 7, Buf(2100), 200)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(2100), 0, 100, 7, ext, 400)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(2100), 0, 100, 7, ext, 300)), OTE_ERR_INVALID);
+    // More bytes than the request has left (200), though inside its extent.
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(2050), 0, 250, 7, ext, 300)), OTE_ERR_INVALID);
+    EXPECT_TRUE(Pinned());
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(2100), 0, 200, 7, ext, 300)), OTE_OK);
+    EXPECT_FALSE(Pinned()); // every byte of request 7 came: its pin is gone
+    for (size_t i = 2000; i < 2300; i++) ASSERT_EQ(buf_[i], 0x42) << i;
+    for (size_t i = 2000; i < 2300; i++) buf_[i] = static_cast<uint8_t>(i * 7 + 1);
+    EXPECT_TRUE(BufIntact());
+}
+
+TEST_F(ShmHostileTest, WriteOffsAreBoundedByTheirOwnRequest) {
+    int fd = GoodRing();
+    uint64_t ext = Buf(4096);
+    // For uids nobody opened: the whole request (nothing opened) or more than it.
+    tw_req_t woff = Req(TW_OP_WRITE_OFF, 0, 100, 0, 900, ext, 100);
+    tw_req_t woff2 = Req(TW_OP_WRITE_OFF, 0, ~0ull, 0, 901, ext, 100);
+    tw_req_t woff0 = Req(TW_OP_WRITE_OFF, 0, 5, 0, 0, ext, 100); // no uid
+    std::vector<int32_t> st = Exchange(fd, {woff, woff2, woff0, Req(TW_OP_READ, Buf(), 0, 8)});
+    ASSERT_EQ(st.size(), 1u); // write-offs get no response
+    EXPECT_EQ(st[0], OTE_OK);
+    EXPECT_FALSE(Pinned());
+    // An open request (pinned), written off by an entry naming another extent: ignored.
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, ext, 0, 100, 10, ext, 1000)), OTE_OK);
+    EXPECT_TRUE(Pinned());
+    st = Exchange(fd, {Req(TW_OP_WRITE_OFF, 0, 900, 0, 10, Buf(), 1000),
+                       Req(TW_OP_WRITE_OFF, 0, 900, 0, 10, ext, 999),
+                       Req(TW_OP_WRITE_OFF, 0, 900, 0, 11, ext, 1000), // another uid
+                       Req(TW_OP_READ, Buf(), 0, 8)});
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_TRUE(Pinned());
+    // Written off with far more bytes than it has left: ends, pin released, no underflow
+    // that would keep it (or another request) open.
+    st = Exchange(fd,
+                  {Req(TW_OP_WRITE_OFF, 0, ~0ull, 0, 10, ext, 1000), Req(TW_OP_READ, Buf(), 0, 8)});
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_FALSE(Pinned());
+    // Pieces of a written-off request are a new request (its uid is free again) and
+    // are checked as such.
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, ext, 0, 100, 10, ext, 100)), OTE_OK);
+    EXPECT_FALSE(Pinned());
+    EXPECT_TRUE(BufIntact());
+}
+
+// A requester that opens requests and never finishes them holds at most
+// SHM_SRC_MAX_REQS accounts; past the cap, pieces are served by pinning alone.
+TEST_F(ShmHostileTest, OpenRequestsAreCappedAndPiecesPastTheCapStillWork) {
+    int fd = GoodRing();
+    const uint64_t total = TW_SRC_MAX_REQS + 2 * TW_BATCH_MAX;
+    uint64_t uid = 1;
+    while (uid <= total) {
+        std::vector<tw_req_t> reqs;
+        for (int k = 0; k < TW_BATCH_MAX && uid <= total; k++, uid++)
+            reqs.push_back(
+                Req(TW_OP_READ, Buf(uid % 4096), uid % 4096, 1, uid, Buf(uid % 4096), 2));
+        std::vector<int32_t> st = Exchange(fd, reqs);
+        ASSERT_EQ(st.size(), reqs.size()) << "uid " << uid;
+        for (int32_t s : st) ASSERT_EQ(s, OTE_OK) << "uid " << uid;
+    }
+    EXPECT_TRUE(LogContains("no account for a request"));
+    // Past the cap a request's refusal is still a refusal and a good piece still moves.
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(kBufLen - 1), 0, 2, total + 1, Buf(kBufLen - 1), 2)),
+              OTE_ERR_ACCESS);
+    ring_[0] = 0;
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(3), 0, 1, total + 2, Buf(3), 2)), OTE_OK);
+    EXPECT_EQ(ring_[0], buf_[3]);
+    EXPECT_TRUE(Pinned()); // the open requests' pins, released when the connection ends
+    EXPECT_TRUE(BufIntact());
+}
+
+TEST_F(ShmHostileTest, NotificationsAreBoundedByTheLimitAndTheRing) {
+    int fd = GoodRing();
+    memset(ring_, 'n', OTE_CTL_MAX_NOTIFY + 1);
+    EXPECT_EQ(One(fd, Req(TW_OP_NOTIFY, 0, 0, OTE_CTL_MAX_NOTIFY + 1)), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(One(fd, Req(TW_OP_NOTIFY, 0, 0, 0xffffffffu)), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(One(fd, Req(TW_OP_NOTIFY, 0, TW_RING_BYTES - 10, 11)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_NOTIFY, 0, ~0ull, 1)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, Req(TW_OP_NOTIFY, 0, 0, OTE_CTL_MAX_NOTIFY)), OTE_OK);
+    std::vector<uint8_t> got(OTE_CTL_MAX_NOTIFY + 16);
+    size_t len = 0;
+    char from[300] = {0};
+    ASSERT_EQ(ote_notify_recv(target_, got.data(), got.size(), &len, from, sizeof(from), 10 * kSec),
+              OTE_OK);
+    EXPECT_EQ(len, OTE_CTL_MAX_NOTIFY);
+    EXPECT_STREQ(from, "hostile:1");
+    EXPECT_EQ(got[0], 'n');
+    EXPECT_EQ(got[OTE_CTL_MAX_NOTIFY - 1], 'n');
+    // Nothing else was delivered.
+    EXPECT_EQ(ote_notify_recv(target_, got.data(), got.size(), &len, nullptr, 0, 200 * kMs),
+              OTE_ERR_TIMEOUT);
+}
+
+// The name a requester gives itself fills its HELLO's addr without a terminating NUL: the
+// source cuts it, and its notifications carry the cut name.
+TEST_F(ShmHostileTest, AnUnterminatedRequesterNameIsCut) {
+    int ring = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring, 0);
+    void *m = mmap(nullptr, TW_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    int fd = Connect();
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    memset(h.addr, 'x', sizeof(h.addr));
+    tw_hello_ack_t a;
+    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring}, &a));
+    EXPECT_EQ(a.status, OTE_OK) << a.text;
+    memcpy(m, "hi", 2);
+    EXPECT_EQ(One(fd, Req(TW_OP_NOTIFY, 0, 0, 2)), OTE_OK);
+    char msg[8] = {0}, from[TW_ADDR_MAX + 64];
+    memset(from, 0, sizeof(from));
+    size_t len = 0;
+    ASSERT_EQ(ote_notify_recv(target_, msg, sizeof(msg), &len, from, sizeof(from), 10 * kSec),
+              OTE_OK);
+    EXPECT_EQ(std::string(msg, len), "hi");
+    EXPECT_EQ(std::string(from), std::string(TW_ADDR_MAX - 1, 'x'));
+    munmap(m, TW_RING_BYTES);
+    close(ring);
+}
+
+// A requester that sends requests and never reads the responses does not hold the
+// source's thread: once its socket is full, the source gives up at transfer_timeout_ms
+// (5 s here) and closes the connection.
+TEST_F(ShmHostileTest, ARequesterThatNeverReadsIsDropped) {
+    int fd = GoodRing();
+    std::vector<uint8_t> msg(sizeof(tw_hdr_t) + sizeof(tw_req_t));
+    tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS, 1, 0};
+    tw_req_t q = Req(TW_OP_READ, Buf(), 0, 1);
+    memcpy(msg.data(), &h, sizeof(h));
+    memcpy(msg.data() + sizeof(h), &q, sizeof(q));
+    ote_deadline_t dl = ote_deadline_after(120 * kSec);
+    bool closed = false;
+    uint64_t sent = 0;
+    while (!closed && !ote_deadline_expired(dl)) {
+        pollfd p = {fd, POLLOUT, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t r = send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r == static_cast<ssize_t>(msg.size())) sent++;
+        else if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) closed = true;
+    }
+    EXPECT_TRUE(closed) << sent << " requests sent";
+    EXPECT_GT(sent, 1u);
+}
+
+// Any local process can connect, so the source serves at most tcp_max_accepted
+// connections at once (a thread each), like the TCP listener: more are closed at once,
+// and a place frees when a connection ends.
+TEST_F(ShmHostileTest, AcceptedConnectionsAreCapped) {
+    ote_engine_t *e = ote_test::NewEngine({{"transports", "shm,tcp"}, {"tcp_max_accepted", "2"}});
+    ASSERT_NE(e, nullptr);
+    std::string sock = ShmSocketOf(e);
+    int ring = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring, 0);
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    auto served = [&](int fd) { // the HELLO may meet a connection already closed
+        tw_hello_ack_t a;
+        return SendWithFds(fd, &h, sizeof(h), {ring}) &&
+               RecvMsg(fd, &a, sizeof(a)) == static_cast<ssize_t>(sizeof(a)) && a.status == OTE_OK;
+    };
+    int a = Connect(sock), b = Connect(sock);
+    EXPECT_TRUE(served(a));
+    EXPECT_TRUE(served(b));
+    EXPECT_FALSE(served(Connect(sock))); // over the cap: closed, no HELLO_ACK
+    EXPECT_TRUE(LogContains("connections reached: closing a new one"));
+    shutdown(a, SHUT_RDWR); // frees a place once the source's thread has seen the EOF
+    ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
+    bool again = false;
+    while (!again && !ote_deadline_expired(dl)) again = served(Connect(sock));
+    EXPECT_TRUE(again);
+    close(ring);
+    CloseRaw();
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+} // namespace

@@ -1,0 +1,69 @@
+/*
+ * tests/engine/shm_wire.h - a copy of the same-host transport's wire messages
+ * (engine/shm/shm_internal.h) that C++ tests can include: shm_internal.h itself cannot be
+ * compiled as C++ (it reaches C11 _Atomic through engine/transport.h). shm_wire_check.c,
+ * compiled into every test that includes this header, includes both and fails the build
+ * when a size, an offset or a constant here differs from the engine's.
+ */
+#ifndef OTE_TESTS_ENGINE_SHM_WIRE_H
+#define OTE_TESTS_ENGINE_SHM_WIRE_H
+
+#include <stdint.h>
+
+#define TW_MAGIC 0x4d48534fu
+#define TW_VERSION 2
+#define TW_BATCH_MAX 64
+#define TW_MAX_SLICE (64u << 20)
+#define TW_RING_BYTES (16u << 20)
+#define TW_SRC_MAX_REQS 65536u
+#define TW_ADDR_MAX 272
+#define TW_OP_WRITE 3
+#define TW_OP_READ 5
+#define TW_OP_NOTIFY 7
+#define TW_OP_WRITE_OFF 9
+enum { TW_HELLO = 1, TW_HELLO_ACK = 2, TW_REQS = 3, TW_RESPS = 4 };
+enum { TW_MODE_CMA = 1, TW_MODE_RING = 2 };
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t kind;
+    uint32_t n;
+    uint32_t pad;
+} tw_hdr_t;
+
+typedef struct {
+    tw_hdr_t h;
+    uint64_t probe_addr;
+    uint64_t probe_val;
+    uint64_t ring_len;
+    char addr[TW_ADDR_MAX];
+} tw_hello_t;
+
+typedef struct {
+    tw_hdr_t h;
+    int32_t status;
+    uint32_t max_slice;
+    uint32_t mode;
+    uint32_t pad;
+    char text[160];
+} tw_hello_ack_t;
+
+typedef struct {
+    uint64_t id;
+    uint64_t remote;
+    uint64_t local;
+    uint32_t len;
+    uint16_t op;
+    uint16_t pad;
+    uint64_t req_remote, req_len;
+    uint64_t req_uid;
+} tw_req_t;
+
+typedef struct {
+    uint64_t id;
+    int32_t status;
+    uint32_t pad;
+} tw_resp_t;
+
+#endif

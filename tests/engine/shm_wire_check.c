@@ -1,0 +1,59 @@
+/*
+ * tests/engine/shm_wire_check.c - no code: the build fails when tests/engine/shm_wire.h
+ * (the wire messages as C++ tests see them) and engine/shm/shm_internal.h disagree.
+ */
+#include <stddef.h>
+
+#include "engine/shm/shm_internal.h"
+#include "tests/engine/shm_wire.h"
+
+#define SAME(a, b) _Static_assert((long long)(a) == (long long)(b), #a " != " #b)
+#define SAME_FIELD(tw, shm, f) \
+    SAME(offsetof(tw, f), offsetof(shm, f)); \
+    SAME(sizeof(((tw *)0)->f), sizeof(((shm *)0)->f))
+
+SAME(TW_MAGIC, SHM_MAGIC);
+SAME(TW_VERSION, SHM_VERSION);
+SAME(TW_BATCH_MAX, SHM_BATCH_MAX);
+SAME(TW_MAX_SLICE, SHM_MAX_SLICE);
+SAME(TW_RING_BYTES, SHM_RING_BYTES);
+SAME(TW_SRC_MAX_REQS, SHM_SRC_MAX_REQS);
+SAME(TW_ADDR_MAX, OTE__ADDR_MAX);
+SAME(TW_OP_WRITE, OTE__SLICE_WRITE);
+SAME(TW_OP_READ, OTE__SLICE_READ);
+SAME(TW_OP_NOTIFY, OTE__SLICE_NOTIFY);
+SAME(TW_OP_WRITE_OFF, SHM_OP_WRITE_OFF);
+SAME(TW_HELLO, SHM_HELLO);
+SAME(TW_HELLO_ACK, SHM_HELLO_ACK);
+SAME(TW_REQS, SHM_REQS);
+SAME(TW_RESPS, SHM_RESPS);
+SAME(TW_MODE_CMA, SHM_MODE_CMA);
+SAME(TW_MODE_RING, SHM_MODE_RING);
+
+SAME(sizeof(tw_hdr_t), sizeof(shm_hdr_t));
+SAME_FIELD(tw_hdr_t, shm_hdr_t, magic);
+SAME_FIELD(tw_hdr_t, shm_hdr_t, version);
+SAME_FIELD(tw_hdr_t, shm_hdr_t, kind);
+SAME_FIELD(tw_hdr_t, shm_hdr_t, n);
+SAME(sizeof(tw_hello_t), sizeof(shm_hello_t));
+SAME_FIELD(tw_hello_t, shm_hello_t, probe_addr);
+SAME_FIELD(tw_hello_t, shm_hello_t, probe_val);
+SAME_FIELD(tw_hello_t, shm_hello_t, ring_len);
+SAME_FIELD(tw_hello_t, shm_hello_t, addr);
+SAME(sizeof(tw_hello_ack_t), sizeof(shm_hello_ack_t));
+SAME_FIELD(tw_hello_ack_t, shm_hello_ack_t, status);
+SAME_FIELD(tw_hello_ack_t, shm_hello_ack_t, max_slice);
+SAME_FIELD(tw_hello_ack_t, shm_hello_ack_t, mode);
+SAME_FIELD(tw_hello_ack_t, shm_hello_ack_t, text);
+SAME(sizeof(tw_req_t), sizeof(shm_req_t));
+SAME_FIELD(tw_req_t, shm_req_t, id);
+SAME_FIELD(tw_req_t, shm_req_t, remote);
+SAME_FIELD(tw_req_t, shm_req_t, local);
+SAME_FIELD(tw_req_t, shm_req_t, len);
+SAME_FIELD(tw_req_t, shm_req_t, op);
+SAME_FIELD(tw_req_t, shm_req_t, req_remote);
+SAME_FIELD(tw_req_t, shm_req_t, req_len);
+SAME_FIELD(tw_req_t, shm_req_t, req_uid);
+SAME(sizeof(tw_resp_t), sizeof(shm_resp_t));
+SAME_FIELD(tw_resp_t, shm_resp_t, id);
+SAME_FIELD(tw_resp_t, shm_resp_t, status);
