@@ -42,7 +42,9 @@ typedef struct ote_batch ote_batch_t;
  *   tcp_connections      data connections per peer (default 4).
  *   tcp_workers          transport worker threads (default 2).
  *   tcp_max_accepted     connections this engine accepts from requesters at once
- *                        (default 1024); more are closed at once. An accepted connection
+ *                        (default 1024), counted per transport (TCP data connections,
+ *                        and shm control sockets, each served by its own thread); more
+ *                        are closed at once. An accepted connection
  *                        must finish its handshake within connect_timeout_ms, and one
  *                        that owes answers or data must make progress at least every
  *                        transfer_timeout_ms, else it is closed (a WARN names the peer).
