@@ -150,6 +150,7 @@ typedef struct {
     uint8_t hdr[OTE_CTL_HDR_LEN];
     uint8_t hdr_len;
     uint8_t close_after; /* close the connection once sent (handshake refusal) */
+    uint8_t owned;       /* data is an allocation of the response (BUFS): freed once sent */
     const uint8_t *data;
     uint32_t len;
     void *pin;       /* registration pinned until the data is sent */
