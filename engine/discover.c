@@ -39,8 +39,7 @@ static ote_status_t ask_buffers(int fd, uint16_t ver, ote_deadline_t dl, uint8_t
         if (st == OTE_OK && (m->version != ver || m->req_id != DISCOVER_REQ_ID ||
                              used != OTE_CTL_HDR_LEN + (size_t)body))
             st = OTE_ERR_PROTOCOL;
-        else if (st != OTE_OK)
-            st = OTE_ERR_PROTOCOL;
+        else if (st != OTE_OK) st = OTE_ERR_PROTOCOL;
     }
     if (st == OTE_OK && m->status != OTE_OK) st = ote_ctl_peer_status(OTE_CTL_BUFS, m->status);
     if (st != OTE_OK) {
