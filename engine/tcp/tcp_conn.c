@@ -112,6 +112,7 @@ void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why) {
             r->owned = 0;
         }
         c->rcount = 0;
+        c->bufs_queued = 0;
         if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
         c->rx_pin = NULL;
         /* The last connection of its session ends what the requester left open. */

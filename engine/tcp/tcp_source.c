@@ -58,9 +58,11 @@ int ote__tcp_src_payload_done(tcp_conn_t *c) {
 }
 
 /* Whether the source may take another request from c: not after a refusal that closes
- * the connection, and not while TCP_SRC_MAX_RESP responses wait to be sent. */
+ * the connection, not while TCP_SRC_MAX_RESP responses wait to be sent, and not while a
+ * BUFS answer (up to OTE_CTL_BUFS_MAX_BODY bytes) does: one list per connection is
+ * allocated at a time, however many BUFS_REQ a requester sends without reading. */
 int ote__tcp_src_may_parse(const tcp_conn_t *c) {
-    return !c->closing && c->rcount < TCP_SRC_MAX_RESP;
+    return !c->closing && c->rcount < TCP_SRC_MAX_RESP && c->bufs_queued == 0;
 }
 
 static void src_write(tcp_conn_t *c) {
@@ -105,7 +107,10 @@ static void src_write(tcp_conn_t *c) {
                 c->rtx_off = 0;
                 if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
                 r->pin = NULL;
-                if (r->owned) ote_free((void *)r->data);
+                if (r->owned) {
+                    ote_free((void *)r->data);
+                    c->bufs_queued--;
+                }
                 r->owned = 0;
                 int close_after = r->close_after;
                 c->rhead = (c->rhead + 1) % c->rcap;
@@ -273,6 +278,7 @@ static int src_buffers(tcp_conn_t *c, uint64_t id) {
     r->data = frame;
     r->len = (uint32_t)len;
     r->owned = 1;
+    c->bufs_queued++;
     return 0;
 }
 

@@ -180,6 +180,56 @@ TEST_F(DiscoveryTest, OverTheCapListsTheLowestAddresses) {
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
+// A requester that sends many BUFS_REQ without reading: the TCP source queues one list at
+// a time (it parses the next request once the previous answer is sent), and every
+// answer still arrives, whole and in order, once the requester reads.
+TEST_F(DiscoveryTest, PipelinedRequestsAreAnsweredOneListAtATime) {
+    ote_engine_t *src = NewEngine({{"transports", "tcp"}});
+    std::vector<uint8_t> mem(OTE_BUFFERS_MAX * 2);
+    for (size_t i = 0; i < OTE_BUFFERS_MAX; i++)
+        ASSERT_EQ(ote_memory_register(src, mem.data() + 2 * i, 1, OTE_PERM_WRITE), OTE_OK) << i;
+    int fd = ote_test::ConnectTo(ote_test::EngineAddress(src), 4096);
+    ASSERT_GE(fd, 0);
+    ote_ctl_msg_t h{};
+    h.version = OTE_CTL_VERSION_MAX;
+    h.opcode = OTE_CTL_HELLO;
+    h.req_id = 1;
+    h.u.hello.min_version = OTE_CTL_VERSION_MIN;
+    h.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    h.u.hello.role = OTE_CTL_ROLE_INFO;
+    ASSERT_TRUE(ote_test::SendAll(fd, ote_test::Encode(h)));
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    ASSERT_TRUE(ote_test::ReadFrame(fd, &buf, &m));
+    ASSERT_EQ(m.opcode, OTE_CTL_HELLO_ACK);
+    uint16_t ver = m.u.hello_ack.version;
+    constexpr int kN = 48; // 48 lists of 2048 entries: 8.3 MiB, more than the socket holds
+    std::vector<uint8_t> reqs(kN * OTE_CTL_HDR_LEN);
+    for (int i = 0; i < kN; i++)
+        ote_ctl_put_hdr(reqs.data() + i * OTE_CTL_HDR_LEN, ver, OTE_CTL_BUFS_REQ, 100 + i, OTE_OK,
+                        0);
+    ASSERT_TRUE(ote_test::SendAll(fd, reqs));
+    usleep(200 * 1000); // the source fills the socket and stops parsing
+    for (int i = 0; i < kN; i++) {
+        std::vector<uint8_t> f(OTE_CTL_HDR_LEN);
+        ASSERT_TRUE(ote_test::RecvAll(fd, f.data(), f.size())) << i;
+        uint32_t len = f[20] | (f[21] << 8) | (f[22] << 16) | (static_cast<uint32_t>(f[23]) << 24);
+        ASSERT_LE(len, OTE_CTL_BUFS_MAX_BODY) << i;
+        f.resize(OTE_CTL_HDR_LEN + len);
+        ASSERT_TRUE(ote_test::RecvAll(fd, f.data() + OTE_CTL_HDR_LEN, len)) << i;
+        size_t used = 0;
+        ASSERT_EQ(ote_ctl_decode(f.data(), f.size(), &m, &used), OTE_OK) << i;
+        EXPECT_EQ(m.opcode, OTE_CTL_BUFS);
+        EXPECT_EQ(m.req_id, static_cast<uint64_t>(100 + i));
+        EXPECT_EQ(m.u.bufs.count, static_cast<uint32_t>(OTE_BUFFERS_MAX));
+        ote_ctl_buf_t b{};
+        ASSERT_EQ(ote_ctl_buf_get(&m, m.u.bufs.count - 1, &b), OTE_OK);
+        EXPECT_EQ(b.addr, (uint64_t)(uintptr_t)(mem.data() + 2 * (OTE_BUFFERS_MAX - 1)));
+    }
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
 TEST_F(DiscoveryTest, PeerGoneFailsWithAConnectStatus) {
     ote_engine_t *src = NewEngine({{"transports", "tcp"}});
     ote_engine_t *req = NewEngine({{"transports", "tcp"}, {"connect_timeout_ms", "3000"}});
