@@ -1,8 +1,10 @@
 /*
  * engine/registry.c - registered memory: a sorted array of non-overlapping ranges with
- * their permissions, under reg_lk. A pin (a transport's source side checking a request,
- * or a request whose local buffer lies in a registration) holds the registration:
- * unregister is BUSY until every pin is released. The RDMA transport's mem_register /
+ * their permissions and optional names (unique among live registrations), under reg_lk;
+ * the list peers discover (host->buffers: at most OTE_CTL_BUFS_MAX, lowest addresses).
+ * A pin (a transport's source side checking a request, or a request whose local buffer
+ * lies in a registration) holds the registration: unregister is BUSY until every pin is
+ * released. The RDMA transport's mem_register /
  * mem_unregister hooks run under reg_lk so that a range is never visible half-published.
  */
 #include <pthread.h>
