@@ -8,8 +8,10 @@
  *   engine.c    engine lifecycle (create, destroy, address) and segments
  *   router.c    the engine's transports, its advertisement and the choice of a transport
  *               per segment (ote_segment_info)
- *   registry.c  registered memory: register/unregister and the pins the source side of a
- *               transport (host->pin) and local buffers of requests take
+ *   registry.c  registered memory: register/unregister (with optional names) and the pins
+ *               the source side of a transport (host->pin) and local buffers of requests
+ *               take; the list of registrations peers discover (host->buffers)
+ *   discover.c  ote_segment_buffers: the requester side of discovery
  *   notify.c    notifications: the received queue, ote_notify_*, and notifications
  *               attached to batches (decided when no request of the batch is pending)
  *   batch.c     batches: submit (validate, plan, reserve, cut into slices), completion,
@@ -64,6 +66,7 @@ typedef struct ote__reg {
     uint64_t len;
     unsigned perms;
     _Atomic long inuse;
+    char name[OTE_NAME_MAX + 1]; /* "" without a name; unique among live registrations */
 } ote__reg_t;
 
 typedef struct ote__nin {
@@ -164,6 +167,13 @@ void ote__router_destroy(ote_engine_t *e);
 /* Connect to peer through the first transport both sides offer that reaches it. */
 ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_t **tp_out,
                               const char **name_out, ote__tpeer_t **peer_out);
+/* A short connection to peer's listener, handshaken with the role INFO by dl (the
+ * router's and discovery's): *fd_out (the caller closes it), the chosen version and the
+ * peer's advertisement copied into info (cap bytes, NUL-terminated). */
+ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t dl, int *fd_out,
+                               uint16_t *version_out, char *info, size_t cap);
+/* Send (out 1) or receive exactly len bytes on a non-blocking fd by dl. */
+ote_status_t ote__router_xfer(int fd, uint8_t *b, size_t len, int out, ote_deadline_t dl);
 /* host->query_info (arg: the engine). */
 ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size_t cap);
 /* mem_(un)register of every transport (all or none for register). */
@@ -176,6 +186,10 @@ ote__reg_t *ote__reg_covering(const ote_engine_t *e, uint64_t addr, uint64_t len
 /* host->pin / host->unpin of the engine's transports (arg: the engine). */
 ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
 void ote__reg_unpin(void *arg, void *pin);
+/* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
+ * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
+ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
+                              size_t *len_out);
 
 /* ---- notify.c ---------------------------------------------------------------------- */
 /* host->deliver_notify (arg: the engine). */

@@ -1,8 +1,10 @@
 /*
  * engine/registry.c - registered memory: a sorted array of non-overlapping ranges with
- * their permissions, under reg_lk. A pin (a transport's source side checking a request,
- * or a request whose local buffer lies in a registration) holds the registration:
- * unregister is BUSY until every pin is released. The RDMA transport's mem_register /
+ * their permissions and optional names (unique among live registrations), under reg_lk;
+ * the list peers discover (host->buffers: at most OTE_CTL_BUFS_MAX, lowest addresses).
+ * A pin (a transport's source side checking a request, or a request whose local buffer
+ * lies in a registration) holds the registration: unregister is BUSY until every pin is
+ * released. The RDMA transport's mem_register /
  * mem_unregister hooks run under reg_lk so that a range is never visible half-published.
  */
 #include <pthread.h>
@@ -12,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "base/time.h"
+#include "engine/control/ctl.h"
 #include "engine/core_internal.h"
 
 /* Index of the registration with the greatest start <= addr, or -1. reg_lk held. */
@@ -64,21 +67,47 @@ void ote__reg_unpin(void *arg, void *pin) {
     }
 }
 
+/* Whether a live registration carries name. reg_lk held. */
+static int name_taken(const ote_engine_t *e, const char *name) {
+    for (size_t i = 0; i < e->nregs; i++)
+        if (strcmp(e->regs[i]->name, name) == 0) return 1;
+    return 0;
+}
+
 ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
+    return ote_memory_register_named(e, addr, len, perms, NULL);
+}
+
+ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
+                                       const char *name) {
     if (e == NULL || addr == NULL || len == 0 || perms == 0 ||
         (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE)) != 0 || (uintptr_t)addr > UINT64_MAX - len)
         return OTE_ERR_INVALID;
+    size_t nl = name != NULL ? strnlen(name, OTE_NAME_MAX + 1) : 0;
+    if (name != NULL && !ote_ctl_buf_name_ok(name, nl)) {
+        OTE_WARN("engine",
+                 "register [%p, +%zu) refused: a name must be 1..%d printable ASCII "
+                 "characters",
+                 addr, len, OTE_NAME_MAX);
+        return OTE_ERR_INVALID;
+    }
     uint64_t start = (uintptr_t)addr;
     ote__reg_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
     r->start = start;
     r->len = len;
     r->perms = perms;
+    if (nl) memcpy(r->name, name, nl);
     ote_status_t st = OTE_OK;
+    int dup = 0;
     pthread_rwlock_wrlock(&e->reg_lk);
     long i = reg_find(e, start);
     if (i >= 0 && start - e->regs[i]->start < e->regs[i]->len) st = OTE_ERR_EXISTS;
     if ((size_t)(i + 1) < e->nregs && e->regs[i + 1]->start < start + len) st = OTE_ERR_EXISTS;
+    if (st == OTE_OK && nl && name_taken(e, r->name)) {
+        st = OTE_ERR_EXISTS;
+        dup = 1;
+    }
     if (st == OTE_OK && e->nregs == e->capregs) {
         size_t ncap = e->capregs ? e->capregs * 2 : 16;
         ote__reg_t **nr = ote_realloc(e->regs, ncap * sizeof(*nr));
@@ -100,12 +129,55 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
     }
     pthread_rwlock_unlock(&e->reg_lk);
     if (st != OTE_OK) {
-        if (st == OTE_ERR_EXISTS)
+        if (dup)
+            OTE_WARN("engine", "register [%p, +%zu) refused: the name \"%s\" is taken", addr, len,
+                     r->name);
+        else if (st == OTE_ERR_EXISTS)
             OTE_WARN("engine", "register [%p, +%zu) refused: overlaps an existing registration",
                      addr, len);
         ote_free(r);
     }
     return st;
+}
+
+ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
+                              size_t *len_out) {
+    ote_engine_t *e = arg;
+    pthread_rwlock_rdlock(&e->reg_lk);
+    size_t total = e->nregs, n = total < OTE_CTL_BUFS_MAX ? total : OTE_CTL_BUFS_MAX;
+    size_t cap = OTE_CTL_HDR_LEN + 8 + n * OTE_CTL_BUF_ENTRY_LEN;
+    uint8_t *f = ote_malloc(cap);
+    ote_status_t st = f != NULL ? OTE_OK : OTE_ERR_NOMEM;
+    uint8_t *ent = f != NULL ? f + OTE_CTL_HDR_LEN + 8 : NULL;
+    for (size_t i = 0; st == OTE_OK && i < n; i++) {
+        const ote__reg_t *r = e->regs[i];
+        ote_ctl_buf_t b = {.addr = r->start, .len = r->len, .perms = r->perms, .kind = 0};
+        memcpy(b.name, r->name, sizeof(b.name));
+        st = ote_ctl_buf_put(ent + i * OTE_CTL_BUF_ENTRY_LEN, &b);
+    }
+    pthread_rwlock_unlock(&e->reg_lk);
+    ote_ctl_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.version = version;
+    m.opcode = OTE_CTL_BUFS;
+    m.req_id = req_id;
+    m.u.bufs.total = (uint32_t)(total > UINT32_MAX ? UINT32_MAX : total);
+    m.u.bufs.count = (uint32_t)n;
+    m.u.bufs.entries = ent;
+    size_t len = 0;
+    if (st == OTE_OK) st = ote_ctl_encode(&m, f, cap, &len);
+    if (st != OTE_OK) {
+        ote_free(f);
+        return st;
+    }
+    if (total > n)
+        OTE_WARN_LIMITED("engine",
+                         "a peer asked for the registrations: listing %zu of %zu (the "
+                         "lowest addresses; at most %u per answer)",
+                         n, total, OTE_CTL_BUFS_MAX);
+    *frame_out = f;
+    *len_out = len;
+    return OTE_OK;
 }
 
 /* One attempt: NOT_FOUND, BUSY (pinned; with *waiting 1, omu is held and reg_lk

@@ -13,6 +13,7 @@
  *   netns=, userns=, pidns=, mntns=   inode numbers of the namespaces that decide whether
  *                        memory and UNIX sockets of the peer are reachable
  *   uid=, pid=           the process's credentials
+ *   buffers=1            the listener answers BUFS_REQ (buffer discovery, discover.c)
  *   <transport keys>     each transport's own part (ops->advert), e.g. shm=<socket>
  *
  * An engine with transports=tcp opens it directly, as before routing existed, and asks
@@ -91,7 +92,7 @@ static void build_info(ote_engine_t *e) {
     ns_ino("mnt", mnt, sizeof(mnt));
     size_t o = (size_t)snprintf(e->info, sizeof(e->info),
                                 "transports=%s;boot=%s%.32s;netns=%s;userns=%s;pidns=%s;mntns=%s;"
-                                "uid=%u;pid=%d",
+                                "uid=%u;pid=%d;buffers=1",
                                 e->cfg.transports, boot, suffix ? suffix : "", net, user, pidn, mnt,
                                 (unsigned)getuid(), (int)getpid());
     for (size_t i = 0; i < e->ntps && o + 2 < sizeof(e->info); i++) {
@@ -111,7 +112,8 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .deliver_notify = ote__notify_deliver,
                         .info = e->info,
                         .self_addr = e->self_addr,
-                        .query_info = ote__router_query_info};
+                        .query_info = ote__router_query_info,
+                        .buffers = ote__reg_buffers};
     /* The listener first (its address names the engine), then the others in order. */
     const char *lname = list_has(e->cfg.transports, "tcp")    ? "tcp"
                         : list_has(e->cfg.transports, "rdma") ? "rdma"
@@ -193,7 +195,7 @@ static ote_status_t wait_fd(int fd, short events, ote_deadline_t dl) {
     }
 }
 
-static ote_status_t xfer_all(int fd, uint8_t *b, size_t len, int out, ote_deadline_t dl) {
+ote_status_t ote__router_xfer(int fd, uint8_t *b, size_t len, int out, ote_deadline_t dl) {
     while (len > 0) {
         ssize_t r =
             out ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
@@ -237,10 +239,11 @@ static ote_status_t info_connect(const char *peer, ote_deadline_t dl, int *fd_ou
     return OTE_OK;
 }
 
-/* The peer's advertisement ("" from an engine that sends none). */
-static ote_status_t query_info(ote_engine_t *e, const char *peer, char *info, size_t cap) {
+/* A connection to peer's listener, handshaken with the role INFO by dl: its fd, the
+ * version the peer chose and its advertisement ("" from an engine that sends none). */
+ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t dl, int *fd_out,
+                               uint16_t *version_out, char *info, size_t cap) {
     if (cap == 0) return OTE_ERR_INVALID;
-    ote_deadline_t dl = ote_deadline_after(e->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     int fd = -1;
     ote_status_t st = info_connect(peer, dl, &fd);
     if (st != OTE_OK) return st;
@@ -256,12 +259,12 @@ static ote_status_t query_info(ote_engine_t *e, const char *peer, char *info, si
     m.u.hello.addr_len = (uint32_t)strlen(e->self_addr);
     size_t len = 0, used = 0;
     st = ote_ctl_encode(&m, buf, sizeof(buf), &len);
-    if (st == OTE_OK) st = xfer_all(fd, buf, len, 1, dl);
-    if (st == OTE_OK) st = xfer_all(fd, buf, OTE_CTL_HDR_LEN, 0, dl);
+    if (st == OTE_OK) st = ote__router_xfer(fd, buf, len, 1, dl);
+    if (st == OTE_OK) st = ote__router_xfer(fd, buf, OTE_CTL_HDR_LEN, 0, dl);
     if (st == OTE_OK) {
         uint32_t body = ote_le_get32(buf + 20);
         st = body > OTE_CTL_MAX_BODY ? OTE_ERR_PROTOCOL
-                                     : xfer_all(fd, buf + OTE_CTL_HDR_LEN, body, 0, dl);
+                                     : ote__router_xfer(fd, buf + OTE_CTL_HDR_LEN, body, 0, dl);
         if (st == OTE_OK) st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN + body, &m, &used);
         if (st != OTE_OK && ote_status_code(st) != OTE_ERR_TIMEOUT &&
             ote_status_code(st) != OTE_ERR_PEER_LOST)
@@ -270,14 +273,29 @@ static ote_status_t query_info(ote_engine_t *e, const char *peer, char *info, si
     uint16_t ver = 0;
     if (st == OTE_OK)
         st = ote_ctl_check_hello_ack(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
-    close(fd);
     if (st != OTE_OK) {
-        OTE_WARN("engine", "asking %s for its transports failed: %s", peer, ote_status_str(st));
+        close(fd);
         return st;
     }
     size_t il = m.u.hello_ack.info_len < cap ? m.u.hello_ack.info_len : 0;
     memcpy(info, m.u.hello_ack.info, il);
     info[il] = '\0';
+    *fd_out = fd;
+    *version_out = ver;
+    return OTE_OK;
+}
+
+/* The peer's advertisement ("" from an engine that sends none). */
+static ote_status_t query_info(ote_engine_t *e, const char *peer, char *info, size_t cap) {
+    ote_deadline_t dl = ote_deadline_after(e->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    int fd = -1;
+    uint16_t ver = 0;
+    ote_status_t st = ote__router_hello(e, peer, dl, &fd, &ver, info, cap);
+    if (st != OTE_OK) {
+        OTE_WARN("engine", "asking %s for its transports failed: %s", peer, ote_status_str(st));
+        return st;
+    }
+    close(fd);
     return OTE_OK;
 }
 

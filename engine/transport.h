@@ -96,6 +96,12 @@ typedef struct {
      * handshake on its listener, bounded by connect_timeout_ms): how a transport that
      * reaches peers by advertised names (shm) finds a restarted peer again. */
     ote_status_t (*query_info)(void *arg, const char *peer, char *buf, size_t cap);
+    /* Buffer discovery: the engine's answer to a BUFS_REQ that arrived on the listener
+     * (engine/control/ctl.h): the whole BUFS frame in `version`, echoing req_id, in an
+     * allocation the transport ote_free()s once it is sent or dropped. On failure (out of
+     * memory) the transport answers BUFS with OTE_ERR_AGAIN itself. */
+    ote_status_t (*buffers)(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
+                            size_t *len_out);
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -70,8 +71,39 @@ typedef struct {
     uint64_t result_idx;
 } initiator_t;
 
+/* The target's buffer as the target publishes it (buffer discovery: the registration
+ * named BENCH_BUFFER_NAME). Returns 0, or -1 after saying why. */
+static int discover_buffer(initiator_t *in) {
+    ote_buffer_info_t *bufs = calloc(OTE_BUFFERS_MAX, sizeof(*bufs));
+    if (bufs == NULL) {
+        fprintf(stderr, "ote_bench: out of memory listing the target's buffers\n");
+        return -1;
+    }
+    size_t n = 0;
+    ote_status_t st = ote_segment_buffers(in->seg, bufs, OTE_BUFFERS_MAX, &n);
+    if (st != OTE_OK) {
+        char what[BENCH_ADDR_MAX + 32];
+        snprintf(what, sizeof what, "ote_segment_buffers(%s)", in->target);
+        bench__print_status(what, st);
+        free(bufs);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(bufs[i].name, BENCH_BUFFER_NAME) != 0) continue;
+        if (bufs[i].perms != (OTE_PERM_READ | OTE_PERM_WRITE)) break;
+        in->raddr = bufs[i].addr;
+        in->rlen = bufs[i].length;
+        free(bufs);
+        return 0;
+    }
+    free(bufs);
+    fprintf(stderr, "ote_bench: the target %s publishes no READ|WRITE buffer named \"%s\"\n",
+            in->target, BENCH_BUFFER_NAME);
+    return -1;
+}
+
 /* Spawn or name the target, create the engine, open the segment and learn the target's
- * buffer. Returns 0, or -1 after saying why (what exists is undone by initiator_close). */
+ * buffer (buffer discovery when neither the spawned child nor --remote-addr gave it). Returns 0, or -1 after saying why (what exists is undone by initiator_close). */
 static int initiator_connect(initiator_t *in) {
     const bench_options_t *o = in->o;
     char listen[BENCH_ADDR_MAX] = "";
@@ -107,16 +139,7 @@ static int initiator_connect(initiator_t *in) {
     }
     in->ctl =
         (ctl_client_t){.engine = in->engine, .seg = in->seg, .next_id = 0, .target = in->target};
-    if (in->raddr == 0) {
-        bench_ctl_msg_t req = {.verb = BENCH_CTL_INFO}, rep;
-        if (bench__ctl_call(&in->ctl, &req, &rep) != 0) return -1;
-        if (rep.a == 0 || rep.b == 0) {
-            fprintf(stderr, "ote_bench: the target %s reported no buffer\n", in->target);
-            return -1;
-        }
-        in->raddr = rep.a;
-        in->rlen = rep.b;
-    }
+    if (in->raddr == 0 && discover_buffer(in) != 0) return -1;
     return 0;
 }
 

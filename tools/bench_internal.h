@@ -27,6 +27,10 @@
 #include "base/lock.h"
 #include "tools/bench_lib.h"
 
+/* The name the target registers its buffer under: initiators find it by buffer
+ * discovery (ote_segment_buffers). */
+#define BENCH_BUFFER_NAME "ote_bench"
+
 #define CTL_TIMEOUT_NS (60ull * OTE_NSEC_PER_SEC) /* VERIFY of a large buffer takes a while */
 #define SPAWN_TIMEOUT_NS (60ull * OTE_NSEC_PER_SEC)
 #define RECV_SLICE_NS (100ull * OTE_NSEC_PER_MSEC) /* how often waits look at signals */

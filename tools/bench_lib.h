@@ -152,7 +152,8 @@ bool bench_pattern_check(const void *buf, uint64_t offset, size_t len, uint64_t 
  * Request: "OTEB1 <id> INFO" | "OTEB1 <id> FILL <seed> <off> <len>" |
  *          "OTEB1 <id> ZERO <off> <len>" | "OTEB1 <id> VERIFY <seed> <off> <len>" |
  *          "OTEB1 <id> QUIT"
- * Reply:   "OTEB1 <id> OK [<a> <b>]" (INFO: buffer address and length) |
+ * Reply:   "OTEB1 <id> OK [<a> <b>]" (INFO: buffer address and length; initiators now
+ *          find the buffer by buffer discovery, BENCH_BUFFER_NAME, and no longer send it) |
  *          "OTEB1 <id> BAD <offset>" (VERIFY found a wrong byte) | "OTEB1 <id> ERR <text>"
  * The target's report line (self-spawned target, over a pipe; also printed by a
  * standalone target): "OTEB1 TARGET <host:port> <buffer address> <buffer length>". */

@@ -1,6 +1,7 @@
 /*
  * tools/bench_target.c - ote_bench --role target: one registered buffer (READ and WRITE
- * allowed) and the control requests that arrive as OrbitTE notifications (INFO, FILL,
+ * allowed, named BENCH_BUFFER_NAME: initiators find it by buffer discovery; INFO still
+ * answers for initiators of earlier builds) and the control requests that arrive as OrbitTE notifications (INFO, FILL,
  * ZERO, VERIFY, QUIT; see bench_lib.h), answered over a segment to the sender. Spawned
  * by an initiator it reports over a pipe and dies with it.
  */
@@ -168,7 +169,8 @@ int bench__run_target(const bench_options_t *o) {
                 strerror(errno));
         goto err_destroy_engine;
     }
-    st = ote_memory_register(t.engine, t.buf, (size_t)t.len, OTE_PERM_READ | OTE_PERM_WRITE);
+    st = ote_memory_register_named(t.engine, t.buf, (size_t)t.len, OTE_PERM_READ | OTE_PERM_WRITE,
+                                   BENCH_BUFFER_NAME);
     if (st != OTE_OK) {
         bench__print_status("target: ote_memory_register", st);
         goto err_unmap;

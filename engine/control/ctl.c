@@ -18,6 +18,8 @@ const char *ote_ctl_opcode_str(uint16_t opcode) {
         case OTE_CTL_ERROR: return "ERROR";
         case OTE_CTL_RDMA: return "RDMA";
         case OTE_CTL_CANCEL: return "CANCEL";
+        case OTE_CTL_BUFS_REQ: return "BUFS_REQ";
+        case OTE_CTL_BUFS: return "BUFS";
         default: return "UNKNOWN";
     }
 }
@@ -74,6 +76,74 @@ static int rw_extent_ok(const ote_ctl_msg_t *m) {
     return m->u.rw.addr >= ra && m->u.rw.addr - ra <= rl - m->u.rw.len;
 }
 
+int ote_ctl_buf_name_ok(const char *name, size_t len) {
+    if (name == NULL || len == 0 || len >= OTE_CTL_BUF_NAME_LEN) return 0;
+    for (size_t i = 0; i < len; i++)
+        if (name[i] < 0x20 || name[i] > 0x7e) return 0;
+    return 1;
+}
+
+static int buf_entry_ok(const ote_ctl_buf_t *b, size_t name_len) {
+    return b->len != 0 && b->addr <= UINT64_MAX - b->len && b->perms != 0 &&
+           (b->perms & ~OTE_CTL_BUF_PERMS) == 0 && b->kind <= OTE_CTL_BUF_KIND_MAX &&
+           (name_len == 0 || ote_ctl_buf_name_ok(b->name, name_len));
+}
+
+ote_status_t ote_ctl_buf_put(uint8_t *dst, const ote_ctl_buf_t *b) {
+    if (dst == NULL || b == NULL) return OTE_ERR_INVALID;
+    const char *nul = memchr(b->name, '\0', sizeof(b->name));
+    if (nul == NULL || !buf_entry_ok(b, (size_t)(nul - b->name))) return OTE_ERR_INVALID;
+    ote_le_put64(dst, b->addr);
+    ote_le_put64(dst + 8, b->len);
+    ote_le_put32(dst + 16, b->perms);
+    ote_le_put32(dst + 20, b->kind);
+    memset(dst + 24, 0, OTE_CTL_BUF_NAME_LEN);
+    memcpy(dst + 24, b->name, (size_t)(nul - b->name));
+    return OTE_OK;
+}
+
+/* One entry from the wire; OTE_ERR_PROTOCOL when malformed. */
+static ote_status_t buf_parse(const uint8_t *p, ote_ctl_buf_t *out) {
+    ote_ctl_buf_t b;
+    b.addr = ote_le_get64(p);
+    b.len = ote_le_get64(p + 8);
+    b.perms = ote_le_get32(p + 16);
+    b.kind = ote_le_get32(p + 20);
+    memcpy(b.name, p + 24, OTE_CTL_BUF_NAME_LEN);
+    const char *nul = memchr(b.name, '\0', OTE_CTL_BUF_NAME_LEN);
+    if (nul == NULL) return OTE_ERR_PROTOCOL; /* a name of 64 chars, or no terminator */
+    size_t nl = (size_t)(nul - b.name);
+    for (size_t i = nl; i < OTE_CTL_BUF_NAME_LEN; i++)
+        if (b.name[i] != '\0') return OTE_ERR_PROTOCOL; /* padding is NULs only */
+    if (!buf_entry_ok(&b, nl)) return OTE_ERR_PROTOCOL;
+    *out = b;
+    return OTE_OK;
+}
+
+static ote_status_t decode_bufs(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
+    m->u.bufs.total = ote_le_get32(b);
+    m->u.bufs.count = ote_le_get32(b + 4);
+    uint32_t n = m->u.bufs.count;
+    if (n > OTE_CTL_BUFS_MAX || n > m->u.bufs.total ||
+        8 + (uint64_t)n * OTE_CTL_BUF_ENTRY_LEN != body_len)
+        return OTE_ERR_PROTOCOL;
+    m->u.bufs.entries = b + 8;
+    for (uint32_t i = 0; i < n; i++) {
+        ote_ctl_buf_t e;
+        if (buf_parse(b + 8 + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &e) != OTE_OK)
+            return OTE_ERR_PROTOCOL;
+    }
+    return OTE_OK;
+}
+
+ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *out) {
+    if (m == NULL || out == NULL || m->opcode != OTE_CTL_BUFS || m->status != OTE_OK ||
+        i >= m->u.bufs.count)
+        return OTE_ERR_INVALID;
+    ote_status_t st = buf_parse(m->u.bufs.entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out);
+    return st == OTE_OK ? OTE_OK : OTE_ERR_INVALID;
+}
+
 ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
                             size_t *consumed_out) {
     if (buf == NULL || out == NULL || consumed_out == NULL) return OTE_ERR_INVALID;
@@ -126,6 +196,14 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
         case OTE_CTL_WRITE_ACK:
         case OTE_CTL_NOTIFY_ACK:
             if (m.length != 0) return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_BUFS_REQ:
+            if (m.length != 0 || m.status != OTE_OK) return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_BUFS:
+            if (m.length > OTE_CTL_BUFS_MAX_BODY) return OTE_ERR_TOO_BIG;
+            if (m.status != OTE_OK ? m.length != 0 : m.length < 8) return OTE_ERR_PROTOCOL;
+            body_len = m.length;
             break;
         default: return OTE_ERR_PROTOCOL;
     }
@@ -204,6 +282,10 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             m.u.cancel.ids = b + 8;
             m.u.cancel.wd = b + 8 + 8 * (size_t)m.u.cancel.count;
             break;
+        case OTE_CTL_BUFS:
+            if (m.status == OTE_OK && decode_bufs(b, body_len, &m) != OTE_OK)
+                return OTE_ERR_PROTOCOL;
+            break;
         case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
             m.u.rdma.body = b;
             m.u.rdma.len = body_len;
@@ -266,6 +348,13 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
                 return OTE_ERR_INVALID;
             body = 8 + 8 * m->u.cancel.count + 24 * m->u.cancel.nwd;
             break;
+        case OTE_CTL_BUFS:
+            if (m->status != OTE_OK) break;
+            if (m->u.bufs.count > OTE_CTL_BUFS_MAX || m->u.bufs.count > m->u.bufs.total ||
+                (m->u.bufs.count > 0 && m->u.bufs.entries == NULL))
+                return OTE_ERR_INVALID;
+            body = 8 + m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN;
+            break;
         default: break;
     }
     if (cap < OTE_CTL_HDR_LEN + (size_t)body) return OTE_ERR_TOO_BIG;
@@ -320,6 +409,14 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             if (m->u.cancel.nwd)
                 memcpy(b + 8 + 8 * (size_t)m->u.cancel.count, m->u.cancel.wd,
                        24 * (size_t)m->u.cancel.nwd);
+            break;
+        case OTE_CTL_BUFS:
+            if (m->status != OTE_OK) break;
+            ote_le_put32(b, m->u.bufs.total);
+            ote_le_put32(b + 4, m->u.bufs.count);
+            /* memmove: the source builds its entries in place (entries == b + 8). */
+            if (m->u.bufs.count)
+                memmove(b + 8, m->u.bufs.entries, (size_t)m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN);
             break;
         default: break;
     }
@@ -382,6 +479,7 @@ ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st) {
                  code == OTE_ERR_AGAIN || code == OTE_ERR_UNSUPPORTED ||
                  code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE;
             break;
+        case OTE_CTL_BUFS: ok = code == OTE_ERR_AGAIN || code == OTE_ERR_REMOTE; break;
         default: break;
     }
     return ok ? (ote_status_t)code : OTE_ERR_REMOTE;

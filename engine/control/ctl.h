@@ -57,7 +57,7 @@ extern "C" {
  * slices of at most max_data / 2 bytes; below this floor a peer could make it cut a
  * request into billions of slices (or none), so such a HELLO_ACK is refused. */
 #define OTE_CTL_MIN_DATA (8u << 10)
-#define OTE_CTL_MAX_BODY 8192u /* largest non-bulk body */
+#define OTE_CTL_MAX_BODY 8192u /* largest non-bulk body (BUFS: OTE_CTL_BUFS_MAX_BODY) */
 #define OTE_CTL_MAX_FRAME (OTE_CTL_MAX_DATA + OTE_CTL_MAX_BODY)
 #define OTE_CTL_MAX_ADDR 255u    /* advertised "host:port" */
 #define OTE_CTL_MAX_TEXT 1024u   /* ERROR text */
@@ -91,8 +91,34 @@ typedef enum {
      * then nwd withdrawals {req_uid u64, req_len u64, bytes u64}; 1 <= nids + nwd and
      * nids, nwd <= OTE_CTL_CANCEL_MAX. */
     OTE_CTL_CANCEL = 11,
-    OTE_CTL_OPCODE_MAX = 11,
+    /* Buffer discovery, in any version, on a connection of the engine's listener (the
+     * router's HELLO with OTE_CTL_ROLE_INFO; the source advertises "buffers=1" in its
+     * HELLO_ACK info). BUFS_REQ, requester -> source: status 0, empty body. BUFS,
+     * source -> requester, same req_id: on OTE_OK the body is total u32 (registrations
+     * the source has), count u32 (entries that follow: count <= total, count <=
+     * OTE_CTL_BUFS_MAX; the source lists its count lowest addresses), then count entries
+     * of OTE_CTL_BUF_ENTRY_LEN bytes: addr u64, len u64 (nonzero, addr + len does not
+     * wrap), perms u32 (nonzero, inside OTE_CTL_BUF_PERMS), kind u32 (<=
+     * OTE_CTL_BUF_KIND_MAX; 0: host memory), name 64 bytes (printable ASCII, then a NUL,
+     * then NULs to the end; "" for an unregistered name). Otherwise an empty body. */
+    OTE_CTL_BUFS_REQ = 12,
+    OTE_CTL_BUFS = 13,
+    OTE_CTL_OPCODE_MAX = 13,
 } ote_ctl_opcode_t;
+
+#define OTE_CTL_BUFS_MAX 2048u    /* entries of one BUFS frame */
+#define OTE_CTL_BUF_ENTRY_LEN 88u /* bytes of one entry */
+#define OTE_CTL_BUF_NAME_LEN 64u  /* name field, NUL included: names of 1..63 chars */
+#define OTE_CTL_BUF_PERMS 0x3u    /* == OTE_PERM_READ | OTE_PERM_WRITE */
+#define OTE_CTL_BUF_KIND_MAX 255u /* memory kinds a BUFS entry may carry (0: host) */
+#define OTE_CTL_BUFS_MAX_BODY (8u + OTE_CTL_BUFS_MAX * OTE_CTL_BUF_ENTRY_LEN)
+
+/* One entry of a BUFS frame, decoded (name NUL-terminated). */
+typedef struct {
+    uint64_t addr, len;
+    uint32_t perms, kind;
+    char name[OTE_CTL_BUF_NAME_LEN];
+} ote_ctl_buf_t;
 
 typedef struct {
     uint16_t version;
@@ -144,6 +170,10 @@ typedef struct {
             const uint8_t *wd; /* nwd withdrawals of 24 bytes: uid, req_len, bytes */
             uint32_t nwd;
         } cancel;
+        struct {
+            uint32_t total, count;
+            const uint8_t *entries; /* count encoded entries (ote_ctl_buf_get) */
+        } bufs;
     } u;
 } ote_ctl_msg_t;
 
@@ -202,6 +232,7 @@ ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, 
  *   ERROR                  VERSION, PROTOCOL, INVALID, UNSUPPORTED, REMOTE
  *   RDMA                   ACCESS, INVALID, TOO_BIG, AGAIN, UNSUPPORTED, REMOTE_ACCESS,
  *                          REMOTE
+ *   BUFS                   AGAIN (the source could not list now), REMOTE
  *
  * OTE_OK stays OTE_OK, except in ERROR (a refusal without a reason: OTE_ERR_PROTOCOL);
  * code 0 with other bits set is OTE_ERR_PROTOCOL; any other code, any status with errno
@@ -210,6 +241,16 @@ ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, 
 ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st);
 
 const char *ote_ctl_opcode_str(uint16_t opcode);
+
+/* Whether name[0, len) is a valid registration name: 1..63 printable ASCII characters
+ * (0x20..0x7e). */
+int ote_ctl_buf_name_ok(const char *name, size_t len);
+/* Encode one BUFS entry into dst (OTE_CTL_BUF_ENTRY_LEN bytes). OTE_ERR_INVALID (nothing
+ * written) for an entry the decoder would refuse; an empty name is allowed. */
+ote_status_t ote_ctl_buf_put(uint8_t *dst, const ote_ctl_buf_t *b);
+/* Entry i of a decoded BUFS frame (the decoder checked them all). OTE_ERR_INVALID when m
+ * is not a BUFS frame or i >= its count. */
+ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *out);
 
 /*
  * The value of `key` in an advertisement "k1=v1;k2=v2" (HELLO_ACK info): OTE_OK with the

@@ -5,8 +5,9 @@
  *
  * The input is treated as a stream of frames, exactly as a connection's receive buffer
  * is: decode, skip the bulk data the frame announces, repeat. Every decoded message is
- * also re-encoded and decoded again (the round trip must agree), and HELLO / HELLO_ACK /
- * ERROR frames go through the handshake checks.
+ * also re-encoded and decoded again (the round trip must agree), HELLO / HELLO_ACK /
+ * ERROR frames go through the handshake checks, and every entry of a BUFS frame (buffer
+ * discovery) is read back and re-encoded to its own bytes.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +18,29 @@
 
 static void check(int cond) {
     if (!cond) __builtin_trap();
+}
+
+/* A decoded BUFS frame: every entry reads back valid and re-encodes to its own bytes. */
+static void check_bufs(const ote_ctl_msg_t *m, size_t used) {
+    if (m->status != OTE_OK) {
+        check(used == OTE_CTL_HDR_LEN);
+        return;
+    }
+    check(m->u.bufs.count <= OTE_CTL_BUFS_MAX && m->u.bufs.count <= m->u.bufs.total);
+    check(used == OTE_CTL_HDR_LEN + 8 + (size_t)m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN);
+    for (uint32_t i = 0; i < m->u.bufs.count; i++) {
+        ote_ctl_buf_t b;
+        check(ote_ctl_buf_get(m, i, &b) == OTE_OK);
+        size_t nl = strnlen(b.name, sizeof(b.name));
+        check(nl < sizeof(b.name));
+        check(nl == 0 || ote_ctl_buf_name_ok(b.name, nl));
+        check(b.len != 0 && b.addr <= UINT64_MAX - b.len && b.perms != 0);
+        uint8_t ent[OTE_CTL_BUF_ENTRY_LEN];
+        check(ote_ctl_buf_put(ent, &b) == OTE_OK);
+        check(memcmp(ent, m->u.bufs.entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, sizeof(ent)) == 0);
+    }
+    ote_ctl_buf_t b;
+    check(ote_ctl_buf_get(m, m->u.bufs.count, &b) == OTE_ERR_INVALID);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -44,6 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             st = ote_ctl_check_hello_ack(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
             if (st == OTE_OK) check(ver >= OTE_CTL_VERSION_MIN && ver <= OTE_CTL_VERSION_MAX);
         }
+        if (m.opcode == OTE_CTL_BUFS) check_bufs(&m, used);
 
         /* Round trip: what decodes must encode to the same header + body. */
         uint8_t *buf = malloc(used);

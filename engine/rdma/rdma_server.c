@@ -2,7 +2,8 @@
  * engine/rdma/rdma_server.c - the source side's control plane: the listener, its
  * acceptor thread, and one joinable thread per accepted control connection. Such a
  * thread alone waits on its connection; it accepts nothing but HELLO before the
- * handshake and only the negotiated version after it, answers INFO and NOTIFY, and hands
+ * handshake and only the negotiated version after it, answers INFO, NOTIFY and BUFS_REQ
+ * (buffer discovery: the engine's list, host->buffers), and hands
  * CONNECT and GRANT_REQ to the source side (rdma_source.c). Touches tp->lfd, tp->addr,
  * the acceptor and tp->sconns (under tp->mu), and the handshake fields of its own
  * connections.
@@ -57,6 +58,29 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
     return 0;
 }
 
+/* BUFS_REQ (buffer discovery): the engine's list, or BUFS with OTE_ERR_AGAIN. */
+static int server_buffers(conn_t *c, uint64_t req_id) {
+    rdma_tp_t *tp = c->tp;
+    uint8_t *frame = NULL;
+    size_t len = 0;
+    ote_status_t st = tp->host.buffers != NULL
+                          ? tp->host.buffers(tp->host.arg, c->version, req_id, &frame, &len)
+                          : OTE_ERR_REMOTE;
+    if (st == OTE_OK) {
+        st = ote__rdma_conn_send_raw(c, frame, len);
+        ote_free(frame);
+        return st == OTE_OK ? 0 : -1;
+    }
+    ote_free(frame);
+    ote_ctl_msg_t a;
+    memset(&a, 0, sizeof(a));
+    a.version = c->version;
+    a.opcode = OTE_CTL_BUFS;
+    a.req_id = req_id;
+    a.status = OTE_ERR_AGAIN;
+    return ote__rdma_conn_send(c, &a) == OTE_OK ? 0 : -1;
+}
+
 /* One frame after the handshake; 0 to go on, -1 to close the connection. */
 static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
     rdma_tp_t *tp = c->tp;
@@ -71,6 +95,7 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         a.status = st;
         return ote__rdma_conn_send(c, &a) == OTE_OK ? 0 : -1;
     }
+    if (m->opcode == OTE_CTL_BUFS_REQ) return server_buffers(c, m->req_id);
     if (m->opcode != OTE_CTL_RDMA) {
         OTE_WARN("rdma", "control from %s: unexpected %s frame: closing", c->peer_addr,
                  ote_ctl_opcode_str(m->opcode));

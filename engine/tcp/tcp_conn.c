@@ -108,8 +108,11 @@ void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why) {
             tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
             if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
             r->pin = NULL;
+            if (r->owned) ote_free((void *)r->data);
+            r->owned = 0;
         }
         c->rcount = 0;
+        c->bufs_queued = 0;
         if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
         c->rx_pin = NULL;
         /* The last connection of its session ends what the requester left open. */

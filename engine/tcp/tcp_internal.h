@@ -150,6 +150,7 @@ typedef struct {
     uint8_t hdr[OTE_CTL_HDR_LEN];
     uint8_t hdr_len;
     uint8_t close_after; /* close the connection once sent (handshake refusal) */
+    uint8_t owned;       /* data is an allocation of the response (BUFS): freed once sent */
     const uint8_t *data;
     uint32_t len;
     void *pin;       /* registration pinned until the data is sent */
@@ -170,6 +171,7 @@ struct tcp_conn {
     int out_wanted;   /* EPOLLOUT requested */
     int rx_paused;    /* source: EPOLLIN off (response cap reached, or closing) */
     int closing;      /* source: a close_after response is queued; parse nothing more */
+    int bufs_queued;  /* source: a BUFS answer waits to be sent; parse nothing until it is */
     uint64_t born_ns; /* source: accept time (handshake deadline) */
     uint64_t progress, progress_seen, progress_ns; /* bytes moved: a counter, its tick view */
 

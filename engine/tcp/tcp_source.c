@@ -58,9 +58,11 @@ int ote__tcp_src_payload_done(tcp_conn_t *c) {
 }
 
 /* Whether the source may take another request from c: not after a refusal that closes
- * the connection, and not while TCP_SRC_MAX_RESP responses wait to be sent. */
+ * the connection, not while TCP_SRC_MAX_RESP responses wait to be sent, and not while a
+ * BUFS answer (up to OTE_CTL_BUFS_MAX_BODY bytes) does: one list per connection is
+ * allocated at a time, however many BUFS_REQ a requester sends without reading. */
 int ote__tcp_src_may_parse(const tcp_conn_t *c) {
-    return !c->closing && c->rcount < TCP_SRC_MAX_RESP;
+    return !c->closing && c->rcount < TCP_SRC_MAX_RESP && c->bufs_queued == 0;
 }
 
 static void src_write(tcp_conn_t *c) {
@@ -105,6 +107,11 @@ static void src_write(tcp_conn_t *c) {
                 c->rtx_off = 0;
                 if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
                 r->pin = NULL;
+                if (r->owned) {
+                    ote_free((void *)r->data);
+                    c->bufs_queued--;
+                }
+                r->owned = 0;
                 int close_after = r->close_after;
                 c->rhead = (c->rhead + 1) % c->rcap;
                 c->rcount--;
@@ -246,6 +253,35 @@ static void src_refused(tcp_conn_t *c, const char *op, const ote_ctl_msg_t *m, o
                      c->from, ote_status_str(st));
 }
 
+/* BUFS_REQ (buffer discovery): the engine's list as a whole frame owned by the response. */
+static int src_buffers(tcp_conn_t *c, uint64_t id) {
+    tcp_t *tp = c->w->tp;
+    uint8_t *frame = NULL;
+    size_t len = 0;
+    ote_status_t st = tp->host.buffers != NULL
+                          ? tp->host.buffers(tp->host.arg, c->version, id, &frame, &len)
+                          : OTE_ERR_REMOTE;
+    if (st != OTE_OK || len > UINT32_MAX) {
+        ote_free(frame);
+        return src_respond(c, OTE_CTL_BUFS, id, OTE_ERR_AGAIN, NULL, 0, NULL);
+    }
+    tcp_resp_t *r = resp_push(c);
+    if (r == NULL) {
+        ote_free(frame);
+        OTE_ERROR("tcp", "out of memory queueing a response to %s: closing connection", c->from);
+        ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
+        return -1;
+    }
+    r->hdr_len = 0; /* the frame carries its own header */
+    r->id = id;
+    r->opcode = OTE_CTL_BUFS;
+    r->data = frame;
+    r->len = (uint32_t)len;
+    r->owned = 1;
+    c->bufs_queued++;
+    return 0;
+}
+
 int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     tcp_t *tp = c->w->tp;
     if (!c->handshaken) return src_handshake(c, m);
@@ -295,6 +331,7 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
             c->last_large = 0;
             st = tp->host.deliver_notify(tp->host.arg, c->from, m->u.notify.msg, m->u.notify.len);
             return src_respond(c, OTE_CTL_NOTIFY_ACK, m->req_id, st, NULL, 0, NULL);
+        case OTE_CTL_BUFS_REQ: c->last_large = 0; return src_buffers(c, m->req_id);
         default:
             OTE_WARN("control", "unexpected %s from requester %s: closing",
                      ote_ctl_opcode_str(m->opcode), c->from);

@@ -20,6 +20,7 @@ _engine.lib = _lib.load()
 library_path = _engine.lib.orbitte_path
 
 from .engine import (  # noqa: E402
+    MEM_HOST,
     NOTIFY_MAX,
     PERM_READ,
     PERM_RW,
@@ -28,6 +29,7 @@ from .engine import (  # noqa: E402
     STATES,
     WRITE,
     Batch,
+    BufferInfo,
     Engine,
     Notification,
     Registration,

@@ -68,6 +68,18 @@ class SegmentInfo(ctypes.Structure):
     ]
 
 
+class BufferInfo(ctypes.Structure):
+    """ote_buffer_info_t"""
+
+    _fields_ = [
+        ("name", ctypes.c_char * 64),
+        ("addr", ctypes.c_uint64),
+        ("length", ctypes.c_uint64),
+        ("perms", ctypes.c_uint),
+        ("kind", ctypes.c_uint32),
+    ]
+
+
 class TransferStatus(ctypes.Structure):
     """ote_transfer_status_t"""
 
@@ -89,10 +101,18 @@ _PROTOTYPES = {
     "ote_engine_destroy": (status_t, [c_void_p]),
     "ote_engine_address": (status_t, [c_void_p, ctypes.c_char_p, c_size_t]),
     "ote_memory_register": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.c_uint]),
+    "ote_memory_register_named": (
+        status_t,
+        [c_void_p, c_void_p, c_size_t, ctypes.c_uint, ctypes.c_char_p],
+    ),
     "ote_memory_unregister": (status_t, [c_void_p, c_void_p]),
     "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_close": (status_t, [c_void_p]),
     "ote_segment_info": (status_t, [c_void_p, ctypes.POINTER(SegmentInfo)]),
+    "ote_segment_buffers": (
+        status_t,
+        [c_void_p, ctypes.POINTER(BufferInfo), c_size_t, ctypes.POINTER(c_size_t)],
+    ),
     "ote_batch_create": (status_t, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
     "ote_batch_submit": (status_t, [c_void_p, ctypes.POINTER(Request), c_size_t]),
     "ote_batch_status": (status_t, [c_void_p, c_size_t, ctypes.POINTER(TransferStatus)]),

@@ -16,8 +16,15 @@ PERM_WRITE = 0x2  # peers may WRITE into it
 PERM_RW = PERM_READ | PERM_WRITE
 NOTIFY_MAX = 4096  # OTE_NOTIFY_MAX
 STATES = ("WAITING", "PENDING", "COMPLETED", "FAILED", "CANCELED", "TIMEOUT")
+MEM_HOST = 0  # OTE_MEM_HOST: the kind of host (CPU) memory
 _OTE_ERR_STATE = 13
 _OTE_ERR_TIMEOUT = 8
+_OTE_ERR_TOO_BIG = 11
+
+# One of a peer's registrations as Segment.buffers() lists it: name ("" when registered
+# without one), address (the peer's: a remote_addr), length, perms (PERM_*), kind
+# (MEM_HOST).
+BufferInfo = collections.namedtuple("BufferInfo", "name address length perms kind")
 _WAIT_SLICE_S = 0.5  # longest single C wait, so Ctrl-C is seen between two of them
 _CLOSE_WAIT_S = 60.0  # how long close() waits for canceled requests to end
 
@@ -123,6 +130,31 @@ class Segment:
         with self.engine._lock:
             check(lib.ote_segment_info(self.handle, ctypes.byref(info)), "ote_segment_info")
         return info.transport.decode()
+
+    def buffers(self):
+        """The peer's registrations now, as a list of BufferInfo sorted by address (each
+        call asks the peer again: ote_segment_buffers)."""
+        cap = 16
+        for _ in range(8):  # the list may grow between two calls; retry a few times
+            arr = (_lib.BufferInfo * cap)()
+            n = ctypes.c_size_t()
+            with self.engine._lock:
+                st = lib.ote_segment_buffers(self.handle, arr, cap, ctypes.byref(n))
+            if st == _OTE_ERR_TOO_BIG and n.value > cap:
+                cap = n.value + 16
+                continue
+            check(st, "ote_segment_buffers(%s)" % self.peer)
+            return [BufferInfo(b.name.decode("ascii"), b.addr, b.length, b.perms, b.kind)
+                    for b in arr[:n.value]]
+        check(_OTE_ERR_TOO_BIG, "ote_segment_buffers(%s): the list kept growing" % self.peer)
+
+    def buffer(self, name):
+        """The peer's registration called `name` (a BufferInfo), asked now; KeyError if
+        the peer has none by that name."""
+        for b in self.buffers():
+            if name and b.name == name:
+                return b
+        raise KeyError("peer %s has no registration named %r" % (self.peer, name))
 
     def close(self):
         with self.engine._lock:
@@ -328,13 +360,16 @@ class Engine:
         """Register memory for peers: a buffer-protocol object (numpy array, bytearray,
         memoryview; one contiguous run, writable when perms has PERM_WRITE), an object
         with data_ptr() (a torch tensor) or a raw address with its length. The object is
-        referenced until unregistered. `name` is kept on the Registration."""
+        referenced until unregistered. `name` (1..63 printable ASCII characters, unique
+        in this engine) is what peers see in Segment.buffers(); None registers without."""
         obj = buffer_or_address
+        cname = None if name is None else str(name).encode("utf-8")
         addr, n, view = _resolve(obj, length, writable=bool(perms & PERM_WRITE))
         try:
             with self._lock:
-                check(lib.ote_memory_register(self.handle, addr, n, perms),
-                      "ote_memory_register(0x%x, %d)" % (addr, n))
+                check(lib.ote_memory_register_named(self.handle, addr, n, perms, cname),
+                      "ote_memory_register(0x%x, %d%s)" % (
+                          addr, n, "" if name is None else ", name=%r" % name))
                 reg = Registration(self, addr, n, perms, name, obj, view)
                 self._registrations[addr] = reg
                 view = None

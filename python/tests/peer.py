@@ -11,6 +11,10 @@ both SIZE bytes filled with pattern(SIZE, seed 1) and pattern(SIZE, seed 2). Com
     send PEER HEX          ote_notify_send the bytes to PEER ("host:port")
     write PEER ADDR N SEED WRITE pattern(N, SEED) to PEER's ADDR (answers {"ok"} or the error)
     read PEER ADDR N 0     READ N bytes from PEER's ADDR: {"digest"} or the error name
+    reg NAME SEED          register a new array pattern(SIZE, SEED) READ|WRITE as NAME:
+                           {"address"} or the error name
+    unreg NAME             unregister the array registered as NAME: {"ok"} or the error
+    digestof NAME          sha256 of the array registered as NAME
     quit                   close the engine and exit 0
 """
 
@@ -39,6 +43,7 @@ def main():
             sys.stdout.write(json.dumps(obj) + "\n")
             sys.stdout.flush()
 
+        named = {"rw": reg_rw, "ro": reg_ro}
         say({"address": eng.address, "rw": reg_rw.address, "ro": reg_ro.address, "size": size})
         for line in sys.stdin:
             cmd = line.split()
@@ -68,6 +73,22 @@ def main():
                     say({"error": e.name})
                     continue
                 say({"ok": True, "digest": hashlib.sha256(buf.tobytes()).hexdigest()})
+            elif cmd[0] == "reg":
+                try:
+                    named[cmd[1]] = eng.register(pattern(size, int(cmd[2])), name=cmd[1])
+                except orbitte.OrbitteError as e:
+                    say({"error": e.name})
+                    continue
+                say({"address": named[cmd[1]].address})
+            elif cmd[0] == "unreg":
+                try:
+                    named.pop(cmd[1]).unregister()
+                except orbitte.OrbitteError as e:
+                    say({"error": e.name})
+                    continue
+                say({"ok": True})
+            elif cmd[0] == "digestof":
+                say({"digest": hashlib.sha256(named[cmd[1]].obj.tobytes()).hexdigest()})
             elif cmd[0] == "quit":
                 break
             else:

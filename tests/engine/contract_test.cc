@@ -3,8 +3,8 @@
 // moves no byte; a peer killed mid-batch ends every unfinished request OTE_ERR_PEER_LOST
 // (never CANCELED or FENCED); cancel stops WRITE and READ work not on the wire yet; a
 // requester that dies releases the source's pins at once; a range is free to unregister
-// the moment the requester saw COMPLETED (its notification arrived); and none of this
-// floods the log. Each test prints the figure it observed ("[ figures ]" lines).
+// the moment the requester saw COMPLETED (its notification arrived); buffer discovery
+// follows the target's registrations; and none of this floods the log. Each test prints the figure it observed ("[ figures ]" lines).
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
@@ -58,6 +58,11 @@ class ContractTest : public ote_test::TargetE2eTest,
         return n;
     }
     // Submit n requests of len bytes (op) at rw + (i % spread) * len from one local buffer.
+    size_t list_size() {
+        size_t n = 0;
+        EXPECT_EQ(ote_segment_buffers(seg_, nullptr, 0, &n), OTE_ERR_TOO_BIG);
+        return n;
+    }
     ote_batch_t *Submit(ote_opcode_t op, uint8_t *local, size_t len, int n, int spread) {
         ote_batch_t *b = nullptr;
         EXPECT_EQ(ote_batch_create(engine_, n, &b), OTE_OK);
@@ -326,6 +331,92 @@ TEST_P(ContractTest, UnregisterOnTheNotificationSucceeds) {
         EXPECT_EQ(target_.Command("rereg rw"), "ST 0");
         EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     }
+}
+
+// Buffer discovery (ote_segment_buffers) over every transport: the target's named buffers
+// as it registered them; one unregistered disappears on the next call and comes back
+// when registered again; a transfer by name lands; the discovered address used after
+// the target unregistered it fails OTE_ERR_ACCESS and touches nothing; a cap too small
+// says how many are needed.
+TEST_P(ContractTest, DiscoveredBuffersFollowTheTargetsRegistrations) {
+    auto list = [&]() {
+        std::vector<ote_buffer_info_t> out(16);
+        size_t n = 0;
+        EXPECT_EQ(ote_segment_buffers(seg_, out.data(), out.size(), &n), OTE_OK);
+        out.resize(n);
+        return out;
+    };
+    auto find = [](const std::vector<ote_buffer_info_t> &l, const char *name) {
+        for (const auto &b : l)
+            if (std::strcmp(b.name, name) == 0) return b;
+        return ote_buffer_info_t{};
+    };
+    auto l = list();
+    ASSERT_EQ(l.size(), 3u);
+    const struct {
+        const char *name;
+        uint64_t addr, len;
+        unsigned perms;
+    } want[] = {{"rw", target_.rw, target_.rw_len, OTE_PERM_READ | OTE_PERM_WRITE},
+                {"ro", target_.ro, target_.ro_len, OTE_PERM_READ},
+                {"wo", target_.wo, target_.wo_len, OTE_PERM_WRITE}};
+    for (const auto &w : want) {
+        ote_buffer_info_t b = find(l, w.name);
+        EXPECT_EQ(b.addr, w.addr) << w.name;
+        EXPECT_EQ(b.length, w.len) << w.name;
+        EXPECT_EQ(b.perms, w.perms) << w.name;
+        EXPECT_EQ(b.kind, (uint32_t)OTE_MEM_HOST) << w.name;
+    }
+    size_t n = 0;
+    std::vector<ote_buffer_info_t> two(2);
+    EXPECT_EQ(ote_segment_buffers(seg_, two.data(), two.size(), &n), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(n, 3u);
+
+    // A WRITE into "wo" found by name: the bytes are there.
+    ote_buffer_info_t wo = find(l, "wo");
+    ASSERT_NE(wo.addr, 0u);
+    std::vector<uint8_t> src(wo.length / 2);
+    ote_pattern_fill(src.data(), src.size(), 77, 0);
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), wo.addr + 100, src.size()), OTE_OK);
+    EXPECT_EQ(target_.Hash("wo", 100, src.size()), ote_hash(src.data(), src.size()));
+
+    // The target unregisters "wo": gone from the next list; the stale address is refused.
+    ASSERT_EQ(target_.Command("unreg wo"), "ST 0");
+    l = list();
+    EXPECT_EQ(l.size(), 2u);
+    EXPECT_EQ(find(l, "wo").addr, 0u) << "an unregistered buffer is still listed";
+    uint64_t before = target_.Hash("wo", 0, target_.wo_len);
+    std::vector<uint8_t> other(64u << 10, 0x6B);
+    ote_transfer_status_t ts;
+    EXPECT_NE(Transfer(OTE_WRITE, other.data(), wo.addr, other.size(), &ts), OTE_OK);
+    EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_ACCESS) << ote_status_str(ts.error);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    EXPECT_EQ(target_.Hash("wo", 0, target_.wo_len), before) << "a stale WRITE landed";
+    // Registered again: listed again, and usable.
+    ASSERT_EQ(target_.Command("rereg wo"), "ST 0");
+    l = list();
+    EXPECT_EQ(l.size(), 3u);
+    EXPECT_EQ(find(l, "wo").addr, target_.wo);
+    EXPECT_EQ(Transfer(OTE_WRITE, other.data(), target_.wo, other.size()), OTE_OK);
+    EXPECT_EQ(target_.Hash("wo", 0, other.size()), ote_hash(other.data(), other.size()));
+}
+
+// A target that died: the next listing fails with a peer-scope status, by its deadline.
+TEST_P(ContractTest, DiscoveryOfADeadTargetFailsByTheDeadline) {
+    ASSERT_EQ(list_size(), 3u);
+    target_.Kill();
+    std::vector<ote_buffer_info_t> out(4);
+    size_t n = 999;
+    uint64_t t0 = ote_now_ns();
+    ote_status_t st = ote_segment_buffers(seg_, out.data(), out.size(), &n);
+    uint64_t took = ote_now_ns() - t0;
+    int code = ote_status_code(st);
+    EXPECT_TRUE(code == OTE_ERR_CONNECT || code == OTE_ERR_PEER_LOST || code == OTE_ERR_TIMEOUT)
+        << ote_status_str(st);
+    EXPECT_EQ(n, 999u);
+    EXPECT_LT(took, 60 * kSec);
+    std::printf("[ figures ] %s: listing a dead target: %s after %.1f ms\n", Tp(),
+                ote_status_str(st), took / 1e6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ContractTest,

@@ -1,7 +1,9 @@
 // Unit tests of the control-plane codec and handshake checks.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "tests/util/test_base.h"
@@ -328,6 +330,196 @@ TEST_F(ControlTest, PeerStatusAdmitsOnlyWhatEachAnswerMayCarry) {
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_ERR_AGAIN), OTE_ERR_REMOTE);
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_OK), OTE_ERR_PROTOCOL);
     EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_HELLO, OTE_ERR_ACCESS), OTE_ERR_REMOTE);
+}
+
+// ---- buffer discovery: BUFS_REQ / BUFS ---------------------------------------------
+
+ote_ctl_buf_t Buf(uint64_t addr, uint64_t len, uint32_t perms, const char *name) {
+    ote_ctl_buf_t b{};
+    b.addr = addr;
+    b.len = len;
+    b.perms = perms;
+    b.kind = 0;
+    std::snprintf(b.name, sizeof(b.name), "%s", name);
+    return b;
+}
+
+// A BUFS frame of the given entries (total = entries unless given).
+std::vector<uint8_t> BufsFrame(const std::vector<ote_ctl_buf_t> &bufs, uint32_t total = 0) {
+    std::vector<uint8_t> ent(bufs.size() * OTE_CTL_BUF_ENTRY_LEN);
+    for (size_t i = 0; i < bufs.size(); i++)
+        EXPECT_EQ(ote_ctl_buf_put(ent.data() + i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]), OTE_OK);
+    ote_ctl_msg_t m{};
+    m.version = 2;
+    m.opcode = OTE_CTL_BUFS;
+    m.req_id = 41;
+    m.u.bufs.total = total ? total : static_cast<uint32_t>(bufs.size());
+    m.u.bufs.count = static_cast<uint32_t>(bufs.size());
+    m.u.bufs.entries = ent.data();
+    std::vector<uint8_t> out(OTE_CTL_HDR_LEN + OTE_CTL_BUFS_MAX_BODY);
+    size_t len = 0;
+    EXPECT_EQ(ote_ctl_encode(&m, out.data(), out.size(), &len), OTE_OK);
+    out.resize(len);
+    return out;
+}
+
+TEST_F(ControlTest, BufsRoundTrip) {
+    ote_ctl_msg_t out{};
+    size_t used = 0;
+    uint8_t hdr[OTE_CTL_HDR_LEN];
+    ote_ctl_put_hdr(hdr, 2, OTE_CTL_BUFS_REQ, 40, OTE_OK, 0);
+    ASSERT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_OK);
+    EXPECT_EQ(out.opcode, OTE_CTL_BUFS_REQ);
+    EXPECT_EQ(out.req_id, 40u);
+    EXPECT_EQ(used, sizeof(hdr));
+    EXPECT_STREQ(ote_ctl_opcode_str(OTE_CTL_BUFS_REQ), "BUFS_REQ");
+    EXPECT_STREQ(ote_ctl_opcode_str(OTE_CTL_BUFS), "BUFS");
+
+    std::string longest(OTE_CTL_BUF_NAME_LEN - 1, 'k');
+    std::vector<ote_ctl_buf_t> in = {Buf(0x1000, 4096, 3, "kv cache/layer-0"),
+                                     Buf(0x7f0000000000ull, 1ull << 40, 1, ""),
+                                     Buf(UINT64_MAX - 10, 10, 2, longest.c_str())};
+    auto f = BufsFrame(in, 7);
+    EXPECT_EQ(f.size(), OTE_CTL_HDR_LEN + 8 + 3 * OTE_CTL_BUF_ENTRY_LEN);
+    ASSERT_EQ(ote_ctl_decode(f.data(), f.size(), &out, &used), OTE_OK);
+    EXPECT_EQ(used, f.size());
+    EXPECT_EQ(out.data_len, 0u);
+    EXPECT_EQ(out.req_id, 41u);
+    EXPECT_EQ(out.u.bufs.total, 7u);
+    ASSERT_EQ(out.u.bufs.count, 3u);
+    for (uint32_t i = 0; i < 3; i++) {
+        ote_ctl_buf_t b{};
+        ASSERT_EQ(ote_ctl_buf_get(&out, i, &b), OTE_OK);
+        EXPECT_EQ(b.addr, in[i].addr);
+        EXPECT_EQ(b.len, in[i].len);
+        EXPECT_EQ(b.perms, in[i].perms);
+        EXPECT_EQ(b.kind, 0u);
+        EXPECT_STREQ(b.name, in[i].name);
+    }
+    ote_ctl_buf_t b{};
+    EXPECT_EQ(ote_ctl_buf_get(&out, 3, &b), OTE_ERR_INVALID);
+    // Re-encoding the decoded frame gives the same bytes.
+    std::vector<uint8_t> again(f.size());
+    size_t len = 0;
+    ASSERT_EQ(ote_ctl_encode(&out, again.data(), again.size(), &len), OTE_OK);
+    EXPECT_EQ(again, f);
+    // An empty list, and a refusal without a body.
+    auto empty = BufsFrame({});
+    ASSERT_EQ(ote_ctl_decode(empty.data(), empty.size(), &out, &used), OTE_OK);
+    EXPECT_EQ(out.u.bufs.count, 0u);
+    ote_ctl_put_hdr(hdr, 2, OTE_CTL_BUFS, 41, OTE_ERR_AGAIN, 0);
+    ASSERT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_OK);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_BUFS, out.status), OTE_ERR_AGAIN);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_BUFS, OTE_ERR_BUSY), OTE_ERR_REMOTE);
+    EXPECT_EQ(ote_ctl_buf_get(&out, 0, &b), OTE_ERR_INVALID);
+    // Every prefix of a frame needs more.
+    for (size_t n = 4; n < f.size(); n++)
+        EXPECT_EQ(ote_ctl_decode(f.data(), n, &out, &used), OTE_ERR_AGAIN) << n;
+}
+
+TEST_F(ControlTest, MalformedBufsFramesAreRejected) {
+    ote_ctl_msg_t out{};
+    size_t used = 0;
+    auto good = BufsFrame({Buf(0x1000, 64, 3, "a"), Buf(0x2000, 64, 1, "b")});
+    const size_t e0 = OTE_CTL_HDR_LEN + 8, e1 = e0 + OTE_CTL_BUF_ENTRY_LEN;
+    auto expect_bad = [&](std::vector<uint8_t> f, const char *what) {
+        EXPECT_EQ(ote_ctl_decode(f.data(), f.size(), &out, &used), OTE_ERR_PROTOCOL) << what;
+    };
+    auto f = good;
+    Put32(f, OTE_CTL_HDR_LEN + 4, 3); // count larger than the payload (and than total)
+    expect_bad(f, "count > payload");
+    f = good;
+    Put32(f, OTE_CTL_HDR_LEN, 3);
+    Put32(f, OTE_CTL_HDR_LEN + 4, 3);
+    expect_bad(f, "count > payload, total agrees");
+    f = good;
+    Put32(f, OTE_CTL_HDR_LEN, 1); // count > total
+    expect_bad(f, "count > total");
+    f = good; // body shorter than its entries: the length field says one entry less
+    Put32(f, 20, 8 + OTE_CTL_BUF_ENTRY_LEN);
+    f.resize(OTE_CTL_HDR_LEN + 8 + OTE_CTL_BUF_ENTRY_LEN);
+    expect_bad(f, "truncated list");
+    f = good; // a body too short for total and count
+    Put32(f, 20, 4);
+    f.resize(OTE_CTL_HDR_LEN + 4);
+    expect_bad(f, "body < 8");
+    f = good; // name without a NUL (64 characters)
+    memset(f.data() + e1 + 24, 'x', OTE_CTL_BUF_NAME_LEN);
+    expect_bad(f, "name without NUL");
+    f = good; // garbage after the name's NUL
+    f[e1 + 24 + 10] = 'y';
+    expect_bad(f, "padding not NUL");
+    f = good; // a control character in the name
+    f[e0 + 24] = '\n';
+    expect_bad(f, "unprintable name");
+    f = good;
+    f[e0 + 24] = static_cast<uint8_t>(0xc3);
+    expect_bad(f, "non-ASCII name");
+    f = good; // zero length, wrapping range, bad perms, unknown kind
+    memset(f.data() + e0 + 8, 0, 8);
+    expect_bad(f, "zero length");
+    f = good;
+    memset(f.data() + e0, 0xff, 8);
+    expect_bad(f, "range wraps");
+    f = good;
+    Put32(f, e0 + 16, 0);
+    expect_bad(f, "no perms");
+    f = good;
+    Put32(f, e0 + 16, 4);
+    expect_bad(f, "unknown perm bit");
+    f = good;
+    Put32(f, e0 + 20, OTE_CTL_BUF_KIND_MAX + 1);
+    expect_bad(f, "kind out of range");
+    f = good; // an error status with a body
+    Put32(f, 16, OTE_ERR_AGAIN);
+    expect_bad(f, "error with body");
+    // A request with a body or a status.
+    uint8_t hdr[OTE_CTL_HDR_LEN + 4] = {};
+    ote_ctl_put_hdr(hdr, 2, OTE_CTL_BUFS_REQ, 1, OTE_OK, 4);
+    EXPECT_EQ(ote_ctl_decode(hdr, sizeof(hdr), &out, &used), OTE_ERR_PROTOCOL);
+    ote_ctl_put_hdr(hdr, 2, OTE_CTL_BUFS_REQ, 1, OTE_ERR_ACCESS, 0);
+    EXPECT_EQ(ote_ctl_decode(hdr, OTE_CTL_HDR_LEN, &out, &used), OTE_ERR_PROTOCOL);
+    // Over the entry cap: too big before any byte of the body is looked at.
+    ote_ctl_put_hdr(hdr, 2, OTE_CTL_BUFS, 1, OTE_OK, OTE_CTL_BUFS_MAX_BODY + 1);
+    EXPECT_EQ(ote_ctl_decode(hdr, OTE_CTL_HDR_LEN, &out, &used), OTE_ERR_TOO_BIG);
+    std::vector<uint8_t> huge(OTE_CTL_HDR_LEN + OTE_CTL_BUFS_MAX_BODY + OTE_CTL_BUF_ENTRY_LEN);
+    ote_ctl_put_hdr(huge.data(), 2, OTE_CTL_BUFS, 1, OTE_OK,
+                    OTE_CTL_BUFS_MAX_BODY + OTE_CTL_BUF_ENTRY_LEN);
+    EXPECT_EQ(ote_ctl_decode(huge.data(), huge.size(), &out, &used), OTE_ERR_TOO_BIG);
+    // The largest list decodes.
+    std::vector<ote_ctl_buf_t> many;
+    for (uint32_t i = 0; i < OTE_CTL_BUFS_MAX; i++)
+        many.push_back(Buf(4096ull * (i + 1), 64, 3, ""));
+    auto full = BufsFrame(many, OTE_CTL_BUFS_MAX + 5);
+    ASSERT_EQ(ote_ctl_decode(full.data(), full.size(), &out, &used), OTE_OK);
+    EXPECT_EQ(out.u.bufs.count, OTE_CTL_BUFS_MAX);
+    // The encoder refuses what the decoder would.
+    uint8_t ent[OTE_CTL_BUF_ENTRY_LEN];
+    ote_ctl_buf_t bad = Buf(0x1000, 0, 3, "z");
+    EXPECT_EQ(ote_ctl_buf_put(ent, &bad), OTE_ERR_INVALID);
+    bad = Buf(0x1000, 8, 8, "z");
+    EXPECT_EQ(ote_ctl_buf_put(ent, &bad), OTE_ERR_INVALID);
+    bad = Buf(0x1000, 8, 1, "tab\there");
+    EXPECT_EQ(ote_ctl_buf_put(ent, &bad), OTE_ERR_INVALID);
+    memset(bad.name, 'q', sizeof(bad.name)); // no NUL
+    EXPECT_EQ(ote_ctl_buf_put(ent, &bad), OTE_ERR_INVALID);
+    ote_ctl_msg_t m{};
+    m.version = 2;
+    m.opcode = OTE_CTL_BUFS;
+    m.u.bufs.total = OTE_CTL_BUFS_MAX + 1;
+    m.u.bufs.count = OTE_CTL_BUFS_MAX + 1;
+    m.u.bufs.entries = huge.data();
+    size_t len = 0;
+    EXPECT_EQ(ote_ctl_encode(&m, huge.data(), huge.size(), &len), OTE_ERR_INVALID);
+    m.u.bufs.total = 1;
+    m.u.bufs.count = 2;
+    EXPECT_EQ(ote_ctl_encode(&m, huge.data(), huge.size(), &len), OTE_ERR_INVALID);
+    // Names: 1..63 printable ASCII characters.
+    EXPECT_TRUE(ote_ctl_buf_name_ok("a", 1));
+    EXPECT_TRUE(ote_ctl_buf_name_ok("~ !", 3));
+    EXPECT_FALSE(ote_ctl_buf_name_ok("", 0));
+    EXPECT_FALSE(ote_ctl_buf_name_ok(std::string(64, 'a').c_str(), 64));
+    EXPECT_FALSE(ote_ctl_buf_name_ok("a\x7f", 2));
 }
 
 } // namespace

@@ -1,6 +1,7 @@
 /*
  * tests/engine/ote_target.c - the target engine of the end-to-end tests, run as a child
- * process. It registers three buffers, prints one READY line on stdout and then obeys
+ * process. It registers three buffers under their names ("rw", "ro", "wo": what buffer
+ * discovery lists), prints one READY line on stdout and then obeys
  * one command per stdin line (answering one line each):
  *
  *   READY <address> <rw_addr> <rw_len> <ro_addr> <ro_len> <wo_addr> <wo_len>
@@ -11,7 +12,7 @@
  *                                      (hash of rw[off, off+len) taken on arrival)
  *   recvunreg <timeout_ms>          -> ST <recv code> <unregister code of rw>  the unregister
  *                                      called the moment the notification is received
- *   rereg <rw|ro|wo>                -> ST <code>       register it again (same perms)
+ *   rereg <rw|ro|wo>                -> ST <code>       register it again (same perms, name)
  *   unregloop <ms>                  -> ST <ok> <busy>  unregister rw again and again for ms
  *                                      (registering it again after each success)
  *   pull <host:port> <addr> <len> <n> -> STARTED | ST <code>  n READs of len bytes at addr
@@ -99,7 +100,9 @@ int main(int argc, char **argv) {
         if (m == MAP_FAILED) return 4;
         bufs[i].p = m;
         ote_pattern_fill(bufs[i].p, bufs[i].len, (uint64_t)(i + 1), 0);
-        if (ote_memory_register(e, bufs[i].p, bufs[i].len, bufs[i].perms) != OTE_OK) return 5;
+        if (ote_memory_register_named(e, bufs[i].p, bufs[i].len, bufs[i].perms, bufs[i].name) !=
+            OTE_OK)
+            return 5;
     }
     char addr[300];
     if (ote_engine_address(e, addr, sizeof(addr)) != OTE_OK) return 6;
@@ -149,7 +152,8 @@ int main(int argc, char **argv) {
                 st = ote_memory_unregister(e, bufs[0].p);
                 if (st == OTE_OK) {
                     ok++;
-                    if (ote_memory_register(e, bufs[0].p, bufs[0].len, bufs[0].perms) != OTE_OK)
+                    if (ote_memory_register_named(e, bufs[0].p, bufs[0].len, bufs[0].perms,
+                                                  bufs[0].name) != OTE_OK)
                         return 8;
                 } else {
                     busy++;
@@ -162,7 +166,7 @@ int main(int argc, char **argv) {
                      a + (unsigned long long)(t0.tv_nsec / 1000000));
             printf("ST %llu %llu\n", ok, busy);
         } else if (strcmp(cmd, "rereg") == 0 && bf) {
-            printf("ST %d\n", ote_memory_register(e, bf->p, bf->len, bf->perms));
+            printf("ST %d\n", ote_memory_register_named(e, bf->p, bf->len, bf->perms, bf->name));
         } else if (strcmp(cmd, "pull") == 0) {
             printf("%s\n", pull(e, line, &bufs[0]));
         } else {

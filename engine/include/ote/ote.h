@@ -112,6 +112,15 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
 ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
 ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
 
+/* The same with a name that peers see in ote_segment_buffers: 1..OTE_NAME_MAX printable
+ * ASCII characters (0x20..0x7e), NUL-terminated, else OTE_ERR_INVALID; unique among this
+ * engine's live registrations, else OTE_ERR_EXISTS (and nothing is registered).
+ * Unregistering frees the name. name NULL registers without a name (as
+ * ote_memory_register does). */
+#define OTE_NAME_MAX 63
+ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t len, unsigned perms,
+                                       const char *name);
+
 /* ---- segments ---------------------------------------------------------------------- */
 /* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
  * segment can be opened again; a later open reconnects. */
@@ -129,6 +138,36 @@ typedef struct {
     char peer[272];
 } ote_segment_info_t;
 ote_status_t ote_segment_info(ote_segment_t *seg, ote_segment_info_t *info_out);
+
+/* ---- discovery ---------------------------------------------------------------------
+ * ote_segment_buffers asks the peer now (one request on a short connection to its
+ * listener, whatever transport the segment uses, all within connect_timeout_ms) for its
+ * registrations: every live one, named or not (name "" when registered without one),
+ * sorted by address. Each call asks again: a registration made or removed at the peer
+ * is seen by the next call. An address the peer has unregistered since fails in a
+ * transfer with OTE_ERR_ACCESS and touches nothing there.
+ *
+ * cap entries fit in out. OTE_OK: *count_out entries written. OTE_ERR_TOO_BIG: the peer
+ * has more than cap; *count_out = how many it listed, out unchanged (call again with
+ * that many, the list may have changed meanwhile). A peer with more than
+ * OTE_BUFFERS_MAX registrations lists its OTE_BUFFERS_MAX lowest addresses only.
+ * Failures: OTE_ERR_CONNECT / OTE_ERR_TIMEOUT / OTE_ERR_PEER_LOST (the peer is gone or
+ * did not answer by the deadline), OTE_ERR_UNSUPPORTED (a peer whose engine does not
+ * publish its registrations), OTE_ERR_PROTOCOL (a malformed answer), OTE_ERR_AGAIN or
+ * OTE_ERR_REMOTE (the peer could not list them). */
+#define OTE_BUFFERS_MAX 2048
+typedef enum {
+    OTE_MEM_HOST = 0, /* host (CPU) memory: the only kind today */
+} ote_mem_kind_t;
+typedef struct {
+    char name[OTE_NAME_MAX + 1]; /* NUL-terminated; "" when registered without a name */
+    uint64_t addr;               /* the peer's address: ote_request_t.remote_addr */
+    uint64_t length;
+    unsigned perms; /* OTE_PERM_READ / OTE_PERM_WRITE */
+    uint32_t kind;  /* ote_mem_kind_t */
+} ote_buffer_info_t;
+ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, size_t cap,
+                                 size_t *count_out);
 
 /* ---- transfers --------------------------------------------------------------------- */
 typedef enum {
