@@ -172,8 +172,6 @@ ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_
  * peer's advertisement copied into info (cap bytes, NUL-terminated). */
 ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t dl, int *fd_out,
                                uint16_t *version_out, char *info, size_t cap);
-/* Send (out 1) or receive exactly len bytes on a non-blocking fd by dl. */
-ote_status_t ote__router_xfer(int fd, uint8_t *b, size_t len, int out, ote_deadline_t dl);
 /* host->query_info (arg: the engine). */
 ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size_t cap);
 /* mem_(un)register of every transport (all or none for register). */

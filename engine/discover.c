@@ -13,6 +13,7 @@
 #include "base/le.h"
 #include "base/log.h"
 #include "engine/control/ctl.h"
+#include "engine/control/sock.h"
 #include "engine/core_internal.h"
 
 #define DISCOVER_REQ_ID 1u
@@ -23,8 +24,8 @@ static ote_status_t ask_buffers(int fd, uint16_t ver, ote_deadline_t dl, uint8_t
                                 ote_ctl_msg_t *m) {
     uint8_t hdr[OTE_CTL_HDR_LEN];
     ote_ctl_put_hdr(hdr, ver, OTE_CTL_BUFS_REQ, DISCOVER_REQ_ID, OTE_OK, 0);
-    ote_status_t st = ote__router_xfer(fd, hdr, sizeof(hdr), 1, dl);
-    if (st == OTE_OK) st = ote__router_xfer(fd, hdr, sizeof(hdr), 0, dl);
+    ote_status_t st = ote_ctl_send_all(fd, hdr, sizeof(hdr), dl);
+    if (st == OTE_OK) st = ote_ctl_recv_all(fd, hdr, sizeof(hdr), dl);
     if (st != OTE_OK) return st;
     uint32_t body = ote_le_get32(hdr + 20);
     if (ote_le_get16(hdr + 6) != OTE_CTL_BUFS || body > OTE_CTL_BUFS_MAX_BODY)
@@ -32,7 +33,7 @@ static ote_status_t ask_buffers(int fd, uint16_t ver, ote_deadline_t dl, uint8_t
     uint8_t *f = ote_malloc(OTE_CTL_HDR_LEN + (size_t)body);
     if (f == NULL) return OTE_ERR_NOMEM;
     memcpy(f, hdr, sizeof(hdr));
-    st = ote__router_xfer(fd, f + OTE_CTL_HDR_LEN, body, 0, dl);
+    st = ote_ctl_recv_all(fd, f + OTE_CTL_HDR_LEN, body, dl);
     size_t used = 0;
     if (st == OTE_OK) {
         st = ote_ctl_decode(f, OTE_CTL_HDR_LEN + (size_t)body, m, &used);

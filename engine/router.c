@@ -30,7 +30,6 @@
  * the advertised boot id, so a test can make two engines of one host look like two hosts.
  */
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +41,7 @@
 #include "base/le.h"
 #include "base/log.h"
 #include "engine/control/ctl.h"
+#include "engine/control/sock.h"
 #include "engine/core_internal.h"
 
 static int list_has(const char *list, const char *name) {
@@ -184,36 +184,6 @@ ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr) {
     return OTE_OK;
 }
 
-static ote_status_t wait_fd(int fd, short events, ote_deadline_t dl) {
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int ms = ote_deadline_remaining_ms(dl, 1000);
-        if (ms == 0 && ote_deadline_expired(dl)) return OTE_ERR_TIMEOUT;
-        int r = poll(&p, 1, ms);
-        if (r > 0) return OTE_OK;
-        if (r < 0 && errno != EINTR) return ote_status_from_errno(errno);
-    }
-}
-
-ote_status_t ote__router_xfer(int fd, uint8_t *b, size_t len, int out, ote_deadline_t dl) {
-    while (len > 0) {
-        ssize_t r =
-            out ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
-        if (r > 0) {
-            b += r;
-            len -= (size_t)r;
-            continue;
-        }
-        if (r == 0) return OTE_ERR_PEER_LOST;
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return ote_status_make(OTE_ERR_PEER_LOST, errno);
-        ote_status_t st = wait_fd(fd, out ? POLLOUT : POLLIN, dl);
-        if (st != OTE_OK) return st;
-    }
-    return OTE_OK;
-}
-
 static ote_status_t info_connect(const char *peer, ote_deadline_t dl, int *fd_out) {
     struct sockaddr_storage ss;
     socklen_t sl;
@@ -221,19 +191,12 @@ static ote_status_t info_connect(const char *peer, ote_deadline_t dl, int *fd_ou
     if (st != OTE_OK) return st;
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return ote_status_from_errno(errno);
-    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
-        int err = errno;
-        if (err == EINPROGRESS) {
-            socklen_t el = sizeof(err);
-            st = wait_fd(fd, POLLOUT, dl);
-            if (st == OTE_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
-        }
-        if (st != OTE_OK || err != 0) {
-            OTE_WARN("engine", "connect to %s failed: %s", peer,
-                     st != OTE_OK ? "timed out" : strerror(err));
-            close(fd);
-            return st != OTE_OK ? OTE_ERR_TIMEOUT : ote_status_make(OTE_ERR_CONNECT, err);
-        }
+    st = ote_ctl_connect(fd, (struct sockaddr *)&ss, sl, dl);
+    if (st != OTE_OK) {
+        OTE_WARN("engine", "connect to %s failed: %s", peer,
+                 st == OTE_ERR_TIMEOUT ? "timed out" : strerror(ote_status_errno(st)));
+        close(fd);
+        return st;
     }
     *fd_out = fd;
     return OTE_OK;
@@ -257,15 +220,11 @@ ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t
     m.u.hello.role = OTE_CTL_ROLE_INFO;
     m.u.hello.addr = e->self_addr;
     m.u.hello.addr_len = (uint32_t)strlen(e->self_addr);
-    size_t len = 0, used = 0;
+    size_t len = 0;
     st = ote_ctl_encode(&m, buf, sizeof(buf), &len);
-    if (st == OTE_OK) st = ote__router_xfer(fd, buf, len, 1, dl);
-    if (st == OTE_OK) st = ote__router_xfer(fd, buf, OTE_CTL_HDR_LEN, 0, dl);
+    if (st == OTE_OK) st = ote_ctl_send_all(fd, buf, len, dl);
     if (st == OTE_OK) {
-        uint32_t body = ote_le_get32(buf + 20);
-        st = body > OTE_CTL_MAX_BODY ? OTE_ERR_PROTOCOL
-                                     : ote__router_xfer(fd, buf + OTE_CTL_HDR_LEN, body, 0, dl);
-        if (st == OTE_OK) st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN + body, &m, &used);
+        st = ote_ctl_recv_frame(fd, buf, sizeof(buf), &m, dl);
         if (st != OTE_OK && ote_status_code(st) != OTE_ERR_TIMEOUT &&
             ote_status_code(st) != OTE_ERR_PEER_LOST)
             st = OTE_ERR_PROTOCOL;

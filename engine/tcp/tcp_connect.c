@@ -5,7 +5,6 @@
  * worker before it is freed).
  */
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -17,57 +16,8 @@
 #include "base/fault.h"
 #include "base/le.h"
 #include "base/log.h"
+#include "engine/control/sock.h"
 #include "engine/tcp/tcp_internal.h"
-
-static ote_status_t wait_fd(int fd, short events, ote_deadline_t dl) {
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int ms = ote_deadline_remaining_ms(dl, 1000);
-        if (ms == 0 && ote_deadline_expired(dl)) return OTE_ERR_TIMEOUT;
-        int r = poll(&p, 1, ms);
-        if (r > 0) return OTE_OK;
-        if (r < 0 && errno != EINTR) return ote_status_from_errno(errno);
-    }
-}
-
-static ote_status_t send_all(int fd, const uint8_t *b, size_t len, ote_deadline_t dl) {
-    while (len > 0) {
-        ssize_t r = send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r > 0) {
-            b += r;
-            len -= (size_t)r;
-            continue;
-        }
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            ote_status_t st = wait_fd(fd, POLLOUT, dl);
-            if (st != OTE_OK) return st;
-            continue;
-        }
-        return ote_status_make(OTE_ERR_PEER_LOST, errno);
-    }
-    return OTE_OK;
-}
-
-static ote_status_t recv_all(int fd, uint8_t *b, size_t len, ote_deadline_t dl) {
-    while (len > 0) {
-        ssize_t r = recv(fd, b, len, MSG_DONTWAIT);
-        if (r > 0) {
-            b += r;
-            len -= (size_t)r;
-            continue;
-        }
-        if (r == 0) return OTE_ERR_PEER_LOST;
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            ote_status_t st = wait_fd(fd, POLLIN, dl);
-            if (st != OTE_OK) return st;
-            continue;
-        }
-        return ote_status_make(OTE_ERR_PEER_LOST, errno);
-    }
-    return OTE_OK;
-}
 
 /* Connect one data connection of `p` and run the handshake. */
 static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session, ote_deadline_t dl,
@@ -86,23 +36,12 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
         return st;
     }
     ote__tcp_set_sockopts(tp, fd);
-    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
-        if (errno != EINPROGRESS) {
-            int e = errno;
-            OTE_WARN("tcp", "connect to %s failed: %s", p->addr, strerror(e));
-            close(fd);
-            return ote_status_make(OTE_ERR_CONNECT, e);
-        }
-        st = wait_fd(fd, POLLOUT, dl);
-        int err = 0;
-        socklen_t el = sizeof(err);
-        if (st == OTE_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
-        if (st != OTE_OK || err != 0) {
-            OTE_WARN("tcp", "connect to %s failed: %s", p->addr,
-                     st != OTE_OK ? "timed out" : strerror(err));
-            close(fd);
-            return st != OTE_OK ? OTE_ERR_TIMEOUT : ote_status_make(OTE_ERR_CONNECT, err);
-        }
+    st = ote_ctl_connect(fd, (struct sockaddr *)&ss, sl, dl);
+    if (st != OTE_OK) {
+        OTE_WARN("tcp", "connect to %s failed: %s", p->addr,
+                 st == OTE_ERR_TIMEOUT ? "timed out" : strerror(ote_status_errno(st)));
+        close(fd);
+        return st;
     }
     /* HELLO: our versions and the address the peer should name us by. */
     uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
@@ -120,18 +59,10 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
     hello.u.hello.addr_len = (uint32_t)strlen(tp->addr);
     size_t len = 0;
     st = ote_ctl_encode(&hello, buf, sizeof(buf), &len);
-    if (st == OTE_OK) st = send_all(fd, buf, len, dl);
-    if (st == OTE_OK) st = recv_all(fd, buf, OTE_CTL_HDR_LEN, dl);
+    if (st == OTE_OK) st = ote_ctl_send_all(fd, buf, len, dl);
     ote_ctl_msg_t ack;
-    size_t used = 0;
     if (st == OTE_OK) {
-        st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN, &ack, &used);
-        if (st == OTE_ERR_AGAIN) {
-            uint32_t body = ote_le_get32(buf + 20); /* the header's length field */
-            st = body > OTE_CTL_MAX_BODY ? OTE_ERR_PROTOCOL
-                                         : recv_all(fd, buf + OTE_CTL_HDR_LEN, body, dl);
-            if (st == OTE_OK) st = ote_ctl_decode(buf, OTE_CTL_HDR_LEN + body, &ack, &used);
-        }
+        st = ote_ctl_recv_frame(fd, buf, sizeof(buf), &ack, dl);
         if (st != OTE_OK && ote_status_scope(st) == OTE_SCOPE_REQUEST &&
             ote_status_code(st) != OTE_ERR_TIMEOUT)
             st = OTE_ERR_PROTOCOL;
