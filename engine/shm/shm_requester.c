@@ -341,7 +341,8 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
 /* Responses of one RESPS message. p->mu held; -1 on a protocol error. */
 static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
     const shm_hdr_t *h = (const shm_hdr_t *)b;
-    if (n < sizeof(*h) || h->magic != SHM_MAGIC || h->kind != SHM_RESPS ||
+    if (n < sizeof(*h) || n > sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t) ||
+        h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->kind != SHM_RESPS ||
         n != sizeof(*h) + (size_t)h->n * sizeof(shm_resp_t))
         return -1;
     const shm_resp_t *r = (const shm_resp_t *)(b + sizeof(*h));
@@ -408,7 +409,7 @@ static void *rx_main(void *arg) {
             break;
         }
         while (r > 0) {
-            ssize_t n = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT);
+            ssize_t n = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC); /* real length */
             if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
             if (n <= 0) {
                 peer_kill(p, OTE_ERR_PEER_LOST, &done);

@@ -317,11 +317,14 @@ void *ote__shm_src_main(void *arg) {
     for (;;) {
         int w = wait_in(s, 0);
         if (w != 1) break;
-        ssize_t n = recv(s->fd, in.b, sizeof(in.b), MSG_DONTWAIT);
+        /* MSG_TRUNC: n is the message's real length, so one longer than any valid REQS
+         * is refused instead of being cut to the buffer. */
+        ssize_t n = recv(s->fd, in.b, sizeof(in.b), MSG_DONTWAIT | MSG_TRUNC);
         if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         if (n <= 0) break; /* the requester closed or died */
-        if ((size_t)n < sizeof(shm_hdr_t) || in.h.magic != SHM_MAGIC || in.h.kind != SHM_REQS ||
-            in.h.n > SHM_BATCH_MAX || (size_t)n != sizeof(shm_hdr_t) + in.h.n * sizeof(shm_req_t)) {
+        if ((size_t)n < sizeof(shm_hdr_t) || (size_t)n > sizeof(in.b) || in.h.magic != SHM_MAGIC ||
+            in.h.version != SHM_VERSION || in.h.kind != SHM_REQS || in.h.n > SHM_BATCH_MAX ||
+            (size_t)n != sizeof(shm_hdr_t) + in.h.n * sizeof(shm_req_t)) {
             OTE_WARN("shm", "malformed message from %s (pid %d): closing", s->from, (int)s->pid);
             break;
         }

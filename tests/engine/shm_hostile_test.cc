@@ -459,6 +459,9 @@ TEST_F(ShmHostileTest, MalformedReqsFramesCloseTheConnection) {
         frame(1, 2, 0),                               // n smaller than the entries
         frame(1, 1, 3),                               // trailing bytes
         frame(1, 0, 0),                               // header only, n 1
+        // A full batch followed by more bytes than the source's buffer holds: the whole
+        // message is refused, never cut to the buffer and served.
+        frame(TW_BATCH_MAX, TW_BATCH_MAX, 4096),
     };
     for (auto &m : bad) ExpectClosedBy(GoodRing(), m.data(), m.size()), CloseRaw();
     tw_hdr_t h = {TW_MAGIC, TW_VERSION, TW_REQS, 0, 0};
@@ -469,6 +472,9 @@ TEST_F(ShmHostileTest, MalformedReqsFramesCloseTheConnection) {
     ExpectClosedBy(GoodRing(), "", 0);
     CloseRaw();
     h.magic = ~TW_MAGIC;
+    ExpectClosedBy(GoodRing(), &h, sizeof(h));
+    CloseRaw();
+    h = {TW_MAGIC, TW_VERSION + 1, TW_REQS, 0, 0}; // another version than the HELLO's
     ExpectClosedBy(GoodRing(), &h, sizeof(h));
     CloseRaw();
     h = {TW_MAGIC, TW_VERSION, TW_RESPS, 0, 0}; // a kind it does not take
