@@ -20,6 +20,7 @@ const char *ote_ctl_opcode_str(uint16_t opcode) {
         case OTE_CTL_CANCEL: return "CANCEL";
         case OTE_CTL_BUFS_REQ: return "BUFS_REQ";
         case OTE_CTL_BUFS: return "BUFS";
+        case OTE_CTL_AUTH: return "AUTH";
         default: return "UNKNOWN";
     }
 }
@@ -205,6 +206,12 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (m.status != OTE_OK ? m.length != 0 : m.length < 8) return OTE_ERR_PROTOCOL;
             body_len = m.length;
             break;
+        case OTE_CTL_AUTH:
+            if (m.version < OTE_CTL_AUTH_VERSION || m.status != OTE_OK ||
+                m.length != OTE_CTL_AUTH_BODY_LEN)
+                return OTE_ERR_PROTOCOL;
+            body_len = m.length;
+            break;
         default: return OTE_ERR_PROTOCOL;
     }
     if (len - OTE_CTL_HDR_LEN < body_len) return OTE_ERR_AGAIN;
@@ -286,6 +293,14 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (m.status == OTE_OK && decode_bufs(b, body_len, &m) != OTE_OK)
                 return OTE_ERR_PROTOCOL;
             break;
+        case OTE_CTL_AUTH:
+            m.u.auth.step = ote_le_get16(b);
+            if (m.u.auth.step < OTE_CTL_AUTH_CHALLENGE || m.u.auth.step > OTE_CTL_AUTH_OK ||
+                ote_le_get16(b + 2) != 0 || ote_le_get32(b + 4) != 0)
+                return OTE_ERR_PROTOCOL;
+            m.u.auth.nonce = b + 8;
+            m.u.auth.mac = b + 8 + OTE_CTL_AUTH_NONCE_LEN;
+            break;
         case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
             m.u.rdma.body = b;
             m.u.rdma.len = body_len;
@@ -355,6 +370,12 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
                 return OTE_ERR_INVALID;
             body = 8 + m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN;
             break;
+        case OTE_CTL_AUTH:
+            if (m->version < OTE_CTL_AUTH_VERSION || m->status != OTE_OK ||
+                m->u.auth.step < OTE_CTL_AUTH_CHALLENGE || m->u.auth.step > OTE_CTL_AUTH_OK)
+                return OTE_ERR_INVALID;
+            body = OTE_CTL_AUTH_BODY_LEN;
+            break;
         default: break;
     }
     if (cap < OTE_CTL_HDR_LEN + (size_t)body) return OTE_ERR_TOO_BIG;
@@ -418,6 +439,13 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             if (m->u.bufs.count)
                 memmove(b + 8, m->u.bufs.entries, (size_t)m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN);
             break;
+        case OTE_CTL_AUTH:
+            memset(b, 0, OTE_CTL_AUTH_BODY_LEN);
+            ote_le_put16(b, m->u.auth.step);
+            if (m->u.auth.nonce) memcpy(b + 8, m->u.auth.nonce, OTE_CTL_AUTH_NONCE_LEN);
+            if (m->u.auth.mac)
+                memcpy(b + 8 + OTE_CTL_AUTH_NONCE_LEN, m->u.auth.mac, OTE_CTL_AUTH_MAC_LEN);
+            break;
         default: break;
     }
     *len_out = OTE_CTL_HDR_LEN + body;
@@ -472,7 +500,7 @@ ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st) {
             break;
         case OTE_CTL_ERROR:
             ok = code == OTE_ERR_VERSION || code == OTE_ERR_PROTOCOL || code == OTE_ERR_INVALID ||
-                 code == OTE_ERR_UNSUPPORTED || code == OTE_ERR_REMOTE;
+                 code == OTE_ERR_UNSUPPORTED || code == OTE_ERR_REMOTE || code == OTE_ERR_AUTH;
             break;
         case OTE_CTL_RDMA:
             ok = code == OTE_ERR_ACCESS || code == OTE_ERR_INVALID || code == OTE_ERR_TOO_BIG ||

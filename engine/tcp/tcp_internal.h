@@ -109,6 +109,7 @@
 
 #include "base/lock.h"
 #include "base/time.h"
+#include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
@@ -207,6 +208,14 @@ struct tcp_conn {
     uint32_t rx_len;           /* length of the WRITE slice being received */
     uint64_t last_refused_req; /* extent start of the last refused request (one WARN each) */
     uint8_t hsbuf[TCP_HSBUF];
+    /* Source of an engine with a key (engine/control/auth.h): auth_wait from the
+     * CHALLENGE until the PROOF, which must be the next frame; the HELLO is kept
+     * (encoded) until then and answered once the PROOF checks (authed). */
+    int auth_wait, authed;
+    ote_auth_t auth;
+    uint8_t auth_hello[OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR];
+    size_t auth_hello_len;
+    uint8_t auth_out[2][OTE_CTL_AUTH_FRAME_LEN]; /* CHALLENGE, OK */
 
     /* Receive, worker-owned. */
     uint8_t *rxbuf;
