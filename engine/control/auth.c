@@ -146,8 +146,7 @@ ote_status_t ote_auth_check_proof(ote_auth_t *a, const ote_auth_key_t *key, cons
     return OTE_OK;
 }
 
-ote_status_t ote_auth_check_ok(const ote_auth_t *a, const ote_auth_key_t *key,
-                               const uint8_t *mac) {
+ote_status_t ote_auth_check_ok(const ote_auth_t *a, const ote_auth_key_t *key, const uint8_t *mac) {
     uint8_t want[OTE_AUTH_LEN];
     mac_of(key, a, "source", want);
     int ok = sodium_memcmp(want, mac, sizeof(want)) == 0;
@@ -241,8 +240,8 @@ ote_status_t ote_auth_requester(const ote_auth_key_t *key, const ote_ctl_msg_t *
     if (st == OTE_OK) st = io->recv(io->arg, &m);
     if (st != OTE_OK) return st;
     if (m.opcode == OTE_CTL_ERROR && ote_status_code(m.status) == OTE_ERR_AUTH) {
-        OTE_WARN("engine", "peer %s refused this engine's key: %.*s", peer,
-                 (int)m.u.error.text_len, m.u.error.text);
+        OTE_WARN("engine", "peer %s refused this engine's key: %.*s", peer, (int)m.u.error.text_len,
+                 m.u.error.text);
         return OTE_ERR_AUTH;
     }
     if (m.opcode != OTE_CTL_AUTH || m.u.auth.step != OTE_CTL_AUTH_OK) return OTE_ERR_PROTOCOL;

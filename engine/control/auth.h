@@ -54,9 +54,9 @@ void ote_auth_key_free(ote_auth_key_t *key);
 
 /* The state of one connection's exchange. */
 typedef struct {
-    uint8_t th[OTE_AUTH_LEN]; /* SHA-256 of the context label and the HELLO */
-    uint8_t nc[OTE_AUTH_LEN]; /* the requester's nonce */
-    uint8_t ns[OTE_AUTH_LEN]; /* the source's nonce */
+    uint8_t th[OTE_AUTH_LEN];  /* SHA-256 of the context label and the HELLO */
+    uint8_t nc[OTE_AUTH_LEN];  /* the requester's nonce */
+    uint8_t ns[OTE_AUTH_LEN];  /* the source's nonce */
     uint8_t mac[OTE_AUTH_LEN]; /* the MAC this side sends (PROOF or OK) */
 } ote_auth_t;
 

@@ -67,8 +67,9 @@ class AuthTest : public ote_test::OteTest {
 TEST_F(AuthTest, KeyFileMustBePrivateRegularAndLongEnough) {
     ote_engine_t *e = nullptr;
     std::string open_key = KeyFile("key_0644", 32, 1, 0644);
-    ExpectErrorLogsIn(
-        [&] { EXPECT_EQ(TryEngine({{"auth_key_file", open_key.c_str()}}, &e), OTE_ERR_ACCESS); });
+    ExpectErrorLogsIn([&] {
+        EXPECT_EQ(TryEngine({{"auth_key_file", open_key.c_str()}}, &e), OTE_ERR_ACCESS);
+    });
     EXPECT_TRUE(LogContains("mode 0644"));
     EXPECT_TRUE(LogContains(open_key));
     std::string group_write = KeyFile("key_0620", 32, 1, 0620);
@@ -143,8 +144,9 @@ TEST_P(AuthTransportTest, RightKeyMovesBytesBothWays) {
     ASSERT_NE(req, nullptr);
     std::vector<uint8_t> remote(1 << 16, 0), local(1 << 16), back(1 << 16, 0);
     for (size_t i = 0; i < local.size(); i++) local[i] = static_cast<uint8_t>(i * 13 + 5);
-    ASSERT_EQ(ote_memory_register(src, remote.data(), remote.size(), OTE_PERM_READ | OTE_PERM_WRITE),
-              OTE_OK);
+    ASSERT_EQ(
+        ote_memory_register(src, remote.data(), remote.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+        OTE_OK);
     ASSERT_EQ(ote_memory_register(req, local.data(), local.size(), OTE_PERM_READ), OTE_OK);
     ASSERT_EQ(ote_memory_register(req, back.data(), back.size(), OTE_PERM_WRITE), OTE_OK);
     uint64_t fails = ote_auth_failures();
@@ -316,9 +318,10 @@ TEST_F(AuthTest, RequestsBeforeAuthenticationAreNeverServed) {
             std::vector<uint8_t> f(OTE_CTL_RW2_FRAME_LEN);
             if (op == OTE_CTL_WRITE_REQ) {
                 uint16_t fl = 0;
-                ASSERT_EQ(ote_ctl_put_rw2(f.data(), 2, op, 5, reinterpret_cast<uintptr_t>(mem.data()),
-                                          512, reinterpret_cast<uintptr_t>(mem.data()), 512, 9, &fl),
-                          OTE_OK);
+                ASSERT_EQ(
+                    ote_ctl_put_rw2(f.data(), 2, op, 5, reinterpret_cast<uintptr_t>(mem.data()),
+                                    512, reinterpret_cast<uintptr_t>(mem.data()), 512, 9, &fl),
+                    OTE_OK);
                 f.resize(fl);
                 f.insert(f.end(), payload.begin(), payload.end());
             } else if (op == OTE_CTL_BUFS_REQ) {

@@ -522,4 +522,54 @@ TEST_F(ControlTest, MalformedBufsFramesAreRejected) {
     EXPECT_FALSE(ote_ctl_buf_name_ok("a\x7f", 2));
 }
 
+// ---- authentication: the AUTH frame (version 3) ---------------------------------------
+
+TEST_F(ControlTest, AuthFrameRoundTripsAndIsChecked) {
+    uint8_t nonce[OTE_CTL_AUTH_NONCE_LEN], mac[OTE_CTL_AUTH_MAC_LEN];
+    memset(nonce, 0x5a, sizeof(nonce));
+    memset(mac, 0xa5, sizeof(mac));
+    ote_ctl_msg_t m{};
+    m.version = OTE_CTL_AUTH_VERSION;
+    m.opcode = OTE_CTL_AUTH;
+    m.u.auth.step = OTE_CTL_AUTH_PROOF;
+    m.u.auth.nonce = nonce;
+    m.u.auth.mac = mac;
+    uint8_t buf[OTE_CTL_AUTH_FRAME_LEN + 8];
+    size_t len = 0, used = 0;
+    ASSERT_EQ(ote_ctl_encode(&m, buf, sizeof(buf), &len), OTE_OK);
+    ASSERT_EQ(len, OTE_CTL_AUTH_FRAME_LEN);
+    ote_ctl_msg_t d{};
+    ASSERT_EQ(ote_ctl_decode(buf, len, &d, &used), OTE_OK);
+    EXPECT_EQ(used, len);
+    EXPECT_EQ(d.u.auth.step, OTE_CTL_AUTH_PROOF);
+    EXPECT_EQ(memcmp(d.u.auth.nonce, nonce, sizeof(nonce)), 0);
+    EXPECT_EQ(memcmp(d.u.auth.mac, mac, sizeof(mac)), 0);
+    EXPECT_EQ(ote_ctl_decode(buf, len - 1, &d, &used), OTE_ERR_AGAIN);
+    // Below version 3, an unknown step, nonzero padding, a status, another length: refused.
+    uint8_t bad[sizeof(buf)];
+    memcpy(bad, buf, len);
+    bad[4] = 2;
+    EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL);
+    for (uint8_t step : {0, 4}) {
+        memcpy(bad, buf, len);
+        bad[OTE_CTL_HDR_LEN] = step;
+        EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL) << int(step);
+    }
+    memcpy(bad, buf, len);
+    bad[OTE_CTL_HDR_LEN + 5] = 1;
+    EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL);
+    memcpy(bad, buf, len);
+    bad[16] = 1;
+    EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL);
+    memcpy(bad, buf, len);
+    bad[20] = OTE_CTL_AUTH_BODY_LEN + 1;
+    EXPECT_EQ(ote_ctl_decode(bad, len + 1, &d, &used), OTE_ERR_PROTOCOL);
+    m.version = 2;
+    EXPECT_EQ(ote_ctl_encode(&m, buf, sizeof(buf), &len), OTE_ERR_INVALID);
+    // An ERROR may carry OTE_ERR_AUTH: the handshake's refusal.
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_ERR_AUTH), OTE_ERR_AUTH);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_ERR_AUTH), OTE_ERR_REMOTE);
+    EXPECT_STREQ(ote_status_str(OTE_ERR_AUTH), "OTE_ERR_AUTH");
+}
+
 } // namespace
