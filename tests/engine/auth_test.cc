@@ -16,6 +16,7 @@
 
 #include "tests/engine/ctl_peer.h"
 #include "tests/engine/engine_util.h"
+#include "tests/engine/target.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -208,6 +209,47 @@ INSTANTIATE_TEST_SUITE_P(
                       Transport{"shm", {{"transports", "shm"}}},
                       Transport{"rdma", {{"transport", "rdma"}, {"verbs_provider", "sim"}}}),
     [](const ::testing::TestParamInfo<Transport> &i) { return std::string(i.param.name); });
+
+// Another process (tests/engine/ote_target) whose key comes from the environment
+// (OTE_AUTH_KEY_FILE): the same key moves bytes, another key or none is refused; a
+// wildcard listen without a key stops it at engine creation unless
+// OTE_ALLOW_UNAUTHENTICATED=1.
+TEST_F(AuthTest, TargetProcessTakesItsKeyFromTheEnvironment) {
+    for (const char *tps : {"tcp", "shm,tcp"}) {
+        ote_test::Target t;
+        std::string tenv = std::string("OTE_TRANSPORTS=") + tps;
+        ASSERT_TRUE(t.Start(1u << 20, "127.0.0.1:0", {"OTE_AUTH_KEY_FILE=" + key_a_, tenv}));
+        ote_engine_t *req = NewEngine({{"transports", tps}, {"auth_key_file", key_a_.c_str()}});
+        ASSERT_NE(req, nullptr);
+        std::vector<uint8_t> out(8192), back(8192, 0);
+        for (size_t i = 0; i < out.size(); i++) out[i] = static_cast<uint8_t>(i * 3 + 1);
+        ote_segment_t *seg = nullptr;
+        ASSERT_EQ(ote_segment_open(req, t.address.c_str(), &seg), OTE_OK) << tps;
+        ote_request_t w = {OTE_WRITE, out.data(), seg, t.rw, out.size()};
+        ote_request_t r = {OTE_READ, back.data(), seg, t.rw, back.size()};
+        EXPECT_EQ(ote_test::RunOne(req, w, 30000 * kMs), OTE_OK);
+        EXPECT_EQ(ote_test::RunOne(req, r, 30000 * kMs), OTE_OK);
+        EXPECT_EQ(back, out);
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+        for (const char *key : {key_b_.c_str(), static_cast<const char *>(nullptr)}) {
+            ConfigKv kv = {{"transports", tps}};
+            if (key != nullptr) kv.push_back({"auth_key_file", key});
+            ote_engine_t *other = NewEngine(kv);
+            ASSERT_NE(other, nullptr);
+            EXPECT_EQ(ote_segment_open(other, t.address.c_str(), &seg), OTE_ERR_AUTH) << tps;
+            EXPECT_EQ(ote_engine_destroy(other), OTE_OK);
+        }
+        EXPECT_EQ(t.Quit(), 0);
+    }
+    {
+        ote_test::Target t;
+        EXPECT_FALSE(t.Start(1u << 20, "0.0.0.0:0"));
+    }
+    ote_test::Target t;
+    ASSERT_TRUE(t.Start(1u << 20, "0.0.0.0:0", {"OTE_ALLOW_UNAUTHENTICATED=1"}));
+    EXPECT_EQ(t.Quit(), 0);
+}
 
 // ---- raw connections to a keyed TCP listener ----------------------------------------
 
