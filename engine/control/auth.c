@@ -228,6 +228,7 @@ ote_status_t ote_auth_requester(const ote_auth_key_t *key, const ote_ctl_msg_t *
                  "peer %s requires authentication and this engine has no key: set "
                  "auth_key_file (OTE_AUTH_KEY_FILE) to the cluster's key file",
                  peer);
+        send_refusal(io, "the requester has no key (auth_key_file)");
         return OTE_ERR_AUTH;
     }
     ote_auth_t a;
@@ -289,7 +290,8 @@ ote_status_t ote_auth_source(const ote_auth_key_t *key, const ote_ctl_msg_t *hel
         return OTE_ERR_AUTH;
     }
     if (m.opcode != OTE_CTL_AUTH || m.u.auth.step != OTE_CTL_AUTH_PROOF) {
-        ote_auth_failed(transport, peer, "a frame other than its proof");
+        int nokey = m.opcode == OTE_CTL_ERROR && ote_status_code(m.status) == OTE_ERR_AUTH;
+        ote_auth_failed(transport, peer, nokey ? "it has no key" : "a frame other than its proof");
         return OTE_ERR_AUTH;
     }
     if (ote_auth_check_proof(&a, key, m.u.auth.nonce, m.u.auth.mac) != OTE_OK) {

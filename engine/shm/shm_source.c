@@ -84,7 +84,9 @@ static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
     ssize_t n = recv(s->fd, &m, sizeof(m), MSG_DONTWAIT | MSG_TRUNC);
     if (n != (ssize_t)sizeof(m) || m.h.magic != SHM_MAGIC || m.h.kind != SHM_AUTH ||
         m.step != OTE_CTL_AUTH_PROOF) {
-        ote_auth_failed("shm", peer, "a message other than its proof");
+        ote_auth_failed(
+            "shm", peer,
+            n == 0 ? "closed without a proof (no key?)" : "a message other than its proof");
         return -1;
     }
     if (ote_auth_check_proof(&a, s->tp->host.auth_key, m.nonce, m.mac) != OTE_OK) {

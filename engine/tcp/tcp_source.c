@@ -186,7 +186,8 @@ static int src_auth_proof(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     if (m->opcode != OTE_CTL_AUTH || m->u.auth.step != OTE_CTL_AUTH_PROOF) {
         char peer[OTE__ADDR_MAX];
         ote_auth_peer_name(c->fd, peer, sizeof(peer));
-        ote_auth_failed("tcp", peer, "a frame other than its proof");
+        int nokey = m->opcode == OTE_CTL_ERROR && ote_status_code(m->status) == OTE_ERR_AUTH;
+        ote_auth_failed("tcp", peer, nokey ? "it has no key" : "a frame other than its proof");
         ote__tcp_conn_kill(c, OTE_ERR_AUTH);
         return -1;
     }
@@ -479,6 +480,11 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
             OTE_WARN("tcp",
                      "connection from %s did not complete its handshake within %llu ms: closing",
                      c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
+            if (c->auth_wait) { /* challenged, never proved the key */
+                char peer[OTE__ADDR_MAX];
+                ote_auth_peer_name(c->fd, peer, sizeof(peer));
+                ote_auth_failed("tcp", peer, "no proof within connect_timeout_ms");
+            }
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }
         return;

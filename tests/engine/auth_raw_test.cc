@@ -100,7 +100,8 @@ class AuthRawTest : public ote_test::OteTest {
         ote_ctl_msg_t ack{};
         EXPECT_EQ(ote_auth_requester(key_, &h, &io, "raw", &ack), OTE_OK);
         std::string info;
-        if (ack.opcode == OTE_CTL_HELLO_ACK) info.assign(ack.u.hello_ack.info, ack.u.hello_ack.info_len);
+        if (ack.opcode == OTE_CTL_HELLO_ACK)
+            info.assign(ack.u.hello_ack.info, ack.u.hello_ack.info_len);
         close(fd);
         return info;
     }
@@ -157,7 +158,8 @@ class AuthRawTest : public ote_test::OteTest {
 };
 
 TEST_F(AuthRawTest, ShmRequesterThatSkipsTheProofIsClosedAndNothingIsWritten) {
-    ote_engine_t *src = NewEngine({{"transports", "shm,tcp"}, {"auth_key_file", key_path_.c_str()}});
+    ote_engine_t *src =
+        NewEngine({{"transports", "shm,tcp"}, {"auth_key_file", key_path_.c_str()}});
     ASSERT_NE(src, nullptr);
     std::vector<uint8_t> mem(4096, 0x33), mine(4096, 0xcc);
     ASSERT_EQ(ote_memory_register(src, mem.data(), mem.size(), OTE_PERM_READ | OTE_PERM_WRITE),
@@ -193,7 +195,8 @@ TEST_F(AuthRawTest, ShmRequesterThatSkipsTheProofIsClosedAndNothingIsWritten) {
 }
 
 TEST_F(AuthRawTest, ShmWrongKeyAndReplayedProofAreRefused) {
-    ote_engine_t *src = NewEngine({{"transports", "shm,tcp"}, {"auth_key_file", key_path_.c_str()}});
+    ote_engine_t *src =
+        NewEngine({{"transports", "shm,tcp"}, {"auth_key_file", key_path_.c_str()}});
     ASSERT_NE(src, nullptr);
     uint64_t fails = ote_auth_failures();
     tw_hello_t h = ShmHello();

@@ -20,6 +20,7 @@
 #include "tests/util/test_base.h"
 
 extern "C" {
+#include "base/time.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "ote/ote.h"
@@ -195,8 +196,13 @@ TEST_P(AuthTransportTest, KeyOnOneSideOnlyIsRefusedBothWays) {
     ote_engine_t *open = Engine(nullptr);
     ASSERT_NE(keyed, nullptr);
     ASSERT_NE(open, nullptr);
+    uint64_t fails = ote_auth_failures();
     EXPECT_EQ(Open(open, keyed), OTE_ERR_AUTH);
     EXPECT_TRUE(LogContains("requires authentication and this engine has no key"));
+    // The keyed source counts (and logs) it too, once it has read the refusal.
+    ote_deadline_t dl = ote_deadline_after(20000 * kMs);
+    while (ote_auth_failures() == fails && !ote_deadline_expired(dl)) usleep(1000);
+    EXPECT_GT(ote_auth_failures(), fails);
     EXPECT_EQ(Open(keyed, open), OTE_ERR_AUTH);
     EXPECT_TRUE(LogContains("does not authenticate"));
     EXPECT_EQ(ote_engine_destroy(open), OTE_OK);
