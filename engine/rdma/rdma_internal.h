@@ -10,8 +10,9 @@
  * manager (a persistent MR per registration in every usable context, MW-bindable and
  * local-only: peers reach memory only through windows), `nlanes` CQ lanes on the data
  * context with one worker per lane, the endpoint store, the grant manager, a control
- * listener (its own TCP socket: HELLO/HELLO_ACK, then OTE_CTL_RDMA messages; nothing
- * before HELLO, nothing of another version after it), one joinable thread per control
+ * listener (its own TCP socket: HELLO, with a cluster key the AUTH exchange of
+ * engine/control/auth.h, HELLO_ACK, then OTE_CTL_RDMA messages; nothing before HELLO and
+ * its authentication, nothing of another version after it), one joinable thread per control
  * connection (which alone waits on its non-blocking socket and flushes its bounded
  * output queue: no other thread ever blocks on a peer) and a monitor thread (async
  * events, grant and notification deadlines, endpoint reclaim). Every status a peer

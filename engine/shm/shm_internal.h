@@ -21,7 +21,9 @@
  * same network namespace (the abstract socket namespace) and the same user namespace;
  * otherwise peer_open_info answers OTE_ERR_UNSUPPORTED and the router moves on. Each side
  * reads the other's pid and uid with SO_PEERCRED; either's death is an EOF on the socket,
- * seen at once by the other's thread.
+ * seen at once by the other's thread. A source with a cluster key answers a HELLO with
+ * SHM_AUTH CHALLENGE and reads nothing but the requester's PROOF (engine/control/auth.h,
+ * bound to the HELLO's bytes) before it acts on the HELLO (probe, ring) or any request.
  *
  * Authority. The requester names its request (op, the source's remote range, its own
  * local address); the source pins the remote range through host->pin (registrations and

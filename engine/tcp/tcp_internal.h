@@ -69,6 +69,10 @@
  * Hostile or stuck requesters (source side). At most tcp_max_accepted accepted
  * connections exist at once (more are closed at accept); each must complete its
  * handshake within connect_timeout_ms and, until then, owns only a small receive buffer.
+ * With a cluster key the handshake includes the AUTH exchange (engine/control/auth.h):
+ * after the CHALLENGE the only frame parsed is the PROOF; anything else, or a PROOF that
+ * does not check, closes the connection (counted, rate-limited WARN) before any request
+ * is looked at. Each data connection authenticates itself.
  * A connection queues at most TCP_SRC_MAX_RESP responses: at the cap it stops reading
  * (EPOLLIN off) until the requester drains them. A connection that owes responses or is
  * receiving a payload must make progress (bytes in or out) every transfer_timeout_ms,
