@@ -102,6 +102,13 @@ TEST_F(AuthTest, WildcardListenNeedsAKeyOrAllowUnauthenticated) {
     });
     EXPECT_TRUE(LogContains("allow_unauthenticated=1"));
     EXPECT_TRUE(LogContains("auth_key_file"));
+    // The IPv6 wildcard and a routable address are refused the same way (before any bind).
+    for (const char *addr : {"[::]:0", "192.0.2.1:0"}) {
+        ExpectErrorLogsIn([&] {
+            EXPECT_EQ(TryEngine({{"listen_address", addr}}, &e), OTE_ERR_INVALID) << addr;
+        });
+        EXPECT_TRUE(LogContains(std::string("listen_address ") + addr + " is not loopback"));
+    }
     ASSERT_EQ(TryEngine({{"listen_address", "0.0.0.0:0"}, {"allow_unauthenticated", "1"}}, &e),
               OTE_OK);
     EXPECT_TRUE(LogContains("without a key (allow_unauthenticated=1)"));
