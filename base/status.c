@@ -50,6 +50,7 @@ const char *ote_status_str(ote_status_t st) {
         case OTE_ERR_CONNECT: return "OTE_ERR_CONNECT";
         case OTE_ERR_REMOTE_ACCESS: return "OTE_ERR_REMOTE_ACCESS";
         case OTE_ERR_REMOTE: return "OTE_ERR_REMOTE";
+        case OTE_ERR_AUTH: return "OTE_ERR_AUTH";
         case OTE_ERR_NATIVE: return "OTE_ERR_NATIVE";
         case OTE_ERR_NO_DEVICE: return "OTE_ERR_NO_DEVICE";
         case OTE_ERR_PORT_DOWN: return "OTE_ERR_PORT_DOWN";

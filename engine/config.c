@@ -54,6 +54,10 @@ static const key_def_t g_keys[] = {
     {"verbs_provider", K_ENUM, "", 0, 0, {"", "sim", "rdma-core", NULL}},
     {"rdma_device", K_STRING, "", 0, 63, {NULL}},
     {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
+    /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
+     * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
+    {"auth_key_file", K_STRING, "", 0, 255, {NULL}},
+    {"allow_unauthenticated", K_ENUM, "0", 0, 0, {"0", "1", NULL, NULL}},
 };
 #define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
 
@@ -389,6 +393,10 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "rdma_device") == 0)
             copy_str(r.rdma_device, sizeof(r.rdma_device), v);
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
+        else if (strcmp(k->key, "auth_key_file") == 0)
+            copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);
+        else if (strcmp(k->key, "allow_unauthenticated") == 0)
+            r.allow_unauthenticated = strcmp(v, "1") == 0;
     }
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
     /* transport (one element) counts when transports was left at its default; setting

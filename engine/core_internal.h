@@ -100,6 +100,7 @@ struct ote_engine {
     size_t ntps;
     char self_addr[OTE__ADDR_MAX]; /* host->self_addr */
     char info[1025];               /* host->info: the advertisement (router.c) */
+    struct ote_auth_key *auth_key; /* host->auth_key: the cluster key, or NULL */
 
     pthread_rwlock_t reg_lk;
     ote__reg_t **regs; /* sorted by start, non-overlapping */

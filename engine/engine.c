@@ -2,6 +2,8 @@
  * engine/engine.c - the engine's lifecycle (create with its transport, destroy, address)
  * and segments (a segment owns its transport peer). Ownership and locks: core_internal.h.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -10,7 +12,42 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "base/time.h"
+#include "engine/control/auth.h"
 #include "engine/core_internal.h"
+
+/* Whether "host:port" resolves to a loopback address (127.0.0.0/8, ::1, ::ffff:127.x). */
+static int is_loopback(const char *addr) {
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    if (ote__addr_resolve(addr, &ss, &sl) != OTE_OK) return 0;
+    if (ss.ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss.ss_family != AF_INET6) return 0;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)&ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+/* The cluster key, or the policy for an engine without one: loopback only, unless
+ * allow_unauthenticated=1. *key_out = NULL when there is no key. */
+static ote_status_t auth_setup(const ote__cfg_t *rc, ote_auth_key_t **key_out) {
+    *key_out = NULL;
+    if (rc->auth_key_file[0] != '\0') return ote_auth_key_load(rc->auth_key_file, key_out);
+    if (is_loopback(rc->listen_address)) return OTE_OK;
+    if (rc->allow_unauthenticated) {
+        OTE_WARN("engine",
+                 "listening on %s without a key (allow_unauthenticated=1): any process that "
+                 "reaches this port can read and write every registered buffer",
+                 rc->listen_address);
+        return OTE_OK;
+    }
+    OTE_ERROR("engine",
+              "listen_address %s is not loopback and no auth_key_file is set: any process that "
+              "reaches it could read and write every registered buffer. Set auth_key_file "
+              "(OTE_AUTH_KEY_FILE) to the cluster's key file, or allow_unauthenticated=1 to "
+              "accept that",
+              rc->listen_address);
+    return OTE_ERR_INVALID;
+}
 
 ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_out) {
     if (engine_out == NULL) return OTE_ERR_INVALID;
@@ -18,9 +55,16 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     ote_status_t st = ote__config_resolve(cfg, &rc);
     if (st != OTE_OK) return st;
     if (rc.log_level[0]) ote_log_set_level((ote_log_level_t)ote_log_parse_level(rc.log_level));
+    ote_auth_key_t *key = NULL;
+    st = auth_setup(&rc, &key);
+    if (st != OTE_OK) return st;
     ote_engine_t *e = ote_calloc(1, sizeof(*e));
-    if (e == NULL) return OTE_ERR_NOMEM;
+    if (e == NULL) {
+        ote_auth_key_free(key);
+        return OTE_ERR_NOMEM;
+    }
     e->cfg = rc;
+    e->auth_key = key; /* owned by the engine from here */
     if (pthread_rwlock_init(&e->reg_lk, NULL) != 0) {
         st = OTE_ERR_NOMEM;
         goto err_free;
@@ -51,6 +95,7 @@ err_nmu:
 err_rw:
     pthread_rwlock_destroy(&e->reg_lk);
 err_free:
+    ote_auth_key_free(e->auth_key);
     ote_free(e);
     return st;
 }
@@ -76,6 +121,7 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
     ote_cond_destroy(&e->ncv);
     ote_mutex_destroy(&e->nmu);
     pthread_rwlock_destroy(&e->reg_lk);
+    ote_auth_key_free(e->auth_key);
     ote_free(e);
     return OTE_OK;
 }

@@ -40,6 +40,7 @@
 #include "base/alloc.h"
 #include "base/le.h"
 #include "base/log.h"
+#include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
@@ -113,7 +114,8 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .info = e->info,
                         .self_addr = e->self_addr,
                         .query_info = ote__router_query_info,
-                        .buffers = ote__reg_buffers};
+                        .buffers = ote__reg_buffers,
+                        .auth_key = e->auth_key};
     /* The listener first (its address names the engine), then the others in order. */
     const char *lname = list_has(e->cfg.transports, "tcp")    ? "tcp"
                         : list_has(e->cfg.transports, "rdma") ? "rdma"
@@ -224,9 +226,13 @@ ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t
     st = ote_ctl_encode(&m, buf, sizeof(buf), &len);
     if (st == OTE_OK) st = ote_ctl_send_all(fd, buf, len, dl);
     if (st == OTE_OK) {
-        st = ote_ctl_recv_frame(fd, buf, sizeof(buf), &m, dl);
+        /* The answer, after the key's challenge-response when the peer asks for it. */
+        ote_ctl_msg_t hello = m;
+        ote_auth_sock_t as = {fd, buf, sizeof(buf), dl};
+        ote_auth_io_t io = ote_auth_sock_io(&as);
+        st = ote_auth_requester(e->auth_key, &hello, &io, peer, &m);
         if (st != OTE_OK && ote_status_code(st) != OTE_ERR_TIMEOUT &&
-            ote_status_code(st) != OTE_ERR_PEER_LOST)
+            ote_status_code(st) != OTE_ERR_PEER_LOST && ote_status_code(st) != OTE_ERR_AUTH)
             st = OTE_ERR_PROTOCOL;
     }
     uint16_t ver = 0;
@@ -311,10 +317,11 @@ ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_
     st = query_info(e, peer, info, OTE_CTL_MAX_INFO + 1);
     /* A peer that answered but whose answer the router cannot use (another version, a
      * limit out of range, garbage) is left to the transports, whose own handshakes say
-     * precisely what is wrong; one that cannot be reached fails here. */
+     * precisely what is wrong; one that cannot be reached, or that refused this engine's
+     * authentication (or lack of it), fails here. */
     int code = ote_status_code(st);
     if (st != OTE_OK && code != OTE_ERR_CONNECT && code != OTE_ERR_TIMEOUT &&
-        code != OTE_ERR_NOMEM && code != OTE_ERR_INVALID) {
+        code != OTE_ERR_NOMEM && code != OTE_ERR_INVALID && code != OTE_ERR_AUTH) {
         info[0] = '\0';
         st = OTE_OK;
     }

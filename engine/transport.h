@@ -102,6 +102,10 @@ typedef struct {
      * memory) the transport answers BUFS with OTE_ERR_AGAIN itself. */
     ote_status_t (*buffers)(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
                             size_t *len_out);
+    /* The cluster key (engine/control/auth.h), owned by the engine, or NULL: none. With
+     * a key every connection a transport accepts proves it before anything it sends is
+     * acted on, and every connection it makes proves it and checks the peer's proof. */
+    const struct ote_auth_key *auth_key;
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;

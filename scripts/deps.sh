@@ -8,6 +8,7 @@ PKGS=(
     libibverbs-dev       # rdma-core verbs (the real RDMA provider)
     ibverbs-providers
     libhwloc-dev         # NUMA topology for CQ worker placement
+    libsodium-dev        # HMAC, hashes and random nonces of the cluster key's authentication
     uthash-dev           # hash tables and lists
     libgtest-dev         # GoogleTest (prebuilt static libraries)
     clang-format         # the formatting check (scripts/check_format.sh)

@@ -256,6 +256,8 @@ const char *bench_usage(void) {
            "serves until interrupted. An initiator asks it for the buffer through an OrbitTE\n"
            "notification, so it must be reachable from the target (--listen/--advertise), or\n"
            "pass --remote-addr/--remote-len as printed (then --check still needs replies).\n"
+           "Across hosts, give both sides the cluster key: OTE_AUTH_KEY_FILE=<file> (an engine\n"
+           "without a key listens on loopback only, unless OTE_ALLOW_UNAUTHENTICATED=1).\n"
            "\n"
            "Latency is per batch: from ote_batch_submit to the return of ote_batch_wait (with\n"
            "--depth > 1 it includes waiting behind the batches submitted before it).\n"

@@ -20,6 +20,7 @@ const char *ote_ctl_opcode_str(uint16_t opcode) {
         case OTE_CTL_CANCEL: return "CANCEL";
         case OTE_CTL_BUFS_REQ: return "BUFS_REQ";
         case OTE_CTL_BUFS: return "BUFS";
+        case OTE_CTL_AUTH: return "AUTH";
         default: return "UNKNOWN";
     }
 }
@@ -144,6 +145,91 @@ ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *
     return st == OTE_OK ? OTE_OK : OTE_ERR_INVALID;
 }
 
+/* The header's fields into *m, checked: magic, version, known opcode, length. */
+static ote_status_t decode_header(const uint8_t *buf, ote_ctl_msg_t *m) {
+    if (ote_le_get32(buf) != OTE_CTL_MAGIC) return OTE_ERR_PROTOCOL;
+    m->version = ote_le_get16(buf + 4);
+    m->opcode = ote_le_get16(buf + 6);
+    m->req_id = ote_le_get64(buf + 8);
+    m->status = (ote_status_t)ote_le_get32(buf + 16);
+    m->length = ote_le_get32(buf + 20);
+    if (m->version == 0) return OTE_ERR_PROTOCOL;
+    if (m->opcode == 0 || m->opcode > OTE_CTL_OPCODE_MAX) return OTE_ERR_PROTOCOL;
+    if (m->length > OTE_CTL_MAX_FRAME) return OTE_ERR_TOO_BIG;
+    return OTE_OK;
+}
+
+/* The body bytes a frame with header m must carry (consumed by the decoder; the rest of
+ * its length is bulk data), after the checks its opcode's header allows. */
+static ote_status_t frame_body_len(const ote_ctl_msg_t *m, uint32_t *body_len_out) {
+    uint32_t body_len = 0;
+    switch (m->opcode) {
+        case OTE_CTL_HELLO:
+        case OTE_CTL_HELLO_ACK:
+        case OTE_CTL_NOTIFY:
+        case OTE_CTL_ERROR:
+        case OTE_CTL_RDMA:
+            if (m->length > OTE_CTL_MAX_BODY) return OTE_ERR_TOO_BIG;
+            body_len = m->length;
+            break;
+        case OTE_CTL_CANCEL:
+            if (m->version < 2 || m->status != OTE_OK || m->length < 8 || m->length % 8 != 0 ||
+                m->length > OTE_CTL_MAX_BODY)
+                return OTE_ERR_PROTOCOL;
+            body_len = m->length;
+            break;
+        case OTE_CTL_WRITE_REQ:
+        case OTE_CTL_READ_REQ:
+            body_len = rw_body_len(m->version);
+            if (m->length < body_len) return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_READ_RESP:
+            if (m->length > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
+            if (m->status != OTE_OK && m->length != 0) return OTE_ERR_PROTOCOL;
+            body_len = 0;
+            break;
+        case OTE_CTL_WRITE_ACK:
+        case OTE_CTL_NOTIFY_ACK:
+            if (m->length != 0) return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_BUFS_REQ:
+            if (m->length != 0 || m->status != OTE_OK) return OTE_ERR_PROTOCOL;
+            break;
+        case OTE_CTL_BUFS:
+            if (m->length > OTE_CTL_BUFS_MAX_BODY) return OTE_ERR_TOO_BIG;
+            if (m->status != OTE_OK ? m->length != 0 : m->length < 8) return OTE_ERR_PROTOCOL;
+            body_len = m->length;
+            break;
+        case OTE_CTL_AUTH:
+            if (m->version < OTE_CTL_AUTH_VERSION || m->status != OTE_OK ||
+                m->length != OTE_CTL_AUTH_BODY_LEN)
+                return OTE_ERR_PROTOCOL;
+            body_len = m->length;
+            break;
+        default: return OTE_ERR_PROTOCOL;
+    }
+    *body_len_out = body_len;
+    return OTE_OK;
+}
+
+/* The body of a HELLO_ACK (body_len bytes at b) into *m. */
+static ote_status_t decode_hello_ack(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
+    if (body_len < 8) return OTE_ERR_PROTOCOL;
+    m->u.hello_ack.version = ote_le_get16(b);
+    m->u.hello_ack.info_len = ote_le_get16(b + 2);
+    m->u.hello_ack.max_data = ote_le_get32(b + 4);
+    if (m->u.hello_ack.info_len > OTE_CTL_MAX_INFO) return OTE_ERR_TOO_BIG;
+    if (m->u.hello_ack.info_len > body_len - 8) return OTE_ERR_PROTOCOL;
+    m->u.hello_ack.addr_len = body_len - 8 - m->u.hello_ack.info_len;
+    if (m->u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
+    if (m->u.hello_ack.version == 0 || m->u.hello_ack.max_data == 0) return OTE_ERR_PROTOCOL;
+    m->u.hello_ack.addr = (const char *)(b + 8);
+    if (memchr(m->u.hello_ack.addr, '\0', m->u.hello_ack.addr_len) != NULL) return OTE_ERR_PROTOCOL;
+    m->u.hello_ack.info = m->u.hello_ack.addr + m->u.hello_ack.addr_len;
+    if (memchr(m->u.hello_ack.info, '\0', m->u.hello_ack.info_len) != NULL) return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
 ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
                             size_t *consumed_out) {
     if (buf == NULL || out == NULL || consumed_out == NULL) return OTE_ERR_INVALID;
@@ -156,57 +242,13 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
     }
     ote_ctl_msg_t m;
     memset(&m, 0, sizeof(m));
-    if (ote_le_get32(buf) != OTE_CTL_MAGIC) return OTE_ERR_PROTOCOL;
-    m.version = ote_le_get16(buf + 4);
-    m.opcode = ote_le_get16(buf + 6);
-    m.req_id = ote_le_get64(buf + 8);
-    m.status = (ote_status_t)ote_le_get32(buf + 16);
-    m.length = ote_le_get32(buf + 20);
-    if (m.version == 0) return OTE_ERR_PROTOCOL;
-    if (m.opcode == 0 || m.opcode > OTE_CTL_OPCODE_MAX) return OTE_ERR_PROTOCOL;
-    if (m.length > OTE_CTL_MAX_FRAME) return OTE_ERR_TOO_BIG;
+    ote_status_t st = decode_header(buf, &m);
+    if (st != OTE_OK) return st;
 
     /* body_len: bytes that must be present and are consumed; the rest is bulk data. */
     uint32_t body_len = 0;
-    switch (m.opcode) {
-        case OTE_CTL_HELLO:
-        case OTE_CTL_HELLO_ACK:
-        case OTE_CTL_NOTIFY:
-        case OTE_CTL_ERROR:
-        case OTE_CTL_RDMA:
-            if (m.length > OTE_CTL_MAX_BODY) return OTE_ERR_TOO_BIG;
-            body_len = m.length;
-            break;
-        case OTE_CTL_CANCEL:
-            if (m.version < 2 || m.status != OTE_OK || m.length < 8 || m.length % 8 != 0 ||
-                m.length > OTE_CTL_MAX_BODY)
-                return OTE_ERR_PROTOCOL;
-            body_len = m.length;
-            break;
-        case OTE_CTL_WRITE_REQ:
-        case OTE_CTL_READ_REQ:
-            body_len = rw_body_len(m.version);
-            if (m.length < body_len) return OTE_ERR_PROTOCOL;
-            break;
-        case OTE_CTL_READ_RESP:
-            if (m.length > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
-            if (m.status != OTE_OK && m.length != 0) return OTE_ERR_PROTOCOL;
-            body_len = 0;
-            break;
-        case OTE_CTL_WRITE_ACK:
-        case OTE_CTL_NOTIFY_ACK:
-            if (m.length != 0) return OTE_ERR_PROTOCOL;
-            break;
-        case OTE_CTL_BUFS_REQ:
-            if (m.length != 0 || m.status != OTE_OK) return OTE_ERR_PROTOCOL;
-            break;
-        case OTE_CTL_BUFS:
-            if (m.length > OTE_CTL_BUFS_MAX_BODY) return OTE_ERR_TOO_BIG;
-            if (m.status != OTE_OK ? m.length != 0 : m.length < 8) return OTE_ERR_PROTOCOL;
-            body_len = m.length;
-            break;
-        default: return OTE_ERR_PROTOCOL;
-    }
+    st = frame_body_len(&m, &body_len);
+    if (st != OTE_OK) return st;
     if (len - OTE_CTL_HDR_LEN < body_len) return OTE_ERR_AGAIN;
     const uint8_t *b = buf + OTE_CTL_HDR_LEN;
 
@@ -226,21 +268,8 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (memchr(m.u.hello.addr, '\0', m.u.hello.addr_len) != NULL) return OTE_ERR_PROTOCOL;
             break;
         case OTE_CTL_HELLO_ACK:
-            if (body_len < 8) return OTE_ERR_PROTOCOL;
-            m.u.hello_ack.version = ote_le_get16(b);
-            m.u.hello_ack.info_len = ote_le_get16(b + 2);
-            m.u.hello_ack.max_data = ote_le_get32(b + 4);
-            if (m.u.hello_ack.info_len > OTE_CTL_MAX_INFO) return OTE_ERR_TOO_BIG;
-            if (m.u.hello_ack.info_len > body_len - 8) return OTE_ERR_PROTOCOL;
-            m.u.hello_ack.addr_len = body_len - 8 - m.u.hello_ack.info_len;
-            if (m.u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
-            if (m.u.hello_ack.version == 0 || m.u.hello_ack.max_data == 0) return OTE_ERR_PROTOCOL;
-            m.u.hello_ack.addr = (const char *)(b + 8);
-            if (memchr(m.u.hello_ack.addr, '\0', m.u.hello_ack.addr_len) != NULL)
-                return OTE_ERR_PROTOCOL;
-            m.u.hello_ack.info = m.u.hello_ack.addr + m.u.hello_ack.addr_len;
-            if (memchr(m.u.hello_ack.info, '\0', m.u.hello_ack.info_len) != NULL)
-                return OTE_ERR_PROTOCOL;
+            st = decode_hello_ack(b, body_len, &m);
+            if (st != OTE_OK) return st;
             break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
@@ -286,6 +315,14 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
             if (m.status == OTE_OK && decode_bufs(b, body_len, &m) != OTE_OK)
                 return OTE_ERR_PROTOCOL;
             break;
+        case OTE_CTL_AUTH:
+            m.u.auth.step = ote_le_get16(b);
+            if (m.u.auth.step < OTE_CTL_AUTH_CHALLENGE || m.u.auth.step > OTE_CTL_AUTH_OK ||
+                ote_le_get16(b + 2) != 0 || ote_le_get32(b + 4) != 0)
+                return OTE_ERR_PROTOCOL;
+            m.u.auth.nonce = b + 8;
+            m.u.auth.mac = b + 8 + OTE_CTL_AUTH_NONCE_LEN;
+            break;
         case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
             m.u.rdma.body = b;
             m.u.rdma.len = body_len;
@@ -306,57 +343,73 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
     return OTE_OK;
 }
 
-ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, size_t *len_out) {
-    if (m == NULL || buf == NULL || len_out == NULL) return OTE_ERR_INVALID;
-    if (m->version == 0 || m->opcode == 0 || m->opcode > OTE_CTL_OPCODE_MAX) return OTE_ERR_INVALID;
-    uint32_t body = 0, data = 0;
+/* Body bytes (and bulk bytes that follow) of the frame m encodes; OTE_ERR_INVALID for
+ * out-of-range fields. */
+static ote_status_t encode_size(const ote_ctl_msg_t *m, uint32_t *body, uint32_t *data) {
+    *body = 0;
+    *data = 0;
     switch (m->opcode) {
         case OTE_CTL_HELLO:
             if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
-            body = 16 + m->u.hello.addr_len;
+            *body = 16 + m->u.hello.addr_len;
             break;
         case OTE_CTL_HELLO_ACK:
             if (m->u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
             if (m->u.hello_ack.info_len > OTE_CTL_MAX_INFO) return OTE_ERR_INVALID;
-            body = 8 + m->u.hello_ack.addr_len + m->u.hello_ack.info_len;
+            *body = 8 + m->u.hello_ack.addr_len + m->u.hello_ack.info_len;
             break;
         case OTE_CTL_WRITE_REQ:
         case OTE_CTL_READ_REQ:
             if (m->u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_INVALID;
-            body = rw_body_len(m->version);
-            if (m->opcode == OTE_CTL_WRITE_REQ) data = m->u.rw.len;
+            *body = rw_body_len(m->version);
+            if (m->opcode == OTE_CTL_WRITE_REQ) *data = m->u.rw.len;
             break;
         case OTE_CTL_READ_RESP:
             if (m->data_len > OTE_CTL_MAX_DATA) return OTE_ERR_INVALID;
-            data = m->data_len;
+            *data = m->data_len;
             break;
         case OTE_CTL_NOTIFY:
             if (m->u.notify.len > OTE_CTL_MAX_NOTIFY) return OTE_ERR_INVALID;
-            body = m->u.notify.len;
+            *body = m->u.notify.len;
             break;
         case OTE_CTL_ERROR:
             if (m->u.error.text_len > OTE_CTL_MAX_TEXT) return OTE_ERR_INVALID;
-            body = 4 + m->u.error.text_len;
+            *body = 4 + m->u.error.text_len;
             break;
         case OTE_CTL_RDMA:
             if (m->u.rdma.len > OTE_CTL_MAX_BODY) return OTE_ERR_INVALID;
-            body = m->u.rdma.len;
+            *body = m->u.rdma.len;
             break;
         case OTE_CTL_CANCEL:
             if (m->version < 2 || m->u.cancel.count + m->u.cancel.nwd == 0 ||
                 m->u.cancel.count > OTE_CTL_CANCEL_MAX || m->u.cancel.nwd > OTE_CTL_CANCEL_MAX)
                 return OTE_ERR_INVALID;
-            body = 8 + 8 * m->u.cancel.count + 24 * m->u.cancel.nwd;
+            *body = 8 + 8 * m->u.cancel.count + 24 * m->u.cancel.nwd;
             break;
         case OTE_CTL_BUFS:
             if (m->status != OTE_OK) break;
             if (m->u.bufs.count > OTE_CTL_BUFS_MAX || m->u.bufs.count > m->u.bufs.total ||
                 (m->u.bufs.count > 0 && m->u.bufs.entries == NULL))
                 return OTE_ERR_INVALID;
-            body = 8 + m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN;
+            *body = 8 + m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN;
+            break;
+        case OTE_CTL_AUTH:
+            if (m->version < OTE_CTL_AUTH_VERSION || m->status != OTE_OK ||
+                m->u.auth.step < OTE_CTL_AUTH_CHALLENGE || m->u.auth.step > OTE_CTL_AUTH_OK)
+                return OTE_ERR_INVALID;
+            *body = OTE_CTL_AUTH_BODY_LEN;
             break;
         default: break;
     }
+    return OTE_OK;
+}
+
+ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, size_t *len_out) {
+    if (m == NULL || buf == NULL || len_out == NULL) return OTE_ERR_INVALID;
+    if (m->version == 0 || m->opcode == 0 || m->opcode > OTE_CTL_OPCODE_MAX) return OTE_ERR_INVALID;
+    uint32_t body = 0, data = 0;
+    ote_status_t st = encode_size(m, &body, &data);
+    if (st != OTE_OK) return st;
     if (cap < OTE_CTL_HDR_LEN + (size_t)body) return OTE_ERR_TOO_BIG;
     ote_ctl_put_hdr(buf, m->version, m->opcode, m->req_id, m->status, body + data);
     uint8_t *b = buf + OTE_CTL_HDR_LEN;
@@ -418,6 +471,13 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             if (m->u.bufs.count)
                 memmove(b + 8, m->u.bufs.entries, (size_t)m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN);
             break;
+        case OTE_CTL_AUTH:
+            memset(b, 0, OTE_CTL_AUTH_BODY_LEN);
+            ote_le_put16(b, m->u.auth.step);
+            if (m->u.auth.nonce) memcpy(b + 8, m->u.auth.nonce, OTE_CTL_AUTH_NONCE_LEN);
+            if (m->u.auth.mac)
+                memcpy(b + 8 + OTE_CTL_AUTH_NONCE_LEN, m->u.auth.mac, OTE_CTL_AUTH_MAC_LEN);
+            break;
         default: break;
     }
     *len_out = OTE_CTL_HDR_LEN + body;
@@ -472,7 +532,7 @@ ote_status_t ote_ctl_peer_status(uint16_t opcode, ote_status_t st) {
             break;
         case OTE_CTL_ERROR:
             ok = code == OTE_ERR_VERSION || code == OTE_ERR_PROTOCOL || code == OTE_ERR_INVALID ||
-                 code == OTE_ERR_UNSUPPORTED || code == OTE_ERR_REMOTE;
+                 code == OTE_ERR_UNSUPPORTED || code == OTE_ERR_REMOTE || code == OTE_ERR_AUTH;
             break;
         case OTE_CTL_RDMA:
             ok = code == OTE_ERR_ACCESS || code == OTE_ERR_INVALID || code == OTE_ERR_TOO_BIG ||

@@ -24,6 +24,12 @@
  * accepting side answers HELLO_ACK with the highest common version, or ERROR with
  * OTE_ERR_VERSION and its own range, then closes. After the handshake every frame must
  * carry the negotiated version.
+ *
+ * Authentication (version 3, engine/control/auth.h): a source with a cluster key answers a
+ * HELLO with AUTH CHALLENGE (its nonce) instead of HELLO_ACK; the requester answers AUTH
+ * PROOF (its nonce and its MAC), the source checks it and sends AUTH OK (its own MAC),
+ * then HELLO_ACK. Nothing else is accepted from the requester before its PROOF checks. A
+ * source without a key answers HELLO_ACK at once, which a requester with a key refuses.
  */
 #ifndef OTE_ENGINE_CONTROL_CTL_H
 #define OTE_ENGINE_CONTROL_CTL_H
@@ -41,7 +47,10 @@ extern "C" {
 #define OTE_CTL_VERSION_MIN 1
 /* Version 2 adds the request extent to WRITE_REQ / READ_REQ (OTE_CTL_RW2_BODY_LEN): the
  * source checks and pins the whole request, not the slice, before any byte moves. */
-#define OTE_CTL_VERSION_MAX 2
+/* Version 3 adds the AUTH frame (authentication, engine/control/auth.h): a source with a
+ * key refuses a requester that does not speak it. */
+#define OTE_CTL_VERSION_MAX 3
+#define OTE_CTL_AUTH_VERSION 3 /* the version AUTH frames are written in (and at least) */
 #define OTE_CTL_HDR_LEN 24u
 #define OTE_CTL_RW_BODY_LEN 16u /* version 1: remote addr u64, length u32, flags u32 */
 #define OTE_CTL_RW_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW_BODY_LEN)
@@ -103,8 +112,22 @@ typedef enum {
      * then NULs to the end; "" for an unregistered name). Otherwise an empty body. */
     OTE_CTL_BUFS_REQ = 12,
     OTE_CTL_BUFS = 13,
-    OTE_CTL_OPCODE_MAX = 13,
+    /* Authentication, in version >= 3 only (see the handshake above). Body (fixed,
+     * OTE_CTL_AUTH_BODY_LEN): step u16 (ote_ctl_auth_step_t), 6 bytes zero, nonce 32
+     * bytes, mac 32 bytes (CHALLENGE: zero mac; OK: zero nonce). Status 0. */
+    OTE_CTL_AUTH = 14,
+    OTE_CTL_OPCODE_MAX = 14,
 } ote_ctl_opcode_t;
+
+typedef enum {
+    OTE_CTL_AUTH_CHALLENGE = 1, /* source -> requester: the source's nonce */
+    OTE_CTL_AUTH_PROOF = 2,     /* requester -> source: its nonce and its MAC */
+    OTE_CTL_AUTH_OK = 3,        /* source -> requester: the source's MAC */
+} ote_ctl_auth_step_t;
+#define OTE_CTL_AUTH_NONCE_LEN 32u
+#define OTE_CTL_AUTH_MAC_LEN 32u
+#define OTE_CTL_AUTH_BODY_LEN (8u + OTE_CTL_AUTH_NONCE_LEN + OTE_CTL_AUTH_MAC_LEN)
+#define OTE_CTL_AUTH_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_AUTH_BODY_LEN)
 
 #define OTE_CTL_BUFS_MAX 2048u    /* entries of one BUFS frame */
 #define OTE_CTL_BUF_ENTRY_LEN 88u /* bytes of one entry */
@@ -174,6 +197,11 @@ typedef struct {
             uint32_t total, count;
             const uint8_t *entries; /* count encoded entries (ote_ctl_buf_get) */
         } bufs;
+        struct {
+            uint16_t step;        /* ote_ctl_auth_step_t */
+            const uint8_t *nonce; /* OTE_CTL_AUTH_NONCE_LEN bytes (encode: NULL = zeros) */
+            const uint8_t *mac;   /* OTE_CTL_AUTH_MAC_LEN bytes (encode: NULL = zeros) */
+        } auth;
     } u;
 } ote_ctl_msg_t;
 
@@ -233,6 +261,7 @@ ote_status_t ote_ctl_check_hello_ack(const ote_ctl_msg_t *ack, uint16_t my_min, 
  *   RDMA                   ACCESS, INVALID, TOO_BIG, AGAIN, UNSUPPORTED, REMOTE_ACCESS,
  *                          REMOTE
  *   BUFS                   AGAIN (the source could not list now), REMOTE
+ *   ERROR                  also AUTH (the handshake's authentication failed)
  *
  * OTE_OK stays OTE_OK, except in ERROR (a refusal without a reason: OTE_ERR_PROTOCOL);
  * code 0 with other bits set is OTE_ERR_PROTOCOL; any other code, any status with errno

@@ -69,6 +69,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (st == OTE_OK) check(ver >= OTE_CTL_VERSION_MIN && ver <= OTE_CTL_VERSION_MAX);
         }
         if (m.opcode == OTE_CTL_BUFS) check_bufs(&m, used);
+        if (m.opcode == OTE_CTL_AUTH) {
+            /* Only in version >= 3, fixed size, a known step; encodes back byte for byte. */
+            check(m.version >= OTE_CTL_AUTH_VERSION && used == OTE_CTL_AUTH_FRAME_LEN);
+            check(m.u.auth.step >= OTE_CTL_AUTH_CHALLENGE && m.u.auth.step <= OTE_CTL_AUTH_OK);
+            uint8_t ab[OTE_CTL_AUTH_FRAME_LEN];
+            size_t al = 0;
+            check(ote_ctl_encode(&m, ab, sizeof(ab), &al) == OTE_OK && al == used);
+            check(memcmp(ab, data + off, used) == 0);
+        }
 
         /* Round trip: what decodes must encode to the same header + body. */
         uint8_t *buf = malloc(used);

@@ -199,3 +199,17 @@ conn_t *ote__rdma_conn_new(rdma_tp_t *tp, int fd) {
     if (fl >= 0) (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     return c;
 }
+
+static ote_status_t auth_send(void *arg, const ote_ctl_msg_t *m) {
+    return ote__rdma_conn_send(((rdma_auth_chan_t *)arg)->c, m);
+}
+
+static ote_status_t auth_recv(void *arg, ote_ctl_msg_t *m) {
+    rdma_auth_chan_t *ch = arg;
+    return ote__rdma_conn_next(ch->c, m, ch->dl, ch->stop);
+}
+
+ote_auth_io_t ote__rdma_auth_io(rdma_auth_chan_t *ch) {
+    ote_auth_io_t io = {auth_send, auth_recv, ch};
+    return io;
+}

@@ -10,8 +10,9 @@
  * manager (a persistent MR per registration in every usable context, MW-bindable and
  * local-only: peers reach memory only through windows), `nlanes` CQ lanes on the data
  * context with one worker per lane, the endpoint store, the grant manager, a control
- * listener (its own TCP socket: HELLO/HELLO_ACK, then OTE_CTL_RDMA messages; nothing
- * before HELLO, nothing of another version after it), one joinable thread per control
+ * listener (its own TCP socket: HELLO, with a cluster key the AUTH exchange of
+ * engine/control/auth.h, HELLO_ACK, then OTE_CTL_RDMA messages; nothing before HELLO and
+ * its authentication, nothing of another version after it), one joinable thread per control
  * connection (which alone waits on its non-blocking socket and flushes its bounded
  * output queue: no other thread ever blocks on a peer) and a monitor thread (async
  * events, grant and notification deadlines, endpoint reclaim). Every status a peer
@@ -72,6 +73,7 @@
 #include "cq/lane.h"
 #include "cq/workers.h"
 #include "endpoint/endpoint.h"
+#include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
 #include "engine/rdma/proto.h"
@@ -252,6 +254,14 @@ ote_status_t ote__rdma_conn_next(conn_t *c, ote_ctl_msg_t *m, ote_deadline_t dl,
  * the negotiated version. Any thread; never blocks on the socket. */
 ote_status_t ote__rdma_conn_send_raw(conn_t *c, const uint8_t *buf, size_t len);
 ote_status_t ote__rdma_conn_send(conn_t *c, const ote_ctl_msg_t *m);
+/* The owner thread's frames of c as a channel for the key's challenge-response
+ * (engine/control/auth.h), each receive bounded by dl (and *stop when not NULL). */
+typedef struct {
+    conn_t *c;
+    ote_deadline_t dl;
+    const _Atomic int *stop;
+} rdma_auth_chan_t;
+ote_auth_io_t ote__rdma_auth_io(rdma_auth_chan_t *ch);
 ote_status_t ote__rdma_conn_send_rp(conn_t *c, uint64_t req_id, ote_status_t status,
                                     const ote_rp_msg_t *rp);
 

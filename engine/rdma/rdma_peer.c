@@ -230,7 +230,10 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     h.u.hello.addr_len = (uint32_t)strlen(tp->addr);
     st = ote__rdma_conn_send(c, &h);
     ote_ctl_msg_t a;
-    if (st == OTE_OK) st = ote__rdma_conn_next(c, &a, dl, NULL);
+    /* The answer, after the key's challenge-response when the source asks for it. */
+    rdma_auth_chan_t ch = {c, dl, NULL};
+    ote_auth_io_t io = ote__rdma_auth_io(&ch);
+    if (st == OTE_OK) st = ote_auth_requester(tp->host.auth_key, &h, &io, p->name, &a);
     uint16_t ver = 0;
     if (st == OTE_OK)
         st = ote_ctl_check_hello_ack(&a, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);

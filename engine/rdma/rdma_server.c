@@ -58,6 +58,22 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
     return 0;
 }
 
+/* Engine with a key: the challenge-response on the HELLO *m, before anything of it is
+ * acted on. 0 with *m decoded again from hb (the channel reused the frame's buffer); -1
+ * when it failed (counted and logged by ote_auth_source): close without reading more. */
+static int server_auth(conn_t *c, ote_ctl_msg_t *m, uint8_t *hb, size_t cap) {
+    rdma_tp_t *tp = c->tp;
+    size_t hl = 0, used = 0;
+    if (ote_ctl_encode(m, hb, cap, &hl) != OTE_OK) return -1;
+    char peer[OTE__ADDR_MAX];
+    ote_auth_peer_name(c->fd, peer, sizeof(peer));
+    rdma_auth_chan_t ch = {c, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC),
+                           &tp->stop};
+    ote_auth_io_t io = ote__rdma_auth_io(&ch);
+    if (ote_auth_source(tp->host.auth_key, m, &io, "rdma", peer) != OTE_OK) return -1;
+    return ote_ctl_decode(hb, hl, m, &used) == OTE_OK ? 0 : -1;
+}
+
 /* BUFS_REQ (buffer discovery): the engine's list, or BUFS with OTE_ERR_AGAIN. */
 static int server_buffers(conn_t *c, uint64_t req_id) {
     rdma_tp_t *tp = c->tp;
@@ -182,6 +198,8 @@ static void *server_main(void *arg) {
                          ote_ctl_opcode_str(m.opcode));
                 break;
             }
+            uint8_t hb[OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR];
+            if (tp->host.auth_key != NULL && server_auth(c, &m, hb, sizeof(hb)) != 0) break;
             if (server_hello(c, &m) != 0) break;
             continue;
         }

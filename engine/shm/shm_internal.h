@@ -21,7 +21,9 @@
  * same network namespace (the abstract socket namespace) and the same user namespace;
  * otherwise peer_open_info answers OTE_ERR_UNSUPPORTED and the router moves on. Each side
  * reads the other's pid and uid with SO_PEERCRED; either's death is an EOF on the socket,
- * seen at once by the other's thread.
+ * seen at once by the other's thread. A source with a cluster key answers a HELLO with
+ * SHM_AUTH CHALLENGE and reads nothing but the requester's PROOF (engine/control/auth.h,
+ * bound to the HELLO's bytes) before it acts on the HELLO (probe, ring) or any request.
  *
  * Authority. The requester names its request (op, the source's remote range, its own
  * local address); the source pins the remote range through host->pin (registrations and
@@ -111,7 +113,9 @@
  * of 30 us against none showed no difference in the 4 KiB x64 rate.) */
 #define SHM_SPIN_NS (20u * 1000u)
 
-enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4 };
+/* SHM_AUTH: the key's challenge-response (engine/control/auth.h) between HELLO and
+ * HELLO_ACK when the source has a key; steps as the control frame's (OTE_CTL_AUTH_*). */
+enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4, SHM_AUTH = 5 };
 /* A REQS entry that is no request: `local` bytes of request req_uid will never come
  * (dropped unsent by the requester). It gets no response. (OTE__SLICE_* are 3, 5, 7.) */
 #define SHM_OP_WRITE_OFF 9
@@ -145,6 +149,14 @@ typedef struct {
     uint32_t pad;
     char text[160];
 } shm_hello_ack_t;
+
+typedef struct {
+    shm_hdr_t h;
+    uint16_t step; /* OTE_CTL_AUTH_CHALLENGE, _PROOF or _OK */
+    uint16_t pad[3];
+    uint8_t nonce[32]; /* CHALLENGE: the source's; PROOF: the requester's */
+    uint8_t mac[32];   /* PROOF, OK */
+} shm_auth_t;
 
 typedef struct {
     uint64_t id;

@@ -19,6 +19,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/shm/shm_internal.h"
 
@@ -118,6 +119,73 @@ static ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd) {
     return sendmsg(sock, &m, MSG_NOSIGNAL);
 }
 
+/* One message of the source into buf by dl: its length (MSG_TRUNC: a longer message
+ * shows its real length), or a status. */
+static ote_status_t recv_by(int fd, void *buf, size_t cap, ote_deadline_t dl, size_t *n_out) {
+    for (;;) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int ms = ote_deadline_remaining_ms(dl, 1000);
+        if (ms == 0 && ote_deadline_expired(dl)) return OTE_ERR_TIMEOUT;
+        if (poll(&pf, 1, ms) > 0) break;
+    }
+    ssize_t n = recv(fd, buf, cap, MSG_DONTWAIT | MSG_TRUNC);
+    if (n <= 0) return OTE_ERR_PEER_LOST;
+    *n_out = (size_t)n;
+    return OTE_OK;
+}
+
+/* The source's HELLO_ACK into *a, after the key's challenge-response when the source asks
+ * for it (engine/control/auth.h; the exchange is bound to the HELLO's bytes). */
+static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, shm_hello_ack_t *a,
+                                 ote_deadline_t dl) {
+    const ote_auth_key_t *key = p->tp->host.auth_key;
+    union {
+        shm_hdr_t h;
+        shm_hello_ack_t ack;
+        shm_auth_t auth;
+    } r;
+    size_t n = 0;
+    ote_status_t st = recv_by(fd, &r, sizeof(r), dl, &n);
+    if (st == OTE_OK && n == sizeof(shm_auth_t) && r.h.magic == SHM_MAGIC && r.h.kind == SHM_AUTH &&
+        r.auth.step == OTE_CTL_AUTH_CHALLENGE) {
+        if (key == NULL) {
+            OTE_WARN("shm",
+                     "peer %s requires authentication and this engine has no key: set "
+                     "auth_key_file (OTE_AUTH_KEY_FILE) to the cluster's key file",
+                     p->addr);
+            return OTE_ERR_AUTH;
+        }
+        ote_auth_t au;
+        ote_auth_bind(&au, "shm", h, sizeof(*h));
+        ote_auth_prove(&au, key, r.auth.nonce);
+        memcpy(r.auth.nonce, au.nc, sizeof(au.nc));
+        memcpy(r.auth.mac, au.mac, sizeof(au.mac));
+        r.auth.step = OTE_CTL_AUTH_PROOF;
+        if (send(fd, &r.auth, sizeof(r.auth), MSG_NOSIGNAL) != (ssize_t)sizeof(r.auth))
+            return OTE_ERR_PEER_LOST;
+        st = recv_by(fd, &r, sizeof(r), dl, &n);
+        if (st == OTE_OK && n == sizeof(shm_auth_t) && r.h.magic == SHM_MAGIC &&
+            r.h.kind == SHM_AUTH && r.auth.step == OTE_CTL_AUTH_OK) {
+            if (ote_auth_check_ok(&au, key, r.auth.mac) != OTE_OK) {
+                OTE_WARN("shm", "peer %s failed to prove the cluster key: closing", p->addr);
+                return OTE_ERR_AUTH;
+            }
+            st = recv_by(fd, &r, sizeof(r), dl, &n);
+        }
+    } else if (st == OTE_OK && key != NULL) {
+        OTE_WARN("shm",
+                 "peer %s does not authenticate (it has no auth_key_file) while this engine has "
+                 "a key: refusing it",
+                 p->addr);
+        return OTE_ERR_AUTH;
+    }
+    if (st != OTE_OK) return st;
+    if (n != sizeof(*a) || r.h.magic != SHM_MAGIC || r.h.kind != SHM_HELLO_ACK)
+        return OTE_ERR_PROTOCOL;
+    *a = r.ack;
+    return OTE_OK;
+}
+
 /* Connect and handshake (fd and src_pid set on success). */
 static ote_status_t peer_connect(shm_peer_t *p) {
     shm_tp_t *tp = p->tp;
@@ -171,17 +239,13 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     ote_status_t st = OTE_OK;
     if (send_with_fd(fd, &h, sizeof(h), rfd) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
     if (rfd >= 0) close(rfd); /* the mapping (and the source's copy of the fd) keep it */
-    for (;;) {
-        if (st != OTE_OK) break;
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int ms = ote_deadline_remaining_ms(dl, 1000);
-        if (ms == 0 && ote_deadline_expired(dl)) st = OTE_ERR_TIMEOUT;
-        else if (poll(&pf, 1, ms) > 0) break;
+    if (st == OTE_OK) st = hello_answer(p, fd, &h, &a, dl);
+    if (st == OTE_OK && a.status == OTE_ERR_AUTH) {
+        a.text[sizeof(a.text) - 1] = '\0';
+        OTE_WARN("shm", "peer %s (pid %d) refused this engine's key: %s", p->addr, (int)cr.pid,
+                 a.text);
+        st = OTE_ERR_AUTH;
     }
-    if (st == OTE_OK && recv(fd, &a, sizeof(a), MSG_DONTWAIT) != (ssize_t)sizeof(a))
-        st = OTE_ERR_PEER_LOST;
-    if (st == OTE_OK && (a.h.magic != SHM_MAGIC || a.h.kind != SHM_HELLO_ACK))
-        st = OTE_ERR_PROTOCOL;
     if (st == OTE_OK && a.status != OTE_OK) {
         a.text[sizeof(a.text) - 1] = '\0';
         OTE_INFO("shm", "peer %s (pid %d) refuses shm: %s", p->addr, (int)cr.pid, a.text);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/shm/shm_internal.h"
 #include "ote/ote.h"
@@ -61,6 +62,49 @@ static ote_status_t send_msg(shm_src_t *s, const void *buf, size_t len) {
 static ssize_t recv_hello(int sock, shm_hello_t *h, int *fd_out);
 static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd);
 
+/* Engine with a key: the challenge-response on the HELLO h (its bytes as received),
+ * before anything of it is acted on. 0 when the requester proved the key; -1 when not
+ * (counted and logged): the caller closes without reading more. */
+static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
+    char peer[64];
+    snprintf(peer, sizeof(peer), "pid %d (uid %u)", (int)s->pid, (unsigned)s->uid);
+    ote_auth_t a;
+    ote_auth_bind(&a, "shm", h, sizeof(*h));
+    ote_auth_challenge(&a);
+    shm_auth_t m;
+    memset(&m, 0, sizeof(m));
+    m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_AUTH, 0, 0};
+    m.step = OTE_CTL_AUTH_CHALLENGE;
+    memcpy(m.nonce, a.ns, sizeof(m.nonce));
+    if (send_msg(s, &m, sizeof(m)) != OTE_OK || wait_in(s, dl) != 1) {
+        ote_auth_failed("shm", peer, "no proof before the deadline");
+        return -1;
+    }
+    /* MSG_TRUNC: the real length of a longer message, which is refused. */
+    ssize_t n = recv(s->fd, &m, sizeof(m), MSG_DONTWAIT | MSG_TRUNC);
+    if (n != (ssize_t)sizeof(m) || m.h.magic != SHM_MAGIC || m.h.kind != SHM_AUTH ||
+        m.step != OTE_CTL_AUTH_PROOF) {
+        ote_auth_failed(
+            "shm", peer,
+            n == 0 ? "closed without a proof (no key?)" : "a message other than its proof");
+        return -1;
+    }
+    if (ote_auth_check_proof(&a, s->tp->host.auth_key, m.nonce, m.mac) != OTE_OK) {
+        shm_hello_ack_t r;
+        memset(&r, 0, sizeof(r));
+        r.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO_ACK, 0, 0};
+        r.status = OTE_ERR_AUTH;
+        snprintf(r.text, sizeof(r.text), "authentication failed: wrong key");
+        ote_auth_failed("shm", peer, "wrong key"); /* counted before the peer hears */
+        (void)send_msg(s, &r, sizeof(r));
+        return -1;
+    }
+    memset(m.nonce, 0, sizeof(m.nonce));
+    m.step = OTE_CTL_AUTH_OK;
+    memcpy(m.mac, a.mac, sizeof(m.mac));
+    return send_msg(s, &m, sizeof(m)) == OTE_OK ? 0 : -1;
+}
+
 /* The handshake: 0 when the requester is served, -1 when refused or gone. */
 static int src_hello(shm_src_t *s) {
     shm_tp_t *tp = s->tp;
@@ -71,6 +115,10 @@ static int src_hello(shm_src_t *s) {
     ssize_t n = recv_hello(s->fd, &h, &rfd);
     if (n != (ssize_t)sizeof(h) || h.h.magic != SHM_MAGIC || h.h.kind != SHM_HELLO) {
         OTE_WARN("shm", "connection from pid %d did not begin with a HELLO: closing", (int)s->pid);
+        if (rfd >= 0) close(rfd);
+        return -1;
+    }
+    if (tp->host.auth_key != NULL && src_auth(s, &h, dl) != 0) {
         if (rfd >= 0) close(rfd);
         return -1;
     }

@@ -62,7 +62,10 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
     if (st == OTE_OK) st = ote_ctl_send_all(fd, buf, len, dl);
     ote_ctl_msg_t ack;
     if (st == OTE_OK) {
-        st = ote_ctl_recv_frame(fd, buf, sizeof(buf), &ack, dl);
+        /* The answer, after the key's challenge-response when the source asks for it. */
+        ote_auth_sock_t as = {fd, buf, sizeof(buf), dl};
+        ote_auth_io_t io = ote_auth_sock_io(&as);
+        st = ote_auth_requester(tp->host.auth_key, &hello, &io, p->addr, &ack);
         if (st != OTE_OK && ote_status_scope(st) == OTE_SCOPE_REQUEST &&
             ote_status_code(st) != OTE_ERR_TIMEOUT)
             st = OTE_ERR_PROTOCOL;

@@ -69,6 +69,10 @@
  * Hostile or stuck requesters (source side). At most tcp_max_accepted accepted
  * connections exist at once (more are closed at accept); each must complete its
  * handshake within connect_timeout_ms and, until then, owns only a small receive buffer.
+ * With a cluster key the handshake includes the AUTH exchange (engine/control/auth.h):
+ * after the CHALLENGE the only frame parsed is the PROOF; anything else, or a PROOF that
+ * does not check, closes the connection (counted, rate-limited WARN) before any request
+ * is looked at. Each data connection authenticates itself.
  * A connection queues at most TCP_SRC_MAX_RESP responses: at the cap it stops reading
  * (EPOLLIN off) until the requester drains them. A connection that owes responses or is
  * receiving a payload must make progress (bytes in or out) every transfer_timeout_ms,
@@ -109,6 +113,7 @@
 
 #include "base/lock.h"
 #include "base/time.h"
+#include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
@@ -207,6 +212,14 @@ struct tcp_conn {
     uint32_t rx_len;           /* length of the WRITE slice being received */
     uint64_t last_refused_req; /* extent start of the last refused request (one WARN each) */
     uint8_t hsbuf[TCP_HSBUF];
+    /* Source of an engine with a key (engine/control/auth.h): auth_wait from the
+     * CHALLENGE until the PROOF, which must be the next frame; the HELLO is kept
+     * (encoded) until then and answered once the PROOF checks (authed). */
+    int auth_wait, authed;
+    ote_auth_t auth;
+    uint8_t auth_hello[OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR];
+    size_t auth_hello_len;
+    uint8_t auth_out[2][OTE_CTL_AUTH_FRAME_LEN]; /* CHALLENGE, OK */
 
     /* Receive, worker-owned. */
     uint8_t *rxbuf;

@@ -128,7 +128,111 @@ static void src_write(tcp_conn_t *c) {
     ote__tcp_want_out(c, 0);
 }
 
+/* Queue an answer of the handshake (bytes owned by c); close_after: a refusal, after
+ * which nothing more is parsed and the connection closes once it is sent. */
+static int src_queue_hs(tcp_conn_t *c, const uint8_t *data, size_t len, int close_after) {
+    tcp_resp_t *r = resp_push(c);
+    if (r == NULL) {
+        ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
+        return -1;
+    }
+    r->hdr_len = 0;
+    r->data = data;
+    r->len = (uint32_t)len;
+    r->close_after = close_after;
+    if (close_after) c->closing = 1;
+    return 0;
+}
+
+/* A refused authentication: counted and logged; the ERROR m (if any) goes out first. */
+static int src_auth_refuse(tcp_conn_t *c, const ote_ctl_msg_t *m, const char *why) {
+    char peer[OTE__ADDR_MAX];
+    ote_auth_peer_name(c->fd, peer, sizeof(peer));
+    ote_auth_failed("tcp", peer, why);
+    size_t len = 0;
+    if (m == NULL || ote_ctl_encode(m, c->hsbuf, sizeof(c->hsbuf), &len) != OTE_OK) {
+        ote__tcp_conn_kill(c, OTE_ERR_AUTH);
+        return -1;
+    }
+    return src_queue_hs(c, c->hsbuf, len, 1);
+}
+
+static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m);
+
+/* Engine with a key, the HELLO: keep it, answer CHALLENGE. Nothing of the HELLO is acted
+ * on before the PROOF checks. */
+static int src_auth_challenge(tcp_conn_t *c, const ote_ctl_msg_t *m) {
+    ote_ctl_msg_t out;
+    if (!ote_auth_hello_ok(m, &out))
+        return src_auth_refuse(c, &out, "its versions do not reach authentication");
+    size_t len = 0;
+    if (ote_ctl_encode(m, c->auth_hello, sizeof(c->auth_hello), &len) != OTE_OK ||
+        ote_auth_bind_hello(&c->auth, m) != OTE_OK)
+        return src_auth_refuse(c, NULL, "a HELLO that does not encode");
+    ote_auth_challenge(&c->auth);
+    ote_auth_frame(&out, OTE_CTL_AUTH_CHALLENGE, c->auth.ns, NULL);
+    size_t olen = 0;
+    if (ote_ctl_encode(&out, c->auth_out[0], sizeof(c->auth_out[0]), &olen) != OTE_OK)
+        return src_auth_refuse(c, NULL, "no challenge");
+    c->auth_hello_len = len;
+    c->auth_wait = 1;
+    return src_queue_hs(c, c->auth_out[0], olen, 0);
+}
+
+/* Engine with a key, the frame after CHALLENGE: it must be a PROOF that checks; then OK,
+ * and the kept HELLO is answered as without a key. */
+static int src_auth_proof(tcp_conn_t *c, const ote_ctl_msg_t *m) {
+    tcp_t *tp = c->w->tp;
+    if (m->opcode != OTE_CTL_AUTH || m->u.auth.step != OTE_CTL_AUTH_PROOF) {
+        char peer[OTE__ADDR_MAX];
+        ote_auth_peer_name(c->fd, peer, sizeof(peer));
+        int nokey = m->opcode == OTE_CTL_ERROR && ote_status_code(m->status) == OTE_ERR_AUTH;
+        ote_auth_failed("tcp", peer, nokey ? "it has no key" : "a frame other than its proof");
+        ote__tcp_conn_kill(c, OTE_ERR_AUTH);
+        return -1;
+    }
+    if (ote_auth_check_proof(&c->auth, tp->host.auth_key, m->u.auth.nonce, m->u.auth.mac) !=
+        OTE_OK) {
+        ote_ctl_msg_t e;
+        memset(&e, 0, sizeof(e));
+        e.version = OTE_CTL_AUTH_VERSION;
+        e.opcode = OTE_CTL_ERROR;
+        e.status = OTE_ERR_AUTH;
+        e.u.error.min_version = OTE_CTL_VERSION_MIN;
+        e.u.error.max_version = OTE_CTL_VERSION_MAX;
+        e.u.error.text = "authentication failed: wrong key";
+        e.u.error.text_len = (uint32_t)strlen(e.u.error.text);
+        return src_auth_refuse(c, &e, "wrong key");
+    }
+    c->auth_wait = 0;
+    c->authed = 1;
+    ote_ctl_msg_t ok;
+    ote_auth_frame(&ok, OTE_CTL_AUTH_OK, NULL, c->auth.mac);
+    size_t olen = 0;
+    if (ote_ctl_encode(&ok, c->auth_out[1], sizeof(c->auth_out[1]), &olen) != OTE_OK ||
+        src_queue_hs(c, c->auth_out[1], olen, 0) != 0) {
+        if (c->fd >= 0) ote__tcp_conn_kill(c, OTE_ERR_AUTH);
+        return -1;
+    }
+    ote_ctl_msg_t hello;
+    size_t used = 0;
+    if (ote_ctl_decode(c->auth_hello, c->auth_hello_len, &hello, &used) != OTE_OK) {
+        ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+        return -1;
+    }
+    return src_hello(c, &hello);
+}
+
 static int src_handshake(tcp_conn_t *c, const ote_ctl_msg_t *m) {
+    if (c->w->tp->host.auth_key != NULL && !c->authed) {
+        if (c->auth_wait) return src_auth_proof(c, m);
+        if (m->opcode == OTE_CTL_HELLO) return src_auth_challenge(c, m);
+    }
+    return src_hello(c, m);
+}
+
+/* Answer a HELLO (after its authentication when the engine has a key). */
+static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     if (m->opcode != OTE_CTL_HELLO) {
         OTE_WARN("control", "connection began with %s instead of HELLO: closing",
                  ote_ctl_opcode_str(m->opcode));
@@ -333,8 +437,12 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
             return src_respond(c, OTE_CTL_NOTIFY_ACK, m->req_id, st, NULL, 0, NULL);
         case OTE_CTL_BUFS_REQ: c->last_large = 0; return src_buffers(c, m->req_id);
         default:
-            OTE_WARN("control", "unexpected %s from requester %s: closing",
-                     ote_ctl_opcode_str(m->opcode), c->from);
+            if (m->opcode == OTE_CTL_ERROR && ote_status_code(m->status) == OTE_ERR_AUTH)
+                OTE_WARN("control", "requester %s refused this engine: %.*s", c->from,
+                         (int)m->u.error.text_len, m->u.error.text);
+            else
+                OTE_WARN("control", "unexpected %s from requester %s: closing",
+                         ote_ctl_opcode_str(m->opcode), c->from);
             ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
             return -1;
     }
@@ -372,6 +480,11 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
             OTE_WARN("tcp",
                      "connection from %s did not complete its handshake within %llu ms: closing",
                      c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
+            if (c->auth_wait) { /* challenged, never proved the key */
+                char peer[OTE__ADDR_MAX];
+                ote_auth_peer_name(c->fd, peer, sizeof(peer));
+                ote_auth_failed("tcp", peer, "no proof within connect_timeout_ms");
+            }
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }
         return;

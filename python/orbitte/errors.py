@@ -40,6 +40,7 @@ CODES = {
     103: ("OTE_ERR_CONNECT", "ConnectError", SCOPE_PEER),
     104: ("OTE_ERR_REMOTE_ACCESS", "RemoteAccessError", SCOPE_PEER),
     105: ("OTE_ERR_REMOTE", "RemoteError", SCOPE_PEER),
+    106: ("OTE_ERR_AUTH", "AuthError", SCOPE_PEER),
     200: ("OTE_ERR_NATIVE", "NativeError", SCOPE_DEVICE),
     201: ("OTE_ERR_NO_DEVICE", "NoDeviceError", SCOPE_DEVICE),
     202: ("OTE_ERR_PORT_DOWN", "PortDownError", SCOPE_DEVICE),

@@ -1,5 +1,6 @@
 """Statuses as exceptions: the class hierarchy by scope, and the errors a user meets."""
 
+import os
 import socket
 
 import numpy as np
@@ -125,3 +126,34 @@ def test_closed_objects_raise_state_errors(peer):
     with orbitte.Engine() as other, other.batch(1) as b:
         with pytest.raises(ValueError):
             b.submit([(7, bytearray(1), peer.address, peer.rw)])
+
+
+def _key_file(tmp_path, name, seed, mode=0o600):
+    path = tmp_path / name
+    path.write_bytes(bytes((seed + i * 7) % 256 for i in range(32)))
+    os.chmod(path, mode)
+    return str(path)
+
+
+def test_cluster_key_mismatch_raises_auth_error(tmp_path):
+    key_a, key_b = _key_file(tmp_path, "a", 1), _key_file(tmp_path, "b", 2)
+    base = {"listen_address": "127.0.0.1:0", "transports": "tcp"}
+    with orbitte.Engine(dict(base, auth_key_file=key_a)) as src, \
+            orbitte.Engine(dict(base, auth_key_file=key_a)) as same, \
+            orbitte.Engine(dict(base, auth_key_file=key_b)) as other, \
+            orbitte.Engine(base) as unkeyed:
+        remote = np.zeros(4096, np.uint8)
+        src.register(remote)
+        data = (np.arange(4096) % 251).astype(np.uint8)
+        same.write(src.address, data, remote.ctypes.data)
+        assert np.array_equal(remote, data)
+        for eng in (other, unkeyed):
+            with pytest.raises(orbitte.AuthError) as info:
+                eng.open_segment(src.address)
+            assert info.value.name == "OTE_ERR_AUTH" and isinstance(info.value, orbitte.PeerError)
+
+
+def test_key_file_readable_by_others_is_refused(tmp_path):
+    with pytest.raises(orbitte.AccessError) as info:
+        orbitte.Engine({"auth_key_file": _key_file(tmp_path, "open", 1, 0o644)})
+    assert info.value.name == "OTE_ERR_ACCESS"

@@ -182,7 +182,9 @@ TEST_F(ConfigTest, EngineAddressesV4V6AndAdvertised) {
         EXPECT_EQ(std::string(addr).rfind("[::1]:", 0), 0u) << addr;
         ASSERT_EQ(ote_engine_destroy(e), OTE_OK);
     }
+    // A wildcard without a key needs allow_unauthenticated=1 (auth_test covers the refusal).
     ASSERT_EQ(ote_config_set(cfg_, "listen_address", "0.0.0.0:0"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg_, "allow_unauthenticated", "1"), OTE_OK);
     ASSERT_EQ(ote_config_set(cfg_, "advertise_address", "[2001:db8::5]:0"), OTE_OK);
     ASSERT_EQ(ote_engine_create(cfg_, &e), OTE_OK);
     ASSERT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);

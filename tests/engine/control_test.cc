@@ -1,7 +1,10 @@
 // Unit tests of the control-plane codec and handshake checks.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -9,6 +12,7 @@
 #include "tests/util/test_base.h"
 
 extern "C" {
+#include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 }
 
@@ -520,6 +524,128 @@ TEST_F(ControlTest, MalformedBufsFramesAreRejected) {
     EXPECT_FALSE(ote_ctl_buf_name_ok("", 0));
     EXPECT_FALSE(ote_ctl_buf_name_ok(std::string(64, 'a').c_str(), 64));
     EXPECT_FALSE(ote_ctl_buf_name_ok("a\x7f", 2));
+}
+
+// ---- authentication: the AUTH frame (version 3) ---------------------------------------
+
+TEST_F(ControlTest, AuthFrameRoundTripsAndIsChecked) {
+    uint8_t nonce[OTE_CTL_AUTH_NONCE_LEN], mac[OTE_CTL_AUTH_MAC_LEN];
+    memset(nonce, 0x5a, sizeof(nonce));
+    memset(mac, 0xa5, sizeof(mac));
+    ote_ctl_msg_t m{};
+    m.version = OTE_CTL_AUTH_VERSION;
+    m.opcode = OTE_CTL_AUTH;
+    m.u.auth.step = OTE_CTL_AUTH_PROOF;
+    m.u.auth.nonce = nonce;
+    m.u.auth.mac = mac;
+    uint8_t buf[OTE_CTL_AUTH_FRAME_LEN + 8];
+    size_t len = 0, used = 0;
+    ASSERT_EQ(ote_ctl_encode(&m, buf, sizeof(buf), &len), OTE_OK);
+    ASSERT_EQ(len, OTE_CTL_AUTH_FRAME_LEN);
+    ote_ctl_msg_t d{};
+    ASSERT_EQ(ote_ctl_decode(buf, len, &d, &used), OTE_OK);
+    EXPECT_EQ(used, len);
+    EXPECT_EQ(d.u.auth.step, OTE_CTL_AUTH_PROOF);
+    EXPECT_EQ(memcmp(d.u.auth.nonce, nonce, sizeof(nonce)), 0);
+    EXPECT_EQ(memcmp(d.u.auth.mac, mac, sizeof(mac)), 0);
+    EXPECT_EQ(ote_ctl_decode(buf, len - 1, &d, &used), OTE_ERR_AGAIN);
+    // Below version 3, an unknown step, nonzero padding, a status, another length: refused.
+    uint8_t bad[sizeof(buf)];
+    memcpy(bad, buf, len);
+    bad[4] = 2;
+    EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL);
+    for (uint8_t step : {0, 4}) {
+        memcpy(bad, buf, len);
+        bad[OTE_CTL_HDR_LEN] = step;
+        EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL) << int(step);
+    }
+    memcpy(bad, buf, len);
+    bad[OTE_CTL_HDR_LEN + 5] = 1;
+    EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL);
+    memcpy(bad, buf, len);
+    bad[16] = 1;
+    EXPECT_EQ(ote_ctl_decode(bad, len, &d, &used), OTE_ERR_PROTOCOL);
+    memcpy(bad, buf, len);
+    bad[20] = OTE_CTL_AUTH_BODY_LEN + 1;
+    EXPECT_EQ(ote_ctl_decode(bad, len + 1, &d, &used), OTE_ERR_PROTOCOL);
+    m.version = 2;
+    EXPECT_EQ(ote_ctl_encode(&m, buf, sizeof(buf), &len), OTE_ERR_INVALID);
+    // An ERROR may carry OTE_ERR_AUTH: the handshake's refusal.
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_ERROR, OTE_ERR_AUTH), OTE_ERR_AUTH);
+    EXPECT_EQ(ote_ctl_peer_status(OTE_CTL_WRITE_ACK, OTE_ERR_AUTH), OTE_ERR_REMOTE);
+    EXPECT_STREQ(ote_status_str(OTE_ERR_AUTH), "OTE_ERR_AUTH");
+}
+
+// The challenge-response itself: the right key checks both ways; another key, another
+// HELLO, another challenge, or a proof reflected to the other side does not.
+TEST_F(ControlTest, AuthProofsBindKeyHelloNoncesAndDirection) {
+    const char *dir = getenv("TEST_TMPDIR");
+    std::string k1 = std::string(dir ? dir : "/tmp") + "/ctl_key1";
+    std::string k2 = std::string(dir ? dir : "/tmp") + "/ctl_key2";
+    for (const std::string &p : {k1, k2}) {
+        FILE *f = fopen(p.c_str(), "wb");
+        ASSERT_NE(f, nullptr);
+        for (int i = 0; i < 40; i++) fputc(p == k1 ? i : i + 1, f);
+        fclose(f);
+        ASSERT_EQ(chmod(p.c_str(), 0600), 0);
+    }
+    ote_auth_key_t *key = nullptr, *other = nullptr;
+    ASSERT_EQ(ote_auth_key_load(k1.c_str(), &key), OTE_OK);
+    ASSERT_EQ(ote_auth_key_load(k2.c_str(), &other), OTE_OK);
+    ote_ctl_msg_t h{};
+    h.version = OTE_CTL_VERSION_MAX;
+    h.opcode = OTE_CTL_HELLO;
+    h.u.hello.min_version = 1;
+    h.u.hello.max_version = OTE_CTL_VERSION_MAX;
+    h.u.hello.role = 1;
+    h.u.hello.conn_index = 2;
+    h.u.hello.session = 99;
+    h.u.hello.addr = "10.0.0.1:5";
+    h.u.hello.addr_len = 10;
+
+    ote_auth_t src, req;
+    ASSERT_EQ(ote_auth_bind_hello(&src, &h), OTE_OK);
+    ASSERT_EQ(ote_auth_bind_hello(&req, &h), OTE_OK);
+    ote_auth_challenge(&src);
+    ote_auth_prove(&req, key, src.ns);
+    ote_auth_t src_copy = src;
+    ASSERT_EQ(ote_auth_check_proof(&src, key, req.nc, req.mac), OTE_OK);
+    EXPECT_EQ(ote_auth_check_ok(&req, key, src.mac), OTE_OK);
+    EXPECT_NE(memcmp(src.mac, req.mac, OTE_AUTH_LEN), 0); // direction labels differ
+    // The source's own MAC offered as a requester's proof: refused (no reflection).
+    ote_auth_t s2 = src_copy;
+    EXPECT_EQ(ote_auth_check_proof(&s2, key, req.nc, src.mac), OTE_ERR_AUTH);
+    // Another key, on either side.
+    s2 = src_copy;
+    EXPECT_EQ(ote_auth_check_proof(&s2, other, req.nc, req.mac), OTE_ERR_AUTH);
+    EXPECT_EQ(ote_auth_check_ok(&req, other, src.mac), OTE_ERR_AUTH);
+    // Another challenge (a replay on a new connection).
+    ote_auth_t s3;
+    ASSERT_EQ(ote_auth_bind_hello(&s3, &h), OTE_OK);
+    ote_auth_challenge(&s3);
+    EXPECT_EQ(ote_auth_check_proof(&s3, key, req.nc, req.mac), OTE_ERR_AUTH);
+    // Another HELLO (conn_index, session or address changed): refused.
+    for (int field = 0; field < 3; field++) {
+        ote_ctl_msg_t h2 = h;
+        if (field == 0) h2.u.hello.conn_index = 3;
+        if (field == 1) h2.u.hello.session = 100;
+        if (field == 2) h2.u.hello.addr = "10.0.0.1:6";
+        ote_auth_t s4;
+        ASSERT_EQ(ote_auth_bind_hello(&s4, &h2), OTE_OK);
+        memcpy(s4.ns, src_copy.ns, OTE_AUTH_LEN);
+        EXPECT_EQ(ote_auth_check_proof(&s4, key, req.nc, req.mac), OTE_ERR_AUTH) << field;
+    }
+    ote_auth_key_free(key);
+    ote_auth_key_free(other);
+}
+
+TEST_F(ControlTest, AuthFailuresAreCountedAndLoggedRateLimited) {
+    uint64_t n = ote_auth_failures();
+    ote_auth_failed("tcp", "192.0.2.7:4242", "wrong key");
+    EXPECT_EQ(ote_auth_failures(), n + 1);
+    EXPECT_TRUE(LogContains("authentication of 192.0.2.7:4242 failed: wrong key"));
+    for (int i = 0; i < 100; i++) ote_auth_failed("tcp", "192.0.2.8:1", "wrong key");
+    EXPECT_EQ(ote_auth_failures(), n + 101);
 }
 
 } // namespace

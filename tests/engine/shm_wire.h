@@ -21,7 +21,7 @@
 #define TW_OP_READ 5
 #define TW_OP_NOTIFY 7
 #define TW_OP_WRITE_OFF 9
-enum { TW_HELLO = 1, TW_HELLO_ACK = 2, TW_REQS = 3, TW_RESPS = 4 };
+enum { TW_HELLO = 1, TW_HELLO_ACK = 2, TW_REQS = 3, TW_RESPS = 4, TW_AUTH = 5 };
 enum { TW_MODE_CMA = 1, TW_MODE_RING = 2 };
 
 typedef struct {
@@ -48,6 +48,14 @@ typedef struct {
     uint32_t pad;
     char text[160];
 } tw_hello_ack_t;
+
+typedef struct {
+    tw_hdr_t h;
+    uint16_t step;
+    uint16_t pad[3];
+    uint8_t nonce[32];
+    uint8_t mac[32];
+} tw_auth_t;
 
 typedef struct {
     uint64_t id;

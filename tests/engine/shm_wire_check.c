@@ -27,6 +27,11 @@ SAME(TW_HELLO, SHM_HELLO);
 SAME(TW_HELLO_ACK, SHM_HELLO_ACK);
 SAME(TW_REQS, SHM_REQS);
 SAME(TW_RESPS, SHM_RESPS);
+SAME(TW_AUTH, SHM_AUTH);
+SAME(sizeof(tw_auth_t), sizeof(shm_auth_t));
+SAME_FIELD(tw_auth_t, shm_auth_t, step);
+SAME_FIELD(tw_auth_t, shm_auth_t, nonce);
+SAME_FIELD(tw_auth_t, shm_auth_t, mac);
 SAME(TW_MODE_CMA, SHM_MODE_CMA);
 SAME(TW_MODE_RING, SHM_MODE_RING);
 

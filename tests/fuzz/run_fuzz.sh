@@ -37,6 +37,13 @@ printf 'OTEM\x02\x00\x0c\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00
     printf 'kv'
     head -c 62 /dev/zero
 } >"$CORPUS/bufs"
+# Authentication (version 3): an AUTH PROOF (step 2) with a nonce of 0x11 and a MAC of 0x22.
+{
+    printf 'OTEM\x03\x00\x0e\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x48\x00\x00\x00'
+    printf '\x02\x00\x00\x00\x00\x00\x00\x00'
+    head -c 32 /dev/zero | tr '\0' '\021'
+    head -c 32 /dev/zero | tr '\0' '\042'
+} >"$CORPUS/auth"
 
 cd "$WORK"
 set +e

@@ -57,6 +57,15 @@ typedef struct ote_batch ote_batch_t;
  *                        per slice or per grant (a refused request, a failed grant, a
  *                        dead peer's windows) is logged once per event, at most once a
  *                        second per kind, the next line saying how many were swallowed.
+ *   auth_key_file        path of the cluster key: a regular file of 32..4096 raw bytes
+ *                        (e.g. `head -c 32 /dev/urandom`) that group and others can
+ *                        neither read nor write, else ote_engine_create fails
+ *                        (OTE_ERR_ACCESS). Every connection to this engine then proves the
+ *                        key, and this engine proves it to every peer; a peer without the
+ *                        same key fails with OTE_ERR_AUTH. Default "": no key.
+ *   allow_unauthenticated "1" lets an engine without a key listen on a non-loopback
+ *                        address (logged at WARN); otherwise ote_engine_create refuses it
+ *                        with OTE_ERR_INVALID. Default "0".
  * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
  * with ote_config_set() wins over the environment.
  */
@@ -123,7 +132,9 @@ ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t 
 
 /* ---- segments ---------------------------------------------------------------------- */
 /* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
- * segment can be opened again; a later open reconnects. */
+ * segment can be opened again; a later open reconnects. OTE_ERR_AUTH (logged on both
+ * sides) when the two engines do not share a cluster key (auth_key_file): another key, or
+ * a key on one side only. */
 ote_status_t ote_segment_open(ote_engine_t *engine, const char *peer, ote_segment_t **seg_out);
 /* Refused with OTE_ERR_BUSY while a batch has pending requests on it. Notifications
  * still on their way to the peer are waited for (each ends by its deadline); one still

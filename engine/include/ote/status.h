@@ -51,6 +51,7 @@ enum {
     OTE_ERR_CONNECT = 103,       /* could not connect to the peer */
     OTE_ERR_REMOTE_ACCESS = 104, /* the remote side refused access */
     OTE_ERR_REMOTE = 105,        /* the remote side failed the request */
+    OTE_ERR_AUTH = 106,          /* authentication failed: wrong key, or a key on one side only */
 
     /* Context / device scope (200..299): a device, port or native owner failed. */
     OTE_ERR_NATIVE = 200,       /* a native call failed; see ote_status_errno() */
