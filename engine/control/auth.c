@@ -17,6 +17,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/time.h"
 #include "engine/control/sock.h"
 
 /* The key bytes live in sodium_malloc memory (locked, guard pages, zeroed by
@@ -24,6 +25,7 @@
 struct ote_auth_key {
     unsigned char *bytes;
     size_t len;
+    ote_auth_limit_t *limit; /* the engine's back-off table (auth_limit.h) */
 };
 
 static _Atomic uint64_t g_failures;
@@ -77,6 +79,12 @@ ote_status_t ote_auth_key_load(const char *path, ote_auth_key_t **key_out) {
     ote_auth_key_t *k = ote_calloc(1, sizeof(*k));
     ote_status_t st = k ? key_read(fd, path, k) : OTE_ERR_NOMEM;
     close(fd);
+    if (st == OTE_OK) {
+        ote_auth_limit_cfg_t lc;
+        ote__auth_limit_engine_cfg(&lc);
+        st = ote_auth_limit_create(&lc, &k->limit);
+        if (st != OTE_OK) sodium_free(k->bytes);
+    }
     if (st != OTE_OK) {
         ote_free(k);
         return st;
@@ -88,7 +96,16 @@ ote_status_t ote_auth_key_load(const char *path, ote_auth_key_t **key_out) {
 void ote_auth_key_free(ote_auth_key_t *key) {
     if (key == NULL) return;
     sodium_free(key->bytes); /* zeroes before it unmaps */
+    ote_auth_limit_destroy(key->limit);
     ote_free(key);
+}
+
+ote_auth_limit_t *ote_auth_key_limit(const ote_auth_key_t *key) {
+    return key != NULL ? key->limit : NULL;
+}
+
+int ote_auth_backoff(const ote_auth_key_t *key, const ote_auth_addr_t *a) {
+    return key != NULL && ote_auth_limit_refuse(key->limit, a, ote_now_ns());
 }
 
 void ote_auth_bind(ote_auth_t *a, const char *context, const void *hello, size_t len) {
@@ -163,28 +180,44 @@ void ote_auth_frame(ote_ctl_msg_t *m, uint16_t step, const uint8_t *nonce, const
     m->u.auth.mac = mac;
 }
 
-void ote_auth_failed(const char *transport, const char *peer, const char *why) {
+void ote_auth_failed(const char *transport, const ote_auth_peer_t *peer, const char *why) {
     atomic_fetch_add(&g_failures, 1);
-    OTE_WARN_LIMITED(transport, "authentication of %s failed: %s; connection closed", peer, why);
+    OTE_WARN_LIMITED(transport, "authentication of %s failed: %s; connection closed", peer->name,
+                     why);
+    ote_auth_limit_fail(peer->limit, transport, &peer->addr, ote_now_ns());
+}
+
+void ote_auth_succeeded(const ote_auth_peer_t *peer) {
+    ote_auth_limit_ok(peer->limit, &peer->addr);
 }
 
 uint64_t ote_auth_failures(void) { return atomic_load(&g_failures); }
 
-void ote_auth_peer_name(int fd, char *buf, size_t len) {
+void ote_auth_peer_of_fd(const ote_auth_key_t *key, int fd, ote_auth_peer_t *out) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     char h[INET6_ADDRSTRLEN];
-    snprintf(buf, len, "?");
+    memset(out, 0, sizeof(*out));
+    out->limit = ote_auth_key_limit(key);
+    snprintf(out->name, sizeof(out->name), "?");
     if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0) return;
+    ote_auth_addr_of_sockaddr((const struct sockaddr *)&ss, sl, &out->addr);
     if (ss.ss_family == AF_INET) {
         const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
         if (inet_ntop(AF_INET, &a->sin_addr, h, sizeof(h)))
-            snprintf(buf, len, "%s:%u", h, ntohs(a->sin_port));
+            snprintf(out->name, sizeof(out->name), "%s:%u", h, ntohs(a->sin_port));
     } else if (ss.ss_family == AF_INET6) {
         const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
         if (inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof(h)))
-            snprintf(buf, len, "[%s]:%u", h, ntohs(a->sin6_port));
+            snprintf(out->name, sizeof(out->name), "[%s]:%u", h, ntohs(a->sin6_port));
     }
+}
+
+void ote_auth_peer_of_uid(const ote_auth_key_t *key, uid_t uid, pid_t pid, ote_auth_peer_t *out) {
+    memset(out, 0, sizeof(*out));
+    out->limit = ote_auth_key_limit(key);
+    ote_auth_addr_of_uid(uid, &out->addr);
+    snprintf(out->name, sizeof(out->name), "pid %d (uid %u)", (int)pid, (unsigned)uid);
 }
 
 /* Tell the peer why before closing (best effort). */
@@ -271,7 +304,8 @@ int ote_auth_hello_ok(const ote_ctl_msg_t *hello, ote_ctl_msg_t *refusal) {
 }
 
 ote_status_t ote_auth_source(const ote_auth_key_t *key, const ote_ctl_msg_t *hello,
-                             const ote_auth_io_t *io, const char *transport, const char *peer) {
+                             const ote_auth_io_t *io, const char *transport,
+                             const ote_auth_peer_t *peer) {
     ote_ctl_msg_t m;
     if (!ote_auth_hello_ok(hello, &m)) {
         ote_auth_failed(transport, peer, "its versions do not reach authentication");
@@ -299,6 +333,7 @@ ote_status_t ote_auth_source(const ote_auth_key_t *key, const ote_ctl_msg_t *hel
         send_refusal(io, "authentication failed: wrong key");
         return OTE_ERR_AUTH;
     }
+    ote_auth_succeeded(peer); /* proved the key: its address leaves the back-off table */
     ote_auth_frame(&m, OTE_CTL_AUTH_OK, NULL, a.mac);
     return io->send(io->arg, &m);
 }

@@ -32,6 +32,7 @@
 
 #include "base/status.h"
 #include "base/time.h"
+#include "engine/control/auth_limit.h"
 #include "engine/control/ctl.h"
 
 #ifdef __cplusplus
@@ -44,13 +45,21 @@ extern "C" {
 
 typedef struct ote_auth_key ote_auth_key_t;
 
-/* Read the key file at path. OTE_ERR_ACCESS (ERROR line naming the file and its mode)
+/* Read the key file at path. The key carries the engine's back-off table of peers that
+ * fail authentication (auth_limit.h; configuration ote__auth_limit_engine_cfg): an
+ * engine without a key authenticates nobody and has nothing to limit. OTE_ERR_ACCESS (ERROR line naming the file and its mode)
  * when it is not a regular file or group/others may read or write it; OTE_ERR_INVALID
  * when its size is outside [OTE_AUTH_KEY_MIN, OTE_AUTH_KEY_MAX]; OTE_ERR_NOT_FOUND or the
  * errno of open/read; OTE_ERR_NOMEM. */
 ote_status_t ote_auth_key_load(const char *path, ote_auth_key_t **key_out);
-/* Zero and free (NULL: nothing). */
+/* Zero and free, with its back-off table (NULL: nothing). */
 void ote_auth_key_free(ote_auth_key_t *key);
+/* The key's back-off table (key NULL: NULL). */
+ote_auth_limit_t *ote_auth_key_limit(const ote_auth_key_t *key);
+/* At accept, before anything is read or sent: 1 when the peer at `a` is in back-off and
+ * the connection is to be closed at once (counted, ote_auth_refused), 0 otherwise (key
+ * NULL: 0). */
+int ote_auth_backoff(const ote_auth_key_t *key, const ote_auth_addr_t *a);
 
 /* The state of one connection's exchange. */
 typedef struct {
@@ -80,14 +89,27 @@ ote_status_t ote_auth_check_ok(const ote_auth_t *a, const ote_auth_key_t *key, c
 /* An AUTH frame of `step` (nonce / mac may be NULL: zeros), in OTE_CTL_AUTH_VERSION. */
 void ote_auth_frame(ote_ctl_msg_t *m, uint16_t step, const uint8_t *nonce, const uint8_t *mac);
 
-/* A refused or failed authentication on a source: counted (ote_auth_failures) and
- * logged at WARN, rate-limited, with the peer's address (peer: "host:port" or a
- * description) and why. */
-void ote_auth_failed(const char *transport, const char *peer, const char *why);
+/* The peer of a connection a source accepted: the back-off table its failures go to
+ * (NULL: none), its source address and its name for logs. */
+#define OTE_AUTH_PEER_NAME 64u
+typedef struct {
+    ote_auth_limit_t *limit;
+    ote_auth_addr_t addr;
+    char name[OTE_AUTH_PEER_NAME];
+} ote_auth_peer_t;
+/* From fd's peer (getpeername): name "ip:port" ("?" when unknown); limit: key's table. */
+void ote_auth_peer_of_fd(const ote_auth_key_t *key, int fd, ote_auth_peer_t *out);
+/* From an shm requester's credentials: name "pid P (uid U)", address its uid. */
+void ote_auth_peer_of_uid(const ote_auth_key_t *key, uid_t uid, pid_t pid, ote_auth_peer_t *out);
+
+/* A refused or failed authentication on a source: counted (ote_auth_failures), logged
+ * at WARN, rate-limited, with the peer's name and why, and fed to the peer's back-off
+ * table (ote_auth_limit_fail). */
+void ote_auth_failed(const char *transport, const ote_auth_peer_t *peer, const char *why);
+/* A successful authentication on a source: its address leaves the back-off table. */
+void ote_auth_succeeded(const ote_auth_peer_t *peer);
 /* The count of failed authentications of this process (tests read it). */
 uint64_t ote_auth_failures(void);
-/* "ip:port" of fd's peer (getpeername), or "?". */
-void ote_auth_peer_name(int fd, char *buf, size_t len);
 
 /*
  * Blocking exchanges over a frame channel (a socket with sock.h's steps, or a transport's
@@ -113,12 +135,14 @@ ote_status_t ote_auth_requester(const ote_auth_key_t *key, const ote_ctl_msg_t *
 
 /*
  * Source with a key, after a well-formed HELLO: the whole exchange. OTE_OK when the
- * requester proved the key (OK sent; the caller answers HELLO_ACK next). Otherwise the
+ * requester proved the key (OK sent, ote_auth_succeeded; the caller answers HELLO_ACK
+ * next). Otherwise the
  * requester was sent an ERROR with OTE_ERR_AUTH where that applies, the failure is
  * counted and logged (ote_auth_failed) and the caller closes without reading more.
  */
 ote_status_t ote_auth_source(const ote_auth_key_t *key, const ote_ctl_msg_t *hello,
-                             const ote_auth_io_t *io, const char *transport, const char *peer);
+                             const ote_auth_io_t *io, const char *transport,
+                             const ote_auth_peer_t *peer);
 /* Source with a key: whether a HELLO may authenticate (its versions reach
  * OTE_CTL_AUTH_VERSION); when not, *refusal is the ERROR to send before closing (text:
  * a static string). */

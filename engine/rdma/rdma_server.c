@@ -65,12 +65,12 @@ static int server_auth(conn_t *c, ote_ctl_msg_t *m, uint8_t *hb, size_t cap) {
     rdma_tp_t *tp = c->tp;
     size_t hl = 0, used = 0;
     if (ote_ctl_encode(m, hb, cap, &hl) != OTE_OK) return -1;
-    char peer[OTE__ADDR_MAX];
-    ote_auth_peer_name(c->fd, peer, sizeof(peer));
+    ote_auth_peer_t peer;
+    ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
     rdma_auth_chan_t ch = {c, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC),
                            &tp->stop};
     ote_auth_io_t io = ote__rdma_auth_io(&ch);
-    if (ote_auth_source(tp->host.auth_key, m, &io, "rdma", peer) != OTE_OK) return -1;
+    if (ote_auth_source(tp->host.auth_key, m, &io, "rdma", &peer) != OTE_OK) return -1;
     return ote_ctl_decode(hb, hl, m, &used) == OTE_OK ? 0 : -1;
 }
 
@@ -250,8 +250,16 @@ static void *acceptor_main(void *arg) {
         struct pollfd p = {.fd = tp->lfd, .events = POLLIN};
         int n = poll(&p, 1, 50);
         if (n <= 0) continue;
-        int fd = accept4(tp->lfd, NULL, NULL, SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(tp->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
         if (fd < 0) continue;
+        ote_auth_addr_t from;
+        ote_auth_addr_of_sockaddr((struct sockaddr *)&ss, sl, &from);
+        if (ote_auth_backoff(tp->host.auth_key, &from)) { /* failed too often: not a byte */
+            close(fd);
+            continue;
+        }
         conn_t *c = ote__rdma_conn_new(tp, fd);
         if (c == NULL) continue;
         ote_mutex_lock(&tp->mu);

@@ -14,6 +14,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "engine/control/auth.h"
 #include "engine/shm/shm_internal.h"
 
 socklen_t ote__shm_sockaddr(const char *name, void *sun_out) {
@@ -93,6 +94,13 @@ static void accept_one(shm_tp_t *tp) {
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 ||
         (s = ote_calloc(1, sizeof(*s))) == NULL) {
         OTE_WARN("shm", "cannot take a connection: %s", s ? strerror(errno) : "out of memory");
+        close(fd);
+        return;
+    }
+    ote_auth_addr_t from;
+    ote_auth_addr_of_uid(cr.uid, &from);
+    if (ote_auth_backoff(tp->host.auth_key, &from)) { /* its uid failed too often */
+        ote_free(s);
         close(fd);
         return;
     }

@@ -66,8 +66,8 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd);
  * before anything of it is acted on. 0 when the requester proved the key; -1 when not
  * (counted and logged): the caller closes without reading more. */
 static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
-    char peer[64];
-    snprintf(peer, sizeof(peer), "pid %d (uid %u)", (int)s->pid, (unsigned)s->uid);
+    ote_auth_peer_t peer;
+    ote_auth_peer_of_uid(s->tp->host.auth_key, s->uid, s->pid, &peer);
     ote_auth_t a;
     ote_auth_bind(&a, "shm", h, sizeof(*h));
     ote_auth_challenge(&a);
@@ -77,7 +77,7 @@ static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
     m.step = OTE_CTL_AUTH_CHALLENGE;
     memcpy(m.nonce, a.ns, sizeof(m.nonce));
     if (send_msg(s, &m, sizeof(m)) != OTE_OK || wait_in(s, dl) != 1) {
-        ote_auth_failed("shm", peer, "no proof before the deadline");
+        ote_auth_failed("shm", &peer, "no proof before the deadline");
         return -1;
     }
     /* MSG_TRUNC: the real length of a longer message, which is refused. */
@@ -85,7 +85,7 @@ static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
     if (n != (ssize_t)sizeof(m) || m.h.magic != SHM_MAGIC || m.h.kind != SHM_AUTH ||
         m.step != OTE_CTL_AUTH_PROOF) {
         ote_auth_failed(
-            "shm", peer,
+            "shm", &peer,
             n == 0 ? "closed without a proof (no key?)" : "a message other than its proof");
         return -1;
     }
@@ -95,10 +95,11 @@ static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
         r.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO_ACK, 0, 0};
         r.status = OTE_ERR_AUTH;
         snprintf(r.text, sizeof(r.text), "authentication failed: wrong key");
-        ote_auth_failed("shm", peer, "wrong key"); /* counted before the peer hears */
+        ote_auth_failed("shm", &peer, "wrong key"); /* counted before the peer hears */
         (void)send_msg(s, &r, sizeof(r));
         return -1;
     }
+    ote_auth_succeeded(&peer); /* proved the key: its uid leaves the back-off table */
     memset(m.nonce, 0, sizeof(m.nonce));
     m.step = OTE_CTL_AUTH_OK;
     memcpy(m.mac, a.mac, sizeof(m.mac));

@@ -146,9 +146,9 @@ static int src_queue_hs(tcp_conn_t *c, const uint8_t *data, size_t len, int clos
 
 /* A refused authentication: counted and logged; the ERROR m (if any) goes out first. */
 static int src_auth_refuse(tcp_conn_t *c, const ote_ctl_msg_t *m, const char *why) {
-    char peer[OTE__ADDR_MAX];
-    ote_auth_peer_name(c->fd, peer, sizeof(peer));
-    ote_auth_failed("tcp", peer, why);
+    ote_auth_peer_t peer;
+    ote_auth_peer_of_fd(c->w->tp->host.auth_key, c->fd, &peer);
+    ote_auth_failed("tcp", &peer, why);
     size_t len = 0;
     if (m == NULL || ote_ctl_encode(m, c->hsbuf, sizeof(c->hsbuf), &len) != OTE_OK) {
         ote__tcp_conn_kill(c, OTE_ERR_AUTH);
@@ -184,10 +184,10 @@ static int src_auth_challenge(tcp_conn_t *c, const ote_ctl_msg_t *m) {
 static int src_auth_proof(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     tcp_t *tp = c->w->tp;
     if (m->opcode != OTE_CTL_AUTH || m->u.auth.step != OTE_CTL_AUTH_PROOF) {
-        char peer[OTE__ADDR_MAX];
-        ote_auth_peer_name(c->fd, peer, sizeof(peer));
+        ote_auth_peer_t peer;
+        ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
         int nokey = m->opcode == OTE_CTL_ERROR && ote_status_code(m->status) == OTE_ERR_AUTH;
-        ote_auth_failed("tcp", peer, nokey ? "it has no key" : "a frame other than its proof");
+        ote_auth_failed("tcp", &peer, nokey ? "it has no key" : "a frame other than its proof");
         ote__tcp_conn_kill(c, OTE_ERR_AUTH);
         return -1;
     }
@@ -206,6 +206,9 @@ static int src_auth_proof(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     }
     c->auth_wait = 0;
     c->authed = 1;
+    ote_auth_peer_t peer; /* proved the key: its address leaves the back-off table */
+    ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
+    ote_auth_succeeded(&peer);
     ote_ctl_msg_t ok;
     ote_auth_frame(&ok, OTE_CTL_AUTH_OK, NULL, c->auth.mac);
     size_t olen = 0;
@@ -481,9 +484,9 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
                      "connection from %s did not complete its handshake within %llu ms: closing",
                      c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
             if (c->auth_wait) { /* challenged, never proved the key */
-                char peer[OTE__ADDR_MAX];
-                ote_auth_peer_name(c->fd, peer, sizeof(peer));
-                ote_auth_failed("tcp", peer, "no proof within connect_timeout_ms");
+                ote_auth_peer_t peer;
+                ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
+                ote_auth_failed("tcp", &peer, "no proof within connect_timeout_ms");
             }
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }

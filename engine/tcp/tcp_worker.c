@@ -259,7 +259,8 @@ static void worker_tick(tcp_worker_t *w, uint64_t now) {
 /* Worker 0. The listen fd is level-triggered: an accept that keeps failing (no fds, no
  * memory) would make this loop spin, so such failures take the listen fd out of epoll
  * for TCP_ACCEPT_BACKOFF_NS (worker_tick puts it back). Connections over the
- * tcp_max_accepted cap are accepted and closed at once, so their peers learn it now. */
+ * tcp_max_accepted cap are accepted and closed at once, so their peers learn it now; so
+ * are those from an address in authentication back-off (engine/control/auth_limit.h). */
 static void tcp_accept(tcp_worker_t *w) {
     tcp_t *tp = w->tp;
     for (;;) {
@@ -275,6 +276,12 @@ static void tcp_accept(tcp_worker_t *w) {
             tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
             accept_warn(tp, now, "accept failed, pausing accepts for 100 ms", err);
             return;
+        }
+        ote_auth_addr_t from;
+        ote_auth_addr_of_sockaddr((struct sockaddr *)&ss, sl, &from);
+        if (ote_auth_backoff(tp->host.auth_key, &from)) { /* failed too often: not a byte */
+            close(fd);
+            continue;
         }
         if (atomic_load(&tp->naccepted) >= tp->cfg.tcp_max_accepted) {
             accept_warn(tp, ote_now_ns(),

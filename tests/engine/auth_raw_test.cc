@@ -4,7 +4,9 @@
 // frame). Each is closed before anything it sent is acted on, and counted.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stddef.h>
 #include <sys/socket.h>
@@ -14,6 +16,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,7 @@
 #include "tests/util/test_base.h"
 
 extern "C" {
+#include "base/time.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "ote/ote.h"
@@ -281,6 +285,196 @@ TEST_F(AuthRawTest, RdmaControlFrameBeforeTheProofIsNeverServed) {
     EXPECT_TRUE(ote_test::ClosedByPeer(fd));
     close(fd);
     EXPECT_EQ(ote_auth_failures(), fails + 1);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// ---- back-off of addresses that fail authentication (engine/control/auth_limit.h) ----
+
+// A TCP connection to "127.0.0.1:port" from the source address src_ip (any loopback
+// address: all of 127/8 is local on Linux); -1 on failure.
+int ConnectFrom(const char *src_ip, const std::string &addr) {
+    size_t colon = addr.rfind(':');
+    sockaddr_in to{}, from{};
+    to.sin_family = from.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+    if (inet_pton(AF_INET, addr.substr(0, colon).c_str(), &to.sin_addr) != 1 ||
+        inet_pton(AF_INET, src_ip, &from.sin_addr) != 1)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (bind(fd, reinterpret_cast<sockaddr *>(&from), sizeof(from)) != 0 ||
+        connect(fd, reinterpret_cast<sockaddr *>(&to), sizeof(to)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// True when the peer closes fd (EOF) before sending a single byte, within 20 s.
+bool ClosedWithoutAByte(int fd) {
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 20000) != 1) return false;
+    uint8_t b;
+    return recv(fd, &b, 1, MSG_DONTWAIT) == 0;
+}
+
+// The back-off the engines of these tests get: 5 failures within 2 minutes, then 2 s (long
+// enough that the checks made during it hold on a loaded machine), up to 4 s.
+constexpr uint64_t kBackoffNs = 2000 * OTE_NSEC_PER_MSEC;
+
+class AuthBackoffTest : public AuthRawTest {
+  protected:
+    void SetUp() override {
+        AuthRawTest::SetUp();
+        ote_auth_limit_cfg_t c;
+        ote_auth_limit_cfg_default(&c);
+        c.window_ns = 120 * OTE_NSEC_PER_SEC;
+        c.backoff_min_ns = kBackoffNs;
+        c.backoff_max_ns = 2 * kBackoffNs;
+        c.quiet_ns = 120 * OTE_NSEC_PER_SEC;
+        ote__auth_limit_test_cfg(&c); // for the engines created from here
+    }
+    void TearDown() override {
+        ote__auth_limit_test_cfg(nullptr);
+        AuthRawTest::TearDown();
+    }
+    // A HELLO of role on fd, then the library's requester side of the exchange with key k:
+    // OTE_OK with the HELLO_ACK in *ack, OTE_ERR_AUTH when refused, a channel status.
+    static ote_status_t Handshake(int fd, const ote_auth_key_t *k, uint16_t role,
+                                  ote_ctl_msg_t *ack, std::vector<uint8_t> *buf) {
+        ote_ctl_msg_t h{};
+        h.version = OTE_CTL_VERSION_MAX;
+        h.opcode = OTE_CTL_HELLO;
+        h.u.hello.min_version = OTE_CTL_VERSION_MIN;
+        h.u.hello.max_version = OTE_CTL_VERSION_MAX;
+        h.u.hello.role = role;
+        h.u.hello.addr = "127.0.0.1:1";
+        h.u.hello.addr_len = 11;
+        if (!ote_test::SendAll(fd, ote_test::Encode(h))) return OTE_ERR_IO;
+        buf->assign(OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY, 0);
+        ote_auth_sock_t s = {fd, buf->data(), buf->size(), ote_deadline_after(20000 * kMs)};
+        ote_auth_io_t io = ote_auth_sock_io(&s);
+        return ote_auth_requester(k, &h, &io, "raw", ack);
+    }
+};
+
+struct Listener {
+    const char *name;
+    ote_test::ConfigKv kv;
+    uint16_t role; // of the HELLO the raw peer sends
+};
+
+void PrintTo(const Listener &l, std::ostream *os) { *os << l.name; }
+
+class AuthBackoffListenerTest : public AuthBackoffTest,
+                                public ::testing::WithParamInterface<Listener> {};
+
+// A wrong key 5 times from 127.0.0.1: its next connection is closed at accept without a
+// byte and counted, while the right key from 127.0.0.2 is served; once the back-off is
+// over (never before it), the right key from 127.0.0.1 is served again.
+TEST_P(AuthBackoffListenerTest, WrongKeyFromOneAddressIsClosedAtAcceptUntilItsBackOffEnds) {
+    ote_test::ConfigKv kv = GetParam().kv;
+    kv.push_back({"connect_timeout_ms", "10000"});
+    kv.push_back({"auth_key_file", key_path_.c_str()});
+    ote_engine_t *src = NewEngine(kv);
+    ASSERT_NE(src, nullptr);
+    std::string addr = ote_test::EngineAddress(src);
+    uint16_t role = GetParam().role;
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t ack{};
+    uint64_t fails = ote_auth_failures(), t0 = 0;
+    for (int i = 0; i < 5; i++) {
+        int fd = ConnectFrom("127.0.0.1", addr);
+        ASSERT_GE(fd, 0);
+        t0 = ote_now_ns(); // before the source's clock reads the last failure
+        EXPECT_EQ(Handshake(fd, other_, role, &ack, &buf), OTE_ERR_AUTH) << i;
+        close(fd);
+    }
+    EXPECT_EQ(ote_auth_failures(), fails + 5);
+    uint64_t refused = ote_auth_refused();
+    int fd = ConnectFrom("127.0.0.1", addr);
+    ASSERT_GE(fd, 0);
+    EXPECT_TRUE(ClosedWithoutAByte(fd)); // no CHALLENGE: closed at accept
+    close(fd);
+    EXPECT_EQ(ote_auth_refused(), refused + 1);
+    // Another address with the right key is not slowed down.
+    fd = ConnectFrom("127.0.0.2", addr);
+    ASSERT_GE(fd, 0) << "the listener on 127.0.0.1 takes connections from 127.0.0.2";
+    EXPECT_EQ(Handshake(fd, key_, role, &ack, &buf), OTE_OK);
+    EXPECT_EQ(ack.opcode, OTE_CTL_HELLO_ACK);
+    close(fd);
+    // The right key from 127.0.0.1, again and again, until the back-off is over.
+    ote_deadline_t dl = ote_deadline_after(30000 * kMs);
+    bool served = false;
+    while (!served && !ote_deadline_expired(dl)) {
+        fd = ConnectFrom("127.0.0.1", addr);
+        ASSERT_GE(fd, 0);
+        served = Handshake(fd, key_, role, &ack, &buf) == OTE_OK && ack.opcode == OTE_CTL_HELLO_ACK;
+        close(fd);
+        if (!served) usleep(50 * 1000);
+    }
+    EXPECT_TRUE(served);
+    EXPECT_GE(ote_now_ns(), t0 + kBackoffNs); // not before the back-off ended
+    EXPECT_GT(ote_auth_refused(), refused);
+    EXPECT_EQ(ote_auth_failures(), fails + 5); // refused connections are not failures
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Listeners, AuthBackoffListenerTest,
+    ::testing::Values(Listener{"tcp", {{"transports", "tcp"}}, OTE_CTL_ROLE_INFO},
+                      Listener{"rdma", {{"transport", "rdma"}, {"verbs_provider", "sim"}}, 2}),
+    [](const ::testing::TestParamInfo<Listener> &i) { return std::string(i.param.name); });
+
+// shm: the address is the requester's uid (this test's own). A wrong key 5 times: the
+// next connection of that uid is closed at accept; the right key is served again once
+// the back-off is over.
+TEST_F(AuthBackoffTest, ShmWrongKeyBacksOffItsUidUntilTheBackOffEnds) {
+    ote_engine_t *src =
+        NewEngine({{"transports", "shm,tcp"}, {"auth_key_file", key_path_.c_str()}});
+    ASSERT_NE(src, nullptr);
+    uint64_t fails = ote_auth_failures(), t0 = 0;
+    tw_hello_t h = ShmHello();
+    uint8_t ns[32];
+    for (int i = 0; i < 5; i++) {
+        int fd = ShmConnect(src);
+        ShmChallenge(fd, h, ns);
+        t0 = ote_now_ns();
+        tw_auth_t bad = ShmProof(other_, h, ns);
+        ASSERT_EQ(send(fd, &bad, sizeof(bad), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(bad)));
+        tw_hello_ack_t ack;
+        ASSERT_EQ(SeqRecv(fd, &ack, sizeof(ack)), static_cast<ssize_t>(sizeof(ack)));
+        EXPECT_EQ(ack.status, OTE_ERR_AUTH);
+        EXPECT_TRUE(SeqClosed(fd));
+        close(fd);
+    }
+    EXPECT_EQ(ote_auth_failures(), fails + 5);
+    uint64_t refused = ote_auth_refused();
+    int fd = ShmConnect(src);
+    uint8_t b[64];
+    EXPECT_EQ(SeqRecv(fd, b, sizeof(b)), 0); // EOF before any message: closed at accept
+    close(fd);
+    EXPECT_EQ(ote_auth_refused(), refused + 1);
+    ote_deadline_t dl = ote_deadline_after(30000 * kMs);
+    bool served = false;
+    while (!served && !ote_deadline_expired(dl)) {
+        fd = ShmConnect(src);
+        tw_auth_t c;
+        if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)) &&
+            SeqRecv(fd, &c, sizeof(c)) == static_cast<ssize_t>(sizeof(c)) && c.h.kind == TW_AUTH) {
+            tw_auth_t good = ShmProof(key_, h, c.nonce);
+            tw_auth_t ok;
+            served =
+                send(fd, &good, sizeof(good), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(good)) &&
+                SeqRecv(fd, &ok, sizeof(ok)) == static_cast<ssize_t>(sizeof(ok)) &&
+                ok.h.kind == TW_AUTH && ok.step == OTE_CTL_AUTH_OK;
+        }
+        close(fd);
+        if (!served) usleep(50 * 1000);
+    }
+    EXPECT_TRUE(served);
+    EXPECT_GE(ote_now_ns(), t0 + kBackoffNs); // not before the back-off ended
+    EXPECT_EQ(ote_auth_failures(), fails + 5);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 

@@ -641,10 +641,13 @@ TEST_F(ControlTest, AuthProofsBindKeyHelloNoncesAndDirection) {
 
 TEST_F(ControlTest, AuthFailuresAreCountedAndLoggedRateLimited) {
     uint64_t n = ote_auth_failures();
-    ote_auth_failed("tcp", "192.0.2.7:4242", "wrong key");
+    ote_auth_peer_t p = {}; // no back-off table: counted and logged only
+    snprintf(p.name, sizeof(p.name), "192.0.2.7:4242");
+    ote_auth_failed("tcp", &p, "wrong key");
     EXPECT_EQ(ote_auth_failures(), n + 1);
     EXPECT_TRUE(LogContains("authentication of 192.0.2.7:4242 failed: wrong key"));
-    for (int i = 0; i < 100; i++) ote_auth_failed("tcp", "192.0.2.8:1", "wrong key");
+    snprintf(p.name, sizeof(p.name), "192.0.2.8:1");
+    for (int i = 0; i < 100; i++) ote_auth_failed("tcp", &p, "wrong key");
     EXPECT_EQ(ote_auth_failures(), n + 101);
 }
 
