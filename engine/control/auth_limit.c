@@ -113,18 +113,13 @@ void ote_auth_addr_str(const ote_auth_addr_t *a, char *buf, size_t len) {
     char h[INET6_ADDRSTRLEN];
     uint32_t u;
     switch (a->kind) {
-    case 4:
-        snprintf(buf, len, "%s", inet_ntop(AF_INET, a->b, h, sizeof(h)) ? h : "?");
-        break;
-    case 6:
-        snprintf(buf, len, "%s", inet_ntop(AF_INET6, a->b, h, sizeof(h)) ? h : "?");
-        break;
-    case 'u':
-        memcpy(&u, a->b, sizeof(u));
-        snprintf(buf, len, "uid %u", (unsigned)u);
-        break;
-    default:
-        snprintf(buf, len, "?");
+        case 4: snprintf(buf, len, "%s", inet_ntop(AF_INET, a->b, h, sizeof(h)) ? h : "?"); break;
+        case 6: snprintf(buf, len, "%s", inet_ntop(AF_INET6, a->b, h, sizeof(h)) ? h : "?"); break;
+        case 'u':
+            memcpy(&u, a->b, sizeof(u));
+            snprintf(buf, len, "uid %u", (unsigned)u);
+            break;
+        default: snprintf(buf, len, "?");
     }
 }
 
