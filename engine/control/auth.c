@@ -220,17 +220,21 @@ void ote_auth_peer_of_uid(const ote_auth_key_t *key, uid_t uid, pid_t pid, ote_a
     snprintf(out->name, sizeof(out->name), "pid %d (uid %u)", (int)pid, (unsigned)uid);
 }
 
+void ote_auth_refusal(ote_ctl_msg_t *m, const char *text) {
+    memset(m, 0, sizeof(*m));
+    m->version = OTE_CTL_AUTH_VERSION;
+    m->opcode = OTE_CTL_ERROR;
+    m->status = OTE_ERR_AUTH;
+    m->u.error.min_version = OTE_CTL_VERSION_MIN;
+    m->u.error.max_version = OTE_CTL_VERSION_MAX;
+    m->u.error.text = text;
+    m->u.error.text_len = (uint32_t)strlen(text);
+}
+
 /* Tell the peer why before closing (best effort). */
 static void send_refusal(const ote_auth_io_t *io, const char *text) {
     ote_ctl_msg_t e;
-    memset(&e, 0, sizeof(e));
-    e.version = OTE_CTL_AUTH_VERSION;
-    e.opcode = OTE_CTL_ERROR;
-    e.status = OTE_ERR_AUTH;
-    e.u.error.min_version = OTE_CTL_VERSION_MIN;
-    e.u.error.max_version = OTE_CTL_VERSION_MAX;
-    e.u.error.text = text;
-    e.u.error.text_len = (uint32_t)strlen(text);
+    ote_auth_refusal(&e, text);
     (void)io->send(io->arg, &e);
 }
 
@@ -290,16 +294,9 @@ ote_status_t ote_auth_requester(const ote_auth_key_t *key, const ote_ctl_msg_t *
 
 int ote_auth_hello_ok(const ote_ctl_msg_t *hello, ote_ctl_msg_t *refusal) {
     if (hello->u.hello.max_version >= OTE_CTL_AUTH_VERSION) return 1;
-    memset(refusal, 0, sizeof(*refusal));
-    refusal->version = hello->version;
-    refusal->opcode = OTE_CTL_ERROR;
+    ote_auth_refusal(refusal, "this engine requires authentication (protocol version 3)");
+    refusal->version = hello->version; /* in a version the peer reads */
     refusal->req_id = hello->req_id;
-    refusal->status = OTE_ERR_AUTH;
-    refusal->u.error.min_version = OTE_CTL_VERSION_MIN;
-    refusal->u.error.max_version = OTE_CTL_VERSION_MAX;
-    static const char text[] = "this engine requires authentication (protocol version 3)";
-    refusal->u.error.text = text;
-    refusal->u.error.text_len = (uint32_t)(sizeof(text) - 1);
     return 0;
 }
 

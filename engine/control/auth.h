@@ -88,6 +88,9 @@ ote_status_t ote_auth_check_ok(const ote_auth_t *a, const ote_auth_key_t *key, c
 
 /* An AUTH frame of `step` (nonce / mac may be NULL: zeros), in OTE_CTL_AUTH_VERSION. */
 void ote_auth_frame(ote_ctl_msg_t *m, uint16_t step, const uint8_t *nonce, const uint8_t *mac);
+/* The ERROR frame (OTE_ERR_AUTH, the text) that tells a peer why it is refused; text is
+ * referenced, not copied. */
+void ote_auth_refusal(ote_ctl_msg_t *m, const char *text);
 
 /* The peer of a connection a source accepted: the back-off table its failures go to
  * (NULL: none), its source address and its name for logs. */

@@ -194,14 +194,7 @@ static int src_auth_proof(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     if (ote_auth_check_proof(&c->auth, tp->host.auth_key, m->u.auth.nonce, m->u.auth.mac) !=
         OTE_OK) {
         ote_ctl_msg_t e;
-        memset(&e, 0, sizeof(e));
-        e.version = OTE_CTL_AUTH_VERSION;
-        e.opcode = OTE_CTL_ERROR;
-        e.status = OTE_ERR_AUTH;
-        e.u.error.min_version = OTE_CTL_VERSION_MIN;
-        e.u.error.max_version = OTE_CTL_VERSION_MAX;
-        e.u.error.text = "authentication failed: wrong key";
-        e.u.error.text_len = (uint32_t)strlen(e.u.error.text);
+        ote_auth_refusal(&e, "authentication failed: wrong key");
         return src_auth_refuse(c, &e, "wrong key");
     }
     c->auth_wait = 0;
