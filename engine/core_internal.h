@@ -94,7 +94,8 @@ typedef struct ote__nout {
 
 struct ote_engine {
     ote__cfg_t cfg;
-    ote__transport_t *tp; /* the listener (tps[0]): the engine's address */
+    ote__transport_t *tp;    /* tps[0]: answers the INFO handshakes on the listener */
+    struct ote__listen *lst; /* the one listening socket (listen.c) */
     ote__transport_t *tps[OTE__MAX_TRANSPORTS];
     char tpnames[OTE__MAX_TRANSPORTS][8];
     size_t ntps;
@@ -178,6 +179,24 @@ ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size
 /* mem_(un)register of every transport (all or none for register). */
 ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms);
 ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr);
+
+/* Whether name is in e->cfg.transports (the transports the listener hands connections to). */
+int ote__router_serves(const ote_engine_t *e, const char *name);
+
+/* ---- listen.c: the engine's one listening socket ----------------------------------- */
+typedef struct ote__listen ote__listen_t;
+/* Bind and listen on e->cfg.listen_address and fill e->self_addr (the advertised
+ * address); nothing is accepted before ote__listen_start. */
+ote_status_t ote__listen_create(ote_engine_t *e, ote__listen_t **out);
+/* Start accepting (every transport of e exists). */
+ote_status_t ote__listen_start(ote__listen_t *l);
+/* Stop accepting, end and join every handshake, close the socket (before the transports
+ * are destroyed). */
+void ote__listen_stop(ote__listen_t *l);
+/* Stop (if not yet) and free (after the transports are destroyed). NULL: nothing. */
+void ote__listen_free(ote__listen_t *l);
+/* An adopted connection has closed (host->conn_closed). */
+void ote__listen_release(ote__listen_t *l);
 
 /* ---- registry.c ------------------------------------------------------------------- */
 /* The registration covering [addr, addr+len), or NULL. e->reg_lk held. */

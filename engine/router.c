@@ -1,10 +1,13 @@
 /*
  * engine/router.c - the engine's transports and the choice of one per segment.
  *
- * An engine creates every transport of its `transports` list (config; default "shm,tcp").
- * The listening transport (tcp, else rdma) gives the engine its "host:port"; an engine
- * whose list has neither (transports=shm) still creates the TCP transport, as the
- * listener that answers handshakes with the advertisement, and names only "shm" in it.
+ * An engine creates every transport of its `transports` list (config; default "shm,tcp",
+ * any order of distinct tcp, rdma, shm). One listening socket (listen.c) gives the
+ * engine its "host:port" and hands each connection to the transport its HELLO names
+ * (tcp data, rdma control), after the back-off and the authentication; a HELLO naming a
+ * transport outside the list is refused. The router's INFO handshakes go to the first
+ * transport created (tcp, else rdma); an engine whose list has neither (transports=shm)
+ * still creates the TCP transport for that, and names only "shm" in its list.
  *
  * The advertisement (host->info, sent in every HELLO_ACK) is "key=value;..." text:
  *
@@ -106,7 +109,16 @@ static void build_info(ote_engine_t *e) {
     if (o >= sizeof(e->info)) e->info[0] = '\0'; /* never a truncated advertisement */
 }
 
+int ote__router_serves(const ote_engine_t *e, const char *name) {
+    return list_has(e->cfg.transports, name);
+}
+
+static void conn_closed(void *arg) { ote__listen_release(((ote_engine_t *)arg)->lst); }
+
 ote_status_t ote__router_create(ote_engine_t *e) {
+    /* The listener first: its address names the engine to every transport. */
+    ote_status_t st = ote__listen_create(e, &e->lst);
+    if (st != OTE_OK) return st;
     ote__host_t host = {.arg = e,
                         .pin = ote__reg_pin,
                         .unpin = ote__reg_unpin,
@@ -115,12 +127,15 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .self_addr = e->self_addr,
                         .query_info = ote__router_query_info,
                         .buffers = ote__reg_buffers,
-                        .auth_key = e->auth_key};
-    /* The listener first (its address names the engine), then the others in order. */
+                        .auth_key = e->auth_key,
+                        .conn_closed = conn_closed};
+    /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
+     * an shm-only engine creates tcp for it, outside its list), then the others in
+     * order. */
     const char *lname = list_has(e->cfg.transports, "tcp")    ? "tcp"
                         : list_has(e->cfg.transports, "rdma") ? "rdma"
                                                               : "tcp";
-    ote_status_t st = create_one(e, lname, &host);
+    st = create_one(e, lname, &host);
     for (const char *p = e->cfg.transports; st == OTE_OK && *p;) {
         char name[8];
         size_t l = strcspn(p, ",");
@@ -128,16 +143,6 @@ ote_status_t ote__router_create(ote_engine_t *e) {
         p += l;
         if (*p == ',') p++;
         if (strcmp(name, lname) == 0) continue;
-        if (strcmp(name, "tcp") != 0 && strcmp(name, "shm") != 0) {
-            /* tcp and rdma would both listen on listen_address: one listener per engine
-             * is not built yet. */
-            OTE_ERROR("engine",
-                      "transports=%s: %s beside %s needs a shared listener, which this build "
-                      "does not have; refusing to create the engine",
-                      e->cfg.transports, name, lname);
-            st = OTE_ERR_UNSUPPORTED;
-            break;
-        }
         st = create_one(e, name, &host);
     }
     if (st != OTE_OK) {
@@ -145,23 +150,28 @@ ote_status_t ote__router_create(ote_engine_t *e) {
         return st;
     }
     e->tp = e->tps[0];
-    st = e->tp->ops->address(e->tp, e->self_addr, sizeof(e->self_addr));
+    build_info(e);
+    st = ote__listen_start(e->lst);
     if (st != OTE_OK) {
         ote__router_destroy(e);
         return st;
     }
-    build_info(e);
     OTE_INFO("engine", "engine %s serves transports %s", e->self_addr, e->cfg.transports);
     return OTE_OK;
 }
 
 void ote__router_destroy(ote_engine_t *e) {
-    /* The others first: the listener's address is advertised by all of them. */
+    /* Nothing new reaches the transports, then they go (the others first: the listener
+     * transport answers INFO), then the listener, which their closing connections
+     * still report to. */
+    ote__listen_stop(e->lst);
     while (e->ntps > 0) {
         ote__transport_t *tp = e->tps[--e->ntps];
         tp->ops->destroy(tp);
     }
     e->tp = NULL;
+    ote__listen_free(e->lst);
+    e->lst = NULL;
 }
 
 ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {

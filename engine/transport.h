@@ -87,9 +87,10 @@ typedef struct {
      * the transport answers NOTIFY_ACK with the returned status. */
     ote_status_t (*deliver_notify)(void *arg, const char *from, const void *msg, size_t len);
     /* The engine's advertisement ("transports=...;boot=...;..." text, see engine/router.c)
-     * and its advertised "host:port": NUL-terminated, owned by the engine, filled once all
-     * its transports exist and unchanged from then until the engine is destroyed. Each
-     * points at "" before that. A transport's source side sends info in its HELLO_ACK. */
+     * and its advertised "host:port": NUL-terminated, owned by the engine, unchanged until
+     * the engine is destroyed. self_addr is filled before any transport is created (the
+     * engine's listener names it); info once all its transports exist ("" before that).
+     * A transport's source side sends info in its HELLO_ACK. */
     const char *info;
     const char *self_addr;
     /* Ask the engine listening at "host:port" for its advertisement now (a short
@@ -106,6 +107,9 @@ typedef struct {
      * a key every connection a transport accepts proves it before anything it sends is
      * acted on, and every connection it makes proves it and checks the peer's proof. */
     const struct ote_auth_key *auth_key;
+    /* A connection the transport adopted (ops->adopt) is closed: called once per adopted
+     * connection, from any thread, when the transport frees it. */
+    void (*conn_closed)(void *arg);
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;
@@ -142,13 +146,24 @@ typedef struct {
      * namespace, no kernel support): the router then tries the next transport. */
     ote_status_t (*peer_open_info)(ote__transport_t *tp, const char *peer, const char *peer_info,
                                    ote__tpeer_t **peer_out);
+    /* Optional: a connection that the engine's one listener (engine/listen.c) accepted
+     * for this transport, after the listener applied the back-off and, with a cluster
+     * key, authenticated it. fd is non-blocking; hello[0, len) is the HELLO frame it
+     * began with, exactly as received (checked by ote_ctl_decode; nothing after it was
+     * read). The transport answers the HELLO (versions, HELLO_ACK) and serves the
+     * connection from then on. It owns fd whatever it returns (closed on failure); on
+     * OTE_OK it calls host->conn_closed once the connection is gone. Any thread, never
+     * concurrently with destroy. A transport without it has no listening role (shm). */
+    ote_status_t (*adopt)(ote__transport_t *tp, int fd, const char *from, const uint8_t *hello,
+                          size_t len);
 } ote__transport_ops_t;
 
 struct ote__transport {
     const ote__transport_ops_t *ops;
 };
 
-/* The TCP transport (engine/tcp/). cfg is the engine's resolved configuration. */
+/* The TCP transport (engine/tcp/). cfg is the engine's resolved configuration. Neither
+ * it nor the RDMA transport listens: connections reach them through ops->adopt. */
 struct ote__cfg_s;
 ote_status_t ote__tcp_create(const struct ote__cfg_s *cfg, const ote__host_t *host,
                              ote__transport_t **tp_out);

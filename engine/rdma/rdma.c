@@ -1,7 +1,7 @@
 /*
  * engine/rdma/rdma.c - the RDMA transport's lifecycle: creation (provider, contexts,
- * buffer manager, lanes and their workers, grant manager, endpoint store, listener,
- * monitor and acceptor threads), teardown, the monitor thread (async events, grant and
+ * buffer manager, lanes and their workers, grant manager, endpoint store, monitor
+ * thread; control connections come from the engine's listener), teardown, the monitor thread (async events, grant and
  * notification deadlines, endpoint reclaim), the engine's registration hooks and the
  * transport ops table. What the transport owns, its control-plane rules and its lock
  * order are described in rdma_internal.h; each job lives in its own file there.
@@ -153,7 +153,6 @@ static void teardown(rdma_tp_t *tp) {
     if (tp->set != NULL && ote_context_set_close(tp->set) != OTE_OK)
         OTE_ERROR("rdma", "context set retained at shutdown");
     if (tp->v != NULL) ote_verbs_close(tp->v);
-    if (tp->lfd >= 0) close(tp->lfd);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
     ote_free(tp);
@@ -173,6 +172,7 @@ static const ote__transport_ops_t g_rdma_ops = {
     .destroy = rdma_destroy,
     .mem_register = rdma_mem_register,
     .mem_unregister = rdma_mem_unregister,
+    .adopt = ote__rdma_adopt,
 };
 
 /* The provider (wrapped by the test hook when set), its context set and the data
@@ -246,7 +246,11 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     tp->base.ops = &g_rdma_ops;
     tp->cfg = *cfg;
     tp->host = *host;
-    tp->lfd = -1;
+    if (host->self_addr == NULL || strlen(host->self_addr) >= sizeof(tp->addr)) {
+        ote_free(tp);
+        return OTE_ERR_INVALID;
+    }
+    snprintf(tp->addr, sizeof(tp->addr), "%s", host->self_addr);
     ote_status_t st = ote_mutex_init(&tp->mu);
     if (st != OTE_OK) {
         ote_free(tp);
@@ -281,18 +285,14 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     if (st != OTE_OK) goto err;
     tp->process_id = ((uint64_t)getpid() << 32) ^ ote_now_ns() ^ (uint64_t)(uintptr_t)tp;
     tp->pd_id = (uint64_t)(uintptr_t)ote_context_pd(tp->ctx) ^ tp->process_id;
-    st = ote__rdma_listen(tp);
-    if (st != OTE_OK) goto err;
     if (pthread_create(&tp->monitor, NULL, monitor_main, tp) != 0) {
         st = OTE_ERR_NOMEM;
         goto err;
     }
     tp->monitor_started = 1;
-    st = ote__rdma_acceptor_start(tp);
-    if (st != OTE_OK) goto err;
     OTE_INFO("rdma",
              "transport=rdma over \"%s\": data context %s port %u GID index %d, %u lanes, "
-             "listening on %s",
+             "serving %s",
              tp->v->provider, info.name, info.port, info.gid_index, tp->nlanes, tp->addr);
     *tp_out = &tp->base;
     return OTE_OK;

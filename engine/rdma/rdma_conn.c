@@ -172,6 +172,7 @@ void ote__rdma_conn_get(conn_t *c) { atomic_fetch_add(&c->refs, 1); }
 void ote__rdma_conn_put(conn_t *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     close(c->fd);
+    if (c->adopted && c->tp->host.conn_closed != NULL) c->tp->host.conn_closed(c->tp->host.arg);
     ote_mutex_destroy(&c->wmu);
     ote_free(c->out);
     ote_free(c->in);

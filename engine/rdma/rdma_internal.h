@@ -9,10 +9,11 @@
  * Owns: the verbs provider (verbs_provider=sim|rdma-core), the context set, the buffer
  * manager (a persistent MR per registration in every usable context, MW-bindable and
  * local-only: peers reach memory only through windows), `nlanes` CQ lanes on the data
- * context with one worker per lane, the endpoint store, the grant manager, a control
- * listener (its own TCP socket: HELLO, with a cluster key the AUTH exchange of
- * engine/control/auth.h, HELLO_ACK, then OTE_CTL_RDMA messages; nothing before HELLO and
- * its authentication, nothing of another version after it), one joinable thread per control
+ * context with one worker per lane, the endpoint store, the grant manager, the control
+ * connections the engine's one listener (engine/listen.c) hands it (ops->adopt: the
+ * listener applied the back-off and, with a cluster key, the AUTH exchange of
+ * engine/control/auth.h; then HELLO_ACK, then OTE_CTL_RDMA messages; nothing but the
+ * HELLO first, nothing of another version after it), one joinable thread per control
  * connection (which alone waits on its non-blocking socket and flushes its bounded
  * output queue: no other thread ever blocks on a peer) and a monitor thread (async
  * events, grant and notification deadlines, endpoint reclaim). Every status a peer
@@ -35,8 +36,8 @@
  * Files, one job each:
  *   rdma_conn.c       one control connection (either side): framing, the non-blocking
  *                     socket and its bounded output queue, reference count
- *   rdma_server.c     the control listener, its acceptor thread and one thread per
- *                     accepted connection: HELLO, INFO, dispatch to the source side; when
+ *   rdma_server.c     adopted control connections (from the engine's listener), one
+ *                     thread per connection: HELLO, INFO, dispatch to the source side; when
  *                     that connection ends, the grants its requester still held are
  *                     ended at once (after a short grace for receipts in flight)
  *   rdma_source.c     the source side: CONNECT (source QP of a slot) and GRANT_REQ
@@ -138,6 +139,7 @@ typedef struct conn {
     uint64_t process, pd;
     uint32_t nic, lanes;
     char peer_addr[OTE__ADDR_MAX];
+    int adopted; /* from the engine's listener: the last put calls host->conn_closed */
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
@@ -201,8 +203,8 @@ typedef struct srv {
 /*
  * The transport. rdma.c creates and tears down everything here and owns base, cfg, host,
  * the layer objects (v .. gm), process_id, pd_id, the monitor thread, stop and regs.
- * rdma_server.c owns lfd, addr (set once by ote__rdma_listen at creation, read-only
- * after), the acceptor thread and sconns/nsconns (under mu). rdma_peer.c links peers
+ * rdma.c sets addr (the engine's address) at creation, read-only after. rdma_server.c
+ * owns sconns/nsconns (under mu). rdma_peer.c links peers
  * (under mu). Every file reads the read-only part (cfg, host, layer objects) freely.
  */
 struct ote__rdma_tp {
@@ -219,10 +221,9 @@ struct ote__rdma_tp {
     ote_endpoint_store_t *eps;
     ote_grant_mgr_t *gm;
     uint64_t process_id, pd_id;
-    int lfd;
     char addr[OTE__ADDR_MAX];
-    pthread_t acceptor, monitor;
-    int acceptor_started, monitor_started;
+    pthread_t monitor;
+    int monitor_started;
     _Atomic int stop;
     ote_mutex_t mu; /* registrations, server connections, peers */
     ote_cond_t cv;
@@ -265,14 +266,14 @@ ote_auth_io_t ote__rdma_auth_io(rdma_auth_chan_t *ch);
 ote_status_t ote__rdma_conn_send_rp(conn_t *c, uint64_t req_id, ote_status_t status,
                                     const ote_rp_msg_t *rp);
 
-/* ---- rdma_server.c: listener, acceptor, server connections ------------------------- */
+/* ---- rdma_server.c: adopted control connections ------------------------------------ */
 
-/* Listen on cfg.listen_address and set tp->addr (the advertised address). */
-ote_status_t ote__rdma_listen(rdma_tp_t *tp);
-/* Start the acceptor thread (tp->stop ends it); it starts a thread per connection. */
-ote_status_t ote__rdma_acceptor_start(rdma_tp_t *tp);
-/* Teardown, after tp->stop is set: join the acceptor, wake the server threads and join
- * them within wait_ms. Returns how many did not end (they still use tp). */
+/* ops->adopt: a control connection from the engine's listener, its HELLO in hello[0,
+ * len); a server thread answers it. Takes fd in every case. */
+ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,
+                             size_t len);
+/* Teardown, after tp->stop is set: wake the server threads and join them within
+ * wait_ms. Returns how many did not end (they still use tp). */
 size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms);
 
 /* ---- rdma_source.c: the source side ------------------------------------------------ */

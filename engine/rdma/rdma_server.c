@@ -1,15 +1,14 @@
 /*
- * engine/rdma/rdma_server.c - the source side's control plane: the listener, its
- * acceptor thread, and one joinable thread per accepted control connection. Such a
- * thread alone waits on its connection; it accepts nothing but HELLO before the
- * handshake and only the negotiated version after it, answers INFO, NOTIFY and BUFS_REQ
+ * engine/rdma/rdma_server.c - the source side's control plane: the control connections
+ * the engine's listener hands over (ote__rdma_adopt: accepted, in back-off or not, and
+ * authenticated by the listener when the engine has a key), one joinable thread each.
+ * Such a thread alone waits on its connection; it answers the HELLO the listener read
+ * (it sits in the connection's input) and takes only the negotiated version after it, answers INFO, NOTIFY and BUFS_REQ
  * (buffer discovery: the engine's list, host->buffers), and hands
- * CONNECT and GRANT_REQ to the source side (rdma_source.c). Touches tp->lfd, tp->addr,
- * the acceptor and tp->sconns (under tp->mu), and the handshake fields of its own
- * connections.
+ * CONNECT and GRANT_REQ to the source side (rdma_source.c). Touches tp->sconns (under
+ * tp->mu) and the handshake fields of its own connections.
  */
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -56,22 +55,6 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
     if (ote__rdma_conn_send(c, &a) != OTE_OK) return -1;
     c->version = ver;
     return 0;
-}
-
-/* Engine with a key: the challenge-response on the HELLO *m, before anything of it is
- * acted on. 0 with *m decoded again from hb (the channel reused the frame's buffer); -1
- * when it failed (counted and logged by ote_auth_source): close without reading more. */
-static int server_auth(conn_t *c, ote_ctl_msg_t *m, uint8_t *hb, size_t cap) {
-    rdma_tp_t *tp = c->tp;
-    size_t hl = 0, used = 0;
-    if (ote_ctl_encode(m, hb, cap, &hl) != OTE_OK) return -1;
-    ote_auth_peer_t peer;
-    ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
-    rdma_auth_chan_t ch = {c, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC),
-                           &tp->stop};
-    ote_auth_io_t io = ote__rdma_auth_io(&ch);
-    if (ote_auth_source(tp->host.auth_key, m, &io, "rdma", &peer) != OTE_OK) return -1;
-    return ote_ctl_decode(hb, hl, m, &used) == OTE_OK ? 0 : -1;
 }
 
 /* BUFS_REQ (buffer discovery): the engine's list, or BUFS with OTE_ERR_AGAIN. */
@@ -198,8 +181,6 @@ static void *server_main(void *arg) {
                          ote_ctl_opcode_str(m.opcode));
                 break;
             }
-            uint8_t hb[OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR];
-            if (tp->host.auth_key != NULL && server_auth(c, &m, hb, sizeof(hb)) != 0) break;
             if (server_hello(c, &m) != 0) break;
             continue;
         }
@@ -241,82 +222,42 @@ static void reap_servers_locked(rdma_tp_t *tp) {
     }
 }
 
-static void *acceptor_main(void *arg) {
-    rdma_tp_t *tp = arg;
-    while (!atomic_load(&tp->stop)) {
-        ote_mutex_lock(&tp->mu);
-        reap_servers_locked(tp);
-        ote_mutex_unlock(&tp->mu);
-        struct pollfd p = {.fd = tp->lfd, .events = POLLIN};
-        int n = poll(&p, 1, 50);
-        if (n <= 0) continue;
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        int fd = accept4(tp->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        ote_auth_addr_t from;
-        ote_auth_addr_of_sockaddr((struct sockaddr *)&ss, sl, &from);
-        if (ote_auth_backoff(tp->host.auth_key, &from)) { /* failed too often: not a byte */
-            close(fd);
-            continue;
-        }
-        conn_t *c = ote__rdma_conn_new(tp, fd);
-        if (c == NULL) continue;
-        ote_mutex_lock(&tp->mu);
-        if (tp->nsconns == sizeof(tp->sconns) / sizeof(tp->sconns[0])) {
-            ote_mutex_unlock(&tp->mu);
-            OTE_WARN("rdma", "too many control connections: refusing one");
-            ote__rdma_conn_put(c);
-            continue;
-        }
-        srv_t *sv = ote_calloc(1, sizeof(*sv));
-        if (sv != NULL) sv->c = c;
-        if (sv == NULL || pthread_create(&sv->th, NULL, server_main, sv) != 0) {
-            ote_mutex_unlock(&tp->mu);
-            ote_free(sv);
-            ote__rdma_conn_put(c);
-            continue;
-        }
-        tp->sconns[tp->nsconns++] = sv;
-        ote_mutex_unlock(&tp->mu);
-    }
-    return NULL;
-}
-
-ote_status_t ote__rdma_listen(rdma_tp_t *tp) {
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    ote_status_t st = ote__addr_resolve(tp->cfg.listen_address, &ss, &sl);
-    if (st != OTE_OK) return st;
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return ote_status_make(OTE_ERR_IO, errno);
-    int one = 1;
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, 128) != 0) {
-        int err = errno;
+ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,
+                             size_t len) {
+    rdma_tp_t *tp = (rdma_tp_t *)t;
+    if (len > OTE__RDMA_FRAME_MAX) {
         close(fd);
-        OTE_ERROR("rdma", "cannot listen on %s: errno %d", tp->cfg.listen_address, err);
-        return ote_status_make(OTE_ERR_IO, err);
+        return OTE_ERR_TOO_BIG;
     }
-    struct sockaddr_storage bound;
-    socklen_t bl = sizeof(bound);
-    getsockname(fd, (struct sockaddr *)&bound, &bl);
-    tp->lfd = fd;
-    if (tp->cfg.advertise_address[0]) {
-        snprintf(tp->addr, sizeof(tp->addr), "%s", tp->cfg.advertise_address);
-        return OTE_OK;
+    conn_t *c = ote__rdma_conn_new(tp, fd); /* closes fd on failure */
+    if (c == NULL) return OTE_ERR_NOMEM;
+    memcpy(c->in, hello, len); /* the server thread's first frame */
+    c->ilen = len;
+    snprintf(c->peer_addr, sizeof(c->peer_addr), "%s", from); /* until its HELLO names it */
+    ote_mutex_lock(&tp->mu);
+    reap_servers_locked(tp);
+    if (tp->nsconns == sizeof(tp->sconns) / sizeof(tp->sconns[0])) {
+        ote_mutex_unlock(&tp->mu);
+        OTE_WARN("rdma", "too many control connections: refusing the one from %s", from);
+        ote__rdma_conn_put(c);
+        return OTE_ERR_BUSY;
     }
-    return ote__addr_format((struct sockaddr *)&bound, tp->addr, sizeof(tp->addr));
-}
-
-ote_status_t ote__rdma_acceptor_start(rdma_tp_t *tp) {
-    if (pthread_create(&tp->acceptor, NULL, acceptor_main, tp) != 0) return OTE_ERR_NOMEM;
-    tp->acceptor_started = 1;
+    srv_t *sv = ote_calloc(1, sizeof(*sv));
+    if (sv != NULL) sv->c = c;
+    c->adopted = 1; /* its last put reports it closed */
+    if (sv == NULL || pthread_create(&sv->th, NULL, server_main, sv) != 0) {
+        ote_mutex_unlock(&tp->mu);
+        ote_free(sv);
+        c->adopted = 0; /* not taken: the listener counts it closed */
+        ote__rdma_conn_put(c);
+        return OTE_ERR_NOMEM;
+    }
+    tp->sconns[tp->nsconns++] = sv;
+    ote_mutex_unlock(&tp->mu);
     return OTE_OK;
 }
 
 size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms) {
-    if (tp->acceptor_started) pthread_join(tp->acceptor, NULL);
     /* Wake the server connection threads (each polls tp->stop every
      * OTE__RDMA_CONN_POLL_MS and its own waits are bounded) and join them. */
     ote_mutex_lock(&tp->mu);

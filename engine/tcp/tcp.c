@@ -1,6 +1,7 @@
 /*
- * engine/tcp/tcp.c - the TCP transport: its ops table, creation (listen socket, the
- * address peers use, worker threads) and destruction. The design (roles, threads and
+ * engine/tcp/tcp.c - the TCP transport: its ops table, creation (worker threads) and
+ * destruction. It has no listening socket: the engine's listener (engine/listen.c) hands
+ * it the connections whose HELLO names it (ote__tcp_adopt, tcp_conn.c). The design (roles, threads and
  * ownership, lock order, data path, failure handling) is described in tcp_internal.h;
  * each job lives in its own file next to this one.
  */
@@ -61,7 +62,6 @@ static void tcp_destroy(ote__transport_t *t) {
         if (w->evfd >= 0) close(w->evfd);
         ote_mutex_destroy(&w->cmu);
     }
-    if (tp->lfd >= 0) close(tp->lfd);
     ote__tcp_src_reqs_drop_all(tp); /* workers joined: every connection is gone */
     ote_mutex_destroy(&tp->pmu);
     ote_cond_destroy(&tp->cv);
@@ -80,36 +80,8 @@ static const ote__transport_ops_t g_tcp_ops = {
     .cancel = ote__tcp_cancel,
     .peer_close = ote__tcp_peer_close,
     .destroy = tcp_destroy,
+    .adopt = ote__tcp_adopt,
 };
-
-/* The address peers should use: advertise_address if set (port 0 there means "the
- * port we listen on"), else the bound address, with a wildcard host replaced by the
- * loopback address of its family (set advertise_address on multi-host setups). */
-static ote_status_t compute_address(tcp_t *tp, const struct sockaddr_storage *bound) {
-    struct sockaddr_storage a = *bound;
-    uint16_t port = a.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&a)->sin_port)
-                                           : ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
-    if (tp->cfg.advertise_address[0]) {
-        char host[256];
-        uint16_t aport;
-        int v6;
-        ote_status_t st =
-            ote__addr_split(tp->cfg.advertise_address, host, sizeof(host), &aport, &v6);
-        if (st != OTE_OK) return st;
-        int n = snprintf(tp->addr, sizeof(tp->addr), v6 ? "[%s]:%u" : "%s:%u", host,
-                         aport ? aport : port);
-        return (n > 0 && (size_t)n < sizeof(tp->addr)) ? OTE_OK : OTE_ERR_TOO_BIG;
-    }
-    if (a.ss_family == AF_INET) {
-        struct sockaddr_in *a4 = (struct sockaddr_in *)&a;
-        if (a4->sin_addr.s_addr == htonl(INADDR_ANY)) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    } else {
-        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&a;
-        if (memcmp(&a6->sin6_addr, &in6addr_any, sizeof(in6addr_any)) == 0)
-            a6->sin6_addr = in6addr_loopback;
-    }
-    return ote__addr_format((struct sockaddr *)&a, tp->addr, sizeof(tp->addr));
-}
 
 ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
                              ote__transport_t **tp_out) {
@@ -120,7 +92,6 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
     tp->base.ops = &g_tcp_ops;
     tp->cfg = *cfg;
     tp->host = *host;
-    tp->lfd = -1;
     tp->sockbuf = pick_sockbuf();
     atomic_store(&tp->session, ((uint64_t)getpid() << 32) | (ote_now_ns() & 0xffffffffu));
     st = ote_mutex_init(&tp->mu);
@@ -130,43 +101,17 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
     st = ote_mutex_init(&tp->pmu);
     if (st != OTE_OK) goto err_cond;
 
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    st = ote__addr_resolve(cfg->listen_address, &ss, &sl);
-    if (st != OTE_OK) {
-        OTE_ERROR("tcp", "cannot use listen_address \"%s\": %s", cfg->listen_address,
-                  ote_status_str(st));
+    if (host->self_addr == NULL || strlen(host->self_addr) >= sizeof(tp->addr)) {
+        st = OTE_ERR_INVALID;
         goto err_pmu;
     }
-    tp->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (tp->lfd < 0) {
-        st = ote_status_from_errno(errno);
-        OTE_ERROR("tcp", "socket() for listen_address %s failed: %s", cfg->listen_address,
-                  strerror(errno));
-        goto err_pmu;
-    }
-    int one = 1;
-    (void)setsockopt(tp->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(tp->lfd, (struct sockaddr *)&ss, sl) != 0 || listen(tp->lfd, 1024) != 0) {
-        int e = errno;
-        st = ote_status_make(e == EADDRINUSE ? OTE_ERR_BUSY : OTE_ERR_NATIVE, e);
-        OTE_ERROR("tcp", "cannot listen on %s: %s", cfg->listen_address, strerror(e));
-        goto err_sock;
-    }
-    struct sockaddr_storage bound;
-    socklen_t bl = sizeof(bound);
-    if (getsockname(tp->lfd, (struct sockaddr *)&bound, &bl) != 0) {
-        st = ote_status_from_errno(errno);
-        goto err_sock;
-    }
-    st = compute_address(tp, &bound);
-    if (st != OTE_OK) goto err_sock;
+    snprintf(tp->addr, sizeof(tp->addr), "%s", host->self_addr);
 
     tp->nworkers = cfg->tcp_workers;
     tp->workers = ote_calloc(tp->nworkers, sizeof(*tp->workers));
     if (tp->workers == NULL) {
         st = OTE_ERR_NOMEM;
-        goto err_sock;
+        goto err_pmu;
     }
     for (uint32_t i = 0; i < tp->nworkers; i++) {
         tcp_worker_t *w = &tp->workers[i];
@@ -190,14 +135,6 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
             tp->nworkers = i + 1;
             goto err_workers;
         }
-        if (i == 0) {
-            struct epoll_event le = {.events = EPOLLIN, .data.ptr = &tp->lfd};
-            if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, tp->lfd, &le) != 0) {
-                st = ote_status_from_errno(errno);
-                tp->nworkers = i + 1;
-                goto err_workers;
-            }
-        }
     }
     for (uint32_t i = 0; i < tp->nworkers; i++) {
         tcp_worker_t *w = &tp->workers[i];
@@ -209,16 +146,14 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
         }
         w->started = 1;
     }
-    OTE_INFO("tcp", "listening on %s (advertised %s), %u worker(s), %u connection(s) per peer",
-             cfg->listen_address, tp->addr, tp->nworkers, cfg->tcp_connections);
+    OTE_INFO("tcp", "serving %s, %u worker(s), %u connection(s) per peer", tp->addr, tp->nworkers,
+             cfg->tcp_connections);
     *tp_out = &tp->base;
     return OTE_OK;
 
 err_workers:
     tcp_destroy(&tp->base); /* stops started workers, closes everything */
     return st;
-err_sock:
-    close(tp->lfd);
 err_pmu:
     ote_mutex_destroy(&tp->pmu);
 err_cond:

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -53,10 +54,34 @@ tcp_conn_t *ote__tcp_conn_new(tcp_t *tp, int fd, int role) {
     return c;
 }
 
+ote_status_t ote__tcp_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,
+                            size_t len) {
+    tcp_t *tp = to_tcp(t);
+    if (len > TCP_HS_RXBUF) {
+        close(fd);
+        return OTE_ERR_TOO_BIG;
+    }
+    ote__tcp_set_sockopts(tp, fd);
+    tcp_conn_t *c = ote__tcp_conn_new(tp, fd, ROLE_SOURCE);
+    if (c == NULL) {
+        close(fd);
+        return OTE_ERR_NOMEM;
+    }
+    memcpy(c->rxbuf, hello, len); /* parsed once a worker attaches it */
+    c->rx_end = len;
+    c->born_ns = ote_now_ns();
+    snprintf(c->from, sizeof(c->from), "%s", from);
+    ote__tcp_worker_post(c->w, &c->attach_cmd);
+    return OTE_OK;
+}
+
 void ote__tcp_conn_free(tcp_conn_t *c) {
     if (c == NULL) return;
-    if (c->role == ROLE_SOURCE) atomic_fetch_sub(&c->w->tp->naccepted, 1);
     if (c->fd >= 0) close(c->fd);
+    if (c->role == ROLE_SOURCE) { /* adopted from the listener: its place frees */
+        const ote__host_t *h = &c->w->tp->host;
+        if (h->conn_closed != NULL) h->conn_closed(h->arg);
+    }
     ote_mutex_destroy(&c->qmu);
     ote_mutex_destroy(&c->smu);
     ote_free(c->rxbuf);

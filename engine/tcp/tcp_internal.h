@@ -5,10 +5,10 @@
  * the ops table only).
  *
  * Files, one job each:
- *   tcp.c            the ops table, ote__tcp_create (listen socket, workers) and destroy
+ *   tcp.c            the ops table, ote__tcp_create (workers), adopt, destroy
  *   tcp_conn.c       one connection: creation, epoll interest, death (conn_kill)
  *   tcp_worker.c     the worker threads: epoll loop, commands, receive loop and framing
- *                    dispatch, deadlines (tick), accept with backoff
+ *                    dispatch, deadlines (tick)
  *   tcp_requester.c  requester data path: submit (queued or inline), numbering and
  *                    encoding, sending, responses, cancel
  *   tcp_source.c     source data path: the handshake it answers, requests checked
@@ -19,8 +19,10 @@
  *
  * The TCP transport.
  *
- * Roles. Every engine listens. An engine that opens a segment is the requester on the
- * connections it makes; the engine that accepted them is the source: it owns the
+ * Roles. Every engine listens, on one socket shared by its transports (engine/listen.c),
+ * which hands this transport the connections whose HELLO names it (ops->adopt). An
+ * engine that opens a segment is the requester on the connections it makes; the engine
+ * that accepted them is the source: it owns the
  * remote addresses, checks every request against its registrations (host->pin) before
  * touching memory, and answers. One connection serves one role only.
  *
@@ -66,19 +68,16 @@
  * closes its connection (its data can no longer arrive) and fails with
  * OTE_ERR_TIMEOUT. Peers are independent: one peer's death never blocks another's.
  *
- * Hostile or stuck requesters (source side). At most tcp_max_accepted accepted
- * connections exist at once (more are closed at accept); each must complete its
- * handshake within connect_timeout_ms and, until then, owns only a small receive buffer.
- * With a cluster key the handshake includes the AUTH exchange (engine/control/auth.h):
- * after the CHALLENGE the only frame parsed is the PROOF; anything else, or a PROOF that
- * does not check, closes the connection (counted, rate-limited WARN) before any request
- * is looked at. Each data connection authenticates itself.
- * A connection queues at most TCP_SRC_MAX_RESP responses: at the cap it stops reading
- * (EPOLLIN off) until the requester drains them. A connection that owes responses or is
- * receiving a payload must make progress (bytes in or out) every transfer_timeout_ms,
- * else it is closed and its registrations unpinned. Accept failures for lack of fds or
- * memory take the listen socket out of epoll for TCP_ACCEPT_BACKOFF_NS (no spinning) and
- * are logged at most once per TCP_LOG_EVERY_NS.
+ * Hostile or stuck requesters (source side). The engine's listener caps the connections
+ * it holds (tcp_max_accepted), bounds the HELLO and its deadline (connect_timeout_ms), and
+ * with a cluster key runs the AUTH exchange (engine/control/auth.h) before it hands a
+ * connection over: an adopted connection is authenticated, its HELLO waiting in its
+ * receive buffer, answered as soon as a worker attaches it. Each data connection
+ * authenticates itself (the listener does it once per connection). A connection queues
+ * at most TCP_SRC_MAX_RESP responses: at the cap it stops reading (EPOLLIN off) until the
+ * requester drains them. A connection that owes responses or is receiving a payload must
+ * make progress (bytes in or out) every transfer_timeout_ms, else it is closed and its
+ * registrations unpinned.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -131,8 +130,6 @@ _Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW2_FRAME_LEN
 #define TCP_INLINE_MAX (256u << 10) /* submit: a connection's share this small may go inline */
 #define TCP_SRC_MAX_RESP 256u       /* queued responses per source connection */
 #define TCP_HS_RXBUF 512u           /* receive buffer before the handshake: one HELLO fits */
-#define TCP_ACCEPT_BACKOFF_NS (100 * OTE_NSEC_PER_MSEC)
-#define TCP_LOG_EVERY_NS (1000 * OTE_NSEC_PER_MSEC)
 #define TCP_HSBUF (OTE_CTL_HDR_LEN + 8 + OTE_CTL_MAX_TEXT + OTE_CTL_MAX_ADDR + 16)
 
 enum { ROLE_REQUESTER = 1, ROLE_SOURCE = 2 };
@@ -177,7 +174,7 @@ struct tcp_conn {
     int rx_paused;    /* source: EPOLLIN off (response cap reached, or closing) */
     int closing;      /* source: a close_after response is queued; parse nothing more */
     int bufs_queued;  /* source: a BUFS answer waits to be sent; parse nothing until it is */
-    uint64_t born_ns; /* source: accept time (handshake deadline) */
+    uint64_t born_ns; /* source: adoption time (handshake deadline) */
     uint64_t progress, progress_seen, progress_ns; /* bytes moved: a counter, its tick view */
 
     /* Submission queue (requester): any thread under qmu. */
@@ -212,14 +209,6 @@ struct tcp_conn {
     uint32_t rx_len;           /* length of the WRITE slice being received */
     uint64_t last_refused_req; /* extent start of the last refused request (one WARN each) */
     uint8_t hsbuf[TCP_HSBUF];
-    /* Source of an engine with a key (engine/control/auth.h): auth_wait from the
-     * CHALLENGE until the PROOF, which must be the next frame; the HELLO is kept
-     * (encoded) until then and answered once the PROOF checks (authed). */
-    int auth_wait, authed;
-    ote_auth_t auth;
-    uint8_t auth_hello[OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR];
-    size_t auth_hello_len;
-    uint8_t auth_out[2][OTE_CTL_AUTH_FRAME_LEN]; /* CHALLENGE, OK */
 
     /* Receive, worker-owned. */
     uint8_t *rxbuf;
@@ -254,8 +243,7 @@ struct tcp {
     ote__transport_t base;
     ote__cfg_t cfg;
     ote__host_t host;
-    int lfd;
-    char addr[OTE__ADDR_MAX];
+    char addr[OTE__ADDR_MAX]; /* the engine's advertised address (host->self_addr) */
     uint32_t nworkers;
     tcp_worker_t *workers;
     _Atomic uint32_t rr;
@@ -264,11 +252,6 @@ struct tcp {
     ote_cond_t cv;
     int sockbuf;
     _Atomic uint64_t session;
-    _Atomic uint32_t naccepted; /* source connections alive (<= cfg.tcp_max_accepted) */
-    /* Accept path, worker 0 only. */
-    uint64_t accept_resume_ns; /* nonzero: listen fd out of epoll until then */
-    uint64_t accept_log_ns;    /* last accept WARN */
-    uint64_t accept_quiet;     /* failures not logged since */
     /* Source: the account of each request in flight from a version-2 requester (one pin
      * per request) and the sessions (requester engines' connection sets) they belong
      * to; tcp_pins.c, under pmu (a leaf but for the engine's pin, taken under it). */
@@ -307,6 +290,9 @@ void ote__tcp_set_sockopts(tcp_t *tp, int fd);
  * NULL when out of memory (fd stays the caller's). */
 tcp_conn_t *ote__tcp_conn_new(tcp_t *tp, int fd, int role);
 void ote__tcp_conn_free(tcp_conn_t *c);
+/* ops->adopt: a source connection from the engine's listener, its HELLO in rxbuf. */
+ote_status_t ote__tcp_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,
+                            size_t len);
 /* Keep the epoll interest of c in line with out_wanted and rx_paused. Worker only. */
 void ote__tcp_conn_events(tcp_conn_t *c);
 void ote__tcp_want_out(tcp_conn_t *c, int on);

@@ -128,106 +128,8 @@ static void src_write(tcp_conn_t *c) {
     ote__tcp_want_out(c, 0);
 }
 
-/* Queue an answer of the handshake (bytes owned by c); close_after: a refusal, after
- * which nothing more is parsed and the connection closes once it is sent. */
-static int src_queue_hs(tcp_conn_t *c, const uint8_t *data, size_t len, int close_after) {
-    tcp_resp_t *r = resp_push(c);
-    if (r == NULL) {
-        ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
-        return -1;
-    }
-    r->hdr_len = 0;
-    r->data = data;
-    r->len = (uint32_t)len;
-    r->close_after = close_after;
-    if (close_after) c->closing = 1;
-    return 0;
-}
-
-/* A refused authentication: counted and logged; the ERROR m (if any) goes out first. */
-static int src_auth_refuse(tcp_conn_t *c, const ote_ctl_msg_t *m, const char *why) {
-    ote_auth_peer_t peer;
-    ote_auth_peer_of_fd(c->w->tp->host.auth_key, c->fd, &peer);
-    ote_auth_failed("tcp", &peer, why);
-    size_t len = 0;
-    if (m == NULL || ote_ctl_encode(m, c->hsbuf, sizeof(c->hsbuf), &len) != OTE_OK) {
-        ote__tcp_conn_kill(c, OTE_ERR_AUTH);
-        return -1;
-    }
-    return src_queue_hs(c, c->hsbuf, len, 1);
-}
-
-static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m);
-
-/* Engine with a key, the HELLO: keep it, answer CHALLENGE. Nothing of the HELLO is acted
- * on before the PROOF checks. */
-static int src_auth_challenge(tcp_conn_t *c, const ote_ctl_msg_t *m) {
-    ote_ctl_msg_t out;
-    if (!ote_auth_hello_ok(m, &out))
-        return src_auth_refuse(c, &out, "its versions do not reach authentication");
-    size_t len = 0;
-    if (ote_ctl_encode(m, c->auth_hello, sizeof(c->auth_hello), &len) != OTE_OK ||
-        ote_auth_bind_hello(&c->auth, m) != OTE_OK)
-        return src_auth_refuse(c, NULL, "a HELLO that does not encode");
-    ote_auth_challenge(&c->auth);
-    ote_auth_frame(&out, OTE_CTL_AUTH_CHALLENGE, c->auth.ns, NULL);
-    size_t olen = 0;
-    if (ote_ctl_encode(&out, c->auth_out[0], sizeof(c->auth_out[0]), &olen) != OTE_OK)
-        return src_auth_refuse(c, NULL, "no challenge");
-    c->auth_hello_len = len;
-    c->auth_wait = 1;
-    return src_queue_hs(c, c->auth_out[0], olen, 0);
-}
-
-/* Engine with a key, the frame after CHALLENGE: it must be a PROOF that checks; then OK,
- * and the kept HELLO is answered as without a key. */
-static int src_auth_proof(tcp_conn_t *c, const ote_ctl_msg_t *m) {
-    tcp_t *tp = c->w->tp;
-    if (m->opcode != OTE_CTL_AUTH || m->u.auth.step != OTE_CTL_AUTH_PROOF) {
-        ote_auth_peer_t peer;
-        ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
-        int nokey = m->opcode == OTE_CTL_ERROR && ote_status_code(m->status) == OTE_ERR_AUTH;
-        ote_auth_failed("tcp", &peer, nokey ? "it has no key" : "a frame other than its proof");
-        ote__tcp_conn_kill(c, OTE_ERR_AUTH);
-        return -1;
-    }
-    if (ote_auth_check_proof(&c->auth, tp->host.auth_key, m->u.auth.nonce, m->u.auth.mac) !=
-        OTE_OK) {
-        ote_ctl_msg_t e;
-        ote_auth_refusal(&e, "authentication failed: wrong key");
-        return src_auth_refuse(c, &e, "wrong key");
-    }
-    c->auth_wait = 0;
-    c->authed = 1;
-    ote_auth_peer_t peer; /* proved the key: its address leaves the back-off table */
-    ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
-    ote_auth_succeeded(&peer);
-    ote_ctl_msg_t ok;
-    ote_auth_frame(&ok, OTE_CTL_AUTH_OK, NULL, c->auth.mac);
-    size_t olen = 0;
-    if (ote_ctl_encode(&ok, c->auth_out[1], sizeof(c->auth_out[1]), &olen) != OTE_OK ||
-        src_queue_hs(c, c->auth_out[1], olen, 0) != 0) {
-        if (c->fd >= 0) ote__tcp_conn_kill(c, OTE_ERR_AUTH);
-        return -1;
-    }
-    ote_ctl_msg_t hello;
-    size_t used = 0;
-    if (ote_ctl_decode(c->auth_hello, c->auth_hello_len, &hello, &used) != OTE_OK) {
-        ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
-        return -1;
-    }
-    return src_hello(c, &hello);
-}
-
-static int src_handshake(tcp_conn_t *c, const ote_ctl_msg_t *m) {
-    if (c->w->tp->host.auth_key != NULL && !c->authed) {
-        if (c->auth_wait) return src_auth_proof(c, m);
-        if (m->opcode == OTE_CTL_HELLO) return src_auth_challenge(c, m);
-    }
-    return src_hello(c, m);
-}
-
-/* Answer a HELLO (after its authentication when the engine has a key). */
+/* Answer the HELLO (the engine's listener authenticated the connection when it has a
+ * key). */
 static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     if (m->opcode != OTE_CTL_HELLO) {
         OTE_WARN("control", "connection began with %s instead of HELLO: closing",
@@ -384,7 +286,7 @@ static int src_buffers(tcp_conn_t *c, uint64_t id) {
 
 int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     tcp_t *tp = c->w->tp;
-    if (!c->handshaken) return src_handshake(c, m);
+    if (!c->handshaken) return src_hello(c, m);
     if (m->version != c->version) {
         OTE_WARN("control", "frame with version %u on a version-%u connection from %s: closing",
                  m->version, c->version, c->from);
@@ -476,11 +378,6 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
             OTE_WARN("tcp",
                      "connection from %s did not complete its handshake within %llu ms: closing",
                      c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
-            if (c->auth_wait) { /* challenged, never proved the key */
-                ote_auth_peer_t peer;
-                ote_auth_peer_of_fd(tp->host.auth_key, c->fd, &peer);
-                ote_auth_failed("tcp", &peer, "no proof within connect_timeout_ms");
-            }
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }
         return;

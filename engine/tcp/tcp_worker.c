@@ -2,8 +2,8 @@
  * engine/tcp/tcp_worker.c - the worker threads of the TCP transport. A worker owns an
  * epoll set and the connections attached to it: it runs their commands (attach,
  * detach), receives on them and dispatches each frame to the requester or source side,
- * sends when they are writable, enforces deadlines every tick, and (worker 0) accepts
- * new connections, backing off when accept fails for lack of fds or memory.
+ * sends when they are writable and enforces deadlines every tick. Source connections
+ * arrive from the engine's listener (attach commands), their HELLO already received.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -186,6 +186,13 @@ static void worker_attach(tcp_worker_t *w, tcp_conn_t *c) {
     if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, c->fd, &e) != 0) {
         OTE_ERROR("tcp", "epoll_ctl(ADD) failed: %s", strerror(errno));
         ote__tcp_conn_kill(c, ote_status_from_errno(errno));
+        return;
+    }
+    /* An adopted source connection holds its HELLO already: answer it now (no EPOLLIN
+     * comes for bytes the listener read). */
+    if (c->role == ROLE_SOURCE && c->rx_end > c->rx_start) {
+        ote__tcp_conn_read(c);
+        if (c->fd >= 0 && c->rcount) conn_flush(c);
     }
 }
 
@@ -222,20 +229,7 @@ static void worker_service(tcp_worker_t *w) {
     }
 }
 
-/* Rate-limited accept WARN (worker 0): at most one line per TCP_LOG_EVERY_NS. */
-static void accept_warn(tcp_t *tp, uint64_t now, const char *what, int err) {
-    if (tp->accept_log_ns != 0 && now - tp->accept_log_ns < TCP_LOG_EVERY_NS) {
-        tp->accept_quiet++;
-        return;
-    }
-    OTE_WARN("tcp", "%s%s%s (%llu similar event(s) not logged in the last second)", what,
-             err ? ": " : "", err ? strerror(err) : "", (unsigned long long)tp->accept_quiet);
-    tp->accept_log_ns = now;
-    tp->accept_quiet = 0;
-}
-
 static void worker_tick(tcp_worker_t *w, uint64_t now) {
-    tcp_t *tp = w->tp;
     for (tcp_conn_t *c = w->conns, *next; c; c = next) {
         next = c->wnext;
         if (c->role == ROLE_SOURCE) {
@@ -247,61 +241,6 @@ static void worker_tick(tcp_worker_t *w, uint64_t now) {
                      c->peer ? c->peer->addr : "?", c->index);
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }
-    }
-    if (w->idx == 0 && tp->accept_resume_ns != 0 && now >= tp->accept_resume_ns) {
-        struct epoll_event le = {.events = EPOLLIN, .data.ptr = &tp->lfd};
-        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, tp->lfd, &le) == 0 || errno == EEXIST)
-            tp->accept_resume_ns = 0;
-        else tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
-    }
-}
-
-/* Worker 0. The listen fd is level-triggered: an accept that keeps failing (no fds, no
- * memory) would make this loop spin, so such failures take the listen fd out of epoll
- * for TCP_ACCEPT_BACKOFF_NS (worker_tick puts it back). Connections over the
- * tcp_max_accepted cap are accepted and closed at once, so their peers learn it now; so
- * are those from an address in authentication back-off (engine/control/auth_limit.h). */
-static void tcp_accept(tcp_worker_t *w) {
-    tcp_t *tp = w->tp;
-    for (;;) {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        int fd = accept4(tp->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            int err = errno;
-            if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-            if (err == EAGAIN || err == EWOULDBLOCK) return;
-            uint64_t now = ote_now_ns();
-            (void)epoll_ctl(w->epfd, EPOLL_CTL_DEL, tp->lfd, NULL);
-            tp->accept_resume_ns = now + TCP_ACCEPT_BACKOFF_NS;
-            accept_warn(tp, now, "accept failed, pausing accepts for 100 ms", err);
-            return;
-        }
-        ote_auth_addr_t from;
-        ote_auth_addr_of_sockaddr((struct sockaddr *)&ss, sl, &from);
-        if (ote_auth_backoff(tp->host.auth_key, &from)) { /* failed too often: not a byte */
-            close(fd);
-            continue;
-        }
-        if (atomic_load(&tp->naccepted) >= tp->cfg.tcp_max_accepted) {
-            accept_warn(tp, ote_now_ns(),
-                        "tcp_max_accepted connections reached: closing a new connection", 0);
-            close(fd);
-            continue;
-        }
-        ote__tcp_set_sockopts(tp, fd);
-        tcp_conn_t *c = ote__tcp_conn_new(tp, fd, ROLE_SOURCE);
-        if (c == NULL) {
-            close(fd);
-            accept_warn(tp, ote_now_ns(), "out of memory accepting a connection: refusing it", 0);
-            continue;
-        }
-        atomic_fetch_add(&tp->naccepted, 1); /* ote__tcp_conn_free gives it back */
-        c->born_ns = ote_now_ns();
-        if (ote__addr_format((struct sockaddr *)&ss, c->from, sizeof(c->from)) != OTE_OK)
-            snprintf(c->from, sizeof(c->from), "?");
-        if (c->w == w) worker_attach(w, c);
-        else ote__tcp_worker_post(c->w, &c->attach_cmd);
     }
 }
 
@@ -325,8 +264,6 @@ void *ote__tcp_worker_main(void *arg) {
                 (void)r;
                 atomic_store(&w->woken, 0);
                 worker_service(w);
-            } else if (p == &tp->lfd) {
-                tcp_accept(w);
             } else {
                 tcp_conn_t *c = p;
                 if (c->fd < 0) continue;

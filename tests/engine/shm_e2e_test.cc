@@ -227,20 +227,6 @@ TEST_F(RoutingTest, ShmOnlyEngineUsesShm) {
     EXPECT_EQ(OpenAndMove({{"transports", "tcp,shm"}}, {}), "tcp"); // the requester's order
 }
 
-// tcp and rdma would both listen on listen_address: one engine with both is refused,
-// saying so, rather than built with one of them silently missing.
-TEST_F(RoutingTest, TcpBesideRdmaIsRefusedAtCreation) {
-    ote_config_t *cfg = nullptr;
-    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
-    ASSERT_EQ(ote_config_set(cfg, "transports", "rdma,shm,tcp"), OTE_OK);
-    ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
-    ote_engine_t *e = nullptr;
-    ExpectErrorLogsIn([&] { EXPECT_EQ(ote_engine_create(cfg, &e), OTE_ERR_UNSUPPORTED); });
-    EXPECT_EQ(e, nullptr);
-    EXPECT_TRUE(LogContains("needs a shared listener"));
-    ote_config_destroy(cfg);
-}
-
 // Whether this process may start a child as uid 65534 (root outside a user namespace
 // that maps only root).
 bool CanRunAsNobody() {
