@@ -49,8 +49,8 @@
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
 
-#define OTE__LISTEN_MAX_HS 128                  /* handshakes at once */
-#define LISTEN_POLL_MS 50                       /* the acceptor sees stop this often */
+#define OTE__LISTEN_MAX_HS 128                    /* handshakes at once */
+#define LISTEN_POLL_MS 50                         /* the acceptor sees stop this often */
 #define LISTEN_PAUSE_NS (100 * OTE_NSEC_PER_MSEC) /* after accept fails for lack of fds */
 #define LISTEN_LOG_EVERY_NS OTE_NSEC_PER_SEC
 #define LISTEN_HS_STACK (512u << 10)
@@ -60,9 +60,9 @@
 typedef struct {
     ote__listen_t *l;
     pthread_t th;
-    int used;     /* a thread was started in this slot (joined when done) */
-    int done;     /* under l->mu: the thread is returning */
-    int fd;       /* under l->mu: the socket while the thread owns it, else -1 */
+    int used;      /* a thread was started in this slot (joined when done) */
+    int done;      /* under l->mu: the thread is returning */
+    int fd;        /* under l->mu: the socket while the thread owns it, else -1 */
     uint64_t born; /* accept time: the handshake's deadline runs from it */
     char from[OTE__ADDR_MAX];
 } hs_t;
@@ -182,11 +182,10 @@ static void accept_warn(ote__listen_t *l, const char *what, int err) {
 /* The ERROR that refuses a HELLO for a transport this engine does not serve. */
 static void refuse(int fd, const ote_ctl_msg_t *hello, const char *from, const char *why,
                    ote_deadline_t dl) {
-    uint16_t ver = 0;
-    if (ote_ctl_negotiate(hello, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK)
-        ver = hello->version; /* a version the peer reads */
-    OTE_WARN("engine", "connection from %s (%.*s): %s: refused", from,
-             (int)hello->u.hello.addr_len, hello->u.hello.addr, why);
+    uint16_t ver = hello->version; /* a version the peer reads */
+    (void)ote_ctl_negotiate(hello, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+    OTE_WARN("engine", "connection from %s (%.*s): %s: refused", from, (int)hello->u.hello.addr_len,
+             hello->u.hello.addr, why);
     ote_ctl_msg_t m;
     memset(&m, 0, sizeof(m));
     m.version = ver;
@@ -227,6 +226,79 @@ static ote__transport_t *route(ote_engine_t *e, uint16_t role, const char **name
     return NULL;
 }
 
+/* The first frame, read exactly (its header, then the body it announces, bounded by
+ * LISTEN_HELLO_MAX): OTE_OK with *m decoded from hb and *len_out its bytes; otherwise
+ * logged (ERROR for bytes that are no frame, WARN for an oversized one or the deadline)
+ * and the caller closes. */
+static ote_status_t read_hello(int fd, const hs_t *h, uint64_t timeout_ms, uint8_t *hb,
+                               ote_ctl_msg_t *m, size_t *len_out, ote_deadline_t dl) {
+    size_t used = 0;
+    ote_status_t st = ote_ctl_recv_all(fd, hb, OTE_CTL_HDR_LEN, dl);
+    if (st == OTE_OK) {
+        st = ote_ctl_decode(hb, OTE_CTL_HDR_LEN, m, &used); /* a bad header fails here */
+        if (st == OTE_ERR_AGAIN) {
+            uint32_t body = ote_le_get32(hb + 20); /* the header's length field */
+            if (body > LISTEN_HELLO_MAX - OTE_CTL_HDR_LEN) {
+                OTE_WARN("control",
+                         "frame from %s larger than %u bytes before the handshake: closing "
+                         "connection",
+                         h->from, (unsigned)LISTEN_HELLO_MAX);
+                return OTE_ERR_PROTOCOL;
+            }
+            st = ote_ctl_recv_all(fd, hb + OTE_CTL_HDR_LEN, body, dl);
+            if (st == OTE_OK) {
+                st = ote_ctl_decode(hb, OTE_CTL_HDR_LEN + body, m, &used);
+                if (st == OTE_ERR_AGAIN) st = OTE_ERR_PROTOCOL;
+            }
+        } else if (st == OTE_OK) {
+            used = OTE_CTL_HDR_LEN;
+        }
+        if (st == OTE_OK) {
+            *len_out = used;
+            return OTE_OK;
+        }
+    }
+    int code = ote_status_code(st);
+    if (code == OTE_ERR_TIMEOUT)
+        OTE_WARN("engine",
+                 "connection from %s did not complete its handshake within %llu ms: closing",
+                 h->from, (unsigned long long)timeout_ms);
+    else if (code == OTE_ERR_PEER_LOST)
+        OTE_DEBUG("engine", "connection from %s closed before its HELLO", h->from);
+    else
+        OTE_ERROR("control", "malformed frame from %s: %s; closing connection", h->from,
+                  ote_status_str(st));
+    return st;
+}
+
+/* No version in common: the ERROR (OTE_ERR_VERSION, this engine's range) in the HELLO's
+ * own version, logged. */
+static void refuse_version(int fd, const ote_ctl_msg_t *hello, const char *from,
+                           ote_deadline_t dl) {
+    OTE_WARN("control",
+             "protocol version mismatch: peer %.*s speaks versions %u..%u, this engine %u..%u: "
+             "refusing the connection from %s",
+             (int)hello->u.hello.addr_len, hello->u.hello.addr, hello->u.hello.min_version,
+             hello->u.hello.max_version, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, from);
+    char text[96];
+    int tl = snprintf(text, sizeof(text), "protocol version mismatch: source speaks %u..%u",
+                      OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX);
+    ote_ctl_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.version = hello->version;
+    m.opcode = OTE_CTL_ERROR;
+    m.req_id = hello->req_id;
+    m.status = OTE_ERR_VERSION;
+    m.u.error.min_version = OTE_CTL_VERSION_MIN;
+    m.u.error.max_version = OTE_CTL_VERSION_MAX;
+    m.u.error.text = text;
+    m.u.error.text_len = (uint32_t)tl;
+    uint8_t buf[OTE_CTL_HDR_LEN + 4 + 128];
+    size_t len = 0;
+    if (ote_ctl_encode(&m, buf, sizeof(buf), &len) == OTE_OK)
+        (void)ote_ctl_send_all(fd, buf, len, dl);
+}
+
 static void hs_finish(hs_t *h, int fd) {
     ote__listen_t *l = h->l;
     ote_mutex_lock(&l->mu);
@@ -250,17 +322,9 @@ static void *hs_main(void *arg) {
     ote_deadline_t dl = h->born + limit;
     uint8_t hb[LISTEN_HELLO_MAX];
     ote_ctl_msg_t m;
-    ote_status_t st = ote_ctl_recv_frame(fd, hb, sizeof(hb), &m, dl);
+    size_t hlen = 0; /* exactly the frame */
+    ote_status_t st = read_hello(fd, h, e->cfg.connect_timeout_ms, hb, &m, &hlen, dl);
     if (st != OTE_OK) {
-        int code = ote_status_code(st);
-        if (code == OTE_ERR_TIMEOUT)
-            OTE_WARN("engine",
-                     "connection from %s did not complete its handshake within %llu ms: closing",
-                     h->from, (unsigned long long)e->cfg.connect_timeout_ms);
-        else if (code == OTE_ERR_PROTOCOL || code == OTE_ERR_TOO_BIG)
-            OTE_WARN("control", "malformed or oversized first frame from %s (%s): closing",
-                     h->from, ote_status_str(st));
-        else OTE_DEBUG("engine", "connection from %s closed before its HELLO", h->from);
         hs_finish(h, fd);
         return NULL;
     }
@@ -270,7 +334,6 @@ static void *hs_main(void *arg) {
         hs_finish(h, fd);
         return NULL;
     }
-    size_t hlen = OTE_CTL_HDR_LEN + (size_t)ote_le_get32(hb + 20); /* exactly the frame */
     char why[OTE_CTL_MAX_TEXT / 4];
     const char *tname = NULL;
     ote__transport_t *tp = route(e, m.u.hello.role, &tname, why, sizeof(why));
@@ -285,6 +348,12 @@ static void *hs_main(void *arg) {
             return NULL;
         }
     }
+    uint16_t ver = 0;
+    if (ote_ctl_negotiate(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK) {
+        refuse_version(fd, &m, h->from, dl);
+        hs_finish(h, fd);
+        return NULL;
+    }
     if (tp == NULL || atomic_load(&l->stop)) {
         if (tp == NULL) refuse(fd, &m, h->from, why, dl);
         hs_finish(h, fd);
@@ -296,8 +365,8 @@ static void *hs_main(void *arg) {
     /* adopt takes fd whatever it answers; on failure it has closed it. */
     st = tp->ops->adopt(tp, fd, h->from, hb, hlen);
     if (st != OTE_OK) {
-        OTE_WARN("engine", "transport %s could not take the connection from %s: %s", tname,
-                 h->from, ote_status_str(st));
+        OTE_WARN("engine", "transport %s could not take the connection from %s: %s", tname, h->from,
+                 ote_status_str(st));
         ote__listen_release(l);
     }
     hs_finish(h, -1);

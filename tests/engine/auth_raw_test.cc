@@ -1,6 +1,6 @@
 // Authentication seen from raw sockets on the transports' own connections: the shm
 // socket (a requester that skips the proof and sends REQS, a wrong key, a replayed proof)
-// and the RDMA transport's control listener (a HELLO followed at once by an RDMA control
+// and the engine's one listener, here for RDMA control connections (a HELLO followed at once by an RDMA control
 // frame). Each is closed before anything it sent is acted on, and counted.
 #include <gtest/gtest.h>
 
@@ -423,8 +423,65 @@ TEST_P(AuthBackoffListenerTest, WrongKeyFromOneAddressIsClosedAtAcceptUntilItsBa
 INSTANTIATE_TEST_SUITE_P(
     Listeners, AuthBackoffListenerTest,
     ::testing::Values(Listener{"tcp", {{"transports", "tcp"}}, OTE_CTL_ROLE_INFO},
-                      Listener{"rdma", {{"transport", "rdma"}, {"verbs_provider", "sim"}}, 2}),
+                      Listener{"rdma", {{"transport", "rdma"}, {"verbs_provider", "sim"}}, 2},
+                      Listener{
+                          "rdma_tcp", {{"transports", "rdma,tcp"}, {"verbs_provider", "sim"}}, 2}),
     [](const ::testing::TestParamInfo<Listener> &i) { return std::string(i.param.name); });
+
+// An engine with tcp and rdma has one listener, so one back-off and one authentication
+// per connection for both: failures on TCP data connections close that address's RDMA
+// control connections at accept too, while another address is served on both; and a
+// HELLO naming a transport the engine does not serve is authenticated before it is
+// refused (a peer without the key learns nothing of the engine's transports).
+TEST_F(AuthBackoffTest, OneListenerOneBackOffForTcpAndRdma) {
+    ote_engine_t *src = NewEngine({{"transports", "rdma,tcp"},
+                                   {"verbs_provider", "sim"},
+                                   {"connect_timeout_ms", "10000"},
+                                   {"auth_key_file", key_path_.c_str()}});
+    ASSERT_NE(src, nullptr);
+    std::string addr = ote_test::EngineAddress(src);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t ack{};
+    uint64_t fails = ote_auth_failures();
+    for (int i = 0; i < 5; i++) {
+        int fd = ConnectFrom("127.0.0.1", addr);
+        ASSERT_GE(fd, 0);
+        EXPECT_EQ(Handshake(fd, other_, 1, &ack, &buf), OTE_ERR_AUTH) << i; // TCP data
+        close(fd);
+    }
+    EXPECT_EQ(ote_auth_failures(), fails + 5);
+    uint64_t refused = ote_auth_refused();
+    int fd = ConnectFrom("127.0.0.1", addr); // the RDMA control connection it would make
+    ASSERT_GE(fd, 0);
+    EXPECT_TRUE(ClosedWithoutAByte(fd));
+    close(fd);
+    EXPECT_EQ(ote_auth_refused(), refused + 1);
+    for (uint16_t role : {uint16_t{1}, uint16_t{2}, uint16_t{OTE_CTL_ROLE_INFO}}) {
+        fd = ConnectFrom("127.0.0.2", addr);
+        ASSERT_GE(fd, 0);
+        EXPECT_EQ(Handshake(fd, key_, role, &ack, &buf), OTE_OK) << role;
+        EXPECT_EQ(ack.opcode, OTE_CTL_HELLO_ACK) << role;
+        close(fd);
+    }
+    // Role 9 names no transport: with the key, authenticated, then refused with a reason.
+    fd = ConnectFrom("127.0.0.2", addr);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(Handshake(fd, key_, 9, &ack, &buf), OTE_OK);
+    EXPECT_EQ(ack.opcode, OTE_CTL_ERROR);
+    EXPECT_EQ(ack.status, OTE_ERR_UNSUPPORTED);
+    if (ack.opcode == OTE_CTL_ERROR) {
+        EXPECT_NE(std::string(ack.u.error.text, ack.u.error.text_len).find("transports=rdma,tcp"),
+                  std::string::npos);
+    }
+    close(fd);
+    // Without it: an authentication failure like any other, no word on the transports.
+    fd = ConnectFrom("127.0.0.2", addr);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(Handshake(fd, other_, 9, &ack, &buf), OTE_ERR_AUTH);
+    close(fd);
+    EXPECT_EQ(ote_auth_failures(), fails + 6);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
 
 // shm: the address is the requester's uid (this test's own). A wrong key 5 times: the
 // next connection of that uid is closed at accept; the right key is served again once

@@ -56,9 +56,9 @@ class MultiTransportTest : public ote_test::OteTest {
                 uint64_t off = 1 + seed % 7; // unaligned at the target
                 std::vector<uint8_t> src(len), dst(len, 0);
                 ote_pattern_fill(src.data(), src.size(), seed++, 0);
-                EXPECT_EQ(ote_test::RunOne(e, {OTE_WRITE, src.data(), seg, t.rw + off, len},
-                                           60 * kSec),
-                          OTE_OK)
+                EXPECT_EQ(
+                    ote_test::RunOne(e, {OTE_WRITE, src.data(), seg, t.rw + off, len}, 60 * kSec),
+                    OTE_OK)
                     << name << " WRITE " << len;
                 EXPECT_EQ(
                     ote_test::RunOne(e, {OTE_READ, dst.data(), seg, t.rw + off, len}, 60 * kSec),
@@ -85,8 +85,7 @@ TEST_F(MultiTransportTest, RdmaTcpMeetsRdmaOnlyOverRdma) {
 }
 
 TEST_F(MultiTransportTest, RdmaTcpMeetsRdmaTcpOverRdma) {
-    EXPECT_EQ(OpenAndMove(kRdmaTcp, {"OTE_TRANSPORTS=rdma,tcp", "OTE_VERBS_PROVIDER=sim"}),
-              "rdma");
+    EXPECT_EQ(OpenAndMove(kRdmaTcp, {"OTE_TRANSPORTS=rdma,tcp", "OTE_VERBS_PROVIDER=sim"}), "rdma");
 }
 
 // The target side of the shared listener: one rdma,tcp engine serves a tcp-only and an
@@ -142,7 +141,8 @@ void ExpectRefused(const std::string &addr, uint16_t role,
     EXPECT_EQ(m.opcode, OTE_CTL_ERROR);
     EXPECT_EQ(m.status, OTE_ERR_UNSUPPORTED);
     EXPECT_EQ(m.req_id, 77u);
-    std::string text(m.u.error.text ? m.u.error.text : "", m.opcode == OTE_CTL_ERROR ? m.u.error.text_len : 0);
+    std::string text(m.u.error.text ? m.u.error.text : "",
+                     m.opcode == OTE_CTL_ERROR ? m.u.error.text_len : 0);
     for (const auto &n : needles) EXPECT_NE(text.find(n), std::string::npos) << text;
     EXPECT_TRUE(ote_test::ClosedByPeer(fd));
     close(fd);
@@ -181,8 +181,7 @@ TEST_F(MultiTransportTest, HelloForATransportNotServedIsRefused) {
     EXPECT_EQ(TransportOf(seg), "tcp");
     ote_pattern_fill(src.data(), src.size(), 5, 0);
     uint64_t at = reinterpret_cast<uint64_t>(mem.data()) + 3;
-    EXPECT_EQ(ote_test::RunOne(r, {OTE_WRITE, src.data(), seg, at, src.size()}, 30 * kSec),
-              OTE_OK);
+    EXPECT_EQ(ote_test::RunOne(r, {OTE_WRITE, src.data(), seg, at, src.size()}, 30 * kSec), OTE_OK);
     EXPECT_EQ(ote_test::RunOne(r, {OTE_READ, dst.data(), seg, at, dst.size()}, 30 * kSec), OTE_OK);
     EXPECT_TRUE(src == dst);
     EXPECT_EQ(memcmp(mem.data() + 3, src.data(), src.size()), 0);
