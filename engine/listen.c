@@ -205,7 +205,7 @@ static void refuse(int fd, const ote_ctl_msg_t *hello, const char *from, const c
 /* The transport a HELLO role names, or NULL with why filled. */
 static ote__transport_t *route(ote_engine_t *e, uint16_t role, const char **name_out, char *why,
                                size_t cap) {
-    const char *want = role == 1 ? "tcp" : role == 2 ? "rdma" : NULL;
+    const char *want = role == OTE_CTL_ROLE_TCP ? "tcp" : role == OTE_CTL_ROLE_RDMA ? "rdma" : NULL;
     if (role == OTE_CTL_ROLE_INFO) {
         *name_out = e->tpnames[0]; /* the listener transport answers INFO and BUFS_REQ */
         return e->tps[0];

@@ -73,8 +73,12 @@ extern "C" {
 #define OTE_CTL_MAX_NOTIFY 4096u /* == OTE_NOTIFY_MAX */
 #define OTE_CTL_CANCEL_MAX 1000u /* req_ids of one CANCEL frame */
 #define OTE_CTL_MAX_INFO 1024u   /* HELLO_ACK advertisement text */
-/* HELLO role of a connection that only asks for the source's advertisement (the
- * engine's router); the source answers HELLO_ACK and the requester closes. */
+/* HELLO roles: what a connection to an engine's listener is for (engine/listen.c hands
+ * it to that transport; a role the engine does not serve is refused with ERROR
+ * OTE_ERR_UNSUPPORTED). ROLE_INFO: a connection that only asks for the source's
+ * advertisement (the engine's router) or its buffers; the source answers HELLO_ACK. */
+#define OTE_CTL_ROLE_TCP 1  /* a TCP transport data connection */
+#define OTE_CTL_ROLE_RDMA 2 /* the RDMA transport's control connection */
 #define OTE_CTL_ROLE_INFO 3
 
 typedef enum {
