@@ -1,10 +1,11 @@
 /*
  * engine/rdma/rdma.c - the RDMA transport's lifecycle: creation (provider, contexts,
  * buffer manager, lanes and their workers, grant manager, endpoint store, monitor
- * thread; control connections come from the engine's listener), teardown, the monitor thread (async events, grant and
- * notification deadlines, endpoint reclaim), the engine's registration hooks and the
- * transport ops table. What the transport owns, its control-plane rules and its lock
- * order are described in rdma_internal.h; each job lives in its own file there.
+ * thread; control connections come from the engine's listener), teardown, the monitor
+ * thread (async events, grant and notification deadlines, endpoint reclaim, reaping of
+ * ended server threads), the engine's registration hooks and the transport ops table.
+ * What the transport owns, its control-plane rules and its lock order are described in
+ * rdma_internal.h; each job lives in its own file there.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -85,6 +86,7 @@ static void *monitor_main(void *arg) {
         uint64_t now = ote_now_ns();
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
+            ote__rdma_servers_reap(tp); /* closes what ended server threads left */
             (void)ote_endpoint_store_reclaim(tp->eps, ote_deadline_after(200 * OTE_NSEC_PER_MSEC),
                                              NULL);
         }

@@ -272,6 +272,9 @@ ote_status_t ote__rdma_conn_send_rp(conn_t *c, uint64_t req_id, ote_status_t sta
  * len); a server thread answers it. Takes fd in every case. */
 ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,
                              size_t len);
+/* Join the server threads that have exited and drop their connections (the last
+ * reference closes the socket, which is how a dropped peer learns it). Monitor thread. */
+void ote__rdma_servers_reap(rdma_tp_t *tp);
 /* Teardown, after tp->stop is set: wake the server threads and join them within
  * wait_ms. Returns how many did not end (they still use tp). */
 size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms);

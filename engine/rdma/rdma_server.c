@@ -1,12 +1,13 @@
 /*
  * engine/rdma/rdma_server.c - the source side's control plane: the control connections
  * the engine's listener hands over (ote__rdma_adopt: accepted, in back-off or not, and
- * authenticated by the listener when the engine has a key), one joinable thread each.
- * Such a thread alone waits on its connection; it answers the HELLO the listener read
- * (it sits in the connection's input) and takes only the negotiated version after it, answers INFO, NOTIFY and BUFS_REQ
- * (buffer discovery: the engine's list, host->buffers), and hands
- * CONNECT and GRANT_REQ to the source side (rdma_source.c). Touches tp->sconns (under
- * tp->mu) and the handshake fields of its own connections.
+ * authenticated by the listener when the engine has a key), one joinable thread each
+ * (joined by the monitor once it ends, which closes the socket). Such a thread alone
+ * waits on its connection; it answers the HELLO the listener read (it sits in the
+ * connection's input), takes only the negotiated version after it, answers INFO, NOTIFY
+ * and BUFS_REQ (buffer discovery: the engine's list, host->buffers), and hands CONNECT
+ * and GRANT_REQ to the source side (rdma_source.c). Touches tp->sconns (under tp->mu)
+ * and the handshake fields of its own connections.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -220,6 +221,12 @@ static void reap_servers_locked(rdma_tp_t *tp) {
         ote_free(sv);
         tp->sconns[i] = tp->sconns[--tp->nsconns];
     }
+}
+
+void ote__rdma_servers_reap(rdma_tp_t *tp) {
+    ote_mutex_lock(&tp->mu);
+    reap_servers_locked(tp);
+    ote_mutex_unlock(&tp->mu);
 }
 
 ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,

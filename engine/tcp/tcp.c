@@ -1,9 +1,9 @@
 /*
  * engine/tcp/tcp.c - the TCP transport: its ops table, creation (worker threads) and
- * destruction. It has no listening socket: the engine's listener (engine/listen.c) hands
- * it the connections whose HELLO names it (ote__tcp_adopt, tcp_conn.c). The design (roles, threads and
- * ownership, lock order, data path, failure handling) is described in tcp_internal.h;
- * each job lives in its own file next to this one.
+ * destruction. It has no listening socket: the engine's listener (engine/listen.c)
+ * hands it the connections whose HELLO names it (ote__tcp_adopt, tcp_conn.c). The
+ * design (roles, threads and ownership, lock order, data path, failure handling) is
+ * described in tcp_internal.h; each job lives in its own file next to this one.
  */
 #include <errno.h>
 #include <netinet/in.h>

@@ -1,7 +1,8 @@
-// Authentication seen from raw sockets on the transports' own connections: the shm
-// socket (a requester that skips the proof and sends REQS, a wrong key, a replayed proof)
-// and the engine's one listener, here for RDMA control connections (a HELLO followed at once by an RDMA control
-// frame). Each is closed before anything it sent is acted on, and counted.
+// Authentication seen from raw sockets: the shm socket (a requester that skips the proof
+// and sends REQS, a wrong key, a replayed proof) and the engine's one listener (RDMA
+// control connections: a HELLO followed at once by an RDMA control frame; the back-off
+// per address, shared by tcp and rdma). Each is closed before anything it sent is acted
+// on, and counted.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
