@@ -224,6 +224,9 @@ static void reap_servers_locked(rdma_tp_t *tp) {
 }
 
 void ote__rdma_servers_reap(rdma_tp_t *tp) {
+    /* From stop on, only teardown reaps (while the engine its puts report to exists): a
+     * transport retained with a stuck thread never reports to a freed engine. */
+    if (atomic_load(&tp->stop)) return;
     ote_mutex_lock(&tp->mu);
     reap_servers_locked(tp);
     ote_mutex_unlock(&tp->mu);
