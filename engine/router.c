@@ -115,7 +115,11 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .self_addr = e->self_addr,
                         .query_info = ote__router_query_info,
                         .buffers = ote__reg_buffers,
-                        .auth_key = e->auth_key};
+                        .auth_key = e->auth_key,
+                        .pin_kind = ote__reg_pin_kind,
+                        .stage_get = ote__reg_stage_get,
+                        .stage_copy = ote__reg_stage_copy,
+                        .stage_put = ote__reg_stage_put};
     /* The listener first (its address names the engine), then the others in order. */
     const char *lname = list_has(e->cfg.transports, "tcp")    ? "tcp"
                         : list_has(e->cfg.transports, "rdma") ? "rdma"

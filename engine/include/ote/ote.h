@@ -167,9 +167,18 @@ ote_status_t ote_segment_info(ote_segment_t *seg, ote_segment_info_t *info_out);
  * publish its registrations), OTE_ERR_PROTOCOL (a malformed answer), OTE_ERR_AGAIN or
  * OTE_ERR_REMOTE (the peer could not list them). */
 #define OTE_BUFFERS_MAX 2048
+/* Memory kinds (ote_buffer_info_t.kind, ote_memory_query): host memory, pinned host
+ * memory (page-locked by the CUDA driver), or memory of CUDA device N, as the value
+ * OTE_MEM_CUDA + N (N < OTE_MEM_CUDA_MAX_DEVICES). */
 typedef enum {
-    OTE_MEM_HOST = 0, /* host (CPU) memory: the only kind today */
+    OTE_MEM_HOST = 0,        /* pageable host (CPU) memory */
+    OTE_MEM_HOST_PINNED = 1, /* host memory pinned by the CUDA driver (host-addressable) */
+    OTE_MEM_CUDA = 16,       /* device memory of CUDA device 0; OTE_MEM_CUDA + N: device N */
 } ote_mem_kind_t;
+#define OTE_MEM_CUDA_MAX_DEVICES 240
+#define OTE_MEM_IS_CUDA(kind) \
+    ((kind) >= OTE_MEM_CUDA && (kind) < OTE_MEM_CUDA + OTE_MEM_CUDA_MAX_DEVICES)
+#define OTE_MEM_CUDA_DEVICE(kind) ((int)(kind) - (int)OTE_MEM_CUDA)
 typedef struct {
     char name[OTE_NAME_MAX + 1]; /* NUL-terminated; "" when registered without a name */
     uint64_t addr;               /* the peer's address: ote_request_t.remote_addr */
@@ -179,6 +188,10 @@ typedef struct {
 } ote_buffer_info_t;
 ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, size_t cap,
                                  size_t *count_out);
+/* This engine's own registration that contains addr, as a peer would list it (its name,
+ * start, length, permissions and memory kind). OTE_ERR_NOT_FOUND when no registration
+ * contains addr. */
+ote_status_t ote_memory_query(ote_engine_t *engine, const void *addr, ote_buffer_info_t *info_out);
 
 /* ---- transfers --------------------------------------------------------------------- */
 typedef enum {
