@@ -233,10 +233,11 @@ ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int f
 ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, const char *what) {
     if (!OTE_MEM_IS_CUDA(kind)) return OTE_OK;
     if (g->paths & OTE__GPU_PATH_STAGING) return OTE_OK;
-    OTE_WARN_LIMITED("gpu",
-                     "%s is device memory of cuda:%d: no GPU path is possible with gpu_paths=\"%s\" "
-                     "(staging is not allowed; ipc and direct are not built yet)",
-                     what, OTE_MEM_CUDA_DEVICE(kind), g->paths_text);
+    OTE_WARN_LIMITED(
+        "gpu",
+        "%s is device memory of cuda:%d: no GPU path is possible with gpu_paths=\"%s\" "
+        "(staging is not allowed; ipc and direct are not built yet)",
+        what, OTE_MEM_CUDA_DEVICE(kind), g->paths_text);
     return OTE_ERR_UNSUPPORTED;
 }
 
@@ -257,8 +258,7 @@ static ote_status_t dev_get(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
         st = ote_cuda_staging_create(d->dev, g->chunk, GPU_POOL_FACTOR * g->depth, &d->pool);
         if (st != OTE_OK)
             OTE_ERROR("gpu", "cuda:%d: staging pool of %u x %llu bytes: %s", ord,
-                      GPU_POOL_FACTOR * g->depth, (unsigned long long)g->chunk,
-                      ote_status_str(st));
+                      GPU_POOL_FACTOR * g->depth, (unsigned long long)g->chunk, ote_status_str(st));
     }
     ote_mutex_unlock(&g->mu);
     if (st == OTE_OK) *out = d;
@@ -586,8 +586,7 @@ static void *worker_main(void *arg) {
         if (g->evq == NULL && g->newjobs == NULL && !(g->stop && g->jobs == NULL)) {
             if (waiting || g->nparked > 0)
                 (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(GPU_IDLE_TICK_NS));
-            else
-                (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(100 * OTE_NSEC_PER_MSEC));
+            else (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(100 * OTE_NSEC_PER_MSEC));
         }
     }
     ote_mutex_unlock(&g->mu);
@@ -673,8 +672,9 @@ void ote__gpu_destroy(ote__gpu_t *g) {
     while (g->parked != NULL) {
         parked_t *p = g->parked;
         g->parked = p->next;
-        OTE_ERROR("gpu", "cuda:%d: a staging stream is still retained at engine destroy: left "
-                         "to its device's retained list",
+        OTE_ERROR("gpu",
+                  "cuda:%d: a staging stream is still retained at engine destroy: left "
+                  "to its device's retained list",
                   ote_cuda_device_ordinal(p->d->dev));
         (void)ote_cuda_stream_destroy(p->s, ote_now_ns());
         ote_free(p);
@@ -683,8 +683,9 @@ void ote__gpu_destroy(ote__gpu_t *g) {
         gdev_t *d = &g->devs[i];
         while (d->nfree > 0) (void)ote_cuda_stream_destroy(d->free_streams[--d->nfree], dl);
         if (d->pool != NULL && ote_cuda_staging_destroy(d->pool) == OTE_ERR_BUSY)
-            OTE_ERROR("gpu", "cuda:%d: staging chunks still out at engine destroy: the pool is "
-                             "left allocated",
+            OTE_ERROR("gpu",
+                      "cuda:%d: staging chunks still out at engine destroy: the pool is "
+                      "left allocated",
                       i);
         if (d->dev != NULL) {
             (void)ote_cuda_device_reclaim(d->dev, NULL);

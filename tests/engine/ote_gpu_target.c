@@ -157,7 +157,8 @@ int main(int argc, char **argv) {
     }
     st = ote_engine_destroy(e);
     for (int i = 0; i < 3; i++) {
-        if (bufs[i].alloc) (void)ote_cuda_alloc_destroy(bufs[i].alloc, ote_deadline_after(OTE_NSEC_PER_SEC * 10));
+        if (bufs[i].alloc)
+            (void)ote_cuda_alloc_destroy(bufs[i].alloc, ote_deadline_after(OTE_NSEC_PER_SEC * 10));
         free(bufs[i].host);
     }
     (void)ote_cuda_device_close(dev);
