@@ -66,6 +66,12 @@ typedef struct ote_batch ote_batch_t;
  *   allow_unauthenticated "1" lets an engine without a key listen on a non-loopback
  *                        address (logged at WARN); otherwise ote_engine_create refuses it
  *                        with OTE_ERR_INVALID. Default "0".
+ *   gpu_paths            paths device memory may take: a comma list of staging, ipc,
+ *                        direct, or "" (none); default "staging", the only one built. A
+ *                        request whose local buffer is device memory fails at submit with
+ *                        OTE_ERR_UNSUPPORTED (logged) when staging is not in the list.
+ *   gpu_staging_chunk    bytes of one pinned staging chunk (64K..64M, default 2M).
+ *   gpu_staging_depth    staging chunks in flight per request (1..64, default 4).
  * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
  * with ote_config_set() wins over the environment.
  */
@@ -114,6 +120,14 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
  *    connections close; shm when its UNIX socket closes; RDMA when its control connection closes (its windows are
  *    invalidated by moving their QPs to the error state first). Only a requester that
  *    stays connected but stops making progress holds them until transfer_timeout_ms.
+ *
+ * Memory kinds (README "GPU memory"): the range is host memory, pinned host memory or
+ * device memory of one CUDA device (ote_memory_query reports which). Device memory is
+ * recognized when the CUDA driver is loaded in the process; a range that is not host
+ * memory while no driver loads is refused with OTE_ERR_NO_DEVICE (logged, naming the
+ * library tried). A device range must lie within one allocation, else OTE_ERR_INVALID;
+ * managed memory is OTE_ERR_UNSUPPORTED. Local buffers of requests may be device memory
+ * too, registered or not (moved by the staging path, gpu_paths).
  */
 #define OTE_UNREGISTER_WAIT_MS 100
 #define OTE_PERM_READ 0x1u
