@@ -53,7 +53,8 @@ int bench__mem_create(unsigned kind, uint64_t len, bench_mem_t *m) {
 void bench__mem_destroy(bench_mem_t *m) {
     if (m->host != NULL) munmap(m->host, (size_t)m->len);
     if (m->alloc != NULL) {
-        ote_status_t st = ote_cuda_alloc_destroy(m->alloc, ote_deadline_after(10 * OTE_NSEC_PER_SEC));
+        ote_status_t st =
+            ote_cuda_alloc_destroy(m->alloc, ote_deadline_after(10 * OTE_NSEC_PER_SEC));
         if (st != OTE_OK) bench__print_status("freeing the device buffer", st);
     }
     if (m->dev != NULL) (void)ote_cuda_device_close(m->dev);
@@ -79,7 +80,8 @@ static int dev_pieces(bench_mem_t *m, uint64_t off, uint64_t len, int to_device,
     for (uint64_t done = 0; rc == 0 && done < len;) {
         size_t n = (size_t)(len - done < cap ? len - done : cap);
         if (to_device) {
-            if (!fn(piece, off + done, n, arg) || t->cuMemcpyHtoD(m->addr + off + done, piece, n) != 0)
+            if (!fn(piece, off + done, n, arg) ||
+                t->cuMemcpyHtoD(m->addr + off + done, piece, n) != 0)
                 rc = -1;
         } else {
             if (t->cuMemcpyDtoH(piece, m->addr + off + done, n) != 0) rc = -1;
