@@ -269,6 +269,44 @@ TEST_F(GpuStagingTest, GpuPathsWithoutStagingRefusedAtSubmit) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
+// A source whose gpu_paths has no staging refuses requests on its device memory (the
+// status comes back; its host memory is still served); a registered local device buffer
+// is staged like an unregistered one.
+TEST_F(GpuStagingTest, SourceWithoutStagingRefusesItsDeviceMemory) {
+    for (const char *tp : {"tcp", "shm"}) {
+        SCOPED_TRACE(tp);
+        Target t;
+        t.binary = "ote_gpu_target";
+        ASSERT_TRUE(t.Start(1 << 20, "127.0.0.1:0", {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS="}));
+        ote_engine_t *e =
+            ote_test::NewEngine({{"transports", std::string(tp) == "shm" ? "shm,tcp" : "tcp"}});
+        ASSERT_NE(e, nullptr);
+        ote_segment_t *seg = nullptr;
+        ASSERT_EQ(ote_segment_open(e, t.address.c_str(), &seg), OTE_OK);
+        std::vector<uint8_t> host(1 << 20);
+        ote_transfer_status_t ts{};
+        for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
+            EXPECT_NE(Run(e, seg, op, reinterpret_cast<uintptr_t>(host.data()), t.rw, 4096, &ts),
+                      OTE_OK);
+            EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+            EXPECT_EQ(ts.bytes_done, 0u);
+        }
+        EXPECT_EQ(t.Command("sum dev 0 4096"), Hex(PatternHash(1, 0, 4096)));
+        // A registered local device buffer, staged, into the target's host memory.
+        uint64_t d = DevAlloc(1 << 20);
+        DevFill(d, 1 << 20, 33);
+        ASSERT_EQ(ote_memory_register(e, reinterpret_cast<void *>(d), 1 << 20, OTE_PERM_READ),
+                  OTE_OK);
+        EXPECT_EQ(Run(e, seg, OTE_WRITE, d + 1, t.ro + 2, (1 << 20) - 3), OTE_OK);
+        EXPECT_EQ(t.Command("sum host 2 " + std::to_string((1 << 20) - 3)),
+                  Hex(PatternHash(33, 1, (1 << 20) - 3)));
+        EXPECT_EQ(ote_memory_unregister(e, reinterpret_cast<void *>(d)), OTE_OK);
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+        EXPECT_EQ(t.Quit(), 0);
+    }
+}
+
 // ---- transfers, both processes, both transports ----
 
 class GpuTransferTest : public GpuStagingTest,
