@@ -32,6 +32,17 @@
 #define GPU_FREE_STREAMS 8
 #define GPU_POOL_FACTOR 4 /* chunks per device = GPU_POOL_FACTOR x gpu_staging_depth */
 #define GPU_IDLE_TICK_NS (2u * OTE_NSEC_PER_MSEC)
+#define GPU_CACHE 8 /* device allocations remembered by the per-request classification */
+
+/* A device allocation a request's local buffer lay in: a later request inside it is
+ * classified by one cuPointerGetAttribute(BUFFER_ID) that must return the same id
+ * (buffer ids are never reused, so a freed and reallocated range misses). */
+typedef struct {
+    uint64_t start, size;
+    unsigned long long buffer_id;
+    uint32_t kind;
+    uint64_t used; /* for eviction: least recently used goes */
+} cache_ent_t;
 
 /* A stream (and the chunk it was copying into or out of) whose outcome is unknown. */
 typedef struct parked {
@@ -90,6 +101,8 @@ struct ote__gpu {
     uint32_t depth;
     parked_t *parked;
     _Atomic size_t nparked;
+    cache_ent_t cache[GPU_CACHE]; /* under mu */
+    uint64_t cache_clock;
     /* worker */
     pthread_t thread;
     int thread_started, stop;
@@ -181,6 +194,58 @@ ote_status_t ote__gpu_create(const ote__cfg_t *cfg, ote__gpu_t **gpu_out) {
     return OTE_OK;
 }
 
+/* The cached kind of [addr, addr+len) when a cached allocation holds it and the driver
+ * confirms its buffer id; 0 on a miss. */
+static int cache_lookup(ote__gpu_t *g, uint64_t addr, uint64_t len, uint32_t *kind_out) {
+    cache_ent_t hit;
+    int found = 0;
+    ote_mutex_lock(&g->mu);
+    for (int i = 0; i < GPU_CACHE; i++) {
+        cache_ent_t *c = &g->cache[i];
+        if (c->size != 0 && addr >= c->start && addr - c->start < c->size &&
+            len <= c->size - (addr - c->start)) {
+            c->used = ++g->cache_clock;
+            hit = *c;
+            found = 1;
+            break;
+        }
+    }
+    ote_mutex_unlock(&g->mu);
+    if (!found) return 0;
+    unsigned long long id = 0;
+    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(g->drv);
+    if (t->cuPointerGetAttribute(&id, OTE_CU_POINTER_ATTRIBUTE_BUFFER_ID, addr) != OTE_CU_SUCCESS ||
+        id != hit.buffer_id) {
+        /* Freed (and maybe reallocated) since: forget it and ask in full. */
+        ote_mutex_lock(&g->mu);
+        for (int i = 0; i < GPU_CACHE; i++)
+            if (g->cache[i].buffer_id == hit.buffer_id) g->cache[i].size = 0;
+        ote_mutex_unlock(&g->mu);
+        return 0;
+    }
+    *kind_out = hit.kind;
+    return 1;
+}
+
+static void cache_put(ote__gpu_t *g, const ote_cuda_pointer_info_t *info, uint32_t kind) {
+    ote_mutex_lock(&g->mu);
+    cache_ent_t *victim = &g->cache[0];
+    for (int i = 0; i < GPU_CACHE; i++) {
+        cache_ent_t *c = &g->cache[i];
+        if (c->size != 0 && c->buffer_id == info->buffer_id) {
+            victim = c;
+            break;
+        }
+        if (c->size == 0 || c->used < victim->used) victim = c;
+    }
+    victim->start = info->range_start;
+    victim->size = info->range_size;
+    victim->buffer_id = info->buffer_id;
+    victim->kind = kind;
+    victim->used = ++g->cache_clock;
+    ote_mutex_unlock(&g->mu);
+}
+
 ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int for_register,
                                uint32_t *kind_out) {
     if (!driver_present(g)) {
@@ -200,12 +265,27 @@ ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int f
             return ote_status_code(st) == OTE_ERR_NO_DEVICE ? st : OTE_ERR_NO_DEVICE;
         }
     }
+    if (!for_register && cache_lookup(g, addr, len, kind_out)) return OTE_OK;
     ote_cuda_pointer_info_t info;
     ote_status_t st = ote_cuda_pointer_classify(g->drv, addr, &info);
     if (st != OTE_OK) return st;
     switch (info.kind) {
-        case OTE_CUDA_MEM_PAGEABLE: *kind_out = OTE_MEM_HOST; return OTE_OK;
-        case OTE_CUDA_MEM_PINNED: *kind_out = OTE_MEM_HOST_PINNED; return OTE_OK;
+        case OTE_CUDA_MEM_PAGEABLE:
+        case OTE_CUDA_MEM_PINNED:
+            if (for_register && len > 1) {
+                /* Host memory must not run into device memory. */
+                ote_cuda_pointer_info_t last;
+                st = ote_cuda_pointer_classify(g->drv, addr + len - 1, &last);
+                if (st != OTE_OK) return st;
+                if (last.kind == OTE_CUDA_MEM_DEVICE || last.kind == OTE_CUDA_MEM_MANAGED) {
+                    OTE_WARN("gpu",
+                             "[0x%llx, +%llu) starts in host memory and ends in device memory",
+                             (unsigned long long)addr, (unsigned long long)len);
+                    return OTE_ERR_INVALID;
+                }
+            }
+            *kind_out = info.kind == OTE_CUDA_MEM_PINNED ? OTE_MEM_HOST_PINNED : OTE_MEM_HOST;
+            return OTE_OK;
         case OTE_CUDA_MEM_MANAGED:
             OTE_WARN("gpu", "[0x%llx, +%llu) is CUDA managed memory: not supported",
                      (unsigned long long)addr, (unsigned long long)len);
@@ -227,6 +307,7 @@ ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int f
         return OTE_ERR_UNSUPPORTED;
     }
     *kind_out = OTE_MEM_CUDA + (uint32_t)info.device_ordinal;
+    if (!for_register) cache_put(g, &info, *kind_out);
     return OTE_OK;
 }
 

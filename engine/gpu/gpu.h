@@ -9,7 +9,11 @@
  * makes it try to load the driver (OTE_ERR_NO_DEVICE with an ERROR naming the library
  * when that fails). Once loaded, ranges are classified by the driver
  * (cuPointerGetAttributes): pageable host, pinned host, or device memory of device N,
- * which must lie within one allocation (OTE_ERR_INVALID otherwise).
+ * which must lie within one allocation (OTE_ERR_INVALID otherwise). Per request, the
+ * last GPU_CACHE device allocations seen are remembered: a request inside one of them is
+ * classified by a single cuPointerGetAttribute(BUFFER_ID) that must return the
+ * remembered id (ids are never reused, so memory freed and allocated again misses and is
+ * asked in full).
  *
  * Staging (gpu_paths contains "staging"): device memory moves through pinned chunks of
  * gpu_staging_chunk bytes from one pool per device (4 x gpu_staging_depth chunks), copied

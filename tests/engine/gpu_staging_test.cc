@@ -307,6 +307,52 @@ TEST_F(GpuStagingTest, SourceWithoutStagingRefusesItsDeviceMemory) {
     }
 }
 
+// Per-request classification of unregistered device buffers: a second request inside an
+// allocation seen before costs one buffer-id query (the cache), and an allocation freed
+// and allocated again (possibly at the same address) is classified afresh, never from a
+// stale entry.
+TEST_F(GpuStagingTest, LocalClassificationCacheIsCheckedByBufferId) {
+    Target t;
+    ASSERT_TRUE(StartTarget(t, 1 << 20, "tcp"));
+    ote_engine_t *e = ote_test::NewEngine({{"transports", "tcp"}});
+    ASSERT_NE(e, nullptr);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(e, t.address.c_str(), &seg), OTE_OK);
+    ote_cuda_alloc_t *a = nullptr;
+    ASSERT_EQ(ote_cuda_alloc_create(dev_, 1 << 20, 0, &a), OTE_OK);
+    uint64_t d = ote_cuda_alloc_ptr(a);
+    DevFill(d, 1 << 20, 41);
+    ASSERT_EQ(Run(e, seg, OTE_WRITE, d, t.ro, 1 << 16), OTE_OK);
+    uint64_t full = fake_.calls("cuPointerGetAttributes"),
+             one = fake_.calls("cuPointerGetAttribute");
+    ASSERT_EQ(Run(e, seg, OTE_WRITE, d + 4096, t.ro + 4096, 1 << 16), OTE_OK);
+    EXPECT_EQ(fake_.calls("cuPointerGetAttributes"), full)
+        << "the second request was not a cache hit";
+    EXPECT_EQ(fake_.calls("cuPointerGetAttribute"), one + 1);
+    EXPECT_EQ(t.Command("sum host 0 " + std::to_string(4096 + (1 << 16))),
+              Hex(PatternHash(41, 0, 4096 + (1 << 16))));
+    // Freed and allocated again: a miss, then classified and staged correctly.
+    ASSERT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
+    ASSERT_EQ(ote_cuda_alloc_create(dev_, 1 << 20, 0, &a), OTE_OK);
+    uint64_t d2 = ote_cuda_alloc_ptr(a);
+    DevFill(d2, 1 << 20, 42);
+    full = fake_.calls("cuPointerGetAttributes");
+    ASSERT_EQ(Run(e, seg, OTE_WRITE, d2, t.ro, 1 << 16), OTE_OK);
+    EXPECT_GT(fake_.calls("cuPointerGetAttributes"), full);
+    EXPECT_EQ(t.Command("sum host 0 " + std::to_string(1 << 16)), Hex(PatternHash(42, 0, 1 << 16)));
+    RecordProperty("same_address_reused", d2 == d ? "yes" : "no");
+    ASSERT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
+    // A host buffer where the device memory was is host memory again (no stale entry).
+    std::vector<uint8_t> host(1 << 16);
+    ote_pattern_fill(host.data(), host.size(), 43, 0);
+    ASSERT_EQ(Run(e, seg, OTE_WRITE, reinterpret_cast<uintptr_t>(host.data()), t.ro, host.size()),
+              OTE_OK);
+    EXPECT_EQ(t.Command("sum host 0 " + std::to_string(1 << 16)), Hex(PatternHash(43, 0, 1 << 16)));
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    EXPECT_EQ(t.Quit(), 0);
+}
+
 // ---- transfers, both processes, both transports ----
 
 class GpuTransferTest : public GpuStagingTest,
