@@ -157,6 +157,10 @@ TEST_F(GpuStagingTest, RegistrationClassifiesMemoryKinds) {
         OTE_ERR_INVALID);
     EXPECT_EQ(ote_memory_register(e, reinterpret_cast<void *>(d2 + 4096), 1 << 20, OTE_PERM_READ),
               OTE_ERR_INVALID);
+    // ... and a range that starts before a device allocation and ends inside it (whatever
+    // lies before it: host memory or another allocation).
+    EXPECT_EQ(ote_memory_register(e, reinterpret_cast<void *>(d2 - 16), 32, OTE_PERM_READ),
+              OTE_ERR_INVALID);
     // ... and so is a local buffer of a request that crosses it.
     ote_segment_t *seg = nullptr;
     Target t;
