@@ -452,7 +452,7 @@ struct ote__gpu_bounce {
     gdev_t *d;
     uint8_t *buf;
     ote_cuda_chunk_t chunk;
-    int has_chunk; /* buf is the chunk; else heap memory copied through a chunk */
+    int has_chunk; /* buf is the chunk; else heap memory (copied to/from directly) */
 };
 
 ote_status_t ote__gpu_src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, ote_deadline_t dl,
@@ -502,7 +502,7 @@ ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *t, int to_devic
         t->has_chunk = 0;
         t->buf = NULL;
     } else if (st != OTE_OK && s == NULL && !t->has_chunk) {
-        /* Heap memory the device may still touch: never freed (a bounded leak, logged). */
+        /* Heap memory the device may still touch: never freed (leaked on purpose, logged). */
         OTE_ERROR("gpu", "a %u-byte bounce buffer is abandoned: the copy into it may still run",
                   len);
         t->buf = NULL;
