@@ -733,6 +733,11 @@ void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out) {
     out->jobs_active = g->njobs;
     out->parked = g->nparked;
     out->driver_loaded = g->drv != NULL;
+    out->chunks_out = 0;
+    for (int i = 0; i < GPU_MAX_DEVICES; i++)
+        if (g->devs[i].pool != NULL)
+            out->chunks_out +=
+                GPU_POOL_FACTOR * g->depth - ote_cuda_staging_free_count(g->devs[i].pool);
     ote_mutex_unlock(&g->mu);
 }
 

@@ -102,6 +102,7 @@ typedef struct {
     uint64_t jobs_active;
     uint64_t parked;
     uint64_t driver_loaded;
+    uint64_t chunks_out; /* staging chunks not in their pools (all devices) */
 } ote__gpu_stats_t;
 void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out);
 
