@@ -60,7 +60,8 @@ struct Wire {
                 nanosleep(&ts, nullptr);
                 ote_status_t st = fail_with.load();
                 if (st == OTE_OK) {
-                    if (s->op == OTE__SLICE_WRITE) memcpy(remote.data() + s->remote, s->local, s->len);
+                    if (s->op == OTE__SLICE_WRITE)
+                        memcpy(remote.data() + s->remote, s->local, s->len);
                     else memcpy(s->local, remote.data() + s->remote, s->len);
                 }
                 inflight--;
@@ -259,7 +260,8 @@ TEST_F(GpuPipelineTest, DriverFaultsFailOneRequestAndLeakNothing) {
         Req f;
         f.Build(c.op, d_, kLen);
         auto run = [&] {
-            ote__gpu_stage(g_, OTE_MEM_CUDA, f.slices.data(), f.slices.size(), Wire::Submit, &wire_);
+            ote__gpu_stage(g_, OTE_MEM_CUDA, f.slices.data(), f.slices.size(), Wire::Submit,
+                           &wire_);
             ASSERT_TRUE(f.Wait());
         };
         if (c.result == 999) ExpectErrorLogsIn(run); // the retention is logged at ERROR

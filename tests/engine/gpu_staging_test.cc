@@ -357,6 +357,45 @@ TEST_F(GpuStagingTest, LocalClassificationCacheIsCheckedByBufferId) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
+// Device memory of another device than 0 (the fake with two devices, in the target): its
+// kind names the device, and the source stages it through that device's pool.
+TEST_F(GpuStagingTest, SecondDeviceAtTheSource) {
+    Target t;
+    t.binary = "ote_gpu_target";
+    ASSERT_TRUE(t.Start(4 << 20, "127.0.0.1:0",
+                        {"OTE_TRANSPORTS=tcp", "FAKE_CUDA_DEVICES=2", "OTE_GPU_TARGET_DEVICE=1"}));
+    ote_engine_t *e = ote_test::NewEngine({{"transports", "tcp"}});
+    ASSERT_NE(e, nullptr);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(e, t.address.c_str(), &seg), OTE_OK);
+    ote_buffer_info_t list[4];
+    size_t n = 0;
+    ASSERT_EQ(ote_segment_buffers(seg, list, 4, &n), OTE_OK);
+    int devs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (std::string(list[i].name).rfind("dev", 0) != 0) continue;
+        EXPECT_EQ(list[i].kind, static_cast<uint32_t>(OTE_MEM_CUDA + 1)) << list[i].name;
+        EXPECT_EQ(OTE_MEM_CUDA_DEVICE(list[i].kind), 1);
+        devs++;
+    }
+    EXPECT_EQ(devs, 2);
+    std::vector<uint8_t> host(4 << 20);
+    ote_pattern_fill(host.data(), host.size(), 61, 0);
+    ASSERT_EQ(
+        Run(e, seg, OTE_WRITE, reinterpret_cast<uintptr_t>(host.data()), t.rw + 7, host.size() - 7),
+        OTE_OK);
+    EXPECT_EQ(t.Command("sum dev 7 " + std::to_string(host.size() - 7)),
+              Hex(PatternHash(61, 0, host.size() - 7)));
+    std::vector<uint8_t> back(host.size());
+    ASSERT_EQ(
+        Run(e, seg, OTE_READ, reinterpret_cast<uintptr_t>(back.data()), t.rw + 7, host.size() - 7),
+        OTE_OK);
+    EXPECT_EQ(ote_hash(back.data(), host.size() - 7), PatternHash(61, 0, host.size() - 7));
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    EXPECT_EQ(t.Quit(), 0);
+}
+
 // ---- transfers, both processes, both transports ----
 
 class GpuTransferTest : public GpuStagingTest,

@@ -16,7 +16,8 @@
  *                                        (the fake's live objects)
  *   quit / end of input               -> exits 0 after destroying the engine and memory
  *
- * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables.
+ * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables;
+ * OTE_GPU_TARGET_DEVICE=N puts the device buffers on device N (default 0).
  */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -42,7 +43,13 @@ typedef struct {
 
 static const ote_cuda_driver_table_t *g_t;
 
-static int dev_sync(void) { return g_t->cuStreamSynchronize(NULL) == 0 ? 0 : -1; }
+static ote_cuda_device_t *g_dev;
+
+/* The device's context current on this thread, and its legacy stream drained. */
+static int dev_sync(void) {
+    if (ote_cuda_device_make_current(g_dev) != OTE_OK) return -1;
+    return g_t->cuStreamSynchronize(NULL) == 0 ? 0 : -1;
+}
 
 static int fill(gbuf_t *b, uint64_t seed) {
     if (!b->device) {
@@ -52,7 +59,8 @@ static int fill(gbuf_t *b, uint64_t seed) {
     uint8_t *tmp = malloc(b->len);
     if (tmp == NULL) return -1;
     ote_pattern_fill(tmp, b->len, seed, 0);
-    int rc = g_t->cuMemcpyHtoD(b->addr, tmp, b->len) == 0 ? dev_sync() : -1;
+    int rc = dev_sync();
+    if (rc == 0) rc = g_t->cuMemcpyHtoD(b->addr, tmp, b->len) == 0 ? dev_sync() : -1;
     free(tmp);
     return rc;
 }
@@ -77,7 +85,10 @@ int main(int argc, char **argv) {
     ote_cuda_device_t *dev = NULL;
     if (ote_cuda_driver_load(NULL, &drv) != OTE_OK) return 10;
     g_t = ote_cuda_driver_table(drv);
-    if (ote_cuda_device_open(drv, 0, &dev) != OTE_OK) return 11;
+    const char *devenv = getenv("OTE_GPU_TARGET_DEVICE");
+    int ordinal = devenv != NULL ? atoi(devenv) : 0;
+    if (ote_cuda_device_open(drv, ordinal, &dev) != OTE_OK) return 11;
+    g_dev = dev;
     void *dl = ote_cuda_driver_dl_handle(drv);
     fake_cuda_fail_fn fail = dl ? (fake_cuda_fail_fn)dlsym(dl, "fake_cuda_fail") : NULL;
     fake_cuda_clear_faults_fn clear =
