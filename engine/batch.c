@@ -168,13 +168,14 @@ static ote_status_t submit_ensure_peers(ote_engine_t *e, const ote_request_t *re
 static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size_t n,
                                 req_plan_t *plans) {
     ote_status_t st = OTE_OK;
+    int drv = -1; /* whether a CUDA driver is loaded: looked at once per submit */
     for (size_t i = 0; i < n; i++) {
         plans[i] = (req_plan_t){NULL, 0, 1, OTE_MEM_HOST};
         if (reqs[i].length == 0 || st != OTE_OK) continue;
         /* The local buffer's memory kind (its registration's, else asked now): device
          * memory needs a GPU path that gpu_paths allows, else the submit fails here. */
         uint32_t kind = OTE_MEM_HOST;
-        st = ote__reg_local_kind(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, &kind);
+        st = ote__reg_local_kind(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, &drv, &kind);
         if (st == OTE_OK) st = ote__gpu_path_check(e->gpu, kind, "a request's local buffer");
         if (st != OTE_OK) continue;
         st = req_plan(reqs[i].segment, reqs[i].length, kind, &plans[i]);

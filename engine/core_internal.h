@@ -196,9 +196,11 @@ ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline
 ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                  uint32_t len, ote_deadline_t dl);
 void ote__reg_stage_put(void *arg, void *tok);
-/* The kind of a request's local buffer [addr, addr+len): its registration's, else
- * classified now (engine/gpu). */
-ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, uint32_t *kind_out);
+/* The kind of a request's local buffer [addr, addr+len): its registration's, else host
+ * memory when no CUDA driver is loaded (*drv: -1 not looked at yet, then 0/1, kept by the
+ * caller for the rest of its batch), else classified now (engine/gpu). */
+ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, int *drv,
+                                 uint32_t *kind_out);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
  * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
 ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,

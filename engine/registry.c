@@ -94,7 +94,8 @@ void ote__reg_stage_put(void *arg, void *tok) {
     ote__gpu_src_put(e->gpu, tok);
 }
 
-ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, uint32_t *kind_out) {
+ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, int *drv,
+                                 uint32_t *kind_out) {
     if (atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0) {
         int found = 0;
         pthread_rwlock_rdlock(&e->reg_lk);
@@ -105,6 +106,11 @@ ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, u
         }
         pthread_rwlock_unlock(&e->reg_lk);
         if (found) return OTE_OK;
+    }
+    if (*drv < 0) *drv = ote__gpu_driver_present(e->gpu);
+    if (!*drv) {
+        *kind_out = OTE_MEM_HOST;
+        return OTE_OK;
     }
     return ote__gpu_classify(e->gpu, addr, len, 0, kind_out);
 }

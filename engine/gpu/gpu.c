@@ -165,6 +165,8 @@ static int host_readable(uint64_t addr) {
     return n == 1 || (n < 0 && errno != EFAULT);
 }
 
+int ote__gpu_driver_present(ote__gpu_t *g) { return driver_present(g); }
+
 ote_status_t ote__gpu_create(const ote__cfg_t *cfg, ote__gpu_t **gpu_out) {
     ote__gpu_t *g = ote_calloc(1, sizeof(*g));
     if (g == NULL) return OTE_ERR_NOMEM;

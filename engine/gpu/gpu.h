@@ -66,6 +66,11 @@ void ote__gpu_destroy(ote__gpu_t *g);
 ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int for_register,
                                uint32_t *kind_out);
 
+/* Whether the CUDA driver is loaded in this process (it is then loaded for the engine
+ * too): when not, no device memory exists and every unregistered range is host memory.
+ * One dl_iterate_phdr step while nothing new was loaded. */
+int ote__gpu_driver_present(ote__gpu_t *g);
+
 /* Whether device memory of `kind` may be moved by this engine (gpu_paths allows a path
  * that exists): OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing;
  * `what` names the side ("local buffer", "registered range") for the log. */
