@@ -99,6 +99,7 @@ typedef struct {
     ote__slice_t *arr; /* ns > 1: the request's slice array */
     uint64_t ssz;
     uint32_t ns;
+    uint32_t kind; /* memory kind of the local buffer (ote_mem_kind_t) */
 } req_plan_t;
 
 /* The slice geometry of a `length`-byte request to seg. A slice is at most half the
@@ -106,10 +107,13 @@ typedef struct {
  * under it. OTE_ERR_TOO_BIG when the request would need more than UINT32_MAX slices;
  * OTE_ERR_PROTOCOL when the transport reports a peer limit too small to slice by (the
  * handshake refuses such peers; this keeps the slice size from ever being 0). */
-static ote_status_t req_plan(ote_segment_t *seg, uint64_t length, req_plan_t *out) {
+static ote_status_t req_plan(ote_segment_t *seg, uint64_t length, uint32_t kind, req_plan_t *out) {
     uint64_t ssz = seg->e->cfg.slice_size;
     uint64_t mx = (uint64_t)seg->tp->ops->peer_max_slice(seg->peer) / 2;
     if (mx < ssz) ssz = mx;
+    /* Device memory is staged: each slice fits one pinned chunk, and no tail is folded. */
+    int staged = OTE_MEM_IS_CUDA(kind);
+    if (staged && ote__gpu_max_slice(seg->e->gpu) < ssz) ssz = ote__gpu_max_slice(seg->e->gpu);
     if (ssz == 0) {
         OTE_ERROR("engine", "segment %s: the transport reports a slice limit of %llu bytes",
                   seg->name, (unsigned long long)mx * 2);
@@ -119,12 +123,14 @@ static ote_status_t req_plan(ote_segment_t *seg, uint64_t length, req_plan_t *ou
     if (length > ssz) {
         n = length / ssz;
         uint64_t tail = length % ssz;
-        if (tail != 0 && tail >= ssz / 2) n++; /* a short tail is folded into the last slice */
+        if (tail != 0 && (staged || tail >= ssz / 2))
+            n++; /* a short tail is folded into the last slice */
     }
     if (n > UINT32_MAX) return OTE_ERR_TOO_BIG;
     out->arr = NULL;
     out->ssz = ssz;
     out->ns = (uint32_t)n;
+    out->kind = kind;
     return OTE_OK;
 }
 
@@ -159,12 +165,20 @@ static ote_status_t submit_ensure_peers(ote_engine_t *e, const ote_request_t *re
 /* Each request's geometry (once) and the slice arrays of multi-slice requests, all
  * before anything starts. Every plans[i] is set, also after a failure, so that the
  * caller can free the arrays that were allocated. */
-static ote_status_t submit_plan(const ote_request_t *reqs, size_t n, req_plan_t *plans) {
+static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size_t n,
+                                req_plan_t *plans) {
     ote_status_t st = OTE_OK;
+    int drv = -1; /* whether a CUDA driver is loaded: looked at once per submit */
     for (size_t i = 0; i < n; i++) {
-        plans[i] = (req_plan_t){NULL, 0, 1};
+        plans[i] = (req_plan_t){NULL, 0, 1, OTE_MEM_HOST};
         if (reqs[i].length == 0 || st != OTE_OK) continue;
-        st = req_plan(reqs[i].segment, reqs[i].length, &plans[i]);
+        /* The local buffer's memory kind (its registration's, else asked now): device
+         * memory needs a GPU path that gpu_paths allows, else the submit fails here. */
+        uint32_t kind = OTE_MEM_HOST;
+        st = ote__reg_local_kind(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, &drv, &kind);
+        if (st == OTE_OK) st = ote__gpu_path_check(e->gpu, kind, "a request's local buffer");
+        if (st != OTE_OK) continue;
+        st = req_plan(reqs[i].segment, reqs[i].length, kind, &plans[i]);
         if (st == OTE_OK && plans[i].ns > 1) {
             /* ns <= UINT32_MAX: the product fits a 64-bit size_t. */
             plans[i].arr = ote_malloc((size_t)plans[i].ns * sizeof(ote__slice_t));
@@ -203,6 +217,12 @@ static void slice_list_flush(ote_engine_t *e, slice_list_t *l) {
     l->head = l->tail = NULL;
 }
 
+/* engine/gpu hands a staged request's slices to the transport one at a time. */
+static void staged_submit(void *arg, ote__slice_t *s) {
+    ote_segment_t *seg = arg;
+    seg->tp->ops->submit(seg->peer, s);
+}
+
 /* Fill request slot r for q: its fields, its hold on the segment, and (when its local
  * buffer lies in a registration; reg_lk held for reading when use_pins) that pin. */
 static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote__slice_t *many,
@@ -232,13 +252,14 @@ static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote_
  * transport first when it holds another segment's slices. */
 static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, ote_deadline_t dl,
                     slice_list_t *l) {
+    int staged = OTE_MEM_IS_CUDA(p->kind); /* started by submit_start through engine/gpu */
     uint64_t ssz = p->ssz;
     uint32_t ns = p->ns;
     uint64_t uid = atomic_fetch_add_explicit(&r->b->e->next_uid, 1, memory_order_relaxed) + 1;
     atomic_store(&r->left, ns);
     ote__slice_t *sl = ns > 1 ? r->many : &r->one;
-    if (l->seg != q->segment) slice_list_flush(r->b->e, l);
-    l->seg = q->segment;
+    if (!staged && l->seg != q->segment) slice_list_flush(r->b->e, l);
+    if (!staged) l->seg = q->segment;
     uint64_t off = 0;
     for (uint32_t j = 0; j < ns; j++) {
         ote__slice_t *s = &sl[j];
@@ -256,6 +277,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
         s->deadline = dl;
         off += len;
+        if (staged) continue;
         if (l->tail) l->tail->next = s;
         else l->head = s;
         l->tail = s;
@@ -282,8 +304,13 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     }
     if (use_pins) pthread_rwlock_unlock(&e->reg_lk);
     slice_list_flush(e, &l);
-    for (size_t i = 0; i < n; i++)
-        if (reqs[i].length == 0) req_finalize(&b->reqs[k + i]);
+    for (size_t i = 0; i < n; i++) {
+        ote__req_t *r = &b->reqs[k + i];
+        if (reqs[i].length == 0) req_finalize(r);
+        else if (OTE_MEM_IS_CUDA(plans[i].kind))
+            ote__gpu_stage(e->gpu, plans[i].kind, plans[i].ns > 1 ? r->many : &r->one, plans[i].ns,
+                           staged_submit, reqs[i].segment);
+    }
 }
 
 ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
@@ -296,7 +323,7 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
     req_plan_t *plans = n <= 64 ? stack_plans : ote_calloc(n, sizeof(*plans));
     if (plans == NULL) return OTE_ERR_NOMEM;
     size_t k = 0;
-    st = submit_plan(reqs, n, plans);
+    st = submit_plan(b->e, reqs, n, plans);
     if (st == OTE_OK) st = submit_reserve(b, n, &k);
     if (st != OTE_OK) {
         for (size_t i = 0; i < n; i++) ote_free(plans[i].arr);

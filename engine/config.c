@@ -25,7 +25,8 @@ typedef enum {
     K_ADDR,
     K_ADDR_OPT,
     K_LOGLEVEL,
-    K_TRANSPORTS
+    K_TRANSPORTS,
+    K_GPU_PATHS
 } kind_t;
 
 typedef struct {
@@ -58,6 +59,12 @@ static const key_def_t g_keys[] = {
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
     {"auth_key_file", K_STRING, "", 0, 255, {NULL}},
     {"allow_unauthenticated", K_ENUM, "0", 0, 0, {"0", "1", NULL, NULL}},
+    /* GPU memory (engine/gpu): the paths device memory may take (a comma list out of
+     * staging, ipc, direct, or "" for none), and the staging pipeline's chunk size and
+     * chunks in flight per request. */
+    {"gpu_paths", K_GPU_PATHS, "staging", 0, 0, {NULL}},
+    {"gpu_staging_chunk", K_SIZE, "2M", 64u << 10, 64u << 20, {NULL}},
+    {"gpu_staging_depth", K_UINT, "4", 1, 64, {NULL}},
 };
 #define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
 
@@ -225,6 +232,26 @@ static ote_status_t validate_transports(const char *v) {
     return n >= 1 ? OTE_OK : OTE_ERR_INVALID;
 }
 
+/* "staging,ipc": distinct names out of staging, ipc, direct; "" allows none. */
+static ote_status_t parse_gpu_paths(const char *v, unsigned *mask_out) {
+    static const char *const names[] = {"staging", "ipc", "direct"};
+    unsigned seen = 0;
+    for (const char *p = v; *p != '\0';) {
+        const char *end = strchr(p, ',');
+        size_t l = end ? (size_t)(end - p) : strlen(p);
+        int found = -1;
+        for (int i = 0; i < 3; i++)
+            if (strlen(names[i]) == l && memcmp(names[i], p, l) == 0) found = i;
+        if (found < 0 || (seen & (1u << found))) return OTE_ERR_INVALID;
+        seen |= 1u << found;
+        if (end == NULL) break;
+        p = end + 1;
+        if (*p == '\0') return OTE_ERR_INVALID;
+    }
+    *mask_out = seen;
+    return OTE_OK;
+}
+
 static ote_status_t validate(const key_def_t *k, const char *v) {
     char host[256];
     uint16_t port;
@@ -242,6 +269,10 @@ static ote_status_t validate(const key_def_t *k, const char *v) {
         case K_LOGLEVEL:
             return (v[0] == '\0' || ote_log_parse_level(v) >= 0) ? OTE_OK : OTE_ERR_INVALID;
         case K_TRANSPORTS: return validate_transports(v);
+        case K_GPU_PATHS: {
+            unsigned mask;
+            return parse_gpu_paths(v, &mask);
+        }
         case K_UINT:
             for (const char *p = v; *p; p++)
                 if (!isdigit((unsigned char)*p)) return OTE_ERR_INVALID;
@@ -276,6 +307,9 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
         case K_LOGLEVEL: snprintf(buf, len, "error, warn, info, debug or trace"); break;
         case K_TRANSPORTS:
             snprintf(buf, len, "a comma list of distinct tcp, rdma, shm (e.g. \"shm,tcp\")");
+            break;
+        case K_GPU_PATHS:
+            snprintf(buf, len, "a comma list of distinct staging, ipc, direct, or \"\"");
             break;
         default: snprintf(buf, len, "at most %llu characters", (unsigned long long)k->max);
     }
@@ -397,6 +431,11 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
             copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);
         else if (strcmp(k->key, "allow_unauthenticated") == 0)
             r.allow_unauthenticated = strcmp(v, "1") == 0;
+        else if (strcmp(k->key, "gpu_paths") == 0) {
+            (void)parse_gpu_paths(v, &r.gpu_paths);
+            copy_str(r.gpu_paths_text, sizeof(r.gpu_paths_text), v);
+        } else if (strcmp(k->key, "gpu_staging_chunk") == 0) r.gpu_staging_chunk = n;
+        else if (strcmp(k->key, "gpu_staging_depth") == 0) r.gpu_staging_depth = (uint32_t)n;
     }
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
     /* transport (one element) counts when transports was left at its default; setting

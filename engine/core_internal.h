@@ -58,6 +58,7 @@
 
 #include "base/lock.h"
 #include "engine/engine_internal.h"
+#include "engine/gpu/gpu.h"
 #include "engine/transport.h"
 #include "ote/ote.h"
 
@@ -66,6 +67,7 @@ typedef struct ote__reg {
     uint64_t len;
     unsigned perms;
     _Atomic long inuse;
+    uint32_t kind;               /* ote_mem_kind_t, classified at registration (engine/gpu) */
     char name[OTE_NAME_MAX + 1]; /* "" without a name; unique among live registrations */
 } ote__reg_t;
 
@@ -102,6 +104,7 @@ struct ote_engine {
     char self_addr[OTE__ADDR_MAX]; /* host->self_addr */
     char info[1025];               /* host->info: the advertisement (router.c) */
     struct ote_auth_key *auth_key; /* host->auth_key: the cluster key, or NULL */
+    ote__gpu_t *gpu;               /* memory kinds and GPU paths (engine/gpu) */
 
     pthread_rwlock_t reg_lk;
     ote__reg_t **regs; /* sorted by start, non-overlapping */
@@ -204,6 +207,19 @@ ote__reg_t *ote__reg_covering(const ote_engine_t *e, uint64_t addr, uint64_t len
 /* host->pin / host->unpin of the engine's transports (arg: the engine). */
 ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
 void ote__reg_unpin(void *arg, void *pin);
+/* host->pin_kind / stage_get / stage_copy / stage_put (arg: the engine): device memory
+ * at the source through engine/gpu. */
+uint32_t ote__reg_pin_kind(void *arg, void *pin);
+ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline_t dl,
+                                uint8_t **buf_out, void **tok_out);
+ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
+                                 uint32_t len, ote_deadline_t dl);
+void ote__reg_stage_put(void *arg, void *tok);
+/* The kind of a request's local buffer [addr, addr+len): its registration's, else host
+ * memory when no CUDA driver is loaded (*drv: -1 not looked at yet, then 0/1, kept by the
+ * caller for the rest of its batch), else classified now (engine/gpu). */
+ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, int *drv,
+                                 uint32_t *kind_out);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
  * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
 ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,

@@ -79,11 +79,15 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     if (st != OTE_OK) goto err_omu;
     /* Every transport of the list (router.c); rdma fails, naming what is missing, when no
      * device is usable (never a fallback). */
-    st = ote__router_create(e);
+    st = ote__gpu_create(&e->cfg, &e->gpu);
     if (st != OTE_OK) goto err_ocv;
+    st = ote__router_create(e);
+    if (st != OTE_OK) goto err_gpu;
     *engine_out = e;
     return OTE_OK;
 
+err_gpu:
+    ote__gpu_destroy(e->gpu);
 err_ocv:
     ote_cond_destroy(&e->ocv);
 err_omu:
@@ -109,6 +113,7 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
         return OTE_ERR_BUSY;
     }
     ote__router_destroy(e);
+    ote__gpu_destroy(e->gpu); /* after the transports: their bounce buffers are back */
     for (size_t i = 0; i < e->nregs; i++) ote_free(e->regs[i]);
     ote_free(e->regs);
     while (e->nhead) {

@@ -29,6 +29,10 @@ extern "C" {
 
 #define OTE__ADDR_MAX 272 /* "[" + 255 host chars + "]:" + port + NUL, rounded */
 
+#define OTE__GPU_PATH_STAGING 0x1u /* gpu_paths: pinned staging chunks */
+#define OTE__GPU_PATH_IPC 0x2u     /* CUDA IPC (not built yet) */
+#define OTE__GPU_PATH_DIRECT 0x4u  /* GPUDirect RDMA (not built yet) */
+
 /* Resolved, validated configuration: what an engine copies at creation. */
 typedef struct ote__cfg_s {
     char transport[16];  /* the first of transports */
@@ -47,6 +51,10 @@ typedef struct ote__cfg_s {
     char log_level[16];                /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
     int allow_unauthenticated;         /* no key on a non-loopback listen_address */
+    unsigned gpu_paths;                /* OTE__GPU_PATH_* allowed */
+    char gpu_paths_text[32];           /* as configured, for log lines */
+    uint64_t gpu_staging_chunk;        /* bytes per pinned staging chunk */
+    uint32_t gpu_staging_depth;        /* staging chunks in flight per request */
 } ote__cfg_t;
 
 /* Effective values of every key (set > OTE_<KEY> environment > default), each

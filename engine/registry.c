@@ -67,6 +67,74 @@ void ote__reg_unpin(void *arg, void *pin) {
     }
 }
 
+uint32_t ote__reg_pin_kind(void *arg, void *pin) {
+    (void)arg;
+    return ((const ote__reg_t *)pin)->kind;
+}
+
+ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline_t dl,
+                                uint8_t **buf_out, void **tok_out) {
+    ote_engine_t *e = arg;
+    const ote__reg_t *r = pin;
+    ote_status_t st = ote__gpu_path_check(e->gpu, r->kind, "a registered range");
+    ote__gpu_bounce_t *t = NULL;
+    if (st == OTE_OK) st = ote__gpu_src_get(e->gpu, r->kind, len, dl, buf_out, &t);
+    if (st == OTE_OK) *tok_out = t;
+    return st;
+}
+
+ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
+                                 uint32_t len, ote_deadline_t dl) {
+    ote_engine_t *e = arg;
+    return ote__gpu_src_copy(e->gpu, tok, to_device, dev_addr, len, dl);
+}
+
+void ote__reg_stage_put(void *arg, void *tok) {
+    ote_engine_t *e = arg;
+    ote__gpu_src_put(e->gpu, tok);
+}
+
+ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, int *drv,
+                                 uint32_t *kind_out) {
+    if (atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0) {
+        int found = 0;
+        pthread_rwlock_rdlock(&e->reg_lk);
+        ote__reg_t *r = ote__reg_covering(e, addr, len);
+        if (r != NULL) {
+            *kind_out = r->kind;
+            found = 1;
+        }
+        pthread_rwlock_unlock(&e->reg_lk);
+        if (found) return OTE_OK;
+    }
+    if (*drv < 0) *drv = ote__gpu_driver_present(e->gpu);
+    if (!*drv) {
+        *kind_out = OTE_MEM_HOST;
+        return OTE_OK;
+    }
+    return ote__gpu_classify(e->gpu, addr, len, 0, kind_out);
+}
+
+ote_status_t ote_memory_query(ote_engine_t *e, const void *addr, ote_buffer_info_t *info_out) {
+    if (e == NULL || addr == NULL || info_out == NULL) return OTE_ERR_INVALID;
+    ote_status_t st = OTE_ERR_NOT_FOUND;
+    ote_buffer_info_t b;
+    memset(&b, 0, sizeof(b));
+    pthread_rwlock_rdlock(&e->reg_lk);
+    ote__reg_t *r = ote__reg_covering(e, (uintptr_t)addr, 1);
+    if (r != NULL) {
+        memcpy(b.name, r->name, sizeof(b.name));
+        b.addr = r->start;
+        b.length = r->len;
+        b.perms = r->perms;
+        b.kind = r->kind;
+        st = OTE_OK;
+    }
+    pthread_rwlock_unlock(&e->reg_lk);
+    if (st == OTE_OK) *info_out = b;
+    return st;
+}
+
 /* Whether a live registration carries name. reg_lk held. */
 static int name_taken(const ote_engine_t *e, const char *name) {
     for (size_t i = 0; i < e->nregs; i++)
@@ -92,11 +160,25 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
         return OTE_ERR_INVALID;
     }
     uint64_t start = (uintptr_t)addr;
+    /* The memory kind (host, pinned host, device N): asks the CUDA driver only when it is
+     * loaded in this process or the range is not host memory (engine/gpu). */
+    uint32_t kind = OTE_MEM_HOST;
+    ote_status_t cst = ote__gpu_classify(e->gpu, start, len, 1, &kind);
+    if (cst != OTE_OK) {
+        OTE_WARN("engine", "register [%p, +%zu) refused: its memory kind: %s", addr, len,
+                 ote_status_str(cst));
+        return ote_status_code(cst) == OTE_ERR_NO_DEVICE ||
+                       ote_status_code(cst) == OTE_ERR_INVALID ||
+                       ote_status_code(cst) == OTE_ERR_UNSUPPORTED
+                   ? cst
+                   : OTE_ERR_INVALID;
+    }
     ote__reg_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
     r->start = start;
     r->len = len;
     r->perms = perms;
+    r->kind = kind;
     if (nl) memcpy(r->name, name, nl);
     ote_status_t st = OTE_OK;
     int dup = 0;
@@ -151,7 +233,7 @@ ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint
     uint8_t *ent = f != NULL ? f + OTE_CTL_HDR_LEN + 8 : NULL;
     for (size_t i = 0; st == OTE_OK && i < n; i++) {
         const ote__reg_t *r = e->regs[i];
-        ote_ctl_buf_t b = {.addr = r->start, .len = r->len, .perms = r->perms, .kind = 0};
+        ote_ctl_buf_t b = {.addr = r->start, .len = r->len, .perms = r->perms, .kind = r->kind};
         memcpy(b.name, r->name, sizeof(b.name));
         st = ote_ctl_buf_put(ent + i * OTE_CTL_BUF_ENTRY_LEN, &b);
     }

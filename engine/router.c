@@ -128,7 +128,11 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .query_info = ote__router_query_info,
                         .buffers = ote__reg_buffers,
                         .auth_key = e->auth_key,
-                        .conn_closed = conn_closed};
+                        .conn_closed = conn_closed,
+                        .pin_kind = ote__reg_pin_kind,
+                        .stage_get = ote__reg_stage_get,
+                        .stage_copy = ote__reg_stage_copy,
+                        .stage_put = ote__reg_stage_put};
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
      * an shm-only engine creates tcp for it, outside its list), then the others in
      * order. */

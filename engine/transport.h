@@ -110,6 +110,20 @@ typedef struct {
     /* A connection the transport adopted (ops->adopt) is closed: called once per adopted
      * connection, from any thread, when the transport frees it. */
     void (*conn_closed)(void *arg);
+    /* Device memory at the source (engine/gpu/gpu.h). pin_kind: the memory kind
+     * (ote_mem_kind_t) of a pinned registration. A transport never touches device memory
+     * (OTE_MEM_IS_CUDA) itself: it takes a host bounce buffer of the slice's length
+     * (stage_get, waiting for a pinned chunk until dl), copies between it and the device
+     * range (stage_copy: to_device 1 after a WRITE's bytes arrived in it, 0 before a
+     * READ's bytes are sent from it; synchronous until dl) and gives it back (stage_put,
+     * also on every path that drops the slice). A stage_get or stage_copy failure fails
+     * that slice with the status. */
+    uint32_t (*pin_kind)(void *arg, void *pin);
+    ote_status_t (*stage_get)(void *arg, void *pin, uint32_t len, ote_deadline_t dl,
+                              uint8_t **buf_out, void **tok_out);
+    ote_status_t (*stage_copy)(void *arg, void *tok, int to_device, uint64_t dev_addr, uint32_t len,
+                               ote_deadline_t dl);
+    void (*stage_put)(void *arg, void *tok);
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;

@@ -7,6 +7,7 @@
 #
 #   tools -> engine -> grant -> endpoint -> qp -> cq -> context -> verbs -> base
 #            engine -> cuda -> base
+#   tools -> cuda (ote_bench's device buffers), as //:visibility.bzl allows
 #
 # and also rejects including another package's *_internal.h or internal/ headers.
 #
@@ -37,7 +38,7 @@ allowed() { # package -> space-separated packages it may include
         grant) echo "grant endpoint qp cq context verbs base" ;;
         cuda) echo "cuda base" ;;
         engine) echo "engine grant endpoint qp cq context verbs cuda base" ;;
-        tools) echo "tools engine base" ;;
+        tools) echo "tools engine cuda base" ;;
         *) echo "" ;;
     esac
 }

@@ -42,9 +42,12 @@ int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t 
     char fd_s[16], size_s[32];
     snprintf(fd_s, sizeof fd_s, "%d", fds[1]);
     snprintf(size_s, sizeof size_s, "%" PRIu64, buffer_size);
-    char *argv[] = {exe,        "--role",      "target",        "--transport", (char *)o->transport,
-                    "--listen", "127.0.0.1:0", "--buffer-size", size_s,        "--report-fd",
-                    fd_s,       NULL};
+    char mem_s[16];
+    bench_mem_name(o->remote_mem, mem_s, sizeof mem_s);
+    char *argv[] = {
+        exe,        "--role",       "target",        "--transport", (char *)o->transport,
+        "--listen", "127.0.0.1:0",  "--buffer-size", size_s,        "--report-fd",
+        fd_s,       "--remote-mem", mem_s,           NULL};
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();

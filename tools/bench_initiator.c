@@ -23,7 +23,8 @@
 #include "tools/bench_lib.h"
 
 /* Verify what a run wrote at the destination: each batch's first `covered` slots. */
-static bench_check_t check_destination(run_t *r, ctl_client_t *ctl, uint64_t seed) {
+static bench_check_t check_destination(run_t *r, bench_mem_t *local, ctl_client_t *ctl,
+                                       uint64_t seed) {
     for (size_t t = 0; t < r->threads; t++) {
         for (size_t d = 0; d < r->depth; d++) {
             uint64_t off = bench__slot_offset(r, t, d, 0);
@@ -31,7 +32,12 @@ static bench_check_t check_destination(run_t *r, ctl_client_t *ctl, uint64_t see
             if (len == 0) continue;
             uint64_t bad = 0;
             if (r->o->op == BENCH_OP_READ) {
-                if (!bench_pattern_check(r->local + off, off, (size_t)len, seed, &bad)) {
+                int rc = bench__mem_check(local, off, len, seed, &bad);
+                if (rc < 0) {
+                    fprintf(stderr, "ote_bench: check: reading the local buffer back failed\n");
+                    return BENCH_CHECK_FAILED;
+                }
+                if (rc != 0) {
                     fprintf(stderr,
                             "ote_bench: check failed: local byte at offset %" PRIu64
                             " differs from the target's\n",
@@ -66,7 +72,9 @@ typedef struct {
     ote_engine_t *engine;
     ote_segment_t *seg;
     ctl_client_t ctl;
-    uint8_t *local;
+    bench_mem_t local; /* host or device memory (--local-mem) */
+    bool have_local;
+    unsigned remote_mem; /* the target buffer's memory (discovery, or --remote-mem) */
     bool registered;
     uint64_t result_idx;
 } initiator_t;
@@ -93,6 +101,9 @@ static int discover_buffer(initiator_t *in) {
         if (bufs[i].perms != (OTE_PERM_READ | OTE_PERM_WRITE)) break;
         in->raddr = bufs[i].addr;
         in->rlen = bufs[i].length;
+        in->remote_mem = OTE_MEM_IS_CUDA(bufs[i].kind)
+                             ? BENCH_MEM_CUDA(OTE_MEM_CUDA_DEVICE(bufs[i].kind))
+                             : BENCH_MEM_HOST;
         free(bufs);
         return 0;
     }
@@ -154,16 +165,12 @@ static int initiator_buffer(initiator_t *in) {
                 bench_format_size(in->ws, a, sizeof a), bench_format_size(in->rlen, b, sizeof b));
         return -1;
     }
-    in->local = bench__map_buffer(in->ws);
-    if (in->local == NULL) {
-        fprintf(stderr, "ote_bench: cannot map a %" PRIu64 "-byte local buffer: %s\n", in->ws,
-                strerror(errno));
-        return -1;
-    }
+    if (bench__mem_create(o->local_mem, in->ws, &in->local) != 0) return -1;
+    in->have_local = true;
     if (strcmp(o->transport, "tcp") != 0) {
         /* TCP needs no registration of local buffers (ote.h); other transports do. */
-        ote_status_t st = ote_memory_register(in->engine, in->local, (size_t)in->ws,
-                                              OTE_PERM_READ | OTE_PERM_WRITE);
+        ote_status_t st = ote_memory_register(in->engine, (void *)(uintptr_t)in->local.addr,
+                                              (size_t)in->ws, OTE_PERM_READ | OTE_PERM_WRITE);
         if (st != OTE_OK) {
             bench__print_status("ote_memory_register (local buffer)", st);
             return -1;
@@ -198,12 +205,12 @@ static void print_table_header(const initiator_t *in) {
  * not be made. */
 static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t threads) {
     const bench_options_t *o = in->o;
-    uint8_t *local = in->local;
+    bench_mem_t *local = &in->local;
     run_t r;
     memset(&r, 0, sizeof r);
     r.o = o;
     r.seg = in->seg;
-    r.local = local;
+    r.local = (uint8_t *)(uintptr_t)local->addr; /* an address only: never dereferenced */
     r.remote_base = in->raddr;
     r.block = block;
     r.batch = batch;
@@ -215,14 +222,14 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
 
     if (o->check) {
         if (o->op == BENCH_OP_WRITE) {
-            bench_pattern_fill(local, 0, (size_t)region, seed);
+            if (bench__mem_fill(local, 0, region, seed) != 0) return -1;
             bench_ctl_msg_t req = {.verb = BENCH_CTL_ZERO, .a = 0, .b = region}, rep;
             if (bench__ctl_call(&in->ctl, &req, &rep) != 0) return -1;
-            if (o->test_corrupt) local[region / 2] ^= 0x5a;
+            if (o->test_corrupt && bench__mem_corrupt(local, region / 2) != 0) return -1;
         } else {
             bench_ctl_msg_t req = {.verb = BENCH_CTL_FILL, .a = seed, .b = 0, .c = region}, rep;
             if (bench__ctl_call(&in->ctl, &req, &rep) != 0) return -1;
-            memset(local, 0, (size_t)region);
+            if (bench__mem_zero(local, 0, region) != 0) return -1;
         }
     }
 
@@ -230,9 +237,15 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     if (bench__run_one(&r, in->engine, &res) != 0) return -1;
     res.check = BENCH_CHECK_OFF;
     if (o->check) {
-        if (o->op == BENCH_OP_READ && o->test_corrupt) local[region / 2] ^= 0x5a;
-        res.check = check_destination(&r, &in->ctl, seed);
+        if (o->op == BENCH_OP_READ && o->test_corrupt && bench__mem_corrupt(local, region / 2) != 0)
+            return -1;
+        res.check = check_destination(&r, local, &in->ctl, seed);
     }
+    res.local_mem = o->local_mem;
+    res.remote_mem = in->remote_mem;
+    /* Device memory moves through the staging path (the only GPU path built so far). */
+    res.path =
+        o->local_mem != BENCH_MEM_HOST || in->remote_mem != BENCH_MEM_HOST ? "staging" : "host";
     char line[512];
     if (o->json) bench_format_json(&res, line, sizeof line);
     else bench_format_table_row(&res, line, sizeof line);
@@ -258,7 +271,7 @@ static int initiator_close(initiator_t *in, int rc) {
         if (st != OTE_OK) bench__print_status("ote_segment_close", st);
     }
     if (in->registered) {
-        st = ote_memory_unregister(in->engine, in->local);
+        st = ote_memory_unregister(in->engine, (void *)(uintptr_t)in->local.addr);
         if (st != OTE_OK) bench__print_status("ote_memory_unregister", st);
     }
     if (in->engine != NULL) {
@@ -268,7 +281,7 @@ static int initiator_close(initiator_t *in, int rc) {
             rc = 1;
         }
     }
-    if (in->local != NULL) munmap(in->local, (size_t)in->ws);
+    if (in->have_local) bench__mem_destroy(&in->local);
     if (bench__reap_child(&in->child, quit_sent) != 0) rc = 1;
     return rc;
 }
@@ -280,6 +293,7 @@ int bench__run_initiator(const bench_options_t *o) {
     in.child.pid = 0;
     in.child.lifeline = -1;
     in.ws = bench_working_set(o);
+    in.remote_mem = o->remote_mem; /* discovery replaces it where it runs */
     if (initiator_connect(&in) != 0 || initiator_buffer(&in) != 0) return initiator_close(&in, 1);
     if (!o->json) print_table_header(&in);
     int rc = 0;

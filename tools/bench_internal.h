@@ -8,6 +8,7 @@
  *   bench_child.c      the initiator's spawned target child and its control client
  *   bench_run.c        one measured result: worker threads, batches, latency samples
  *   bench_initiator.c  the initiator: connect, sweep the options, check, print
+ *   bench_mem.c        buffers of host or CUDA device memory, filled and checked
  *
  * Threads: the workers of bench_run.c touch only their own worker_t and the atomics and
  * mutex of their run_t; everything else runs on the main thread.
@@ -46,6 +47,30 @@ void *bench__map_buffer(uint64_t len);
 /* Engine with the transport and addresses of the options. */
 ote_status_t bench__make_engine(const bench_options_t *o, const char *listen,
                                 ote_engine_t **engine_out);
+
+/* ---- bench_mem.c ---- */
+struct ote_cuda_driver;
+struct ote_cuda_device;
+struct ote_cuda_alloc;
+/* A buffer of host memory or of CUDA device memory (BENCH_MEM_*). */
+typedef struct {
+    unsigned kind;
+    uint64_t len;
+    uint64_t addr; /* where it is (device memory: not host-addressable) */
+    uint8_t *host; /* host memory: the mapping; NULL for device memory */
+    struct ote_cuda_driver *drv;
+    struct ote_cuda_device *dev;
+    struct ote_cuda_alloc *alloc;
+} bench_mem_t;
+/* Returns 0, or -1 after saying why. */
+int bench__mem_create(unsigned kind, uint64_t len, bench_mem_t *m);
+void bench__mem_destroy(bench_mem_t *m);
+/* The --check pattern (bench_pattern_*) into / out of [off, off+len): 0 ok, -1 failed,
+ * bench__mem_check 1 with *bad_out the first differing offset. */
+int bench__mem_fill(bench_mem_t *m, uint64_t off, uint64_t len, uint64_t seed);
+int bench__mem_zero(bench_mem_t *m, uint64_t off, uint64_t len);
+int bench__mem_check(bench_mem_t *m, uint64_t off, uint64_t len, uint64_t seed, uint64_t *bad_out);
+int bench__mem_corrupt(bench_mem_t *m, uint64_t off);
 
 /* ---- bench_target.c ---- */
 int bench__run_target(const bench_options_t *o);

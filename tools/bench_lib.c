@@ -246,11 +246,18 @@ const char *bench_usage(void) {
            "  --advertise HOST:PORT    address reported to peers when listening on a wildcard\n"
            "  --buffer-size SIZE       registered buffer of the spawned target (default: just\n"
            "                           enough for the largest threads*depth*batch*block)\n"
+           "  --local-mem host|cuda:N  memory of the local buffer: host (default) or device\n"
+           "                           memory of CUDA device N (cuda/memory; the driver is\n"
+           "                           $OTE_CUDA_LIBRARY or libcuda.so.1); --check then reads\n"
+           "                           it back with device-to-host copies\n"
+           "  --remote-mem host|cuda:N memory of the spawned target's buffer (a --target is\n"
+           "                           asked for its kind by buffer discovery)\n"
            "\n"
            "Target options (--role target):\n"
            "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
            "  --advertise HOST:PORT    address to report (default: the listen address)\n"
            "  --buffer-size SIZE       buffer registered for READ and WRITE (default 1G)\n"
+           "  --remote-mem host|cuda:N memory of that buffer (default host)\n"
            "  --transport tcp|rdma|shm, --transports LIST\n"
            "The target prints one line 'OTEB1 TARGET <host:port> <buffer address> <length>' and\n"
            "serves until interrupted. An initiator asks it for the buffer through an OrbitTE\n"
@@ -282,6 +289,8 @@ enum {
     OPT_REPORT_FD,
     OPT_TEST_CORRUPT,
     OPT_DEPTH,
+    OPT_LOCAL_MEM,
+    OPT_REMOTE_MEM,
     OPT_END,
 };
 
@@ -453,6 +462,13 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
             o->report_fd = (int)v;
             break;
         case OPT_TEST_CORRUPT: o->test_corrupt = true; break;
+        case OPT_LOCAL_MEM:
+        case OPT_REMOTE_MEM:
+            if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem) != 0)
+                return set_err(err, errlen, "--%s: '%s' is not host or cuda:N (N 0..%d)",
+                               c == OPT_LOCAL_MEM ? "local-mem" : "remote-mem", arg,
+                               BENCH_MEM_CUDA_MAX);
+            break;
         default: return 1;
     }
     return 0;
@@ -479,6 +495,7 @@ static int check_target_options(const bool *seen, bench_options_t *o, char *err,
         {OPT_REMOTE_LEN, "--remote-len"},
         {OPT_TEST_CORRUPT, "--test-corrupt"},
         {OPT_DEPTH, "--depth"},
+        {OPT_LOCAL_MEM, "--local-mem"},
     };
     for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
         if (seen[initiator_only[i].opt])
@@ -550,6 +567,8 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"report-fd", required_argument, NULL, OPT_REPORT_FD},
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
         {"depth", required_argument, NULL, OPT_DEPTH},
+        {"local-mem", required_argument, NULL, OPT_LOCAL_MEM},
+        {"remote-mem", required_argument, NULL, OPT_REMOTE_MEM},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -627,17 +646,39 @@ double bench_result_ops_per_sec(const bench_result_t *r) {
 static double finite_or_zero(double v) { return isfinite(v) ? v : 0.0; }
 
 int bench_format_json(const bench_result_t *r, char *buf, size_t len) {
+    char lm[16], rm[16];
     return snprintf(buf, len,
                     "{\"transport\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
                     ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"bytes\":%" PRIu64
                     ",\"seconds\":%.6f,\"gbps\":%.4f,\"ops_per_sec\":%.1f,\"lat_avg_us\":%.3f"
                     ",\"lat_p50_us\":%.3f,\"lat_p99_us\":%.3f,\"lat_p999_us\":%.3f"
-                    ",\"check\":\"%s\"}",
+                    ",\"check\":\"%s\",\"local_mem\":\"%s\",\"remote_mem\":\"%s\",\"path\":\"%s\"}",
                     r->transport, bench_op_name(r->op), r->block_size, r->batch_size, r->threads,
                     r->bytes, finite_or_zero(r->seconds), finite_or_zero(bench_result_gbps(r)),
                     finite_or_zero(bench_result_ops_per_sec(r)), finite_or_zero(r->lat.avg_us),
                     finite_or_zero(r->lat.p50_us), finite_or_zero(r->lat.p99_us),
-                    finite_or_zero(r->lat.p999_us), bench_check_name(r->check));
+                    finite_or_zero(r->lat.p999_us), bench_check_name(r->check),
+                    bench_mem_name(r->local_mem, lm, sizeof lm),
+                    bench_mem_name(r->remote_mem, rm, sizeof rm), r->path ? r->path : "host");
+}
+
+const char *bench_mem_name(unsigned mem, char *buf, size_t len) {
+    if (mem == BENCH_MEM_HOST) snprintf(buf, len, "host");
+    else snprintf(buf, len, "cuda:%u", mem - 1);
+    return buf;
+}
+
+int bench_parse_mem(const char *s, unsigned *out) {
+    if (strcmp(s, "host") == 0) {
+        *out = BENCH_MEM_HOST;
+        return 0;
+    }
+    if (strncmp(s, "cuda:", 5) != 0 || s[5] < '0' || s[5] > '9') return -1;
+    char *end = NULL;
+    unsigned long n = strtoul(s + 5, &end, 10);
+    if (*end != '\0' || n > BENCH_MEM_CUDA_MAX || (s[5] == '0' && s[6] != '\0')) return -1;
+    *out = BENCH_MEM_CUDA(n);
+    return 0;
 }
 
 int bench_format_table_header(char *buf, size_t len) {

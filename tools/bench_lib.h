@@ -64,7 +64,19 @@ typedef struct {
     uint64_t buffer_size; /* target: registered buffer; 0 = default/automatic */
     int report_fd;        /* internal: target writes its report line here; -1 none */
     bool test_corrupt;    /* internal: damage one byte so --check must fail */
+    unsigned local_mem;   /* --local-mem: BENCH_MEM_HOST or BENCH_MEM_CUDA(N) */
+    unsigned remote_mem;  /* --remote-mem: the (spawned) target's buffer; for --role
+                           * target its own buffer */
 } bench_options_t;
+
+/* Memory of a buffer (--local-mem / --remote-mem): host, or CUDA device N ("cuda:N"). */
+#define BENCH_MEM_HOST 0u
+#define BENCH_MEM_CUDA(n) (1u + (unsigned)(n))
+#define BENCH_MEM_CUDA_MAX 239
+/* "host" or "cuda:N" into buf. */
+const char *bench_mem_name(unsigned mem, char *buf, size_t len);
+/* Parses "host" or "cuda:N" (N in 0..BENCH_MEM_CUDA_MAX). Returns 0, or -1. */
+int bench_parse_mem(const char *s, unsigned *out);
 
 /* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, depth 1,
  * 2 s per result. */
@@ -125,6 +137,8 @@ typedef struct {
     double seconds;
     bench_latency_t lat; /* per batch */
     bench_check_t check;
+    unsigned local_mem, remote_mem; /* BENCH_MEM_* */
+    const char *path; /* how device memory moved: "host" (none), "staging"; NULL = "host" */
 } bench_result_t;
 
 double bench_result_gbps(const bench_result_t *r);        /* 10^9 bytes per second */
@@ -132,7 +146,7 @@ double bench_result_ops_per_sec(const bench_result_t *r); /* requests per second
 
 /* One JSON object, no newline, keys in this order: transport, op, block_size, batch_size,
  * threads, bytes, seconds, gbps, ops_per_sec, lat_avg_us, lat_p50_us, lat_p99_us,
- * lat_p999_us, check. Returns what snprintf returns. */
+ * lat_p999_us, check, local_mem, remote_mem, path. Returns what snprintf returns. */
 int bench_format_json(const bench_result_t *r, char *buf, size_t len);
 /* Human table: a header line and one row per result (no newline). */
 int bench_format_table_header(char *buf, size_t len);

@@ -29,7 +29,7 @@ typedef struct {
 
 typedef struct {
     ote_engine_t *engine;
-    uint8_t *buf;
+    bench_mem_t mem; /* the buffer: host or device memory (--remote-mem) */
     uint64_t len;
     reply_peer_t peers[TARGET_MAX_PEERS];
     size_t n_peers;
@@ -87,21 +87,23 @@ static bool target_handle(target_t *t, const char *from, const bench_ctl_msg_t *
     bool quit = false;
     switch (req->verb) {
         case BENCH_CTL_INFO:
-            rep.a = (uint64_t)(uintptr_t)t->buf;
+            rep.a = t->mem.addr;
             rep.b = t->len;
             break;
         case BENCH_CTL_FILL:
             if (!target_range_ok(t, req->b, req->c)) goto out_of_range;
-            bench_pattern_fill(t->buf + req->b, req->b, (size_t)req->c, req->a);
+            if (bench__mem_fill(&t->mem, req->b, req->c, req->a) != 0) goto mem_failed;
             break;
         case BENCH_CTL_ZERO:
             if (!target_range_ok(t, req->a, req->b)) goto out_of_range;
-            memset(t->buf + req->a, 0, (size_t)req->b);
+            if (bench__mem_zero(&t->mem, req->a, req->b) != 0) goto mem_failed;
             break;
         case BENCH_CTL_VERIFY: {
             if (!target_range_ok(t, req->b, req->c)) goto out_of_range;
             uint64_t bad = 0;
-            if (!bench_pattern_check(t->buf + req->b, req->b, (size_t)req->c, req->a, &bad)) {
+            int rc = bench__mem_check(&t->mem, req->b, req->c, req->a, &bad);
+            if (rc < 0) goto mem_failed;
+            if (rc == 1) {
                 rep.verb = BENCH_CTL_BAD;
                 rep.a = bad;
             }
@@ -118,6 +120,11 @@ static bool target_handle(target_t *t, const char *from, const bench_ctl_msg_t *
 out_of_range:
     rep.verb = BENCH_CTL_ERR;
     snprintf(rep.text, sizeof rep.text, "range outside the %" PRIu64 "-byte buffer", t->len);
+    target_reply(t, from, &rep);
+    return false;
+mem_failed:
+    rep.verb = BENCH_CTL_ERR;
+    snprintf(rep.text, sizeof rep.text, "a copy to or from the device buffer failed");
     target_reply(t, from, &rep);
     return false;
 }
@@ -163,21 +170,16 @@ int bench__run_target(const bench_options_t *o) {
         bench__print_status("target: ote_engine_address", st);
         goto err_destroy_engine;
     }
-    t.buf = bench__map_buffer(t.len);
-    if (t.buf == NULL) {
-        fprintf(stderr, "ote_bench: target: cannot map a %" PRIu64 "-byte buffer: %s\n", t.len,
-                strerror(errno));
-        goto err_destroy_engine;
-    }
-    st = ote_memory_register_named(t.engine, t.buf, (size_t)t.len, OTE_PERM_READ | OTE_PERM_WRITE,
-                                   BENCH_BUFFER_NAME);
+    if (bench__mem_create(o->remote_mem, t.len, &t.mem) != 0) goto err_destroy_engine;
+    st = ote_memory_register_named(t.engine, (void *)(uintptr_t)t.mem.addr, (size_t)t.len,
+                                   OTE_PERM_READ | OTE_PERM_WRITE, BENCH_BUFFER_NAME);
     if (st != OTE_OK) {
         bench__print_status("target: ote_memory_register", st);
         goto err_unmap;
     }
 
     char line[BENCH_ADDR_MAX + 96];
-    int n = bench_report_format(addr, (uint64_t)(uintptr_t)t.buf, t.len, line, sizeof line - 1);
+    int n = bench_report_format(addr, t.mem.addr, t.len, line, sizeof line - 1);
     if (n < 0) goto err_unregister;
     if (o->report_fd >= 0) {
         line[n] = '\n';
@@ -222,13 +224,13 @@ int bench__run_target(const bench_options_t *o) {
 err_close_peers:
     while (t.n_peers > 0) target_drop_peer(&t, t.n_peers - 1);
 err_unregister:
-    st = ote_memory_unregister(t.engine, t.buf);
+    st = ote_memory_unregister(t.engine, (void *)(uintptr_t)t.mem.addr);
     if (st != OTE_OK) {
         bench__print_status("target: ote_memory_unregister", st);
         rc = 1;
     }
 err_unmap:
-    munmap(t.buf, (size_t)t.len);
+    bench__mem_destroy(&t.mem);
 err_destroy_engine:
     st = ote_engine_destroy(t.engine);
     if (st != OTE_OK) {

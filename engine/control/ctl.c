@@ -84,9 +84,14 @@ int ote_ctl_buf_name_ok(const char *name, size_t len) {
     return 1;
 }
 
+int ote_ctl_buf_kind_ok(uint32_t kind) {
+    return kind == OTE_CTL_BUF_KIND_HOST || kind == OTE_CTL_BUF_KIND_PINNED ||
+           (kind >= OTE_CTL_BUF_KIND_CUDA && kind <= OTE_CTL_BUF_KIND_MAX);
+}
+
 static int buf_entry_ok(const ote_ctl_buf_t *b, size_t name_len) {
     return b->len != 0 && b->addr <= UINT64_MAX - b->len && b->perms != 0 &&
-           (b->perms & ~OTE_CTL_BUF_PERMS) == 0 && b->kind <= OTE_CTL_BUF_KIND_MAX &&
+           (b->perms & ~OTE_CTL_BUF_PERMS) == 0 && ote_ctl_buf_kind_ok(b->kind) &&
            (name_len == 0 || ote_ctl_buf_name_ok(b->name, name_len));
 }
 

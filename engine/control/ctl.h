@@ -137,7 +137,12 @@ typedef enum {
 #define OTE_CTL_BUF_ENTRY_LEN 88u /* bytes of one entry */
 #define OTE_CTL_BUF_NAME_LEN 64u  /* name field, NUL included: names of 1..63 chars */
 #define OTE_CTL_BUF_PERMS 0x3u    /* == OTE_PERM_READ | OTE_PERM_WRITE */
-#define OTE_CTL_BUF_KIND_MAX 255u /* memory kinds a BUFS entry may carry (0: host) */
+/* Memory kinds a BUFS entry may carry (the values of ote_mem_kind_t): 0 host, 1 pinned
+ * host, 16 + N device memory of CUDA device N (N <= 239); the others are refused. */
+#define OTE_CTL_BUF_KIND_HOST 0u
+#define OTE_CTL_BUF_KIND_PINNED 1u
+#define OTE_CTL_BUF_KIND_CUDA 16u
+#define OTE_CTL_BUF_KIND_MAX 255u
 #define OTE_CTL_BUFS_MAX_BODY (8u + OTE_CTL_BUFS_MAX * OTE_CTL_BUF_ENTRY_LEN)
 
 /* One entry of a BUFS frame, decoded (name NUL-terminated). */
@@ -278,6 +283,8 @@ const char *ote_ctl_opcode_str(uint16_t opcode);
 /* Whether name[0, len) is a valid registration name: 1..63 printable ASCII characters
  * (0x20..0x7e). */
 int ote_ctl_buf_name_ok(const char *name, size_t len);
+/* Whether kind is one a BUFS entry may carry. */
+int ote_ctl_buf_kind_ok(uint32_t kind);
 /* Encode one BUFS entry into dst (OTE_CTL_BUF_ENTRY_LEN bytes). OTE_ERR_INVALID (nothing
  * written) for an entry the decoder would refuse; an empty name is allowed. */
 ote_status_t ote_ctl_buf_put(uint8_t *dst, const ote_ctl_buf_t *b);

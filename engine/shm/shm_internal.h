@@ -259,6 +259,8 @@ ote_status_t ote__shm_peer_close(ote__tpeer_t *peer);
 ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, uint64_t len,
                               unsigned perm, void **pin_out);
 void ote__shm_src_unpin(shm_src_t *s, void *pin, uint32_t len);
+/* The engine's pin (host->pin's) behind a pin of ote__shm_src_pin, for host->pin_kind. */
+void *ote__shm_src_engine_pin(shm_src_t *s, void *pin);
 void ote__shm_src_write_off(shm_src_t *s, const shm_req_t *q); /* a WRITE_OFF entry */
 void ote__shm_src_accts_end(shm_src_t *s);                     /* the connection closed */
 

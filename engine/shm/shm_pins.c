@@ -109,6 +109,12 @@ ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, 
     return OTE_OK;
 }
 
+void *ote__shm_src_engine_pin(shm_src_t *s, void *pin) {
+    (void)s;
+    if ((uintptr_t)pin & ALONE_BIT) return (void *)((uintptr_t)pin & ~ALONE_BIT);
+    return ((shm_acct_t *)pin)->pin; /* held while a piece holds the account */
+}
+
 void ote__shm_src_unpin(shm_src_t *s, void *pin, uint32_t len) {
     if ((uintptr_t)pin & ALONE_BIT) {
         s->tp->host.unpin(s->tp->host.arg, (void *)((uintptr_t)pin & ~ALONE_BIT));

@@ -313,6 +313,32 @@ static void src_copy_run(shm_src_t *s, const shm_req_t *q, uint32_t n, ote_statu
     for (uint32_t k = 0; k < n; k++) st[k] = src_copy(s, &q[k]);
 }
 
+/* Whether the registration behind pin is device memory (engine/gpu: host->stage_*). */
+static int src_is_device(shm_src_t *s, void *pin) {
+    const ote__host_t *h = &s->tp->host;
+    return pin != NULL && h->pin_kind != NULL &&
+           OTE_MEM_IS_CUDA(h->pin_kind(h->arg, ote__shm_src_engine_pin(s, pin)));
+}
+
+/* One checked request on device memory: its bytes go through a host bounce buffer
+ * (host->stage_*), copied from/to the requester as host memory by src_copy. */
+static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin) {
+    const ote__host_t *h = &s->tp->host;
+    ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    uint8_t *buf = NULL;
+    void *tok = NULL;
+    ote_status_t st = h->stage_get(h->arg, ote__shm_src_engine_pin(s, pin), q->len, dl, &buf, &tok);
+    if (st != OTE_OK) return st;
+    shm_req_t b = *q;
+    b.remote = (uintptr_t)buf;
+    if (q->op == OTE__SLICE_READ) st = h->stage_copy(h->arg, tok, 0, q->remote, q->len, dl);
+    if (st == OTE_OK) st = src_copy(s, &b);
+    if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
+        st = h->stage_copy(h->arg, tok, 1, q->remote, q->len, dl);
+    h->stage_put(h->arg, tok);
+    return st;
+}
+
 /* Small requests share one copy call; larger ones are copied alone, in pieces. */
 #define SHM_RUN_MAX_LEN (256u << 10)
 
@@ -338,10 +364,15 @@ static void src_serve(shm_src_t *s, const shm_req_t *reqs, uint32_t cnt, ote_sta
             i++;
             continue;
         }
+        if (src_is_device(s, pins[i])) {
+            st[i] = src_copy_device(s, q, pins[i]);
+            i++;
+            continue;
+        }
         uint32_t j = i + 1;
         if (q->len <= SHM_RUN_MAX_LEN)
             while (j < cnt && st[j] == OTE_OK && reqs[j].op == q->op &&
-                   reqs[j].len <= SHM_RUN_MAX_LEN)
+                   reqs[j].len <= SHM_RUN_MAX_LEN && !src_is_device(s, pins[j]))
                 j++;
         if (j - i == 1 || s->mode == SHM_MODE_RING)
             for (uint32_t k = i; k < j; k++) st[k] = src_copy(s, &reqs[k]);

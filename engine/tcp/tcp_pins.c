@@ -230,6 +230,19 @@ ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned pe
     return st;
 }
 
+void *ote__tcp_src_engine_pin(tcp_conn_t *c, void *pin) {
+    (void)c;
+    if ((uintptr_t)pin & ALONE_BIT) return (void *)((uintptr_t)pin & ~ALONE_BIT);
+    /* The account holds its engine pin while a slice holds the account. */
+    return ((src_req_t *)pin)->pin;
+}
+
+void ote__tcp_src_stage_put(tcp_conn_t *c, void **stage) {
+    tcp_t *tp = c->w->tp;
+    if (*stage != NULL) tp->host.stage_put(tp->host.arg, *stage);
+    *stage = NULL;
+}
+
 void ote__tcp_src_unpin(tcp_conn_t *c, void *pin, uint32_t len) {
     tcp_t *tp = c->w->tp;
     if ((uintptr_t)pin & ALONE_BIT) {

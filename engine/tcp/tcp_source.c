@@ -52,6 +52,16 @@ static int src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t
 }
 
 int ote__tcp_src_payload_done(tcp_conn_t *c) {
+    if (c->rx_stage != NULL) {
+        /* Device memory: the bytes are in the bounce buffer; copy them to the device. */
+        tcp_t *tp = c->w->tp;
+        if (c->rx_status == OTE_OK) {
+            ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+            c->rx_status = tp->host.stage_copy(tp->host.arg, c->rx_stage, 1, c->rx_dev,
+                                               (uint32_t)c->rx_len, dl);
+        }
+        ote__tcp_src_stage_put(c, &c->rx_stage);
+    }
     if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
     c->rx_pin = NULL;
     return src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, c->rx_status, NULL, 0, NULL);
@@ -107,6 +117,7 @@ static void src_write(tcp_conn_t *c) {
                 c->rtx_off = 0;
                 if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
                 r->pin = NULL;
+                ote__tcp_src_stage_put(c, &r->stage);
                 if (r->owned) {
                     ote_free((void *)r->data);
                     c->bufs_queued--;
@@ -230,6 +241,7 @@ static void src_withdraw(tcp_conn_t *c, const ote_ctl_msg_t *m) {
             if (r->id != id || r->opcode != OTE_CTL_READ_RESP || r->data == NULL) continue;
             if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
             r->pin = NULL;
+            ote__tcp_src_stage_put(c, &r->stage);
             r->data = NULL;
             r->len = 0;
             ote_ctl_put_hdr(r->hdr, c->version, OTE_CTL_READ_RESP, id, OTE_ERR_CANCELED, 0);
@@ -284,6 +296,47 @@ static int src_buffers(tcp_conn_t *c, uint64_t id) {
     return 0;
 }
 
+/* Whether the registration behind pin is device memory (moved through host->stage_*). */
+static int src_is_device(tcp_conn_t *c, void *pin) {
+    tcp_t *tp = c->w->tp;
+    if (tp->host.pin_kind == NULL) return 0;
+    return OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, ote__tcp_src_engine_pin(c, pin)));
+}
+
+static ote_status_t src_stage_get(tcp_conn_t *c, void *pin, uint32_t len, uint8_t **buf_out,
+                                  void **tok_out) {
+    tcp_t *tp = c->w->tp;
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    return tp->host.stage_get(tp->host.arg, ote__tcp_src_engine_pin(c, pin), len, dl, buf_out,
+                              tok_out);
+}
+
+/* READ of device memory: its bytes are copied into a bounce buffer (synchronously, on
+ * this worker) that the response sends; a failure answers the slice with its status. */
+static int src_read_device(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
+    tcp_t *tp = c->w->tp;
+    uint8_t *buf = NULL;
+    void *tok = NULL;
+    ote_status_t st = src_stage_get(c, pin, m->u.rw.len, &buf, &tok);
+    if (st == OTE_OK) {
+        ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+        st = tp->host.stage_copy(tp->host.arg, tok, 0, m->u.rw.addr, m->u.rw.len, dl);
+    }
+    if (st != OTE_OK) {
+        ote__tcp_src_stage_put(c, &tok);
+        ote__tcp_src_unpin(c, pin, m->u.rw.len);
+        OTE_WARN_LIMITED("tcp", "READ of device memory at 0x%llx for %s failed: %s",
+                         (unsigned long long)m->u.rw.addr, c->from, ote_status_str(st));
+        return src_respond(c, OTE_CTL_READ_RESP, m->req_id, st, NULL, 0, NULL);
+    }
+    if (src_respond(c, OTE_CTL_READ_RESP, m->req_id, OTE_OK, buf, m->u.rw.len, pin) != 0) {
+        ote__tcp_src_stage_put(c, &tok);
+        return -1;
+    }
+    c->ring[(c->rhead + c->rcount - 1) % c->rcap].stage = tok;
+    return 0;
+}
+
 int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     tcp_t *tp = c->w->tp;
     if (!c->handshaken) return src_hello(c, m);
@@ -305,9 +358,20 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
             c->rx_len = m->u.rw.len;
             c->rx_left = m->u.rw.len;
             c->last_large = m->u.rw.len >= TCP_DIRECT_MIN;
+            if (st == OTE_OK && src_is_device(c, pin)) {
+                /* Device memory: receive into a bounce buffer, copied to the device
+                 * when the payload is complete. */
+                st = src_stage_get(c, pin, m->u.rw.len, &c->rx_dst, &c->rx_stage);
+                c->rx_dev = m->u.rw.addr;
+                if (st != OTE_OK) {
+                    ote__tcp_src_unpin(c, pin, m->u.rw.len);
+                    pin = NULL;
+                }
+            } else if (st == OTE_OK) {
+                c->rx_dst = (uint8_t *)(uintptr_t)m->u.rw.addr;
+            }
             if (st == OTE_OK) {
                 c->rx_state = RX_DATA;
-                c->rx_dst = (uint8_t *)(uintptr_t)m->u.rw.addr;
                 c->rx_pin = pin;
                 c->rx_status = OTE_OK;
             } else {
@@ -323,6 +387,7 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
                 src_refused(c, "READ", m, st);
                 return src_respond(c, OTE_CTL_READ_RESP, m->req_id, st, NULL, 0, NULL);
             }
+            if (src_is_device(c, pin)) return src_read_device(c, m, pin);
             return src_respond(c, OTE_CTL_READ_RESP, m->req_id, OTE_OK,
                                (const uint8_t *)(uintptr_t)m->u.rw.addr, m->u.rw.len, pin);
         case OTE_CTL_CANCEL:

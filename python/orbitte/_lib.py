@@ -106,6 +106,7 @@ _PROTOTYPES = {
         [c_void_p, c_void_p, c_size_t, ctypes.c_uint, ctypes.c_char_p],
     ),
     "ote_memory_unregister": (status_t, [c_void_p, c_void_p]),
+    "ote_memory_query": (status_t, [c_void_p, c_void_p, ctypes.POINTER(BufferInfo)]),
     "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_close": (status_t, [c_void_p]),
     "ote_segment_info": (status_t, [c_void_p, ctypes.POINTER(SegmentInfo)]),

@@ -56,7 +56,7 @@ bool Target::Start(uint64_t rw_size, const std::string &listen,
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, pin[0], 0);
     posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
-    std::string bin = EngineTestBinary("ote_target");
+    std::string bin = EngineTestBinary(binary.c_str());
     std::string size = std::to_string(rw_size);
     char *argv[] = {const_cast<char *>(bin.c_str()), const_cast<char *>(size.c_str()),
                     const_cast<char *>(listen.c_str()), nullptr};

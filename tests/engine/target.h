@@ -38,6 +38,9 @@ class Target {
     bool Send(const std::string &cmd);
     std::string Reply(int timeout_ms = 30000) { return ReadLine(timeout_ms); }
 
+    // The child binary (a data dependency in tests/engine); ote_gpu_target prints the same
+    // READY line with its "dev", "host" and "dev2" buffers in place of rw, ro and wo.
+    std::string binary = "ote_target";
     std::string address;
     uint64_t rw = 0, rw_len = 0, ro = 0, ro_len = 0, wo = 0, wo_len = 0;
     pid_t pid = -1;

@@ -385,11 +385,12 @@ TEST_F(BenchLibTest, JsonLineHasExactlyTheContractKeys) {
                  "{\"transport\":\"tcp\",\"op\":\"write\",\"block_size\":4096,\"batch_size\":64,"
                  "\"threads\":2,\"bytes\":4096000000,\"seconds\":2.000000,\"gbps\":2.0480,"
                  "\"ops_per_sec\":500000.0,\"lat_avg_us\":12.500,\"lat_p50_us\":11.000,"
-                 "\"lat_p99_us\":40.250,\"lat_p999_us\":100.000,\"check\":\"ok\"}");
-    std::vector<std::string> want = {"transport",   "op",         "block_size", "batch_size",
-                                     "threads",     "bytes",      "seconds",    "gbps",
-                                     "ops_per_sec", "lat_avg_us", "lat_p50_us", "lat_p99_us",
-                                     "lat_p999_us", "check"};
+                 "\"lat_p99_us\":40.250,\"lat_p999_us\":100.000,\"check\":\"ok\","
+                 "\"local_mem\":\"host\",\"remote_mem\":\"host\",\"path\":\"host\"}");
+    std::vector<std::string> want = {
+        "transport",   "op",    "block_size",  "batch_size", "threads",    "bytes",
+        "seconds",     "gbps",  "ops_per_sec", "lat_avg_us", "lat_p50_us", "lat_p99_us",
+        "lat_p999_us", "check", "local_mem",   "remote_mem", "path"};
     EXPECT_EQ(JsonKeys(buf), want);
     EXPECT_EQ(std::string(buf).find('\n'), std::string::npos);
 

@@ -6,11 +6,15 @@
 # check), so the check must then say "failed" and the exit status must be 1: this proves
 # the check really looks at the bytes. Every run is bounded by `timeout`.
 #
-# Usage (from Bazel): ote_bench_e2e_test.sh <path to ote_bench>
+# Device memory (--local-mem/--remote-mem cuda:0) runs over the fake libcuda (its path the
+# second argument), which is how the README's test mode runs it.
+#
+# Usage (from Bazel): ote_bench_e2e_test.sh <path to ote_bench> <path to libfake_cuda.so>
 set -u
 
 BENCH="${1:?usage: $0 <ote_bench>}"
-KEYS="transport op block_size batch_size threads bytes seconds gbps ops_per_sec lat_avg_us lat_p50_us lat_p99_us lat_p999_us check"
+FAKE_CUDA="${2:?usage: $0 <ote_bench> <libfake_cuda.so>}"
+KEYS="transport op block_size batch_size threads bytes seconds gbps ops_per_sec lat_avg_us lat_p50_us lat_p99_us lat_p999_us check local_mem remote_mem path"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 PASSED=0
 FAILED=0
@@ -136,6 +140,53 @@ if run rdma_corrupt 1 --transport rdma --op read --block-size 4K --batch-size 4 
     json_ok rdma_corrupt 1 failed 65536 rdma
 fi
 unset OTE_VERBS_PROVIDER
+
+# Device memory over the fake libcuda: every pair of memories, WRITE and READ, checked
+# through device-to-host copies; the JSON names the memories and the path. A corrupted
+# byte in device memory is caught too, and a missing driver is a clear failure.
+export OTE_CUDA_LIBRARY
+OTE_CUDA_LIBRARY="$(cd "$(dirname "$FAKE_CUDA")" && pwd)/$(basename "$FAKE_CUDA")"
+# mem_ok NAME LOCAL REMOTE PATH: every line names those memories and that path.
+mem_ok() {
+    if [ "$(grep -c "\"local_mem\":\"$2\",\"remote_mem\":\"$3\",\"path\":\"$4\"" "$TMP/$1.out")" -eq \
+        "$(wc -l <"$TMP/$1.out")" ]; then
+        pass "$1 memories"
+    else
+        fail "$1 memories"; cat "$TMP/$1.out"
+    fi
+}
+for spec in "cuda:0 host" "host cuda:0" "cuda:0 cuda:0"; do
+    read -r LM RM <<<"$spec"
+    for op in write read; do
+        name="gpu_${op}_${LM/:/}_${RM/:/}"
+        if run "$name" 0 --op "$op" --local-mem "$LM" --remote-mem "$RM" --block-size 4097,3M \
+            --batch-size 2 --total-bytes 12M --json --check; then
+            json_ok "$name" 2 ok 12582912
+            mem_ok "$name" "$LM" "$RM" staging
+        fi
+    done
+done
+if run gpu_shm 0 --transport shm --op read --local-mem cuda:0 --remote-mem cuda:0 \
+    --block-size 1M --batch-size 4 --total-bytes 8M --json --check; then
+    json_ok gpu_shm 1 ok 8388608 shm
+    mem_ok gpu_shm cuda:0 cuda:0 staging
+fi
+if run gpu_corrupt 1 --op read --local-mem cuda:0 --block-size 4K --batch-size 4 \
+    --total-bytes 64K --json --check --test-corrupt; then
+    json_ok gpu_corrupt 1 failed 65536
+fi
+if run host_path 0 --op write --block-size 64K --batch-size 2 --total-bytes 256K --json; then
+    mem_ok host_path host host host
+fi
+if OTE_CUDA_LIBRARY=/nonexistent/libcuda.so.1 run gpu_no_driver 1 --local-mem cuda:0 \
+    --block-size 4K --total-bytes 4K --json; then
+    if grep -q 'OTE_ERR_NO_DEVICE' "$TMP/gpu_no_driver.err"; then
+        pass gpu_no_driver
+    else
+        fail gpu_no_driver; cat "$TMP/gpu_no_driver.err"
+    fi
+fi
+unset OTE_CUDA_LIBRARY
 
 # Two processes: a target started on its own (--role target) and an initiator that names
 # it (--target), once asking it for its buffer (and checking every byte), once given the

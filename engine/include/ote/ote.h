@@ -66,6 +66,12 @@ typedef struct ote_batch ote_batch_t;
  *   allow_unauthenticated "1" lets an engine without a key listen on a non-loopback
  *                        address (logged at WARN); otherwise ote_engine_create refuses it
  *                        with OTE_ERR_INVALID. Default "0".
+ *   gpu_paths            paths device memory may take: a comma list of staging, ipc,
+ *                        direct, or "" (none); default "staging", the only one built. A
+ *                        request whose local buffer is device memory fails at submit with
+ *                        OTE_ERR_UNSUPPORTED (logged) when staging is not in the list.
+ *   gpu_staging_chunk    bytes of one pinned staging chunk (64K..64M, default 2M).
+ *   gpu_staging_depth    staging chunks in flight per request (1..64, default 4).
  * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
  * with ote_config_set() wins over the environment.
  */
@@ -114,6 +120,14 @@ ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
  *    connections close; shm when its UNIX socket closes; RDMA when its control connection closes (its windows are
  *    invalidated by moving their QPs to the error state first). Only a requester that
  *    stays connected but stops making progress holds them until transfer_timeout_ms.
+ *
+ * Memory kinds (README "GPU memory"): the range is host memory, pinned host memory or
+ * device memory of one CUDA device (ote_memory_query reports which). Device memory is
+ * recognized when the CUDA driver is loaded in the process; a range that is not host
+ * memory while no driver loads is refused with OTE_ERR_NO_DEVICE (logged, naming the
+ * library tried). A device range must lie within one allocation, else OTE_ERR_INVALID;
+ * managed memory is OTE_ERR_UNSUPPORTED. Local buffers of requests may be device memory
+ * too, registered or not (moved by the staging path, gpu_paths).
  */
 #define OTE_UNREGISTER_WAIT_MS 100
 #define OTE_PERM_READ 0x1u
@@ -167,9 +181,18 @@ ote_status_t ote_segment_info(ote_segment_t *seg, ote_segment_info_t *info_out);
  * publish its registrations), OTE_ERR_PROTOCOL (a malformed answer), OTE_ERR_AGAIN or
  * OTE_ERR_REMOTE (the peer could not list them). */
 #define OTE_BUFFERS_MAX 2048
+/* Memory kinds (ote_buffer_info_t.kind, ote_memory_query): host memory, pinned host
+ * memory (page-locked by the CUDA driver), or memory of CUDA device N, as the value
+ * OTE_MEM_CUDA + N (N < OTE_MEM_CUDA_MAX_DEVICES). */
 typedef enum {
-    OTE_MEM_HOST = 0, /* host (CPU) memory: the only kind today */
+    OTE_MEM_HOST = 0,        /* pageable host (CPU) memory */
+    OTE_MEM_HOST_PINNED = 1, /* host memory pinned by the CUDA driver (host-addressable) */
+    OTE_MEM_CUDA = 16,       /* device memory of CUDA device 0; OTE_MEM_CUDA + N: device N */
 } ote_mem_kind_t;
+#define OTE_MEM_CUDA_MAX_DEVICES 240
+#define OTE_MEM_IS_CUDA(kind) \
+    ((kind) >= OTE_MEM_CUDA && (kind) < OTE_MEM_CUDA + OTE_MEM_CUDA_MAX_DEVICES)
+#define OTE_MEM_CUDA_DEVICE(kind) ((int)(kind) - (int)OTE_MEM_CUDA)
 typedef struct {
     char name[OTE_NAME_MAX + 1]; /* NUL-terminated; "" when registered without a name */
     uint64_t addr;               /* the peer's address: ote_request_t.remote_addr */
@@ -179,6 +202,10 @@ typedef struct {
 } ote_buffer_info_t;
 ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, size_t cap,
                                  size_t *count_out);
+/* This engine's own registration that contains addr, as a peer would list it (its name,
+ * start, length, permissions and memory kind). OTE_ERR_NOT_FOUND when no registration
+ * contains addr. */
+ote_status_t ote_memory_query(ote_engine_t *engine, const void *addr, ote_buffer_info_t *info_out);
 
 /* ---- transfers --------------------------------------------------------------------- */
 typedef enum {

@@ -331,7 +331,7 @@ static uint64_t fk_submit(struct CUstream_st *s, fk_op_t *op) {
     }
     atomic_fetch_add(&fk_g.c_pending_ops, 1);
     pthread_mutex_lock(&s->mu);
-    op->seq = ++s->enq_seq;
+    uint64_t seq = op->seq = ++s->enq_seq;
     op->next = NULL;
     if (s->tail != NULL) s->tail->next = op;
     else s->head = op;
@@ -339,7 +339,7 @@ static uint64_t fk_submit(struct CUstream_st *s, fk_op_t *op) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_unlock(&fk_g.st_mu);
-    return op->seq;
+    return seq; /* op may be run and freed by the worker from here on */
 }
 
 /* Queues op and, when wait is set, waits until it has run. Consumes op. */

@@ -1,0 +1,117 @@
+/*
+ * engine/gpu/gpu.h - GPU memory in the engine: memory kinds and the staging paths.
+ *
+ * One ote__gpu_t per engine. It never loads the CUDA driver on its own account: device
+ * memory can only exist in a process that has loaded the driver, so as long as the
+ * driver library ($OTE_CUDA_LIBRARY, else libcuda.so.1) is not loaded in the process
+ * every range is host memory and no driver call is made (a host-only user neither pays
+ * nor fails). A registration whose range is not host-readable while no driver is loaded
+ * makes it try to load the driver (OTE_ERR_NO_DEVICE with an ERROR naming the library
+ * when that fails). Once loaded, ranges are classified by the driver
+ * (cuPointerGetAttributes): pageable host, pinned host, or device memory of device N,
+ * which must lie within one allocation (OTE_ERR_INVALID otherwise). Per request, the
+ * last GPU_CACHE device allocations seen are remembered: a request inside one of them is
+ * classified by a single cuPointerGetAttribute(BUFFER_ID) that must return the
+ * remembered id (ids are never reused, so memory freed and allocated again misses and is
+ * asked in full).
+ *
+ * Staging (gpu_paths contains "staging"): device memory moves through pinned chunks of
+ * gpu_staging_chunk bytes from one pool per device (4 x gpu_staging_depth chunks), copied
+ * on copy streams (cuda/stream).
+ *  - Requester side: a request whose local buffer is device memory is handed, as its
+ *    slices (each at most one chunk), to the staging worker thread, which keeps up to
+ *    gpu_staging_depth of them in flight: WRITE copies a slice's bytes device-to-host
+ *    into a chunk and then submits the slice with the chunk as its local buffer (so the
+ *    copy of slice k+1 overlaps the transfer of slice k); READ submits the slice into a
+ *    chunk and copies it host-to-device when it arrived.
+ *  - Source side: the transports ask for a host bounce buffer (a pinned chunk when the
+ *    slice fits one) and a synchronous copy between it and the registered device range.
+ * A copy whose outcome is unknown (a failed event query or drain) retains its stream
+ * and the chunk it touched (they are retried by the worker and reclaimed when the
+ * driver proves the work complete); the request fails with the driver's status, and
+ * the next request gets a fresh stream.
+ */
+#ifndef OTE_ENGINE_GPU_GPU_H
+#define OTE_ENGINE_GPU_GPU_H
+
+#ifndef OTE__INSIDE_ENGINE
+#error "engine/gpu/gpu.h is internal to OrbitTE's engine; include <ote/ote.h> instead"
+#endif
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "base/time.h"
+#include "engine/engine_internal.h"
+#include "engine/transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ote__gpu ote__gpu_t;
+
+/* Never loads the driver. */
+ote_status_t ote__gpu_create(const ote__cfg_t *cfg, ote__gpu_t **gpu_out);
+/* Ends the worker, reclaims what was retained where the driver allows it and closes
+ * the devices. Every staged request must have ended. */
+void ote__gpu_destroy(ote__gpu_t *g);
+
+/* The kind (ote_mem_kind_t) of [addr, addr + len). for_register: a range that is not
+ * host-readable while the driver is not loaded loads it (OTE_ERR_NO_DEVICE, logged,
+ * when it cannot be loaded). OTE_ERR_INVALID for device memory crossing the end of its
+ * allocation, OTE_ERR_UNSUPPORTED for managed memory or a device ordinal past
+ * OTE_MEM_CUDA_MAX_DEVICES. */
+ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int for_register,
+                               uint32_t *kind_out);
+
+/* Whether the CUDA driver is loaded in this process (it is then loaded for the engine
+ * too): when not, no device memory exists and every unregistered range is host memory.
+ * One dl_iterate_phdr step while nothing new was loaded. */
+int ote__gpu_driver_present(ote__gpu_t *g);
+
+/* Whether device memory of `kind` may be moved by this engine (gpu_paths allows a path
+ * that exists): OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing;
+ * `what` names the side ("local buffer", "registered range") for the log. */
+ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, const char *what);
+/* Largest slice a staged request may have (the chunk size). */
+uint64_t ote__gpu_max_slice(const ote__gpu_t *g);
+
+/* Requester side: stage the ns slices (contiguous array, one request, its local buffer
+ * device memory of `kind`, each slice at most ote__gpu_max_slice bytes). The slices'
+ * done/owner/local are taken over and restored before each slice's own done() is called
+ * (exactly once per slice, from the staging worker). submit(arg, s) hands one slice to
+ * the transport. Never fails: a slice that cannot be staged ends through its done(). */
+typedef void (*ote__gpu_submit_fn)(void *arg, ote__slice_t *s);
+void ote__gpu_stage(ote__gpu_t *g, uint32_t kind, ote__slice_t *slices, uint32_t ns,
+                    ote__gpu_submit_fn submit, void *arg);
+
+/* Source side: a host bounce buffer of len bytes for device memory of `kind`: a pinned
+ * chunk when len fits one and one is free now, else heap memory (the driver stages
+ * pageable memory itself). Never waits for a chunk: a source's chunks are held by
+ * answers that the same thread sends (dl is kept for the interface). *tok_out is handed
+ * to the calls below and released with ote__gpu_src_put. */
+typedef struct ote__gpu_bounce ote__gpu_bounce_t;
+ote_status_t ote__gpu_src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, ote_deadline_t dl,
+                              uint8_t **buf_out, ote__gpu_bounce_t **tok_out);
+/* Copy between the bounce buffer and [dev_addr, dev_addr + len) of the device:
+ * to_device 1 = host-to-device. Synchronous (waits until dl). */
+ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *tok, int to_device,
+                               uint64_t dev_addr, uint32_t len, ote_deadline_t dl);
+void ote__gpu_src_put(ote__gpu_t *g, ote__gpu_bounce_t *tok);
+
+/* Counters for tests: staged requests running, and streams/chunks parked after an
+ * unknown outcome (retained until the driver proves the work complete). */
+typedef struct {
+    uint64_t jobs_active;
+    uint64_t parked;
+    uint64_t driver_loaded;
+    uint64_t chunks_out; /* staging chunks not in their pools (all devices) */
+} ote__gpu_stats_t;
+void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,178 @@
+/*
+ * tests/engine/ote_gpu_target.c - the target engine of the GPU staging tests, run as a
+ * child process (tests/engine/gpu_staging_test.cc). It loads the CUDA driver named by
+ * $OTE_CUDA_LIBRARY (the fake libcuda in tests), allocates two device buffers on device 0
+ * through cuda/memory and one host buffer, registers them (read and write) as "dev",
+ * "host" and "dev2", prints one READY line in the format of ote_target and then obeys one
+ * command per stdin line:
+ *
+ *   READY <address> <dev_addr> <dev_len> <host_addr> <host_len> <dev2_addr> <dev2_len>
+ *   fill <dev|host|dev2> <seed>       -> OK           fill with the seed pattern
+ *   sum <dev|host|dev2> <off> <len>   -> SUM <hex>    hash of a range (device memory is
+ *                                                     read with a device-to-host copy)
+ *   fail <entry> <nth> <count> <res>  -> OK | ERR     arm a fault of the fake driver
+ *   clear                             -> OK           disarm the fake's faults
+ *   live                              -> LIVE <streams> <events> <pending_ops> <host_allocs>
+ *                                        (the fake's live objects)
+ *   quit / end of input               -> exits 0 after destroying the engine and memory
+ *
+ * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables;
+ * OTE_GPU_TARGET_DEVICE=N puts the device buffers on device N (default 0).
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/driver.h"
+#include "cuda/memory/device.h"
+#include "cuda/memory/memory.h"
+#include "ote/ote.h"
+#include "tests/cuda/fake_cuda_control.h"
+#include "tests/engine/pattern.h"
+
+typedef struct {
+    const char *name;
+    uint64_t addr;
+    size_t len;
+    int device;
+    ote_cuda_alloc_t *alloc;
+    uint8_t *host;
+} gbuf_t;
+
+static const ote_cuda_driver_table_t *g_t;
+
+static ote_cuda_device_t *g_dev;
+
+/* The device's context current on this thread, and its legacy stream drained. */
+static int dev_sync(void) {
+    if (ote_cuda_device_make_current(g_dev) != OTE_OK) return -1;
+    return g_t->cuStreamSynchronize(NULL) == 0 ? 0 : -1;
+}
+
+static int fill(gbuf_t *b, uint64_t seed) {
+    if (!b->device) {
+        ote_pattern_fill(b->host, b->len, seed, 0);
+        return 0;
+    }
+    uint8_t *tmp = malloc(b->len);
+    if (tmp == NULL) return -1;
+    ote_pattern_fill(tmp, b->len, seed, 0);
+    int rc = dev_sync();
+    if (rc == 0) rc = g_t->cuMemcpyHtoD(b->addr, tmp, b->len) == 0 ? dev_sync() : -1;
+    free(tmp);
+    return rc;
+}
+
+static int sum(gbuf_t *b, uint64_t off, uint64_t len, uint64_t *out) {
+    if (!b->device) {
+        *out = ote_hash(b->host + off, len);
+        return 0;
+    }
+    uint8_t *tmp = malloc(len ? len : 1);
+    if (tmp == NULL) return -1;
+    int rc = dev_sync();
+    if (rc == 0 && len > 0 && g_t->cuMemcpyDtoH(tmp, b->addr + off, len) != 0) rc = -1;
+    if (rc == 0) *out = ote_hash(tmp, len);
+    free(tmp);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    size_t dev_len = argc > 1 ? strtoull(argv[1], NULL, 0) : (64u << 20);
+    ote_cuda_driver_t *drv = NULL;
+    ote_cuda_device_t *dev = NULL;
+    if (ote_cuda_driver_load(NULL, &drv) != OTE_OK) return 10;
+    g_t = ote_cuda_driver_table(drv);
+    const char *devenv = getenv("OTE_GPU_TARGET_DEVICE");
+    int ordinal = devenv != NULL ? atoi(devenv) : 0;
+    if (ote_cuda_device_open(drv, ordinal, &dev) != OTE_OK) return 11;
+    g_dev = dev;
+    void *dl = ote_cuda_driver_dl_handle(drv);
+    fake_cuda_fail_fn fail = dl ? (fake_cuda_fail_fn)dlsym(dl, "fake_cuda_fail") : NULL;
+    fake_cuda_clear_faults_fn clear =
+        dl ? (fake_cuda_clear_faults_fn)dlsym(dl, "fake_cuda_clear_faults") : NULL;
+    fake_cuda_counters_fn counters =
+        dl ? (fake_cuda_counters_fn)dlsym(dl, "fake_cuda_counters") : NULL;
+
+    ote_config_t *cfg = NULL;
+    if (ote_config_create(&cfg) != OTE_OK) return 2;
+    if (argc > 2 && ote_config_set(cfg, "listen_address", argv[2]) != OTE_OK) return 2;
+    ote_engine_t *e = NULL;
+    ote_status_t st = ote_engine_create(cfg, &e);
+    ote_config_destroy(cfg);
+    if (st != OTE_OK) {
+        printf("ST %d\n", st);
+        return 3;
+    }
+    gbuf_t bufs[3] = {{"dev", 0, dev_len, 1, NULL, NULL},
+                      {"host", 0, dev_len, 0, NULL, NULL},
+                      {"dev2", 0, 1u << 20, 1, NULL, NULL}};
+    for (int i = 0; i < 3; i++) {
+        gbuf_t *b = &bufs[i];
+        if (b->device) {
+            if (ote_cuda_alloc_create(dev, b->len, 0, &b->alloc) != OTE_OK) return 4;
+            b->addr = ote_cuda_alloc_ptr(b->alloc);
+        } else {
+            b->host = malloc(b->len);
+            if (b->host == NULL) return 4;
+            b->addr = (uintptr_t)b->host;
+        }
+        if (fill(b, (uint64_t)(i + 1)) != 0) return 4;
+        st = ote_memory_register_named(e, (void *)(uintptr_t)b->addr, b->len,
+                                       OTE_PERM_READ | OTE_PERM_WRITE, b->name);
+        if (st != OTE_OK) {
+            printf("ST %d\n", st);
+            return 5;
+        }
+    }
+    char addr[300];
+    if (ote_engine_address(e, addr, sizeof(addr)) != OTE_OK) return 6;
+    printf("READY %s %" PRIu64 " %zu %" PRIu64 " %zu %" PRIu64 " %zu\n", addr, bufs[0].addr,
+           bufs[0].len, bufs[1].addr, bufs[1].len, bufs[2].addr, bufs[2].len);
+    fflush(stdout);
+
+    char line[512];
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        char cmd[16] = "", which[64] = "";
+        unsigned long long a = 0, b = 0;
+        int c1 = 0, c2 = 0;
+        int n = sscanf(line, "%15s %63s %llu %llu", cmd, which, &a, &b);
+        if (n >= 1 && strcmp(cmd, "quit") == 0) break;
+        gbuf_t *bf = NULL;
+        for (int i = 0; n >= 2 && i < 3; i++)
+            if (strcmp(bufs[i].name, which) == 0) bf = &bufs[i];
+        if (strcmp(cmd, "fill") == 0 && bf && n >= 3) {
+            printf(fill(bf, a) == 0 ? "OK\n" : "ERR fill\n");
+        } else if (strcmp(cmd, "sum") == 0 && bf && n >= 4 && a <= bf->len && b <= bf->len - a) {
+            uint64_t h = 0;
+            if (sum(bf, a, b, &h) == 0) printf("SUM %016" PRIx64 "\n", h);
+            else printf("ERR sum\n");
+        } else if (strcmp(cmd, "fail") == 0 &&
+                   sscanf(line, "%15s %63s %d %d %llu", cmd, which, &c1, &c2, &a) == 5 && fail) {
+            fail(which, c1, c2, (int)a);
+            printf("OK\n");
+        } else if (strcmp(cmd, "clear") == 0 && clear) {
+            clear();
+            printf("OK\n");
+        } else if (strcmp(cmd, "live") == 0 && counters) {
+            fake_cuda_counters_t c;
+            counters(&c);
+            printf("LIVE %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", c.streams, c.events,
+                   c.pending_ops, c.host_allocs);
+        } else {
+            printf("ERR bad command\n");
+        }
+        fflush(stdout);
+    }
+    st = ote_engine_destroy(e);
+    for (int i = 0; i < 3; i++) {
+        if (bufs[i].alloc)
+            (void)ote_cuda_alloc_destroy(bufs[i].alloc, ote_deadline_after(OTE_NSEC_PER_SEC * 10));
+        free(bufs[i].host);
+    }
+    (void)ote_cuda_device_close(dev);
+    (void)ote_cuda_driver_unload(drv);
+    return st == OTE_OK ? 0 : 7;
+}

@@ -1,0 +1,154 @@
+/*
+ * tools/bench_mem.c - the buffers of ote_bench: host memory (an anonymous mapping), or
+ * device memory of CUDA device N (--local-mem / --remote-mem cuda:N) allocated through
+ * cuda/memory on the driver $OTE_CUDA_LIBRARY names (else libcuda.so.1). Device memory is
+ * not host-addressable: the --check pattern goes in and comes back through synchronous
+ * host-to-device / device-to-host copies, in pieces through one host buffer.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cuda/driver.h"
+#include "cuda/memory/device.h"
+#include "cuda/memory/memory.h"
+#include "tools/bench_internal.h"
+
+#define MEM_PIECE (16ull << 20) /* bytes per copy of fill and check */
+
+int bench__mem_create(unsigned kind, uint64_t len, bench_mem_t *m) {
+    memset(m, 0, sizeof(*m));
+    m->kind = kind;
+    m->len = len;
+    char name[16];
+    if (kind == BENCH_MEM_HOST) {
+        m->host = bench__map_buffer(len);
+        if (m->host == NULL) {
+            fprintf(stderr, "ote_bench: cannot map a %" PRIu64 "-byte buffer: %s\n", len,
+                    strerror(errno));
+            return -1;
+        }
+        m->addr = (uint64_t)(uintptr_t)m->host;
+        return 0;
+    }
+    ote_status_t st = ote_cuda_driver_load(NULL, &m->drv);
+    if (st == OTE_OK) st = ote_cuda_device_open(m->drv, (int)kind - 1, &m->dev);
+    if (st == OTE_OK) st = ote_cuda_alloc_create(m->dev, (size_t)len, 0, &m->alloc);
+    if (st != OTE_OK) {
+        char what[128];
+        snprintf(what, sizeof what,
+                 "a %s buffer of %" PRIu64 " bytes (CUDA driver $OTE_CUDA_LIBRARY or libcuda.so.1)",
+                 bench_mem_name(kind, name, sizeof name), len);
+        bench__print_status(what, st);
+        bench__mem_destroy(m);
+        return -1;
+    }
+    m->addr = ote_cuda_alloc_ptr(m->alloc);
+    return 0;
+}
+
+void bench__mem_destroy(bench_mem_t *m) {
+    if (m->host != NULL) munmap(m->host, (size_t)m->len);
+    if (m->alloc != NULL) {
+        ote_status_t st =
+            ote_cuda_alloc_destroy(m->alloc, ote_deadline_after(10 * OTE_NSEC_PER_SEC));
+        if (st != OTE_OK) bench__print_status("freeing the device buffer", st);
+    }
+    if (m->dev != NULL) (void)ote_cuda_device_close(m->dev);
+    if (m->drv != NULL) (void)ote_cuda_driver_unload(m->drv);
+    memset(m, 0, sizeof(*m));
+}
+
+/* Device: write or read [off, off+len) in pieces through one host buffer; fn fills the
+ * piece before a write (HtoD) or looks at it after a read (DtoH). */
+typedef bool (*piece_fn)(uint8_t *piece, uint64_t off, size_t n, void *arg);
+
+static int dev_pieces(bench_mem_t *m, uint64_t off, uint64_t len, int to_device, piece_fn fn,
+                      void *arg) {
+    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(m->drv);
+    if (ote_cuda_device_make_current(m->dev) != OTE_OK) return -1;
+    size_t cap = (size_t)(len < MEM_PIECE ? len : MEM_PIECE);
+    uint8_t *piece = malloc(cap ? cap : 1);
+    if (piece == NULL) return -1;
+    int rc = 0;
+    /* Copies issued before (the engine's, on its own streams) are complete: the engine
+     * waited for them. The legacy stream orders these after earlier ones of ours. */
+    if (t->cuStreamSynchronize(NULL) != 0) rc = -1;
+    for (uint64_t done = 0; rc == 0 && done < len;) {
+        size_t n = (size_t)(len - done < cap ? len - done : cap);
+        if (to_device) {
+            if (!fn(piece, off + done, n, arg) ||
+                t->cuMemcpyHtoD(m->addr + off + done, piece, n) != 0)
+                rc = -1;
+        } else {
+            if (t->cuMemcpyDtoH(piece, m->addr + off + done, n) != 0) rc = -1;
+            else if (!fn(piece, off + done, n, arg)) rc = 1;
+        }
+        done += n;
+    }
+    if (rc == 0 && t->cuStreamSynchronize(NULL) != 0) rc = -1;
+    free(piece);
+    return rc;
+}
+
+typedef struct {
+    uint64_t seed;
+    uint64_t bad;
+    int zero;
+} pat_arg_t;
+
+static bool fill_piece(uint8_t *piece, uint64_t off, size_t n, void *arg) {
+    pat_arg_t *a = arg;
+    if (a->zero) memset(piece, 0, n);
+    else bench_pattern_fill(piece, off, n, a->seed);
+    return true;
+}
+
+static bool check_piece(uint8_t *piece, uint64_t off, size_t n, void *arg) {
+    pat_arg_t *a = arg;
+    return bench_pattern_check(piece, off, n, a->seed, &a->bad);
+}
+
+int bench__mem_fill(bench_mem_t *m, uint64_t off, uint64_t len, uint64_t seed) {
+    if (m->host != NULL) {
+        bench_pattern_fill(m->host + off, off, (size_t)len, seed);
+        return 0;
+    }
+    pat_arg_t a = {seed, 0, 0};
+    return dev_pieces(m, off, len, 1, fill_piece, &a);
+}
+
+int bench__mem_zero(bench_mem_t *m, uint64_t off, uint64_t len) {
+    if (m->host != NULL) {
+        memset(m->host + off, 0, (size_t)len);
+        return 0;
+    }
+    pat_arg_t a = {0, 0, 1};
+    return dev_pieces(m, off, len, 1, fill_piece, &a);
+}
+
+int bench__mem_check(bench_mem_t *m, uint64_t off, uint64_t len, uint64_t seed, uint64_t *bad_out) {
+    if (m->host != NULL)
+        return bench_pattern_check(m->host + off, off, (size_t)len, seed, bad_out) ? 0 : 1;
+    pat_arg_t a = {seed, 0, 0};
+    int rc = dev_pieces(m, off, len, 0, check_piece, &a);
+    if (rc == 1) *bad_out = a.bad;
+    return rc;
+}
+
+int bench__mem_corrupt(bench_mem_t *m, uint64_t off) {
+    if (m->host != NULL) {
+        m->host[off] ^= 0x5a;
+        return 0;
+    }
+    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(m->drv);
+    uint8_t b = 0;
+    if (ote_cuda_device_make_current(m->dev) != OTE_OK || t->cuStreamSynchronize(NULL) != 0 ||
+        t->cuMemcpyDtoH(&b, m->addr + off, 1) != 0)
+        return -1;
+    b ^= 0x5a;
+    return t->cuMemcpyHtoD(m->addr + off, &b, 1) == 0 && t->cuStreamSynchronize(NULL) == 0 ? 0 : -1;
+}
