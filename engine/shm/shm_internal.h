@@ -94,16 +94,27 @@
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
 
-#define SHM_MAGIC 0x4d48534fu       /* "OSHM" */
-#define SHM_VERSION 2               /* 2: pieces name their request (req_uid); WRITE_OFF */
-#define SHM_BATCH_MAX 64            /* requests per REQS message */
-#define SHM_WINDOW 256              /* slices in flight per peer */
-#define SHM_WINDOW_BYTES (8u << 20) /* bytes in flight per peer (one slice always may go) */
+#define SHM_MAGIC 0x4d48534fu /* "OSHM" */
+#define SHM_VERSION 3         /* 2: pieces name their request (req_uid); WRITE_OFF; 3: CANCEL */
+#define SHM_BATCH_MAX 64      /* requests per REQS message */
+#define SHM_WINDOW 256        /* slices in flight per peer */
+#define SHM_WINDOW_BYTES (16u << 20) /* bytes in flight per peer (one slice always may go) */
 /* Payload bytes named by one REQS message (at least one request): the source answers per
  * message, so large slices travel one per message and the window refills while the
  * source copies the next. */
-#define SHM_MSG_BYTES (1u << 20)
-#define SHM_CHUNK (4u << 20)      /* bytes copied between liveness checks */
+#define SHM_MSG_BYTES (4u << 20)
+/* The source copies a message's large pieces in chunks of this size (larger when a
+ * message would need more than SHM_UNITS_MAX of them), shared between its connection
+ * thread and SHM_COPY_HELPERS helper threads when the message holds at least
+ * SHM_PAR_MIN bytes of them: several cross-memory-attach copies at once. Between two of
+ * its chunks the connection thread reads what the requester sent meanwhile (CANCEL
+ * entries, its death); every thread checks the piece's request for a cancel before each
+ * chunk. */
+#define SHM_PAR_CHUNK (512u << 10)
+#define SHM_PAR_MIN (1u << 20)
+#define SHM_COPY_HELPERS 1
+#define SHM_UNITS_MAX 256
+#define SHM_LOOKAHEAD 8           /* REQS messages read ahead of the one being copied */
 #define SHM_MAX_SLICE (64u << 20) /* largest slice a source accepts (as TCP's max_data) */
 #define SHM_SOCK_MAX 100          /* abstract socket name, without its leading NUL */
 #define SHM_TICK_MS 20            /* receive thread: deadline checks */
@@ -119,6 +130,11 @@ enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4, SHM_AUTH =
 /* A REQS entry that is no request: `local` bytes of request req_uid will never come
  * (dropped unsent by the requester). It gets no response. (OTE__SLICE_* are 3, 5, 7.) */
 #define SHM_OP_WRITE_OFF 9
+/* A REQS entry that is no request: request req_uid ([req_remote, +req_len), as its
+ * pieces named it) is canceled. The source serves none of its pieces' remaining chunks
+ * (those get OTE_ERR_CANCELED; a piece already copied keeps its OTE_OK); it gets no
+ * response and is ignored when no open request of the connection matches it. */
+#define SHM_OP_CANCEL 11
 #define SHM_SRC_MAX_REQS 65536u /* accounts per connection; pieces past it pin alone */
 enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
 #define SHM_RING_BYTES (16u << 20) /* the shared ring of one connection (ring mode) */
@@ -145,10 +161,13 @@ typedef struct {
     shm_hdr_t h;
     int32_t status; /* OTE_OK, or why the source refuses this requester */
     uint32_t max_slice;
-    uint32_t mode; /* SHM_MODE_CMA or SHM_MODE_RING */
-    uint32_t pad;
+    uint32_t mode;  /* SHM_MODE_CMA or SHM_MODE_RING */
+    uint32_t flags; /* SHM_ACK_* */
     char text[160];
 } shm_hello_ack_t;
+/* Cross-memory-attach mode: the source mapped the ring too, so small pieces may travel
+ * through it (SHM_REQ_RING). */
+#define SHM_ACK_RING 1u
 
 typedef struct {
     shm_hdr_t h;
@@ -163,14 +182,21 @@ typedef struct {
     uint64_t remote; /* the source's address */
     uint64_t local;  /* the requester's address (CMA) or the offset in the ring (ring) */
     uint32_t len;
-    uint16_t op; /* OTE__SLICE_* */
-    uint16_t pad;
+    uint16_t op;    /* OTE__SLICE_* */
+    uint16_t flags; /* SHM_REQ_*; other bits refused */
     /* The whole request this piece belongs to, at the source ([req_remote, +req_len);
      * 0, 0 for a notification): the source checks and pins that extent, never the piece
      * alone, so a request partly outside a registration moves no byte. */
     uint64_t req_remote, req_len;
     uint64_t req_uid; /* the request's id in the requester's engine (0: no account) */
 } shm_req_t;
+
+/* In cross-memory-attach mode, a piece whose `local` is an offset in the ring (staged
+ * there by the requester, copied with memcpy by the source), not a requester address:
+ * pieces of at most SHM_RING_SMALL bytes, for which one process_vm_* call per message
+ * costs far more than two user-space copies. (In ring mode every piece is in the ring.) */
+#define SHM_REQ_RING 1u
+#define SHM_RING_SMALL (64u << 10)
 
 typedef struct {
     uint64_t id;
@@ -181,10 +207,30 @@ typedef struct {
 typedef struct shm_src shm_src_t;
 typedef struct shm_acct shm_acct_t; /* shm_source.c: one request's account */
 
-/* Bytes of one request the requester dropped unsent, to write off at the source. */
+/* Bytes of one request the requester dropped unsent, to write off at the source
+ * (op SHM_OP_WRITE_OFF), or a request to cancel there (op SHM_OP_CANCEL, bytes 0). */
 typedef struct {
     uint64_t uid, req_remote, req_len, bytes;
+    uint16_t op;
 } shm_woff_t;
+
+/* One received REQS message (source side), checked and pinned when read, then copied. */
+typedef struct {
+    union {
+        shm_hdr_t h;
+        uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
+    } in;
+    void *pin[SHM_BATCH_MAX];
+    _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins */
+} shm_msg_t;
+
+/* A piece of copy work of one message: whole entries [i, j) with one system call, or
+ * (len > 0) bytes [off, off + len) of entry i. */
+typedef struct {
+    uint16_t i, j;
+    uint32_t len;
+    uint64_t off;
+} shm_unit_t;
 
 typedef struct shm_tp {
     ote__transport_t base;
@@ -214,6 +260,21 @@ struct shm_src {
     shm_acct_t *accts; /* open requests (uthash by uid); its thread's only */
     size_t naccts;
     char from[OTE__ADDR_MAX];
+    shm_msg_t *msgs; /* SHM_LOOKAHEAD received messages, a ring: [mhead, +mcount) */
+    uint32_t mhead, mcount;
+    _Atomic int abort; /* the requester is gone: copy nothing more */
+    /* Copy helpers (started on the first large message) and the job they share. */
+    pthread_t helper[SHM_COPY_HELPERS];
+    int nhelpers;
+    ote_mutex_t jmu; /* job fields below; helpers sleep on jcv, the thread on jdone_cv */
+    ote_cond_t jcv, jdone_cv;
+    int jstop;
+    uint64_t jgen;
+    shm_msg_t *jmsg;
+    shm_unit_t jun[SHM_UNITS_MAX];
+    uint32_t jn;
+    _Atomic uint64_t jnext; /* (generation << 32) | next unit */
+    _Atomic uint32_t jdone; /* units finished */
 };
 
 /* A peer (requester side). */
@@ -229,7 +290,8 @@ typedef struct shm_peer {
     pid_t src_pid;
     uint32_t max_slice;
     int mode;      /* SHM_MODE_* of the current connection */
-    uint8_t *ring; /* the shared ring (mapped while connected; unmapped in CMA mode) */
+    uint8_t *ring; /* the shared ring (mapped while connected; in CMA mode only when the
+                    * source mapped it too: small pieces then travel through it) */
     uint64_t ring_head, ring_tail; /* in-order allocation (virtual offsets) */
     pthread_t rx;
     int rx_started;
@@ -260,7 +322,11 @@ ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, 
                               unsigned perm, void **pin_out);
 void ote__shm_src_unpin(shm_src_t *s, void *pin, uint32_t len);
 void ote__shm_src_write_off(shm_src_t *s, const shm_req_t *q); /* a WRITE_OFF entry */
-void ote__shm_src_accts_end(shm_src_t *s);                     /* the connection closed */
+void ote__shm_src_cancel(shm_src_t *s, const shm_req_t *q);    /* a CANCEL entry */
+/* Nonzero when the request a pin of ote__shm_src_pin belongs to was canceled; any
+ * thread, while the piece is held. */
+int ote__shm_src_canceled(const void *pin);
+void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
 
 /* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
 void *ote__shm_src_main(void *arg);
