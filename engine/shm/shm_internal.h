@@ -29,7 +29,10 @@
  * local address); the source pins the remote range through host->pin (registrations and
  * permissions) and only then copies, itself, with process_vm_readv (WRITE: from the
  * requester's local buffer into its registered memory) or process_vm_writev (READ), one
- * copy, no staging. A refused request moves no byte and answers OTE_ERR_ACCESS.
+ * copy, no staging; pieces of at most SHM_RING_SMALL bytes go through the ring instead
+ * when the source could map it (SHM_ACK_RING, SHM_REQ_RING: a process_vm_* call costs
+ * about 0.7 us per 4 KiB page, two memcpy far less). A refused request moves no byte and
+ * answers OTE_ERR_ACCESS.
  *
  * One pin per request. Every piece names its request (an id unique in the requester's
  * engine, and the extent). The source keeps one account per request of the connection:
@@ -63,9 +66,19 @@
  * same order; at most SHM_WINDOW slices and SHM_WINDOW_BYTES bytes are in flight, the rest wait in the peer's queue,
  * where cancel drops them and their deadlines are watched. A large request is already cut
  * by the engine into slices (slice_size), so several requests of a batch proceed together.
- * The source copies a slice in SHM_CHUNK pieces and between pieces checks that its
- * requester is still connected, so a requester that gave up (deadline) is written at most
- * one piece later.
+ * The source reads messages ahead of the one it copies (up to SHM_LOOKAHEAD): each is
+ * checked and pinned when read, and its WRITE_OFF and CANCEL entries act at once. It
+ * copies large pieces in chunks (SHM_PAR_CHUNK) shared with its helper threads, and
+ * between two of its chunks reads what came meanwhile, so a requester that gave up
+ * (deadline, death) is written at most a chunk per copying thread later.
+ *
+ * Cancel. Queued slices of a canceled request are dropped (and written off); for those
+ * already sent the requester sends a CANCEL entry naming the request. The source marks
+ * the request's account: every copying thread checks the mark before each chunk, so the
+ * pieces not yet copied answer OTE_ERR_CANCELED having moved no further byte (a piece
+ * already copied keeps its OTE_OK). The requester completes each piece with its response,
+ * so a canceled request ends CANCELED only once no byte of it can move any more; the
+ * account (and the pin) ends with its last byte, served, canceled or written off.
  *
  * Reconnect. A lost peer is reconnected on the next submit (peer_ensure): the transport
  * asks the engine for the peer's advertisement again (host->query_info), since a
@@ -75,8 +88,11 @@
  * the peer's mu (queue, window, fd state); done() runs with no lock held. Source: the
  * accept thread creates one thread per connection, for at most tcp_max_accepted
  * connections at once (the engine's accept limit, as on TCP: any local process may
- * connect, so more are closed at once); tp->mu guards the list of connections.
- * Lock order: peer->ensure_mu before peer->mu; tp->mu is a leaf.
+ * connect, so more are closed at once); tp->mu guards the list of connections. A
+ * connection's copy helpers take units of its current job (an atomic counter tagged with
+ * the job's generation) and touch nothing else but the job's statuses (atomic) and the
+ * accounts' cancel marks (atomic); its thread alone reads the socket, pins and unpins.
+ * Lock order: peer->ensure_mu before peer->mu; tp->mu and a connection's jmu are leaves.
  */
 #ifndef OTE_ENGINE_SHM_SHM_INTERNAL_H
 #define OTE_ENGINE_SHM_SHM_INTERNAL_H
@@ -105,24 +121,29 @@
 #define SHM_MSG_BYTES (4u << 20)
 /* The source copies a message's large pieces in chunks of this size (larger when a
  * message would need more than SHM_UNITS_MAX of them), shared between its connection
- * thread and SHM_COPY_HELPERS helper threads when the message holds at least
+ * thread and up to SHM_COPY_HELPERS helper threads (one fewer than the online CPUs,
+ * started on the first such message) when the message holds at least
  * SHM_PAR_MIN bytes of them: several cross-memory-attach copies at once. Between two of
  * its chunks the connection thread reads what the requester sent meanwhile (CANCEL
  * entries, its death); every thread checks the piece's request for a cancel before each
  * chunk. */
 #define SHM_PAR_CHUNK (512u << 10)
 #define SHM_PAR_MIN (1u << 20)
-#define SHM_COPY_HELPERS 1
+#define SHM_COPY_HELPERS 3 /* at most; one fewer than the online CPUs */
 #define SHM_UNITS_MAX 256
 #define SHM_LOOKAHEAD 8           /* REQS messages read ahead of the one being copied */
 #define SHM_MAX_SLICE (64u << 20) /* largest slice a source accepts (as TCP's max_data) */
 #define SHM_SOCK_MAX 100          /* abstract socket name, without its leading NUL */
 #define SHM_TICK_MS 20            /* receive thread: deadline checks */
-/* A thread that expects a message soon (requests in flight; a source that just answered)
- * polls without sleeping for at most this long before it sleeps in poll(2): no busy core
- * when idle, no wakeup on a busy connection. (On the shared 2-core test machine an A/B
- * of 30 us against none showed no difference in the 4 KiB x64 rate.) */
+/* A thread that expects a message soon polls without sleeping for at most this long
+ * before it sleeps in poll(2): no busy core when idle, no wakeup on a busy connection.
+ * SHM_SPIN_NS: the requester's receive thread while requests are in flight;
+ * SHM_SRC_SPIN_NS: a source that just answered. On the shared 2-core machine (A/B of the
+ * 4 KiB x64 batch latency, p50) a source spinning 5 us beat 20 us (46 against 61 us) and
+ * 100 us was far worse (141 us: the spin takes the core the requester needs); the
+ * receive thread's 20 us beat 5 us. */
 #define SHM_SPIN_NS (20u * 1000u)
+#define SHM_SRC_SPIN_NS (5u * 1000u)
 
 /* SHM_AUTH: the key's challenge-response (engine/control/auth.h) between HELLO and
  * HELLO_ACK when the source has a key; steps as the control frame's (OTE_CTL_AUTH_*). */

@@ -27,7 +27,7 @@
 /* Wait until fd is readable; 1 ready, 0 stop requested, -1 deadline passed. */
 static int wait_in(shm_src_t *s, ote_deadline_t dl) {
     /* The requester often sends its next message right after our answer. */
-    ote_deadline_t spin = ote_deadline_after(SHM_SPIN_NS);
+    ote_deadline_t spin = ote_deadline_after(SHM_SRC_SPIN_NS);
     for (;;) {
         struct pollfd p = {.fd = s->fd, .events = POLLIN};
         if (poll(&p, 1, 0) > 0) return 1;
@@ -441,7 +441,11 @@ static void *helper_main(void *arg) {
 
 /* The copy helpers run: 1, or 0 when none could be started (the thread copies alone). */
 static int helpers_start(shm_src_t *s) {
-    while (s->nhelpers < SHM_COPY_HELPERS) {
+    if (s->nhelpers > 0) return 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cpus > 1 ? (int)(cpus - 1) : 0;
+    if (want > SHM_COPY_HELPERS) want = SHM_COPY_HELPERS;
+    while (s->nhelpers < want) {
         if (pthread_create(&s->helper[s->nhelpers], NULL, helper_main, s) != 0) {
             OTE_WARN_LIMITED("shm", "cannot start a copy helper for %s: copying alone", s->from);
             break;

@@ -2,9 +2,10 @@
  * tests/engine/shm_req_cost.c - a fixed same-host workload for CPU-cost measurement
  * (tools/shm_req_cost.sh runs it under valgrind --tool=callgrind).
  *
- * Two engines in this process, both transports=shm (cross-memory attach: the source
- * copies with process_vm_readv from its own process, so the kernel moves the bytes and
- * no user-space copy is counted): a source with a registered 64 MiB buffer and a
+ * Two engines in this process, both transports=shm (cross-memory attach to its own
+ * process, granted; 4 KiB pieces travel through the ring: the requester stages them with
+ * memcpy, the source copies them out with memcpy): a source with a registered 64 MiB
+ * buffer and a
  * requester with a registered 64 MiB buffer. After one warm-up batch (the connection
  * made), it WRITEs NREQ 4 KiB requests in batches of 64 and checks the last batch's
  * bytes. Usage: shm_req_cost NREQ (a multiple of 64). Prints "requests N" and exits 0
