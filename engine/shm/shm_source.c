@@ -361,7 +361,9 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
     const shm_req_t *q = msg_reqs(m);
     uint64_t large = 0;
     for (uint32_t i = a; i < b; i++)
-        if (atomic_load(&m->st[i]) == OTE_OK && q[i].len > SHM_RUN_MAX_LEN) large += q[i].len;
+        if (atomic_load(&m->st[i]) == OTE_OK && q[i].len > SHM_RUN_MAX_LEN &&
+            (q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ))
+            large += q[i].len;
     /* Each entry adds at most one unit beyond large / chunk (b - a <= SHM_BATCH_MAX). */
     uint64_t room = SHM_UNITS_MAX - SHM_BATCH_MAX, chunk = SHM_PAR_CHUNK;
     if (large / chunk > room) chunk = (large + room - 1) / room;
