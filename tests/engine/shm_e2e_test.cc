@@ -257,10 +257,10 @@ TEST_P(ShmCancelTest, CanceledBeforeTheSourceCopiedMovesNoByte) {
 }
 
 // Canceled while the source copies: CANCELED, and what changed is bounded by what the
-// request reports done plus the pieces that were at the source (at most one slice plus
-// the 16 MiB window); after CANCELED nothing changes any more.
+// request reports done plus the pieces that were at the source (at most the 64 MiB
+// window plus one slice); after CANCELED nothing changes any more.
 TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
-    const size_t bound = (32u << 20) + (16u << 20) + kMiB;
+    const size_t bound = (64u << 20) + (32u << 20) + kMiB;
     for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
         const char *name = op == OTE_READ ? "READ" : "WRITE";
         std::vector<uint8_t> local(kLen + kMiB, 0xEE);
