@@ -135,7 +135,9 @@
 #define SHM_PAR_MIN (1u << 20)
 #define SHM_COPY_HELPERS 3 /* at most; one fewer than the online CPUs */
 #define SHM_UNITS_MAX 256
-#define SHM_LOOKAHEAD 8           /* REQS messages read ahead of the one being copied */
+#define SHM_LOOKAHEAD \
+    20                            /* REQS messages read ahead of the one being copied (a window
+                          * of 64 MiB is 16 messages of 4 MiB: a CANCEL after them is read) */
 #define SHM_MAX_SLICE (64u << 20) /* largest slice a source accepts (as TCP's max_data) */
 #define SHM_SOCK_MAX 100          /* abstract socket name, without its leading NUL */
 #define SHM_TICK_MS 20            /* receive thread: deadline checks */

@@ -328,9 +328,12 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         return;
     }
     uint32_t n = u->j - u->i;
-    int canceled = 0;
-    for (uint32_t k = u->i; k < u->j; k++) canceled |= ote__shm_src_canceled(m->pin[k]);
-    if (n > 1 && !canceled && !in_ring(s, &q[u->i])) {
+    int plain = 1; /* nothing of the run canceled or failed */
+    for (uint32_t k = u->i; k < u->j; k++) {
+        if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
+        if (atomic_load(&m->st[k]) != OTE_OK) plain = 0;
+    }
+    if (n > 1 && plain && !in_ring(s, &q[u->i])) {
         /* One system call for the whole run; when the kernel copies less, each is copied
          * alone below so that each gets its own status. */
         struct iovec l[SHM_BATCH_MAX], r[SHM_BATCH_MAX];
@@ -346,7 +349,7 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
     }
     for (uint32_t k = u->i; k < u->j; k++) {
         if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
-        else
+        if (atomic_load(&m->st[k]) == OTE_OK)
             set_st(m, k,
                    copy_bytes(s, in_ring(s, &q[k]), q[k].op, (uint8_t *)(uintptr_t)q[k].remote,
                               q[k].local, q[k].len));
@@ -533,6 +536,24 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
         }
 }
 
+/* CANCEL entry c: its request's account is marked (pieces to come, and those of it being
+ * copied, stop before their next chunk), and the pieces of it that were read but not
+ * copied yet (pinned alone: a request of one piece has no account) are answered
+ * OTE_ERR_CANCELED without being copied. */
+static void src_cancel(shm_src_t *s, const shm_req_t *c) {
+    if (c->req_uid == 0 || c->req_len == 0) return;
+    ote__shm_src_cancel(s, c);
+    for (uint32_t k = 0; k <= s->mcount && k < SHM_LOOKAHEAD; k++) {
+        shm_msg_t *m = &s->msgs[(s->mhead + k) % SHM_LOOKAHEAD]; /* k == mcount: being read */
+        const shm_req_t *q = msg_reqs(m);
+        for (uint32_t i = 0; i < m->in.h.n; i++)
+            if ((q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) &&
+                q[i].req_uid == c->req_uid && q[i].req_remote == c->req_remote &&
+                q[i].req_len == c->req_len)
+                set_st(m, i, OTE_ERR_CANCELED);
+    }
+}
+
 /* A message just read into m: validated, its write-offs and cancels applied, every data
  * request checked and pinned. The number of its entries that get a response, or -1
  * when it is malformed (the connection closes). */
@@ -553,10 +574,7 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
             ote__shm_src_write_off(s, &q[i]);
             continue;
         }
-        if (q[i].op == SHM_OP_CANCEL) {
-            ote__shm_src_cancel(s, &q[i]);
-            continue;
-        }
+        if (q[i].op == SHM_OP_CANCEL) continue; /* below, once every entry is checked */
         resp++;
         if (q[i].op == OTE__SLICE_NOTIFY) continue; /* delivered in its place */
         ote_status_t st = src_check(s, &q[i], &m->pin[i]);
@@ -567,6 +585,8 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
             st = OTE_ERR_INVALID;
         atomic_store(&m->st[i], (int32_t)st);
     }
+    for (uint32_t i = 0; i < m->in.h.n; i++)
+        if (q[i].op == SHM_OP_CANCEL) src_cancel(s, &q[i]);
     return resp;
 }
 

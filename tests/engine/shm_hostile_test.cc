@@ -669,6 +669,19 @@ TEST_F(ShmHostileTest, CancelStopsOnlyTheOpenRequestItNames) {
     // Its uid is free again: a new request of it is served.
     EXPECT_EQ(One(fd, Req(TW_OP_READ, ext, 0, 100, 10, ext, 100)), OTE_OK);
     EXPECT_FALSE(Pinned());
+    // A request of one piece (pinned without an account), read but not yet copied when
+    // its CANCEL comes: not copied; a cancel naming another extent leaves its neighbour.
+    memset(ring_, 0x44, 200);
+    st = Exchange(
+        fd, {Req(TW_OP_WRITE, ext, 0, 100, 20, ext, 100),
+             Req(TW_OP_WRITE, ext + 100, 100, 100, 21, ext + 100, 100),
+             Req(TW_OP_CANCEL, 0, 0, 0, 20, ext, 100), Req(TW_OP_CANCEL, 0, 0, 0, 21, ext, 100)});
+    ASSERT_EQ(st.size(), 2u);
+    EXPECT_EQ(st[0], OTE_ERR_CANCELED);
+    EXPECT_EQ(st[1], OTE_OK);
+    for (size_t i = 0; i < 100; i++) ASSERT_EQ(buf_[4096 + i], 0x33) << i;
+    for (size_t i = 100; i < 200; i++) ASSERT_EQ(buf_[4096 + i], 0x44) << i;
+    EXPECT_FALSE(Pinned());
 }
 
 // Cross-memory-attach mode with the ring mapped (small pieces): ring pieces are bounded
