@@ -1,14 +1,18 @@
 /*
  * engine/shm/shm_pins.c - one pin per request at the source of the same-host transport.
  *
- * Each accepted connection keeps one account per open request (keyed by the request id
- * its pieces carry): the first piece checks the request's whole extent against the
- * engine's registrations and pins it once, or records the refusal that every later piece
- * gets; each piece takes its bytes from the account while it is copied; the account ends,
+ * Each accepted connection keeps one account per open request of several pieces (keyed
+ * by the request id its pieces carry; a request of one piece is checked and pinned alone,
+ * for as long as it is copied): the first piece checks the request's whole extent against
+ * the engine's registrations and pins it once, or records the refusal that every later
+ * piece gets; each piece takes its bytes from the account while it is copied; the account ends,
  * and its pin is released, when every byte of the request has been served, refused or
  * written off (WRITE_OFF entries: pieces the requester dropped unsent). What a connection
  * leaves open ends when it closes. The connection's thread alone touches its accounts, so
- * there is no lock. Design: shm_internal.h.
+ * there is no lock (the copy helpers only read an account's cancel mark, atomic, while a
+ * piece of it is held). A CANCEL entry marks the account: pieces still to come are
+ * refused OTE_ERR_CANCELED, pieces being copied stop at their next chunk. Design:
+ * shm_internal.h.
  */
 #include <stdint.h>
 

@@ -54,7 +54,6 @@ static void peer_entry(shm_peer_t *p, const ote__slice_t *s, uint16_t op);
 /* Slice s of a request was dropped unsent: its bytes will never reach the source, which
  * is told (a WRITE_OFF entry in the next REQS message) so that the request's pin there
  * ends. Consecutive pieces of one request share an entry. p->mu held. */
-
 static void peer_write_off(shm_peer_t *p, const ote__slice_t *s) {
     if (s->req_uid == 0 || s->op == OTE__SLICE_NOTIFY || p->broken) return;
     if (p->nwoff > 0 && p->woff[p->nwoff - 1].uid == s->req_uid &&
