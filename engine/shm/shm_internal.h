@@ -29,7 +29,10 @@
  * local address); the source pins the remote range through host->pin (registrations and
  * permissions) and only then copies, itself, with process_vm_readv (WRITE: from the
  * requester's local buffer into its registered memory) or process_vm_writev (READ), one
- * copy, no staging. A refused request moves no byte and answers OTE_ERR_ACCESS.
+ * copy, no staging; pieces of at most SHM_RING_SMALL bytes go through the ring instead
+ * when the source could map it (SHM_ACK_RING, SHM_REQ_RING: a process_vm_* call costs
+ * about 0.7 us per 4 KiB page, two memcpy far less). A refused request moves no byte and
+ * answers OTE_ERR_ACCESS.
  *
  * One pin per request. Every piece names its request (an id unique in the requester's
  * engine, and the extent). The source keeps one account per request of the connection:
@@ -63,9 +66,19 @@
  * same order; at most SHM_WINDOW slices and SHM_WINDOW_BYTES bytes are in flight, the rest wait in the peer's queue,
  * where cancel drops them and their deadlines are watched. A large request is already cut
  * by the engine into slices (slice_size), so several requests of a batch proceed together.
- * The source copies a slice in SHM_CHUNK pieces and between pieces checks that its
- * requester is still connected, so a requester that gave up (deadline) is written at most
- * one piece later.
+ * The source reads messages ahead of the one it copies (up to SHM_LOOKAHEAD): each is
+ * checked and pinned when read, and its WRITE_OFF and CANCEL entries act at once. It
+ * copies large pieces in chunks (SHM_PAR_CHUNK) shared with its helper threads, and
+ * between two of its chunks reads what came meanwhile, so a requester that gave up
+ * (deadline, death) is written at most a chunk per copying thread later.
+ *
+ * Cancel. Queued slices of a canceled request are dropped (and written off); for those
+ * already sent the requester sends a CANCEL entry naming the request. The source marks
+ * the request's account: every copying thread checks the mark before each chunk, so the
+ * pieces not yet copied answer OTE_ERR_CANCELED having moved no further byte (a piece
+ * already copied keeps its OTE_OK). The requester completes each piece with its response,
+ * so a canceled request ends CANCELED only once no byte of it can move any more; the
+ * account (and the pin) ends with its last byte, served, canceled or written off.
  *
  * Reconnect. A lost peer is reconnected on the next submit (peer_ensure): the transport
  * asks the engine for the peer's advertisement again (host->query_info), since a
@@ -75,8 +88,11 @@
  * the peer's mu (queue, window, fd state); done() runs with no lock held. Source: the
  * accept thread creates one thread per connection, for at most tcp_max_accepted
  * connections at once (the engine's accept limit, as on TCP: any local process may
- * connect, so more are closed at once); tp->mu guards the list of connections.
- * Lock order: peer->ensure_mu before peer->mu; tp->mu is a leaf.
+ * connect, so more are closed at once); tp->mu guards the list of connections. A
+ * connection's copy helpers take units of its current job (an atomic counter tagged with
+ * the job's generation) and touch nothing else but the job's statuses (atomic) and the
+ * accounts' cancel marks (atomic); its thread alone reads the socket, pins and unpins.
+ * Lock order: peer->ensure_mu before peer->mu; tp->mu and a connection's jmu are leaves.
  */
 #ifndef OTE_ENGINE_SHM_SHM_INTERNAL_H
 #define OTE_ENGINE_SHM_SHM_INTERNAL_H
@@ -94,24 +110,46 @@
 #include "engine/engine_internal.h"
 #include "engine/transport.h"
 
-#define SHM_MAGIC 0x4d48534fu       /* "OSHM" */
-#define SHM_VERSION 2               /* 2: pieces name their request (req_uid); WRITE_OFF */
-#define SHM_BATCH_MAX 64            /* requests per REQS message */
-#define SHM_WINDOW 256              /* slices in flight per peer */
-#define SHM_WINDOW_BYTES (8u << 20) /* bytes in flight per peer (one slice always may go) */
+#define SHM_MAGIC 0x4d48534fu /* "OSHM" */
+#define SHM_VERSION 3         /* 2: pieces name their request (req_uid); WRITE_OFF; 3: CANCEL */
+#define SHM_BATCH_MAX 64      /* requests per REQS message */
+#define SHM_WINDOW 256        /* slices in flight per peer */
+/* Bytes in flight per peer (one slice always may go). 64 MiB rather than 16: the source
+ * reads ahead and keeps copying while the requester's receive thread waits for a core
+ * (A/B on the loaded 2-core machine, 64 MiB batch-1 transfers: 2.8-6.6 GB/s against
+ * 2.1-4.4 GB/s); cancel does not wait for the window (CANCEL entries). */
+#define SHM_WINDOW_BYTES (64u << 20)
 /* Payload bytes named by one REQS message (at least one request): the source answers per
  * message, so large slices travel one per message and the window refills while the
  * source copies the next. */
-#define SHM_MSG_BYTES (1u << 20)
-#define SHM_CHUNK (4u << 20)      /* bytes copied between liveness checks */
+#define SHM_MSG_BYTES (4u << 20)
+/* The source copies a message's large pieces in chunks of this size (larger when a
+ * message would need more than SHM_UNITS_MAX of them), shared between its connection
+ * thread and up to SHM_COPY_HELPERS helper threads (one fewer than the online CPUs,
+ * started on the first such message) when the message holds at least
+ * SHM_PAR_MIN bytes of them: several cross-memory-attach copies at once. Between two of
+ * its chunks the connection thread reads what the requester sent meanwhile (CANCEL
+ * entries, its death); every thread checks the piece's request for a cancel before each
+ * chunk. */
+#define SHM_PAR_CHUNK (512u << 10)
+#define SHM_PAR_MIN (1u << 20)
+#define SHM_COPY_HELPERS 3 /* at most; one fewer than the online CPUs */
+#define SHM_UNITS_MAX 256
+#define SHM_LOOKAHEAD \
+    20                            /* REQS messages read ahead of the one being copied (a window
+                          * of 64 MiB is 16 messages of 4 MiB: a CANCEL after them is read) */
 #define SHM_MAX_SLICE (64u << 20) /* largest slice a source accepts (as TCP's max_data) */
 #define SHM_SOCK_MAX 100          /* abstract socket name, without its leading NUL */
 #define SHM_TICK_MS 20            /* receive thread: deadline checks */
-/* A thread that expects a message soon (requests in flight; a source that just answered)
- * polls without sleeping for at most this long before it sleeps in poll(2): no busy core
- * when idle, no wakeup on a busy connection. (On the shared 2-core test machine an A/B
- * of 30 us against none showed no difference in the 4 KiB x64 rate.) */
+/* A thread that expects a message soon polls without sleeping for at most this long
+ * before it sleeps in poll(2): no busy core when idle, no wakeup on a busy connection.
+ * SHM_SPIN_NS: the requester's receive thread while requests are in flight;
+ * SHM_SRC_SPIN_NS: a source that just answered. On the shared 2-core machine (A/B of the
+ * 4 KiB x64 batch latency, p50) a source spinning 5 us beat 20 us (46 against 61 us) and
+ * 100 us was far worse (141 us: the spin takes the core the requester needs); the
+ * receive thread's 20 us beat 5 us. */
 #define SHM_SPIN_NS (20u * 1000u)
+#define SHM_SRC_SPIN_NS (5u * 1000u)
 
 /* SHM_AUTH: the key's challenge-response (engine/control/auth.h) between HELLO and
  * HELLO_ACK when the source has a key; steps as the control frame's (OTE_CTL_AUTH_*). */
@@ -119,6 +157,11 @@ enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4, SHM_AUTH =
 /* A REQS entry that is no request: `local` bytes of request req_uid will never come
  * (dropped unsent by the requester). It gets no response. (OTE__SLICE_* are 3, 5, 7.) */
 #define SHM_OP_WRITE_OFF 9
+/* A REQS entry that is no request: request req_uid ([req_remote, +req_len), as its
+ * pieces named it) is canceled. The source serves none of its pieces' remaining chunks
+ * (those get OTE_ERR_CANCELED; a piece already copied keeps its OTE_OK); it gets no
+ * response and is ignored when no open request of the connection matches it. */
+#define SHM_OP_CANCEL 11
 #define SHM_SRC_MAX_REQS 65536u /* accounts per connection; pieces past it pin alone */
 enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
 #define SHM_RING_BYTES (16u << 20) /* the shared ring of one connection (ring mode) */
@@ -145,10 +188,13 @@ typedef struct {
     shm_hdr_t h;
     int32_t status; /* OTE_OK, or why the source refuses this requester */
     uint32_t max_slice;
-    uint32_t mode; /* SHM_MODE_CMA or SHM_MODE_RING */
-    uint32_t pad;
+    uint32_t mode;  /* SHM_MODE_CMA or SHM_MODE_RING */
+    uint32_t flags; /* SHM_ACK_* */
     char text[160];
 } shm_hello_ack_t;
+/* Cross-memory-attach mode: the source mapped the ring too, so small pieces may travel
+ * through it (SHM_REQ_RING). */
+#define SHM_ACK_RING 1u
 
 typedef struct {
     shm_hdr_t h;
@@ -163,14 +209,21 @@ typedef struct {
     uint64_t remote; /* the source's address */
     uint64_t local;  /* the requester's address (CMA) or the offset in the ring (ring) */
     uint32_t len;
-    uint16_t op; /* OTE__SLICE_* */
-    uint16_t pad;
+    uint16_t op;    /* OTE__SLICE_* */
+    uint16_t flags; /* SHM_REQ_*; other bits refused */
     /* The whole request this piece belongs to, at the source ([req_remote, +req_len);
      * 0, 0 for a notification): the source checks and pins that extent, never the piece
      * alone, so a request partly outside a registration moves no byte. */
     uint64_t req_remote, req_len;
     uint64_t req_uid; /* the request's id in the requester's engine (0: no account) */
 } shm_req_t;
+
+/* In cross-memory-attach mode, a piece whose `local` is an offset in the ring (staged
+ * there by the requester, copied with memcpy by the source), not a requester address:
+ * pieces of at most SHM_RING_SMALL bytes, for which one process_vm_* call per message
+ * costs far more than two user-space copies. (In ring mode every piece is in the ring.) */
+#define SHM_REQ_RING 1u
+#define SHM_RING_SMALL (64u << 10)
 
 typedef struct {
     uint64_t id;
@@ -181,10 +234,30 @@ typedef struct {
 typedef struct shm_src shm_src_t;
 typedef struct shm_acct shm_acct_t; /* shm_source.c: one request's account */
 
-/* Bytes of one request the requester dropped unsent, to write off at the source. */
+/* Bytes of one request the requester dropped unsent, to write off at the source
+ * (op SHM_OP_WRITE_OFF), or a request to cancel there (op SHM_OP_CANCEL, bytes 0). */
 typedef struct {
     uint64_t uid, req_remote, req_len, bytes;
+    uint16_t op;
 } shm_woff_t;
+
+/* One received REQS message (source side), checked and pinned when read, then copied. */
+typedef struct {
+    union {
+        shm_hdr_t h;
+        uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
+    } in;
+    void *pin[SHM_BATCH_MAX];
+    _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins */
+} shm_msg_t;
+
+/* A piece of copy work of one message: whole entries [i, j) with one system call, or
+ * (len > 0) bytes [off, off + len) of entry i. */
+typedef struct {
+    uint16_t i, j;
+    uint32_t len;
+    uint64_t off;
+} shm_unit_t;
 
 typedef struct shm_tp {
     ote__transport_t base;
@@ -214,6 +287,21 @@ struct shm_src {
     shm_acct_t *accts; /* open requests (uthash by uid); its thread's only */
     size_t naccts;
     char from[OTE__ADDR_MAX];
+    shm_msg_t *msgs; /* SHM_LOOKAHEAD received messages, a ring: [mhead, +mcount) */
+    uint32_t mhead, mcount;
+    _Atomic int abort; /* the requester is gone: copy nothing more */
+    /* Copy helpers (started on the first large message) and the job they share. */
+    pthread_t helper[SHM_COPY_HELPERS];
+    int nhelpers;
+    ote_mutex_t jmu; /* job fields below; helpers sleep on jcv, the thread on jdone_cv */
+    ote_cond_t jcv, jdone_cv;
+    int jstop;
+    uint64_t jgen;
+    shm_msg_t *jmsg;
+    shm_unit_t jun[SHM_UNITS_MAX];
+    uint32_t jn;
+    _Atomic uint64_t jnext; /* (generation << 32) | next unit */
+    _Atomic uint32_t jdone; /* units finished */
 };
 
 /* A peer (requester side). */
@@ -229,7 +317,8 @@ typedef struct shm_peer {
     pid_t src_pid;
     uint32_t max_slice;
     int mode;      /* SHM_MODE_* of the current connection */
-    uint8_t *ring; /* the shared ring (mapped while connected; unmapped in CMA mode) */
+    uint8_t *ring; /* the shared ring (mapped while connected; in CMA mode only when the
+                    * source mapped it too: small pieces then travel through it) */
     uint64_t ring_head, ring_tail; /* in-order allocation (virtual offsets) */
     pthread_t rx;
     int rx_started;
@@ -262,7 +351,11 @@ void ote__shm_src_unpin(shm_src_t *s, void *pin, uint32_t len);
 /* The engine's pin (host->pin's) behind a pin of ote__shm_src_pin, for host->pin_kind. */
 void *ote__shm_src_engine_pin(shm_src_t *s, void *pin);
 void ote__shm_src_write_off(shm_src_t *s, const shm_req_t *q); /* a WRITE_OFF entry */
-void ote__shm_src_accts_end(shm_src_t *s);                     /* the connection closed */
+void ote__shm_src_cancel(shm_src_t *s, const shm_req_t *q);    /* a CANCEL entry */
+/* Nonzero when the request a pin of ote__shm_src_pin belongs to was canceled; any
+ * thread, while the piece is held. */
+int ote__shm_src_canceled(const void *pin);
+void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
 
 /* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
 void *ote__shm_src_main(void *arg);

@@ -1,14 +1,18 @@
 /*
  * engine/shm/shm_pins.c - one pin per request at the source of the same-host transport.
  *
- * Each accepted connection keeps one account per open request (keyed by the request id
- * its pieces carry): the first piece checks the request's whole extent against the
- * engine's registrations and pins it once, or records the refusal that every later piece
- * gets; each piece takes its bytes from the account while it is copied; the account ends,
+ * Each accepted connection keeps one account per open request of several pieces (keyed
+ * by the request id its pieces carry; a request of one piece is checked and pinned alone,
+ * for as long as it is copied): the first piece checks the request's whole extent against
+ * the engine's registrations and pins it once, or records the refusal that every later
+ * piece gets; each piece takes its bytes from the account while it is copied; the account ends,
  * and its pin is released, when every byte of the request has been served, refused or
  * written off (WRITE_OFF entries: pieces the requester dropped unsent). What a connection
  * leaves open ends when it closes. The connection's thread alone touches its accounts, so
- * there is no lock. Design: shm_internal.h.
+ * there is no lock (the copy helpers only read an account's cancel mark, atomic, while a
+ * piece of it is held). A CANCEL entry marks the account: pieces still to come are
+ * refused OTE_ERR_CANCELED, pieces being copied stop at their next chunk. Design:
+ * shm_internal.h.
  */
 #include <stdint.h>
 
@@ -24,9 +28,10 @@ struct shm_acct {
     void *pin;       /* the engine's pin of the extent (NULL until a piece came, or refused) */
     ote_status_t st; /* OTE_OK, or the refusal every piece of the request gets */
     uint64_t req_remote, req_len;
-    uint16_t op;   /* 0 until the first piece came (a write-off may come first) */
-    uint64_t left; /* bytes not yet seen (arrived as a piece, or written off) */
-    uint64_t held; /* bytes of pieces being copied now */
+    uint16_t op;          /* 0 until the first piece came (a write-off may come first) */
+    uint64_t left;        /* bytes not yet seen (arrived as a piece, or written off) */
+    uint64_t held;        /* bytes of pieces being copied now */
+    _Atomic int canceled; /* a CANCEL entry named it: read by the copy helpers too */
 };
 
 /* A pin held by one piece alone (no request id, or no account could be had): the
@@ -81,7 +86,10 @@ static ote_status_t pin_alone(shm_src_t *s, uint64_t addr, uint64_t len, unsigne
 
 ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, uint64_t len,
                               unsigned perm, void **pin_out) {
-    if (q->req_uid == 0 || q->req_len == 0) return pin_alone(s, start, len, perm, pin_out);
+    /* A request of one piece needs no account: its pin is held while it is copied, and a
+     * write-off of it (the whole request) opens none. */
+    if (q->req_uid == 0 || q->req_len == 0 || (q->remote == q->req_remote && q->len == q->req_len))
+        return pin_alone(s, start, len, perm, pin_out);
     shm_acct_t *a = acct_get(s, q->req_uid, q->req_remote, q->req_len);
     if (a == NULL) {
         OTE_WARN_LIMITED("shm",
@@ -98,7 +106,7 @@ ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, 
         a->st = s->tp->host.pin(s->tp->host.arg, start, len, perm, &a->pin);
         if (a->st != OTE_OK) a->pin = NULL;
     }
-    ote_status_t st = a->st;
+    ote_status_t st = atomic_load(&a->canceled) ? OTE_ERR_CANCELED : a->st;
     if (st != OTE_OK) {
         acct_take(s, a, q->len, 0);
         return st;
@@ -131,6 +139,21 @@ void ote__shm_src_write_off(shm_src_t *s, const shm_req_t *q) {
     if (a == NULL) a = acct_get(s, q->req_uid, q->req_remote, q->req_len);
     if (a != NULL && a->req_len == q->req_len && a->req_remote == q->req_remote)
         acct_take(s, a, q->local, 0);
+}
+
+void ote__shm_src_cancel(shm_src_t *s, const shm_req_t *q) {
+    if (q->req_uid == 0 || q->req_len == 0) return;
+    shm_acct_t *a = NULL;
+    HASH_FIND(hh, s->accts, &q->req_uid, sizeof(q->req_uid), a);
+    /* Only the open request its pieces named; a request not open here has nothing left
+     * to stop (all of it served, or none of it arrived: its pieces are written off). */
+    if (a != NULL && a->req_len == q->req_len && a->req_remote == q->req_remote)
+        atomic_store(&a->canceled, 1);
+}
+
+int ote__shm_src_canceled(const void *pin) {
+    if (pin == NULL || ((uintptr_t)pin & ALONE_BIT)) return 0;
+    return atomic_load(&((shm_acct_t *)pin)->canceled);
 }
 
 void ote__shm_src_accts_end(shm_src_t *s) {

@@ -49,29 +49,51 @@ static void slist_finish(slist_t *l) {
     l->h = l->t = NULL;
 }
 
+static void peer_entry(shm_peer_t *p, const ote__slice_t *s, uint16_t op);
+
 /* Slice s of a request was dropped unsent: its bytes will never reach the source, which
  * is told (a WRITE_OFF entry in the next REQS message) so that the request's pin there
  * ends. Consecutive pieces of one request share an entry. p->mu held. */
 static void peer_write_off(shm_peer_t *p, const ote__slice_t *s) {
     if (s->req_uid == 0 || s->op == OTE__SLICE_NOTIFY || p->broken) return;
-    if (p->nwoff > 0 && p->woff[p->nwoff - 1].uid == s->req_uid) {
+    if (p->nwoff > 0 && p->woff[p->nwoff - 1].uid == s->req_uid &&
+        p->woff[p->nwoff - 1].op == SHM_OP_WRITE_OFF) {
         p->woff[p->nwoff - 1].bytes += s->len;
         return;
     }
+    peer_entry(p, s, SHM_OP_WRITE_OFF);
+}
+
+/* Slice s of a request is in flight and its request was canceled: the source is told (a
+ * CANCEL entry in the next REQS message) to serve no more of it. Consecutive pieces of
+ * one request share an entry. p->mu held. */
+static void peer_cancel_sent(shm_peer_t *p, const ote__slice_t *s) {
+    if (s->req_uid == 0 || s->op == OTE__SLICE_NOTIFY || p->broken) return;
+    if (p->nwoff > 0 && p->woff[p->nwoff - 1].uid == s->req_uid &&
+        p->woff[p->nwoff - 1].op == SHM_OP_CANCEL)
+        return;
+    peer_entry(p, s, SHM_OP_CANCEL);
+}
+
+/* Append an entry (op SHM_OP_WRITE_OFF of s's bytes, or SHM_OP_CANCEL) for s's request to
+ * the next REQS message. p->mu held. */
+static void peer_entry(shm_peer_t *p, const ote__slice_t *s, uint16_t op) {
     if (p->nwoff == p->woff_cap) {
         size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
         shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
         if (w == NULL) {
             OTE_WARN_LIMITED("shm",
-                             "peer %s: out of memory for a write-off: the source keeps a "
-                             "dropped request pinned until the connection closes",
+                             "peer %s: out of memory for a write-off or cancel entry: the "
+                             "source keeps a dropped request pinned until the connection "
+                             "closes, or serves a canceled one to its end",
                              p->addr);
             return;
         }
         p->woff = w;
         p->woff_cap = cap;
     }
-    p->woff[p->nwoff++] = (shm_woff_t){s->req_uid, s->req_remote, s->req_len, s->len};
+    p->woff[p->nwoff++] =
+        (shm_woff_t){s->req_uid, s->req_remote, s->req_len, op == SHM_OP_CANCEL ? 0 : s->len, op};
 }
 
 static int read_ptrace_scope(void) {
@@ -260,8 +282,8 @@ static ote_status_t peer_connect(shm_peer_t *p) {
         close(fd);
         return st;
     }
-    if (a.mode == SHM_MODE_CMA && ring != NULL) {
-        munmap(ring, SHM_RING_BYTES);
+    if (a.mode == SHM_MODE_CMA && ring != NULL && !(a.flags & SHM_ACK_RING)) {
+        munmap(ring, SHM_RING_BYTES); /* no ring for small pieces either */
         ring = NULL;
     }
     p->fd = fd;
@@ -318,6 +340,13 @@ static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
     return 0;
 }
 
+/* Slice s travels through the ring: every piece with bytes in ring mode; in
+ * cross-memory-attach mode the small data pieces, when the source mapped the ring. */
+static int peer_uses_ring(const shm_peer_t *p, const ote__slice_t *s) {
+    if (p->ring == NULL || s->len == 0) return 0;
+    return p->mode == SHM_MODE_RING || (s->op != OTE__SLICE_NOTIFY && s->len <= SHM_RING_SMALL);
+}
+
 /* Send pending write-offs, and queued slices while the window allows. p->mu held. */
 static void peer_pump(shm_peer_t *p, slist_t *done) {
     union {
@@ -332,7 +361,7 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
             const shm_woff_t *w = &p->woff[nw];
             r[nw] = (shm_req_t){.id = 0,
                                 .local = w->bytes,
-                                .op = SHM_OP_WRITE_OFF,
+                                .op = w->op,
                                 .req_remote = w->req_remote,
                                 .req_len = w->req_len,
                                 .req_uid = w->uid};
@@ -354,14 +383,20 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                 continue;
             }
             uint64_t local = (uint64_t)(uintptr_t)s->local;
-            if (p->mode == SHM_MODE_RING && s->len > 0 && ring_alloc(p, s, &local) != 0)
-                break; /* the ring is full: more after responses */
+            uint16_t flags = 0;
+            s->xp.shm.ring_end = 0; /* nonzero: the slice holds a piece of the ring */
+            if (peer_uses_ring(p, s)) {
+                if (ring_alloc(p, s, &local) != 0)
+                    break; /* the ring is full: more after responses */
+                flags = SHM_REQ_RING;
+            }
             s->xp.shm.id = p->next_id + n;
             r[nw + n] = (shm_req_t){.id = s->xp.shm.id,
                                     .remote = s->remote,
                                     .local = local,
                                     .len = s->len,
                                     .op = s->op,
+                                    .flags = flags,
                                     .req_remote = s->req_remote,
                                     .req_len = s->req_len,
                                     .req_uid = s->req_uid};
@@ -420,8 +455,12 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
         uint16_t op = s->op == OTE__SLICE_NOTIFY ? OTE_CTL_NOTIFY_ACK
                       : s->op == OTE__SLICE_READ ? OTE_CTL_READ_RESP
                                                  : OTE_CTL_WRITE_ACK;
-        ote_status_t st = ote_ctl_peer_status(op, (ote_status_t)r[i].status);
-        if (p->mode == SHM_MODE_RING && s->len > 0) {
+        /* CANCELED only for a piece of a request canceled here (a CANCEL entry stopped
+         * it at the source); from any other piece it is the source's error. */
+        ote_status_t st = r[i].status == OTE_ERR_CANCELED && s->canceled && atomic_load(s->canceled)
+                              ? OTE_ERR_CANCELED
+                              : ote_ctl_peer_status(op, (ote_status_t)r[i].status);
+        if (s->xp.shm.ring_end != 0) {
             if (st == OTE_OK && s->op == OTE__SLICE_READ)
                 memcpy(s->local, p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->len);
             p->ring_tail = s->xp.shm.ring_end;
@@ -664,7 +703,11 @@ void ote__shm_cancel(ote__tpeer_t *tpeer) {
         }
     }
     p->qt = last;
-    peer_pump(p, &done); /* the write-offs, so the source releases those requests now */
+    /* Pieces already sent: the source stops serving their requests (CANCEL entries);
+     * each ends with the source's response, once no byte of it can move any more. */
+    for (ote__slice_t *s = p->fh; s; s = s->next)
+        if (s->canceled && atomic_load(s->canceled)) peer_cancel_sent(p, s);
+    peer_pump(p, &done); /* write-offs and cancels, so the source acts on them now */
     ote_mutex_unlock(&p->mu);
     slist_finish(&done);
 }

@@ -17,6 +17,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "base/log.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
@@ -26,7 +27,7 @@
 /* Wait until fd is readable; 1 ready, 0 stop requested, -1 deadline passed. */
 static int wait_in(shm_src_t *s, ote_deadline_t dl) {
     /* The requester often sends its next message right after our answer. */
-    ote_deadline_t spin = ote_deadline_after(SHM_SPIN_NS);
+    ote_deadline_t spin = ote_deadline_after(SHM_SRC_SPIN_NS);
     for (;;) {
         struct pollfd p = {.fd = s->fd, .events = POLLIN};
         if (poll(&p, 1, 0) > 0) return 1;
@@ -39,12 +40,6 @@ static int wait_in(shm_src_t *s, ote_deadline_t dl) {
         int r = poll(&p, 1, 100);
         if (r > 0) return 1;
     }
-}
-
-/* Still connected: no hangup and no EOF pending from the requester. */
-static int requester_alive(shm_src_t *s) {
-    struct pollfd p = {.fd = s->fd, .events = POLLRDHUP};
-    return !(poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
 }
 
 static ote_status_t send_msg(shm_src_t *s, const void *buf, size_t len) {
@@ -217,6 +212,10 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
     if (a.status == OTE_OK && a.mode == SHM_MODE_RING) {
         if (src_map_ring(s, &h, rfd, a.text, sizeof(a.text)) != 0) a.status = OTE_ERR_UNSUPPORTED;
         else OTE_INFO("shm", "requester pid %d (%s): shared ring (%s)", (int)s->pid, s->from, why);
+    } else if (a.status == OTE_OK && rfd >= 0) {
+        /* Cross-memory attach, and the ring for small pieces when it is usable. */
+        char ignored[sizeof(a.text)];
+        if (src_map_ring(s, &h, rfd, ignored, sizeof(ignored)) == 0) a.flags |= SHM_ACK_RING;
     }
     s->mode = (int)a.mode;
     if (send_msg(s, &a, sizeof(a)) != OTE_OK) return -1;
@@ -229,31 +228,41 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
     return 0;
 }
 
-/* Copy one checked request; OTE_ERR_PEER_LOST when the requester went away meanwhile. */
-static ote_status_t src_copy(shm_src_t *s, const shm_req_t *q) {
-    if (s->mode == SHM_MODE_RING) {
-        /* The ring piece the requester named, bounded by the ring. */
-        if (q->local > s->ring_len || q->len > s->ring_len - q->local) return OTE_ERR_INVALID;
-        uint8_t *mine = (uint8_t *)(uintptr_t)q->remote, *piece = s->ring + q->local;
-        if (q->op == OTE__SLICE_WRITE) memcpy(mine, piece, q->len);
-        else memcpy(piece, mine, q->len);
+/* Record st as entry i's status unless it already has one that is not OTE_OK. */
+static void set_st(shm_msg_t *m, uint32_t i, ote_status_t st) {
+    int32_t ok = OTE_OK;
+    if (st != OTE_OK) atomic_compare_exchange_strong(&m->st[i], &ok, (int32_t)st);
+}
+
+static const shm_req_t *msg_reqs(const shm_msg_t *m) {
+    return (const shm_req_t *)(m->in.b + sizeof(shm_hdr_t));
+}
+
+/* The piece's `local` is an offset in the ring (ring mode, or a small piece so marked). */
+static int in_ring(const shm_src_t *s, const shm_req_t *q) {
+    return s->mode == SHM_MODE_RING || (q->flags & SHM_REQ_RING) != 0;
+}
+
+/* Copy len bytes between this process's `mine` and the requester's `theirs` (CMA) or the
+ * ring at offset theirs (ring; bounded by the ring when the message was read). */
+static ote_status_t copy_bytes(shm_src_t *s, int ring, uint16_t op, uint8_t *mine, uint64_t theirs,
+                               size_t len) {
+    if (ring) {
+        uint8_t *piece = s->ring + theirs;
+        if (op == OTE__SLICE_WRITE) memcpy(mine, piece, len);
+        else memcpy(piece, mine, len);
         return OTE_OK;
     }
-    uint8_t *mine = (uint8_t *)(uintptr_t)q->remote;
-    uint64_t theirs = q->local;
-    uint32_t left = q->len;
-    while (left > 0) {
-        size_t n = left < SHM_CHUNK ? left : SHM_CHUNK;
-        struct iovec l = {mine, n}, r = {(void *)(uintptr_t)theirs, n};
-        ssize_t got = q->op == OTE__SLICE_WRITE ? process_vm_readv(s->pid, &l, 1, &r, 1, 0)
-                                                : process_vm_writev(s->pid, &l, 1, &r, 1, 0);
+    while (len > 0) {
+        struct iovec l = {mine, len}, r = {(void *)(uintptr_t)theirs, len};
+        ssize_t got = op == OTE__SLICE_WRITE ? process_vm_readv(s->pid, &l, 1, &r, 1, 0)
+                                             : process_vm_writev(s->pid, &l, 1, &r, 1, 0);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && errno == ESRCH) return OTE_ERR_PEER_LOST;
         if (got <= 0) return OTE_ERR_INVALID; /* the requester's own buffer is not mapped */
         mine += got;
         theirs += (uint64_t)got;
-        left -= (uint32_t)got;
-        if (left > 0 && !requester_alive(s)) return OTE_ERR_PEER_LOST;
+        len -= (size_t)got;
     }
     return OTE_OK;
 }
@@ -261,8 +270,9 @@ static ote_status_t src_copy(shm_src_t *s, const shm_req_t *q) {
 static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
     uint8_t msg[OTE_CTL_MAX_NOTIFY];
     if (q->len > sizeof(msg)) return OTE_ERR_TOO_BIG;
-    if (s->mode == SHM_MODE_RING) {
-        if (q->local > s->ring_len || q->len > s->ring_len - q->local) return OTE_ERR_INVALID;
+    if (in_ring(s, q)) {
+        if (s->ring == NULL || q->local > s->ring_len || q->len > s->ring_len - q->local)
+            return OTE_ERR_INVALID;
         memcpy(msg, s->ring + q->local, q->len);
         return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
     }
@@ -291,26 +301,10 @@ static ote_status_t src_check(shm_src_t *s, const shm_req_t *q, void **pin_out) 
         OTE_DEBUG("shm", "%s of %u bytes at 0x%llx from %s refused: %s",
                   q->op == OTE__SLICE_WRITE ? "WRITE" : "READ", q->len,
                   (unsigned long long)q->remote, s->from, ote_status_str(st));
-        return ote_status_code(st) == OTE_ERR_ACCESS ? OTE_ERR_ACCESS : st;
+        int code = ote_status_code(st);
+        return code == OTE_ERR_ACCESS || code == OTE_ERR_CANCELED ? (ote_status_t)code : st;
     }
     return OTE_OK;
-}
-
-/* Copy the checked small requests [i, j) of one op with one system call (their
- * statuses stay OTE_OK); when the kernel copies less, each is copied alone instead so
- * that each gets its own status. */
-static void src_copy_run(shm_src_t *s, const shm_req_t *q, uint32_t n, ote_status_t *st) {
-    struct iovec l[SHM_BATCH_MAX], r[SHM_BATCH_MAX];
-    size_t total = 0;
-    for (uint32_t k = 0; k < n; k++) {
-        l[k] = (struct iovec){(void *)(uintptr_t)q[k].remote, q[k].len};
-        r[k] = (struct iovec){(void *)(uintptr_t)q[k].local, q[k].len};
-        total += q[k].len;
-    }
-    ssize_t got = q[0].op == OTE__SLICE_WRITE ? process_vm_readv(s->pid, l, n, r, n, 0)
-                                              : process_vm_writev(s->pid, l, n, r, n, 0);
-    if (got == (ssize_t)total) return;
-    for (uint32_t k = 0; k < n; k++) st[k] = src_copy(s, &q[k]);
 }
 
 /* Whether the registration behind pin is device memory (engine/gpu: host->stage_*). */
@@ -320,8 +314,9 @@ static int src_is_device(shm_src_t *s, void *pin) {
            OTE_MEM_IS_CUDA(h->pin_kind(h->arg, ote__shm_src_engine_pin(s, pin)));
 }
 
-/* One checked request on device memory: its bytes go through a host bounce buffer
- * (host->stage_*), copied from/to the requester as host memory by src_copy. */
+/* One checked piece on device memory: its bytes go through a host bounce buffer
+ * (host->stage_*), copied from/to the requester as host memory by copy_bytes. Served on
+ * the connection thread, one piece at a time, never by the copy helpers. */
 static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin) {
     const ote__host_t *h = &s->tp->host;
     ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
@@ -329,106 +324,384 @@ static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin)
     void *tok = NULL;
     ote_status_t st = h->stage_get(h->arg, ote__shm_src_engine_pin(s, pin), q->len, dl, &buf, &tok);
     if (st != OTE_OK) return st;
-    shm_req_t b = *q;
-    b.remote = (uintptr_t)buf;
     if (q->op == OTE__SLICE_READ) st = h->stage_copy(h->arg, tok, 0, q->remote, q->len, dl);
-    if (st == OTE_OK) st = src_copy(s, &b);
+    if (st == OTE_OK) st = copy_bytes(s, in_ring(s, q), q->op, buf, q->local, q->len);
     if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
         st = h->stage_copy(h->arg, tok, 1, q->remote, q->len, dl);
     h->stage_put(h->arg, tok);
     return st;
 }
 
-/* Small requests share one copy call; larger ones are copied alone, in pieces. */
-#define SHM_RUN_MAX_LEN (256u << 10)
+/* Small requests share one copy call (a run of them up to about this many bytes);
+ * larger ones are copied in chunks. */
+#define SHM_RUN_MAX_LEN (128u << 10)
 
-/* Serve the requests of one REQS message in order: every data request is checked (and
- * pinned) before any byte of the message moves; notifications are delivered in their
- * place, after the data before them. */
-static void src_serve(shm_src_t *s, const shm_req_t *reqs, uint32_t cnt, ote_status_t *st) {
-    void *pins[SHM_BATCH_MAX];
-    for (uint32_t i = 0; i < cnt; i++) {
-        pins[i] = NULL;
-        st[i] = OTE_OK;
-        if (reqs[i].op == SHM_OP_WRITE_OFF) ote__shm_src_write_off(s, &reqs[i]);
-        else if (reqs[i].op != OTE__SLICE_NOTIFY) st[i] = src_check(s, &reqs[i], &pins[i]);
+/* One unit of copy work (any copying thread). */
+static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
+    const shm_req_t *q = msg_reqs(m);
+    if (atomic_load(&s->abort)) {
+        for (uint32_t k = u->i; k < u->j; k++) set_st(m, k, OTE_ERR_PEER_LOST);
+        return;
     }
-    for (uint32_t i = 0; i < cnt;) {
-        const shm_req_t *q = &reqs[i];
-        if (st[i] != OTE_OK || q->op == SHM_OP_WRITE_OFF) {
-            i++;
-            continue;
-        }
-        if (q->op == OTE__SLICE_NOTIFY) {
-            st[i] = src_notify(s, q);
-            i++;
-            continue;
-        }
-        if (src_is_device(s, pins[i])) {
-            st[i] = src_copy_device(s, q, pins[i]);
-            i++;
-            continue;
-        }
-        uint32_t j = i + 1;
-        if (q->len <= SHM_RUN_MAX_LEN)
-            while (j < cnt && st[j] == OTE_OK && reqs[j].op == q->op &&
-                   reqs[j].len <= SHM_RUN_MAX_LEN && !src_is_device(s, pins[j]))
-                j++;
-        if (j - i == 1 || s->mode == SHM_MODE_RING)
-            for (uint32_t k = i; k < j; k++) st[k] = src_copy(s, &reqs[k]);
-        else src_copy_run(s, q, j - i, st + i);
-        i = j;
+    if (u->len > 0) { /* a chunk of one large piece */
+        const shm_req_t *p = &q[u->i];
+        if (ote__shm_src_canceled(m->pin[u->i])) set_st(m, u->i, OTE_ERR_CANCELED);
+        if (atomic_load(&m->st[u->i]) != OTE_OK) return; /* stopped or failed: no more of it */
+        set_st(m, u->i,
+               copy_bytes(s, in_ring(s, p), p->op, (uint8_t *)(uintptr_t)p->remote + u->off,
+                          p->local + u->off, u->len));
+        return;
     }
-    for (uint32_t i = 0; i < cnt; i++)
-        if (pins[i] != NULL) ote__shm_src_unpin(s, pins[i], reqs[i].len);
+    uint32_t n = u->j - u->i;
+    int plain = 1; /* nothing of the run canceled or failed */
+    for (uint32_t k = u->i; k < u->j; k++) {
+        if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
+        if (atomic_load(&m->st[k]) != OTE_OK) plain = 0;
+    }
+    if (n > 1 && plain && !in_ring(s, &q[u->i])) {
+        /* One system call for the whole run; when the kernel copies less, each is copied
+         * alone below so that each gets its own status. */
+        struct iovec l[SHM_BATCH_MAX], r[SHM_BATCH_MAX];
+        size_t total = 0;
+        for (uint32_t k = 0; k < n; k++) {
+            l[k] = (struct iovec){(void *)(uintptr_t)q[u->i + k].remote, q[u->i + k].len};
+            r[k] = (struct iovec){(void *)(uintptr_t)q[u->i + k].local, q[u->i + k].len};
+            total += q[u->i + k].len;
+        }
+        ssize_t got = q[u->i].op == OTE__SLICE_WRITE ? process_vm_readv(s->pid, l, n, r, n, 0)
+                                                     : process_vm_writev(s->pid, l, n, r, n, 0);
+        if (got == (ssize_t)total) return;
+    }
+    for (uint32_t k = u->i; k < u->j; k++) {
+        if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
+        if (atomic_load(&m->st[k]) == OTE_OK)
+            set_st(m, k,
+                   copy_bytes(s, in_ring(s, &q[k]), q[k].op, (uint8_t *)(uintptr_t)q[k].remote,
+                              q[k].local, q[k].len));
+    }
 }
 
-void *ote__shm_src_main(void *arg) {
+/* The copy units of the checked data entries [a, b) of m into s->jun: runs of small
+ * pieces of one op, and chunks of the large ones (at most SHM_UNITS_MAX in all). Their
+ * number; *large_out: the bytes of the large pieces. */
+static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
+                            uint64_t *large_out) {
+    const shm_req_t *q = msg_reqs(m);
+    uint64_t large = 0;
+    for (uint32_t i = a; i < b; i++)
+        if (atomic_load(&m->st[i]) == OTE_OK && q[i].len > SHM_RUN_MAX_LEN &&
+            (q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) &&
+            !src_is_device(s, m->pin[i]))
+            large += q[i].len;
+    /* Each entry adds at most one unit beyond large / chunk (b - a <= SHM_BATCH_MAX). */
+    uint64_t room = SHM_UNITS_MAX - SHM_BATCH_MAX, chunk = SHM_PAR_CHUNK;
+    if (large / chunk > room) chunk = (large + room - 1) / room;
+    uint32_t nu = 0;
+    *large_out = 0;
+    for (uint32_t i = a; i < b;) {
+        uint16_t op = q[i].op;
+        if (atomic_load(&m->st[i]) != OTE_OK || (op != OTE__SLICE_WRITE && op != OTE__SLICE_READ) ||
+            src_is_device(s, m->pin[i])) {
+            i++;
+            continue;
+        }
+        if (q[i].len <= SHM_RUN_MAX_LEN) {
+            uint32_t j = i + 1;
+            uint64_t run = q[i].len;
+            while (j < b && atomic_load(&m->st[j]) == OTE_OK && q[j].op == op &&
+                   q[j].len <= SHM_RUN_MAX_LEN && in_ring(s, &q[j]) == in_ring(s, &q[i]) &&
+                   run < SHM_RUN_MAX_LEN && !src_is_device(s, m->pin[j])) {
+                run += q[j].len;
+                j++;
+            }
+            *large_out += run;
+            s->jun[nu++] = (shm_unit_t){(uint16_t)i, (uint16_t)j, 0, 0};
+            i = j;
+            continue;
+        }
+        for (uint64_t off = 0; off < q[i].len; off += chunk) {
+            uint64_t l = q[i].len - off < chunk ? q[i].len - off : chunk;
+            s->jun[nu++] = (shm_unit_t){(uint16_t)i, (uint16_t)(i + 1), (uint32_t)l, off};
+        }
+        i++;
+    }
+    *large_out += large;
+    return nu;
+}
+
+/* Take the next unit of job generation gen (n units): 1 with *k, 0 when none is left. */
+static int grab_unit(shm_src_t *s, uint64_t gen, uint32_t n, uint32_t *k) {
+    uint64_t v = atomic_load(&s->jnext);
+    for (;;) {
+        if ((v >> 32) != (gen & 0xffffffffu) || (uint32_t)v >= n) return 0;
+        if (atomic_compare_exchange_weak(&s->jnext, &v, v + 1)) {
+            *k = (uint32_t)v;
+            return 1;
+        }
+    }
+}
+
+static void unit_finished(shm_src_t *s, uint32_t n) {
+    if (atomic_fetch_add(&s->jdone, 1) + 1 == n) {
+        ote_mutex_lock(&s->jmu);
+        ote_cond_signal(&s->jdone_cv);
+        ote_mutex_unlock(&s->jmu);
+    }
+}
+
+static void *helper_main(void *arg) {
     shm_src_t *s = arg;
-    union {
-        shm_hdr_t h;
-        uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
-    } in;
+    uint64_t seen = 0;
+    ote_mutex_lock(&s->jmu);
+    for (;;) {
+        while (!s->jstop && s->jgen == seen)
+            (void)ote_cond_wait(&s->jcv, &s->jmu, ote_deadline_after(OTE_NSEC_PER_SEC));
+        if (s->jstop) break;
+        seen = s->jgen;
+        shm_msg_t *m = s->jmsg;
+        uint32_t n = s->jn, k;
+        ote_mutex_unlock(&s->jmu);
+        while (grab_unit(s, seen, n, &k)) {
+            do_unit(s, m, &s->jun[k]);
+            unit_finished(s, n);
+        }
+        ote_mutex_lock(&s->jmu);
+    }
+    ote_mutex_unlock(&s->jmu);
+    return NULL;
+}
+
+/* The copy helpers run: 1, or 0 when none could be started (the thread copies alone). */
+static int helpers_start(shm_src_t *s) {
+    if (s->nhelpers > 0) return 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cpus > 1 ? (int)(cpus - 1) : 0;
+    if (want > SHM_COPY_HELPERS) want = SHM_COPY_HELPERS;
+    while (s->nhelpers < want) {
+        if (pthread_create(&s->helper[s->nhelpers], NULL, helper_main, s) != 0) {
+            OTE_WARN_LIMITED("shm", "cannot start a copy helper for %s: copying alone", s->from);
+            break;
+        }
+        s->nhelpers++;
+    }
+    return s->nhelpers > 0;
+}
+
+static void helpers_stop(shm_src_t *s) {
+    ote_mutex_lock(&s->jmu);
+    s->jstop = 1;
+    ote_cond_broadcast(&s->jcv);
+    ote_mutex_unlock(&s->jmu);
+    for (int i = 0; i < s->nhelpers; i++) pthread_join(s->helper[i], NULL);
+    s->nhelpers = 0;
+}
+
+static int src_pull(shm_src_t *s);
+
+/* Between two units of the connection thread: what the requester sent meanwhile. */
+static void pull_between(shm_src_t *s) {
+    if (!atomic_load(&s->abort) && src_pull(s) != 0) atomic_store(&s->abort, 1);
+}
+
+/* Copy the nu units of s->jun for m: with the helpers when par, else alone. */
+static void run_units(shm_src_t *s, shm_msg_t *m, uint32_t nu, int par) {
+    uint32_t k;
+    if (!par || !helpers_start(s)) {
+        for (k = 0; k < nu; k++) {
+            do_unit(s, m, &s->jun[k]);
+            if (k + 1 < nu) pull_between(s);
+        }
+        return;
+    }
+    ote_mutex_lock(&s->jmu);
+    s->jgen++;
+    s->jmsg = m;
+    s->jn = nu;
+    atomic_store(&s->jdone, 0);
+    atomic_store(&s->jnext, (s->jgen & 0xffffffffu) << 32);
+    uint64_t gen = s->jgen;
+    ote_cond_broadcast(&s->jcv);
+    ote_mutex_unlock(&s->jmu);
+    while (grab_unit(s, gen, nu, &k)) {
+        do_unit(s, m, &s->jun[k]);
+        unit_finished(s, nu);
+        pull_between(s);
+    }
+    /* The helpers' last units; what the requester sends meanwhile is read every ms. */
+    ote_mutex_lock(&s->jmu);
+    while (atomic_load(&s->jdone) < nu) {
+        (void)ote_cond_wait(&s->jdone_cv, &s->jmu, ote_deadline_after(OTE_NSEC_PER_MSEC));
+        if (atomic_load(&s->jdone) >= nu) break;
+        ote_mutex_unlock(&s->jmu);
+        pull_between(s);
+        ote_mutex_lock(&s->jmu);
+    }
+    ote_mutex_unlock(&s->jmu);
+}
+
+/* Serve message m in order: the copies of its data entries (checked and pinned when it
+ * was read), each notification in its place after the data before it; then its pins go. */
+static void src_serve(shm_src_t *s, shm_msg_t *m) {
+    const shm_req_t *q = msg_reqs(m);
+    uint32_t cnt = m->in.h.n;
+    for (uint32_t a = 0; a < cnt;) {
+        uint32_t b = a;
+        while (b < cnt && q[b].op != OTE__SLICE_NOTIFY) b++;
+        /* Pieces on device memory first, one at a time (they are staged); the others
+         * of [a, b) as copy units. */
+        for (uint32_t i = a; i < b; i++) {
+            if ((q[i].op != OTE__SLICE_WRITE && q[i].op != OTE__SLICE_READ) ||
+                !src_is_device(s, m->pin[i]))
+                continue;
+            if (atomic_load(&s->abort)) set_st(m, i, OTE_ERR_PEER_LOST);
+            if (ote__shm_src_canceled(m->pin[i])) set_st(m, i, OTE_ERR_CANCELED);
+            if (atomic_load(&m->st[i]) == OTE_OK)
+                set_st(m, i, src_copy_device(s, &q[i], m->pin[i]));
+        }
+        uint64_t large = 0;
+        uint32_t nu = build_units(s, m, a, b, &large);
+        if (nu > 0) run_units(s, m, nu, large >= SHM_PAR_MIN && nu > 1);
+        if (b < cnt) {
+            set_st(m, b, atomic_load(&s->abort) ? OTE_ERR_PEER_LOST : src_notify(s, &q[b]));
+            b++;
+        }
+        a = b;
+    }
+    for (uint32_t i = 0; i < cnt; i++)
+        if (m->pin[i] != NULL) {
+            ote__shm_src_unpin(s, m->pin[i], q[i].len);
+            m->pin[i] = NULL;
+        }
+}
+
+/* CANCEL entry c: its request's account is marked (pieces to come, and those of it being
+ * copied, stop before their next chunk), and the pieces of it that were read but not
+ * copied yet (pinned alone: a request of one piece has no account) are answered
+ * OTE_ERR_CANCELED without being copied. */
+static void src_cancel(shm_src_t *s, const shm_req_t *c) {
+    if (c->req_uid == 0 || c->req_len == 0) return;
+    ote__shm_src_cancel(s, c);
+    for (uint32_t k = 0; k <= s->mcount && k < SHM_LOOKAHEAD; k++) {
+        shm_msg_t *m = &s->msgs[(s->mhead + k) % SHM_LOOKAHEAD]; /* k == mcount: being read */
+        const shm_req_t *q = msg_reqs(m);
+        for (uint32_t i = 0; i < m->in.h.n; i++)
+            if ((q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) &&
+                q[i].req_uid == c->req_uid && q[i].req_remote == c->req_remote &&
+                q[i].req_len == c->req_len)
+                set_st(m, i, OTE_ERR_CANCELED);
+    }
+}
+
+/* A message just read into m: validated, its write-offs and cancels applied, every data
+ * request checked and pinned. The number of its entries that get a response, or -1
+ * when it is malformed (the connection closes). */
+static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
+    if ((size_t)n < sizeof(shm_hdr_t) || (size_t)n > sizeof(m->in.b) ||
+        m->in.h.magic != SHM_MAGIC || m->in.h.version != SHM_VERSION || m->in.h.kind != SHM_REQS ||
+        m->in.h.n > SHM_BATCH_MAX ||
+        (size_t)n != sizeof(shm_hdr_t) + m->in.h.n * sizeof(shm_req_t)) {
+        OTE_WARN("shm", "malformed message from %s (pid %d): closing", s->from, (int)s->pid);
+        return -1;
+    }
+    const shm_req_t *q = msg_reqs(m);
+    int resp = 0;
+    for (uint32_t i = 0; i < m->in.h.n; i++) {
+        m->pin[i] = NULL;
+        atomic_store(&m->st[i], OTE_OK);
+        if (q[i].op == SHM_OP_WRITE_OFF) {
+            ote__shm_src_write_off(s, &q[i]);
+            continue;
+        }
+        if (q[i].op == SHM_OP_CANCEL) continue; /* below, once every entry is checked */
+        resp++;
+        if (q[i].op == OTE__SLICE_NOTIFY) continue; /* delivered in its place */
+        ote_status_t st = src_check(s, &q[i], &m->pin[i]);
+        /* The ring piece the requester named, bounded by the ring (a mapped one). */
+        if (st == OTE_OK && (q[i].flags & ~SHM_REQ_RING) != 0) st = OTE_ERR_INVALID;
+        if (st == OTE_OK && in_ring(s, &q[i]) &&
+            (s->ring == NULL || q[i].local > s->ring_len || q[i].len > s->ring_len - q[i].local))
+            st = OTE_ERR_INVALID;
+        atomic_store(&m->st[i], (int32_t)st);
+    }
+    for (uint32_t i = 0; i < m->in.h.n; i++)
+        if (q[i].op == SHM_OP_CANCEL) src_cancel(s, &q[i]);
+    return resp;
+}
+
+/* Read, without waiting, the messages the requester sent while there is room for them:
+ * 0, or -1 when it closed, died or sent a malformed message. */
+static int src_pull(shm_src_t *s) {
+    while (s->mcount < SHM_LOOKAHEAD) {
+        shm_msg_t *m = &s->msgs[(s->mhead + s->mcount) % SHM_LOOKAHEAD];
+        /* MSG_TRUNC: n is the message's real length, so one longer than any valid REQS
+         * is refused instead of being cut to the buffer. */
+        ssize_t n = recv(s->fd, m->in.b, sizeof(m->in.b), MSG_DONTWAIT | MSG_TRUNC);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+        if (n <= 0) return -1; /* the requester closed or died */
+        int resp = src_take(s, m, n);
+        if (resp < 0) return -1;
+        if (resp > 0) s->mcount++; /* only write-offs and cancels: done with it */
+    }
+    return 0;
+}
+
+static void src_loop(shm_src_t *s) {
     union {
         shm_hdr_t h;
         uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t)];
     } out;
-    if (src_hello(s) != 0) goto out_done;
     for (;;) {
-        int w = wait_in(s, 0);
-        if (w != 1) break;
-        /* MSG_TRUNC: n is the message's real length, so one longer than any valid REQS
-         * is refused instead of being cut to the buffer. */
-        ssize_t n = recv(s->fd, in.b, sizeof(in.b), MSG_DONTWAIT | MSG_TRUNC);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (n <= 0) break; /* the requester closed or died */
-        if ((size_t)n < sizeof(shm_hdr_t) || (size_t)n > sizeof(in.b) || in.h.magic != SHM_MAGIC ||
-            in.h.version != SHM_VERSION || in.h.kind != SHM_REQS || in.h.n > SHM_BATCH_MAX ||
-            (size_t)n != sizeof(shm_hdr_t) + in.h.n * sizeof(shm_req_t)) {
-            OTE_WARN("shm", "malformed message from %s (pid %d): closing", s->from, (int)s->pid);
-            break;
-        }
-        const shm_req_t *reqs = (const shm_req_t *)(in.b + sizeof(shm_hdr_t));
+        if (s->mcount == 0 && wait_in(s, 0) != 1) break;
+        if (src_pull(s) != 0) break;
+        if (s->mcount == 0) continue;
+        shm_msg_t *m = &s->msgs[s->mhead];
+        src_serve(s, m);
+        s->mhead = (s->mhead + 1) % SHM_LOOKAHEAD;
+        s->mcount--;
+        if (atomic_load(&s->abort)) break;
+        const shm_req_t *reqs = msg_reqs(m);
         shm_resp_t *resps = (shm_resp_t *)(out.b + sizeof(shm_hdr_t));
-        ote_status_t st[SHM_BATCH_MAX];
-        src_serve(s, reqs, in.h.n, st);
         int lost = 0;
-        uint32_t m = 0; /* write-offs get no response */
-        for (uint32_t i = 0; i < in.h.n; i++) {
-            if (st[i] == OTE_ERR_PEER_LOST) lost = 1;
-            if (reqs[i].op != SHM_OP_WRITE_OFF)
-                resps[m++] = (shm_resp_t){reqs[i].id, (int32_t)st[i], 0};
+        uint32_t k = 0; /* write-offs and cancels get no response */
+        for (uint32_t i = 0; i < m->in.h.n; i++) {
+            ote_status_t st = (ote_status_t)atomic_load(&m->st[i]);
+            if (st == OTE_ERR_PEER_LOST) lost = 1;
+            if (reqs[i].op != SHM_OP_WRITE_OFF && reqs[i].op != SHM_OP_CANCEL)
+                resps[k++] = (shm_resp_t){reqs[i].id, (int32_t)st, 0};
         }
-        out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, m, 0};
-        if (!lost && m > 0 &&
-            send_msg(s, out.b, sizeof(shm_hdr_t) + m * sizeof(shm_resp_t)) != OTE_OK)
-            lost = 1;
-        if (lost) break;
+        out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, k, 0};
+        if (lost || send_msg(s, out.b, sizeof(shm_hdr_t) + k * sizeof(shm_resp_t)) != OTE_OK) break;
     }
+    /* Pins of messages read but never served. */
+    for (; s->mcount > 0; s->mcount--, s->mhead = (s->mhead + 1) % SHM_LOOKAHEAD) {
+        shm_msg_t *m = &s->msgs[s->mhead];
+        for (uint32_t i = 0; i < m->in.h.n; i++)
+            if (m->pin[i] != NULL) ote__shm_src_unpin(s, m->pin[i], msg_reqs(m)[i].len);
+    }
+}
+
+void *ote__shm_src_main(void *arg) {
+    shm_src_t *s = arg;
+    int sync = 0;
+    if (ote_mutex_init(&s->jmu) == OTE_OK) sync++;
+    if (sync == 1 && ote_cond_init(&s->jcv) == OTE_OK) sync++;
+    if (sync == 2 && ote_cond_init(&s->jdone_cv) == OTE_OK) sync++;
+    s->msgs = sync == 3 ? ote_calloc(SHM_LOOKAHEAD, sizeof(shm_msg_t)) : NULL;
+    if (s->msgs == NULL) {
+        OTE_WARN("shm", "out of memory for the connection of pid %d: closing", (int)s->pid);
+        goto out_done;
+    }
+    if (src_hello(s) == 0) src_loop(s);
+    helpers_stop(s);
 out_done:
     ote__shm_src_accts_end(s);
     if (s->ring != NULL) munmap(s->ring, s->ring_len);
     s->ring = NULL;
+    ote_free(s->msgs);
+    s->msgs = NULL;
+    if (sync > 2) ote_cond_destroy(&s->jdone_cv);
+    if (sync > 1) ote_cond_destroy(&s->jcv);
+    if (sync > 0) ote_mutex_destroy(&s->jmu);
     atomic_store(&s->done, 1);
     return NULL;
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -173,6 +174,148 @@ TEST_P(ShmDeadlineTest, StoppedPeerFailsAtTheDeadlineOthersUnaffected) {
     EXPECT_EQ(other.Quit(), 0);
 }
 
+// Cancel reaches pieces already sent to the source (CANCEL entries): large requests
+// (256 MiB, 32 MiB slices in cross-memory-attach mode, 2 MiB in ring mode) canceled while
+// their pieces are at the source end CANCELED; no byte of them moves once the request
+// reported it; the destination changes only where a piece was served before the cancel;
+// nothing outside the range is touched; and the target can unregister the range at once.
+ote_test::TargetSession CancelSession(const char *mode) {
+    ote_test::TargetSession s = ModeSession(mode, "60000");
+    s.rw_size = (256ull << 20) + (1u << 20); // the request, then a guard MiB
+    s.config.push_back({"slice_size", "32M"});
+    s.wait_ns = 120 * kSec;
+    return s;
+}
+
+class ShmCancelTest : public ote_test::TargetE2eTest,
+                      public ::testing::WithParamInterface<const char *> {
+  protected:
+    ShmCancelTest() : TargetE2eTest(CancelSession(GetParam())) {}
+
+    static constexpr size_t kLen = 256u << 20;
+    static constexpr size_t kMiB = 1u << 20;
+
+    std::vector<uint64_t> BlockHashes() {
+        std::vector<uint64_t> h;
+        for (size_t off = 0; off < kLen + kMiB; off += kMiB)
+            h.push_back(target_.Hash("rw", off, kMiB));
+        return h;
+    }
+
+    ote_transfer_status_t StatusOf(ote_batch_t *b) {
+        ote_transfer_status_t ts;
+        memset(&ts, 0, sizeof(ts));
+        EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+        return ts;
+    }
+
+    // The target lets the range go (every pin of the canceled request released).
+    void ExpectUnregisterable() {
+        std::string st;
+        ote_deadline_t dl = ote_deadline_after(20 * kSec);
+        while ((st = target_.Command("unreg rw")) != "ST 0" && !ote_deadline_expired(dl))
+            usleep(1000);
+        EXPECT_EQ(st, "ST 0") << "the canceled request stayed pinned at the source";
+        ASSERT_EQ(target_.Command("rereg rw"), "ST 0");
+    }
+};
+
+// The source is stopped while the request's first piece and then the CANCEL reach it: it
+// reads both before it copies, so not one byte of the request moves.
+TEST_P(ShmCancelTest, CanceledBeforeTheSourceCopiedMovesNoByte) {
+    for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+        const char *name = op == OTE_READ ? "READ" : "WRITE";
+        std::vector<uint8_t> local(kLen + kMiB, 0xEE);
+        if (op == OTE_WRITE) ote_pattern_fill(local.data(), kLen, 21, 0);
+        std::vector<uint64_t> before = BlockHashes();
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+        ASSERT_TRUE(target_.Stop());
+        ote_request_t r = {op, local.data(), seg_, target_.rw, kLen};
+        ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+        ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
+        ASSERT_TRUE(target_.Cont());
+        uint64_t t0 = ote_now_ns();
+        ote_status_t st = ote_batch_wait(b, 60 * kSec);
+        uint64_t took = ote_now_ns() - t0;
+        EXPECT_EQ(ote_status_code(st), OTE_ERR_CANCELED) << name << ": " << ote_status_str(st);
+        ote_transfer_status_t ts = StatusOf(b);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << name;
+        EXPECT_EQ(ts.bytes_done, 0u) << name;
+        if (op == OTE_READ) {
+            for (size_t i = 0; i < local.size(); i++) ASSERT_EQ(local[i], 0xEE) << name << " " << i;
+        }
+        EXPECT_EQ(BlockHashes(), before) << name << ": the target's memory changed";
+        ExpectUnregisterable();
+        std::printf(
+            "[ figures ] shm %s %s: canceled at a stopped source, ended %.1f ms after it "
+            "went on\n",
+            GetParam(), name, took / 1e6);
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    RoundTrip((1u << 20) + 3, 100, 1, 9); // the segment still works, every byte right
+}
+
+// Canceled while the source copies: CANCELED, and what changed is bounded by what the
+// request reports done plus the pieces that were at the source (at most the 64 MiB
+// window plus one slice); after CANCELED nothing changes any more.
+TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
+    const size_t bound = (64u << 20) + (32u << 20) + kMiB;
+    for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+        const char *name = op == OTE_READ ? "READ" : "WRITE";
+        std::vector<uint8_t> local(kLen + kMiB, 0xEE);
+        if (op == OTE_WRITE) ote_pattern_fill(local.data(), kLen, 22, 0);
+        std::vector<uint64_t> before = BlockHashes();
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+        ote_request_t r = {op, local.data(), seg_, target_.rw, kLen};
+        ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+        if (op == OTE_READ) { // until the first bytes arrive: the source is copying
+            ote_deadline_t dl = ote_deadline_after(60 * kSec);
+            volatile uint8_t *v = local.data();
+            bool moved = false;
+            while (!moved && !ote_deadline_expired(dl))
+                for (size_t i = 0; i < (1u << 16) && !moved; i += 64) moved = v[i] != 0xEE;
+        }
+        uint64_t t0 = ote_now_ns();
+        ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
+        ote_status_t st = ote_batch_wait(b, 60 * kSec);
+        uint64_t took = ote_now_ns() - t0;
+        ote_transfer_status_t ts = StatusOf(b);
+        ASSERT_NE(ote_status_code(st), OTE_ERR_TIMEOUT) << name;
+        // Too late only when the whole request was served before the cancel.
+        if (ts.state != OTE_TRANSFER_COMPLETED) {
+            EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << name;
+            EXPECT_EQ(ote_status_code(st), OTE_ERR_CANCELED) << name;
+            EXPECT_LT(ts.bytes_done, kLen) << name;
+        }
+        // Nothing moves any more once the request ended.
+        std::vector<uint64_t> after = BlockHashes();
+        uint64_t local_hash = ote_hash(local.data(), local.size());
+        usleep(100 * 1000);
+        EXPECT_EQ(BlockHashes(), after) << name;
+        EXPECT_EQ(ote_hash(local.data(), local.size()), local_hash) << name;
+        size_t changed = 0;
+        if (op == OTE_READ) {
+            for (size_t i = 0; i < kLen; i++) changed += local[i] != 0xEE;
+            for (size_t i = kLen; i < local.size(); i++) ASSERT_EQ(local[i], 0xEE) << i;
+        } else {
+            for (size_t k = 0; k < kLen / kMiB; k++) changed += after[k] != before[k] ? kMiB : 0;
+        }
+        EXPECT_EQ(after[kLen / kMiB], before[kLen / kMiB]) << name << ": the guard changed";
+        EXPECT_LE(changed, ts.bytes_done + bound) << name;
+        ExpectUnregisterable();
+        std::printf(
+            "[ figures ] shm %s %s: canceled mid-flight: %s, %zu MiB reported done, "
+            "%zu MiB changed of %zu, ended %.1f ms after the cancel\n",
+            GetParam(), name, ts.state == OTE_TRANSFER_CANCELED ? "CANCELED" : "too late",
+            (size_t)(ts.bytes_done >> 20), changed >> 20, kLen >> 20, took / 1e6);
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    RoundTrip((1u << 20) + 5, 100, 1, 11);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ShmCancelTest, ::testing::Values("auto", "ring"));
 INSTANTIATE_TEST_SUITE_P(Modes, ShmE2eTest, ::testing::Values("auto", "ring"));
 INSTANTIATE_TEST_SUITE_P(Modes, ShmDeadlineTest, ::testing::Values("auto", "ring"));
 

@@ -279,7 +279,8 @@ class ShmHostileTest : public ote_test::OteTest {
         for (uint32_t i = 0; i < rh.n; i++) {
             tw_resp_t r;
             memcpy(&r, in.data() + sizeof(rh) + i * sizeof(r), sizeof(r));
-            while (k < reqs.size() && reqs[k].op == TW_OP_WRITE_OFF) k++;
+            while (k < reqs.size() && (reqs[k].op == TW_OP_WRITE_OFF || reqs[k].op == TW_OP_CANCEL))
+                k++;
             EXPECT_LT(k, reqs.size());
             if (k < reqs.size()) {
                 EXPECT_EQ(r.id, reqs[k].id);
@@ -358,7 +359,7 @@ TEST_F(ShmHostileTest, GarbageOrWrongFirstMessagesAreClosed) {
 TEST_F(ShmHostileTest, WrongVersionIsRefusedWithVersionStatus) {
     int ring = MakeRing(TW_RING_BYTES, true);
     ASSERT_GE(ring, 0);
-    for (uint16_t v : {0, 1, 3, 0xffff}) {
+    for (uint16_t v : {0, 1, 2, TW_VERSION + 1, 0xffff}) {
         tw_hello_t h = Hello(TW_RING_BYTES);
         h.h.version = v;
         ExpectRefused(h, {ring}, OTE_ERR_VERSION);
@@ -627,6 +628,98 @@ TEST_F(ShmHostileTest, WriteOffsAreBoundedByTheirOwnRequest) {
     EXPECT_EQ(One(fd, Req(TW_OP_READ, ext, 0, 100, 10, ext, 100)), OTE_OK);
     EXPECT_FALSE(Pinned());
     EXPECT_TRUE(BufIntact());
+}
+
+// CANCEL entries: only the open request they name (uid and extent) is canceled; its
+// pieces still to be served get OTE_ERR_CANCELED and move no byte; its pin goes once its
+// last byte is accounted for; entries for other uids or extents change nothing.
+TEST_F(ShmHostileTest, CancelStopsOnlyTheOpenRequestItNames) {
+    int fd = GoodRing();
+    uint64_t ext = Buf(4096);
+    // Nothing open: ignored, and they get no response.
+    std::vector<int32_t> st = Exchange(
+        fd,
+        {Req(TW_OP_CANCEL, 0, 0, 0, 700, ext, 3000), Req(TW_OP_CANCEL, 0, 0, 0, 0, ext, 3000),
+         Req(TW_OP_CANCEL, ~0ull, ~0ull, ~0u, 701, ~0ull, ~0ull), Req(TW_OP_READ, Buf(), 0, 8)});
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0], OTE_OK);
+    EXPECT_FALSE(Pinned());
+    memset(ring_, 0x33, 3000);
+    // A WRITE of three 1000-byte pieces: the first is served and the request stays open.
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, ext, 0, 1000, 10, ext, 3000)), OTE_OK);
+    EXPECT_TRUE(Pinned());
+    // Cancels naming another extent or another uid: the request goes on.
+    st = Exchange(
+        fd, {Req(TW_OP_CANCEL, 0, 0, 0, 10, ext, 2999), Req(TW_OP_CANCEL, 0, 0, 0, 10, Buf(), 3000),
+             Req(TW_OP_CANCEL, 0, 0, 0, 11, ext, 3000),
+             Req(TW_OP_WRITE, ext + 1000, 1000, 1000, 10, ext, 3000)});
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0], OTE_OK);
+    EXPECT_TRUE(Pinned());
+    // The real cancel, with the last piece after it in the same message: not served.
+    st = Exchange(fd, {Req(TW_OP_CANCEL, 0, 0, 0, 10, ext, 3000),
+                       Req(TW_OP_WRITE, ext + 2000, 2000, 1000, 10, ext, 3000)});
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0], OTE_ERR_CANCELED);
+    EXPECT_FALSE(Pinned()); // every byte of it accounted for: its pin is gone
+    for (size_t i = 0; i < 2000; i++) ASSERT_EQ(buf_[4096 + i], 0x33) << i;
+    for (size_t i = 2000; i < kBufLen - 4096; i++)
+        ASSERT_EQ(buf_[4096 + i], static_cast<uint8_t>((4096 + i) * 7 + 1)) << i;
+    for (size_t i = 0; i < 4096; i++) ASSERT_EQ(buf_[i], static_cast<uint8_t>(i * 7 + 1)) << i;
+    // Its uid is free again: a new request of it is served.
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, ext, 0, 100, 10, ext, 100)), OTE_OK);
+    EXPECT_FALSE(Pinned());
+    // A request of one piece (pinned without an account), read but not yet copied when
+    // its CANCEL comes: not copied; a cancel naming another extent leaves its neighbour.
+    memset(ring_, 0x44, 200);
+    st = Exchange(
+        fd, {Req(TW_OP_WRITE, ext, 0, 100, 20, ext, 100),
+             Req(TW_OP_WRITE, ext + 100, 100, 100, 21, ext + 100, 100),
+             Req(TW_OP_CANCEL, 0, 0, 0, 20, ext, 100), Req(TW_OP_CANCEL, 0, 0, 0, 21, ext, 100)});
+    ASSERT_EQ(st.size(), 2u);
+    EXPECT_EQ(st[0], OTE_ERR_CANCELED);
+    EXPECT_EQ(st[1], OTE_OK);
+    for (size_t i = 0; i < 100; i++) ASSERT_EQ(buf_[4096 + i], 0x33) << i;
+    for (size_t i = 100; i < 200; i++) ASSERT_EQ(buf_[4096 + i], 0x44) << i;
+    EXPECT_FALSE(Pinned());
+}
+
+// Cross-memory-attach mode with the ring mapped (small pieces): ring pieces are bounded
+// by the ring, and unknown flags are refused; pieces without the flag are addresses.
+TEST_F(ShmHostileTest, RingPiecesInAttachModeAreBoundedAndUnknownFlagsRefused) {
+    int fd = Connect();
+    ring_fd_ = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring_fd_, 0);
+    void *mp = mmap(nullptr, TW_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd_, 0);
+    ASSERT_NE(mp, MAP_FAILED);
+    ring_ = static_cast<uint8_t *>(mp);
+    static uint64_t cookie = 0x1234567890abcdefull;
+    tw_hello_t h = Hello(TW_RING_BYTES, reinterpret_cast<uintptr_t>(&cookie), cookie);
+    tw_hello_ack_t a;
+    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring_fd_}, &a));
+    ASSERT_EQ(a.status, OTE_OK) << a.text;
+    ASSERT_EQ(a.mode, static_cast<uint32_t>(TW_MODE_CMA));
+    ASSERT_EQ(a.flags & TW_ACK_RING, TW_ACK_RING);
+    auto flagged = [](tw_req_t q, uint16_t flags) {
+        q.flags = flags;
+        return q;
+    };
+    EXPECT_EQ(One(fd, flagged(Req(TW_OP_WRITE, Buf(), TW_RING_BYTES - 8, 16), TW_REQ_RING)),
+              OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, Buf(), ~0ull - 4, 16), TW_REQ_RING)),
+              OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, Buf(), 0, 16), 2)), OTE_ERR_INVALID);
+    EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, Buf(), 0, 16), 0x8001)), OTE_ERR_INVALID);
+    EXPECT_TRUE(BufIntact());
+    // A good ring piece in attach mode, and a good attach piece (a local address).
+    memset(ring_ + 100, 0, 64);
+    EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, Buf(8), 100, 64), TW_REQ_RING)), OTE_OK);
+    EXPECT_EQ(memcmp(ring_ + 100, buf_.data() + 8, 64), 0);
+    uint8_t mine[32];
+    memset(mine, 0, sizeof(mine));
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(40), reinterpret_cast<uintptr_t>(mine), 32)), OTE_OK);
+    EXPECT_EQ(memcmp(mine, buf_.data() + 40, 32), 0);
+    EXPECT_FALSE(Pinned());
 }
 
 // A requester that opens requests and never finishes them holds at most

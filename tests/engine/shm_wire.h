@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #define TW_MAGIC 0x4d48534fu
-#define TW_VERSION 2
+#define TW_VERSION 3
 #define TW_BATCH_MAX 64
 #define TW_MAX_SLICE (64u << 20)
 #define TW_RING_BYTES (16u << 20)
@@ -21,6 +21,10 @@
 #define TW_OP_READ 5
 #define TW_OP_NOTIFY 7
 #define TW_OP_WRITE_OFF 9
+#define TW_OP_CANCEL 11
+#define TW_REQ_RING 1u
+#define TW_ACK_RING 1u
+#define TW_RING_SMALL (64u << 10)
 enum { TW_HELLO = 1, TW_HELLO_ACK = 2, TW_REQS = 3, TW_RESPS = 4, TW_AUTH = 5 };
 enum { TW_MODE_CMA = 1, TW_MODE_RING = 2 };
 
@@ -45,7 +49,7 @@ typedef struct {
     int32_t status;
     uint32_t max_slice;
     uint32_t mode;
-    uint32_t pad;
+    uint32_t flags;
     char text[160];
 } tw_hello_ack_t;
 
@@ -63,7 +67,7 @@ typedef struct {
     uint64_t local;
     uint32_t len;
     uint16_t op;
-    uint16_t pad;
+    uint16_t flags;
     uint64_t req_remote, req_len;
     uint64_t req_uid;
 } tw_req_t;
