@@ -41,9 +41,7 @@ uint64_t ClockNs(clockid_t id) {
 }
 // CPU time of the process's other threads (the sim's progress thread): the test thread
 // itself polls its CQ without sleeping.
-uint64_t CpuNs() {
-    return ClockNs(CLOCK_PROCESS_CPUTIME_ID) - ClockNs(CLOCK_THREAD_CPUTIME_ID);
-}
+uint64_t CpuNs() { return ClockNs(CLOCK_PROCESS_CPUTIME_ID) - ClockNs(CLOCK_THREAD_CPUTIME_ID); }
 
 void Fill(Buf *b, uint8_t seed) {
     for (size_t i = 0; i < b->mem.size(); i++) b->mem[i] = (uint8_t)(i * 131 + seed + (i >> 12));
