@@ -70,6 +70,7 @@ void ote__rdma_notes_expire(rdma_tp_t *tp) {
 typedef struct {
     ote__tpeer_t *p;
     uint32_t cap;
+    uint32_t pair; /* (the peer's device << 8) | ours */
 } xarg_t;
 
 static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *local,
@@ -81,6 +82,7 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
     rq.u.connect.slot = slot;
     rq.u.connect.cap = x->cap;
     rq.u.connect.path = *local;
+    rq.u.connect.pair = x->pair;
     return ote__rdma_peer_call(x->p, &rq, OTE_RP_CONNECT_ACK, deadline, peer_out);
 }
 
@@ -89,6 +91,7 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
 typedef struct {
     ote__tpeer_t *p;
     const ote__slice_t *s;
+    uint32_t nic, pair; /* our device; (the peer's device << 8) | ours */
 } garg_t;
 
 static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
@@ -97,7 +100,8 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     ote__tpeer_t *p = ga->p;
     gid_ent_t *g = ote_calloc(1, sizeof(*g));
     if (g == NULL) return OTE_ERR_NOMEM;
-    g->id = grant_id;
+    uint64_t wire_id = OTE__RDMA_GRANT_WIRE(ga->nic, grant_id);
+    g->id = wire_id;
     ote_mutex_lock(&p->mu);
     g->next = p->grants;
     p->grants = g;
@@ -113,17 +117,18 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.req_addr = ga->s->req_len != 0 ? ga->s->req_remote : addr;
     rq.u.grant.req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
     rq.u.grant.req_uid = ga->s->req_uid;
+    rq.u.grant.pair = ga->pair;
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
-    ote_endpoint_t *ep = p->ep[op == OTE_GRANT_WRITE ? 1 : 0];
+    ote_endpoint_t *ep = p->ep[ga->nic][op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
     if (ote_endpoint_borrow_ready(ep, slot, remote_qpn, &qp) == OTE_OK) {
         rq.u.grant.req_qpn = ote_qp_num(qp);
         ote_endpoint_return(ep, slot, qp);
     }
-    ote_status_t st = ote__rdma_conn_send_rp(p->c, grant_id, OTE_OK, &rq);
+    ote_status_t st = ote__rdma_conn_send_rp(p->c, wire_id, OTE_OK, &rq);
     if (st != OTE_OK) {
         ote_mutex_lock(&p->mu);
-        (void)ote__rdma_grant_id_take(p, grant_id);
+        (void)ote__rdma_grant_id_take(p, wire_id);
         ote_mutex_unlock(&p->mu);
     }
     return st;
@@ -140,7 +145,7 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     if (code == OTE_ERR_CANCELED && !user) return OTE_ERR_PEER_LOST;
     if (code == OTE_ERR_FENCED) {
         if (user) return OTE_ERR_CANCELED;
-        if (ote_context_check(tp->ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
+        if (ote_context_check(tp->nics[s->xp.rdma.nic].ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
     }
     return st;
 }
@@ -150,14 +155,17 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
 static void slice_grant_done(void *arg, ote_status_t st) {
     ote__slice_t *s = arg;
     rdma_tp_t *tp = s->xp.rdma.tp;
+    rdma_nic_t *n = &tp->nics[s->xp.rdma.nic];
     struct ibv_mr *mr = s->xp.rdma.mr;
     if (mr != NULL) {
         int err = tp->v->ops->dereg_mr(tp->v, mr);
         if (err != 0) {
-            ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
+            ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
             OTE_WARN("rdma", "dereg of a temporary MR failed: errno %d; retained", err);
         }
     }
+    ote_selector_done(tp->sel, (int)n->index, s->len, st == OTE_OK);
+    if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, s->len);
     s->done(s, slice_status(tp, s, st));
 }
 
@@ -231,32 +239,45 @@ static int slice_canceled(void *arg) {
     return s->canceled != NULL && atomic_load_explicit(s->canceled, memory_order_relaxed);
 }
 
-/* A READ or WRITE slice: on success the grant owns the QP borrow and ends the slice. */
+/* A READ or WRITE slice: the selector picks the data device (the best-ranked active one
+ * that would finish it first); on success the grant owns the QP borrow and ends the
+ * slice. */
 static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     rdma_tp_t *tp = p->tp;
     if (atomic_load(&p->c->dead)) {
         s->done(s, OTE_ERR_PEER_LOST);
         return;
     }
+    int k = -1;
+    ote_status_t st = ote_selector_pick(tp->sel, -1, s->len, ~0u, &k);
+    if (st != OTE_OK) { /* every data device is down now */
+        slice_write_off(p, s);
+        s->done(s, OTE_ERR_PORT_DOWN);
+        return;
+    }
+    rdma_nic_t *n = &tp->nics[k];
     int write = s->op == OTE__SLICE_WRITE;
-    ote_endpoint_t *ep = p->ep[write ? 1 : 0];
+    ote_endpoint_t *ep = p->ep[k][write ? 1 : 0];
+    uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
     uint32_t slot = ote_endpoint_pick_slot(ep);
     ote_qp_t *qp = NULL;
-    xarg_t xa = {p, write ? OTE_EP_WRITE : OTE_EP_READ};
+    xarg_t xa = {p, write ? OTE_EP_WRITE : OTE_EP_READ, pair};
     ote_deadline_t cdl = ote_deadline_min(
         s->deadline, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC));
-    ote_status_t st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
+    st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
     if (st != OTE_OK) {
+        ote_selector_done(tp->sel, k, s->len, 0);
         slice_write_off(p, s);
         s->done(s, st);
         return;
     }
     struct ibv_mr *mr = NULL, *tmp = NULL;
-    if (ote_buffer_manager_find(tp->bm, s->local, s->len, tp->ctx, &mr) != OTE_OK) {
-        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(tp->ctx), s->local, s->len,
+    if (ote_buffer_manager_find(tp->bm, s->local, s->len, n->ctx, &mr) != OTE_OK) {
+        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, s->len,
                                      IBV_ACCESS_LOCAL_WRITE, &tmp);
         if (err != 0) {
             ote_endpoint_return(ep, slot, qp);
+            ote_selector_done(tp->sel, k, s->len, 0);
             OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
             slice_write_off(p, s);
             s->done(s, ote_status_make(OTE_ERR_NATIVE, err));
@@ -264,9 +285,10 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
         }
         mr = tmp;
     }
-    /* Scratch for slice_grant_done: the temporary MR (NULL when registered) and tp. */
+    /* Scratch for slice_grant_done: the temporary MR (NULL when registered), tp, device. */
     s->xp.rdma.mr = tmp;
     s->xp.rdma.tp = tp;
+    s->xp.rdma.nic = (uint32_t)k;
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
     d.op = write ? OTE_GRANT_WRITE : OTE_GRANT_READ;
@@ -281,15 +303,16 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     d.done = slice_grant_done;
     d.done_arg = s;
     d.canceled = slice_canceled;
-    garg_t ga = {p, s};
+    garg_t ga = {p, s, (uint32_t)k, pair};
     ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
-    st = ote_grant_start(tp->gm, &d, &ctl);
+    st = ote_grant_start(n->gm, &d, &ctl);
     if (st != OTE_OK) {
         ote_endpoint_return(ep, slot, qp);
         s->xp.rdma.mr = NULL;
         if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
-            ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
+            ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
+        ote_selector_done(tp->sel, k, s->len, 0);
         slice_write_off(p, s);
         s->done(s, st);
     }

@@ -170,7 +170,9 @@ TEST_F(SelectorTest, NoActiveDeviceAndMasks) {
 // Two NICs that complete at 2 GB/s and 1 GB/s (a simulated clock, slices of 1 MiB, 8 in
 // flight): once their rates are measured the fast one carries about two thirds.
 TEST_F(SelectorTest, CompletionRateSteersTowardsTheFasterNic) {
-    ASSERT_NO_FATAL_FAILURE(Make());
+    ote_selector_config_t cfg = {};
+    cfg.rate_window_ns = 50 * 1000 * 1000; // never idle here: 50 ms samples
+    ASSERT_NO_FATAL_FAILURE(Make(cfg));
     Add("fast", -1);
     Add("slow", -1);
     const uint64_t slice = 1 << 20;
@@ -203,6 +205,37 @@ TEST_F(SelectorTest, CompletionRateSteersTowardsTheFasterNic) {
     double share = (double)bytes[0] / (double)(bytes[0] + bytes[1]);
     EXPECT_GT(share, 0.58);
     EXPECT_LT(share, 0.75);
+}
+
+// Rates within OTE_SELECTOR_RATE_SPREAD of each other are noise: the split follows bytes
+// in flight alone, so one request's slices, all picked at once, are split evenly.
+TEST_F(SelectorTest, NearlyEqualRatesSplitEvenly) {
+    ASSERT_NO_FATAL_FAILURE(Make());
+    Add("a", -1);
+    Add("b", -1);
+    // Busy periods of one 1 MiB slice each: a ends after 20 ms, b after 22 ms (a is 1.1x
+    // as fast).
+    const uint64_t slice = 1 << 20;
+    for (int k = 0; k < 40; k++) {
+        int i = Pick(slice), j = Pick(slice);
+        ASSERT_NE(i, j);
+        clock_.ns += 20 * 1000 * 1000;
+        ote_selector_done(s_, 0, slice, 1);
+        clock_.ns += 2 * 1000 * 1000;
+        ote_selector_done(s_, 1, slice, 1);
+    }
+    double ra = Stats(0).rate_bps, rb = Stats(1).rate_bps;
+    EXPECT_NEAR(ra / rb, 1.1, 0.01);
+    // A slice smaller than 1 MiB alone is latency, not rate: no sample.
+    int i = Pick(4096);
+    clock_.ns += 50 * 1000 * 1000;
+    ote_selector_done(s_, i, 4096, 1);
+    EXPECT_EQ(Stats(i).rate_bps, i == 0 ? ra : rb);
+    // Now 64 slices at once: 32 each.
+    int n[2] = {0, 0};
+    for (int k = 0; k < 64; k++) n[Pick(slice)]++;
+    EXPECT_EQ(n[0], 32);
+    EXPECT_EQ(n[1], 32);
 }
 
 TEST_F(SelectorTest, BadArguments) {

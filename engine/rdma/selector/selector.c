@@ -22,8 +22,8 @@
 typedef struct {
     ote_selector_stats_t st;
     uint64_t last_pick; /* pick sequence of its last pick (ties: least recent first) */
-    uint64_t win_start; /* start of the current rate window (0: idle) */
-    uint64_t win_bytes; /* bytes done in the current window */
+    uint64_t win_start; /* start of the current busy period or window (0: idle) */
+    uint64_t win_bytes; /* bytes done since then */
 } sel_dev_t;
 
 struct ote_selector {
@@ -90,8 +90,8 @@ ote_status_t ote_selector_create(const ote_selector_config_t *cfg, ote_selector_
     s->cfg.nallow = 0;
     s->cfg.deny = NULL;
     s->cfg.ndeny = 0;
-    if (s->cfg.rate_window_ns == 0) s->cfg.rate_window_ns = 10 * OTE_NSEC_PER_MSEC;
-    if (s->cfg.ewma_weight_pct == 0) s->cfg.ewma_weight_pct = 25;
+    if (s->cfg.rate_window_ns == 0) s->cfg.rate_window_ns = 500 * OTE_NSEC_PER_MSEC;
+    if (s->cfg.ewma_weight_pct == 0) s->cfg.ewma_weight_pct = 20;
     for (int i = 0; i < SEL_MAX_NODES; i++)
         for (int j = 0; j < SEL_MAX_NODES; j++) s->dist[i][j] = -1;
     ote_status_t st = ote_mutex_init(&s->mu);
@@ -214,12 +214,18 @@ ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, ui
         ote_mutex_unlock(&s->mu);
         return OTE_ERR_NO_DEVICE;
     }
+    double rmin = 0, rmax = 0;
     for (size_t i = 0; i < s->n; i++) {
         const sel_dev_t *d = &s->dev[i];
-        if (d->st.active && (mask & (1u << i)) && rank_of(s, d, mem_numa) == best_rank &&
-            !(d->st.rate_bps > 0))
-            rates = 0;
+        if (!d->st.active || !(mask & (1u << i)) || rank_of(s, d, mem_numa) != best_rank) continue;
+        double r = d->st.rate_bps;
+        if (!(r > 0)) rates = 0;
+        if (rmin == 0 || r < rmin) rmin = r;
+        if (r > rmax) rmax = r;
     }
+    /* Rates closer than OTE_SELECTOR_RATE_SPREAD are measurement noise: bytes in flight
+     * alone then (a faster NIC drains its queue sooner and so gets more anyway). */
+    if (rates && rmax < rmin * OTE_SELECTOR_RATE_SPREAD) rates = 0;
     int pick = -1;
     for (size_t i = 0; i < s->n; i++) {
         const sel_dev_t *d = &s->dev[i];
@@ -239,6 +245,21 @@ ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, ui
     return OTE_OK;
 }
 
+/* A completion-rate sample: the bytes done over a whole busy period (from the pick that
+ * made the device busy to the end that made it idle), or over rate_window_ns of a busy
+ * period that lasts longer. Slices run in parallel on a NIC, so their ends come in bursts:
+ * only such long spans say how fast it moves bytes; shorter or smaller ones (under
+ * SEL_MIN_SAMPLE bytes: latency, not rate) are not sampled. Under mu. */
+#define SEL_MIN_SAMPLE (1u << 20)
+
+static void rate_sample(ote_selector_t *s, sel_dev_t *d, uint64_t now) {
+    uint64_t span = now > d->win_start ? now - d->win_start : 0;
+    if (span == 0 || d->win_bytes < SEL_MIN_SAMPLE) return;
+    double sample = (double)d->win_bytes * 1e9 / (double)span;
+    double w = (double)s->cfg.ewma_weight_pct / 100.0;
+    d->st.rate_bps = d->st.rate_bps > 0 ? w * sample + (1 - w) * d->st.rate_bps : sample;
+}
+
 void ote_selector_done(ote_selector_t *s, int index, uint64_t len, int ok) {
     if (s == NULL) return;
     ote_mutex_lock(&s->mu);
@@ -253,17 +274,18 @@ void ote_selector_done(ote_selector_t *s, int index, uint64_t len, int ok) {
     } else {
         d->st.bytes_done += len;
         d->win_bytes += len;
+    }
+    if (d->win_start != 0) {
         uint64_t now = now_of(s);
-        uint64_t span = now > d->win_start ? now - d->win_start : 0;
-        if (d->win_start != 0 && span >= s->cfg.rate_window_ns) {
-            double sample = (double)d->win_bytes * 1e9 / (double)span;
-            double w = (double)s->cfg.ewma_weight_pct / 100.0;
-            d->st.rate_bps = d->st.rate_bps > 0 ? w * sample + (1 - w) * d->st.rate_bps : sample;
+        if (d->st.inflight == 0) { /* the busy period ends */
+            rate_sample(s, d, now);
+            d->win_start = 0;
+        } else if (now - d->win_start >= s->cfg.rate_window_ns) {
+            rate_sample(s, d, now);
             d->win_start = now;
             d->win_bytes = 0;
         }
     }
-    if (d->st.inflight == 0) d->win_start = 0; /* idle time is not measured */
     ote_mutex_unlock(&s->mu);
 }
 

@@ -12,8 +12,11 @@
  * no distance, ranks 0, so NICs whose topology is unknown (the sim) rank equal.
  * Pick: among the active, allowed devices of the best (lowest) rank, the one whose bytes
  * would finish first: (bytes in flight + len) / rate, rate being an EWMA of its completion
- * rate measured while it was busy; while some candidate has no rate yet, the one with the
- * fewest bytes in flight. Ties go to the least recently picked. The picked device's bytes
+ * rate (bytes done over each busy period, or over rate_window_ns of a longer one, when at
+ * least 1 MiB); while some candidate has no rate yet, or the
+ * candidates' rates differ by less than a factor OTE_SELECTOR_RATE_SPREAD (noise: one
+ * request's slices are all picked at once, so a noisy rate would skew the whole split),
+ * the one with the fewest bytes in flight. Ties go to the least recently picked. The picked device's bytes
  * in flight grow by len until ote_selector_done().
  * Lists: allow (config rdma_devices; empty = every device) and deny (rdma_exclude) name
  * devices exactly; a device not allowed, or denied, is refused by ote_selector_add.
@@ -34,6 +37,7 @@ extern "C" {
 
 #define OTE_SELECTOR_MAX_DEVICES 16
 #define OTE_SELECTOR_NAME_MAX 64
+#define OTE_SELECTOR_RATE_SPREAD 1.25
 
 typedef struct ote_selector ote_selector_t;
 
