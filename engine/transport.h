@@ -68,6 +68,8 @@ struct ote__slice {
             struct ote__rdma_tp *tp; /* the transport that took the slice */
             struct ibv_mr *mr;       /* temporary MR of an unregistered local buffer, or NULL */
             uint32_t nic;            /* the data device the selector picked */
+            uint32_t retries;        /* READ slices moved to another device after a loss */
+            struct ote__tpeer *peer; /* the peer whose queue the slice came from */
         } rdma;
         struct {
             uint64_t id;       /* number of the slice's request on its peer connection */

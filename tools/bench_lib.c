@@ -627,17 +627,23 @@ double bench_result_ops_per_sec(const bench_result_t *r) {
 static double finite_or_zero(double v) { return isfinite(v) ? v : 0.0; }
 
 int bench_format_json(const bench_result_t *r, char *buf, size_t len) {
-    return snprintf(buf, len,
-                    "{\"transport\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
-                    ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"bytes\":%" PRIu64
-                    ",\"seconds\":%.6f,\"gbps\":%.4f,\"ops_per_sec\":%.1f,\"lat_avg_us\":%.3f"
-                    ",\"lat_p50_us\":%.3f,\"lat_p99_us\":%.3f,\"lat_p999_us\":%.3f"
-                    ",\"check\":\"%s\"}",
-                    r->transport, bench_op_name(r->op), r->block_size, r->batch_size, r->threads,
-                    r->bytes, finite_or_zero(r->seconds), finite_or_zero(bench_result_gbps(r)),
-                    finite_or_zero(bench_result_ops_per_sec(r)), finite_or_zero(r->lat.avg_us),
-                    finite_or_zero(r->lat.p50_us), finite_or_zero(r->lat.p99_us),
-                    finite_or_zero(r->lat.p999_us), bench_check_name(r->check));
+    int n = snprintf(buf, len,
+                     "{\"transport\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
+                     ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"bytes\":%" PRIu64
+                     ",\"seconds\":%.6f,\"gbps\":%.4f,\"ops_per_sec\":%.1f,\"lat_avg_us\":%.3f"
+                     ",\"lat_p50_us\":%.3f,\"lat_p99_us\":%.3f,\"lat_p999_us\":%.3f"
+                     ",\"check\":\"%s\",\"per_nic\":{",
+                     r->transport, bench_op_name(r->op), r->block_size, r->batch_size, r->threads,
+                     r->bytes, finite_or_zero(r->seconds), finite_or_zero(bench_result_gbps(r)),
+                     finite_or_zero(bench_result_ops_per_sec(r)), finite_or_zero(r->lat.avg_us),
+                     finite_or_zero(r->lat.p50_us), finite_or_zero(r->lat.p99_us),
+                     finite_or_zero(r->lat.p999_us), bench_check_name(r->check));
+    /* "per_nic": {"name": bytes, ...} (names are device names: no quote or backslash) */
+    for (size_t i = 0; i < r->nnic && i < BENCH_MAX_NICS && n >= 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%s\"%s\":%" PRIu64, i ? "," : "", r->nic[i].name,
+                      r->nic[i].bytes);
+    if (n >= 0 && (size_t)n < len) n += snprintf(buf + n, len - (size_t)n, "}}");
+    return n;
 }
 
 int bench_format_table_header(char *buf, size_t len) {

@@ -23,6 +23,7 @@ static size_t body_size(uint16_t type) {
         case OTE_RP_GRANT_REQ: return 4 + 56;
         case OTE_RP_WRITE_OFF: return 4 + 24;
         case OTE_RP_GRANT_RESP: return 4 + 4;
+        case OTE_RP_EP_RESET: return 4 + 4;
         default: return 0;
     }
 }
@@ -95,6 +96,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 16, m->u.wo.bytes);
             break;
         case OTE_RP_GRANT_RESP: ote_le_put32(b, m->u.resp.rkey); break;
+        case OTE_RP_EP_RESET: ote_le_put32(b, m->u.reset.pair); break;
         default: return 0;
     }
     return n;
@@ -165,6 +167,10 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
                 return OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_GRANT_RESP: m.u.resp.rkey = ote_le_get32(b); break;
+        case OTE_RP_EP_RESET:
+            m.u.reset.pair = ote_le_get32(b);
+            if (!pair_ok(m.u.reset.pair)) return OTE_ERR_PROTOCOL;
+            break;
         case OTE_RP_WRITE_OFF:
             m.u.wo.req_uid = ote_le_get64(b);
             m.u.wo.req_len = ote_le_get64(b + 8);

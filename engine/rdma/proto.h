@@ -14,6 +14,10 @@
  *                     never be asked for (slices canceled or failed before their grant);
  *                     no answer
  *   GRANT_RESP        rkey u32 (status in the frame header; req_id = the grant id)
+ *   EP_RESET          pair u32: the requester's device of that pair went down; the source
+ *                     ends at once every grant it serves on that pair's endpoints (their
+ *                     requester QPs are gone) and retires their QPs; no answer. Sent only
+ *                     by a requester with several devices.
  *
  * Several NICs (striping): INFO / INFO_ACK may be followed by ndev u32 and the NIC ids of
  * the sender's data devices (8 x u32, the first ndev used; ndev 1..8, ids[0] = nic);
@@ -39,6 +43,7 @@ enum {
     OTE_RP_GRANT_REQ = 5,
     OTE_RP_GRANT_RESP = 6,
     OTE_RP_WRITE_OFF = 7,
+    OTE_RP_EP_RESET = 8,
 };
 
 #define OTE_RP_MAX_DEVS 8
@@ -70,6 +75,9 @@ typedef struct {
         struct {
             uint32_t rkey;
         } resp;
+        struct {
+            uint32_t pair;
+        } reset;
     } u;
 } ote_rp_msg_t;
 

@@ -87,6 +87,9 @@ static void nics_watch(rdma_tp_t *tp, int refresh) {
         if (up == atomic_load(&n->was_active)) continue;
         atomic_store(&n->was_active, up);
         (void)ote_selector_set_active(tp->sel, (int)i, up);
+        /* Its QPs are gone: the peers end the grants they serve for them now, rather than
+         * at their deadlines, so the slots can be rebuilt when the port is back. */
+        if (!up && tp->nnics > 1) ote__rdma_reset_device(tp, i);
         OTE_INFO("rdma", "data device %s %s", ote_context_name(n->ctx),
                  up ? "active: carries slices again" : "down: no new slices");
     }

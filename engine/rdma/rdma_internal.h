@@ -205,7 +205,19 @@ struct ote__tpeer {
     /* requester endpoints per local data device and capability (READ, WRITE): device i
      * pairs with the peer's device i % c->ndev */
     ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][2];
+    /* rdma_requester.c, under mu: data slices not started yet (FIFO), the bytes of this
+     * peer's started slices per device (at most OTE__RDMA_NIC_WINDOW each, or one slice),
+     * and the pump's state (one thread pumps; others ask it to go round again).
+     * peer_close waits until no thread pumps. */
+    ote__slice_t *q_head, *q_tail;
+    uint64_t inflight[OTE__RDMA_MAX_NICS];
+    int pumping, pump_again;
+    _Atomic int purge; /* a cancel asked the pump to drop canceled queued slices */
 };
+
+/* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,
+ * so a device that goes down takes only these with it (the queued ones go elsewhere). */
+#define OTE__RDMA_NIC_WINDOW (16u << 20)
 
 /*
  * One data device (NIC) of the transport: its context, CQ lanes and their workers (on the
@@ -317,6 +329,11 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
  * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. */
 ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
                               ote_endpoint_t **ep_out);
+/* EP_RESET from the requester on c: end the grants served on that pair's endpoints and
+ * retire their QPs (server thread). */
+void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq);
+/* The requester's device k went down: tell every peer (EP_RESET of the pair). Monitor. */
+void ote__rdma_reset_device(rdma_tp_t *tp, uint32_t k);
 /* The grant layer's source callbacks (pin, unpin, answer) for this transport. */
 ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp);
 /* Receive callback of every QP (qp_config.on_recv): grant receipts. */

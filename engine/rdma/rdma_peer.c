@@ -336,6 +336,17 @@ ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p) {
 
 ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
+    /* A thread that ended this peer's last slice may still be leaving its pump. */
+    ote_deadline_t pdl =
+        ote_deadline_after((tp->cfg.connect_timeout_ms + 5000) * OTE_NSEC_PER_MSEC);
+    ote_mutex_lock(&p->mu);
+    while (p->pumping && ote_cond_wait(&p->cv, &p->mu, pdl) != OTE_ERR_TIMEOUT) {}
+    int busy = p->pumping;
+    ote_mutex_unlock(&p->mu);
+    if (busy) {
+        OTE_ERROR("rdma", "peer %s: a slice pump did not end: peer kept", p->name);
+        return OTE_ERR_BUSY;
+    }
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t **pp = &tp->peers; *pp != NULL; pp = &(*pp)->tp_next) {
         if (*pp == p) {
@@ -349,4 +360,24 @@ ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
     ote_mutex_destroy(&p->mu);
     ote_free(p);
     return OTE_OK;
+}
+
+void ote__rdma_reset_device(rdma_tp_t *tp, uint32_t k) {
+    conn_t *cs[64];
+    size_t n = 0;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t *p = tp->peers; p != NULL && n < 64; p = p->tp_next) {
+        if (p->c == NULL || p->c->ndev == 0) continue;
+        ote__rdma_conn_get(p->c);
+        cs[n++] = p->c;
+    }
+    ote_mutex_unlock(&tp->mu);
+    for (size_t i = 0; i < n; i++) {
+        ote_rp_msg_t rq;
+        memset(&rq, 0, sizeof(rq));
+        rq.type = OTE_RP_EP_RESET;
+        rq.u.reset.pair = ((k % cs[i]->ndev) << 8) | k;
+        (void)ote__rdma_conn_send_rp(cs[i], 0, OTE_OK, &rq);
+        ote__rdma_conn_put(cs[i]);
+    }
 }

@@ -229,3 +229,25 @@ ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp) {
         .arg = tp, .pin = src_pin, .unpin = src_unpin, .answer = src_answer};
     return src;
 }
+
+void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq) {
+    size_t n = 0;
+    for (int cap = 0; cap < 2; cap++) {
+        rdma_nic_t *nic = NULL;
+        ote_endpoint_t *ep = NULL;
+        if (ote__rdma_src_ep(c, rq->u.reset.pair, cap ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep) !=
+            OTE_OK)
+            continue;
+        n += ote_grant_source_end_endpoint(nic->gm, ep);
+        /* Their requester QPs are gone: the slots' QPs go too (rebuilt on CONNECT). */
+        for (uint32_t slot = 0; slot < ote_endpoint_width(ep); slot++) {
+            ote_qp_t *qp = NULL;
+            if (ote_endpoint_borrow_ready(ep, slot, 0, &qp) == OTE_OK) {
+                ote_endpoint_retire(ep, slot, qp);
+                ote_endpoint_return(ep, slot, qp);
+            }
+        }
+    }
+    OTE_INFO("rdma", "requester %s lost its device of pair %u:%u: %zu grant(s) ended", c->peer_addr,
+             rq->u.reset.pair >> 8, rq->u.reset.pair & 0xff, n);
+}

@@ -96,9 +96,10 @@ typedef struct {
     int active;            /* its port is active now */
 } ote_nic_stats_t;
 
-/* The data devices of the engine's transports (TCP and shm have none), at most cap of
- * them in out; *n_out is how many there are (more than cap: call again with room).
- * Counters only grow. OTE_ERR_INVALID for a NULL engine or n_out, or out NULL with cap. */
+/* The data devices of the engine's transports (TCP and shm have none) in out; *n_out is
+ * how many there are. cap too small: OTE_ERR_TOO_BIG with *n_out the number needed, out
+ * untouched. Counters only grow. OTE_ERR_INVALID for a NULL engine or n_out, or out NULL
+ * with cap. */
 ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, size_t cap,
                                   size_t *n_out);
 
