@@ -18,8 +18,9 @@
  * events, grant and notification deadlines, endpoint reclaim). Every status a peer
  * reports passes through ote_ctl_peer_status().
  *
- * Requester path of one engine slice: pick the least-loaded slot of the (peer, cap)
- * endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
+ * Requester path of one engine slice: it waits in the peer's queue until a device has
+ * room in the peer's window (OTE__RDMA_NIC_WINDOW), the selector picks the device, then:
+ * pick the least-loaded slot of that device's (peer, cap) endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
  * local MR (or register a temporary one), start a grant (GRANT_REQ), and the grant layer
  * posts the 64 KiB slices and the SEND_WITH_INV receipt; its done() ends the engine slice.
  * Source path: CONNECT builds/returns the source QP of that slot; GRANT_REQ is checked
@@ -51,8 +52,9 @@
  *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake, its reader thread, INFO/CONNECT calls, open/ensure/close
- *   rdma_requester.c  the requester data path: engine slices to grants, GRANT_REQ,
- *                     notifications and their deadlines
+ *   rdma_requester.c  the requester data path: the peer's slice queue and its pump,
+ *                     engine slices to grants on the picked device, GRANT_REQ, moves of
+ *                     slices off a device that went down, notifications and deadlines
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
