@@ -16,8 +16,8 @@
  *   GRANT_RESP        rkey u32 (status in the frame header; req_id = the grant id)
  *   EP_RESET          pair u32: the requester's device of that pair went down; the source
  *                     ends at once every grant it serves on that pair's endpoints (their
- *                     requester QPs are gone) and retires their QPs; no answer. Sent only
- *                     by a requester with several devices.
+ *                     requester QPs are gone), so their slots are free for CONNECT when it
+ *                     is back; no answer. Sent only by a requester with several devices.
  *
  * Several NICs (striping): INFO / INFO_ACK may be followed by ndev u32 and the NIC ids of
  * the sender's data devices (8 x u32, the first ndev used; ndev 1..8, ids[0] = nic);

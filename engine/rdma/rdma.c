@@ -105,7 +105,7 @@ static void *monitor_main(void *arg) {
         for (uint32_t i = 0; i < tp->nnics; i++) (void)ote_grant_mgr_tick(tp->nics[i].gm);
         ote__rdma_notes_expire(tp);
         uint64_t now = ote_now_ns();
-        int refresh = now - last_refresh > 500 * OTE_NSEC_PER_MSEC;
+        int refresh = now - last_refresh > 1000 * OTE_NSEC_PER_MSEC;
         if (refresh) last_refresh = now;
         nics_watch(tp, refresh);
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {

@@ -238,15 +238,10 @@ void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq) {
         if (ote__rdma_src_ep(c, rq->u.reset.pair, cap ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep) !=
             OTE_OK)
             continue;
+        /* Their borrows of the slots' QPs end with them. The QPs stay: a requester QP
+         * that saw no traffic while its port was down is still connected to its own; one
+         * that failed is rebuilt by CONNECT, which retires ours then. */
         n += ote_grant_source_end_endpoint(nic->gm, ep);
-        /* Their requester QPs are gone: the slots' QPs go too (rebuilt on CONNECT). */
-        for (uint32_t slot = 0; slot < ote_endpoint_width(ep); slot++) {
-            ote_qp_t *qp = NULL;
-            if (ote_endpoint_borrow_ready(ep, slot, 0, &qp) == OTE_OK) {
-                ote_endpoint_retire(ep, slot, qp);
-                ote_endpoint_return(ep, slot, qp);
-            }
-        }
     }
     OTE_INFO("rdma", "requester %s lost its device of pair %u:%u: %zu grant(s) ended", c->peer_addr,
              rq->u.reset.pair >> 8, rq->u.reset.pair & 0xff, n);

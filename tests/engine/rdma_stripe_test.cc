@@ -7,7 +7,9 @@
 // restricted to one NIC (rdma_devices=sim0) is at least 1.4x slower for the same
 // request: a same-run ratio with a wide margin under the ideal 2x.
 // Failover: the requester's sim1 port taken down mid-transfer (READ completes on sim0,
-// an in-flight WRITE is not replayed), then up again: it carries traffic again.
+// an in-flight WRITE is not replayed), then up again: it carries traffic again; a missed
+// PORT_ACTIVE event (verbs/fault swallowing async events) recovered by the monitor's
+// periodic refresh.
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
@@ -23,6 +25,7 @@ extern "C" {
 #include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
+#include "verbs/fault.h"
 #include "verbs/sim/sim.h"
 }
 
@@ -162,10 +165,15 @@ TEST_F(RdmaStripeTest, OneRequestSpreadOverTwoLimitedNicsRunsFaster) {
 
 // ---- failover: the requester's sim1 port goes down mid-transfer and comes back ----
 
-ote_verbs_t *g_sim = nullptr; // the requester engine's sim instance
+ote_verbs_t *g_sim = nullptr;   // the requester engine's sim instance
+ote_verbs_t *g_fault = nullptr; // its fault decorator, when g_wrap
+bool g_wrap = false;
 ote_status_t KeepSim(ote_verbs_t **v) {
     g_sim = *v;
-    return OTE_OK;
+    if (!g_wrap) return OTE_OK;
+    ote_status_t st = ote_verbs_fault_wrap(*v, OTE_VERBS_FAULT_OWN_INNER, &g_fault);
+    if (st == OTE_OK) *v = g_fault;
+    return st;
 }
 // Captures the sim of the engine the fixture creates (set before it, cleared after).
 struct SimHook {
@@ -183,8 +191,11 @@ class RdmaFailoverTest : private SimEnv, private SimHook, public ote_test::Targe
     }
     void TearDown() override {
         ote__rdma_test_verbs_hook = nullptr;
+        if (g_fault != nullptr) ote_verbs_fault_clear(g_fault);
         ote_test::TargetE2eTest::TearDown();
         g_sim = nullptr;
+        g_fault = nullptr;
+        g_wrap = false;
     }
     uint64_t Sim1Bytes() {
         std::vector<ote_nic_stats_t> v(4);
@@ -271,6 +282,37 @@ TEST_F(RdmaFailoverTest, WriteInFlightIsNotReplayedAndThePortComesBack) {
     EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
     EXPECT_GT(Sim1Bytes() - sim1_up, kLen / 4) << "sim1 carries traffic again";
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+}
+
+// The requester's provider under verbs/fault, so that its async events can be lost.
+struct WrapFirst {
+    WrapFirst() { g_wrap = true; }
+};
+class RdmaMissedEventTest : private WrapFirst, public RdmaFailoverTest {};
+
+// sim1 goes down (PORT_ERR delivered), then every get_async_event finds nothing (EAGAIN:
+// the PORT_ACTIVE event is never seen) while it comes back: the monitor's periodic
+// ote_context_refresh alone brings it back, and it carries traffic again.
+TEST_F(RdmaMissedEventTest, PeriodicRefreshRecoversAMissedPortActive) {
+    ASSERT_NE(g_fault, nullptr);
+    ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_DOWN), OTE_OK);
+    ote_deadline_t dl = ote_deadline_after(30 * kSec);
+    while (Sim1Active() && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_FALSE(Sim1Active()) << "sim1 never seen down";
+    ASSERT_EQ(ote_verbs_fault_fail(g_fault, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_EVERY, 0,
+                                   EAGAIN),
+              OTE_OK);
+    uint64_t swallowed = ote_verbs_fault_injected(g_fault, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT);
+    ASSERT_NO_FATAL_FAILURE(UpAndBack());
+    EXPECT_GT(ote_verbs_fault_injected(g_fault, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT), swallowed)
+        << "the monitor did not look for events while sim1 came back";
+    std::vector<uint8_t> src(kLen);
+    ote_pattern_fill(src.data(), kLen, 93, 0);
+    uint64_t sim1 = Sim1Bytes();
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+    EXPECT_GT(Sim1Bytes() - sim1, kLen / 4) << "sim1 carries traffic again";
 }
 
 TEST(RdmaNicStats, ArgumentsAndEnginesWithoutNics) {
