@@ -84,9 +84,14 @@ static void nics_watch(rdma_tp_t *tp, int refresh) {
         rdma_nic_t *n = &tp->nics[i];
         if (refresh) (void)ote_context_refresh(n->ctx);
         int up = ote_context_check(n->ctx) == OTE_OK;
-        if (up == atomic_load(&n->was_active)) continue;
+        /* The data path may mark a device down before the monitor sees it (a start that
+         * failed on it): the selector follows the context's state at each change and at
+         * each refresh. */
+        int changed = up != atomic_load(&n->was_active);
+        if ((changed || refresh) && ote_selector_is_active(tp->sel, (int)i) != up)
+            (void)ote_selector_set_active(tp->sel, (int)i, up);
+        if (!changed) continue;
         atomic_store(&n->was_active, up);
-        (void)ote_selector_set_active(tp->sel, (int)i, up);
         /* Its QPs are gone: the peers end the grants they serve for them now, rather than
          * at their deadlines, so the slots can be rebuilt when the port is back. */
         if (!up && tp->nnics > 1) ote__rdma_reset_device(tp, i);
