@@ -136,6 +136,11 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
 
 static void teardown(rdma_tp_t *tp) {
     atomic_store(&tp->stop, 1);
+    if (tp->pumper_started) {
+        ote__rdma_pump_kick(tp);
+        pthread_join(tp->pumper, NULL);
+        tp->pumper_started = 0;
+    }
     /* One server connection thread that does not end within the bound is still using
      * tp: then nothing is freed (the transport is retained, counted in
      * ote__rdma_retained_transports, and logged), never freed under a running thread. */
@@ -196,6 +201,7 @@ static void teardown(rdma_tp_t *tp) {
         OTE_ERROR("rdma", "context set retained at shutdown");
     if (tp->v != NULL) ote_verbs_close(tp->v);
     if (tp->lfd >= 0) close(tp->lfd);
+    ote_cond_destroy(&tp->pump_cv);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
     ote_free(tp);
@@ -381,6 +387,13 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         ote_free(tp);
         return st;
     }
+    st = ote_cond_init(&tp->pump_cv);
+    if (st != OTE_OK) {
+        ote_cond_destroy(&tp->cv);
+        ote_mutex_destroy(&tp->mu);
+        ote_free(tp);
+        return st;
+    }
     st = open_devices(tp);
     if (st != OTE_OK) goto err;
     st = ote_buffer_manager_create(tp->set, &tp->bm);
@@ -399,6 +412,11 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         goto err;
     }
     tp->monitor_started = 1;
+    if (pthread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
+        st = OTE_ERR_NOMEM;
+        goto err;
+    }
+    tp->pumper_started = 1;
     st = ote__rdma_acceptor_start(tp);
     if (st != OTE_OK) goto err;
     for (uint32_t i = 0; i < tp->nnics; i++) {

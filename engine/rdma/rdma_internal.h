@@ -268,8 +268,13 @@ struct ote__rdma_tp {
     uint64_t process_id, pd_id;
     int lfd;
     char addr[OTE__ADDR_MAX];
-    pthread_t acceptor, monitor;
-    int acceptor_started, monitor_started;
+    pthread_t acceptor, monitor, pumper;
+    int acceptor_started, monitor_started, pumper_started;
+    /* The pump thread (rdma_requester.c): a slice that ends (under a CQ lane's poll lock,
+     * in the monitor or in a reader) only kicks it; it starts the peers' queued slices
+     * with no lock held. pump_kick under mu. */
+    ote_cond_t pump_cv;
+    int pump_kick;
     _Atomic int stop;
     ote_mutex_t mu; /* registrations, server connections, peers */
     ote_cond_t cv;
@@ -370,6 +375,9 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
 void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list);
 void ote__rdma_cancel(ote__tpeer_t *p);
 uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p);
+/* The pump thread: started at creation, ended by tp->stop (after a kick). */
+void *ote__rdma_pumper_main(void *arg);
+void ote__rdma_pump_kick(rdma_tp_t *tp);
 /* Under p->mu: unlink and return the notification / grant id, if it still waits. */
 note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id);
 int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id);

@@ -336,7 +336,16 @@ ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p) {
 
 ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
-    /* A thread that ended this peer's last slice may still be leaving its pump. */
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t **pp = &tp->peers; *pp != NULL; pp = &(*pp)->tp_next) {
+        if (*pp == p) {
+            *pp = p->tp_next;
+            break;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
+    /* Unlinked, no pump takes it any more; one may still be leaving it (the pump thread,
+     * or a submitting thread whose last slice already ended). */
     ote_deadline_t pdl =
         ote_deadline_after((tp->cfg.connect_timeout_ms + 5000) * OTE_NSEC_PER_MSEC);
     ote_mutex_lock(&p->mu);
@@ -347,14 +356,6 @@ ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
         OTE_ERROR("rdma", "peer %s: a slice pump did not end: peer kept", p->name);
         return OTE_ERR_BUSY;
     }
-    ote_mutex_lock(&tp->mu);
-    for (ote__tpeer_t **pp = &tp->peers; *pp != NULL; pp = &(*pp)->tp_next) {
-        if (*pp == p) {
-            *pp = p->tp_next;
-            break;
-        }
-    }
-    ote_mutex_unlock(&tp->mu);
     disconnect_ctl(p);
     ote_cond_destroy(&p->cv);
     ote_mutex_destroy(&p->mu);

@@ -171,9 +171,9 @@ static int read_may_move(const rdma_tp_t *tp, const ote__slice_t *s, const rdma_
 }
 
 /* The grant of a slice ended: deregister the slice's temporary MR (s->xp.rdma.mr, set
- * only for an unregistered local buffer), give its device's window back, start what the
- * peer's queue holds, then end the slice (or queue it again: read_may_move). The pump
- * runs before done(): once the last slice is done the peer may be closed. */
+ * only for an unregistered local buffer), give its device's window back, kick the pump
+ * thread when the peer's queue holds slices, then end the slice (or queue it again:
+ * read_may_move). Nothing here touches p after done(): the peer may then be closed. */
 static void slice_grant_done(void *arg, ote_status_t st) {
     ote__slice_t *s = arg;
     rdma_tp_t *tp = s->xp.rdma.tp;
@@ -207,8 +207,11 @@ static void slice_grant_done(void *arg, ote_status_t st) {
         p->q_head = s;
         if (p->q_tail == NULL) p->q_tail = s;
     }
+    int queued = p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
-    pump(p);
+    /* Never pump here: this may run under a CQ lane's poll lock, and starting a slice may
+     * take another lane's. The pump thread starts what waits. */
+    if (queued || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
     if (!again) s->done(s, slice_status(tp, s, st));
 }
 
@@ -397,8 +400,9 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
  * or that finds no active device while none of this peer's slices is in flight (nothing
  * would pump again), ends without starting. One thread pumps at a time; a caller that
  * finds it busy asks it to go round again. No lock held on entry. */
+static void pump_locked(ote__tpeer_t *p);
+
 static void pump(ote__tpeer_t *p) {
-    rdma_tp_t *tp = p->tp;
     ote_mutex_lock(&p->mu);
     if (p->pumping) {
         p->pump_again = 1;
@@ -406,6 +410,13 @@ static void pump(ote__tpeer_t *p) {
         return;
     }
     p->pumping = 1;
+    pump_locked(p);
+}
+
+/* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
+ * released. */
+static void pump_locked(ote__tpeer_t *p) {
+    rdma_tp_t *tp = p->tp;
     do {
         p->pump_again = 0;
         if (atomic_exchange(&p->purge, 0)) { /* a cancel: drop its queued slices first */
@@ -505,4 +516,49 @@ void ote__rdma_cancel(ote__tpeer_t *p) { atomic_store(&p->purge, 1); }
 uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p) {
     (void)p;
     return 64u << 20;
+}
+
+void ote__rdma_pump_kick(rdma_tp_t *tp) {
+    ote_mutex_lock(&tp->mu);
+    tp->pump_kick = 1;
+    ote_cond_signal(&tp->pump_cv);
+    ote_mutex_unlock(&tp->mu);
+}
+
+#define PUMP_BATCH 64
+
+/* Pumps every peer whose queue holds slices (or has a cancel to apply) when kicked, and
+ * every 10 ms in case a kick raced with a peer's pump. A peer is taken (pumping set)
+ * under tp->mu while it is in tp->peers; peer_close unlinks it first and then waits
+ * for its pump to end, so it is never freed under this thread. */
+void *ote__rdma_pumper_main(void *arg) {
+    rdma_tp_t *tp = arg;
+    ote_mutex_lock(&tp->mu);
+    while (!atomic_load(&tp->stop)) {
+        if (!tp->pump_kick)
+            (void)ote_cond_wait(&tp->pump_cv, &tp->mu, ote_deadline_after(10 * OTE_NSEC_PER_MSEC));
+        tp->pump_kick = 0;
+        ote__tpeer_t *take[PUMP_BATCH];
+        size_t n = 0;
+        for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
+            ote_mutex_lock(&p->mu);
+            if ((p->q_head != NULL || atomic_load(&p->purge)) && !p->pumping) {
+                if (n < PUMP_BATCH) {
+                    p->pumping = 1;
+                    take[n++] = p;
+                } else {
+                    tp->pump_kick = 1; /* the rest next round */
+                }
+            }
+            ote_mutex_unlock(&p->mu);
+        }
+        ote_mutex_unlock(&tp->mu);
+        for (size_t i = 0; i < n; i++) {
+            ote_mutex_lock(&take[i]->mu);
+            pump_locked(take[i]);
+        }
+        ote_mutex_lock(&tp->mu);
+    }
+    ote_mutex_unlock(&tp->mu);
+    return NULL;
 }

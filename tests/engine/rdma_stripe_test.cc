@@ -315,6 +315,49 @@ TEST_F(RdmaMissedEventTest, PeriodicRefreshRecoversAMissedPortActive) {
     EXPECT_GT(Sim1Bytes() - sim1, kLen / 4) << "sim1 carries traffic again";
 }
 
+// rdma_devices / rdma_exclude choose the data devices; none left: OTE_ERR_NO_DEVICE.
+class RdmaDeviceLists : public ote_test::OteTest {};
+
+TEST_F(RdmaDeviceLists, AllowAndDenyListsChooseTheDataDevices) {
+    auto names = [](ote_engine_t *e) {
+        std::vector<ote_nic_stats_t> v(8);
+        size_t n = 0;
+        EXPECT_EQ(ote_engine_nic_stats(e, v.data(), v.size(), &n), OTE_OK);
+        std::string all;
+        for (size_t i = 0; i < n; i++) all += std::string(i ? "," : "") + v[i].name;
+        return all;
+    };
+    const ote_test::ConfigKv base = {{"transport", "rdma"}, {"verbs_provider", "sim"}};
+    struct Case {
+        const char *key, *value, *want;
+    } cases[] = {
+        {"rdma_exclude", "sim1", "sim0"}, {"rdma_exclude", "sim0, nosuch", "sim1"},
+        {"rdma_devices", "sim1", "sim1"}, {"rdma_devices", "sim0,sim1", "sim0,sim1"},
+        {"rdma_device", "sim1", "sim1"},
+    };
+    for (const Case &c : cases) {
+        ote_test::ConfigKv kv = base;
+        kv.push_back({c.key, c.value});
+        ote_engine_t *e = ote_test::NewEngine(kv);
+        ASSERT_NE(e, nullptr) << c.key << "=" << c.value;
+        EXPECT_EQ(names(e), c.want) << c.key << "=" << c.value;
+        EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    }
+    // Nothing left: creation fails, naming why (ERROR logged).
+    ote_test::ErrorLogsExpected none;
+    for (auto kv : {ote_test::ConfigKv{{"rdma_devices", "sim0"}, {"rdma_exclude", "sim0"}},
+                    ote_test::ConfigKv{{"rdma_devices", "nosuch"}}}) {
+        ote_config_t *cfg = nullptr;
+        ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+        for (auto &p : base) ASSERT_EQ(ote_config_set(cfg, p.first, p.second), OTE_OK);
+        for (auto &p : kv) ASSERT_EQ(ote_config_set(cfg, p.first, p.second), OTE_OK);
+        ote_engine_t *e = nullptr;
+        EXPECT_EQ(ote_status_code(ote_engine_create(cfg, &e)), OTE_ERR_NO_DEVICE);
+        EXPECT_EQ(e, nullptr);
+        ote_config_destroy(cfg);
+    }
+}
+
 TEST(RdmaNicStats, ArgumentsAndEnginesWithoutNics) {
     ote_engine_t *e = ote_test::NewEngine({{"transports", "tcp"}});
     ASSERT_NE(e, nullptr);
