@@ -54,6 +54,9 @@ static const key_def_t g_keys[] = {
     {"connect_timeout_ms", K_UINT, "5000", 1, 600000, {NULL}},
     {"verbs_provider", K_ENUM, "", 0, 0, {"", "sim", "rdma-core", NULL}},
     {"rdma_device", K_STRING, "", 0, 63, {NULL}},
+    /* Comma-separated device names: the data devices (empty: every one) and those never used. */
+    {"rdma_devices", K_STRING, "", 0, 255, {NULL}},
+    {"rdma_exclude", K_STRING, "", 0, 255, {NULL}},
     {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
@@ -426,6 +429,10 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
             copy_str(r.verbs_provider, sizeof(r.verbs_provider), v);
         else if (strcmp(k->key, "rdma_device") == 0)
             copy_str(r.rdma_device, sizeof(r.rdma_device), v);
+        else if (strcmp(k->key, "rdma_devices") == 0)
+            copy_str(r.rdma_devices, sizeof(r.rdma_devices), v);
+        else if (strcmp(k->key, "rdma_exclude") == 0)
+            copy_str(r.rdma_exclude, sizeof(r.rdma_exclude), v);
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
         else if (strcmp(k->key, "auth_key_file") == 0)
             copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);

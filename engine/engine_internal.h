@@ -48,6 +48,8 @@ typedef struct ote__cfg_s {
     uint64_t connect_timeout_ms;
     char verbs_provider[32];
     char rdma_device[64];
+    char rdma_devices[256];            /* comma-separated allow list ("" = all) */
+    char rdma_exclude[256];            /* comma-separated deny list */
     char log_level[16];                /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
     int allow_unauthenticated;         /* no key on a non-loopback listen_address */

@@ -67,6 +67,9 @@ struct ote__slice {
         struct {
             struct ote__rdma_tp *tp; /* the transport that took the slice */
             struct ibv_mr *mr;       /* temporary MR of an unregistered local buffer, or NULL */
+            uint32_t nic;            /* the data device the selector picked */
+            uint32_t retries;        /* READ slices moved to another device after a loss */
+            struct ote__tpeer *peer; /* the peer whose queue the slice came from */
         } rdma;
         struct {
             uint64_t id;       /* number of the slice's request on its peer connection */
@@ -129,6 +132,14 @@ typedef struct {
 typedef struct ote__transport ote__transport_t;
 typedef struct ote__tpeer ote__tpeer_t;
 
+/* One data device of a transport with NICs and its byte counters (ote_engine_nic_stats). */
+typedef struct {
+    char name[64];
+    uint64_t req_bytes; /* bytes of this engine's READ/WRITE slices it carried (ended OK) */
+    uint64_t src_bytes; /* bytes of peers' grants it served */
+    int active;         /* its port is active */
+} ote__nic_stat_t;
+
 typedef struct {
     const char *name;
     ote_status_t (*address)(ote__transport_t *tp, char *buf, size_t len);
@@ -170,6 +181,9 @@ typedef struct {
      * concurrently with destroy. A transport without it has no listening role (shm). */
     ote_status_t (*adopt)(ote__transport_t *tp, int fd, const char *from, const uint8_t *hello,
                           size_t len);
+    /* Optional: the transport's data devices (at most cap) and their counters; returns
+     * how many it has. */
+    size_t (*nic_stats)(ote__transport_t *tp, ote__nic_stat_t *out, size_t cap);
 } ote__transport_ops_t;
 
 struct ote__transport {

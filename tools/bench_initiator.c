@@ -234,7 +234,21 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     }
 
     bench_result_t res;
+    ote_nic_stats_t nic0[BENCH_MAX_NICS], nic1[BENCH_MAX_NICS];
+    size_t n0 = 0, n1 = 0;
+    if (ote_engine_nic_stats(in->engine, nic0, BENCH_MAX_NICS, &n0) != OTE_OK) n0 = 0;
     if (bench__run_one(&r, in->engine, &res) != 0) return -1;
+    /* Bytes per NIC in the timed part (the run's warm-up included: the counters are the
+     * engine's own). */
+    res.nnic = 0;
+    if (ote_engine_nic_stats(in->engine, nic1, BENCH_MAX_NICS, &n1) == OTE_OK) {
+        for (size_t i = 0; i < n1 && i < BENCH_MAX_NICS; i++) {
+            uint64_t before = i < n0 && i < BENCH_MAX_NICS ? nic0[i].bytes_out : 0;
+            snprintf(res.nic[i].name, sizeof(res.nic[i].name), "%s", nic1[i].name);
+            res.nic[i].bytes = nic1[i].bytes_out - before;
+            res.nnic = i + 1;
+        }
+    }
     res.check = BENCH_CHECK_OFF;
     if (o->check) {
         if (o->op == BENCH_OP_READ && o->test_corrupt && bench__mem_corrupt(local, region / 2) != 0)
@@ -246,7 +260,7 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     /* Device memory moves through the staging path (the only GPU path built so far). */
     res.path =
         o->local_mem != BENCH_MEM_HOST || in->remote_mem != BENCH_MEM_HOST ? "staging" : "host";
-    char line[512];
+    char line[4096];
     if (o->json) bench_format_json(&res, line, sizeof line);
     else bench_format_table_row(&res, line, sizeof line);
     printf("%s\n", line);

@@ -647,19 +647,26 @@ static double finite_or_zero(double v) { return isfinite(v) ? v : 0.0; }
 
 int bench_format_json(const bench_result_t *r, char *buf, size_t len) {
     char lm[16], rm[16];
-    return snprintf(buf, len,
-                    "{\"transport\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
-                    ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"bytes\":%" PRIu64
-                    ",\"seconds\":%.6f,\"gbps\":%.4f,\"ops_per_sec\":%.1f,\"lat_avg_us\":%.3f"
-                    ",\"lat_p50_us\":%.3f,\"lat_p99_us\":%.3f,\"lat_p999_us\":%.3f"
-                    ",\"check\":\"%s\",\"local_mem\":\"%s\",\"remote_mem\":\"%s\",\"path\":\"%s\"}",
-                    r->transport, bench_op_name(r->op), r->block_size, r->batch_size, r->threads,
-                    r->bytes, finite_or_zero(r->seconds), finite_or_zero(bench_result_gbps(r)),
-                    finite_or_zero(bench_result_ops_per_sec(r)), finite_or_zero(r->lat.avg_us),
-                    finite_or_zero(r->lat.p50_us), finite_or_zero(r->lat.p99_us),
-                    finite_or_zero(r->lat.p999_us), bench_check_name(r->check),
-                    bench_mem_name(r->local_mem, lm, sizeof lm),
-                    bench_mem_name(r->remote_mem, rm, sizeof rm), r->path ? r->path : "host");
+    int n = snprintf(buf, len,
+                     "{\"transport\":\"%s\",\"op\":\"%s\",\"block_size\":%" PRIu64
+                     ",\"batch_size\":%" PRIu64 ",\"threads\":%" PRIu64 ",\"bytes\":%" PRIu64
+                     ",\"seconds\":%.6f,\"gbps\":%.4f,\"ops_per_sec\":%.1f,\"lat_avg_us\":%.3f"
+                     ",\"lat_p50_us\":%.3f,\"lat_p99_us\":%.3f,\"lat_p999_us\":%.3f"
+                     ",\"check\":\"%s\",\"local_mem\":\"%s\",\"remote_mem\":\"%s\",\"path\":\"%s\""
+                     ",\"per_nic\":{",
+                     r->transport, bench_op_name(r->op), r->block_size, r->batch_size, r->threads,
+                     r->bytes, finite_or_zero(r->seconds), finite_or_zero(bench_result_gbps(r)),
+                     finite_or_zero(bench_result_ops_per_sec(r)), finite_or_zero(r->lat.avg_us),
+                     finite_or_zero(r->lat.p50_us), finite_or_zero(r->lat.p99_us),
+                     finite_or_zero(r->lat.p999_us), bench_check_name(r->check),
+                     bench_mem_name(r->local_mem, lm, sizeof lm),
+                     bench_mem_name(r->remote_mem, rm, sizeof rm), r->path ? r->path : "host");
+    /* "per_nic": {"name": bytes, ...} (names are device names: no quote or backslash) */
+    for (size_t i = 0; i < r->nnic && i < BENCH_MAX_NICS && n >= 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%s\"%s\":%" PRIu64, i ? "," : "", r->nic[i].name,
+                      r->nic[i].bytes);
+    if (n >= 0 && (size_t)n < len) n += snprintf(buf + n, len - (size_t)n, "}}");
+    return n;
 }
 
 const char *bench_mem_name(unsigned mem, char *buf, size_t len) {

@@ -126,6 +126,8 @@ void bench_latency_summarize(uint64_t *samples_ns, size_t n, uint64_t sum_ns, ui
                              bench_latency_t *out);
 
 /* ---- results ---- */
+#define BENCH_MAX_NICS 32
+
 typedef struct {
     const char *transport;
     bench_op_t op;
@@ -139,6 +141,13 @@ typedef struct {
     bench_check_t check;
     unsigned local_mem, remote_mem; /* BENCH_MEM_* */
     const char *path; /* how device memory moved: "host" (none), "staging"; NULL = "host" */
+    /* Bytes each data device (NIC) of the initiator's engine carried in the timed part
+     * (ote_engine_nic_stats; none over tcp and shm). */
+    size_t nnic;
+    struct {
+        char name[64];
+        uint64_t bytes;
+    } nic[BENCH_MAX_NICS];
 } bench_result_t;
 
 double bench_result_gbps(const bench_result_t *r);        /* 10^9 bytes per second */

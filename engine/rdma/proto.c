@@ -5,6 +5,15 @@
 
 #include "base/le.h"
 
+/* Sizes of the multi-device forms (proto.h); body_size() is the short form. */
+#define INFO_LONG (4 + 24 + 4 + 4 * OTE_RP_MAX_DEVS)
+#define CONNECT_LONG (4 + 8 + 32 + 4)
+#define GRANT_LONG (4 + 56 + 4)
+
+static int pair_ok(uint32_t pair) {
+    return (pair >> 16) == 0 && (pair >> 8) < OTE_RP_MAX_DEVS && (pair & 0xff) < OTE_RP_MAX_DEVS;
+}
+
 static size_t body_size(uint16_t type) {
     switch (type) {
         case OTE_RP_INFO:
@@ -14,6 +23,7 @@ static size_t body_size(uint16_t type) {
         case OTE_RP_GRANT_REQ: return 4 + 56;
         case OTE_RP_WRITE_OFF: return 4 + 24;
         case OTE_RP_GRANT_RESP: return 4 + 4;
+        case OTE_RP_EP_RESET: return 4 + 4;
         default: return 0;
     }
 }
@@ -42,6 +52,9 @@ static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
 
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
     size_t n = body_size(m->type);
+    if ((m->type == OTE_RP_INFO || m->type == OTE_RP_INFO_ACK) && m->u.info.ndev > 1) n = INFO_LONG;
+    if (m->type == OTE_RP_CONNECT && m->u.connect.pair != 0) n = CONNECT_LONG;
+    if (m->type == OTE_RP_GRANT_REQ && m->u.grant.pair != 0) n = GRANT_LONG;
     memset(buf, 0, n);
     ote_le_put16(buf, m->type);
     uint8_t *b = buf + 4;
@@ -52,11 +65,17 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 8, m->u.info.pd);
             ote_le_put32(b + 16, m->u.info.nic);
             ote_le_put32(b + 20, m->u.info.lanes);
+            if (n == INFO_LONG) {
+                ote_le_put32(b + 24, m->u.info.ndev);
+                for (uint32_t i = 0; i < m->u.info.ndev && i < OTE_RP_MAX_DEVS; i++)
+                    ote_le_put32(b + 28 + 4 * i, m->u.info.nics[i]);
+            }
             break;
         case OTE_RP_CONNECT:
             ote_le_put32(b, m->u.connect.slot);
             ote_le_put32(b + 4, m->u.connect.cap);
             put_path(b + 8, &m->u.connect.path);
+            if (n == CONNECT_LONG) ote_le_put32(b + 40, m->u.connect.pair);
             break;
         case OTE_RP_CONNECT_ACK: put_path(b, &m->u.connect.path); break;
         case OTE_RP_GRANT_REQ:
@@ -69,6 +88,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 32, m->u.grant.req_addr);
             ote_le_put64(b + 40, m->u.grant.req_len);
             ote_le_put64(b + 48, m->u.grant.req_uid);
+            if (n == GRANT_LONG) ote_le_put32(b + 56, m->u.grant.pair);
             break;
         case OTE_RP_WRITE_OFF:
             ote_le_put64(b, m->u.wo.req_uid);
@@ -76,6 +96,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 16, m->u.wo.bytes);
             break;
         case OTE_RP_GRANT_RESP: ote_le_put32(b, m->u.resp.rkey); break;
+        case OTE_RP_EP_RESET: ote_le_put32(b, m->u.reset.pair); break;
         default: return 0;
     }
     return n;
@@ -87,7 +108,10 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
     memset(&m, 0, sizeof(m));
     m.type = ote_le_get16(buf);
     size_t n = body_size(m.type);
-    if (n == 0 || len != n || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
+    int info = m.type == OTE_RP_INFO || m.type == OTE_RP_INFO_ACK;
+    int lng = (info && len == INFO_LONG) || (m.type == OTE_RP_CONNECT && len == CONNECT_LONG) ||
+              (m.type == OTE_RP_GRANT_REQ && len == GRANT_LONG);
+    if (n == 0 || (len != n && !lng) || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
     const uint8_t *b = buf + 4;
     switch (m.type) {
         case OTE_RP_INFO:
@@ -97,12 +121,23 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             m.u.info.nic = ote_le_get32(b + 16);
             m.u.info.lanes = ote_le_get32(b + 20);
             if (m.u.info.lanes == 0 || m.u.info.lanes > 64) return OTE_ERR_PROTOCOL;
+            m.u.info.ndev = 1;
+            m.u.info.nics[0] = m.u.info.nic;
+            if (lng) {
+                m.u.info.ndev = ote_le_get32(b + 24);
+                if (m.u.info.ndev == 0 || m.u.info.ndev > OTE_RP_MAX_DEVS) return OTE_ERR_PROTOCOL;
+                for (uint32_t i = 0; i < m.u.info.ndev; i++)
+                    m.u.info.nics[i] = ote_le_get32(b + 28 + 4 * i);
+                if (m.u.info.nics[0] != m.u.info.nic) return OTE_ERR_PROTOCOL;
+            }
             break;
         case OTE_RP_CONNECT:
             m.u.connect.slot = ote_le_get32(b);
             m.u.connect.cap = ote_le_get32(b + 4);
             if (m.u.connect.cap > 1) return OTE_ERR_PROTOCOL;
             if (get_path(b + 8, &m.u.connect.path) != OTE_OK) return OTE_ERR_PROTOCOL;
+            if (lng) m.u.connect.pair = ote_le_get32(b + 40);
+            if (!pair_ok(m.u.connect.pair)) return OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_CONNECT_ACK:
             /* A refusal carries its status in the header and a zero path. */
@@ -119,6 +154,8 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             m.u.grant.req_addr = ote_le_get64(b + 32);
             m.u.grant.req_len = ote_le_get64(b + 40);
             m.u.grant.req_uid = ote_le_get64(b + 48);
+            if (lng) m.u.grant.pair = ote_le_get32(b + 56);
+            if (!pair_ok(m.u.grant.pair)) return OTE_ERR_PROTOCOL;
             if (m.u.grant.op > 1 || m.u.grant.len == 0 ||
                 m.u.grant.addr > UINT64_MAX - m.u.grant.len)
                 return OTE_ERR_PROTOCOL;
@@ -130,6 +167,10 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
                 return OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_GRANT_RESP: m.u.resp.rkey = ote_le_get32(b); break;
+        case OTE_RP_EP_RESET:
+            m.u.reset.pair = ote_le_get32(b);
+            if (!pair_ok(m.u.reset.pair)) return OTE_ERR_PROTOCOL;
+            break;
         case OTE_RP_WRITE_OFF:
             m.u.wo.req_uid = ote_le_get64(b);
             m.u.wo.req_len = ote_le_get64(b + 8);

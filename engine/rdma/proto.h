@@ -14,6 +14,17 @@
  *                     never be asked for (slices canceled or failed before their grant);
  *                     no answer
  *   GRANT_RESP        rkey u32 (status in the frame header; req_id = the grant id)
+ *   EP_RESET          pair u32: the requester's device of that pair went down; the source
+ *                     ends at once every grant it serves on that pair's endpoints (their
+ *                     requester QPs are gone), so their slots are free for CONNECT when it
+ *                     is back; no answer. Sent only by a requester with several devices.
+ *
+ * Several NICs (striping): INFO / INFO_ACK may be followed by ndev u32 and the NIC ids of
+ * the sender's data devices (8 x u32, the first ndev used; ndev 1..8, ids[0] = nic);
+ * CONNECT and GRANT_REQ may be followed by pair u32 = (source device index << 8) |
+ * requester device index, each < 8 (the two ends of the QP's path; the endpoint key
+ * names them). The short forms (one device, pair 0) are what a single-NIC engine sends,
+ * so such an engine still talks to a peer that knows only them; the decoder takes both.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -32,7 +43,10 @@ enum {
     OTE_RP_GRANT_REQ = 5,
     OTE_RP_GRANT_RESP = 6,
     OTE_RP_WRITE_OFF = 7,
+    OTE_RP_EP_RESET = 8,
 };
+
+#define OTE_RP_MAX_DEVS 8
 
 typedef struct {
     uint16_t type;
@@ -40,12 +54,16 @@ typedef struct {
         struct {
             uint64_t process, pd;
             uint32_t nic, lanes;
+            uint32_t ndev; /* data devices (1..OTE_RP_MAX_DEVS); 0 on encode = 1 */
+            uint32_t nics[OTE_RP_MAX_DEVS];
         } info;
         struct {
             uint32_t slot, cap;
             ote_qp_path_t path;
+            uint32_t pair; /* (source device << 8) | requester device */
         } connect;
         struct {
+            uint32_t pair; /* (source device << 8) | requester device */
             uint32_t slot, op, src_qpn, req_qpn;
             uint64_t addr, len;
             uint64_t req_addr, req_len; /* the request's extent, checked as a whole */
@@ -57,6 +75,9 @@ typedef struct {
         struct {
             uint32_t rkey;
         } resp;
+        struct {
+            uint32_t pair;
+        } reset;
     } u;
 } ote_rp_msg_t;
 

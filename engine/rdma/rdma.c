@@ -70,25 +70,56 @@ void ote__rdma_local_info(const rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type) 
     rp->type = type;
     rp->u.info.process = tp->process_id;
     rp->u.info.pd = tp->pd_id;
-    rp->u.info.nic = ote_context_nic_id(tp->ctx);
-    rp->u.info.lanes = tp->nlanes;
+    rp->u.info.nic = ote_context_nic_id(tp->nics[0].ctx);
+    rp->u.info.lanes = tp->nics[0].nlanes;
+    rp->u.info.ndev = tp->nnics;
+    for (uint32_t i = 0; i < tp->nnics; i++)
+        rp->u.info.nics[i] = ote_context_nic_id(tp->nics[i].ctx);
+}
+
+/* The monitor's view of each data device: a port that went down leaves the selector (its
+ * unstarted slices go elsewhere), one that is active again (an event, or the periodic
+ * refresh that catches a missed PORT_ACTIVE) comes back. */
+static void nics_watch(rdma_tp_t *tp, int refresh) {
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        rdma_nic_t *n = &tp->nics[i];
+        if (refresh) (void)ote_context_refresh(n->ctx);
+        int up = ote_context_check(n->ctx) == OTE_OK;
+        /* The data path may mark a device down before the monitor sees it (a start that
+         * failed on it): the selector follows the context's state at each change and at
+         * each refresh. */
+        int changed = up != atomic_load(&n->was_active);
+        if ((changed || refresh) && ote_selector_is_active(tp->sel, (int)i) != up)
+            (void)ote_selector_set_active(tp->sel, (int)i, up);
+        if (!changed) continue;
+        atomic_store(&n->was_active, up);
+        /* Its QPs are gone: the peers end the grants they serve for them now, rather than
+         * at their deadlines, so the slots can be rebuilt when the port is back. */
+        if (!up && tp->nnics > 1) ote__rdma_reset_device(tp, i);
+        OTE_INFO("rdma", "data device %s %s", ote_context_name(n->ctx),
+                 up ? "active: carries slices again" : "down: no new slices");
+    }
 }
 
 /* ---- monitor -------------------------------------------------------------------- */
 
 static void *monitor_main(void *arg) {
     rdma_tp_t *tp = arg;
-    uint64_t last_reclaim = 0;
+    uint64_t last_reclaim = 0, last_refresh = 0;
     while (!atomic_load(&tp->stop)) {
         (void)ote_context_set_poll_events(tp->set, NULL);
-        (void)ote_grant_mgr_tick(tp->gm);
+        for (uint32_t i = 0; i < tp->nnics; i++) (void)ote_grant_mgr_tick(tp->nics[i].gm);
         ote__rdma_notes_expire(tp);
         uint64_t now = ote_now_ns();
+        int refresh = now - last_refresh > 1000 * OTE_NSEC_PER_MSEC;
+        if (refresh) last_refresh = now;
+        nics_watch(tp, refresh);
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
             ote__rdma_servers_reap(tp); /* closes what ended server threads left */
-            (void)ote_endpoint_store_reclaim(tp->eps, ote_deadline_after(200 * OTE_NSEC_PER_MSEC),
-                                             NULL);
+            for (uint32_t i = 0; i < tp->nnics; i++)
+                (void)ote_endpoint_store_reclaim(tp->nics[i].eps,
+                                                 ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
         }
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -107,6 +138,11 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
 
 static void teardown(rdma_tp_t *tp) {
     atomic_store(&tp->stop, 1);
+    if (tp->pumper_started) {
+        ote__rdma_pump_kick(tp);
+        pthread_join(tp->pumper, NULL);
+        tp->pumper_started = 0;
+    }
     /* One server connection thread that does not end within the bound is still using
      * tp: then nothing is freed (the transport is retained, counted in
      * ote__rdma_retained_transports, and logged), never freed under a running thread. */
@@ -120,29 +156,40 @@ static void teardown(rdma_tp_t *tp) {
                   stuck, (unsigned long long)wait_ms);
         return;
     }
-    if (tp->gm != NULL) {
-        /* Let in-flight grants end (their own deadlines bound this). */
-        ote_deadline_t gdl =
-            ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC);
-        while (ote_grant_mgr_tick(tp->gm) > 0 && !ote_deadline_expired(gdl)) {
+    /* Let in-flight grants end (their own deadlines bound this). */
+    ote_deadline_t gdl =
+        ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC);
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        if (tp->nics[i].gm == NULL) continue;
+        while (ote_grant_mgr_tick(tp->nics[i].gm) > 0 && !ote_deadline_expired(gdl)) {
             struct timespec ts = {0, 2 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
     }
     if (tp->monitor_started) pthread_join(tp->monitor, NULL);
-    if (tp->eps != NULL &&
-        ote_endpoint_store_destroy(tp->eps, ote_deadline_after(2 * OTE_NSEC_PER_SEC)) != OTE_OK)
-        OTE_ERROR("rdma", "endpoint store retained at shutdown (QPs that would not die)");
-    if (tp->gm != NULL && ote_grant_mgr_destroy(tp->gm) != OTE_OK)
-        OTE_ERROR("rdma", "grant manager retained at shutdown");
-    ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
-    for (uint32_t i = 0; i < tp->nlanes; i++) {
-        if (tp->lanes[i] == NULL) continue;
-        if (tp->workers != NULL) (void)ote_cq_workers_remove(tp->workers, tp->lanes[i]);
-        if (ote_cq_lane_destroy(tp->lanes[i]) != OTE_OK)
-            OTE_ERROR("rdma", "CQ lane %u retained at shutdown", i);
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        rdma_nic_t *n = &tp->nics[i];
+        if (n->eps != NULL &&
+            ote_endpoint_store_destroy(n->eps, ote_deadline_after(2 * OTE_NSEC_PER_SEC)) != OTE_OK)
+            OTE_ERROR("rdma",
+                      "endpoint store of device %u retained at shutdown (QPs that would "
+                      "not die)",
+                      i);
+        if (n->gm != NULL && ote_grant_mgr_destroy(n->gm) != OTE_OK)
+            OTE_ERROR("rdma", "grant manager of device %u retained at shutdown", i);
     }
-    if (tp->workers != NULL) (void)ote_cq_workers_stop(tp->workers);
+    ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
+    for (uint32_t k = 0; k < tp->nnics; k++) {
+        rdma_nic_t *n = &tp->nics[k];
+        for (uint32_t i = 0; i < n->nlanes; i++) {
+            if (n->lanes[i] == NULL) continue;
+            if (n->workers != NULL) (void)ote_cq_workers_remove(n->workers, n->lanes[i]);
+            if (ote_cq_lane_destroy(n->lanes[i]) != OTE_OK)
+                OTE_ERROR("rdma", "CQ lane %u of device %u retained at shutdown", i, k);
+        }
+        if (n->workers != NULL) (void)ote_cq_workers_stop(n->workers);
+    }
+    ote_selector_destroy(tp->sel);
     while (tp->regs != NULL) {
         reg_ent_t *r = tp->regs;
         tp->regs = r->next;
@@ -155,12 +202,15 @@ static void teardown(rdma_tp_t *tp) {
     if (tp->set != NULL && ote_context_set_close(tp->set) != OTE_OK)
         OTE_ERROR("rdma", "context set retained at shutdown");
     if (tp->v != NULL) ote_verbs_close(tp->v);
+    ote_cond_destroy(&tp->pump_cv);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
     ote_free(tp);
 }
 
 static void rdma_destroy(ote__transport_t *t) { teardown((rdma_tp_t *)t); }
+
+static size_t rdma_nic_stats(ote__transport_t *t, ote__nic_stat_t *out, size_t cap);
 
 static const ote__transport_ops_t g_rdma_ops = {
     .name = "rdma",
@@ -175,11 +225,25 @@ static const ote__transport_ops_t g_rdma_ops = {
     .mem_register = rdma_mem_register,
     .mem_unregister = rdma_mem_unregister,
     .adopt = ote__rdma_adopt,
+    .nic_stats = rdma_nic_stats,
 };
 
-/* The provider (wrapped by the test hook when set), its context set and the data
- * context: the first with an active port. OTE_ERR_NO_DEVICE (or the native error)
- * when none is usable. */
+/* Split a comma-separated list (in place in buf) into at most cap names. */
+static size_t split_names(char *buf, const char **names, size_t cap) {
+    size_t n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL && n < cap;
+         t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ') t++;
+        if (*t) names[n++] = t;
+    }
+    return n;
+}
+
+/* The provider (wrapped by the test hook when set), its context set, the selector and
+ * the data devices: every context with an active port that rdma_devices / rdma_exclude
+ * allow (rdma_device pins one). OTE_ERR_NO_DEVICE (or the native error) when none is
+ * usable. */
 static ote_status_t open_devices(rdma_tp_t *tp) {
     const char *prov = tp->cfg.verbs_provider[0] ? tp->cfg.verbs_provider : "rdma-core";
     ote_status_t st = ote_verbs_open(prov, NULL, &tp->v);
@@ -192,12 +256,27 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
         st = ote__rdma_test_verbs_hook(&tp->v);
         if (st != OTE_OK) return st;
     }
+    char allow_buf[sizeof(tp->cfg.rdma_devices)], deny_buf[sizeof(tp->cfg.rdma_exclude)];
+    memcpy(allow_buf, tp->cfg.rdma_devices, sizeof(allow_buf));
+    memcpy(deny_buf, tp->cfg.rdma_exclude, sizeof(deny_buf));
+    const char *allow[OTE_SELECTOR_MAX_DEVICES], *deny[OTE_SELECTOR_MAX_DEVICES];
+    ote_selector_config_t sc;
+    memset(&sc, 0, sizeof(sc));
+    sc.allow = allow;
+    sc.nallow = split_names(allow_buf, allow, OTE_SELECTOR_MAX_DEVICES);
+    sc.deny = deny;
+    sc.ndeny = split_names(deny_buf, deny, OTE_SELECTOR_MAX_DEVICES);
+    if (tp->cfg.rdma_device[0]) { /* the pin: that device alone */
+        allow[0] = tp->cfg.rdma_device;
+        sc.nallow = 1;
+    }
+    /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal. */
+    sc.use_topology = strcmp(tp->v->provider, "sim") != 0;
     ote_context_config_t cc;
     memset(&cc, 0, sizeof(cc));
-    const char *devs[1] = {tp->cfg.rdma_device};
-    if (tp->cfg.rdma_device[0]) {
-        cc.devices = devs;
-        cc.num_devices = 1;
+    if (sc.nallow > 0) {
+        cc.devices = allow;
+        cc.num_devices = sc.nallow;
     }
     st = ote_context_set_open(tp->v, &cc, &tp->set);
     if (st != OTE_OK || ote_context_set_count(tp->set) == 0) {
@@ -205,40 +284,90 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
         OTE_ERROR("rdma",
                   "transport=rdma: no usable RDMA device through provider \"%s\"%s%s: %s "
                   "(no fallback to tcp)",
-                  prov, tp->cfg.rdma_device[0] ? " named " : "", tp->cfg.rdma_device,
+                  prov, sc.nallow ? " among " : "",
+                  tp->cfg.rdma_device[0] ? tp->cfg.rdma_device : tp->cfg.rdma_devices,
                   ote_status_str(st));
         if (ote_status_code(st) != OTE_ERR_NO_DEVICE && ote_status_code(st) != OTE_ERR_NATIVE)
             st = OTE_ERR_NO_DEVICE;
         return st;
     }
-    /* Data path: the first active context. */
-    for (size_t i = 0; i < ote_context_set_count(tp->set) && tp->ctx == NULL; i++) {
+    st = ote_selector_create(&sc, &tp->sel);
+    if (st != OTE_OK) return st;
+    /* Data devices: the allowed contexts with an active port, in the set's order. */
+    for (size_t i = 0; i < ote_context_set_count(tp->set) && tp->nnics < OTE__RDMA_MAX_NICS; i++) {
         ote_context_t *c = ote_context_set_get(tp->set, i);
-        if (ote_context_check(c) == OTE_OK) tp->ctx = c;
+        if (ote_context_check(c) != OTE_OK) continue;
+        ote_context_info_t info;
+        ote_context_get_info(c, &info);
+        int idx = -1;
+        if (ote_selector_add(tp->sel, ote_context_name(c), info.numa_node, &idx) != OTE_OK)
+            continue;
+        rdma_nic_t *n = &tp->nics[tp->nnics];
+        n->tp = tp;
+        n->index = tp->nnics;
+        n->ctx = c;
+        atomic_store(&n->was_active, 1);
+        tp->nnics++;
     }
-    if (tp->ctx == NULL) {
-        OTE_ERROR("rdma", "transport=rdma: every device of provider \"%s\" has its port down",
+    if (tp->nnics == 0) {
+        OTE_ERROR("rdma",
+                  "transport=rdma: no device of provider \"%s\" has an active port and is "
+                  "allowed (rdma_devices / rdma_exclude)",
                   prov);
         return OTE_ERR_NO_DEVICE;
     }
     return OTE_OK;
 }
 
-/* nlanes CQ lanes on the data context, one worker each, on the NIC's NUMA node. */
-static ote_status_t start_lanes(rdma_tp_t *tp, const ote_context_info_t *info) {
+/* n's CQ lanes, one worker each, on the NIC's NUMA node. */
+static ote_status_t start_lanes(rdma_tp_t *tp, rdma_nic_t *n) {
+    ote_context_info_t info;
+    ote_context_get_info(n->ctx, &info);
     uint32_t want = tp->cfg.tcp_workers;
-    tp->nlanes = want < 2 ? 2 : (want > OTE__RDMA_MAX_LANES ? OTE__RDMA_MAX_LANES : want);
+    n->nlanes = want < 2 ? 2 : (want > OTE__RDMA_MAX_LANES ? OTE__RDMA_MAX_LANES : want);
     ote_status_t st = ote_cq_workers_start_numa(
-        tp->nlanes, info->numa_node >= 0 ? info->numa_node : -1, &tp->workers);
+        n->nlanes, info.numa_node >= 0 ? info.numa_node : -1, &n->workers);
     if (st != OTE_OK) return st;
-    for (uint32_t i = 0; i < tp->nlanes; i++) {
+    for (uint32_t i = 0; i < n->nlanes; i++) {
         ote_cq_lane_config_t lc = {
             .index = i, .send_depth = 4096, .recv_depth = 4096, .use_channel = 1};
-        st = ote_cq_lane_create(tp->ctx, &lc, &tp->lanes[i]);
-        if (st == OTE_OK) st = ote_cq_workers_add(tp->workers, tp->lanes[i]);
+        st = ote_cq_lane_create(n->ctx, &lc, &n->lanes[i]);
+        if (st == OTE_OK) st = ote_cq_workers_add(n->workers, n->lanes[i]);
         if (st != OTE_OK) return st;
     }
     return OTE_OK;
+}
+
+/* Lanes, grant manager and endpoint store of data device n. */
+static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
+    ote_status_t st = start_lanes(tp, n);
+    if (st != OTE_OK) return st;
+    ote_grant_source_ops_t src = ote__rdma_source_ops(tp);
+    st = ote_grant_mgr_create(n->ctx, n->lanes, n->nlanes, &src, &n->gm);
+    if (st != OTE_OK) return st;
+    ote_qp_config_t qc;
+    ote_qp_config_default(&qc);
+    qc.max_send_wr = 256;
+    qc.recv_slots = 64; /* grant receipts (SEND_WITH_INV) land here */
+    qc.recv_size = 64;
+    qc.on_recv = ote__rdma_src_on_recv;
+    qc.recv_arg = n;
+    return ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->eps);
+}
+
+/* Bytes per data device (the engine's ote_engine_nic_stats). */
+static size_t rdma_nic_stats(ote__transport_t *t, ote__nic_stat_t *out, size_t cap) {
+    rdma_tp_t *tp = (rdma_tp_t *)t;
+    size_t n = 0;
+    for (uint32_t i = 0; i < tp->nnics && n < cap; i++, n++) {
+        rdma_nic_t *x = &tp->nics[i];
+        memset(&out[n], 0, sizeof(out[n]));
+        snprintf(out[n].name, sizeof(out[n].name), "%s", ote_context_name(x->ctx));
+        out[n].req_bytes = atomic_load(&x->req_bytes);
+        out[n].src_bytes = atomic_load(&x->src_bytes);
+        out[n].active = ote_context_check(x->ctx) == OTE_OK;
+    }
+    return n;
 }
 
 ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
@@ -264,38 +393,42 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         ote_free(tp);
         return st;
     }
+    st = ote_cond_init(&tp->pump_cv);
+    if (st != OTE_OK) {
+        ote_cond_destroy(&tp->cv);
+        ote_mutex_destroy(&tp->mu);
+        ote_free(tp);
+        return st;
+    }
     st = open_devices(tp);
     if (st != OTE_OK) goto err;
     st = ote_buffer_manager_create(tp->set, &tp->bm);
     if (st != OTE_OK) goto err;
-    /* Lane workers run on the CPUs of the data NIC's NUMA node (unbound when unknown). */
-    ote_context_info_t info;
-    ote_context_get_info(tp->ctx, &info);
-    st = start_lanes(tp, &info);
-    if (st != OTE_OK) goto err;
-    ote_grant_source_ops_t src = ote__rdma_source_ops(tp);
-    st = ote_grant_mgr_create(tp->ctx, tp->lanes, tp->nlanes, &src, &tp->gm);
-    if (st != OTE_OK) goto err;
-    ote_qp_config_t qc;
-    ote_qp_config_default(&qc);
-    qc.max_send_wr = 256;
-    qc.recv_slots = 64; /* grant receipts (SEND_WITH_INV) land here */
-    qc.recv_size = 64;
-    qc.on_recv = ote__rdma_src_on_recv;
-    qc.recv_arg = tp;
-    st = ote_endpoint_store_create(tp->ctx, tp->lanes, tp->nlanes, &qc, &tp->eps);
-    if (st != OTE_OK) goto err;
+    /* Lane workers run on the CPUs of each NIC's NUMA node (unbound when unknown). */
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        st = start_nic(tp, &tp->nics[i]);
+        if (st != OTE_OK) goto err;
+    }
     tp->process_id = ((uint64_t)getpid() << 32) ^ ote_now_ns() ^ (uint64_t)(uintptr_t)tp;
-    tp->pd_id = (uint64_t)(uintptr_t)ote_context_pd(tp->ctx) ^ tp->process_id;
+    tp->pd_id = (uint64_t)(uintptr_t)ote_context_pd(tp->nics[0].ctx) ^ tp->process_id;
     if (pthread_create(&tp->monitor, NULL, monitor_main, tp) != 0) {
         st = OTE_ERR_NOMEM;
         goto err;
     }
     tp->monitor_started = 1;
-    OTE_INFO("rdma",
-             "transport=rdma over \"%s\": data context %s port %u GID index %d, %u lanes, "
-             "serving %s",
-             tp->v->provider, info.name, info.port, info.gid_index, tp->nlanes, tp->addr);
+    if (pthread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
+        st = OTE_ERR_NOMEM;
+        goto err;
+    }
+    tp->pumper_started = 1;
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        ote_context_info_t info;
+        ote_context_get_info(tp->nics[i].ctx, &info);
+        OTE_INFO("rdma",
+                 "transport=rdma over \"%s\": data device %u: %s port %u GID index %d, %u lanes",
+                 tp->v->provider, i, info.name, info.port, info.gid_index, tp->nics[i].nlanes);
+    }
+    OTE_INFO("rdma", "transport=rdma: %u data device(s), serving %s", tp->nnics, tp->addr);
     *tp_out = &tp->base;
     return OTE_OK;
 err:

@@ -19,8 +19,9 @@
  * events, grant and notification deadlines, endpoint reclaim). Every status a peer
  * reports passes through ote_ctl_peer_status().
  *
- * Requester path of one engine slice: pick the least-loaded slot of the (peer, cap)
- * endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
+ * Requester path of one engine slice: it waits in the peer's queue until a device has
+ * room in the peer's window (OTE__RDMA_NIC_WINDOW), the selector picks the device, then:
+ * pick the least-loaded slot of that device's (peer, cap) endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
  * local MR (or register a temporary one), start a grant (GRANT_REQ), and the grant layer
  * posts the 64 KiB slices and the SEND_WITH_INV receipt; its done() ends the engine slice.
  * Source path: CONNECT builds/returns the source QP of that slot; GRANT_REQ is checked
@@ -30,8 +31,14 @@
  * Statuses: a flush or QP fence the user did not ask for is the peer's loss
  * (OTE_ERR_PEER_LOST); cancel stops a grant's unposted slices and invalidates at once.
  *
- * Data path uses the first usable context (NIC striping across contexts is later work).
- * No fallback: with no usable device, creation fails with OTE_ERR_NO_DEVICE.
+ * Data path: every allowed device with an active port at creation is a data device
+ * (rdma_nic_t: context, lanes, endpoint store, grant manager); both sides advertise their
+ * devices in INFO, the requester's device i pairs with the peer's device i % ndev, and
+ * the device selector (engine/rdma/selector) picks the device of each engine slice, so
+ * one request's slices run on several NICs at once. A device whose port is down is
+ * skipped by the selector until the monitor sees it active again (events, and a periodic
+ * ote_context_refresh). No fallback: with no usable device, creation fails with
+ * OTE_ERR_NO_DEVICE.
  *
  * Files, one job each:
  *   rdma_conn.c       one control connection (either side): framing, the non-blocking
@@ -46,8 +53,10 @@
  *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake, its reader thread, INFO/CONNECT calls, open/ensure/close
- *   rdma_requester.c  the requester data path: engine slices to grants, GRANT_REQ,
- *                     notifications and their deadlines
+ *   rdma_requester.c  the requester data path: the peer's slice queue, its pump and the
+ *                     pump thread (slices that end kick it; they never pump themselves),
+ *                     engine slices to grants on the picked device, GRANT_REQ, moves of
+ *                     slices off a device that went down, notifications and deadlines
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
@@ -78,6 +87,7 @@
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
 #include "engine/rdma/proto.h"
+#include "engine/rdma/selector/selector.h"
 #include "engine/transport.h"
 #include "grant/grant.h"
 #include "qp/qp.h"
@@ -94,6 +104,8 @@
 /* Notification ids carry this tag; call (INFO/CONNECT) ids never do, grant ids are
  * 24-bit: an answer of the wrong kind is recognised as such. */
 #define OTE__RDMA_NOTE_TAG (1ull << 62)
+
+#define OTE__RDMA_MAX_NICS OTE_RP_MAX_DEVS
 
 typedef struct ote__rdma_tp rdma_tp_t;
 typedef struct acct acct_t; /* the source's account of one request (rdma_accounts.c) */
@@ -138,6 +150,8 @@ typedef struct conn {
     uint16_t version; /* negotiated in the handshake; 0 before it */
     uint64_t process, pd;
     uint32_t nic, lanes;
+    uint32_t ndev;                     /* the peer's data devices (1..) */
+    uint32_t nics[OTE__RDMA_MAX_NICS]; /* their NIC ids (nics[0] == nic) */
     char peer_addr[OTE__ADDR_MAX];
     int adopted; /* from the engine's listener: the last put calls host->conn_closed */
 } conn_t;
@@ -168,8 +182,11 @@ typedef struct note {
  * the reader (rdma_peer.c), both under p->mu. */
 typedef struct grant_id_ent {
     struct grant_id_ent *next;
-    uint64_t id;
+    uint64_t id; /* on the wire: (device index << 32) | the device's grant id */
 } gid_ent_t;
+
+/* A requester grant's id on the wire names the device whose grant manager owns it. */
+#define OTE__RDMA_GRANT_WIRE(nic, id) (((uint64_t)(nic) << 32) | (uint64_t)(id))
 
 /*
  * A requester peer (the engine's ote__tpeer_t). rdma_peer.c owns it: c, reader,
@@ -190,8 +207,42 @@ struct ote__tpeer {
     note_t *notes;
     gid_ent_t *grants; /* grant ids waiting for an answer */
     uint64_t next_call, next_note;
-    ote_endpoint_t *ep[2]; /* requester endpoints per capability (READ, WRITE) */
+    /* requester endpoints per local data device and capability (READ, WRITE): device i
+     * pairs with the peer's device i % c->ndev */
+    ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][2];
+    /* rdma_requester.c, under mu: data slices not started yet (FIFO), the bytes of this
+     * peer's started slices per device (at most OTE__RDMA_NIC_WINDOW each, or one slice),
+     * and the pump's state (one thread pumps; others ask it to go round again).
+     * peer_close waits until no thread pumps. */
+    ote__slice_t *q_head, *q_tail;
+    uint64_t inflight[OTE__RDMA_MAX_NICS];
+    int pumping, pump_again;
+    _Atomic int purge; /* a cancel asked the pump to drop canceled queued slices */
 };
+
+/* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,
+ * so a device that goes down takes only these with it (the queued ones go elsewhere). */
+#define OTE__RDMA_NIC_WINDOW (16u << 20)
+
+/*
+ * One data device (NIC) of the transport: its context, CQ lanes and their workers (on the
+ * NIC's NUMA node), endpoint store and grant manager. Created at transport creation for
+ * every allowed device with an active port (rdma_devices / rdma_exclude), read-only after
+ * but for the counters. The selector (tp->sel, same index) picks one per slice.
+ */
+typedef struct rdma_nic {
+    rdma_tp_t *tp;
+    uint32_t index;
+    ote_context_t *ctx;
+    uint32_t nlanes;
+    ote_cq_lane_t *lanes[OTE__RDMA_MAX_LANES];
+    ote_cq_workers_t *workers;
+    ote_endpoint_store_t *eps;
+    ote_grant_mgr_t *gm;
+    _Atomic uint64_t req_bytes; /* requester: bytes of slices that ended OK on it */
+    _Atomic uint64_t src_bytes; /* source: bytes of grants served on it */
+    _Atomic int was_active;     /* the monitor's last view of its port */
+} rdma_nic_t;
 
 /* A server connection and its (joinable) thread. rdma_server.c only. */
 typedef struct srv {
@@ -214,16 +265,18 @@ struct ote__rdma_tp {
     ote_verbs_t *v;
     ote_context_set_t *set;
     ote_buffer_manager_t *bm;
-    ote_context_t *ctx;
-    uint32_t nlanes;
-    ote_cq_lane_t *lanes[OTE__RDMA_MAX_LANES];
-    ote_cq_workers_t *workers;
-    ote_endpoint_store_t *eps;
-    ote_grant_mgr_t *gm;
+    rdma_nic_t nics[OTE__RDMA_MAX_NICS];
+    uint32_t nnics;
+    ote_selector_t *sel;
     uint64_t process_id, pd_id;
     char addr[OTE__ADDR_MAX];
-    pthread_t monitor;
-    int monitor_started;
+    pthread_t monitor, pumper;
+    int monitor_started, pumper_started;
+    /* The pump thread (rdma_requester.c): a slice that ends (under a CQ lane's poll lock,
+     * in the monitor or in a reader) only kicks it; it starts the peers' queued slices
+     * with no lock held. pump_kick under mu. */
+    ote_cond_t pump_cv;
+    int pump_kick;
     _Atomic int stop;
     ote_mutex_t mu; /* registrations, server connections, peers */
     ote_cond_t cv;
@@ -284,6 +337,15 @@ size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms);
 /* Server thread: answer a CONNECT / GRANT_REQ (always answered, now or by the grant). */
 void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
+/* The source endpoint (and our device) of the requester on c for pair ((our device <<
+ * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. */
+ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
+                              ote_endpoint_t **ep_out);
+/* EP_RESET from the requester on c: end the grants served on that pair's endpoints and
+ * retire their QPs (server thread). */
+void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq);
+/* The requester's device k went down: tell every peer (EP_RESET of the pair). Monitor. */
+void ote__rdma_reset_device(rdma_tp_t *tp, uint32_t k);
 /* The grant layer's source callbacks (pin, unpin, answer) for this transport. */
 ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp);
 /* Receive callback of every QP (qp_config.on_recv): grant receipts. */
@@ -318,6 +380,9 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
 void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list);
 void ote__rdma_cancel(ote__tpeer_t *p);
 uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p);
+/* The pump thread: started at creation, ended by tp->stop (after a kick). */
+void *ote__rdma_pumper_main(void *arg);
+void ote__rdma_pump_kick(rdma_tp_t *tp);
 /* Under p->mu: unlink and return the notification / grant id, if it still waits. */
 note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id);
 int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id);

@@ -68,7 +68,10 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
         ote_mutex_lock(&p->mu);
         int mine = ote__rdma_grant_id_take(p, m->req_id);
         ote_mutex_unlock(&p->mu);
-        if (mine) ote_grant_on_answer(tp->gm, m->req_id, st, rp.u.resp.rkey);
+        /* The wire id names the device whose grant manager owns the grant. */
+        uint32_t nic = (uint32_t)(m->req_id >> 32);
+        if (mine && nic < tp->nnics)
+            ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey);
         return 0;
     }
     if (rp.type != OTE_RP_CONNECT_ACK && rp.type != OTE_RP_INFO_ACK) {
@@ -92,6 +95,8 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
                 c->pd = rp.u.info.pd;
                 c->nic = rp.u.info.nic;
                 c->lanes = rp.u.info.lanes;
+                c->ndev = rp.u.info.ndev;
+                memcpy(c->nics, rp.u.info.nics, sizeof(c->nics));
             }
             ote_cond_broadcast(&p->cv);
         }
@@ -132,7 +137,9 @@ static void *reader_main(void *arg) {
     while (grants != NULL) {
         gid_ent_t *g = grants;
         grants = g->next;
-        ote_grant_on_answer(tp->gm, g->id, OTE_ERR_PEER_LOST, 0);
+        uint32_t nic = (uint32_t)(g->id >> 32);
+        if (nic < tp->nnics)
+            ote_grant_on_answer(tp->nics[nic].gm, g->id & 0xffffffffu, OTE_ERR_PEER_LOST, 0);
         ote_free(g);
     }
     return NULL;
@@ -254,11 +261,14 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     ote_rp_msg_t info;
     ote__rdma_local_info(tp, &info, OTE_RP_INFO);
     st = ote__rdma_peer_call(p, &info, OTE_RP_INFO_ACK, dl, NULL);
-    for (int cap = 0; st == OTE_OK && cap < 2; cap++) {
-        ote_ep_key_t key;
-        ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic,
-                        OTE_EP_REQUESTER, (ote_ep_cap_t)cap);
-        st = ote_endpoint_get(tp->eps, &key, c->lanes, &p->ep[cap]);
+    /* Our device i pairs with the peer's device i % ndev (it computes the same). */
+    for (uint32_t i = 0; st == OTE_OK && i < tp->nnics; i++) {
+        for (int cap = 0; st == OTE_OK && cap < 2; cap++) {
+            ote_ep_key_t key;
+            ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->nics[i].ctx),
+                            c->nics[i % c->ndev], OTE_EP_REQUESTER, (ote_ep_cap_t)cap);
+            st = ote_endpoint_get(tp->nics[i].eps, &key, c->lanes, &p->ep[i][cap]);
+        }
     }
     if (st != OTE_OK) {
         OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
@@ -334,9 +344,41 @@ ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
         }
     }
     ote_mutex_unlock(&tp->mu);
+    /* Unlinked, no pump takes it any more; one may still be leaving it (the pump thread,
+     * or a submitting thread whose last slice already ended). */
+    ote_deadline_t pdl =
+        ote_deadline_after((tp->cfg.connect_timeout_ms + 5000) * OTE_NSEC_PER_MSEC);
+    ote_mutex_lock(&p->mu);
+    while (p->pumping && ote_cond_wait(&p->cv, &p->mu, pdl) != OTE_ERR_TIMEOUT) {}
+    int busy = p->pumping;
+    ote_mutex_unlock(&p->mu);
+    if (busy) {
+        OTE_ERROR("rdma", "peer %s: a slice pump did not end: peer kept", p->name);
+        return OTE_ERR_BUSY;
+    }
     disconnect_ctl(p);
     ote_cond_destroy(&p->cv);
     ote_mutex_destroy(&p->mu);
     ote_free(p);
     return OTE_OK;
+}
+
+void ote__rdma_reset_device(rdma_tp_t *tp, uint32_t k) {
+    conn_t *cs[64];
+    size_t n = 0;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t *p = tp->peers; p != NULL && n < 64; p = p->tp_next) {
+        if (p->c == NULL || p->c->ndev == 0) continue;
+        ote__rdma_conn_get(p->c);
+        cs[n++] = p->c;
+    }
+    ote_mutex_unlock(&tp->mu);
+    for (size_t i = 0; i < n; i++) {
+        ote_rp_msg_t rq;
+        memset(&rq, 0, sizeof(rq));
+        rq.type = OTE_RP_EP_RESET;
+        rq.u.reset.pair = ((k % cs[i]->ndev) << 8) | k;
+        (void)ote__rdma_conn_send_rp(cs[i], 0, OTE_OK, &rq);
+        ote__rdma_conn_put(cs[i]);
+    }
 }

@@ -70,6 +70,7 @@ void ote__rdma_notes_expire(rdma_tp_t *tp) {
 typedef struct {
     ote__tpeer_t *p;
     uint32_t cap;
+    uint32_t pair; /* (the peer's device << 8) | ours */
 } xarg_t;
 
 static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *local,
@@ -81,6 +82,7 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
     rq.u.connect.slot = slot;
     rq.u.connect.cap = x->cap;
     rq.u.connect.path = *local;
+    rq.u.connect.pair = x->pair;
     return ote__rdma_peer_call(x->p, &rq, OTE_RP_CONNECT_ACK, deadline, peer_out);
 }
 
@@ -89,6 +91,7 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
 typedef struct {
     ote__tpeer_t *p;
     const ote__slice_t *s;
+    uint32_t nic, pair; /* our device; (the peer's device << 8) | ours */
 } garg_t;
 
 static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
@@ -97,7 +100,8 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     ote__tpeer_t *p = ga->p;
     gid_ent_t *g = ote_calloc(1, sizeof(*g));
     if (g == NULL) return OTE_ERR_NOMEM;
-    g->id = grant_id;
+    uint64_t wire_id = OTE__RDMA_GRANT_WIRE(ga->nic, grant_id);
+    g->id = wire_id;
     ote_mutex_lock(&p->mu);
     g->next = p->grants;
     p->grants = g;
@@ -113,17 +117,18 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.req_addr = ga->s->req_len != 0 ? ga->s->req_remote : addr;
     rq.u.grant.req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
     rq.u.grant.req_uid = ga->s->req_uid;
+    rq.u.grant.pair = ga->pair;
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
-    ote_endpoint_t *ep = p->ep[op == OTE_GRANT_WRITE ? 1 : 0];
+    ote_endpoint_t *ep = p->ep[ga->nic][op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
     if (ote_endpoint_borrow_ready(ep, slot, remote_qpn, &qp) == OTE_OK) {
         rq.u.grant.req_qpn = ote_qp_num(qp);
         ote_endpoint_return(ep, slot, qp);
     }
-    ote_status_t st = ote__rdma_conn_send_rp(p->c, grant_id, OTE_OK, &rq);
+    ote_status_t st = ote__rdma_conn_send_rp(p->c, wire_id, OTE_OK, &rq);
     if (st != OTE_OK) {
         ote_mutex_lock(&p->mu);
-        (void)ote__rdma_grant_id_take(p, grant_id);
+        (void)ote__rdma_grant_id_take(p, wire_id);
         ote_mutex_unlock(&p->mu);
     }
     return st;
@@ -140,25 +145,74 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     if (code == OTE_ERR_CANCELED && !user) return OTE_ERR_PEER_LOST;
     if (code == OTE_ERR_FENCED) {
         if (user) return OTE_ERR_CANCELED;
-        if (ote_context_check(tp->ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
+        if (ote_context_check(tp->nics[s->xp.rdma.nic].ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
     }
     return st;
 }
 
+static void pump(ote__tpeer_t *p);
+
+/* Transport-made request ids of retried slices (the engine's are small counters). */
+static _Atomic uint64_t g_retry_uid;
+
+/* A READ slice whose device went down under it may run again on another device: READ
+ * only (it writes nothing at the source, and its local bytes are written again), never a
+ * WRITE (an ambiguous WRITE is not replayed), not canceled, once, before its deadline,
+ * and only while another device is active. */
+static int other_active(const rdma_tp_t *tp, uint32_t k);
+static void slice_renew(ote__slice_t *s);
+
+static int read_may_move(const rdma_tp_t *tp, const ote__slice_t *s, const rdma_nic_t *n,
+                         ote_status_t st) {
+    if (st == OTE_OK || s->op != OTE__SLICE_READ || s->xp.rdma.retries > 0) return 0;
+    if (s->canceled != NULL && atomic_load(s->canceled)) return 0;
+    if (ote_context_check(n->ctx) == OTE_OK || ote_deadline_expired(s->deadline)) return 0;
+    return other_active(tp, n->index);
+}
+
 /* The grant of a slice ended: deregister the slice's temporary MR (s->xp.rdma.mr, set
- * only for an unregistered local buffer), then end the slice. */
+ * only for an unregistered local buffer), give its device's window back, kick the pump
+ * thread when the peer's queue holds slices, then end the slice (or queue it again:
+ * read_may_move). Nothing here touches p after done(): the peer may then be closed. */
 static void slice_grant_done(void *arg, ote_status_t st) {
     ote__slice_t *s = arg;
     rdma_tp_t *tp = s->xp.rdma.tp;
+    ote__tpeer_t *p = s->xp.rdma.peer;
+    rdma_nic_t *n = &tp->nics[s->xp.rdma.nic];
     struct ibv_mr *mr = s->xp.rdma.mr;
+    s->xp.rdma.mr = NULL;
     if (mr != NULL) {
         int err = tp->v->ops->dereg_mr(tp->v, mr);
         if (err != 0) {
-            ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
+            ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
             OTE_WARN("rdma", "dereg of a temporary MR failed: errno %d; retained", err);
         }
     }
-    s->done(s, slice_status(tp, s, st));
+    ote_selector_done(tp->sel, (int)n->index, s->len, st == OTE_OK);
+    if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, s->len);
+    int again = read_may_move(tp, s, n, st);
+    if (again) {
+        /* Its own request to the source now: the request's account there already counted
+         * these bytes (the lost grant held and released them). */
+        OTE_WARN_LIMITED("rdma",
+                         "READ slice of %u bytes lost with device %s (%s): moved to another device",
+                         s->len, ote_context_name(n->ctx), ote_status_str(st));
+        s->xp.rdma.retries++;
+        slice_renew(s);
+    }
+    ote_mutex_lock(&p->mu);
+    p->inflight[n->index] -= s->len;
+    if (again) {
+        s->next = p->q_head;
+        p->q_head = s;
+        if (p->q_tail == NULL) p->q_tail = s;
+    }
+    int queued = p->q_head != NULL;
+    ote_mutex_unlock(&p->mu);
+    /* Never pump here: this may run under a CQ lane's poll lock, and starting a slice may
+     * take another lane's. The pump thread starts what waits. */
+    if (queued || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
+    if (!again) s->done(s, slice_status(tp, s, st));
 }
 
 /* A slice that ends before its grant was asked for: tell the source its bytes will never
@@ -231,42 +285,88 @@ static int slice_canceled(void *arg) {
     return s->canceled != NULL && atomic_load_explicit(s->canceled, memory_order_relaxed);
 }
 
-/* A READ or WRITE slice: on success the grant owns the QP borrow and ends the slice. */
-static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
+static int other_active(const rdma_tp_t *tp, uint32_t k) {
+    for (uint32_t i = 0; i < tp->nnics; i++)
+        if (i != k && ote_selector_is_active(tp->sel, (int)i)) return 1;
+    return 0;
+}
+
+/* s runs again as a request of its own (a fresh id; its extent the slice): the bytes its
+ * request's account at the source counted for it stay counted. */
+static void slice_renew(ote__slice_t *s) {
+    s->req_uid = (1ull << 63) | atomic_fetch_add(&g_retry_uid, 1);
+    s->req_remote = s->remote;
+    s->req_len = s->len;
+}
+
+/* A READ or WRITE slice that did not start: its window on device k (when k >= 0) goes
+ * back; when k's port is down (nothing was posted, so any op may move) and another device
+ * is active it goes back to the head of the queue, to be picked again by the pump that
+ * called start_on; else the source is told its bytes will never be asked for, and it
+ * ends with st. */
+static void start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t st) {
     rdma_tp_t *tp = p->tp;
-    if (atomic_load(&p->c->dead)) {
-        s->done(s, OTE_ERR_PEER_LOST);
-        return;
+    if (k >= 0) {
+        rdma_nic_t *n = &tp->nics[k];
+        ote_selector_done(tp->sel, k, s->len, 0);
+        int move = ote_context_check(n->ctx) != OTE_OK && other_active(tp, (uint32_t)k) &&
+                   !(s->canceled != NULL && atomic_load(s->canceled)) &&
+                   !ote_deadline_expired(s->deadline);
+        if (move) {
+            (void)ote_selector_set_active(tp->sel, k, 0); /* the monitor confirms it */
+            slice_write_off(p, s);
+            slice_renew(s);
+        }
+        ote_mutex_lock(&p->mu);
+        p->inflight[k] -= s->len;
+        if (move) {
+            s->next = p->q_head;
+            p->q_head = s;
+            if (p->q_tail == NULL) p->q_tail = s;
+        }
+        ote_mutex_unlock(&p->mu);
+        if (move) return;
     }
+    slice_write_off(p, s);
+    s->done(s, st);
+}
+
+/* Start a READ or WRITE slice on device k (picked by pump, its window taken): on success
+ * the grant owns the QP borrow and ends the slice. Called by the pump (pumping set). */
+static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
+    rdma_tp_t *tp = p->tp;
+    ote_status_t st;
+    rdma_nic_t *n = &tp->nics[k];
     int write = s->op == OTE__SLICE_WRITE;
-    ote_endpoint_t *ep = p->ep[write ? 1 : 0];
+    ote_endpoint_t *ep = p->ep[k][write ? 1 : 0];
+    uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
     uint32_t slot = ote_endpoint_pick_slot(ep);
     ote_qp_t *qp = NULL;
-    xarg_t xa = {p, write ? OTE_EP_WRITE : OTE_EP_READ};
+    xarg_t xa = {p, write ? OTE_EP_WRITE : OTE_EP_READ, pair};
     ote_deadline_t cdl = ote_deadline_min(
         s->deadline, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC));
-    ote_status_t st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
+    st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
     if (st != OTE_OK) {
-        slice_write_off(p, s);
-        s->done(s, st);
+        start_failed(p, s, k, st);
         return;
     }
     struct ibv_mr *mr = NULL, *tmp = NULL;
-    if (ote_buffer_manager_find(tp->bm, s->local, s->len, tp->ctx, &mr) != OTE_OK) {
-        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(tp->ctx), s->local, s->len,
+    if (ote_buffer_manager_find(tp->bm, s->local, s->len, n->ctx, &mr) != OTE_OK) {
+        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, s->len,
                                      IBV_ACCESS_LOCAL_WRITE, &tmp);
         if (err != 0) {
             ote_endpoint_return(ep, slot, qp);
             OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
-            slice_write_off(p, s);
-            s->done(s, ote_status_make(OTE_ERR_NATIVE, err));
+            start_failed(p, s, k, ote_status_make(OTE_ERR_NATIVE, err));
             return;
         }
         mr = tmp;
     }
-    /* Scratch for slice_grant_done: the temporary MR (NULL when registered) and tp. */
+    /* Scratch for slice_grant_done: the temporary MR (NULL when registered), tp, device. */
     s->xp.rdma.mr = tmp;
     s->xp.rdma.tp = tp;
+    s->xp.rdma.nic = (uint32_t)k;
+    s->xp.rdma.peer = p;
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
     d.op = write ? OTE_GRANT_WRITE : OTE_GRANT_READ;
@@ -281,44 +381,184 @@ static void submit_data(ote__tpeer_t *p, ote__slice_t *s) {
     d.done = slice_grant_done;
     d.done_arg = s;
     d.canceled = slice_canceled;
-    garg_t ga = {p, s};
+    garg_t ga = {p, s, (uint32_t)k, pair};
     ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
-    st = ote_grant_start(tp->gm, &d, &ctl);
+    st = ote_grant_start(n->gm, &d, &ctl);
     if (st != OTE_OK) {
         ote_endpoint_return(ep, slot, qp);
         s->xp.rdma.mr = NULL;
         if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
-            ote_context_retained_add(tp->ctx, OTE_RETAINED_MR, 1);
-        slice_write_off(p, s);
-        s->done(s, st);
+            ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
+        start_failed(p, s, k, st);
     }
 }
 
-static void submit_one(ote__tpeer_t *p, ote__slice_t *s) {
-    if (s->canceled != NULL && atomic_load(s->canceled)) {
-        if (s->op != OTE__SLICE_NOTIFY) slice_write_off(p, s);
-        s->done(s, OTE_ERR_CANCELED);
+/* Start what the peer's queue holds while a device has room in this peer's window (a
+ * device with nothing of this peer in flight always takes one slice), each on the device
+ * the selector picks among those. A queued slice that is canceled, or whose peer is lost,
+ * or that finds no active device while none of this peer's slices is in flight (nothing
+ * would pump again), ends without starting. One thread pumps at a time; a caller that
+ * finds it busy asks it to go round again. No lock held on entry. */
+static void pump_locked(ote__tpeer_t *p);
+
+static void pump(ote__tpeer_t *p) {
+    ote_mutex_lock(&p->mu);
+    if (p->pumping) {
+        p->pump_again = 1;
+        ote_mutex_unlock(&p->mu);
         return;
     }
-    if (s->op == OTE__SLICE_NOTIFY) submit_notify(p, s);
-    else submit_data(p, s);
+    p->pumping = 1;
+    pump_locked(p);
 }
 
+/* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
+ * released. */
+static void pump_locked(ote__tpeer_t *p) {
+    rdma_tp_t *tp = p->tp;
+    do {
+        p->pump_again = 0;
+        if (atomic_exchange(&p->purge, 0)) { /* a cancel: drop its queued slices first */
+            ote__slice_t *drop = NULL, **tail = &drop, **pp = &p->q_head;
+            p->q_tail = NULL;
+            while (*pp != NULL) {
+                ote__slice_t *x = *pp;
+                if (x->canceled != NULL && atomic_load(x->canceled)) {
+                    *pp = x->next;
+                    x->next = NULL;
+                    *tail = x;
+                    tail = &x->next;
+                } else {
+                    p->q_tail = x;
+                    pp = &x->next;
+                }
+            }
+            ote_mutex_unlock(&p->mu);
+            while (drop != NULL) {
+                ote__slice_t *x = drop;
+                drop = x->next;
+                x->next = NULL;
+                start_failed(p, x, -1, OTE_ERR_CANCELED);
+            }
+            ote_mutex_lock(&p->mu);
+        }
+        while (p->q_head != NULL) {
+            ote__slice_t *s = p->q_head;
+            int k = -1;
+            ote_status_t st = OTE_OK;
+            if (s->canceled != NULL && atomic_load(s->canceled)) {
+                st = OTE_ERR_CANCELED;
+            } else if (atomic_load(&p->c->dead)) {
+                st = OTE_ERR_PEER_LOST;
+            } else {
+                uint32_t mask = 0;
+                uint64_t busy = 0;
+                for (uint32_t i = 0; i < tp->nnics; i++) {
+                    busy += p->inflight[i];
+                    if (p->inflight[i] == 0 || p->inflight[i] + s->len <= OTE__RDMA_NIC_WINDOW)
+                        mask |= 1u << i;
+                }
+                if (mask == 0) break; /* every window is full: an ending slice pumps again */
+                if (ote_selector_pick(tp->sel, -1, s->len, mask, &k) != OTE_OK) {
+                    k = -1;
+                    if (busy > 0) break;    /* no room on an active device yet */
+                    st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */
+                }
+            }
+            p->q_head = s->next;
+            if (p->q_head == NULL) p->q_tail = NULL;
+            s->next = NULL;
+            if (k >= 0) p->inflight[k] += s->len;
+            ote_mutex_unlock(&p->mu);
+            if (k >= 0) start_on(p, s, k);
+            else start_failed(p, s, -1, st);
+            ote_mutex_lock(&p->mu);
+        }
+    } while (p->pump_again);
+    p->pumping = 0;
+    ote_cond_broadcast(&p->cv);
+    ote_mutex_unlock(&p->mu);
+}
+
+/* Notifications go out at once; READ/WRITE slices join the peer's queue, which the pump
+ * starts as the devices' windows allow. */
 void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
+    int queued = 0;
     while (list != NULL) {
         ote__slice_t *s = list;
         list = s->next;
         s->next = NULL;
-        submit_one(p, s);
+        if (s->canceled != NULL && atomic_load(s->canceled)) {
+            if (s->op != OTE__SLICE_NOTIFY) slice_write_off(p, s);
+            s->done(s, OTE_ERR_CANCELED);
+        } else if (s->op == OTE__SLICE_NOTIFY) {
+            submit_notify(p, s);
+        } else {
+            s->xp.rdma.retries = 0;
+            ote_mutex_lock(&p->mu);
+            if (p->q_tail != NULL) p->q_tail->next = s;
+            else p->q_head = s;
+            p->q_tail = s;
+            ote_mutex_unlock(&p->mu);
+            queued = 1;
+        }
     }
+    if (queued) pump(p);
 }
 
-void ote__rdma_cancel(ote__tpeer_t *p) {
-    (void)p; /* nothing is queued in this transport: slices go straight to grants */
-}
+/* Queued slices of canceled requests end (CANCELED, never started) at the pump's next
+ * round, which the end of any started slice of this peer brings (a queue is never left
+ * without one in flight); started ones end through their grants, which stop their
+ * unposted slices. Called under the batch's lock: ends nothing itself. */
+void ote__rdma_cancel(ote__tpeer_t *p) { atomic_store(&p->purge, 1); }
 
 uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p) {
     (void)p;
     return 64u << 20;
+}
+
+void ote__rdma_pump_kick(rdma_tp_t *tp) {
+    ote_mutex_lock(&tp->mu);
+    tp->pump_kick = 1;
+    ote_cond_signal(&tp->pump_cv);
+    ote_mutex_unlock(&tp->mu);
+}
+
+#define PUMP_BATCH 64
+
+/* Pumps every peer whose queue holds slices (or has a cancel to apply) when kicked, and
+ * every 10 ms in case a kick raced with a peer's pump. A peer is taken (pumping set)
+ * under tp->mu while it is in tp->peers; peer_close unlinks it first and then waits
+ * for its pump to end, so it is never freed under this thread. */
+void *ote__rdma_pumper_main(void *arg) {
+    rdma_tp_t *tp = arg;
+    ote_mutex_lock(&tp->mu);
+    while (!atomic_load(&tp->stop)) {
+        if (!tp->pump_kick)
+            (void)ote_cond_wait(&tp->pump_cv, &tp->mu, ote_deadline_after(10 * OTE_NSEC_PER_MSEC));
+        tp->pump_kick = 0;
+        ote__tpeer_t *take[PUMP_BATCH];
+        size_t n = 0;
+        for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
+            ote_mutex_lock(&p->mu);
+            if ((p->q_head != NULL || atomic_load(&p->purge)) && !p->pumping) {
+                if (n < PUMP_BATCH) {
+                    p->pumping = 1;
+                    take[n++] = p;
+                } else {
+                    tp->pump_kick = 1; /* the rest next round */
+                }
+            }
+            ote_mutex_unlock(&p->mu);
+        }
+        ote_mutex_unlock(&tp->mu);
+        for (size_t i = 0; i < n; i++) {
+            ote_mutex_lock(&take[i]->mu);
+            pump_locked(take[i]);
+        }
+        ote_mutex_lock(&tp->mu);
+    }
+    ote_mutex_unlock(&tp->mu);
+    return NULL;
 }

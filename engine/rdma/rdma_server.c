@@ -111,6 +111,8 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         c->pd = rq.u.info.pd;
         c->nic = rq.u.info.nic;
         c->lanes = rq.u.info.lanes;
+        c->ndev = rq.u.info.ndev;
+        memcpy(c->nics, rq.u.info.nics, sizeof(c->nics));
         *have_info = 1;
         ote_rp_msg_t rp;
         ote__rdma_local_info(tp, &rp, OTE_RP_INFO_ACK);
@@ -126,6 +128,8 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         ote__rdma_src_grant(c, m->req_id, &rq);
     } else if (rq.type == OTE_RP_WRITE_OFF) {
         ote__rdma_acct_write_off(c, &rq);
+    } else if (rq.type == OTE_RP_EP_RESET) {
+        ote__rdma_src_reset(c, &rq);
     } else {
         OTE_WARN("rdma", "control from %s: unexpected message %u: closing", c->peer_addr, rq.type);
         return -1;
@@ -141,12 +145,16 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
 static void server_peer_gone(conn_t *c) {
     rdma_tp_t *tp = c->tp;
     if (c->process == 0 || atomic_load(&tp->stop)) return; /* no INFO: it holds nothing */
-    ote_endpoint_t *eps[2] = {NULL, NULL};
-    for (int cap = 0; cap < 2; cap++) {
-        ote_ep_key_t key;
-        ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
-                        cap ? OTE_EP_WRITE : OTE_EP_READ);
-        if (ote_endpoint_get(tp->eps, &key, c->lanes, &eps[cap]) != OTE_OK) eps[cap] = NULL;
+    /* Its endpoints here: requester device r pairs with our device r % nnics. */
+    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][2];
+    rdma_nic_t *nics[OTE__RDMA_MAX_NICS];
+    uint32_t nr = c->ndev < OTE__RDMA_MAX_NICS ? c->ndev : OTE__RDMA_MAX_NICS;
+    for (uint32_t r = 0; r < nr; r++) {
+        uint32_t pair = ((r % tp->nnics) << 8) | r;
+        for (int cap = 0; cap < 2; cap++)
+            if (ote__rdma_src_ep(c, pair, cap ? OTE_EP_WRITE : OTE_EP_READ, &nics[r],
+                                 &eps[r][cap]) != OTE_OK)
+                eps[r][cap] = NULL;
     }
     /* A requester that closed cleanly sent its last receipts before it closed: give the
      * lane workers SERVER_RECEIPT_GRACE_MS to take them, so that only what a dead
@@ -154,15 +162,18 @@ static void server_peer_gone(conn_t *c) {
     ote_deadline_t dl = ote_deadline_after(SERVER_RECEIPT_GRACE_MS * OTE_NSEC_PER_MSEC);
     for (;;) {
         size_t live = 0;
-        for (int cap = 0; cap < 2; cap++)
-            if (eps[cap] != NULL) live += ote_grant_source_live_endpoint(tp->gm, eps[cap]);
+        for (uint32_t r = 0; r < nr; r++)
+            for (int cap = 0; cap < 2; cap++)
+                if (eps[r][cap] != NULL)
+                    live += ote_grant_source_live_endpoint(nics[r]->gm, eps[r][cap]);
         if (live == 0 || ote_deadline_expired(dl)) break;
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     size_t n = 0;
-    for (int cap = 0; cap < 2; cap++)
-        if (eps[cap] != NULL) n += ote_grant_source_end_endpoint(tp->gm, eps[cap]);
+    for (uint32_t r = 0; r < nr; r++)
+        for (int cap = 0; cap < 2; cap++)
+            if (eps[r][cap] != NULL) n += ote_grant_source_end_endpoint(nics[r]->gm, eps[r][cap]);
     if (n > 0)
         OTE_WARN("rdma", "requester %s lost: %zu grant(s) it held released", c->peer_addr, n);
 }

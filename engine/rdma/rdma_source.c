@@ -89,8 +89,22 @@ static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey)
 
 void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *buf) {
     (void)buf;
-    rdma_tp_t *tp = arg;
-    ote_grant_source_receipt(tp->gm, ote_qp_num(qp), wc);
+    rdma_nic_t *n = arg; /* the device whose QP took the receipt */
+    ote_grant_source_receipt(n->gm, ote_qp_num(qp), wc);
+}
+
+ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
+                              ote_endpoint_t **ep_out) {
+    rdma_tp_t *tp = c->tp;
+    uint32_t si = pair >> 8, ri = pair & 0xff;
+    if (si >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
+    rdma_nic_t *n = &tp->nics[si];
+    ote_ep_key_t key;
+    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(n->ctx), c->nics[ri], OTE_EP_SOURCE,
+                    cap);
+    ote_status_t st = ote_endpoint_get(n->eps, &key, c->lanes, ep_out);
+    if (st == OTE_OK) *nic_out = n;
+    return st;
 }
 
 static ote_status_t copy_exchange(void *arg, uint32_t slot, const ote_qp_path_t *local,
@@ -107,11 +121,10 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     ote_rp_msg_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.type = OTE_RP_CONNECT_ACK;
-    ote_ep_key_t key;
-    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
-                    (ote_ep_cap_t)rq->u.connect.cap);
     ote_endpoint_t *ep = NULL;
-    ote_status_t st = ote_endpoint_get(tp->eps, &key, c->lanes, &ep);
+    rdma_nic_t *nic = NULL;
+    ote_status_t st =
+        ote__rdma_src_ep(c, rq->u.connect.pair, (ote_ep_cap_t)rq->u.connect.cap, &nic, &ep);
     uint32_t slot = rq->u.connect.slot;
     if (st == OTE_OK && slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
     ote_qp_t *qp = NULL;
@@ -155,13 +168,13 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         (void)ote__rdma_conn_send_rp(c, req_id, grant_refusal(chk), &rp);
         return;
     }
-    ote_ep_key_t key;
-    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->ctx), c->nic, OTE_EP_SOURCE,
-                    rq->u.grant.op == OTE_GRANT_WRITE ? OTE_EP_WRITE : OTE_EP_READ);
     ote_endpoint_t *ep = NULL;
+    rdma_nic_t *nic = NULL;
     ote_qp_t *qp = NULL;
     int pinned = 0; /* the grant took its bytes of the account (and gives them back) */
-    ote_status_t st = ote_endpoint_get(tp->eps, &key, c->lanes, &ep);
+    ote_status_t st =
+        ote__rdma_src_ep(c, rq->u.grant.pair,
+                         rq->u.grant.op == OTE_GRANT_WRITE ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep);
     if (st == OTE_OK && rq->u.grant.slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
     if (st == OTE_OK)
         st = ote_endpoint_borrow_ready(ep, rq->u.grant.slot, rq->u.grant.req_qpn, &qp);
@@ -187,7 +200,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                 ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
             tl_serve.a = acct;
             tl_serve.pinned = 0;
-            st = ote_grant_serve(tp->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op,
+            st = ote_grant_serve(nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op,
                                  rq->u.grant.addr, rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
             pinned = tl_serve.pinned;
             tl_serve.a = NULL;
@@ -198,6 +211,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                 ote_free(a);
                 st = grant_refusal(st);
             } else {
+                atomic_fetch_add(&nic->src_bytes, rq->u.grant.len);
                 return; /* answered by src_answer */
             }
         }
@@ -214,4 +228,21 @@ ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp) {
     ote_grant_source_ops_t src = {
         .arg = tp, .pin = src_pin, .unpin = src_unpin, .answer = src_answer};
     return src;
+}
+
+void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq) {
+    size_t n = 0;
+    for (int cap = 0; cap < 2; cap++) {
+        rdma_nic_t *nic = NULL;
+        ote_endpoint_t *ep = NULL;
+        if (ote__rdma_src_ep(c, rq->u.reset.pair, cap ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep) !=
+            OTE_OK)
+            continue;
+        /* Their borrows of the slots' QPs end with them. The QPs stay: a requester QP
+         * that saw no traffic while its port was down is still connected to its own; one
+         * that failed is rebuilt by CONNECT, which retires ours then. */
+        n += ote_grant_source_end_endpoint(nic->gm, ep);
+    }
+    OTE_INFO("rdma", "requester %s lost its device of pair %u:%u: %zu grant(s) ended", c->peer_addr,
+             rq->u.reset.pair >> 8, rq->u.reset.pair & 0xff, n);
 }

@@ -80,6 +80,18 @@ class BufferInfo(ctypes.Structure):
     ]
 
 
+class NicStats(ctypes.Structure):
+    """ote_nic_stats_t"""
+
+    _fields_ = [
+        ("transport", ctypes.c_char * 8),
+        ("name", ctypes.c_char * 64),
+        ("bytes_out", ctypes.c_uint64),
+        ("bytes_served", ctypes.c_uint64),
+        ("active", ctypes.c_int),
+    ]
+
+
 class TransferStatus(ctypes.Structure):
     """ote_transfer_status_t"""
 
@@ -100,6 +112,10 @@ _PROTOTYPES = {
     "ote_engine_create": (status_t, [c_void_p, ctypes.POINTER(c_void_p)]),
     "ote_engine_destroy": (status_t, [c_void_p]),
     "ote_engine_address": (status_t, [c_void_p, ctypes.c_char_p, c_size_t]),
+    "ote_engine_nic_stats": (
+        status_t,
+        [c_void_p, ctypes.POINTER(NicStats), c_size_t, ctypes.POINTER(c_size_t)],
+    ),
     "ote_memory_register": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.c_uint]),
     "ote_memory_register_named": (
         status_t,

@@ -83,6 +83,7 @@ def _resolve(obj, length, writable):
 
 
 TransferStatus = collections.namedtuple("TransferStatus", "state bytes_done error")
+NicStats = collections.namedtuple("NicStats", "transport name bytes_out bytes_served active")
 TransferStatus.__doc__ = """One request of a batch: state is one of STATES, error is None
 or the exception (not raised) of a FAILED/CANCELED/TIMEOUT request."""
 Notification = collections.namedtuple("Notification", "message sender")
@@ -356,6 +357,23 @@ class Engine:
         buf = ctypes.create_string_buffer(256)
         check(lib.ote_engine_address(self.handle, buf, len(buf)), "ote_engine_address")
         return buf.value.decode()
+
+    def nic_stats(self):
+        """The data devices (NICs) of this engine's transports and the bytes each carried:
+        a list of NicStats(transport, name, bytes_out, bytes_served, active); [] over TCP
+        and shm (ote_engine_nic_stats)."""
+        cap = 8
+        for _ in range(4):
+            arr = (_lib.NicStats * cap)()
+            n = ctypes.c_size_t()
+            st = lib.ote_engine_nic_stats(self.handle, arr, cap, ctypes.byref(n))
+            if st == _OTE_ERR_TOO_BIG and n.value > cap:
+                cap = n.value
+                continue
+            check(st, "ote_engine_nic_stats")
+            return [NicStats(x.transport.decode("ascii"), x.name.decode("ascii"), x.bytes_out,
+                             x.bytes_served, bool(x.active)) for x in arr[:n.value]]
+        check(_OTE_ERR_TOO_BIG, "ote_engine_nic_stats: the list kept growing")
 
     # ---- memory ----
     def register(self, buffer_or_address, length=None, perms=PERM_RW, name=None):

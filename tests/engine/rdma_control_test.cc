@@ -273,6 +273,78 @@ TEST_F(RdmaControlTest, ServerRefusesFramesBeforeHelloAndOfAnotherVersion) {
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
+// The several-device forms (the sim's two devices): a long INFO naming its devices is
+// answered by a long INFO_ACK naming the engine's two; a device count of 0 or past 8,
+// and an EP_RESET naming a device index past 7, close the connection; a CONNECT naming a
+// source device the engine does not have is refused (PROTOCOL) without closing; an
+// EP_RESET of a pair with no grants is taken quietly.
+std::vector<uint8_t> LongInfo(uint32_t ndev) {
+    std::vector<uint8_t> b = InfoBody(1);
+    b.resize(64, 0);
+    memcpy(&b[28], &ndev, 4);
+    uint32_t nic = 1; // nics[0] must equal the short form's nic
+    memcpy(&b[32], &nic, 4);
+    uint32_t nic2 = 2;
+    memcpy(&b[36], &nic2, 4);
+    return b;
+}
+
+TEST_F(RdmaControlTest, SeveralDeviceFormsAreCheckedAndAnswered) {
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = EngineAddress(e);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    auto session = [&](const std::vector<uint8_t> &info) {
+        int fd = ote_test::ConnectTo(addr);
+        EXPECT_GE(fd, 0);
+        EXPECT_TRUE(SendAll(fd, Hello()));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        EXPECT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 1, OTE_OK, info)));
+        return fd;
+    };
+    for (uint32_t bad : {0u, 9u}) {
+        int fd = session(LongInfo(bad));
+        EXPECT_FALSE(ReadFrame(fd, &buf, &m, 3000)) << "answered an INFO of " << bad << " devices";
+        EXPECT_TRUE(ClosedByPeer(fd));
+        close(fd);
+    }
+    int fd = session(LongInfo(2));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+    ASSERT_EQ(m.opcode, OTE_CTL_RDMA);
+    ASSERT_EQ(m.u.rdma.len, 64u) << "a two-device engine answers the long form";
+    uint32_t ndev = 0;
+    memcpy(&ndev, m.u.rdma.body + 28, 4);
+    EXPECT_EQ(ndev, 2u);
+    // CONNECT (long form) naming source device 5: refused, connection kept.
+    std::vector<uint8_t> conn(48, 0);
+    conn[0] = 3; // OTE_RP_CONNECT
+    uint32_t qpn = 77, mtu = 3, pair = (5u << 8) | 1u;
+    memcpy(&conn[4 + 8 + 20], &qpn, 4);
+    memcpy(&conn[4 + 8 + 28], &mtu, 4);
+    memcpy(&conn[44], &pair, 4);
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 2, OTE_OK, conn)));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+    EXPECT_EQ(m.opcode, OTE_CTL_RDMA);
+    EXPECT_EQ(ote_status_code(m.status), OTE_ERR_PROTOCOL);
+    // EP_RESET of a pair with nothing on it: no answer, the connection stays.
+    std::vector<uint8_t> reset(8, 0);
+    reset[0] = 8; // OTE_RP_EP_RESET
+    pair = (1u << 8) | 1u;
+    memcpy(&reset[4], &pair, 4);
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 0, OTE_OK, reset)));
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 3, OTE_OK, LongInfo(2))));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m));
+    EXPECT_EQ(m.req_id, 3u) << "the EP_RESET was answered or closed the connection";
+    // EP_RESET naming device 9: malformed, closed.
+    pair = (9u << 8) | 0u;
+    memcpy(&reset[4], &pair, 4);
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 0, OTE_OK, reset)));
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
 // Finding 4: a peer that never reads its answers cannot block the engine's threads: its
 // answers queue (bounded) and it is dropped; the source then still serves a healthy
 // requester (its threads were not left blocked on the dropped peer).

@@ -229,6 +229,9 @@ class RdmaFaultTest : public ote_test::OteTest {
         EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", timeout_ms), OTE_OK);
+        // One data device: these tests count the windows and QPs of one grant manager
+        // (striping over the sim's two devices is covered by rdma_stripe_test).
+        EXPECT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
         ote_engine_t *e = nullptr;
         EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
         ote_config_destroy(cfg);

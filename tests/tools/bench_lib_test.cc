@@ -386,12 +386,26 @@ TEST_F(BenchLibTest, JsonLineHasExactlyTheContractKeys) {
                  "\"threads\":2,\"bytes\":4096000000,\"seconds\":2.000000,\"gbps\":2.0480,"
                  "\"ops_per_sec\":500000.0,\"lat_avg_us\":12.500,\"lat_p50_us\":11.000,"
                  "\"lat_p99_us\":40.250,\"lat_p999_us\":100.000,\"check\":\"ok\","
-                 "\"local_mem\":\"host\",\"remote_mem\":\"host\",\"path\":\"host\"}");
+                 "\"local_mem\":\"host\",\"remote_mem\":\"host\",\"path\":\"host\","
+                 "\"per_nic\":{}}");
     std::vector<std::string> want = {
         "transport",   "op",    "block_size",  "batch_size", "threads",    "bytes",
         "seconds",     "gbps",  "ops_per_sec", "lat_avg_us", "lat_p50_us", "lat_p99_us",
-        "lat_p999_us", "check", "local_mem",   "remote_mem", "path"};
+        "lat_p999_us", "check", "local_mem",   "remote_mem", "path",       "per_nic"};
     EXPECT_EQ(JsonKeys(buf), want);
+
+    // Bytes per NIC: one member per device, in the engine's order.
+    bench_result_t nics = r;
+    nics.nnic = 2;
+    snprintf(nics.nic[0].name, sizeof nics.nic[0].name, "mlx5_0");
+    nics.nic[0].bytes = 2048000000;
+    snprintf(nics.nic[1].name, sizeof nics.nic[1].name, "mlx5_1");
+    nics.nic[1].bytes = 2048000001;
+    char nbuf[1024];
+    ASSERT_GT(bench_format_json(&nics, nbuf, sizeof nbuf), 0);
+    EXPECT_NE(std::string(nbuf).find(",\"per_nic\":{\"mlx5_0\":2048000000,\"mlx5_1\":2048000001}}"),
+              std::string::npos)
+        << nbuf;
     EXPECT_EQ(std::string(buf).find('\n'), std::string::npos);
 
     r.op = BENCH_OP_READ;

@@ -14,7 +14,7 @@ set -u
 
 BENCH="${1:?usage: $0 <ote_bench>}"
 FAKE_CUDA="${2:?usage: $0 <ote_bench> <libfake_cuda.so>}"
-KEYS="transport op block_size batch_size threads bytes seconds gbps ops_per_sec lat_avg_us lat_p50_us lat_p99_us lat_p999_us check local_mem remote_mem path"
+KEYS="transport op block_size batch_size threads bytes seconds gbps ops_per_sec lat_avg_us lat_p50_us lat_p99_us lat_p999_us check local_mem remote_mem path per_nic"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 PASSED=0
 FAILED=0
@@ -47,7 +47,9 @@ json_ok() {
             "{"*"}") ;;
             *) echo "not a JSON object: $line"; ok=0; continue ;;
         esac
-        keys=$(printf '%s' "$line" | grep -o '"[a-z0-9_]*":' | tr -d '":' | tr '\n' ' ')
+        # per_nic's members are device names: its keys are checked below, not here
+        keys=$(printf '%s' "$line" | sed 's/"per_nic":{[^}]*}/"per_nic":{}/' |
+            grep -o '"[a-z0-9_]*":' | tr -d '":' | tr '\n' ' ')
         if [ "${keys% }" != "$KEYS" ]; then
             echo "keys '${keys% }' != '$KEYS'"; ok=0
         fi
@@ -60,6 +62,14 @@ json_ok() {
         bytes=$(printf '%s' "$line" | sed -n 's/.*"bytes":\([0-9]*\),.*/\1/p')
         if [ -z "$bytes" ] || [ "$bytes" -lt "$min_bytes" ]; then
             echo "bytes '$bytes' < $min_bytes: $line"; ok=0
+        fi
+        # over rdma (the sim's two devices): both NICs carried bytes; else no NIC
+        if [ "$transport" = rdma ]; then
+            if ! printf '%s' "$line" | grep -qE '"per_nic":\{"sim0":[1-9][0-9]*,"sim1":[1-9][0-9]*\}'; then
+                echo "per_nic is not two NICs with bytes: $line"; ok=0
+            fi
+        elif ! printf '%s' "$line" | grep -q '"per_nic":{}'; then
+            echo "per_nic is not empty: $line"; ok=0
         fi
         if printf '%s' "$line" | grep -qiE 'nan|inf'; then
             echo "non-finite number: $line"; ok=0

@@ -39,6 +39,23 @@ static bool parse_uint(const char *s, unsigned long max, unsigned long *out) {
     return true;
 }
 
+/* A rate in bytes per second: digits with an optional K, M or G (powers of 1000). */
+static bool parse_rate(const char *s, uint64_t *out) {
+    if (!s || *s < '0' || *s > '9') return false;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (errno) return false;
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1000ull;
+    else if (*end == 'M' || *end == 'm') mul = 1000ull * 1000;
+    else if (*end == 'G' || *end == 'g') mul = 1000ull * 1000 * 1000;
+    if (mul != 1) end++;
+    if (*end || x > SIM_MAX_BW / mul) return false;
+    *out = (uint64_t)x * mul;
+    return true;
+}
+
 static void port_defaults(sim_port_t *pt) {
     memset(pt, 0, sizeof(*pt));
     pt->state = IBV_PORT_ACTIVE;
@@ -161,6 +178,10 @@ static ote_status_t port_option(sim_port_t *pt, const char *key, const char *val
     } else if (!strcmp(key, "gids")) {
         if (!parse_uint(val, SIM_GID_TBL_LEN, &x) || x == 0) CFG_FAIL("sim config: bad gids");
         pt->ngid = (int)x;
+    } else if (!strcmp(key, "bw")) {
+        uint64_t r = 0;
+        if (!parse_rate(val, &r)) CFG_FAIL("sim config: bad bw '%s'", val ? val : "");
+        pt->bw = r;
     } else {
         CFG_FAIL("sim config: unknown key '%s'", key);
     }

@@ -207,6 +207,33 @@ ote_status_t ote_sim_set_port_state(ote_verbs_t *v, const char *dev, uint8_t por
     return OTE_OK;
 }
 
+ote_status_t ote_sim_set_port_bw(ote_verbs_t *v, const char *dev, uint8_t port,
+                                 uint64_t bytes_per_sec) {
+    if (!ote_sim_is_sim(v) || bytes_per_sec > SIM_MAX_BW) return OTE_ERR_INVALID;
+    sim_prov_t *p = to_sim_prov(v);
+    sim_dev_t *d = find_dev(p, dev);
+    if (!d || port < 1 || port > d->nports) return OTE_ERR_NOT_FOUND;
+    ote_mutex_lock(&p->mu);
+    sim_port_t *pt = &d->ports[port - 1];
+    pt->bw = bytes_per_sec;
+    pt->bw_last_ns = 0; /* the bucket starts again from one quantum */
+    ote_mutex_unlock(&p->mu);
+    ote__sim_wake(p);
+    return OTE_OK;
+}
+
+ote_status_t ote_sim_port_tx_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
+                                   uint64_t *bytes_out) {
+    if (!ote_sim_is_sim(v) || !bytes_out) return OTE_ERR_INVALID;
+    sim_prov_t *p = to_sim_prov(v);
+    sim_dev_t *d = find_dev(p, dev);
+    if (!d || port < 1 || port > d->nports) return OTE_ERR_NOT_FOUND;
+    ote_mutex_lock(&p->mu);
+    *bytes_out = d->ports[port - 1].tx_bytes;
+    ote_mutex_unlock(&p->mu);
+    return OTE_OK;
+}
+
 ote_status_t ote_sim_set_gid(ote_verbs_t *v, const char *dev, uint8_t port, int index,
                              const union ibv_gid *gid, enum ibv_gid_type type) {
     if (!ote_sim_is_sim(v)) return OTE_ERR_INVALID;

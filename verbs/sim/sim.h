@@ -16,6 +16,9 @@
  *                                              add a port to the last device (at most 4;
  *                                              mtu 1500 -> IBV_MTU_1024, 9000 -> 4096;
  *                                              gids = gid_tbl_len, default 16)
+ *        [,bw=RATE]                            RATE: egress limit of the port in bytes
+ *                                              per second, digits with an optional K, M
+ *                                              or G (powers of 1000); 0 or absent: none
  *   gid=ADDR[,type=v1|v2|ib][,index=I]         add a GID to the last port. ADDR is an
  *                                              IPv6 literal, an IPv4 address (stored
  *                                              IPv4-mapped), or auto-v4 / auto-ll /
@@ -108,6 +111,18 @@ int ote_sim_is_sim(const ote_verbs_t *v);
  * QPs neither send nor accept requests, so outstanding WRs end in RETRY_EXC_ERR. */
 ote_status_t ote_sim_set_port_state(ote_verbs_t *v, const char *dev, uint8_t port,
                                     enum ibv_port_state state);
+
+/* Egress limit of a port in bytes per second (0: none), as the config's bw=: every byte
+ * the port's connections send (WRITE and SEND payloads, READ responses, headers, ACKs)
+ * waits for a token of a bucket that refills at that rate (burst: max(10 ms of traffic,
+ * 4 quanta of 1 ms, 4 KiB to 256 KiB each)); waiting sleeps, it does not spin. Only the
+ * sending side is limited (a READ is paced by the responder's port). */
+ote_status_t ote_sim_set_port_bw(ote_verbs_t *v, const char *dev, uint8_t port,
+                                 uint64_t bytes_per_sec);
+
+/* Bytes the port's connections have handed to their sockets since open (all traffic). */
+ote_status_t ote_sim_port_tx_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
+                                   uint64_t *bytes_out);
 
 /* Set (gid != NULL) or delete (gid == NULL) GID table entry index; raises
  * IBV_EVENT_GID_CHANGE. The new GID becomes reachable at once; a deleted one does not

@@ -55,6 +55,7 @@
 #define SIM_MAX_MR_SIZE (1ull << 40)
 #define SIM_MAX_QP (1 << 16)
 #define SIM_MAX_KEYS (1 << 20)
+#define SIM_MAX_BW (1000ull * 1000 * 1000 * 1000) /* 1 TB/s */
 
 struct sim_prov;
 struct sim_qp;
@@ -93,8 +94,16 @@ typedef struct sim_port {
     enum ibv_mtu max_mtu;
     uint8_t link_layer;
     uint16_t lid;
-    uint32_t uid; /* unique 24-bit component of this port's auto GIDs */
-    int ngid;     /* gid_tbl_len */
+    /* Egress limit (token bucket, wire.c): bytes per second, 0 = unlimited. Every byte a
+     * connection of this port hands to its socket (headers, WRITE/SEND payloads, READ
+     * responses) takes a token. */
+    uint64_t bw;
+    double bw_tokens;
+    uint64_t bw_last_ns;
+    uint64_t bw_wake_ns; /* a throttled connection waits for tokens until then (0: none) */
+    uint64_t tx_bytes;   /* bytes handed to the sockets of this port's connections */
+    uint32_t uid;        /* unique 24-bit component of this port's auto GIDs */
+    int ngid;            /* gid_tbl_len */
     sim_gid_t gids[SIM_GID_TBL_LEN];
     sim_listener_t *listeners[SIM_GID_TBL_LEN]; /* one per distinct valid GID */
 } sim_port_t;
@@ -497,6 +506,7 @@ typedef struct sim_prov {
     bool thread_started;
     _Atomic bool stop;
     int nlisteners;
+    bool bw_pass; /* the progress thread's round-robin pass: limited ports send only then */
 } sim_prov_t;
 
 static inline sim_prov_t *to_sim_prov(ote_verbs_t *v) { return (sim_prov_t *)v->priv; }

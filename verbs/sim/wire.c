@@ -211,20 +211,103 @@ void ote__sim_conn_touch(sim_conn_t *c) {
     if (c->requester && c->qp) c->qp->progress_ns = ote_now_ns();
 }
 
+/* ---- egress limit of a port ----
+ *
+ * A port with a limit (config bw=, ote_sim_set_port_bw) hands its connections' bytes to
+ * their sockets only against tokens that refill at the port's rate, up to a burst of
+ * max(4 quanta, 10 ms of traffic) (a quantum is 1 ms of traffic, 4 KiB to 256 KiB).
+ * A connection that finds too few tokens for its next quantum (or its whole next frame,
+ * if smaller) registers no EPOLLOUT and sets the port's wake time; the progress thread
+ * sleeps in epoll_wait until then (no spinning). A limited port's connections send only
+ * in the progress thread's pass over its connection list (a send from anywhere else,
+ * e.g. right after a post or an ACK, asks for that pass at once), at most two quanta per
+ * call, and the list rotates every pass, so the connections of a port share it
+ * round-robin and none starves into a retry timeout. */
+
+static sim_port_t *conn_port(const sim_conn_t *c) {
+    sim_dev_t *d = NULL;
+    int port = 0;
+    if (!c->requester && c->via) {
+        d = c->via->dev;
+        port = c->via->port;
+    } else if (c->qp) {
+        d = c->qp->ctx->dev;
+        port = c->qp->attr.port_num;
+    }
+    if (!d || port < 1 || port > d->nports) return NULL;
+    return &d->ports[port - 1];
+}
+
+static double bw_quantum(const sim_port_t *pt) {
+    double q = (double)pt->bw / 1000.0;
+    if (q < 4096.0) q = 4096.0;
+    if (q > 262144.0) q = 262144.0;
+    return q;
+}
+
+static void bw_refill(sim_port_t *pt, uint64_t now) {
+    double q = bw_quantum(pt);
+    double burst = (double)pt->bw / 100.0;
+    if (burst < 4 * q) burst = 4 * q;
+    if (pt->bw_last_ns == 0 || now < pt->bw_last_ns) {
+        pt->bw_tokens = q;
+    } else {
+        pt->bw_tokens += (double)(now - pt->bw_last_ns) * (double)pt->bw / 1e9;
+        if (pt->bw_tokens > burst) pt->bw_tokens = burst;
+    }
+    pt->bw_last_ns = now;
+}
+
+static void bw_wake_at(sim_port_t *pt, uint64_t at) {
+    if (pt->bw_wake_ns == 0 || at < pt->bw_wake_ns) pt->bw_wake_ns = at;
+}
+
+/* How many bytes c may hand to its socket now (SIZE_MAX: no limit); 0 = throttled (the
+ * port's wake time is set). sent: bytes this call already sent. */
+static size_t bw_allow(const sim_prov_t *p, sim_port_t *pt, const sim_conn_t *c, size_t sent) {
+    if (!pt || pt->bw == 0) return SIZE_MAX;
+    uint64_t now = ote_now_ns();
+    bw_refill(pt, now);
+    double q = bw_quantum(pt);
+    double head = (double)(c->tx_head->total - c->tx_head->done);
+    double need = head < q ? head : q;
+    /* Not its turn (outside the pass, or its share of this pass taken) or too few tokens:
+     * the pass runs again as soon as there are enough. */
+    if (!p->bw_pass || (double)sent >= 2 * q || pt->bw_tokens < need) {
+        uint64_t wait = pt->bw_tokens >= need
+                            ? 0
+                            : (uint64_t)((need - pt->bw_tokens) * 1e9 / (double)pt->bw) + 1;
+        bw_wake_at(pt, now + wait);
+        return 0;
+    }
+    double allow = pt->bw_tokens < q ? pt->bw_tokens : q;
+    return allow < 1.0 ? 1 : (size_t)allow;
+}
+
 void ote__sim_conn_tx(sim_prov_t *p, sim_conn_t *c) {
+    sim_port_t *pt = conn_port(c);
+    size_t sent = 0;
     while (c->tx_head && !c->dead) {
+        size_t cap = bw_allow(p, pt, c, sent);
+        if (cap == 0) {
+            conn_want_out(p, c, false); /* woken by the port's timer, not by EPOLLOUT */
+            return;
+        }
         struct iovec iov[SIM_TX_IOV];
         int n = 0;
-        for (sim_frame_t *f = c->tx_head; f && n < SIM_TX_IOV; f = f->next) {
+        size_t room = cap;
+        for (sim_frame_t *f = c->tx_head; f && n < SIM_TX_IOV && room > 0; f = f->next) {
             size_t skip = f->done;
-            for (int i = 0; i < f->niov && n < SIM_TX_IOV; i++) {
+            for (int i = 0; i < f->niov && n < SIM_TX_IOV && room > 0; i++) {
                 size_t l = f->iov[i].iov_len;
                 if (skip >= l) {
                     skip -= l;
                     continue;
                 }
+                size_t take = l - skip < room ? l - skip : room;
                 iov[n].iov_base = (char *)f->iov[i].iov_base + skip;
-                iov[n].iov_len = l - skip;
+                iov[n].iov_len = take;
+                room -= take;
                 skip = 0;
                 n++;
             }
@@ -244,6 +327,11 @@ void ote__sim_conn_tx(sim_prov_t *p, sim_conn_t *c) {
             return;
         }
         ote__sim_conn_touch(c);
+        sent += (size_t)w;
+        if (pt) {
+            pt->tx_bytes += (uint64_t)w;
+            if (pt->bw) pt->bw_tokens -= (double)w;
+        }
         size_t left = (size_t)w;
         while (left > 0 && c->tx_head) {
             sim_frame_t *f = c->tx_head;
@@ -389,6 +477,16 @@ static int next_timeout_ms(sim_prov_t *p, uint64_t now) {
         }
         if (qp->sq_head != qp->sq_tail && ms > 5) ms = 5;
     }
+    for (int i = 0; i < p->cfg.ndev; i++) {
+        sim_dev_t *d = &p->cfg.devs[i];
+        for (int j = 0; j < d->nports; j++) {
+            uint64_t at = d->ports[j].bw_wake_ns;
+            if (!at) continue;
+            uint64_t dl = at > now ? at - now : 0;
+            int m = (int)((dl + OTE_NSEC_PER_MSEC - 1) / OTE_NSEC_PER_MSEC);
+            if (m < ms) ms = m;
+        }
+    }
     return ms;
 }
 
@@ -401,6 +499,8 @@ static void *progress_main(void *arg) {
         ote_mutex_unlock(&p->mu);
         int n = epoll_wait(p->epfd, evs, 64, tmo);
         ote_mutex_lock(&p->mu);
+        for (int i = 0; i < p->cfg.ndev; i++) /* throttled connections set it again */
+            for (int j = 0; j < p->cfg.devs[i].nports; j++) p->cfg.devs[i].ports[j].bw_wake_ns = 0;
         for (int i = 0; i < n; i++) {
             int kind = *(int *)evs[i].data.ptr;
             if (kind == SIM_FD_WAKE) {
@@ -419,8 +519,15 @@ static void *progress_main(void *arg) {
         sim_qp_t *qp;
         DL_FOREACH2(p->qp_list, qp, next) ote__sim_req_pump(p, qp, now);
         sim_conn_t *c;
+        p->bw_pass = true;
         DL_FOREACH(p->conns, c)
         if (!c->dead && (c->tx_head || c->rx_blocked)) conn_service(p, c, false);
+        p->bw_pass = false;
+        if (p->conns && p->conns->next) { /* round-robin: another connection goes first */
+            sim_conn_t *h = p->conns;
+            DL_DELETE(p->conns, h);
+            DL_APPEND(p->conns, h);
+        }
         ote__sim_handle_overflow(p);
         reap(p);
     }

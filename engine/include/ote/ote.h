@@ -53,6 +53,9 @@ typedef struct ote_batch ote_batch_t;
  *   connect_timeout_ms   deadline of a connection attempt and handshake (default 5000).
  *   verbs_provider       "sim" or "rdma-core" (transport=rdma).
  *   rdma_device          device name to pin (transport=rdma; default: automatic).
+ *   rdma_devices         comma-separated device names the RDMA data path may use
+ *                        (default: every device with an active port).
+ *   rdma_exclude         comma-separated device names it never uses.
  *   log_level            error|warn|info|debug|trace. A WARN that an event can repeat
  *                        per slice or per grant (a refused request, a failed grant, a
  *                        dead peer's windows) is logged once per event, at most once a
@@ -89,6 +92,22 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
 ote_status_t ote_engine_destroy(ote_engine_t *engine);
 /* "host:port" (or "[v6]:port") other engines use to reach this one. */
 ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);
+
+/* One data device (NIC) of an engine's transports and the bytes it carried. */
+typedef struct {
+    char transport[8];     /* "rdma" */
+    char name[64];         /* the device's name */
+    uint64_t bytes_out;    /* bytes of this engine's READ/WRITE requests it carried */
+    uint64_t bytes_served; /* bytes of peers' requests it served */
+    int active;            /* its port is active now */
+} ote_nic_stats_t;
+
+/* The data devices of the engine's transports (TCP and shm have none) in out; *n_out is
+ * how many there are. cap too small: OTE_ERR_TOO_BIG with *n_out the number needed, out
+ * untouched. Counters only grow. OTE_ERR_INVALID for a NULL engine or n_out, or out NULL
+ * with cap. */
+ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, size_t cap,
+                                  size_t *n_out);
 
 /* ---- memory ------------------------------------------------------------------------
  * Registration makes [addr, addr+len) reachable by remote peers with the given
