@@ -7,8 +7,8 @@
  * connection from an address in authentication back-off (engine/control/auth_limit.h) is
  * closed at once, before any byte, and so is one over tcp_max_accepted (connections the
  * listener has accepted and not yet seen closed, handshaking or handed over) or over
- * OTE__LISTEN_MAX_HS handshakes at once, or over OTE__LISTEN_MAX_HS_PER_ADDR of them from
- * its address. What a connection's first frame makes the handshake thread log is
+ * OTE__LISTEN_MAX_HS handshakes at once, or, once half of those are taken, over
+ * OTE__LISTEN_MAX_HS_PER_ADDR of them from its address. What a connection's first frame makes the handshake thread log is
  * rate-limited (OTE_LOG_LIMITED): every connection can cause a line. Each other connection gets a short-lived
  * handshake thread that, by connect_timeout_ms from its accept:
  *
@@ -52,10 +52,10 @@
 #include "engine/core_internal.h"
 
 #define OTE__LISTEN_MAX_HS 128 /* handshakes at once */
-/* Handshakes at once from one address (IPv6: one /64), so that silent connections from
- * a few addresses cannot hold every slot for connect_timeout_ms each. A requester makes
- * its connections to a peer one after another, so an honest host rarely has more than a
- * few in flight. */
+/* Once half the handshake slots are taken, an address (IPv6: a /64) with this many
+ * handshakes in flight gets no more, so that silent connections from a few addresses
+ * cannot hold every slot for connect_timeout_ms each. Below half, a burst from one host
+ * (many processes opening segments at once) is not limited. */
 #define OTE__LISTEN_MAX_HS_PER_ADDR 16
 #define LISTEN_ACCEPT_BATCH 64                    /* accepts between two looks at stop */
 #define LISTEN_POLL_MS 50                         /* the acceptor sees stop this often */
@@ -430,15 +430,16 @@ static void accept_one(ote__listen_t *l, int fd, const struct sockaddr_storage *
     ote_mutex_lock(&l->mu);
     reap_locked(l);
     hs_t *h = NULL;
-    size_t same = 0; /* handshakes in flight from this address */
+    size_t same = 0, busy = 0; /* handshakes in flight: from this address, in all */
     for (size_t i = 0; i < OTE__LISTEN_MAX_HS; i++) {
         if (!l->hs[i].used) {
             if (h == NULL) h = &l->hs[i];
-        } else if (memcmp(&l->hs[i].addr, &from, sizeof(from)) == 0) {
-            same++;
+            continue;
         }
+        busy++;
+        if (memcmp(&l->hs[i].addr, &from, sizeof(from)) == 0) same++;
     }
-    if (same >= OTE__LISTEN_MAX_HS_PER_ADDR) {
+    if (same >= OTE__LISTEN_MAX_HS_PER_ADDR && busy >= OTE__LISTEN_MAX_HS / 2) {
         ote_mutex_unlock(&l->mu);
         accept_warn(
             l, "too many connections from one address in their handshake: closing a new one", 0);

@@ -629,12 +629,13 @@ int ConnectFrom(const char *src, const std::string &addr) {
 }
 
 // Silent connections from one address used to take all 128 handshake slots for
-// connect_timeout_ms each, so that every other peer was closed at accept meanwhile. Now
-// one address holds at most 16 handshakes at once; its others are closed at accept.
+// connect_timeout_ms each, so that every other peer was closed at accept meanwhile. Now,
+// once 64 slots are taken, an address with 16 handshakes in flight gets no more: the
+// first 64 silent connections wait, the others are closed at accept.
 TEST_F(HostilePeerTest, SilentConnectionsFromOneAddressDoNotStarveOthers) {
     ote_engine_t *e = NewEngine({{"connect_timeout_ms", "120000"}});
     std::string addr = EngineAddress(e);
-    const int kSilent = 128, kPerAddr = 16;
+    const int kSilent = 128, kKept = 64;
     std::vector<int> silent;
     for (int i = 0; i < kSilent; i++) {
         int fd = ConnectFrom("127.0.0.2", addr);
@@ -647,20 +648,26 @@ TEST_F(HostilePeerTest, SilentConnectionsFromOneAddressDoNotStarveOthers) {
     ASSERT_GE(honest, 0);
     EXPECT_TRUE(RawHandshake(honest));
     close(honest);
-    // The first kPerAddr silent connections wait in their handshake; the rest were closed.
-    for (int i = kPerAddr; i < kSilent; i++) EXPECT_TRUE(ClosedByPeer(silent[i])) << i;
+    // The first kKept silent connections wait in their handshake; the rest were closed.
+    for (int i = kKept; i < kSilent; i++) EXPECT_TRUE(ClosedByPeer(silent[i])) << i;
     EXPECT_TRUE(LogContains("too many connections from one address in their handshake"));
+    for (int i = 0; i < kKept; i++) { // still open: nothing to read, no EOF
+        char b;
+        EXPECT_EQ(recv(silent[i], &b, 1, MSG_DONTWAIT | MSG_PEEK), -1) << i;
+        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << i << ": " << strerror(errno);
+    }
     // Destroy ends the handshakes still waiting (their sockets shut down) long before
     // their deadline.
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
-    for (int i = 0; i < kPerAddr; i++) EXPECT_TRUE(ClosedByPeer(silent[i])) << i;
+    for (int i = 0; i < kKept; i++) EXPECT_TRUE(ClosedByPeer(silent[i])) << i;
     for (int fd : silent) close(fd);
 }
 
 // Every connection can make the listener log a line; a flood of them logs about one line
 // per second of each kind, with the count of the lines it swallowed.
 TEST_F(HostilePeerTest, AFloodOfBadFirstFramesDoesNotFloodTheLog) {
-    ote_engine_t *e = NewEngine();
+    // A small tcp_max_accepted: each refused connection must give its place back.
+    ote_engine_t *e = NewEngine({{"tcp_max_accepted", "4"}});
     std::string addr = EngineAddress(e);
     const int kConns = 100;
     uint64_t t0 = ote_now_ns();
@@ -705,7 +712,7 @@ TEST_F(HostilePeerTest, AFloodOfBadFirstFramesDoesNotFloodTheLog) {
     }
     EXPECT_EQ(CountLogs("malformed frame from"), malformed + 1);
     EXPECT_TRUE(LogContains("more like it since the last"));
-    // The listener still serves.
+    // The listener still serves: the refused connections' places were given back.
     int fd = ConnectTo(addr);
     EXPECT_TRUE(RawHandshake(fd));
     close(fd);
