@@ -248,7 +248,7 @@ ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, cons
     reap_servers_locked(tp);
     if (tp->nsconns == sizeof(tp->sconns) / sizeof(tp->sconns[0])) {
         ote_mutex_unlock(&tp->mu);
-        OTE_WARN("rdma", "too many control connections: refusing the one from %s", from);
+        OTE_WARN_LIMITED("rdma", "too many control connections: refusing the one from %s", from);
         ote__rdma_conn_put(c);
         return OTE_ERR_BUSY;
     }

@@ -39,6 +39,7 @@
 #include "tests/util/test_base.h"
 
 extern "C" {
+#include "base/fault.h"
 #include "base/time.h"
 #include "engine/control/ctl.h"
 #include "ote/ote.h"
@@ -661,6 +662,62 @@ TEST_F(HostilePeerTest, SilentConnectionsFromOneAddressDoNotStarveOthers) {
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
     for (int i = 0; i < kKept; i++) EXPECT_TRUE(ClosedByPeer(silent[i])) << i;
     for (int fd : silent) close(fd);
+}
+
+// A transport that cannot take a connection closes it, and the listener gives its place
+// under tcp_max_accepted back: with a cap of 2, five refused hand-overs leave room for two
+// connections afterwards.
+TEST_F(HostilePeerTest, AHandOverThatFailsGivesItsPlaceBack) {
+    ote_engine_t *e = NewEngine({{"tcp_max_accepted", "2"}});
+    std::string addr = EngineAddress(e);
+    ASSERT_EQ(ote_fault_arm("tcp.adopt", OTE_FAULT_EVERY, 0, OTE_ERR_NOMEM, 0), OTE_OK);
+    for (int i = 0; i < 5; i++) {
+        int fd = ConnectTo(addr);
+        ASSERT_GE(fd, 0);
+        EXPECT_FALSE(RawHandshake(fd)) << i; // closed unanswered
+        close(fd);
+    }
+    EXPECT_EQ(ote_fault_failures("tcp.adopt"), 5u);
+    ASSERT_EQ(ote_fault_disarm("tcp.adopt"), OTE_OK);
+    EXPECT_TRUE(LogContains("could not take the connection"));
+    // The last refusal's place may come back just after its peer saw the close: retry.
+    int a = -1, b = -1;
+    EXPECT_TRUE(WaitFor(
+        [&] {
+            if (a >= 0) close(a);
+            if (b >= 0) close(b);
+            a = ConnectTo(addr);
+            if (a < 0 || !RawHandshake(a)) return false;
+            b = ConnectTo(addr);
+            return b >= 0 && RawHandshake(b);
+        },
+        20000));
+    if (a >= 0) close(a);
+    if (b >= 0) close(b);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// A peer that sends its HELLO a byte at a time keeps every single read short, but the
+// handshake's deadline runs from accept, not from the last byte: it is closed at
+// connect_timeout_ms, never answered.
+TEST_F(HostilePeerTest, HelloTrickledAByteAtATimeMeetsTheDeadline) {
+    ote_engine_t *e = NewEngine({{"connect_timeout_ms", "400"}});
+    std::string addr = EngineAddress(e);
+    int fd = ConnectTo(addr);
+    ASSERT_GE(fd, 0);
+    auto h = HelloFrame(1, 0); // 45 bytes, one per 50 ms: over 2 s in all
+    size_t sent = 0;
+    for (; sent < h.size(); sent++) {
+        if (send(fd, &h[sent], 1, MSG_NOSIGNAL) != 1) break;
+        WaitFor([] { return false; }, 50);
+    }
+    // Whether the engine closed before the last byte or after it, no HELLO_ACK comes.
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    EXPECT_FALSE(ReadFrame(fd, &buf, &m)) << "answered after " << sent << " bytes";
+    EXPECT_TRUE(LogContains("did not complete its handshake within 400 ms"));
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
 // Every connection can make the listener log a line; a flood of them logs about one line
