@@ -441,8 +441,13 @@ static void accept_one(ote__listen_t *l, int fd, const struct sockaddr_storage *
     }
     if (same >= OTE__LISTEN_MAX_HS_PER_ADDR && busy >= OTE__LISTEN_MAX_HS / 2) {
         ote_mutex_unlock(&l->mu);
-        accept_warn(
-            l, "too many connections from one address in their handshake: closing a new one", 0);
+        char what[192], who[64];
+        ote_auth_addr_str(&from, who, sizeof(who));
+        snprintf(what, sizeof(what),
+                 "too many connections from one address in their handshake (%s%s has %zu): "
+                 "closing a new one",
+                 who, from.kind == 6 ? "/64" : "", same);
+        accept_warn(l, what, 0);
         close(fd);
         return;
     }
