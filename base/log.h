@@ -57,21 +57,24 @@ typedef struct {
 /* 1: log now (*suppressed_out: lines swallowed since the previous one); 0: swallow. */
 int ote_log_limit_pass(ote_log_limit_t *l, uint64_t every_ns, uint64_t *suppressed_out);
 
-/* A WARN at most once per OTE_LOG_EVERY_NS from this call site, with the count of the
- * lines swallowed since the previous one. fmt must be a string literal. */
-#define OTE_WARN_LIMITED(component, fmt, ...) \
+/* A line of level at most once per OTE_LOG_EVERY_NS from this call site, with the count
+ * of the lines swallowed since the previous one. fmt must be a string literal. For lines a
+ * remote peer can cause once per connection (a flood must not flood the log). */
+#define OTE_LOG_LIMITED(level, component, fmt, ...) \
     do { \
         static ote_log_limit_t ote_lim_; \
         uint64_t ote_sup_ = 0; \
-        if ((int)OTE_LOG_WARN <= (int)ote_log_level() && \
+        if ((int)(level) <= (int)ote_log_level() && \
             ote_log_limit_pass(&ote_lim_, OTE_LOG_EVERY_NS, &ote_sup_)) { \
-            if (ote_sup_ == 0) ote_log_write(OTE_LOG_WARN, (component), fmt, __VA_ARGS__); \
+            if (ote_sup_ == 0) ote_log_write((level), (component), fmt, __VA_ARGS__); \
             else \
-                ote_log_write(OTE_LOG_WARN, (component), \
-                              fmt " (%llu more like it since the last)", __VA_ARGS__, \
-                              (unsigned long long)ote_sup_); \
+                ote_log_write((level), (component), fmt " (%llu more like it since the last)", \
+                              __VA_ARGS__, (unsigned long long)ote_sup_); \
         } \
     } while (0)
+/* A WARN at most once per OTE_LOG_EVERY_NS from this call site (OTE_LOG_LIMITED). */
+#define OTE_WARN_LIMITED(component, fmt, ...) \
+    OTE_LOG_LIMITED(OTE_LOG_WARN, component, fmt, __VA_ARGS__)
 
 #define OTE_ERROR(component, ...) OTE_LOG(OTE_LOG_ERROR, component, __VA_ARGS__)
 #define OTE_WARN(component, ...) OTE_LOG(OTE_LOG_WARN, component, __VA_ARGS__)

@@ -7,7 +7,9 @@
  * connection from an address in authentication back-off (engine/control/auth_limit.h) is
  * closed at once, before any byte, and so is one over tcp_max_accepted (connections the
  * listener has accepted and not yet seen closed, handshaking or handed over) or over
- * OTE__LISTEN_MAX_HS handshakes at once. Each other connection gets a short-lived
+ * OTE__LISTEN_MAX_HS handshakes at once, or, once half of those are taken, over
+ * OTE__LISTEN_MAX_HS_PER_ADDR of them from its address. What a connection's first frame makes the handshake thread log is
+ * rate-limited (OTE_LOG_LIMITED): every connection can cause a line. Each other connection gets a short-lived
  * handshake thread that, by connect_timeout_ms from its accept:
  *
  *   1. reads exactly one frame, which must be a HELLO no larger than a HELLO can be;
@@ -49,7 +51,13 @@
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
 
-#define OTE__LISTEN_MAX_HS 128                    /* handshakes at once */
+#define OTE__LISTEN_MAX_HS 128 /* handshakes at once */
+/* Once half the handshake slots are taken, an address (IPv6: a /64) with this many
+ * handshakes in flight gets no more, so that silent connections from a few addresses
+ * cannot hold every slot for connect_timeout_ms each. Below half, a burst from one host
+ * (many processes opening segments at once) is not limited. */
+#define OTE__LISTEN_MAX_HS_PER_ADDR 16
+#define LISTEN_ACCEPT_BATCH 64                    /* accepts between two looks at stop */
 #define LISTEN_POLL_MS 50                         /* the acceptor sees stop this often */
 #define LISTEN_PAUSE_NS (100 * OTE_NSEC_PER_MSEC) /* after accept fails for lack of fds */
 #define LISTEN_LOG_EVERY_NS OTE_NSEC_PER_SEC
@@ -60,10 +68,11 @@
 typedef struct {
     ote__listen_t *l;
     pthread_t th;
-    int used;      /* a thread was started in this slot (joined when done) */
-    int done;      /* under l->mu: the thread is returning */
-    int fd;        /* under l->mu: the socket while the thread owns it, else -1 */
-    uint64_t born; /* accept time: the handshake's deadline runs from it */
+    int used;             /* a thread was started in this slot (joined when done) */
+    int done;             /* under l->mu: the thread is returning */
+    int fd;               /* under l->mu: the socket while the thread owns it, else -1 */
+    uint64_t born;        /* accept time: the handshake's deadline runs from it */
+    ote_auth_addr_t addr; /* the peer's address (IPv6: its /64), for the per-address cap */
     char from[OTE__ADDR_MAX];
 } hs_t;
 
@@ -184,8 +193,8 @@ static void refuse(int fd, const ote_ctl_msg_t *hello, const char *from, const c
                    ote_deadline_t dl) {
     uint16_t ver = hello->version; /* a version the peer reads */
     (void)ote_ctl_negotiate(hello, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
-    OTE_WARN("engine", "connection from %s (%.*s): %s: refused", from, (int)hello->u.hello.addr_len,
-             hello->u.hello.addr, why);
+    OTE_LOG_LIMITED(OTE_LOG_WARN, "engine", "connection from %s (%.*s): %s: refused", from,
+                    (int)hello->u.hello.addr_len, hello->u.hello.addr, why);
     ote_ctl_msg_t m;
     memset(&m, 0, sizeof(m));
     m.version = ver;
@@ -239,10 +248,10 @@ static ote_status_t read_hello(int fd, const hs_t *h, uint64_t timeout_ms, uint8
         if (st == OTE_ERR_AGAIN) {
             uint32_t body = ote_le_get32(hb + 20); /* the header's length field */
             if (body > LISTEN_HELLO_MAX - OTE_CTL_HDR_LEN) {
-                OTE_WARN("control",
-                         "frame from %s larger than %u bytes before the handshake: closing "
-                         "connection",
-                         h->from, (unsigned)LISTEN_HELLO_MAX);
+                OTE_LOG_LIMITED(OTE_LOG_WARN, "control",
+                                "frame from %s larger than %u bytes before the handshake: "
+                                "closing connection",
+                                h->from, (unsigned)LISTEN_HELLO_MAX);
                 return OTE_ERR_PROTOCOL;
             }
             st = ote_ctl_recv_all(fd, hb + OTE_CTL_HDR_LEN, body, dl);
@@ -259,15 +268,18 @@ static ote_status_t read_hello(int fd, const hs_t *h, uint64_t timeout_ms, uint8
         }
     }
     int code = ote_status_code(st);
+    /* One line per second at most of each kind: every connection can cause one. */
     if (code == OTE_ERR_TIMEOUT)
-        OTE_WARN("engine",
-                 "connection from %s did not complete its handshake within %llu ms: closing",
-                 h->from, (unsigned long long)timeout_ms);
+        OTE_LOG_LIMITED(OTE_LOG_WARN, "engine",
+                        "connection from %s did not complete its handshake within %llu ms: "
+                        "closing",
+                        h->from, (unsigned long long)timeout_ms);
     else if (code == OTE_ERR_PEER_LOST)
-        OTE_DEBUG("engine", "connection from %s closed before its HELLO", h->from);
+        OTE_LOG_LIMITED(OTE_LOG_DEBUG, "engine", "connection from %s closed before its HELLO",
+                        h->from);
     else
-        OTE_ERROR("control", "malformed frame from %s: %s; closing connection", h->from,
-                  ote_status_str(st));
+        OTE_LOG_LIMITED(OTE_LOG_ERROR, "control", "malformed frame from %s: %s; closing connection",
+                        h->from, ote_status_str(st));
     return st;
 }
 
@@ -275,11 +287,11 @@ static ote_status_t read_hello(int fd, const hs_t *h, uint64_t timeout_ms, uint8
  * own version, logged. */
 static void refuse_version(int fd, const ote_ctl_msg_t *hello, const char *from,
                            ote_deadline_t dl) {
-    OTE_WARN("control",
-             "protocol version mismatch: peer %.*s speaks versions %u..%u, this engine %u..%u: "
-             "refusing the connection from %s",
-             (int)hello->u.hello.addr_len, hello->u.hello.addr, hello->u.hello.min_version,
-             hello->u.hello.max_version, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, from);
+    OTE_LOG_LIMITED(OTE_LOG_WARN, "control",
+                    "protocol version mismatch: peer %.*s speaks versions %u..%u, this engine "
+                    "%u..%u: refusing the connection from %s",
+                    (int)hello->u.hello.addr_len, hello->u.hello.addr, hello->u.hello.min_version,
+                    hello->u.hello.max_version, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, from);
     char text[96];
     int tl = snprintf(text, sizeof(text), "protocol version mismatch: source speaks %u..%u",
                       OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX);
@@ -297,6 +309,12 @@ static void refuse_version(int fd, const ote_ctl_msg_t *hello, const char *from,
     size_t len = 0;
     if (ote_ctl_encode(&m, buf, sizeof(buf), &len) == OTE_OK)
         (void)ote_ctl_send_all(fd, buf, len, dl);
+}
+
+static int addr_printable(const char *a, uint32_t len) {
+    for (uint32_t i = 0; i < len; i++)
+        if ((unsigned char)a[i] < 0x21 || (unsigned char)a[i] > 0x7e) return 0;
+    return 1;
 }
 
 static void hs_finish(hs_t *h, int fd) {
@@ -329,8 +347,18 @@ static void *hs_main(void *arg) {
         return NULL;
     }
     if (m.opcode != OTE_CTL_HELLO) {
-        OTE_WARN("control", "connection from %s began with %s instead of HELLO: closing", h->from,
-                 ote_ctl_opcode_str(m.opcode));
+        OTE_LOG_LIMITED(OTE_LOG_WARN, "control",
+                        "connection from %s began with %s instead of HELLO: closing", h->from,
+                        ote_ctl_opcode_str(m.opcode));
+        hs_finish(h, fd);
+        return NULL;
+    }
+    /* The HELLO's address ("host:port") is logged here and by the transports: printable
+     * ASCII only, so that a peer cannot forge log lines with it. */
+    if (!addr_printable(m.u.hello.addr, m.u.hello.addr_len)) {
+        OTE_LOG_LIMITED(OTE_LOG_WARN, "control",
+                        "connection from %s: HELLO address with unprintable bytes: closing",
+                        h->from);
         hs_finish(h, fd);
         return NULL;
     }
@@ -365,8 +393,9 @@ static void *hs_main(void *arg) {
     /* adopt takes fd whatever it answers; on failure it has closed it. */
     st = tp->ops->adopt(tp, fd, h->from, hb, hlen);
     if (st != OTE_OK) {
-        OTE_WARN("engine", "transport %s could not take the connection from %s: %s", tname, h->from,
-                 ote_status_str(st));
+        OTE_LOG_LIMITED(OTE_LOG_WARN, "engine",
+                        "transport %s could not take the connection from %s: %s", tname, h->from,
+                        ote_status_str(st));
         ote__listen_release(l);
     }
     hs_finish(h, -1);
@@ -397,11 +426,31 @@ static void accept_one(ote__listen_t *l, int fd, const struct sockaddr_storage *
         close(fd);
         return;
     }
+    if (from.kind == 6) memset(from.b + 8, 0, 8); /* one /64 is one peer here */
     ote_mutex_lock(&l->mu);
     reap_locked(l);
     hs_t *h = NULL;
-    for (size_t i = 0; i < OTE__LISTEN_MAX_HS && h == NULL; i++)
-        if (!l->hs[i].used) h = &l->hs[i];
+    size_t same = 0, busy = 0; /* handshakes in flight: from this address, in all */
+    for (size_t i = 0; i < OTE__LISTEN_MAX_HS; i++) {
+        if (!l->hs[i].used) {
+            if (h == NULL) h = &l->hs[i];
+            continue;
+        }
+        busy++;
+        if (memcmp(&l->hs[i].addr, &from, sizeof(from)) == 0) same++;
+    }
+    if (same >= OTE__LISTEN_MAX_HS_PER_ADDR && busy >= OTE__LISTEN_MAX_HS / 2) {
+        ote_mutex_unlock(&l->mu);
+        char what[192], who[64];
+        ote_auth_addr_str(&from, who, sizeof(who));
+        snprintf(what, sizeof(what),
+                 "too many connections from one address in their handshake (%s%s has %zu): "
+                 "closing a new one",
+                 who, from.kind == 6 ? "/64" : "", same);
+        accept_warn(l, what, 0);
+        close(fd);
+        return;
+    }
     if (h == NULL) {
         ote_mutex_unlock(&l->mu);
         accept_warn(l, "too many connections in their handshake: closing a new connection", 0);
@@ -412,6 +461,7 @@ static void accept_one(ote__listen_t *l, int fd, const struct sockaddr_storage *
     h->fd = fd;
     h->done = 0;
     h->born = ote_now_ns();
+    h->addr = from;
     if (ote__addr_format((const struct sockaddr *)ss, h->from, sizeof(h->from)) != OTE_OK)
         snprintf(h->from, sizeof(h->from), "?");
     atomic_fetch_add(&l->held, 1);
@@ -440,7 +490,7 @@ static void *acceptor_main(void *arg) {
         struct pollfd p = {.fd = l->lfd, .events = POLLIN};
         int n = poll(&p, 1, LISTEN_POLL_MS);
         if (n <= 0) continue;
-        for (;;) {
+        for (int k = 0; k < LISTEN_ACCEPT_BATCH && !atomic_load(&l->stop); k++) {
             struct sockaddr_storage ss;
             socklen_t sl = sizeof(ss);
             int fd = accept4(l->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);

@@ -29,15 +29,13 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
     memset(&a, 0, sizeof(a));
     a.version = OTE_CTL_VERSION_MIN;
     a.req_id = m->req_id;
+    /* The listener hands over only a HELLO whose versions meet ours (it answers a
+     * mismatch itself): a defensive check, closing without an answer. */
     if (ote_ctl_negotiate(m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK) {
-        OTE_WARN("rdma", "control: HELLO with versions %u..%u refused (we speak %u..%u): closing",
-                 m->u.hello.min_version, m->u.hello.max_version, OTE_CTL_VERSION_MIN,
-                 OTE_CTL_VERSION_MAX);
-        a.opcode = OTE_CTL_ERROR;
-        a.status = OTE_ERR_VERSION;
-        a.u.error.min_version = OTE_CTL_VERSION_MIN;
-        a.u.error.max_version = OTE_CTL_VERSION_MAX;
-        (void)ote__rdma_conn_send(c, &a);
+        OTE_ERROR("rdma",
+                  "adopted control connection from %s: HELLO without a common version: "
+                  "closing",
+                  c->peer_addr);
         return -1;
     }
     size_t alen = m->u.hello.addr_len < sizeof(c->peer_addr) - 1 ? m->u.hello.addr_len
@@ -187,10 +185,12 @@ static void *server_main(void *arg) {
         ote_ctl_msg_t m;
         if (ote__rdma_conn_next(c, &m, UINT64_MAX, &tp->stop) != OTE_OK) break;
         if (c->version == 0) {
-            /* Nothing but HELLO before the handshake. */
+            /* The first frame is the HELLO the listener read and checked (ote__rdma_adopt
+             * puts it first): a defensive check, never true while the listener keeps to
+             * its contract. */
             if (m.opcode != OTE_CTL_HELLO) {
-                OTE_WARN("rdma", "control: %s frame before HELLO: closing",
-                         ote_ctl_opcode_str(m.opcode));
+                OTE_ERROR("rdma", "adopted control connection from %s began with %s: closing",
+                          c->peer_addr, ote_ctl_opcode_str(m.opcode));
                 break;
             }
             if (server_hello(c, &m) != 0) break;
@@ -259,7 +259,7 @@ ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, cons
     reap_servers_locked(tp);
     if (tp->nsconns == sizeof(tp->sconns) / sizeof(tp->sconns[0])) {
         ote_mutex_unlock(&tp->mu);
-        OTE_WARN("rdma", "too many control connections: refusing the one from %s", from);
+        OTE_WARN_LIMITED("rdma", "too many control connections: refusing the one from %s", from);
         ote__rdma_conn_put(c);
         return OTE_ERR_BUSY;
     }

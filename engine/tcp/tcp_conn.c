@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "engine/tcp/tcp_internal.h"
 
@@ -57,9 +58,10 @@ tcp_conn_t *ote__tcp_conn_new(tcp_t *tp, int fd, int role) {
 ote_status_t ote__tcp_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,
                             size_t len) {
     tcp_t *tp = to_tcp(t);
-    if (len > TCP_HS_RXBUF) {
-        close(fd);
-        return OTE_ERR_TOO_BIG;
+    ote_status_t st = OTE_ERR_TOO_BIG;
+    if (len > TCP_HS_RXBUF || ote_fault_hit("tcp.adopt", &st)) {
+        close(fd); /* taken in every case; the listener gives its place back */
+        return st;
     }
     ote__tcp_set_sockopts(tp, fd);
     tcp_conn_t *c = ote__tcp_conn_new(tp, fd, ROLE_SOURCE);

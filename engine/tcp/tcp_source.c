@@ -139,60 +139,46 @@ static void src_write(tcp_conn_t *c) {
     ote__tcp_want_out(c, 0);
 }
 
-/* Answer the HELLO (the engine's listener authenticated the connection when it has a
- * key). */
+/* Answer the HELLO the engine's listener read, checked and (with a key) authenticated:
+ * ote__tcp_adopt puts it first in rxbuf, and the listener hands over only a HELLO whose
+ * versions meet this engine's (it answers a mismatch, ERROR VERSION, itself). So the two
+ * refusals below cannot happen; they stay as defensive checks that close without an
+ * answer (an ERROR line: the listener broke its contract). */
 static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m) {
-    if (m->opcode != OTE_CTL_HELLO) {
-        OTE_WARN("control", "connection began with %s instead of HELLO: closing",
-                 ote_ctl_opcode_str(m->opcode));
+    uint16_t ver = 0;
+    if (m->opcode != OTE_CTL_HELLO ||
+        ote_ctl_negotiate(m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK) {
+        OTE_ERROR("tcp",
+                  "adopted connection from %s: its first frame is no usable HELLO (%s): "
+                  "closing",
+                  c->from, ote_ctl_opcode_str(m->opcode));
         ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
         return -1;
     }
     size_t al = m->u.hello.addr_len;
     memcpy(c->from, m->u.hello.addr, al);
     c->from[al] = '\0';
-    uint16_t ver = 0;
-    ote_status_t st = ote_ctl_negotiate(m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
     ote_ctl_msg_t out;
     memset(&out, 0, sizeof(out));
-    char text[160];
-    if (st != OTE_OK) {
-        OTE_WARN("control",
-                 "protocol version mismatch: peer %s speaks versions %u..%u, this engine %u..%u: "
-                 "refusing the connection",
-                 c->from[0] ? c->from : "?", m->u.hello.min_version, m->u.hello.max_version,
-                 OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX);
-        int tl = snprintf(text, sizeof(text), "protocol version mismatch: source speaks %u..%u",
-                          OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX);
-        out.version = m->version;
-        out.opcode = OTE_CTL_ERROR;
-        out.req_id = m->req_id;
-        out.status = OTE_ERR_VERSION;
-        out.u.error.min_version = OTE_CTL_VERSION_MIN;
-        out.u.error.max_version = OTE_CTL_VERSION_MAX;
-        out.u.error.text = text;
-        out.u.error.text_len = (uint32_t)tl;
-    } else {
-        tcp_t *tp = c->w->tp;
-        if (ver >= 2 && ote__tcp_src_sess_join(c, m->u.hello.session) != OTE_OK) {
-            OTE_ERROR("tcp", "out of memory for the session of %s: closing connection", c->from);
-            ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
-            return -1;
-        }
-        c->version = ver;
-        c->handshaken = 1;
-        out.version = ver;
-        out.opcode = OTE_CTL_HELLO_ACK;
-        out.req_id = m->req_id;
-        out.u.hello_ack.version = ver;
-        out.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
-        out.u.hello_ack.addr = tp->addr;
-        out.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
-        /* The engine's advertisement (transports, host identity) for its router. */
-        size_t il = tp->host.info ? strlen(tp->host.info) : 0;
-        out.u.hello_ack.info = tp->host.info;
-        out.u.hello_ack.info_len = (uint16_t)(il > OTE_CTL_MAX_INFO ? 0 : il);
+    tcp_t *tp = c->w->tp;
+    if (ver >= 2 && ote__tcp_src_sess_join(c, m->u.hello.session) != OTE_OK) {
+        OTE_ERROR("tcp", "out of memory for the session of %s: closing connection", c->from);
+        ote__tcp_conn_kill(c, OTE_ERR_NOMEM);
+        return -1;
     }
+    c->version = ver;
+    c->handshaken = 1;
+    out.version = ver;
+    out.opcode = OTE_CTL_HELLO_ACK;
+    out.req_id = m->req_id;
+    out.u.hello_ack.version = ver;
+    out.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+    out.u.hello_ack.addr = tp->addr;
+    out.u.hello_ack.addr_len = (uint32_t)strlen(tp->addr);
+    /* The engine's advertisement (transports, host identity) for its router. */
+    size_t il = tp->host.info ? strlen(tp->host.info) : 0;
+    out.u.hello_ack.info = tp->host.info;
+    out.u.hello_ack.info_len = (uint16_t)(il > OTE_CTL_MAX_INFO ? 0 : il);
     size_t len = 0;
     if (ote_ctl_encode(&out, c->hsbuf, sizeof(c->hsbuf), &len) != OTE_OK) {
         ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
@@ -206,13 +192,7 @@ static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     r->hdr_len = 0;
     r->data = c->hsbuf;
     r->len = (uint32_t)len;
-    r->close_after = st != OTE_OK;
-    /* The queued answer points into hsbuf: after a refusal nothing more is parsed (a
-     * second HELLO would overwrite it), and the connection closes once it is sent. */
-    if (st != OTE_OK) {
-        c->closing = 1;
-        return 0;
-    }
+    r->close_after = 0;
     uint8_t *nb = ote_malloc(TCP_RXBUF);
     if (nb == NULL) {
         OTE_ERROR("tcp", "out of memory for the receive buffer of %s: closing connection", c->from);

@@ -8,6 +8,8 @@
 //   bounded queue of received notifications, ote_notify_discard (9)
 //   peer statuses sanitized by ote_ctl_peer_status (15)
 //   no parsing after a refused HELLO (17)
+//   the shared listener: handshakes per address capped, rate-limited log lines of a
+//   flood, HELLO addresses that could forge log lines refused (listen review)
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -37,6 +39,7 @@
 #include "tests/util/test_base.h"
 
 extern "C" {
+#include "base/fault.h"
 #include "base/time.h"
 #include "engine/control/ctl.h"
 #include "ote/ote.h"
@@ -600,6 +603,207 @@ TEST_F(HostilePeerTest, PipelinedReadsWithoutReadingStopTheSourceThenClose) {
     // No progress for transfer_timeout_ms: closed, and the registration is free again.
     EXPECT_TRUE(WaitFor([&] { return ote_memory_unregister(e, mem.data()) == OTE_OK; }, 20000));
     EXPECT_TRUE(LogContains("made no progress for 4000 ms"));
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// ---- the engine's listener (engine/listen.c) --------------------------------------------
+
+// A TCP connection to "127.0.0.1:port" from the loopback address src (127.0.0.0/8 is all
+// on lo); -1 on failure.
+int ConnectFrom(const char *src, const std::string &addr) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in s{};
+    s.sin_family = AF_INET;
+    inet_pton(AF_INET, src, &s.sin_addr);
+    sockaddr_in d{};
+    d.sin_family = AF_INET;
+    d.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    d.sin_port = htons(static_cast<uint16_t>(atoi(strrchr(addr.c_str(), ':') + 1)));
+    if (bind(fd, reinterpret_cast<sockaddr *>(&s), sizeof(s)) != 0 ||
+        connect(fd, reinterpret_cast<sockaddr *>(&d), sizeof(d)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Silent connections from one address used to take all 128 handshake slots for
+// connect_timeout_ms each, so that every other peer was closed at accept meanwhile. Now,
+// once 64 slots are taken, an address with 16 handshakes in flight gets no more: the
+// first 64 silent connections wait, the others are closed at accept.
+TEST_F(HostilePeerTest, SilentConnectionsFromOneAddressDoNotStarveOthers) {
+    ote_engine_t *e = NewEngine({{"connect_timeout_ms", "120000"}});
+    std::string addr = EngineAddress(e);
+    const int kSilent = 128, kKept = 64;
+    std::vector<int> silent;
+    for (int i = 0; i < kSilent; i++) {
+        int fd = ConnectFrom("127.0.0.2", addr);
+        ASSERT_GE(fd, 0) << "connection " << i << ": " << strerror(errno);
+        silent.push_back(fd);
+    }
+    // The engine accepts in connection order: the silent ones first, then this one,
+    // which is served long before the silent ones' deadline.
+    int honest = ConnectTo(addr);
+    ASSERT_GE(honest, 0);
+    EXPECT_TRUE(RawHandshake(honest));
+    close(honest);
+    // The first kKept silent connections wait in their handshake; the rest were closed.
+    for (int i = kKept; i < kSilent; i++) EXPECT_TRUE(ClosedByPeer(silent[i])) << i;
+    EXPECT_TRUE(LogContains("too many connections from one address in their handshake"));
+    for (int i = 0; i < kKept; i++) { // still open: nothing to read, no EOF
+        char b;
+        EXPECT_EQ(recv(silent[i], &b, 1, MSG_DONTWAIT | MSG_PEEK), -1) << i;
+        EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << i << ": " << strerror(errno);
+    }
+    // Destroy ends the handshakes still waiting (their sockets shut down) long before
+    // their deadline.
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    for (int i = 0; i < kKept; i++) EXPECT_TRUE(ClosedByPeer(silent[i])) << i;
+    for (int fd : silent) close(fd);
+}
+
+// A transport that cannot take a connection closes it, and the listener gives its place
+// under tcp_max_accepted back: with a cap of 2, five refused hand-overs leave room for two
+// connections afterwards.
+TEST_F(HostilePeerTest, AHandOverThatFailsGivesItsPlaceBack) {
+    ote_engine_t *e = NewEngine({{"tcp_max_accepted", "2"}});
+    std::string addr = EngineAddress(e);
+    ASSERT_EQ(ote_fault_arm("tcp.adopt", OTE_FAULT_EVERY, 0, OTE_ERR_NOMEM, 0), OTE_OK);
+    for (int i = 0; i < 5; i++) {
+        int fd = ConnectTo(addr);
+        ASSERT_GE(fd, 0);
+        EXPECT_FALSE(RawHandshake(fd)) << i; // closed unanswered
+        close(fd);
+    }
+    EXPECT_EQ(ote_fault_failures("tcp.adopt"), 5u);
+    ASSERT_EQ(ote_fault_disarm("tcp.adopt"), OTE_OK);
+    EXPECT_TRUE(LogContains("could not take the connection"));
+    // The last refusal's place may come back just after its peer saw the close: retry.
+    int a = -1, b = -1;
+    EXPECT_TRUE(WaitFor(
+        [&] {
+            if (a >= 0) close(a);
+            if (b >= 0) close(b);
+            a = ConnectTo(addr);
+            if (a < 0 || !RawHandshake(a)) return false;
+            b = ConnectTo(addr);
+            return b >= 0 && RawHandshake(b);
+        },
+        20000));
+    if (a >= 0) close(a);
+    if (b >= 0) close(b);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// A peer that sends its HELLO a byte at a time keeps every single read short, but the
+// handshake's deadline runs from accept, not from the last byte: it is closed at
+// connect_timeout_ms, never answered.
+TEST_F(HostilePeerTest, HelloTrickledAByteAtATimeMeetsTheDeadline) {
+    ote_engine_t *e = NewEngine({{"connect_timeout_ms", "400"}});
+    std::string addr = EngineAddress(e);
+    int fd = ConnectTo(addr);
+    ASSERT_GE(fd, 0);
+    auto h = HelloFrame(1, 0); // 45 bytes, one per 50 ms: over 2 s in all
+    size_t sent = 0;
+    for (; sent < h.size(); sent++) {
+        if (send(fd, &h[sent], 1, MSG_NOSIGNAL) != 1) break;
+        WaitFor([] { return false; }, 50);
+    }
+    // Whether the engine closed before the last byte or after it, no HELLO_ACK comes.
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    EXPECT_FALSE(ReadFrame(fd, &buf, &m)) << "answered after " << sent << " bytes";
+    EXPECT_TRUE(LogContains("did not complete its handshake within 400 ms"));
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Every connection can make the listener log a line; a flood of them logs about one line
+// per second of each kind, with the count of the lines it swallowed.
+TEST_F(HostilePeerTest, AFloodOfBadFirstFramesDoesNotFloodTheLog) {
+    // A small tcp_max_accepted: each refused connection must give its place back.
+    ote_engine_t *e = NewEngine({{"tcp_max_accepted", "4"}});
+    std::string addr = EngineAddress(e);
+    const int kConns = 100;
+    uint64_t t0 = ote_now_ns();
+    {
+        ote_test::ErrorLogsExpected errors; // "malformed frame" is an ERROR line
+        for (int i = 0; i < kConns; i++) {
+            int fd = ConnectTo(addr);
+            ASSERT_GE(fd, 0);
+            uint8_t hdr[OTE_CTL_HDR_LEN];
+            ote_ctl_put_hdr(hdr, 1, 0x7777, 0, OTE_OK, 0); // no such opcode
+            ASSERT_TRUE(SendAll(fd, hdr, sizeof(hdr)));
+            EXPECT_TRUE(ClosedByPeer(fd));
+            close(fd);
+            fd = ConnectTo(addr);
+            ASSERT_GE(fd, 0);
+            ote_ctl_put_hdr(hdr, 1, OTE_CTL_NOTIFY_ACK, 0, OTE_OK, 0); // not a HELLO
+            ASSERT_TRUE(SendAll(fd, hdr, sizeof(hdr)));
+            EXPECT_TRUE(ClosedByPeer(fd));
+            close(fd);
+        }
+        EXPECT_GE(errors.Seen(), 1u);
+    }
+    uint64_t secs = (ote_now_ns() - t0) / (1000 * kMs);
+    size_t malformed = CountLogs("malformed frame from");
+    size_t not_hello = CountLogs("instead of HELLO");
+    EXPECT_GE(malformed, 1u);
+    EXPECT_GE(not_hello, 1u);
+    // At most one line per second of each kind, plus the first.
+    EXPECT_LE(malformed, secs + 2) << malformed << " lines for " << kConns << " connections";
+    EXPECT_LE(not_hello, secs + 2) << not_hello << " lines for " << kConns << " connections";
+    // A second on, the next line says how many it swallowed.
+    WaitFor([] { return false; }, 1100);
+    {
+        ote_test::ErrorLogsExpected errors;
+        int fd = ConnectTo(addr);
+        ASSERT_GE(fd, 0);
+        uint8_t hdr[OTE_CTL_HDR_LEN];
+        ote_ctl_put_hdr(hdr, 1, 0x7777, 0, OTE_OK, 0);
+        ASSERT_TRUE(SendAll(fd, hdr, sizeof(hdr)));
+        EXPECT_TRUE(ClosedByPeer(fd));
+        close(fd);
+    }
+    EXPECT_EQ(CountLogs("malformed frame from"), malformed + 1);
+    EXPECT_TRUE(LogContains("more like it since the last"));
+    // The listener still serves: the refused connections' places were given back.
+    int fd = ConnectTo(addr);
+    EXPECT_TRUE(RawHandshake(fd));
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// The HELLO's address is logged by the listener and the transports: one with a newline
+// or other control bytes (a forged log line) is refused before it is logged or answered.
+TEST_F(HostilePeerTest, HelloAddressThatCouldForgeLogLinesIsRefused) {
+    ote_engine_t *e = NewEngine();
+    std::string addr = EngineAddress(e);
+    for (const char *bad :
+         {"raw:1\norbitte E [engine] forged", "raw:1\r", "raw\x1b[2J:1", "raw:1\x7f", "raw 1"}) {
+        int fd = ConnectTo(addr);
+        ASSERT_GE(fd, 0);
+        ote_ctl_msg_t h{};
+        h.version = 1;
+        h.opcode = OTE_CTL_HELLO;
+        h.u.hello.min_version = 1;
+        h.u.hello.max_version = 1;
+        h.u.hello.role = 1;
+        h.u.hello.addr = bad;
+        h.u.hello.addr_len = static_cast<uint32_t>(strlen(bad));
+        auto b = Encode(h);
+        ASSERT_TRUE(SendAll(fd, b.data(), b.size()));
+        std::vector<uint8_t> buf;
+        ote_ctl_msg_t m;
+        EXPECT_FALSE(ReadFrame(fd, &buf, &m)) << "answered a HELLO from \"" << bad << "\"";
+        close(fd);
+    }
+    for (const std::string &l : Logs()) EXPECT_EQ(l.find("forged"), std::string::npos) << l;
+    EXPECT_TRUE(LogContains("HELLO address with unprintable bytes"));
+    int fd = ConnectTo(addr);
+    EXPECT_TRUE(RawHandshake(fd)); // "raw:1" is fine
     close(fd);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
