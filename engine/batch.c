@@ -176,7 +176,7 @@ static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size
          * memory needs a GPU path that gpu_paths allows, else the submit fails here. */
         uint32_t kind = OTE_MEM_HOST;
         st = ote__reg_local_kind(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, &drv, &kind);
-        if (st == OTE_OK) st = ote__gpu_path_check(e->gpu, kind, "a request's local buffer");
+        if (st == OTE_OK) st = ote__gpu_path_check(e->gpu, kind, -1, "a request's local buffer");
         if (st != OTE_OK) continue;
         st = req_plan(reqs[i].segment, reqs[i].length, kind, &plans[i]);
         if (st == OTE_OK && plans[i].ns > 1) {

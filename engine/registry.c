@@ -76,7 +76,8 @@ ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline
                                 uint8_t **buf_out, void **tok_out) {
     ote_engine_t *e = arg;
     const ote__reg_t *r = pin;
-    ote_status_t st = ote__gpu_path_check(e->gpu, r->kind, "a registered range");
+    ote_status_t st =
+        ote__gpu_path_check(e->gpu, r->kind, (r->perms & OTE_PERM_IPC) != 0, "a registered range");
     ote__gpu_bounce_t *t = NULL;
     if (st == OTE_OK) st = ote__gpu_src_get(e->gpu, r->kind, len, dl, buf_out, &t);
     if (st == OTE_OK) *tok_out = t;
@@ -148,8 +149,9 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
 
 ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
                                        const char *name) {
-    if (e == NULL || addr == NULL || len == 0 || perms == 0 ||
-        (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE)) != 0 || (uintptr_t)addr > UINT64_MAX - len)
+    if (e == NULL || addr == NULL || len == 0 || (perms & (OTE_PERM_READ | OTE_PERM_WRITE)) == 0 ||
+        (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE | OTE_PERM_IPC)) != 0 ||
+        (uintptr_t)addr > UINT64_MAX - len)
         return OTE_ERR_INVALID;
     size_t nl = name != NULL ? strnlen(name, OTE_NAME_MAX + 1) : 0;
     if (name != NULL && !ote_ctl_buf_name_ok(name, nl)) {
@@ -172,6 +174,13 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
                        ote_status_code(cst) == OTE_ERR_UNSUPPORTED
                    ? cst
                    : OTE_ERR_INVALID;
+    }
+    if ((perms & OTE_PERM_IPC) && !OTE_MEM_IS_CUDA(kind)) {
+        OTE_WARN("engine",
+                 "register [%p, +%zu) refused: OTE_PERM_IPC opts device memory in to CUDA IPC, "
+                 "and this range is host memory",
+                 addr, len);
+        return OTE_ERR_INVALID;
     }
     ote__reg_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
@@ -201,7 +210,9 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
     }
     /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
      * failure leaves nothing registered. NULL for transports that need none (tcp). */
-    if (st == OTE_OK) st = ote__router_mem_register(e, addr, len, perms);
+    /* (The transports see READ/WRITE only: OTE_PERM_IPC is the engine's.) */
+    if (st == OTE_OK)
+        st = ote__router_mem_register(e, addr, len, perms & (OTE_PERM_READ | OTE_PERM_WRITE));
     if (st == OTE_OK) {
         size_t at = (size_t)(i + 1);
         memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
@@ -233,7 +244,11 @@ ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint
     uint8_t *ent = f != NULL ? f + OTE_CTL_HDR_LEN + 8 : NULL;
     for (size_t i = 0; st == OTE_OK && i < n; i++) {
         const ote__reg_t *r = e->regs[i];
-        ote_ctl_buf_t b = {.addr = r->start, .len = r->len, .perms = r->perms, .kind = r->kind};
+        /* Peers see READ/WRITE (OTE_CTL_BUF_PERMS); OTE_PERM_IPC is not listed. */
+        ote_ctl_buf_t b = {.addr = r->start,
+                           .len = r->len,
+                           .perms = r->perms & OTE_CTL_BUF_PERMS,
+                           .kind = r->kind};
         memcpy(b.name, r->name, sizeof(b.name));
         st = ote_ctl_buf_put(ent + i * OTE_CTL_BUF_ENTRY_LEN, &b);
     }

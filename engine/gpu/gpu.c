@@ -313,14 +313,26 @@ ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int f
     return OTE_OK;
 }
 
-ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, const char *what) {
+/* One WARN site per reason (each rate-limited on its own, so that no reason hides
+ * another). */
+#define GPU_PATH_WARN(what, kind, g, missing) \
+    OTE_WARN_LIMITED("gpu", \
+                     "%s is device memory of cuda:%d: no GPU path is possible with " \
+                     "gpu_paths=\"%s\" (staging is not allowed; " missing \
+                     "; direct is not built yet)", \
+                     (what), OTE_MEM_CUDA_DEVICE(kind), (g)->paths_text)
+
+ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, int ipc_optin, const char *what) {
     if (!OTE_MEM_IS_CUDA(kind)) return OTE_OK;
     if (g->paths & OTE__GPU_PATH_STAGING) return OTE_OK;
-    OTE_WARN_LIMITED(
-        "gpu",
-        "%s is device memory of cuda:%d: no GPU path is possible with gpu_paths=\"%s\" "
-        "(staging is not allowed; ipc and direct are not built yet)",
-        what, OTE_MEM_CUDA_DEVICE(kind), g->paths_text);
+    /* What ipc lacks here, named in the refusal: the path in gpu_paths, the registration's
+     * opt-in, and (always, today) the path itself. */
+    if (!(g->paths & OTE__GPU_PATH_IPC)) GPU_PATH_WARN(what, kind, g, "ipc is not allowed");
+    else if (ipc_optin == 0)
+        GPU_PATH_WARN(what, kind, g, "ipc needs OTE_PERM_IPC on the registration, which it lacks");
+    else if (ipc_optin > 0)
+        GPU_PATH_WARN(what, kind, g, "ipc is allowed and opted in to but not built yet");
+    else GPU_PATH_WARN(what, kind, g, "ipc is allowed but not built yet");
     return OTE_ERR_UNSUPPORTED;
 }
 

@@ -73,8 +73,12 @@ int ote__gpu_driver_present(ote__gpu_t *g);
 
 /* Whether device memory of `kind` may be moved by this engine (gpu_paths allows a path
  * that exists): OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing;
- * `what` names the side ("local buffer", "registered range") for the log. */
-ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, const char *what);
+ * `what` names the side ("local buffer", "registered range") for the log. ipc_optin: for
+ * a registration, whether it carries OTE_PERM_IPC (1) or not (0); -1 for a request's
+ * local buffer (no registration of its own to export). The only path built is staging,
+ * so OTE_OK means staging; the ipc path (gpu_paths "ipc" and, at a registration,
+ * OTE_PERM_IPC) is named in the refusal as not built yet, never taken silently. */
+ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, int ipc_optin, const char *what);
 /* Largest slice a staged request may have (the chunk size). */
 uint64_t ote__gpu_max_slice(const ote__gpu_t *g);
 

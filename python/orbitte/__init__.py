@@ -22,6 +22,7 @@ library_path = _engine.lib.orbitte_path
 from .engine import (  # noqa: E402
     MEM_HOST,
     NOTIFY_MAX,
+    PERM_IPC,
     PERM_READ,
     PERM_RW,
     PERM_WRITE,

@@ -14,6 +14,7 @@ WRITE = 1  # local -> remote (OTE_WRITE)
 PERM_READ = 0x1  # peers may READ from the registration
 PERM_WRITE = 0x2  # peers may WRITE into it
 PERM_RW = PERM_READ | PERM_WRITE
+PERM_IPC = 0x4  # OTE_PERM_IPC: opts a device registration in to CUDA IPC (never alone)
 NOTIFY_MAX = 4096  # OTE_NOTIFY_MAX
 STATES = ("WAITING", "PENDING", "COMPLETED", "FAILED", "CANCELED", "TIMEOUT")
 MEM_HOST = 0  # OTE_MEM_HOST: the kind of host (CPU) memory

@@ -86,6 +86,11 @@ def test_local_buffer_errors(engine):
     reg.unregister()
     with pytest.raises(orbitte.NotFoundError):
         engine.unregister(arr.ctypes.data)
+    # OTE_PERM_IPC opts device memory in to CUDA IPC: on host memory, or alone, refused
+    for perms in (orbitte.PERM_READ | orbitte.PERM_IPC, orbitte.PERM_IPC):
+        with pytest.raises(orbitte.InvalidError):
+            engine.register(arr, perms=perms)
+    engine.register(arr, perms=orbitte.PERM_READ).unregister()  # nothing left registered
 
 
 def test_a_registered_bytearray_cannot_be_resized():

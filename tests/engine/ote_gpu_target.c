@@ -14,10 +14,12 @@
  *   clear                             -> OK           disarm the fake's faults
  *   live                              -> LIVE <streams> <events> <pending_ops> <host_allocs>
  *                                        (the fake's live objects)
+ *   ipc                               -> IPC <exports> <imports>  (the fake's IPC counters)
  *   quit / end of input               -> exits 0 after destroying the engine and memory
  *
  * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables;
- * OTE_GPU_TARGET_DEVICE=N puts the device buffers on device N (default 0).
+ * OTE_GPU_TARGET_DEVICE=N puts the device buffers on device N (default 0);
+ * OTE_GPU_TARGET_IPC=1 registers them with OTE_PERM_IPC too.
  */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -87,6 +89,8 @@ int main(int argc, char **argv) {
     g_t = ote_cuda_driver_table(drv);
     const char *devenv = getenv("OTE_GPU_TARGET_DEVICE");
     int ordinal = devenv != NULL ? atoi(devenv) : 0;
+    const char *ipcenv = getenv("OTE_GPU_TARGET_IPC"); /* "1": device buffers OTE_PERM_IPC */
+    int ipc_optin = ipcenv != NULL && strcmp(ipcenv, "1") == 0;
     if (ote_cuda_device_open(drv, ordinal, &dev) != OTE_OK) return 11;
     g_dev = dev;
     void *dl = ote_cuda_driver_dl_handle(drv);
@@ -120,8 +124,9 @@ int main(int argc, char **argv) {
             b->addr = (uintptr_t)b->host;
         }
         if (fill(b, (uint64_t)(i + 1)) != 0) return 4;
-        st = ote_memory_register_named(e, (void *)(uintptr_t)b->addr, b->len,
-                                       OTE_PERM_READ | OTE_PERM_WRITE, b->name);
+        unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
+        if (b->device && ipc_optin) perms |= OTE_PERM_IPC;
+        st = ote_memory_register_named(e, (void *)(uintptr_t)b->addr, b->len, perms, b->name);
         if (st != OTE_OK) {
             printf("ST %d\n", st);
             return 5;
@@ -161,6 +166,10 @@ int main(int argc, char **argv) {
             counters(&c);
             printf("LIVE %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", c.streams, c.events,
                    c.pending_ops, c.host_allocs);
+        } else if (strcmp(cmd, "ipc") == 0 && counters) {
+            fake_cuda_counters_t c;
+            counters(&c);
+            printf("IPC %" PRIu64 " %" PRIu64 "\n", c.ipc_exports, c.ipc_imports);
         } else {
             printf("ERR bad command\n");
         }

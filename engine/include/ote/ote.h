@@ -72,7 +72,11 @@ typedef struct ote_batch ote_batch_t;
  *   gpu_paths            paths device memory may take: a comma list of staging, ipc,
  *                        direct, or "" (none); default "staging", the only one built. A
  *                        request whose local buffer is device memory fails at submit with
- *                        OTE_ERR_UNSUPPORTED (logged) when staging is not in the list.
+ *                        OTE_ERR_UNSUPPORTED (logged) when staging is not in the list; a
+ *                        source whose list lacks staging refuses requests on its device
+ *                        registrations (OTE_ERR_UNSUPPORTED, logged naming what is
+ *                        missing: staging, or OTE_PERM_IPC on the registration, or the ipc
+ *                        path itself, which is not built yet).
  *   gpu_staging_chunk    bytes of one pinned staging chunk (64K..64M, default 2M).
  *   gpu_staging_depth    staging chunks in flight per request (1..64, default 4).
  * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
@@ -151,6 +155,14 @@ ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, si
 #define OTE_UNREGISTER_WAIT_MS 100
 #define OTE_PERM_READ 0x1u
 #define OTE_PERM_WRITE 0x2u
+/* Opt-in to CUDA IPC for a device registration (with READ and/or WRITE, never alone):
+ * IPC exposes the WHOLE allocation holding the range to a same-host peer, not just the
+ * range, so without this flag the ipc path is never used for the registration. Refused
+ * (OTE_ERR_INVALID) on a range that is not device memory. Reported by ote_memory_query;
+ * peers' buffer discovery does not list it (their perms stay READ/WRITE). The ipc path
+ * itself is not built yet (README "GPU memory"): today the flag only takes part in the
+ * refusal rules. */
+#define OTE_PERM_IPC 0x4u
 ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
 ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
 
@@ -216,7 +228,7 @@ typedef struct {
     char name[OTE_NAME_MAX + 1]; /* NUL-terminated; "" when registered without a name */
     uint64_t addr;               /* the peer's address: ote_request_t.remote_addr */
     uint64_t length;
-    unsigned perms; /* OTE_PERM_READ / OTE_PERM_WRITE */
+    unsigned perms; /* OTE_PERM_READ / OTE_PERM_WRITE (/ OTE_PERM_IPC: ote_memory_query) */
     uint32_t kind;  /* ote_mem_kind_t */
 } ote_buffer_info_t;
 ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, size_t cap,
