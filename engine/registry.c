@@ -210,8 +210,11 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
     }
     /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
      * failure leaves nothing registered. NULL for transports that need none (tcp). */
-    /* (The transports see READ/WRITE only: OTE_PERM_IPC is the engine's.) */
-    if (st == OTE_OK)
+    /* (The transports see READ/WRITE only: OTE_PERM_IPC is the engine's.) Device memory
+     * gets no native registration: no transport maps it for a NIC yet (GPUDirect RDMA is
+     * not built), so the RDMA source refuses requests on it (rdma_accounts.c) instead of
+     * exposing a range its NIC could not, or its provider would fault on. */
+    if (st == OTE_OK && !OTE_MEM_IS_CUDA(kind))
         st = ote__router_mem_register(e, addr, len, perms & (OTE_PERM_READ | OTE_PERM_WRITE));
     if (st == OTE_OK) {
         size_t at = (size_t)(i + 1);
@@ -301,7 +304,8 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
                 *waiting = 2; /* released meanwhile: try again at once */
             }
         }
-    } else if ((st = ote__router_mem_unregister(e, (void *)(uintptr_t)start)) != OTE_OK) {
+    } else if (!OTE_MEM_IS_CUDA(e->regs[i]->kind) &&
+               (st = ote__router_mem_unregister(e, (void *)(uintptr_t)start)) != OTE_OK) {
         /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {
         victim = e->regs[i];

@@ -126,7 +126,21 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
         unsigned perm = a->op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
         void *pin = NULL;
         ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
-        if (pst != OTE_OK)
+        if (pst == OTE_OK && tp->host.pin_kind != NULL &&
+            OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
+            /* Device memory has no MR here: GPUDirect RDMA is not built, and RDMA has no
+             * source-side staging (the NIC reads and writes the range itself). */
+            tp->host.unpin(tp->host.arg, pin);
+            pin = NULL;
+            pst = OTE_ERR_UNSUPPORTED;
+            OTE_WARN_LIMITED("rdma",
+                             "refused %s request of %llu bytes at 0x%llx from %s: device "
+                             "memory over rdma needs GPUDirect RDMA, which is not built "
+                             "(reach it over tcp or shm, which stage it)",
+                             a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
+                             (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
+                             c->peer_addr);
+        } else if (pst != OTE_OK)
             OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s",
                              a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
                              (unsigned long long)a->req_len, (unsigned long long)a->req_addr,

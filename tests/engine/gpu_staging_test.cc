@@ -896,3 +896,55 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransferTest, ::testing::Values("tcp", "
                          });
 
 } // namespace
+
+// RDMA (verbs/sim) and device memory. GPUDirect RDMA is not built, so a registered device
+// range gets no MR and the source refuses every request on it, naming why, with no byte
+// of it changed; a local device buffer on the requester side is staged through pinned
+// chunks like over TCP, with bytes checked both ways.
+TEST_F(GpuStagingTest, RdmaRefusesRemoteDeviceMemoryAndStagesLocal) {
+    ote_engine_t *src = ote_test::RdmaEngine();
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *req = ote_test::RdmaEngine();
+    ASSERT_NE(req, nullptr);
+    char addr[300];
+    ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
+    uint64_t d = DevAlloc(1 << 16);
+    DevFill(d, 1 << 16, 81);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(d), 1 << 16,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, addr, &seg), OTE_OK);
+    std::vector<uint8_t> back(1 << 16);
+    ote_pattern_fill(back.data(), back.size(), 82, 0);
+    for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+        ote_transfer_status_t ts{};
+        EXPECT_NE(Run(req, seg, op, reinterpret_cast<uintptr_t>(back.data()), d + 1, 777, &ts),
+                  OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        EXPECT_EQ(ts.bytes_done, 0u);
+    }
+    EXPECT_TRUE(LogContains("device memory over rdma needs GPUDirect RDMA"));
+    EXPECT_EQ(DevHash(d, 1 << 16), PatternHash(81, 0, 1 << 16));
+    EXPECT_EQ(ote_hash(back.data(), back.size()), PatternHash(82, 0, back.size()));
+    // Unregister works: nothing native was registered for it and nothing stays pinned.
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(d)), OTE_OK);
+
+    // A local device buffer against remote host memory: staged, both directions.
+    uint64_t d2 = DevAlloc(1 << 20);
+    std::vector<uint8_t> h(1 << 20);
+    ote_pattern_fill(h.data(), h.size(), 83, 0);
+    ASSERT_EQ(ote_memory_register(src, h.data(), h.size(), OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+    const size_t n = (1 << 20) - 77;
+    ASSERT_EQ(Run(req, seg, OTE_READ, d2 + 5, reinterpret_cast<uintptr_t>(h.data()) + 3, n),
+              OTE_OK);
+    EXPECT_EQ(DevHash(d2 + 5, n), ote_hash(h.data() + 3, n));
+    DevFill(d2, 1 << 20, 84);
+    ASSERT_EQ(Run(req, seg, OTE_WRITE, d2 + 9, reinterpret_cast<uintptr_t>(h.data()) + 1, n),
+              OTE_OK);
+    EXPECT_EQ(ote_hash(h.data() + 1, n), DevHash(d2 + 9, n));
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, h.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
