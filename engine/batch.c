@@ -413,10 +413,18 @@ ote_status_t ote_batch_cancel(ote_batch_t *b) {
             else overflow = 1;
         }
     }
+    /* Each segment named is held (its pending count) so that it stays open while its
+     * transport is told below, without the batch's mutex: a transport may complete the
+     * dropped slices inside cancel (shm does), and the last of them ends the batch,
+     * which takes the mutex (batch_end_one); holding it here deadlocked this caller. */
+    for (size_t j = 0; j < nsegs; j++) atomic_fetch_add(&segs[j]->pending, 1);
+    ote_mutex_unlock(&b->mu);
     /* The transports drop queued slices now; slices on the wire finish first. With many
      * segments, the others see the flag when they next touch the queue. */
-    for (size_t j = 0; j < nsegs; j++) segs[j]->tp->ops->cancel(segs[j]->peer);
-    ote_mutex_unlock(&b->mu);
+    for (size_t j = 0; j < nsegs; j++) {
+        segs[j]->tp->ops->cancel(segs[j]->peer);
+        atomic_fetch_sub(&segs[j]->pending, 1);
+    }
     if (overflow) OTE_DEBUG("engine", "cancel: more than 16 segments; others drop lazily");
     return OTE_OK;
 }

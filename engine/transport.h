@@ -152,7 +152,9 @@ typedef struct {
     /* Start a NULL-terminated list of slices. Never fails: a slice that cannot start
      * is completed through its done() with the reason. */
     void (*submit)(ote__tpeer_t *peer, ote__slice_t *list);
-    /* Skip queued slices whose canceled flag is set (promptly, without waiting). */
+    /* Skip queued slices whose canceled flag is set (promptly, without waiting). Called
+     * with no engine lock held: it may complete slices through their done(), the last
+     * of which ends its batch. */
     void (*cancel)(ote__tpeer_t *peer);
     /* Close the peer's connections; the peer must have no slices in flight. */
     ote_status_t (*peer_close)(ote__tpeer_t *peer);

@@ -367,7 +367,10 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                                 .req_uid = w->uid};
         }
         ote__slice_t *s = p->qh, *last = NULL;
-        uint64_t bytes = 0, head0 = p->ring_head;
+        /* The ring as it was before this message: ring_alloc may reset an empty ring to
+         * 0, so an unsent message restores both ends (the head alone left the ring
+         * holding bytes no response would free: full for good, nothing in flight). */
+        uint64_t bytes = 0, head0 = p->ring_head, tail0 = p->ring_tail;
         while (s && nw + n < SHM_BATCH_MAX && p->nflight + n < SHM_WINDOW &&
                p->flight_bytes < SHM_WINDOW_BYTES &&
                (n == 0 || (p->flight_bytes + bytes + s->len <= SHM_WINDOW_BYTES &&
@@ -408,11 +411,12 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
         if (nw + n == 0) break;
         m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_REQS, nw + n, 0};
         /* (ring pieces of an unsent message are taken again, in the same order, when it
-         * is retried: the head goes back to where this message began) */
+         * is retried: head and tail go back to where they were when it began) */
         size_t len = sizeof(shm_hdr_t) + (nw + n) * sizeof(shm_req_t);
         ssize_t wr = send(p->fd, m.b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (wr < 0 && (errno == EAGAIN || errno == EINTR)) {
             p->ring_head = head0;
+            p->ring_tail = tail0;
             break; /* the receive thread retries */
         }
         if (wr != (ssize_t)len) {

@@ -8,9 +8,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -174,6 +178,53 @@ TEST_P(ShmDeadlineTest, StoppedPeerFailsAtTheDeadlineOthersUnaffected) {
     EXPECT_EQ(other.Quit(), 0);
 }
 
+// Every step of the cancel tests runs under a deadline: a call that never returns (a
+// deadlock, a completion that never comes) ends the process at once with the step's name,
+// instead of hanging until the target's timeout. Phase() starts a step with its own limit;
+// the limits are generous (a loaded 2-core machine, ASan) and never measure speed.
+class StepWatchdog {
+  public:
+    explicit StepWatchdog(const char *test) : test_(test), thread_([this] { Watch(); }) {}
+    ~StepWatchdog() {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            quit_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    void Phase(const std::string &step, uint64_t limit_ns) {
+        std::lock_guard<std::mutex> g(mu_);
+        step_ = step;
+        dl_ = ote_deadline_after(limit_ns);
+        limit_s_ = limit_ns / ote_test::kSec;
+    }
+
+  private:
+    void Watch() {
+        std::unique_lock<std::mutex> g(mu_);
+        while (!quit_) {
+            if (dl_ != 0 && ote_deadline_expired(dl_)) {
+                std::fprintf(stderr,
+                             "[ WATCHDOG ] %s: step \"%s\" did not end within %llu s (a wait "
+                             "without an end: deadlock or lost completion); aborting\n",
+                             test_.c_str(), step_.c_str(), (unsigned long long)limit_s_);
+                std::fflush(stderr);
+                std::abort();
+            }
+            cv_.wait_for(g, std::chrono::milliseconds(100));
+        }
+    }
+    std::string test_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::string step_;
+    ote_deadline_t dl_ = 0;
+    uint64_t limit_s_ = 0;
+    bool quit_ = false;
+    std::thread thread_;
+};
+
 // Cancel reaches pieces already sent to the source (CANCEL entries): large requests
 // (256 MiB, 32 MiB slices in cross-memory-attach mode, 2 MiB in ring mode) canceled while
 // their pieces are at the source end CANCELED; no byte of them moves once the request
@@ -191,6 +242,15 @@ class ShmCancelTest : public ote_test::TargetE2eTest,
                       public ::testing::WithParamInterface<const char *> {
   protected:
     ShmCancelTest() : TargetE2eTest(CancelSession(GetParam())) {}
+
+    void SetUp() override {
+        dog_.Phase("SetUp", 120 * kSec);
+        TargetE2eTest::SetUp();
+    }
+    void TearDown() override {
+        dog_.Phase("TearDown", 120 * kSec);
+        TargetE2eTest::TearDown();
+    }
 
     static constexpr size_t kLen = 256u << 20;
     static constexpr size_t kMiB = 1u << 20;
@@ -218,6 +278,8 @@ class ShmCancelTest : public ote_test::TargetE2eTest,
         EXPECT_EQ(st, "ST 0") << "the canceled request stayed pinned at the source";
         ASSERT_EQ(target_.Command("rereg rw"), "ST 0");
     }
+
+    StepWatchdog dog_{"ShmCancelTest"};
 };
 
 // The source is stopped while the request's first piece and then the CANCEL reach it: it
@@ -231,13 +293,16 @@ TEST_P(ShmCancelTest, CanceledBeforeTheSourceCopiedMovesNoByte) {
         ote_batch_t *b = nullptr;
         ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
         ASSERT_TRUE(target_.Stop());
+        dog_.Phase(std::string(name) + ": submit and cancel at the stopped source", 30 * kSec);
         ote_request_t r = {op, local.data(), seg_, target_.rw, kLen};
         ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
         ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
         ASSERT_TRUE(target_.Cont());
+        dog_.Phase(std::string(name) + ": ote_batch_wait after the cancel", 90 * kSec);
         uint64_t t0 = ote_now_ns();
         ote_status_t st = ote_batch_wait(b, 60 * kSec);
         uint64_t took = ote_now_ns() - t0;
+        dog_.Phase(std::string(name) + ": checks after the cancel", 120 * kSec);
         EXPECT_EQ(ote_status_code(st), OTE_ERR_CANCELED) << name << ": " << ote_status_str(st);
         ote_transfer_status_t ts = StatusOf(b);
         EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << name;
@@ -253,6 +318,7 @@ TEST_P(ShmCancelTest, CanceledBeforeTheSourceCopiedMovesNoByte) {
             GetParam(), name, took / 1e6);
         EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     }
+    dog_.Phase("the round trip after the cancels", 150 * kSec);
     RoundTrip((1u << 20) + 3, 100, 1, 9); // the segment still works, every byte right
 }
 
@@ -263,11 +329,13 @@ TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
     const size_t bound = (64u << 20) + (32u << 20) + kMiB;
     for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
         const char *name = op == OTE_READ ? "READ" : "WRITE";
+        dog_.Phase(std::string(name) + ": hashes before the request", 90 * kSec);
         std::vector<uint8_t> local(kLen + kMiB, 0xEE);
         if (op == OTE_WRITE) ote_pattern_fill(local.data(), kLen, 22, 0);
         std::vector<uint64_t> before = BlockHashes();
         ote_batch_t *b = nullptr;
         ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+        dog_.Phase(std::string(name) + ": submit and the first bytes", 90 * kSec);
         ote_request_t r = {op, local.data(), seg_, target_.rw, kLen};
         ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
         if (op == OTE_READ) { // until the first bytes arrive: the source is copying
@@ -276,11 +344,15 @@ TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
             bool moved = false;
             while (!moved && !ote_deadline_expired(dl))
                 for (size_t i = 0; i < (1u << 16) && !moved; i += 64) moved = v[i] != 0xEE;
+            EXPECT_TRUE(moved) << "no byte of the READ arrived in 60 s";
         }
+        dog_.Phase(std::string(name) + ": ote_batch_cancel mid-flight", 30 * kSec);
         uint64_t t0 = ote_now_ns();
         ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
+        dog_.Phase(std::string(name) + ": ote_batch_wait after the cancel", 90 * kSec);
         ote_status_t st = ote_batch_wait(b, 60 * kSec);
         uint64_t took = ote_now_ns() - t0;
+        dog_.Phase(std::string(name) + ": checks after the cancel", 120 * kSec);
         ote_transfer_status_t ts = StatusOf(b);
         ASSERT_NE(ote_status_code(st), OTE_ERR_TIMEOUT) << name;
         // Too late only when the whole request was served before the cancel.
@@ -312,7 +384,50 @@ TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
             (size_t)(ts.bytes_done >> 20), changed >> 20, kLen >> 20, took / 1e6);
         EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     }
+    dog_.Phase("the round trip after the cancels", 150 * kSec);
     RoundTrip((1u << 20) + 5, 100, 1, 11);
+}
+
+// A batch whose requests are all still queued (the window, or the ring, is full of
+// another batch's pieces at a stopped source) is canceled: the transport completes its
+// pieces inside ote_batch_cancel, the last of them ending the batch. ote_batch_cancel
+// returns (it once held the batch's mutex there, and the batch's end took it again: a
+// deadlock of the caller), the batch ends CANCELED with no byte moved, and the other
+// batch completes once the source goes on.
+TEST_P(ShmCancelTest, CancelOfABatchStillQueuedBehindAnotherReturns) {
+    const size_t big = 64u << 20, off_small = 200u << 20;
+    std::vector<uint8_t> a_src(big), b_src(4096);
+    ote_pattern_fill(a_src.data(), a_src.size(), 31, 0);
+    ote_pattern_fill(b_src.data(), b_src.size(), 32, 0);
+    uint64_t small_before = target_.Hash("rw", off_small, b_src.size());
+    ote_batch_t *a = nullptr, *b = nullptr;
+    ASSERT_EQ(ote_batch_create(engine_, 1, &a), OTE_OK);
+    ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
+    ASSERT_TRUE(target_.Stop());
+    dog_.Phase("submit of the 64 MiB batch and the queued one", 30 * kSec);
+    ote_request_t ra = {OTE_WRITE, a_src.data(), seg_, target_.rw, big};
+    ASSERT_EQ(ote_batch_submit(a, &ra, 1), OTE_OK);
+    ote_request_t rb = {OTE_WRITE, b_src.data(), seg_, target_.rw + off_small, b_src.size()};
+    ASSERT_EQ(ote_batch_submit(b, &rb, 1), OTE_OK);
+    dog_.Phase("ote_batch_cancel of the queued batch", 30 * kSec);
+    EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
+    dog_.Phase("ote_batch_wait of the canceled batch", 60 * kSec);
+    EXPECT_EQ(ote_status_code(ote_batch_wait(b, 30 * kSec)), OTE_ERR_CANCELED);
+    ote_transfer_status_t ts = StatusOf(b);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    ASSERT_TRUE(target_.Cont());
+    dog_.Phase("ote_batch_wait of the other batch", 90 * kSec);
+    EXPECT_EQ(ote_batch_wait(a, 60 * kSec), OTE_OK);
+    dog_.Phase("checks after the cancel of the queued batch", 120 * kSec);
+    EXPECT_EQ(target_.Hash("rw", 0, big), ote_hash(a_src.data(), big));
+    EXPECT_EQ(target_.Hash("rw", off_small, b_src.size()), small_before)
+        << "a canceled piece moved";
+    ExpectUnregisterable();
+    EXPECT_EQ(ote_batch_destroy(a), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    dog_.Phase("the round trip after the cancel", 150 * kSec);
+    RoundTrip((1u << 20) + 7, 100, 1, 13);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ShmCancelTest, ::testing::Values("auto", "ring"));
