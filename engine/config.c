@@ -57,6 +57,10 @@ static const key_def_t g_keys[] = {
     /* Comma-separated device names: the data devices (empty: every one) and those never used. */
     {"rdma_devices", K_STRING, "", 0, 255, {NULL}},
     {"rdma_exclude", K_STRING, "", 0, 255, {NULL}},
+    /* Largest grant: a run of one request's slices on one device up to this many bytes
+     * is asked of the source in one GRANT_REQ round trip (and a device's window of one
+     * peer's bytes in flight is at least this). */
+    {"rdma_grant_max", K_SIZE, "16M", 1u << 20, 1u << 30, {NULL}},
     {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
@@ -433,6 +437,7 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
             copy_str(r.rdma_devices, sizeof(r.rdma_devices), v);
         else if (strcmp(k->key, "rdma_exclude") == 0)
             copy_str(r.rdma_exclude, sizeof(r.rdma_exclude), v);
+        else if (strcmp(k->key, "rdma_grant_max") == 0) r.rdma_grant_max = n;
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
         else if (strcmp(k->key, "auth_key_file") == 0)
             copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);

@@ -50,6 +50,7 @@ typedef struct ote__cfg_s {
     char rdma_device[64];
     char rdma_devices[256];            /* comma-separated allow list ("" = all) */
     char rdma_exclude[256];            /* comma-separated deny list */
+    uint64_t rdma_grant_max;           /* bytes one RDMA grant may cover */
     char log_level[16];                /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
     int allow_unauthenticated;         /* no key on a non-loopback listen_address */

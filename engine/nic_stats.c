@@ -25,6 +25,7 @@ ote_status_t ote_engine_nic_stats(ote_engine_t *e, ote_nic_stats_t *out, size_t 
             all[n].name[sizeof(all[n].name) - 1] = '\0';
             all[n].bytes_out = st[i].req_bytes;
             all[n].bytes_served = st[i].src_bytes;
+            all[n].grants = st[i].grants;
             all[n].active = st[i].active;
         }
     }

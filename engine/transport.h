@@ -138,6 +138,7 @@ typedef struct {
     uint64_t req_bytes; /* bytes of this engine's READ/WRITE slices it carried (ended OK) */
     uint64_t src_bytes; /* bytes of peers' grants it served */
     int active;         /* its port is active */
+    uint64_t grants;    /* grant round trips this engine asked of peers on it */
 } ote__nic_stat_t;
 
 typedef struct {

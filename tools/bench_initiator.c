@@ -246,6 +246,7 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
             uint64_t before = i < n0 && i < BENCH_MAX_NICS ? nic0[i].bytes_out : 0;
             snprintf(res.nic[i].name, sizeof(res.nic[i].name), "%s", nic1[i].name);
             res.nic[i].bytes = nic1[i].bytes_out - before;
+            res.grants += nic1[i].grants - (i < n0 ? nic0[i].grants : 0);
             res.nnic = i + 1;
         }
     }

@@ -665,7 +665,8 @@ int bench_format_json(const bench_result_t *r, char *buf, size_t len) {
     for (size_t i = 0; i < r->nnic && i < BENCH_MAX_NICS && n >= 0 && (size_t)n < len; i++)
         n += snprintf(buf + n, len - (size_t)n, "%s\"%s\":%" PRIu64, i ? "," : "", r->nic[i].name,
                       r->nic[i].bytes);
-    if (n >= 0 && (size_t)n < len) n += snprintf(buf + n, len - (size_t)n, "}}");
+    if (n >= 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, "},\"grants\":%" PRIu64 "}", r->grants);
     return n;
 }
 

@@ -144,6 +144,7 @@ typedef struct {
     /* Bytes each data device (NIC) of the initiator's engine carried in the timed part
      * (ote_engine_nic_stats; none over tcp and shm). */
     size_t nnic;
+    uint64_t grants; /* grant round trips (GRANT_REQs) the initiator asked, all NICs */
     struct {
         char name[64];
         uint64_t bytes;

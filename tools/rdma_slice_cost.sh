@@ -31,12 +31,16 @@
 #
 # Usage: tools/rdma_slice_cost.sh [N1 N2]   (multiples of 16; default 256 1280)
 #   BAZEL_OUTPUT_BASE=... selects a Bazel output base (default: Bazel's own).
+#   REQ_MIB=m (1..64, a power of 2): m MiB requests (N1, N2 multiples of 16 m), so that a
+#   grant covers several 1 MiB engine slices (one per request per device up to
+#   rdma_grant_max); OTE_RDMA_GRANT_MAX=1M gives back one grant per 1 MiB slice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N1=${1:-256}
 N2=${2:-1280}
-if (( N1 % 16 != 0 || N2 % 16 != 0 || N2 <= N1 )); then
-    echo "usage: $0 [N1 N2] with N1 < N2, both multiples of 16" >&2
+M=$((16 * ${REQ_MIB:-1}))
+if (( N1 % M != 0 || N2 % M != 0 || N2 <= N1 )); then
+    echo "usage: [REQ_MIB=m] $0 [N1 N2] with N1 < N2, both multiples of 16 x m" >&2
     exit 2
 fi
 

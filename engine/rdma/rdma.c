@@ -365,6 +365,7 @@ static size_t rdma_nic_stats(ote__transport_t *t, ote__nic_stat_t *out, size_t c
         snprintf(out[n].name, sizeof(out[n].name), "%s", ote_context_name(x->ctx));
         out[n].req_bytes = atomic_load(&x->req_bytes);
         out[n].src_bytes = atomic_load(&x->src_bytes);
+        out[n].grants = atomic_load(&x->grant_reqs);
         out[n].active = ote_context_check(x->ctx) == OTE_OK;
     }
     return n;

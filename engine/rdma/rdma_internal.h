@@ -24,6 +24,10 @@
  * pick the least-loaded slot of that device's (peer, cap) endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
  * local MR (or register a temporary one), start a grant (GRANT_REQ), and the grant layer
  * posts the 64 KiB slices and the SEND_WITH_INV receipt; its done() ends the engine slice.
+ * The pump takes a run of queued slices at a time: contiguous slices of one request, up
+ * to rdma_grant_max bytes and to the request's share of the active devices, all under
+ * one grant (one GRANT_REQ round trip per request per device up to the grant size); the
+ * run's slices are linked by next while in flight, and its grant's end ends each.
  * Source path: CONNECT builds/returns the source QP of that slot; GRANT_REQ is checked
  * against the engine's registrations (host->pin) as its whole request's extent, pinned
  * once per request (rdma_accounts.c), then served with a window bound over the grant's
@@ -221,7 +225,8 @@ struct ote__tpeer {
 };
 
 /* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,
- * so a device that goes down takes only these with it (the queued ones go elsewhere). */
+ * so a device that goes down takes only these with it (the queued ones go elsewhere).
+ * The window is this or rdma_grant_max, whichever is larger (one grant always fits). */
 #define OTE__RDMA_NIC_WINDOW (16u << 20)
 
 /*
@@ -239,9 +244,10 @@ typedef struct rdma_nic {
     ote_cq_workers_t *workers;
     ote_endpoint_store_t *eps;
     ote_grant_mgr_t *gm;
-    _Atomic uint64_t req_bytes; /* requester: bytes of slices that ended OK on it */
-    _Atomic uint64_t src_bytes; /* source: bytes of grants served on it */
-    _Atomic int was_active;     /* the monitor's last view of its port */
+    _Atomic uint64_t req_bytes;  /* requester: bytes of slices that ended OK on it */
+    _Atomic uint64_t grant_reqs; /* requester: GRANT_REQs sent on it (control round trips) */
+    _Atomic uint64_t src_bytes;  /* source: bytes of grants served on it */
+    _Atomic int was_active;      /* the monitor's last view of its port */
 } rdma_nic_t;
 
 /* A server connection and its (joinable) thread. rdma_server.c only. */

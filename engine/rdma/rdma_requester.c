@@ -126,6 +126,7 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
         ote_endpoint_return(ep, slot, qp);
     }
     ote_status_t st = ote__rdma_conn_send_rp(p->c, wire_id, OTE_OK, &rq);
+    if (st == OTE_OK) atomic_fetch_add(&p->tp->nics[ga->nic].grant_reqs, 1);
     if (st != OTE_OK) {
         ote_mutex_lock(&p->mu);
         (void)ote__rdma_grant_id_take(p, wire_id);
@@ -174,8 +175,35 @@ static int read_may_move(const rdma_tp_t *tp, const ote__slice_t *s, const rdma_
  * only for an unregistered local buffer), give its device's window back, kick the pump
  * thread when the peer's queue holds slices, then end the slice (or queue it again:
  * read_may_move). Nothing here touches p after done(): the peer may then be closed. */
+static uint64_t run_bytes(const ote__slice_t *s) {
+    uint64_t n = 0;
+    for (; s != NULL; s = s->next) n += s->len;
+    return n;
+}
+
+/* End every slice of the run s (linked by next) with st, each with its own meaning of
+ * it; next is read before done(), which hands the slice back to the engine. */
+static void run_end(rdma_tp_t *tp, ote__slice_t *s, ote_status_t st) {
+    while (s != NULL) {
+        ote__slice_t *nx = s->next;
+        s->next = NULL;
+        ote_status_t mine = tp != NULL ? slice_status(tp, s, st) : st;
+        s->done(s, mine);
+        s = nx;
+    }
+}
+
+/* Put the run s..(its last) back at the head of p's queue, in order. Under p->mu. */
+static void run_requeue(ote__tpeer_t *p, ote__slice_t *s) {
+    ote__slice_t *last = s;
+    while (last->next != NULL) last = last->next;
+    last->next = p->q_head;
+    if (p->q_head == NULL) p->q_tail = last;
+    p->q_head = s;
+}
+
 static void slice_grant_done(void *arg, ote_status_t st) {
-    ote__slice_t *s = arg;
+    ote__slice_t *s = arg; /* the run's first slice; the others follow by next */
     rdma_tp_t *tp = s->xp.rdma.tp;
     ote__tpeer_t *p = s->xp.rdma.peer;
     rdma_nic_t *n = &tp->nics[s->xp.rdma.nic];
@@ -188,31 +216,28 @@ static void slice_grant_done(void *arg, ote_status_t st) {
             OTE_WARN("rdma", "dereg of a temporary MR failed: errno %d; retained", err);
         }
     }
-    ote_selector_done(tp->sel, (int)n->index, s->len, st == OTE_OK);
-    if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, s->len);
+    uint64_t rlen = run_bytes(s);
+    ote_selector_done(tp->sel, (int)n->index, rlen, st == OTE_OK);
+    if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, rlen);
     int again = read_may_move(tp, s, n, st);
     if (again) {
         /* Its own request to the source now: the request's account there already counted
          * these bytes (the lost grant held and released them). */
         OTE_WARN_LIMITED("rdma",
-                         "READ slice of %u bytes lost with device %s (%s): moved to another device",
-                         s->len, ote_context_name(n->ctx), ote_status_str(st));
-        s->xp.rdma.retries++;
+                         "READ run of %llu bytes lost with device %s (%s): moved to another device",
+                         (unsigned long long)rlen, ote_context_name(n->ctx), ote_status_str(st));
+        for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
         slice_renew(s);
     }
     ote_mutex_lock(&p->mu);
-    p->inflight[n->index] -= s->len;
-    if (again) {
-        s->next = p->q_head;
-        p->q_head = s;
-        if (p->q_tail == NULL) p->q_tail = s;
-    }
+    p->inflight[n->index] -= rlen;
+    if (again) run_requeue(p, s);
     int queued = p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
     /* Never pump here: this may run under a CQ lane's poll lock, and starting a slice may
      * take another lane's. The pump thread starts what waits. */
     if (queued || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
-    if (!again) s->done(s, slice_status(tp, s, st));
+    if (!again) run_end(tp, s, st);
 }
 
 /* A slice that ends before its grant was asked for: tell the source its bytes will never
@@ -220,12 +245,13 @@ static void slice_grant_done(void *arg, ote_status_t st) {
  * Best effort: a lost WRITE_OFF leaves the account to the end of the connection. */
 static void slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
     if (s->req_uid == 0 || atomic_load(&p->c->dead)) return;
+    uint64_t bytes = run_bytes(s); /* a run's slices share their request */
     ote_rp_msg_t wo;
     memset(&wo, 0, sizeof(wo));
     wo.type = OTE_RP_WRITE_OFF;
     wo.u.wo.req_uid = s->req_uid;
     wo.u.wo.req_len = s->req_len;
-    wo.u.wo.bytes = s->len;
+    wo.u.wo.bytes = bytes;
     (void)ote__rdma_conn_send_rp(p->c, 0, OTE_OK, &wo);
 }
 
@@ -291,12 +317,17 @@ static int other_active(const rdma_tp_t *tp, uint32_t k) {
     return 0;
 }
 
-/* s runs again as a request of its own (a fresh id; its extent the slice): the bytes its
- * request's account at the source counted for it stay counted. */
+/* The run s (one slice, or contiguous slices of one request linked by next) runs again
+ * as a request of its own (a fresh id; its extent the run): the bytes its request's
+ * account at the source counted for it stay counted. */
 static void slice_renew(ote__slice_t *s) {
-    s->req_uid = (1ull << 63) | atomic_fetch_add(&g_retry_uid, 1);
-    s->req_remote = s->remote;
-    s->req_len = s->len;
+    uint64_t uid = (1ull << 63) | atomic_fetch_add(&g_retry_uid, 1);
+    uint64_t rlen = run_bytes(s), remote = s->remote;
+    for (ote__slice_t *x = s; x != NULL; x = x->next) {
+        x->req_uid = uid;
+        x->req_remote = remote;
+        x->req_len = rlen;
+    }
 }
 
 /* A READ or WRITE slice that did not start: its window on device k (when k >= 0) goes
@@ -308,7 +339,8 @@ static void start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t s
     rdma_tp_t *tp = p->tp;
     if (k >= 0) {
         rdma_nic_t *n = &tp->nics[k];
-        ote_selector_done(tp->sel, k, s->len, 0);
+        uint64_t rlen = run_bytes(s);
+        ote_selector_done(tp->sel, k, rlen, 0);
         int move = ote_context_check(n->ctx) != OTE_OK && other_active(tp, (uint32_t)k) &&
                    !(s->canceled != NULL && atomic_load(s->canceled)) &&
                    !ote_deadline_expired(s->deadline);
@@ -318,41 +350,54 @@ static void start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t s
             slice_renew(s);
         }
         ote_mutex_lock(&p->mu);
-        p->inflight[k] -= s->len;
-        if (move) {
-            s->next = p->q_head;
-            p->q_head = s;
-            if (p->q_tail == NULL) p->q_tail = s;
-        }
+        p->inflight[k] -= rlen;
+        if (move) run_requeue(p, s);
         ote_mutex_unlock(&p->mu);
         if (move) return;
     }
     slice_write_off(p, s);
-    s->done(s, st);
+    run_end(NULL, s, st);
 }
 
-/* Start a READ or WRITE slice on device k (picked by pump, its window taken): on success
- * the grant owns the QP borrow and ends the slice. Called by the pump (pumping set). */
+/* Start a run of READ or WRITE slices (s and those linked by next: contiguous, one
+ * request) on device k (picked by pump, its window taken) as one grant: on success the
+ * grant owns the QP borrow and ends the run's slices. Called by the pump (pumping set). */
 static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
     rdma_tp_t *tp = p->tp;
+    uint64_t rlen = run_bytes(s);
     ote_status_t st;
     rdma_nic_t *n = &tp->nics[k];
     int write = s->op == OTE__SLICE_WRITE;
     ote_endpoint_t *ep = p->ep[k][write ? 1 : 0];
     uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
-    uint32_t slot = ote_endpoint_pick_slot(ep);
+    uint32_t slot = 0;
     ote_qp_t *qp = NULL;
     xarg_t xa = {p, write ? OTE_EP_WRITE : OTE_EP_READ, pair};
     ote_deadline_t cdl = ote_deadline_min(
         s->deadline, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC));
-    st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
-    if (st != OTE_OK) {
-        start_failed(p, s, k, st);
-        return;
+    /* A QP that a port-down fenced while idle is still READY in its slot: retire it (the
+     * monitor's reclaim destroys it) and take another slot, built anew when empty. */
+    for (uint32_t tries = 0;; tries++) {
+        slot = ote_endpoint_pick_slot(ep);
+        st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
+        if (st != OTE_OK) {
+            start_failed(p, s, k, st);
+            return;
+        }
+        ote_qp_stats_t qs;
+        ote_qp_get_stats(qp, &qs);
+        if (!qs.fenced && qs.state != IBV_QPS_ERR) break;
+        ote_endpoint_retire(ep, slot, qp);
+        ote_endpoint_return(ep, slot, qp);
+        qp = NULL;
+        if (tries >= ote_endpoint_width(ep)) {
+            start_failed(p, s, k, OTE_ERR_FENCED);
+            return;
+        }
     }
     struct ibv_mr *mr = NULL, *tmp = NULL;
-    if (ote_buffer_manager_find(tp->bm, s->local, s->len, n->ctx, &mr) != OTE_OK) {
-        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, s->len,
+    if (ote_buffer_manager_find(tp->bm, s->local, rlen, n->ctx, &mr) != OTE_OK) {
+        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, rlen,
                                      IBV_ACCESS_LOCAL_WRITE, &tmp);
         if (err != 0) {
             ote_endpoint_return(ep, slot, qp);
@@ -363,17 +408,20 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
         mr = tmp;
     }
     /* Scratch for slice_grant_done: the temporary MR (NULL when registered), tp, device. */
-    s->xp.rdma.mr = tmp;
-    s->xp.rdma.tp = tp;
-    s->xp.rdma.nic = (uint32_t)k;
-    s->xp.rdma.peer = p;
+    for (ote__slice_t *x = s; x != NULL; x = x->next) {
+        x->xp.rdma.mr = NULL;
+        x->xp.rdma.tp = tp;
+        x->xp.rdma.nic = (uint32_t)k;
+        x->xp.rdma.peer = p;
+    }
+    s->xp.rdma.mr = tmp; /* the run's first slice holds its temporary MR */
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
     d.op = write ? OTE_GRANT_WRITE : OTE_GRANT_READ;
     d.local = s->local;
     d.lkey = mr->lkey;
     d.remote = s->remote;
-    d.len = s->len;
+    d.len = rlen;
     d.ep = ep;
     d.slot = slot;
     d.qp = qp;
@@ -413,6 +461,41 @@ static void pump(ote__tpeer_t *p) {
     pump_locked(p);
 }
 
+/* b may join the run that ends with a: the same request and op, contiguous at both ends,
+ * the same deadline and cancel flag. */
+static int run_joins(const ote__slice_t *a, const ote__slice_t *b) {
+    return b->req_uid != 0 && b->req_uid == a->req_uid && b->op == a->op &&
+           b->canceled == a->canceled && b->deadline == a->deadline &&
+           b->local == a->local + a->len && b->remote == a->remote + a->len &&
+           b->req_remote == a->req_remote && b->req_len == a->req_len;
+}
+
+/* The run of the queued slices from s that one grant covers: s and the slices after it
+ * that join it, up to rdma_grant_max bytes and to the request's bytes divided among the
+ * active devices (so one request still stripes over every NIC, with one grant on each);
+ * the queue links them already. Returns the run's last slice, its bytes in *rlen. Under
+ * p->mu. */
+static ote__slice_t *run_take(const rdma_tp_t *tp, ote__slice_t *s, uint64_t *rlen) {
+    uint64_t cap = tp->cfg.rdma_grant_max;
+    if (cap == 0 || cap > OTE_GRANT_MAX_LEN) cap = OTE_GRANT_MAX_LEN;
+    uint32_t active = 0;
+    for (uint32_t i = 0; i < tp->nnics; i++)
+        if (ote_selector_is_active(tp->sel, (int)i)) active++;
+    if (active > 1 && s->req_len != 0) {
+        uint64_t share = (s->req_len + active - 1) / active;
+        share = (share + s->len - 1) / s->len * s->len; /* whole slices */
+        if (share < cap) cap = share;
+    }
+    ote__slice_t *last = s;
+    uint64_t n = s->len;
+    while (last->next != NULL && run_joins(last, last->next) && n + last->next->len <= cap) {
+        n += last->next->len;
+        last = last->next;
+    }
+    *rlen = n;
+    return last;
+}
+
 /* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
  * released. */
 static void pump_locked(ote__tpeer_t *p) {
@@ -444,7 +527,8 @@ static void pump_locked(ote__tpeer_t *p) {
             ote_mutex_lock(&p->mu);
         }
         while (p->q_head != NULL) {
-            ote__slice_t *s = p->q_head;
+            ote__slice_t *s = p->q_head, *last = s;
+            uint64_t rlen = s->len;
             int k = -1;
             ote_status_t st = OTE_OK;
             if (s->canceled != NULL && atomic_load(s->canceled)) {
@@ -452,24 +536,29 @@ static void pump_locked(ote__tpeer_t *p) {
             } else if (atomic_load(&p->c->dead)) {
                 st = OTE_ERR_PEER_LOST;
             } else {
+                last = run_take(tp, s, &rlen);
+                uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW
+                                      ? tp->cfg.rdma_grant_max
+                                      : OTE__RDMA_NIC_WINDOW;
                 uint32_t mask = 0;
                 uint64_t busy = 0;
                 for (uint32_t i = 0; i < tp->nnics; i++) {
                     busy += p->inflight[i];
-                    if (p->inflight[i] == 0 || p->inflight[i] + s->len <= OTE__RDMA_NIC_WINDOW)
-                        mask |= 1u << i;
+                    if (p->inflight[i] == 0 || p->inflight[i] + rlen <= window) mask |= 1u << i;
                 }
                 if (mask == 0) break; /* every window is full: an ending slice pumps again */
-                if (ote_selector_pick(tp->sel, -1, s->len, mask, &k) != OTE_OK) {
+                if (ote_selector_pick(tp->sel, -1, rlen, mask, &k) != OTE_OK) {
                     k = -1;
                     if (busy > 0) break;    /* no room on an active device yet */
                     st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */
+                    last = s;               /* each slice ends on its own */
+                    rlen = s->len;
                 }
             }
-            p->q_head = s->next;
+            p->q_head = last->next;
             if (p->q_head == NULL) p->q_tail = NULL;
-            s->next = NULL;
-            if (k >= 0) p->inflight[k] += s->len;
+            last->next = NULL;
+            if (k >= 0) p->inflight[k] += rlen;
             ote_mutex_unlock(&p->mu);
             if (k >= 0) start_on(p, s, k);
             else start_failed(p, s, -1, st);

@@ -89,6 +89,7 @@ class NicStats(ctypes.Structure):
         ("bytes_out", ctypes.c_uint64),
         ("bytes_served", ctypes.c_uint64),
         ("active", ctypes.c_int),
+        ("grants", ctypes.c_uint64),
     ]
 
 

@@ -84,7 +84,7 @@ def _resolve(obj, length, writable):
 
 
 TransferStatus = collections.namedtuple("TransferStatus", "state bytes_done error")
-NicStats = collections.namedtuple("NicStats", "transport name bytes_out bytes_served active")
+NicStats = collections.namedtuple("NicStats", "transport name bytes_out bytes_served active grants")
 TransferStatus.__doc__ = """One request of a batch: state is one of STATES, error is None
 or the exception (not raised) of a FAILED/CANCELED/TIMEOUT request."""
 Notification = collections.namedtuple("Notification", "message sender")
@@ -361,7 +361,8 @@ class Engine:
 
     def nic_stats(self):
         """The data devices (NICs) of this engine's transports and the bytes each carried:
-        a list of NicStats(transport, name, bytes_out, bytes_served, active); [] over TCP
+        a list of NicStats(transport, name, bytes_out, bytes_served, active, grants: the
+        grant round trips this engine asked of peers on it); [] over TCP
         and shm (ote_engine_nic_stats)."""
         cap = 8
         for _ in range(4):
@@ -373,7 +374,7 @@ class Engine:
                 continue
             check(st, "ote_engine_nic_stats")
             return [NicStats(x.transport.decode("ascii"), x.name.decode("ascii"), x.bytes_out,
-                             x.bytes_served, bool(x.active)) for x in arr[:n.value]]
+                             x.bytes_served, bool(x.active), x.grants) for x in arr[:n.value]]
         check(_OTE_ERR_TOO_BIG, "ote_engine_nic_stats: the list kept growing")
 
     # ---- memory ----

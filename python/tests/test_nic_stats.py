@@ -23,4 +23,6 @@ def test_rdma_over_the_sim_spreads_one_write_over_both_nics():
         assert all(n.transport == "rdma" and n.active for n in nics)
         assert sum(n.bytes_out for n in nics) == 8 << 20
         assert all(n.bytes_out > 0 for n in nics)
+        # one request: at most one grant round trip on each device it used
+        assert all(n.grants == 1 for n in nics)
         assert sum(n.bytes_served for n in target.nic_stats()) == 8 << 20

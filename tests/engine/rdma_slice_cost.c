@@ -7,6 +7,9 @@
  * warm-up transfer (QPs built, MW pool primed), it WRITEs NSLICES 64 KiB slices as
  * 1 MiB requests (16 slices each, one grant each at slice_size=1M), 8 requests per batch,
  * and checks the last batch's bytes. Usage: rdma_slice_cost NSLICES (a multiple of 16).
+ * With REQ_MIB=m in the environment (1, 2, 4, 8, 16, 32 or 64) the requests are m MiB
+ * each (NSLICES a multiple of 16 m): one grant per request per device it uses, up to
+ * rdma_grant_max (OTE_RDMA_GRANT_MAX=1M gives one grant per 1 MiB slice).
  * Prints "slices N" and exits 0 on success.
  */
 #include <stdio.h>
@@ -31,6 +34,8 @@ static ote_engine_t *make(void) {
     return e;
 }
 
+static size_t g_req = MIB; /* bytes per request */
+
 static int run(ote_engine_t *req, ote_segment_t *seg, uint8_t *local, uint8_t *remote,
                unsigned nreq) {
     ote_batch_t *b = NULL;
@@ -40,9 +45,9 @@ static int run(ote_engine_t *req, ote_segment_t *seg, uint8_t *local, uint8_t *r
         ote_request_t r[8];
         unsigned n = nreq - done < 8 ? nreq - done : 8;
         for (unsigned i = 0; i < n; i++) {
-            size_t off = (size_t)((done + i) % (BUF / MIB)) * MIB;
+            size_t off = (size_t)((done + i) % (BUF / g_req)) * g_req;
             r[i] = (ote_request_t){OTE_WRITE, local + off, seg, (uint64_t)(uintptr_t)(remote + off),
-                                   MIB};
+                                   g_req};
         }
         if (ote_batch_submit(b, r, n) != OTE_OK ||
             ote_batch_wait(b, 600ull * 1000000000ull) != OTE_OK || ote_batch_reset(b) != OTE_OK)
@@ -55,10 +60,15 @@ static int run(ote_engine_t *req, ote_segment_t *seg, uint8_t *local, uint8_t *r
 
 int main(int argc, char **argv) {
     unsigned nslices = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 1024;
-    if (nslices == 0 || nslices % 16 != 0) {
-        fprintf(stderr, "usage: %s NSLICES (a multiple of 16)\n", argv[0]);
+    const char *rm = getenv("REQ_MIB");
+    unsigned mib = rm != NULL ? (unsigned)strtoul(rm, NULL, 10) : 1;
+    if (mib == 0 || mib > 64 || (64 % mib) != 0 || nslices == 0 || nslices % (16 * mib) != 0) {
+        fprintf(stderr,
+                "usage: [REQ_MIB=1..64, a power of 2] %s NSLICES (a multiple of 16 x REQ_MIB)\n",
+                argv[0]);
         return 2;
     }
+    g_req = (size_t)mib * MIB;
     uint8_t *local = malloc(BUF), *remote = calloc(1, BUF);
     ote_engine_t *src = make(), *req = make();
     if (local == NULL || remote == NULL || src == NULL || req == NULL) return 1;
@@ -70,7 +80,8 @@ int main(int argc, char **argv) {
         ote_memory_register(req, local, BUF, OTE_PERM_READ) == OTE_OK &&
         ote_engine_address(src, addr, sizeof(addr)) == OTE_OK &&
         ote_segment_open(req, addr, &seg) == OTE_OK && run(req, seg, local, remote, 1) == 0 &&
-        run(req, seg, local, remote, nslices / 16) == 0 && memcmp(local, remote, MIB) == 0)
+        run(req, seg, local, remote, nslices / (16 * mib)) == 0 &&
+        memcmp(local, remote, g_req) == 0)
         rc = 0;
     if (seg != NULL && ote_segment_close(seg) != OTE_OK) rc = 1;
     if (ote_engine_destroy(req) != OTE_OK || ote_engine_destroy(src) != OTE_OK) rc = 1;

@@ -209,18 +209,28 @@ class RdmaFailoverTest : private SimEnv, private SimHook, public ote_test::Targe
         EXPECT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
         return n >= 2 && v[1].active;
     }
+    uint64_t Sim1Tx() {
+        uint64_t n = 0;
+        EXPECT_EQ(ote_sim_port_tx_bytes(g_sim, "sim1", 1, &n), OTE_OK);
+        return n;
+    }
     // Submits one kLen request, takes sim1's port down once some bytes moved, waits.
+    // A READ: once a quarter of the request is done. A WRITE: once sim1 sent an eighth of
+    // it (half of its first grant of up to 16 MiB, which a grant completes as a whole), so
+    // that a WRITE is on the wire on sim1 when its port goes down.
     ote_transfer_status_t DownMidway(ote_opcode_t op, void *local) {
         ote_batch_t *b = nullptr;
         EXPECT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
         ote_request_t r = {op, local, seg_, target_.rw, kLen};
+        uint64_t tx0 = Sim1Tx();
         EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
         ote_deadline_t dl = ote_deadline_after(60 * kSec);
         ote_transfer_status_t ts = {};
-        while (!ote_deadline_expired(dl)) { // a quarter of the bytes done, not all
+        while (!ote_deadline_expired(dl)) { // some bytes done, not all
             EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
-            if (ts.bytes_done >= kLen / 4 || ts.state != OTE_TRANSFER_PENDING) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            if (ts.state != OTE_TRANSFER_PENDING) break;
+            if (op == OTE_READ ? ts.bytes_done >= kLen / 4 : Sim1Tx() - tx0 >= kLen / 8) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
         EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING) << "the request ended before the port went down";
         EXPECT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_DOWN), OTE_OK);

@@ -387,11 +387,12 @@ TEST_F(BenchLibTest, JsonLineHasExactlyTheContractKeys) {
                  "\"ops_per_sec\":500000.0,\"lat_avg_us\":12.500,\"lat_p50_us\":11.000,"
                  "\"lat_p99_us\":40.250,\"lat_p999_us\":100.000,\"check\":\"ok\","
                  "\"local_mem\":\"host\",\"remote_mem\":\"host\",\"path\":\"host\","
-                 "\"per_nic\":{}}");
-    std::vector<std::string> want = {
-        "transport",   "op",    "block_size",  "batch_size", "threads",    "bytes",
-        "seconds",     "gbps",  "ops_per_sec", "lat_avg_us", "lat_p50_us", "lat_p99_us",
-        "lat_p999_us", "check", "local_mem",   "remote_mem", "path",       "per_nic"};
+                 "\"per_nic\":{},\"grants\":0}");
+    std::vector<std::string> want = {"transport",   "op",         "block_size", "batch_size",
+                                     "threads",     "bytes",      "seconds",    "gbps",
+                                     "ops_per_sec", "lat_avg_us", "lat_p50_us", "lat_p99_us",
+                                     "lat_p999_us", "check",      "local_mem",  "remote_mem",
+                                     "path",        "per_nic",    "grants"};
     EXPECT_EQ(JsonKeys(buf), want);
 
     // Bytes per NIC: one member per device, in the engine's order.
@@ -401,9 +402,11 @@ TEST_F(BenchLibTest, JsonLineHasExactlyTheContractKeys) {
     nics.nic[0].bytes = 2048000000;
     snprintf(nics.nic[1].name, sizeof nics.nic[1].name, "mlx5_1");
     nics.nic[1].bytes = 2048000001;
+    nics.grants = 4096;
     char nbuf[1024];
     ASSERT_GT(bench_format_json(&nics, nbuf, sizeof nbuf), 0);
-    EXPECT_NE(std::string(nbuf).find(",\"per_nic\":{\"mlx5_0\":2048000000,\"mlx5_1\":2048000001}}"),
+    EXPECT_NE(std::string(nbuf).find(
+                  ",\"per_nic\":{\"mlx5_0\":2048000000,\"mlx5_1\":2048000001},\"grants\":4096}"),
               std::string::npos)
         << nbuf;
     EXPECT_EQ(std::string(buf).find('\n'), std::string::npos);

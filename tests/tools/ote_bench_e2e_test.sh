@@ -14,7 +14,7 @@ set -u
 
 BENCH="${1:?usage: $0 <ote_bench>}"
 FAKE_CUDA="${2:?usage: $0 <ote_bench> <libfake_cuda.so>}"
-KEYS="transport op block_size batch_size threads bytes seconds gbps ops_per_sec lat_avg_us lat_p50_us lat_p99_us lat_p999_us check local_mem remote_mem path per_nic"
+KEYS="transport op block_size batch_size threads bytes seconds gbps ops_per_sec lat_avg_us lat_p50_us lat_p99_us lat_p999_us check local_mem remote_mem path per_nic grants"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 PASSED=0
 FAILED=0
@@ -64,12 +64,16 @@ json_ok() {
             echo "bytes '$bytes' < $min_bytes: $line"; ok=0
         fi
         # over rdma (the sim's two devices): both NICs carried bytes; else no NIC
+        # (and asked grants); else no NIC and no grant
         if [ "$transport" = rdma ]; then
             if ! printf '%s' "$line" | grep -qE '"per_nic":\{"sim0":[1-9][0-9]*,"sim1":[1-9][0-9]*\}'; then
                 echo "per_nic is not two NICs with bytes: $line"; ok=0
             fi
-        elif ! printf '%s' "$line" | grep -q '"per_nic":{}'; then
-            echo "per_nic is not empty: $line"; ok=0
+            if ! printf '%s' "$line" | grep -qE '"grants":[1-9][0-9]*\}$'; then
+                echo "grants is not a positive count: $line"; ok=0
+            fi
+        elif ! printf '%s' "$line" | grep -q '"per_nic":{},"grants":0}'; then
+            echo "per_nic is not empty or grants not 0: $line"; ok=0
         fi
         if printf '%s' "$line" | grep -qiE 'nan|inf'; then
             echo "non-finite number: $line"; ok=0

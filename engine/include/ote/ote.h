@@ -104,6 +104,7 @@ typedef struct {
     uint64_t bytes_out;    /* bytes of this engine's READ/WRITE requests it carried */
     uint64_t bytes_served; /* bytes of peers' requests it served */
     int active;            /* its port is active now */
+    uint64_t grants;       /* grants this engine asked of peers on it (control round trips) */
 } ote_nic_stats_t;
 
 /* The data devices of the engine's transports (TCP and shm have none) in out; *n_out is
