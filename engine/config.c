@@ -26,7 +26,8 @@ typedef enum {
     K_ADDR_OPT,
     K_LOGLEVEL,
     K_TRANSPORTS,
-    K_GPU_PATHS
+    K_GPU_PATHS,
+    K_RDMA_PIN
 } kind_t;
 
 typedef struct {
@@ -57,6 +58,11 @@ static const key_def_t g_keys[] = {
     /* Comma-separated device names: the data devices (empty: every one) and those never used. */
     {"rdma_devices", K_STRING, "", 0, 255, {NULL}},
     {"rdma_exclude", K_STRING, "", 0, 255, {NULL}},
+    /* CQ lanes (one worker thread each) per RDMA data device. */
+    {"rdma_lanes", K_UINT, "2", 1, 64, {NULL}},
+    /* Strict routes "device:port:gid_index", comma-separated: exactly those devices, each
+     * on that port and GID index (no automatic choice, no other device). */
+    {"rdma_pin", K_RDMA_PIN, "", 0, 255, {NULL}},
     /* Largest grant: a run of one request's slices on one device up to this many bytes
      * is asked of the source in one GRANT_REQ round trip (and a device's window of one
      * peer's bytes in flight is at least this). */
@@ -259,6 +265,51 @@ static ote_status_t parse_gpu_paths(const char *v, unsigned *mask_out) {
     return OTE_OK;
 }
 
+/* A decimal number of 1..digits digits, at most max; *pp moves past it. */
+static int parse_dec(const char **pp, unsigned digits, unsigned long max, unsigned long *out) {
+    const char *p = *pp;
+    unsigned long v = 0;
+    unsigned n = 0;
+    while (isdigit((unsigned char)*p) && n < digits) {
+        v = v * 10 + (unsigned long)(*p++ - '0');
+        n++;
+    }
+    if (n == 0 || isdigit((unsigned char)*p) || v > max) return -1;
+    *pp = p;
+    *out = v;
+    return 0;
+}
+
+ote_status_t ote__rdma_pin_parse(const char *text, ote__rdma_pin_t *pins, size_t *n_out) {
+    if (text == NULL || pins == NULL || n_out == NULL || strlen(text) > 255) return OTE_ERR_INVALID;
+    size_t n = 0;
+    for (const char *p = text; *p != '\0';) {
+        if (n == OTE__RDMA_PIN_MAX) return OTE_ERR_INVALID;
+        const char *colon = strchr(p, ':');
+        const char *comma = strchr(p, ',');
+        if (colon == NULL || (comma != NULL && comma < colon)) return OTE_ERR_INVALID;
+        size_t dl = (size_t)(colon - p);
+        if (dl == 0 || dl >= sizeof(pins[n].device)) return OTE_ERR_INVALID;
+        for (size_t i = 0; i < dl; i++)
+            if (!isgraph((unsigned char)p[i])) return OTE_ERR_INVALID;
+        memcpy(pins[n].device, p, dl);
+        pins[n].device[dl] = '\0';
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(pins[i].device, pins[n].device) == 0) return OTE_ERR_INVALID;
+        p = colon + 1;
+        unsigned long port, gid;
+        if (parse_dec(&p, 3, 255, &port) != 0 || port == 0 || *p++ != ':') return OTE_ERR_INVALID;
+        if (parse_dec(&p, 5, 65535, &gid) != 0) return OTE_ERR_INVALID;
+        pins[n].port = (uint8_t)port;
+        pins[n].gid_index = (int)gid;
+        n++;
+        if (*p == '\0') break;
+        if (*p++ != ',' || *p == '\0') return OTE_ERR_INVALID;
+    }
+    *n_out = n;
+    return OTE_OK;
+}
+
 static ote_status_t validate(const key_def_t *k, const char *v) {
     char host[256];
     uint16_t port;
@@ -279,6 +330,11 @@ static ote_status_t validate(const key_def_t *k, const char *v) {
         case K_GPU_PATHS: {
             unsigned mask;
             return parse_gpu_paths(v, &mask);
+        }
+        case K_RDMA_PIN: {
+            ote__rdma_pin_t pins[OTE__RDMA_PIN_MAX];
+            size_t np;
+            return ote__rdma_pin_parse(v, pins, &np);
         }
         case K_UINT:
             for (const char *p = v; *p; p++)
@@ -317,6 +373,12 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
             break;
         case K_GPU_PATHS:
             snprintf(buf, len, "a comma list of distinct staging, ipc, direct, or \"\"");
+            break;
+        case K_RDMA_PIN:
+            snprintf(buf, len,
+                     "\"device:port:gid_index\" (port 1..255, GID index 0..65535), up to %d "
+                     "distinct devices comma-separated, or \"\"",
+                     OTE__RDMA_PIN_MAX);
             break;
         default: snprintf(buf, len, "at most %llu characters", (unsigned long long)k->max);
     }
@@ -437,6 +499,8 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
             copy_str(r.rdma_devices, sizeof(r.rdma_devices), v);
         else if (strcmp(k->key, "rdma_exclude") == 0)
             copy_str(r.rdma_exclude, sizeof(r.rdma_exclude), v);
+        else if (strcmp(k->key, "rdma_lanes") == 0) r.rdma_lanes = (uint32_t)n;
+        else if (strcmp(k->key, "rdma_pin") == 0) copy_str(r.rdma_pin, sizeof(r.rdma_pin), v);
         else if (strcmp(k->key, "rdma_grant_max") == 0) r.rdma_grant_max = n;
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
         else if (strcmp(k->key, "auth_key_file") == 0)

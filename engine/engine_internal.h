@@ -50,6 +50,8 @@ typedef struct ote__cfg_s {
     char rdma_device[64];
     char rdma_devices[256];            /* comma-separated allow list ("" = all) */
     char rdma_exclude[256];            /* comma-separated deny list */
+    uint32_t rdma_lanes;               /* CQ lanes (worker threads) per data device */
+    char rdma_pin[256];                /* "dev:port:gid[,...]" strict routes ("" = none) */
     uint64_t rdma_grant_max;           /* bytes one RDMA grant may cover */
     char log_level[16];                /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
@@ -63,6 +65,16 @@ typedef struct ote__cfg_s {
 /* Effective values of every key (set > OTE_<KEY> environment > default), each
  * validated. OTE_ERR_INVALID names the key and its source in an ERROR log line. */
 ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out);
+#define OTE__RDMA_PIN_MAX 8 /* pins an rdma_pin list may name */
+/* One parsed rdma_pin entry. */
+typedef struct ote__rdma_pin_s {
+    char device[64];
+    uint8_t port;  /* 1..255 */
+    int gid_index; /* 0..65535 */
+} ote__rdma_pin_t;
+/* Parse rdma_pin text "device:port:gid_index[,device:port:gid_index...]" into at most
+ * OTE__RDMA_PIN_MAX distinct devices. OTE_ERR_INVALID for malformed text; "" gives 0. */
+ote_status_t ote__rdma_pin_parse(const char *text, ote__rdma_pin_t *pins, size_t *n_out);
 /* Parse a size with an optional K/M/G suffix (powers of 1024). */
 ote_status_t ote__parse_size(const char *s, uint64_t *out);
 

@@ -270,11 +270,37 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
         allow[0] = tp->cfg.rdma_device;
         sc.nallow = 1;
     }
+    /* rdma_pin: exactly the pinned devices, each on its strict route (context layer). */
+    ote__rdma_pin_t pins[OTE__RDMA_PIN_MAX];
+    ote_context_pin_t cpins[OTE__RDMA_PIN_MAX];
+    size_t npins = 0;
+    if (tp->cfg.rdma_pin[0]) {
+        st = ote__rdma_pin_parse(tp->cfg.rdma_pin, pins, &npins);
+        if (st != OTE_OK) {
+            OTE_ERROR("rdma", "transport=rdma: malformed rdma_pin \"%s\"", tp->cfg.rdma_pin);
+            return OTE_ERR_INVALID;
+        }
+        for (size_t i = 0; i < npins; i++) {
+            cpins[i].device = pins[i].device;
+            cpins[i].port = pins[i].port;
+            cpins[i].gid_index = pins[i].gid_index;
+            allow[i] = pins[i].device;
+        }
+        sc.nallow = npins;
+    }
+    const char *asked = tp->cfg.rdma_pin[0]      ? tp->cfg.rdma_pin
+                        : tp->cfg.rdma_device[0] ? tp->cfg.rdma_device
+                                                 : tp->cfg.rdma_devices;
     /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal. */
     sc.use_topology = strcmp(tp->v->provider, "sim") != 0;
     ote_context_config_t cc;
     memset(&cc, 0, sizeof(cc));
-    if (sc.nallow > 0) {
+    if (npins > 0) {
+        cc.devices = allow;
+        cc.num_devices = npins;
+        cc.pins = cpins;
+        cc.num_pins = npins;
+    } else if (sc.nallow > 0) {
         cc.devices = allow;
         cc.num_devices = sc.nallow;
     }
@@ -282,10 +308,9 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
     if (st != OTE_OK || ote_context_set_count(tp->set) == 0) {
         if (st == OTE_OK) st = OTE_ERR_NO_DEVICE;
         OTE_ERROR("rdma",
-                  "transport=rdma: no usable RDMA device through provider \"%s\"%s%s: %s "
+                  "transport=rdma: no usable RDMA device through provider \"%s\"%s%s%s: %s "
                   "(no fallback to tcp)",
-                  prov, sc.nallow ? " among " : "",
-                  tp->cfg.rdma_device[0] ? tp->cfg.rdma_device : tp->cfg.rdma_devices,
+                  prov, sc.nallow ? " among " : "", npins ? "rdma_pin " : "", asked,
                   ote_status_str(st));
         if (ote_status_code(st) != OTE_ERR_NO_DEVICE && ote_status_code(st) != OTE_ERR_NATIVE)
             st = OTE_ERR_NO_DEVICE;
@@ -312,8 +337,8 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
     if (tp->nnics == 0) {
         OTE_ERROR("rdma",
                   "transport=rdma: no device of provider \"%s\" has an active port and is "
-                  "allowed (rdma_devices / rdma_exclude)",
-                  prov);
+                  "allowed (rdma_devices / rdma_exclude / rdma_pin%s%s)",
+                  prov, asked[0] ? ": " : "", asked);
         return OTE_ERR_NO_DEVICE;
     }
     return OTE_OK;
@@ -323,8 +348,8 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
 static ote_status_t start_lanes(rdma_tp_t *tp, rdma_nic_t *n) {
     ote_context_info_t info;
     ote_context_get_info(n->ctx, &info);
-    uint32_t want = tp->cfg.tcp_workers;
-    n->nlanes = want < 2 ? 2 : (want > OTE__RDMA_MAX_LANES ? OTE__RDMA_MAX_LANES : want);
+    uint32_t want = tp->cfg.rdma_lanes; /* validated 1..64 */
+    n->nlanes = want < 1 ? 1 : (want > OTE__RDMA_MAX_LANES ? OTE__RDMA_MAX_LANES : want);
     ote_status_t st = ote_cq_workers_start_numa(
         n->nlanes, info.numa_node >= 0 ? info.numa_node : -1, &n->workers);
     if (st != OTE_OK) return st;

@@ -97,7 +97,7 @@
 #include "qp/qp.h"
 #include "verbs/verbs.h"
 
-#define OTE__RDMA_MAX_LANES 8
+#define OTE__RDMA_MAX_LANES 64 /* rdma_lanes at most (the INFO message allows 64) */
 #define OTE__RDMA_FRAME_MAX (OTE_CTL_HDR_LEN + OTE_CTL_MAX_NOTIFY + 64)
 /* Bytes a control connection may queue beyond what its socket accepted. A peer that lets
  * more pile up (it does not read) is dropped, never waited on. */

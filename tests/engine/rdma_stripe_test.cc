@@ -368,6 +368,149 @@ TEST_F(RdmaDeviceLists, AllowAndDenyListsChooseTheDataDevices) {
     }
 }
 
+// ---- rdma_pin / rdma_lanes ----
+
+// Raises the log level to INFO while alive (the engine logs each data device's route and
+// lane count at INFO when it starts), restoring the previous level after.
+struct InfoLogs {
+    InfoLogs() : prev(ote_log_level()) { ote_log_set_level(OTE_LOG_INFO); }
+    ~InfoLogs() { ote_log_set_level(prev); }
+    ote_log_level_t prev;
+};
+
+// The requester pinned to sim1's port 1, GID index 3, with one lane per device (the
+// target keeps its defaults: automatic route, two lanes).
+ote_test::TargetSession PinSession() {
+    ote_test::TargetSession s = Session();
+    s.config.push_back({"rdma_pin", "sim1:1:3"});
+    s.config.push_back({"rdma_lanes", "1"});
+    return s;
+}
+
+class RdmaPinTest : private SimEnv, private InfoLogs, public ote_test::TargetE2eTest {
+  protected:
+    RdmaPinTest() : TargetE2eTest(PinSession()) {}
+};
+
+// A valid pin: sim1 alone is the data device, on the pinned route, and carries every byte
+// of a WRITE and its READ back (sim0 carries none: it is not even opened as one).
+TEST_F(RdmaPinTest, PinnedDeviceCarriesAllBytes) {
+    EXPECT_TRUE(LogContains("data device 0: sim1 port 1 GID index 3, 1 lanes"));
+    EXPECT_FALSE(LogContains("data device 1:"));
+    // The context layer took the route from the strict pin and never opened sim0.
+    bool pinned = false;
+    for (const std::string &l : Logs())
+        pinned |= l.find("sim1: port 1 GID index 3 (type ") != std::string::npos &&
+                  l.find(") pinned,") != std::string::npos;
+    EXPECT_TRUE(pinned);
+    EXPECT_FALSE(LogContains(" sim0: port"));
+    std::vector<uint8_t> src(kLen), dst(kLen, 0);
+    ote_pattern_fill(src.data(), kLen, 94, 0);
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+    ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, kLen), OTE_OK);
+    EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
+    std::vector<ote_nic_stats_t> v(8);
+    size_t n = 0;
+    ASSERT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
+    ASSERT_EQ(n, 1u);
+    EXPECT_STREQ(v[0].name, "sim1");
+    EXPECT_GE(v[0].bytes_out, 2 * kLen) << "the WRITE's and the READ's bytes";
+}
+
+class RdmaPinConfig : public ote_test::OteTest {};
+
+// Malformed rdma_pin / rdma_lanes values are refused by ote_config_set; well-formed ones
+// are kept.
+TEST_F(RdmaPinConfig, MalformedValuesAreRefused) {
+    ote_config_t *cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+    for (const char *bad :
+         {"sim1", "sim1:1", "sim1:1:", ":1:0", "sim1:0:0", "sim1:256:0", "sim1:1:-1",
+          "sim1:1:65536", "sim1:1:0x", "sim1:1:0,", ",sim1:1:0", "sim1:1:0,sim1:1:1",
+          "sim1:01234:0", "sim 1:1:0", "a:1:0,b:1:0,c:1:0,d:1:0,e:1:0,f:1:0,g:1:0,h:1:0,i:1:0"}) {
+        EXPECT_EQ(ote_config_set(cfg, "rdma_pin", bad), OTE_ERR_INVALID) << bad;
+    }
+    for (const char *good : {"", "sim1:1:3", "sim0:1:0,sim1:2:65535", "mlx5_0:255:7"})
+        EXPECT_EQ(ote_config_set(cfg, "rdma_pin", good), OTE_OK) << good;
+    char buf[64];
+    ASSERT_EQ(ote_config_get(cfg, "rdma_pin", buf, sizeof(buf)), OTE_OK);
+    EXPECT_STREQ(buf, "mlx5_0:255:7");
+    for (const char *bad : {"0", "65", "", "x", "-1"})
+        EXPECT_EQ(ote_config_set(cfg, "rdma_lanes", bad), OTE_ERR_INVALID) << bad;
+    ASSERT_EQ(ote_config_get(cfg, "rdma_lanes", buf, sizeof(buf)), OTE_OK);
+    EXPECT_STREQ(buf, "2") << "the default";
+    for (const char *good : {"1", "64"})
+        EXPECT_EQ(ote_config_set(cfg, "rdma_lanes", good), OTE_OK) << good;
+    ote_config_destroy(cfg);
+}
+
+// A pin naming a device, port or GID index the provider lacks fails ote_engine_create
+// with OTE_ERR_NO_DEVICE and an ERROR line naming what was asked and what exists; a
+// malformed pin from the environment fails it with OTE_ERR_INVALID.
+TEST_F(RdmaPinConfig, MissingDevicePortOrGidIsRefusedWithALogLine) {
+    struct Case {
+        const char *pin, *asked, *exists;
+    } cases[] = {
+        {"sim7:1:0", "device sim7 not found", "lists 2 device(s), first sim0"},
+        {"sim1:2:0", "device sim1 port 2 GID index 0", "the device has ports 1..1"},
+        {"sim1:1:999", "device sim1 port 1 GID index 999 does not exist", "the GID table has"},
+        {"sim0:1:0,sim7:1:0", "device sim7 not found", "first sim0"},
+    };
+    for (const Case &c : cases) {
+        ote_config_t *cfg = nullptr;
+        ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+        ASSERT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
+        ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+        ASSERT_EQ(ote_config_set(cfg, "rdma_pin", c.pin), OTE_OK);
+        ote_engine_t *e = nullptr;
+        {
+            ote_test::ErrorLogsExpected guard;
+            EXPECT_EQ(ote_status_code(ote_engine_create(cfg, &e)), OTE_ERR_NO_DEVICE) << c.pin;
+            EXPECT_GE(guard.Seen(), 1u) << c.pin;
+        }
+        EXPECT_EQ(e, nullptr);
+        EXPECT_TRUE(LogContains(c.asked)) << c.pin;
+        EXPECT_TRUE(LogContains(c.exists)) << c.pin;
+        EXPECT_TRUE(LogContains(std::string("rdma_pin ") + c.pin)) << c.pin;
+        ote_config_destroy(cfg);
+    }
+    setenv("OTE_RDMA_PIN", "sim1:1", 1);
+    ote_config_t *cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+    ote_engine_t *e = nullptr;
+    {
+        ote_test::ErrorLogsExpected guard;
+        EXPECT_EQ(ote_status_code(ote_engine_create(cfg, &e)), OTE_ERR_INVALID);
+        EXPECT_GE(guard.Seen(), 1u);
+    }
+    unsetenv("OTE_RDMA_PIN");
+    EXPECT_EQ(e, nullptr);
+    EXPECT_TRUE(LogContains("rdma_pin=\"sim1:1\""));
+    ote_config_destroy(cfg);
+}
+
+// rdma_lanes sets the lanes of every data device (no longer tcp_workers).
+TEST_F(RdmaPinConfig, LanesPerDeviceFollowRdmaLanes) {
+    InfoLogs info;
+    ote_engine_t *e = ote_test::NewEngine({{"transport", "rdma"},
+                                           {"verbs_provider", "sim"},
+                                           {"rdma_lanes", "5"},
+                                           {"tcp_workers", "3"}});
+    ASSERT_NE(e, nullptr);
+    EXPECT_TRUE(LogContains("data device 0: sim0 port 1"));
+    EXPECT_TRUE(LogContains("data device 1: sim1 port 1"));
+    std::vector<std::string> lines = Logs();
+    int with5 = 0;
+    for (const std::string &l : lines)
+        if (l.find("data device") != std::string::npos && l.find(", 5 lanes") != std::string::npos)
+            with5++;
+    EXPECT_EQ(with5, 2);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
 TEST(RdmaNicStats, ArgumentsAndEnginesWithoutNics) {
     ote_engine_t *e = ote_test::NewEngine({{"transports", "tcp"}});
     ASSERT_NE(e, nullptr);

@@ -56,6 +56,15 @@ typedef struct ote_batch ote_batch_t;
  *   rdma_devices         comma-separated device names the RDMA data path may use
  *                        (default: every device with an active port).
  *   rdma_exclude         comma-separated device names it never uses.
+ *   rdma_lanes           CQ lanes (one worker thread each) per RDMA data device, 1..64
+ *                        (default 2; independent of tcp_workers).
+ *   rdma_pin             strict routes "device:port:gid_index" (port 1..255, GID index
+ *                        0..65535), up to 8 distinct devices comma-separated: exactly those
+ *                        devices are the data devices, each on that port and GID index
+ *                        (overrides rdma_device / rdma_devices). A pinned device, port or
+ *                        GID index the provider lacks, or a pinned port that is down, fails
+ *                        ote_engine_create with OTE_ERR_NO_DEVICE and an ERROR line;
+ *                        malformed text is OTE_ERR_INVALID (at ote_config_set).
  *   log_level            error|warn|info|debug|trace. A WARN that an event can repeat
  *                        per slice or per grant (a refused request, a failed grant, a
  *                        dead peer's windows) is logged once per event, at most once a
