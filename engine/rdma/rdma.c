@@ -318,29 +318,40 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
     }
     st = ote_selector_create(&sc, &tp->sel);
     if (st != OTE_OK) return st;
-    /* Data devices: the allowed contexts with an active port, in the set's order. */
+    /* Data devices: the allowed contexts that are not fenced, in the set's order. One
+     * whose port is down starts paused (out of the selector) and joins when the monitor
+     * sees its port active (an event or the periodic refresh). */
+    uint32_t nactive = 0;
     for (size_t i = 0; i < ote_context_set_count(tp->set) && tp->nnics < OTE__RDMA_MAX_NICS; i++) {
         ote_context_t *c = ote_context_set_get(tp->set, i);
-        if (ote_context_check(c) != OTE_OK) continue;
+        ote_status_t cs = ote_context_check(c);
+        if (cs != OTE_OK && ote_status_code(cs) != OTE_ERR_PORT_DOWN) continue;
         ote_context_info_t info;
         ote_context_get_info(c, &info);
         int idx = -1;
         if (ote_selector_add(tp->sel, ote_context_name(c), info.numa_node, &idx) != OTE_OK)
             continue;
+        int up = cs == OTE_OK;
+        if (!up) (void)ote_selector_set_active(tp->sel, idx, 0);
         rdma_nic_t *n = &tp->nics[tp->nnics];
         n->tp = tp;
         n->index = tp->nnics;
         n->ctx = c;
-        atomic_store(&n->was_active, 1);
+        atomic_store(&n->was_active, up);
         tp->nnics++;
+        nactive += (uint32_t)up;
     }
     if (tp->nnics == 0) {
         OTE_ERROR("rdma",
-                  "transport=rdma: no device of provider \"%s\" has an active port and is "
-                  "allowed (rdma_devices / rdma_exclude / rdma_pin%s%s)",
+                  "transport=rdma: no device of provider \"%s\" is usable and allowed "
+                  "(rdma_devices / rdma_exclude / rdma_pin%s%s)",
                   prov, asked[0] ? ": " : "", asked);
         return OTE_ERR_NO_DEVICE;
     }
+    if (nactive == 0)
+        OTE_WARN("rdma",
+                 "transport=rdma: every data device's port is down: the transport starts "
+                 "paused (requests fail with OTE_ERR_PORT_DOWN until a port is active)");
     return OTE_OK;
 }
 

@@ -368,6 +368,76 @@ TEST_F(RdmaDeviceLists, AllowAndDenyListsChooseTheDataDevices) {
     }
 }
 
+// ---- every port down at creation: the transport starts paused ----
+
+// The requester's sim with both ports taken down before its contexts open (the target,
+// another process, keeps its own sim's ports active).
+ote_status_t DownSim(ote_verbs_t **v) {
+    g_sim = *v;
+    for (const char *dev : {"sim0", "sim1"}) {
+        ote_status_t st = ote_sim_set_port_state(*v, dev, 1, IBV_PORT_DOWN);
+        if (st != OTE_OK) return st;
+    }
+    return OTE_OK;
+}
+struct DownHook {
+    DownHook() { ote__rdma_test_verbs_hook = DownSim; }
+};
+
+class RdmaStartPausedTest : private SimEnv, private DownHook, public ote_test::TargetE2eTest {
+  protected:
+    RdmaStartPausedTest() : TargetE2eTest(Session()) {}
+    void SetUp() override {
+        ote_test::TargetE2eTest::SetUp();
+        ote__rdma_test_verbs_hook = nullptr;
+        ASSERT_NE(g_sim, nullptr);
+        ASSERT_TRUE(ote_sim_is_sim(g_sim));
+    }
+    void TearDown() override {
+        ote__rdma_test_verbs_hook = nullptr;
+        ote_test::TargetE2eTest::TearDown();
+        g_sim = nullptr;
+    }
+    std::vector<ote_nic_stats_t> Nics() {
+        std::vector<ote_nic_stats_t> v(4);
+        size_t n = 0;
+        EXPECT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
+        v.resize(n < v.size() ? n : v.size());
+        return v;
+    }
+};
+
+// Creation succeeds with both devices paused; a request fails with OTE_ERR_PORT_DOWN (no
+// wait past its deadline); once sim0's port comes up the monitor adds it and a WRITE
+// lands whole on sim0 while sim1, still down, carries nothing.
+TEST_F(RdmaStartPausedTest, RequestsFailUntilAPortComesUpThenRun) {
+    std::vector<ote_nic_stats_t> v = Nics();
+    ASSERT_EQ(v.size(), 2u);
+    EXPECT_FALSE(v[0].active);
+    EXPECT_FALSE(v[1].active);
+    EXPECT_TRUE(LogContains("starts paused"));
+    std::vector<uint8_t> src(kLen);
+    ote_pattern_fill(src.data(), kLen, 95, 0);
+    ASSERT_EQ(ote_memory_register(engine_, src.data(), kLen, OTE_PERM_READ), OTE_OK);
+    ote_transfer_status_t ts = {};
+    (void)Transfer(OTE_WRITE, src.data(), target_.rw, kLen, &ts);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_PORT_DOWN) << ote_status_str(ts.error);
+    ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim0", 1, IBV_PORT_ACTIVE), OTE_OK);
+    ote_deadline_t dl = ote_deadline_after(30 * kSec);
+    while (!Nics()[0].active && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(Nics()[0].active) << "sim0 did not join";
+    uint64_t sim0 = Nics()[0].bytes_out;
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+    v = Nics();
+    EXPECT_GE(v[0].bytes_out - sim0, kLen);
+    EXPECT_EQ(v[1].bytes_out, 0u);
+    EXPECT_FALSE(v[1].active);
+    EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+}
+
 // ---- rdma_pin / rdma_lanes ----
 
 // Raises the log level to INFO while alive (the engine logs each data device's route and

@@ -62,9 +62,10 @@ typedef struct ote_batch ote_batch_t;
  *                        0..65535), up to 8 distinct devices comma-separated: exactly those
  *                        devices are the data devices, each on that port and GID index
  *                        (overrides rdma_device / rdma_devices). A pinned device, port or
- *                        GID index the provider lacks, or a pinned port that is down, fails
- *                        ote_engine_create with OTE_ERR_NO_DEVICE and an ERROR line;
- *                        malformed text is OTE_ERR_INVALID (at ote_config_set).
+ *                        GID index the provider lacks fails ote_engine_create with
+ *                        OTE_ERR_NO_DEVICE and an ERROR line; malformed text is
+ *                        OTE_ERR_INVALID (at ote_config_set). A pinned port that is down
+ *                        starts paused, like any data device.
  *   log_level            error|warn|info|debug|trace. A WARN that an event can repeat
  *                        per slice or per grant (a refused request, a failed grant, a
  *                        dead peer's windows) is logged once per event, at most once a
