@@ -318,14 +318,18 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
     }
     st = ote_selector_create(&sc, &tp->sel);
     if (st != OTE_OK) return st;
-    /* Data devices: the allowed contexts that are not fenced, in the set's order. One
-     * whose port is down starts paused (out of the selector) and joins when the monitor
-     * sees its port active (an event or the periodic refresh). */
+    /* Data devices: the allowed contexts with an active port, in the set's order. When
+     * every port is down, every context that is not fenced, all paused (out of the
+     * selector): each joins when the monitor sees its port active (an event or the
+     * periodic refresh). */
+    int any_up = 0;
+    for (size_t i = 0; i < ote_context_set_count(tp->set); i++)
+        any_up |= ote_context_check(ote_context_set_get(tp->set, i)) == OTE_OK;
     uint32_t nactive = 0;
     for (size_t i = 0; i < ote_context_set_count(tp->set) && tp->nnics < OTE__RDMA_MAX_NICS; i++) {
         ote_context_t *c = ote_context_set_get(tp->set, i);
         ote_status_t cs = ote_context_check(c);
-        if (cs != OTE_OK && ote_status_code(cs) != OTE_ERR_PORT_DOWN) continue;
+        if (cs != OTE_OK && (any_up || ote_status_code(cs) != OTE_ERR_PORT_DOWN)) continue;
         ote_context_info_t info;
         ote_context_get_info(c, &info);
         int idx = -1;

@@ -64,8 +64,8 @@ typedef struct ote_batch ote_batch_t;
  *                        (overrides rdma_device / rdma_devices). A pinned device, port or
  *                        GID index the provider lacks fails ote_engine_create with
  *                        OTE_ERR_NO_DEVICE and an ERROR line; malformed text is
- *                        OTE_ERR_INVALID (at ote_config_set). A pinned port that is down
- *                        starts paused, like any data device.
+ *                        OTE_ERR_INVALID (at ote_config_set). With every data device's
+ *                        port down the transport starts paused (see README).
  *   log_level            error|warn|info|debug|trace. A WARN that an event can repeat
  *                        per slice or per grant (a refused request, a failed grant, a
  *                        dead peer's windows) is logged once per event, at most once a
