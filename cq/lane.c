@@ -413,11 +413,36 @@ ote_status_t ote_cq_lane_poll(ote_cq_lane_t *lane, int *polled_out) {
     return OTE_OK;
 }
 
+/* A hook can settle what pred reads (a QP's outstanding count) before the same CQE is
+ * delivered to its namespace: wait until the poll under way, if any, has finished
+ * dispatching its batch, so that every completion that made pred true has been
+ * delivered. From a callback of this lane the caller is that poll: nothing to wait for. */
+static ote_status_t delivery_barrier(ote_cq_lane_t *lane, ote_deadline_t deadline) {
+    if (tls_polling == lane) return OTE_OK;
+    for (;;) {
+        ote_mutex_lock(&lane->progress_mu);
+        uint64_t epoch = lane->progress_epoch;
+        ote_mutex_unlock(&lane->progress_mu);
+        if (ote_mutex_trylock(&lane->poll_mu) == OTE_OK) {
+            ote_mutex_unlock(&lane->poll_mu);
+            return OTE_OK;
+        }
+        if (ote_deadline_expired(deadline)) return OTE_ERR_TIMEOUT;
+        ote_deadline_t until =
+            ote_deadline_min(deadline, ote_deadline_after(100 * OTE_NSEC_PER_USEC));
+        ote_mutex_lock(&lane->progress_mu);
+        while (lane->progress_epoch == epoch && !ote_deadline_expired(until))
+            (void)ote_cond_wait(&lane->progress_cv, &lane->progress_mu, until);
+        ote_mutex_unlock(&lane->progress_mu);
+    }
+}
+
 ote_status_t ote_cq_lane_progress(ote_cq_lane_t *lane, int (*pred)(void *arg), void *arg,
                                   ote_deadline_t deadline) {
     for (;;) {
-        if (pred(arg)) return OTE_OK;
-        if (ote_deadline_expired(deadline)) return pred(arg) ? OTE_OK : OTE_ERR_TIMEOUT;
+        if (pred(arg)) return delivery_barrier(lane, deadline);
+        if (ote_deadline_expired(deadline))
+            return pred(arg) ? delivery_barrier(lane, deadline) : OTE_ERR_TIMEOUT;
         ote_mutex_lock(&lane->progress_mu);
         uint64_t epoch = lane->progress_epoch;
         ote_mutex_unlock(&lane->progress_mu);

@@ -126,7 +126,9 @@ ote_status_t ote_cq_lane_poll(ote_cq_lane_t *lane, int *polled_out);
 /**
  * ote_cq_lane_progress() - make progress until pred(arg) is true or the deadline
  * passes (OTE_ERR_TIMEOUT): polls the lane itself when no other thread does, otherwise
- * waits for the poller's progress. pred runs without lane locks.
+ * waits for the poller's progress. pred runs without lane locks. OTE_OK also means
+ * the completions that made pred true have been delivered: a poll under way in another
+ * thread (a hook may settle a count before its callback runs) has finished its batch.
  */
 ote_status_t ote_cq_lane_progress(ote_cq_lane_t *lane, int (*pred)(void *arg), void *arg,
                                   ote_deadline_t deadline);

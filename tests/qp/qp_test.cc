@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/qp/qp_fixture.h"
@@ -195,6 +197,42 @@ TEST_F(QpTest, WorkersCompleteManyWindowsExactlyOnce) {
     ASSERT_EQ(ote_cq_workers_remove(w, lane_[0]), OTE_OK);
     ASSERT_EQ(ote_cq_workers_remove(w, lane_[1]), OTE_OK);
     EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK);
+}
+
+// The QP settles its count in its hook, before the lane delivers the same CQE to the
+// WR's namespace: ote_qp_wait_idle() must not return between the two (it once did, and
+// WorkersCompleteManyWindowsExactlyOnce saw 399 of 400 completions).
+struct SlowRecord {
+    std::atomic<int> delivered{0};
+    static void Fn(void *arg, ote_cq_lane_t *, ote_cq_dir_t, const ibv_wc *) {
+        auto *r = static_cast<SlowRecord *>(arg);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        r->delivered.fetch_add(1);
+    }
+};
+
+TEST_F(QpTest, WaitIdleReturnsOnlyOnceTheCompletionIsDelivered) {
+    SlowRecord slow;
+    uint32_t ns = 0;
+    ASSERT_EQ(ote_cq_lane_register_ns(lane_[0], &SlowRecord::Fn, &slow, &ns), OTE_OK);
+    ote_cq_workers_t *w = nullptr;
+    ASSERT_EQ(ote_cq_workers_start(1, &w), OTE_OK);
+    ASSERT_EQ(ote_cq_workers_add(w, lane_[0]), OTE_OK);
+    ote_qp_t *a = MakeQp(0, Config(8));
+    ote_qp_t *b = MakeQp(1, Config(8));
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    for (int round = 0; round < 3; round++) {
+        Wr wr;
+        Rdma(&wr, 0, 0, IBV_WR_RDMA_WRITE, 0, 64);
+        wr.wr.wr_id = OTE_CQ_WR_ID(ns, (uint64_t)round);
+        ote_qp_post_result_t res;
+        ASSERT_EQ(ote_qp_post_send(a, &wr.wr, Soon(), &res), OTE_OK);
+        ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+        EXPECT_EQ(slow.delivered.load(), round + 1);
+    }
+    ASSERT_EQ(ote_cq_workers_remove(w, lane_[0]), OTE_OK);
+    EXPECT_EQ(ote_cq_workers_stop(w), OTE_OK);
+    ote_cq_lane_unregister_ns(lane_[0], ns);
 }
 
 TEST_F(QpTest, DestroyFlushesAndEndsEveryOutstandingWrOnce) {
