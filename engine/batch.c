@@ -275,6 +275,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->req_uid = uid;
         s->len = (uint32_t)len;
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
+        s->mem_node = r->local_pin != NULL ? (int16_t)r->local_pin->numa : -1;
         s->deadline = dl;
         off += len;
         if (staged) continue;

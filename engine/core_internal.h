@@ -68,6 +68,7 @@ typedef struct ote__reg {
     unsigned perms;
     _Atomic long inuse;
     uint32_t kind;               /* ote_mem_kind_t, classified at registration (engine/gpu) */
+    int numa;                    /* NUMA node of the memory at registration (-1: unknown) */
     char name[OTE_NAME_MAX + 1]; /* "" without a name; unique among live registrations */
 } ote__reg_t;
 
@@ -200,6 +201,11 @@ void ote__listen_stop(ote__listen_t *l);
 void ote__listen_free(ote__listen_t *l);
 /* An adopted connection has closed (host->conn_closed). */
 void ote__listen_release(ote__listen_t *l);
+
+/* ---- mem_node.c ------------------------------------------------------------------- */
+/* The NUMA node of [addr, addr + len) of memory `kind` (host: where its pages are now;
+ * device memory: its GPU's node), or -1 when unknown or spread over several nodes. */
+int ote__mem_node(ote_engine_t *e, uint64_t addr, uint64_t len, uint32_t kind);
 
 /* ---- registry.c ------------------------------------------------------------------- */
 /* The registration covering [addr, addr+len), or NULL. e->reg_lk held. */

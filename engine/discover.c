@@ -69,6 +69,7 @@ static ote_status_t copy_out(const ote_ctl_msg_t *m, ote_buffer_info_t *out, siz
         r.length = b.len;
         r.perms = b.perms;
         r.kind = b.kind;
+        r.numa_node = -1; /* the peer's own business */
         out[i] = r;
     }
     *count_out = n;

@@ -109,6 +109,7 @@ static ote_status_t nout_new(ote_engine_t *e, ote_segment_t *seg, const void *ms
     n->slice.local = n->msg;
     n->slice.len = (uint32_t)len;
     n->slice.op = OTE__SLICE_NOTIFY;
+    n->slice.mem_node = -1;
     n->slice.deadline = ote_deadline_after(e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     *out = n;
     return OTE_OK;

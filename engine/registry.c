@@ -129,6 +129,7 @@ ote_status_t ote_memory_query(ote_engine_t *e, const void *addr, ote_buffer_info
         b.length = r->len;
         b.perms = r->perms;
         b.kind = r->kind;
+        b.numa_node = r->numa;
         st = OTE_OK;
     }
     pthread_rwlock_unlock(&e->reg_lk);
@@ -188,6 +189,7 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
     r->len = len;
     r->perms = perms;
     r->kind = kind;
+    r->numa = ote__mem_node(e, start, len, kind);
     if (nl) memcpy(r->name, name, nl);
     ote_status_t st = OTE_OK;
     int dup = 0;

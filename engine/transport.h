@@ -54,6 +54,7 @@ struct ote__slice {
     uint64_t req_uid; /* the request's id, unique in this engine (nonzero; 0: a notification) */
     uint32_t len;
     uint16_t op;
+    int16_t mem_node; /* NUMA node of the local memory (its registration's), -1: unknown */
     ote_deadline_t deadline;
     /* Transport scratch: the submitting transport's member only, from submit() until it
      * calls done(); the engine never reads it. */

@@ -13,6 +13,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -800,4 +801,30 @@ void ote__gpu_destroy(ote__gpu_t *g) {
     ote_cond_destroy(&g->cv);
     ote_mutex_destroy(&g->mu);
     ote_free(g);
+}
+
+/* The NUMA node of CUDA device `dev`'s PCI function (sysfs numa_node of the bus id the
+ * driver reports), -1 when unknown: no driver, no such device, or no NUMA information. */
+int ote__gpu_device_node(ote__gpu_t *g, int dev) {
+    if (g == NULL || dev < 0 || !atomic_load_explicit(&g->drv_ready, memory_order_acquire))
+        return -1;
+    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(g->drv);
+    ote_cu_device_t d = 0;
+    char bus[32] = {0};
+    if (t->cuDeviceGet(&d, dev) != OTE_CU_SUCCESS ||
+        t->cuDeviceGetPCIBusId(bus, (int)sizeof(bus) - 1, d) != OTE_CU_SUCCESS)
+        return -1;
+    for (char *c = bus; *c != '\0'; c++) {
+        if (*c >= 'A' && *c <= 'F') *c = (char)(*c - 'A' + 'a');
+        else if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || *c == ':' || *c == '.'))
+            return -1; /* only a bus id names a sysfs path */
+    }
+    char path[96];
+    snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", bus);
+    FILE *f = fopen(path, "re");
+    if (f == NULL) return -1;
+    int node = -1;
+    if (fscanf(f, "%d", &node) != 1) node = -1;
+    fclose(f);
+    return node < 0 ? -1 : node;
 }

@@ -71,6 +71,9 @@ ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int f
  * One dl_iterate_phdr step while nothing new was loaded. */
 int ote__gpu_driver_present(ote__gpu_t *g);
 
+/* The NUMA node of CUDA device dev (its PCI function's, from sysfs), -1 when unknown. */
+int ote__gpu_device_node(ote__gpu_t *g, int dev);
+
 /* Whether device memory of `kind` may be moved by this engine (gpu_paths allows a path
  * that exists): OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing;
  * `what` names the side ("local buffer", "registered range") for the log. ipc_optin: for

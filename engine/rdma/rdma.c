@@ -21,6 +21,7 @@
 
 static _Atomic uint64_t ote__rdma_retained_transports;
 ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
+int (*ote__rdma_test_distance)(void *arg, int a, int b);
 uint64_t ote__rdma_retained_transports_get(void) {
     return atomic_load(&ote__rdma_retained_transports);
 }
@@ -293,6 +294,7 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
                                                  : tp->cfg.rdma_devices;
     /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal. */
     sc.use_topology = strcmp(tp->v->provider, "sim") != 0;
+    sc.distance = ote__rdma_test_distance;
     ote_context_config_t cc;
     memset(&cc, 0, sizeof(cc));
     if (npins > 0) {

@@ -547,7 +547,7 @@ static void pump_locked(ote__tpeer_t *p) {
                     if (p->inflight[i] == 0 || p->inflight[i] + rlen <= window) mask |= 1u << i;
                 }
                 if (mask == 0) break; /* every window is full: an ending slice pumps again */
-                if (ote_selector_pick(tp->sel, -1, rlen, mask, &k) != OTE_OK) {
+                if (ote_selector_pick(tp->sel, s->mem_node, rlen, mask, &k) != OTE_OK) {
                     k = -1;
                     if (busy > 0) break;    /* no room on an active device yet */
                     st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */

@@ -7,6 +7,10 @@
  * arm rules on it. A failure refuses the engine's creation with that status. Tests only;
  * not synchronized (set it while no RDMA engine is being created).
  *
+ * ote__rdma_test_distance: when set (before ote_engine_create()), the transport's device
+ * selector ranks NICs by this NUMA distance (a, b: nodes; negative: unknown) instead of
+ * hwloc's (the sim's devices have NUMA nodes, sim0 0 and sim1 1, but no topology).
+ *
  * ote__rdma_retained_transports: transports whose teardown could not join a control
  * connection thread within its bound and therefore retained (did not free) everything.
  */
@@ -23,6 +27,7 @@ extern "C" {
 #endif
 
 extern ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
+extern int (*ote__rdma_test_distance)(void *arg, int a, int b);
 uint64_t ote__rdma_retained_transports_get(void);
 
 #ifdef __cplusplus

@@ -77,6 +77,7 @@ class BufferInfo(ctypes.Structure):
         ("length", ctypes.c_uint64),
         ("perms", ctypes.c_uint),
         ("kind", ctypes.c_uint32),
+        ("numa_node", ctypes.c_int32),
     ]
 
 

@@ -241,6 +241,11 @@ typedef struct {
     uint64_t length;
     unsigned perms; /* OTE_PERM_READ / OTE_PERM_WRITE (/ OTE_PERM_IPC: ote_memory_query) */
     uint32_t kind;  /* ote_mem_kind_t */
+    /* ote_memory_query: the NUMA node of the memory when it was registered (host memory:
+     * where its first, middle and last pages were; device memory: its GPU's node), -1 when
+     * unknown (pages not yet touched, spread over nodes, no NUMA). The RDMA transport
+     * prefers the NICs nearest it. ote_segment_buffers: always -1. */
+    int32_t numa_node;
 } ote_buffer_info_t;
 ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, size_t cap,
                                  size_t *count_out);
