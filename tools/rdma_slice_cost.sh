@@ -44,41 +44,10 @@ if (( N1 % M != 0 || N2 % M != 0 || N2 <= N1 )); then
     exit 2
 fi
 
-if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/null; then
-    echo "valgrind not found: installing it from Debian" >&2
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-    $SUDO apt-get update -q
-    $SUDO apt-get install -y -q valgrind
-fi
-
-BAZEL=(bazel)
-if [ -n "${BAZEL_OUTPUT_BASE:-}" ]; then BAZEL+=(--output_base="$BAZEL_OUTPUT_BASE"); fi
-"${BAZEL[@]}" build -c opt //tests/engine:rdma_slice_cost >&2
-BIN="$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)/tests/engine/rdma_slice_cost"
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-measure() { # $1 = slices; prints "engine verbs memcpy libc total"
-    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$1" "$BIN" "$1" >"$TMP/run.$1" 2>"$TMP/vg.$1" || {
-        echo "run with $1 slices failed:" >&2
-        cat "$TMP/run.$1" "$TMP/vg.$1" >&2
-        exit 1
-    }
-    callgrind_annotate --auto=no --threshold=100 --inclusive=no "$TMP/cg.$1" | awk '
-        /file:function/ { go = 1; next }
-        go && /^ *[0-9,]+ / && !/PROGRAM TOTALS/ {
-            v = $1; gsub(",", "", v); line = $0; sub(/ \[.*$/, "", line)
-            if (line ~ /\/(engine|grant|endpoint|qp|cq|context|base)\/[^ ]*\.[ch]:/ && line !~ /\/tests\//) eng += v
-            else if (line ~ /\/verbs\//) vb += v
-            else if (line ~ /\/tests\//) drv += v
-            else if (line ~ /memmove|memcpy/) cp += v
-            else lib += v
-            tot += v
-        }
-        END { printf "%d %d %d %d %d\n", eng, vb, cp, lib, tot }'
-}
+. tools/cost_lib.sh
+cost_setup rdma_slice_cost
+ENG='/(engine|grant|endpoint|qp|cq|context|base)/[^ ]*[.][ch]:'
+measure() { cost_measure "$1" "$ENG" 'memmove|memcpy'; } # "engine verbs memcpy libc total"
 
 read -r e1 v1 c1 l1 t1 < <(measure "$N1")
 read -r e2 v2 c2 l2 t2 < <(measure "$N2")

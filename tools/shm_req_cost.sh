@@ -32,43 +32,13 @@ if ((N1 % 64 != 0 || N2 % 64 != 0 || N2 <= N1)); then
     exit 2
 fi
 
-if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/null; then
-    echo "valgrind not found: installing it from Debian" >&2
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-    $SUDO apt-get update -q
-    $SUDO apt-get install -y -q valgrind
-fi
+. tools/cost_lib.sh
+cost_setup shm_req_cost
+ENG='/(engine|base)/[^ ]*[.][ch]:'
+measure() { cost_measure "$1" "$ENG" 'memmove|memcpy|memset'; } # "engine verbs copy libc total"
 
-BAZEL=(bazel)
-if [ -n "${BAZEL_OUTPUT_BASE:-}" ]; then BAZEL+=(--output_base="$BAZEL_OUTPUT_BASE"); fi
-"${BAZEL[@]}" build -c opt //tests/engine:shm_req_cost >&2
-BIN="$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)/tests/engine/shm_req_cost"
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-measure() { # $1 = requests; prints "engine memcpy libc total"
-    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$1" "$BIN" "$1" >"$TMP/run.$1" 2>"$TMP/vg.$1" || {
-        echo "run with $1 requests failed:" >&2
-        cat "$TMP/run.$1" "$TMP/vg.$1" >&2
-        exit 1
-    }
-    callgrind_annotate --auto=no --threshold=100 --inclusive=no "$TMP/cg.$1" | awk '
-        /file:function/ { go = 1; next }
-        go && /^ *[0-9,]+ / && !/PROGRAM TOTALS/ {
-            v = $1; gsub(",", "", v); line = $0; sub(/ \[.*$/, "", line)
-            if (line ~ /\/tests\//) drv += v
-            else if (line ~ /\/(engine|base)\/[^ ]*\.[ch]:/) eng += v
-            else if (line ~ /memmove|memcpy|memset/) cp += v
-            else lib += v
-            tot += v
-        }
-        END { printf "%d %d %d %d\n", eng, cp, lib, tot }'
-}
-
-read -r e1 c1 l1 t1 < <(measure "$N1")
-read -r e2 c2 l2 t2 < <(measure "$N2")
+read -r e1 _ c1 l1 t1 < <(measure "$N1")
+read -r e2 _ c2 l2 t2 < <(measure "$N2")
 D=$((N2 - N1))
 echo "callgrind, $N1 and $N2 requests of 4 KiB in batches of 64 (difference: $D); instructions per request:"
 awk -v d="$D" -v e=$((e2 - e1)) -v c=$((c2 - c1)) -v l=$((l2 - l1)) -v t=$((t2 - t1)) 'BEGIN {
