@@ -165,18 +165,44 @@ static ote_status_t submit_ensure_peers(ote_engine_t *e, const ote_request_t *re
 /* Each request's geometry (once) and the slice arrays of multi-slice requests, all
  * before anything starts. Every plans[i] is set, also after a failure, so that the
  * caller can free the arrays that were allocated. */
+#define KIND_UNKNOWN UINT32_MAX
+
 static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size_t n,
                                 req_plan_t *plans) {
     ote_status_t st = OTE_OK;
-    int drv = -1; /* whether a CUDA driver is loaded: looked at once per submit */
+    /* The local buffers' memory kinds: their registrations', found under one hold of
+     * reg_lk for the whole batch (consecutive requests mostly share a registration);
+     * the others are asked of engine/gpu after the lock: host memory while no CUDA
+     * driver is loaded (looked at once per submit), else classified. */
+    int locked = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
+    if (locked) pthread_rwlock_rdlock(&e->reg_lk);
+    const ote__reg_t *near = NULL;
     for (size_t i = 0; i < n; i++) {
-        plans[i] = (req_plan_t){NULL, 0, 1, OTE_MEM_HOST};
+        plans[i] = (req_plan_t){NULL, 0, 1, KIND_UNKNOWN};
+        if (!locked || reqs[i].length == 0) continue;
+        const ote__reg_t *r =
+            ote__reg_covering_near(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, near);
+        if (r != NULL) {
+            plans[i].kind = r->kind;
+            near = r;
+        }
+    }
+    if (locked) pthread_rwlock_unlock(&e->reg_lk);
+    int drv = -1;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t kind = plans[i].kind;
+        plans[i].kind = OTE_MEM_HOST;
         if (reqs[i].length == 0 || st != OTE_OK) continue;
-        /* The local buffer's memory kind (its registration's, else asked now): device
-         * memory needs a GPU path that gpu_paths allows, else the submit fails here. */
-        uint32_t kind = OTE_MEM_HOST;
-        st = ote__reg_local_kind(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, &drv, &kind);
-        if (st == OTE_OK) st = ote__gpu_path_check(e->gpu, kind, -1, "a request's local buffer");
+        if (kind == KIND_UNKNOWN) {
+            if (drv < 0) drv = ote__gpu_driver_present(e->gpu);
+            kind = OTE_MEM_HOST;
+            if (drv)
+                st = ote__gpu_classify(e->gpu, (uintptr_t)reqs[i].local_addr, reqs[i].length, 0,
+                                       &kind);
+        }
+        /* Device memory needs a GPU path that gpu_paths allows, else the submit fails here. */
+        if (st == OTE_OK && OTE_MEM_IS_CUDA(kind))
+            st = ote__gpu_path_check(e->gpu, kind, -1, "a request's local buffer");
         if (st != OTE_OK) continue;
         st = req_plan(reqs[i].segment, reqs[i].length, kind, &plans[i]);
         if (st == OTE_OK && plans[i].ns > 1) {
@@ -226,7 +252,7 @@ static void staged_submit(void *arg, ote__slice_t *s) {
 /* Fill request slot r for q: its fields, its hold on the segment, and (when its local
  * buffer lies in a registration; reg_lk held for reading when use_pins) that pin. */
 static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote__slice_t *many,
-                     int use_pins) {
+                     int use_pins, ote__reg_t **near) {
     r->b = b;
     r->seg = q->segment;
     r->op = q->opcode;
@@ -240,10 +266,11 @@ static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote_
     r->many = many;
     atomic_fetch_add(&q->segment->pending, 1);
     if (use_pins && q->length > 0) {
-        ote__reg_t *lr = ote__reg_covering(b->e, (uintptr_t)q->local_addr, q->length);
+        ote__reg_t *lr = ote__reg_covering_near(b->e, (uintptr_t)q->local_addr, q->length, *near);
         if (lr) {
             atomic_fetch_add(&lr->inuse, 1);
             r->local_pin = lr;
+            *near = lr;
         }
     }
 }
@@ -294,9 +321,10 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     int use_pins = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
     if (use_pins) pthread_rwlock_rdlock(&e->reg_lk);
     slice_list_t l = {NULL, NULL, NULL};
+    ote__reg_t *near = NULL; /* the last registration found, under this hold of reg_lk */
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
-        req_init(r, b, &reqs[i], plans[i].arr, use_pins);
+        req_init(r, b, &reqs[i], plans[i].arr, use_pins, &near);
         if (reqs[i].length == 0) {
             atomic_store(&r->left, 1);
             continue; /* completed below, after the lock */

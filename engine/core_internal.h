@@ -210,6 +210,10 @@ int ote__mem_node(ote_engine_t *e, uint64_t addr, uint64_t len, uint32_t kind);
 /* ---- registry.c ------------------------------------------------------------------- */
 /* The registration covering [addr, addr+len), or NULL. e->reg_lk held. */
 ote__reg_t *ote__reg_covering(const ote_engine_t *e, uint64_t addr, uint64_t len);
+/* The same, near first: when near (a registration found under the same hold of reg_lk)
+ * covers the range it is the answer, without a search. */
+ote__reg_t *ote__reg_covering_near(const ote_engine_t *e, uint64_t addr, uint64_t len,
+                                   const ote__reg_t *near);
 /* host->pin / host->unpin of the engine's transports (arg: the engine). */
 ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
 void ote__reg_unpin(void *arg, void *pin);
@@ -221,11 +225,6 @@ ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline
 ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                  uint32_t len, ote_deadline_t dl);
 void ote__reg_stage_put(void *arg, void *tok);
-/* The kind of a request's local buffer [addr, addr+len): its registration's, else host
- * memory when no CUDA driver is loaded (*drv: -1 not looked at yet, then 0/1, kept by the
- * caller for the rest of its batch), else classified now (engine/gpu). */
-ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, int *drv,
-                                 uint32_t *kind_out);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
  * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
 ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,

@@ -41,6 +41,14 @@ ote__reg_t *ote__reg_covering(const ote_engine_t *e, uint64_t addr, uint64_t len
     return r;
 }
 
+ote__reg_t *ote__reg_covering_near(const ote_engine_t *e, uint64_t addr, uint64_t len,
+                                   const ote__reg_t *near) {
+    if (near != NULL && addr >= near->start && addr - near->start < near->len &&
+        len <= near->len - (addr - near->start))
+        return (ote__reg_t *)near;
+    return ote__reg_covering(e, addr, len);
+}
+
 ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out) {
     ote_engine_t *e = arg;
     ote_status_t st = OTE_ERR_ACCESS;
@@ -93,27 +101,6 @@ ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t d
 void ote__reg_stage_put(void *arg, void *tok) {
     ote_engine_t *e = arg;
     ote__gpu_src_put(e->gpu, tok);
-}
-
-ote_status_t ote__reg_local_kind(ote_engine_t *e, uint64_t addr, uint64_t len, int *drv,
-                                 uint32_t *kind_out) {
-    if (atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0) {
-        int found = 0;
-        pthread_rwlock_rdlock(&e->reg_lk);
-        ote__reg_t *r = ote__reg_covering(e, addr, len);
-        if (r != NULL) {
-            *kind_out = r->kind;
-            found = 1;
-        }
-        pthread_rwlock_unlock(&e->reg_lk);
-        if (found) return OTE_OK;
-    }
-    if (*drv < 0) *drv = ote__gpu_driver_present(e->gpu);
-    if (!*drv) {
-        *kind_out = OTE_MEM_HOST;
-        return OTE_OK;
-    }
-    return ote__gpu_classify(e->gpu, addr, len, 0, kind_out);
 }
 
 ote_status_t ote_memory_query(ote_engine_t *e, const void *addr, ote_buffer_info_t *info_out) {
