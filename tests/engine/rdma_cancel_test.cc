@@ -348,16 +348,17 @@ TEST_F(RdmaAbandonTest, SourceGrantsReleasedWhenTheRequesterGivesUp) {
     EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT) << ote_status_str(ts.error);
     EXPECT_LT(ts.bytes_done, kLen);
     EXPECT_GE(live, 1u) << "no source grant was ever seen live";
-    EXPECT_TRUE(SourceGrantsEnd()) << SrcGrants().live_source
-                                   << " source grant(s) held after their requester gave up";
+    EXPECT_TRUE(SourceGrantsEnd())
+        << SrcGrants().live_source << " source grant(s) held after their requester gave up";
     EXPECT_TRUE(SourceRangeFree()) << "the abandoned grants left the source's range pinned";
     ote__rdma_test_grants_t sg = SrcGrants(), rg{};
     ASSERT_EQ(ote__rdma_test_grants(EngineAddr(req_).c_str(), &rg), OTE_OK);
-    std::printf("[ figures ] requester gave up: %llu grant(s) abandoned, %llu RELEASE sent; "
-                "source: %llu applied, %llu ignored, %llu receipts\n",
-                (unsigned long long)rg.abandoned, (unsigned long long)rg.rel_sent,
-                (unsigned long long)sg.rel_applied, (unsigned long long)sg.rel_ignored,
-                (unsigned long long)sg.receipts);
+    std::printf(
+        "[ figures ] requester gave up: %llu grant(s) abandoned, %llu RELEASE sent; "
+        "source: %llu applied, %llu ignored, %llu receipts\n",
+        (unsigned long long)rg.abandoned, (unsigned long long)rg.rel_sent,
+        (unsigned long long)sg.rel_applied, (unsigned long long)sg.rel_ignored,
+        (unsigned long long)sg.receipts);
     EXPECT_GE(rg.rel_sent, 1u) << "no grant was in flight at the requester's deadline";
     EXPECT_GE(sg.rel_applied, 1u);
     EXPECT_EQ(sg.released, sg.rel_applied);

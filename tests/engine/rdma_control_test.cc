@@ -345,6 +345,90 @@ TEST_F(RdmaControlTest, SeveralDeviceFormsAreCheckedAndAnswered) {
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
+// RELEASE (engine/rdma/proto.h): the engine advertises it (rdma_release=1 in its
+// HELLO_ACK info, so that only sources that take it are sent one); a RELEASE naming no
+// bound grant of the sender (an unknown window, a slot past the endpoint's width, a
+// device the engine does not have) is ignored: no answer, the connection stays and the
+// engine serves on. A malformed one (wrong size, capability past WRITE, QP number 0 or
+// past 24 bits, device index past 7) closes the connection like any malformed message.
+std::vector<uint8_t> ReleaseBody(uint32_t pair, uint32_t cap, uint32_t slot, uint32_t qpn,
+                                 uint32_t rkey) {
+    std::vector<uint8_t> b(24, 0);
+    b[0] = 9; // OTE_RP_RELEASE
+    memcpy(&b[4], &pair, 4);
+    memcpy(&b[8], &cap, 4);
+    memcpy(&b[12], &slot, 4);
+    memcpy(&b[16], &qpn, 4);
+    memcpy(&b[20], &rkey, 4);
+    return b;
+}
+
+TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = EngineAddress(e);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    bool advertised = false;
+    auto session = [&]() {
+        int fd = ote_test::ConnectTo(addr);
+        EXPECT_GE(fd, 0);
+        EXPECT_TRUE(SendAll(fd, Hello()));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        EXPECT_EQ(m.opcode, OTE_CTL_HELLO_ACK);
+        std::string info(m.u.hello_ack.info != nullptr ? m.u.hello_ack.info : "",
+                         m.u.hello_ack.info_len);
+        advertised = info.find("rdma_release=1") != std::string::npos;
+        EXPECT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1))));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        EXPECT_EQ(m.opcode, OTE_CTL_RDMA);
+        return fd;
+    };
+    ote__rdma_test_grants_t g0{}, g1{};
+    ASSERT_EQ(ote__rdma_test_grants(addr.c_str(), &g0), OTE_OK);
+    int fd = session();
+    EXPECT_TRUE(advertised) << "the HELLO_ACK does not advertise RELEASE";
+    // Naming nothing: an unknown window, a slot past the width, a device the engine lacks.
+    const std::vector<uint8_t> ignored[] = {
+        ReleaseBody(0, 1, 0, 77, 0x1234), ReleaseBody(0, 0, 1000, 77, 0x1234),
+        ReleaseBody(7u << 8, 1, 0, 77, 0x1234), ReleaseBody(0, 1, 0, 0xffffff, 0)};
+    uint64_t id = 2;
+    for (const auto &rel : ignored) {
+        ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 0, OTE_OK, rel)));
+        ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, id, OTE_OK, InfoBody(1))));
+        ASSERT_TRUE(ReadFrame(fd, &buf, &m)) << "the RELEASE closed the connection";
+        EXPECT_EQ(m.req_id, id) << "the RELEASE was answered";
+        id++;
+    }
+    ASSERT_EQ(ote__rdma_test_grants(addr.c_str(), &g1), OTE_OK);
+    EXPECT_EQ(g1.rel_ignored - g0.rel_ignored, 4u);
+    EXPECT_EQ(g1.rel_applied, g0.rel_applied);
+    close(fd);
+    // Malformed: each closes its connection, unanswered.
+    std::vector<uint8_t> short_body = ReleaseBody(0, 1, 0, 77, 1);
+    short_body.resize(20);
+    std::vector<uint8_t> long_body = ReleaseBody(0, 1, 0, 77, 1);
+    long_body.resize(28, 0);
+    const std::vector<uint8_t> malformed[] = {short_body,
+                                              long_body,
+                                              ReleaseBody(0, 2, 0, 77, 1),
+                                              ReleaseBody(0, 1, 0, 0, 1),
+                                              ReleaseBody(0, 1, 0, 1u << 24, 1),
+                                              ReleaseBody(9u << 8, 1, 0, 77, 1),
+                                              ReleaseBody(1u << 16, 1, 0, 77, 1)};
+    for (const auto &rel : malformed) {
+        int bad = session();
+        ASSERT_TRUE(SendAll(bad, Frame(OTE_CTL_RDMA, 0, OTE_OK, rel)));
+        EXPECT_FALSE(ReadFrame(bad, &buf, &m, 3000)) << "a malformed RELEASE was answered";
+        EXPECT_TRUE(ClosedByPeer(bad));
+        close(bad);
+    }
+    // The engine serves on.
+    int ok = session();
+    close(ok);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
 // Finding 4: a peer that never reads its answers cannot block the engine's threads: its
 // answers queue (bounded) and it is dropped; the source then still serves a healthy
 // requester (its threads were not left blocked on the dropped peer).
