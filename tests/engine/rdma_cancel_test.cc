@@ -4,7 +4,8 @@
 // is still on the wire when it is canceled).
 //
 // Cancel mid-flight, WRITE and READ: the request ends CANCELED (not an error) within a
-// generous deadline and before anything of it can still move; the guard bytes around
+// generous deadline and only once nothing of it can still move (no grant of it is live
+// at the requester, its data sender sends nothing more, its destination stays as it is); the guard bytes around
 // the destination range are untouched on both sides and every changed byte lies inside
 // the range (holding either the old or the transferred value); the source's grants end
 // (its live grant count reaches 0 well before transfer_timeout_ms, 60 s) and its range
@@ -115,6 +116,31 @@ class RdmaCancelTest : public ote_test::OteTest {
         for (ote_verbs_t *v : sims_)
             for (const char *dev : {"sim0", "sim1"})
                 ASSERT_EQ(ote_sim_set_port_bw(v, dev, 1, rate), OTE_OK) << dev;
+    }
+
+    // Bytes the ports of sims_[i] (0: the source's, 1: the requester's) have sent.
+    uint64_t TxBytes(size_t i) {
+        uint64_t all = 0;
+        for (const char *dev : {"sim0", "sim1"}) {
+            uint64_t n = 0;
+            EXPECT_EQ(ote_sim_port_tx_bytes(sims_[i], dev, 1, &n), OTE_OK);
+            all += n;
+        }
+        return all;
+    }
+
+    // Right after the request ended: no grant of it is left at the requester, and for a
+    // while after (300 ms) the side that sends its data (sender: index into sims_) sends
+    // nothing more and the destination range does not change. Nothing here can fail
+    // because the machine is slow: a late byte can only go unseen.
+    void NothingMovesAfterTheEnd(size_t sender, const std::vector<uint8_t> &dst) {
+        ote__rdma_test_grants_t rg{};
+        ASSERT_EQ(ote__rdma_test_grants(EngineAddr(req_).c_str(), &rg), OTE_OK);
+        EXPECT_EQ(rg.live_requester, 0u) << "the request ended with a grant of it still live";
+        uint64_t tx0 = TxBytes(sender), h0 = ote_hash(dst.data(), dst.size());
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_EQ(TxBytes(sender), tx0) << "data was still sent after the request ended";
+        EXPECT_EQ(ote_hash(dst.data(), dst.size()), h0) << "bytes landed after the request ended";
     }
 
     uint8_t *Src() { return src_mem_.data() + kGuard; }
@@ -262,6 +288,7 @@ TEST_F(RdmaCancelTest, WriteCanceledMidFlight) {
     Fill(loc_mem_, kLocGuard, kNew);
     uint64_t live = 0;
     ote_transfer_status_t ts = RunAndCancel(OTE_WRITE, true, &live);
+    ASSERT_NO_FATAL_FAILURE(NothingMovesAfterTheEnd(1, src_mem_));
     EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << ote_status_str(ts.error);
     EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_CANCELED) << ote_status_str(ts.error);
     EXPECT_LT(ts.bytes_done, kLen) << "nothing was left to cancel";
@@ -303,6 +330,7 @@ TEST_F(RdmaCancelTest, ReadCanceledMidFlight) {
     Fill(loc_mem_, kLocGuard, kOld);
     uint64_t live = 0;
     ote_transfer_status_t ts = RunAndCancel(OTE_READ, true, &live);
+    ASSERT_NO_FATAL_FAILURE(NothingMovesAfterTheEnd(0, loc_mem_));
     EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << ote_status_str(ts.error);
     EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_CANCELED) << ote_status_str(ts.error);
     EXPECT_LT(ts.bytes_done, kLen) << "nothing was left to cancel";
