@@ -12,11 +12,15 @@
 // can be unregistered; a follow-up request over the same peer moves every byte.
 // Abandoned grants: a requester whose request passes its own (short) deadline tells the
 // source (RELEASE) once its WRs under each answered grant have ended, and the source ends
-// those grants at once, not at its own 60 s deadline.
+// those grants at once, not at its own 60 s deadline; a grant that ended before its answer
+// came (the source's bind held past the requester's deadline) releases the window the
+// late answer names.
 // Nothing here times anything beyond "well before 60 s": deadlines are generous for a
 // loaded 2-core machine.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -31,6 +35,7 @@ extern "C" {
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
 #include "verbs/sim/sim.h"
+#include "verbs/verbs.h"
 }
 
 namespace {
@@ -48,6 +53,49 @@ ote_status_t KeepSim(ote_verbs_t **v) {
     return OTE_OK;
 }
 
+// The source's provider for RdmaLateAnswerTest: its sim, except that one BIND_MW post
+// can be held (the answer of that grant comes only once the test lets it go, bounded by
+// 30 s). The engine owns it; close() closes the sim.
+struct HoldingSim {
+    ote_verbs_t v{};
+    ote_verbs_ops_t ops{};
+    ote_verbs_t *sim = nullptr;
+    std::atomic<bool> arm{false}, holding{false}, release{false};
+};
+HoldingSim *g_hold = nullptr;
+
+int HoldPostSend(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr,
+                 struct ibv_send_wr **bad) {
+    HoldingSim *h = g_hold;
+    if (h == nullptr || &h->v != v) return EINVAL;
+    if (wr != nullptr && wr->opcode == IBV_WR_BIND_MW && h->arm.exchange(false)) {
+        h->holding = true;
+        ote_deadline_t dl = ote_deadline_after(30 * kSec);
+        while (!h->release.load() && !ote_deadline_expired(dl))
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return h->sim->ops->post_send(h->sim, qp, wr, bad);
+}
+
+void HoldClose(ote_verbs_t *v) {
+    HoldingSim *h = g_hold;
+    if (h != nullptr && &h->v == v) ote_verbs_close(h->sim);
+}
+
+ote_status_t HoldFirstSim(ote_verbs_t **v) {
+    if (g_sims != nullptr) g_sims->push_back(*v);
+    if (g_hold == nullptr || g_hold->sim != nullptr) return OTE_OK; /* the source only */
+    g_hold->sim = *v;
+    g_hold->ops = *(*v)->ops;
+    g_hold->ops.post_send = HoldPostSend;
+    g_hold->v.ops = &g_hold->ops;
+    g_hold->v.provider = (*v)->provider;
+    g_hold->v.priv = (*v)->priv;
+    g_hold->v.close = HoldClose;
+    *v = &g_hold->v;
+    return OTE_OK;
+}
+
 std::string EngineAddr(ote_engine_t *e) {
     char addr[300];
     EXPECT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);
@@ -62,7 +110,7 @@ class RdmaCancelTest : public ote_test::OteTest {
     void SetUp() override {
         OteTest::SetUp();
         g_sims = &sims_;
-        ote__rdma_test_verbs_hook = KeepSim;
+        ote__rdma_test_verbs_hook = hook_;
         src_ = Create(src_timeout_);
         req_ = Create(req_timeout_);
         ote__rdma_test_verbs_hook = nullptr;
@@ -270,6 +318,7 @@ class RdmaCancelTest : public ote_test::OteTest {
     }
 
     uint64_t rate_ = kRate;
+    ote_status_t (*hook_)(ote_verbs_t **v) = KeepSim;
     const char *src_timeout_ = "60000";
     const char *req_timeout_ = "60000";
     std::vector<ote_verbs_t *> sims_; // [0] the source's, [1] the requester's
@@ -402,6 +451,64 @@ TEST_F(RdmaAbandonTest, SourceGrantsReleasedWhenTheRequesterGivesUp) {
     ASSERT_NO_FATAL_FAILURE(Whole(OTE_WRITE, kSmall));
     EXPECT_TRUE(GuardsIntact(src_mem_, kSrcGuard));
     EXPECT_EQ(memcmp(Src(), Loc(), kSmall), 0) << "the follow-up WRITE did not land";
+}
+
+// A grant that ends before its answer comes (the requester's 2 s deadline passes while
+// the source's bind is held) posts nothing; when the late OK answer arrives the requester
+// releases its window at once (RELEASE), so the source (60 s deadline) does not hold it.
+// The QP of that grant was never used: the next request on it works.
+class RdmaLateAnswerTest : public RdmaCancelTest {
+  protected:
+    RdmaLateAnswerTest() {
+        req_timeout_ = "2000";
+        rate_ = 0;
+        hook_ = HoldFirstSim;
+        g_hold = &hold_;
+    }
+    ~RdmaLateAnswerTest() override { g_hold = nullptr; }
+    void TearDown() override {
+        hold_.release = true;
+        RdmaCancelTest::TearDown();
+    }
+    HoldingSim hold_;
+};
+
+TEST_F(RdmaLateAnswerTest, LateAnswerOfAnEndedGrantIsReleased) {
+    constexpr uint64_t kSmall = 1ull << 20;
+    Fill(src_mem_, kSrcGuard, 51);
+    Fill(loc_mem_, kLocGuard, 52);
+    ASSERT_NO_FATAL_FAILURE(Whole(OTE_WRITE, kSmall)); /* QPs built */
+    ASSERT_TRUE(SourceGrantsEnd());
+    // Read before the hold: the held bind keeps the source's grant manager locked.
+    ote__rdma_test_grants_t g0 = SrcGrants();
+    hold_.arm = true;
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, Loc(), seg_, SrcAddr(), kSmall};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    (void)ote_batch_wait(b, 30 * kSec);
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_TRUE(hold_.holding.load()) << "the source never bound a window for the grant";
+    EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT) << ote_status_str(ts.error);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    if (ts.state != OTE_TRANSFER_PENDING) {
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    hold_.release = true; // the bind goes on, the late answer goes out
+    EXPECT_TRUE(SourceGrantsEnd()) << "the window of the ended grant is still held";
+    EXPECT_TRUE(SourceRangeFree());
+    ote__rdma_test_grants_t sg = SrcGrants(), rg{};
+    ASSERT_EQ(ote__rdma_test_grants(EngineAddr(req_).c_str(), &rg), OTE_OK);
+    EXPECT_GE(rg.rel_sent, 1u);
+    EXPECT_GE(sg.rel_applied - g0.rel_applied, 1u);
+    EXPECT_EQ(rg.abandoned, 0u) << "the grant posted nothing: its answer came too late";
+    EXPECT_TRUE(GuardsIntact(src_mem_, kSrcGuard));
+    // The QP was never used by that grant: the next request works on it.
+    Fill(loc_mem_, kLocGuard, 53);
+    ASSERT_NO_FATAL_FAILURE(Whole(OTE_WRITE, kSmall));
+    EXPECT_EQ(memcmp(Src(), Loc(), kSmall), 0);
+    EXPECT_TRUE(GuardsIntact(src_mem_, kSrcGuard));
 }
 
 } // namespace
