@@ -34,6 +34,9 @@
  * own range; WRITE_OFF returns the bytes of grants the requester will never ask for.
  * Statuses: a flush or QP fence the user did not ask for is the peer's loss
  * (OTE_ERR_PEER_LOST); cancel stops a grant's unposted slices and invalidates at once.
+ * A requester grant that fails after its answer (or whose answer comes after it ended)
+ * sends RELEASE once none of its WRs is in flight, to a source that advertised
+ * rdma_release=1, which ends that source grant at once instead of at its deadline.
  *
  * Data path: every allowed device with an active port at creation is a data device
  * (rdma_nic_t: context, lanes, endpoint store, grant manager); both sides advertise their

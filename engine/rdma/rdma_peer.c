@@ -3,7 +3,8 @@
  * ote__tpeer_t): a bounded non-blocking connect and the HELLO handshake, INFO (both
  * sides' identity and width, then the peer's requester endpoints), the reader thread
  * that alone waits on the connection and routes each answer (INFO_ACK / CONNECT_ACK to
- * the call that waits for it, GRANT_RESP to the grant layer, NOTIFY_ACK to its
+ * the call that waits for it, GRANT_RESP to the grant layer (a late OK answer, whose
+ * grant already ended, is released at the source: RELEASE), NOTIFY_ACK to its
  * notification) and fails everything that waits when the connection is lost, and
  * open / ensure (reconnect) / close. Touches the peer's fields under p->mu and
  * tp->peers under tp->mu.

@@ -4,6 +4,8 @@
  * the (peer, capability) source endpoint; GRANT_REQ is checked against the engine's
  * registrations (host->pin) and the QP identity of its slot, then served by the grant
  * layer with a window over the exact range; the grant layer answers through src_answer.
+ * RELEASE ends a bound grant its requester abandoned (ote__rdma_src_release); the
+ * transport's advertisement (ote__rdma_advert) says that this source takes it.
  * Called on server connection threads (rdma_server.c) and, for the grant callbacks, on
  * lane workers and the monitor. Touches only the read-only part of the transport and the
  * connection it answers on.
