@@ -52,6 +52,9 @@ static void defer_run(ote_grant_mgr_t *m, defer_t *df) {
         if (g->source) {
             if (g->pin != NULL) m->src.unpin(m->src.arg, g->pin);
         } else if (g->d.done != NULL) {
+            /* Every WR it posted was discharged: the source may drop its window now. */
+            if (g->abandon && g->d.abandoned != NULL)
+                g->d.abandoned(g->d.done_arg, g->slot, g->remote_qpn, g->rkey);
             ote_status_t st = g->failed;
             if (st == OTE_OK && g->cut) st = OTE_ERR_CANCELED;
             g->d.done(g->d.done_arg, st);
@@ -118,6 +121,9 @@ static void maybe_finish(grant_t *g, defer_t *df) {
         give_back_qp(g, g->failed != OTE_OK && g->rstate != R_WAIT_ANSWER);
         if (g->failed == OTE_OK) m->stats.completed++;
         else m->stats.failed++;
+        /* Failed after the source bound its window: no receipt will invalidate it. */
+        g->abandon = g->failed != OTE_OK && g->answered;
+        if (g->abandon) m->stats.abandoned++;
         m->stats.live_requester--;
         g->rstate = R_ENDED;
         g->finished = 1;
@@ -266,6 +272,9 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
     g->deadline = d->deadline;
     g->nslices = ote_grant_slice_count(d->len);
     g->rstate = R_WAIT_ANSWER;
+    /* Read before the record is findable (its answer may come before request returns). */
+    uint32_t remote_qpn = ote_endpoint_remote_qpn(d->ep, d->slot);
+    g->remote_qpn = remote_qpn;
     ote_mutex_lock(&m->mu);
     if (m->fence != OTE_OK) {
         st = m->fence;
@@ -285,7 +294,6 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
     ote_mutex_unlock(&m->mu);
 
     /* The answer may arrive before request() returns: the record is already findable. */
-    uint32_t remote_qpn = ote_endpoint_remote_qpn(d->ep, d->slot);
     st = ctl->request(ctl->arg, seq, d->slot, remote_qpn, d->op, d->remote, d->len);
     if (st != OTE_OK) {
         ote_mutex_lock(&m->mu);
@@ -300,7 +308,8 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
     return OTE_OK;
 }
 
-void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st, uint32_t rkey) {
+ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
+                                 uint32_t rkey) {
     defer_t df = {.fin = NULL, .nans = 0};
     uint32_t seq = (uint32_t)grant_id;
     ote_mutex_lock(&m->mu);
@@ -311,7 +320,7 @@ void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
         ote_mutex_unlock(&m->mu);
         OTE_DEBUG("grant", "answer for grant %llu that no longer waits: ignored",
                   (unsigned long long)grant_id);
-        return;
+        return OTE_ERR_NOT_FOUND;
     }
     if (st != OTE_OK) {
         OTE_WARN_LIMITED("grant", "grant %u ([0x%llx, +%llu) %s) refused by the source: %s", g->seq,
@@ -327,11 +336,13 @@ void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
         fail_requester(g, st, &df);
     } else {
         g->rkey = rkey;
+        g->answered = 1;
         g->rstate = R_POSTING;
         pump(g, &df);
     }
     ote_mutex_unlock(&m->mu);
     defer_run(m, &df);
+    return OTE_OK;
 }
 
 /* ---- completions ----------------------------------------------------------------------- */
@@ -640,6 +651,31 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
     maybe_finish(g, &df);
     ote_mutex_unlock(&m->mu);
     defer_run(m, &df);
+}
+
+ote_status_t ote_grant_source_release(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot,
+                                      uint32_t qp_num, uint32_t rkey) {
+    if (m == NULL || !m->has_src || ep == NULL) return OTE_ERR_INVALID;
+    defer_t df = {.fin = NULL, .nans = 0};
+    ote_mutex_lock(&m->mu);
+    grant_t *g = NULL;
+    HASH_FIND(hh_key, m->by_key, &rkey, sizeof(rkey), g);
+    if (g == NULL || !g->source || g->ep != ep || g->slot != slot || g->qp_num != qp_num ||
+        g->sstate != S_BOUND || g->failed != OTE_OK) {
+        m->stats.stale_releases++;
+        ote_mutex_unlock(&m->mu);
+        return OTE_ERR_NOT_FOUND;
+    }
+    /* The requester's WRs under the window have all ended. The QP stays as it is (other
+     * grants may share it; a broken one is replaced by the requester's next CONNECT on
+     * the slot); the window is not proven unbound, so maybe_finish deallocates it, which
+     * invalidates its rkey at once. */
+    g->sstate = S_ENDED;
+    m->stats.released++;
+    maybe_finish(g, &df);
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+    return OTE_OK;
 }
 
 /* End a live source grant now: the requester never sent its receipt, is gone, or our

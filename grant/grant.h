@@ -90,6 +90,14 @@ typedef struct ote_grant_desc {
      * by the receipt as usual (the source releases it at once) and done() reports
      * OTE_ERR_CANCELED. Looked at under the manager's lock: it must not block. */
     int (*canceled)(void *done_arg);
+    /* Optional (NULL: never): called once, just before done() and without grant locks,
+     * when the grant ends failed although the source answered it (so the source still
+     * holds its window: no receipt invalidated it). Every WR the grant posted has been
+     * discharged by then (CQE, flush or the QP's destruction), so nothing of it is in
+     * flight: the caller may tell the source to release the window now (identified by
+     * the slot, the source's QP number on it and the window's rkey; see
+     * ote_grant_source_release) instead of leaving it to the source's deadline. */
+    void (*abandoned)(void *done_arg, uint32_t slot, uint32_t remote_qpn, uint32_t rkey);
 } ote_grant_desc_t;
 
 /* Source: checks against registrations and the answer channel. */
@@ -110,7 +118,10 @@ typedef struct ote_grant_stats {
     uint64_t served, refused, bind_failures, receipts, source_expired;
     uint64_t stale_cqes, stale_receipts;
     uint64_t live_requester, live_source, mw_pool;
-    uint64_t mw_retained; /* windows whose dealloc failed, kept until a retry succeeds */
+    uint64_t mw_retained;    /* windows whose dealloc failed, kept until a retry succeeds */
+    uint64_t abandoned;      /* requester: failed grants handed to desc.abandoned */
+    uint64_t released;       /* source: grants ended by ote_grant_source_release */
+    uint64_t stale_releases; /* source: releases naming no bound grant (ignored) */
 } ote_grant_stats_t;
 
 /**
@@ -140,8 +151,12 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
 /* The source's answer to grant @grant_id: OTE_OK with the window's rkey, else refused.
  * A refusal with OTE_ERR_REMOTE_ACCESS (the source could not bind a window: its end of
  * the QP may be in ERR), OTE_ERR_REMOTE or OTE_ERR_PEER_LOST also retires the grant's QP
- * from its slot so that it is rebuilt. Unknown/late ids are ignored (counted). */
-void ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st, uint32_t rkey);
+ * from its slot so that it is rebuilt. Unknown/late ids are ignored (counted) and return
+ * OTE_ERR_NOT_FOUND: a late OTE_OK answer then names a window that nothing will use (its
+ * grant ended before the answer, posting nothing), which the caller may release at the
+ * source at once (ote_grant_source_release). Returns OTE_OK when a grant took it. */
+ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
+                                 uint32_t rkey);
 
 /**
  * ote_grant_serve() - source: serve a request from the requester connected to slot
@@ -160,6 +175,15 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
 size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep);
 /* Source: how many source grants of @ep are live (not yet ended). */
 size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep);
+/* Source: the requester of a bound grant abandoned it (it failed there after every WR it
+ * posted under the window was discharged, or its answer came too late to be used): end
+ * the grant of @ep on slot @slot whose window has @rkey on the source QP @qp_num now.
+ * The window is deallocated (which invalidates it whether or not it is still bound), the
+ * pin released and the QP borrow given back as it is (other grants may share the QP).
+ * OTE_ERR_NOT_FOUND, changing nothing, when no bound grant matches all four (already
+ * ended by its receipt or deadline, or never ours): the caller ignores it. */
+ote_status_t ote_grant_source_release(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot,
+                                      uint32_t qp_num, uint32_t rkey);
 /* Source: a receive CQE with IBV_WC_WITH_INV on QP qp_num (call from the QP's on_recv). */
 void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct ibv_wc *wc);
 

@@ -58,7 +58,10 @@ struct grant {
     ote_grant_desc_t d;
     uint32_t rkey;
     uint32_t nslices, next, done_slices;
-    int cut; /* canceled: nslices was cut down to the slices already posted */
+    int cut;             /* canceled: nslices was cut down to the slices already posted */
+    uint32_t remote_qpn; /* the source's QP on the slot when the grant started */
+    int answered;        /* the source answered OK: it holds a window (rkey) */
+    int abandon;         /* ended failed after an OK answer: desc.abandoned is due */
 
     /* source */
     sstate_t sstate;

@@ -24,6 +24,7 @@ static size_t body_size(uint16_t type) {
         case OTE_RP_WRITE_OFF: return 4 + 24;
         case OTE_RP_GRANT_RESP: return 4 + 4;
         case OTE_RP_EP_RESET: return 4 + 4;
+        case OTE_RP_RELEASE: return 4 + 20;
         default: return 0;
     }
 }
@@ -97,6 +98,13 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             break;
         case OTE_RP_GRANT_RESP: ote_le_put32(b, m->u.resp.rkey); break;
         case OTE_RP_EP_RESET: ote_le_put32(b, m->u.reset.pair); break;
+        case OTE_RP_RELEASE:
+            ote_le_put32(b, m->u.rel.pair);
+            ote_le_put32(b + 4, m->u.rel.cap);
+            ote_le_put32(b + 8, m->u.rel.slot);
+            ote_le_put32(b + 12, m->u.rel.src_qpn);
+            ote_le_put32(b + 16, m->u.rel.rkey);
+            break;
         default: return 0;
     }
     return n;
@@ -175,6 +183,16 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             m.u.wo.req_uid = ote_le_get64(b);
             m.u.wo.req_len = ote_le_get64(b + 8);
             m.u.wo.bytes = ote_le_get64(b + 16);
+            break;
+        case OTE_RP_RELEASE:
+            m.u.rel.pair = ote_le_get32(b);
+            m.u.rel.cap = ote_le_get32(b + 4);
+            m.u.rel.slot = ote_le_get32(b + 8);
+            m.u.rel.src_qpn = ote_le_get32(b + 12);
+            m.u.rel.rkey = ote_le_get32(b + 16);
+            if (!pair_ok(m.u.rel.pair) || m.u.rel.cap > 1 || m.u.rel.src_qpn == 0 ||
+                m.u.rel.src_qpn > 0xffffff)
+                return OTE_ERR_PROTOCOL;
             break;
         default: return OTE_ERR_PROTOCOL;
     }

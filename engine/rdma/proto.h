@@ -18,6 +18,14 @@
  *                     ends at once every grant it serves on that pair's endpoints (their
  *                     requester QPs are gone), so their slots are free for CONNECT when it
  *                     is back; no answer. Sent only by a requester with several devices.
+ *   RELEASE           pair u32, cap u32 (0 READ, 1 WRITE), slot u32, src_qpn u32, rkey u32:
+ *                     the requester abandoned the grant whose window has rkey on that
+ *                     endpoint slot and source QP (it failed there, or its answer came too
+ *                     late), after every WR it posted under it ended; the source ends it
+ *                     at once instead of at its deadline. No answer; one naming no bound
+ *                     grant of the sender is ignored. Sent only to a source whose
+ *                     advertisement (HELLO_ACK info) has rdma_release=1: an older source
+ *                     would close the connection on an unknown type.
  *
  * Several NICs (striping): INFO / INFO_ACK may be followed by ndev u32 and the NIC ids of
  * the sender's data devices (8 x u32, the first ndev used; ndev 1..8, ids[0] = nic);
@@ -44,6 +52,7 @@ enum {
     OTE_RP_GRANT_RESP = 6,
     OTE_RP_WRITE_OFF = 7,
     OTE_RP_EP_RESET = 8,
+    OTE_RP_RELEASE = 9,
 };
 
 #define OTE_RP_MAX_DEVS 8
@@ -78,6 +87,9 @@ typedef struct {
         struct {
             uint32_t pair;
         } reset;
+        struct {
+            uint32_t pair, cap, slot, src_qpn, rkey;
+        } rel;
     } u;
 } ote_rp_msg_t;
 

@@ -209,7 +209,10 @@ static void teardown(rdma_tp_t *tp) {
     ote_free(tp);
 }
 
-static void rdma_destroy(ote__transport_t *t) { teardown((rdma_tp_t *)t); }
+static void rdma_destroy(ote__transport_t *t) {
+    ote__rdma_test_track((rdma_tp_t *)t, 0);
+    teardown((rdma_tp_t *)t);
+}
 
 static size_t rdma_nic_stats(ote__transport_t *t, ote__nic_stat_t *out, size_t cap);
 
@@ -227,6 +230,7 @@ static const ote__transport_ops_t g_rdma_ops = {
     .mem_unregister = rdma_mem_unregister,
     .adopt = ote__rdma_adopt,
     .nic_stats = rdma_nic_stats,
+    .advert = ote__rdma_advert,
 };
 
 /* Split a comma-separated list (in place in buf) into at most cap names. */
@@ -472,6 +476,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
                  tp->v->provider, i, info.name, info.port, info.gid_index, tp->nics[i].nlanes);
     }
     OTE_INFO("rdma", "transport=rdma: %u data device(s), serving %s", tp->nnics, tp->addr);
+    ote__rdma_test_track(tp, 1);
     *tp_out = &tp->base;
     return OTE_OK;
 err:

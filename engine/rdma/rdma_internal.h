@@ -34,6 +34,9 @@
  * own range; WRITE_OFF returns the bytes of grants the requester will never ask for.
  * Statuses: a flush or QP fence the user did not ask for is the peer's loss
  * (OTE_ERR_PEER_LOST); cancel stops a grant's unposted slices and invalidates at once.
+ * A requester grant that fails after its answer (or whose answer comes after it ended)
+ * sends RELEASE once none of its WRs is in flight, to a source that advertised
+ * rdma_release=1, which ends that source grant at once instead of at its deadline.
  *
  * Data path: every allowed device with an active port at creation is a data device
  * (rdma_nic_t: context, lanes, endpoint store, grant manager); both sides advertise their
@@ -152,6 +155,7 @@ typedef struct conn {
     uint8_t *in; /* FRAME_MAX bytes: received, not yet consumed (owner thread only) */
     size_t ilen, iconsumed;
     uint16_t version; /* negotiated in the handshake; 0 before it */
+    int release_ok;   /* requester side: the source advertised rdma_release=1 (RELEASE) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -187,6 +191,9 @@ typedef struct note {
 typedef struct grant_id_ent {
     struct grant_id_ent *next;
     uint64_t id; /* on the wire: (device index << 32) | the device's grant id */
+    /* What a RELEASE of a late answer names: the pair, the capability (0 READ, 1 WRITE),
+     * the slot and the source's QP on it. */
+    uint32_t pair, cap, slot, src_qpn;
 } gid_ent_t;
 
 /* A requester grant's id on the wire names the device whose grant manager owns it. */
@@ -291,6 +298,8 @@ struct ote__rdma_tp {
     size_t nsconns;
     ote__tpeer_t *peers; /* open requester peers (notification deadlines) */
     acct_t *accts;       /* source: accounts of requests (rdma_accounts.c), under mu */
+    /* RELEASE messages: sent as a requester; applied / ignored as a source. */
+    _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */
@@ -347,6 +356,10 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
  * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. */
 ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
                               ote_endpoint_t **ep_out);
+/* RELEASE from the requester on c: end the bound grant it names at once (window
+ * deallocated, pin and QP borrow given back); one naming nothing of c's is ignored with
+ * a DEBUG line (server thread). */
+void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq);
 /* EP_RESET from the requester on c: end the grants served on that pair's endpoints and
  * retire their QPs (server thread). */
 void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq);
@@ -392,12 +405,27 @@ void ote__rdma_pump_kick(rdma_tp_t *tp);
 /* Under p->mu: unlink and return the notification / grant id, if it still waits. */
 note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id);
 int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id);
+/* The same, handing the entry to the caller (ote_free it), or NULL. */
+gid_ent_t *ote__rdma_grant_id_take_ent(ote__tpeer_t *p, uint64_t id);
+/* Tell the source on c to release the window rkey of the grant it served on (pair, cap,
+ * slot, src_qpn): its requester abandoned it and nothing of it is in flight. Only to a
+ * source that advertised RELEASE, while c lives; best effort (its deadline is the
+ * fallback). Any thread, no lock held. */
+void ote__rdma_send_release(conn_t *c, uint32_t pair, uint32_t cap, uint32_t slot, uint32_t src_qpn,
+                            uint32_t rkey);
 /* End each notification of an unlinked list with st (no lock held) and free it. */
 void ote__rdma_notes_end(note_t *list, ote_status_t st);
 /* Monitor: fail notifications whose NOTIFY_ACK did not come by their deadline. */
 void ote__rdma_notes_expire(rdma_tp_t *tp);
 
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */
+
+/* ops->advert: this transport's part of the engine's advertisement (rdma_release=1: its
+ * source side takes RELEASE). rdma_source.c. */
+ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len);
+/* rdma_test.c: track a transport for the test hooks (test_hook.h) from creation (on 1)
+ * until its destroy begins (on 0). */
+void ote__rdma_test_track(rdma_tp_t *tp, int on);
 
 /* This transport's identity (INFO / INFO_ACK of the given type). */
 void ote__rdma_local_info(const rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type);

@@ -3,7 +3,8 @@
  * ote__tpeer_t): a bounded non-blocking connect and the HELLO handshake, INFO (both
  * sides' identity and width, then the peer's requester endpoints), the reader thread
  * that alone waits on the connection and routes each answer (INFO_ACK / CONNECT_ACK to
- * the call that waits for it, GRANT_RESP to the grant layer, NOTIFY_ACK to its
+ * the call that waits for it, GRANT_RESP to the grant layer (a late OK answer, whose
+ * grant already ended, is released at the source: RELEASE), NOTIFY_ACK to its
  * notification) and fails everything that waits when the connection is lost, and
  * open / ensure (reconnect) / close. Touches the peer's fields under p->mu and
  * tp->peers under tp->mu.
@@ -66,12 +67,20 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
     ote_status_t st = ote_ctl_peer_status(OTE_CTL_RDMA, m->status);
     if (rp.type == OTE_RP_GRANT_RESP) {
         ote_mutex_lock(&p->mu);
-        int mine = ote__rdma_grant_id_take(p, m->req_id);
+        gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
         ote_mutex_unlock(&p->mu);
         /* The wire id names the device whose grant manager owns the grant. */
         uint32_t nic = (uint32_t)(m->req_id >> 32);
-        if (mine && nic < tp->nnics)
-            ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey);
+        if (mine != NULL && nic < tp->nnics &&
+            ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey) ==
+                OTE_ERR_NOT_FOUND &&
+            st == OTE_OK) {
+            /* Its grant ended before this answer (deadline, port down) and posted nothing
+             * under the window: the source may drop it now. */
+            ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,
+                                   rp.u.resp.rkey);
+        }
+        ote_free(mine);
         return 0;
     }
     if (rp.type != OTE_RP_CONNECT_ACK && rp.type != OTE_RP_INFO_ACK) {
@@ -216,6 +225,22 @@ static ote_status_t connect_socket(ote__tpeer_t *p, ote_deadline_t dl, int *fd_o
     return OTE_OK;
 }
 
+/* A source that takes RELEASE says so in its advertisement (HELLO_ACK info:
+ * rdma_release=1); an older one would close the connection on the unknown message, so
+ * it is sent none (its grants of failed requesters end at its own deadline, as before). */
+static int takes_release(const ote_ctl_msg_t *ack) {
+    size_t il = ack->u.hello_ack.info_len;
+    char *info = ote_malloc(il + 1);
+    if (info == NULL) return 0;
+    memcpy(info, ack->u.hello_ack.info, il);
+    info[il] = '\0';
+    char rel[8] = "";
+    int yes =
+        ote_ctl_info_get(info, "rdma_release", rel, sizeof(rel)) == OTE_OK && strcmp(rel, "1") == 0;
+    ote_free(info);
+    return yes;
+}
+
 static ote_status_t connect_ctl(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
     ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
@@ -251,6 +276,7 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         return st;
     }
     c->version = ver;
+    c->release_ok = takes_release(&a);
     p->c = c;
     if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
         p->c = NULL;

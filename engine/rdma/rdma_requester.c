@@ -23,14 +23,36 @@ note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id) {
     return x;
 }
 
-int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id) {
+gid_ent_t *ote__rdma_grant_id_take_ent(ote__tpeer_t *p, uint64_t id) {
     gid_ent_t **pp = &p->grants;
     while (*pp != NULL && (*pp)->id != id) pp = &(*pp)->next;
     gid_ent_t *x = *pp;
-    if (x == NULL) return 0;
-    *pp = x->next;
+    if (x != NULL) *pp = x->next;
+    return x;
+}
+
+int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id) {
+    gid_ent_t *x = ote__rdma_grant_id_take_ent(p, id);
     ote_free(x);
-    return 1;
+    return x != NULL;
+}
+
+void ote__rdma_send_release(conn_t *c, uint32_t pair, uint32_t cap, uint32_t slot, uint32_t src_qpn,
+                            uint32_t rkey) {
+    if (c == NULL || !c->release_ok || atomic_load(&c->dead)) return;
+    ote_rp_msg_t rl;
+    memset(&rl, 0, sizeof(rl));
+    rl.type = OTE_RP_RELEASE;
+    rl.u.rel.pair = pair;
+    rl.u.rel.cap = cap;
+    rl.u.rel.slot = slot;
+    rl.u.rel.src_qpn = src_qpn;
+    rl.u.rel.rkey = rkey;
+    if (ote__rdma_conn_send_rp(c, 0, OTE_OK, &rl) == OTE_OK) {
+        atomic_fetch_add(&c->tp->rel_sent, 1);
+        OTE_DEBUG("rdma", "RELEASE of window 0x%x (slot %u, QP %u) sent to %s", rkey, slot, src_qpn,
+                  c->peer_addr);
+    }
 }
 
 void ote__rdma_notes_end(note_t *list, ote_status_t st) {
@@ -102,6 +124,10 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     if (g == NULL) return OTE_ERR_NOMEM;
     uint64_t wire_id = OTE__RDMA_GRANT_WIRE(ga->nic, grant_id);
     g->id = wire_id;
+    g->pair = ga->pair;
+    g->cap = op == OTE_GRANT_WRITE ? 1 : 0;
+    g->slot = slot;
+    g->src_qpn = remote_qpn;
     ote_mutex_lock(&p->mu);
     g->next = p->grants;
     p->grants = g;
@@ -209,6 +235,8 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     rdma_nic_t *n = &tp->nics[s->xp.rdma.nic];
     struct ibv_mr *mr = s->xp.rdma.mr;
     s->xp.rdma.mr = NULL;
+    if (s->xp.rdma.conn != NULL) ote__rdma_conn_put(s->xp.rdma.conn);
+    s->xp.rdma.conn = NULL;
     if (mr != NULL) {
         int err = tp->v->ops->dereg_mr(tp->v, mr);
         if (err != 0) {
@@ -238,6 +266,18 @@ static void slice_grant_done(void *arg, ote_status_t st) {
      * take another lane's. The pump thread starts what waits. */
     if (queued || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
     if (!again) run_end(tp, s, st);
+}
+
+/* The grant of the run s failed after the source answered it (desc.abandoned): every WR
+ * it posted has ended, so the source may release its window now rather than at its own
+ * deadline. Sent on the connection the grant was asked on (the run holds a reference). */
+static void slice_grant_abandoned(void *arg, uint32_t slot, uint32_t remote_qpn, uint32_t rkey) {
+    ote__slice_t *s = arg;
+    conn_t *c = s->xp.rdma.conn;
+    if (c == NULL || c->ndev == 0) return;
+    uint32_t k = s->xp.rdma.nic;
+    uint32_t pair = ((k % c->ndev) << 8) | k;
+    ote__rdma_send_release(c, pair, s->op == OTE__SLICE_WRITE ? 1 : 0, slot, remote_qpn, rkey);
 }
 
 /* A slice that ends before its grant was asked for: tell the source its bytes will never
@@ -413,8 +453,13 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
         x->xp.rdma.tp = tp;
         x->xp.rdma.nic = (uint32_t)k;
         x->xp.rdma.peer = p;
+        x->xp.rdma.conn = NULL;
     }
     s->xp.rdma.mr = tmp; /* the run's first slice holds its temporary MR */
+    /* ... and a reference on the connection its grant is asked on, for a RELEASE (the
+     * grant may end before ote_grant_start returns: taken first). */
+    ote__rdma_conn_get(p->c);
+    s->xp.rdma.conn = p->c;
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
     d.op = write ? OTE_GRANT_WRITE : OTE_GRANT_READ;
@@ -429,6 +474,7 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
     d.done = slice_grant_done;
     d.done_arg = s;
     d.canceled = slice_canceled;
+    d.abandoned = slice_grant_abandoned;
     garg_t ga = {p, s, (uint32_t)k, pair};
     ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
@@ -436,6 +482,8 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
     if (st != OTE_OK) {
         ote_endpoint_return(ep, slot, qp);
         s->xp.rdma.mr = NULL;
+        ote__rdma_conn_put(s->xp.rdma.conn);
+        s->xp.rdma.conn = NULL;
         if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
             ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
         start_failed(p, s, k, st);
@@ -533,6 +581,8 @@ static void pump_locked(ote__tpeer_t *p) {
             ote_status_t st = OTE_OK;
             if (s->canceled != NULL && atomic_load(s->canceled)) {
                 st = OTE_ERR_CANCELED;
+            } else if (ote_deadline_expired(s->deadline)) {
+                st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
             } else if (atomic_load(&p->c->dead)) {
                 st = OTE_ERR_PEER_LOST;
             } else {
@@ -596,11 +646,17 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
     if (queued) pump(p);
 }
 
-/* Queued slices of canceled requests end (CANCELED, never started) at the pump's next
- * round, which the end of any started slice of this peer brings (a queue is never left
- * without one in flight); started ones end through their grants, which stop their
- * unposted slices. Called under the batch's lock: ends nothing itself. */
-void ote__rdma_cancel(ote__tpeer_t *p) { atomic_store(&p->purge, 1); }
+/* Queued slices of canceled requests end (CANCELED, never started, their bytes written
+ * off at the source) at the pump thread's next round, which this kick brings at once;
+ * started ones end through their grants, which post none of their unposted slices, let
+ * what is posted complete and invalidate the window by the usual receipt (the source
+ * releases it at once); a grant not answered yet posts nothing once answered. So a
+ * canceled request ends CANCELED only once nothing of it can still move. Called with no
+ * engine lock held; ends nothing itself. */
+void ote__rdma_cancel(ote__tpeer_t *p) {
+    atomic_store(&p->purge, 1);
+    ote__rdma_pump_kick(p->tp);
+}
 
 uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p) {
     (void)p;

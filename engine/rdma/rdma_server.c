@@ -128,6 +128,8 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         ote__rdma_acct_write_off(c, &rq);
     } else if (rq.type == OTE_RP_EP_RESET) {
         ote__rdma_src_reset(c, &rq);
+    } else if (rq.type == OTE_RP_RELEASE) {
+        ote__rdma_src_release(c, &rq);
     } else {
         OTE_WARN("rdma", "control from %s: unexpected message %u: closing", c->peer_addr, rq.type);
         return -1;

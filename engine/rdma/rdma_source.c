@@ -4,6 +4,8 @@
  * the (peer, capability) source endpoint; GRANT_REQ is checked against the engine's
  * registrations (host->pin) and the QP identity of its slot, then served by the grant
  * layer with a window over the exact range; the grant layer answers through src_answer.
+ * RELEASE ends a bound grant its requester abandoned (ote__rdma_src_release); the
+ * transport's advertisement (ote__rdma_advert) says that this source takes it.
  * Called on server connection threads (rdma_server.c) and, for the grant callbacks, on
  * lane workers and the monitor. Touches only the read-only part of the transport and the
  * connection it answers on.
@@ -245,4 +247,38 @@ void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq) {
     }
     OTE_INFO("rdma", "requester %s lost its device of pair %u:%u: %zu grant(s) ended", c->peer_addr,
              rq->u.reset.pair >> 8, rq->u.reset.pair & 0xff, n);
+}
+
+void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq) {
+    rdma_tp_t *tp = c->tp;
+    rdma_nic_t *nic = NULL;
+    ote_endpoint_t *ep = NULL;
+    /* Only a grant served on this requester's own endpoint can match: one requester never
+     * ends another's grant, whatever rkey it names. */
+    ote_status_t st =
+        ote__rdma_src_ep(c, rq->u.rel.pair, rq->u.rel.cap ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep);
+    if (st == OTE_OK && rq->u.rel.slot >= ote_endpoint_width(ep)) st = OTE_ERR_NOT_FOUND;
+    if (st == OTE_OK)
+        st = ote_grant_source_release(nic->gm, ep, rq->u.rel.slot, rq->u.rel.src_qpn,
+                                      rq->u.rel.rkey);
+    if (st != OTE_OK) {
+        atomic_fetch_add(&tp->rel_ignored, 1);
+        OTE_DEBUG("rdma",
+                  "RELEASE from %s of window 0x%x (pair %u:%u, slot %u, QP %u) names no "
+                  "bound grant: ignored (%s)",
+                  c->peer_addr, rq->u.rel.rkey, rq->u.rel.pair >> 8, rq->u.rel.pair & 0xff,
+                  rq->u.rel.slot, rq->u.rel.src_qpn, ote_status_str(st));
+        return;
+    }
+    atomic_fetch_add(&tp->rel_applied, 1);
+    OTE_DEBUG("rdma", "grant of window 0x%x released at the request of %s", rq->u.rel.rkey,
+              c->peer_addr);
+}
+
+ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
+    (void)t;
+    static const char kAdv[] = "rdma_release=1";
+    if (len < sizeof(kAdv)) return OTE_ERR_TOO_BIG;
+    memcpy(buf, kAdv, sizeof(kAdv));
+    return OTE_OK;
 }

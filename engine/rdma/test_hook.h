@@ -13,6 +13,11 @@
  *
  * ote__rdma_retained_transports: transports whose teardown could not join a control
  * connection thread within its bound and therefore retained (did not free) everything.
+ *
+ * ote__rdma_test_grants: the grant counters of the RDMA transport of the engine whose
+ * address (ote_engine_address) is engine_addr, summed over its data devices, read now;
+ * OTE_ERR_NOT_FOUND when no live RDMA transport of this process serves that address.
+ * Call it only while that engine exists.
  */
 #ifndef OTE_ENGINE_RDMA_TEST_HOOK_H
 #define OTE_ENGINE_RDMA_TEST_HOOK_H
@@ -29,6 +34,18 @@ extern "C" {
 extern ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
 extern int (*ote__rdma_test_distance)(void *arg, int a, int b);
 uint64_t ote__rdma_retained_transports_get(void);
+
+typedef struct {
+    uint64_t live_source;    /* source grants live (window bound or binding) */
+    uint64_t live_requester; /* requester grants live */
+    uint64_t receipts;       /* source grants ended by their requester's receipt */
+    uint64_t released;       /* source grants ended by a RELEASE */
+    uint64_t abandoned;      /* requester grants that failed after their answer */
+    uint64_t rel_sent;       /* RELEASE messages sent (requester) */
+    uint64_t rel_applied;    /* RELEASE messages that ended a grant (source) */
+    uint64_t rel_ignored;    /* RELEASE messages that named no bound grant (source) */
+} ote__rdma_test_grants_t;
+ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 
 #ifdef __cplusplus
 }

@@ -345,6 +345,220 @@ TEST_F(RdmaControlTest, SeveralDeviceFormsAreCheckedAndAnswered) {
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
+// RELEASE (engine/rdma/proto.h): the engine advertises it (rdma_release=1 in its
+// HELLO_ACK info, so that only sources that take it are sent one); a RELEASE naming no
+// bound grant of the sender (an unknown window, a slot past the endpoint's width, a
+// device the engine does not have) is ignored: no answer, the connection stays and the
+// engine serves on. A malformed one (wrong size, capability past WRITE, QP number 0 or
+// past 24 bits, device index past 7) closes the connection like any malformed message.
+std::vector<uint8_t> ReleaseBody(uint32_t pair, uint32_t cap, uint32_t slot, uint32_t qpn,
+                                 uint32_t rkey) {
+    std::vector<uint8_t> b(24, 0);
+    b[0] = 9; // OTE_RP_RELEASE
+    memcpy(&b[4], &pair, 4);
+    memcpy(&b[8], &cap, 4);
+    memcpy(&b[12], &slot, 4);
+    memcpy(&b[16], &qpn, 4);
+    memcpy(&b[20], &rkey, 4);
+    return b;
+}
+
+TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = EngineAddress(e);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    bool advertised = false;
+    auto session = [&]() {
+        int fd = ote_test::ConnectTo(addr);
+        EXPECT_GE(fd, 0);
+        EXPECT_TRUE(SendAll(fd, Hello()));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        EXPECT_EQ(m.opcode, OTE_CTL_HELLO_ACK);
+        std::string info(m.u.hello_ack.info != nullptr ? m.u.hello_ack.info : "",
+                         m.u.hello_ack.info_len);
+        advertised = info.find("rdma_release=1") != std::string::npos;
+        EXPECT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1))));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        EXPECT_EQ(m.opcode, OTE_CTL_RDMA);
+        return fd;
+    };
+    ote__rdma_test_grants_t g0{}, g1{};
+    ASSERT_EQ(ote__rdma_test_grants(addr.c_str(), &g0), OTE_OK);
+    int fd = session();
+    EXPECT_TRUE(advertised) << "the HELLO_ACK does not advertise RELEASE";
+    // Naming nothing: an unknown window, a slot past the width, a device the engine lacks.
+    const std::vector<uint8_t> ignored[] = {
+        ReleaseBody(0, 1, 0, 77, 0x1234), ReleaseBody(0, 0, 1000, 77, 0x1234),
+        ReleaseBody(7u << 8, 1, 0, 77, 0x1234), ReleaseBody(0, 1, 0, 0xffffff, 0)};
+    uint64_t id = 2;
+    for (const auto &rel : ignored) {
+        ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 0, OTE_OK, rel)));
+        ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, id, OTE_OK, InfoBody(1))));
+        ASSERT_TRUE(ReadFrame(fd, &buf, &m)) << "the RELEASE closed the connection";
+        EXPECT_EQ(m.req_id, id) << "the RELEASE was answered";
+        id++;
+    }
+    ASSERT_EQ(ote__rdma_test_grants(addr.c_str(), &g1), OTE_OK);
+    EXPECT_EQ(g1.rel_ignored - g0.rel_ignored, 4u);
+    EXPECT_EQ(g1.rel_applied, g0.rel_applied);
+    close(fd);
+    // Malformed: each closes its connection, unanswered.
+    std::vector<uint8_t> short_body = ReleaseBody(0, 1, 0, 77, 1);
+    short_body.resize(20);
+    std::vector<uint8_t> long_body = ReleaseBody(0, 1, 0, 77, 1);
+    long_body.resize(28, 0);
+    const std::vector<uint8_t> malformed[] = {short_body,
+                                              long_body,
+                                              ReleaseBody(0, 2, 0, 77, 1),
+                                              ReleaseBody(0, 1, 0, 0, 1),
+                                              ReleaseBody(0, 1, 0, 1u << 24, 1),
+                                              ReleaseBody(9u << 8, 1, 0, 77, 1),
+                                              ReleaseBody(1u << 16, 1, 0, 77, 1)};
+    for (const auto &rel : malformed) {
+        int bad = session();
+        ASSERT_TRUE(SendAll(bad, Frame(OTE_CTL_RDMA, 0, OTE_OK, rel)));
+        EXPECT_FALSE(ReadFrame(bad, &buf, &m, 3000)) << "a malformed RELEASE was answered";
+        EXPECT_TRUE(ClosedByPeer(bad));
+        close(bad);
+    }
+    // The engine serves on.
+    int ok = session();
+    close(ok);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// The requester side of RELEASE, against a fake source: a grant whose answer comes after
+// its request passed its deadline (1.5 s) posted nothing, so the requester releases the
+// window that late OK answer names (RELEASE: pair, capability, slot, the source's QP,
+// rkey), but only to a source that advertised rdma_release=1 in its HELLO_ACK; an older
+// source (no such key) is sent nothing (it would close the connection on the unknown
+// message; its window ends at its own deadline).
+void LateAnswerToFakeSource(bool advertise) {
+    std::string addr;
+    int lfd = ote_test::ListenLoopback(16, &addr);
+    ASSERT_GE(lfd, 0);
+    ote_config_t *cfg = ote_test::RdmaConfig("1500");
+    ASSERT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+    ote_engine_t *e = nullptr;
+    ASSERT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+    ote_config_destroy(cfg);
+    std::atomic<ote_status_t> open_st{OTE_ERR_STATE};
+    ote_segment_t *seg = nullptr;
+    std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    JoinOnExit join_opener{opener};
+    // The handshakes: the router's (answered with the advertisement, closed), then the
+    // transport's control connection.
+    int fd = -1;
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    const std::string info = advertise ? "transports=rdma;rdma_release=1" : "transports=rdma";
+    for (int i = 0; i < 4 && fd < 0; i++) {
+        int c = AcceptWithin(lfd, 10000);
+        ASSERT_GE(c, 0);
+        ASSERT_TRUE(ReadFrame(c, &buf, &m));
+        ASSERT_EQ(m.opcode, OTE_CTL_HELLO);
+        ote_ctl_msg_t a{};
+        a.version = 1;
+        a.opcode = OTE_CTL_HELLO_ACK;
+        a.req_id = m.req_id;
+        a.u.hello_ack.version = 1;
+        a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+        a.u.hello_ack.addr = addr.c_str();
+        a.u.hello_ack.addr_len = (uint32_t)addr.size();
+        a.u.hello_ack.info = info.c_str();
+        a.u.hello_ack.info_len = (uint16_t)info.size();
+        ASSERT_TRUE(SendAll(c, Encode(a)));
+        if (m.u.hello.role == OTE_CTL_ROLE_INFO) {
+            close(c);
+            continue;
+        }
+        fd = c;
+    }
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m)); // INFO
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, OTE_OK, InfoBody(2))));
+    opener.join();
+    ASSERT_EQ(open_st.load(), OTE_OK);
+    // A 64 KiB WRITE: CONNECT (answered with a path of ours), then GRANT_REQ (left
+    // unanswered until the request has ended).
+    std::vector<uint8_t> data(64u << 10, 7);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(e, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, data.data(), seg, 0x100000, data.size()};
+    // Submit may build the QP (a CONNECT round trip) on its own thread: answered below.
+    std::atomic<ote_status_t> sub_st{OTE_ERR_STATE};
+    std::thread submitter([&] { sub_st = ote_batch_submit(b, &r, 1); });
+    JoinOnExit join_submitter{submitter};
+    constexpr uint32_t kQpn = 0x4321, kRkey = 0xabcd01;
+    uint64_t grant_id = 0;
+    uint32_t slot = 0;
+    while (grant_id == 0) {
+        ASSERT_TRUE(ReadFrame(fd, &buf, &m)) << "no GRANT_REQ came";
+        ASSERT_EQ(m.opcode, OTE_CTL_RDMA);
+        ASSERT_GE(m.u.rdma.len, 4u);
+        uint16_t type = (uint16_t)(m.u.rdma.body[0] | (m.u.rdma.body[1] << 8));
+        if (type == 3) { // CONNECT: answer our path (gid, lid, qpn, psn, mtu 1024)
+            std::vector<uint8_t> ack(36, 0);
+            ack[0] = 4; // CONNECT_ACK
+            ack[4 + 15] = 1;
+            uint32_t qpn = kQpn, psn = 1, mtu = 3;
+            memcpy(&ack[4 + 20], &qpn, 4);
+            memcpy(&ack[4 + 24], &psn, 4);
+            memcpy(&ack[4 + 28], &mtu, 4);
+            ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, OTE_OK, ack)));
+        } else {
+            ASSERT_EQ(type, 5) << "neither CONNECT nor GRANT_REQ";
+            grant_id = m.req_id;
+            memcpy(&slot, m.u.rdma.body + 4, 4);
+        }
+    }
+    submitter.join();
+    ASSERT_EQ(sub_st.load(), OTE_OK);
+    (void)ote_batch_wait(b, 30 * kSec);
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT) << ote_status_str(ts.error);
+    // The late answer: OK, window kRkey.
+    std::vector<uint8_t> resp(8, 0);
+    resp[0] = 6; // GRANT_RESP
+    uint32_t rkey = kRkey;
+    memcpy(&resp[4], &rkey, 4);
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, grant_id, OTE_OK, resp)));
+    if (advertise) {
+        ASSERT_TRUE(ReadFrame(fd, &buf, &m, 10000)) << "no RELEASE of the late window";
+        ASSERT_EQ(m.opcode, OTE_CTL_RDMA);
+        ASSERT_EQ(m.u.rdma.len, 24u);
+        uint32_t f[6];
+        memcpy(f, m.u.rdma.body, 24);
+        EXPECT_EQ(f[0] & 0xffff, 9u) << "not a RELEASE";
+        EXPECT_EQ(f[1], 0u) << "pair";
+        EXPECT_EQ(f[2], 1u) << "capability (WRITE)";
+        EXPECT_EQ(f[3], slot);
+        EXPECT_EQ(f[4], kQpn);
+        EXPECT_EQ(f[5], kRkey);
+    } else {
+        // Nothing comes (a late frame could only go unseen here, never fail the test).
+        EXPECT_FALSE(ReadFrame(fd, &buf, &m, 1500)) << "a frame was sent to an older source";
+    }
+    if (ts.state != OTE_TRANSFER_PENDING) {
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    close(fd);
+    close(lfd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+TEST_F(RdmaControlTest, LateAnswerReleasedToASourceThatAdvertisesRelease) {
+    LateAnswerToFakeSource(true);
+}
+
+TEST_F(RdmaControlTest, NoReleaseToASourceWithoutTheAdvertisement) {
+    LateAnswerToFakeSource(false);
+}
+
 // Finding 4: a peer that never reads its answers cannot block the engine's threads: its
 // answers queue (bounded) and it is dropped; the source then still serves a healthy
 // requester (its threads were not left blocked on the dropped peer).

@@ -253,6 +253,64 @@ TEST_F(GrantFaultTest, PartialPostExactAccountingNoDoubleCompletion) {
     CloseMr();
 }
 
+// Cancel between send-queue windows: the first chain of 16 slices is accepted up to 5
+// (a proven partial post: the grant waits for room); the grant is canceled before its
+// next window, so those 5 slices complete, nothing more is ever posted, the window is
+// invalidated by the usual receipt (the source releases it at once) and done() reports
+// OTE_ERR_CANCELED. Exactly the 5 slices' bytes land; the rest of the range is untouched.
+struct CancelAfterFirst {
+    std::atomic<int> looks{0};
+    Done done;
+    static int Canceled(void *arg) {
+        Done *d = static_cast<Done *>(arg);
+        return static_cast<CancelAfterFirst *>(d->ctx)->looks.fetch_add(1) >= 1;
+    }
+};
+
+TEST_F(GrantFaultTest, CancelBetweenSendQueueWindowsPostsNothingMore) {
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    rig_.partial_k = 5;
+    uint64_t len = 40 * B;
+    CancelAfterFirst c;
+    c.done.ctx = &c;
+    ote_grant_desc_t g = {};
+    g.op = OTE_GRANT_WRITE;
+    g.local = out_.data();
+    g.lkey = mr_->lkey;
+    g.remote = (uintptr_t)rig_.src.data();
+    g.len = len;
+    g.ep = rig_.ep0[1];
+    g.slot = 0;
+    g.qp = qp;
+    g.deadline = ote_deadline_after(30000 * kMs);
+    g.done = Done::Fn;
+    g.done_arg = &c.done;
+    g.canceled = CancelAfterFirst::Canceled;
+    ote_grant_ctl_t ctl = {&rig_, Rig::Request};
+    ASSERT_EQ(ote_grant_start(rig_.g0, &g, &ctl), OTE_OK);
+    ASSERT_TRUE(c.done.Wait(rig_, 60000));
+    EXPECT_EQ(c.done.calls.load(), 1);
+    EXPECT_EQ(ote_status_code(c.done.st.load()), OTE_ERR_CANCELED);
+    EXPECT_GE(c.looks.load(), 2);
+    ote_grant_stats_t s0, s1;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s0.slices_posted, 5u) << "slices posted after the cancel";
+    EXPECT_EQ(s0.slices_completed, 5u);
+    EXPECT_EQ(s0.abandoned, 0u) << "a canceled grant is invalidated by its receipt";
+    EXPECT_EQ(s1.receipts, 1u);
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(rig_.pins.load(), 0);
+    EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), 5 * B), 0);
+    for (uint64_t i = 5 * B; i < len + B; i++)
+        ASSERT_EQ(rig_.src[i], 0) << "byte " << i << " written after the cancel";
+    ote_qp_stats_t qs;
+    ote_qp_get_stats(qp, &qs);
+    EXPECT_EQ(qs.sq_outstanding, 0u);
+    CloseMr();
+}
+
 TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
     ote_qp_t *qp = nullptr;
     ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);

@@ -199,4 +199,103 @@ TEST_F(GrantTest, ManyGrantsShareOneQpBeyondItsDepth) {
     FreeMrs();
 }
 
+// A requester grant that fails after the source answered it (its first data post is
+// refused) hands the source's window to desc.abandoned once nothing of it is in flight,
+// before done(); the source's ote_grant_source_release ends exactly that grant (slot,
+// source QP and rkey must all match, on its endpoint): window deallocated, pin released,
+// QP kept. A release naming anything else, or the same grant again, is NOT_FOUND and
+// changes nothing. Grants go on.
+struct Abandoned {
+    std::atomic<int> calls{0}, done_seen{0};
+    uint32_t slot = 0, qpn = 0, rkey = 0;
+    Done *done = nullptr;
+    static void Fn(void *arg, uint32_t slot, uint32_t qpn, uint32_t rkey) {
+        Abandoned *a = static_cast<Abandoned *>(static_cast<Done *>(arg)->ctx);
+        a->slot = slot;
+        a->qpn = qpn;
+        a->rkey = rkey;
+        a->done_seen = a->done->calls.load(); /* done() must come after */
+        a->calls++;
+    }
+};
+
+TEST_F(GrantTest, AbandonedGrantIsReleasedAtTheSourceOnRequest) {
+    std::vector<uint8_t> out(4 * B, 0x5A);
+    struct ibv_mr *mo = LocalMr(out);
+    ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, B), OTE_OK); /* QPs built */
+    ote_grant_stats_t before;
+    ote_grant_mgr_get_stats(rig_.g1, &before);
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    uint32_t src_qpn = ote_endpoint_remote_qpn(rig_.ep0[1], 0);
+    // Post 1 is the source's bind, post 2 the requester's first data chain: refused.
+    ote_test::ErrorLogsExpected refused;
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 2, EIO),
+              OTE_OK);
+    Done d;
+    Abandoned ab;
+    ab.done = &d;
+    d.ctx = &ab;
+    ote_grant_desc_t g = {};
+    g.op = OTE_GRANT_WRITE;
+    g.local = out.data();
+    g.lkey = mo->lkey;
+    g.remote = (uintptr_t)rig_.src.data() + B;
+    g.len = 4 * B;
+    g.ep = rig_.ep0[1];
+    g.slot = 0;
+    g.qp = qp;
+    g.deadline = ote_deadline_after(30000 * kMs);
+    g.done = Done::Fn;
+    g.done_arg = &d;
+    g.abandoned = Abandoned::Fn;
+    ote_grant_ctl_t ctl = {&rig_, Rig::Request};
+    ASSERT_EQ(ote_grant_start(rig_.g0, &g, &ctl), OTE_OK);
+    ASSERT_TRUE(d.Wait(rig_, 60000));
+    EXPECT_NE(d.st.load(), OTE_OK);
+    ASSERT_EQ(ab.calls.load(), 1) << "a grant failed after its answer was not abandoned";
+    EXPECT_EQ(ab.done_seen.load(), 0) << "done() came before abandoned()";
+    EXPECT_EQ(ab.slot, 0u);
+    EXPECT_EQ(ab.qpn, src_qpn);
+    ote_verbs_fault_clear(rig_.v);
+    // The source still holds the window and the pin: its deadline is 5 s away.
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.live_source, 1u);
+    EXPECT_EQ(rig_.pins.load(), 1);
+    // Releases naming anything else change nothing.
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], 1, ab.qpn, ab.rkey),
+              OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], 0, ab.qpn + 1, ab.rkey),
+              OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], 0, ab.qpn, ab.rkey ^ 0x100),
+              OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[0], 0, ab.qpn, ab.rkey),
+              OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_grant_source_release(rig_.g0, rig_.ep1[1], 0, ab.qpn, ab.rkey),
+              OTE_ERR_INVALID); /* a requester-only manager serves nothing */
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.live_source, 1u);
+    EXPECT_EQ(s1.stale_releases, 4u);
+    // The right one ends it at once; a second is NOT_FOUND.
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], 0, ab.qpn, ab.rkey), OTE_OK);
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], 0, ab.qpn, ab.rkey),
+              OTE_ERR_NOT_FOUND);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(s1.released, 1u);
+    EXPECT_EQ(s1.source_expired, before.source_expired);
+    EXPECT_EQ(rig_.pins.load(), 0) << "the released grant kept its pin";
+    ote_grant_stats_t s0;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    EXPECT_EQ(s0.abandoned, 1u);
+    // The source's QP was kept: grants go on (on another slot: this rig's exchange does
+    // not rebuild the source's end of a slot whose requester QP was retired, as the
+    // engine's CONNECT does).
+    std::fill(rig_.src.begin(), rig_.src.end(), 0);
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, B, 4 * B, 1), OTE_OK);
+    EXPECT_EQ(memcmp(rig_.src.data() + B, out.data(), 4 * B), 0);
+    FreeMrs();
+}
+
 } // namespace

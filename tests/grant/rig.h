@@ -225,6 +225,7 @@ struct Rig {
 struct Done {
     std::atomic<int> calls{0};
     std::atomic<ote_status_t> st{OTE_OK};
+    void *ctx = nullptr; /* the test's own, for other callbacks given the same argument */
     static void Fn(void *arg, ote_status_t st) {
         Done *d = static_cast<Done *>(arg);
         d->st = st;

@@ -1,0 +1,60 @@
+/*
+ * engine/rdma/rdma_test.c - what the test hooks of engine/rdma/test_hook.h read: the
+ * live transports of this process (tracked from creation until their destroy begins),
+ * found by the address of the engine they serve, and their grant counters.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "base/lock.h"
+#include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/test_hook.h"
+
+#define TRACK_MAX 64 /* transports beyond it are not tracked (the hook does not find them) */
+
+static ote_mutex_t g_track_mu = {PTHREAD_MUTEX_INITIALIZER};
+static rdma_tp_t *g_track[TRACK_MAX];
+
+void ote__rdma_test_track(rdma_tp_t *tp, int on) {
+    ote_mutex_lock(&g_track_mu);
+    for (size_t i = 0; i < TRACK_MAX; i++) {
+        if (on && g_track[i] == NULL) {
+            g_track[i] = tp;
+            break;
+        }
+        if (!on && g_track[i] == tp) {
+            g_track[i] = NULL;
+            break;
+        }
+    }
+    ote_mutex_unlock(&g_track_mu);
+}
+
+ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out) {
+    if (engine_addr == NULL || out == NULL) return OTE_ERR_INVALID;
+    ote_status_t st = OTE_ERR_NOT_FOUND;
+    ote_mutex_lock(&g_track_mu);
+    for (size_t i = 0; i < TRACK_MAX; i++) {
+        rdma_tp_t *tp = g_track[i];
+        if (tp == NULL || strcmp(tp->addr, engine_addr) != 0) continue;
+        ote__rdma_test_grants_t r;
+        memset(&r, 0, sizeof(r));
+        for (uint32_t k = 0; k < tp->nnics; k++) {
+            ote_grant_stats_t gs;
+            ote_grant_mgr_get_stats(tp->nics[k].gm, &gs);
+            r.live_source += gs.live_source;
+            r.live_requester += gs.live_requester;
+            r.released += gs.released;
+            r.abandoned += gs.abandoned;
+            r.receipts += gs.receipts;
+        }
+        r.rel_sent = atomic_load(&tp->rel_sent);
+        r.rel_applied = atomic_load(&tp->rel_applied);
+        r.rel_ignored = atomic_load(&tp->rel_ignored);
+        *out = r;
+        st = OTE_OK;
+        break;
+    }
+    ote_mutex_unlock(&g_track_mu);
+    return st;
+}
