@@ -124,6 +124,24 @@ typedef struct {
 ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, size_t cap,
                                   size_t *n_out);
 
+/* How device memory moved through this engine (README "GPU memory"), counters since
+ * creation (the *_now fields are the current state). A request's path shows as the
+ * counter it moved: staged (pinned chunks) or ipc_copies (CUDA IPC, same host). */
+typedef struct {
+    uint64_t staged_requests; /* requests with a local device buffer staged here (a piece
+                               * a source declined for IPC counts as one more) */
+    uint64_t staged_source;   /* peers' pieces on device memory here staged by this source */
+    uint64_t ipc_copies;      /* pieces this engine copied by CUDA IPC (ended OK) */
+    uint64_t ipc_failed;      /* CUDA IPC copies that failed here */
+    uint64_t ipc_exports;     /* allocations described to peers for CUDA IPC (once each) */
+    uint64_t ipc_imports;     /* peers' allocations imported (cuIpcOpenMemHandle) */
+    uint64_t ipc_imports_now; /* imports open now (cached or in use) */
+    uint64_t ipc_in_use_now;  /* imports a copy uses now */
+    uint64_t ipc_closed;      /* imports invalidated by close receipts or a peer's death */
+} ote_gpu_stats_t;
+/* OTE_ERR_INVALID for a NULL argument. Never loads the CUDA driver. */
+ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
+
 /* ---- memory ------------------------------------------------------------------------
  * Registration makes [addr, addr+len) reachable by remote peers with the given
  * permissions: OTE_PERM_READ lets peers READ from it, OTE_PERM_WRITE lets peers WRITE
