@@ -249,6 +249,7 @@ static const shm_req_t *msg_reqs(const shm_msg_t *m) {
 
 /* The piece's `local` is an offset in the ring (ring mode, or a small piece so marked). */
 static int in_ring(const shm_src_t *s, const shm_req_t *q) {
+    if (q->flags & SHM_REQ_LOCAL_DEV) return 0; /* a device address, never copied here */
     return s->mode == SHM_MODE_RING || (q->flags & SHM_REQ_RING) != 0;
 }
 

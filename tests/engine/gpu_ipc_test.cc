@@ -94,7 +94,8 @@ class GpuIpcTest : public ote_cuda_test::CudaTest {
     // The target (exporter) with its device buffers opted in to IPC (or not), gpu_paths
     // as given, and this process's engine and its shm segment to it.
     void Open(Target &t, bool optin, const std::string &src_paths = "ipc,staging",
-              const std::string &req_paths = "ipc,staging", uint64_t len = 1 << 20) {
+              const std::string &req_paths = "ipc,staging", uint64_t len = 1 << 20,
+              const char *shm_mode = "auto") {
         t.binary = "ote_gpu_target";
         ASSERT_TRUE(t.Start(len, "127.0.0.1:0",
                             {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS=" + src_paths,
@@ -102,6 +103,7 @@ class GpuIpcTest : public ote_cuda_test::CudaTest {
         if (e_ == nullptr) {
             e_ = ote_test::NewEngine({{"transports", "shm,tcp"},
                                       {"gpu_paths", req_paths.c_str()},
+                                      {"shm_mode", shm_mode},
                                       {"transfer_timeout_ms", "20000"}});
             ASSERT_NE(e_, nullptr);
         }
@@ -223,6 +225,28 @@ TEST_F(GpuIpcTest, DeviceAndHostMoveByIpcBothDirections) {
     EXPECT_GE(after.ipc_imports, before.ipc_imports);
     // The DtoD copies ran on this process's device through the async entry point.
     EXPECT_GT(fake_.calls("cuMemcpyDtoDAsync"), 0u);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// Ring mode (shm_mode=ring: no cross-memory attach) takes IPC the same way: the pieces'
+// bytes never go through the ring.
+TEST_F(GpuIpcTest, RingModeTakesIpcToo) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "ipc,staging", 4 << 20, "ring"));
+    const uint64_t ldev = DevAlloc(4 << 20);
+    std::vector<uint8_t> lhost(4 << 20);
+    uint64_t seed = 200;
+    const ote_gpu_stats_t s0 = Stats();
+    for (int dev = 1; dev >= 0; dev--)
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE})
+            for (uint64_t len : {uint64_t{1}, uint64_t{(3u << 20) + 11}})
+                MoveAndCheck(t, dev, dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data()), op, 3,
+                             17, len, seed++);
+    const ote_gpu_stats_t s1 = Stats();
+    EXPECT_GE(s1.ipc_copies - s0.ipc_copies, 8u);
+    EXPECT_EQ(s1.staged_requests, s0.staged_requests);
+    EXPECT_EQ(TargetStats(t).first, 0u);
     CloseSeg();
     EXPECT_EQ(t.Quit(), 0);
 }

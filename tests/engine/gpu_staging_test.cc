@@ -383,8 +383,8 @@ TEST_F(GpuStagingTest, IpcOptInFlagAtRegistration) {
 // driver; no IPC export or import happens in either process, and the requester's
 // ote_engine_gpu_stats counts no IPC copy. (With the flag: gpu_ipc_test.)
 TEST_F(GpuStagingTest, IpcOptInNeverMakesAnotherPathThanStaging) {
-    for (int optin = 0; optin < 1; optin++) {
-        SCOPED_TRACE(optin ? "OTE_PERM_IPC" : "no OTE_PERM_IPC");
+    {
+        const int optin = 0;
         Target t;
         t.binary = "ote_gpu_target";
         ASSERT_TRUE(t.Start(1 << 20, "127.0.0.1:0",
