@@ -71,13 +71,12 @@ ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int f
  * One dl_iterate_phdr step while nothing new was loaded. */
 int ote__gpu_driver_present(ote__gpu_t *g);
 
-/* Whether device memory of `kind` may be moved by this engine (gpu_paths allows a path
- * that exists): OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing;
- * `what` names the side ("local buffer", "registered range") for the log. ipc_optin: for
- * a registration, whether it carries OTE_PERM_IPC (1) or not (0); -1 for a request's
- * local buffer (no registration of its own to export). The only path built is staging,
- * so OTE_OK means staging; the ipc path (gpu_paths "ipc" and, at a registration,
- * OTE_PERM_IPC) is named in the refusal as not built yet, never taken silently. */
+/* Whether device memory of `kind` may be moved by staging (gpu_paths has staging):
+ * OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing; `what` names the
+ * side ("local buffer", "registered range") for the log. ipc_optin: for a registration,
+ * whether it carries OTE_PERM_IPC (1) or not (0); -1 for a request's local buffer. The
+ * ipc path is chosen before this is asked (engine/batch.c for a local buffer, the shm
+ * source for a registration): this names what ipc lacked in the refusal. */
 ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, int ipc_optin, const char *what);
 /* Largest slice a staged request may have (the chunk size). */
 uint64_t ote__gpu_max_slice(const ote__gpu_t *g);

@@ -159,8 +159,8 @@ class GpuIpcTest : public ote_cuda_test::CudaTest {
     void MoveAndCheck(Target &t, bool dev, uint64_t lbase, ote_opcode_t op, uint64_t loff,
                       uint64_t roff, uint64_t len, uint64_t seed) {
         SCOPED_TRACE(std::string(dev ? "local=cuda:0 " : "local=host ") +
-                     (op == OTE_WRITE ? "WRITE " : "READ ") + Num(len) + " at " + Num(loff) +
-                     "/" + Num(roff));
+                     (op == OTE_WRITE ? "WRITE " : "READ ") + Num(len) + " at " + Num(loff) + "/" +
+                     Num(roff));
         if (op == OTE_WRITE) {
             if (dev) DevFill(lbase + loff, len, seed, loff);
             else ote_pattern_fill(reinterpret_cast<uint8_t *>(lbase) + loff, len, seed, loff);
@@ -177,7 +177,8 @@ class GpuIpcTest : public ote_cuda_test::CudaTest {
     }
 
     // Waits (generously) until pred() holds; false when it never did.
-    template <typename F> bool Eventually(F pred) {
+    template <typename F>
+    bool Eventually(F pred) {
         for (int i = 0; i < 3000; i++) {
             if (pred()) return true;
             usleep(10 * 1000);
@@ -400,7 +401,8 @@ TEST_F(GpuIpcTest, UnregisterWhileImportHeld) {
     EXPECT_EQ(DevHash(ldev, 65536), PatternHash(61, 0, 65536));
     // The pin goes with the requester's IPC_DONE, a moment after the completion.
     ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
-    ASSERT_TRUE(Eventually([&] { return Stats().ipc_closed >= 1 && Stats().ipc_imports_now == 0; }));
+    ASSERT_TRUE(
+        Eventually([&] { return Stats().ipc_closed >= 1 && Stats().ipc_imports_now == 0; }));
     ote_transfer_status_t ts{};
     EXPECT_NE(Run(OTE_READ, ldev, t.rw, 64, &ts), OTE_OK); // unregistered: refused
     EXPECT_EQ(ts.error, OTE_ERR_ACCESS);
@@ -423,12 +425,10 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
         bool dev;
         ote_opcode_t op;
     };
-    const Case cases[] = {{"cuMemcpyDtoDAsync", true, OTE_READ},
-                          {"cuMemcpyDtoDAsync", true, OTE_WRITE},
-                          {"cuMemcpyHtoDAsync", false, OTE_WRITE},
-                          {"cuMemcpyDtoHAsync", false, OTE_READ},
-                          {"cuEventQuery", true, OTE_READ},
-                          {"cuEventRecord", true, OTE_WRITE}};
+    const Case cases[] = {
+        {"cuMemcpyDtoDAsync", true, OTE_READ},   {"cuMemcpyDtoDAsync", true, OTE_WRITE},
+        {"cuMemcpyHtoDAsync", false, OTE_WRITE}, {"cuMemcpyDtoHAsync", false, OTE_READ},
+        {"cuEventQuery", true, OTE_READ},        {"cuEventRecord", true, OTE_WRITE}};
     uint64_t seed = 70;
     for (const Case &c : cases) {
         SCOPED_TRACE(c.entry);
