@@ -454,6 +454,30 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
+// An import that fails (cuIpcOpenMemHandle, needed again after a close receipt) fails
+// that request, leaves nothing mapped and drops the source's pin; the next one imports.
+TEST_F(GpuIpcTest, ImportFailureFailsRequestCleanly) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 90);
+    ASSERT_EQ(t.Command("unreg dev"), "ST 0");
+    ASSERT_EQ(t.Command("reg dev"), "ST 0");
+    ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; })); // the receipt
+    fake_.fail("cuIpcOpenMemHandle", 1, 1, kCudaErrorUnknown);
+    ote_transfer_status_t ts{};
+    EXPECT_NE(Run(OTE_WRITE, ldev, t.rw, 4096, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    fake_.clear_faults();
+    EXPECT_EQ(Stats().ipc_imports_now, 0u);
+    ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+    ASSERT_EQ(t.Command("reg dev"), "ST 0");
+    MoveAndCheck(t, true, ldev, OTE_WRITE, 2, 9, 33333, 91);
+    EXPECT_EQ(Stats().ipc_imports, 2u);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
 // The exporter killed (SIGKILL) while a copy from its memory is in flight: the request
 // ends PEER_LOST, the imports of that exporter are released, and a new peer works.
 TEST_F(GpuIpcTest, ExporterKilledMidCopy) {
