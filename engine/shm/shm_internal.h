@@ -80,6 +80,11 @@
  * so a canceled request ends CANCELED only once no byte of it can move any more; the
  * account (and the pin) ends with its last byte, served, canceled or written off.
  *
+ * CUDA IPC (gpu_paths "ipc" on both ends, negotiated per connection; see SHM_IPC_OFFER
+ * below): a piece on device memory registered with OTE_PERM_IPC is checked and pinned as
+ * any other, then the requester copies it itself through the allocation's IPC handle;
+ * its receive thread polls the copies' events and tells the source when each ended.
+ *
  * Reconnect. A lost peer is reconnected on the next submit (peer_ensure): the transport
  * asks the engine for the peer's advertisement again (host->query_info), since a
  * restarted peer at the same "host:port" listens on another socket.
@@ -88,7 +93,8 @@
  * the peer's mu (queue, window, fd state); done() runs with no lock held. Source: the
  * accept thread creates one thread per connection, for at most tcp_max_accepted
  * connections at once (the engine's accept limit, as on TCP: any local process may
- * connect, so more are closed at once); tp->mu guards the list of connections. A
+ * connect, so more are closed at once); tp->mu guards the list of connections and each
+ * one's offered allocations (close receipts are sent from the unregistering thread). A
  * connection's copy helpers take units of its current job (an atomic counter tagged with
  * the job's generation) and touch nothing else but the job's statuses (atomic) and the
  * accounts' cancel marks (atomic); its thread alone reads the socket, pins and unpins.
