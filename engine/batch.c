@@ -81,8 +81,30 @@ static void req_finalize(ote__req_t *r) {
     batch_end_one(b);
 }
 
+static void staged_submit(void *arg, ote__slice_t *s);
+
 static void req_slice_done(ote__slice_t *s, ote_status_t st) {
     ote__req_t *r = s->owner;
+    if (s->ipc_try && ote_status_code(st) == OTE_ERR_UNSUPPORTED) {
+        /* The source declined CUDA IPC for this piece of local device memory (no
+         * OTE_PERM_IPC there, host memory there, or ipc not allowed there) and touched
+         * nothing: it is staged instead, when gpu_paths allows staging. */
+        ote_engine_t *e = r->b->e;
+        uint32_t kind = s->local_kind;
+        s->ipc_try = 0;
+        s->local_kind = OTE_MEM_HOST;
+        if (ote__gpu_path_check(e->gpu, kind, -1, "a request's local buffer (ipc declined)") ==
+            OTE_OK) {
+            /* A request of its own at the source: the declined piece was accounted for
+             * there (served), so the staged one must not count against its request. */
+            s->req_uid = atomic_fetch_add_explicit(&e->next_uid, 1, memory_order_relaxed) + 1;
+            s->req_remote = s->remote;
+            s->req_len = s->len;
+            ote__gpu_stage(e->gpu, kind, s, 1, staged_submit, r->seg);
+            return;
+        }
+    }
+    s->ipc_try = 0;
     if (st == OTE_OK) {
         atomic_fetch_add_explicit(&r->bytes_done, s->len, memory_order_relaxed);
     } else {
@@ -100,6 +122,7 @@ typedef struct {
     uint64_t ssz;
     uint32_t ns;
     uint32_t kind; /* memory kind of the local buffer (ote_mem_kind_t) */
+    int ipc;       /* device memory tried through CUDA IPC first (not staged up front) */
 } req_plan_t;
 
 /* The slice geometry of a `length`-byte request to seg. A slice is at most half the
@@ -131,6 +154,7 @@ static ote_status_t req_plan(ote_segment_t *seg, uint64_t length, uint32_t kind,
     out->ssz = ssz;
     out->ns = (uint32_t)n;
     out->kind = kind;
+    out->ipc = 0;
     return OTE_OK;
 }
 
@@ -178,7 +202,7 @@ static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size
     if (locked) pthread_rwlock_rdlock(&e->reg_lk);
     const ote__reg_t *near = NULL;
     for (size_t i = 0; i < n; i++) {
-        plans[i] = (req_plan_t){NULL, 0, 1, KIND_UNKNOWN};
+        plans[i] = (req_plan_t){NULL, 0, 1, KIND_UNKNOWN, 0};
         if (!locked || reqs[i].length == 0) continue;
         const ote__reg_t *r =
             ote__reg_covering_near(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, near);
@@ -200,11 +224,17 @@ static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size
                 st = ote__gpu_classify(e->gpu, (uintptr_t)reqs[i].local_addr, reqs[i].length, 0,
                                        &kind);
         }
-        /* Device memory needs a GPU path that gpu_paths allows, else the submit fails here. */
-        if (st == OTE_OK && OTE_MEM_IS_CUDA(kind))
+        /* CUDA IPC first where the segment's connection carries it (shm, both ends allow
+         * ipc): the source decides per piece, and a piece it declines is staged. Otherwise
+         * device memory needs a GPU path that gpu_paths allows, else the submit fails here. */
+        const ote__transport_ops_t *ops = reqs[i].segment->tp->ops;
+        int ipc = st == OTE_OK && OTE_MEM_IS_CUDA(kind) && ote__gpu_ipc_allowed(e->gpu) &&
+                  ops->ipc_ready != NULL && ops->ipc_ready(reqs[i].segment->peer);
+        if (st == OTE_OK && OTE_MEM_IS_CUDA(kind) && !ipc)
             st = ote__gpu_path_check(e->gpu, kind, -1, "a request's local buffer");
         if (st != OTE_OK) continue;
         st = req_plan(reqs[i].segment, reqs[i].length, kind, &plans[i]);
+        plans[i].ipc = ipc;
         if (st == OTE_OK && plans[i].ns > 1) {
             /* ns <= UINT32_MAX: the product fits a 64-bit size_t. */
             plans[i].arr = ote_malloc((size_t)plans[i].ns * sizeof(ote__slice_t));
@@ -279,7 +309,8 @@ static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote_
  * transport first when it holds another segment's slices. */
 static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, ote_deadline_t dl,
                     slice_list_t *l) {
-    int staged = OTE_MEM_IS_CUDA(p->kind); /* started by submit_start through engine/gpu */
+    /* Staged requests are started by submit_start through engine/gpu. */
+    int staged = OTE_MEM_IS_CUDA(p->kind) && !p->ipc;
     uint64_t ssz = p->ssz;
     uint32_t ns = p->ns;
     uint64_t uid = atomic_fetch_add_explicit(&r->b->e->next_uid, 1, memory_order_relaxed) + 1;
@@ -303,6 +334,8 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->len = (uint32_t)len;
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
         s->mem_node = r->local_pin != NULL ? (int16_t)r->local_pin->numa : -1;
+        s->ipc_try = (uint8_t)(p->ipc != 0);
+        s->local_kind = p->ipc ? p->kind : OTE_MEM_HOST;
         s->deadline = dl;
         off += len;
         if (staged) continue;
@@ -336,7 +369,7 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
         if (reqs[i].length == 0) req_finalize(r);
-        else if (OTE_MEM_IS_CUDA(plans[i].kind))
+        else if (OTE_MEM_IS_CUDA(plans[i].kind) && !plans[i].ipc)
             ote__gpu_stage(e->gpu, plans[i].kind, plans[i].ns > 1 ? r->many : &r->one, plans[i].ns,
                            staged_submit, reqs[i].segment);
     }

@@ -183,6 +183,9 @@ ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size
 /* mem_(un)register of every transport (all or none for register). */
 ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms);
 ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr);
+/* A device registration with OTE_PERM_IPC is gone: each transport's ipc_revoke (close
+ * receipts to the peers that imported its allocation). No engine lock held. */
+void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len);
 
 /* Whether name is in e->cfg.transports (the transports the listener hands connections to). */
 int ote__router_serves(const ote_engine_t *e, const char *name);
@@ -225,6 +228,17 @@ ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline
 ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                  uint32_t len, ote_deadline_t dl);
 void ote__reg_stage_put(void *arg, void *tok);
+/* host->ipc_* (arg: the engine): CUDA IPC through engine/gpu. ipc_export only for a
+ * registration with OTE_PERM_IPC on device memory (OTE_ERR_UNSUPPORTED otherwise). */
+ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,
+                                 ote__ipc_desc_t *out);
+int ote__reg_ipc_usable(void *arg);
+ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
+                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
+                                     void **op_out);
+ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up);
+void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id);
+void ote__reg_ipc_exporter_dead(void *arg, uint64_t exporter);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
  * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
 ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,

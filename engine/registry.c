@@ -103,6 +103,65 @@ void ote__reg_stage_put(void *arg, void *tok) {
     ote__gpu_src_put(e->gpu, tok);
 }
 
+ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,
+                                 ote__ipc_desc_t *out) {
+    ote_engine_t *e = arg;
+    const ote__reg_t *r = pin;
+    /* IPC exposes the whole allocation: only a registration that opted in. */
+    if (!(r->perms & OTE_PERM_IPC) || !OTE_MEM_IS_CUDA(r->kind)) return OTE_ERR_UNSUPPORTED;
+    return ote__gpu_ipc_export(e->gpu, r->kind, addr, len, out);
+}
+
+int ote__reg_ipc_usable(void *arg) {
+    ote_engine_t *e = arg;
+    return ote__gpu_ipc_allowed(e->gpu) && ote__gpu_driver_present(e->gpu);
+}
+
+ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
+                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
+                                     void **op_out) {
+    ote_engine_t *e = arg;
+    ote__gpu_ipc_op_t *op = NULL;
+    ote_status_t st =
+        ote__gpu_ipc_copy_start(e->gpu, exporter, desc, local, local_kind, len, write, &op);
+    if (st == OTE_OK) *op_out = op;
+    return st;
+}
+
+ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up) {
+    ote_engine_t *e = arg;
+    return ote__gpu_ipc_copy_poll(e->gpu, op, give_up);
+}
+
+void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id) {
+    ote_engine_t *e = arg;
+    ote__gpu_ipc_revoked(e->gpu, exporter, buffer_id);
+}
+
+void ote__reg_ipc_exporter_dead(void *arg, uint64_t exporter) {
+    ote_engine_t *e = arg;
+    ote__gpu_ipc_exporter_dead(e->gpu, exporter);
+}
+
+ote_status_t ote_engine_gpu_stats(ote_engine_t *e, ote_gpu_stats_t *out) {
+    if (e == NULL || out == NULL) return OTE_ERR_INVALID;
+    ote__gpu_stats_t g;
+    ote__gpu_stats(e->gpu, &g);
+    ote_gpu_stats_t o;
+    memset(&o, 0, sizeof(o));
+    o.staged_requests = g.staged_jobs;
+    o.staged_source = g.src_copies;
+    o.ipc_copies = g.ipc_copies;
+    o.ipc_failed = g.ipc_failed;
+    o.ipc_exports = g.ipc_exports;
+    o.ipc_imports = g.ipc_imports;
+    o.ipc_imports_now = g.ipc_mapped;
+    o.ipc_in_use_now = g.ipc_in_use;
+    o.ipc_closed = g.ipc_invalidated;
+    *out = o;
+    return OTE_OK;
+}
+
 ote_status_t ote_memory_query(ote_engine_t *e, const void *addr, ote_buffer_info_t *info_out) {
     if (e == NULL || addr == NULL || info_out == NULL) return OTE_ERR_INVALID;
     ote_status_t st = OTE_ERR_NOT_FOUND;
@@ -303,6 +362,9 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
         atomic_store(&e->nregs_hint, e->nregs);
     }
     pthread_rwlock_unlock(&e->reg_lk);
+    /* Peers that imported a device allocation of it are told (close receipts). */
+    if (victim != NULL && (victim->perms & OTE_PERM_IPC) && OTE_MEM_IS_CUDA(victim->kind))
+        ote__router_ipc_revoke(e, victim->start, victim->len);
     ote_free(victim);
     return st;
 }

@@ -132,7 +132,13 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .pin_kind = ote__reg_pin_kind,
                         .stage_get = ote__reg_stage_get,
                         .stage_copy = ote__reg_stage_copy,
-                        .stage_put = ote__reg_stage_put};
+                        .stage_put = ote__reg_stage_put,
+                        .ipc_export = ote__reg_ipc_export,
+                        .ipc_usable = ote__reg_ipc_usable,
+                        .ipc_copy_start = ote__reg_ipc_copy_start,
+                        .ipc_copy_poll = ote__reg_ipc_copy_poll,
+                        .ipc_revoked = ote__reg_ipc_revoked,
+                        .ipc_exporter_dead = ote__reg_ipc_exporter_dead};
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
      * an shm-only engine creates tcp for it, outside its list), then the others in
      * order. */
@@ -198,6 +204,11 @@ ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr) {
         if (st != OTE_OK) return st;
     }
     return OTE_OK;
+}
+
+void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len) {
+    for (size_t i = 0; i < e->ntps; i++)
+        if (e->tps[i]->ops->ipc_revoke != NULL) e->tps[i]->ops->ipc_revoke(e->tps[i], start, len);
 }
 
 static ote_status_t info_connect(const char *peer, ote_deadline_t dl, int *fd_out) {

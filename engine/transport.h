@@ -29,6 +29,17 @@ extern "C" {
 #endif
 
 typedef struct ote__slice ote__slice_t;
+
+/* CUDA IPC: what a source hands a same-host requester for one piece on device memory
+ * registered with OTE_PERM_IPC (plain data; engine/gpu fills and reads it). */
+typedef struct ote__ipc_desc {
+    uint8_t handle[64];  /* CUipcMemHandle of the whole allocation */
+    uint64_t buffer_id;  /* the exporter's buffer id of the allocation (never reused) */
+    uint64_t base, size; /* the allocation in the exporter's address space */
+    uint64_t offset;     /* the piece's start within the allocation */
+    int32_t device;      /* the exporter's device ordinal */
+    uint32_t pad;
+} ote__ipc_desc_t;
 struct ote__rdma_tp; /* engine/rdma's transport, named only in the slice's scratch */
 struct ibv_mr;
 typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
@@ -55,6 +66,13 @@ struct ote__slice {
     uint32_t len;
     uint16_t op;
     int16_t mem_node; /* NUMA node of the local memory (its registration's), -1: unknown */
+    /* CUDA IPC try (engine/batch.c, shm only): the local buffer is device memory of this
+     * kind (ote_mem_kind_t) and the slice was not staged; the transport may move it only
+     * through CUDA IPC, and ends it with OTE_ERR_UNSUPPORTED having touched nothing when
+     * the source declines (the engine then stages it). 0 = ipc_try unset: local is host
+     * memory. */
+    uint8_t ipc_try;
+    uint32_t local_kind;
     ote_deadline_t deadline;
     /* Transport scratch: the submitting transport's member only, from submit() until it
      * calls done(); the engine never reads it. */
@@ -77,6 +95,7 @@ struct ote__slice {
         struct {
             uint64_t id;       /* number of the slice's request on its peer connection */
             uint64_t ring_end; /* ring mode: where its bytes end in the ring (virtual) */
+            void *ipc;         /* the CUDA IPC copy under way (host->ipc_copy_start) */
         } shm;
     } xp;
 };
@@ -130,6 +149,29 @@ typedef struct {
     ote_status_t (*stage_copy)(void *arg, void *tok, int to_device, uint64_t dev_addr, uint32_t len,
                                ote_deadline_t dl);
     void (*stage_put)(void *arg, void *tok);
+    /* CUDA IPC (engine/gpu, gpu_paths "ipc"). Source side: ipc_export describes the
+     * allocation behind the pinned device registration pin for the piece [addr, +len)
+     * (exported once per allocation, cached), OTE_ERR_UNSUPPORTED when the registration
+     * lacks OTE_PERM_IPC, is not device memory or ipc is not in gpu_paths.
+     * Requester side: ipc_usable says whether this engine may take the path now (ipc in
+     * gpu_paths and the CUDA driver loaded); ipc_copy_start imports the allocation of
+     * desc from `exporter` (a key of the exporting peer) through the engine's bounded
+     * cache and enqueues the copy of len bytes between it and local (local_kind: host
+     * or device memory), write 1 = local to remote; *op_out is polled with
+     * ipc_copy_poll: OTE_ERR_AGAIN while running, else the copy's status and the op is
+     * gone (give_up: the deadline passed; the op's stream and mapping are retained until
+     * the driver proves the copy complete, and OTE_ERR_TIMEOUT is returned).
+     * ipc_revoked: the exporter unregistered buffer_id (a close receipt);
+     * ipc_exporter_dead: every import of exporter is released (closed once unused). */
+    ote_status_t (*ipc_export)(void *arg, void *pin, uint64_t addr, uint32_t len,
+                               ote__ipc_desc_t *out);
+    int (*ipc_usable)(void *arg);
+    ote_status_t (*ipc_copy_start)(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
+                                   uint8_t *local, uint32_t local_kind, uint32_t len, int write,
+                                   void **op_out);
+    ote_status_t (*ipc_copy_poll)(void *arg, void *op, int give_up);
+    void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
+    void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;
@@ -190,6 +232,12 @@ typedef struct {
     /* Optional: the transport's data devices (at most cap) and their counters; returns
      * how many it has. */
     size_t (*nic_stats)(ote__transport_t *tp, ote__nic_stat_t *out, size_t cap);
+    /* Optional (shm): whether the peer's connection carries CUDA IPC (both ends allow
+     * it); a slice with ipc_try set may then be submitted. */
+    int (*ipc_ready)(ote__tpeer_t *peer);
+    /* Optional (shm): the device registration [start, +len) was unregistered: peers that
+     * imported its allocation are told (close receipts). Called without engine locks. */
+    void (*ipc_revoke)(ote__transport_t *tp, uint64_t start, uint64_t len);
 } ote__transport_ops_t;
 
 struct ote__transport {

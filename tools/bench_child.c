@@ -44,10 +44,21 @@ int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t 
     snprintf(size_s, sizeof size_s, "%" PRIu64, buffer_size);
     char mem_s[16];
     bench_mem_name(o->remote_mem, mem_s, sizeof mem_s);
-    char *argv[] = {
-        exe,        "--role",       "target",        "--transport", (char *)o->transport,
-        "--listen", "127.0.0.1:0",  "--buffer-size", size_s,        "--report-fd",
-        fd_s,       "--remote-mem", mem_s,           NULL};
+    char *argv[] = {exe,
+                    "--role",
+                    "target",
+                    "--transport",
+                    (char *)o->transport,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--buffer-size",
+                    size_s,
+                    "--report-fd",
+                    fd_s,
+                    "--remote-mem",
+                    mem_s,
+                    o->remote_ipc ? "--remote-ipc" : NULL,
+                    NULL};
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();

@@ -237,7 +237,10 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     ote_nic_stats_t nic0[BENCH_MAX_NICS], nic1[BENCH_MAX_NICS];
     size_t n0 = 0, n1 = 0;
     if (ote_engine_nic_stats(in->engine, nic0, BENCH_MAX_NICS, &n0) != OTE_OK) n0 = 0;
+    ote_gpu_stats_t g0, g1;
+    if (ote_engine_gpu_stats(in->engine, &g0) != OTE_OK) memset(&g0, 0, sizeof(g0));
     if (bench__run_one(&r, in->engine, &res) != 0) return -1;
+    if (ote_engine_gpu_stats(in->engine, &g1) != OTE_OK) g1 = g0;
     /* Bytes per NIC in the timed part (the run's warm-up included: the counters are the
      * engine's own). */
     res.nnic = 0;
@@ -258,9 +261,12 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     }
     res.local_mem = o->local_mem;
     res.remote_mem = in->remote_mem;
-    /* Device memory moves through the staging path (the only GPU path built so far). */
-    res.path =
-        o->local_mem != BENCH_MEM_HOST || in->remote_mem != BENCH_MEM_HOST ? "staging" : "host";
+    /* The GPU path device memory took, from this engine's counters over the run: CUDA
+     * IPC copies with nothing staged here is "ipc"; otherwise staging (here, or at the
+     * target for its device memory). */
+    int gpu = o->local_mem != BENCH_MEM_HOST || in->remote_mem != BENCH_MEM_HOST;
+    int ipc = g1.ipc_copies > g0.ipc_copies && g1.staged_requests == g0.staged_requests;
+    res.path = !gpu ? "host" : ipc ? "ipc" : "staging";
     char line[4096];
     if (o->json) bench_format_json(&res, line, sizeof line);
     else bench_format_table_row(&res, line, sizeof line);

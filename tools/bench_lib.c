@@ -252,12 +252,16 @@ const char *bench_usage(void) {
            "                           it back with device-to-host copies\n"
            "  --remote-mem host|cuda:N memory of the spawned target's buffer (a --target is\n"
            "                           asked for its kind by buffer discovery)\n"
+           "  --remote-ipc             the spawned target registers its device buffer with\n"
+           "                           OTE_PERM_IPC (CUDA IPC over shm where gpu_paths\n"
+           "                           allows ipc on both sides, e.g. OTE_GPU_PATHS=ipc,staging)\n"
            "\n"
            "Target options (--role target):\n"
            "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
            "  --advertise HOST:PORT    address to report (default: the listen address)\n"
            "  --buffer-size SIZE       buffer registered for READ and WRITE (default 1G)\n"
            "  --remote-mem host|cuda:N memory of that buffer (default host)\n"
+           "  --remote-ipc             register a device buffer with OTE_PERM_IPC\n"
            "  --transport tcp|rdma|shm, --transports LIST\n"
            "The target prints one line 'OTEB1 TARGET <host:port> <buffer address> <length>' and\n"
            "serves until interrupted. An initiator asks it for the buffer through an OrbitTE\n"
@@ -291,6 +295,7 @@ enum {
     OPT_DEPTH,
     OPT_LOCAL_MEM,
     OPT_REMOTE_MEM,
+    OPT_REMOTE_IPC,
     OPT_END,
 };
 
@@ -462,6 +467,7 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
             o->report_fd = (int)v;
             break;
         case OPT_TEST_CORRUPT: o->test_corrupt = true; break;
+        case OPT_REMOTE_IPC: o->remote_ipc = true; break;
         case OPT_LOCAL_MEM:
         case OPT_REMOTE_MEM:
             if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem) != 0)
@@ -566,6 +572,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"buffer-size", required_argument, NULL, OPT_BUFFER_SIZE},
         {"report-fd", required_argument, NULL, OPT_REPORT_FD},
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
+        {"remote-ipc", no_argument, NULL, OPT_REMOTE_IPC},
         {"depth", required_argument, NULL, OPT_DEPTH},
         {"local-mem", required_argument, NULL, OPT_LOCAL_MEM},
         {"remote-mem", required_argument, NULL, OPT_REMOTE_MEM},

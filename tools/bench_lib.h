@@ -67,6 +67,8 @@ typedef struct {
     unsigned local_mem;   /* --local-mem: BENCH_MEM_HOST or BENCH_MEM_CUDA(N) */
     unsigned remote_mem;  /* --remote-mem: the (spawned) target's buffer; for --role
                            * target its own buffer */
+    bool remote_ipc;      /* --remote-ipc: the target registers device memory with
+                           * OTE_PERM_IPC (CUDA IPC for same-host peers over shm) */
 } bench_options_t;
 
 /* Memory of a buffer (--local-mem / --remote-mem): host, or CUDA device N ("cuda:N"). */
@@ -140,7 +142,7 @@ typedef struct {
     bench_latency_t lat; /* per batch */
     bench_check_t check;
     unsigned local_mem, remote_mem; /* BENCH_MEM_* */
-    const char *path; /* how device memory moved: "host" (none), "staging"; NULL = "host" */
+    const char *path; /* how device memory moved: "host" (none), "staging", "ipc"; NULL = "host" */
     /* Bytes each data device (NIC) of the initiator's engine carried in the timed part
      * (ote_engine_nic_stats; none over tcp and shm). */
     size_t nnic;

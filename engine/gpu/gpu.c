@@ -23,6 +23,7 @@
 #include "base/lock.h"
 #include "base/log.h"
 #include "cuda/driver.h"
+#include "cuda/ipc/ipc.h"
 #include "cuda/memory/device.h"
 #include "cuda/memory/memory.h"
 #include "cuda/pinned/pinned.h"
@@ -33,7 +34,10 @@
 #define GPU_FREE_STREAMS 8
 #define GPU_POOL_FACTOR 4 /* chunks per device = GPU_POOL_FACTOR x gpu_staging_depth */
 #define GPU_IDLE_TICK_NS (2u * OTE_NSEC_PER_MSEC)
-#define GPU_CACHE 8 /* device allocations remembered by the per-request classification */
+#define GPU_CACHE 8        /* device allocations remembered by the per-request classification */
+#define GPU_IPC_EXPORTS 32 /* source: allocations whose IPC description is cached */
+#define GPU_IPC_ENTRIES 32 /* requester: open IPC mappings per device, at most */
+#define GPU_IPC_BYTES (64ull << 30) /* requester: bytes of open IPC mappings per device */
 
 /* A device allocation a request's local buffer lay in: a later request inside it is
  * classified by one cuPointerGetAttribute(BUFFER_ID) that must return the same id
@@ -52,11 +56,13 @@ typedef struct parked {
     ote_cuda_stream_t *s;
     ote_cuda_chunk_t chunk;
     int has_chunk;
+    ote_cuda_ipc_mapping_t *map; /* an IPC copy's mapping, put back when released */
 } parked_t;
 
 typedef struct gdev {
     ote_cuda_device_t *dev;
     ote_cuda_staging_t *pool;
+    ote_cuda_ipc_cache_t *ipc; /* requester: imports of peers' allocations */
     ote_cuda_stream_t *free_streams[GPU_FREE_STREAMS];
     size_t nfree;
 } gdev_t;
@@ -88,6 +94,19 @@ struct job {
     jev_t *evs;               /* one completion event per slice */
 };
 
+/* Source: one allocation's IPC description, exported once. */
+typedef struct {
+    unsigned long long buffer_id; /* 0: free slot */
+    ote_cuda_ipc_export_t *ex;
+    uint64_t used;
+} ipc_exp_t;
+
+struct ote__gpu_ipc_op {
+    struct gdev *d;
+    ote_cuda_ipc_mapping_t *map;
+    ote_cuda_stream_t *s;
+};
+
 struct ote__gpu {
     ote_mutex_t mu;
     ote_cond_t cv;
@@ -104,6 +123,9 @@ struct ote__gpu {
     _Atomic size_t nparked;
     cache_ent_t cache[GPU_CACHE]; /* under mu */
     uint64_t cache_clock;
+    ipc_exp_t exps[GPU_IPC_EXPORTS]; /* under mu */
+    uint64_t exp_clock;
+    _Atomic uint64_t n_staged, n_src, n_exports, n_ipc_ok, n_ipc_failed;
     /* worker */
     pthread_t thread;
     int thread_started, stop;
@@ -327,13 +349,18 @@ ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, int ipc_optin, co
     if (!OTE_MEM_IS_CUDA(kind)) return OTE_OK;
     if (g->paths & OTE__GPU_PATH_STAGING) return OTE_OK;
     /* What ipc lacks here, named in the refusal: the path in gpu_paths, the registration's
-     * opt-in, and (always, today) the path itself. */
+     * opt-in, or a peer to take it with. */
     if (!(g->paths & OTE__GPU_PATH_IPC)) GPU_PATH_WARN(what, kind, g, "ipc is not allowed");
     else if (ipc_optin == 0)
         GPU_PATH_WARN(what, kind, g, "ipc needs OTE_PERM_IPC on the registration, which it lacks");
     else if (ipc_optin > 0)
-        GPU_PATH_WARN(what, kind, g, "ipc is allowed and opted in to but not built yet");
-    else GPU_PATH_WARN(what, kind, g, "ipc is allowed but not built yet");
+        GPU_PATH_WARN(what, kind, g,
+                      "ipc is allowed and opted in to, but the requester did not ask for it "
+                      "(not an shm segment, ipc not in its gpu_paths or no CUDA driver there)");
+    else
+        GPU_PATH_WARN(what, kind, g,
+                      "ipc is allowed but needs a same-host shm segment whose peer allows ipc "
+                      "and a remote registration with OTE_PERM_IPC");
     return OTE_ERR_UNSUPPORTED;
 }
 
@@ -341,8 +368,8 @@ uint64_t ote__gpu_max_slice(const ote__gpu_t *g) { return g->chunk; }
 
 /* ---- devices, streams, parked work ---- */
 
-/* The device of kind, opened with its pool on first use. */
-static ote_status_t dev_get(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
+/* The device of kind, opened on first use; with its staging pool when pool. */
+static ote_status_t dev_open(ote__gpu_t *g, uint32_t kind, int pool, gdev_t **out) {
     int ord = OTE_MEM_CUDA_DEVICE(kind);
     if (!OTE_MEM_IS_CUDA(kind) || ord >= GPU_MAX_DEVICES) return OTE_ERR_INVALID;
     ote_status_t st = OTE_OK;
@@ -350,7 +377,7 @@ static ote_status_t dev_get(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
     gdev_t *d = &g->devs[ord];
     if (g->drv == NULL) st = OTE_ERR_NO_DEVICE;
     if (st == OTE_OK && d->dev == NULL) st = ote_cuda_device_open(g->drv, ord, &d->dev);
-    if (st == OTE_OK && d->pool == NULL) {
+    if (st == OTE_OK && pool && d->pool == NULL) {
         st = ote_cuda_staging_create(d->dev, g->chunk, GPU_POOL_FACTOR * g->depth, &d->pool);
         if (st != OTE_OK)
             OTE_ERROR("gpu", "cuda:%d: staging pool of %u x %llu bytes: %s", ord,
@@ -359,6 +386,10 @@ static ote_status_t dev_get(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
     ote_mutex_unlock(&g->mu);
     if (st == OTE_OK) *out = d;
     return st;
+}
+
+static ote_status_t dev_get(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
+    return dev_open(g, kind, 1, out);
 }
 
 static ote_status_t stream_get(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t **out) {
@@ -387,10 +418,21 @@ static void stream_put(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s) {
 
 /* Keep s (and chunk, which its work may still touch) until the driver proves the work
  * complete. */
+static void park_map(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s, const ote_cuda_chunk_t *chunk,
+                     ote_cuda_ipc_mapping_t *map);
 static void park(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s, const ote_cuda_chunk_t *chunk) {
+    park_map(g, d, s, chunk, NULL);
+}
+
+/* As park; map (an IPC mapping the work reads or writes) stays in use until then. */
+static void park_map(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s, const ote_cuda_chunk_t *chunk,
+                     ote_cuda_ipc_mapping_t *map) {
     parked_t *p = ote_calloc(1, sizeof(*p));
-    OTE_ERROR("gpu", "cuda:%d: a staging copy's outcome is unknown: its stream%s retained",
-              ote_cuda_device_ordinal(d->dev), chunk ? " and pinned chunk are" : " is");
+    OTE_ERROR("gpu", "cuda:%d: a %s copy's outcome is unknown: its stream%s retained",
+              ote_cuda_device_ordinal(d->dev), map ? "CUDA IPC" : "staging",
+              chunk ? " and pinned chunk are"
+              : map ? " and the peer's mapping are"
+                    : " is");
     if (p == NULL) {
         /* Out of memory: the stream itself parks on its device (cuda/stream); the chunk
          * stays out of the pool for good. */
@@ -399,6 +441,7 @@ static void park(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s, const ote_cuda_
     }
     p->d = d;
     p->s = s;
+    p->map = map;
     if (chunk) {
         p->chunk = *chunk;
         p->has_chunk = 1;
@@ -424,6 +467,7 @@ static void reclaim_parked(ote__gpu_t *g) {
                               : ote_cuda_stream_poll(p->s);
         if (st == OTE_OK) {
             if (p->has_chunk) (void)ote_cuda_staging_release(p->d->pool, &p->chunk);
+            if (p->map != NULL) ote_cuda_ipc_mapping_put(p->d->ipc, p->map);
             stream_put(g, p->d, p->s);
             ote_free(p);
             ote_mutex_lock(&g->mu);
@@ -504,6 +548,7 @@ ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *t, int to_devic
     /* Work parked by an earlier failure is looked at again here too (a source may have no
      * staging worker). */
     if (atomic_load(&g->nparked) > 0) reclaim_parked(g);
+    atomic_fetch_add(&g->n_src, 1);
     ote_cuda_stream_t *s = NULL;
     ote_status_t st = stream_get(g, d, &s);
     if (st != OTE_OK) return st;
@@ -721,6 +766,7 @@ void ote__gpu_stage(ote__gpu_t *g, uint32_t kind, ote__slice_t *slices, uint32_t
         for (uint32_t i = 0; i < ns; i++) slices[i].done(&slices[i], st);
         return;
     }
+    atomic_fetch_add(&g->n_staged, 1);
     j->g = g;
     j->d = d;
     j->slices = slices;
@@ -743,17 +789,219 @@ void ote__gpu_stage(ote__gpu_t *g, uint32_t kind, ote__slice_t *slices, uint32_t
     ote_mutex_unlock(&g->mu);
 }
 
+/* ---- CUDA IPC ---- */
+
+int ote__gpu_ipc_allowed(const ote__gpu_t *g) { return (g->paths & OTE__GPU_PATH_IPC) != 0; }
+int ote__gpu_staging_allowed(const ote__gpu_t *g) {
+    return (g->paths & OTE__GPU_PATH_STAGING) != 0;
+}
+
+ote_status_t ote__gpu_ipc_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, uint32_t len,
+                                 ote__ipc_desc_t *out) {
+    if (!(g->paths & OTE__GPU_PATH_IPC) || !OTE_MEM_IS_CUDA(kind)) return OTE_ERR_UNSUPPORTED;
+    gdev_t *d = NULL;
+    ote_status_t st = dev_open(g, kind, 0, &d);
+    ote_cuda_pointer_info_t info;
+    if (st == OTE_OK) st = ote_cuda_pointer_classify(g->drv, addr, &info);
+    if (st == OTE_OK && (info.kind != OTE_CUDA_MEM_DEVICE || addr < info.range_start ||
+                         len > info.range_start + info.range_size - addr))
+        st = OTE_ERR_INVALID;
+    if (st != OTE_OK) {
+        OTE_WARN_LIMITED("gpu", "IPC export of [0x%llx, +%u): %s", (unsigned long long)addr, len,
+                         ote_status_str(st));
+        return st;
+    }
+    /* The cached description of this allocation (buffer ids are never reused). */
+    ote_cuda_ipc_desc_t cd;
+    int found = 0;
+    ote_mutex_lock(&g->mu);
+    for (int i = 0; i < GPU_IPC_EXPORTS; i++)
+        if (g->exps[i].buffer_id == info.buffer_id && g->exps[i].ex != NULL) {
+            g->exps[i].used = ++g->exp_clock;
+            cd = *ote_cuda_ipc_export_desc(g->exps[i].ex);
+            found = 1;
+            break;
+        }
+    ote_mutex_unlock(&g->mu);
+    if (!found) {
+        ote_cuda_ipc_export_t *ex = NULL;
+        st = ote_cuda_ipc_export_create(d->dev, addr, &ex);
+        if (st != OTE_OK) {
+            OTE_WARN_LIMITED("gpu", "cuda:%d: cuIpcGetMemHandle of [0x%llx, +%u): %s",
+                             OTE_MEM_CUDA_DEVICE(kind), (unsigned long long)addr, len,
+                             ote_status_str(st));
+            return st;
+        }
+        cd = *ote_cuda_ipc_export_desc(ex);
+        ote_cuda_ipc_export_t *drop = NULL;
+        ote_mutex_lock(&g->mu);
+        ipc_exp_t *v = &g->exps[0];
+        for (int i = 0; i < GPU_IPC_EXPORTS; i++) {
+            if (g->exps[i].ex == NULL) {
+                v = &g->exps[i];
+                break;
+            }
+            if (g->exps[i].used < v->used) v = &g->exps[i];
+        }
+        drop = v->ex;
+        v->ex = ex;
+        v->buffer_id = info.buffer_id;
+        v->used = ++g->exp_clock;
+        ote_mutex_unlock(&g->mu);
+        ote_cuda_ipc_export_destroy(drop); /* a description only: nothing native to release */
+        atomic_fetch_add(&g->n_exports, 1);
+    }
+    memset(out, 0, sizeof(*out));
+    memcpy(out->handle, &cd.handle, sizeof(out->handle));
+    out->buffer_id = cd.buffer_id;
+    out->base = cd.base;
+    out->size = cd.size;
+    out->offset = addr - cd.base;
+    out->device = cd.device_ordinal;
+    return OTE_OK;
+}
+
+/* The device an IPC copy runs on (its import cache created on first use). */
+static ote_status_t ipc_dev(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
+    gdev_t *d = NULL;
+    ote_status_t st = dev_open(g, kind, 0, &d);
+    if (st != OTE_OK) return st;
+    ote_mutex_lock(&g->mu);
+    if (d->ipc == NULL)
+        st = ote_cuda_ipc_cache_create(d->dev, GPU_IPC_ENTRIES, GPU_IPC_BYTES, &d->ipc);
+    ote_mutex_unlock(&g->mu);
+    if (st == OTE_OK) *out = d;
+    return st;
+}
+
+ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote__ipc_desc_t *desc,
+                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
+                                     ote__gpu_ipc_op_t **op_out) {
+    int local_dev = OTE_MEM_IS_CUDA(local_kind);
+    if (atomic_load(&g->nparked) > 0) reclaim_parked(g);
+    if (!driver_present(g)) return OTE_ERR_NO_DEVICE;
+    if (desc->device < 0 || desc->device >= GPU_MAX_DEVICES || desc->offset > desc->size ||
+        len > desc->size - desc->offset || desc->base > UINT64_MAX - desc->size)
+        return OTE_ERR_PROTOCOL;
+    /* The copy runs on the local buffer's device, else on the exporter's (one host: the
+     * same ordinals). */
+    uint32_t kind = local_dev ? local_kind : OTE_MEM_CUDA + (uint32_t)desc->device;
+    gdev_t *d = NULL;
+    ote_status_t st = ipc_dev(g, kind, &d);
+    ote__gpu_ipc_op_t *op = st == OTE_OK ? ote_calloc(1, sizeof(*op)) : NULL;
+    if (st == OTE_OK && op == NULL) st = OTE_ERR_NOMEM;
+    ote_cuda_ipc_desc_t cd;
+    memset(&cd, 0, sizeof(cd));
+    memcpy(&cd.handle, desc->handle, sizeof(cd.handle));
+    cd.buffer_id = desc->buffer_id;
+    cd.base = desc->base;
+    cd.size = desc->size;
+    cd.device_ordinal = desc->device;
+    if (st == OTE_OK) st = ote_cuda_ipc_import(d->ipc, exporter, &cd, &op->map);
+    ote_cu_deviceptr_t remote = 0;
+    if (st == OTE_OK)
+        st = ote_cuda_ipc_mapping_translate(op->map, desc->base + desc->offset, len, &remote);
+    if (st == OTE_OK) st = stream_get(g, d, &op->s);
+    if (st == OTE_OK) {
+        uint64_t l = (uintptr_t)local;
+        ote_cuda_copy_kind_t k = local_dev ? OTE_CUDA_COPY_DTOD
+                                 : write   ? OTE_CUDA_COPY_HTOD
+                                           : OTE_CUDA_COPY_DTOH;
+        st = ote_cuda_stream_copy(op->s, k, write ? remote : l, write ? l : remote, len);
+        if (st == OTE_OK) st = ote_cuda_stream_commit(op->s, NULL, NULL);
+        if (st != OTE_OK && ote_cuda_stream_state(op->s) != OTE_CUDA_STREAM_IDLE) {
+            park_map(g, d, op->s, NULL, op->map); /* the copy may still run */
+            op->s = NULL;
+            op->map = NULL;
+        }
+    }
+    if (st == OTE_OK) {
+        op->d = d;
+        *op_out = op;
+        return OTE_OK;
+    }
+    OTE_WARN_LIMITED("gpu", "CUDA IPC copy of %u bytes (%s, buffer %llu of exporter %llu): %s", len,
+                     write ? "write" : "read", (unsigned long long)desc->buffer_id,
+                     (unsigned long long)exporter, ote_status_str(st));
+    atomic_fetch_add(&g->n_ipc_failed, 1);
+    if (op != NULL) {
+        if (op->s != NULL) stream_put(g, d, op->s);
+        if (op->map != NULL) ote_cuda_ipc_mapping_put(d->ipc, op->map);
+        ote_free(op);
+    }
+    return st;
+}
+
+ote_status_t ote__gpu_ipc_copy_poll(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int give_up) {
+    ote_status_t st = ote_cuda_stream_poll(op->s);
+    if (st == OTE_ERR_AGAIN && !give_up) return OTE_ERR_AGAIN;
+    if (st == OTE_OK) {
+        ote_cuda_ipc_mapping_put(op->d->ipc, op->map);
+        stream_put(g, op->d, op->s);
+        atomic_fetch_add(&g->n_ipc_ok, 1);
+    } else {
+        /* Pending past the deadline, or an unknown outcome (the stream is retained):
+         * the copy may still touch both ends. */
+        if (st == OTE_ERR_AGAIN) st = OTE_ERR_TIMEOUT;
+        OTE_WARN_LIMITED("gpu", "cuda:%d: CUDA IPC copy failed: %s",
+                         ote_cuda_device_ordinal(op->d->dev), ote_status_str(st));
+        park_map(g, op->d, op->s, NULL, op->map);
+        atomic_fetch_add(&g->n_ipc_failed, 1);
+    }
+    ote_free(op);
+    return st;
+}
+
+void ote__gpu_ipc_revoked(ote__gpu_t *g, uint64_t exporter, uint64_t buffer_id) {
+    for (int i = 0; i < GPU_MAX_DEVICES; i++) {
+        ote_mutex_lock(&g->mu);
+        ote_cuda_ipc_cache_t *c = g->devs[i].ipc;
+        ote_mutex_unlock(&g->mu);
+        if (c != NULL) (void)ote_cuda_ipc_close_receipt(c, exporter, buffer_id);
+    }
+}
+
+void ote__gpu_ipc_exporter_dead(ote__gpu_t *g, uint64_t exporter) {
+    for (int i = 0; i < GPU_MAX_DEVICES; i++) {
+        ote_mutex_lock(&g->mu);
+        ote_cuda_ipc_cache_t *c = g->devs[i].ipc;
+        ote_mutex_unlock(&g->mu);
+        size_t n = c != NULL ? ote_cuda_ipc_exporter_dead(c, exporter) : 0;
+        if (n > 0)
+            OTE_INFO("gpu", "cuda:%d: %zu CUDA IPC import(s) of dead exporter %llu released", i, n,
+                     (unsigned long long)exporter);
+    }
+}
+
 void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out) {
     ote_mutex_lock(&g->mu);
     out->jobs_active = g->njobs;
     out->parked = g->nparked;
     out->driver_loaded = g->drv != NULL;
     out->chunks_out = 0;
-    for (int i = 0; i < GPU_MAX_DEVICES; i++)
+    ote_cuda_ipc_cache_t *caches[GPU_MAX_DEVICES];
+    for (int i = 0; i < GPU_MAX_DEVICES; i++) {
         if (g->devs[i].pool != NULL)
             out->chunks_out +=
                 GPU_POOL_FACTOR * g->depth - ote_cuda_staging_free_count(g->devs[i].pool);
+        caches[i] = g->devs[i].ipc;
+    }
     ote_mutex_unlock(&g->mu);
+    out->staged_jobs = atomic_load(&g->n_staged);
+    out->src_copies = atomic_load(&g->n_src);
+    out->ipc_exports = atomic_load(&g->n_exports);
+    out->ipc_copies = atomic_load(&g->n_ipc_ok);
+    out->ipc_failed = atomic_load(&g->n_ipc_failed);
+    out->ipc_imports = out->ipc_mapped = out->ipc_in_use = out->ipc_invalidated = 0;
+    for (int i = 0; i < GPU_MAX_DEVICES; i++) {
+        if (caches[i] == NULL) continue;
+        ote_cuda_ipc_cache_stats_t cs;
+        ote_cuda_ipc_cache_stats(caches[i], &cs);
+        out->ipc_imports += cs.imports;
+        out->ipc_mapped += cs.entries;
+        out->ipc_in_use += cs.in_use;
+        out->ipc_invalidated += cs.invalidations;
+    }
 }
 
 void ote__gpu_destroy(ote__gpu_t *g) {
@@ -780,8 +1028,18 @@ void ote__gpu_destroy(ote__gpu_t *g) {
         (void)ote_cuda_stream_destroy(p->s, ote_now_ns());
         ote_free(p);
     }
+    for (int i = 0; i < GPU_IPC_EXPORTS; i++) ote_cuda_ipc_export_destroy(g->exps[i].ex);
     for (int i = 0; i < GPU_MAX_DEVICES; i++) {
         gdev_t *d = &g->devs[i];
+        if (d->ipc != NULL) {
+            ote_status_t cst = ote_cuda_ipc_cache_destroy(d->ipc);
+            if (ote_status_code(cst) == OTE_ERR_BUSY)
+                OTE_ERROR("gpu",
+                          "cuda:%d: CUDA IPC mappings still in use at engine destroy: the "
+                          "import cache is left open",
+                          i);
+            else d->ipc = NULL;
+        }
         while (d->nfree > 0) (void)ote_cuda_stream_destroy(d->free_streams[--d->nfree], dl);
         if (d->pool != NULL && ote_cuda_staging_destroy(d->pool) == OTE_ERR_BUSY)
             OTE_ERROR("gpu",

@@ -74,13 +74,12 @@ int ote__gpu_driver_present(ote__gpu_t *g);
 /* The NUMA node of CUDA device dev (its PCI function's, from sysfs), -1 when unknown. */
 int ote__gpu_device_node(ote__gpu_t *g, int dev);
 
-/* Whether device memory of `kind` may be moved by this engine (gpu_paths allows a path
- * that exists): OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing;
- * `what` names the side ("local buffer", "registered range") for the log. ipc_optin: for
- * a registration, whether it carries OTE_PERM_IPC (1) or not (0); -1 for a request's
- * local buffer (no registration of its own to export). The only path built is staging,
- * so OTE_OK means staging; the ipc path (gpu_paths "ipc" and, at a registration,
- * OTE_PERM_IPC) is named in the refusal as not built yet, never taken silently. */
+/* Whether device memory of `kind` may be moved by staging (gpu_paths has staging):
+ * OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing; `what` names the
+ * side ("local buffer", "registered range") for the log. ipc_optin: for a registration,
+ * whether it carries OTE_PERM_IPC (1) or not (0); -1 for a request's local buffer. The
+ * ipc path is chosen before this is asked (engine/batch.c for a local buffer, the shm
+ * source for a registration): this names what ipc lacked in the refusal. */
 ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, int ipc_optin, const char *what);
 /* Largest slice a staged request may have (the chunk size). */
 uint64_t ote__gpu_max_slice(const ote__gpu_t *g);
@@ -108,13 +107,49 @@ ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *tok, int to_dev
                                uint64_t dev_addr, uint32_t len, ote_deadline_t dl);
 void ote__gpu_src_put(ote__gpu_t *g, ote__gpu_bounce_t *tok);
 
+/* ---- CUDA IPC (gpu_paths "ipc"; the shm transport carries it, engine/shm) ----
+ * Source side: ote__gpu_ipc_export describes the allocation holding the device range
+ * [addr, +len) of a registration of `kind` (cuIpcGetMemHandle through cuda/ipc, once per
+ * allocation: the last GPU_IPC_EXPORTS allocations are cached by buffer id, which is
+ * never reused) and the range's offset in it.
+ * Requester side: one bounded import cache per device (cuda/ipc: GPU_IPC_ENTRIES
+ * mappings and GPU_IPC_BYTES at most, least recently used closed first, never while a
+ * copy uses it), keyed by (exporter, buffer id). ote__gpu_ipc_copy_start imports and
+ * enqueues one cuMemcpy*Async on a copy stream (DtoD when the local buffer is device
+ * memory, else HtoD / DtoH) and records its event; ote__gpu_ipc_copy_poll polls the
+ * event (never a blocking synchronize). A copy whose outcome is unknown (a failed event
+ * query, a deadline) parks its stream with the mapping it uses, until the driver proves
+ * the work complete. */
+typedef struct ote__gpu_ipc_op ote__gpu_ipc_op_t;
+int ote__gpu_ipc_allowed(const ote__gpu_t *g);     /* "ipc" in gpu_paths */
+int ote__gpu_staging_allowed(const ote__gpu_t *g); /* "staging" in gpu_paths */
+ote_status_t ote__gpu_ipc_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, uint32_t len,
+                                 ote__ipc_desc_t *out);
+ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote__ipc_desc_t *desc,
+                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
+                                     ote__gpu_ipc_op_t **op_out);
+/* OTE_ERR_AGAIN while the copy runs; else its status (the op is gone). give_up: the
+ * caller's deadline passed: the op is parked and OTE_ERR_TIMEOUT returned. */
+ote_status_t ote__gpu_ipc_copy_poll(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int give_up);
+void ote__gpu_ipc_revoked(ote__gpu_t *g, uint64_t exporter, uint64_t buffer_id);
+void ote__gpu_ipc_exporter_dead(ote__gpu_t *g, uint64_t exporter);
+
 /* Counters for tests: staged requests running, and streams/chunks parked after an
  * unknown outcome (retained until the driver proves the work complete). */
 typedef struct {
     uint64_t jobs_active;
     uint64_t parked;
     uint64_t driver_loaded;
-    uint64_t chunks_out; /* staging chunks not in their pools (all devices) */
+    uint64_t chunks_out;      /* staging chunks not in their pools (all devices) */
+    uint64_t staged_jobs;     /* requests (or slices handed back by ipc) staged, cumulative */
+    uint64_t src_copies;      /* source bounce copies (ote__gpu_src_copy), cumulative */
+    uint64_t ipc_exports;     /* allocations described for peers (source side, cumulative) */
+    uint64_t ipc_copies;      /* IPC copies that completed OK (requester side, cumulative) */
+    uint64_t ipc_failed;      /* IPC copies that failed (start or completion) */
+    uint64_t ipc_imports;     /* cuIpcOpenMemHandle calls that succeeded (all devices) */
+    uint64_t ipc_mapped;      /* mappings open now (all devices) */
+    uint64_t ipc_in_use;      /* mappings used by a copy now */
+    uint64_t ipc_invalidated; /* by close receipts or exporter death */
 } ote__gpu_stats_t;
 void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out);
 

@@ -154,6 +154,8 @@ static const ote__transport_ops_t g_shm_ops = {
     .destroy = shm_destroy,
     .advert = shm_advert,
     .peer_open_info = ote__shm_peer_open_info,
+    .ipc_ready = ote__shm_ipc_ready,
+    .ipc_revoke = ote__shm_ipc_revoke,
 };
 
 ote_status_t ote__shm_create(const ote__cfg_t *cfg, const ote__host_t *host,

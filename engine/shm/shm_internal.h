@@ -80,6 +80,11 @@
  * so a canceled request ends CANCELED only once no byte of it can move any more; the
  * account (and the pin) ends with its last byte, served, canceled or written off.
  *
+ * CUDA IPC (gpu_paths "ipc" on both ends, negotiated per connection; see SHM_IPC_OFFER
+ * below): a piece on device memory registered with OTE_PERM_IPC is checked and pinned as
+ * any other, then the requester copies it itself through the allocation's IPC handle;
+ * its receive thread polls the copies' events and tells the source when each ended.
+ *
  * Reconnect. A lost peer is reconnected on the next submit (peer_ensure): the transport
  * asks the engine for the peer's advertisement again (host->query_info), since a
  * restarted peer at the same "host:port" listens on another socket.
@@ -88,7 +93,8 @@
  * the peer's mu (queue, window, fd state); done() runs with no lock held. Source: the
  * accept thread creates one thread per connection, for at most tcp_max_accepted
  * connections at once (the engine's accept limit, as on TCP: any local process may
- * connect, so more are closed at once); tp->mu guards the list of connections. A
+ * connect, so more are closed at once); tp->mu guards the list of connections and each
+ * one's offered allocations (close receipts are sent from the unregistering thread). A
  * connection's copy helpers take units of its current job (an atomic counter tagged with
  * the job's generation) and touch nothing else but the job's statuses (atomic) and the
  * accounts' cancel marks (atomic); its thread alone reads the socket, pins and unpins.
@@ -154,6 +160,29 @@
 /* SHM_AUTH: the key's challenge-response (engine/control/auth.h) between HELLO and
  * HELLO_ACK when the source has a key; steps as the control frame's (OTE_CTL_AUTH_*). */
 enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4, SHM_AUTH = 5 };
+/* CUDA IPC (a capability of protocol 3, negotiated: SHM_CAP_IPC in the HELLO header's
+ * pad, SHM_ACK_IPC in the HELLO_ACK's flags; a peer without it never sees the messages
+ * below nor the request flags SHM_REQ_IPC / SHM_REQ_LOCAL_DEV, and keeps staging).
+ *  - SHM_IPC_OFFER (source -> requester, shm_ipc_offer_t) answers a piece flagged
+ *    SHM_REQ_IPC in the place of its RESPS entry (responses stay in order): the piece
+ *    is on device memory registered with OTE_PERM_IPC, checked and pinned as any piece;
+ *    the offer carries the allocation's IPC handle and the piece's offset in it. The
+ *    requester imports the allocation (engine/gpu's bounded cache), copies the piece
+ *    with an asynchronous copy on a stream, polls its event, and then sends an
+ *    SHM_OP_IPC_DONE entry naming the piece's id: only then does the source drop the
+ *    piece's pin (unregister is BUSY until then). The connection's end drops every pin
+ *    it still holds this way.
+ *  - SHM_IPC_CLOSE (source -> requester, shm_ipc_close_t): a close receipt. A
+ *    registration with OTE_PERM_IPC was unregistered; the requester closes its import
+ *    of that allocation (buffer id) once no copy uses it, before it is used again.
+ *  - A piece flagged SHM_REQ_LOCAL_DEV (with SHM_REQ_IPC) has a local buffer in device
+ *    memory: the source never copies it itself; when it does not offer IPC (no opt-in,
+ *    host memory, ipc not in its gpu_paths) it answers OTE_ERR_UNSUPPORTED having
+ *    touched nothing, and the requester's engine stages the piece instead. */
+enum { SHM_IPC_OFFER = 6, SHM_IPC_CLOSE = 7 };
+#define SHM_CAP_IPC 1u     /* HELLO h.pad: the requester may take CUDA IPC */
+#define SHM_OP_IPC_DONE 13 /* a REQS entry: the IPC copy of piece `id` ended */
+#define SHM_IPC_OFFERED 64 /* allocations remembered per connection for close receipts */
 /* A REQS entry that is no request: `local` bytes of request req_uid will never come
  * (dropped unsent by the requester). It gets no response. (OTE__SLICE_* are 3, 5, 7.) */
 #define SHM_OP_WRITE_OFF 9
@@ -195,6 +224,18 @@ typedef struct {
 /* Cross-memory-attach mode: the source mapped the ring too, so small pieces may travel
  * through it (SHM_REQ_RING). */
 #define SHM_ACK_RING 1u
+#define SHM_ACK_IPC 2u /* the source offers CUDA IPC on this connection */
+
+typedef struct {
+    shm_hdr_t h;
+    uint64_t id; /* the piece it answers */
+    ote__ipc_desc_t d;
+} shm_ipc_offer_t;
+
+typedef struct {
+    shm_hdr_t h;
+    uint64_t buffer_id;
+} shm_ipc_close_t;
 
 typedef struct {
     shm_hdr_t h;
@@ -223,6 +264,8 @@ typedef struct {
  * pieces of at most SHM_RING_SMALL bytes, for which one process_vm_* call per message
  * costs far more than two user-space copies. (In ring mode every piece is in the ring.) */
 #define SHM_REQ_RING 1u
+#define SHM_REQ_IPC 2u       /* the requester takes CUDA IPC for this piece if offered */
+#define SHM_REQ_LOCAL_DEV 4u /* its local buffer is device memory: IPC or nothing */
 #define SHM_RING_SMALL (64u << 10)
 
 typedef struct {
@@ -239,6 +282,7 @@ typedef struct shm_acct shm_acct_t; /* shm_source.c: one request's account */
 typedef struct {
     uint64_t uid, req_remote, req_len, bytes;
     uint16_t op;
+    uint64_t id; /* SHM_OP_IPC_DONE: the piece */
 } shm_woff_t;
 
 /* One received REQS message (source side), checked and pinned when read, then copied. */
@@ -249,7 +293,21 @@ typedef struct {
     } in;
     void *pin[SHM_BATCH_MAX];
     _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins */
+    uint8_t ipc[SHM_BATCH_MAX];        /* answered by an SHM_IPC_OFFER (offer[i]) */
+    ote__ipc_desc_t offer[SHM_BATCH_MAX];
 } shm_msg_t;
+
+/* A piece whose IPC copy the requester is making: its pin, held until SHM_OP_IPC_DONE. */
+typedef struct {
+    uint64_t id;
+    void *pin;
+    uint32_t len;
+} shm_held_t;
+
+/* An allocation offered on a connection (for close receipts). */
+typedef struct {
+    uint64_t buffer_id, base, size;
+} shm_offered_t;
 
 /* A piece of copy work of one message: whole entries [i, j) with one system call, or
  * (len > 0) bytes [off, off + len) of entry i. */
@@ -290,6 +348,11 @@ struct shm_src {
     shm_msg_t *msgs; /* SHM_LOOKAHEAD received messages, a ring: [mhead, +mcount) */
     uint32_t mhead, mcount;
     _Atomic int abort; /* the requester is gone: copy nothing more */
+    int ipc;           /* CUDA IPC negotiated (SHM_ACK_IPC) */
+    shm_held_t *held;  /* pieces offered by IPC, pinned until their IPC_DONE; thread's */
+    size_t nheld, held_cap;
+    shm_offered_t offered[SHM_IPC_OFFERED]; /* under tp->mu */
+    size_t noffered;
     /* Copy helpers (started on the first large message) and the job they share. */
     pthread_t helper[SHM_COPY_HELPERS];
     int nhelpers;
@@ -316,8 +379,10 @@ typedef struct shm_peer {
     int stop;
     pid_t src_pid;
     uint32_t max_slice;
-    int mode;      /* SHM_MODE_* of the current connection */
-    uint8_t *ring; /* the shared ring (mapped while connected; in CMA mode only when the
+    int mode;              /* SHM_MODE_* of the current connection */
+    int ipc;               /* the current connection carries CUDA IPC (SHM_ACK_IPC) */
+    ote__slice_t *ih, *it; /* slices whose IPC copy runs (receive thread polls them) */
+    uint8_t *ring;         /* the shared ring (mapped while connected; in CMA mode only when the
                     * source mapped it too: small pieces then travel through it) */
     uint64_t ring_head, ring_tail; /* in-order allocation (virtual offsets) */
     pthread_t rx;
@@ -340,6 +405,7 @@ uint32_t ote__shm_peer_max_slice(ote__tpeer_t *peer);
 void ote__shm_submit(ote__tpeer_t *peer, ote__slice_t *list);
 void ote__shm_cancel(ote__tpeer_t *peer);
 ote_status_t ote__shm_peer_close(ote__tpeer_t *peer);
+int ote__shm_ipc_ready(ote__tpeer_t *peer);
 
 /* shm_pins.c (the connection's thread only). Check and pin piece q, whose request's
  * extent (validated by the caller) is [start, start + len): through its request's account
@@ -359,6 +425,9 @@ void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
 
 /* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
 void *ote__shm_src_main(void *arg);
+/* Close receipts for the allocation holding [start, +len) to every connection it was
+ * offered on (any thread; takes tp->mu). */
+void ote__shm_ipc_revoke(ote__transport_t *tp, uint64_t start, uint64_t len);
 
 /* Fill an abstract socket address for name; returns its length. */
 socklen_t ote__shm_sockaddr(const char *name, void *sun_out);

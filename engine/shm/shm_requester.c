@@ -92,8 +92,28 @@ static void peer_entry(shm_peer_t *p, const ote__slice_t *s, uint16_t op) {
         p->woff = w;
         p->woff_cap = cap;
     }
-    p->woff[p->nwoff++] =
-        (shm_woff_t){s->req_uid, s->req_remote, s->req_len, op == SHM_OP_CANCEL ? 0 : s->len, op};
+    p->woff[p->nwoff++] = (shm_woff_t){
+        s->req_uid, s->req_remote, s->req_len, op == SHM_OP_CANCEL ? 0 : s->len, op, 0};
+}
+
+/* The IPC copy of piece id ended: the source is told (an IPC_DONE entry in the next REQS
+ * message) so that it drops the piece's pin. p->mu held. */
+static void peer_ipc_done(shm_peer_t *p, uint64_t id) {
+    if (p->broken) return;
+    if (p->nwoff == p->woff_cap) {
+        size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
+        shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
+        if (w == NULL) {
+            OTE_WARN_LIMITED("shm",
+                             "peer %s: out of memory for an IPC_DONE entry: the source keeps "
+                             "the piece pinned until the connection closes",
+                             p->addr);
+            return;
+        }
+        p->woff = w;
+        p->woff_cap = cap;
+    }
+    p->woff[p->nwoff++] = (shm_woff_t){0, 0, 0, 0, SHM_OP_IPC_DONE, id};
 }
 
 static int read_ptrace_scope(void) {
@@ -241,6 +261,10 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     shm_hello_t h;
     memset(&h, 0, sizeof(h));
     h.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO, 0, 0};
+    /* CUDA IPC: asked for when gpu_paths allows it (whether the driver is loaded is
+     * looked at per piece). */
+    int want_ipc = (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_copy_start != NULL;
+    if (want_ipc) h.h.pad = SHM_CAP_IPC;
     int force_ring = strcmp(tp->cfg.shm_mode, "ring") == 0;
     h.probe_addr = force_ring ? 0 : (uint64_t)(uintptr_t)&g_probe_cookie;
     h.probe_val = atomic_load(&g_probe_cookie);
@@ -289,6 +313,7 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     p->fd = fd;
     p->src_pid = cr.pid;
     p->mode = (int)a.mode;
+    p->ipc = want_ipc && (a.flags & SHM_ACK_IPC) != 0;
     p->ring = ring;
     p->ring_head = p->ring_tail = 0;
     uint32_t cap = a.mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
@@ -305,6 +330,9 @@ static void peer_kill(shm_peer_t *p, ote_status_t st, slist_t *done) {
         if (st != OTE_OK && !p->stop)
             OTE_WARN("shm", "peer %s (pid %d): connection lost: %s", p->addr, (int)p->src_pid,
                      ote_status_str(st));
+        /* Its CUDA IPC imports go (closed once no copy uses them). */
+        if (p->ipc && p->tp->host.ipc_exporter_dead != NULL)
+            p->tp->host.ipc_exporter_dead(p->tp->host.arg, (uint64_t)p->src_pid);
     }
     ote_deadline_t now = ote_now_ns();
     ote__slice_t *lists[2] = {p->fh, p->qh};
@@ -343,12 +371,13 @@ static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
 /* Slice s travels through the ring: every piece with bytes in ring mode; in
  * cross-memory-attach mode the small data pieces, when the source mapped the ring. */
 static int peer_uses_ring(const shm_peer_t *p, const ote__slice_t *s) {
-    if (p->ring == NULL || s->len == 0) return 0;
+    if (p->ring == NULL || s->len == 0 || s->ipc_try) return 0;
     return p->mode == SHM_MODE_RING || (s->op != OTE__SLICE_NOTIFY && s->len <= SHM_RING_SMALL);
 }
 
 /* Send pending write-offs, and queued slices while the window allows. p->mu held. */
 static void peer_pump(shm_peer_t *p, slist_t *done) {
+    int ipc_ok = -1; /* host->ipc_usable, asked once when needed */
     union {
         shm_hdr_t h;
         uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
@@ -359,7 +388,7 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
         uint32_t nw = 0, n = 0; /* write-off entries first, then n slices */
         for (; nw < p->nwoff && nw < SHM_BATCH_MAX; nw++) {
             const shm_woff_t *w = &p->woff[nw];
-            r[nw] = (shm_req_t){.id = 0,
+            r[nw] = (shm_req_t){.id = w->id,
                                 .local = w->bytes,
                                 .op = w->op,
                                 .req_remote = w->req_remote,
@@ -385,13 +414,27 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                 s = next;
                 continue;
             }
+            if (s->ipc_try && !p->ipc) { /* local device memory needs IPC: never sent */
+                if (last) last->next = next;
+                else p->qh = next;
+                if (p->qt == s) p->qt = last;
+                peer_write_off(p, s); /* the engine stages it as a request of its own */
+                slist_add(done, s, OTE_ERR_UNSUPPORTED);
+                s = next;
+                continue;
+            }
             uint64_t local = (uint64_t)(uintptr_t)s->local;
             uint16_t flags = 0;
+            if (p->ipc && s->op != OTE__SLICE_NOTIFY) {
+                if (ipc_ok < 0) ipc_ok = p->tp->host.ipc_usable(p->tp->host.arg);
+                if (ipc_ok || s->ipc_try) flags = SHM_REQ_IPC;
+                if (s->ipc_try) flags |= SHM_REQ_LOCAL_DEV;
+            }
             s->xp.shm.ring_end = 0; /* nonzero: the slice holds a piece of the ring */
             if (peer_uses_ring(p, s)) {
                 if (ring_alloc(p, s, &local) != 0)
                     break; /* the ring is full: more after responses */
-                flags = SHM_REQ_RING;
+                flags |= SHM_REQ_RING;
             }
             s->xp.shm.id = p->next_id + n;
             r[nw + n] = (shm_req_t){.id = s->xp.shm.id,
@@ -464,6 +507,9 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
         ote_status_t st = r[i].status == OTE_ERR_CANCELED && s->canceled && atomic_load(s->canceled)
                               ? OTE_ERR_CANCELED
                               : ote_ctl_peer_status(op, (ote_status_t)r[i].status);
+        /* A piece of local device memory the source declined to offer by IPC (it moved
+         * nothing): the engine stages it. */
+        if (s->ipc_try && r[i].status == OTE_ERR_UNSUPPORTED) st = OTE_ERR_UNSUPPORTED;
         if (s->xp.shm.ring_end != 0) {
             if (st == OTE_OK && s->op == OTE__SLICE_READ)
                 memcpy(s->local, p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->len);
@@ -472,6 +518,86 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
         slist_add(done, s, st);
     }
     return 0;
+}
+
+/* An SHM_IPC_OFFER: the piece at the head of the window is the requester's to copy by
+ * CUDA IPC. p->mu held; -1 on a protocol error. */
+static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+    shm_ipc_offer_t o;
+    if (n != sizeof(o)) return -1;
+    memcpy(&o, b, sizeof(o));
+    ote__slice_t *s = p->fh;
+    if (!p->ipc || o.h.magic != SHM_MAGIC || o.h.version != SHM_VERSION || s == NULL ||
+        s->xp.shm.id != o.id || (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) ||
+        o.d.offset > o.d.size || s->len > o.d.size - o.d.offset)
+        return -1;
+    p->fh = s->next;
+    if (p->fh == NULL) p->ft = NULL;
+    p->nflight--;
+    p->flight_bytes -= s->len;
+    if (s->xp.shm.ring_end != 0) p->ring_tail = s->xp.shm.ring_end; /* the source left it */
+    const ote__host_t *h = &p->tp->host;
+    void *op = NULL;
+    ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, s->local, s->local_kind,
+                                        s->len, s->op == OTE__SLICE_WRITE, &op);
+    if (st != OTE_OK) {
+        peer_ipc_done(p, o.id); /* the source drops its pin */
+        if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
+        slist_add(done, s, st);
+        return 0;
+    }
+    s->xp.shm.ipc = op;
+    s->next = NULL;
+    if (p->it) p->it->next = s;
+    else p->ih = s;
+    p->it = s;
+    return 0;
+}
+
+/* Poll the IPC copies under way: each one that ended completes its slice (PEER_LOST once
+ * the source is gone) and tells the source. p->mu held. */
+static void peer_ipc_poll(shm_peer_t *p, slist_t *done) {
+    const ote__host_t *h = &p->tp->host;
+    ote_deadline_t now = ote_now_ns();
+    ote__slice_t **pp = &p->ih, *last = NULL;
+    while (*pp) {
+        ote__slice_t *s = *pp;
+        ote_status_t st = h->ipc_copy_poll(h->arg, s->xp.shm.ipc, s->deadline <= now);
+        if (st == OTE_ERR_AGAIN) {
+            last = s;
+            pp = &s->next;
+            continue;
+        }
+        *pp = s->next;
+        s->xp.shm.ipc = NULL;
+        if (p->broken) st = OTE_ERR_PEER_LOST;
+        else peer_ipc_done(p, s->xp.shm.id);
+        if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
+        slist_add(done, s, st);
+    }
+    p->it = last;
+}
+
+/* A close receipt: the source unregistered the allocation buffer_id. p->mu held. */
+static int peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n) {
+    shm_ipc_close_t c;
+    if (n != sizeof(c) || !p->ipc) return -1;
+    memcpy(&c, b, sizeof(c));
+    if (c.h.magic != SHM_MAGIC || c.h.version != SHM_VERSION) return -1;
+    p->tp->host.ipc_revoked(p->tp->host.arg, (uint64_t)p->src_pid, c.buffer_id);
+    return 0;
+}
+
+/* One message of the source. p->mu held; -1 on a protocol error. */
+static int peer_message(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+    shm_hdr_t h;
+    if (n < sizeof(h)) return -1;
+    memcpy(&h, b, sizeof(h));
+    switch (h.kind) {
+        case SHM_IPC_OFFER: return peer_offer(p, b, n, done);
+        case SHM_IPC_CLOSE: return peer_close_receipt(p, b, n);
+        default: return peer_responses(p, b, n, done);
+    }
 }
 
 /* Deadlines: queued slices fail alone; an expired slice in flight kills the connection
@@ -504,16 +630,33 @@ static void *rx_main(void *arg) {
     for (;;) {
         struct pollfd pf = {.fd = p->fd, .events = POLLIN};
         int r = 0;
-        if (atomic_load(&p->nflight) > 0) { /* a response is due: spin a little first */
-            ote_deadline_t spin = ote_deadline_after(SHM_SPIN_NS);
-            while ((r = poll(&pf, 1, 0)) == 0 && !ote_deadline_expired(spin)) {}
+        /* IPC copies under way (read without mu: only this thread changes ih to NULL):
+         * their events are polled every millisecond; after the connection ended, until
+         * each one ended. */
+        int ipc = p->ih != NULL;
+        if (ipc && (p->broken || p->stop)) {
+            (void)poll(NULL, 0, 1);
+        } else {
+            if (atomic_load(&p->nflight) > 0) { /* a response is due: spin a little first */
+                ote_deadline_t spin = ote_deadline_after(SHM_SPIN_NS);
+                while ((r = poll(&pf, 1, 0)) == 0 && !ote_deadline_expired(spin)) {}
+            }
+            if (r == 0) r = poll(&pf, 1, ipc ? 1 : SHM_TICK_MS);
         }
-        if (r == 0) r = poll(&pf, 1, SHM_TICK_MS);
         slist_t done = {NULL, NULL};
         ote_mutex_lock(&p->mu);
+        /* The copies are polled after the socket was read: a source that died during a
+         * copy is seen first (its pieces then end PEER_LOST). */
+        if (p->ih != NULL && (p->stop || p->broken)) peer_ipc_poll(p, &done);
+        if ((p->stop || p->broken) && p->ih == NULL) {
+            ote_mutex_unlock(&p->mu);
+            slist_finish(&done);
+            break;
+        }
         if (p->stop || p->broken) {
             ote_mutex_unlock(&p->mu);
-            break;
+            slist_finish(&done);
+            continue;
         }
         while (r > 0) {
             ssize_t n = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC); /* real length */
@@ -522,13 +665,14 @@ static void *rx_main(void *arg) {
                 peer_kill(p, OTE_ERR_PEER_LOST, &done);
                 break;
             }
-            if (peer_responses(p, buf, (size_t)n, &done) != 0) {
+            if (peer_message(p, buf, (size_t)n, &done) != 0) {
                 OTE_ERROR("shm", "peer %s: malformed or out-of-order response: closing", p->addr);
                 peer_kill(p, OTE_ERR_PROTOCOL, &done);
                 break;
             }
         }
         if (!p->broken) peer_expire(p, &done);
+        if (p->ih != NULL) peer_ipc_poll(p, &done);
         peer_pump(p, &done);
         ote_mutex_unlock(&p->mu);
         slist_finish(&done);
@@ -664,6 +808,14 @@ ote_status_t ote__shm_peer_ensure(ote__tpeer_t *tpeer) {
     }
     ote_mutex_unlock(&p->ensure_mu);
     return st;
+}
+
+int ote__shm_ipc_ready(ote__tpeer_t *tpeer) {
+    shm_peer_t *p = (shm_peer_t *)tpeer;
+    ote_mutex_lock(&p->mu);
+    int ready = p->ipc && !p->broken && p->fd >= 0;
+    ote_mutex_unlock(&p->mu);
+    return ready;
 }
 
 uint32_t ote__shm_peer_max_slice(ote__tpeer_t *tpeer) { return ((shm_peer_t *)tpeer)->max_slice; }

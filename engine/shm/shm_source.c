@@ -174,6 +174,10 @@ static int src_map_ring(shm_src_t *s, const shm_hello_t *h, int rfd, char *text,
     return 0;
 }
 
+static int tp_ipc_allowed(const shm_tp_t *tp) {
+    return (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_export != NULL;
+}
+
 /* Choose the mode and answer the HELLO: cross-memory attach when the requester asks for
  * it and the probe proves it, else the ring it passed. */
 static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
@@ -217,6 +221,11 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
         char ignored[sizeof(a.text)];
         if (src_map_ring(s, &h, rfd, ignored, sizeof(ignored)) == 0) a.flags |= SHM_ACK_RING;
     }
+    /* CUDA IPC when the requester asks for it and this engine allows it. */
+    if (a.status == OTE_OK && (h.h.pad & SHM_CAP_IPC) && (tp_ipc_allowed(s->tp))) {
+        a.flags |= SHM_ACK_IPC;
+        s->ipc = 1;
+    }
     s->mode = (int)a.mode;
     if (send_msg(s, &a, sizeof(a)) != OTE_OK) return -1;
     if (a.status != OTE_OK) {
@@ -240,6 +249,7 @@ static const shm_req_t *msg_reqs(const shm_msg_t *m) {
 
 /* The piece's `local` is an offset in the ring (ring mode, or a small piece so marked). */
 static int in_ring(const shm_src_t *s, const shm_req_t *q) {
+    if (q->flags & SHM_REQ_LOCAL_DEV) return 0; /* a device address, never copied here */
     return s->mode == SHM_MODE_RING || (q->flags & SHM_REQ_RING) != 0;
 }
 
@@ -539,6 +549,62 @@ static void run_units(shm_src_t *s, shm_msg_t *m, uint32_t nu, int par) {
     ote_mutex_unlock(&s->jmu);
 }
 
+/* Remember an IPC piece's pin until its IPC_DONE: 1, or 0 when out of memory. */
+static int held_add(shm_src_t *s, uint64_t id, void *pin, uint32_t len) {
+    if (s->nheld == s->held_cap) {
+        size_t cap = s->held_cap ? 2 * s->held_cap : 64;
+        shm_held_t *h = ote_realloc(s->held, cap * sizeof(*h));
+        if (h == NULL) return 0;
+        s->held = h;
+        s->held_cap = cap;
+    }
+    s->held[s->nheld++] = (shm_held_t){id, pin, len};
+    return 1;
+}
+
+/* SHM_OP_IPC_DONE: the requester's copy of piece id ended; its pin goes. */
+static void held_done(shm_src_t *s, uint64_t id) {
+    for (size_t k = 0; k < s->nheld; k++)
+        if (s->held[k].id == id) {
+            shm_held_t h = s->held[k];
+            s->held[k] = s->held[--s->nheld];
+            ote__shm_src_unpin(s, h.pin, h.len);
+            return;
+        }
+    OTE_DEBUG("shm", "IPC_DONE from %s names no piece held (id %llu): ignored", s->from,
+              (unsigned long long)id);
+}
+
+/* The connection ends: every pin still held for an IPC copy goes. */
+static void held_end(shm_src_t *s) {
+    if (s->nheld > 0)
+        OTE_INFO("shm", "requester %s gone with %zu CUDA IPC copie(s) unfinished: pins released",
+                 s->from, s->nheld);
+    while (s->nheld > 0) {
+        shm_held_t h = s->held[--s->nheld];
+        ote__shm_src_unpin(s, h.pin, h.len);
+    }
+    ote_free(s->held);
+    s->held = NULL;
+    s->held_cap = 0;
+}
+
+/* Remember that the allocation of d was offered on s (close receipts). */
+static void offered_note(shm_src_t *s, const ote__ipc_desc_t *d) {
+    shm_tp_t *tp = s->tp;
+    ote_mutex_lock(&tp->mu);
+    size_t k;
+    for (k = 0; k < s->noffered && s->offered[k].buffer_id != d->buffer_id; k++) {}
+    if (k == s->noffered) {
+        if (s->noffered == SHM_IPC_OFFERED) { /* the oldest goes: its receipt is not sent */
+            memmove(s->offered, s->offered + 1, (SHM_IPC_OFFERED - 1) * sizeof(*s->offered));
+            s->noffered--;
+        }
+        s->offered[s->noffered++] = (shm_offered_t){d->buffer_id, d->base, d->size};
+    }
+    ote_mutex_unlock(&tp->mu);
+}
+
 /* Serve message m in order: the copies of its data entries (checked and pinned when it
  * was read), each notification in its place after the data before it; then its pins go. */
 static void src_serve(shm_src_t *s, shm_msg_t *m) {
@@ -555,8 +621,22 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
                 continue;
             if (atomic_load(&s->abort)) set_st(m, i, OTE_ERR_PEER_LOST);
             if (ote__shm_src_canceled(m->pin[i])) set_st(m, i, OTE_ERR_CANCELED);
-            if (atomic_load(&m->st[i]) == OTE_OK)
-                set_st(m, i, src_copy_device(s, &q[i], m->pin[i]));
+            if (atomic_load(&m->st[i]) != OTE_OK) continue;
+            if (q[i].flags & SHM_REQ_IPC) {
+                /* CUDA IPC where the registration opted in: the requester copies. */
+                const ote__host_t *h = &s->tp->host;
+                ote_status_t xs = h->ipc_export(h->arg, ote__shm_src_engine_pin(s, m->pin[i]),
+                                                q[i].remote, q[i].len, &m->offer[i]);
+                if (xs == OTE_OK) {
+                    m->ipc[i] = 1;
+                    continue;
+                }
+                if (q[i].flags & SHM_REQ_LOCAL_DEV) { /* no byte of it can move here */
+                    set_st(m, i, OTE_ERR_UNSUPPORTED);
+                    continue;
+                }
+            }
+            set_st(m, i, src_copy_device(s, &q[i], m->pin[i]));
         }
         uint64_t large = 0;
         uint32_t nu = build_units(s, m, a, b, &large);
@@ -567,11 +647,16 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
         }
         a = b;
     }
-    for (uint32_t i = 0; i < cnt; i++)
-        if (m->pin[i] != NULL) {
-            ote__shm_src_unpin(s, m->pin[i], q[i].len);
-            m->pin[i] = NULL;
-        }
+    for (uint32_t i = 0; i < cnt; i++) {
+        if (m->pin[i] == NULL) continue;
+        /* An IPC piece keeps its pin until the requester's IPC_DONE. */
+        if (m->ipc[i] && atomic_load(&m->st[i]) == OTE_OK &&
+            held_add(s, q[i].id, m->pin[i], q[i].len))
+            continue;
+        if (m->ipc[i]) set_st(m, i, OTE_ERR_NOMEM);
+        ote__shm_src_unpin(s, m->pin[i], q[i].len);
+        m->pin[i] = NULL;
+    }
 }
 
 /* CANCEL entry c: its request's account is marked (pieces to come, and those of it being
@@ -607,17 +692,30 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
     int resp = 0;
     for (uint32_t i = 0; i < m->in.h.n; i++) {
         m->pin[i] = NULL;
+        m->ipc[i] = 0;
         atomic_store(&m->st[i], OTE_OK);
         if (q[i].op == SHM_OP_WRITE_OFF) {
             ote__shm_src_write_off(s, &q[i]);
+            continue;
+        }
+        if (q[i].op == SHM_OP_IPC_DONE) {
+            held_done(s, q[i].id);
             continue;
         }
         if (q[i].op == SHM_OP_CANCEL) continue; /* below, once every entry is checked */
         resp++;
         if (q[i].op == OTE__SLICE_NOTIFY) continue; /* delivered in its place */
         ote_status_t st = src_check(s, &q[i], &m->pin[i]);
-        /* The ring piece the requester named, bounded by the ring (a mapped one). */
-        if (st == OTE_OK && (q[i].flags & ~SHM_REQ_RING) != 0) st = OTE_ERR_INVALID;
+        /* Flags: IPC ones only where negotiated; a local device buffer never in the ring. */
+        uint16_t fl = q[i].flags,
+                 ok = SHM_REQ_RING | (s->ipc ? SHM_REQ_IPC | SHM_REQ_LOCAL_DEV : 0);
+        if (st == OTE_OK && ((fl & ~ok) != 0 || ((fl & SHM_REQ_LOCAL_DEV) &&
+                                                 (!(fl & SHM_REQ_IPC) || (fl & SHM_REQ_RING)))))
+            st = OTE_ERR_INVALID;
+        /* A local device buffer against host memory here: nothing can move (the
+         * requester stages it). */
+        if (st == OTE_OK && (fl & SHM_REQ_LOCAL_DEV) && !src_is_device(s, m->pin[i]))
+            st = OTE_ERR_UNSUPPORTED;
         if (st == OTE_OK && in_ring(s, &q[i]) &&
             (s->ring == NULL || q[i].local > s->ring_len || q[i].len > s->ring_len - q[i].local))
             st = OTE_ERR_INVALID;
@@ -661,16 +759,37 @@ static void src_loop(shm_src_t *s) {
         if (atomic_load(&s->abort)) break;
         const shm_req_t *reqs = msg_reqs(m);
         shm_resp_t *resps = (shm_resp_t *)(out.b + sizeof(shm_hdr_t));
-        int lost = 0;
-        uint32_t k = 0; /* write-offs and cancels get no response */
-        for (uint32_t i = 0; i < m->in.h.n; i++) {
+        int lost = 0, failed = 0;
+        uint32_t k = 0; /* write-offs, cancels and IPC_DONEs get no response */
+        for (uint32_t i = 0; i < m->in.h.n && !failed; i++) {
             ote_status_t st = (ote_status_t)atomic_load(&m->st[i]);
             if (st == OTE_ERR_PEER_LOST) lost = 1;
-            if (reqs[i].op != SHM_OP_WRITE_OFF && reqs[i].op != SHM_OP_CANCEL)
+            if (reqs[i].op == SHM_OP_WRITE_OFF || reqs[i].op == SHM_OP_CANCEL ||
+                reqs[i].op == SHM_OP_IPC_DONE)
+                continue;
+            if (!m->ipc[i] || st != OTE_OK) {
                 resps[k++] = (shm_resp_t){reqs[i].id, (int32_t)st, 0};
+                continue;
+            }
+            /* An offer in the piece's place: the responses before it go first. */
+            if (k > 0) {
+                out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, k, 0};
+                if (send_msg(s, out.b, sizeof(shm_hdr_t) + k * sizeof(shm_resp_t)) != OTE_OK)
+                    failed = 1;
+                k = 0;
+            }
+            shm_ipc_offer_t o;
+            memset(&o, 0, sizeof(o));
+            o.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_IPC_OFFER, 1, 0};
+            o.id = reqs[i].id;
+            o.d = m->offer[i];
+            offered_note(s, &o.d);
+            if (!failed && send_msg(s, &o, sizeof(o)) != OTE_OK) failed = 1;
         }
+        if (failed || lost) break;
         out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, k, 0};
-        if (lost || send_msg(s, out.b, sizeof(shm_hdr_t) + k * sizeof(shm_resp_t)) != OTE_OK) break;
+        if (k > 0 && send_msg(s, out.b, sizeof(shm_hdr_t) + k * sizeof(shm_resp_t)) != OTE_OK)
+            break;
     }
     /* Pins of messages read but never served. */
     for (; s->mcount > 0; s->mcount--, s->mhead = (s->mhead + 1) % SHM_LOOKAHEAD) {
@@ -694,6 +813,7 @@ void *ote__shm_src_main(void *arg) {
     if (src_hello(s) == 0) src_loop(s);
     helpers_stop(s);
 out_done:
+    held_end(s);
     ote__shm_src_accts_end(s);
     if (s->ring != NULL) munmap(s->ring, s->ring_len);
     s->ring = NULL;
@@ -704,4 +824,31 @@ out_done:
     if (sync > 0) ote_mutex_destroy(&s->jmu);
     atomic_store(&s->done, 1);
     return NULL;
+}
+
+void ote__shm_ipc_revoke(ote__transport_t *t, uint64_t start, uint64_t len) {
+    shm_tp_t *tp = (shm_tp_t *)t;
+    ote_mutex_lock(&tp->mu);
+    for (shm_src_t *s = tp->srcs; s != NULL; s = s->next) {
+        if (atomic_load(&s->done)) continue;
+        for (size_t k = 0; k < s->noffered;) {
+            const shm_offered_t *o = &s->offered[k];
+            if (start >= o->base + o->size || start + len <= o->base) {
+                k++;
+                continue;
+            }
+            shm_ipc_close_t c;
+            memset(&c, 0, sizeof(c));
+            c.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_IPC_CLOSE, 0, 0};
+            c.buffer_id = o->buffer_id;
+            /* Best effort, never waiting: a requester whose socket is full learns by the
+             * buffer id of the next offer (ids are never reused) or by the connection's
+             * end. */
+            if (send(s->fd, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(c))
+                OTE_WARN_LIMITED("shm", "close receipt to %s (pid %d) not sent: %s", s->from,
+                                 (int)s->pid, strerror(errno));
+            s->offered[k] = s->offered[--s->noffered];
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
 }

@@ -118,6 +118,7 @@ _PROTOTYPES = {
         status_t,
         [c_void_p, ctypes.POINTER(NicStats), c_size_t, ctypes.POINTER(c_size_t)],
     ),
+    "ote_engine_gpu_stats": (status_t, [c_void_p, c_void_p]),
     "ote_memory_register": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.c_uint]),
     "ote_memory_register_named": (
         status_t,

@@ -312,10 +312,10 @@ TEST_F(GpuStagingTest, SourceWithoutStagingRefusesItsDeviceMemory) {
 }
 
 // ---- the CUDA IPC opt-in (OTE_PERM_IPC) and the path rules around it ----
-// The ipc path is not built yet: these cases pin down the flag's contract and that, with
-// or without it, nothing but staging ever moves device memory (the fake's IPC counters
-// stay at zero on both sides), and that gpu_paths without staging refuses naming what is
-// missing.
+// These cases pin down the flag's contract and that without it nothing but staging ever
+// moves device memory (the fake's IPC counters stay at zero on both sides), and that
+// gpu_paths without staging refuses naming what is missing. The ipc path itself is
+// tested in gpu_ipc_test.
 
 // OTE_PERM_IPC is accepted with READ and/or WRITE on device memory only, and reported by
 // ote_memory_query; discovery lists READ/WRITE alone.
@@ -378,12 +378,13 @@ TEST_F(GpuStagingTest, IpcOptInFlagAtRegistration) {
 }
 
 // gpu_paths=staging,ipc on both sides of an shm segment, the target's device buffers
-// with and without OTE_PERM_IPC: device memory moves by staging (the only path built),
-// host<->device and device<->device, both directions, 1 byte and odd offsets, bytes
-// checked through the driver; no IPC export or import happens in either process.
+// without OTE_PERM_IPC: device memory moves by staging, host<->device and
+// device<->device, both directions, 1 byte and odd offsets, bytes checked through the
+// driver; no IPC export or import happens in either process, and the requester's
+// ote_engine_gpu_stats counts no IPC copy. (With the flag: gpu_ipc_test.)
 TEST_F(GpuStagingTest, IpcOptInNeverMakesAnotherPathThanStaging) {
-    for (int optin = 0; optin < 2; optin++) {
-        SCOPED_TRACE(optin ? "OTE_PERM_IPC" : "no OTE_PERM_IPC");
+    {
+        const int optin = 0;
         Target t;
         t.binary = "ote_gpu_target";
         ASSERT_TRUE(t.Start(1 << 20, "127.0.0.1:0",
@@ -428,6 +429,11 @@ TEST_F(GpuStagingTest, IpcOptInNeverMakesAnotherPathThanStaging) {
         }
         EXPECT_EQ(cases, 8);
         EXPECT_EQ(t.Command("ipc"), "IPC 0 0");
+        ote_gpu_stats_t gs{};
+        ASSERT_EQ(ote_engine_gpu_stats(e, &gs), OTE_OK);
+        EXPECT_EQ(gs.ipc_copies, 0u);
+        EXPECT_EQ(gs.ipc_imports, 0u);
+        EXPECT_GE(gs.staged_requests, 4u); // the local device buffers' requests (and retries)
         const fake_cuda_counters_t after = Counters();
         EXPECT_EQ(after.ipc_exports, before.ipc_exports);
         EXPECT_EQ(after.ipc_imports, before.ipc_imports);
@@ -437,10 +443,11 @@ TEST_F(GpuStagingTest, IpcOptInNeverMakesAnotherPathThanStaging) {
     }
 }
 
-// gpu_paths=ipc alone: a source refuses requests on its device registrations
-// (OTE_ERR_UNSUPPORTED there, OTE_ERR_REMOTE at the requester over TCP), naming what is missing (OTE_PERM_IPC on the registration, or the
-// ipc path, not built yet), moving no byte; its host memory is still served. A requester
-// whose local buffer is device memory fails at submit.
+// gpu_paths=ipc alone: a source refuses requests over TCP on its device registrations
+// (OTE_ERR_UNSUPPORTED there, OTE_ERR_REMOTE at the requester), naming what is missing
+// (OTE_PERM_IPC on the registration, or a requester asking for ipc, which a TCP segment
+// never does), moving no byte; its host memory is still served. A requester whose local
+// buffer is device memory fails at submit on a TCP segment.
 TEST_F(GpuStagingTest, IpcOnlyRefusesNamingWhatIsMissing) {
     ote_engine_t *src = ote_test::NewEngine({{"transports", "tcp"}, {"gpu_paths", "ipc"}});
     ASSERT_NE(src, nullptr);
@@ -468,7 +475,7 @@ TEST_F(GpuStagingTest, IpcOnlyRefusesNamingWhatIsMissing) {
             EXPECT_EQ(ts.error, OTE_ERR_REMOTE); // TCP's word for a source's refusal
             EXPECT_EQ(ts.bytes_done, 0u);
         }
-        EXPECT_TRUE(LogContains(optin ? "ipc is allowed and opted in to but not built yet"
+        EXPECT_TRUE(LogContains(optin ? "ipc is allowed and opted in to, but the requester did not"
                                       : "ipc needs OTE_PERM_IPC on the registration"));
         EXPECT_EQ(DevHash(d, 1 << 16), PatternHash(71, 0, 1 << 16));
         EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(d)), OTE_OK);
@@ -479,7 +486,7 @@ TEST_F(GpuStagingTest, IpcOnlyRefusesNamingWhatIsMissing) {
               OTE_OK);
     EXPECT_EQ(ote_hash(back.data(), shost.size()), PatternHash(72, 0, shost.size()));
     // The source's own local device buffer (registered with the flag or not): refused at
-    // submit, naming ipc as not built.
+    // submit (a TCP segment carries no ipc).
     ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(d), 1 << 16,
                                   OTE_PERM_READ | OTE_PERM_IPC),
               OTE_OK);
@@ -490,7 +497,7 @@ TEST_F(GpuStagingTest, IpcOnlyRefusesNamingWhatIsMissing) {
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(src, 1, &b), OTE_OK);
     ote_request_t r = {OTE_WRITE, reinterpret_cast<void *>(d), back_seg, 0x1000, 64};
-    // (Its WARN, "ipc is allowed but not built yet", shares a rate-limited site with
+    // (Its WARN, "ipc is allowed but needs a same-host shm segment", shares a rate-limited site with
     // GpuPathsWithoutStagingRefusedAtSubmit, so it is not looked for here.)
     EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_ERR_UNSUPPORTED);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);

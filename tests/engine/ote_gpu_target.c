@@ -15,6 +15,11 @@
  *   live                              -> LIVE <streams> <events> <pending_ops> <host_allocs>
  *                                        (the fake's live objects)
  *   ipc                               -> IPC <exports> <imports>  (the fake's IPC counters)
+ *   unreg <dev|host|dev2>             -> ST <status>  ote_memory_unregister of the buffer
+ *   reg <dev|host|dev2>               -> ST <status>  register it again (same perms)
+ *   gpu                               -> GPU <staged_source> <ipc_exports>
+ *                                        (ote_engine_gpu_stats of its engine)
+ *   delay <us>                        -> OK           the fake's stream delay bound
  *   quit / end of input               -> exits 0 after destroying the engine and memory
  *
  * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables;
@@ -99,6 +104,8 @@ int main(int argc, char **argv) {
         dl ? (fake_cuda_clear_faults_fn)dlsym(dl, "fake_cuda_clear_faults") : NULL;
     fake_cuda_counters_fn counters =
         dl ? (fake_cuda_counters_fn)dlsym(dl, "fake_cuda_counters") : NULL;
+    fake_cuda_set_max_delay_us_fn delay =
+        dl ? (fake_cuda_set_max_delay_us_fn)dlsym(dl, "fake_cuda_set_max_delay_us") : NULL;
 
     ote_config_t *cfg = NULL;
     if (ote_config_create(&cfg) != OTE_OK) return 2;
@@ -166,6 +173,21 @@ int main(int argc, char **argv) {
             counters(&c);
             printf("LIVE %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", c.streams, c.events,
                    c.pending_ops, c.host_allocs);
+        } else if (strcmp(cmd, "unreg") == 0 && bf) {
+            printf("ST %d\n", (int)ote_memory_unregister(e, (void *)(uintptr_t)bf->addr));
+        } else if (strcmp(cmd, "reg") == 0 && bf) {
+            unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
+            if (bf->device && ipc_optin) perms |= OTE_PERM_IPC;
+            printf("ST %d\n", (int)ote_memory_register_named(e, (void *)(uintptr_t)bf->addr,
+                                                             bf->len, perms, bf->name));
+        } else if (strcmp(cmd, "gpu") == 0) {
+            ote_gpu_stats_t gs;
+            if (ote_engine_gpu_stats(e, &gs) == OTE_OK)
+                printf("GPU %" PRIu64 " %" PRIu64 "\n", gs.staged_source, gs.ipc_exports);
+            else printf("ERR gpu\n");
+        } else if (strcmp(cmd, "delay") == 0 && n >= 2 && delay) {
+            delay((unsigned)strtoul(which, NULL, 10));
+            printf("OK\n");
         } else if (strcmp(cmd, "ipc") == 0 && counters) {
             fake_cuda_counters_t c;
             counters(&c);

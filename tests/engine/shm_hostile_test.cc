@@ -722,6 +722,86 @@ TEST_F(ShmHostileTest, RingPiecesInAttachModeAreBoundedAndUnknownFlagsRefused) {
     EXPECT_FALSE(Pinned());
 }
 
+// CUDA IPC is a negotiated capability: a source whose gpu_paths lacks ipc answers a HELLO
+// asking for it without SHM_ACK_IPC and refuses the IPC request flags as unknown; one that
+// allows ipc acks it, and then checks the flags (a local device buffer only with the ipc
+// flag and never in the ring), answers a local device buffer against its host memory
+// OTE_ERR_UNSUPPORTED touching nothing, serves an ipc-flagged piece on host memory as any
+// piece, and ignores an IPC_DONE naming no piece it holds.
+TEST_F(ShmHostileTest, IpcFlagsOnlyWhereNegotiatedAndChecked) {
+    static uint64_t cookie = 0x2233445566778899ull;
+    {
+        int fd = Connect();
+        tw_hello_t h = Hello(0, reinterpret_cast<uintptr_t>(&cookie), cookie);
+        h.h.pad = TW_CAP_IPC;
+        tw_hello_ack_t a;
+        ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {}, &a));
+        ASSERT_EQ(a.status, OTE_OK) << a.text;
+        EXPECT_EQ(a.flags & TW_ACK_IPC, 0u);
+        tw_req_t q = Req(TW_OP_READ, Buf(), 0, 16);
+        q.flags = TW_REQ_IPC;
+        EXPECT_EQ(One(fd, q), OTE_ERR_INVALID);
+    }
+    ote_engine_t *src = ote_test::NewEngine({{"transports", "shm,tcp"},
+                                             {"gpu_paths", "ipc,staging"},
+                                             {"connect_timeout_ms", "1000"},
+                                             {"transfer_timeout_ms", "5000"}});
+    ASSERT_NE(src, nullptr);
+    std::vector<uint8_t> sbuf(65536);
+    for (size_t i = 0; i < sbuf.size(); i++) sbuf[i] = static_cast<uint8_t>(i * 3 + 5);
+    ASSERT_EQ(ote_memory_register(src, sbuf.data(), sbuf.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    const uint64_t sb = reinterpret_cast<uintptr_t>(sbuf.data());
+    {
+        int fd = Connect(ShmSocketOf(src));
+        tw_hello_t h = Hello(0, reinterpret_cast<uintptr_t>(&cookie), cookie);
+        h.h.pad = TW_CAP_IPC;
+        tw_hello_ack_t a;
+        ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {}, &a));
+        ASSERT_EQ(a.status, OTE_OK) << a.text;
+        ASSERT_EQ(a.flags & TW_ACK_IPC, TW_ACK_IPC);
+        uint8_t mine[64];
+        memset(mine, 0xee, sizeof(mine));
+        const uint64_t local = reinterpret_cast<uintptr_t>(mine);
+        auto flagged = [](tw_req_t q, uint16_t flags) {
+            q.flags = flags;
+            return q;
+        };
+        EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, sb, local, 32), TW_REQ_LOCAL_DEV)),
+                  OTE_ERR_INVALID);
+        EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, sb, 0, 32),
+                                  TW_REQ_LOCAL_DEV | TW_REQ_IPC | TW_REQ_RING)),
+                  OTE_ERR_INVALID);
+        EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, sb, 0, 32), 0x10)), OTE_ERR_INVALID);
+        // A local device buffer against host memory: nothing moves, either way.
+        EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, sb, local, 32), TW_REQ_LOCAL_DEV | TW_REQ_IPC)),
+                  OTE_ERR_UNSUPPORTED);
+        for (uint8_t c : mine) EXPECT_EQ(c, 0xee);
+        memset(mine, 0x11, sizeof(mine));
+        EXPECT_EQ(
+            One(fd, flagged(Req(TW_OP_WRITE, sb + 8, local, 32), TW_REQ_LOCAL_DEV | TW_REQ_IPC)),
+            OTE_ERR_UNSUPPORTED);
+        for (size_t i = 0; i < sbuf.size(); i++)
+            ASSERT_EQ(sbuf[i], static_cast<uint8_t>(i * 3 + 5)) << i;
+        // The ipc flag on host memory: served as any piece.
+        memset(mine, 0, sizeof(mine));
+        EXPECT_EQ(One(fd, flagged(Req(TW_OP_READ, sb + 4, local, 64), TW_REQ_IPC)), OTE_OK);
+        EXPECT_EQ(memcmp(mine, sbuf.data() + 4, 64), 0);
+        // An IPC_DONE for no piece: no answer, no effect; the connection goes on.
+        tw_req_t done = Req(TW_OP_IPC_DONE, 0, 0, 0);
+        done.id = 12345;
+        std::vector<uint8_t> msg(sizeof(tw_hdr_t) + sizeof(tw_req_t));
+        tw_hdr_t mh = {TW_MAGIC, TW_VERSION, TW_REQS, 1, 0};
+        memcpy(msg.data(), &mh, sizeof(mh));
+        memcpy(msg.data() + sizeof(mh), &done, sizeof(done));
+        EXPECT_EQ(send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+        EXPECT_EQ(One(fd, Req(TW_OP_READ, sb, local, 16)), OTE_OK);
+        EXPECT_EQ(ote_memory_unregister(src, sbuf.data()), OTE_OK); // no pin left
+    }
+    CloseRaw();
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
 // A requester that opens requests and never finishes them holds at most
 // SHM_SRC_MAX_REQS accounts; past the cap, pieces are served by pinning alone.
 TEST_F(ShmHostileTest, OpenRequestsAreCappedAndPiecesPastTheCapStillWork) {

@@ -26,6 +26,13 @@
 #define TW_ACK_RING 1u
 #define TW_RING_SMALL (64u << 10)
 enum { TW_HELLO = 1, TW_HELLO_ACK = 2, TW_REQS = 3, TW_RESPS = 4, TW_AUTH = 5 };
+/* CUDA IPC (negotiated: TW_CAP_IPC in the HELLO's h.pad, TW_ACK_IPC in the ack's flags) */
+enum { TW_IPC_OFFER = 6, TW_IPC_CLOSE = 7 };
+#define TW_CAP_IPC 1u
+#define TW_ACK_IPC 2u
+#define TW_REQ_IPC 2u
+#define TW_REQ_LOCAL_DEV 4u
+#define TW_OP_IPC_DONE 13
 enum { TW_MODE_CMA = 1, TW_MODE_RING = 2 };
 
 typedef struct {
@@ -77,5 +84,25 @@ typedef struct {
     int32_t status;
     uint32_t pad;
 } tw_resp_t;
+
+typedef struct {
+    uint8_t handle[64];
+    uint64_t buffer_id;
+    uint64_t base, size;
+    uint64_t offset;
+    int32_t device;
+    uint32_t pad;
+} tw_ipc_desc_t;
+
+typedef struct {
+    tw_hdr_t h;
+    uint64_t id;
+    tw_ipc_desc_t d;
+} tw_ipc_offer_t;
+
+typedef struct {
+    tw_hdr_t h;
+    uint64_t buffer_id;
+} tw_ipc_close_t;
 
 #endif

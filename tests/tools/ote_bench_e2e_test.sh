@@ -185,6 +185,23 @@ if run gpu_shm 0 --transport shm --op read --local-mem cuda:0 --remote-mem cuda:
     json_ok gpu_shm 1 ok 8388608 shm
     mem_ok gpu_shm cuda:0 cuda:0 staging
 fi
+# CUDA IPC over shm: the target's device buffer opted in (--remote-ipc), ipc allowed on
+# both sides: the JSON says the path was ipc for a local device buffer; an initiator
+# whose buffer is host memory never loads the CUDA driver, so it cannot import and the
+# target stages (path staging).
+for LM in cuda:0 host; do
+    want=ipc
+    [ "$LM" = host ] && want=staging
+    for op in write read; do
+        name="gpu_ipc_${op}_${LM/:/}"
+        if OTE_GPU_PATHS=ipc,staging run "$name" 0 --transport shm --op "$op" --local-mem "$LM" \
+            --remote-mem cuda:0 --remote-ipc --block-size 4097,1M --batch-size 2 \
+            --total-bytes 4M --json --check; then
+            json_ok "$name" 2 ok 4194304 shm
+            mem_ok "$name" "$LM" cuda:0 "$want"
+        fi
+    done
+done
 if run gpu_corrupt 1 --op read --local-mem cuda:0 --block-size 4K --batch-size 4 \
     --total-bytes 64K --json --check --test-corrupt; then
     json_ok gpu_corrupt 1 failed 65536

@@ -80,13 +80,15 @@ typedef struct ote_batch ote_batch_t;
  *                        address (logged at WARN); otherwise ote_engine_create refuses it
  *                        with OTE_ERR_INVALID. Default "0".
  *   gpu_paths            paths device memory may take: a comma list of staging, ipc,
- *                        direct, or "" (none); default "staging", the only one built. A
- *                        request whose local buffer is device memory fails at submit with
- *                        OTE_ERR_UNSUPPORTED (logged) when staging is not in the list; a
- *                        source whose list lacks staging refuses requests on its device
- *                        registrations (OTE_ERR_UNSUPPORTED, logged naming what is
- *                        missing: staging, or OTE_PERM_IPC on the registration, or the ipc
- *                        path itself, which is not built yet).
+ *                        direct, or "" (none); default "staging" (direct is not built).
+ *                        ipc: CUDA IPC over an shm segment when both ends allow it and the
+ *                        remote range is device memory registered with OTE_PERM_IPC
+ *                        (README "GPU memory"). A request whose local buffer is device
+ *                        memory fails at submit with OTE_ERR_UNSUPPORTED (logged) when
+ *                        neither staging nor, for its segment, ipc is possible; a source
+ *                        whose list lacks staging refuses requests on its device
+ *                        registrations that it does not serve by IPC (OTE_ERR_UNSUPPORTED,
+ *                        logged naming what is missing).
  *   gpu_staging_chunk    bytes of one pinned staging chunk (64K..64M, default 2M).
  *   gpu_staging_depth    staging chunks in flight per request (1..64, default 4).
  * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
@@ -123,6 +125,24 @@ typedef struct {
  * with cap. */
 ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, size_t cap,
                                   size_t *n_out);
+
+/* How device memory moved through this engine (README "GPU memory"), counters since
+ * creation (the *_now fields are the current state). A request's path shows as the
+ * counter it moved: staged (pinned chunks) or ipc_copies (CUDA IPC, same host). */
+typedef struct {
+    uint64_t staged_requests; /* requests with a local device buffer staged here (a piece
+                               * a source declined for IPC counts as one more) */
+    uint64_t staged_source;   /* peers' pieces on device memory here staged by this source */
+    uint64_t ipc_copies;      /* pieces this engine copied by CUDA IPC (ended OK) */
+    uint64_t ipc_failed;      /* CUDA IPC copies that failed here */
+    uint64_t ipc_exports;     /* allocations described to peers for CUDA IPC (once each) */
+    uint64_t ipc_imports;     /* peers' allocations imported (cuIpcOpenMemHandle) */
+    uint64_t ipc_imports_now; /* imports open now (cached or in use) */
+    uint64_t ipc_in_use_now;  /* imports a copy uses now */
+    uint64_t ipc_closed;      /* imports invalidated by close receipts or a peer's death */
+} ote_gpu_stats_t;
+/* OTE_ERR_INVALID for a NULL argument. Never loads the CUDA driver. */
+ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
 
 /* ---- memory ------------------------------------------------------------------------
  * Registration makes [addr, addr+len) reachable by remote peers with the given
@@ -170,9 +190,9 @@ ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, si
  * IPC exposes the WHOLE allocation holding the range to a same-host peer, not just the
  * range, so without this flag the ipc path is never used for the registration. Refused
  * (OTE_ERR_INVALID) on a range that is not device memory. Reported by ote_memory_query;
- * peers' buffer discovery does not list it (their perms stay READ/WRITE). The ipc path
- * itself is not built yet (README "GPU memory"): today the flag only takes part in the
- * refusal rules. */
+ * peers' buffer discovery does not list it (their perms stay READ/WRITE). Same-host
+ * peers over shm then copy the range by CUDA IPC where gpu_paths allows it on both sides
+ * (README "GPU memory"); unregister is OTE_ERR_BUSY while a peer's IPC copy of it runs. */
 #define OTE_PERM_IPC 0x4u
 ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
 ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);

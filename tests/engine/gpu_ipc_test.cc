@@ -1,0 +1,517 @@
+// tests/engine/gpu_ipc_test.cc - the CUDA IPC path of the shm transport over the fake
+// libcuda, between this process (the requester, the importer) and ote_gpu_target (the
+// source, the exporter; the fake, like CUDA, refuses to import a handle in the process
+// that exported it): device<->device and host<->device, READ and WRITE, 1 byte, odd
+// sizes, unaligned offsets and 64 MiB, every byte checked through device-to-host copies;
+// which path each request took, from ote_engine_gpu_stats on both sides and the fake's
+// IPC counters; OTE_PERM_IPC honoured (without it, never IPC); the selection rules of
+// gpu_paths; unregister while a copy holds the import (BUSY), then OK, the close receipt
+// and a fresh import after re-registration; a driver failure on the async copy or its
+// event (that request fails, the source's pin goes, the next request works); the
+// exporter killed in the middle of a copy (PEER_LOST, its imports released, a new peer
+// works).
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/engine/engine_util.h"
+#include "tests/engine/pattern.h"
+#include "tests/engine/target.h"
+
+extern "C" {
+#include "cuda/memory/memory.h"
+#include "ote/ote.h"
+}
+
+namespace {
+
+using ote_test::kSec;
+using ote_test::Target;
+
+constexpr int kCudaErrorUnknown = 999;
+constexpr int kCudaErrorNotReady = 600;
+
+std::string Hex(uint64_t h) {
+    char b[32];
+    snprintf(b, sizeof(b), "SUM %016llx", static_cast<unsigned long long>(h));
+    return b;
+}
+
+uint64_t PatternHash(uint64_t seed, uint64_t off, uint64_t len) {
+    std::vector<uint8_t> v(len ? len : 1);
+    ote_pattern_fill(v.data(), len, seed, off);
+    return ote_hash(v.data(), len);
+}
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+class GpuIpcTest : public ote_cuda_test::CudaTest {
+  protected:
+    void SetUp() override {
+        CudaTest::SetUp();
+        if (IsSkipped() || HasFatalFailure()) return;
+        if (!fake_.present()) GTEST_SKIP() << "these cases drive the fake libcuda";
+    }
+    void TearDown() override {
+        if (fake_.present()) fake_.clear_faults();
+        if (e_ != nullptr) {
+            if (seg_ != nullptr) {
+                EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+            }
+            EXPECT_EQ(ote_engine_destroy(e_), OTE_OK);
+        }
+        for (ote_cuda_alloc_t *a : allocs_)
+            EXPECT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
+        allocs_.clear();
+        CudaTest::TearDown();
+    }
+
+    uint64_t DevAlloc(size_t n) {
+        ote_cuda_alloc_t *a = nullptr;
+        EXPECT_EQ(ote_cuda_alloc_create(dev_, n, 0, &a), OTE_OK);
+        if (a == nullptr) return 0;
+        allocs_.push_back(a);
+        return ote_cuda_alloc_ptr(a);
+    }
+    void DevFill(uint64_t addr, size_t len, uint64_t seed, uint64_t base = 0) {
+        std::vector<uint8_t> v(len);
+        ote_pattern_fill(v.data(), len, seed, base);
+        ASSERT_EQ(t_->cuMemcpyHtoD(addr, v.data(), len), 0);
+        ASSERT_EQ(t_->cuStreamSynchronize(nullptr), 0);
+    }
+    uint64_t DevHash(uint64_t addr, size_t len) {
+        std::vector<uint8_t> v(len ? len : 1);
+        EXPECT_EQ(t_->cuStreamSynchronize(nullptr), 0);
+        if (len > 0) {
+            EXPECT_EQ(t_->cuMemcpyDtoH(v.data(), addr, len), 0);
+        }
+        return ote_hash(v.data(), len);
+    }
+
+    // The target (exporter) with its device buffers opted in to IPC (or not), gpu_paths
+    // as given, and this process's engine and its shm segment to it.
+    void Open(Target &t, bool optin, const std::string &src_paths = "ipc,staging",
+              const std::string &req_paths = "ipc,staging", uint64_t len = 1 << 20,
+              const char *shm_mode = "auto") {
+        t.binary = "ote_gpu_target";
+        ASSERT_TRUE(t.Start(len, "127.0.0.1:0",
+                            {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS=" + src_paths,
+                             std::string("OTE_GPU_TARGET_IPC=") + (optin ? "1" : "0")}));
+        if (e_ == nullptr) {
+            e_ = ote_test::NewEngine({{"transports", "shm,tcp"},
+                                      {"gpu_paths", req_paths.c_str()},
+                                      {"shm_mode", shm_mode},
+                                      {"transfer_timeout_ms", "20000"}});
+            ASSERT_NE(e_, nullptr);
+        }
+        ASSERT_EQ(ote_segment_open(e_, t.address.c_str(), &seg_), OTE_OK);
+        ote_segment_info_t info{};
+        ASSERT_EQ(ote_segment_info(seg_, &info), OTE_OK);
+        ASSERT_STREQ(info.transport, "shm");
+    }
+    void CloseSeg() {
+        if (seg_ != nullptr) {
+            EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+        }
+        seg_ = nullptr;
+    }
+
+    ote_gpu_stats_t Stats() {
+        ote_gpu_stats_t s{};
+        EXPECT_EQ(ote_engine_gpu_stats(e_, &s), OTE_OK);
+        return s;
+    }
+    // The target's engine: {staged_source, ipc_exports}.
+    std::pair<uint64_t, uint64_t> TargetStats(Target &t) {
+        unsigned long long a = 0, b = 0;
+        std::string r = t.Command("gpu");
+        EXPECT_EQ(sscanf(r.c_str(), "GPU %llu %llu", &a, &b), 2) << r;
+        return {a, b};
+    }
+
+    ote_status_t Submit(ote_batch_t *b, ote_opcode_t op, uint64_t local, uint64_t remote,
+                        size_t len) {
+        ote_request_t r = {op, reinterpret_cast<void *>(local), seg_, remote, len};
+        return ote_batch_submit(b, &r, 1);
+    }
+    // One request, waited for; its final status in *out.
+    ote_status_t Run(ote_opcode_t op, uint64_t local, uint64_t remote, size_t len,
+                     ote_transfer_status_t *out = nullptr) {
+        ote_batch_t *b = nullptr;
+        EXPECT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
+        if (b == nullptr) return OTE_ERR_NOMEM;
+        ote_status_t st = Submit(b, op, local, remote, len);
+        if (st == OTE_OK) {
+            st = ote_batch_wait(b, 120 * kSec);
+            ote_transfer_status_t ts{};
+            EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+            if (out) *out = ts;
+        }
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+        return st;
+    }
+
+    // Moves len bytes between local (device memory when dev, else host) at loff and the
+    // target's "dev" buffer at roff, op, and checks every byte through the driver.
+    void MoveAndCheck(Target &t, bool dev, uint64_t lbase, ote_opcode_t op, uint64_t loff,
+                      uint64_t roff, uint64_t len, uint64_t seed) {
+        SCOPED_TRACE(std::string(dev ? "local=cuda:0 " : "local=host ") +
+                     (op == OTE_WRITE ? "WRITE " : "READ ") + Num(len) + " at " + Num(loff) + "/" +
+                     Num(roff));
+        if (op == OTE_WRITE) {
+            if (dev) DevFill(lbase + loff, len, seed, loff);
+            else ote_pattern_fill(reinterpret_cast<uint8_t *>(lbase) + loff, len, seed, loff);
+            ASSERT_EQ(Run(op, lbase + loff, t.rw + roff, len), OTE_OK);
+            EXPECT_EQ(t.Command("sum dev " + Num(roff) + " " + Num(len), 120000),
+                      Hex(PatternHash(seed, loff, len)));
+        } else {
+            ASSERT_EQ(t.Command("fill dev " + Num(seed), 120000), "OK");
+            ASSERT_EQ(Run(op, lbase + loff, t.rw + roff, len), OTE_OK);
+            uint64_t h = dev ? DevHash(lbase + loff, len)
+                             : ote_hash(reinterpret_cast<uint8_t *>(lbase) + loff, len);
+            EXPECT_EQ(h, PatternHash(seed, roff, len));
+        }
+    }
+
+    // Waits (generously) until pred() holds; false when it never did.
+    template <typename F>
+    bool Eventually(F pred) {
+        for (int i = 0; i < 3000; i++) {
+            if (pred()) return true;
+            usleep(10 * 1000);
+        }
+        return pred();
+    }
+
+    std::vector<ote_cuda_alloc_t *> allocs_;
+    ote_engine_t *e_ = nullptr;
+    ote_segment_t *seg_ = nullptr;
+};
+
+// Device<->device and host<->device by CUDA IPC, both directions: 1 byte, odd sizes at
+// unaligned offsets on both sides, several slices; the requester counts one IPC copy per
+// slice and stages nothing; the source exported its allocation once and staged nothing.
+TEST_F(GpuIpcTest, DeviceAndHostMoveByIpcBothDirections) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "ipc,staging", 8 << 20));
+    const uint64_t ldev = DevAlloc(8 << 20);
+    std::vector<uint8_t> lhost(8 << 20);
+    const uint64_t hbase = reinterpret_cast<uintptr_t>(lhost.data());
+    const fake_cuda_counters_t before = Counters();
+    uint64_t seed = 100, copies = 0;
+    for (int dev = 1; dev >= 0; dev--) {
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+            for (uint64_t len : {uint64_t{1}, uint64_t{4097}, uint64_t{(5u << 20) + 333}}) {
+                const ote_gpu_stats_t s0 = Stats();
+                MoveAndCheck(t, dev, dev ? ldev : hbase, op, 7, 3, len, seed++);
+                const ote_gpu_stats_t s1 = Stats();
+                EXPECT_GE(s1.ipc_copies, s0.ipc_copies + 1);
+                copies += s1.ipc_copies - s0.ipc_copies;
+                EXPECT_EQ(s1.staged_requests, s0.staged_requests);
+                EXPECT_EQ(s1.ipc_failed, s0.ipc_failed);
+            }
+        }
+    }
+    EXPECT_GE(copies, 12u);
+    const std::pair<uint64_t, uint64_t> ts = TargetStats(t);
+    EXPECT_EQ(ts.first, 0u);  // the source staged no piece
+    EXPECT_EQ(ts.second, 1u); // and exported its allocation once
+    const ote_gpu_stats_t s = Stats();
+    EXPECT_EQ(s.ipc_imports, 1u); // imported once, then found in the cache
+    EXPECT_EQ(s.ipc_in_use_now, 0u);
+    const fake_cuda_counters_t after = Counters();
+    EXPECT_GE(after.ipc_imports, before.ipc_imports);
+    // The DtoD copies ran on this process's device through the async entry point.
+    EXPECT_GT(fake_.calls("cuMemcpyDtoDAsync"), 0u);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// Ring mode (shm_mode=ring: no cross-memory attach) takes IPC the same way: the pieces'
+// bytes never go through the ring.
+TEST_F(GpuIpcTest, RingModeTakesIpcToo) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "ipc,staging", 4 << 20, "ring"));
+    const uint64_t ldev = DevAlloc(4 << 20);
+    std::vector<uint8_t> lhost(4 << 20);
+    uint64_t seed = 200;
+    const ote_gpu_stats_t s0 = Stats();
+    for (int dev = 1; dev >= 0; dev--)
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE})
+            for (uint64_t len : {uint64_t{1}, uint64_t{(3u << 20) + 11}})
+                MoveAndCheck(t, dev, dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data()), op, 3,
+                             17, len, seed++);
+    const ote_gpu_stats_t s1 = Stats();
+    EXPECT_GE(s1.ipc_copies - s0.ipc_copies, 8u);
+    EXPECT_EQ(s1.staged_requests, s0.staged_requests);
+    EXPECT_EQ(TargetStats(t).first, 0u);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// 64 MiB device-to-device in each direction, bytes checked.
+TEST_F(GpuIpcTest, SixtyFourMiBDeviceToDevice) {
+    Target t;
+    const uint64_t len = 64ull << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "ipc,staging", len + 4096));
+    const uint64_t ldev = DevAlloc(len + 4096);
+    const ote_gpu_stats_t s0 = Stats();
+    MoveAndCheck(t, true, ldev, OTE_WRITE, 5, 4091, len, 7);
+    MoveAndCheck(t, true, ldev, OTE_READ, 4091, 5, len, 8);
+    const ote_gpu_stats_t s1 = Stats();
+    EXPECT_GE(s1.ipc_copies - s0.ipc_copies, 2u);
+    EXPECT_EQ(s1.staged_requests, s0.staged_requests);
+    EXPECT_EQ(TargetStats(t).first, 0u);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// Without OTE_PERM_IPC at the source, IPC is never used: local device buffers are staged
+// (the source declines, touching nothing), host buffers are served by the source's
+// staging; no export or import happens in either process.
+TEST_F(GpuIpcTest, WithoutOptInNeverIpc) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, false));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    std::vector<uint8_t> lhost(1 << 20);
+    const ote_gpu_stats_t s0 = Stats();
+    const fake_cuda_counters_t before = Counters();
+    uint64_t seed = 500;
+    for (int dev = 1; dev >= 0; dev--)
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE})
+            for (uint64_t len : {uint64_t{1}, uint64_t{70001}})
+                MoveAndCheck(t, dev, dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data()), op, 9,
+                             1, len, seed++);
+    const ote_gpu_stats_t s1 = Stats();
+    EXPECT_EQ(s1.ipc_copies, s0.ipc_copies);
+    EXPECT_EQ(s1.ipc_imports, s0.ipc_imports);
+    EXPECT_GE(s1.staged_requests - s0.staged_requests, 4u); // each local device request
+    const std::pair<uint64_t, uint64_t> ts = TargetStats(t);
+    EXPECT_GE(ts.first, 4u); // the host-buffer requests, staged by the source
+    EXPECT_EQ(ts.second, 0u);
+    EXPECT_EQ(t.Command("ipc"), "IPC 0 0");
+    EXPECT_EQ(Counters().ipc_imports, before.ipc_imports);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// gpu_paths: ipc alone at the requester takes IPC where the source offers it; where the
+// source declines (no OTE_PERM_IPC) a local device buffer has no path (staging is not
+// allowed): the request fails with OTE_ERR_UNSUPPORTED having moved nothing. A requester
+// without ipc and staging fails at submit; a source without ipc in its gpu_paths offers
+// none (the connection carries no IPC) and its device memory is staged.
+TEST_F(GpuIpcTest, GpuPathsSelectionRules) {
+    {
+        Target t;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "ipc"));
+        const uint64_t ldev = DevAlloc(1 << 20);
+        MoveAndCheck(t, true, ldev, OTE_READ, 1, 2, 12345, 41);
+        MoveAndCheck(t, true, ldev, OTE_WRITE, 3, 4, 12345, 42);
+        EXPECT_EQ(Stats().staged_requests, 0u);
+        EXPECT_GE(Stats().ipc_copies, 2u);
+        CloseSeg();
+        EXPECT_EQ(t.Quit(), 0);
+    }
+    {
+        Target t;
+        ASSERT_NO_FATAL_FAILURE(Open(t, false, "ipc,staging", "ipc"));
+        const uint64_t ldev = DevAlloc(1 << 20);
+        ASSERT_EQ(t.Command("fill dev 43"), "OK");
+        ote_transfer_status_t ts{};
+        EXPECT_EQ(Run(OTE_WRITE, ldev, t.rw, 4096, &ts), OTE_ERR_UNSUPPORTED);
+        EXPECT_EQ(ts.bytes_done, 0u);
+        EXPECT_TRUE(LogContains("staging is not allowed"));
+        EXPECT_EQ(t.Command("sum dev 0 4096"), Hex(PatternHash(43, 0, 4096)));
+        CloseSeg();
+        EXPECT_EQ(t.Quit(), 0);
+    }
+    ASSERT_EQ(ote_engine_destroy(e_), OTE_OK);
+    e_ = nullptr;
+    {
+        // Neither ipc nor staging at the requester: refused at submit.
+        Target t;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "direct"));
+        const uint64_t ldev = DevAlloc(1 << 16);
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
+        EXPECT_EQ(Submit(b, OTE_READ, ldev, t.rw, 64), OTE_ERR_UNSUPPORTED);
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+        CloseSeg();
+        EXPECT_EQ(t.Quit(), 0);
+    }
+    ASSERT_EQ(ote_engine_destroy(e_), OTE_OK);
+    e_ = nullptr;
+    {
+        // The source does not allow ipc: staging, though both the flag and the
+        // requester would take IPC.
+        Target t;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true, "staging", "ipc,staging"));
+        const uint64_t ldev = DevAlloc(1 << 20);
+        MoveAndCheck(t, true, ldev, OTE_READ, 1, 2, 9999, 44);
+        EXPECT_EQ(Stats().ipc_copies, 0u);
+        EXPECT_GE(Stats().staged_requests, 1u);
+        EXPECT_EQ(TargetStats(t).second, 0u);
+        CloseSeg();
+        EXPECT_EQ(t.Quit(), 0);
+    }
+}
+
+// Out of range or without permission: OTE_ERR_ACCESS, as on any shm request, and no
+// export.
+TEST_F(GpuIpcTest, RefusedRequestsExportNothing) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    ote_transfer_status_t ts{};
+    EXPECT_NE(Run(OTE_READ, ldev, t.rw + (1 << 20) - 10, 64, &ts), OTE_OK);
+    EXPECT_EQ(ts.error, OTE_ERR_ACCESS);
+    EXPECT_NE(Run(OTE_WRITE, ldev, t.rw - 64, 128, &ts), OTE_OK);
+    EXPECT_EQ(ts.error, OTE_ERR_ACCESS);
+    EXPECT_EQ(TargetStats(t).second, 0u);
+    EXPECT_EQ(Stats().ipc_copies, 0u);
+    // Then a valid one works.
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 45);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// Unregister at the source while a copy holds the import: BUSY (the pin is held until the
+// requester's IPC_DONE); once the copy ended, OK, and the requester gets the close
+// receipt (its import is closed); after re-registration the next request imports again.
+TEST_F(GpuIpcTest, UnregisterWhileImportHeld) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 60);
+    ASSERT_EQ(Stats().ipc_imports, 1u);
+    // Every event query of this process answers NOT_READY: the copy stays in flight.
+    fake_.fail("cuEventQuery", 1, -1, kCudaErrorNotReady);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
+    ASSERT_EQ(t.Command("fill dev 61"), "OK");
+    ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
+    ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+    EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+    fake_.clear_faults();
+    ASSERT_EQ(ote_batch_wait(b, 60 * kSec), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(DevHash(ldev, 65536), PatternHash(61, 0, 65536));
+    // The pin goes with the requester's IPC_DONE, a moment after the completion.
+    ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+    ASSERT_TRUE(
+        Eventually([&] { return Stats().ipc_closed >= 1 && Stats().ipc_imports_now == 0; }));
+    ote_transfer_status_t ts{};
+    EXPECT_NE(Run(OTE_READ, ldev, t.rw, 64, &ts), OTE_OK); // unregistered: refused
+    EXPECT_EQ(ts.error, OTE_ERR_ACCESS);
+    ASSERT_EQ(t.Command("reg dev"), "ST 0");
+    MoveAndCheck(t, true, ldev, OTE_WRITE, 11, 13, 100003, 62);
+    EXPECT_EQ(Stats().ipc_imports, 2u); // imported afresh
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// A driver failure on the async copy, or on the event query of a copy in flight: that
+// request fails, the source's pin goes (unregister works), and the next request works.
+TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    std::vector<uint8_t> lhost(1 << 20);
+    struct Case {
+        const char *entry;
+        bool dev;
+        ote_opcode_t op;
+    };
+    const Case cases[] = {
+        {"cuMemcpyDtoDAsync", true, OTE_READ},   {"cuMemcpyDtoDAsync", true, OTE_WRITE},
+        {"cuMemcpyHtoDAsync", false, OTE_WRITE}, {"cuMemcpyDtoHAsync", false, OTE_READ},
+        {"cuEventQuery", true, OTE_READ},        {"cuEventRecord", true, OTE_WRITE}};
+    uint64_t seed = 70;
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.entry);
+        const uint64_t lbase = c.dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data());
+        const ote_gpu_stats_t s0 = Stats();
+        fake_.fail(c.entry, 1, 1, kCudaErrorUnknown);
+        ote_transfer_status_t ts{};
+        {
+            ote_test::ErrorLogsExpected guard; // an unknown outcome retains the stream
+            EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
+        }
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        fake_.clear_faults();
+        EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
+        // The source's pin went: unregister succeeds (and re-register).
+        ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+        ASSERT_EQ(t.Command("reg dev"), "ST 0");
+        MoveAndCheck(t, c.dev, lbase, c.op, 1, 5, 77777, seed++);
+    }
+    // Work retained after an unknown outcome was reclaimed by later copies.
+    ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// An import that fails (cuIpcOpenMemHandle, needed again after a close receipt) fails
+// that request, leaves nothing mapped and drops the source's pin; the next one imports.
+TEST_F(GpuIpcTest, ImportFailureFailsRequestCleanly) {
+    Target t;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 90);
+    ASSERT_EQ(t.Command("unreg dev"), "ST 0");
+    ASSERT_EQ(t.Command("reg dev"), "ST 0");
+    ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; })); // the receipt
+    fake_.fail("cuIpcOpenMemHandle", 1, 1, kCudaErrorUnknown);
+    ote_transfer_status_t ts{};
+    EXPECT_NE(Run(OTE_WRITE, ldev, t.rw, 4096, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    fake_.clear_faults();
+    EXPECT_EQ(Stats().ipc_imports_now, 0u);
+    ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+    ASSERT_EQ(t.Command("reg dev"), "ST 0");
+    MoveAndCheck(t, true, ldev, OTE_WRITE, 2, 9, 33333, 91);
+    EXPECT_EQ(Stats().ipc_imports, 2u);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// The exporter killed (SIGKILL) while a copy from its memory is in flight: the request
+// ends PEER_LOST, the imports of that exporter are released, and a new peer works.
+TEST_F(GpuIpcTest, ExporterKilledMidCopy) {
+    const uint64_t ldev = DevAlloc(1 << 20);
+    {
+        Target t;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true));
+        MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 80);
+        fake_.fail("cuEventQuery", 1, -1, kCudaErrorNotReady);
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
+        ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
+        ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+        t.Kill();
+        // The connection's end is seen at once; the copy ends when the driver says so.
+        fake_.clear_faults();
+        EXPECT_NE(ote_batch_wait(b, 60 * kSec), OTE_OK);
+        ote_transfer_status_t ts{};
+        EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        EXPECT_EQ(ts.error, OTE_ERR_PEER_LOST);
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+        ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+        EXPECT_GE(Stats().ipc_closed, 1u);
+        CloseSeg();
+    }
+    Target t2;
+    ASSERT_NO_FATAL_FAILURE(Open(t2, true));
+    const uint64_t imports = Stats().ipc_imports;
+    MoveAndCheck(t2, true, ldev, OTE_WRITE, 3, 5, 54321, 81);
+    MoveAndCheck(t2, true, ldev, OTE_READ, 5, 3, 54321, 82);
+    EXPECT_EQ(Stats().ipc_imports, imports + 1);
+    CloseSeg();
+    EXPECT_EQ(t2.Quit(), 0);
+}
+
+} // namespace
