@@ -132,7 +132,8 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .pin_kind = ote__reg_pin_kind,
                         .stage_get = ote__reg_stage_get,
                         .stage_copy = ote__reg_stage_copy,
-                        .stage_put = ote__reg_stage_put};
+                        .stage_put = ote__reg_stage_put,
+                        .epoch = e->epoch};
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
      * an shm-only engine creates tcp for it, outside its list), then the others in
      * order. */

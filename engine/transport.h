@@ -127,6 +127,10 @@ typedef struct {
     ote_status_t (*stage_copy)(void *arg, void *tok, int to_device, uint64_t dev_addr, uint32_t len,
                                ote_deadline_t dl);
     void (*stage_put)(void *arg, void *tok);
+    /* This engine instance's epoch: 64 random bits (nonzero) drawn at ote_engine_create,
+     * so that a peer tells a restarted engine at the same address from the one it knew
+     * (the RDMA transport sends it in its handshake). */
+    uint64_t epoch;
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;

@@ -25,6 +25,44 @@ uint64_t ote__rdma_retained_transports_get(void) {
     return atomic_load(&ote__rdma_retained_transports);
 }
 
+/* The process's live transports, for ote__rdma_test_endpoints (test_hook.h). */
+static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static rdma_tp_t *g_live;
+
+static void live_link(rdma_tp_t *tp) {
+    pthread_mutex_lock(&g_live_mu);
+    tp->live_next = g_live;
+    g_live = tp;
+    pthread_mutex_unlock(&g_live_mu);
+}
+
+static void live_unlink(rdma_tp_t *tp) {
+    pthread_mutex_lock(&g_live_mu);
+    for (rdma_tp_t **pp = &g_live; *pp != NULL; pp = &(*pp)->live_next) {
+        if (*pp == tp) {
+            *pp = tp->live_next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_live_mu);
+}
+
+uint64_t ote__rdma_test_endpoints(const void *engine) {
+    uint64_t n = 0;
+    pthread_mutex_lock(&g_live_mu);
+    for (rdma_tp_t *tp = g_live; tp != NULL; tp = tp->live_next) {
+        if (tp->host.arg != engine) continue;
+        for (uint32_t i = 0; i < tp->nnics; i++) {
+            if (tp->nics[i].eps == NULL) continue;
+            ote_endpoint_stats_t es;
+            ote_endpoint_store_stats(tp->nics[i].eps, &es);
+            n += es.endpoints;
+        }
+    }
+    pthread_mutex_unlock(&g_live_mu);
+    return n;
+}
+
 /* ---- registrations (engine hooks) ------------------------------------------------ */
 
 static ote_status_t rdma_mem_register(ote__transport_t *t, void *addr, size_t len, unsigned perms) {
@@ -75,6 +113,7 @@ void ote__rdma_local_info(const rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type) 
     rp->u.info.ndev = tp->nnics;
     for (uint32_t i = 0; i < tp->nnics; i++)
         rp->u.info.nics[i] = ote_context_nic_id(tp->nics[i].ctx);
+    rp->u.info.epoch = tp->epoch;
 }
 
 /* The monitor's view of each data device: a port that went down leaves the selector (its
@@ -117,6 +156,7 @@ static void *monitor_main(void *arg) {
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
             ote__rdma_servers_reap(tp); /* closes what ended server threads left */
+            ote__rdma_peers_evict_dead(tp);
             for (uint32_t i = 0; i < tp->nnics; i++)
                 (void)ote_endpoint_store_reclaim(tp->nics[i].eps,
                                                  ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
@@ -137,6 +177,7 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
 /* ---- lifecycle ------------------------------------------------------------------- */
 
 static void teardown(rdma_tp_t *tp) {
+    live_unlink(tp);
     atomic_store(&tp->stop, 1);
     if (tp->pumper_started) {
         ote__rdma_pump_kick(tp);
@@ -423,6 +464,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         return OTE_ERR_INVALID;
     }
     snprintf(tp->addr, sizeof(tp->addr), "%s", host->self_addr);
+    tp->epoch = host->epoch;
     ote_status_t st = ote_mutex_init(&tp->mu);
     if (st != OTE_OK) {
         ote_free(tp);
@@ -457,6 +499,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         goto err;
     }
     tp->monitor_started = 1;
+    live_link(tp);
     if (pthread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
         st = OTE_ERR_NOMEM;
         goto err;

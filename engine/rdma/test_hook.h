@@ -9,6 +9,10 @@
  *
  * ote__rdma_retained_transports: transports whose teardown could not join a control
  * connection thread within its bound and therefore retained (did not free) everything.
+ *
+ * ote__rdma_test_endpoints: the endpoints (requester and source, every data device) that
+ * the RDMA transport of the engine (an ote_engine_t *) holds now, evicted ones not yet
+ * freed included; 0 for an engine without one. Any thread.
  */
 #ifndef OTE_ENGINE_RDMA_TEST_HOOK_H
 #define OTE_ENGINE_RDMA_TEST_HOOK_H
@@ -24,6 +28,7 @@ extern "C" {
 
 extern ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
 uint64_t ote__rdma_retained_transports_get(void);
+uint64_t ote__rdma_test_endpoints(const void *engine);
 
 #ifdef __cplusplus
 }
