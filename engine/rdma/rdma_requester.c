@@ -269,7 +269,7 @@ static void slice_grant_done(void *arg, ote_status_t st) {
  * be asked for, so that its account of the request (and the request's pin) can close.
  * Best effort: a lost WRITE_OFF leaves the account to the end of the connection. */
 static void slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
-    if (s->req_uid == 0 || atomic_load(&p->c->dead)) return;
+    if (s->req_uid == 0 || p->c == NULL || atomic_load(&p->c->dead)) return;
     uint64_t bytes = run_bytes(s); /* a run's slices share their request */
     ote_rp_msg_t wo;
     memset(&wo, 0, sizeof(wo));
@@ -293,7 +293,8 @@ static void submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
     uint8_t frame[OTE__RDMA_FRAME_MAX];
     size_t flen = 0;
     ote_mutex_lock(&p->mu);
-    if (atomic_load(&p->c->dead)) {
+    /* No connection at all: a reconnect failed (or met a restarted peer). */
+    if (p->c == NULL || atomic_load(&p->c->dead)) {
         ote_mutex_unlock(&p->mu);
         ote_free(x);
         s->done(s, OTE_ERR_PEER_LOST);
@@ -558,7 +559,9 @@ static void pump_locked(ote__tpeer_t *p) {
             ote_status_t st = OTE_OK;
             if (s->canceled != NULL && atomic_load(s->canceled)) {
                 st = OTE_ERR_CANCELED;
-            } else if (atomic_load(&p->c->dead)) {
+            } else if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
+                /* Lost, or between connections (a reconnect publishes its endpoints last;
+                 * a dead peer's were evicted). */
                 st = OTE_ERR_PEER_LOST;
             } else {
                 last = run_take(tp, s, &rlen);
