@@ -105,10 +105,6 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         return -1;
     }
     if (rq.type == OTE_RP_INFO) {
-        if (*have_info) {
-            OTE_WARN("rdma", "control from %s: second INFO: closing", c->peer_addr);
-            return -1;
-        }
         /* Under tp->mu: a connection of the same requester that ends meanwhile reads
          * process/pd to decide whether its endpoints are still in use (server_peer_gone). */
         ote_mutex_lock(&tp->mu);

@@ -25,6 +25,7 @@
 
 #include "tests/engine/ctl_peer.h"
 #include "tests/engine/engine_util.h"
+#include "tests/engine/target.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -350,6 +351,42 @@ TEST_F(RdmaRestartTest, OldEpochGrantRequestRefusedAndOldInfoServed) {
     ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
     WriteThenRead(seg, 13);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+}
+
+// The target as a separate process (ote_target) killed with SIGKILL and started again on
+// the same port: the old segment fails PEER_LOST, a new one works on the first try, and
+// the requester's endpoints for the dead process are evicted meanwhile.
+TEST_F(RdmaRestartTest, KilledTargetProcessRestartedOnTheSamePort) {
+    ote_test::Target t;
+    ASSERT_TRUE(t.Start(kLen, "127.0.0.1:0", ote_test::kRdmaTargetEnv));
+    const std::string taddr = t.address;
+    uint64_t req0 = ote__rdma_test_endpoints(req_);
+    ote_segment_t *old = nullptr;
+    ASSERT_EQ(ote_segment_open(req_, taddr.c_str(), &old), OTE_OK);
+    ote_pattern_fill(src_.data(), kLen, 20, 0);
+    ASSERT_EQ(ote_test::RunOne(req_, {OTE_WRITE, src_.data(), old, t.rw, kLen}, 60 * kSec), OTE_OK);
+    EXPECT_EQ(t.Hash("rw", 0, kLen), ote_hash(src_.data(), kLen));
+    EXPECT_GT(ote__rdma_test_endpoints(req_), req0);
+    t.Kill();
+    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(req_); }, req0), req0);
+    ASSERT_TRUE(t.Start(kLen, taddr, ote_test::kRdmaTargetEnv)) << "no target on " << taddr;
+    ASSERT_EQ(t.address, taddr);
+    ote_transfer_status_t ts;
+    ote_status_t st =
+        ote_test::RunOne(req_, {OTE_WRITE, src_.data(), old, t.rw, kLen}, 60 * kSec, &ts);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
+    EXPECT_NE(t.Hash("rw", 0, kLen), ote_hash(src_.data(), kLen)) << "the old segment wrote";
+    EXPECT_EQ(ote_segment_close(old), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req_, taddr.c_str(), &seg), OTE_OK);
+    ote_pattern_fill(src_.data(), kLen, 21, 0);
+    ASSERT_EQ(ote_test::RunOne(req_, {OTE_WRITE, src_.data(), seg, t.rw, kLen}, 60 * kSec), OTE_OK);
+    EXPECT_EQ(t.Hash("rw", 0, kLen), ote_hash(src_.data(), kLen));
+    memset(dst_.data(), 0, kLen);
+    ASSERT_EQ(ote_test::RunOne(req_, {OTE_READ, dst_.data(), seg, t.rw, kLen}, 60 * kSec), OTE_OK);
+    EXPECT_EQ(memcmp(dst_.data(), src_.data(), kLen), 0);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(t.Quit(), 0);
 }
 
 // A source that has lost its endpoints for this requester answers its GRANT_REQ with a
