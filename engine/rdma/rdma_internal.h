@@ -50,13 +50,16 @@
  *   rdma_server.c     adopted control connections (from the engine's listener), one
  *                     thread per connection: HELLO, INFO, dispatch to the source side; when
  *                     that connection ends, the grants its requester still held are
- *                     ended at once (after a short grace for receipts in flight)
+ *                     ended at once (after a short grace for receipts in flight) and
+ *                     its source endpoints evicted
  *   rdma_source.c     the source side: CONNECT (source QP of a slot) and GRANT_REQ
  *                     (checked against the engine's registrations, served by a window),
  *                     the grant layer's source callbacks
  *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_peer.c       the requester's control connection to one peer: connect and
- *                     handshake, its reader thread, INFO/CONNECT calls, open/ensure/close
+ *                     handshake (the peer's epoch: a restarted peer fails the segment),
+ *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
+ *                     of a lost peer's endpoints
  *   rdma_requester.c  the requester data path: the peer's slice queue, its pump and the
  *                     pump thread (slices that end kick it; they never pump themselves),
  *                     engine slices to grants on the picked device, GRANT_REQ, moves of
