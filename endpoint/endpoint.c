@@ -33,6 +33,11 @@ struct ote_endpoint {
     uint32_t rr;
     ep_slot_t *slots;
     UT_hash_handle hh;
+    /* Evicted (ote_endpoint_evict): out of the table, on the store's dying list until
+     * every slot is EMPTY, nobody borrows or builds, and nobody waits in reserve. */
+    int evicted;
+    uint32_t waiters; /* threads inside ote_endpoint_reserve on this endpoint */
+    struct ote_endpoint *dnext;
 };
 
 struct ote_endpoint_store {
@@ -43,6 +48,7 @@ struct ote_endpoint_store {
     ote_mutex_t mu;
     ote_cond_t cv;
     ote_endpoint_t *eps;
+    ote_endpoint_t *dying; /* evicted, not yet freed (linked by dnext) */
     uint64_t next_token;
     ote_endpoint_stats_t stats;
 };
@@ -100,7 +106,12 @@ void ote_endpoint_store_stats(ote_endpoint_store_t *s, ote_endpoint_stats_t *out
     HASH_ITER(hh, s->eps, ep, tmp) {
         for (uint32_t i = 0; i < ep->width; i++) retained += ep->slots[i].destroy_failed != 0;
     }
+    for (ep = s->dying; ep != NULL; ep = ep->dnext)
+        for (uint32_t i = 0; i < ep->width; i++) retained += ep->slots[i].destroy_failed != 0;
     out->retained_now = retained;
+    uint64_t n = HASH_COUNT(s->eps);
+    for (ep = s->dying; ep != NULL; ep = ep->dnext) n++;
+    out->endpoints = n;
     ote_mutex_unlock(&s->mu);
 }
 
@@ -184,16 +195,26 @@ ote_status_t ote_endpoint_reserve(ote_endpoint_t *ep, uint32_t slot, ote_deadlin
     ep_slot_t *sl = &ep->slots[slot];
     int timed_out = 0;
     ote_mutex_lock(&s->mu);
+    ep->waiters++; /* an evicted endpoint is not freed under this call */
     for (;;) {
         if (sl->state == SLOT_READY) {
             sl->users++;
+            ep->waiters--;
             ote_mutex_unlock(&s->mu);
             *qp_out = sl->qp;
             memset(claim, 0, sizeof(*claim));
             return OTE_OK;
         }
+        if (sl->state == SLOT_EMPTY && ep->evicted) {
+            /* Its peer is gone: nothing is built for it any more. */
+            ep->waiters--;
+            ote_cond_broadcast(&s->cv);
+            ote_mutex_unlock(&s->mu);
+            return OTE_ERR_PEER_LOST;
+        }
         if (sl->state == SLOT_EMPTY) {
             sl->state = SLOT_BUILDING;
+            ep->waiters--;
             sl->token = ++s->next_token;
             claim->ep = ep;
             claim->slot = slot;
@@ -208,11 +229,18 @@ ote_status_t ote_endpoint_reserve(ote_endpoint_t *ep, uint32_t slot, ote_deadlin
             sl->token = ++s->next_token;
             ote_mutex_unlock(&s->mu);
             ote_status_t st = destroy_held(s, sl, old, deadline);
-            if (st != OTE_OK) return st;
             ote_mutex_lock(&s->mu);
+            if (st != OTE_OK) {
+                ep->waiters--;
+                ote_cond_broadcast(&s->cv);
+                ote_mutex_unlock(&s->mu);
+                return st;
+            }
             continue;
         }
         if (timed_out) {
+            ep->waiters--;
+            ote_cond_broadcast(&s->cv);
             ote_mutex_unlock(&s->mu);
             return OTE_ERR_TIMEOUT;
         }
@@ -290,7 +318,8 @@ ote_status_t ote_endpoint_build(ote_ep_claim_t *claim, ote_ep_exchange_fn exchan
         return st;
     }
     ote_mutex_lock(&s->mu);
-    sl->state = SLOT_READY;
+    /* Built for an endpoint evicted meanwhile: lent once, then destroyed by reclaim. */
+    sl->state = ep->evicted ? SLOT_RETIRING : SLOT_READY;
     sl->token = 0;
     sl->users = 1;
     sl->remote_qpn = peer.qp_num;
@@ -403,28 +432,58 @@ uint32_t ote_endpoint_users(ote_endpoint_t *ep, uint32_t slot) {
     return n;
 }
 
+/* Under s->mu: one idle RETIRING slot of ep to destroy (held by a token), or NULL. */
+static ep_slot_t *reclaim_pick(ote_endpoint_store_t *s, ote_endpoint_t *ep, ote_qp_t **qp_out) {
+    for (uint32_t i = 0; i < ep->width; i++) {
+        ep_slot_t *sl = &ep->slots[i];
+        if (sl->state == SLOT_RETIRING && sl->users == 0 && sl->token == 0 &&
+            sl->destroy_failed < 2) {
+            *qp_out = sl->qp;
+            sl->token = ++s->next_token;
+            return sl;
+        }
+    }
+    return NULL;
+}
+
+/* Under s->mu: ep's slots after a pass (a failed destroy may be retried by the next pass);
+ * returns how many are still RETIRING. */
+static size_t reclaim_settle(ote_endpoint_t *ep, int *idle_out) {
+    size_t remaining = 0;
+    int idle = ep->waiters == 0;
+    for (uint32_t i = 0; i < ep->width; i++) {
+        ep_slot_t *sl = &ep->slots[i];
+        if (sl->destroy_failed == 2) sl->destroy_failed = 1;
+        remaining += sl->state == SLOT_RETIRING;
+        if (sl->state != SLOT_EMPTY || sl->users != 0 || sl->token != 0) idle = 0;
+    }
+    *idle_out = idle;
+    return remaining;
+}
+
+static void ep_free(ote_endpoint_t *ep) {
+    ote_free(ep->slots);
+    ote_free(ep);
+}
+
 ote_status_t ote_endpoint_store_reclaim(ote_endpoint_store_t *s, ote_deadline_t deadline,
                                         size_t *remaining_out) {
     ote_status_t first = OTE_OK;
     /* Each pass takes one idle retiring slot (a token marks it held), destroys its QP
-     * without the lock, and starts over; a failed destroy is not retried in this call. */
+     * without the lock, and starts over; a failed destroy is not retried in this call.
+     * Evicted endpoints (the dying list) are reclaimed the same way, and freed once every
+     * slot is EMPTY with nobody borrowing, building or waiting. */
     ote_endpoint_t *ep, *tmp;
     for (;;) {
         ep_slot_t *victim = NULL;
         ote_qp_t *qp = NULL;
         ote_mutex_lock(&s->mu);
         HASH_ITER(hh, s->eps, ep, tmp) {
-            for (uint32_t i = 0; i < ep->width && victim == NULL; i++) {
-                ep_slot_t *sl = &ep->slots[i];
-                if (sl->state == SLOT_RETIRING && sl->users == 0 && sl->token == 0 &&
-                    sl->destroy_failed < 2) {
-                    victim = sl;
-                    qp = sl->qp;
-                    sl->token = ++s->next_token;
-                }
-            }
+            victim = reclaim_pick(s, ep, &qp);
             if (victim != NULL) break;
         }
+        for (ep = s->dying; victim == NULL && ep != NULL; ep = ep->dnext)
+            victim = reclaim_pick(s, ep, &qp);
         ote_mutex_unlock(&s->mu);
         if (victim == NULL) break;
         ote_status_t st = destroy_held(s, victim, qp, deadline);
@@ -436,30 +495,73 @@ ote_status_t ote_endpoint_store_reclaim(ote_endpoint_store_t *s, ote_deadline_t 
         }
     }
     size_t remaining = 0;
+    ote_endpoint_t *freed = NULL;
     ote_mutex_lock(&s->mu);
-    HASH_ITER(hh, s->eps, ep, tmp) {
-        for (uint32_t i = 0; i < ep->width; i++) {
-            ep_slot_t *sl = &ep->slots[i];
-            if (sl->destroy_failed == 2) sl->destroy_failed = 1;
-            remaining += sl->state == SLOT_RETIRING;
+    int idle;
+    HASH_ITER(hh, s->eps, ep, tmp) { remaining += reclaim_settle(ep, &idle); }
+    for (ote_endpoint_t **pp = &s->dying; *pp != NULL;) {
+        ep = *pp;
+        remaining += reclaim_settle(ep, &idle);
+        if (!idle) {
+            pp = &ep->dnext;
+            continue;
         }
+        *pp = ep->dnext; /* nobody can reach it any more */
+        ep->dnext = freed;
+        freed = ep;
+        s->stats.evicted++;
     }
     ote_mutex_unlock(&s->mu);
+    while (freed != NULL) {
+        ep = freed;
+        freed = ep->dnext;
+        ep_free(ep);
+    }
     if (remaining_out != NULL) *remaining_out = remaining;
     return first;
+}
+
+ote_status_t ote_endpoint_evict(ote_endpoint_t *ep) {
+    if (ep == NULL) return OTE_ERR_INVALID;
+    ote_endpoint_store_t *s = ep->store;
+    ote_mutex_lock(&s->mu);
+    if (!ep->evicted) {
+        ep->evicted = 1;
+        HASH_DEL(s->eps, ep);
+        ep->dnext = s->dying;
+        s->dying = ep;
+        for (uint32_t i = 0; i < ep->width; i++) {
+            if (ep->slots[i].state == SLOT_READY) {
+                ep->slots[i].state = SLOT_RETIRING;
+                s->stats.retired++;
+            }
+        }
+        ote_cond_broadcast(&s->cv);
+    }
+    ote_mutex_unlock(&s->mu);
+    OTE_DEBUG("endpoint", "%s: endpoint for peer %llx evicted: its QPs go once drained",
+              ote_context_name(s->ctx), (unsigned long long)ep->key.remote_process);
+    return OTE_OK;
 }
 
 ote_status_t ote_endpoint_store_destroy(ote_endpoint_store_t *s, ote_deadline_t deadline) {
     if (s == NULL) return OTE_OK;
     ote_endpoint_t *ep, *tmp;
     ote_mutex_lock(&s->mu);
-    HASH_ITER(hh, s->eps, ep, tmp) {
-        for (uint32_t i = 0; i < ep->width; i++) {
-            const ep_slot_t *sl = &ep->slots[i];
-            if (sl->state == SLOT_BUILDING || sl->users > 0 ||
-                (sl->state == SLOT_RETIRING && sl->token != 0)) {
+    for (int list = 0; list < 2; list++) {
+        ote_endpoint_t *first = list == 0 ? s->eps : s->dying;
+        for (ep = first; ep != NULL; ep = list == 0 ? (ote_endpoint_t *)ep->hh.next : ep->dnext) {
+            if (ep->waiters != 0) {
                 ote_mutex_unlock(&s->mu);
                 return OTE_ERR_BUSY;
+            }
+            for (uint32_t i = 0; i < ep->width; i++) {
+                const ep_slot_t *sl = &ep->slots[i];
+                if (sl->state == SLOT_BUILDING || sl->users > 0 ||
+                    (sl->state == SLOT_RETIRING && sl->token != 0)) {
+                    ote_mutex_unlock(&s->mu);
+                    return OTE_ERR_BUSY;
+                }
             }
         }
     }
@@ -477,8 +579,12 @@ ote_status_t ote_endpoint_store_destroy(ote_endpoint_store_t *s, ote_deadline_t 
     }
     HASH_ITER(hh, s->eps, ep, tmp) {
         HASH_DEL(s->eps, ep);
-        ote_free(ep->slots);
-        ote_free(ep);
+        ep_free(ep);
+    }
+    while (s->dying != NULL) {
+        ep = s->dying;
+        s->dying = ep->dnext;
+        ep_free(ep);
     }
     ote_cond_destroy(&s->cv);
     ote_mutex_destroy(&s->mu);

@@ -80,6 +80,8 @@ typedef ote_status_t (*ote_ep_exchange_fn)(void *arg, uint32_t slot, const ote_q
 
 typedef struct ote_endpoint_stats {
     uint64_t built, build_failures, destroyed, retired, retained_now, waits;
+    uint64_t endpoints; /* endpoints the store holds now (evicted ones not yet freed too) */
+    uint64_t evicted;   /* evicted endpoints freed so far */
 } ote_endpoint_stats_t;
 
 /**
@@ -152,6 +154,19 @@ uint32_t ote_endpoint_pick_slot(ote_endpoint_t *ep);
 /* Number of READY slots; number of borrows outstanding on a slot. */
 uint32_t ote_endpoint_ready_count(ote_endpoint_t *ep);
 uint32_t ote_endpoint_users(ote_endpoint_t *ep, uint32_t slot);
+
+/**
+ * ote_endpoint_evict() - the peer of @ep is gone (its process died or restarted): take
+ * the endpoint out of the store's table (a later ote_endpoint_get() of its key inserts a
+ * new one) and retire every READY slot. Its QPs are destroyed by
+ * ote_endpoint_store_reclaim() once nobody borrows them (a failed native destroy keeps
+ * the QP in its slot, retained, and is tried again by the next reclaim), and the
+ * endpoint itself is freed by the reclaim that finds every slot EMPTY and nobody
+ * borrowing, building or waiting in ote_endpoint_reserve() (which fails with
+ * OTE_ERR_PEER_LOST for an EMPTY slot of an evicted endpoint: nothing is built for it).
+ * The caller must hold no other use of @ep than borrows it will return. Never blocks.
+ */
+ote_status_t ote_endpoint_evict(ote_endpoint_t *ep);
 
 #ifdef __cplusplus
 }

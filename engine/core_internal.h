@@ -125,6 +125,7 @@ struct ote_engine {
     _Atomic long nsegments;
     _Atomic long nbatches;
     _Atomic uint64_t next_uid; /* request ids (slice req_uid): the source's per-request account */
+    uint64_t epoch;            /* host->epoch: this instance's random identity (engine.c) */
 };
 
 struct ote_segment {

@@ -8,6 +8,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/log.h"
@@ -49,6 +51,20 @@ static ote_status_t auth_setup(const ote__cfg_t *rc, ote_auth_key_t **key_out) {
     return OTE_ERR_INVALID;
 }
 
+/* A random nonzero 64-bit epoch for a new engine instance (getrandom). Should the kernel
+ * have no entropy call, a mix of the clock, the pid and an address stands in (a WARN says
+ * so): still distinct between two instances at one address, which is all it is for. */
+static uint64_t new_epoch(const void *salt) {
+    uint64_t v = 0;
+    ssize_t n = getrandom(&v, sizeof(v), GRND_NONBLOCK);
+    if (n != (ssize_t)sizeof(v)) {
+        OTE_WARN("engine", "getrandom for the engine's epoch failed: clock and pid used instead");
+        v = ote_now_ns() * 0x9E3779B97F4A7C15ull ^ ((uint64_t)getpid() << 32) ^
+            (uint64_t)(uintptr_t)salt;
+    }
+    return v != 0 ? v : 1;
+}
+
 ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_out) {
     if (engine_out == NULL) return OTE_ERR_INVALID;
     ote__cfg_t rc;
@@ -65,6 +81,7 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     }
     e->cfg = rc;
     e->auth_key = key; /* owned by the engine from here */
+    e->epoch = new_epoch(e);
     if (pthread_rwlock_init(&e->reg_lk, NULL) != 0) {
         st = OTE_ERR_NOMEM;
         goto err_free;

@@ -138,7 +138,8 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .ipc_copy_start = ote__reg_ipc_copy_start,
                         .ipc_copy_poll = ote__reg_ipc_copy_poll,
                         .ipc_revoked = ote__reg_ipc_revoked,
-                        .ipc_exporter_dead = ote__reg_ipc_exporter_dead};
+                        .ipc_exporter_dead = ote__reg_ipc_exporter_dead,
+                        .epoch = e->epoch};
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
      * an shm-only engine creates tcp for it, outside its list), then the others in
      * order. */

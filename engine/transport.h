@@ -172,6 +172,10 @@ typedef struct {
     ote_status_t (*ipc_copy_poll)(void *arg, void *op, int give_up);
     void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
     void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
+    /* This engine instance's epoch: 64 random bits (nonzero) drawn at ote_engine_create,
+     * so that a peer tells a restarted engine at the same address from the one it knew
+     * (the RDMA transport sends it in its handshake). */
+    uint64_t epoch;
 } ote__host_t;
 
 typedef struct ote__transport ote__transport_t;

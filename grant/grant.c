@@ -331,7 +331,9 @@ ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_stat
          * retire ours and let the slot be rebuilt. A refusal of the range itself (ACCESS,
          * ...) leaves the connection as it was. */
         int code = ote_status_code(st);
-        if (code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE || code == OTE_ERR_PEER_LOST)
+        /* STATE: the source has no such connection (a cache miss): ours is stale too. */
+        if (code == OTE_ERR_REMOTE_ACCESS || code == OTE_ERR_REMOTE || code == OTE_ERR_PEER_LOST ||
+            code == OTE_ERR_STATE)
             give_back_qp(g, 1);
         fail_requester(g, st, &df);
     } else {

@@ -9,6 +9,9 @@
 #define INFO_LONG (4 + 24 + 4 + 4 * OTE_RP_MAX_DEVS)
 #define CONNECT_LONG (4 + 8 + 32 + 4)
 #define GRANT_LONG (4 + 56 + 4)
+/* ... and with the epoch (proto.h). */
+#define INFO_EPOCH (INFO_LONG + 8)
+#define GRANT_EPOCH (GRANT_LONG + 8)
 
 static int pair_ok(uint32_t pair) {
     return (pair >> 16) == 0 && (pair >> 8) < OTE_RP_MAX_DEVS && (pair & 0xff) < OTE_RP_MAX_DEVS;
@@ -51,11 +54,18 @@ static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
     return OTE_OK;
 }
 
+_Static_assert(INFO_EPOCH <= OTE_RP_MAX_BODY && GRANT_EPOCH <= OTE_RP_MAX_BODY &&
+                   CONNECT_LONG <= OTE_RP_MAX_BODY,
+               "OTE_RP_MAX_BODY holds every form");
+
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
     size_t n = body_size(m->type);
-    if ((m->type == OTE_RP_INFO || m->type == OTE_RP_INFO_ACK) && m->u.info.ndev > 1) n = INFO_LONG;
+    int info = m->type == OTE_RP_INFO || m->type == OTE_RP_INFO_ACK;
+    if (info && m->u.info.ndev > 1) n = INFO_LONG;
+    if (info && m->u.info.epoch != 0) n = INFO_EPOCH;
     if (m->type == OTE_RP_CONNECT && m->u.connect.pair != 0) n = CONNECT_LONG;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.pair != 0) n = GRANT_LONG;
+    if (m->type == OTE_RP_GRANT_REQ && m->u.grant.epoch != 0) n = GRANT_EPOCH;
     memset(buf, 0, n);
     ote_le_put16(buf, m->type);
     uint8_t *b = buf + 4;
@@ -66,11 +76,14 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 8, m->u.info.pd);
             ote_le_put32(b + 16, m->u.info.nic);
             ote_le_put32(b + 20, m->u.info.lanes);
-            if (n == INFO_LONG) {
-                ote_le_put32(b + 24, m->u.info.ndev);
+            if (n >= INFO_LONG) {
+                uint32_t nd = m->u.info.ndev == 0 ? 1 : m->u.info.ndev;
+                if (m->u.info.ndev == 0) ote_le_put32(b + 28, m->u.info.nic);
+                ote_le_put32(b + 24, nd);
                 for (uint32_t i = 0; i < m->u.info.ndev && i < OTE_RP_MAX_DEVS; i++)
                     ote_le_put32(b + 28 + 4 * i, m->u.info.nics[i]);
             }
+            if (n == INFO_EPOCH) ote_le_put64(b + 28 + 4 * OTE_RP_MAX_DEVS, m->u.info.epoch);
             break;
         case OTE_RP_CONNECT:
             ote_le_put32(b, m->u.connect.slot);
@@ -89,7 +102,8 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 32, m->u.grant.req_addr);
             ote_le_put64(b + 40, m->u.grant.req_len);
             ote_le_put64(b + 48, m->u.grant.req_uid);
-            if (n == GRANT_LONG) ote_le_put32(b + 56, m->u.grant.pair);
+            if (n >= GRANT_LONG) ote_le_put32(b + 56, m->u.grant.pair);
+            if (n == GRANT_EPOCH) ote_le_put64(b + 60, m->u.grant.epoch);
             break;
         case OTE_RP_WRITE_OFF:
             ote_le_put64(b, m->u.wo.req_uid);
@@ -117,8 +131,9 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
     m.type = ote_le_get16(buf);
     size_t n = body_size(m.type);
     int info = m.type == OTE_RP_INFO || m.type == OTE_RP_INFO_ACK;
+    int epoch = (info && len == INFO_EPOCH) || (m.type == OTE_RP_GRANT_REQ && len == GRANT_EPOCH);
     int lng = (info && len == INFO_LONG) || (m.type == OTE_RP_CONNECT && len == CONNECT_LONG) ||
-              (m.type == OTE_RP_GRANT_REQ && len == GRANT_LONG);
+              (m.type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || epoch;
     if (n == 0 || (len != n && !lng) || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
     const uint8_t *b = buf + 4;
     switch (m.type) {
@@ -137,6 +152,10 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
                 for (uint32_t i = 0; i < m.u.info.ndev; i++)
                     m.u.info.nics[i] = ote_le_get32(b + 28 + 4 * i);
                 if (m.u.info.nics[0] != m.u.info.nic) return OTE_ERR_PROTOCOL;
+            }
+            if (epoch) {
+                m.u.info.epoch = ote_le_get64(b + 28 + 4 * OTE_RP_MAX_DEVS);
+                if (m.u.info.epoch == 0) return OTE_ERR_PROTOCOL; /* sent means known */
             }
             break;
         case OTE_RP_CONNECT:
@@ -163,6 +182,10 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             m.u.grant.req_len = ote_le_get64(b + 40);
             m.u.grant.req_uid = ote_le_get64(b + 48);
             if (lng) m.u.grant.pair = ote_le_get32(b + 56);
+            if (epoch) {
+                m.u.grant.epoch = ote_le_get64(b + 60);
+                if (m.u.grant.epoch == 0) return OTE_ERR_PROTOCOL;
+            }
             if (!pair_ok(m.u.grant.pair)) return OTE_ERR_PROTOCOL;
             if (m.u.grant.op > 1 || m.u.grant.len == 0 ||
                 m.u.grant.addr > UINT64_MAX - m.u.grant.len)

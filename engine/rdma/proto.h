@@ -33,6 +33,16 @@
  * requester device index, each < 8 (the two ends of the QP's path; the endpoint key
  * names them). The short forms (one device, pair 0) are what a single-NIC engine sends,
  * so such an engine still talks to a peer that knows only them; the decoder takes both.
+ *
+ * Epochs (restarted peers): INFO / INFO_ACK may carry, after the multi-device form, the
+ * sender's epoch u64 (random, nonzero, drawn when its engine was created): 72 bytes in
+ * all. GRANT_REQ may carry, after pair, the epoch of the source as the requester learned
+ * it from INFO_ACK: 72 bytes. A message without it (an older engine) decodes with epoch 0
+ * (unknown): such a peer is still served, without the epoch check. A GRANT_REQ whose
+ * epoch is not the source's own (it was meant for an earlier incarnation at the same
+ * address), or that names a QP the source does not have, is refused with OTE_ERR_STATE
+ * in the frame header: a cache miss (engine/rdma/rdma_internal.h, OTE__RDMA_CACHE_MISS).
+ * An engine sends the epoch forms only to a peer whose INFO carried an epoch.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -65,6 +75,7 @@ typedef struct {
             uint32_t nic, lanes;
             uint32_t ndev; /* data devices (1..OTE_RP_MAX_DEVS); 0 on encode = 1 */
             uint32_t nics[OTE_RP_MAX_DEVS];
+            uint64_t epoch; /* the sender's epoch; 0: not sent (an older engine) */
         } info;
         struct {
             uint32_t slot, cap;
@@ -77,6 +88,7 @@ typedef struct {
             uint64_t addr, len;
             uint64_t req_addr, req_len; /* the request's extent, checked as a whole */
             uint64_t req_uid;
+            uint64_t epoch; /* the source's epoch as the requester knows it; 0: not sent */
         } grant;
         struct {
             uint64_t req_uid, req_len, bytes;
@@ -93,7 +105,7 @@ typedef struct {
     } u;
 } ote_rp_msg_t;
 
-#define OTE_RP_MAX_BODY 64u
+#define OTE_RP_MAX_BODY 72u /* the longest form: INFO or GRANT_REQ with the epoch */
 
 /* Encode into buf (>= OTE_RP_MAX_BODY bytes); returns the body length. */
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf);

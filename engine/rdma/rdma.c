@@ -76,6 +76,7 @@ void ote__rdma_local_info(const rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type) 
     rp->u.info.ndev = tp->nnics;
     for (uint32_t i = 0; i < tp->nnics; i++)
         rp->u.info.nics[i] = ote_context_nic_id(tp->nics[i].ctx);
+    rp->u.info.epoch = tp->epoch;
 }
 
 /* The monitor's view of each data device: a port that went down leaves the selector (its
@@ -118,6 +119,7 @@ static void *monitor_main(void *arg) {
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
             ote__rdma_servers_reap(tp); /* closes what ended server threads left */
+            ote__rdma_peers_evict_dead(tp);
             for (uint32_t i = 0; i < tp->nnics; i++)
                 (void)ote_endpoint_store_reclaim(tp->nics[i].eps,
                                                  ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
@@ -138,6 +140,7 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
 /* ---- lifecycle ------------------------------------------------------------------- */
 
 static void teardown(rdma_tp_t *tp) {
+    ote__rdma_test_track(tp, 0);
     atomic_store(&tp->stop, 1);
     if (tp->pumper_started) {
         ote__rdma_pump_kick(tp);
@@ -209,10 +212,7 @@ static void teardown(rdma_tp_t *tp) {
     ote_free(tp);
 }
 
-static void rdma_destroy(ote__transport_t *t) {
-    ote__rdma_test_track((rdma_tp_t *)t, 0);
-    teardown((rdma_tp_t *)t);
-}
+static void rdma_destroy(ote__transport_t *t) { teardown((rdma_tp_t *)t); }
 
 static size_t rdma_nic_stats(ote__transport_t *t, ote__nic_stat_t *out, size_t cap);
 
@@ -429,6 +429,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         return OTE_ERR_INVALID;
     }
     snprintf(tp->addr, sizeof(tp->addr), "%s", host->self_addr);
+    tp->epoch = host->epoch;
     ote_status_t st = ote_mutex_init(&tp->mu);
     if (st != OTE_OK) {
         ote_free(tp);
@@ -463,6 +464,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         goto err;
     }
     tp->monitor_started = 1;
+    ote__rdma_test_track(tp, 1);
     if (pthread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
         st = OTE_ERR_NOMEM;
         goto err;
@@ -476,7 +478,6 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
                  tp->v->provider, i, info.name, info.port, info.gid_index, tp->nics[i].nlanes);
     }
     OTE_INFO("rdma", "transport=rdma: %u data device(s), serving %s", tp->nnics, tp->addr);
-    ote__rdma_test_track(tp, 1);
     *tp_out = &tp->base;
     return OTE_OK;
 err:

@@ -53,13 +53,16 @@
  *   rdma_server.c     adopted control connections (from the engine's listener), one
  *                     thread per connection: HELLO, INFO, dispatch to the source side; when
  *                     that connection ends, the grants its requester still held are
- *                     ended at once (after a short grace for receipts in flight)
+ *                     ended at once (after a short grace for receipts in flight) and
+ *                     its source endpoints evicted
  *   rdma_source.c     the source side: CONNECT (source QP of a slot) and GRANT_REQ
  *                     (checked against the engine's registrations, served by a window),
  *                     the grant layer's source callbacks
  *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_peer.c       the requester's control connection to one peer: connect and
- *                     handshake, its reader thread, INFO/CONNECT calls, open/ensure/close
+ *                     handshake (the peer's epoch: a restarted peer fails the segment),
+ *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
+ *                     of a lost peer's endpoints
  *   rdma_requester.c  the requester data path: the peer's slice queue, its pump and the
  *                     pump thread (slices that end kick it; they never pump themselves),
  *                     engine slices to grants on the picked device, GRANT_REQ, moves of
@@ -77,6 +80,7 @@
 #ifndef OTE_ENGINE_RDMA_RDMA_INTERNAL_H
 #define OTE_ENGINE_RDMA_RDMA_INTERNAL_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -113,6 +117,30 @@
 #define OTE__RDMA_NOTE_TAG (1ull << 62)
 
 #define OTE__RDMA_MAX_NICS OTE_RP_MAX_DEVS
+
+/*
+ * Epochs and cache misses (restarted peers). Every engine has a random epoch
+ * (host->epoch); INFO / INFO_ACK carry it (proto.h). A requester peer remembers the
+ * incarnation it met first (epoch, else process id for an older peer without one); a
+ * reconnect that meets another one fails the segment for good with OTE_ERR_PEER_LOST (a
+ * WARN says the peer restarted and the segment must be reopened): the user's remote
+ * addresses named the old incarnation's memory, so nothing is sent to the new one. A
+ * GRANT_REQ carries the source's epoch; the source refuses one for another epoch, or
+ * one that names a QP it does not have (its endpoints for this requester were evicted),
+ * with OTE_ERR_STATE in the frame header: a cache miss. The requester's reader turns that
+ * into OTE__RDMA_CACHE_MISS; the grant layer retires the slot's QP (so the next pick
+ * rebuilds it with CONNECT), and the run goes back to the queue once (retries): nothing of
+ * it was posted, since a grant posts only after a GRANT_RESP OK, so a WRITE is as safe to
+ * retry as a READ. A second miss fails the run with OTE_ERR_PEER_LOST.
+ *
+ * Dead peers' endpoints are evicted (ote_endpoint_evict: out of the store, QPs destroyed
+ * by the monitor's reclaim once drained, a failed destroy retained): a requester's, by
+ * the monitor once its control connection is dead and nothing of it is queued or pumped,
+ * at a reconnect and at peer_close; a source's, when the requester's control connection
+ * ends (after its grants were ended), unless another connection of the same requester
+ * process already uses them.
+ */
+#define OTE__RDMA_CACHE_MISS ote_status_make(OTE_ERR_STATE, ESTALE)
 
 typedef struct ote__rdma_tp rdma_tp_t;
 typedef struct acct acct_t; /* the source's account of one request (rdma_accounts.c) */
@@ -161,7 +189,8 @@ typedef struct conn {
     uint32_t ndev;                     /* the peer's data devices (1..) */
     uint32_t nics[OTE__RDMA_MAX_NICS]; /* their NIC ids (nics[0] == nic) */
     char peer_addr[OTE__ADDR_MAX];
-    int adopted; /* from the engine's listener: the last put calls host->conn_closed */
+    int adopted;    /* from the engine's listener: the last put calls host->conn_closed */
+    uint64_t epoch; /* the peer's epoch (its INFO / INFO_ACK); 0: not sent (older engine) */
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
@@ -229,6 +258,11 @@ struct ote__tpeer {
     uint64_t inflight[OTE__RDMA_MAX_NICS];
     int pumping, pump_again;
     _Atomic int purge; /* a cancel asked the pump to drop canceled queued slices */
+    /* rdma_peer.c: the incarnation this peer met at open (its epoch, and process id for an
+     * older peer without one) and whether a reconnect met another one (then the peer
+     * fails for good). c and ep[][] are written under mu (read by the monitor). */
+    uint64_t met_epoch, met_process;
+    int restarted;
 };
 
 /* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,
@@ -296,8 +330,10 @@ struct ote__rdma_tp {
     reg_ent_t *regs;
     srv_t *sconns[256]; /* heap entries: a thread keeps its own */
     size_t nsconns;
-    ote__tpeer_t *peers; /* open requester peers (notification deadlines) */
-    acct_t *accts;       /* source: accounts of requests (rdma_accounts.c), under mu */
+    ote__tpeer_t *peers;            /* open requester peers (notification deadlines) */
+    acct_t *accts;                  /* source: accounts of requests (rdma_accounts.c), under mu */
+    uint64_t epoch;                 /* host->epoch, sent in INFO / INFO_ACK (read-only) */
+    struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
     _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
 };
@@ -393,6 +429,9 @@ ote_status_t ote__rdma_peer_close(ote__tpeer_t *p);
 /* Send a request and wait (until dl) for its CONNECT_ACK / INFO_ACK. */
 ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16_t want,
                                  ote_deadline_t dl, ote_qp_path_t *path_out);
+/* Monitor: evict the endpoints of requester peers whose control connection is dead and
+ * that have nothing queued or pumping (a reconnect gets fresh ones). */
+void ote__rdma_peers_evict_dead(rdma_tp_t *tp);
 
 /* ---- rdma_requester.c: the requester data path ------------------------------------- */
 

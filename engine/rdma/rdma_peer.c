@@ -66,6 +66,9 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
     }
     ote_status_t st = ote_ctl_peer_status(OTE_CTL_RDMA, m->status);
     if (rp.type == OTE_RP_GRANT_RESP) {
+        /* The source has no such connection (its endpoints for us were evicted) or it is
+         * another incarnation: a cache miss (rdma_internal.h), nothing was bound. */
+        if (m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
         ote_mutex_lock(&p->mu);
         gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
         ote_mutex_unlock(&p->mu);
@@ -106,6 +109,7 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
                 c->lanes = rp.u.info.lanes;
                 c->ndev = rp.u.info.ndev;
                 memcpy(c->nics, rp.u.info.nics, sizeof(c->nics));
+                c->epoch = rp.u.info.epoch;
             }
             ote_cond_broadcast(&p->cv);
         }
@@ -241,6 +245,29 @@ static int takes_release(const ote_ctl_msg_t *ack) {
     return yes;
 }
 
+/* Whether c (just past INFO) reaches the incarnation p met first: the same epoch, or for
+ * a peer that sends none (an older engine) the same process id. */
+static int same_incarnation(const ote__tpeer_t *p, const conn_t *c) {
+    if (c->epoch != 0 || p->met_epoch != 0) return c->epoch == p->met_epoch;
+    return c->process == p->met_process;
+}
+
+/* Under p->mu: take p's endpoints (NULL there after); whoever takes them evicts them. */
+static size_t eps_take(ote__tpeer_t *p, ote_endpoint_t **out) {
+    size_t n = 0;
+    for (uint32_t i = 0; i < OTE__RDMA_MAX_NICS; i++) {
+        for (int cap = 0; cap < 2; cap++) {
+            if (p->ep[i][cap] != NULL) out[n++] = p->ep[i][cap];
+            p->ep[i][cap] = NULL;
+        }
+    }
+    return n;
+}
+
+static void eps_evict(ote_endpoint_t **eps, size_t n) {
+    for (size_t i = 0; i < n; i++) (void)ote_endpoint_evict(eps[i]);
+}
+
 static ote_status_t connect_ctl(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
     ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
@@ -277,9 +304,13 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     }
     c->version = ver;
     c->release_ok = takes_release(&a);
+    ote_mutex_lock(&p->mu);
     p->c = c;
+    ote_mutex_unlock(&p->mu);
     if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
+        ote_mutex_lock(&p->mu);
         p->c = NULL;
+        ote_mutex_unlock(&p->mu);
         ote__rdma_conn_put(c);
         return OTE_ERR_NOMEM;
     }
@@ -287,35 +318,82 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     ote_rp_msg_t info;
     ote__rdma_local_info(tp, &info, OTE_RP_INFO);
     st = ote__rdma_peer_call(p, &info, OTE_RP_INFO_ACK, dl, NULL);
+    if (st == OTE_OK && (p->met_epoch != 0 || p->met_process != 0) && !same_incarnation(p, c)) {
+        /* The peer at this address restarted: this segment's addresses named the memory of
+         * the incarnation it met, so it fails for good; a new segment meets the new one. */
+        OTE_WARN("rdma",
+                 "peer %s restarted (epoch %016llx, was %016llx): its old endpoints are "
+                 "dropped and this segment fails with OTE_ERR_PEER_LOST; open a new segment",
+                 p->name, (unsigned long long)c->epoch, (unsigned long long)p->met_epoch);
+        p->restarted = 1;
+        st = OTE_ERR_PEER_LOST;
+    }
     /* Our device i pairs with the peer's device i % ndev (it computes the same). */
+    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][2];
+    memset(eps, 0, sizeof(eps));
     for (uint32_t i = 0; st == OTE_OK && i < tp->nnics; i++) {
         for (int cap = 0; st == OTE_OK && cap < 2; cap++) {
             ote_ep_key_t key;
             ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->nics[i].ctx),
                             c->nics[i % c->ndev], OTE_EP_REQUESTER, (ote_ep_cap_t)cap);
-            st = ote_endpoint_get(tp->nics[i].eps, &key, c->lanes, &p->ep[i][cap]);
+            st = ote_endpoint_get(tp->nics[i].eps, &key, c->lanes, &eps[i][cap]);
         }
     }
     if (st != OTE_OK) {
-        OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
-                 ote_status_str(st));
+        if (!p->restarted)
+            OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
+                     ote_status_str(st));
         ote__rdma_conn_kill(c, NULL);
         pthread_join(p->reader, NULL);
         p->reader_started = 0;
+        ote_mutex_lock(&p->mu);
         p->c = NULL;
+        ote_mutex_unlock(&p->mu);
         ote__rdma_conn_put(c);
         return st;
     }
+    ote_mutex_lock(&p->mu);
+    memcpy(p->ep, eps, sizeof(p->ep));
+    if (p->met_epoch == 0 && p->met_process == 0) {
+        p->met_epoch = c->epoch;
+        p->met_process = c->process;
+    }
+    ote_mutex_unlock(&p->mu);
     return OTE_OK;
 }
 
 static void disconnect_ctl(ote__tpeer_t *p) {
     if (p->c == NULL) return;
-    ote__rdma_conn_kill(p->c, NULL);
+    conn_t *c = p->c;
+    ote__rdma_conn_kill(c, NULL);
     if (p->reader_started) pthread_join(p->reader, NULL);
     p->reader_started = 0;
-    ote__rdma_conn_put(p->c);
+    ote_mutex_lock(&p->mu);
     p->c = NULL;
+    ote_endpoint_t *eps[2 * OTE__RDMA_MAX_NICS];
+    size_t n = eps_take(p, eps);
+    ote_mutex_unlock(&p->mu);
+    eps_evict(eps, n); /* the endpoints of that connection's peer: fresh ones next time */
+    ote__rdma_conn_put(c);
+}
+
+void ote__rdma_peers_evict_dead(rdma_tp_t *tp) {
+    ote_endpoint_t *eps[2 * OTE__RDMA_MAX_NICS];
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
+        ote_mutex_lock(&p->mu);
+        size_t n = 0;
+        /* Nothing of p is queued or being started: no thread is about to use its
+         * endpoints (the pump fails queued slices of a dead peer without them). */
+        if (p->c != NULL && atomic_load(&p->c->dead) && !p->pumping && p->q_head == NULL)
+            n = eps_take(p, eps);
+        ote_mutex_unlock(&p->mu);
+        if (n > 0) {
+            OTE_INFO("rdma", "peer %s lost: its %zu endpoint(s) evicted", p->name, n);
+            eps_evict(eps, n);
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
 }
 
 ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out) {
@@ -349,11 +427,14 @@ ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer, ote__tpe
 }
 
 ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p) {
+    if (p->restarted) return OTE_ERR_PEER_LOST; /* it met another incarnation: reopen */
     if (p->c != NULL && !atomic_load(&p->c->dead)) return OTE_OK;
     /* Reconnect: grants that still need the old connection end on their own (their
-     * answers were failed by the reader, their QPs by their CQEs or deadlines). */
+     * answers were failed by the reader, their QPs by their CQEs or deadlines). Slices
+     * still queued or being started on the old connection fail first (the pump). */
     ote_mutex_lock(&p->mu);
-    int busy = p->grants != NULL || p->calls != NULL || p->notes != NULL;
+    int busy = p->grants != NULL || p->calls != NULL || p->notes != NULL || p->pumping ||
+               p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
     if (busy) return OTE_ERR_PEER_LOST;
     disconnect_ctl(p);
@@ -394,9 +475,12 @@ void ote__rdma_reset_device(rdma_tp_t *tp, uint32_t k) {
     size_t n = 0;
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL && n < 64; p = p->tp_next) {
-        if (p->c == NULL || p->c->ndev == 0) continue;
-        ote__rdma_conn_get(p->c);
-        cs[n++] = p->c;
+        ote_mutex_lock(&p->mu); /* p->c changes under it (connect / disconnect) */
+        if (p->c != NULL && p->c->ndev != 0) {
+            ote__rdma_conn_get(p->c);
+            cs[n++] = p->c;
+        }
+        ote_mutex_unlock(&p->mu);
     }
     ote_mutex_unlock(&tp->mu);
     for (size_t i = 0; i < n; i++) {

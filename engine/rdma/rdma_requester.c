@@ -144,6 +144,7 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
     rq.u.grant.req_uid = ga->s->req_uid;
     rq.u.grant.pair = ga->pair;
+    rq.u.grant.epoch = p->c->epoch; /* 0 for a peer without epochs: not sent */
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
     ote_endpoint_t *ep = p->ep[ga->nic][op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
@@ -170,6 +171,9 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     int code = ote_status_code(st);
     int user = s->canceled != NULL && atomic_load(s->canceled);
     if (code == OTE_ERR_CANCELED && !user) return OTE_ERR_PEER_LOST;
+    /* A second cache miss (or one that could not be retried): the peer no longer knows
+     * this connection. */
+    if (st == OTE__RDMA_CACHE_MISS) return OTE_ERR_PEER_LOST;
     if (code == OTE_ERR_FENCED) {
         if (user) return OTE_ERR_CANCELED;
         if (ote_context_check(tp->nics[s->xp.rdma.nic].ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
@@ -188,6 +192,18 @@ static _Atomic uint64_t g_retry_uid;
  * and only while another device is active. */
 static int other_active(const rdma_tp_t *tp, uint32_t k);
 static void slice_renew(ote__slice_t *s);
+
+/* A run whose GRANT_REQ met a cache miss (rdma_internal.h) goes back to the queue once:
+ * the source refused the grant before binding anything and the grant posted nothing (it
+ * posts only after a GRANT_RESP OK), so a WRITE is as safe to retry as a READ. Not
+ * canceled, before its deadline, and not if any of its slices was retried already. */
+static int miss_may_retry(const ote__slice_t *s, ote_status_t st) {
+    if (st != OTE__RDMA_CACHE_MISS || ote_deadline_expired(s->deadline)) return 0;
+    if (s->canceled != NULL && atomic_load(s->canceled)) return 0;
+    for (const ote__slice_t *x = s; x != NULL; x = x->next)
+        if (x->xp.rdma.retries > 0) return 0;
+    return 1;
+}
 
 static int read_may_move(const rdma_tp_t *tp, const ote__slice_t *s, const rdma_nic_t *n,
                          ote_status_t st) {
@@ -248,7 +264,16 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     ote_selector_done(tp->sel, (int)n->index, rlen, st == OTE_OK);
     if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, rlen);
     int again = read_may_move(tp, s, n, st);
-    if (again) {
+    if (!again && miss_may_retry(s, st)) {
+        /* The grant layer retired the slot's QP: the next pick rebuilds it (CONNECT). */
+        OTE_WARN_LIMITED("rdma",
+                         "%s run of %llu bytes: the source had no such connection (cache "
+                         "miss): rebuilt and retried once",
+                         s->op == OTE__SLICE_WRITE ? "WRITE" : "READ", (unsigned long long)rlen);
+        for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
+        slice_renew(s);
+        again = 1;
+    } else if (again) {
         /* Its own request to the source now: the request's account there already counted
          * these bytes (the lost grant held and released them). */
         OTE_WARN_LIMITED("rdma",
@@ -284,7 +309,7 @@ static void slice_grant_abandoned(void *arg, uint32_t slot, uint32_t remote_qpn,
  * be asked for, so that its account of the request (and the request's pin) can close.
  * Best effort: a lost WRITE_OFF leaves the account to the end of the connection. */
 static void slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
-    if (s->req_uid == 0 || atomic_load(&p->c->dead)) return;
+    if (s->req_uid == 0 || p->c == NULL || atomic_load(&p->c->dead)) return;
     uint64_t bytes = run_bytes(s); /* a run's slices share their request */
     ote_rp_msg_t wo;
     memset(&wo, 0, sizeof(wo));
@@ -308,7 +333,8 @@ static void submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
     uint8_t frame[OTE__RDMA_FRAME_MAX];
     size_t flen = 0;
     ote_mutex_lock(&p->mu);
-    if (atomic_load(&p->c->dead)) {
+    /* No connection at all: a reconnect failed (or met a restarted peer). */
+    if (p->c == NULL || atomic_load(&p->c->dead)) {
         ote_mutex_unlock(&p->mu);
         ote_free(x);
         s->done(s, OTE_ERR_PEER_LOST);
@@ -583,7 +609,9 @@ static void pump_locked(ote__tpeer_t *p) {
                 st = OTE_ERR_CANCELED;
             } else if (ote_deadline_expired(s->deadline)) {
                 st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
-            } else if (atomic_load(&p->c->dead)) {
+            } else if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
+                /* Lost, or between connections (a reconnect publishes its endpoints last;
+                 * a dead peer's were evicted). */
                 st = OTE_ERR_PEER_LOST;
             } else {
                 last = run_take(tp, s, &rlen);

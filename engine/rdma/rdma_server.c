@@ -105,12 +105,17 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         return -1;
     }
     if (rq.type == OTE_RP_INFO) {
+        /* Under tp->mu: a connection of the same requester that ends meanwhile reads
+         * process/pd to decide whether its endpoints are still in use (server_peer_gone). */
+        ote_mutex_lock(&tp->mu);
         c->process = rq.u.info.process;
         c->pd = rq.u.info.pd;
         c->nic = rq.u.info.nic;
         c->lanes = rq.u.info.lanes;
         c->ndev = rq.u.info.ndev;
         memcpy(c->nics, rq.u.info.nics, sizeof(c->nics));
+        c->epoch = rq.u.info.epoch;
+        ote_mutex_unlock(&tp->mu);
         *have_info = 1;
         ote_rp_msg_t rp;
         ote__rdma_local_info(tp, &rp, OTE_RP_INFO_ACK);
@@ -176,6 +181,28 @@ static void server_peer_gone(conn_t *c) {
             if (eps[r][cap] != NULL) n += ote_grant_source_end_endpoint(nics[r]->gm, eps[r][cap]);
     if (n > 0)
         OTE_WARN("rdma", "requester %s lost: %zu grant(s) it held released", c->peer_addr, n);
+    /* Its endpoints go too (their QPs once drained), unless another connection of the same
+     * requester process uses them already (it reconnected): decided and done under tp->mu,
+     * which such a connection takes to publish its INFO before it looks them up. */
+    size_t ev = 0;
+    ote_mutex_lock(&tp->mu);
+    int shared = 0;
+    for (size_t i = 0; i < tp->nsconns && !shared; i++) {
+        const conn_t *o = tp->sconns[i]->c;
+        shared = o != c && !tp->sconns[i]->exited && o->process == c->process && o->pd == c->pd;
+    }
+    for (uint32_t r = 0; r < nr && !shared; r++) {
+        for (int cap = 0; cap < 2; cap++) {
+            int dup = 0; /* evicted once: a reclaim may free it right after */
+            for (uint32_t q = 0; q < r && !dup; q++) dup = eps[q][cap] == eps[r][cap];
+            if (eps[r][cap] == NULL || dup) continue;
+            (void)ote_endpoint_evict(eps[r][cap]);
+            ev++;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
+    if (ev > 0)
+        OTE_INFO("rdma", "requester %s lost: its %zu source endpoint(s) evicted", c->peer_addr, ev);
 }
 
 static void *server_main(void *arg) {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
 #include "ote/ote.h"
@@ -159,6 +160,21 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
 
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     rdma_tp_t *tp = c->tp;
+    ote_status_t fst;
+    /* rdma.src_grant_miss: a source that lost its endpoints for this requester (tests). */
+    int miss = ote_fault_hit("rdma.src_grant_miss", &fst);
+    if (miss || (rq->u.grant.epoch != 0 && rq->u.grant.epoch != tp->epoch)) {
+        /* Meant for an earlier incarnation at this address: a cache miss, before anything
+         * is checked or held here (rdma_internal.h). */
+        OTE_WARN_LIMITED(
+            "rdma", "GRANT from %s for epoch %016llx, ours is %016llx: refused (cache miss)",
+            c->peer_addr, (unsigned long long)rq->u.grant.epoch, (unsigned long long)tp->epoch);
+        ote_rp_msg_t rp;
+        memset(&rp, 0, sizeof(rp));
+        rp.type = OTE_RP_GRANT_RESP;
+        (void)ote__rdma_conn_send_rp(c, req_id, OTE_ERR_STATE, &rp);
+        return;
+    }
     /* The whole request is checked, and pinned, by its first grant (rdma_accounts.c): a
      * request partly outside a registration is refused on every grant, no byte moves. */
     acct_t *acct = NULL;
@@ -185,6 +201,8 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         st = OTE_ERR_NOT_FOUND;
     }
     if (st != OTE_OK) {
+        /* No such connection here (its endpoint was evicted, or it was built with an
+         * earlier incarnation): OTE_ERR_STATE, a cache miss for the requester. */
         if (ote_status_code(st) == OTE_ERR_NOT_FOUND) st = OTE_ERR_STATE;
         OTE_WARN("rdma", "GRANT from %s on slot %u: no such connection (QP %u <- %u): %s",
                  c->peer_addr, rq->u.grant.slot, rq->u.grant.src_qpn, rq->u.grant.req_qpn,

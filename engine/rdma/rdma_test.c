@@ -1,7 +1,7 @@
 /*
  * engine/rdma/rdma_test.c - what the test hooks of engine/rdma/test_hook.h read: the
- * live transports of this process (tracked from creation until their destroy begins),
- * found by the address of the engine they serve, and their grant counters.
+ * live transports of this process (linked from creation until their teardown begins),
+ * found by the engine they serve, and their grant and endpoint counters.
  */
 #include <pthread.h>
 #include <string.h>
@@ -10,22 +10,19 @@
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/test_hook.h"
 
-#define TRACK_MAX 64 /* transports beyond it are not tracked (the hook does not find them) */
-
 static ote_mutex_t g_track_mu = {PTHREAD_MUTEX_INITIALIZER};
-static rdma_tp_t *g_track[TRACK_MAX];
+static rdma_tp_t *g_track; /* linked by live_next */
 
 void ote__rdma_test_track(rdma_tp_t *tp, int on) {
     ote_mutex_lock(&g_track_mu);
-    for (size_t i = 0; i < TRACK_MAX; i++) {
-        if (on && g_track[i] == NULL) {
-            g_track[i] = tp;
-            break;
-        }
-        if (!on && g_track[i] == tp) {
-            g_track[i] = NULL;
-            break;
-        }
+    rdma_tp_t **pp = &g_track;
+    while (*pp != NULL && *pp != tp) pp = &(*pp)->live_next;
+    if (on && *pp == NULL) {
+        tp->live_next = g_track;
+        g_track = tp;
+    } else if (!on && *pp == tp) {
+        *pp = tp->live_next;
+        tp->live_next = NULL;
     }
     ote_mutex_unlock(&g_track_mu);
 }
@@ -34,9 +31,8 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
     if (engine_addr == NULL || out == NULL) return OTE_ERR_INVALID;
     ote_status_t st = OTE_ERR_NOT_FOUND;
     ote_mutex_lock(&g_track_mu);
-    for (size_t i = 0; i < TRACK_MAX; i++) {
-        rdma_tp_t *tp = g_track[i];
-        if (tp == NULL || strcmp(tp->addr, engine_addr) != 0) continue;
+    for (rdma_tp_t *tp = g_track; tp != NULL; tp = tp->live_next) {
+        if (strcmp(tp->addr, engine_addr) != 0) continue;
         ote__rdma_test_grants_t r;
         memset(&r, 0, sizeof(r));
         for (uint32_t k = 0; k < tp->nnics; k++) {
@@ -57,4 +53,20 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
     }
     ote_mutex_unlock(&g_track_mu);
     return st;
+}
+
+uint64_t ote__rdma_test_endpoints(const void *engine) {
+    uint64_t n = 0;
+    ote_mutex_lock(&g_track_mu);
+    for (rdma_tp_t *tp = g_track; tp != NULL; tp = tp->live_next) {
+        if (tp->host.arg != engine) continue;
+        for (uint32_t i = 0; i < tp->nnics; i++) {
+            if (tp->nics[i].eps == NULL) continue;
+            ote_endpoint_stats_t es;
+            ote_endpoint_store_stats(tp->nics[i].eps, &es);
+            n += es.endpoints;
+        }
+    }
+    ote_mutex_unlock(&g_track_mu);
+    return n;
 }

@@ -18,6 +18,10 @@
  * address (ote_engine_address) is engine_addr, summed over its data devices, read now;
  * OTE_ERR_NOT_FOUND when no live RDMA transport of this process serves that address.
  * Call it only while that engine exists.
+ *
+ * ote__rdma_test_endpoints: the endpoints (requester and source, every data device) that
+ * the RDMA transport of the engine (an ote_engine_t *) holds now, evicted ones not yet
+ * freed included; 0 for an engine without one. Any thread.
  */
 #ifndef OTE_ENGINE_RDMA_TEST_HOOK_H
 #define OTE_ENGINE_RDMA_TEST_HOOK_H
@@ -34,6 +38,7 @@ extern "C" {
 extern ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
 extern int (*ote__rdma_test_distance)(void *arg, int a, int b);
 uint64_t ote__rdma_retained_transports_get(void);
+uint64_t ote__rdma_test_endpoints(const void *engine);
 
 typedef struct {
     uint64_t live_source;    /* source grants live (window bound or binding) */

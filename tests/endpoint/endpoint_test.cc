@@ -127,4 +127,51 @@ TEST_F(EndpointTest, RetiredQpKeepsSlotUntilDestroyedThenRebuilds) {
     ote_endpoint_return(rig_.ep0[0], 1, q2);
 }
 
+// A dead peer's endpoint is evicted: out of the table at once (the same key then gets a new
+// endpoint), nothing is built for it any more, its borrowed QP stays until returned, and
+// reclaim destroys the QP and frees the endpoint once nothing holds it.
+TEST_F(EndpointTest, EvictedEndpointDrainsThenIsFreed) {
+    ote_endpoint_stats_t st;
+    ote_endpoint_store_stats(rig_.s0, &st);
+    const uint64_t n0 = st.endpoints;
+    EXPECT_EQ(n0, 2u); // the rig's READ and WRITE endpoints
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_endpoint_t *old = rig_.ep0[1];
+    EXPECT_EQ(ote_endpoint_evict(old), OTE_OK);
+    EXPECT_EQ(ote_endpoint_evict(old), OTE_OK); // idempotent
+    EXPECT_EQ(ote_endpoint_ready_count(old), 0u);
+    // Nothing is built on an evicted endpoint.
+    ote_ep_claim_t claim;
+    ote_qp_t *q2 = nullptr;
+    EXPECT_EQ(ote_endpoint_reserve(old, 1, ote_deadline_after(30000 * kMs), &q2, &claim),
+              OTE_ERR_PEER_LOST);
+    // Its key names a new endpoint now.
+    ote_ep_key_t k = *ote_endpoint_key(old);
+    ote_endpoint_t *fresh = nullptr;
+    ASSERT_EQ(ote_endpoint_get(rig_.s0, &k, 2, &fresh), OTE_OK);
+    EXPECT_NE(fresh, old);
+    ote_endpoint_store_stats(rig_.s0, &st);
+    EXPECT_EQ(st.endpoints, n0 + 1);
+    // Borrowed: reclaim keeps the QP and the endpoint.
+    size_t left = 0;
+    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 1u);
+    ote_endpoint_store_stats(rig_.s0, &st);
+    EXPECT_EQ(st.endpoints, n0 + 1);
+    EXPECT_EQ(st.evicted, 0u);
+    ote_endpoint_return(old, 0, qp);
+    uint64_t destroyed = st.destroyed;
+    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 0u);
+    ote_endpoint_store_stats(rig_.s0, &st);
+    EXPECT_EQ(st.endpoints, n0);
+    EXPECT_EQ(st.evicted, 1u);
+    EXPECT_EQ(st.destroyed, destroyed + 1);
+    rig_.ep0[1] = fresh; // the old one is freed
+    // The new endpoint builds and lends as usual.
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_endpoint_return(fresh, 0, qp);
+}
+
 } // namespace

@@ -114,4 +114,33 @@ TEST_F(EndpointFaultTest, DestroyBusyRetainsQpInSlotUntilReclaimSucceeds) {
     EXPECT_EQ(RetainedSinceStart(), 0);
 }
 
+// An evicted endpoint (its peer died) whose QP's native destroy fails keeps the QP in its
+// slot, retained, and is not freed; the next reclaim destroys it and frees the endpoint.
+TEST_F(EndpointFaultTest, EvictedEndpointWithBusyDestroyIsRetainedThenFreed) {
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(0, 1, &qp), OTE_OK);
+    ote_endpoint_return(rig_.ep0[0], 1, qp);
+    ASSERT_EQ(ote_endpoint_evict(rig_.ep0[0]), OTE_OK);
+    rig_.ep0[0] = nullptr; // freed by the reclaim that finds it drained
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DESTROY_QP, nullptr, 1),
+              OTE_OK);
+    size_t left = 0;
+    EXPECT_NE(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 1u);
+    EXPECT_EQ(ote_context_retained(rig_.c0, OTE_RETAINED_QP), 1u);
+    ote_endpoint_stats_t st;
+    ote_endpoint_store_stats(rig_.s0, &st);
+    EXPECT_EQ(st.retained_now, 1u);
+    EXPECT_EQ(st.evicted, 0u);
+    EXPECT_EQ(st.endpoints, 2u);
+    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s0, ote_deadline_after(30000 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 0u);
+    EXPECT_EQ(ote_context_retained(rig_.c0, OTE_RETAINED_QP), 0u);
+    EXPECT_EQ(RetainedSinceStart(), 0);
+    ote_endpoint_store_stats(rig_.s0, &st);
+    EXPECT_EQ(st.retained_now, 0u);
+    EXPECT_EQ(st.evicted, 1u);
+    EXPECT_EQ(st.endpoints, 1u);
+}
+
 } // namespace

@@ -312,10 +312,14 @@ TEST_F(RdmaControlTest, SeveralDeviceFormsAreCheckedAndAnswered) {
     int fd = session(LongInfo(2));
     ASSERT_TRUE(ReadFrame(fd, &buf, &m));
     ASSERT_EQ(m.opcode, OTE_CTL_RDMA);
-    ASSERT_EQ(m.u.rdma.len, 64u) << "a two-device engine answers the long form";
+    // The long form, followed by the engine's epoch (engine/rdma/proto.h).
+    ASSERT_EQ(m.u.rdma.len, 72u) << "a two-device engine answers the long form";
     uint32_t ndev = 0;
     memcpy(&ndev, m.u.rdma.body + 28, 4);
     EXPECT_EQ(ndev, 2u);
+    uint64_t epoch = 0;
+    memcpy(&epoch, m.u.rdma.body + 64, 8);
+    EXPECT_NE(epoch, 0u);
     // CONNECT (long form) naming source device 5: refused, connection kept.
     std::vector<uint8_t> conn(48, 0);
     conn[0] = 3; // OTE_RP_CONNECT

@@ -210,7 +210,11 @@ ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t 
 /* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
  * segment can be opened again; a later open reconnects. OTE_ERR_AUTH (logged on both
  * sides) when the two engines do not share a cluster key (auth_key_file): another key, or
- * a key on one side only. */
+ * a key on one side only. Over RDMA a segment is bound to the engine instance it met
+ * (its epoch): once that engine is gone and another listens at the same address, the
+ * segment's submits fail with OTE_ERR_PEER_LOST (a WARN says the peer restarted) and
+ * nothing reaches the new instance; close it and open a new segment, which works at
+ * once. */
 ote_status_t ote_segment_open(ote_engine_t *engine, const char *peer, ote_segment_t **seg_out);
 /* Refused with OTE_ERR_BUSY while a batch has pending requests on it. Notifications
  * still on their way to the peer are waited for (each ends by its deadline); one still
