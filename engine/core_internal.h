@@ -123,6 +123,10 @@ struct ote_engine {
 
     _Atomic long nsegments;
     _Atomic long nbatches;
+    /* ote_engine_destroy began (and was retained): every call but destroy is refused
+     * with OTE_ERR_STATE (OTE__ENGINE_GONE). */
+    _Atomic int destroying;
+    int retained; /* a failed creation's rollback retained a transport: e is not freed */
     _Atomic uint64_t next_uid; /* request ids (slice req_uid): the source's per-request account */
 };
 
@@ -165,10 +169,18 @@ struct ote_batch {
     _Atomic uint64_t last_wait_ns; /* how long the last completed wait took (0: none yet) */
 };
 
+/* Whether e is being destroyed (a destroy was retained): the public calls other than
+ * ote_engine_destroy return OTE_ERR_STATE then. */
+#define OTE__ENGINE_GONE(e) (atomic_load_explicit(&(e)->destroying, memory_order_acquire) != 0)
+
 /* ---- router.c --------------------------------------------------------------------- */
-/* Create the transports of e->cfg.transports (all or none), fill e->info/self_addr. */
+/* Create the transports of e->cfg.transports (all or none), fill e->info/self_addr. A
+ * failure whose rollback retained a transport sets e->retained (e must not be freed). */
 ote_status_t ote__router_create(ote_engine_t *e);
-void ote__router_destroy(ote_engine_t *e);
+/* Stop the listener and destroy every transport, then free the listener: OTE_OK. A
+ * transport that is retained stays in e->tps (the others are gone) with the listener
+ * object, and its status is returned: call again to retry what is left. */
+ote_status_t ote__router_destroy(ote_engine_t *e);
 /* Connect to peer through the first transport both sides offer that reaches it. */
 ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_t **tp_out,
                               const char **name_out, ote__tpeer_t **peer_out);

@@ -289,8 +289,9 @@ struct ote__rdma_tp {
     reg_ent_t *regs;
     srv_t *sconns[256]; /* heap entries: a thread keeps its own */
     size_t nsconns;
-    ote__tpeer_t *peers; /* open requester peers (notification deadlines) */
-    acct_t *accts;       /* source: accounts of requests (rdma_accounts.c), under mu */
+    ote__tpeer_t *peers;  /* open requester peers (notification deadlines) */
+    acct_t *accts;        /* source: accounts of requests (rdma_accounts.c), under mu */
+    int retained_counted; /* rdma.c: a teardown left it retained (counted once) */
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */
