@@ -251,8 +251,7 @@ class EngineDestroyTest : public ote_test::OteTest {
         char addr[300];
         EXPECT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_ERR_STATE);
         std::vector<uint8_t> other(4096);
-        EXPECT_EQ(ote_memory_register(e, other.data(), other.size(), OTE_PERM_READ),
-                  OTE_ERR_STATE);
+        EXPECT_EQ(ote_memory_register(e, other.data(), other.size(), OTE_PERM_READ), OTE_ERR_STATE);
         EXPECT_EQ(ote_memory_unregister(e, mem_.data()), OTE_ERR_STATE);
         ote_buffer_info_t info;
         EXPECT_EQ(ote_memory_query(e, mem_.data(), &info), OTE_ERR_STATE);
@@ -332,13 +331,15 @@ TEST_P(EngineDestroyRetainedTest, RetainedOwnerKeepsTheEngineAndALaterDestroyFin
     EXPECT_EQ(ns_->qps.load(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Owners, EngineDestroyRetainedTest,
-    ::testing::Values(Case{"Qp", OTE_VERBS_FAULT_OP_DESTROY_QP, true},
-                      Case{"Cq", OTE_VERBS_FAULT_OP_DESTROY_CQ, true},
-                      Case{"Mr", OTE_VERBS_FAULT_OP_DEREG_MR, true},
-                      Case{"Pd", OTE_VERBS_FAULT_OP_DEALLOC_PD, false}),
-    [](const ::testing::TestParamInfo<Case> &i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Owners, EngineDestroyRetainedTest,
+                         ::testing::Values(Case{"Qp", OTE_VERBS_FAULT_OP_DESTROY_QP, true},
+                                           Case{"Mw", OTE_VERBS_FAULT_OP_DEALLOC_MW, true},
+                                           Case{"Cq", OTE_VERBS_FAULT_OP_DESTROY_CQ, true},
+                                           Case{"Mr", OTE_VERBS_FAULT_OP_DEREG_MR, true},
+                                           Case{"Pd", OTE_VERBS_FAULT_OP_DEALLOC_PD, false}),
+                         [](const ::testing::TestParamInfo<Case> &i) {
+                             return std::string(i.param.name);
+                         });
 
 // The requester's side: its own registration (the local buffer of its WRITE) stays
 // registered while a QP of its endpoint store is retained; a later destroy finishes.
@@ -356,9 +357,9 @@ TEST_F(EngineDestroyTest, RequesterWithRetainedQpKeepsItsRegistration) {
     ASSERT_GT(nr_->qps.load(), 0) << "the WRITE built the requester's QP";
     {
         ote_test::ErrorLogsExpected retained_logs;
-        ASSERT_EQ(ote_verbs_fault_fail(vr, OTE_VERBS_FAULT_OP_DESTROY_QP, OTE_FAULT_EVERY, 0,
-                                       EBUSY),
-                  OTE_OK);
+        ASSERT_EQ(
+            ote_verbs_fault_fail(vr, OTE_VERBS_FAULT_OP_DESTROY_QP, OTE_FAULT_EVERY, 0, EBUSY),
+            OTE_OK);
         ASSERT_EQ(ote_engine_destroy(req_), OTE_ERR_RETAINED);
         EXPECT_GT(nr_->qps.load(), 0);
         EXPECT_EQ(nr_->watched_mrs.load(), 1) << "the local buffer stays registered";
