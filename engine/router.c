@@ -171,6 +171,7 @@ ote_status_t ote__router_destroy(ote_engine_t *e) {
      * destroyed, or a thread that did not end) stays in the list, with the listener
      * object, for the next call; the others are gone. */
     ote__listen_stop(e->lst);
+    e->tp = NULL;
     ote_status_t res = OTE_OK;
     int keep[OTE__MAX_TRANSPORTS] = {0};
     for (size_t i = e->ntps; i-- > 0;) {
@@ -193,7 +194,6 @@ ote_status_t ote__router_destroy(ote_engine_t *e) {
     }
     e->ntps = kept;
     if (res != OTE_OK) return res;
-    e->tp = NULL;
     ote__listen_free(e->lst);
     e->lst = NULL;
     return OTE_OK;

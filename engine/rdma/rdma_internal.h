@@ -278,6 +278,8 @@ struct ote__rdma_tp {
     char addr[OTE__ADDR_MAX];
     pthread_t monitor, pumper;
     int monitor_started, pumper_started;
+    /* rdma.c: a teardown could not finish (counted once in the retained transports) */
+    int retained_counted;
     /* The pump thread (rdma_requester.c): a slice that ends (under a CQ lane's poll lock,
      * in the monitor or in a reader) only kicks it; it starts the peers' queued slices
      * with no lock held. pump_kick under mu. */
@@ -289,9 +291,8 @@ struct ote__rdma_tp {
     reg_ent_t *regs;
     srv_t *sconns[256]; /* heap entries: a thread keeps its own */
     size_t nsconns;
-    ote__tpeer_t *peers;  /* open requester peers (notification deadlines) */
-    acct_t *accts;        /* source: accounts of requests (rdma_accounts.c), under mu */
-    int retained_counted; /* rdma.c: a teardown left it retained (counted once) */
+    ote__tpeer_t *peers; /* open requester peers (notification deadlines) */
+    acct_t *accts;       /* source: accounts of requests (rdma_accounts.c), under mu */
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */

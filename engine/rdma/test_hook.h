@@ -7,8 +7,10 @@
  * arm rules on it. A failure refuses the engine's creation with that status. Tests only;
  * not synchronized (set it while no RDMA engine is being created).
  *
- * ote__rdma_retained_transports: transports whose teardown could not join a control
- * connection thread within its bound and therefore retained (did not free) everything.
+ * ote__rdma_retained_transports: transports retained now: their teardown could not join a
+ * control connection thread within its bound, or a native owner would not be destroyed,
+ * so they keep (do not free) everything not yet destroyed. A later teardown that
+ * finishes takes its transport off the count.
  */
 #ifndef OTE_ENGINE_RDMA_TEST_HOOK_H
 #define OTE_ENGINE_RDMA_TEST_HOOK_H
