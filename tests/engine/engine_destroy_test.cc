@@ -373,6 +373,50 @@ TEST_F(EngineDestroyTest, RequesterWithRetainedQpKeepsItsRegistration) {
     EXPECT_EQ(nr_->watched_mrs.load(), 0);
 }
 
+// An engine of two transports (tcp, then rdma): the TCP transport is destroyed by the
+// first call, the RDMA one (an MR that will not deregister) is kept with the engine, and
+// the retry destroys only what is left.
+TEST_F(EngineDestroyTest, RetainedRdmaNextToTcpIsRetriedAlone) {
+    ote_config_t *cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "transports", "tcp,rdma"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+    ote__rdma_test_verbs_hook = Wrap;
+    ote_engine_t *e = nullptr;
+    ote_status_t st = ote_engine_create(cfg, &e);
+    ote__rdma_test_verbs_hook = nullptr;
+    ote_config_destroy(cfg);
+    ASSERT_EQ(st, OTE_OK);
+    ASSERT_EQ(wrapped_.size(), 3u);
+    ote_verbs_t *v = wrapped_[2];
+    Native *n = natives_[2].get();
+    std::vector<uint8_t> buf(1u << 20);
+    n->watch_lo = (uintptr_t)buf.data();
+    n->watch_hi = (uintptr_t)buf.data() + buf.size();
+    ASSERT_EQ(ote_memory_register(e, buf.data(), buf.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ASSERT_EQ(n->watched_mrs.load(), 1);
+    {
+        ote_test::ErrorLogsExpected retained_logs;
+        ASSERT_EQ(ote_verbs_fault_fail(v, OTE_VERBS_FAULT_OP_DEREG_MR, OTE_FAULT_EVERY, 0, EBUSY),
+                  OTE_OK);
+        ASSERT_EQ(ote_engine_destroy(e), OTE_ERR_RETAINED);
+        EXPECT_EQ(n->watched_mrs.load(), 1) << "the registration stays registered";
+        char addr[300];
+        EXPECT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_ERR_STATE);
+        EXPECT_EQ(ote_memory_unregister(e, buf.data()), OTE_ERR_STATE);
+        uint64_t calls = ote_verbs_fault_injected(v, OTE_VERBS_FAULT_OP_DEREG_MR);
+        ASSERT_EQ(ote_engine_destroy(e), OTE_ERR_RETAINED);
+        EXPECT_GT(ote_verbs_fault_injected(v, OTE_VERBS_FAULT_OP_DEREG_MR), calls);
+    }
+    ote_verbs_fault_clear(v);
+    ASSERT_EQ(ote_engine_destroy(e), OTE_OK);
+    EXPECT_TRUE(n->closed.load());
+    EXPECT_EQ(n->watched_mrs.load(), 0);
+    EXPECT_EQ(n->mrs.load(), 0);
+}
+
 // A source whose control thread is stuck in a native call (the requester's CONNECT,
 // held in create_qp) while the requester's WRITE is in flight: the source's destroy
 // wakes the thread's connection (shutdown), waits its bound (connect_timeout_ms + 10 s),
