@@ -23,6 +23,20 @@
  * flight holds its segment (close is BUSY) and, when its local buffer lies in a
  * registration, that registration (unregister is BUSY).
  *
+ * Threads (each joined before the engine's memory is freed; ote_engine_destroy):
+ *   listen.c  the acceptor and one thread per handshake: stop flag, shutdown of the
+ *             handshake sockets (each also bounded by connect_timeout_ms), join.
+ *   tcp       workers: stop flag and an eventfd wake (their epoll waits are bounded).
+ *   shm       the acceptor (100 ms poll) and one thread per source connection (its copy
+ *             helpers joined by it), woken by the shutdown of its socket; a requester's
+ *             receive thread, joined at segment close.
+ *   rdma      the monitor (2 ms sleeps), the pump (10 ms waits), the CQ lane workers, a
+ *             requester's reader (joined at segment close) and one thread per control
+ *             connection served: woken by the shutdown of its socket and waited for
+ *             connect_timeout_ms + 10 s; one that does not end keeps the transport, and
+ *             so the engine, retained (destroy answers OTE_ERR_RETAINED; call again).
+ *   gpu       the staging worker: signalled and joined after the transports.
+ *
  * Hot path: ote_batch_submit() takes the batch mutex once to reserve slots, builds the
  * slices in the request slots (one embedded slice for requests up to slice_size, one
  * allocation per larger request) and hands one list per segment to the transport.

@@ -234,7 +234,15 @@ static ote_status_t teardown(rdma_tp_t *tp) {
     }
     for (uint32_t k = 0; left == 0 && k < tp->nnics; k++) {
         rdma_nic_t *n = &tp->nics[k];
-        if (n->workers != NULL && ote_cq_workers_stop(n->workers) == OTE_OK) n->workers = NULL;
+        if (n->workers == NULL) continue;
+        ote_status_t st = ote_cq_workers_stop(n->workers); /* joins them */
+        if (st == OTE_OK) {
+            n->workers = NULL;
+        } else { /* never freed under a running worker */
+            left++;
+            OTE_ERROR("rdma", "device %u: CQ workers not stopped at shutdown: %s", k,
+                      ote_status_str(st));
+        }
     }
     /* 4. The selector, the registrations' MRs (an entry whose MRs would not deregister
      * stays listed: the next teardown retries it) and the buffer manager. */
