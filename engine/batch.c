@@ -21,6 +21,7 @@
 ote_status_t ote_batch_create(ote_engine_t *e, size_t capacity, ote_batch_t **batch_out) {
     if (e == NULL || batch_out == NULL || capacity == 0 || capacity > (1u << 24))
         return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     ote_batch_t *b = ote_calloc(1, sizeof(*b));
     if (b == NULL) return OTE_ERR_NOMEM;
     b->reqs = ote_calloc(capacity, sizeof(*b->reqs));

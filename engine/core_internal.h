@@ -23,6 +23,20 @@
  * flight holds its segment (close is BUSY) and, when its local buffer lies in a
  * registration, that registration (unregister is BUSY).
  *
+ * Threads (each joined before the engine's memory is freed; ote_engine_destroy):
+ *   listen.c  the acceptor and one thread per handshake: stop flag, shutdown of the
+ *             handshake sockets (each also bounded by connect_timeout_ms), join.
+ *   tcp       workers: stop flag and an eventfd wake (their epoll waits are bounded).
+ *   shm       the acceptor (100 ms poll) and one thread per source connection (its copy
+ *             helpers joined by it), woken by the shutdown of its socket; a requester's
+ *             receive thread, joined at segment close.
+ *   rdma      the monitor (2 ms sleeps), the pump (10 ms waits), the CQ lane workers, a
+ *             requester's reader (joined at segment close) and one thread per control
+ *             connection served: woken by the shutdown of its socket and waited for
+ *             connect_timeout_ms + 10 s; one that does not end keeps the transport, and
+ *             so the engine, retained (destroy answers OTE_ERR_RETAINED; call again).
+ *   gpu       the staging worker: signalled and joined after the transports.
+ *
  * Hot path: ote_batch_submit() takes the batch mutex once to reserve slots, builds the
  * slices in the request slots (one embedded slice for requests up to slice_size, one
  * allocation per larger request) and hands one list per segment to the transport.
@@ -124,6 +138,10 @@ struct ote_engine {
 
     _Atomic long nsegments;
     _Atomic long nbatches;
+    /* ote_engine_destroy began (and was retained): every call but destroy is refused
+     * with OTE_ERR_STATE (OTE__ENGINE_GONE). */
+    _Atomic int destroying;
+    int retained; /* a failed creation's rollback retained a transport: e is not freed */
     _Atomic uint64_t next_uid; /* request ids (slice req_uid): the source's per-request account */
     uint64_t epoch;            /* host->epoch: this instance's random identity (engine.c) */
 };
@@ -167,10 +185,18 @@ struct ote_batch {
     _Atomic uint64_t last_wait_ns; /* how long the last completed wait took (0: none yet) */
 };
 
+/* Whether e is being destroyed (a destroy was retained): the public calls other than
+ * ote_engine_destroy return OTE_ERR_STATE then. */
+#define OTE__ENGINE_GONE(e) (atomic_load_explicit(&(e)->destroying, memory_order_acquire) != 0)
+
 /* ---- router.c --------------------------------------------------------------------- */
-/* Create the transports of e->cfg.transports (all or none), fill e->info/self_addr. */
+/* Create the transports of e->cfg.transports (all or none), fill e->info/self_addr. A
+ * failure whose rollback retained a transport sets e->retained (e must not be freed). */
 ote_status_t ote__router_create(ote_engine_t *e);
-void ote__router_destroy(ote_engine_t *e);
+/* Stop the listener and destroy every transport, then free the listener: OTE_OK. A
+ * transport that is retained stays in e->tps (the others are gone) with the listener
+ * object, and its status is returned: call again to retry what is left. */
+ote_status_t ote__router_destroy(ote_engine_t *e);
 /* Connect to peer through the first transport both sides offer that reaches it. */
 ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_t **tp_out,
                               const char **name_out, ote__tpeer_t **peer_out);

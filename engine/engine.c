@@ -99,6 +99,15 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     st = ote__gpu_create(&e->cfg, &e->gpu);
     if (st != OTE_OK) goto err_ocv;
     st = ote__router_create(e);
+    if (st != OTE_OK && e->retained) {
+        /* A transport's rollback left native owners or a thread behind, which may still
+         * use e: e is not freed (logged; counted by the layers that retained). */
+        OTE_ERROR("engine",
+                  "creation failed (%s) and left a transport retained: its engine "
+                  "object is not freed",
+                  ote_status_str(st));
+        return st;
+    }
     if (st != OTE_OK) goto err_gpu;
     *engine_out = e;
     return OTE_OK;
@@ -121,6 +130,13 @@ err_free:
     return st;
 }
 
+/* Refused (BUSY, nothing done) while segments or batches are open. Otherwise the
+ * listener stops and the transports are destroyed; a transport that is retained (a QP,
+ * window, MR, CQ or PD whose native destroy failed, or a thread of it that did not end
+ * within its bound) keeps the engine, its registrations and everything the retained
+ * transport still owns (memory a NIC could still reach stays registered): RETAINED, and
+ * every other call on e is refused with OTE_ERR_STATE from then on. A later destroy
+ * retries exactly what is left and frees everything once it succeeds. */
 ote_status_t ote_engine_destroy(ote_engine_t *e) {
     if (e == NULL) return OTE_ERR_INVALID;
     long segs = atomic_load(&e->nsegments), batches = atomic_load(&e->nbatches);
@@ -129,7 +145,19 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
                  batches);
         return OTE_ERR_BUSY;
     }
-    ote__router_destroy(e);
+    int again = atomic_exchange_explicit(&e->destroying, 1, memory_order_acq_rel);
+    ote_status_t st = ote__router_destroy(e);
+    if (st != OTE_OK) {
+        OTE_ERROR("engine",
+                  "destroy%s of engine %s incomplete (%s): %zu transport(s) retained; the "
+                  "engine, its %zu registration(s) and what the transports could not "
+                  "destroy are kept (memory stays registered). Every call but "
+                  "ote_engine_destroy now returns OTE_ERR_STATE; call ote_engine_destroy "
+                  "again to retry",
+                  again ? " (again)" : "", e->self_addr, ote_status_str(st), e->ntps, e->nregs);
+        return ote_status_code(st) == OTE_ERR_RETAINED ? st : OTE_ERR_RETAINED;
+    }
+    if (again) OTE_INFO("engine", "engine %s: a retried destroy finished", e->self_addr);
     ote__gpu_destroy(e->gpu); /* after the transports: their bounce buffers are back */
     for (size_t i = 0; i < e->nregs; i++) ote_free(e->regs[i]);
     ote_free(e->regs);
@@ -150,6 +178,7 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
 
 ote_status_t ote_engine_address(ote_engine_t *e, char *buf, size_t len) {
     if (e == NULL || buf == NULL || len == 0) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     size_t n = strlen(e->self_addr);
     if (n >= len) return OTE_ERR_TOO_BIG;
     memcpy(buf, e->self_addr, n + 1);
@@ -158,6 +187,7 @@ ote_status_t ote_engine_address(ote_engine_t *e, char *buf, size_t len) {
 
 ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t **seg_out) {
     if (e == NULL || peer == NULL || seg_out == NULL) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     char host[256];
     uint16_t port;
     if (strlen(peer) >= OTE__ADDR_MAX ||

@@ -11,6 +11,7 @@
 ote_status_t ote_engine_nic_stats(ote_engine_t *e, ote_nic_stats_t *out, size_t cap,
                                   size_t *n_out) {
     if (e == NULL || n_out == NULL || (out == NULL && cap != 0)) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     ote_nic_stats_t all[32];
     size_t n = 0;
     for (size_t t = 0; t < e->ntps; t++) {

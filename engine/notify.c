@@ -124,6 +124,7 @@ static void nout_send(ote__nout_t *n) {
 
 ote_status_t ote_notify_send(ote_engine_t *e, ote_segment_t *seg, const void *msg, size_t len) {
     if (e == NULL || seg == NULL || seg->e != e || (msg == NULL && len > 0)) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
     ote_status_t st = seg->tp->ops->peer_ensure(seg->peer);
     if (st != OTE_OK) return st;
@@ -146,6 +147,7 @@ ote_status_t ote_notify_send(ote_engine_t *e, ote_segment_t *seg, const void *ms
 ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len_out, char *from,
                              size_t from_len, uint64_t timeout_ns) {
     if (e == NULL || len_out == NULL || (buf == NULL && cap > 0)) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     ote_deadline_t dl = ote_deadline_after(timeout_ns);
     ote_mutex_lock(&e->nmu);
     while (e->nhead == NULL) {
@@ -170,6 +172,7 @@ ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len
 
 ote_status_t ote_notify_discard(ote_engine_t *e, size_t *len_out) {
     if (e == NULL) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     ote_mutex_lock(&e->nmu);
     if (e->nhead == NULL) {
         ote_mutex_unlock(&e->nmu);

@@ -164,6 +164,7 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *e, ote_gpu_stats_t *out) {
 
 ote_status_t ote_memory_query(ote_engine_t *e, const void *addr, ote_buffer_info_t *info_out) {
     if (e == NULL || addr == NULL || info_out == NULL) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     ote_status_t st = OTE_ERR_NOT_FOUND;
     ote_buffer_info_t b;
     memset(&b, 0, sizeof(b));
@@ -200,6 +201,7 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
         (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE | OTE_PERM_IPC)) != 0 ||
         (uintptr_t)addr > UINT64_MAX - len)
         return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     size_t nl = name != NULL ? strnlen(name, OTE_NAME_MAX + 1) : 0;
     if (name != NULL && !ote_ctl_buf_name_ok(name, nl)) {
         OTE_WARN("engine",
@@ -374,6 +376,7 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
  * it COMPLETED), then answers BUSY. */
 ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
     if (e == NULL || addr == NULL) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     uint64_t start = (uintptr_t)addr;
     ote_deadline_t dl = ote_deadline_after(OTE_UNREGISTER_WAIT_MS * OTE_NSEC_PER_MSEC);
     for (;;) {

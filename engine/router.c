@@ -157,32 +157,53 @@ ote_status_t ote__router_create(ote_engine_t *e) {
         st = create_one(e, name, &host);
     }
     if (st != OTE_OK) {
-        ote__router_destroy(e);
+        if (ote__router_destroy(e) != OTE_OK) e->retained = 1;
         return st;
     }
     e->tp = e->tps[0];
     build_info(e);
     st = ote__listen_start(e->lst);
     if (st != OTE_OK) {
-        ote__router_destroy(e);
+        if (ote__router_destroy(e) != OTE_OK) e->retained = 1;
         return st;
     }
     OTE_INFO("engine", "engine %s serves transports %s", e->self_addr, e->cfg.transports);
     return OTE_OK;
 }
 
-void ote__router_destroy(ote_engine_t *e) {
+ote_status_t ote__router_destroy(ote_engine_t *e) {
     /* Nothing new reaches the transports, then they go (the others first: the listener
      * transport answers INFO), then the listener, which their closing connections
-     * still report to. */
+     * still report to. A transport that is retained (a native owner that would not be
+     * destroyed, or a thread that did not end) stays in the list, with the listener
+     * object, for the next call; the others are gone. */
     ote__listen_stop(e->lst);
-    while (e->ntps > 0) {
-        ote__transport_t *tp = e->tps[--e->ntps];
-        tp->ops->destroy(tp);
-    }
     e->tp = NULL;
+    ote_status_t res = OTE_OK;
+    int keep[OTE__MAX_TRANSPORTS] = {0};
+    for (size_t i = e->ntps; i-- > 0;) {
+        ote__transport_t *tp = e->tps[i];
+        ote_status_t st = tp->ops->destroy(tp);
+        if (st == OTE_OK) continue;
+        OTE_ERROR("engine", "transport %s retained at engine destroy: %s", e->tpnames[i],
+                  ote_status_str(st));
+        if (res == OTE_OK) res = st;
+        keep[i] = 1;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < e->ntps; i++) {
+        if (!keep[i]) continue;
+        if (kept != i) {
+            e->tps[kept] = e->tps[i];
+            memcpy(e->tpnames[kept], e->tpnames[i], sizeof(e->tpnames[kept]));
+        }
+        kept++;
+    }
+    e->ntps = kept;
+    if (res != OTE_OK) return res;
     ote__listen_free(e->lst);
     e->lst = NULL;
+    return OTE_OK;
 }
 
 ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {

@@ -208,7 +208,13 @@ typedef struct {
     void (*cancel)(ote__tpeer_t *peer);
     /* Close the peer's connections; the peer must have no slices in flight. */
     ote_status_t (*peer_close)(ote__tpeer_t *peer);
-    void (*destroy)(ote__transport_t *tp);
+    /* Stop every thread of the transport and free it: OTE_OK. Anything else keeps the
+     * transport allocated and valid for another destroy only (which retries exactly what
+     * is left): OTE_ERR_RETAINED when a native owner (QP, MW, MR, CQ, PD, ...) would not
+     * be destroyed, or when one of its threads did not end within its bound (that thread
+     * may still use the transport and the host, so the engine keeps both). Called with no
+     * engine lock held, after the engine's listener stopped; never concurrently. */
+    ote_status_t (*destroy)(ote__transport_t *tp);
     /* Optional (NULL: not needed, as for tcp). Called by ote_memory_register/unregister
      * under the engine's registry lock: the RDMA transport publishes/deregisters the
      * range's MRs here. A failure refuses the (un)registration. */

@@ -139,26 +139,42 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
 
 /* ---- lifecycle ------------------------------------------------------------------- */
 
-static void teardown(rdma_tp_t *tp) {
-    ote__rdma_test_track(tp, 0);
+/*
+ * Teardown in stages; each runs only once every stage before it finished, and each
+ * object is forgotten (its pointer cleared) only once its destroy succeeded, so a later
+ * call retries exactly what is left:
+ *   1. threads: the pump, the server connection threads (woken by the shutdown of their
+ *      sockets, joined within a bound), the monitor. A thread that does not end may
+ *      still use anything here and in the engine: nothing else is touched.
+ *   2. QPs and windows: in-flight grants end (their own deadlines bound this), then the
+ *      endpoint stores and grant managers. While a QP or a window lives, a NIC or a peer
+ *      could still reach the registered memory: its MRs stay.
+ *   3. CQ lanes and their workers; 4. the selector, the registrations' MRs and the buffer
+ *   manager; 5. the PDs and devices (context set); then the provider and tp itself.
+ * OTE_OK: tp is freed. OTE_ERR_RETAINED: tp stays valid for another teardown only.
+ */
+static ote_status_t teardown(rdma_tp_t *tp) {
+    ote__rdma_test_track(tp, 0); /* idempotent: a retry of a retained teardown */
     atomic_store(&tp->stop, 1);
     if (tp->pumper_started) {
         ote__rdma_pump_kick(tp);
         pthread_join(tp->pumper, NULL);
         tp->pumper_started = 0;
     }
-    /* One server connection thread that does not end within the bound is still using
-     * tp: then nothing is freed (the transport is retained, counted in
-     * ote__rdma_retained_transports, and logged), never freed under a running thread. */
+    /* 1. A server connection thread that does not end within the bound is still using
+     * tp (and the engine's host services): then nothing is freed, counted in
+     * ote__rdma_retained_transports while it lasts, and logged. */
     uint64_t wait_ms = tp->cfg.connect_timeout_ms + 10000;
     size_t stuck = ote__rdma_servers_stop(tp, wait_ms);
     if (stuck != 0) {
-        atomic_fetch_add(&ote__rdma_retained_transports, 1);
+        if (!tp->retained_counted) atomic_fetch_add(&ote__rdma_retained_transports, 1);
+        tp->retained_counted = 1;
         OTE_ERROR("rdma",
                   "%zu control connection thread(s) did not end within %llu ms: the "
-                  "transport and everything it owns are retained (not freed)",
+                  "transport and everything it owns are retained (not freed); destroy "
+                  "again to retry",
                   stuck, (unsigned long long)wait_ms);
-        return;
+        return OTE_ERR_RETAINED;
     }
     /* Let in-flight grants end (their own deadlines bound this). */
     ote_deadline_t gdl =
@@ -171,48 +187,128 @@ static void teardown(rdma_tp_t *tp) {
         }
     }
     if (tp->monitor_started) pthread_join(tp->monitor, NULL);
+    tp->monitor_started = 0;
+    /* 2. QPs and memory windows. */
+    size_t left = 0;
     for (uint32_t i = 0; i < tp->nnics; i++) {
         rdma_nic_t *n = &tp->nics[i];
-        if (n->eps != NULL &&
-            ote_endpoint_store_destroy(n->eps, ote_deadline_after(2 * OTE_NSEC_PER_SEC)) != OTE_OK)
-            OTE_ERROR("rdma",
-                      "endpoint store of device %u retained at shutdown (QPs that would "
-                      "not die)",
-                      i);
-        if (n->gm != NULL && ote_grant_mgr_destroy(n->gm) != OTE_OK)
-            OTE_ERROR("rdma", "grant manager of device %u retained at shutdown", i);
+        ote_status_t st;
+        if (n->eps != NULL) {
+            st = ote_endpoint_store_destroy(n->eps, ote_deadline_after(2 * OTE_NSEC_PER_SEC));
+            if (st == OTE_OK) {
+                n->eps = NULL;
+            } else {
+                left++;
+                OTE_ERROR("rdma",
+                          "device %u: endpoint store retained at shutdown (QPs that would not "
+                          "be destroyed: %s): its CQs, the registrations' MRs and the PD stay",
+                          i, ote_status_str(st));
+            }
+        }
+        if (n->gm != NULL) {
+            st = ote_grant_mgr_destroy(n->gm);
+            if (st == OTE_OK) {
+                n->gm = NULL;
+            } else {
+                left++;
+                OTE_ERROR("rdma",
+                          "device %u: grant manager retained at shutdown (memory windows or "
+                          "grants that would not end: %s): the registrations' MRs and the PD "
+                          "stay",
+                          i, ote_status_str(st));
+            }
+        }
     }
-    ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
-    for (uint32_t k = 0; k < tp->nnics; k++) {
+    if (left == 0) ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
+    /* 3. CQ lanes and their workers. */
+    for (uint32_t k = 0; left == 0 && k < tp->nnics; k++) {
         rdma_nic_t *n = &tp->nics[k];
         for (uint32_t i = 0; i < n->nlanes; i++) {
             if (n->lanes[i] == NULL) continue;
             if (n->workers != NULL) (void)ote_cq_workers_remove(n->workers, n->lanes[i]);
-            if (ote_cq_lane_destroy(n->lanes[i]) != OTE_OK)
-                OTE_ERROR("rdma", "CQ lane %u of device %u retained at shutdown", i, k);
+            ote_status_t st = ote_cq_lane_destroy(n->lanes[i]);
+            if (st == OTE_OK) {
+                n->lanes[i] = NULL;
+            } else {
+                left++;
+                OTE_ERROR("rdma", "device %u: CQ lane %u retained at shutdown: %s", k, i,
+                          ote_status_str(st));
+            }
         }
-        if (n->workers != NULL) (void)ote_cq_workers_stop(n->workers);
     }
-    ote_selector_destroy(tp->sel);
-    while (tp->regs != NULL) {
-        reg_ent_t *r = tp->regs;
-        tp->regs = r->next;
-        if (ote_buffer_deregister(tp->bm, r->buf) != OTE_OK)
-            OTE_ERROR("rdma", "MRs of [%p] retained at shutdown", r->addr);
-        ote_free(r);
+    for (uint32_t k = 0; left == 0 && k < tp->nnics; k++) {
+        rdma_nic_t *n = &tp->nics[k];
+        if (n->workers == NULL) continue;
+        ote_status_t st = ote_cq_workers_stop(n->workers); /* joins them */
+        if (st == OTE_OK) {
+            n->workers = NULL;
+        } else { /* never freed under a running worker */
+            left++;
+            OTE_ERROR("rdma", "device %u: CQ workers not stopped at shutdown: %s", k,
+                      ote_status_str(st));
+        }
     }
-    if (tp->bm != NULL && ote_buffer_manager_destroy(tp->bm) != OTE_OK)
-        OTE_ERROR("rdma", "buffer manager retained at shutdown");
-    if (tp->set != NULL && ote_context_set_close(tp->set) != OTE_OK)
-        OTE_ERROR("rdma", "context set retained at shutdown");
+    /* 4. The selector, the registrations' MRs (an entry whose MRs would not deregister
+     * stays listed: the next teardown retries it) and the buffer manager. */
+    if (left == 0) {
+        ote_selector_destroy(tp->sel);
+        tp->sel = NULL;
+        reg_ent_t **pp = &tp->regs;
+        while (*pp != NULL) {
+            reg_ent_t *r = *pp;
+            ote_status_t st = ote_buffer_deregister(tp->bm, r->buf);
+            if (st == OTE_OK) {
+                *pp = r->next;
+                ote_free(r);
+                continue;
+            }
+            left++;
+            OTE_ERROR("rdma",
+                      "MRs of the registration at %p retained at shutdown (%s): the memory "
+                      "stays registered",
+                      r->addr, ote_status_str(st));
+            pp = &r->next;
+        }
+    }
+    if (left == 0 && tp->bm != NULL) {
+        ote_status_t st = ote_buffer_manager_destroy(tp->bm);
+        if (st == OTE_OK) {
+            tp->bm = NULL;
+        } else {
+            left++;
+            OTE_ERROR("rdma", "buffer manager retained at shutdown: %s", ote_status_str(st));
+        }
+    }
+    /* 5. PDs and devices. */
+    if (left == 0 && tp->set != NULL) {
+        ote_status_t st = ote_context_set_close(tp->set);
+        if (st == OTE_OK) {
+            tp->set = NULL;
+        } else {
+            left++;
+            OTE_ERROR("rdma", "context set (PDs, devices) retained at shutdown: %s",
+                      ote_status_str(st));
+        }
+    }
+    if (left != 0) {
+        if (!tp->retained_counted) atomic_fetch_add(&ote__rdma_retained_transports, 1);
+        tp->retained_counted = 1;
+        OTE_ERROR("rdma",
+                  "%zu owner(s) could not be destroyed: the transport is retained with "
+                  "everything not yet destroyed; destroy again to retry",
+                  left);
+        return OTE_ERR_RETAINED;
+    }
+    if (tp->retained_counted) atomic_fetch_sub(&ote__rdma_retained_transports, 1);
     if (tp->v != NULL) ote_verbs_close(tp->v);
     ote_cond_destroy(&tp->pump_cv);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
     ote_free(tp);
+    return OTE_OK;
 }
 
-static void rdma_destroy(ote__transport_t *t) { teardown((rdma_tp_t *)t); }
+static ote_status_t rdma_destroy(ote__transport_t *t) { return teardown((rdma_tp_t *)t); }
 
 static size_t rdma_nic_stats(ote__transport_t *t, ote__nic_stat_t *out, size_t cap);
 
@@ -481,6 +577,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     *tp_out = &tp->base;
     return OTE_OK;
 err:
-    teardown(tp);
+    if (teardown(tp) != OTE_OK)
+        OTE_ERROR("rdma", "transport=rdma: a failed creation left owners retained (logged above)");
     return st;
 }

@@ -319,6 +319,8 @@ struct ote__rdma_tp {
     char addr[OTE__ADDR_MAX];
     pthread_t monitor, pumper;
     int monitor_started, pumper_started;
+    /* rdma.c: a teardown could not finish (counted once in the retained transports) */
+    int retained_counted;
     /* The pump thread (rdma_requester.c): a slice that ends (under a CQ lane's poll lock,
      * in the monitor or in a reader) only kicks it; it starts the peers' queued slices
      * with no lock held. pump_kick under mu. */

@@ -11,8 +11,10 @@
  * selector ranks NICs by this NUMA distance (a, b: nodes; negative: unknown) instead of
  * hwloc's (the sim's devices have NUMA nodes, sim0 0 and sim1 1, but no topology).
  *
- * ote__rdma_retained_transports: transports whose teardown could not join a control
- * connection thread within its bound and therefore retained (did not free) everything.
+ * ote__rdma_retained_transports: transports retained now: their teardown could not join a
+ * control connection thread within its bound, or a native owner would not be destroyed,
+ * so they keep (do not free) everything not yet destroyed. A later teardown that
+ * finishes takes its transport off the count.
  *
  * ote__rdma_test_grants: the grant counters of the RDMA transport of the engine whose
  * address (ote_engine_address) is engine_addr, summed over its data devices, read now;

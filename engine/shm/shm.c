@@ -132,7 +132,9 @@ static void *accept_main(void *arg) {
     return NULL;
 }
 
-static void shm_destroy(ote__transport_t *t) {
+/* Always OTE_OK: the acceptor polls stop every 100 ms; each source thread is woken by the
+ * shutdown of its socket (reap_srcs). */
+static ote_status_t shm_destroy(ote__transport_t *t) {
     shm_tp_t *tp = (shm_tp_t *)t;
     atomic_store(&tp->stop, 1);
     pthread_join(tp->accept_thr, NULL);
@@ -140,6 +142,7 @@ static void shm_destroy(ote__transport_t *t) {
     reap_srcs(tp, 1);
     ote_mutex_destroy(&tp->mu);
     ote_free(tp);
+    return OTE_OK;
 }
 
 static const ote__transport_ops_t g_shm_ops = {

@@ -45,7 +45,8 @@ static ote_status_t tcp_address(ote__transport_t *t, char *buf, size_t len) {
     return OTE_OK;
 }
 
-static void tcp_destroy(ote__transport_t *t) {
+/* Always OTE_OK: each worker wakes on its eventfd and ends (its epoll wait is bounded). */
+static ote_status_t tcp_destroy(ote__transport_t *t) {
     tcp_t *tp = to_tcp(t);
     atomic_store(&tp->stop, 1);
     for (uint32_t i = 0; i < tp->nworkers; i++)
@@ -68,6 +69,7 @@ static void tcp_destroy(ote__transport_t *t) {
     ote_mutex_destroy(&tp->mu);
     ote_free(tp->workers);
     ote_free(tp);
+    return OTE_OK;
 }
 
 static const ote__transport_ops_t g_tcp_ops = {
@@ -152,7 +154,7 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
     return OTE_OK;
 
 err_workers:
-    tcp_destroy(&tp->base); /* stops started workers, closes everything */
+    (void)tcp_destroy(&tp->base); /* stops started workers, closes everything */
     return st;
 err_pmu:
     ote_mutex_destroy(&tp->pmu);

@@ -104,7 +104,18 @@ void ote_config_destroy(ote_config_t *cfg);
 /* ---- engine ------------------------------------------------------------------------ */
 /* cfg may be NULL (environment and defaults). The engine copies what it needs. */
 ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_out);
-/* Refused with OTE_ERR_BUSY while segments or batches are open. */
+/* Refused with OTE_ERR_BUSY (nothing done, the engine usable) while segments or batches
+ * are open. Otherwise stops the listener and every thread of every transport and
+ * destroys what they own: OTE_OK, the engine is freed.
+ * OTE_ERR_RETAINED: a native destroy failed (a QP, memory window, CQ, MR or PD the
+ * provider would not destroy) or a transport thread did not end within its bound (an
+ * RDMA control thread: connect_timeout_ms + 10 s after its socket was shut down). The
+ * engine object, its registrations and everything not yet destroyed are kept (ERROR
+ * lines name them); while a QP, window or CQ is kept the registrations' MRs stay
+ * registered, so the application must keep registered memory allocated until a destroy
+ * returns OTE_OK. Every other call on the engine then returns OTE_ERR_STATE; call
+ * ote_engine_destroy again to retry exactly what is left (OTE_OK once it succeeds, which
+ * frees everything). No thread of the engine outlives it. */
 ote_status_t ote_engine_destroy(ote_engine_t *engine);
 /* "host:port" (or "[v6]:port") other engines use to reach this one. */
 ote_status_t ote_engine_address(ote_engine_t *engine, char *buf, size_t len);

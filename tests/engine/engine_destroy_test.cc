@@ -1,0 +1,462 @@
+// ote_engine_destroy when something below it cannot be destroyed: an RDMA engine over
+// verbs/sim, wrapped by the verbs fault decorator through the transport's test hook
+// (engine/rdma/test_hook.h), with a counter of the native QPs, MWs and MRs between the
+// decorator and the sim. A native destroy made to fail (destroy_qp, dealloc_mw,
+// destroy_cq, dereg_mr, dealloc_pd) leaves the engine retained: destroy answers
+// OTE_ERR_RETAINED, the memory stays registered while a QP or window could still reach it,
+// every other call answers OTE_ERR_STATE, and a later destroy retries what is left and
+// frees everything (LSan checks under --config=asan). A control thread stuck in a native
+// call at destroy keeps the engine alive (never freed under it) until it ends.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/util/test_base.h"
+
+extern "C" {
+#include "base/retained.h"
+#include "base/time.h"
+#include "engine/rdma/test_hook.h"
+#include "ote/ote.h"
+#include "verbs/fault.h"
+}
+
+namespace {
+
+constexpr uint64_t kSec = 1000000000ull;
+
+// A provider in front of one sim instance: the sim's own ops, except that QPs, MWs and
+// MRs are counted as they really come and go, and one create_qp can be held (on whatever
+// thread makes it) until the test lets it go.
+struct Native {
+    ote_verbs_t v{};
+    ote_verbs_ops_t ops{};
+    ote_verbs_t *sim = nullptr;
+    std::atomic<int64_t> qps{0}, mws{0}, mrs{0};
+    // MRs over the watched range [watch_lo, watch_hi): the user's registered memory (not
+    // the layers' own buffers, such as a QP's receive slots).
+    std::atomic<uintptr_t> watch_lo{0}, watch_hi{0};
+    std::atomic<int64_t> watched_mrs{0};
+    std::atomic<bool> hold_next_create{false}, holding{false}, release{false}, closed{false};
+    bool Watched(const void *p) const {
+        uintptr_t a = (uintptr_t)p;
+        return a >= watch_lo.load() && a < watch_hi.load();
+    }
+};
+
+std::vector<Native *> g_natives; // of the current test, in creation order
+
+Native *Of(ote_verbs_t *v) {
+    for (Native *n : g_natives)
+        if (&n->v == v) return n;
+    return nullptr;
+}
+
+int CreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, struct ibv_qp **out) {
+    Native *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    if (n->hold_next_create.exchange(false)) {
+        n->holding = true; // bounded: 120 s at most, whatever the test does
+        ote_deadline_t dl = ote_deadline_after(120 * kSec);
+        while (!n->release.load() && !ote_deadline_expired(dl))
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    int err = n->sim->ops->create_qp(n->sim, pd, a, out);
+    if (err == 0) n->qps++;
+    return err;
+}
+
+int DestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
+    Native *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->destroy_qp(n->sim, qp);
+    if (err == 0) n->qps--;
+    return err;
+}
+
+int AllocMw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type, struct ibv_mw **out) {
+    Native *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->alloc_mw(n->sim, pd, type, out);
+    if (err == 0) n->mws++;
+    return err;
+}
+
+int DeallocMw(ote_verbs_t *v, struct ibv_mw *mw) {
+    Native *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->dealloc_mw(n->sim, mw);
+    if (err == 0) n->mws--;
+    return err;
+}
+
+int RegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access,
+          struct ibv_mr **out) {
+    Native *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->reg_mr(n->sim, pd, addr, len, access, out);
+    if (err == 0) n->mrs++;
+    if (err == 0 && n->Watched(addr)) n->watched_mrs++;
+    return err;
+}
+
+int DeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
+    Native *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    bool watched = n->Watched(mr->addr); // read before the MR is gone
+    int err = n->sim->ops->dereg_mr(n->sim, mr);
+    if (err == 0) n->mrs--;
+    if (err == 0 && watched) n->watched_mrs--;
+    return err;
+}
+
+void Close(ote_verbs_t *v) {
+    Native *n = Of(v);
+    if (n == nullptr) return;
+    n->closed = true;
+    ote_verbs_close(n->sim);
+}
+
+std::vector<ote_verbs_t *> *g_wrapped = nullptr;
+std::vector<std::unique_ptr<Native>> *g_owned = nullptr;
+
+ote_status_t Wrap(ote_verbs_t **v) {
+    auto n = std::make_unique<Native>();
+    n->sim = *v;
+    n->ops = *(*v)->ops;
+    n->ops.create_qp = CreateQp;
+    n->ops.destroy_qp = DestroyQp;
+    n->ops.alloc_mw = AllocMw;
+    n->ops.dealloc_mw = DeallocMw;
+    n->ops.reg_mr = RegMr;
+    n->ops.dereg_mr = DeregMr;
+    n->v.ops = &n->ops;
+    n->v.provider = (*v)->provider;
+    n->v.priv = (*v)->priv;
+    n->v.close = Close;
+    g_natives.push_back(n.get());
+    ote_verbs_t *f = nullptr;
+    ote_status_t st = ote_verbs_fault_wrap(&n->v, OTE_VERBS_FAULT_OWN_INNER, &f);
+    if (st != OTE_OK) {
+        g_natives.pop_back();
+        return st;
+    }
+    *v = f;
+    g_wrapped->push_back(f);
+    g_owned->push_back(std::move(n));
+    return OTE_OK;
+}
+
+class EngineDestroyTest : public ote_test::OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        g_wrapped = &wrapped_;
+        g_owned = &natives_;
+        g_natives.clear();
+        retained0_ = ote_retained_total();
+        transports0_ = ote__rdma_retained_transports_get();
+        ote__rdma_test_verbs_hook = Wrap;
+        src_ = Create(src_connect_ms_);
+        req_ = Create("30000");
+        ote__rdma_test_verbs_hook = nullptr;
+        ASSERT_NE(src_, nullptr);
+        ASSERT_NE(req_, nullptr);
+        ASSERT_EQ(wrapped_.size(), 2u);
+        vs_ = wrapped_[0];
+        ns_ = natives_[0].get();
+        nr_ = natives_[1].get();
+        mem_.assign(4u << 20, 0);
+        out_.resize(1u << 20);
+        ns_->watch_lo = (uintptr_t)mem_.data();
+        ns_->watch_hi = (uintptr_t)mem_.data() + mem_.size();
+        nr_->watch_lo = (uintptr_t)out_.data();
+        nr_->watch_hi = (uintptr_t)out_.data() + out_.size();
+        ASSERT_EQ(
+            ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+            OTE_OK);
+        char addr[300];
+        ASSERT_EQ(ote_engine_address(src_, addr, sizeof(addr)), OTE_OK);
+        ASSERT_EQ(ote_segment_open(req_, addr, &seg_), OTE_OK);
+        for (size_t i = 0; i < out_.size(); i++) out_[i] = (uint8_t)(i * 7 + 3);
+    }
+    void TearDown() override {
+        if (batch_ != nullptr) {
+            EXPECT_EQ(ote_batch_destroy(batch_), OTE_OK);
+        }
+        if (seg_ != nullptr) {
+            EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+        }
+        if (req_ != nullptr) {
+            EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+        }
+        if (src_ != nullptr) {
+            if (vs_ != nullptr) ote_verbs_fault_clear(vs_);
+            ns_->release = true;
+            EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+        }
+        for (auto &n : natives_) {
+            EXPECT_TRUE(n->closed.load()) << "an engine did not close its provider";
+            EXPECT_EQ(n->qps.load(), 0) << "QPs left alive";
+            EXPECT_EQ(n->mws.load(), 0) << "memory windows left alive";
+            EXPECT_EQ(n->mrs.load(), 0) << "memory regions left alive";
+        }
+        EXPECT_EQ(ote_retained_total(), retained0_) << "owners still counted as retained";
+        EXPECT_EQ(ote__rdma_retained_transports_get(), transports0_);
+        ote__rdma_test_verbs_hook = nullptr;
+        g_natives.clear();
+        OteTest::TearDown();
+    }
+    static ote_engine_t *Create(const char *connect_ms) {
+        ote_config_t *cfg = nullptr;
+        EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", "30000"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "connect_timeout_ms", connect_ms), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+        ote_engine_t *e = nullptr;
+        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+        ote_config_destroy(cfg);
+        return e;
+    }
+    // Submit one WRITE of out_ into mem_ at the source (batch_ holds it).
+    void Submit() {
+        ASSERT_EQ(ote_batch_create(req_, 1, &batch_), OTE_OK);
+        ote_request_t r = {OTE_WRITE, out_.data(), seg_, (uint64_t)(uintptr_t)mem_.data(),
+                           out_.size()};
+        ASSERT_EQ(ote_batch_submit(batch_, &r, 1), OTE_OK);
+    }
+    // One WRITE that completes, every byte checked; then the requester goes away, so
+    // that the source's destroy is the one under test.
+    void TransferThenDropRequester() {
+        Submit();
+        ASSERT_EQ(ote_batch_wait(batch_, 60 * kSec), OTE_OK);
+        ASSERT_EQ(memcmp(mem_.data(), out_.data(), out_.size()), 0);
+        ASSERT_EQ(ote_batch_destroy(batch_), OTE_OK);
+        batch_ = nullptr;
+        ASSERT_EQ(ote_segment_close(seg_), OTE_OK);
+        seg_ = nullptr;
+        ASSERT_EQ(ote_engine_destroy(req_), OTE_OK);
+        req_ = nullptr;
+    }
+    // Every public call on a half-destroyed engine but destroy is refused.
+    void ExpectRefused(ote_engine_t *e) {
+        char addr[300];
+        EXPECT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_ERR_STATE);
+        std::vector<uint8_t> other(4096);
+        EXPECT_EQ(ote_memory_register(e, other.data(), other.size(), OTE_PERM_READ), OTE_ERR_STATE);
+        EXPECT_EQ(ote_memory_unregister(e, mem_.data()), OTE_ERR_STATE);
+        ote_buffer_info_t info;
+        EXPECT_EQ(ote_memory_query(e, mem_.data(), &info), OTE_ERR_STATE);
+        ote_batch_t *b = nullptr;
+        EXPECT_EQ(ote_batch_create(e, 1, &b), OTE_ERR_STATE);
+        EXPECT_EQ(b, nullptr);
+        ote_segment_t *s = nullptr;
+        EXPECT_EQ(ote_segment_open(e, "127.0.0.1:1", &s), OTE_ERR_STATE);
+        EXPECT_EQ(s, nullptr);
+        size_t n = 0;
+        EXPECT_EQ(ote_engine_nic_stats(e, nullptr, 0, &n), OTE_ERR_STATE);
+        uint8_t msg[16];
+        EXPECT_EQ(ote_notify_recv(e, msg, sizeof(msg), &n, nullptr, 0, 0), OTE_ERR_STATE);
+        EXPECT_EQ(ote_notify_discard(e, &n), OTE_ERR_STATE);
+    }
+
+    const char *src_connect_ms_ = "30000";
+    std::vector<ote_verbs_t *> wrapped_;
+    std::vector<std::unique_ptr<Native>> natives_; // outlive the engines
+    uint64_t retained0_ = 0, transports0_ = 0;
+    ote_engine_t *src_ = nullptr, *req_ = nullptr;
+    ote_verbs_t *vs_ = nullptr; // the source's fault decorator (owned by the source)
+    Native *ns_ = nullptr, *nr_ = nullptr;
+    ote_segment_t *seg_ = nullptr;
+    ote_batch_t *batch_ = nullptr;
+    std::vector<uint8_t> mem_, out_;
+};
+
+struct Case {
+    const char *name;
+    ote_verbs_fault_op_t op;
+    bool keeps_mrs; // retained before the MRs are deregistered: every MR stays
+};
+
+class EngineDestroyRetainedTest : public EngineDestroyTest,
+                                  public ::testing::WithParamInterface<Case> {};
+
+// The source engine (memory registered, a transfer done, its requester gone) cannot
+// destroy one kind of native owner: destroy is RETAINED, and again while the fault
+// lasts (each retry reaches the failing destroy again), with the engine refusing every
+// other call; memory a QP or window could still reach stays registered. Once the fault
+// clears, destroy finishes, and nothing is left alive or counted as retained.
+TEST_P(EngineDestroyRetainedTest, RetainedOwnerKeepsTheEngineAndALaterDestroyFinishes) {
+    const Case &c = GetParam();
+    TransferThenDropRequester();
+    ASSERT_EQ(ns_->watched_mrs.load(), 1) << "the source's registration has its MR";
+    {
+        ote_test::ErrorLogsExpected retained_logs;
+        ASSERT_EQ(ote_verbs_fault_fail(vs_, c.op, OTE_FAULT_EVERY, 0, EBUSY), OTE_OK);
+        ASSERT_EQ(ote_engine_destroy(src_), OTE_ERR_RETAINED);
+        uint64_t calls = ote_verbs_fault_injected(vs_, c.op);
+        EXPECT_GE(calls, 1u) << "the failing destroy was reached";
+        EXPECT_GT(ote_retained_total(), retained0_) << "the retained owner is counted";
+        EXPECT_EQ(ote__rdma_retained_transports_get(), transports0_ + 1);
+        if (c.keeps_mrs) {
+            EXPECT_EQ(ns_->watched_mrs.load(), 1) << "the registered memory stays registered";
+        } else {
+            EXPECT_EQ(ns_->watched_mrs.load(), 0) << "retained after the MRs were deregistered";
+        }
+        EXPECT_FALSE(ns_->closed.load()) << "the provider of a retained owner stays open";
+        ExpectRefused(src_);
+        // Still failing: the retry reaches the same destroy again and is retained again.
+        ASSERT_EQ(ote_engine_destroy(src_), OTE_ERR_RETAINED);
+        EXPECT_GT(ote_verbs_fault_injected(vs_, c.op), calls);
+        if (c.keeps_mrs) {
+            EXPECT_EQ(ns_->watched_mrs.load(), 1);
+        }
+        EXPECT_EQ(ote__rdma_retained_transports_get(), transports0_ + 1) << "counted once";
+    }
+    ote_verbs_fault_clear(vs_);
+    ASSERT_EQ(ote_engine_destroy(src_), OTE_OK);
+    src_ = nullptr;
+    vs_ = nullptr;
+    EXPECT_TRUE(ns_->closed.load());
+    EXPECT_EQ(ns_->mrs.load(), 0);
+    EXPECT_EQ(ns_->watched_mrs.load(), 0);
+    EXPECT_EQ(ns_->qps.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Owners, EngineDestroyRetainedTest,
+                         ::testing::Values(Case{"Qp", OTE_VERBS_FAULT_OP_DESTROY_QP, true},
+                                           Case{"Mw", OTE_VERBS_FAULT_OP_DEALLOC_MW, true},
+                                           Case{"Cq", OTE_VERBS_FAULT_OP_DESTROY_CQ, true},
+                                           Case{"Mr", OTE_VERBS_FAULT_OP_DEREG_MR, true},
+                                           Case{"Pd", OTE_VERBS_FAULT_OP_DEALLOC_PD, false}),
+                         [](const ::testing::TestParamInfo<Case> &i) {
+                             return std::string(i.param.name);
+                         });
+
+// The requester's side: its own registration (the local buffer of its WRITE) stays
+// registered while a QP of its endpoint store is retained; a later destroy finishes.
+TEST_F(EngineDestroyTest, RequesterWithRetainedQpKeepsItsRegistration) {
+    ASSERT_EQ(ote_memory_register(req_, out_.data(), out_.size(), OTE_PERM_READ), OTE_OK);
+    Submit();
+    ASSERT_EQ(ote_batch_wait(batch_, 60 * kSec), OTE_OK);
+    ASSERT_EQ(memcmp(mem_.data(), out_.data(), out_.size()), 0);
+    ASSERT_EQ(ote_batch_destroy(batch_), OTE_OK);
+    batch_ = nullptr;
+    ASSERT_EQ(ote_segment_close(seg_), OTE_OK);
+    seg_ = nullptr;
+    ote_verbs_t *vr = wrapped_[1];
+    ASSERT_EQ(nr_->watched_mrs.load(), 1) << "the requester's registration has its MR";
+    ASSERT_GT(nr_->qps.load(), 0) << "the WRITE built the requester's QP";
+    {
+        ote_test::ErrorLogsExpected retained_logs;
+        ASSERT_EQ(
+            ote_verbs_fault_fail(vr, OTE_VERBS_FAULT_OP_DESTROY_QP, OTE_FAULT_EVERY, 0, EBUSY),
+            OTE_OK);
+        ASSERT_EQ(ote_engine_destroy(req_), OTE_ERR_RETAINED);
+        EXPECT_GT(nr_->qps.load(), 0);
+        EXPECT_EQ(nr_->watched_mrs.load(), 1) << "the local buffer stays registered";
+        ExpectRefused(req_);
+    }
+    ote_verbs_fault_clear(vr);
+    ASSERT_EQ(ote_engine_destroy(req_), OTE_OK);
+    req_ = nullptr;
+    EXPECT_EQ(nr_->qps.load(), 0);
+    EXPECT_EQ(nr_->mrs.load(), 0);
+    EXPECT_EQ(nr_->watched_mrs.load(), 0);
+}
+
+// An engine of two transports (tcp, then rdma): the TCP transport is destroyed by the
+// first call, the RDMA one (an MR that will not deregister) is kept with the engine, and
+// the retry destroys only what is left.
+TEST_F(EngineDestroyTest, RetainedRdmaNextToTcpIsRetriedAlone) {
+    ote_config_t *cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "transports", "tcp,rdma"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+    ote__rdma_test_verbs_hook = Wrap;
+    ote_engine_t *e = nullptr;
+    ote_status_t st = ote_engine_create(cfg, &e);
+    ote__rdma_test_verbs_hook = nullptr;
+    ote_config_destroy(cfg);
+    ASSERT_EQ(st, OTE_OK);
+    ASSERT_EQ(wrapped_.size(), 3u);
+    ote_verbs_t *v = wrapped_[2];
+    Native *n = natives_[2].get();
+    std::vector<uint8_t> buf(1u << 20);
+    n->watch_lo = (uintptr_t)buf.data();
+    n->watch_hi = (uintptr_t)buf.data() + buf.size();
+    ASSERT_EQ(ote_memory_register(e, buf.data(), buf.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ASSERT_EQ(n->watched_mrs.load(), 1);
+    {
+        ote_test::ErrorLogsExpected retained_logs;
+        ASSERT_EQ(ote_verbs_fault_fail(v, OTE_VERBS_FAULT_OP_DEREG_MR, OTE_FAULT_EVERY, 0, EBUSY),
+                  OTE_OK);
+        ASSERT_EQ(ote_engine_destroy(e), OTE_ERR_RETAINED);
+        EXPECT_EQ(n->watched_mrs.load(), 1) << "the registration stays registered";
+        char addr[300];
+        EXPECT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_ERR_STATE);
+        EXPECT_EQ(ote_memory_unregister(e, buf.data()), OTE_ERR_STATE);
+        uint64_t calls = ote_verbs_fault_injected(v, OTE_VERBS_FAULT_OP_DEREG_MR);
+        ASSERT_EQ(ote_engine_destroy(e), OTE_ERR_RETAINED);
+        EXPECT_GT(ote_verbs_fault_injected(v, OTE_VERBS_FAULT_OP_DEREG_MR), calls);
+    }
+    ote_verbs_fault_clear(v);
+    ASSERT_EQ(ote_engine_destroy(e), OTE_OK);
+    EXPECT_TRUE(n->closed.load());
+    EXPECT_EQ(n->watched_mrs.load(), 0);
+    EXPECT_EQ(n->mrs.load(), 0);
+}
+
+// A source whose control thread is stuck in a native call (the requester's CONNECT,
+// held in create_qp) while the requester's WRITE is in flight: the source's destroy
+// wakes the thread's connection (shutdown), waits its bound (connect_timeout_ms + 10 s),
+// and, the thread not having ended, keeps the engine: RETAINED, nothing freed under the
+// thread (ASan would catch it touching freed memory once let go). The requester's WRITE
+// ends (failed, or at its transfer_timeout_ms deadline). Once the thread is let go it
+// ends, and the next destroy finishes.
+class EngineDestroyStuckTest : public EngineDestroyTest {
+  protected:
+    // 3 s: the source's destroy waits 13 s for its stuck thread; the handshake of the
+    // setup (loopback) fits in it on a loaded machine.
+    EngineDestroyStuckTest() { src_connect_ms_ = "3000"; }
+};
+
+TEST_F(EngineDestroyStuckTest, StuckControlThreadKeepsTheEngineUntilItEnds) {
+    ns_->hold_next_create = true;
+    Submit();
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (!ns_->holding.load() && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(ns_->holding.load()) << "the source's CONNECT reached create_qp";
+    {
+        ote_test::ErrorLogsExpected stuck_logs;
+        EXPECT_EQ(ote_engine_destroy(src_), OTE_ERR_RETAINED);
+        EXPECT_EQ(ote__rdma_retained_transports_get(), transports0_ + 1);
+        ExpectRefused(src_);
+        // The requester's WRITE fails: its peer's connection is gone.
+        EXPECT_NE(ote_batch_wait(batch_, 120 * kSec), OTE_OK);
+        ote_transfer_status_t ts;
+        ASSERT_EQ(ote_batch_status(batch_, 0, &ts), OTE_OK);
+        EXPECT_TRUE(ts.state == OTE_TRANSFER_FAILED || ts.state == OTE_TRANSFER_TIMEOUT)
+            << "the WRITE ended (by its deadline at the latest): state " << ts.state;
+        // The thread is let go: it finishes its call on the engine that was kept, sees
+        // its connection dead and ends; the next destroy joins it and frees everything.
+        ns_->release = true;
+        EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+    }
+    src_ = nullptr;
+    vs_ = nullptr;
+    EXPECT_EQ(ote__rdma_retained_transports_get(), transports0_);
+}
+
+} // namespace
