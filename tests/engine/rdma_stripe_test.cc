@@ -123,9 +123,12 @@ TEST_F(RdmaStripeTest, OneRequestSpreadOverTwoLimitedNicsRunsFaster) {
     }
     EXPECT_EQ(w[0] + w[1], kLen);
     EXPECT_EQ(all[0] + all[1], 2 * kLen);
+    // A device takes a run of up to rdma_grant_max (16 MiB, a quarter of the request) at
+    // a time, so a share is a multiple of a quarter: each NIC takes at least one run of
+    // each request (a loaded machine may give one NIC three of the four).
     for (int i = 0; i < 2; i++) {
-        EXPECT_GT(w[i], kLen / 4) << "NIC " << i << " carried " << w[i] << " of the WRITE";
-        EXPECT_GT(all[i], 2 * kLen / 4) << "NIC " << i << " carried " << all[i];
+        EXPECT_GE(w[i], kLen / 4) << "NIC " << i << " carried " << w[i] << " of the WRITE";
+        EXPECT_GE(all[i], 2 * kLen / 4) << "NIC " << i << " carried " << all[i];
     }
 
     // The same requests from an engine that may use sim0 alone.
@@ -265,12 +268,14 @@ TEST_F(RdmaFailoverTest, ReadCompletesOnTheOtherNicAndThePortComesBack) {
     EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
     EXPECT_FALSE(Sim1Active());
     uint64_t sim1_down = Sim1Bytes();
-    EXPECT_LT(sim1_down - sim1_before, kLen / 2) << "sim1 carried its half although it went down";
+    // It went down a quarter into the request: it finished at most two of the four runs
+    // (one more than the quarter, if this thread was slow to see it).
+    EXPECT_LE(sim1_down - sim1_before, kLen / 2) << "sim1 carried more than its half";
     ASSERT_NO_FATAL_FAILURE(UpAndBack());
     std::memset(dst.data(), 0, kLen);
     ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, kLen), OTE_OK);
     EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
-    EXPECT_GT(Sim1Bytes() - sim1_down, kLen / 4) << "sim1 carries traffic again";
+    EXPECT_GE(Sim1Bytes() - sim1_down, kLen / 4) << "sim1 carries traffic again";
     EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
 }
 
@@ -290,7 +295,7 @@ TEST_F(RdmaFailoverTest, WriteInFlightIsNotReplayedAndThePortComesBack) {
     uint64_t sim1_up = Sim1Bytes();
     ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
     EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
-    EXPECT_GT(Sim1Bytes() - sim1_up, kLen / 4) << "sim1 carries traffic again";
+    EXPECT_GE(Sim1Bytes() - sim1_up, kLen / 4) << "sim1 carries traffic again";
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
 }
 
@@ -322,7 +327,7 @@ TEST_F(RdmaMissedEventTest, PeriodicRefreshRecoversAMissedPortActive) {
     uint64_t sim1 = Sim1Bytes();
     ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
     EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
-    EXPECT_GT(Sim1Bytes() - sim1, kLen / 4) << "sim1 carries traffic again";
+    EXPECT_GE(Sim1Bytes() - sim1, kLen / 4) << "sim1 carries traffic again";
 }
 
 // rdma_devices / rdma_exclude choose the data devices; none left: OTE_ERR_NO_DEVICE.
