@@ -271,9 +271,9 @@ TEST_F(RdmaSubmitTest, WarmPeerStartsSmallRequestsOnTheSubmittingThread) {
     // Each 64 KiB request is one run, started by its submitting thread. The pump thread's
     // periodic round may, rarely, take a request in the instant between its queueing and
     // its submitter's pump: at most two of twenty.
-    EXPECT_EQ((after.starts_inline - before.starts_inline) +
-                  (after.starts_pumped - before.starts_pumped),
-              kN);
+    EXPECT_EQ(
+        (after.starts_inline - before.starts_inline) + (after.starts_pumped - before.starts_pumped),
+        kN);
     EXPECT_GE(after.starts_inline - before.starts_inline, kN - 2);
     EXPECT_EQ(after.qp_builds, before.qp_builds) << "a warm peer built QPs";
 }
