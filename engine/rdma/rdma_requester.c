@@ -424,11 +424,12 @@ static void build_ask(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot, 
     p->building = 1;
 }
 
-/* A READY QP of ep without waiting: the picked slot's, else any other READY slot's (the
- * picked one is then built in the background: *want_out). OTE_ERR_NOT_FOUND when no slot
- * is READY (*want_out: the slot to build). */
-static ote_status_t borrow_now(ote_endpoint_t *ep, uint32_t *slot_out, ote_qp_t **qp_out,
-                               uint32_t *want_out, int *want_bg) {
+/* A READY QP of ep without waiting: the picked slot's; else, for a submitting thread
+ * (inline_), any other READY slot's, the picked one then built in the background
+ * (*want_bg, *want_out). OTE_ERR_NOT_FOUND otherwise (*want_out: the slot to build
+ * before the run starts; the pump thread so builds every slot it picks, as before). */
+static ote_status_t borrow_now(ote_endpoint_t *ep, int inline_, uint32_t *slot_out,
+                               ote_qp_t **qp_out, uint32_t *want_out, int *want_bg) {
     uint32_t pick = ote_endpoint_pick_slot(ep), w = ote_endpoint_width(ep);
     *want_bg = 0;
     *want_out = pick;
@@ -436,7 +437,7 @@ static ote_status_t borrow_now(ote_endpoint_t *ep, uint32_t *slot_out, ote_qp_t 
         *slot_out = pick;
         return OTE_OK;
     }
-    for (uint32_t i = 1; i < w; i++) {
+    for (uint32_t i = 1; inline_ && i < w; i++) {
         uint32_t j = (pick + i) % w;
         if (ote_endpoint_borrow_ready(ep, j, 0, qp_out) == OTE_OK) {
             *slot_out = j;
@@ -484,7 +485,7 @@ static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     for (uint32_t tries = 0;; tries++) {
         uint32_t want = 0;
         int bg = 0;
-        st = borrow_now(ep, &slot, &qp, &want, &bg);
+        st = borrow_now(ep, inline_, &slot, &qp, &want, &bg);
         if (st != OTE_OK || bg) {
             ote_mutex_lock(&p->mu);
             build_ask(p, (uint32_t)k, cap, want, st != OTE_OK);
