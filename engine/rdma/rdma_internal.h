@@ -63,7 +63,8 @@
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake, its reader thread, INFO/CONNECT calls, open/ensure/close
  *   rdma_requester.c  the requester data path: the peer's slice queue, its pump and the
- *                     pump thread (slices that end kick it; they never pump themselves),
+ *                     pump thread (slices that end kick it; they never pump themselves;
+ *                     it alone builds requester QPs: a submitting thread never waits),
  *                     engine slices to grants on the picked device, GRANT_REQ, moves of
  *                     slices off a device that went down, notifications and deadlines
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
