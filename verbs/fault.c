@@ -107,6 +107,16 @@ int ote__verbs_fault_enter(fault_t *f, ote_verbs_fault_op_t op, const void *obj)
     uint64_t call;
     ote_mutex_lock(&f->mu);
     call = ++f->calls[op];
+    if (f->delay[op].armed) {
+        /* Wait out the delay, or until the rule is replaced or cleared (gen changes). */
+        uint64_t gen = f->delay_gen;
+        ote_deadline_t until = ote_deadline_after(f->delay[op].ns);
+        f->injected[op]++;
+        OTE_DEBUG(LOGC, "%s: %s call %llu delayed by %llu ms", f->name, g_op_names[op],
+                  (unsigned long long)call, (unsigned long long)(f->delay[op].ns / 1000000u));
+        while (f->delay_gen == gen && !ote_deadline_expired(until))
+            (void)ote_cond_wait(&f->delay_cv, &f->mu, until);
+    }
     fail_rule_t *r = &f->fail[op];
     if (r->armed) {
         r->hits++;
@@ -149,6 +159,9 @@ static void clear_locked(fault_t *f) {
     memset(f->busy, 0, sizeof(f->busy));
     memset(&f->partial_send, 0, sizeof(f->partial_send));
     memset(&f->partial_recv, 0, sizeof(f->partial_recv));
+    memset(f->delay, 0, sizeof(f->delay));
+    f->delay_gen++;
+    ote_cond_broadcast(&f->delay_cv);
     cqe_rule_t *r, *rtmp;
     DL_FOREACH_SAFE(f->cqe_rules, r, rtmp) {
         DL_DELETE(f->cqe_rules, r);
@@ -180,6 +193,7 @@ static void fault_close(ote_verbs_t *v) {
     }
     ote_verbs_t *inner = f->inner;
     bool own = (f->flags & OTE_VERBS_FAULT_OWN_INNER) != 0;
+    ote_cond_destroy(&f->delay_cv);
     ote_mutex_destroy(&f->mu);
     ote_free(f->name);
     ote_free(f);
@@ -210,6 +224,11 @@ ote_status_t ote_verbs_fault_wrap(ote_verbs_t *inner, unsigned flags, ote_verbs_
     snprintf(f->name, len, "fault(%s)", iname);
     st = ote_mutex_init(&f->mu);
     if (st != OTE_OK) goto err_free_name;
+    st = ote_cond_init(&f->delay_cv);
+    if (st != OTE_OK) {
+        ote_mutex_destroy(&f->mu);
+        goto err_free_name;
+    }
     f->inner = inner;
     f->flags = flags;
     f->v.ops = &ote__verbs_fault_ops;
@@ -254,6 +273,19 @@ ote_status_t ote_verbs_fault_partial_post(ote_verbs_t *v, ote_verbs_fault_op_t o
     ote_mutex_lock(&f->mu);
     partial_rule_t *p = op == OP(POST_SEND) ? &f->partial_send : &f->partial_recv;
     *p = (partial_rule_t){.armed = true, .k = k, .err = err};
+    ote_mutex_unlock(&f->mu);
+    return OTE_OK;
+}
+
+ote_status_t ote_verbs_fault_delay(ote_verbs_t *v, ote_verbs_fault_op_t op, uint64_t ms) {
+    GET_FAULT_OR(v, OTE_ERR_INVALID);
+    if (!op_valid(op) || !op_can_fail(op) || ms > OTE_VERBS_FAULT_DELAY_MAX_MS)
+        return OTE_ERR_INVALID;
+    fault_t *f = to_fault(v);
+    ote_mutex_lock(&f->mu);
+    f->delay[op] = (delay_rule_t){.armed = ms > 0, .ns = ms * 1000000u};
+    f->delay_gen++;
+    ote_cond_broadcast(&f->delay_cv); /* calls waiting under the old rule go on */
     ote_mutex_unlock(&f->mu);
     return OTE_OK;
 }

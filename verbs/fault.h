@@ -44,6 +44,11 @@
  *   close_device), optionally only for one object, return EBUSY without calling the
  *   inner provider (the object stays alive); the call after that reaches the inner
  *   provider. Fail rules are checked before busy rules.
+ * - Delay (ote_verbs_fault_delay): every call of the op waits the given time before its
+ *   other rules apply and it reaches the inner provider (a slow or stalled verb: a QP
+ *   that takes seconds to create, a slow modify_qp). Re-arming the op's delay (0 removes
+ *   it) or ote_verbs_fault_clear() ends the waits of calls already delayed at once, so a
+ *   test can lift a stall. Counted as injected. Only for ops that can fail.
  * - Async events (ote_verbs_fault_inject_async_event): the event is queued on the
  *   context and get_async_event returns queued events, oldest first, before asking the
  *   inner provider. Acking an injected event does not reach the inner provider (the
@@ -154,6 +159,11 @@ ote_verbs_t *ote_verbs_fault_inner(ote_verbs_t *v);
  * later calls. Replaces any fail rule of op. */
 ote_status_t ote_verbs_fault_fail(ote_verbs_t *v, ote_verbs_fault_op_t op, ote_fault_mode_t mode,
                                   uint64_t n, int err);
+/* Every call of op (one that can fail) waits ms (at most OTE_VERBS_FAULT_DELAY_MAX_MS)
+ * before going on; 0 removes the rule. Arming or removing it releases calls already
+ * waiting under the previous rule. */
+#define OTE_VERBS_FAULT_DELAY_MAX_MS 600000u
+ote_status_t ote_verbs_fault_delay(ote_verbs_t *v, ote_verbs_fault_op_t op, uint64_t ms);
 /* Next post (op POST_SEND or POST_RECV) posts only its first k WRs, then fails with err
  * (> 0, normally ENOMEM) and *bad_wr at WR k. Replaces any partial rule of that op. */
 ote_status_t ote_verbs_fault_partial_post(ote_verbs_t *v, ote_verbs_fault_op_t op, unsigned k,

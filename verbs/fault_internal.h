@@ -48,6 +48,13 @@ typedef struct {
     int err;
 } partial_rule_t;
 
+/* A delay: each call of the op waits ns before going on; fault_t.delay_gen changes when
+ * a delay rule is replaced or cleared, which ends the waits of calls already waiting. */
+typedef struct {
+    bool armed;
+    uint64_t ns;
+} delay_rule_t;
+
 typedef struct cqe_rule {
     struct ibv_cq *cq; /* NULL: any */
     bool by_wr_id;
@@ -83,6 +90,9 @@ typedef struct {
     fail_rule_t fail[OTE_VERBS_FAULT_OP_COUNT];
     busy_rule_t busy[OTE_VERBS_FAULT_OP_COUNT];
     partial_rule_t partial_send, partial_recv;
+    delay_rule_t delay[OTE_VERBS_FAULT_OP_COUNT];
+    uint64_t delay_gen; /* bumped (and delay_cv broadcast) when a delay rule changes */
+    ote_cond_t delay_cv;
     cqe_rule_t *cqe_rules;
     ctx_state_t *ctxs;
     ev_node_t *outstanding; /* injected events delivered and not yet acked */
@@ -100,8 +110,8 @@ static inline const ote_verbs_ops_t *in_ops(fault_t *f) { return f->inner->ops; 
         if (!ote_verbs_fault_is(v)) return (ret); \
     } while (0)
 
-/* fault.c: entry of every op that can fail: count the call, then apply the op's fail
- * rule and (for destroys) its busy rule. Returns 0 to go on to the inner provider, else
+/* fault.c: entry of every op that can fail: count the call, wait out the op's delay
+ * rule, then apply the op's fail rule and (for destroys) its busy rule. Returns 0 to go on to the inner provider, else
  * the errno to return. count_only counts an op that cannot fail. */
 int ote__verbs_fault_enter(fault_t *f, ote_verbs_fault_op_t op, const void *obj);
 void ote__verbs_fault_count_only(fault_t *f, ote_verbs_fault_op_t op);

@@ -21,7 +21,9 @@
  *
  * Requester path of one engine slice: it waits in the peer's queue until a device has
  * room in the peer's window (OTE__RDMA_NIC_WINDOW), the selector picks the device, then:
- * pick the least-loaded slot of that device's (peer, cap) endpoint, borrow its QP (building it with a CONNECT round trip when cold), find the
+ * pick the least-loaded slot of that device's (peer, cap) endpoint, borrow its READY QP
+ * (never waiting: when none is READY the run stays queued and the pump thread builds one
+ * with a CONNECT round trip, so a submitting thread never waits on a build), find the
  * local MR (or register a temporary one), start a grant (GRANT_REQ), and the grant layer
  * posts the 64 KiB slices and the SEND_WITH_INV receipt; its done() ends the engine slice.
  * The pump takes a run of queued slices at a time: contiguous slices of one request, up
@@ -64,7 +66,8 @@
  *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
  *                     of a lost peer's endpoints
  *   rdma_requester.c  the requester data path: the peer's slice queue, its pump and the
- *                     pump thread (slices that end kick it; they never pump themselves),
+ *                     pump thread (slices that end kick it; they never pump themselves;
+ *                     it alone builds requester QPs: a submitting thread never waits),
  *                     engine slices to grants on the picked device, GRANT_REQ, moves of
  *                     slices off a device that went down, notifications and deadlines
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
@@ -263,6 +266,15 @@ struct ote__tpeer {
      * fails for good). c and ep[][] are written under mu (read by the monitor). */
     uint64_t met_epoch, met_process;
     int restarted;
+    /* rdma_requester.c, under mu: the QP build the pump thread owes this peer (a run that
+     * found no READY QP waits queued for it: build_run; or a slot built in the
+     * background), and while it is wanted or under way (building) the monitor ends
+     * queued slices at their deadline or cancel. A build asked for a run that failed
+     * leaves its status (build_st) for the next run on that device and capability. */
+    int build_want, build_run, building, build_failed;
+    uint32_t build_k, build_cap, build_slot;
+    uint32_t fail_k, fail_cap;
+    ote_status_t build_st;
 };
 
 /* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,
@@ -338,6 +350,9 @@ struct ote__rdma_tp {
     struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
     _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
+    /* Requester runs started by a submitting thread / by the pump thread; QP builds done
+     * by the pump thread (a submitting thread never builds). rdma_requester.c. */
+    _Atomic uint64_t starts_inline, starts_pumped, qp_builds;
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */
@@ -456,7 +471,9 @@ void ote__rdma_send_release(conn_t *c, uint32_t pair, uint32_t cap, uint32_t slo
                             uint32_t rkey);
 /* End each notification of an unlinked list with st (no lock held) and free it. */
 void ote__rdma_notes_end(note_t *list, ote_status_t st);
-/* Monitor: fail notifications whose NOTIFY_ACK did not come by their deadline. */
+/* Monitor: fail notifications whose NOTIFY_ACK did not come by their deadline, and the
+ * queued slices of a peer that waits for a QP build whose deadline passed (TIMEOUT) or
+ * whose request was canceled (CANCELED). */
 void ote__rdma_notes_expire(rdma_tp_t *tp);
 
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */

@@ -1,12 +1,16 @@
 /*
  * engine/rdma/rdma_requester.c - the requester data path of the RDMA transport: an engine
  * slice becomes a grant. Pick the least-loaded slot of the (peer, capability) endpoint,
- * borrow its QP (built with a CONNECT round trip when cold), find the local MR (or
- * register a temporary one), and start a grant whose GRANT_REQ this file sends; the
- * grant layer posts the data and ends the slice. A notification is one NOTIFY frame
- * whose NOTIFY_ACK (or its deadline, or the loss of the connection) ends it. Runs on
- * the submitting threads (and the monitor for deadlines); touches the peer's notes and
- * grant ids under p->mu and the slice's transport scratch.
+ * borrow its READY QP, find the local MR (or register a temporary one), and start a
+ * grant whose GRANT_REQ this file sends; the grant layer posts the data and ends the
+ * slice. A run that finds no READY QP is never started by waiting for one: it stays
+ * queued, and the pump thread builds the QP (CONNECT round trip) and then starts it, so
+ * a submitting thread never waits on QP construction; meanwhile the monitor ends the
+ * queued slices whose deadline passes or whose request is canceled. A notification is
+ * one NOTIFY frame whose NOTIFY_ACK (or its deadline, or the loss of the connection)
+ * ends it. Runs on the submitting threads, the pump thread (and the monitor for
+ * deadlines); touches the peer's queue, notes and grant ids under p->mu and the slice's
+ * transport scratch.
  */
 #include <stdint.h>
 #include <string.h>
@@ -64,8 +68,14 @@ void ote__rdma_notes_end(note_t *list, ote_status_t st) {
     }
 }
 
-/* Fail notifications whose NOTIFY_ACK did not come by their deadline. */
+#define PUMP_EXPIRE_PEERS 64 /* peers whose queue the monitor ends slices of, per pass */
+
+static void queue_expire(rdma_tp_t *tp);
+
+/* Fail notifications whose NOTIFY_ACK did not come by their deadline (and, through
+ * queue_expire, slices queued behind a QP build). */
 void ote__rdma_notes_expire(rdma_tp_t *tp) {
+    queue_expire(tp);
     uint64_t now = ote_now_ns();
     note_t *expired = NULL;
     ote_mutex_lock(&tp->mu);
@@ -425,30 +435,92 @@ static void start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t s
     run_end(NULL, s, st);
 }
 
+/* Ask the pump thread for a build of (device k, cap, slot) of p; run: a queued run waits
+ * for it. Under p->mu. A build already wanted is kept (one at a time). */
+static void build_ask(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot, int run) {
+    if (p->build_want) {
+        if (run) p->build_run = 1;
+        return;
+    }
+    p->build_want = 1;
+    p->build_run = run;
+    p->build_k = k;
+    p->build_cap = cap;
+    p->build_slot = slot;
+    p->building = 1;
+}
+
+/* A READY QP of ep without waiting: the picked slot's; else, for a submitting thread
+ * (inline_), any other READY slot's, the picked one then built in the background
+ * (*want_bg, *want_out). OTE_ERR_NOT_FOUND otherwise (*want_out: the slot to build
+ * before the run starts; the pump thread so builds every slot it picks, as before). */
+static ote_status_t borrow_now(ote_endpoint_t *ep, int inline_, uint32_t *slot_out,
+                               ote_qp_t **qp_out, uint32_t *want_out, int *want_bg) {
+    uint32_t pick = ote_endpoint_pick_slot(ep), w = ote_endpoint_width(ep);
+    *want_bg = 0;
+    *want_out = pick;
+    if (ote_endpoint_borrow_ready(ep, pick, 0, qp_out) == OTE_OK) {
+        *slot_out = pick;
+        return OTE_OK;
+    }
+    for (uint32_t i = 1; inline_ && i < w; i++) {
+        uint32_t j = (pick + i) % w;
+        if (ote_endpoint_borrow_ready(ep, j, 0, qp_out) == OTE_OK) {
+            *slot_out = j;
+            *want_bg = 1;
+            return OTE_OK;
+        }
+    }
+    return OTE_ERR_NOT_FOUND;
+}
+
+/* start_on's results: the run was consumed (started, or ended/moved by start_failed), or
+ * it waits for a QP build (nothing of it changed but its device's selector load given
+ * back: the pump puts it back at the head of the queue). */
+enum { START_TAKEN = 0, START_NEEDS_BUILD = 1 };
+
 /* Start a run of READ or WRITE slices (s and those linked by next: contiguous, one
  * request) on device k (picked by pump, its window taken) as one grant: on success the
- * grant owns the QP borrow and ends the run's slices. Called by the pump (pumping set). */
-static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
+ * grant owns the QP borrow and ends the run's slices. Never waits for a QP: when the
+ * endpoint has none READY, returns START_NEEDS_BUILD with the build asked of the pump
+ * thread. Called by the pump (pumping set), no lock held. */
+static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     rdma_tp_t *tp = p->tp;
     uint64_t rlen = run_bytes(s);
     ote_status_t st;
     rdma_nic_t *n = &tp->nics[k];
     int write = s->op == OTE__SLICE_WRITE;
-    ote_endpoint_t *ep = p->ep[k][write ? 1 : 0];
+    uint32_t cap = write ? 1 : 0;
+    ote_endpoint_t *ep = p->ep[k][cap];
     uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
     uint32_t slot = 0;
     ote_qp_t *qp = NULL;
-    xarg_t xa = {p, write ? OTE_EP_WRITE : OTE_EP_READ, pair};
-    ote_deadline_t cdl = ote_deadline_min(
-        s->deadline, ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC));
+    /* The build the last run on this device and capability waited for failed: this run
+     * ends with its status (as it would have, had it built the QP itself). */
+    ote_mutex_lock(&p->mu);
+    if (p->build_failed && p->fail_k == (uint32_t)k && p->fail_cap == cap) {
+        p->build_failed = 0;
+        st = p->build_st;
+        ote_mutex_unlock(&p->mu);
+        start_failed(p, s, k, st);
+        return START_TAKEN;
+    }
+    ote_mutex_unlock(&p->mu);
     /* A QP that a port-down fenced while idle is still READY in its slot: retire it (the
      * monitor's reclaim destroys it) and take another slot, built anew when empty. */
     for (uint32_t tries = 0;; tries++) {
-        slot = ote_endpoint_pick_slot(ep);
-        st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
-        if (st != OTE_OK) {
-            start_failed(p, s, k, st);
-            return;
+        uint32_t want = 0;
+        int bg = 0;
+        st = borrow_now(ep, inline_, &slot, &qp, &want, &bg);
+        if (st != OTE_OK || bg) {
+            ote_mutex_lock(&p->mu);
+            build_ask(p, (uint32_t)k, cap, want, st != OTE_OK);
+            ote_mutex_unlock(&p->mu);
+            if (st != OTE_OK) {
+                ote_selector_done(tp->sel, k, rlen, 0);
+                return START_NEEDS_BUILD;
+            }
+            ote__rdma_pump_kick(tp); /* the background build */
         }
         ote_qp_stats_t qs;
         ote_qp_get_stats(qp, &qs);
@@ -458,9 +530,10 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
         qp = NULL;
         if (tries >= ote_endpoint_width(ep)) {
             start_failed(p, s, k, OTE_ERR_FENCED);
-            return;
+            return START_TAKEN;
         }
     }
+    atomic_fetch_add(inline_ ? &tp->starts_inline : &tp->starts_pumped, 1);
     struct ibv_mr *mr = NULL, *tmp = NULL;
     if (ote_buffer_manager_find(tp->bm, s->local, rlen, n->ctx, &mr) != OTE_OK) {
         int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, rlen,
@@ -469,7 +542,7 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
             ote_endpoint_return(ep, slot, qp);
             OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
             start_failed(p, s, k, ote_status_make(OTE_ERR_NATIVE, err));
-            return;
+            return START_TAKEN;
         }
         mr = tmp;
     }
@@ -514,6 +587,29 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
             ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
         start_failed(p, s, k, st);
     }
+    return START_TAKEN;
+}
+
+/* The pump thread's build of the QP p asked for (build_k, build_cap, build_slot),
+ * bounded by connect_timeout_ms; the QP is given back READY for the runs that wait. No
+ * lock held; p->pumping set. */
+static ote_status_t build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot) {
+    rdma_tp_t *tp = p->tp;
+    ote_endpoint_t *ep = p->ep[k][cap];
+    uint32_t pair = ((k % p->c->ndev) << 8) | k;
+    xarg_t xa = {p, cap ? OTE_EP_WRITE : OTE_EP_READ, pair};
+    ote_deadline_t cdl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    ote_qp_t *qp = NULL;
+    ote_status_t st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);
+    if (st == OTE_OK) {
+        ote_endpoint_return(ep, slot, qp);
+        atomic_fetch_add(&tp->qp_builds, 1);
+    } else {
+        OTE_WARN("rdma", "QP to %s (device %s, %s, slot %u) not built: %s", p->name,
+                 ote_context_name(tp->nics[k].ctx), cap ? "WRITE" : "READ", slot,
+                 ote_status_str(st));
+    }
+    return st;
 }
 
 /* Start what the peer's queue holds while a device has room in this peer's window (a
@@ -522,8 +618,10 @@ static void start_on(ote__tpeer_t *p, ote__slice_t *s, int k) {
  * or that finds no active device while none of this peer's slices is in flight (nothing
  * would pump again), ends without starting. One thread pumps at a time; a caller that
  * finds it busy asks it to go round again. No lock held on entry. */
-static void pump_locked(ote__tpeer_t *p);
+static void pump_locked(ote__tpeer_t *p, int inline_);
 
+/* A submitting thread's pump (inline): it starts what finds a READY QP and leaves the
+ * rest queued for the pump thread, which it kicks. */
 static void pump(ote__tpeer_t *p) {
     ote_mutex_lock(&p->mu);
     if (p->pumping) {
@@ -532,7 +630,7 @@ static void pump(ote__tpeer_t *p) {
         return;
     }
     p->pumping = 1;
-    pump_locked(p);
+    pump_locked(p, 1);
 }
 
 /* b may join the run that ends with a: the same request and op, contiguous at both ends,
@@ -571,11 +669,30 @@ static ote__slice_t *run_take(const rdma_tp_t *tp, ote__slice_t *s, uint64_t *rl
 }
 
 /* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
- * released. */
-static void pump_locked(ote__tpeer_t *p) {
+ * released. inline_: a submitting thread, which never builds a QP: a run that needs one
+ * stays at the head of the queue and the pump thread (kicked) builds it and goes on;
+ * the pump thread (inline_ 0) builds what is asked first, then starts runs. */
+static void pump_locked(ote__tpeer_t *p, int inline_) {
     rdma_tp_t *tp = p->tp;
+    int handoff = 0; /* inline: a run waits for a build; the pump thread takes over */
     do {
         p->pump_again = 0;
+        if (!inline_ && p->build_want) {
+            uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
+            int for_run = p->build_run;
+            p->build_want = 0;
+            p->build_run = 0;
+            ote_mutex_unlock(&p->mu);
+            ote_status_t bst = build_qp(p, bk, bc, bs);
+            ote_mutex_lock(&p->mu);
+            if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
+                p->build_failed = 1;
+                p->fail_k = bk;
+                p->fail_cap = bc;
+                p->build_st = bst;
+            }
+            if (!p->build_want) p->building = 0;
+        }
         if (atomic_exchange(&p->purge, 0)) { /* a cancel: drop its queued slices first */
             ote__slice_t *drop = NULL, **tail = &drop, **pp = &p->q_head;
             p->q_tail = NULL;
@@ -638,14 +755,86 @@ static void pump_locked(ote__tpeer_t *p) {
             last->next = NULL;
             if (k >= 0) p->inflight[k] += rlen;
             ote_mutex_unlock(&p->mu);
-            if (k >= 0) start_on(p, s, k);
+            int r = START_TAKEN;
+            if (k >= 0) r = start_on(p, s, k, inline_);
             else start_failed(p, s, -1, st);
             ote_mutex_lock(&p->mu);
+            if (r == START_NEEDS_BUILD) { /* back at the head, its window given back */
+                p->inflight[k] -= rlen;
+                run_requeue(p, s);
+                if (inline_) handoff = 1;
+                else p->pump_again = 1; /* build it, then go on */
+                break;
+            }
         }
-    } while (p->pump_again);
+        /* A failed build's status is for the run that waited for it: that run took it
+         * above, or ended meanwhile (deadline, cancel); nothing older lingers. */
+        if (!inline_ && !p->build_want) p->build_failed = 0;
+    } while (!handoff && p->pump_again);
+    if (handoff) p->pump_again = 0;
     p->pumping = 0;
     ote_cond_broadcast(&p->cv);
     ote_mutex_unlock(&p->mu);
+    if (handoff) ote__rdma_pump_kick(tp);
+}
+
+/* Monitor: while a peer waits for a QP build (the pump thread may be inside a slow
+ * create or connect), end its queued slices whose deadline passed (TIMEOUT: never
+ * started) or whose request was canceled (CANCELED), as the pump would. The source is
+ * told first for all of them (write-off), then each ends: nothing here touches p after
+ * the first done(). */
+static void queue_expire(rdma_tp_t *tp) {
+    ote__slice_t *dead = NULL, **tail = &dead;
+    ote__tpeer_t *owner[PUMP_EXPIRE_PEERS];
+    ote__slice_t *lists[PUMP_EXPIRE_PEERS];
+    size_t np = 0;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t *p = tp->peers; p != NULL && np < PUMP_EXPIRE_PEERS; p = p->tp_next) {
+        ote_mutex_lock(&p->mu);
+        if (!p->building || p->q_head == NULL) {
+            ote_mutex_unlock(&p->mu);
+            continue;
+        }
+        dead = NULL;
+        tail = &dead;
+        ote__slice_t **pp = &p->q_head;
+        p->q_tail = NULL;
+        while (*pp != NULL) {
+            ote__slice_t *x = *pp;
+            if ((x->canceled != NULL && atomic_load(x->canceled)) ||
+                ote_deadline_expired(x->deadline)) {
+                *pp = x->next;
+                x->next = NULL;
+                *tail = x;
+                tail = &x->next;
+            } else {
+                p->q_tail = x;
+                pp = &x->next;
+            }
+        }
+        ote_mutex_unlock(&p->mu);
+        if (dead != NULL) {
+            owner[np] = p;
+            lists[np++] = dead;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
+    /* The peers stay open while these slices are outstanding (the engine closes a peer
+     * only when none of its slices is). */
+    for (size_t i = 0; i < np; i++)
+        for (ote__slice_t *x = lists[i]; x != NULL; x = x->next) slice_write_off(owner[i], x);
+    for (size_t i = 0; i < np; i++) {
+        ote__slice_t *x = lists[i];
+        while (x != NULL) {
+            ote__slice_t *nx = x->next;
+            x->next = NULL;
+            int canceled = x->canceled != NULL && atomic_load(x->canceled);
+            OTE_WARN_LIMITED("rdma", "slice to %s waited for a QP build past its %s: ended",
+                             owner[i]->name, canceled ? "cancel" : "deadline");
+            x->done(x, canceled ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT);
+            x = nx;
+        }
+    }
 }
 
 /* Notifications go out at once; READ/WRITE slices join the peer's queue, which the pump
@@ -715,7 +904,7 @@ void *ote__rdma_pumper_main(void *arg) {
         size_t n = 0;
         for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
             ote_mutex_lock(&p->mu);
-            if ((p->q_head != NULL || atomic_load(&p->purge)) && !p->pumping) {
+            if ((p->q_head != NULL || atomic_load(&p->purge) || p->build_want) && !p->pumping) {
                 if (n < PUMP_BATCH) {
                     p->pumping = 1;
                     take[n++] = p;
@@ -728,7 +917,7 @@ void *ote__rdma_pumper_main(void *arg) {
         ote_mutex_unlock(&tp->mu);
         for (size_t i = 0; i < n; i++) {
             ote_mutex_lock(&take[i]->mu);
-            pump_locked(take[i]);
+            pump_locked(take[i], 0);
         }
         ote_mutex_lock(&tp->mu);
     }

@@ -47,6 +47,9 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.rel_sent = atomic_load(&tp->rel_sent);
         r.rel_applied = atomic_load(&tp->rel_applied);
         r.rel_ignored = atomic_load(&tp->rel_ignored);
+        r.starts_inline = atomic_load(&tp->starts_inline);
+        r.starts_pumped = atomic_load(&tp->starts_pumped);
+        r.qp_builds = atomic_load(&tp->qp_builds);
         *out = r;
         st = OTE_OK;
         break;

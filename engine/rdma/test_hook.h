@@ -16,7 +16,8 @@
  * so they keep (do not free) everything not yet destroyed. A later teardown that
  * finishes takes its transport off the count.
  *
- * ote__rdma_test_grants: the grant counters of the RDMA transport of the engine whose
+ * ote__rdma_test_grants: the grant counters (and the requester's start and QP build
+ * counters) of the RDMA transport of the engine whose
  * address (ote_engine_address) is engine_addr, summed over its data devices, read now;
  * OTE_ERR_NOT_FOUND when no live RDMA transport of this process serves that address.
  * Call it only while that engine exists.
@@ -51,6 +52,9 @@ typedef struct {
     uint64_t rel_sent;       /* RELEASE messages sent (requester) */
     uint64_t rel_applied;    /* RELEASE messages that ended a grant (source) */
     uint64_t rel_ignored;    /* RELEASE messages that named no bound grant (source) */
+    uint64_t starts_inline;  /* requester runs started by the submitting thread */
+    uint64_t starts_pumped;  /* requester runs started by the pump thread */
+    uint64_t qp_builds;      /* requester QP builds (always by the pump thread) */
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

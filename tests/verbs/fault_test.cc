@@ -5,6 +5,7 @@
 #include <poll.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -18,6 +19,7 @@
 extern "C" {
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/time.h"
 #include "verbs/fault.h"
 #include "verbs/verbs.h"
 }
@@ -657,6 +659,78 @@ TEST_F(FaultTest, ClearRemovesRulesAndResetZeroesCounters) {
         EXPECT_EQ(ote_verbs_fault_calls(v_, static_cast<ote_verbs_fault_op_t>(i)), 0u);
         EXPECT_EQ(ote_verbs_fault_injected(v_, static_cast<ote_verbs_fault_op_t>(i)), 0u);
     }
+}
+
+// ---- delay rules ----
+
+TEST_F(FaultTest, DelayHoldsEachCallAtLeastItsTime) {
+    OpenAll();
+    ASSERT_EQ(ote_verbs_fault_delay(v_, OP(MODIFY_QP), 50), OTE_OK);
+    struct ibv_qp_attr attr;
+    std::memset(&attr, 0, sizeof(attr));
+    attr.qp_state = IBV_QPS_INIT;
+    for (int i = 0; i < 2; i++) {
+        uint64_t t0 = ote_now_ns();
+        EXPECT_EQ(v_->ops->modify_qp(v_, a_.qp, &attr, IBV_QP_STATE), 0);
+        EXPECT_GE(ote_now_ns() - t0, 50 * OTE_NSEC_PER_MSEC) << "call " << i << " not delayed";
+    }
+    EXPECT_EQ(mock_.inner_calls(OP(MODIFY_QP)), 2u) << "a delayed call must still go through";
+    EXPECT_EQ(ote_verbs_fault_injected(v_, OP(MODIFY_QP)), 2u);
+    // Removed: calls go straight on (and other ops were never delayed).
+    ASSERT_EQ(ote_verbs_fault_delay(v_, OP(MODIFY_QP), 0), OTE_OK);
+    EXPECT_EQ(v_->ops->modify_qp(v_, a_.qp, &attr, IBV_QP_STATE), 0);
+    EXPECT_EQ(ote_verbs_fault_injected(v_, OP(MODIFY_QP)), 2u);
+}
+
+TEST_F(FaultTest, DelayedCallIsReleasedWhenTheRuleIsLiftedOrCleared) {
+    OpenAll();
+    for (int how = 0; how < 2; how++) {
+        // A stall far longer than the test: lifting it must release the waiting call.
+        ASSERT_EQ(ote_verbs_fault_delay(v_, OP(CREATE_QP), 120000), OTE_OK);
+        ASSERT_EQ(ote_verbs_fault_fail(v_, OP(CREATE_QP), OTE_FAULT_NTH, 1, EAGAIN), OTE_OK);
+        uint64_t inner_before = mock_.inner_calls(OP(CREATE_QP));
+        std::atomic<int> ret{-1};
+        std::thread t([&] {
+            struct ibv_qp_init_attr init;
+            std::memset(&init, 0, sizeof(init));
+            init.send_cq = a_.cq;
+            init.recv_cq = a_.cq;
+            init.qp_type = IBV_QPT_RC;
+            struct ibv_qp *qp = nullptr;
+            ret = v_->ops->create_qp(v_, a_.pd, &init, &qp);
+            if (qp != nullptr) extra_qps_.push_back(qp);
+        });
+        // It entered the decorator (counted) and is held before the inner provider.
+        while (ote_verbs_fault_calls(v_, OP(CREATE_QP)) == 0 ||
+               ote_verbs_fault_injected(v_, OP(CREATE_QP)) == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        EXPECT_EQ(ret.load(), -1) << "the call was not held";
+        EXPECT_EQ(mock_.inner_calls(OP(CREATE_QP)), inner_before);
+        uint64_t t0 = ote_now_ns();
+        if (how == 0) {
+            ASSERT_EQ(ote_verbs_fault_delay(v_, OP(CREATE_QP), 0), OTE_OK);
+        } else {
+            ote_verbs_fault_clear(v_);
+        }
+        t.join();
+        EXPECT_LT(ote_now_ns() - t0, 60ull * 1000 * OTE_NSEC_PER_MSEC) << "not released";
+        // Lifting the delay (how 0) keeps the fail rule, which then applies; clear (how 1)
+        // removed it too.
+        EXPECT_EQ(ret.load(), how == 0 ? EAGAIN : 0);
+        EXPECT_EQ(mock_.inner_calls(OP(CREATE_QP)) - inner_before, how == 0 ? 0u : 1u);
+        ote_verbs_fault_clear(v_);
+        ote_verbs_fault_reset_counters(v_);
+    }
+}
+
+TEST_F(FaultTest, DelayRuleArgumentsAreChecked) {
+    EXPECT_EQ(ote_verbs_fault_delay(v_, OP(COUNT), 10), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_verbs_fault_delay(v_, OP(ACK_CQ_EVENTS), 10), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_verbs_fault_delay(v_, OP(CREATE_QP), OTE_VERBS_FAULT_DELAY_MAX_MS + 1),
+              OTE_ERR_INVALID);
+    EXPECT_EQ(ote_verbs_fault_delay(mock_.verbs(), OP(CREATE_QP), 10), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_verbs_fault_delay(v_, OP(CREATE_QP), 0), OTE_OK);
 }
 
 TEST_F(FaultTest, NthFailureIsExactUnderConcurrentCallers) {
