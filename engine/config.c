@@ -67,6 +67,9 @@ static const key_def_t g_keys[] = {
      * is asked of the source in one GRANT_REQ round trip (and a device's window of one
      * peer's bytes in flight is at least this). */
     {"rdma_grant_max", K_SIZE, "16M", 1u << 20, 1u << 30, {NULL}},
+    /* Bytes of this engine's RDMA requests in flight at once over every peer and device
+     * together (0: no limit beyond the per-device windows); runs past it wait queued. */
+    {"rdma_max_inflight", K_SIZE, "0", 0, 1ull << 40, {NULL}},
     {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
@@ -502,6 +505,7 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "rdma_lanes") == 0) r.rdma_lanes = (uint32_t)n;
         else if (strcmp(k->key, "rdma_pin") == 0) copy_str(r.rdma_pin, sizeof(r.rdma_pin), v);
         else if (strcmp(k->key, "rdma_grant_max") == 0) r.rdma_grant_max = n;
+        else if (strcmp(k->key, "rdma_max_inflight") == 0) r.rdma_max_inflight = n;
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
         else if (strcmp(k->key, "auth_key_file") == 0)
             copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);

@@ -350,6 +350,11 @@ struct ote__rdma_tp {
     struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
     _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
+    /* rdma_requester.c: bytes of runs in flight over every peer and device (the
+     * rdma_max_inflight limit), its highest value, and whether a peer's queue waits for
+     * room under the limit (an ending run then kicks the pump thread). */
+    _Atomic uint64_t inflight_all, inflight_peak, cap_waits;
+    _Atomic int cap_wait;
     /* Requester runs started by a submitting thread / by the pump thread; QP builds done
      * by the pump thread (a submitting thread never builds). rdma_requester.c. */
     _Atomic uint64_t starts_inline, starts_pumped, qp_builds;

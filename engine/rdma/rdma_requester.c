@@ -191,6 +191,35 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     return st;
 }
 
+/* The engine-wide count of bytes in flight (rdma_max_inflight). */
+static void all_add(rdma_tp_t *tp, uint64_t n) {
+    uint64_t now = atomic_fetch_add(&tp->inflight_all, n) + n;
+    uint64_t peak = atomic_load(&tp->inflight_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&tp->inflight_peak, &peak, now)) {}
+}
+/* Give n back; whether a peer waits for that room (then the caller kicks the pump thread,
+ * which pumps every peer whose queue holds slices). */
+static int all_sub(rdma_tp_t *tp, uint64_t n) {
+    atomic_fetch_sub(&tp->inflight_all, n);
+    return atomic_exchange(&tp->cap_wait, 0);
+}
+/* Whether a run of rlen bytes must wait for room under rdma_max_inflight. When it looks
+ * so, the flag is raised and the count read again: all_sub clears the flag after its
+ * subtraction, so an ending run either is seen by the second read or sees the flag (and
+ * kicks). A lone run larger than the limit goes. */
+static int fits(rdma_tp_t *tp, uint64_t rlen, uint64_t cap) {
+    uint64_t all = atomic_load(&tp->inflight_all);
+    return all == 0 || all + rlen <= cap;
+}
+static int over_cap(rdma_tp_t *tp, uint64_t rlen) {
+    uint64_t cap = tp->cfg.rdma_max_inflight;
+    if (cap == 0 || fits(tp, rlen, cap)) return 0;
+    atomic_store(&tp->cap_wait, 1);
+    if (fits(tp, rlen, cap)) return 0;
+    atomic_fetch_add(&tp->cap_waits, 1);
+    return 1;
+}
+
 static void pump(ote__tpeer_t *p);
 
 /* Transport-made request ids of retried slices (the engine's are small counters). */
@@ -297,9 +326,10 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     if (again) run_requeue(p, s);
     int queued = p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
+    int waiters = all_sub(tp, rlen);
     /* Never pump here: this may run under a CQ lane's poll lock, and starting a slice may
      * take another lane's. The pump thread starts what waits. */
-    if (queued || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
+    if (queued || waiters || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
     if (!again) run_end(tp, s, st);
 }
 
@@ -429,6 +459,7 @@ static void start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t s
         p->inflight[k] -= rlen;
         if (move) run_requeue(p, s);
         ote_mutex_unlock(&p->mu);
+        if (all_sub(tp, rlen)) ote__rdma_pump_kick(tp);
         if (move) return;
     }
     slice_write_off(p, s);
@@ -650,6 +681,9 @@ static int run_joins(const ote__slice_t *a, const ote__slice_t *b) {
 static ote__slice_t *run_take(const rdma_tp_t *tp, ote__slice_t *s, uint64_t *rlen) {
     uint64_t cap = tp->cfg.rdma_grant_max;
     if (cap == 0 || cap > OTE_GRANT_MAX_LEN) cap = OTE_GRANT_MAX_LEN;
+    /* Never more than the engine-wide limit of bytes in flight (one slice at least). */
+    if (tp->cfg.rdma_max_inflight != 0 && tp->cfg.rdma_max_inflight < cap)
+        cap = tp->cfg.rdma_max_inflight;
     uint32_t active = 0;
     for (uint32_t i = 0; i < tp->nnics; i++)
         if (ote_selector_is_active(tp->sel, (int)i)) active++;
@@ -675,6 +709,7 @@ static ote__slice_t *run_take(const rdma_tp_t *tp, ote__slice_t *s, uint64_t *rl
 static void pump_locked(ote__tpeer_t *p, int inline_) {
     rdma_tp_t *tp = p->tp;
     int handoff = 0; /* inline: a run waits for a build; the pump thread takes over */
+    int kick = 0;    /* room given back that another peer waits for (rdma_max_inflight) */
     do {
         p->pump_again = 0;
         if (!inline_ && p->build_want) {
@@ -732,6 +767,7 @@ static void pump_locked(ote__tpeer_t *p, int inline_) {
                 st = OTE_ERR_PEER_LOST;
             } else {
                 last = run_take(tp, s, &rlen);
+                if (over_cap(tp, rlen)) break; /* an ending run kicks the pump thread */
                 uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW
                                       ? tp->cfg.rdma_grant_max
                                       : OTE__RDMA_NIC_WINDOW;
@@ -753,7 +789,10 @@ static void pump_locked(ote__tpeer_t *p, int inline_) {
             p->q_head = last->next;
             if (p->q_head == NULL) p->q_tail = NULL;
             last->next = NULL;
-            if (k >= 0) p->inflight[k] += rlen;
+            if (k >= 0) {
+                p->inflight[k] += rlen;
+                all_add(tp, rlen);
+            }
             ote_mutex_unlock(&p->mu);
             int r = START_TAKEN;
             if (k >= 0) r = start_on(p, s, k, inline_);
@@ -761,6 +800,7 @@ static void pump_locked(ote__tpeer_t *p, int inline_) {
             ote_mutex_lock(&p->mu);
             if (r == START_NEEDS_BUILD) { /* back at the head, its window given back */
                 p->inflight[k] -= rlen;
+                kick |= all_sub(tp, rlen); /* other peers waiting for room: kicked below */
                 run_requeue(p, s);
                 if (inline_) handoff = 1;
                 else p->pump_again = 1; /* build it, then go on */
@@ -775,7 +815,7 @@ static void pump_locked(ote__tpeer_t *p, int inline_) {
     p->pumping = 0;
     ote_cond_broadcast(&p->cv);
     ote_mutex_unlock(&p->mu);
-    if (handoff) ote__rdma_pump_kick(tp);
+    if (handoff || kick) ote__rdma_pump_kick(tp);
 }
 
 /* Monitor: while a peer waits for a QP build (the pump thread may be inside a slow

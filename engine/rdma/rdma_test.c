@@ -49,6 +49,9 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.rel_ignored = atomic_load(&tp->rel_ignored);
         r.starts_inline = atomic_load(&tp->starts_inline);
         r.starts_pumped = atomic_load(&tp->starts_pumped);
+        r.inflight_now = atomic_load(&tp->inflight_all);
+        r.inflight_peak = atomic_load(&tp->inflight_peak);
+        r.cap_waits = atomic_load(&tp->cap_waits);
         r.qp_builds = atomic_load(&tp->qp_builds);
         *out = r;
         st = OTE_OK;

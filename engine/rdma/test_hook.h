@@ -55,6 +55,9 @@ typedef struct {
     uint64_t starts_inline;  /* requester runs started by the submitting thread */
     uint64_t starts_pumped;  /* requester runs started by the pump thread */
     uint64_t qp_builds;      /* requester QP builds (always by the pump thread) */
+    uint64_t inflight_now;   /* requester bytes in flight, every peer and device */
+    uint64_t inflight_peak;  /* the most there have been at once */
+    uint64_t cap_waits;      /* runs that waited queued for room under rdma_max_inflight */
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 
