@@ -295,6 +295,7 @@ TEST_F(GrantFaultTest, CancelBetweenSendQueueWindowsPostsNothingMore) {
     EXPECT_EQ(c.done.calls.load(), 1);
     EXPECT_EQ(ote_status_code(c.done.st.load()), OTE_ERR_CANCELED);
     EXPECT_GE(c.looks.load(), 2);
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the receipt";
     ote_grant_stats_t s0, s1;
     ote_grant_mgr_get_stats(rig_.g0, &s0);
     ote_grant_mgr_get_stats(rig_.g1, &s1);
