@@ -199,10 +199,9 @@ static void server_peer_gone(conn_t *c) {
                                  &eps[r][cap]) != OTE_OK)
                 eps[r][cap] = NULL;
     }
-    /* A requester that closed cleanly sent its last receipts before it closed: take
-     * what the lanes hold now, and give the lane workers SERVER_RECEIPT_GRACE_MS more, so
-     * that only what a dead requester really left behind is ended by force. */
-    settle_lanes(tp);
+    /* A requester that closed cleanly sent its last receipts before it closed: give the
+     * lane workers SERVER_RECEIPT_GRACE_MS to take them, so that only what a dead
+     * requester really left behind is ended by force. */
     ote_deadline_t dl = ote_deadline_after(SERVER_RECEIPT_GRACE_MS * OTE_NSEC_PER_MSEC);
     for (;;) {
         size_t live = 0;
