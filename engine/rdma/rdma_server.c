@@ -79,10 +79,48 @@ static int server_buffers(conn_t *c, uint64_t req_id) {
     return ote__rdma_conn_send(c, &a) == OTE_OK ? 0 : -1;
 }
 
+#define SERVER_SETTLE_MS 2000
+
+static int settle_now(void *arg) {
+    (void)arg;
+    return 1; /* ote_cq_lane_progress: only its wait for the poll under way */
+}
+
+/*
+ * Before a notification is delivered, this thread takes what every CQ lane of the
+ * transport has queued. The requester sends a batch's notification once its requests
+ * ended, and each of its grants ended on the completion of its receipt (SEND_WITH_INV),
+ * which the source's provider queued on one of these lanes first. Taking them here
+ * releases those grants' pins before the user hears of the notification, instead of
+ * whenever a lane worker is scheduled: ote_memory_unregister on the notification (README,
+ * ote.h "Free again") would otherwise depend on that worker running within
+ * OTE_UNREGISTER_WAIT_MS, which a loaded machine does not promise. A lane a worker is
+ * polling: its batch is waited for (ote_cq_lane_progress), then looked at again. Bounded
+ * by SERVER_SETTLE_MS; a lane that keeps completing is left to its worker then.
+ */
+static void settle_lanes(rdma_tp_t *tp) {
+    ote_deadline_t dl = ote_deadline_after(SERVER_SETTLE_MS * OTE_NSEC_PER_MSEC);
+    for (uint32_t k = 0; k < tp->nnics; k++) {
+        rdma_nic_t *n = &tp->nics[k];
+        for (uint32_t i = 0; i < n->nlanes; i++) {
+            if (n->lanes[i] == NULL) continue;
+            while (!ote_deadline_expired(dl)) {
+                int polled = 0;
+                ote_status_t st = ote_cq_lane_poll(n->lanes[i], &polled);
+                if (st == OTE_OK && polled == 0) break;
+                if (st == OTE_OK) continue;
+                if (ote_status_code(st) != OTE_ERR_BUSY) break; /* the worker logs it */
+                if (ote_cq_lane_progress(n->lanes[i], settle_now, NULL, dl) != OTE_OK) break;
+            }
+        }
+    }
+}
+
 /* One frame after the handshake; 0 to go on, -1 to close the connection. */
 static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
     rdma_tp_t *tp = c->tp;
     if (m->opcode == OTE_CTL_NOTIFY) {
+        settle_lanes(tp);
         ote_status_t st =
             tp->host.deliver_notify(tp->host.arg, c->peer_addr, m->u.notify.msg, m->u.notify.len);
         ote_ctl_msg_t a;

@@ -20,10 +20,13 @@
 #include "ote/ote.h"
 
 /* A GRANT_REQ being served: where its GRANT_RESP goes (a reference on c, dropped once
- * the grant layer has answered through src_answer). */
+ * the grant layer has answered through src_answer), and the device and bytes that
+ * src_answer counts as served when it grants them. */
 typedef struct {
     conn_t *c;
     uint64_t req_id;
+    rdma_nic_t *nic;
+    uint64_t len;
 } answer_t;
 
 /* The request account of the GRANT_REQ being served on this (server) thread, handed to
@@ -81,6 +84,9 @@ static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey)
     (void)arg;
     answer_t *a = (answer_t *)(uintptr_t)actx;
     st = grant_refusal(st);
+    /* Counted before the GRANT_RESP goes: once the requester has it, its request may end
+     * (and its user read both engines' stats) before this thread runs again. */
+    if (st == OTE_OK) atomic_fetch_add(&a->nic->src_bytes, a->len);
     ote_rp_msg_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.type = OTE_RP_GRANT_RESP;
@@ -215,6 +221,8 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         } else {
             a->c = c;
             a->req_id = req_id;
+            a->nic = nic;
+            a->len = rq->u.grant.len;
             ote__rdma_conn_get(c);
             ote_deadline_t dl =
                 ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
@@ -231,8 +239,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                 ote_free(a);
                 st = grant_refusal(st);
             } else {
-                atomic_fetch_add(&nic->src_bytes, rq->u.grant.len);
-                return; /* answered by src_answer */
+                return; /* answered (and counted) by src_answer */
             }
         }
     }

@@ -278,8 +278,8 @@ TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
     // The target becomes a requester: 64 READs of 16 MiB from this engine's buffer.
     std::string cmd = "pull " + ote_test::EngineAddress(engine_) + " " +
                       std::to_string((uintptr_t)mem) + " " + std::to_string(piece) + " 64";
-    ASSERT_EQ(target_.Command(cmd), "STARTED");
-    usleep(20 * 1000);
+    // STARTED once bytes arrived there: this engine serves the READs (and pins) by then.
+    ASSERT_EQ(target_.Command(cmd, 60000), "STARTED");
     ASSERT_TRUE(target_.Stop()); // it can no longer make progress: its pins stay
     ote_status_t st0 = ote_memory_unregister(engine_, mem);
     if (GetParam() == "shm" && st0 == OTE_OK) {

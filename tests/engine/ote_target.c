@@ -16,8 +16,11 @@
  *   unregloop <ms>                  -> ST <ok> <busy>  unregister rw again and again for ms
  *                                      (registering it again after each success)
  *   pull <host:port> <addr> <len> <n> -> STARTED | ST <code>  n READs of len bytes at addr
- *                                      of that engine into rw, submitted, not waited for
- *                                      (the process is meant to be killed meanwhile)
+ *                                      of that engine into rw, submitted, answered once
+ *                                      some bytes arrived (so that the source has taken
+ *                                      them: 30 s at most, else ST <OTE_ERR_TIMEOUT>), not
+ *                                      waited for (the process is meant to be killed
+ *                                      meanwhile)
  *   quit / end of input             -> exits 0 after destroying the engine
  *
  * Usage: ote_target [rw_size] [listen_address]. Config also from OTE_* variables.
@@ -47,8 +50,20 @@ static buf_t *find(buf_t *b, const char *name) {
     return NULL;
 }
 
+/* Whether some request of b (n submitted) has moved bytes or ended. */
+static int pull_moved(ote_batch_t *b, unsigned long long n) {
+    for (unsigned long long i = 0; i < n; i++) {
+        ote_transfer_status_t ts;
+        if (ote_batch_status(b, (size_t)i, &ts) != OTE_OK) return 1; /* cannot tell: go on */
+        if (ts.bytes_done > 0 || ts.state != OTE_TRANSFER_PENDING) return 1;
+    }
+    return 0;
+}
+
 /* pull: n READs from another engine into rw, left running. The segment and batch stay
- * open (the process is killed while they run). Returns the reply line. */
+ * open (the process is killed while they run). The reply comes once bytes arrived, so the
+ * source is serving (and has pinned) them when the caller acts on it, however slowly
+ * either process runs; a fixed pause instead was a guess. Returns the reply line. */
 static const char *pull(ote_engine_t *e, const char *line, const buf_t *rw) {
     static char reply[32];
     char cmd[16], peer[300];
@@ -67,6 +82,17 @@ static const char *pull(ote_engine_t *e, const char *line, const buf_t *rw) {
     if (st != OTE_OK) {
         snprintf(reply, sizeof(reply), "ST %d", st);
         return reply;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!pull_moved(b, n)) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (t1.tv_sec - t0.tv_sec >= 30) {
+            snprintf(reply, sizeof(reply), "ST %d", OTE_ERR_TIMEOUT);
+            return reply;
+        }
+        struct timespec pause = {0, 1000 * 1000};
+        nanosleep(&pause, NULL);
     }
     return "STARTED";
 }

@@ -5,7 +5,9 @@
 // the precise figure) are spread over both NICs: bytes land intact, each NIC carries a
 // non-zero, roughly equal share (ote_engine_nic_stats), and in the same run an engine
 // restricted to one NIC (rdma_devices=sim0) is at least 1.4x slower for the same
-// request: a same-run ratio with a wide margin under the ideal 2x.
+// request: a same-run ratio with a wide margin under the ideal 2x, of the best of
+// kTimings runs on each side (one run of 0.3 s over two NICs could lose a tenth of a
+// second to a loaded 2-core machine under ASan: 1.38x was seen once in three runs).
 // Failover: the requester's sim1 port taken down mid-transfer (READ completes on sim0,
 // an in-flight WRITE is not replayed), then up again: it carries traffic again; a missed
 // PORT_ACTIVE event (verbs/fault swallowing async events) recovered by the monitor's
@@ -14,6 +16,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -36,6 +39,7 @@ namespace {
 using ote_test::kSec;
 
 constexpr uint64_t kLen = 64ull << 20;
+constexpr int kTimings = 3; // runs of each timed request; the fastest counts
 // Two sim devices (the default's GIDs), each port limited to 100 MB/s of egress.
 const char kLimited[] =
     "dev=sim0,numa=0;port,bw=100M;gid=auto-ll,type=v1;gid=auto-ll,type=v2;gid=auto-v4,type=v1;"
@@ -130,6 +134,11 @@ TEST_F(RdmaStripeTest, OneRequestSpreadOverTwoLimitedNicsRunsFaster) {
         EXPECT_GE(w[i], kLen / 4) << "NIC " << i << " carried " << w[i] << " of the WRITE";
         EXPECT_GE(all[i], 2 * kLen / 4) << "NIC " << i << " carried " << all[i];
     }
+    for (int k = 1; k < kTimings; k++) { // the fastest of kTimings runs counts
+        w2 = std::min(w2, Timed(engine_, seg_, OTE_WRITE, src.data(), target_.rw));
+        r2 = std::min(r2, Timed(engine_, seg_, OTE_READ, dst.data(), target_.rw));
+    }
+    EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
 
     // The same requests from an engine that may use sim0 alone.
     ote_engine_t *one = ote_test::NewEngine({{"transport", "rdma"},
@@ -143,10 +152,13 @@ TEST_F(RdmaStripeTest, OneRequestSpreadOverTwoLimitedNicsRunsFaster) {
     ote_segment_t *seg1 = nullptr;
     ASSERT_EQ(ote_segment_open(one, target_.address.c_str(), &seg1), OTE_OK);
     std::memset(dst.data(), 0, kLen);
-    uint64_t w1 = Timed(one, seg1, OTE_WRITE, src.data(), target_.rw);
-    uint64_t r1 = Timed(one, seg1, OTE_READ, dst.data(), target_.rw);
+    uint64_t w1 = UINT64_MAX, r1 = UINT64_MAX;
+    for (int k = 0; k < kTimings; k++) {
+        w1 = std::min(w1, Timed(one, seg1, OTE_WRITE, src.data(), target_.rw));
+        r1 = std::min(r1, Timed(one, seg1, OTE_READ, dst.data(), target_.rw));
+    }
     EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
-    EXPECT_EQ(Nics(one)[0].bytes_out, 2 * kLen);
+    EXPECT_EQ(Nics(one)[0].bytes_out, 2 * kTimings * kLen);
     EXPECT_EQ(ote_segment_close(seg1), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(one, src.data()), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(one, dst.data()), OTE_OK);
@@ -154,10 +166,11 @@ TEST_F(RdmaStripeTest, OneRequestSpreadOverTwoLimitedNicsRunsFaster) {
 
     double wr = (double)w1 / (double)w2, rr = (double)r1 / (double)r2;
     printf(
-        "64 MiB over 2 NICs at 100 MB/s each: WRITE %.1f MB/s (one NIC %.1f MB/s, %.2fx), "
+        "64 MiB over 2 NICs at 100 MB/s each (best of %d): WRITE %.1f MB/s (one NIC %.1f MB/s, "
+        "%.2fx), "
         "READ %.1f MB/s (one NIC %.1f MB/s, %.2fx); WRITE bytes per NIC %llu / %llu, READ %llu / "
         "%llu\n",
-        kLen / (w2 / 1e9) / 1e6, kLen / (w1 / 1e9) / 1e6, wr, kLen / (r2 / 1e9) / 1e6,
+        kTimings, kLen / (w2 / 1e9) / 1e6, kLen / (w1 / 1e9) / 1e6, wr, kLen / (r2 / 1e9) / 1e6,
         kLen / (r1 / 1e9) / 1e6, rr, (unsigned long long)w[0], (unsigned long long)w[1],
         (unsigned long long)(all[0] - w[0]), (unsigned long long)(all[1] - w[1]));
     EXPECT_GE(wr, 1.4) << "WRITE over two NICs vs one";

@@ -102,6 +102,7 @@ TEST_F(GrantFaultTest, AllocMwFailsGrantRefusedRequesterToldEverythingReleased) 
     // Recovery: the fault cleared, the layer works again on the same slot.
     EXPECT_EQ(Run(OTE_GRANT_WRITE, B), OTE_OK);
     EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), B), 0);
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the receipt";
     ote_grant_mgr_get_stats(rig_.g1, &s1);
     EXPECT_EQ(s1.receipts, 1u);
     EXPECT_EQ(s1.mw_pool, 1u); /* the new window, invalidated, back in the pool */
@@ -171,6 +172,7 @@ TEST_F(GrantFaultTest, DeallocMwBusyRetainsTheWindowUntilTheRetrySucceeds) {
 // it (OTE_ERR_RETAINED, counted as MW), and the next destroy succeeds.
 TEST_F(GrantFaultTest, DeallocMwBusyAtManagerDestroyRetainsUntilTheNextDestroy) {
     EXPECT_EQ(Run(OTE_GRANT_WRITE, B), OTE_OK);
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the receipt";
     ote_grant_stats_t s1;
     ote_grant_mgr_get_stats(rig_.g1, &s1);
     ASSERT_EQ(s1.mw_pool, 1u);
@@ -293,6 +295,7 @@ TEST_F(GrantFaultTest, CancelBetweenSendQueueWindowsPostsNothingMore) {
     EXPECT_EQ(c.done.calls.load(), 1);
     EXPECT_EQ(ote_status_code(c.done.st.load()), OTE_ERR_CANCELED);
     EXPECT_GE(c.looks.load(), 2);
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the receipt";
     ote_grant_stats_t s0, s1;
     ote_grant_mgr_get_stats(rig_.g0, &s0);
     ote_grant_mgr_get_stats(rig_.g1, &s1);
@@ -405,7 +408,8 @@ TEST_F(GrantFaultTest, PortDownEndsInFlightGrantReleasesItAndGrantsWorkAfterReco
         ote_grant_mgr_get_stats(rig_.g1, &s1);
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, nullptr);
-    } while ((s0.live_requester != 0 || s1.live_source != 0) && !ote_deadline_expired(until));
+    } while ((s0.live_requester != 0 || s1.live_source != 0 || rig_.pins.load() != 0) &&
+             !ote_deadline_expired(until));
     EXPECT_EQ(s0.live_requester, 0u);
     EXPECT_EQ(s0.failed, 1u);
     EXPECT_EQ(s1.live_source, 0u);

@@ -123,6 +123,7 @@ TEST_F(GrantTest, WriteThenReadExactBytesThroughWindows) {
         EXPECT_EQ(in[0], 0xEE);
         EXPECT_EQ(in[1 + len], 0xEE);
     }
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the last receipt";
     ote_grant_stats_t s0, s1;
     ote_grant_mgr_get_stats(rig_.g0, &s0);
     ote_grant_mgr_get_stats(rig_.g1, &s1);

@@ -174,6 +174,23 @@ struct Rig {
         }
     }
 
+    // A grant's requester ends (its done runs) on the send CQE of its SEND_WITH_INV; the
+    // source ends the same grant when it polls the matching receive CQE, on its own lane and
+    // possibly on another worker thread, and drops the registration pin after its manager's
+    // mutex. So the source's stats and pins are looked at only after waiting here: true
+    // once no source grant is live and every pin is back (ms at most).
+    bool WaitSourceIdle(int ms = 30000) {
+        ote_deadline_t dl = ote_deadline_after((uint64_t)ms * kMs);
+        for (;;) {
+            ote_grant_stats_t s;
+            ote_grant_mgr_get_stats(g1, &s);
+            if (s.live_source == 0 && pins.load() == 0) return true;
+            if (ote_deadline_expired(dl)) return false;
+            struct timespec ts = {0, 1000 * 1000};
+            nanosleep(&ts, nullptr);
+        }
+    }
+
     void Close() {
         ote_verbs_fault_clear(v);
         auto tick = [](ote_grant_mgr_t *g) -> size_t { return g ? ote_grant_mgr_tick(g) : 0; };

@@ -180,7 +180,10 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  *    attached to its batch), the source's last release may still be in flight (RDMA: the
  *    receipt is processed by the source after the requester's completion). Unregister
  *    therefore waits up to OTE_UNREGISTER_WAIT_MS for the pins of the range to drop
- *    before it answers OTE_ERR_BUSY: an unregister on such a signal succeeds.
+ *    before it answers OTE_ERR_BUSY: an unregister on such a signal succeeds. Over RDMA
+ *    a notification is delivered only after the source took the completions its CQ
+ *    lanes held (the receipts among them), so an unregister on a notification does not
+ *    depend on that wait being long enough on a loaded machine.
  *  - A requester that dies releases its pins at once on every transport: TCP when its
  *    connections close; shm when its UNIX socket closes; RDMA when its control connection closes (its windows are
  *    invalidated by moving their QPs to the error state first). Only a requester that
