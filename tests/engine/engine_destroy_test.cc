@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/engine/native_counter.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -31,127 +32,12 @@ namespace {
 
 constexpr uint64_t kSec = 1000000000ull;
 
-// A provider in front of one sim instance: the sim's own ops, except that QPs, MWs and
-// MRs are counted as they really come and go, and one create_qp can be held (on whatever
-// thread makes it) until the test lets it go.
-struct Native {
-    ote_verbs_t v{};
-    ote_verbs_ops_t ops{};
-    ote_verbs_t *sim = nullptr;
-    std::atomic<int64_t> qps{0}, mws{0}, mrs{0};
-    // MRs over the watched range [watch_lo, watch_hi): the user's registered memory (not
-    // the layers' own buffers, such as a QP's receive slots).
-    std::atomic<uintptr_t> watch_lo{0}, watch_hi{0};
-    std::atomic<int64_t> watched_mrs{0};
-    std::atomic<bool> hold_next_create{false}, holding{false}, release{false}, closed{false};
-    bool Watched(const void *p) const {
-        uintptr_t a = (uintptr_t)p;
-        return a >= watch_lo.load() && a < watch_hi.load();
-    }
-};
-
-std::vector<Native *> g_natives; // of the current test, in creation order
-
-Native *Of(ote_verbs_t *v) {
-    for (Native *n : g_natives)
-        if (&n->v == v) return n;
-    return nullptr;
-}
-
-int CreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, struct ibv_qp **out) {
-    Native *n = Of(v);
-    if (n == nullptr) return EINVAL;
-    if (n->hold_next_create.exchange(false)) {
-        n->holding = true; // bounded: 120 s at most, whatever the test does
-        ote_deadline_t dl = ote_deadline_after(120 * kSec);
-        while (!n->release.load() && !ote_deadline_expired(dl))
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    int err = n->sim->ops->create_qp(n->sim, pd, a, out);
-    if (err == 0) n->qps++;
-    return err;
-}
-
-int DestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
-    Native *n = Of(v);
-    if (n == nullptr) return EINVAL;
-    int err = n->sim->ops->destroy_qp(n->sim, qp);
-    if (err == 0) n->qps--;
-    return err;
-}
-
-int AllocMw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type, struct ibv_mw **out) {
-    Native *n = Of(v);
-    if (n == nullptr) return EINVAL;
-    int err = n->sim->ops->alloc_mw(n->sim, pd, type, out);
-    if (err == 0) n->mws++;
-    return err;
-}
-
-int DeallocMw(ote_verbs_t *v, struct ibv_mw *mw) {
-    Native *n = Of(v);
-    if (n == nullptr) return EINVAL;
-    int err = n->sim->ops->dealloc_mw(n->sim, mw);
-    if (err == 0) n->mws--;
-    return err;
-}
-
-int RegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access,
-          struct ibv_mr **out) {
-    Native *n = Of(v);
-    if (n == nullptr) return EINVAL;
-    int err = n->sim->ops->reg_mr(n->sim, pd, addr, len, access, out);
-    if (err == 0) n->mrs++;
-    if (err == 0 && n->Watched(addr)) n->watched_mrs++;
-    return err;
-}
-
-int DeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
-    Native *n = Of(v);
-    if (n == nullptr) return EINVAL;
-    bool watched = n->Watched(mr->addr); // read before the MR is gone
-    int err = n->sim->ops->dereg_mr(n->sim, mr);
-    if (err == 0) n->mrs--;
-    if (err == 0 && watched) n->watched_mrs--;
-    return err;
-}
-
-void Close(ote_verbs_t *v) {
-    Native *n = Of(v);
-    if (n == nullptr) return;
-    n->closed = true;
-    ote_verbs_close(n->sim);
-}
+using Native = ote_test::NativeCounter;
 
 std::vector<ote_verbs_t *> *g_wrapped = nullptr;
 std::vector<std::unique_ptr<Native>> *g_owned = nullptr;
 
-ote_status_t Wrap(ote_verbs_t **v) {
-    auto n = std::make_unique<Native>();
-    n->sim = *v;
-    n->ops = *(*v)->ops;
-    n->ops.create_qp = CreateQp;
-    n->ops.destroy_qp = DestroyQp;
-    n->ops.alloc_mw = AllocMw;
-    n->ops.dealloc_mw = DeallocMw;
-    n->ops.reg_mr = RegMr;
-    n->ops.dereg_mr = DeregMr;
-    n->v.ops = &n->ops;
-    n->v.provider = (*v)->provider;
-    n->v.priv = (*v)->priv;
-    n->v.close = Close;
-    g_natives.push_back(n.get());
-    ote_verbs_t *f = nullptr;
-    ote_status_t st = ote_verbs_fault_wrap(&n->v, OTE_VERBS_FAULT_OWN_INNER, &f);
-    if (st != OTE_OK) {
-        g_natives.pop_back();
-        return st;
-    }
-    *v = f;
-    g_wrapped->push_back(f);
-    g_owned->push_back(std::move(n));
-    return OTE_OK;
-}
+ote_status_t Wrap(ote_verbs_t **v) { return ote_test::WrapCounted(v, g_owned, g_wrapped); }
 
 class EngineDestroyTest : public ote_test::OteTest {
   protected:
@@ -159,7 +45,6 @@ class EngineDestroyTest : public ote_test::OteTest {
         OteTest::SetUp();
         g_wrapped = &wrapped_;
         g_owned = &natives_;
-        g_natives.clear();
         retained0_ = ote_retained_total();
         transports0_ = ote__rdma_retained_transports_get();
         ote__rdma_test_verbs_hook = Wrap;
@@ -210,7 +95,6 @@ class EngineDestroyTest : public ote_test::OteTest {
         EXPECT_EQ(ote_retained_total(), retained0_) << "owners still counted as retained";
         EXPECT_EQ(ote__rdma_retained_transports_get(), transports0_);
         ote__rdma_test_verbs_hook = nullptr;
-        g_natives.clear();
         OteTest::TearDown();
     }
     static ote_engine_t *Create(const char *connect_ms) {

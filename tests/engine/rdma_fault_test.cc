@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/engine/native_counter.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -30,123 +31,12 @@ constexpr uint64_t kMs = 1000000ull;
 constexpr uint64_t kSec = 1000 * kMs;
 constexpr size_t kBlock = 64u << 10;
 
-// A provider instance in front of a sim instance: the sim's own ops (the sim reaches its
-// state through v->priv, which is the sim's), except that the create/destroy pairs of
-// QPs, MWs and MRs count the objects that exist, and one destroy_qp can be held until the
-// test lets it go. Calls the fault decorator refuses never get here: what is counted is
-// what the sim really created. The test owns it; close() closes the sim only.
-struct NativeCounter {
-    ote_verbs_t v{}; // what the fault decorator wraps (and closes)
-    ote_verbs_ops_t ops{};
-    ote_verbs_t *sim = nullptr;
-    std::atomic<int64_t> qps{0}, mws{0}, mrs{0};
-    std::atomic<uint64_t> qps_destroyed{0};
-    std::atomic<bool> hold_next_qp_destroy{false}, holding{false}, release{false}, closed{false};
-};
-
-std::vector<NativeCounter *> g_counters; // of the current test, in creation order
-
-NativeCounter *CounterOf(ote_verbs_t *v) {
-    for (NativeCounter *c : g_counters)
-        if (&c->v == v) return c;
-    return nullptr;
-}
-
-int CountCreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a,
-                  struct ibv_qp **qp_out) {
-    NativeCounter *c = CounterOf(v);
-    if (c == nullptr) return EINVAL;
-    int err = c->sim->ops->create_qp(c->sim, pd, a, qp_out);
-    if (err == 0) c->qps++;
-    return err;
-}
-
-int CountDestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
-    NativeCounter *c = CounterOf(v);
-    if (c == nullptr) return EINVAL;
-    if (c->hold_next_qp_destroy.exchange(false)) {
-        c->holding = true; // the test looks at its request now; bounded by 30 s
-        ote_deadline_t dl = ote_deadline_after(30 * 1000000000ull);
-        while (!c->release.load() && !ote_deadline_expired(dl))
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    int err = c->sim->ops->destroy_qp(c->sim, qp);
-    if (err == 0) {
-        c->qps--;
-        c->qps_destroyed++;
-    }
-    return err;
-}
-
-int CountAllocMw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type, struct ibv_mw **mw_out) {
-    NativeCounter *c = CounterOf(v);
-    if (c == nullptr) return EINVAL;
-    int err = c->sim->ops->alloc_mw(c->sim, pd, type, mw_out);
-    if (err == 0) c->mws++;
-    return err;
-}
-
-int CountDeallocMw(ote_verbs_t *v, struct ibv_mw *mw) {
-    NativeCounter *c = CounterOf(v);
-    if (c == nullptr) return EINVAL;
-    int err = c->sim->ops->dealloc_mw(c->sim, mw);
-    if (err == 0) c->mws--;
-    return err;
-}
-
-int CountRegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access,
-               struct ibv_mr **mr_out) {
-    NativeCounter *c = CounterOf(v);
-    if (c == nullptr) return EINVAL;
-    int err = c->sim->ops->reg_mr(c->sim, pd, addr, len, access, mr_out);
-    if (err == 0) c->mrs++;
-    return err;
-}
-
-int CountDeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
-    NativeCounter *c = CounterOf(v);
-    if (c == nullptr) return EINVAL;
-    int err = c->sim->ops->dereg_mr(c->sim, mr);
-    if (err == 0) c->mrs--;
-    return err;
-}
-
-void CloseCounter(ote_verbs_t *v) {
-    NativeCounter *c = CounterOf(v);
-    if (c == nullptr) return;
-    c->closed = true;
-    ote_verbs_close(c->sim);
-}
+using ote_test::NativeCounter;
 
 std::vector<ote_verbs_t *> *g_wrapped = nullptr;
 std::vector<std::unique_ptr<NativeCounter>> *g_owned = nullptr;
 
-ote_status_t WrapWithFault(ote_verbs_t **v) {
-    auto c = std::make_unique<NativeCounter>();
-    c->sim = *v;
-    c->ops = *(*v)->ops;
-    c->ops.create_qp = CountCreateQp;
-    c->ops.destroy_qp = CountDestroyQp;
-    c->ops.alloc_mw = CountAllocMw;
-    c->ops.dealloc_mw = CountDeallocMw;
-    c->ops.reg_mr = CountRegMr;
-    c->ops.dereg_mr = CountDeregMr;
-    c->v.ops = &c->ops;
-    c->v.provider = (*v)->provider;
-    c->v.priv = (*v)->priv;
-    c->v.close = CloseCounter;
-    g_counters.push_back(c.get());
-    ote_verbs_t *f = nullptr;
-    ote_status_t st = ote_verbs_fault_wrap(&c->v, OTE_VERBS_FAULT_OWN_INNER, &f);
-    if (st != OTE_OK) {
-        g_counters.pop_back();
-        return st; // *v is still the caller's to close
-    }
-    *v = f;
-    g_wrapped->push_back(f);
-    g_owned->push_back(std::move(c));
-    return OTE_OK;
-}
+ote_status_t WrapWithFault(ote_verbs_t **v) { return ote_test::WrapCounted(v, g_owned, g_wrapped); }
 
 class RdmaFaultTest : public ote_test::OteTest {
   protected:
@@ -154,7 +44,6 @@ class RdmaFaultTest : public ote_test::OteTest {
         OteTest::SetUp();
         g_wrapped = &wrapped_;
         g_owned = &counters_;
-        g_counters.clear();
         retained0_ = ote_retained_total();
         ote__rdma_test_verbs_hook = WrapWithFault;
         src_ = Create(timeout_ms_);
@@ -189,7 +78,6 @@ class RdmaFaultTest : public ote_test::OteTest {
         }
         EXPECT_EQ(ote_retained_total(), retained0_);
         ote__rdma_test_verbs_hook = nullptr;
-        g_counters.clear();
         OteTest::TearDown();
     }
     void DestroyEngines() {

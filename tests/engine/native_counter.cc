@@ -1,0 +1,139 @@
+// tests/engine/native_counter.cc - see native_counter.h.
+#include "tests/engine/native_counter.h"
+
+#include <errno.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+extern "C" {
+#include "base/time.h"
+#include "verbs/fault.h"
+}
+
+namespace ote_test {
+namespace {
+
+std::mutex g_mu;
+std::vector<NativeCounter *> g_live; // every counter whose provider is open
+
+NativeCounter *Of(ote_verbs_t *v) {
+    std::lock_guard<std::mutex> g(g_mu);
+    for (NativeCounter *n : g_live)
+        if (&n->v == v) return n;
+    return nullptr;
+}
+
+// Held until the test sets release (bounded: 120 s at most, whatever the test does).
+void Hold(NativeCounter *n) {
+    n->holding = true;
+    ote_deadline_t dl = ote_deadline_after(120 * OTE_NSEC_PER_SEC);
+    while (!n->release.load() && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+int CreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, struct ibv_qp **out) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    if (n->hold_next_create.exchange(false)) Hold(n);
+    int err = n->sim->ops->create_qp(n->sim, pd, a, out);
+    if (err == 0) n->qps++;
+    return err;
+}
+
+int DestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    if (n->hold_next_qp_destroy.exchange(false)) Hold(n);
+    int err = n->sim->ops->destroy_qp(n->sim, qp);
+    if (err == 0) {
+        n->qps--;
+        n->qps_destroyed++;
+    }
+    return err;
+}
+
+int AllocMw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type, struct ibv_mw **out) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->alloc_mw(n->sim, pd, type, out);
+    if (err == 0) n->mws++;
+    return err;
+}
+
+int DeallocMw(ote_verbs_t *v, struct ibv_mw *mw) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->dealloc_mw(n->sim, mw);
+    if (err == 0) n->mws--;
+    return err;
+}
+
+int RegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access,
+          struct ibv_mr **out) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->reg_mr(n->sim, pd, addr, len, access, out);
+    if (err == 0) n->mrs++;
+    if (err == 0 && n->Watched(addr)) n->watched_mrs++;
+    return err;
+}
+
+int DeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    bool watched = n->Watched(mr->addr); // read before the MR is gone
+    int err = n->sim->ops->dereg_mr(n->sim, mr);
+    if (err == 0) n->mrs--;
+    if (err == 0 && watched) n->watched_mrs--;
+    return err;
+}
+
+void Close(ote_verbs_t *v) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return;
+    {
+        std::lock_guard<std::mutex> g(g_mu);
+        g_live.erase(std::remove(g_live.begin(), g_live.end(), n), g_live.end());
+    }
+    n->closed = true;
+    ote_verbs_close(n->sim);
+}
+
+} // namespace
+
+ote_status_t WrapCounted(ote_verbs_t **v, std::vector<std::unique_ptr<NativeCounter>> *owned,
+                         std::vector<ote_verbs_t *> *wrapped) {
+    auto n = std::make_unique<NativeCounter>();
+    n->sim = *v;
+    n->ops = *(*v)->ops;
+    n->ops.create_qp = CreateQp;
+    n->ops.destroy_qp = DestroyQp;
+    n->ops.alloc_mw = AllocMw;
+    n->ops.dealloc_mw = DeallocMw;
+    n->ops.reg_mr = RegMr;
+    n->ops.dereg_mr = DeregMr;
+    n->v.ops = &n->ops;
+    n->v.provider = (*v)->provider;
+    n->v.priv = (*v)->priv;
+    n->v.close = Close;
+    {
+        std::lock_guard<std::mutex> g(g_mu);
+        g_live.push_back(n.get());
+    }
+    ote_verbs_t *f = nullptr;
+    ote_status_t st = ote_verbs_fault_wrap(&n->v, OTE_VERBS_FAULT_OWN_INNER, &f);
+    if (st != OTE_OK) {
+        std::lock_guard<std::mutex> g(g_mu);
+        g_live.pop_back();
+        return st;
+    }
+    *v = f;
+    wrapped->push_back(f);
+    owned->push_back(std::move(n));
+    return OTE_OK;
+}
+
+} // namespace ote_test

@@ -1,0 +1,52 @@
+// tests/engine/native_counter.h - a verbs provider in front of one sim instance that
+// counts the native objects that really exist, for tests of what a failure released or
+// retained. Between an engine's verbs fault decorator and its sim: the sim's own ops (the
+// sim reaches its state through v->priv, which is the sim's), except that the
+// create/destroy pairs of QPs, MWs and MRs count the objects alive (MRs over a watched
+// range, the user's registered memory, separately), and the next create_qp or destroy_qp
+// can be held, on whatever thread makes it, until the test lets it go (120 s at most).
+// Calls the fault decorator refuses never get here. close() closes the sim only.
+#ifndef OTE_TESTS_ENGINE_NATIVE_COUNTER_H
+#define OTE_TESTS_ENGINE_NATIVE_COUNTER_H
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+extern "C" {
+#include "base/status.h"
+#include "verbs/verbs.h"
+}
+
+namespace ote_test {
+
+struct NativeCounter {
+    ote_verbs_t v{}; // what the fault decorator wraps (and closes)
+    ote_verbs_ops_t ops{};
+    ote_verbs_t *sim = nullptr;
+    std::atomic<int64_t> qps{0}, mws{0}, mrs{0};
+    std::atomic<uint64_t> qps_destroyed{0};
+    // MRs over [watch_lo, watch_hi): the user's registered memory (not the layers' own
+    // buffers, such as a QP's receive slots).
+    std::atomic<uintptr_t> watch_lo{0}, watch_hi{0};
+    std::atomic<int64_t> watched_mrs{0};
+    std::atomic<bool> hold_next_create{false}, hold_next_qp_destroy{false};
+    std::atomic<bool> holding{false}, release{false}, closed{false};
+    bool Watched(const void *p) const {
+        uintptr_t a = (uintptr_t)p;
+        return a >= watch_lo.load() && a < watch_hi.load();
+    }
+};
+
+// For ote__rdma_test_verbs_hook: puts a NativeCounter (appended to *owned, which must
+// outlive the engine) in front of the sim *v and the verbs fault decorator (owning it) in
+// front of that; *v becomes the decorator, also appended to *wrapped. On a failure *v is
+// still the caller's.
+ote_status_t WrapCounted(ote_verbs_t **v, std::vector<std::unique_ptr<NativeCounter>> *owned,
+                         std::vector<ote_verbs_t *> *wrapped);
+
+} // namespace ote_test
+
+#endif
