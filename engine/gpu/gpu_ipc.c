@@ -1,0 +1,209 @@
+/*
+ * engine/gpu/gpu_ipc.c - CUDA IPC: the source exports an allocation registered with
+ * OTE_PERM_IPC (once, cached), the requester imports it through a bounded cache and
+ * copies on a stream (gpu.h; shared state in gpu_internal.h).
+ */
+#include "engine/gpu/gpu_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/lock.h"
+#include "base/log.h"
+#include "cuda/driver.h"
+#include "cuda/ipc/ipc.h"
+#include "cuda/memory/device.h"
+#include "cuda/memory/memory.h"
+#include "cuda/pinned/pinned.h"
+#include "cuda/stream/stream.h"
+#include "ote/ote.h"
+
+/* ---- CUDA IPC ---- */
+
+int ote__gpu_ipc_allowed(const ote__gpu_t *g) { return (g->paths & OTE__GPU_PATH_IPC) != 0; }
+int ote__gpu_staging_allowed(const ote__gpu_t *g) {
+    return (g->paths & OTE__GPU_PATH_STAGING) != 0;
+}
+
+ote_status_t ote__gpu_ipc_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, uint32_t len,
+                                 ote__ipc_desc_t *out) {
+    if (!(g->paths & OTE__GPU_PATH_IPC) || !OTE_MEM_IS_CUDA(kind)) return OTE_ERR_UNSUPPORTED;
+    gdev_t *d = NULL;
+    ote_status_t st = ote__gpu_dev_open(g, kind, 0, &d);
+    ote_cuda_pointer_info_t info;
+    if (st == OTE_OK) st = ote_cuda_pointer_classify(g->drv, addr, &info);
+    if (st == OTE_OK && (info.kind != OTE_CUDA_MEM_DEVICE || addr < info.range_start ||
+                         len > info.range_start + info.range_size - addr))
+        st = OTE_ERR_INVALID;
+    if (st != OTE_OK) {
+        OTE_WARN_LIMITED("gpu", "IPC export of [0x%llx, +%u): %s", (unsigned long long)addr, len,
+                         ote_status_str(st));
+        return st;
+    }
+    /* The cached description of this allocation (buffer ids are never reused). */
+    ote_cuda_ipc_desc_t cd;
+    int found = 0;
+    ote_mutex_lock(&g->mu);
+    for (int i = 0; i < GPU_IPC_EXPORTS; i++)
+        if (g->exps[i].buffer_id == info.buffer_id && g->exps[i].ex != NULL) {
+            g->exps[i].used = ++g->exp_clock;
+            cd = *ote_cuda_ipc_export_desc(g->exps[i].ex);
+            found = 1;
+            break;
+        }
+    ote_mutex_unlock(&g->mu);
+    if (!found) {
+        ote_cuda_ipc_export_t *ex = NULL;
+        st = ote_cuda_ipc_export_create(d->dev, addr, &ex);
+        if (st != OTE_OK) {
+            OTE_WARN_LIMITED("gpu", "cuda:%d: cuIpcGetMemHandle of [0x%llx, +%u): %s",
+                             OTE_MEM_CUDA_DEVICE(kind), (unsigned long long)addr, len,
+                             ote_status_str(st));
+            return st;
+        }
+        cd = *ote_cuda_ipc_export_desc(ex);
+        ote_cuda_ipc_export_t *drop = NULL;
+        ote_mutex_lock(&g->mu);
+        ipc_exp_t *v = &g->exps[0];
+        for (int i = 0; i < GPU_IPC_EXPORTS; i++) {
+            if (g->exps[i].ex == NULL) {
+                v = &g->exps[i];
+                break;
+            }
+            if (g->exps[i].used < v->used) v = &g->exps[i];
+        }
+        drop = v->ex;
+        v->ex = ex;
+        v->buffer_id = info.buffer_id;
+        v->used = ++g->exp_clock;
+        ote_mutex_unlock(&g->mu);
+        ote_cuda_ipc_export_destroy(drop); /* a description only: nothing native to release */
+        atomic_fetch_add(&g->n_exports, 1);
+    }
+    memset(out, 0, sizeof(*out));
+    memcpy(out->handle, &cd.handle, sizeof(out->handle));
+    out->buffer_id = cd.buffer_id;
+    out->base = cd.base;
+    out->size = cd.size;
+    out->offset = addr - cd.base;
+    out->device = cd.device_ordinal;
+    return OTE_OK;
+}
+
+/* The device an IPC copy runs on (its import cache created on first use). */
+static ote_status_t ipc_dev(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
+    gdev_t *d = NULL;
+    ote_status_t st = ote__gpu_dev_open(g, kind, 0, &d);
+    if (st != OTE_OK) return st;
+    ote_mutex_lock(&g->mu);
+    if (d->ipc == NULL)
+        st = ote_cuda_ipc_cache_create(d->dev, GPU_IPC_ENTRIES, GPU_IPC_BYTES, &d->ipc);
+    ote_mutex_unlock(&g->mu);
+    if (st == OTE_OK) *out = d;
+    return st;
+}
+
+ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote__ipc_desc_t *desc,
+                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
+                                     ote__gpu_ipc_op_t **op_out) {
+    int local_dev = OTE_MEM_IS_CUDA(local_kind);
+    if (atomic_load(&g->nparked) > 0) ote__gpu_reclaim_parked(g);
+    if (!ote__gpu_driver_present(g)) return OTE_ERR_NO_DEVICE;
+    if (desc->device < 0 || desc->device >= GPU_MAX_DEVICES || desc->offset > desc->size ||
+        len > desc->size - desc->offset || desc->base > UINT64_MAX - desc->size)
+        return OTE_ERR_PROTOCOL;
+    /* The copy runs on the local buffer's device, else on the exporter's (one host: the
+     * same ordinals). */
+    uint32_t kind = local_dev ? local_kind : OTE_MEM_CUDA + (uint32_t)desc->device;
+    gdev_t *d = NULL;
+    ote_status_t st = ipc_dev(g, kind, &d);
+    ote__gpu_ipc_op_t *op = st == OTE_OK ? ote_calloc(1, sizeof(*op)) : NULL;
+    if (st == OTE_OK && op == NULL) st = OTE_ERR_NOMEM;
+    ote_cuda_ipc_desc_t cd;
+    memset(&cd, 0, sizeof(cd));
+    memcpy(&cd.handle, desc->handle, sizeof(cd.handle));
+    cd.buffer_id = desc->buffer_id;
+    cd.base = desc->base;
+    cd.size = desc->size;
+    cd.device_ordinal = desc->device;
+    if (st == OTE_OK) st = ote_cuda_ipc_import(d->ipc, exporter, &cd, &op->map);
+    ote_cu_deviceptr_t remote = 0;
+    if (st == OTE_OK)
+        st = ote_cuda_ipc_mapping_translate(op->map, desc->base + desc->offset, len, &remote);
+    if (st == OTE_OK) st = ote__gpu_stream_get(g, d, &op->s);
+    if (st == OTE_OK) {
+        uint64_t l = (uintptr_t)local;
+        ote_cuda_copy_kind_t k = local_dev ? OTE_CUDA_COPY_DTOD
+                                 : write   ? OTE_CUDA_COPY_HTOD
+                                           : OTE_CUDA_COPY_DTOH;
+        st = ote_cuda_stream_copy(op->s, k, write ? remote : l, write ? l : remote, len);
+        if (st == OTE_OK) st = ote_cuda_stream_commit(op->s, NULL, NULL);
+        if (st != OTE_OK && ote_cuda_stream_state(op->s) != OTE_CUDA_STREAM_IDLE) {
+            ote__gpu_park_map(g, d, op->s, NULL, op->map); /* the copy may still run */
+            op->s = NULL;
+            op->map = NULL;
+        }
+    }
+    if (st == OTE_OK) {
+        op->d = d;
+        *op_out = op;
+        return OTE_OK;
+    }
+    OTE_WARN_LIMITED("gpu", "CUDA IPC copy of %u bytes (%s, buffer %llu of exporter %llu): %s", len,
+                     write ? "write" : "read", (unsigned long long)desc->buffer_id,
+                     (unsigned long long)exporter, ote_status_str(st));
+    atomic_fetch_add(&g->n_ipc_failed, 1);
+    if (op != NULL) {
+        if (op->s != NULL) ote__gpu_stream_put(g, d, op->s);
+        if (op->map != NULL) ote_cuda_ipc_mapping_put(d->ipc, op->map);
+        ote_free(op);
+    }
+    return st;
+}
+
+ote_status_t ote__gpu_ipc_copy_poll(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int give_up) {
+    ote_status_t st = ote_cuda_stream_poll(op->s);
+    if (st == OTE_ERR_AGAIN && !give_up) return OTE_ERR_AGAIN;
+    if (st == OTE_OK) {
+        ote_cuda_ipc_mapping_put(op->d->ipc, op->map);
+        ote__gpu_stream_put(g, op->d, op->s);
+        atomic_fetch_add(&g->n_ipc_ok, 1);
+    } else {
+        /* Pending past the deadline, or an unknown outcome (the stream is retained):
+         * the copy may still touch both ends. */
+        if (st == OTE_ERR_AGAIN) st = OTE_ERR_TIMEOUT;
+        OTE_WARN_LIMITED("gpu", "cuda:%d: CUDA IPC copy failed: %s",
+                         ote_cuda_device_ordinal(op->d->dev), ote_status_str(st));
+        ote__gpu_park_map(g, op->d, op->s, NULL, op->map);
+        atomic_fetch_add(&g->n_ipc_failed, 1);
+    }
+    ote_free(op);
+    return st;
+}
+
+void ote__gpu_ipc_revoked(ote__gpu_t *g, uint64_t exporter, uint64_t buffer_id) {
+    for (int i = 0; i < GPU_MAX_DEVICES; i++) {
+        ote_mutex_lock(&g->mu);
+        ote_cuda_ipc_cache_t *c = g->devs[i].ipc;
+        ote_mutex_unlock(&g->mu);
+        if (c != NULL) (void)ote_cuda_ipc_close_receipt(c, exporter, buffer_id);
+    }
+}
+
+void ote__gpu_ipc_exporter_dead(ote__gpu_t *g, uint64_t exporter) {
+    for (int i = 0; i < GPU_MAX_DEVICES; i++) {
+        ote_mutex_lock(&g->mu);
+        ote_cuda_ipc_cache_t *c = g->devs[i].ipc;
+        ote_mutex_unlock(&g->mu);
+        size_t n = c != NULL ? ote_cuda_ipc_exporter_dead(c, exporter) : 0;
+        if (n > 0)
+            OTE_INFO("gpu", "cuda:%d: %zu CUDA IPC import(s) of dead exporter %llu released", i, n,
+                     (unsigned long long)exporter);
+    }
+}
