@@ -151,8 +151,8 @@ void ote__gpu_stream_put(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s);
 /* Keep s (and chunk, and an IPC mapping, which its work may still touch) until the
  * driver proves the work complete; ote__gpu_reclaim_parked looks again. */
 void ote__gpu_park(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s, const ote_cuda_chunk_t *chunk);
-void ote__gpu_park_map(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s, const ote_cuda_chunk_t *chunk,
-                       ote_cuda_ipc_mapping_t *map);
+void ote__gpu_park_map(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s,
+                       const ote_cuda_chunk_t *chunk, ote_cuda_ipc_mapping_t *map);
 void ote__gpu_reclaim_parked(ote__gpu_t *g);
 
 /* ---- gpu_stage.c ---- */

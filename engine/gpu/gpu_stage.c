@@ -27,8 +27,8 @@
 /* One copy on *sp, waited for until dl. On a failure after which the device may still
  * touch the memory, the stream and the chunk are parked (*sp = NULL, *chunk_lost = 1). */
 ote_status_t ote__gpu_copy_wait(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t **sp,
-                              ote_cuda_copy_kind_t kind, uint64_t dst, uint64_t src, size_t len,
-                              const ote_cuda_chunk_t *chunk, ote_deadline_t dl, int *chunk_lost) {
+                                ote_cuda_copy_kind_t kind, uint64_t dst, uint64_t src, size_t len,
+                                const ote_cuda_chunk_t *chunk, ote_deadline_t dl, int *chunk_lost) {
     ote_cuda_stream_t *s = *sp;
     *chunk_lost = 0;
     ote_status_t st = ote_cuda_stream_copy(s, kind, dst, src, len);
@@ -97,7 +97,7 @@ ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *t, int to_devic
     int lost = 0;
     uint64_t h = (uintptr_t)t->buf;
     st = ote__gpu_copy_wait(g, d, &s, kind, to_device ? dev_addr : h, to_device ? h : dev_addr, len,
-                   t->has_chunk ? &t->chunk : NULL, dl, &lost);
+                            t->has_chunk ? &t->chunk : NULL, dl, &lost);
     if (lost) {
         /* Parked with the stream: the device may still touch the chunk. */
         t->has_chunk = 0;
@@ -155,8 +155,9 @@ static void job_slice_back(ote__gpu_t *g, job_t *j, uint32_t idx, ote_status_t s
         /* READ: the bytes are in the chunk; copy them to their place on the device. */
         if (j->stream == NULL) st = ote__gpu_stream_get(g, j->d, &j->stream);
         if (st == OTE_OK)
-            st = ote__gpu_copy_wait(g, j->d, &j->stream, OTE_CUDA_COPY_HTOD, j->dev[idx], (uintptr_t)c->ptr,
-                           j->slices[idx].len, c, j->slices[idx].deadline, &lost);
+            st = ote__gpu_copy_wait(g, j->d, &j->stream, OTE_CUDA_COPY_HTOD, j->dev[idx],
+                                    (uintptr_t)c->ptr, j->slices[idx].len, c,
+                                    j->slices[idx].deadline, &lost);
     }
     if (!lost) (void)ote_cuda_staging_release(j->d->pool, c);
     j->inflight--;
@@ -207,7 +208,7 @@ static int job_pump(ote__gpu_t *g, job_t *j) {
             if (j->stream == NULL) st = ote__gpu_stream_get(g, j->d, &j->stream);
             if (st == OTE_OK)
                 st = ote__gpu_copy_wait(g, j->d, &j->stream, OTE_CUDA_COPY_DTOH, (uintptr_t)c->ptr,
-                               j->dev[idx], s->len, c, s->deadline, &lost);
+                                        j->dev[idx], s->len, c, s->deadline, &lost);
         }
         j->next_idx++;
         if (st != OTE_OK) {

@@ -65,11 +65,14 @@
  *                     handshake (the peer's epoch: a restarted peer fails the segment),
  *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
  *                     of a lost peer's endpoints
- *   rdma_requester.c  the requester data path: the peer's slice queue, its pump and the
- *                     pump thread (slices that end kick it; they never pump themselves;
- *                     it alone builds requester QPs: a submitting thread never waits),
- *                     engine slices to grants on the picked device, GRANT_REQ, moves of
- *                     slices off a device that went down, notifications and deadlines
+ *   rdma_pump.c       the peers' slice queues: submit, cancel, the pump (a submitting
+ *                     thread's inline pump and the pump thread: slices that end kick it,
+ *                     they never pump themselves; it alone builds requester QPs, so a
+ *                     submitting thread never waits), the engine-wide limit of bytes in
+ *                     flight, expiry of queued slices waiting for a build
+ *   rdma_requester.c  the requester data path: a run of engine slices to a grant on the
+ *                     picked device, GRANT_REQ, QP builds, moves of slices off a device
+ *                     that went down, cache-miss retries, notifications and deadlines
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
@@ -455,14 +458,49 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
  * that have nothing queued or pumping (a reconnect gets fresh ones). */
 void ote__rdma_peers_evict_dead(rdma_tp_t *tp);
 
-/* ---- rdma_requester.c: the requester data path ------------------------------------- */
+/* ---- rdma_pump.c: the peers' slice queues and the pump ----------------------------- */
 
 void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list);
 void ote__rdma_cancel(ote__tpeer_t *p);
-uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p);
 /* The pump thread: started at creation, ended by tp->stop (after a kick). */
 void *ote__rdma_pumper_main(void *arg);
 void ote__rdma_pump_kick(rdma_tp_t *tp);
+/* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
+ * released. inline_: a submitting thread (never builds a QP). */
+void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_);
+/* Give back n bytes of the engine-wide count in flight (rdma_max_inflight); whether a
+ * peer waits for that room (then the caller kicks the pump thread, with no lock held). */
+int ote__rdma_all_sub(rdma_tp_t *tp, uint64_t n);
+/* Monitor (through ote__rdma_notes_expire): end the queued slices of peers waiting for a
+ * QP build whose deadline passed or whose request was canceled. */
+void ote__rdma_queue_expire(rdma_tp_t *tp);
+
+/* ---- rdma_requester.c: the requester data path ------------------------------------- */
+
+uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p);
+/* start_on's results: the run was consumed (started, or ended/moved by start_failed), or
+ * it waits for a QP build (nothing of it changed but its device's selector load given
+ * back: the pump puts it back at the head of the queue). */
+enum { OTE__RDMA_START_TAKEN = 0, OTE__RDMA_START_NEEDS_BUILD = 1 };
+/* Start a run (s and the slices linked by next) on device k, its window taken, as one
+ * grant; no lock held, pumping set. */
+int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_);
+/* End the run s (device k, or -1: never given one) with st, or move a READ to another
+ * device where that is safe. */
+void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t st);
+/* Build the QP of slot `slot` of device k's endpoint for capability cap (the pump
+ * thread only; bounded by connect_timeout_ms). */
+ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot);
+/* Under p->mu: put the run s back at the head of p's queue. */
+void ote__rdma_run_requeue(ote__tpeer_t *p, ote__slice_t *s);
+/* The source's account of a request whose slice s will not reach it any more. */
+void ote__rdma_slice_write_off(ote__tpeer_t *p, const ote__slice_t *s);
+/* Send the notification slice s (a NOTIFY frame; its ack or deadline ends it). */
+void ote__rdma_submit_notify(ote__tpeer_t *p, ote__slice_t *s);
+/* Whether a device other than k is active; a slice's transport scratch renewed for a
+ * run on another device (a new request id at the source). */
+int ote__rdma_other_active(const rdma_tp_t *tp, uint32_t k);
+void ote__rdma_slice_renew(ote__slice_t *s);
 /* Under p->mu: unlink and return the notification / grant id, if it still waits. */
 note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id);
 int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id);

@@ -1,16 +1,14 @@
 /*
- * engine/rdma/rdma_requester.c - the requester data path of the RDMA transport: an engine
- * slice becomes a grant. Pick the least-loaded slot of the (peer, capability) endpoint,
- * borrow its READY QP, find the local MR (or register a temporary one), and start a
- * grant whose GRANT_REQ this file sends; the grant layer posts the data and ends the
- * slice. A run that finds no READY QP is never started by waiting for one: it stays
- * queued, and the pump thread builds the QP (CONNECT round trip) and then starts it, so
- * a submitting thread never waits on QP construction; meanwhile the monitor ends the
- * queued slices whose deadline passes or whose request is canceled. A notification is
- * one NOTIFY frame whose NOTIFY_ACK (or its deadline, or the loss of the connection)
- * ends it. Runs on the submitting threads, the pump thread (and the monitor for
- * deadlines); touches the peer's queue, notes and grant ids under p->mu and the slice's
- * transport scratch.
+ * engine/rdma/rdma_requester.c - the requester data path of the RDMA transport: a run of
+ * engine slices (taken from the peer's queue by the pump, rdma_pump.c) becomes a grant.
+ * Pick the least-loaded slot of the (peer, capability) endpoint, borrow its READY QP, find
+ * the local MR (or register a temporary one), and start a grant whose GRANT_REQ this file
+ * sends; the grant layer posts the data and ends the slice. A run that finds no READY QP
+ * is never started by waiting for one: it goes back to the queue, and the pump thread
+ * builds the QP (CONNECT round trip, build_qp here) and then starts it. A notification is
+ * one NOTIFY frame whose NOTIFY_ACK (or its deadline, or the loss of the connection) ends
+ * it. Runs on the submitting threads, the pump thread (and the monitor for deadlines);
+ * touches the peer's notes and grant ids under p->mu and the slice's transport scratch.
  */
 #include <stdint.h>
 #include <string.h>
@@ -68,14 +66,10 @@ void ote__rdma_notes_end(note_t *list, ote_status_t st) {
     }
 }
 
-#define PUMP_EXPIRE_PEERS 64 /* peers whose queue the monitor ends slices of, per pass */
-
-static void queue_expire(rdma_tp_t *tp);
-
 /* Fail notifications whose NOTIFY_ACK did not come by their deadline (and, through
  * queue_expire, slices queued behind a QP build). */
 void ote__rdma_notes_expire(rdma_tp_t *tp) {
-    queue_expire(tp);
+    ote__rdma_queue_expire(tp);
     uint64_t now = ote_now_ns();
     note_t *expired = NULL;
     ote_mutex_lock(&tp->mu);
@@ -191,46 +185,8 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     return st;
 }
 
-/* The engine-wide count of bytes in flight (rdma_max_inflight). */
-static void all_add(rdma_tp_t *tp, uint64_t n) {
-    uint64_t now = atomic_fetch_add(&tp->inflight_all, n) + n;
-    uint64_t peak = atomic_load(&tp->inflight_peak);
-    while (now > peak && !atomic_compare_exchange_weak(&tp->inflight_peak, &peak, now)) {}
-}
-/* Give n back; whether a peer waits for that room (then the caller kicks the pump thread,
- * which pumps every peer whose queue holds slices). */
-static int all_sub(rdma_tp_t *tp, uint64_t n) {
-    atomic_fetch_sub(&tp->inflight_all, n);
-    return atomic_exchange(&tp->cap_wait, 0);
-}
-/* Whether a run of rlen bytes must wait for room under rdma_max_inflight. When it looks
- * so, the flag is raised and the count read again: all_sub clears the flag after its
- * subtraction, so an ending run either is seen by the second read or sees the flag (and
- * kicks). A lone run larger than the limit goes. */
-static int fits(rdma_tp_t *tp, uint64_t rlen, uint64_t cap) {
-    uint64_t all = atomic_load(&tp->inflight_all);
-    return all == 0 || all + rlen <= cap;
-}
-static int over_cap(rdma_tp_t *tp, uint64_t rlen) {
-    uint64_t cap = tp->cfg.rdma_max_inflight;
-    if (cap == 0 || fits(tp, rlen, cap)) return 0;
-    atomic_store(&tp->cap_wait, 1);
-    if (fits(tp, rlen, cap)) return 0;
-    atomic_fetch_add(&tp->cap_waits, 1);
-    return 1;
-}
-
-static void pump(ote__tpeer_t *p);
-
 /* Transport-made request ids of retried slices (the engine's are small counters). */
 static _Atomic uint64_t g_retry_uid;
-
-/* A READ slice whose device went down under it may run again on another device: READ
- * only (it writes nothing at the source, and its local bytes are written again), never a
- * WRITE (an ambiguous WRITE is not replayed), not canceled, once, before its deadline,
- * and only while another device is active. */
-static int other_active(const rdma_tp_t *tp, uint32_t k);
-static void slice_renew(ote__slice_t *s);
 
 /* A run whose GRANT_REQ met a cache miss (rdma_internal.h) goes back to the queue once:
  * the source refused the grant before binding anything and the grant posted nothing (it
@@ -244,12 +200,16 @@ static int miss_may_retry(const ote__slice_t *s, ote_status_t st) {
     return 1;
 }
 
+/* A READ slice whose device went down under it may run again on another device: READ
+ * only (it writes nothing at the source, and its local bytes are written again), never a
+ * WRITE (an ambiguous WRITE is not replayed), not canceled, once, before its deadline,
+ * and only while another device is active. */
 static int read_may_move(const rdma_tp_t *tp, const ote__slice_t *s, const rdma_nic_t *n,
                          ote_status_t st) {
     if (st == OTE_OK || s->op != OTE__SLICE_READ || s->xp.rdma.retries > 0) return 0;
     if (s->canceled != NULL && atomic_load(s->canceled)) return 0;
     if (ote_context_check(n->ctx) == OTE_OK || ote_deadline_expired(s->deadline)) return 0;
-    return other_active(tp, n->index);
+    return ote__rdma_other_active(tp, n->index);
 }
 
 /* The grant of a slice ended: deregister the slice's temporary MR (s->xp.rdma.mr, set
@@ -275,7 +235,7 @@ static void run_end(rdma_tp_t *tp, ote__slice_t *s, ote_status_t st) {
 }
 
 /* Put the run s..(its last) back at the head of p's queue, in order. Under p->mu. */
-static void run_requeue(ote__tpeer_t *p, ote__slice_t *s) {
+void ote__rdma_run_requeue(ote__tpeer_t *p, ote__slice_t *s) {
     ote__slice_t *last = s;
     while (last->next != NULL) last = last->next;
     last->next = p->q_head;
@@ -310,7 +270,7 @@ static void slice_grant_done(void *arg, ote_status_t st) {
                          "miss): rebuilt and retried once",
                          s->op == OTE__SLICE_WRITE ? "WRITE" : "READ", (unsigned long long)rlen);
         for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
-        slice_renew(s);
+        ote__rdma_slice_renew(s);
         again = 1;
     } else if (again) {
         /* Its own request to the source now: the request's account there already counted
@@ -319,14 +279,14 @@ static void slice_grant_done(void *arg, ote_status_t st) {
                          "READ run of %llu bytes lost with device %s (%s): moved to another device",
                          (unsigned long long)rlen, ote_context_name(n->ctx), ote_status_str(st));
         for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
-        slice_renew(s);
+        ote__rdma_slice_renew(s);
     }
     ote_mutex_lock(&p->mu);
     p->inflight[n->index] -= rlen;
-    if (again) run_requeue(p, s);
+    if (again) ote__rdma_run_requeue(p, s);
     int queued = p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
-    int waiters = all_sub(tp, rlen);
+    int waiters = ote__rdma_all_sub(tp, rlen);
     /* Never pump here: this may run under a CQ lane's poll lock, and starting a slice may
      * take another lane's. The pump thread starts what waits. */
     if (queued || waiters || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
@@ -348,7 +308,7 @@ static void slice_grant_abandoned(void *arg, uint32_t slot, uint32_t remote_qpn,
 /* A slice that ends before its grant was asked for: tell the source its bytes will never
  * be asked for, so that its account of the request (and the request's pin) can close.
  * Best effort: a lost WRITE_OFF leaves the account to the end of the connection. */
-static void slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
+void ote__rdma_slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
     if (s->req_uid == 0 || p->c == NULL || atomic_load(&p->c->dead)) return;
     uint64_t bytes = run_bytes(s); /* a run's slices share their request */
     ote_rp_msg_t wo;
@@ -362,7 +322,7 @@ static void slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
 
 /* A notification: one NOTIFY frame; its NOTIFY_ACK, its deadline or the loss of the
  * connection ends the slice, whichever takes the note first. */
-static void submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
+void ote__rdma_submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
     note_t *x = ote_calloc(1, sizeof(*x));
     if (x == NULL) {
         s->done(s, OTE_ERR_NOMEM);
@@ -417,7 +377,7 @@ static int slice_canceled(void *arg) {
     return s->canceled != NULL && atomic_load_explicit(s->canceled, memory_order_relaxed);
 }
 
-static int other_active(const rdma_tp_t *tp, uint32_t k) {
+int ote__rdma_other_active(const rdma_tp_t *tp, uint32_t k) {
     for (uint32_t i = 0; i < tp->nnics; i++)
         if (i != k && ote_selector_is_active(tp->sel, (int)i)) return 1;
     return 0;
@@ -426,7 +386,7 @@ static int other_active(const rdma_tp_t *tp, uint32_t k) {
 /* The run s (one slice, or contiguous slices of one request linked by next) runs again
  * as a request of its own (a fresh id; its extent the run): the bytes its request's
  * account at the source counted for it stay counted. */
-static void slice_renew(ote__slice_t *s) {
+void ote__rdma_slice_renew(ote__slice_t *s) {
     uint64_t uid = (1ull << 63) | atomic_fetch_add(&g_retry_uid, 1);
     uint64_t rlen = run_bytes(s), remote = s->remote;
     for (ote__slice_t *x = s; x != NULL; x = x->next) {
@@ -441,28 +401,28 @@ static void slice_renew(ote__slice_t *s) {
  * is active it goes back to the head of the queue, to be picked again by the pump that
  * called start_on; else the source is told its bytes will never be asked for, and it
  * ends with st. */
-static void start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t st) {
+void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_t st) {
     rdma_tp_t *tp = p->tp;
     if (k >= 0) {
         rdma_nic_t *n = &tp->nics[k];
         uint64_t rlen = run_bytes(s);
         ote_selector_done(tp->sel, k, rlen, 0);
-        int move = ote_context_check(n->ctx) != OTE_OK && other_active(tp, (uint32_t)k) &&
+        int move = ote_context_check(n->ctx) != OTE_OK && ote__rdma_other_active(tp, (uint32_t)k) &&
                    !(s->canceled != NULL && atomic_load(s->canceled)) &&
                    !ote_deadline_expired(s->deadline);
         if (move) {
             (void)ote_selector_set_active(tp->sel, k, 0); /* the monitor confirms it */
-            slice_write_off(p, s);
-            slice_renew(s);
+            ote__rdma_slice_write_off(p, s);
+            ote__rdma_slice_renew(s);
         }
         ote_mutex_lock(&p->mu);
         p->inflight[k] -= rlen;
-        if (move) run_requeue(p, s);
+        if (move) ote__rdma_run_requeue(p, s);
         ote_mutex_unlock(&p->mu);
-        if (all_sub(tp, rlen)) ote__rdma_pump_kick(tp);
+        if (ote__rdma_all_sub(tp, rlen)) ote__rdma_pump_kick(tp);
         if (move) return;
     }
-    slice_write_off(p, s);
+    ote__rdma_slice_write_off(p, s);
     run_end(NULL, s, st);
 }
 
@@ -505,17 +465,12 @@ static ote_status_t borrow_now(ote_endpoint_t *ep, int inline_, uint32_t *slot_o
     return OTE_ERR_NOT_FOUND;
 }
 
-/* start_on's results: the run was consumed (started, or ended/moved by start_failed), or
- * it waits for a QP build (nothing of it changed but its device's selector load given
- * back: the pump puts it back at the head of the queue). */
-enum { START_TAKEN = 0, START_NEEDS_BUILD = 1 };
-
 /* Start a run of READ or WRITE slices (s and those linked by next: contiguous, one
  * request) on device k (picked by pump, its window taken) as one grant: on success the
  * grant owns the QP borrow and ends the run's slices. Never waits for a QP: when the
- * endpoint has none READY, returns START_NEEDS_BUILD with the build asked of the pump
+ * endpoint has none READY, returns OTE__RDMA_START_NEEDS_BUILD with the build asked of the pump
  * thread. Called by the pump (pumping set), no lock held. */
-static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
+int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     rdma_tp_t *tp = p->tp;
     uint64_t rlen = run_bytes(s);
     ote_status_t st;
@@ -533,8 +488,8 @@ static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         p->build_failed = 0;
         st = p->build_st;
         ote_mutex_unlock(&p->mu);
-        start_failed(p, s, k, st);
-        return START_TAKEN;
+        ote__rdma_start_failed(p, s, k, st);
+        return OTE__RDMA_START_TAKEN;
     }
     ote_mutex_unlock(&p->mu);
     /* A QP that a port-down fenced while idle is still READY in its slot: retire it (the
@@ -549,7 +504,7 @@ static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
             ote_mutex_unlock(&p->mu);
             if (st != OTE_OK) {
                 ote_selector_done(tp->sel, k, rlen, 0);
-                return START_NEEDS_BUILD;
+                return OTE__RDMA_START_NEEDS_BUILD;
             }
             ote__rdma_pump_kick(tp); /* the background build */
         }
@@ -560,8 +515,8 @@ static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         ote_endpoint_return(ep, slot, qp);
         qp = NULL;
         if (tries >= ote_endpoint_width(ep)) {
-            start_failed(p, s, k, OTE_ERR_FENCED);
-            return START_TAKEN;
+            ote__rdma_start_failed(p, s, k, OTE_ERR_FENCED);
+            return OTE__RDMA_START_TAKEN;
         }
     }
     atomic_fetch_add(inline_ ? &tp->starts_inline : &tp->starts_pumped, 1);
@@ -572,8 +527,8 @@ static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         if (err != 0) {
             ote_endpoint_return(ep, slot, qp);
             OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
-            start_failed(p, s, k, ote_status_make(OTE_ERR_NATIVE, err));
-            return START_TAKEN;
+            ote__rdma_start_failed(p, s, k, ote_status_make(OTE_ERR_NATIVE, err));
+            return OTE__RDMA_START_TAKEN;
         }
         mr = tmp;
     }
@@ -616,15 +571,15 @@ static int start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         s->xp.rdma.conn = NULL;
         if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
             ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
-        start_failed(p, s, k, st);
+        ote__rdma_start_failed(p, s, k, st);
     }
-    return START_TAKEN;
+    return OTE__RDMA_START_TAKEN;
 }
 
 /* The pump thread's build of the QP p asked for (build_k, build_cap, build_slot),
  * bounded by connect_timeout_ms; the QP is given back READY for the runs that wait. No
  * lock held; p->pumping set. */
-static ote_status_t build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot) {
+ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot) {
     rdma_tp_t *tp = p->tp;
     ote_endpoint_t *ep = p->ep[k][cap];
     uint32_t pair = ((k % p->c->ndev) << 8) | k;
@@ -649,318 +604,8 @@ static ote_status_t build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t
  * or that finds no active device while none of this peer's slices is in flight (nothing
  * would pump again), ends without starting. One thread pumps at a time; a caller that
  * finds it busy asks it to go round again. No lock held on entry. */
-static void pump_locked(ote__tpeer_t *p, int inline_);
-
-/* A submitting thread's pump (inline): it starts what finds a READY QP and leaves the
- * rest queued for the pump thread, which it kicks. */
-static void pump(ote__tpeer_t *p) {
-    ote_mutex_lock(&p->mu);
-    if (p->pumping) {
-        p->pump_again = 1;
-        ote_mutex_unlock(&p->mu);
-        return;
-    }
-    p->pumping = 1;
-    pump_locked(p, 1);
-}
-
-/* b may join the run that ends with a: the same request and op, contiguous at both ends,
- * the same deadline and cancel flag. */
-static int run_joins(const ote__slice_t *a, const ote__slice_t *b) {
-    return b->req_uid != 0 && b->req_uid == a->req_uid && b->op == a->op &&
-           b->canceled == a->canceled && b->deadline == a->deadline &&
-           b->local == a->local + a->len && b->remote == a->remote + a->len &&
-           b->req_remote == a->req_remote && b->req_len == a->req_len;
-}
-
-/* The run of the queued slices from s that one grant covers: s and the slices after it
- * that join it, up to rdma_grant_max bytes and to the request's bytes divided among the
- * active devices (so one request still stripes over every NIC, with one grant on each);
- * the queue links them already. Returns the run's last slice, its bytes in *rlen. Under
- * p->mu. */
-static ote__slice_t *run_take(const rdma_tp_t *tp, ote__slice_t *s, uint64_t *rlen) {
-    uint64_t cap = tp->cfg.rdma_grant_max;
-    if (cap == 0 || cap > OTE_GRANT_MAX_LEN) cap = OTE_GRANT_MAX_LEN;
-    /* Never more than the engine-wide limit of bytes in flight (one slice at least). */
-    if (tp->cfg.rdma_max_inflight != 0 && tp->cfg.rdma_max_inflight < cap)
-        cap = tp->cfg.rdma_max_inflight;
-    uint32_t active = 0;
-    for (uint32_t i = 0; i < tp->nnics; i++)
-        if (ote_selector_is_active(tp->sel, (int)i)) active++;
-    if (active > 1 && s->req_len != 0) {
-        uint64_t share = (s->req_len + active - 1) / active;
-        share = (share + s->len - 1) / s->len * s->len; /* whole slices */
-        if (share < cap) cap = share;
-    }
-    ote__slice_t *last = s;
-    uint64_t n = s->len;
-    while (last->next != NULL && run_joins(last, last->next) && n + last->next->len <= cap) {
-        n += last->next->len;
-        last = last->next;
-    }
-    *rlen = n;
-    return last;
-}
-
-/* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
- * released. inline_: a submitting thread, which never builds a QP: a run that needs one
- * stays at the head of the queue and the pump thread (kicked) builds it and goes on;
- * the pump thread (inline_ 0) builds what is asked first, then starts runs. */
-static void pump_locked(ote__tpeer_t *p, int inline_) {
-    rdma_tp_t *tp = p->tp;
-    int handoff = 0; /* inline: a run waits for a build; the pump thread takes over */
-    int kick = 0;    /* room given back that another peer waits for (rdma_max_inflight) */
-    do {
-        p->pump_again = 0;
-        if (!inline_ && p->build_want) {
-            uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
-            int for_run = p->build_run;
-            p->build_want = 0;
-            p->build_run = 0;
-            ote_mutex_unlock(&p->mu);
-            ote_status_t bst = build_qp(p, bk, bc, bs);
-            ote_mutex_lock(&p->mu);
-            if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
-                p->build_failed = 1;
-                p->fail_k = bk;
-                p->fail_cap = bc;
-                p->build_st = bst;
-            }
-            if (!p->build_want) p->building = 0;
-        }
-        if (atomic_exchange(&p->purge, 0)) { /* a cancel: drop its queued slices first */
-            ote__slice_t *drop = NULL, **tail = &drop, **pp = &p->q_head;
-            p->q_tail = NULL;
-            while (*pp != NULL) {
-                ote__slice_t *x = *pp;
-                if (x->canceled != NULL && atomic_load(x->canceled)) {
-                    *pp = x->next;
-                    x->next = NULL;
-                    *tail = x;
-                    tail = &x->next;
-                } else {
-                    p->q_tail = x;
-                    pp = &x->next;
-                }
-            }
-            ote_mutex_unlock(&p->mu);
-            while (drop != NULL) {
-                ote__slice_t *x = drop;
-                drop = x->next;
-                x->next = NULL;
-                start_failed(p, x, -1, OTE_ERR_CANCELED);
-            }
-            ote_mutex_lock(&p->mu);
-        }
-        while (p->q_head != NULL) {
-            ote__slice_t *s = p->q_head, *last = s;
-            uint64_t rlen = s->len;
-            int k = -1;
-            ote_status_t st = OTE_OK;
-            if (s->canceled != NULL && atomic_load(s->canceled)) {
-                st = OTE_ERR_CANCELED;
-            } else if (ote_deadline_expired(s->deadline)) {
-                st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
-            } else if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
-                /* Lost, or between connections (a reconnect publishes its endpoints last;
-                 * a dead peer's were evicted). */
-                st = OTE_ERR_PEER_LOST;
-            } else {
-                last = run_take(tp, s, &rlen);
-                if (over_cap(tp, rlen)) break; /* an ending run kicks the pump thread */
-                uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW
-                                      ? tp->cfg.rdma_grant_max
-                                      : OTE__RDMA_NIC_WINDOW;
-                uint32_t mask = 0;
-                uint64_t busy = 0;
-                for (uint32_t i = 0; i < tp->nnics; i++) {
-                    busy += p->inflight[i];
-                    if (p->inflight[i] == 0 || p->inflight[i] + rlen <= window) mask |= 1u << i;
-                }
-                if (mask == 0) break; /* every window is full: an ending slice pumps again */
-                if (ote_selector_pick(tp->sel, s->mem_node, rlen, mask, &k) != OTE_OK) {
-                    k = -1;
-                    if (busy > 0) break;    /* no room on an active device yet */
-                    st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */
-                    last = s;               /* each slice ends on its own */
-                    rlen = s->len;
-                }
-            }
-            p->q_head = last->next;
-            if (p->q_head == NULL) p->q_tail = NULL;
-            last->next = NULL;
-            if (k >= 0) {
-                p->inflight[k] += rlen;
-                all_add(tp, rlen);
-            }
-            ote_mutex_unlock(&p->mu);
-            int r = START_TAKEN;
-            if (k >= 0) r = start_on(p, s, k, inline_);
-            else start_failed(p, s, -1, st);
-            ote_mutex_lock(&p->mu);
-            if (r == START_NEEDS_BUILD) { /* back at the head, its window given back */
-                p->inflight[k] -= rlen;
-                kick |= all_sub(tp, rlen); /* other peers waiting for room: kicked below */
-                run_requeue(p, s);
-                if (inline_) handoff = 1;
-                else p->pump_again = 1; /* build it, then go on */
-                break;
-            }
-        }
-        /* A failed build's status is for the run that waited for it: that run took it
-         * above, or ended meanwhile (deadline, cancel); nothing older lingers. */
-        if (!inline_ && !p->build_want) p->build_failed = 0;
-    } while (!handoff && p->pump_again);
-    if (handoff) p->pump_again = 0;
-    p->pumping = 0;
-    ote_cond_broadcast(&p->cv);
-    ote_mutex_unlock(&p->mu);
-    if (handoff || kick) ote__rdma_pump_kick(tp);
-}
-
-/* Monitor: while a peer waits for a QP build (the pump thread may be inside a slow
- * create or connect), end its queued slices whose deadline passed (TIMEOUT: never
- * started) or whose request was canceled (CANCELED), as the pump would. The source is
- * told first for all of them (write-off), then each ends: nothing here touches p after
- * the first done(). */
-static void queue_expire(rdma_tp_t *tp) {
-    ote__slice_t *dead = NULL, **tail = &dead;
-    ote__tpeer_t *owner[PUMP_EXPIRE_PEERS];
-    ote__slice_t *lists[PUMP_EXPIRE_PEERS];
-    size_t np = 0;
-    ote_mutex_lock(&tp->mu);
-    for (ote__tpeer_t *p = tp->peers; p != NULL && np < PUMP_EXPIRE_PEERS; p = p->tp_next) {
-        ote_mutex_lock(&p->mu);
-        if (!p->building || p->q_head == NULL) {
-            ote_mutex_unlock(&p->mu);
-            continue;
-        }
-        dead = NULL;
-        tail = &dead;
-        ote__slice_t **pp = &p->q_head;
-        p->q_tail = NULL;
-        while (*pp != NULL) {
-            ote__slice_t *x = *pp;
-            if ((x->canceled != NULL && atomic_load(x->canceled)) ||
-                ote_deadline_expired(x->deadline)) {
-                *pp = x->next;
-                x->next = NULL;
-                *tail = x;
-                tail = &x->next;
-            } else {
-                p->q_tail = x;
-                pp = &x->next;
-            }
-        }
-        ote_mutex_unlock(&p->mu);
-        if (dead != NULL) {
-            owner[np] = p;
-            lists[np++] = dead;
-        }
-    }
-    ote_mutex_unlock(&tp->mu);
-    /* The peers stay open while these slices are outstanding (the engine closes a peer
-     * only when none of its slices is). */
-    for (size_t i = 0; i < np; i++)
-        for (ote__slice_t *x = lists[i]; x != NULL; x = x->next) slice_write_off(owner[i], x);
-    for (size_t i = 0; i < np; i++) {
-        ote__slice_t *x = lists[i];
-        while (x != NULL) {
-            ote__slice_t *nx = x->next;
-            x->next = NULL;
-            int canceled = x->canceled != NULL && atomic_load(x->canceled);
-            OTE_WARN_LIMITED("rdma", "slice to %s waited for a QP build past its %s: ended",
-                             owner[i]->name, canceled ? "cancel" : "deadline");
-            x->done(x, canceled ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT);
-            x = nx;
-        }
-    }
-}
-
-/* Notifications go out at once; READ/WRITE slices join the peer's queue, which the pump
- * starts as the devices' windows allow. */
-void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
-    int queued = 0;
-    while (list != NULL) {
-        ote__slice_t *s = list;
-        list = s->next;
-        s->next = NULL;
-        if (s->canceled != NULL && atomic_load(s->canceled)) {
-            if (s->op != OTE__SLICE_NOTIFY) slice_write_off(p, s);
-            s->done(s, OTE_ERR_CANCELED);
-        } else if (s->op == OTE__SLICE_NOTIFY) {
-            submit_notify(p, s);
-        } else {
-            s->xp.rdma.retries = 0;
-            ote_mutex_lock(&p->mu);
-            if (p->q_tail != NULL) p->q_tail->next = s;
-            else p->q_head = s;
-            p->q_tail = s;
-            ote_mutex_unlock(&p->mu);
-            queued = 1;
-        }
-    }
-    if (queued) pump(p);
-}
-
-/* Queued slices of canceled requests end (CANCELED, never started, their bytes written
- * off at the source) at the pump thread's next round, which this kick brings at once;
- * started ones end through their grants, which post none of their unposted slices, let
- * what is posted complete and invalidate the window by the usual receipt (the source
- * releases it at once); a grant not answered yet posts nothing once answered. So a
- * canceled request ends CANCELED only once nothing of it can still move. Called with no
- * engine lock held; ends nothing itself. */
-void ote__rdma_cancel(ote__tpeer_t *p) {
-    atomic_store(&p->purge, 1);
-    ote__rdma_pump_kick(p->tp);
-}
 
 uint32_t ote__rdma_peer_max_slice(ote__tpeer_t *p) {
     (void)p;
     return 64u << 20;
-}
-
-void ote__rdma_pump_kick(rdma_tp_t *tp) {
-    ote_mutex_lock(&tp->mu);
-    tp->pump_kick = 1;
-    ote_cond_signal(&tp->pump_cv);
-    ote_mutex_unlock(&tp->mu);
-}
-
-#define PUMP_BATCH 64
-
-/* Pumps every peer whose queue holds slices (or has a cancel to apply) when kicked, and
- * every 10 ms in case a kick raced with a peer's pump. A peer is taken (pumping set)
- * under tp->mu while it is in tp->peers; peer_close unlinks it first and then waits
- * for its pump to end, so it is never freed under this thread. */
-void *ote__rdma_pumper_main(void *arg) {
-    rdma_tp_t *tp = arg;
-    ote_mutex_lock(&tp->mu);
-    while (!atomic_load(&tp->stop)) {
-        if (!tp->pump_kick)
-            (void)ote_cond_wait(&tp->pump_cv, &tp->mu, ote_deadline_after(10 * OTE_NSEC_PER_MSEC));
-        tp->pump_kick = 0;
-        ote__tpeer_t *take[PUMP_BATCH];
-        size_t n = 0;
-        for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
-            ote_mutex_lock(&p->mu);
-            if ((p->q_head != NULL || atomic_load(&p->purge) || p->build_want) && !p->pumping) {
-                if (n < PUMP_BATCH) {
-                    p->pumping = 1;
-                    take[n++] = p;
-                } else {
-                    tp->pump_kick = 1; /* the rest next round */
-                }
-            }
-            ote_mutex_unlock(&p->mu);
-        }
-        ote_mutex_unlock(&tp->mu);
-        for (size_t i = 0; i < n; i++) {
-            ote_mutex_lock(&take[i]->mu);
-            pump_locked(take[i], 0);
-        }
-        ote_mutex_lock(&tp->mu);
-    }
-    ote_mutex_unlock(&tp->mu);
-    return NULL;
 }

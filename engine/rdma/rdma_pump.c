@@ -1,0 +1,362 @@
+/*
+ * engine/rdma/rdma_pump.c - the requester's slice queues: what ote_batch_submit hands the
+ * RDMA transport waits in its peer's queue, and the pump starts it a run at a time (the
+ * contiguous slices of one request, up to rdma_grant_max, on the device the selector
+ * picks) as each device's window and the engine-wide rdma_max_inflight allow. A
+ * submitting thread pumps inline and starts only runs that find a READY QP; the pump
+ * thread builds QPs and starts the rest. The monitor ends queued slices of peers waiting
+ * for a build at their deadline or cancel. Lock order: tp->mu, then p->mu; nothing is
+ * sent, built or ended under either.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/rdma/rdma_internal.h"
+
+#define PUMP_EXPIRE_PEERS 64 /* peers whose queue the monitor ends slices of, per pass */
+
+static void pump(ote__tpeer_t *p);
+
+/* The engine-wide count of bytes in flight (rdma_max_inflight). */
+static void all_add(rdma_tp_t *tp, uint64_t n) {
+    uint64_t now = atomic_fetch_add(&tp->inflight_all, n) + n;
+    uint64_t peak = atomic_load(&tp->inflight_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&tp->inflight_peak, &peak, now)) {}
+}
+
+/* Give n back; whether a peer waits for that room (then the caller kicks the pump thread,
+ * which pumps every peer whose queue holds slices). */
+int ote__rdma_all_sub(rdma_tp_t *tp, uint64_t n) {
+    atomic_fetch_sub(&tp->inflight_all, n);
+    return atomic_exchange(&tp->cap_wait, 0);
+}
+
+/* Whether a run of rlen bytes must wait for room under rdma_max_inflight. When it looks
+ * so, the flag is raised and the count read again: all_sub clears the flag after its
+ * subtraction, so an ending run either is seen by the second read or sees the flag (and
+ * kicks). A lone run larger than the limit goes. */
+static int fits(rdma_tp_t *tp, uint64_t rlen, uint64_t cap) {
+    uint64_t all = atomic_load(&tp->inflight_all);
+    return all == 0 || all + rlen <= cap;
+}
+
+static int over_cap(rdma_tp_t *tp, uint64_t rlen) {
+    uint64_t cap = tp->cfg.rdma_max_inflight;
+    if (cap == 0 || fits(tp, rlen, cap)) return 0;
+    atomic_store(&tp->cap_wait, 1);
+    if (fits(tp, rlen, cap)) return 0;
+    atomic_fetch_add(&tp->cap_waits, 1);
+    return 1;
+}
+
+
+/* A submitting thread's pump (inline): it starts what finds a READY QP and leaves the
+ * rest queued for the pump thread, which it kicks. */
+static void pump(ote__tpeer_t *p) {
+    ote_mutex_lock(&p->mu);
+    if (p->pumping) {
+        p->pump_again = 1;
+        ote_mutex_unlock(&p->mu);
+        return;
+    }
+    p->pumping = 1;
+    ote__rdma_pump_locked(p, 1);
+}
+
+/* b may join the run that ends with a: the same request and op, contiguous at both ends,
+ * the same deadline and cancel flag. */
+static int run_joins(const ote__slice_t *a, const ote__slice_t *b) {
+    return b->req_uid != 0 && b->req_uid == a->req_uid && b->op == a->op &&
+           b->canceled == a->canceled && b->deadline == a->deadline &&
+           b->local == a->local + a->len && b->remote == a->remote + a->len &&
+           b->req_remote == a->req_remote && b->req_len == a->req_len;
+}
+
+/* The run of the queued slices from s that one grant covers: s and the slices after it
+ * that join it, up to rdma_grant_max bytes and to the request's bytes divided among the
+ * active devices (so one request still stripes over every NIC, with one grant on each);
+ * the queue links them already. Returns the run's last slice, its bytes in *rlen. Under
+ * p->mu. */
+static ote__slice_t *run_take(const rdma_tp_t *tp, ote__slice_t *s, uint64_t *rlen) {
+    uint64_t cap = tp->cfg.rdma_grant_max;
+    if (cap == 0 || cap > OTE_GRANT_MAX_LEN) cap = OTE_GRANT_MAX_LEN;
+    /* Never more than the engine-wide limit of bytes in flight (one slice at least). */
+    if (tp->cfg.rdma_max_inflight != 0 && tp->cfg.rdma_max_inflight < cap)
+        cap = tp->cfg.rdma_max_inflight;
+    uint32_t active = 0;
+    for (uint32_t i = 0; i < tp->nnics; i++)
+        if (ote_selector_is_active(tp->sel, (int)i)) active++;
+    if (active > 1 && s->req_len != 0) {
+        uint64_t share = (s->req_len + active - 1) / active;
+        share = (share + s->len - 1) / s->len * s->len; /* whole slices */
+        if (share < cap) cap = share;
+    }
+    ote__slice_t *last = s;
+    uint64_t n = s->len;
+    while (last->next != NULL && run_joins(last, last->next) && n + last->next->len <= cap) {
+        n += last->next->len;
+        last = last->next;
+    }
+    *rlen = n;
+    return last;
+}
+
+/* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
+ * released. inline_: a submitting thread, which never builds a QP: a run that needs one
+ * stays at the head of the queue and the pump thread (kicked) builds it and goes on;
+ * the pump thread (inline_ 0) builds what is asked first, then starts runs. */
+void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
+    rdma_tp_t *tp = p->tp;
+    int handoff = 0; /* inline: a run waits for a build; the pump thread takes over */
+    int kick = 0;    /* room given back that another peer waits for (rdma_max_inflight) */
+    do {
+        p->pump_again = 0;
+        if (!inline_ && p->build_want) {
+            uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
+            int for_run = p->build_run;
+            p->build_want = 0;
+            p->build_run = 0;
+            ote_mutex_unlock(&p->mu);
+            ote_status_t bst = ote__rdma_build_qp(p, bk, bc, bs);
+            ote_mutex_lock(&p->mu);
+            if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
+                p->build_failed = 1;
+                p->fail_k = bk;
+                p->fail_cap = bc;
+                p->build_st = bst;
+            }
+            if (!p->build_want) p->building = 0;
+        }
+        if (atomic_exchange(&p->purge, 0)) { /* a cancel: drop its queued slices first */
+            ote__slice_t *drop = NULL, **tail = &drop, **pp = &p->q_head;
+            p->q_tail = NULL;
+            while (*pp != NULL) {
+                ote__slice_t *x = *pp;
+                if (x->canceled != NULL && atomic_load(x->canceled)) {
+                    *pp = x->next;
+                    x->next = NULL;
+                    *tail = x;
+                    tail = &x->next;
+                } else {
+                    p->q_tail = x;
+                    pp = &x->next;
+                }
+            }
+            ote_mutex_unlock(&p->mu);
+            while (drop != NULL) {
+                ote__slice_t *x = drop;
+                drop = x->next;
+                x->next = NULL;
+                ote__rdma_start_failed(p, x, -1, OTE_ERR_CANCELED);
+            }
+            ote_mutex_lock(&p->mu);
+        }
+        while (p->q_head != NULL) {
+            ote__slice_t *s = p->q_head, *last = s;
+            uint64_t rlen = s->len;
+            int k = -1;
+            ote_status_t st = OTE_OK;
+            if (s->canceled != NULL && atomic_load(s->canceled)) {
+                st = OTE_ERR_CANCELED;
+            } else if (ote_deadline_expired(s->deadline)) {
+                st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
+            } else if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
+                /* Lost, or between connections (a reconnect publishes its endpoints last;
+                 * a dead peer's were evicted). */
+                st = OTE_ERR_PEER_LOST;
+            } else {
+                last = run_take(tp, s, &rlen);
+                if (over_cap(tp, rlen)) break; /* an ending run kicks the pump thread */
+                uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW
+                                      ? tp->cfg.rdma_grant_max
+                                      : OTE__RDMA_NIC_WINDOW;
+                uint32_t mask = 0;
+                uint64_t busy = 0;
+                for (uint32_t i = 0; i < tp->nnics; i++) {
+                    busy += p->inflight[i];
+                    if (p->inflight[i] == 0 || p->inflight[i] + rlen <= window) mask |= 1u << i;
+                }
+                if (mask == 0) break; /* every window is full: an ending slice pumps again */
+                if (ote_selector_pick(tp->sel, s->mem_node, rlen, mask, &k) != OTE_OK) {
+                    k = -1;
+                    if (busy > 0) break;    /* no room on an active device yet */
+                    st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */
+                    last = s;               /* each slice ends on its own */
+                    rlen = s->len;
+                }
+            }
+            p->q_head = last->next;
+            if (p->q_head == NULL) p->q_tail = NULL;
+            last->next = NULL;
+            if (k >= 0) {
+                p->inflight[k] += rlen;
+                all_add(tp, rlen);
+            }
+            ote_mutex_unlock(&p->mu);
+            int r = OTE__RDMA_START_TAKEN;
+            if (k >= 0) r = ote__rdma_start_on(p, s, k, inline_);
+            else ote__rdma_start_failed(p, s, -1, st);
+            ote_mutex_lock(&p->mu);
+            if (r == OTE__RDMA_START_NEEDS_BUILD) { /* back at the head, its window given back */
+                p->inflight[k] -= rlen;
+                kick |= ote__rdma_all_sub(tp, rlen); /* other peers waiting for room: kicked below */
+                ote__rdma_run_requeue(p, s);
+                if (inline_) handoff = 1;
+                else p->pump_again = 1; /* build it, then go on */
+                break;
+            }
+        }
+        /* A failed build's status is for the run that waited for it: that run took it
+         * above, or ended meanwhile (deadline, cancel); nothing older lingers. */
+        if (!inline_ && !p->build_want) p->build_failed = 0;
+    } while (!handoff && p->pump_again);
+    if (handoff) p->pump_again = 0;
+    p->pumping = 0;
+    ote_cond_broadcast(&p->cv);
+    ote_mutex_unlock(&p->mu);
+    if (handoff || kick) ote__rdma_pump_kick(tp);
+}
+
+/* Monitor: while a peer waits for a QP build (the pump thread may be inside a slow
+ * create or connect), end its queued slices whose deadline passed (TIMEOUT: never
+ * started) or whose request was canceled (CANCELED), as the pump would. The source is
+ * told first for all of them (write-off), then each ends: nothing here touches p after
+ * the first done(). */
+void ote__rdma_queue_expire(rdma_tp_t *tp) {
+    ote__slice_t *dead = NULL, **tail = &dead;
+    ote__tpeer_t *owner[PUMP_EXPIRE_PEERS];
+    ote__slice_t *lists[PUMP_EXPIRE_PEERS];
+    size_t np = 0;
+    ote_mutex_lock(&tp->mu);
+    for (ote__tpeer_t *p = tp->peers; p != NULL && np < PUMP_EXPIRE_PEERS; p = p->tp_next) {
+        ote_mutex_lock(&p->mu);
+        if (!p->building || p->q_head == NULL) {
+            ote_mutex_unlock(&p->mu);
+            continue;
+        }
+        dead = NULL;
+        tail = &dead;
+        ote__slice_t **pp = &p->q_head;
+        p->q_tail = NULL;
+        while (*pp != NULL) {
+            ote__slice_t *x = *pp;
+            if ((x->canceled != NULL && atomic_load(x->canceled)) ||
+                ote_deadline_expired(x->deadline)) {
+                *pp = x->next;
+                x->next = NULL;
+                *tail = x;
+                tail = &x->next;
+            } else {
+                p->q_tail = x;
+                pp = &x->next;
+            }
+        }
+        ote_mutex_unlock(&p->mu);
+        if (dead != NULL) {
+            owner[np] = p;
+            lists[np++] = dead;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
+    /* The peers stay open while these slices are outstanding (the engine closes a peer
+     * only when none of its slices is). */
+    for (size_t i = 0; i < np; i++)
+        for (ote__slice_t *x = lists[i]; x != NULL; x = x->next) ote__rdma_slice_write_off(owner[i], x);
+    for (size_t i = 0; i < np; i++) {
+        ote__slice_t *x = lists[i];
+        while (x != NULL) {
+            ote__slice_t *nx = x->next;
+            x->next = NULL;
+            int canceled = x->canceled != NULL && atomic_load(x->canceled);
+            OTE_WARN_LIMITED("rdma", "slice to %s waited for a QP build past its %s: ended",
+                             owner[i]->name, canceled ? "cancel" : "deadline");
+            x->done(x, canceled ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT);
+            x = nx;
+        }
+    }
+}
+
+/* Notifications go out at once; READ/WRITE slices join the peer's queue, which the pump
+ * starts as the devices' windows allow. */
+void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
+    int queued = 0;
+    while (list != NULL) {
+        ote__slice_t *s = list;
+        list = s->next;
+        s->next = NULL;
+        if (s->canceled != NULL && atomic_load(s->canceled)) {
+            if (s->op != OTE__SLICE_NOTIFY) ote__rdma_slice_write_off(p, s);
+            s->done(s, OTE_ERR_CANCELED);
+        } else if (s->op == OTE__SLICE_NOTIFY) {
+            ote__rdma_submit_notify(p, s);
+        } else {
+            s->xp.rdma.retries = 0;
+            ote_mutex_lock(&p->mu);
+            if (p->q_tail != NULL) p->q_tail->next = s;
+            else p->q_head = s;
+            p->q_tail = s;
+            ote_mutex_unlock(&p->mu);
+            queued = 1;
+        }
+    }
+    if (queued) pump(p);
+}
+
+/* Queued slices of canceled requests end (CANCELED, never started, their bytes written
+ * off at the source) at the pump thread's next round, which this kick brings at once;
+ * started ones end through their grants, which post none of their unposted slices, let
+ * what is posted complete and invalidate the window by the usual receipt (the source
+ * releases it at once); a grant not answered yet posts nothing once answered. So a
+ * canceled request ends CANCELED only once nothing of it can still move. Called with no
+ * engine lock held; ends nothing itself. */
+void ote__rdma_cancel(ote__tpeer_t *p) {
+    atomic_store(&p->purge, 1);
+    ote__rdma_pump_kick(p->tp);
+}
+
+void ote__rdma_pump_kick(rdma_tp_t *tp) {
+    ote_mutex_lock(&tp->mu);
+    tp->pump_kick = 1;
+    ote_cond_signal(&tp->pump_cv);
+    ote_mutex_unlock(&tp->mu);
+}
+
+#define PUMP_BATCH 64
+
+/* Pumps every peer whose queue holds slices (or has a cancel to apply) when kicked, and
+ * every 10 ms in case a kick raced with a peer's pump. A peer is taken (pumping set)
+ * under tp->mu while it is in tp->peers; peer_close unlinks it first and then waits
+ * for its pump to end, so it is never freed under this thread. */
+void *ote__rdma_pumper_main(void *arg) {
+    rdma_tp_t *tp = arg;
+    ote_mutex_lock(&tp->mu);
+    while (!atomic_load(&tp->stop)) {
+        if (!tp->pump_kick)
+            (void)ote_cond_wait(&tp->pump_cv, &tp->mu, ote_deadline_after(10 * OTE_NSEC_PER_MSEC));
+        tp->pump_kick = 0;
+        ote__tpeer_t *take[PUMP_BATCH];
+        size_t n = 0;
+        for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
+            ote_mutex_lock(&p->mu);
+            if ((p->q_head != NULL || atomic_load(&p->purge) || p->build_want) && !p->pumping) {
+                if (n < PUMP_BATCH) {
+                    p->pumping = 1;
+                    take[n++] = p;
+                } else {
+                    tp->pump_kick = 1; /* the rest next round */
+                }
+            }
+            ote_mutex_unlock(&p->mu);
+        }
+        ote_mutex_unlock(&tp->mu);
+        for (size_t i = 0; i < n; i++) {
+            ote_mutex_lock(&take[i]->mu);
+            ote__rdma_pump_locked(take[i], 0);
+        }
+        ote_mutex_lock(&tp->mu);
+    }
+    ote_mutex_unlock(&tp->mu);
+    return NULL;
+}
