@@ -51,7 +51,6 @@ static int over_cap(rdma_tp_t *tp, uint64_t rlen) {
     return 1;
 }
 
-
 /* A submitting thread's pump (inline): it starts what finds a READY QP and leaves the
  * rest queued for the pump thread, which it kicks. */
 static void pump(ote__tpeer_t *p) {
@@ -201,7 +200,8 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             ote_mutex_lock(&p->mu);
             if (r == OTE__RDMA_START_NEEDS_BUILD) { /* back at the head, its window given back */
                 p->inflight[k] -= rlen;
-                kick |= ote__rdma_all_sub(tp, rlen); /* other peers waiting for room: kicked below */
+                kick |=
+                    ote__rdma_all_sub(tp, rlen); /* other peers waiting for room: kicked below */
                 ote__rdma_run_requeue(p, s);
                 if (inline_) handoff = 1;
                 else p->pump_again = 1; /* build it, then go on */
@@ -263,7 +263,8 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
     /* The peers stay open while these slices are outstanding (the engine closes a peer
      * only when none of its slices is). */
     for (size_t i = 0; i < np; i++)
-        for (ote__slice_t *x = lists[i]; x != NULL; x = x->next) ote__rdma_slice_write_off(owner[i], x);
+        for (ote__slice_t *x = lists[i]; x != NULL; x = x->next)
+            ote__rdma_slice_write_off(owner[i], x);
     for (size_t i = 0; i < np; i++) {
         ote__slice_t *x = lists[i];
         while (x != NULL) {
