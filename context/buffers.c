@@ -106,8 +106,10 @@ static int overlaps_exact(const ote_buffer_t *b, const void *addr, size_t len) {
     return b->addr == addr && b->len == len;
 }
 
-ote_status_t ote_buffer_register(ote_buffer_manager_t *bm, void *addr, size_t len, int access,
-                                 ote_buffer_t **buf_out) {
+/* dmabuf_fd < 0: ibv_reg_mr of addr; else ibv_reg_dmabuf_mr of [dmabuf_off, +len) of
+ * the dma-buf with iova addr. */
+static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t len, int access,
+                                    int dmabuf_fd, uint64_t dmabuf_off, ote_buffer_t **buf_out) {
     if (bm == NULL || addr == NULL || len == 0 || buf_out == NULL) return OTE_ERR_INVALID;
     ote_status_t st;
     if (ote_fault_hit("context.buffer_register", &st)) return st;
@@ -137,12 +139,16 @@ ote_status_t ote_buffer_register(ote_buffer_manager_t *bm, void *addr, size_t le
         if (ote_context_state(ctx) == OTE_CONTEXT_FATAL) continue; /* not usable */
         ote_verbs_t *v = ote_context_verbs(ctx);
         struct ibv_mr *mr = NULL;
-        int err = v->ops->reg_mr(v, ote_context_pd(ctx), addr, len, access, &mr);
+        int err = dmabuf_fd < 0
+                      ? v->ops->reg_mr(v, ote_context_pd(ctx), addr, len, access, &mr)
+                      : v->ops->reg_dmabuf_mr(v, ote_context_pd(ctx), dmabuf_off, len,
+                                              (uint64_t)(uintptr_t)addr, dmabuf_fd, access, &mr);
         if (err != 0) {
             OTE_ERROR("context",
-                      "device %s: reg_mr(%p, %zu bytes, access 0x%x) failed: errno %d; "
+                      "device %s: %s(%p, %zu bytes, access 0x%x) failed: errno %d; "
                       "rolling back %zu MR(s) of this registration",
-                      ote_context_name(ctx), addr, len, (unsigned)access, err, buf->nmr);
+                      ote_context_name(ctx), dmabuf_fd < 0 ? "reg_mr" : "reg_dmabuf_mr", addr, len,
+                      (unsigned)access, err, buf->nmr);
             st = ote_status_make(OTE_ERR_NATIVE, err);
             break;
         }
@@ -189,6 +195,18 @@ ote_status_t ote_buffer_register(ote_buffer_manager_t *bm, void *addr, size_t le
     ote_free(buf->mrs);
     ote_free(buf);
     return st;
+}
+
+ote_status_t ote_buffer_register(ote_buffer_manager_t *bm, void *addr, size_t len, int access,
+                                 ote_buffer_t **buf_out) {
+    return buffer_register(bm, addr, len, access, -1, 0, buf_out);
+}
+
+ote_status_t ote_buffer_register_dmabuf(ote_buffer_manager_t *bm, void *addr, size_t len,
+                                        int access, int fd, uint64_t offset,
+                                        ote_buffer_t **buf_out) {
+    if (fd < 0) return OTE_ERR_INVALID;
+    return buffer_register(bm, addr, len, access, fd, offset, buf_out);
 }
 
 ote_status_t ote_buffer_deregister(ote_buffer_manager_t *bm, ote_buffer_t *buf) {

@@ -43,6 +43,17 @@ ote_status_t ote_buffer_manager_destroy(ote_buffer_manager_t *bm);
 ote_status_t ote_buffer_register(ote_buffer_manager_t *bm, void *addr, size_t len, int access,
                                  ote_buffer_t **buf_out);
 /**
+ * ote_buffer_register_dmabuf() - the same for memory the process may not address (GPU
+ * memory, GPUDirect RDMA): in every usable context an MR of bytes [offset, offset+len)
+ * of the dma-buf fd (ibv_reg_dmabuf_mr), addressed by work requests and looked up at
+ * [addr, addr+len) (its iova). The fd stays the caller's: an MR holds its own reference
+ * on the dma-buf, so the caller may close the fd once this returns. offset and addr
+ * must have the same offset in their page (the kernel's rule).
+ */
+ote_status_t ote_buffer_register_dmabuf(ote_buffer_manager_t *bm, void *addr, size_t len,
+                                        int access, int fd, uint64_t offset,
+                                        ote_buffer_t **buf_out);
+/**
  * ote_buffer_deregister() - deregister every MR of @buf. OTE_OK frees @buf.
  * OTE_ERR_RETAINED: some MR could not be deregistered; @buf stays valid (retiring),
  * call again to retry. The backing memory must stay valid until OTE_OK.

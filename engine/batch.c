@@ -124,6 +124,7 @@ typedef struct {
     uint32_t ns;
     uint32_t kind; /* memory kind of the local buffer (ote_mem_kind_t) */
     int ipc;       /* device memory tried through CUDA IPC first (not staged up front) */
+    int direct;    /* planning: the local buffer's registration has dma-buf MRs */
 } req_plan_t;
 
 /* The slice geometry of a `length`-byte request to seg. A slice is at most half the
@@ -203,12 +204,13 @@ static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size
     if (locked) pthread_rwlock_rdlock(&e->reg_lk);
     const ote__reg_t *near = NULL;
     for (size_t i = 0; i < n; i++) {
-        plans[i] = (req_plan_t){NULL, 0, 1, KIND_UNKNOWN, 0};
+        plans[i] = (req_plan_t){NULL, 0, 1, KIND_UNKNOWN, 0, 0};
         if (!locked || reqs[i].length == 0) continue;
         const ote__reg_t *r =
             ote__reg_covering_near(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, near);
         if (r != NULL) {
             plans[i].kind = r->kind;
+            plans[i].direct = r->direct;
             near = r;
         }
     }
@@ -229,6 +231,13 @@ static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size
          * ipc): the source decides per piece, and a piece it declines is staged. Otherwise
          * device memory needs a GPU path that gpu_paths allows, else the submit fails here. */
         const ote__transport_ops_t *ops = reqs[i].segment->tp->ops;
+        /* GPUDirect RDMA: a local device buffer inside a registration with dma-buf MRs, on
+         * a segment of the transport that holds them, moves as it is (the transport finds
+         * its MR like a host one): nothing is staged. */
+        int direct = st == OTE_OK && OTE_MEM_IS_CUDA(kind) && plans[i].direct &&
+                     ote__gpu_direct_allowed(e->gpu) && ops->mem_register_dmabuf != NULL;
+        plans[i].direct = direct; /* from here: the request takes the direct path */
+        if (direct) kind = OTE_MEM_HOST;
         int ipc = st == OTE_OK && OTE_MEM_IS_CUDA(kind) && ote__gpu_ipc_allowed(e->gpu) &&
                   ops->ipc_ready != NULL && ops->ipc_ready(reqs[i].segment->peer);
         if (st == OTE_OK && OTE_MEM_IS_CUDA(kind) && !ipc)
@@ -369,6 +378,7 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     slice_list_flush(e, &l);
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
+        if (plans[i].direct) ote__gpu_direct_count(e->gpu);
         if (reqs[i].length == 0) req_finalize(r);
         else if (OTE_MEM_IS_CUDA(plans[i].kind) && !plans[i].ipc)
             ote__gpu_stage(e->gpu, plans[i].kind, plans[i].ns > 1 ? r->many : &r->one, plans[i].ns,

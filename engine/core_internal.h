@@ -81,8 +81,9 @@ typedef struct ote__reg {
     uint64_t len;
     unsigned perms;
     _Atomic long inuse;
-    uint32_t kind;               /* ote_mem_kind_t, classified at registration (engine/gpu) */
-    int numa;                    /* NUMA node of the memory at registration (-1: unknown) */
+    uint32_t kind; /* ote_mem_kind_t, classified at registration (engine/gpu) */
+    int numa;      /* NUMA node of the memory at registration (-1: unknown) */
+    int direct;    /* device memory with dma-buf MRs (GPUDirect RDMA): its transports' hooks */
     char name[OTE_NAME_MAX + 1]; /* "" without a name; unique among live registrations */
 } ote__reg_t;
 
@@ -210,6 +211,10 @@ ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size
 /* mem_(un)register of every transport (all or none for register). */
 ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms);
 ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr);
+/* Device memory on the transports that take a dma-buf MR (mem_register_dmabuf): OTE_OK
+ * when at least one did (all or nothing among them), OTE_ERR_UNSUPPORTED when none can. */
+ote_status_t ote__router_mem_register_dmabuf(ote_engine_t *e, void *addr, size_t len, int fd,
+                                             uint64_t offset);
 /* A device registration with OTE_PERM_IPC is gone: each transport's ipc_revoke (close
  * receipts to the peers that imported its allocation). No engine lock held. */
 void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len);

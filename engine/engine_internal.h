@@ -31,7 +31,7 @@ extern "C" {
 
 #define OTE__GPU_PATH_STAGING 0x1u /* gpu_paths: pinned staging chunks */
 #define OTE__GPU_PATH_IPC 0x2u     /* CUDA IPC (not built yet) */
-#define OTE__GPU_PATH_DIRECT 0x4u  /* GPUDirect RDMA (not built yet) */
+#define OTE__GPU_PATH_DIRECT 0x4u  /* GPUDirect RDMA (requester side; gpu_direct.c) */
 
 /* Resolved, validated configuration: what an engine copies at creation. */
 typedef struct ote__cfg_s {

@@ -158,6 +158,7 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *e, ote_gpu_stats_t *out) {
     o.ipc_imports_now = g.ipc_mapped;
     o.ipc_in_use_now = g.ipc_in_use;
     o.ipc_closed = g.ipc_invalidated;
+    o.direct_requests = g.direct;
     *out = o;
     return OTE_OK;
 }
@@ -231,8 +232,18 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
                  addr, len);
         return OTE_ERR_INVALID;
     }
+    /* GPUDirect RDMA: the device range's dma-buf (engine/gpu/gpu_direct.c), taken before
+     * the registry lock (driver calls); without one the other GPU paths still serve it. */
+    int dmabuf_fd = -1;
+    uint64_t dmabuf_off = 0;
+    if (OTE_MEM_IS_CUDA(kind) && ote__gpu_direct_allowed(e->gpu) &&
+        ote__gpu_direct_export(e->gpu, kind, start, len, &dmabuf_fd, &dmabuf_off) != OTE_OK)
+        dmabuf_fd = -1;
     ote__reg_t *r = ote_calloc(1, sizeof(*r));
-    if (r == NULL) return OTE_ERR_NOMEM;
+    if (r == NULL) {
+        ote__gpu_direct_close(dmabuf_fd);
+        return OTE_ERR_NOMEM;
+    }
     r->start = start;
     r->len = len;
     r->perms = perms;
@@ -261,11 +272,13 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
     /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
      * failure leaves nothing registered. NULL for transports that need none (tcp). */
     /* (The transports see READ/WRITE only: OTE_PERM_IPC is the engine's.) Device memory
-     * gets no native registration: no transport maps it for a NIC yet (GPUDirect RDMA is
-     * not built), so the RDMA source refuses requests on it (rdma_accounts.c) instead of
-     * exposing a range its NIC could not, or its provider would fault on. */
+     * gets no host MR (its provider would fault on it) ... */
     if (st == OTE_OK && !OTE_MEM_IS_CUDA(kind))
         st = ote__router_mem_register(e, addr, len, perms & (OTE_PERM_READ | OTE_PERM_WRITE));
+    /* ... except its dma-buf MRs (GPUDirect RDMA), where the driver gave one: a failure
+     * leaves the registration to the other paths (logged by the transport). */
+    if (st == OTE_OK && dmabuf_fd >= 0)
+        r->direct = ote__router_mem_register_dmabuf(e, addr, len, dmabuf_fd, dmabuf_off) == OTE_OK;
     if (st == OTE_OK) {
         size_t at = (size_t)(i + 1);
         memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
@@ -274,6 +287,7 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
         atomic_store(&e->nregs_hint, e->nregs);
     }
     pthread_rwlock_unlock(&e->reg_lk);
+    ote__gpu_direct_close(dmabuf_fd); /* the MRs hold their own references on the dma-buf */
     if (st != OTE_OK) {
         if (dup)
             OTE_WARN("engine", "register [%p, +%zu) refused: the name \"%s\" is taken", addr, len,
@@ -354,7 +368,7 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
                 *waiting = 2; /* released meanwhile: try again at once */
             }
         }
-    } else if (!OTE_MEM_IS_CUDA(e->regs[i]->kind) &&
+    } else if ((!OTE_MEM_IS_CUDA(e->regs[i]->kind) || e->regs[i]->direct) &&
                (st = ote__router_mem_unregister(e, (void *)(uintptr_t)start)) != OTE_OK) {
         /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {

@@ -228,6 +228,24 @@ ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr) {
     return OTE_OK;
 }
 
+ote_status_t ote__router_mem_register_dmabuf(ote_engine_t *e, void *addr, size_t len, int fd,
+                                             uint64_t offset) {
+    size_t done = 0;
+    for (size_t i = 0; i < e->ntps; i++) {
+        if (e->tps[i]->ops->mem_register_dmabuf == NULL) continue;
+        ote_status_t st = e->tps[i]->ops->mem_register_dmabuf(e->tps[i], addr, len, fd, offset);
+        if (st == OTE_OK) {
+            done++;
+            continue;
+        }
+        while (i-- > 0)
+            if (e->tps[i]->ops->mem_register_dmabuf != NULL)
+                (void)e->tps[i]->ops->mem_unregister(e->tps[i], addr);
+        return st;
+    }
+    return done > 0 ? OTE_OK : OTE_ERR_UNSUPPORTED;
+}
+
 void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len) {
     for (size_t i = 0; i < e->ntps; i++)
         if (e->tps[i]->ops->ipc_revoke != NULL) e->tps[i]->ops->ipc_revoke(e->tps[i], start, len);

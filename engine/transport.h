@@ -220,6 +220,12 @@ typedef struct {
      * range's MRs here. A failure refuses the (un)registration. */
     ote_status_t (*mem_register)(ote__transport_t *tp, void *addr, size_t len, unsigned perms);
     ote_status_t (*mem_unregister)(ote__transport_t *tp, void *addr);
+    /* Optional (GPUDirect RDMA, engine/gpu/gpu_direct.c): device memory [addr, +len)
+     * published as MRs of bytes [offset, +len) of the dma-buf fd (the caller's; closed
+     * by it after this returns), under the same lock and rules as mem_register; its
+     * mem_unregister is the same call. */
+    ote_status_t (*mem_register_dmabuf)(ote__transport_t *tp, void *addr, size_t len, int fd,
+                                        uint64_t offset);
     /* Optional. This transport's own part of the engine's advertisement ("key=value"
      * pairs joined by ';', e.g. the shm transport's control socket), or "". */
     ote_status_t (*advert)(ote__transport_t *tp, char *buf, size_t len);

@@ -262,11 +262,14 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     res.local_mem = o->local_mem;
     res.remote_mem = in->remote_mem;
     /* The GPU path device memory took, from this engine's counters over the run: CUDA
-     * IPC copies with nothing staged here is "ipc"; otherwise staging (here, or at the
+     * IPC copies with nothing staged here is "ipc", GPUDirect RDMA requests with nothing
+     * staged here is "direct"; otherwise staging (here, or at the
      * target for its device memory). */
     int gpu = o->local_mem != BENCH_MEM_HOST || in->remote_mem != BENCH_MEM_HOST;
     int ipc = g1.ipc_copies > g0.ipc_copies && g1.staged_requests == g0.staged_requests;
-    res.path = !gpu ? "host" : ipc ? "ipc" : "staging";
+    int direct =
+        g1.direct_requests > g0.direct_requests && g1.staged_requests == g0.staged_requests;
+    res.path = !gpu ? "host" : ipc ? "ipc" : direct ? "direct" : "staging";
     char line[4096];
     if (o->json) bench_format_json(&res, line, sizeof line);
     else bench_format_table_row(&res, line, sizeof line);

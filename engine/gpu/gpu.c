@@ -236,7 +236,7 @@ ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int f
     OTE_WARN_LIMITED("gpu", \
                      "%s is device memory of cuda:%d: no GPU path is possible with " \
                      "gpu_paths=\"%s\" (staging is not allowed; " missing \
-                     "; direct is not built yet)", \
+                     "; direct needs a registration with a dma-buf MR and an rdma segment)", \
                      (what), OTE_MEM_CUDA_DEVICE(kind), (g)->paths_text)
 
 ote_status_t ote__gpu_path_check(ote__gpu_t *g, uint32_t kind, int ipc_optin, const char *what) {
@@ -394,6 +394,9 @@ void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out) {
     out->ipc_exports = atomic_load(&g->n_exports);
     out->ipc_copies = atomic_load(&g->n_ipc_ok);
     out->ipc_failed = atomic_load(&g->n_ipc_failed);
+    out->direct = atomic_load(&g->n_direct);
+    out->direct_regs = atomic_load(&g->n_direct_regs);
+    out->direct_failed = atomic_load(&g->n_direct_failed);
     out->ipc_imports = out->ipc_mapped = out->ipc_in_use = out->ipc_invalidated = 0;
     for (int i = 0; i < GPU_MAX_DEVICES; i++) {
         if (caches[i] == NULL) continue;

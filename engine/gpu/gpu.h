@@ -134,6 +134,19 @@ ote_status_t ote__gpu_ipc_copy_poll(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int gi
 void ote__gpu_ipc_revoked(ote__gpu_t *g, uint64_t exporter, uint64_t buffer_id);
 void ote__gpu_ipc_exporter_dead(ote__gpu_t *g, uint64_t exporter);
 
+/* ---- GPUDirect RDMA (gpu_paths "direct"; engine/gpu/gpu_direct.c) ----
+ * ote__gpu_direct_export: SYNC_MEMOPS on the allocation holding the device range
+ * [addr, +len) of `kind`, and a dma-buf fd of the page-aligned range from its base with
+ * the range's offset in it (for ote_buffer_register_dmabuf); the caller closes the fd
+ * with ote__gpu_direct_close once its MRs exist. OTE_ERR_UNSUPPORTED without "direct" in
+ * gpu_paths; a driver failure is logged once per engine. ote__gpu_direct_count: one
+ * request moved by the path (ote_gpu_stats_t.direct_requests). */
+int ote__gpu_direct_allowed(const ote__gpu_t *g);
+ote_status_t ote__gpu_direct_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, uint64_t len,
+                                    int *fd_out, uint64_t *offset_out);
+void ote__gpu_direct_close(int fd);
+void ote__gpu_direct_count(ote__gpu_t *g);
+
 /* Counters for tests: staged requests running, and streams/chunks parked after an
  * unknown outcome (retained until the driver proves the work complete). */
 typedef struct {
@@ -150,6 +163,9 @@ typedef struct {
     uint64_t ipc_mapped;      /* mappings open now (all devices) */
     uint64_t ipc_in_use;      /* mappings used by a copy now */
     uint64_t ipc_invalidated; /* by close receipts or exporter death */
+    uint64_t direct;          /* requests moved by GPUDirect RDMA (cumulative) */
+    uint64_t direct_regs;     /* dma-bufs exported for registrations (cumulative) */
+    uint64_t direct_failed;   /* dma-buf exports that failed (cumulative) */
 } ote__gpu_stats_t;
 void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out);
 

@@ -132,6 +132,10 @@ struct ote__gpu {
     ipc_exp_t exps[GPU_IPC_EXPORTS]; /* under mu */
     uint64_t exp_clock;
     _Atomic uint64_t n_staged, n_src, n_exports, n_ipc_ok, n_ipc_failed;
+    /* gpu_direct.c: requests moved by GPUDirect RDMA, dma-bufs exported for registrations
+     * and exports that failed; whether that failure was logged. */
+    _Atomic uint64_t n_direct, n_direct_regs, n_direct_failed;
+    _Atomic int direct_warned;
     /* worker */
     pthread_t thread;
     int thread_started, stop;

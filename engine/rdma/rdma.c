@@ -324,6 +324,7 @@ static const ote__transport_ops_t g_rdma_ops = {
     .destroy = rdma_destroy,
     .mem_register = rdma_mem_register,
     .mem_unregister = rdma_mem_unregister,
+    .mem_register_dmabuf = ote__rdma_mem_register_dmabuf,
     .adopt = ote__rdma_adopt,
     .nic_stats = rdma_nic_stats,
     .advert = ote__rdma_advert,

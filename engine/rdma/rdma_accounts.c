@@ -128,15 +128,17 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
         ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
         if (pst == OTE_OK && tp->host.pin_kind != NULL &&
             OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
-            /* Device memory has no MR here: GPUDirect RDMA is not built, and RDMA has no
-             * source-side staging (the NIC reads and writes the range itself). */
+            /* Device memory is not served to peers here: GPUDirect RDMA source grants
+             * (an exact-range MR in a private PD per grant) are not built, and RDMA has
+             * no source-side staging (the NIC reads and writes the range itself). A
+             * requester's own device buffer may still move directly (rdma_direct.c). */
             tp->host.unpin(tp->host.arg, pin);
             pin = NULL;
             pst = OTE_ERR_UNSUPPORTED;
             OTE_WARN_LIMITED("rdma",
                              "refused %s request of %llu bytes at 0x%llx from %s: device "
-                             "memory over rdma needs GPUDirect RDMA, which is not built "
-                             "(reach it over tcp or shm, which stage it)",
+                             "memory over rdma needs GPUDirect RDMA source grants, which "
+                             "are not built (reach it over tcp or shm, which stage it)",
                              a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
                              (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
                              c->peer_addr);

@@ -519,6 +519,13 @@ void ote__rdma_notes_end(note_t *list, ote_status_t st);
  * whose request was canceled (CANCELED). */
 void ote__rdma_notes_expire(rdma_tp_t *tp);
 
+/* ---- rdma_direct.c: GPUDirect RDMA ----------------------------------------------- */
+
+/* ops->mem_register_dmabuf: dma-buf MRs of device memory in every usable context, listed
+ * in tp->regs like a host registration (rdma_mem_unregister ends them). */
+ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size_t len, int fd,
+                                           uint64_t offset);
+
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */
 
 /* ops->advert: this transport's part of the engine's advertisement (rdma_release=1: its

@@ -904,8 +904,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransferTest, ::testing::Values("tcp", "
 
 } // namespace
 
-// RDMA (verbs/sim) and device memory. GPUDirect RDMA is not built, so a registered device
-// range gets no MR and the source refuses every request on it, naming why, with no byte
+// RDMA (verbs/sim) and device memory. GPUDirect RDMA source grants are not built, so a device
+// range registered at an RDMA source is refused on every request, naming why, with no byte
 // of it changed; a local device buffer on the requester side is staged through pinned
 // chunks like over TCP, with bytes checked both ways.
 TEST_F(GpuStagingTest, RdmaRefusesRemoteDeviceMemoryAndStagesLocal) {

@@ -80,7 +80,10 @@ typedef struct ote_batch ote_batch_t;
  *                        address (logged at WARN); otherwise ote_engine_create refuses it
  *                        with OTE_ERR_INVALID. Default "0".
  *   gpu_paths            paths device memory may take: a comma list of staging, ipc,
- *                        direct, or "" (none); default "staging" (direct is not built).
+ *                        direct, or "" (none); default "staging". direct: GPUDirect RDMA
+ *                        (README "GPU memory"): device memory registered here gets
+ *                        dma-buf MRs, and a request whose local buffer lies in one moves
+ *                        over an rdma segment with no staging.
  *                        ipc: CUDA IPC over an shm segment when both ends allow it and the
  *                        remote range is device memory registered with OTE_PERM_IPC
  *                        (README "GPU memory"). A request whose local buffer is device
@@ -139,7 +142,8 @@ ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, si
 
 /* How device memory moved through this engine (README "GPU memory"), counters since
  * creation (the *_now fields are the current state). A request's path shows as the
- * counter it moved: staged (pinned chunks) or ipc_copies (CUDA IPC, same host). */
+ * counter it moved: staged (pinned chunks), ipc_copies (CUDA IPC, same host) or
+ * direct_requests (GPUDirect RDMA). */
 typedef struct {
     uint64_t staged_requests; /* requests with a local device buffer staged here (a piece
                                * a source declined for IPC counts as one more) */
@@ -151,6 +155,7 @@ typedef struct {
     uint64_t ipc_imports_now; /* imports open now (cached or in use) */
     uint64_t ipc_in_use_now;  /* imports a copy uses now */
     uint64_t ipc_closed;      /* imports invalidated by close receipts or a peer's death */
+    uint64_t direct_requests; /* requests whose local device buffer moved by GPUDirect RDMA */
 } ote_gpu_stats_t;
 /* OTE_ERR_INVALID for a NULL argument. Never loads the CUDA driver. */
 ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);

@@ -1,0 +1,300 @@
+// tests/engine/gpu_direct_test.cc - GPUDirect RDMA (gpu_paths "direct") over verbs/sim
+// with the fake libcuda, whose device memory is not host-addressable and whose dma-bufs
+// are memfds the sim maps: a requester's registered device buffer moves to and from a
+// peer's host memory with its dma-buf MR (no staging), READ and WRITE, 1 byte to 64 MiB
+// at unaligned device offsets, every byte checked through the driver and the device
+// bytes around the range untouched; without "direct" in gpu_paths the path is never
+// used (staged instead, or refused at submit when nothing else is allowed); a failed
+// dma-buf export (driver fault) leaves the registration to staging, logged, and the next
+// registration gets its dma-buf again. Peers' device memory is still refused by an RDMA
+// source (source grants over device memory are not built): see gpu_staging_test.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/engine/engine_util.h"
+#include "tests/engine/pattern.h"
+
+extern "C" {
+#include "cuda/memory/memory.h"
+#include "ote/ote.h"
+}
+
+namespace {
+
+using ote_test::kSec;
+
+constexpr size_t kBig = 64ull << 20;
+constexpr size_t kDevLen = kBig + (64 << 10);
+constexpr int kCudaErrorUnknown = 999;
+
+class GpuDirectTest : public ote_cuda_test::CudaTest {
+  protected:
+    void SetUp() override {
+        CudaTest::SetUp();
+        if (IsSkipped() || HasFatalFailure()) return;
+        if (!fake_.present()) GTEST_SKIP() << "these cases drive the fake libcuda";
+    }
+    void TearDown() override {
+        for (ote_cuda_alloc_t *a : allocs_)
+            EXPECT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
+        allocs_.clear();
+        CudaTest::TearDown();
+    }
+
+    uint64_t DevAlloc(size_t n) {
+        ote_cuda_alloc_t *a = nullptr;
+        EXPECT_EQ(ote_cuda_alloc_create(dev_, n, 0, &a), OTE_OK);
+        if (a == nullptr) return 0;
+        allocs_.push_back(a);
+        return ote_cuda_alloc_ptr(a);
+    }
+    void DevFill(uint64_t addr, size_t len, uint64_t seed) {
+        std::vector<uint8_t> v(len);
+        ote_pattern_fill(v.data(), len, seed, 0);
+        ASSERT_EQ(t_->cuMemcpyHtoD(addr, v.data(), len), 0);
+        ASSERT_EQ(t_->cuStreamSynchronize(nullptr), 0);
+    }
+    // Device bytes [addr, addr+len) through a device-to-host copy.
+    std::vector<uint8_t> DevRead(uint64_t addr, size_t len) {
+        std::vector<uint8_t> v(len ? len : 1);
+        EXPECT_EQ(t_->cuStreamSynchronize(nullptr), 0);
+        if (len > 0) {
+            EXPECT_EQ(t_->cuMemcpyDtoH(v.data(), addr, len), 0);
+        }
+        v.resize(len);
+        return v;
+    }
+
+    // A requester engine over verbs/sim with the given gpu_paths.
+    ote_engine_t *Requester(const char *paths) {
+        ote_config_t *cfg = ote_test::RdmaConfig();
+        EXPECT_EQ(ote_config_set(cfg, "gpu_paths", paths), OTE_OK);
+        ote_engine_t *e = nullptr;
+        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+        ote_config_destroy(cfg);
+        return e;
+    }
+
+    ote_status_t Run(ote_engine_t *e, ote_segment_t *seg, ote_opcode_t op, uint64_t local,
+                     uint64_t remote, size_t len) {
+        ote_request_t r = {op, reinterpret_cast<void *>(local), seg, remote, len};
+        ote_transfer_status_t ts{};
+        ote_status_t st = ote_test::RunOne(e, r, 120 * kSec, &ts);
+        if (st == OTE_OK) {
+            EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
+            EXPECT_EQ(ts.bytes_done, len);
+        }
+        return st;
+    }
+
+    static ote_gpu_stats_t Stats(ote_engine_t *e) {
+        ote_gpu_stats_t s{};
+        EXPECT_EQ(ote_engine_gpu_stats(e, &s), OTE_OK);
+        return s;
+    }
+
+    std::vector<ote_cuda_alloc_t *> allocs_;
+};
+
+// Local device memory (registered, dma-buf MRs) against a peer's host memory, both ways,
+// with gpu_paths="direct" alone: staging is not even allowed, so every request that
+// completes moved directly, and the counters say so.
+TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
+    ote_engine_t *src = ote_test::RdmaEngine();
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *req = Requester("direct");
+    ASSERT_NE(req, nullptr);
+    std::vector<uint8_t> host(kDevLen);
+    ote_pattern_fill(host.data(), host.size(), 11, 0);
+    ASSERT_EQ(ote_memory_register(src, host.data(), host.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    uint64_t d = DevAlloc(kDevLen);
+    ASSERT_NE(d, 0u);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d), kDevLen,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+
+    struct Case {
+        size_t len, dev_off, host_off;
+    };
+    const Case cases[] = {{1, 0, 0},       {1, 4097, 3},          {777, 3, 1},
+                          {65537, 101, 7}, {(1 << 20) + 5, 9, 0}, {kBig, 4096 + 13, 5}};
+    uint64_t seed = 20;
+    uint64_t n_req = 0;
+    for (const Case &c : cases) {
+        SCOPED_TRACE("len " + std::to_string(c.len) + " at device offset " +
+                     std::to_string(c.dev_off));
+        // READ: peer host -> local device; the device bytes around the range keep theirs.
+        DevFill(d, kDevLen, ++seed);
+        std::vector<uint8_t> before = DevRead(d, kDevLen);
+        ASSERT_EQ(Run(req, seg, OTE_READ, d + c.dev_off, h + c.host_off, c.len), OTE_OK);
+        n_req++;
+        std::vector<uint8_t> after = DevRead(d, kDevLen);
+        EXPECT_TRUE(std::equal(after.begin() + c.dev_off, after.begin() + c.dev_off + c.len,
+                               host.begin() + c.host_off));
+        EXPECT_TRUE(std::equal(after.begin(), after.begin() + c.dev_off, before.begin()));
+        EXPECT_TRUE(std::equal(after.begin() + c.dev_off + c.len, after.end(),
+                               before.begin() + c.dev_off + c.len));
+        // WRITE: local device -> peer host; the host bytes around the range keep theirs.
+        DevFill(d, kDevLen, ++seed);
+        std::vector<uint8_t> dev = DevRead(d, kDevLen);
+        std::vector<uint8_t> hbefore = host;
+        ASSERT_EQ(Run(req, seg, OTE_WRITE, d + c.dev_off, h + c.host_off, c.len), OTE_OK);
+        n_req++;
+        EXPECT_TRUE(std::equal(host.begin() + c.host_off, host.begin() + c.host_off + c.len,
+                               dev.begin() + c.dev_off));
+        EXPECT_TRUE(std::equal(host.begin(), host.begin() + c.host_off, hbefore.begin()));
+        EXPECT_TRUE(std::equal(host.begin() + c.host_off + c.len, host.end(),
+                               hbefore.begin() + c.host_off + c.len));
+    }
+    ote_gpu_stats_t s = Stats(req);
+    EXPECT_EQ(s.direct_requests, n_req);
+    EXPECT_EQ(s.staged_requests, 0u);
+    // A local device buffer that is not registered has no dma-buf MR: with direct alone
+    // in gpu_paths it is refused at submit, naming what is missing.
+    uint64_t loose = DevAlloc(1 << 16);
+    ote_request_t r = {OTE_READ, reinterpret_cast<void *>(loose), seg, h, 100};
+    EXPECT_EQ(ote_test::RunOne(req, r, 30 * kSec), OTE_ERR_UNSUPPORTED);
+    EXPECT_TRUE(LogContains("direct needs a registration with a dma-buf MR"));
+    EXPECT_EQ(Stats(req).direct_requests, n_req);
+
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(d)), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, host.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// Without "direct" in gpu_paths the path is never used: the same registered device buffer
+// is staged through pinned chunks, bytes checked both ways.
+TEST_F(GpuDirectTest, WithoutDirectInGpuPathsStages) {
+    ote_engine_t *src = ote_test::RdmaEngine();
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *req = Requester("staging");
+    ASSERT_NE(req, nullptr);
+    const size_t n = (1 << 20) + 33;
+    std::vector<uint8_t> host(n + 64);
+    ote_pattern_fill(host.data(), host.size(), 31, 0);
+    ASSERT_EQ(ote_memory_register(src, host.data(), host.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    uint64_t d = DevAlloc(n + 4096);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d), n + 4096, OTE_PERM_READ),
+              OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+    ASSERT_EQ(Run(req, seg, OTE_READ, d + 5, h + 3, n), OTE_OK);
+    std::vector<uint8_t> got = DevRead(d + 5, n);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), host.begin() + 3));
+    DevFill(d, n + 4096, 32);
+    std::vector<uint8_t> dev = DevRead(d + 7, n);
+    ASSERT_EQ(Run(req, seg, OTE_WRITE, d + 7, h + 1, n), OTE_OK);
+    EXPECT_TRUE(std::equal(dev.begin(), dev.end(), host.begin() + 1));
+    ote_gpu_stats_t s = Stats(req);
+    EXPECT_EQ(s.direct_requests, 0u);
+    EXPECT_EQ(s.staged_requests, 2u);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(d)), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, host.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// The driver cannot export a dma-buf (cuMemGetHandleForAddressRange fails): the
+// registration still succeeds, is logged once, and its requests are staged; with the
+// fault gone, the next registration gets its dma-buf MRs and moves directly.
+TEST_F(GpuDirectTest, DmabufExportFailureFallsBackToStaging) {
+    ote_engine_t *src = ote_test::RdmaEngine();
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *req = Requester("direct,staging");
+    ASSERT_NE(req, nullptr);
+    const size_t n = 300000;
+    std::vector<uint8_t> host(n + 64);
+    ote_pattern_fill(host.data(), host.size(), 41, 0);
+    ASSERT_EQ(ote_memory_register(src, host.data(), host.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+
+    uint64_t d1 = DevAlloc(n + 4096);
+    fake_.fail("cuMemGetHandleForAddressRange", 1, 1, kCudaErrorUnknown);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d1), n + 4096, OTE_PERM_READ),
+              OTE_OK);
+    fake_.clear_faults();
+    EXPECT_TRUE(LogContains("no dma-buf for device memory"));
+    ASSERT_EQ(Run(req, seg, OTE_READ, d1 + 1, h + 2, n), OTE_OK);
+    std::vector<uint8_t> got = DevRead(d1 + 1, n);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), host.begin() + 2));
+    ote_gpu_stats_t s = Stats(req);
+    EXPECT_EQ(s.direct_requests, 0u);
+    EXPECT_EQ(s.staged_requests, 1u);
+
+    uint64_t d2 = DevAlloc(n + 4096);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d2), n + 4096, OTE_PERM_READ),
+              OTE_OK);
+    DevFill(d2, n + 4096, 42);
+    std::vector<uint8_t> dev = DevRead(d2 + 3, n);
+    ASSERT_EQ(Run(req, seg, OTE_WRITE, d2 + 3, h + 5, n), OTE_OK);
+    EXPECT_TRUE(std::equal(dev.begin(), dev.end(), host.begin() + 5));
+    s = Stats(req);
+    EXPECT_EQ(s.direct_requests, 1u);
+    EXPECT_EQ(s.staged_requests, 1u);
+
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(d1)), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(d2)), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, host.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// Device memory at an RDMA source is still refused (GPUDirect source grants are not
+// built), also when the requester's own device buffer could move directly: the request
+// fails with no byte moved on either side, and the source's log says why.
+TEST_F(GpuDirectTest, RemoteDeviceMemoryIsRefusedWithNothingMoved) {
+    ote_config_t *cfg = ote_test::RdmaConfig();
+    ASSERT_EQ(ote_config_set(cfg, "gpu_paths", "direct,staging"), OTE_OK);
+    ote_engine_t *src = nullptr;
+    ASSERT_EQ(ote_engine_create(cfg, &src), OTE_OK);
+    ote_config_destroy(cfg);
+    ote_engine_t *req = Requester("direct");
+    ASSERT_NE(req, nullptr);
+    const size_t n = 70000;
+    uint64_t rd = DevAlloc(n);
+    DevFill(rd, n, 51);
+    ASSERT_EQ(
+        ote_memory_register(src, reinterpret_cast<void *>(rd), n, OTE_PERM_READ | OTE_PERM_WRITE),
+        OTE_OK);
+    uint64_t ld = DevAlloc(n);
+    DevFill(ld, n, 52);
+    ASSERT_EQ(
+        ote_memory_register(req, reinterpret_cast<void *>(ld), n, OTE_PERM_READ | OTE_PERM_WRITE),
+        OTE_OK);
+    std::vector<uint8_t> rbefore = DevRead(rd, n), lbefore = DevRead(ld, n);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+        ote_request_t r = {op, reinterpret_cast<void *>(ld + 1), seg, rd + 2, n - 10};
+        ote_transfer_status_t ts{};
+        (void)ote_test::RunOne(req, r, 60 * kSec, &ts);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        EXPECT_EQ(ts.bytes_done, 0u);
+    }
+    EXPECT_TRUE(LogContains("device memory over rdma needs GPUDirect RDMA source grants"));
+    EXPECT_TRUE(DevRead(rd, n) == rbefore);
+    EXPECT_TRUE(DevRead(ld, n) == lbefore);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+} // namespace
