@@ -9,22 +9,32 @@
 // registration gets its dma-buf again. Peers' device memory is still refused by an RDMA
 // source (source grants over device memory are not built): see gpu_staging_test.
 #include <algorithm>
+#include <cerrno>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/engine/engine_util.h"
+#include "tests/engine/native_counter.h"
 #include "tests/engine/pattern.h"
 
 extern "C" {
 #include "cuda/memory/memory.h"
+#include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
+#include "verbs/fault.h"
 }
 
 namespace {
 
 using ote_test::kSec;
+using ote_test::NativeCounter;
+
+std::vector<ote_verbs_t *> *g_wrapped = nullptr;
+std::vector<std::unique_ptr<NativeCounter>> *g_owned = nullptr;
+ote_status_t WrapWithFault(ote_verbs_t **v) { return ote_test::WrapCounted(v, g_owned, g_wrapped); }
 
 constexpr size_t kBig = 64ull << 20;
 constexpr size_t kDevLen = kBig + (64 << 10);
@@ -295,6 +305,79 @@ TEST_F(GpuDirectTest, RemoteDeviceMemoryIsRefusedWithNothingMoved) {
     EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// The provider refuses a dma-buf MR (the second context's): the MRs already made for
+// the registration are rolled back, the registration still succeeds (logged) and its
+// requests are staged. A dereg of a dma-buf MR that fails retains the registration
+// (OTE_ERR_RETAINED, the memory stays registered); the retry deregisters it, and no MR
+// is left once the engine is gone.
+TEST_F(GpuDirectTest, DmabufMrFaultsRollBackAndRetain) {
+    std::vector<ote_verbs_t *> wrapped;
+    std::vector<std::unique_ptr<NativeCounter>> owned;
+    g_wrapped = &wrapped;
+    g_owned = &owned;
+    ote_engine_t *src = ote_test::RdmaEngine();
+    ASSERT_NE(src, nullptr);
+    ote__rdma_test_verbs_hook = WrapWithFault;
+    ote_engine_t *req = Requester("direct,staging");
+    ote__rdma_test_verbs_hook = nullptr;
+    ASSERT_NE(req, nullptr);
+    ASSERT_EQ(wrapped.size(), 1u);
+    ote_verbs_t *vr = wrapped[0];
+    NativeCounter *nr = owned[0].get();
+    const size_t n = 200000;
+    std::vector<uint8_t> host(n + 64);
+    ote_pattern_fill(host.data(), host.size(), 61, 0);
+    ASSERT_EQ(ote_memory_register(src, host.data(), host.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+    const int64_t mrs0 = nr->mrs.load();
+
+    uint64_t d1 = DevAlloc(n + 4096);
+    ASSERT_EQ(ote_verbs_fault_fail(vr, OTE_VERBS_FAULT_OP_REG_DMABUF_MR, OTE_FAULT_NTH, 2, ENOMEM),
+              OTE_OK);
+    {
+        ote_test::ErrorLogsExpected guard; // the failed MR and its rollback are logged
+        ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d1), n + 4096, OTE_PERM_READ),
+                  OTE_OK);
+    }
+    EXPECT_EQ(ote_verbs_fault_injected(vr, OTE_VERBS_FAULT_OP_REG_DMABUF_MR), 1u);
+    ote_verbs_fault_clear(vr);
+    EXPECT_TRUE(LogContains("dma-buf MRs of device memory"));
+    EXPECT_EQ(nr->mrs.load(), mrs0); // the first context's MR was rolled back
+    ASSERT_EQ(Run(req, seg, OTE_READ, d1 + 3, h + 1, n), OTE_OK);
+    std::vector<uint8_t> got = DevRead(d1 + 3, n);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), host.begin() + 1));
+    ote_gpu_stats_t s = Stats(req);
+    EXPECT_EQ(s.direct_requests, 0u);
+    EXPECT_EQ(s.staged_requests, 1u);
+
+    uint64_t d2 = DevAlloc(n + 4096);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d2), n + 4096, OTE_PERM_READ),
+              OTE_OK);
+    DevFill(d2, n + 4096, 62);
+    std::vector<uint8_t> dev = DevRead(d2 + 5, n);
+    ASSERT_EQ(Run(req, seg, OTE_WRITE, d2 + 5, h + 7, n), OTE_OK);
+    EXPECT_TRUE(std::equal(dev.begin(), dev.end(), host.begin() + 7));
+    EXPECT_EQ(Stats(req).direct_requests, 1u);
+    ASSERT_EQ(ote_verbs_fault_fail(vr, OTE_VERBS_FAULT_OP_DEREG_MR, OTE_FAULT_NTH, 1, EBUSY),
+              OTE_OK);
+    EXPECT_EQ(ote_status_code(ote_memory_unregister(req, reinterpret_cast<void *>(d2))),
+              OTE_ERR_RETAINED);
+    ote_verbs_fault_clear(vr);
+    ote_buffer_info_t bi{};
+    EXPECT_EQ(ote_memory_query(req, reinterpret_cast<void *>(d2), &bi), OTE_OK); // still there
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(d2)), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(d1)), OTE_OK);
+
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, host.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    EXPECT_EQ(nr->mrs.load(), 0);
 }
 
 } // namespace

@@ -81,6 +81,15 @@ int RegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access,
     return err;
 }
 
+int RegDmabufMr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova,
+                int fd, int access, struct ibv_mr **out) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->reg_dmabuf_mr(n->sim, pd, offset, len, iova, fd, access, out);
+    if (err == 0) n->mrs++;
+    return err;
+}
+
 int DeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
     NativeCounter *n = Of(v);
     if (n == nullptr) return EINVAL;
@@ -114,6 +123,7 @@ ote_status_t WrapCounted(ote_verbs_t **v, std::vector<std::unique_ptr<NativeCoun
     n->ops.alloc_mw = AllocMw;
     n->ops.dealloc_mw = DeallocMw;
     n->ops.reg_mr = RegMr;
+    n->ops.reg_dmabuf_mr = RegDmabufMr;
     n->ops.dereg_mr = DeregMr;
     n->v.ops = &n->ops;
     n->v.provider = (*v)->provider;
