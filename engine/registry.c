@@ -234,9 +234,10 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
     }
     /* GPUDirect RDMA: the device range's dma-buf (engine/gpu/gpu_direct.c), taken before
      * the registry lock (driver calls); without one the other GPU paths still serve it. */
-    int dmabuf_fd = -1;
+    int dmabuf_fd = -1, dmabuf_tp = 0; /* some transport takes dma-buf MRs (rdma) */
     uint64_t dmabuf_off = 0;
-    if (OTE_MEM_IS_CUDA(kind) && ote__gpu_direct_allowed(e->gpu) &&
+    for (size_t t = 0; t < e->ntps; t++) dmabuf_tp |= e->tps[t]->ops->mem_register_dmabuf != NULL;
+    if (OTE_MEM_IS_CUDA(kind) && dmabuf_tp && ote__gpu_direct_allowed(e->gpu) &&
         ote__gpu_direct_export(e->gpu, kind, start, len, &dmabuf_fd, &dmabuf_off) != OTE_OK)
         dmabuf_fd = -1;
     ote__reg_t *r = ote_calloc(1, sizeof(*r));

@@ -1,7 +1,9 @@
 // Unit tests of context/ over the software provider: device opening with stable NIC
 // ids, GID auto-selection and strict pins, port-state tracking from async events, and
-// the buffer manager's publication in every usable context.
+// the buffer manager's publication in every usable context (host and dma-buf MRs).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -291,6 +293,61 @@ TEST_F(ContextTest, BufferManagerPublishesInEveryContextIncludingPaused) {
     EXPECT_EQ(ote_buffer_register(bm, mem.data(), mem.size(), access, &dup), OTE_ERR_EXISTS);
     EXPECT_EQ(ote_buffer_manager_destroy(bm), OTE_ERR_BUSY);
     EXPECT_EQ(ote_buffer_deregister(bm, buf), OTE_OK);
+    EXPECT_EQ(ote_buffer_manager_count(bm), 0u);
+    EXPECT_EQ(ote_buffer_manager_retained(bm), 0u);
+    EXPECT_EQ(ote_buffer_manager_destroy(bm), OTE_OK);
+}
+
+// A dma-buf registration (GPUDirect RDMA's shape; a memfd stands in for a GPU's
+// dma-buf): an MR of exactly [offset, +len) of the fd in every context, found at its iova
+// range and nowhere else, still valid after the caller closed its fd; an fd that is no
+// dma-buf fails with nothing published.
+TEST_F(ContextTest, DmabufRegistrationPublishesTheExactRangeAtItsIova) {
+    OpenWith("dev=a;port;gid=auto-v4,type=v2;dev=b;port;gid=auto-v4,type=v2");
+    ASSERT_EQ(ote_context_set_open(v_, nullptr, &set_), OTE_OK);
+    ote_buffer_manager_t *bm = nullptr;
+    ASSERT_EQ(ote_buffer_manager_create(set_, &bm), OTE_OK);
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    int fd = memfd_create("dmabuf", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(4 * page)), 0);
+    // A "device address" the process cannot address: only the iova of the MR.
+    uint64_t iova = 0x7e0000000000ull + page + 123;
+    const size_t len = 2 * page + 5;
+    void *addr = reinterpret_cast<void *>(iova);
+    ote_buffer_t *buf = nullptr;
+    ASSERT_EQ(
+        ote_buffer_register_dmabuf(bm, addr, len, IBV_ACCESS_LOCAL_WRITE, fd, page + 123, &buf),
+        OTE_OK);
+    close(fd); // the MRs keep the memory
+    for (size_t i = 0; i < 2; i++) {
+        ote_context_t *ctx = ote_context_set_get(set_, i);
+        ibv_mr *mr = nullptr;
+        ASSERT_EQ(ote_buffer_mr(buf, ctx, &mr), OTE_OK);
+        EXPECT_EQ(mr->length, len);
+        ibv_mr *found = nullptr;
+        EXPECT_EQ(ote_buffer_manager_find(bm, addr, len, ctx, &found), OTE_OK);
+        EXPECT_EQ(found, mr);
+        EXPECT_EQ(ote_buffer_manager_find(bm, reinterpret_cast<void *>(iova - 1), 2, ctx, &found),
+                  OTE_ERR_ACCESS);
+        EXPECT_EQ(
+            ote_buffer_manager_find(bm, reinterpret_cast<void *>(iova + len - 1), 2, ctx, &found),
+            OTE_ERR_ACCESS);
+    }
+    EXPECT_EQ(ote_buffer_deregister(bm, buf), OTE_OK);
+    // Not a dma-buf (no fd; a pipe cannot be mapped): refused, nothing published.
+    ote_buffer_t *bad = nullptr;
+    EXPECT_EQ(ote_buffer_register_dmabuf(bm, addr, len, IBV_ACCESS_LOCAL_WRITE, -1, 0, &bad),
+              OTE_ERR_INVALID);
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    {
+        ote_test::ErrorLogsExpected guard;
+        EXPECT_NE(ote_buffer_register_dmabuf(bm, addr, len, IBV_ACCESS_LOCAL_WRITE, p[0], 0, &bad),
+                  OTE_OK);
+    }
+    close(p[0]);
+    close(p[1]);
     EXPECT_EQ(ote_buffer_manager_count(bm), 0u);
     EXPECT_EQ(ote_buffer_manager_retained(bm), 0u);
     EXPECT_EQ(ote_buffer_manager_destroy(bm), OTE_OK);

@@ -202,6 +202,17 @@ for LM in cuda:0 host; do
         fi
     done
 done
+# GPUDirect RDMA over the software verbs provider: the initiator's device buffer gets
+# dma-buf MRs (direct in gpu_paths) and moves with no staging: the JSON says direct.
+for op in write read; do
+    name="gpu_direct_${op}"
+    if OTE_VERBS_PROVIDER=sim OTE_GPU_PATHS=direct,staging run "$name" 0 --transport rdma \
+        --op "$op" --local-mem cuda:0 --block-size 4097,1M --batch-size 2 --total-bytes 4M \
+        --json --check; then
+        json_ok "$name" 2 ok 4194304 rdma
+        mem_ok "$name" cuda:0 host direct
+    fi
+done
 if run gpu_corrupt 1 --op read --local-mem cuda:0 --block-size 4K --batch-size 4 \
     --total-bytes 64K --json --check --test-corrupt; then
     json_ok gpu_corrupt 1 failed 65536
