@@ -8,10 +8,14 @@
 // dma-buf export (driver fault) leaves the registration to staging, logged, and the next
 // registration gets its dma-buf again. Peers' device memory is still refused by an RDMA
 // source (source grants over device memory are not built): see gpu_staging_test.
+#include <dirent.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <memory>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -100,6 +104,23 @@ class GpuDirectTest : public ote_cuda_test::CudaTest {
         return st;
     }
 
+    // Open fds of this process that are memfds.
+    static int MemfdCount() {
+        int n = 0;
+        DIR *dir = opendir("/proc/self/fd");
+        if (dir == nullptr) return -1;
+        while (struct dirent *de = readdir(dir)) {
+            char link[512];
+            std::string path = std::string("/proc/self/fd/") + de->d_name;
+            ssize_t k = readlink(path.c_str(), link, sizeof(link) - 1);
+            if (k <= 0) continue;
+            link[k] = '\0';
+            n += strncmp(link, "/memfd:", 7) == 0;
+        }
+        closedir(dir);
+        return n;
+    }
+
     static ote_gpu_stats_t Stats(ote_engine_t *e) {
         ote_gpu_stats_t s{};
         EXPECT_EQ(ote_engine_gpu_stats(e, &s), OTE_OK);
@@ -123,9 +144,17 @@ TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
               OTE_OK);
     uint64_t d = DevAlloc(kDevLen);
     ASSERT_NE(d, 0u);
+    // The registration sets SYNC_MEMOPS and exports one dma-buf, whose fd the engine
+    // closes once the MRs exist (the fake's dma-bufs are dups of its memfds).
+    const uint64_t sync0 = fake_.calls("cuPointerSetAttribute");
+    const uint64_t exp0 = fake_.calls("cuMemGetHandleForAddressRange");
+    const int memfds0 = MemfdCount();
     ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d), kDevLen,
                                   OTE_PERM_READ | OTE_PERM_WRITE),
               OTE_OK);
+    EXPECT_EQ(fake_.calls("cuPointerSetAttribute"), sync0 + 1);
+    EXPECT_EQ(fake_.calls("cuMemGetHandleForAddressRange"), exp0 + 1);
+    EXPECT_EQ(MemfdCount(), memfds0);
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
     const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
