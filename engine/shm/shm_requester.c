@@ -657,7 +657,8 @@ static void *rx_main(void *arg) {
                 break;
             }
             if (peer_message(p, buf, (size_t)n, &done) != 0) {
-                OTE_ERROR("shm", "peer %s: malformed or out-of-order response: closing", p->addr);
+                OTE_LOG_LIMITED(OTE_LOG_ERROR, "shm",
+                                "peer %s: malformed or out-of-order response: closing", p->addr);
                 peer_kill(p, OTE_ERR_PROTOCOL, &done);
                 break;
             }

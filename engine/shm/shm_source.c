@@ -111,7 +111,8 @@ static int src_hello(shm_src_t *s) {
     int rfd = -1;
     ssize_t n = recv_hello(s->fd, &raw, &rfd);
     if (n < 0 || ote__shm_hello_decode(&raw, (size_t)n, &h) != 0) {
-        OTE_WARN("shm", "connection from pid %d did not begin with a HELLO: closing", (int)s->pid);
+        OTE_WARN_LIMITED("shm", "connection from pid %d did not begin with a HELLO: closing",
+                         (int)s->pid);
         if (rfd >= 0) close(rfd);
         return -1;
     }
@@ -684,7 +685,8 @@ static void src_cancel(shm_src_t *s, const shm_req_t *c) {
  * when it is malformed (the connection closes). */
 static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
     if (n < 0 || ote__shm_reqs_count(m->in.b, (size_t)n) < 0) {
-        OTE_WARN("shm", "malformed message from %s (pid %d): closing", s->from, (int)s->pid);
+        OTE_WARN_LIMITED("shm", "malformed message from %s (pid %d): closing", s->from,
+                         (int)s->pid);
         return -1;
     }
     const shm_req_t *q = msg_reqs(m);

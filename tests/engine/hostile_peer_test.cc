@@ -819,4 +819,61 @@ TEST_F(HostilePeerTest, HelloAddressThatCouldForgeLogLinesIsRefused) {
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
+// ---- hardening: per-connection lines after the handshake, silent connections ----------
+
+// A requester that completes its handshake and then sends garbage, over and over on new
+// connections: each connection is closed with an error, and the source's lines about
+// them are rate-limited (about one a second per kind, with the count swallowed), so a
+// hostile peer cannot flood the log.
+TEST_F(HostilePeerTest, GarbageAfterTheHandshakeDoesNotFloodTheLog) {
+    ote_engine_t *e = NewEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = EngineAddress(e);
+    // One connection: a good handshake, then kind 0: bytes that are no frame (an unknown
+    // opcode); 1: a well-formed frame a requester never sends; 2: a frame of another
+    // version than the connection's. Each must close the connection.
+    auto bad = [&](int kind) {
+        int fd = ConnectTo(addr);
+        ASSERT_GE(fd, 0);
+        ASSERT_TRUE(RawHandshake(fd));
+        uint8_t hdr[OTE_CTL_HDR_LEN];
+        if (kind == 0) ote_ctl_put_hdr(hdr, 1, 0x7777, 1, OTE_OK, 0);
+        if (kind == 1) ote_ctl_put_hdr(hdr, 1, OTE_CTL_NOTIFY_ACK, 1, OTE_OK, 0);
+        if (kind == 2) ote_ctl_put_hdr(hdr, 2, OTE_CTL_BUFS_REQ, 1, OTE_OK, 0);
+        ASSERT_TRUE(SendAll(fd, hdr, sizeof(hdr)));
+        EXPECT_TRUE(ClosedByPeer(fd));
+        close(fd);
+    };
+    const char *needles[] = {"malformed frame from", "unexpected NOTIFY_ACK from requester",
+                             "on a version-1 connection"};
+    const int kConns = 60;
+    uint64_t t0 = ote_now_ns();
+    {
+        ote_test::ErrorLogsExpected errors; // "malformed frame" is an ERROR line
+        for (int i = 0; i < kConns; i++)
+            for (int kind = 0; kind < 3; kind++) bad(kind);
+    }
+    uint64_t secs = (ote_now_ns() - t0) / (1000 * kMs);
+    size_t lines[3];
+    for (int k = 0; k < 3; k++) {
+        lines[k] = CountLogs(needles[k]);
+        // At most one line per second of each kind, plus the first.
+        EXPECT_LE(lines[k], secs + 2) << lines[k] << " lines \"" << needles[k] << "\" for "
+                                      << kConns << " connections in " << secs << " s";
+    }
+    // A second on, the next one of each kind is logged, with the count it swallowed.
+    WaitFor([] { return false; }, 1100);
+    {
+        ote_test::ErrorLogsExpected errors;
+        for (int kind = 0; kind < 3; kind++) bad(kind);
+    }
+    for (int k = 0; k < 3; k++) EXPECT_EQ(CountLogs(needles[k]), lines[k] + 1) << needles[k];
+    EXPECT_TRUE(LogContains("more like it since the last"));
+    // The engine still serves.
+    int fd = ConnectTo(addr);
+    EXPECT_TRUE(RawHandshake(fd));
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
 } // namespace
