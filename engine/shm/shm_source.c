@@ -106,8 +106,15 @@ static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
 static int src_hello(shm_src_t *s) {
     shm_tp_t *tp = s->tp;
     shm_hello_t raw, h;
-    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
-    if (wait_in(s, dl) != 1) return -1;
+    uint64_t limit_ms = ote__cfg_handshake_ms(&tp->cfg);
+    ote_deadline_t dl = ote_deadline_after(limit_ms * OTE_NSEC_PER_MSEC);
+    int w = wait_in(s, dl);
+    if (w != 1) {
+        if (w < 0)
+            OTE_WARN_LIMITED("shm", "connection from pid %d sent no HELLO within %llu ms: closing",
+                             (int)s->pid, (unsigned long long)limit_ms);
+        return -1;
+    }
     int rfd = -1;
     ssize_t n = recv_hello(s->fd, &raw, &rfd);
     if (n < 0 || ote__shm_hello_decode(&raw, (size_t)n, &h) != 0) {

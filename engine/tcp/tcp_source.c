@@ -413,17 +413,18 @@ void ote__tcp_src_pump(tcp_conn_t *c) {
     }
 }
 
-/* Deadlines of a source connection: the handshake within connect_timeout_ms; while it
+/* Deadlines of a source connection: the handshake within handshake_timeout_ms (at most
+ * connect_timeout_ms: ote__cfg_handshake_ms); while it
  * owes responses, is receiving a payload or holds part of a frame, progress (bytes in or
  * out) at least every transfer_timeout_ms. Closing it unpins what it held. */
 void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
     tcp_t *tp = c->w->tp;
     if (!c->handshaken) {
-        uint64_t limit = tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC;
+        uint64_t limit = ote__cfg_handshake_ms(&tp->cfg) * OTE_NSEC_PER_MSEC;
         if (now - c->born_ns >= limit) {
             OTE_WARN_LIMITED(
                 "tcp", "connection from %s did not complete its handshake within %llu ms: closing",
-                c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
+                c->from, (unsigned long long)ote__cfg_handshake_ms(&tp->cfg));
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }
         return;

@@ -634,7 +634,8 @@ int ConnectFrom(const char *src, const std::string &addr) {
 // once 64 slots are taken, an address with 16 handshakes in flight gets no more: the
 // first 64 silent connections wait, the others are closed at accept.
 TEST_F(HostilePeerTest, SilentConnectionsFromOneAddressDoNotStarveOthers) {
-    ote_engine_t *e = NewEngine({{"connect_timeout_ms", "120000"}});
+    ote_engine_t *e =
+        NewEngine({{"connect_timeout_ms", "120000"}, {"handshake_timeout_ms", "120000"}});
     std::string addr = EngineAddress(e);
     const int kSilent = 128, kKept = 64;
     std::vector<int> silent;
@@ -874,6 +875,58 @@ TEST_F(HostilePeerTest, GarbageAfterTheHandshakeDoesNotFloodTheLog) {
     EXPECT_TRUE(RawHandshake(fd));
     close(fd);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Open file descriptors of this process.
+size_t OpenFds() {
+    size_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr) return 0;
+    while (struct dirent *de = readdir(d))
+        if (de->d_name[0] != '.') n++;
+    closedir(d);
+    return n - 1; /* the directory's own fd */
+}
+
+// 200 connections that never speak hold no place for long: each is closed at
+// handshake_timeout_ms from its accept (or at once, over the listener's caps), a real
+// peer connects and transfers meanwhile, and every descriptor comes back.
+TEST_F(HostilePeerTest, SilentConnectionsAreClosedAndDoNotStopARealPeer) {
+    ote_engine_t *src = NewEngine({{"handshake_timeout_ms", "1500"}});
+    ASSERT_NE(src, nullptr);
+    std::string addr = EngineAddress(src);
+    std::vector<uint8_t> mem(64 << 10), got(mem.size(), 0);
+    for (size_t i = 0; i < mem.size(); i++) mem[i] = static_cast<uint8_t>(i * 7 + 1);
+    ASSERT_EQ(ote_memory_register(src, mem.data(), mem.size(), OTE_PERM_READ), OTE_OK);
+    size_t fds0 = OpenFds();
+    std::vector<int> silent;
+    for (int i = 0; i < 200; i++) {
+        int fd = ConnectFrom("127.0.0.2", addr);
+        ASSERT_GE(fd, 0) << "connection " << i << ": " << strerror(errno);
+        silent.push_back(fd);
+    }
+    // A real peer (TCP: shm would not use the listener) connects and transfers.
+    ote_engine_t *req = NewEngine({{"transports", "tcp"}});
+    ASSERT_NE(req, nullptr);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, addr.c_str(), &seg), OTE_OK);
+    ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()),
+                       mem.size()};
+    EXPECT_EQ(Transfer(req, r), OTE_OK);
+    EXPECT_EQ(got, mem);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    // Every silent connection is closed by the engine, none answered.
+    for (int fd : silent) {
+        EXPECT_TRUE(ClosedByPeer(fd, 30000));
+        close(fd);
+    }
+    EXPECT_TRUE(LogContains("did not complete its handshake within 1500 ms"));
+    // The engine's side of each is closed too: the descriptors come back.
+    EXPECT_TRUE(WaitFor([&] { return OpenFds() <= fds0; }, 30000))
+        << OpenFds() << " open, " << fds0 << " before";
+    EXPECT_EQ(ote_memory_unregister(src, mem.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
 } // namespace
