@@ -53,6 +53,9 @@ static const key_def_t g_keys[] = {
     {"slice_size", K_SIZE, "1M", 4096, 32u << 20, {NULL}},
     {"transfer_timeout_ms", K_UINT, "30000", 1, 86400000, {NULL}},
     {"connect_timeout_ms", K_UINT, "5000", 1, 600000, {NULL}},
+    /* Accepted connections (listener, shm socket) that have not completed their HELLO
+     * (and proof, with a key) by then are closed (bounded by connect_timeout_ms too). */
+    {"handshake_timeout_ms", K_UINT, "5000", 1, 600000, {NULL}},
     {"verbs_provider", K_ENUM, "", 0, 0, {"", "sim", "rdma-core", NULL}},
     {"rdma_device", K_STRING, "", 0, 63, {NULL}},
     /* Comma-separated device names: the data devices (empty: every one) and those never used. */
@@ -494,6 +497,7 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "slice_size") == 0) r.slice_size = n;
         else if (strcmp(k->key, "transfer_timeout_ms") == 0) r.transfer_timeout_ms = n;
         else if (strcmp(k->key, "connect_timeout_ms") == 0) r.connect_timeout_ms = n;
+        else if (strcmp(k->key, "handshake_timeout_ms") == 0) r.handshake_timeout_ms = n;
         else if (strcmp(k->key, "verbs_provider") == 0)
             copy_str(r.verbs_provider, sizeof(r.verbs_provider), v);
         else if (strcmp(k->key, "rdma_device") == 0)

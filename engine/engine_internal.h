@@ -46,6 +46,10 @@ typedef struct ote__cfg_s {
     uint64_t slice_size;
     uint64_t transfer_timeout_ms;
     uint64_t connect_timeout_ms;
+    /* The longest a connection accepted by this engine (listener, shm socket) may take to
+     * complete its HELLO (and, with a key, its proof) before it is closed: the smaller of
+     * handshake_timeout_ms and connect_timeout_ms (ote__cfg_handshake_ms). */
+    uint64_t handshake_timeout_ms;
     char verbs_provider[32];
     char rdma_device[64];
     char rdma_devices[256];            /* comma-separated allow list ("" = all) */
@@ -62,6 +66,12 @@ typedef struct ote__cfg_s {
     uint64_t gpu_staging_chunk;        /* bytes per pinned staging chunk */
     uint32_t gpu_staging_depth;        /* staging chunks in flight per request */
 } ote__cfg_t;
+
+/* The deadline, from accept, of an accepted connection's handshake (ms). */
+static inline uint64_t ote__cfg_handshake_ms(const ote__cfg_t *c) {
+    return c->handshake_timeout_ms < c->connect_timeout_ms ? c->handshake_timeout_ms
+                                                           : c->connect_timeout_ms;
+}
 
 /* Effective values of every key (set > OTE_<KEY> environment > default), each
  * validated. OTE_ERR_INVALID names the key and its source in an ERROR log line. */

@@ -10,7 +10,8 @@
  * OTE__LISTEN_MAX_HS handshakes at once, or, once half of those are taken, over
  * OTE__LISTEN_MAX_HS_PER_ADDR of them from its address. What a connection's first frame makes the handshake thread log is
  * rate-limited (OTE_LOG_LIMITED): every connection can cause a line. Each other connection gets a short-lived
- * handshake thread that, by connect_timeout_ms from its accept:
+ * handshake thread that, by handshake_timeout_ms (at most connect_timeout_ms) from its
+ * accept:
  *
  *   1. reads exactly one frame, which must be a HELLO no larger than a HELLO can be;
  *   2. with a cluster key, runs the challenge-response of engine/control/auth.h on it
@@ -54,7 +55,7 @@
 #define OTE__LISTEN_MAX_HS 128 /* handshakes at once */
 /* Once half the handshake slots are taken, an address (IPv6: a /64) with this many
  * handshakes in flight gets no more, so that silent connections from a few addresses
- * cannot hold every slot for connect_timeout_ms each. Below half, a burst from one host
+ * cannot hold every slot for handshake_timeout_ms each. Below half, a burst from one host
  * (many processes opening segments at once) is not limited. */
 #define OTE__LISTEN_MAX_HS_PER_ADDR 16
 #define LISTEN_ACCEPT_BATCH 64                    /* accepts between two looks at stop */
@@ -336,12 +337,12 @@ static void *hs_main(void *arg) {
     ote__listen_t *l = h->l;
     ote_engine_t *e = l->e;
     int fd = h->fd; /* stays valid: only this thread closes it or hands it over */
-    uint64_t limit = e->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC;
+    uint64_t limit = ote__cfg_handshake_ms(&e->cfg) * OTE_NSEC_PER_MSEC;
     ote_deadline_t dl = h->born + limit;
     uint8_t hb[LISTEN_HELLO_MAX];
     ote_ctl_msg_t m;
     size_t hlen = 0; /* exactly the frame */
-    ote_status_t st = read_hello(fd, h, e->cfg.connect_timeout_ms, hb, &m, &hlen, dl);
+    ote_status_t st = read_hello(fd, h, ote__cfg_handshake_ms(&e->cfg), hb, &m, &hlen, dl);
     if (st != OTE_OK) {
         hs_finish(h, fd);
         return NULL;

@@ -22,6 +22,7 @@
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/shm/shm_internal.h"
+#include "engine/shm/shm_proto.h"
 
 /* The cookie the source must read from this process (cross-memory-attach probe). */
 static _Atomic uint64_t g_probe_cookie;
@@ -187,9 +188,9 @@ static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, sh
         shm_auth_t auth;
     } r;
     size_t n = 0;
+    shm_auth_t au_msg;
     ote_status_t st = recv_by(fd, &r, sizeof(r), dl, &n);
-    if (st == OTE_OK && n == sizeof(shm_auth_t) && r.h.magic == SHM_MAGIC && r.h.kind == SHM_AUTH &&
-        r.auth.step == OTE_CTL_AUTH_CHALLENGE) {
+    if (st == OTE_OK && ote__shm_auth_decode(&r, n, OTE_CTL_AUTH_CHALLENGE, &au_msg) == 0) {
         if (key == NULL) {
             OTE_WARN("shm",
                      "peer %s requires authentication and this engine has no key: set "
@@ -199,16 +200,15 @@ static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, sh
         }
         ote_auth_t au;
         ote_auth_bind(&au, "shm", h, sizeof(*h));
-        ote_auth_prove(&au, key, r.auth.nonce);
-        memcpy(r.auth.nonce, au.nc, sizeof(au.nc));
-        memcpy(r.auth.mac, au.mac, sizeof(au.mac));
-        r.auth.step = OTE_CTL_AUTH_PROOF;
-        if (send(fd, &r.auth, sizeof(r.auth), MSG_NOSIGNAL) != (ssize_t)sizeof(r.auth))
+        ote_auth_prove(&au, key, au_msg.nonce);
+        memcpy(au_msg.nonce, au.nc, sizeof(au.nc));
+        memcpy(au_msg.mac, au.mac, sizeof(au.mac));
+        au_msg.step = OTE_CTL_AUTH_PROOF;
+        if (send(fd, &au_msg, sizeof(au_msg), MSG_NOSIGNAL) != (ssize_t)sizeof(au_msg))
             return OTE_ERR_PEER_LOST;
         st = recv_by(fd, &r, sizeof(r), dl, &n);
-        if (st == OTE_OK && n == sizeof(shm_auth_t) && r.h.magic == SHM_MAGIC &&
-            r.h.kind == SHM_AUTH && r.auth.step == OTE_CTL_AUTH_OK) {
-            if (ote_auth_check_ok(&au, key, r.auth.mac) != OTE_OK) {
+        if (st == OTE_OK && ote__shm_auth_decode(&r, n, OTE_CTL_AUTH_OK, &au_msg) == 0) {
+            if (ote_auth_check_ok(&au, key, au_msg.mac) != OTE_OK) {
                 OTE_WARN("shm", "peer %s failed to prove the cluster key: closing", p->addr);
                 return OTE_ERR_AUTH;
             }
@@ -222,10 +222,7 @@ static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, sh
         return OTE_ERR_AUTH;
     }
     if (st != OTE_OK) return st;
-    if (n != sizeof(*a) || r.h.magic != SHM_MAGIC || r.h.kind != SHM_HELLO_ACK)
-        return OTE_ERR_PROTOCOL;
-    *a = r.ack;
-    return OTE_OK;
+    return ote__shm_ack_decode(&r, n, a) == 0 ? OTE_OK : OTE_ERR_PROTOCOL;
 }
 
 /* Connect and handshake (fd and src_pid set on success). */
@@ -486,15 +483,13 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
 
 /* Responses of one RESPS message. p->mu held; -1 on a protocol error. */
 static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
-    const shm_hdr_t *h = (const shm_hdr_t *)b;
-    if (n < sizeof(*h) || n > sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t) ||
-        h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->kind != SHM_RESPS ||
-        n != sizeof(*h) + (size_t)h->n * sizeof(shm_resp_t))
-        return -1;
-    const shm_resp_t *r = (const shm_resp_t *)(b + sizeof(*h));
-    for (uint32_t i = 0; i < h->n; i++) {
+    int cnt = ote__shm_resps_count(b, n);
+    if (cnt < 0) return -1;
+    for (int i = 0; i < cnt; i++) {
+        shm_resp_t r;
+        memcpy(&r, b + sizeof(shm_hdr_t) + (size_t)i * sizeof(r), sizeof(r));
         ote__slice_t *s = p->fh;
-        if (s == NULL || s->xp.shm.id != r[i].id) return -1;
+        if (s == NULL || s->xp.shm.id != r.id) return -1;
         p->fh = s->next;
         if (p->fh == NULL) p->ft = NULL;
         p->nflight--;
@@ -504,12 +499,12 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
                                                  : OTE_CTL_WRITE_ACK;
         /* CANCELED only for a piece of a request canceled here (a CANCEL entry stopped
          * it at the source); from any other piece it is the source's error. */
-        ote_status_t st = r[i].status == OTE_ERR_CANCELED && s->canceled && atomic_load(s->canceled)
+        ote_status_t st = r.status == OTE_ERR_CANCELED && s->canceled && atomic_load(s->canceled)
                               ? OTE_ERR_CANCELED
-                              : ote_ctl_peer_status(op, (ote_status_t)r[i].status);
+                              : ote_ctl_peer_status(op, (ote_status_t)r.status);
         /* A piece of local device memory the source declined to offer by IPC (it moved
          * nothing): the engine stages it. */
-        if (s->ipc_try && r[i].status == OTE_ERR_UNSUPPORTED) st = OTE_ERR_UNSUPPORTED;
+        if (s->ipc_try && r.status == OTE_ERR_UNSUPPORTED) st = OTE_ERR_UNSUPPORTED;
         if (s->xp.shm.ring_end != 0) {
             if (st == OTE_OK && s->op == OTE__SLICE_READ)
                 memcpy(s->local, p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->len);
@@ -524,12 +519,10 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
  * CUDA IPC. p->mu held; -1 on a protocol error. */
 static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
     shm_ipc_offer_t o;
-    if (n != sizeof(o)) return -1;
-    memcpy(&o, b, sizeof(o));
+    if (!p->ipc || ote__shm_offer_decode(b, n, &o) != 0) return -1;
     ote__slice_t *s = p->fh;
-    if (!p->ipc || o.h.magic != SHM_MAGIC || o.h.version != SHM_VERSION || s == NULL ||
-        s->xp.shm.id != o.id || (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) ||
-        o.d.offset > o.d.size || s->len > o.d.size - o.d.offset)
+    if (s == NULL || s->xp.shm.id != o.id ||
+        (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) || s->len > o.d.size - o.d.offset)
         return -1;
     p->fh = s->next;
     if (p->fh == NULL) p->ft = NULL;
@@ -581,9 +574,7 @@ static void peer_ipc_poll(shm_peer_t *p, slist_t *done) {
 /* A close receipt: the source unregistered the allocation buffer_id. p->mu held. */
 static int peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n) {
     shm_ipc_close_t c;
-    if (n != sizeof(c) || !p->ipc) return -1;
-    memcpy(&c, b, sizeof(c));
-    if (c.h.magic != SHM_MAGIC || c.h.version != SHM_VERSION) return -1;
+    if (!p->ipc || ote__shm_close_decode(b, n, &c) != 0) return -1;
     p->tp->host.ipc_revoked(p->tp->host.arg, (uint64_t)p->src_pid, c.buffer_id);
     return 0;
 }
@@ -666,7 +657,8 @@ static void *rx_main(void *arg) {
                 break;
             }
             if (peer_message(p, buf, (size_t)n, &done) != 0) {
-                OTE_ERROR("shm", "peer %s: malformed or out-of-order response: closing", p->addr);
+                OTE_LOG_LIMITED(OTE_LOG_ERROR, "shm",
+                                "peer %s: malformed or out-of-order response: closing", p->addr);
                 peer_kill(p, OTE_ERR_PROTOCOL, &done);
                 break;
             }

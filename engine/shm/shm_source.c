@@ -22,6 +22,7 @@
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/shm/shm_internal.h"
+#include "engine/shm/shm_proto.h"
 #include "ote/ote.h"
 
 /* Wait until fd is readable; 1 ready, 0 stop requested, -1 deadline passed. */
@@ -76,9 +77,9 @@ static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
         return -1;
     }
     /* MSG_TRUNC: the real length of a longer message, which is refused. */
-    ssize_t n = recv(s->fd, &m, sizeof(m), MSG_DONTWAIT | MSG_TRUNC);
-    if (n != (ssize_t)sizeof(m) || m.h.magic != SHM_MAGIC || m.h.kind != SHM_AUTH ||
-        m.step != OTE_CTL_AUTH_PROOF) {
+    shm_auth_t in;
+    ssize_t n = recv(s->fd, &in, sizeof(in), MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0 || ote__shm_auth_decode(&in, (size_t)n, OTE_CTL_AUTH_PROOF, &m) != 0) {
         ote_auth_failed(
             "shm", &peer,
             n == 0 ? "closed without a proof (no key?)" : "a message other than its proof");
@@ -104,17 +105,26 @@ static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
 /* The handshake: 0 when the requester is served, -1 when refused or gone. */
 static int src_hello(shm_src_t *s) {
     shm_tp_t *tp = s->tp;
-    shm_hello_t h;
-    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
-    if (wait_in(s, dl) != 1) return -1;
+    shm_hello_t raw, h;
+    uint64_t limit_ms = ote__cfg_handshake_ms(&tp->cfg);
+    ote_deadline_t dl = ote_deadline_after(limit_ms * OTE_NSEC_PER_MSEC);
+    int w = wait_in(s, dl);
+    if (w != 1) {
+        if (w < 0)
+            OTE_WARN_LIMITED("shm", "connection from pid %d sent no HELLO within %llu ms: closing",
+                             (int)s->pid, (unsigned long long)limit_ms);
+        return -1;
+    }
     int rfd = -1;
-    ssize_t n = recv_hello(s->fd, &h, &rfd);
-    if (n != (ssize_t)sizeof(h) || h.h.magic != SHM_MAGIC || h.h.kind != SHM_HELLO) {
-        OTE_WARN("shm", "connection from pid %d did not begin with a HELLO: closing", (int)s->pid);
+    ssize_t n = recv_hello(s->fd, &raw, &rfd);
+    if (n < 0 || ote__shm_hello_decode(&raw, (size_t)n, &h) != 0) {
+        OTE_WARN_LIMITED("shm", "connection from pid %d did not begin with a HELLO: closing",
+                         (int)s->pid);
         if (rfd >= 0) close(rfd);
         return -1;
     }
-    if (tp->host.auth_key != NULL && src_auth(s, &h, dl) != 0) {
+    /* The exchange is bound to the HELLO's bytes as they came. */
+    if (tp->host.auth_key != NULL && src_auth(s, &raw, dl) != 0) {
         if (rfd >= 0) close(rfd);
         return -1;
     }
@@ -681,11 +691,9 @@ static void src_cancel(shm_src_t *s, const shm_req_t *c) {
  * request checked and pinned. The number of its entries that get a response, or -1
  * when it is malformed (the connection closes). */
 static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
-    if ((size_t)n < sizeof(shm_hdr_t) || (size_t)n > sizeof(m->in.b) ||
-        m->in.h.magic != SHM_MAGIC || m->in.h.version != SHM_VERSION || m->in.h.kind != SHM_REQS ||
-        m->in.h.n > SHM_BATCH_MAX ||
-        (size_t)n != sizeof(shm_hdr_t) + m->in.h.n * sizeof(shm_req_t)) {
-        OTE_WARN("shm", "malformed message from %s (pid %d): closing", s->from, (int)s->pid);
+    if (n < 0 || ote__shm_reqs_count(m->in.b, (size_t)n) < 0) {
+        OTE_WARN_LIMITED("shm", "malformed message from %s (pid %d): closing", s->from,
+                         (int)s->pid);
         return -1;
     }
     const shm_req_t *q = msg_reqs(m);
@@ -707,17 +715,14 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
         if (q[i].op == OTE__SLICE_NOTIFY) continue; /* delivered in its place */
         ote_status_t st = src_check(s, &q[i], &m->pin[i]);
         /* Flags: IPC ones only where negotiated; a local device buffer never in the ring. */
-        uint16_t fl = q[i].flags,
-                 ok = SHM_REQ_RING | (s->ipc ? SHM_REQ_IPC | SHM_REQ_LOCAL_DEV : 0);
-        if (st == OTE_OK && ((fl & ~ok) != 0 || ((fl & SHM_REQ_LOCAL_DEV) &&
-                                                 (!(fl & SHM_REQ_IPC) || (fl & SHM_REQ_RING)))))
-            st = OTE_ERR_INVALID;
+        uint16_t fl = q[i].flags;
+        if (st == OTE_OK && !ote__shm_req_flags_ok(fl, s->ipc)) st = OTE_ERR_INVALID;
         /* A local device buffer against host memory here: nothing can move (the
          * requester stages it). */
         if (st == OTE_OK && (fl & SHM_REQ_LOCAL_DEV) && !src_is_device(s, m->pin[i]))
             st = OTE_ERR_UNSUPPORTED;
         if (st == OTE_OK && in_ring(s, &q[i]) &&
-            (s->ring == NULL || q[i].local > s->ring_len || q[i].len > s->ring_len - q[i].local))
+            !ote__shm_ring_range_ok(s->ring, s->ring_len, q[i].local, q[i].len))
             st = OTE_ERR_INVALID;
         atomic_store(&m->st[i], (int32_t)st);
     }

@@ -176,8 +176,8 @@ void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why) {
     for (ote__slice_t *s = inflight; s; s = s->next) n++;
     for (ote__slice_t *s = q; s; s = s->next) n++;
     if (n > 0)
-        OTE_WARN("tcp", "connection %u to %s closed (%s): failing %zu slice(s)", c->index,
-                 c->peer ? c->peer->addr : "?", ote_status_str(why), n);
+        OTE_WARN_LIMITED("tcp", "connection %u to %s closed (%s): failing %zu slice(s)", c->index,
+                         c->peer ? c->peer->addr : "?", ote_status_str(why), n);
     else
         OTE_DEBUG("tcp", "connection %u to %s closed (%s)", c->index, c->peer ? c->peer->addr : "?",
                   ote_status_str(why));

@@ -295,16 +295,18 @@ int ote__tcp_req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     ote__slice_t *s = req_oldest_sent(c);
     if (m->version != c->version || s == NULL || m->req_id != s->xp.tcp.seq ||
         m->opcode != s->op + 1) {
-        OTE_ERROR("tcp", "unexpected %s (id %llu, version %u) from %s: closing connection",
-                  ote_ctl_opcode_str(m->opcode), (unsigned long long)m->req_id, m->version,
-                  c->peer ? c->peer->addr : "?");
+        OTE_LOG_LIMITED(OTE_LOG_ERROR, "tcp",
+                        "unexpected %s (id %llu, version %u) from %s: closing connection",
+                        ote_ctl_opcode_str(m->opcode), (unsigned long long)m->req_id, m->version,
+                        c->peer ? c->peer->addr : "?");
         ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
         return -1;
     }
     if (m->opcode == OTE_CTL_READ_RESP && m->status == OTE_OK) {
         if (m->data_len != s->len) {
-            OTE_ERROR("tcp", "READ_RESP of %u bytes for a %u-byte slice from %s", m->data_len,
-                      s->len, c->peer ? c->peer->addr : "?");
+            OTE_LOG_LIMITED(OTE_LOG_ERROR, "tcp",
+                            "READ_RESP of %u bytes for a %u-byte slice from %s", m->data_len,
+                            s->len, c->peer ? c->peer->addr : "?");
             ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
             return -1;
         }

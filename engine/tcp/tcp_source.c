@@ -148,10 +148,10 @@ static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     uint16_t ver = 0;
     if (m->opcode != OTE_CTL_HELLO ||
         ote_ctl_negotiate(m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver) != OTE_OK) {
-        OTE_ERROR("tcp",
-                  "adopted connection from %s: its first frame is no usable HELLO (%s): "
-                  "closing",
-                  c->from, ote_ctl_opcode_str(m->opcode));
+        OTE_LOG_LIMITED(OTE_LOG_ERROR, "tcp",
+                        "adopted connection from %s: its first frame is no usable HELLO (%s): "
+                        "closing",
+                        c->from, ote_ctl_opcode_str(m->opcode));
         ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
         return -1;
     }
@@ -321,8 +321,9 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     tcp_t *tp = c->w->tp;
     if (!c->handshaken) return src_hello(c, m);
     if (m->version != c->version) {
-        OTE_WARN("control", "frame with version %u on a version-%u connection from %s: closing",
-                 m->version, c->version, c->from);
+        OTE_WARN_LIMITED("control",
+                         "frame with version %u on a version-%u connection from %s: closing",
+                         m->version, c->version, c->from);
         ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
         return -1;
     }
@@ -381,11 +382,11 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
         case OTE_CTL_BUFS_REQ: c->last_large = 0; return src_buffers(c, m->req_id);
         default:
             if (m->opcode == OTE_CTL_ERROR && ote_status_code(m->status) == OTE_ERR_AUTH)
-                OTE_WARN("control", "requester %s refused this engine: %.*s", c->from,
-                         (int)m->u.error.text_len, m->u.error.text);
+                OTE_WARN_LIMITED("control", "requester %s refused this engine: %.*s", c->from,
+                                 (int)m->u.error.text_len, m->u.error.text);
             else
-                OTE_WARN("control", "unexpected %s from requester %s: closing",
-                         ote_ctl_opcode_str(m->opcode), c->from);
+                OTE_WARN_LIMITED("control", "unexpected %s from requester %s: closing",
+                                 ote_ctl_opcode_str(m->opcode), c->from);
             ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
             return -1;
     }
@@ -412,17 +413,18 @@ void ote__tcp_src_pump(tcp_conn_t *c) {
     }
 }
 
-/* Deadlines of a source connection: the handshake within connect_timeout_ms; while it
+/* Deadlines of a source connection: the handshake within handshake_timeout_ms (at most
+ * connect_timeout_ms: ote__cfg_handshake_ms); while it
  * owes responses, is receiving a payload or holds part of a frame, progress (bytes in or
  * out) at least every transfer_timeout_ms. Closing it unpins what it held. */
 void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
     tcp_t *tp = c->w->tp;
     if (!c->handshaken) {
-        uint64_t limit = tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC;
+        uint64_t limit = ote__cfg_handshake_ms(&tp->cfg) * OTE_NSEC_PER_MSEC;
         if (now - c->born_ns >= limit) {
-            OTE_WARN("tcp",
-                     "connection from %s did not complete its handshake within %llu ms: closing",
-                     c->from, (unsigned long long)tp->cfg.connect_timeout_ms);
+            OTE_WARN_LIMITED(
+                "tcp", "connection from %s did not complete its handshake within %llu ms: closing",
+                c->from, (unsigned long long)ote__cfg_handshake_ms(&tp->cfg));
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }
         return;
@@ -434,11 +436,12 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
         return;
     }
     if (now - c->progress_ns >= tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC) {
-        OTE_WARN("tcp",
-                 "requester %s made no progress for %llu ms (%zu response(s) queued%s): closing "
-                 "its connection and releasing its registrations",
-                 c->from, (unsigned long long)tp->cfg.transfer_timeout_ms, c->rcount,
-                 c->rx_state != RX_HDR ? ", a payload pending" : "");
+        OTE_WARN_LIMITED(
+            "tcp",
+            "requester %s made no progress for %llu ms (%zu response(s) queued%s): closing "
+            "its connection and releasing its registrations",
+            c->from, (unsigned long long)tp->cfg.transfer_timeout_ms, c->rcount,
+            c->rx_state != RX_HDR ? ", a payload pending" : "");
         ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
     }
 }

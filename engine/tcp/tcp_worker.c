@@ -112,9 +112,10 @@ void ote__tcp_conn_read(tcp_conn_t *c) {
                 ote_ctl_decode(c->rxbuf + c->rx_start, c->rx_end - c->rx_start, &m, &used);
             if (st == OTE_ERR_AGAIN) break;
             if (st != OTE_OK) {
-                OTE_ERROR("control", "malformed frame from %s: %s; closing connection",
-                          c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
-                          ote_status_str(st));
+                OTE_LOG_LIMITED(OTE_LOG_ERROR, "control",
+                                "malformed frame from %s: %s; closing connection",
+                                c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
+                                ote_status_str(st));
                 ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
                 return;
             }
@@ -140,9 +141,9 @@ void ote__tcp_conn_read(tcp_conn_t *c) {
         if (c->last_large && c->rx_end < OTE_CTL_RW2_FRAME_LEN)
             want = OTE_CTL_RW2_FRAME_LEN - c->rx_end;
         if (want == 0) { /* an incomplete frame fills the buffer: larger than allowed here */
-            OTE_WARN("control", "frame from %s larger than %zu bytes%s: closing connection",
-                     c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"), c->rxcap,
-                     c->handshaken ? "" : " before the handshake");
+            OTE_WARN_LIMITED("control", "frame from %s larger than %zu bytes%s: closing connection",
+                             c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
+                             c->rxcap, c->handshaken ? "" : " before the handshake");
             ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
             return;
         }
@@ -237,8 +238,8 @@ static void worker_tick(tcp_worker_t *w, uint64_t now) {
             continue;
         }
         if (now >= ote__tcp_req_oldest_deadline(c)) {
-            OTE_WARN("tcp", "a transfer to %s passed its deadline: closing connection %u",
-                     c->peer ? c->peer->addr : "?", c->index);
+            OTE_WARN_LIMITED("tcp", "a transfer to %s passed its deadline: closing connection %u",
+                             c->peer ? c->peer->addr : "?", c->index);
             ote__tcp_conn_kill(c, OTE_ERR_TIMEOUT);
         }
     }

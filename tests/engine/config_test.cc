@@ -44,6 +44,7 @@ TEST_F(ConfigTest, DefaultsSetAndEnvironment) {
     EXPECT_EQ(Get("slice_size"), "1M");
     EXPECT_EQ(Get("transfer_timeout_ms"), "30000");
     EXPECT_EQ(Get("connect_timeout_ms"), "5000");
+    EXPECT_EQ(Get("handshake_timeout_ms"), "5000");
     setenv("OTE_TCP_WORKERS", "3", 1);
     EXPECT_EQ(Get("tcp_workers"), "3");
     ASSERT_EQ(ote_config_set(cfg_, "tcp_workers", "5"), OTE_OK);

@@ -634,7 +634,8 @@ int ConnectFrom(const char *src, const std::string &addr) {
 // once 64 slots are taken, an address with 16 handshakes in flight gets no more: the
 // first 64 silent connections wait, the others are closed at accept.
 TEST_F(HostilePeerTest, SilentConnectionsFromOneAddressDoNotStarveOthers) {
-    ote_engine_t *e = NewEngine({{"connect_timeout_ms", "120000"}});
+    ote_engine_t *e =
+        NewEngine({{"connect_timeout_ms", "120000"}, {"handshake_timeout_ms", "120000"}});
     std::string addr = EngineAddress(e);
     const int kSilent = 128, kKept = 64;
     std::vector<int> silent;
@@ -817,6 +818,115 @@ TEST_F(HostilePeerTest, HelloAddressThatCouldForgeLogLinesIsRefused) {
     EXPECT_TRUE(RawHandshake(fd)); // "raw:1" is fine
     close(fd);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// ---- hardening: per-connection lines after the handshake, silent connections ----------
+
+// A requester that completes its handshake and then sends garbage, over and over on new
+// connections: each connection is closed with an error, and the source's lines about
+// them are rate-limited (about one a second per kind, with the count swallowed), so a
+// hostile peer cannot flood the log.
+TEST_F(HostilePeerTest, GarbageAfterTheHandshakeDoesNotFloodTheLog) {
+    ote_engine_t *e = NewEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = EngineAddress(e);
+    // One connection: a good handshake, then kind 0: bytes that are no frame (an unknown
+    // opcode); 1: a well-formed frame a requester never sends; 2: a frame of another
+    // version than the connection's. Each must close the connection.
+    auto bad = [&](int kind) {
+        int fd = ConnectTo(addr);
+        ASSERT_GE(fd, 0);
+        ASSERT_TRUE(RawHandshake(fd));
+        uint8_t hdr[OTE_CTL_HDR_LEN];
+        if (kind == 0) ote_ctl_put_hdr(hdr, 1, 0x7777, 1, OTE_OK, 0);
+        if (kind == 1) ote_ctl_put_hdr(hdr, 1, OTE_CTL_NOTIFY_ACK, 1, OTE_OK, 0);
+        if (kind == 2) ote_ctl_put_hdr(hdr, 2, OTE_CTL_BUFS_REQ, 1, OTE_OK, 0);
+        ASSERT_TRUE(SendAll(fd, hdr, sizeof(hdr)));
+        EXPECT_TRUE(ClosedByPeer(fd));
+        close(fd);
+    };
+    const char *needles[] = {"malformed frame from", "unexpected NOTIFY_ACK from requester",
+                             "on a version-1 connection"};
+    const int kConns = 60;
+    uint64_t t0 = ote_now_ns();
+    {
+        ote_test::ErrorLogsExpected errors; // "malformed frame" is an ERROR line
+        for (int i = 0; i < kConns; i++)
+            for (int kind = 0; kind < 3; kind++) bad(kind);
+    }
+    uint64_t secs = (ote_now_ns() - t0) / (1000 * kMs);
+    size_t lines[3];
+    for (int k = 0; k < 3; k++) {
+        lines[k] = CountLogs(needles[k]);
+        // At most one line per second of each kind, plus the first.
+        EXPECT_LE(lines[k], secs + 2) << lines[k] << " lines \"" << needles[k] << "\" for "
+                                      << kConns << " connections in " << secs << " s";
+    }
+    // A second on, the next one of each kind is logged, with the count it swallowed.
+    WaitFor([] { return false; }, 1100);
+    {
+        ote_test::ErrorLogsExpected errors;
+        for (int kind = 0; kind < 3; kind++) bad(kind);
+    }
+    for (int k = 0; k < 3; k++) EXPECT_EQ(CountLogs(needles[k]), lines[k] + 1) << needles[k];
+    EXPECT_TRUE(LogContains("more like it since the last"));
+    // The engine still serves.
+    int fd = ConnectTo(addr);
+    EXPECT_TRUE(RawHandshake(fd));
+    close(fd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Open file descriptors of this process.
+size_t OpenFds() {
+    size_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr) return 0;
+    while (struct dirent *de = readdir(d))
+        if (de->d_name[0] != '.') n++;
+    closedir(d);
+    return n - 1; /* the directory's own fd */
+}
+
+// 200 connections that never speak hold no place for long: each is closed at
+// handshake_timeout_ms from its accept (or at once, over the listener's caps), a real
+// peer connects and transfers meanwhile, and every descriptor comes back.
+TEST_F(HostilePeerTest, SilentConnectionsAreClosedAndDoNotStopARealPeer) {
+    ote_engine_t *src = NewEngine({{"handshake_timeout_ms", "1500"}});
+    ASSERT_NE(src, nullptr);
+    std::string addr = EngineAddress(src);
+    std::vector<uint8_t> mem(64 << 10), got(mem.size(), 0);
+    for (size_t i = 0; i < mem.size(); i++) mem[i] = static_cast<uint8_t>(i * 7 + 1);
+    ASSERT_EQ(ote_memory_register(src, mem.data(), mem.size(), OTE_PERM_READ), OTE_OK);
+    size_t fds0 = OpenFds();
+    std::vector<int> silent;
+    for (int i = 0; i < 200; i++) {
+        int fd = ConnectFrom("127.0.0.2", addr);
+        ASSERT_GE(fd, 0) << "connection " << i << ": " << strerror(errno);
+        silent.push_back(fd);
+    }
+    // A real peer (TCP: shm would not use the listener) connects and transfers.
+    ote_engine_t *req = NewEngine({{"transports", "tcp"}});
+    ASSERT_NE(req, nullptr);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, addr.c_str(), &seg), OTE_OK);
+    ote_request_t r = {OTE_READ, got.data(), seg, reinterpret_cast<uintptr_t>(mem.data()),
+                       mem.size()};
+    EXPECT_EQ(Transfer(req, r), OTE_OK);
+    EXPECT_EQ(got, mem);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    // Every silent connection is closed by the engine, none answered.
+    for (int fd : silent) {
+        EXPECT_TRUE(ClosedByPeer(fd, 30000));
+        close(fd);
+    }
+    EXPECT_TRUE(LogContains("did not complete its handshake within 1500 ms"));
+    // The engine's side of each is closed too: the descriptors come back.
+    EXPECT_TRUE(WaitFor([&] { return OpenFds() <= fds0; }, 30000))
+        << OpenFds() << " open, " << fds0 << " before";
+    EXPECT_EQ(ote_memory_unregister(src, mem.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
 } // namespace

@@ -336,7 +336,8 @@ class ShmHostileTest : public ote_test::OteTest {
 
 TEST_F(ShmHostileTest, NoHelloIsClosedAtTheHandshakeDeadline) {
     int fd = Connect();
-    EXPECT_TRUE(ote_test::ClosedByPeer(fd)); // connect_timeout_ms 1000
+    EXPECT_TRUE(ote_test::ClosedByPeer(fd)); // connect_timeout_ms 1000 (< handshake_timeout_ms)
+    EXPECT_TRUE(LogContains("sent no HELLO within 1000 ms"));
 }
 
 TEST_F(ShmHostileTest, GarbageOrWrongFirstMessagesAreClosed) {

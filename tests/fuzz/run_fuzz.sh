@@ -1,8 +1,12 @@
 #!/bin/bash
 # tests/fuzz/run_fuzz.sh - build the control-plane libFuzzer targets with Debian's clang
-# (the frame codec and handshake checks; the RDMA transport's message codec) and run
-# each for a bounded time. Exits non-zero when clang fails or a fuzzer finds a crash, a
-# sanitizer report or a leak.
+# (the frame codec and handshake checks; the RDMA transport's message codec; the shm
+# transport's wire checks, its HELLO and AUTH steps included) and run each for a bounded
+# time. Exits non-zero when clang fails or a fuzzer finds a crash, a sanitizer report or
+# a leak.
+#
+# Regression mode (seconds 0): each target runs once over its seeds and over the inputs
+# kept in tests/fuzz/regress/<target>/ (inputs that once found a bug), without fuzzing.
 #
 #   tests/fuzz/run_fuzz.sh [seconds]        (from the repository root, or as a Bazel test)
 set -euo pipefail
@@ -72,12 +76,40 @@ printf "$INFO_HEAD" >"$RCORPUS/info_short"
     printf '\x88\x77\x66\x55\x44\x33\x22\x11'
 } >"$RCORPUS/grant_epoch"
 
+# The shm transport's wire checks (engine/shm/shm_proto.h): one SOCK_SEQPACKET message
+# per input. Seeds (a HELLO, the three AUTH steps, HELLO_ACKs, REQS, RESPS, an IPC offer
+# and close receipt, and malformed neighbours of them) are written by the target itself
+# built with -DOTE_SHM_FUZZ_SEEDS, so they follow the structs' layout.
+SBIN="$WORK/shm_fuzz"
+SFLAGS=(-std=c11 -D_GNU_SOURCE -DOTE__INSIDE_ENGINE -g -O1 -I"$ROOT" -I"$ROOT/engine/include")
+"$CLANG" "${SFLAGS[@]}" -DOTE_SHM_FUZZ_SEEDS -fsanitize=address,undefined \
+    -fno-sanitize-recover=undefined \
+    "$ROOT/engine/shm/fuzz_shm.c" "$ROOT/engine/shm/shm_proto.c" -o "$WORK/shm_seeds"
+"$CLANG" "${SFLAGS[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    "$ROOT/engine/shm/fuzz_shm.c" "$ROOT/engine/shm/shm_proto.c" -o "$SBIN"
+SCORPUS="$WORK/shm_corpus"
+mkdir -p "$SCORPUS"
+"$WORK/shm_seeds" "$SCORPUS"
+
+# Kept inputs of each target (regress/<name>/) join its corpus.
+for kept in ctl_fuzz:"$CORPUS" rp_fuzz:"$RCORPUS" shm_fuzz:"$SCORPUS"; do
+    dir="$ROOT/tests/fuzz/regress/${kept%%:*}"
+    if [[ -d "$dir" ]]; then
+        for f in "$dir"/*; do [[ -f "$f" ]] && cp "$f" "${kept#*:}/regress_$(basename "$f")"; done
+    fi
+done
+
 cd "$WORK"
 fail=0
-for run in "$BIN $CORPUS 8192" "$RBIN $RCORPUS 128"; do
+for run in "$BIN $CORPUS 8192" "$RBIN $RCORPUS 128" "$SBIN $SCORPUS 2048"; do
     set -- $run
     set +e
-    "$1" -max_total_time="$SECS" -rss_limit_mb=2048 -max_len="$3" -print_final_stats=1 "$2" 2>&1 | tail -n 25
+    if [[ "$SECS" == 0 ]]; then
+        # Each input once (libFuzzer runs the files it is given and stops).
+        "$1" -rss_limit_mb=2048 "$2"/* 2>&1 | tail -n 5
+    else
+        "$1" -max_total_time="$SECS" -rss_limit_mb=2048 -max_len="$3" -print_final_stats=1 "$2" 2>&1 | tail -n 25
+    fi
     rc=${PIPESTATUS[0]}
     set -e
     if [[ $rc -ne 0 ]]; then
@@ -89,5 +121,9 @@ if [[ $fail -ne 0 ]]; then
     echo "0 passed, 1 failed"
     exit 1
 fi
-echo "run_fuzz: no crash in ${SECS}s per target"
+if [[ "$SECS" == 0 ]]; then
+    echo "run_fuzz: no crash over the seeds and kept inputs of each target"
+else
+    echo "run_fuzz: no crash in ${SECS}s per target"
+fi
 echo "1 passed, 0 failed"

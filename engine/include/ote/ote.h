@@ -45,12 +45,16 @@ typedef struct ote_batch ote_batch_t;
  *                        (default 1024), counted per transport (TCP data connections,
  *                        and shm control sockets, each served by its own thread); more
  *                        are closed at once. An accepted connection
- *                        must finish its handshake within connect_timeout_ms, and one
+ *                        must finish its handshake within handshake_timeout_ms, and one
  *                        that owes answers or data must make progress at least every
  *                        transfer_timeout_ms, else it is closed (a WARN names the peer).
  *   slice_size           bytes per slice a request is cut into (default 1M).
  *   transfer_timeout_ms  deadline of every transfer (default 30000).
  *   connect_timeout_ms   deadline of a connection attempt and handshake (default 5000).
+ *   handshake_timeout_ms deadline, from accept, of the HELLO (and, with a key, the proof)
+ *                        of a connection this engine accepted (listener, shm socket): at
+ *                        most connect_timeout_ms; a later one is closed with a
+ *                        rate-limited WARN (default 5000).
  *   verbs_provider       "sim" or "rdma-core" (transport=rdma).
  *   rdma_device          device name to pin (transport=rdma; default: automatic).
  *   rdma_devices         comma-separated device names the RDMA data path may use
