@@ -264,6 +264,7 @@ ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ip
                                      uint8_t *local, uint32_t local_kind, uint32_t len, int write,
                                      void **op_out);
 ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up);
+ote_status_t ote__reg_ipc_copy_settle(void *arg, void *op, int abandon);
 void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id);
 void ote__reg_ipc_exporter_dead(void *arg, uint64_t exporter);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the

@@ -124,13 +124,18 @@ ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ip
     ote__gpu_ipc_op_t *op = NULL;
     ote_status_t st =
         ote__gpu_ipc_copy_start(e->gpu, exporter, desc, local, local_kind, len, write, &op);
-    if (st == OTE_OK) *op_out = op;
+    *op_out = op; /* set on a failure too when the copy's outcome is unknown */
     return st;
 }
 
 ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up) {
     ote_engine_t *e = arg;
     return ote__gpu_ipc_copy_poll(e->gpu, op, give_up);
+}
+
+ote_status_t ote__reg_ipc_copy_settle(void *arg, void *op, int abandon) {
+    ote_engine_t *e = arg;
+    return ote__gpu_ipc_copy_settle(e->gpu, op, abandon);
 }
 
 void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id) {

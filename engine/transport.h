@@ -158,9 +158,13 @@ typedef struct {
      * desc from `exporter` (a key of the exporting peer) through the engine's bounded
      * cache and enqueues the copy of len bytes between it and local (local_kind: host
      * or device memory), write 1 = local to remote; *op_out is polled with
-     * ipc_copy_poll: OTE_ERR_AGAIN while running, else the copy's status and the op is
-     * gone (give_up: the deadline passed; the op's stream and mapping are retained until
-     * the driver proves the copy complete, and OTE_ERR_TIMEOUT is returned).
+     * ipc_copy_poll: OTE_ERR_AGAIN while running, OTE_OK when complete (the op is gone),
+     * else the request's status (the driver's; OTE_ERR_TIMEOUT when give_up: the deadline
+     * passed) and the op stays, its outcome unknown (as a failed ipc_copy_start that set
+     * *op_out): ipc_copy_settle answers OTE_ERR_AGAIN until the driver proves the copy
+     * complete, then OTE_OK (the op is gone): only then may the source's pin go;
+     * abandon (the peer is gone) hands the op to the engine, which retains its stream and
+     * mapping until proven complete, and answers OTE_OK.
      * ipc_revoked: the exporter unregistered buffer_id (a close receipt);
      * ipc_exporter_dead: every import of exporter is released (closed once unused). */
     ote_status_t (*ipc_export)(void *arg, void *pin, uint64_t addr, uint32_t len,
@@ -170,6 +174,7 @@ typedef struct {
                                    uint8_t *local, uint32_t local_kind, uint32_t len, int write,
                                    void **op_out);
     ote_status_t (*ipc_copy_poll)(void *arg, void *op, int give_up);
+    ote_status_t (*ipc_copy_settle)(void *arg, void *op, int abandon);
     void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
     void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
     /* This engine instance's epoch: 64 random bits (nonzero) drawn at ote_engine_create,

@@ -145,9 +145,18 @@ ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote
         st = ote_cuda_stream_copy(op->s, k, write ? remote : l, write ? l : remote, len);
         if (st == OTE_OK) st = ote_cuda_stream_commit(op->s, NULL, NULL);
         if (st != OTE_OK && ote_cuda_stream_state(op->s) != OTE_CUDA_STREAM_IDLE) {
-            ote__gpu_park_map(g, d, op->s, NULL, op->map); /* the copy may still run */
-            op->s = NULL;
-            op->map = NULL;
+            /* The copy may still run: the op is the caller's to settle (its mapping stays
+             * referenced, and the source's pin must stay until the driver proves the copy
+             * complete). */
+            OTE_WARN_LIMITED("gpu",
+                             "CUDA IPC copy of %u bytes (buffer %llu of exporter %llu): %s; "
+                             "outcome unknown until the driver proves it complete",
+                             len, (unsigned long long)desc->buffer_id, (unsigned long long)exporter,
+                             ote_status_str(st));
+            atomic_fetch_add(&g->n_ipc_failed, 1);
+            op->d = d;
+            *op_out = op;
+            return st;
         }
     }
     if (st == OTE_OK) {
@@ -174,17 +183,44 @@ ote_status_t ote__gpu_ipc_copy_poll(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int gi
         ote_cuda_ipc_mapping_put(op->d->ipc, op->map);
         ote__gpu_stream_put(g, op->d, op->s);
         atomic_fetch_add(&g->n_ipc_ok, 1);
-    } else {
-        /* Pending past the deadline, or an unknown outcome (the stream is retained):
-         * the copy may still touch both ends. */
-        if (st == OTE_ERR_AGAIN) st = OTE_ERR_TIMEOUT;
-        OTE_WARN_LIMITED("gpu", "cuda:%d: CUDA IPC copy failed: %s",
-                         ote_cuda_device_ordinal(op->d->dev), ote_status_str(st));
-        ote__gpu_park_map(g, op->d, op->s, NULL, op->map);
-        atomic_fetch_add(&g->n_ipc_failed, 1);
+        ote_free(op);
+        return OTE_OK;
     }
-    ote_free(op);
+    /* Pending past the deadline, or an unknown outcome (the stream is retained): the copy
+     * may still touch both ends. The op stays the caller's, unsettled, until
+     * ote__gpu_ipc_copy_settle proves it complete (or abandons it to the parked list). */
+    if (st == OTE_ERR_AGAIN) st = OTE_ERR_TIMEOUT;
+    OTE_WARN_LIMITED("gpu",
+                     "cuda:%d: CUDA IPC copy failed: %s; its outcome is unknown until the "
+                     "driver proves it complete",
+                     ote_cuda_device_ordinal(op->d->dev), ote_status_str(st));
+    atomic_fetch_add(&g->n_ipc_failed, 1);
     return st;
+}
+
+ote_status_t ote__gpu_ipc_copy_settle(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int abandon) {
+    if (!abandon) {
+        ote_status_t st = ote_cuda_stream_state(op->s) == OTE_CUDA_STREAM_RETAINED
+                              ? ote_cuda_stream_reclaim(op->s)
+                              : ote_cuda_stream_poll(op->s);
+        if (st == OTE_OK) {
+            /* Proven complete: the mapping's reference goes back, the stream is reused. */
+            ote_cuda_ipc_mapping_put(op->d->ipc, op->map);
+            ote__gpu_stream_put(g, op->d, op->s);
+            atomic_fetch_add(&g->n_ipc_settled, 1);
+            OTE_INFO("gpu", "cuda:%d: a CUDA IPC copy of unknown outcome proved complete",
+                     ote_cuda_device_ordinal(op->d->dev));
+            ote_free(op);
+            return OTE_OK;
+        }
+        return OTE_ERR_AGAIN;
+    }
+    /* The peer is gone (or the transport closes): the engine keeps the stream and the
+     * mapping until the driver proves the work complete (engine destroy retains them). */
+    ote__gpu_park_map(g, op->d, op->s, NULL, op->map);
+    ote_free(op);
+    ote__gpu_worker_ensure(g); /* it looks at parked work every tick */
+    return OTE_OK;
 }
 
 void ote__gpu_ipc_revoked(ote__gpu_t *g, uint64_t exporter, uint64_t buffer_id) {

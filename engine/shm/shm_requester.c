@@ -116,6 +116,45 @@ static void peer_ipc_done(shm_peer_t *p, uint64_t id) {
     p->woff[p->nwoff++] = (shm_woff_t){0, 0, 0, 0, SHM_OP_IPC_DONE, id};
 }
 
+/* The IPC copy of piece id has an unknown outcome (its request ended with its status):
+ * no IPC_DONE until ipc_copy_settle proves it complete (peer_ipc_settle). p->mu held. */
+static void peer_ipc_unsettled(shm_peer_t *p, uint64_t id, void *op) {
+    const ote__host_t *h = &p->tp->host;
+    shm_unsettled_t *u = p->broken ? NULL : ote_calloc(1, sizeof(*u));
+    if (u == NULL) {
+        if (!p->broken)
+            OTE_WARN_LIMITED("shm",
+                             "peer %s: out of memory for an unsettled IPC copy: the source "
+                             "keeps the piece pinned until the connection closes",
+                             p->addr);
+        (void)h->ipc_copy_settle(h->arg, op, 1); /* the engine retains it */
+        return;
+    }
+    u->id = id;
+    u->op = op;
+    u->next = p->uh;
+    p->uh = u;
+}
+
+/* Ask the driver again about the IPC copies of unknown outcome: each one proven complete
+ * tells the source (IPC_DONE: its pin goes); once the connection ended, each is handed to
+ * the engine, which retains it until proven complete. p->mu held. */
+static void peer_ipc_settle(shm_peer_t *p) {
+    const ote__host_t *h = &p->tp->host;
+    int abandon = p->broken || p->stop;
+    shm_unsettled_t **pp = &p->uh;
+    while (*pp) {
+        shm_unsettled_t *u = *pp;
+        if (h->ipc_copy_settle(h->arg, u->op, abandon) != OTE_OK) {
+            pp = &u->next;
+            continue;
+        }
+        *pp = u->next;
+        if (!abandon) peer_ipc_done(p, u->id);
+        ote_free(u);
+    }
+}
+
 static int read_ptrace_scope(void) {
     FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
     int v = 0;
@@ -541,7 +580,8 @@ static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) 
     ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, s->local, s->local_kind,
                                         s->len, s->op == OTE__SLICE_WRITE, &op);
     if (st != OTE_OK) {
-        peer_ipc_done(p, o.id); /* the source drops its pin */
+        if (op != NULL) peer_ipc_unsettled(p, o.id, op); /* the copy may still run */
+        else peer_ipc_done(p, o.id);                     /* nothing runs: the pin may go */
         if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
         slist_add(done, s, st);
         return 0;
@@ -569,9 +609,11 @@ static void peer_ipc_poll(shm_peer_t *p, slist_t *done) {
             continue;
         }
         *pp = s->next;
+        void *op = s->xp.shm.ipc;
         s->xp.shm.ipc = NULL;
+        if (st != OTE_OK) peer_ipc_unsettled(p, s->xp.shm.id, op); /* outcome unknown */
+        else if (!p->broken) peer_ipc_done(p, s->xp.shm.id);
         if (p->broken) st = OTE_ERR_PEER_LOST;
-        else peer_ipc_done(p, s->xp.shm.id);
         if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
         slist_add(done, s, st);
     }
@@ -648,6 +690,7 @@ static void *rx_main(void *arg) {
         /* The copies are polled after the socket was read: a source that died during a
          * copy is seen first (its pieces then end PEER_LOST). */
         if (p->ih != NULL && (p->stop || p->broken)) peer_ipc_poll(p, &done);
+        if (p->uh != NULL && (p->stop || p->broken)) peer_ipc_settle(p); /* abandoned */
         if ((p->stop || p->broken) && p->ih == NULL) {
             ote_mutex_unlock(&p->mu);
             slist_finish(&done);
@@ -673,6 +716,7 @@ static void *rx_main(void *arg) {
         }
         if (!p->broken) peer_expire(p, &done);
         if (p->ih != NULL) peer_ipc_poll(p, &done);
+        if (p->uh != NULL) peer_ipc_settle(p);
         peer_pump(p, &done);
         ote_mutex_unlock(&p->mu);
         slist_finish(&done);

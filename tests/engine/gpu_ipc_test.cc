@@ -7,9 +7,12 @@
 // IPC counters; OTE_PERM_IPC honoured (without it, never IPC); the selection rules of
 // gpu_paths; unregister while a copy holds the import (BUSY), then OK, the close receipt
 // and a fresh import after re-registration; a driver failure on the async copy or its
-// event (that request fails, the source's pin goes, the next request works); the
-// exporter killed in the middle of a copy (PEER_LOST, its imports released, a new peer
-// works).
+// event record that the stream drained (that request fails, the source's pin goes, the
+// next request works); a copy whose outcome is unknown (event query failure, deadline:
+// the request ends at once, the source's pin and the mapping stay until the fake lets
+// the driver prove the copy complete); the exporter killed in the middle of a copy
+// (PEER_LOST, its imports released, a new peer works), also while a copy of unknown
+// outcome holds its mapping.
 #include <unistd.h>
 
 #include <cstdio>
@@ -413,8 +416,9 @@ TEST_F(GpuIpcTest, UnregisterWhileImportHeld) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
-// A driver failure on the async copy, or on the event query of a copy in flight: that
-// request fails, the source's pin goes (unregister works), and the next request works.
+// A driver failure on the async copy or on its event record, after which the stream
+// drained (the outcome is known: nothing runs): that request fails, the source's pin goes
+// (unregister works), and the next request works.
 TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
     Target t;
     ASSERT_NO_FATAL_FAILURE(Open(t, true));
@@ -425,10 +429,11 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
         bool dev;
         ote_opcode_t op;
     };
-    const Case cases[] = {
-        {"cuMemcpyDtoDAsync", true, OTE_READ},   {"cuMemcpyDtoDAsync", true, OTE_WRITE},
-        {"cuMemcpyHtoDAsync", false, OTE_WRITE}, {"cuMemcpyDtoHAsync", false, OTE_READ},
-        {"cuEventQuery", true, OTE_READ},        {"cuEventRecord", true, OTE_WRITE}};
+    const Case cases[] = {{"cuMemcpyDtoDAsync", true, OTE_READ},
+                          {"cuMemcpyDtoDAsync", true, OTE_WRITE},
+                          {"cuMemcpyHtoDAsync", false, OTE_WRITE},
+                          {"cuMemcpyDtoHAsync", false, OTE_READ},
+                          {"cuEventRecord", true, OTE_WRITE}};
     uint64_t seed = 70;
     for (const Case &c : cases) {
         SCOPED_TRACE(c.entry);
@@ -436,10 +441,7 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
         const ote_gpu_stats_t s0 = Stats();
         fake_.fail(c.entry, 1, 1, kCudaErrorUnknown);
         ote_transfer_status_t ts{};
-        {
-            ote_test::ErrorLogsExpected guard; // an unknown outcome retains the stream
-            EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
-        }
+        EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
         EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
         fake_.clear_faults();
         EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
@@ -452,6 +454,102 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
     ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
     CloseSeg();
     EXPECT_EQ(t.Quit(), 0);
+}
+
+// A copy whose outcome is unknown (its event query fails, or the request's deadline
+// passes while the copy is still pending): the request ends with that status at once,
+// but the source keeps its pin (unregister BUSY) and this process keeps the mapping in
+// use for as long as the driver cannot prove the copy complete (the event query and the
+// reclaim path's stream query both fail, or both answer NOT_READY); once the fake lets
+// them succeed, the pin and the mapping go, and the next request works.
+TEST_F(GpuIpcTest, UnknownOutcomeKeepsPinUntilProven) {
+    Target t;
+    e_ = ote_test::NewEngine(
+        {{"transports", "shm,tcp"}, {"gpu_paths", "ipc,staging"}, {"transfer_timeout_ms", "5000"}});
+    ASSERT_NE(e_, nullptr);
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    std::vector<uint8_t> lhost(1 << 20);
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 95);
+    struct Case {
+        int result; // what cuEventQuery and cuStreamQuery answer
+        bool dev;   // local buffer
+        ote_opcode_t op;
+        ote_status_t expect; // the request's error
+    };
+    const Case cases[] = {{kCudaErrorUnknown, true, OTE_READ, OTE_ERR_NATIVE},
+                          {kCudaErrorUnknown, false, OTE_WRITE, OTE_ERR_NATIVE},
+                          {kCudaErrorNotReady, true, OTE_WRITE, OTE_ERR_TIMEOUT},
+                          {kCudaErrorNotReady, false, OTE_READ, OTE_ERR_TIMEOUT}};
+    uint64_t seed = 96;
+    for (const Case &c : cases) {
+        SCOPED_TRACE(Num(static_cast<uint64_t>(c.result)) + (c.dev ? " dev" : " host"));
+        const uint64_t lbase = c.dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data());
+        const ote_gpu_stats_t s0 = Stats();
+        fake_.fail("cuEventQuery", 1, -1, c.result);
+        fake_.fail("cuStreamQuery", 1, -1, c.result);
+        ote_transfer_status_t ts{};
+        {
+            ote_test::ErrorLogsExpected guard; // the outcome is unknown
+            EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
+        }
+        EXPECT_EQ(ts.state,
+                  c.expect == OTE_ERR_TIMEOUT ? OTE_TRANSFER_TIMEOUT : OTE_TRANSFER_FAILED);
+        EXPECT_EQ(ote_status_code(ts.error), c.expect);
+        EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
+        // The driver has not proven the copy complete: the source's pin and this
+        // process's mapping are still held.
+        EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+        EXPECT_EQ(Stats().ipc_in_use_now, 1u);
+        EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+        // The fake lets the copy finish: proven complete, the pin and the mapping go.
+        fake_.clear_faults();
+        ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+        EXPECT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
+        ASSERT_EQ(t.Command("reg dev"), "ST 0");
+        MoveAndCheck(t, c.dev, lbase, c.op, 1, 5, 77777, seed++);
+    }
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// The exporter killed while a copy of unknown outcome still holds its pin and the
+// mapping: the mapping is released once the driver proves the copy complete (the engine
+// keeps it until then), the import is closed, and a new peer works.
+TEST_F(GpuIpcTest, ExporterKilledWithCopyOfUnknownOutcome) {
+    const uint64_t ldev = DevAlloc(1 << 20);
+    {
+        Target t;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true));
+        MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 85);
+        fake_.fail("cuEventQuery", 1, -1, kCudaErrorUnknown);
+        fake_.fail("cuStreamQuery", 1, -1, kCudaErrorUnknown);
+        ote_transfer_status_t ts{};
+        {
+            ote_test::ErrorLogsExpected guard;
+            EXPECT_NE(Run(OTE_READ, ldev, t.rw, 4096, &ts), OTE_OK);
+        }
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+        EXPECT_EQ(Stats().ipc_in_use_now, 1u);
+        {
+            ote_test::ErrorLogsExpected guard; // the engine retains the unproven copy
+            t.Kill();
+            ASSERT_TRUE(Eventually([&] { return Stats().ipc_closed >= 1; }));
+            EXPECT_EQ(Stats().ipc_in_use_now, 1u); // still unproven: kept
+        }
+        fake_.clear_faults();
+        ASSERT_TRUE(Eventually([&] {
+            ote_gpu_stats_t s = Stats();
+            return s.ipc_in_use_now == 0 && s.ipc_imports_now == 0;
+        }));
+        CloseSeg();
+    }
+    Target t2;
+    ASSERT_NO_FATAL_FAILURE(Open(t2, true));
+    MoveAndCheck(t2, true, ldev, OTE_WRITE, 3, 5, 54321, 86);
+    CloseSeg();
+    EXPECT_EQ(t2.Quit(), 0);
 }
 
 // An import that fails (cuIpcOpenMemHandle, needed again after a close receipt) fails
