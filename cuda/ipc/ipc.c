@@ -110,7 +110,7 @@ ote_status_t ote_cuda_ipc_export_vmm(ote_cuda_device_t *dev, ote_cu_deviceptr_t 
     if (st != OTE_OK) return st;
     ote_cu_mem_handle_t h = 0;
     ote_cu_result_t res = t->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)info.range_start);
-    if (res != OTE_CU_SUCCESS) return OTE_ERR_UNSUPPORTED; /* not a VMM mapping */
+    if (res != OTE_CU_SUCCESS) return OTE_ERR_NOT_FOUND; /* not a VMM mapping */
     int fd = -1;
     res = t->cuMemExportToShareableHandle(&fd, h, OTE_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     /* The retained reference goes either way (the fd, when there is one, keeps the memory). */

@@ -58,8 +58,9 @@ ote_status_t ote_cuda_ipc_export_alloc(ote_cuda_alloc_t *a, ote_cuda_ipc_export_
 /* A VMM allocation (cuMemCreate + cuMemMap, made by anyone in this process) mapped at the
  * range holding ptr: its handle (cuMemRetainAllocationHandle, released again at once)
  * exported as a POSIX fd that the export owns; the desc has no IPC handle (its base, size
- * and buffer id are the mapping's). OTE_ERR_UNSUPPORTED when the range is not a VMM
- * mapping, or its allocation was created without the POSIX-fd handle type. The importer
+ * and buffer id are the mapping's). OTE_ERR_NOT_FOUND when the range is not a VMM mapping
+ * (cuMemAlloc memory: ote_cuda_ipc_export_create), OTE_ERR_UNSUPPORTED when its
+ * allocation was created without the POSIX-fd handle type. The importer
  * maps [0, size) of the handle: the range must map its allocation whole, from offset 0. */
 ote_status_t ote_cuda_ipc_export_vmm(ote_cuda_device_t *dev, ote_cu_deviceptr_t ptr,
                                      ote_cuda_ipc_export_t **export_out);

@@ -103,7 +103,7 @@ struct job {
 /* Source: one allocation's IPC description, exported once. */
 typedef struct {
     unsigned long long buffer_id; /* 0: free slot */
-    ote_cuda_ipc_export_t *ex;
+    ote_cuda_ipc_export_t *ex;    /* NULL: refused (VMM memory without the POSIX-fd type) */
     uint64_t used;
 } ipc_exp_t;
 

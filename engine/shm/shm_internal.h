@@ -166,7 +166,10 @@ enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4, SHM_AUTH =
  *  - SHM_IPC_OFFER (source -> requester, shm_ipc_offer_t) answers a piece flagged
  *    SHM_REQ_IPC in the place of its RESPS entry (responses stay in order): the piece
  *    is on device memory registered with OTE_PERM_IPC, checked and pinned as any piece;
- *    the offer carries the allocation's IPC handle and the piece's offset in it. The
+ *    the offer carries the allocation's IPC handle and the piece's offset in it (for a
+ *    VMM allocation, OTE__IPC_VMM: no handle, and exactly one fd, the allocation's
+ *    POSIX fd, travels with the offer by SCM_RIGHTS; any other message carrying an fd,
+ *    or an offer with more than one, is a protocol error, every fd received closed). The
  *    requester imports the allocation (engine/gpu's bounded cache), copies the piece
  *    with an asynchronous copy on a stream, polls its event, and then sends an
  *    SHM_OP_IPC_DONE entry naming the piece's id: only then does the source drop the
@@ -299,6 +302,7 @@ typedef struct {
     _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins */
     uint8_t ipc[SHM_BATCH_MAX];        /* answered by an SHM_IPC_OFFER (offer[i]) */
     ote__ipc_desc_t offer[SHM_BATCH_MAX];
+    int offer_fd[SHM_BATCH_MAX]; /* a VMM offer's fd (sent with it, then closed), else -1 */
 } shm_msg_t;
 
 /* A piece whose IPC copy the requester is making: its pin, held until SHM_OP_IPC_DONE. */

@@ -561,14 +561,16 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
 
 /* An SHM_IPC_OFFER: the piece at the head of the window is the requester's to copy by
  * CUDA IPC. p->mu held; -1 on a protocol error. */
-static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, slist_t *done) {
     shm_ipc_offer_t o;
     if (n != sizeof(o)) return -1;
     memcpy(&o, b, sizeof(o));
     ote__slice_t *s = p->fh;
+    /* A VMM offer carries exactly its allocation's fd; any other carries none. */
     if (!p->ipc || o.h.magic != SHM_MAGIC || o.h.version != SHM_VERSION || s == NULL ||
         s->xp.shm.id != o.id || (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) ||
-        o.d.offset > o.d.size || s->len > o.d.size - o.d.offset)
+        o.d.offset > o.d.size || s->len > o.d.size - o.d.offset ||
+        (o.d.flags & ~OTE__IPC_VMM) != 0 || ((o.d.flags & OTE__IPC_VMM) != 0) != (fd >= 0))
         return -1;
     p->fh = s->next;
     if (p->fh == NULL) p->ft = NULL;
@@ -577,8 +579,8 @@ static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) 
     if (s->xp.shm.ring_end != 0) p->ring_tail = s->xp.shm.ring_end; /* the source left it */
     const ote__host_t *h = &p->tp->host;
     void *op = NULL;
-    ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, s->local, s->local_kind,
-                                        s->len, s->op == OTE__SLICE_WRITE, &op);
+    ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, fd, s->local,
+                                        s->local_kind, s->len, s->op == OTE__SLICE_WRITE, &op);
     if (st != OTE_OK) {
         if (op != NULL) peer_ipc_unsettled(p, o.id, op); /* the copy may still run */
         else peer_ipc_done(p, o.id);                     /* nothing runs: the pin may go */
@@ -630,13 +632,15 @@ static int peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n) {
     return 0;
 }
 
-/* One message of the source. p->mu held; -1 on a protocol error. */
-static int peer_message(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+/* One message of the source, with fd (-1: none) received with it (the caller closes it).
+ * p->mu held; -1 on a protocol error. */
+static int peer_message(shm_peer_t *p, const uint8_t *b, size_t n, int fd, slist_t *done) {
     shm_hdr_t h;
     if (n < sizeof(h)) return -1;
     memcpy(&h, b, sizeof(h));
+    if (fd >= 0 && h.kind != SHM_IPC_OFFER) return -1; /* only a VMM offer carries an fd */
     switch (h.kind) {
-        case SHM_IPC_OFFER: return peer_offer(p, b, n, done);
+        case SHM_IPC_OFFER: return peer_offer(p, b, n, fd, done);
         case SHM_IPC_CLOSE: return peer_close_receipt(p, b, n);
         default: return peer_responses(p, b, n, done);
     }
@@ -664,6 +668,38 @@ static void peer_expire(shm_peer_t *p, slist_t *done) {
         }
     }
     p->qt = last;
+}
+
+/* One message (its real length, MSG_TRUNC) and the fds passed with it: the first in
+ * *fd_out (close-on-exec), more than one, or a truncated control part, set *bad (those
+ * received are closed but the first). */
+static ssize_t recv_fds(int sock, uint8_t *buf, size_t cap, int *fd_out, int *bad) {
+    union {
+        char b[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } cb;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof(cb.b)};
+    ssize_t n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+    if (n < 0) return n;
+    if (mh.msg_flags & MSG_CTRUNC) *bad = 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k; j++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+            if (*fd_out < 0) {
+                *fd_out = fd;
+            } else {
+                close(fd);
+                *bad = 1;
+            }
+        }
+    }
+    return n;
 }
 
 static void *rx_main(void *arg) {
@@ -702,13 +738,17 @@ static void *rx_main(void *arg) {
             continue;
         }
         while (r > 0) {
-            ssize_t n = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC); /* real length */
+            int fd = -1, fds_bad = 0;
+            ssize_t n = recv_fds(p->fd, buf, sizeof(buf), &fd, &fds_bad); /* real length */
             if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
             if (n <= 0) {
+                if (fd >= 0) close(fd);
                 peer_kill(p, OTE_ERR_PEER_LOST, &done);
                 break;
             }
-            if (peer_message(p, buf, (size_t)n, &done) != 0) {
+            int bad = fds_bad || peer_message(p, buf, (size_t)n, fd, &done) != 0;
+            if (fd >= 0) close(fd); /* an import holds its own reference */
+            if (bad) {
                 OTE_ERROR("shm", "peer %s: malformed or out-of-order response: closing", p->addr);
                 peer_kill(p, OTE_ERR_PROTOCOL, &done);
                 break;

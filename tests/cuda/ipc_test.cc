@@ -581,7 +581,8 @@ bool VmmSupported(const ote_cuda_driver_table_t *t, ote_cuda_device_t *dev) {
 
 // A VMM export made from a pointer (ote_cuda_ipc_export_vmm) is imported through the
 // cache: bytes both ways, a cache hit for the second import (its fd unused), the close
-// receipt unmaps and releases it once unused; no fd and no VMM object left behind.
+// receipt unmaps and releases it once unused; no fd and no VMM object left behind (the
+// objects counted by the fake only).
 TEST_F(CudaIpcTest, VmmExportFromPointerImportsThroughTheCache) {
     if (!VmmSupported(t_, dev_)) GTEST_SKIP() << "no virtual memory management";
     const int fds0 = OpenFds();
@@ -613,21 +614,29 @@ TEST_F(CudaIpcTest, VmmExportFromPointerImportsThroughTheCache) {
     EXPECT_EQ(s.imports, 1u);
     EXPECT_EQ(s.hits, 1u);
     EXPECT_EQ(s.in_use, 1u);
-    EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    }
     // The close receipt while in use: invalidated, closed when the last user puts it back.
     EXPECT_EQ(ote_cuda_ipc_close_receipt(cache_, 7, desc.buffer_id), OTE_OK);
     ote_cuda_ipc_mapping_put(cache_, m);
-    EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    }
     ote_cuda_ipc_mapping_put(cache_, m);
     EXPECT_EQ(Stats().entries, 0u);
     const fake_cuda_counters_t c1 = Counters();
-    EXPECT_EQ(c1.vmm_mappings, c0.vmm_mappings);
-    EXPECT_EQ(c1.vmm_reservations, c0.vmm_reservations);
-    EXPECT_EQ(c1.vmm_handles, c0.vmm_handles);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(c1.vmm_mappings, c0.vmm_mappings);
+        EXPECT_EQ(c1.vmm_reservations, c0.vmm_reservations);
+        EXPECT_EQ(c1.vmm_handles, c0.vmm_handles);
+    }
     EndChild();
     close(sock_);
     sock_ = -1;
-    EXPECT_EQ(OpenFds(), fds0);
+    if (fake_.present()) { // a real driver may open fds of its own meanwhile
+        EXPECT_EQ(OpenFds(), fds0);
+    }
 }
 
 // The exporter dies while a VMM import is in use: invalidated, unmapped once put back;
@@ -647,16 +656,22 @@ TEST_F(CudaIpcTest, VmmImportGoesOnExporterDeathAndEviction) {
     // Eviction: another exporter's key needs the only entry.
     ASSERT_EQ(ote_cuda_ipc_import_vmm(cache_, 10, &desc, fd, &m), OTE_OK);
     EXPECT_EQ(Stats().evictions, 1u);
-    EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    }
     kill(child_, SIGKILL);
     waitpid(child_, nullptr, 0);
     child_ = -1;
     EXPECT_EQ(ote_cuda_ipc_exporter_dead(cache_, 10), 1u);
-    EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);       // in use: kept
+    if (fake_.present()) {                                       // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1); // in use: kept
+    }
     EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(m)), Pattern(9)); // still mapped
     ote_cuda_ipc_mapping_put(cache_, m);
-    EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings);
-    EXPECT_EQ(Counters().vmm_handles, c0.vmm_handles);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings);
+        EXPECT_EQ(Counters().vmm_handles, c0.vmm_handles);
+    }
     close(fd);
 }
 
@@ -668,7 +683,7 @@ TEST_F(CudaIpcTest, VmmExportNeedsThePosixFdHandleType) {
     ote_cuda_alloc_t *plain = nullptr;
     ASSERT_EQ(ote_cuda_alloc_create(dev_, kAllocSize, 0, &plain), OTE_OK);
     ote_cuda_ipc_export_t *e = nullptr;
-    EXPECT_EQ(ote_cuda_ipc_export_vmm(dev_, ote_cuda_alloc_ptr(plain), &e), OTE_ERR_UNSUPPORTED);
+    EXPECT_EQ(ote_cuda_ipc_export_vmm(dev_, ote_cuda_alloc_ptr(plain), &e), OTE_ERR_NOT_FOUND);
     EXPECT_EQ(ote_cuda_alloc_destroy(plain, LongDeadline()), OTE_OK);
 
     ASSERT_EQ(ote_cuda_device_make_current(dev_), OTE_OK);
@@ -690,7 +705,9 @@ TEST_F(CudaIpcTest, VmmExportNeedsThePosixFdHandleType) {
     ASSERT_EQ(t_->cuMemSetAccess(p, gran, &ad, 1), OTE_CU_SUCCESS);
     const uint64_t fds_made = Counters().vmm_exported_fds;
     EXPECT_EQ(ote_cuda_ipc_export_vmm(dev_, p + 10, &e), OTE_ERR_UNSUPPORTED);
-    EXPECT_EQ(Counters().vmm_exported_fds, fds_made);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_exported_fds, fds_made);
+    }
     EXPECT_EQ(t_->cuMemUnmap(p, gran), OTE_CU_SUCCESS);
     EXPECT_EQ(t_->cuMemAddressFree(p, gran), OTE_CU_SUCCESS);
     EXPECT_EQ(t_->cuMemRelease(h), OTE_CU_SUCCESS);
@@ -702,7 +719,9 @@ TEST_F(CudaIpcTest, VmmExportNeedsThePosixFdHandleType) {
     EXPECT_GE(ote_cuda_ipc_export_fd(e), 0);
     EXPECT_EQ(ote_cuda_ipc_export_desc(e)->base, ote_cuda_alloc_ptr(vmm));
     EXPECT_EQ(ote_cuda_ipc_export_desc(e)->size, ote_cuda_alloc_size(vmm));
-    EXPECT_EQ(Counters().vmm_handles, handles); // the retained handle was released
+    if (fake_.present()) {                          // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_handles, handles); // the retained handle was released
+    }
     ote_cuda_ipc_export_destroy(e);
     EXPECT_EQ(ote_cuda_alloc_destroy(vmm, LongDeadline()), OTE_OK);
 }
