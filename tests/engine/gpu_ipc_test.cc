@@ -754,6 +754,51 @@ TEST_F(GpuIpcTest, UnregisterWhileVmmImportHeld) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
+// A VMM import that fails at any step (import of the fd, reserve, map, set access) fails
+// that request, leaves nothing mapped, closes the received fd and drops the source's
+// pin; the next request imports.
+TEST_F(GpuIpcTest, VmmImportFailureLeavesNothing) {
+    Target t;
+    target_vmm_ = "1";
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20, OTE_CUDA_ALLOC_VMM);
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 490); // connected
+    uint64_t seed = 491;
+    int tfds_steady = -1;
+    for (const char *entry :
+         {"cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess"}) {
+        SCOPED_TRACE(entry);
+        // A close receipt first, so that the next request imports again.
+        ASSERT_EQ(t.Command("unreg dev"), "ST 0");
+        ASSERT_EQ(t.Command("reg dev"), "ST 0");
+        ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+        const fake_cuda_counters_t c0 = Counters();
+        const int fds = OpenFds();
+        fake_.fail(entry, 1, 1, kCudaErrorUnknown);
+        ote_transfer_status_t ts{};
+        EXPECT_NE(Run(OTE_WRITE, ldev, t.rw, 4096, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        fake_.clear_faults();
+        EXPECT_EQ(Stats().ipc_imports_now, 0u);
+        const fake_cuda_counters_t c1 = Counters();
+        EXPECT_EQ(c1.vmm_mappings, c0.vmm_mappings);
+        EXPECT_EQ(c1.vmm_reservations, c0.vmm_reservations);
+        EXPECT_EQ(c1.vmm_handles, c0.vmm_handles);
+        EXPECT_EQ(OpenFds(), fds);
+        // The source holds one fd per cached VMM export (dropped by unregister), and no
+        // more: the same count after the failed request as after a good one.
+        const int tfds = OpenFds(t.pid);
+        if (tfds_steady < 0) tfds_steady = tfds;
+        EXPECT_EQ(tfds, tfds_steady);
+        ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+        ASSERT_EQ(t.Command("reg dev"), "ST 0");
+        MoveAndCheck(t, true, ldev, OTE_WRITE, 2, 9, 33333, seed++);
+        EXPECT_EQ(OpenFds(t.pid), tfds_steady);
+    }
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
 // The exporter SIGKILLed while a copy from its VMM memory is in flight: PEER_LOST, the
 // import is unmapped and released, no fd left behind, and a new peer works.
 TEST_F(GpuIpcTest, ExporterKilledWithVmmImport) {
