@@ -477,14 +477,9 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
 // reclaim path's stream query both fail, or both answer NOT_READY); once the fake lets
 // them succeed, the pin and the mapping go, and the next request works.
 TEST_F(GpuIpcTest, UnknownOutcomeKeepsPinUntilProven) {
-    Target t;
     e_ = ote_test::NewEngine(
         {{"transports", "shm,tcp"}, {"gpu_paths", "ipc,staging"}, {"transfer_timeout_ms", "5000"}});
     ASSERT_NE(e_, nullptr);
-    ASSERT_NO_FATAL_FAILURE(Open(t, true));
-    const uint64_t ldev = DevAlloc(1 << 20);
-    std::vector<uint8_t> lhost(1 << 20);
-    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 95);
     struct Case {
         int result; // what cuEventQuery and cuStreamQuery answer
         bool dev;   // local buffer
@@ -496,35 +491,45 @@ TEST_F(GpuIpcTest, UnknownOutcomeKeepsPinUntilProven) {
                           {kCudaErrorNotReady, true, OTE_WRITE, OTE_ERR_TIMEOUT},
                           {kCudaErrorNotReady, false, OTE_READ, OTE_ERR_TIMEOUT}};
     uint64_t seed = 96;
-    for (const Case &c : cases) {
-        SCOPED_TRACE(Num(static_cast<uint64_t>(c.result)) + (c.dev ? " dev" : " host"));
-        const uint64_t lbase = c.dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data());
-        const ote_gpu_stats_t s0 = Stats();
-        fake_.fail("cuEventQuery", 1, -1, c.result);
-        fake_.fail("cuStreamQuery", 1, -1, c.result);
-        ote_transfer_status_t ts{};
-        {
-            ote_test::ErrorLogsExpected guard; // the outcome is unknown
-            EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
+    // The source's memory from cuMemAlloc (cuIpcGetMemHandle), then VMM (a POSIX fd).
+    for (const char *vmm : {"0", "1"}) {
+        SCOPED_TRACE(std::string("OTE_GPU_TARGET_VMM=") + vmm);
+        Target t;
+        target_vmm_ = vmm;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true));
+        const uint64_t ldev = DevAlloc(1 << 20);
+        std::vector<uint8_t> lhost(1 << 20);
+        MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, seed++);
+        for (const Case &c : cases) {
+            SCOPED_TRACE(Num(static_cast<uint64_t>(c.result)) + (c.dev ? " dev" : " host"));
+            const uint64_t lbase = c.dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data());
+            const ote_gpu_stats_t s0 = Stats();
+            fake_.fail("cuEventQuery", 1, -1, c.result);
+            fake_.fail("cuStreamQuery", 1, -1, c.result);
+            ote_transfer_status_t ts{};
+            {
+                ote_test::ErrorLogsExpected guard; // the outcome is unknown
+                EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
+            }
+            EXPECT_EQ(ts.state,
+                      c.expect == OTE_ERR_TIMEOUT ? OTE_TRANSFER_TIMEOUT : OTE_TRANSFER_FAILED);
+            EXPECT_EQ(ote_status_code(ts.error), c.expect);
+            EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
+            // The driver has not proven the copy complete: the source's pin and this
+            // process's mapping are still held.
+            EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+            EXPECT_EQ(Stats().ipc_in_use_now, 1u);
+            EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+            // The fake lets the copy finish: proven complete, the pin and the mapping go.
+            fake_.clear_faults();
+            ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+            EXPECT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
+            ASSERT_EQ(t.Command("reg dev"), "ST 0");
+            MoveAndCheck(t, c.dev, lbase, c.op, 1, 5, 77777, seed++);
         }
-        EXPECT_EQ(ts.state,
-                  c.expect == OTE_ERR_TIMEOUT ? OTE_TRANSFER_TIMEOUT : OTE_TRANSFER_FAILED);
-        EXPECT_EQ(ote_status_code(ts.error), c.expect);
-        EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
-        // The driver has not proven the copy complete: the source's pin and this
-        // process's mapping are still held.
-        EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
-        EXPECT_EQ(Stats().ipc_in_use_now, 1u);
-        EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
-        // The fake lets the copy finish: proven complete, the pin and the mapping go.
-        fake_.clear_faults();
-        ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
-        EXPECT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
-        ASSERT_EQ(t.Command("reg dev"), "ST 0");
-        MoveAndCheck(t, c.dev, lbase, c.op, 1, 5, 77777, seed++);
+        CloseSeg();
+        EXPECT_EQ(t.Quit(), 0);
     }
-    CloseSeg();
-    EXPECT_EQ(t.Quit(), 0);
 }
 
 // The exporter killed while a copy of unknown outcome still holds its pin and the
