@@ -83,6 +83,7 @@ static const struct {
     ENTRY(cuMemSetAccess, "cuMemSetAccess"),
     ENTRY(cuMemExportToShareableHandle, "cuMemExportToShareableHandle"),
     ENTRY(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
+    ENTRY(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle"),
 };
 #undef ENTRY
 #define N_ENTRIES (sizeof(k_entries) / sizeof(k_entries[0]))

@@ -217,6 +217,8 @@ typedef struct ote_cuda_driver_table {
                                                     unsigned long long flags);
     ote_cu_result_t (*cuMemImportFromShareableHandle)(ote_cu_mem_handle_t *handle, void *os_handle,
                                                       int handle_type);
+    /* The allocation handle mapped at addr (a VMM mapping); released with cuMemRelease. */
+    ote_cu_result_t (*cuMemRetainAllocationHandle)(ote_cu_mem_handle_t *handle, void *addr);
 } ote_cuda_driver_table_t;
 
 typedef struct ote_cuda_driver ote_cuda_driver_t;

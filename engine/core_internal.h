@@ -263,12 +263,13 @@ void ote__reg_stage_put(void *arg, void *tok);
 /* host->ipc_* (arg: the engine): CUDA IPC through engine/gpu. ipc_export only for a
  * registration with OTE_PERM_IPC on device memory (OTE_ERR_UNSUPPORTED otherwise). */
 ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,
-                                 ote__ipc_desc_t *out);
+                                 ote__ipc_desc_t *out, int *fd_out);
 int ote__reg_ipc_usable(void *arg);
 ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
-                                     void **op_out);
+                                     int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
+                                     int write, void **op_out);
 ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up);
+ote_status_t ote__reg_ipc_copy_settle(void *arg, void *op, int abandon);
 void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id);
 void ote__reg_ipc_exporter_dead(void *arg, uint64_t exporter);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the

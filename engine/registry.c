@@ -104,12 +104,12 @@ void ote__reg_stage_put(void *arg, void *tok) {
 }
 
 ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,
-                                 ote__ipc_desc_t *out) {
+                                 ote__ipc_desc_t *out, int *fd_out) {
     ote_engine_t *e = arg;
     const ote__reg_t *r = pin;
     /* IPC exposes the whole allocation: only a registration that opted in. */
     if (!(r->perms & OTE_PERM_IPC) || !OTE_MEM_IS_CUDA(r->kind)) return OTE_ERR_UNSUPPORTED;
-    return ote__gpu_ipc_export(e->gpu, r->kind, addr, len, out);
+    return ote__gpu_ipc_export(e->gpu, r->kind, addr, len, out, fd_out);
 }
 
 int ote__reg_ipc_usable(void *arg) {
@@ -118,19 +118,24 @@ int ote__reg_ipc_usable(void *arg) {
 }
 
 ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
-                                     void **op_out) {
+                                     int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
+                                     int write, void **op_out) {
     ote_engine_t *e = arg;
     ote__gpu_ipc_op_t *op = NULL;
     ote_status_t st =
-        ote__gpu_ipc_copy_start(e->gpu, exporter, desc, local, local_kind, len, write, &op);
-    if (st == OTE_OK) *op_out = op;
+        ote__gpu_ipc_copy_start(e->gpu, exporter, desc, fd, local, local_kind, len, write, &op);
+    *op_out = op; /* set on a failure too when the copy's outcome is unknown */
     return st;
 }
 
 ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up) {
     ote_engine_t *e = arg;
     return ote__gpu_ipc_copy_poll(e->gpu, op, give_up);
+}
+
+ote_status_t ote__reg_ipc_copy_settle(void *arg, void *op, int abandon) {
+    ote_engine_t *e = arg;
+    return ote__gpu_ipc_copy_settle(e->gpu, op, abandon);
 }
 
 void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id) {
@@ -380,8 +385,10 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
     }
     pthread_rwlock_unlock(&e->reg_lk);
     /* Peers that imported a device allocation of it are told (close receipts). */
-    if (victim != NULL && (victim->perms & OTE_PERM_IPC) && OTE_MEM_IS_CUDA(victim->kind))
+    if (victim != NULL && (victim->perms & OTE_PERM_IPC) && OTE_MEM_IS_CUDA(victim->kind)) {
         ote__router_ipc_revoke(e, victim->start, victim->len);
+        ote__gpu_ipc_forget(e->gpu, victim->start, victim->len); /* a VMM export's fd too */
+    }
     ote_free(victim);
     return st;
 }

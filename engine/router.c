@@ -137,6 +137,7 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .ipc_usable = ote__reg_ipc_usable,
                         .ipc_copy_start = ote__reg_ipc_copy_start,
                         .ipc_copy_poll = ote__reg_ipc_copy_poll,
+                        .ipc_copy_settle = ote__reg_ipc_copy_settle,
                         .ipc_revoked = ote__reg_ipc_revoked,
                         .ipc_exporter_dead = ote__reg_ipc_exporter_dead,
                         .epoch = e->epoch};

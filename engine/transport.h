@@ -38,8 +38,11 @@ typedef struct ote__ipc_desc {
     uint64_t base, size; /* the allocation in the exporter's address space */
     uint64_t offset;     /* the piece's start within the allocation */
     int32_t device;      /* the exporter's device ordinal */
-    uint32_t pad;
+    uint32_t flags;      /* OTE__IPC_VMM; other bits refused */
 } ote__ipc_desc_t;
+/* A VMM allocation (cuMemCreate + cuMemMap): handle unused; the allocation's POSIX fd
+ * (cuMemExportToShareableHandle) travels with the description (SCM_RIGHTS). */
+#define OTE__IPC_VMM 1u
 struct ote__rdma_tp; /* engine/rdma's transport, named only in the slice's scratch */
 struct ibv_mr;
 typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
@@ -152,24 +155,33 @@ typedef struct {
     /* CUDA IPC (engine/gpu, gpu_paths "ipc"). Source side: ipc_export describes the
      * allocation behind the pinned device registration pin for the piece [addr, +len)
      * (exported once per allocation, cached), OTE_ERR_UNSUPPORTED when the registration
-     * lacks OTE_PERM_IPC, is not device memory or ipc is not in gpu_paths.
+     * lacks OTE_PERM_IPC, is not device memory, ipc is not in gpu_paths, or it is VMM
+     * memory created without the POSIX-fd handle type. *fd_out: -1, or for a VMM
+     * allocation (out->flags OTE__IPC_VMM) an fd that the caller sends with the offer
+     * and closes. ipc_copy_start's fd: the one received with a VMM desc (the caller's;
+     * it closes it after the call), else -1.
      * Requester side: ipc_usable says whether this engine may take the path now (ipc in
      * gpu_paths and the CUDA driver loaded); ipc_copy_start imports the allocation of
      * desc from `exporter` (a key of the exporting peer) through the engine's bounded
      * cache and enqueues the copy of len bytes between it and local (local_kind: host
      * or device memory), write 1 = local to remote; *op_out is polled with
-     * ipc_copy_poll: OTE_ERR_AGAIN while running, else the copy's status and the op is
-     * gone (give_up: the deadline passed; the op's stream and mapping are retained until
-     * the driver proves the copy complete, and OTE_ERR_TIMEOUT is returned).
+     * ipc_copy_poll: OTE_ERR_AGAIN while running, OTE_OK when complete (the op is gone),
+     * else the request's status (the driver's; OTE_ERR_TIMEOUT when give_up: the deadline
+     * passed) and the op stays, its outcome unknown (as a failed ipc_copy_start that set
+     * *op_out): ipc_copy_settle answers OTE_ERR_AGAIN until the driver proves the copy
+     * complete, then OTE_OK (the op is gone): only then may the source's pin go;
+     * abandon (the peer is gone) hands the op to the engine, which retains its stream and
+     * mapping until proven complete, and answers OTE_OK.
      * ipc_revoked: the exporter unregistered buffer_id (a close receipt);
      * ipc_exporter_dead: every import of exporter is released (closed once unused). */
     ote_status_t (*ipc_export)(void *arg, void *pin, uint64_t addr, uint32_t len,
-                               ote__ipc_desc_t *out);
+                               ote__ipc_desc_t *out, int *fd_out);
     int (*ipc_usable)(void *arg);
     ote_status_t (*ipc_copy_start)(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                   uint8_t *local, uint32_t local_kind, uint32_t len, int write,
-                                   void **op_out);
+                                   int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
+                                   int write, void **op_out);
     ote_status_t (*ipc_copy_poll)(void *arg, void *op, int give_up);
+    ote_status_t (*ipc_copy_settle)(void *arg, void *op, int abandon);
     void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
     void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
     /* This engine instance's epoch: 64 random bits (nonzero) drawn at ote_engine_create,

@@ -6,6 +6,7 @@
 #include "base/alloc.h"
 #include "base/lock.h"
 #include "base/log.h"
+#include "base/time.h"
 
 /* ---- export ---- */
 
@@ -93,6 +94,48 @@ err_free:
     return st;
 }
 
+ote_status_t ote_cuda_ipc_export_vmm(ote_cuda_device_t *dev, ote_cu_deviceptr_t ptr,
+                                     ote_cuda_ipc_export_t **export_out) {
+    if (dev == NULL || export_out == NULL) return OTE_ERR_INVALID;
+    ote_cuda_driver_t *drv = ote_cuda_device_driver(dev);
+    const ote_cuda_driver_table_t *t = ote_cuda_device_table(dev);
+    ote_cuda_pointer_info_t info;
+    ote_status_t st = ote_cuda_pointer_classify(drv, ptr, &info);
+    if (st != OTE_OK) return st;
+    if (info.kind != OTE_CUDA_MEM_DEVICE) {
+        OTE_WARN("cuda", "IPC export: 0x%llx is not device memory", ptr);
+        return OTE_ERR_INVALID;
+    }
+    st = ote_cuda_device_make_current(dev);
+    if (st != OTE_OK) return st;
+    ote_cu_mem_handle_t h = 0;
+    ote_cu_result_t res = t->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)info.range_start);
+    if (res != OTE_CU_SUCCESS) return OTE_ERR_NOT_FOUND; /* not a VMM mapping */
+    int fd = -1;
+    res = t->cuMemExportToShareableHandle(&fd, h, OTE_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    /* The retained reference goes either way (the fd, when there is one, keeps the memory). */
+    (void)ote_cuda_check(drv, t->cuMemRelease(h), "cuMemRelease (retained handle)");
+    if (res != OTE_CU_SUCCESS) {
+        OTE_INFO("cuda",
+                 "VMM allocation at 0x%llx (+%zu) cannot be exported as a POSIX fd (created "
+                 "without that handle type?): CUresult %d",
+                 info.range_start, info.range_size, (int)res);
+        return OTE_ERR_UNSUPPORTED;
+    }
+    ote_cuda_ipc_export_t *e = ote_calloc(1, sizeof(*e));
+    if (e == NULL) {
+        close(fd);
+        return OTE_ERR_NOMEM;
+    }
+    e->fd = fd;
+    e->desc.buffer_id = info.buffer_id;
+    e->desc.base = info.range_start;
+    e->desc.size = info.range_size;
+    e->desc.device_ordinal = info.device_ordinal;
+    *export_out = e;
+    return OTE_OK;
+}
+
 const ote_cuda_ipc_desc_t *ote_cuda_ipc_export_desc(const ote_cuda_ipc_export_t *e) {
     return &e->desc;
 }
@@ -113,6 +156,7 @@ struct ote_cuda_ipc_mapping {
     uint64_t exporter_id;
     ote_cuda_ipc_desc_t desc;
     ote_cu_deviceptr_t local;
+    ote_cuda_alloc_t *alloc; /* a VMM import (else a cuIpcOpenMemHandle mapping) */
     uint32_t users;
     int invalid;            /* never handed out again; closed when unused */
     ote_cuda_device_t *dev; /* set while parked on the device's retained list */
@@ -162,6 +206,13 @@ static ote_status_t mapping_retry(void *owner) {
 
 /* Close an unlinked, unused mapping. Called with c->mu held. */
 static ote_status_t close_mapping(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m) {
+    if (m->alloc != NULL) {
+        /* Unmap, free the range and release the imported handle; a failure retains the
+         * import on the device (cuda/memory), retried by ote_cuda_device_reclaim(). */
+        ote_status_t ast = ote_cuda_alloc_destroy(m->alloc, ote_now_ns());
+        ote_free(m);
+        return ast;
+    }
     ote_status_t st = ote_cuda_device_make_current(c->dev);
     if (st == OTE_OK)
         st = ote_cuda_check(ote_cuda_device_driver(c->dev),
@@ -242,9 +293,10 @@ static ote_status_t make_room(ote_cuda_ipc_cache_t *c, uint64_t size) {
     return OTE_OK;
 }
 
-ote_status_t ote_cuda_ipc_import(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
-                                 const ote_cuda_ipc_desc_t *desc,
-                                 ote_cuda_ipc_mapping_t **map_out) {
+/* fd < 0: a cuIpcGetMemHandle export; else a VMM export's POSIX fd (the caller's). */
+static ote_status_t import_any(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
+                               const ote_cuda_ipc_desc_t *desc, int fd,
+                               ote_cuda_ipc_mapping_t **map_out) {
     if (c == NULL || desc == NULL || map_out == NULL || desc->size == 0) return OTE_ERR_INVALID;
     if (desc->size > c->max_bytes) return OTE_ERR_TOO_BIG;
     ote_mutex_lock(&c->mu);
@@ -285,11 +337,17 @@ ote_status_t ote_cuda_ipc_import(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
     }
     st = ote_cuda_device_make_current(c->dev);
     ote_cu_deviceptr_t local = 0;
-    if (st == OTE_OK)
+    if (st == OTE_OK && fd >= 0) {
+        /* cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap, cuMemSetAccess;
+         * a failure leaves nothing mapped (or retains what did not unwind). */
+        st = ote_cuda_alloc_import_vmm(c->dev, fd, desc->size, &m->alloc);
+        if (st == OTE_OK) local = ote_cuda_alloc_ptr(m->alloc);
+    } else if (st == OTE_OK) {
         st = ote_cuda_check(ote_cuda_device_driver(c->dev),
                             ote_cuda_device_table(c->dev)->cuIpcOpenMemHandle(
                                 &local, desc->handle, OTE_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                             "cuIpcOpenMemHandle");
+    }
     if (st != OTE_OK) {
         ote_free(m);
         goto out_unlock;
@@ -310,6 +368,19 @@ ote_status_t ote_cuda_ipc_import(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
 out_unlock:
     ote_mutex_unlock(&c->mu);
     return st;
+}
+
+ote_status_t ote_cuda_ipc_import(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
+                                 const ote_cuda_ipc_desc_t *desc,
+                                 ote_cuda_ipc_mapping_t **map_out) {
+    return import_any(c, exporter_id, desc, -1, map_out);
+}
+
+ote_status_t ote_cuda_ipc_import_vmm(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
+                                     const ote_cuda_ipc_desc_t *desc, int fd,
+                                     ote_cuda_ipc_mapping_t **map_out) {
+    if (fd < 0) return OTE_ERR_INVALID;
+    return import_any(c, exporter_id, desc, fd, map_out);
 }
 
 void ote_cuda_ipc_mapping_put(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m) {

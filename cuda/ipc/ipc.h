@@ -55,6 +55,15 @@ typedef struct ote_cuda_ipc_export ote_cuda_ipc_export_t;
 ote_status_t ote_cuda_ipc_export_create(ote_cuda_device_t *dev, ote_cu_deviceptr_t ptr,
                                         ote_cuda_ipc_export_t **export_out);
 ote_status_t ote_cuda_ipc_export_alloc(ote_cuda_alloc_t *a, ote_cuda_ipc_export_t **export_out);
+/* A VMM allocation (cuMemCreate + cuMemMap, made by anyone in this process) mapped at the
+ * range holding ptr: its handle (cuMemRetainAllocationHandle, released again at once)
+ * exported as a POSIX fd that the export owns; the desc has no IPC handle (its base, size
+ * and buffer id are the mapping's). OTE_ERR_NOT_FOUND when the range is not a VMM mapping
+ * (cuMemAlloc memory: ote_cuda_ipc_export_create), OTE_ERR_UNSUPPORTED when its
+ * allocation was created without the POSIX-fd handle type. The importer
+ * maps [0, size) of the handle: the range must map its allocation whole, from offset 0. */
+ote_status_t ote_cuda_ipc_export_vmm(ote_cuda_device_t *dev, ote_cu_deviceptr_t ptr,
+                                     ote_cuda_ipc_export_t **export_out);
 /* For a cuIpcGetMemHandle export (not VMM). */
 const ote_cuda_ipc_desc_t *ote_cuda_ipc_export_desc(const ote_cuda_ipc_export_t *e);
 /* The POSIX fd of a VMM export (owned by the export), -1 otherwise. */
@@ -68,7 +77,7 @@ typedef struct ote_cuda_ipc_cache_stats {
     size_t entries;         /* mappings open (in use, cached, or invalidated in use) */
     uint64_t bytes;         /* their sizes */
     size_t in_use;          /* mappings with users */
-    uint64_t imports;       /* cuIpcOpenMemHandle calls that succeeded */
+    uint64_t imports;       /* cuIpcOpenMemHandle calls (and VMM imports) that succeeded */
     uint64_t hits;          /* imports served from the cache */
     uint64_t evictions;     /* unused mappings closed to make room */
     uint64_t invalidations; /* by close receipts or exporter death */
@@ -86,6 +95,15 @@ ote_status_t ote_cuda_ipc_cache_destroy(ote_cuda_ipc_cache_t *c);
  * over max_bytes; OTE_ERR_AGAIN when in-use mappings fill the cache. */
 ote_status_t ote_cuda_ipc_import(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
                                  const ote_cuda_ipc_desc_t *desc, ote_cuda_ipc_mapping_t **map_out);
+/* As ote_cuda_ipc_import for a VMM export: fd is the exporter's POSIX fd (received over
+ * a UNIX socket; it stays the caller's, who closes it); a new mapping imports it
+ * (cuMemImportFromShareableHandle, cuMemAddressReserve, cuMemMap, cuMemSetAccess through
+ * ote_cuda_alloc_import_vmm()), a cached one is found as any other. Closing the mapping
+ * (eviction, close receipt, exporter death, cache destroy) unmaps it, frees the range and
+ * releases the handle (a failure is retained on the device). */
+ote_status_t ote_cuda_ipc_import_vmm(ote_cuda_ipc_cache_t *c, uint64_t exporter_id,
+                                     const ote_cuda_ipc_desc_t *desc, int fd,
+                                     ote_cuda_ipc_mapping_t **map_out);
 void ote_cuda_ipc_mapping_put(ote_cuda_ipc_cache_t *c, ote_cuda_ipc_mapping_t *m);
 /* The local address of the whole allocation. */
 ote_cu_deviceptr_t ote_cuda_ipc_mapping_base(const ote_cuda_ipc_mapping_t *m);

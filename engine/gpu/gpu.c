@@ -397,6 +397,7 @@ void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out) {
     out->direct = atomic_load(&g->n_direct);
     out->direct_regs = atomic_load(&g->n_direct_regs);
     out->direct_failed = atomic_load(&g->n_direct_failed);
+    out->ipc_settled = atomic_load(&g->n_ipc_settled);
     out->ipc_imports = out->ipc_mapped = out->ipc_in_use = out->ipc_invalidated = 0;
     for (int i = 0; i < GPU_MAX_DEVICES; i++) {
         if (caches[i] == NULL) continue;

@@ -109,28 +109,51 @@ void ote__gpu_src_put(ote__gpu_t *g, ote__gpu_bounce_t *tok);
 
 /* ---- CUDA IPC (gpu_paths "ipc"; the shm transport carries it, engine/shm) ----
  * Source side: ote__gpu_ipc_export describes the allocation holding the device range
- * [addr, +len) of a registration of `kind` (cuIpcGetMemHandle through cuda/ipc, once per
- * allocation: the last GPU_IPC_EXPORTS allocations are cached by buffer id, which is
- * never reused) and the range's offset in it.
+ * [addr, +len) of a registration of `kind` (once per allocation: the last
+ * GPU_IPC_EXPORTS allocations are cached by buffer id, which is never reused) and the
+ * range's offset in it: a VMM allocation (cuMemCreate + cuMemMap) as a POSIX fd
+ * (cuMemRetainAllocationHandle + cuMemExportToShareableHandle, ote_cuda_ipc_export_vmm),
+ * else by cuIpcGetMemHandle. A VMM allocation created without the POSIX-fd handle type
+ * cannot be exported: it is remembered as refused (one WARN per allocation) and its
+ * pieces keep staging.
  * Requester side: one bounded import cache per device (cuda/ipc: GPU_IPC_ENTRIES
  * mappings and GPU_IPC_BYTES at most, least recently used closed first, never while a
  * copy uses it), keyed by (exporter, buffer id). ote__gpu_ipc_copy_start imports and
  * enqueues one cuMemcpy*Async on a copy stream (DtoD when the local buffer is device
  * memory, else HtoD / DtoH) and records its event; ote__gpu_ipc_copy_poll polls the
- * event (never a blocking synchronize). A copy whose outcome is unknown (a failed event
- * query, a deadline) parks its stream with the mapping it uses, until the driver proves
- * the work complete. */
+ * event (never a blocking synchronize). A copy whose outcome is unknown (a failed
+ * enqueue or event record the stream could not drain, a failed event query, a deadline)
+ * ends its request with that status, but its op stays the caller's, unsettled, with its
+ * stream and its mapping reference: the caller keeps the source's pin (sends no
+ * IPC_DONE) until ote__gpu_ipc_copy_settle proves the copy complete (the event, or the
+ * stream query of the reclaim path, succeeds), or abandons it when the peer is gone (the
+ * stream and mapping then park until the driver proves the work complete; engine
+ * destroy retains what is still parked). */
 typedef struct ote__gpu_ipc_op ote__gpu_ipc_op_t;
 int ote__gpu_ipc_allowed(const ote__gpu_t *g);     /* "ipc" in gpu_paths */
 int ote__gpu_staging_allowed(const ote__gpu_t *g); /* "staging" in gpu_paths */
+/* *fd_out: -1, or (out->flags OTE__IPC_VMM) a dup of the VMM export's POSIX fd, the
+ * caller's to send and close. */
 ote_status_t ote__gpu_ipc_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, uint32_t len,
-                                 ote__ipc_desc_t *out);
+                                 ote__ipc_desc_t *out, int *fd_out);
+/* A registration [start, +len) is gone: cached exports of allocations inside it are
+ * dropped (a VMM export's fd would keep the memory alive). */
+void ote__gpu_ipc_forget(ote__gpu_t *g, uint64_t start, uint64_t len);
+/* fd: received with a VMM desc (the caller's, it closes it), else -1. */
 ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
-                                     ote__gpu_ipc_op_t **op_out);
-/* OTE_ERR_AGAIN while the copy runs; else its status (the op is gone). give_up: the
- * caller's deadline passed: the op is parked and OTE_ERR_TIMEOUT returned. */
+                                     int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
+                                     int write, ote__gpu_ipc_op_t **op_out);
+/* copy_start: OTE_OK with *op_out; or a failure with *op_out NULL (nothing runs, nothing
+ * held); or a failure with *op_out set: the copy's outcome is unknown, the op is to be
+ * settled. */
+/* OTE_ERR_AGAIN while the copy runs; OTE_OK: complete (the op is gone); else the
+ * request's status (the driver's error, or OTE_ERR_TIMEOUT when give_up: the caller's
+ * deadline passed) and the op stays, unsettled: ote__gpu_ipc_copy_settle. */
 ote_status_t ote__gpu_ipc_copy_poll(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int give_up);
+/* An unsettled op: OTE_OK once the driver proved the copy complete (the op is gone, its
+ * mapping reference put back), OTE_ERR_AGAIN while unknown. abandon: the op is handed to
+ * the parked list (released when proven complete) and OTE_OK returned. */
+ote_status_t ote__gpu_ipc_copy_settle(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int abandon);
 void ote__gpu_ipc_revoked(ote__gpu_t *g, uint64_t exporter, uint64_t buffer_id);
 void ote__gpu_ipc_exporter_dead(ote__gpu_t *g, uint64_t exporter);
 
@@ -166,6 +189,7 @@ typedef struct {
     uint64_t direct;          /* requests moved by GPUDirect RDMA (cumulative) */
     uint64_t direct_regs;     /* dma-bufs exported for registrations (cumulative) */
     uint64_t direct_failed;   /* dma-buf exports that failed (cumulative) */
+    uint64_t ipc_settled;     /* copies of unknown outcome later proven complete */
 } ote__gpu_stats_t;
 void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out);
 

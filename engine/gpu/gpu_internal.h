@@ -103,7 +103,7 @@ struct job {
 /* Source: one allocation's IPC description, exported once. */
 typedef struct {
     unsigned long long buffer_id; /* 0: free slot */
-    ote_cuda_ipc_export_t *ex;
+    ote_cuda_ipc_export_t *ex;    /* NULL: refused (VMM memory without the POSIX-fd type) */
     uint64_t used;
 } ipc_exp_t;
 
@@ -131,7 +131,7 @@ struct ote__gpu {
     uint64_t cache_clock;
     ipc_exp_t exps[GPU_IPC_EXPORTS]; /* under mu */
     uint64_t exp_clock;
-    _Atomic uint64_t n_staged, n_src, n_exports, n_ipc_ok, n_ipc_failed;
+    _Atomic uint64_t n_staged, n_src, n_exports, n_ipc_ok, n_ipc_failed, n_ipc_settled;
     /* gpu_direct.c: requests moved by GPUDirect RDMA, dma-bufs exported for registrations
      * and exports that failed; whether that failure was logged. */
     _Atomic uint64_t n_direct, n_direct_regs, n_direct_failed;
@@ -160,6 +160,9 @@ void ote__gpu_park_map(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t *s,
 void ote__gpu_reclaim_parked(ote__gpu_t *g);
 
 /* ---- gpu_stage.c ---- */
+/* Start the worker thread if it is not running (it also looks at parked work every
+ * GPU_IDLE_TICK_NS while there is some). */
+void ote__gpu_worker_ensure(ote__gpu_t *g);
 /* One copy on *sp, waited for until dl. On a failure after which the device may still
  * touch the memory, the stream and the chunk are parked (*sp = NULL, *chunk_lost = 1). */
 ote_status_t ote__gpu_copy_wait(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t **sp,

@@ -6,6 +6,7 @@
 #include "engine/gpu/gpu_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,8 +32,34 @@ int ote__gpu_staging_allowed(const ote__gpu_t *g) {
     return (g->paths & OTE__GPU_PATH_STAGING) != 0;
 }
 
+/* The export slot of buffer_id, else NULL. g->mu held. */
+static ipc_exp_t *exp_find(ote__gpu_t *g, unsigned long long buffer_id) {
+    for (int i = 0; i < GPU_IPC_EXPORTS; i++)
+        if (g->exps[i].buffer_id == buffer_id && buffer_id != 0) return &g->exps[i];
+    return NULL;
+}
+
+/* Remember ex (NULL: the allocation was refused) for buffer_id, evicting the least
+ * recently used slot; returns the export it evicted (the caller destroys it). g->mu held. */
+static ote_cuda_ipc_export_t *exp_put(ote__gpu_t *g, unsigned long long buffer_id,
+                                      ote_cuda_ipc_export_t *ex) {
+    ipc_exp_t *v = &g->exps[0];
+    for (int i = 0; i < GPU_IPC_EXPORTS; i++) {
+        if (g->exps[i].buffer_id == 0) {
+            v = &g->exps[i];
+            break;
+        }
+        if (g->exps[i].used < v->used) v = &g->exps[i];
+    }
+    ote_cuda_ipc_export_t *drop = v->ex;
+    v->ex = ex;
+    v->buffer_id = buffer_id;
+    v->used = ++g->exp_clock;
+    return drop;
+}
+
 ote_status_t ote__gpu_ipc_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, uint32_t len,
-                                 ote__ipc_desc_t *out) {
+                                 ote__ipc_desc_t *out, int *fd_out) {
     if (!(g->paths & OTE__GPU_PATH_IPC) || !OTE_MEM_IS_CUDA(kind)) return OTE_ERR_UNSUPPORTED;
     gdev_t *d = NULL;
     ote_status_t st = ote__gpu_dev_open(g, kind, 0, &d);
@@ -46,44 +73,71 @@ ote_status_t ote__gpu_ipc_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, ui
                          ote_status_str(st));
         return st;
     }
-    /* The cached description of this allocation (buffer ids are never reused). */
+    /* The cached description of this allocation (buffer ids are never reused); a VMM
+     * export's fd is duplicated under the lock (eviction closes the export's own). */
     ote_cuda_ipc_desc_t cd;
-    int found = 0;
+    int found = 0, fd = -1, vmm = 0;
     ote_mutex_lock(&g->mu);
-    for (int i = 0; i < GPU_IPC_EXPORTS; i++)
-        if (g->exps[i].buffer_id == info.buffer_id && g->exps[i].ex != NULL) {
-            g->exps[i].used = ++g->exp_clock;
-            cd = *ote_cuda_ipc_export_desc(g->exps[i].ex);
-            found = 1;
-            break;
+    ipc_exp_t *hit = exp_find(g, info.buffer_id);
+    if (hit != NULL) {
+        hit->used = ++g->exp_clock;
+        found = hit->ex != NULL ? 1 : -1; /* -1: refused before */
+        if (hit->ex != NULL) {
+            cd = *ote_cuda_ipc_export_desc(hit->ex);
+            int efd = ote_cuda_ipc_export_fd(hit->ex);
+            vmm = efd >= 0;
+            if (vmm && (fd = fcntl(efd, F_DUPFD_CLOEXEC, 0)) < 0) st = OTE_ERR_NOMEM;
         }
+    }
     ote_mutex_unlock(&g->mu);
+    if (found < 0) return OTE_ERR_UNSUPPORTED;
+    if (st != OTE_OK) {
+        OTE_WARN_LIMITED("gpu", "IPC export: dup of a VMM export's fd: %s", strerror(errno));
+        return st;
+    }
     if (!found) {
         ote_cuda_ipc_export_t *ex = NULL;
-        st = ote_cuda_ipc_export_create(d->dev, addr, &ex);
+        /* VMM memory first (one cuMemRetainAllocationHandle, which fails on cuMemAlloc
+         * memory: OTE_ERR_NOT_FOUND), else cuIpcGetMemHandle. */
+        st = ote_cuda_ipc_export_vmm(d->dev, addr, &ex);
+        vmm = st == OTE_OK;
+        if (st == OTE_ERR_NOT_FOUND) st = ote_cuda_ipc_export_create(d->dev, addr, &ex);
         if (st != OTE_OK) {
-            OTE_WARN_LIMITED("gpu", "cuda:%d: cuIpcGetMemHandle of [0x%llx, +%u): %s",
+            if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) {
+                /* VMM memory without the POSIX-fd handle type: never exportable. */
+                OTE_WARN("gpu",
+                         "cuda:%d: the VMM allocation at 0x%llx (+%zu) was created without "
+                         "the POSIX-fd handle type: CUDA IPC cannot export it; its pieces "
+                         "keep staging",
+                         OTE_MEM_CUDA_DEVICE(kind), (unsigned long long)info.range_start,
+                         info.range_size);
+                ote_mutex_lock(&g->mu);
+                ote_cuda_ipc_export_t *drop =
+                    exp_find(g, info.buffer_id) == NULL ? exp_put(g, info.buffer_id, NULL) : NULL;
+                ote_mutex_unlock(&g->mu);
+                ote_cuda_ipc_export_destroy(drop);
+                return OTE_ERR_UNSUPPORTED;
+            }
+            OTE_WARN_LIMITED("gpu", "cuda:%d: IPC export of [0x%llx, +%u): %s",
                              OTE_MEM_CUDA_DEVICE(kind), (unsigned long long)addr, len,
                              ote_status_str(st));
             return st;
         }
         cd = *ote_cuda_ipc_export_desc(ex);
-        ote_cuda_ipc_export_t *drop = NULL;
-        ote_mutex_lock(&g->mu);
-        ipc_exp_t *v = &g->exps[0];
-        for (int i = 0; i < GPU_IPC_EXPORTS; i++) {
-            if (g->exps[i].ex == NULL) {
-                v = &g->exps[i];
-                break;
-            }
-            if (g->exps[i].used < v->used) v = &g->exps[i];
+        if (vmm && (fd = fcntl(ote_cuda_ipc_export_fd(ex), F_DUPFD_CLOEXEC, 0)) < 0) {
+            OTE_WARN_LIMITED("gpu", "IPC export: dup of a VMM export's fd: %s", strerror(errno));
+            ote_cuda_ipc_export_destroy(ex);
+            return OTE_ERR_NOMEM;
         }
-        drop = v->ex;
-        v->ex = ex;
-        v->buffer_id = info.buffer_id;
-        v->used = ++g->exp_clock;
+        ote_mutex_lock(&g->mu);
+        ote_cuda_ipc_export_t *drop = NULL;
+        if (exp_find(g, info.buffer_id) == NULL) {
+            drop = exp_put(g, info.buffer_id, ex);
+            ex = NULL;
+        }
         ote_mutex_unlock(&g->mu);
-        ote_cuda_ipc_export_destroy(drop); /* a description only: nothing native to release */
+        ote_cuda_ipc_export_destroy(drop); /* an evicted export (a VMM one closes its fd) */
+        ote_cuda_ipc_export_destroy(ex);   /* another thread cached it meanwhile */
         atomic_fetch_add(&g->n_exports, 1);
     }
     memset(out, 0, sizeof(*out));
@@ -93,7 +147,26 @@ ote_status_t ote__gpu_ipc_export(ote__gpu_t *g, uint32_t kind, uint64_t addr, ui
     out->size = cd.size;
     out->offset = addr - cd.base;
     out->device = cd.device_ordinal;
+    out->flags = vmm ? OTE__IPC_VMM : 0;
+    *fd_out = fd;
     return OTE_OK;
+}
+
+void ote__gpu_ipc_forget(ote__gpu_t *g, uint64_t start, uint64_t len) {
+    ote_cuda_ipc_export_t *drop[GPU_IPC_EXPORTS];
+    int n = 0;
+    ote_mutex_lock(&g->mu);
+    for (int i = 0; i < GPU_IPC_EXPORTS; i++) {
+        ipc_exp_t *v = &g->exps[i];
+        if (v->ex == NULL) continue;
+        const ote_cuda_ipc_desc_t *cd = ote_cuda_ipc_export_desc(v->ex);
+        if (cd->base < start + len && start < cd->base + cd->size) {
+            drop[n++] = v->ex;
+            memset(v, 0, sizeof(*v));
+        }
+    }
+    ote_mutex_unlock(&g->mu);
+    for (int i = 0; i < n; i++) ote_cuda_ipc_export_destroy(drop[i]);
 }
 
 /* The device an IPC copy runs on (its import cache created on first use). */
@@ -110,13 +183,14 @@ static ote_status_t ipc_dev(ote__gpu_t *g, uint32_t kind, gdev_t **out) {
 }
 
 ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                     uint8_t *local, uint32_t local_kind, uint32_t len, int write,
-                                     ote__gpu_ipc_op_t **op_out) {
+                                     int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
+                                     int write, ote__gpu_ipc_op_t **op_out) {
     int local_dev = OTE_MEM_IS_CUDA(local_kind);
     if (atomic_load(&g->nparked) > 0) ote__gpu_reclaim_parked(g);
     if (!ote__gpu_driver_present(g)) return OTE_ERR_NO_DEVICE;
     if (desc->device < 0 || desc->device >= GPU_MAX_DEVICES || desc->offset > desc->size ||
-        len > desc->size - desc->offset || desc->base > UINT64_MAX - desc->size)
+        len > desc->size - desc->offset || desc->base > UINT64_MAX - desc->size ||
+        (desc->flags & ~OTE__IPC_VMM) != 0 || ((desc->flags & OTE__IPC_VMM) != 0) != (fd >= 0))
         return OTE_ERR_PROTOCOL;
     /* The copy runs on the local buffer's device, else on the exporter's (one host: the
      * same ordinals). */
@@ -132,7 +206,9 @@ ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote
     cd.base = desc->base;
     cd.size = desc->size;
     cd.device_ordinal = desc->device;
-    if (st == OTE_OK) st = ote_cuda_ipc_import(d->ipc, exporter, &cd, &op->map);
+    if (st == OTE_OK)
+        st = fd >= 0 ? ote_cuda_ipc_import_vmm(d->ipc, exporter, &cd, fd, &op->map)
+                     : ote_cuda_ipc_import(d->ipc, exporter, &cd, &op->map);
     ote_cu_deviceptr_t remote = 0;
     if (st == OTE_OK)
         st = ote_cuda_ipc_mapping_translate(op->map, desc->base + desc->offset, len, &remote);
@@ -145,9 +221,18 @@ ote_status_t ote__gpu_ipc_copy_start(ote__gpu_t *g, uint64_t exporter, const ote
         st = ote_cuda_stream_copy(op->s, k, write ? remote : l, write ? l : remote, len);
         if (st == OTE_OK) st = ote_cuda_stream_commit(op->s, NULL, NULL);
         if (st != OTE_OK && ote_cuda_stream_state(op->s) != OTE_CUDA_STREAM_IDLE) {
-            ote__gpu_park_map(g, d, op->s, NULL, op->map); /* the copy may still run */
-            op->s = NULL;
-            op->map = NULL;
+            /* The copy may still run: the op is the caller's to settle (its mapping stays
+             * referenced, and the source's pin must stay until the driver proves the copy
+             * complete). */
+            OTE_WARN_LIMITED("gpu",
+                             "CUDA IPC copy of %u bytes (buffer %llu of exporter %llu): %s; "
+                             "outcome unknown until the driver proves it complete",
+                             len, (unsigned long long)desc->buffer_id, (unsigned long long)exporter,
+                             ote_status_str(st));
+            atomic_fetch_add(&g->n_ipc_failed, 1);
+            op->d = d;
+            *op_out = op;
+            return st;
         }
     }
     if (st == OTE_OK) {
@@ -174,17 +259,44 @@ ote_status_t ote__gpu_ipc_copy_poll(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int gi
         ote_cuda_ipc_mapping_put(op->d->ipc, op->map);
         ote__gpu_stream_put(g, op->d, op->s);
         atomic_fetch_add(&g->n_ipc_ok, 1);
-    } else {
-        /* Pending past the deadline, or an unknown outcome (the stream is retained):
-         * the copy may still touch both ends. */
-        if (st == OTE_ERR_AGAIN) st = OTE_ERR_TIMEOUT;
-        OTE_WARN_LIMITED("gpu", "cuda:%d: CUDA IPC copy failed: %s",
-                         ote_cuda_device_ordinal(op->d->dev), ote_status_str(st));
-        ote__gpu_park_map(g, op->d, op->s, NULL, op->map);
-        atomic_fetch_add(&g->n_ipc_failed, 1);
+        ote_free(op);
+        return OTE_OK;
     }
-    ote_free(op);
+    /* Pending past the deadline, or an unknown outcome (the stream is retained): the copy
+     * may still touch both ends. The op stays the caller's, unsettled, until
+     * ote__gpu_ipc_copy_settle proves it complete (or abandons it to the parked list). */
+    if (st == OTE_ERR_AGAIN) st = OTE_ERR_TIMEOUT;
+    OTE_WARN_LIMITED("gpu",
+                     "cuda:%d: CUDA IPC copy failed: %s; its outcome is unknown until the "
+                     "driver proves it complete",
+                     ote_cuda_device_ordinal(op->d->dev), ote_status_str(st));
+    atomic_fetch_add(&g->n_ipc_failed, 1);
     return st;
+}
+
+ote_status_t ote__gpu_ipc_copy_settle(ote__gpu_t *g, ote__gpu_ipc_op_t *op, int abandon) {
+    if (!abandon) {
+        ote_status_t st = ote_cuda_stream_state(op->s) == OTE_CUDA_STREAM_RETAINED
+                              ? ote_cuda_stream_reclaim(op->s)
+                              : ote_cuda_stream_poll(op->s);
+        if (st == OTE_OK) {
+            /* Proven complete: the mapping's reference goes back, the stream is reused. */
+            ote_cuda_ipc_mapping_put(op->d->ipc, op->map);
+            ote__gpu_stream_put(g, op->d, op->s);
+            atomic_fetch_add(&g->n_ipc_settled, 1);
+            OTE_INFO("gpu", "cuda:%d: a CUDA IPC copy of unknown outcome proved complete",
+                     ote_cuda_device_ordinal(op->d->dev));
+            ote_free(op);
+            return OTE_OK;
+        }
+        return OTE_ERR_AGAIN;
+    }
+    /* The peer is gone (or the transport closes): the engine keeps the stream and the
+     * mapping until the driver proves the work complete (engine destroy retains them). */
+    ote__gpu_park_map(g, op->d, op->s, NULL, op->map);
+    ote_free(op);
+    ote__gpu_worker_ensure(g); /* it looks at parked work every tick */
+    return OTE_OK;
 }
 
 void ote__gpu_ipc_revoked(ote__gpu_t *g, uint64_t exporter, uint64_t buffer_id) {

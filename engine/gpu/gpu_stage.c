@@ -276,6 +276,19 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+void ote__gpu_worker_ensure(ote__gpu_t *g) {
+    ote_mutex_lock(&g->mu);
+    if (!g->thread_started && !g->stop && pthread_create(&g->thread, NULL, worker_main, g) == 0)
+        g->thread_started = 1;
+    if (!g->thread_started)
+        OTE_WARN_LIMITED("gpu",
+                         "the GPU worker could not start: parked work is looked at "
+                         "again by the next copy only (%zu parked)",
+                         (size_t)g->nparked);
+    ote_cond_signal(&g->cv);
+    ote_mutex_unlock(&g->mu);
+}
+
 void ote__gpu_stage(ote__gpu_t *g, uint32_t kind, ote__slice_t *slices, uint32_t ns,
                     ote__gpu_submit_fn submit, void *arg) {
     gdev_t *d = NULL;

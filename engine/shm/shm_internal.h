@@ -166,12 +166,19 @@ enum { SHM_HELLO = 1, SHM_HELLO_ACK = 2, SHM_REQS = 3, SHM_RESPS = 4, SHM_AUTH =
  *  - SHM_IPC_OFFER (source -> requester, shm_ipc_offer_t) answers a piece flagged
  *    SHM_REQ_IPC in the place of its RESPS entry (responses stay in order): the piece
  *    is on device memory registered with OTE_PERM_IPC, checked and pinned as any piece;
- *    the offer carries the allocation's IPC handle and the piece's offset in it. The
+ *    the offer carries the allocation's IPC handle and the piece's offset in it (for a
+ *    VMM allocation, OTE__IPC_VMM: no handle, and exactly one fd, the allocation's
+ *    POSIX fd, travels with the offer by SCM_RIGHTS; any other message carrying an fd,
+ *    or an offer with more than one, is a protocol error, every fd received closed). The
  *    requester imports the allocation (engine/gpu's bounded cache), copies the piece
  *    with an asynchronous copy on a stream, polls its event, and then sends an
  *    SHM_OP_IPC_DONE entry naming the piece's id: only then does the source drop the
- *    piece's pin (unregister is BUSY until then). The connection's end drops every pin
- *    it still holds this way.
+ *    piece's pin (unregister is BUSY until then). IPC_DONE is sent only once the driver
+ *    proved the copy complete: a copy whose outcome is unknown (a failed event query, a
+ *    deadline) ends its request with that status at once but stays on the peer's
+ *    unsettled list (shm_unsettled_t), its mapping referenced, until ipc_copy_settle
+ *    proves it complete. The connection's end drops every pin it still holds this way
+ *    (the requester's engine then retains the unsettled copies' streams and mappings).
  *  - SHM_IPC_CLOSE (source -> requester, shm_ipc_close_t): a close receipt. A
  *    registration with OTE_PERM_IPC was unregistered; the requester closes its import
  *    of that allocation (buffer id) once no copy uses it, before it is used again.
@@ -295,6 +302,7 @@ typedef struct {
     _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins */
     uint8_t ipc[SHM_BATCH_MAX];        /* answered by an SHM_IPC_OFFER (offer[i]) */
     ote__ipc_desc_t offer[SHM_BATCH_MAX];
+    int offer_fd[SHM_BATCH_MAX]; /* a VMM offer's fd (sent with it, then closed), else -1 */
 } shm_msg_t;
 
 /* A piece whose IPC copy the requester is making: its pin, held until SHM_OP_IPC_DONE. */
@@ -303,6 +311,14 @@ typedef struct {
     void *pin;
     uint32_t len;
 } shm_held_t;
+
+/* Requester: an IPC copy whose outcome is unknown (its request already ended): the
+ * source keeps the piece pinned (no IPC_DONE) until the driver proves it complete. */
+typedef struct shm_unsettled {
+    struct shm_unsettled *next;
+    uint64_t id; /* the piece */
+    void *op;    /* host->ipc_copy_settle's */
+} shm_unsettled_t;
 
 /* An allocation offered on a connection (for close receipts). */
 typedef struct {
@@ -382,6 +398,7 @@ typedef struct shm_peer {
     int mode;              /* SHM_MODE_* of the current connection */
     int ipc;               /* the current connection carries CUDA IPC (SHM_ACK_IPC) */
     ote__slice_t *ih, *it; /* slices whose IPC copy runs (receive thread polls them) */
+    shm_unsettled_t *uh;   /* IPC copies of unknown outcome (receive thread's) */
     uint8_t *ring;         /* the shared ring (mapped while connected; in CMA mode only when the
                     * source mapped it too: small pieces then travel through it) */
     uint64_t ring_head, ring_tail; /* in-order allocation (virtual offsets) */

@@ -66,7 +66,7 @@ int ote__shm_offer_decode(const void *b, size_t n, shm_ipc_offer_t *out) {
     if (n != sizeof(o) || hdr_of(b, n, SHM_IPC_OFFER, &h) != 0 || h.version != SHM_VERSION)
         return -1;
     memcpy(&o, b, sizeof(o));
-    if (o.d.offset > o.d.size) return -1;
+    if (o.d.offset > o.d.size || (o.d.flags & ~OTE__IPC_VMM) != 0) return -1;
     *out = o;
     return 0;
 }

@@ -117,6 +117,45 @@ static void peer_ipc_done(shm_peer_t *p, uint64_t id) {
     p->woff[p->nwoff++] = (shm_woff_t){0, 0, 0, 0, SHM_OP_IPC_DONE, id};
 }
 
+/* The IPC copy of piece id has an unknown outcome (its request ended with its status):
+ * no IPC_DONE until ipc_copy_settle proves it complete (peer_ipc_settle). p->mu held. */
+static void peer_ipc_unsettled(shm_peer_t *p, uint64_t id, void *op) {
+    const ote__host_t *h = &p->tp->host;
+    shm_unsettled_t *u = p->broken ? NULL : ote_calloc(1, sizeof(*u));
+    if (u == NULL) {
+        if (!p->broken)
+            OTE_WARN_LIMITED("shm",
+                             "peer %s: out of memory for an unsettled IPC copy: the source "
+                             "keeps the piece pinned until the connection closes",
+                             p->addr);
+        (void)h->ipc_copy_settle(h->arg, op, 1); /* the engine retains it */
+        return;
+    }
+    u->id = id;
+    u->op = op;
+    u->next = p->uh;
+    p->uh = u;
+}
+
+/* Ask the driver again about the IPC copies of unknown outcome: each one proven complete
+ * tells the source (IPC_DONE: its pin goes); once the connection ended, each is handed to
+ * the engine, which retains it until proven complete. p->mu held. */
+static void peer_ipc_settle(shm_peer_t *p) {
+    const ote__host_t *h = &p->tp->host;
+    int abandon = p->broken || p->stop;
+    shm_unsettled_t **pp = &p->uh;
+    while (*pp) {
+        shm_unsettled_t *u = *pp;
+        if (h->ipc_copy_settle(h->arg, u->op, abandon) != OTE_OK) {
+            pp = &u->next;
+            continue;
+        }
+        *pp = u->next;
+        if (!abandon) peer_ipc_done(p, u->id);
+        ote_free(u);
+    }
+}
+
 static int read_ptrace_scope(void) {
     FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
     int v = 0;
@@ -517,12 +556,14 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
 
 /* An SHM_IPC_OFFER: the piece at the head of the window is the requester's to copy by
  * CUDA IPC. p->mu held; -1 on a protocol error. */
-static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, slist_t *done) {
     shm_ipc_offer_t o;
     if (!p->ipc || ote__shm_offer_decode(b, n, &o) != 0) return -1;
     ote__slice_t *s = p->fh;
+    /* A VMM offer carries exactly its allocation's fd; any other carries none. */
     if (s == NULL || s->xp.shm.id != o.id ||
-        (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) || s->len > o.d.size - o.d.offset)
+        (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) || s->len > o.d.size - o.d.offset ||
+        ((o.d.flags & OTE__IPC_VMM) != 0) != (fd >= 0))
         return -1;
     p->fh = s->next;
     if (p->fh == NULL) p->ft = NULL;
@@ -531,10 +572,11 @@ static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) 
     if (s->xp.shm.ring_end != 0) p->ring_tail = s->xp.shm.ring_end; /* the source left it */
     const ote__host_t *h = &p->tp->host;
     void *op = NULL;
-    ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, s->local, s->local_kind,
-                                        s->len, s->op == OTE__SLICE_WRITE, &op);
+    ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, fd, s->local,
+                                        s->local_kind, s->len, s->op == OTE__SLICE_WRITE, &op);
     if (st != OTE_OK) {
-        peer_ipc_done(p, o.id); /* the source drops its pin */
+        if (op != NULL) peer_ipc_unsettled(p, o.id, op); /* the copy may still run */
+        else peer_ipc_done(p, o.id);                     /* nothing runs: the pin may go */
         if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
         slist_add(done, s, st);
         return 0;
@@ -562,9 +604,11 @@ static void peer_ipc_poll(shm_peer_t *p, slist_t *done) {
             continue;
         }
         *pp = s->next;
+        void *op = s->xp.shm.ipc;
         s->xp.shm.ipc = NULL;
+        if (st != OTE_OK) peer_ipc_unsettled(p, s->xp.shm.id, op); /* outcome unknown */
+        else if (!p->broken) peer_ipc_done(p, s->xp.shm.id);
         if (p->broken) st = OTE_ERR_PEER_LOST;
-        else peer_ipc_done(p, s->xp.shm.id);
         if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
         slist_add(done, s, st);
     }
@@ -579,13 +623,15 @@ static int peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n) {
     return 0;
 }
 
-/* One message of the source. p->mu held; -1 on a protocol error. */
-static int peer_message(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+/* One message of the source, with fd (-1: none) received with it (the caller closes it).
+ * p->mu held; -1 on a protocol error. */
+static int peer_message(shm_peer_t *p, const uint8_t *b, size_t n, int fd, slist_t *done) {
     shm_hdr_t h;
     if (n < sizeof(h)) return -1;
     memcpy(&h, b, sizeof(h));
+    if (fd >= 0 && h.kind != SHM_IPC_OFFER) return -1; /* only a VMM offer carries an fd */
     switch (h.kind) {
-        case SHM_IPC_OFFER: return peer_offer(p, b, n, done);
+        case SHM_IPC_OFFER: return peer_offer(p, b, n, fd, done);
         case SHM_IPC_CLOSE: return peer_close_receipt(p, b, n);
         default: return peer_responses(p, b, n, done);
     }
@@ -615,6 +661,38 @@ static void peer_expire(shm_peer_t *p, slist_t *done) {
     p->qt = last;
 }
 
+/* One message (its real length, MSG_TRUNC) and the fds passed with it: the first in
+ * *fd_out (close-on-exec), more than one, or a truncated control part, set *bad (those
+ * received are closed but the first). */
+static ssize_t recv_fds(int sock, uint8_t *buf, size_t cap, int *fd_out, int *bad) {
+    union {
+        char b[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } cb;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof(cb.b)};
+    ssize_t n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+    if (n < 0) return n;
+    if (mh.msg_flags & MSG_CTRUNC) *bad = 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k; j++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+            if (*fd_out < 0) {
+                *fd_out = fd;
+            } else {
+                close(fd);
+                *bad = 1;
+            }
+        }
+    }
+    return n;
+}
+
 static void *rx_main(void *arg) {
     shm_peer_t *p = arg;
     uint8_t buf[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t)];
@@ -639,6 +717,7 @@ static void *rx_main(void *arg) {
         /* The copies are polled after the socket was read: a source that died during a
          * copy is seen first (its pieces then end PEER_LOST). */
         if (p->ih != NULL && (p->stop || p->broken)) peer_ipc_poll(p, &done);
+        if (p->uh != NULL && (p->stop || p->broken)) peer_ipc_settle(p); /* abandoned */
         if ((p->stop || p->broken) && p->ih == NULL) {
             ote_mutex_unlock(&p->mu);
             slist_finish(&done);
@@ -650,13 +729,17 @@ static void *rx_main(void *arg) {
             continue;
         }
         while (r > 0) {
-            ssize_t n = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC); /* real length */
+            int fd = -1, fds_bad = 0;
+            ssize_t n = recv_fds(p->fd, buf, sizeof(buf), &fd, &fds_bad); /* real length */
             if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
             if (n <= 0) {
+                if (fd >= 0) close(fd);
                 peer_kill(p, OTE_ERR_PEER_LOST, &done);
                 break;
             }
-            if (peer_message(p, buf, (size_t)n, &done) != 0) {
+            int bad = fds_bad || peer_message(p, buf, (size_t)n, fd, &done) != 0;
+            if (fd >= 0) close(fd); /* an import holds its own reference */
+            if (bad) {
                 OTE_LOG_LIMITED(OTE_LOG_ERROR, "shm",
                                 "peer %s: malformed or out-of-order response: closing", p->addr);
                 peer_kill(p, OTE_ERR_PROTOCOL, &done);
@@ -665,6 +748,7 @@ static void *rx_main(void *arg) {
         }
         if (!p->broken) peer_expire(p, &done);
         if (p->ih != NULL) peer_ipc_poll(p, &done);
+        if (p->uh != NULL) peer_ipc_settle(p);
         peer_pump(p, &done);
         ote_mutex_unlock(&p->mu);
         slist_finish(&done);

@@ -43,16 +43,46 @@ static int wait_in(shm_src_t *s, ote_deadline_t dl) {
     }
 }
 
-static ote_status_t send_msg(shm_src_t *s, const void *buf, size_t len) {
+/* fd >= 0: passed with the message (SCM_RIGHTS); it stays the caller's. */
+static ote_status_t send_msg_fd(shm_src_t *s, const void *buf, size_t len, int fd) {
     ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     for (;;) {
-        ssize_t r = send(s->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        union {
+            char b[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } cb;
+        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (fd >= 0) {
+            memset(&cb, 0, sizeof(cb));
+            mh.msg_control = cb.b;
+            mh.msg_controllen = sizeof(cb.b);
+            struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        }
+        ssize_t r = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r == (ssize_t)len) return OTE_OK;
         if (r >= 0 || (errno != EAGAIN && errno != EINTR)) return OTE_ERR_PEER_LOST;
         struct pollfd p = {.fd = s->fd, .events = POLLOUT};
         if (ote_deadline_expired(dl) || atomic_load(&s->tp->stop)) return OTE_ERR_TIMEOUT;
         (void)poll(&p, 1, 100);
     }
+}
+
+static ote_status_t send_msg(shm_src_t *s, const void *buf, size_t len) {
+    return send_msg_fd(s, buf, len, -1);
+}
+
+/* The VMM offers' fds of m not sent (or sent: the requester has its own) are closed. */
+static void offer_fds_close(shm_msg_t *m) {
+    for (uint32_t i = 0; i < m->in.h.n && i < SHM_BATCH_MAX; i++)
+        if (m->offer_fd[i] >= 0) {
+            close(m->offer_fd[i]);
+            m->offer_fd[i] = -1;
+        }
 }
 
 static ssize_t recv_hello(int sock, shm_hello_t *h, int *fd_out);
@@ -635,8 +665,9 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
             if (q[i].flags & SHM_REQ_IPC) {
                 /* CUDA IPC where the registration opted in: the requester copies. */
                 const ote__host_t *h = &s->tp->host;
-                ote_status_t xs = h->ipc_export(h->arg, ote__shm_src_engine_pin(s, m->pin[i]),
-                                                q[i].remote, q[i].len, &m->offer[i]);
+                ote_status_t xs =
+                    h->ipc_export(h->arg, ote__shm_src_engine_pin(s, m->pin[i]), q[i].remote,
+                                  q[i].len, &m->offer[i], &m->offer_fd[i]);
                 if (xs == OTE_OK) {
                     m->ipc[i] = 1;
                     continue;
@@ -701,6 +732,7 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
     for (uint32_t i = 0; i < m->in.h.n; i++) {
         m->pin[i] = NULL;
         m->ipc[i] = 0;
+        m->offer_fd[i] = -1;
         atomic_store(&m->st[i], OTE_OK);
         if (q[i].op == SHM_OP_WRITE_OFF) {
             ote__shm_src_write_off(s, &q[i]);
@@ -761,7 +793,10 @@ static void src_loop(shm_src_t *s) {
         src_serve(s, m);
         s->mhead = (s->mhead + 1) % SHM_LOOKAHEAD;
         s->mcount--;
-        if (atomic_load(&s->abort)) break;
+        if (atomic_load(&s->abort)) {
+            offer_fds_close(m);
+            break;
+        }
         const shm_req_t *reqs = msg_reqs(m);
         shm_resp_t *resps = (shm_resp_t *)(out.b + sizeof(shm_hdr_t));
         int lost = 0, failed = 0;
@@ -789,8 +824,9 @@ static void src_loop(shm_src_t *s) {
             o.id = reqs[i].id;
             o.d = m->offer[i];
             offered_note(s, &o.d);
-            if (!failed && send_msg(s, &o, sizeof(o)) != OTE_OK) failed = 1;
+            if (!failed && send_msg_fd(s, &o, sizeof(o), m->offer_fd[i]) != OTE_OK) failed = 1;
         }
+        offer_fds_close(m);
         if (failed || lost) break;
         out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, k, 0};
         if (k > 0 && send_msg(s, out.b, sizeof(shm_hdr_t) + k * sizeof(shm_resp_t)) != OTE_OK)

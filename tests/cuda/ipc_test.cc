@@ -217,12 +217,60 @@ int VmmExporterMain(int fd) {
     return rc;
 }
 
+// The VMM exporter through ote_cuda_ipc_export_vmm (the path the engine takes for memory
+// it did not allocate): a VMM allocation filled with Pattern(9), described from a pointer
+// inside it; sends the desc, then the fd; answers kCheck on it until kExit.
+int VmmPtrExporterMain(int fd) {
+    ote_cuda_driver_t *drv = nullptr;
+    ote_cuda_device_t *dev = nullptr;
+    if (ote_cuda_driver_load(nullptr, &drv) != OTE_OK ||
+        ote_cuda_device_open(drv, 0, &dev) != OTE_OK)
+        return 30;
+    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(drv);
+    ote_cuda_alloc_t *a = nullptr;
+    ote_cuda_ipc_export_t *e = nullptr;
+    if (ote_cuda_alloc_create(dev, kAllocSize, OTE_CUDA_ALLOC_VMM, &a) != OTE_OK) return 31;
+    std::vector<uint8_t> buf(ote_cuda_alloc_size(a), Pattern(9));
+    uint8_t fence = 0;
+    if (ote_cuda_device_make_current(dev) != OTE_OK ||
+        t->cuMemcpyHtoD(ote_cuda_alloc_ptr(a), buf.data(), buf.size()) != OTE_CU_SUCCESS ||
+        t->cuMemcpyDtoH(&fence, ote_cuda_alloc_ptr(a), 1) != OTE_CU_SUCCESS)
+        return 32;
+    if (ote_cuda_ipc_export_vmm(dev, ote_cuda_alloc_ptr(a) + 100, &e) != OTE_OK ||
+        ote_cuda_ipc_export_fd(e) < 0)
+        return 33;
+    ote_cuda_ipc_desc_t desc = *ote_cuda_ipc_export_desc(e);
+    if (!IoFull(fd, &desc, sizeof(desc), true, LongDeadline()) ||
+        !SendFd(fd, ote_cuda_ipc_export_fd(e)))
+        return 34;
+    for (;;) {
+        Cmd cmd{};
+        if (!IoFull(fd, &cmd, sizeof(cmd), false, ote_deadline_after(3600ull * OTE_NSEC_PER_SEC)))
+            break;
+        if (cmd.op == kExit) break;
+        Reply reply{OTE_OK};
+        uint8_t got = 0;
+        if (cmd.op != kCheck || cmd.offset >= ote_cuda_alloc_size(a))
+            reply.status = OTE_ERR_INVALID;
+        else if (t->cuMemcpyDtoH(&got, ote_cuda_alloc_ptr(a) + cmd.offset, 1) != OTE_CU_SUCCESS)
+            reply.status = OTE_ERR_NATIVE;
+        else if (got != cmd.value) reply.status = OTE_ERR_IO;
+        if (!IoFull(fd, &reply, sizeof(reply), true, LongDeadline())) break;
+    }
+    ote_cuda_ipc_export_destroy(e);
+    int rc = ote_cuda_alloc_destroy(a, LongDeadline()) == OTE_OK ? 0 : 35;
+    ote_cuda_device_close(dev);
+    ote_cuda_driver_unload(drv);
+    return rc;
+}
+
 // Runs before gtest in the re-executed child.
 const int kChildInit = [] {
     const char *fd = std::getenv("OTE_IPC_CHILD_FD");
     if (fd == nullptr) return 0;
     const char *n = std::getenv("OTE_IPC_CHILD_ALLOCS");
     if (n != nullptr && std::string(n) == "vmm") _exit(VmmExporterMain(atoi(fd)));
+    if (n != nullptr && std::string(n) == "vmmptr") _exit(VmmPtrExporterMain(atoi(fd)));
     _exit(ExporterMain(atoi(fd), n != nullptr ? atoi(n) : 2));
 }();
 
@@ -242,13 +290,13 @@ class CudaIpcTest : public CudaTest {
         CudaTest::TearDown();
     }
 
-    void Spawn(int n, bool vmm = false) {
+    void Spawn(int n, bool vmm = false, const char *vmm_mode = "vmm") {
         int sv[2];
         ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
         std::vector<std::string> env;
         for (char **e = environ; *e != nullptr; e++) env.emplace_back(*e);
         env.push_back("OTE_IPC_CHILD_FD=" + std::to_string(sv[1]));
-        env.push_back("OTE_IPC_CHILD_ALLOCS=" + (vmm ? std::string("vmm") : std::to_string(n)));
+        env.push_back("OTE_IPC_CHILD_ALLOCS=" + (vmm ? std::string(vmm_mode) : std::to_string(n)));
         std::vector<char *> envp;
         for (auto &s : env) envp.push_back(&s[0]);
         envp.push_back(nullptr);
@@ -513,6 +561,169 @@ TEST_F(CudaIpcTest, VmmAllocationCrossesAsAPosixFd) {
     EXPECT_EQ(ReadByte(ote_cuda_alloc_ptr(imported) + 12345), Pattern(7));
     ASSERT_EQ(ote_cuda_alloc_destroy(imported, LongDeadline()), OTE_OK);
     EndChild();
+}
+
+// Open fds of this process (/proc/self/fd), for leak checks.
+int OpenFds() {
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++)
+        if (fcntl(fd, F_GETFD) >= 0) n++;
+    return n;
+}
+
+bool VmmSupported(const ote_cuda_driver_table_t *t, ote_cuda_device_t *dev) {
+    int vmm = 0;
+    return t->cuDeviceGetAttribute(&vmm,
+                                   OTE_CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                   ote_cuda_device_handle(dev)) == OTE_CU_SUCCESS &&
+           vmm != 0;
+}
+
+// A VMM export made from a pointer (ote_cuda_ipc_export_vmm) is imported through the
+// cache: bytes both ways, a cache hit for the second import (its fd unused), the close
+// receipt unmaps and releases it once unused; no fd and no VMM object left behind (the
+// objects counted by the fake only).
+TEST_F(CudaIpcTest, VmmExportFromPointerImportsThroughTheCache) {
+    if (!VmmSupported(t_, dev_)) GTEST_SKIP() << "no virtual memory management";
+    const int fds0 = OpenFds();
+    const fake_cuda_counters_t c0 = Counters();
+    Spawn(0, true, "vmmptr");
+    ote_cuda_ipc_desc_t desc{};
+    ASSERT_TRUE(IoFull(sock_, &desc, sizeof(desc), false, LongDeadline()));
+    EXPECT_GE(desc.size, kAllocSize);
+    EXPECT_NE(desc.buffer_id, 0u);
+    int fd = RecvFd(sock_);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ote_cuda_ipc_cache_create(dev_, 4, 64ull << 20, &cache_), OTE_OK);
+    ote_cuda_ipc_mapping_t *m = nullptr;
+    ASSERT_EQ(ote_cuda_ipc_import_vmm(cache_, 7, &desc, fd, &m), OTE_OK);
+    ote_cu_deviceptr_t local = 0;
+    ASSERT_EQ(ote_cuda_ipc_mapping_translate(m, desc.base + 4097, 1, &local), OTE_OK);
+    EXPECT_EQ(ReadByte(local), Pattern(9));
+    uint8_t v = 0x5a;
+    ASSERT_EQ(t_->cuMemcpyHtoD(local, &v, 1), OTE_CU_SUCCESS);
+    ASSERT_EQ(t_->cuStreamSynchronize(nullptr), OTE_CU_SUCCESS);
+    EXPECT_EQ(Ask(kCheck, 0, 4097, 0x5a), OTE_OK); // the exporter sees the write
+    EXPECT_EQ(ote_cuda_ipc_mapping_translate(m, desc.base + desc.size, 1, &local), OTE_ERR_ACCESS);
+    ote_cuda_ipc_mapping_t *m2 = nullptr;
+    ASSERT_EQ(ote_cuda_ipc_import_vmm(cache_, 7, &desc, fd, &m2), OTE_OK);
+    EXPECT_EQ(m2, m);
+    close(fd); // the import holds its own reference
+    EXPECT_EQ(ote_cuda_ipc_import_vmm(cache_, 7, &desc, -1, &m2), OTE_ERR_INVALID);
+    ote_cuda_ipc_cache_stats_t s = Stats();
+    EXPECT_EQ(s.imports, 1u);
+    EXPECT_EQ(s.hits, 1u);
+    EXPECT_EQ(s.in_use, 1u);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    }
+    // The close receipt while in use: invalidated, closed when the last user puts it back.
+    EXPECT_EQ(ote_cuda_ipc_close_receipt(cache_, 7, desc.buffer_id), OTE_OK);
+    ote_cuda_ipc_mapping_put(cache_, m);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    }
+    ote_cuda_ipc_mapping_put(cache_, m);
+    EXPECT_EQ(Stats().entries, 0u);
+    const fake_cuda_counters_t c1 = Counters();
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(c1.vmm_mappings, c0.vmm_mappings);
+        EXPECT_EQ(c1.vmm_reservations, c0.vmm_reservations);
+        EXPECT_EQ(c1.vmm_handles, c0.vmm_handles);
+    }
+    EndChild();
+    close(sock_);
+    sock_ = -1;
+    if (fake_.present()) { // a real driver may open fds of its own meanwhile
+        EXPECT_EQ(OpenFds(), fds0);
+    }
+}
+
+// The exporter dies while a VMM import is in use: invalidated, unmapped once put back;
+// an unused one is unmapped at once; eviction of an unused VMM import unmaps it too.
+TEST_F(CudaIpcTest, VmmImportGoesOnExporterDeathAndEviction) {
+    if (!VmmSupported(t_, dev_)) GTEST_SKIP() << "no virtual memory management";
+    const fake_cuda_counters_t c0 = Counters();
+    Spawn(0, true, "vmmptr");
+    ote_cuda_ipc_desc_t desc{};
+    ASSERT_TRUE(IoFull(sock_, &desc, sizeof(desc), false, LongDeadline()));
+    int fd = RecvFd(sock_);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ote_cuda_ipc_cache_create(dev_, 1, 64ull << 20, &cache_), OTE_OK);
+    ote_cuda_ipc_mapping_t *m = nullptr;
+    ASSERT_EQ(ote_cuda_ipc_import_vmm(cache_, 9, &desc, fd, &m), OTE_OK);
+    ote_cuda_ipc_mapping_put(cache_, m);
+    // Eviction: another exporter's key needs the only entry.
+    ASSERT_EQ(ote_cuda_ipc_import_vmm(cache_, 10, &desc, fd, &m), OTE_OK);
+    EXPECT_EQ(Stats().evictions, 1u);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    }
+    kill(child_, SIGKILL);
+    waitpid(child_, nullptr, 0);
+    child_ = -1;
+    EXPECT_EQ(ote_cuda_ipc_exporter_dead(cache_, 10), 1u);
+    if (fake_.present()) {                                       // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1); // in use: kept
+    }
+    EXPECT_EQ(ReadByte(ote_cuda_ipc_mapping_base(m)), Pattern(9)); // still mapped
+    ote_cuda_ipc_mapping_put(cache_, m);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings);
+        EXPECT_EQ(Counters().vmm_handles, c0.vmm_handles);
+    }
+    close(fd);
+}
+
+// What ote_cuda_ipc_export_vmm refuses: memory from cuMemAlloc, and a VMM allocation
+// created without the POSIX-fd handle type (OTE_ERR_UNSUPPORTED, no fd made); an
+// exportable one in this process gives an fd and the mapping's range.
+TEST_F(CudaIpcTest, VmmExportNeedsThePosixFdHandleType) {
+    if (!VmmSupported(t_, dev_)) GTEST_SKIP() << "no virtual memory management";
+    ote_cuda_alloc_t *plain = nullptr;
+    ASSERT_EQ(ote_cuda_alloc_create(dev_, kAllocSize, 0, &plain), OTE_OK);
+    ote_cuda_ipc_export_t *e = nullptr;
+    EXPECT_EQ(ote_cuda_ipc_export_vmm(dev_, ote_cuda_alloc_ptr(plain), &e), OTE_ERR_NOT_FOUND);
+    EXPECT_EQ(ote_cuda_alloc_destroy(plain, LongDeadline()), OTE_OK);
+
+    ASSERT_EQ(ote_cuda_device_make_current(dev_), OTE_OK);
+    ote_cu_mem_allocation_prop_t prop = {};
+    prop.type = OTE_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requested_handle_types = 0; // no shareable handle type
+    prop.location.type = OTE_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ote_cuda_device_ordinal(dev_);
+    size_t gran = 0;
+    ASSERT_EQ(t_->cuMemGetAllocationGranularity(&gran, &prop, OTE_CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              OTE_CU_SUCCESS);
+    ote_cu_mem_handle_t h = 0;
+    ASSERT_EQ(t_->cuMemCreate(&h, gran, &prop, 0), OTE_CU_SUCCESS);
+    ote_cu_deviceptr_t p = 0;
+    ASSERT_EQ(t_->cuMemAddressReserve(&p, gran, 0, 0, 0), OTE_CU_SUCCESS);
+    ASSERT_EQ(t_->cuMemMap(p, gran, 0, h, 0), OTE_CU_SUCCESS);
+    ote_cu_mem_access_desc_t ad = {{OTE_CU_MEM_LOCATION_TYPE_DEVICE, prop.location.id},
+                                   OTE_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    ASSERT_EQ(t_->cuMemSetAccess(p, gran, &ad, 1), OTE_CU_SUCCESS);
+    const uint64_t fds_made = Counters().vmm_exported_fds;
+    EXPECT_EQ(ote_cuda_ipc_export_vmm(dev_, p + 10, &e), OTE_ERR_UNSUPPORTED);
+    if (fake_.present()) { // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_exported_fds, fds_made);
+    }
+    EXPECT_EQ(t_->cuMemUnmap(p, gran), OTE_CU_SUCCESS);
+    EXPECT_EQ(t_->cuMemAddressFree(p, gran), OTE_CU_SUCCESS);
+    EXPECT_EQ(t_->cuMemRelease(h), OTE_CU_SUCCESS);
+
+    ote_cuda_alloc_t *vmm = nullptr;
+    ASSERT_EQ(ote_cuda_alloc_create(dev_, kAllocSize, OTE_CUDA_ALLOC_VMM, &vmm), OTE_OK);
+    const uint64_t handles = Counters().vmm_handles;
+    ASSERT_EQ(ote_cuda_ipc_export_vmm(dev_, ote_cuda_alloc_ptr(vmm) + 5, &e), OTE_OK);
+    EXPECT_GE(ote_cuda_ipc_export_fd(e), 0);
+    EXPECT_EQ(ote_cuda_ipc_export_desc(e)->base, ote_cuda_alloc_ptr(vmm));
+    EXPECT_EQ(ote_cuda_ipc_export_desc(e)->size, ote_cuda_alloc_size(vmm));
+    if (fake_.present()) {                          // the fake counts its objects
+        EXPECT_EQ(Counters().vmm_handles, handles); // the retained handle was released
+    }
+    ote_cuda_ipc_export_destroy(e);
+    EXPECT_EQ(ote_cuda_alloc_destroy(vmm, LongDeadline()), OTE_OK);
 }
 
 } // namespace

@@ -7,9 +7,13 @@
 // IPC counters; OTE_PERM_IPC honoured (without it, never IPC); the selection rules of
 // gpu_paths; unregister while a copy holds the import (BUSY), then OK, the close receipt
 // and a fresh import after re-registration; a driver failure on the async copy or its
-// event (that request fails, the source's pin goes, the next request works); the
-// exporter killed in the middle of a copy (PEER_LOST, its imports released, a new peer
-// works).
+// event record that the stream drained (that request fails, the source's pin goes, the
+// next request works); a copy whose outcome is unknown (event query failure, deadline:
+// the request ends at once, the source's pin and the mapping stay until the fake lets
+// the driver prove the copy complete); the exporter killed in the middle of a copy
+// (PEER_LOST, its imports released, a new peer works), also while a copy of unknown
+// outcome holds its mapping.
+#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -69,9 +73,9 @@ class GpuIpcTest : public ote_cuda_test::CudaTest {
         CudaTest::TearDown();
     }
 
-    uint64_t DevAlloc(size_t n) {
+    uint64_t DevAlloc(size_t n, unsigned flags = 0) {
         ote_cuda_alloc_t *a = nullptr;
-        EXPECT_EQ(ote_cuda_alloc_create(dev_, n, 0, &a), OTE_OK);
+        EXPECT_EQ(ote_cuda_alloc_create(dev_, n, flags, &a), OTE_OK);
         if (a == nullptr) return 0;
         allocs_.push_back(a);
         return ote_cuda_alloc_ptr(a);
@@ -99,7 +103,8 @@ class GpuIpcTest : public ote_cuda_test::CudaTest {
         t.binary = "ote_gpu_target";
         ASSERT_TRUE(t.Start(len, "127.0.0.1:0",
                             {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS=" + src_paths,
-                             std::string("OTE_GPU_TARGET_IPC=") + (optin ? "1" : "0")}));
+                             std::string("OTE_GPU_TARGET_IPC=") + (optin ? "1" : "0"),
+                             std::string("OTE_GPU_TARGET_VMM=") + target_vmm_}));
         if (e_ == nullptr) {
             e_ = ote_test::NewEngine({{"transports", "shm,tcp"},
                                       {"gpu_paths", req_paths.c_str()},
@@ -186,7 +191,19 @@ class GpuIpcTest : public ote_cuda_test::CudaTest {
         return pred();
     }
 
+    // Open fds of this process, or of process pid.
+    static int OpenFds(pid_t pid = 0) {
+        std::string dir = pid > 0 ? "/proc/" + std::to_string(pid) + "/fd" : "/proc/self/fd";
+        int n = 0;
+        if (DIR *d = opendir(dir.c_str())) {
+            while (readdir(d) != nullptr) n++;
+            closedir(d);
+        }
+        return n;
+    }
+
     std::vector<ote_cuda_alloc_t *> allocs_;
+    const char *target_vmm_ = "0"; // OTE_GPU_TARGET_VMM of the next Open
     ote_engine_t *e_ = nullptr;
     ote_segment_t *seg_ = nullptr;
 };
@@ -413,8 +430,9 @@ TEST_F(GpuIpcTest, UnregisterWhileImportHeld) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
-// A driver failure on the async copy, or on the event query of a copy in flight: that
-// request fails, the source's pin goes (unregister works), and the next request works.
+// A driver failure on the async copy or on its event record, after which the stream
+// drained (the outcome is known: nothing runs): that request fails, the source's pin goes
+// (unregister works), and the next request works.
 TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
     Target t;
     ASSERT_NO_FATAL_FAILURE(Open(t, true));
@@ -425,10 +443,11 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
         bool dev;
         ote_opcode_t op;
     };
-    const Case cases[] = {
-        {"cuMemcpyDtoDAsync", true, OTE_READ},   {"cuMemcpyDtoDAsync", true, OTE_WRITE},
-        {"cuMemcpyHtoDAsync", false, OTE_WRITE}, {"cuMemcpyDtoHAsync", false, OTE_READ},
-        {"cuEventQuery", true, OTE_READ},        {"cuEventRecord", true, OTE_WRITE}};
+    const Case cases[] = {{"cuMemcpyDtoDAsync", true, OTE_READ},
+                          {"cuMemcpyDtoDAsync", true, OTE_WRITE},
+                          {"cuMemcpyHtoDAsync", false, OTE_WRITE},
+                          {"cuMemcpyDtoHAsync", false, OTE_READ},
+                          {"cuEventRecord", true, OTE_WRITE}};
     uint64_t seed = 70;
     for (const Case &c : cases) {
         SCOPED_TRACE(c.entry);
@@ -436,10 +455,7 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
         const ote_gpu_stats_t s0 = Stats();
         fake_.fail(c.entry, 1, 1, kCudaErrorUnknown);
         ote_transfer_status_t ts{};
-        {
-            ote_test::ErrorLogsExpected guard; // an unknown outcome retains the stream
-            EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
-        }
+        EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
         EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
         fake_.clear_faults();
         EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
@@ -452,6 +468,107 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
     ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
     CloseSeg();
     EXPECT_EQ(t.Quit(), 0);
+}
+
+// A copy whose outcome is unknown (its event query fails, or the request's deadline
+// passes while the copy is still pending): the request ends with that status at once,
+// but the source keeps its pin (unregister BUSY) and this process keeps the mapping in
+// use for as long as the driver cannot prove the copy complete (the event query and the
+// reclaim path's stream query both fail, or both answer NOT_READY); once the fake lets
+// them succeed, the pin and the mapping go, and the next request works.
+TEST_F(GpuIpcTest, UnknownOutcomeKeepsPinUntilProven) {
+    e_ = ote_test::NewEngine(
+        {{"transports", "shm,tcp"}, {"gpu_paths", "ipc,staging"}, {"transfer_timeout_ms", "5000"}});
+    ASSERT_NE(e_, nullptr);
+    struct Case {
+        int result; // what cuEventQuery and cuStreamQuery answer
+        bool dev;   // local buffer
+        ote_opcode_t op;
+        ote_status_t expect; // the request's error
+    };
+    const Case cases[] = {{kCudaErrorUnknown, true, OTE_READ, OTE_ERR_NATIVE},
+                          {kCudaErrorUnknown, false, OTE_WRITE, OTE_ERR_NATIVE},
+                          {kCudaErrorNotReady, true, OTE_WRITE, OTE_ERR_TIMEOUT},
+                          {kCudaErrorNotReady, false, OTE_READ, OTE_ERR_TIMEOUT}};
+    uint64_t seed = 96;
+    // The source's memory from cuMemAlloc (cuIpcGetMemHandle), then VMM (a POSIX fd).
+    for (const char *vmm : {"0", "1"}) {
+        SCOPED_TRACE(std::string("OTE_GPU_TARGET_VMM=") + vmm);
+        Target t;
+        target_vmm_ = vmm;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true));
+        const uint64_t ldev = DevAlloc(1 << 20);
+        std::vector<uint8_t> lhost(1 << 20);
+        MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, seed++);
+        for (const Case &c : cases) {
+            SCOPED_TRACE(Num(static_cast<uint64_t>(c.result)) + (c.dev ? " dev" : " host"));
+            const uint64_t lbase = c.dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data());
+            const ote_gpu_stats_t s0 = Stats();
+            fake_.fail("cuEventQuery", 1, -1, c.result);
+            fake_.fail("cuStreamQuery", 1, -1, c.result);
+            ote_transfer_status_t ts{};
+            {
+                ote_test::ErrorLogsExpected guard; // the outcome is unknown
+                EXPECT_NE(Run(c.op, lbase, t.rw, 4096, &ts), OTE_OK);
+            }
+            EXPECT_EQ(ts.state,
+                      c.expect == OTE_ERR_TIMEOUT ? OTE_TRANSFER_TIMEOUT : OTE_TRANSFER_FAILED);
+            EXPECT_EQ(ote_status_code(ts.error), c.expect);
+            EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
+            // The driver has not proven the copy complete: the source's pin and this
+            // process's mapping are still held.
+            EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+            EXPECT_EQ(Stats().ipc_in_use_now, 1u);
+            EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+            // The fake lets the copy finish: proven complete, the pin and the mapping go.
+            fake_.clear_faults();
+            ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+            EXPECT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
+            ASSERT_EQ(t.Command("reg dev"), "ST 0");
+            MoveAndCheck(t, c.dev, lbase, c.op, 1, 5, 77777, seed++);
+        }
+        CloseSeg();
+        EXPECT_EQ(t.Quit(), 0);
+    }
+}
+
+// The exporter killed while a copy of unknown outcome still holds its pin and the
+// mapping: the mapping is released once the driver proves the copy complete (the engine
+// keeps it until then), the import is closed, and a new peer works.
+TEST_F(GpuIpcTest, ExporterKilledWithCopyOfUnknownOutcome) {
+    const uint64_t ldev = DevAlloc(1 << 20);
+    {
+        Target t;
+        ASSERT_NO_FATAL_FAILURE(Open(t, true));
+        MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 85);
+        fake_.fail("cuEventQuery", 1, -1, kCudaErrorUnknown);
+        fake_.fail("cuStreamQuery", 1, -1, kCudaErrorUnknown);
+        ote_transfer_status_t ts{};
+        {
+            ote_test::ErrorLogsExpected guard;
+            EXPECT_NE(Run(OTE_READ, ldev, t.rw, 4096, &ts), OTE_OK);
+        }
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+        EXPECT_EQ(Stats().ipc_in_use_now, 1u);
+        {
+            ote_test::ErrorLogsExpected guard; // the engine retains the unproven copy
+            t.Kill();
+            ASSERT_TRUE(Eventually([&] { return Stats().ipc_closed >= 1; }));
+            EXPECT_EQ(Stats().ipc_in_use_now, 1u); // still unproven: kept
+        }
+        fake_.clear_faults();
+        ASSERT_TRUE(Eventually([&] {
+            ote_gpu_stats_t s = Stats();
+            return s.ipc_in_use_now == 0 && s.ipc_imports_now == 0;
+        }));
+        CloseSeg();
+    }
+    Target t2;
+    ASSERT_NO_FATAL_FAILURE(Open(t2, true));
+    MoveAndCheck(t2, true, ldev, OTE_WRITE, 3, 5, 54321, 86);
+    CloseSeg();
+    EXPECT_EQ(t2.Quit(), 0);
 }
 
 // An import that fails (cuIpcOpenMemHandle, needed again after a close receipt) fails
@@ -510,6 +627,216 @@ TEST_F(GpuIpcTest, ExporterKilledMidCopy) {
     MoveAndCheck(t2, true, ldev, OTE_WRITE, 3, 5, 54321, 81);
     MoveAndCheck(t2, true, ldev, OTE_READ, 5, 3, 54321, 82);
     EXPECT_EQ(Stats().ipc_imports, imports + 1);
+    CloseSeg();
+    EXPECT_EQ(t2.Quit(), 0);
+}
+
+// ---- VMM allocations (cuMemCreate + cuMemMap) ----
+
+// The target's device buffers are VMM allocations exportable as a POSIX fd: device<->
+// device (this side's buffer VMM too) and host<->device by CUDA IPC, in both shm modes,
+// 1 byte, odd sizes at unaligned offsets, several slices, bytes checked; the fd travels
+// with each offer and is closed on both sides (fd counts of both processes stay put
+// across transfers); one import, mapped through cuMemImportFromShareableHandle.
+TEST_F(GpuIpcTest, VmmMovesByIpcInBothModes) {
+    for (const char *mode : {"auto", "ring"}) {
+        SCOPED_TRACE(mode);
+        Target t;
+        target_vmm_ = "1";
+        ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "ipc,staging", 8 << 20, mode));
+        const uint64_t ldev = DevAlloc(8 << 20, OTE_CUDA_ALLOC_VMM);
+        std::vector<uint8_t> lhost(8 << 20);
+        const fake_cuda_counters_t c0 = Counters();
+        const ote_gpu_stats_t s0 = Stats();
+        MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 300); // connects and imports
+        const int fds = OpenFds(), tfds = OpenFds(t.pid);
+        uint64_t seed = 301;
+        for (int dev = 1; dev >= 0; dev--)
+            for (ote_opcode_t op : {OTE_READ, OTE_WRITE})
+                for (uint64_t len : {uint64_t{1}, uint64_t{4097}, uint64_t{(5u << 20) + 333}})
+                    MoveAndCheck(t, dev, dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data()), op,
+                                 7, 3, len, seed++);
+        const ote_gpu_stats_t s1 = Stats();
+        EXPECT_GE(s1.ipc_copies - s0.ipc_copies, 13u);
+        EXPECT_EQ(s1.staged_requests, s0.staged_requests);
+        EXPECT_EQ(s1.ipc_failed, s0.ipc_failed);
+        EXPECT_EQ(s1.ipc_imports - s0.ipc_imports, 1u); // one import, then the cache
+        const std::pair<uint64_t, uint64_t> ts = TargetStats(t);
+        EXPECT_EQ(ts.first, 0u);  // the source staged nothing
+        EXPECT_EQ(ts.second, 1u); // and exported its allocation once
+        const fake_cuda_counters_t c1 = Counters();
+        EXPECT_EQ(c1.ipc_imports, c0.ipc_imports);       // no legacy IPC import
+        EXPECT_EQ(c1.vmm_mappings, c0.vmm_mappings + 1); // the import's mapping
+        EXPECT_GT(fake_.calls("cuMemImportFromShareableHandle"), 0u);
+        EXPECT_EQ(OpenFds(), fds);       // every fd received was closed
+        EXPECT_EQ(OpenFds(t.pid), tfds); // and every fd sent
+        CloseSeg();
+        EXPECT_EQ(t.Quit(), 0);
+        ASSERT_EQ(ote_engine_destroy(e_), OTE_OK);
+        e_ = nullptr;
+        const fake_cuda_counters_t c2 = Counters();
+        EXPECT_EQ(c2.vmm_mappings, c0.vmm_mappings); // the import went with the engine
+        EXPECT_EQ(c2.vmm_handles, c0.vmm_handles);
+    }
+}
+
+// 64 MiB VMM device-to-device in each direction, bytes checked.
+TEST_F(GpuIpcTest, VmmSixtyFourMiBDeviceToDevice) {
+    Target t;
+    target_vmm_ = "1";
+    const uint64_t len = 64ull << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(t, true, "ipc,staging", "ipc,staging", len + 4096));
+    const uint64_t ldev = DevAlloc(len + 4096, OTE_CUDA_ALLOC_VMM);
+    const ote_gpu_stats_t s0 = Stats();
+    MoveAndCheck(t, true, ldev, OTE_WRITE, 5, 4091, len, 17);
+    MoveAndCheck(t, true, ldev, OTE_READ, 4091, 5, len, 18);
+    const ote_gpu_stats_t s1 = Stats();
+    EXPECT_GE(s1.ipc_copies - s0.ipc_copies, 2u);
+    EXPECT_EQ(s1.staged_requests, s0.staged_requests);
+    EXPECT_EQ(TargetStats(t).first, 0u);
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// VMM memory created without the POSIX-fd handle type cannot be exported: though opted
+// in, its pieces are staged (local device buffers by this engine, host ones by the
+// source), no export, no import, no fd made.
+TEST_F(GpuIpcTest, VmmWithoutPosixFdHandleTypeKeepsStaging) {
+    Target t;
+    target_vmm_ = "nofd";
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    std::vector<uint8_t> lhost(1 << 20);
+    const ote_gpu_stats_t s0 = Stats();
+    uint64_t seed = 400;
+    for (int dev = 1; dev >= 0; dev--)
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE})
+            for (uint64_t len : {uint64_t{1}, uint64_t{70001}})
+                MoveAndCheck(t, dev, dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data()), op, 9,
+                             1, len, seed++);
+    const ote_gpu_stats_t s1 = Stats();
+    EXPECT_EQ(s1.ipc_copies, s0.ipc_copies);
+    EXPECT_EQ(s1.ipc_imports, s0.ipc_imports);
+    EXPECT_GE(s1.staged_requests - s0.staged_requests, 4u); // each local device request
+    const std::pair<uint64_t, uint64_t> ts = TargetStats(t);
+    EXPECT_GE(ts.first, 4u);  // the host-buffer requests, staged by the source
+    EXPECT_EQ(ts.second, 0u); // nothing exported
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// Unregister at the source while a copy holds a VMM import: BUSY; once the copy ended,
+// OK, the close receipt unmaps and releases the import (the fake's VMM mappings and
+// handles back where they were); after re-registration the next request imports again.
+TEST_F(GpuIpcTest, UnregisterWhileVmmImportHeld) {
+    Target t;
+    target_vmm_ = "1";
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20);
+    const fake_cuda_counters_t c0 = Counters();
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 460);
+    ASSERT_EQ(Stats().ipc_imports, 1u);
+    EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings + 1);
+    fake_.fail("cuEventQuery", 1, -1, kCudaErrorNotReady);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
+    ASSERT_EQ(t.Command("fill dev 461"), "OK");
+    ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
+    ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+    EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
+    fake_.clear_faults();
+    ASSERT_EQ(ote_batch_wait(b, 60 * kSec), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(DevHash(ldev, 65536), PatternHash(461, 0, 65536));
+    ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+    ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+    EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings);
+    EXPECT_EQ(Counters().vmm_handles, c0.vmm_handles);
+    ASSERT_EQ(t.Command("reg dev"), "ST 0");
+    MoveAndCheck(t, true, ldev, OTE_WRITE, 11, 13, 100003, 462);
+    EXPECT_EQ(Stats().ipc_imports, 2u); // imported afresh
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// A VMM import that fails at any step (import of the fd, reserve, map, set access) fails
+// that request, leaves nothing mapped, closes the received fd and drops the source's
+// pin; the next request imports.
+TEST_F(GpuIpcTest, VmmImportFailureLeavesNothing) {
+    Target t;
+    target_vmm_ = "1";
+    ASSERT_NO_FATAL_FAILURE(Open(t, true));
+    const uint64_t ldev = DevAlloc(1 << 20, OTE_CUDA_ALLOC_VMM);
+    MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 490); // connected
+    uint64_t seed = 491;
+    int tfds_steady = -1;
+    for (const char *entry :
+         {"cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess"}) {
+        SCOPED_TRACE(entry);
+        // A close receipt first, so that the next request imports again.
+        ASSERT_EQ(t.Command("unreg dev"), "ST 0");
+        ASSERT_EQ(t.Command("reg dev"), "ST 0");
+        ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+        const fake_cuda_counters_t c0 = Counters();
+        const int fds = OpenFds();
+        fake_.fail(entry, 1, 1, kCudaErrorUnknown);
+        ote_transfer_status_t ts{};
+        EXPECT_NE(Run(OTE_WRITE, ldev, t.rw, 4096, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        fake_.clear_faults();
+        EXPECT_EQ(Stats().ipc_imports_now, 0u);
+        const fake_cuda_counters_t c1 = Counters();
+        EXPECT_EQ(c1.vmm_mappings, c0.vmm_mappings);
+        EXPECT_EQ(c1.vmm_reservations, c0.vmm_reservations);
+        EXPECT_EQ(c1.vmm_handles, c0.vmm_handles);
+        EXPECT_EQ(OpenFds(), fds);
+        // The source holds one fd per cached VMM export (dropped by unregister), and no
+        // more: the same count after the failed request as after a good one.
+        const int tfds = OpenFds(t.pid);
+        if (tfds_steady < 0) tfds_steady = tfds;
+        EXPECT_EQ(tfds, tfds_steady);
+        ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+        ASSERT_EQ(t.Command("reg dev"), "ST 0");
+        MoveAndCheck(t, true, ldev, OTE_WRITE, 2, 9, 33333, seed++);
+        EXPECT_EQ(OpenFds(t.pid), tfds_steady);
+    }
+    CloseSeg();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
+// The exporter SIGKILLed while a copy from its VMM memory is in flight: PEER_LOST, the
+// import is unmapped and released, no fd left behind, and a new peer works.
+TEST_F(GpuIpcTest, ExporterKilledWithVmmImport) {
+    const uint64_t ldev = DevAlloc(1 << 20, OTE_CUDA_ALLOC_VMM);
+    const fake_cuda_counters_t c0 = Counters();
+    {
+        Target t;
+        target_vmm_ = "1";
+        ASSERT_NO_FATAL_FAILURE(Open(t, true));
+        MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 480);
+        const int fds = OpenFds();
+        fake_.fail("cuEventQuery", 1, -1, kCudaErrorNotReady);
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
+        ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
+        ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+        t.Kill();
+        fake_.clear_faults();
+        EXPECT_NE(ote_batch_wait(b, 60 * kSec), OTE_OK);
+        ote_transfer_status_t ts{};
+        EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+        EXPECT_EQ(ts.error, OTE_ERR_PEER_LOST);
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+        ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+        EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings);
+        EXPECT_EQ(Counters().vmm_handles, c0.vmm_handles);
+        CloseSeg();
+        EXPECT_LE(OpenFds(), fds); // the connection's socket went, nothing leaked
+    }
+    Target t2;
+    ASSERT_NO_FATAL_FAILURE(Open(t2, true));
+    MoveAndCheck(t2, true, ldev, OTE_WRITE, 3, 5, 54321, 481);
+    MoveAndCheck(t2, true, ldev, OTE_READ, 5, 3, 54321, 482);
     CloseSeg();
     EXPECT_EQ(t2.Quit(), 0);
 }

@@ -24,7 +24,10 @@
  *
  * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables;
  * OTE_GPU_TARGET_DEVICE=N puts the device buffers on device N (default 0);
- * OTE_GPU_TARGET_IPC=1 registers them with OTE_PERM_IPC too.
+ * OTE_GPU_TARGET_IPC=1 registers them with OTE_PERM_IPC too; OTE_GPU_TARGET_VMM=1 makes
+ * them VMM allocations (cuMemCreate exportable as a POSIX fd, through cuda/memory),
+ * OTE_GPU_TARGET_VMM=nofd VMM allocations created without any shareable handle type
+ * (made here with the driver's own calls).
  */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -46,6 +49,8 @@ typedef struct {
     int device;
     ote_cuda_alloc_t *alloc;
     uint8_t *host;
+    ote_cu_mem_handle_t nofd; /* a VMM allocation without a shareable handle type */
+    size_t nofd_size;
 } gbuf_t;
 
 static const ote_cuda_driver_table_t *g_t;
@@ -86,6 +91,41 @@ static int sum(gbuf_t *b, uint64_t off, uint64_t len, uint64_t *out) {
     return rc;
 }
 
+/* A VMM allocation of at least b->len bytes created without a shareable handle type:
+ * reserved, mapped and made accessible on device `ordinal`. */
+static int nofd_alloc(gbuf_t *b, int ordinal) {
+    ote_cu_mem_allocation_prop_t prop = {0};
+    prop.type = OTE_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requested_handle_types = 0;
+    prop.location.type = OTE_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    size_t gran = 0;
+    if (ote_cuda_device_make_current(g_dev) != OTE_OK ||
+        g_t->cuMemGetAllocationGranularity(&gran, &prop, OTE_CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            0 ||
+        gran == 0)
+        return -1;
+    b->nofd_size = (b->len + gran - 1) / gran * gran;
+    ote_cu_deviceptr_t p = 0;
+    ote_cu_mem_access_desc_t ad = {{OTE_CU_MEM_LOCATION_TYPE_DEVICE, ordinal},
+                                   OTE_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if (g_t->cuMemCreate(&b->nofd, b->nofd_size, &prop, 0) != 0 ||
+        g_t->cuMemAddressReserve(&p, b->nofd_size, 0, 0, 0) != 0 ||
+        g_t->cuMemMap(p, b->nofd_size, 0, b->nofd, 0) != 0 ||
+        g_t->cuMemSetAccess(p, b->nofd_size, &ad, 1) != 0)
+        return -1;
+    b->addr = p;
+    return 0;
+}
+
+static void nofd_free(gbuf_t *b) {
+    if (b->nofd == 0) return;
+    (void)ote_cuda_device_make_current(g_dev);
+    (void)g_t->cuMemUnmap(b->addr, b->nofd_size);
+    (void)g_t->cuMemAddressFree(b->addr, b->nofd_size);
+    (void)g_t->cuMemRelease(b->nofd);
+}
+
 int main(int argc, char **argv) {
     size_t dev_len = argc > 1 ? strtoull(argv[1], NULL, 0) : (64u << 20);
     ote_cuda_driver_t *drv = NULL;
@@ -96,6 +136,9 @@ int main(int argc, char **argv) {
     int ordinal = devenv != NULL ? atoi(devenv) : 0;
     const char *ipcenv = getenv("OTE_GPU_TARGET_IPC"); /* "1": device buffers OTE_PERM_IPC */
     int ipc_optin = ipcenv != NULL && strcmp(ipcenv, "1") == 0;
+    const char *vmmenv = getenv("OTE_GPU_TARGET_VMM"); /* "1" or "nofd" */
+    int vmm = vmmenv != NULL && strcmp(vmmenv, "1") == 0;
+    int vmm_nofd = vmmenv != NULL && strcmp(vmmenv, "nofd") == 0;
     if (ote_cuda_device_open(drv, ordinal, &dev) != OTE_OK) return 11;
     g_dev = dev;
     void *dl = ote_cuda_driver_dl_handle(drv);
@@ -117,13 +160,17 @@ int main(int argc, char **argv) {
         printf("ST %d\n", st);
         return 3;
     }
-    gbuf_t bufs[3] = {{"dev", 0, dev_len, 1, NULL, NULL},
-                      {"host", 0, dev_len, 0, NULL, NULL},
-                      {"dev2", 0, 1u << 20, 1, NULL, NULL}};
+    gbuf_t bufs[3] = {{"dev", 0, dev_len, 1, NULL, NULL, 0, 0},
+                      {"host", 0, dev_len, 0, NULL, NULL, 0, 0},
+                      {"dev2", 0, 1u << 20, 1, NULL, NULL, 0, 0}};
     for (int i = 0; i < 3; i++) {
         gbuf_t *b = &bufs[i];
-        if (b->device) {
-            if (ote_cuda_alloc_create(dev, b->len, 0, &b->alloc) != OTE_OK) return 4;
+        if (b->device && vmm_nofd) {
+            if (nofd_alloc(b, ordinal) != 0) return 4;
+        } else if (b->device) {
+            if (ote_cuda_alloc_create(dev, b->len, vmm ? OTE_CUDA_ALLOC_VMM : 0, &b->alloc) !=
+                OTE_OK)
+                return 4;
             b->addr = ote_cuda_alloc_ptr(b->alloc);
         } else {
             b->host = malloc(b->len);
@@ -201,6 +248,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++) {
         if (bufs[i].alloc)
             (void)ote_cuda_alloc_destroy(bufs[i].alloc, ote_deadline_after(OTE_NSEC_PER_SEC * 10));
+        nofd_free(&bufs[i]);
         free(bufs[i].host);
     }
     (void)ote_cuda_device_close(dev);

@@ -95,7 +95,8 @@
     X(cuMemUnmap, cuMemUnmap) \
     X(cuMemSetAccess, cuMemSetAccess) \
     X(cuMemExportToShareableHandle, cuMemExportToShareableHandle) \
-    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle)
+    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle)
 
 enum {
 #define FK_ENUM(base, fn) FK_EP_##base,
@@ -251,6 +252,8 @@ FK_HIDDEN void fk__streams_shutdown(void);
 
 /* vmm.c */
 FK_HIDDEN void fk__vmm_shutdown(void);
+/* The handle types a VMM mapping's allocation was created exportable as (fk_g.mu held). */
+FK_HIDDEN unsigned long long fk__vmm_handle_types(const fk_vmm_map_t *m);
 FK_HIDDEN CUresult fk__vmm_resolve(fk_region_t *r, uint64_t addr, size_t n, int write);
 FK_HIDDEN int fk__vmm_dmabuf(fk_region_t *r, uint64_t addr, size_t size, int *fd_out);
 

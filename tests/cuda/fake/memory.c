@@ -420,6 +420,7 @@ static size_t fk_attr_size(CUpointer_attribute a) {
 static CUresult fk_attr(fk_region_t *r, uint64_t addr, CUpointer_attribute a, void *data) {
     int host = r->kind == FK_HOST_ALLOC || r->kind == FK_HOST_REG;
     uint64_t rs = r->start, rsize = r->size, id = r->buffer_id;
+    unsigned long long handle_types = 0;
     if (r->kind == FK_VMM_RESERVE) {
         fk_vmm_map_t *m = r->maps;
         while (m != NULL && !(addr - m->start < m->size)) m = m->next;
@@ -427,6 +428,7 @@ static CUresult fk_attr(fk_region_t *r, uint64_t addr, CUpointer_attribute a, vo
         rs = m->start;
         rsize = m->size;
         id = m->buffer_id;
+        handle_types = fk__vmm_handle_types(m);
     } else if (!host && addr - r->start >= r->size) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -451,8 +453,7 @@ static CUresult fk_attr(fk_region_t *r, uint64_t addr, CUpointer_attribute a, vo
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = rsize; break;
         case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; break;
         case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-            *(unsigned long long *)data =
-                r->kind == FK_VMM_RESERVE ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+            *(unsigned long long *)data = handle_types;
             break;
         case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(int *)data = !host; break;
         case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:

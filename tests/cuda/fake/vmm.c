@@ -22,8 +22,9 @@ typedef struct fk_vmm_handle {
     int dev;
     int imported; /* from cuMemImportFromShareableHandle: not charged to a device */
     unsigned long long handle_types;
-    unsigned refs; /* the caller's (until cuMemRelease) + one per mapping */
-    int released;
+    unsigned refs;    /* the callers' (until cuMemRelease) + one per mapping */
+    unsigned callers; /* cuMemCreate/import + cuMemRetainAllocationHandle, not yet released */
+    int released;     /* every caller released it */
 } fk_vmm_handle_t;
 
 static fk_vmm_handle_t *fk_handles; /* fk_g.mu */
@@ -101,6 +102,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     v->dev = dev;
     v->handle_types = prop->requestedHandleTypes;
     v->refs = 1;
+    v->callers = 1;
     pthread_mutex_lock(&fk_g.mu);
     v->next = fk_handles;
     fk_handles = v;
@@ -120,10 +122,11 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
         pthread_mutex_unlock(&fk_g.mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    v->released = 1; /* mappings keep the memory until they are unmapped */
+    int last = --v->callers == 0;
+    if (last) v->released = 1; /* mappings keep the memory until they are unmapped */
     fk_handle_unref(v);
     pthread_mutex_unlock(&fk_g.mu);
-    atomic_fetch_sub(&fk_g.c_vmm_handles, 1);
+    if (last) atomic_fetch_sub(&fk_g.c_vmm_handles, 1);
     return CUDA_SUCCESS;
 }
 
@@ -409,12 +412,37 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     v->imported = 1;
     v->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     v->refs = 1;
+    v->callers = 1;
     pthread_mutex_lock(&fk_g.mu);
     v->next = fk_handles;
     fk_handles = v;
     pthread_mutex_unlock(&fk_g.mu);
     atomic_fetch_add(&fk_g.c_vmm_handles, 1);
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+FK_HIDDEN unsigned long long fk__vmm_handle_types(const fk_vmm_map_t *m) {
+    return m->handle->handle_types;
+}
+
+CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    FK_ENTER(cuMemRetainAllocationHandle);
+    CUresult res = fk__need_init();
+    if (res != CUDA_SUCCESS) return res;
+    if (handle == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fk_g.mu);
+    fk_region_t *r = fk__region_find((CUdeviceptr)(uintptr_t)addr);
+    fk_vmm_map_t *m =
+        r != NULL && r->kind == FK_VMM_RESERVE ? fk_map_at(r, (uint64_t)(uintptr_t)addr) : NULL;
+    if (m == NULL || m->handle->released) {
+        pthread_mutex_unlock(&fk_g.mu);
+        return CUDA_ERROR_INVALID_VALUE; /* not a VMM mapping */
+    }
+    m->handle->refs++;
+    m->handle->callers++;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)m->handle;
+    pthread_mutex_unlock(&fk_g.mu);
     return CUDA_SUCCESS;
 }
 
