@@ -137,7 +137,11 @@
  * into OTE__RDMA_CACHE_MISS; the grant layer retires the slot's QP (so the next pick
  * rebuilds it with CONNECT), and the run goes back to the queue once (retries): nothing of
  * it was posted, since a grant posts only after a GRANT_RESP OK, so a WRITE is as safe to
- * retry as a READ. A second miss fails the run with OTE_ERR_PEER_LOST.
+ * retry as a READ. A second miss fails the run with OTE_ERR_PEER_LOST. CONNECT carries
+ * both epochs too (to a source that advertises rdma_connect_epoch=1): a source refuses
+ * one for another incarnation of either end the same way, before it builds anything; the
+ * requester's build fails with the miss and the run that waited for it is retried once
+ * as above (it had not started).
  *
  * Dead peers' endpoints are evicted (ote_endpoint_evict: out of the store, QPs destroyed
  * by the monitor's reclaim once drained, a failed destroy retained): a requester's, by
@@ -190,6 +194,7 @@ typedef struct conn {
     size_t ilen, iconsumed;
     uint16_t version; /* negotiated in the handshake; 0 before it */
     int release_ok;   /* requester side: the source advertised rdma_release=1 (RELEASE) */
+    int cepoch_ok;    /* requester side: it advertised rdma_connect_epoch=1 (proto.h) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -522,7 +527,7 @@ void ote__rdma_notes_expire(rdma_tp_t *tp);
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */
 
 /* ops->advert: this transport's part of the engine's advertisement (rdma_release=1: its
- * source side takes RELEASE). rdma_source.c. */
+ * source side takes RELEASE; rdma_connect_epoch=1: CONNECT with epochs). rdma_source.c. */
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len);
 /* rdma_test.c: track a transport for the test hooks (test_hook.h) from creation (on 1)
  * until its destroy begins (on 0). */

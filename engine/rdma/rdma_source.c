@@ -125,11 +125,34 @@ static ote_status_t copy_exchange(void *arg, uint32_t slot, const ote_qp_path_t 
     return OTE_OK;
 }
 
+/* Whether a CONNECT is meant for another incarnation (proto.h): its source epoch is not
+ * ours, or its requester epoch is not the one INFO gave on this connection. A CONNECT
+ * without epochs (an older requester) passes. */
+static int connect_stale(const conn_t *c, const ote_rp_msg_t *rq) {
+    if (rq->u.connect.epoch == 0) return 0;
+    if (rq->u.connect.epoch != c->tp->epoch) return 1;
+    return c->epoch != 0 && rq->u.connect.req_epoch != c->epoch;
+}
+
 void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     rdma_tp_t *tp = c->tp;
     ote_rp_msg_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.type = OTE_RP_CONNECT_ACK;
+    ote_status_t fst;
+    /* rdma.src_connect_miss: a CONNECT for another incarnation (tests). */
+    int miss = ote_fault_hit("rdma.src_connect_miss", &fst);
+    if (miss || connect_stale(c, rq)) {
+        /* A cache miss, before any endpoint or QP is looked up or built here. */
+        OTE_WARN_LIMITED("rdma",
+                         "CONNECT from %s for epochs %016llx <- %016llx, ours %016llx <- "
+                         "%016llx: refused (cache miss)",
+                         c->peer_addr, (unsigned long long)rq->u.connect.epoch,
+                         (unsigned long long)rq->u.connect.req_epoch, (unsigned long long)tp->epoch,
+                         (unsigned long long)c->epoch);
+        (void)ote__rdma_conn_send_rp(c, req_id, OTE_ERR_STATE, &rp);
+        return;
+    }
     ote_endpoint_t *ep = NULL;
     rdma_nic_t *nic = NULL;
     ote_status_t st =
@@ -302,7 +325,7 @@ void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq) {
 
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
     (void)t;
-    static const char kAdv[] = "rdma_release=1";
+    static const char kAdv[] = "rdma_release=1;rdma_connect_epoch=1";
     if (len < sizeof(kAdv)) return OTE_ERR_TOO_BIG;
     memcpy(buf, kAdv, sizeof(kAdv));
     return OTE_OK;
