@@ -40,9 +40,12 @@
  * sends RELEASE once none of its WRs is in flight, to a source that advertised
  * rdma_release=1, which ends that source grant at once instead of at its deadline.
  *
- * Data path: every allowed device with an active port at creation is a data device
- * (rdma_nic_t: context, lanes, endpoint store, grant manager); both sides advertise their
- * devices in INFO, the requester's device i pairs with the peer's device i % ndev, and
+ * Data path: every allowed device whose port is active or down at creation is a data
+ * device (rdma_nic_t: context, lanes, endpoint store, grant manager; one whose port is
+ * down starts paused and joins when it comes up); both sides advertise their devices in
+ * INFO, the requester's device i pairs with the peer's device i % ndev (a source serves
+ * a pair whose device is paused on an active one of its own, chosen once per control
+ * connection, so that a late device of either side never strands a peer), and
  * the device selector (engine/rdma/selector) picks the device of each engine slice, so
  * one request's slices run on several NICs at once. A device whose port is down is
  * skipped by the selector until the monitor sees it active again (events, and a periodic
@@ -202,6 +205,10 @@ typedef struct conn {
     char peer_addr[OTE__ADDR_MAX];
     int adopted;    /* from the engine's listener: the last put calls host->conn_closed */
     uint64_t epoch; /* the peer's epoch (its INFO / INFO_ACK); 0: not sent (older engine) */
+    /* Source side (the connection's own thread): our device that serves the pairs whose
+     * source index is i, plus 1 (0: not chosen yet). Chosen at the first use, for good:
+     * device i itself, or an active one while i is paused (rdma_source.c). */
+    uint8_t src_map[OTE__RDMA_MAX_NICS];
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
@@ -293,7 +300,8 @@ struct ote__tpeer {
 /*
  * One data device (NIC) of the transport: its context, CQ lanes and their workers (on the
  * NIC's NUMA node), endpoint store and grant manager. Created at transport creation for
- * every allowed device with an active port (rdma_devices / rdma_exclude), read-only after
+ * every allowed device with an active or down port (rdma_devices / rdma_exclude; a down
+ * one paused in the selector until the monitor sees it active), read-only after
  * but for the counters. The selector (tp->sel, same index) picks one per slice.
  */
 typedef struct rdma_nic {
@@ -419,7 +427,8 @@ size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms);
 void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
 /* The source endpoint (and our device) of the requester on c for pair ((our device <<
- * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. */
+ * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. Our device
+ * is the one c->src_map chose for that index (c's own thread only). */
 ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
                               ote_endpoint_t **ep_out);
 /* RELEASE from the requester on c: end the bound grant it names at once (window

@@ -107,7 +107,20 @@ ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_n
     rdma_tp_t *tp = c->tp;
     uint32_t si = pair >> 8, ri = pair & 0xff;
     if (si >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
-    rdma_nic_t *n = &tp->nics[si];
+    if (c->src_map[si] == 0) {
+        /* The requester pairs with our device si whatever its state: while si is paused
+         * (its port down, at creation or since) an active device of ours serves it, for
+         * the life of this connection (its endpoints stay where they were made). */
+        uint32_t d = si;
+        for (uint32_t i = 0; i < tp->nnics && ote_context_check(tp->nics[d].ctx) != OTE_OK; i++)
+            if (ote_context_check(tp->nics[i].ctx) == OTE_OK) d = i;
+        if (d != si)
+            OTE_INFO("rdma", "requester %s: our device %s is paused: %s serves its pairs",
+                     c->peer_addr, ote_context_name(tp->nics[si].ctx),
+                     ote_context_name(tp->nics[d].ctx));
+        c->src_map[si] = (uint8_t)(d + 1);
+    }
+    rdma_nic_t *n = &tp->nics[c->src_map[si] - 1];
     ote_ep_key_t key;
     ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(n->ctx), c->nics[ri], OTE_EP_SOURCE,
                     cap);

@@ -11,7 +11,9 @@
 // Failover: the requester's sim1 port taken down mid-transfer (READ completes on sim0,
 // an in-flight WRITE is not replayed), then up again: it carries traffic again; a missed
 // PORT_ACTIVE event (verbs/fault swallowing async events) recovered by the monitor's
-// periodic refresh.
+// periodic refresh. Late devices: the requester's sim1 down at creation while sim0 is up
+// joins once its port comes up; a target whose sim1 is down at creation serves the
+// requester's sim1 pairs on its sim0.
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
@@ -454,6 +456,132 @@ TEST_F(RdmaStartPausedTest, RequestsFailUntilAPortComesUpThenRun) {
     EXPECT_EQ(v[1].bytes_out, 0u);
     EXPECT_FALSE(v[1].active);
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+}
+
+// ---- a device whose port is down at creation while another is up ----
+
+// The requester's sim1 port taken down before its contexts open; sim0 stays up (the
+// target, another process, keeps its own sim's ports active).
+ote_status_t DownSim1(ote_verbs_t **v) {
+    g_sim = *v;
+    return ote_sim_set_port_state(*v, "sim1", 1, IBV_PORT_DOWN);
+}
+struct DownSim1Hook {
+    DownSim1Hook() { ote__rdma_test_verbs_hook = DownSim1; }
+};
+
+class RdmaLateDeviceTest : private SimEnv, private DownSim1Hook, public ote_test::TargetE2eTest {
+  protected:
+    RdmaLateDeviceTest() : TargetE2eTest(Session()) {}
+    void SetUp() override {
+        ote_test::TargetE2eTest::SetUp();
+        ote__rdma_test_verbs_hook = nullptr;
+        ASSERT_NE(g_sim, nullptr);
+        ASSERT_TRUE(ote_sim_is_sim(g_sim));
+    }
+    void TearDown() override {
+        ote__rdma_test_verbs_hook = nullptr;
+        ote_test::TargetE2eTest::TearDown();
+        g_sim = nullptr;
+    }
+    std::vector<ote_nic_stats_t> Nics() {
+        std::vector<ote_nic_stats_t> v(4);
+        size_t n = 0;
+        EXPECT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
+        v.resize(n < v.size() ? n : v.size());
+        return v;
+    }
+};
+
+// sim1 is a data device from the start, paused: traffic runs on sim0 alone; once sim1's
+// port comes up it joins (the monitor), and within a deadline bytes flow on it too, every
+// byte checked at both ends.
+TEST_F(RdmaLateDeviceTest, DeviceDownAtCreationJoinsWhenItsPortComesUp) {
+    std::vector<ote_nic_stats_t> v = Nics();
+    ASSERT_EQ(v.size(), 2u) << "the paused device is a data device";
+    EXPECT_TRUE(v[0].active);
+    EXPECT_FALSE(v[1].active);
+    std::vector<uint8_t> src(kLen), dst(kLen, 0);
+    ote_pattern_fill(src.data(), kLen, 96, 0);
+    ASSERT_EQ(ote_memory_register(engine_, src.data(), kLen, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(engine_, dst.data(), kLen, OTE_PERM_WRITE), OTE_OK);
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+    v = Nics();
+    EXPECT_GE(v[0].bytes_out, kLen);
+    EXPECT_EQ(v[1].bytes_out, 0u);
+
+    ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_ACTIVE), OTE_OK);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (!Nics()[1].active && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(Nics()[1].active) << "sim1 did not join";
+    // Requests until sim1 has carried bytes both ways (the selector spreads each request's
+    // slices by load; one request normally suffices), within the deadline.
+    uint64_t wrote = 0, read = 0; // sim1's bytes of WRITE and of READ requests
+    for (uint64_t seed = 97;; seed++) {
+        ote_pattern_fill(src.data(), kLen, seed, 0);
+        uint64_t b0 = Nics()[1].bytes_out;
+        ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+        uint64_t b1 = Nics()[1].bytes_out;
+        memset(dst.data(), 0, kLen);
+        ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
+        wrote += b1 - b0;
+        read += Nics()[1].bytes_out - b1;
+        if ((wrote > 0 && read > 0) || ote_deadline_expired(dl)) break;
+    }
+    EXPECT_GT(wrote, 0u) << "no WRITE byte on sim1 after it joined";
+    EXPECT_GT(read, 0u) << "no READ byte on sim1 after it joined";
+    EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
+}
+
+// The target's sim1 port is down when its engine is created (its sim config): it is a
+// data device there too (advertised in INFO), paused; the requester's sim1 pairs with it
+// and the target serves that pair on its active sim0, so both of the requester's NICs
+// carry bytes and every byte arrives.
+ote_test::TargetSession SessionTargetSim1Down() {
+    ote_test::TargetSession s = Session();
+    std::string cfg = kLimited;
+    size_t at = cfg.find("dev=sim1,numa=1;port,bw=100M");
+    cfg.insert(at + strlen("dev=sim1,numa=1;port,bw=100M"), ",state=down");
+    s.target_env.pop_back();
+    s.target_env.push_back("OTE_SIM_CONFIG=" + cfg);
+    return s;
+}
+
+// No SimEnv here: the child would inherit this process's OTE_SIM_CONFIG in place of its
+// own (the requester keeps the sim's default two devices, unlimited).
+class RdmaPeerLateDeviceTest : public ote_test::TargetE2eTest {
+  protected:
+    RdmaPeerLateDeviceTest() : TargetE2eTest(SessionTargetSim1Down()) {}
+};
+
+TEST_F(RdmaPeerLateDeviceTest, PairsWithAPausedDeviceOfThePeerAreServedOnAnActiveOne) {
+    std::vector<uint8_t> src(kLen), dst(kLen, 0);
+    ote_pattern_fill(src.data(), kLen, 98, 0);
+    ASSERT_EQ(ote_memory_register(engine_, src.data(), kLen, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(engine_, dst.data(), kLen, OTE_PERM_WRITE), OTE_OK);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    std::vector<ote_nic_stats_t> v(4);
+    size_t n = 0;
+    for (uint64_t seed = 98;; seed++) {
+        ote_pattern_fill(src.data(), kLen, seed, 0);
+        ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+        memset(dst.data(), 0, kLen);
+        ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
+        ASSERT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
+        ASSERT_EQ(n, 2u);
+        if ((v[0].bytes_out > 0 && v[1].bytes_out > 0) || ote_deadline_expired(dl)) break;
+    }
+    EXPECT_GT(v[0].bytes_out, 0u);
+    EXPECT_GT(v[1].bytes_out, 0u) << "the requester's sim1 carried nothing";
+    EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
 }
 
 // ---- rdma_pin / rdma_lanes ----
