@@ -95,6 +95,7 @@ static void nics_watch(rdma_tp_t *tp, int refresh) {
             (void)ote_selector_set_active(tp->sel, (int)i, up);
         if (!changed) continue;
         atomic_store(&n->was_active, up);
+        if (up) atomic_fetch_add(&tp->dev_gen, 1); /* sources move paused pairs back */
         /* Its QPs are gone: the peers end the grants they serve for them now, rather than
          * at their deadlines, so the slots can be rebuilt when the port is back. */
         if (!up && tp->nnics > 1) ote__rdma_reset_device(tp, i);

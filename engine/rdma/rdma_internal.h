@@ -44,8 +44,9 @@
  * device (rdma_nic_t: context, lanes, endpoint store, grant manager; one whose port is
  * down starts paused and joins when it comes up); both sides advertise their devices in
  * INFO, the requester's device i pairs with the peer's device i % ndev (a source serves
- * a pair whose device is paused on an active one of its own, chosen once per control
- * connection, so that a late device of either side never strands a peer), and
+ * a pair whose device is paused on an active one of its own, and moves it back when the
+ * device comes up: the requester's QPs meet a cache miss and are rebuilt once, so a late
+ * device of either side never strands a peer), and
  * the device selector (engine/rdma/selector) picks the device of each engine slice, so
  * one request's slices run on several NICs at once. A device whose port is down is
  * skipped by the selector until the monitor sees it active again (events, and a periodic
@@ -206,9 +207,13 @@ typedef struct conn {
     int adopted;    /* from the engine's listener: the last put calls host->conn_closed */
     uint64_t epoch; /* the peer's epoch (its INFO / INFO_ACK); 0: not sent (older engine) */
     /* Source side (the connection's own thread): our device that serves the pairs whose
-     * source index is i, plus 1 (0: not chosen yet). Chosen at the first use, for good:
-     * device i itself, or an active one while i is paused (rdma_source.c). */
+     * source index is i, plus 1 (0: not chosen yet): device i itself, or an active one
+     * while i is paused, chosen again when a device of ours comes up (map_gen behind
+     * tp->dev_gen: rdma_source.c); src_used[r]: bit d set once our device d made an
+     * endpoint for its device r (evicted when the connection ends). */
     uint8_t src_map[OTE__RDMA_MAX_NICS];
+    uint8_t src_used[OTE__RDMA_MAX_NICS];
+    uint32_t map_gen;
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
@@ -289,6 +294,10 @@ struct ote__tpeer {
     int build_want, build_run, building, build_failed;
     uint32_t build_k, build_cap, build_slot;
     uint32_t fail_k, fail_cap;
+    /* A GRANT_REQ on (device, cap) met a cache miss: the source forgot that endpoint, so
+     * the next start there retires every idle READY QP of it (rebuilt by CONNECT), not
+     * only the one that missed. Under mu. */
+    uint8_t miss_flush[OTE__RDMA_MAX_NICS][2];
     ote_status_t build_st;
 };
 
@@ -363,6 +372,7 @@ struct ote__rdma_tp {
     ote__tpeer_t *peers;            /* open requester peers (notification deadlines) */
     acct_t *accts;                  /* source: accounts of requests (rdma_accounts.c), under mu */
     uint64_t epoch;                 /* host->epoch, sent in INFO / INFO_ACK (read-only) */
+    _Atomic uint32_t dev_gen;       /* monitor: +1 each time a data device comes up */
     struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
     _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
@@ -429,6 +439,10 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
 /* The source endpoint (and our device) of the requester on c for pair ((our device <<
  * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. Our device
  * is the one c->src_map chose for that index (c's own thread only). */
+/* The source endpoint of the requester on c for its device ri on our device d (made when
+ * absent, and noted in c->src_used). */
+ote_status_t ote__rdma_src_ep_on(conn_t *c, uint32_t d, uint32_t ri, ote_ep_cap_t cap,
+                                 ote_endpoint_t **ep_out);
 ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
                               ote_endpoint_t **ep_out);
 /* RELEASE from the requester on c: end the bound grant it names at once (window

@@ -288,6 +288,7 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     }
     ote_mutex_lock(&p->mu);
     p->inflight[n->index] -= rlen;
+    if (st == OTE__RDMA_CACHE_MISS) p->miss_flush[n->index][s->op == OTE__SLICE_WRITE] = 1;
     if (again) ote__rdma_run_requeue(p, s);
     int queued = p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
@@ -513,7 +514,18 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         ote__rdma_start_failed(p, s, k, st);
         return OTE__RDMA_START_TAKEN;
     }
+    int flush = p->miss_flush[k][cap];
+    p->miss_flush[k][cap] = 0;
     ote_mutex_unlock(&p->mu);
+    /* A cache miss on this endpoint: its other idle QPs are as unknown to the source (it
+     * evicted or moved the endpoint): retire them too, so that the run retried after the
+     * miss meets a fresh QP rather than a second miss. */
+    for (uint32_t j = 0; flush && j < ote_endpoint_width(ep); j++) {
+        if (ote_endpoint_borrow_ready(ep, j, 0, &qp) != OTE_OK) continue;
+        ote_endpoint_retire(ep, j, qp);
+        ote_endpoint_return(ep, j, qp);
+        qp = NULL;
+    }
     /* A QP that a port-down fenced while idle is still READY in its slot: retire it (the
      * monitor's reclaim destroys it) and take another slot, built anew when empty. */
     for (uint32_t tries = 0;; tries++) {

@@ -102,15 +102,36 @@ void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, con
     ote_grant_source_receipt(n->gm, ote_qp_num(qp), wc);
 }
 
+ote_status_t ote__rdma_src_ep_on(conn_t *c, uint32_t d, uint32_t ri, ote_ep_cap_t cap,
+                                 ote_endpoint_t **ep_out) {
+    rdma_tp_t *tp = c->tp;
+    if (d >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
+    rdma_nic_t *n = &tp->nics[d];
+    ote_ep_key_t key;
+    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(n->ctx), c->nics[ri], OTE_EP_SOURCE,
+                    cap);
+    ote_status_t st = ote_endpoint_get(n->eps, &key, c->lanes, ep_out);
+    if (st == OTE_OK) c->src_used[ri] |= (uint8_t)(1u << d);
+    return st;
+}
+
 ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
                               ote_endpoint_t **ep_out) {
     rdma_tp_t *tp = c->tp;
     uint32_t si = pair >> 8, ri = pair & 0xff;
     if (si >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
+    uint32_t gen = atomic_load(&tp->dev_gen);
+    if (gen != c->map_gen) {
+        /* A device of ours came up: the pairs served elsewhere while their own device was
+         * paused go back to it (the requester's QPs for them meet a cache miss at their
+         * next GRANT_REQ and are rebuilt here by CONNECT, once). */
+        c->map_gen = gen;
+        for (uint32_t i = 0; i < OTE__RDMA_MAX_NICS; i++)
+            if (c->src_map[i] != 0 && c->src_map[i] != i + 1) c->src_map[i] = 0;
+    }
     if (c->src_map[si] == 0) {
         /* The requester pairs with our device si whatever its state: while si is paused
-         * (its port down, at creation or since) an active device of ours serves it, for
-         * the life of this connection (its endpoints stay where they were made). */
+         * (its port down, at creation or since) an active device of ours serves it. */
         uint32_t d = si;
         for (uint32_t i = 0; i < tp->nnics && ote_context_check(tp->nics[d].ctx) != OTE_OK; i++)
             if (ote_context_check(tp->nics[i].ctx) == OTE_OK) d = i;
@@ -120,12 +141,9 @@ ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_n
                      ote_context_name(tp->nics[d].ctx));
         c->src_map[si] = (uint8_t)(d + 1);
     }
-    rdma_nic_t *n = &tp->nics[c->src_map[si] - 1];
-    ote_ep_key_t key;
-    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(n->ctx), c->nics[ri], OTE_EP_SOURCE,
-                    cap);
-    ote_status_t st = ote_endpoint_get(n->eps, &key, c->lanes, ep_out);
-    if (st == OTE_OK) *nic_out = n;
+    uint32_t d = c->src_map[si] - 1u;
+    ote_status_t st = ote__rdma_src_ep_on(c, d, ri, cap, ep_out);
+    if (st == OTE_OK) *nic_out = &tp->nics[d];
     return st;
 }
 

@@ -13,7 +13,7 @@
 // PORT_ACTIVE event (verbs/fault swallowing async events) recovered by the monitor's
 // periodic refresh. Late devices: the requester's sim1 down at creation while sim0 is up
 // joins once its port comes up; a target whose sim1 is down at creation serves the
-// requester's sim1 pairs on its sim0.
+// requester's sim1 pairs on its sim0, and on the device itself once it comes up.
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
@@ -582,6 +582,89 @@ TEST_F(RdmaPeerLateDeviceTest, PairsWithAPausedDeviceOfThePeerAreServedOnAnActiv
     EXPECT_GT(v[1].bytes_out, 0u) << "the requester's sim1 carried nothing";
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
+}
+
+// Both engines in this process (each has its own sim instance): the target's sim1 is down
+// at its creation, so it serves the requester's sim1 pairs on its sim0; once its sim1
+// comes up, the pairs of the segment already open move back to it (the requester's QPs
+// meet one cache miss each and are rebuilt) and, within a deadline, the target's sim1
+// serves bytes, every request completing and every byte checked.
+ote_verbs_t *g_target_sim = nullptr;
+ote_status_t DownTargetSim1(ote_verbs_t **v) {
+    g_target_sim = *v;
+    return ote_sim_set_port_state(*v, "sim1", 1, IBV_PORT_DOWN);
+}
+
+class RdmaPeerDeviceJoinsTest : public ote_test::OteTest {};
+
+TEST_F(RdmaPeerDeviceJoinsTest, ConnectedPeersPairsMoveToTheDeviceThatCameUp) {
+    constexpr size_t kBytes = 16u << 20;
+    const ote_test::ConfigKv kv = {
+        {"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "60000"}};
+    ote__rdma_test_verbs_hook = DownTargetSim1;
+    ote_engine_t *target = ote_test::NewEngine(kv);
+    ote__rdma_test_verbs_hook = nullptr;
+    ASSERT_NE(target, nullptr);
+    ASSERT_TRUE(ote_sim_is_sim(g_target_sim));
+    ote_engine_t *req = ote_test::NewEngine(kv);
+    ASSERT_NE(req, nullptr);
+    std::vector<uint8_t> tbuf(kBytes, 0), src(kBytes), dst(kBytes, 0);
+    ASSERT_EQ(ote_memory_register(target, tbuf.data(), kBytes, OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, src.data(), kBytes, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, dst.data(), kBytes, OTE_PERM_WRITE), OTE_OK);
+    auto nics = [](ote_engine_t *e) {
+        std::vector<ote_nic_stats_t> v(4);
+        size_t n = 0;
+        EXPECT_EQ(ote_engine_nic_stats(e, v.data(), v.size(), &n), OTE_OK);
+        v.resize(n < v.size() ? n : v.size());
+        return v;
+    };
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(target).c_str(), &seg), OTE_OK);
+    const uint64_t remote = (uint64_t)(uintptr_t)tbuf.data();
+    auto round = [&](uint64_t seed) {
+        ote_pattern_fill(src.data(), kBytes, seed, 0);
+        ASSERT_EQ(ote_test::RunOne(req, {OTE_WRITE, src.data(), seg, remote, kBytes}, 120 * kSec),
+                  OTE_OK);
+        ASSERT_EQ(memcmp(tbuf.data(), src.data(), kBytes), 0);
+        memset(dst.data(), 0, kBytes);
+        ASSERT_EQ(ote_test::RunOne(req, {OTE_READ, dst.data(), seg, remote, kBytes}, 120 * kSec),
+                  OTE_OK);
+        ASSERT_EQ(memcmp(dst.data(), src.data(), kBytes), 0);
+    };
+    auto t = nics(target);
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_TRUE(t[0].active);
+    EXPECT_FALSE(t[1].active);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    uint64_t seed = 200;
+    do { // until the requester's sim1 has carried bytes (its pairs served on sim0)
+        round(seed++);
+        if (HasFatalFailure()) break;
+    } while (nics(req)[1].bytes_out == 0 && !ote_deadline_expired(dl));
+    t = nics(target);
+    EXPECT_GT(nics(req)[1].bytes_out, 0u);
+    EXPECT_EQ(t[1].bytes_served, 0u) << "a paused device served";
+    EXPECT_GE(t[0].bytes_served, 2 * kBytes);
+
+    ASSERT_EQ(ote_sim_set_port_state(g_target_sim, "sim1", 1, IBV_PORT_ACTIVE), OTE_OK);
+    while (!nics(target)[1].active && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(nics(target)[1].active) << "the target's sim1 did not join";
+    dl = ote_deadline_after(60 * kSec);
+    do {
+        round(seed++);
+        if (HasFatalFailure()) break;
+    } while (nics(target)[1].bytes_served == 0 && !ote_deadline_expired(dl));
+    EXPECT_GT(nics(target)[1].bytes_served, 0u) << "the target's sim1 served nothing";
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, src.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, dst.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(target, tbuf.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(target), OTE_OK);
+    g_target_sim = nullptr;
 }
 
 // ---- rdma_pin / rdma_lanes ----
