@@ -17,6 +17,9 @@
  *                        memory and UNIX sockets of the peer are reachable
  *   uid=, pid=           the process's credentials
  *   buffers=1            the listener answers BUFS_REQ (buffer discovery, discover.c)
+ *   epoch=<16 hex>       this engine instance's epoch (host->epoch): a TCP or shm peer
+ *                        that reconnects and finds another one fails its segment
+ *                        (ote_ctl_info_incarnation)
  *   <transport keys>     each transport's own part (ops->advert), e.g. shm=<socket>
  *
  * An engine with transports=tcp opens it directly, as before routing existed, and asks
@@ -96,9 +99,9 @@ static void build_info(ote_engine_t *e) {
     ns_ino("mnt", mnt, sizeof(mnt));
     size_t o = (size_t)snprintf(e->info, sizeof(e->info),
                                 "transports=%s;boot=%s%.32s;netns=%s;userns=%s;pidns=%s;mntns=%s;"
-                                "uid=%u;pid=%d;buffers=1",
+                                "uid=%u;pid=%d;buffers=1;epoch=%016llx",
                                 e->cfg.transports, boot, suffix ? suffix : "", net, user, pidn, mnt,
-                                (unsigned)getuid(), (int)getpid());
+                                (unsigned)getuid(), (int)getpid(), (unsigned long long)e->epoch);
     for (size_t i = 0; i < e->ntps && o + 2 < sizeof(e->info); i++) {
         char adv[256] = "";
         if (e->tps[i]->ops->advert == NULL ||

@@ -1,6 +1,8 @@
 /* engine/control/ctl.c - frame codec and version negotiation (see ctl.h). */
 #include "engine/control/ctl.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/le.h"
@@ -567,4 +569,24 @@ ote_status_t ote_ctl_info_get(const char *info, const char *key, char *out, size
         p = end + 1;
     }
     return OTE_ERR_NOT_FOUND;
+}
+
+uint64_t ote_ctl_info_incarnation(const char *info) {
+    if (info == NULL) return 0;
+    char v[64];
+    if (ote_ctl_info_get(info, "epoch", v, sizeof(v)) == OTE_OK) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long e = strtoull(v, &end, 16);
+        if (errno == 0 && end != v && *end == '\0' && e != 0) return (uint64_t)e;
+    }
+    char boot[64], pid[24];
+    if (ote_ctl_info_get(info, "boot", boot, sizeof(boot)) != OTE_OK ||
+        ote_ctl_info_get(info, "pid", pid, sizeof(pid)) != OTE_OK)
+        return 0;
+    const char *parts[3] = {boot, "/", pid};
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over "boot/pid" */
+    for (int i = 0; i < 3; i++)
+        for (const char *c = parts[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    return h != 0 ? h : 1;
 }

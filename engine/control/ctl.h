@@ -299,6 +299,15 @@ ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *
  */
 ote_status_t ote_ctl_info_get(const char *info, const char *key, char *out, size_t cap);
 
+/*
+ * The incarnation an advertisement names (restarted peers): its engine's epoch
+ * ("epoch=<16 hex digits>", nonzero, drawn at ote_engine_create); for an engine that
+ * advertises none (older), a nonzero hash of its boot id and process id; 0 when info has
+ * neither (an engine without an advertisement): unknown, nothing to compare. Two answers
+ * from one engine instance are equal; a new engine at the same address gives another.
+ */
+uint64_t ote_ctl_info_incarnation(const char *info);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,8 @@
  * with clang -fsanitize=fuzzer,address,undefined; not part of the transport library.
  *
  * What decodes must satisfy the bounds the transport relies on (lanes, devices, pairs,
- * the grant's range inside its request, a sent epoch nonzero) and survive a round trip:
+ * the grant's range inside its request, a sent epoch nonzero, CONNECT's two epochs
+ * sent together) and survive a round trip:
  * encoded again (in the form its content asks for) and decoded, it is the same message.
  */
 #include <stddef.h>
@@ -33,7 +34,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check(m.u.info.nics[0] == m.u.info.nic);
             check((m.u.info.epoch != 0) == (size == 72));
             break;
-        case OTE_RP_CONNECT: check(m.u.connect.cap <= 1 && pair_ok(m.u.connect.pair)); break;
+        case OTE_RP_CONNECT:
+            check(m.u.connect.cap <= 1 && pair_ok(m.u.connect.pair));
+            check(m.u.connect.path.qp_num != 0 && m.u.connect.path.qp_num <= 0xffffff);
+            /* The epochs are sent both or none, and only in the 64-byte form. */
+            check((m.u.connect.epoch != 0) == (size == 64));
+            check((m.u.connect.req_epoch != 0) == (size == 64));
+            break;
         case OTE_RP_GRANT_REQ:
             check(pair_ok(m.u.grant.pair) && m.u.grant.op <= 1 && m.u.grant.len != 0);
             check(m.u.grant.addr >= m.u.grant.req_addr);

@@ -12,6 +12,7 @@
 /* ... and with the epoch (proto.h). */
 #define INFO_EPOCH (INFO_LONG + 8)
 #define GRANT_EPOCH (GRANT_LONG + 8)
+#define CONNECT_EPOCH (CONNECT_LONG + 16)
 
 static int pair_ok(uint32_t pair) {
     return (pair >> 16) == 0 && (pair >> 8) < OTE_RP_MAX_DEVS && (pair & 0xff) < OTE_RP_MAX_DEVS;
@@ -55,7 +56,7 @@ static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
 }
 
 _Static_assert(INFO_EPOCH <= OTE_RP_MAX_BODY && GRANT_EPOCH <= OTE_RP_MAX_BODY &&
-                   CONNECT_LONG <= OTE_RP_MAX_BODY,
+                   CONNECT_EPOCH <= OTE_RP_MAX_BODY,
                "OTE_RP_MAX_BODY holds every form");
 
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
@@ -64,6 +65,8 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
     if (info && m->u.info.ndev > 1) n = INFO_LONG;
     if (info && m->u.info.epoch != 0) n = INFO_EPOCH;
     if (m->type == OTE_RP_CONNECT && m->u.connect.pair != 0) n = CONNECT_LONG;
+    if (m->type == OTE_RP_CONNECT && (m->u.connect.epoch != 0 || m->u.connect.req_epoch != 0))
+        n = CONNECT_EPOCH;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.pair != 0) n = GRANT_LONG;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.epoch != 0) n = GRANT_EPOCH;
     memset(buf, 0, n);
@@ -89,7 +92,11 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put32(b, m->u.connect.slot);
             ote_le_put32(b + 4, m->u.connect.cap);
             put_path(b + 8, &m->u.connect.path);
-            if (n == CONNECT_LONG) ote_le_put32(b + 40, m->u.connect.pair);
+            if (n >= CONNECT_LONG) ote_le_put32(b + 40, m->u.connect.pair);
+            if (n == CONNECT_EPOCH) {
+                ote_le_put64(b + 44, m->u.connect.epoch);
+                ote_le_put64(b + 52, m->u.connect.req_epoch);
+            }
             break;
         case OTE_RP_CONNECT_ACK: put_path(b, &m->u.connect.path); break;
         case OTE_RP_GRANT_REQ:
@@ -131,7 +138,8 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
     m.type = ote_le_get16(buf);
     size_t n = body_size(m.type);
     int info = m.type == OTE_RP_INFO || m.type == OTE_RP_INFO_ACK;
-    int epoch = (info && len == INFO_EPOCH) || (m.type == OTE_RP_GRANT_REQ && len == GRANT_EPOCH);
+    int epoch = (info && len == INFO_EPOCH) || (m.type == OTE_RP_GRANT_REQ && len == GRANT_EPOCH) ||
+                (m.type == OTE_RP_CONNECT && len == CONNECT_EPOCH);
     int lng = (info && len == INFO_LONG) || (m.type == OTE_RP_CONNECT && len == CONNECT_LONG) ||
               (m.type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || epoch;
     if (n == 0 || (len != n && !lng) || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
@@ -164,6 +172,11 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             if (m.u.connect.cap > 1) return OTE_ERR_PROTOCOL;
             if (get_path(b + 8, &m.u.connect.path) != OTE_OK) return OTE_ERR_PROTOCOL;
             if (lng) m.u.connect.pair = ote_le_get32(b + 40);
+            if (epoch) {
+                m.u.connect.epoch = ote_le_get64(b + 44);
+                m.u.connect.req_epoch = ote_le_get64(b + 52);
+                if (m.u.connect.epoch == 0 || m.u.connect.req_epoch == 0) return OTE_ERR_PROTOCOL;
+            }
             if (!pair_ok(m.u.connect.pair)) return OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_CONNECT_ACK:

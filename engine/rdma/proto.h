@@ -43,6 +43,15 @@
  * address), or that names a QP the source does not have, is refused with OTE_ERR_STATE
  * in the frame header: a cache miss (engine/rdma/rdma_internal.h, OTE__RDMA_CACHE_MISS).
  * An engine sends the epoch forms only to a peer whose INFO carried an epoch.
+ *
+ * CONNECT may carry, after pair, the source's epoch as the requester learned it from
+ * INFO_ACK and the requester's own epoch (as in its INFO), both u64 and nonzero: 64 bytes
+ * in all. A source refuses one whose source epoch is not its own, or whose requester
+ * epoch is not the one INFO gave on that connection, with OTE_ERR_STATE before it builds
+ * or touches any QP: a cache miss, which the requester handles as for GRANT_REQ (the
+ * build failed, nothing was posted: the run is retried once). Sent only to a source whose
+ * advertisement (HELLO_ACK info) has rdma_connect_epoch=1: a source that knows only the
+ * 44-byte form would refuse the longer one as malformed.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -80,7 +89,9 @@ typedef struct {
         struct {
             uint32_t slot, cap;
             ote_qp_path_t path;
-            uint32_t pair; /* (source device << 8) | requester device */
+            uint32_t pair;      /* (source device << 8) | requester device */
+            uint64_t epoch;     /* the source's epoch as the requester knows it; 0: not sent */
+            uint64_t req_epoch; /* the requester's own epoch (sent with epoch, both or none) */
         } connect;
         struct {
             uint32_t pair; /* (source device << 8) | requester device */

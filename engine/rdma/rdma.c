@@ -95,6 +95,7 @@ static void nics_watch(rdma_tp_t *tp, int refresh) {
             (void)ote_selector_set_active(tp->sel, (int)i, up);
         if (!changed) continue;
         atomic_store(&n->was_active, up);
+        if (up) atomic_fetch_add(&tp->dev_gen, 1); /* sources move paused pairs back */
         /* Its QPs are gone: the peers end the grants they serve for them now, rather than
          * at their deadlines, so the slots can be rebuilt when the port is back. */
         if (!up && tp->nnics > 1) ote__rdma_reset_device(tp, i);
@@ -421,18 +422,18 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
     }
     st = ote_selector_create(&sc, &tp->sel);
     if (st != OTE_OK) return st;
-    /* Data devices: the allowed contexts with an active port, in the set's order. When
-     * every port is down, every context that is not fenced, all paused (out of the
-     * selector): each joins when the monitor sees its port active (an event or the
-     * periodic refresh). */
-    int any_up = 0;
-    for (size_t i = 0; i < ote_context_set_count(tp->set); i++)
-        any_up |= ote_context_check(ote_context_set_get(tp->set, i)) == OTE_OK;
+    /* Data devices: the allowed contexts whose port is active or down (not fenced), in
+     * the set's order; those whose port is down start paused (out of the selector, their
+     * lanes, endpoint store and grant manager made, registrations published on them) and
+     * each joins when the monitor sees its port active (an event or the periodic
+     * refresh), also while another device carries traffic. Peers learn every data device
+     * from INFO; a peer's CONNECT for a device of ours that is paused is served on an
+     * active one (rdma_source.c). */
     uint32_t nactive = 0;
     for (size_t i = 0; i < ote_context_set_count(tp->set) && tp->nnics < OTE__RDMA_MAX_NICS; i++) {
         ote_context_t *c = ote_context_set_get(tp->set, i);
         ote_status_t cs = ote_context_check(c);
-        if (cs != OTE_OK && (any_up || ote_status_code(cs) != OTE_ERR_PORT_DOWN)) continue;
+        if (cs != OTE_OK && ote_status_code(cs) != OTE_ERR_PORT_DOWN) continue;
         ote_context_info_t info;
         ote_context_get_info(c, &info);
         int idx = -1;
@@ -455,6 +456,12 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
                   prov, asked[0] ? ": " : "", asked);
         return OTE_ERR_NO_DEVICE;
     }
+    for (uint32_t i = 0; nactive > 0 && i < tp->nnics; i++)
+        if (!atomic_load(&tp->nics[i].was_active))
+            OTE_INFO("rdma",
+                     "transport=rdma: data device %s: port down at creation: paused, it joins "
+                     "when its port comes up",
+                     ote_context_name(tp->nics[i].ctx));
     if (nactive == 0)
         OTE_WARN("rdma",
                  "transport=rdma: every data device's port is down: the transport starts "

@@ -40,9 +40,13 @@
  * sends RELEASE once none of its WRs is in flight, to a source that advertised
  * rdma_release=1, which ends that source grant at once instead of at its deadline.
  *
- * Data path: every allowed device with an active port at creation is a data device
- * (rdma_nic_t: context, lanes, endpoint store, grant manager); both sides advertise their
- * devices in INFO, the requester's device i pairs with the peer's device i % ndev, and
+ * Data path: every allowed device whose port is active or down at creation is a data
+ * device (rdma_nic_t: context, lanes, endpoint store, grant manager; one whose port is
+ * down starts paused and joins when it comes up); both sides advertise their devices in
+ * INFO, the requester's device i pairs with the peer's device i % ndev (a source serves
+ * a pair whose device is paused on an active one of its own, and moves it back when the
+ * device comes up: the requester's QPs meet a cache miss and are rebuilt once, so a late
+ * device of either side never strands a peer), and
  * the device selector (engine/rdma/selector) picks the device of each engine slice, so
  * one request's slices run on several NICs at once. A device whose port is down is
  * skipped by the selector until the monitor sees it active again (events, and a periodic
@@ -137,7 +141,11 @@
  * into OTE__RDMA_CACHE_MISS; the grant layer retires the slot's QP (so the next pick
  * rebuilds it with CONNECT), and the run goes back to the queue once (retries): nothing of
  * it was posted, since a grant posts only after a GRANT_RESP OK, so a WRITE is as safe to
- * retry as a READ. A second miss fails the run with OTE_ERR_PEER_LOST.
+ * retry as a READ. A second miss fails the run with OTE_ERR_PEER_LOST. CONNECT carries
+ * both epochs too (to a source that advertises rdma_connect_epoch=1): a source refuses
+ * one for another incarnation of either end the same way, before it builds anything; the
+ * requester's build fails with the miss and the run that waited for it is retried once
+ * as above (it had not started).
  *
  * Dead peers' endpoints are evicted (ote_endpoint_evict: out of the store, QPs destroyed
  * by the monitor's reclaim once drained, a failed destroy retained): a requester's, by
@@ -190,6 +198,7 @@ typedef struct conn {
     size_t ilen, iconsumed;
     uint16_t version; /* negotiated in the handshake; 0 before it */
     int release_ok;   /* requester side: the source advertised rdma_release=1 (RELEASE) */
+    int cepoch_ok;    /* requester side: it advertised rdma_connect_epoch=1 (proto.h) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -197,6 +206,14 @@ typedef struct conn {
     char peer_addr[OTE__ADDR_MAX];
     int adopted;    /* from the engine's listener: the last put calls host->conn_closed */
     uint64_t epoch; /* the peer's epoch (its INFO / INFO_ACK); 0: not sent (older engine) */
+    /* Source side (the connection's own thread): our device that serves the pairs whose
+     * source index is i, plus 1 (0: not chosen yet): device i itself, or an active one
+     * while i is paused, chosen again when a device of ours comes up (map_gen behind
+     * tp->dev_gen: rdma_source.c); src_used[r]: bit d set once our device d made an
+     * endpoint for its device r (evicted when the connection ends). */
+    uint8_t src_map[OTE__RDMA_MAX_NICS];
+    uint8_t src_used[OTE__RDMA_MAX_NICS];
+    uint32_t map_gen;
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
@@ -277,6 +294,10 @@ struct ote__tpeer {
     int build_want, build_run, building, build_failed;
     uint32_t build_k, build_cap, build_slot;
     uint32_t fail_k, fail_cap;
+    /* A GRANT_REQ on (device, cap) met a cache miss: the source forgot that endpoint, so
+     * the next start there retires every idle READY QP of it (rebuilt by CONNECT), not
+     * only the one that missed. Under mu. */
+    uint8_t miss_flush[OTE__RDMA_MAX_NICS][2];
     ote_status_t build_st;
 };
 
@@ -288,7 +309,8 @@ struct ote__tpeer {
 /*
  * One data device (NIC) of the transport: its context, CQ lanes and their workers (on the
  * NIC's NUMA node), endpoint store and grant manager. Created at transport creation for
- * every allowed device with an active port (rdma_devices / rdma_exclude), read-only after
+ * every allowed device with an active or down port (rdma_devices / rdma_exclude; a down
+ * one paused in the selector until the monitor sees it active), read-only after
  * but for the counters. The selector (tp->sel, same index) picks one per slice.
  */
 typedef struct rdma_nic {
@@ -350,6 +372,7 @@ struct ote__rdma_tp {
     ote__tpeer_t *peers;            /* open requester peers (notification deadlines) */
     acct_t *accts;                  /* source: accounts of requests (rdma_accounts.c), under mu */
     uint64_t epoch;                 /* host->epoch, sent in INFO / INFO_ACK (read-only) */
+    _Atomic uint32_t dev_gen;       /* monitor: +1 each time a data device comes up */
     struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
     _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
@@ -414,7 +437,12 @@ size_t ote__rdma_servers_stop(rdma_tp_t *tp, uint64_t wait_ms);
 void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq);
 /* The source endpoint (and our device) of the requester on c for pair ((our device <<
- * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. */
+ * 8) | its device) and cap. OTE_ERR_PROTOCOL for a device index out of range. Our device
+ * is the one c->src_map chose for that index (c's own thread only). */
+/* The source endpoint of the requester on c for its device ri on our device d (made when
+ * absent, and noted in c->src_used). */
+ote_status_t ote__rdma_src_ep_on(conn_t *c, uint32_t d, uint32_t ri, ote_ep_cap_t cap,
+                                 ote_endpoint_t **ep_out);
 ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
                               ote_endpoint_t **ep_out);
 /* RELEASE from the requester on c: end the bound grant it names at once (window
@@ -529,7 +557,7 @@ ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */
 
 /* ops->advert: this transport's part of the engine's advertisement (rdma_release=1: its
- * source side takes RELEASE). rdma_source.c. */
+ * source side takes RELEASE; rdma_connect_epoch=1: CONNECT with epochs). rdma_source.c. */
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len);
 /* rdma_test.c: track a transport for the test hooks (test_hook.h) from creation (on 1)
  * until its destroy begins (on 0). */

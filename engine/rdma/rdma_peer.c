@@ -86,6 +86,8 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
         ote_free(mine);
         return 0;
     }
+    /* A CONNECT for another incarnation (proto.h): a cache miss, nothing was built. */
+    if (rp.type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
     if (rp.type != OTE_RP_CONNECT_ACK && rp.type != OTE_RP_INFO_ACK) {
         OTE_WARN("rdma", "control to %s: unexpected message %u: closing", p->name, rp.type);
         return -1;
@@ -229,18 +231,19 @@ static ote_status_t connect_socket(ote__tpeer_t *p, ote_deadline_t dl, int *fd_o
     return OTE_OK;
 }
 
-/* A source that takes RELEASE says so in its advertisement (HELLO_ACK info:
- * rdma_release=1); an older one would close the connection on the unknown message, so
- * it is sent none (its grants of failed requesters end at its own deadline, as before). */
-static int takes_release(const ote_ctl_msg_t *ack) {
+/* Whether the source's advertisement (HELLO_ACK info) has key=1. A source that takes
+ * RELEASE says rdma_release=1; an older one would close the connection on the unknown
+ * message, so it is sent none (its grants of failed requesters end at its own deadline,
+ * as before). One that takes CONNECT with epochs says rdma_connect_epoch=1; an older one
+ * is sent the form without them. */
+static int adv_flag(const ote_ctl_msg_t *ack, const char *key) {
     size_t il = ack->u.hello_ack.info_len;
     char *info = ote_malloc(il + 1);
     if (info == NULL) return 0;
     memcpy(info, ack->u.hello_ack.info, il);
     info[il] = '\0';
     char rel[8] = "";
-    int yes =
-        ote_ctl_info_get(info, "rdma_release", rel, sizeof(rel)) == OTE_OK && strcmp(rel, "1") == 0;
+    int yes = ote_ctl_info_get(info, key, rel, sizeof(rel)) == OTE_OK && strcmp(rel, "1") == 0;
     ote_free(info);
     return yes;
 }
@@ -303,7 +306,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         return st;
     }
     c->version = ver;
-    c->release_ok = takes_release(&a);
+    c->release_ok = adv_flag(&a, "rdma_release");
+    c->cepoch_ok = adv_flag(&a, "rdma_connect_epoch");
     ote_mutex_lock(&p->mu);
     p->c = c;
     ote_mutex_unlock(&p->mu);

@@ -109,6 +109,11 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
     rq.u.connect.cap = x->cap;
     rq.u.connect.path = *local;
     rq.u.connect.pair = x->pair;
+    const conn_t *c = x->p->c; /* set while connected; builds run only then */
+    if (c != NULL && c->cepoch_ok && c->epoch != 0) {
+        rq.u.connect.epoch = c->epoch; /* the source's, from its INFO_ACK */
+        rq.u.connect.req_epoch = x->p->tp->epoch;
+    }
     return ote__rdma_peer_call(x->p, &rq, OTE_RP_CONNECT_ACK, deadline, peer_out);
 }
 
@@ -283,6 +288,7 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     }
     ote_mutex_lock(&p->mu);
     p->inflight[n->index] -= rlen;
+    if (st == OTE__RDMA_CACHE_MISS) p->miss_flush[n->index][s->op == OTE__SLICE_WRITE] = 1;
     if (again) ote__rdma_run_requeue(p, s);
     int queued = p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
@@ -410,11 +416,24 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
         int move = ote_context_check(n->ctx) != OTE_OK && ote__rdma_other_active(tp, (uint32_t)k) &&
                    !(s->canceled != NULL && atomic_load(s->canceled)) &&
                    !ote_deadline_expired(s->deadline);
-        if (move) {
-            (void)ote_selector_set_active(tp->sel, k, 0); /* the monitor confirms it */
+        /* The CONNECT of the QP this run waited for met a cache miss (rdma_internal.h):
+         * the failed build left the slot empty and the run never started, so it goes back
+         * to the queue once and the next pick rebuilds the QP. */
+        int miss = !move && miss_may_retry(s, st);
+        if (miss) {
+            OTE_WARN_LIMITED("rdma",
+                             "%s run of %llu bytes: the source refused the QP's CONNECT (cache "
+                             "miss): rebuilt and retried once",
+                             s->op == OTE__SLICE_WRITE ? "WRITE" : "READ",
+                             (unsigned long long)rlen);
+            for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
+        }
+        if (move || miss) {
+            if (move) (void)ote_selector_set_active(tp->sel, k, 0); /* the monitor confirms it */
             ote__rdma_slice_write_off(p, s);
             ote__rdma_slice_renew(s);
         }
+        move |= miss;
         ote_mutex_lock(&p->mu);
         p->inflight[k] -= rlen;
         if (move) ote__rdma_run_requeue(p, s);
@@ -423,7 +442,7 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
         if (move) return;
     }
     ote__rdma_slice_write_off(p, s);
-    run_end(NULL, s, st);
+    run_end(NULL, s, st == OTE__RDMA_CACHE_MISS ? OTE_ERR_PEER_LOST : st);
 }
 
 /* Ask the pump thread for a build of (device k, cap, slot) of p; run: a queued run waits
@@ -482,16 +501,31 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     uint32_t slot = 0;
     ote_qp_t *qp = NULL;
     /* The build the last run on this device and capability waited for failed: this run
-     * ends with its status (as it would have, had it built the QP itself). */
+     * ends with its status (as it would have, had it built the QP itself). A cache miss
+     * is the peer's, not the device's: it is this run's on whichever device it picked
+     * now (else, with two devices, a run that misses on every CONNECT would alternate
+     * between them, building for ever). */
     ote_mutex_lock(&p->mu);
-    if (p->build_failed && p->fail_k == (uint32_t)k && p->fail_cap == cap) {
+    if (p->build_failed && p->fail_cap == cap &&
+        (p->fail_k == (uint32_t)k || p->build_st == OTE__RDMA_CACHE_MISS)) {
         p->build_failed = 0;
         st = p->build_st;
         ote_mutex_unlock(&p->mu);
         ote__rdma_start_failed(p, s, k, st);
         return OTE__RDMA_START_TAKEN;
     }
+    int flush = p->miss_flush[k][cap];
+    p->miss_flush[k][cap] = 0;
     ote_mutex_unlock(&p->mu);
+    /* A cache miss on this endpoint: its other idle QPs are as unknown to the source (it
+     * evicted or moved the endpoint): retire them too, so that the run retried after the
+     * miss meets a fresh QP rather than a second miss. */
+    for (uint32_t j = 0; flush && j < ote_endpoint_width(ep); j++) {
+        if (ote_endpoint_borrow_ready(ep, j, 0, &qp) != OTE_OK) continue;
+        ote_endpoint_retire(ep, j, qp);
+        ote_endpoint_return(ep, j, qp);
+        qp = NULL;
+    }
     /* A QP that a port-down fenced while idle is still READY in its slot: retire it (the
      * monitor's reclaim destroys it) and take another slot, built anew when empty. */
     for (uint32_t tries = 0;; tries++) {

@@ -188,35 +188,32 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
 static void server_peer_gone(conn_t *c) {
     rdma_tp_t *tp = c->tp;
     if (c->process == 0 || atomic_load(&tp->stop)) return; /* no INFO: it holds nothing */
-    /* Its endpoints here: requester device r pairs with our device r % nnics. */
-    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][2];
-    rdma_nic_t *nics[OTE__RDMA_MAX_NICS];
+    /* Its endpoints here: every (our device, its device) pair it used (src_used: a paused
+     * device's pairs were served on another one, and moved back when it came up). */
+    enum { MAXE = OTE__RDMA_MAX_NICS * OTE__RDMA_MAX_NICS * 2 };
+    ote_endpoint_t *eps[MAXE];
+    rdma_nic_t *nics[MAXE];
+    size_t ne = 0;
     uint32_t nr = c->ndev < OTE__RDMA_MAX_NICS ? c->ndev : OTE__RDMA_MAX_NICS;
-    for (uint32_t r = 0; r < nr; r++) {
-        uint32_t pair = ((r % tp->nnics) << 8) | r;
-        for (int cap = 0; cap < 2; cap++)
-            if (ote__rdma_src_ep(c, pair, cap ? OTE_EP_WRITE : OTE_EP_READ, &nics[r],
-                                 &eps[r][cap]) != OTE_OK)
-                eps[r][cap] = NULL;
-    }
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t d = 0; d < tp->nnics; d++)
+            for (int cap = 0; (c->src_used[r] >> d & 1u) && cap < 2; cap++)
+                if (ote__rdma_src_ep_on(c, d, r, cap ? OTE_EP_WRITE : OTE_EP_READ, &eps[ne]) ==
+                    OTE_OK)
+                    nics[ne++] = &tp->nics[d];
     /* A requester that closed cleanly sent its last receipts before it closed: give the
      * lane workers SERVER_RECEIPT_GRACE_MS to take them, so that only what a dead
      * requester really left behind is ended by force. */
     ote_deadline_t dl = ote_deadline_after(SERVER_RECEIPT_GRACE_MS * OTE_NSEC_PER_MSEC);
     for (;;) {
         size_t live = 0;
-        for (uint32_t r = 0; r < nr; r++)
-            for (int cap = 0; cap < 2; cap++)
-                if (eps[r][cap] != NULL)
-                    live += ote_grant_source_live_endpoint(nics[r]->gm, eps[r][cap]);
+        for (size_t i = 0; i < ne; i++) live += ote_grant_source_live_endpoint(nics[i]->gm, eps[i]);
         if (live == 0 || ote_deadline_expired(dl)) break;
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     size_t n = 0;
-    for (uint32_t r = 0; r < nr; r++)
-        for (int cap = 0; cap < 2; cap++)
-            if (eps[r][cap] != NULL) n += ote_grant_source_end_endpoint(nics[r]->gm, eps[r][cap]);
+    for (size_t i = 0; i < ne; i++) n += ote_grant_source_end_endpoint(nics[i]->gm, eps[i]);
     if (n > 0)
         OTE_WARN("rdma", "requester %s lost: %zu grant(s) it held released", c->peer_addr, n);
     /* Its endpoints go too (their QPs once drained), unless another connection of the same
@@ -229,14 +226,12 @@ static void server_peer_gone(conn_t *c) {
         const conn_t *o = tp->sconns[i]->c;
         shared = o != c && !tp->sconns[i]->exited && o->process == c->process && o->pd == c->pd;
     }
-    for (uint32_t r = 0; r < nr && !shared; r++) {
-        for (int cap = 0; cap < 2; cap++) {
-            int dup = 0; /* evicted once: a reclaim may free it right after */
-            for (uint32_t q = 0; q < r && !dup; q++) dup = eps[q][cap] == eps[r][cap];
-            if (eps[r][cap] == NULL || dup) continue;
-            (void)ote_endpoint_evict(eps[r][cap]);
-            ev++;
-        }
+    for (size_t i = 0; i < ne && !shared; i++) {
+        int dup = 0; /* evicted once: a reclaim may free it right after */
+        for (size_t q = 0; q < i && !dup; q++) dup = eps[q] == eps[i];
+        if (dup) continue;
+        (void)ote_endpoint_evict(eps[i]);
+        ev++;
     }
     ote_mutex_unlock(&tp->mu);
     if (ev > 0)

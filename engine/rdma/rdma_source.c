@@ -102,17 +102,48 @@ void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, con
     ote_grant_source_receipt(n->gm, ote_qp_num(qp), wc);
 }
 
+ote_status_t ote__rdma_src_ep_on(conn_t *c, uint32_t d, uint32_t ri, ote_ep_cap_t cap,
+                                 ote_endpoint_t **ep_out) {
+    rdma_tp_t *tp = c->tp;
+    if (d >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
+    rdma_nic_t *n = &tp->nics[d];
+    ote_ep_key_t key;
+    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(n->ctx), c->nics[ri], OTE_EP_SOURCE,
+                    cap);
+    ote_status_t st = ote_endpoint_get(n->eps, &key, c->lanes, ep_out);
+    if (st == OTE_OK) c->src_used[ri] |= (uint8_t)(1u << d);
+    return st;
+}
+
 ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_nic_t **nic_out,
                               ote_endpoint_t **ep_out) {
     rdma_tp_t *tp = c->tp;
     uint32_t si = pair >> 8, ri = pair & 0xff;
     if (si >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
-    rdma_nic_t *n = &tp->nics[si];
-    ote_ep_key_t key;
-    ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(n->ctx), c->nics[ri], OTE_EP_SOURCE,
-                    cap);
-    ote_status_t st = ote_endpoint_get(n->eps, &key, c->lanes, ep_out);
-    if (st == OTE_OK) *nic_out = n;
+    uint32_t gen = atomic_load(&tp->dev_gen);
+    if (gen != c->map_gen) {
+        /* A device of ours came up: the pairs served elsewhere while their own device was
+         * paused go back to it (the requester's QPs for them meet a cache miss at their
+         * next GRANT_REQ and are rebuilt here by CONNECT, once). */
+        c->map_gen = gen;
+        for (uint32_t i = 0; i < OTE__RDMA_MAX_NICS; i++)
+            if (c->src_map[i] != 0 && c->src_map[i] != i + 1) c->src_map[i] = 0;
+    }
+    if (c->src_map[si] == 0) {
+        /* The requester pairs with our device si whatever its state: while si is paused
+         * (its port down, at creation or since) an active device of ours serves it. */
+        uint32_t d = si;
+        for (uint32_t i = 0; i < tp->nnics && ote_context_check(tp->nics[d].ctx) != OTE_OK; i++)
+            if (ote_context_check(tp->nics[i].ctx) == OTE_OK) d = i;
+        if (d != si)
+            OTE_INFO("rdma", "requester %s: our device %s is paused: %s serves its pairs",
+                     c->peer_addr, ote_context_name(tp->nics[si].ctx),
+                     ote_context_name(tp->nics[d].ctx));
+        c->src_map[si] = (uint8_t)(d + 1);
+    }
+    uint32_t d = c->src_map[si] - 1u;
+    ote_status_t st = ote__rdma_src_ep_on(c, d, ri, cap, ep_out);
+    if (st == OTE_OK) *nic_out = &tp->nics[d];
     return st;
 }
 
@@ -125,11 +156,34 @@ static ote_status_t copy_exchange(void *arg, uint32_t slot, const ote_qp_path_t 
     return OTE_OK;
 }
 
+/* Whether a CONNECT is meant for another incarnation (proto.h): its source epoch is not
+ * ours, or its requester epoch is not the one INFO gave on this connection. A CONNECT
+ * without epochs (an older requester) passes. */
+static int connect_stale(const conn_t *c, const ote_rp_msg_t *rq) {
+    if (rq->u.connect.epoch == 0) return 0;
+    if (rq->u.connect.epoch != c->tp->epoch) return 1;
+    return c->epoch != 0 && rq->u.connect.req_epoch != c->epoch;
+}
+
 void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     rdma_tp_t *tp = c->tp;
     ote_rp_msg_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.type = OTE_RP_CONNECT_ACK;
+    ote_status_t fst;
+    /* rdma.src_connect_miss: a CONNECT for another incarnation (tests). */
+    int miss = ote_fault_hit("rdma.src_connect_miss", &fst);
+    if (miss || connect_stale(c, rq)) {
+        /* A cache miss, before any endpoint or QP is looked up or built here. */
+        OTE_WARN_LIMITED("rdma",
+                         "CONNECT from %s for epochs %016llx <- %016llx, ours %016llx <- "
+                         "%016llx: refused (cache miss)",
+                         c->peer_addr, (unsigned long long)rq->u.connect.epoch,
+                         (unsigned long long)rq->u.connect.req_epoch, (unsigned long long)tp->epoch,
+                         (unsigned long long)c->epoch);
+        (void)ote__rdma_conn_send_rp(c, req_id, OTE_ERR_STATE, &rp);
+        return;
+    }
     ote_endpoint_t *ep = NULL;
     rdma_nic_t *nic = NULL;
     ote_status_t st =
@@ -302,7 +356,7 @@ void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq) {
 
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
     (void)t;
-    static const char kAdv[] = "rdma_release=1";
+    static const char kAdv[] = "rdma_release=1;rdma_connect_epoch=1";
     if (len < sizeof(kAdv)) return OTE_ERR_TOO_BIG;
     memcpy(buf, kAdv, sizeof(kAdv));
     return OTE_OK;

@@ -87,7 +87,10 @@
  *
  * Reconnect. A lost peer is reconnected on the next submit (peer_ensure): the transport
  * asks the engine for the peer's advertisement again (host->query_info), since a
- * restarted peer at the same "host:port" listens on another socket.
+ * restarted peer at the same "host:port" listens on another socket. When that
+ * advertisement names another incarnation than the one met at open (the engine's
+ * epoch: the peer restarted), the peer fails for good with OTE_ERR_PEER_LOST and a WARN
+ * instead: the segment's remote addresses named the old process's memory.
  *
  * Threads and locks. Requester: submitting threads and the peer's receive thread share
  * the peer's mu (queue, window, fd state); done() runs with no lock held. Source: the
@@ -411,6 +414,11 @@ typedef struct shm_peer {
     uint64_t next_id;
     shm_woff_t *woff; /* write-offs to send with the next REQS message */
     size_t nwoff, woff_cap;
+    /* Restarted peers: the incarnation its advertisement named at open
+     * (ote_ctl_info_incarnation); a reconnect whose advertisement names another one
+     * fails the peer for good (restarted). Under ensure_mu (met: set at open). */
+    uint64_t met;
+    int restarted;
 } shm_peer_t;
 
 /* shm_requester.c */

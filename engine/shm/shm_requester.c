@@ -801,6 +801,7 @@ ote_status_t ote__shm_peer_open_info(ote__transport_t *t, const char *peer, cons
     p->fd = -1;
     snprintf(p->addr, sizeof(p->addr), "%s", peer);
     snprintf(p->sock, sizeof(p->sock), "%s", sock);
+    p->met = ote_ctl_info_incarnation(peer_info);
     ote_status_t st = ote_mutex_init(&p->mu);
     if (st != OTE_OK) goto err_free;
     st = ote_mutex_init(&p->ensure_mu);
@@ -840,6 +841,16 @@ static ote_status_t peer_relearn(shm_peer_t *p) {
     if (st == OTE_OK && (ote_ctl_info_get(info, "shm", sock, sizeof(sock)) != OTE_OK ||
                          !same_host(tp->host.info ? tp->host.info : "", info)))
         st = OTE_ERR_UNSUPPORTED;
+    uint64_t inc = st == OTE_OK ? ote_ctl_info_incarnation(info) : 0;
+    if (st == OTE_OK && inc != p->met) {
+        /* Another engine at this address: its memory is not what the segment named. */
+        OTE_WARN("shm",
+                 "peer %s restarted (epoch %016llx, was %016llx): this segment fails with "
+                 "OTE_ERR_PEER_LOST; close it and open a new segment",
+                 p->addr, (unsigned long long)inc, (unsigned long long)p->met);
+        p->restarted = 1;
+        st = OTE_ERR_PEER_LOST;
+    }
     if (st == OTE_OK) snprintf(p->sock, sizeof(p->sock), "%s", sock);
     ote_free(info);
     return st;
@@ -874,7 +885,9 @@ ote_status_t ote__shm_peer_ensure(ote__tpeer_t *tpeer) {
     ote_mutex_lock(&p->mu);
     broken = p->broken;
     ote_mutex_unlock(&p->mu);
-    if (broken) {
+    if (broken && p->restarted) {
+        st = OTE_ERR_PEER_LOST; /* it met another incarnation: reopen the segment */
+    } else if (broken) {
         peer_stop_rx(p);
         st = peer_relearn(p);
         if (st == OTE_OK) st = peer_start(p);

@@ -98,6 +98,25 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
         close(fd);
         return st;
     }
+    /* The incarnation the segment met first: a restarted peer at this address fails it
+     * (its addresses named the old process's memory). */
+    char info[OTE_CTL_MAX_INFO + 1];
+    size_t il = ack.u.hello_ack.info_len <= OTE_CTL_MAX_INFO ? ack.u.hello_ack.info_len : 0;
+    memcpy(info, ack.u.hello_ack.info, il);
+    info[il] = '\0';
+    uint64_t inc = ote_ctl_info_incarnation(info);
+    if (!p->met_set) { /* the first connection of peer_open */
+        p->met = inc;
+        p->met_set = 1;
+    } else if (inc != p->met) {
+        if (!atomic_exchange(&p->restarted, 1))
+            OTE_WARN("tcp",
+                     "peer %s restarted (epoch %016llx, was %016llx): this segment fails with "
+                     "OTE_ERR_PEER_LOST; close it and open a new segment",
+                     p->addr, (unsigned long long)inc, (unsigned long long)p->met);
+        close(fd);
+        return OTE_ERR_PEER_LOST;
+    }
     tcp_conn_t *c = ote__tcp_conn_new(tp, fd, ROLE_REQUESTER);
     if (c == NULL) {
         close(fd);
@@ -206,6 +225,7 @@ ote_status_t ote__tcp_peer_open(ote__transport_t *t, const char *peer, ote__tpee
 
 ote_status_t ote__tcp_peer_ensure(ote__tpeer_t *tpeer) {
     tcp_peer_t *p = (tcp_peer_t *)tpeer;
+    if (atomic_load(&p->restarted)) return OTE_ERR_PEER_LOST; /* reopen the segment */
     if (!atomic_load_explicit(&p->broken, memory_order_acquire)) return OTE_OK;
     pthread_rwlock_wrlock(&p->lk);
     ote_status_t st = OTE_OK;

@@ -64,7 +64,10 @@
  * behind the connection's unsent frames and needs no answer.
  *
  * Failure. EOF/reset fails every slice of the connection with OTE_ERR_PEER_LOST and
- * marks the peer broken (a later submit reconnects). A slice whose deadline passes
+ * marks the peer broken (a later submit reconnects). A reconnect that meets another
+ * incarnation of the peer (the engine's epoch in the HELLO_ACK advertisement: it
+ * restarted at the same address) fails instead, for good, with OTE_ERR_PEER_LOST and a
+ * WARN: the segment's remote addresses named the old process's memory. A slice whose deadline passes
  * closes its connection (its data can no longer arrive) and fails with
  * OTE_ERR_TIMEOUT. Peers are independent: one peer's death never blocks another's.
  *
@@ -275,6 +278,13 @@ struct tcp_peer {
     /* The source's max_data from the handshake, in [OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA].
      * Written by a (re)connect under lk for writing, read by submitters without it. */
     _Atomic uint32_t max_data;
+    /* Restarted peers: the incarnation (ote_ctl_info_incarnation of its HELLO_ACK info)
+     * the first connection met at open; a connection that meets another one fails the
+     * peer for good (restarted: every later ensure answers PEER_LOST). Under lk for
+     * writing (or p private). */
+    uint64_t met;
+    int met_set;
+    _Atomic int restarted;
 };
 
 static inline tcp_t *to_tcp(ote__transport_t *t) { return (tcp_t *)t; }

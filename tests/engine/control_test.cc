@@ -367,6 +367,25 @@ std::vector<uint8_t> BufsFrame(const std::vector<ote_ctl_buf_t> &bufs, uint32_t 
     return out;
 }
 
+// The incarnation an advertisement names (restarted peers): its epoch; else, for an
+// engine that advertises none, a hash of boot and pid; else 0 (unknown).
+TEST_F(ControlTest, InfoIncarnationFromEpochOrBootAndPid) {
+    EXPECT_EQ(ote_ctl_info_incarnation("transports=tcp;epoch=00000000000000ff;pid=3"), 0xffu);
+    EXPECT_EQ(ote_ctl_info_incarnation("epoch=0123456789abcdef"), 0x0123456789abcdefull);
+    uint64_t a = ote_ctl_info_incarnation("boot=b1;pid=10;transports=tcp");
+    EXPECT_NE(a, 0u);
+    EXPECT_EQ(ote_ctl_info_incarnation("pid=10;boot=b1"), a) << "order does not matter";
+    EXPECT_NE(ote_ctl_info_incarnation("boot=b1;pid=11"), a);
+    EXPECT_NE(ote_ctl_info_incarnation("boot=b2;pid=10"), a);
+    // A malformed or zero epoch is not one: the fallback applies.
+    EXPECT_EQ(ote_ctl_info_incarnation("epoch=0;boot=b1;pid=10"), a);
+    EXPECT_EQ(ote_ctl_info_incarnation("epoch=12zz;boot=b1;pid=10"), a);
+    EXPECT_EQ(ote_ctl_info_incarnation("epoch=;boot=b1;pid=10"), a);
+    EXPECT_EQ(ote_ctl_info_incarnation(""), 0u);
+    EXPECT_EQ(ote_ctl_info_incarnation("transports=tcp;pid=10"), 0u);
+    EXPECT_EQ(ote_ctl_info_incarnation(nullptr), 0u);
+}
+
 TEST_F(ControlTest, BufsRoundTrip) {
     ote_ctl_msg_t out{};
     size_t used = 0;

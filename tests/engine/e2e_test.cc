@@ -293,8 +293,9 @@ TEST_F(E2eTest, PeerOnIpv6Loopback) {
 }
 
 // A killed peer fails its transfers with PEER_LOST well within the deadline, a second
-// peer keeps working throughout, and a target started again on the same address is
-// reached by the old segment on its next submit (and by a new open). Every loop has a
+// peer keeps working throughout, and a target started again on the same address fails
+// the old segment's next submit (PEER_LOST: another incarnation) and is reached by a new
+// open. Every loop has a
 // deadline: a broken healthy peer fails the test instead of hanging it.
 TEST_F(E2eTest, PeerKilledMidTransfer) {
     Target other;
@@ -373,11 +374,20 @@ TEST_F(E2eTest, PeerKilledMidTransfer) {
     EXPECT_GE(other_ok.load(), 3);
     EXPECT_EQ(other_bad.load(), 0);
 
-    // A new target on the same address: the old segment reconnects on submit.
+    // A new target on the same address: the old segment named the dead process's memory,
+    // so its next submit fails PEER_LOST (the peer restarted: another epoch) and queues
+    // nothing; a new segment reaches the new process at once.
     ASSERT_TRUE(target_.Start(64ull << 20, old_addr));
     std::vector<uint8_t> src(123457), dst(123457);
     ote_pattern_fill(src.data(), src.size(), 31, 0);
     ote_request_t w = {OTE_WRITE, src.data(), seg_, target_.rw + 9, src.size()};
+    uint64_t fresh = target_.Hash("rw", 0, 1u << 20);
+    EXPECT_EQ(ote_status_code(ote_batch_submit(b, &w, 1)), OTE_ERR_PEER_LOST);
+    EXPECT_EQ(target_.Hash("rw", 0, 1u << 20), fresh);
+    ASSERT_EQ(ote_segment_close(seg_), OTE_OK);
+    seg_ = nullptr;
+    ASSERT_EQ(ote_segment_open(engine_, old_addr.c_str(), &seg_), OTE_OK);
+    w.segment = seg_;
     ASSERT_EQ(ote_batch_submit(b, &w, 1), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 30 * kSec), OTE_OK);
     EXPECT_EQ(target_.Hash("rw", 9, src.size()), ote_hash(src.data(), src.size()));

@@ -10,7 +10,10 @@
 //  - the endpoints (and their QPs) of a dead peer are evicted on both sides: the counts
 //    return to their baselines (engine/rdma/test_hook.h);
 //  - a GRANT_REQ naming the old incarnation's epoch is refused (CACHE_MISS) by the new
-//    one without harm, and an INFO without the epoch field (an older engine) is served.
+//    one without harm, and an INFO without the epoch field (an older engine) is served;
+//  - so is a CONNECT naming the old incarnation's epoch (or another requester epoch than
+//    its INFO's), before any endpoint or QP is made; a CONNECT cache miss makes the
+//    requester rebuild the QP and retry the run once, a second one fails PEER_LOST.
 #include <gtest/gtest.h>
 
 #include <poll.h>
@@ -271,8 +274,9 @@ ote_ctl_msg_t RdmaMsg(uint16_t version, uint64_t req_id, const std::vector<uint8
     return m;
 }
 
-// HELLO as an RDMA control connection; returns the negotiated version (0 on failure).
-uint16_t Hello(int fd) {
+// HELLO as an RDMA control connection; returns the negotiated version (0 on failure)
+// and, when info is not null, the source's advertisement.
+uint16_t Hello(int fd, std::string *info = nullptr) {
     ote_ctl_msg_t h;
     memset(&h, 0, sizeof(h));
     h.version = OTE_CTL_VERSION_MIN;
@@ -287,6 +291,7 @@ uint16_t Hello(int fd) {
     std::vector<uint8_t> buf;
     ote_ctl_msg_t a;
     if (!ote_test::ReadFrame(fd, &buf, &a) || a.opcode != OTE_CTL_HELLO_ACK) return 0;
+    if (info != nullptr) info->assign(a.u.hello_ack.info, a.u.hello_ack.info_len);
     return a.u.hello_ack.version;
 }
 
@@ -350,6 +355,74 @@ TEST_F(RdmaRestartTest, OldEpochGrantRequestRefusedAndOldInfoServed) {
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
     WriteThenRead(seg, 13);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+}
+
+// CONNECT (engine/rdma/proto.h) with the epochs: the source's as the requester knows it
+// and the requester's own, after pair: 64 bytes. A valid path (QP 0x100, MTU 1024).
+std::vector<uint8_t> ConnectBody(uint64_t src_epoch, uint64_t req_epoch) {
+    std::vector<uint8_t> b(4 + 8 + 32 + 4 + 16, 0);
+    ote_le_put16(b.data(), 3);          // CONNECT
+    ote_le_put32(b.data() + 4, 0);      // slot
+    ote_le_put32(b.data() + 8, 1);      // cap WRITE
+    ote_le_put32(b.data() + 32, 0x100); // path: gid 16 (zero), lid 4, then qpn
+    ote_le_put32(b.data() + 40, 3);     // mtu IBV_MTU_1024
+    ote_le_put32(b.data() + 44, 0);     // pair
+    ote_le_put64(b.data() + 48, src_epoch);
+    ote_le_put64(b.data() + 56, req_epoch);
+    return b;
+}
+
+// A CONNECT for the old incarnation (the requester's stale view of a restarted source),
+// or naming a requester epoch that is not the one its INFO gave (a stale requester), is
+// refused (STATE: cache miss) before any QP is built; the source advertises that it
+// takes the epoch form (rdma_connect_epoch=1), and the engine serves on.
+TEST_F(RdmaRestartTest, StaleEpochConnectRefused) {
+    auto info_ack_epoch = [&](int fd, uint16_t v, uint64_t my_epoch) -> uint64_t {
+        auto info = InfoBody(my_epoch, true);
+        ote_test::SendMsg(fd, RdmaMsg(v, 1, info));
+        std::vector<uint8_t> buf;
+        ote_ctl_msg_t a;
+        if (!ote_test::ReadFrame(fd, &buf, &a) || a.u.rdma.len < 72) return 0;
+        return ote_le_get64(a.u.rdma.body + 64);
+    };
+    int fd = ote_test::ConnectTo(addr_);
+    ASSERT_GE(fd, 0);
+    std::string adv;
+    uint16_t v = Hello(fd, &adv);
+    ASSERT_NE(v, 0);
+    EXPECT_NE(adv.find("rdma_connect_epoch=1"), std::string::npos) << adv;
+    uint64_t e1 = info_ack_epoch(fd, v, 0x7777);
+    ASSERT_NE(e1, 0u);
+    close(fd);
+    Restart(0x77);
+    fd = ote_test::ConnectTo(addr_);
+    ASSERT_GE(fd, 0);
+    v = Hello(fd);
+    ASSERT_NE(v, 0);
+    uint64_t e2 = info_ack_epoch(fd, v, 0x8888);
+    ASSERT_NE(e2, 0u);
+    ASSERT_NE(e2, e1);
+    uint64_t eps0 = ote__rdma_test_endpoints(target_.e);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t a;
+    uint64_t id = 90;
+    for (auto ep : {std::make_pair(e1, 0x8888ull), std::make_pair(e2 ^ 1, 0x8888ull),
+                    std::make_pair(e2, 0x7777ull)}) {
+        auto c = ConnectBody(ep.first, ep.second);
+        ote_test::SendMsg(fd, RdmaMsg(v, ++id, c));
+        ASSERT_TRUE(ote_test::ReadFrame(fd, &buf, &a));
+        EXPECT_EQ(a.opcode, OTE_CTL_RDMA);
+        EXPECT_EQ(a.req_id, id);
+        EXPECT_EQ(ote_status_code(a.status), OTE_ERR_STATE) << ote_status_str(a.status);
+        ASSERT_GE(a.u.rdma.len, 4u);
+        EXPECT_EQ(ote_le_get16(a.u.rdma.body), 4); // CONNECT_ACK
+    }
+    EXPECT_EQ(ote__rdma_test_endpoints(target_.e), eps0) << "a refused CONNECT made an endpoint";
+    close(fd);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
+    WriteThenRead(seg, 22);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
 }
 
@@ -431,6 +504,51 @@ TEST_F(RdmaRestartTest, SecondCacheMissFailsPeerLostAndMovesNothing) {
     for (size_t i = 0; i < kLen; i++)
         ASSERT_EQ(target_.buf[i], 0x66) << "WRITE byte landed at " << i;
     WriteThenRead(seg, 19);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+}
+
+// A source whose CONNECT answer is a cache miss (the fault point stands in for a CONNECT
+// meant for another incarnation): the requester's build fails, the run that waited for it
+// goes back to the queue once, the QP is rebuilt and the request completes, WRITE and
+// READ alike, on a segment whose first QPs are built under the fault.
+TEST_F(RdmaRestartTest, ConnectCacheMissIsRebuiltAndRetriedOnce) {
+    for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
+        ote_pattern_fill(src_.data(), kLen, op == OTE_WRITE ? 23 : 24, 0);
+        if (op == OTE_READ) memcpy(target_.buf.data(), src_.data(), kLen);
+        memset(dst_.data(), 0, kLen);
+        ASSERT_EQ(ote_fault_arm("rdma.src_connect_miss", OTE_FAULT_NTH, 1, OTE_ERR_FAULT, 0),
+                  OTE_OK);
+        ote_segment_t *seg = nullptr;
+        ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
+        ote_transfer_status_t ts;
+        EXPECT_EQ(Run(seg, op, op == OTE_WRITE ? src_.data() : dst_.data(), kLen, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
+        EXPECT_EQ(ote_fault_failures("rdma.src_connect_miss"), 1u);
+        EXPECT_GE(ote_fault_hits("rdma.src_connect_miss"), 2u) << "no second CONNECT";
+        ote_fault_disarm_all();
+        EXPECT_EQ(memcmp(op == OTE_WRITE ? target_.buf.data() : dst_.data(), src_.data(), kLen), 0);
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    }
+}
+
+// Every CONNECT misses: the run is retried once only, then fails with OTE_ERR_PEER_LOST
+// and no byte of the WRITE lands; once the source answers again the segment works.
+TEST_F(RdmaRestartTest, SecondConnectCacheMissFailsPeerLostAndMovesNothing) {
+    memset(target_.buf.data(), 0x66, kLen);
+    ote_pattern_fill(src_.data(), kLen, 25, 0);
+    ASSERT_EQ(ote_fault_arm("rdma.src_connect_miss", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
+    ote_transfer_status_t ts;
+    ote_status_t st = Run(seg, OTE_WRITE, src_.data(), kLen, &ts);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    uint64_t misses = ote_fault_failures("rdma.src_connect_miss");
+    ote_fault_disarm_all();
+    EXPECT_GE(misses, 2u);
+    for (size_t i = 0; i < kLen; i++)
+        ASSERT_EQ(target_.buf[i], 0x66) << "WRITE byte landed at " << i;
+    WriteThenRead(seg, 26);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
 }
 

@@ -11,7 +11,9 @@
 // Failover: the requester's sim1 port taken down mid-transfer (READ completes on sim0,
 // an in-flight WRITE is not replayed), then up again: it carries traffic again; a missed
 // PORT_ACTIVE event (verbs/fault swallowing async events) recovered by the monitor's
-// periodic refresh.
+// periodic refresh. Late devices: the requester's sim1 down at creation while sim0 is up
+// joins once its port comes up; a target whose sim1 is down at creation serves the
+// requester's sim1 pairs on its sim0, and on the device itself once it comes up.
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
@@ -454,6 +456,215 @@ TEST_F(RdmaStartPausedTest, RequestsFailUntilAPortComesUpThenRun) {
     EXPECT_EQ(v[1].bytes_out, 0u);
     EXPECT_FALSE(v[1].active);
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+}
+
+// ---- a device whose port is down at creation while another is up ----
+
+// The requester's sim1 port taken down before its contexts open; sim0 stays up (the
+// target, another process, keeps its own sim's ports active).
+ote_status_t DownSim1(ote_verbs_t **v) {
+    g_sim = *v;
+    return ote_sim_set_port_state(*v, "sim1", 1, IBV_PORT_DOWN);
+}
+struct DownSim1Hook {
+    DownSim1Hook() { ote__rdma_test_verbs_hook = DownSim1; }
+};
+
+class RdmaLateDeviceTest : private SimEnv, private DownSim1Hook, public ote_test::TargetE2eTest {
+  protected:
+    RdmaLateDeviceTest() : TargetE2eTest(Session()) {}
+    void SetUp() override {
+        ote_test::TargetE2eTest::SetUp();
+        ote__rdma_test_verbs_hook = nullptr;
+        ASSERT_NE(g_sim, nullptr);
+        ASSERT_TRUE(ote_sim_is_sim(g_sim));
+    }
+    void TearDown() override {
+        ote__rdma_test_verbs_hook = nullptr;
+        ote_test::TargetE2eTest::TearDown();
+        g_sim = nullptr;
+    }
+    std::vector<ote_nic_stats_t> Nics() {
+        std::vector<ote_nic_stats_t> v(4);
+        size_t n = 0;
+        EXPECT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
+        v.resize(n < v.size() ? n : v.size());
+        return v;
+    }
+};
+
+// sim1 is a data device from the start, paused: traffic runs on sim0 alone; once sim1's
+// port comes up it joins (the monitor), and within a deadline bytes flow on it too, every
+// byte checked at both ends.
+TEST_F(RdmaLateDeviceTest, DeviceDownAtCreationJoinsWhenItsPortComesUp) {
+    std::vector<ote_nic_stats_t> v = Nics();
+    ASSERT_EQ(v.size(), 2u) << "the paused device is a data device";
+    EXPECT_TRUE(v[0].active);
+    EXPECT_FALSE(v[1].active);
+    std::vector<uint8_t> src(kLen), dst(kLen, 0);
+    ote_pattern_fill(src.data(), kLen, 96, 0);
+    ASSERT_EQ(ote_memory_register(engine_, src.data(), kLen, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(engine_, dst.data(), kLen, OTE_PERM_WRITE), OTE_OK);
+    ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+    EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+    v = Nics();
+    EXPECT_GE(v[0].bytes_out, kLen);
+    EXPECT_EQ(v[1].bytes_out, 0u);
+
+    ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_ACTIVE), OTE_OK);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (!Nics()[1].active && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(Nics()[1].active) << "sim1 did not join";
+    // Requests until sim1 has carried bytes both ways (the selector spreads each request's
+    // slices by load; one request normally suffices), within the deadline.
+    uint64_t wrote = 0, read = 0; // sim1's bytes of WRITE and of READ requests
+    for (uint64_t seed = 97;; seed++) {
+        ote_pattern_fill(src.data(), kLen, seed, 0);
+        uint64_t b0 = Nics()[1].bytes_out;
+        ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+        uint64_t b1 = Nics()[1].bytes_out;
+        memset(dst.data(), 0, kLen);
+        ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
+        wrote += b1 - b0;
+        read += Nics()[1].bytes_out - b1;
+        if ((wrote > 0 && read > 0) || ote_deadline_expired(dl)) break;
+    }
+    EXPECT_GT(wrote, 0u) << "no WRITE byte on sim1 after it joined";
+    EXPECT_GT(read, 0u) << "no READ byte on sim1 after it joined";
+    EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
+}
+
+// The target's sim1 port is down when its engine is created (its sim config): it is a
+// data device there too (advertised in INFO), paused; the requester's sim1 pairs with it
+// and the target serves that pair on its active sim0, so both of the requester's NICs
+// carry bytes and every byte arrives.
+ote_test::TargetSession SessionTargetSim1Down() {
+    ote_test::TargetSession s = Session();
+    std::string cfg = kLimited;
+    size_t at = cfg.find("dev=sim1,numa=1;port,bw=100M");
+    cfg.insert(at + strlen("dev=sim1,numa=1;port,bw=100M"), ",state=down");
+    s.target_env.pop_back();
+    s.target_env.push_back("OTE_SIM_CONFIG=" + cfg);
+    return s;
+}
+
+// No SimEnv here: the child would inherit this process's OTE_SIM_CONFIG in place of its
+// own (the requester keeps the sim's default two devices, unlimited).
+class RdmaPeerLateDeviceTest : public ote_test::TargetE2eTest {
+  protected:
+    RdmaPeerLateDeviceTest() : TargetE2eTest(SessionTargetSim1Down()) {}
+};
+
+TEST_F(RdmaPeerLateDeviceTest, PairsWithAPausedDeviceOfThePeerAreServedOnAnActiveOne) {
+    std::vector<uint8_t> src(kLen), dst(kLen, 0);
+    ote_pattern_fill(src.data(), kLen, 98, 0);
+    ASSERT_EQ(ote_memory_register(engine_, src.data(), kLen, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(engine_, dst.data(), kLen, OTE_PERM_WRITE), OTE_OK);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    std::vector<ote_nic_stats_t> v(4);
+    size_t n = 0;
+    for (uint64_t seed = 98;; seed++) {
+        ote_pattern_fill(src.data(), kLen, seed, 0);
+        ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
+        memset(dst.data(), 0, kLen);
+        ASSERT_EQ(Transfer(OTE_READ, dst.data(), target_.rw, kLen), OTE_OK);
+        EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
+        ASSERT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
+        ASSERT_EQ(n, 2u);
+        if ((v[0].bytes_out > 0 && v[1].bytes_out > 0) || ote_deadline_expired(dl)) break;
+    }
+    EXPECT_GT(v[0].bytes_out, 0u);
+    EXPECT_GT(v[1].bytes_out, 0u) << "the requester's sim1 carried nothing";
+    EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
+}
+
+// Both engines in this process (each has its own sim instance): the target's sim1 is down
+// at its creation, so it serves the requester's sim1 pairs on its sim0; once its sim1
+// comes up, the pairs of the segment already open move back to it (the requester's QPs
+// meet one cache miss each and are rebuilt) and, within a deadline, the target's sim1
+// serves bytes, every request completing and every byte checked.
+ote_verbs_t *g_target_sim = nullptr;
+ote_status_t DownTargetSim1(ote_verbs_t **v) {
+    g_target_sim = *v;
+    return ote_sim_set_port_state(*v, "sim1", 1, IBV_PORT_DOWN);
+}
+
+class RdmaPeerDeviceJoinsTest : public ote_test::OteTest {};
+
+TEST_F(RdmaPeerDeviceJoinsTest, ConnectedPeersPairsMoveToTheDeviceThatCameUp) {
+    constexpr size_t kBytes = 16u << 20;
+    const ote_test::ConfigKv kv = {
+        {"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "60000"}};
+    ote__rdma_test_verbs_hook = DownTargetSim1;
+    ote_engine_t *target = ote_test::NewEngine(kv);
+    ote__rdma_test_verbs_hook = nullptr;
+    ASSERT_NE(target, nullptr);
+    ASSERT_TRUE(ote_sim_is_sim(g_target_sim));
+    ote_engine_t *req = ote_test::NewEngine(kv);
+    ASSERT_NE(req, nullptr);
+    std::vector<uint8_t> tbuf(kBytes, 0), src(kBytes), dst(kBytes, 0);
+    ASSERT_EQ(ote_memory_register(target, tbuf.data(), kBytes, OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, src.data(), kBytes, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, dst.data(), kBytes, OTE_PERM_WRITE), OTE_OK);
+    auto nics = [](ote_engine_t *e) {
+        std::vector<ote_nic_stats_t> v(4);
+        size_t n = 0;
+        EXPECT_EQ(ote_engine_nic_stats(e, v.data(), v.size(), &n), OTE_OK);
+        v.resize(n < v.size() ? n : v.size());
+        return v;
+    };
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(target).c_str(), &seg), OTE_OK);
+    const uint64_t remote = (uint64_t)(uintptr_t)tbuf.data();
+    auto round = [&](uint64_t seed) {
+        ote_pattern_fill(src.data(), kBytes, seed, 0);
+        ASSERT_EQ(ote_test::RunOne(req, {OTE_WRITE, src.data(), seg, remote, kBytes}, 120 * kSec),
+                  OTE_OK);
+        ASSERT_EQ(memcmp(tbuf.data(), src.data(), kBytes), 0);
+        memset(dst.data(), 0, kBytes);
+        ASSERT_EQ(ote_test::RunOne(req, {OTE_READ, dst.data(), seg, remote, kBytes}, 120 * kSec),
+                  OTE_OK);
+        ASSERT_EQ(memcmp(dst.data(), src.data(), kBytes), 0);
+    };
+    auto t = nics(target);
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_TRUE(t[0].active);
+    EXPECT_FALSE(t[1].active);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    uint64_t seed = 200;
+    do { // until the requester's sim1 has carried bytes (its pairs served on sim0)
+        round(seed++);
+        if (HasFatalFailure()) break;
+    } while (nics(req)[1].bytes_out == 0 && !ote_deadline_expired(dl));
+    t = nics(target);
+    EXPECT_GT(nics(req)[1].bytes_out, 0u);
+    EXPECT_EQ(t[1].bytes_served, 0u) << "a paused device served";
+    EXPECT_GE(t[0].bytes_served, 2 * kBytes);
+
+    ASSERT_EQ(ote_sim_set_port_state(g_target_sim, "sim1", 1, IBV_PORT_ACTIVE), OTE_OK);
+    while (!nics(target)[1].active && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(nics(target)[1].active) << "the target's sim1 did not join";
+    dl = ote_deadline_after(60 * kSec);
+    do {
+        round(seed++);
+        if (HasFatalFailure()) break;
+    } while (nics(target)[1].bytes_served == 0 && !ote_deadline_expired(dl));
+    EXPECT_GT(nics(target)[1].bytes_served, 0u) << "the target's sim1 served nothing";
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, src.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, dst.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(target, tbuf.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(target), OTE_OK);
+    g_target_sim = nullptr;
 }
 
 // ---- rdma_pin / rdma_lanes ----

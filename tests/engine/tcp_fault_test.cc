@@ -137,37 +137,38 @@ TEST_F(TcpFaultTest, EveryConnectFailingFailsTheOpenOnce) {
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
 }
 
-// The reconnect path: the peer dies and comes back on the same address; the old segment
-// reconnects on its next submit. When that reconnect fails part-way (connection 3 of 4),
-// the submit fails with the injected status and queues nothing, the three connections
-// made are closed again (no fd left), the segment stays usable, and the next submit
-// reconnects for real.
+// The reconnect path: the peer stops answering (SIGSTOP), a slice times out and closes
+// its connection, the peer is marked broken; the same process, resumed, is reconnected
+// on the next submit (a restarted process instead fails the segment: peer_restart_test).
+// When that reconnect fails part-way (connection 3 of 4), the submit fails with the
+// injected status and queues nothing, every connection of the peer is closed (no fd
+// left), the segment stays usable, and the next submit reconnects for real.
 TEST_F(TcpFaultTest, PartialReconnectRollsBackAndTheNextSubmitReconnects) {
+    // A requester of its own with a short transfer deadline: the stopped peer's slice
+    // times out at it (its wait below is far longer, so only the deadline decides).
+    ote_engine_t *req = NewEngine(
+        {{"transports", "tcp"}, {"tcp_connections", "4"}, {"transfer_timeout_ms", "1500"}});
+    ASSERT_NE(req, nullptr);
+    struct Destroy {
+        ote_engine_t *e;
+        ~Destroy() { EXPECT_EQ(ote_engine_destroy(e), OTE_OK); }
+    } destroy{req};
     ote_test::Target target;
     ASSERT_TRUE(target.Start(4u << 20));
+    int fds0 = CountOpenFds(); // the peer's connections not yet made
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req_, target.address.c_str(), &seg), OTE_OK);
+    ASSERT_EQ(ote_segment_open(req, target.address.c_str(), &seg), OTE_OK);
     std::vector<uint8_t> buf(100000);
     ote_pattern_fill(buf.data(), buf.size(), 5, 0);
-    ASSERT_EQ(RunOne(req_, {OTE_WRITE, buf.data(), seg, target.rw, buf.size()}, 30 * kSec), OTE_OK);
-    std::string addr = target.address;
-    target.Kill();
-    // The loss is seen by the engine's workers (EOF on every connection); a submit then
-    // tries to reconnect and is refused, with nothing listening.
-    ote_deadline_t dl = ote_deadline_after(20 * kSec);
-    ote_status_t st;
-    do {
-        st = RunOne(req_, {OTE_WRITE, buf.data(), seg, target.rw, 16}, 10 * kSec);
-        if (ote_status_code(st) == OTE_ERR_CONNECT) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    } while (!ote_deadline_expired(dl));
-    ASSERT_EQ(ote_status_code(st), OTE_ERR_CONNECT) << ote_status_str(st);
-    ASSERT_TRUE(target.Start(4u << 20, addr)) << "no new target on " << addr;
-    int fds0 = CountOpenFds();
+    ASSERT_EQ(RunOne(req, {OTE_WRITE, buf.data(), seg, target.rw, buf.size()}, 30 * kSec), OTE_OK);
+    ASSERT_TRUE(target.Stop());
+    ote_status_t st = RunOne(req, {OTE_WRITE, buf.data(), seg, target.rw, 16}, 60 * kSec);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
+    ASSERT_TRUE(target.Cont());
 
     ASSERT_EQ(ote_fault_arm(kPoint, OTE_FAULT_NTH, 3, OTE_ERR_CONNECT, EHOSTUNREACH), OTE_OK);
     ote_batch_t *b = nullptr;
-    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
     ote_request_t w = {OTE_WRITE, buf.data(), seg, target.rw + 3, buf.size()};
     st = ote_batch_submit(b, &w, 1);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_CONNECT) << ote_status_str(st);

@@ -53,7 +53,7 @@ printf 'OTEM\x02\x00\x0c\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00
 # The RDMA transport's message codec (engine/rdma/proto.h): one OTE_CTL_RDMA body per
 # input. Seeds: INFO in its short form (an engine without epochs), INFO with one device
 # and the epoch 0x0123456789abcdef, GRANT_REQ (WRITE, 4096 bytes at 0x1000) with pair 0
-# and the source's epoch 0x1122334455667788.
+# and the source's epoch 0x1122334455667788, CONNECT with both epochs.
 RBIN="$WORK/rp_fuzz"
 "$CLANG" -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=undefined -I"$ROOT" \
@@ -75,6 +75,14 @@ printf "$INFO_HEAD" >"$RCORPUS/info_short"
     printf '\x63\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
     printf '\x88\x77\x66\x55\x44\x33\x22\x11'
 } >"$RCORPUS/grant_epoch"
+# CONNECT (WRITE, slot 1, pair 0, QP 0x100, MTU 1024) with the source's epoch
+# 0x1122334455667788 and the requester's 0x0123456789abcdef.
+{
+    printf '\x03\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00'
+    head -c 20 /dev/zero
+    printf '\x00\x01\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00'
+    printf '\x88\x77\x66\x55\x44\x33\x22\x11\xef\xcd\xab\x89\x67\x45\x23\x01'
+} >"$RCORPUS/connect_epoch"
 
 # The shm transport's wire checks (engine/shm/shm_proto.h): one SOCK_SEQPACKET message
 # per input. Seeds (a HELLO, the three AUTH steps, HELLO_ACKs, REQS, RESPS, an IPC offer
