@@ -63,7 +63,12 @@ ote_status_t ote__rdma_parent_attach(ote__tpeer_t *p, ote__slice_t *s) {
     if (tp->cfg.rdma_max_grants == 0) return OTE_OK;
     ote_mutex_lock(&c->mu);
     parent_t *x = c->parents;
-    while (x != NULL && !(x->uid == s->req_uid && x->peer == p && s->req_uid != 0)) x = x->next;
+    /* A slice joins its request's parent while that has reserved nothing yet; one that
+     * comes after the reservation (a later submit of the same request) starts a parent of
+     * its own, so that no reservation waits on slices queued behind another request. */
+    while (x != NULL &&
+           !(x->uid == s->req_uid && x->peer == p && s->req_uid != 0 && x->budget == 0))
+        x = x->next;
     if (x == NULL) {
         x = ote_calloc(1, sizeof(*x));
         if (x == NULL) {

@@ -264,7 +264,7 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL && np < PUMP_EXPIRE_PEERS; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
-        if (!(p->building || p->credit_wait || p->busy_until != 0) || p->q_head == NULL) {
+        if (!(p->building || p->credit_wait) || p->q_head == NULL) {
             ote_mutex_unlock(&p->mu);
             continue;
         }
@@ -305,7 +305,7 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
             int canceled = x->canceled != NULL && atomic_load(x->canceled);
             OTE_WARN_LIMITED("rdma",
                              "slice to %s waited queued (a QP build, QP limit rdma_max_qps=%u, "
-                             "grant credits or a busy source) past its %s: ended",
+                             "or grant credits) past its %s: ended",
                              owner[i]->name, owner[i]->tp->cfg.rdma_max_qps,
                              canceled ? "cancel" : "deadline");
             ote__rdma_parent_slice_end(x);
