@@ -76,7 +76,7 @@ static const key_def_t g_keys[] = {
      * with a slot for its receipt). */
     {"rdma_max_grants", K_UINT, "0", 0, 65536, {NULL}},
     {"rdma_max_qps", K_UINT, "0", 0, 65536, {NULL}},
-    {"rdma_recv_slots", K_UINT, "64", 1, 4096, {NULL}},
+    {"rdma_recv_slots", K_UINT, "256", 1, 4096, {NULL}},
     {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */

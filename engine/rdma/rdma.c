@@ -496,7 +496,7 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
      * these slots reserved for its receipt (rdma_credits.h), so a receiver-not-ready NAK
      * can only mean a peer that sent what it was not granted: a finite RNR retry count
      * turns that into an error (OTE_ERR_PEER_LOST) instead of an endless stall. */
-    qc.recv_slots = tp->cfg.rdma_recv_slots != 0 ? tp->cfg.rdma_recv_slots : 64;
+    qc.recv_slots = tp->cfg.rdma_recv_slots != 0 ? tp->cfg.rdma_recv_slots : 256;
     qc.rnr_retry = 3;
     qc.recv_size = 64;
     qc.on_recv = ote__rdma_src_on_recv;

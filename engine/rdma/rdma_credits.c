@@ -161,17 +161,17 @@ int ote__rdma_grant_take(rdma_tp_t *tp, ote__slice_t *s, uint64_t rlen) {
     return 1;
 }
 
-void ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s) {
+int ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s) {
     rdma_credits_t *c = tp->cred;
-    if (!s->xp.rdma.credit) return;
+    if (!s->xp.rdma.credit) return 0;
     s->xp.rdma.credit = 0;
     atomic_fetch_sub(&c->live, 1);
     parent_t *x = s->xp.rdma.parent;
-    if (x == NULL) return;
+    if (x == NULL) return 0;
     ote_mutex_lock(&c->mu);
     if (x->live > 0) x->live--;
     ote_mutex_unlock(&c->mu);
-    returned(tp);
+    return atomic_exchange(&c->waiting, 0);
 }
 
 int ote__rdma_busy_may_retry(rdma_tp_t *tp, const ote__slice_t *s, ote_status_t st) {

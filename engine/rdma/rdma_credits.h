@@ -54,9 +54,10 @@ void ote__rdma_parent_slice_end(ote__slice_t *s);
  * counted, and a return of credits kicks the pump thread). */
 int ote__rdma_grant_take(rdma_tp_t *tp, ote__slice_t *s, uint64_t rlen);
 /* The run s started under a credit ended, went back to the queue, or never started: its
- * credit returns (kicking the pump thread when a queue waits). Once per take; no-op
- * without one. Any lock or none. */
-void ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s);
+ * credit returns. Once per take; no-op without one. Returns whether a queue waits for
+ * credits: the caller then kicks the pump thread (ote__rdma_pump_kick) once it holds no
+ * lock (tp->mu comes before p->mu). Any lock or none. */
+int ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s);
 
 /* A source refused the run's grant AGAIN (OTE__RDMA_SRC_BUSY): whether it goes back to
  * the queue (not canceled, before its deadline); counted. */

@@ -230,7 +230,7 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             else ote__rdma_start_failed(p, s, -1, st);
             ote_mutex_lock(&p->mu);
             if (r == OTE__RDMA_START_NEEDS_BUILD) { /* back at the head, its window given back */
-                ote__rdma_grant_put(tp, s);
+                kick |= ote__rdma_grant_put(tp, s); /* kicked below, no lock held */
                 p->inflight[k] -= rlen;
                 kick |=
                     ote__rdma_all_sub(tp, rlen); /* other peers waiting for room: kicked below */

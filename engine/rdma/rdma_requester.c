@@ -266,7 +266,8 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     uint64_t rlen = run_bytes(s);
     ote_selector_done(tp->sel, (int)n->index, rlen, st == OTE_OK);
     if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, rlen);
-    ote__rdma_grant_put(tp, s); /* its grant drained: its credit returns */
+    /* Its grant drained: its credit returns (no lock held here). */
+    if (ote__rdma_grant_put(tp, s)) ote__rdma_pump_kick(tp);
     int again = read_may_move(tp, s, n, st);
     int busy = 0;
     if (!again && ote__rdma_busy_may_retry(tp, s, st)) {
@@ -420,7 +421,7 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
     if (k >= 0) {
         rdma_nic_t *n = &tp->nics[k];
         uint64_t rlen = run_bytes(s);
-        ote__rdma_grant_put(tp, s); /* never started: its credit returns */
+        if (ote__rdma_grant_put(tp, s)) ote__rdma_pump_kick(tp); /* never started */
         ote_selector_done(tp->sel, k, rlen, 0);
         int move = ote_context_check(n->ctx) != OTE_OK && ote__rdma_other_active(tp, (uint32_t)k) &&
                    !(s->canceled != NULL && atomic_load(s->canceled)) &&
