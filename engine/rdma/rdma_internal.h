@@ -74,6 +74,9 @@
  *                     picked device, GRANT_REQ, QP builds, moves of slices off a device
  *                     that went down, cache-miss retries, notifications and deadlines
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
+ *   rdma_credits.c    grant credits reserved per request (rdma_max_grants), retries of
+ *                     grants a source refused AGAIN (no receive slot), the engine-wide
+ *                     QP limit (rdma_max_qps): rdma_credits.h
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
  * c->wmu is a leaf: nothing else is locked under it, and no thread holds tp->mu or p->mu
