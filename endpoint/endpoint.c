@@ -177,6 +177,7 @@ static ote_status_t destroy_held(ote_endpoint_store_t *s, ep_slot_t *sl, ote_qp_
         sl->remote_qpn = 0;
         sl->destroy_failed = 0;
         s->stats.destroyed++;
+        s->stats.qps--;
     } else {
         /* The QP keeps its slot until a native destroy succeeds. */
         sl->state = SLOT_RETIRING;
@@ -299,6 +300,7 @@ ote_status_t ote_endpoint_build(ote_ep_claim_t *claim, ote_ep_exchange_fn exchan
     /* Ownership: from here the QP belongs to the slot until its native destroy succeeds. */
     ote_mutex_lock(&s->mu);
     sl->qp = qp;
+    s->stats.qps++;
     ote_mutex_unlock(&s->mu);
 
     ote_qp_path_t local, peer;

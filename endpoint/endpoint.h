@@ -82,6 +82,7 @@ typedef struct ote_endpoint_stats {
     uint64_t built, build_failures, destroyed, retired, retained_now, waits;
     uint64_t endpoints; /* endpoints the store holds now (evicted ones not yet freed too) */
     uint64_t evicted;   /* evicted endpoints freed so far */
+    uint64_t qps;       /* QPs the store's slots hold now (created, not yet destroyed) */
 } ote_endpoint_stats_t;
 
 /**

@@ -73,6 +73,13 @@ static const key_def_t g_keys[] = {
     /* Bytes of this engine's RDMA requests in flight at once over every peer and device
      * together (0: no limit beyond the per-device windows); runs past it wait queued. */
     {"rdma_max_inflight", K_SIZE, "0", 0, 1ull << 40, {NULL}},
+    /* RDMA credits (engine/rdma/rdma_credits.c): grants reserved at once by this engine's
+     * requests over every peer and device (0: no limit), physical QPs of every device and
+     * peer together (0: no limit), and receive slots per QP (a source admits a grant only
+     * with a slot for its receipt). */
+    {"rdma_max_grants", K_UINT, "0", 0, 65536, {NULL}},
+    {"rdma_max_qps", K_UINT, "0", 0, 65536, {NULL}},
+    {"rdma_recv_slots", K_UINT, "256", 1, 4096, {NULL}},
     {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
@@ -510,6 +517,9 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "rdma_pin") == 0) copy_str(r.rdma_pin, sizeof(r.rdma_pin), v);
         else if (strcmp(k->key, "rdma_grant_max") == 0) r.rdma_grant_max = n;
         else if (strcmp(k->key, "rdma_max_inflight") == 0) r.rdma_max_inflight = n;
+        else if (strcmp(k->key, "rdma_max_grants") == 0) r.rdma_max_grants = (uint32_t)n;
+        else if (strcmp(k->key, "rdma_max_qps") == 0) r.rdma_max_qps = (uint32_t)n;
+        else if (strcmp(k->key, "rdma_recv_slots") == 0) r.rdma_recv_slots = (uint32_t)n;
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
         else if (strcmp(k->key, "auth_key_file") == 0)
             copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);

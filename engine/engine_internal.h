@@ -58,6 +58,9 @@ typedef struct ote__cfg_s {
     char rdma_pin[256];                /* "dev:port:gid[,...]" strict routes ("" = none) */
     uint64_t rdma_grant_max;           /* bytes one RDMA grant may cover */
     uint64_t rdma_max_inflight;        /* RDMA bytes in flight, all peers and devices (0: any) */
+    uint32_t rdma_max_grants;          /* RDMA grants reserved at once, all peers (0: any) */
+    uint32_t rdma_max_qps;             /* RDMA QPs, all devices and peers (0: any) */
+    uint32_t rdma_recv_slots;          /* receive slots per RDMA QP */
     char log_level[16];                /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
     int allow_unauthenticated;         /* no key on a non-loopback listen_address */

@@ -148,6 +148,10 @@ static void maybe_finish(grant_t *g, defer_t *df) {
         }
         g->mw = NULL;
     }
+    if (g->rq_admitted) { /* its receipt came, or never will */
+        ote_qp_rq_unadmit(g->qp);
+        g->rq_admitted = 0;
+    }
     give_back_qp(g, g->failed != OTE_OK);
     m->stats.live_source--;
     g->finished = 1;
@@ -544,13 +548,29 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
                          (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
         return st;
     }
+    /* The receipt's receive slot on qp is reserved before any window exists, so the
+     * requester's SEND_WITH_INV never meets an empty receive queue (RNR); without one the
+     * request is refused (OTE_ERR_AGAIN: retry later) and its pin given back. */
+    st = ote_qp_rq_admit(qp);
+    if (st != OTE_OK) {
+        m->src.unpin(m->src.arg, pin);
+        ote_mutex_lock(&m->mu);
+        m->stats.refused++;
+        m->stats.rq_busy++;
+        ote_mutex_unlock(&m->mu);
+        OTE_WARN_LIMITED("grant", "%s: QP %u: no receive slot for a grant's receipt: refused (%s)",
+                         ote_context_name(m->ctx), ote_qp_num(qp), ote_status_str(st));
+        return st;
+    }
     grant_t *g = ote_calloc(1, sizeof(*g));
     if (g == NULL) {
+        ote_qp_rq_unadmit(qp);
         m->src.unpin(m->src.arg, pin);
         return OTE_ERR_NOMEM;
     }
     g->m = m;
     g->source = 1;
+    g->rq_admitted = 1;
     g->lane = li;
     g->ep = ep;
     g->slot = slot;
@@ -624,6 +644,7 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
 err_unlock:
     m->stats.refused++;
     ote_mutex_unlock(&m->mu);
+    ote_qp_rq_unadmit(qp);
     m->src.unpin(m->src.arg, pin);
     ote_free(g);
     return st;

@@ -122,6 +122,7 @@ typedef struct ote_grant_stats {
     uint64_t abandoned;      /* requester: failed grants handed to desc.abandoned */
     uint64_t released;       /* source: grants ended by ote_grant_source_release */
     uint64_t stale_releases; /* source: releases naming no bound grant (ignored) */
+    uint64_t rq_busy;        /* source: refused OTE_ERR_AGAIN, no receive slot for the receipt */
 } ote_grant_stats_t;
 
 /**

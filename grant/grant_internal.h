@@ -45,6 +45,7 @@ struct grant {
     ote_qp_t *qp;
     uint32_t qp_num;
     int qp_returned;
+    int rq_admitted; /* source: holds a receive admission on qp (its receipt's slot) */
     ote_deadline_t deadline;
     ote_status_t failed;
     uint32_t outstanding; /* WRs posted and not yet discharged */

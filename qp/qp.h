@@ -145,6 +145,16 @@ ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp);
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp);
 /* Receive credits: slots posted and not yet consumed. */
 uint32_t ote_qp_recv_credits(const ote_qp_t *qp);
+/* Receive admission: a peer's message to come (a grant receipt) reserves one posted
+ * receive slot before the peer may send it, so it never meets an empty receive queue
+ * (no RNR). OTE_ERR_AGAIN when every posted slot is already reserved (admitted <
+ * posted slots is kept; a consumed slot counts again once reposted); fault point
+ * "qp.rq_admit". Unadmit gives the reservation back once its message was consumed or
+ * will never come. Any thread. */
+ote_status_t ote_qp_rq_admit(ote_qp_t *qp);
+void ote_qp_rq_unadmit(ote_qp_t *qp);
+/* Reservations held now. */
+uint32_t ote_qp_rq_admitted(const ote_qp_t *qp);
 void ote_qp_get_stats(const ote_qp_t *qp, ote_qp_stats_t *stats_out);
 
 #ifdef __cplusplus

@@ -60,6 +60,7 @@ struct ote_qp {
     struct ibv_mr *rq_mr;
     uint8_t *rq_posted;
     uint32_t rq_count;
+    uint32_t rq_admitted; /* ote_qp_rq_admit reservations (under mu) */
 
     uint64_t send_completions, send_errors, recv_completions, recv_errors;
     uint64_t unknown_cqes, expired, resolved_by_destroy;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "context/context.h"
 #include "qp/qp_internal.h"
@@ -189,6 +190,30 @@ uint32_t ote_qp_recv_credits(const ote_qp_t *qp) {
     ote_qp_t *q = (ote_qp_t *)qp;
     ote_mutex_lock(&q->mu);
     uint32_t n = q->rq_count;
+    ote_mutex_unlock(&q->mu);
+    return n;
+}
+
+ote_status_t ote_qp_rq_admit(ote_qp_t *qp) {
+    ote_status_t st = OTE_OK;
+    if (ote_fault_hit("qp.rq_admit", &st)) return st;
+    ote_mutex_lock(&qp->mu);
+    if (qp->rq_admitted < qp->rq_count) qp->rq_admitted++;
+    else st = OTE_ERR_AGAIN;
+    ote_mutex_unlock(&qp->mu);
+    return st;
+}
+
+void ote_qp_rq_unadmit(ote_qp_t *qp) {
+    ote_mutex_lock(&qp->mu);
+    if (qp->rq_admitted > 0) qp->rq_admitted--;
+    ote_mutex_unlock(&qp->mu);
+}
+
+uint32_t ote_qp_rq_admitted(const ote_qp_t *qp) {
+    ote_qp_t *q = (ote_qp_t *)qp;
+    ote_mutex_lock(&q->mu);
+    uint32_t n = q->rq_admitted;
     ote_mutex_unlock(&q->mu);
     return n;
 }

@@ -16,6 +16,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/test_hook.h"
 
@@ -302,6 +303,7 @@ static ote_status_t teardown(rdma_tp_t *tp) {
     }
     if (tp->retained_counted) atomic_fetch_sub(&ote__rdma_retained_transports, 1);
     if (tp->v != NULL) ote_verbs_close(tp->v);
+    ote__rdma_credits_destroy(tp);
     ote_cond_destroy(&tp->pump_cv);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
@@ -498,7 +500,12 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     ote_qp_config_t qc;
     ote_qp_config_default(&qc);
     qc.max_send_wr = 256;
-    qc.recv_slots = 64; /* grant receipts (SEND_WITH_INV) land here */
+    /* Grant receipts (SEND_WITH_INV) land here; a source admits a grant only with one of
+     * these slots reserved for its receipt (rdma_credits.h), so a receiver-not-ready NAK
+     * can only mean a peer that sent what it was not granted: a finite RNR retry count
+     * turns that into an error (OTE_ERR_PEER_LOST) instead of an endless stall. */
+    qc.recv_slots = tp->cfg.rdma_recv_slots != 0 ? tp->cfg.rdma_recv_slots : 256;
+    qc.rnr_retry = 3;
     qc.recv_size = 64;
     qc.on_recv = ote__rdma_src_on_recv;
     qc.recv_arg = n;
@@ -547,6 +554,14 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     }
     st = ote_cond_init(&tp->pump_cv);
     if (st != OTE_OK) {
+        ote_cond_destroy(&tp->cv);
+        ote_mutex_destroy(&tp->mu);
+        ote_free(tp);
+        return st;
+    }
+    st = ote__rdma_credits_create(tp);
+    if (st != OTE_OK) {
+        ote_cond_destroy(&tp->pump_cv);
         ote_cond_destroy(&tp->cv);
         ote_mutex_destroy(&tp->mu);
         ote_free(tp);

@@ -78,6 +78,9 @@
  *                     picked device, GRANT_REQ, QP builds, moves of slices off a device
  *                     that went down, cache-miss retries, notifications and deadlines
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
+ *   rdma_credits.c    grant credits reserved per request (rdma_max_grants), retries of
+ *                     grants a source refused AGAIN (no receive slot), the engine-wide
+ *                     QP limit (rdma_max_qps): rdma_credits.h
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
  * c->wmu is a leaf: nothing else is locked under it, and no thread holds tp->mu or p->mu
@@ -155,6 +158,11 @@
  * process already uses them.
  */
 #define OTE__RDMA_CACHE_MISS ote_status_make(OTE_ERR_STATE, ESTALE)
+/* A GRANT_REQ the source refused OTE_ERR_AGAIN (no receive slot for its receipt, or too
+ * many requests open): nothing was bound, so the run goes back to the queue (a fresh
+ * request id) and is asked again after a short pause, until its deadline
+ * (rdma_credits.h). */
+#define OTE__RDMA_SRC_BUSY ote_status_make(OTE_ERR_AGAIN, EBUSY)
 
 typedef struct ote__rdma_tp rdma_tp_t;
 typedef struct acct acct_t; /* the source's account of one request (rdma_accounts.c) */
@@ -299,6 +307,12 @@ struct ote__tpeer {
      * only the one that missed. Under mu. */
     uint8_t miss_flush[OTE__RDMA_MAX_NICS][2];
     ote_status_t build_st;
+    /* rdma_credits.c / rdma_pump.c, under mu: the queue's head waits for grant credits
+     * (rdma_max_grants) or for room under rdma_max_qps (the monitor then ends queued
+     * slices at their deadline or cancel), and no run starts before busy_until (ns; a
+     * source answered AGAIN). */
+    int credit_wait, qp_wait;
+    uint64_t busy_until;
 };
 
 /* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,
@@ -384,6 +398,8 @@ struct ote__rdma_tp {
     /* Requester runs started by a submitting thread / by the pump thread; QP builds done
      * by the pump thread (a submitting thread never builds). rdma_requester.c. */
     _Atomic uint64_t starts_inline, starts_pumped, qp_builds;
+    /* rdma_credits.c: grant credits, receive-credit retries and the QP limit. */
+    struct rdma_credits *cred;
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */

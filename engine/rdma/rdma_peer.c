@@ -69,6 +69,9 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
         /* The source has no such connection (its endpoints for us were evicted) or it is
          * another incarnation: a cache miss (rdma_internal.h), nothing was bound. */
         if (m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
+        /* Refused for now (no receive slot for its receipt, too many requests open):
+         * nothing was bound; the run is asked again later (rdma_credits.h). */
+        if (m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
         ote_mutex_lock(&p->mu);
         gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
         ote_mutex_unlock(&p->mu);

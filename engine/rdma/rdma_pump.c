@@ -13,6 +13,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
 
 #define PUMP_EXPIRE_PEERS 64 /* peers whose queue the monitor ends slices of, per pass */
@@ -112,7 +113,28 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
     int kick = 0;    /* room given back that another peer waits for (rdma_max_inflight) */
     do {
         p->pump_again = 0;
-        if (!inline_ && p->build_want) {
+        p->credit_wait = 0;
+        p->qp_wait = 0;
+        if (!inline_ && p->build_want && p->build_run && tp->cfg.rdma_max_qps != 0) {
+            /* rdma_max_qps: room for the build (an idle QP retired), or the run waits
+             * queued; the pump thread's next rounds try again, its deadline ends it. */
+            int room = p->q_head != NULL;
+            if (room) {
+                ote_mutex_unlock(&p->mu);
+                room = ote__rdma_qp_room(tp);
+                ote_mutex_lock(&p->mu);
+            } else { /* nothing waits for it any more */
+                p->build_want = 0;
+                p->build_run = 0;
+                p->building = 0;
+            }
+            p->qp_wait = p->build_want && !room;
+        } else if (!inline_ && p->build_want && tp->cfg.rdma_max_qps != 0 &&
+                   ote__rdma_qps_full(tp)) {
+            p->build_want = 0; /* a background build: not past the limit */
+            p->building = 0;
+        }
+        if (!inline_ && p->build_want && !p->qp_wait) {
             uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
             int for_run = p->build_run;
             p->build_want = 0;
@@ -165,6 +187,8 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
                 /* Lost, or between connections (a reconnect publishes its endpoints last;
                  * a dead peer's were evicted). */
                 st = OTE_ERR_PEER_LOST;
+            } else if (p->busy_until != 0 && ote_now_ns() < p->busy_until) {
+                break; /* a source answered AGAIN: the pump thread's next rounds retry */
             } else {
                 last = run_take(tp, s, &rlen);
                 if (over_cap(tp, rlen)) break; /* an ending run kicks the pump thread */
@@ -178,12 +202,19 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
                     if (p->inflight[i] == 0 || p->inflight[i] + rlen <= window) mask |= 1u << i;
                 }
                 if (mask == 0) break; /* every window is full: an ending slice pumps again */
+                if (tp->cfg.rdma_max_qps != 0) mask = ote__rdma_qp_mask(tp, p, s, mask);
                 if (ote_selector_pick(tp->sel, s->mem_node, rlen, mask, &k) != OTE_OK) {
                     k = -1;
                     if (busy > 0) break;    /* no room on an active device yet */
                     st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */
                     last = s;               /* each slice ends on its own */
                     rlen = s->len;
+                } else if (!ote__rdma_grant_take(tp, s, rlen)) {
+                    /* rdma_max_grants: its request's reservation (or a slot of it) is not
+                     * free; a returned credit kicks the pump thread. */
+                    ote_selector_done(tp->sel, k, rlen, 0);
+                    p->credit_wait = 1;
+                    break;
                 }
             }
             p->q_head = last->next;
@@ -199,12 +230,13 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             else ote__rdma_start_failed(p, s, -1, st);
             ote_mutex_lock(&p->mu);
             if (r == OTE__RDMA_START_NEEDS_BUILD) { /* back at the head, its window given back */
+                kick |= ote__rdma_grant_put(tp, s); /* kicked below, no lock held */
                 p->inflight[k] -= rlen;
                 kick |=
                     ote__rdma_all_sub(tp, rlen); /* other peers waiting for room: kicked below */
                 ote__rdma_run_requeue(p, s);
                 if (inline_) handoff = 1;
-                else p->pump_again = 1; /* build it, then go on */
+                else if (!p->qp_wait) p->pump_again = 1; /* build it, then go on */
                 break;
             }
         }
@@ -232,7 +264,7 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL && np < PUMP_EXPIRE_PEERS; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
-        if (!p->building || p->q_head == NULL) {
+        if (!(p->building || p->credit_wait) || p->q_head == NULL) {
             ote_mutex_unlock(&p->mu);
             continue;
         }
@@ -271,8 +303,12 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
             ote__slice_t *nx = x->next;
             x->next = NULL;
             int canceled = x->canceled != NULL && atomic_load(x->canceled);
-            OTE_WARN_LIMITED("rdma", "slice to %s waited for a QP build past its %s: ended",
-                             owner[i]->name, canceled ? "cancel" : "deadline");
+            OTE_WARN_LIMITED("rdma",
+                             "slice to %s waited queued (a QP build, QP limit rdma_max_qps=%u, "
+                             "or grant credits) past its %s: ended",
+                             owner[i]->name, owner[i]->tp->cfg.rdma_max_qps,
+                             canceled ? "cancel" : "deadline");
+            ote__rdma_parent_slice_end(x);
             x->done(x, canceled ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT);
             x = nx;
         }
@@ -292,6 +328,9 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
             s->done(s, OTE_ERR_CANCELED);
         } else if (s->op == OTE__SLICE_NOTIFY) {
             ote__rdma_submit_notify(p, s);
+        } else if (ote__rdma_parent_attach(p, s) != OTE_OK) {
+            ote__rdma_slice_write_off(p, s);
+            s->done(s, OTE_ERR_NOMEM);
         } else {
             s->xp.rdma.retries = 0;
             ote_mutex_lock(&p->mu);

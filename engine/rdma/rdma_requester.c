@@ -15,6 +15,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
 
 note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id) {
@@ -183,6 +184,8 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     /* A second cache miss (or one that could not be retried): the peer no longer knows
      * this connection. */
     if (st == OTE__RDMA_CACHE_MISS) return OTE_ERR_PEER_LOST;
+    /* Refused AGAIN by a busy source until the run's deadline or cancel. */
+    if (st == OTE__RDMA_SRC_BUSY) return user ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT;
     if (code == OTE_ERR_FENCED) {
         if (user) return OTE_ERR_CANCELED;
         if (ote_context_check(tp->nics[s->xp.rdma.nic].ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
@@ -234,6 +237,7 @@ static void run_end(rdma_tp_t *tp, ote__slice_t *s, ote_status_t st) {
         ote__slice_t *nx = s->next;
         s->next = NULL;
         ote_status_t mine = tp != NULL ? slice_status(tp, s, st) : st;
+        ote__rdma_parent_slice_end(s); /* its request's grant credits, with its last slice */
         s->done(s, mine);
         s = nx;
     }
@@ -267,8 +271,18 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     uint64_t rlen = run_bytes(s);
     ote_selector_done(tp->sel, (int)n->index, rlen, st == OTE_OK);
     if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, rlen);
+    /* Its grant drained: its credit returns (no lock held here). */
+    if (ote__rdma_grant_put(tp, s)) ote__rdma_pump_kick(tp);
     int again = read_may_move(tp, s, n, st);
-    if (!again && miss_may_retry(s, st)) {
+    int busy = 0;
+    if (!again && ote__rdma_busy_may_retry(tp, s, st)) {
+        /* Nothing was bound at the source (no receive slot for its receipt, or too many
+         * requests open there): asked again, as a request of its own, after a pause. */
+        OTE_DEBUG("rdma", "%s run of %llu bytes: the source is busy (AGAIN): asked again",
+                  s->op == OTE__SLICE_WRITE ? "WRITE" : "READ", (unsigned long long)rlen);
+        ote__rdma_slice_renew(s);
+        again = busy = 1;
+    } else if (!again && miss_may_retry(s, st)) {
         /* The grant layer retired the slot's QP: the next pick rebuilds it (CONNECT). */
         OTE_WARN_LIMITED("rdma",
                          "%s run of %llu bytes: the source had no such connection (cache "
@@ -289,6 +303,7 @@ static void slice_grant_done(void *arg, ote_status_t st) {
     ote_mutex_lock(&p->mu);
     p->inflight[n->index] -= rlen;
     if (st == OTE__RDMA_CACHE_MISS) p->miss_flush[n->index][s->op == OTE__SLICE_WRITE] = 1;
+    if (busy) p->busy_until = ote_now_ns() + OTE__RDMA_BUSY_PAUSE_NS;
     if (again) ote__rdma_run_requeue(p, s);
     int queued = p->q_head != NULL;
     ote_mutex_unlock(&p->mu);
@@ -412,6 +427,7 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
     if (k >= 0) {
         rdma_nic_t *n = &tp->nics[k];
         uint64_t rlen = run_bytes(s);
+        if (ote__rdma_grant_put(tp, s)) ote__rdma_pump_kick(tp); /* never started */
         ote_selector_done(tp->sel, k, rlen, 0);
         int move = ote_context_check(n->ctx) != OTE_OK && ote__rdma_other_active(tp, (uint32_t)k) &&
                    !(s->canceled != NULL && atomic_load(s->canceled)) &&
@@ -531,7 +547,8 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     for (uint32_t tries = 0;; tries++) {
         uint32_t want = 0;
         int bg = 0;
-        st = borrow_now(ep, inline_, &slot, &qp, &want, &bg);
+        /* At rdma_max_qps any READY slot serves (no build while another one is READY). */
+        st = borrow_now(ep, inline_ || ote__rdma_qps_full(tp), &slot, &qp, &want, &bg);
         if (st != OTE_OK || bg) {
             ote_mutex_lock(&p->mu);
             build_ask(p, (uint32_t)k, cap, want, st != OTE_OK);

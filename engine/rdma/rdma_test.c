@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/lock.h"
+#include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/test_hook.h"
 
@@ -43,6 +44,7 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
             r.released += gs.released;
             r.abandoned += gs.abandoned;
             r.receipts += gs.receipts;
+            r.src_rq_busy += gs.rq_busy;
         }
         r.rel_sent = atomic_load(&tp->rel_sent);
         r.rel_applied = atomic_load(&tp->rel_applied);
@@ -53,6 +55,18 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.inflight_peak = atomic_load(&tp->inflight_peak);
         r.cap_waits = atomic_load(&tp->cap_waits);
         r.qp_builds = atomic_load(&tp->qp_builds);
+        rdma_credit_stats_t cs;
+        ote__rdma_credit_stats(tp, &cs);
+        r.grants_live = cs.grants_live;
+        r.grants_peak = cs.grants_peak;
+        r.grants_reserved = cs.reserved;
+        r.reserved_peak = cs.reserved_peak;
+        r.parents = cs.parents;
+        r.grant_waits = cs.grant_waits;
+        r.busy_retries = cs.busy_retries;
+        r.qps = cs.qps;
+        r.qp_waits = cs.qp_waits;
+        r.qp_evictions = cs.qp_evictions;
         *out = r;
         st = OTE_OK;
         break;

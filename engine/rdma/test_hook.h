@@ -58,6 +58,18 @@ typedef struct {
     uint64_t inflight_now;   /* requester bytes in flight, every peer and device */
     uint64_t inflight_peak;  /* the most there have been at once */
     uint64_t cap_waits;      /* runs that waited queued for room under rdma_max_inflight */
+    /* Credits and aggregate limits (engine/rdma/rdma_credits.h). */
+    uint64_t grants_live;     /* requester grants (runs) started and not yet ended */
+    uint64_t grants_peak;     /* the most at once */
+    uint64_t grants_reserved; /* grant credits reserved by requests now (rdma_max_grants) */
+    uint64_t reserved_peak;   /* the most reserved at once */
+    uint64_t parents;         /* requests holding a reservation or queued slices */
+    uint64_t grant_waits;     /* runs that waited queued for grant credits */
+    uint64_t busy_retries;    /* runs asked again after a source refused them AGAIN */
+    uint64_t src_rq_busy;     /* source: grants refused AGAIN for want of a receive slot */
+    uint64_t qps;             /* QPs the engine holds now (every device, peer and role) */
+    uint64_t qp_waits;        /* requester QP builds that waited under rdma_max_qps */
+    uint64_t qp_evictions;    /* idle requester QPs retired to make room under it */
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

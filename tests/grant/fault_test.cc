@@ -6,6 +6,9 @@
 #include <atomic>
 #include <vector>
 
+extern "C" {
+#include "base/fault.h"
+}
 #include "tests/grant/rig.h"
 #include "tests/util/test_base.h"
 
@@ -107,6 +110,37 @@ TEST_F(GrantFaultTest, AllocMwFailsGrantRefusedRequesterToldEverythingReleased) 
     EXPECT_EQ(s1.receipts, 1u);
     EXPECT_EQ(s1.mw_pool, 1u); /* the new window, invalidated, back in the pool */
     EXPECT_EQ(rig_.pins.load(), 0);
+    CloseMr();
+}
+
+// The source has no receive slot for the grant's receipt (qp.rq_admit refused): the grant
+// is refused OTE_ERR_AGAIN after the pin and before any window exists, the pin is given
+// back and no receive reservation stays on the QP; the next grant is served.
+TEST_F(GrantFaultTest, ReceiveAdmissionRefusedRollsBackBeforeAnyWindow) {
+    ASSERT_EQ(ote_fault_arm("qp.rq_admit", OTE_FAULT_NTH, 1, OTE_ERR_AGAIN, 0), OTE_OK);
+    EXPECT_EQ(ote_status_code(Run(OTE_GRANT_WRITE, B)), OTE_ERR_AGAIN);
+    EXPECT_EQ(ote_fault_failures("qp.rq_admit"), 1u);
+    ote_grant_stats_t s0, s1;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.rq_busy, 1u);
+    EXPECT_EQ(s1.refused, 1u);
+    EXPECT_EQ(s1.served, 0u);
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(s0.live_requester, 0u);
+    EXPECT_EQ(rig_.pins.load(), 0);
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), 0u);
+    ote_qp_t *sq = nullptr;
+    ASSERT_EQ(ote_endpoint_borrow_ready(rig_.ep1[1], 0, 0, &sq), OTE_OK);
+    EXPECT_EQ(ote_qp_rq_admitted(sq), 0u);
+    ote_endpoint_return(rig_.ep1[1], 0, sq);
+    ASSERT_EQ(ote_fault_disarm("qp.rq_admit"), OTE_OK);
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, B), OTE_OK);
+    EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), B), 0);
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the receipt";
+    ASSERT_EQ(ote_endpoint_borrow_ready(rig_.ep1[1], 0, 0, &sq), OTE_OK);
+    EXPECT_EQ(ote_qp_rq_admitted(sq), 0u); // the receipt's reservation given back
+    ote_endpoint_return(rig_.ep1[1], 0, sq);
     CloseMr();
 }
 

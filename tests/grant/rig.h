@@ -140,7 +140,10 @@ struct Rig {
         ote_qp_config_t qc;
         ote_qp_config_default(&qc);
         qc.max_send_wr = 32;
-        qc.recv_slots = 16;
+        /* A source grant is served only with a posted receive slot reserved for its
+         * receipt (ote_qp_rq_admit): more slots than any test has grants on one QP at
+         * once, so that a slot consumed and not yet reposted never refuses one. */
+        qc.recv_slots = 64;
         qc.recv_size = 64;
         qc.on_recv = OnRecv;
         qc.recv_arg = this;

@@ -129,6 +129,43 @@ TEST_F(QpTest, SendsLandInQpOwnedReceiveBuffersAndCreditsAreReturned) {
     EXPECT_EQ(rec_[1].Total(), 0u); // receive CQEs belong to the RQ, not to a record
 }
 
+// Receive admission: every admitted message to come has a posted slot of its own; past
+// the posted slots ote_qp_rq_admit answers AGAIN until a reservation is given back.
+TEST_F(QpTest, ReceiveAdmissionKeepsAPostedSlotForEveryAdmittedMessage) {
+    Inbox inbox;
+    ote_qp_config_t cb = Config(16, 2, 256);
+    cb.on_recv = &Inbox::Fn;
+    cb.recv_arg = &inbox;
+    ote_qp_t *a = MakeQp(0, Config(16));
+    ote_qp_t *b = MakeQp(1, cb);
+    EXPECT_EQ(ote_qp_rq_admit(b), OTE_ERR_AGAIN); // nothing posted before connect
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    EXPECT_EQ(ote_qp_rq_admit(b), OTE_OK);
+    EXPECT_EQ(ote_qp_rq_admit(b), OTE_OK);
+    EXPECT_EQ(ote_qp_rq_admit(b), OTE_ERR_AGAIN);
+    EXPECT_EQ(ote_qp_rq_admitted(b), 2u);
+    // One admitted message arrives (its slot is reposted): its reservation is still held
+    // until given back, so a third one is still refused.
+    memcpy(mem_[0].data(), "receipt", 7);
+    Wr w;
+    Rdma(&w, 0, 100, IBV_WR_SEND, 0, 7);
+    ote_qp_post_result_t res;
+    ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
+    Inbox::Want want{&inbox, 1};
+    ASSERT_EQ(ote_cq_lane_progress(lane_[1], &Inbox::Reached, &want, Soon()), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    EXPECT_EQ(ote_qp_recv_credits(b), 2u);
+    EXPECT_EQ(ote_qp_rq_admit(b), OTE_ERR_AGAIN);
+    ote_qp_rq_unadmit(b);
+    EXPECT_EQ(ote_qp_rq_admitted(b), 1u);
+    EXPECT_EQ(ote_qp_rq_admit(b), OTE_OK);
+    ote_qp_rq_unadmit(b);
+    ote_qp_rq_unadmit(b);
+    EXPECT_EQ(ote_qp_rq_admitted(b), 0u);
+    ote_qp_rq_unadmit(b); // never below zero
+    EXPECT_EQ(ote_qp_rq_admitted(b), 0u);
+}
+
 TEST_F(QpTest, AdmissionIsBoundedByMaxSendWrAndAllOrNothing) {
     ote_qp_t *a = MakeQp(0, Config(4));
     ote_qp_t *b = MakeQp(1, Config(4));

@@ -296,6 +296,10 @@ uint32_t ote_sim_retry_cap_ms(const ote_verbs_t *v) {
     return ((const sim_prov_t *)v->priv)->cfg.retry_cap_ms;
 }
 
+_Atomic uint64_t ote__sim_rnr_naks;
+
+uint64_t ote_sim_rnr_naks(void) { return atomic_load(&ote__sim_rnr_naks); }
+
 int ote_sim_device_count(const ote_verbs_t *v) {
     if (!ote_sim_is_sim(v)) return 0;
     return ((const sim_prov_t *)v->priv)->cfg.ndev;

@@ -142,6 +142,10 @@ uint32_t ote_sim_retry_cap_ms(const ote_verbs_t *v);
 /* Number of devices of the instance. */
 int ote_sim_device_count(const ote_verbs_t *v);
 
+/* RNR NAKs sent by every sim instance of the process (a SEND or WRITE_WITH_IMM that found
+ * no posted receive), since the process started. */
+uint64_t ote_sim_rnr_naks(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -39,6 +39,9 @@
 #include "verbs/sim/sim.h"
 #include "verbs/verbs.h"
 
+/* RNR NAKs sent (ote_sim_rnr_naks); sim.c. */
+extern _Atomic uint64_t ote__sim_rnr_naks;
+
 #define SIM_LOG "verbs.sim"
 
 #define sim_container_of(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))

@@ -62,6 +62,7 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
         case IBV_WR_SEND_WITH_INV: {
             sim_rwr_t *w = rq_front(qp);
             if (!w) {
+                atomic_fetch_add(&ote__sim_rnr_naks, 1);
                 ote__sim_send_ctl(p, c, SIM_MSG_NAK, h->psn, SIM_NAK_RNR, qp->attr.min_rnr_timer);
                 return;
             }
@@ -87,6 +88,7 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
             if (h->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
                 w = rq_front(qp);
                 if (!w) {
+                    atomic_fetch_add(&ote__sim_rnr_naks, 1);
                     ote__sim_send_ctl(p, c, SIM_MSG_NAK, h->psn, SIM_NAK_RNR,
                                       qp->attr.min_rnr_timer);
                     return;

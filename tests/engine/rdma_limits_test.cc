@@ -1,0 +1,324 @@
+// RDMA credits and aggregate limits (engine/rdma/rdma_credits.h), engine to engine in this
+// process over verbs/sim:
+// - grant credits: 64 concurrent requests over two peers with rdma_max_grants=2 queue and
+//   complete (WRITE, then READ back, bytes checked); never more than 2 grants reserved or
+//   live at once; the same load without the limit has more than 2 grants live at once;
+// - receive credits: a source with rdma_recv_slots=2 under many concurrent grants refuses
+//   what it has no receive slot for (AGAIN), the requester asks again, every request
+//   completes, and the sim sent no RNR NAK;
+// - rollback: a fault on the source's receive admission returns the grant (its pin and
+//   the requester's reservation), counters back to zero, and the next request works;
+// - rdma_max_qps=1 with two peers: both complete, the second peer's QP built after an
+//   idle one was retired.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/engine/engine_util.h"
+
+extern "C" {
+#include "base/fault.h"
+#include "base/time.h"
+#include "engine/rdma/test_hook.h"
+#include "ote/ote.h"
+#include "tests/engine/pattern.h"
+#include "verbs/sim/sim.h"
+}
+
+namespace {
+
+constexpr uint64_t kSec = 1000000000ull;
+
+std::string Addr(ote_engine_t *e) {
+    char addr[300];
+    EXPECT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);
+    return addr;
+}
+
+ote__rdma_test_grants_t Grants(ote_engine_t *e) {
+    ote__rdma_test_grants_t g;
+    memset(&g, 0, sizeof(g));
+    EXPECT_EQ(ote__rdma_test_grants(Addr(e).c_str(), &g), OTE_OK);
+    return g;
+}
+
+ote_test::ConfigKv Rdma(std::initializer_list<std::pair<const char *, const char *>> extra = {}) {
+    ote_test::ConfigKv kv = {
+        {"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "120000"}};
+    for (const auto &x : extra) kv.push_back(x);
+    return kv;
+}
+
+// One requester, nsrc sources, n requests of len bytes (request j to source j % nsrc):
+// WRITE all in one batch, then READ all back, each request checked COMPLETED with its
+// bytes, and the memory compared.
+class Rig {
+  public:
+    Rig(const ote_test::ConfigKv &req_cfg, const ote_test::ConfigKv &src_cfg, int nsrc, size_t n,
+        uint64_t len)
+        : nsrc_(nsrc), n_(n), len_(len) {
+        for (int i = 0; i < nsrc_; i++) src_.push_back(ote_test::NewEngine(src_cfg));
+        req_ = ote_test::NewEngine(req_cfg);
+        per_src_ = (n_ + nsrc_ - 1) / nsrc_ * len_;
+        for (int i = 0; i < nsrc_; i++) smem_.emplace_back(per_src_, 0);
+        out_.resize(n_ * len_);
+        back_.assign(n_ * len_, 0);
+        ote_pattern_fill(out_.data(), out_.size(), 77, 0);
+    }
+    void Open() {
+        ASSERT_NE(req_, nullptr);
+        for (int i = 0; i < nsrc_; i++) {
+            ASSERT_NE(src_[i], nullptr);
+            ASSERT_EQ(ote_memory_register(src_[i], smem_[i].data(), per_src_,
+                                          OTE_PERM_READ | OTE_PERM_WRITE),
+                      OTE_OK);
+            ote_segment_t *s = nullptr;
+            ASSERT_EQ(ote_segment_open(req_, Addr(src_[i]).c_str(), &s), OTE_OK);
+            seg_.push_back(s);
+        }
+        ASSERT_EQ(ote_memory_register(req_, out_.data(), out_.size(), OTE_PERM_READ), OTE_OK);
+        ASSERT_EQ(ote_memory_register(req_, back_.data(), back_.size(), OTE_PERM_WRITE), OTE_OK);
+    }
+    uint8_t *Remote(size_t j) { return smem_[j % nsrc_].data() + j / nsrc_ * len_; }
+    // Requests [first, first + count) of op in one batch; each must end with `want`.
+    void Run(ote_opcode_t op, size_t first, size_t count, ote_status_t want = OTE_OK) {
+        std::vector<ote_request_t> r(count);
+        for (size_t i = 0; i < count; i++) {
+            size_t j = first + i;
+            uint8_t *local = (op == OTE_WRITE ? out_.data() : back_.data()) + j * len_;
+            r[i] = {op, local, seg_[j % nsrc_], (uint64_t)(uintptr_t)Remote(j), len_};
+        }
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(req_, count, &b), OTE_OK);
+        ASSERT_EQ(ote_batch_submit(b, r.data(), count), OTE_OK);
+        ote_status_t ws = ote_batch_wait(b, ote_deadline_after(180 * kSec));
+        if (want == OTE_OK) {
+            EXPECT_EQ(ws, OTE_OK);
+        }
+        for (size_t i = 0; i < count; i++) {
+            ote_transfer_status_t ts;
+            ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+            if (want == OTE_OK) {
+                EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED)
+                    << i << ": " << ote_status_str(ts.error);
+                EXPECT_EQ(ts.bytes_done, len_) << i;
+            } else {
+                EXPECT_EQ(ts.state, ote_status_code(want) == OTE_ERR_TIMEOUT ? OTE_TRANSFER_TIMEOUT
+                                                                             : OTE_TRANSFER_FAILED)
+                    << i;
+                EXPECT_EQ(ote_status_code(ts.error), ote_status_code(want))
+                    << i << ": " << ote_status_str(ts.error);
+            }
+        }
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    void RunAll() {
+        Run(OTE_WRITE, 0, n_);
+        Run(OTE_READ, 0, n_);
+        Check(0, n_);
+    }
+    void Check(size_t first, size_t count) {
+        for (size_t j = first; j < first + count; j++) {
+            ASSERT_EQ(memcmp(Remote(j), out_.data() + j * len_, len_), 0) << "WRITE " << j;
+            ASSERT_EQ(memcmp(back_.data() + j * len_, out_.data() + j * len_, len_), 0)
+                << "READ " << j;
+        }
+    }
+    ~Rig() {
+        for (ote_segment_t *s : seg_) EXPECT_EQ(ote_segment_close(s), OTE_OK);
+        if (req_ != nullptr) {
+            EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+        }
+        for (ote_engine_t *e : src_) {
+            if (e != nullptr) {
+                EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+            }
+        }
+    }
+    ote_engine_t *req_ = nullptr;
+    std::vector<ote_engine_t *> src_;
+    int nsrc_;
+    size_t n_;
+    uint64_t len_;
+    uint64_t per_src_ = 0;
+    std::vector<std::vector<uint8_t>> smem_;
+    std::vector<ote_segment_t *> seg_;
+    std::vector<uint8_t> out_, back_;
+};
+
+// Every grant and reservation of the requester given back, no source grant left.
+void ExpectDrained(const Rig &rig) {
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_EQ(g.grants_live, 0u);
+    EXPECT_EQ(g.grants_reserved, 0u);
+    EXPECT_EQ(g.parents, 0u);
+    EXPECT_EQ(g.live_requester, 0u);
+    EXPECT_EQ(g.inflight_now, 0u);
+    for (ote_engine_t *s : rig.src_) {
+        // A source grant ends with its receipt, whose receive completion the source may
+        // handle just after the requester saw its SEND complete: waited for (generously).
+        ote_deadline_t dl = ote_deadline_after(60 * kSec);
+        while (Grants(s).live_source != 0 && !ote_deadline_expired(dl))
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        EXPECT_EQ(Grants(s).live_source, 0u);
+    }
+}
+
+constexpr size_t kN = 64;
+constexpr uint64_t kLen = 256ull << 10; // one grant per request
+
+// Without a grant limit the same load has more than two grants live at once: the limit
+// below is what keeps it at two.
+TEST(RdmaLimitsTest, WithoutGrantLimitMoreThanTwoGrantsLive) {
+    Rig rig(Rdma(), Rdma(), 2, kN, kLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_GT(g.grants_peak, 2u) << "64 concurrent requests never had 3 grants live";
+    EXPECT_EQ(g.grant_waits, 0u);
+    EXPECT_EQ(g.reserved_peak, 0u) << "no pool without rdma_max_grants";
+    ExpectDrained(rig);
+}
+
+TEST(RdmaLimitsTest, SixtyFourRequestsQueueForTwoGrantCredits) {
+    Rig rig(Rdma({{"rdma_max_grants", "2"}}), Rdma(), 2, kN, kLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_LE(g.grants_peak, 2u) << "more grants live than credits";
+    EXPECT_LE(g.reserved_peak, 2u) << "more credits reserved than the pool";
+    EXPECT_GE(g.reserved_peak, 1u);
+    EXPECT_GT(g.grant_waits, 0u) << "64 requests never waited for 2 credits";
+    ExpectDrained(rig);
+}
+
+// A request larger than one grant reserves its whole budget (capped by the pool) before
+// its first grant: with 4 credits, 8 requests of 4 grants each, never more than 4 live.
+TEST(RdmaLimitsTest, MultiGrantRequestsReserveTheirBudget) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}), Rdma(), 2, 8, 4ull << 20);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_LE(g.grants_peak, 4u);
+    EXPECT_EQ(g.reserved_peak, 4u) << "a request of 4 grants reserves 4 credits at once";
+    ExpectDrained(rig);
+}
+
+// Two receive slots per QP at the source (one lane: one QP per peer and capability):
+// grants past them are refused AGAIN before anything is bound and asked again; all
+// complete and no receipt ever met an empty receive queue.
+TEST(RdmaLimitsTest, FewReceiveSlotsManyGrantsNoRnr) {
+    uint64_t rnr0 = ote_sim_rnr_naks();
+    {
+        auto cfg = Rdma({{"rdma_recv_slots", "2"}, {"rdma_lanes", "1"}});
+        Rig rig(cfg, cfg, 1, kN, kLen);
+        rig.Open();
+        rig.RunAll();
+        ote__rdma_test_grants_t g = Grants(rig.req_);
+        ote__rdma_test_grants_t sg = Grants(rig.src_[0]);
+        EXPECT_GT(sg.src_rq_busy, 0u) << "64 concurrent grants never met 2 receive slots full";
+        EXPECT_GT(g.busy_retries, 0u);
+        ExpectDrained(rig);
+    }
+    EXPECT_EQ(ote_sim_rnr_naks(), rnr0) << "a receipt met an empty receive queue";
+}
+
+// The source's receive admission fails: the grant is refused before any window exists,
+// its pin and the requester's reservation are given back. AGAIN: asked again, completes;
+// any other failure: the request fails, and the next one works.
+TEST(RdmaLimitsTest, ReceiveAdmissionFaultRollsBack) {
+    Rig rig(Rdma({{"rdma_max_grants", "2"}}), Rdma(), 1, 4, kLen);
+    rig.Open();
+    ASSERT_EQ(ote_fault_arm("qp.rq_admit", OTE_FAULT_NTH, 1, OTE_ERR_AGAIN, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 0, 1);
+    EXPECT_EQ(ote_fault_failures("qp.rq_admit"), 1u);
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_GE(g.busy_retries, 1u);
+    EXPECT_GE(Grants(rig.src_[0]).src_rq_busy, 1u);
+    ExpectDrained(rig);
+
+    ASSERT_EQ(ote_fault_arm("qp.rq_admit", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 1, 1, OTE_ERR_REMOTE_ACCESS);
+    EXPECT_GE(ote_fault_failures("qp.rq_admit"), 1u);
+    ASSERT_EQ(ote_fault_disarm("qp.rq_admit"), OTE_OK);
+    ExpectDrained(rig);
+
+    rig.Run(OTE_WRITE, 1, 3);
+    rig.Run(OTE_READ, 0, 4);
+    rig.Check(0, 4);
+    ExpectDrained(rig);
+}
+
+// One QP for the whole engine and two peers: the second peer's build waits for the first
+// peer's QP to go idle, which is retired for it; both peers' requests complete.
+TEST(RdmaLimitsTest, OneQpTwoPeersBothComplete) {
+    Rig rig(Rdma({{"rdma_max_qps", "1"}, {"rdma_lanes", "1"}}), Rdma({{"rdma_lanes", "1"}}), 2, 16,
+            kLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_LE(g.qps, 1u);
+    EXPECT_GE(g.qp_evictions, 1u) << "two peers shared one QP without a retirement";
+    ExpectDrained(rig);
+}
+
+// A QP the limit cannot take back: the requester is also a source, and its one QP (a
+// source QP, never retired for a build) is in use by another requester. Its own request
+// waits for a QP and fails at its deadline with OTE_ERR_TIMEOUT (never hangs); once the
+// other requester is gone (its source QP destroyed) the next request works.
+TEST(RdmaLimitsTest, OneQpHeldElsewhereFailsAtTheDeadlineThenWorks) {
+    Rig rig(Rdma({{"rdma_max_qps", "1"}, {"rdma_lanes", "1"}, {"transfer_timeout_ms", "2000"}}),
+            Rdma({{"rdma_lanes", "1"}}), 1, 2, kLen);
+    rig.Open();
+    // Another engine reads from the requester: the requester builds a source QP for it.
+    ote_engine_t *x = ote_test::NewEngine(Rdma({{"rdma_lanes", "1"}}));
+    ASSERT_NE(x, nullptr);
+    std::vector<uint8_t> xbuf(kLen, 0);
+    ASSERT_EQ(ote_memory_register(x, xbuf.data(), kLen, OTE_PERM_WRITE), OTE_OK);
+    ote_segment_t *xs = nullptr;
+    ASSERT_EQ(ote_segment_open(x, Addr(rig.req_).c_str(), &xs), OTE_OK);
+    ote_request_t xr = {OTE_READ, xbuf.data(), xs, (uint64_t)(uintptr_t)rig.out_.data(), kLen};
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(x, 1, &b), OTE_OK);
+    ASSERT_EQ(ote_batch_submit(b, &xr, 1), OTE_OK);
+    ASSERT_EQ(ote_batch_wait(b, ote_deadline_after(120 * kSec)), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(memcmp(xbuf.data(), rig.out_.data(), kLen), 0);
+    EXPECT_GE(Grants(rig.req_).qps, 1u); // source QPs: x's, one per device it used
+
+    rig.Run(OTE_WRITE, 0, 1, OTE_ERR_TIMEOUT);
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_GT(g.qp_waits, 0u);
+    EXPECT_GE(g.qps, 1u);
+    EXPECT_EQ(g.qp_builds, 0u) << "a requester QP was built past rdma_max_qps";
+    ExpectDrained(rig);
+
+    EXPECT_EQ(ote_segment_close(xs), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(x), OTE_OK);
+    // The requester's source endpoints for x are evicted and their QP destroyed.
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (Grants(rig.req_).qps != 0 && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(Grants(rig.req_).qps, 0u);
+    rig.Run(OTE_WRITE, 0, 2);
+    rig.Run(OTE_READ, 0, 2);
+    rig.Check(0, 2);
+    ExpectDrained(rig);
+}
+
+TEST(RdmaLimitsTest, RefusesMalformedKeys) {
+    ote_config_t *cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_grants", "many"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_grants", "2"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_recv_slots", "0"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_recv_slots", "2"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "-1"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "1"), OTE_OK);
+    ote_config_destroy(cfg);
+}
+
+} // namespace
