@@ -43,6 +43,16 @@
  * address), or that names a QP the source does not have, is refused with OTE_ERR_STATE
  * in the frame header: a cache miss (engine/rdma/rdma_internal.h, OTE__RDMA_CACHE_MISS).
  * An engine sends the epoch forms only to a peer whose INFO carried an epoch.
+ *
+ * Source-side staging (engine/rdma/rdma_stage.c): GRANT_REQ may carry, after the epoch
+ * (nonzero), flags u32: 76 bytes. OTE_RP_GF_STAGE says that the requester takes a staged
+ * answer; no other bit may be set. A requester sends it only to a source whose
+ * advertisement has rdma_stage=1 (an older source would refuse the size as a protocol
+ * error), and only with an epoch. GRANT_RESP may then come in its staged form: rkey u32,
+ * flags u32 (exactly OTE_RP_RESP_STAGED), base u64 (nonzero): the window covers a bounce
+ * buffer at [base, +len) that holds the bytes of the grant's range, and the requester's
+ * RDMA READs address it from base. Only a READ grant is ever answered staged; a staged
+ * answer to a grant that did not ask for it, or to a WRITE grant, is a protocol error.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -67,6 +77,11 @@ enum {
 
 #define OTE_RP_MAX_DEVS 8
 
+/* GRANT_REQ flags: the requester takes a staged GRANT_RESP (source-side staging). */
+#define OTE_RP_GF_STAGE 1u
+/* GRANT_RESP flags (staged form): the window covers a bounce buffer at base. */
+#define OTE_RP_RESP_STAGED 1u
+
 typedef struct {
     uint16_t type;
     union {
@@ -89,12 +104,15 @@ typedef struct {
             uint64_t req_addr, req_len; /* the request's extent, checked as a whole */
             uint64_t req_uid;
             uint64_t epoch; /* the source's epoch as the requester knows it; 0: not sent */
+            uint32_t flags; /* OTE_RP_GF_*; 0: not sent (sent only with an epoch) */
         } grant;
         struct {
             uint64_t req_uid, req_len, bytes;
         } wo;
         struct {
             uint32_t rkey;
+            uint32_t flags; /* 0 (short form) or OTE_RP_RESP_STAGED */
+            uint64_t base;  /* staged: the window's (bounce buffer's) address */
         } resp;
         struct {
             uint32_t pair;
@@ -105,7 +123,7 @@ typedef struct {
     } u;
 } ote_rp_msg_t;
 
-#define OTE_RP_MAX_BODY 72u /* the longest form: INFO or GRANT_REQ with the epoch */
+#define OTE_RP_MAX_BODY 76u /* the longest form: GRANT_REQ with the epoch and flags */
 
 /* Encode into buf (>= OTE_RP_MAX_BODY bytes); returns the body length. */
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf);

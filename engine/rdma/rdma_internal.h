@@ -40,6 +40,27 @@
  * sends RELEASE once none of its WRs is in flight, to a source that advertised
  * rdma_release=1, which ends that source grant at once instead of at its deadline.
  *
+ * Source-side staging (rdma_stage.c; README "GPU memory"): a registration of device
+ * memory has no MR (GPUDirect RDMA is another path), so a READ of it is served through a
+ * bounce buffer when the source's gpu_paths has staging and the requester takes staged
+ * answers. A source advertises rdma_stage=1; a requester that saw it sets
+ * OTE_RP_GF_STAGE in its GRANT_REQs (proto.h). The source's account marks the request
+ * staged (rdma_accounts.c); each of its grants takes a host bounce buffer of exactly the
+ * grant's length (host->stage_get: a pinned chunk when it fits one, else heap; so a
+ * staged grant is never larger than its bounce, and at most rdma_grant_max, the largest
+ * grant a requester asks), copies the range device-to-host into it synchronously on the
+ * server thread (host->stage_copy, until the grant's deadline), registers a temporary
+ * MW-bindable MR over it in the grant's device and serves the grant with the window
+ * bound over exactly the bounce bytes; GRANT_RESP in its staged form carries the bounce
+ * address, and the requester's grant addresses its READs from there
+ * (ote_grant_on_answer_at). The grant's end (receipt, deadline, RELEASE, the requester's
+ * loss), after its window is invalidated or deallocated, deregisters the MR and returns
+ * the bounce buffer; an MR that does not deregister keeps its bounce buffer for good
+ * (retained, counted), never reused. A failed copy refuses the grant (OTE_ERR_REMOTE to
+ * the requester, the driver's status in the source's log; a copy of unknown outcome is
+ * retained by engine/gpu). A WRITE into device memory over RDMA, a requester without
+ * OTE_RP_GF_STAGE and a gpu_paths without staging are refused, naming what is missing.
+ *
  * Data path: every allowed device with an active port at creation is a data device
  * (rdma_nic_t: context, lanes, endpoint store, grant manager); both sides advertise their
  * devices in INFO, the requester's device i pairs with the peer's device i % ndev, and
@@ -61,6 +82,7 @@
  *                     (checked against the engine's registrations, served by a window),
  *                     the grant layer's source callbacks
  *   rdma_accounts.c   the source's account of each request: one check, one pin
+ *   rdma_stage.c      the source's bounce buffers for READs of device memory (staging)
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake (the peer's epoch: a restarted peer fails the segment),
  *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
@@ -190,6 +212,7 @@ typedef struct conn {
     size_t ilen, iconsumed;
     uint16_t version; /* negotiated in the handshake; 0 before it */
     int release_ok;   /* requester side: the source advertised rdma_release=1 (RELEASE) */
+    int stage_ok;     /* requester side: the source advertised rdma_stage=1 (staged READs) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -445,6 +468,24 @@ void ote__rdma_acct_write_off(conn_t *c, const ote_rp_msg_t *rq);
 /* c's control connection ended (NULL: teardown, no grant left): nothing more will come;
  * accounts end now or with their last grant. */
 void ote__rdma_acct_end_conn(rdma_tp_t *tp, const conn_t *c);
+/* The engine's pin of the request's registration when the request is served by
+ * staging (device memory), else NULL. */
+void *ote__rdma_acct_staged(const acct_t *a);
+
+/* ---- rdma_stage.c: bounce buffers of staged READs at the source -------------------- */
+
+typedef struct rdma_stage rdma_stage_t;
+/* Server thread: a bounce buffer for the READ grant [addr, +len) of the staged request
+ * whose registration pin is reg_pin, holding the range's bytes (copied from the device
+ * until dl) and with a MW-bindable MR in nic's context. OTE_OK with *st_out, else the
+ * refusal (nothing held). */
+ote_status_t ote__rdma_stage_read(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, uint64_t addr,
+                                  uint64_t len, ote_deadline_t dl, rdma_stage_t **st_out);
+struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st);
+uint64_t ote__rdma_stage_base(const rdma_stage_t *st);
+/* The grant over it ended (its window is dead): deregister the MR and give the bounce
+ * buffer back (retained when the MR does not deregister). Any thread, no lock held. */
+void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st);
 
 /* ---- rdma_peer.c: the requester's control connection ------------------------------ */
 

@@ -72,11 +72,27 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
         ote_mutex_lock(&p->mu);
         gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
         ote_mutex_unlock(&p->mu);
+        /* A staged answer (its window over a bounce buffer at base) is taken only for a
+         * READ grant asked with OTE_RP_GF_STAGE: any other is the peer's protocol error,
+         * the grant fails and the connection closes. */
+        int staged = rp.u.resp.flags != 0;
+        if (staged && (!c->stage_ok || c->epoch == 0 || (mine != NULL && mine->cap != 0))) {
+            OTE_WARN("rdma",
+                     "control to %s: staged GRANT_RESP for grant %llx that did not ask "
+                     "for one: closing",
+                     p->name, (unsigned long long)m->req_id);
+            uint32_t nk = (uint32_t)(m->req_id >> 32);
+            if (mine != NULL && nk < tp->nnics)
+                (void)ote_grant_on_answer(tp->nics[nk].gm, m->req_id & 0xffffffffu,
+                                          OTE_ERR_PROTOCOL, 0);
+            ote_free(mine);
+            return -1;
+        }
         /* The wire id names the device whose grant manager owns the grant. */
         uint32_t nic = (uint32_t)(m->req_id >> 32);
         if (mine != NULL && nic < tp->nnics &&
-            ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey) ==
-                OTE_ERR_NOT_FOUND &&
+            ote_grant_on_answer_at(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey,
+                                   staged, rp.u.resp.base) == OTE_ERR_NOT_FOUND &&
             st == OTE_OK) {
             /* Its grant ended before this answer (deadline, port down) and posted nothing
              * under the window: the source may drop it now. */
@@ -232,15 +248,14 @@ static ote_status_t connect_socket(ote__tpeer_t *p, ote_deadline_t dl, int *fd_o
 /* A source that takes RELEASE says so in its advertisement (HELLO_ACK info:
  * rdma_release=1); an older one would close the connection on the unknown message, so
  * it is sent none (its grants of failed requesters end at its own deadline, as before). */
-static int takes_release(const ote_ctl_msg_t *ack) {
+static int advertises(const ote_ctl_msg_t *ack, const char *key) {
     size_t il = ack->u.hello_ack.info_len;
     char *info = ote_malloc(il + 1);
     if (info == NULL) return 0;
     memcpy(info, ack->u.hello_ack.info, il);
     info[il] = '\0';
     char rel[8] = "";
-    int yes =
-        ote_ctl_info_get(info, "rdma_release", rel, sizeof(rel)) == OTE_OK && strcmp(rel, "1") == 0;
+    int yes = ote_ctl_info_get(info, key, rel, sizeof(rel)) == OTE_OK && strcmp(rel, "1") == 0;
     ote_free(info);
     return yes;
 }
@@ -303,7 +318,10 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         return st;
     }
     c->version = ver;
-    c->release_ok = takes_release(&a);
+    c->release_ok = advertises(&a, "rdma_release");
+    /* Staged READs of its device memory (rdma_stage=1): GRANT_REQs ask with
+     * OTE_RP_GF_STAGE, and a staged GRANT_RESP is accepted from it only then. */
+    c->stage_ok = advertises(&a, "rdma_stage");
     ote_mutex_lock(&p->mu);
     p->c = c;
     ote_mutex_unlock(&p->mu);

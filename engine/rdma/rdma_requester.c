@@ -149,6 +149,9 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.req_uid = ga->s->req_uid;
     rq.u.grant.pair = ga->pair;
     rq.u.grant.epoch = p->c->epoch; /* 0 for a peer without epochs: not sent */
+    /* A source that serves READs of its device memory staged (rdma_stage=1): say that we
+     * take a staged answer (sent only with an epoch, proto.h). */
+    if (p->c->stage_ok && p->c->epoch != 0) rq.u.grant.flags = OTE_RP_GF_STAGE;
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
     ote_endpoint_t *ep = p->ep[ga->nic][op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
