@@ -46,10 +46,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case OTE_RP_GRANT_RESP:
             /* The staged form: exactly the known flag and a nonzero base. */
             check((m.u.resp.flags != 0) == (size == 20));
-            check(m.u.resp.flags == 0 || (m.u.resp.flags == OTE_RP_RESP_STAGED && m.u.resp.base));
+            check(m.u.resp.flags == 0 || m.u.resp.flags == OTE_RP_RESP_STAGED ||
+                  m.u.resp.flags == (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT));
+            check(m.u.resp.flags == 0 || m.u.resp.base != 0);
             check(m.u.resp.flags != 0 || m.u.resp.base == 0);
             break;
         case OTE_RP_EP_RESET: check(pair_ok(m.u.reset.pair)); break;
+        case OTE_RP_COMMIT: check(size == 8); break;
         default: break;
     }
     uint8_t buf[OTE_RP_MAX_BODY];

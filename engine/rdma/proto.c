@@ -31,6 +31,7 @@ static size_t body_size(uint16_t type) {
         case OTE_RP_GRANT_RESP: return 4 + 4;
         case OTE_RP_EP_RESET: return 4 + 4;
         case OTE_RP_RELEASE: return 4 + 20;
+        case OTE_RP_COMMIT: return 4 + 4;
         default: return 0;
     }
 }
@@ -131,6 +132,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put32(b + 12, m->u.rel.src_qpn);
             ote_le_put32(b + 16, m->u.rel.rkey);
             break;
+        case OTE_RP_COMMIT: ote_le_put32(b, m->u.commit.rkey); break;
         default: return 0;
     }
     return n;
@@ -222,7 +224,9 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             if (staged) {
                 m.u.resp.flags = ote_le_get32(b + 4);
                 m.u.resp.base = ote_le_get64(b + 8);
-                if (m.u.resp.flags != OTE_RP_RESP_STAGED || m.u.resp.base == 0)
+                if ((m.u.resp.flags != OTE_RP_RESP_STAGED &&
+                     m.u.resp.flags != (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT)) ||
+                    m.u.resp.base == 0)
                     return OTE_ERR_PROTOCOL;
             }
             break;
@@ -245,6 +249,7 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
                 m.u.rel.src_qpn > 0xffffff)
                 return OTE_ERR_PROTOCOL;
             break;
+        case OTE_RP_COMMIT: m.u.commit.rkey = ote_le_get32(b); break;
         default: return OTE_ERR_PROTOCOL;
     }
     *out = m;

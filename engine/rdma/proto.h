@@ -49,10 +49,17 @@
  * answer; no other bit may be set. A requester sends it only to a source whose
  * advertisement has rdma_stage=1 (an older source would refuse the size as a protocol
  * error), and only with an epoch. GRANT_RESP may then come in its staged form: rkey u32,
- * flags u32 (exactly OTE_RP_RESP_STAGED), base u64 (nonzero): the window covers a bounce
- * buffer at [base, +len) that holds the bytes of the grant's range, and the requester's
- * RDMA READs address it from base. Only a READ grant is ever answered staged; a staged
- * answer to a grant that did not ask for it, or to a WRITE grant, is a protocol error.
+ * flags u32 (OTE_RP_RESP_STAGED, with OTE_RP_RESP_COMMIT for a WRITE grant and only
+ * then), base u64 (nonzero): the window covers a bounce buffer at [base, +len), and the
+ * requester's RDMA READs / WRITEs address it from base. A staged answer to a grant that
+ * did not ask for it, or whose COMMIT flag does not match the grant's op, is a protocol
+ * error.
+ *   COMMIT            rkey u32; source -> requester, req_id = the staged WRITE grant's
+ *                     id, status in the frame header: after the grant's receipt the
+ *                     bounce was copied to the device (OK) or not (the failure). Sent once
+ *                     per staged WRITE grant that was answered OK, only to a requester
+ *                     that asked with OTE_RP_GF_STAGE. One naming no staged WRITE grant
+ *                     of the requester that waits for it, or another rkey, is ignored.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -73,14 +80,17 @@ enum {
     OTE_RP_WRITE_OFF = 7,
     OTE_RP_EP_RESET = 8,
     OTE_RP_RELEASE = 9,
+    OTE_RP_COMMIT = 10,
 };
 
 #define OTE_RP_MAX_DEVS 8
 
 /* GRANT_REQ flags: the requester takes a staged GRANT_RESP (source-side staging). */
 #define OTE_RP_GF_STAGE 1u
-/* GRANT_RESP flags (staged form): the window covers a bounce buffer at base. */
+/* GRANT_RESP flags (staged form): the window covers a bounce buffer at base; COMMIT (a
+ * WRITE grant only): the requester's request completes only on the grant's COMMIT. */
 #define OTE_RP_RESP_STAGED 1u
+#define OTE_RP_RESP_COMMIT 2u
 
 typedef struct {
     uint16_t type;
@@ -120,6 +130,9 @@ typedef struct {
         struct {
             uint32_t pair, cap, slot, src_qpn, rkey;
         } rel;
+        struct {
+            uint32_t rkey; /* the staged WRITE grant's window, as its answer named it */
+        } commit;
     } u;
 } ote_rp_msg_t;
 

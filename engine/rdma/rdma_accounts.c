@@ -130,17 +130,12 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
         int staged = 0;
         if (pst == OTE_OK && tp->host.pin_kind != NULL &&
             OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
-            /* Device memory has no MR here (GPUDirect RDMA is not built): a READ is served
+            /* Device memory has no MR here (GPUDirect RDMA is not built): it is served
              * through bounce buffers when the requester takes staged answers (whether
              * gpu_paths allows staging is asked by each grant's stage_get, which names
-             * what is missing); anything else is refused, naming why. */
+             * what is missing); else refused, naming why. */
             const char *why = NULL;
-            if (a->op == OTE_GRANT_WRITE)
-                why =
-                    "a WRITE into device memory over rdma needs GPUDirect RDMA, which is not "
-                    "built (source-side staging serves READs only; reach it over tcp or shm, "
-                    "which stage it)";
-            else if ((rq->u.grant.flags & OTE_RP_GF_STAGE) == 0)
+            if ((rq->u.grant.flags & OTE_RP_GF_STAGE) == 0)
                 why =
                     "device memory over rdma needs GPUDirect RDMA, which is not built, or "
                     "source-side staging, which the requester does not take (an older "

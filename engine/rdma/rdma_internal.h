@@ -82,7 +82,8 @@
  *                     (checked against the engine's registrations, served by a window),
  *                     the grant layer's source callbacks
  *   rdma_accounts.c   the source's account of each request: one check, one pin
- *   rdma_stage.c      the source's bounce buffers for READs of device memory (staging)
+ *   rdma_stage.c      the source's bounce buffers for device memory (staging), COMMIT
+ *   rdma_commit.c     the requester's waits for COMMIT of staged WRITEs
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake (the peer's epoch: a restarted peer fails the segment),
  *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
@@ -252,7 +253,25 @@ typedef struct grant_id_ent {
     /* What a RELEASE of a late answer names: the pair, the capability (0 READ, 1 WRITE),
      * the slot and the source's QP on it. */
     uint32_t pair, cap, slot, src_qpn;
+    ote__slice_t *s; /* the run (its first slice): a staged WRITE's COMMIT wait names it */
 } gid_ent_t;
+
+/* Requester: a staged WRITE grant answered OK (GRANT_RESP with OTE_RP_RESP_COMMIT): its
+ * run ends only with the source's COMMIT (rdma_commit.c). Linked in p->commits under
+ * p->mu by the reader before the answer goes to the grant layer; taken by whoever ends
+ * the run: the grant's end (a failure, or a COMMIT already here), the COMMIT (a run
+ * parked by its grant's OK end), the loss of the connection, or the monitor at the
+ * run's deadline. */
+typedef struct commit_wait {
+    struct commit_wait *next;
+    uint64_t id;   /* the grant's wire id */
+    uint32_t rkey; /* the window its answer named */
+    ote__slice_t *s;
+    ote_deadline_t deadline;
+    int parked; /* its grant ended OK: the run waits here for the COMMIT */
+    int got;    /* the COMMIT came (or the connection was lost): st */
+    ote_status_t st;
+} cwait_t;
 
 /* A requester grant's id on the wire names the device whose grant manager owns it. */
 #define OTE__RDMA_GRANT_WIRE(nic, id) (((uint64_t)(nic) << 32) | (uint64_t)(id))
@@ -275,6 +294,7 @@ struct ote__tpeer {
     call_t *calls;
     note_t *notes;
     gid_ent_t *grants; /* grant ids waiting for an answer */
+    cwait_t *commits;  /* staged WRITE runs waiting for their COMMIT (rdma_commit.c) */
     uint64_t next_call, next_note;
     /* requester endpoints per local data device and capability (READ, WRITE): device i
      * pairs with the peer's device i % c->ndev */
@@ -372,6 +392,7 @@ struct ote__rdma_tp {
     size_t nsconns;
     ote__tpeer_t *peers;            /* open requester peers (notification deadlines) */
     acct_t *accts;                  /* source: accounts of requests (rdma_accounts.c), under mu */
+    struct rdma_stage *stages;      /* source: staged WRITEs answered OK (rdma_stage.c), under mu */
     uint64_t epoch;                 /* host->epoch, sent in INFO / INFO_ACK (read-only) */
     struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
@@ -472,19 +493,31 @@ void ote__rdma_acct_end_conn(rdma_tp_t *tp, const conn_t *c);
  * staging (device memory), else NULL. */
 void *ote__rdma_acct_staged(const acct_t *a);
 
-/* ---- rdma_stage.c: bounce buffers of staged READs at the source -------------------- */
+/* ---- rdma_stage.c: bounce buffers of staged grants at the source ------------------- */
 
 typedef struct rdma_stage rdma_stage_t;
-/* Server thread: a bounce buffer for the READ grant [addr, +len) of the staged request
- * whose registration pin is reg_pin, holding the range's bytes (copied from the device
- * until dl) and with a MW-bindable MR in nic's context. OTE_OK with *st_out, else the
- * refusal (nothing held). */
-ote_status_t ote__rdma_stage_read(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, uint64_t addr,
-                                  uint64_t len, ote_deadline_t dl, rdma_stage_t **st_out);
+/* Server thread: a bounce buffer for the grant [addr, +len) (write: a WRITE grant) of
+ * the staged request whose registration pin is reg_pin, holding the range's bytes
+ * (copied from the device until dl) and with a MW-bindable MR in nic's context. OTE_OK
+ * with *st_out, else the refusal (nothing held). */
+ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
+                                  uint64_t addr, uint64_t len, ote_deadline_t dl,
+                                  rdma_stage_t **st_out);
 struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st);
 uint64_t ote__rdma_stage_base(const rdma_stage_t *st);
-/* The grant over it ended (its window is dead): deregister the MR and give the bounce
- * buffer back (retained when the MR does not deregister). Any thread, no lock held. */
+/* A WRITE's COMMIT goes on c (a reference taken) with req_id (the grant's wire id); its
+ * window is on our QP qpn. The answer then holds a reference: ote__rdma_stage_answered
+ * (the grant's answer ans with the window's rkey) drops it. No-ops for a READ. */
+void ote__rdma_stage_commit_to(rdma_stage_t *st, conn_t *c, uint64_t req_id, uint32_t qpn);
+void ote__rdma_stage_answered(rdma_tp_t *tp, rdma_stage_t *st, ote_status_t ans, uint32_t rkey);
+/* A receive on our QP qpn of device nic (before the grant layer takes it as a receipt):
+ * a successful one that invalidates a staged WRITE's window marks its bytes landed. */
+void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
+                             const struct ibv_wc *wc);
+/* The grant over it ended (its window is dead): a WRITE answered OK copies the bounce to
+ * the device if its receipt came and sends its COMMIT; then the MR is deregistered and
+ * the bounce buffer given back (retained when the MR does not deregister). Any thread,
+ * no lock held. */
 void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st);
 
 /* ---- rdma_peer.c: the requester's control connection ------------------------------ */
@@ -498,6 +531,27 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
 /* Monitor: evict the endpoints of requester peers whose control connection is dead and
  * that have nothing queued or pumping (a reconnect gets fresh ones). */
 void ote__rdma_peers_evict_dead(rdma_tp_t *tp);
+
+/* ---- rdma_commit.c: the requester's waits for COMMIT (staged WRITEs) ---------------- */
+
+/* Reader, before a staged WRITE's OK answer goes to the grant layer: its run (s) ends
+ * only with the COMMIT of grant id naming rkey. OTE_ERR_NOMEM: nothing linked. */
+ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey, ote__slice_t *s);
+/* Reader: the grant layer did not take that answer (its grant had ended): unlink it. */
+void ote__rdma_commit_drop(ote__tpeer_t *p, uint64_t id);
+/* The grant of run s ended with *st: 1 when the run now waits for its COMMIT (parked;
+ * the caller leaves it), else 0 with *st its final status (the COMMIT's when it came). */
+int ote__rdma_commit_park(ote__tpeer_t *p, ote__slice_t *s, ote_status_t *st);
+/* Reader: a COMMIT (req_id id, status st, rkey). One naming no wait of p, or another
+ * rkey, is ignored (logged). */
+void ote__rdma_commit_on_msg(ote__tpeer_t *p, uint64_t id, ote_status_t st, uint32_t rkey);
+/* Reader, its connection lost: parked runs end with OTE_ERR_PEER_LOST, the others will
+ * when their grant ends. */
+void ote__rdma_commits_lost(ote__tpeer_t *p);
+/* Monitor: parked runs past their deadline end with OTE_ERR_TIMEOUT. */
+void ote__rdma_commits_expire(rdma_tp_t *tp);
+/* rdma_requester.c: end the run s whose grant (and COMMIT, if staged) ended with st. */
+void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st);
 
 /* ---- rdma_pump.c: the peers' slice queues and the pump ----------------------------- */
 

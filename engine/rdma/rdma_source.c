@@ -27,7 +27,9 @@ typedef struct {
     uint64_t req_id;
     rdma_nic_t *nic;
     uint64_t len;
-    uint64_t base; /* nonzero: a staged grant, its window over the bounce buffer there */
+    uint64_t base;       /* nonzero: a staged grant, its window over the bounce buffer there */
+    int write;           /* a staged WRITE: the answer asks for the COMMIT wait */
+    rdma_stage_t *stage; /* a staged WRITE's bounce (a reference, rdma_stage.c) */
 } answer_t;
 
 /* The request account of the GRANT_REQ being served on this (server) thread, handed to
@@ -91,9 +93,11 @@ static ote_status_t grant_refusal(ote_status_t st) {
 }
 
 static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey) {
-    (void)arg;
+    rdma_tp_t *tp = arg;
     answer_t *a = (answer_t *)(uintptr_t)actx;
     st = grant_refusal(st);
+    /* Before the answer goes: its receipt may follow at once. */
+    ote__rdma_stage_answered(tp, a->stage, st, rkey);
     /* Counted before the GRANT_RESP goes: once the requester has it, its request may end
      * (and its user read both engines' stats) before this thread runs again. */
     if (st == OTE_OK) atomic_fetch_add(&a->nic->src_bytes, a->len);
@@ -102,7 +106,7 @@ static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey)
     rp.type = OTE_RP_GRANT_RESP;
     rp.u.resp.rkey = rkey;
     if (st == OTE_OK && a->base != 0) { /* staged: the requester addresses the bounce */
-        rp.u.resp.flags = OTE_RP_RESP_STAGED;
+        rp.u.resp.flags = OTE_RP_RESP_STAGED | (a->write ? OTE_RP_RESP_COMMIT : 0);
         rp.u.resp.base = a->base;
     }
     (void)ote__rdma_conn_send_rp(a->c, a->req_id, st, &rp);
@@ -113,6 +117,7 @@ static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey)
 void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *buf) {
     (void)buf;
     rdma_nic_t *n = arg; /* the device whose QP took the receipt */
+    ote__rdma_stage_receipt(n->tp, n, ote_qp_num(qp), wc);
     ote_grant_source_receipt(n->gm, ote_qp_num(qp), wc);
 }
 
@@ -239,10 +244,16 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         } else if (reg_pin != NULL) {
             /* Device memory: the grant's bytes go to a bounce buffer first, and the window
              * covers exactly that (rdma_stage.c). A failed copy is the source's failure. */
-            st = ote__rdma_stage_read(tp, nic, reg_pin, addr, rq->u.grant.len, dl, &stage);
+            int write = rq->u.grant.op == OTE_GRANT_WRITE;
+            st = ote__rdma_stage_take(tp, nic, reg_pin, write, addr, rq->u.grant.len, dl, &stage);
             if (st == OTE_OK) {
                 addr = ote__rdma_stage_base(stage);
                 a->base = addr;
+                if (write) {
+                    a->write = 1;
+                    a->stage = stage;
+                    ote__rdma_stage_commit_to(stage, c, req_id, ote_qp_num(qp));
+                }
             } else {
                 int code = ote_status_code(st);
                 if (code != OTE_ERR_UNSUPPORTED && code != OTE_ERR_TOO_BIG &&
@@ -270,6 +281,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             /* The grant's pin owns the bounce once src_pin took it (src_unpin ends it). */
             if (!pinned) ote__rdma_stage_end(tp, stage);
             if (st != OTE_OK) {
+                ote__rdma_stage_answered(tp, a->stage, st, 0); /* never answered */
                 /* Refused before any window exists; the borrow stays ours. */
                 ote_endpoint_return(ep, rq->u.grant.slot, qp);
                 ote__rdma_conn_put(c);

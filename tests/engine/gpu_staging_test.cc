@@ -908,11 +908,12 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransferTest, ::testing::Values("tcp", "
 } // namespace
 
 // ---- RDMA (verbs/sim) and device memory ----
-// GPUDirect RDMA is not built: a registered device range has no MR. A READ of it is
-// served by source-side staging (engine/rdma/rdma_stage.c): each grant's bytes are copied
-// into a bounce buffer whose window alone the requester reaches; a WRITE into it is
-// refused, naming why. Both engines live in this process (the sim and the fake driver are
-// per process); the source's copies are counted in its gpu stats (staged_source).
+// GPUDirect RDMA is not built: a registered device range has no MR. It is served by
+// source-side staging (engine/rdma/rdma_stage.c): each grant's bytes are copied into a
+// bounce buffer whose window alone the requester reaches (a WRITE's copied back to the
+// device after its receipt, its request completing on the source's COMMIT). Both
+// engines live in this process (the sim and the fake driver are per process); the
+// source's copies are counted in its gpu stats (staged_source).
 
 class RdmaStagingTest : public GpuStagingTest {
   protected:
@@ -976,12 +977,13 @@ class RdmaStagingTest : public GpuStagingTest {
     uint64_t rdev_ = 0, rlen_ = 0;
 };
 
-// Remote device memory READ into local host memory and into local device memory (the
-// requester stages its own side too): 1 byte, an odd size and 64 MiB minus an odd tail,
-// at unaligned offsets on both sides; every byte and the guards around the local range
-// checked through the driver. A WRITE into the remote device range is refused with no
-// byte of it changed.
-TEST_F(RdmaStagingTest, ReadsRemoteDeviceMemoryThroughBounceBuffers) {
+// Remote device memory, READ and WRITE, with local host memory and with local device
+// memory (the requester stages its own side too): 1 byte, an odd size and 64 MiB minus an
+// odd tail, at unaligned offsets on both sides; every byte checked through the driver,
+// and the guards around the range on the side written. A WRITE completes only once the
+// source copied its bounce buffer to the device (the COMMIT): the bytes are there when
+// the request ends.
+TEST_F(RdmaStagingTest, MovesRemoteDeviceMemoryThroughBounceBuffers) {
     const uint64_t cap = (64ull << 20) + 4096;
     ASSERT_NO_FATAL_FAILURE(Open(cap));
     uint64_t ldev = DevAlloc(cap);
@@ -992,56 +994,59 @@ TEST_F(RdmaStagingTest, ReadsRemoteDeviceMemoryThroughBounceBuffers) {
     for (int local_dev = 0; local_dev < 2; local_dev++) {
         uint64_t lbase = local_dev ? ldev : reinterpret_cast<uintptr_t>(lhost.data());
         for (uint64_t len : sizes) {
-            SCOPED_TRACE(std::string(local_dev ? "local=cuda:0 " : "local=host ") +
-                         std::to_string(len));
-            const uint64_t lseed = 300 + cases;
-            uint64_t lspan = loff + len + tail;
-            if (local_dev) DevFill(ldev, lspan, lseed);
-            else ote_pattern_fill(lhost.data(), lspan, lseed, 0);
-            uint64_t copies = SourceCopies();
-            ote_transfer_status_t ts{};
-            ASSERT_EQ(Run(req_, seg_, OTE_READ, lbase + loff, rdev_ + roff, len, &ts), OTE_OK);
-            EXPECT_EQ(ts.bytes_done, len);
-            EXPECT_GT(SourceCopies(), copies); // served staged at the source
-            uint64_t got =
-                local_dev ? DevHash(ldev + loff, len) : ote_hash(lhost.data() + loff, len);
-            EXPECT_EQ(got, PatternHash(81, roff, len));
-            uint64_t before = local_dev ? DevHash(ldev, loff) : ote_hash(lhost.data(), loff);
-            uint64_t after = local_dev ? DevHash(ldev + loff + len, tail)
-                                       : ote_hash(lhost.data() + loff + len, tail);
-            EXPECT_EQ(before, PatternHash(lseed, 0, loff));
-            EXPECT_EQ(after, PatternHash(lseed, loff + len, tail));
-            cases++;
+            for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
+                SCOPED_TRACE(std::string(local_dev ? "local=cuda:0 " : "local=host ") +
+                             (op == OTE_WRITE ? "WRITE " : "READ ") + std::to_string(len));
+                const uint64_t lseed = 300 + cases, rseed = 400 + cases;
+                uint64_t lspan = loff + len + tail;
+                if (local_dev) DevFill(ldev, lspan, lseed);
+                else ote_pattern_fill(lhost.data(), lspan, lseed, 0);
+                DevFill(rdev_, roff + len + tail, rseed);
+                uint64_t copies = SourceCopies();
+                ote_transfer_status_t ts{};
+                ASSERT_EQ(Run(req_, seg_, op, lbase + loff, rdev_ + roff, len, &ts), OTE_OK);
+                EXPECT_EQ(ts.bytes_done, len);
+                EXPECT_GT(SourceCopies(), copies); // served staged at the source
+                if (op == OTE_WRITE) {
+                    EXPECT_EQ(DevHash(rdev_ + roff, len), PatternHash(lseed, loff, len));
+                    EXPECT_EQ(DevHash(rdev_, roff), PatternHash(rseed, 0, roff));
+                    EXPECT_EQ(DevHash(rdev_ + roff + len, tail),
+                              PatternHash(rseed, roff + len, tail));
+                } else {
+                    uint64_t got =
+                        local_dev ? DevHash(ldev + loff, len) : ote_hash(lhost.data() + loff, len);
+                    EXPECT_EQ(got, PatternHash(rseed, roff, len));
+                    uint64_t before =
+                        local_dev ? DevHash(ldev, loff) : ote_hash(lhost.data(), loff);
+                    uint64_t after = local_dev ? DevHash(ldev + loff + len, tail)
+                                               : ote_hash(lhost.data() + loff + len, tail);
+                    EXPECT_EQ(before, PatternHash(lseed, 0, loff));
+                    EXPECT_EQ(after, PatternHash(lseed, loff + len, tail));
+                }
+                cases++;
+            }
         }
     }
-    EXPECT_EQ(cases, 6);
-    // WRITE into remote device memory: refused (no GPUDirect, staging serves READs).
-    std::vector<uint8_t> h(1 << 16);
-    ote_pattern_fill(h.data(), h.size(), 82, 0);
-    ote_transfer_status_t ts{};
-    EXPECT_NE(
-        Run(req_, seg_, OTE_WRITE, reinterpret_cast<uintptr_t>(h.data()), rdev_ + 1, 777, &ts),
-        OTE_OK);
-    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
-    EXPECT_EQ(ts.bytes_done, 0u);
-    EXPECT_TRUE(LogContains("a WRITE into device memory over rdma needs GPUDirect RDMA"));
-    EXPECT_EQ(DevHash(rdev_, rlen_), PatternHash(81, 0, rlen_));
+    EXPECT_EQ(cases, 12);
     Close();
 }
 
-// The source's gpu_paths without staging: a READ of its device memory is refused at the
-// source naming what is missing; its device bytes and the local buffer are untouched.
+// The source's gpu_paths without staging: a READ or WRITE of its device memory is
+// refused at the source naming what is missing; its device bytes and the local buffer
+// are untouched.
 TEST_F(RdmaStagingTest, SourceWithoutStagingRefusesNamingWhatIsMissing) {
     ASSERT_NO_FATAL_FAILURE(Open(1 << 20, ""));
     std::vector<uint8_t> back(1 << 16);
     ote_pattern_fill(back.data(), back.size(), 84, 0);
-    ote_transfer_status_t ts{};
-    EXPECT_NE(
-        Run(req_, seg_, OTE_READ, reinterpret_cast<uintptr_t>(back.data()), rdev_ + 3, 4000, &ts),
-        OTE_OK);
-    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
-    EXPECT_EQ(ts.bytes_done, 0u);
-    EXPECT_EQ(ts.error, OTE_ERR_UNSUPPORTED);
+    for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+        ote_transfer_status_t ts{};
+        EXPECT_NE(
+            Run(req_, seg_, op, reinterpret_cast<uintptr_t>(back.data()), rdev_ + 3, 4000, &ts),
+            OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        EXPECT_EQ(ts.bytes_done, 0u);
+        EXPECT_EQ(ts.error, OTE_ERR_UNSUPPORTED);
+    }
     EXPECT_TRUE(LogContains("staging is not allowed"));
     EXPECT_EQ(SourceCopies(), 0u);
     EXPECT_EQ(ote_hash(back.data(), back.size()), PatternHash(84, 0, back.size()));
@@ -1049,11 +1054,13 @@ TEST_F(RdmaStagingTest, SourceWithoutStagingRefusesNamingWhatIsMissing) {
     Close();
 }
 
-// A driver fault on the source's copy into the bounce buffer: the enqueue failing, and
-// the event query failing (outcome unknown: engine/gpu retains the stream and the chunk).
-// That request fails, the next one works (every byte), and nothing of the driver leaks
-// once both engines are gone (TearDown compares the fake's live objects). The requester's
-// local buffer is host memory, so every driver call is the source's.
+// A driver fault on the source's copies: into the bounce buffer (a READ's, and a
+// WRITE's first copy) and back to the device (a WRITE's copy after its receipt: the
+// COMMIT carries the failure), the enqueue failing, and the event query failing (outcome
+// unknown: engine/gpu retains the stream and the chunk). That request fails, the next
+// one works (every byte), and nothing of the driver leaks once both engines are gone
+// (TearDown compares the fake's live objects). The requester's local buffer is host
+// memory, so every driver call is the source's.
 TEST_F(RdmaStagingTest, SourceCopyFaultFailsOneRequestOnly) {
     REQUIRE_FAKE();
     const uint64_t len = 8 << 20;
@@ -1061,17 +1068,25 @@ TEST_F(RdmaStagingTest, SourceCopyFaultFailsOneRequestOnly) {
     std::vector<uint8_t> host(len);
     struct Fault {
         const char *entry;
+        ote_opcode_t op;
         int result;
-    } faults[] = {{"cuMemcpyDtoHAsync", kCudaErrorInvalidValue},
-                  {"cuEventQuery", kCudaErrorUnknown}};
+    } faults[] = {{"cuMemcpyDtoHAsync", OTE_READ, kCudaErrorInvalidValue},
+                  {"cuEventQuery", OTE_READ, kCudaErrorUnknown},
+                  {"cuMemcpyDtoHAsync", OTE_WRITE, kCudaErrorInvalidValue},
+                  {"cuMemcpyHtoDAsync", OTE_WRITE, kCudaErrorInvalidValue},
+                  {"cuEventQuery", OTE_WRITE, kCudaErrorUnknown}};
+    int seed = 90;
     for (int round = 0; round < 2; round++) {
         for (const Fault &f : faults) {
-            SCOPED_TRACE(std::string(f.entry) + " round " + std::to_string(round));
-            ote_pattern_fill(host.data(), len, 90 + round, 0);
+            SCOPED_TRACE(std::string(f.entry) + (f.op == OTE_WRITE ? " WRITE" : " READ") +
+                         " round " + std::to_string(round));
+            seed++;
+            DevFill(rdev_, len, seed);
+            ote_pattern_fill(host.data(), len, seed + 1000, 0);
             fake_.fail(f.entry, 1, 1, f.result);
             ote_transfer_status_t ts{};
             auto failing = [&] {
-                EXPECT_NE(Run(req_, seg_, OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_,
+                EXPECT_NE(Run(req_, seg_, f.op, reinterpret_cast<uintptr_t>(host.data()), rdev_,
                               len, &ts),
                           OTE_OK);
             };
@@ -1080,34 +1095,43 @@ TEST_F(RdmaStagingTest, SourceCopyFaultFailsOneRequestOnly) {
             EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
             EXPECT_NE(ts.error, OTE_OK);
             fake_.clear_faults();
-            ASSERT_EQ(Run(req_, seg_, OTE_READ, reinterpret_cast<uintptr_t>(host.data()) + 1,
-                          rdev_ + 2, len - 2),
+            // The next request works, every byte.
+            ASSERT_EQ(Run(req_, seg_, f.op, reinterpret_cast<uintptr_t>(host.data()) + 1, rdev_ + 2,
+                          len - 2),
                       OTE_OK);
-            EXPECT_EQ(ote_hash(host.data() + 1, len - 2), PatternHash(81, 2, len - 2));
+            if (f.op == OTE_WRITE) {
+                EXPECT_EQ(DevHash(rdev_ + 2, len - 2), PatternHash(seed + 1000, 1, len - 2));
+            } else {
+                EXPECT_EQ(ote_hash(host.data() + 1, len - 2), PatternHash(seed, 2, len - 2));
+            }
         }
     }
     Close();
 }
 
-// Cancel while staged READs run (the fake's copies slowed down): the request ends
-// CANCELED (or COMPLETED if it was all on its way), the local bytes outside the range
-// and the source's device memory are untouched, and the next request works.
+// Cancel while staged READs and WRITEs run (the fake's copies slowed down): the request
+// ends CANCELED (or COMPLETED if it was all on its way), the bytes outside the range on
+// the side written are untouched (and a READ leaves the source's device memory as it
+// was), and the next request works.
 TEST_F(RdmaStagingTest, CancelMidTransferTouchesNothingOutside) {
     REQUIRE_FAKE();
     const uint64_t total = 32 << 20, guard = 4096, len = total - 2 * guard;
     ASSERT_NO_FATAL_FAILURE(Open(total));
     std::vector<uint8_t> host(total);
-    for (int local_dev = 0; local_dev < 2; local_dev++) {
-        SCOPED_TRACE(local_dev ? "local=cuda:0" : "local=host");
-        uint64_t ldev = local_dev ? DevAlloc(total) : 0;
+    uint64_t ldev = DevAlloc(total);
+    for (int i = 0; i < 4; i++) {
+        const int local_dev = i & 1;
+        const ote_opcode_t op = i < 2 ? OTE_READ : OTE_WRITE;
+        SCOPED_TRACE(std::string(local_dev ? "local=cuda:0" : "local=host") +
+                     (op == OTE_WRITE ? " WRITE" : " READ"));
+        DevFill(rdev_, total, 81);
         if (local_dev) DevFill(ldev, total, 85);
         else ote_pattern_fill(host.data(), total, 85, 0);
         uint64_t lbase = local_dev ? ldev : reinterpret_cast<uintptr_t>(host.data());
         fake_.set_max_delay_us(3000);
         ote_batch_t *b = nullptr;
         ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
-        ote_request_t r = {OTE_READ, reinterpret_cast<void *>(lbase + guard), seg_, rdev_ + guard,
-                           len};
+        ote_request_t r = {op, reinterpret_cast<void *>(lbase + guard), seg_, rdev_ + guard, len};
         ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
         struct timespec ts0 = {0, 5 * 1000 * 1000};
         nanosleep(&ts0, nullptr);
@@ -1124,12 +1148,21 @@ TEST_F(RdmaStagingTest, CancelMidTransferTouchesNothingOutside) {
                                  : ote_hash(host.data() + guard + len, guard);
         EXPECT_EQ(head, PatternHash(85, 0, guard));
         EXPECT_EQ(end, PatternHash(85, guard + len, guard));
-        EXPECT_EQ(DevHash(rdev_, rlen_), PatternHash(81, 0, rlen_));
+        if (op == OTE_READ) {
+            EXPECT_EQ(DevHash(rdev_, rlen_), PatternHash(81, 0, rlen_));
+        } else {
+            EXPECT_EQ(DevHash(rdev_, guard), PatternHash(81, 0, guard));
+            EXPECT_EQ(DevHash(rdev_ + guard + len, guard), PatternHash(81, guard + len, guard));
+        }
         // The next request works.
-        ASSERT_EQ(Run(req_, seg_, OTE_READ, lbase + guard, rdev_ + guard, 1 << 20), OTE_OK);
-        uint64_t got =
-            local_dev ? DevHash(ldev + guard, 1 << 20) : ote_hash(host.data() + guard, 1 << 20);
-        EXPECT_EQ(got, PatternHash(81, guard, 1 << 20));
+        ASSERT_EQ(Run(req_, seg_, op, lbase + guard, rdev_ + guard, 1 << 20), OTE_OK);
+        if (op == OTE_READ) {
+            uint64_t got =
+                local_dev ? DevHash(ldev + guard, 1 << 20) : ote_hash(host.data() + guard, 1 << 20);
+            EXPECT_EQ(got, PatternHash(81, guard, 1 << 20));
+        } else {
+            EXPECT_EQ(DevHash(rdev_ + guard, 1 << 20), PatternHash(85, guard, 1 << 20));
+        }
     }
     Close();
 }
