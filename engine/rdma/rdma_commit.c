@@ -3,8 +3,11 @@
  * rdma_internal.h): a WRITE grant whose answer says OTE_RP_RESP_COMMIT wrote into the
  * source's bounce buffer, not into its device memory; the source copies it to the device
  * after the grant's receipt and says how that went with a COMMIT. The run of such a
- * grant ends only then: with the COMMIT's status, or with OTE_ERR_PEER_LOST when the
- * connection is lost first, or OTE_ERR_TIMEOUT at the run's deadline. A COMMIT that names
+ * grant ends only then, whether its grant ended OK, failed or was canceled (the source
+ * may copy a canceled grant's bounce too, and nothing may touch the range after its
+ * request ended): with the grant's own failure, else the COMMIT's status, or with
+ * OTE_ERR_PEER_LOST when the connection is lost first, or OTE_ERR_TIMEOUT at the run's
+ * deadline. A COMMIT that names
  * no wait of this peer (another grant id, another rkey, a grant whose run already ended,
  * a source that was never asked) changes nothing.
  */
@@ -57,15 +60,19 @@ int ote__rdma_commit_park(ote__tpeer_t *p, ote__slice_t *s, ote_status_t *st) {
         ote_mutex_unlock(&p->mu);
         return 0; /* not a staged WRITE */
     }
-    if (*st == OTE_OK && !w->got) {
+    if (!w->got) {
+        /* Even a failed or canceled grant waits: the source may still copy its bounce
+         * to the device (its receipt came), and nothing may touch the range after the
+         * request ended. The COMMIT, the connection's loss or the deadline ends it. */
         w->parked = 1;
+        w->gst = *st;
         ote_mutex_unlock(&p->mu);
         return 1;
     }
     (void)take_locked(p, 0, s);
     ote_mutex_unlock(&p->mu);
-    /* The grant failed (its bytes may not have landed: no COMMIT makes it succeed), or
-     * the COMMIT (or the loss of the connection) came first. */
+    /* The COMMIT (or the loss of the connection) came first: a failed grant keeps its
+     * own status (no COMMIT makes it succeed). */
     if (*st == OTE_OK) *st = w->st;
     ote_free(w);
     return 0;
@@ -91,10 +98,10 @@ void ote__rdma_commit_on_msg(ote__tpeer_t *p, uint64_t id, ote_status_t st, uint
     }
     (void)take_locked(p, id, NULL);
     ote_mutex_unlock(&p->mu);
-    if (st != OTE_OK)
+    if (st != OTE_OK && w->gst == OTE_OK)
         OTE_WARN_LIMITED("rdma", "staged WRITE to %s not committed to device memory there: %s",
                          p->name, ote_status_str(st));
-    ote__rdma_run_finish(w->s, st);
+    ote__rdma_run_finish(w->s, w->gst != OTE_OK ? w->gst : st);
     ote_free(w);
 }
 
@@ -119,7 +126,7 @@ void ote__rdma_commits_lost(ote__tpeer_t *p) {
     while (done != NULL) {
         cwait_t *w = done;
         done = w->next;
-        ote__rdma_run_finish(w->s, OTE_ERR_PEER_LOST);
+        ote__rdma_run_finish(w->s, w->gst != OTE_OK ? w->gst : OTE_ERR_PEER_LOST);
         ote_free(w);
     }
 }
@@ -147,7 +154,7 @@ void ote__rdma_commits_expire(rdma_tp_t *tp) {
     while (done != NULL) {
         cwait_t *w = done;
         done = w->next;
-        ote__rdma_run_finish(w->s, OTE_ERR_TIMEOUT);
+        ote__rdma_run_finish(w->s, w->gst != OTE_OK ? w->gst : OTE_ERR_TIMEOUT);
         ote_free(w);
     }
 }

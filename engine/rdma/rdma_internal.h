@@ -40,26 +40,32 @@
  * sends RELEASE once none of its WRs is in flight, to a source that advertised
  * rdma_release=1, which ends that source grant at once instead of at its deadline.
  *
- * Source-side staging (rdma_stage.c; README "GPU memory"): a registration of device
- * memory has no MR (GPUDirect RDMA is another path), so a READ of it is served through a
- * bounce buffer when the source's gpu_paths has staging and the requester takes staged
- * answers. A source advertises rdma_stage=1; a requester that saw it sets
- * OTE_RP_GF_STAGE in its GRANT_REQs (proto.h). The source's account marks the request
- * staged (rdma_accounts.c); each of its grants takes a host bounce buffer of exactly the
- * grant's length (host->stage_get: a pinned chunk when it fits one, else heap; so a
- * staged grant is never larger than its bounce, and at most rdma_grant_max, the largest
- * grant a requester asks), copies the range device-to-host into it synchronously on the
- * server thread (host->stage_copy, until the grant's deadline), registers a temporary
- * MW-bindable MR over it in the grant's device and serves the grant with the window
- * bound over exactly the bounce bytes; GRANT_RESP in its staged form carries the bounce
- * address, and the requester's grant addresses its READs from there
- * (ote_grant_on_answer_at). The grant's end (receipt, deadline, RELEASE, the requester's
- * loss), after its window is invalidated or deallocated, deregisters the MR and returns
- * the bounce buffer; an MR that does not deregister keeps its bounce buffer for good
- * (retained, counted), never reused. A failed copy refuses the grant (OTE_ERR_REMOTE to
- * the requester, the driver's status in the source's log; a copy of unknown outcome is
- * retained by engine/gpu). A WRITE into device memory over RDMA, a requester without
- * OTE_RP_GF_STAGE and a gpu_paths without staging are refused, naming what is missing.
+ * Source-side staging (rdma_stage.c, rdma_commit.c; README "GPU memory"): a registration
+ * of device memory has no MR (GPUDirect RDMA is another path), so it is served through
+ * bounce buffers when the source's gpu_paths has staging and the requester takes staged
+ * answers. A source advertises rdma_stage=1; a requester that saw it (and the source's
+ * epoch) sets OTE_RP_GF_STAGE in its GRANT_REQs (proto.h). The source's account marks the
+ * request staged (rdma_accounts.c); each of its grants takes a host bounce buffer of
+ * exactly the grant's length (host->stage_get: a pinned chunk when it fits one, else
+ * heap; so a staged grant is never larger than its bounce, and at most rdma_grant_max,
+ * the largest grant a requester asks), copies the range device-to-host into it
+ * synchronously on the server thread (host->stage_copy, until the grant's deadline: a
+ * READ's bytes, a WRITE's current bytes so that what a canceled grant never wrote goes
+ * back unchanged), registers a temporary MW-bindable MR over it in the grant's device
+ * and serves the grant with the window bound over exactly the bounce bytes; GRANT_RESP
+ * in its staged form carries the bounce address, and the requester's grant addresses
+ * its READs / WRITEs from there (ote_grant_on_answer_at). A WRITE's answer also says
+ * COMMIT: its grant's receipt (seen on the QP before the grant layer takes it) marks the
+ * bounce landed, and the grant's end copies it host-to-device (on the thread that ends
+ * the grant) and sends COMMIT (grant id, rkey, status); the requester's run ends only on
+ * it (rdma_commit.c: parked at its grant's end, OK or not, since the source may still
+ * copy a canceled grant's bounce; the connection's loss or the run's deadline fail it). The grant's end (receipt, deadline, RELEASE, the requester's loss),
+ * after its window is invalidated or deallocated, deregisters the MR and returns the
+ * bounce buffer; an MR that does not deregister keeps its bounce buffer for good
+ * (retained, counted), never reused. A failed copy refuses the grant or fails the COMMIT
+ * (OTE_ERR_REMOTE to the requester, the driver's status in the source's log; a copy of
+ * unknown outcome is retained by engine/gpu). A requester without OTE_RP_GF_STAGE and a
+ * gpu_paths without staging are refused, naming what is missing.
  *
  * Data path: every allowed device with an active port at creation is a data device
  * (rdma_nic_t: context, lanes, endpoint store, grant manager); both sides advertise their
@@ -259,17 +265,18 @@ typedef struct grant_id_ent {
 /* Requester: a staged WRITE grant answered OK (GRANT_RESP with OTE_RP_RESP_COMMIT): its
  * run ends only with the source's COMMIT (rdma_commit.c). Linked in p->commits under
  * p->mu by the reader before the answer goes to the grant layer; taken by whoever ends
- * the run: the grant's end (a failure, or a COMMIT already here), the COMMIT (a run
- * parked by its grant's OK end), the loss of the connection, or the monitor at the
- * run's deadline. */
+ * the run: the grant's end (a COMMIT already here), the COMMIT (a run parked by its
+ * grant's end, OK or not: the source may still copy a canceled grant's bounce), the loss
+ * of the connection, or the monitor at the run's deadline. */
 typedef struct commit_wait {
     struct commit_wait *next;
     uint64_t id;   /* the grant's wire id */
     uint32_t rkey; /* the window its answer named */
     ote__slice_t *s;
     ote_deadline_t deadline;
-    int parked; /* its grant ended OK: the run waits here for the COMMIT */
-    int got;    /* the COMMIT came (or the connection was lost): st */
+    int parked;       /* its grant ended (gst): the run waits here for the COMMIT */
+    ote_status_t gst; /* the grant's own status (a failure or cancel is kept) */
+    int got;          /* the COMMIT came (or the connection was lost): st */
     ote_status_t st;
 } cwait_t;
 
@@ -539,8 +546,9 @@ void ote__rdma_peers_evict_dead(rdma_tp_t *tp);
 ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey, ote__slice_t *s);
 /* Reader: the grant layer did not take that answer (its grant had ended): unlink it. */
 void ote__rdma_commit_drop(ote__tpeer_t *p, uint64_t id);
-/* The grant of run s ended with *st: 1 when the run now waits for its COMMIT (parked;
- * the caller leaves it), else 0 with *st its final status (the COMMIT's when it came). */
+/* The grant of run s ended with *st: 1 when the run now waits for its COMMIT (parked,
+ * whatever *st: the source may still copy; the caller leaves it), else 0 with *st its
+ * final status (the COMMIT's when it came and the grant ended OK). */
 int ote__rdma_commit_park(ote__tpeer_t *p, ote__slice_t *s, ote_status_t *st);
 /* Reader: a COMMIT (req_id id, status st, rkey). One naming no wait of p, or another
  * rkey, is ignored (logged). */
