@@ -917,11 +917,14 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransferTest, ::testing::Values("tcp", "
 
 class RdmaStagingTest : public GpuStagingTest {
   protected:
-    // An RDMA (sim) engine; gpu_paths given when not null.
-    ote_engine_t *Engine(const char *gpu_paths = nullptr) {
+    // An RDMA (sim) engine; gpu_paths given when not null, and other keys.
+    ote_engine_t *Engine(const char *gpu_paths = nullptr, const ote_test::ConfigKv &kv = {}) {
         ote_config_t *cfg = ote_test::RdmaConfig("20000", nullptr);
         if (gpu_paths != nullptr) {
             EXPECT_EQ(ote_config_set(cfg, "gpu_paths", gpu_paths), OTE_OK);
+        }
+        for (const auto &k : kv) {
+            EXPECT_EQ(ote_config_set(cfg, k.first, k.second), OTE_OK);
         }
         ote_engine_t *e = nullptr;
         EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
@@ -930,8 +933,8 @@ class RdmaStagingTest : public GpuStagingTest {
     }
     // Source and requester engines, a device range of len bytes registered at the source
     // (READ|WRITE, pattern seed 81) and the requester's segment on it.
-    void Open(size_t len, const char *src_paths = nullptr) {
-        src_ = Engine(src_paths);
+    void Open(size_t len, const char *src_paths = nullptr, const ote_test::ConfigKv &src_kv = {}) {
+        src_ = Engine(src_paths, src_kv);
         ASSERT_NE(src_, nullptr);
         req_ = Engine();
         ASSERT_NE(req_, nullptr);
@@ -1060,11 +1063,14 @@ TEST_F(RdmaStagingTest, SourceWithoutStagingRefusesNamingWhatIsMissing) {
 // unknown: engine/gpu retains the stream and the chunk). That request fails, the next
 // one works (every byte), and nothing of the driver leaks once both engines are gone
 // (TearDown compares the fake's live objects). The requester's local buffer is host
-// memory, so every driver call is the source's.
+// memory, so every driver call is the source's. The source's chunks hold a whole grant
+// (8 MiB): a bounce of unknown outcome is then a pinned chunk, parked and reclaimed once
+// the driver answers again (a heap bounce would be abandoned for good, engine/gpu).
 TEST_F(RdmaStagingTest, SourceCopyFaultFailsOneRequestOnly) {
     REQUIRE_FAKE();
     const uint64_t len = 8 << 20;
-    ASSERT_NO_FATAL_FAILURE(Open(len));
+    ASSERT_NO_FATAL_FAILURE(
+        Open(len, nullptr, {{"gpu_staging_chunk", "8M"}, {"gpu_staging_depth", "1"}}));
     std::vector<uint8_t> host(len);
     struct Fault {
         const char *entry;
