@@ -1034,6 +1034,54 @@ TEST_F(RdmaStagingTest, MovesRemoteDeviceMemoryThroughBounceBuffers) {
     Close();
 }
 
+// Two processes: the source is ote_gpu_target over rdma (verbs/sim), its "dev" buffer
+// device memory registered there. WRITE and READ, 1 byte, an odd size and 64 MiB minus an
+// odd tail at unaligned offsets, every byte (and the target's bytes around a WRITE)
+// checked through the target's driver.
+TEST_F(RdmaStagingTest, TwoProcessesStagedAtTheTarget) {
+    Target t;
+    t.binary = "ote_gpu_target";
+    ASSERT_TRUE(t.Start(kTargetLen, "127.0.0.1:0", ote_test::kRdmaTargetEnv));
+    req_ = Engine();
+    ASSERT_NE(req_, nullptr);
+    ASSERT_EQ(ote_segment_open(req_, t.address.c_str(), &seg_), OTE_OK);
+    std::vector<uint8_t> lhost(kTargetLen);
+    const uint64_t loff = 3, roff = 5, tail = 64;
+    int cases = 0;
+    const uint64_t sizes[] = {1, 12345, (64ull << 20) - 77};
+    for (uint64_t len : sizes) {
+        for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
+            SCOPED_TRACE((op == OTE_WRITE ? "WRITE " : "READ ") + std::to_string(len));
+            const uint64_t lseed = 500 + cases, rseed = 600 + cases;
+            ote_pattern_fill(lhost.data(), loff + len + tail, lseed, 0);
+            ASSERT_EQ(t.Command("fill dev " + std::to_string(rseed)), "OK");
+            ote_transfer_status_t ts{};
+            ASSERT_EQ(Run(req_, seg_, op, reinterpret_cast<uintptr_t>(lhost.data()) + loff,
+                          t.rw + roff, len, &ts),
+                      OTE_OK);
+            EXPECT_EQ(ts.bytes_done, len);
+            if (op == OTE_WRITE) {
+                EXPECT_EQ(t.Command("sum dev " + std::to_string(roff) + " " + std::to_string(len)),
+                          Hex(PatternHash(lseed, loff, len)));
+                EXPECT_EQ(t.Command("sum dev 0 " + std::to_string(roff)),
+                          Hex(PatternHash(rseed, 0, roff)));
+                EXPECT_EQ(
+                    t.Command("sum dev " + std::to_string(roff + len) + " " + std::to_string(tail)),
+                    Hex(PatternHash(rseed, roff + len, tail)));
+            } else {
+                EXPECT_EQ(ote_hash(lhost.data() + loff, len), PatternHash(rseed, roff, len));
+                EXPECT_EQ(ote_hash(lhost.data(), loff), PatternHash(lseed, 0, loff));
+                EXPECT_EQ(ote_hash(lhost.data() + loff + len, tail),
+                          PatternHash(lseed, loff + len, tail));
+            }
+            cases++;
+        }
+    }
+    EXPECT_EQ(cases, 6);
+    Close();
+    EXPECT_EQ(t.Quit(), 0);
+}
+
 // The source's gpu_paths without staging: a READ or WRITE of its device memory is
 // refused at the source naming what is missing; its device bytes and the local buffer
 // are untouched.
