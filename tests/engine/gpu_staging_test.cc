@@ -7,7 +7,7 @@
 // staging refused at submit; driver faults on the async copies and the event query on
 // either side (that request fails, the next one works, nothing leaks); cancel in the
 // middle of a pipeline touches nothing outside the range. Over RDMA (verbs/sim, both
-// engines in this process): READs of remote device memory staged at the source through
+// engines in this process, and ote_gpu_target as the source once): READs of remote device memory staged at the source through
 // bounce buffers (bytes, sizes, offsets, gpu_paths without staging, driver faults on the
 // source's copy, cancel), WRITEs into it refused, local device buffers staged.
 #include <sys/mman.h>
@@ -912,8 +912,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransferTest, ::testing::Values("tcp", "
 // source-side staging (engine/rdma/rdma_stage.c): each grant's bytes are copied into a
 // bounce buffer whose window alone the requester reaches (a WRITE's copied back to the
 // device after its receipt, its request completing on the source's COMMIT). Both
-// engines live in this process (the sim and the fake driver are per process); the
-// source's copies are counted in its gpu stats (staged_source).
+// engines live in this process (the sim and the fake driver are per process; the
+// source's copies are counted in its gpu stats, staged_source), but for one case whose
+// source is ote_gpu_target in another process.
 
 class RdmaStagingTest : public GpuStagingTest {
   protected:
