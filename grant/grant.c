@@ -314,6 +314,11 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
 
 ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
                                  uint32_t rkey) {
+    return ote_grant_on_answer_at(m, grant_id, st, rkey, 0, 0);
+}
+
+ote_status_t ote_grant_on_answer_at(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
+                                    uint32_t rkey, int rebase, uint64_t remote) {
     defer_t df = {.fin = NULL, .nans = 0};
     uint32_t seq = (uint32_t)grant_id;
     ote_mutex_lock(&m->mu);
@@ -341,6 +346,7 @@ ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_stat
             give_back_qp(g, 1);
         fail_requester(g, st, &df);
     } else {
+        if (rebase) g->d.remote = remote; /* the window covers a staged copy there */
         g->rkey = rkey;
         g->answered = 1;
         g->rstate = R_POSTING;

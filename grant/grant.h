@@ -158,6 +158,12 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
  * source at once (ote_grant_source_release). Returns OTE_OK when a grant took it. */
 ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
                                  uint32_t rkey);
+/* The same; with rebase, an OTE_OK answer also moves the grant's remote address to
+ * @remote (its slices then address [remote, +len)): the source's window covers a copy of
+ * the range there (a staged grant: engine/rdma/rdma_stage.c), not the range itself. The
+ * length is the grant's own, so nothing outside the window is ever addressed. */
+ote_status_t ote_grant_on_answer_at(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
+                                    uint32_t rkey, int rebase, uint64_t remote);
 
 /**
  * ote_grant_serve() - source: serve a request from the requester connected to slot

@@ -5,8 +5,8 @@
  *
  * What decodes must satisfy the bounds the transport relies on (lanes, devices, pairs,
  * the grant's range inside its request, a sent epoch nonzero, CONNECT's two epochs
- * sent together) and survive a round trip:
- * encoded again (in the form its content asks for) and decoded, it is the same message.
+ * sent together, the staging forms' flags and base) and survive a round trip: encoded
+ * again (in the form its content asks for) and decoded, it is the same message.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -45,9 +45,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check(pair_ok(m.u.grant.pair) && m.u.grant.op <= 1 && m.u.grant.len != 0);
             check(m.u.grant.addr >= m.u.grant.req_addr);
             check(m.u.grant.addr - m.u.grant.req_addr <= m.u.grant.req_len - m.u.grant.len);
-            check((m.u.grant.epoch != 0) == (size == 72));
+            check((m.u.grant.epoch != 0) == (size >= 72));
+            check((m.u.grant.flags != 0) == (size == 76));
+            check(m.u.grant.flags == 0 || m.u.grant.flags == OTE_RP_GF_STAGE);
+            break;
+        case OTE_RP_GRANT_RESP:
+            /* The staged form: exactly the known flag and a nonzero base. */
+            check((m.u.resp.flags != 0) == (size == 20));
+            check(m.u.resp.flags == 0 || m.u.resp.flags == OTE_RP_RESP_STAGED ||
+                  m.u.resp.flags == (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT));
+            check(m.u.resp.flags == 0 || m.u.resp.base != 0);
+            check(m.u.resp.flags != 0 || m.u.resp.base == 0);
             break;
         case OTE_RP_EP_RESET: check(pair_ok(m.u.reset.pair)); break;
+        case OTE_RP_COMMIT: check(size == 8); break;
         default: break;
     }
     uint8_t buf[OTE_RP_MAX_BODY];

@@ -13,6 +13,9 @@
 #define INFO_EPOCH (INFO_LONG + 8)
 #define GRANT_EPOCH (GRANT_LONG + 8)
 #define CONNECT_EPOCH (CONNECT_LONG + 16)
+/* ... and source-side staging (proto.h). */
+#define GRANT_FLAGS (GRANT_EPOCH + 4)
+#define RESP_STAGED (4 + 16)
 
 static int pair_ok(uint32_t pair) {
     return (pair >> 16) == 0 && (pair >> 8) < OTE_RP_MAX_DEVS && (pair & 0xff) < OTE_RP_MAX_DEVS;
@@ -29,6 +32,7 @@ static size_t body_size(uint16_t type) {
         case OTE_RP_GRANT_RESP: return 4 + 4;
         case OTE_RP_EP_RESET: return 4 + 4;
         case OTE_RP_RELEASE: return 4 + 20;
+        case OTE_RP_COMMIT: return 4 + 4;
         default: return 0;
     }
 }
@@ -55,7 +59,7 @@ static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
     return OTE_OK;
 }
 
-_Static_assert(INFO_EPOCH <= OTE_RP_MAX_BODY && GRANT_EPOCH <= OTE_RP_MAX_BODY &&
+_Static_assert(INFO_EPOCH <= OTE_RP_MAX_BODY && GRANT_FLAGS <= OTE_RP_MAX_BODY &&
                    CONNECT_EPOCH <= OTE_RP_MAX_BODY,
                "OTE_RP_MAX_BODY holds every form");
 
@@ -69,6 +73,8 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
         n = CONNECT_EPOCH;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.pair != 0) n = GRANT_LONG;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.epoch != 0) n = GRANT_EPOCH;
+    if (m->type == OTE_RP_GRANT_REQ && m->u.grant.flags != 0) n = GRANT_FLAGS;
+    if (m->type == OTE_RP_GRANT_RESP && m->u.resp.flags != 0) n = RESP_STAGED;
     memset(buf, 0, n);
     ote_le_put16(buf, m->type);
     uint8_t *b = buf + 4;
@@ -110,14 +116,21 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 40, m->u.grant.req_len);
             ote_le_put64(b + 48, m->u.grant.req_uid);
             if (n >= GRANT_LONG) ote_le_put32(b + 56, m->u.grant.pair);
-            if (n == GRANT_EPOCH) ote_le_put64(b + 60, m->u.grant.epoch);
+            if (n >= GRANT_EPOCH) ote_le_put64(b + 60, m->u.grant.epoch);
+            if (n == GRANT_FLAGS) ote_le_put32(b + 68, m->u.grant.flags);
             break;
         case OTE_RP_WRITE_OFF:
             ote_le_put64(b, m->u.wo.req_uid);
             ote_le_put64(b + 8, m->u.wo.req_len);
             ote_le_put64(b + 16, m->u.wo.bytes);
             break;
-        case OTE_RP_GRANT_RESP: ote_le_put32(b, m->u.resp.rkey); break;
+        case OTE_RP_GRANT_RESP:
+            ote_le_put32(b, m->u.resp.rkey);
+            if (n == RESP_STAGED) {
+                ote_le_put32(b + 4, m->u.resp.flags);
+                ote_le_put64(b + 8, m->u.resp.base);
+            }
+            break;
         case OTE_RP_EP_RESET: ote_le_put32(b, m->u.reset.pair); break;
         case OTE_RP_RELEASE:
             ote_le_put32(b, m->u.rel.pair);
@@ -126,6 +139,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put32(b + 12, m->u.rel.src_qpn);
             ote_le_put32(b + 16, m->u.rel.rkey);
             break;
+        case OTE_RP_COMMIT: ote_le_put32(b, m->u.commit.rkey); break;
         default: return 0;
     }
     return n;
@@ -138,10 +152,13 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
     m.type = ote_le_get16(buf);
     size_t n = body_size(m.type);
     int info = m.type == OTE_RP_INFO || m.type == OTE_RP_INFO_ACK;
-    int epoch = (info && len == INFO_EPOCH) || (m.type == OTE_RP_GRANT_REQ && len == GRANT_EPOCH) ||
+    int gflags = m.type == OTE_RP_GRANT_REQ && len == GRANT_FLAGS;
+    int staged = m.type == OTE_RP_GRANT_RESP && len == RESP_STAGED;
+    int epoch = (info && len == INFO_EPOCH) ||
+                (m.type == OTE_RP_GRANT_REQ && (len == GRANT_EPOCH || gflags)) ||
                 (m.type == OTE_RP_CONNECT && len == CONNECT_EPOCH);
     int lng = (info && len == INFO_LONG) || (m.type == OTE_RP_CONNECT && len == CONNECT_LONG) ||
-              (m.type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || epoch;
+              (m.type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || epoch || staged;
     if (n == 0 || (len != n && !lng) || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
     const uint8_t *b = buf + 4;
     switch (m.type) {
@@ -199,6 +216,11 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
                 m.u.grant.epoch = ote_le_get64(b + 60);
                 if (m.u.grant.epoch == 0) return OTE_ERR_PROTOCOL;
             }
+            if (gflags) {
+                m.u.grant.flags = ote_le_get32(b + 68);
+                /* Sent means set, and only the bits this codec knows. */
+                if (m.u.grant.flags != OTE_RP_GF_STAGE) return OTE_ERR_PROTOCOL;
+            }
             if (!pair_ok(m.u.grant.pair)) return OTE_ERR_PROTOCOL;
             if (m.u.grant.op > 1 || m.u.grant.len == 0 ||
                 m.u.grant.addr > UINT64_MAX - m.u.grant.len)
@@ -210,7 +232,17 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
                 m.u.grant.addr - m.u.grant.req_addr > m.u.grant.req_len - m.u.grant.len)
                 return OTE_ERR_PROTOCOL;
             break;
-        case OTE_RP_GRANT_RESP: m.u.resp.rkey = ote_le_get32(b); break;
+        case OTE_RP_GRANT_RESP:
+            m.u.resp.rkey = ote_le_get32(b);
+            if (staged) {
+                m.u.resp.flags = ote_le_get32(b + 4);
+                m.u.resp.base = ote_le_get64(b + 8);
+                if ((m.u.resp.flags != OTE_RP_RESP_STAGED &&
+                     m.u.resp.flags != (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT)) ||
+                    m.u.resp.base == 0)
+                    return OTE_ERR_PROTOCOL;
+            }
+            break;
         case OTE_RP_EP_RESET:
             m.u.reset.pair = ote_le_get32(b);
             if (!pair_ok(m.u.reset.pair)) return OTE_ERR_PROTOCOL;
@@ -230,6 +262,7 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
                 m.u.rel.src_qpn > 0xffffff)
                 return OTE_ERR_PROTOCOL;
             break;
+        case OTE_RP_COMMIT: m.u.commit.rkey = ote_le_get32(b); break;
         default: return OTE_ERR_PROTOCOL;
     }
     *out = m;

@@ -52,6 +52,23 @@
  * build failed, nothing was posted: the run is retried once). Sent only to a source whose
  * advertisement (HELLO_ACK info) has rdma_connect_epoch=1: a source that knows only the
  * 44-byte form would refuse the longer one as malformed.
+ *
+ * Source-side staging (engine/rdma/rdma_stage.c): GRANT_REQ may carry, after the epoch
+ * (nonzero), flags u32: 76 bytes. OTE_RP_GF_STAGE says that the requester takes a staged
+ * answer; no other bit may be set. A requester sends it only to a source whose
+ * advertisement has rdma_stage=1 (an older source would refuse the size as a protocol
+ * error), and only with an epoch. GRANT_RESP may then come in its staged form: rkey u32,
+ * flags u32 (OTE_RP_RESP_STAGED, with OTE_RP_RESP_COMMIT for a WRITE grant and only
+ * then), base u64 (nonzero): the window covers a bounce buffer at [base, +len), and the
+ * requester's RDMA READs / WRITEs address it from base. A staged answer to a grant that
+ * did not ask for it, or whose COMMIT flag does not match the grant's op, is a protocol
+ * error.
+ *   COMMIT            rkey u32; source -> requester, req_id = the staged WRITE grant's
+ *                     id, status in the frame header: after the grant's receipt the
+ *                     bounce was copied to the device (OK) or not (the failure). Sent once
+ *                     per staged WRITE grant that was answered OK, only to a requester
+ *                     that asked with OTE_RP_GF_STAGE. One naming no staged WRITE grant
+ *                     of the requester that waits for it, or another rkey, is ignored.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -72,9 +89,17 @@ enum {
     OTE_RP_WRITE_OFF = 7,
     OTE_RP_EP_RESET = 8,
     OTE_RP_RELEASE = 9,
+    OTE_RP_COMMIT = 10,
 };
 
 #define OTE_RP_MAX_DEVS 8
+
+/* GRANT_REQ flags: the requester takes a staged GRANT_RESP (source-side staging). */
+#define OTE_RP_GF_STAGE 1u
+/* GRANT_RESP flags (staged form): the window covers a bounce buffer at base; COMMIT (a
+ * WRITE grant only): the requester's request completes only on the grant's COMMIT. */
+#define OTE_RP_RESP_STAGED 1u
+#define OTE_RP_RESP_COMMIT 2u
 
 typedef struct {
     uint16_t type;
@@ -100,12 +125,15 @@ typedef struct {
             uint64_t req_addr, req_len; /* the request's extent, checked as a whole */
             uint64_t req_uid;
             uint64_t epoch; /* the source's epoch as the requester knows it; 0: not sent */
+            uint32_t flags; /* OTE_RP_GF_*; 0: not sent (sent only with an epoch) */
         } grant;
         struct {
             uint64_t req_uid, req_len, bytes;
         } wo;
         struct {
             uint32_t rkey;
+            uint32_t flags; /* 0 (short form) or OTE_RP_RESP_STAGED */
+            uint64_t base;  /* staged: the window's (bounce buffer's) address */
         } resp;
         struct {
             uint32_t pair;
@@ -113,10 +141,13 @@ typedef struct {
         struct {
             uint32_t pair, cap, slot, src_qpn, rkey;
         } rel;
+        struct {
+            uint32_t rkey; /* the staged WRITE grant's window, as its answer named it */
+        } commit;
     } u;
 } ote_rp_msg_t;
 
-#define OTE_RP_MAX_BODY 72u /* the longest form: INFO or GRANT_REQ with the epoch */
+#define OTE_RP_MAX_BODY 76u /* the longest form: GRANT_REQ with the epoch and flags */
 
 /* Encode into buf (>= OTE_RP_MAX_BODY bytes); returns the body length. */
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf);

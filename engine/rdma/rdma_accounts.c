@@ -40,6 +40,7 @@ struct acct {
     int pinned_once; /* the first grant checked the extent (st says how it went) */
     ote_status_t st; /* OTE_OK, or the refusal every grant of the request gets */
     void *pin;       /* the engine's pin of the extent */
+    int staged;      /* device memory, served through bounce buffers (rdma_stage.c) */
     uint32_t op;
     uint64_t req_addr, req_len;
     uint64_t left; /* bytes not yet asked for (by a grant) nor written off */
@@ -126,22 +127,30 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
         unsigned perm = a->op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
         void *pin = NULL;
         ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
+        int staged = 0;
         if (pst == OTE_OK && tp->host.pin_kind != NULL &&
             OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
-            /* Device memory is not served to peers here: GPUDirect RDMA source grants
-             * (an exact-range MR in a private PD per grant) are not built, and RDMA has
-             * no source-side staging (the NIC reads and writes the range itself). A
-             * requester's own device buffer may still move directly (rdma_direct.c). */
-            tp->host.unpin(tp->host.arg, pin);
-            pin = NULL;
-            pst = OTE_ERR_UNSUPPORTED;
-            OTE_WARN_LIMITED("rdma",
-                             "refused %s request of %llu bytes at 0x%llx from %s: device "
-                             "memory over rdma needs GPUDirect RDMA source grants, which "
-                             "are not built (reach it over tcp or shm, which stage it)",
-                             a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
-                             (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
-                             c->peer_addr);
+            /* Device memory has no MR here (GPUDirect RDMA is not built): it is served
+             * through bounce buffers when the requester takes staged answers (whether
+             * gpu_paths allows staging is asked by each grant's stage_get, which names
+             * what is missing); else refused, naming why. */
+            const char *why = NULL;
+            if ((rq->u.grant.flags & OTE_RP_GF_STAGE) == 0)
+                why =
+                    "device memory over rdma needs GPUDirect RDMA, which is not built, or "
+                    "source-side staging, which the requester does not take (an older "
+                    "engine)";
+            if (why == NULL) {
+                staged = 1;
+            } else {
+                tp->host.unpin(tp->host.arg, pin);
+                pin = NULL;
+                pst = OTE_ERR_UNSUPPORTED;
+                OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s",
+                                 a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
+                                 (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
+                                 c->peer_addr, why);
+            }
         } else if (pst != OTE_OK)
             OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s",
                              a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
@@ -150,6 +159,7 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
         ote_mutex_lock(&tp->mu);
         a->st = pst;
         a->pin = pst == OTE_OK ? pin : NULL;
+        a->staged = pst == OTE_OK && staged;
         ote_mutex_unlock(&tp->mu);
     }
     if (a == NULL) return st;
@@ -210,4 +220,10 @@ void ote__rdma_acct_end_conn(rdma_tp_t *tp, const conn_t *c) {
         if (end == NULL) return; /* the rest end with their last grant */
         acct_free(tp, end);
     }
+}
+
+void *ote__rdma_acct_staged(const acct_t *a) {
+    /* Set by the request's first grant before any grant of it is served (the same server
+     * thread), read-only after. */
+    return a->staged ? a->pin : NULL;
 }

@@ -40,6 +40,33 @@
  * sends RELEASE once none of its WRs is in flight, to a source that advertised
  * rdma_release=1, which ends that source grant at once instead of at its deadline.
  *
+ * Source-side staging (rdma_stage.c, rdma_commit.c; README "GPU memory"): a registration
+ * of device memory has no MR (GPUDirect RDMA is another path), so it is served through
+ * bounce buffers when the source's gpu_paths has staging and the requester takes staged
+ * answers. A source advertises rdma_stage=1; a requester that saw it (and the source's
+ * epoch) sets OTE_RP_GF_STAGE in its GRANT_REQs (proto.h). The source's account marks the
+ * request staged (rdma_accounts.c); each of its grants takes a host bounce buffer of
+ * exactly the grant's length (host->stage_get: a pinned chunk when it fits one, else
+ * heap; so a staged grant is never larger than its bounce, and at most rdma_grant_max,
+ * the largest grant a requester asks), copies the range device-to-host into it
+ * synchronously on the server thread (host->stage_copy, until the grant's deadline: a
+ * READ's bytes, a WRITE's current bytes so that what a canceled grant never wrote goes
+ * back unchanged), registers a temporary MW-bindable MR over it in the grant's device
+ * and serves the grant with the window bound over exactly the bounce bytes; GRANT_RESP
+ * in its staged form carries the bounce address, and the requester's grant addresses
+ * its READs / WRITEs from there (ote_grant_on_answer_at). A WRITE's answer also says
+ * COMMIT: its grant's receipt (seen on the QP before the grant layer takes it) marks the
+ * bounce landed, and the grant's end copies it host-to-device (on the thread that ends
+ * the grant) and sends COMMIT (grant id, rkey, status); the requester's run ends only on
+ * it (rdma_commit.c: parked at its grant's end, OK or not, since the source may still
+ * copy a canceled grant's bounce; the connection's loss or the run's deadline fail it). The grant's end (receipt, deadline, RELEASE, the requester's loss),
+ * after its window is invalidated or deallocated, deregisters the MR and returns the
+ * bounce buffer; an MR that does not deregister keeps its bounce buffer for good
+ * (retained, counted), never reused. A failed copy refuses the grant or fails the COMMIT
+ * (OTE_ERR_REMOTE to the requester, the driver's status in the source's log; a copy of
+ * unknown outcome is retained by engine/gpu). A requester without OTE_RP_GF_STAGE and a
+ * gpu_paths without staging are refused, naming what is missing.
+ *
  * Data path: every allowed device whose port is active or down at creation is a data
  * device (rdma_nic_t: context, lanes, endpoint store, grant manager; one whose port is
  * down starts paused and joins when it comes up); both sides advertise their devices in
@@ -65,6 +92,8 @@
  *                     (checked against the engine's registrations, served by a window),
  *                     the grant layer's source callbacks
  *   rdma_accounts.c   the source's account of each request: one check, one pin
+ *   rdma_stage.c      the source's bounce buffers for device memory (staging), COMMIT
+ *   rdma_commit.c     the requester's waits for COMMIT of staged WRITEs
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake (the peer's epoch: a restarted peer fails the segment),
  *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
@@ -207,6 +236,7 @@ typedef struct conn {
     uint16_t version; /* negotiated in the handshake; 0 before it */
     int release_ok;   /* requester side: the source advertised rdma_release=1 (RELEASE) */
     int cepoch_ok;    /* requester side: it advertised rdma_connect_epoch=1 (proto.h) */
+    int stage_ok;     /* requester side: the source advertised rdma_stage=1 (staged READs) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -254,7 +284,26 @@ typedef struct grant_id_ent {
     /* What a RELEASE of a late answer names: the pair, the capability (0 READ, 1 WRITE),
      * the slot and the source's QP on it. */
     uint32_t pair, cap, slot, src_qpn;
+    ote__slice_t *s; /* the run (its first slice): a staged WRITE's COMMIT wait names it */
 } gid_ent_t;
+
+/* Requester: a staged WRITE grant answered OK (GRANT_RESP with OTE_RP_RESP_COMMIT): its
+ * run ends only with the source's COMMIT (rdma_commit.c). Linked in p->commits under
+ * p->mu by the reader before the answer goes to the grant layer; taken by whoever ends
+ * the run: the grant's end (a COMMIT already here), the COMMIT (a run parked by its
+ * grant's end, OK or not: the source may still copy a canceled grant's bounce), the loss
+ * of the connection, or the monitor at the run's deadline. */
+typedef struct commit_wait {
+    struct commit_wait *next;
+    uint64_t id;   /* the grant's wire id */
+    uint32_t rkey; /* the window its answer named */
+    ote__slice_t *s;
+    ote_deadline_t deadline;
+    int parked;       /* its grant ended (gst): the run waits here for the COMMIT */
+    ote_status_t gst; /* the grant's own status (a failure or cancel is kept) */
+    int got;          /* the COMMIT came (or the connection was lost): st */
+    ote_status_t st;
+} cwait_t;
 
 /* A requester grant's id on the wire names the device whose grant manager owns it. */
 #define OTE__RDMA_GRANT_WIRE(nic, id) (((uint64_t)(nic) << 32) | (uint64_t)(id))
@@ -277,6 +326,7 @@ struct ote__tpeer {
     call_t *calls;
     note_t *notes;
     gid_ent_t *grants; /* grant ids waiting for an answer */
+    cwait_t *commits;  /* staged WRITE runs waiting for their COMMIT (rdma_commit.c) */
     uint64_t next_call, next_note;
     /* requester endpoints per local data device and capability (READ, WRITE): device i
      * pairs with the peer's device i % c->ndev */
@@ -385,6 +435,7 @@ struct ote__rdma_tp {
     size_t nsconns;
     ote__tpeer_t *peers;            /* open requester peers (notification deadlines) */
     acct_t *accts;                  /* source: accounts of requests (rdma_accounts.c), under mu */
+    struct rdma_stage *stages;      /* source: staged WRITEs answered OK (rdma_stage.c), under mu */
     uint64_t epoch;                 /* host->epoch, sent in INFO / INFO_ACK (read-only) */
     _Atomic uint32_t dev_gen;       /* monitor: +1 each time a data device comes up */
     struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
@@ -489,6 +540,36 @@ void ote__rdma_acct_write_off(conn_t *c, const ote_rp_msg_t *rq);
 /* c's control connection ended (NULL: teardown, no grant left): nothing more will come;
  * accounts end now or with their last grant. */
 void ote__rdma_acct_end_conn(rdma_tp_t *tp, const conn_t *c);
+/* The engine's pin of the request's registration when the request is served by
+ * staging (device memory), else NULL. */
+void *ote__rdma_acct_staged(const acct_t *a);
+
+/* ---- rdma_stage.c: bounce buffers of staged grants at the source ------------------- */
+
+typedef struct rdma_stage rdma_stage_t;
+/* Server thread: a bounce buffer for the grant [addr, +len) (write: a WRITE grant) of
+ * the staged request whose registration pin is reg_pin, holding the range's bytes
+ * (copied from the device until dl) and with a MW-bindable MR in nic's context. OTE_OK
+ * with *st_out, else the refusal (nothing held). */
+ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
+                                  uint64_t addr, uint64_t len, ote_deadline_t dl,
+                                  rdma_stage_t **st_out);
+struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st);
+uint64_t ote__rdma_stage_base(const rdma_stage_t *st);
+/* A WRITE's COMMIT goes on c (a reference taken) with req_id (the grant's wire id); its
+ * window is on our QP qpn. The answer then holds a reference: ote__rdma_stage_answered
+ * (the grant's answer ans with the window's rkey) drops it. No-ops for a READ. */
+void ote__rdma_stage_commit_to(rdma_stage_t *st, conn_t *c, uint64_t req_id, uint32_t qpn);
+void ote__rdma_stage_answered(rdma_tp_t *tp, rdma_stage_t *st, ote_status_t ans, uint32_t rkey);
+/* A receive on our QP qpn of device nic (before the grant layer takes it as a receipt):
+ * a successful one that invalidates a staged WRITE's window marks its bytes landed. */
+void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
+                             const struct ibv_wc *wc);
+/* The grant over it ended (its window is dead): a WRITE answered OK copies the bounce to
+ * the device if its receipt came and sends its COMMIT; then the MR is deregistered and
+ * the bounce buffer given back (retained when the MR does not deregister). Any thread,
+ * no lock held. */
+void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st);
 
 /* ---- rdma_peer.c: the requester's control connection ------------------------------ */
 
@@ -501,6 +582,28 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
 /* Monitor: evict the endpoints of requester peers whose control connection is dead and
  * that have nothing queued or pumping (a reconnect gets fresh ones). */
 void ote__rdma_peers_evict_dead(rdma_tp_t *tp);
+
+/* ---- rdma_commit.c: the requester's waits for COMMIT (staged WRITEs) ---------------- */
+
+/* Reader, before a staged WRITE's OK answer goes to the grant layer: its run (s) ends
+ * only with the COMMIT of grant id naming rkey. OTE_ERR_NOMEM: nothing linked. */
+ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey, ote__slice_t *s);
+/* Reader: the grant layer did not take that answer (its grant had ended): unlink it. */
+void ote__rdma_commit_drop(ote__tpeer_t *p, uint64_t id);
+/* The grant of run s ended with *st: 1 when the run now waits for its COMMIT (parked,
+ * whatever *st: the source may still copy; the caller leaves it), else 0 with *st its
+ * final status (the COMMIT's when it came and the grant ended OK). */
+int ote__rdma_commit_park(ote__tpeer_t *p, ote__slice_t *s, ote_status_t *st);
+/* Reader: a COMMIT (req_id id, status st, rkey). One naming no wait of p, or another
+ * rkey, is ignored (logged). */
+void ote__rdma_commit_on_msg(ote__tpeer_t *p, uint64_t id, ote_status_t st, uint32_t rkey);
+/* Reader, its connection lost: parked runs end with OTE_ERR_PEER_LOST, the others will
+ * when their grant ends. */
+void ote__rdma_commits_lost(ote__tpeer_t *p);
+/* Monitor: parked runs past their deadline end with OTE_ERR_TIMEOUT. */
+void ote__rdma_commits_expire(rdma_tp_t *tp);
+/* rdma_requester.c: end the run s whose grant (and COMMIT, if staged) ended with st. */
+void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st);
 
 /* ---- rdma_pump.c: the peers' slice queues and the pump ----------------------------- */
 

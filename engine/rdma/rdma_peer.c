@@ -75,18 +75,56 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
         ote_mutex_lock(&p->mu);
         gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
         ote_mutex_unlock(&p->mu);
+        /* A staged answer (its window over a bounce buffer at base) is taken only for a
+         * READ grant asked with OTE_RP_GF_STAGE: any other is the peer's protocol error,
+         * the grant fails and the connection closes. */
+        int staged = rp.u.resp.flags != 0;
+        int commit = (rp.u.resp.flags & OTE_RP_RESP_COMMIT) != 0;
+        if (staged && (!c->stage_ok || c->epoch == 0 ||
+                       (mine != NULL && (mine->cap != 0) != (commit != 0)))) {
+            OTE_WARN("rdma",
+                     "control to %s: staged GRANT_RESP for grant %llx that did not ask "
+                     "for one: closing",
+                     p->name, (unsigned long long)m->req_id);
+            uint32_t nk = (uint32_t)(m->req_id >> 32);
+            if (mine != NULL && nk < tp->nnics)
+                (void)ote_grant_on_answer(tp->nics[nk].gm, m->req_id & 0xffffffffu,
+                                          OTE_ERR_PROTOCOL, 0);
+            ote_free(mine);
+            return -1;
+        }
         /* The wire id names the device whose grant manager owns the grant. */
         uint32_t nic = (uint32_t)(m->req_id >> 32);
+        /* A staged WRITE: its run waits for the COMMIT, linked before the grant can end. */
+        int waits = 0;
+        if (commit && st == OTE_OK && mine != NULL && nic < tp->nnics) {
+            if (ote__rdma_commit_expect(p, m->req_id, rp.u.resp.rkey, mine->s) != OTE_OK) {
+                /* Never used: fail it, and the source may drop the window at once. */
+                (void)ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, OTE_ERR_NOMEM,
+                                          0);
+                ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,
+                                       rp.u.resp.rkey);
+                ote_free(mine);
+                return 0;
+            }
+            waits = 1;
+        }
         if (mine != NULL && nic < tp->nnics &&
-            ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey) ==
-                OTE_ERR_NOT_FOUND &&
+            ote_grant_on_answer_at(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey,
+                                   staged, rp.u.resp.base) == OTE_ERR_NOT_FOUND &&
             st == OTE_OK) {
             /* Its grant ended before this answer (deadline, port down) and posted nothing
              * under the window: the source may drop it now. */
             ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,
                                    rp.u.resp.rkey);
+            if (waits) ote__rdma_commit_drop(p, m->req_id);
         }
         ote_free(mine);
+        return 0;
+    }
+    if (rp.type == OTE_RP_COMMIT) {
+        /* Only a wait of ours matches (grant id and window); anything else is ignored. */
+        ote__rdma_commit_on_msg(p, m->req_id, st, rp.u.commit.rkey);
         return 0;
     }
     /* A CONNECT for another incarnation (proto.h): a cache miss, nothing was built. */
@@ -152,6 +190,7 @@ static void *reader_main(void *arg) {
     ote_cond_broadcast(&p->cv);
     ote_mutex_unlock(&p->mu);
     ote__rdma_notes_end(notes, OTE_ERR_PEER_LOST);
+    ote__rdma_commits_lost(p);
     while (grants != NULL) {
         gid_ent_t *g = grants;
         grants = g->next;
@@ -311,6 +350,9 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     c->version = ver;
     c->release_ok = adv_flag(&a, "rdma_release");
     c->cepoch_ok = adv_flag(&a, "rdma_connect_epoch");
+    /* Staged READs of its device memory (rdma_stage=1): GRANT_REQs ask with
+     * OTE_RP_GF_STAGE, and a staged GRANT_RESP is accepted from it only then. */
+    c->stage_ok = adv_flag(&a, "rdma_stage");
     ote_mutex_lock(&p->mu);
     p->c = c;
     ote_mutex_unlock(&p->mu);

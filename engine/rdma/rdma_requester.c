@@ -71,6 +71,7 @@ void ote__rdma_notes_end(note_t *list, ote_status_t st) {
  * queue_expire, slices queued behind a QP build). */
 void ote__rdma_notes_expire(rdma_tp_t *tp) {
     ote__rdma_queue_expire(tp);
+    ote__rdma_commits_expire(tp);
     uint64_t now = ote_now_ns();
     note_t *expired = NULL;
     ote_mutex_lock(&tp->mu);
@@ -122,7 +123,7 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
  * extent). ote_grant_start() calls request() before it returns, so it lives on the stack. */
 typedef struct {
     ote__tpeer_t *p;
-    const ote__slice_t *s;
+    ote__slice_t *s;    /* the run (its first slice) */
     uint32_t nic, pair; /* our device; (the peer's device << 8) | ours */
 } garg_t;
 
@@ -138,6 +139,7 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     g->cap = op == OTE_GRANT_WRITE ? 1 : 0;
     g->slot = slot;
     g->src_qpn = remote_qpn;
+    g->s = ga->s;
     ote_mutex_lock(&p->mu);
     g->next = p->grants;
     p->grants = g;
@@ -155,6 +157,9 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.req_uid = ga->s->req_uid;
     rq.u.grant.pair = ga->pair;
     rq.u.grant.epoch = p->c->epoch; /* 0 for a peer without epochs: not sent */
+    /* A source that serves READs of its device memory staged (rdma_stage=1): say that we
+     * take a staged answer (sent only with an epoch, proto.h). */
+    if (p->c->stage_ok && p->c->epoch != 0) rq.u.grant.flags = OTE_RP_GF_STAGE;
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
     ote_endpoint_t *ep = p->ep[ga->nic][op == OTE_GRANT_WRITE ? 1 : 0];
     ote_qp_t *qp = NULL;
@@ -254,6 +259,12 @@ void ote__rdma_run_requeue(ote__tpeer_t *p, ote__slice_t *s) {
 
 static void slice_grant_done(void *arg, ote_status_t st) {
     ote__slice_t *s = arg; /* the run's first slice; the others follow by next */
+    /* A staged WRITE ends with the source's COMMIT (rdma_commit.c). */
+    if (ote__rdma_commit_park(s->xp.rdma.peer, s, &st)) return;
+    ote__rdma_run_finish(s, st);
+}
+
+void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
     rdma_tp_t *tp = s->xp.rdma.tp;
     ote__tpeer_t *p = s->xp.rdma.peer;
     rdma_nic_t *n = &tp->nics[s->xp.rdma.nic];

@@ -27,19 +27,24 @@ typedef struct {
     uint64_t req_id;
     rdma_nic_t *nic;
     uint64_t len;
+    uint64_t base;       /* nonzero: a staged grant, its window over the bounce buffer there */
+    int write;           /* a staged WRITE: the answer asks for the COMMIT wait */
+    rdma_stage_t *stage; /* a staged WRITE's bounce (a reference, rdma_stage.c) */
 } answer_t;
 
 /* The request account of the GRANT_REQ being served on this (server) thread, handed to
  * src_pin, which ote_grant_serve() calls before it returns; pinned: src_pin took it. */
 static _Thread_local struct {
     acct_t *a;
+    rdma_stage_t *stage; /* a staged grant: its bounce buffer (rdma_stage.c) */
     int pinned;
 } tl_serve;
 
-/* A grant's pin: its bytes of its request's account. */
+/* A grant's pin: its bytes of its request's account, and a staged grant's bounce. */
 typedef struct {
     acct_t *a;
     uint64_t len;
+    rdma_stage_t *stage;
 } grant_pin_t;
 
 static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
@@ -50,13 +55,17 @@ static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64
     grant_pin_t *gp = ote_malloc(sizeof(*gp));
     if (gp == NULL) return OTE_ERR_NOMEM;
     struct ibv_mr *mr = NULL;
-    ote_status_t st = ote_buffer_manager_find(tp->bm, (const void *)(uintptr_t)addr, len, ctx, &mr);
+    ote_status_t st = OTE_OK;
+    if (tl_serve.stage != NULL) /* [addr, +len) is exactly the bounce buffer */
+        mr = ote__rdma_stage_mr(tl_serve.stage);
+    else st = ote_buffer_manager_find(tp->bm, (const void *)(uintptr_t)addr, len, ctx, &mr);
     if (st != OTE_OK) {
         ote_free(gp);
         return st;
     }
     gp->a = tl_serve.a;
     gp->len = len;
+    gp->stage = tl_serve.stage;
     ote__rdma_acct_hold(tp, gp->a, len);
     tl_serve.pinned = 1;
     *mr_out = mr;
@@ -67,6 +76,8 @@ static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64
 static void src_unpin(void *arg, void *pin) {
     rdma_tp_t *tp = arg;
     grant_pin_t *gp = pin;
+    /* The grant's window is dead by now (invalidated by its receipt, or deallocated). */
+    ote__rdma_stage_end(tp, gp->stage);
     ote__rdma_acct_settle(tp, gp->a, 0, gp->len);
     ote_free(gp);
 }
@@ -75,15 +86,18 @@ static void src_unpin(void *arg, void *pin) {
  * (ACCESS, ...) as it is; any other failure (alloc/bind of the window failed, the window
  * expired) as OTE_ERR_REMOTE_ACCESS: our native reasons stay in our log. */
 static ote_status_t grant_refusal(ote_status_t st) {
-    if (st == OTE_OK || st == OTE_ERR_ACCESS || st == OTE_ERR_TOO_BIG || st == OTE_ERR_AGAIN)
+    if (st == OTE_OK || st == OTE_ERR_ACCESS || st == OTE_ERR_TOO_BIG || st == OTE_ERR_AGAIN ||
+        st == OTE_ERR_UNSUPPORTED)
         return st;
     return OTE_ERR_REMOTE_ACCESS;
 }
 
 static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey) {
-    (void)arg;
+    rdma_tp_t *tp = arg;
     answer_t *a = (answer_t *)(uintptr_t)actx;
     st = grant_refusal(st);
+    /* Before the answer goes: its receipt may follow at once. */
+    ote__rdma_stage_answered(tp, a->stage, st, rkey);
     /* Counted before the GRANT_RESP goes: once the requester has it, its request may end
      * (and its user read both engines' stats) before this thread runs again. */
     if (st == OTE_OK) atomic_fetch_add(&a->nic->src_bytes, a->len);
@@ -91,6 +105,10 @@ static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey)
     memset(&rp, 0, sizeof(rp));
     rp.type = OTE_RP_GRANT_RESP;
     rp.u.resp.rkey = rkey;
+    if (st == OTE_OK && a->base != 0) { /* staged: the requester addresses the bounce */
+        rp.u.resp.flags = OTE_RP_RESP_STAGED | (a->write ? OTE_RP_RESP_COMMIT : 0);
+        rp.u.resp.base = a->base;
+    }
     (void)ote__rdma_conn_send_rp(a->c, a->req_id, st, &rp);
     ote__rdma_conn_put(a->c);
     ote_free(a);
@@ -99,6 +117,7 @@ static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey)
 void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *buf) {
     (void)buf;
     rdma_nic_t *n = arg; /* the device whose QP took the receipt */
+    ote__rdma_stage_receipt(n->tp, n, ote_qp_num(qp), wc);
     ote_grant_source_receipt(n->gm, ote_qp_num(qp), wc);
 }
 
@@ -269,8 +288,35 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                  ote_status_str(st));
     } else {
         answer_t *a = ote_calloc(1, sizeof(*a));
+        ote_deadline_t dl =
+            ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
+        rdma_stage_t *stage = NULL;
+        void *reg_pin = ote__rdma_acct_staged(acct);
+        uint64_t addr = rq->u.grant.addr;
         if (a == NULL) {
             st = OTE_ERR_NOMEM;
+        } else if (reg_pin != NULL) {
+            /* Device memory: the grant's bytes go to a bounce buffer first, and the window
+             * covers exactly that (rdma_stage.c). A failed copy is the source's failure. */
+            int write = rq->u.grant.op == OTE_GRANT_WRITE;
+            st = ote__rdma_stage_take(tp, nic, reg_pin, write, addr, rq->u.grant.len, dl, &stage);
+            if (st == OTE_OK) {
+                addr = ote__rdma_stage_base(stage);
+                a->base = addr;
+                if (write) {
+                    a->write = 1;
+                    a->stage = stage;
+                    ote__rdma_stage_commit_to(stage, c, req_id, ote_qp_num(qp));
+                }
+            } else {
+                int code = ote_status_code(st);
+                if (code != OTE_ERR_UNSUPPORTED && code != OTE_ERR_TOO_BIG &&
+                    code != OTE_ERR_AGAIN && code != OTE_ERR_NOMEM)
+                    st = OTE_ERR_REMOTE; /* the driver's status is in our log */
+            }
+        }
+        if (st != OTE_OK) {
+            ote_free(a);
             ote_endpoint_return(ep, rq->u.grant.slot, qp);
         } else {
             a->c = c;
@@ -278,15 +324,18 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             a->nic = nic;
             a->len = rq->u.grant.len;
             ote__rdma_conn_get(c);
-            ote_deadline_t dl =
-                ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
             tl_serve.a = acct;
+            tl_serve.stage = stage;
             tl_serve.pinned = 0;
             st = ote_grant_serve(nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op,
-                                 rq->u.grant.addr, rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
+                                 addr, rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
             pinned = tl_serve.pinned;
             tl_serve.a = NULL;
+            tl_serve.stage = NULL;
+            /* The grant's pin owns the bounce once src_pin took it (src_unpin ends it). */
+            if (!pinned) ote__rdma_stage_end(tp, stage);
             if (st != OTE_OK) {
+                ote__rdma_stage_answered(tp, a->stage, st, 0); /* never answered */
                 /* Refused before any window exists; the borrow stays ours. */
                 ote_endpoint_return(ep, rq->u.grant.slot, qp);
                 ote__rdma_conn_put(c);
@@ -356,7 +405,9 @@ void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq) {
 
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
     (void)t;
-    static const char kAdv[] = "rdma_release=1;rdma_connect_epoch=1";
+    /* rdma_stage=1: READs of device memory are served staged (rdma_stage.c) to a
+     * requester that asks with OTE_RP_GF_STAGE. */
+    static const char kAdv[] = "rdma_release=1;rdma_connect_epoch=1;rdma_stage=1";
     if (len < sizeof(kAdv)) return OTE_ERR_TOO_BIG;
     memcpy(buf, kAdv, sizeof(kAdv));
     return OTE_OK;

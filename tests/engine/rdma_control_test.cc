@@ -106,6 +106,38 @@ int FakeHandshake(int lfd, const std::string &addr) {
     }
 }
 
+// The same with the source's advertisement (HELLO_ACK info) on both connections, e.g.
+// "transports=rdma;rdma_release=1".
+int FakeSourceHandshake(int lfd, const std::string &addr, const std::string &info) {
+    for (int i = 0; i < 4; i++) {
+        int c = AcceptWithin(lfd, 10000);
+        if (c < 0) return -1;
+        std::vector<uint8_t> buf;
+        ote_ctl_msg_t m;
+        if (!ReadFrame(c, &buf, &m) || m.opcode != OTE_CTL_HELLO) {
+            close(c);
+            return -1;
+        }
+        ote_ctl_msg_t a{};
+        a.version = 1;
+        a.opcode = OTE_CTL_HELLO_ACK;
+        a.req_id = m.req_id;
+        a.u.hello_ack.version = 1;
+        a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
+        a.u.hello_ack.addr = addr.c_str();
+        a.u.hello_ack.addr_len = (uint32_t)addr.size();
+        a.u.hello_ack.info = info.c_str();
+        a.u.hello_ack.info_len = (uint16_t)info.size();
+        if (!SendAll(c, Encode(a))) {
+            close(c);
+            return -1;
+        }
+        if (m.u.hello.role != OTE_CTL_ROLE_INFO) return c;
+        close(c);
+    }
+    return -1;
+}
+
 class RdmaControlTest : public ote_test::OteTest {};
 
 // Joins a thread on every way out of its scope, ASSERTs included: a failed assertion then
@@ -454,32 +486,10 @@ void LateAnswerToFakeSource(bool advertise) {
     JoinOnExit join_opener{opener};
     // The handshakes: the router's (answered with the advertisement, closed), then the
     // transport's control connection.
-    int fd = -1;
     std::vector<uint8_t> buf;
     ote_ctl_msg_t m;
     const std::string info = advertise ? "transports=rdma;rdma_release=1" : "transports=rdma";
-    for (int i = 0; i < 4 && fd < 0; i++) {
-        int c = AcceptWithin(lfd, 10000);
-        ASSERT_GE(c, 0);
-        ASSERT_TRUE(ReadFrame(c, &buf, &m));
-        ASSERT_EQ(m.opcode, OTE_CTL_HELLO);
-        ote_ctl_msg_t a{};
-        a.version = 1;
-        a.opcode = OTE_CTL_HELLO_ACK;
-        a.req_id = m.req_id;
-        a.u.hello_ack.version = 1;
-        a.u.hello_ack.max_data = OTE_CTL_MAX_DATA;
-        a.u.hello_ack.addr = addr.c_str();
-        a.u.hello_ack.addr_len = (uint32_t)addr.size();
-        a.u.hello_ack.info = info.c_str();
-        a.u.hello_ack.info_len = (uint16_t)info.size();
-        ASSERT_TRUE(SendAll(c, Encode(a)));
-        if (m.u.hello.role == OTE_CTL_ROLE_INFO) {
-            close(c);
-            continue;
-        }
-        fd = c;
-    }
+    int fd = FakeSourceHandshake(lfd, addr, info);
     ASSERT_GE(fd, 0);
     ASSERT_TRUE(ReadFrame(fd, &buf, &m)); // INFO
     ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, OTE_OK, InfoBody(2))));
@@ -730,6 +740,110 @@ TEST_F(RdmaControlTest, DestroyJoinsControlThreadsOfOpenConnections) {
         EXPECT_TRUE(ClosedByPeer(fd, 20000));
         close(fd);
     }
+}
+
+// Source-side staging against a hostile source (engine/rdma/rdma_commit.c): a source
+// that advertises rdma_stage=1 (and sends its epoch) is asked with the staging flag
+// (GRANT_REQ of 76 bytes, flags 1). A COMMIT is the source's word that a staged WRITE's
+// bytes reached its device memory, so a requester takes one only for a staged WRITE grant
+// it is waiting on: COMMITs naming another grant, or the right grant before its answer,
+// complete nothing (the request still ends at its deadline) and keep the connection; a
+// malformed COMMIT (a body of the wrong size) is a protocol error that closes it.
+TEST_F(RdmaControlTest, ForgedOrMalformedCommitIsRefused) {
+    std::string addr;
+    int lfd = ote_test::ListenLoopback(16, &addr);
+    ASSERT_GE(lfd, 0);
+    ote_config_t *cfg = ote_test::RdmaConfig("1500");
+    ASSERT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+    ote_engine_t *e = nullptr;
+    ASSERT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+    ote_config_destroy(cfg);
+    std::atomic<ote_status_t> open_st{OTE_ERR_STATE};
+    ote_segment_t *seg = nullptr;
+    std::thread opener([&] { open_st = ote_segment_open(e, addr.c_str(), &seg); });
+    JoinOnExit join_opener{opener};
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    int fd = FakeSourceHandshake(lfd, addr, "transports=rdma;rdma_release=1;rdma_stage=1");
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m)); // INFO
+    // INFO_ACK with the source's epoch (proto.h: one device, then the epoch): 72 bytes.
+    std::vector<uint8_t> info = InfoBody(2);
+    info.resize(72, 0);
+    uint32_t ndev = 1, nic = 1;
+    uint64_t epoch = 0x5eed5eed5eedull;
+    memcpy(&info[28], &ndev, 4);
+    memcpy(&info[32], &nic, 4);
+    memcpy(&info[64], &epoch, 8);
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, OTE_OK, info)));
+    opener.join();
+    ASSERT_EQ(open_st.load(), OTE_OK);
+    std::vector<uint8_t> data(64u << 10, 7);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(e, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, data.data(), seg, 0x100000, data.size()};
+    std::atomic<ote_status_t> sub_st{OTE_ERR_STATE};
+    std::thread submitter([&] { sub_st = ote_batch_submit(b, &r, 1); });
+    JoinOnExit join_submitter{submitter};
+    constexpr uint32_t kQpn = 0x4321, kRkey = 0xabcd01;
+    uint64_t grant_id = 0;
+    while (grant_id == 0) {
+        ASSERT_TRUE(ReadFrame(fd, &buf, &m)) << "no GRANT_REQ came";
+        ASSERT_EQ(m.opcode, OTE_CTL_RDMA);
+        ASSERT_GE(m.u.rdma.len, 4u);
+        uint16_t type = (uint16_t)(m.u.rdma.body[0] | (m.u.rdma.body[1] << 8));
+        if (type == 3) { // CONNECT: answer our path (gid, lid, qpn, psn, mtu 1024)
+            std::vector<uint8_t> ack(36, 0);
+            ack[0] = 4; // CONNECT_ACK
+            ack[4 + 15] = 1;
+            uint32_t qpn = kQpn, psn = 1, mtu = 3;
+            memcpy(&ack[4 + 20], &qpn, 4);
+            memcpy(&ack[4 + 24], &psn, 4);
+            memcpy(&ack[4 + 28], &mtu, 4);
+            ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, m.req_id, OTE_OK, ack)));
+        } else {
+            ASSERT_EQ(type, 5) << "neither CONNECT nor GRANT_REQ";
+            // Asked with the staging flag, after the source's epoch.
+            ASSERT_EQ(m.u.rdma.len, 76u);
+            uint64_t got_epoch = 0;
+            uint32_t flags = 0;
+            memcpy(&got_epoch, m.u.rdma.body + 64, 8);
+            memcpy(&flags, m.u.rdma.body + 72, 4);
+            EXPECT_EQ(got_epoch, epoch);
+            EXPECT_EQ(flags, 1u);
+            grant_id = m.req_id;
+        }
+    }
+    submitter.join();
+    ASSERT_EQ(sub_st.load(), OTE_OK);
+    // COMMITs the requester waits for none of: another grant id, and the right grant
+    // before its answer (so before any staged WRITE of it exists), OK status.
+    std::vector<uint8_t> commit(8, 0);
+    commit[0] = 10; // COMMIT
+    uint32_t rkey = kRkey;
+    memcpy(&commit[4], &rkey, 4);
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, grant_id ^ 0x5, OTE_OK, commit)));
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, grant_id, OTE_OK, commit)));
+    // Nothing completes the request: it ends at its deadline (unanswered grant).
+    (void)ote_batch_wait(b, 30 * kSec);
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT) << ote_status_str(ts.error);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    // The connection is still up (the forged COMMITs were ignored): a malformed COMMIT
+    // now closes it.
+    EXPECT_FALSE(ClosedByPeer(fd, 200));
+    std::vector<uint8_t> bad = commit;
+    bad.resize(12, 0);
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, grant_id, OTE_OK, bad)));
+    EXPECT_TRUE(ClosedByPeer(fd, 10000)) << "a malformed COMMIT did not close the connection";
+    if (ts.state != OTE_TRANSFER_PENDING) {
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    close(fd);
+    close(lfd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
 } // namespace

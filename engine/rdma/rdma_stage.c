@@ -1,0 +1,219 @@
+/*
+ * engine/rdma/rdma_stage.c - source-side staging of device memory over RDMA: each
+ * grant of a staged request (rdma_accounts.c) gets a host bounce buffer of exactly its
+ * length from the engine (host->stage_get: a pinned chunk when it fits one, else heap),
+ * the range's bytes copied into it from the device (host->stage_copy, synchronous until
+ * the grant's deadline) and a temporary MW-bindable MR over it in the grant's device, so
+ * that the grant's window covers exactly the bounce bytes and nothing else. The grant's
+ * end (src_unpin in rdma_source.c, after the grant layer invalidated or deallocated the
+ * window) deregisters the MR and gives the bounce buffer back; an MR that will not
+ * deregister keeps its buffer (the NIC may still reach it): retained for good, counted in
+ * the device's context.
+ *
+ * A WRITE's bounce starts as a copy of the range (so bytes a canceled grant never wrote
+ * go back unchanged); its grant's receipt (a successful receive with invalidation of its
+ * window's rkey on its QP: every write of the requester completed) marks it landed, and
+ * its end copies it host-to-device (synchronously, on the thread that ends the grant,
+ * until the grant's deadline) before the COMMIT (status OK, or the failure) goes to the
+ * requester, whose request completes only on it. A grant that ends without its receipt
+ * (deadline, RELEASE, the requester's loss) copies nothing and commits a failure. See
+ * rdma_internal.h for the protocol around it.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/rdma/rdma_internal.h"
+#include "ote/ote.h"
+
+struct rdma_stage {
+    rdma_nic_t *nic;
+    void *tok; /* the engine's bounce token (host->stage_put) */
+    uint8_t *buf;
+    uint64_t len;
+    struct ibv_mr *mr;
+    /* A WRITE: the device range its bytes go to once they landed, and its COMMIT's
+     * destination (a reference on c; req_id = the grant's wire id). Listed in tp->stages
+     * (under tp->mu) from its answer to its end, under (nic, qpn, rkey), so that its
+     * receipt finds it. */
+    int write;
+    uint64_t dev_addr;
+    ote_deadline_t dl;
+    conn_t *c;
+    uint64_t req_id;
+    uint32_t qpn, rkey;
+    /* Under tp->mu: listed (answered OK, not ended), landed (its receipt came), ended
+     * (its grant ended) and refs (the grant's pin, and a WRITE's answer until it ran:
+     * the last one frees the struct). */
+    int listed, landed, ended, refs;
+    struct rdma_stage *next;
+};
+
+ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
+                                  uint64_t addr, uint64_t len, ote_deadline_t dl,
+                                  rdma_stage_t **st_out) {
+    if (tp->host.stage_get == NULL || tp->host.stage_copy == NULL || tp->host.stage_put == NULL)
+        return OTE_ERR_UNSUPPORTED;
+    /* The bounce holds the whole grant: a grant is never larger than rdma_grant_max (the
+     * largest a requester asks), and never more than one bounce can hold. */
+    if (len == 0 || len > tp->cfg.rdma_grant_max || len > UINT32_MAX) {
+        OTE_WARN_LIMITED("rdma",
+                         "staged READ grant of %llu bytes at 0x%llx refused: larger than "
+                         "rdma_grant_max (%llu), the largest bounce buffer",
+                         (unsigned long long)len, (unsigned long long)addr,
+                         (unsigned long long)tp->cfg.rdma_grant_max);
+        return OTE_ERR_TOO_BIG;
+    }
+    rdma_stage_t *st = ote_calloc(1, sizeof(*st));
+    if (st == NULL) return OTE_ERR_NOMEM;
+    st->nic = nic;
+    st->refs = 1;
+    st->len = len;
+    st->write = write;
+    st->dev_addr = addr;
+    st->dl = dl;
+    /* Path check (gpu_paths has staging, else a WARN naming what is missing) and the
+     * buffer. */
+    ote_status_t s =
+        tp->host.stage_get(tp->host.arg, reg_pin, (uint32_t)len, dl, &st->buf, &st->tok);
+    if (s != OTE_OK) {
+        ote_free(st);
+        return s;
+    }
+    /* READ: the bytes the requester reads. WRITE: the range as it is, so that the copy
+     * back after the receipt writes exactly what the requester wrote and, where a
+     * canceled grant left bytes unwritten, what was there (never the bounce's garbage). */
+    s = tp->host.stage_copy(tp->host.arg, st->tok, 0, addr, (uint32_t)len, dl);
+    if (s != OTE_OK) {
+        OTE_WARN_LIMITED("rdma",
+                         "staged %s grant of %llu bytes at 0x%llx: the copy from the device "
+                         "failed: %s",
+                         write ? "WRITE" : "READ", (unsigned long long)len,
+                         (unsigned long long)addr, ote_status_str(s));
+        tp->host.stage_put(tp->host.arg, st->tok); /* engine/gpu retains what it must */
+        ote_free(st);
+        return s;
+    }
+    int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), st->buf, len,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &st->mr);
+    if (err != 0) {
+        OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: errno %d",
+                 ote_context_name(nic->ctx), (unsigned long long)len, err);
+        tp->host.stage_put(tp->host.arg, st->tok);
+        ote_free(st);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
+    *st_out = st;
+    return OTE_OK;
+}
+
+struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st) {
+    return st->mr;
+}
+
+uint64_t ote__rdma_stage_base(const rdma_stage_t *st) { return (uint64_t)(uintptr_t)st->buf; }
+
+void ote__rdma_stage_commit_to(rdma_stage_t *st, conn_t *c, uint64_t req_id, uint32_t qpn) {
+    if (!st->write) return;
+    ote__rdma_conn_get(c);
+    st->c = c;
+    st->req_id = req_id;
+    st->qpn = qpn;
+    st->refs = 2; /* the answer's */
+}
+
+static void stage_unref_locked(rdma_stage_t *st, rdma_stage_t **free_out) {
+    if (--st->refs == 0) *free_out = st;
+}
+
+void ote__rdma_stage_answered(rdma_tp_t *tp, rdma_stage_t *st, ote_status_t ans, uint32_t rkey) {
+    if (st == NULL) return;
+    rdma_stage_t *fr = NULL;
+    ote_mutex_lock(&tp->mu);
+    if (ans == OTE_OK && !st->ended) {
+        st->rkey = rkey;
+        st->listed = 1;
+        st->next = tp->stages;
+        tp->stages = st;
+    }
+    stage_unref_locked(st, &fr);
+    ote_mutex_unlock(&tp->mu);
+    ote_free(fr);
+}
+
+void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
+                             const struct ibv_wc *wc) {
+    if (wc->status != IBV_WC_SUCCESS || !(wc->wc_flags & IBV_WC_WITH_INV)) return;
+    ote_mutex_lock(&tp->mu);
+    for (rdma_stage_t *st = tp->stages; st != NULL; st = st->next) {
+        if (st->nic == nic && st->qpn == qpn && st->rkey == wc->invalidated_rkey) {
+            /* The requester sends its receipt only after every write it posted under the
+             * window completed: the bounce holds its bytes. */
+            st->landed = 1;
+            break;
+        }
+    }
+    ote_mutex_unlock(&tp->mu);
+}
+
+/* A staged WRITE's grant ended: copy the bounce to the device when the receipt proved
+ * the bytes landed, and tell the requester (COMMIT) either way. */
+static void stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
+    ote_mutex_lock(&tp->mu);
+    int landed = st->landed, listed = st->listed;
+    st->ended = 1;
+    if (st->listed) {
+        rdma_stage_t **pp = &tp->stages;
+        while (*pp != NULL && *pp != st) pp = &(*pp)->next;
+        if (*pp != NULL) *pp = st->next;
+        st->listed = 0;
+    }
+    ote_mutex_unlock(&tp->mu);
+    /* Never answered OK (refused, or ended before its answer ran): the requester's grant
+     * fails on its own, no COMMIT is owed. */
+    if (!listed) return;
+    ote_status_t cst = OTE_ERR_REMOTE; /* ended without its receipt: nothing copied */
+    if (landed) {
+        ote_status_t s =
+            tp->host.stage_copy(tp->host.arg, st->tok, 1, st->dev_addr, (uint32_t)st->len, st->dl);
+        if (s == OTE_OK) {
+            cst = OTE_OK;
+        } else {
+            OTE_WARN_LIMITED("rdma",
+                             "staged WRITE of %llu bytes at 0x%llx from %s: the copy to the "
+                             "device failed: %s",
+                             (unsigned long long)st->len, (unsigned long long)st->dev_addr,
+                             st->c->peer_addr, ote_status_str(s));
+        }
+    }
+    ote_rp_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = OTE_RP_COMMIT;
+    m.u.commit.rkey = st->rkey;
+    (void)ote__rdma_conn_send_rp(st->c, st->req_id, cst, &m);
+}
+
+void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st) {
+    if (st == NULL) return;
+    if (st->c != NULL) stage_commit(tp, st);
+    if (st->c != NULL) ote__rdma_conn_put(st->c);
+    st->c = NULL;
+    int err = tp->v->ops->dereg_mr(tp->v, st->mr);
+    if (err != 0) {
+        /* The NIC may still reach the buffer: it is never given back (nor reused). */
+        ote_context_retained_add(st->nic->ctx, OTE_RETAINED_MR, 1);
+        OTE_WARN("rdma",
+                 "%s: dereg of a bounce buffer's MR failed: errno %d; MR and its %llu-byte "
+                 "buffer retained",
+                 ote_context_name(st->nic->ctx), err, (unsigned long long)st->len);
+    } else {
+        tp->host.stage_put(tp->host.arg, st->tok);
+    }
+    rdma_stage_t *fr = NULL;
+    ote_mutex_lock(&tp->mu);
+    st->ended = 1;
+    stage_unref_locked(st, &fr);
+    ote_mutex_unlock(&tp->mu);
+    ote_free(fr);
+}
