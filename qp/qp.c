@@ -130,7 +130,8 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     ia.cap.max_send_sge = cfg->max_send_sge > 0 ? cfg->max_send_sge : 1;
     ia.cap.max_recv_sge = 1;
     ia.cap.max_inline_data = cfg->max_inline;
-    int err = qp->v->ops->create_qp(qp->v, ote_context_pd(ctx), &ia, &qp->qp);
+    struct ibv_pd *pd = cfg->pd != NULL ? cfg->pd : ote_context_pd(ctx);
+    int err = qp->v->ops->create_qp(qp->v, pd, &ia, &qp->qp);
     if (err != 0) {
         OTE_ERROR("qp", "%s: create_qp(RC, %u send WRs, %u recv WRs) failed: errno %d",
                   ote_context_name(ctx), ia.cap.max_send_wr, ia.cap.max_recv_wr, err);
