@@ -396,6 +396,9 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
 
 uint32_t ote_qp_num(const ote_qp_t *qp) { return qp->qp_num; }
 ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp) { return qp->lane; }
+struct ibv_pd *ote_qp_pd(const ote_qp_t *qp) {
+    return qp->cfg.pd != NULL ? qp->cfg.pd : ote_context_pd(qp->ctx);
+}
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp) {
     return qp->qp;
 }
