@@ -89,8 +89,9 @@ struct ote__slice {
             uint32_t nic;            /* the data device the selector picked */
             uint32_t retries;        /* READ slices moved to another device after a loss */
             struct ote__tpeer *peer; /* the peer whose queue the slice came from */
-            void *conn; /* a run's first slice: a reference on the control connection its
+            void *conn;      /* a run's first slice: a reference on the control connection its
                          * grant was asked on (for a RELEASE), or NULL */
+            uint32_t direct; /* the source redirected it to a direct slot (rdma_direct.c) */
         } rdma;
         struct {
             uint64_t id;       /* number of the slice's request on its peer connection */

@@ -33,14 +33,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check(m.u.info.nics[0] == m.u.info.nic);
             check((m.u.info.epoch != 0) == (size == 72));
             break;
-        case OTE_RP_CONNECT: check(m.u.connect.cap <= 1 && pair_ok(m.u.connect.pair)); break;
+        case OTE_RP_CONNECT: check(m.u.connect.cap <= 3 && pair_ok(m.u.connect.pair)); break;
         case OTE_RP_GRANT_REQ:
             check(pair_ok(m.u.grant.pair) && m.u.grant.op <= 1 && m.u.grant.len != 0);
+            check((m.u.grant.dflags & ~(OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT)) == 0);
             check(m.u.grant.addr >= m.u.grant.req_addr);
             check(m.u.grant.addr - m.u.grant.req_addr <= m.u.grant.req_len - m.u.grant.len);
             check((m.u.grant.epoch != 0) == (size == 72));
             break;
         case OTE_RP_EP_RESET: check(pair_ok(m.u.reset.pair)); break;
+        case OTE_RP_RELEASE: check(pair_ok(m.u.rel.pair) && m.u.rel.cap <= 3); break;
         default: break;
     }
     uint8_t buf[OTE_RP_MAX_BODY];

@@ -44,7 +44,15 @@ struct acct {
     uint64_t req_addr, req_len;
     uint64_t left; /* bytes not yet asked for (by a grant) nor written off */
     uint64_t held; /* bytes of grants being served */
+    int direct;    /* device memory served by exact MRs on direct slots (rdma_direct.c) */
 };
+
+int ote__rdma_acct_direct(rdma_tp_t *tp, const acct_t *a) {
+    ote_mutex_lock(&tp->mu);
+    int d = a->direct;
+    ote_mutex_unlock(&tp->mu);
+    return d;
+}
 
 static size_t conn_accounts(rdma_tp_t *tp, const conn_t *c) {
     size_t n = 0;
@@ -125,20 +133,28 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
     if (first) {
         unsigned perm = a->op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
         void *pin = NULL;
+        int direct = 0;
         ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
         if (pst == OTE_OK && tp->host.pin_kind != NULL &&
-            OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
-            /* Device memory is not served to peers here: GPUDirect RDMA source grants
-             * (an exact-range MR in a private PD per grant) are not built, and RDMA has
-             * no source-side staging (the NIC reads and writes the range itself). A
-             * requester's own device buffer may still move directly (rdma_direct.c). */
+            OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin)) &&
+            (rq->u.grant.dflags & OTE_RP_GOP_DIRECT_OK) &&
+            ote__rdma_direct_servable(tp, a->req_addr, a->req_len)) {
+            /* GPUDirect source grants: exact MRs on direct slots (rdma_direct.c). */
+            direct = 1;
+        } else if (pst == OTE_OK && tp->host.pin_kind != NULL &&
+                   OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
+            /* Device memory served only by GPUDirect source grants (rdma_direct.c): not
+             * to a requester that does not follow the redirect (an older engine), nor
+             * when this range has no dma-buf (gpu_paths without direct, or the driver
+             * could not export it); RDMA has no source-side staging. */
             tp->host.unpin(tp->host.arg, pin);
             pin = NULL;
             pst = OTE_ERR_UNSUPPORTED;
             OTE_WARN_LIMITED("rdma",
                              "refused %s request of %llu bytes at 0x%llx from %s: device "
-                             "memory over rdma needs GPUDirect RDMA source grants, which "
-                             "are not built (reach it over tcp or shm, which stage it)",
+                             "memory over rdma needs GPUDirect RDMA source grants (a "
+                             "dma-buf of the range here, gpu_paths direct, and a requester "
+                             "that takes them); reach it over tcp or shm, which stage it",
                              a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
                              (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
                              c->peer_addr);
@@ -150,11 +166,17 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
         ote_mutex_lock(&tp->mu);
         a->st = pst;
         a->pin = pst == OTE_OK ? pin : NULL;
+        a->direct = direct;
         ote_mutex_unlock(&tp->mu);
     }
     if (a == NULL) return st;
     ote_mutex_lock(&tp->mu);
     st = a->st;
+    int on_direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
+    /* Device memory only on a direct slot (else redirected there), and a direct slot
+     * only for it: each grant alone, the request's account stays as it is. */
+    if (st == OTE_OK && a->direct && !on_direct) st = OTE__RDMA_DIRECT_REDIRECT;
+    if (st == OTE_OK && !a->direct && on_direct) st = OTE_ERR_INVALID;
     acct_t *done = NULL;
     if (st != OTE_OK) { /* refused: this grant's bytes are accounted for now */
         a->left -= len;

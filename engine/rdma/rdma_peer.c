@@ -69,6 +69,8 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
         /* The source has no such connection (its endpoints for us were evicted) or it is
          * another incarnation: a cache miss (rdma_internal.h), nothing was bound. */
         if (m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
+        /* Device memory served only on a direct slot (rdma_direct.c): the run goes there. */
+        if (ote__rdma_direct_is_redirect(c, st, rp.u.resp.rkey)) st = OTE__RDMA_DIRECT_REDIRECT;
         ote_mutex_lock(&p->mu);
         gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
         ote_mutex_unlock(&p->mu);
@@ -232,18 +234,19 @@ static ote_status_t connect_socket(ote__tpeer_t *p, ote_deadline_t dl, int *fd_o
 /* A source that takes RELEASE says so in its advertisement (HELLO_ACK info:
  * rdma_release=1); an older one would close the connection on the unknown message, so
  * it is sent none (its grants of failed requesters end at its own deadline, as before). */
-static int takes_release(const ote_ctl_msg_t *ack) {
+static int advertises(const ote_ctl_msg_t *ack, const char *key) {
     size_t il = ack->u.hello_ack.info_len;
     char *info = ote_malloc(il + 1);
     if (info == NULL) return 0;
     memcpy(info, ack->u.hello_ack.info, il);
     info[il] = '\0';
     char rel[8] = "";
-    int yes =
-        ote_ctl_info_get(info, "rdma_release", rel, sizeof(rel)) == OTE_OK && strcmp(rel, "1") == 0;
+    int yes = ote_ctl_info_get(info, key, rel, sizeof(rel)) == OTE_OK && strcmp(rel, "1") == 0;
     ote_free(info);
     return yes;
 }
+
+static int takes_release(const ote_ctl_msg_t *ack) { return advertises(ack, "rdma_release"); }
 
 /* Whether c (just past INFO) reaches the incarnation p met first: the same epoch, or for
  * a peer that sends none (an older engine) the same process id. */
@@ -256,7 +259,7 @@ static int same_incarnation(const ote__tpeer_t *p, const conn_t *c) {
 static size_t eps_take(ote__tpeer_t *p, ote_endpoint_t **out) {
     size_t n = 0;
     for (uint32_t i = 0; i < OTE__RDMA_MAX_NICS; i++) {
-        for (int cap = 0; cap < 2; cap++) {
+        for (int cap = 0; cap < 4; cap++) {
             if (p->ep[i][cap] != NULL) out[n++] = p->ep[i][cap];
             p->ep[i][cap] = NULL;
         }
@@ -304,6 +307,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     }
     c->version = ver;
     c->release_ok = takes_release(&a);
+    /* GPUDirect source grants (rdma_direct.c): the direct flags and endpoints. */
+    c->direct_ok = advertises(&a, "rdma_direct");
     ote_mutex_lock(&p->mu);
     p->c = c;
     ote_mutex_unlock(&p->mu);
@@ -329,10 +334,11 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         st = OTE_ERR_PEER_LOST;
     }
     /* Our device i pairs with the peer's device i % ndev (it computes the same). */
-    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][2];
+    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4];
     memset(eps, 0, sizeof(eps));
+    int ncap = c->direct_ok ? 4 : 2; /* 2, 3: direct endpoints (rdma_direct.c) */
     for (uint32_t i = 0; st == OTE_OK && i < tp->nnics; i++) {
-        for (int cap = 0; st == OTE_OK && cap < 2; cap++) {
+        for (int cap = 0; st == OTE_OK && cap < ncap; cap++) {
             ote_ep_key_t key;
             ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->nics[i].ctx),
                             c->nics[i % c->ndev], OTE_EP_REQUESTER, (ote_ep_cap_t)cap);
@@ -370,7 +376,7 @@ static void disconnect_ctl(ote__tpeer_t *p) {
     p->reader_started = 0;
     ote_mutex_lock(&p->mu);
     p->c = NULL;
-    ote_endpoint_t *eps[2 * OTE__RDMA_MAX_NICS];
+    ote_endpoint_t *eps[4 * OTE__RDMA_MAX_NICS];
     size_t n = eps_take(p, eps);
     ote_mutex_unlock(&p->mu);
     eps_evict(eps, n); /* the endpoints of that connection's peer: fresh ones next time */
@@ -378,7 +384,7 @@ static void disconnect_ctl(ote__tpeer_t *p) {
 }
 
 void ote__rdma_peers_evict_dead(rdma_tp_t *tp) {
-    ote_endpoint_t *eps[2 * OTE__RDMA_MAX_NICS];
+    ote_endpoint_t *eps[4 * OTE__RDMA_MAX_NICS];
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
         ote_mutex_lock(&p->mu);

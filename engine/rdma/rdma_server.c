@@ -189,14 +189,13 @@ static void server_peer_gone(conn_t *c) {
     rdma_tp_t *tp = c->tp;
     if (c->process == 0 || atomic_load(&tp->stop)) return; /* no INFO: it holds nothing */
     /* Its endpoints here: requester device r pairs with our device r % nnics. */
-    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][2];
+    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4]; /* caps 2, 3: direct (rdma_direct.c) */
     rdma_nic_t *nics[OTE__RDMA_MAX_NICS];
     uint32_t nr = c->ndev < OTE__RDMA_MAX_NICS ? c->ndev : OTE__RDMA_MAX_NICS;
     for (uint32_t r = 0; r < nr; r++) {
         uint32_t pair = ((r % tp->nnics) << 8) | r;
-        for (int cap = 0; cap < 2; cap++)
-            if (ote__rdma_src_ep(c, pair, cap ? OTE_EP_WRITE : OTE_EP_READ, &nics[r],
-                                 &eps[r][cap]) != OTE_OK)
+        for (int cap = 0; cap < 4; cap++)
+            if (ote__rdma_src_ep(c, pair, (ote_ep_cap_t)cap, &nics[r], &eps[r][cap]) != OTE_OK)
                 eps[r][cap] = NULL;
     }
     /* A requester that closed cleanly sent its last receipts before it closed: give the
@@ -206,7 +205,7 @@ static void server_peer_gone(conn_t *c) {
     for (;;) {
         size_t live = 0;
         for (uint32_t r = 0; r < nr; r++)
-            for (int cap = 0; cap < 2; cap++)
+            for (int cap = 0; cap < 4; cap++)
                 if (eps[r][cap] != NULL)
                     live += ote_grant_source_live_endpoint(nics[r]->gm, eps[r][cap]);
         if (live == 0 || ote_deadline_expired(dl)) break;
@@ -215,7 +214,7 @@ static void server_peer_gone(conn_t *c) {
     }
     size_t n = 0;
     for (uint32_t r = 0; r < nr; r++)
-        for (int cap = 0; cap < 2; cap++)
+        for (int cap = 0; cap < 4; cap++)
             if (eps[r][cap] != NULL) n += ote_grant_source_end_endpoint(nics[r]->gm, eps[r][cap]);
     if (n > 0)
         OTE_WARN("rdma", "requester %s lost: %zu grant(s) it held released", c->peer_addr, n);
@@ -230,7 +229,7 @@ static void server_peer_gone(conn_t *c) {
         shared = o != c && !tp->sconns[i]->exited && o->process == c->process && o->pd == c->pd;
     }
     for (uint32_t r = 0; r < nr && !shared; r++) {
-        for (int cap = 0; cap < 2; cap++) {
+        for (int cap = 0; cap < 4; cap++) {
             int dup = 0; /* evicted once: a reclaim may free it right after */
             for (uint32_t q = 0; q < r && !dup; q++) dup = eps[q][cap] == eps[r][cap];
             if (eps[r][cap] == NULL || dup) continue;

@@ -58,6 +58,11 @@ typedef struct {
     uint64_t inflight_now;   /* requester bytes in flight, every peer and device */
     uint64_t inflight_peak;  /* the most there have been at once */
     uint64_t cap_waits;      /* runs that waited queued for room under rdma_max_inflight */
+    /* GPUDirect source grants (rdma_direct.c): exact MRs live now, grants served by one,
+     * redirects sent (source) and followed (requester), exact MRs retained (dereg failed),
+     * private PDs and QPs of the direct endpoints alive now (source). */
+    uint64_t direct_mrs, direct_served, direct_redirects, direct_followed, direct_retained;
+    uint64_t direct_pds, direct_qps;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

@@ -395,7 +395,8 @@ TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
     // Naming nothing: an unknown window, a slot past the width, a device the engine lacks.
     const std::vector<uint8_t> ignored[] = {
         ReleaseBody(0, 1, 0, 77, 0x1234), ReleaseBody(0, 0, 1000, 77, 0x1234),
-        ReleaseBody(7u << 8, 1, 0, 77, 0x1234), ReleaseBody(0, 1, 0, 0xffffff, 0)};
+        ReleaseBody(7u << 8, 1, 0, 77, 0x1234), ReleaseBody(0, 1, 0, 0xffffff, 0),
+        ReleaseBody(0, 2, 0, 77, 0x1234) /* a direct endpoint's (rdma_direct.c) */};
     uint64_t id = 2;
     for (const auto &rel : ignored) {
         ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 0, OTE_OK, rel)));
@@ -405,7 +406,7 @@ TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
         id++;
     }
     ASSERT_EQ(ote__rdma_test_grants(addr.c_str(), &g1), OTE_OK);
-    EXPECT_EQ(g1.rel_ignored - g0.rel_ignored, 4u);
+    EXPECT_EQ(g1.rel_ignored - g0.rel_ignored, 5u);
     EXPECT_EQ(g1.rel_applied, g0.rel_applied);
     close(fd);
     // Malformed: each closes its connection, unanswered.
@@ -415,7 +416,7 @@ TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
     long_body.resize(28, 0);
     const std::vector<uint8_t> malformed[] = {short_body,
                                               long_body,
-                                              ReleaseBody(0, 2, 0, 77, 1),
+                                              ReleaseBody(0, 4, 0, 77, 1),
                                               ReleaseBody(0, 1, 0, 0, 1),
                                               ReleaseBody(0, 1, 0, 1u << 24, 1),
                                               ReleaseBody(9u << 8, 1, 0, 77, 1),
