@@ -904,9 +904,10 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransferTest, ::testing::Values("tcp", "
 
 } // namespace
 
-// RDMA (verbs/sim) and device memory. GPUDirect RDMA source grants are not built, so a device
-// range registered at an RDMA source is refused on every request, naming why, with no byte
-// of it changed; a local device buffer on the requester side is staged through pinned
+// RDMA (verbs/sim) and device memory. The source's gpu_paths is the default (staging, no
+// direct), so its device range has no dma-buf for GPUDirect source grants and, with no
+// source-side staging over RDMA, is refused on every request, naming why, with no byte
+// of it changed (gpu_direct_test serves it with direct); a local device buffer on the requester side is staged through pinned
 // chunks like over TCP, with bytes checked both ways.
 TEST_F(GpuStagingTest, RdmaRefusesRemoteDeviceMemoryAndStagesLocal) {
     ote_engine_t *src = ote_test::RdmaEngine();
