@@ -403,9 +403,12 @@ TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
     ASSERT_NE(req, nullptr);
     uint64_t rd = DevAlloc(kDevLen);
     ASSERT_NE(rd, 0u);
+    const uint64_t sync0 = fake_.calls("cuPointerSetAttribute");
     ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), kDevLen,
                                   OTE_PERM_READ | OTE_PERM_WRITE),
               OTE_OK);
+    // The exposed range's allocation has SYNC_MEMOPS set (engine/gpu/gpu_direct.c).
+    EXPECT_EQ(fake_.calls("cuPointerSetAttribute"), sync0 + 1);
     uint64_t ld = DevAlloc(kDevLen);
     ASSERT_NE(ld, 0u);
     ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(ld), kDevLen,
@@ -502,7 +505,9 @@ TEST_F(GpuDirectSourceTest, UnregisterWhileAGrantIsLiveIsBusyThenOk) {
     std::vector<uint8_t> host(n);
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
-    ASSERT_EQ(ote_verbs_fault_delay(wrapped[0], OTE_VERBS_FAULT_OP_POST_SEND, 300), OTE_OK);
+    // Long enough that a loaded machine still sees the grant live; removing the rule below
+    // releases the waiting post at once.
+    ASSERT_EQ(ote_verbs_fault_delay(wrapped[0], OTE_VERBS_FAULT_OP_POST_SEND, 5000), OTE_OK);
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
     ote_request_t r = {OTE_READ, host.data(), seg, rd + 3, n};
