@@ -14,6 +14,8 @@
 #include "base/hash.h"
 #include "base/lock.h"
 #include "base/log.h"
+#include "context/context.h"
+#include "verbs/verbs.h"
 
 typedef enum { SLOT_EMPTY = 0, SLOT_BUILDING, SLOT_READY, SLOT_RETIRING } slot_state_t;
 
@@ -24,6 +26,8 @@ typedef struct {
     uint32_t users; /* borrows outstanding */
     uint32_t remote_qpn;
     int destroy_failed; /* RETIRING after a failed native destroy */
+    struct ibv_pd *pd;  /* private PD of the slot's QP (ote_endpoint_store_private_pd) */
+    int pd_retained;    /* its dealloc failed: counted as OTE_RETAINED_PD */
 } ep_slot_t;
 
 struct ote_endpoint {
@@ -51,6 +55,7 @@ struct ote_endpoint_store {
     ote_endpoint_t *dying; /* evicted, not yet freed (linked by dnext) */
     uint64_t next_token;
     ote_endpoint_stats_t stats;
+    int private_pd; /* every QP in a PD of its own */
 };
 
 void ote_ep_key_make(ote_ep_key_t *key, uint64_t remote_process, uint64_t remote_pd,
@@ -93,6 +98,32 @@ err_lanes:
     ote_free(s->lanes);
     ote_free(s);
     return st;
+}
+
+void ote_endpoint_store_private_pd(ote_endpoint_store_t *s) { s->private_pd = 1; }
+
+/* Deallocate the private PD of a slot whose QP is gone (the caller holds the slot by its
+ * token); a failure keeps it on the slot, counted as retained once. */
+static ote_status_t pd_release(ote_endpoint_store_t *s, ep_slot_t *sl) {
+    if (sl->pd == NULL) return OTE_OK;
+    ote_verbs_t *v = ote_context_verbs(s->ctx);
+    int err = v->ops->dealloc_pd(v, sl->pd);
+    if (err != 0) {
+        if (!sl->pd_retained) {
+            sl->pd_retained = 1;
+            ote_context_retained_add(s->ctx, OTE_RETAINED_PD, 1);
+        }
+        OTE_WARN("endpoint", "%s: dealloc of a QP's private PD failed: errno %d; retained",
+                 ote_context_name(s->ctx), err);
+        return ote_status_make(OTE_ERR_RETAINED, err);
+    }
+    if (sl->pd_retained) ote_context_retained_add(s->ctx, OTE_RETAINED_PD, -1);
+    sl->pd_retained = 0;
+    sl->pd = NULL;
+    ote_mutex_lock(&s->mu);
+    s->stats.pds_live--;
+    ote_mutex_unlock(&s->mu);
+    return OTE_OK;
 }
 
 ote_context_t *ote_endpoint_store_context(const ote_endpoint_store_t *s) { return s->ctx; }
@@ -168,7 +199,14 @@ const ote_ep_key_t *ote_endpoint_key(const ote_endpoint_t *ep) { return &ep->key
  * with token set). Called without the store lock; returns with the slot updated. */
 static ote_status_t destroy_held(ote_endpoint_store_t *s, ep_slot_t *sl, ote_qp_t *qp,
                                  ote_deadline_t deadline) {
-    ote_status_t st = ote_qp_destroy(qp, deadline);
+    /* qp NULL: only the slot's private PD is left (its dealloc failed before). */
+    ote_status_t st = qp != NULL ? ote_qp_destroy(qp, deadline) : OTE_OK;
+    if (st == OTE_OK && qp != NULL && sl->pd != NULL) {
+        ote_mutex_lock(&s->mu);
+        sl->qp = NULL; /* destroyed: the PD is what the slot still holds */
+        ote_mutex_unlock(&s->mu);
+    }
+    if (st == OTE_OK) st = pd_release(s, sl);
     ote_mutex_lock(&s->mu);
     if (st == OTE_OK) {
         sl->qp = NULL;
@@ -284,7 +322,36 @@ ote_status_t ote_endpoint_build(ote_ep_claim_t *claim, ote_ep_exchange_fn exchan
         return OTE_ERR_STATE;
     }
     ote_qp_t *qp = NULL;
-    ote_status_t st = ote_qp_create(s->lanes[claim->slot], &s->qp_cfg, &qp);
+    ote_qp_config_t cfg = s->qp_cfg;
+    ote_status_t st = OTE_OK;
+    if (s->private_pd) {
+        ote_verbs_t *v = ote_context_verbs(s->ctx);
+        int err = v->ops->alloc_pd(v, ote_context_native(s->ctx), &sl->pd);
+        if (err != 0) {
+            sl->pd = NULL;
+            st = ote_status_make(OTE_ERR_NATIVE, err);
+            OTE_ERROR("endpoint", "%s: slot %u: alloc_pd for a private QP failed: errno %d",
+                      ote_context_name(s->ctx), claim->slot, err);
+        } else {
+            cfg.pd = sl->pd;
+            ote_mutex_lock(&s->mu);
+            s->stats.pds_live++;
+            ote_mutex_unlock(&s->mu);
+        }
+    }
+    if (st == OTE_OK) st = ote_qp_create(s->lanes[claim->slot], &cfg, &qp);
+    if (st != OTE_OK && sl->pd != NULL && pd_release(s, sl) != OTE_OK) {
+        /* The PD will not go: the slot keeps it, RETIRING, until a reclaim frees it. */
+        ote_mutex_lock(&s->mu);
+        sl->state = SLOT_RETIRING;
+        sl->token = 0;
+        sl->destroy_failed = 1;
+        s->stats.build_failures++;
+        ote_cond_broadcast(&s->cv);
+        ote_mutex_unlock(&s->mu);
+        claim->token = 0;
+        return st;
+    }
     if (st != OTE_OK) {
         ote_mutex_lock(&s->mu);
         sl->state = SLOT_EMPTY;

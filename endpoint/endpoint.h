@@ -83,6 +83,7 @@ typedef struct ote_endpoint_stats {
     uint64_t endpoints; /* endpoints the store holds now (evicted ones not yet freed too) */
     uint64_t evicted;   /* evicted endpoints freed so far */
     uint64_t qps;       /* QPs the store's slots hold now (created, not yet destroyed) */
+    uint64_t pds_live;  /* private PDs (ote_endpoint_store_private_pd) not yet deallocated */
 } ote_endpoint_stats_t;
 
 /**
@@ -92,6 +93,15 @@ typedef struct ote_endpoint_stats {
 ote_status_t ote_endpoint_store_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes,
                                        uint32_t nlanes, const ote_qp_config_t *qp_cfg,
                                        ote_endpoint_store_t **store_out);
+/**
+ * ote_endpoint_store_private_pd() - from now on every QP this store builds is created in
+ * a protection domain of its own (allocated before the QP, deallocated after its native
+ * destroy): a remote peer connected to that QP reaches only the MRs registered in that PD
+ * (ote_qp_pd), never the context's. Call before the store builds anything. A PD whose
+ * dealloc fails keeps its slot RETIRING (counted as OTE_RETAINED_PD in the context and in
+ * retained_now) until a later reclaim or destroy deallocates it. pds_live counts them.
+ */
+void ote_endpoint_store_private_pd(ote_endpoint_store_t *store);
 /**
  * ote_endpoint_store_destroy() - destroy every QP (flush bounded by @deadline) and free
  * the store. OTE_ERR_BUSY while a slot is borrowed or being built; OTE_ERR_RETAINED when

@@ -96,6 +96,7 @@ struct ote__slice {
                          * grant was asked on (for a RELEASE), or NULL */
             void *parent;    /* its request's grant reservation (rdma_credits.c), or NULL */
             uint32_t credit; /* a run's first slice: the run holds a grant credit */
+            uint32_t direct; /* the source redirected it to a direct slot (rdma_direct.c) */
         } rdma;
         struct {
             uint64_t id;       /* number of the slice's request on its peer connection */

@@ -9,6 +9,7 @@
  * store). It is never held across the user callbacks (done, answer, unpin), which are
  * deferred until the mutex is dropped, nor across anything that drives a lane.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <string.h>
 
@@ -180,8 +181,13 @@ static void post_inv(grant_t *g, defer_t *df) {
     struct ibv_send_wr wr;
     memset(&wr, 0, sizeof(wr));
     wr.wr_id = OTE_CQ_WR_ID(m->lanes[g->lane].ns, ((uint64_t)g->seq << 16) | IDX_INV);
-    wr.opcode = IBV_WR_SEND_WITH_INV;
-    wr.invalidate_rkey = g->rkey;
+    if (g->d.receipt_imm) {
+        wr.opcode = IBV_WR_SEND_WITH_IMM; /* an MR: nothing the receipt can invalidate */
+        wr.imm_data = htonl(g->rkey);
+    } else {
+        wr.opcode = IBV_WR_SEND_WITH_INV;
+        wr.invalidate_rkey = g->rkey;
+    }
     wr.num_sge = 0;
     ote_qp_post_result_t res;
     ote_status_t st = ote_qp_post_send(g->qp, &wr, g->d.deadline, &res);
@@ -656,17 +662,98 @@ err_unlock:
     return st;
 }
 
+ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot,
+                                   ote_qp_t *qp, ote_grant_op_t op, uint64_t addr, uint64_t len,
+                                   ote_deadline_t deadline, uint64_t answer_ctx) {
+    if (m == NULL || !m->has_src || ep == NULL || qp == NULL || len == 0 ||
+        addr > UINT64_MAX - len || (op != OTE_GRANT_READ && op != OTE_GRANT_WRITE))
+        return OTE_ERR_INVALID;
+    if (m->src.pin_exact == NULL) return OTE_ERR_UNSUPPORTED;
+    ote_cq_lane_t *lane = ote_qp_lane(qp);
+    uint32_t li = 0;
+    while (li < m->nlanes && m->lanes[li].lane != lane) li++;
+    if (li == m->nlanes) return OTE_ERR_INVALID;
+    ote_status_t st = ote_context_check(m->ctx);
+    if (st != OTE_OK) return st;
+    int access = op == OTE_GRANT_WRITE ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
+    uint32_t rkey = 0;
+    void *pin = NULL;
+    st = m->src.pin_exact(m->src.arg, qp, addr, len, access, &rkey, &pin);
+    if (st != OTE_OK) {
+        ote_mutex_lock(&m->mu);
+        m->stats.refused++;
+        ote_mutex_unlock(&m->mu);
+        OTE_WARN_LIMITED("grant", "%s: exact-MR %s grant over [0x%llx, +%llu) refused: %s",
+                         ote_context_name(m->ctx), op == OTE_GRANT_WRITE ? "WRITE" : "READ",
+                         (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
+        return st;
+    }
+    grant_t *g = ote_calloc(1, sizeof(*g));
+    if (g == NULL) {
+        m->src.unpin(m->src.arg, pin);
+        return OTE_ERR_NOMEM;
+    }
+    g->m = m;
+    g->source = 1;
+    g->exact = 1;
+    g->lane = li;
+    g->ep = ep;
+    g->slot = slot;
+    g->qp = qp;
+    g->qp_num = ote_qp_num(qp);
+    g->deadline = deadline;
+    g->pin = pin;
+    g->answer_ctx = answer_ctx;
+    g->rkey = rkey;
+    defer_t df = {.fin = NULL, .nans = 0};
+    ote_mutex_lock(&m->mu);
+    if (m->fence != OTE_OK) {
+        st = m->fence;
+        goto err_unlock;
+    }
+    grant_t *dup = NULL;
+    HASH_FIND(hh_key, m->by_key, &g->rkey, sizeof(g->rkey), dup);
+    if (dup != NULL) { /* an rkey still live here: never two grants under one key */
+        st = OTE_ERR_STATE;
+        goto err_unlock;
+    }
+    if ((st = ote__grant_seq_assign(m, g)) != OTE_OK) goto err_unlock;
+    OTE_HASH_ADD_KEYPTR(hh_key, m->by_key, &g->rkey, sizeof(g->rkey), g, st);
+    if (st != OTE_OK) {
+        HASH_DEL(m->by_seq, g);
+        goto err_unlock;
+    }
+    g->keyed = 1;
+    g->sstate = S_BOUND; /* nothing to bind: the MR is the grant */
+    m->stats.served++;
+    m->stats.live_source++;
+    (void)defer_answer(&df, g, OTE_OK);
+    ote_mutex_unlock(&m->mu);
+    defer_run(m, &df);
+    return OTE_OK;
+
+err_unlock:
+    m->stats.refused++;
+    ote_mutex_unlock(&m->mu);
+    m->src.unpin(m->src.arg, pin);
+    ote_free(g);
+    return st;
+}
+
 void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct ibv_wc *wc) {
-    if (!(wc->wc_flags & IBV_WC_WITH_INV)) {
+    int imm = (wc->wc_flags & IBV_WC_WITH_IMM) != 0;
+    if (!(wc->wc_flags & IBV_WC_WITH_INV) && !imm) {
         OTE_WARN("grant", "QP %u: receive without invalidation: not a grant receipt", qp_num);
         return;
     }
-    uint32_t rkey = wc->invalidated_rkey;
+    uint32_t rkey = imm ? ntohl(wc->imm_data) : wc->invalidated_rkey;
     defer_t df = {.fin = NULL, .nans = 0};
     ote_mutex_lock(&m->mu);
     grant_t *g = NULL;
     HASH_FIND(hh_key, m->by_key, &rkey, sizeof(rkey), g);
-    if (g == NULL || g->qp_num != qp_num || g->sstate != S_BOUND) {
+    /* A window's receipt invalidated it; an exact MR's names its rkey (and only such a
+     * grant's: an immediate never ends a window grant, whose window would stay bound). */
+    if (g == NULL || g->qp_num != qp_num || g->sstate != S_BOUND || g->exact != imm) {
         m->stats.stale_receipts++;
         ote_mutex_unlock(&m->mu);
         OTE_WARN_LIMITED("grant", "QP %u: receipt for rkey 0x%x that names no bound grant: ignored",

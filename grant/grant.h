@@ -98,6 +98,10 @@ typedef struct ote_grant_desc {
      * the slot, the source's QP number on it and the window's rkey; see
      * ote_grant_source_release) instead of leaving it to the source's deadline. */
     void (*abandoned)(void *done_arg, uint32_t slot, uint32_t remote_qpn, uint32_t rkey);
+    /* Nonzero: the source serves this grant with an exact-range MR (ote_grant_serve_exact:
+     * GPUDirect device memory, no window), which a SEND_WITH_INV cannot invalidate; the
+     * receipt is then a SEND_WITH_IMM whose immediate is htonl(rkey). */
+    int receipt_imm;
 } ote_grant_desc_t;
 
 /* Source: checks against registrations and the answer channel. */
@@ -110,6 +114,13 @@ typedef struct ote_grant_source_ops {
     void (*unpin)(void *arg, void *pin);
     /* Answer a served request (exactly once per request ote_grant_serve() accepted). */
     void (*answer)(void *arg, uint64_t answer_ctx, ote_status_t st, uint32_t rkey);
+    /* Optional (ote_grant_serve_exact only): check [addr, addr+len) for `access` as pin
+     * does, pin it and register an MR of exactly that range with that remote access in
+     * the PD of qp (the requester's only way in); give its rkey. unpin(pin) deregisters
+     * it (synchronous revocation: no byte of it is reachable once unpin returns, or it is
+     * retained by the owner of pin when the dereg fails) and releases the pin. */
+    ote_status_t (*pin_exact)(void *arg, ote_qp_t *qp, uint64_t addr, uint64_t len, int access,
+                              uint32_t *rkey_out, void **pin_out);
 } ote_grant_source_ops_t;
 
 typedef struct ote_grant_stats {
@@ -175,6 +186,19 @@ ote_status_t ote_grant_on_answer_at(ote_grant_mgr_t *m, uint64_t grant_id, ote_s
 ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
                              ote_grant_op_t op, uint64_t addr, uint64_t len,
                              ote_deadline_t deadline, uint64_t answer_ctx);
+/**
+ * ote_grant_serve_exact() - source: as ote_grant_serve(), for memory a window cannot
+ * cover (a dma-buf MR of device memory: the kernel refuses MW binds on it). ops->pin_exact
+ * registers an MR of exactly the range in the PD of @qp (a private PD: see
+ * engine/rdma/rdma_direct.c), and the grant is answered with its rkey at once (nothing to
+ * bind). It ends as a window grant does: by the requester's receipt (a SEND_WITH_IMM of
+ * the rkey on @qp, desc.receipt_imm), a release, the deadline (QP moved to ERR first) or
+ * the requester's loss; then ops->unpin deregisters the MR. OTE_ERR_UNSUPPORTED when the
+ * manager's ops have no pin_exact.
+ */
+ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot,
+                                   ote_qp_t *qp, ote_grant_op_t op, uint64_t addr, uint64_t len,
+                                   ote_deadline_t deadline, uint64_t answer_ctx);
 /* Source: the requester behind endpoint @ep is gone (its control connection died). End
  * every live source grant of @ep now, as its deadline would (the QP its window is bound
  * to is moved to ERR first, then window, pin and QP borrow are released), and answer a
@@ -191,7 +215,9 @@ size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *
  * ended by its receipt or deadline, or never ours): the caller ignores it. */
 ote_status_t ote_grant_source_release(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot,
                                       uint32_t qp_num, uint32_t rkey);
-/* Source: a receive CQE with IBV_WC_WITH_INV on QP qp_num (call from the QP's on_recv). */
+/* Source: a receive CQE on QP qp_num (call from the QP's on_recv): IBV_WC_WITH_INV ends
+ * the window grant of that rkey; IBV_WC_WITH_IMM (immediate htonl(rkey)) ends the
+ * exact-MR grant of that rkey; anything else is not a receipt. */
 void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct ibv_wc *wc);
 
 /**

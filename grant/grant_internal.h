@@ -75,6 +75,7 @@ struct grant {
     uint64_t bind_addr, bind_len;
     int bind_access;
     uint64_t answer_ctx;
+    int exact; /* served by an exact-range MR (ote_grant_serve_exact): no window */
 
     UT_hash_handle hh;     /* by seq */
     UT_hash_handle hh_key; /* source: by rkey */

@@ -130,7 +130,8 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     ia.cap.max_send_sge = cfg->max_send_sge > 0 ? cfg->max_send_sge : 1;
     ia.cap.max_recv_sge = 1;
     ia.cap.max_inline_data = cfg->max_inline;
-    int err = qp->v->ops->create_qp(qp->v, ote_context_pd(ctx), &ia, &qp->qp);
+    struct ibv_pd *pd = cfg->pd != NULL ? cfg->pd : ote_context_pd(ctx);
+    int err = qp->v->ops->create_qp(qp->v, pd, &ia, &qp->qp);
     if (err != 0) {
         OTE_ERROR("qp", "%s: create_qp(RC, %u send WRs, %u recv WRs) failed: errno %d",
                   ote_context_name(ctx), ia.cap.max_send_wr, ia.cap.max_recv_wr, err);
@@ -395,6 +396,9 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
 
 uint32_t ote_qp_num(const ote_qp_t *qp) { return qp->qp_num; }
 ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp) { return qp->lane; }
+struct ibv_pd *ote_qp_pd(const ote_qp_t *qp) {
+    return qp->cfg.pd != NULL ? qp->cfg.pd : ote_context_pd(qp->ctx);
+}
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp) {
     return qp->qp;
 }

@@ -83,6 +83,10 @@ typedef struct ote_qp_config {
     uint8_t max_rd_atomic; /* both initiator and responder depth */
     ote_qp_recv_fn on_recv;
     void *recv_arg;
+    /* The protection domain of the QP and of its receive MR; NULL: the context's. A QP
+     * in a private PD reaches, as a target, only the MRs and windows of that PD (the
+     * GPUDirect source grant of engine/rdma/rdma_direct.c). The PD must outlive the QP. */
+    struct ibv_pd *pd;
 } ote_qp_config_t;
 
 /* What ote_qp_post_send() did. Written on every return, failures included: a partial
@@ -106,7 +110,7 @@ typedef struct ote_qp_stats {
 } ote_qp_stats_t;
 
 /* Defaults: 128 send WRs, 1 SGE, no inline, no receive slots, REMOTE_READ|WRITE, timeout
- * 14, retry 7, rnr_retry 7, min_rnr_timer 12, max_rd_atomic 16. */
+ * 14, retry 7, rnr_retry 7, min_rnr_timer 12, max_rd_atomic 16, the context's PD. */
 void ote_qp_config_default(ote_qp_config_t *cfg);
 
 /* Create the QP on @lane (its context must be active) and move it to INIT. */
@@ -141,6 +145,8 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline);
 
 uint32_t ote_qp_num(const ote_qp_t *qp);
 ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp);
+/* The PD the QP was created in (its config's, else its context's). */
+struct ibv_pd *ote_qp_pd(const ote_qp_t *qp);
 /* The native QP, for verbs that take one (e.g. memory window binds). */
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp);
 /* Receive credits: slots posted and not yet consumed. */

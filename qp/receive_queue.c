@@ -28,8 +28,8 @@ ote_status_t ote__rq_init(ote_qp_t *qp) {
         return OTE_ERR_NOMEM;
     }
     memset(qp->rq_buf, 0, bytes);
-    int err = qp->v->ops->reg_mr(qp->v, ote_context_pd(qp->ctx), qp->rq_buf, bytes,
-                                 IBV_ACCESS_LOCAL_WRITE, &qp->rq_mr);
+    struct ibv_pd *pd = qp->cfg.pd != NULL ? qp->cfg.pd : ote_context_pd(qp->ctx);
+    int err = qp->v->ops->reg_mr(qp->v, pd, qp->rq_buf, bytes, IBV_ACCESS_LOCAL_WRITE, &qp->rq_mr);
     if (err != 0) {
         OTE_ERROR("qp", "%s: reg_mr of %u receive buffers failed: errno %d",
                   ote_context_name(qp->ctx), n, err);

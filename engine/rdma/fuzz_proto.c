@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check((m.u.info.epoch != 0) == (size == 72));
             break;
         case OTE_RP_CONNECT:
-            check(m.u.connect.cap <= 1 && pair_ok(m.u.connect.pair));
+            check(m.u.connect.cap <= 3 && pair_ok(m.u.connect.pair));
             check(m.u.connect.path.qp_num != 0 && m.u.connect.path.qp_num <= 0xffffff);
             /* The epochs are sent both or none, and only in the 64-byte form. */
             check((m.u.connect.epoch != 0) == (size == 64));
@@ -43,6 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         case OTE_RP_GRANT_REQ:
             check(pair_ok(m.u.grant.pair) && m.u.grant.op <= 1 && m.u.grant.len != 0);
+            check((m.u.grant.dflags & ~(OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT)) == 0);
             check(m.u.grant.addr >= m.u.grant.req_addr);
             check(m.u.grant.addr - m.u.grant.req_addr <= m.u.grant.req_len - m.u.grant.len);
             check((m.u.grant.epoch != 0) == (size >= 72));
@@ -59,6 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         case OTE_RP_EP_RESET: check(pair_ok(m.u.reset.pair)); break;
         case OTE_RP_COMMIT: check(size == 8); break;
+        case OTE_RP_RELEASE: check(pair_ok(m.u.rel.pair) && m.u.rel.cap <= 3); break;
         default: break;
     }
     uint8_t buf[OTE_RP_MAX_BODY];

@@ -107,7 +107,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
         case OTE_RP_CONNECT_ACK: put_path(b, &m->u.connect.path); break;
         case OTE_RP_GRANT_REQ:
             ote_le_put32(b, m->u.grant.slot);
-            ote_le_put32(b + 4, m->u.grant.op);
+            ote_le_put32(b + 4, m->u.grant.op | m->u.grant.dflags);
             ote_le_put32(b + 8, m->u.grant.src_qpn);
             ote_le_put32(b + 12, m->u.grant.req_qpn);
             ote_le_put64(b + 16, m->u.grant.addr);
@@ -186,7 +186,7 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
         case OTE_RP_CONNECT:
             m.u.connect.slot = ote_le_get32(b);
             m.u.connect.cap = ote_le_get32(b + 4);
-            if (m.u.connect.cap > 1) return OTE_ERR_PROTOCOL;
+            if (m.u.connect.cap > 3) return OTE_ERR_PROTOCOL; /* 2, 3: direct (proto.h) */
             if (get_path(b + 8, &m.u.connect.path) != OTE_OK) return OTE_ERR_PROTOCOL;
             if (lng) m.u.connect.pair = ote_le_get32(b + 40);
             if (epoch) {
@@ -204,6 +204,8 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
         case OTE_RP_GRANT_REQ:
             m.u.grant.slot = ote_le_get32(b);
             m.u.grant.op = ote_le_get32(b + 4);
+            m.u.grant.dflags = m.u.grant.op & (OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT);
+            m.u.grant.op &= ~(OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT);
             m.u.grant.src_qpn = ote_le_get32(b + 8);
             m.u.grant.req_qpn = ote_le_get32(b + 12);
             m.u.grant.addr = ote_le_get64(b + 16);
@@ -258,7 +260,7 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             m.u.rel.slot = ote_le_get32(b + 8);
             m.u.rel.src_qpn = ote_le_get32(b + 12);
             m.u.rel.rkey = ote_le_get32(b + 16);
-            if (!pair_ok(m.u.rel.pair) || m.u.rel.cap > 1 || m.u.rel.src_qpn == 0 ||
+            if (!pair_ok(m.u.rel.pair) || m.u.rel.cap > 3 || m.u.rel.src_qpn == 0 ||
                 m.u.rel.src_qpn > 0xffffff)
                 return OTE_ERR_PROTOCOL;
             break;

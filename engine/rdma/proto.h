@@ -5,7 +5,7 @@
  *
  *   body = type u16, reserved u16 (0), then:
  *   INFO / INFO_ACK   process u64, pd u64, nic u32, lanes u32          (identity + width)
- *   CONNECT           slot u32, cap u32, path (gid 16, lid u32, qpn u32, psn u32, mtu u32)
+ *   CONNECT           slot u32, cap u32 (0 READ, 1 WRITE; 2, 3: direct), path (gid 16, lid u32, qpn u32, psn u32, mtu u32)
  *   CONNECT_ACK       the source's path (status in the frame header)
  *   GRANT_REQ         slot u32, op u32, source qpn u32, requester qpn u32, addr u64, len u64,
  *                     req_addr u64, req_len u64 (the whole request; [addr, +len) inside it),
@@ -69,6 +69,17 @@
  *                     per staged WRITE grant that was answered OK, only to a requester
  *                     that asked with OTE_RP_GF_STAGE. One naming no staged WRITE grant
  *                     of the requester that waits for it, or another rkey, is ignored.
+ *
+ * GPUDirect source grants (engine/rdma/rdma_direct.c): a source whose advertisement has
+ * rdma_direct=1 takes, in GRANT_REQ's op word, the flags OTE_RP_GOP_DIRECT_OK (bit 8: the
+ * requester follows a redirect to a direct slot) and OTE_RP_GOP_DIRECT (bit 9: the grant
+ * is asked on a slot of a direct endpoint, built by CONNECT with cap 2 (READ) or 3
+ * (WRITE), whose source QP lives in a PD of its own); RELEASE then names cap 2 or 3 too.
+ * The decoder keeps op (0 READ, 1 WRITE) and the flags (grant.dflags) apart and refuses
+ * any other bit. The redirect is a GRANT_RESP with status OTE_ERR_UNSUPPORTED and rkey
+ * OTE_RP_RKEY_DIRECT (a plain refusal has rkey 0): the range is device memory that the
+ * source serves only on a direct slot. Sent only to a requester that set DIRECT_OK; an
+ * older source (no advert) is never sent the flags nor cap 2/3.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -100,6 +111,10 @@ enum {
  * WRITE grant only): the requester's request completes only on the grant's COMMIT. */
 #define OTE_RP_RESP_STAGED 1u
 #define OTE_RP_RESP_COMMIT 2u
+/* GRANT_REQ op flags and the redirect of a GRANT_RESP (GPUDirect source grants). */
+#define OTE_RP_GOP_DIRECT_OK 0x100u
+#define OTE_RP_GOP_DIRECT 0x200u
+#define OTE_RP_RKEY_DIRECT 1u
 
 typedef struct {
     uint16_t type;
@@ -124,8 +139,9 @@ typedef struct {
             uint64_t addr, len;
             uint64_t req_addr, req_len; /* the request's extent, checked as a whole */
             uint64_t req_uid;
-            uint64_t epoch; /* the source's epoch as the requester knows it; 0: not sent */
-            uint32_t flags; /* OTE_RP_GF_*; 0: not sent (sent only with an epoch) */
+            uint64_t epoch;  /* the source's epoch as the requester knows it; 0: not sent */
+            uint32_t flags;  /* OTE_RP_GF_*; 0: not sent (sent only with an epoch) */
+            uint32_t dflags; /* OTE_RP_GOP_DIRECT_OK / _DIRECT, carried in the op word */
         } grant;
         struct {
             uint64_t req_uid, req_len, bytes;

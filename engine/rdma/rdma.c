@@ -43,6 +43,8 @@ static ote_status_t rdma_mem_register(ote__transport_t *t, void *addr, size_t le
         return st;
     }
     r->addr = addr;
+    r->len = len;
+    r->dmabuf_fd = -1; /* host memory */
     ote_mutex_lock(&tp->mu);
     r->next = tp->regs;
     tp->regs = r;
@@ -63,6 +65,7 @@ static ote_status_t rdma_mem_unregister(ote__transport_t *t, void *addr) {
     ote_status_t st = ote_buffer_deregister(tp->bm, r->buf);
     if (st == OTE_OK) *pp = r->next;
     ote_mutex_unlock(&tp->mu);
+    if (st == OTE_OK) ote__rdma_direct_reg_end(r);
     if (st == OTE_OK) ote_free(r);
     return st;
 }
@@ -120,11 +123,15 @@ static void *monitor_main(void *arg) {
         nics_watch(tp, refresh);
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
-            ote__rdma_servers_reap(tp); /* closes what ended server threads left */
+            (void)ote__rdma_direct_retry(tp); /* exact MRs whose dereg failed, before PDs */
+            ote__rdma_servers_reap(tp);       /* closes what ended server threads left */
             ote__rdma_peers_evict_dead(tp);
-            for (uint32_t i = 0; i < tp->nnics; i++)
+            for (uint32_t i = 0; i < tp->nnics; i++) {
                 (void)ote_endpoint_store_reclaim(tp->nics[i].eps,
                                                  ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
+                (void)ote_endpoint_store_reclaim(tp->nics[i].deps,
+                                                 ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
+            }
         }
         struct timespec ts = {0, 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -190,8 +197,15 @@ static ote_status_t teardown(rdma_tp_t *tp) {
     }
     if (tp->monitor_started) pthread_join(tp->monitor, NULL);
     tp->monitor_started = 0;
-    /* 2. QPs and memory windows. */
+    /* 2. QPs and memory windows; first the exact MRs of grants that would not deregister
+     * (rdma_direct.c): one more try, before their private PDs go. */
     size_t left = 0;
+    uint64_t dmr = ote__rdma_direct_retry(tp);
+    if (dmr != 0) {
+        left++;
+        OTE_ERROR("rdma", "%llu exact dma-buf MR(s) of source grants retained at shutdown",
+                  (unsigned long long)dmr);
+    }
     for (uint32_t i = 0; i < tp->nnics; i++) {
         rdma_nic_t *n = &tp->nics[i];
         ote_status_t st;
@@ -204,6 +218,18 @@ static ote_status_t teardown(rdma_tp_t *tp) {
                 OTE_ERROR("rdma",
                           "device %u: endpoint store retained at shutdown (QPs that would not "
                           "be destroyed: %s): its CQs, the registrations' MRs and the PD stay",
+                          i, ote_status_str(st));
+            }
+        }
+        if (n->deps != NULL) {
+            st = ote_endpoint_store_destroy(n->deps, ote_deadline_after(2 * OTE_NSEC_PER_SEC));
+            if (st == OTE_OK) {
+                n->deps = NULL;
+            } else {
+                left++;
+                OTE_ERROR("rdma",
+                          "device %u: direct endpoint store retained at shutdown (QPs or "
+                          "private PDs that would not be destroyed: %s)",
                           i, ote_status_str(st));
             }
         }
@@ -261,6 +287,7 @@ static ote_status_t teardown(rdma_tp_t *tp) {
             ote_status_t st = ote_buffer_deregister(tp->bm, r->buf);
             if (st == OTE_OK) {
                 *pp = r->next;
+                ote__rdma_direct_reg_end(r);
                 ote_free(r);
                 continue;
             }
@@ -509,7 +536,12 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     qc.recv_size = 64;
     qc.on_recv = ote__rdma_src_on_recv;
     qc.recv_arg = n;
-    return ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->eps);
+    st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->eps);
+    if (st != OTE_OK) return st;
+    /* The source's direct endpoints (rdma_direct.c): each QP in a PD of its own. */
+    st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->deps);
+    if (st == OTE_OK) ote_endpoint_store_private_pd(n->deps);
+    return st;
 }
 
 /* Bytes per data device (the engine's ote_engine_nic_stats). */

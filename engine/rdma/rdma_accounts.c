@@ -45,7 +45,15 @@ struct acct {
     uint64_t req_addr, req_len;
     uint64_t left; /* bytes not yet asked for (by a grant) nor written off */
     uint64_t held; /* bytes of grants being served */
+    int direct;    /* device memory served by exact MRs on direct slots (rdma_direct.c) */
 };
+
+int ote__rdma_acct_direct(rdma_tp_t *tp, const acct_t *a) {
+    ote_mutex_lock(&tp->mu);
+    int d = a->direct;
+    ote_mutex_unlock(&tp->mu);
+    return d;
+}
 
 static size_t conn_accounts(rdma_tp_t *tp, const conn_t *c) {
     size_t n = 0;
@@ -126,30 +134,39 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
     if (first) {
         unsigned perm = a->op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
         void *pin = NULL;
+        int direct = 0;
         ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
         int staged = 0;
         if (pst == OTE_OK && tp->host.pin_kind != NULL &&
-            OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
-            /* Device memory has no MR here (GPUDirect RDMA is not built): it is served
-             * through bounce buffers when the requester takes staged answers (whether
-             * gpu_paths allows staging is asked by each grant's stage_get, which names
-             * what is missing); else refused, naming why. */
-            const char *why = NULL;
-            if ((rq->u.grant.flags & OTE_RP_GF_STAGE) == 0)
-                why =
-                    "device memory over rdma needs GPUDirect RDMA, which is not built, or "
-                    "source-side staging, which the requester does not take (an older "
-                    "engine)";
-            if (why == NULL) {
+            OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin)) &&
+            (rq->u.grant.dflags & OTE_RP_GOP_DIRECT_OK) &&
+            ote__rdma_direct_servable(tp, a->req_addr, a->req_len)) {
+            /* GPUDirect source grants: exact MRs on direct slots (rdma_direct.c). */
+            direct = 1;
+        } else if (pst == OTE_OK && tp->host.pin_kind != NULL &&
+                   OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
+            /* Device memory that no GPUDirect source grant serves (no dma-buf of the range
+             * here: gpu_paths without direct, or the driver could not export it; or a
+             * requester that does not follow the redirect) is served through bounce
+             * buffers when the requester takes staged answers (whether gpu_paths allows
+             * staging is asked by each grant's stage_get, which names what is missing);
+             * else refused, naming why. */
+            if ((rq->u.grant.flags & OTE_RP_GF_STAGE) != 0) {
                 staged = 1;
             } else {
                 tp->host.unpin(tp->host.arg, pin);
                 pin = NULL;
                 pst = OTE_ERR_UNSUPPORTED;
-                OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s",
+                OTE_WARN_LIMITED("rdma",
+                                 "refused %s request of %llu bytes at 0x%llx from %s: device "
+                                 "memory over rdma needs GPUDirect RDMA source grants (a "
+                                 "dma-buf of the range here, gpu_paths direct, and a requester "
+                                 "that takes them) or source-side staging (a requester that "
+                                 "takes staged answers); an older engine can reach it over tcp "
+                                 "or shm",
                                  a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
                                  (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
-                                 c->peer_addr, why);
+                                 c->peer_addr);
             }
         } else if (pst != OTE_OK)
             OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s",
@@ -160,11 +177,17 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
         a->st = pst;
         a->pin = pst == OTE_OK ? pin : NULL;
         a->staged = pst == OTE_OK && staged;
+        a->direct = direct;
         ote_mutex_unlock(&tp->mu);
     }
     if (a == NULL) return st;
     ote_mutex_lock(&tp->mu);
     st = a->st;
+    int on_direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
+    /* Device memory only on a direct slot (else redirected there), and a direct slot
+     * only for it: each grant alone, the request's account stays as it is. */
+    if (st == OTE_OK && a->direct && !on_direct) st = OTE__RDMA_DIRECT_REDIRECT;
+    if (st == OTE_OK && !a->direct && on_direct) st = OTE_ERR_INVALID;
     acct_t *done = NULL;
     if (st != OTE_OK) { /* refused: this grant's bytes are accounted for now */
         a->left -= len;

@@ -1,35 +1,61 @@
 /*
  * engine/rdma/rdma_direct.c - GPUDirect RDMA in the RDMA transport: device memory
- * registered with a dma-buf MR in every usable context (ops->mem_register_dmabuf).
+ * registered with a dma-buf MR in every usable context (ops->mem_register_dmabuf), and
+ * the source's grants over it.
  *
- * The engine hands over the dma-buf of a device registration (engine/gpu/gpu_direct.c:
- * SYNC_MEMOPS set, the page-aligned range from the allocation's base) and the offset of
- * the user's range in it; the buffer manager publishes MRs of exactly [offset, +len)
- * with the user's address as iova, so lookups (ote_buffer_manager_find) and work
- * requests use the device address like a host one, and the MR covers no byte outside the
- * user's range. The MRs are local-only: a requester uses their lkey for its own device
- * buffer (no staging). Tear-down is the host MRs' (rdma_mem_unregister: a failed dereg
- * retains the registration). The MRs hold their own references on the dma-buf; the
- * engine closes its fd after this returns.
+ * Registration. The engine hands over the dma-buf of a device registration
+ * (engine/gpu/gpu_direct.c: SYNC_MEMOPS set, the page-aligned range from the
+ * allocation's base) and the offset of the user's range in it; the buffer manager
+ * publishes MRs of exactly [offset, +len) with the user's address as iova, so lookups
+ * (ote_buffer_manager_find) and work requests use the device address like a host one,
+ * and the MR covers no byte outside the user's range. These MRs are local-only: a
+ * requester uses their lkey for its own device buffer (no staging). We keep our own
+ * duplicate of the fd (closed at unregister) for the source grants' exact MRs; the engine
+ * closes its fd after this returns. Tear-down is the host MRs' (rdma_mem_unregister: a
+ * failed dereg retains the registration).
  *
- * Source grants over device memory (an exact-range MR in a private PD where windows
- * cannot bind over dma-buf MRs, as the kernel refuses MW_BIND on them) are not built:
- * the source refuses peers' requests on device memory (rdma_accounts.c).
+ * Source grants (the design is in rdma_internal.h, "GPUDirect source grants"). Windows
+ * cannot bind over dma-buf MRs (the kernel refuses MW_BIND on them, and so does the
+ * sim), so a grant over device memory is an MR of exactly the granted range, registered
+ * from our dma-buf fd for this grant alone, in the private PD of the direct endpoint's
+ * QP that the requester asked on (endpoint/: ote_endpoint_store_private_pd). Only that
+ * QP, connected to that one requester QP, can reach the MR, and only while the grant
+ * lives: its end (the requester's SEND_WITH_IMM receipt, a RELEASE, the deadline, the
+ * requester's loss) deregisters it here before anything else is released. A dereg that
+ * fails keeps the MR (counted, retried by the monitor; teardown reports RETAINED while
+ * one is left).
  */
+#include <errno.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
+
+/* An exact MR whose dereg failed (tp->direct_retained, under tp->mu). */
+struct dmr_ret {
+    struct dmr_ret *next;
+    struct ibv_mr *mr;
+};
 
 ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size_t len, int fd,
                                            uint64_t offset) {
     rdma_tp_t *tp = (rdma_tp_t *)t;
     reg_ent_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
+    r->dmabuf_fd = dup(fd);
+    if (r->dmabuf_fd < 0) {
+        int err = errno;
+        ote_free(r);
+        OTE_WARN_LIMITED("rdma", "dma-buf of device memory [%p, +%zu): dup failed: errno %d", addr,
+                         len, err);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
     ote_status_t st =
         ote_buffer_register_dmabuf(tp->bm, addr, len, IBV_ACCESS_LOCAL_WRITE, fd, offset, &r->buf);
     if (st != OTE_OK) {
+        (void)close(r->dmabuf_fd);
         ote_free(r);
         OTE_WARN_LIMITED("rdma",
                          "dma-buf MRs of device memory [%p, +%zu) failed: %s; GPUDirect RDMA "
@@ -38,9 +64,120 @@ ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size
         return st;
     }
     r->addr = addr;
+    r->len = len;
+    r->dmabuf_off = offset;
     ote_mutex_lock(&tp->mu);
     r->next = tp->regs;
     tp->regs = r;
     ote_mutex_unlock(&tp->mu);
     return OTE_OK;
+}
+
+void ote__rdma_direct_reg_end(reg_ent_t *r) {
+    if (r->dmabuf_fd >= 0) (void)close(r->dmabuf_fd);
+    r->dmabuf_fd = -1;
+}
+
+/* The dma-buf registration holding [addr, +len), or NULL. tp->mu held. */
+static const reg_ent_t *reg_find_locked(rdma_tp_t *tp, uint64_t addr, uint64_t len) {
+    for (const reg_ent_t *r = tp->regs; r != NULL; r = r->next) {
+        uint64_t base = (uint64_t)(uintptr_t)r->addr;
+        if (r->dmabuf_fd >= 0 && addr >= base && len <= r->len && addr - base <= r->len - len)
+            return r;
+    }
+    return NULL;
+}
+
+int ote__rdma_direct_servable(rdma_tp_t *tp, uint64_t addr, uint64_t len) {
+    ote_mutex_lock(&tp->mu);
+    int yes = reg_find_locked(tp, addr, len) != NULL;
+    ote_mutex_unlock(&tp->mu);
+    return yes;
+}
+
+ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uint64_t len,
+                                 int access, struct ibv_mr **mr_out) {
+    ote_mutex_lock(&tp->mu);
+    const reg_ent_t *r = reg_find_locked(tp, addr, len);
+    /* The registration is pinned by the grant's account: its fd stays open until then. */
+    int fd = r != NULL ? r->dmabuf_fd : -1;
+    uint64_t off = r != NULL ? r->dmabuf_off + (addr - (uint64_t)(uintptr_t)r->addr) : 0;
+    ote_mutex_unlock(&tp->mu);
+    if (fd < 0) return OTE_ERR_ACCESS;
+    struct ibv_mr *mr = NULL;
+    /* Remote WRITE needs local write too (verbs); nothing else is given. */
+    int acc = access | ((access & IBV_ACCESS_REMOTE_WRITE) ? IBV_ACCESS_LOCAL_WRITE : 0);
+    int err = tp->v->ops->reg_dmabuf_mr(tp->v, ote_qp_pd(qp), off, (size_t)len, addr, fd, acc, &mr);
+    if (err != 0) {
+        OTE_WARN_LIMITED("rdma",
+                         "exact dma-buf MR of device memory [0x%llx, +%llu) for a grant failed: "
+                         "errno %d: the grant is refused",
+                         (unsigned long long)addr, (unsigned long long)len, err);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
+    atomic_fetch_add(&tp->direct_mrs, 1);
+    atomic_fetch_add(&tp->direct_served, 1);
+    *mr_out = mr;
+    return OTE_OK;
+}
+
+void ote__rdma_direct_mr_drop(rdma_tp_t *tp, struct ibv_mr *mr) {
+    int err = tp->v->ops->dereg_mr(tp->v, mr);
+    if (err == 0) {
+        atomic_fetch_sub(&tp->direct_mrs, 1);
+        return;
+    }
+    struct dmr_ret *x = ote_calloc(1, sizeof(*x));
+    OTE_ERROR("rdma",
+              "dereg of a grant's exact dma-buf MR failed: errno %d; retained (its rkey stays "
+              "reachable only through its private QP, which is fenced)",
+              err);
+    if (x == NULL) {
+        /* No memory to list it: the MR stays counted live, never freed (retained). */
+        return;
+    }
+    x->mr = mr;
+    ote_mutex_lock(&tp->mu);
+    x->next = tp->direct_retained;
+    tp->direct_retained = x;
+    tp->direct_nretained++;
+    ote_mutex_unlock(&tp->mu);
+}
+
+uint64_t ote__rdma_direct_retry(rdma_tp_t *tp) {
+    ote_mutex_lock(&tp->mu);
+    struct dmr_ret *list = tp->direct_retained;
+    tp->direct_retained = NULL;
+    tp->direct_nretained = 0;
+    ote_mutex_unlock(&tp->mu);
+    uint64_t left = 0;
+    struct dmr_ret *keep = NULL;
+    while (list != NULL) {
+        struct dmr_ret *x = list;
+        list = x->next;
+        if (tp->v->ops->dereg_mr(tp->v, x->mr) == 0) {
+            atomic_fetch_sub(&tp->direct_mrs, 1);
+            OTE_INFO("rdma", "a retained exact dma-buf MR was deregistered on retry");
+            ote_free(x);
+            continue;
+        }
+        x->next = keep;
+        keep = x;
+        left++;
+    }
+    if (keep != NULL) {
+        ote_mutex_lock(&tp->mu);
+        struct dmr_ret *last = keep;
+        while (last->next != NULL) last = last->next;
+        last->next = tp->direct_retained;
+        tp->direct_retained = keep;
+        tp->direct_nretained += left;
+        left = tp->direct_nretained;
+        ote_mutex_unlock(&tp->mu);
+    }
+    return left;
+}
+
+int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey) {
+    return c->direct_ok && st == OTE_ERR_UNSUPPORTED && rkey == OTE_RP_RKEY_DIRECT;
 }

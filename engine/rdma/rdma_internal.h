@@ -67,6 +67,40 @@
  * unknown outcome is retained by engine/gpu). A requester without OTE_RP_GF_STAGE and a
  * gpu_paths without staging are refused, naming what is missing.
  *
+ * GPUDirect source grants (rdma_direct.c). Windows cannot bind over dma-buf MRs (the
+ * kernel refuses MW_BIND on them), so a grant over this engine's device memory is an MR
+ * of exactly the granted range in a PD that only the requester's own QP reaches:
+ *   - Each data device has a second, source-only endpoint store, deps, whose QPs are each
+ *     created in a PD of their own (ote_endpoint_store_private_pd): the "direct"
+ *     endpoints of a requester, caps 2 (READ) and 3 (WRITE), built by CONNECT like the
+ *     others. Their slots are the bounded cache of private PDs and QPs (lanes per peer and
+ *     device; evicted with the requester's other endpoints; a failed QP destroy or PD
+ *     dealloc retains the slot, and the store's destroy is RETAINED while one is left).
+ *   - A GRANT_REQ from a requester that set OTE_RP_GOP_DIRECT_OK (it saw rdma_direct=1
+ *     in our advert) for device memory whose registration has a dma-buf, on a plain slot,
+ *     is answered with the redirect (proto.h); the requester marks the run direct, gives
+ *     it a fresh request id (like a cache-miss retry: nothing was posted) and sends it
+ *     again on a slot of its direct endpoint (OTE_RP_GOP_DIRECT). Host memory asked on a
+ *     direct slot is refused (INVALID); device memory from a requester that does not
+ *     take the redirect keeps the old refusal.
+ *   - On a direct slot, ote_grant_serve_exact: the account (rdma_accounts.c) pinned the
+ *     request's extent, src_pin_exact registers an MR of exactly [addr, +len) from our own
+ *     duplicate of the dma-buf fd (reg_ent_t) in that QP's private PD with only the
+ *     grant's remote access, and the grant is answered with its rkey at once. Nothing but
+ *     that QP (connected to one requester QP) can reach the MR, and only the requester's
+ *     live grants on that slot are in the PD, so a peer touches only what it was granted.
+ *   - The end: the requester's receipt is a SEND_WITH_IMM of the rkey (an MR cannot be
+ *     invalidated remotely), or a RELEASE, the deadline (QP moved to ERR first) or the
+ *     requester's loss; src_unpin then deregisters the MR before the account releases the
+ *     pin (synchronous revocation: unregister is BUSY until then). A failed dereg keeps
+ *     the MR on tp->direct_retained (ERROR, retried by the monitor before it reclaims
+ *     endpoints, and at teardown before the private PDs go: the transport is RETAINED
+ *     while one is left).
+ *   - Bounds: the grants are the plain path's (grant size, rdma_max_inflight, one run
+ *     per grant); direct QPs and PDs are bounded by the endpoint widths; no new wire
+ *     field but the op-word flags, the RELEASE cap 2/3 and CONNECT cap 2/3, all checked
+ *     by the decoder (fuzz_proto.c).
+ *
  * Data path: every allowed device whose port is active or down at creation is a data
  * device (rdma_nic_t: context, lanes, endpoint store, grant manager; one whose port is
  * down starts paused and joins when it comes up); both sides advertise their devices in
@@ -94,6 +128,8 @@
  *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_stage.c      the source's bounce buffers for device memory (staging), COMMIT
  *   rdma_commit.c     the requester's waits for COMMIT of staged WRITEs
+ *   rdma_direct.c     GPUDirect RDMA: dma-buf MRs of registered device memory, and the
+ *                     source grants' exact MRs in private PDs (above)
  *   rdma_peer.c       the requester's control connection to one peer: connect and
  *                     handshake (the peer's epoch: a restarted peer fails the segment),
  *                     its reader thread, INFO/CONNECT calls, open/ensure/close, eviction
@@ -201,6 +237,10 @@ typedef struct reg_ent {
     struct reg_ent *next;
     void *addr;
     ote_buffer_t *buf;
+    /* Device memory with a dma-buf (rdma_direct.c): our own fd of it (-1: host memory),
+     * the range's offset in it and its length, for the exact MRs of source grants. */
+    int dmabuf_fd;
+    uint64_t dmabuf_off, len;
 } reg_ent_t;
 
 /*
@@ -237,6 +277,7 @@ typedef struct conn {
     int release_ok;   /* requester side: the source advertised rdma_release=1 (RELEASE) */
     int cepoch_ok;    /* requester side: it advertised rdma_connect_epoch=1 (proto.h) */
     int stage_ok;     /* requester side: the source advertised rdma_stage=1 (staged READs) */
+    int direct_ok;    /* requester side: the source advertised rdma_direct=1 (rdma_direct.c) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -328,9 +369,10 @@ struct ote__tpeer {
     gid_ent_t *grants; /* grant ids waiting for an answer */
     cwait_t *commits;  /* staged WRITE runs waiting for their COMMIT (rdma_commit.c) */
     uint64_t next_call, next_note;
-    /* requester endpoints per local data device and capability (READ, WRITE): device i
-     * pairs with the peer's device i % c->ndev */
-    ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][2];
+    /* requester endpoints per local data device and capability (READ, WRITE; 2, 3: the
+     * direct READ, WRITE endpoints of rdma_direct.c, only toward a source that advertised
+     * rdma_direct=1): device i pairs with the peer's device i % c->ndev */
+    ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][4];
     /* rdma_requester.c, under mu: data slices not started yet (FIFO), the bytes of this
      * peer's started slices per device (at most OTE__RDMA_NIC_WINDOW each, or one slice),
      * and the pump's state (one thread pumps; others ask it to go round again).
@@ -385,6 +427,7 @@ typedef struct rdma_nic {
     ote_cq_lane_t *lanes[OTE__RDMA_MAX_LANES];
     ote_cq_workers_t *workers;
     ote_endpoint_store_t *eps;
+    ote_endpoint_store_t *deps; /* source: direct endpoints, a private PD per QP */
     ote_grant_mgr_t *gm;
     _Atomic uint64_t req_bytes;  /* requester: bytes of slices that ended OK on it */
     _Atomic uint64_t grant_reqs; /* requester: GRANT_REQs sent on it (control round trips) */
@@ -451,6 +494,12 @@ struct ote__rdma_tp {
     _Atomic uint64_t starts_inline, starts_pumped, qp_builds;
     /* rdma_credits.c: grant credits, receive-credit retries and the QP limit. */
     struct rdma_credits *cred;
+    /* rdma_direct.c: exact-range MRs of source grants live now and served in all;
+     * redirects sent (source) and followed (requester); MRs whose dereg failed (under mu,
+     * retried by the monitor and at teardown). */
+    _Atomic uint64_t direct_mrs, direct_served, direct_redirects, direct_followed;
+    struct dmr_ret *direct_retained;
+    uint64_t direct_nretained;
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */
@@ -532,6 +581,8 @@ void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, con
  * the request's first grant. OTE_OK with *a_out (the grant then holds its bytes with
  * ote__rdma_acct_hold), or the refusal (its bytes already accounted for). Server thread. */
 ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_out);
+/* ... and whether that request is device memory served on direct slots (rdma_direct.c). */
+int ote__rdma_acct_direct(rdma_tp_t *tp, const acct_t *a);
 void ote__rdma_acct_hold(rdma_tp_t *tp, acct_t *a, uint64_t len);
 /* seen: bytes of the request that will never be held (refused, never served); done:
  * held bytes released. The last byte releases the pin. Any thread, no lock held. */
@@ -669,9 +720,31 @@ void ote__rdma_notes_expire(rdma_tp_t *tp);
 /* ---- rdma_direct.c: GPUDirect RDMA ----------------------------------------------- */
 
 /* ops->mem_register_dmabuf: dma-buf MRs of device memory in every usable context, listed
- * in tp->regs like a host registration (rdma_mem_unregister ends them). */
+ * in tp->regs like a host registration (rdma_mem_unregister ends them), with our own
+ * duplicate of the fd for the source grants' exact MRs. */
 ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size_t len, int fd,
                                            uint64_t offset);
+/* rdma_mem_unregister: close r's dma-buf fd (after its MRs are gone). */
+void ote__rdma_direct_reg_end(reg_ent_t *r);
+/* Whether [addr, +len) lies in one registration that has a dma-buf (served directly). */
+int ote__rdma_direct_servable(rdma_tp_t *tp, uint64_t addr, uint64_t len);
+/* An MR of exactly [addr, +len) of device memory, with `access` (remote READ or WRITE),
+ * in the PD of qp (a direct endpoint's private PD). The caller pinned the registration. */
+ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uint64_t len,
+                                 int access, struct ibv_mr **mr_out);
+/* Deregister such an MR now (synchronous revocation), else retain it (counted, retried
+ * by ote__rdma_direct_retry). Any thread, no lock held. */
+void ote__rdma_direct_mr_drop(rdma_tp_t *tp, struct ibv_mr *mr);
+/* Retry the retained MRs; returns how many are still retained. Monitor and teardown. */
+uint64_t ote__rdma_direct_retry(rdma_tp_t *tp);
+/* Requester: whether a GRANT_RESP (status st, rkey) from c is the redirect to a direct
+ * slot (proto.h), and the status the grant then ends with. */
+#define OTE__RDMA_DIRECT_REDIRECT ote_status_make(OTE_ERR_UNSUPPORTED, EXDEV)
+int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey);
+/* rdma_source.c for rdma_direct.c's pin: the account of the GRANT_REQ being served on
+ * this thread (NULL outside ote__rdma_src_grant), and that the grant took its bytes. */
+acct_t *ote__rdma_src_serving(void);
+void ote__rdma_src_served(void);
 
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */
 

@@ -72,6 +72,8 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
         /* Refused for now (no receive slot for its receipt, too many requests open):
          * nothing was bound; the run is asked again later (rdma_credits.h). */
         if (m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
+        /* Device memory served only on a direct slot (rdma_direct.c): the run goes there. */
+        if (ote__rdma_direct_is_redirect(c, st, rp.u.resp.rkey)) st = OTE__RDMA_DIRECT_REDIRECT;
         ote_mutex_lock(&p->mu);
         gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
         ote_mutex_unlock(&p->mu);
@@ -301,7 +303,7 @@ static int same_incarnation(const ote__tpeer_t *p, const conn_t *c) {
 static size_t eps_take(ote__tpeer_t *p, ote_endpoint_t **out) {
     size_t n = 0;
     for (uint32_t i = 0; i < OTE__RDMA_MAX_NICS; i++) {
-        for (int cap = 0; cap < 2; cap++) {
+        for (int cap = 0; cap < 4; cap++) {
             if (p->ep[i][cap] != NULL) out[n++] = p->ep[i][cap];
             p->ep[i][cap] = NULL;
         }
@@ -353,6 +355,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     /* Staged READs of its device memory (rdma_stage=1): GRANT_REQs ask with
      * OTE_RP_GF_STAGE, and a staged GRANT_RESP is accepted from it only then. */
     c->stage_ok = adv_flag(&a, "rdma_stage");
+    /* GPUDirect source grants (rdma_direct.c): the direct flags and endpoints. */
+    c->direct_ok = adv_flag(&a, "rdma_direct");
     ote_mutex_lock(&p->mu);
     p->c = c;
     ote_mutex_unlock(&p->mu);
@@ -378,10 +382,11 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         st = OTE_ERR_PEER_LOST;
     }
     /* Our device i pairs with the peer's device i % ndev (it computes the same). */
-    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][2];
+    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4];
     memset(eps, 0, sizeof(eps));
+    int ncap = c->direct_ok ? 4 : 2; /* 2, 3: direct endpoints (rdma_direct.c) */
     for (uint32_t i = 0; st == OTE_OK && i < tp->nnics; i++) {
-        for (int cap = 0; st == OTE_OK && cap < 2; cap++) {
+        for (int cap = 0; st == OTE_OK && cap < ncap; cap++) {
             ote_ep_key_t key;
             ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->nics[i].ctx),
                             c->nics[i % c->ndev], OTE_EP_REQUESTER, (ote_ep_cap_t)cap);
@@ -419,7 +424,7 @@ static void disconnect_ctl(ote__tpeer_t *p) {
     p->reader_started = 0;
     ote_mutex_lock(&p->mu);
     p->c = NULL;
-    ote_endpoint_t *eps[2 * OTE__RDMA_MAX_NICS];
+    ote_endpoint_t *eps[4 * OTE__RDMA_MAX_NICS];
     size_t n = eps_take(p, eps);
     ote_mutex_unlock(&p->mu);
     eps_evict(eps, n); /* the endpoints of that connection's peer: fresh ones next time */
@@ -427,7 +432,7 @@ static void disconnect_ctl(ote__tpeer_t *p) {
 }
 
 void ote__rdma_peers_evict_dead(rdma_tp_t *tp) {
-    ote_endpoint_t *eps[2 * OTE__RDMA_MAX_NICS];
+    ote_endpoint_t *eps[4 * OTE__RDMA_MAX_NICS];
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
         ote_mutex_lock(&p->mu);

@@ -333,6 +333,7 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
             s->done(s, OTE_ERR_NOMEM);
         } else {
             s->xp.rdma.retries = 0;
+            s->xp.rdma.direct = 0;
             ote_mutex_lock(&p->mu);
             if (p->q_tail != NULL) p->q_tail->next = s;
             else p->q_head = s;

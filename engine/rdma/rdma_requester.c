@@ -125,6 +125,7 @@ typedef struct {
     ote__tpeer_t *p;
     ote__slice_t *s;    /* the run (its first slice) */
     uint32_t nic, pair; /* our device; (the peer's device << 8) | ours */
+    uint32_t cap;       /* the endpoint's: 0 READ, 1 WRITE, 2, 3 direct (rdma_direct.c) */
 } garg_t;
 
 static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
@@ -136,7 +137,7 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     uint64_t wire_id = OTE__RDMA_GRANT_WIRE(ga->nic, grant_id);
     g->id = wire_id;
     g->pair = ga->pair;
-    g->cap = op == OTE_GRANT_WRITE ? 1 : 0;
+    g->cap = ga->cap; /* a RELEASE names the endpoint, direct ones included */
     g->slot = slot;
     g->src_qpn = remote_qpn;
     g->s = ga->s;
@@ -160,8 +161,12 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     /* A source that serves READs of its device memory staged (rdma_stage=1): say that we
      * take a staged answer (sent only with an epoch, proto.h). */
     if (p->c->stage_ok && p->c->epoch != 0) rq.u.grant.flags = OTE_RP_GF_STAGE;
+    /* To a source with GPUDirect grants: we follow a redirect; this one is on a direct
+     * slot (proto.h, rdma_direct.c). */
+    if (p->c->direct_ok)
+        rq.u.grant.dflags = OTE_RP_GOP_DIRECT_OK | (ga->cap >= 2 ? OTE_RP_GOP_DIRECT : 0);
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
-    ote_endpoint_t *ep = p->ep[ga->nic][op == OTE_GRANT_WRITE ? 1 : 0];
+    ote_endpoint_t *ep = p->ep[ga->nic][ga->cap];
     ote_qp_t *qp = NULL;
     if (ote_endpoint_borrow_ready(ep, slot, remote_qpn, &qp) == OTE_OK) {
         rq.u.grant.req_qpn = ote_qp_num(qp);
@@ -293,6 +298,15 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
                   s->op == OTE__SLICE_WRITE ? "WRITE" : "READ", (unsigned long long)rlen);
         ote__rdma_slice_renew(s);
         again = busy = 1;
+    } else if (!again && st == OTE__RDMA_DIRECT_REDIRECT && !s->xp.rdma.direct &&
+               !(s->canceled != NULL && atomic_load(s->canceled)) &&
+               !ote_deadline_expired(s->deadline)) {
+        /* Device memory at the source, served on a direct slot (rdma_direct.c): nothing
+         * was posted, so the run goes again there, as a request of its own. */
+        for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.direct = 1;
+        ote__rdma_slice_renew(s);
+        atomic_fetch_add(&tp->direct_followed, 1);
+        again = 1;
     } else if (!again && miss_may_retry(s, st)) {
         /* The grant layer retired the slot's QP: the next pick rebuilds it (CONNECT). */
         OTE_WARN_LIMITED("rdma",
@@ -334,7 +348,8 @@ static void slice_grant_abandoned(void *arg, uint32_t slot, uint32_t remote_qpn,
     if (c == NULL || c->ndev == 0) return;
     uint32_t k = s->xp.rdma.nic;
     uint32_t pair = ((k % c->ndev) << 8) | k;
-    ote__rdma_send_release(c, pair, s->op == OTE__SLICE_WRITE ? 1 : 0, slot, remote_qpn, rkey);
+    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    ote__rdma_send_release(c, pair, cap, slot, remote_qpn, rkey);
 }
 
 /* A slice that ends before its grant was asked for: tell the source its bytes will never
@@ -522,8 +537,13 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     ote_status_t st;
     rdma_nic_t *n = &tp->nics[k];
     int write = s->op == OTE__SLICE_WRITE;
-    uint32_t cap = write ? 1 : 0;
+    /* A run the source redirected goes on a direct endpoint (rdma_direct.c). */
+    uint32_t cap = (write ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
     ote_endpoint_t *ep = p->ep[k][cap];
+    if (ep == NULL) { /* a direct run toward a source that no longer advertises it */
+        ote__rdma_start_failed(p, s, k, OTE_ERR_UNSUPPORTED);
+        return OTE__RDMA_START_TAKEN;
+    }
     uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
     uint32_t slot = 0;
     ote_qp_t *qp = NULL;
@@ -622,7 +642,8 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     d.done_arg = s;
     d.canceled = slice_canceled;
     d.abandoned = slice_grant_abandoned;
-    garg_t ga = {p, s, (uint32_t)k, pair};
+    d.receipt_imm = cap >= 2; /* an exact MR at the source: nothing to invalidate */
+    garg_t ga = {p, s, (uint32_t)k, pair, cap};
     ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
     st = ote_grant_start(n->gm, &d, &ctl);
@@ -645,7 +666,7 @@ ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint3
     rdma_tp_t *tp = p->tp;
     ote_endpoint_t *ep = p->ep[k][cap];
     uint32_t pair = ((k % p->c->ndev) << 8) | k;
-    xarg_t xa = {p, cap ? OTE_EP_WRITE : OTE_EP_READ, pair};
+    xarg_t xa = {p, cap, pair}; /* 0 READ, 1 WRITE, 2, 3 direct */
     ote_deadline_t cdl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     ote_qp_t *qp = NULL;
     ote_status_t st = ote_endpoint_borrow(ep, slot, req_exchange, &xa, cdl, &qp);

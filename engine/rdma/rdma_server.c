@@ -188,18 +188,17 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
 static void server_peer_gone(conn_t *c) {
     rdma_tp_t *tp = c->tp;
     if (c->process == 0 || atomic_load(&tp->stop)) return; /* no INFO: it holds nothing */
-    /* Its endpoints here: every (our device, its device) pair it used (src_used: a paused
+    /* Its endpoints here (caps 2, 3: direct, rdma_direct.c): every (our device, its device) pair it used (src_used: a paused
      * device's pairs were served on another one, and moved back when it came up). */
-    enum { MAXE = OTE__RDMA_MAX_NICS * OTE__RDMA_MAX_NICS * 2 };
+    enum { MAXE = OTE__RDMA_MAX_NICS * OTE__RDMA_MAX_NICS * 4 };
     ote_endpoint_t *eps[MAXE];
     rdma_nic_t *nics[MAXE];
     size_t ne = 0;
     uint32_t nr = c->ndev < OTE__RDMA_MAX_NICS ? c->ndev : OTE__RDMA_MAX_NICS;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t d = 0; d < tp->nnics; d++)
-            for (int cap = 0; (c->src_used[r] >> d & 1u) && cap < 2; cap++)
-                if (ote__rdma_src_ep_on(c, d, r, cap ? OTE_EP_WRITE : OTE_EP_READ, &eps[ne]) ==
-                    OTE_OK)
+            for (int cap = 0; (c->src_used[r] >> d & 1u) && cap < 4; cap++)
+                if (ote__rdma_src_ep_on(c, d, r, (ote_ep_cap_t)cap, &eps[ne]) == OTE_OK)
                     nics[ne++] = &tp->nics[d];
     /* A requester that closed cleanly sent its last receipts before it closed: give the
      * lane workers SERVER_RECEIPT_GRACE_MS to take them, so that only what a dead

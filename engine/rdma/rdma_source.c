@@ -40,12 +40,17 @@ static _Thread_local struct {
     int pinned;
 } tl_serve;
 
-/* A grant's pin: its bytes of its request's account, and a staged grant's bounce. */
+/* A grant's pin: its bytes of its request's account, a staged grant's bounce and a
+ * direct grant's exact MR (never both). */
 typedef struct {
     acct_t *a;
     uint64_t len;
     rdma_stage_t *stage;
+    struct ibv_mr *mr; /* rdma_direct.c: deregistered first at unpin */
 } grant_pin_t;
+
+acct_t *ote__rdma_src_serving(void) { return tl_serve.a; }
+void ote__rdma_src_served(void) { tl_serve.pinned = 1; }
 
 static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
                             struct ibv_mr **mr_out, void **pin_out) {
@@ -66,6 +71,7 @@ static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64
     gp->a = tl_serve.a;
     gp->len = len;
     gp->stage = tl_serve.stage;
+    gp->mr = NULL;
     ote__rdma_acct_hold(tp, gp->a, len);
     tl_serve.pinned = 1;
     *mr_out = mr;
@@ -73,9 +79,37 @@ static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64
     return OTE_OK;
 }
 
+/* A direct grant (ote_grant_serve_exact): an MR of exactly the range in qp's private PD
+ * (rdma_direct.c), and the grant's bytes of its account, as src_pin. */
+static ote_status_t src_pin_exact(void *arg, ote_qp_t *qp, uint64_t addr, uint64_t len, int access,
+                                  uint32_t *rkey_out, void **pin_out) {
+    rdma_tp_t *tp = arg;
+    acct_t *a = ote__rdma_src_serving();
+    if (a == NULL || !ote__rdma_acct_direct(tp, a)) return OTE_ERR_STATE;
+    grant_pin_t *gp = ote_malloc(sizeof(*gp));
+    if (gp == NULL) return OTE_ERR_NOMEM;
+    struct ibv_mr *mr = NULL;
+    ote_status_t st = ote__rdma_direct_mr(tp, qp, addr, len, access, &mr);
+    if (st != OTE_OK) {
+        ote_free(gp);
+        return st;
+    }
+    gp->a = a;
+    gp->len = len;
+    gp->stage = NULL;
+    gp->mr = mr;
+    ote__rdma_acct_hold(tp, a, len);
+    ote__rdma_src_served();
+    *rkey_out = mr->rkey;
+    *pin_out = gp;
+    return OTE_OK;
+}
+
 static void src_unpin(void *arg, void *pin) {
     rdma_tp_t *tp = arg;
     grant_pin_t *gp = pin;
+    /* The exact MR goes before the pin: no byte is reachable once the range may move. */
+    if (gp->mr != NULL) ote__rdma_direct_mr_drop(tp, gp->mr);
     /* The grant's window is dead by now (invalidated by its receipt, or deallocated). */
     ote__rdma_stage_end(tp, gp->stage);
     ote__rdma_acct_settle(tp, gp->a, 0, gp->len);
@@ -124,12 +158,16 @@ void ote__rdma_src_on_recv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, con
 ote_status_t ote__rdma_src_ep_on(conn_t *c, uint32_t d, uint32_t ri, ote_ep_cap_t cap,
                                  ote_endpoint_t **ep_out) {
     rdma_tp_t *tp = c->tp;
-    if (d >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
+    if (d >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS || (uint32_t)cap > 3)
+        return OTE_ERR_PROTOCOL;
     rdma_nic_t *n = &tp->nics[d];
+    /* Caps 2 and 3: the direct endpoints, each QP in a private PD (rdma_direct.c). */
+    ote_endpoint_store_t *store = (uint32_t)cap >= 2 ? n->deps : n->eps;
+    if (store == NULL) return OTE_ERR_PROTOCOL;
     ote_ep_key_t key;
     ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(n->ctx), c->nics[ri], OTE_EP_SOURCE,
                     cap);
-    ote_status_t st = ote_endpoint_get(n->eps, &key, c->lanes, ep_out);
+    ote_status_t st = ote_endpoint_get(store, &key, c->lanes, ep_out);
     if (st == OTE_OK) c->src_used[ri] |= (uint8_t)(1u << d);
     return st;
 }
@@ -138,7 +176,8 @@ ote_status_t ote__rdma_src_ep(conn_t *c, uint32_t pair, ote_ep_cap_t cap, rdma_n
                               ote_endpoint_t **ep_out) {
     rdma_tp_t *tp = c->tp;
     uint32_t si = pair >> 8, ri = pair & 0xff;
-    if (si >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS) return OTE_ERR_PROTOCOL;
+    if (si >= tp->nnics || ri >= c->ndev || ri >= OTE__RDMA_MAX_NICS || (uint32_t)cap > 3)
+        return OTE_ERR_PROTOCOL;
     uint32_t gen = atomic_load(&tp->dev_gen);
     if (gen != c->map_gen) {
         /* A device of ours came up: the pairs served elsewhere while their own device was
@@ -262,16 +301,25 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         ote_rp_msg_t rp;
         memset(&rp, 0, sizeof(rp));
         rp.type = OTE_RP_GRANT_RESP;
-        (void)ote__rdma_conn_send_rp(c, req_id, grant_refusal(chk), &rp);
+        if (chk == OTE__RDMA_DIRECT_REDIRECT) {
+            /* Device memory, asked on a plain slot by a requester that follows: to a
+             * direct slot (proto.h). */
+            rp.u.resp.rkey = OTE_RP_RKEY_DIRECT;
+            chk = OTE_ERR_UNSUPPORTED;
+            atomic_fetch_add(&tp->direct_redirects, 1);
+        } else {
+            chk = grant_refusal(chk);
+        }
+        (void)ote__rdma_conn_send_rp(c, req_id, chk, &rp);
         return;
     }
+    int direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
+    uint32_t ecap = (rq->u.grant.op == OTE_GRANT_WRITE ? 1u : 0u) + (direct ? 2u : 0u);
     ote_endpoint_t *ep = NULL;
     rdma_nic_t *nic = NULL;
     ote_qp_t *qp = NULL;
     int pinned = 0; /* the grant took its bytes of the account (and gives them back) */
-    ote_status_t st =
-        ote__rdma_src_ep(c, rq->u.grant.pair,
-                         rq->u.grant.op == OTE_GRANT_WRITE ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep);
+    ote_status_t st = ote__rdma_src_ep(c, rq->u.grant.pair, (ote_ep_cap_t)ecap, &nic, &ep);
     if (st == OTE_OK && rq->u.grant.slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
     if (st == OTE_OK)
         st = ote_endpoint_borrow_ready(ep, rq->u.grant.slot, rq->u.grant.req_qpn, &qp);
@@ -327,8 +375,11 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             tl_serve.a = acct;
             tl_serve.stage = stage;
             tl_serve.pinned = 0;
-            st = ote_grant_serve(nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op,
-                                 addr, rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
+            /* A direct slot serves device memory by an exact MR, a plain one by a window
+             * (over the range, or over a staged grant's bounce). */
+            st = (direct ? ote_grant_serve_exact : ote_grant_serve)(
+                nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op, addr,
+                rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
             pinned = tl_serve.pinned;
             tl_serve.a = NULL;
             tl_serve.stage = NULL;
@@ -355,19 +406,20 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
 }
 
 ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp) {
-    ote_grant_source_ops_t src = {
-        .arg = tp, .pin = src_pin, .unpin = src_unpin, .answer = src_answer};
+    ote_grant_source_ops_t src = {.arg = tp,
+                                  .pin = src_pin,
+                                  .unpin = src_unpin,
+                                  .answer = src_answer,
+                                  .pin_exact = src_pin_exact};
     return src;
 }
 
 void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq) {
     size_t n = 0;
-    for (int cap = 0; cap < 2; cap++) {
+    for (int cap = 0; cap < 4; cap++) {
         rdma_nic_t *nic = NULL;
         ote_endpoint_t *ep = NULL;
-        if (ote__rdma_src_ep(c, rq->u.reset.pair, cap ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep) !=
-            OTE_OK)
-            continue;
+        if (ote__rdma_src_ep(c, rq->u.reset.pair, (ote_ep_cap_t)cap, &nic, &ep) != OTE_OK) continue;
         /* Their borrows of the slots' QPs end with them. The QPs stay: a requester QP
          * that saw no traffic while its port was down is still connected to its own; one
          * that failed is rebuilt by CONNECT, which retires ours then. */
@@ -383,8 +435,7 @@ void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq) {
     ote_endpoint_t *ep = NULL;
     /* Only a grant served on this requester's own endpoint can match: one requester never
      * ends another's grant, whatever rkey it names. */
-    ote_status_t st =
-        ote__rdma_src_ep(c, rq->u.rel.pair, rq->u.rel.cap ? OTE_EP_WRITE : OTE_EP_READ, &nic, &ep);
+    ote_status_t st = ote__rdma_src_ep(c, rq->u.rel.pair, (ote_ep_cap_t)rq->u.rel.cap, &nic, &ep);
     if (st == OTE_OK && rq->u.rel.slot >= ote_endpoint_width(ep)) st = OTE_ERR_NOT_FOUND;
     if (st == OTE_OK)
         st = ote_grant_source_release(nic->gm, ep, rq->u.rel.slot, rq->u.rel.src_qpn,
@@ -406,8 +457,9 @@ void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq) {
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
     (void)t;
     /* rdma_stage=1: READs of device memory are served staged (rdma_stage.c) to a
-     * requester that asks with OTE_RP_GF_STAGE. */
-    static const char kAdv[] = "rdma_release=1;rdma_connect_epoch=1;rdma_stage=1";
+     * requester that asks with OTE_RP_GF_STAGE; rdma_direct=1: GRANT_REQ's direct flags,
+     * CONNECT cap 2/3 (rdma_direct.c). */
+    static const char kAdv[] = "rdma_release=1;rdma_connect_epoch=1;rdma_stage=1;rdma_direct=1";
     if (len < sizeof(kAdv)) return OTE_ERR_TOO_BIG;
     memcpy(buf, kAdv, sizeof(kAdv));
     return OTE_OK;

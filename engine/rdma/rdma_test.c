@@ -67,6 +67,20 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.qps = cs.qps;
         r.qp_waits = cs.qp_waits;
         r.qp_evictions = cs.qp_evictions;
+        r.direct_mrs = atomic_load(&tp->direct_mrs);
+        r.direct_served = atomic_load(&tp->direct_served);
+        r.direct_redirects = atomic_load(&tp->direct_redirects);
+        r.direct_followed = atomic_load(&tp->direct_followed);
+        ote_mutex_lock(&tp->mu);
+        r.direct_retained = tp->direct_nretained;
+        ote_mutex_unlock(&tp->mu);
+        for (uint32_t k = 0; k < tp->nnics; k++) {
+            if (tp->nics[k].deps == NULL) continue;
+            ote_endpoint_stats_t es;
+            ote_endpoint_store_stats(tp->nics[k].deps, &es);
+            r.direct_pds += es.pds_live;
+            r.direct_qps += es.built - es.destroyed;
+        }
         *out = r;
         st = OTE_OK;
         break;

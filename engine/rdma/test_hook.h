@@ -70,6 +70,11 @@ typedef struct {
     uint64_t qps;             /* QPs the engine holds now (every device, peer and role) */
     uint64_t qp_waits;        /* requester QP builds that waited under rdma_max_qps */
     uint64_t qp_evictions;    /* idle requester QPs retired to make room under it */
+    /* GPUDirect source grants (rdma_direct.c): exact MRs live now, grants served by one,
+     * redirects sent (source) and followed (requester), exact MRs retained (dereg failed),
+     * private PDs and QPs of the direct endpoints alive now (source). */
+    uint64_t direct_mrs, direct_served, direct_redirects, direct_followed, direct_retained;
+    uint64_t direct_pds, direct_qps;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

@@ -143,4 +143,61 @@ TEST_F(EndpointFaultTest, EvictedEndpointWithBusyDestroyIsRetainedThenFreed) {
     EXPECT_EQ(st.endpoints, 1u);
 }
 
+// A store whose QPs each get a PD of their own (the GPUDirect source's direct endpoints):
+// each source QP is in its own PD (neither the context's nor another QP's); an alloc_pd
+// failure fails that build cleanly and the retry works; a PD whose dealloc fails keeps
+// its slot, retained, until the next reclaim deallocates it; no PD is left at the end.
+TEST_F(EndpointFaultTest, PrivatePdPerQpFaultsRetainAndNothingIsLeft) {
+    ote_endpoint_store_private_pd(rig_.s1);
+    ote_verbs_fault_reset_counters(rig_.v);
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_PD, OTE_FAULT_NTH, 1, ENOMEM),
+              OTE_OK);
+    ote_qp_t *qp = nullptr;
+    ote_status_t st = OTE_OK;
+    ExpectErrorLogsIn([&] { st = rig_.Borrow(0, 0, &qp); });
+    EXPECT_EQ(ote_status_errno(st), ENOMEM);
+    ote_endpoint_stats_t es;
+    ote_endpoint_store_stats(rig_.s1, &es);
+    EXPECT_EQ(es.pds_live, 0u);
+    EXPECT_EQ(es.built, 0u);
+    ote_qp_t *a = nullptr, *b = nullptr;
+    ASSERT_EQ(rig_.Borrow(0, 0, &a), OTE_OK);
+    ASSERT_EQ(rig_.Borrow(0, 1, &b), OTE_OK);
+    ote_qp_t *sa = nullptr, *sb = nullptr;
+    ASSERT_EQ(ote_endpoint_borrow_ready(rig_.ep1[0], 0, 0, &sa), OTE_OK);
+    ASSERT_EQ(ote_endpoint_borrow_ready(rig_.ep1[0], 1, 0, &sb), OTE_OK);
+    EXPECT_NE(ote_qp_pd(sa), ote_context_pd(rig_.c1));
+    EXPECT_NE(ote_qp_pd(sb), ote_context_pd(rig_.c1));
+    EXPECT_NE(ote_qp_pd(sa), ote_qp_pd(sb));
+    EXPECT_EQ(ote_qp_pd(a), ote_context_pd(rig_.c0)); /* the other store: shared PD */
+    ote_endpoint_store_stats(rig_.s1, &es);
+    EXPECT_EQ(es.pds_live, 2u);
+    ote_endpoint_retire(rig_.ep1[0], 0, sa);
+    ote_endpoint_return(rig_.ep1[0], 0, sa);
+    ote_endpoint_retire(rig_.ep1[0], 1, sb);
+    ote_endpoint_return(rig_.ep1[0], 1, sb);
+    ote_endpoint_return(rig_.ep0[0], 0, a);
+    ote_endpoint_return(rig_.ep0[0], 1, b);
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_PD, OTE_FAULT_NTH, 1, EBUSY),
+              OTE_OK);
+    size_t left = 0;
+    EXPECT_NE(ote_endpoint_store_reclaim(rig_.s1, ote_deadline_after(30000 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 1u);
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_PD), 1u);
+    ote_endpoint_store_stats(rig_.s1, &es);
+    EXPECT_EQ(es.retained_now, 1u);
+    EXPECT_EQ(es.pds_live, 1u);
+    EXPECT_EQ(ote_endpoint_store_reclaim(rig_.s1, ote_deadline_after(30000 * kMs), &left), OTE_OK);
+    EXPECT_EQ(left, 0u);
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_PD), 0u);
+    ote_endpoint_store_stats(rig_.s1, &es);
+    EXPECT_EQ(es.pds_live, 0u);
+    /* Every PD allocated was deallocated (each op failed once, injected). */
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_PD) -
+                  ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_PD),
+              ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_PD) -
+                  ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_PD));
+    EXPECT_EQ(RetainedSinceStart(), 0);
+}
+
 } // namespace

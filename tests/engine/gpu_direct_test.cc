@@ -6,8 +6,12 @@
 // bytes around the range untouched; without "direct" in gpu_paths the path is never
 // used (staged instead, or refused at submit when nothing else is allowed); a failed
 // dma-buf export (driver fault) leaves the registration to staging, logged, and the next
-// registration gets its dma-buf again. Peers' device memory is still refused by an RDMA
-// source (source grants over device memory are not built): see gpu_staging_test.
+// registration gets its dma-buf again. GPUDirect source grants: a peer's device memory
+// (registered with its dma-buf) is served by exact-range MRs in private PDs, host and
+// device memory to and from it, 1 byte to 64 MiB, a request past its registration
+// refused, unregister BUSY while a grant lives, faults on the private PD, QP and MR
+// failing one request cleanly, a failed dereg retained and the engine's destroy retried;
+// a source without the dma-buf still refuses it.
 #include <dirent.h>
 #include <unistd.h>
 
@@ -145,7 +149,9 @@ TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
     uint64_t d = DevAlloc(kDevLen);
     ASSERT_NE(d, 0u);
     // The registration sets SYNC_MEMOPS and exports one dma-buf, whose fd the engine
-    // closes once the MRs exist (the fake's dma-bufs are dups of its memfds).
+    // closes once the MRs exist (the fake's dma-bufs are dups of its memfds); the RDMA
+    // transport keeps one duplicate of its own for source grants (exact MRs), closed at
+    // unregister.
     const uint64_t sync0 = fake_.calls("cuPointerSetAttribute");
     const uint64_t exp0 = fake_.calls("cuMemGetHandleForAddressRange");
     const int memfds0 = MemfdCount();
@@ -154,7 +160,7 @@ TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
               OTE_OK);
     EXPECT_EQ(fake_.calls("cuPointerSetAttribute"), sync0 + 1);
     EXPECT_EQ(fake_.calls("cuMemGetHandleForAddressRange"), exp0 + 1);
-    EXPECT_EQ(MemfdCount(), memfds0);
+    EXPECT_EQ(MemfdCount(), memfds0 + 1);
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
     const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
@@ -204,7 +210,9 @@ TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
     EXPECT_EQ(Stats(req).direct_requests, n_req);
 
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    const int memfds1 = MemfdCount(); // (the loose allocation is a memfd of the fake too)
     EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(d)), OTE_OK);
+    EXPECT_EQ(MemfdCount(), memfds1 - 1); // the transport's duplicate is closed
     EXPECT_EQ(ote_memory_unregister(src, host.data()), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
@@ -294,12 +302,13 @@ TEST_F(GpuDirectTest, DmabufExportFailureFallsBackToStaging) {
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
-// Device memory at an RDMA source is still refused (GPUDirect source grants are not
-// built), also when the requester's own device buffer could move directly: the request
-// fails with no byte moved on either side, and the source's log says why.
-TEST_F(GpuDirectTest, RemoteDeviceMemoryIsRefusedWithNothingMoved) {
+// A source without a dma-buf for its device memory (gpu_paths without "direct") still
+// refuses it over RDMA (it has no source-side staging here), also to a requester whose own
+// device buffer could move directly: no byte moved on either side, the source's log says
+// why.
+TEST_F(GpuDirectTest, RemoteDeviceMemoryWithoutDmabufIsRefusedWithNothingMoved) {
     ote_config_t *cfg = ote_test::RdmaConfig();
-    ASSERT_EQ(ote_config_set(cfg, "gpu_paths", "direct,staging"), OTE_OK);
+    ASSERT_EQ(ote_config_set(cfg, "gpu_paths", "staging"), OTE_OK);
     ote_engine_t *src = nullptr;
     ASSERT_EQ(ote_engine_create(cfg, &src), OTE_OK);
     ote_config_destroy(cfg);
@@ -334,6 +343,287 @@ TEST_F(GpuDirectTest, RemoteDeviceMemoryIsRefusedWithNothingMoved) {
     EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// GPUDirect source grants: the source's device memory, registered with its dma-buf
+// (gpu_paths direct), served by an exact-range MR in the private PD of a direct
+// endpoint's QP (rdma_direct.c).
+class GpuDirectSourceTest : public GpuDirectTest {
+  protected:
+    // A source engine with gpu_paths "direct"; when wrap, its provider is counted and
+    // fault-wrapped (vs_, ns_).
+    ote_engine_t *Source(bool wrap) {
+        ote_config_t *cfg = ote_test::RdmaConfig();
+        EXPECT_EQ(ote_config_set(cfg, "gpu_paths", "direct"), OTE_OK);
+        g_wrapped = &wrapped_;
+        g_owned = &owned_;
+        if (wrap) ote__rdma_test_verbs_hook = WrapWithFault;
+        ote_engine_t *e = nullptr;
+        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+        ote__rdma_test_verbs_hook = nullptr;
+        ote_config_destroy(cfg);
+        if (wrap && wrapped_.size() == 1) {
+            vs_ = wrapped_[0];
+            ns_ = owned_[0].get();
+        }
+        return e;
+    }
+    static ote__rdma_test_grants_t Grants(ote_engine_t *e) {
+        ote__rdma_test_grants_t g{};
+        EXPECT_EQ(ote__rdma_test_grants(ote_test::EngineAddress(e).c_str(), &g), OTE_OK);
+        return g;
+    }
+    // Until the source holds no exact MR, private PD or direct QP (its monitor reclaims
+    // a gone requester's endpoints), within a generous bound.
+    static bool WaitDirectIdle(ote_engine_t *src) {
+        for (int i = 0; i < 3000; i++) {
+            ote__rdma_test_grants_t g = Grants(src);
+            if (g.direct_mrs == 0 && g.direct_pds == 0 && g.direct_qps == 0 && g.live_source == 0)
+                return true;
+            usleep(10 * 1000);
+        }
+        return false;
+    }
+    std::vector<ote_verbs_t *> wrapped_;
+    std::vector<std::unique_ptr<NativeCounter>> owned_;
+    ote_verbs_t *vs_ = nullptr;
+    NativeCounter *ns_ = nullptr;
+};
+
+// Host and device memory of the requester against the source's device memory, READ and
+// WRITE, 1 byte to 64 MiB at unaligned device offsets on both sides, every byte checked
+// through the driver and the source's device bytes around the range untouched. The first
+// grant of each request is redirected to a direct slot; every grant served is an exact
+// MR; a request past the end of the registration is refused with nothing moved; once the
+// requester is gone no exact MR, private PD or direct QP is left at the source.
+TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
+    ote_engine_t *src = Source(false);
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *req = Requester("direct");
+    ASSERT_NE(req, nullptr);
+    uint64_t rd = DevAlloc(kDevLen);
+    ASSERT_NE(rd, 0u);
+    const uint64_t sync0 = fake_.calls("cuPointerSetAttribute");
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), kDevLen,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    // The exposed range's allocation has SYNC_MEMOPS set (engine/gpu/gpu_direct.c).
+    EXPECT_EQ(fake_.calls("cuPointerSetAttribute"), sync0 + 1);
+    uint64_t ld = DevAlloc(kDevLen);
+    ASSERT_NE(ld, 0u);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(ld), kDevLen,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    std::vector<uint8_t> host(kDevLen);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
+
+    struct Case {
+        size_t len, remote_off, local_off;
+    };
+    const Case cases[] = {{1, 0, 0}, {1, 4097, 3}, {777, 3, 1}, {65537, 101, 7}, {kBig, 13, 5}};
+    uint64_t seed = 70;
+    for (int dev_local = 0; dev_local < 2; dev_local++) {
+        for (const Case &c : cases) {
+            SCOPED_TRACE(std::string(dev_local ? "device" : "host") + " local, len " +
+                         std::to_string(c.len) + " at remote offset " +
+                         std::to_string(c.remote_off));
+            uint64_t local = dev_local ? ld + c.local_off : h + c.local_off;
+            // READ: remote device -> local.
+            DevFill(rd, kDevLen, ++seed);
+            std::vector<uint8_t> remote = DevRead(rd, kDevLen);
+            ASSERT_EQ(Run(req, seg, OTE_READ, local, rd + c.remote_off, c.len), OTE_OK);
+            std::vector<uint8_t> got =
+                dev_local ? DevRead(ld + c.local_off, c.len)
+                          : std::vector<uint8_t>(host.begin() + c.local_off,
+                                                 host.begin() + c.local_off + c.len);
+            EXPECT_TRUE(std::equal(got.begin(), got.end(), remote.begin() + c.remote_off));
+            // WRITE: local -> remote device; its bytes around the range keep theirs.
+            if (dev_local) {
+                DevFill(ld, kDevLen, ++seed);
+            } else {
+                ote_pattern_fill(host.data(), host.size(), ++seed, 0);
+            }
+            std::vector<uint8_t> src_bytes =
+                dev_local ? DevRead(ld + c.local_off, c.len)
+                          : std::vector<uint8_t>(host.begin() + c.local_off,
+                                                 host.begin() + c.local_off + c.len);
+            ASSERT_EQ(Run(req, seg, OTE_WRITE, local, rd + c.remote_off, c.len), OTE_OK);
+            std::vector<uint8_t> after = DevRead(rd, kDevLen);
+            EXPECT_TRUE(
+                std::equal(src_bytes.begin(), src_bytes.end(), after.begin() + c.remote_off));
+            EXPECT_TRUE(std::equal(after.begin(), after.begin() + c.remote_off, remote.begin()));
+            EXPECT_TRUE(std::equal(after.begin() + c.remote_off + c.len, after.end(),
+                                   remote.begin() + c.remote_off + c.len));
+        }
+    }
+    ote__rdma_test_grants_t gs = Grants(src), gr = Grants(req);
+    EXPECT_GE(gs.direct_served, 20u) << "every request served by exact MRs";
+    EXPECT_GE(gs.direct_redirects, 1u);
+    EXPECT_GE(gr.direct_followed, 1u);
+    EXPECT_EQ(gs.direct_retained, 0u);
+
+    // A READ running one byte past the registration: refused as a whole, no byte moved
+    // into the local guard.
+    std::fill(host.begin(), host.end(), 0xA5);
+    ote_request_t past = {OTE_READ, reinterpret_cast<void *>(h + 8), seg, rd + kDevLen - 100, 101};
+    ote_transfer_status_t ts{};
+    (void)ote_test::RunOne(req, past, 60 * kSec, &ts);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ts.bytes_done, 0u);
+    EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](uint8_t b) { return b == 0xA5; }));
+
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_TRUE(WaitDirectIdle(src)) << "an exact MR, private PD or direct QP was left";
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// Unregistering the source's device memory while a grant over it is live is BUSY (the
+// request's account pins it); once the request ended it succeeds. The requester's posts
+// are slowed (verbs fault delay) so that the grant is seen live.
+TEST_F(GpuDirectSourceTest, UnregisterWhileAGrantIsLiveIsBusyThenOk) {
+    ote_engine_t *src = Source(false);
+    ASSERT_NE(src, nullptr);
+    std::vector<ote_verbs_t *> wrapped;
+    std::vector<std::unique_ptr<NativeCounter>> owned;
+    g_wrapped = &wrapped;
+    g_owned = &owned;
+    ote__rdma_test_verbs_hook = WrapWithFault;
+    ote_engine_t *req = Requester("direct");
+    ote__rdma_test_verbs_hook = nullptr;
+    ASSERT_NE(req, nullptr);
+    ASSERT_EQ(wrapped.size(), 1u);
+    const size_t n = 300001;
+    uint64_t rd = DevAlloc(n + 4096);
+    DevFill(rd, n + 4096, 81);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), n + 4096, OTE_PERM_READ),
+              OTE_OK);
+    std::vector<uint8_t> host(n);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    // Long enough that a loaded machine still sees the grant live; removing the rule below
+    // releases the waiting post at once.
+    ASSERT_EQ(ote_verbs_fault_delay(wrapped[0], OTE_VERBS_FAULT_OP_POST_SEND, 5000), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_READ, host.data(), seg, rd + 3, n};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    bool live = false;
+    for (int i = 0; i < 3000 && !live; i++) {
+        live = Grants(src).direct_mrs > 0;
+        if (!live) usleep(10 * 1000);
+    }
+    ASSERT_TRUE(live) << "no grant went live";
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_ERR_BUSY);
+    ASSERT_EQ(ote_verbs_fault_delay(wrapped[0], OTE_VERBS_FAULT_OP_POST_SEND, 0), OTE_OK);
+    ASSERT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
+    std::vector<uint8_t> want = DevRead(rd + 3, n);
+    EXPECT_TRUE(want == host);
+    // The grant ends at the source when it takes the receipt: then the range is free.
+    ote_status_t st = OTE_ERR_BUSY;
+    for (int i = 0; i < 3000 && st == OTE_ERR_BUSY; i++) {
+        st = ote_memory_unregister(src, reinterpret_cast<void *>(rd));
+        if (st == OTE_ERR_BUSY) usleep(10 * 1000);
+    }
+    EXPECT_EQ(st, OTE_OK);
+    EXPECT_EQ(Grants(src).direct_mrs, 0u);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_TRUE(WaitDirectIdle(src));
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// A verbs fault on the private PD, the direct QP or the exact MR fails that request
+// cleanly (nothing moved) and the next request works; each fault is met by a requester
+// engine of its own (a new requester gets new direct endpoints at the source).
+TEST_F(GpuDirectSourceTest, PrivatePdQpAndMrFaultsFailOneRequestAndTheNextWorks) {
+    ote_engine_t *src = Source(true);
+    ASSERT_NE(src, nullptr);
+    ASSERT_NE(vs_, nullptr);
+    const size_t n = 100003;
+    uint64_t rd = DevAlloc(n + 4096);
+    DevFill(rd, n + 4096, 91);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), n + 4096,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    std::vector<uint8_t> want = DevRead(rd + 1, n);
+    const ote_verbs_fault_op_t ops[] = {OTE_VERBS_FAULT_OP_ALLOC_PD, OTE_VERBS_FAULT_OP_CREATE_QP,
+                                        OTE_VERBS_FAULT_OP_REG_DMABUF_MR};
+    for (ote_verbs_fault_op_t op : ops) {
+        SCOPED_TRACE("fault op " + std::to_string((int)op));
+        ote_engine_t *req = Requester("direct");
+        ASSERT_NE(req, nullptr);
+        ote_segment_t *seg = nullptr;
+        ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+        std::vector<uint8_t> host(n, 0x5A);
+        ote_request_t r = {OTE_READ, host.data(), seg, rd + 1, n};
+        {
+            ote_test::ErrorLogsExpected guard; // the failed native call is logged
+            ASSERT_EQ(ote_verbs_fault_fail(vs_, op, OTE_FAULT_NTH, 1, ENOMEM), OTE_OK);
+            ote_transfer_status_t ts{};
+            (void)ote_test::RunOne(req, r, 60 * kSec, &ts);
+            EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+            EXPECT_EQ(ts.bytes_done, 0u);
+            EXPECT_EQ(ote_verbs_fault_injected(vs_, op), 1u);
+            ote_verbs_fault_clear(vs_);
+        }
+        EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](uint8_t x) { return x == 0x5A; }));
+        ASSERT_EQ(ote_test::RunOne(req, r, 60 * kSec), OTE_OK);
+        EXPECT_TRUE(host == want);
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+        EXPECT_TRUE(WaitDirectIdle(src));
+        ote_verbs_fault_reset_counters(vs_);
+    }
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    EXPECT_EQ(ns_->mrs.load(), 0);
+    EXPECT_EQ(ns_->qps.load(), 0);
+}
+
+// The exact MR's dereg fails when its grant ends: it is retained (counted), the request
+// still completed; the source engine's destroy is RETAINED while deregs keep failing, and
+// once they work a retry finishes with no MR or QP left.
+TEST_F(GpuDirectSourceTest, FailedExactMrDeregIsRetainedAndDestroyRetries) {
+    ote_engine_t *src = Source(true);
+    ASSERT_NE(src, nullptr);
+    ASSERT_NE(vs_, nullptr);
+    ote_engine_t *req = Requester("direct");
+    ASSERT_NE(req, nullptr);
+    const size_t n = 65539;
+    uint64_t rd = DevAlloc(n + 4096);
+    DevFill(rd, n + 4096, 95);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), n + 4096, OTE_PERM_READ),
+              OTE_OK);
+    std::vector<uint8_t> host(n);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ote_request_t r = {OTE_READ, host.data(), seg, rd + 2, n};
+    {
+        ote_test::ErrorLogsExpected guard; // retained MRs and QPs are logged
+        ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_DEREG_MR, OTE_FAULT_EVERY, 0, EBUSY),
+                  OTE_OK);
+        ASSERT_EQ(ote_test::RunOne(req, r, 60 * kSec), OTE_OK);
+        EXPECT_TRUE(host == DevRead(rd + 2, n));
+        bool retained = false;
+        for (int i = 0; i < 3000 && !retained; i++) {
+            retained = Grants(src).direct_retained >= 1;
+            if (!retained) usleep(10 * 1000);
+        }
+        EXPECT_TRUE(retained) << "the failed dereg of the exact MR was not retained";
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(src), OTE_ERR_RETAINED);
+        ote_verbs_fault_clear(vs_);
+    }
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    EXPECT_EQ(ns_->mrs.load(), 0);
+    EXPECT_EQ(ns_->qps.load(), 0);
 }
 
 // The provider refuses a dma-buf MR (the second context's): the MRs already made for

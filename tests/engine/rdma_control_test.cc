@@ -385,7 +385,7 @@ TEST_F(RdmaControlTest, SeveralDeviceFormsAreCheckedAndAnswered) {
 // HELLO_ACK info, so that only sources that take it are sent one); a RELEASE naming no
 // bound grant of the sender (an unknown window, a slot past the endpoint's width, a
 // device the engine does not have) is ignored: no answer, the connection stays and the
-// engine serves on. A malformed one (wrong size, capability past WRITE, QP number 0 or
+// engine serves on. A malformed one (wrong size, capability past the direct WRITE, QP number 0 or
 // past 24 bits, device index past 7) closes the connection like any malformed message.
 std::vector<uint8_t> ReleaseBody(uint32_t pair, uint32_t cap, uint32_t slot, uint32_t qpn,
                                  uint32_t rkey) {
@@ -427,7 +427,8 @@ TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
     // Naming nothing: an unknown window, a slot past the width, a device the engine lacks.
     const std::vector<uint8_t> ignored[] = {
         ReleaseBody(0, 1, 0, 77, 0x1234), ReleaseBody(0, 0, 1000, 77, 0x1234),
-        ReleaseBody(7u << 8, 1, 0, 77, 0x1234), ReleaseBody(0, 1, 0, 0xffffff, 0)};
+        ReleaseBody(7u << 8, 1, 0, 77, 0x1234), ReleaseBody(0, 1, 0, 0xffffff, 0),
+        ReleaseBody(0, 2, 0, 77, 0x1234) /* a direct endpoint's (rdma_direct.c) */};
     uint64_t id = 2;
     for (const auto &rel : ignored) {
         ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 0, OTE_OK, rel)));
@@ -437,7 +438,7 @@ TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
         id++;
     }
     ASSERT_EQ(ote__rdma_test_grants(addr.c_str(), &g1), OTE_OK);
-    EXPECT_EQ(g1.rel_ignored - g0.rel_ignored, 4u);
+    EXPECT_EQ(g1.rel_ignored - g0.rel_ignored, 5u);
     EXPECT_EQ(g1.rel_applied, g0.rel_applied);
     close(fd);
     // Malformed: each closes its connection, unanswered.
@@ -447,7 +448,7 @@ TEST_F(RdmaControlTest, ReleaseOfNoGrantIsIgnoredMalformedReleaseCloses) {
     long_body.resize(28, 0);
     const std::vector<uint8_t> malformed[] = {short_body,
                                               long_body,
-                                              ReleaseBody(0, 2, 0, 77, 1),
+                                              ReleaseBody(0, 4, 0, 77, 1),
                                               ReleaseBody(0, 1, 0, 0, 1),
                                               ReleaseBody(0, 1, 0, 1u << 24, 1),
                                               ReleaseBody(9u << 8, 1, 0, 77, 1),
@@ -562,6 +563,68 @@ void LateAnswerToFakeSource(bool advertise) {
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
     close(fd);
     close(lfd);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// GPUDirect source grants (engine/rdma/rdma_direct.c, proto.h): the engine advertises
+// rdma_direct=1; a GRANT_REQ asked on a direct slot for memory that is not device memory
+// with a dma-buf (here: nothing registered) is refused and the connection stays; an op
+// word with a bit the codec does not know, or a CONNECT with a capability past the direct
+// WRITE (3), is malformed and closes the connection.
+TEST_F(RdmaControlTest, DirectFlagsAreCheckedAndAdvertised) {
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = EngineAddress(e);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    bool advertised = false;
+    auto session = [&]() {
+        int fd = ote_test::ConnectTo(addr);
+        EXPECT_GE(fd, 0);
+        EXPECT_TRUE(SendAll(fd, Hello()));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        std::string info(m.u.hello_ack.info != nullptr ? m.u.hello_ack.info : "",
+                         m.u.hello_ack.info_len);
+        advertised = info.find("rdma_direct=1") != std::string::npos;
+        EXPECT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1))));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        return fd;
+    };
+    auto grant = [](uint32_t op_word) {
+        std::vector<uint8_t> g(60, 0);
+        g[0] = 5; // OTE_RP_GRANT_REQ, short form
+        uint32_t qpn = 77;
+        uint64_t at = 0x100000, len = 4096, uid = 9;
+        memcpy(&g[8], &op_word, 4);
+        memcpy(&g[12], &qpn, 4);
+        memcpy(&g[16], &qpn, 4);
+        memcpy(&g[20], &at, 8);
+        memcpy(&g[28], &len, 8);
+        memcpy(&g[36], &at, 8);
+        memcpy(&g[44], &len, 8);
+        memcpy(&g[52], &uid, 8);
+        return g;
+    };
+    int fd = session();
+    EXPECT_TRUE(advertised) << "the HELLO_ACK does not advertise rdma_direct";
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 2, OTE_OK, grant(0x301))));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m)) << "a direct GRANT_REQ closed the connection";
+    EXPECT_EQ(m.req_id, 2u);
+    EXPECT_NE(m.status, OTE_OK) << "nothing registered: refused";
+    close(fd);
+    std::vector<uint8_t> conn(44, 0);
+    conn[0] = 3; // OTE_RP_CONNECT, short form, cap 4
+    uint32_t cap = 4, qpn = 77, mtu = 3;
+    memcpy(&conn[8], &cap, 4);
+    memcpy(&conn[4 + 8 + 20], &qpn, 4);
+    memcpy(&conn[4 + 8 + 28], &mtu, 4);
+    for (const auto &body : {grant(0x401), grant(0x303), conn}) {
+        int bad = session();
+        ASSERT_TRUE(SendAll(bad, Frame(OTE_CTL_RDMA, 3, OTE_OK, body)));
+        EXPECT_FALSE(ReadFrame(bad, &buf, &m, 3000)) << "a malformed direct form was answered";
+        EXPECT_TRUE(ClosedByPeer(bad));
+        close(bad);
+    }
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 

@@ -84,6 +84,16 @@ printf "$INFO_HEAD" >"$RCORPUS/info_short"
     printf '\x88\x77\x66\x55\x44\x33\x22\x11\xef\xcd\xab\x89\x67\x45\x23\x01'
 } >"$RCORPUS/connect_epoch"
 
+# ... and the same GRANT_REQ asked on a direct slot by a requester that follows a
+# redirect (op word 0x301: GPUDirect source grants, proto.h).
+{
+    printf '\x05\x00\x00\x00\x00\x00\x00\x00\x01\x03\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00'
+    printf '\x00\x10\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00'
+    printf '\x00\x10\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00'
+    printf '\x63\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+    printf '\x88\x77\x66\x55\x44\x33\x22\x11'
+} >"$RCORPUS/grant_direct"
+
 # The shm transport's wire checks (engine/shm/shm_proto.h): one SOCK_SEQPACKET message
 # per input. Seeds (a HELLO, the three AUTH steps, HELLO_ACKs, REQS, RESPS, an IPC offer
 # and close receipt, and malformed neighbours of them) are written by the target itself

@@ -80,6 +80,7 @@ class GrantTest : public ote_test::OteTest {
         g.deadline = ote_deadline_after(timeout_ms * kMs);
         g.done = Done::Fn;
         g.done_arg = &d;
+        g.receipt_imm = rig_.exact;
         ote_grant_ctl_t ctl = {&rig_, Rig::Request};
         st = ote_grant_start(rig_.g0, &g, &ctl);
         if (st != OTE_OK) {
@@ -133,6 +134,83 @@ TEST_F(GrantTest, WriteThenReadExactBytesThroughWindows) {
     EXPECT_EQ(s1.live_source, 0u);
     EXPECT_GE(s1.mw_pool, 1u); /* invalidated windows are reused */
     EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), s1.mw_pool);
+    FreeMrs();
+}
+
+// Exact-range MR grants (ote_grant_serve_exact, the GPUDirect source's: no window):
+// answered with the MR's rkey, ended by the SEND_WITH_IMM receipt, the MR deregistered at
+// the end; the MR covers nothing outside the grant (a READ one byte past it is refused
+// and writes nothing), and no window is ever allocated.
+class GrantExactTest : public GrantTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        rig_.exact = true;
+        rig_.Open(8u << 20);
+    }
+};
+
+TEST_F(GrantExactTest, ExactMrGrantsMoveExactBytesAndDeregisterAtTheirReceipt) {
+    std::vector<uint8_t> out(3 * B + 999), in(3 * B + 999 + 2, 0xEE);
+    for (size_t i = 0; i < out.size(); i++) out[i] = (uint8_t)(i * 11 + 3);
+    struct ibv_mr *mo = LocalMr(out), *mi = LocalMr(in);
+    for (uint64_t len : {1ull, 4093ull, B + 1, 3 * B + 999}) {
+        std::fill(rig_.src.begin(), rig_.src.end(), 0);
+        ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 4097, len), OTE_OK) << len;
+        EXPECT_EQ(memcmp(rig_.src.data() + 4097, out.data(), len), 0) << len;
+        EXPECT_EQ(rig_.src[4096], 0) << "WRITE before its range";
+        EXPECT_EQ(rig_.src[4097 + len], 0) << "WRITE past its range";
+        ASSERT_EQ(Run(OTE_GRANT_READ, in.data() + 1, mi->lkey, 4097, len, 1), OTE_OK) << len;
+        EXPECT_EQ(memcmp(in.data() + 1, out.data(), len), 0) << len;
+        EXPECT_EQ(in[0], 0xEE);
+        EXPECT_EQ(in[1 + len], 0xEE);
+    }
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the last receipt";
+    EXPECT_EQ(rig_.exact_mrs.load(), 0) << "an exact MR outlived its grant";
+    ote_grant_stats_t s0, s1;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s0.completed, 8u);
+    EXPECT_EQ(s1.receipts, 8u); /* every grant ended by its SEND_WITH_IMM receipt */
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(s1.stale_receipts, 0u);
+    EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), 0u);
+
+    // A READ one byte past a live grant's MR, posted by hand on the grant's own QP: the
+    // source refuses it (remote access error), nothing lands past the guard.
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(0, 0, &qp), OTE_OK);
+    uint32_t src_qpn = ote_endpoint_remote_qpn(rig_.ep0[0], 0);
+    ote_qp_t *sqp = nullptr;
+    ASSERT_EQ(ote_endpoint_borrow_ready(rig_.ep1[0], 0, 0, &sqp), OTE_OK);
+    ASSERT_EQ(ote_qp_num(sqp), src_qpn);
+    uint32_t rkey = 0;
+    void *pin = nullptr;
+    uint64_t at = (uintptr_t)rig_.src.data() + 8192;
+    ASSERT_EQ(Rig::PinExact(&rig_, sqp, at, 100, IBV_ACCESS_REMOTE_READ, &rkey, &pin), OTE_OK);
+    std::fill(in.begin(), in.end(), 0xEE);
+    struct ibv_sge sge = {(uintptr_t)in.data(), 101, mi->lkey};
+    struct ibv_send_wr wr = {};
+    wr.wr_id = OTE_CQ_WR_ID(0, 1); /* no namespace: the lane counts it as unknown */
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.wr.rdma.remote_addr = at;
+    wr.wr.rdma.rkey = rkey;
+    ote_qp_post_result_t res;
+    ASSERT_EQ(ote_qp_post_send(qp, &wr, ote_deadline_after(30000 * kMs), &res), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(qp, ote_deadline_after(30000 * kMs)), OTE_OK);
+    ote_qp_stats_t qs;
+    ote_qp_get_stats(qp, &qs);
+    EXPECT_EQ(qs.send_errors, 1u) << "a READ past the exact MR was not refused";
+    EXPECT_EQ(in[100], 0xEE);
+    Rig::Unpin(&rig_, pin);
+    ote_endpoint_retire(rig_.ep0[0], 0, qp);
+    ote_endpoint_return(rig_.ep0[0], 0, qp);
+    ote_endpoint_retire(rig_.ep1[0], 0, sqp);
+    ote_endpoint_return(rig_.ep1[0], 0, sqp);
+    rig_.Reclaim();
+    EXPECT_EQ(rig_.exact_mrs.load(), 0);
     FreeMrs();
 }
 

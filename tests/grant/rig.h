@@ -46,6 +46,9 @@ struct Rig {
     bool with_grants = true;
     uint64_t src_deadline_ms = 5000;
     std::atomic<unsigned> partial_k{0}; /* arm a partial post just before the next answer */
+    bool exact = false; /* the source serves by exact-range MRs (ote_grant_serve_exact) */
+    std::atomic<int> exact_mrs{0}; /* exact-range MRs registered and not yet deregistered */
+    std::atomic<uint32_t> last_rkey{0};
 
     static ote_status_t Pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
                             struct ibv_mr **mr_out, void **pin_out) {
@@ -60,11 +63,37 @@ struct Rig {
         *pin_out = r;
         return OTE_OK;
     }
-    static void Unpin(void *arg, void *) { static_cast<Rig *>(arg)->pins--; }
+    // An MR of exactly [addr, +len) with only the grant's remote access, in the QP's PD.
+    static ote_status_t PinExact(void *arg, ote_qp_t *qp, uint64_t addr, uint64_t len, int access,
+                                 uint32_t *rkey_out, void **pin_out) {
+        Rig *r = static_cast<Rig *>(arg);
+        uint64_t base = (uintptr_t)r->src.data();
+        if (addr < base || len > r->src.size() || addr - base > r->src.size() - len ||
+            (r->src_access & access) != access)
+            return OTE_ERR_ACCESS;
+        struct ibv_mr *mr = nullptr;
+        int err = r->v->ops->reg_mr(r->v, ote_qp_pd(qp), (void *)(uintptr_t)addr, len,
+                                    IBV_ACCESS_LOCAL_WRITE | access, &mr);
+        if (err != 0) return ote_status_make(OTE_ERR_NATIVE, err);
+        r->pins++;
+        r->exact_mrs++;
+        *rkey_out = mr->rkey;
+        *pin_out = mr;
+        return OTE_OK;
+    }
+    static void Unpin(void *arg, void *pin) {
+        Rig *r = static_cast<Rig *>(arg);
+        if (pin != arg) { /* an exact-range MR: deregistered now */
+            EXPECT_EQ(r->v->ops->dereg_mr(r->v, static_cast<struct ibv_mr *>(pin)), 0);
+            r->exact_mrs--;
+        }
+        r->pins--;
+    }
     static void Answer(void *arg, uint64_t ctx, ote_status_t st, uint32_t rkey) {
         Rig *r = static_cast<Rig *>(arg);
         unsigned k = r->partial_k.exchange(0);
         if (k) ote_verbs_fault_partial_post(r->v, OTE_VERBS_FAULT_OP_POST_SEND, k, ENOMEM);
+        if (st == OTE_OK) r->last_rkey = rkey;
         ote_grant_on_answer(r->g0, ctx, st, rkey);
     }
     static void OnRecv(void *arg, ote_qp_t *qp, const struct ibv_wc *wc, const void *) {
@@ -104,8 +133,9 @@ struct Rig {
             st = OTE_ERR_STATE;
         }
         if (st == OTE_OK) {
-            st = ote_grant_serve(r->g1, r->ep1[cap], slot, qp, op, addr, len,
-                                 ote_deadline_after(r->src_deadline_ms * kMs), id);
+            auto serve = r->exact ? ote_grant_serve_exact : ote_grant_serve;
+            st = serve(r->g1, r->ep1[cap], slot, qp, op, addr, len,
+                       ote_deadline_after(r->src_deadline_ms * kMs), id);
             if (st != OTE_OK) ote_endpoint_return(r->ep1[cap], slot, qp);
         }
         if (st != OTE_OK) ote_grant_on_answer(r->g0, id, st, 0); /* refused: tell the requester */
@@ -133,7 +163,7 @@ struct Rig {
                                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &src_buf),
                   OTE_OK);
         if (with_grants) {
-            ote_grant_source_ops_t ops = {this, Pin, Unpin, Answer};
+            ote_grant_source_ops_t ops = {this, Pin, Unpin, Answer, PinExact};
             ASSERT_EQ(ote_grant_mgr_create(c0, l0, 2, nullptr, &g0), OTE_OK);
             ASSERT_EQ(ote_grant_mgr_create(c1, l1, 2, &ops, &g1), OTE_OK);
         }

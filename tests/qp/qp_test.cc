@@ -4,6 +4,7 @@
 // exact WR accounting, and worker-driven completion.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -164,6 +165,66 @@ TEST_F(QpTest, ReceiveAdmissionKeepsAPostedSlotForEveryAdmittedMessage) {
     EXPECT_EQ(ote_qp_rq_admitted(b), 0u);
     ote_qp_rq_unadmit(b); // never below zero
     EXPECT_EQ(ote_qp_rq_admitted(b), 0u);
+}
+
+// A QP created in a private PD (config.pd) is a target only for the MRs of that PD: a
+// WRITE through an MR of the same range in the context's PD is refused by the target
+// (remote access error), one through the private PD's MR lands, and its receive
+// buffers (registered in the private PD too) take SENDs.
+TEST_F(QpTest, QpInAPrivatePdReachesOnlyThatPdsMemory) {
+    ote_verbs_t *v = ote_context_verbs(ctx_[1]);
+    ibv_pd *pd = nullptr;
+    ASSERT_EQ(v->ops->alloc_pd(v, ote_context_native(ctx_[1]), &pd), 0);
+    ibv_mr *pmr = nullptr;
+    ASSERT_EQ(v->ops->reg_mr(v, pd, mem_[1].data(), 4096,
+                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &pmr),
+              0);
+    Inbox inbox;
+    ote_qp_config_t cb = Config(16, 2, 64);
+    cb.on_recv = &Inbox::Fn;
+    cb.recv_arg = &inbox;
+    cb.pd = pd;
+    ote_qp_t *a = MakeQp(0, Config(16));
+    ote_qp_t *b = nullptr;
+    ASSERT_EQ(ote_qp_create(lane_[1], &cb, &b), OTE_OK);
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    EXPECT_EQ(ote_qp_recv_credits(b), 2u);
+
+    for (size_t i = 0; i < 4096; i++) mem_[0][i] = (uint8_t)(i * 13 + 5);
+    Wr w;
+    Rdma(&w, 0, 1, IBV_WR_RDMA_WRITE, 0, 4096);
+    w.wr.wr.rdma.rkey = pmr->rkey; // the private PD's MR
+    ote_qp_post_result_t res;
+    ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    EXPECT_EQ(rec_[0].First(1).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(memcmp(mem_[0].data(), mem_[1].data(), 4096), 0);
+
+    const char msg[] = "receipt";
+    memcpy(mem_[0].data() + 8192, msg, sizeof(msg));
+    Rdma(&w, 0, 2, IBV_WR_SEND, 8192, sizeof(msg));
+    ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
+    Inbox::Want want{&inbox, 1};
+    ASSERT_EQ(ote_cq_lane_progress(lane_[1], &Inbox::Reached, &want, Soon()), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    {
+        std::lock_guard<std::mutex> g(inbox.mu);
+        EXPECT_EQ(inbox.msgs.at(0), std::string(msg, sizeof(msg)));
+    }
+
+    // The same range through the context PD's MR: refused, nothing written.
+    std::vector<uint8_t> before(mem_[1].begin() + 4096, mem_[1].begin() + 8192);
+    for (size_t i = 4096; i < 8192; i++) mem_[0][i] = 0xEE;
+    Rdma(&w, 0, 3, IBV_WR_RDMA_WRITE, 4096, 4096);
+    ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    ASSERT_EQ(rec_[0].Count(3), 1u);
+    EXPECT_NE(rec_[0].First(3).status, IBV_WC_SUCCESS);
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), mem_[1].begin() + 4096));
+
+    EXPECT_EQ(ote_qp_destroy(b, Soon()), OTE_OK);
+    EXPECT_EQ(v->ops->dereg_mr(v, pmr), 0);
+    EXPECT_EQ(v->ops->dealloc_pd(v, pd), 0);
 }
 
 TEST_F(QpTest, AdmissionIsBoundedByMaxSendWrAndAllOrNothing) {
