@@ -534,9 +534,10 @@ static void bind_refused(grant_t *g, ote_status_t st, defer_t *df) {
     maybe_finish(g, df);
 }
 
-ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
-                             ote_grant_op_t op, uint64_t addr, uint64_t len,
-                             ote_deadline_t deadline, uint64_t answer_ctx) {
+/* What both kinds of source grant check first: the arguments, the lane of qp among the
+ * manager's (out: its index), and the context. */
+static ote_status_t serve_check(ote_grant_mgr_t *m, ote_endpoint_t *ep, ote_qp_t *qp,
+                                ote_grant_op_t op, uint64_t addr, uint64_t len, uint32_t *li_out) {
     if (m == NULL || !m->has_src || ep == NULL || qp == NULL || len == 0 ||
         addr > UINT64_MAX - len || (op != OTE_GRANT_READ && op != OTE_GRANT_WRITE))
         return OTE_ERR_INVALID;
@@ -545,6 +546,55 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
     while (li < m->nlanes && m->lanes[li].lane != lane) li++;
     if (li == m->nlanes) return OTE_ERR_INVALID;
     ote_status_t st = ote_context_check(m->ctx);
+    if (st == OTE_OK) *li_out = li;
+    return st;
+}
+
+/* A pinned source grant's receipt slot on qp, reserved before any window or key is
+ * exposed, so that the requester's receipt never meets an empty receive queue (RNR);
+ * without one the request is refused (OTE_ERR_AGAIN: retry later) and its pin given back.
+ * Then the grant's record (NULL: out of memory, the admission and the pin given back). */
+static grant_t *serve_admit(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
+                            uint32_t li, ote_deadline_t deadline, void *pin, uint64_t answer_ctx,
+                            ote_status_t *st_out) {
+    ote_status_t st = ote_qp_rq_admit(qp);
+    if (st != OTE_OK) {
+        m->src.unpin(m->src.arg, pin);
+        ote_mutex_lock(&m->mu);
+        m->stats.refused++;
+        m->stats.rq_busy++;
+        ote_mutex_unlock(&m->mu);
+        OTE_WARN_LIMITED("grant", "%s: QP %u: no receive slot for a grant's receipt: refused (%s)",
+                         ote_context_name(m->ctx), ote_qp_num(qp), ote_status_str(st));
+        *st_out = st;
+        return NULL;
+    }
+    grant_t *g = ote_calloc(1, sizeof(*g));
+    if (g == NULL) {
+        ote_qp_rq_unadmit(qp);
+        m->src.unpin(m->src.arg, pin);
+        *st_out = OTE_ERR_NOMEM;
+        return NULL;
+    }
+    g->m = m;
+    g->source = 1;
+    g->rq_admitted = 1;
+    g->lane = li;
+    g->ep = ep;
+    g->slot = slot;
+    g->qp = qp;
+    g->qp_num = ote_qp_num(qp);
+    g->deadline = deadline;
+    g->pin = pin;
+    g->answer_ctx = answer_ctx;
+    return g;
+}
+
+ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
+                             ote_grant_op_t op, uint64_t addr, uint64_t len,
+                             ote_deadline_t deadline, uint64_t answer_ctx) {
+    uint32_t li = 0;
+    ote_status_t st = serve_check(m, ep, qp, op, addr, len, &li);
     if (st != OTE_OK) return st;
     int access = op == OTE_GRANT_WRITE ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
     struct ibv_mr *mr = NULL;
@@ -560,37 +610,9 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
                          (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
         return st;
     }
-    /* The receipt's receive slot on qp is reserved before any window exists, so the
-     * requester's SEND_WITH_INV never meets an empty receive queue (RNR); without one the
-     * request is refused (OTE_ERR_AGAIN: retry later) and its pin given back. */
-    st = ote_qp_rq_admit(qp);
-    if (st != OTE_OK) {
-        m->src.unpin(m->src.arg, pin);
-        ote_mutex_lock(&m->mu);
-        m->stats.refused++;
-        m->stats.rq_busy++;
-        ote_mutex_unlock(&m->mu);
-        OTE_WARN_LIMITED("grant", "%s: QP %u: no receive slot for a grant's receipt: refused (%s)",
-                         ote_context_name(m->ctx), ote_qp_num(qp), ote_status_str(st));
-        return st;
-    }
-    grant_t *g = ote_calloc(1, sizeof(*g));
-    if (g == NULL) {
-        ote_qp_rq_unadmit(qp);
-        m->src.unpin(m->src.arg, pin);
-        return OTE_ERR_NOMEM;
-    }
-    g->m = m;
-    g->source = 1;
-    g->rq_admitted = 1;
-    g->lane = li;
-    g->ep = ep;
-    g->slot = slot;
-    g->qp = qp;
-    g->qp_num = ote_qp_num(qp);
-    g->deadline = deadline;
-    g->pin = pin;
-    g->answer_ctx = answer_ctx;
+    /* The receipt's slot (the requester's SEND_WITH_INV), before any window exists. */
+    grant_t *g = serve_admit(m, ep, slot, qp, li, deadline, pin, answer_ctx, &st);
+    if (g == NULL) return st;
     g->sstate = S_BINDING;
 
     defer_t df = {.fin = NULL, .nans = 0};
@@ -665,16 +687,10 @@ err_unlock:
 ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot,
                                    ote_qp_t *qp, ote_grant_op_t op, uint64_t addr, uint64_t len,
                                    ote_deadline_t deadline, uint64_t answer_ctx) {
-    if (m == NULL || !m->has_src || ep == NULL || qp == NULL || len == 0 ||
-        addr > UINT64_MAX - len || (op != OTE_GRANT_READ && op != OTE_GRANT_WRITE))
-        return OTE_ERR_INVALID;
-    if (m->src.pin_exact == NULL) return OTE_ERR_UNSUPPORTED;
-    ote_cq_lane_t *lane = ote_qp_lane(qp);
     uint32_t li = 0;
-    while (li < m->nlanes && m->lanes[li].lane != lane) li++;
-    if (li == m->nlanes) return OTE_ERR_INVALID;
-    ote_status_t st = ote_context_check(m->ctx);
+    ote_status_t st = serve_check(m, ep, qp, op, addr, len, &li);
     if (st != OTE_OK) return st;
+    if (m->src.pin_exact == NULL) return OTE_ERR_UNSUPPORTED;
     int access = op == OTE_GRANT_WRITE ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
     uint32_t rkey = 0;
     void *pin = NULL;
@@ -688,22 +704,10 @@ ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint3
                          (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
         return st;
     }
-    grant_t *g = ote_calloc(1, sizeof(*g));
-    if (g == NULL) {
-        m->src.unpin(m->src.arg, pin);
-        return OTE_ERR_NOMEM;
-    }
-    g->m = m;
-    g->source = 1;
+    /* The receipt's slot (the requester's SEND_WITH_IMM), before the key is answered. */
+    grant_t *g = serve_admit(m, ep, slot, qp, li, deadline, pin, answer_ctx, &st);
+    if (g == NULL) return st;
     g->exact = 1;
-    g->lane = li;
-    g->ep = ep;
-    g->slot = slot;
-    g->qp = qp;
-    g->qp_num = ote_qp_num(qp);
-    g->deadline = deadline;
-    g->pin = pin;
-    g->answer_ctx = answer_ctx;
     g->rkey = rkey;
     defer_t df = {.fin = NULL, .nans = 0};
     ote_mutex_lock(&m->mu);
@@ -735,6 +739,7 @@ ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint3
 err_unlock:
     m->stats.refused++;
     ote_mutex_unlock(&m->mu);
+    ote_qp_rq_unadmit(qp);
     m->src.unpin(m->src.arg, pin);
     ote_free(g);
     return st;

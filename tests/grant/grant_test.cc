@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/fault.h"
 #include "tests/grant/rig.h"
 #include "tests/util/test_base.h"
 
@@ -149,6 +150,35 @@ class GrantExactTest : public GrantTest {
         rig_.Open(8u << 20);
     }
 };
+
+// An exact-MR grant reserves its receipt's receive slot before its key is answered:
+// refused for want of one (OTE_ERR_AGAIN), the MR it registered is deregistered at once
+// and nothing is held; the next grant moves its bytes and gives the reservation back.
+TEST_F(GrantExactTest, ReceiveAdmissionRefusedRollsBackBeforeAnyKey) {
+    std::vector<uint8_t> out(B);
+    for (size_t i = 0; i < out.size(); i++) out[i] = (uint8_t)(i * 7 + 1);
+    struct ibv_mr *mo = LocalMr(out);
+    ASSERT_EQ(ote_fault_arm("qp.rq_admit", OTE_FAULT_NTH, 1, OTE_ERR_AGAIN, 0), OTE_OK);
+    EXPECT_EQ(ote_status_code(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 4097, B)), OTE_ERR_AGAIN);
+    EXPECT_EQ(ote_fault_failures("qp.rq_admit"), 1u);
+    ASSERT_EQ(ote_fault_disarm("qp.rq_admit"), OTE_OK);
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.rq_busy, 1u);
+    EXPECT_EQ(s1.served, 0u);
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(rig_.exact_mrs.load(), 0) << "the refused grant's MR outlived it";
+    std::fill(rig_.src.begin(), rig_.src.end(), 0);
+    ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 4097, B), OTE_OK);
+    EXPECT_EQ(memcmp(rig_.src.data() + 4097, out.data(), B), 0);
+    ASSERT_TRUE(rig_.WaitSourceIdle()) << "the source never took the receipt";
+    EXPECT_EQ(rig_.exact_mrs.load(), 0);
+    ote_qp_t *sq = nullptr;
+    ASSERT_EQ(ote_endpoint_borrow_ready(rig_.ep1[1], 0, 0, &sq), OTE_OK);
+    EXPECT_EQ(ote_qp_rq_admitted(sq), 0u); // the receipt's reservation given back
+    ote_endpoint_return(rig_.ep1[1], 0, sq);
+    FreeMrs();
+}
 
 TEST_F(GrantExactTest, ExactMrGrantsMoveExactBytesAndDeregisterAtTheirReceipt) {
     std::vector<uint8_t> out(3 * B + 999), in(3 * B + 999 + 2, 0xEE);
