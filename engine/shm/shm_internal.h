@@ -10,6 +10,9 @@
  *   shm_requester.c  requester side: reachability, connect and handshake, submit, the
  *                    window of requests in flight, the receive thread (responses,
  *                    deadlines, peer death), cancel, reconnect, close
+ *   shm_requester_ipc.c  requester side, CUDA IPC: messages received with an fd, offers
+ *                    taken and their copies started, polled and settled, IPC_DONE,
+ *                    close receipts
  *   shm_source.c     source side: one thread per accepted requester, its handshake
  *                    (credentials, cross-memory-attach probe) and every request checked
  *                    against the engine's registrations before any byte moves
@@ -431,6 +434,19 @@ void ote__shm_submit(ote__tpeer_t *peer, ote__slice_t *list);
 void ote__shm_cancel(ote__tpeer_t *peer);
 ote_status_t ote__shm_peer_close(ote__tpeer_t *peer);
 int ote__shm_ipc_ready(ote__tpeer_t *peer);
+/* The slices a call of the requester side completes, in order: each one's done() runs
+ * once no lock is held. */
+typedef struct {
+    ote__slice_t *h, *t;
+} shm_slist_t;
+void ote__shm_slist_add(shm_slist_t *l, ote__slice_t *s, ote_status_t st);
+
+/* shm_requester_ipc.c (the receive thread; p->mu held but for recv_fds). */
+ssize_t ote__shm_recv_fds(int sock, uint8_t *buf, size_t cap, int *fd_out, int *bad);
+int ote__shm_peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, shm_slist_t *done);
+void ote__shm_peer_ipc_poll(shm_peer_t *p, shm_slist_t *done);
+void ote__shm_peer_ipc_settle(shm_peer_t *p);
+int ote__shm_peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n);
 
 /* shm_pins.c (the connection's thread only). Check and pin piece q, whose request's
  * extent (validated by the caller) is [start, start + len): through its request's account

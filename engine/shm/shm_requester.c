@@ -3,7 +3,8 @@
  * reachability from the peer's advertisement, connect and handshake over the peer's
  * abstract control socket, submit (a queue and a window of slices in flight, REQS of up
  * to SHM_BATCH_MAX requests), the receive thread (responses in order, deadlines, peer
- * death), cancel, reconnect and close. Design: shm_internal.h.
+ * death), cancel, reconnect and close. Its CUDA IPC part (offers and their copies, close
+ * receipts) is in shm_requester_ipc.c. Design: shm_internal.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,11 +28,8 @@
 /* The cookie the source must read from this process (cross-memory-attach probe). */
 static _Atomic uint64_t g_probe_cookie;
 
-typedef struct {
-    ote__slice_t *h, *t;
-} slist_t;
-
-static void slist_add(slist_t *l, ote__slice_t *s, ote_status_t st) {
+/* Queue s on l with its status; its done() runs in slist_finish. */
+void ote__shm_slist_add(shm_slist_t *l, ote__slice_t *s, ote_status_t st) {
     s->next = NULL;
     s->xp.shm.id = (uint64_t)(int64_t)st; /* the status travels in the scratch until done() */
     if (l->t) l->t->next = s;
@@ -40,7 +38,7 @@ static void slist_add(slist_t *l, ote__slice_t *s, ote_status_t st) {
 }
 
 /* Call done() of every slice of l; no lock held. */
-static void slist_finish(slist_t *l) {
+static void slist_finish(shm_slist_t *l) {
     ote__slice_t *s = l->h;
     while (s) {
         ote__slice_t *next = s->next;
@@ -95,65 +93,6 @@ static void peer_entry(shm_peer_t *p, const ote__slice_t *s, uint16_t op) {
     }
     p->woff[p->nwoff++] = (shm_woff_t){
         s->req_uid, s->req_remote, s->req_len, op == SHM_OP_CANCEL ? 0 : s->len, op, 0};
-}
-
-/* The IPC copy of piece id ended: the source is told (an IPC_DONE entry in the next REQS
- * message) so that it drops the piece's pin. p->mu held. */
-static void peer_ipc_done(shm_peer_t *p, uint64_t id) {
-    if (p->broken) return;
-    if (p->nwoff == p->woff_cap) {
-        size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
-        shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
-        if (w == NULL) {
-            OTE_WARN_LIMITED("shm",
-                             "peer %s: out of memory for an IPC_DONE entry: the source keeps "
-                             "the piece pinned until the connection closes",
-                             p->addr);
-            return;
-        }
-        p->woff = w;
-        p->woff_cap = cap;
-    }
-    p->woff[p->nwoff++] = (shm_woff_t){0, 0, 0, 0, SHM_OP_IPC_DONE, id};
-}
-
-/* The IPC copy of piece id has an unknown outcome (its request ended with its status):
- * no IPC_DONE until ipc_copy_settle proves it complete (peer_ipc_settle). p->mu held. */
-static void peer_ipc_unsettled(shm_peer_t *p, uint64_t id, void *op) {
-    const ote__host_t *h = &p->tp->host;
-    shm_unsettled_t *u = p->broken ? NULL : ote_calloc(1, sizeof(*u));
-    if (u == NULL) {
-        if (!p->broken)
-            OTE_WARN_LIMITED("shm",
-                             "peer %s: out of memory for an unsettled IPC copy: the source "
-                             "keeps the piece pinned until the connection closes",
-                             p->addr);
-        (void)h->ipc_copy_settle(h->arg, op, 1); /* the engine retains it */
-        return;
-    }
-    u->id = id;
-    u->op = op;
-    u->next = p->uh;
-    p->uh = u;
-}
-
-/* Ask the driver again about the IPC copies of unknown outcome: each one proven complete
- * tells the source (IPC_DONE: its pin goes); once the connection ended, each is handed to
- * the engine, which retains it until proven complete. p->mu held. */
-static void peer_ipc_settle(shm_peer_t *p) {
-    const ote__host_t *h = &p->tp->host;
-    int abandon = p->broken || p->stop;
-    shm_unsettled_t **pp = &p->uh;
-    while (*pp) {
-        shm_unsettled_t *u = *pp;
-        if (h->ipc_copy_settle(h->arg, u->op, abandon) != OTE_OK) {
-            pp = &u->next;
-            continue;
-        }
-        *pp = u->next;
-        if (!abandon) peer_ipc_done(p, u->id);
-        ote_free(u);
-    }
 }
 
 static int read_ptrace_scope(void) {
@@ -359,7 +298,7 @@ static ote_status_t peer_connect(shm_peer_t *p) {
 }
 
 /* Fail everything (in flight and queued) with st, expired slices with TIMEOUT. p->mu held. */
-static void peer_kill(shm_peer_t *p, ote_status_t st, slist_t *done) {
+static void peer_kill(shm_peer_t *p, ote_status_t st, shm_slist_t *done) {
     if (!p->broken) {
         p->broken = 1;
         shutdown(p->fd, SHUT_RDWR);
@@ -376,7 +315,7 @@ static void peer_kill(shm_peer_t *p, ote_status_t st, slist_t *done) {
         ote__slice_t *s = lists[i];
         while (s) {
             ote__slice_t *next = s->next;
-            slist_add(done, s, s->deadline <= now ? OTE_ERR_TIMEOUT : st);
+            ote__shm_slist_add(done, s, s->deadline <= now ? OTE_ERR_TIMEOUT : st);
             s = next;
         }
     }
@@ -412,7 +351,7 @@ static int peer_uses_ring(const shm_peer_t *p, const ote__slice_t *s) {
 }
 
 /* Send pending write-offs, and queued slices while the window allows. p->mu held. */
-static void peer_pump(shm_peer_t *p, slist_t *done) {
+static void peer_pump(shm_peer_t *p, shm_slist_t *done) {
     int ipc_ok = -1; /* host->ipc_usable, asked once when needed */
     union {
         shm_hdr_t h;
@@ -446,7 +385,7 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                 else p->qh = next;
                 if (p->qt == s) p->qt = last;
                 peer_write_off(p, s); /* goes with a later message */
-                slist_add(done, s, OTE_ERR_CANCELED);
+                ote__shm_slist_add(done, s, OTE_ERR_CANCELED);
                 s = next;
                 continue;
             }
@@ -455,7 +394,7 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
                 else p->qh = next;
                 if (p->qt == s) p->qt = last;
                 peer_write_off(p, s); /* the engine stages it as a request of its own */
-                slist_add(done, s, OTE_ERR_UNSUPPORTED);
+                ote__shm_slist_add(done, s, OTE_ERR_UNSUPPORTED);
                 s = next;
                 continue;
             }
@@ -521,7 +460,7 @@ static void peer_pump(shm_peer_t *p, slist_t *done) {
 }
 
 /* Responses of one RESPS message. p->mu held; -1 on a protocol error. */
-static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *done) {
+static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, shm_slist_t *done) {
     int cnt = ote__shm_resps_count(b, n);
     if (cnt < 0) return -1;
     for (int i = 0; i < cnt; i++) {
@@ -549,97 +488,28 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, slist_t *do
                 memcpy(s->local, p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->len);
             p->ring_tail = s->xp.shm.ring_end;
         }
-        slist_add(done, s, st);
+        ote__shm_slist_add(done, s, st);
     }
-    return 0;
-}
-
-/* An SHM_IPC_OFFER: the piece at the head of the window is the requester's to copy by
- * CUDA IPC. p->mu held; -1 on a protocol error. */
-static int peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, slist_t *done) {
-    shm_ipc_offer_t o;
-    if (!p->ipc || ote__shm_offer_decode(b, n, &o) != 0) return -1;
-    ote__slice_t *s = p->fh;
-    /* A VMM offer carries exactly its allocation's fd; any other carries none. */
-    if (s == NULL || s->xp.shm.id != o.id ||
-        (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) || s->len > o.d.size - o.d.offset ||
-        ((o.d.flags & OTE__IPC_VMM) != 0) != (fd >= 0))
-        return -1;
-    p->fh = s->next;
-    if (p->fh == NULL) p->ft = NULL;
-    p->nflight--;
-    p->flight_bytes -= s->len;
-    if (s->xp.shm.ring_end != 0) p->ring_tail = s->xp.shm.ring_end; /* the source left it */
-    const ote__host_t *h = &p->tp->host;
-    void *op = NULL;
-    ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, fd, s->local,
-                                        s->local_kind, s->len, s->op == OTE__SLICE_WRITE, &op);
-    if (st != OTE_OK) {
-        if (op != NULL) peer_ipc_unsettled(p, o.id, op); /* the copy may still run */
-        else peer_ipc_done(p, o.id);                     /* nothing runs: the pin may go */
-        if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
-        slist_add(done, s, st);
-        return 0;
-    }
-    s->xp.shm.ipc = op;
-    s->next = NULL;
-    if (p->it) p->it->next = s;
-    else p->ih = s;
-    p->it = s;
-    return 0;
-}
-
-/* Poll the IPC copies under way: each one that ended completes its slice (PEER_LOST once
- * the source is gone) and tells the source. p->mu held. */
-static void peer_ipc_poll(shm_peer_t *p, slist_t *done) {
-    const ote__host_t *h = &p->tp->host;
-    ote_deadline_t now = ote_now_ns();
-    ote__slice_t **pp = &p->ih, *last = NULL;
-    while (*pp) {
-        ote__slice_t *s = *pp;
-        ote_status_t st = h->ipc_copy_poll(h->arg, s->xp.shm.ipc, s->deadline <= now);
-        if (st == OTE_ERR_AGAIN) {
-            last = s;
-            pp = &s->next;
-            continue;
-        }
-        *pp = s->next;
-        void *op = s->xp.shm.ipc;
-        s->xp.shm.ipc = NULL;
-        if (st != OTE_OK) peer_ipc_unsettled(p, s->xp.shm.id, op); /* outcome unknown */
-        else if (!p->broken) peer_ipc_done(p, s->xp.shm.id);
-        if (p->broken) st = OTE_ERR_PEER_LOST;
-        if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
-        slist_add(done, s, st);
-    }
-    p->it = last;
-}
-
-/* A close receipt: the source unregistered the allocation buffer_id. p->mu held. */
-static int peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n) {
-    shm_ipc_close_t c;
-    if (!p->ipc || ote__shm_close_decode(b, n, &c) != 0) return -1;
-    p->tp->host.ipc_revoked(p->tp->host.arg, (uint64_t)p->src_pid, c.buffer_id);
     return 0;
 }
 
 /* One message of the source, with fd (-1: none) received with it (the caller closes it).
  * p->mu held; -1 on a protocol error. */
-static int peer_message(shm_peer_t *p, const uint8_t *b, size_t n, int fd, slist_t *done) {
+static int peer_message(shm_peer_t *p, const uint8_t *b, size_t n, int fd, shm_slist_t *done) {
     shm_hdr_t h;
     if (n < sizeof(h)) return -1;
     memcpy(&h, b, sizeof(h));
     if (fd >= 0 && h.kind != SHM_IPC_OFFER) return -1; /* only a VMM offer carries an fd */
     switch (h.kind) {
-        case SHM_IPC_OFFER: return peer_offer(p, b, n, fd, done);
-        case SHM_IPC_CLOSE: return peer_close_receipt(p, b, n);
+        case SHM_IPC_OFFER: return ote__shm_peer_offer(p, b, n, fd, done);
+        case SHM_IPC_CLOSE: return ote__shm_peer_close_receipt(p, b, n);
         default: return peer_responses(p, b, n, done);
     }
 }
 
 /* Deadlines: queued slices fail alone; an expired slice in flight kills the connection
  * (the source may still be copying it). p->mu held. */
-static void peer_expire(shm_peer_t *p, slist_t *done) {
+static void peer_expire(shm_peer_t *p, shm_slist_t *done) {
     ote_deadline_t now = ote_now_ns();
     for (ote__slice_t *s = p->fh; s; s = s->next)
         if (s->deadline <= now) {
@@ -652,45 +522,13 @@ static void peer_expire(shm_peer_t *p, slist_t *done) {
         if (s->deadline <= now) {
             *pp = s->next;
             peer_write_off(p, s);
-            slist_add(done, s, OTE_ERR_TIMEOUT);
+            ote__shm_slist_add(done, s, OTE_ERR_TIMEOUT);
         } else {
             last = s;
             pp = &s->next;
         }
     }
     p->qt = last;
-}
-
-/* One message (its real length, MSG_TRUNC) and the fds passed with it: the first in
- * *fd_out (close-on-exec), more than one, or a truncated control part, set *bad (those
- * received are closed but the first). */
-static ssize_t recv_fds(int sock, uint8_t *buf, size_t cap, int *fd_out, int *bad) {
-    union {
-        char b[CMSG_SPACE(4 * sizeof(int))];
-        struct cmsghdr align;
-    } cb;
-    struct iovec iov = {.iov_base = buf, .iov_len = cap};
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof(cb.b)};
-    ssize_t n = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-    if (n < 0) return n;
-    if (mh.msg_flags & MSG_CTRUNC) *bad = 1;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
-            continue;
-        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t j = 0; j < k; j++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
-            if (*fd_out < 0) {
-                *fd_out = fd;
-            } else {
-                close(fd);
-                *bad = 1;
-            }
-        }
-    }
-    return n;
 }
 
 static void *rx_main(void *arg) {
@@ -712,12 +550,12 @@ static void *rx_main(void *arg) {
             }
             if (r == 0) r = poll(&pf, 1, ipc ? 1 : SHM_TICK_MS);
         }
-        slist_t done = {NULL, NULL};
+        shm_slist_t done = {NULL, NULL};
         ote_mutex_lock(&p->mu);
         /* The copies are polled after the socket was read: a source that died during a
          * copy is seen first (its pieces then end PEER_LOST). */
-        if (p->ih != NULL && (p->stop || p->broken)) peer_ipc_poll(p, &done);
-        if (p->uh != NULL && (p->stop || p->broken)) peer_ipc_settle(p); /* abandoned */
+        if (p->ih != NULL && (p->stop || p->broken)) ote__shm_peer_ipc_poll(p, &done);
+        if (p->uh != NULL && (p->stop || p->broken)) ote__shm_peer_ipc_settle(p); /* abandoned */
         if ((p->stop || p->broken) && p->ih == NULL) {
             ote_mutex_unlock(&p->mu);
             slist_finish(&done);
@@ -730,7 +568,7 @@ static void *rx_main(void *arg) {
         }
         while (r > 0) {
             int fd = -1, fds_bad = 0;
-            ssize_t n = recv_fds(p->fd, buf, sizeof(buf), &fd, &fds_bad); /* real length */
+            ssize_t n = ote__shm_recv_fds(p->fd, buf, sizeof(buf), &fd, &fds_bad); /* real length */
             if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
             if (n <= 0) {
                 if (fd >= 0) close(fd);
@@ -747,8 +585,8 @@ static void *rx_main(void *arg) {
             }
         }
         if (!p->broken) peer_expire(p, &done);
-        if (p->ih != NULL) peer_ipc_poll(p, &done);
-        if (p->uh != NULL) peer_ipc_settle(p);
+        if (p->ih != NULL) ote__shm_peer_ipc_poll(p, &done);
+        if (p->uh != NULL) ote__shm_peer_ipc_settle(p);
         peer_pump(p, &done);
         ote_mutex_unlock(&p->mu);
         slist_finish(&done);
@@ -911,12 +749,12 @@ uint32_t ote__shm_peer_max_slice(ote__tpeer_t *tpeer) { return ((shm_peer_t *)tp
 
 void ote__shm_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
     shm_peer_t *p = (shm_peer_t *)tpeer;
-    slist_t done = {NULL, NULL};
+    shm_slist_t done = {NULL, NULL};
     ote_mutex_lock(&p->mu);
     if (p->broken || p->fd < 0) {
         while (list) {
             ote__slice_t *next = list->next;
-            slist_add(&done, list, OTE_ERR_PEER_LOST);
+            ote__shm_slist_add(&done, list, OTE_ERR_PEER_LOST);
             list = next;
         }
     } else {
@@ -933,7 +771,7 @@ void ote__shm_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
 
 void ote__shm_cancel(ote__tpeer_t *tpeer) {
     shm_peer_t *p = (shm_peer_t *)tpeer;
-    slist_t done = {NULL, NULL};
+    shm_slist_t done = {NULL, NULL};
     ote_mutex_lock(&p->mu);
     ote__slice_t **pp = &p->qh, *last = NULL;
     while (*pp) {
@@ -941,7 +779,7 @@ void ote__shm_cancel(ote__tpeer_t *tpeer) {
         if (s->canceled && atomic_load(s->canceled)) {
             *pp = s->next;
             peer_write_off(p, s);
-            slist_add(&done, s, OTE_ERR_CANCELED);
+            ote__shm_slist_add(&done, s, OTE_ERR_CANCELED);
         } else {
             last = s;
             pp = &s->next;
@@ -962,7 +800,7 @@ ote_status_t ote__shm_peer_close(ote__tpeer_t *tpeer) {
     ote_mutex_lock(&p->ensure_mu);
     peer_stop_rx(p);
     ote_mutex_unlock(&p->ensure_mu);
-    slist_t done = {NULL, NULL};
+    shm_slist_t done = {NULL, NULL};
     ote_mutex_lock(&p->mu);
     p->stop = 1;
     peer_kill(p, OTE_ERR_PEER_LOST, &done); /* none: the engine closes idle segments only */
