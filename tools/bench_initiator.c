@@ -103,7 +103,8 @@ static int discover_buffer(initiator_t *in) {
         in->rlen = bufs[i].length;
         in->remote_mem = OTE_MEM_IS_CUDA(bufs[i].kind)
                              ? BENCH_MEM_CUDA(OTE_MEM_CUDA_DEVICE(bufs[i].kind))
-                             : BENCH_MEM_HOST;
+                         : in->remote_mem == BENCH_MEM_THP ? BENCH_MEM_THP /* as asked */
+                                                           : BENCH_MEM_HOST;
         free(bufs);
         return 0;
     }
@@ -265,7 +266,7 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
      * IPC copies with nothing staged here is "ipc", GPUDirect RDMA requests with nothing
      * staged here is "direct"; otherwise staging (here, or at the
      * target for its device memory). */
-    int gpu = o->local_mem != BENCH_MEM_HOST || in->remote_mem != BENCH_MEM_HOST;
+    int gpu = !BENCH_MEM_IS_HOST(o->local_mem) || !BENCH_MEM_IS_HOST(in->remote_mem);
     int ipc = g1.ipc_copies > g0.ipc_copies && g1.staged_requests == g0.staged_requests;
     int direct =
         g1.direct_requests > g0.direct_requests && g1.staged_requests == g0.staged_requests;

@@ -71,13 +71,16 @@ typedef struct {
                            * OTE_PERM_IPC (CUDA IPC for same-host peers over shm) */
 } bench_options_t;
 
-/* Memory of a buffer (--local-mem / --remote-mem): host, or CUDA device N ("cuda:N"). */
+/* Memory of a buffer (--local-mem / --remote-mem): host, host on transparent huge pages
+ * ("thp": 2 MiB-aligned, madvise(MADV_HUGEPAGE)), or CUDA device N ("cuda:N"). */
 #define BENCH_MEM_HOST 0u
+#define BENCH_MEM_THP 255u
+#define BENCH_MEM_IS_HOST(m) ((m) == BENCH_MEM_HOST || (m) == BENCH_MEM_THP)
 #define BENCH_MEM_CUDA(n) (1u + (unsigned)(n))
 #define BENCH_MEM_CUDA_MAX 239
-/* "host" or "cuda:N" into buf. */
+/* "host", "thp" or "cuda:N" into buf. */
 const char *bench_mem_name(unsigned mem, char *buf, size_t len);
-/* Parses "host" or "cuda:N" (N in 0..BENCH_MEM_CUDA_MAX). Returns 0, or -1. */
+/* Parses "host", "thp" or "cuda:N" (N in 0..BENCH_MEM_CUDA_MAX). Returns 0, or -1. */
 int bench_parse_mem(const char *s, unsigned *out);
 
 /* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, depth 1,

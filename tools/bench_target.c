@@ -172,7 +172,7 @@ int bench__run_target(const bench_options_t *o) {
     }
     if (bench__mem_create(o->remote_mem, t.len, &t.mem) != 0) goto err_destroy_engine;
     unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
-    if (o->remote_ipc && o->remote_mem != BENCH_MEM_HOST) perms |= OTE_PERM_IPC;
+    if (o->remote_ipc && !BENCH_MEM_IS_HOST(o->remote_mem)) perms |= OTE_PERM_IPC;
     st = ote_memory_register_named(t.engine, (void *)(uintptr_t)t.mem.addr, (size_t)t.len, perms,
                                    BENCH_BUFFER_NAME);
     if (st != OTE_OK) {

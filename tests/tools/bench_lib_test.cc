@@ -307,6 +307,28 @@ TEST_F(BenchOptionsTest, RejectsBadValuesWithClearErrors) {
     ExpectError({"extra"}, "unexpected argument 'extra'");
 }
 
+// Host (4 KiB pages), host on transparent huge pages, device memory: parsed, named back,
+// and told apart (thp is host memory, not a device).
+TEST_F(BenchOptionsTest, MemoryKinds) {
+    ASSERT_EQ(Parse({"--local-mem", "thp", "--remote-mem", "cuda:3"}), 0) << err_;
+    EXPECT_EQ(o_.local_mem, BENCH_MEM_THP);
+    EXPECT_EQ(o_.remote_mem, BENCH_MEM_CUDA(3));
+    EXPECT_TRUE(BENCH_MEM_IS_HOST(o_.local_mem));
+    EXPECT_FALSE(BENCH_MEM_IS_HOST(o_.remote_mem));
+    ASSERT_EQ(Parse({"--local-mem", "host", "--remote-mem", "thp"}), 0) << err_;
+    EXPECT_EQ(o_.local_mem, BENCH_MEM_HOST);
+    EXPECT_EQ(o_.remote_mem, BENCH_MEM_THP);
+    char name[16];
+    EXPECT_STREQ(bench_mem_name(BENCH_MEM_HOST, name, sizeof name), "host");
+    EXPECT_STREQ(bench_mem_name(BENCH_MEM_THP, name, sizeof name), "thp");
+    EXPECT_STREQ(bench_mem_name(BENCH_MEM_CUDA(3), name, sizeof name), "cuda:3");
+    unsigned m = 7;
+    EXPECT_EQ(bench_parse_mem("thp2", &m), -1);
+    EXPECT_EQ(bench_parse_mem("THP", &m), -1);
+    EXPECT_EQ(m, 7u); /* untouched on failure */
+    ExpectError({"--local-mem", "huge"}, "is not host, thp or cuda:N");
+}
+
 TEST_F(BenchLibTest, LatencyPercentilesNearestRank) {
     std::vector<uint64_t> s;
     uint64_t sum = 0;

@@ -138,6 +138,20 @@ if run table 0 --op write --block-size 4K,8K --batch-size 2 --total-bytes 256K; 
     fi
 fi
 
+# Host buffers on transparent huge pages (--local-mem/--remote-mem thp: 2 MiB-aligned,
+# MADV_HUGEPAGE) over shm, a page-sized, an odd and a multi-MiB block: checked, named thp.
+for op in write read; do
+    if run "thp_$op" 0 --transport shm --op "$op" --local-mem thp --remote-mem thp \
+        --block-size 4097,3M --batch-size 2 --total-bytes 12M --json --check; then
+        json_ok "thp_$op" 2 ok 12582912 shm
+        if [ "$(grep -c '"local_mem":"thp","remote_mem":"thp","path":"host"' "$TMP/thp_$op.out")" -eq 2 ]; then
+            pass "thp_$op memories"
+        else
+            fail "thp_$op memories"; cat "$TMP/thp_$op.out"
+        fi
+    fi
+done
+
 # The RDMA path over the software verbs provider: both engines use transport=rdma, every
 # byte goes through a memory window granted by the target, and the check still holds.
 export OTE_VERBS_PROVIDER=sim
