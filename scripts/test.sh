@@ -33,6 +33,16 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 scripts/deps.sh || { echo "dependency installation failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+# Wall time per phase ("time: <phase> N s", and all of them again before the summary),
+# so that a slow CI run shows where its time went.
+PHASE_START=$SECONDS PHASE_TIMES=()
+phase_done() { # name
+    local t=$((SECONDS - PHASE_START))
+    PHASE_START=$SECONDS
+    PHASE_TIMES+=("$1 ${t}s")
+    echo "time: $1 $t s"
+}
+phase_done "dependencies (scripts/deps.sh)"
 
 PASSED=0 FAILED=0 SKIPPED=0           # totals
 CHECKS_PASSED=0 CHECKS_FAILED=0        # checks that are not Bazel tests
@@ -110,7 +120,9 @@ run_python() { # configuration
     SUMMARY+=("$name: $p passed, $f failed, $s skipped")
     PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
 }
+phase_done checks
 run_python default
+phase_done "python (default)"
 
 # The multi-process suites, three runs each in the default configuration.
 MULTI_RUNS='--runs_per_test=//tests/engine[:/],//tests/verbs[:/],//tests/tools[:/]@3'
@@ -145,8 +157,12 @@ for cfg in ${OTE_TEST_CONFIGS:-default asan}; do
     echo "$cfg: $p passed, $f failed, $s skipped"
     SUMMARY+=("$cfg: $p passed, $f failed, $s skipped")
     PASSED=$((PASSED + p)) FAILED=$((FAILED + f)) SKIPPED=$((SKIPPED + s))
+    phase_done "bazel test ($cfg)"
     # the binding again over the ASan library, right after the ASan build (same outputs)
-    [ "$cfg" = asan ] && run_python asan
+    if [ "$cfg" = asan ]; then
+        run_python asan
+        phase_done "python (asan)"
+    fi
 done
 
 echo "== planted upward dependencies fail with a visibility error"
@@ -188,9 +204,12 @@ echo "== engine owners: planted //engine/tcp <-> //engine/rdma deps and *_intern
 OTE_VIS_SCRATCH=$(mktemp -d) bash scripts/check_visibility.sh
 record "engine visibility (scripts/check_visibility.sh)" $?
 
+phase_done "visibility and consumer checks"
+
 PASSED=$((PASSED + CHECKS_PASSED)) FAILED=$((FAILED + CHECKS_FAILED))
 echo
-echo "scripts/test.sh took $((SECONDS / 60)) min $((SECONDS % 60)) s"
+phases=$(printf '%s; ' "${PHASE_TIMES[@]}")
+echo "scripts/test.sh took $((SECONDS / 60)) min $((SECONDS % 60)) s (${phases%; })"
 for line in "${SUMMARY[@]}"; do echo "$line"; done
 echo "checks: $CHECKS_PASSED passed, $CHECKS_FAILED failed, 0 skipped"
 echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"

@@ -3,9 +3,10 @@
 // through the transport's test hook (engine/rdma/test_hook.h), so that the requester's
 // create_qp can be made slow (ote_verbs_fault_delay: a stall the test lifts).
 //
-// A request on a fresh peer (no QP yet) whose QP builds stall for 5 s: its submit returns
-// well before the stall ends (under 2.5 s), the pump thread builds the QPs, the request
-// completes with every byte checked. A stall far past the request's deadline (2 s): the
+// A request on a fresh peer (no QP yet) whose QP builds stall (lifted by the test only
+// after the submit returned and a stalled build was entered): its submit returns under
+// 2.5 s, the request waits PENDING, the pump thread builds the QPs once the stall is
+// lifted, the request completes with every byte checked. A stall far past the request's deadline (2 s): the
 // request ends TIMEOUT at about its deadline (checked only against "long before the
 // stall would end"), and once the stall is lifted the next request works. Cancel of a
 // request that waits for its QP ends CANCELED. On a warm peer the submitting thread
@@ -181,15 +182,29 @@ class RdmaSubmitTest : public ote_test::OteTest {
 TEST_F(RdmaSubmitTest, SubmitOnAFreshPeerDoesNotWaitForTheQpBuild) {
     for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
         SCOPED_TRACE(op == OTE_READ ? "READ" : "WRITE");
-        // Every QP build of the requester (each device, each capability) stalls 5 s.
-        ASSERT_EQ(ote_verbs_fault_delay(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP, 5000), OTE_OK);
+        // Every QP build of the requester (each device, each capability) stalls until the
+        // test lifts the stall (60 s at most), which it does only after the submit returned
+        // and a stalled build was entered: a submit that waited for the build could not
+        // return before the stall ends.
+        ASSERT_EQ(ote_verbs_fault_delay(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP, 60000), OTE_OK);
         uint64_t stalled0 = ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP);
         uint64_t builds0 = ReqCounters().qp_builds;
         Fill(kSrcSeed, kLocSeed);
         uint64_t submit_ns = 0;
         ote_batch_t *b = Submit(op, kLen, &submit_ns);
         EXPECT_LT(submit_ns, 2500 * kMs) << "ote_batch_submit waited for the QP build";
-        ote_transfer_status_t ts = Finish(b);
+        // The pump thread entered a stalled build; the request waits for it.
+        ote_deadline_t dl = ote_deadline_after(30 * kSec);
+        while (ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP) == stalled0 &&
+               !ote_deadline_expired(dl))
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        EXPECT_GT(ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP), stalled0)
+            << "no QP build was entered under the stall";
+        ote_transfer_status_t ts{};
+        ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING) << "the request ended without its QP";
+        ASSERT_EQ(ote_verbs_fault_delay(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP, 0), OTE_OK);
+        ts = Finish(b);
         EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED) << ote_status_str(ts.error);
         EXPECT_EQ(ts.bytes_done, kLen);
         if (op == OTE_READ) {
@@ -197,10 +212,8 @@ TEST_F(RdmaSubmitTest, SubmitOnAFreshPeerDoesNotWaitForTheQpBuild) {
         } else {
             EXPECT_TRUE(Holds(src_mem_, kLocSeed, kLen)) << "WRITE bytes differ";
         }
-        // The request ran on QPs built under the stall, by the pump thread.
-        EXPECT_GT(ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP), stalled0);
+        // The request ran on QPs built (after a stall) by the pump thread.
         EXPECT_GT(ReqCounters().qp_builds, builds0);
-        ASSERT_EQ(ote_verbs_fault_delay(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP, 0), OTE_OK);
     }
 }
 
