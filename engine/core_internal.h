@@ -257,6 +257,8 @@ void ote__reg_unpin(void *arg, void *pin);
 uint32_t ote__reg_pin_kind(void *arg, void *pin);
 ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline_t dl,
                                 uint8_t **buf_out, void **tok_out);
+ote_status_t ote__reg_stage_pooled(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
+                                   void **tok_out);
 ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                  uint32_t len, ote_deadline_t dl);
 void ote__reg_stage_put(void *arg, void *tok);

@@ -92,6 +92,18 @@ ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline
     return st;
 }
 
+ote_status_t ote__reg_stage_pooled(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
+                                   void **tok_out) {
+    ote_engine_t *e = arg;
+    const ote__reg_t *r = pin;
+    ote_status_t st =
+        ote__gpu_path_check(e->gpu, r->kind, (r->perms & OTE_PERM_IPC) != 0, "a registered range");
+    ote__gpu_bounce_t *t = NULL;
+    if (st == OTE_OK) st = ote__gpu_src_get_pooled(e->gpu, r->kind, len, buf_out, &t);
+    if (st == OTE_OK) *tok_out = t;
+    return st;
+}
+
 ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                  uint32_t len, ote_deadline_t dl) {
     ote_engine_t *e = arg;

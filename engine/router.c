@@ -136,6 +136,7 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .stage_get = ote__reg_stage_get,
                         .stage_copy = ote__reg_stage_copy,
                         .stage_put = ote__reg_stage_put,
+                        .stage_pooled = ote__reg_stage_pooled,
                         .ipc_export = ote__reg_ipc_export,
                         .ipc_usable = ote__reg_ipc_usable,
                         .ipc_copy_start = ote__reg_ipc_copy_start,

@@ -155,6 +155,10 @@ typedef struct {
     ote_status_t (*stage_copy)(void *arg, void *tok, int to_device, uint64_t dev_addr, uint32_t len,
                                ote_deadline_t dl);
     void (*stage_put)(void *arg, void *tok);
+    /* stage_get from the pinned pool only (the RDMA source): OTE_ERR_AGAIN when len fits
+     * a chunk and none is free now (never heap, never waits); a larger len is heap. */
+    ote_status_t (*stage_pooled)(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
+                                 void **tok_out);
     /* CUDA IPC (engine/gpu, gpu_paths "ipc"). Source side: ipc_export describes the
      * allocation behind the pinned device registration pin for the piece [addr, +len)
      * (exported once per allocation, cached), OTE_ERR_UNSUPPORTED when the registration

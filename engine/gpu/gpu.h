@@ -25,7 +25,8 @@
  *    copy of slice k+1 overlaps the transfer of slice k); READ submits the slice into a
  *    chunk and copies it host-to-device when it arrived.
  *  - Source side: the transports ask for a host bounce buffer (a pinned chunk when the
- *    slice fits one) and a synchronous copy between it and the registered device range.
+ *    slice fits one; the RDMA source from the pool only, AGAIN when it is empty) and a
+ *    synchronous copy between it and the registered device range.
  * A copy whose outcome is unknown (a failed event query or drain) retains its stream
  * and the chunk it touched (they are retried by the worker and reclaimed when the
  * driver proves the work complete); the request fails with the driver's status, and
@@ -101,6 +102,11 @@ void ote__gpu_stage(ote__gpu_t *g, uint32_t kind, ote__slice_t *slices, uint32_t
 typedef struct ote__gpu_bounce ote__gpu_bounce_t;
 ote_status_t ote__gpu_src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, ote_deadline_t dl,
                               uint8_t **buf_out, ote__gpu_bounce_t **tok_out);
+/* The same from the pool only (the RDMA source, rdma_stage.c): a len that fits a chunk
+ * and finds none free now is OTE_ERR_AGAIN (the requester asks again), never heap; a
+ * larger one is heap, as above. */
+ote_status_t ote__gpu_src_get_pooled(ote__gpu_t *g, uint32_t kind, uint32_t len, uint8_t **buf_out,
+                                     ote__gpu_bounce_t **tok_out);
 /* Copy between the bounce buffer and [dev_addr, dev_addr + len) of the device:
  * to_device 1 = host-to-device. Synchronous (waits until dl). */
 ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *tok, int to_device,

@@ -55,15 +55,28 @@ struct ote__gpu_bounce {
     int has_chunk; /* buf is the chunk; else heap memory (copied to/from directly) */
 };
 
+static ote_status_t src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, int pooled,
+                            uint8_t **buf_out, ote__gpu_bounce_t **tok_out);
+
 ote_status_t ote__gpu_src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, ote_deadline_t dl,
                               uint8_t **buf_out, ote__gpu_bounce_t **tok_out) {
+    (void)dl; /* never waits for a chunk (see src_get) */
+    return src_get(g, kind, len, 0, buf_out, tok_out);
+}
+
+ote_status_t ote__gpu_src_get_pooled(ote__gpu_t *g, uint32_t kind, uint32_t len, uint8_t **buf_out,
+                                     ote__gpu_bounce_t **tok_out) {
+    return src_get(g, kind, len, 1, buf_out, tok_out);
+}
+
+static ote_status_t src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, int pooled,
+                            uint8_t **buf_out, ote__gpu_bounce_t **tok_out) {
     gdev_t *d = NULL;
     ote_status_t st = ote__gpu_dev_get(g, kind, &d);
     if (st != OTE_OK) return st;
     ote__gpu_bounce_t *t = ote_calloc(1, sizeof(*t));
     if (t == NULL) return OTE_ERR_NOMEM;
     t->d = d;
-    (void)dl; /* never waits for a chunk (see below) */
     /* A pinned chunk when one is free now. A source never waits for one: its chunks are
      * held by answers queued on connections this same thread sends, so waiting could
      * wait for itself. Otherwise heap memory, copied directly (the driver stages
@@ -71,6 +84,9 @@ ote_status_t ote__gpu_src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, ote_de
     if (len <= g->chunk && ote_cuda_staging_acquire(d->pool, ote_now_ns(), &t->chunk) == OTE_OK) {
         t->has_chunk = 1;
         t->buf = t->chunk.ptr;
+    } else if (pooled && len <= g->chunk) {
+        ote_free(t); /* every chunk is out: asked again later */
+        return OTE_ERR_AGAIN;
     } else {
         t->buf = ote_malloc(len ? len : 1);
         if (t->buf == NULL) {

@@ -46,9 +46,11 @@
  * answers. A source advertises rdma_stage=1; a requester that saw it (and the source's
  * epoch) sets OTE_RP_GF_STAGE in its GRANT_REQs (proto.h). The source's account marks the
  * request staged (rdma_accounts.c); each of its grants takes a host bounce buffer of
- * exactly the grant's length (host->stage_get: a pinned chunk when it fits one, else
- * heap; so a staged grant is never larger than its bounce, and at most rdma_grant_max,
- * the largest grant a requester asks), copies the range device-to-host into it
+ * exactly the grant's length (host->stage_pooled: a pinned chunk of the bounded pool
+ * when it fits one, OTE_ERR_AGAIN when every chunk is out; heap only for a larger grant,
+ * at most rdma_grant_max, the largest grant a requester asks: a requester that saw a
+ * staged answer cuts that request, and later ones in its range, at gpu_staging_chunk,
+ * rdma_pump.c), copies the range device-to-host into it
  * synchronously on the server thread (host->stage_copy, until the grant's deadline: a
  * READ's bytes, a WRITE's current bytes so that what a canceled grant never wrote goes
  * back unchanged), registers a temporary MW-bindable MR over it in the grant's device
@@ -326,6 +328,8 @@ typedef struct grant_id_ent {
      * the slot and the source's QP on it. */
     uint32_t pair, cap, slot, src_qpn;
     ote__slice_t *s; /* the run (its first slice): a staged WRITE's COMMIT wait names it */
+    /* Its request's id and remote range (a staged answer marks them: rdma_pump.c). */
+    uint64_t req_uid, req_remote, req_len;
 } gid_ent_t;
 
 /* Requester: a staged WRITE grant answered OK (GRANT_RESP with OTE_RP_RESP_COMMIT): its
@@ -405,6 +409,13 @@ struct ote__tpeer {
      * source answered AGAIN). */
     int credit_wait, qp_wait;
     uint64_t busy_until;
+    /* rdma_peer.c / rdma_pump.c, under mu: the last request (uid) the source answered
+     * staged and its remote range [staged_lo, staged_hi) (joined with the ranges of
+     * earlier staged requests it meets): its further runs, and those of
+     * later requests that start in that range, are cut at gpu_staging_chunk, at most
+     * gpu_staging_depth of them in flight per device (rdma_stage.c). An answer not
+     * staged for a request that starts in the range forgets the range. */
+    uint64_t staged_uid, staged_lo, staged_hi;
 };
 
 /* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,

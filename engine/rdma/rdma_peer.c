@@ -95,6 +95,25 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
             ote_free(mine);
             return -1;
         }
+        /* Served staged: the request's further runs, and later requests in its range,
+         * are cut at the chunk size (rdma_pump.c); served otherwise: the range is not. */
+        if (st == OTE_OK && mine != NULL && mine->req_uid != 0) {
+            ote_mutex_lock(&p->mu);
+            uint64_t lo = mine->req_remote, hi = mine->req_remote + mine->req_len;
+            if (staged) {
+                p->staged_uid = mine->req_uid;
+                /* Joined to the range known when it meets it, else in its place. */
+                if (lo <= p->staged_hi && hi >= p->staged_lo && p->staged_hi != 0) {
+                    if (lo > p->staged_lo) lo = p->staged_lo;
+                    if (hi < p->staged_hi) hi = p->staged_hi;
+                }
+                p->staged_lo = lo;
+                p->staged_hi = hi;
+            } else if (mine->req_remote >= p->staged_lo && mine->req_remote < p->staged_hi) {
+                p->staged_lo = p->staged_hi = 0;
+            }
+            ote_mutex_unlock(&p->mu);
+        }
         /* The wire id names the device whose grant manager owns the grant. */
         uint32_t nic = (uint32_t)(m->req_id >> 32);
         /* A staged WRITE: its run waits for the COMMIT, linked before the grant can end. */

@@ -65,6 +65,22 @@ static void pump(ote__tpeer_t *p) {
     ote__rdma_pump_locked(p, 1);
 }
 
+/* The chunk and depth of a staged run (gpu_staging_chunk, gpu_staging_depth), and whether
+ * the run from s is of a request the source serves staged (p->staged_*). Under p->mu. */
+static uint64_t stage_chunk(const rdma_tp_t *tp) {
+    return tp->cfg.gpu_staging_chunk != 0 ? tp->cfg.gpu_staging_chunk : (2u << 20);
+}
+
+static uint64_t stage_depth(const rdma_tp_t *tp) {
+    return tp->cfg.gpu_staging_depth != 0 ? tp->cfg.gpu_staging_depth : 4;
+}
+
+static int staged_run(const ote__tpeer_t *p, const ote__slice_t *s) {
+    if (s->req_uid != 0 && s->req_uid == p->staged_uid) return 1;
+    uint64_t start = s->req_len != 0 ? s->req_remote : s->remote;
+    return start >= p->staged_lo && start < p->staged_hi;
+}
+
 /* b may join the run that ends with a: the same request and op, contiguous at both ends,
  * the same deadline and cancel flag. */
 static int run_joins(const ote__slice_t *a, const ote__slice_t *b) {
@@ -77,11 +93,14 @@ static int run_joins(const ote__slice_t *a, const ote__slice_t *b) {
 /* The run of the queued slices from s that one grant covers: s and the slices after it
  * that join it, up to rdma_grant_max bytes and to the request's bytes divided among the
  * active devices (so one request still stripes over every NIC, with one grant on each);
- * the queue links them already. Returns the run's last slice, its bytes in *rlen. Under
- * p->mu. */
-static ote__slice_t *run_take(const rdma_tp_t *tp, ote__slice_t *s, uint64_t *rlen) {
+ * the queue links them already. A request the source serves staged (p->staged_uid) is
+ * cut at gpu_staging_chunk: the source stages grant k+1 while grant k moves
+ * (rdma_stage.c). Returns the run's last slice, its bytes in *rlen. Under p->mu. */
+static ote__slice_t *run_take(const rdma_tp_t *tp, const ote__tpeer_t *p, ote__slice_t *s,
+                              uint64_t *rlen) {
     uint64_t cap = tp->cfg.rdma_grant_max;
     if (cap == 0 || cap > OTE_GRANT_MAX_LEN) cap = OTE_GRANT_MAX_LEN;
+    if (staged_run(p, s) && stage_chunk(tp) < cap) cap = stage_chunk(tp);
     /* Never more than the engine-wide limit of bytes in flight (one slice at least). */
     if (tp->cfg.rdma_max_inflight != 0 && tp->cfg.rdma_max_inflight < cap)
         cap = tp->cfg.rdma_max_inflight;
@@ -190,11 +209,13 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             } else if (p->busy_until != 0 && ote_now_ns() < p->busy_until) {
                 break; /* a source answered AGAIN: the pump thread's next rounds retry */
             } else {
-                last = run_take(tp, s, &rlen);
+                last = run_take(tp, p, s, &rlen);
                 if (over_cap(tp, rlen)) break; /* an ending run kicks the pump thread */
                 uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW
                                       ? tp->cfg.rdma_grant_max
                                       : OTE__RDMA_NIC_WINDOW;
+                /* A staged request: gpu_staging_depth chunks in flight per device. */
+                if (staged_run(p, s)) window = stage_chunk(tp) * stage_depth(tp);
                 uint32_t mask = 0;
                 uint64_t busy = 0;
                 for (uint32_t i = 0; i < tp->nnics; i++) {

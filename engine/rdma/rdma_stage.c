@@ -1,7 +1,11 @@
 /*
  * engine/rdma/rdma_stage.c - source-side staging of device memory over RDMA: each
  * grant of a staged request (rdma_accounts.c) gets a host bounce buffer of exactly its
- * length from the engine (host->stage_get: a pinned chunk when it fits one, else heap),
+ * length from the engine (host->stage_pooled: a pinned chunk of the bounded pool when it
+ * fits one, OTE_ERR_AGAIN when every chunk is out, so that the requester asks again;
+ * heap only for a grant larger than a chunk, which a requester sends only before it
+ * learned that the request is staged: rdma_pump.c then cuts its runs at the chunk size,
+ * so the copy of grant k+1 here overlaps the requester's transfer of grant k),
  * the range's bytes copied into it from the device (host->stage_copy, synchronous until
  * the grant's deadline) and a temporary MW-bindable MR over it in the grant's device, so
  * that the grant's window covers exactly the bounce bytes and nothing else. The grant's
@@ -53,7 +57,7 @@ struct rdma_stage {
 ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
                                   uint64_t addr, uint64_t len, ote_deadline_t dl,
                                   rdma_stage_t **st_out) {
-    if (tp->host.stage_get == NULL || tp->host.stage_copy == NULL || tp->host.stage_put == NULL)
+    if (tp->host.stage_pooled == NULL || tp->host.stage_copy == NULL || tp->host.stage_put == NULL)
         return OTE_ERR_UNSUPPORTED;
     /* The bounce holds the whole grant: a grant is never larger than rdma_grant_max (the
      * largest a requester asks), and never more than one bounce can hold. */
@@ -76,7 +80,7 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
     /* Path check (gpu_paths has staging, else a WARN naming what is missing) and the
      * buffer. */
     ote_status_t s =
-        tp->host.stage_get(tp->host.arg, reg_pin, (uint32_t)len, dl, &st->buf, &st->tok);
+        tp->host.stage_pooled(tp->host.arg, reg_pin, (uint32_t)len, &st->buf, &st->tok);
     if (s != OTE_OK) {
         ote_free(st);
         return s;
