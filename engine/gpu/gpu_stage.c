@@ -84,8 +84,10 @@ static ote_status_t src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, int pool
     if (len <= g->chunk && ote_cuda_staging_acquire(d->pool, ote_now_ns(), &t->chunk) == OTE_OK) {
         t->has_chunk = 1;
         t->buf = t->chunk.ptr;
-    } else if (pooled && len <= g->chunk) {
-        ote_free(t); /* every chunk is out: asked again later */
+    } else if (pooled && len <= g->chunk && atomic_load(&g->nparked) == 0) {
+        /* Every chunk is out and will come back: asked again later. With parked work
+         * (a copy of unknown outcome holds its chunk, maybe for good) heap is used. */
+        ote_free(t);
         return OTE_ERR_AGAIN;
     } else {
         t->buf = ote_malloc(len ? len : 1);

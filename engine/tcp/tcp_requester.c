@@ -204,6 +204,10 @@ static void req_withdraw(tcp_conn_t *c, const req_drop_t *dropped) {
 static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
     while (c->tx) {
         if (c->fd < 0) return OTE_ERR_PEER_LOST;
+        /* A cancel came while this loop sends (a receiver draining as fast as we send
+         * keeps it going): stop here so its purge, which the cancel woke the worker for,
+         * drops the slices not on the wire yet before they go. */
+        if (atomic_load_explicit(&c->purge, memory_order_relaxed)) return OTE_ERR_AGAIN;
         int n = 0;
         size_t off = c->tx_off;
         for (ote__slice_t *s = c->tx; s && n < TCP_IOV - 1; s = s->next) {
