@@ -142,6 +142,7 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             ote_mutex_unlock(&p->mu);
             ote_status_t bst = ote__rdma_build_qp(p, bk, bc, bs);
             ote_mutex_lock(&p->mu);
+            if (bst == OTE_OK) p->src_qp_refused = 0;
             if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
                 p->build_failed = 1;
                 p->fail_k = bk;
@@ -183,6 +184,11 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
                 st = OTE_ERR_CANCELED;
             } else if (ote_deadline_expired(s->deadline)) {
                 st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
+                if (p->src_qp_refused)
+                    OTE_WARN_LIMITED("rdma",
+                                     "run to %s ends at its deadline (OTE_ERR_TIMEOUT): the "
+                                     "source refused its QP, holding its rdma_max_qps QPs",
+                                     p->name);
             } else if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
                 /* Lost, or between connections (a reconnect publishes its endpoints last;
                  * a dead peer's were evicted). */
