@@ -36,12 +36,20 @@ struct rdma_credits {
      * managers); the most QPs held right after a build; source QPs retired for a CONNECT
      * and CONNECTs refused AGAIN at the limit. */
     ote_mutex_t build_mu;
+    ote_sq_pool_t *sq; /* rdma_max_send_wrs: send credits of every QP (NULL: none) */
     _Atomic uint64_t qps_peak, src_qp_evictions, src_qp_refusals;
 };
 
 ote_status_t ote__rdma_credits_create(rdma_tp_t *tp) {
     rdma_credits_t *c = ote_calloc(1, sizeof(*c));
     if (c == NULL) return OTE_ERR_NOMEM;
+    if (tp->cfg.rdma_max_send_wrs != 0) {
+        ote_status_t st = ote_sq_pool_create(tp->cfg.rdma_max_send_wrs, &c->sq);
+        if (st != OTE_OK) {
+            ote_free(c);
+            return st;
+        }
+    }
     ote_mutex_init(&c->mu);
     ote_mutex_init(&c->build_mu);
     tp->cred = c;
@@ -59,6 +67,7 @@ void ote__rdma_credits_destroy(rdma_tp_t *tp) {
     }
     ote_mutex_destroy(&c->mu);
     ote_mutex_destroy(&c->build_mu);
+    if (c->sq != NULL) ote_sq_pool_destroy(c->sq); /* every QP was destroyed */
     ote_free(c);
     tp->cred = NULL;
 }
@@ -208,6 +217,8 @@ void ote__rdma_qps_note(rdma_tp_t *tp) {
     while (now > peak && !atomic_compare_exchange_weak(&tp->cred->qps_peak, &peak, now)) {}
 }
 
+ote_sq_pool_t *ote__rdma_sq_pool(rdma_tp_t *tp) { return tp->cred->sq; }
+
 void ote__rdma_src_build_lock(rdma_tp_t *tp) { ote_mutex_lock(&tp->cred->build_mu); }
 void ote__rdma_src_build_unlock(rdma_tp_t *tp) { ote_mutex_unlock(&tp->cred->build_mu); }
 void ote__rdma_src_qp_count(rdma_tp_t *tp, int evicted) {
@@ -290,4 +301,11 @@ void ote__rdma_credit_stats(rdma_tp_t *tp, rdma_credit_stats_t *out) {
     out->qps_peak = atomic_load(&c->qps_peak);
     out->src_qp_evictions = atomic_load(&c->src_qp_evictions);
     out->src_qp_refusals = atomic_load(&c->src_qp_refusals);
+    if (c->sq != NULL) {
+        ote_sq_pool_stats_t ss;
+        ote_sq_pool_get_stats(c->sq, &ss);
+        out->sq_in_use = ss.in_use;
+        out->sq_peak = ss.peak;
+        out->sq_waits = ss.waits;
+    }
 }

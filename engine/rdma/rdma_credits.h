@@ -84,6 +84,11 @@ uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s
  * requester QP was retired and reclaimed for it), 0 when the build must wait. No lock
  * held. */
 int ote__rdma_qp_room(rdma_tp_t *tp);
+/* rdma_max_send_wrs: the send credits every QP of the engine shares (the stores' QP
+ * template names it; qp/qp.h ote_sq_pool_t): a post past it waits in the grant layer's
+ * lane wait list, retried as sends complete on that lane and by the monitor's tick (a
+ * few ms), its deadline and cancel applying there; NULL without the key. */
+ote_sq_pool_t *ote__rdma_sq_pool(rdma_tp_t *tp);
 /* After a QP was built: the peak of QPs held (qps_peak). Any thread, no lock held. */
 void ote__rdma_qps_note(rdma_tp_t *tp);
 /* Source CONNECT builds under rdma_max_qps, one at a time (rdma_srcqp.c); counters. */
@@ -99,15 +104,16 @@ int ote__rdma_src_qp_room(conn_t *c);
 
 /* Counters for the test hooks. */
 typedef struct {
-    uint64_t grants_live, grants_peak;    /* requester grants started, not ended */
-    uint64_t reserved, reserved_peak;     /* grant credits reserved by parents */
-    uint64_t parents;                     /* parents alive */
-    uint64_t grant_waits;                 /* runs that waited for grant credits */
-    uint64_t busy_retries;                /* runs asked again after a source's AGAIN */
-    uint64_t qps, qp_waits, qp_evictions; /* QPs held; builds that waited; idle QPs retired */
-    uint64_t qps_peak;                    /* the most QPs held right after a build */
-    uint64_t src_qp_evictions;            /* idle source QPs retired for a CONNECT */
-    uint64_t src_qp_refusals;             /* source CONNECTs refused AGAIN at the limit */
+    uint64_t grants_live, grants_peak;     /* requester grants started, not ended */
+    uint64_t reserved, reserved_peak;      /* grant credits reserved by parents */
+    uint64_t parents;                      /* parents alive */
+    uint64_t grant_waits;                  /* runs that waited for grant credits */
+    uint64_t busy_retries;                 /* runs asked again after a source's AGAIN */
+    uint64_t qps, qp_waits, qp_evictions;  /* QPs held; builds that waited; idle QPs retired */
+    uint64_t qps_peak;                     /* the most QPs held right after a build */
+    uint64_t src_qp_evictions;             /* idle source QPs retired for a CONNECT */
+    uint64_t src_qp_refusals;              /* source CONNECTs refused AGAIN at the limit */
+    uint64_t sq_in_use, sq_peak, sq_waits; /* rdma_max_send_wrs credits (qp/sq_pool.c) */
 } rdma_credit_stats_t;
 void ote__rdma_credit_stats(rdma_tp_t *tp, rdma_credit_stats_t *out);
 

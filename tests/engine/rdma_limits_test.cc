@@ -13,7 +13,9 @@
 // - rdma_max_qps at a source: 2 QPs for 3 requesters, each CONNECT past it retiring an
 //   idle source QP (the requesters rebuild theirs after a cache miss), every request
 //   complete and never more than 2 QPs held; with no idle source QP the CONNECT is
-//   refused AGAIN until the request's deadline (OTE_ERR_TIMEOUT), and then works.
+//   refused AGAIN until the request's deadline (OTE_ERR_TIMEOUT), and then works;
+// - rdma_max_send_wrs=2: 64 concurrent requests complete with at most 2 send WRs
+//   outstanding in each engine.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -315,6 +317,27 @@ TEST(RdmaLimitsTest, OneQpHeldElsewhereFailsAtTheDeadlineThenWorks) {
     ExpectDrained(rig);
 }
 
+// rdma_max_send_wrs=2 at both ends: 64 concurrent requests over two peers (each grant's
+// chain of slices longer than the credits, so posts go in part and wait) all complete,
+// bytes checked, and neither engine ever had more than 2 send WRs outstanding; every
+// credit is back once they ended.
+TEST(RdmaLimitsTest, SixtyFourRequestsShareTwoSendCredits) {
+    Rig rig(Rdma({{"rdma_max_send_wrs", "2"}}), Rdma({{"rdma_max_send_wrs", "2"}}), 2, kN, kLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_LE(g.sq_peak, 2u) << "more send WRs outstanding than rdma_max_send_wrs";
+    EXPECT_GE(g.sq_peak, 1u);
+    EXPECT_GT(g.sq_waits, 0u) << "no post waited for a send credit";
+    ExpectDrained(rig);
+    EXPECT_EQ(Grants(rig.req_).sq_in_use, 0u);
+    for (ote_engine_t *s : rig.src_) {
+        ote__rdma_test_grants_t gs = Grants(s);
+        EXPECT_LE(gs.sq_peak, 2u);
+        EXPECT_EQ(gs.sq_in_use, 0u);
+    }
+}
+
 // One request of op between a requester's buffer and a source's: COMPLETED with its
 // bytes, or ending with want (its state and status).
 void RunOneRequest(ote_engine_t *req, ote_segment_t *seg, ote_opcode_t op, uint8_t *local,
@@ -445,6 +468,8 @@ TEST(RdmaLimitsTest, RefusesMalformedKeys) {
     EXPECT_EQ(ote_config_set(cfg, "rdma_recv_slots", "2"), OTE_OK);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "-1"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "1"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_send_wrs", "x"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_send_wrs", "2"), OTE_OK);
     ote_config_destroy(cfg);
 }
 
