@@ -143,7 +143,7 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer);
 /**
  * ote_qp_post_send() - post a chain of WRs (wr_ids unique among outstanding ones).
  * Admission is all or nothing: OTE_ERR_AGAIN when the SQ or the lane's send CQ lacks
- * room for the whole chain, OTE_ERR_FENCED after an unknown outcome or an expired WR,
+ * room for the whole chain (a shared credit pool, ote_sq_pool_t, may admit a prefix), OTE_ERR_FENCED after an unknown outcome or an expired WR,
  * OTE_ERR_PORT_DOWN on a paused context, OTE_ERR_STATE unless connected. A provider
  * failure returns its status with @result telling which WRs the SQ now owns.
  */
