@@ -38,6 +38,9 @@ struct rdma_credits {
     ote_mutex_t build_mu;
     ote_sq_pool_t *sq; /* rdma_max_send_wrs: send credits of every QP (NULL: none) */
     _Atomic uint64_t qps_peak, src_qp_evictions, src_qp_refusals;
+    /* Requester builds that passed the limit under build_mu and are under way: counted
+     * with the QPs held, so that a source CONNECT meanwhile cannot take their room. */
+    _Atomic uint64_t pending;
 };
 
 ote_status_t ote__rdma_credits_create(rdma_tp_t *tp) {
@@ -226,7 +229,8 @@ void ote__rdma_src_qp_count(rdma_tp_t *tp, int evicted) {
 }
 
 int ote__rdma_qps_full(rdma_tp_t *tp) {
-    return tp->cfg.rdma_max_qps != 0 && qps_held(tp) >= tp->cfg.rdma_max_qps;
+    return tp->cfg.rdma_max_qps != 0 &&
+           qps_held(tp) + atomic_load(&tp->cred->pending) >= tp->cfg.rdma_max_qps;
 }
 
 /* Retire one idle READY requester QP (a slot nobody borrows) of any peer, plain or direct
@@ -270,17 +274,27 @@ uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s
     return ready != 0 ? ready : mask;
 }
 
-int ote__rdma_qp_room(rdma_tp_t *tp) {
-    if (!ote__rdma_qps_full(tp)) return 1;
-    int k = retire_idle(tp);
+int ote__rdma_qp_room(rdma_tp_t *tp, int retire) {
+    rdma_credits_t *c = tp->cred;
+    if (tp->cfg.rdma_max_qps == 0) return 1;
+    /* Under the build mutex: a source CONNECT checks and builds under it too. */
+    ote_mutex_lock(&c->build_mu);
+    int ok = !ote__rdma_qps_full(tp);
+    int k = ok || !retire ? -1 : retire_idle(tp);
     if (k >= 0) {
-        atomic_fetch_add(&tp->cred->qp_evictions, 1);
+        atomic_fetch_add(&c->qp_evictions, 1);
         (void)ote_endpoint_store_reclaim(tp->nics[k].eps,
                                          ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
-        if (!ote__rdma_qps_full(tp)) return 1;
+        ok = !ote__rdma_qps_full(tp);
     }
-    atomic_fetch_add(&tp->cred->qp_waits, 1);
-    return 0;
+    if (ok) atomic_fetch_add(&c->pending, 1);
+    ote_mutex_unlock(&c->build_mu);
+    if (!ok && retire) atomic_fetch_add(&c->qp_waits, 1);
+    return ok;
+}
+
+void ote__rdma_qp_room_end(rdma_tp_t *tp) {
+    if (tp->cfg.rdma_max_qps != 0) atomic_fetch_sub(&tp->cred->pending, 1);
 }
 
 void ote__rdma_credit_stats(rdma_tp_t *tp, rdma_credit_stats_t *out) {

@@ -80,10 +80,13 @@ int ote__rdma_qps_full(rdma_tp_t *tp);
  * s's capability (when there is one), so that runs use the QPs there are instead of
  * retiring one another's. */
 uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s, uint32_t mask);
-/* The pump thread, before building a QP for self: 1 when there is room (or an idle
- * requester QP was retired and reclaimed for it), 0 when the build must wait. No lock
- * held. */
-int ote__rdma_qp_room(rdma_tp_t *tp);
+/* The pump thread, before building a QP: 1 when there is room (or, with retire, an idle
+ * requester QP was retired and reclaimed for it), held for the build until
+ * ote__rdma_qp_room_end (after it, whatever its outcome); 0 when the build must wait
+ * (counted with retire). Checked under the source build mutex, so that a requester build
+ * and a source CONNECT never both take the last room. No lock held. */
+int ote__rdma_qp_room(rdma_tp_t *tp, int retire);
+void ote__rdma_qp_room_end(rdma_tp_t *tp);
 /* rdma_max_send_wrs: the send credits every QP of the engine shares (the stores' QP
  * template names it; qp/qp.h ote_sq_pool_t): a post past it waits in the grant layer's
  * lane wait list, retried as sends complete on that lane and by the monitor's tick (a
