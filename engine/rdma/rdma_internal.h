@@ -145,7 +145,10 @@
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
  *   rdma_credits.c    grant credits reserved per request (rdma_max_grants), retries of
  *                     grants a source refused AGAIN (no receive slot), the engine-wide
- *                     QP limit (rdma_max_qps): rdma_credits.h
+ *                     QP limit (rdma_max_qps), the send credits of every QP
+ *                     (rdma_max_send_wrs): rdma_credits.h
+ *   rdma_srcqp.c      rdma_max_qps at the source: a CONNECT retires an idle source QP,
+ *                     or is refused AGAIN
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
  * c->wmu is a leaf: nothing else is locked under it, and no thread holds tp->mu or p->mu
