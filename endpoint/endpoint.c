@@ -376,8 +376,13 @@ ote_status_t ote_endpoint_build(ote_ep_claim_t *claim, ote_ep_exchange_fn exchan
     st = exchange(arg, claim->slot, &local, &peer, deadline);
     if (st == OTE_OK) st = ote_qp_connect(qp, &peer);
     if (st != OTE_OK) {
-        OTE_WARN("endpoint", "%s: slot %u: construction of QP %u failed: %s; destroying it",
-                 ote_context_name(s->ctx), claim->slot, ote_qp_num(qp), ote_status_str(st));
+        /* AGAIN: the peer refused for now (its QP limit); the caller asks again later. */
+        if (ote_status_code(st) == OTE_ERR_AGAIN)
+            OTE_DEBUG("endpoint", "%s: slot %u: QP %u refused for now by the peer: destroying it",
+                      ote_context_name(s->ctx), claim->slot, ote_qp_num(qp));
+        else
+            OTE_WARN("endpoint", "%s: slot %u: construction of QP %u failed: %s; destroying it",
+                     ote_context_name(s->ctx), claim->slot, ote_qp_num(qp), ote_status_str(st));
         ote_mutex_lock(&s->mu);
         s->stats.build_failures++;
         ote_mutex_unlock(&s->mu);

@@ -87,7 +87,27 @@ typedef struct ote_qp_config {
      * in a private PD reaches, as a target, only the MRs and windows of that PD (the
      * GPUDirect source grant of engine/rdma/rdma_direct.c). The PD must outlive the QP. */
     struct ibv_pd *pd;
+    /* Send credits shared with other QPs (ote_sq_pool_t, sq_pool.c); NULL: none. */
+    struct ote_sq_pool *sq_pool;
 } ote_qp_config_t;
+
+/*
+ * Send credits shared by many QPs (one engine's, every context): at most @limit send WRs
+ * outstanding over all the QPs whose config names the pool. A post takes one credit per
+ * WR before it is entered (with too few for its chain, a prefix of the chain is posted
+ * as far as credits go and the post says OTE_ERR_AGAIN with result.accepted/unposted, as
+ * for a partial post; with none, OTE_ERR_AGAIN and nothing posted); the WR's CQE (flush
+ * included), its return unposted, or the QP's destruction gives the credit back. The
+ * pool must outlive every QP that names it. Any thread.
+ */
+typedef struct ote_sq_pool ote_sq_pool_t;
+typedef struct {
+    uint64_t in_use, peak; /* credits held now; the most held at once */
+    uint64_t waits;        /* posts refused (in part or whole) for want of credits */
+} ote_sq_pool_stats_t;
+ote_status_t ote_sq_pool_create(uint32_t limit, ote_sq_pool_t **pool_out);
+void ote_sq_pool_destroy(ote_sq_pool_t *pool);
+void ote_sq_pool_get_stats(ote_sq_pool_t *pool, ote_sq_pool_stats_t *out);
 
 /* What ote_qp_post_send() did. Written on every return, failures included: a partial
  * post is a result the caller must act on, not only an error. */
@@ -123,7 +143,7 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer);
 /**
  * ote_qp_post_send() - post a chain of WRs (wr_ids unique among outstanding ones).
  * Admission is all or nothing: OTE_ERR_AGAIN when the SQ or the lane's send CQ lacks
- * room for the whole chain, OTE_ERR_FENCED after an unknown outcome or an expired WR,
+ * room for the whole chain (a shared credit pool, ote_sq_pool_t, may admit a prefix), OTE_ERR_FENCED after an unknown outcome or an expired WR,
  * OTE_ERR_PORT_DOWN on a paused context, OTE_ERR_STATE unless connected. A provider
  * failure returns its status with @result telling which WRs the SQ now owns.
  */

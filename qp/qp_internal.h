@@ -68,6 +68,10 @@ struct ote_qp {
 
 /* send_queue.c */
 ote_status_t ote__sq_init(ote_qp_t *qp);
+/* sq_pool.c: up to n credits of pool (n without a pool; 0: none free), a short take
+ * counted as a wait; and their return. */
+size_t ote__sq_pool_take(ote_sq_pool_t *pool, size_t n);
+void ote__sq_pool_put(ote_sq_pool_t *pool, size_t n);
 void ote__sq_fini(ote_qp_t *qp);
 /* A send CQE: discharge its WR; 1 to forward it to the record. */
 int ote__sq_complete(ote_qp_t *qp, const struct ibv_wc *wc);

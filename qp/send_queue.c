@@ -5,7 +5,8 @@
  * polled by a worker before post_send returns), and leaves it exactly once: by its CQE,
  * by being returned unposted (the proven suffix after bad_wr), or by the QP's native
  * destruction. Entries come from a fixed pool of max_send_wr, so admission never
- * allocates except for hash growth.
+ * allocates except for hash growth. With a shared credit pool (cfg.sq_pool) each entry
+ * also holds one of its credits, given back (with no lock held) as the entry leaves.
  */
 #include <errno.h>
 #include <string.h>
@@ -54,9 +55,23 @@ ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadlin
     else if (qp->state != IBV_QPS_RTS) st = OTE_ERR_STATE;
     else st = ote_context_check(qp->ctx); /* a paused port admits nothing new */
     if (st == OTE_OK && (uint64_t)qp->sq_count + n > qp->cfg.max_send_wr) st = OTE_ERR_AGAIN;
+    size_t take = 0;
+    if (st == OTE_OK) {
+        take = ote__sq_pool_take(qp->cfg.sq_pool, n);
+        if (take == 0) st = OTE_ERR_AGAIN; /* no shared credit free */
+    }
     if (st != OTE_OK) {
         ote_mutex_unlock(&qp->mu);
         return st;
+    }
+    /* Credits for a prefix only: that prefix goes now, the rest is returned unposted. */
+    struct ibv_send_wr *cut_at = NULL, *cut = NULL;
+    if (take < n) {
+        cut_at = wrs;
+        for (size_t i = 1; i < take; i++) cut_at = cut_at->next;
+        cut = cut_at->next;
+        cut_at->next = NULL;
+        n = take;
     }
     /* Enter every WR id (refusing duplicates) before the post. */
     size_t entered = 0;
@@ -92,34 +107,39 @@ ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadlin
             if (e != NULL) entry_put(qp, e);
         }
         ote_mutex_unlock(&qp->mu);
+        if (cut_at != NULL) cut_at->next = cut;
+        ote__sq_pool_put(qp->cfg.sq_pool, take);
         return st;
     }
 
     struct ibv_send_wr *bad = NULL;
     int err = qp->v->ops->post_send(qp->v, qp->qp, wrs, &bad);
+    if (cut_at != NULL) cut_at->next = cut;
     if (err == 0) {
         res.accepted = n;
-        res.unposted = NULL;
+        res.unposted = cut;
         ote_mutex_unlock(&qp->mu);
         *result = res;
-        return OTE_OK;
+        return cut == NULL ? OTE_OK : OTE_ERR_AGAIN;
     }
     /* Failure: resolve acceptance from bad_wr. */
     size_t k = 0;
     struct ibv_send_wr *w = wrs;
-    while (w != NULL && w != bad) {
+    while (w != NULL && w != bad && k < n) { /* the chain was relinked past n */
         w = w->next;
         k++;
     }
-    if (bad != NULL && w == bad) {
+    if (bad != NULL && w == bad && k < n) {
         /* Proven: WRs [0, k) are posted and owned; [k, n) were not posted. */
-        for (struct ibv_send_wr *u = bad; u != NULL; u = u->next) {
+        struct ibv_send_wr *u = bad;
+        for (size_t i = k; i < n && u != NULL; i++, u = u->next) {
             sq_entry_t *e = NULL;
             HASH_FIND(hh, qp->outstanding, &u->wr_id, sizeof(uint64_t), e);
             if (e != NULL) entry_put(qp, e);
         }
         ote_mutex_unlock(&qp->mu);
         ote_cq_lane_release(qp->lane, OTE_CQ_SEND, (uint32_t)(n - k));
+        ote__sq_pool_put(qp->cfg.sq_pool, n - k);
         res.accepted = k;
         res.unposted = bad;
         OTE_WARN("qp", "QP %u: post_send accepted %zu of %zu WRs: errno %d", qp->qp_num, k, n, err);
@@ -134,7 +154,7 @@ ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadlin
               "outcome unknown, send queue fenced, all %zu WRs kept as owed",
               qp->qp_num, n, err, n);
     res.accepted = n;
-    res.unposted = NULL;
+    res.unposted = cut; /* never handed to the provider */
     *result = res;
     return ote_status_make(OTE_ERR_FENCED, err);
 }
@@ -164,6 +184,7 @@ int ote__sq_complete(ote_qp_t *qp, const struct ibv_wc *wc) {
     }
     ote_mutex_unlock(&qp->mu);
     ote_cq_lane_release(qp->lane, OTE_CQ_SEND, 1);
+    ote__sq_pool_put(qp->cfg.sq_pool, 1);
     return 1;
 }
 
@@ -204,6 +225,7 @@ void ote__sq_resolve_destroyed(ote_qp_t *qp) {
         qp->resolved_by_destroy++;
         ote_mutex_unlock(&qp->mu);
         ote_cq_lane_release(qp->lane, OTE_CQ_SEND, 1);
+        ote__sq_pool_put(qp->cfg.sq_pool, 1);
         struct ibv_wc wc;
         memset(&wc, 0, sizeof(wc));
         wc.wr_id = id;

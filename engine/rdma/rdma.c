@@ -536,6 +536,7 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     qc.recv_size = 64;
     qc.on_recv = ote__rdma_src_on_recv;
     qc.recv_arg = n;
+    qc.sq_pool = ote__rdma_sq_pool(tp); /* rdma_max_send_wrs (rdma_credits.h) */
     st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->eps);
     if (st != OTE_OK) return st;
     /* The source's direct endpoints (rdma_direct.c): each QP in a PD of its own. */

@@ -31,12 +31,30 @@ struct rdma_credits {
     uint64_t reserved_peak, nparents;
     _Atomic int waiting; /* a queue waits for credits: a return kicks the pump thread */
     _Atomic uint64_t live, live_peak, waits, busy_retries, qp_waits, qp_evictions;
+    /* rdma_srcqp.c: source CONNECT builds under rdma_max_qps, one at a time (build_mu,
+     * taken by no other code and nothing under it but the endpoint stores and the grant
+     * managers); the most QPs held right after a build; source QPs retired for a CONNECT
+     * and CONNECTs refused AGAIN at the limit. */
+    ote_mutex_t build_mu;
+    ote_sq_pool_t *sq; /* rdma_max_send_wrs: send credits of every QP (NULL: none) */
+    _Atomic uint64_t qps_peak, src_qp_evictions, src_qp_refusals;
+    /* Requester builds that passed the limit under build_mu and are under way: counted
+     * with the QPs held, so that a source CONNECT meanwhile cannot take their room. */
+    _Atomic uint64_t pending;
 };
 
 ote_status_t ote__rdma_credits_create(rdma_tp_t *tp) {
     rdma_credits_t *c = ote_calloc(1, sizeof(*c));
     if (c == NULL) return OTE_ERR_NOMEM;
+    if (tp->cfg.rdma_max_send_wrs != 0) {
+        ote_status_t st = ote_sq_pool_create(tp->cfg.rdma_max_send_wrs, &c->sq);
+        if (st != OTE_OK) {
+            ote_free(c);
+            return st;
+        }
+    }
     ote_mutex_init(&c->mu);
+    ote_mutex_init(&c->build_mu);
     tp->cred = c;
     return OTE_OK;
 }
@@ -51,6 +69,8 @@ void ote__rdma_credits_destroy(rdma_tp_t *tp) {
         ote_free(x);
     }
     ote_mutex_destroy(&c->mu);
+    ote_mutex_destroy(&c->build_mu);
+    if (c->sq != NULL) ote_sq_pool_destroy(c->sq); /* every QP was destroyed */
     ote_free(c);
     tp->cred = NULL;
 }
@@ -187,23 +207,42 @@ static uint64_t qps_held(rdma_tp_t *tp) {
         ote_endpoint_stats_t es;
         ote_endpoint_store_stats(tp->nics[i].eps, &es);
         n += es.qps;
+        if (tp->nics[i].deps == NULL) continue; /* source direct QPs (rdma_direct.c) */
+        ote_endpoint_store_stats(tp->nics[i].deps, &es);
+        n += es.qps;
     }
     return n;
 }
 
-int ote__rdma_qps_full(rdma_tp_t *tp) {
-    return tp->cfg.rdma_max_qps != 0 && qps_held(tp) >= tp->cfg.rdma_max_qps;
+void ote__rdma_qps_note(rdma_tp_t *tp) {
+    uint64_t now = qps_held(tp);
+    uint64_t peak = atomic_load(&tp->cred->qps_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&tp->cred->qps_peak, &peak, now)) {}
 }
 
-/* Retire one idle READY requester QP (a slot nobody borrows) of any peer; its device
- * index, or -1 when every QP is in use. Under tp->mu and each p->mu in turn. */
+ote_sq_pool_t *ote__rdma_sq_pool(rdma_tp_t *tp) { return tp->cred->sq; }
+
+void ote__rdma_src_build_lock(rdma_tp_t *tp) { ote_mutex_lock(&tp->cred->build_mu); }
+void ote__rdma_src_build_unlock(rdma_tp_t *tp) { ote_mutex_unlock(&tp->cred->build_mu); }
+void ote__rdma_src_qp_count(rdma_tp_t *tp, int evicted) {
+    atomic_fetch_add(evicted ? &tp->cred->src_qp_evictions : &tp->cred->src_qp_refusals, 1);
+}
+
+int ote__rdma_qps_full(rdma_tp_t *tp) {
+    return tp->cfg.rdma_max_qps != 0 &&
+           qps_held(tp) + atomic_load(&tp->cred->pending) >= tp->cfg.rdma_max_qps;
+}
+
+/* Retire one idle READY requester QP (a slot nobody borrows) of any peer, plain or direct
+ * endpoint (caps 2, 3: rdma_direct.c); its device index, or -1 when every QP is in use.
+ * Under tp->mu and each p->mu in turn. */
 static int retire_idle(rdma_tp_t *tp) {
     int found = -1;
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL && found < 0; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
         for (uint32_t k = 0; k < tp->nnics && found < 0; k++) {
-            for (int cap = 0; cap < 2 && found < 0; cap++) {
+            for (int cap = 0; cap < 4 && found < 0; cap++) {
                 ote_endpoint_t *ep = p->ep[k][cap];
                 if (ep == NULL) continue;
                 for (uint32_t i = 0; i < ote_endpoint_width(ep) && found < 0; i++) {
@@ -226,7 +265,8 @@ static int retire_idle(rdma_tp_t *tp) {
 
 uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s, uint32_t mask) {
     if (!ote__rdma_qps_full(tp)) return mask;
-    uint32_t cap = s->op == OTE__SLICE_WRITE ? 1 : 0, ready = 0;
+    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    uint32_t ready = 0;
     for (uint32_t i = 0; i < tp->nnics; i++) {
         ote_endpoint_t *ep = p->ep[i][cap];
         if ((mask & (1u << i)) && ep != NULL && ote_endpoint_ready_count(ep) > 0) ready |= 1u << i;
@@ -234,17 +274,27 @@ uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s
     return ready != 0 ? ready : mask;
 }
 
-int ote__rdma_qp_room(rdma_tp_t *tp) {
-    if (!ote__rdma_qps_full(tp)) return 1;
-    int k = retire_idle(tp);
+int ote__rdma_qp_room(rdma_tp_t *tp, int retire) {
+    rdma_credits_t *c = tp->cred;
+    if (tp->cfg.rdma_max_qps == 0) return 1;
+    /* Under the build mutex: a source CONNECT checks and builds under it too. */
+    ote_mutex_lock(&c->build_mu);
+    int ok = !ote__rdma_qps_full(tp);
+    int k = ok || !retire ? -1 : retire_idle(tp);
     if (k >= 0) {
-        atomic_fetch_add(&tp->cred->qp_evictions, 1);
+        atomic_fetch_add(&c->qp_evictions, 1);
         (void)ote_endpoint_store_reclaim(tp->nics[k].eps,
                                          ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
-        if (!ote__rdma_qps_full(tp)) return 1;
+        ok = !ote__rdma_qps_full(tp);
     }
-    atomic_fetch_add(&tp->cred->qp_waits, 1);
-    return 0;
+    if (ok) atomic_fetch_add(&c->pending, 1);
+    ote_mutex_unlock(&c->build_mu);
+    if (!ok && retire) atomic_fetch_add(&c->qp_waits, 1);
+    return ok;
+}
+
+void ote__rdma_qp_room_end(rdma_tp_t *tp) {
+    if (tp->cfg.rdma_max_qps != 0) atomic_fetch_sub(&tp->cred->pending, 1);
 }
 
 void ote__rdma_credit_stats(rdma_tp_t *tp, rdma_credit_stats_t *out) {
@@ -262,4 +312,14 @@ void ote__rdma_credit_stats(rdma_tp_t *tp, rdma_credit_stats_t *out) {
     out->qp_waits = atomic_load(&c->qp_waits);
     out->qp_evictions = atomic_load(&c->qp_evictions);
     out->qps = qps_held(tp);
+    out->qps_peak = atomic_load(&c->qps_peak);
+    out->src_qp_evictions = atomic_load(&c->src_qp_evictions);
+    out->src_qp_refusals = atomic_load(&c->src_qp_refusals);
+    if (c->sq != NULL) {
+        ote_sq_pool_stats_t ss;
+        ote_sq_pool_get_stats(c->sq, &ss);
+        out->sq_in_use = ss.in_use;
+        out->sq_peak = ss.peak;
+        out->sq_waits = ss.waits;
+    }
 }

@@ -147,7 +147,10 @@
  *   rdma.c            create, teardown, the monitor thread, registrations, the ops table
  *   rdma_credits.c    grant credits reserved per request (rdma_max_grants), retries of
  *                     grants a source refused AGAIN (no receive slot), the engine-wide
- *                     QP limit (rdma_max_qps): rdma_credits.h
+ *                     QP limit (rdma_max_qps), the send credits of every QP
+ *                     (rdma_max_send_wrs): rdma_credits.h
+ *   rdma_srcqp.c      rdma_max_qps at the source: a CONNECT retires an idle source QP,
+ *                     or is refused AGAIN
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
  * c->wmu is a leaf: nothing else is locked under it, and no thread holds tp->mu or p->mu
@@ -295,6 +298,9 @@ typedef struct conn {
     uint8_t src_map[OTE__RDMA_MAX_NICS];
     uint8_t src_used[OTE__RDMA_MAX_NICS];
     uint32_t map_gen;
+    /* Source side: when its last CONNECT built a QP here (ns; rdma_srcqp.c: its QPs are
+     * not retired for rdma_max_qps within a grace after it). */
+    _Atomic uint64_t src_connect_ns;
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
@@ -400,8 +406,8 @@ struct ote__tpeer {
     uint32_t fail_k, fail_cap;
     /* A GRANT_REQ on (device, cap) met a cache miss: the source forgot that endpoint, so
      * the next start there retires every idle READY QP of it (rebuilt by CONNECT), not
-     * only the one that missed. Under mu. */
-    uint8_t miss_flush[OTE__RDMA_MAX_NICS][2];
+     * only the one that missed. Indexed like ep[][] (the endpoint the run used). Under mu. */
+    uint8_t miss_flush[OTE__RDMA_MAX_NICS][4];
     ote_status_t build_st;
     /* rdma_credits.c / rdma_pump.c, under mu: the queue's head waits for grant credits
      * (rdma_max_grants) or for room under rdma_max_qps (the monitor then ends queued
@@ -416,6 +422,9 @@ struct ote__tpeer {
      * gpu_staging_depth of them in flight per device (rdma_stage.c). An answer not
      * staged for a request that starts in the range forgets the range. */
     uint64_t staged_uid, staged_lo, staged_hi;
+    /* rdma_requester.c: the source refused this peer's last QP build AGAIN (its
+     * rdma_max_qps), cleared by a build that worked: a queued run's deadline says so. */
+    int src_qp_refused;
 };
 
 /* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,

@@ -150,6 +150,8 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
     }
     /* A CONNECT for another incarnation (proto.h): a cache miss, nothing was built. */
     if (rp.type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
+    /* Refused for now: the source holds its rdma_max_qps (rdma_srcqp.c); asked again. */
+    if (rp.type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
     if (rp.type != OTE_RP_CONNECT_ACK && rp.type != OTE_RP_INFO_ACK) {
         OTE_WARN("rdma", "control to %s: unexpected message %u: closing", p->name, rp.type);
         return -1;

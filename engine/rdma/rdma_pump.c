@@ -131,6 +131,7 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
     int handoff = 0; /* inline: a run waits for a build; the pump thread takes over */
     int kick = 0;    /* room given back that another peer waits for (rdma_max_inflight) */
     do {
+        int held = 0; /* rdma_max_qps: room held for this round's build */
         p->pump_again = 0;
         p->credit_wait = 0;
         p->qp_wait = 0;
@@ -140,7 +141,7 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             int room = p->q_head != NULL;
             if (room) {
                 ote_mutex_unlock(&p->mu);
-                room = ote__rdma_qp_room(tp);
+                room = held = ote__rdma_qp_room(tp, 1);
                 ote_mutex_lock(&p->mu);
             } else { /* nothing waits for it any more */
                 p->build_want = 0;
@@ -148,10 +149,14 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
                 p->building = 0;
             }
             p->qp_wait = p->build_want && !room;
-        } else if (!inline_ && p->build_want && tp->cfg.rdma_max_qps != 0 &&
-                   ote__rdma_qps_full(tp)) {
-            p->build_want = 0; /* a background build: not past the limit */
-            p->building = 0;
+        } else if (!inline_ && p->build_want && tp->cfg.rdma_max_qps != 0) {
+            ote_mutex_unlock(&p->mu);
+            held = ote__rdma_qp_room(tp, 0); /* a background build: not past the limit */
+            ote_mutex_lock(&p->mu);
+            if (!held) {
+                p->build_want = 0;
+                p->building = 0;
+            }
         }
         if (!inline_ && p->build_want && !p->qp_wait) {
             uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
@@ -161,6 +166,7 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             ote_mutex_unlock(&p->mu);
             ote_status_t bst = ote__rdma_build_qp(p, bk, bc, bs);
             ote_mutex_lock(&p->mu);
+            if (bst == OTE_OK) p->src_qp_refused = 0;
             if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
                 p->build_failed = 1;
                 p->fail_k = bk;
@@ -169,6 +175,7 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
             }
             if (!p->build_want) p->building = 0;
         }
+        if (held) ote__rdma_qp_room_end(tp); /* built (now held as a QP) or not */
         if (atomic_exchange(&p->purge, 0)) { /* a cancel: drop its queued slices first */
             ote__slice_t *drop = NULL, **tail = &drop, **pp = &p->q_head;
             p->q_tail = NULL;
@@ -202,6 +209,11 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
                 st = OTE_ERR_CANCELED;
             } else if (ote_deadline_expired(s->deadline)) {
                 st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
+                if (p->src_qp_refused)
+                    OTE_WARN_LIMITED("rdma",
+                                     "run to %s ends at its deadline (OTE_ERR_TIMEOUT): the "
+                                     "source refused its QP, holding its rdma_max_qps QPs",
+                                     p->name);
             } else if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
                 /* Lost, or between connections (a reconnect publishes its endpoints last;
                  * a dead peer's were evicted). */

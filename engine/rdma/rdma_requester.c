@@ -330,7 +330,9 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
     }
     ote_mutex_lock(&p->mu);
     p->inflight[n->index] -= rlen;
-    if (st == OTE__RDMA_CACHE_MISS) p->miss_flush[n->index][s->op == OTE__SLICE_WRITE] = 1;
+    /* The endpoint the run used (plain or direct): its idle QPs are the unknown ones. */
+    uint32_t used = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    if (st == OTE__RDMA_CACHE_MISS) p->miss_flush[n->index][used] = 1;
     if (busy) p->busy_until = ote_now_ns() + OTE__RDMA_BUSY_PAUSE_NS;
     if (again) ote__rdma_run_requeue(p, s);
     int queued = p->q_head != NULL;
@@ -465,6 +467,9 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
          * the failed build left the slot empty and the run never started, so it goes back
          * to the queue once and the next pick rebuilds the QP. */
         int miss = !move && miss_may_retry(s, st);
+        /* The source refused the CONNECT AGAIN (its rdma_max_qps): nothing was built or
+         * asked; the run waits queued and asks again after a pause, until its deadline. */
+        int busy = !move && !miss && ote__rdma_busy_may_retry(tp, s, st);
         if (miss) {
             OTE_WARN_LIMITED("rdma",
                              "%s run of %llu bytes: the source refused the QP's CONNECT (cache "
@@ -478,16 +483,28 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
             ote__rdma_slice_write_off(p, s);
             ote__rdma_slice_renew(s);
         }
-        move |= miss;
+        move |= miss | busy;
         ote_mutex_lock(&p->mu);
         p->inflight[k] -= rlen;
+        if (busy) p->busy_until = ote_now_ns() + OTE__RDMA_QP_BUSY_PAUSE_NS;
+        if (busy) p->src_qp_refused = 1;
         if (move) ote__rdma_run_requeue(p, s);
         ote_mutex_unlock(&p->mu);
         if (ote__rdma_all_sub(tp, rlen)) ote__rdma_pump_kick(tp);
         if (move) return;
     }
+    if (st == OTE__RDMA_SRC_BUSY)
+        OTE_WARN_LIMITED("rdma",
+                         "%s run: the source refused its QP until the run's deadline or cancel "
+                         "(the source holds its rdma_max_qps QPs, none idle)",
+                         s->op == OTE__SLICE_WRITE ? "WRITE" : "READ");
     ote__rdma_slice_write_off(p, s);
-    run_end(NULL, s, st == OTE__RDMA_CACHE_MISS ? OTE_ERR_PEER_LOST : st);
+    run_end(
+        NULL, s,
+        st == OTE__RDMA_CACHE_MISS ? OTE_ERR_PEER_LOST
+        : st == OTE__RDMA_SRC_BUSY
+            ? (s->canceled != NULL && atomic_load(s->canceled) ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT)
+            : st);
 }
 
 /* Ask the pump thread for a build of (device k, cap, slot) of p; run: a queued run waits
@@ -676,6 +693,9 @@ ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint3
     if (st == OTE_OK) {
         ote_endpoint_return(ep, slot, qp);
         atomic_fetch_add(&tp->qp_builds, 1);
+        ote__rdma_qps_note(tp);
+    } else if (st == OTE__RDMA_SRC_BUSY) { /* asked again (start_failed) */
+        OTE_DEBUG("rdma", "QP to %s not built: the source holds its rdma_max_qps", p->name);
     } else {
         OTE_WARN("rdma", "QP to %s (device %s, %s, slot %u) not built: %s", p->name,
                  ote_context_name(tp->nics[k].ctx), cap ? "WRITE" : "READ", slot,

@@ -16,6 +16,8 @@
 #include "base/alloc.h"
 #include "base/fault.h"
 #include "base/log.h"
+#include "base/time.h"
+#include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
 #include "ote/ote.h"
 
@@ -259,17 +261,24 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                 qp = NULL;
             }
         }
-        if (qp == NULL) {
+        /* rdma_max_qps (rdma_srcqp.c): room made, or refused AGAIN (asked again later). */
+        int limit = qp == NULL && tp->cfg.rdma_max_qps != 0;
+        if (limit) ote__rdma_src_build_lock(tp);
+        if (limit && !ote__rdma_src_qp_room(c)) st = OTE_ERR_AGAIN;
+        if (qp == NULL && st == OTE_OK) {
             ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
             ote_qp_path_t peer = rq->u.connect.path;
             st = ote_endpoint_borrow(ep, slot, copy_exchange, &peer, dl, &qp);
+            if (st == OTE_OK) atomic_store(&c->src_connect_ns, ote_now_ns());
+            if (st == OTE_OK) ote__rdma_qps_note(tp);
         }
+        if (limit) ote__rdma_src_build_unlock(tp);
     }
     if (st == OTE_OK) {
         /* Published (READY) before the answer leaves: a grant request can follow at once. */
         ote_qp_local_path(qp, &rp.u.connect.path);
         ote_endpoint_return(ep, slot, qp);
-    } else {
+    } else if (st != OTE_ERR_AGAIN) { /* AGAIN: logged by rdma_srcqp.c */
         OTE_WARN("rdma", "CONNECT slot %u from %s refused: %s", slot, c->peer_addr,
                  ote_status_str(st));
     }

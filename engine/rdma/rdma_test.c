@@ -67,6 +67,12 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.qps = cs.qps;
         r.qp_waits = cs.qp_waits;
         r.qp_evictions = cs.qp_evictions;
+        r.qps_peak = cs.qps_peak;
+        r.src_qp_evictions = cs.src_qp_evictions;
+        r.src_qp_refusals = cs.src_qp_refusals;
+        r.sq_in_use = cs.sq_in_use;
+        r.sq_peak = cs.sq_peak;
+        r.sq_waits = cs.sq_waits;
         r.direct_mrs = atomic_load(&tp->direct_mrs);
         r.direct_served = atomic_load(&tp->direct_served);
         r.direct_redirects = atomic_load(&tp->direct_redirects);

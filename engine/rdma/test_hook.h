@@ -70,6 +70,11 @@ typedef struct {
     uint64_t qps;             /* QPs the engine holds now (every device, peer and role) */
     uint64_t qp_waits;        /* requester QP builds that waited under rdma_max_qps */
     uint64_t qp_evictions;    /* idle requester QPs retired to make room under it */
+    /* rdma_max_qps: the most QPs held right after a build (either role); idle source QPs
+     * retired for a CONNECT under it; source CONNECTs refused AGAIN under it. */
+    uint64_t qps_peak, src_qp_evictions, src_qp_refusals;
+    /* rdma_max_send_wrs: send credits held now, the most held at once, posts that waited. */
+    uint64_t sq_in_use, sq_peak, sq_waits;
     /* GPUDirect source grants (rdma_direct.c): exact MRs live now, grants served by one,
      * redirects sent (source) and followed (requester), exact MRs retained (dereg failed),
      * private PDs and QPs of the direct endpoints alive now (source). */

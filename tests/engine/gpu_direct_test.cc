@@ -29,6 +29,7 @@
 #include "tests/engine/pattern.h"
 
 extern "C" {
+#include "base/fault.h"
 #include "cuda/memory/memory.h"
 #include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
@@ -742,6 +743,122 @@ TEST_F(GpuDirectTest, DmabufMrFaultsRollBackAndRetain) {
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
     EXPECT_EQ(nr->mrs.load(), 0);
+}
+
+// A requester on one device and lane with the given gpu_paths and extra keys.
+ote_engine_t *OneLaneRequester(const char *paths, const char *max_qps) {
+    ote_config_t *cfg = ote_test::RdmaConfig();
+    EXPECT_EQ(ote_config_set(cfg, "gpu_paths", paths), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_lanes", "1"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+    if (max_qps != nullptr) {
+        EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", max_qps), OTE_OK);
+    }
+    ote_engine_t *e = nullptr;
+    EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+    ote_config_destroy(cfg);
+    return e;
+}
+
+// A cache miss on a direct slot (rdma.src_grant_miss on the direct GRANT_REQ that follows
+// the redirect) flushes the idle QPs of the direct endpoint it used, not those of the
+// plain endpoint: after the retried run rebuilt its direct QP, a plain READ uses the
+// plain QP it had, with no build (regression: the flag was set by op, read by endpoint).
+TEST_F(GpuDirectSourceTest, CacheMissOnADirectSlotFlushesOnlyTheDirectEndpoint) {
+    ote_engine_t *src = Source(false);
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *req = OneLaneRequester("direct", nullptr);
+    ASSERT_NE(req, nullptr);
+    const size_t n = 65537;
+    uint64_t rd = DevAlloc(n);
+    ASSERT_NE(rd, 0u);
+    DevFill(rd, n, 31);
+    std::vector<uint8_t> want = DevRead(rd, n);
+    std::vector<uint8_t> shost(n), local(n);
+    ote_pattern_fill(shost.data(), n, 32, 0);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), n, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(src, shost.data(), n, OTE_PERM_READ), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    const uint64_t lh = reinterpret_cast<uintptr_t>(local.data());
+    const uint64_t sh = reinterpret_cast<uintptr_t>(shost.data());
+    // Both endpoints built: the plain READ QP (host memory, and the redirect) and the
+    // direct one.
+    ASSERT_EQ(Run(req, seg, OTE_READ, lh, rd, n), OTE_OK);
+    EXPECT_TRUE(local == want);
+    ASSERT_EQ(Run(req, seg, OTE_READ, lh, sh, n), OTE_OK);
+    EXPECT_TRUE(local == shost);
+    const uint64_t builds = Grants(req).qp_builds;
+    EXPECT_GE(Grants(req).direct_followed, 1u);
+    {
+        // The first GRANT_REQ (plain slot) is redirected, the second (direct slot) misses.
+        ASSERT_EQ(ote_fault_arm("rdma.src_grant_miss", OTE_FAULT_NTH, 2, OTE_ERR_FAULT, 0), OTE_OK);
+        std::fill(local.begin(), local.end(), 0);
+        ASSERT_EQ(Run(req, seg, OTE_READ, lh, rd, n), OTE_OK);
+        EXPECT_EQ(ote_fault_failures("rdma.src_grant_miss"), 1u);
+        ote_fault_disarm_all();
+    }
+    EXPECT_TRUE(local == want);
+    EXPECT_EQ(Grants(req).qp_builds, builds + 1) << "the direct QP rebuilt after its miss";
+    std::fill(local.begin(), local.end(), 0);
+    ASSERT_EQ(Run(req, seg, OTE_READ, lh, sh, n), OTE_OK);
+    EXPECT_TRUE(local == shost);
+    EXPECT_EQ(Grants(req).qp_builds, builds + 1) << "the plain READ QP was flushed for a miss "
+                                                    "on the direct endpoint";
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_TRUE(WaitDirectIdle(src));
+    EXPECT_EQ(ote_memory_unregister(src, shost.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// rdma_max_qps=1 at a requester whose one QP is a direct QP (the plain one it built for
+// the redirect was retired for it): a request to another (host) source retires that idle
+// direct QP for its plain one and completes (regression: only plain endpoints' QPs were
+// considered, so it waited to its deadline); the source's private PDs are freed once the
+// requester is gone.
+TEST_F(GpuDirectSourceTest, QpLimitRetiresAnIdleDirectQp) {
+    ote_engine_t *src = Source(false);
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *other = ote_test::RdmaEngine();
+    ASSERT_NE(other, nullptr);
+    ote_engine_t *req = OneLaneRequester("direct", "1");
+    ASSERT_NE(req, nullptr);
+    const size_t n = 100003;
+    uint64_t rd = DevAlloc(n);
+    ASSERT_NE(rd, 0u);
+    DevFill(rd, n, 41);
+    std::vector<uint8_t> want = DevRead(rd, n);
+    std::vector<uint8_t> ohost(n), local(n);
+    ote_pattern_fill(ohost.data(), n, 42, 0);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), n, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(other, ohost.data(), n, OTE_PERM_READ), OTE_OK);
+    ote_segment_t *seg = nullptr, *oseg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(other).c_str(), &oseg), OTE_OK);
+    const uint64_t lh = reinterpret_cast<uintptr_t>(local.data());
+    ASSERT_EQ(Run(req, seg, OTE_READ, lh, rd, n), OTE_OK);
+    EXPECT_TRUE(local == want);
+    ote__rdma_test_grants_t g = Grants(req);
+    EXPECT_GE(g.direct_followed, 1u);
+    EXPECT_LE(g.qps, 1u);
+    const uint64_t ev = g.qp_evictions;
+    EXPECT_GE(ev, 1u) << "the plain QP retired for the direct one";
+    ASSERT_EQ(Run(req, oseg, OTE_READ, lh, reinterpret_cast<uintptr_t>(ohost.data()), n), OTE_OK);
+    EXPECT_TRUE(local == ohost);
+    g = Grants(req);
+    EXPECT_GE(g.qp_evictions, ev + 1) << "the idle direct QP was not retired";
+    EXPECT_LE(g.qps_peak, 1u);
+    EXPECT_LE(g.qps, 1u);
+    EXPECT_EQ(ote_segment_close(oseg), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_TRUE(WaitDirectIdle(src)) << "a private PD or direct QP was left at the source";
+    EXPECT_EQ(ote_memory_unregister(other, ohost.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(other), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
 } // namespace

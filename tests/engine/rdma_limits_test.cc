@@ -9,10 +9,18 @@
 // - rollback: a fault on the source's receive admission returns the grant (its pin and
 //   the requester's reservation), counters back to zero, and the next request works;
 // - rdma_max_qps=1 with two peers: both complete, the second peer's QP built after an
-//   idle one was retired.
+//   idle one was retired;
+// - rdma_max_qps at a source: 2 QPs for 3 requesters, each CONNECT past it retiring an
+//   idle source QP (the requesters rebuild theirs after a cache miss), every request
+//   complete and never more than 2 QPs held; with no idle source QP the CONNECT is
+//   refused AGAIN until the request's deadline (OTE_ERR_TIMEOUT), and then works;
+// - rdma_max_send_wrs=2: 64 concurrent requests complete with at most 2 send WRs
+//   outstanding in each engine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -309,6 +317,148 @@ TEST(RdmaLimitsTest, OneQpHeldElsewhereFailsAtTheDeadlineThenWorks) {
     ExpectDrained(rig);
 }
 
+// rdma_max_send_wrs=2 at both ends: 64 concurrent requests over two peers (each grant's
+// chain of slices longer than the credits, so posts go in part and wait) all complete,
+// bytes checked, and neither engine ever had more than 2 send WRs outstanding; every
+// credit is back once they ended.
+TEST(RdmaLimitsTest, SixtyFourRequestsShareTwoSendCredits) {
+    Rig rig(Rdma({{"rdma_max_send_wrs", "2"}}), Rdma({{"rdma_max_send_wrs", "2"}}), 2, kN, kLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t g = Grants(rig.req_);
+    EXPECT_LE(g.sq_peak, 2u) << "more send WRs outstanding than rdma_max_send_wrs";
+    EXPECT_GE(g.sq_peak, 1u);
+    EXPECT_GT(g.sq_waits, 0u) << "no post waited for a send credit";
+    ExpectDrained(rig);
+    EXPECT_EQ(Grants(rig.req_).sq_in_use, 0u);
+    for (ote_engine_t *s : rig.src_) {
+        ote__rdma_test_grants_t gs = Grants(s);
+        EXPECT_LE(gs.sq_peak, 2u);
+        EXPECT_EQ(gs.sq_in_use, 0u);
+    }
+}
+
+// One request of op between a requester's buffer and a source's: COMPLETED with its
+// bytes, or ending with want (its state and status).
+void RunOneRequest(ote_engine_t *req, ote_segment_t *seg, ote_opcode_t op, uint8_t *local,
+                   uint8_t *remote, uint64_t len, ote_status_t want = OTE_OK) {
+    ote_request_t r = {op, local, seg, (uint64_t)(uintptr_t)remote, len};
+    ote_transfer_status_t ts;
+    memset(&ts, 0, sizeof(ts));
+    (void)ote_test::RunOne(req, r, 180 * kSec, &ts);
+    if (want == OTE_OK) {
+        EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED) << ote_status_str(ts.error);
+        EXPECT_EQ(ts.bytes_done, len);
+    } else {
+        EXPECT_EQ(ts.state, OTE_TRANSFER_TIMEOUT) << ote_status_str(ts.error);
+        EXPECT_EQ(ote_status_code(ts.error), ote_status_code(want)) << ote_status_str(ts.error);
+    }
+}
+
+// rdma_max_qps at the source: a source that may hold 2 QPs serves 3 requesters (one
+// device, one lane: a READ and a WRITE QP each), one after another and then the first
+// again. Each CONNECT past the limit retires the idle QPs of the requester before (once
+// its grace passed; until then it is refused AGAIN and asked again), whose next request
+// meets a cache miss and rebuilds them. Every request completes with its bytes, and the
+// source never held more than 2 QPs.
+TEST(RdmaLimitsTest, SourceQpLimitRetiresIdleSourceQpsForThreeRequesters) {
+    ote_test::ConfigKv scfg =
+        Rdma({{"rdma_lanes", "1"}, {"rdma_devices", "sim0"}, {"rdma_max_qps", "2"}});
+    ote_engine_t *src = ote_test::NewEngine(scfg);
+    ASSERT_NE(src, nullptr);
+    constexpr int kReq = 3;
+    std::vector<uint8_t> smem(kReq * kLen, 0);
+    ASSERT_EQ(ote_memory_register(src, smem.data(), smem.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    std::vector<ote_engine_t *> req;
+    std::vector<ote_segment_t *> seg;
+    std::vector<std::vector<uint8_t>> out(kReq), back(kReq);
+    for (int i = 0; i < kReq; i++) {
+        req.push_back(ote_test::NewEngine(Rdma({{"rdma_lanes", "1"}, {"rdma_devices", "sim0"}})));
+        ASSERT_NE(req[i], nullptr);
+        out[i].resize(kLen);
+        back[i].assign(kLen, 0);
+        ASSERT_EQ(ote_memory_register(req[i], out[i].data(), kLen, OTE_PERM_READ), OTE_OK);
+        ASSERT_EQ(ote_memory_register(req[i], back[i].data(), kLen, OTE_PERM_WRITE), OTE_OK);
+        ote_segment_t *s = nullptr;
+        ASSERT_EQ(ote_segment_open(req[i], Addr(src).c_str(), &s), OTE_OK);
+        seg.push_back(s);
+    }
+    const int order[] = {0, 1, 2, 0};
+    uint64_t seed = 500;
+    for (int i : order) {
+        SCOPED_TRACE("requester " + std::to_string(i));
+        ote_pattern_fill(out[i].data(), kLen, ++seed, 0);
+        uint8_t *remote = smem.data() + i * kLen;
+        RunOneRequest(req[i], seg[i], OTE_WRITE, out[i].data(), remote, kLen);
+        ASSERT_EQ(memcmp(remote, out[i].data(), kLen), 0);
+        std::fill(back[i].begin(), back[i].end(), 0);
+        RunOneRequest(req[i], seg[i], OTE_READ, back[i].data(), remote, kLen);
+        ASSERT_EQ(memcmp(back[i].data(), out[i].data(), kLen), 0);
+        EXPECT_LE(Grants(src).qps, 2u);
+    }
+    ote__rdma_test_grants_t g = Grants(src);
+    EXPECT_LE(g.qps_peak, 2u) << "the source held more QPs than rdma_max_qps";
+    EXPECT_GE(g.qps_peak, 2u);
+    EXPECT_GE(g.src_qp_evictions, 4u) << "each later requester's two QPs retired idle ones";
+    for (int i = 0; i < kReq; i++) {
+        EXPECT_EQ(ote_segment_close(seg[i]), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(req[i]), OTE_OK);
+    }
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
+// A source at rdma_max_qps=1 whose one QP is not a source QP (it reads from another
+// engine itself): no idle source QP to retire, so a requester's CONNECT is refused AGAIN
+// until the request's deadline, which ends it with OTE_ERR_TIMEOUT (no byte moved, the
+// submitter never blocked); once that QP is gone the next request works.
+TEST(RdmaLimitsTest, SourceQpLimitRefusesUntilTheDeadlineThenWorks) {
+    ote_engine_t *src = ote_test::NewEngine(
+        Rdma({{"rdma_lanes", "1"}, {"rdma_devices", "sim0"}, {"rdma_max_qps", "1"}}));
+    ote_engine_t *x = ote_test::NewEngine(Rdma({{"rdma_lanes", "1"}, {"rdma_devices", "sim0"}}));
+    // Its deadline (transfer_timeout_ms) the last of the key: 1.5 s.
+    ote_engine_t *req = ote_test::NewEngine(
+        Rdma({{"rdma_lanes", "1"}, {"rdma_devices", "sim0"}, {"transfer_timeout_ms", "1500"}}));
+    ASSERT_NE(src, nullptr);
+    ASSERT_NE(x, nullptr);
+    ASSERT_NE(req, nullptr);
+    std::vector<uint8_t> smem(kLen, 0), xmem(kLen), out(kLen);
+    ote_pattern_fill(xmem.data(), kLen, 61, 0);
+    ote_pattern_fill(out.data(), kLen, 62, 0);
+    ASSERT_EQ(ote_memory_register(src, smem.data(), kLen, OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+    ASSERT_EQ(ote_memory_register(x, xmem.data(), kLen, OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, out.data(), kLen, OTE_PERM_READ), OTE_OK);
+    // The source reads from x: its one QP is a requester QP.
+    ote_segment_t *sx = nullptr;
+    ASSERT_EQ(ote_segment_open(src, Addr(x).c_str(), &sx), OTE_OK);
+    RunOneRequest(src, sx, OTE_READ, smem.data(), xmem.data(), kLen);
+    ASSERT_EQ(memcmp(smem.data(), xmem.data(), kLen), 0);
+    ASSERT_EQ(Grants(src).qps, 1u);
+
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, Addr(src).c_str(), &seg), OTE_OK);
+    RunOneRequest(req, seg, OTE_WRITE, out.data(), smem.data(), kLen, OTE_ERR_TIMEOUT);
+    EXPECT_EQ(memcmp(smem.data(), xmem.data(), kLen), 0) << "a refused WRITE moved bytes";
+    ote__rdma_test_grants_t g = Grants(src);
+    EXPECT_GT(g.src_qp_refusals, 0u);
+    EXPECT_EQ(g.src_qp_evictions, 0u);
+    EXPECT_LE(g.qps_peak, 1u);
+
+    // The source's requester QP goes with its segment (its endpoints evicted, reclaimed).
+    EXPECT_EQ(ote_segment_close(sx), OTE_OK);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (Grants(src).qps != 0 && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(Grants(src).qps, 0u);
+    RunOneRequest(req, seg, OTE_WRITE, out.data(), smem.data(), kLen);
+    EXPECT_EQ(memcmp(smem.data(), out.data(), kLen), 0);
+    EXPECT_LE(Grants(src).qps_peak, 1u);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(x), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
 TEST(RdmaLimitsTest, RefusesMalformedKeys) {
     ote_config_t *cfg = nullptr;
     ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
@@ -318,6 +468,8 @@ TEST(RdmaLimitsTest, RefusesMalformedKeys) {
     EXPECT_EQ(ote_config_set(cfg, "rdma_recv_slots", "2"), OTE_OK);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "-1"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "1"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_send_wrs", "x"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_send_wrs", "2"), OTE_OK);
     ote_config_destroy(cfg);
 }
 

@@ -1,7 +1,7 @@
 // Unit tests of qp/ with real data movement over the software provider: two RC QPs in
 // one process (sim0 <-> sim1) connected INIT -> RTR -> RTS, RDMA WRITE and READ with
 // byte checks, SEND into QP-owned receive buffers with credits, bounded admission,
-// exact WR accounting, and worker-driven completion.
+// exact WR accounting, worker-driven completion, and send credits shared by QPs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -264,6 +264,66 @@ TEST_F(QpTest, AdmissionIsBoundedByMaxSendWrAndAllOrNothing) {
     ote_qp_get_stats(a, &st);
     EXPECT_EQ(st.sq_outstanding, 0u);
     EXPECT_EQ(st.send_completions, 4u);
+}
+
+// Send credits shared by two QPs (ote_sq_pool_t, limit 3): a chain of 5 posts the 3 WRs
+// it has credits for and returns the rest unposted (AGAIN); a post on the other QP finds
+// none (AGAIN, nothing posted); once the completions came every credit is back, the
+// suffix posts, and the peak never passed the limit.
+TEST_F(QpTest, SharedSendCreditsAdmitAPrefixAndReturnOnCompletion) {
+    ote_sq_pool_t *pool = nullptr;
+    ASSERT_EQ(ote_sq_pool_create(0, &pool), OTE_ERR_INVALID);
+    ASSERT_EQ(ote_sq_pool_create(3, &pool), OTE_OK);
+    ote_qp_config_t cfg = Config();
+    cfg.sq_pool = pool;
+    ote_qp_t *a = MakeQp(0, cfg);
+    ote_qp_t *b = MakeQp(1, cfg);
+    ote_qp_t *c = MakeQp(0, cfg);
+    ote_qp_t *d = MakeQp(1, cfg);
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    ASSERT_EQ(ConnectPair(c, d), OTE_OK);
+    auto five = Window(0, 1, 5, 512);
+    ote_qp_post_result_t res;
+    EXPECT_EQ(ote_qp_post_send(a, &five[0].wr, Soon(), &res), OTE_ERR_AGAIN);
+    EXPECT_EQ(res.accepted, 3u);
+    EXPECT_EQ(res.unposted, &five[3].wr);
+    EXPECT_EQ(five[2].wr.next, &five[3].wr) << "the caller's chain is left as it was";
+    ote_sq_pool_stats_t ps;
+    ote_sq_pool_get_stats(pool, &ps);
+    EXPECT_LE(ps.in_use, 3u);
+    auto other = Window(0, 100, 1, 8);
+    ote_status_t st = ote_qp_post_send(c, &other[0].wr, Soon(), &res);
+    if (st != OTE_OK) { // else a completion already gave a credit back
+        EXPECT_EQ(st, OTE_ERR_AGAIN);
+        EXPECT_EQ(res.accepted, 0u);
+        EXPECT_EQ(res.unposted, &other[0].wr);
+    }
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(c, Soon()), OTE_OK);
+    ote_sq_pool_get_stats(pool, &ps);
+    EXPECT_EQ(ps.in_use, 0u);
+    ASSERT_EQ(ote_qp_post_send(a, &five[3].wr, Soon(), &res), OTE_OK);
+    EXPECT_EQ(res.accepted, 2u);
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    for (uint64_t i = 1; i <= 5; i++) EXPECT_EQ(rec_[0].Count(i), 1u);
+    ote_sq_pool_get_stats(pool, &ps);
+    EXPECT_EQ(ps.in_use, 0u);
+    EXPECT_EQ(ps.peak, 3u);
+    EXPECT_GE(ps.waits, 1u);
+    // A destroyed QP gives back what it still held.
+    auto two = Window(0, 200, 2, 512);
+    ASSERT_EQ(ote_qp_post_send(c, &two[0].wr, Soon(), &res), OTE_OK);
+    Forget(c);
+    EXPECT_EQ(ote_qp_destroy(c, Soon()), OTE_OK);
+    ote_sq_pool_get_stats(pool, &ps);
+    EXPECT_EQ(ps.in_use, 0u);
+    Forget(a);
+    Forget(b);
+    Forget(d);
+    EXPECT_EQ(ote_qp_destroy(a, Soon()), OTE_OK);
+    EXPECT_EQ(ote_qp_destroy(b, Soon()), OTE_OK);
+    EXPECT_EQ(ote_qp_destroy(d, Soon()), OTE_OK);
+    ote_sq_pool_destroy(pool);
 }
 
 TEST_F(QpTest, WorkersCompleteManyWindowsExactlyOnce) {
