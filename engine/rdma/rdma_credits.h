@@ -26,7 +26,8 @@
  * the build waits (the run stays queued, its deadline ends it with OTE_ERR_TIMEOUT).
  * A source CONNECT that would build a QP past the limit (rdma_srcqp.c) first retires an
  * idle source QP (no borrow, no live grant, so no receipt pending; not of a requester
- * whose CONNECT built one within OTE__RDMA_SRC_QP_GRACE_NS), whose requester meets a
+ * whose CONNECT built one and that had no grant since, within
+ * OTE__RDMA_SRC_QP_GRACE_NS), whose requester meets a
  * cache miss at its next GRANT_REQ there and rebuilds it by CONNECT (the run retried
  * once, nothing was bound); else it refuses the CONNECT AGAIN: the requester's run waits
  * queued (OTE__RDMA_SRC_BUSY, asked again after OTE__RDMA_BUSY_PAUSE_NS) until its
@@ -103,7 +104,7 @@ void ote__rdma_src_qp_count(rdma_tp_t *tp, int evicted);
  * retired and reclaimed for it), 0 when the CONNECT is refused AGAIN (counted, logged).
  * No other lock held. */
 int ote__rdma_src_qp_room(conn_t *c);
-#define OTE__RDMA_SRC_QP_GRACE_NS (500 * OTE_NSEC_PER_MSEC)
+#define OTE__RDMA_SRC_QP_GRACE_NS (5000 * OTE_NSEC_PER_MSEC)
 
 /* Counters for the test hooks. */
 typedef struct {

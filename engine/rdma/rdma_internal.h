@@ -298,9 +298,11 @@ typedef struct conn {
     uint8_t src_map[OTE__RDMA_MAX_NICS];
     uint8_t src_used[OTE__RDMA_MAX_NICS];
     uint32_t map_gen;
-    /* Source side: when its last CONNECT built a QP here (ns; rdma_srcqp.c: its QPs are
-     * not retired for rdma_max_qps within a grace after it). */
+    /* Source side: when its last CONNECT built a QP here (ns), and whether a grant was
+     * served here since (rdma_srcqp.c: until then its QPs are not retired for
+     * rdma_max_qps, within a bound). */
     _Atomic uint64_t src_connect_ns;
+    _Atomic int src_granted;
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).

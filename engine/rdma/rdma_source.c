@@ -269,7 +269,10 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
             ote_qp_path_t peer = rq->u.connect.path;
             st = ote_endpoint_borrow(ep, slot, copy_exchange, &peer, dl, &qp);
-            if (st == OTE_OK) atomic_store(&c->src_connect_ns, ote_now_ns());
+            if (st == OTE_OK) {
+                atomic_store(&c->src_granted, 0);
+                atomic_store(&c->src_connect_ns, ote_now_ns());
+            }
             if (st == OTE_OK) ote__rdma_qps_note(tp);
         }
         if (limit) ote__rdma_src_build_unlock(tp);
@@ -390,6 +393,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                 nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op, addr,
                 rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
             pinned = tl_serve.pinned;
+            if (st == OTE_OK) atomic_store(&c->src_granted, 1);
             tl_serve.a = NULL;
             tl_serve.stage = NULL;
             /* The grant's pin owns the bounce once src_pin took it (src_unpin ends it). */

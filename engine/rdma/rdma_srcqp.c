@@ -12,8 +12,8 @@
 #include "grant/grant.h"
 
 /* Retire one idle READY source QP: nobody borrows it, no grant is live on its endpoint
- * (so no receipt is pending), and its requester's last CONNECT here is older than the
- * grace (its next GRANT_REQ follows the CONNECT_ACK). Its store, or NULL when none is
+ * (so no receipt is pending), and its requester has had a grant here since its last
+ * CONNECT, or that CONNECT is older than the grace (its GRANT_REQ follows the CONNECT_ACK). Its store, or NULL when none is
  * idle. Under tp->mu (a connection's endpoints are evicted under it, so the endpoints
  * looked up here live through the walk). */
 static ote_endpoint_store_t *retire_src_idle(rdma_tp_t *tp, uint64_t now) {
@@ -22,8 +22,11 @@ static ote_endpoint_store_t *retire_src_idle(rdma_tp_t *tp, uint64_t now) {
     for (size_t i = 0; i < tp->nsconns && found == NULL; i++) {
         conn_t *o = tp->sconns[i]->c;
         if (tp->sconns[i]->exited || o->process == 0 || atomic_load(&o->dead)) continue;
+        /* A requester that built a QP here and has not had a grant since is between its
+         * CONNECT_ACK and its GRANT_REQ (a run is rebuilt after one cache miss only). */
         uint64_t t = atomic_load(&o->src_connect_ns);
-        if (t != 0 && now - t < OTE__RDMA_SRC_QP_GRACE_NS) continue;
+        if (t != 0 && !atomic_load(&o->src_granted) && now - t < OTE__RDMA_SRC_QP_GRACE_NS)
+            continue;
         uint32_t nr = o->ndev < OTE__RDMA_MAX_NICS ? o->ndev : OTE__RDMA_MAX_NICS;
         for (uint32_t r = 0; r < nr && found == NULL; r++) {
             /* Written by o's own thread (only ever more bits): read once. */
