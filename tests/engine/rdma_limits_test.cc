@@ -10,6 +10,12 @@
 //   the requester's reservation), counters back to zero, and the next request works;
 // - rdma_max_qps=1 with two peers: both complete, the second peer's QP built after an
 //   idle one was retired.
+// - whole parents at the source (engine/rdma/rdma_src_parents.h): a parent of 4 grants
+//   reserves 4 credits and 4 receive slots at its first grant, all returned when it
+//   ends; grants without a parent are served per grant; parents take turns for a small
+//   rdma_max_served_grants pool; a refused reservation is asked again (or the request
+//   fails TIMEOUT at its deadline); a budget past the pool is refused TOO_BIG at once; a
+//   parent whose grants fail midway returns its reservation.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -309,6 +315,137 @@ TEST(RdmaLimitsTest, OneQpHeldElsewhereFailsAtTheDeadlineThenWorks) {
     ExpectDrained(rig);
 }
 
+// Whole-parent reservation at the source (engine/rdma/rdma_src_parents.h): every parent
+// reservation of the source returned, its grant credits and receive slots back to zero
+// (a parent ends with its request's account, just after its last receipt: waited for).
+void ExpectSourceParentsReturned(ote_engine_t *src) {
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (Grants(src).sp_parents != 0 && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ote__rdma_test_grants_t g = Grants(src);
+    EXPECT_EQ(g.sp_parents, 0u);
+    EXPECT_EQ(g.sp_credits, 0u);
+    EXPECT_EQ(g.sp_rq, 0u);
+}
+
+constexpr uint64_t kParentLen = 4ull << 20; // four grants of rdma_grant_max 1M
+
+// A parent of 4 grants (rdma_max_grants 4 at the requester) reserves, at its first
+// grant, 4 grant credits and 4 receive slots at the source; every grant of it is served
+// on its reservation (or per grant), and all of it returns when the request ends.
+TEST(RdmaLimitsTest, SourceReservesAParentsWholeBudgetAtItsFirstGrant) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}), Rdma(), 1, 1, kParentLen);
+    rig.Open();
+    rig.Run(OTE_WRITE, 0, 1);
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_EQ(s.sp_rq_peak, 4u) << "a parent of 4 grants reserves 4 receive slots";
+    EXPECT_EQ(s.sp_credits_peak, 4u);
+    EXPECT_GE(s.sp_served + s.sp_per_grant, 4u) << "its grants did not carry their parent";
+    EXPECT_GE(s.sp_served, 1u);
+    EXPECT_EQ(s.sp_refused, 0u);
+    ExpectSourceParentsReturned(rig.src_[0]);
+    EXPECT_GE(Grants(rig.src_[0]).sp_ended, 1u);
+    rig.Run(OTE_READ, 0, 1);
+    rig.Check(0, 1);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+    EXPECT_EQ(Grants(rig.src_[0]).sp_rq_peak, 4u);
+}
+
+// A requester without rdma_max_grants names no parent (the old GRANT_REQ forms): the
+// source serves it per grant, as before, and reserves nothing.
+TEST(RdmaLimitsTest, GrantsWithoutAParentAreServedPerGrant) {
+    Rig rig(Rdma({{"rdma_grant_max", "1M"}}), Rdma({{"rdma_max_served_grants", "1"}}), 1, 2,
+            kParentLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_EQ(s.sp_rq_peak, 0u);
+    EXPECT_EQ(s.sp_credits_peak, 0u);
+    EXPECT_EQ(s.sp_served + s.sp_per_grant + s.sp_refused, 0u);
+    ExpectDrained(rig);
+}
+
+// The source's pool (rdma_max_served_grants 4) holds one parent of 4 at a time: 8
+// concurrent parents of 4 grants each take turns (the others are refused AGAIN and ask
+// again), never more than 4 credits reserved, and all complete with their bytes.
+TEST(RdmaLimitsTest, ParentsTakeTurnsForTheSourcesPool) {
+    Rig rig(Rdma({{"rdma_max_grants", "16"}, {"rdma_grant_max", "1M"}}),
+            Rdma({{"rdma_max_served_grants", "4"}}), 1, 8, kParentLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_LE(s.sp_credits_peak, 4u) << "more credits reserved than the source's pool";
+    EXPECT_EQ(s.sp_credits_peak, 4u);
+    EXPECT_GE(s.sp_ended, 16u) << "8 WRITE and 8 READ parents";
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A parent's reservation refused (AGAIN) is asked again by the requester and then made;
+// refused until the request's deadline, the request fails OTE_ERR_TIMEOUT (never hangs)
+// and nothing stays reserved on either side.
+TEST(RdmaLimitsTest, RefusedParentReservationIsAskedAgainOrTimesOut) {
+    Rig rig(
+        Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}, {"transfer_timeout_ms", "1500"}}),
+        Rdma(), 1, 2, kParentLen);
+    rig.Open();
+    ASSERT_EQ(ote_fault_arm("rdma.sp_reserve", OTE_FAULT_NTH, 1, OTE_ERR_AGAIN, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 0, 1);
+    EXPECT_EQ(ote_fault_failures("rdma.sp_reserve"), 1u);
+    EXPECT_GE(Grants(rig.req_).busy_retries, 1u);
+    EXPECT_GE(Grants(rig.src_[0]).sp_refused, 1u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+
+    ASSERT_EQ(ote_fault_arm("rdma.sp_reserve", OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 1, 1, OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_fault_failures("rdma.sp_reserve"), 1u);
+    ASSERT_EQ(ote_fault_disarm("rdma.sp_reserve"), OTE_OK);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+
+    rig.Run(OTE_WRITE, 1, 1);
+    rig.Run(OTE_READ, 0, 2);
+    rig.Check(0, 2);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A budget larger than the source's whole pool can never be reserved there: refused at
+// once (OTE_ERR_TOO_BIG), not asked again to the deadline; nothing stays reserved.
+TEST(RdmaLimitsTest, BudgetPastTheSourcesPoolIsRefusedAtOnce) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}),
+            Rdma({{"rdma_max_served_grants", "2"}}), 1, 1, kParentLen);
+    rig.Open();
+    rig.Run(OTE_WRITE, 0, 1, OTE_ERR_TOO_BIG);
+    EXPECT_GE(Grants(rig.src_[0]).sp_refused, 1u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A requester whose grants fail mid-parent (the source's receive admission fails from
+// the grant after the reservation on): the request fails, the source's reservation is
+// returned (counters back to zero), and the next request works.
+TEST(RdmaLimitsTest, ParentFailingMidwayReturnsItsReservation) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}, {"rdma_lanes", "1"}}),
+            Rdma({{"rdma_lanes", "1"}}), 1, 1, kParentLen);
+    rig.Open();
+    // Hits 1..4: the parent's reservation; 5: its first grant's admission; the rest fail.
+    ASSERT_EQ(ote_fault_arm("qp.rq_admit", OTE_FAULT_FROM, 6, OTE_ERR_FAULT, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 0, 1, OTE_ERR_REMOTE_ACCESS);
+    EXPECT_GE(ote_fault_failures("qp.rq_admit"), 1u);
+    ASSERT_EQ(ote_fault_disarm("qp.rq_admit"), OTE_OK);
+    EXPECT_EQ(Grants(rig.src_[0]).sp_rq_peak, 4u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+    rig.Run(OTE_WRITE, 0, 1);
+    rig.Run(OTE_READ, 0, 1);
+    rig.Check(0, 1);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
 TEST(RdmaLimitsTest, RefusesMalformedKeys) {
     ote_config_t *cfg = nullptr;
     ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
@@ -318,6 +455,8 @@ TEST(RdmaLimitsTest, RefusesMalformedKeys) {
     EXPECT_EQ(ote_config_set(cfg, "rdma_recv_slots", "2"), OTE_OK);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "-1"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "1"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_served_grants", "65537"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_served_grants", "4"), OTE_OK);
     ote_config_destroy(cfg);
 }
 
