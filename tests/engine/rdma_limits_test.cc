@@ -18,6 +18,10 @@
 //   parent whose grants fail midway returns its reservation.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
@@ -444,6 +448,84 @@ TEST(RdmaLimitsTest, ParentFailingMidwayReturnsItsReservation) {
     rig.Check(0, 1);
     ExpectDrained(rig);
     ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A requester process killed mid-parent: the source saw its parent's reservation, then
+// the requester (a child forked before any engine of this test exists, its sim ports
+// limited to 50 MB/s so that its 64 MiB WRITE of 256 grants lasts) is killed with
+// SIGKILL. Its control connection ends and the source returns the parent's reservation
+// (and ends its live grants): counters back to zero, the memory unregisters.
+TEST(RdmaLimitsTest, RequesterKilledMidParentReturnsTheReservation) {
+    constexpr uint64_t kBig = 64ull << 20;
+    int to_child[2];
+    ASSERT_EQ(pipe(to_child), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        close(to_child[1]);
+        setenv("OTE_SIM_CONFIG",
+               "dev=sim0;port,bw=50M;gid=auto-ll,type=v1;gid=auto-ll,type=v2;gid=auto-v4,"
+               "type=v1;gid=auto-v4,type=v2;dev=sim1;port,bw=50M;gid=auto-ll,type=v1;"
+               "gid=auto-ll,type=v2;gid=auto-v4,type=v1;gid=auto-v4,type=v2",
+               1);
+        char addr[300] = {0};
+        uint64_t remote = 0;
+        if (read(to_child[0], addr, sizeof(addr)) != (ssize_t)sizeof(addr) ||
+            read(to_child[0], &remote, sizeof(remote)) != (ssize_t)sizeof(remote))
+            _exit(2);
+        ote_engine_t *req =
+            ote_test::NewEngine(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "256K"}}));
+        std::vector<uint8_t> out(kBig, 5);
+        ote_segment_t *seg = nullptr;
+        if (req == nullptr || ote_memory_register(req, out.data(), kBig, OTE_PERM_READ) != OTE_OK ||
+            ote_segment_open(req, addr, &seg) != OTE_OK)
+            _exit(3);
+        ote_request_t r = {OTE_WRITE, out.data(), seg, remote, kBig};
+        ote_batch_t *b = nullptr;
+        if (ote_batch_create(req, 1, &b) != OTE_OK || ote_batch_submit(b, &r, 1) != OTE_OK)
+            _exit(4);
+        (void)ote_batch_wait(b, ote_deadline_after(120 * kSec)); // killed before it ends
+        _exit(5);
+    }
+    close(to_child[0]);
+    ote_engine_t *src = ote_test::NewEngine(Rdma());
+    ASSERT_NE(src, nullptr);
+    std::vector<uint8_t> mem(kBig, 0);
+    ASSERT_EQ(ote_memory_register(src, mem.data(), kBig, OTE_PERM_WRITE), OTE_OK);
+    char addr[300] = {0};
+    ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
+    uint64_t remote = (uint64_t)(uintptr_t)mem.data();
+    ASSERT_EQ(write(to_child[1], addr, sizeof(addr)), (ssize_t)sizeof(addr));
+    ASSERT_EQ(write(to_child[1], &remote, sizeof(remote)), (ssize_t)sizeof(remote));
+    close(to_child[1]);
+    // Its parent's reservation is made here at its first grant.
+    int wst = 0;
+    pid_t gone = 0;
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (Grants(src).sp_parents == 0 && !ote_deadline_expired(dl) &&
+           (gone = waitpid(pid, &wst, WNOHANG)) == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(gone, 0) << "the requester ended before its parent was reserved: " << wst;
+    EXPECT_EQ(Grants(src).sp_parents, 1u);
+    EXPECT_EQ(Grants(src).sp_rq, 4u) << "a parent of 4 grants holds 4 receive slots";
+    if (gone == 0) {
+        ASSERT_EQ(kill(pid, SIGKILL), 0);
+        ASSERT_EQ(waitpid(pid, &wst, 0), pid);
+    }
+    ExpectSourceParentsReturned(src);
+    dl = ote_deadline_after(60 * kSec);
+    while (Grants(src).live_source != 0 && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(Grants(src).live_source, 0u);
+    EXPECT_GE(Grants(src).sp_ended, 1u);
+    // The dead requester's pin of the range is released with its connection.
+    dl = ote_deadline_after(60 * kSec);
+    ote_status_t us;
+    while ((us = ote_memory_unregister(src, mem.data())) == OTE_ERR_BUSY &&
+           !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(us, OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
 TEST(RdmaLimitsTest, RefusesMalformedKeys) {
