@@ -158,7 +158,7 @@ static int match_ep(const sparent_t *p, const void *a, uint64_t b, uint64_t now)
 /* The source's deadline for a parent: no live grant and no GRANT_REQ for idle_ns. */
 static int match_idle(const sparent_t *p, const void *a, uint64_t idle_ns, uint64_t now) {
     (void)a;
-    return p->live == 0 && now - p->last_ns > idle_ns;
+    return p->live == 0 && p->last_ns < now && now - p->last_ns > idle_ns;
 }
 
 void ote__rdma_sp_end_req(rdma_tp_t *tp, const conn_t *c, uint64_t uid) {
@@ -178,15 +178,19 @@ static ote_status_t reserve_locked(rdma_tp_t *tp, struct rdma_sparents *S, conn_
     uint32_t budget = rq->u.grant.budget;
     uint32_t max = tp->cfg.rdma_max_served_grants;
     uint32_t slots = tp->cfg.rdma_recv_slots != 0 ? tp->cfg.rdma_recv_slots : 256;
-    if ((max != 0 && budget > max) || budget > slots) {
+    if (max != 0 && budget > max) {
         /* Never reservable here: refused at once rather than asked again to its deadline. */
         S->st.refused++;
         OTE_WARN_LIMITED("rdma",
                          "requester %s: a parent of %u grants is more than this source ever "
-                         "reserves (rdma_max_served_grants %u, rdma_recv_slots %u): refused",
-                         c->peer_addr, budget, max, slots);
+                         "reserves (rdma_max_served_grants %u): refused",
+                         c->peer_addr, budget, max);
         return OTE_ERR_TOO_BIG;
     }
+    /* Receive slots: one per receipt the parent may have outstanding, at most one QP's
+     * worth (a larger parent spreads over several QPs; its grants past them are admitted
+     * per grant). */
+    uint32_t want = budget < slots ? budget : slots;
     if (max != 0 && S->st.credits + budget > max) {
         S->st.refused++;
         return OTE_ERR_AGAIN;
@@ -194,7 +198,7 @@ static ote_status_t reserve_locked(rdma_tp_t *tp, struct rdma_sparents *S, conn_
     S->st.credits += budget; /* taken first, given back below when the slots fail */
     uint32_t got = 0;
     ote_status_t st = mine != NULL ? OTE_OK : OTE_ERR_AGAIN;
-    while (st == OTE_OK && got < budget) {
+    while (st == OTE_OK && got < want) {
         st = ote_qp_rq_admit(qp);
         if (st == OTE_OK) got++;
     }
@@ -208,7 +212,7 @@ static ote_status_t reserve_locked(rdma_tp_t *tp, struct rdma_sparents *S, conn_
         OTE_WARN_LIMITED("rdma",
                          "requester %s: no %u receive slots free on QP %u for a parent's "
                          "receipts: refused (%s)",
-                         c->peer_addr, budget, ote_qp_num(qp), ote_status_str(st));
+                         c->peer_addr, want, ote_qp_num(qp), ote_status_str(st));
         return st;
     }
     p->c = c;
@@ -219,11 +223,11 @@ static ote_status_t reserve_locked(rdma_tp_t *tp, struct rdma_sparents *S, conn_
     p->q[0].ep = ep;
     p->q[0].slot = rq->u.grant.slot;
     p->q[0].qp = mine;
-    p->q[0].held = budget;
+    p->q[0].held = want;
     p->next = S->list;
     S->list = p;
     S->st.parents++;
-    S->st.rq += budget;
+    S->st.rq += want;
     if (S->st.credits > S->st.credits_peak) S->st.credits_peak = S->st.credits;
     if (S->st.rq > S->st.rq_peak) S->st.rq_peak = S->st.rq;
     *out = p;

@@ -11,7 +11,8 @@
  *     (rdma_max_served_grants; a budget above the whole pool takes the whole pool; 0: no
  *     pool, the credits are only counted);
  *   - receive credits: one receive slot of the grant's QP for every receipt the parent
- *     may have outstanding (its budget, at most the QP's rdma_recv_slots).
+ *     may have outstanding (its budget, at most the QP's rdma_recv_slots: a larger parent
+ *     spreads over several QPs, and its grants past them are admitted per grant).
  * Either failing answers OTE_ERR_AGAIN, exactly as a per-grant refusal (the requester
  * asks again after a pause, until its deadline); the grant credits are given back first.
  *
@@ -58,8 +59,8 @@ void ote__rdma_sp_destroy(rdma_tp_t *tp);
 /* A GRANT_REQ on c whose QP qp (slot of ep) is borrowed and checked: with a parent
  * trailer, its parent's reservation (made now on its first grant) and one slot of it in
  * *out; without one, *out is empty. OTE_ERR_AGAIN: no reservation or slot now (nothing
- * held); OTE_ERR_TOO_BIG: a budget this source never reserves (past rdma_max_served_grants
- * or rdma_recv_slots); OTE_ERR_INVALID: a budget that contradicts the parent's first. Server
+ * held); OTE_ERR_TOO_BIG: a budget this source never reserves (past
+ * rdma_max_served_grants); OTE_ERR_INVALID: a budget that contradicts the parent's first. Server
  * thread of c; no lock held. */
 ote_status_t ote__rdma_sp_take(conn_t *c, const ote_rp_msg_t *rq, ote_endpoint_t *ep, ote_qp_t *qp,
                                sp_slot_t *out);

@@ -12,7 +12,7 @@
 //   idle one was retired.
 // - whole parents at the source (engine/rdma/rdma_src_parents.h): a parent of 4 grants
 //   reserves 4 credits and 4 receive slots at its first grant, all returned when it
-//   ends; grants without a parent are served per grant; parents take turns for a small
+//   ends (at most a QP's receive slots); grants without a parent are served per grant; parents take turns for a small
 //   rdma_max_served_grants pool; a refused reservation is asked again (or the request
 //   fails TIMEOUT at its deadline); a budget past the pool is refused TOO_BIG at once; a
 //   parent whose grants fail midway returns its reservation.
@@ -354,6 +354,21 @@ TEST(RdmaLimitsTest, SourceReservesAParentsWholeBudgetAtItsFirstGrant) {
     ExpectDrained(rig);
     ExpectSourceParentsReturned(rig.src_[0]);
     EXPECT_EQ(Grants(rig.src_[0]).sp_rq_peak, 4u);
+}
+
+// A parent larger than a QP's receive slots (4 grants, rdma_recv_slots 2 at the source)
+// reserves all of that QP's slots, not more, and still completes (its grants past them,
+// on other QPs or later, admitted per grant or on slots that came back).
+TEST(RdmaLimitsTest, ParentPastAQpsSlotsReservesThemAll) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}),
+            Rdma({{"rdma_recv_slots", "2"}}), 1, 1, kParentLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_EQ(s.sp_rq_peak, 2u);
+    EXPECT_EQ(s.sp_credits_peak, 4u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
 }
 
 // A requester without rdma_max_grants names no parent (the old GRANT_REQ forms): the
