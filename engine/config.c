@@ -82,6 +82,9 @@ static const key_def_t g_keys[] = {
     {"rdma_recv_slots", K_UINT, "256", 1, 4096, {NULL}},
     /* Send WRs posted and not completed, every QP of this engine (0: per-QP depth only). */
     {"rdma_max_send_wrs", K_UINT, "0", 0, 1048576, {NULL}},
+    /* Grants a source reserves at once for its requesters' parents (engine/rdma/
+     * rdma_src_parents.c; 0: no limit). */
+    {"rdma_max_served_grants", K_UINT, "0", 0, 65536, {NULL}},
     {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
@@ -523,6 +526,8 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
         else if (strcmp(k->key, "rdma_max_qps") == 0) r.rdma_max_qps = (uint32_t)n;
         else if (strcmp(k->key, "rdma_recv_slots") == 0) r.rdma_recv_slots = (uint32_t)n;
         else if (strcmp(k->key, "rdma_max_send_wrs") == 0) r.rdma_max_send_wrs = (uint32_t)n;
+        else if (strcmp(k->key, "rdma_max_served_grants") == 0)
+            r.rdma_max_served_grants = (uint32_t)n;
         else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
         else if (strcmp(k->key, "auth_key_file") == 0)
             copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);

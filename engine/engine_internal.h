@@ -62,6 +62,7 @@ typedef struct ote__cfg_s {
     uint32_t rdma_max_qps;             /* RDMA QPs, all devices and peers (0: any) */
     uint32_t rdma_recv_slots;          /* receive slots per RDMA QP */
     uint32_t rdma_max_send_wrs;        /* RDMA send WRs outstanding, every QP (0: any) */
+    uint32_t rdma_max_served_grants;   /* grants reserved at once by served parents (0: any) */
     char log_level[16];                /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
     int allow_unauthenticated;         /* no key on a non-loopback listen_address */

@@ -47,7 +47,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check(m.u.grant.addr >= m.u.grant.req_addr);
             check(m.u.grant.addr - m.u.grant.req_addr <= m.u.grant.req_len - m.u.grant.len);
             check((m.u.grant.epoch != 0) == (size >= 72));
-            check((m.u.grant.flags != 0) == (size == 76));
+            check(m.u.grant.flags == 0 || size >= 76);
+            check(size != 76 || m.u.grant.flags != 0);
+            /* The parent trailer: nonzero parent and a budget in range, only at 88. */
+            check((m.u.grant.parent != 0) == (size == 88));
+            check(m.u.grant.parent == 0 ||
+                  (m.u.grant.budget >= 1 && m.u.grant.budget <= OTE_RP_MAX_BUDGET));
             check(m.u.grant.flags == 0 || m.u.grant.flags == OTE_RP_GF_STAGE);
             break;
         case OTE_RP_GRANT_RESP:

@@ -16,6 +16,8 @@
 /* ... and source-side staging (proto.h). */
 #define GRANT_FLAGS (GRANT_EPOCH + 4)
 #define RESP_STAGED (4 + 16)
+/* ... and the parent trailer (proto.h). */
+#define GRANT_PARENT (GRANT_FLAGS + 12)
 
 static int pair_ok(uint32_t pair) {
     return (pair >> 16) == 0 && (pair >> 8) < OTE_RP_MAX_DEVS && (pair & 0xff) < OTE_RP_MAX_DEVS;
@@ -59,7 +61,7 @@ static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
     return OTE_OK;
 }
 
-_Static_assert(INFO_EPOCH <= OTE_RP_MAX_BODY && GRANT_FLAGS <= OTE_RP_MAX_BODY &&
+_Static_assert(INFO_EPOCH <= OTE_RP_MAX_BODY && GRANT_PARENT <= OTE_RP_MAX_BODY &&
                    CONNECT_EPOCH <= OTE_RP_MAX_BODY,
                "OTE_RP_MAX_BODY holds every form");
 
@@ -74,6 +76,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.pair != 0) n = GRANT_LONG;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.epoch != 0) n = GRANT_EPOCH;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.flags != 0) n = GRANT_FLAGS;
+    if (m->type == OTE_RP_GRANT_REQ && m->u.grant.parent != 0) n = GRANT_PARENT;
     if (m->type == OTE_RP_GRANT_RESP && m->u.resp.flags != 0) n = RESP_STAGED;
     memset(buf, 0, n);
     ote_le_put16(buf, m->type);
@@ -117,7 +120,11 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             ote_le_put64(b + 48, m->u.grant.req_uid);
             if (n >= GRANT_LONG) ote_le_put32(b + 56, m->u.grant.pair);
             if (n >= GRANT_EPOCH) ote_le_put64(b + 60, m->u.grant.epoch);
-            if (n == GRANT_FLAGS) ote_le_put32(b + 68, m->u.grant.flags);
+            if (n >= GRANT_FLAGS) ote_le_put32(b + 68, m->u.grant.flags);
+            if (n == GRANT_PARENT) {
+                ote_le_put64(b + 72, m->u.grant.parent);
+                ote_le_put32(b + 80, m->u.grant.budget);
+            }
             break;
         case OTE_RP_WRITE_OFF:
             ote_le_put64(b, m->u.wo.req_uid);
@@ -152,7 +159,8 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
     m.type = ote_le_get16(buf);
     size_t n = body_size(m.type);
     int info = m.type == OTE_RP_INFO || m.type == OTE_RP_INFO_ACK;
-    int gflags = m.type == OTE_RP_GRANT_REQ && len == GRANT_FLAGS;
+    int gparent = m.type == OTE_RP_GRANT_REQ && len == GRANT_PARENT;
+    int gflags = m.type == OTE_RP_GRANT_REQ && (len == GRANT_FLAGS || gparent);
     int staged = m.type == OTE_RP_GRANT_RESP && len == RESP_STAGED;
     int epoch = (info && len == INFO_EPOCH) ||
                 (m.type == OTE_RP_GRANT_REQ && (len == GRANT_EPOCH || gflags)) ||
@@ -220,8 +228,17 @@ ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
             }
             if (gflags) {
                 m.u.grant.flags = ote_le_get32(b + 68);
-                /* Sent means set, and only the bits this codec knows. */
-                if (m.u.grant.flags != OTE_RP_GF_STAGE) return OTE_ERR_PROTOCOL;
+                /* Sent means set (0 only before a parent trailer), and only the bits this
+                 * codec knows. */
+                if (m.u.grant.flags != OTE_RP_GF_STAGE && !(gparent && m.u.grant.flags == 0))
+                    return OTE_ERR_PROTOCOL;
+            }
+            if (gparent) {
+                m.u.grant.parent = ote_le_get64(b + 72);
+                m.u.grant.budget = ote_le_get32(b + 80);
+                if (m.u.grant.parent == 0 || m.u.grant.budget == 0 ||
+                    m.u.grant.budget > OTE_RP_MAX_BUDGET)
+                    return OTE_ERR_PROTOCOL;
             }
             if (!pair_ok(m.u.grant.pair)) return OTE_ERR_PROTOCOL;
             if (m.u.grant.op > 1 || m.u.grant.len == 0 ||

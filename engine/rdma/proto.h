@@ -80,6 +80,13 @@
  * OTE_RP_RKEY_DIRECT (a plain refusal has rkey 0): the range is device memory that the
  * source serves only on a direct slot. Sent only to a requester that set DIRECT_OK; an
  * older source (no advert) is never sent the flags nor cap 2/3.
+ *
+ * Whole-parent credits (engine/rdma/rdma_src_parents.c): GRANT_REQ may carry, after the
+ * epoch and flags (flags may then be 0), parent u64 (nonzero: the requester's parent of
+ * the grant, unique per requester engine) and budget u32 (1..OTE_RP_MAX_BUDGET: the
+ * grants that parent reserved at the requester): 88 bytes. Sent only with an epoch and
+ * only to a source whose advertisement has rdma_parent=1 (an older source would refuse
+ * the size as a protocol error); a GRANT_REQ without it is served per grant.
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -115,6 +122,8 @@ enum {
 #define OTE_RP_GOP_DIRECT_OK 0x100u
 #define OTE_RP_GOP_DIRECT 0x200u
 #define OTE_RP_RKEY_DIRECT 1u
+/* GRANT_REQ parent trailer: the most grants a parent may have reserved (rdma_max_grants). */
+#define OTE_RP_MAX_BUDGET 65536u
 
 typedef struct {
     uint16_t type;
@@ -142,6 +151,8 @@ typedef struct {
             uint64_t epoch;  /* the source's epoch as the requester knows it; 0: not sent */
             uint32_t flags;  /* OTE_RP_GF_*; 0: not sent (sent only with an epoch) */
             uint32_t dflags; /* OTE_RP_GOP_DIRECT_OK / _DIRECT, carried in the op word */
+            uint64_t parent; /* the requester's parent; 0: not sent (sent only with an epoch) */
+            uint32_t budget; /* grants the parent reserved (with parent only) */
         } grant;
         struct {
             uint64_t req_uid, req_len, bytes;
@@ -163,7 +174,7 @@ typedef struct {
     } u;
 } ote_rp_msg_t;
 
-#define OTE_RP_MAX_BODY 76u /* the longest form: GRANT_REQ with the epoch and flags */
+#define OTE_RP_MAX_BODY 88u /* the longest form: GRANT_REQ with the parent trailer */
 
 /* Encode into buf (>= OTE_RP_MAX_BODY bytes); returns the body length. */
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf);

@@ -17,6 +17,7 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_credits.h"
+#include "engine/rdma/rdma_src_parents.h"
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/test_hook.h"
 
@@ -185,6 +186,9 @@ static ote_status_t teardown(rdma_tp_t *tp) {
                   stuck, (unsigned long long)wait_ms);
         return OTE_ERR_RETAINED;
     }
+    /* The source's parent reservations hold QP borrows: returned before the endpoints go
+     * (rdma_src_parents.c; live grants keep their own slots). */
+    ote__rdma_sp_end_conn(tp, NULL);
     /* Let in-flight grants end (their own deadlines bound this). */
     ote_deadline_t gdl =
         ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC);

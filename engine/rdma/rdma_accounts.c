@@ -25,6 +25,7 @@
 #include "base/hash.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/rdma_src_parents.h"
 #include "ote/ote.h"
 
 /* Accounts one connection may hold open at once; past it, grants are refused AGAIN. */
@@ -105,6 +106,8 @@ static acct_t *acct_done_locked(rdma_tp_t *tp, acct_t *a) {
 static void acct_free(rdma_tp_t *tp, acct_t *a) {
     if (a == NULL) return;
     if (a->pin != NULL) tp->host.unpin(tp->host.arg, a->pin);
+    /* Its every byte is accounted for: its parents' reservations end too. */
+    ote__rdma_sp_end_req(tp, a->c, a->key.uid);
     ote__rdma_conn_put(a->c);
     ote_free(a);
 }

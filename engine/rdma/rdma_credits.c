@@ -4,6 +4,8 @@
  */
 #include "engine/rdma/rdma_credits.h"
 
+#include "engine/rdma/rdma_src_parents.h"
+
 #include <stdint.h>
 #include <string.h>
 
@@ -22,6 +24,7 @@ typedef struct parent {
     uint64_t left;    /* bytes of its attached slices not yet ended */
     uint32_t budget;  /* credits reserved (0: none yet) */
     uint32_t live;    /* runs holding one of them */
+    uint64_t id;      /* nonzero, unique in this engine: named to sources (proto.h) */
 } parent_t;
 
 struct rdma_credits {
@@ -29,6 +32,7 @@ struct rdma_credits {
     parent_t *parents;
     uint32_t reserved;
     uint64_t reserved_peak, nparents;
+    uint64_t next_id;    /* the last parent id given */
     _Atomic int waiting; /* a queue waits for credits: a return kicks the pump thread */
     _Atomic uint64_t live, live_peak, waits, busy_retries, qp_waits, qp_evictions;
     /* rdma_srcqp.c: source CONNECT builds under rdma_max_qps, one at a time (build_mu,
@@ -55,6 +59,15 @@ ote_status_t ote__rdma_credits_create(rdma_tp_t *tp) {
     }
     ote_mutex_init(&c->mu);
     ote_mutex_init(&c->build_mu);
+    /* The source's reservations of whole parents live as long (rdma_src_parents.c). */
+    ote_status_t st = ote__rdma_sp_create(tp);
+    if (st != OTE_OK) {
+        ote_mutex_destroy(&c->mu);
+        ote_mutex_destroy(&c->build_mu);
+        if (c->sq != NULL) ote_sq_pool_destroy(c->sq);
+        ote_free(c);
+        return st;
+    }
     tp->cred = c;
     return OTE_OK;
 }
@@ -62,6 +75,7 @@ ote_status_t ote__rdma_credits_create(rdma_tp_t *tp) {
 void ote__rdma_credits_destroy(rdma_tp_t *tp) {
     rdma_credits_t *c = tp->cred;
     if (c == NULL) return;
+    ote__rdma_sp_destroy(tp);
     /* Every slice ended before the transport is destroyed: no parent is left. */
     while (c->parents != NULL) {
         parent_t *x = c->parents;
@@ -99,6 +113,7 @@ ote_status_t ote__rdma_parent_attach(ote__tpeer_t *p, ote__slice_t *s) {
         x->peer = p;
         x->uid = s->req_uid;
         x->req_len = s->req_len != 0 ? s->req_len : s->len;
+        x->id = ++c->next_id;
         x->next = c->parents;
         c->parents = x;
         c->nparents++;
@@ -192,6 +207,20 @@ int ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s) {
     if (x->live > 0) x->live--;
     ote_mutex_unlock(&c->mu);
     return atomic_exchange(&c->waiting, 0);
+}
+
+int ote__rdma_parent_wire(const ote__slice_t *s, uint64_t *id_out, uint32_t *budget_out) {
+    const parent_t *x = s->xp.rdma.parent;
+    if (x == NULL) return 0;
+    rdma_credits_t *c = x->tp->cred;
+    ote_mutex_lock(&c->mu);
+    uint32_t budget = x->budget;
+    uint64_t id = x->id;
+    ote_mutex_unlock(&c->mu);
+    if (budget == 0) return 0;
+    *id_out = id;
+    *budget_out = budget;
+    return 1;
 }
 
 int ote__rdma_busy_may_retry(rdma_tp_t *tp, const ote__slice_t *s, ote_status_t st) {

@@ -67,6 +67,10 @@ int ote__rdma_grant_take(rdma_tp_t *tp, ote__slice_t *s, uint64_t rlen);
  * lock (tp->mu comes before p->mu). Any lock or none. */
 int ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s);
 
+/* The parent trailer of the run s's GRANT_REQ (proto.h): its parent's id and budget, 1;
+ * 0 when s has no parent or its parent reserved nothing (no grant limit). Any lock. */
+int ote__rdma_parent_wire(const ote__slice_t *s, uint64_t *id_out, uint32_t *budget_out);
+
 /* A source refused the run's grant AGAIN (OTE__RDMA_SRC_BUSY): whether it goes back to
  * the queue (not canceled, before its deadline); counted. */
 int ote__rdma_busy_may_retry(rdma_tp_t *tp, const ote__slice_t *s, ote_status_t st);

@@ -151,6 +151,8 @@
  *                     (rdma_max_send_wrs): rdma_credits.h
  *   rdma_srcqp.c      rdma_max_qps at the source: a CONNECT retires an idle source QP,
  *                     or is refused AGAIN
+ *   rdma_src_parents.c the source's reservations of whole parents (grant credits of
+ *                     rdma_max_served_grants, receive slots): rdma_src_parents.h
  *
  * Lock order: tp->mu, then p->mu (the monitor walks tp->peers and each peer's notes).
  * c->wmu is a leaf: nothing else is locked under it, and no thread holds tp->mu or p->mu
@@ -283,6 +285,7 @@ typedef struct conn {
     int cepoch_ok;    /* requester side: it advertised rdma_connect_epoch=1 (proto.h) */
     int stage_ok;     /* requester side: the source advertised rdma_stage=1 (staged READs) */
     int direct_ok;    /* requester side: the source advertised rdma_direct=1 (rdma_direct.c) */
+    int parent_ok;    /* requester side: it advertised rdma_parent=1 (rdma_src_parents.c) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -516,6 +519,8 @@ struct ote__rdma_tp {
     _Atomic uint64_t starts_inline, starts_pumped, qp_builds;
     /* rdma_credits.c: grant credits, receive-credit retries and the QP limit. */
     struct rdma_credits *cred;
+    /* rdma_src_parents.c: the source's reservations of whole parents. */
+    struct rdma_sparents *sparents;
     /* rdma_direct.c: exact-range MRs of source grants live now and served in all;
      * redirects sent (source) and followed (requester); MRs whose dereg failed (under mu,
      * retried by the monitor and at teardown). */

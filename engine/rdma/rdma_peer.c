@@ -378,6 +378,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     c->stage_ok = adv_flag(&a, "rdma_stage");
     /* GPUDirect source grants (rdma_direct.c): the direct flags and endpoints. */
     c->direct_ok = adv_flag(&a, "rdma_direct");
+    /* Whole-parent credits (rdma_src_parents.c): GRANT_REQs carry their parent. */
+    c->parent_ok = adv_flag(&a, "rdma_parent");
     ote_mutex_lock(&p->mu);
     p->c = c;
     ote_mutex_unlock(&p->mu);

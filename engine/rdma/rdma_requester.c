@@ -164,6 +164,11 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     /* A source that serves READs of its device memory staged (rdma_stage=1): say that we
      * take a staged answer (sent only with an epoch, proto.h). */
     if (p->c->stage_ok && p->c->epoch != 0) rq.u.grant.flags = OTE_RP_GF_STAGE;
+    /* To a source that reserves whole parents (rdma_parent=1): the run's parent and its
+     * budget (with an epoch only, proto.h; rdma_src_parents.c). */
+    if (p->c->parent_ok && p->c->epoch != 0 &&
+        !ote__rdma_parent_wire(ga->s, &rq.u.grant.parent, &rq.u.grant.budget))
+        rq.u.grant.parent = 0;
     /* To a source with GPUDirect grants: we follow a redirect; this one is on a direct
      * slot (proto.h, rdma_direct.c). */
     if (p->c->direct_ok)

@@ -20,6 +20,7 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/rdma_src_parents.h"
 
 /* Answer a HELLO; 0 when the handshake is done (c->version set). */
 static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
@@ -271,6 +272,7 @@ static void *server_main(void *arg) {
         if (server_frame(c, &m, &have_info) != 0) break;
     }
     ote__rdma_conn_kill(c, NULL);
+    ote__rdma_sp_end_conn(tp, c); /* its parents' reservations (rdma_src_parents.c) */
     server_peer_gone(c);
     ote__rdma_acct_end_conn(tp, c); /* nothing more comes: accounts end with their grants */
     ote_mutex_lock(&tp->mu);

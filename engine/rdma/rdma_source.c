@@ -19,6 +19,7 @@
 #include "base/time.h"
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/rdma_src_parents.h"
 #include "ote/ote.h"
 
 /* A GRANT_REQ being served: where its GRANT_RESP goes (a reference on c, dropped once
@@ -39,6 +40,7 @@ typedef struct {
 static _Thread_local struct {
     acct_t *a;
     rdma_stage_t *stage; /* a staged grant: its bounce buffer (rdma_stage.c) */
+    sp_slot_t sps;       /* its slot of its parent's reservation (rdma_src_parents.c) */
     int pinned;
 } tl_serve;
 
@@ -49,6 +51,7 @@ typedef struct {
     uint64_t len;
     rdma_stage_t *stage;
     struct ibv_mr *mr; /* rdma_direct.c: deregistered first at unpin */
+    sp_slot_t sps;     /* its slot of its parent's reservation, returned at unpin */
 } grant_pin_t;
 
 acct_t *ote__rdma_src_serving(void) { return tl_serve.a; }
@@ -74,6 +77,8 @@ static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64
     gp->len = len;
     gp->stage = tl_serve.stage;
     gp->mr = NULL;
+    gp->sps = tl_serve.sps; /* the pin owns the parent's slot now */
+    tl_serve.sps.sp = NULL;
     ote__rdma_acct_hold(tp, gp->a, len);
     tl_serve.pinned = 1;
     *mr_out = mr;
@@ -100,6 +105,8 @@ static ote_status_t src_pin_exact(void *arg, ote_qp_t *qp, uint64_t addr, uint64
     gp->len = len;
     gp->stage = NULL;
     gp->mr = mr;
+    gp->sps = tl_serve.sps;
+    tl_serve.sps.sp = NULL;
     ote__rdma_acct_hold(tp, a, len);
     ote__rdma_src_served();
     *rkey_out = mr->rkey;
@@ -115,6 +122,9 @@ static void src_unpin(void *arg, void *pin) {
     /* The grant's window is dead by now (invalidated by its receipt, or deallocated). */
     ote__rdma_stage_end(tp, gp->stage);
     ote__rdma_acct_settle(tp, gp->a, 0, gp->len);
+    /* The grant layer gave back its receive admission before this: the slot is the
+     * parent's again. */
+    ote__rdma_sp_put(tp, &gp->sps);
     ote_free(gp);
 }
 
@@ -339,7 +349,14 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         ote_endpoint_return(ep, rq->u.grant.slot, qp);
         st = OTE_ERR_NOT_FOUND;
     }
-    if (st != OTE_OK) {
+    /* Its parent's reservation (made now by its first grant) and a slot of it, before any
+     * window, pin or key of the grant exists (rdma_src_parents.c). */
+    sp_slot_t sps = {NULL, -1};
+    ote_status_t spst = st == OTE_OK ? ote__rdma_sp_take(c, rq, ep, qp, &sps) : OTE_OK;
+    if (spst != OTE_OK) {
+        ote_endpoint_return(ep, rq->u.grant.slot, qp);
+        st = grant_refusal(spst);
+    } else if (st != OTE_OK) {
         /* No such connection here (its endpoint was evicted, or it was built with an
          * earlier incarnation): OTE_ERR_STATE, a cache miss for the requester. */
         if (ote_status_code(st) == OTE_ERR_NOT_FOUND) st = OTE_ERR_STATE;
@@ -377,6 +394,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         }
         if (st != OTE_OK) {
             ote_free(a);
+            ote__rdma_sp_put(tp, &sps);
             ote_endpoint_return(ep, rq->u.grant.slot, qp);
         } else {
             a->c = c;
@@ -386,6 +404,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             ote__rdma_conn_get(c);
             tl_serve.a = acct;
             tl_serve.stage = stage;
+            tl_serve.sps = sps;
             tl_serve.pinned = 0;
             /* A direct slot serves device memory by an exact MR, a plain one by a window
              * (over the range, or over a staged grant's bounce). */
@@ -396,6 +415,8 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
             if (st == OTE_OK) atomic_store(&c->src_granted, 1);
             tl_serve.a = NULL;
             tl_serve.stage = NULL;
+            /* Not taken by a pin (refused before one): back to its parent. */
+            ote__rdma_sp_put(tp, &tl_serve.sps);
             /* The grant's pin owns the bounce once src_pin took it (src_unpin ends it). */
             if (!pinned) ote__rdma_stage_end(tp, stage);
             if (st != OTE_OK) {
@@ -437,6 +458,7 @@ void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq) {
          * that saw no traffic while its port was down is still connected to its own; one
          * that failed is rebuilt by CONNECT, which retires ours then. */
         n += ote_grant_source_end_endpoint(nic->gm, ep);
+        ote__rdma_sp_end_ep(c->tp, ep); /* reservations on those QPs (rdma_src_parents.c) */
     }
     OTE_INFO("rdma", "requester %s lost its device of pair %u:%u: %zu grant(s) ended", c->peer_addr,
              rq->u.reset.pair >> 8, rq->u.reset.pair & 0xff, n);
@@ -471,8 +493,10 @@ ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
     (void)t;
     /* rdma_stage=1: READs of device memory are served staged (rdma_stage.c) to a
      * requester that asks with OTE_RP_GF_STAGE; rdma_direct=1: GRANT_REQ's direct flags,
-     * CONNECT cap 2/3 (rdma_direct.c). */
-    static const char kAdv[] = "rdma_release=1;rdma_connect_epoch=1;rdma_stage=1;rdma_direct=1";
+     * CONNECT cap 2/3 (rdma_direct.c); rdma_parent=1: GRANT_REQ's parent trailer
+     * (rdma_src_parents.c). */
+    static const char kAdv[] =
+        "rdma_release=1;rdma_connect_epoch=1;rdma_stage=1;rdma_direct=1;rdma_parent=1";
     if (len < sizeof(kAdv)) return OTE_ERR_TOO_BIG;
     memcpy(buf, kAdv, sizeof(kAdv));
     return OTE_OK;

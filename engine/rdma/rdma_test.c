@@ -9,6 +9,7 @@
 #include "base/lock.h"
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/rdma_src_parents.h"
 #include "engine/rdma/test_hook.h"
 
 static ote_mutex_t g_track_mu = {PTHREAD_MUTEX_INITIALIZER};
@@ -73,6 +74,20 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.sq_in_use = cs.sq_in_use;
         r.sq_peak = cs.sq_peak;
         r.sq_waits = cs.sq_waits;
+        rdma_sp_stats_t sp;
+        ote__rdma_sp_stats(tp, &sp);
+        r.src_rq_busy += sp.rq_refused;
+        r.sp_parents = sp.parents;
+        r.sp_credits = sp.credits;
+        r.sp_credits_peak = sp.credits_peak;
+        r.sp_rq = sp.rq;
+        r.sp_rq_peak = sp.rq_peak;
+        r.sp_refused = sp.refused;
+        r.sp_busy = sp.busy;
+        r.sp_served = sp.served;
+        r.sp_per_grant = sp.per_grant;
+        r.sp_bad = sp.bad;
+        r.sp_ended = sp.ended;
         r.direct_mrs = atomic_load(&tp->direct_mrs);
         r.direct_served = atomic_load(&tp->direct_served);
         r.direct_redirects = atomic_load(&tp->direct_redirects);

@@ -80,6 +80,14 @@ typedef struct {
      * private PDs and QPs of the direct endpoints alive now (source). */
     uint64_t direct_mrs, direct_served, direct_redirects, direct_followed, direct_retained;
     uint64_t direct_pds, direct_qps;
+    /* Source: whole-parent reservations (rdma_src_parents.h): parents holding one now;
+     * grant credits and receive slots they reserved now and the most at once; first
+     * grants refused (no whole reservation; src_rq_busy counts those refused for want of
+     * receive slots too); grants refused while their parent's credits were all live;
+     * grants served on a slot of their parent, or admitted per grant; trailers refused;
+     * reservations returned. */
+    uint64_t sp_parents, sp_credits, sp_credits_peak, sp_rq, sp_rq_peak;
+    uint64_t sp_refused, sp_busy, sp_served, sp_per_grant, sp_bad, sp_ended;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

@@ -628,6 +628,68 @@ TEST_F(RdmaControlTest, DirectFlagsAreCheckedAndAdvertised) {
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
+// The parent trailer of GRANT_REQ (proto.h: 88 bytes, after the epoch and flags): a
+// source advertises rdma_parent=1 and decodes it (a well-formed one for another epoch is
+// answered: a cache miss); a parent of 0, a budget of 0 or past OTE_RP_MAX_BUDGET,
+// unknown flags or a truncated trailer is a protocol error: the connection is closed, no
+// answer and no crash.
+TEST_F(RdmaControlTest, ParentTrailerIsCheckedAndAdvertised) {
+    ote_engine_t *e = RdmaEngine();
+    ASSERT_NE(e, nullptr);
+    std::string addr = EngineAddress(e);
+    std::vector<uint8_t> buf;
+    ote_ctl_msg_t m;
+    bool advertised = false;
+    auto session = [&]() {
+        int fd = ote_test::ConnectTo(addr);
+        EXPECT_GE(fd, 0);
+        EXPECT_TRUE(SendAll(fd, Hello()));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        std::string info(m.u.hello_ack.info != nullptr ? m.u.hello_ack.info : "",
+                         m.u.hello_ack.info_len);
+        advertised = info.find("rdma_parent=1") != std::string::npos;
+        EXPECT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 1, OTE_OK, InfoBody(1))));
+        EXPECT_TRUE(ReadFrame(fd, &buf, &m));
+        return fd;
+    };
+    auto grant = [](uint64_t parent, uint32_t budget, uint32_t flags, size_t size) {
+        std::vector<uint8_t> g(88, 0);
+        g[0] = 5; // OTE_RP_GRANT_REQ with epoch, flags and the parent trailer
+        uint32_t qpn = 77, op = 1;
+        uint64_t at = 0x100000, len = 4096, uid = 9, epoch = 1;
+        memcpy(&g[8], &op, 4);
+        memcpy(&g[12], &qpn, 4);
+        memcpy(&g[16], &qpn, 4);
+        memcpy(&g[20], &at, 8);
+        memcpy(&g[28], &len, 8);
+        memcpy(&g[36], &at, 8);
+        memcpy(&g[44], &len, 8);
+        memcpy(&g[52], &uid, 8);
+        memcpy(&g[64], &epoch, 8);
+        memcpy(&g[72], &flags, 4);
+        memcpy(&g[76], &parent, 8);
+        memcpy(&g[84], &budget, 4);
+        g.resize(size);
+        return g;
+    };
+    int fd = session();
+    EXPECT_TRUE(advertised) << "the HELLO_ACK does not advertise rdma_parent";
+    ASSERT_TRUE(SendAll(fd, Frame(OTE_CTL_RDMA, 2, OTE_OK, grant(7, 4, 0, 88))));
+    ASSERT_TRUE(ReadFrame(fd, &buf, &m)) << "a well-formed parent trailer closed the connection";
+    EXPECT_EQ(m.req_id, 2u);
+    EXPECT_NE(m.status, OTE_OK) << "another epoch, nothing registered: refused";
+    close(fd);
+    for (const auto &body : {grant(0, 4, 0, 88), grant(7, 0, 0, 88), grant(7, 65537, 0, 88),
+                             grant(7, 4, 2, 88), grant(7, 4, 0, 84)}) {
+        int bad = session();
+        ASSERT_TRUE(SendAll(bad, Frame(OTE_CTL_RDMA, 3, OTE_OK, body)));
+        EXPECT_FALSE(ReadFrame(bad, &buf, &m, 3000)) << "a malformed parent trailer was answered";
+        EXPECT_TRUE(ClosedByPeer(bad));
+        close(bad);
+    }
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
 TEST_F(RdmaControlTest, LateAnswerReleasedToASourceThatAdvertisesRelease) {
     LateAnswerToFakeSource(true);
 }

@@ -15,8 +15,18 @@
 //   complete and never more than 2 QPs held; with no idle source QP the CONNECT is
 //   refused AGAIN until the request's deadline (OTE_ERR_TIMEOUT), and then works;
 // - rdma_max_send_wrs=2: 64 concurrent requests complete with at most 2 send WRs
-//   outstanding in each engine.
+//   outstanding in each engine;
+// - whole parents at the source (engine/rdma/rdma_src_parents.h): a parent of 4 grants
+//   reserves 4 credits and 4 receive slots at its first grant, all returned when it
+//   ends (at most a QP's receive slots); grants without a parent are served per grant;
+//   parents take turns for a small rdma_max_served_grants pool; a refused reservation is
+//   asked again (or the request fails TIMEOUT at its deadline); a budget past the pool is
+//   refused TOO_BIG at once; a parent whose grants fail midway returns its reservation.
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -456,6 +466,227 @@ TEST(RdmaLimitsTest, SourceQpLimitRefusesUntilTheDeadlineThenWorks) {
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(x), OTE_OK);
+// Whole-parent reservation at the source (engine/rdma/rdma_src_parents.h): every parent
+// reservation of the source returned, its grant credits and receive slots back to zero
+// (a parent ends with its request's account, just after its last receipt: waited for).
+void ExpectSourceParentsReturned(ote_engine_t *src) {
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (Grants(src).sp_parents != 0 && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ote__rdma_test_grants_t g = Grants(src);
+    EXPECT_EQ(g.sp_parents, 0u);
+    EXPECT_EQ(g.sp_credits, 0u);
+    EXPECT_EQ(g.sp_rq, 0u);
+}
+
+constexpr uint64_t kParentLen = 4ull << 20; // four grants of rdma_grant_max 1M
+
+// A parent of 4 grants (rdma_max_grants 4 at the requester) reserves, at its first
+// grant, 4 grant credits and 4 receive slots at the source; every grant of it is served
+// on its reservation (or per grant), and all of it returns when the request ends.
+TEST(RdmaLimitsTest, SourceReservesAParentsWholeBudgetAtItsFirstGrant) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}), Rdma(), 1, 1, kParentLen);
+    rig.Open();
+    rig.Run(OTE_WRITE, 0, 1);
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_EQ(s.sp_rq_peak, 4u) << "a parent of 4 grants reserves 4 receive slots";
+    EXPECT_EQ(s.sp_credits_peak, 4u);
+    EXPECT_GE(s.sp_served + s.sp_per_grant, 4u) << "its grants did not carry their parent";
+    EXPECT_GE(s.sp_served, 1u);
+    EXPECT_EQ(s.sp_refused, 0u);
+    ExpectSourceParentsReturned(rig.src_[0]);
+    EXPECT_GE(Grants(rig.src_[0]).sp_ended, 1u);
+    rig.Run(OTE_READ, 0, 1);
+    rig.Check(0, 1);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+    EXPECT_EQ(Grants(rig.src_[0]).sp_rq_peak, 4u);
+}
+
+// A parent larger than a QP's receive slots (4 grants, rdma_recv_slots 2 at the source)
+// reserves all of that QP's slots, not more, and still completes (its grants past them,
+// on other QPs or later, admitted per grant or on slots that came back).
+TEST(RdmaLimitsTest, ParentPastAQpsSlotsReservesThemAll) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}),
+            Rdma({{"rdma_recv_slots", "2"}}), 1, 1, kParentLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_EQ(s.sp_rq_peak, 2u);
+    EXPECT_EQ(s.sp_credits_peak, 4u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A requester without rdma_max_grants names no parent (the old GRANT_REQ forms): the
+// source serves it per grant, as before, and reserves nothing.
+TEST(RdmaLimitsTest, GrantsWithoutAParentAreServedPerGrant) {
+    Rig rig(Rdma({{"rdma_grant_max", "1M"}}), Rdma({{"rdma_max_served_grants", "1"}}), 1, 2,
+            kParentLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_EQ(s.sp_rq_peak, 0u);
+    EXPECT_EQ(s.sp_credits_peak, 0u);
+    EXPECT_EQ(s.sp_served + s.sp_per_grant + s.sp_refused, 0u);
+    ExpectDrained(rig);
+}
+
+// The source's pool (rdma_max_served_grants 4) holds one parent of 4 at a time: 8
+// concurrent parents of 4 grants each take turns (the others are refused AGAIN and ask
+// again), never more than 4 credits reserved, and all complete with their bytes.
+TEST(RdmaLimitsTest, ParentsTakeTurnsForTheSourcesPool) {
+    Rig rig(Rdma({{"rdma_max_grants", "16"}, {"rdma_grant_max", "1M"}}),
+            Rdma({{"rdma_max_served_grants", "4"}}), 1, 8, kParentLen);
+    rig.Open();
+    rig.RunAll();
+    ote__rdma_test_grants_t s = Grants(rig.src_[0]);
+    EXPECT_LE(s.sp_credits_peak, 4u) << "more credits reserved than the source's pool";
+    EXPECT_EQ(s.sp_credits_peak, 4u);
+    EXPECT_GE(s.sp_ended, 16u) << "8 WRITE and 8 READ parents";
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A parent's reservation refused (AGAIN) is asked again by the requester and then made;
+// refused until the request's deadline, the request fails OTE_ERR_TIMEOUT (never hangs)
+// and nothing stays reserved on either side.
+TEST(RdmaLimitsTest, RefusedParentReservationIsAskedAgainOrTimesOut) {
+    Rig rig(
+        Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}, {"transfer_timeout_ms", "1500"}}),
+        Rdma(), 1, 2, kParentLen);
+    rig.Open();
+    ASSERT_EQ(ote_fault_arm("rdma.sp_reserve", OTE_FAULT_NTH, 1, OTE_ERR_AGAIN, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 0, 1);
+    EXPECT_EQ(ote_fault_failures("rdma.sp_reserve"), 1u);
+    EXPECT_GE(Grants(rig.req_).busy_retries, 1u);
+    EXPECT_GE(Grants(rig.src_[0]).sp_refused, 1u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+
+    ASSERT_EQ(ote_fault_arm("rdma.sp_reserve", OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 1, 1, OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_fault_failures("rdma.sp_reserve"), 1u);
+    ASSERT_EQ(ote_fault_disarm("rdma.sp_reserve"), OTE_OK);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+
+    rig.Run(OTE_WRITE, 1, 1);
+    rig.Run(OTE_READ, 0, 2);
+    rig.Check(0, 2);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A budget larger than the source's whole pool can never be reserved there: refused at
+// once (OTE_ERR_TOO_BIG), not asked again to the deadline; nothing stays reserved.
+TEST(RdmaLimitsTest, BudgetPastTheSourcesPoolIsRefusedAtOnce) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}),
+            Rdma({{"rdma_max_served_grants", "2"}}), 1, 1, kParentLen);
+    rig.Open();
+    rig.Run(OTE_WRITE, 0, 1, OTE_ERR_TOO_BIG);
+    EXPECT_GE(Grants(rig.src_[0]).sp_refused, 1u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A requester whose grants fail mid-parent (the source's receive admission fails from
+// the grant after the reservation on): the request fails, the source's reservation is
+// returned (counters back to zero), and the next request works.
+TEST(RdmaLimitsTest, ParentFailingMidwayReturnsItsReservation) {
+    Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}, {"rdma_lanes", "1"}}),
+            Rdma({{"rdma_lanes", "1"}}), 1, 1, kParentLen);
+    rig.Open();
+    // Hits 1..4: the parent's reservation; 5: its first grant's admission; the rest fail.
+    ASSERT_EQ(ote_fault_arm("qp.rq_admit", OTE_FAULT_FROM, 6, OTE_ERR_FAULT, 0), OTE_OK);
+    rig.Run(OTE_WRITE, 0, 1, OTE_ERR_REMOTE_ACCESS);
+    EXPECT_GE(ote_fault_failures("qp.rq_admit"), 1u);
+    ASSERT_EQ(ote_fault_disarm("qp.rq_admit"), OTE_OK);
+    EXPECT_EQ(Grants(rig.src_[0]).sp_rq_peak, 4u);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+    rig.Run(OTE_WRITE, 0, 1);
+    rig.Run(OTE_READ, 0, 1);
+    rig.Check(0, 1);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
+}
+
+// A requester process killed mid-parent: the source saw its parent's reservation, then
+// the requester (a child forked before any engine of this test exists, its sim ports
+// limited to 50 MB/s so that its 64 MiB WRITE of 256 grants lasts) is killed with
+// SIGKILL. Its control connection ends and the source returns the parent's reservation
+// (and ends its live grants): counters back to zero, the memory unregisters.
+TEST(RdmaLimitsTest, RequesterKilledMidParentReturnsTheReservation) {
+    constexpr uint64_t kBig = 64ull << 20;
+    int to_child[2];
+    ASSERT_EQ(pipe(to_child), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        close(to_child[1]);
+        setenv("OTE_SIM_CONFIG",
+               "dev=sim0;port,bw=50M;gid=auto-ll,type=v1;gid=auto-ll,type=v2;gid=auto-v4,"
+               "type=v1;gid=auto-v4,type=v2;dev=sim1;port,bw=50M;gid=auto-ll,type=v1;"
+               "gid=auto-ll,type=v2;gid=auto-v4,type=v1;gid=auto-v4,type=v2",
+               1);
+        char addr[300] = {0};
+        uint64_t remote = 0;
+        if (read(to_child[0], addr, sizeof(addr)) != (ssize_t)sizeof(addr) ||
+            read(to_child[0], &remote, sizeof(remote)) != (ssize_t)sizeof(remote))
+            _exit(2);
+        ote_engine_t *req =
+            ote_test::NewEngine(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "256K"}}));
+        std::vector<uint8_t> out(kBig, 5);
+        ote_segment_t *seg = nullptr;
+        if (req == nullptr || ote_memory_register(req, out.data(), kBig, OTE_PERM_READ) != OTE_OK ||
+            ote_segment_open(req, addr, &seg) != OTE_OK)
+            _exit(3);
+        ote_request_t r = {OTE_WRITE, out.data(), seg, remote, kBig};
+        ote_batch_t *b = nullptr;
+        if (ote_batch_create(req, 1, &b) != OTE_OK || ote_batch_submit(b, &r, 1) != OTE_OK)
+            _exit(4);
+        (void)ote_batch_wait(b, ote_deadline_after(120 * kSec)); // killed before it ends
+        _exit(5);
+    }
+    close(to_child[0]);
+    ote_engine_t *src = ote_test::NewEngine(Rdma());
+    ASSERT_NE(src, nullptr);
+    std::vector<uint8_t> mem(kBig, 0);
+    ASSERT_EQ(ote_memory_register(src, mem.data(), kBig, OTE_PERM_WRITE), OTE_OK);
+    char addr[300] = {0};
+    ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
+    uint64_t remote = (uint64_t)(uintptr_t)mem.data();
+    ASSERT_EQ(write(to_child[1], addr, sizeof(addr)), (ssize_t)sizeof(addr));
+    ASSERT_EQ(write(to_child[1], &remote, sizeof(remote)), (ssize_t)sizeof(remote));
+    close(to_child[1]);
+    // Its parent's reservation is made here at its first grant.
+    int wst = 0;
+    pid_t gone = 0;
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while (Grants(src).sp_parents == 0 && !ote_deadline_expired(dl) &&
+           (gone = waitpid(pid, &wst, WNOHANG)) == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(gone, 0) << "the requester ended before its parent was reserved: " << wst;
+    EXPECT_EQ(Grants(src).sp_parents, 1u);
+    EXPECT_EQ(Grants(src).sp_rq, 4u) << "a parent of 4 grants holds 4 receive slots";
+    if (gone == 0) {
+        ASSERT_EQ(kill(pid, SIGKILL), 0);
+        ASSERT_EQ(waitpid(pid, &wst, 0), pid);
+    }
+    ExpectSourceParentsReturned(src);
+    dl = ote_deadline_after(60 * kSec);
+    while (Grants(src).live_source != 0 && !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(Grants(src).live_source, 0u);
+    EXPECT_GE(Grants(src).sp_ended, 1u);
+    // The dead requester's pin of the range is released with its connection.
+    dl = ote_deadline_after(60 * kSec);
+    ote_status_t us;
+    while ((us = ote_memory_unregister(src, mem.data())) == OTE_ERR_BUSY &&
+           !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(us, OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
@@ -470,6 +701,8 @@ TEST(RdmaLimitsTest, RefusesMalformedKeys) {
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_qps", "1"), OTE_OK);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_send_wrs", "x"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(cfg, "rdma_max_send_wrs", "2"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_served_grants", "65537"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_served_grants", "4"), OTE_OK);
     ote_config_destroy(cfg);
 }
 

@@ -94,6 +94,17 @@ printf "$INFO_HEAD" >"$RCORPUS/info_short"
     printf '\x88\x77\x66\x55\x44\x33\x22\x11'
 } >"$RCORPUS/grant_direct"
 
+# ... and the GRANT_REQ with the epoch, no flags and the parent trailer (parent 7 of a
+# budget of 4 grants: whole-parent credits, proto.h).
+{
+    printf '\x05\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00'
+    printf '\x00\x10\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00'
+    printf '\x00\x10\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00\x00'
+    printf '\x63\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+    printf '\x88\x77\x66\x55\x44\x33\x22\x11\x00\x00\x00\x00'
+    printf '\x07\x00\x00\x00\x00\x00\x00\x00\x04\x00\x00\x00'
+} >"$RCORPUS/grant_parent"
+
 # The shm transport's wire checks (engine/shm/shm_proto.h): one SOCK_SEQPACKET message
 # per input. Seeds (a HELLO, the three AUTH steps, HELLO_ACKs, REQS, RESPS, an IPC offer
 # and close receipt, and malformed neighbours of them) are written by the target itself
