@@ -466,6 +466,9 @@ TEST(RdmaLimitsTest, SourceQpLimitRefusesUntilTheDeadlineThenWorks) {
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(x), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
 // Whole-parent reservation at the source (engine/rdma/rdma_src_parents.h): every parent
 // reservation of the source returned, its grant credits and receive slots back to zero
 // (a parent ends with its request's account, just after its last receipt: waited for).
