@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -60,10 +61,9 @@ static void read_huge_size(void) {
     if (v >= 4096 && (v & (v - 1)) == 0) g_huge_size = v;
 }
 
-/* One madvise, or the fault point `fault` failing it (errno from the armed point). */
-static int advise(const char *fault, void *addr, size_t len, int advice) {
-    ote_status_t st;
-    if (ote_fault_hit(fault, &st)) {
+/* One madvise, unless its fault point failed it (injected: errno from the armed point). */
+static int advise(bool injected, void *addr, size_t len, int advice) {
+    if (injected) {
         if (errno == 0) errno = EINVAL;
         return -1;
     }
@@ -78,8 +78,9 @@ void ote__thp_advise(ote_engine_t *e, uint64_t addr, uint64_t len) {
     if (hi <= lo) return; /* no whole huge page inside: left alone */
     void *p = (void *)(uintptr_t)lo;
     size_t n = (size_t)(hi - lo);
+    ote_status_t fst;
     errno = 0;
-    if (advise("engine.thp_advise", p, n, MADV_HUGEPAGE) != 0) {
+    if (advise(ote_fault_hit("engine.thp_advise", &fst), p, n, MADV_HUGEPAGE) != 0) {
         int err = errno;
         if (!(atomic_fetch_or(&e->thp_logged, THP_LOGGED_ADVISE) & THP_LOGGED_ADVISE))
             OTE_WARN("engine",
@@ -89,7 +90,7 @@ void ote__thp_advise(ote_engine_t *e, uint64_t addr, uint64_t len) {
         return; /* the kernel refused the range: a collapse would be refused too */
     }
     errno = 0;
-    if (advise("engine.thp_collapse", p, n, MADV_COLLAPSE) != 0) {
+    if (advise(ote_fault_hit("engine.thp_collapse", &fst), p, n, MADV_COLLAPSE) != 0) {
         int err = errno;
         if (!(atomic_fetch_or(&e->thp_logged, THP_LOGGED_COLLAPSE) & THP_LOGGED_COLLAPSE))
             OTE_INFO("engine",

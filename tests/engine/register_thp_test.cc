@@ -80,8 +80,8 @@ class Aligned {
   public:
     explicit Aligned(size_t len) : len_(len) {
         map_len_ = len + kHuge;
-        void *m = mmap(nullptr, map_len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+        void *m =
+            mmap(nullptr, map_len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         EXPECT_NE(m, MAP_FAILED);
         if (m == MAP_FAILED) return;
         map_ = static_cast<uint8_t *>(m);
