@@ -96,6 +96,9 @@ static const key_def_t g_keys[] = {
     {"gpu_paths", K_GPU_PATHS, "staging", 0, 0, {NULL}},
     {"gpu_staging_chunk", K_SIZE, "2M", 64u << 10, 64u << 20, {NULL}},
     {"gpu_staging_depth", K_UINT, "4", 1, 64, {NULL}},
+    /* 1: ote_memory_register advises the kernel to back host ranges with transparent huge
+     * pages (engine/hugepages.c); it changes the application's memory, hence opt-in. */
+    {"register_thp", K_ENUM, "0", 0, 0, {"0", "1", NULL, NULL}},
 };
 #define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
 
@@ -538,6 +541,7 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
             copy_str(r.gpu_paths_text, sizeof(r.gpu_paths_text), v);
         } else if (strcmp(k->key, "gpu_staging_chunk") == 0) r.gpu_staging_chunk = n;
         else if (strcmp(k->key, "gpu_staging_depth") == 0) r.gpu_staging_depth = (uint32_t)n;
+        else if (strcmp(k->key, "register_thp") == 0) r.register_thp = strcmp(v, "1") == 0;
     }
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
     /* transport (one element) counts when transports was left at its default; setting

@@ -126,6 +126,7 @@ struct ote_engine {
     ote__reg_t **regs; /* sorted by start, non-overlapping */
     size_t nregs, capregs;
     _Atomic size_t nregs_hint;
+    _Atomic unsigned thp_logged; /* register_thp failures logged once (hugepages.c), a bit each */
 
     ote_mutex_t nmu; /* received notifications */
     ote_cond_t ncv;
@@ -241,6 +242,12 @@ void ote__listen_release(ote__listen_t *l);
 /* The NUMA node of [addr, addr + len) of memory `kind` (host: where its pages are now;
  * device memory: its GPU's node), or -1 when unknown or spread over several nodes. */
 int ote__mem_node(ote_engine_t *e, uint64_t addr, uint64_t len, uint32_t kind);
+
+/* ---- hugepages.c ------------------------------------------------------------------ */
+/* register_thp=1: advise the kernel to back the huge-page-aligned interior of host range
+ * [addr, addr + len) with transparent huge pages (MADV_HUGEPAGE, then MADV_COLLAPSE).
+ * Best effort: a failure is logged (once per engine and kind) and changes nothing else. */
+void ote__thp_advise(ote_engine_t *e, uint64_t addr, uint64_t len);
 
 /* ---- registry.c ------------------------------------------------------------------- */
 /* The registration covering [addr, addr+len), or NULL. e->reg_lk held. */

@@ -70,6 +70,7 @@ typedef struct ote__cfg_s {
     char gpu_paths_text[32];           /* as configured, for log lines */
     uint64_t gpu_staging_chunk;        /* bytes per pinned staging chunk */
     uint32_t gpu_staging_depth;        /* staging chunks in flight per request */
+    int register_thp;                  /* THP advice on registered host ranges (hugepages.c) */
 } ote__cfg_t;
 
 /* The deadline, from accept, of an accepted connection's handshake (ms). */

@@ -209,6 +209,13 @@ static int name_taken(const ote_engine_t *e, const char *name) {
     return 0;
 }
 
+/* Whether [start, start + len) overlaps a live registration. reg_lk held. */
+static int overlaps(const ote_engine_t *e, uint64_t start, uint64_t len) {
+    long i = reg_find(e, start);
+    return (i >= 0 && start - e->regs[i]->start < e->regs[i]->len) ||
+           ((size_t)(i + 1) < e->nregs && e->regs[i + 1]->start < start + len);
+}
+
 ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
     return ote_memory_register_named(e, addr, len, perms, NULL);
 }
@@ -249,6 +256,15 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
                  addr, len);
         return OTE_ERR_INVALID;
     }
+    /* register_thp=1: huge pages for plain host memory, before a transport pins it (an
+     * RDMA MR's pinned pages cannot be collapsed); not for a range refused as an overlap
+     * (a concurrent registration racing this check costs only the advice). */
+    if (kind == OTE_MEM_HOST && e->cfg.register_thp) {
+        pthread_rwlock_rdlock(&e->reg_lk);
+        int taken = overlaps(e, start, len);
+        pthread_rwlock_unlock(&e->reg_lk);
+        if (!taken) ote__thp_advise(e, start, len);
+    }
     /* GPUDirect RDMA: the device range's dma-buf (engine/gpu/gpu_direct.c), taken before
      * the registry lock (driver calls); without one the other GPU paths still serve it. */
     int dmabuf_fd = -1, dmabuf_tp = 0; /* some transport takes dma-buf MRs (rdma) */
@@ -272,8 +288,7 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
     int dup = 0;
     pthread_rwlock_wrlock(&e->reg_lk);
     long i = reg_find(e, start);
-    if (i >= 0 && start - e->regs[i]->start < e->regs[i]->len) st = OTE_ERR_EXISTS;
-    if ((size_t)(i + 1) < e->nregs && e->regs[i + 1]->start < start + len) st = OTE_ERR_EXISTS;
+    if (overlaps(e, start, len)) st = OTE_ERR_EXISTS;
     if (st == OTE_OK && nl && name_taken(e, r->name)) {
         st = OTE_ERR_EXISTS;
         dup = 1;

@@ -10,7 +10,8 @@
 #      am_bw at 4 KiB (the better of the short and bcopy layouts);
 #   4. same host: ote_bench --transport shm, cross-memory attach and then shm_mode=ring,
 #      64 MiB WRITE/READ and 4 KiB x64 WRITE/READ (cross-memory attach 64 MiB also with
-#      buffers on transparent huge pages, for information), and ucx_perftest over UCX's shared-memory transport
+#      buffers on transparent huge pages, and host buffers with register_thp=1, for
+#      information), and ucx_perftest over UCX's shared-memory transport
 #      (-x posix -d memory) put_bw at 64 MiB (bcopy: posix has no put zcopy) and 4 KiB;
 # then prints every figure and OrbitTE's ratios: 64 MiB WRITE and READ against iperf3's
 # single-stream throughput (target >= 1.0x), the 4 KiB batch-64 WRITE message rate
@@ -239,6 +240,11 @@ ote SR64M --transport shm --op read --block-size 64M --batch-size 1
 OTE_TW64M_GBPS="" OTE_TR64M_GBPS=""
 ote TW64M --transport shm --op write --block-size 64M --batch-size 1 --local-mem thp --remote-mem thp
 ote TR64M --transport shm --op read --block-size 64M --batch-size 1 --local-mem thp --remote-mem thp
+# Host buffers (4 KiB pages) with register_thp=1 on both engines: their registration
+# advises and collapses them to huge pages (README "Same host"). Information only.
+OTE_GW64M_GBPS="" OTE_GR64M_GBPS=""
+OTE_REGISTER_THP=1 ote GW64M --transport shm --op write --block-size 64M --batch-size 1
+OTE_REGISTER_THP=1 ote GR64M --transport shm --op read --block-size 64M --batch-size 1
 ote SW4K --transport shm --op write --block-size 4K --batch-size 64
 ote SR4K --transport shm --op read --block-size 4K --batch-size 64
 # The same over the shared ring (shm_mode=ring, which both processes inherit).
@@ -287,6 +293,8 @@ printf '%-52s %14s\n' "ote_bench shm WRITE 64 MiB, batch 1, 1 thread" "$(fmt "$O
 printf '%-52s %14s\n' "ote_bench shm READ  64 MiB, batch 1, 1 thread" "$(fmt "$OTE_SR64M_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench shm WRITE 64 MiB, thp buffers (info)" "$(fmt "$OTE_TW64M_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench shm READ  64 MiB, thp buffers (info)" "$(fmt "$OTE_TR64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm WRITE 64 MiB, register_thp=1 (info)" "$(fmt "$OTE_GW64M_GBPS" '%.3f GB/s')"
+printf '%-52s %14s\n' "ote_bench shm READ  64 MiB, register_thp=1 (info)" "$(fmt "$OTE_GR64M_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench shm ring WRITE 64 MiB, batch 1, 1 thread" "$(fmt "$OTE_QW64M_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ote_bench shm ring READ  64 MiB, batch 1, 1 thread" "$(fmt "$OTE_QR64M_GBPS" '%.3f GB/s')"
 printf '%-52s %14s\n' "ucx_perftest put_bw 64 MiB (posix memory, bcopy)" "$(fmt "$UCX_SHM_PUT_GBPS" '%.3f GB/s')"
@@ -300,6 +308,8 @@ printf '%-52s %14s\n' "shm WRITE 64 MiB / UCX posix put_bw 64 MiB (>= 0.9x)" "$(
 printf '%-52s %14s\n' "shm READ  64 MiB / UCX posix put_bw 64 MiB (>= 0.9x)" "$(ratio "$OTE_SR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
 printf '%-52s %14s\n' "shm WRITE 64 MiB thp / UCX posix put_bw 64 MiB (info)" "$(ratio "$OTE_TW64M_GBPS" "$UCX_SHM_PUT_GBPS")"
 printf '%-52s %14s\n' "shm READ  64 MiB thp / UCX posix put_bw 64 MiB (info)" "$(ratio "$OTE_TR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "shm WRITE 64 MiB register_thp=1 / UCX posix (info)" "$(ratio "$OTE_GW64M_GBPS" "$UCX_SHM_PUT_GBPS")"
+printf '%-52s %14s\n' "shm READ  64 MiB register_thp=1 / UCX posix (info)" "$(ratio "$OTE_GR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
 printf '%-52s %14s\n' "ring WRITE 64 MiB / UCX posix put_bw 64 MiB (>= 0.6x)" "$(ratio "$OTE_QW64M_GBPS" "$UCX_SHM_PUT_GBPS")"
 printf '%-52s %14s\n' "ring READ  64 MiB / UCX posix put_bw 64 MiB (>= 0.6x)" "$(ratio "$OTE_QR64M_GBPS" "$UCX_SHM_PUT_GBPS")"
 printf '%-52s %14s\n' "shm WRITE 4 KiB x64 / TCP WRITE 4 KiB x64 (>= 3x)" "$(ratio "$OTE_SW4K_OPS" "$OTE_W4K_OPS")"

@@ -9,7 +9,9 @@
 #   ote_bench --transport shm (cross-memory attach), batch 1, one thread:
 #                64 MiB WRITE and READ with host buffers (4 KiB pages), then the same with
 #                both buffers on transparent huge pages (--local-mem/--remote-mem thp),
-#                then with host buffers over the shared ring (OTE_SHM_MODE=ring)
+#                then with host buffers over the shared ring (OTE_SHM_MODE=ring), then
+#                host buffers with register_thp=1 on both engines (OTE_REGISTER_THP=1:
+#                registration advises and collapses them to huge pages)
 #   UCX after    as before; the anchor of the repetition is the mean of before and after
 #   4 KiB x64    ote_bench shm READ, TCP READ, shm WRITE, TCP WRITE (message rates and
 #                the p50 latency of one batch)
@@ -19,6 +21,7 @@
 # Environment: OTE_BENCH=path/to/ote_bench (default: bazel-bin/tools/ote_bench, built first).
 set -u
 set -o pipefail
+unset OTE_REGISTER_THP # only the reg figures set it
 
 REPS="${1:-5}"
 SECS="${2:-3}"
@@ -53,7 +56,8 @@ ob() {
 div() { echo "scale=3; $1 / $2" | bc -l 2>/dev/null; }
 
 declare -A R
-NAMES="W64/UCX W64thp/UCX W64ring/UCX R64/UCX R64thp/UCX R64ring/UCX R4K/TCP W4K/TCP"
+NAMES="W64/UCX W64thp/UCX W64ring/UCX W64reg/UCX R64/UCX R64thp/UCX R64ring/UCX R64reg/UCX"
+NAMES="$NAMES W64reg/W64 R64reg/R64 R4K/TCP W4K/TCP"
 for rep in $(seq "$REPS"); do
     load="$(cut -d' ' -f1 /proc/loadavg)"
     u1="$(ucx64)"
@@ -63,17 +67,22 @@ for rep in $(seq "$REPS"); do
     rt="$(ob shm 5 --op read -b 64M -B 1 --local-mem thp --remote-mem thp)"
     wq="$(OTE_SHM_MODE=ring ob shm 5 --op write -b 64M -B 1)"
     rq="$(OTE_SHM_MODE=ring ob shm 5 --op read -b 64M -B 1)"
+    wg="$(OTE_REGISTER_THP=1 ob shm 5 --op write -b 64M -B 1)"
+    rg="$(OTE_REGISTER_THP=1 ob shm 5 --op read -b 64M -B 1)"
     u2="$(ucx64)"
     sr="$(ob shm 6 --op read -b 4K -B 64)" srl="$(ob shm 9 --op read -b 4K -B 64)"
     tr="$(ob tcp 6 --op read -b 4K -B 64)"
     sw="$(ob shm 6 --op write -b 4K -B 64)"
     tw="$(ob tcp 6 --op write -b 4K -B 64)"
-    u="$(echo "scale=3; (${u1:-0} + ${u2:-0}) / 2" | bc -l)"
+    # The anchor: the mean of both UCX runs, or the one that gave a figure (none: no ratio).
+    if [ -n "$u1" ] && [ -n "$u2" ]; then u="$(echo "scale=3; ($u1 + $u2) / 2" | bc -l)"; else u="${u1:-$u2}"; fi
     R[W64/UCX]+=" $(div "$wh" "$u")" R[W64thp/UCX]+=" $(div "$wt" "$u")"
     R[R64/UCX]+=" $(div "$rh" "$u")" R[R64thp/UCX]+=" $(div "$rt" "$u")"
     R[W64ring/UCX]+=" $(div "$wq" "$u")" R[R64ring/UCX]+=" $(div "$rq" "$u")"
+    R[W64reg/UCX]+=" $(div "$wg" "$u")" R[R64reg/UCX]+=" $(div "$rg" "$u")"
+    R[W64reg/W64]+=" $(div "$wg" "$wh")" R[R64reg/R64]+=" $(div "$rg" "$rh")"
     R[R4K/TCP]+=" $(div "$sr" "$tr")" R[W4K/TCP]+=" $(div "$sw" "$tw")"
-    echo "rep $rep load $load: UCX $u1/$u2 GB/s | 64M W $wh thp $wt ring $wq R $rh thp $rt ring $rq GB/s |" \
+    echo "rep $rep load $load: UCX $u1/$u2 GB/s | 64M W $wh thp $wt ring $wq reg $wg R $rh thp $rt ring $rq reg $rg GB/s |" \
         "4K x64 shm R $sr (p50 $srl us) TCP R $tr, shm W $sw TCP W $tw msg/s"
 done
 echo "ratios over $REPS repetitions: median [min, max]"
