@@ -528,6 +528,69 @@ TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
+// A request of several runs (grants of 1 MiB, one run in flight at a time) on the
+// source's device memory: its first run is redirected to a direct slot, and the requester
+// remembers it, so every later run of the request goes to a direct slot first: one
+// redirect per request, READ and WRITE, device and host memory here, bytes checked
+// through the driver.
+TEST_F(GpuDirectSourceTest, MultiRunRequestIsRedirectedOnce) {
+    ote_engine_t *src = Source(false);
+    ASSERT_NE(src, nullptr);
+    ote_config_t *cfg = ote_test::RdmaConfig();
+    EXPECT_EQ(ote_config_set(cfg, "gpu_paths", "direct"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_grant_max", "1M"), OTE_OK);
+    EXPECT_EQ(ote_config_set(cfg, "rdma_max_inflight", "1M"), OTE_OK);
+    ote_engine_t *req = nullptr;
+    ASSERT_EQ(ote_engine_create(cfg, &req), OTE_OK);
+    ote_config_destroy(cfg);
+    constexpr size_t kLen = 8u << 20; // 8 runs
+    uint64_t rd = DevAlloc(kLen);
+    uint64_t ld = DevAlloc(kLen);
+    ASSERT_NE(rd, 0u);
+    ASSERT_NE(ld, 0u);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), kLen,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(ld), kLen,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    std::vector<uint8_t> host(kLen);
+    const uint64_t h = reinterpret_cast<uintptr_t>(host.data());
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    uint64_t seed = 300;
+    for (int dev_local = 0; dev_local < 2; dev_local++) {
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+            SCOPED_TRACE(std::string(dev_local ? "device" : "host") + " local, " +
+                         (op == OTE_READ ? "READ" : "WRITE"));
+            const uint64_t local = dev_local ? ld : h;
+            if (op == OTE_READ) {
+                DevFill(rd, kLen, ++seed);
+            } else if (dev_local) {
+                DevFill(ld, kLen, ++seed);
+            } else {
+                ote_pattern_fill(host.data(), kLen, ++seed, 0);
+            }
+            ote__rdma_test_grants_t s0 = Grants(src), r0 = Grants(req);
+            ASSERT_EQ(Run(req, seg, op, local, rd, kLen), OTE_OK);
+            ote__rdma_test_grants_t s1 = Grants(src), r1 = Grants(req);
+            EXPECT_EQ(r1.direct_followed - r0.direct_followed, 1u) << "redirected per run";
+            EXPECT_EQ(s1.direct_redirects - s0.direct_redirects, 1u);
+            EXPECT_EQ(r1.direct_recalled - r0.direct_recalled, 7u) << "later runs not direct";
+            EXPECT_GE(s1.direct_served - s0.direct_served, 8u);
+            std::vector<uint8_t> a = DevRead(rd, kLen);
+            std::vector<uint8_t> b = dev_local ? DevRead(ld, kLen) : host;
+            EXPECT_TRUE(a == b) << "bytes differ";
+        }
+    }
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_TRUE(WaitDirectIdle(src)) << "an exact MR, private PD or direct QP was left";
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
 // Unregistering the source's device memory while a grant over it is live is BUSY (the
 // request's account pins it); once the request ended it succeeds. The requester's posts
 // are slowed (verbs fault delay) so that the grant is seen live.
