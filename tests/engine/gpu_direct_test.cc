@@ -376,6 +376,18 @@ class GpuDirectSourceTest : public GpuDirectTest {
         }
         return false;
     }
+    // The requester's segment closed, its device buffer ld unregistered and its engine
+    // destroyed; then, once the source holds no direct resource for it, the source's
+    // buffer rd unregistered (no grant pins it) and its engine destroyed.
+    static void End(ote_engine_t *src, ote_engine_t *req, ote_segment_t *seg, uint64_t rd,
+                    uint64_t ld) {
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+        EXPECT_TRUE(WaitDirectIdle(src)) << "an exact MR, private PD or direct QP was left";
+        EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    }
     std::vector<ote_verbs_t *> wrapped_;
     std::vector<std::unique_ptr<NativeCounter>> owned_;
     ote_verbs_t *vs_ = nullptr;
@@ -466,12 +478,7 @@ TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
     EXPECT_EQ(ts.bytes_done, 0u);
     EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](uint8_t b) { return b == 0xA5; }));
 
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
-    EXPECT_TRUE(WaitDirectIdle(src)) << "an exact MR, private PD or direct QP was left";
-    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    End(src, req, seg, rd, ld);
 }
 
 // A request of several runs (grants of 1 MiB, one run in flight at a time) on the
@@ -525,12 +532,7 @@ TEST_F(GpuDirectSourceTest, MultiRunRequestIsRedirectedOnce) {
             EXPECT_TRUE(a == b) << "bytes differ";
         }
     }
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
-    EXPECT_TRUE(WaitDirectIdle(src)) << "an exact MR, private PD or direct QP was left";
-    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    End(src, req, seg, rd, ld);
 }
 
 // Unregistering the source's device memory while a grant over it is live is BUSY (the
