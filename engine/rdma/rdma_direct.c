@@ -181,3 +181,28 @@ uint64_t ote__rdma_direct_retry(rdma_tp_t *tp) {
 int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey) {
     return c->direct_ok && st == OTE_ERR_UNSUPPORTED && rkey == OTE_RP_RKEY_DIRECT;
 }
+
+void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid) {
+    if (req_uid == 0) return;
+    ote_mutex_lock(&p->mu);
+    int known = 0;
+    for (uint32_t i = 0; i < OTE__RDMA_REDIRECT_MEMO && !known; i++)
+        known = p->redirected[i] == req_uid;
+    if (!known) {
+        p->redirected[p->redirected_next] = req_uid;
+        p->redirected_next = (p->redirected_next + 1) % OTE__RDMA_REDIRECT_MEMO;
+    }
+    ote_mutex_unlock(&p->mu);
+}
+
+void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s) {
+    if (s->xp.rdma.direct || s->req_uid == 0 || p->c == NULL || !p->c->direct_ok) return;
+    int known = 0;
+    ote_mutex_lock(&p->mu);
+    for (uint32_t i = 0; i < OTE__RDMA_REDIRECT_MEMO && !known; i++)
+        known = p->redirected[i] == s->req_uid;
+    ote_mutex_unlock(&p->mu);
+    if (!known) return;
+    for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.direct = 1;
+    atomic_fetch_add(&p->tp->direct_recalled, 1);
+}

@@ -82,7 +82,9 @@
  *     in our advert) for device memory whose registration has a dma-buf, on a plain slot,
  *     is answered with the redirect (proto.h); the requester marks the run direct, gives
  *     it a fresh request id (like a cache-miss retry: nothing was posted) and sends it
- *     again on a slot of its direct endpoint (OTE_RP_GOP_DIRECT). Host memory asked on a
+ *     again on a slot of its direct endpoint (OTE_RP_GOP_DIRECT); it remembers the
+ *     request (tpeer redirected[]), so the request's later runs go to a direct slot first
+ *     (the source's account of the request decides alike for all). Host memory asked on a
  *     direct slot is refused (INVALID); device memory from a requester that does not
  *     take the redirect keeps the old refusal.
  *   - On a direct slot, ote_grant_serve_exact: the account (rdma_accounts.c) pinned the
@@ -370,6 +372,7 @@ typedef struct commit_wait {
  * while connected). rdma_requester.c adds to notes (next_note) and grants under mu.
  * tp_next links tp->peers under tp->mu (rdma_peer.c; walked by the monitor).
  */
+#define OTE__RDMA_REDIRECT_MEMO 8
 struct ote__tpeer {
     rdma_tp_t *tp;
     struct ote__tpeer *tp_next; /* tp->peers, under tp->mu */
@@ -414,6 +417,10 @@ struct ote__tpeer {
      * only the one that missed. Indexed like ep[][] (the endpoint the run used). Under mu. */
     uint8_t miss_flush[OTE__RDMA_MAX_NICS][4];
     ote_status_t build_st;
+    /* rdma_direct.c, under mu: the last requests (req_uid) the source redirected to
+     * direct slots; their later runs go there first (a ring, oldest overwritten). */
+    uint64_t redirected[OTE__RDMA_REDIRECT_MEMO];
+    uint32_t redirected_next;
     /* rdma_credits.c / rdma_pump.c, under mu: the queue's head waits for grant credits
      * (rdma_max_grants) or for room under rdma_max_qps (the monitor then ends queued
      * slices at their deadline or cancel), and no run starts before busy_until (ns; a
@@ -525,6 +532,7 @@ struct ote__rdma_tp {
      * redirects sent (source) and followed (requester); MRs whose dereg failed (under mu,
      * retried by the monitor and at teardown). */
     _Atomic uint64_t direct_mrs, direct_served, direct_redirects, direct_followed;
+    _Atomic uint64_t direct_recalled; /* runs sent direct first: their request's redirect */
     struct dmr_ret *direct_retained;
     uint64_t direct_nretained;
 };
@@ -768,6 +776,13 @@ uint64_t ote__rdma_direct_retry(rdma_tp_t *tp);
  * slot (proto.h), and the status the grant then ends with. */
 #define OTE__RDMA_DIRECT_REDIRECT ote_status_make(OTE_ERR_UNSUPPORTED, EXDEV)
 int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey);
+/* Requester, no lock held: the source redirected the request req_uid of p to direct
+ * slots (remembered per peer, the last OTE__RDMA_REDIRECT_MEMO requests); and, before a
+ * run s of a request starts, mark it direct when its request was redirected earlier, so
+ * that it goes to a direct slot first (the source's account of the request is the same,
+ * so it would redirect it again). */
+void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid);
+void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s);
 /* rdma_source.c for rdma_direct.c's pin: the account of the GRANT_REQ being served on
  * this thread (NULL outside ote__rdma_src_grant), and that the grant took its bytes. */
 acct_t *ote__rdma_src_serving(void);

@@ -312,6 +312,7 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
         /* Device memory at the source, served on a direct slot (rdma_direct.c): nothing
          * was posted, so the run goes again there, as a request of its own. */
         for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.direct = 1;
+        ote__rdma_direct_remember(p, s->req_uid); /* its later runs go there first */
         ote__rdma_slice_renew(s);
         atomic_fetch_add(&tp->direct_followed, 1);
         again = 1;
@@ -562,7 +563,9 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     ote_status_t st;
     rdma_nic_t *n = &tp->nics[k];
     int write = s->op == OTE__SLICE_WRITE;
-    /* A run the source redirected goes on a direct endpoint (rdma_direct.c). */
+    /* A run the source redirected goes on a direct endpoint (rdma_direct.c), and so does
+     * a later run of a request it redirected. */
+    ote__rdma_direct_recall(p, s);
     uint32_t cap = (write ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
     ote_endpoint_t *ep = p->ep[k][cap];
     if (ep == NULL) { /* a direct run toward a source that no longer advertises it */

@@ -92,6 +92,7 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.direct_served = atomic_load(&tp->direct_served);
         r.direct_redirects = atomic_load(&tp->direct_redirects);
         r.direct_followed = atomic_load(&tp->direct_followed);
+        r.direct_recalled = atomic_load(&tp->direct_recalled);
         ote_mutex_lock(&tp->mu);
         r.direct_retained = tp->direct_nretained;
         ote_mutex_unlock(&tp->mu);

@@ -88,6 +88,8 @@ typedef struct {
      * reservations returned. */
     uint64_t sp_parents, sp_credits, sp_credits_peak, sp_rq, sp_rq_peak;
     uint64_t sp_refused, sp_busy, sp_served, sp_per_grant, sp_bad, sp_ended;
+    /* Requester runs sent to a direct slot first: their request was redirected before. */
+    uint64_t direct_recalled;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

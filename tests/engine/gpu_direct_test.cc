@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda/cuda_test_util.h"
 #include "tests/engine/engine_util.h"
+#include "tests/engine/gpu_fixture.h"
 #include "tests/engine/native_counter.h"
 #include "tests/engine/pattern.h"
 
@@ -38,6 +38,7 @@ extern "C" {
 
 namespace {
 
+using ote_gpu_test::RdmaGpuEngine;
 using ote_test::kSec;
 using ote_test::NativeCounter;
 
@@ -49,54 +50,8 @@ constexpr size_t kBig = 64ull << 20;
 constexpr size_t kDevLen = kBig + (64 << 10);
 constexpr int kCudaErrorUnknown = 999;
 
-class GpuDirectTest : public ote_cuda_test::CudaTest {
+class GpuDirectTest : public ote_gpu_test::GpuTest {
   protected:
-    void SetUp() override {
-        CudaTest::SetUp();
-        if (IsSkipped() || HasFatalFailure()) return;
-        if (!fake_.present()) GTEST_SKIP() << "these cases drive the fake libcuda";
-    }
-    void TearDown() override {
-        for (ote_cuda_alloc_t *a : allocs_)
-            EXPECT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
-        allocs_.clear();
-        CudaTest::TearDown();
-    }
-
-    uint64_t DevAlloc(size_t n) {
-        ote_cuda_alloc_t *a = nullptr;
-        EXPECT_EQ(ote_cuda_alloc_create(dev_, n, 0, &a), OTE_OK);
-        if (a == nullptr) return 0;
-        allocs_.push_back(a);
-        return ote_cuda_alloc_ptr(a);
-    }
-    void DevFill(uint64_t addr, size_t len, uint64_t seed) {
-        std::vector<uint8_t> v(len);
-        ote_pattern_fill(v.data(), len, seed, 0);
-        ASSERT_EQ(t_->cuMemcpyHtoD(addr, v.data(), len), 0);
-        ASSERT_EQ(t_->cuStreamSynchronize(nullptr), 0);
-    }
-    // Device bytes [addr, addr+len) through a device-to-host copy.
-    std::vector<uint8_t> DevRead(uint64_t addr, size_t len) {
-        std::vector<uint8_t> v(len ? len : 1);
-        EXPECT_EQ(t_->cuStreamSynchronize(nullptr), 0);
-        if (len > 0) {
-            EXPECT_EQ(t_->cuMemcpyDtoH(v.data(), addr, len), 0);
-        }
-        v.resize(len);
-        return v;
-    }
-
-    // A requester engine over verbs/sim with the given gpu_paths.
-    ote_engine_t *Requester(const char *paths) {
-        ote_config_t *cfg = ote_test::RdmaConfig();
-        EXPECT_EQ(ote_config_set(cfg, "gpu_paths", paths), OTE_OK);
-        ote_engine_t *e = nullptr;
-        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-        ote_config_destroy(cfg);
-        return e;
-    }
-
     ote_status_t Run(ote_engine_t *e, ote_segment_t *seg, ote_opcode_t op, uint64_t local,
                      uint64_t remote, size_t len) {
         ote_request_t r = {op, reinterpret_cast<void *>(local), seg, remote, len};
@@ -131,8 +86,6 @@ class GpuDirectTest : public ote_cuda_test::CudaTest {
         EXPECT_EQ(ote_engine_gpu_stats(e, &s), OTE_OK);
         return s;
     }
-
-    std::vector<ote_cuda_alloc_t *> allocs_;
 };
 
 // Local device memory (registered, dma-buf MRs) against a peer's host memory, both ways,
@@ -141,7 +94,7 @@ class GpuDirectTest : public ote_cuda_test::CudaTest {
 TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
     ote_engine_t *src = ote_test::RdmaEngine();
     ASSERT_NE(src, nullptr);
-    ote_engine_t *req = Requester("direct");
+    ote_engine_t *req = RdmaGpuEngine("direct");
     ASSERT_NE(req, nullptr);
     std::vector<uint8_t> host(kDevLen);
     ote_pattern_fill(host.data(), host.size(), 11, 0);
@@ -163,7 +116,7 @@ TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
     EXPECT_EQ(fake_.calls("cuMemGetHandleForAddressRange"), exp0 + 1);
     EXPECT_EQ(MemfdCount(), memfds0 + 1);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
 
     struct Case {
@@ -224,7 +177,7 @@ TEST_F(GpuDirectTest, LocalDeviceMemoryMovesDirectBothWays) {
 TEST_F(GpuDirectTest, WithoutDirectInGpuPathsStages) {
     ote_engine_t *src = ote_test::RdmaEngine();
     ASSERT_NE(src, nullptr);
-    ote_engine_t *req = Requester("staging");
+    ote_engine_t *req = RdmaGpuEngine("staging");
     ASSERT_NE(req, nullptr);
     const size_t n = (1 << 20) + 33;
     std::vector<uint8_t> host(n + 64);
@@ -235,7 +188,7 @@ TEST_F(GpuDirectTest, WithoutDirectInGpuPathsStages) {
     ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(d), n + 4096, OTE_PERM_READ),
               OTE_OK);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
     ASSERT_EQ(Run(req, seg, OTE_READ, d + 5, h + 3, n), OTE_OK);
     std::vector<uint8_t> got = DevRead(d + 5, n);
@@ -260,7 +213,7 @@ TEST_F(GpuDirectTest, WithoutDirectInGpuPathsStages) {
 TEST_F(GpuDirectTest, DmabufExportFailureFallsBackToStaging) {
     ote_engine_t *src = ote_test::RdmaEngine();
     ASSERT_NE(src, nullptr);
-    ote_engine_t *req = Requester("direct,staging");
+    ote_engine_t *req = RdmaGpuEngine("direct,staging");
     ASSERT_NE(req, nullptr);
     const size_t n = 300000;
     std::vector<uint8_t> host(n + 64);
@@ -268,7 +221,7 @@ TEST_F(GpuDirectTest, DmabufExportFailureFallsBackToStaging) {
     ASSERT_EQ(ote_memory_register(src, host.data(), host.size(), OTE_PERM_READ | OTE_PERM_WRITE),
               OTE_OK);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
 
     uint64_t d1 = DevAlloc(n + 4096);
@@ -313,12 +266,9 @@ TEST_F(GpuDirectTest, RemoteDeviceMemoryWithoutDmabufIsStagedOrRefused) {
     for (const char *src_paths : {"staging", ""}) {
         SCOPED_TRACE(std::string("source gpu_paths=\"") + src_paths + "\"");
         const bool staged = src_paths[0] != '\0';
-        ote_config_t *cfg = ote_test::RdmaConfig();
-        ASSERT_EQ(ote_config_set(cfg, "gpu_paths", src_paths), OTE_OK);
-        ote_engine_t *src = nullptr;
-        ASSERT_EQ(ote_engine_create(cfg, &src), OTE_OK);
-        ote_config_destroy(cfg);
-        ote_engine_t *req = Requester("direct");
+        ote_engine_t *src = RdmaGpuEngine(src_paths);
+        ASSERT_NE(src, nullptr);
+        ote_engine_t *req = RdmaGpuEngine("direct");
         ASSERT_NE(req, nullptr);
         const size_t n = 70000;
         uint64_t rd = DevAlloc(n);
@@ -333,7 +283,7 @@ TEST_F(GpuDirectTest, RemoteDeviceMemoryWithoutDmabufIsStagedOrRefused) {
                   OTE_OK);
         std::vector<uint8_t> rbefore = DevRead(rd, n), lbefore = DevRead(ld, n);
         ote_segment_t *seg = nullptr;
-        ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+        ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
         ote_gpu_stats_t g0{};
         ASSERT_EQ(ote_engine_gpu_stats(src, &g0), OTE_OK);
         // READ [rd+2, +n-10) into [ld+1, ...), then WRITE it back one byte further on.
@@ -399,15 +349,11 @@ class GpuDirectSourceTest : public GpuDirectTest {
     // A source engine with gpu_paths "direct"; when wrap, its provider is counted and
     // fault-wrapped (vs_, ns_).
     ote_engine_t *Source(bool wrap) {
-        ote_config_t *cfg = ote_test::RdmaConfig();
-        EXPECT_EQ(ote_config_set(cfg, "gpu_paths", "direct"), OTE_OK);
         g_wrapped = &wrapped_;
         g_owned = &owned_;
         if (wrap) ote__rdma_test_verbs_hook = WrapWithFault;
-        ote_engine_t *e = nullptr;
-        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+        ote_engine_t *e = RdmaGpuEngine("direct");
         ote__rdma_test_verbs_hook = nullptr;
-        ote_config_destroy(cfg);
         if (wrap && wrapped_.size() == 1) {
             vs_ = wrapped_[0];
             ns_ = owned_[0].get();
@@ -430,6 +376,18 @@ class GpuDirectSourceTest : public GpuDirectTest {
         }
         return false;
     }
+    // The requester's segment closed, its device buffer ld unregistered and its engine
+    // destroyed; then, once the source holds no direct resource for it, the source's
+    // buffer rd unregistered (no grant pins it) and its engine destroyed.
+    static void End(ote_engine_t *src, ote_engine_t *req, ote_segment_t *seg, uint64_t rd,
+                    uint64_t ld) {
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+        EXPECT_TRUE(WaitDirectIdle(src)) << "an exact MR, private PD or direct QP was left";
+        EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
+        EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    }
     std::vector<ote_verbs_t *> wrapped_;
     std::vector<std::unique_ptr<NativeCounter>> owned_;
     ote_verbs_t *vs_ = nullptr;
@@ -445,7 +403,7 @@ class GpuDirectSourceTest : public GpuDirectTest {
 TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
     ote_engine_t *src = Source(false);
     ASSERT_NE(src, nullptr);
-    ote_engine_t *req = Requester("direct");
+    ote_engine_t *req = RdmaGpuEngine("direct");
     ASSERT_NE(req, nullptr);
     uint64_t rd = DevAlloc(kDevLen);
     ASSERT_NE(rd, 0u);
@@ -462,7 +420,7 @@ TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
               OTE_OK);
     std::vector<uint8_t> host(kDevLen);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
 
     struct Case {
@@ -520,12 +478,61 @@ TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
     EXPECT_EQ(ts.bytes_done, 0u);
     EXPECT_TRUE(std::all_of(host.begin(), host.end(), [](uint8_t b) { return b == 0xA5; }));
 
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
-    EXPECT_TRUE(WaitDirectIdle(src)) << "an exact MR, private PD or direct QP was left";
-    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    End(src, req, seg, rd, ld);
+}
+
+// A request of several runs (grants of 1 MiB, one run in flight at a time) on the
+// source's device memory: its first run is redirected to a direct slot, and the requester
+// remembers it, so every later run of the request goes to a direct slot first: one
+// redirect per request, READ and WRITE, device and host memory here, bytes checked
+// through the driver.
+TEST_F(GpuDirectSourceTest, MultiRunRequestIsRedirectedOnce) {
+    ote_engine_t *src = Source(false);
+    ASSERT_NE(src, nullptr);
+    ote_engine_t *req =
+        RdmaGpuEngine("direct", {{"rdma_grant_max", "1M"}, {"rdma_max_inflight", "1M"}});
+    ASSERT_NE(req, nullptr);
+    constexpr size_t kLen = 8u << 20; // 8 runs
+    uint64_t rd = DevAlloc(kLen);
+    uint64_t ld = DevAlloc(kLen);
+    ASSERT_NE(rd, 0u);
+    ASSERT_NE(ld, 0u);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rd), kLen,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, reinterpret_cast<void *>(ld), kLen,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    std::vector<uint8_t> host(kLen);
+    const uint64_t h = reinterpret_cast<uintptr_t>(host.data());
+    ote_segment_t *seg = nullptr;
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
+    uint64_t seed = 300;
+    for (int dev_local = 0; dev_local < 2; dev_local++) {
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+            SCOPED_TRACE(std::string(dev_local ? "device" : "host") + " local, " +
+                         (op == OTE_READ ? "READ" : "WRITE"));
+            const uint64_t local = dev_local ? ld : h;
+            if (op == OTE_READ) {
+                DevFill(rd, kLen, ++seed);
+            } else if (dev_local) {
+                DevFill(ld, kLen, ++seed);
+            } else {
+                ote_pattern_fill(host.data(), kLen, ++seed, 0);
+            }
+            ote__rdma_test_grants_t s0 = Grants(src), r0 = Grants(req);
+            ASSERT_EQ(Run(req, seg, op, local, rd, kLen), OTE_OK);
+            ote__rdma_test_grants_t s1 = Grants(src), r1 = Grants(req);
+            EXPECT_EQ(r1.direct_followed - r0.direct_followed, 1u) << "redirected per run";
+            EXPECT_EQ(s1.direct_redirects - s0.direct_redirects, 1u);
+            EXPECT_EQ(r1.direct_recalled - r0.direct_recalled, 7u) << "later runs not direct";
+            EXPECT_GE(s1.direct_served - s0.direct_served, 8u);
+            std::vector<uint8_t> a = DevRead(rd, kLen);
+            std::vector<uint8_t> b = dev_local ? DevRead(ld, kLen) : host;
+            EXPECT_TRUE(a == b) << "bytes differ";
+        }
+    }
+    End(src, req, seg, rd, ld);
 }
 
 // Unregistering the source's device memory while a grant over it is live is BUSY (the
@@ -539,7 +546,7 @@ TEST_F(GpuDirectSourceTest, UnregisterWhileAGrantIsLiveIsBusyThenOk) {
     g_wrapped = &wrapped;
     g_owned = &owned;
     ote__rdma_test_verbs_hook = WrapWithFault;
-    ote_engine_t *req = Requester("direct");
+    ote_engine_t *req = RdmaGpuEngine("direct");
     ote__rdma_test_verbs_hook = nullptr;
     ASSERT_NE(req, nullptr);
     ASSERT_EQ(wrapped.size(), 1u);
@@ -550,7 +557,7 @@ TEST_F(GpuDirectSourceTest, UnregisterWhileAGrantIsLiveIsBusyThenOk) {
               OTE_OK);
     std::vector<uint8_t> host(n);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     // Long enough that a loaded machine still sees the grant live; removing the rule below
     // releases the waiting post at once.
     ASSERT_EQ(ote_verbs_fault_delay(wrapped[0], OTE_VERBS_FAULT_OP_POST_SEND, 5000), OTE_OK);
@@ -602,10 +609,10 @@ TEST_F(GpuDirectSourceTest, PrivatePdQpAndMrFaultsFailOneRequestAndTheNextWorks)
                                         OTE_VERBS_FAULT_OP_REG_DMABUF_MR};
     for (ote_verbs_fault_op_t op : ops) {
         SCOPED_TRACE("fault op " + std::to_string((int)op));
-        ote_engine_t *req = Requester("direct");
+        ote_engine_t *req = RdmaGpuEngine("direct");
         ASSERT_NE(req, nullptr);
         ote_segment_t *seg = nullptr;
-        ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+        ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
         std::vector<uint8_t> host(n, 0x5A);
         ote_request_t r = {OTE_READ, host.data(), seg, rd + 1, n};
         {
@@ -639,7 +646,7 @@ TEST_F(GpuDirectSourceTest, FailedExactMrDeregIsRetainedAndDestroyRetries) {
     ote_engine_t *src = Source(true);
     ASSERT_NE(src, nullptr);
     ASSERT_NE(vs_, nullptr);
-    ote_engine_t *req = Requester("direct");
+    ote_engine_t *req = RdmaGpuEngine("direct");
     ASSERT_NE(req, nullptr);
     const size_t n = 65539;
     uint64_t rd = DevAlloc(n + 4096);
@@ -648,7 +655,7 @@ TEST_F(GpuDirectSourceTest, FailedExactMrDeregIsRetainedAndDestroyRetries) {
               OTE_OK);
     std::vector<uint8_t> host(n);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     ote_request_t r = {OTE_READ, host.data(), seg, rd + 2, n};
     {
         ote_test::ErrorLogsExpected guard; // retained MRs and QPs are logged
@@ -685,7 +692,7 @@ TEST_F(GpuDirectTest, DmabufMrFaultsRollBackAndRetain) {
     ote_engine_t *src = ote_test::RdmaEngine();
     ASSERT_NE(src, nullptr);
     ote__rdma_test_verbs_hook = WrapWithFault;
-    ote_engine_t *req = Requester("direct,staging");
+    ote_engine_t *req = RdmaGpuEngine("direct,staging");
     ote__rdma_test_verbs_hook = nullptr;
     ASSERT_NE(req, nullptr);
     ASSERT_EQ(wrapped.size(), 1u);
@@ -697,7 +704,7 @@ TEST_F(GpuDirectTest, DmabufMrFaultsRollBackAndRetain) {
     ASSERT_EQ(ote_memory_register(src, host.data(), host.size(), OTE_PERM_READ | OTE_PERM_WRITE),
               OTE_OK);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     const uintptr_t h = reinterpret_cast<uintptr_t>(host.data());
     const int64_t mrs0 = nr->mrs.load();
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda/cuda_test_util.h"
+#include "tests/engine/gpu_fixture.h"
 #include "tests/engine/engine_util.h"
 #include "tests/engine/pattern.h"
 
@@ -31,62 +31,20 @@ extern "C" {
 
 namespace {
 
+using ote_gpu_test::PatternHash;
 using ote_test::kSec;
 
 constexpr int kCudaErrorInvalidValue = 1;
 constexpr uint64_t kChunk = 64 << 10;
 
-uint64_t PatternHash(uint64_t seed, uint64_t off, uint64_t len) {
-    std::vector<uint8_t> v(len ? len : 1);
-    ote_pattern_fill(v.data(), len, seed, off);
-    return ote_hash(v.data(), len);
-}
-
-class GpuRdmaStageTest : public ote_cuda_test::CudaTest {
+class GpuRdmaStageTest : public ote_gpu_test::GpuTest {
   protected:
-    void SetUp() override {
-        CudaTest::SetUp();
-        if (IsSkipped() || HasFatalFailure()) return;
-        if (!fake_.present()) GTEST_SKIP() << "these cases drive the fake libcuda";
-    }
     void TearDown() override {
         Close();
-        for (ote_cuda_alloc_t *a : allocs_)
-            EXPECT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
-        allocs_.clear();
-        CudaTest::TearDown();
-    }
-    uint64_t DevAlloc(size_t n) {
-        ote_cuda_alloc_t *a = nullptr;
-        EXPECT_EQ(ote_cuda_alloc_create(dev_, n, 0, &a), OTE_OK);
-        if (a == nullptr) return 0;
-        allocs_.push_back(a);
-        return ote_cuda_alloc_ptr(a);
-    }
-    void DevFill(uint64_t addr, size_t len, uint64_t seed) {
-        std::vector<uint8_t> v(len);
-        ote_pattern_fill(v.data(), len, seed, 0);
-        ASSERT_EQ(t_->cuMemcpyHtoD(addr, v.data(), len), 0);
-        ASSERT_EQ(t_->cuStreamSynchronize(nullptr), 0);
-    }
-    uint64_t DevHash(uint64_t addr, size_t len) {
-        std::vector<uint8_t> v(len ? len : 1);
-        EXPECT_EQ(t_->cuStreamSynchronize(nullptr), 0);
-        if (len > 0) {
-            EXPECT_EQ(t_->cuMemcpyDtoH(v.data(), addr, len), 0);
-        }
-        return ote_hash(v.data(), len);
+        GpuTest::TearDown();
     }
     static ote_engine_t *Engine(const ote_test::ConfigKv &kv) {
-        ote_config_t *cfg = ote_test::RdmaConfig("20000", nullptr);
-        EXPECT_EQ(ote_config_set(cfg, "gpu_paths", "staging"), OTE_OK);
-        for (const auto &k : kv) {
-            EXPECT_EQ(ote_config_set(cfg, k.first, k.second), OTE_OK);
-        }
-        ote_engine_t *e = nullptr;
-        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-        ote_config_destroy(cfg);
-        return e;
+        return ote_gpu_test::RdmaGpuEngine("staging", kv);
     }
     // Source and requester engines (keys of each), a device range of len bytes registered
     // at the source (pattern seed 81) and the requester's segment on it.
@@ -101,7 +59,7 @@ class GpuRdmaStageTest : public ote_cuda_test::CudaTest {
         ASSERT_EQ(ote_memory_register(src_, reinterpret_cast<void *>(rdev_), len,
                                       OTE_PERM_READ | OTE_PERM_WRITE),
                   OTE_OK);
-        ASSERT_EQ(ote_segment_open(req_, ote_test::EngineAddress(src_).c_str(), &seg_), OTE_OK);
+        ASSERT_NO_FATAL_FAILURE(OpenSegment(req_, src_, &seg_));
     }
     void Close() {
         if (seg_ != nullptr) {
@@ -146,7 +104,6 @@ class GpuRdmaStageTest : public ote_cuda_test::CudaTest {
         return g;
     }
 
-    std::vector<ote_cuda_alloc_t *> allocs_;
     ote_engine_t *src_ = nullptr, *req_ = nullptr;
     ote_segment_t *seg_ = nullptr;
     uint64_t rdev_ = 0, rlen_ = 0;

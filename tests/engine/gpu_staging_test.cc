@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/cuda/cuda_test_util.h"
 #include "tests/engine/engine_util.h"
+#include "tests/engine/gpu_fixture.h"
 #include "tests/engine/pattern.h"
 #include "tests/engine/target.h"
 
@@ -36,6 +36,9 @@ extern "C" {
 
 namespace {
 
+using ote_gpu_test::Hex;
+using ote_gpu_test::PatternHash;
+using ote_gpu_test::StartGpuTarget;
 using ote_test::kSec;
 using ote_test::Target;
 
@@ -43,60 +46,11 @@ constexpr uint64_t kTargetLen = (64ull << 20) + 4096;
 constexpr int kCudaErrorUnknown = 999;
 constexpr int kCudaErrorInvalidValue = 1;
 
-std::string Hex(uint64_t h) {
-    char b[32];
-    snprintf(b, sizeof(b), "SUM %016llx", static_cast<unsigned long long>(h));
-    return b;
-}
-
-// Hash of bytes [off, off+len) of the seed pattern.
-uint64_t PatternHash(uint64_t seed, uint64_t off, uint64_t len) {
-    std::vector<uint8_t> v(len ? len : 1);
-    ote_pattern_fill(v.data(), len, seed, off);
-    return ote_hash(v.data(), len);
-}
-
-class GpuStagingTest : public ote_cuda_test::CudaTest {
+class GpuStagingTest : public ote_gpu_test::GpuTest {
   protected:
-    void SetUp() override {
-        CudaTest::SetUp();
-        if (IsSkipped() || HasFatalFailure()) return;
-        if (!fake_.present()) GTEST_SKIP() << "these cases drive the fake libcuda";
-    }
-    void TearDown() override {
-        for (ote_cuda_alloc_t *a : allocs_)
-            EXPECT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
-        allocs_.clear();
-        CudaTest::TearDown();
-    }
-
-    uint64_t DevAlloc(size_t n) {
-        ote_cuda_alloc_t *a = nullptr;
-        EXPECT_EQ(ote_cuda_alloc_create(dev_, n, 0, &a), OTE_OK);
-        if (a == nullptr) return 0;
-        allocs_.push_back(a);
-        return ote_cuda_alloc_ptr(a);
-    }
-    // Device bytes [addr, addr+len) := bytes [base, base+len) of the seed pattern.
-    void DevFill(uint64_t addr, size_t len, uint64_t seed, uint64_t base = 0) {
-        std::vector<uint8_t> v(len);
-        ote_pattern_fill(v.data(), len, seed, base);
-        ASSERT_EQ(t_->cuMemcpyHtoD(addr, v.data(), len), 0);
-        ASSERT_EQ(t_->cuStreamSynchronize(nullptr), 0);
-    }
-    uint64_t DevHash(uint64_t addr, size_t len) {
-        std::vector<uint8_t> v(len ? len : 1);
-        EXPECT_EQ(t_->cuStreamSynchronize(nullptr), 0);
-        if (len > 0) {
-            EXPECT_EQ(t_->cuMemcpyDtoH(v.data(), addr, len), 0);
-        }
-        return ote_hash(v.data(), len);
-    }
-
     bool StartTarget(Target &t, uint64_t len = kTargetLen,
                      const std::string &transports = "shm,tcp") {
-        t.binary = "ote_gpu_target";
-        return t.Start(len, "127.0.0.1:0", {"OTE_TRANSPORTS=" + transports});
+        return StartGpuTarget(t, len, {"OTE_TRANSPORTS=" + transports});
     }
 
     // One request, waited for; its final status in *out.
@@ -116,8 +70,6 @@ class GpuStagingTest : public ote_cuda_test::CudaTest {
         EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
         return st;
     }
-
-    std::vector<ote_cuda_alloc_t *> allocs_;
 };
 
 // ---- memory kinds ----
@@ -283,8 +235,7 @@ TEST_F(GpuStagingTest, SourceWithoutStagingRefusesItsDeviceMemory) {
     for (const char *tp : {"tcp", "shm"}) {
         SCOPED_TRACE(tp);
         Target t;
-        t.binary = "ote_gpu_target";
-        ASSERT_TRUE(t.Start(1 << 20, "127.0.0.1:0", {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS="}));
+        ASSERT_TRUE(StartGpuTarget(t, 1 << 20, {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS="}));
         ote_engine_t *e =
             ote_test::NewEngine({{"transports", std::string(tp) == "shm" ? "shm,tcp" : "tcp"}});
         ASSERT_NE(e, nullptr);
@@ -364,8 +315,7 @@ TEST_F(GpuStagingTest, IpcOptInFlagAtRegistration) {
 
     // A target whose device buffers carry the flag: discovery lists READ|WRITE only.
     Target t;
-    t.binary = "ote_gpu_target";
-    ASSERT_TRUE(t.Start(1 << 20, "127.0.0.1:0", {"OTE_TRANSPORTS=tcp", "OTE_GPU_TARGET_IPC=1"}));
+    ASSERT_TRUE(StartGpuTarget(t, 1 << 20, {"OTE_TRANSPORTS=tcp", "OTE_GPU_TARGET_IPC=1"}));
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(e, t.address.c_str(), &seg), OTE_OK);
     ote_buffer_info_t list[4];
@@ -389,10 +339,9 @@ TEST_F(GpuStagingTest, IpcOptInNeverMakesAnotherPathThanStaging) {
     {
         const int optin = 0;
         Target t;
-        t.binary = "ote_gpu_target";
-        ASSERT_TRUE(t.Start(1 << 20, "127.0.0.1:0",
-                            {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS=staging,ipc",
-                             std::string("OTE_GPU_TARGET_IPC=") + (optin ? "1" : "0")}));
+        ASSERT_TRUE(StartGpuTarget(t, 1 << 20,
+                                   {"OTE_TRANSPORTS=shm,tcp", "OTE_GPU_PATHS=staging,ipc",
+                                    std::string("OTE_GPU_TARGET_IPC=") + (optin ? "1" : "0")}));
         ote_engine_t *e =
             ote_test::NewEngine({{"transports", "shm,tcp"}, {"gpu_paths", "staging,ipc"}});
         ASSERT_NE(e, nullptr);
@@ -562,9 +511,8 @@ TEST_F(GpuStagingTest, LocalClassificationCacheIsCheckedByBufferId) {
 // kind names the device, and the source stages it through that device's pool.
 TEST_F(GpuStagingTest, SecondDeviceAtTheSource) {
     Target t;
-    t.binary = "ote_gpu_target";
-    ASSERT_TRUE(t.Start(4 << 20, "127.0.0.1:0",
-                        {"OTE_TRANSPORTS=tcp", "FAKE_CUDA_DEVICES=2", "OTE_GPU_TARGET_DEVICE=1"}));
+    ASSERT_TRUE(StartGpuTarget(
+        t, 4 << 20, {"OTE_TRANSPORTS=tcp", "FAKE_CUDA_DEVICES=2", "OTE_GPU_TARGET_DEVICE=1"}));
     ote_engine_t *e = ote_test::NewEngine({{"transports", "tcp"}});
     ASSERT_NE(e, nullptr);
     ote_segment_t *seg = nullptr;
@@ -919,18 +867,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, GpuTransferTest, ::testing::Values("tcp", "
 class RdmaStagingTest : public GpuStagingTest {
   protected:
     // An RDMA (sim) engine; gpu_paths given when not null, and other keys.
-    ote_engine_t *Engine(const char *gpu_paths = nullptr, const ote_test::ConfigKv &kv = {}) {
-        ote_config_t *cfg = ote_test::RdmaConfig("20000", nullptr);
-        if (gpu_paths != nullptr) {
-            EXPECT_EQ(ote_config_set(cfg, "gpu_paths", gpu_paths), OTE_OK);
-        }
-        for (const auto &k : kv) {
-            EXPECT_EQ(ote_config_set(cfg, k.first, k.second), OTE_OK);
-        }
-        ote_engine_t *e = nullptr;
-        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-        ote_config_destroy(cfg);
-        return e;
+    static ote_engine_t *Engine(const char *gpu_paths = nullptr,
+                                const ote_test::ConfigKv &kv = {}) {
+        return ote_gpu_test::RdmaGpuEngine(gpu_paths, kv);
     }
     // Source and requester engines, a device range of len bytes registered at the source
     // (READ|WRITE, pattern seed 81) and the requester's segment on it.
@@ -945,7 +884,7 @@ class RdmaStagingTest : public GpuStagingTest {
         ASSERT_EQ(ote_memory_register(src_, reinterpret_cast<void *>(rdev_), len,
                                       OTE_PERM_READ | OTE_PERM_WRITE),
                   OTE_OK);
-        ASSERT_EQ(ote_segment_open(req_, ote_test::EngineAddress(src_).c_str(), &seg_), OTE_OK);
+        ASSERT_NO_FATAL_FAILURE(OpenSegment(req_, src_, &seg_));
     }
     void TearDown() override {
         Close();
@@ -1041,8 +980,7 @@ TEST_F(RdmaStagingTest, MovesRemoteDeviceMemoryThroughBounceBuffers) {
 // checked through the target's driver.
 TEST_F(RdmaStagingTest, TwoProcessesStagedAtTheTarget) {
     Target t;
-    t.binary = "ote_gpu_target";
-    ASSERT_TRUE(t.Start(kTargetLen, "127.0.0.1:0", ote_test::kRdmaTargetEnv));
+    ASSERT_TRUE(StartGpuTarget(t, kTargetLen, ote_test::kRdmaTargetEnv));
     req_ = Engine();
     ASSERT_NE(req_, nullptr);
     ASSERT_EQ(ote_segment_open(req_, t.address.c_str(), &seg_), OTE_OK);
@@ -1230,7 +1168,7 @@ TEST_F(GpuStagingTest, RdmaStagesLocalDeviceBuffers) {
     ote_engine_t *req = ote_test::RdmaEngine();
     ASSERT_NE(req, nullptr);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, ote_test::EngineAddress(src).c_str(), &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     uint64_t d2 = DevAlloc(1 << 20);
     std::vector<uint8_t> h(1 << 20);
     ote_pattern_fill(h.data(), h.size(), 83, 0);

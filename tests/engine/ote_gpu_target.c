@@ -20,6 +20,9 @@
  *   gpu                               -> GPU <staged_source> <ipc_exports>
  *                                        (ote_engine_gpu_stats of its engine)
  *   delay <us>                        -> OK           the fake's stream delay bound
+ *   grants                            -> GRANTS <direct_mrs> <direct_served> <direct_redirects>
+ *                                        (its RDMA transport's GPUDirect source grants:
+ *                                        exact MRs live now, served, redirects sent)
  *   quit / end of input               -> exits 0 after destroying the engine and memory
  *
  * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables;
@@ -38,6 +41,7 @@
 #include "cuda/driver.h"
 #include "cuda/memory/device.h"
 #include "cuda/memory/memory.h"
+#include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
 #include "tests/cuda/fake_cuda_control.h"
 #include "tests/engine/pattern.h"
@@ -235,6 +239,12 @@ int main(int argc, char **argv) {
         } else if (strcmp(cmd, "delay") == 0 && n >= 2 && delay) {
             delay((unsigned)strtoul(which, NULL, 10));
             printf("OK\n");
+        } else if (strcmp(cmd, "grants") == 0) {
+            ote__rdma_test_grants_t g;
+            if (ote__rdma_test_grants(addr, &g) == OTE_OK)
+                printf("GRANTS %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", g.direct_mrs,
+                       g.direct_served, g.direct_redirects);
+            else printf("ERR grants\n");
         } else if (strcmp(cmd, "ipc") == 0 && counters) {
             fake_cuda_counters_t c;
             counters(&c);

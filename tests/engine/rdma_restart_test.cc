@@ -119,6 +119,37 @@ class RdmaRestartTest : public ote_test::OteTest {
         EXPECT_EQ(memcmp(dst_.data(), src_.data(), kLen), 0);
     }
 
+    // A new segment of the requester to the target: WRITE then READ on it (bytes checked
+    // at both ends), then closed.
+    void WriteThenReadOnNewSegment(uint64_t seed) {
+        ote_segment_t *seg = nullptr;
+        ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
+        WriteThenRead(seg, seed);
+        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    }
+
+    // With the fault point armed on every hit (a source cache miss): a WRITE on seg fails
+    // OTE_ERR_PEER_LOST after two misses at least, and no byte of it lands (the target's
+    // buffer is 0x66 before); the fault is disarmed after. Without a segment (*seg null)
+    // one is opened with the fault armed.
+    void WriteFailsPeerLostMovingNothing(ote_segment_t **seg, const char *fault, uint64_t seed) {
+        memset(target_.buf.data(), 0x66, kLen);
+        ote_pattern_fill(src_.data(), kLen, seed, 0);
+        ASSERT_EQ(ote_fault_arm(fault, OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+        if (*seg == nullptr) {
+            ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), seg), OTE_OK);
+        }
+        ote_transfer_status_t ts;
+        ote_status_t st = Run(*seg, OTE_WRITE, src_.data(), kLen, &ts);
+        EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+        uint64_t misses = ote_fault_failures(fault);
+        ote_fault_disarm_all();
+        EXPECT_GE(misses, 2u);
+        for (size_t i = 0; i < kLen; i++)
+            ASSERT_EQ(target_.buf[i], 0x66) << "WRITE byte landed at " << i;
+    }
+
     TargetSide target_;
     std::string addr_;
     ote_engine_t *req_ = nullptr;
@@ -126,25 +157,18 @@ class RdmaRestartTest : public ote_test::OteTest {
 };
 
 TEST_F(RdmaRestartTest, NewSegmentAfterRestartWriteFirstWorksFirstTry) {
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
-    WriteThenRead(seg, 1);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    WriteThenReadOnNewSegment(1);
     for (uint64_t round = 0; round < 2; round++) {
         Restart(0x22);
-        ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
-        WriteThenRead(seg, 2 + round); // the first request after the restart is this WRITE
-        EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+        WriteThenReadOnNewSegment(2 + round); // the first request after the restart: a WRITE
     }
 }
 
 TEST_F(RdmaRestartTest, NewSegmentAfterRestartReadFirstWorksFirstTry) {
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
-    WriteThenRead(seg, 5);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    WriteThenReadOnNewSegment(5);
     Restart(0x00);
     ote_pattern_fill(target_.buf.data(), kLen, 6, 0); // the new incarnation's own bytes
+    ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
     memset(dst_.data(), 0, kLen);
     ote_transfer_status_t ts;
@@ -175,10 +199,7 @@ TEST_F(RdmaRestartTest, SegmentOpenedBeforeRestartFailsClearlyAndReopenWorks) {
             ASSERT_EQ(target_.buf[i], 0x33) << "a byte of the new incarnation changed at " << i;
     }
     EXPECT_EQ(ote_segment_close(old), OTE_OK);
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
-    WriteThenRead(seg, 10);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    WriteThenReadOnNewSegment(10);
 }
 
 // Polls f() until it returns want, for up to 60 s (a loaded machine under ASan); returns
@@ -352,10 +373,7 @@ TEST_F(RdmaRestartTest, OldEpochGrantRequestRefusedAndOldInfoServed) {
     EXPECT_EQ(ote_status_code(a.status), OTE_ERR_STATE) << ote_status_str(a.status);
     close(fd);
     for (size_t i = 0; i < kLen; i += 4096) ASSERT_EQ(target_.buf[i], 0x55);
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
-    WriteThenRead(seg, 13);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    WriteThenReadOnNewSegment(13);
 }
 
 // CONNECT (engine/rdma/proto.h) with the epochs: the source's as the requester knows it
@@ -420,10 +438,7 @@ TEST_F(RdmaRestartTest, StaleEpochConnectRefused) {
     }
     EXPECT_EQ(ote__rdma_test_endpoints(target_.e), eps0) << "a refused CONNECT made an endpoint";
     close(fd);
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
-    WriteThenRead(seg, 22);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    WriteThenReadOnNewSegment(22);
 }
 
 // The target as a separate process (ote_target) killed with SIGKILL and started again on
@@ -491,18 +506,7 @@ TEST_F(RdmaRestartTest, SecondCacheMissFailsPeerLostAndMovesNothing) {
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
     WriteThenRead(seg, 17);
-    memset(target_.buf.data(), 0x66, kLen);
-    ote_pattern_fill(src_.data(), kLen, 18, 0);
-    ASSERT_EQ(ote_fault_arm("rdma.src_grant_miss", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
-    ote_transfer_status_t ts;
-    ote_status_t st = Run(seg, OTE_WRITE, src_.data(), kLen, &ts);
-    EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
-    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
-    uint64_t misses = ote_fault_failures("rdma.src_grant_miss");
-    ote_fault_disarm_all();
-    EXPECT_GE(misses, 2u);
-    for (size_t i = 0; i < kLen; i++)
-        ASSERT_EQ(target_.buf[i], 0x66) << "WRITE byte landed at " << i;
+    ASSERT_NO_FATAL_FAILURE(WriteFailsPeerLostMovingNothing(&seg, "rdma.src_grant_miss", 18));
     WriteThenRead(seg, 19);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
 }
@@ -534,20 +538,8 @@ TEST_F(RdmaRestartTest, ConnectCacheMissIsRebuiltAndRetriedOnce) {
 // Every CONNECT misses: the run is retried once only, then fails with OTE_ERR_PEER_LOST
 // and no byte of the WRITE lands; once the source answers again the segment works.
 TEST_F(RdmaRestartTest, SecondConnectCacheMissFailsPeerLostAndMovesNothing) {
-    memset(target_.buf.data(), 0x66, kLen);
-    ote_pattern_fill(src_.data(), kLen, 25, 0);
-    ASSERT_EQ(ote_fault_arm("rdma.src_connect_miss", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
     ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_OK);
-    ote_transfer_status_t ts;
-    ote_status_t st = Run(seg, OTE_WRITE, src_.data(), kLen, &ts);
-    EXPECT_EQ(ote_status_code(st), OTE_ERR_PEER_LOST) << ote_status_str(st);
-    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
-    uint64_t misses = ote_fault_failures("rdma.src_connect_miss");
-    ote_fault_disarm_all();
-    EXPECT_GE(misses, 2u);
-    for (size_t i = 0; i < kLen; i++)
-        ASSERT_EQ(target_.buf[i], 0x66) << "WRITE byte landed at " << i;
+    ASSERT_NO_FATAL_FAILURE(WriteFailsPeerLostMovingNothing(&seg, "rdma.src_connect_miss", 25));
     WriteThenRead(seg, 26);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
 }

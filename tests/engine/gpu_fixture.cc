@@ -1,0 +1,102 @@
+// tests/engine/gpu_fixture.cc - see gpu_fixture.h.
+#include "tests/engine/gpu_fixture.h"
+
+#include <cstdio>
+
+extern "C" {
+#include "tests/engine/pattern.h"
+}
+
+namespace ote_gpu_test {
+
+std::string Hex(uint64_t h) {
+    char b[32];
+    snprintf(b, sizeof(b), "SUM %016llx", static_cast<unsigned long long>(h));
+    return b;
+}
+
+uint64_t PatternHash(uint64_t seed, uint64_t off, uint64_t len) {
+    std::vector<uint8_t> v(len ? len : 1);
+    ote_pattern_fill(v.data(), len, seed, off);
+    return ote_hash(v.data(), len);
+}
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+ote_engine_t *RdmaGpuEngine(const char *gpu_paths, const ote_test::ConfigKv &kv,
+                            const char *timeout_ms) {
+    ote_config_t *cfg = ote_test::RdmaConfig(timeout_ms, nullptr);
+    if (gpu_paths != nullptr) {
+        EXPECT_EQ(ote_config_set(cfg, "gpu_paths", gpu_paths), OTE_OK);
+    }
+    for (const auto &k : kv) {
+        EXPECT_EQ(ote_config_set(cfg, k.first, k.second), OTE_OK) << k.first;
+    }
+    ote_engine_t *e = nullptr;
+    EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+    ote_config_destroy(cfg);
+    return e;
+}
+
+bool StartGpuTarget(ote_test::Target &t, uint64_t len, const std::vector<std::string> &env) {
+    t.binary = "ote_gpu_target";
+    return t.Start(len, "127.0.0.1:0", env);
+}
+
+void GpuTest::SetUp() {
+    CudaTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (!fake_.present()) GTEST_SKIP() << "these cases drive the fake libcuda";
+}
+
+void GpuTest::TearDown() {
+    for (ote_cuda_alloc_t *a : allocs_)
+        EXPECT_EQ(ote_cuda_alloc_destroy(a, ote_cuda_test::LongDeadline()), OTE_OK);
+    allocs_.clear();
+    CudaTest::TearDown();
+}
+
+uint64_t GpuTest::DevAlloc(size_t n, unsigned flags) {
+    ote_cuda_alloc_t *a = nullptr;
+    EXPECT_EQ(ote_cuda_alloc_create(dev_, n, flags, &a), OTE_OK);
+    if (a == nullptr) return 0;
+    allocs_.push_back(a);
+    return ote_cuda_alloc_ptr(a);
+}
+
+void GpuTest::DevFill(uint64_t addr, size_t len, uint64_t seed, uint64_t base) {
+    std::vector<uint8_t> v(len);
+    ote_pattern_fill(v.data(), len, seed, base);
+    ASSERT_EQ(t_->cuMemcpyHtoD(addr, v.data(), len), 0);
+    ASSERT_EQ(t_->cuStreamSynchronize(nullptr), 0);
+}
+
+std::vector<uint8_t> GpuTest::DevRead(uint64_t addr, size_t len) {
+    std::vector<uint8_t> v(len ? len : 1);
+    EXPECT_EQ(t_->cuStreamSynchronize(nullptr), 0);
+    if (len > 0) {
+        EXPECT_EQ(t_->cuMemcpyDtoH(v.data(), addr, len), 0);
+    }
+    v.resize(len);
+    return v;
+}
+
+uint64_t GpuTest::DevHash(uint64_t addr, size_t len) {
+    std::vector<uint8_t> v = DevRead(addr, len);
+    uint8_t none = 0;
+    return ote_hash(v.empty() ? &none : v.data(), len);
+}
+
+void GpuTest::OpenSegment(ote_engine_t *e, const std::string &addr, ote_segment_t **seg) {
+    *seg = nullptr;
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(ote_segment_open(e, addr.c_str(), seg), OTE_OK) << "segment to " << addr;
+}
+
+void GpuTest::OpenSegment(ote_engine_t *e, ote_engine_t *peer, ote_segment_t **seg) {
+    *seg = nullptr;
+    ASSERT_NE(peer, nullptr);
+    OpenSegment(e, ote_test::EngineAddress(peer), seg);
+}
+
+} // namespace ote_gpu_test
