@@ -436,8 +436,10 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
 // reclaim path's stream query both fail, or both answer NOT_READY); once the fake lets
 // them succeed, the pin and the mapping go, and the next request works.
 TEST_F(GpuIpcTest, UnknownOutcomeKeepsPinUntilProven) {
+    // The NOT_READY cases wait out this deadline (four times): short, yet far above what
+    // the 4 KiB and 77,777-byte requests need on a loaded machine.
     e_ = ote_test::NewEngine(
-        {{"transports", "shm,tcp"}, {"gpu_paths", "ipc,staging"}, {"transfer_timeout_ms", "5000"}});
+        {{"transports", "shm,tcp"}, {"gpu_paths", "ipc,staging"}, {"transfer_timeout_ms", "2500"}});
     ASSERT_NE(e_, nullptr);
     struct Case {
         int result; // what cuEventQuery and cuStreamQuery answer
