@@ -348,6 +348,9 @@ TEST_F(MultiProcess, PeerStoppedLongerThanTheRetryBoundIsNotLost) {
         pid_t pid;
         ~Resume() { kill(pid, SIGCONT); }
     } resume{pid_};
+    int status = 0; // kill() may return before the peer has stopped: wait until it has
+    ASSERT_EQ(waitpid(pid_, &status, WUNTRACED), pid_);
+    ASSERT_TRUE(WIFSTOPPED(status)) << "peer status " << status;
     ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 0, kLen, 0, 1), 0);
     ASSERT_EQ(Post(IBV_WR_SEND_WITH_IMM, 0, 64, 0, 2, 0x77), 0);
     ASSERT_EQ(Post(IBV_WR_RDMA_READ, 2 << 20, kLen, 4 << 20, 3), 0);
