@@ -1,8 +1,9 @@
 // Two processes over the sim: this test and multiprocess_peer (a data dependency,
 // started with posix_spawn so no fork happens after the sim's thread exists) exchange
 // GID, QPN and rkey over a socketpair, then RDMA WRITE, READ and SEND with data checks,
-// a large transfer whose throughput goes to the log, and finally the peer is killed
-// with SIGKILL mid-stream and this side must see IBV_WC_RETRY_EXC_ERR within the bound.
+// a large transfer whose throughput goes to the log, a peer stopped (SIGSTOP) past the
+// retry bound whose work still completes, and finally the peer is killed with SIGKILL
+// mid-stream and this side must see IBV_WC_RETRY_EXC_ERR within the bound.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -331,6 +332,39 @@ TEST_F(MultiProcess, LargeTransferThroughput) {
         (unsigned long long)(bytes_ >> 20), w, r);
     RecordProperty("write_MBps", std::to_string((int)w));
     RecordProperty("read_MBps", std::to_string((int)r));
+}
+
+// A NIC takes and ACKs packets without its host's CPU, so a peer process that is stopped,
+// or starved of CPU on a loaded machine, for longer than the retry bound (1 s for a live
+// peer) is slow, not lost: no RETRY_EXC_ERR while it cannot read, and its WRITE, SEND and
+// READ complete once it runs again.
+TEST_F(MultiProcess, PeerStoppedLongerThanTheRetryBoundIsNotLost) {
+    constexpr uint32_t kLen = 1 << 20;
+    mp::Fill(buf_, kLen, 6, 0);
+    ASSERT_EQ(Ask(mp::kFill, 4 << 20, kLen, 7).value, 1u);
+    memset(buf_ + (2 << 20), 0, kLen);
+    ASSERT_EQ(kill(pid_, SIGSTOP), 0);
+    struct Resume { // the peer runs again whatever happens below
+        pid_t pid;
+        ~Resume() { kill(pid, SIGCONT); }
+    } resume{pid_};
+    int status = 0; // kill() may return before the peer has stopped: wait until it has
+    ASSERT_EQ(waitpid(pid_, &status, WUNTRACED), pid_);
+    ASSERT_TRUE(WIFSTOPPED(status)) << "peer status " << status;
+    ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 0, kLen, 0, 1), 0);
+    ASSERT_EQ(Post(IBV_WR_SEND_WITH_IMM, 0, 64, 0, 2, 0x77), 0);
+    ASSERT_EQ(Post(IBV_WR_RDMA_READ, 2 << 20, kLen, 4 << 20, 3), 0);
+    // 1.5 s stopped: past the 1 s bound (nothing can complete while the peer is stopped)
+    auto early = Poll(scq_, 1, 1500 * OTE_NSEC_PER_MSEC);
+    EXPECT_TRUE(early.empty()) << ote_verbs_wc_status_str(early[0].status);
+    ASSERT_EQ(kill(pid_, SIGCONT), 0);
+    auto wc = Poll(scq_, 3 - early.size(), 30 * OTE_NSEC_PER_SEC);
+    ASSERT_EQ(wc.size(), 3 - early.size());
+    for (auto &w : wc) EXPECT_EQ(w.status, IBV_WC_SUCCESS) << ote_verbs_wc_status_str(w.status);
+    mp::Msg r = Ask(mp::kRecv, 0, kLen, 6);
+    EXPECT_EQ(r.value, 1u) << "peer did not see the WRITE data with the SEND";
+    EXPECT_EQ(r.aux, 0x77u);
+    EXPECT_TRUE(mp::Check(buf_ + (2 << 20), kLen, 7, 0)) << "data check of the READ";
 }
 
 TEST_F(MultiProcess, PeerKilledMidStreamGivesRetryExceeded) {

@@ -50,7 +50,12 @@
  * - Retry exceeded: no retransmission; when the peer's socket closes (process died) the
  *   WRs fail after min(4.096 us * 2^timeout * (retry_cnt+1), cap), when the peer is
  *   alive but silent (its QP gone, in ERR, or its port down) after max(that, 1 s)
- *   capped likewise; timeout 0 (infinite on a NIC) means the cap.
+ *   capped likewise; timeout 0 (infinite on a NIC) means the cap. The clock runs from
+ *   the last bytes sent or received on the QP's connection, and a live peer counts as
+ *   silent only once it has read everything sent to it and nothing is queued either way:
+ *   a peer process that is stopped or starved of CPU (a NIC would ACK without it), a wait
+ *   for the port's own egress tokens, or answers not yet read here restart the clock, so
+ *   such WRs stay outstanding until the peer runs again or its process exits.
  * - CQ overrun: poll_cq on the CQ fails with -EIO from then on; the NIC may keep
  *   returning (corrupt) entries. destroy_cq/destroy_qp with unacked events wait up to
  *   1 s, then fail EBUSY (rdma-core blocks); close_device with children fails EBUSY

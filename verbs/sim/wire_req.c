@@ -5,7 +5,9 @@
  * READ responses landing in the local SGEs.
  */
 #include <errno.h>
+#include <linux/sockios.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -219,6 +221,24 @@ static void req_rewind(sim_qp_t *qp, uint64_t s) {
     }
 }
 
+/* Why a live connection is not a silent peer (NULL: it is): bytes still queued here (our
+ * own port's egress wait, or a full socket), bytes the peer has not read yet (its process
+ * is slow or stopped: a NIC would have taken and ACKed them without that CPU), or bytes
+ * from it that this side has not read yet (this process was slow). Asked only when the
+ * retry bound is reached. */
+static const char *req_not_silent(const sim_conn_t *c) {
+    int n = 0;
+    if (c->tx_head) return "requests still queued for this port's egress";
+    if (ioctl(c->fd, SIOCOUTQ, &n) == 0 && n > 0) return "the peer has not read them yet";
+    if (ioctl(c->fd, SIOCINQ, &n) == 0 && n > 0) return "its answers are not read here yet";
+    return NULL;
+}
+
+/* The retry-exceeded clock (VERBS_FACTS 4; sim.h "Retry exceeded"): it runs from the last
+ * progress (bytes sent or received on the QP's connection), and only while the peer could
+ * have answered. A lost connection fails at the bound; a live one fails only when the
+ * peer has read everything sent and answered nothing (its QP in ERR or gone, its port
+ * down, a PSN mismatch); otherwise the clock restarts. */
 static void req_timers(sim_qp_t *qp, uint64_t now) {
     bool pending = false;
     for (uint64_t s = qp->sq_head; s < qp->sq_tail; s++) {
@@ -231,7 +251,19 @@ static void req_timers(sim_qp_t *qp, uint64_t now) {
     if (!pending || qp->halted) return;
     bool lost = qp->conn_lost;
     uint64_t since = lost ? qp->lost_at_ns : qp->progress_ns;
-    if (now - since < ote__sim_retry_bound_ns(qp, lost)) return;
+    uint64_t bound = ote__sim_retry_bound_ns(qp, lost);
+    if (now - since < bound) return;
+    const char *busy = !lost && qp->req && !qp->req->dead ? req_not_silent(qp->req) : NULL;
+    if (busy) {
+        OTE_DEBUG(SIM_LOG, "sim: QP %u: no answer for %llu ms, but %s: retry clock restarted",
+                  qp->ibqp.qp_num, (unsigned long long)((now - since) / OTE_NSEC_PER_MSEC), busy);
+        qp->progress_ns = now;
+        return;
+    }
+    OTE_INFO(SIM_LOG, "sim: QP %u: no answer for %llu ms (bound %llu ms, %s): RETRY_EXC_ERR",
+             qp->ibqp.qp_num, (unsigned long long)((now - since) / OTE_NSEC_PER_MSEC),
+             (unsigned long long)(bound / OTE_NSEC_PER_MSEC),
+             lost ? "connection lost" : "the peer read the requests and said nothing");
     for (uint64_t s = qp->sq_head; s < qp->sq_tail; s++) {
         sim_swr_t *e = slot(qp, s);
         if (e->state != SWR_DONE && is_remote(e->op)) {
@@ -288,6 +320,8 @@ static void on_nak(sim_qp_t *qp, const sim_hdr_t *h) {
     switch (h->syndrome) {
         case SIM_NAK_RNR:
             if (qp->attr.rnr_retry != 7 && qp->rnr_tries >= qp->attr.rnr_retry) {
+                OTE_INFO(SIM_LOG, "sim: QP %u: RNR NAK after %d retries: RNR_RETRY_EXC_ERR",
+                         qp->ibqp.qp_num, qp->rnr_tries);
                 swr_fail(qp, e, IBV_WC_RNR_RETRY_EXC_ERR);
                 break;
             }
