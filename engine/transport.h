@@ -211,6 +211,10 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* Nonzero: the transport picks devices by the NUMA node of a slice's local memory
+     * (s->mem_node), so the engine looks up that node per request for a local buffer in
+     * no registration too (engine/mem_node.c); the others never pay for it. */
+    int ranks_by_node;
     ote_status_t (*address)(ote__transport_t *tp, char *buf, size_t len);
     /* Connect and handshake with "host:port". */
     ote_status_t (*peer_open)(ote__transport_t *tp, const char *peer, ote__tpeer_t **peer_out);

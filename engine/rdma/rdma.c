@@ -348,6 +348,7 @@ static size_t rdma_nic_stats(ote__transport_t *t, ote__nic_stat_t *out, size_t c
 
 static const ote__transport_ops_t g_rdma_ops = {
     .name = "rdma",
+    .ranks_by_node = 1,
     .address = rdma_address,
     .peer_open = ote__rdma_peer_open,
     .peer_ensure = ote__rdma_peer_ensure,
