@@ -42,6 +42,9 @@
 #define GPU_FREE_STREAMS 8
 #define GPU_POOL_FACTOR 4 /* chunks per device = GPU_POOL_FACTOR x gpu_staging_depth */
 #define GPU_IDLE_TICK_NS (2u * OTE_NSEC_PER_MSEC)
+/* How often the worker looks at the sources' running copies (gpu_src_async.c): about
+ * the pause a synchronous wait reaches (cuda/stream), since each grant's answer waits. */
+#define GPU_SRC_TICK_NS (200u * OTE_NSEC_PER_USEC)
 #define GPU_CACHE 8        /* device allocations remembered by the per-request classification */
 #define GPU_IPC_EXPORTS 32 /* source: allocations whose IPC description is cached */
 #define GPU_IPC_ENTRIES 32 /* requester: open IPC mappings per device, at most */

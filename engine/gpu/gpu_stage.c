@@ -279,7 +279,9 @@ static void *worker_main(void *arg) {
         ote__gpu_src_poll(g); /* the sources' copies (gpu_src_async.c) */
         ote_mutex_lock(&g->mu);
         if (g->evq == NULL && g->newjobs == NULL && !(g->stop && g->jobs == NULL)) {
-            if (waiting || g->nparked > 0 || g->src_pending != NULL)
+            if (g->src_pending != NULL) /* a grant's answer waits for each */
+                (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(GPU_SRC_TICK_NS));
+            else if (waiting || g->nparked > 0)
                 (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(GPU_IDLE_TICK_NS));
             else (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(100 * OTE_NSEC_PER_MSEC));
         }
