@@ -456,13 +456,13 @@ TEST_F(GpuRdmaStageTest, AsyncCopyFaultFailsThatRequestAndReleasesAll) {
 }
 
 // The source engine destroyed while a staged grant's copy runs (held; the grant's
-// deadline, 1.5 s + 1 s here, bounds the wait): the destroy succeeds, the requester's
+// deadline, 0.5 s + 1 s here, bounds the wait): the destroy succeeds, the requester's
 // request fails, and the fake's live objects (chunks, streams, events) are back where
 // they were (TearDown).
 TEST_F(GpuRdmaStageTest, SourceDestroyWithACopyRunning) {
     const uint64_t cap = 1 << 20;
     ote_test::ConfigKv kv = kSmall;
-    kv.push_back({"transfer_timeout_ms", "1500"});
+    kv.push_back({"transfer_timeout_ms", "500"});
     ASSERT_NO_FATAL_FAILURE(Open(cap, kv, kv));
     std::vector<uint8_t> host(cap);
     ASSERT_EQ(ote_fault_arm(kHold, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
@@ -493,7 +493,7 @@ TEST_F(GpuRdmaStageTest, SourceDestroyWithACopyRunning) {
 TEST_F(GpuRdmaStageTest, RequesterGoneWithACopyRunning) {
     const uint64_t cap = 1 << 20;
     ote_test::ConfigKv kv = kSmall;
-    kv.push_back({"transfer_timeout_ms", "1500"});
+    kv.push_back({"transfer_timeout_ms", "500"});
     ASSERT_NO_FATAL_FAILURE(Open(cap, kSmall, kv));
     std::vector<uint8_t> host(cap);
     ASSERT_EQ(ote_fault_arm(kHold, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
