@@ -10,6 +10,8 @@
  *   gpu_stage.c  staging through pinned chunks: the source's bounce buffers and the
  *                requester's worker pipelining a request's slices
  *   gpu_ipc.c    CUDA IPC: the source's exports, the requester's imports and copies
+ *   gpu_src_async.c  a source's copy into its bounce, started without waiting and polled
+ *                by the worker
  *
  * Locks: g->mu guards the driver pointer's first setting, the devices, their free
  * streams, the parked list, the export table and the worker's queues. Driver calls
@@ -40,6 +42,9 @@
 #define GPU_FREE_STREAMS 8
 #define GPU_POOL_FACTOR 4 /* chunks per device = GPU_POOL_FACTOR x gpu_staging_depth */
 #define GPU_IDLE_TICK_NS (2u * OTE_NSEC_PER_MSEC)
+/* How often the worker looks at the sources' running copies (gpu_src_async.c): about
+ * the pause a synchronous wait reaches (cuda/stream), since each grant's answer waits. */
+#define GPU_SRC_TICK_NS (200u * OTE_NSEC_PER_USEC)
 #define GPU_CACHE 8        /* device allocations remembered by the per-request classification */
 #define GPU_IPC_EXPORTS 32 /* source: allocations whose IPC description is cached */
 #define GPU_IPC_ENTRIES 32 /* requester: open IPC mappings per device, at most */
@@ -72,6 +77,25 @@ typedef struct gdev {
     ote_cuda_stream_t *free_streams[GPU_FREE_STREAMS];
     size_t nfree;
 } gdev_t;
+
+/* Source: a bounce buffer (gpu.h). */
+struct ote__gpu_bounce {
+    struct gdev *d;
+    uint8_t *buf;
+    ote_cuda_chunk_t chunk;
+    int has_chunk; /* buf is the chunk; else heap memory (copied to/from directly) */
+};
+
+/* Source: a device-to-host copy into a bounce, running (gpu_src_async.c). */
+typedef struct src_async {
+    struct src_async *next;
+    struct ote__gpu_bounce *t;
+    ote_cuda_stream_t *s;
+    uint32_t len;
+    ote_deadline_t dl;
+    ote__gpu_src_done_fn done;
+    void *arg;
+} src_async_t;
 
 /* One staged request. */
 typedef struct job job_t;
@@ -143,6 +167,7 @@ struct ote__gpu {
     job_t *newjobs; /* handed over, not yet started by the worker */
     jev_t *evq;     /* completed slices */
     size_t njobs;
+    src_async_t *src_pending; /* the sources' running copies (gpu_src_async.c) */
 };
 
 /* ---- gpu.c ---- */
@@ -168,5 +193,10 @@ void ote__gpu_worker_ensure(ote__gpu_t *g);
 ote_status_t ote__gpu_copy_wait(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t **sp,
                                 ote_cuda_copy_kind_t kind, uint64_t dst, uint64_t src, size_t len,
                                 const ote_cuda_chunk_t *chunk, ote_deadline_t dl, int *chunk_lost);
+
+/* ---- gpu_src_async.c ---- */
+/* Worker: look at the sources' running copies once; done() of each that ended runs here.
+ * Once the engine stops, those still running are given up (parked). */
+void ote__gpu_src_poll(ote__gpu_t *g);
 
 #endif

@@ -48,13 +48,6 @@ ote_status_t ote__gpu_copy_wait(ote__gpu_t *g, gdev_t *d, ote_cuda_stream_t **sp
 
 /* ---- source side ---- */
 
-struct ote__gpu_bounce {
-    gdev_t *d;
-    uint8_t *buf;
-    ote_cuda_chunk_t chunk;
-    int has_chunk; /* buf is the chunk; else heap memory (copied to/from directly) */
-};
-
 static ote_status_t src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, int pooled,
                             uint8_t **buf_out, ote__gpu_bounce_t **tok_out);
 
@@ -256,7 +249,7 @@ static void *worker_main(void *arg) {
         }
         jev_t *evs = g->evq;
         g->evq = NULL;
-        if (evs == NULL && g->stop && g->jobs == NULL) break;
+        if (evs == NULL && g->stop && g->jobs == NULL && g->src_pending == NULL) break;
         ote_mutex_unlock(&g->mu);
         /* Oldest first: the queue is a stack. */
         jev_t *rev = NULL;
@@ -283,9 +276,12 @@ static void *worker_main(void *arg) {
         for (size_t i = 0; i < k; i++) waiting |= job_pump(g, snap[i]);
         ote_free(snap);
         if (g->nparked > 0) ote__gpu_reclaim_parked(g);
+        ote__gpu_src_poll(g); /* the sources' copies (gpu_src_async.c) */
         ote_mutex_lock(&g->mu);
         if (g->evq == NULL && g->newjobs == NULL && !(g->stop && g->jobs == NULL)) {
-            if (waiting || g->nparked > 0)
+            if (g->src_pending != NULL) /* a grant's answer waits for each */
+                (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(GPU_SRC_TICK_NS));
+            else if (waiting || g->nparked > 0)
                 (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(GPU_IDLE_TICK_NS));
             else (void)ote_cond_wait(&g->cv, &g->mu, ote_deadline_after(100 * OTE_NSEC_PER_MSEC));
         }

@@ -186,6 +186,18 @@ static ote_status_t teardown(rdma_tp_t *tp) {
                   stuck, (unsigned long long)wait_ms);
         return OTE_ERR_RETAINED;
     }
+    /* Staged grants' copies end with their server threads; the last steps of one may
+     * still run on the GPU worker. */
+    ote__rdma_src_wait_copies(tp, NULL, ote_deadline_after(wait_ms * OTE_NSEC_PER_MSEC));
+    if (atomic_load(&tp->src_copies) != 0) {
+        if (!tp->retained_counted) atomic_fetch_add(&ote__rdma_retained_transports, 1);
+        tp->retained_counted = 1;
+        OTE_ERROR("rdma",
+                  "%d staging copies of source grants still running: the transport is "
+                  "retained (not freed); destroy again to retry",
+                  atomic_load(&tp->src_copies));
+        return OTE_ERR_RETAINED;
+    }
     /* The source's parent reservations hold QP borrows: returned before the endpoints go
      * (rdma_src_parents.c; live grants keep their own slots). */
     ote__rdma_sp_end_conn(tp, NULL);

@@ -50,11 +50,14 @@
  * when it fits one, OTE_ERR_AGAIN when every chunk is out; heap only for a larger grant,
  * at most rdma_grant_max, the largest grant a requester asks: a requester that saw a
  * staged answer cuts that request, and later ones in its range, at gpu_staging_chunk,
- * rdma_pump.c), copies the range device-to-host into it
- * synchronously on the server thread (host->stage_copy, until the grant's deadline: a
- * READ's bytes, a WRITE's current bytes so that what a canceled grant never wrote goes
- * back unchanged), registers a temporary MW-bindable MR over it in the grant's device
- * and serves the grant with the window bound over exactly the bounce bytes; GRANT_RESP
+ * rdma_pump.c), registers a temporary MW-bindable MR over it in the grant's device,
+ * starts the range's device-to-host copy into it on a copy stream without waiting
+ * (host->stage_copy_start: a READ's bytes, a WRITE's current bytes so that what a
+ * canceled grant never wrote goes back unchanged; the server thread goes on) and, once
+ * the GPU worker saw the copy complete (by the grant's deadline), serves the grant from
+ * that thread with the window bound over exactly the bounce bytes (a failed copy: the
+ * grant refused, everything it held given back; the requester's loss meanwhile: the
+ * same, unanswered; its server thread waits for its copies before it ends); GRANT_RESP
  * in its staged form carries the bounce address, and the requester's grant addresses
  * its READs / WRITEs from there (ote_grant_on_answer_at). A WRITE's answer also says
  * COMMIT: its grant's receipt (seen on the QP before the grant layer takes it) marks the
@@ -308,6 +311,9 @@ typedef struct conn {
      * rdma_max_qps, within a bound). */
     _Atomic uint64_t src_connect_ns;
     _Atomic int src_granted;
+    /* Source side: staged grants of this connection whose copy into the bounce runs
+     * (rdma_source.c); its server thread waits for them before it releases anything. */
+    _Atomic int src_copies;
 } conn_t;
 
 /* Requester: an INFO or CONNECT call waiting for its answer (on the caller's stack).
@@ -503,7 +509,8 @@ struct ote__rdma_tp {
     ote_cond_t pump_cv;
     int pump_kick;
     _Atomic int stop;
-    ote_mutex_t mu; /* registrations, server connections, peers */
+    _Atomic int src_copies; /* staged grants whose copy runs, every connection (teardown) */
+    ote_mutex_t mu;         /* registrations, server connections, peers */
     ote_cond_t cv;
     reg_ent_t *regs;
     srv_t *sconns[256]; /* heap entries: a thread keeps its own */
@@ -634,12 +641,19 @@ void *ote__rdma_acct_staged(const acct_t *a);
 
 typedef struct rdma_stage rdma_stage_t;
 /* Server thread: a bounce buffer for the grant [addr, +len) (write: a WRITE grant) of
- * the staged request whose registration pin is reg_pin, holding the range's bytes
- * (copied from the device until dl) and with a MW-bindable MR in nic's context. OTE_OK
- * with *st_out, else the refusal (nothing held). */
+ * the staged request whose registration pin is reg_pin, with a MW-bindable MR in nic's
+ * context. OTE_OK with *st_out, else the refusal (nothing held). Its bytes come with
+ * ote__rdma_stage_copy_start: the range copied from the device until dl, done(arg,
+ * status) later on the GPU worker (the bounce is not ended before), or the failure now
+ * (no done; the bounce is ended by the caller as usual). */
 ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
                                   uint64_t addr, uint64_t len, ote_deadline_t dl,
                                   rdma_stage_t **st_out);
+ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
+                                        void (*done)(void *, ote_status_t), void *arg);
+/* rdma_source.c: wait until dl for the staged grants of c (NULL: of every connection)
+ * whose copy runs to end (c's server thread, once c is dead; the teardown). */
+void ote__rdma_src_wait_copies(rdma_tp_t *tp, conn_t *c, ote_deadline_t dl);
 struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st);
 uint64_t ote__rdma_stage_base(const rdma_stage_t *st);
 /* A WRITE's COMMIT goes on c (a reference taken) with req_id (the grant's wire id); its

@@ -272,6 +272,15 @@ static void *server_main(void *arg) {
         if (server_frame(c, &m, &have_info) != 0) break;
     }
     ote__rdma_conn_kill(c, NULL);
+    /* Its staged grants whose copy runs hold its account, parent slot and QP borrows: they
+     * end (refused, c is dead) by their deadline, which the GPU worker keeps. */
+    for (;;) {
+        uint64_t ms = tp->cfg.transfer_timeout_ms + 2000;
+        ote__rdma_src_wait_copies(tp, c, ote_deadline_after(ms * OTE_NSEC_PER_MSEC));
+        if (atomic_load(&c->src_copies) == 0) break;
+        OTE_ERROR("rdma", "requester %s: %d staging copies still running past their deadline",
+                  c->peer_addr, atomic_load(&c->src_copies));
+    }
     ote__rdma_sp_end_conn(tp, c); /* its parents' reservations (rdma_src_parents.c) */
     server_peer_gone(c);
     ote__rdma_acct_end_conn(tp, c); /* nothing more comes: accounts end with their grants */

@@ -12,6 +12,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/alloc.h"
 #include "base/fault.h"
@@ -298,6 +299,123 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     (void)ote__rdma_conn_send_rp(c, req_id, st, &rp);
 }
 
+/* A grant that will not be served: these bytes of its request will never be held (unless
+ * a pin took them), and the requester learns st. */
+static void src_refuse(conn_t *c, uint64_t req_id, acct_t *acct, uint64_t len, int pinned,
+                       ote_status_t st) {
+    if (!pinned) ote__rdma_acct_settle(c->tp, acct, len, 0);
+    ote_rp_msg_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.type = OTE_RP_GRANT_RESP;
+    (void)ote__rdma_conn_send_rp(c, req_id, st, &rp);
+}
+
+/* A checked grant, its QP borrowed, its parent's slot taken: served by the grant layer
+ * over addr (a staged grant's bounce, whose bytes are there). OTE_OK: answered (and
+ * counted) by src_answer. Else the refusal to answer, *pinned_out when a pin took the
+ * grant's bytes. Consumes a, stage, sps and the borrow either way. */
+static ote_status_t src_serve(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq, acct_t *acct,
+                              ote_endpoint_t *ep, rdma_nic_t *nic, ote_qp_t *qp, sp_slot_t sps,
+                              answer_t *a, rdma_stage_t *stage, uint64_t addr, ote_deadline_t dl,
+                              int *pinned_out) {
+    rdma_tp_t *tp = c->tp;
+    int direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
+    if (stage != NULL && a->write) {
+        a->stage = stage;
+        ote__rdma_stage_commit_to(stage, c, req_id, ote_qp_num(qp));
+    }
+    a->c = c;
+    a->req_id = req_id;
+    a->nic = nic;
+    a->len = rq->u.grant.len;
+    ote__rdma_conn_get(c);
+    tl_serve.a = acct;
+    tl_serve.stage = stage;
+    tl_serve.sps = sps;
+    tl_serve.pinned = 0;
+    /* A direct slot serves device memory by an exact MR, a plain one by a window
+     * (over the range, or over a staged grant's bounce). */
+    ote_status_t st = (direct ? ote_grant_serve_exact : ote_grant_serve)(
+        nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op, addr, rq->u.grant.len,
+        dl, (uint64_t)(uintptr_t)a);
+    int pinned = tl_serve.pinned;
+    *pinned_out = pinned;
+    if (st == OTE_OK) atomic_store(&c->src_granted, 1);
+    tl_serve.a = NULL;
+    tl_serve.stage = NULL;
+    /* Not taken by a pin (refused before one): back to its parent. */
+    ote__rdma_sp_put(tp, &tl_serve.sps);
+    /* The grant's pin owns the bounce once src_pin took it (src_unpin ends it). */
+    if (!pinned) ote__rdma_stage_end(tp, stage);
+    if (st == OTE_OK) return OTE_OK;               /* answered (and counted) by src_answer */
+    ote__rdma_stage_answered(tp, a->stage, st, 0); /* never answered */
+    /* Refused before any window exists; the borrow stays ours. */
+    ote_endpoint_return(ep, rq->u.grant.slot, qp);
+    ote__rdma_conn_put(c);
+    ote_free(a);
+    return grant_refusal(st);
+}
+
+/* A staged grant whose copy into its bounce runs (the GPU worker polls it): everything
+ * src_serve needs once it is done. Holds a reference on c, counted in c->src_copies and
+ * tp->src_copies, which its server thread and the teardown wait for. */
+typedef struct {
+    conn_t *c;
+    uint64_t req_id;
+    ote_rp_msg_t rq;
+    acct_t *acct;
+    ote_endpoint_t *ep;
+    rdma_nic_t *nic;
+    ote_qp_t *qp;
+    sp_slot_t sps;
+    answer_t *a;
+    rdma_stage_t *stage;
+    ote_deadline_t dl;
+} copying_t;
+
+/* GPU worker: the copy of a staged grant ended. Copied: served now (window bound over
+ * the bounce, answered by src_answer). Failed, or its requester or the transport went
+ * meanwhile: refused, and everything it held given back as a refusal on the serving
+ * thread does (the bounce only now: the device no longer writes it, or engine/gpu
+ * parked what it may still write). */
+static void src_copied(void *arg, ote_status_t st) {
+    copying_t *p = arg;
+    conn_t *c = p->c;
+    rdma_tp_t *tp = c->tp;
+    int pinned = 0;
+    if (st == OTE_OK && (atomic_load(&c->dead) || atomic_load(&tp->stop))) st = OTE_ERR_CANCELED;
+    if (st == OTE_OK) {
+        st = src_serve(c, p->req_id, &p->rq, p->acct, p->ep, p->nic, p->qp, p->sps, p->a, p->stage,
+                       ote__rdma_stage_base(p->stage), p->dl, &pinned);
+    } else {
+        if (ote_status_code(st) != OTE_ERR_CANCELED)
+            OTE_WARN_LIMITED("rdma",
+                             "staged %s grant of %llu bytes at 0x%llx for %s: the copy from the "
+                             "device failed: %s",
+                             p->a->write ? "WRITE" : "READ", (unsigned long long)p->rq.u.grant.len,
+                             (unsigned long long)p->rq.u.grant.addr, c->peer_addr,
+                             ote_status_str(st));
+        ote__rdma_stage_end(tp, p->stage);
+        ote_free(p->a);
+        ote__rdma_sp_put(tp, &p->sps);
+        ote_endpoint_return(p->ep, p->rq.u.grant.slot, p->qp);
+        st = OTE_ERR_REMOTE; /* the driver's status is in our log */
+    }
+    if (st != OTE_OK) src_refuse(c, p->req_id, p->acct, p->rq.u.grant.len, pinned, st);
+    ote_free(p);
+    atomic_fetch_sub(&c->src_copies, 1);
+    ote__rdma_conn_put(c);
+    atomic_fetch_sub(&tp->src_copies, 1); /* the last touch of tp */
+}
+
+void ote__rdma_src_wait_copies(rdma_tp_t *tp, conn_t *c, ote_deadline_t dl) {
+    _Atomic int *n = c != NULL ? &c->src_copies : &tp->src_copies;
+    while (atomic_load(n) > 0 && !ote_deadline_expired(dl)) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     rdma_tp_t *tp = c->tp;
     ote_status_t fst;
@@ -367,76 +485,62 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         answer_t *a = ote_calloc(1, sizeof(*a));
         ote_deadline_t dl =
             ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
-        rdma_stage_t *stage = NULL;
         void *reg_pin = ote__rdma_acct_staged(acct);
-        uint64_t addr = rq->u.grant.addr;
         if (a == NULL) {
             st = OTE_ERR_NOMEM;
         } else if (reg_pin != NULL) {
             /* Device memory: the grant's bytes go to a bounce buffer first, and the window
-             * covers exactly that (rdma_stage.c). A failed copy is the source's failure. */
+             * covers exactly that (rdma_stage.c). The copy runs on a copy stream while
+             * this thread serves the next requests; the grant is served once it is done
+             * (src_copied). A failed copy is the source's failure. */
             int write = rq->u.grant.op == OTE_GRANT_WRITE;
-            st = ote__rdma_stage_take(tp, nic, reg_pin, write, addr, rq->u.grant.len, dl, &stage);
+            rdma_stage_t *stage = NULL;
+            copying_t *p = ote_calloc(1, sizeof(*p));
+            st = p == NULL ? OTE_ERR_NOMEM
+                           : ote__rdma_stage_take(tp, nic, reg_pin, write, rq->u.grant.addr,
+                                                  rq->u.grant.len, dl, &stage);
             if (st == OTE_OK) {
-                addr = ote__rdma_stage_base(stage);
-                a->base = addr;
-                if (write) {
-                    a->write = 1;
-                    a->stage = stage;
-                    ote__rdma_stage_commit_to(stage, c, req_id, ote_qp_num(qp));
-                }
-            } else {
-                int code = ote_status_code(st);
-                if (code != OTE_ERR_UNSUPPORTED && code != OTE_ERR_TOO_BIG &&
-                    code != OTE_ERR_AGAIN && code != OTE_ERR_NOMEM)
-                    st = OTE_ERR_REMOTE; /* the driver's status is in our log */
+                a->base = ote__rdma_stage_base(stage);
+                a->write = write;
+                *p = (copying_t){.c = c,
+                                 .req_id = req_id,
+                                 .rq = *rq,
+                                 .acct = acct,
+                                 .ep = ep,
+                                 .nic = nic,
+                                 .qp = qp,
+                                 .sps = sps,
+                                 .a = a,
+                                 .stage = stage,
+                                 .dl = dl};
+                ote__rdma_conn_get(c);
+                atomic_fetch_add(&c->src_copies, 1);
+                atomic_fetch_add(&tp->src_copies, 1);
+                st = ote__rdma_stage_copy_start(tp, stage, src_copied, p);
+                if (st == OTE_OK) return; /* served, or refused, by src_copied */
+                atomic_fetch_sub(&c->src_copies, 1);
+                atomic_fetch_sub(&tp->src_copies, 1);
+                ote__rdma_conn_put(c);
+                ote__rdma_stage_end(tp, stage); /* nothing pending on it */
             }
+            ote_free(p);
+            int code = ote_status_code(st);
+            if (code != OTE_ERR_UNSUPPORTED && code != OTE_ERR_TOO_BIG && code != OTE_ERR_AGAIN &&
+                code != OTE_ERR_NOMEM)
+                st = OTE_ERR_REMOTE; /* the driver's status is in our log */
         }
         if (st != OTE_OK) {
             ote_free(a);
             ote__rdma_sp_put(tp, &sps);
             ote_endpoint_return(ep, rq->u.grant.slot, qp);
         } else {
-            a->c = c;
-            a->req_id = req_id;
-            a->nic = nic;
-            a->len = rq->u.grant.len;
-            ote__rdma_conn_get(c);
-            tl_serve.a = acct;
-            tl_serve.stage = stage;
-            tl_serve.sps = sps;
-            tl_serve.pinned = 0;
-            /* A direct slot serves device memory by an exact MR, a plain one by a window
-             * (over the range, or over a staged grant's bounce). */
-            st = (direct ? ote_grant_serve_exact : ote_grant_serve)(
-                nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op, addr,
-                rq->u.grant.len, dl, (uint64_t)(uintptr_t)a);
-            pinned = tl_serve.pinned;
-            if (st == OTE_OK) atomic_store(&c->src_granted, 1);
-            tl_serve.a = NULL;
-            tl_serve.stage = NULL;
-            /* Not taken by a pin (refused before one): back to its parent. */
-            ote__rdma_sp_put(tp, &tl_serve.sps);
-            /* The grant's pin owns the bounce once src_pin took it (src_unpin ends it). */
-            if (!pinned) ote__rdma_stage_end(tp, stage);
-            if (st != OTE_OK) {
-                ote__rdma_stage_answered(tp, a->stage, st, 0); /* never answered */
-                /* Refused before any window exists; the borrow stays ours. */
-                ote_endpoint_return(ep, rq->u.grant.slot, qp);
-                ote__rdma_conn_put(c);
-                ote_free(a);
-                st = grant_refusal(st);
-            } else {
-                return; /* answered (and counted) by src_answer */
-            }
+            st = src_serve(c, req_id, rq, acct, ep, nic, qp, sps, a, NULL, rq->u.grant.addr, dl,
+                           &pinned);
+            if (st == OTE_OK) return; /* answered (and counted) by src_answer */
         }
     }
     /* Not served: these bytes of the request will never be held. */
-    if (!pinned) ote__rdma_acct_settle(tp, acct, rq->u.grant.len, 0);
-    ote_rp_msg_t rp;
-    memset(&rp, 0, sizeof(rp));
-    rp.type = OTE_RP_GRANT_RESP;
-    (void)ote__rdma_conn_send_rp(c, req_id, st, &rp);
+    src_refuse(c, req_id, acct, rq->u.grant.len, pinned, st);
 }
 
 ote_grant_source_ops_t ote__rdma_source_ops(rdma_tp_t *tp) {

@@ -6,9 +6,11 @@
  * heap only for a grant larger than a chunk, which a requester sends only before it
  * learned that the request is staged: rdma_pump.c then cuts its runs at the chunk size,
  * so the copy of grant k+1 here overlaps the requester's transfer of grant k),
- * the range's bytes copied into it from the device (host->stage_copy, synchronous until
- * the grant's deadline) and a temporary MW-bindable MR over it in the grant's device, so
- * that the grant's window covers exactly the bounce bytes and nothing else. The grant's
+ * a temporary MW-bindable MR over it in the grant's device, so that the grant's window
+ * covers exactly the bounce bytes and nothing else, and the range's bytes copied into it
+ * from the device without waiting (host->stage_copy_start: rdma_source.c serves the
+ * grant, binding its window, once the GPU worker saw the copy complete, bounded by the
+ * grant's deadline; the serving thread goes on meanwhile). The grant's
  * end (src_unpin in rdma_source.c, after the grant layer invalidated or deallocated the
  * window) deregisters the MR and gives the bounce buffer back; an MR that will not
  * deregister keeps its buffer (the NIC may still reach it): retained for good, counted in
@@ -57,7 +59,8 @@ struct rdma_stage {
 ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
                                   uint64_t addr, uint64_t len, ote_deadline_t dl,
                                   rdma_stage_t **st_out) {
-    if (tp->host.stage_pooled == NULL || tp->host.stage_copy == NULL || tp->host.stage_put == NULL)
+    if (tp->host.stage_pooled == NULL || tp->host.stage_copy == NULL ||
+        tp->host.stage_copy_start == NULL || tp->host.stage_put == NULL)
         return OTE_ERR_UNSUPPORTED;
     /* The bounce holds the whole grant: a grant is never larger than rdma_grant_max (the
      * largest a requester asks), and never more than one bounce can hold. */
@@ -85,20 +88,6 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
         ote_free(st);
         return s;
     }
-    /* READ: the bytes the requester reads. WRITE: the range as it is, so that the copy
-     * back after the receipt writes exactly what the requester wrote and, where a
-     * canceled grant left bytes unwritten, what was there (never the bounce's garbage). */
-    s = tp->host.stage_copy(tp->host.arg, st->tok, 0, addr, (uint32_t)len, dl);
-    if (s != OTE_OK) {
-        OTE_WARN_LIMITED("rdma",
-                         "staged %s grant of %llu bytes at 0x%llx: the copy from the device "
-                         "failed: %s",
-                         write ? "WRITE" : "READ", (unsigned long long)len,
-                         (unsigned long long)addr, ote_status_str(s));
-        tp->host.stage_put(tp->host.arg, st->tok); /* engine/gpu retains what it must */
-        ote_free(st);
-        return s;
-    }
     int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), st->buf, len,
                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &st->mr);
     if (err != 0) {
@@ -110,6 +99,22 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
     }
     *st_out = st;
     return OTE_OK;
+}
+
+ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
+                                        void (*done)(void *, ote_status_t), void *arg) {
+    /* READ: the bytes the requester reads. WRITE: the range as it is, so that the copy
+     * back after the receipt writes exactly what the requester wrote and, where a
+     * canceled grant left bytes unwritten, what was there (never the bounce's garbage). */
+    ote_status_t s = tp->host.stage_copy_start(tp->host.arg, st->tok, st->dev_addr,
+                                               (uint32_t)st->len, st->dl, done, arg);
+    if (s != OTE_OK)
+        OTE_WARN_LIMITED("rdma",
+                         "staged %s grant of %llu bytes at 0x%llx: the copy from the device "
+                         "failed to start: %s",
+                         st->write ? "WRITE" : "READ", (unsigned long long)st->len,
+                         (unsigned long long)st->dev_addr, ote_status_str(s));
+    return s;
 }
 
 struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st) {

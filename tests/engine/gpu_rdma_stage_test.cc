@@ -8,7 +8,11 @@
 // completes). READ and WRITE of 1 byte, an odd size and 3.5 chunks (64 KiB chunks) with
 // every byte and the guards checked through the driver and the source's copy count
 // proving the cut; a driver fault on the source's copy mid-pipeline fails that request
-// only; a cancel mid-pipeline touches nothing outside the range; and a same-run figure
+// only; a cancel mid-pipeline touches nothing outside the range; the source's copy runs
+// asynchronously (held running by the fault point gpu.src_copy_pending: its control
+// thread serves other requests meanwhile; a fault on the copy's event fails that request
+// only and releases everything; the source engine's destroy and the requester's loss with
+// a copy running are clean); and a same-run figure
 // of a 64 MiB staged transfer with the cut (2 MiB chunks) and without it (grants of
 // rdma_grant_max, the earlier behaviour), printed against its parts.
 #include <time.h>
@@ -24,6 +28,7 @@
 #include "tests/engine/pattern.h"
 
 extern "C" {
+#include "base/fault.h"
 #include "cuda/memory/memory.h"
 #include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
@@ -98,6 +103,11 @@ class GpuRdmaStageTest : public ote_gpu_test::GpuTest {
         EXPECT_EQ(ote_engine_gpu_stats(src_, &gs), OTE_OK);
         return gs.staged_source;
     }
+
+  public:
+    uint64_t SrcCopies() { return Grants(src_).src_copies; }
+
+  protected:
     ote__rdma_test_grants_t Grants(ote_engine_t *e) {
         ote__rdma_test_grants_t g{};
         EXPECT_EQ(ote__rdma_test_grants(ote_test::EngineAddress(e).c_str(), &g), OTE_OK);
@@ -345,6 +355,187 @@ TEST_F(GpuRdmaStageTest, PipelineFigures) {
     EXPECT_EQ(ote_segment_close(old_seg), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(old_req), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(src_, shost.data()), OTE_OK);
+}
+
+// Until the source has n staged grants whose copy runs (generous deadline).
+void WaitCopies(GpuRdmaStageTest *t, uint64_t n);
+
+constexpr const char *kHold = "gpu.src_copy_pending";
+
+// The source's device-to-host copy of a staged grant runs on a copy stream while its
+// control connection's thread goes on: with the copy held running (fault point
+// gpu.src_copy_pending: the GPU worker sees it running), READs of the source's host
+// memory by the same requester (the same control connection) and by a second requester
+// complete while the staged READ is still unanswered; released, it completes with every
+// byte and nothing of it is left at the source.
+TEST_F(GpuRdmaStageTest, ControlThreadServesOthersWhileACopyRuns) {
+    const uint64_t cap = 1 << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kSmall, kSmall));
+    std::vector<uint8_t> shost(cap), host(cap), host2(cap), host3(cap);
+    ote_pattern_fill(shost.data(), cap, 7, 0);
+    ASSERT_EQ(ote_memory_register(src_, shost.data(), cap, OTE_PERM_READ), OTE_OK);
+    ote_engine_t *req2 = Engine(kSmall);
+    ASSERT_NE(req2, nullptr);
+    ote_segment_t *seg2 = nullptr;
+    ASSERT_EQ(ote_segment_open(req2, ote_test::EngineAddress(src_).c_str(), &seg2), OTE_OK);
+    DevFill(rdev_, cap, 91);
+    ASSERT_EQ(ote_fault_arm(kHold, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_READ, host.data() + 1, seg_, rdev_ + 3, kChunk - 5};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    WaitCopies(this, 1);
+    // Until the GPU worker has seen it running (held from then on).
+    ote_deadline_t dl = ote_cuda_test::LongDeadline();
+    while (ote_fault_hits(kHold) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    ASSERT_GT(ote_fault_hits(kHold), 0u);
+    ote_request_t h1 = {OTE_READ, host2.data(), seg_, reinterpret_cast<uintptr_t>(shost.data()),
+                        cap};
+    EXPECT_EQ(ote_test::RunOne(req_, h1, 120 * kSec), OTE_OK);
+    ote_request_t h2 = {OTE_READ, host3.data(), seg2, reinterpret_cast<uintptr_t>(shost.data()),
+                        cap};
+    EXPECT_EQ(ote_test::RunOne(req2, h2, 120 * kSec), OTE_OK);
+    EXPECT_EQ(ote_hash(host2.data(), cap), PatternHash(7, 0, cap));
+    EXPECT_EQ(ote_hash(host3.data(), cap), PatternHash(7, 0, cap));
+    // Still held: the staged READ is not answered yet.
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_NE(ts.state, OTE_TRANSFER_COMPLETED);
+    EXPECT_EQ(Grants(src_).src_copies, 1u);
+    ASSERT_EQ(ote_fault_disarm(kHold), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_hash(host.data() + 1, kChunk - 5), PatternHash(91, 3, kChunk - 5));
+    // The GPU worker counts the copy ended after it sent the answer: waited for.
+    WaitCopies(this, 0);
+    EXPECT_EQ(ote_segment_close(seg2), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req2), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(src_, shost.data()), OTE_OK);
+}
+
+// A driver fault on the source's asynchronous copy (the event's record when it starts, or
+// its query when the GPU worker polls it: the stream is parked, its outcome unknown) fails
+// that request only, and everything its grant held at the source is given back (no copy
+// running, no grant live, no parent reservation); the next request moves every byte.
+TEST_F(GpuRdmaStageTest, AsyncCopyFaultFailsThatRequestAndReleasesAll) {
+    const uint64_t cap = 1 << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kSmall, kSmall));
+    std::vector<uint8_t> host(cap);
+    int seed = 120;
+    for (const char *entry : {"cuEventRecord", "cuEventQuery"}) {
+        SCOPED_TRACE(entry);
+        seed++;
+        DevFill(rdev_, cap, seed);
+        uint64_t c0 = SourceCopies();
+        ote__rdma_test_grants_t g{};
+        {
+            // A failed query leaves the copy's outcome unknown: its park is logged.
+            ote_test::ErrorLogsExpected guard;
+            fake_.fail(entry, 1, 1, kCudaErrorInvalidValue);
+            ote_transfer_status_t ts{};
+            EXPECT_NE(Run(OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_, kChunk, &ts),
+                      OTE_OK);
+            EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+            EXPECT_GT(fake_.calls(entry), 0u);
+            EXPECT_GE(SourceCopies() - c0, 1u);
+            fake_.clear_faults();
+            ote_deadline_t dl = ote_cuda_test::LongDeadline();
+            g = Grants(src_);
+            while ((g.src_copies != 0 || g.live_source != 0 || g.sp_parents != 0) &&
+                   !ote_deadline_expired(dl)) {
+                usleep(1000);
+                g = Grants(src_);
+            }
+        }
+        EXPECT_EQ(g.src_copies, 0u);
+        EXPECT_EQ(g.live_source, 0u);
+        EXPECT_EQ(g.sp_parents, 0u);
+        ASSERT_EQ(
+            Run(OTE_READ, reinterpret_cast<uintptr_t>(host.data()) + 1, rdev_ + 2, 3 * kChunk),
+            OTE_OK);
+        EXPECT_EQ(ote_hash(host.data() + 1, 3 * kChunk), PatternHash(seed, 2, 3 * kChunk));
+    }
+}
+
+// The source engine destroyed while a staged grant's copy runs (held; the grant's
+// deadline, 0.5 s + 1 s here, bounds the wait): the destroy succeeds, the requester's
+// request fails, and the fake's live objects (chunks, streams, events) are back where
+// they were (TearDown).
+TEST_F(GpuRdmaStageTest, SourceDestroyWithACopyRunning) {
+    const uint64_t cap = 1 << 20;
+    ote_test::ConfigKv kv = kSmall;
+    kv.push_back({"transfer_timeout_ms", "500"});
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kv, kv));
+    std::vector<uint8_t> host(cap);
+    ASSERT_EQ(ote_fault_arm(kHold, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_READ, host.data(), seg_, rdev_, kChunk};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    WaitCopies(this, 1);
+    {
+        // The held copy is given up at its deadline: parked, logged.
+        ote_test::ErrorLogsExpected guard;
+        EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+        EXPECT_GE(guard.Seen(), 1u);
+    }
+    src_ = nullptr;
+    rdev_ = 0; // its registration went with the engine
+    EXPECT_EQ(ote_fault_disarm(kHold), OTE_OK);
+    (void)ote_batch_wait(b, 120 * kSec);
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+}
+
+// The requester goes (its request canceled, its engine destroyed) while the source's copy
+// for its staged grant runs: the source releases the grant once the copy ends (here
+// released at once), answers nobody, and serves the next requester.
+TEST_F(GpuRdmaStageTest, RequesterGoneWithACopyRunning) {
+    const uint64_t cap = 1 << 20;
+    ote_test::ConfigKv kv = kSmall;
+    kv.push_back({"transfer_timeout_ms", "500"});
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kSmall, kv));
+    std::vector<uint8_t> host(cap);
+    ASSERT_EQ(ote_fault_arm(kHold, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_READ, host.data(), seg_, rdev_, kChunk};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    WaitCopies(this, 1);
+    EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
+    (void)ote_batch_wait(b, 120 * kSec);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+    seg_ = nullptr;
+    EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+    req_ = nullptr;
+    EXPECT_EQ(Grants(src_).src_copies, 1u); // still held
+    EXPECT_EQ(ote_fault_disarm(kHold), OTE_OK);
+    WaitCopies(this, 0);
+    ote__rdma_test_grants_t g = Grants(src_);
+    ote_deadline_t dl = ote_cuda_test::LongDeadline();
+    while ((g.live_source != 0 || g.sp_parents != 0) && !ote_deadline_expired(dl)) {
+        usleep(1000);
+        g = Grants(src_);
+    }
+    EXPECT_EQ(g.live_source, 0u);
+    EXPECT_EQ(g.sp_parents, 0u);
+    req_ = Engine(kSmall);
+    ASSERT_NE(req_, nullptr);
+    ASSERT_EQ(ote_segment_open(req_, ote_test::EngineAddress(src_).c_str(), &seg_), OTE_OK);
+    DevFill(rdev_, cap, 131);
+    ASSERT_EQ(Run(OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_, 2 * kChunk), OTE_OK);
+    EXPECT_EQ(ote_hash(host.data(), 2 * kChunk), PatternHash(131, 0, 2 * kChunk));
+}
+
+void WaitCopies(GpuRdmaStageTest *t, uint64_t n) {
+    ote_deadline_t dl = ote_cuda_test::LongDeadline();
+    while (t->SrcCopies() != n && !ote_deadline_expired(dl)) usleep(1000);
+    EXPECT_EQ(t->SrcCopies(), n);
 }
 
 } // namespace
