@@ -207,6 +207,44 @@ TEST_F(SelectorTest, CompletionRateSteersTowardsTheFasterNic) {
     EXPECT_LT(share, 0.75);
 }
 
+// One request at a time (both devices idle at each pick): the one that measured faster
+// wins every pick, so the slower one's rate is never sampled again; once it is older than
+// OTE_SELECTOR_RATE_STALE windows it is not trusted, and the idle, least recently picked
+// device is tried (and measured) again.
+TEST_F(SelectorTest, AStaleRateIsMeasuredAgain) {
+    ote_selector_config_t cfg = {};
+    cfg.rate_window_ns = 100 * 1000 * 1000;
+    ASSERT_NO_FATAL_FAILURE(Make(cfg));
+    Add("a", -1);
+    Add("b", -1);
+    const uint64_t slice = 1 << 20;
+    // One busy period each: a 2 ms per MiB, b 4 ms (a twice as fast).
+    int i = Pick(slice), j = Pick(slice);
+    ASSERT_NE(i, j);
+    clock_.ns += 2 * 1000 * 1000;
+    ote_selector_done(s_, 0, slice, 1);
+    clock_.ns += 2 * 1000 * 1000;
+    ote_selector_done(s_, 1, slice, 1);
+    ASSERT_GT(Stats(0).rate_bps, 1.5 * Stats(1).rate_bps);
+    // One at a time, each taking 2 ms on a: a every time, for as long as b's rate is fresh.
+    const uint64_t stale = OTE_SELECTOR_RATE_STALE * cfg.rate_window_ns;
+    const uint64_t b_sampled = clock_.ns;
+    int picks_of_b = 0;
+    while (clock_.ns - b_sampled <= stale) {
+        int k = Pick(slice);
+        if (k == 1) picks_of_b++;
+        clock_.ns += 2 * 1000 * 1000;
+        ote_selector_done(s_, k, slice, 1);
+    }
+    EXPECT_EQ(picks_of_b, 0) << "b picked while its slower rate was fresh";
+    // b's rate is stale now: the next pick goes to b, and measures it again.
+    EXPECT_EQ(Pick(slice), 1);
+    clock_.ns += 2 * 1000 * 1000;
+    ote_selector_done(s_, 1, slice, 1);
+    EXPECT_GT(Stats(1).rate_bps, 0.0);
+    EXPECT_EQ(Stats(1).picks, 2u);
+}
+
 // Rates within OTE_SELECTOR_RATE_SPREAD of each other are noise: the split follows bytes
 // in flight alone, so one request's slices, all picked at once, are split evenly.
 TEST_F(SelectorTest, NearlyEqualRatesSplitEvenly) {

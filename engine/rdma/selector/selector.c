@@ -24,6 +24,7 @@ typedef struct {
     uint64_t last_pick; /* pick sequence of its last pick (ties: least recent first) */
     uint64_t win_start; /* start of the current busy period or window (0: idle) */
     uint64_t win_bytes; /* bytes done since then */
+    uint64_t rate_ns;   /* when rate_bps was last sampled */
 } sel_dev_t;
 
 struct ote_selector {
@@ -215,11 +216,16 @@ ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, ui
         return OTE_ERR_NO_DEVICE;
     }
     double rmin = 0, rmax = 0;
+    uint64_t now = now_of(s);
     for (size_t i = 0; i < s->n; i++) {
         const sel_dev_t *d = &s->dev[i];
         if (!d->st.active || !(mask & (1u << i)) || rank_of(s, d, mem_numa) != best_rank) continue;
         double r = d->st.rate_bps;
-        if (!(r > 0)) rates = 0;
+        /* A rate not sampled for OTE_SELECTOR_RATE_STALE windows is not trusted: a device
+         * that once measured slow would otherwise lose every pick while the others are
+         * idle (one request at a time), and never be measured again. */
+        if (!(r > 0) || now - d->rate_ns > OTE_SELECTOR_RATE_STALE * s->cfg.rate_window_ns)
+            rates = 0;
         if (rmin == 0 || r < rmin) rmin = r;
         if (r > rmax) rmax = r;
     }
@@ -234,7 +240,7 @@ ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, ui
     }
     sel_dev_t *d = &s->dev[pick];
     if (d->st.inflight == 0) { /* busy from now: a rate window starts */
-        d->win_start = now_of(s);
+        d->win_start = now;
         d->win_bytes = 0;
     }
     d->st.inflight += len;
@@ -258,6 +264,7 @@ static void rate_sample(ote_selector_t *s, sel_dev_t *d, uint64_t now) {
     double sample = (double)d->win_bytes * 1e9 / (double)span;
     double w = (double)s->cfg.ewma_weight_pct / 100.0;
     d->st.rate_bps = d->st.rate_bps > 0 ? w * sample + (1 - w) * d->st.rate_bps : sample;
+    d->rate_ns = now;
 }
 
 void ote_selector_done(ote_selector_t *s, int index, uint64_t len, int ok) {

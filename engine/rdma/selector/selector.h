@@ -16,6 +16,8 @@
  * least 1 MiB); while some candidate has no rate yet, or the
  * candidates' rates differ by less than a factor OTE_SELECTOR_RATE_SPREAD (noise: one
  * request's slices are all picked at once, so a noisy rate would skew the whole split),
+ * or some candidate's rate was last sampled more than OTE_SELECTOR_RATE_STALE rate
+ * windows ago (so a device that once measured slow is tried, and measured, again),
  * the one with the fewest bytes in flight. Ties go to the least recently picked. The picked device's bytes
  * in flight grow by len until ote_selector_done().
  * Lists: allow (config rdma_devices; empty = every device) and deny (rdma_exclude) name
@@ -38,6 +40,7 @@ extern "C" {
 #define OTE_SELECTOR_MAX_DEVICES 16
 #define OTE_SELECTOR_NAME_MAX 64
 #define OTE_SELECTOR_RATE_SPREAD 1.25
+#define OTE_SELECTOR_RATE_STALE 8
 
 typedef struct ote_selector ote_selector_t;
 
@@ -54,8 +57,8 @@ typedef struct {
     void *distance_arg;
     uint64_t (*clock)(void *arg); /* ns, monotonic; NULL: ote_now_ns */
     void *clock_arg;
-    uint64_t rate_window_ns;  /* completion-rate sample period (0: 10 ms) */
-    uint32_t ewma_weight_pct; /* weight of a new sample in the EWMA, 1..100 (0: 25) */
+    uint64_t rate_window_ns;  /* completion-rate sample period (0: 500 ms) */
+    uint32_t ewma_weight_pct; /* weight of a new sample in the EWMA, 1..100 (0: 20) */
 } ote_selector_config_t;
 
 typedef struct {
