@@ -139,6 +139,36 @@ TEST_F(SelectorTest, BestRankOnlyUntilItGoesDown) {
     EXPECT_EQ(ote_selector_set_active(s_, 9, 1), OTE_ERR_NOT_FOUND);
 }
 
+// A NIC whose distance is unknown (no node, or a node the topology does not know) ranks
+// as the farthest known placement: it never wins over a near NIC, it shares with far ones,
+// and it takes over when the near NIC goes down.
+TEST_F(SelectorTest, AnUnknownNodeRanksAsTheFarthest) {
+    ASSERT_NO_FATAL_FAILURE(Make());
+    Add("near", 0);
+    Add("nonode", -1);
+    Add("unknown", 7);
+    EXPECT_EQ(ote_selector_rank(s_, 0, 0), 10);
+    EXPECT_EQ(ote_selector_rank(s_, 1, 0), 10) << "only a near NIC is known: ties with it";
+    Add("far", 1);
+    EXPECT_EQ(ote_selector_rank(s_, 1, 0), 20);
+    EXPECT_EQ(ote_selector_rank(s_, 2, 0), 20);
+    EXPECT_EQ(ote_selector_rank(s_, 3, 0), 20);
+    EXPECT_EQ(ote_selector_rank(s_, 1, -1), 0) << "memory of unknown node ranks every NIC 0";
+    for (int k = 0; k < 8; k++) EXPECT_EQ(Pick(4096, 0), 0) << "an unknown NIC beat a near one";
+    ASSERT_EQ(ote_selector_set_active(s_, 0, 0), OTE_OK);
+    int seen[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 9; k++) {
+        int i = Pick(4096, 0);
+        ASSERT_GE(i, 0);
+        ASSERT_LT(i, 4);
+        seen[i]++;
+    }
+    EXPECT_EQ(seen[0], 0);
+    EXPECT_EQ(seen[1], 3);
+    EXPECT_EQ(seen[2], 3);
+    EXPECT_EQ(seen[3], 3);
+}
+
 TEST_F(SelectorTest, FewestBytesInFlightFirst) {
     ASSERT_NO_FATAL_FAILURE(Make());
     Add("a", -1);

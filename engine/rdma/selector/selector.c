@@ -169,14 +169,35 @@ int ote_selector_is_active(const ote_selector_t *s, int index) {
     return a;
 }
 
-/* Under mu. */
+/* The distance from mem_numa to node; -1 when unknown (either node, or no matrix). */
+static int distance_of(const ote_selector_t *s, int mem_numa, int node) {
+    if (mem_numa < 0 || node < 0) return -1;
+    if (s->cfg.distance != NULL) return s->cfg.distance(s->cfg.distance_arg, mem_numa, node);
+    if (mem_numa < s->nnodes && node < s->nnodes) return s->dist[mem_numa][node];
+    return -1;
+}
+
+/* Under mu. Memory of unknown node ranks every device 0. A device whose distance to the
+ * memory is unknown (no node, or a node the topology does not know) ranks as the farthest
+ * placement known: the largest distance from the memory's node to any node of the
+ * topology or to any device's node. On a multi-node host a NIC without a node therefore
+ * never wins over a NIC known to be near. When no distance is known at all, every device
+ * ranks 0 (the sim: nodes but no topology). */
 static int rank_of(const ote_selector_t *s, const sel_dev_t *d, int mem_numa) {
-    int node = d->st.numa_node;
-    if (mem_numa < 0 || node < 0) return 0;
-    int v = -1;
-    if (s->cfg.distance != NULL) v = s->cfg.distance(s->cfg.distance_arg, mem_numa, node);
-    else if (mem_numa < s->nnodes && node < s->nnodes) v = s->dist[mem_numa][node];
-    return v < 0 ? 0 : v;
+    if (mem_numa < 0) return 0;
+    int v = distance_of(s, mem_numa, d->st.numa_node);
+    if (v >= 0) return v;
+    int worst = 0;
+    if (s->cfg.distance == NULL && mem_numa < s->nnodes) {
+        for (int j = 0; j < s->nnodes; j++) {
+            if (s->dist[mem_numa][j] > worst) worst = s->dist[mem_numa][j];
+        }
+    }
+    for (size_t i = 0; i < s->n; i++) {
+        int w = distance_of(s, mem_numa, s->dev[i].st.numa_node);
+        if (w > worst) worst = w;
+    }
+    return worst;
 }
 
 int ote_selector_rank(const ote_selector_t *s, int index, int mem_numa) {

@@ -8,8 +8,11 @@
  *
  * Rank: the distance between the NUMA node of the slice's memory and the NIC's node
  * (hwloc's NUMA distance matrix when the selector is created with use_topology and hwloc
- * has one; a test may give its own distance function). An unknown node on either side, or
- * no distance, ranks 0, so NICs whose topology is unknown (the sim) rank equal.
+ * has one; a test may give its own distance function). Memory of unknown node ranks every
+ * NIC 0. A NIC whose distance is unknown (no node, or none in the topology) ranks as the
+ * farthest placement known (the largest distance from the memory's node to any node of the
+ * topology or any NIC's node), never ahead of a near NIC; when no distance is known at
+ * all, every NIC ranks 0, so NICs whose topology is unknown (the sim) rank equal.
  * Pick: among the active, allowed devices of the best (lowest) rank, the one whose bytes
  * would finish first: (bytes in flight + len) / rate, rate being an EWMA of its completion
  * rate (bytes done over each busy period, or over rate_window_ns of a longer one, when at
