@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -27,12 +28,14 @@
 
 /* Wait until fd is readable; 1 ready, 0 stop requested, -1 deadline passed. */
 static int wait_in(shm_src_t *s, ote_deadline_t dl) {
-    /* The requester often sends its next message right after our answer. */
+    /* The requester often sends its next message soon after our answer: look for it
+     * for a while, giving the core away between looks (SHM_SRC_SPIN_NS). */
     ote_deadline_t spin = ote_deadline_after(SHM_SRC_SPIN_NS);
     for (;;) {
         struct pollfd p = {.fd = s->fd, .events = POLLIN};
         if (poll(&p, 1, 0) > 0) return 1;
         if (ote_deadline_expired(spin)) break;
+        sched_yield();
     }
     for (;;) {
         if (atomic_load(&s->tp->stop)) return 0;
