@@ -550,6 +550,18 @@ static ote_status_t serve_check(ote_grant_mgr_t *m, ote_endpoint_t *ep, ote_qp_t
     return st;
 }
 
+/* The source's pin refused the range (ACCESS, BUSY, ...): counted, logged, returned. */
+static ote_status_t pin_refused(ote_grant_mgr_t *m, const char *kind, ote_grant_op_t op,
+                                uint64_t addr, uint64_t len, ote_status_t st) {
+    ote_mutex_lock(&m->mu);
+    m->stats.refused++;
+    ote_mutex_unlock(&m->mu);
+    OTE_WARN_LIMITED("grant", "%s: %s%s grant over [0x%llx, +%llu) refused: %s",
+                     ote_context_name(m->ctx), kind, op == OTE_GRANT_WRITE ? "WRITE" : "READ",
+                     (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
+    return st;
+}
+
 /* A pinned source grant's receipt slot on qp, reserved before any window or key is
  * exposed, so that the requester's receipt never meets an empty receive queue (RNR);
  * without one the request is refused (OTE_ERR_AGAIN: retry later) and its pin given back.
@@ -601,15 +613,7 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
     void *pin = NULL;
     /* The exact range is checked before any window exists. */
     st = m->src.pin(m->src.arg, m->ctx, addr, len, access, &mr, &pin);
-    if (st != OTE_OK) {
-        ote_mutex_lock(&m->mu);
-        m->stats.refused++;
-        ote_mutex_unlock(&m->mu);
-        OTE_WARN_LIMITED("grant", "%s: %s grant over [0x%llx, +%llu) refused: %s",
-                         ote_context_name(m->ctx), op == OTE_GRANT_WRITE ? "WRITE" : "READ",
-                         (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
-        return st;
-    }
+    if (st != OTE_OK) return pin_refused(m, "", op, addr, len, st);
     /* The receipt's slot (the requester's SEND_WITH_INV), before any window exists. */
     grant_t *g = serve_admit(m, ep, slot, qp, li, deadline, pin, answer_ctx, &st);
     if (g == NULL) return st;
@@ -695,15 +699,7 @@ ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint3
     uint32_t rkey = 0;
     void *pin = NULL;
     st = m->src.pin_exact(m->src.arg, qp, addr, len, access, &rkey, &pin);
-    if (st != OTE_OK) {
-        ote_mutex_lock(&m->mu);
-        m->stats.refused++;
-        ote_mutex_unlock(&m->mu);
-        OTE_WARN_LIMITED("grant", "%s: exact-MR %s grant over [0x%llx, +%llu) refused: %s",
-                         ote_context_name(m->ctx), op == OTE_GRANT_WRITE ? "WRITE" : "READ",
-                         (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
-        return st;
-    }
+    if (st != OTE_OK) return pin_refused(m, "exact-MR ", op, addr, len, st);
     /* The receipt's slot (the requester's SEND_WITH_IMM), before the key is answered. */
     grant_t *g = serve_admit(m, ep, slot, qp, li, deadline, pin, answer_ctx, &st);
     if (g == NULL) return st;
