@@ -514,6 +514,7 @@ TEST_F(GrantFaultTest, FencedManagerEndsLiveGrantsAtTheNextTick) {
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, nullptr);
     } while ((s1.live_source != 0 || rig_.pins.load() != 0) && !ote_deadline_expired(until));
+    ASSERT_EQ(s1.live_source, 0u) << "the source's grant waits for its deadline";
     // The requester's fails at the tick; it ends once its QP's destruction resolved the
     // WR whose CQE was lost (the reclaim of the retired slot, as the monitor's).
     ASSERT_TRUE(d.Wait(rig_, 30000));
