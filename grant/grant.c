@@ -844,10 +844,12 @@ size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *e
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
     defer_t df = {.fin = NULL, .nans = 0};
     uint64_t now = ote_now_ns();
-    /* A context whose port went down (or whose device failed) ends its in-flight grants
-     * now, with that status, instead of leaving them to their deadlines. */
+    /* A context whose port went down (or whose device failed), or a fenced manager (its
+     * transport's teardown), ends its in-flight grants now, with that status, instead of
+     * leaving them to their deadlines. */
     ote_status_t down = ote_context_check(m->ctx);
     ote_mutex_lock(&m->mu);
+    if (down == OTE_OK) down = m->fence;
     if (m->retained != NULL) (void)ote__grant_mw_retry_retained(m); /* the monitor's retry */
     for (uint32_t i = 0; i < m->nlanes; i++) kick_lane(&m->lanes[i], &df);
     grant_t *g, *tmp;
@@ -861,15 +863,16 @@ size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
             OTE_WARN_LIMITED("grant",
                              "grant %u: %s with %u of %u slices done, %u WRs owed: failing "
                              "it; QP %u fenced and flushed",
-                             g->seq, expired ? "deadline passed" : "its context is down",
+                             g->seq, expired ? "deadline passed" : ote_status_str(why),
                              g->done_slices, g->nslices, g->outstanding, g->qp_num);
             fail_requester(g, why, &df);
         } else if (g->sstate != S_ENDED) {
             if (expired) m->stats.source_expired++;
-            OTE_WARN_LIMITED("grant", "%s: source grant %u %s: QP %u moved to ERR, window released",
+            OTE_WARN_LIMITED("grant",
+                             "%s: source grant %u %s%s: QP %u moved to ERR, window released",
                              ote_context_name(m->ctx), g->seq,
-                             expired ? "not invalidated by its deadline" : "ended: context down",
-                             g->qp_num);
+                             expired ? "not invalidated by its deadline" : "ended: ",
+                             expired ? "" : ote_status_str(why), g->qp_num);
             source_end(g, why, &df);
         }
     }

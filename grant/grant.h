@@ -148,7 +148,9 @@ ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lane
  * window that a finished grant could not dealloc is retained the same way; the monitor's
  * ote_grant_mgr_tick() retries those too. */
 ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m);
-/* Fence new grants (requester and source): OTE_ERR_PORT_DOWN / the reason given. */
+/* Fence the manager (its transport's teardown): new grants (requester and source) are
+ * refused with @why, and the next ote_grant_mgr_tick() ends every live grant at once with
+ * @why, as a context that is down does. */
 void ote_grant_mgr_fence(ote_grant_mgr_t *m, ote_status_t why);
 void ote_grant_mgr_get_stats(ote_grant_mgr_t *m, ote_grant_stats_t *out);
 
@@ -226,7 +228,8 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
  * cancelled and its slot retired), and release source grants whose requester never
  * invalidated them by their deadline (QP moved to ERR first, so the window is dead).
  * While the manager's context is down (ote_context_check() fails: port down, device
- * fatal), every live grant ends the same way at once, with that status.
+ * fatal) or the manager is fenced, every live grant ends the same way at once, with that
+ * status.
  * Returns the number of grants still live.
  */
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m);

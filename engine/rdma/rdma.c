@@ -21,6 +21,10 @@
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/test_hook.h"
 
+/* Teardown's wait for the flush CQEs of the grants it ended (at most; shorter when
+ * transfer_timeout_ms + 2 s is). */
+#define OTE__RDMA_TEARDOWN_GRANTS_MS 10000
+
 static _Atomic uint64_t ote__rdma_retained_transports;
 ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
 int (*ote__rdma_test_distance)(void *arg, int a, int b);
@@ -156,9 +160,9 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
  *   1. threads: the pump, the server connection threads (woken by the shutdown of their
  *      sockets, joined within a bound), the monitor. A thread that does not end may
  *      still use anything here and in the engine: nothing else is touched.
- *   2. QPs and windows: in-flight grants end (their own deadlines bound this), then the
- *      endpoint stores and grant managers. While a QP or a window lives, a NIC or a peer
- *      could still reach the registered memory: its MRs stay.
+ *   2. QPs and windows: live grants are ended at once (QP to ERR, then window or exact
+ *      MR), then the endpoint stores and grant managers. While a QP or a window lives, a
+ *      NIC or a peer could still reach the registered memory: its MRs stay.
  *   3. CQ lanes and their workers; 4. the selector, the registrations' MRs and the buffer
  *   manager; 5. the PDs and devices (context set); then the provider and tp itself.
  * OTE_OK: tp is freed. OTE_ERR_RETAINED: tp stays valid for another teardown only.
@@ -201,9 +205,19 @@ static ote_status_t teardown(rdma_tp_t *tp) {
     /* The source's parent reservations hold QP borrows: returned before the endpoints go
      * (rdma_src_parents.c; live grants keep their own slots). */
     ote__rdma_sp_end_conn(tp, NULL);
-    /* Let in-flight grants end (their own deadlines bound this). */
-    ote_deadline_t gdl =
-        ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC);
+    /* Live grants end now, not at their deadlines: with the control threads gone no
+     * receipt's GRANT_DONE or RELEASE can arrive. Each grant manager is fenced and its tick
+     * ends them as a lost requester's are (ote_grant_source_end_endpoint's path): a source
+     * grant's QP moved to ERR first, then its window deallocated (or its exact MR
+     * deregistered), its pin and QP borrow released; a requester grant's QP fenced and
+     * flushed. What is waited for is their flush CQEs (the lane workers still run), within
+     * a bound; a grant, window or MR left then is retained by the steps below, and the
+     * registrations' MRs with it. */
+    uint64_t gms = tp->cfg.transfer_timeout_ms + 2000;
+    if (gms > OTE__RDMA_TEARDOWN_GRANTS_MS) gms = OTE__RDMA_TEARDOWN_GRANTS_MS;
+    ote_deadline_t gdl = ote_deadline_after(gms * OTE_NSEC_PER_MSEC);
+    for (uint32_t i = 0; i < tp->nnics; i++)
+        if (tp->nics[i].gm != NULL) ote_grant_mgr_fence(tp->nics[i].gm, OTE_ERR_CANCELED);
     for (uint32_t i = 0; i < tp->nnics; i++) {
         if (tp->nics[i].gm == NULL) continue;
         while (ote_grant_mgr_tick(tp->nics[i].gm) > 0 && !ote_deadline_expired(gdl)) {

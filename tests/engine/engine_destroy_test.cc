@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,7 +49,7 @@ class EngineDestroyTest : public ote_test::OteTest {
         retained0_ = ote_retained_total();
         transports0_ = ote__rdma_retained_transports_get();
         ote__rdma_test_verbs_hook = Wrap;
-        src_ = Create(src_connect_ms_);
+        src_ = Create(src_connect_ms_, src_transfer_ms_);
         req_ = Create("30000");
         ote__rdma_test_verbs_hook = nullptr;
         ASSERT_NE(src_, nullptr);
@@ -97,12 +98,12 @@ class EngineDestroyTest : public ote_test::OteTest {
         ote__rdma_test_verbs_hook = nullptr;
         OteTest::TearDown();
     }
-    static ote_engine_t *Create(const char *connect_ms) {
+    static ote_engine_t *Create(const char *connect_ms, const char *transfer_ms = "30000") {
         ote_config_t *cfg = nullptr;
         EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
-        EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", "30000"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", transfer_ms), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "connect_timeout_ms", connect_ms), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
         ote_engine_t *e = nullptr;
@@ -110,11 +111,10 @@ class EngineDestroyTest : public ote_test::OteTest {
         ote_config_destroy(cfg);
         return e;
     }
-    // Submit one WRITE of out_ into mem_ at the source (batch_ holds it).
-    void Submit() {
+    // Submit one WRITE (or READ) of out_ into (from) mem_ at the source (batch_ holds it).
+    void Submit(ote_opcode_t op = OTE_WRITE) {
         ASSERT_EQ(ote_batch_create(req_, 1, &batch_), OTE_OK);
-        ote_request_t r = {OTE_WRITE, out_.data(), seg_, (uint64_t)(uintptr_t)mem_.data(),
-                           out_.size()};
+        ote_request_t r = {op, out_.data(), seg_, (uint64_t)(uintptr_t)mem_.data(), out_.size()};
         ASSERT_EQ(ote_batch_submit(batch_, &r, 1), OTE_OK);
     }
     // One WRITE that completes, every byte checked. The requester stays connected with
@@ -151,6 +151,7 @@ class EngineDestroyTest : public ote_test::OteTest {
     }
 
     const char *src_connect_ms_ = "30000";
+    const char *src_transfer_ms_ = "30000";
     std::vector<ote_verbs_t *> wrapped_;
     std::vector<std::unique_ptr<Native>> natives_; // outlive the engines
     uint64_t retained0_ = 0, transports0_ = 0;
@@ -340,5 +341,115 @@ TEST_F(EngineDestroyStuckTest, StuckControlThreadKeepsTheEngineUntilItEnds) {
     vs_ = nullptr;
     EXPECT_EQ(ote__rdma_retained_transports_get(), transports0_);
 }
+
+// A requester that got a grant and went quiet: its every post_send is held (the verbs
+// fault decorator's delay), so it took the source's key and stalls before its first WR,
+// and never sends the grant's receipt. The source's destroy (transfer_timeout_ms 60 s,
+// so waiting for the grant's deadline would take over a minute) ends the grant at once:
+// its QP to ERR, its window deallocated, the QP destroyed; it returns well before that
+// deadline (a bound on a hang, not a speed check). Then the requester is let go: its
+// WR, under the old key to a source that is gone, fails, and the source's memory (WRITE)
+// or the requester's buffer (READ) is never touched. With a native destroy that fails
+// during that revocation (the QP, or the window), the destroy is RETAINED just as fast,
+// the registration stays registered, and a later destroy finishes.
+struct LiveCase {
+    const char *name;
+    ote_opcode_t op;
+    bool fault; // arm `fail` on the source for the first destroy
+    ote_verbs_fault_op_t fail;
+};
+
+class EngineDestroyLiveGrantTest : public EngineDestroyTest,
+                                   public ::testing::WithParamInterface<LiveCase> {
+  protected:
+    EngineDestroyLiveGrantTest() { src_transfer_ms_ = "60000"; }
+    ote__rdma_test_grants_t SourceGrants() {
+        ote__rdma_test_grants_t g{};
+        char addr[300];
+        EXPECT_EQ(ote_engine_address(src_, addr, sizeof(addr)), OTE_OK);
+        EXPECT_EQ(ote__rdma_test_grants(addr, &g), OTE_OK);
+        return g;
+    }
+};
+
+TEST_P(EngineDestroyLiveGrantTest, DestroyRevokesALiveGrantAtOnce) {
+    const LiveCase &c = GetParam();
+    ote_verbs_t *vr = wrapped_[1];
+    // What must stay as it is: the source's memory (a WRITE's target), the requester's
+    // buffer (a READ's target).
+    for (size_t i = 0; i < mem_.size(); i++) mem_[i] = (uint8_t)(i * 13 + 1);
+    const std::vector<uint8_t> mem0 = mem_, out0 = out_;
+    ASSERT_EQ(ote_verbs_fault_delay(vr, OTE_VERBS_FAULT_OP_POST_SEND, 120000), OTE_OK);
+    Submit(c.op);
+    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    while ((SourceGrants().live_source == 0 ||
+            ote_verbs_fault_injected(vr, OTE_VERBS_FAULT_OP_POST_SEND) == 0) &&
+           !ote_deadline_expired(dl))
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_GE(SourceGrants().live_source, 1u) << "the source served the grant";
+    ASSERT_GE(ote_verbs_fault_injected(vr, OTE_VERBS_FAULT_OP_POST_SEND), 1u)
+        << "the requester holds the key, stalled at its first post";
+    {
+        ote_test::ErrorLogsExpected logs; // the revoked grant's WARN, a retained owner's ERRORs
+        if (c.fault) {
+            ASSERT_EQ(ote_verbs_fault_fail(vs_, c.fail, OTE_FAULT_EVERY, 0, EBUSY), OTE_OK);
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        ote_status_t st = ote_engine_destroy(src_);
+        double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(took, 20.0) << "destroy waited for the live grant's deadline (60 s)";
+        if (c.fault) {
+            ASSERT_EQ(st, OTE_ERR_RETAINED);
+            EXPECT_GE(ote_verbs_fault_injected(vs_, c.fail), 1u)
+                << "the failing destroy was reached";
+            EXPECT_EQ(ns_->watched_mrs.load(), 1) << "the registered memory stays registered";
+        } else {
+            ASSERT_EQ(st, OTE_OK);
+            src_ = nullptr;
+            vs_ = nullptr;
+            EXPECT_EQ(ns_->qps.load(), 0);
+            EXPECT_EQ(ns_->mws.load(), 0);
+            EXPECT_EQ(ns_->watched_mrs.load(), 0);
+        }
+        // The requester goes on: its WR under the old key fails, its request with it.
+        ASSERT_EQ(ote_verbs_fault_delay(vr, OTE_VERBS_FAULT_OP_POST_SEND, 0), OTE_OK);
+        EXPECT_NE(ote_batch_wait(batch_, 120 * kSec), OTE_OK);
+        ote_transfer_status_t ts;
+        ASSERT_EQ(ote_batch_status(batch_, 0, &ts), OTE_OK);
+        EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED) << "ended by the lost source, not a deadline";
+        EXPECT_EQ(memcmp(mem_.data(), mem0.data(), mem_.size()), 0) << "source memory touched";
+        EXPECT_EQ(memcmp(out_.data(), out0.data(), out_.size()), 0) << "nothing was read";
+        if (c.fault) {
+            ote_verbs_fault_clear(vs_);
+            ASSERT_EQ(ote_engine_destroy(src_), OTE_OK);
+            src_ = nullptr;
+            vs_ = nullptr;
+        }
+    }
+    EXPECT_TRUE(ns_->closed.load());
+    EXPECT_EQ(ns_->qps.load(), 0);
+    EXPECT_EQ(ns_->mws.load(), 0);
+    EXPECT_EQ(ns_->mrs.load(), 0);
+    // The requester's side: its request failed, its source is gone; its destroy waits
+    // for no deadline either.
+    ASSERT_EQ(ote_batch_destroy(batch_), OTE_OK);
+    batch_ = nullptr;
+    ASSERT_EQ(ote_segment_close(seg_), OTE_OK);
+    seg_ = nullptr;
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(ote_engine_destroy(req_), OTE_OK);
+    req_ = nullptr;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+}
+
+void PrintTo(const LiveCase &c, std::ostream *os) { *os << c.name; }
+
+INSTANTIATE_TEST_SUITE_P(
+    Grants, EngineDestroyLiveGrantTest,
+    ::testing::Values(LiveCase{"Write", OTE_WRITE, false, OTE_VERBS_FAULT_OP_DESTROY_QP},
+                      LiveCase{"Read", OTE_READ, false, OTE_VERBS_FAULT_OP_DESTROY_QP},
+                      LiveCase{"WriteQpRetained", OTE_WRITE, true, OTE_VERBS_FAULT_OP_DESTROY_QP},
+                      LiveCase{"WriteMwRetained", OTE_WRITE, true, OTE_VERBS_FAULT_OP_DEALLOC_MW}),
+    [](const ::testing::TestParamInfo<LiveCase> &i) { return std::string(i.param.name); });
 
 } // namespace

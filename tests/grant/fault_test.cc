@@ -477,6 +477,65 @@ TEST_F(GrantFaultTest, PortDownEndsInFlightGrantReleasesItAndGrantsWorkAfterReco
     CloseMr();
 }
 
+// A fenced manager (its transport's teardown) ends its live grants at its next tick, as a
+// port that went down does, not at their (120 s) deadlines: the requester's in-flight
+// grant fails with the fence's status (its QP fenced and flushed), the source's grant,
+// whose receipt will never come, is ended (QP to ERR, window and pin released), and new
+// grants are refused.
+TEST_F(GrantFaultTest, FencedManagerEndsLiveGrantsAtTheNextTick) {
+    rig_.src_deadline_ms = 120000;
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    ote_endpoint_return(rig_.ep0[1], 0, qp);
+    // The first data CQE is lost: the grant cannot finish on its own.
+    ASSERT_EQ(
+        ote_verbs_fault_lose_cqe_nth(rig_.v, ote_cq_lane_native_cq(rig_.l0[0], OTE_CQ_SEND), 1),
+        OTE_OK);
+    Done d;
+    ASSERT_EQ(Start(OTE_GRANT_WRITE, 8 * B, &d, 120000), OTE_OK);
+    ote_deadline_t until = ote_deadline_after(30000 * kMs);
+    while (ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0 &&
+           !ote_deadline_expired(until)) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+    }
+    ASSERT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
+    ote_grant_stats_t s0, s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    ASSERT_EQ(s1.live_source, 1u);
+    EXPECT_EQ(d.calls.load(), 0);
+    ote_grant_mgr_fence(rig_.g0, OTE_ERR_CANCELED);
+    ote_grant_mgr_fence(rig_.g1, OTE_ERR_CANCELED);
+    // The source's grant ends at the tick (its bind long done, nothing owed).
+    until = ote_deadline_after(30000 * kMs);
+    do {
+        ote_grant_mgr_tick(rig_.g1);
+        ote_grant_mgr_get_stats(rig_.g1, &s1);
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, nullptr);
+    } while ((s1.live_source != 0 || rig_.pins.load() != 0) && !ote_deadline_expired(until));
+    ASSERT_EQ(s1.live_source, 0u) << "the source's grant waits for its deadline";
+    // The requester's fails at the tick; it ends once its QP's destruction resolved the
+    // WR whose CQE was lost (the reclaim of the retired slot, as the monitor's).
+    ASSERT_TRUE(d.Wait(rig_, 30000));
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    EXPECT_EQ(d.calls.load(), 1);
+    EXPECT_EQ(ote_status_code(d.st.load()), OTE_ERR_CANCELED) << ote_status_str(d.st.load());
+    EXPECT_EQ(s0.live_requester, 0u);
+    EXPECT_EQ(s0.expired, 0u) << "ended by the fence, not its deadline";
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(s1.source_expired, 0u);
+    EXPECT_EQ(s1.receipts, 0u);
+    EXPECT_EQ(s1.mw_retained, 0u);
+    EXPECT_EQ(rig_.pins.load(), 0);
+    EXPECT_EQ(ote_endpoint_users(rig_.ep1[1], 0), 0u) << "the source's QP borrow came back";
+    Done d2;
+    EXPECT_EQ(ote_status_code(Start(OTE_GRANT_WRITE, B, &d2)), OTE_ERR_CANCELED);
+    EXPECT_EQ(d2.calls.load(), 0);
+    EXPECT_EQ(RetainedSinceStart(), 0);
+    CloseMr();
+}
+
 // A post whose outcome is unknown (the provider fails it with bad_wr outside the chain
 // after having posted it): the grant's QP is fenced, the grant fails, and it ends only
 // after every WR it might have posted was discharged. A fresh QP then works.
