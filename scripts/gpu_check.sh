@@ -15,6 +15,12 @@
 #   DIR/gpu_check.sh --prebuilt DIR       run from a package on a machine without bazel
 #   (also: scripts/gpu_check.sh --prebuilt DIR)
 #
+# With the device tool (its machine has no bazel; it runs in a copy of the repo root and
+# carries ignored folders named in carry): here, in the repo root,
+#   echo /gpu_pkg/ >>.git/info/exclude; scripts/gpu_check.sh --package gpu_pkg
+# then run `gpu_pkg/gpu_check.sh --prebuilt gpu_pkg` there with carry ["gpu_pkg"]
+# (about 25 MB; $OUT is set there, so the summary and the logs come back).
+#
 # Options: --fake          use the fake libcuda of the build/package instead of the real
 #                          driver (to check this script on a machine without a GPU; the
 #                          fake's control API is then present, so fake-only cases run too)
@@ -24,7 +30,8 @@
 #                          per engine correctness result (default 1)
 # Environment: OTE_CUDA_LIBRARY (driver to load instead of libcuda.so.1), BAZEL (default
 #   bazel), BAZEL_STARTUP (startup options, e.g. --output_base=...), OUT (when set, a
-#   summary is written to $OUT/gpu_check_summary.txt and the logs to $OUT/gpu_check_logs/).
+#   summary is written to $OUT/gpu_check_summary.txt and the logs, as one archive, to
+#   $OUT/gpu_check_logs.tar.gz: the device tool returns at most 8 files).
 #
 # Exit status: 0 every check passed; 1 something failed; 2 no GPU here (no loadable CUDA
 # driver or no device: prints "no GPU: <reason>" and runs nothing); 64 usage error.
@@ -38,7 +45,7 @@ MODE=bazel PKG="" USE_FAKE=0 PROBE_SIZE=256M PROBE_ITERS=5 SKIP_TESTS=0 SKIP_PRO
 SKIP_ENGINE=0 ENGINE_FIG_SECS=2 ENGINE_CHECK_SECS=1
 EXIT_NO_GPU=2
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
+usage() { sed -n '2,/^set -u$/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --package) MODE=package PKG=${2:-}; shift 2 || usage ;;
@@ -118,12 +125,15 @@ fi
 LOGDIR=$(mktemp -d)
 trap 'rm -rf "$LOGDIR"' EXIT
 SUMMARY=()
+BENCH_ENV=() # variables of every ote_bench run (LD_LIBRARY_PATH, see --prebuilt)
 PASSED=0 FAILED=0 SKIPPED=0
 note() { echo "$*"; SUMMARY+=("$*"); }
 finish() { # exit code
     note "gpu_check: $PASSED passed, $FAILED failed, $SKIPPED skipped"
     if [ -n "${OUT:-}" ]; then
-        mkdir -p "$OUT/gpu_check_logs" && cp "$LOGDIR"/* "$OUT/gpu_check_logs/" 2>/dev/null
+        mkdir -p "$OUT" && (cd "$LOGDIR" && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.txt' \
+            -o -name '*.out' -o -name '*.err' -o -name '*.json' \) -print0 | sort -z |
+            tar -czf "$OUT/gpu_check_logs.tar.gz" --null -T - --transform 's|^\./|gpu_check_logs/|')
         printf '%s\n' "${SUMMARY[@]}" >"$OUT/gpu_check_summary.txt"
     fi
     exit "$1"
@@ -173,10 +183,19 @@ else
     PKG=$(cd "$PKG" && pwd) || exit 64
     BINDIR=$PKG/bin FAKELIB=$PKG/lib/libfake_cuda.so SRCDIR=$PKG/src BENCH=$PKG/bin/ote_bench
     [ -f "$PKG/REVISION" ] && note "package built from revision $(cat "$PKG/REVISION")"
-    # ote_bench's system libraries: this machine's when it has them all, else the package's.
+    # ote_bench's system libraries: this machine's, and the package's copy of each one it
+    # lacks (linked into a folder of their own, given to ote_bench alone).
     if [ -x "$BENCH" ] && ldd "$BENCH" 2>/dev/null | grep -q 'not found'; then
-        export LD_LIBRARY_PATH="$PKG/lib/bench${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        note "ote_bench: using the package's system libraries ($PKG/lib/bench)"
+        mkdir -p "$LOGDIR/benchlib"
+        for _ in 1 2 3 4 5; do
+            missing=$(LD_LIBRARY_PATH="$LOGDIR/benchlib" ldd "$BENCH" 2>/dev/null | awk '/not found/ { print $1 }')
+            [ -z "$missing" ] && break
+            for l in $missing; do
+                [ -f "$PKG/lib/bench/$l" ] && ln -sf "$PKG/lib/bench/$l" "$LOGDIR/benchlib/$l"
+            done
+        done
+        BENCH_ENV=("LD_LIBRARY_PATH=$LOGDIR/benchlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+        note "ote_bench: this machine lacks $(cd "$LOGDIR/benchlib" && echo *): the package's copies used"
     fi
 fi
 PROBE=$BINDIR/bw_probe
@@ -288,7 +307,7 @@ if [ -f "$SRCDIR/scripts/cuda_facts.c" ] && command -v gcc >/dev/null 2>&1; then
     if [ -f "$inc/cuda.h" ] && gcc -O1 -I"$inc" "$SRCDIR/scripts/cuda_facts.c" -o "$LOGDIR/cuda_facts" \
         -ldl -lpthread -L/usr/local/cuda/lib64/stubs -lcuda >"$LOGDIR/cuda_facts_build.log" 2>&1; then
         timeout -k 5 60 "$LOGDIR/cuda_facts" >"$LOGDIR/cuda_facts.txt" 2>&1
-        note "INFO: scripts/cuda_facts.c answers ($(grep -c '^fact:' "$LOGDIR/cuda_facts.txt") facts) in gpu_check_logs/cuda_facts.txt"
+        note "INFO: scripts/cuda_facts.c answers ($(grep -c '^fact:' "$LOGDIR/cuda_facts.txt") facts) in gpu_check_logs/cuda_facts.txt (of $OUT/gpu_check_logs.tar.gz)"
     else
         note "INFO: scripts/cuda_facts.c not built here (no cuda.h or link stub)"
     fi

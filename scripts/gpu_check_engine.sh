@@ -34,7 +34,8 @@
 #    40 runs of 1-3 s each.
 #
 # Uses from gpu_check.sh: note, PASSED, FAILED, SKIPPED, LOGDIR, BENCH (ote_bench),
-# PROBE (bw_probe), USE_FAKE, ENGINE_CHECK_SECS, ENGINE_FIG_SECS.
+# BENCH_ENV (its LD_LIBRARY_PATH when the package's libraries are needed), PROBE
+# (bw_probe), USE_FAKE, ENGINE_CHECK_SECS, ENGINE_FIG_SECS.
 
 ENGINE_TIMEOUT=90
 # Every run starts from the same environment: these keys only where a run sets them.
@@ -48,7 +49,7 @@ eng_run() {
     shift
     while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
     shift
-    env "${ENGINE_ENV_RESET[@]}" "${envs[@]}" timeout -k 5 "$ENGINE_TIMEOUT" "$BENCH" \
+    env "${ENGINE_ENV_RESET[@]}" "${BENCH_ENV[@]}" "${envs[@]}" timeout -k 5 "$ENGINE_TIMEOUT" "$BENCH" \
         --no-progress --json "$@" >"$LOGDIR/engine_$name.out" 2>"$LOGDIR/engine_$name.err"
 }
 
@@ -131,8 +132,8 @@ engine_phase() {
     if [ ! -x "$BENCH" ]; then
         note "FAIL: engine phase: no ote_bench at $BENCH"; FAILED=$((FAILED + 1)); return
     fi
-    line=$("$BENCH" --help 2>&1 >/dev/null | head -1)
-    if ! "$BENCH" --help >/dev/null 2>&1; then
+    line=$(env "${BENCH_ENV[@]}" "$BENCH" --help 2>&1 >/dev/null | head -1)
+    if ! env "${BENCH_ENV[@]}" "$BENCH" --help >/dev/null 2>&1; then
         note "FAIL: ote_bench does not run on this machine: $line"; FAILED=$((FAILED + 1)); return
     fi
     note "engine phase: ote_bench $BENCH; checks ${ENGINE_CHECK_SECS}s each, figures ${ENGINE_FIG_SECS}s each"
@@ -236,5 +237,5 @@ engine_phase() {
     done
     [ -n "$best" ] && note "best: $best, $(fmt "$bestg") GB/s = $(ratio "$bestg" "$def")x the default's" \
         "$([ "$USE_FAKE" = 1 ] && echo '(fake driver: meaningless)')"
-    note "(each cell one ${ENGINE_FIG_SECS}s run; logs: gpu_check_logs/engine_*)"
+    note "(each cell one ${ENGINE_FIG_SECS}s run; logs: gpu_check_logs/engine_* of $OUT/gpu_check_logs.tar.gz)"
 }
