@@ -27,7 +27,9 @@
 #          --probe-size S  bytes per probe copy (default 256M); --probe-iters N (default 5)
 #          --skip-tests / --skip-probe / --skip-engine
 #          --engine-secs S seconds per engine figure (default 2); --check-secs S seconds
-#                          per engine correctness result (default 1)
+#                          per engine correctness result (default 1); --engine-budget S
+#                          whole seconds the engine phase may take (default 300): a run
+#                          that would start past it is skipped (SKIP line)
 # Environment: OTE_CUDA_LIBRARY (driver to load instead of libcuda.so.1), BAZEL (default
 #   bazel), BAZEL_STARTUP (startup options, e.g. --output_base=...), OUT (when set, a
 #   summary is written to $OUT/gpu_check_summary.txt and the logs, as one archive, to
@@ -36,13 +38,15 @@
 # Exit status: 0 every check passed; 1 something failed; 2 no GPU here (no loadable CUDA
 # driver or no device: prints "no GPU: <reason>" and runs nothing); 64 usage error.
 # Each test binary runs under a 150 s timeout, the probe under 180 s, each ote_bench run
-# under 90 s; a healthy run takes about a minute of tests, well under a minute of probe and
-# about two minutes of engine phase (about 40 ote_bench runs).
+# under 45 s and the engine phase under its budget; a healthy run takes about a minute of
+# tests, well under a minute of probe and about two minutes of engine phase (about 40
+# ote_bench runs). With OUT set, the summary grows line by line as the run goes, so a run
+# stopped by an outer timeout still leaves what it had found.
 set -u
 SELF_DIR=$(cd "$(dirname "$0")" && pwd)
 TESTS=(driver_test memory_test pinned_test stream_test ipc_test fault_test)
 MODE=bazel PKG="" USE_FAKE=0 PROBE_SIZE=256M PROBE_ITERS=5 SKIP_TESTS=0 SKIP_PROBE=0
-SKIP_ENGINE=0 ENGINE_FIG_SECS=2 ENGINE_CHECK_SECS=1
+SKIP_ENGINE=0 ENGINE_FIG_SECS=2 ENGINE_CHECK_SECS=1 ENGINE_BUDGET=300
 EXIT_NO_GPU=2
 
 usage() { sed -n '2,/^set -u$/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 64; }
@@ -58,6 +62,7 @@ while [ $# -gt 0 ]; do
         --skip-engine) SKIP_ENGINE=1; shift ;;
         --engine-secs) ENGINE_FIG_SECS=${2:-}; shift 2 || usage ;;
         --check-secs) ENGINE_CHECK_SECS=${2:-}; shift 2 || usage ;;
+        --engine-budget) ENGINE_BUDGET=${2:-}; shift 2 || usage ;;
         -h | --help) usage ;;
         *) echo "gpu_check: unknown argument $1" >&2; usage ;;
     esac
@@ -66,6 +71,7 @@ if [ "$MODE" != bazel ] && [ -z "$PKG" ]; then echo "gpu_check: $MODE needs a di
 for v in "$ENGINE_FIG_SECS" "$ENGINE_CHECK_SECS"; do
     [[ "$v" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "gpu_check: --engine-secs/--check-secs take seconds, not '$v'" >&2; exit 64; }
 done
+[[ "$ENGINE_BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu_check: --engine-budget takes whole seconds" >&2; exit 64; }
 
 BAZEL=${BAZEL:-bazel}
 read -r -a BSTART <<<"${BAZEL_STARTUP:-}"
@@ -115,7 +121,8 @@ if [ "$MODE" = package ]; then
         tar -xf - -C "$PKG/src" || exit 1
     for h in uthash.h utlist.h; do [ -f "/usr/include/$h" ] && cp "/usr/include/$h" "$PKG/src/"; done
     install -m 755 "$SELF_DIR/gpu_check.sh" "$PKG/gpu_check.sh" || exit 1
-    (cd "$SRC_ROOT" && git rev-parse HEAD 2>/dev/null || echo unknown) >"$PKG/REVISION"
+    (cd "$SRC_ROOT" && { git rev-parse HEAD 2>/dev/null || echo unknown; } | tr -d '\n' &&
+        { git diff --quiet HEAD 2>/dev/null || echo -n " with uncommitted changes"; } && echo) >"$PKG/REVISION"
     echo "gpu_check: package ready in $PKG ($(du -sh "$PKG" | cut -f1)); on the GPU machine run:"
     echo "    $PKG/gpu_check.sh --prebuilt $PKG"
     exit 0
@@ -127,7 +134,12 @@ trap 'rm -rf "$LOGDIR"' EXIT
 SUMMARY=()
 BENCH_ENV=() # variables of every ote_bench run (LD_LIBRARY_PATH, see --prebuilt)
 PASSED=0 FAILED=0 SKIPPED=0
-note() { echo "$*"; SUMMARY+=("$*"); }
+note() {
+    echo "$*"
+    SUMMARY+=("$*")
+    if [ -n "${OUT:-}" ]; then printf '%s\n' "$*" >>"$OUT/gpu_check_summary.txt"; fi
+}
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && : >"$OUT/gpu_check_summary.txt"; fi
 finish() { # exit code
     note "gpu_check: $PASSED passed, $FAILED failed, $SKIPPED skipped"
     if [ -n "${OUT:-}" ]; then

@@ -30,14 +30,17 @@
 #        pieces of gpu_staging_chunk over IPC), for information
 #      the staging sweep: TCP READ 64 MiB cuda:0->cuda:0 staged for gpu_staging_chunk
 #        1M, 2M, 4M, 8M x gpu_staging_depth 2, 4, 8 (README: "Defaults, reasoned").
-#    Every ote_bench run is under a timeout (ENGINE_TIMEOUT s); the phase takes about
-#    40 runs of 1-3 s each.
+#    Every ote_bench run is under a timeout (ENGINE_TIMEOUT s), and the phase under a
+#    budget (ENGINE_BUDGET s, --engine-budget): a run that would start past it is not
+#    started (a SKIP line naming it), so one hanging path cannot eat a device lease. The
+#    phase takes about 40 runs of 1-4 s each.
 #
 # Uses from gpu_check.sh: note, PASSED, FAILED, SKIPPED, LOGDIR, BENCH (ote_bench),
 # BENCH_ENV (its LD_LIBRARY_PATH when the package's libraries are needed), PROBE
-# (bw_probe), USE_FAKE, ENGINE_CHECK_SECS, ENGINE_FIG_SECS.
+# (bw_probe), USE_FAKE, ENGINE_CHECK_SECS, ENGINE_FIG_SECS, ENGINE_BUDGET.
 
-ENGINE_TIMEOUT=90
+ENGINE_TIMEOUT=45
+ENGINE_START=$(date +%s)
 # Every run starts from the same environment: these keys only where a run sets them.
 ENGINE_ENV_RESET=(-u OTE_GPU_PATHS -u OTE_GPU_STAGING_CHUNK -u OTE_GPU_STAGING_DEPTH
     -u OTE_VERBS_PROVIDER -u OTE_TRANSPORTS)
@@ -47,6 +50,13 @@ ENGINE_ENV_RESET=(-u OTE_GPU_PATHS -u OTE_GPU_STAGING_CHUNK -u OTE_GPU_STAGING_D
 eng_run() {
     local name=$1 envs=()
     shift
+    if [ $(($(date +%s) - ENGINE_START)) -ge "$ENGINE_BUDGET" ]; then
+        note "SKIP: engine $name not run: the phase's budget of ${ENGINE_BUDGET}s is spent"
+        SKIPPED=$((SKIPPED + 1))
+        : >"$LOGDIR/engine_$name.out"
+        echo "not run (budget spent)" >"$LOGDIR/engine_$name.err"
+        return 125
+    fi
     while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
     shift
     env "${ENGINE_ENV_RESET[@]}" "${BENCH_ENV[@]}" "${envs[@]}" timeout -k 5 "$ENGINE_TIMEOUT" "$BENCH" \
@@ -76,6 +86,7 @@ eng_check() {
         --remote-mem "$rm" --block-size 4097,16M --batch-size 2 \
         --duration "${ENGINE_CHECK_SECS}s" --check "$@"
     rc=$?
+    [ "$rc" -eq 125 ] && return 0
     n=$(wc -l <"$LOGDIR/engine_$name.out")
     ok=$(grep -c '"check":"ok"' "$LOGDIR/engine_$name.out")
     got=$(json_field "$LOGDIR/engine_$name.out" path | sort -u | tr '\n' ' ')
@@ -107,6 +118,7 @@ eng_fig() {
     FIG=""
     eng_run "$name" "$@"
     rc=$?
+    [ "$rc" -eq 125 ] && return 0
     p=$(json_field "$LOGDIR/engine_$name.out" path | head -1)
     if [ "$rc" -ne 0 ] || [ -z "$(json_field "$LOGDIR/engine_$name.out" gbps)" ]; then
         eng_fail_detail "$name" "$rc"
@@ -136,7 +148,9 @@ engine_phase() {
     if ! env "${BENCH_ENV[@]}" "$BENCH" --help >/dev/null 2>&1; then
         note "FAIL: ote_bench does not run on this machine: $line"; FAILED=$((FAILED + 1)); return
     fi
-    note "engine phase: ote_bench $BENCH; checks ${ENGINE_CHECK_SECS}s each, figures ${ENGINE_FIG_SECS}s each"
+    ENGINE_START=$(date +%s)
+    note "engine phase: ote_bench $BENCH; checks ${ENGINE_CHECK_SECS}s each, figures" \
+        "${ENGINE_FIG_SECS}s each, at most ${ENGINE_BUDGET}s in all"
 
     # ---- 1. correctness over the driver, every byte checked ----
     local op

@@ -33,7 +33,7 @@ export STUB_LOG=$TMP/stub.args
 
 # What gpu_check.sh gives the phase.
 SUMMARY=() PASSED=0 FAILED=0 SKIPPED=0 LOGDIR=$TMP BENCH=$STUB BENCH_ENV=() USE_FAKE=0
-ENGINE_CHECK_SECS=1 ENGINE_FIG_SECS=2
+ENGINE_CHECK_SECS=1 ENGINE_FIG_SECS=2 ENGINE_BUDGET=300
 note() { echo "    | $*"; SUMMARY+=("$*"); }
 # shellcheck source=scripts/gpu_check_engine.sh
 . "$ENGINE_SH"
@@ -81,6 +81,15 @@ USE_FAKE=0
 
 STUB_PATH=direct eng_check direct_ok rdma read cuda:0 host direct direct,staging
 expect "GPUDirect as asserted passes" 1 0 0 "PASS: engine direct_ok"
+
+# the phase's budget: a run past it is not started, a SKIP and no FAIL
+rm -f "$STUB_LOG"
+ENGINE_BUDGET=0 eng_check late tcp read cuda:0 cuda:0 staging staging
+expect "a check past the budget is skipped" 0 0 1 "SKIP: engine late not run"
+ENGINE_BUDGET=0 eng_fig late_fig host -- --op read
+expect "a figure past the budget is skipped" 0 0 1 "SKIP: engine late_fig not run"
+[ ! -e "$STUB_LOG" ] && [ -z "$FIG" ] && t_pass "... and ote_bench was not started" ||
+    t_fail "a run past the budget started ote_bench"
 
 # figures
 STUB_GBPS=3.25 STUB_PATH=ipc eng_fig fig_ok ipc OTE_GPU_STAGING_CHUNK=64M -- --op read
