@@ -92,7 +92,10 @@ bazel_build() { # extra build flags...
 if [ "$MODE" = package ]; then
     command -v "$BAZEL" >/dev/null || { echo "gpu_check: --package needs bazel"; exit 1; }
     # Our libraries linked in (not as the test-only shared objects bazel uses by
-    # default), libstdc++/libgcc statically: the binaries depend on glibc only.
+    # default), libstdc++/libgcc asked for statically. The binaries still list
+    # libstdc++.so.6 as NEEDED (Bazel's toolchain adds -lstdc++; no symbol of it is
+    # used) and need glibc 2.34 or later; ote_bench also needs the system libraries
+    # copied to lib/bench below.
     bazel_build --dynamic_mode=off --linkopt=-static-libstdc++ --linkopt=-static-libgcc || { echo "gpu_check: build failed"; exit 1; }
     mkdir -p "$PKG/bin" "$PKG/lib" "$PKG/src" || exit 1
     for t in "${TESTS[@]}" bw_probe; do install -m 755 "$BIN/$t" "$PKG/bin/$t" || exit 1; done
