@@ -269,9 +269,9 @@ ote_status_t ote__reg_stage_pooled(void *arg, void *pin, uint32_t len, uint8_t *
 ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                  uint32_t len, ote_deadline_t dl);
 void ote__reg_stage_put(void *arg, void *tok);
-ote_status_t ote__reg_stage_copy_start(void *arg, void *tok, uint64_t dev_addr, uint32_t len,
-                                       ote_deadline_t dl, void (*done)(void *, ote_status_t),
-                                       void *done_arg);
+ote_status_t ote__reg_stage_copy_start(void *arg, void *tok, int to_device, uint64_t dev_addr,
+                                       uint32_t len, ote_deadline_t dl,
+                                       void (*done)(void *, ote_status_t), void *done_arg);
 /* host->ipc_* (arg: the engine): CUDA IPC through engine/gpu. ipc_export only for a
  * registration with OTE_PERM_IPC on device memory (OTE_ERR_UNSUPPORTED otherwise). */
 ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,

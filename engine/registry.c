@@ -110,11 +110,11 @@ ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t d
     return ote__gpu_src_copy(e->gpu, tok, to_device, dev_addr, len, dl);
 }
 
-ote_status_t ote__reg_stage_copy_start(void *arg, void *tok, uint64_t dev_addr, uint32_t len,
-                                       ote_deadline_t dl, void (*done)(void *, ote_status_t),
-                                       void *done_arg) {
+ote_status_t ote__reg_stage_copy_start(void *arg, void *tok, int to_device, uint64_t dev_addr,
+                                       uint32_t len, ote_deadline_t dl,
+                                       void (*done)(void *, ote_status_t), void *done_arg) {
     ote_engine_t *e = arg;
-    return ote__gpu_src_copy_start(e->gpu, tok, dev_addr, len, dl, done, done_arg);
+    return ote__gpu_src_copy_start(e->gpu, tok, to_device, dev_addr, len, dl, done, done_arg);
 }
 
 void ote__reg_stage_put(void *arg, void *tok) {

@@ -159,13 +159,13 @@ typedef struct {
      * a chunk and none is free now (never heap, never waits); a larger len is heap. */
     ote_status_t (*stage_pooled)(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
                                  void **tok_out);
-    /* stage_copy device-to-host without waiting (the RDMA source): OTE_OK and
+    /* stage_copy without waiting (the RDMA source; to_device as there): OTE_OK and
      * done(done_arg, status) runs once later on another thread (the bounce is neither
      * read nor put before), or the failure now (done never runs). See
      * ote__gpu_src_copy_start (engine/gpu/gpu.h). */
-    ote_status_t (*stage_copy_start)(void *arg, void *tok, uint64_t dev_addr, uint32_t len,
-                                     ote_deadline_t dl, void (*done)(void *, ote_status_t),
-                                     void *done_arg);
+    ote_status_t (*stage_copy_start)(void *arg, void *tok, int to_device, uint64_t dev_addr,
+                                     uint32_t len, ote_deadline_t dl,
+                                     void (*done)(void *, ote_status_t), void *done_arg);
     /* CUDA IPC (engine/gpu, gpu_paths "ipc"). Source side: ipc_export describes the
      * allocation behind the pinned device registration pin for the piece [addr, +len)
      * (exported once per allocation, cached), OTE_ERR_UNSUPPORTED when the registration

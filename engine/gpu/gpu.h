@@ -112,18 +112,19 @@ ote_status_t ote__gpu_src_get_pooled(ote__gpu_t *g, uint32_t kind, uint32_t len,
 ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *tok, int to_device,
                                uint64_t dev_addr, uint32_t len, ote_deadline_t dl);
 void ote__gpu_src_put(ote__gpu_t *g, ote__gpu_bounce_t *tok);
-/* The device-to-host copy into the bounce started on a copy stream, without waiting
- * (gpu_src_async.c). OTE_OK: done(arg, status) runs exactly once, later, on the GPU
- * worker (never inside this call): OTE_OK once the copy completed; a failure of the copy
- * or of its event, or dl passed, otherwise (the stream and the chunk are parked when the
- * device may still write the bounce: the bounce then no longer holds them, and
- * ote__gpu_src_put frees nothing the device may reach). Until done ran, the caller must
- * neither read nor put the bounce. Another status: nothing is pending, done never runs
- * (the bounce is as after a failed ote__gpu_src_copy). */
+/* The copy between the bounce and the device (to_device as above: 0 into the bounce, 1
+ * back to the device) started on a copy stream, without waiting (gpu_src_async.c).
+ * OTE_OK: done(arg, status) runs exactly once, later, on the GPU worker (never inside
+ * this call): OTE_OK once the copy completed; a failure of the copy or of its event, or
+ * dl passed, otherwise (the stream and the chunk are parked when the device may still
+ * touch the bounce: the bounce then no longer holds them, and ote__gpu_src_put frees
+ * nothing the device may reach). Until done ran, the caller must neither touch nor put
+ * the bounce. Another status: nothing is pending, done never runs (the bounce is as
+ * after a failed ote__gpu_src_copy). */
 typedef void (*ote__gpu_src_done_fn)(void *arg, ote_status_t st);
-ote_status_t ote__gpu_src_copy_start(ote__gpu_t *g, ote__gpu_bounce_t *tok, uint64_t dev_addr,
-                                     uint32_t len, ote_deadline_t dl, ote__gpu_src_done_fn done,
-                                     void *arg);
+ote_status_t ote__gpu_src_copy_start(ote__gpu_t *g, ote__gpu_bounce_t *tok, int to_device,
+                                     uint64_t dev_addr, uint32_t len, ote_deadline_t dl,
+                                     ote__gpu_src_done_fn done, void *arg);
 
 /* ---- CUDA IPC (gpu_paths "ipc"; the shm transport carries it, engine/shm) ----
  * Source side: ote__gpu_ipc_export describes the allocation holding the device range

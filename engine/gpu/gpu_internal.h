@@ -10,8 +10,8 @@
  *   gpu_stage.c  staging through pinned chunks: the source's bounce buffers and the
  *                requester's worker pipelining a request's slices
  *   gpu_ipc.c    CUDA IPC: the source's exports, the requester's imports and copies
- *   gpu_src_async.c  a source's copy into its bounce, started without waiting and polled
- *                by the worker
+ *   gpu_src_async.c  a source's copy into (or back out of) its bounce, started without
+ *                waiting and polled by the worker
  *
  * Locks: g->mu guards the driver pointer's first setting, the devices, their free
  * streams, the parked list, the export table and the worker's queues. Driver calls
@@ -86,12 +86,13 @@ struct ote__gpu_bounce {
     int has_chunk; /* buf is the chunk; else heap memory (copied to/from directly) */
 };
 
-/* Source: a device-to-host copy into a bounce, running (gpu_src_async.c). */
+/* Source: a copy between a bounce and the device, running (gpu_src_async.c). */
 typedef struct src_async {
     struct src_async *next;
     struct ote__gpu_bounce *t;
     ote_cuda_stream_t *s;
     uint32_t len;
+    int to_device; /* 1: the bounce back to the device (a staged WRITE's bytes) */
     ote_deadline_t dl;
     ote__gpu_src_done_fn done;
     void *arg;

@@ -277,6 +277,15 @@ static ote_status_t teardown(rdma_tp_t *tp) {
             }
         }
     }
+    /* Staged WRITEs' copies back, started by grants that ended just now (rdma_stage.c):
+     * their MRs and connections stay until they end (bounded by the grants' deadlines). */
+    ote__rdma_src_wait_copies(
+        tp, NULL, ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC));
+    if (atomic_load(&tp->src_copies) != 0) {
+        left++;
+        OTE_ERROR("rdma", "%d staging copies back to the device still running at shutdown",
+                  atomic_load(&tp->src_copies));
+    }
     if (left == 0) ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
     /* 3. CQ lanes and their workers. */
     for (uint32_t k = 0; left == 0 && k < tp->nnics; k++) {

@@ -61,8 +61,9 @@
  * in its staged form carries the bounce address, and the requester's grant addresses
  * its READs / WRITEs from there (ote_grant_on_answer_at). A WRITE's answer also says
  * COMMIT: its grant's receipt (seen on the QP before the grant layer takes it) marks the
- * bounce landed, and the grant's end copies it host-to-device (on the thread that ends
- * the grant) and sends COMMIT (grant id, rkey, status); the requester's run ends only on
+ * bounce landed, and the grant's end starts its host-to-device copy (without waiting;
+ * the GPU worker, once it saw the copy end, releases the bounce and sends COMMIT: grant
+ * id, rkey, status; counted in tp->src_copies); the requester's run ends only on
  * it (rdma_commit.c: parked at its grant's end, OK or not, since the source may still
  * copy a canceled grant's bounce; the connection's loss or the run's deadline fail it). The grant's end (receipt, deadline, RELEASE, the requester's loss),
  * after its window is invalidated or deallocated, deregisters the MR and returns the
@@ -509,7 +510,8 @@ struct ote__rdma_tp {
     ote_cond_t pump_cv;
     int pump_kick;
     _Atomic int stop;
-    _Atomic int src_copies; /* staged grants whose copy runs, every connection (teardown) */
+    _Atomic int src_copies; /* staged copies running (into a bounce, or back), every connection */
+    _Atomic int src_stages; /* source bounce buffers (and their MRs) held now (rdma_stage.c) */
     ote_mutex_t mu;         /* registrations, server connections, peers */
     ote_cond_t cv;
     reg_ent_t *regs;
@@ -665,10 +667,12 @@ void ote__rdma_stage_answered(rdma_tp_t *tp, rdma_stage_t *st, ote_status_t ans,
  * a successful one that invalidates a staged WRITE's window marks its bytes landed. */
 void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
                              const struct ibv_wc *wc);
-/* The grant over it ended (its window is dead): a WRITE answered OK copies the bounce to
- * the device if its receipt came and sends its COMMIT; then the MR is deregistered and
- * the bounce buffer given back (retained when the MR does not deregister). Any thread,
- * no lock held. */
+/* The grant over it ended (its window is dead): a WRITE answered OK whose receipt came
+ * starts the bounce's copy to the device and returns; the GPU worker then deregisters
+ * the MR, gives the bounce back and sends the COMMIT (counted in tp->src_copies until
+ * then). Otherwise a WRITE answered OK sends its failed COMMIT now, and the MR is
+ * deregistered and the bounce buffer given back (retained when the MR does not
+ * deregister). Any thread, no lock held. */
 void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st);
 
 /* ---- rdma_peer.c: the requester's control connection ------------------------------ */

@@ -19,11 +19,16 @@
  * A WRITE's bounce starts as a copy of the range (so bytes a canceled grant never wrote
  * go back unchanged); its grant's receipt (a successful receive with invalidation of its
  * window's rkey on its QP: every write of the requester completed) marks it landed, and
- * its end copies it host-to-device (synchronously, on the thread that ends the grant,
- * until the grant's deadline) before the COMMIT (status OK, or the failure) goes to the
- * requester, whose request completes only on it. A grant that ends without its receipt
- * (deadline, RELEASE, the requester's loss) copies nothing and commits a failure. See
- * rdma_internal.h for the protocol around it.
+ * its end starts its copy host-to-device without waiting (host->stage_copy_start with
+ * to_device 1, bounded by the grant's deadline: the thread that ended the grant, a CQ
+ * lane's worker or the monitor, goes on). Once the GPU worker saw that copy end
+ * (stage_copied), the MR is deregistered, the bounce given back (or, when the copy's
+ * outcome is unknown, its chunk parked by engine/gpu, logged) and the COMMIT (status
+ * OK, or the failure) goes to the requester, whose request completes only on it: after
+ * the bytes are in device memory. A running copy back holds a reference on the
+ * connection and is counted in tp->src_copies, which the teardown waits for. A grant
+ * that ends without its receipt (deadline, RELEASE, the requester's loss) copies nothing
+ * and commits a failure at once. See rdma_internal.h for the protocol around it.
  */
 #include <stdint.h>
 #include <string.h>
@@ -34,6 +39,7 @@
 #include "ote/ote.h"
 
 struct rdma_stage {
+    rdma_tp_t *tp;
     rdma_nic_t *nic;
     void *tok; /* the engine's bounce token (host->stage_put) */
     uint8_t *buf;
@@ -74,6 +80,7 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
     }
     rdma_stage_t *st = ote_calloc(1, sizeof(*st));
     if (st == NULL) return OTE_ERR_NOMEM;
+    st->tp = tp;
     st->nic = nic;
     st->refs = 1;
     st->len = len;
@@ -97,6 +104,7 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
         ote_free(st);
         return ote_status_make(OTE_ERR_NATIVE, err);
     }
+    atomic_fetch_add(&tp->src_stages, 1);
     *st_out = st;
     return OTE_OK;
 }
@@ -106,7 +114,7 @@ ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
     /* READ: the bytes the requester reads. WRITE: the range as it is, so that the copy
      * back after the receipt writes exactly what the requester wrote and, where a
      * canceled grant left bytes unwritten, what was there (never the bounce's garbage). */
-    ote_status_t s = tp->host.stage_copy_start(tp->host.arg, st->tok, st->dev_addr,
+    ote_status_t s = tp->host.stage_copy_start(tp->host.arg, st->tok, 0, st->dev_addr,
                                                (uint32_t)st->len, st->dl, done, arg);
     if (s != OTE_OK)
         OTE_WARN_LIMITED("rdma",
@@ -166,9 +174,66 @@ void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
     ote_mutex_unlock(&tp->mu);
 }
 
-/* A staged WRITE's grant ended: copy the bounce to the device when the receipt proved
- * the bytes landed, and tell the requester (COMMIT) either way. */
-static void stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
+/* The MR goes, then the bounce (an MR that will not deregister keeps it), then the
+ * grant's reference. */
+static void stage_release(rdma_tp_t *tp, rdma_stage_t *st) {
+    int err = tp->v->ops->dereg_mr(tp->v, st->mr);
+    if (err != 0) {
+        /* The NIC may still reach the buffer: it is never given back (nor reused). */
+        ote_context_retained_add(st->nic->ctx, OTE_RETAINED_MR, 1);
+        OTE_WARN("rdma",
+                 "%s: dereg of a bounce buffer's MR failed: errno %d; MR and its %llu-byte "
+                 "buffer retained",
+                 ote_context_name(st->nic->ctx), err, (unsigned long long)st->len);
+    } else {
+        tp->host.stage_put(tp->host.arg, st->tok);
+        atomic_fetch_sub(&tp->src_stages, 1);
+    }
+    rdma_stage_t *fr = NULL;
+    ote_mutex_lock(&tp->mu);
+    st->ended = 1;
+    stage_unref_locked(st, &fr);
+    ote_mutex_unlock(&tp->mu);
+    ote_free(fr);
+}
+
+/* A staged WRITE's COMMIT on c (whose reference goes with it). */
+static void stage_send_commit(conn_t *c, uint64_t req_id, uint32_t rkey, ote_status_t cst) {
+    ote_rp_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = OTE_RP_COMMIT;
+    m.u.commit.rkey = rkey;
+    (void)ote__rdma_conn_send_rp(c, req_id, cst, &m);
+    ote__rdma_conn_put(c);
+}
+
+static void stage_copy_warn(const rdma_stage_t *st, const char *what, ote_status_t s) {
+    OTE_WARN_LIMITED("rdma",
+                     "staged WRITE of %llu bytes at 0x%llx from %s: the copy to the device %s: %s",
+                     (unsigned long long)st->len, (unsigned long long)st->dev_addr,
+                     st->c->peer_addr, what, ote_status_str(s));
+}
+
+/* GPU worker: a staged WRITE's copy back ended (OTE_OK: its bytes are in device memory).
+ * The bounce is released (engine/gpu parked its chunk when the outcome is unknown), then
+ * the COMMIT goes; the copy's count is the last touch of tp. */
+static void stage_copied(void *arg, ote_status_t s) {
+    rdma_stage_t *st = arg;
+    rdma_tp_t *tp = st->tp;
+    if (s != OTE_OK) stage_copy_warn(st, "failed", s);
+    conn_t *c = st->c;
+    uint64_t req_id = st->req_id;
+    uint32_t rkey = st->rkey;
+    st->c = NULL;
+    stage_release(tp, st); /* st may be gone */
+    stage_send_commit(c, req_id, rkey, s == OTE_OK ? OTE_OK : OTE_ERR_REMOTE);
+    atomic_fetch_sub(&tp->src_copies, 1);
+}
+
+/* A staged WRITE's grant ended: when the receipt proved the bytes landed, the copy of the
+ * bounce to the device starts (1: stage_copied finishes the stage); otherwise (or when
+ * it did not start) the COMMIT of the failure goes now (0). */
+static int stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
     ote_mutex_lock(&tp->mu);
     int landed = st->landed, listed = st->listed;
     st->ended = 1;
@@ -181,48 +246,27 @@ static void stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
     ote_mutex_unlock(&tp->mu);
     /* Never answered OK (refused, or ended before its answer ran): the requester's grant
      * fails on its own, no COMMIT is owed. */
-    if (!listed) return;
-    ote_status_t cst = OTE_ERR_REMOTE; /* ended without its receipt: nothing copied */
-    if (landed) {
-        ote_status_t s =
-            tp->host.stage_copy(tp->host.arg, st->tok, 1, st->dev_addr, (uint32_t)st->len, st->dl);
-        if (s == OTE_OK) {
-            cst = OTE_OK;
-        } else {
-            OTE_WARN_LIMITED("rdma",
-                             "staged WRITE of %llu bytes at 0x%llx from %s: the copy to the "
-                             "device failed: %s",
-                             (unsigned long long)st->len, (unsigned long long)st->dev_addr,
-                             st->c->peer_addr, ote_status_str(s));
-        }
+    if (!listed) {
+        ote__rdma_conn_put(st->c);
+        st->c = NULL;
+        return 0;
     }
-    ote_rp_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.type = OTE_RP_COMMIT;
-    m.u.commit.rkey = st->rkey;
-    (void)ote__rdma_conn_send_rp(st->c, st->req_id, cst, &m);
+    if (landed) {
+        atomic_fetch_add(&tp->src_copies, 1);
+        ote_status_t s = tp->host.stage_copy_start(tp->host.arg, st->tok, 1, st->dev_addr,
+                                                   (uint32_t)st->len, st->dl, stage_copied, st);
+        if (s == OTE_OK) return 1;
+        atomic_fetch_sub(&tp->src_copies, 1);
+        stage_copy_warn(st, "failed to start", s);
+    }
+    /* Ended without its receipt (nothing copied), or its copy did not start. */
+    stage_send_commit(st->c, st->req_id, st->rkey, OTE_ERR_REMOTE);
+    st->c = NULL;
+    return 0;
 }
 
 void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st) {
     if (st == NULL) return;
-    if (st->c != NULL) stage_commit(tp, st);
-    if (st->c != NULL) ote__rdma_conn_put(st->c);
-    st->c = NULL;
-    int err = tp->v->ops->dereg_mr(tp->v, st->mr);
-    if (err != 0) {
-        /* The NIC may still reach the buffer: it is never given back (nor reused). */
-        ote_context_retained_add(st->nic->ctx, OTE_RETAINED_MR, 1);
-        OTE_WARN("rdma",
-                 "%s: dereg of a bounce buffer's MR failed: errno %d; MR and its %llu-byte "
-                 "buffer retained",
-                 ote_context_name(st->nic->ctx), err, (unsigned long long)st->len);
-    } else {
-        tp->host.stage_put(tp->host.arg, st->tok);
-    }
-    rdma_stage_t *fr = NULL;
-    ote_mutex_lock(&tp->mu);
-    st->ended = 1;
-    stage_unref_locked(st, &fr);
-    ote_mutex_unlock(&tp->mu);
-    ote_free(fr);
+    if (st->c != NULL && stage_commit(tp, st)) return; /* stage_copied releases it */
+    stage_release(tp, st);
 }

@@ -90,8 +90,10 @@ typedef struct {
     uint64_t sp_refused, sp_busy, sp_served, sp_per_grant, sp_bad, sp_ended;
     /* Requester runs sent to a direct slot first: their request was redirected before. */
     uint64_t direct_recalled;
-    /* Source: staged grants whose copy into their bounce runs now (rdma_source.c). */
+    /* Source: staged grants whose copy into their bounce (or a WRITE's back out of it)
+     * runs now (rdma_source.c, rdma_stage.c); bounce buffers with their MR held now. */
     uint64_t src_copies;
+    uint64_t src_stages;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

@@ -12,8 +12,10 @@
 // asynchronously (held running by the fault point gpu.src_copy_pending: its control
 // thread serves other requests meanwhile; a fault on the copy's event fails that request
 // only and releases everything; the source engine's destroy and the requester's loss with
-// a copy running are clean); and a same-run figure
-// of a 64 MiB staged transfer with the cut (2 MiB chunks) and without it (grants of
+// a copy running are clean); a staged WRITE's copy back runs asynchronously too (held by
+// gpu.src_copyback_pending: other requests complete meanwhile; a fault on it fails that
+// WRITE only and releases everything; the source's destroy waits for it); and a same-run
+// figure of a 64 MiB staged transfer with the cut (2 MiB chunks) and without it (grants of
 // rdma_grant_max, the earlier behaviour), printed against its parts.
 #include <time.h>
 #include <unistd.h>
@@ -530,6 +532,163 @@ TEST_F(GpuRdmaStageTest, RequesterGoneWithACopyRunning) {
     DevFill(rdev_, cap, 131);
     ASSERT_EQ(Run(OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_, 2 * kChunk), OTE_OK);
     EXPECT_EQ(ote_hash(host.data(), 2 * kChunk), PatternHash(131, 0, 2 * kChunk));
+}
+
+constexpr const char *kHoldBack = "gpu.src_copyback_pending";
+
+// A staged WRITE's copy back to the device (bounce -> device, once its grant ended) runs
+// on a copy stream while the thread that ended the grant goes on: with the copy back held
+// running (fault point gpu.src_copyback_pending), a staged READ and a host READ by the
+// same requester (the same control connection and CQ lane) complete meanwhile and the
+// WRITE stays unfinished (its COMMIT waits for the copy); released, it completes with its
+// bytes in device memory and nothing of it is left at the source.
+TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
+    const uint64_t cap = 1 << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kSmall, kSmall));
+    std::vector<uint8_t> shost(cap), host(cap), host2(cap), host3(cap);
+    ote_pattern_fill(shost.data(), cap, 8, 0);
+    ASSERT_EQ(ote_memory_register(src_, shost.data(), cap, OTE_PERM_READ), OTE_OK);
+    DevFill(rdev_, cap, 92);
+    ote_pattern_fill(host.data(), cap, 93, 0);
+    ASSERT_EQ(ote_fault_arm(kHoldBack, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, host.data() + 1, seg_, rdev_ + 3, kChunk - 5};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    // Until the GPU worker has seen the copy back running (held from then on).
+    ote_deadline_t dl = ote_cuda_test::LongDeadline();
+    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
+    EXPECT_EQ(SrcCopies(), 1u);
+    ote_request_t h1 = {OTE_READ, host2.data(), seg_, reinterpret_cast<uintptr_t>(shost.data()),
+                        cap};
+    EXPECT_EQ(ote_test::RunOne(req_, h1, 120 * kSec), OTE_OK);
+    EXPECT_EQ(Run(OTE_READ, reinterpret_cast<uintptr_t>(host3.data()), rdev_ + cap / 2, 2 * kChunk),
+              OTE_OK);
+    EXPECT_EQ(ote_hash(host2.data(), cap), PatternHash(8, 0, cap));
+    EXPECT_EQ(ote_hash(host3.data(), 2 * kChunk), PatternHash(92, cap / 2, 2 * kChunk));
+    // Still held: the WRITE waits for its COMMIT.
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_NE(ts.state, OTE_TRANSFER_COMPLETED);
+    EXPECT_EQ(SrcCopies(), 1u);
+    EXPECT_EQ(Grants(src_).src_stages, 1u);
+    ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(DevHash(rdev_ + 3, kChunk - 5), PatternHash(93, 1, kChunk - 5));
+    EXPECT_EQ(DevHash(rdev_, 3), PatternHash(92, 0, 3));
+    EXPECT_EQ(DevHash(rdev_ + kChunk - 2, 2), PatternHash(92, kChunk - 2, 2));
+    WaitCopies(this, 0);
+    EXPECT_EQ(Grants(src_).src_stages, 0u);
+    EXPECT_EQ(ote_memory_unregister(src_, shost.data()), OTE_OK);
+}
+
+// A driver fault on a staged WRITE's asynchronous copy back: its event's query when the
+// GPU worker polls it (held first, then the next query fails: the outcome is unknown,
+// the stream and the chunk are parked, logged), or the event's record when it starts
+// (the request's second copy). That WRITE fails, everything its grant held at the source is given
+// back (no copy running, no bounce or MR held, no grant live, no parent reservation) and
+// the next WRITE moves every byte.
+TEST_F(GpuRdmaStageTest, CopyBackFaultFailsThatWriteAndReleasesAll) {
+    const uint64_t cap = 1 << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kSmall, kSmall));
+    std::vector<uint8_t> host(cap);
+    ASSERT_EQ(Run(OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_, 1), OTE_OK);
+    int seed = 140;
+    for (const char *entry : {"cuEventQuery", "cuEventRecord"}) {
+        SCOPED_TRACE(entry);
+        seed++;
+        DevFill(rdev_, cap, seed);
+        ote_pattern_fill(host.data(), cap, seed + 1000, 0);
+        bool query = std::string(entry) == "cuEventQuery";
+        uint64_t c0 = SourceCopies();
+        ote__rdma_test_grants_t g{};
+        {
+            ote_test::ErrorLogsExpected guard; // an unknown outcome's park is logged
+            if (query) {
+                ASSERT_EQ(ote_fault_arm(kHoldBack, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+            } else {
+                fake_.fail(entry, 2, 1, kCudaErrorInvalidValue);
+            }
+            ote_batch_t *b = nullptr;
+            ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+            ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
+            ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+            if (query) {
+                ote_deadline_t dl = ote_cuda_test::LongDeadline();
+                while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+                ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
+                fake_.fail(entry, 1, 1, kCudaErrorInvalidValue);
+                ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
+            }
+            (void)ote_batch_wait(b, 120 * kSec);
+            ote_transfer_status_t ts{};
+            ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+            EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+            EXPECT_NE(ts.error, OTE_OK);
+            EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+            // Both copies started: the fault met the copy back.
+            EXPECT_EQ(SourceCopies() - c0, 2u);
+            EXPECT_GT(fake_.calls(entry), 0u);
+            fake_.clear_faults();
+            ote_deadline_t dl = ote_cuda_test::LongDeadline();
+            g = Grants(src_);
+            while ((g.src_copies != 0 || g.src_stages != 0 || g.live_source != 0 ||
+                    g.sp_parents != 0) &&
+                   !ote_deadline_expired(dl)) {
+                usleep(1000);
+                g = Grants(src_);
+            }
+        }
+        EXPECT_EQ(g.src_copies, 0u);
+        EXPECT_EQ(g.src_stages, 0u);
+        EXPECT_EQ(g.live_source, 0u);
+        EXPECT_EQ(g.sp_parents, 0u);
+        // Nothing past the range was written.
+        EXPECT_EQ(DevHash(rdev_ + kChunk, cap - kChunk), PatternHash(seed, kChunk, cap - kChunk));
+        ASSERT_EQ(
+            Run(OTE_WRITE, reinterpret_cast<uintptr_t>(host.data()) + 1, rdev_ + 2, 3 * kChunk),
+            OTE_OK);
+        EXPECT_EQ(DevHash(rdev_ + 2, 3 * kChunk), PatternHash(seed + 1000, 1, 3 * kChunk));
+    }
+}
+
+// The source engine destroyed while a staged WRITE's copy back runs (held; the grant's
+// deadline, 0.5 s + 1 s here, bounds it): the destroy waits for it (its MR and bounce
+// released, its COMMIT of the failure sent or its connection gone) and succeeds, the
+// requester's request fails, and the fake's live objects are back where they were
+// (TearDown; no use after free under ASan).
+TEST_F(GpuRdmaStageTest, SourceDestroyWithACopyBackRunning) {
+    const uint64_t cap = 1 << 20;
+    ote_test::ConfigKv kv = kSmall;
+    kv.push_back({"transfer_timeout_ms", "500"});
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kv, kv));
+    std::vector<uint8_t> host(cap);
+    ASSERT_EQ(ote_fault_arm(kHoldBack, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    ote_deadline_t dl = ote_cuda_test::LongDeadline();
+    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
+    {
+        // The held copy is given up at its deadline: parked, logged.
+        ote_test::ErrorLogsExpected guard;
+        EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+        EXPECT_GE(guard.Seen(), 1u);
+    }
+    src_ = nullptr;
+    rdev_ = 0; // its registration went with the engine
+    EXPECT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
+    (void)ote_batch_wait(b, 120 * kSec);
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
 }
 
 void WaitCopies(GpuRdmaStageTest *t, uint64_t n) {
