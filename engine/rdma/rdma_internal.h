@@ -674,6 +674,12 @@ void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
  * deregistered and the bounce buffer given back (retained when the MR does not
  * deregister). Any thread, no lock held. */
 void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st);
+/* As ote__rdma_stage_end; 1 when the copy back started: then(tp, arg) runs once it ended,
+ * after its COMMIT (on the GPU worker, before tp->src_copies drops), so that what keeps
+ * the device range registered (the request's account) stays until no copy writes it. 0:
+ * nothing runs later, then is never called. */
+int ote__rdma_stage_end_then(rdma_tp_t *tp, rdma_stage_t *st, void (*then)(rdma_tp_t *, void *),
+                             void *arg);
 
 /* ---- rdma_peer.c: the requester's control connection ------------------------------ */
 

@@ -115,18 +115,26 @@ static ote_status_t src_pin_exact(void *arg, ote_qp_t *qp, uint64_t addr, uint64
     return OTE_OK;
 }
 
+/* The grant's bytes of its account (whose pin keeps the range registered) given back. */
+static void src_unpin_settle(rdma_tp_t *tp, void *pin) {
+    grant_pin_t *gp = pin;
+    ote__rdma_acct_settle(tp, gp->a, 0, gp->len);
+    ote_free(gp);
+}
+
 static void src_unpin(void *arg, void *pin) {
     rdma_tp_t *tp = arg;
     grant_pin_t *gp = pin;
     /* The exact MR goes before the pin: no byte is reachable once the range may move. */
     if (gp->mr != NULL) ote__rdma_direct_mr_drop(tp, gp->mr);
-    /* The grant's window is dead by now (invalidated by its receipt, or deallocated). */
-    ote__rdma_stage_end(tp, gp->stage);
-    ote__rdma_acct_settle(tp, gp->a, 0, gp->len);
+    sp_slot_t sps = gp->sps; /* gp may be gone once the stage ended */
+    /* The grant's window is dead by now (invalidated by its receipt, or deallocated). A
+     * staged WRITE whose copy back into the range started keeps its bytes of the account
+     * until that copy ended (settled by rdma_stage.c then): never unregistered under it. */
+    if (!ote__rdma_stage_end_then(tp, gp->stage, src_unpin_settle, gp)) src_unpin_settle(tp, gp);
     /* The grant layer gave back its receive admission before this: the slot is the
      * parent's again. */
-    ote__rdma_sp_put(tp, &gp->sps);
-    ote_free(gp);
+    ote__rdma_sp_put(tp, &sps);
 }
 
 /* What the requester learns of a grant we accepted to serve: a refusal of the range

@@ -25,10 +25,12 @@
  * (stage_copied), the MR is deregistered, the bounce given back (or, when the copy's
  * outcome is unknown, its chunk parked by engine/gpu, logged) and the COMMIT (status
  * OK, or the failure) goes to the requester, whose request completes only on it: after
- * the bytes are in device memory. A running copy back holds a reference on the
- * connection and is counted in tp->src_copies, which the teardown waits for. A grant
- * that ends without its receipt (deadline, RELEASE, the requester's loss) copies nothing
- * and commits a failure at once. See rdma_internal.h for the protocol around it.
+ * the bytes are in device memory; only then are its bytes of the request's account (whose
+ * pin keeps the range registered) settled (ote__rdma_stage_end_then). A running copy back
+ * holds a reference on the connection and is counted in tp->src_copies, which the teardown
+ * waits for. A grant that ends without its receipt (deadline, RELEASE, the requester's
+ * loss) copies nothing and commits a failure at once. See rdma_internal.h for the
+ * protocol around it.
  */
 #include <stdint.h>
 #include <string.h>
@@ -60,6 +62,9 @@ struct rdma_stage {
      * the last one frees the struct). */
     int listed, landed, ended, refs;
     struct rdma_stage *next;
+    /* A copy back's end also runs then(tp, then_arg) (ote__rdma_stage_end_then). */
+    void (*then)(rdma_tp_t *, void *);
+    void *then_arg;
 };
 
 ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
@@ -224,9 +229,13 @@ static void stage_copied(void *arg, ote_status_t s) {
     conn_t *c = st->c;
     uint64_t req_id = st->req_id;
     uint32_t rkey = st->rkey;
+    void (*then)(rdma_tp_t *, void *) = st->then;
+    void *then_arg = st->then_arg;
     st->c = NULL;
     stage_release(tp, st); /* st may be gone */
     stage_send_commit(c, req_id, rkey, s == OTE_OK ? OTE_OK : OTE_ERR_REMOTE);
+    /* No copy writes the device range now: what kept it registered may go. */
+    if (then != NULL) then(tp, then_arg);
     atomic_fetch_sub(&tp->src_copies, 1);
 }
 
@@ -265,8 +274,17 @@ static int stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
     return 0;
 }
 
-void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st) {
-    if (st == NULL) return;
-    if (st->c != NULL && stage_commit(tp, st)) return; /* stage_copied releases it */
+int ote__rdma_stage_end_then(rdma_tp_t *tp, rdma_stage_t *st, void (*then)(rdma_tp_t *, void *),
+                             void *arg) {
+    if (st == NULL) return 0;
+    /* Set before the copy can start: its end may run on the GPU worker at once. */
+    st->then = then;
+    st->then_arg = arg;
+    if (st->c != NULL && stage_commit(tp, st)) return 1; /* stage_copied releases it */
     stage_release(tp, st);
+    return 0;
+}
+
+void ote__rdma_stage_end(rdma_tp_t *tp, rdma_stage_t *st) {
+    (void)ote__rdma_stage_end_then(tp, st, NULL, NULL);
 }

@@ -13,7 +13,8 @@
 // thread serves other requests meanwhile; a fault on the copy's event fails that request
 // only and releases everything; the source engine's destroy and the requester's loss with
 // a copy running are clean); a staged WRITE's copy back runs asynchronously too (held by
-// gpu.src_copyback_pending: other requests complete meanwhile; a fault on it fails that
+// gpu.src_copyback_pending: other requests complete meanwhile, and the range stays
+// registered (its unregister BUSY) until it ended; a fault on it fails that
 // WRITE only and releases everything; the source's destroy waits for it); and a same-run
 // figure of a 64 MiB staged transfer with the cut (2 MiB chunks) and without it (grants of
 // rdma_grant_max, the earlier behaviour), printed against its parts.
@@ -584,6 +585,48 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     WaitCopies(this, 0);
     EXPECT_EQ(Grants(src_).src_stages, 0u);
     EXPECT_EQ(ote_memory_unregister(src_, shost.data()), OTE_OK);
+}
+
+// While a staged WRITE's copy back into the registered device range runs (held), the
+// range is still in use: its unregister is BUSY (the request's account keeps its pin
+// until the copy back ended, as it did while the copy back was synchronous), never OK
+// with the device still being written. Released, the WRITE completes with its bytes and
+// the unregister succeeds (Close).
+TEST_F(GpuRdmaStageTest, CopyBackHeldKeepsTheRangeRegistered) {
+    const uint64_t cap = 1 << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(cap, kSmall, kSmall));
+    std::vector<uint8_t> host(cap);
+    DevFill(rdev_, cap, 95);
+    ote_pattern_fill(host.data(), cap, 96, 0);
+    ASSERT_EQ(ote_fault_arm(kHoldBack, OTE_FAULT_EVERY, 0, OTE_ERR_AGAIN, 0), OTE_OK);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    ote_deadline_t dl = ote_cuda_test::LongDeadline();
+    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
+    // The grant has ended (its copy back runs), so its unpin ran or is about to: asked five
+    // times (each unregister waits up to OTE_UNREGISTER_WAIT_MS for the pins to drop), the
+    // range stays registered while the copy back is held.
+    while (Grants(src_).live_source != 0 && !ote_deadline_expired(dl)) usleep(1000);
+    ote_status_t st = OTE_ERR_BUSY;
+    for (int i = 0; i < 5 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
+        st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
+        if (ote_status_code(st) == OTE_ERR_BUSY) usleep(10 * 1000);
+    }
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_BUSY) << "unregistered while its copy back runs";
+    const uint64_t dev = rdev_;
+    if (st == OTE_OK) rdev_ = 0; // Close must not unregister it again
+    EXPECT_EQ(SrcCopies(), 1u);
+    ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    EXPECT_EQ(DevHash(dev, kChunk), PatternHash(96, 0, kChunk));
+    WaitCopies(this, 0);
 }
 
 // A driver fault on a staged WRITE's asynchronous copy back: its event's query when the
