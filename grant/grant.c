@@ -301,12 +301,16 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
     m->stats.started++;
     m->stats.live_requester++;
     uint32_t seq = g->seq;
+    g->requesting = 1; /* a tick leaves it alone until request() returned */
     ote_mutex_unlock(&m->mu);
 
-    /* The answer may arrive before request() returns: the record is already findable. */
+    /* The answer may arrive before request() returns: the record is already findable (and
+     * may be ended and freed by then: looked up again). */
     st = ctl->request(ctl->arg, seq, d->slot, remote_qpn, d->op, d->remote, d->len);
-    if (st != OTE_OK) {
-        ote_mutex_lock(&m->mu);
+    ote_mutex_lock(&m->mu);
+    HASH_FIND(hh, m->by_seq, &seq, sizeof(seq), g);
+    if (g != NULL) g->requesting = 0;
+    if (st != OTE_OK && g != NULL && g->rstate == R_WAIT_ANSWER) {
         /* Nothing was sent: withdraw the record; the borrow stays the caller's. */
         HASH_DEL(m->by_seq, g);
         m->stats.started--;
@@ -315,7 +319,8 @@ ote_status_t ote_grant_start(ote_grant_mgr_t *m, const ote_grant_desc_t *d,
         ote_free(g);
         return st;
     }
-    return OTE_OK;
+    ote_mutex_unlock(&m->mu);
+    return OTE_OK; /* sent, or already ended by its answer (done ran: it had the borrow) */
 }
 
 ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_status_t st,
@@ -858,7 +863,7 @@ size_t ote_grant_mgr_tick(ote_grant_mgr_t *m) {
         if (!expired && down == OTE_OK) continue;
         ote_status_t why = expired ? OTE_ERR_TIMEOUT : down;
         if (!g->source) {
-            if (g->failed != OTE_OK || g->rstate == R_ENDED) continue;
+            if (g->failed != OTE_OK || g->rstate == R_ENDED || g->requesting) continue;
             if (expired) m->stats.expired++;
             OTE_WARN_LIMITED("grant",
                              "grant %u: %s with %u of %u slices done, %u WRs owed: failing "

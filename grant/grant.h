@@ -229,7 +229,8 @@ void ote_grant_source_receipt(ote_grant_mgr_t *m, uint32_t qp_num, const struct 
  * invalidated them by their deadline (QP moved to ERR first, so the window is dead).
  * While the manager's context is down (ote_context_check() fails: port down, device
  * fatal) or the manager is fenced, every live grant ends the same way at once, with that
- * status.
+ * status. A requester grant whose ote_grant_start() is still in ctl->request is left to
+ * the next tick (its start may yet fail, and then it never was).
  * Returns the number of grants still live.
  */
 size_t ote_grant_mgr_tick(ote_grant_mgr_t *m);

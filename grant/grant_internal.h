@@ -63,6 +63,7 @@ struct grant {
     uint32_t remote_qpn; /* the source's QP on the slot when the grant started */
     int answered;        /* the source answered OK: it holds a window (rkey) */
     int abandon;         /* ended failed after an OK answer: desc.abandoned is due */
+    int requesting;      /* ote_grant_start is in request(): no tick ends it meanwhile */
 
     /* source */
     sstate_t sstate;

@@ -536,6 +536,52 @@ TEST_F(GrantFaultTest, FencedManagerEndsLiveGrantsAtTheNextTick) {
     CloseMr();
 }
 
+// A tick (the monitor's, with the context down or the deadline passed, or a fenced
+// manager's) that runs while ote_grant_start is still inside its request() callback,
+// whose sending then fails (the control connection went): the start fails, so the grant
+// never was (done never runs, the QP borrow stays the caller's, nothing is counted live);
+// the tick must not end it meanwhile (it did: done ran, the borrow went back twice, and
+// the start then withdrew a record the tick had already freed).
+struct TickDuringRequest {
+    static ote_status_t Request(void *arg, uint64_t, uint32_t, uint32_t, ote_grant_op_t, uint64_t,
+                                uint64_t) {
+        Rig *r = static_cast<Rig *>(arg);
+        ote_grant_mgr_fence(r->g0, OTE_ERR_CANCELED);
+        (void)ote_grant_mgr_tick(r->g0); /* as another thread's tick would, right now */
+        return OTE_ERR_PEER_LOST;
+    }
+};
+
+TEST_F(GrantFaultTest, TickDuringAFailedRequestLeavesTheGrantToItsStart) {
+    ote_qp_t *qp = nullptr;
+    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+    Done d;
+    ote_grant_desc_t g = {};
+    g.op = OTE_GRANT_WRITE;
+    g.local = out_.data();
+    g.lkey = mr_->lkey;
+    g.remote = (uintptr_t)rig_.src.data();
+    g.len = 8 * B;
+    g.ep = rig_.ep0[1];
+    g.slot = 0;
+    g.qp = qp;
+    g.deadline = ote_deadline_after(30000 * kMs);
+    g.done = Done::Fn;
+    g.done_arg = &d;
+    ote_grant_ctl_t ctl = {&rig_, TickDuringRequest::Request};
+    EXPECT_EQ(ote_status_code(ote_grant_start(rig_.g0, &g, &ctl)), OTE_ERR_PEER_LOST);
+    EXPECT_EQ(d.calls.load(), 0) << "done ran for a grant whose start failed";
+    EXPECT_EQ(ote_endpoint_users(rig_.ep0[1], 0), 1u) << "the caller's borrow was given back";
+    ote_endpoint_return(rig_.ep0[1], 0, qp); /* a failed start leaves it to the caller */
+    EXPECT_EQ(ote_endpoint_users(rig_.ep0[1], 0), 0u);
+    ote_grant_stats_t s0;
+    ote_grant_mgr_get_stats(rig_.g0, &s0);
+    EXPECT_EQ(s0.live_requester, 0u);
+    EXPECT_EQ(s0.started, 0u);
+    EXPECT_EQ(s0.failed, 0u);
+    CloseMr();
+}
+
 // A post whose outcome is unknown (the provider fails it with bad_wr outside the chain
 // after having posted it): the grant's QP is fenced, the grant fails, and it ends only
 // after every WR it might have posted was discharged. A fresh QP then works.
