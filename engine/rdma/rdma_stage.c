@@ -45,6 +45,7 @@ struct rdma_stage {
     uint8_t *buf;
     uint64_t len;
     struct ibv_mr *mr;
+    int cached; /* mr is its pool chunk's, kept (rdma_stage_mrs.c); else ours, temporary */
     /* A WRITE: the device range its bytes go to once they landed, and its COMMIT's
      * destination (a reference on c; req_id = the grant's wire id). Listed in tp->stages
      * (under tp->mu) from its answer to its end, under (nic, qpn, rkey), so that its
@@ -95,14 +96,30 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
         ote_free(st);
         return s;
     }
-    int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), st->buf, len,
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &st->mr);
-    if (err != 0) {
-        OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: errno %d",
-                 ote_context_name(nic->ctx), (unsigned long long)len, err);
-        tp->host.stage_put(tp->host.arg, st->tok);
-        ote_free(st);
-        return ote_status_make(OTE_ERR_NATIVE, err);
+    /* A pool chunk: its MR in this device, registered at its first use and kept. Heap
+     * memory (larger than a chunk, or while a chunk is parked): a temporary MR. */
+    uint8_t *cbase = NULL;
+    uint64_t csize = 0;
+    if (tp->host.stage_chunk != NULL &&
+        tp->host.stage_chunk(tp->host.arg, st->tok, &cbase, &csize) && cbase <= st->buf &&
+        (uint64_t)(st->buf - cbase) + len <= csize) {
+        s = ote__rdma_stage_chunk_mr(tp, nic, cbase, csize, &st->mr);
+        if (s != OTE_OK) {
+            tp->host.stage_put(tp->host.arg, st->tok);
+            ote_free(st);
+            return s;
+        }
+        st->cached = 1;
+    } else {
+        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), st->buf, len,
+                                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &st->mr);
+        if (err != 0) {
+            OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: errno %d",
+                     ote_context_name(nic->ctx), (unsigned long long)len, err);
+            tp->host.stage_put(tp->host.arg, st->tok);
+            ote_free(st);
+            return ote_status_make(OTE_ERR_NATIVE, err);
+        }
     }
     atomic_fetch_add(&tp->src_stages, 1);
     *st_out = st;
@@ -174,10 +191,10 @@ void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
     ote_mutex_unlock(&tp->mu);
 }
 
-/* The MR goes, then the bounce (an MR that will not deregister keeps it), then the
- * grant's reference. */
+/* A temporary MR goes, then the bounce (an MR that will not deregister keeps it), then
+ * the grant's reference. A pool chunk's MR stays (its window is dead by now). */
 static void stage_release(rdma_tp_t *tp, rdma_stage_t *st) {
-    int err = tp->v->ops->dereg_mr(tp->v, st->mr);
+    int err = st->cached ? 0 : tp->v->ops->dereg_mr(tp->v, st->mr);
     if (err != 0) {
         /* The NIC may still reach the buffer: it is never given back (nor reused). */
         ote_context_retained_add(st->nic->ctx, OTE_RETAINED_MR, 1);
