@@ -50,7 +50,8 @@
  * when it fits one, OTE_ERR_AGAIN when every chunk is out; heap only for a larger grant,
  * at most rdma_grant_max, the largest grant a requester asks: a requester that saw a
  * staged answer cuts that request, and later ones in its range, at gpu_staging_chunk,
- * rdma_pump.c), registers a temporary MW-bindable MR over it in the grant's device,
+ * rdma_pump.c), takes an MW-bindable MR over it in the grant's device (a pool chunk's,
+ * registered once per device and kept: rdma_stage_mrs.c; a heap bounce's temporary),
  * starts the range's device-to-host copy into it on a copy stream without waiting
  * (host->stage_copy_start: a READ's bytes, a WRITE's current bytes so that what a
  * canceled grant never wrote goes back unchanged; the server thread goes on) and, once
@@ -135,6 +136,7 @@
  *                     the grant layer's source callbacks
  *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_stage.c      the source's bounce buffers for device memory (staging), COMMIT
+ *   rdma_stage_mrs.c  the MRs of the pool chunks those bounces use, one per device, kept
  *   rdma_commit.c     the requester's waits for COMMIT of staged WRITEs
  *   rdma_direct.c     GPUDirect RDMA: dma-buf MRs of registered device memory, and the
  *                     source grants' exact MRs in private PDs (above)

@@ -6,15 +6,23 @@
  * heap only for a grant larger than a chunk, which a requester sends only before it
  * learned that the request is staged: rdma_pump.c then cuts its runs at the chunk size,
  * so the copy of grant k+1 here overlaps the requester's transfer of grant k),
- * a temporary MW-bindable MR over it in the grant's device, so that the grant's window
- * covers exactly the bounce bytes and nothing else, and the range's bytes copied into it
+ * an MW-bindable MR over it in the grant's device, and the range's bytes copied into it
  * from the device without waiting (host->stage_copy_start: rdma_source.c serves the
  * grant, binding its window, once the GPU worker saw the copy complete, bounded by the
- * grant's deadline; the serving thread goes on meanwhile). The grant's
- * end (src_unpin in rdma_source.c, after the grant layer invalidated or deallocated the
- * window) deregisters the MR and gives the bounce buffer back; an MR that will not
- * deregister keeps its buffer (the NIC may still reach it): retained for good, counted in
- * the device's context.
+ * grant's deadline; the serving thread goes on meanwhile), so that the grant's window
+ * covers exactly the bounce bytes, and only after they are there.
+ *
+ * The MR: a pool chunk's is registered once per device, at the chunk's first use there,
+ * and kept for the transport's life (rdma_stage_mrs.c: local-only and MW-bindable, so its
+ * own rkey grants nothing; deregistered by the teardown before the PDs, and through the
+ * engine's order before the pool's memory); a chunk used again by another grant shows
+ * nothing of the earlier one, whose window died before the chunk went back, while the
+ * new window is bound only after the new copy completed. A heap bounce (larger than a
+ * chunk, or the fallback while a chunk is parked) gets a temporary MR of its own. The
+ * grant's end (src_unpin in rdma_source.c, after the grant layer invalidated or
+ * deallocated the window) deregisters a temporary MR and gives the bounce buffer back;
+ * a temporary MR that will not deregister keeps its buffer (the NIC may still reach
+ * it): retained for good, counted in the device's context.
  *
  * A WRITE's bounce starts as a copy of the range (so bytes a canceled grant never wrote
  * go back unchanged); its grant's receipt (a successful receive with invalidation of its
@@ -22,7 +30,7 @@
  * its end starts its copy host-to-device without waiting (host->stage_copy_start with
  * to_device 1, bounded by the grant's deadline: the thread that ended the grant, a CQ
  * lane's worker or the monitor, goes on). Once the GPU worker saw that copy end
- * (stage_copied), the MR is deregistered, the bounce given back (or, when the copy's
+ * (stage_copied), a temporary MR is deregistered, the bounce given back (or, when the copy's
  * outcome is unknown, its chunk parked by engine/gpu, logged) and the COMMIT (status
  * OK, or the failure) goes to the requester, whose request completes only on it: after
  * the bytes are in device memory. A running copy back holds a reference on the

@@ -14,7 +14,10 @@
 // only and releases everything; the source engine's destroy and the requester's loss with
 // a copy running are clean); a staged WRITE's copy back runs asynchronously too (held by
 // gpu.src_copyback_pending: other requests complete meanwhile; a fault on it fails that
-// WRITE only and releases everything; the source's destroy waits for it); and a same-run
+// WRITE only and releases everything; the source's destroy waits for it); the source
+// registers each pool chunk at most once per device however many grants run (its MR
+// kept; reg_mr of MW-bindable MRs counted under the verbs fault decorator), and a chunk's
+// MR that will not deregister keeps the source's destroy RETAINED until a retry; and a same-run
 // figure of a 64 MiB staged transfer with the cut (2 MiB chunks) and without it (grants of
 // rdma_grant_max, the earlier behaviour), printed against its parts.
 #include <time.h>
