@@ -269,6 +269,7 @@ ote_status_t ote__reg_stage_pooled(void *arg, void *pin, uint32_t len, uint8_t *
 ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                  uint32_t len, ote_deadline_t dl);
 void ote__reg_stage_put(void *arg, void *tok);
+int ote__reg_stage_chunk(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out);
 ote_status_t ote__reg_stage_copy_start(void *arg, void *tok, int to_device, uint64_t dev_addr,
                                        uint32_t len, ote_deadline_t dl,
                                        void (*done)(void *, ote_status_t), void *done_arg);

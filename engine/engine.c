@@ -158,7 +158,9 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
         return ote_status_code(st) == OTE_ERR_RETAINED ? st : OTE_ERR_RETAINED;
     }
     if (again) OTE_INFO("engine", "engine %s: a retried destroy finished", e->self_addr);
-    ote__gpu_destroy(e->gpu); /* after the transports: their bounce buffers are back */
+    /* After the transports: their bounce buffers are back and the RDMA source's MRs
+     * over the pool's chunks deregistered. */
+    ote__gpu_destroy(e->gpu);
     for (size_t i = 0; i < e->nregs; i++) ote_free(e->regs[i]);
     ote_free(e->regs);
     while (e->nhead) {

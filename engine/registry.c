@@ -122,6 +122,11 @@ void ote__reg_stage_put(void *arg, void *tok) {
     ote__gpu_src_put(e->gpu, tok);
 }
 
+int ote__reg_stage_chunk(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out) {
+    (void)arg;
+    return ote__gpu_src_chunk(tok, base_out, size_out);
+}
+
 ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,
                                  ote__ipc_desc_t *out, int *fd_out) {
     ote_engine_t *e = arg;

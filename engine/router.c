@@ -138,6 +138,7 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .stage_put = ote__reg_stage_put,
                         .stage_pooled = ote__reg_stage_pooled,
                         .stage_copy_start = ote__reg_stage_copy_start,
+                        .stage_chunk = ote__reg_stage_chunk,
                         .ipc_export = ote__reg_ipc_export,
                         .ipc_usable = ote__reg_ipc_usable,
                         .ipc_copy_start = ote__reg_ipc_copy_start,

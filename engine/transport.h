@@ -159,6 +159,10 @@ typedef struct {
      * a chunk and none is free now (never heap, never waits); a larger len is heap. */
     ote_status_t (*stage_pooled)(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
                                  void **tok_out);
+    /* 1 when tok's buffer is a chunk of the pinned pool (the same memory until the
+     * engine's destroy, which destroys the transports first): *base_out, *size_out the
+     * whole chunk (the RDMA source registers it once per device); 0 for heap memory. */
+    int (*stage_chunk)(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out);
     /* stage_copy without waiting (the RDMA source; to_device as there): OTE_OK and
      * done(done_arg, status) runs once later on another thread (the bounce is neither
      * read nor put before), or the failure now (done never runs). See

@@ -107,6 +107,10 @@ ote_status_t ote__gpu_src_get(ote__gpu_t *g, uint32_t kind, uint32_t len, ote_de
  * larger one is heap, as above. */
 ote_status_t ote__gpu_src_get_pooled(ote__gpu_t *g, uint32_t kind, uint32_t len, uint8_t **buf_out,
                                      ote__gpu_bounce_t **tok_out);
+/* 1 when tok's buffer is a chunk of its device's pool (long-lived pinned memory, the
+ * same address until engine destroy): *base_out and *size_out the whole chunk; 0 for
+ * heap memory. */
+int ote__gpu_src_chunk(const ote__gpu_bounce_t *tok, uint8_t **base_out, uint64_t *size_out);
 /* Copy between the bounce buffer and [dev_addr, dev_addr + len) of the device:
  * to_device 1 = host-to-device. Synchronous (waits until dl). */
 ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *tok, int to_device,

@@ -123,6 +123,13 @@ ote_status_t ote__gpu_src_copy(ote__gpu_t *g, ote__gpu_bounce_t *t, int to_devic
     return st;
 }
 
+int ote__gpu_src_chunk(const ote__gpu_bounce_t *t, uint8_t **base_out, uint64_t *size_out) {
+    if (t == NULL || !t->has_chunk) return 0;
+    *base_out = t->chunk.ptr;
+    *size_out = t->chunk.size;
+    return 1;
+}
+
 void ote__gpu_src_put(ote__gpu_t *g, ote__gpu_bounce_t *t) {
     (void)g;
     if (t == NULL) return;

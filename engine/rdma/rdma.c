@@ -163,8 +163,9 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
  *   2. QPs and windows: live grants are ended at once (QP to ERR, then window or exact
  *      MR), then the endpoint stores and grant managers. While a QP or a window lives, a
  *      NIC or a peer could still reach the registered memory: its MRs stay.
- *   3. CQ lanes and their workers; 4. the selector, the registrations' MRs and the buffer
- *   manager; 5. the PDs and devices (context set); then the provider and tp itself.
+ *   3. CQ lanes and their workers; 4. the selector, the registrations' MRs, the staging
+ *   chunks' MRs and the buffer manager; 5. the PDs and devices (context set); then the
+ *   provider and tp itself.
  * OTE_OK: tp is freed. OTE_ERR_RETAINED: tp stays valid for another teardown only.
  */
 static ote_status_t teardown(rdma_tp_t *tp) {
@@ -337,6 +338,9 @@ static ote_status_t teardown(rdma_tp_t *tp) {
                       r->addr, ote_status_str(st));
             pp = &r->next;
         }
+        /* The pool chunks' MRs of staged grants (rdma_stage_mrs.c): before the PDs go,
+         * and, through the engine's order, before the pool's pinned memory. */
+        left += ote__rdma_stage_mrs_drop(tp);
     }
     if (left == 0 && tp->bm != NULL) {
         ote_status_t st = ote_buffer_manager_destroy(tp->bm);

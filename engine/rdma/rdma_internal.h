@@ -50,7 +50,8 @@
  * when it fits one, OTE_ERR_AGAIN when every chunk is out; heap only for a larger grant,
  * at most rdma_grant_max, the largest grant a requester asks: a requester that saw a
  * staged answer cuts that request, and later ones in its range, at gpu_staging_chunk,
- * rdma_pump.c), registers a temporary MW-bindable MR over it in the grant's device,
+ * rdma_pump.c), takes an MW-bindable MR over it in the grant's device (a pool chunk's,
+ * registered once per device and kept: rdma_stage_mrs.c; a heap bounce's temporary),
  * starts the range's device-to-host copy into it on a copy stream without waiting
  * (host->stage_copy_start: a READ's bytes, a WRITE's current bytes so that what a
  * canceled grant never wrote goes back unchanged; the server thread goes on) and, once
@@ -135,6 +136,7 @@
  *                     the grant layer's source callbacks
  *   rdma_accounts.c   the source's account of each request: one check, one pin
  *   rdma_stage.c      the source's bounce buffers for device memory (staging), COMMIT
+ *   rdma_stage_mrs.c  the MRs of the pool chunks those bounces use, one per device, kept
  *   rdma_commit.c     the requester's waits for COMMIT of staged WRITEs
  *   rdma_direct.c     GPUDirect RDMA: dma-buf MRs of registered device memory, and the
  *                     source grants' exact MRs in private PDs (above)
@@ -517,12 +519,14 @@ struct ote__rdma_tp {
     reg_ent_t *regs;
     srv_t *sconns[256]; /* heap entries: a thread keeps its own */
     size_t nsconns;
-    ote__tpeer_t *peers;            /* open requester peers (notification deadlines) */
-    acct_t *accts;                  /* source: accounts of requests (rdma_accounts.c), under mu */
-    struct rdma_stage *stages;      /* source: staged WRITEs answered OK (rdma_stage.c), under mu */
-    uint64_t epoch;                 /* host->epoch, sent in INFO / INFO_ACK (read-only) */
-    _Atomic uint32_t dev_gen;       /* monitor: +1 each time a data device comes up */
-    struct ote__rdma_tp *live_next; /* rdma_test.c: the process's transports (test hooks) */
+    ote__tpeer_t *peers;       /* open requester peers (notification deadlines) */
+    acct_t *accts;             /* source: accounts of requests (rdma_accounts.c), under mu */
+    struct rdma_stage *stages; /* source: staged WRITEs answered OK (rdma_stage.c), under mu */
+    struct rdma_stage_mr *stage_mrs; /* source: pool chunks' MRs (rdma_stage_mrs.c), under mu */
+    _Atomic uint64_t stage_mrs_made; /* ... registered so far */
+    uint64_t epoch;                  /* host->epoch, sent in INFO / INFO_ACK (read-only) */
+    _Atomic uint32_t dev_gen;        /* monitor: +1 each time a data device comes up */
+    struct ote__rdma_tp *live_next;  /* rdma_test.c: the process's transports (test hooks) */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
     _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
     /* rdma_requester.c: bytes of runs in flight over every peer and device (the
@@ -656,6 +660,13 @@ ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
 /* rdma_source.c: wait until dl for the staged grants of c (NULL: of every connection)
  * whose copy runs to end (c's server thread, once c is dead; the teardown). */
 void ote__rdma_src_wait_copies(rdma_tp_t *tp, conn_t *c, ote_deadline_t dl);
+/* rdma_stage_mrs.c: the MR of the pool chunk [base, +size) in nic's PD, registered at
+ * its first use and kept (local-only, MW-bindable). The teardown deregisters them:
+ * the number that would not (retained, listed for the next teardown). */
+typedef struct rdma_stage_mr rdma_stage_mr_t;
+ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *base, uint64_t size,
+                                      struct ibv_mr **mr_out);
+size_t ote__rdma_stage_mrs_drop(rdma_tp_t *tp);
 struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st);
 uint64_t ote__rdma_stage_base(const rdma_stage_t *st);
 /* A WRITE's COMMIT goes on c (a reference taken) with req_id (the grant's wire id); its

@@ -6,15 +6,23 @@
  * heap only for a grant larger than a chunk, which a requester sends only before it
  * learned that the request is staged: rdma_pump.c then cuts its runs at the chunk size,
  * so the copy of grant k+1 here overlaps the requester's transfer of grant k),
- * a temporary MW-bindable MR over it in the grant's device, so that the grant's window
- * covers exactly the bounce bytes and nothing else, and the range's bytes copied into it
+ * an MW-bindable MR over it in the grant's device, and the range's bytes copied into it
  * from the device without waiting (host->stage_copy_start: rdma_source.c serves the
  * grant, binding its window, once the GPU worker saw the copy complete, bounded by the
- * grant's deadline; the serving thread goes on meanwhile). The grant's
- * end (src_unpin in rdma_source.c, after the grant layer invalidated or deallocated the
- * window) deregisters the MR and gives the bounce buffer back; an MR that will not
- * deregister keeps its buffer (the NIC may still reach it): retained for good, counted in
- * the device's context.
+ * grant's deadline; the serving thread goes on meanwhile), so that the grant's window
+ * covers exactly the bounce bytes, and only after they are there.
+ *
+ * The MR: a pool chunk's is registered once per device, at the chunk's first use there,
+ * and kept for the transport's life (rdma_stage_mrs.c: local-only and MW-bindable, so its
+ * own rkey grants nothing; deregistered by the teardown before the PDs, and through the
+ * engine's order before the pool's memory); a chunk used again by another grant shows
+ * nothing of the earlier one, whose window died before the chunk went back, while the
+ * new window is bound only after the new copy completed. A heap bounce (larger than a
+ * chunk, or the fallback while a chunk is parked) gets a temporary MR of its own. The
+ * grant's end (src_unpin in rdma_source.c, after the grant layer invalidated or
+ * deallocated the window) deregisters a temporary MR and gives the bounce buffer back;
+ * a temporary MR that will not deregister keeps its buffer (the NIC may still reach
+ * it): retained for good, counted in the device's context.
  *
  * A WRITE's bounce starts as a copy of the range (so bytes a canceled grant never wrote
  * go back unchanged); its grant's receipt (a successful receive with invalidation of its
@@ -22,7 +30,7 @@
  * its end starts its copy host-to-device without waiting (host->stage_copy_start with
  * to_device 1, bounded by the grant's deadline: the thread that ended the grant, a CQ
  * lane's worker or the monitor, goes on). Once the GPU worker saw that copy end
- * (stage_copied), the MR is deregistered, the bounce given back (or, when the copy's
+ * (stage_copied), a temporary MR is deregistered, the bounce given back (or, when the copy's
  * outcome is unknown, its chunk parked by engine/gpu, logged) and the COMMIT (status
  * OK, or the failure) goes to the requester, whose request completes only on it: after
  * the bytes are in device memory; only then are its bytes of the request's account (whose
@@ -47,6 +55,7 @@ struct rdma_stage {
     uint8_t *buf;
     uint64_t len;
     struct ibv_mr *mr;
+    int cached; /* mr is its pool chunk's, kept (rdma_stage_mrs.c); else ours, temporary */
     /* A WRITE: the device range its bytes go to once they landed, and its COMMIT's
      * destination (a reference on c; req_id = the grant's wire id). Listed in tp->stages
      * (under tp->mu) from its answer to its end, under (nic, qpn, rkey), so that its
@@ -100,14 +109,30 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
         ote_free(st);
         return s;
     }
-    int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), st->buf, len,
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &st->mr);
-    if (err != 0) {
-        OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: errno %d",
-                 ote_context_name(nic->ctx), (unsigned long long)len, err);
-        tp->host.stage_put(tp->host.arg, st->tok);
-        ote_free(st);
-        return ote_status_make(OTE_ERR_NATIVE, err);
+    /* A pool chunk: its MR in this device, registered at its first use and kept. Heap
+     * memory (larger than a chunk, or while a chunk is parked): a temporary MR. */
+    uint8_t *cbase = NULL;
+    uint64_t csize = 0;
+    if (tp->host.stage_chunk != NULL &&
+        tp->host.stage_chunk(tp->host.arg, st->tok, &cbase, &csize) && cbase <= st->buf &&
+        (uint64_t)(st->buf - cbase) + len <= csize) {
+        s = ote__rdma_stage_chunk_mr(tp, nic, cbase, csize, &st->mr);
+        if (s != OTE_OK) {
+            tp->host.stage_put(tp->host.arg, st->tok);
+            ote_free(st);
+            return s;
+        }
+        st->cached = 1;
+    } else {
+        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), st->buf, len,
+                                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &st->mr);
+        if (err != 0) {
+            OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: errno %d",
+                     ote_context_name(nic->ctx), (unsigned long long)len, err);
+            tp->host.stage_put(tp->host.arg, st->tok);
+            ote_free(st);
+            return ote_status_make(OTE_ERR_NATIVE, err);
+        }
     }
     atomic_fetch_add(&tp->src_stages, 1);
     *st_out = st;
@@ -179,10 +204,10 @@ void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
     ote_mutex_unlock(&tp->mu);
 }
 
-/* The MR goes, then the bounce (an MR that will not deregister keeps it), then the
- * grant's reference. */
+/* A temporary MR goes, then the bounce (an MR that will not deregister keeps it), then
+ * the grant's reference. A pool chunk's MR stays (its window is dead by now). */
 static void stage_release(rdma_tp_t *tp, rdma_stage_t *st) {
-    int err = tp->v->ops->dereg_mr(tp->v, st->mr);
+    int err = st->cached ? 0 : tp->v->ops->dereg_mr(tp->v, st->mr);
     if (err != 0) {
         /* The NIC may still reach the buffer: it is never given back (nor reused). */
         ote_context_retained_add(st->nic->ctx, OTE_RETAINED_MR, 1);

@@ -90,6 +90,7 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.sp_ended = sp.ended;
         r.src_copies = (uint64_t)atomic_load(&tp->src_copies);
         r.src_stages = (uint64_t)atomic_load(&tp->src_stages);
+        r.src_stage_mrs = atomic_load(&tp->stage_mrs_made);
         r.direct_mrs = atomic_load(&tp->direct_mrs);
         r.direct_served = atomic_load(&tp->direct_served);
         r.direct_redirects = atomic_load(&tp->direct_redirects);

@@ -94,6 +94,7 @@ typedef struct {
      * runs now (rdma_source.c, rdma_stage.c); bounce buffers with their MR held now. */
     uint64_t src_copies;
     uint64_t src_stages;
+    uint64_t src_stage_mrs; /* pool chunks' MRs registered so far (rdma_stage_mrs.c) */
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

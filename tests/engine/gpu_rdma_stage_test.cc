@@ -14,8 +14,11 @@
 // only and releases everything; the source engine's destroy and the requester's loss with
 // a copy running are clean); a staged WRITE's copy back runs asynchronously too (held by
 // gpu.src_copyback_pending: other requests complete meanwhile, and the range stays
-// registered (its unregister BUSY) until it ended; a fault on it fails that
-// WRITE only and releases everything; the source's destroy waits for it); and a same-run
+// registered (its unregister BUSY) until it ended; a fault on it fails that WRITE only
+// and releases everything; the source's destroy waits for it); the source registers each
+// pool chunk at most once per device however many grants run (its MR kept; reg_mr of
+// MW-bindable MRs counted under the verbs fault decorator), and a chunk's MR that will
+// not deregister keeps the source's destroy RETAINED until a retry; and a same-run
 // figure of a 64 MiB staged transfer with the cut (2 MiB chunks) and without it (grants of
 // rdma_grant_max, the earlier behaviour), printed against its parts.
 #include <time.h>
@@ -23,18 +26,22 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tests/engine/gpu_fixture.h"
+#include "tests/engine/native_counter.h"
 #include "tests/engine/engine_util.h"
 #include "tests/engine/pattern.h"
 
 extern "C" {
 #include "base/fault.h"
+#include "base/retained.h"
 #include "cuda/memory/memory.h"
 #include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
+#include "verbs/fault.h"
 }
 
 namespace {
@@ -732,6 +739,181 @@ TEST_F(GpuRdmaStageTest, SourceDestroyWithACopyBackRunning) {
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+}
+
+// Engines created while the hook is set get a counter of the sim's native objects under
+// the verbs fault decorator (native_counter.h), in creation order.
+std::vector<ote_verbs_t *> *g_wrapped = nullptr;
+std::vector<std::unique_ptr<ote_test::NativeCounter>> *g_owned = nullptr;
+ote_status_t WrapCounted(ote_verbs_t **v) { return ote_test::WrapCounted(v, g_owned, g_wrapped); }
+
+class GpuRdmaStageMrTest : public GpuRdmaStageTest {
+  protected:
+    // Open (source first) with both engines' providers counted; one data device each,
+    // so that the source's staging MRs are at most its pool's chunks.
+    void OpenCounted(size_t len, ote_test::ConfigKv src_kv, ote_test::ConfigKv req_kv) {
+        src_kv.push_back({"rdma_devices", "sim0"});
+        req_kv.push_back({"rdma_devices", "sim0"});
+        g_wrapped = &wrapped_;
+        g_owned = &natives_;
+        ote__rdma_test_verbs_hook = WrapCounted;
+        Open(len, src_kv, req_kv);
+        ote__rdma_test_verbs_hook = nullptr;
+        ASSERT_FALSE(HasFatalFailure());
+        ASSERT_EQ(wrapped_.size(), 2u);
+        vs_ = wrapped_[0];
+        ns_ = natives_[0].get();
+    }
+    void TearDown() override {
+        ote__rdma_test_verbs_hook = nullptr;
+        if (vs_ != nullptr && src_ != nullptr) ote_verbs_fault_clear(vs_);
+        GpuRdmaStageTest::TearDown();
+        for (auto &n : natives_) {
+            EXPECT_TRUE(n->closed.load()) << "an engine did not close its provider";
+            EXPECT_EQ(n->mrs.load(), 0) << "memory regions left alive";
+            EXPECT_EQ(n->mws.load(), 0) << "memory windows left alive";
+        }
+    }
+    // Until the source holds no bounce (a grant ends on its receipt, after the
+    // requester's request completed).
+    void WaitSourceIdle() {
+        ote_deadline_t dl = ote_cuda_test::LongDeadline();
+        ote__rdma_test_grants_t g = Grants(src_);
+        while ((g.src_stages != 0 || g.src_copies != 0 || g.live_source != 0) &&
+               !ote_deadline_expired(dl)) {
+            usleep(1000);
+            g = Grants(src_);
+        }
+        EXPECT_EQ(g.src_stages, 0u);
+        EXPECT_EQ(g.live_source, 0u);
+    }
+    std::vector<ote_verbs_t *> wrapped_;
+    std::vector<std::unique_ptr<ote_test::NativeCounter>> natives_;
+    ote_verbs_t *vs_ = nullptr;
+    ote_test::NativeCounter *ns_ = nullptr;
+};
+
+// Staged READs and WRITEs (3.5 chunks and an odd size, unaligned, every byte and the
+// guards checked through the driver) through a source pool of 4 chunks (depth 1) on one
+// data device: each chunk is registered at most once (its MR kept between grants), so
+// the source's MW-bindable registrations stay at most chunks x devices however many
+// grants ran, and none is deregistered before the engine's destroy, which deregisters
+// them all.
+TEST_F(GpuRdmaStageMrTest, PoolChunksRegisteredOncePerDevice) {
+    const uint64_t cap = 1 << 20, loff = 3, roff = 5, tail = 64;
+    const uint64_t chunks = 4, devices = 1;
+    ASSERT_NO_FATAL_FAILURE(
+        OpenCounted(cap, {{"gpu_staging_chunk", "64K"}, {"gpu_staging_depth", "1"}}, kSmall));
+    std::vector<uint8_t> host(cap);
+    // Teach the requester that the whole range is staged (its first grants may be larger
+    // than a chunk: heap bounces, temporary MRs).
+    ASSERT_EQ(Run(OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_, cap), OTE_OK);
+    WaitSourceIdle();
+    const uint64_t regs0 = ns_->bind_regs.load(), made0 = Grants(src_).src_stage_mrs;
+    const int64_t alive0 = ns_->bind_mrs.load();
+    const uint64_t fregs0 = ote_verbs_fault_calls(vs_, OTE_VERBS_FAULT_OP_REG_MR);
+    const uint64_t copies0 = SourceCopies();
+    uint64_t grants = 0;
+    int cases = 0;
+    for (int round = 0; round < 3; round++) {
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+            for (uint64_t len : {7 * kChunk / 2, uint64_t{12345}}) {
+                SCOPED_TRACE((op == OTE_WRITE ? "WRITE " : "READ ") + std::to_string(len) +
+                             " round " + std::to_string(round));
+                const uint64_t lseed = 300 + cases, rseed = 400 + cases;
+                ote_pattern_fill(host.data(), loff + len + tail, lseed, 0);
+                DevFill(rdev_, roff + len + tail, rseed);
+                ote_transfer_status_t ts{};
+                ASSERT_EQ(Run(op, reinterpret_cast<uintptr_t>(host.data()) + loff, rdev_ + roff,
+                              len, &ts),
+                          OTE_OK);
+                EXPECT_EQ(ts.bytes_done, len);
+                if (op == OTE_WRITE) {
+                    EXPECT_EQ(DevHash(rdev_ + roff, len), PatternHash(lseed, loff, len));
+                    EXPECT_EQ(DevHash(rdev_, roff), PatternHash(rseed, 0, roff));
+                    EXPECT_EQ(DevHash(rdev_ + roff + len, tail),
+                              PatternHash(rseed, roff + len, tail));
+                } else {
+                    EXPECT_EQ(ote_hash(host.data() + loff, len), PatternHash(rseed, roff, len));
+                    EXPECT_EQ(ote_hash(host.data(), loff), PatternHash(lseed, 0, loff));
+                    EXPECT_EQ(ote_hash(host.data() + loff + len, tail),
+                              PatternHash(lseed, loff + len, tail));
+                }
+                grants += len > kChunk ? 4 : 1;
+                cases++;
+            }
+        }
+    }
+    EXPECT_EQ(cases, 12);
+    // A READ grant copies once, a WRITE grant twice: 3 x (5 + 10) copies.
+    EXPECT_EQ(SourceCopies() - copies0, 45u) << "every grant was staged through the pool";
+    EXPECT_EQ(grants, 30u);
+    WaitSourceIdle();
+    const uint64_t regs = ns_->bind_regs.load() - regs0;
+    const uint64_t made = Grants(src_).src_stage_mrs;
+    printf(
+        "%llu staged grants: %llu MW-bindable MRs registered after the first request "
+        "(%llu chunk MRs in all), reg_mr calls through the decorator +%llu\n",
+        static_cast<unsigned long long>(grants), static_cast<unsigned long long>(regs),
+        static_cast<unsigned long long>(made),
+        static_cast<unsigned long long>(ote_verbs_fault_calls(vs_, OTE_VERBS_FAULT_OP_REG_MR) -
+                                        fregs0));
+    EXPECT_LE(regs, chunks * devices);
+    EXPECT_EQ(regs, made - made0) << "only chunk MRs were registered";
+    EXPECT_LE(made, chunks * devices);
+    EXPECT_GE(made, 1u);
+    // The chunks' MRs stay registered between grants, with no bounce held.
+    EXPECT_EQ(ns_->bind_mrs.load(), alive0 + static_cast<int64_t>(regs));
+    EXPECT_GE(ns_->bind_mrs.load(), static_cast<int64_t>(made));
+    Close();
+    EXPECT_EQ(ns_->bind_mrs.load(), 0) << "the destroy deregistered the chunks' MRs";
+}
+
+// A chunk's MR that will not deregister at the source's destroy (the verbs fault
+// decorator answers EBUSY once for it): the destroy is RETAINED (the MR alive, counted
+// as retained, the pool's pinned memory kept with the engine), and a second destroy
+// deregisters it and succeeds.
+TEST_F(GpuRdmaStageMrTest, ChunkMrDeregFailureAtDestroyRetains) {
+    const uint64_t cap = 1 << 20;
+    ASSERT_NO_FATAL_FAILURE(OpenCounted(cap, kSmall, kSmall));
+    std::vector<uint8_t> host(cap);
+    const uint64_t regs0 = ns_->bind_regs.load();
+    DevFill(rdev_, kChunk, 61);
+    ASSERT_EQ(Run(OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_, kChunk), OTE_OK);
+    EXPECT_EQ(ote_hash(host.data(), kChunk), PatternHash(61, 0, kChunk));
+    ASSERT_EQ(ns_->bind_regs.load(), regs0 + 1);
+    ASSERT_EQ(Grants(src_).src_stage_mrs, 1u);
+    struct ibv_mr *mr = ns_->last_bind_mr.load();
+    ASSERT_NE(mr, nullptr);
+    // The requester and the registration go first (as Close()).
+    EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+    seg_ = nullptr;
+    EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+    req_ = nullptr;
+    ote_status_t st = OTE_ERR_BUSY;
+    for (int i = 0; i < 3000 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
+        st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
+        if (ote_status_code(st) == OTE_ERR_BUSY) usleep(10 * 1000);
+    }
+    ASSERT_EQ(st, OTE_OK);
+    rdev_ = 0;
+    const uint64_t retained0 = ote_retained_total();
+    const int64_t alive = ns_->bind_mrs.load();
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(vs_, OTE_VERBS_FAULT_OP_DEREG_MR, mr, 1), OTE_OK);
+    {
+        ote_test::ErrorLogsExpected guard;
+        EXPECT_EQ(ote_engine_destroy(src_), OTE_ERR_RETAINED);
+        EXPECT_GE(guard.Seen(), 1u);
+    }
+    EXPECT_EQ(ote_verbs_fault_injected(vs_, OTE_VERBS_FAULT_OP_DEREG_MR), 1u);
+    EXPECT_EQ(ns_->bind_mrs.load(), alive) << "the chunk's MR stays registered";
+    EXPECT_FALSE(ns_->closed.load());
+    EXPECT_EQ(ote_retained_total(), retained0 + 1);
+    EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+    src_ = nullptr;
+    EXPECT_EQ(ote_retained_total(), retained0);
+    EXPECT_EQ(ns_->bind_mrs.load(), 0);
+    EXPECT_TRUE(ns_->closed.load());
 }
 
 void WaitCopies(GpuRdmaStageTest *t, uint64_t n) {

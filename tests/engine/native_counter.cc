@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <thread>
 
 extern "C" {
@@ -78,6 +79,13 @@ int RegMr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t len, int access,
     int err = n->sim->ops->reg_mr(n->sim, pd, addr, len, access, out);
     if (err == 0) n->mrs++;
     if (err == 0 && n->Watched(addr)) n->watched_mrs++;
+    if (err == 0 && (access & IBV_ACCESS_MW_BIND)) {
+        std::lock_guard<std::mutex> g(n->bind_mu);
+        n->bind_set.insert(*out);
+        n->bind_regs++;
+        n->bind_mrs++;
+        n->last_bind_mr = *out;
+    }
     return err;
 }
 
@@ -94,9 +102,17 @@ int DeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
     NativeCounter *n = Of(v);
     if (n == nullptr) return EINVAL;
     bool watched = n->Watched(mr->addr); // read before the MR is gone
+    std::unique_lock<std::mutex> g(n->bind_mu);
+    bool bind = n->bind_set.erase(mr) > 0;
+    g.unlock();
     int err = n->sim->ops->dereg_mr(n->sim, mr);
     if (err == 0) n->mrs--;
     if (err == 0 && watched) n->watched_mrs--;
+    if (err == 0 && bind) n->bind_mrs--;
+    if (err != 0 && bind) {
+        g.lock();
+        n->bind_set.insert(mr);
+    }
     return err;
 }
 

@@ -3,7 +3,7 @@
 // retained. Between an engine's verbs fault decorator and its sim: the sim's own ops (the
 // sim reaches its state through v->priv, which is the sim's), except that the
 // create/destroy pairs of QPs, MWs and MRs count the objects alive (MRs over a watched
-// range, the user's registered memory, separately), and the next create_qp or destroy_qp
+// range, the user's registered memory, and MW-bindable ones separately), and the next create_qp or destroy_qp
 // can be held, on whatever thread makes it, until the test lets it go (120 s at most).
 // Calls the fault decorator refuses never get here. close() closes the sim only.
 #ifndef OTE_TESTS_ENGINE_NATIVE_COUNTER_H
@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <vector>
 
 extern "C" {
@@ -32,6 +34,13 @@ struct NativeCounter {
     // buffers, such as a QP's receive slots).
     std::atomic<uintptr_t> watch_lo{0}, watch_hi{0};
     std::atomic<int64_t> watched_mrs{0};
+    // MW-bindable MRs (IBV_ACCESS_MW_BIND: the registrations' and the staging bounces'):
+    // registered so far, alive now, and the last one registered.
+    std::atomic<uint64_t> bind_regs{0};
+    std::atomic<int64_t> bind_mrs{0};
+    std::atomic<struct ibv_mr *> last_bind_mr{nullptr};
+    std::mutex bind_mu; // guards bind_set: the MW-bindable MRs alive
+    std::set<struct ibv_mr *> bind_set;
     std::atomic<bool> hold_next_create{false}, hold_next_qp_destroy{false};
     std::atomic<bool> holding{false}, release{false}, closed{false};
     bool Watched(const void *p) const {
