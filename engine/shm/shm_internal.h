@@ -169,6 +169,7 @@
  * after each answer. The receive thread's 20 us beat 5 us. */
 #define SHM_SPIN_NS (20u * 1000u)
 #define SHM_SRC_SPIN_NS (100u * 1000u)
+#define SHM_SRC_SPIN_BUSY_NS (20u * 1000u) /* a yield longer than this ends the spin */
 
 /* SHM_AUTH: the key's challenge-response (engine/control/auth.h) between HELLO and
  * HELLO_ACK when the source has a key; steps as the control frame's (OTE_CTL_AUTH_*). */

@@ -28,14 +28,15 @@
 
 /* Wait until fd is readable; 1 ready, 0 stop requested, -1 deadline passed. */
 static int wait_in(shm_src_t *s, ote_deadline_t dl) {
-    /* The requester often sends its next message soon after our answer: look for it
-     * for a while, giving the core away between looks (SHM_SRC_SPIN_NS). */
+    /* The next message often comes soon after our answer: look for it a while, yielding
+     * between looks; a long yield (another thread wanted the core) ends the spin, since
+     * poll's wakeup gets the core back sooner than waiting out others' time slices. */
     ote_deadline_t spin = ote_deadline_after(SHM_SRC_SPIN_NS);
     for (;;) {
         struct pollfd p = {.fd = s->fd, .events = POLLIN};
         if (poll(&p, 1, 0) > 0) return 1;
-        if (ote_deadline_expired(spin)) break;
-        sched_yield();
+        uint64_t t = ote_now_ns();
+        if (t >= spin || (sched_yield(), ote_now_ns() - t > SHM_SRC_SPIN_BUSY_NS)) break;
     }
     for (;;) {
         if (atomic_load(&s->tp->stop)) return 0;
