@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/engine/engine_util.h"
@@ -186,7 +187,20 @@ TEST_F(GpuDirectProcTest, SourceKilledMidTransferPeerLostAndANewSourceWorks) {
         ote_batch_t *b = nullptr;
         ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
         ote_request_t r = {OTE_READ, reinterpret_cast<void *>(ldev_), seg_, t.rw, 1 << 20};
-        ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+        // Submitted on a thread of its own: the held post holds the grant layer's lock,
+        // and the submit may itself start the grant whose answer brings that post (then
+        // it returns only once the post goes on). Submitted here, it would wait out the
+        // whole delay, past the request's deadline, with the target still serving.
+        struct Submitter {
+            ote_verbs_t *v;
+            std::thread th;
+            ~Submitter() { // a failed assertion below: the post goes on, the submit returns
+                (void)ote_verbs_fault_delay(v, OTE_VERBS_FAULT_OP_POST_SEND, 0);
+                if (th.joinable()) th.join();
+            }
+        } sub{wrapped_[0], {}};
+        ote_status_t submitted = OTE_ERR_STATE;
+        sub.th = std::thread([&] { submitted = ote_batch_submit(b, &r, 1); });
         // Until the target serves it by an exact MR (a direct grant live there); the
         // requester's held post then waits (its engine is not asked meanwhile: the post
         // holds its locks).
@@ -205,6 +219,8 @@ TEST_F(GpuDirectProcTest, SourceKilledMidTransferPeerLostAndANewSourceWorks) {
         ASSERT_TRUE(t.Stop());
         ASSERT_EQ(ote_verbs_fault_delay(wrapped_[0], OTE_VERBS_FAULT_OP_POST_SEND, 0), OTE_OK);
         t.Kill();
+        sub.th.join();
+        ASSERT_EQ(submitted, OTE_OK);
         EXPECT_NE(ote_batch_wait(b, 60 * kSec), OTE_OK);
         ote_transfer_status_t ts{};
         EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
