@@ -216,6 +216,23 @@ enum { SHM_IPC_OFFER = 6, SHM_IPC_CLOSE = 7 };
 enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
 #define SHM_RING_BYTES (16u << 20) /* the shared ring of one connection (ring mode) */
 #define SHM_RING_SLICE (1u << 20)  /* largest slice in ring mode */
+/* Staging marks (a capability: SHM_CAP_MARKS in the HELLO's h.pad, SHM_ACK_MARKS in the
+ * HELLO_ACK's flags; shm_ring.c). The ring's memfd holds SHM_RING_CTL bytes more than the
+ * ring_len its HELLO names: a control page whose first word is the requester's staging
+ * mark, the id of the last piece it staged into the ring plus one. With marks, the
+ * requester sends a REQS message first and then stages its WRITE and NOTIFY bytes,
+ * publishing the mark after each piece (release); the source copies a ring piece only
+ * once the mark passed its id (acquire). Its copy of one piece then overlaps the staging
+ * of the next, where it used to start only after the whole message was staged (4 KiB x64
+ * WRITE: 256 KiB staged before the message left). A mark that does not come is waited
+ * for while the requester lives and at most transfer_timeout_ms (the piece then answers
+ * OTE_ERR_TIMEOUT having moved nothing). Without the capability on both sides the
+ * requester stages before it sends, as protocol 3 always did. The mark is the
+ * requester's to write: a wrong one only lets the source read the requester's own ring
+ * early, into memory the piece was allowed to write. */
+#define SHM_CAP_MARKS 2u
+#define SHM_RING_CTL 4096u
+#define SHM_RING_MAP (SHM_RING_BYTES + SHM_RING_CTL) /* the requester's memfd and mapping */
 
 typedef struct {
     uint32_t magic;
@@ -246,6 +263,7 @@ typedef struct {
  * through it (SHM_REQ_RING). */
 #define SHM_ACK_RING 1u
 #define SHM_ACK_IPC 2u /* the source offers CUDA IPC on this connection */
+#define SHM_ACK_MARKS 4u /* the source waits for staging marks (SHM_CAP_MARKS) */
 
 typedef struct {
     shm_hdr_t h;
@@ -369,7 +387,9 @@ struct shm_src {
     uid_t uid;
     int mode;      /* SHM_MODE_* chosen at the handshake */
     uint8_t *ring; /* ring mode: the requester's memfd, mapped */
-    size_t ring_len;
+    size_t ring_len;             /* the ring's bytes (pieces lie in [0, ring_len)) */
+    size_t ring_map;             /* bytes mapped (ring_len, plus SHM_RING_CTL with marks) */
+    _Atomic uint64_t *marks;     /* the requester's staging mark (SHM_ACK_MARKS), or NULL */
     pthread_t thr;
     _Atomic int done;  /* its thread has returned */
     shm_acct_t *accts; /* open requests (uthash by uid); its thread's only */
@@ -416,6 +436,7 @@ typedef struct shm_peer {
     uint8_t *ring;         /* the shared ring (mapped while connected; in CMA mode only when the
                     * source mapped it too: small pieces then travel through it) */
     uint64_t ring_head, ring_tail; /* in-order allocation (virtual offsets) */
+    _Atomic uint64_t *marks;       /* staging mark in the ring's control page (SHM_ACK_MARKS) */
     pthread_t rx;
     int rx_started;
     ote__slice_t *qh, *qt;  /* waiting to be sent */
@@ -471,6 +492,15 @@ void ote__shm_src_cancel(shm_src_t *s, const shm_req_t *q);    /* a CANCEL entry
  * thread, while the piece is held. */
 int ote__shm_src_canceled(const void *pin);
 void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
+
+/* shm_ring.c: the shared ring's memfd (requester: created, SHM_RING_MAP bytes, mapped;
+ * the fd returned, -1 on error), its mapping by the source (0, or -1 with the reason in
+ * text; marks when the HELLO asks for them and the memfd holds the control page), and the
+ * source's wait for the staging mark of piece id (OTE_OK; OTE_ERR_PEER_LOST when the
+ * requester or this connection ended first; OTE_ERR_TIMEOUT after transfer_timeout_ms). */
+int ote__shm_ring_create(uint8_t **map_out);
+int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl);
+ote_status_t ote__shm_ring_ready(shm_src_t *s, uint64_t id);
 
 /* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
 void *ote__shm_src_main(void *arg);

@@ -104,22 +104,6 @@ static int read_ptrace_scope(void) {
     return v;
 }
 
-/* A fresh shared ring: its mapping in *map_out, its fd (to pass) returned; -1 on error. */
-static int ring_create(uint8_t **map_out) {
-    int fd = memfd_create("orbitte-shm-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return -1;
-    void *m = MAP_FAILED;
-    /* The source maps only a ring that cannot shrink under it (shm_source.c). */
-    if (ftruncate(fd, SHM_RING_BYTES) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0)
-        m = mmap(NULL, SHM_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-        close(fd);
-        return -1;
-    }
-    *map_out = m;
-    return fd;
-}
-
 static ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd) {
     struct iovec iov = {(void *)buf, len};
     union {
@@ -247,7 +231,7 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     /* The ring goes along in every HELLO: the source falls back to it when it cannot
      * attach to this process (its pages are allocated only when used). */
     uint8_t *ring = NULL;
-    int rfd = ring_create(&ring);
+    int rfd = ote__shm_ring_create(&ring);
     if (rfd < 0) {
         OTE_WARN("shm", "peer %s: cannot create the shared ring: %s", p->addr, strerror(errno));
         if (force_ring) {
@@ -256,6 +240,7 @@ static ote_status_t peer_connect(shm_peer_t *p) {
         }
     }
     h.ring_len = rfd >= 0 ? SHM_RING_BYTES : 0;
+    if (rfd >= 0) h.h.pad |= SHM_CAP_MARKS; /* its control page follows the ring */
     shm_hello_ack_t a;
     ote_status_t st = OTE_OK;
     if (send_with_fd(fd, &h, sizeof(h), rfd) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
@@ -277,12 +262,12 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     if (st != OTE_OK) {
         if (st != OTE_ERR_UNSUPPORTED)
             OTE_WARN("shm", "handshake with %s failed: %s", p->addr, ote_status_str(st));
-        if (ring) munmap(ring, SHM_RING_BYTES);
+        if (ring) munmap(ring, SHM_RING_MAP);
         close(fd);
         return st;
     }
     if (a.mode == SHM_MODE_CMA && ring != NULL && !(a.flags & SHM_ACK_RING)) {
-        munmap(ring, SHM_RING_BYTES); /* no ring for small pieces either */
+        munmap(ring, SHM_RING_MAP); /* no ring for small pieces either */
         ring = NULL;
     }
     p->fd = fd;
@@ -290,6 +275,9 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     p->mode = (int)a.mode;
     p->ipc = want_ipc && (a.flags & SHM_ACK_IPC) != 0;
     p->ring = ring;
+    p->marks = ring != NULL && (a.flags & SHM_ACK_MARKS)
+                   ? (_Atomic uint64_t *)(void *)(ring + SHM_RING_BYTES)
+                   : NULL;
     p->ring_head = p->ring_tail = 0;
     uint32_t cap = a.mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
     p->max_slice = a.max_slice < cap ? a.max_slice : cap;
@@ -328,7 +316,8 @@ static void peer_kill(shm_peer_t *p, ote_status_t st, shm_slist_t *done) {
 }
 
 /* Ring mode: a piece of the ring for slice s (in order; freed in order by responses),
- * staged with its bytes for WRITE and NOTIFY. 0, or -1 when the ring is full now. */
+ * staged with its bytes for WRITE and NOTIFY unless the source waits for staging marks
+ * (then peer_stage does it once the message is sent). 0, or -1 when the ring is full. */
 static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
     if (s->len > SHM_RING_SLICE * 2u) return -1; /* cannot happen: peer_max_slice */
     if (p->ring_head == p->ring_tail) p->ring_head = p->ring_tail = 0;
@@ -338,9 +327,22 @@ static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
     uint64_t off = (p->ring_head + pad) % SHM_RING_BYTES;
     p->ring_head += pad + s->len;
     s->xp.shm.ring_end = p->ring_head;
-    if (s->op != OTE__SLICE_READ) memcpy(p->ring + off, s->local, s->len);
+    if (s->op != OTE__SLICE_READ && p->marks == NULL) memcpy(p->ring + off, s->local, s->len);
     *off_out = off;
     return 0;
+}
+
+/* Staging marks: the WRITE and NOTIFY bytes of the sent slices [first, last] into their
+ * pieces of the ring, in order, the mark published after each (the source copies a piece
+ * as soon as its mark passed it). p->mu held. */
+static void peer_stage(shm_peer_t *p, const ote__slice_t *first, const ote__slice_t *last) {
+    for (const ote__slice_t *s = first;; s = s->next) {
+        if (s->xp.shm.ring_end != 0 && s->op != OTE__SLICE_READ) {
+            memcpy(p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->local, s->len);
+            atomic_store_explicit(p->marks, s->xp.shm.id + 1, memory_order_release);
+        }
+        if (s == last) break;
+    }
 }
 
 /* Slice s travels through the ring: every piece with bytes in ring mode; in
@@ -456,6 +458,7 @@ static void peer_pump(shm_peer_t *p, shm_slist_t *done) {
         p->nflight += n;
         p->flight_bytes += bytes;
         p->next_id += n;
+        if (p->marks != NULL) peer_stage(p, first, last);
     }
 }
 
@@ -601,8 +604,9 @@ static ote_status_t peer_start(shm_peer_t *p) {
     if (pthread_create(&p->rx, NULL, rx_main, p) != 0) {
         close(p->fd);
         p->fd = -1;
-        if (p->ring != NULL) munmap(p->ring, SHM_RING_BYTES);
+        if (p->ring != NULL) munmap(p->ring, SHM_RING_MAP);
         p->ring = NULL;
+        p->marks = NULL;
         return OTE_ERR_NOMEM;
     }
     p->rx_started = 1;
@@ -705,8 +709,9 @@ static void peer_stop_rx(shm_peer_t *p) {
     p->rx_started = 0;
     close(p->fd);
     p->fd = -1;
-    if (p->ring != NULL) munmap(p->ring, SHM_RING_BYTES);
+    if (p->ring != NULL) munmap(p->ring, SHM_RING_MAP);
     p->ring = NULL;
+    p->marks = NULL;
     ote_mutex_lock(&p->mu);
     p->stop = 0;
     ote_mutex_unlock(&p->mu);

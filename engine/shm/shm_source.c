@@ -193,31 +193,6 @@ static ssize_t recv_hello(int sock, shm_hello_t *h, int *fd_out) {
     return n;
 }
 
-/* Map the requester's ring: 0, or -1 (text says why). */
-static int src_map_ring(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl) {
-    struct stat sb;
-    if (rfd < 0 || h->ring_len == 0 || h->ring_len > (1ull << 30) || fstat(rfd, &sb) != 0 ||
-        (uint64_t)sb.st_size < h->ring_len) {
-        snprintf(text, tl, "no usable shared ring in the HELLO");
-        return -1;
-    }
-    /* A ring the requester could shrink would make our next copy a SIGBUS of the whole
-     * engine: only a memfd sealed against shrinking is mapped. */
-    int seals = fcntl(rfd, F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-        snprintf(text, tl, "the shared ring is not a memfd sealed against shrinking");
-        return -1;
-    }
-    void *m = mmap(NULL, (size_t)h->ring_len, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
-    if (m == MAP_FAILED) {
-        snprintf(text, tl, "cannot map the shared ring: %s", strerror(errno));
-        return -1;
-    }
-    s->ring = m;
-    s->ring_len = (size_t)h->ring_len;
-    return 0;
-}
-
 static int tp_ipc_allowed(const shm_tp_t *tp) {
     return (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_export != NULL;
 }
@@ -258,18 +233,19 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
         a.mode = SHM_MODE_RING;
     }
     if (a.status == OTE_OK && a.mode == SHM_MODE_RING) {
-        if (src_map_ring(s, &h, rfd, a.text, sizeof(a.text)) != 0) a.status = OTE_ERR_UNSUPPORTED;
+        if (ote__shm_ring_map(s, &h, rfd, a.text, sizeof(a.text)) != 0) a.status = OTE_ERR_UNSUPPORTED;
         else OTE_INFO("shm", "requester pid %d (%s): shared ring (%s)", (int)s->pid, s->from, why);
     } else if (a.status == OTE_OK && rfd >= 0) {
         /* Cross-memory attach, and the ring for small pieces when it is usable. */
         char ignored[sizeof(a.text)];
-        if (src_map_ring(s, &h, rfd, ignored, sizeof(ignored)) == 0) a.flags |= SHM_ACK_RING;
+        if (ote__shm_ring_map(s, &h, rfd, ignored, sizeof(ignored)) == 0) a.flags |= SHM_ACK_RING;
     }
     /* CUDA IPC when the requester asks for it and this engine allows it. */
     if (a.status == OTE_OK && (h.h.pad & SHM_CAP_IPC) && (tp_ipc_allowed(s->tp))) {
         a.flags |= SHM_ACK_IPC;
         s->ipc = 1;
     }
+    if (a.status == OTE_OK && s->marks != NULL) a.flags |= SHM_ACK_MARKS;
     s->mode = (int)a.mode;
     if (send_msg(s, &a, sizeof(a)) != OTE_OK) return -1;
     if (a.status != OTE_OK) {
@@ -297,14 +273,21 @@ static int in_ring(const shm_src_t *s, const shm_req_t *q) {
     return s->mode == SHM_MODE_RING || (q->flags & SHM_REQ_RING) != 0;
 }
 
-/* Copy len bytes between this process's `mine` and the requester's `theirs` (CMA) or the
- * ring at offset theirs (ring; bounded by the ring when the message was read). */
-static ote_status_t copy_bytes(shm_src_t *s, int ring, uint16_t op, uint8_t *mine, uint64_t theirs,
+/* Copy len bytes of piece q between this process's `mine` and the requester's `theirs`
+ * (CMA) or the ring at offset theirs (ring; bounded by the ring when the message was read;
+ * a WRITE's bytes once the requester's staging mark says they are there). */
+static ote_status_t copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine, uint64_t theirs,
                                size_t len) {
-    if (ring) {
+    uint16_t op = q->op;
+    if (in_ring(s, q)) {
         uint8_t *piece = s->ring + theirs;
-        if (op == OTE__SLICE_WRITE) memcpy(mine, piece, len);
-        else memcpy(piece, mine, len);
+        if (op == OTE__SLICE_WRITE) {
+            ote_status_t st = ote__shm_ring_ready(s, q->id);
+            if (st != OTE_OK) return st;
+            memcpy(mine, piece, len);
+        } else {
+            memcpy(piece, mine, len);
+        }
         return OTE_OK;
     }
     while (len > 0) {
@@ -327,6 +310,8 @@ static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
     if (in_ring(s, q)) {
         if (s->ring == NULL || q->local > s->ring_len || q->len > s->ring_len - q->local)
             return OTE_ERR_INVALID;
+        ote_status_t st = ote__shm_ring_ready(s, q->id);
+        if (st != OTE_OK) return st;
         memcpy(msg, s->ring + q->local, q->len);
         return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
     }
@@ -379,7 +364,7 @@ static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin)
     ote_status_t st = h->stage_get(h->arg, ote__shm_src_engine_pin(s, pin), q->len, dl, &buf, &tok);
     if (st != OTE_OK) return st;
     if (q->op == OTE__SLICE_READ) st = h->stage_copy(h->arg, tok, 0, q->remote, q->len, dl);
-    if (st == OTE_OK) st = copy_bytes(s, in_ring(s, q), q->op, buf, q->local, q->len);
+    if (st == OTE_OK) st = copy_bytes(s, q, buf, q->local, q->len);
     if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
         st = h->stage_copy(h->arg, tok, 1, q->remote, q->len, dl);
     h->stage_put(h->arg, tok);
@@ -402,8 +387,8 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[u->i])) set_st(m, u->i, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[u->i]) != OTE_OK) return; /* stopped or failed: no more of it */
         set_st(m, u->i,
-               copy_bytes(s, in_ring(s, p), p->op, (uint8_t *)(uintptr_t)p->remote + u->off,
-                          p->local + u->off, u->len));
+               copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off, p->local + u->off,
+                          u->len));
         return;
     }
     uint32_t n = u->j - u->i;
@@ -430,8 +415,8 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) == OTE_OK)
             set_st(m, k,
-                   copy_bytes(s, in_ring(s, &q[k]), q[k].op, (uint8_t *)(uintptr_t)q[k].remote,
-                              q[k].local, q[k].len));
+                   copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local,
+                              q[k].len));
     }
 }
 
@@ -860,7 +845,7 @@ void *ote__shm_src_main(void *arg) {
 out_done:
     held_end(s);
     ote__shm_src_accts_end(s);
-    if (s->ring != NULL) munmap(s->ring, s->ring_len);
+    if (s->ring != NULL) munmap(s->ring, s->ring_map);
     s->ring = NULL;
     ote_free(s->msgs);
     s->msgs = NULL;

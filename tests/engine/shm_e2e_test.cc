@@ -430,6 +430,52 @@ TEST_P(ShmCancelTest, CancelOfABatchStillQueuedBehindAnotherReturns) {
     RoundTrip((1u << 20) + 7, 100, 1, 13);
 }
 
+// A source that does not wait for staging marks (as one of protocol 3 before them): the
+// requester stages every ring piece before it sends its message. Ring pieces are the
+// small ones in cross-memory-attach mode, all of them in ring mode.
+ote_test::TargetSession NoMarksSession(const char *mode) {
+    ote_test::TargetSession s = ModeSession(mode);
+    s.target_env = {"OTE_TEST_SHM_NO_MARKS=1"};
+    return s;
+}
+
+// All of reqs in one batch, waited for up to wait_ns: ote_batch_wait's status.
+ote_status_t RunBatch(ote_engine_t *e, const std::vector<ote_request_t> &reqs, uint64_t wait_ns) {
+    ote_batch_t *b = nullptr;
+    ote_status_t st = ote_batch_create(e, reqs.size(), &b);
+    if (st != OTE_OK) return st;
+    st = ote_batch_submit(b, reqs.data(), reqs.size());
+    if (st == OTE_OK) st = ote_batch_wait(b, wait_ns);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    return st;
+}
+
+class ShmNoMarksTest : public ote_test::TargetE2eTest,
+                       public ::testing::WithParamInterface<const char *> {
+  protected:
+    ShmNoMarksTest() : TargetE2eTest(NoMarksSession(GetParam())) {}
+};
+
+TEST_P(ShmNoMarksTest, EveryByteArrivesStagedBeforeTheMessage) {
+    EXPECT_EQ(TransportOf(seg_), "shm");
+    RoundTrip(1, 7, 3, 21);
+    RoundTrip(4096, 0, 0, 22);
+    RoundTrip(123457, 4099, 5, 23);
+    RoundTrip((3u << 20) + 13, 1, 1, 24);
+    // A batch of small pieces in one message, each staged before it left.
+    std::vector<uint8_t> src(64 * 4096), dst(src.size(), 0);
+    ote_pattern_fill(src.data(), src.size(), 25, 0);
+    std::vector<ote_request_t> w, r;
+    for (size_t i = 0; i < 64; i++) {
+        w.push_back({OTE_WRITE, src.data() + i * 4096, seg_, target_.rw + i * 8192, 4096});
+        r.push_back({OTE_READ, dst.data() + i * 4096, seg_, target_.rw + i * 8192, 4096});
+    }
+    EXPECT_EQ(RunBatch(engine_, w, 30 * kSec), OTE_OK);
+    EXPECT_EQ(RunBatch(engine_, r, 30 * kSec), OTE_OK);
+    EXPECT_EQ(src, dst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ShmNoMarksTest, ::testing::Values("auto", "ring"));
 INSTANTIATE_TEST_SUITE_P(Modes, ShmCancelTest, ::testing::Values("auto", "ring"));
 INSTANTIATE_TEST_SUITE_P(Modes, ShmE2eTest, ::testing::Values("auto", "ring"));
 INSTANTIATE_TEST_SUITE_P(Modes, ShmDeadlineTest, ::testing::Values("auto", "ring"));

@@ -33,6 +33,11 @@ enum { TW_IPC_OFFER = 6, TW_IPC_CLOSE = 7 };
 #define TW_REQ_IPC 2u
 #define TW_REQ_LOCAL_DEV 4u
 #define TW_OP_IPC_DONE 13
+/* Staging marks (TW_CAP_MARKS in the HELLO's h.pad, TW_ACK_MARKS in the ack's flags): the
+ * control page of TW_RING_CTL bytes after the ring holds the mark (a uint64_t). */
+#define TW_CAP_MARKS 2u
+#define TW_ACK_MARKS 4u
+#define TW_RING_CTL 4096u
 enum { TW_MODE_CMA = 1, TW_MODE_RING = 2 };
 
 typedef struct {

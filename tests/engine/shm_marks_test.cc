@@ -1,0 +1,175 @@
+// Staging marks of the same-host transport's ring (engine/shm/shm_internal.h, "Staging
+// marks"), at the source, played by a raw local process (tests/engine/shm_raw_fixture.h):
+// the requester sends a REQS message before it stages the message's WRITE bytes into the
+// ring, and the source copies a ring piece only once the mark in the ring's control page
+// passed the piece's id.
+//
+//   - a piece is copied only after its mark, with the bytes the ring holds then (bytes
+//     changed after the message was sent arrive; the response waits for every piece);
+//   - a READ piece never waits for a mark;
+//   - a mark that never comes: the piece answers OTE_ERR_TIMEOUT at transfer_timeout_ms
+//     having moved nothing, the connection goes on;
+//   - a requester that dies while the source waits: its connection and pin end with it,
+//     long before transfer_timeout_ms;
+//   - no marks unless asked for and the memfd holds the control page.
+// The engine's own requester with and without marks: shm_e2e_test (ShmNoMarksTest, and
+// every other case, which runs with marks).
+#include <gtest/gtest.h>
+
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/engine/shm_raw_fixture.h"
+
+namespace {
+
+using namespace ote_shm_raw; // NOLINT(google-build-using-namespace): the fixture's helpers
+using ote_test::kMs;
+
+constexpr int kQuietMs = 300; // how long a response that must not come is looked for
+
+using ShmMarksTest = ShmHostileTest;
+
+TEST_F(ShmMarksTest, APieceIsCopiedOnlyOnceItsMarkPassedIt) {
+    int fd = GoodRing(true);
+    memset(ring_, 0x11, 2 * 4096);
+    tw_req_t a = Req(TW_OP_WRITE, Buf(4096), 0, 4096);
+    tw_req_t b = Req(TW_OP_WRITE, Buf(3 * 4096), 4096, 4096);
+    ASSERT_LT(a.id, b.id);
+    SendReqs(fd, {a, b});
+    // Nothing is staged yet: no answer, nothing written.
+    EXPECT_TRUE(Responses(fd, {a, b}, kQuietMs).empty());
+    EXPECT_TRUE(BufIntact());
+    // Staged now, after the message: these bytes are the ones that arrive.
+    memset(ring_, 0x22, 4096);
+    mark()->store(a.id + 1, std::memory_order_release);
+    EXPECT_TRUE(Responses(fd, {a, b}, kQuietMs).empty()) << "answered before b was staged";
+    memset(ring_ + 4096, 0x33, 4096);
+    mark()->store(b.id + 1, std::memory_order_release);
+    std::vector<int32_t> st = Responses(fd, {a, b});
+    ASSERT_EQ(st.size(), 2u);
+    EXPECT_EQ(st[0], OTE_OK);
+    EXPECT_EQ(st[1], OTE_OK);
+    for (size_t i = 0; i < 4096; i++) {
+        ASSERT_EQ(buf_[4096 + i], 0x22) << i;
+        ASSERT_EQ(buf_[3 * 4096 + i], 0x33) << i;
+    }
+    EXPECT_FALSE(Pinned());
+}
+
+TEST_F(ShmMarksTest, AReadNeverWaitsForAMark) {
+    int fd = GoodRing(true);
+    mark()->store(0);
+    EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(100), 8192, 4096)), OTE_OK);
+    EXPECT_EQ(memcmp(ring_ + 8192, buf_.data() + 100, 4096), 0);
+    EXPECT_TRUE(BufIntact());
+}
+
+class ShmMarksTimeoutTest : public ShmHostileTest {
+  protected:
+    ShmMarksTimeoutTest() { transfer_timeout_ms_ = "1500"; }
+};
+
+TEST_F(ShmMarksTimeoutTest, AMarkThatNeverComesTimesOutHavingMovedNothing) {
+    int fd = GoodRing(true);
+    memset(ring_, 0x44, 4096);
+    tw_req_t q = Req(TW_OP_WRITE, Buf(), 0, 4096);
+    SendReqs(fd, {q});
+    std::vector<int32_t> st = Responses(fd, {q});
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0], OTE_ERR_TIMEOUT);
+    EXPECT_TRUE(BufIntact());
+    EXPECT_TRUE(LogContains("did not stage piece"));
+    // The connection goes on: a piece staged and marked before it is sent is copied.
+    tw_req_t r = Req(TW_OP_WRITE, Buf(8192), 4096, 16);
+    memset(ring_ + 4096, 0x55, 16);
+    mark()->store(r.id + 1, std::memory_order_release);
+    EXPECT_EQ(One(fd, r), OTE_OK);
+    for (size_t i = 0; i < 16; i++) EXPECT_EQ(buf_[8192 + i], 0x55);
+}
+
+// The source waits for a mark while the requester lives: the requester's death (its
+// socket's hangup) ends the wait and the connection, with the piece's pin, well before
+// the 60 s transfer_timeout_ms would have. With one connection allowed at a time, a new
+// requester is served only once that connection has ended.
+TEST_F(ShmMarksTest, ARequesterThatDiesWhileTheSourceWaitsEndsItsConnection) {
+    ote_engine_t *e = ote_test::NewEngine({{"transports", "shm,tcp"},
+                                           {"tcp_max_accepted", "1"},
+                                           {"transfer_timeout_ms", "60000"}});
+    ASSERT_NE(e, nullptr);
+    std::vector<uint8_t> mem(8192, 0x5a);
+    ASSERT_EQ(ote_memory_register(e, mem.data(), mem.size(), OTE_PERM_WRITE), OTE_OK);
+    std::string sock = ShmSocketOf(e);
+    int fd = Connect(sock);
+    ring_map_ = TW_RING_BYTES + TW_RING_CTL;
+    ring_fd_ = MakeRing(ring_map_, true);
+    ASSERT_GE(ring_fd_, 0);
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    h.h.pad |= TW_CAP_MARKS;
+    tw_hello_ack_t a;
+    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring_fd_}, &a));
+    ASSERT_EQ(a.status, OTE_OK) << a.text;
+    ASSERT_NE(a.flags & TW_ACK_MARKS, 0u);
+    uint64_t base = reinterpret_cast<uintptr_t>(mem.data());
+    SendReqs(fd, {Req(TW_OP_WRITE, base, 0, 4096, 7, base, 4096)});
+    // The source took the message (the socket's send queue is empty), then waits.
+    ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
+    int queued = 1;
+    while (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0 && !ote_deadline_expired(dl))
+        usleep(1000);
+    ASSERT_EQ(queued, 0) << "the source never read the request";
+    shutdown(fd, SHUT_RDWR); // what the requester's death does to its end
+    tw_hello_t h2 = Hello(TW_RING_BYTES);
+    auto served = [&] {
+        int c = Connect(sock);
+        tw_hello_ack_t a2;
+        return SendWithFds(c, &h2, sizeof(h2), {ring_fd_}) &&
+               RecvMsg(c, &a2, sizeof(a2)) == static_cast<ssize_t>(sizeof(a2)) &&
+               a2.status == OTE_OK;
+    };
+    dl = ote_deadline_after(kWaitMs * kMs);
+    bool again = false;
+    while (!again && !ote_deadline_expired(dl)) again = served();
+    EXPECT_TRUE(again) << "the waiting connection outlived its requester";
+    EXPECT_EQ(ote_memory_unregister(e, mem.data()), OTE_OK) << "its pin outlived it";
+    for (uint8_t v : mem) ASSERT_EQ(v, 0x5a);
+    CloseRaw();
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// Marks only when asked for and the memfd holds the control page; otherwise the source
+// copies a ring piece as soon as it reads it (the requester staged it before sending).
+TEST_F(ShmMarksTest, NoControlPageNoMarks) {
+    int fd = Connect();
+    ring_fd_ = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring_fd_, 0);
+    void *m = mmap(nullptr, TW_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd_, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    ring_ = static_cast<uint8_t *>(m);
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    h.h.pad |= TW_CAP_MARKS;
+    tw_hello_ack_t a;
+    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring_fd_}, &a));
+    ASSERT_EQ(a.status, OTE_OK) << a.text;
+    EXPECT_EQ(a.flags & TW_ACK_MARKS, 0u);
+    memset(ring_, 0x66, 64);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(), 0, 64)), OTE_OK);
+    for (size_t i = 0; i < 64; i++) EXPECT_EQ(buf_[i], 0x66);
+}
+
+TEST_F(ShmMarksTest, WithoutTheCapabilityTheRingIsReadAtOnce) {
+    int fd = GoodRing(false); // expects no SHM_ACK_MARKS
+    memset(ring_, 0x77, 64);
+    EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(), 0, 64)), OTE_OK);
+    for (size_t i = 0; i < 64; i++) EXPECT_EQ(buf_[i], 0x77);
+}
+
+} // namespace
