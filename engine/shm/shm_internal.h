@@ -17,6 +17,8 @@
  *                    (credentials, cross-memory-attach probe) and every request checked
  *                    against the engine's registrations before any byte moves
  *   shm_pins.c       source side: one account and one pin per request of a connection
+ *   shm_ring.c       the shared ring: the requester's memfd, the source's mapping of it,
+ *                    and the source's wait for a staging mark (see "Staging marks")
  *
  * Reaching the peer. Every engine with shm in its list listens on an abstract UNIX
  * SOCK_SEQPACKET socket whose name it advertises ("shm=<name>") in its HELLO_ACK info. A
@@ -62,7 +64,10 @@
  * checked). Slices are at most SHM_RING_SLICE; each one in flight owns a piece of the
  * ring, allocated in order and freed in order by its response, so the requester stages
  * WRITE data (and copies READ data out) for one slice while the source copies another:
- * both processes copy at once.
+ * both processes copy at once. With staging marks (below) the requester sends a message
+ * before it stages its pieces, and the source copies each piece once it is staged. An
+ * empty ring starts again at 0 for a READ piece only: WRITE pieces go on around it, so the
+ * requester does not stage into lines the source has just read (A/B in shm_requester.c).
  *
  * Requests. A requester connection carries REQS messages (up to SHM_BATCH_MAX requests
  * each, so a batch of small requests costs one message per 64) and receives RESPS in the
@@ -163,8 +168,8 @@
  * about 1.5x in message rate (4 KiB x64, batch after batch, READ and WRITE, same runs
  * interleaved: 1.0-1.5M against 0.7-0.9M msg/s): the requester's next REQS, which comes
  * after its own completion, staging and submit, then finds the source awake; at low load
- * 100 us beat 40 us by about 1.13x more for WRITE (whose requester stages 256 KiB before
- * it sends: 0.83-1.05M against 0.62-0.93M msg/s, four interleaved repetitions) and
+ * 100 us beat 40 us by about 1.13x more for WRITE (whose requester then staged 256 KiB
+ * before it sent: 0.83-1.05M against 0.62-0.93M msg/s, four interleaved repetitions) and
  * 200 us by a little more still; 100 us bounds what an idle connection's thread burns
  * after each answer. The receive thread's 20 us beat 5 us. */
 #define SHM_SPIN_NS (20u * 1000u)
