@@ -231,7 +231,8 @@ enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
  * of the next, where it used to start only after the whole message was staged (4 KiB x64
  * WRITE: 256 KiB staged before the message left). A mark that does not come is waited
  * for while the requester lives and at most transfer_timeout_ms (the piece then answers
- * OTE_ERR_TIMEOUT having moved nothing). Without the capability on both sides the
+ * OTE_ERR_TIMEOUT having moved nothing, and so does every later piece at once until the
+ * mark moves again: a frozen requester costs one deadline, not one per piece). Without the capability on both sides the
  * requester stages before it sends, as protocol 3 always did. The mark is the
  * requester's to write: a wrong one only lets the source read the requester's own ring
  * early, into memory the piece was allowed to write. */
@@ -395,6 +396,7 @@ struct shm_src {
     size_t ring_len;             /* the ring's bytes (pieces lie in [0, ring_len)) */
     size_t ring_map;             /* bytes mapped (ring_len, plus SHM_RING_CTL with marks) */
     _Atomic uint64_t *marks;     /* the requester's staging mark (SHM_ACK_MARKS), or NULL */
+    _Atomic uint64_t stalled;    /* 1 + the mark a wait timed out at (0: none, shm_ring.c) */
     pthread_t thr;
     _Atomic int done;  /* its thread has returned */
     shm_acct_t *accts; /* open requests (uthash by uid); its thread's only */

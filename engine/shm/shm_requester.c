@@ -657,8 +657,11 @@ ote_status_t ote__shm_peer_open_info(ote__transport_t *t, const char *peer, cons
     st = peer_start(p);
     if (st != OTE_OK) goto err_emu;
     /* From here the engine owns the peer: peer_close frees it (and its ring). */
-    OTE_INFO("shm", "peer %s: source pid %d, %s", peer, (int)p->src_pid,
-             p->mode == SHM_MODE_RING ? "shared ring" : "cross-memory attach");
+    OTE_INFO("shm", "peer %s: source pid %d, %s, %s", peer, (int)p->src_pid,
+             p->mode == SHM_MODE_RING ? "shared ring" : "cross-memory attach",
+             p->ring == NULL    ? "no ring"
+             : p->marks != NULL ? "staging marks"
+                                : "ring staged before sending (no staging marks)");
     *peer_out = (ote__tpeer_t *)p;
     return OTE_OK;
 

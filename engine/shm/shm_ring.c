@@ -100,6 +100,11 @@ static int src_over(shm_src_t *s) {
 
 ote_status_t ote__shm_ring_ready(shm_src_t *s, uint64_t id) {
     if (s->marks == NULL || mark_passed(s, id)) return OTE_OK;
+    /* A wait already timed out at this mark and it has not moved since: the requester is
+     * frozen or broken, and each of its pieces waiting a deadline of its own would hold
+     * the connection (and its pins) for as many deadlines. */
+    uint64_t at = atomic_load_explicit(s->marks, memory_order_relaxed);
+    if (atomic_load(&s->stalled) == at + 1) return OTE_ERR_TIMEOUT;
     uint64_t t0 = ote_now_ns();
     ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     for (;;) {
@@ -111,9 +116,10 @@ ote_status_t ote__shm_ring_ready(shm_src_t *s, uint64_t id) {
         }
         if (src_over(s)) return OTE_ERR_PEER_LOST;
         if (ote_deadline_expired(dl)) {
+            atomic_store(&s->stalled, atomic_load_explicit(s->marks, memory_order_relaxed) + 1);
             OTE_WARN_LIMITED("shm",
                              "requester pid %d (%s) did not stage piece %llu within %llu ms: "
-                             "the piece fails with TIMEOUT, nothing copied",
+                             "its pieces fail with TIMEOUT until it does, nothing copied",
                              (int)s->pid, s->from, (unsigned long long)id,
                              (unsigned long long)s->tp->cfg.transfer_timeout_ms);
             return OTE_ERR_TIMEOUT;

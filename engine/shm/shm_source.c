@@ -307,6 +307,8 @@ static ote_status_t copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine, 
 static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
     uint8_t msg[OTE_CTL_MAX_NOTIFY];
     if (q->len > sizeof(msg)) return OTE_ERR_TOO_BIG;
+    if (q->len == 0) /* never in the ring, in either mode: nothing to read */
+        return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, 0);
     if (in_ring(s, q)) {
         if (s->ring == NULL || q->local > s->ring_len || q->len > s->ring_len - q->local)
             return OTE_ERR_INVALID;
@@ -316,7 +318,7 @@ static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
         return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
     }
     struct iovec l = {msg, q->len}, r = {(void *)(uintptr_t)q->local, q->len};
-    if (q->len > 0 && process_vm_readv(s->pid, &l, 1, &r, 1, 0) != (ssize_t)q->len)
+    if (process_vm_readv(s->pid, &l, 1, &r, 1, 0) != (ssize_t)q->len)
         return OTE_ERR_INVALID;
     return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
 }
@@ -358,6 +360,11 @@ static int src_is_device(shm_src_t *s, void *pin) {
  * the connection thread, one piece at a time, never by the copy helpers. */
 static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin) {
     const ote__host_t *h = &s->tp->host;
+    /* A WRITE's bytes staged first: no bounce buffer is held while the requester stages. */
+    if (q->op == OTE__SLICE_WRITE && in_ring(s, q)) {
+        ote_status_t ready = ote__shm_ring_ready(s, q->id);
+        if (ready != OTE_OK) return ready;
+    }
     ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     uint8_t *buf = NULL;
     void *tok = NULL;

@@ -282,6 +282,9 @@ TEST_F(E2eTest, NotificationArrivesAfterItsData) {
     ASSERT_TRUE(target_.Send("recv 30000 0 0"));
     ASSERT_EQ(ote_notify_send(engine_, seg_, "hi", 2), OTE_OK);
     EXPECT_EQ(target_.Reply().rfind("NOTE 2 hi ", 0), 0u);
+    ASSERT_TRUE(target_.Send("recv 30000 0 0")); // an empty one (never in the shm ring)
+    ASSERT_EQ(ote_notify_send(engine_, seg_, "", 0), OTE_OK);
+    EXPECT_EQ(target_.Reply().rfind("NOTE 0 ", 0), 0u);
     ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
     ASSERT_EQ(ote_batch_notify(b, seg_, "never", 5), OTE_OK);
     ote_request_t bad = {OTE_WRITE, src.data(), seg_, target_.ro, 10};

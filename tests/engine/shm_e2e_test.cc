@@ -42,7 +42,8 @@ std::string TransportOf(ote_segment_t *seg) {
 // this host allows) and shm_mode=ring (the shared memfd ring, forced).
 ote_test::TargetSession ModeSession(const char *mode, const char *timeout_ms = nullptr) {
     ote_test::TargetSession s;
-    s.config = {{"shm_mode", mode}};
+    // INFO: the requester's line on each connection names its data path.
+    s.config = {{"shm_mode", mode}, {"log_level", "info"}};
     if (timeout_ms != nullptr) s.config.push_back({"transfer_timeout_ms", timeout_ms});
     return s;
 }
@@ -55,6 +56,7 @@ class ShmE2eTest : public ote_test::TargetE2eTest,
 
 TEST_P(ShmE2eTest, SameHostPeerGetsShmAndEveryByteArrives) {
     EXPECT_EQ(TransportOf(seg_), "shm");
+    EXPECT_TRUE(LogContains(", staging marks")); // both ends speak them
     ote_segment_info_t info;
     EXPECT_EQ(ote_segment_info(nullptr, &info), OTE_ERR_INVALID);
     EXPECT_EQ(ote_segment_info(seg_, nullptr), OTE_ERR_INVALID);
@@ -458,6 +460,7 @@ class ShmNoMarksTest : public ote_test::TargetE2eTest,
 
 TEST_P(ShmNoMarksTest, EveryByteArrivesStagedBeforeTheMessage) {
     EXPECT_EQ(TransportOf(seg_), "shm");
+    EXPECT_TRUE(LogContains("ring staged before sending (no staging marks)"));
     RoundTrip(1, 7, 3, 21);
     RoundTrip(4096, 0, 0, 22);
     RoundTrip(123457, 4099, 5, 23);
