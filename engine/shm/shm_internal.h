@@ -268,7 +268,7 @@ typedef struct {
 /* Cross-memory-attach mode: the source mapped the ring too, so small pieces may travel
  * through it (SHM_REQ_RING). */
 #define SHM_ACK_RING 1u
-#define SHM_ACK_IPC 2u /* the source offers CUDA IPC on this connection */
+#define SHM_ACK_IPC 2u   /* the source offers CUDA IPC on this connection */
 #define SHM_ACK_MARKS 4u /* the source waits for staging marks (SHM_CAP_MARKS) */
 
 typedef struct {
@@ -391,12 +391,12 @@ struct shm_src {
     int fd;
     pid_t pid;
     uid_t uid;
-    int mode;      /* SHM_MODE_* chosen at the handshake */
-    uint8_t *ring; /* ring mode: the requester's memfd, mapped */
-    size_t ring_len;             /* the ring's bytes (pieces lie in [0, ring_len)) */
-    size_t ring_map;             /* bytes mapped (ring_len, plus SHM_RING_CTL with marks) */
-    _Atomic uint64_t *marks;     /* the requester's staging mark (SHM_ACK_MARKS), or NULL */
-    _Atomic uint64_t stalled;    /* 1 + the mark a wait timed out at (0: none, shm_ring.c) */
+    int mode;                 /* SHM_MODE_* chosen at the handshake */
+    uint8_t *ring;            /* ring mode: the requester's memfd, mapped */
+    size_t ring_len;          /* the ring's bytes (pieces lie in [0, ring_len)) */
+    size_t ring_map;          /* bytes mapped (ring_len, plus SHM_RING_CTL with marks) */
+    _Atomic uint64_t *marks;  /* the requester's staging mark (SHM_ACK_MARKS), or NULL */
+    _Atomic uint64_t stalled; /* 1 + the mark a wait timed out at (0: none, shm_ring.c) */
     pthread_t thr;
     _Atomic int done;  /* its thread has returned */
     shm_acct_t *accts; /* open requests (uthash by uid); its thread's only */

@@ -233,7 +233,8 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
         a.mode = SHM_MODE_RING;
     }
     if (a.status == OTE_OK && a.mode == SHM_MODE_RING) {
-        if (ote__shm_ring_map(s, &h, rfd, a.text, sizeof(a.text)) != 0) a.status = OTE_ERR_UNSUPPORTED;
+        if (ote__shm_ring_map(s, &h, rfd, a.text, sizeof(a.text)) != 0)
+            a.status = OTE_ERR_UNSUPPORTED;
         else OTE_INFO("shm", "requester pid %d (%s): shared ring (%s)", (int)s->pid, s->from, why);
     } else if (a.status == OTE_OK && rfd >= 0) {
         /* Cross-memory attach, and the ring for small pieces when it is usable. */
@@ -318,8 +319,7 @@ static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
         return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
     }
     struct iovec l = {msg, q->len}, r = {(void *)(uintptr_t)q->local, q->len};
-    if (process_vm_readv(s->pid, &l, 1, &r, 1, 0) != (ssize_t)q->len)
-        return OTE_ERR_INVALID;
+    if (process_vm_readv(s->pid, &l, 1, &r, 1, 0) != (ssize_t)q->len) return OTE_ERR_INVALID;
     return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
 }
 
@@ -393,9 +393,9 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         const shm_req_t *p = &q[u->i];
         if (ote__shm_src_canceled(m->pin[u->i])) set_st(m, u->i, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[u->i]) != OTE_OK) return; /* stopped or failed: no more of it */
-        set_st(m, u->i,
-               copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off, p->local + u->off,
-                          u->len));
+        set_st(
+            m, u->i,
+            copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off, p->local + u->off, u->len));
         return;
     }
     uint32_t n = u->j - u->i;
@@ -422,8 +422,7 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) == OTE_OK)
             set_st(m, k,
-                   copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local,
-                              q[k].len));
+                   copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local, q[k].len));
     }
 }
 

@@ -108,9 +108,8 @@ TEST_F(ShmMarksTimeoutTest, AMarkThatNeverComesTimesOutHavingMovedNothing) {
 // the 60 s transfer_timeout_ms would have. With one connection allowed at a time, a new
 // requester is served only once that connection has ended.
 TEST_F(ShmMarksTest, ARequesterThatDiesWhileTheSourceWaitsEndsItsConnection) {
-    ote_engine_t *e = ote_test::NewEngine({{"transports", "shm,tcp"},
-                                           {"tcp_max_accepted", "1"},
-                                           {"transfer_timeout_ms", "60000"}});
+    ote_engine_t *e = ote_test::NewEngine(
+        {{"transports", "shm,tcp"}, {"tcp_max_accepted", "1"}, {"transfer_timeout_ms", "60000"}});
     ASSERT_NE(e, nullptr);
     std::vector<uint8_t> mem(8192, 0x5a);
     ASSERT_EQ(ote_memory_register(e, mem.data(), mem.size(), OTE_PERM_WRITE), OTE_OK);

@@ -120,7 +120,7 @@ inline tw_hello_t Hello(uint64_t ring_len, uint64_t probe_addr = 0, uint64_t pro
 }
 
 inline tw_req_t Req(uint16_t op, uint64_t remote, uint64_t local, uint32_t len, uint64_t uid = 0,
-             uint64_t req_remote = 0, uint64_t req_len = 0) {
+                    uint64_t req_remote = 0, uint64_t req_len = 0) {
     static uint64_t next_id = 1;
     tw_req_t q;
     memset(&q, 0, sizeof(q));
