@@ -580,6 +580,10 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_NE(ts.state, OTE_TRANSFER_COMPLETED);
     EXPECT_EQ(SrcCopies(), 1u);
+    // The staged READ's bounce goes back when the source hears that the requester is done
+    // with it, which can come after the READ completed here: only the held WRITE's stays.
+    dl = ote_cuda_test::LongDeadline();
+    while (Grants(src_).src_stages > 1 && !ote_deadline_expired(dl)) usleep(1000);
     EXPECT_EQ(Grants(src_).src_stages, 1u);
     ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
@@ -590,6 +594,8 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     EXPECT_EQ(DevHash(rdev_, 3), PatternHash(92, 0, 3));
     EXPECT_EQ(DevHash(rdev_ + kChunk - 2, 2), PatternHash(92, kChunk - 2, 2));
     WaitCopies(this, 0);
+    dl = ote_cuda_test::LongDeadline();
+    while (Grants(src_).src_stages != 0 && !ote_deadline_expired(dl)) usleep(1000);
     EXPECT_EQ(Grants(src_).src_stages, 0u);
     EXPECT_EQ(ote_memory_unregister(src_, shost.data()), OTE_OK);
 }
