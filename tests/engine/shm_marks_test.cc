@@ -18,7 +18,6 @@
 
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -114,16 +113,8 @@ TEST_F(ShmMarksTest, ARequesterThatDiesWhileTheSourceWaitsEndsItsConnection) {
     std::vector<uint8_t> mem(8192, 0x5a);
     ASSERT_EQ(ote_memory_register(e, mem.data(), mem.size(), OTE_PERM_WRITE), OTE_OK);
     std::string sock = ShmSocketOf(e);
-    int fd = Connect(sock);
-    ring_map_ = TW_RING_BYTES + TW_RING_CTL;
-    ring_fd_ = MakeRing(ring_map_, true);
-    ASSERT_GE(ring_fd_, 0);
-    tw_hello_t h = Hello(TW_RING_BYTES);
-    h.h.pad |= TW_CAP_MARKS;
-    tw_hello_ack_t a;
-    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring_fd_}, &a));
-    ASSERT_EQ(a.status, OTE_OK) << a.text;
-    ASSERT_NE(a.flags & TW_ACK_MARKS, 0u);
+    int fd = GoodRing(true, true, sock);
+    ASSERT_FALSE(HasFailure());
     uint64_t base = reinterpret_cast<uintptr_t>(mem.data());
     SendReqs(fd, {Req(TW_OP_WRITE, base, 0, 4096, 7, base, 4096)});
     // The source took the message (the socket's send queue is empty), then waits.
@@ -157,18 +148,8 @@ TEST_F(ShmMarksTest, ARequesterThatDiesWhileTheSourceWaitsEndsItsConnection) {
 // Marks only when asked for and the memfd holds the control page; otherwise the source
 // copies a ring piece as soon as it reads it (the requester staged it before sending).
 TEST_F(ShmMarksTest, NoControlPageNoMarks) {
-    int fd = Connect();
-    ring_fd_ = MakeRing(TW_RING_BYTES, true);
-    ASSERT_GE(ring_fd_, 0);
-    void *m = mmap(nullptr, TW_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd_, 0);
-    ASSERT_NE(m, MAP_FAILED);
-    ring_ = static_cast<uint8_t *>(m);
-    tw_hello_t h = Hello(TW_RING_BYTES);
-    h.h.pad |= TW_CAP_MARKS;
-    tw_hello_ack_t a;
-    ASSERT_TRUE(Handshake(fd, &h, sizeof(h), {ring_fd_}, &a));
-    ASSERT_EQ(a.status, OTE_OK) << a.text;
-    EXPECT_EQ(a.flags & TW_ACK_MARKS, 0u);
+    int fd = GoodRing(true, false); // asks for marks, no control page: none granted
+    ASSERT_FALSE(HasFailure());
     memset(ring_, 0x66, 64);
     EXPECT_EQ(One(fd, Req(TW_OP_WRITE, Buf(), 0, 64)), OTE_OK);
     for (size_t i = 0; i < 64; i++) EXPECT_EQ(buf_[i], 0x66);

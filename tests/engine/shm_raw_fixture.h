@@ -231,12 +231,13 @@ class ShmHostileTest : public ote_test::OteTest {
         EXPECT_TRUE(ote_test::ClosedByPeer(fd));
     }
 
-    // A served connection in ring mode (probe_addr 0, a sealed memfd ring mapped here).
-    // With marks, the HELLO asks for staging marks and the memfd holds the control page:
-    // mark() is then the staging mark the source waits for.
-    int GoodRing(bool marks = false) {
-        int fd = Connect();
-        ring_map_ = TW_RING_BYTES + (marks ? TW_RING_CTL : 0);
+    // A served connection in ring mode (probe_addr 0, a sealed memfd ring mapped here),
+    // to the target's socket or to sock. With marks, the HELLO asks for staging marks and
+    // (with ctl_page) the memfd holds the control page: mark() is then the staging mark
+    // the source waits for; without the page the source must answer without marks.
+    int GoodRing(bool marks = false, bool ctl_page = true, const std::string &sock = "") {
+        int fd = Connect(sock);
+        ring_map_ = TW_RING_BYTES + (marks && ctl_page ? TW_RING_CTL : 0);
         ring_fd_ = MakeRing(ring_map_, true);
         EXPECT_GE(ring_fd_, 0);
         void *m = mmap(nullptr, ring_map_, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd_, 0);
@@ -248,7 +249,7 @@ class ShmHostileTest : public ote_test::OteTest {
         EXPECT_TRUE(Handshake(fd, &h, sizeof(h), {ring_fd_}, &a));
         EXPECT_EQ(a.status, OTE_OK) << a.text;
         EXPECT_EQ(a.mode, static_cast<uint32_t>(TW_MODE_RING));
-        EXPECT_EQ((a.flags & TW_ACK_MARKS) != 0, marks);
+        EXPECT_EQ((a.flags & TW_ACK_MARKS) != 0, marks && ctl_page);
         return fd;
     }
 
