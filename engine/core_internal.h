@@ -110,6 +110,12 @@ typedef struct ote__nout {
 
 #define OTE__MAX_TRANSPORTS 3
 
+/* One shared allocation (shared_mem.c). */
+typedef struct {
+    uint64_t base, size, id;
+    int fd;
+} ote__shared_t;
+
 struct ote_engine {
     ote__cfg_t cfg;
     ote__transport_t *tp;    /* tps[0]: answers the INFO handshakes on the listener */
@@ -146,6 +152,12 @@ struct ote_engine {
     int retained; /* a failed creation's rollback retained a transport: e is not freed */
     _Atomic uint64_t next_uid; /* request ids (slice req_uid): the source's per-request account */
     uint64_t epoch;            /* host->epoch: this instance's random identity (engine.c) */
+
+    ote_mutex_t smu; /* shared allocations (shared_mem.c); a leaf lock */
+    ote__shared_t *shared;
+    size_t nshared, capshared;
+    _Atomic size_t nshared_hint; /* nshared, read without smu */
+    uint64_t shared_next;        /* the next allocation's id (never 0) */
 };
 
 struct ote_segment {
@@ -219,6 +231,16 @@ ote_status_t ote__router_mem_register_dmabuf(ote_engine_t *e, void *addr, size_t
 /* A device registration with OTE_PERM_IPC is gone: each transport's ipc_revoke (close
  * receipts to the peers that imported its allocation). No engine lock held. */
 void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len);
+/* The shared allocation id was freed: every transport forgets it (ops->shared_free). */
+void ote__router_shared_free(ote_engine_t *e, uint64_t id);
+
+/* shared_mem.c: the table of shared allocations (created before the transports,
+ * finished after them) and host->shared_find. */
+ote_status_t ote__shared_init(ote_engine_t *e);
+void ote__shared_fini(ote_engine_t *e);
+ote_status_t ote__shared_find(void *arg, uint64_t addr, uint64_t len, ote__shared_ref_t *out);
+/* Whether [start, +len) overlaps a live registration; reg_lk held (registry.c). */
+int ote__reg_overlaps(const ote_engine_t *e, uint64_t start, uint64_t len);
 
 /* Whether name is in e->cfg.transports (the transports the listener hands connections to). */
 int ote__router_serves(const ote_engine_t *e, const char *name);

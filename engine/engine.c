@@ -94,10 +94,12 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     if (st != OTE_OK) goto err_ncv;
     st = ote_cond_init(&e->ocv);
     if (st != OTE_OK) goto err_omu;
+    st = ote__shared_init(e);
+    if (st != OTE_OK) goto err_ocv;
     /* Every transport of the list (router.c); rdma fails, naming what is missing, when no
      * device is usable (never a fallback). */
     st = ote__gpu_create(&e->cfg, &e->gpu);
-    if (st != OTE_OK) goto err_ocv;
+    if (st != OTE_OK) goto err_shared;
     st = ote__router_create(e);
     if (st != OTE_OK && e->retained) {
         /* A transport's rollback left native owners or a thread behind, which may still
@@ -114,6 +116,8 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
 
 err_gpu:
     ote__gpu_destroy(e->gpu);
+err_shared:
+    ote__shared_fini(e);
 err_ocv:
     ote_cond_destroy(&e->ocv);
 err_omu:
@@ -161,6 +165,7 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
     /* After the transports: their bounce buffers are back and the RDMA source's MRs
      * over the pool's chunks deregistered. */
     ote__gpu_destroy(e->gpu);
+    ote__shared_fini(e); /* after the transports: no peer sends its fd any more */
     for (size_t i = 0; i < e->nregs; i++) ote_free(e->regs[i]);
     ote_free(e->regs);
     while (e->nhead) {

@@ -228,6 +228,10 @@ static int overlaps(const ote_engine_t *e, uint64_t start, uint64_t len) {
            ((size_t)(i + 1) < e->nregs && e->regs[i + 1]->start < start + len);
 }
 
+int ote__reg_overlaps(const ote_engine_t *e, uint64_t start, uint64_t len) {
+    return overlaps(e, start, len);
+}
+
 ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
     return ote_memory_register_named(e, addr, len, perms, NULL);
 }

@@ -146,6 +146,7 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .ipc_copy_settle = ote__reg_ipc_copy_settle,
                         .ipc_revoked = ote__reg_ipc_revoked,
                         .ipc_exporter_dead = ote__reg_ipc_exporter_dead,
+                        .shared_find = ote__shared_find,
                         .epoch = e->epoch};
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
      * an shm-only engine creates tcp for it, outside its list), then the others in
@@ -251,6 +252,11 @@ ote_status_t ote__router_mem_register_dmabuf(ote_engine_t *e, void *addr, size_t
         return st;
     }
     return done > 0 ? OTE_OK : OTE_ERR_UNSUPPORTED;
+}
+
+void ote__router_shared_free(ote_engine_t *e, uint64_t id) {
+    for (size_t i = 0; i < e->ntps; i++)
+        if (e->tps[i]->ops->shared_free != NULL) e->tps[i]->ops->shared_free(e->tps[i], id);
 }
 
 void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len) {

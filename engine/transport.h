@@ -106,6 +106,13 @@ struct ote__slice {
     } xp;
 };
 
+/* A shared allocation of the engine (ote_memory_alloc_shared): host->shared_find's
+ * answer; fd is the caller's own duplicate of the allocation's memfd (it closes it). */
+typedef struct {
+    uint64_t id, base, size;
+    int fd;
+} ote__shared_ref_t;
+
 /* Services of the engine that the source side of a transport uses. */
 typedef struct {
     void *arg;
@@ -202,6 +209,9 @@ typedef struct {
     ote_status_t (*ipc_copy_settle)(void *arg, void *op, int abandon);
     void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
     void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
+    /* Requester side: the shared allocation holding all of [addr, +len)
+     * (ote__shared_ref_t), or OTE_ERR_NOT_FOUND (fast when the engine has none). */
+    ote_status_t (*shared_find)(void *arg, uint64_t addr, uint64_t len, ote__shared_ref_t *out);
     /* This engine instance's epoch: 64 random bits (nonzero) drawn at ote_engine_create,
      * so that a peer tells a restarted engine at the same address from the one it knew
      * (the RDMA transport sends it in its handshake). */
@@ -288,6 +298,9 @@ typedef struct {
     /* Optional (shm): the device registration [start, +len) was unregistered: peers that
      * imported its allocation are told (close receipts). Called without engine locks. */
     void (*ipc_revoke)(ote__transport_t *tp, uint64_t start, uint64_t len);
+    /* Optional: shared allocation id (ote__shared_ref_t) is being freed; any mapping of
+     * it the transport gave a peer is to be dropped (engine/shm: an UNMAP entry). */
+    void (*shared_free)(ote__transport_t *tp, uint64_t id);
 } ote__transport_ops_t;
 
 struct ote__transport {

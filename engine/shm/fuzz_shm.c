@@ -2,7 +2,7 @@
  * engine/shm/fuzz_shm.c - libFuzzer target over the checks of the same-host transport's
  * wire messages (shm_proto.h): the HELLO, the SHM_AUTH steps of the key's
  * challenge-response, the HELLO_ACK, REQS and RESPS headers and entries, the CUDA IPC
- * offer and close receipt. The input is one SOCK_SEQPACKET message, given to every check
+ * offer and close receipt, the SHM_MAP of a shared allocation. The input is one SOCK_SEQPACKET message, given to every check
  * as the receiving side would. Built by tests/fuzz/run_fuzz.sh with
  * clang -fsanitize=fuzzer,address,undefined; not part of the transport library.
  *
@@ -29,8 +29,11 @@ static void check_reqs(const uint8_t *data, size_t size, int cnt) {
     for (int i = 0; i < cnt; i++) {
         shm_req_t q;
         memcpy(&q, data + sizeof(shm_hdr_t) + (size_t)i * sizeof(q), sizeof(q));
-        int ok0 = ote__shm_req_flags_ok(q.flags, 0), ok1 = ote__shm_req_flags_ok(q.flags, 1);
-        if (ok0) check(ok1 && (q.flags & ~SHM_REQ_RING) == 0);
+        int ok0 = ote__shm_req_flags_ok(q.flags, 0, 0), ok1 = ote__shm_req_flags_ok(q.flags, 1, 0);
+        int oks = ote__shm_req_flags_ok(q.flags, 0, 1);
+        if (ok0) check(ok1 && oks && (q.flags & ~SHM_REQ_RING) == 0);
+        if (oks) check((q.flags & ~(SHM_REQ_RING | SHM_REQ_SHARED)) == 0);
+        if (oks && (q.flags & SHM_REQ_SHARED)) check(!(q.flags & SHM_REQ_RING));
         if (ok1) check((q.flags & ~(SHM_REQ_RING | SHM_REQ_IPC | SHM_REQ_LOCAL_DEV)) == 0);
         if (ok1 && (q.flags & SHM_REQ_LOCAL_DEV))
             check((q.flags & SHM_REQ_IPC) && !(q.flags & SHM_REQ_RING));
@@ -74,6 +77,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     shm_ipc_close_t c;
     if (ote__shm_close_decode(data, size, &c) == 0)
         check(size == sizeof(c) && c.h.kind == SHM_IPC_CLOSE && c.h.version == SHM_VERSION);
+    shm_map_t mp;
+    if (ote__shm_map_decode(data, size, &mp) == 0)
+        check(size == sizeof(mp) && mp.h.kind == SHM_MAP && mp.id != 0 && mp.size != 0 &&
+              mp.size <= SHM_SHARED_BYTES && mp.base + mp.size >= mp.base &&
+              (mp.base & 4095u) == 0 && (mp.size & 4095u) == 0);
     return 0;
 }
 
@@ -160,6 +168,15 @@ int main(int argc, char **argv) {
     memset(&c, 0, sizeof(c));
     c.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_IPC_CLOSE, 0, 0};
     c.buffer_id = 9;
+    shm_map_t mp;
+    memset(&mp, 0, sizeof(mp));
+    mp.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_MAP, 0, 0};
+    mp.id = 3;
+    mp.base = 0x7f0000200000ull;
+    mp.size = 64u << 20;
+    bad |= put(d, "map", &mp, sizeof(mp));
+    mp.base += 8; /* malformed: not page aligned */
+    bad |= put(d, "map_unaligned", &mp, sizeof(mp));
     bad |= put(d, "ipc_close", &c, sizeof(c));
     return bad;
 }

@@ -140,6 +140,7 @@ static ote_status_t shm_destroy(ote__transport_t *t) {
     pthread_join(tp->accept_thr, NULL);
     close(tp->lfd);
     reap_srcs(tp, 1);
+    ote_mutex_destroy(&tp->pmu);
     ote_mutex_destroy(&tp->mu);
     ote_free(tp);
     return OTE_OK;
@@ -159,6 +160,7 @@ static const ote__transport_ops_t g_shm_ops = {
     .peer_open_info = ote__shm_peer_open_info,
     .ipc_ready = ote__shm_ipc_ready,
     .ipc_revoke = ote__shm_ipc_revoke,
+    .shared_free = ote__shm_shared_free,
 };
 
 ote_status_t ote__shm_create(const ote__cfg_t *cfg, const ote__host_t *host,
@@ -171,6 +173,8 @@ ote_status_t ote__shm_create(const ote__cfg_t *cfg, const ote__host_t *host,
     tp->host = *host;
     ote_status_t st = ote_mutex_init(&tp->mu);
     if (st != OTE_OK) goto err_free;
+    st = ote_mutex_init(&tp->pmu);
+    if (st != OTE_OK) goto err_mu0;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     snprintf(tp->sock, sizeof(tp->sock), "orbitte-shm-%d-%u-%lx", (int)getpid(),
@@ -200,6 +204,8 @@ ote_status_t ote__shm_create(const ote__cfg_t *cfg, const ote__host_t *host,
 err_fd:
     close(tp->lfd);
 err_mu:
+    ote_mutex_destroy(&tp->pmu);
+err_mu0:
     ote_mutex_destroy(&tp->mu);
 err_free:
     ote_free(tp);

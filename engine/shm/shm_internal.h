@@ -238,6 +238,31 @@ enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
  * early, into memory the piece was allowed to write. */
 #define SHM_CAP_MARKS 2u
 #define SHM_RING_CTL 4096u
+/* Shared allocations (a capability of cross-memory-attach mode: SHM_CAP_SHARED in the
+ * HELLO's h.pad, SHM_ACK_SHARED in the HELLO_ACK's flags; shm_shared.c). A request's
+ * local buffer inside one of the requester engine's shared allocations
+ * (ote_memory_alloc_shared: a memfd sealed against shrinking) is copied by the source
+ * with memcpy through its own mapping of that memfd, where a process_vm_* call would pin
+ * each 4 KiB page of the requester's buffer again every time (64 MiB on 4 KiB pages: 0.7x
+ * UCX's shared-memory put_bw, against memcpy speed). The requester sends the allocation
+ * once per connection, before the first piece that uses it: an SHM_MAP message
+ * (shm_map_t: its id, its address in the requester and its size) with its memfd
+ * (SCM_RIGHTS, exactly one fd), and flags those pieces SHM_REQ_SHARED. The source maps it
+ * (at most SHM_SHARED_MAX per connection; a regular file sealed F_SEAL_SHRINK, at least
+ * `size` bytes, else refused with a WARN and the fd closed) and copies a flagged piece
+ * lying wholly inside a mapping through it; any other piece (unflagged, or a map it
+ * refused) goes by process_vm_* as before: the flag is a hint that never widens what the
+ * piece names (the requester's own local range, which the source could already read and
+ * write by cross-memory attach; the remote range is checked and pinned as always). A map
+ * overlapping an earlier one replaces it. ote_memory_free_shared queues an SHM_OP_UNMAP
+ * entry (id: the allocation's) on every connection that was sent it; the source drops
+ * the mapping once no message it read before holds a piece on it, and every mapping
+ * when the connection ends. */
+#define SHM_CAP_SHARED 4u
+#define SHM_MAP 8
+#define SHM_OP_UNMAP 15
+#define SHM_REQ_SHARED 8u
+#define SHM_SHARED_MAX 64
 #define SHM_RING_MAP (SHM_RING_BYTES + SHM_RING_CTL) /* the requester's memfd and mapping */
 
 typedef struct {
@@ -270,6 +295,29 @@ typedef struct {
 #define SHM_ACK_RING 1u
 #define SHM_ACK_IPC 2u   /* the source offers CUDA IPC on this connection */
 #define SHM_ACK_MARKS 4u /* the source waits for staging marks (SHM_CAP_MARKS) */
+#define SHM_ACK_SHARED 8u /* the source maps shared allocations (SHM_CAP_SHARED) */
+
+typedef struct {
+    shm_hdr_t h;   /* kind SHM_MAP, n 0, pad 0; one fd travels with it */
+    uint64_t id;   /* the allocation's id in the requester's engine (nonzero) */
+    uint64_t base; /* its address in the requester (page aligned) */
+    uint64_t size; /* its bytes (a multiple of the page size, at most SHM_SHARED_BYTES) */
+} shm_map_t;
+#define SHM_SHARED_BYTES (1ull << 46)
+
+/* Source: one shared allocation the requester sent, mapped here. */
+typedef struct shm_smap {
+    struct shm_smap *next;
+    uint64_t id, base, size;
+    uint8_t *ptr;
+    uint32_t refs; /* pieces of read messages that copy through it */
+    int retired;   /* replaced or unmapped: freed once refs is 0 */
+} shm_smap_t;
+
+/* Requester: a shared allocation sent on the current connection. */
+typedef struct {
+    uint64_t id, base, size;
+} shm_pshared_t;
 
 typedef struct {
     shm_hdr_t h;
@@ -341,6 +389,8 @@ typedef struct {
     uint8_t ipc[SHM_BATCH_MAX];        /* answered by an SHM_IPC_OFFER (offer[i]) */
     ote__ipc_desc_t offer[SHM_BATCH_MAX];
     int offer_fd[SHM_BATCH_MAX]; /* a VMM offer's fd (sent with it, then closed), else -1 */
+    shm_smap_t *smap[SHM_BATCH_MAX]; /* a shared allocation the entry copies through */
+    uint8_t *sptr[SHM_BATCH_MAX];    /* its local bytes there, else NULL */
 } shm_msg_t;
 
 /* A piece whose IPC copy the requester is making: its pin, held until SHM_OP_IPC_DONE. */
@@ -382,6 +432,8 @@ typedef struct shm_tp {
     ote_mutex_t mu; /* srcs, nsrcs */
     shm_src_t *srcs;
     size_t nsrcs; /* at most cfg.tcp_max_accepted: more connections are closed at once */
+    ote_mutex_t pmu; /* peers (requester side); taken before a peer's mu */
+    struct shm_peer *peers;
 } shm_tp_t;
 
 /* One accepted requester (source side). */
@@ -410,6 +462,10 @@ struct shm_src {
     size_t nheld, held_cap;
     shm_offered_t offered[SHM_IPC_OFFERED]; /* under tp->mu */
     size_t noffered;
+    int shared;           /* shared allocations negotiated (SHM_ACK_SHARED) */
+    shm_smap_t *smaps;    /* mapped, in use; its thread's only */
+    shm_smap_t *sretired; /* replaced or unmapped, still used by a read message */
+    size_t nsmaps;
     /* Copy helpers (started on the first large message) and the job they share. */
     pthread_t helper[SHM_COPY_HELPERS];
     int nhelpers;
@@ -427,6 +483,7 @@ struct shm_src {
 /* A peer (requester side). */
 typedef struct shm_peer {
     shm_tp_t *tp;
+    struct shm_peer *pnext, *pprev; /* tp->peers, under tp->pmu */
     char addr[OTE__ADDR_MAX];
     char sock[SHM_SOCK_MAX + 1];
     ote_mutex_t ensure_mu; /* reconnect */
@@ -458,6 +515,10 @@ typedef struct shm_peer {
      * fails the peer for good (restarted). Under ensure_mu (met: set at open). */
     uint64_t met;
     int restarted;
+    /* Shared allocations (SHM_ACK_SHARED on the current connection), under mu. */
+    int shared_ok;
+    shm_pshared_t shared[SHM_SHARED_MAX]; /* sent on the current connection */
+    size_t nshared;
 } shm_peer_t;
 
 /* shm_requester.c */
@@ -476,6 +537,9 @@ typedef struct {
     ote__slice_t *h, *t;
 } shm_slist_t;
 void ote__shm_slist_add(shm_slist_t *l, ote__slice_t *s, ote_status_t st);
+void ote__shm_slist_finish(shm_slist_t *l); /* done() of each, in order; no lock held */
+/* Send pending write-offs, and queued slices while the window allows. p->mu held. */
+void ote__shm_peer_pump(shm_peer_t *p, shm_slist_t *done);
 
 /* shm_requester_ipc.c (the receive thread; p->mu held but for recv_fds). */
 ssize_t ote__shm_recv_fds(int sock, uint8_t *buf, size_t cap, int *fd_out, int *bad);
@@ -508,6 +572,23 @@ void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
 int ote__shm_ring_create(uint8_t **map_out);
 int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl);
 ote_status_t ote__shm_ring_ready(shm_src_t *s, uint64_t id);
+
+/* shm_shared.c. Requester: whether slice s (host memory, a READ or WRITE) lies in a
+ * shared allocation the source was sent (sending it now when not yet: SHM_MAP; p->mu
+ * held); the transport's peer list (open, close); ops->shared_free. Source: an SHM_MAP
+ * message with its fd (-1: none; the fd is always consumed): 0, or -1 when it is a
+ * protocol error; an SHM_OP_UNMAP entry; entry i of a message just read (checked, flagged
+ * SHM_REQ_SHARED) takes its mapping; a served message lets its mappings go; the
+ * connection's end unmaps all. */
+int ote__shm_peer_shared(shm_peer_t *p, const ote__slice_t *s);
+void ote__shm_peers_add(shm_peer_t *p);
+void ote__shm_peers_del(shm_peer_t *p);
+void ote__shm_shared_free(ote__transport_t *tp, uint64_t id);
+int ote__shm_src_map(shm_src_t *s, const uint8_t *b, size_t n, int fd);
+void ote__shm_src_unmap(shm_src_t *s, uint64_t id);
+void ote__shm_src_shared_take(shm_src_t *s, shm_msg_t *m, uint32_t i);
+void ote__shm_src_shared_release(shm_src_t *s, shm_msg_t *m);
+void ote__shm_src_shared_end(shm_src_t *s);
 
 /* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
 void *ote__shm_src_main(void *arg);

@@ -79,10 +79,26 @@ int ote__shm_close_decode(const void *b, size_t n, shm_ipc_close_t *out) {
     return 0;
 }
 
-int ote__shm_req_flags_ok(uint16_t flags, int ipc) {
-    uint16_t ok = SHM_REQ_RING | (ipc ? SHM_REQ_IPC | SHM_REQ_LOCAL_DEV : 0);
+int ote__shm_map_decode(const void *b, size_t n, shm_map_t *out) {
+    shm_hdr_t h;
+    shm_map_t m;
+    if (n != sizeof(m) || hdr_of(b, n, SHM_MAP, &h) != 0 || h.version != SHM_VERSION || h.n != 0 ||
+        h.pad != 0)
+        return -1;
+    memcpy(&m, b, sizeof(m));
+    if (m.id == 0 || m.size == 0 || m.size > SHM_SHARED_BYTES || (m.base & 4095u) != 0 ||
+        (m.size & 4095u) != 0 || m.base > UINT64_MAX - m.size)
+        return -1;
+    *out = m;
+    return 0;
+}
+
+int ote__shm_req_flags_ok(uint16_t flags, int ipc, int shared) {
+    uint16_t ok =
+        SHM_REQ_RING | (ipc ? SHM_REQ_IPC | SHM_REQ_LOCAL_DEV : 0) | (shared ? SHM_REQ_SHARED : 0);
     if ((flags & ~ok) != 0) return 0;
     if ((flags & SHM_REQ_LOCAL_DEV) && (!(flags & SHM_REQ_IPC) || (flags & SHM_REQ_RING))) return 0;
+    if ((flags & SHM_REQ_SHARED) && (flags & (SHM_REQ_RING | SHM_REQ_LOCAL_DEV))) return 0;
     return 1;
 }
 

@@ -31,9 +31,13 @@ int ote__shm_resps_count(const void *b, size_t n);
 int ote__shm_offer_decode(const void *b, size_t n, shm_ipc_offer_t *out);
 /* An SHM_IPC_CLOSE (SHM_VERSION); 0, or -1. */
 int ote__shm_close_decode(const void *b, size_t n, shm_ipc_close_t *out);
+/* An SHM_MAP (SHM_VERSION; id nonzero; base and size page aligned, size in
+ * (0, SHM_SHARED_BYTES], base + size without overflow); 0, or -1. */
+int ote__shm_map_decode(const void *b, size_t n, shm_map_t *out);
 /* A REQS entry's flags: only the known ones, the IPC ones only where negotiated, a local
- * device buffer only with IPC and never in the ring. */
-int ote__shm_req_flags_ok(uint16_t flags, int ipc);
+ * device buffer only with IPC and never in the ring; SHM_REQ_SHARED only where negotiated,
+ * never with the ring or a local device buffer. */
+int ote__shm_req_flags_ok(uint16_t flags, int ipc, int shared);
 /* A piece staged in a ring of ring_len bytes (NULL ring: none) lies inside it. */
 int ote__shm_ring_range_ok(const void *ring, size_t ring_len, uint64_t off, uint32_t len);
 

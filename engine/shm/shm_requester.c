@@ -38,7 +38,7 @@ void ote__shm_slist_add(shm_slist_t *l, ote__slice_t *s, ote_status_t st) {
 }
 
 /* Call done() of every slice of l; no lock held. */
-static void slist_finish(shm_slist_t *l) {
+void ote__shm_slist_finish(shm_slist_t *l) {
     ote__slice_t *s = l->h;
     while (s) {
         ote__slice_t *next = s->next;
@@ -241,6 +241,7 @@ static ote_status_t peer_connect(shm_peer_t *p) {
     }
     h.ring_len = rfd >= 0 ? SHM_RING_BYTES : 0;
     if (rfd >= 0) h.h.pad |= SHM_CAP_MARKS; /* its control page follows the ring */
+    if (!force_ring) h.h.pad |= SHM_CAP_SHARED;
     shm_hello_ack_t a;
     ote_status_t st = OTE_OK;
     if (send_with_fd(fd, &h, sizeof(h), rfd) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
@@ -279,6 +280,8 @@ static ote_status_t peer_connect(shm_peer_t *p) {
                    ? (_Atomic uint64_t *)(void *)(ring + SHM_RING_BYTES)
                    : NULL;
     p->ring_head = p->ring_tail = 0;
+    p->shared_ok = a.mode == SHM_MODE_CMA && (a.flags & SHM_ACK_SHARED) != 0;
+    p->nshared = 0; /* a new connection: its source has mapped none */
     uint32_t cap = a.mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
     p->max_slice = a.max_slice < cap ? a.max_slice : cap;
     if (p->max_slice < OTE_CTL_MIN_DATA) p->max_slice = OTE_CTL_MIN_DATA;
@@ -359,7 +362,7 @@ static int peer_uses_ring(const shm_peer_t *p, const ote__slice_t *s) {
 }
 
 /* Send pending write-offs, and queued slices while the window allows. p->mu held. */
-static void peer_pump(shm_peer_t *p, shm_slist_t *done) {
+void ote__shm_peer_pump(shm_peer_t *p, shm_slist_t *done) {
     int ipc_ok = -1; /* host->ipc_usable, asked once when needed */
     union {
         shm_hdr_t h;
@@ -414,7 +417,10 @@ static void peer_pump(shm_peer_t *p, shm_slist_t *done) {
                 if (s->ipc_try) flags |= SHM_REQ_LOCAL_DEV;
             }
             s->xp.shm.ring_end = 0; /* nonzero: the slice holds a piece of the ring */
-            if (peer_uses_ring(p, s)) {
+            if (p->shared_ok && s->len > 0 && !s->ipc_try && s->op != OTE__SLICE_NOTIFY &&
+                ote__shm_peer_shared(p, s)) {
+                flags |= SHM_REQ_SHARED; /* the source copies it through its mapping */
+            } else if (peer_uses_ring(p, s)) {
                 if (ring_alloc(p, s, &local) != 0)
                     break; /* the ring is full: more after responses */
                 flags |= SHM_REQ_RING;
@@ -567,12 +573,12 @@ static void *rx_main(void *arg) {
         if (p->uh != NULL && (p->stop || p->broken)) ote__shm_peer_ipc_settle(p); /* abandoned */
         if ((p->stop || p->broken) && p->ih == NULL) {
             ote_mutex_unlock(&p->mu);
-            slist_finish(&done);
+            ote__shm_slist_finish(&done);
             break;
         }
         if (p->stop || p->broken) {
             ote_mutex_unlock(&p->mu);
-            slist_finish(&done);
+            ote__shm_slist_finish(&done);
             continue;
         }
         while (r > 0) {
@@ -596,9 +602,9 @@ static void *rx_main(void *arg) {
         if (!p->broken) peer_expire(p, &done);
         if (p->ih != NULL) ote__shm_peer_ipc_poll(p, &done);
         if (p->uh != NULL) ote__shm_peer_ipc_settle(p);
-        peer_pump(p, &done);
+        ote__shm_peer_pump(p, &done);
         ote_mutex_unlock(&p->mu);
-        slist_finish(&done);
+        ote__shm_slist_finish(&done);
     }
     return NULL;
 }
@@ -657,11 +663,13 @@ ote_status_t ote__shm_peer_open_info(ote__transport_t *t, const char *peer, cons
     st = peer_start(p);
     if (st != OTE_OK) goto err_emu;
     /* From here the engine owns the peer: peer_close frees it (and its ring). */
-    OTE_INFO("shm", "peer %s: source pid %d, %s, %s", peer, (int)p->src_pid,
+    ote__shm_peers_add(p);
+    OTE_INFO("shm", "peer %s: source pid %d, %s, %s%s", peer, (int)p->src_pid,
              p->mode == SHM_MODE_RING ? "shared ring" : "cross-memory attach",
              p->ring == NULL    ? "no ring"
              : p->marks != NULL ? "staging marks"
-                                : "ring staged before sending (no staging marks)");
+                                : "ring staged before sending (no staging marks)",
+             p->shared_ok ? ", shared allocations" : "");
     *peer_out = (ote__tpeer_t *)p;
     return OTE_OK;
 
@@ -777,10 +785,10 @@ void ote__shm_submit(ote__tpeer_t *tpeer, ote__slice_t *list) {
         if (p->qt) p->qt->next = list;
         else p->qh = list;
         p->qt = tail;
-        peer_pump(p, &done);
+        ote__shm_peer_pump(p, &done);
     }
     ote_mutex_unlock(&p->mu);
-    slist_finish(&done);
+    ote__shm_slist_finish(&done);
 }
 
 void ote__shm_cancel(ote__tpeer_t *tpeer) {
@@ -804,13 +812,14 @@ void ote__shm_cancel(ote__tpeer_t *tpeer) {
      * each ends with the source's response, once no byte of it can move any more. */
     for (ote__slice_t *s = p->fh; s; s = s->next)
         if (s->canceled && atomic_load(s->canceled)) peer_cancel_sent(p, s);
-    peer_pump(p, &done); /* write-offs and cancels, so the source acts on them now */
+    ote__shm_peer_pump(p, &done); /* write-offs and cancels, so the source acts on them now */
     ote_mutex_unlock(&p->mu);
-    slist_finish(&done);
+    ote__shm_slist_finish(&done);
 }
 
 ote_status_t ote__shm_peer_close(ote__tpeer_t *tpeer) {
     shm_peer_t *p = (shm_peer_t *)tpeer;
+    ote__shm_peers_del(p); /* ote_memory_free_shared no longer looks at it */
     ote_mutex_lock(&p->ensure_mu);
     peer_stop_rx(p);
     ote_mutex_unlock(&p->ensure_mu);
@@ -819,7 +828,7 @@ ote_status_t ote__shm_peer_close(ote__tpeer_t *tpeer) {
     p->stop = 1;
     peer_kill(p, OTE_ERR_PEER_LOST, &done); /* none: the engine closes idle segments only */
     ote_mutex_unlock(&p->mu);
-    slist_finish(&done);
+    ote__shm_slist_finish(&done);
     ote_mutex_destroy(&p->ensure_mu);
     ote_mutex_destroy(&p->mu);
     ote_free(p->woff);

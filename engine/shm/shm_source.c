@@ -247,6 +247,12 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
         s->ipc = 1;
     }
     if (a.status == OTE_OK && s->marks != NULL) a.flags |= SHM_ACK_MARKS;
+    /* Shared allocations: cross-memory attach only (a map the source refuses falls back
+     * to it). */
+    if (a.status == OTE_OK && a.mode == SHM_MODE_CMA && (h.h.pad & SHM_CAP_SHARED)) {
+        a.flags |= SHM_ACK_SHARED;
+        s->shared = 1;
+    }
     s->mode = (int)a.mode;
     if (send_msg(s, &a, sizeof(a)) != OTE_OK) return -1;
     if (a.status != OTE_OK) {
@@ -278,8 +284,13 @@ static int in_ring(const shm_src_t *s, const shm_req_t *q) {
  * (CMA) or the ring at offset theirs (ring; bounded by the ring when the message was read;
  * a WRITE's bytes once the requester's staging mark says they are there). */
 static ote_status_t copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine, uint64_t theirs,
-                               size_t len) {
+                               uint8_t *mapped, size_t len) {
     uint16_t op = q->op;
+    if (mapped != NULL) { /* a shared allocation of the requester's, mapped here */
+        if (op == OTE__SLICE_WRITE) memcpy(mine, mapped, len);
+        else memcpy(mapped, mine, len);
+        return OTE_OK;
+    }
     if (in_ring(s, q)) {
         uint8_t *piece = s->ring + theirs;
         if (op == OTE__SLICE_WRITE) {
@@ -371,7 +382,7 @@ static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin)
     ote_status_t st = h->stage_get(h->arg, ote__shm_src_engine_pin(s, pin), q->len, dl, &buf, &tok);
     if (st != OTE_OK) return st;
     if (q->op == OTE__SLICE_READ) st = h->stage_copy(h->arg, tok, 0, q->remote, q->len, dl);
-    if (st == OTE_OK) st = copy_bytes(s, q, buf, q->local, q->len);
+    if (st == OTE_OK) st = copy_bytes(s, q, buf, q->local, NULL, q->len);
     if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
         st = h->stage_copy(h->arg, tok, 1, q->remote, q->len, dl);
     h->stage_put(h->arg, tok);
@@ -393,9 +404,10 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         const shm_req_t *p = &q[u->i];
         if (ote__shm_src_canceled(m->pin[u->i])) set_st(m, u->i, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[u->i]) != OTE_OK) return; /* stopped or failed: no more of it */
-        set_st(
-            m, u->i,
-            copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off, p->local + u->off, u->len));
+        uint8_t *mapped = m->sptr[u->i] ? m->sptr[u->i] + u->off : NULL;
+        set_st(m, u->i,
+               copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off, p->local + u->off, mapped,
+                          u->len));
         return;
     }
     uint32_t n = u->j - u->i;
@@ -404,7 +416,7 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) != OTE_OK) plain = 0;
     }
-    if (n > 1 && plain && !in_ring(s, &q[u->i])) {
+    if (n > 1 && plain && !in_ring(s, &q[u->i]) && m->sptr[u->i] == NULL) {
         /* One system call for the whole run; when the kernel copies less, each is copied
          * alone below so that each gets its own status. */
         struct iovec l[SHM_BATCH_MAX], r[SHM_BATCH_MAX];
@@ -422,7 +434,8 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) == OTE_OK)
             set_st(m, k,
-                   copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local, q[k].len));
+                   copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local, m->sptr[k],
+                              q[k].len));
     }
 }
 
@@ -455,7 +468,8 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
             uint64_t run = q[i].len;
             while (j < b && atomic_load(&m->st[j]) == OTE_OK && q[j].op == op &&
                    q[j].len <= SHM_RUN_MAX_LEN && in_ring(s, &q[j]) == in_ring(s, &q[i]) &&
-                   run < SHM_RUN_MAX_LEN && !src_is_device(s, m->pin[j])) {
+                   (m->sptr[j] == NULL) == (m->sptr[i] == NULL) && run < SHM_RUN_MAX_LEN &&
+                   !src_is_device(s, m->pin[j])) {
                 run += q[j].len;
                 j++;
             }
@@ -728,7 +742,13 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
         m->pin[i] = NULL;
         m->ipc[i] = 0;
         m->offer_fd[i] = -1;
+        m->smap[i] = NULL;
+        m->sptr[i] = NULL;
         atomic_store(&m->st[i], OTE_OK);
+        if (q[i].op == SHM_OP_UNMAP) {
+            ote__shm_src_unmap(s, q[i].id);
+            continue;
+        }
         if (q[i].op == SHM_OP_WRITE_OFF) {
             ote__shm_src_write_off(s, &q[i]);
             continue;
@@ -743,7 +763,7 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
         ote_status_t st = src_check(s, &q[i], &m->pin[i]);
         /* Flags: IPC ones only where negotiated; a local device buffer never in the ring. */
         uint16_t fl = q[i].flags;
-        if (st == OTE_OK && !ote__shm_req_flags_ok(fl, s->ipc)) st = OTE_ERR_INVALID;
+        if (st == OTE_OK && !ote__shm_req_flags_ok(fl, s->ipc, s->shared)) st = OTE_ERR_INVALID;
         /* A local device buffer against host memory here: nothing can move (the
          * requester stages it). */
         if (st == OTE_OK && (fl & SHM_REQ_LOCAL_DEV) && !src_is_device(s, m->pin[i]))
@@ -751,6 +771,8 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
         if (st == OTE_OK && in_ring(s, &q[i]) &&
             !ote__shm_ring_range_ok(s->ring, s->ring_len, q[i].local, q[i].len))
             st = OTE_ERR_INVALID;
+        if (st == OTE_OK && (fl & SHM_REQ_SHARED) && !src_is_device(s, m->pin[i]))
+            ote__shm_src_shared_take(s, m, i);
         atomic_store(&m->st[i], (int32_t)st);
     }
     for (uint32_t i = 0; i < m->in.h.n; i++)
@@ -765,9 +787,24 @@ static int src_pull(shm_src_t *s) {
         shm_msg_t *m = &s->msgs[(s->mhead + s->mcount) % SHM_LOOKAHEAD];
         /* MSG_TRUNC: n is the message's real length, so one longer than any valid REQS
          * is refused instead of being cut to the buffer. */
-        ssize_t n = recv(s->fd, m->in.b, sizeof(m->in.b), MSG_DONTWAIT | MSG_TRUNC);
+        int fd = -1, fds_bad = 0;
+        ssize_t n = ote__shm_recv_fds(s->fd, m->in.b, sizeof(m->in.b), &fd, &fds_bad);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-        if (n <= 0) return -1; /* the requester closed or died */
+        if (n <= 0) { /* the requester closed or died */
+            if (fd >= 0) close(fd);
+            return -1;
+        }
+        /* An fd travels only with a MAP (exactly one); anything else is malformed. */
+        if ((size_t)n >= sizeof(shm_hdr_t) && m->in.h.kind == SHM_MAP && !fds_bad) {
+            if (ote__shm_src_map(s, m->in.b, (size_t)n, fd) != 0) return -1;
+            continue;
+        }
+        if (fd >= 0 || fds_bad) {
+            if (fd >= 0) close(fd);
+            OTE_WARN_LIMITED("shm", "message with a file descriptor from %s (pid %d): closing",
+                             s->from, (int)s->pid);
+            return -1;
+        }
         int resp = src_take(s, m, n);
         if (resp < 0) return -1;
         if (resp > 0) s->mcount++; /* only write-offs and cancels: done with it */
@@ -800,7 +837,7 @@ static void src_loop(shm_src_t *s) {
             ote_status_t st = (ote_status_t)atomic_load(&m->st[i]);
             if (st == OTE_ERR_PEER_LOST) lost = 1;
             if (reqs[i].op == SHM_OP_WRITE_OFF || reqs[i].op == SHM_OP_CANCEL ||
-                reqs[i].op == SHM_OP_IPC_DONE)
+                reqs[i].op == SHM_OP_IPC_DONE || reqs[i].op == SHM_OP_UNMAP)
                 continue;
             if (!m->ipc[i] || st != OTE_OK) {
                 resps[k++] = (shm_resp_t){reqs[i].id, (int32_t)st, 0};
@@ -822,6 +859,7 @@ static void src_loop(shm_src_t *s) {
             if (!failed && send_msg_fd(s, &o, sizeof(o), m->offer_fd[i]) != OTE_OK) failed = 1;
         }
         offer_fds_close(m);
+        ote__shm_src_shared_release(s, m); /* every copy of it ended */
         if (failed || lost) break;
         out.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_RESPS, k, 0};
         if (k > 0 && send_msg(s, out.b, sizeof(shm_hdr_t) + k * sizeof(shm_resp_t)) != OTE_OK)
@@ -848,6 +886,7 @@ void *ote__shm_src_main(void *arg) {
     }
     if (src_hello(s) == 0) src_loop(s);
     helpers_stop(s);
+    ote__shm_src_shared_end(s); /* no copy runs any more */
 out_done:
     held_end(s);
     ote__shm_src_accts_end(s);

@@ -229,6 +229,25 @@ ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
 ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t len, unsigned perms,
                                        const char *name);
 
+/* Shared host memory (README "Same host"): len bytes (rounded up to the page size) of
+ * zeroed host memory that a same-host peer can map too. Use it for the local buffers of
+ * requests to same-host peers: over shm in cross-memory-attach mode the source then maps
+ * the allocation once per connection (its memfd travels over the control socket) and
+ * copies with memcpy, instead of a process_vm_readv/writev call that pins every page of
+ * the buffer each time. Authority is unchanged: the source still checks every request
+ * against its own registrations, and copies only the local range each request names.
+ * The memory may also be registered (as any host memory) and used with every transport;
+ * elsewhere it is plain host memory. OTE_ERR_INVALID for len 0 or addr_out NULL;
+ * OTE_ERR_NATIVE when memfd_create, ftruncate or mmap fail. Free it with
+ * ote_memory_free_shared only (never munmap/free it yourself: a peer may still map it),
+ * after unregistering it and once no request uses it; the engine's destroy frees what
+ * is left. */
+ote_status_t ote_memory_alloc_shared(ote_engine_t *engine, size_t len, void **addr_out);
+/* OTE_ERR_NOT_FOUND when addr is not the start of one of this engine's shared
+ * allocations; OTE_ERR_BUSY (nothing freed) while a registration overlaps it. Peers that
+ * mapped it are told to unmap it (in order with the requests sent before). */
+ote_status_t ote_memory_free_shared(ote_engine_t *engine, void *addr);
+
 /* ---- segments ---------------------------------------------------------------------- */
 /* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
  * segment can be opened again; a later open reconnects. OTE_ERR_AUTH (logged on both

@@ -1,0 +1,255 @@
+/*
+ * engine/shm/shm_shared.c - shared allocations over a cross-memory-attach connection:
+ * the requester sends each allocation its requests use once (SHM_MAP with the memfd),
+ * the source maps it and copies those pieces with memcpy; ote_memory_free_shared's
+ * UNMAP. Design: shm_internal.h ("Shared allocations").
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/shm/shm_internal.h"
+#include "engine/shm/shm_proto.h"
+#include "ote/ote.h"
+
+/* ---- requester ----------------------------------------------------------------------- */
+
+/* The MAP message and its fd, never waiting: 0 when sent. */
+static int send_map(int sock, const shm_map_t *m, int fd) {
+    struct iovec iov = {(void *)m, sizeof(*m)};
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } c;
+    memset(&c, 0, sizeof(c));
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.b, .msg_controllen = sizeof(c.b)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    return sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(*m) ? 0 : -1;
+}
+
+int ote__shm_peer_shared(shm_peer_t *p, const ote__slice_t *s) {
+    uint64_t a = (uint64_t)(uintptr_t)s->local, l = s->len;
+    for (size_t i = 0; i < p->nshared; i++) {
+        const shm_pshared_t *x = &p->shared[i];
+        if (a >= x->base && a - x->base <= x->size && l <= x->size - (a - x->base)) return 1;
+    }
+    const ote__host_t *h = &p->tp->host;
+    if (p->nshared == SHM_SHARED_MAX || h->shared_find == NULL || p->fd < 0) return 0;
+    ote__shared_ref_t r;
+    if (h->shared_find(h->arg, a, l, &r) != OTE_OK) return 0;
+    /* A new map over an older one replaces it at the source: forget the older here. */
+    for (size_t i = 0; i < p->nshared;) {
+        const shm_pshared_t *x = &p->shared[i];
+        if (x->base < r.base + r.size && r.base < x->base + x->size)
+            p->shared[i] = p->shared[--p->nshared];
+        else i++;
+    }
+    shm_map_t m;
+    memset(&m, 0, sizeof(m));
+    m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_MAP, 0, 0};
+    m.id = r.id;
+    m.base = r.base;
+    m.size = r.size;
+    int sent = send_map(p->fd, &m, r.fd) == 0;
+    int err = errno;
+    close(r.fd); /* the source has its own now */
+    if (!sent) {
+        /* A full socket (or a connection about to fail): this piece goes by
+         * cross-memory attach, a later one tries again. */
+        OTE_DEBUG("shm", "peer %s: shared allocation %llu not sent now: %s", p->addr,
+                  (unsigned long long)r.id, strerror(err));
+        return 0;
+    }
+    p->shared[p->nshared++] = (shm_pshared_t){r.id, r.base, r.size};
+    OTE_DEBUG("shm", "peer %s: shared allocation %llu [0x%llx, +%llu) sent", p->addr,
+              (unsigned long long)r.id, (unsigned long long)r.base, (unsigned long long)r.size);
+    return 1;
+}
+
+void ote__shm_peers_add(shm_peer_t *p) {
+    shm_tp_t *tp = p->tp;
+    ote_mutex_lock(&tp->pmu);
+    p->pprev = NULL;
+    p->pnext = tp->peers;
+    if (tp->peers) tp->peers->pprev = p;
+    tp->peers = p;
+    ote_mutex_unlock(&tp->pmu);
+}
+
+void ote__shm_peers_del(shm_peer_t *p) {
+    shm_tp_t *tp = p->tp;
+    ote_mutex_lock(&tp->pmu);
+    if (p->pprev) p->pprev->pnext = p->pnext;
+    else if (tp->peers == p) tp->peers = p->pnext;
+    if (p->pnext) p->pnext->pprev = p->pprev;
+    p->pnext = p->pprev = NULL;
+    ote_mutex_unlock(&tp->pmu);
+}
+
+/* An SHM_OP_UNMAP entry for allocation id, queued with the write-offs (sent with the
+ * next REQS message, so after every piece sent before). p->mu held. 0, or -1 (out of
+ * memory: the source keeps the mapping until the connection ends). */
+static int queue_unmap(shm_peer_t *p, uint64_t id) {
+    if (p->nwoff == p->woff_cap) {
+        size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
+        shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
+        if (w == NULL) return -1;
+        p->woff = w;
+        p->woff_cap = cap;
+    }
+    p->woff[p->nwoff++] = (shm_woff_t){.op = SHM_OP_UNMAP, .id = id};
+    return 0;
+}
+
+void ote__shm_shared_free(ote__transport_t *t, uint64_t id) {
+    shm_tp_t *tp = (shm_tp_t *)t;
+    shm_slist_t done = {NULL, NULL};
+    ote_mutex_lock(&tp->pmu);
+    for (shm_peer_t *p = tp->peers; p != NULL; p = p->pnext) {
+        ote_mutex_lock(&p->mu);
+        for (size_t i = 0; i < p->nshared; i++) {
+            if (p->shared[i].id != id) continue;
+            p->shared[i] = p->shared[--p->nshared];
+            if (!p->broken && p->fd >= 0 && queue_unmap(p, id) != 0)
+                OTE_WARN_LIMITED("shm",
+                                 "peer %s: out of memory for an UNMAP entry: its source maps "
+                                 "the freed shared allocation until the connection closes",
+                                 p->addr);
+            else if (!p->broken && p->fd >= 0)
+                ote__shm_peer_pump(p, &done); /* sent now, unless the socket is full */
+            break;
+        }
+        ote_mutex_unlock(&p->mu);
+    }
+    ote_mutex_unlock(&tp->pmu);
+    ote__shm_slist_finish(&done);
+}
+
+/* ---- source -------------------------------------------------------------------------- */
+
+static void smap_free(shm_smap_t *x) {
+    munmap(x->ptr, x->size);
+    ote_free(x);
+}
+
+/* Take x out of the live maps: freed now, or once the last message using it is served. */
+static void smap_retire(shm_src_t *s, shm_smap_t **pp) {
+    shm_smap_t *x = *pp;
+    *pp = x->next;
+    s->nsmaps--;
+    if (x->refs == 0) {
+        smap_free(x);
+        return;
+    }
+    x->retired = 1;
+    x->next = s->sretired;
+    s->sretired = x;
+}
+
+int ote__shm_src_map(shm_src_t *s, const uint8_t *b, size_t n, int fd) {
+    shm_map_t m;
+    if (!s->shared || fd < 0 || ote__shm_map_decode(b, n, &m) != 0) {
+        if (fd >= 0) close(fd);
+        OTE_WARN_LIMITED("shm", "malformed or unexpected MAP from %s (pid %d): closing", s->from,
+                         (int)s->pid);
+        return -1;
+    }
+    const char *why = NULL;
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (s->nsmaps >= SHM_SHARED_MAX) why = "too many shared allocations on this connection";
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) why = "not a regular file";
+    else if (seals < 0 || !(seals & F_SEAL_SHRINK)) why = "not sealed against shrinking";
+    else if ((uint64_t)st.st_size < m.size) why = "smaller than its size";
+    void *p = MAP_FAILED;
+    if (why == NULL) {
+        p = mmap(NULL, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) why = strerror(errno);
+    }
+    close(fd);
+    shm_smap_t *x = p != MAP_FAILED ? ote_calloc(1, sizeof(*x)) : NULL;
+    if (x == NULL) {
+        if (p != MAP_FAILED) munmap(p, m.size);
+        OTE_WARN_LIMITED("shm",
+                         "requester %s (pid %d): shared allocation %llu not mapped (%s): its "
+                         "pieces go by cross-memory attach",
+                         s->from, (int)s->pid, (unsigned long long)m.id,
+                         why ? why : "out of memory");
+        return 0;
+    }
+    /* It replaces every map it overlaps (the requester freed those). */
+    for (shm_smap_t **pp = &s->smaps; *pp != NULL;) {
+        if ((*pp)->id == m.id ||
+            ((*pp)->base < m.base + m.size && m.base < (*pp)->base + (*pp)->size))
+            smap_retire(s, pp);
+        else pp = &(*pp)->next;
+    }
+    *x = (shm_smap_t){.next = s->smaps, .id = m.id, .base = m.base, .size = m.size, .ptr = p};
+    s->smaps = x;
+    s->nsmaps++;
+    OTE_DEBUG("shm", "requester %s (pid %d): shared allocation %llu [0x%llx, +%llu) mapped",
+              s->from, (int)s->pid, (unsigned long long)m.id, (unsigned long long)m.base,
+              (unsigned long long)m.size);
+    return 0;
+}
+
+void ote__shm_src_unmap(shm_src_t *s, uint64_t id) {
+    for (shm_smap_t **pp = &s->smaps; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->id == id) {
+            smap_retire(s, pp);
+            return;
+        }
+}
+
+void ote__shm_src_shared_take(shm_src_t *s, shm_msg_t *m, uint32_t i) {
+    const shm_req_t *q = (const shm_req_t *)(const void *)(m->in.b + sizeof(shm_hdr_t)) + i;
+    for (shm_smap_t *x = s->smaps; x != NULL; x = x->next)
+        if (q->local >= x->base && q->local - x->base <= x->size &&
+            q->len <= x->size - (q->local - x->base)) {
+            x->refs++;
+            m->smap[i] = x;
+            m->sptr[i] = x->ptr + (q->local - x->base);
+            return;
+        }
+}
+
+void ote__shm_src_shared_release(shm_src_t *s, shm_msg_t *m) {
+    for (uint32_t i = 0; i < m->in.h.n; i++) {
+        shm_smap_t *x = m->smap[i];
+        m->smap[i] = NULL;
+        m->sptr[i] = NULL;
+        if (x == NULL || --x->refs > 0 || !x->retired) continue;
+        for (shm_smap_t **pp = &s->sretired; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == x) {
+                *pp = x->next;
+                break;
+            }
+        smap_free(x);
+    }
+}
+
+void ote__shm_src_shared_end(shm_src_t *s) {
+    for (shm_smap_t *l = s->smaps; l != NULL;) {
+        shm_smap_t *next = l->next;
+        smap_free(l);
+        l = next;
+    }
+    for (shm_smap_t *l = s->sretired; l != NULL;) {
+        shm_smap_t *next = l->next;
+        smap_free(l);
+        l = next;
+    }
+    s->smaps = s->sretired = NULL;
+    s->nsmaps = 0;
+}
