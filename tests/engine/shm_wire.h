@@ -38,6 +38,15 @@ enum { TW_IPC_OFFER = 6, TW_IPC_CLOSE = 7 };
 #define TW_CAP_MARKS 2u
 #define TW_ACK_MARKS 4u
 #define TW_RING_CTL 4096u
+/* Shared allocations (TW_CAP_SHARED in the HELLO's h.pad, TW_ACK_SHARED in the ack's flags;
+ * cross-memory-attach mode only): a TW_MAP message carries one memfd; pieces flagged
+ * TW_REQ_SHARED are copied through the source's mapping of it; TW_OP_UNMAP entries. */
+#define TW_CAP_SHARED 4u
+#define TW_ACK_SHARED 8u
+#define TW_MAP 8
+#define TW_OP_UNMAP 15
+#define TW_REQ_SHARED 8u
+#define TW_SHARED_MAX 64
 enum { TW_MODE_CMA = 1, TW_MODE_RING = 2 };
 
 typedef struct {
@@ -109,5 +118,10 @@ typedef struct {
     tw_hdr_t h;
     uint64_t buffer_id;
 } tw_ipc_close_t;
+
+typedef struct {
+    tw_hdr_t h;
+    uint64_t id, base, size;
+} tw_map_t;
 
 #endif
