@@ -103,8 +103,9 @@ static int discover_buffer(initiator_t *in) {
         in->rlen = bufs[i].length;
         in->remote_mem = OTE_MEM_IS_CUDA(bufs[i].kind)
                              ? BENCH_MEM_CUDA(OTE_MEM_CUDA_DEVICE(bufs[i].kind))
-                         : in->remote_mem == BENCH_MEM_THP ? BENCH_MEM_THP /* as asked */
-                                                           : BENCH_MEM_HOST;
+                         : in->remote_mem == BENCH_MEM_THP || in->remote_mem == BENCH_MEM_SHARED
+                             ? in->remote_mem /* as asked */
+                             : BENCH_MEM_HOST;
         free(bufs);
         return 0;
     }
@@ -166,7 +167,7 @@ static int initiator_buffer(initiator_t *in) {
                 bench_format_size(in->ws, a, sizeof a), bench_format_size(in->rlen, b, sizeof b));
         return -1;
     }
-    if (bench__mem_create(o->local_mem, in->ws, &in->local) != 0) return -1;
+    if (bench__mem_create(in->engine, o->local_mem, in->ws, &in->local) != 0) return -1;
     in->have_local = true;
     if (strcmp(o->transport, "tcp") != 0) {
         /* TCP needs no registration of local buffers (ote.h); other transports do. */
@@ -280,8 +281,8 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
 }
 
 /* Undo what initiator_connect and initiator_buffer made: QUIT to a spawned target, then
- * segment, registration, engine, buffer and child. Returns rc, or 1 when the engine or
- * the child did not end cleanly. */
+ * segment, registration, engine, buffer (a shared one before the engine) and child.
+ * Returns rc, or 1 when the engine or the child did not end cleanly. */
 static int initiator_close(initiator_t *in, int rc) {
     ote_status_t st;
     bool quit_sent = false;
@@ -298,6 +299,12 @@ static int initiator_close(initiator_t *in, int rc) {
     if (in->registered) {
         st = ote_memory_unregister(in->engine, (void *)(uintptr_t)in->local.addr);
         if (st != OTE_OK) bench__print_status("ote_memory_unregister", st);
+    }
+    /* Shared memory goes back to its engine (ote_memory_free_shared) while it lives; the
+     * other kinds after it, as before. */
+    if (in->have_local && in->local.kind == BENCH_MEM_SHARED) {
+        bench__mem_destroy(&in->local);
+        in->have_local = false;
     }
     if (in->engine != NULL) {
         st = ote_engine_destroy(in->engine);

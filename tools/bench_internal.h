@@ -56,14 +56,19 @@ struct ote_cuda_alloc;
 typedef struct {
     unsigned kind;
     uint64_t len;
-    uint64_t addr; /* where it is (device memory: not host-addressable) */
-    uint8_t *host; /* host memory: the mapping; NULL for device memory */
+    uint64_t addr;        /* where it is (device memory: not host-addressable) */
+    uint8_t *host;        /* host memory: the mapping; NULL for device memory */
+    ote_engine_t *engine; /* BENCH_MEM_SHARED: the engine that allocated it */
     struct ote_cuda_driver *drv;
     struct ote_cuda_device *dev;
     struct ote_cuda_alloc *alloc;
 } bench_mem_t;
-/* Returns 0, or -1 after saying why. */
-int bench__mem_create(unsigned kind, uint64_t len, bench_mem_t *m);
+/* Returns 0, or -1 after saying why. engine is the engine that will use the buffer: a
+ * BENCH_MEM_SHARED buffer is its ote_memory_alloc_shared allocation (the other kinds
+ * ignore it; it may be NULL for them). */
+int bench__mem_create(ote_engine_t *engine, unsigned kind, uint64_t len, bench_mem_t *m);
+/* A BENCH_MEM_SHARED buffer goes back with ote_memory_free_shared, so for it call this
+ * after unregistering the buffer and before destroying its engine. */
 void bench__mem_destroy(bench_mem_t *m);
 /* The --check pattern (bench_pattern_*) into / out of [off, off+len): 0 ok, -1 failed,
  * bench__mem_check 1 with *bad_out the first differing offset. */

@@ -246,13 +246,16 @@ const char *bench_usage(void) {
            "  --advertise HOST:PORT    address reported to peers when listening on a wildcard\n"
            "  --buffer-size SIZE       registered buffer of the spawned target (default: just\n"
            "                           enough for the largest threads*depth*batch*block)\n"
-           "  --local-mem host|thp|cuda:N  local buffer: host (default), host on transparent\n"
-           "                           huge pages (thp: 2 MiB-aligned, MADV_HUGEPAGE), or device\n"
-           "                           memory of CUDA device N (cuda/memory; the driver is\n"
-           "                           $OTE_CUDA_LIBRARY or libcuda.so.1); --check then reads\n"
+           "  --local-mem host|thp|shared|cuda:N  local buffer: host (default), host on\n"
+           "                           transparent huge pages (thp: 2 MiB-aligned,\n"
+           "                           MADV_HUGEPAGE), the engine's shared host memory (shared:\n"
+           "                           ote_memory_alloc_shared; a same-host shm peer in cross-\n"
+           "                           memory-attach mode maps it and copies with memcpy), or\n"
+           "                           device memory of CUDA device N (cuda/memory; the driver\n"
+           "                           is $OTE_CUDA_LIBRARY or libcuda.so.1); --check then reads\n"
            "                           it back with device-to-host copies\n"
-           "  --remote-mem host|thp|cuda:N  the spawned target's buffer (a --target is asked\n"
-           "                           for its kind by buffer discovery)\n"
+           "  --remote-mem host|thp|shared|cuda:N  the spawned target's buffer (a --target is\n"
+           "                           asked for its kind by buffer discovery)\n"
            "  --remote-ipc             the spawned target registers its device buffer with\n"
            "                           OTE_PERM_IPC (CUDA IPC over shm where gpu_paths\n"
            "                           allows ipc on both sides, e.g. OTE_GPU_PATHS=ipc,staging)\n"
@@ -261,7 +264,7 @@ const char *bench_usage(void) {
            "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
            "  --advertise HOST:PORT    address to report (default: the listen address)\n"
            "  --buffer-size SIZE       buffer registered for READ and WRITE (default 1G)\n"
-           "  --remote-mem host|thp|cuda:N  memory of that buffer (default host)\n"
+           "  --remote-mem host|thp|shared|cuda:N  memory of that buffer (default host)\n"
            "  --remote-ipc             register a device buffer with OTE_PERM_IPC\n"
            "  --transport tcp|rdma|shm, --transports LIST\n"
            "The target prints one line 'OTEB1 TARGET <host:port> <buffer address> <length>' and\n"
@@ -472,9 +475,9 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
         case OPT_LOCAL_MEM:
         case OPT_REMOTE_MEM:
             if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem) != 0)
-                return set_err(err, errlen, "--%s: '%s' is not host, thp or cuda:N (N 0..%d)",
-                               c == OPT_LOCAL_MEM ? "local-mem" : "remote-mem", arg,
-                               BENCH_MEM_CUDA_MAX);
+                return set_err(
+                    err, errlen, "--%s: '%s' is not host, thp, shared or cuda:N (N 0..%d)",
+                    c == OPT_LOCAL_MEM ? "local-mem" : "remote-mem", arg, BENCH_MEM_CUDA_MAX);
             break;
         default: return 1;
     }
@@ -679,14 +682,24 @@ int bench_format_json(const bench_result_t *r, char *buf, size_t len) {
 }
 
 const char *bench_mem_name(unsigned mem, char *buf, size_t len) {
-    if (BENCH_MEM_IS_HOST(mem)) snprintf(buf, len, mem == BENCH_MEM_HOST ? "host" : "thp");
+    if (mem == BENCH_MEM_HOST) snprintf(buf, len, "host");
+    else if (mem == BENCH_MEM_THP) snprintf(buf, len, "thp");
+    else if (mem == BENCH_MEM_SHARED) snprintf(buf, len, "shared");
     else snprintf(buf, len, "cuda:%u", mem - 1);
     return buf;
 }
 
 int bench_parse_mem(const char *s, unsigned *out) {
-    if (strcmp(s, "host") == 0 || strcmp(s, "thp") == 0) {
-        *out = s[0] == 'h' ? BENCH_MEM_HOST : BENCH_MEM_THP;
+    if (strcmp(s, "host") == 0) {
+        *out = BENCH_MEM_HOST;
+        return 0;
+    }
+    if (strcmp(s, "thp") == 0) {
+        *out = BENCH_MEM_THP;
+        return 0;
+    }
+    if (strcmp(s, "shared") == 0) {
+        *out = BENCH_MEM_SHARED;
         return 0;
     }
     if (strncmp(s, "cuda:", 5) != 0 || s[5] < '0' || s[5] > '9') return -1;

@@ -64,7 +64,7 @@ typedef struct {
     uint64_t buffer_size; /* target: registered buffer; 0 = default/automatic */
     int report_fd;        /* internal: target writes its report line here; -1 none */
     bool test_corrupt;    /* internal: damage one byte so --check must fail */
-    unsigned local_mem;   /* --local-mem: BENCH_MEM_HOST or BENCH_MEM_CUDA(N) */
+    unsigned local_mem;   /* --local-mem: BENCH_MEM_HOST, _THP, _SHARED or _CUDA(N) */
     unsigned remote_mem;  /* --remote-mem: the (spawned) target's buffer; for --role
                            * target its own buffer */
     bool remote_ipc;      /* --remote-ipc: the target registers device memory with
@@ -72,15 +72,20 @@ typedef struct {
 } bench_options_t;
 
 /* Memory of a buffer (--local-mem / --remote-mem): host, host on transparent huge pages
- * ("thp": 2 MiB-aligned, madvise(MADV_HUGEPAGE)), or CUDA device N ("cuda:N"). */
+ * ("thp": 2 MiB-aligned, madvise(MADV_HUGEPAGE)), shared host memory of the engine
+ * ("shared": ote_memory_alloc_shared, memfd-backed MAP_SHARED, which a same-host shm peer
+ * in cross-memory-attach mode maps and copies with memcpy), or CUDA device N ("cuda:N"). */
 #define BENCH_MEM_HOST 0u
 #define BENCH_MEM_THP 255u
-#define BENCH_MEM_IS_HOST(m) ((m) == BENCH_MEM_HOST || (m) == BENCH_MEM_THP)
+#define BENCH_MEM_SHARED 254u
+#define BENCH_MEM_IS_HOST(m) \
+    ((m) == BENCH_MEM_HOST || (m) == BENCH_MEM_THP || (m) == BENCH_MEM_SHARED)
 #define BENCH_MEM_CUDA(n) (1u + (unsigned)(n))
 #define BENCH_MEM_CUDA_MAX 239
-/* "host", "thp" or "cuda:N" into buf. */
+/* "host", "thp", "shared" or "cuda:N" into buf. */
 const char *bench_mem_name(unsigned mem, char *buf, size_t len);
-/* Parses "host", "thp" or "cuda:N" (N in 0..BENCH_MEM_CUDA_MAX). Returns 0, or -1. */
+/* Parses "host", "thp", "shared" or "cuda:N" (N in 0..BENCH_MEM_CUDA_MAX). Returns 0, or
+ * -1. */
 int bench_parse_mem(const char *s, unsigned *out);
 
 /* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, depth 1,

@@ -1,5 +1,7 @@
 /*
- * tools/bench_mem.c - the buffers of ote_bench: host memory (an anonymous mapping), or
+ * tools/bench_mem.c - the buffers of ote_bench: host memory (an anonymous mapping; on
+ * transparent huge pages with thp; with shared, the engine's ote_memory_alloc_shared
+ * memory, which a same-host shm peer maps), or
  * device memory of CUDA device N (--local-mem / --remote-mem cuda:N) allocated through
  * cuda/memory on the driver $OTE_CUDA_LIBRARY names (else libcuda.so.1). Device memory is
  * not host-addressable: the --check pattern goes in and comes back through synchronous
@@ -39,11 +41,31 @@ static uint8_t *map_thp(uint64_t len) {
     return a;
 }
 
-int bench__mem_create(unsigned kind, uint64_t len, bench_mem_t *m) {
+/* Shared host memory of the engine (ote_memory_alloc_shared: memfd-backed, MAP_SHARED,
+ * zeroed, page-rounded), faulted in now as the other host kinds are. Returns 0, or -1
+ * after saying why. */
+static int alloc_shared(ote_engine_t *engine, uint64_t len, bench_mem_t *m) {
+    void *p = NULL;
+    ote_status_t st = ote_memory_alloc_shared(engine, (size_t)len, &p);
+    if (st != OTE_OK) {
+        char what[96];
+        snprintf(what, sizeof what, "ote_memory_alloc_shared (a %" PRIu64 "-byte buffer)", len);
+        bench__print_status(what, st);
+        return -1;
+    }
+    memset(p, 0, (size_t)len); /* fault in now, as MAP_POPULATE does for host buffers */
+    m->engine = engine;
+    m->host = p;
+    m->addr = (uint64_t)(uintptr_t)p;
+    return 0;
+}
+
+int bench__mem_create(ote_engine_t *engine, unsigned kind, uint64_t len, bench_mem_t *m) {
     memset(m, 0, sizeof(*m));
     m->kind = kind;
     m->len = len;
     char name[16];
+    if (kind == BENCH_MEM_SHARED) return alloc_shared(engine, len, m);
     if (BENCH_MEM_IS_HOST(kind)) {
         m->host = kind == BENCH_MEM_THP ? map_thp(len) : bench__map_buffer(len);
         if (m->host == NULL) {
@@ -71,7 +93,12 @@ int bench__mem_create(unsigned kind, uint64_t len, bench_mem_t *m) {
 }
 
 void bench__mem_destroy(bench_mem_t *m) {
-    if (m->host != NULL) munmap(m->host, (size_t)m->len);
+    if (m->host != NULL && m->kind == BENCH_MEM_SHARED) {
+        ote_status_t st = ote_memory_free_shared(m->engine, m->host);
+        if (st != OTE_OK) bench__print_status("ote_memory_free_shared", st);
+    } else if (m->host != NULL) {
+        munmap(m->host, (size_t)m->len);
+    }
     if (m->alloc != NULL) {
         ote_status_t st =
             ote_cuda_alloc_destroy(m->alloc, ote_deadline_after(10 * OTE_NSEC_PER_SEC));

@@ -170,7 +170,7 @@ int bench__run_target(const bench_options_t *o) {
         bench__print_status("target: ote_engine_address", st);
         goto err_destroy_engine;
     }
-    if (bench__mem_create(o->remote_mem, t.len, &t.mem) != 0) goto err_destroy_engine;
+    if (bench__mem_create(t.engine, o->remote_mem, t.len, &t.mem) != 0) goto err_destroy_engine;
     unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
     if (o->remote_ipc && !BENCH_MEM_IS_HOST(o->remote_mem)) perms |= OTE_PERM_IPC;
     st = ote_memory_register_named(t.engine, (void *)(uintptr_t)t.mem.addr, (size_t)t.len, perms,
@@ -232,7 +232,7 @@ err_unregister:
         rc = 1;
     }
 err_unmap:
-    bench__mem_destroy(&t.mem);
+    bench__mem_destroy(&t.mem); /* unregistered, the engine still here (shared memory) */
 err_destroy_engine:
     st = ote_engine_destroy(t.engine);
     if (st != OTE_OK) {

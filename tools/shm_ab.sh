@@ -9,7 +9,9 @@
 #   ote_bench --transport shm (cross-memory attach), batch 1, one thread:
 #                64 MiB WRITE and READ with host buffers (4 KiB pages), then the same with
 #                both buffers on transparent huge pages (--local-mem/--remote-mem thp),
-#                then with host buffers over the shared ring (OTE_SHM_MODE=ring), then
+#                then with the local buffer in the engine's shared memory (--local-mem
+#                shared: the target's source maps it and copies with memcpy), then
+#                with host buffers over the shared ring (OTE_SHM_MODE=ring), then
 #                host buffers with register_thp=1 on both engines (OTE_REGISTER_THP=1:
 #                registration advises and collapses them to huge pages)
 #   UCX after    as before; the anchor of the repetition is the mean of before and after
@@ -56,8 +58,9 @@ ob() {
 div() { echo "scale=3; $1 / $2" | bc -l 2>/dev/null; }
 
 declare -A R
-NAMES="W64/UCX W64thp/UCX W64ring/UCX W64reg/UCX R64/UCX R64thp/UCX R64ring/UCX R64reg/UCX"
-NAMES="$NAMES W64reg/W64 R64reg/R64 R4K/TCP W4K/TCP"
+NAMES="W64/UCX W64thp/UCX W64shr/UCX W64ring/UCX W64reg/UCX"
+NAMES="$NAMES R64/UCX R64thp/UCX R64shr/UCX R64ring/UCX R64reg/UCX"
+NAMES="$NAMES W64shr/W64 R64shr/R64 W64reg/W64 R64reg/R64 R4K/TCP W4K/TCP"
 for rep in $(seq "$REPS"); do
     load="$(cut -d' ' -f1 /proc/loadavg)"
     u1="$(ucx64)"
@@ -65,6 +68,8 @@ for rep in $(seq "$REPS"); do
     wt="$(ob shm 5 --op write -b 64M -B 1 --local-mem thp --remote-mem thp)"
     rh="$(ob shm 5 --op read -b 64M -B 1)"
     rt="$(ob shm 5 --op read -b 64M -B 1 --local-mem thp --remote-mem thp)"
+    ws="$(ob shm 5 --op write -b 64M -B 1 --local-mem shared)"
+    rs="$(ob shm 5 --op read -b 64M -B 1 --local-mem shared)"
     wq="$(OTE_SHM_MODE=ring ob shm 5 --op write -b 64M -B 1)"
     rq="$(OTE_SHM_MODE=ring ob shm 5 --op read -b 64M -B 1)"
     wg="$(OTE_REGISTER_THP=1 ob shm 5 --op write -b 64M -B 1)"
@@ -80,9 +85,12 @@ for rep in $(seq "$REPS"); do
     R[R64/UCX]+=" $(div "$rh" "$u")" R[R64thp/UCX]+=" $(div "$rt" "$u")"
     R[W64ring/UCX]+=" $(div "$wq" "$u")" R[R64ring/UCX]+=" $(div "$rq" "$u")"
     R[W64reg/UCX]+=" $(div "$wg" "$u")" R[R64reg/UCX]+=" $(div "$rg" "$u")"
+    R[W64shr/UCX]+=" $(div "$ws" "$u")" R[R64shr/UCX]+=" $(div "$rs" "$u")"
+    R[W64shr/W64]+=" $(div "$ws" "$wh")" R[R64shr/R64]+=" $(div "$rs" "$rh")"
     R[W64reg/W64]+=" $(div "$wg" "$wh")" R[R64reg/R64]+=" $(div "$rg" "$rh")"
     R[R4K/TCP]+=" $(div "$sr" "$tr")" R[W4K/TCP]+=" $(div "$sw" "$tw")"
-    echo "rep $rep load $load: UCX $u1/$u2 GB/s | 64M W $wh thp $wt ring $wq reg $wg R $rh thp $rt ring $rq reg $rg GB/s |" \
+    echo "rep $rep load $load: UCX $u1/$u2 GB/s | 64M W $wh thp $wt shared $ws ring $wq reg $wg" \
+        "R $rh thp $rt shared $rs ring $rq reg $rg GB/s |" \
         "4K x64 shm R $sr (p50 $srl us) TCP R $tr, shm W $sw TCP W $tw msg/s"
 done
 echo "ratios over $REPS repetitions: median [min, max]"

@@ -126,6 +126,8 @@ _PROTOTYPES = {
     ),
     "ote_memory_unregister": (status_t, [c_void_p, c_void_p]),
     "ote_memory_query": (status_t, [c_void_p, c_void_p, ctypes.POINTER(BufferInfo)]),
+    "ote_memory_alloc_shared": (status_t, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
+    "ote_memory_free_shared": (status_t, [c_void_p, c_void_p]),
     "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_close": (status_t, [c_void_p]),
     "ote_segment_info": (status_t, [c_void_p, ctypes.POINTER(SegmentInfo)]),

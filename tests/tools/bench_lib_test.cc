@@ -307,8 +307,9 @@ TEST_F(BenchOptionsTest, RejectsBadValuesWithClearErrors) {
     ExpectError({"extra"}, "unexpected argument 'extra'");
 }
 
-// Host (4 KiB pages), host on transparent huge pages, device memory: parsed, named back,
-// and told apart (thp is host memory, not a device).
+// Host (4 KiB pages), host on transparent huge pages, the engine's shared host memory,
+// device memory: parsed, named back, and told apart (thp and shared are host memory, not
+// a device).
 TEST_F(BenchOptionsTest, MemoryKinds) {
     ASSERT_EQ(Parse({"--local-mem", "thp", "--remote-mem", "cuda:3"}), 0) << err_;
     EXPECT_EQ(o_.local_mem, BENCH_MEM_THP);
@@ -318,15 +319,34 @@ TEST_F(BenchOptionsTest, MemoryKinds) {
     ASSERT_EQ(Parse({"--local-mem", "host", "--remote-mem", "thp"}), 0) << err_;
     EXPECT_EQ(o_.local_mem, BENCH_MEM_HOST);
     EXPECT_EQ(o_.remote_mem, BENCH_MEM_THP);
+    ASSERT_EQ(Parse({"--local-mem", "shared", "--remote-mem", "shared"}), 0) << err_;
+    EXPECT_EQ(o_.local_mem, BENCH_MEM_SHARED);
+    EXPECT_EQ(o_.remote_mem, BENCH_MEM_SHARED);
+    EXPECT_TRUE(BENCH_MEM_IS_HOST(o_.local_mem));
+    ASSERT_EQ(Parse({"--role", "target", "--remote-mem", "shared"}), 0) << err_;
+    EXPECT_EQ(o_.remote_mem, BENCH_MEM_SHARED);
     char name[16];
     EXPECT_STREQ(bench_mem_name(BENCH_MEM_HOST, name, sizeof name), "host");
     EXPECT_STREQ(bench_mem_name(BENCH_MEM_THP, name, sizeof name), "thp");
+    EXPECT_STREQ(bench_mem_name(BENCH_MEM_SHARED, name, sizeof name), "shared");
     EXPECT_STREQ(bench_mem_name(BENCH_MEM_CUDA(3), name, sizeof name), "cuda:3");
+    EXPECT_STREQ(bench_mem_name(BENCH_MEM_CUDA(BENCH_MEM_CUDA_MAX), name, sizeof name), "cuda:239");
     unsigned m = 7;
+    EXPECT_EQ(bench_parse_mem("shared", &m), 0);
+    EXPECT_EQ(m, BENCH_MEM_SHARED);
+    m = 7;
     EXPECT_EQ(bench_parse_mem("thp2", &m), -1);
     EXPECT_EQ(bench_parse_mem("THP", &m), -1);
+    EXPECT_EQ(bench_parse_mem("shared2", &m), -1);
+    EXPECT_EQ(bench_parse_mem("share", &m), -1);
+    EXPECT_EQ(bench_parse_mem("SHARED", &m), -1);
     EXPECT_EQ(m, 7u); /* untouched on failure */
-    ExpectError({"--local-mem", "huge"}, "is not host, thp or cuda:N");
+    /* Distinct from every other kind: no CUDA device number maps onto it. */
+    EXPECT_NE(BENCH_MEM_SHARED, BENCH_MEM_THP);
+    EXPECT_NE(BENCH_MEM_SHARED, BENCH_MEM_HOST);
+    EXPECT_GT(BENCH_MEM_SHARED, BENCH_MEM_CUDA(BENCH_MEM_CUDA_MAX));
+    ExpectError({"--local-mem", "huge"}, "is not host, thp, shared or cuda:N");
+    ExpectError({"--remote-mem", "shm"}, "--remote-mem: 'shm' is not host, thp, shared or cuda:N");
 }
 
 TEST_F(BenchLibTest, LatencyPercentilesNearestRank) {

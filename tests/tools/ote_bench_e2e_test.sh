@@ -152,6 +152,20 @@ for op in write read; do
     fi
 done
 
+# Shared allocations (--local-mem/--remote-mem shared: ote_memory_alloc_shared) over shm:
+# the target's source copies through its mapping of the bench's memfd; checked, named.
+for op in write read; do
+    if run "shared_$op" 0 --transport shm --op "$op" --local-mem shared --remote-mem shared \
+        --block-size 4097,3M --batch-size 2 --total-bytes 12M --json --check; then
+        json_ok "shared_$op" 2 ok 12582912 shm
+        if [ "$(grep -c '"local_mem":"shared","remote_mem":"shared","path":"host"' "$TMP/shared_$op.out")" -eq 2 ]; then
+            pass "shared_$op memories"
+        else
+            fail "shared_$op memories"; cat "$TMP/shared_$op.out"
+        fi
+    fi
+done
+
 # The RDMA path over the software verbs provider: both engines use transport=rdma, every
 # byte goes through a memory window granted by the target, and the check still holds.
 export OTE_VERBS_PROVIDER=sim

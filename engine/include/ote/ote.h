@@ -238,7 +238,9 @@ ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t 
  * against its own registrations, and copies only the local range each request names.
  * The memory may also be registered (as any host memory) and used with every transport;
  * elsewhere it is plain host memory. OTE_ERR_INVALID for len 0 or addr_out NULL;
- * OTE_ERR_NATIVE when memfd_create, ftruncate or mmap fail. Free it with
+ * OTE_ERR_TOO_BIG past the address space; when memfd_create, ftruncate or mmap fail,
+ * their errno as a status (OTE_ERR_NOMEM for ENOMEM, ote_status_errno gives it), with a
+ * WARN. Free it with
  * ote_memory_free_shared only (never munmap/free it yourself: a peer may still map it),
  * after unregistering it and once no request uses it; the engine's destroy frees what
  * is left. */
