@@ -248,8 +248,9 @@ enum { SHM_MODE_CMA = 1, SHM_MODE_RING = 2 };
  * once per connection, before the first piece that uses it: an SHM_MAP message
  * (shm_map_t: its id, its address in the requester and its size) with its memfd
  * (SCM_RIGHTS, exactly one fd), and flags those pieces SHM_REQ_SHARED. The source maps it
- * (at most SHM_SHARED_MAX per connection; a regular file sealed F_SEAL_SHRINK, at least
- * `size` bytes, else refused with a WARN and the fd closed) and copies a flagged piece
+ * (at most SHM_SHARED_MAX per connection, SHM_SHARED_TP_BYTES in all; a plain memfd on
+ * shmem sealed F_SEAL_SHRINK, at least `size` bytes; else, or when the fd could not be
+ * received (RLIMIT_NOFILE), refused with a WARN and the fd closed) and copies a flagged piece
  * lying wholly inside a mapping through it; any other piece (unflagged, or a map it
  * refused) goes by process_vm_* as before: the flag is a hint that never widens what the
  * piece names (the requester's own local range, which the source could already read and
@@ -293,8 +294,8 @@ typedef struct {
 /* Cross-memory-attach mode: the source mapped the ring too, so small pieces may travel
  * through it (SHM_REQ_RING). */
 #define SHM_ACK_RING 1u
-#define SHM_ACK_IPC 2u   /* the source offers CUDA IPC on this connection */
-#define SHM_ACK_MARKS 4u /* the source waits for staging marks (SHM_CAP_MARKS) */
+#define SHM_ACK_IPC 2u    /* the source offers CUDA IPC on this connection */
+#define SHM_ACK_MARKS 4u  /* the source waits for staging marks (SHM_CAP_MARKS) */
 #define SHM_ACK_SHARED 8u /* the source maps shared allocations (SHM_CAP_SHARED) */
 
 typedef struct {
@@ -303,7 +304,11 @@ typedef struct {
     uint64_t base; /* its address in the requester (page aligned) */
     uint64_t size; /* its bytes (a multiple of the page size, at most SHM_SHARED_BYTES) */
 } shm_map_t;
-#define SHM_SHARED_BYTES (1ull << 46)
+#define SHM_SHARED_BYTES (1ull << 42) /* 4 TiB: at most this much per allocation */
+/* Bytes of shared allocations mapped at once by one engine's source side, retired maps
+ * still used by a read message included (the address space is 128 TiB): a MAP past it is
+ * refused, its pieces go by process_vm_*. */
+#define SHM_SHARED_TP_BYTES (1ull << 44)
 
 /* Source: one shared allocation the requester sent, mapped here. */
 typedef struct shm_smap {
@@ -388,7 +393,7 @@ typedef struct {
     _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins */
     uint8_t ipc[SHM_BATCH_MAX];        /* answered by an SHM_IPC_OFFER (offer[i]) */
     ote__ipc_desc_t offer[SHM_BATCH_MAX];
-    int offer_fd[SHM_BATCH_MAX]; /* a VMM offer's fd (sent with it, then closed), else -1 */
+    int offer_fd[SHM_BATCH_MAX];     /* a VMM offer's fd (sent with it, then closed), else -1 */
     shm_smap_t *smap[SHM_BATCH_MAX]; /* a shared allocation the entry copies through */
     uint8_t *sptr[SHM_BATCH_MAX];    /* its local bytes there, else NULL */
 } shm_msg_t;
@@ -431,9 +436,10 @@ typedef struct shm_tp {
     _Atomic int stop;
     ote_mutex_t mu; /* srcs, nsrcs */
     shm_src_t *srcs;
-    size_t nsrcs; /* at most cfg.tcp_max_accepted: more connections are closed at once */
+    size_t nsrcs;    /* at most cfg.tcp_max_accepted: more connections are closed at once */
     ote_mutex_t pmu; /* peers (requester side); taken before a peer's mu */
     struct shm_peer *peers;
+    _Atomic uint64_t shared_bytes; /* mapped by every connection (SHM_SHARED_TP_BYTES) */
 } shm_tp_t;
 
 /* One accepted requester (source side). */
@@ -570,6 +576,10 @@ void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
  * source's wait for the staging mark of piece id (OTE_OK; OTE_ERR_PEER_LOST when the
  * requester or this connection ended first; OTE_ERR_TIMEOUT after transfer_timeout_ms). */
 int ote__shm_ring_create(uint8_t **map_out);
+/* Why the source must not map fd (a ring or a shared allocation) of at least need bytes:
+ * not a regular file on shmem (a plain memfd; hugetlbfs can SIGBUS), shorter, or not
+ * sealed against shrinking; NULL when it may (*size_out: its size, when not NULL). */
+const char *ote__shm_memfd_unsafe(int fd, uint64_t need, uint64_t *size_out);
 int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl);
 ote_status_t ote__shm_ring_ready(shm_src_t *s, uint64_t id);
 
@@ -584,7 +594,7 @@ int ote__shm_peer_shared(shm_peer_t *p, const ote__slice_t *s);
 void ote__shm_peers_add(shm_peer_t *p);
 void ote__shm_peers_del(shm_peer_t *p);
 void ote__shm_shared_free(ote__transport_t *tp, uint64_t id);
-int ote__shm_src_map(shm_src_t *s, const uint8_t *b, size_t n, int fd);
+int ote__shm_src_map(shm_src_t *s, const uint8_t *b, size_t n, int fd, int fds_bad);
 void ote__shm_src_unmap(shm_src_t *s, uint64_t id);
 void ote__shm_src_shared_take(shm_src_t *s, shm_msg_t *m, uint32_t i);
 void ote__shm_src_shared_release(shm_src_t *s, shm_msg_t *m);

@@ -187,8 +187,9 @@ static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, sh
     return ote__shm_ack_decode(&r, n, a) == 0 ? OTE_OK : OTE_ERR_PROTOCOL;
 }
 
-/* Connect and handshake (fd and src_pid set on success). */
-static ote_status_t peer_connect(shm_peer_t *p) {
+/* Connect and handshake (fd and src_pid set on success; *shared_ok: the source maps
+ * shared allocations). */
+static ote_status_t peer_connect(shm_peer_t *p, int *shared_ok) {
     shm_tp_t *tp = p->tp;
     ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -280,8 +281,7 @@ static ote_status_t peer_connect(shm_peer_t *p) {
                    ? (_Atomic uint64_t *)(void *)(ring + SHM_RING_BYTES)
                    : NULL;
     p->ring_head = p->ring_tail = 0;
-    p->shared_ok = a.mode == SHM_MODE_CMA && (a.flags & SHM_ACK_SHARED) != 0;
-    p->nshared = 0; /* a new connection: its source has mapped none */
+    *shared_ok = a.mode == SHM_MODE_CMA && (a.flags & SHM_ACK_SHARED) != 0;
     uint32_t cap = a.mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
     p->max_slice = a.max_slice < cap ? a.max_slice : cap;
     if (p->max_slice < OTE_CTL_MIN_DATA) p->max_slice = OTE_CTL_MIN_DATA;
@@ -610,8 +610,14 @@ static void *rx_main(void *arg) {
 }
 
 static ote_status_t peer_start(shm_peer_t *p) {
-    ote_status_t st = peer_connect(p);
+    int shared_ok = 0;
+    ote_status_t st = peer_connect(p, &shared_ok);
     if (st != OTE_OK) return st;
+    /* Under mu: ote_memory_free_shared looks at these from another thread. */
+    ote_mutex_lock(&p->mu);
+    p->shared_ok = shared_ok;
+    p->nshared = 0; /* a new connection: its source has mapped none */
+    ote_mutex_unlock(&p->mu);
     p->broken = 0;
     if (pthread_create(&p->rx, NULL, rx_main, p) != 0) {
         close(p->fd);

@@ -13,8 +13,11 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/magic.h>
 
 #include "base/log.h"
 #include "engine/shm/shm_internal.h"
@@ -45,18 +48,31 @@ int ote__shm_ring_create(uint8_t **map_out) {
     return fd;
 }
 
-int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl) {
+const char *ote__shm_memfd_unsafe(int fd, uint64_t need, uint64_t *size_out) {
     struct stat sb;
-    if (rfd < 0 || h->ring_len == 0 || h->ring_len > (1ull << 30) || fstat(rfd, &sb) != 0 ||
-        (uint64_t)sb.st_size < h->ring_len) {
+    struct statfs fs;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) return "not a regular file";
+    if ((uint64_t)sb.st_size < need) return "smaller than the size it was sent with";
+    /* hugetlbfs: a hole punched after mapping turns a later fault into a SIGBUS when no
+     * huge page is free; only shmem (a plain memfd) allocates a page on any fault. */
+    if (fstatfs(fd, &fs) != 0 || fs.f_type != TMPFS_MAGIC) return "not a plain memfd (shmem)";
+    /* A file the requester could shrink would make our next copy a SIGBUS of the whole
+     * engine: only one sealed against shrinking is mapped. */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) return "not sealed against shrinking";
+    if (size_out) *size_out = (uint64_t)sb.st_size;
+    return NULL;
+}
+
+int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl) {
+    uint64_t size = 0;
+    if (rfd < 0 || h->ring_len == 0 || h->ring_len > (1ull << 30)) {
         snprintf(text, tl, "no usable shared ring in the HELLO");
         return -1;
     }
-    /* A ring the requester could shrink would make our next copy a SIGBUS of the whole
-     * engine: only a memfd sealed against shrinking is mapped. */
-    int seals = fcntl(rfd, F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-        snprintf(text, tl, "the shared ring is not a memfd sealed against shrinking");
+    const char *why = ote__shm_memfd_unsafe(rfd, h->ring_len, &size);
+    if (why != NULL) {
+        snprintf(text, tl, "the shared ring is refused: %s", why);
         return -1;
     }
     /* Marks when asked for and the control page is there (checked against the sealed
@@ -64,8 +80,7 @@ int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, s
      * (environment) answers as a source of protocol 3 without marks would, so that
      * tests reach the requester's stage-then-send path. */
     int marks = (h->h.pad & SHM_CAP_MARKS) && h->ring_len % 8 == 0 &&
-                (uint64_t)sb.st_size >= h->ring_len + SHM_RING_CTL &&
-                getenv("OTE_TEST_SHM_NO_MARKS") == NULL;
+                size >= h->ring_len + SHM_RING_CTL && getenv("OTE_TEST_SHM_NO_MARKS") == NULL;
     size_t map = (size_t)h->ring_len + (marks ? SHM_RING_CTL : 0);
     void *m = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
     if (m == MAP_FAILED) {

@@ -48,6 +48,10 @@ int ote__shm_peer_shared(shm_peer_t *p, const ote__slice_t *s) {
     if (p->nshared == SHM_SHARED_MAX || h->shared_find == NULL || p->fd < 0) return 0;
     ote__shared_ref_t r;
     if (h->shared_find(h->arg, a, l, &r) != OTE_OK) return 0;
+    if (r.size > SHM_SHARED_BYTES) { /* more than a source maps: never sent */
+        close(r.fd);
+        return 0;
+    }
     /* A new map over an older one replaces it at the source: forget the older here. */
     for (size_t i = 0; i < p->nshared;) {
         const shm_pshared_t *x = &p->shared[i];
@@ -121,13 +125,13 @@ void ote__shm_shared_free(ote__transport_t *t, uint64_t id) {
         for (size_t i = 0; i < p->nshared; i++) {
             if (p->shared[i].id != id) continue;
             p->shared[i] = p->shared[--p->nshared];
-            if (!p->broken && p->fd >= 0 && queue_unmap(p, id) != 0)
+            if (p->broken || p->fd < 0) break; /* its reconnect starts with none sent */
+            if (queue_unmap(p, id) != 0)
                 OTE_WARN_LIMITED("shm",
                                  "peer %s: out of memory for an UNMAP entry: its source maps "
                                  "the freed shared allocation until the connection closes",
                                  p->addr);
-            else if (!p->broken && p->fd >= 0)
-                ote__shm_peer_pump(p, &done); /* sent now, unless the socket is full */
+            else ote__shm_peer_pump(p, &done); /* sent now, unless the socket is full */
             break;
         }
         ote_mutex_unlock(&p->mu);
@@ -138,8 +142,11 @@ void ote__shm_shared_free(ote__transport_t *t, uint64_t id) {
 
 /* ---- source -------------------------------------------------------------------------- */
 
-static void smap_free(shm_smap_t *x) {
+/* nsmaps counts the live and the retired maps; tp->shared_bytes their bytes. */
+static void smap_free(shm_src_t *s, shm_smap_t *x) {
     munmap(x->ptr, x->size);
+    atomic_fetch_sub(&s->tp->shared_bytes, x->size);
+    s->nsmaps--;
     ote_free(x);
 }
 
@@ -147,9 +154,8 @@ static void smap_free(shm_smap_t *x) {
 static void smap_retire(shm_src_t *s, shm_smap_t **pp) {
     shm_smap_t *x = *pp;
     *pp = x->next;
-    s->nsmaps--;
     if (x->refs == 0) {
-        smap_free(x);
+        smap_free(s, x);
         return;
     }
     x->retired = 1;
@@ -157,43 +163,51 @@ static void smap_retire(shm_src_t *s, shm_smap_t **pp) {
     s->sretired = x;
 }
 
-int ote__shm_src_map(shm_src_t *s, const uint8_t *b, size_t n, int fd) {
+int ote__shm_src_map(shm_src_t *s, const uint8_t *b, size_t n, int fd, int fds_bad) {
     shm_map_t m;
-    if (!s->shared || fd < 0 || ote__shm_map_decode(b, n, &m) != 0) {
+    /* Malformed: not negotiated, not a MAP, without an fd, or with more than one (an fd
+     * the kernel could not pass, fds_bad without one, is a refusal below instead). */
+    if (!s->shared || ote__shm_map_decode(b, n, &m) != 0 || (fd < 0 && !fds_bad) ||
+        (fd >= 0 && fds_bad)) {
         if (fd >= 0) close(fd);
         OTE_WARN_LIMITED("shm", "malformed or unexpected MAP from %s (pid %d): closing", s->from,
                          (int)s->pid);
         return -1;
     }
+    /* It replaces every map it overlaps and any of its id (the requester freed those),
+     * first: a map refused below must not leave an older one at these addresses. */
+    for (shm_smap_t **pp = &s->smaps; *pp != NULL;) {
+        if ((*pp)->id == m.id ||
+            ((*pp)->base < m.base + m.size && m.base < (*pp)->base + (*pp)->size))
+            smap_retire(s, pp);
+        else pp = &(*pp)->next;
+    }
     const char *why = NULL;
-    struct stat st;
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (s->nsmaps >= SHM_SHARED_MAX) why = "too many shared allocations on this connection";
-    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) why = "not a regular file";
-    else if (seals < 0 || !(seals & F_SEAL_SHRINK)) why = "not sealed against shrinking";
-    else if ((uint64_t)st.st_size < m.size) why = "smaller than its size";
+    if (fd < 0) why = "its fd was not received (RLIMIT_NOFILE?)";
+    else if (s->nsmaps >= SHM_SHARED_MAX) why = "too many shared allocations on this connection";
+    else why = ote__shm_memfd_unsafe(fd, m.size, NULL);
+    int counted = 0;
+    if (why == NULL) {
+        if (atomic_fetch_add(&s->tp->shared_bytes, m.size) + m.size > SHM_SHARED_TP_BYTES)
+            why = "the engine maps too many bytes of shared allocations already";
+        counted = 1;
+    }
     void *p = MAP_FAILED;
     if (why == NULL) {
         p = mmap(NULL, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) why = strerror(errno);
     }
-    close(fd);
+    if (fd >= 0) close(fd);
     shm_smap_t *x = p != MAP_FAILED ? ote_calloc(1, sizeof(*x)) : NULL;
     if (x == NULL) {
         if (p != MAP_FAILED) munmap(p, m.size);
+        if (counted) atomic_fetch_sub(&s->tp->shared_bytes, m.size);
         OTE_WARN_LIMITED("shm",
                          "requester %s (pid %d): shared allocation %llu not mapped (%s): its "
                          "pieces go by cross-memory attach",
                          s->from, (int)s->pid, (unsigned long long)m.id,
                          why ? why : "out of memory");
         return 0;
-    }
-    /* It replaces every map it overlaps (the requester freed those). */
-    for (shm_smap_t **pp = &s->smaps; *pp != NULL;) {
-        if ((*pp)->id == m.id ||
-            ((*pp)->base < m.base + m.size && m.base < (*pp)->base + (*pp)->size))
-            smap_retire(s, pp);
-        else pp = &(*pp)->next;
     }
     *x = (shm_smap_t){.next = s->smaps, .id = m.id, .base = m.base, .size = m.size, .ptr = p};
     s->smaps = x;
@@ -235,19 +249,19 @@ void ote__shm_src_shared_release(shm_src_t *s, shm_msg_t *m) {
                 *pp = x->next;
                 break;
             }
-        smap_free(x);
+        smap_free(s, x);
     }
 }
 
 void ote__shm_src_shared_end(shm_src_t *s) {
     for (shm_smap_t *l = s->smaps; l != NULL;) {
         shm_smap_t *next = l->next;
-        smap_free(l);
+        smap_free(s, l);
         l = next;
     }
     for (shm_smap_t *l = s->sretired; l != NULL;) {
         shm_smap_t *next = l->next;
-        smap_free(l);
+        smap_free(s, l);
         l = next;
     }
     s->smaps = s->sretired = NULL;

@@ -795,8 +795,8 @@ static int src_pull(shm_src_t *s) {
             return -1;
         }
         /* An fd travels only with a MAP (exactly one); anything else is malformed. */
-        if ((size_t)n >= sizeof(shm_hdr_t) && m->in.h.kind == SHM_MAP && !fds_bad) {
-            if (ote__shm_src_map(s, m->in.b, (size_t)n, fd) != 0) return -1;
+        if ((size_t)n >= sizeof(shm_hdr_t) && m->in.h.kind == SHM_MAP) {
+            if (ote__shm_src_map(s, m->in.b, (size_t)n, fd, fds_bad) != 0) return -1;
             continue;
         }
         if (fd >= 0 || fds_bad) {

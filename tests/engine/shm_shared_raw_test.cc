@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -188,19 +189,42 @@ TEST_F(ShmSharedRawTest, UnsafeMemfdsAreRefusedAndTheirPiecesGoByAttach) {
     close(pp[0]);
     close(pp[1]);
     EXPECT_EQ(Arrived(fd, at, 8192), 0x77);
+    // hugetlbfs (where this kernel lets a memfd be created there): a hole punched after
+    // the source mapped it could SIGBUS it when no huge page is free. Refused.
+    int h = memfd_create("raw-huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+    if (h >= 0 && ftruncate(h, 2u << 20) == 0 && fcntl(h, F_ADD_SEALS, F_SEAL_SHRINK) == 0) {
+        tw_map_t hm = Map(2, at, 2u << 20);
+        ASSERT_TRUE(SendWithFds(fd, &hm, sizeof(hm), {h}));
+        EXPECT_EQ(Arrived(fd, at, 12288), 0x77);
+        EXPECT_EQ(Maps("raw-huge"), 0);
+    } else {
+        printf("no sealed hugetlb memfd here (%s): that refusal is not exercised\n",
+               strerror(errno));
+    }
+    if (h >= 0) close(h);
     EXPECT_FALSE(Pinned());
 }
 
 TEST_F(ShmSharedRawTest, AtMost64MappingsAndANewMapReplacesAnOverlappingOne) {
     int fd = GoodCma(true);
+    std::vector<uint8_t *> bases;
     for (uint64_t i = 0; i < TW_SHARED_MAX + 1; i++) {
-        tw_map_t m = Map(i + 1, Plain(4096, 0), 4096);
+        bases.push_back(Plain(4096, 0));
+        tw_map_t m = Map(i + 1, bases.back(), 4096);
         ASSERT_TRUE(SendWithFds(fd, &m, sizeof(m), {Memfd("raw-many", 4096, true, 3)}));
         if (i % 8 == 7) close(fds_.back()), fds_.pop_back(); // fewer fds held here
     }
     uint8_t *probe = Plain(4096, 0);
     EXPECT_EQ(One(fd, Req(TW_OP_READ, Buf(0), reinterpret_cast<uintptr_t>(probe), 4096)), OTE_OK);
     EXPECT_EQ(Maps("raw-many"), TW_SHARED_MAX);
+    EXPECT_EQ(Arrived(fd, bases[3], 0), 3); // through map 4
+    // A MAP over map 4 that is refused (not sealed) still retires it: pieces there then go
+    // by cross-memory attach, never to the older memfd.
+    tw_map_t over = Map(300, bases[3], 4096);
+    ASSERT_TRUE(SendWithFds(fd, &over, sizeof(over), {Memfd("raw-over", 4096, false, 9)}));
+    EXPECT_EQ(Arrived(fd, bases[3], 4096), 0);
+    EXPECT_EQ(Maps("raw-many"), TW_SHARED_MAX - 1);
+    EXPECT_EQ(Maps("raw-over"), 0);
     // Two maps at one base: the second replaces the first.
     uint8_t *at = Plain(kLen, 0x77);
     tw_req_t u = Req(TW_OP_UNMAP, 0, 0, 0);

@@ -238,16 +238,20 @@ ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t 
  * against its own registrations, and copies only the local range each request names.
  * The memory may also be registered (as any host memory) and used with every transport;
  * elsewhere it is plain host memory. OTE_ERR_INVALID for len 0 or addr_out NULL;
- * OTE_ERR_TOO_BIG past the address space; when memfd_create, ftruncate or mmap fail,
- * their errno as a status (OTE_ERR_NOMEM for ENOMEM, ote_status_errno gives it), with a
- * WARN. Free it with
+ * OTE_ERR_TOO_BIG past the address space; when memfd_create, ftruncate, the seals or
+ * mmap fail, their errno as a status (OTE_ERR_NOMEM for ENOMEM, ote_status_errno gives
+ * it), with a WARN; OTE_ERR_NOMEM when the engine's table cannot grow. A peer maps at
+ * most 64 allocations per connection and 4 TiB per allocation: the others go by
+ * cross-memory attach. Pages a peer's READ first touches are charged to that peer's
+ * memory cgroup (they belong to the allocation, whichever process faults them). Free it with
  * ote_memory_free_shared only (never munmap/free it yourself: a peer may still map it),
  * after unregistering it and once no request uses it; the engine's destroy frees what
  * is left. */
 ote_status_t ote_memory_alloc_shared(ote_engine_t *engine, size_t len, void **addr_out);
 /* OTE_ERR_NOT_FOUND when addr is not the start of one of this engine's shared
  * allocations; OTE_ERR_BUSY (nothing freed) while a registration overlaps it. Peers that
- * mapped it are told to unmap it (in order with the requests sent before). */
+ * mapped it are told to unmap it (in order with the requests sent before; should that
+ * message find no memory, a WARN, and the peer unmaps it when the connection ends). */
 ote_status_t ote_memory_free_shared(ote_engine_t *engine, void *addr);
 
 /* ---- segments ---------------------------------------------------------------------- */
