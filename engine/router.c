@@ -147,6 +147,7 @@ ote_status_t ote__router_create(ote_engine_t *e) {
                         .ipc_revoked = ote__reg_ipc_revoked,
                         .ipc_exporter_dead = ote__reg_ipc_exporter_dead,
                         .shared_find = ote__shared_find,
+                        .shared_count = &e->nshared_hint,
                         .epoch = e->epoch};
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
      * an shm-only engine creates tcp for it, outside its list), then the others in

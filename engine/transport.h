@@ -212,6 +212,9 @@ typedef struct {
     /* Requester side: the shared allocation holding all of [addr, +len)
      * (ote__shared_ref_t), or OTE_ERR_NOT_FOUND (fast when the engine has none). */
     ote_status_t (*shared_find)(void *arg, uint64_t addr, uint64_t len, ote__shared_ref_t *out);
+    /* How many shared allocations the engine has (read relaxed, without a lock): 0 lets
+     * a transport skip shared_find on its hot path. NULL: none ever. */
+    const _Atomic size_t *shared_count;
     /* This engine instance's epoch: 64 random bits (nonzero) drawn at ote_engine_create,
      * so that a peer tells a restarted engine at the same address from the one it knew
      * (the RDMA transport sends it in its handshake). */

@@ -364,6 +364,12 @@ static int peer_uses_ring(const shm_peer_t *p, const ote__slice_t *s) {
 /* Send pending write-offs, and queued slices while the window allows. p->mu held. */
 void ote__shm_peer_pump(shm_peer_t *p, shm_slist_t *done) {
     int ipc_ok = -1; /* host->ipc_usable, asked once when needed */
+    /* Shared allocations are looked for only when the engine has one (read once: one
+     * made meanwhile is found by the next call). */
+    const _Atomic size_t *shc = p->tp->host.shared_count;
+    int may_share =
+        p->shared_ok &&
+        (p->nshared > 0 || (shc != NULL && atomic_load_explicit(shc, memory_order_relaxed) > 0));
     union {
         shm_hdr_t h;
         uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
@@ -417,7 +423,7 @@ void ote__shm_peer_pump(shm_peer_t *p, shm_slist_t *done) {
                 if (s->ipc_try) flags |= SHM_REQ_LOCAL_DEV;
             }
             s->xp.shm.ring_end = 0; /* nonzero: the slice holds a piece of the ring */
-            if (p->shared_ok && s->len > 0 && !s->ipc_try && s->op != OTE__SLICE_NOTIFY &&
+            if (may_share && s->len > 0 && !s->ipc_try && s->op != OTE__SLICE_NOTIFY &&
                 ote__shm_peer_shared(p, s)) {
                 flags |= SHM_REQ_SHARED; /* the source copies it through its mapping */
             } else if (peer_uses_ring(p, s)) {

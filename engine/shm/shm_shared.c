@@ -39,12 +39,12 @@ static int send_map(int sock, const shm_map_t *m, int fd) {
 }
 
 int ote__shm_peer_shared(shm_peer_t *p, const ote__slice_t *s) {
+    const ote__host_t *h = &p->tp->host; /* (peer_pump calls only when one may apply) */
     uint64_t a = (uint64_t)(uintptr_t)s->local, l = s->len;
     for (size_t i = 0; i < p->nshared; i++) {
         const shm_pshared_t *x = &p->shared[i];
         if (a >= x->base && a - x->base <= x->size && l <= x->size - (a - x->base)) return 1;
     }
-    const ote__host_t *h = &p->tp->host;
     if (p->nshared == SHM_SHARED_MAX || h->shared_find == NULL || p->fd < 0) return 0;
     ote__shared_ref_t r;
     if (h->shared_find(h->arg, a, l, &r) != OTE_OK) return 0;
@@ -239,6 +239,7 @@ void ote__shm_src_shared_take(shm_src_t *s, shm_msg_t *m, uint32_t i) {
 }
 
 void ote__shm_src_shared_release(shm_src_t *s, shm_msg_t *m) {
+    if (s->nsmaps == 0) return; /* no map, live or retired: no entry holds one */
     for (uint32_t i = 0; i < m->in.h.n; i++) {
         shm_smap_t *x = m->smap[i];
         m->smap[i] = NULL;
