@@ -172,6 +172,10 @@ int bench_format_json(const bench_result_t *r, char *buf, size_t len);
 int bench_format_table_header(char *buf, size_t len);
 int bench_format_table_row(const bench_result_t *r, char *buf, size_t len);
 
+/* Strict unsigned decimal (or 0x hex when base is 0); no sign, no junk, no overflow:
+ * 0, or -1 (*out untouched). */
+int bench_parse_u64(const char *s, int base, uint64_t *out);
+
 /* ---- the --check pattern ----
  * Byte i of a region (i counted from the start of the remote buffer, so local and remote
  * copies of the same offset agree) is a hash of (seed, i / 8): every 8-byte word differs,

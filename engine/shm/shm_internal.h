@@ -16,6 +16,8 @@
  *   shm_source.c     source side: one thread per accepted requester, its handshake
  *                    (credentials, cross-memory-attach probe) and every request checked
  *                    against the engine's registrations before any byte moves
+ *   shm_source_ipc.c source side, CUDA IPC: pins held for the requester's IPC copies,
+ *                    allocations offered, close receipts
  *   shm_pins.c       source side: one account and one pin per request of a connection
  *   shm_ring.c       the shared ring: the requester's memfd, the source's mapping of it,
  *                    and the source's wait for a staging mark (see "Staging marks")
@@ -600,11 +602,21 @@ void ote__shm_src_shared_take(shm_src_t *s, shm_msg_t *m, uint32_t i);
 void ote__shm_src_shared_release(shm_src_t *s, shm_msg_t *m);
 void ote__shm_src_shared_end(shm_src_t *s);
 
-/* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
-void *ote__shm_src_main(void *arg);
+/* shm_source_ipc.c (the connection's thread, but offered_note and ipc_revoke, which
+ * take tp->mu): a piece offered by IPC keeps its pin until IPC_DONE (held_add: 1, or 0
+ * out of memory; held_done; held_end when the connection ends); offered_note remembers
+ * an allocation offered on s for close receipts. */
+int ote__shm_src_held_add(shm_src_t *s, uint64_t id, void *pin, uint32_t len);
+void ote__shm_src_held_done(shm_src_t *s, uint64_t id);
+void ote__shm_src_held_end(shm_src_t *s);
+void ote__shm_src_offered_note(shm_src_t *s, const ote__ipc_desc_t *d);
+
 /* Close receipts for the allocation holding [start, +len) to every connection it was
  * offered on (any thread; takes tp->mu). */
 void ote__shm_ipc_revoke(ote__transport_t *tp, uint64_t start, uint64_t len);
+
+/* shm_source.c: the thread of one accepted connection (arg: its shm_src_t). */
+void *ote__shm_src_main(void *arg);
 
 /* Fill an abstract socket address for name; returns its length. */
 socklen_t ote__shm_sockaddr(const char *name, void *sun_out);

@@ -598,62 +598,6 @@ static void run_units(shm_src_t *s, shm_msg_t *m, uint32_t nu, int par) {
     ote_mutex_unlock(&s->jmu);
 }
 
-/* Remember an IPC piece's pin until its IPC_DONE: 1, or 0 when out of memory. */
-static int held_add(shm_src_t *s, uint64_t id, void *pin, uint32_t len) {
-    if (s->nheld == s->held_cap) {
-        size_t cap = s->held_cap ? 2 * s->held_cap : 64;
-        shm_held_t *h = ote_realloc(s->held, cap * sizeof(*h));
-        if (h == NULL) return 0;
-        s->held = h;
-        s->held_cap = cap;
-    }
-    s->held[s->nheld++] = (shm_held_t){id, pin, len};
-    return 1;
-}
-
-/* SHM_OP_IPC_DONE: the requester's copy of piece id ended; its pin goes. */
-static void held_done(shm_src_t *s, uint64_t id) {
-    for (size_t k = 0; k < s->nheld; k++)
-        if (s->held[k].id == id) {
-            shm_held_t h = s->held[k];
-            s->held[k] = s->held[--s->nheld];
-            ote__shm_src_unpin(s, h.pin, h.len);
-            return;
-        }
-    OTE_DEBUG("shm", "IPC_DONE from %s names no piece held (id %llu): ignored", s->from,
-              (unsigned long long)id);
-}
-
-/* The connection ends: every pin still held for an IPC copy goes. */
-static void held_end(shm_src_t *s) {
-    if (s->nheld > 0)
-        OTE_INFO("shm", "requester %s gone with %zu CUDA IPC copie(s) unfinished: pins released",
-                 s->from, s->nheld);
-    while (s->nheld > 0) {
-        shm_held_t h = s->held[--s->nheld];
-        ote__shm_src_unpin(s, h.pin, h.len);
-    }
-    ote_free(s->held);
-    s->held = NULL;
-    s->held_cap = 0;
-}
-
-/* Remember that the allocation of d was offered on s (close receipts). */
-static void offered_note(shm_src_t *s, const ote__ipc_desc_t *d) {
-    shm_tp_t *tp = s->tp;
-    ote_mutex_lock(&tp->mu);
-    size_t k;
-    for (k = 0; k < s->noffered && s->offered[k].buffer_id != d->buffer_id; k++) {}
-    if (k == s->noffered) {
-        if (s->noffered == SHM_IPC_OFFERED) { /* the oldest goes: its receipt is not sent */
-            memmove(s->offered, s->offered + 1, (SHM_IPC_OFFERED - 1) * sizeof(*s->offered));
-            s->noffered--;
-        }
-        s->offered[s->noffered++] = (shm_offered_t){d->buffer_id, d->base, d->size};
-    }
-    ote_mutex_unlock(&tp->mu);
-}
-
 /* Serve message m in order: the copies of its data entries (checked and pinned when it
  * was read), each notification in its place after the data before it; then its pins go. */
 static void src_serve(shm_src_t *s, shm_msg_t *m) {
@@ -701,7 +645,7 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
         if (m->pin[i] == NULL) continue;
         /* An IPC piece keeps its pin until the requester's IPC_DONE. */
         if (m->ipc[i] && atomic_load(&m->st[i]) == OTE_OK &&
-            held_add(s, q[i].id, m->pin[i], q[i].len))
+            ote__shm_src_held_add(s, q[i].id, m->pin[i], q[i].len))
             continue;
         if (m->ipc[i]) set_st(m, i, OTE_ERR_NOMEM);
         ote__shm_src_unpin(s, m->pin[i], q[i].len);
@@ -754,7 +698,7 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
             continue;
         }
         if (q[i].op == SHM_OP_IPC_DONE) {
-            held_done(s, q[i].id);
+            ote__shm_src_held_done(s, q[i].id);
             continue;
         }
         if (q[i].op == SHM_OP_CANCEL) continue; /* below, once every entry is checked */
@@ -855,7 +799,7 @@ static void src_loop(shm_src_t *s) {
             o.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_IPC_OFFER, 1, 0};
             o.id = reqs[i].id;
             o.d = m->offer[i];
-            offered_note(s, &o.d);
+            ote__shm_src_offered_note(s, &o.d);
             if (!failed && send_msg_fd(s, &o, sizeof(o), m->offer_fd[i]) != OTE_OK) failed = 1;
         }
         offer_fds_close(m);
@@ -888,7 +832,7 @@ void *ote__shm_src_main(void *arg) {
     helpers_stop(s);
     ote__shm_src_shared_end(s); /* no copy runs any more */
 out_done:
-    held_end(s);
+    ote__shm_src_held_end(s);
     ote__shm_src_accts_end(s);
     if (s->ring != NULL) munmap(s->ring, s->ring_map);
     s->ring = NULL;
@@ -899,31 +843,4 @@ out_done:
     if (sync > 0) ote_mutex_destroy(&s->jmu);
     atomic_store(&s->done, 1);
     return NULL;
-}
-
-void ote__shm_ipc_revoke(ote__transport_t *t, uint64_t start, uint64_t len) {
-    shm_tp_t *tp = (shm_tp_t *)t;
-    ote_mutex_lock(&tp->mu);
-    for (shm_src_t *s = tp->srcs; s != NULL; s = s->next) {
-        if (atomic_load(&s->done)) continue;
-        for (size_t k = 0; k < s->noffered;) {
-            const shm_offered_t *o = &s->offered[k];
-            if (start >= o->base + o->size || start + len <= o->base) {
-                k++;
-                continue;
-            }
-            shm_ipc_close_t c;
-            memset(&c, 0, sizeof(c));
-            c.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_IPC_CLOSE, 0, 0};
-            c.buffer_id = o->buffer_id;
-            /* Best effort, never waiting: a requester whose socket is full learns by the
-             * buffer id of the next offer (ids are never reused) or by the connection's
-             * end. */
-            if (send(s->fd, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(c))
-                OTE_WARN_LIMITED("shm", "close receipt to %s (pid %d) not sent: %s", s->from,
-                                 (int)s->pid, strerror(errno));
-            s->offered[k] = s->offered[--s->noffered];
-        }
-    }
-    ote_mutex_unlock(&tp->mu);
 }

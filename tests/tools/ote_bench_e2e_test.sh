@@ -138,32 +138,22 @@ if run table 0 --op write --block-size 4K,8K --batch-size 2 --total-bytes 256K; 
     fi
 fi
 
-# Host buffers on transparent huge pages (--local-mem/--remote-mem thp: 2 MiB-aligned,
-# MADV_HUGEPAGE) over shm, a page-sized, an odd and a multi-MiB block: checked, named thp.
-for op in write read; do
-    if run "thp_$op" 0 --transport shm --op "$op" --local-mem thp --remote-mem thp \
-        --block-size 4097,3M --batch-size 2 --total-bytes 12M --json --check; then
-        json_ok "thp_$op" 2 ok 12582912 shm
-        if [ "$(grep -c '"local_mem":"thp","remote_mem":"thp","path":"host"' "$TMP/thp_$op.out")" -eq 2 ]; then
-            pass "thp_$op memories"
-        else
-            fail "thp_$op memories"; cat "$TMP/thp_$op.out"
+# Host buffers on transparent huge pages (thp: 2 MiB-aligned, MADV_HUGEPAGE) and shared
+# allocations (shared: ote_memory_alloc_shared, which the target's source maps and copies
+# through) over shm, a page-sized, an odd and a multi-MiB block: checked, named.
+for mem in thp shared; do
+    for op in write read; do
+        t="${mem}_$op"
+        if run "$t" 0 --transport shm --op "$op" --local-mem "$mem" --remote-mem "$mem" \
+            --block-size 4097,3M --batch-size 2 --total-bytes 12M --json --check; then
+            json_ok "$t" 2 ok 12582912 shm
+            if [ "$(grep -c "\"local_mem\":\"$mem\",\"remote_mem\":\"$mem\",\"path\":\"host\"" "$TMP/$t.out")" -eq 2 ]; then
+                pass "$t memories"
+            else
+                fail "$t memories"; cat "$TMP/$t.out"
+            fi
         fi
-    fi
-done
-
-# Shared allocations (--local-mem/--remote-mem shared: ote_memory_alloc_shared) over shm:
-# the target's source copies through its mapping of the bench's memfd; checked, named.
-for op in write read; do
-    if run "shared_$op" 0 --transport shm --op "$op" --local-mem shared --remote-mem shared \
-        --block-size 4097,3M --batch-size 2 --total-bytes 12M --json --check; then
-        json_ok "shared_$op" 2 ok 12582912 shm
-        if [ "$(grep -c '"local_mem":"shared","remote_mem":"shared","path":"host"' "$TMP/shared_$op.out")" -eq 2 ]; then
-            pass "shared_$op memories"
-        else
-            fail "shared_$op memories"; cat "$TMP/shared_$op.out"
-        fi
-    fi
+    done
 done
 
 # The RDMA path over the software verbs provider: both engines use transport=rdma, every
