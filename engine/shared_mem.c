@@ -64,7 +64,7 @@ ote_status_t ote_memory_alloc_shared(ote_engine_t *e, size_t len, void **addr_ou
         e->capshared = cap;
     }
     ote_mutex_unlock(&e->smu);
-    int fd = memfd_create("ote-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = ote__memfd_create("ote-shared");
     if (fd < 0) {
         int err = errno;
         OTE_WARN("engine", "ote_memory_alloc_shared: memfd_create failed: %s", strerror(err));

@@ -21,6 +21,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <errno.h>
+#include <sys/mman.h>
+
 #include "base/status.h"
 #include "base/time.h"
 
@@ -105,6 +108,19 @@ struct ote__slice {
         } shm;
     } xp;
 };
+
+/* A memfd that can be sealed and is not executable, for memory a same-host peer maps (the
+ * shm ring, shared allocations): MFD_NOEXEC_SEAL where the kernel knows it (6.3 and later,
+ * where vm.memfd_noexec=2 refuses a memfd without it), else without (EINVAL). -1 with
+ * errno on failure. */
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
+static inline int ote__memfd_create(const char *name) {
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+    if (fd < 0 && errno == EINVAL) fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    return fd;
+}
 
 /* A shared allocation of the engine (ote_memory_alloc_shared): host->shared_find's
  * answer; fd is the caller's own duplicate of the allocation's memfd (it closes it). */

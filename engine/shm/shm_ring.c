@@ -32,7 +32,7 @@
 #define SHM_MARK_NAP_NS (50u * 1000u)
 
 int ote__shm_ring_create(uint8_t **map_out) {
-    int fd = memfd_create("orbitte-shm-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = ote__memfd_create("orbitte-shm-ring");
     if (fd < 0) return -1;
     void *m = MAP_FAILED;
     /* The source maps only a ring that cannot shrink under it (ote__shm_ring_map). */

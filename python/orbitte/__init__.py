@@ -35,6 +35,7 @@ from .engine import (  # noqa: E402
     Notification,
     Registration,
     Segment,
+    SharedMemory,
     TransferStatus,
     status_name,
 )
