@@ -52,18 +52,6 @@ ote_status_t ote_memory_alloc_shared(ote_engine_t *e, size_t len, void **addr_ou
     size_t page = pg > 0 ? (size_t)pg : 4096u;
     if (len > SIZE_MAX - page || len > (size_t)INT64_MAX - page) return OTE_ERR_TOO_BIG;
     size_t size = (len + page - 1) / page * page;
-    ote_mutex_lock(&e->smu);
-    if (e->nshared == e->capshared) {
-        size_t cap = e->capshared ? 2 * e->capshared : 8;
-        ote__shared_t *a = ote_realloc(e->shared, cap * sizeof(*a));
-        if (a == NULL) {
-            ote_mutex_unlock(&e->smu);
-            return OTE_ERR_NOMEM;
-        }
-        e->shared = a;
-        e->capshared = cap;
-    }
-    ote_mutex_unlock(&e->smu);
     int fd = ote__memfd_create("ote-shared");
     if (fd < 0) {
         int err = errno;
@@ -87,9 +75,8 @@ ote_status_t ote_memory_alloc_shared(ote_engine_t *e, size_t len, void **addr_ou
         return ote_status_from_errno(err);
     }
     ote_mutex_lock(&e->smu);
-    /* Room was made above; another thread may have taken it meanwhile. */
     if (e->nshared == e->capshared) {
-        size_t cap = 2 * e->capshared;
+        size_t cap = e->capshared ? 2 * e->capshared : 8;
         ote__shared_t *a = ote_realloc(e->shared, cap * sizeof(*a));
         if (a == NULL) {
             ote_mutex_unlock(&e->smu);

@@ -27,6 +27,26 @@ socklen_t ote__shm_sockaddr(const char *name, void *sun_out) {
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + l);
 }
 
+ssize_t ote__shm_send_fd(int sock, const void *buf, size_t len, int fd, int flags) {
+    union {
+        char b[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cb;
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&cb, 0, sizeof(cb));
+        mh.msg_control = cb.b;
+        mh.msg_controllen = sizeof(cb.b);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    return sendmsg(sock, &mh, MSG_NOSIGNAL | flags);
+}
+
 static ote_status_t shm_address(ote__transport_t *t, char *buf, size_t len) {
     shm_tp_t *tp = (shm_tp_t *)t;
     const char *a = tp->host.self_addr ? tp->host.self_addr : "";

@@ -548,6 +548,9 @@ void ote__shm_slist_add(shm_slist_t *l, ote__slice_t *s, ote_status_t st);
 void ote__shm_slist_finish(shm_slist_t *l); /* done() of each, in order; no lock held */
 /* Send pending write-offs, and queued slices while the window allows. p->mu held. */
 void ote__shm_peer_pump(shm_peer_t *p, shm_slist_t *done);
+/* Queue entry w (write-off, cancel, IPC_DONE, UNMAP) for the next REQS message: 0, or -1
+ * out of memory (the caller says what the source then keeps). p->mu held. */
+int ote__shm_peer_woff_push(shm_peer_t *p, shm_woff_t w);
 
 /* shm_requester_ipc.c (the receive thread; p->mu held but for recv_fds). */
 ssize_t ote__shm_recv_fds(int sock, uint8_t *buf, size_t cap, int *fd_out, int *bad);
@@ -620,5 +623,8 @@ void *ote__shm_src_main(void *arg);
 
 /* Fill an abstract socket address for name; returns its length. */
 socklen_t ote__shm_sockaddr(const char *name, void *sun_out);
+/* sendmsg of one message with fd attached (SCM_RIGHTS; none when fd < 0), MSG_NOSIGNAL
+ * and flags (MSG_DONTWAIT: never waits): sendmsg's answer. */
+ssize_t ote__shm_send_fd(int sock, const void *buf, size_t len, int fd, int flags);
 
 #endif

@@ -77,22 +77,25 @@ static void peer_cancel_sent(shm_peer_t *p, const ote__slice_t *s) {
 /* Append an entry (op SHM_OP_WRITE_OFF of s's bytes, or SHM_OP_CANCEL) for s's request to
  * the next REQS message. p->mu held. */
 static void peer_entry(shm_peer_t *p, const ote__slice_t *s, uint16_t op) {
+    if (ote__shm_peer_woff_push(p, (shm_woff_t){s->req_uid, s->req_remote, s->req_len,
+                                                op == SHM_OP_CANCEL ? 0 : s->len, op, 0}) != 0)
+        OTE_WARN_LIMITED("shm",
+                         "peer %s: out of memory for a write-off or cancel entry: the "
+                         "source keeps a dropped request pinned until the connection "
+                         "closes, or serves a canceled one to its end",
+                         p->addr);
+}
+
+int ote__shm_peer_woff_push(shm_peer_t *p, shm_woff_t w) {
     if (p->nwoff == p->woff_cap) {
         size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
-        shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
-        if (w == NULL) {
-            OTE_WARN_LIMITED("shm",
-                             "peer %s: out of memory for a write-off or cancel entry: the "
-                             "source keeps a dropped request pinned until the connection "
-                             "closes, or serves a canceled one to its end",
-                             p->addr);
-            return;
-        }
-        p->woff = w;
+        shm_woff_t *a = ote_realloc(p->woff, cap * sizeof(*a));
+        if (a == NULL) return -1;
+        p->woff = a;
         p->woff_cap = cap;
     }
-    p->woff[p->nwoff++] = (shm_woff_t){
-        s->req_uid, s->req_remote, s->req_len, op == SHM_OP_CANCEL ? 0 : s->len, op, 0};
+    p->woff[p->nwoff++] = w;
+    return 0;
 }
 
 static int read_ptrace_scope(void) {
@@ -102,26 +105,6 @@ static int read_ptrace_scope(void) {
     if (fscanf(f, "%d", &v) != 1) v = 0;
     fclose(f);
     return v;
-}
-
-static ssize_t send_with_fd(int sock, const void *buf, size_t len, int fd) {
-    struct iovec iov = {(void *)buf, len};
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int))];
-    } c;
-    memset(&c, 0, sizeof(c));
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        m.msg_control = c.b;
-        m.msg_controllen = sizeof(c.b);
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    }
-    return sendmsg(sock, &m, MSG_NOSIGNAL);
 }
 
 /* One message of the source into buf by dl: its length (MSG_TRUNC: a longer message
@@ -245,7 +228,7 @@ static ote_status_t peer_connect(shm_peer_t *p, int *shared_ok) {
     if (!force_ring) h.h.pad |= SHM_CAP_SHARED;
     shm_hello_ack_t a;
     ote_status_t st = OTE_OK;
-    if (send_with_fd(fd, &h, sizeof(h), rfd) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
+    if (ote__shm_send_fd(fd, &h, sizeof(h), rfd, 0) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
     if (rfd >= 0) close(rfd); /* the mapping (and the source's copy of the fd) keep it */
     if (st == OTE_OK) st = hello_answer(p, fd, &h, &a, dl);
     if (st == OTE_OK && a.status == OTE_ERR_AUTH) {

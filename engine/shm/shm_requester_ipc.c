@@ -53,20 +53,11 @@ ssize_t ote__shm_recv_fds(int sock, uint8_t *buf, size_t cap, int *fd_out, int *
  * message) so that it drops the piece's pin. p->mu held. */
 static void peer_ipc_done(shm_peer_t *p, uint64_t id) {
     if (p->broken) return;
-    if (p->nwoff == p->woff_cap) {
-        size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
-        shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
-        if (w == NULL) {
-            OTE_WARN_LIMITED("shm",
-                             "peer %s: out of memory for an IPC_DONE entry: the source keeps "
-                             "the piece pinned until the connection closes",
-                             p->addr);
-            return;
-        }
-        p->woff = w;
-        p->woff_cap = cap;
-    }
-    p->woff[p->nwoff++] = (shm_woff_t){0, 0, 0, 0, SHM_OP_IPC_DONE, id};
+    if (ote__shm_peer_woff_push(p, (shm_woff_t){0, 0, 0, 0, SHM_OP_IPC_DONE, id}) != 0)
+        OTE_WARN_LIMITED("shm",
+                         "peer %s: out of memory for an IPC_DONE entry: the source keeps "
+                         "the piece pinned until the connection closes",
+                         p->addr);
 }
 
 /* The IPC copy of piece id has an unknown outcome (its request ended with its status):

@@ -20,24 +20,6 @@
 
 /* ---- requester ----------------------------------------------------------------------- */
 
-/* The MAP message and its fd, never waiting: 0 when sent. */
-static int send_map(int sock, const shm_map_t *m, int fd) {
-    struct iovec iov = {(void *)m, sizeof(*m)};
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int))];
-    } c;
-    memset(&c, 0, sizeof(c));
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.b, .msg_controllen = sizeof(c.b)};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    return sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(*m) ? 0 : -1;
-}
-
 int ote__shm_peer_shared(shm_peer_t *p, const ote__slice_t *s) {
     const ote__host_t *h = &p->tp->host; /* (peer_pump calls only when one may apply) */
     uint64_t a = (uint64_t)(uintptr_t)s->local, l = s->len;
@@ -65,7 +47,8 @@ int ote__shm_peer_shared(shm_peer_t *p, const ote__slice_t *s) {
     m.id = r.id;
     m.base = r.base;
     m.size = r.size;
-    int sent = send_map(p->fd, &m, r.fd) == 0;
+    /* Never waiting (p->mu is held). */
+    int sent = ote__shm_send_fd(p->fd, &m, sizeof(m), r.fd, MSG_DONTWAIT) == (ssize_t)sizeof(m);
     int err = errno;
     close(r.fd); /* the source has its own now */
     if (!sent) {
@@ -101,21 +84,6 @@ void ote__shm_peers_del(shm_peer_t *p) {
     ote_mutex_unlock(&tp->pmu);
 }
 
-/* An SHM_OP_UNMAP entry for allocation id, queued with the write-offs (sent with the
- * next REQS message, so after every piece sent before). p->mu held. 0, or -1 (out of
- * memory: the source keeps the mapping until the connection ends). */
-static int queue_unmap(shm_peer_t *p, uint64_t id) {
-    if (p->nwoff == p->woff_cap) {
-        size_t cap = p->woff_cap ? 2 * p->woff_cap : 64;
-        shm_woff_t *w = ote_realloc(p->woff, cap * sizeof(*w));
-        if (w == NULL) return -1;
-        p->woff = w;
-        p->woff_cap = cap;
-    }
-    p->woff[p->nwoff++] = (shm_woff_t){.op = SHM_OP_UNMAP, .id = id};
-    return 0;
-}
-
 void ote__shm_shared_free(ote__transport_t *t, uint64_t id) {
     shm_tp_t *tp = (shm_tp_t *)t;
     shm_slist_t done = {NULL, NULL};
@@ -126,7 +94,8 @@ void ote__shm_shared_free(ote__transport_t *t, uint64_t id) {
             if (p->shared[i].id != id) continue;
             p->shared[i] = p->shared[--p->nshared];
             if (p->broken || p->fd < 0) break; /* its reconnect starts with none sent */
-            if (queue_unmap(p, id) != 0)
+            /* An UNMAP entry, with the write-offs: after every piece sent before. */
+            if (ote__shm_peer_woff_push(p, (shm_woff_t){.op = SHM_OP_UNMAP, .id = id}) != 0)
                 OTE_WARN_LIMITED("shm",
                                  "peer %s: out of memory for an UNMAP entry: its source maps "
                                  "the freed shared allocation until the connection closes",

@@ -51,23 +51,7 @@ static int wait_in(shm_src_t *s, ote_deadline_t dl) {
 static ote_status_t send_msg_fd(shm_src_t *s, const void *buf, size_t len, int fd) {
     ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     for (;;) {
-        union {
-            char b[CMSG_SPACE(sizeof(int))];
-            struct cmsghdr align;
-        } cb;
-        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-        if (fd >= 0) {
-            memset(&cb, 0, sizeof(cb));
-            mh.msg_control = cb.b;
-            mh.msg_controllen = sizeof(cb.b);
-            struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(c), &fd, sizeof(int));
-        }
-        ssize_t r = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t r = ote__shm_send_fd(s->fd, buf, len, fd, MSG_DONTWAIT);
         if (r == (ssize_t)len) return OTE_OK;
         if (r >= 0 || (errno != EAGAIN && errno != EINTR)) return OTE_ERR_PEER_LOST;
         struct pollfd p = {.fd = s->fd, .events = POLLOUT};
