@@ -14,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "base/time.h"
+#include "base/vm.h"
 #include "engine/control/ctl.h"
 #include "engine/core_internal.h"
 
@@ -232,6 +233,28 @@ int ote__reg_overlaps(const ote_engine_t *e, uint64_t start, uint64_t len) {
     return overlaps(e, start, len);
 }
 
+/* Host memory (pageable or pinned) must be there for what peers may do with it, now:
+ * every byte mapped, readable for OTE_PERM_READ, writable for OTE_PERM_WRITE, and no page
+ * of a file mapping past its file's end (base/vm.h). Whatever drivers are loaded, a range
+ * the engine cannot touch is never accepted: a peer's request would kill this process.
+ * *writable_out: the whole range is writable here (its RDMA MRs may take LOCAL_WRITE). */
+static ote_status_t host_range_check(void *addr, size_t len, unsigned perms, int *writable_out) {
+    unsigned need =
+        ((perms & OTE_PERM_READ) ? OTE_VM_READ : 0) | ((perms & OTE_PERM_WRITE) ? OTE_VM_WRITE : 0);
+    ote_vm_report_t r;
+    ote_status_t st = ote_vm_check((uintptr_t)addr, len, need, &r);
+    if (st != OTE_OK) return st;
+    if (r.verdict == OTE_VM_OK) {
+        *writable_out = (r.prot & OTE_VM_WRITE) != 0;
+        return OTE_OK;
+    }
+    OTE_WARN("engine", "register [%p, +%zu) %s refused: 0x%llx is %s%s%s%s", addr, len,
+             (perms & OTE_PERM_WRITE) ? ((perms & OTE_PERM_READ) ? "READ|WRITE" : "WRITE") : "READ",
+             (unsigned long long)r.at, ote_vm_verdict_str(r.verdict), r.what[0] ? " (" : "", r.what,
+             r.what[0] ? ")" : "");
+    return r.verdict == OTE_VM_NO_ACCESS ? OTE_ERR_ACCESS : OTE_ERR_INVALID;
+}
+
 ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsigned perms) {
     return ote_memory_register_named(e, addr, len, perms, NULL);
 }
@@ -265,6 +288,9 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
                    ? cst
                    : OTE_ERR_INVALID;
     }
+    int writable = 0;
+    if (!OTE_MEM_IS_CUDA(kind) && (cst = host_range_check(addr, len, perms, &writable)) != OTE_OK)
+        return cst;
     if ((perms & OTE_PERM_IPC) && !OTE_MEM_IS_CUDA(kind)) {
         OTE_WARN("engine",
                  "register [%p, +%zu) refused: OTE_PERM_IPC opts device memory in to CUDA IPC, "
@@ -323,7 +349,9 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
     /* (The transports see READ/WRITE only: OTE_PERM_IPC is the engine's.) Device memory
      * gets no host MR (its provider would fault on it) ... */
     if (st == OTE_OK && !OTE_MEM_IS_CUDA(kind))
-        st = ote__router_mem_register(e, addr, len, perms & (OTE_PERM_READ | OTE_PERM_WRITE));
+        st = ote__router_mem_register(
+            e, addr, len,
+            (perms & (OTE_PERM_READ | OTE_PERM_WRITE)) | (writable ? OTE__MEM_WRITABLE : 0));
     /* ... except its dma-buf MRs (GPUDirect RDMA), where the driver gave one: a failure
      * leaves the registration to the other paths (logged by the transport). */
     if (st == OTE_OK && dmabuf_fd >= 0)

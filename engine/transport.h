@@ -33,6 +33,10 @@ extern "C" {
 
 typedef struct ote__slice ote__slice_t;
 
+/* With OTE_PERM_READ/WRITE in mem_register's perms: this process can write the whole
+ * range (checked at registration), so its MRs may take IBV_ACCESS_LOCAL_WRITE. */
+#define OTE__MEM_WRITABLE 0x100u
+
 /* CUDA IPC: what a source hands a same-host requester for one piece on device memory
  * registered with OTE_PERM_IPC (plain data; engine/gpu fills and reads it). */
 typedef struct ote__ipc_desc {
@@ -280,7 +284,10 @@ typedef struct {
     ote_status_t (*destroy)(ote__transport_t *tp);
     /* Optional (NULL: not needed, as for tcp). Called by ote_memory_register/unregister
      * under the engine's registry lock: the RDMA transport publishes/deregisters the
-     * range's MRs here. A failure refuses the (un)registration. */
+     * range's MRs here. A failure refuses the (un)registration.
+     * perms: OTE_PERM_READ/WRITE, and OTE__MEM_WRITABLE when this process can write the
+     * whole range (host memory checked at registration): only then may an MR of it take
+     * IBV_ACCESS_LOCAL_WRITE (a NIC pins a read-only mapping for reading only: EFAULT). */
     ote_status_t (*mem_register)(ote__transport_t *tp, void *addr, size_t len, unsigned perms);
     ote_status_t (*mem_unregister)(ote__transport_t *tp, void *addr);
     /* Optional (GPUDirect RDMA, engine/gpu/gpu_direct.c): device memory [addr, +len)

@@ -33,7 +33,15 @@ static _Atomic uint64_t g_failures;
 static ote_status_t key_read(int fd, const char *path, ote_auth_key_t *k) {
     struct stat sb;
     if (fstat(fd, &sb) != 0) return ote_status_from_errno(errno);
-    if (!S_ISREG(sb.st_mode) || (sb.st_mode & 077) != 0) {
+    if (!S_ISREG(sb.st_mode)) {
+        OTE_ERROR("engine", "auth_key_file %s: not a regular file (%s): refused", path,
+                  S_ISDIR(sb.st_mode)    ? "a directory"
+                  : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                  : S_ISSOCK(sb.st_mode) ? "a socket"
+                                         : "a device");
+        return OTE_ERR_ACCESS;
+    }
+    if ((sb.st_mode & 077) != 0) {
         OTE_ERROR("engine",
                   "auth_key_file %s: mode %04o: the key file must be a regular file that "
                   "group and others can neither read nor write (chmod 600)",
@@ -70,7 +78,9 @@ ote_status_t ote_auth_key_load(const char *path, ote_auth_key_t **key_out) {
         OTE_ERROR("engine", "libsodium failed to initialize: no authentication possible");
         return OTE_ERR_NATIVE;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer. Every check
+     * below is made on this fd, so a path swapped after the open changes nothing. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         int err = errno;
         OTE_ERROR("engine", "auth_key_file %s: %s", path, strerror(err));

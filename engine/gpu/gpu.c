@@ -23,6 +23,7 @@
 #include "base/alloc.h"
 #include "base/lock.h"
 #include "base/log.h"
+#include "base/vm.h"
 #include "cuda/driver.h"
 #include "cuda/ipc/ipc.h"
 #include "cuda/memory/device.h"
@@ -75,13 +76,14 @@ int ote__gpu_driver_present(ote__gpu_t *g) {
     return present;
 }
 
-/* Whether the bytes at addr can be read by this process (process_vm_readv of one byte
- * from itself: no signal on an unmapped or PROT_NONE page). Unknown counts as readable. */
-static int host_readable(uint64_t addr) {
-    char b;
-    struct iovec l = {&b, 1}, r = {(void *)(uintptr_t)addr, 1};
-    ssize_t n = process_vm_readv(getpid(), &l, 1, &r, 1, 0);
-    return n == 1 || (n < 0 && errno != EFAULT);
+/* Whether [addr, +len) may be host memory as far as this process can tell without a
+ * driver: everything but a range that is mapped and unreadable (PROT_NONE, which device
+ * memory is at its address). A hole or a file past its end is host memory gone wrong,
+ * which the registry's own check refuses; no driver is needed for that. */
+static int maybe_host(uint64_t addr, uint64_t len) {
+    ote_vm_report_t r;
+    if (ote_vm_check(addr, len, OTE_VM_READ, &r) != OTE_OK) return 1;
+    return r.verdict != OTE_VM_NO_ACCESS;
 }
 
 ote_status_t ote__gpu_create(const ote__cfg_t *cfg, ote__gpu_t **gpu_out) {
@@ -168,7 +170,7 @@ static void cache_put(ote__gpu_t *g, const ote_cuda_pointer_info_t *info, uint32
 ote_status_t ote__gpu_classify(ote__gpu_t *g, uint64_t addr, uint64_t len, int for_register,
                                uint32_t *kind_out) {
     if (!ote__gpu_driver_present(g)) {
-        if (!for_register || (host_readable(addr) && host_readable(addr + len - 1))) {
+        if (!for_register || maybe_host(addr, len)) {
             *kind_out = OTE_MEM_HOST;
             return OTE_OK;
         }

@@ -36,10 +36,22 @@ uint64_t ote__rdma_retained_transports_get(void) {
 
 static ote_status_t rdma_mem_register(ote__transport_t *t, void *addr, size_t len, unsigned perms) {
     rdma_tp_t *tp = (rdma_tp_t *)t;
-    (void)perms; /* permissions are enforced per grant against the engine's registry */
+    /* Peers' permissions are enforced per grant against the engine's registry. */
     reg_ent_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
-    /* Local-only and MW-bindable: a peer reaches it only through a grant's window. */
+    /* Local-only and MW-bindable: a peer reaches it only through a grant's window. The
+     * kernel pins an MR with MW_BIND or LOCAL_WRITE for writing (ib_umem_get), so a
+     * read-only mapping cannot have one: refused up front, with the reason. */
+    if (!(perms & OTE__MEM_WRITABLE)) {
+        ote_free(r);
+        OTE_WARN("rdma",
+                 "registration of [%p, +%zu) refused: rdma serves host memory through "
+                 "memory windows, whose MR the NIC pins for writing, and this range is "
+                 "mapped read-only here (map it writable, MAP_PRIVATE is enough, or leave "
+                 "rdma out of transports)",
+                 addr, len);
+        return OTE_ERR_UNSUPPORTED;
+    }
     ote_status_t st = ote_buffer_register(tp->bm, addr, len,
                                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &r->buf);
     if (st != OTE_OK) {

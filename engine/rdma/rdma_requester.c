@@ -10,6 +10,7 @@
  * it. Runs on the submitting threads, the pump thread (and the monitor for deadlines);
  * touches the peer's notes and grant ids under p->mu and the slice's transport scratch.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -631,13 +632,20 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     }
     atomic_fetch_add(inline_ ? &tp->starts_inline : &tp->starts_pumped, 1);
     struct ibv_mr *mr = NULL, *tmp = NULL;
+    /* A READ writes its local buffer: its temporary MR needs LOCAL_WRITE (a read-only
+     * mapping fails: EFAULT); a WRITE only reads it, so its temporary MR asks for
+     * nothing and a read-only mapping works. (Registered memory is always writable.) */
+    int lacc = write ? 0 : IBV_ACCESS_LOCAL_WRITE;
     if (ote_buffer_manager_find(tp->bm, s->local, rlen, n->ctx, &mr) != OTE_OK) {
-        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, rlen,
-                                     IBV_ACCESS_LOCAL_WRITE, &tmp);
+        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, rlen, lacc, &tmp);
         if (err != 0) {
             ote_endpoint_return(ep, slot, qp);
-            OTE_WARN("rdma", "temporary MR for an unregistered local buffer failed: errno %d", err);
-            ote__rdma_start_failed(p, s, k, ote_status_make(OTE_ERR_NATIVE, err));
+            OTE_WARN("rdma", "temporary MR of the local buffer [%p, +%llu) of a %s failed: %s%s",
+                     (void *)s->local, (unsigned long long)rlen, write ? "WRITE" : "READ",
+                     strerror(err),
+                     err == EFAULT ? " (not mapped, or not writable for a READ)" : "");
+            ote__rdma_start_failed(
+                p, s, k, ote_status_make(err == EFAULT ? OTE_ERR_INVALID : OTE_ERR_NATIVE, err));
             return OTE__RDMA_START_TAKEN;
         }
         mr = tmp;

@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -93,6 +94,66 @@ TEST_F(AuthTest, KeyFileMustBePrivateRegularAndLongEnough) {
     });
     ASSERT_EQ(TryEngine({{"auth_key_file", key_a_.c_str()}}, &e), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
+// The length limits exactly as ote.h states them: 0, 31 and 4097 bytes are not a key
+// (OTE_ERR_INVALID), 32 and 4096 are; a symlink to a good key is followed (Kubernetes
+// mounts secrets as symlinks).
+TEST_F(AuthTest, KeyLengthLimitsAndSymlinks) {
+    ote_engine_t *e = nullptr;
+    for (size_t n : {size_t{0}, size_t{31}, size_t{4097}}) {
+        std::string k = KeyFile(("key_len_" + std::to_string(n)).c_str(), n, 3, 0600);
+        ExpectErrorLogsIn([&] {
+            EXPECT_EQ(TryEngine({{"auth_key_file", k.c_str()}}, &e), OTE_ERR_INVALID) << n;
+        });
+    }
+    for (size_t n : {size_t{32}, size_t{4096}}) {
+        std::string k = KeyFile(("key_len_" + std::to_string(n)).c_str(), n, 3, 0600);
+        ASSERT_EQ(TryEngine({{"auth_key_file", k.c_str()}}, &e), OTE_OK) << n;
+        EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    }
+    std::string link = key_a_ + ".link";
+    unlink(link.c_str());
+    ASSERT_EQ(symlink(key_a_.c_str(), link.c_str()), 0);
+    ASSERT_EQ(TryEngine({{"auth_key_file", link.c_str()}}, &e), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+    unlink(link.c_str());
+}
+
+// A key file that is a FIFO (or a symlink to one) is refused at once: the open must not
+// wait for a writer that never comes. Run in a child with an alarm, so that a hang fails
+// this test in 20 s instead of hanging it.
+TEST_F(AuthTest, FifoKeyFileIsRefusedWithoutWaiting) {
+    const char *dir = getenv("TEST_TMPDIR");
+    std::string fifo = std::string(dir ? dir : "/tmp") + "/key_fifo";
+    std::string link = fifo + ".link";
+    unlink(fifo.c_str());
+    unlink(link.c_str());
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    ASSERT_EQ(symlink(fifo.c_str(), link.c_str()), 0);
+    for (const std::string &path : {fifo, link}) {
+        uint64_t t0 = ote_now_ns();
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            alarm(20);
+            ote_engine_t *e = nullptr;
+            ote_config_t *cfg = nullptr;
+            if (ote_config_create(&cfg) != OTE_OK ||
+                ote_config_set(cfg, "auth_key_file", path.c_str()) != OTE_OK)
+                _exit(100);
+            ote_status_t st = ote_engine_create(cfg, &e);
+            _exit(st == OTE_OK ? 101 : ote_status_code(st));
+        }
+        int ws = 0;
+        ASSERT_EQ(waitpid(pid, &ws, 0), pid);
+        ASSERT_TRUE(WIFEXITED(ws))
+            << path << ": killed by signal " << WTERMSIG(ws) << " (the open waited for a writer)";
+        EXPECT_EQ(WEXITSTATUS(ws), OTE_ERR_ACCESS) << path;
+        EXPECT_LT(ote_now_ns() - t0, 10000 * kMs) << path;
+    }
+    unlink(link.c_str());
+    unlink(fifo.c_str());
 }
 
 TEST_F(AuthTest, WildcardListenNeedsAKeyOrAllowUnauthenticated) {

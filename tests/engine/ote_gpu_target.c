@@ -23,6 +23,10 @@
  *   grants                            -> GRANTS <direct_mrs> <direct_served> <direct_redirects>
  *                                        (its RDMA transport's GPUDirect source grants:
  *                                        exact MRs live now, served, redirects sent)
+ *   hostile <kind>                    -> HOSTILE <code> <addr> <len> <perms>  a range
+ *                                        (tests/engine/hostile_ranges.h, or "freeddev": a
+ *                                        device allocation freed first) given to
+ *                                        ote_memory_register: its status
  *   quit / end of input               -> exits 0 after destroying the engine and memory
  *
  * Usage: ote_gpu_target [dev_size] [listen_address]. Config also from OTE_* variables;
@@ -44,6 +48,7 @@
 #include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
 #include "tests/cuda/fake_cuda_control.h"
+#include "tests/engine/hostile_ranges.h"
 #include "tests/engine/pattern.h"
 
 typedef struct {
@@ -58,6 +63,26 @@ typedef struct {
 } gbuf_t;
 
 static const ote_cuda_driver_table_t *g_t;
+
+/* hostile <kind>: a range made and registered here (tests/engine/hostile_ranges.h), or
+ * "freeddev": a device allocation freed before it is registered. The reply line. */
+static const char *hostile(ote_engine_t *e, const char *kind) {
+    static char reply[96];
+    uint64_t addr = 0, len = 0;
+    unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
+    if (strcmp(kind, "freeddev") == 0) {
+        ote_cu_deviceptr_t d = 0;
+        len = 2 << 20;
+        if (g_t->cuMemAlloc(&d, len) != 0 || g_t->cuMemFree(d) != 0) return "ERR freeddev";
+        addr = d;
+    } else if (ote_test_hostile_range(kind, &addr, &len, &perms) != 0) {
+        return "ERR bad hostile";
+    }
+    ote_status_t st = ote_memory_register(e, (void *)(uintptr_t)addr, len, perms);
+    snprintf(reply, sizeof(reply), "HOSTILE %d %" PRIu64 " %" PRIu64 " %u", (int)st, addr, len,
+             perms);
+    return reply;
+}
 
 static ote_cuda_device_t *g_dev;
 
@@ -245,6 +270,8 @@ int main(int argc, char **argv) {
                 printf("GRANTS %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", g.direct_mrs,
                        g.direct_served, g.direct_redirects);
             else printf("ERR grants\n");
+        } else if (strcmp(cmd, "hostile") == 0) {
+            printf("%s\n", hostile(e, which));
         } else if (strcmp(cmd, "ipc") == 0 && counters) {
             fake_cuda_counters_t c;
             counters(&c);

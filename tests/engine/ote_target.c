@@ -21,6 +21,9 @@
  *                                      them: 30 s at most, else ST <OTE_ERR_TIMEOUT>), not
  *                                      waited for (the process is meant to be killed
  *                                      meanwhile)
+ *   hostile <kind>                  -> HOSTILE <code> <addr> <len> <perms>  a range of that
+ *                                      kind (tests/engine/hostile_ranges.h) made and given
+ *                                      to ote_memory_register: its status
  *   quit / end of input             -> exits 0 after destroying the engine
  *
  * Usage: ote_target [rw_size] [listen_address]. Config also from OTE_* variables.
@@ -35,6 +38,7 @@
 #include <unistd.h>
 
 #include "ote/ote.h"
+#include "tests/engine/hostile_ranges.h"
 #include "tests/engine/pattern.h"
 
 typedef struct {
@@ -48,6 +52,22 @@ static buf_t *find(buf_t *b, const char *name) {
     for (int i = 0; i < 3; i++)
         if (strcmp(b[i].name, name) == 0) return &b[i];
     return NULL;
+}
+
+/* hostile <kind>: a range the engine must refuse (or serve safely), made and registered
+ * here (tests/engine/hostile_ranges.h). Returns the reply line. */
+static const char *hostile(ote_engine_t *e, const char *line) {
+    static char reply[96];
+    char cmd[16], kind[32];
+    uint64_t addr = 0, len = 0;
+    unsigned perms = 0;
+    if (sscanf(line, "%15s %31s", cmd, kind) != 2 ||
+        ote_test_hostile_range(kind, &addr, &len, &perms) != 0)
+        return "ERR bad hostile";
+    ote_status_t st = ote_memory_register(e, (void *)(uintptr_t)addr, len, perms);
+    snprintf(reply, sizeof(reply), "HOSTILE %d %" PRIu64 " %" PRIu64 " %u", (int)st, addr, len,
+             perms);
+    return reply;
 }
 
 /* Whether some request of b (n submitted) has moved bytes or ended. */
@@ -195,6 +215,8 @@ int main(int argc, char **argv) {
             printf("ST %d\n", ote_memory_register_named(e, bf->p, bf->len, bf->perms, bf->name));
         } else if (strcmp(cmd, "pull") == 0) {
             printf("%s\n", pull(e, line, &bufs[0]));
+        } else if (strcmp(cmd, "hostile") == 0) {
+            printf("%s\n", hostile(e, line));
         } else {
             printf("ERR bad command\n");
         }

@@ -61,7 +61,16 @@ bool Target::Start(uint64_t rw_size, const std::string &listen,
     char *argv[] = {const_cast<char *>(bin.c_str()), const_cast<char *>(size.c_str()),
                     const_cast<char *>(listen.c_str()), nullptr};
     std::vector<std::string> envs;
-    for (char **e = environ; *e; e++) envs.emplace_back(*e);
+    // An entry of env replaces an inherited one of the same name (getenv finds the first).
+    auto named_in_env = [&env](const char *kv) {
+        const char *eq = strchr(kv, '=');
+        size_t n = eq ? static_cast<size_t>(eq - kv) + 1 : strlen(kv);
+        for (auto &e : env)
+            if (e.compare(0, n, kv, n) == 0) return true;
+        return false;
+    };
+    for (char **e = environ; *e; e++)
+        if (!named_in_env(*e)) envs.emplace_back(*e);
     for (auto &e : env) envs.push_back(e);
     std::vector<char *> envp;
     for (auto &e : envs) envp.push_back(const_cast<char *>(e.c_str()));

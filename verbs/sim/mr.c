@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/vm.h"
 #include "verbs/sim/sim_internal.h"
 
 /* ---- PD ---- */
@@ -179,6 +180,20 @@ bool ote__sim_mw_invalidate(sim_prov_t *p, sim_qp_t *qp, uint32_t rkey, bool rem
     (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING)
 
+/* Whether the kernel would pin [addr, +len) for an MR with these flags (ib_umem_get):
+ * every page mapped and readable, and writable when any flag lets the MR be written
+ * (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC, and MW_BIND, since a window can grant
+ * writes); a page past the end of a mapped file cannot be pinned either. A real
+ * ibv_reg_mr answers EFAULT otherwise, and so does the sim: its copies would fault. */
+static bool sim_pinnable(const void *addr, size_t len, int access) {
+    int writes = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC |
+                 IBV_ACCESS_MW_BIND;
+    unsigned need = OTE_VM_READ | ((access & writes) ? OTE_VM_WRITE : 0);
+    ote_vm_report_t r;
+    if (ote_vm_check((uint64_t)(uintptr_t)addr, len, need, &r) != OTE_OK) return false;
+    return r.verdict == OTE_VM_OK;
+}
+
 int ote__sim_reg_mr(ote_verbs_t *v, struct ibv_pd *ibpd, void *addr, size_t length, int access,
                     struct ibv_mr **mr_out) {
     if (!ibpd || !mr_out) return EINVAL;
@@ -189,6 +204,7 @@ int ote__sim_reg_mr(ote_verbs_t *v, struct ibv_pd *ibpd, void *addr, size_t leng
     if (length > SIM_MAX_MR_SIZE) return EINVAL;
     if (length > 0 && !addr) return EINVAL;
     if ((uint64_t)(uintptr_t)addr + length < (uint64_t)(uintptr_t)addr) return EINVAL;
+    if (length > 0 && !sim_pinnable(addr, length, access)) return EFAULT;
     sim_prov_t *p = to_sim_prov(v);
     sim_pd_t *pd = to_sim_pd(ibpd);
     sim_mr_t *mr = ote_calloc(1, sizeof(*mr));

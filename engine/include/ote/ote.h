@@ -76,8 +76,14 @@ typedef struct ote_batch ote_batch_t;
  *                        second per kind, the next line saying how many were swallowed.
  *   auth_key_file        path of the cluster key: a regular file of 32..4096 raw bytes
  *                        (e.g. `head -c 32 /dev/urandom`) that group and others can
- *                        neither read nor write, else ote_engine_create fails
- *                        (OTE_ERR_ACCESS). Every connection to this engine then proves the
+ *                        neither read nor write (a symlink to one is followed, as
+ *                        Kubernetes mounts secrets). Else ote_engine_create fails, at once
+ *                        and with an ERROR line: OTE_ERR_NOT_FOUND when the path does not
+ *                        exist; OTE_ERR_ACCESS when it is not a regular file (a directory,
+ *                        a FIFO: never waited on) or group or others may read or write it;
+ *                        OTE_ERR_INVALID when it holds fewer than 32 or more than 4096
+ *                        bytes. The checks and the read use one open file, so a path
+ *                        swapped meanwhile is never read. Every connection to this engine then proves the
  *                        key, and this engine proves it to every peer; a peer without the
  *                        same key fails with OTE_ERR_AUTH. Default "": no key.
  *   allow_unauthenticated "1" lets an engine without a key listen on a non-loopback
@@ -172,6 +178,17 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  * OTE_ERR_EXISTS: each byte has exactly one registration and one set of permissions.
  * Unregister takes the start address given at registration and is refused with
  * OTE_ERR_BUSY while a transfer uses the range.
+ *
+ * The range must be there for what peers may do with it, now (checked against the
+ * kernel's list of mappings, whatever drivers are loaded): OTE_ERR_INVALID when some byte
+ * is not mapped (a hole, a range running into unmapped memory, a freed allocation) or a
+ * file mapping runs past its file's end; OTE_ERR_ACCESS when it is mapped without read
+ * access for OTE_PERM_READ or write access for OTE_PERM_WRITE (PROT_NONE, read-only).
+ * A WARN names the first address found wanting. (A PROT_NONE range while no CUDA driver
+ * loads may be device memory: OTE_ERR_NO_DEVICE, below.) With rdma among the transports,
+ * memory this process cannot write is OTE_ERR_UNSUPPORTED even for OTE_PERM_READ alone
+ * (its memory-window MR is pinned for writing). Unmapping or truncating registered memory
+ * before unregistering it is the caller's error.
  *
  * When a peer's transfer uses the range (what a user can rely on):
  *  - The source checks a peer's request as a whole, its entire remote range against one
