@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -171,6 +172,44 @@ TEST_P(Conformance, RegMrAccessFlagsAndKeys) {
     EXPECT_NE(mr->lkey, mr2->lkey);
     EXPECT_EQ(o_->dereg_mr(v_, mr2), 0);
     EXPECT_EQ(o_->dereg_mr(v_, mr), 0);
+}
+
+// The kernel pins an MR's pages (ib_umem_get): every page mapped and readable, and
+// writable when any flag lets the MR be written (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC,
+// MW_BIND); else EFAULT, and nothing is registered. A file mapping past its file's end
+// cannot be pinned either.
+TEST_P(Conformance, RegMrPinsOnlyMemoryItCanTouch) {
+    const size_t ps = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    auto map = [&](int prot) {
+        void *p = mmap(nullptr, 2 * ps, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        EXPECT_NE(p, MAP_FAILED);
+        return static_cast<uint8_t *>(p);
+    };
+    struct ibv_mr *mr = nullptr;
+    uint8_t *none = map(PROT_NONE);
+    EXPECT_EQ(o_->reg_mr(v_, pd_, none, 2 * ps, 0, &mr), EFAULT);
+    uint8_t *ro = map(PROT_READ);
+    for (int acc : {int{IBV_ACCESS_LOCAL_WRITE}, int{IBV_ACCESS_MW_BIND},
+                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE})
+        EXPECT_EQ(o_->reg_mr(v_, pd_, ro, 2 * ps, acc, &mr), EFAULT) << acc;
+    ASSERT_EQ(o_->reg_mr(v_, pd_, ro, 2 * ps, IBV_ACCESS_REMOTE_READ, &mr), 0);
+    EXPECT_EQ(o_->dereg_mr(v_, mr), 0);
+    uint8_t *gap = map(PROT_READ | PROT_WRITE);
+    ASSERT_EQ(munmap(gap + ps, ps), 0);
+    EXPECT_EQ(o_->reg_mr(v_, pd_, gap, 2 * ps, IBV_ACCESS_LOCAL_WRITE, &mr), EFAULT);
+    ASSERT_EQ(o_->reg_mr(v_, pd_, gap, ps, IBV_ACCESS_LOCAL_WRITE, &mr), 0);
+    EXPECT_EQ(o_->dereg_mr(v_, mr), 0);
+    int fd = memfd_create("ote_conf", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(ps)), 0);
+    void *f = mmap(nullptr, 2 * ps, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT_NE(f, MAP_FAILED);
+    EXPECT_EQ(o_->reg_mr(v_, pd_, f, 2 * ps, IBV_ACCESS_LOCAL_WRITE, &mr), EFAULT);
+    munmap(f, 2 * ps);
+    close(fd);
+    munmap(gap, ps);
+    munmap(ro, 2 * ps);
+    munmap(none, 2 * ps);
 }
 
 TEST_P(Conformance, DeallocPdWithChildrenIsBusy) {
