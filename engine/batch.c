@@ -71,13 +71,17 @@ static void req_finalize(ote__req_t *r) {
         case OTE_ERR_TIMEOUT: state = OTE_TRANSFER_TIMEOUT; break;
         default: state = OTE_TRANSFER_FAILED; break;
     }
-    if (r->local_pin) ote__reg_unpin(r->b->e, r->local_pin);
+    ote__reg_t *pin = r->local_pin;
     r->local_pin = NULL;
     ote_free(r->many);
     r->many = NULL;
     ote_segment_t *seg = r->seg;
     ote_batch_t *b = r->b;
     atomic_store(&r->state, state);
+    /* The local registration's pin goes after the final state is visible: once its
+     * unregister answers OK, no request that used it still reads PENDING. (The batch
+     * cannot be reset or destroyed before batch_end_one below.) */
+    if (pin) ote__reg_unpin(b->e, pin);
     if (seg) atomic_fetch_sub(&seg->pending, 1);
     batch_end_one(b);
 }

@@ -147,6 +147,38 @@ TEST_P(ContractTest, UnregisterNeverSucceedsInsideARequest) {
     EXPECT_EQ(reply.rfind("ST ", 0), 0u) << reply;
 }
 
+// The requester's side of the same rule: a request whose local buffer lies in one of
+// this engine's registrations holds it, so ote_memory_unregister of it is BUSY until the
+// request ended (a user who frees the memory after an OK unregister must never have it
+// read or written afterwards). The target is stopped so that the requests stay pending;
+// once it runs again, the unregister that answers OK (it waits up to
+// OTE_UNREGISTER_WAIT_MS for the pin) finds every request that used the range ended.
+TEST_P(ContractTest, RequestersOwnRegistrationIsBusyWhileARequestUsesIt) {
+    const size_t len = 4u << 20;
+    for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
+        SCOPED_TRACE(op == OTE_WRITE ? "WRITE" : "READ");
+        std::vector<uint8_t> local(len + 8192, 7);
+        uint8_t *reg = local.data() + 4096; // the request uses the registration's middle
+        ASSERT_EQ(ote_memory_register(engine_, reg, len, OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+        ASSERT_TRUE(target_.Stop());
+        ote_batch_t *b = Submit(op, reg + 4096, len / 2, 2, 2);
+        ASSERT_NE(b, nullptr);
+        EXPECT_EQ(ote_memory_unregister(engine_, reg), OTE_ERR_BUSY);
+        ASSERT_TRUE(target_.Cont());
+        ote_status_t st = OTE_ERR_BUSY;
+        for (int i = 0; i < 1200 && st == OTE_ERR_BUSY; i++)
+            st = ote_memory_unregister(engine_, reg); // 100 ms each at most
+        EXPECT_EQ(st, OTE_OK);
+        for (size_t i = 0; i < 2; i++) {
+            ote_transfer_status_t ts;
+            ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+            EXPECT_EQ(ts.state, OTE_TRANSFER_COMPLETED) << "unregister OK under request " << i;
+        }
+        EXPECT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    }
+}
+
 // Point 3: peer death is reported as OTE_ERR_PEER_LOST, request-scope, from the first cause.
 TEST_P(ContractTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
     constexpr int kN = 128;

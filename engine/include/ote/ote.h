@@ -177,7 +177,11 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  * need no registration on TCP. Overlapping registrations are refused with
  * OTE_ERR_EXISTS: each byte has exactly one registration and one set of permissions.
  * Unregister takes the start address given at registration and is refused with
- * OTE_ERR_BUSY while a transfer uses the range.
+ * OTE_ERR_BUSY while a transfer uses the range: a peer's request at this source, or a
+ * request of this engine whose local buffer lies in it. It first waits up to
+ * OTE_UNREGISTER_WAIT_MS for such transfers to end, so an OK may follow a status read as
+ * PENDING just before; once it answers OK, every request that used the range has its
+ * final state and none touches the range again.
  *
  * The range must be there for what peers may do with it, now (checked against the
  * kernel's list of mappings, whatever drivers are loaded): OTE_ERR_INVALID when some byte
