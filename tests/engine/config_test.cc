@@ -192,6 +192,23 @@ TEST_F(ConfigTest, EngineAddressesV4V6AndAdvertised) {
     EXPECT_EQ(std::string(addr).rfind("[2001:db8::5]:", 0), 0u) << addr;
     EXPECT_NE(std::string(addr), "[2001:db8::5]:0"); // port 0 = the port we listen on
     ASSERT_EQ(ote_engine_destroy(e), OTE_OK);
+    // A specific listen address is advertised as set too (NAT, a container's published
+    // port): advertise_address wins whatever the listen address, as ote.h says.
+    ote_config_t *c2 = nullptr;
+    ASSERT_EQ(ote_config_create(&c2), OTE_OK);
+    ASSERT_EQ(ote_config_set(c2, "listen_address", "127.0.0.1:0"), OTE_OK);
+    ASSERT_EQ(ote_config_set(c2, "advertise_address", "127.0.0.1:1"), OTE_OK);
+    ASSERT_EQ(ote_engine_create(c2, &e), OTE_OK);
+    ASSERT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);
+    EXPECT_STREQ(addr, "127.0.0.1:1");
+    ASSERT_EQ(ote_engine_destroy(e), OTE_OK);
+    ASSERT_EQ(ote_config_set(c2, "advertise_address", "10.1.2.3:0"), OTE_OK);
+    ASSERT_EQ(ote_engine_create(c2, &e), OTE_OK);
+    ASSERT_EQ(ote_engine_address(e, addr, sizeof(addr)), OTE_OK);
+    EXPECT_EQ(std::string(addr).rfind("10.1.2.3:", 0), 0u) << addr;
+    EXPECT_NE(std::string(addr), "10.1.2.3:0");
+    ASSERT_EQ(ote_engine_destroy(e), OTE_OK);
+    ote_config_destroy(c2);
 }
 
 TEST_F(ConfigTest, ListenAddressInUseIsAClearError) {

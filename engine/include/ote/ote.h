@@ -37,8 +37,12 @@ typedef struct ote_batch ote_batch_t;
  *   transport            "tcp" (default) or "rdma". Never silently replaced by another.
  *   listen_address       "host:port" the engine listens on; "[v6]:port" for IPv6.
  *                        Default "127.0.0.1:0" (port 0 = any free port).
- *   advertise_address    "host:port" reported by ote_engine_address() when the listen
- *                        address is a wildcard (default: the listen address).
+ *   advertise_address    "host:port" reported by ote_engine_address() and sent to peers
+ *                        in place of the address listened on, whatever the listen
+ *                        address (a wildcard, or a specific one behind NAT or a
+ *                        container's published port); port 0 there means the port
+ *                        listened on. Default "": the listen address, its wildcard host
+ *                        (0.0.0.0, ::) replaced by the loopback address of its family.
  *   tcp_connections      data connections per peer (default 4).
  *   tcp_workers          transport worker threads (default 2).
  *   tcp_max_accepted     connections this engine accepts from requesters at once
