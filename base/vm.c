@@ -13,17 +13,17 @@
 /* One line of /proc/self/maps: "start-end perms offset dev inode   path". */
 typedef struct {
     uint64_t start, end;
-    unsigned prot;   /* OTE_VM_READ / OTE_VM_WRITE */
-    int file;        /* backed by a file (inode != 0): may end before the mapping does */
-    char name[80];   /* "r--p /path" for a report */
+    unsigned prot; /* OTE_VM_READ / OTE_VM_WRITE */
+    int file;      /* backed by a file (inode != 0): may end before the mapping does */
+    char name[80]; /* "r--p /path" for a report */
 } vm_map_t;
 
 /* The scan of the maps text, fed line by line. */
 typedef struct {
     uint64_t addr, end; /* the range asked */
     unsigned access;
-    uint64_t cur;       /* the first byte not yet found mapped with the access */
-    unsigned prot;      /* what every mapping so far had */
+    uint64_t cur;  /* the first byte not yet found mapped with the access */
+    unsigned prot; /* what every mapping so far had */
     int done;
     ote_vm_report_t *out;
 } vm_scan_t;
@@ -48,8 +48,8 @@ static int parse_line(const char *s, vm_map_t *m) {
     unsigned long long start, end, off, inode;
     char perms[8];
     int path_at = 0;
-    if (sscanf(s, "%llx-%llx %7s %llx %*s %llu %n", &start, &end, perms, &off, &inode,
-               &path_at) < 5)
+    if (sscanf(s, "%llx-%llx %7s %llx %*s %llu %n", &start, &end, perms, &off, &inode, &path_at) <
+        5)
         return -1;
     m->start = start;
     m->end = end;

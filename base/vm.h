@@ -33,17 +33,17 @@ extern "C" {
 #define OTE_VM_WRITE 0x2u /* the bytes will be written */
 
 typedef enum {
-    OTE_VM_OK = 0,       /* every byte is mapped with the access asked */
-    OTE_VM_UNMAPPED = 1, /* some byte is not mapped at all */
+    OTE_VM_OK = 0,        /* every byte is mapped with the access asked */
+    OTE_VM_UNMAPPED = 1,  /* some byte is not mapped at all */
     OTE_VM_NO_ACCESS = 2, /* mapped, but without the access asked (PROT_NONE, read-only) */
-    OTE_VM_PAST_EOF = 3, /* a file mapping beyond the end of its file */
+    OTE_VM_PAST_EOF = 3,  /* a file mapping beyond the end of its file */
 } ote_vm_verdict_t;
 
 typedef struct {
     ote_vm_verdict_t verdict;
-    uint64_t at;       /* not OK: the first address found wanting (a page start for PAST_EOF) */
-    unsigned prot;     /* OK: OTE_VM_READ/WRITE that every byte has (a superset of access) */
-    char what[96];     /* not OK: the mapping at `at` as the kernel names it ("r--p
+    uint64_t at;   /* not OK: the first address found wanting (a page start for PAST_EOF) */
+    unsigned prot; /* OK: OTE_VM_READ/WRITE that every byte has (a superset of access) */
+    char what[96]; /* not OK: the mapping at `at` as the kernel names it ("r--p
                         * /data/model.bin", "---p [anon]"), "" for a hole */
 } ote_vm_report_t;
 

@@ -207,6 +207,16 @@ static ote_status_t peer_connect(shm_peer_t *p, int *shared_ok) {
     /* CUDA IPC: asked for when gpu_paths allows it (whether the driver is loaded is
      * looked at per piece). */
     int want_ipc = (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_copy_start != NULL;
+    /* Not with an engine of this very process: the driver opens no IPC handle of its own
+     * process (cuIpcOpenMemHandle: CUDA_ERROR_INVALID_CONTEXT), so device memory goes by
+     * the other paths gpu_paths allows (staging), said once per connection. */
+    if (want_ipc && cr.pid == getpid()) {
+        want_ipc = 0;
+        OTE_INFO("shm",
+                 "peer %s is this process: no CUDA IPC with it (a process cannot open its own "
+                 "IPC handles); device memory takes the other gpu_paths",
+                 p->addr);
+    }
     if (want_ipc) h.h.pad = SHM_CAP_IPC;
     int force_ring = strcmp(tp->cfg.shm_mode, "ring") == 0;
     h.probe_addr = force_ring ? 0 : (uint64_t)(uintptr_t)&g_probe_cookie;

@@ -226,7 +226,9 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
         if (ote__shm_ring_map(s, &h, rfd, ignored, sizeof(ignored)) == 0) a.flags |= SHM_ACK_RING;
     }
     /* CUDA IPC when the requester asks for it and this engine allows it. */
-    if (a.status == OTE_OK && (h.h.pad & SHM_CAP_IPC) && (tp_ipc_allowed(s->tp))) {
+    /* Never to this very process (its driver cannot open its own handles). */
+    if (a.status == OTE_OK && (h.h.pad & SHM_CAP_IPC) && tp_ipc_allowed(s->tp) &&
+        s->pid != getpid()) {
         a.flags |= SHM_ACK_IPC;
         s->ipc = 1;
     }

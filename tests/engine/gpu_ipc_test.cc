@@ -248,6 +248,59 @@ TEST_F(GpuIpcTest, SixtyFourMiBDeviceToDevice) {
 // Without OTE_PERM_IPC at the source, IPC is never used: local device buffers are staged
 // (the source declines, touching nothing), host buffers are served by the source's
 // staging; no export or import happens in either process.
+// Two engines of one process over shm, both allowing ipc and staging, the source's
+// device memory opted in to IPC: the driver cannot open an IPC handle of its own process
+// (the fake answers CUDA_ERROR_INVALID_CONTEXT, as CUDA does), so neither side offers IPC
+// and every byte moves by staging, in both directions, with INFO lines saying why (the
+// READ failed OTE_ERR_NATIVE before).
+TEST_F(GpuIpcTest, SameProcessEnginesStageInsteadOfIpc) {
+    ote_log_level_t prev = ote_log_level();
+    ote_log_set_level(OTE_LOG_INFO); // the INFO line that says why
+    ote_engine_t *src = ote_test::NewEngine({{"transports", "shm,tcp"},
+                                             {"gpu_paths", "ipc,staging"},
+                                             {"transfer_timeout_ms", "20000"}});
+    ASSERT_NE(src, nullptr);
+    e_ = ote_test::NewEngine({{"transports", "shm,tcp"},
+                              {"gpu_paths", "ipc,staging"},
+                              {"transfer_timeout_ms", "20000"}});
+    ASSERT_NE(e_, nullptr);
+    const size_t len = (1 << 20) + 333;
+    uint64_t rdev = DevAlloc(len), ldev = DevAlloc(len);
+    ASSERT_NE(rdev, 0u);
+    ASSERT_NE(ldev, 0u);
+    ASSERT_EQ(ote_memory_register(src, reinterpret_cast<void *>(rdev), len,
+                                  OTE_PERM_READ | OTE_PERM_WRITE | OTE_PERM_IPC),
+              OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(e_, src, &seg_));
+    ote_segment_info_t info{};
+    ASSERT_EQ(ote_segment_info(seg_, &info), OTE_OK);
+    ASSERT_STREQ(info.transport, "shm");
+    EXPECT_TRUE(LogContains("is this process: no CUDA IPC"));
+    ote_log_set_level(prev);
+    std::vector<uint8_t> host(len);
+    DevFill(rdev, len, 41);
+    ote_transfer_status_t ts{};
+    EXPECT_EQ(Run(OTE_READ, reinterpret_cast<uint64_t>(host.data()), rdev, len, &ts), OTE_OK)
+        << ote_status_str(ts.error);
+    EXPECT_EQ(ote_hash(host.data(), len), PatternHash(41, 0, len));
+    DevFill(ldev, len, 42);
+    EXPECT_EQ(Run(OTE_WRITE, ldev, rdev, len, &ts), OTE_OK) << ote_status_str(ts.error);
+    EXPECT_EQ(DevHash(rdev, len), PatternHash(42, 0, len));
+    EXPECT_EQ(Run(OTE_READ, ldev + 1, rdev + 7, len - 7, &ts), OTE_OK) << ote_status_str(ts.error);
+    EXPECT_EQ(DevHash(ldev + 1, len - 7), PatternHash(42, 7, len - 7));
+    ote_gpu_stats_t st = Stats();
+    EXPECT_EQ(st.ipc_copies, 0u);
+    EXPECT_EQ(st.ipc_failed, 0u);
+    EXPECT_GE(st.staged_requests, 2u);
+    ote_gpu_stats_t ss{};
+    ASSERT_EQ(ote_engine_gpu_stats(src, &ss), OTE_OK);
+    EXPECT_EQ(ss.ipc_exports, 0u);
+    EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+    seg_ = nullptr;
+    EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rdev)), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+}
+
 TEST_F(GpuIpcTest, WithoutOptInNeverIpc) {
     Target t;
     ASSERT_NO_FATAL_FAILURE(Open(t, false));
