@@ -3,6 +3,7 @@
  * and segments (a segment owns its transport peer). Ownership and locks: core_internal.h.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -205,6 +206,17 @@ ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t *
     ote_segment_t *s = ote_calloc(1, sizeof(*s));
     if (s == NULL) return OTE_ERR_NOMEM;
     ote_status_t st = ote__router_open(e, peer, &s->tp, &s->tpname, &s->peer);
+    if (ote_status_code(st) == OTE_ERR_TIMEOUT) {
+        /* The peer took the connection but did not complete the handshake by
+         * connect_timeout_ms: a peer-scope failure to connect, not a request's deadline. */
+        OTE_WARN("engine",
+                 "segment_open %s: no handshake within connect_timeout_ms=%llu (not an OrbitTE "
+                 "engine, or one too busy to answer)",
+                 peer, (unsigned long long)e->cfg.connect_timeout_ms);
+        st = ote_status_make(OTE_ERR_CONNECT, ETIMEDOUT);
+    } else if (ote_status_code(st) == OTE_ERR_PROTOCOL) {
+        OTE_WARN("engine", "segment_open %s: the peer does not speak OrbitTE's handshake", peer);
+    }
     if (st != OTE_OK) {
         ote_free(s);
         return st;

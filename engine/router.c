@@ -362,13 +362,18 @@ static int open_single(ote_engine_t *e, const char *peer, char *info, ote__trans
     if (tp == NULL || strcmp(tname, "tcp") != 0) return 0;
     ote__tpeer_t *tpeer = NULL;
     ote_status_t st = tp->ops->peer_open(tp, peer, &tpeer);
+    int code = ote_status_code(st);
     if (st == OTE_OK) {
         OTE_INFO("engine", "segment %s: transport %s (this engine offers only %s)", peer, tname,
                  tname);
         *tp_out = tp;
         *name_out = tname;
         *peer_out = tpeer;
-    } else {
+    } else if (code != OTE_ERR_TIMEOUT && code != OTE_ERR_CONNECT && code != OTE_ERR_AUTH &&
+               code != OTE_ERR_PROTOCOL) {
+        /* It answered, as an engine, and refused tcp: ask for its list, so that a mismatch
+         * is reported as one. (A peer that did not answer in time, or not as an engine,
+         * is not asked again: its deadline is spent.) */
         char plist[64];
         if (query_info(e, peer, info, OTE_CTL_MAX_INFO + 1) == OTE_OK &&
             ote_ctl_info_get(info, "transports", plist, sizeof(plist)) == OTE_OK &&
@@ -399,6 +404,7 @@ ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_
      * precisely what is wrong; one that cannot be reached, or that refused this engine's
      * authentication (or lack of it), fails here. */
     int code = ote_status_code(st);
+    ote_status_t qst = st; /* what the peer's answer was, should no transport try it */
     if (st != OTE_OK && code != OTE_ERR_CONNECT && code != OTE_ERR_TIMEOUT &&
         code != OTE_ERR_NOMEM && code != OTE_ERR_INVALID && code != OTE_ERR_AUTH) {
         info[0] = '\0';
@@ -434,7 +440,11 @@ ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_
         ote_free(info);
         return ost;
     }
-    if (st == OTE_OK) {
+    if (st == OTE_OK && qst != OTE_OK) {
+        /* No transport could try the peer, and its answer was not an engine's (garbage, or
+         * a version we do not speak): that is what is wrong, not the lists. */
+        st = ote_status_code(qst) == OTE_ERR_VERSION ? qst : OTE_ERR_PROTOCOL;
+    } else if (st == OTE_OK) {
         OTE_ERROR("engine",
                   "segment_open %s: no common transport: this engine offers transports=%s, the "
                   "peer transports=%s",

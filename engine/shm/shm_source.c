@@ -226,9 +226,9 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
         if (ote__shm_ring_map(s, &h, rfd, ignored, sizeof(ignored)) == 0) a.flags |= SHM_ACK_RING;
     }
     /* CUDA IPC when the requester asks for it and this engine allows it. */
-    /* Never to this very process (its driver cannot open its own handles). */
-    if (a.status == OTE_OK && (h.h.pad & SHM_CAP_IPC) && tp_ipc_allowed(s->tp) &&
-        s->pid != getpid()) {
+    /* (A requester of this very process never asks: its driver cannot open its own
+     * process's handles, shm_requester.c.) */
+    if (a.status == OTE_OK && (h.h.pad & SHM_CAP_IPC) && (tp_ipc_allowed(s->tp))) {
         a.flags |= SHM_ACK_IPC;
         s->ipc = 1;
     }

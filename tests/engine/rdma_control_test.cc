@@ -779,10 +779,12 @@ TEST_F(RdmaControlTest, ConnectIsBoundedByConnectTimeout) {
     ote_segment_t *seg = nullptr;
     ote_status_t st = ote_segment_open(e, addr.c_str(), &seg);
     uint64_t took = ote_now_ns() - t0;
-    // Nobody accepts or answers: the open ends with TIMEOUT at connect_timeout_ms (500 ms),
-    // not before it and not at transfer_timeout_ms (60 s: far from the 30 s bound below,
-    // which a loaded machine cannot reach by slowness alone); no segment is handed out.
-    EXPECT_EQ(ote_status_code(st), OTE_ERR_TIMEOUT) << ote_status_str(st);
+    // Nobody accepts or answers: the open ends with CONNECT (ETIMEDOUT) at
+    // connect_timeout_ms (500 ms), not before it and not at transfer_timeout_ms (60 s: far
+    // from the 30 s bound below, which a loaded machine cannot reach by slowness alone);
+    // no segment is handed out.
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_CONNECT) << ote_status_str(st);
+    EXPECT_EQ(ote_status_errno(st), ETIMEDOUT);
     EXPECT_EQ(seg, nullptr);
     EXPECT_GE(took, 500 * kMs) << "connect gave up after " << took / kMs << " ms";
     EXPECT_LT(took, 30 * kSec) << "connect waited " << took / kMs << " ms";

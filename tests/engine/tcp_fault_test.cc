@@ -7,6 +7,8 @@
 // it was), and the peer can be opened (or reconnected) again once the fault clears.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -117,14 +119,17 @@ TEST_F(TcpFaultTest, PartialConnectRollsBackAndThePeerOpensAgain) {
 }
 
 // Every connect failing (OTE_FAULT_FROM 1): the open fails at the first connection with
-// a status of another kind (a timeout), nothing is retried behind the caller's back, and
+// a status of another kind (a timeout, which segment_open reports as what it is for the
+// caller: OTE_ERR_CONNECT, ETIMEDOUT), nothing is retried behind the caller's back, and
 // the engines stay usable.
 TEST_F(TcpFaultTest, EveryConnectFailingFailsTheOpenOnce) {
     int fds0 = CountOpenFds();
     ASSERT_EQ(ote_fault_arm(kPoint, OTE_FAULT_FROM, 1, OTE_ERR_TIMEOUT, 0), OTE_OK);
     for (int i = 0; i < 3; i++) {
         ote_segment_t *seg = nullptr;
-        EXPECT_EQ(ote_segment_open(req_, addr_.c_str(), &seg), OTE_ERR_TIMEOUT);
+        ote_status_t st = ote_segment_open(req_, addr_.c_str(), &seg);
+        EXPECT_EQ(ote_status_code(st), OTE_ERR_CONNECT);
+        EXPECT_EQ(ote_status_errno(st), ETIMEDOUT);
         EXPECT_EQ(seg, nullptr);
     }
     EXPECT_EQ(ote_fault_hits(kPoint), 3u);

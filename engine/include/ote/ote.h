@@ -281,7 +281,14 @@ ote_status_t ote_memory_free_shared(ote_engine_t *engine, void *addr);
 
 /* ---- segments ---------------------------------------------------------------------- */
 /* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
- * segment can be opened again; a later open reconnects. OTE_ERR_AUTH (logged on both
+ * segment can be opened again; a later open reconnects. Failures are peer-scope and come
+ * within connect_timeout_ms (each transport tried gets its own): OTE_ERR_CONNECT when
+ * nothing listens there or the peer does not complete the handshake in time (errno
+ * ETIMEDOUT: a server that accepts and never answers), OTE_ERR_PROTOCOL when it answers
+ * with something that is not OrbitTE's handshake, OTE_ERR_VERSION for a protocol version
+ * this engine does not speak, OTE_ERR_UNSUPPORTED when the two engines' transports
+ * lists have nothing in common that reaches (both lists logged); OTE_ERR_INVALID for a
+ * peer that is not "host:port". OTE_ERR_AUTH (logged on both
  * sides) when the two engines do not share a cluster key (auth_key_file): another key, or
  * a key on one side only. Over RDMA a segment is bound to the engine instance it met
  * (its epoch): once that engine is gone and another listens at the same address, the
