@@ -2,8 +2,8 @@
  * base/status.h - OrbitTE status codes, as the layers use them.
  *
  * The codes, ote_status_t and the functions that name and classify a status are public
- * API and defined once, in <ote/status.h> (engine/include/ote/status.h, target
- * //engine:status_api, which has no dependencies). This header includes it and adds
+ * API and defined once, in <ote/status.h> (base/include/ote/status.h, target
+ * //base:status_api, which has no dependencies; the engine re-exports it). This header includes it and adds
  * what only the layers need: combining a code with an errno and mapping an errno.
  */
 #ifndef OTE_BASE_STATUS_H
@@ -14,7 +14,7 @@
 
 /* Workspace-relative like every include here, so compilers outside Bazel (the fuzzer's
  * clang) need only the repository root on their include path. */
-#include "engine/include/ote/status.h"
+#include "base/include/ote/status.h"
 
 #ifdef __cplusplus
 extern "C" {

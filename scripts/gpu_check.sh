@@ -118,9 +118,9 @@ if [ "$MODE" = package ]; then
     install -m 644 "$SELF_DIR/gpu_check_engine.sh" "$PKG/gpu_check_engine.sh" || exit 1
     # Sources for the fallbacks: the header check, and rebuilding the probe with gcc when
     # the prebuilt binaries do not run on the GPU machine's libc.
-    # (base's headers include the public status header of the engine's API.)
-    (cd "$SRC_ROOT" && tar -cf - base/*.c base/*.h cuda/*.c cuda/*.h cuda/*/*.c cuda/*/*.h \
-        $(ls engine/include/ote/*.h 2>/dev/null) tests/cuda/header_check.cc tests/cuda/bw_probe.c scripts/cuda_facts.c) |
+    # (base's headers include the public status header, base/include/ote/status.h.)
+    (cd "$SRC_ROOT" && tar -cf - base/*.c base/*.h base/include/ote/*.h cuda/*.c cuda/*.h \
+        cuda/*/*.c cuda/*/*.h $(ls engine/include/ote/*.h 2>/dev/null) tests/cuda/header_check.cc tests/cuda/bw_probe.c scripts/cuda_facts.c) |
         tar -xf - -C "$PKG/src" || exit 1
     for h in uthash.h utlist.h; do [ -f "/usr/include/$h" ] && cp "/usr/include/$h" "$PKG/src/"; done
     install -m 755 "$SELF_DIR/gpu_check.sh" "$PKG/gpu_check.sh" || exit 1

@@ -110,7 +110,7 @@ printf "$INFO_HEAD" >"$RCORPUS/info_short"
 # and close receipt, and malformed neighbours of them) are written by the target itself
 # built with -DOTE_SHM_FUZZ_SEEDS, so they follow the structs' layout.
 SBIN="$WORK/shm_fuzz"
-SFLAGS=(-std=c11 -D_GNU_SOURCE -DOTE__INSIDE_ENGINE -g -O1 -I"$ROOT" -I"$ROOT/engine/include")
+SFLAGS=(-std=c11 -D_GNU_SOURCE -DOTE__INSIDE_ENGINE -g -O1 -I"$ROOT" -I"$ROOT/engine/include" -I"$ROOT/base/include")
 "$CLANG" "${SFLAGS[@]}" -DOTE_SHM_FUZZ_SEEDS -fsanitize=address,undefined \
     -fno-sanitize-recover=undefined \
     "$ROOT/engine/shm/fuzz_shm.c" "$ROOT/engine/shm/shm_proto.c" -o "$WORK/shm_seeds"

@@ -10,9 +10,11 @@
  *
  * Codes without an errno compare equal to their plain enum value.
  *
- * This is the one definition of the codes: base/status.h, which every layer includes,
- * includes this header and adds what only the layers use (ote_status_make,
- * ote_status_from_errno). The functions are implemented in base/status.c.
+ * This is the one definition of the codes, owned by the bottom layer (base/include:
+ * target //base:status_api, which depends on nothing): base/status.h, which every layer
+ * includes, includes this header and adds what only the layers use (ote_status_make,
+ * ote_status_from_errno); the engine's public API re-exports it (<ote/ote.h> includes
+ * it). The functions are implemented in base/status.c.
  */
 #ifndef OTE_OTE_STATUS_H
 #define OTE_OTE_STATUS_H
