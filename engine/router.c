@@ -32,8 +32,9 @@
  * list is never used: no common transport fails with OTE_ERR_UNSUPPORTED and an ERROR line
  * that names both lists. The choice is logged at INFO and read with ote_segment_info.
  *
- * Test hook: OTE_TEST_HOST_SUFFIX (environment, read at engine creation) is appended to
- * the advertised boot id, so a test can make two engines of one host look like two hosts.
+ * Test hook (engine/hooks.h, installed only by the test-only //engine:testing): a suffix
+ * appended to the advertised boot id, so a test can make two engines of one host look
+ * like two hosts.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -91,7 +92,7 @@ static void build_info(ote_engine_t *e) {
         fclose(f);
         boot[strcspn(boot, "\n")] = '\0';
     }
-    const char *suffix = getenv("OTE_TEST_HOST_SUFFIX");
+    const char *suffix = ote__engine_hooks.host_suffix ? ote__engine_hooks.host_suffix() : NULL;
     char net[24], user[24], pidn[24], mnt[24];
     ns_ino("net", net, sizeof(net));
     ns_ino("user", user, sizeof(user));

@@ -26,6 +26,7 @@
 
 #include "base/status.h"
 #include "base/time.h"
+#include "engine/hooks.h"
 
 #ifdef __cplusplus
 extern "C" {

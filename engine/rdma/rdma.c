@@ -19,15 +19,14 @@
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_src_parents.h"
 #include "engine/rdma/rdma_internal.h"
-#include "engine/rdma/test_hook.h"
+#include "engine/rdma/rdma_hooks.h"
 
 /* Teardown's wait for the flush CQEs of the grants it ended (at most; shorter when
  * transfer_timeout_ms + 2 s is). */
 #define OTE__RDMA_TEARDOWN_GRANTS_MS 10000
 
 static _Atomic uint64_t ote__rdma_retained_transports;
-ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
-int (*ote__rdma_test_distance)(void *arg, int a, int b);
+ote__rdma_hooks_t ote__rdma_hooks;
 uint64_t ote__rdma_retained_transports_get(void) {
     return atomic_load(&ote__rdma_retained_transports);
 }
@@ -181,7 +180,8 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
  * OTE_OK: tp is freed. OTE_ERR_RETAINED: tp stays valid for another teardown only.
  */
 static ote_status_t teardown(rdma_tp_t *tp) {
-    ote__rdma_test_track(tp, 0); /* idempotent: a retry of a retained teardown */
+    if (ote__rdma_hooks.track != NULL)
+        ote__rdma_hooks.track(tp, 0); /* idempotent: a retry of a retained teardown */
     atomic_store(&tp->stop, 1);
     if (tp->pumper_started) {
         ote__rdma_pump_kick(tp);
@@ -440,8 +440,8 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
                   ote_status_str(st));
         return st;
     }
-    if (ote__rdma_test_verbs_hook != NULL) {
-        st = ote__rdma_test_verbs_hook(&tp->v);
+    if (ote__rdma_hooks.wrap_verbs != NULL) {
+        st = ote__rdma_hooks.wrap_verbs(&tp->v);
         if (st != OTE_OK) return st;
     }
     char allow_buf[sizeof(tp->cfg.rdma_devices)], deny_buf[sizeof(tp->cfg.rdma_exclude)];
@@ -481,7 +481,7 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
                                                  : tp->cfg.rdma_devices;
     /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal. */
     sc.use_topology = strcmp(tp->v->provider, "sim") != 0;
-    sc.distance = ote__rdma_test_distance;
+    sc.distance = ote__rdma_hooks.distance;
     ote_context_config_t cc;
     memset(&cc, 0, sizeof(cc));
     if (npins > 0) {
@@ -672,7 +672,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         goto err;
     }
     tp->monitor_started = 1;
-    ote__rdma_test_track(tp, 1);
+    if (ote__rdma_hooks.track != NULL) ote__rdma_hooks.track(tp, 1);
     if (pthread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
         st = OTE_ERR_NOMEM;
         goto err;

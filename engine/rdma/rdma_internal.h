@@ -526,7 +526,7 @@ struct ote__rdma_tp {
     _Atomic uint64_t stage_mrs_made; /* ... registered so far */
     uint64_t epoch;                  /* host->epoch, sent in INFO / INFO_ACK (read-only) */
     _Atomic uint32_t dev_gen;        /* monitor: +1 each time a data device comes up */
-    struct ote__rdma_tp *live_next;  /* rdma_test.c: the process's transports (test hooks) */
+    struct ote__rdma_tp *live_next;  /* rdma_test.c (test-only): the process's transports */
     /* RELEASE messages: sent as a requester; applied / ignored as a source. */
     _Atomic uint64_t rel_sent, rel_applied, rel_ignored;
     /* rdma_requester.c: bytes of runs in flight over every peer and device (the
@@ -828,9 +828,6 @@ void ote__rdma_src_served(void);
 /* ops->advert: this transport's part of the engine's advertisement (rdma_release=1: its
  * source side takes RELEASE; rdma_connect_epoch=1: CONNECT with epochs). rdma_source.c. */
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len);
-/* rdma_test.c: track a transport for the test hooks (test_hook.h) from creation (on 1)
- * until its destroy begins (on 0). */
-void ote__rdma_test_track(rdma_tp_t *tp, int on);
 
 /* This transport's identity (INFO / INFO_ACK of the given type). */
 void ote__rdma_local_info(const rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type);

@@ -1,7 +1,9 @@
 /*
- * engine/rdma/rdma_test.c - what the test hooks of engine/rdma/test_hook.h read: the
- * live transports of this process (linked from creation until their teardown begins),
- * found by the engine they serve, and their grant and endpoint counters.
+ * engine/rdma/rdma_test.c - the test-only library //engine/rdma:testing (never in
+ * liborbitte.so): what engine/rdma/test_hook.h reads. It installs the transport's `track`
+ * hook (rdma_hooks.h) before main, so the live transports of this process are linked from
+ * creation until their teardown begins, found by the engine they serve, and their grant
+ * and endpoint counters read.
  */
 #include <pthread.h>
 #include <string.h>
@@ -15,7 +17,7 @@
 static ote_mutex_t g_track_mu = {PTHREAD_MUTEX_INITIALIZER};
 static rdma_tp_t *g_track; /* linked by live_next */
 
-void ote__rdma_test_track(rdma_tp_t *tp, int on) {
+static void track(rdma_tp_t *tp, int on) {
     ote_mutex_lock(&g_track_mu);
     rdma_tp_t **pp = &g_track;
     while (*pp != NULL && *pp != tp) pp = &(*pp)->live_next;
@@ -28,6 +30,8 @@ void ote__rdma_test_track(rdma_tp_t *tp, int on) {
     }
     ote_mutex_unlock(&g_track_mu);
 }
+
+__attribute__((constructor)) static void install(void) { ote__rdma_hooks.track = track; }
 
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out) {
     if (engine_addr == NULL || out == NULL) return OTE_ERR_INVALID;

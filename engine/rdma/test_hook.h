@@ -1,20 +1,12 @@
 /*
- * engine/rdma/test_hook.h - what tests of the RDMA transport may reach inside it.
+ * engine/rdma/test_hook.h - what tests of the RDMA transport may reach inside it: the
+ * header of the test-only library //engine/rdma:testing (never in liborbitte.so).
  *
- * ote__rdma_test_verbs_hook: when set (before ote_engine_create() of a transport=rdma
- * engine), called with the provider the transport just opened; it may replace *v, for
- * example with verbs/fault's decorator owning the inner provider, and keep a pointer to
- * arm rules on it. A failure refuses the engine's creation with that status. Tests only;
- * not synchronized (set it while no RDMA engine is being created).
+ * ote__rdma_test_verbs_hook / ote__rdma_test_distance: the transport's hooks
+ * (rdma_hooks.h: wrap_verbs, distance) under the names tests use; set them before
+ * ote_engine_create() and clear them after.
  *
- * ote__rdma_test_distance: when set (before ote_engine_create()), the transport's device
- * selector ranks NICs by this NUMA distance (a, b: nodes; negative: unknown) instead of
- * hwloc's (the sim's devices have NUMA nodes, sim0 0 and sim1 1, but no topology).
- *
- * ote__rdma_retained_transports: transports retained now: their teardown could not join a
- * control connection thread within its bound, or a native owner would not be destroyed,
- * so they keep (do not free) everything not yet destroyed. A later teardown that
- * finishes takes its transport off the count.
+ * ote__rdma_retained_transports_get (rdma_hooks.h): transports retained now.
  *
  * ote__rdma_test_grants: the grant counters (and the requester's start and QP build
  * counters) of the RDMA transport of the engine whose
@@ -32,15 +24,15 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "engine/rdma/rdma_hooks.h"
 #include "verbs/verbs.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-extern ote_status_t (*ote__rdma_test_verbs_hook)(ote_verbs_t **v);
-extern int (*ote__rdma_test_distance)(void *arg, int a, int b);
-uint64_t ote__rdma_retained_transports_get(void);
+#define ote__rdma_test_verbs_hook (ote__rdma_hooks.wrap_verbs)
+#define ote__rdma_test_distance (ote__rdma_hooks.distance)
 uint64_t ote__rdma_test_endpoints(const void *engine);
 
 typedef struct {

@@ -76,11 +76,12 @@ int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, s
         return -1;
     }
     /* Marks when asked for and the control page is there (checked against the sealed
-     * size: it cannot go away), else the ring alone. Test hook: OTE_TEST_SHM_NO_MARKS set
-     * (environment) answers as a source of protocol 3 without marks would, so that
-     * tests reach the requester's stage-then-send path. */
+     * size: it cannot go away), else the ring alone. Test hook (engine/hooks.h): a source
+     * that answers as one of protocol 3 without marks would, so that tests reach the
+     * requester's stage-then-send path. */
     int marks = (h->h.pad & SHM_CAP_MARKS) && h->ring_len % 8 == 0 &&
-                size >= h->ring_len + SHM_RING_CTL && getenv("OTE_TEST_SHM_NO_MARKS") == NULL;
+                size >= h->ring_len + SHM_RING_CTL &&
+                !(ote__engine_hooks.shm_no_marks && ote__engine_hooks.shm_no_marks());
     size_t map = (size_t)h->ring_len + (marks ? SHM_RING_CTL : 0);
     void *m = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
     if (m == MAP_FAILED) {

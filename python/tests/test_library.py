@@ -10,7 +10,8 @@ import orbitte
 from orbitte import _lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HEADERS = [os.path.join(REPO, "engine", "include", "ote", h) for h in ("ote.h", "status.h")]
+HEADERS = [os.path.join(REPO, "engine", "include", "ote", "ote.h"),
+           os.path.join(REPO, "base", "include", "ote", "status.h")]
 
 
 def declared_functions():
@@ -34,6 +35,14 @@ def test_exports_exactly_the_public_api():
     declared = declared_functions()
     assert "ote_batch_wait" in declared and "ote_status_code" not in declared
     assert exported_functions(orbitte.library_path) == declared
+
+
+def test_no_test_hook_ships():
+    """Test hooks live in test-only libraries (//engine:testing): nothing in the shipped
+    library reads an OTE_TEST_* variable or carries the RDMA test counters."""
+    data = open(orbitte.library_path, "rb").read()
+    assert b"OTE_TEST_" not in data
+    assert b"ote__rdma_test_grants" not in data
 
 
 def test_binding_declares_what_the_library_exports():
