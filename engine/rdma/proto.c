@@ -152,138 +152,171 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
     return n;
 }
 
+/* Which optional parts a message of this length carries (each type has a few lengths,
+ * one per protocol addition; anything else is malformed). */
+typedef struct {
+    int lng;     /* INFO's device list, CONNECT's and GRANT_REQ's pair (and any longer) */
+    int epoch;   /* INFO's, CONNECT's or GRANT_REQ's epochs */
+    int gflags;  /* GRANT_REQ's flags word */
+    int gparent; /* GRANT_REQ's parent trailer */
+    int staged;  /* GRANT_RESP's staged form */
+} shape_t;
+
+static shape_t shape_of(uint16_t type, size_t len) {
+    shape_t sh;
+    int info = type == OTE_RP_INFO || type == OTE_RP_INFO_ACK;
+    sh.gparent = type == OTE_RP_GRANT_REQ && len == GRANT_PARENT;
+    sh.gflags = type == OTE_RP_GRANT_REQ && (len == GRANT_FLAGS || sh.gparent);
+    sh.staged = type == OTE_RP_GRANT_RESP && len == RESP_STAGED;
+    sh.epoch = (info && len == INFO_EPOCH) ||
+               (type == OTE_RP_GRANT_REQ && (len == GRANT_EPOCH || sh.gflags)) ||
+               (type == OTE_RP_CONNECT && len == CONNECT_EPOCH);
+    sh.lng = (info && len == INFO_LONG) || (type == OTE_RP_CONNECT && len == CONNECT_LONG) ||
+             (type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || sh.epoch || sh.staged;
+    return sh;
+}
+
+static ote_status_t decode_info(const uint8_t *b, shape_t sh, ote_rp_msg_t *m) {
+    m->u.info.process = ote_le_get64(b);
+    m->u.info.pd = ote_le_get64(b + 8);
+    m->u.info.nic = ote_le_get32(b + 16);
+    m->u.info.lanes = ote_le_get32(b + 20);
+    if (m->u.info.lanes == 0 || m->u.info.lanes > 64) return OTE_ERR_PROTOCOL;
+    m->u.info.ndev = 1;
+    m->u.info.nics[0] = m->u.info.nic;
+    if (sh.lng) {
+        m->u.info.ndev = ote_le_get32(b + 24);
+        if (m->u.info.ndev == 0 || m->u.info.ndev > OTE_RP_MAX_DEVS) return OTE_ERR_PROTOCOL;
+        for (uint32_t i = 0; i < m->u.info.ndev; i++)
+            m->u.info.nics[i] = ote_le_get32(b + 28 + 4 * i);
+        if (m->u.info.nics[0] != m->u.info.nic) return OTE_ERR_PROTOCOL;
+    }
+    if (sh.epoch) {
+        m->u.info.epoch = ote_le_get64(b + 28 + 4 * OTE_RP_MAX_DEVS);
+        if (m->u.info.epoch == 0) return OTE_ERR_PROTOCOL; /* sent means known */
+    }
+    return OTE_OK;
+}
+
+static ote_status_t decode_connect(const uint8_t *b, shape_t sh, ote_rp_msg_t *m) {
+    m->u.connect.slot = ote_le_get32(b);
+    m->u.connect.cap = ote_le_get32(b + 4);
+    if (m->u.connect.cap > 3) return OTE_ERR_PROTOCOL; /* 2, 3: direct (proto.h) */
+    if (get_path(b + 8, &m->u.connect.path) != OTE_OK) return OTE_ERR_PROTOCOL;
+    if (sh.lng) m->u.connect.pair = ote_le_get32(b + 40);
+    if (sh.epoch) {
+        m->u.connect.epoch = ote_le_get64(b + 44);
+        m->u.connect.req_epoch = ote_le_get64(b + 52);
+        if (m->u.connect.epoch == 0 || m->u.connect.req_epoch == 0) return OTE_ERR_PROTOCOL;
+    }
+    return pair_ok(m->u.connect.pair) ? OTE_OK : OTE_ERR_PROTOCOL;
+}
+
+/* The trailers of a GRANT_REQ: its flags (sent means set, 0 only before a parent
+ * trailer, and only the bits this codec knows) and its parent. */
+static ote_status_t decode_grant_trailers(const uint8_t *b, shape_t sh, ote_rp_msg_t *m) {
+    if (sh.gflags) {
+        m->u.grant.flags = ote_le_get32(b + 68);
+        if (m->u.grant.flags != OTE_RP_GF_STAGE && !(sh.gparent && m->u.grant.flags == 0))
+            return OTE_ERR_PROTOCOL;
+    }
+    if (sh.gparent) {
+        m->u.grant.parent = ote_le_get64(b + 72);
+        m->u.grant.budget = ote_le_get32(b + 80);
+        if (m->u.grant.parent == 0 || m->u.grant.budget == 0 ||
+            m->u.grant.budget > OTE_RP_MAX_BUDGET)
+            return OTE_ERR_PROTOCOL;
+    }
+    return OTE_OK;
+}
+
+static ote_status_t decode_grant_req(const uint8_t *b, shape_t sh, ote_rp_msg_t *m) {
+    m->u.grant.slot = ote_le_get32(b);
+    m->u.grant.op = ote_le_get32(b + 4);
+    m->u.grant.dflags = m->u.grant.op & (OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT);
+    m->u.grant.op &= ~(OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT);
+    m->u.grant.src_qpn = ote_le_get32(b + 8);
+    m->u.grant.req_qpn = ote_le_get32(b + 12);
+    m->u.grant.addr = ote_le_get64(b + 16);
+    m->u.grant.len = ote_le_get64(b + 24);
+    m->u.grant.req_addr = ote_le_get64(b + 32);
+    m->u.grant.req_len = ote_le_get64(b + 40);
+    m->u.grant.req_uid = ote_le_get64(b + 48);
+    if (sh.lng) m->u.grant.pair = ote_le_get32(b + 56);
+    if (sh.epoch) {
+        m->u.grant.epoch = ote_le_get64(b + 60);
+        if (m->u.grant.epoch == 0) return OTE_ERR_PROTOCOL;
+    }
+    if (decode_grant_trailers(b, sh, m) != OTE_OK || !pair_ok(m->u.grant.pair))
+        return OTE_ERR_PROTOCOL;
+    const uint64_t addr = m->u.grant.addr, len = m->u.grant.len;
+    const uint64_t raddr = m->u.grant.req_addr, rlen = m->u.grant.req_len;
+    if (m->u.grant.op > 1 || len == 0 || addr > UINT64_MAX - len) return OTE_ERR_PROTOCOL;
+    /* The grant's range lies inside the request's extent, which does not wrap. */
+    if (rlen < len || raddr > UINT64_MAX - rlen || addr < raddr || addr - raddr > rlen - len)
+        return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
+static ote_status_t decode_grant_resp(const uint8_t *b, shape_t sh, ote_rp_msg_t *m) {
+    m->u.resp.rkey = ote_le_get32(b);
+    if (!sh.staged) return OTE_OK;
+    m->u.resp.flags = ote_le_get32(b + 4);
+    m->u.resp.base = ote_le_get64(b + 8);
+    if ((m->u.resp.flags != OTE_RP_RESP_STAGED &&
+         m->u.resp.flags != (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT)) ||
+        m->u.resp.base == 0)
+        return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
+static ote_status_t decode_release(const uint8_t *b, ote_rp_msg_t *m) {
+    m->u.rel.pair = ote_le_get32(b);
+    m->u.rel.cap = ote_le_get32(b + 4);
+    m->u.rel.slot = ote_le_get32(b + 8);
+    m->u.rel.src_qpn = ote_le_get32(b + 12);
+    m->u.rel.rkey = ote_le_get32(b + 16);
+    if (!pair_ok(m->u.rel.pair) || m->u.rel.cap > 3 || m->u.rel.src_qpn == 0 ||
+        m->u.rel.src_qpn > 0xffffff)
+        return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
 ote_status_t ote__rp_decode(const uint8_t *buf, size_t len, ote_rp_msg_t *out) {
     if (buf == NULL || out == NULL || len < 4) return OTE_ERR_PROTOCOL;
     ote_rp_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type = ote_le_get16(buf);
     size_t n = body_size(m.type);
-    int info = m.type == OTE_RP_INFO || m.type == OTE_RP_INFO_ACK;
-    int gparent = m.type == OTE_RP_GRANT_REQ && len == GRANT_PARENT;
-    int gflags = m.type == OTE_RP_GRANT_REQ && (len == GRANT_FLAGS || gparent);
-    int staged = m.type == OTE_RP_GRANT_RESP && len == RESP_STAGED;
-    int epoch = (info && len == INFO_EPOCH) ||
-                (m.type == OTE_RP_GRANT_REQ && (len == GRANT_EPOCH || gflags)) ||
-                (m.type == OTE_RP_CONNECT && len == CONNECT_EPOCH);
-    int lng = (info && len == INFO_LONG) || (m.type == OTE_RP_CONNECT && len == CONNECT_LONG) ||
-              (m.type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || epoch || staged;
-    if (n == 0 || (len != n && !lng) || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
+    shape_t sh = shape_of(m.type, len);
+    if (n == 0 || (len != n && !sh.lng) || ote_le_get16(buf + 2) != 0) return OTE_ERR_PROTOCOL;
     const uint8_t *b = buf + 4;
+    ote_status_t st = OTE_OK;
     switch (m.type) {
         case OTE_RP_INFO:
-        case OTE_RP_INFO_ACK:
-            m.u.info.process = ote_le_get64(b);
-            m.u.info.pd = ote_le_get64(b + 8);
-            m.u.info.nic = ote_le_get32(b + 16);
-            m.u.info.lanes = ote_le_get32(b + 20);
-            if (m.u.info.lanes == 0 || m.u.info.lanes > 64) return OTE_ERR_PROTOCOL;
-            m.u.info.ndev = 1;
-            m.u.info.nics[0] = m.u.info.nic;
-            if (lng) {
-                m.u.info.ndev = ote_le_get32(b + 24);
-                if (m.u.info.ndev == 0 || m.u.info.ndev > OTE_RP_MAX_DEVS) return OTE_ERR_PROTOCOL;
-                for (uint32_t i = 0; i < m.u.info.ndev; i++)
-                    m.u.info.nics[i] = ote_le_get32(b + 28 + 4 * i);
-                if (m.u.info.nics[0] != m.u.info.nic) return OTE_ERR_PROTOCOL;
-            }
-            if (epoch) {
-                m.u.info.epoch = ote_le_get64(b + 28 + 4 * OTE_RP_MAX_DEVS);
-                if (m.u.info.epoch == 0) return OTE_ERR_PROTOCOL; /* sent means known */
-            }
-            break;
-        case OTE_RP_CONNECT:
-            m.u.connect.slot = ote_le_get32(b);
-            m.u.connect.cap = ote_le_get32(b + 4);
-            if (m.u.connect.cap > 3) return OTE_ERR_PROTOCOL; /* 2, 3: direct (proto.h) */
-            if (get_path(b + 8, &m.u.connect.path) != OTE_OK) return OTE_ERR_PROTOCOL;
-            if (lng) m.u.connect.pair = ote_le_get32(b + 40);
-            if (epoch) {
-                m.u.connect.epoch = ote_le_get64(b + 44);
-                m.u.connect.req_epoch = ote_le_get64(b + 52);
-                if (m.u.connect.epoch == 0 || m.u.connect.req_epoch == 0) return OTE_ERR_PROTOCOL;
-            }
-            if (!pair_ok(m.u.connect.pair)) return OTE_ERR_PROTOCOL;
-            break;
+        case OTE_RP_INFO_ACK: st = decode_info(b, sh, &m); break;
+        case OTE_RP_CONNECT: st = decode_connect(b, sh, &m); break;
         case OTE_RP_CONNECT_ACK:
             /* A refusal carries its status in the header and a zero path. */
             if (get_path(b, &m.u.connect.path) != OTE_OK)
                 memset(&m.u.connect.path, 0, sizeof(m.u.connect.path));
             break;
-        case OTE_RP_GRANT_REQ:
-            m.u.grant.slot = ote_le_get32(b);
-            m.u.grant.op = ote_le_get32(b + 4);
-            m.u.grant.dflags = m.u.grant.op & (OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT);
-            m.u.grant.op &= ~(OTE_RP_GOP_DIRECT_OK | OTE_RP_GOP_DIRECT);
-            m.u.grant.src_qpn = ote_le_get32(b + 8);
-            m.u.grant.req_qpn = ote_le_get32(b + 12);
-            m.u.grant.addr = ote_le_get64(b + 16);
-            m.u.grant.len = ote_le_get64(b + 24);
-            m.u.grant.req_addr = ote_le_get64(b + 32);
-            m.u.grant.req_len = ote_le_get64(b + 40);
-            m.u.grant.req_uid = ote_le_get64(b + 48);
-            if (lng) m.u.grant.pair = ote_le_get32(b + 56);
-            if (epoch) {
-                m.u.grant.epoch = ote_le_get64(b + 60);
-                if (m.u.grant.epoch == 0) return OTE_ERR_PROTOCOL;
-            }
-            if (gflags) {
-                m.u.grant.flags = ote_le_get32(b + 68);
-                /* Sent means set (0 only before a parent trailer), and only the bits this
-                 * codec knows. */
-                if (m.u.grant.flags != OTE_RP_GF_STAGE && !(gparent && m.u.grant.flags == 0))
-                    return OTE_ERR_PROTOCOL;
-            }
-            if (gparent) {
-                m.u.grant.parent = ote_le_get64(b + 72);
-                m.u.grant.budget = ote_le_get32(b + 80);
-                if (m.u.grant.parent == 0 || m.u.grant.budget == 0 ||
-                    m.u.grant.budget > OTE_RP_MAX_BUDGET)
-                    return OTE_ERR_PROTOCOL;
-            }
-            if (!pair_ok(m.u.grant.pair)) return OTE_ERR_PROTOCOL;
-            if (m.u.grant.op > 1 || m.u.grant.len == 0 ||
-                m.u.grant.addr > UINT64_MAX - m.u.grant.len)
-                return OTE_ERR_PROTOCOL;
-            /* The grant's range lies inside the request's extent, which does not wrap. */
-            if (m.u.grant.req_len < m.u.grant.len ||
-                m.u.grant.req_addr > UINT64_MAX - m.u.grant.req_len ||
-                m.u.grant.addr < m.u.grant.req_addr ||
-                m.u.grant.addr - m.u.grant.req_addr > m.u.grant.req_len - m.u.grant.len)
-                return OTE_ERR_PROTOCOL;
-            break;
-        case OTE_RP_GRANT_RESP:
-            m.u.resp.rkey = ote_le_get32(b);
-            if (staged) {
-                m.u.resp.flags = ote_le_get32(b + 4);
-                m.u.resp.base = ote_le_get64(b + 8);
-                if ((m.u.resp.flags != OTE_RP_RESP_STAGED &&
-                     m.u.resp.flags != (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT)) ||
-                    m.u.resp.base == 0)
-                    return OTE_ERR_PROTOCOL;
-            }
-            break;
+        case OTE_RP_GRANT_REQ: st = decode_grant_req(b, sh, &m); break;
+        case OTE_RP_GRANT_RESP: st = decode_grant_resp(b, sh, &m); break;
         case OTE_RP_EP_RESET:
             m.u.reset.pair = ote_le_get32(b);
-            if (!pair_ok(m.u.reset.pair)) return OTE_ERR_PROTOCOL;
+            if (!pair_ok(m.u.reset.pair)) st = OTE_ERR_PROTOCOL;
             break;
         case OTE_RP_WRITE_OFF:
             m.u.wo.req_uid = ote_le_get64(b);
             m.u.wo.req_len = ote_le_get64(b + 8);
             m.u.wo.bytes = ote_le_get64(b + 16);
             break;
-        case OTE_RP_RELEASE:
-            m.u.rel.pair = ote_le_get32(b);
-            m.u.rel.cap = ote_le_get32(b + 4);
-            m.u.rel.slot = ote_le_get32(b + 8);
-            m.u.rel.src_qpn = ote_le_get32(b + 12);
-            m.u.rel.rkey = ote_le_get32(b + 16);
-            if (!pair_ok(m.u.rel.pair) || m.u.rel.cap > 3 || m.u.rel.src_qpn == 0 ||
-                m.u.rel.src_qpn > 0xffffff)
-                return OTE_ERR_PROTOCOL;
-            break;
+        case OTE_RP_RELEASE: st = decode_release(b, &m); break;
         case OTE_RP_COMMIT: m.u.commit.rkey = ote_le_get32(b); break;
         default: return OTE_ERR_PROTOCOL;
     }
+    if (st != OTE_OK) return OTE_ERR_PROTOCOL;
     *out = m;
     return OTE_OK;
 }

@@ -179,23 +179,25 @@ static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
  *   provider and tp itself.
  * OTE_OK: tp is freed. OTE_ERR_RETAINED: tp stays valid for another teardown only.
  */
-static ote_status_t teardown(rdma_tp_t *tp) {
-    if (ote__rdma_hooks.track != NULL)
-        ote__rdma_hooks.track(tp, 0); /* idempotent: a retry of a retained teardown */
-    atomic_store(&tp->stop, 1);
+/* Counts tp once among the retained transports (ote__rdma_retained_transports). */
+static void mark_retained(rdma_tp_t *tp) {
+    if (!tp->retained_counted) atomic_fetch_add(&ote__rdma_retained_transports, 1);
+    tp->retained_counted = 1;
+}
+
+/* 1. The threads: the pump, then the server connection threads (within a bound) and the
+ * staged grants' copies they started. A thread that does not end may still use tp and the
+ * engine's host services: then nothing is freed (OTE_ERR_RETAINED, logged). */
+static ote_status_t teardown_threads(rdma_tp_t *tp) {
     if (tp->pumper_started) {
         ote__rdma_pump_kick(tp);
         pthread_join(tp->pumper, NULL);
         tp->pumper_started = 0;
     }
-    /* 1. A server connection thread that does not end within the bound is still using
-     * tp (and the engine's host services): then nothing is freed, counted in
-     * ote__rdma_retained_transports while it lasts, and logged. */
     uint64_t wait_ms = tp->cfg.connect_timeout_ms + 10000;
     size_t stuck = ote__rdma_servers_stop(tp, wait_ms);
     if (stuck != 0) {
-        if (!tp->retained_counted) atomic_fetch_add(&ote__rdma_retained_transports, 1);
-        tp->retained_counted = 1;
+        mark_retained(tp);
         OTE_ERROR("rdma",
                   "%zu control connection thread(s) did not end within %llu ms: the "
                   "transport and everything it owns are retained (not freed); destroy "
@@ -207,25 +209,25 @@ static ote_status_t teardown(rdma_tp_t *tp) {
      * still run on the GPU worker. */
     ote__rdma_src_wait_copies(tp, NULL, ote_deadline_after(wait_ms * OTE_NSEC_PER_MSEC));
     if (atomic_load(&tp->src_copies) != 0) {
-        if (!tp->retained_counted) atomic_fetch_add(&ote__rdma_retained_transports, 1);
-        tp->retained_counted = 1;
+        mark_retained(tp);
         OTE_ERROR("rdma",
                   "%d staging copies of source grants still running: the transport is "
                   "retained (not freed); destroy again to retry",
                   atomic_load(&tp->src_copies));
         return OTE_ERR_RETAINED;
     }
-    /* The source's parent reservations hold QP borrows: returned before the endpoints go
-     * (rdma_src_parents.c; live grants keep their own slots). */
+    return OTE_OK;
+}
+
+/* Live grants end now, not at their deadlines: with the control threads gone no receipt's
+ * GRANT_DONE or RELEASE can arrive. The source's parent reservations (which hold QP
+ * borrows) go first; then each grant manager is fenced and its tick ends its grants as a
+ * lost requester's are (a source grant's QP to ERR first, then its window deallocated or
+ * its exact MR deregistered, its pin and QP borrow released; a requester grant's QP fenced
+ * and flushed). Their flush CQEs are waited for (the lane workers still run) within a
+ * bound; what is left then is retained by the steps below. Then the monitor is joined. */
+static void teardown_grants(rdma_tp_t *tp) {
     ote__rdma_sp_end_conn(tp, NULL);
-    /* Live grants end now, not at their deadlines: with the control threads gone no
-     * receipt's GRANT_DONE or RELEASE can arrive. Each grant manager is fenced and its tick
-     * ends them as a lost requester's are (ote_grant_source_end_endpoint's path): a source
-     * grant's QP moved to ERR first, then its window deallocated (or its exact MR
-     * deregistered), its pin and QP borrow released; a requester grant's QP fenced and
-     * flushed. What is waited for is their flush CQEs (the lane workers still run), within
-     * a bound; a grant, window or MR left then is retained by the steps below, and the
-     * registrations' MRs with it. */
     uint64_t gms = tp->cfg.transfer_timeout_ms + 2000;
     if (gms > OTE__RDMA_TEARDOWN_GRANTS_MS) gms = OTE__RDMA_TEARDOWN_GRANTS_MS;
     ote_deadline_t gdl = ote_deadline_after(gms * OTE_NSEC_PER_MSEC);
@@ -240,8 +242,30 @@ static ote_status_t teardown(rdma_tp_t *tp) {
     }
     if (tp->monitor_started) pthread_join(tp->monitor, NULL);
     tp->monitor_started = 0;
-    /* 2. QPs and memory windows; first the exact MRs of grants that would not deregister
-     * (rdma_direct.c): one more try, before their private PDs go. */
+}
+
+/* Destroys the endpoint store *eps (cleared on success); 1 when it was retained (logged:
+ * the store's name, what would not be destroyed, what stays with it). */
+static size_t drop_store(ote_endpoint_store_t **eps, uint32_t dev, const char *name,
+                         const char *why, const char *stays) {
+    if (*eps == NULL) return 0;
+    ote_status_t st = ote_endpoint_store_destroy(*eps, ote_deadline_after(2 * OTE_NSEC_PER_SEC));
+    if (st == OTE_OK) {
+        *eps = NULL;
+        return 0;
+    }
+    OTE_ERROR("rdma", "device %u: %s retained at shutdown (%s: %s)%s", dev, name, why,
+              ote_status_str(st), stays);
+    return 1;
+}
+
+/* 2. QPs and memory windows: the exact MRs of grants that would not deregister get one
+ * more try before their private PDs go (rdma_direct.c), then every device's endpoint
+ * stores and grant manager; then the copies back of staged WRITEs those grants started
+ * (their MRs and connections stay until they end). While a QP or a window lives, a NIC or
+ * a peer could still reach the registered memory, so the caller keeps every MR when this
+ * leaves owners. Returns how many are left. */
+static size_t teardown_qps(rdma_tp_t *tp) {
     size_t left = 0;
     uint64_t dmr = ote__rdma_direct_retry(tp);
     if (dmr != 0) {
@@ -251,33 +275,12 @@ static ote_status_t teardown(rdma_tp_t *tp) {
     }
     for (uint32_t i = 0; i < tp->nnics; i++) {
         rdma_nic_t *n = &tp->nics[i];
-        ote_status_t st;
-        if (n->eps != NULL) {
-            st = ote_endpoint_store_destroy(n->eps, ote_deadline_after(2 * OTE_NSEC_PER_SEC));
-            if (st == OTE_OK) {
-                n->eps = NULL;
-            } else {
-                left++;
-                OTE_ERROR("rdma",
-                          "device %u: endpoint store retained at shutdown (QPs that would not "
-                          "be destroyed: %s): its CQs, the registrations' MRs and the PD stay",
-                          i, ote_status_str(st));
-            }
-        }
-        if (n->deps != NULL) {
-            st = ote_endpoint_store_destroy(n->deps, ote_deadline_after(2 * OTE_NSEC_PER_SEC));
-            if (st == OTE_OK) {
-                n->deps = NULL;
-            } else {
-                left++;
-                OTE_ERROR("rdma",
-                          "device %u: direct endpoint store retained at shutdown (QPs or "
-                          "private PDs that would not be destroyed: %s)",
-                          i, ote_status_str(st));
-            }
-        }
+        left += drop_store(&n->eps, i, "endpoint store", "QPs that would not be destroyed",
+                           ": its CQs, the registrations' MRs and the PD stay");
+        left += drop_store(&n->deps, i, "direct endpoint store",
+                           "QPs or private PDs that would not be destroyed", "");
         if (n->gm != NULL) {
-            st = ote_grant_mgr_destroy(n->gm);
+            ote_status_t st = ote_grant_mgr_destroy(n->gm);
             if (st == OTE_OK) {
                 n->gm = NULL;
             } else {
@@ -290,8 +293,6 @@ static ote_status_t teardown(rdma_tp_t *tp) {
             }
         }
     }
-    /* Staged WRITEs' copies back, started by grants that ended just now (rdma_stage.c):
-     * their MRs and connections stay until they end (bounded by the grants' deadlines). */
     ote__rdma_src_wait_copies(
         tp, NULL, ote_deadline_after((tp->cfg.transfer_timeout_ms + 2000) * OTE_NSEC_PER_MSEC));
     if (atomic_load(&tp->src_copies) != 0) {
@@ -299,8 +300,13 @@ static ote_status_t teardown(rdma_tp_t *tp) {
         OTE_ERROR("rdma", "%d staging copies back to the device still running at shutdown",
                   atomic_load(&tp->src_copies));
     }
-    if (left == 0) ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
-    /* 3. CQ lanes and their workers. */
+    return left;
+}
+
+/* 3. CQ lanes, then their workers (joined; never freed under a running worker). A device
+ * whose lane is retained stops the walk there. Returns how many owners are left. */
+static size_t teardown_lanes(rdma_tp_t *tp) {
+    size_t left = 0;
     for (uint32_t k = 0; left == 0 && k < tp->nnics; k++) {
         rdma_nic_t *n = &tp->nics[k];
         for (uint32_t i = 0; i < n->nlanes; i++) {
@@ -322,38 +328,41 @@ static ote_status_t teardown(rdma_tp_t *tp) {
         ote_status_t st = ote_cq_workers_stop(n->workers); /* joins them */
         if (st == OTE_OK) {
             n->workers = NULL;
-        } else { /* never freed under a running worker */
+        } else {
             left++;
             OTE_ERROR("rdma", "device %u: CQ workers not stopped at shutdown: %s", k,
                       ote_status_str(st));
         }
     }
-    /* 4. The selector, the registrations' MRs (an entry whose MRs would not deregister
-     * stays listed: the next teardown retries it) and the buffer manager. */
-    if (left == 0) {
-        ote_selector_destroy(tp->sel);
-        tp->sel = NULL;
-        reg_ent_t **pp = &tp->regs;
-        while (*pp != NULL) {
-            reg_ent_t *r = *pp;
-            ote_status_t st = ote_buffer_deregister(tp->bm, r->buf);
-            if (st == OTE_OK) {
-                *pp = r->next;
-                ote__rdma_direct_reg_end(r);
-                ote_free(r);
-                continue;
-            }
-            left++;
-            OTE_ERROR("rdma",
-                      "MRs of the registration at %p retained at shutdown (%s): the memory "
-                      "stays registered",
-                      r->addr, ote_status_str(st));
-            pp = &r->next;
+    return left;
+}
+
+/* 4. The selector, the registrations' MRs (an entry whose MRs would not deregister stays
+ * listed: the next teardown retries it), the pool chunks' MRs of staged grants (before
+ * the PDs go and, through the engine's order, before the pool's pinned memory), then the
+ * buffer manager. Returns how many owners are left. */
+static size_t teardown_memory(rdma_tp_t *tp) {
+    size_t left = 0;
+    ote_selector_destroy(tp->sel);
+    tp->sel = NULL;
+    reg_ent_t **pp = &tp->regs;
+    while (*pp != NULL) {
+        reg_ent_t *r = *pp;
+        ote_status_t st = ote_buffer_deregister(tp->bm, r->buf);
+        if (st == OTE_OK) {
+            *pp = r->next;
+            ote__rdma_direct_reg_end(r);
+            ote_free(r);
+            continue;
         }
-        /* The pool chunks' MRs of staged grants (rdma_stage_mrs.c): before the PDs go,
-         * and, through the engine's order, before the pool's pinned memory. */
-        left += ote__rdma_stage_mrs_drop(tp);
+        left++;
+        OTE_ERROR("rdma",
+                  "MRs of the registration at %p retained at shutdown (%s): the memory "
+                  "stays registered",
+                  r->addr, ote_status_str(st));
+        pp = &r->next;
     }
+    left += ote__rdma_stage_mrs_drop(tp);
     if (left == 0 && tp->bm != NULL) {
         ote_status_t st = ote_buffer_manager_destroy(tp->bm);
         if (st == OTE_OK) {
@@ -363,20 +372,35 @@ static ote_status_t teardown(rdma_tp_t *tp) {
             OTE_ERROR("rdma", "buffer manager retained at shutdown: %s", ote_status_str(st));
         }
     }
-    /* 5. PDs and devices. */
-    if (left == 0 && tp->set != NULL) {
-        ote_status_t st = ote_context_set_close(tp->set);
-        if (st == OTE_OK) {
-            tp->set = NULL;
-        } else {
-            left++;
-            OTE_ERROR("rdma", "context set (PDs, devices) retained at shutdown: %s",
-                      ote_status_str(st));
-        }
+    return left;
+}
+
+/* 5. PDs and devices (the context set). Returns how many owners are left. */
+static size_t teardown_devices(rdma_tp_t *tp) {
+    if (tp->set == NULL) return 0;
+    ote_status_t st = ote_context_set_close(tp->set);
+    if (st == OTE_OK) {
+        tp->set = NULL;
+        return 0;
     }
+    OTE_ERROR("rdma", "context set (PDs, devices) retained at shutdown: %s", ote_status_str(st));
+    return 1;
+}
+
+static ote_status_t teardown(rdma_tp_t *tp) {
+    if (ote__rdma_hooks.track != NULL)
+        ote__rdma_hooks.track(tp, 0); /* idempotent: a retry of a retained teardown */
+    atomic_store(&tp->stop, 1);
+    ote_status_t st = teardown_threads(tp);
+    if (st != OTE_OK) return st;
+    teardown_grants(tp);
+    size_t left = teardown_qps(tp);
+    if (left == 0) ote__rdma_acct_end_conn(tp, NULL); /* no grant is left: every account ends */
+    if (left == 0) left = teardown_lanes(tp);
+    if (left == 0) left = teardown_memory(tp);
+    if (left == 0) left = teardown_devices(tp);
     if (left != 0) {
-        if (!tp->retained_counted) atomic_fetch_add(&ote__rdma_retained_transports, 1);
-        tp->retained_counted = 1;
+        mark_retained(tp);
         OTE_ERROR("rdma",
                   "%zu owner(s) could not be destroyed: the transport is retained with "
                   "everything not yet destroyed; destroy again to retry",
@@ -428,92 +452,87 @@ static size_t split_names(char *buf, const char **names, size_t cap) {
     return n;
 }
 
-/* The provider (wrapped by the test hook when set), its context set, the selector and
- * the data devices: every context with an active port that rdma_devices / rdma_exclude
- * allow (rdma_device pins one). OTE_ERR_NO_DEVICE (or the native error) when none is
- * usable. */
-static ote_status_t open_devices(rdma_tp_t *tp) {
-    const char *prov = tp->cfg.verbs_provider[0] ? tp->cfg.verbs_provider : "rdma-core";
+/* Which devices creation may open: the names rdma_devices / rdma_exclude list (split in
+ * place in the buffers), rdma_device's pin of one, rdma_pin's strict routes; the
+ * selector's and the context set's configurations point into it. */
+typedef struct {
+    char allow_buf[sizeof(((ote__cfg_t *)0)->rdma_devices)];
+    char deny_buf[sizeof(((ote__cfg_t *)0)->rdma_exclude)];
+    const char *allow[OTE_SELECTOR_MAX_DEVICES], *deny[OTE_SELECTOR_MAX_DEVICES];
+    ote__rdma_pin_t pins[OTE__RDMA_PIN_MAX];
+    ote_context_pin_t cpins[OTE__RDMA_PIN_MAX];
+    size_t npins;
+    const char *asked; /* what the configuration named, for the log */
+    ote_selector_config_t sc;
+    ote_context_config_t cc;
+} dev_choice_t;
+
+/* The verbs provider (wrapped by the test hook when set). */
+static ote_status_t open_provider(rdma_tp_t *tp, const char *prov) {
     ote_status_t st = ote_verbs_open(prov, NULL, &tp->v);
     if (st != OTE_OK) {
         OTE_ERROR("rdma", "transport=rdma: verbs provider \"%s\" could not be opened: %s", prov,
                   ote_status_str(st));
         return st;
     }
-    if (ote__rdma_hooks.wrap_verbs != NULL) {
-        st = ote__rdma_hooks.wrap_verbs(&tp->v);
-        if (st != OTE_OK) return st;
-    }
-    char allow_buf[sizeof(tp->cfg.rdma_devices)], deny_buf[sizeof(tp->cfg.rdma_exclude)];
-    memcpy(allow_buf, tp->cfg.rdma_devices, sizeof(allow_buf));
-    memcpy(deny_buf, tp->cfg.rdma_exclude, sizeof(deny_buf));
-    const char *allow[OTE_SELECTOR_MAX_DEVICES], *deny[OTE_SELECTOR_MAX_DEVICES];
-    ote_selector_config_t sc;
-    memset(&sc, 0, sizeof(sc));
-    sc.allow = allow;
-    sc.nallow = split_names(allow_buf, allow, OTE_SELECTOR_MAX_DEVICES);
-    sc.deny = deny;
-    sc.ndeny = split_names(deny_buf, deny, OTE_SELECTOR_MAX_DEVICES);
+    if (ote__rdma_hooks.wrap_verbs != NULL) st = ote__rdma_hooks.wrap_verbs(&tp->v);
+    return st;
+}
+
+/* Fills d from the configuration: the selector's allow and deny lists (rdma_device pins
+ * one device; rdma_pin exactly its devices, each on its strict route) and the context
+ * set's device list. OTE_ERR_INVALID for a malformed rdma_pin. */
+static ote_status_t choose_devices(rdma_tp_t *tp, dev_choice_t *d) {
+    memcpy(d->allow_buf, tp->cfg.rdma_devices, sizeof(d->allow_buf));
+    memcpy(d->deny_buf, tp->cfg.rdma_exclude, sizeof(d->deny_buf));
+    ote_selector_config_t *sc = &d->sc;
+    sc->allow = d->allow;
+    sc->nallow = split_names(d->allow_buf, d->allow, OTE_SELECTOR_MAX_DEVICES);
+    sc->deny = d->deny;
+    sc->ndeny = split_names(d->deny_buf, d->deny, OTE_SELECTOR_MAX_DEVICES);
     if (tp->cfg.rdma_device[0]) { /* the pin: that device alone */
-        allow[0] = tp->cfg.rdma_device;
-        sc.nallow = 1;
+        d->allow[0] = tp->cfg.rdma_device;
+        sc->nallow = 1;
     }
-    /* rdma_pin: exactly the pinned devices, each on its strict route (context layer). */
-    ote__rdma_pin_t pins[OTE__RDMA_PIN_MAX];
-    ote_context_pin_t cpins[OTE__RDMA_PIN_MAX];
-    size_t npins = 0;
     if (tp->cfg.rdma_pin[0]) {
-        st = ote__rdma_pin_parse(tp->cfg.rdma_pin, pins, &npins);
-        if (st != OTE_OK) {
+        if (ote__rdma_pin_parse(tp->cfg.rdma_pin, d->pins, &d->npins) != OTE_OK) {
             OTE_ERROR("rdma", "transport=rdma: malformed rdma_pin \"%s\"", tp->cfg.rdma_pin);
             return OTE_ERR_INVALID;
         }
-        for (size_t i = 0; i < npins; i++) {
-            cpins[i].device = pins[i].device;
-            cpins[i].port = pins[i].port;
-            cpins[i].gid_index = pins[i].gid_index;
-            allow[i] = pins[i].device;
+        for (size_t i = 0; i < d->npins; i++) {
+            d->cpins[i].device = d->pins[i].device;
+            d->cpins[i].port = d->pins[i].port;
+            d->cpins[i].gid_index = d->pins[i].gid_index;
+            d->allow[i] = d->pins[i].device;
         }
-        sc.nallow = npins;
+        sc->nallow = d->npins;
     }
-    const char *asked = tp->cfg.rdma_pin[0]      ? tp->cfg.rdma_pin
-                        : tp->cfg.rdma_device[0] ? tp->cfg.rdma_device
-                                                 : tp->cfg.rdma_devices;
+    d->asked = tp->cfg.rdma_pin[0]      ? tp->cfg.rdma_pin
+               : tp->cfg.rdma_device[0] ? tp->cfg.rdma_device
+                                        : tp->cfg.rdma_devices;
     /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal. */
-    sc.use_topology = strcmp(tp->v->provider, "sim") != 0;
-    sc.distance = ote__rdma_hooks.distance;
-    ote_context_config_t cc;
-    memset(&cc, 0, sizeof(cc));
-    if (npins > 0) {
-        cc.devices = allow;
-        cc.num_devices = npins;
-        cc.pins = cpins;
-        cc.num_pins = npins;
-    } else if (sc.nallow > 0) {
-        cc.devices = allow;
-        cc.num_devices = sc.nallow;
+    sc->use_topology = strcmp(tp->v->provider, "sim") != 0;
+    sc->distance = ote__rdma_hooks.distance;
+    if (d->npins > 0) {
+        d->cc.devices = d->allow;
+        d->cc.num_devices = d->npins;
+        d->cc.pins = d->cpins;
+        d->cc.num_pins = d->npins;
+    } else if (sc->nallow > 0) {
+        d->cc.devices = d->allow;
+        d->cc.num_devices = sc->nallow;
     }
-    st = ote_context_set_open(tp->v, &cc, &tp->set);
-    if (st != OTE_OK || ote_context_set_count(tp->set) == 0) {
-        if (st == OTE_OK) st = OTE_ERR_NO_DEVICE;
-        OTE_ERROR("rdma",
-                  "transport=rdma: no usable RDMA device through provider \"%s\"%s%s%s: %s "
-                  "(no fallback to tcp)",
-                  prov, sc.nallow ? " among " : "", npins ? "rdma_pin " : "", asked,
-                  ote_status_str(st));
-        if (ote_status_code(st) != OTE_ERR_NO_DEVICE && ote_status_code(st) != OTE_ERR_NATIVE)
-            st = OTE_ERR_NO_DEVICE;
-        return st;
-    }
-    st = ote_selector_create(&sc, &tp->sel);
-    if (st != OTE_OK) return st;
-    /* Data devices: the allowed contexts whose port is active or down (not fenced), in
-     * the set's order; those whose port is down start paused (out of the selector, their
-     * lanes, endpoint store and grant manager made, registrations published on them) and
-     * each joins when the monitor sees its port active (an event or the periodic
-     * refresh), also while another device carries traffic. Peers learn every data device
-     * from INFO; a peer's CONNECT for a device of ours that is paused is served on an
-     * active one (rdma_source.c). */
+    return OTE_OK;
+}
+
+/* Data devices: the allowed contexts whose port is active or down (not fenced), in the
+ * set's order; those whose port is down start paused (out of the selector, their lanes,
+ * endpoint store and grant manager made, registrations published on them) and each joins
+ * when the monitor sees its port active (an event or the periodic refresh), also while
+ * another device carries traffic. Peers learn every data device from INFO; a peer's
+ * CONNECT for a device of ours that is paused is served on an active one (rdma_source.c).
+ * Returns how many are active now. */
+static uint32_t add_data_devices(rdma_tp_t *tp) {
     uint32_t nactive = 0;
     for (size_t i = 0; i < ote_context_set_count(tp->set) && tp->nnics < OTE__RDMA_MAX_NICS; i++) {
         ote_context_t *c = ote_context_set_get(tp->set, i);
@@ -534,13 +553,45 @@ static ote_status_t open_devices(rdma_tp_t *tp) {
         tp->nnics++;
         nactive += (uint32_t)up;
     }
-    if (tp->nnics == 0) {
+    return nactive;
+}
+
+/* The provider, its context set, the selector and the data devices: every context with an
+ * active (or down: paused) port that rdma_devices / rdma_exclude allow (rdma_device pins
+ * one). OTE_ERR_NO_DEVICE (or the native error) when none is usable. */
+static ote_status_t open_devices(rdma_tp_t *tp) {
+    const char *prov = tp->cfg.verbs_provider[0] ? tp->cfg.verbs_provider : "rdma-core";
+    ote_status_t st = open_provider(tp, prov);
+    if (st != OTE_OK) return st;
+    dev_choice_t *d = ote_calloc(1, sizeof(*d));
+    if (d == NULL) return OTE_ERR_NOMEM;
+    st = choose_devices(tp, d);
+    if (st != OTE_OK) {
+        ote_free(d);
+        return st;
+    }
+    st = ote_context_set_open(tp->v, &d->cc, &tp->set);
+    if (st == OTE_OK && ote_context_set_count(tp->set) == 0) st = OTE_ERR_NO_DEVICE;
+    if (st != OTE_OK) {
+        OTE_ERROR("rdma",
+                  "transport=rdma: no usable RDMA device through provider \"%s\"%s%s%s: %s "
+                  "(no fallback to tcp)",
+                  prov, d->sc.nallow ? " among " : "", d->npins ? "rdma_pin " : "", d->asked,
+                  ote_status_str(st));
+        if (ote_status_code(st) != OTE_ERR_NO_DEVICE && ote_status_code(st) != OTE_ERR_NATIVE)
+            st = OTE_ERR_NO_DEVICE;
+    }
+    if (st == OTE_OK) st = ote_selector_create(&d->sc, &tp->sel);
+    uint32_t nactive = st == OTE_OK ? add_data_devices(tp) : 0;
+    if (st == OTE_OK && tp->nnics == 0) {
         OTE_ERROR("rdma",
                   "transport=rdma: no device of provider \"%s\" is usable and allowed "
                   "(rdma_devices / rdma_exclude / rdma_pin%s%s)",
-                  prov, asked[0] ? ": " : "", asked);
-        return OTE_ERR_NO_DEVICE;
+                  prov, d->asked[0] ? ": " : "", d->asked);
+        st = OTE_ERR_NO_DEVICE;
     }
+    ote_free(d);
+    if (st != OTE_OK) return st;
     for (uint32_t i = 0; nactive > 0 && i < tp->nnics; i++)
         if (!atomic_load(&tp->nics[i].was_active))
             OTE_INFO("rdma",

@@ -27,9 +27,156 @@ static void call_unlink(ote__tpeer_t *p, call_t *x) {
     if (*pp != NULL) *pp = x->next;
 }
 
+/* NOTIFY_ACK: ends the notification it names. 0 to go on, -1: not a notification's id. */
+static int on_notify_ack(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
+    if ((m->req_id & OTE__RDMA_NOTE_TAG) == 0) {
+        OTE_WARN("rdma",
+                 "control to %s: NOTIFY_ACK for request %llu, which is no "
+                 "notification: closing",
+                 p->name, (unsigned long long)m->req_id);
+        return -1;
+    }
+    ote_mutex_lock(&p->mu);
+    note_t *x = ote__rdma_note_take(p, m->req_id);
+    ote_mutex_unlock(&p->mu);
+    if (x == NULL) {
+        OTE_DEBUG("rdma", "NOTIFY_ACK from %s for a notification that no longer waits", p->name);
+        return 0;
+    }
+    x->s->done(x->s, ote_ctl_peer_status(OTE_CTL_NOTIFY_ACK, m->status));
+    ote_free(x);
+    return 0;
+}
+
+/* A GRANT_RESP's status as the requester acts on it: a cache miss (the source has no such
+ * connection, or is another incarnation: nothing was bound), refused for now (no receive
+ * slot for its receipt, too many requests open: asked again later, rdma_credits.h), a
+ * redirect to a direct slot (rdma_direct.c), or the peer's status. */
+static ote_status_t grant_resp_status(conn_t *c, const ote_ctl_msg_t *m, const ote_rp_msg_t *rp) {
+    ote_status_t st = ote_ctl_peer_status(OTE_CTL_RDMA, m->status);
+    if (m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
+    if (m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
+    if (ote__rdma_direct_is_redirect(c, st, rp->u.resp.rkey)) st = OTE__RDMA_DIRECT_REDIRECT;
+    return st;
+}
+
+/* A request served OK: served staged, its further runs and later requests in its range
+ * are cut at the chunk size (rdma_pump.c), the range joined to the one known when it
+ * meets it; served otherwise, the range is not. */
+static void note_staged_range(ote__tpeer_t *p, const gid_ent_t *mine, int staged) {
+    ote_mutex_lock(&p->mu);
+    uint64_t lo = mine->req_remote, hi = mine->req_remote + mine->req_len;
+    if (staged) {
+        p->staged_uid = mine->req_uid;
+        if (lo <= p->staged_hi && hi >= p->staged_lo && p->staged_hi != 0) {
+            if (lo > p->staged_lo) lo = p->staged_lo;
+            if (hi < p->staged_hi) hi = p->staged_hi;
+        }
+        p->staged_lo = lo;
+        p->staged_hi = hi;
+    } else if (mine->req_remote >= p->staged_lo && mine->req_remote < p->staged_hi) {
+        p->staged_lo = p->staged_hi = 0;
+    }
+    ote_mutex_unlock(&p->mu);
+}
+
+/* GRANT_RESP: hands the answer to the grant layer of the device its wire id names. A
+ * staged answer is taken only for a grant asked with OTE_RP_GF_STAGE (else the grant fails
+ * and the connection closes: -1); a staged WRITE's run waits for its COMMIT, linked before
+ * the grant can end; an OK answer whose grant already ended (deadline, port down) posted
+ * nothing under the window, so the source may drop it at once (RELEASE). */
+static int on_grant_resp(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_msg_t *rp) {
+    rdma_tp_t *tp = p->tp;
+    conn_t *c = p->c;
+    ote_status_t st = grant_resp_status(c, m, rp);
+    ote_mutex_lock(&p->mu);
+    gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
+    ote_mutex_unlock(&p->mu);
+    int staged = rp->u.resp.flags != 0;
+    int commit = (rp->u.resp.flags & OTE_RP_RESP_COMMIT) != 0;
+    uint32_t nic = (uint32_t)(m->req_id >> 32); /* the device whose grant manager owns it */
+    if (staged &&
+        (!c->stage_ok || c->epoch == 0 || (mine != NULL && (mine->cap != 0) != (commit != 0)))) {
+        OTE_WARN("rdma",
+                 "control to %s: staged GRANT_RESP for grant %llx that did not ask "
+                 "for one: closing",
+                 p->name, (unsigned long long)m->req_id);
+        if (mine != NULL && nic < tp->nnics)
+            (void)ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, OTE_ERR_PROTOCOL,
+                                      0);
+        ote_free(mine);
+        return -1;
+    }
+    if (st == OTE_OK && mine != NULL && mine->req_uid != 0) note_staged_range(p, mine, staged);
+    int waits = 0;
+    if (commit && st == OTE_OK && mine != NULL && nic < tp->nnics) {
+        if (ote__rdma_commit_expect(p, m->req_id, rp->u.resp.rkey, mine->s) != OTE_OK) {
+            /* Never used: fail it, and the source may drop the window at once. */
+            (void)ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, OTE_ERR_NOMEM, 0);
+            ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,
+                                   rp->u.resp.rkey);
+            ote_free(mine);
+            return 0;
+        }
+        waits = 1;
+    }
+    if (mine != NULL && nic < tp->nnics &&
+        ote_grant_on_answer_at(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp->u.resp.rkey,
+                               staged, rp->u.resp.base) == OTE_ERR_NOT_FOUND &&
+        st == OTE_OK) {
+        ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,
+                               rp->u.resp.rkey);
+        if (waits) ote__rdma_commit_drop(p, m->req_id);
+    }
+    ote_free(mine);
+    return 0;
+}
+
+/* CONNECT_ACK / INFO_ACK: wakes the call that waits for it (an INFO_ACK also fills the
+ * connection's view of the peer). -1 when the id names a notification, or a call that
+ * waits for another kind of answer. */
+static int on_call_answer(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_msg_t *rp) {
+    conn_t *c = p->c;
+    ote_status_t st = ote_ctl_peer_status(OTE_CTL_RDMA, m->status);
+    /* A CONNECT for another incarnation (proto.h): a cache miss, nothing was built.
+     * Refused for now: the source holds its rdma_max_qps (rdma_srcqp.c); asked again. */
+    if (rp->type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
+    if (rp->type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
+    int bad = (m->req_id & OTE__RDMA_NOTE_TAG) != 0;
+    ote_mutex_lock(&p->mu);
+    call_t *x = p->calls;
+    while (!bad && x != NULL && x->req_id != m->req_id) x = x->next;
+    if (!bad && x != NULL) {
+        if (x->want != rp->type) {
+            bad = 1;
+        } else {
+            call_unlink(p, x);
+            x->done = 1;
+            x->st = st;
+            x->path = rp->u.connect.path;
+            if (rp->type == OTE_RP_INFO_ACK && st == OTE_OK) {
+                c->process = rp->u.info.process;
+                c->pd = rp->u.info.pd;
+                c->nic = rp->u.info.nic;
+                c->lanes = rp->u.info.lanes;
+                c->ndev = rp->u.info.ndev;
+                memcpy(c->nics, rp->u.info.nics, sizeof(c->nics));
+                c->epoch = rp->u.info.epoch;
+            }
+            ote_cond_broadcast(&p->cv);
+        }
+    }
+    ote_mutex_unlock(&p->mu);
+    if (bad) {
+        OTE_WARN("rdma", "control to %s: answer of the wrong kind (%u) for request %llu: closing",
+                 p->name, rp->type, (unsigned long long)m->req_id);
+        return -1;
+    }
+    return 0;
+}
+
 /* One answer from the source; 0 to go on, -1: a protocol error (the peer is dropped). */
 static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
-    rdma_tp_t *tp = p->tp;
     conn_t *c = p->c;
     if (m->version != c->version) {
         OTE_WARN("rdma",
@@ -38,155 +185,26 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
                  p->name, ote_ctl_opcode_str(m->opcode), m->version, c->version);
         return -1;
     }
-    if (m->opcode == OTE_CTL_NOTIFY_ACK) {
-        if ((m->req_id & OTE__RDMA_NOTE_TAG) == 0) {
-            OTE_WARN("rdma",
-                     "control to %s: NOTIFY_ACK for request %llu, which is no "
-                     "notification: closing",
-                     p->name, (unsigned long long)m->req_id);
-            return -1;
-        }
-        ote_mutex_lock(&p->mu);
-        note_t *x = ote__rdma_note_take(p, m->req_id);
-        ote_mutex_unlock(&p->mu);
-        if (x == NULL) {
-            OTE_DEBUG("rdma", "NOTIFY_ACK from %s for a notification that no longer waits",
-                      p->name);
-            return 0;
-        }
-        x->s->done(x->s, ote_ctl_peer_status(OTE_CTL_NOTIFY_ACK, m->status));
-        ote_free(x);
-        return 0;
-    }
+    if (m->opcode == OTE_CTL_NOTIFY_ACK) return on_notify_ack(p, m);
     ote_rp_msg_t rp;
     if (m->opcode != OTE_CTL_RDMA || ote__rp_decode(m->u.rdma.body, m->u.rdma.len, &rp) != OTE_OK) {
         OTE_WARN("rdma", "control to %s: malformed or unexpected %s answer: closing", p->name,
                  ote_ctl_opcode_str(m->opcode));
         return -1;
     }
-    ote_status_t st = ote_ctl_peer_status(OTE_CTL_RDMA, m->status);
-    if (rp.type == OTE_RP_GRANT_RESP) {
-        /* The source has no such connection (its endpoints for us were evicted) or it is
-         * another incarnation: a cache miss (rdma_internal.h), nothing was bound. */
-        if (m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
-        /* Refused for now (no receive slot for its receipt, too many requests open):
-         * nothing was bound; the run is asked again later (rdma_credits.h). */
-        if (m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
-        /* Device memory served only on a direct slot (rdma_direct.c): the run goes there. */
-        if (ote__rdma_direct_is_redirect(c, st, rp.u.resp.rkey)) st = OTE__RDMA_DIRECT_REDIRECT;
-        ote_mutex_lock(&p->mu);
-        gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
-        ote_mutex_unlock(&p->mu);
-        /* A staged answer (its window over a bounce buffer at base) is taken only for a
-         * READ grant asked with OTE_RP_GF_STAGE: any other is the peer's protocol error,
-         * the grant fails and the connection closes. */
-        int staged = rp.u.resp.flags != 0;
-        int commit = (rp.u.resp.flags & OTE_RP_RESP_COMMIT) != 0;
-        if (staged && (!c->stage_ok || c->epoch == 0 ||
-                       (mine != NULL && (mine->cap != 0) != (commit != 0)))) {
-            OTE_WARN("rdma",
-                     "control to %s: staged GRANT_RESP for grant %llx that did not ask "
-                     "for one: closing",
-                     p->name, (unsigned long long)m->req_id);
-            uint32_t nk = (uint32_t)(m->req_id >> 32);
-            if (mine != NULL && nk < tp->nnics)
-                (void)ote_grant_on_answer(tp->nics[nk].gm, m->req_id & 0xffffffffu,
-                                          OTE_ERR_PROTOCOL, 0);
-            ote_free(mine);
+    switch (rp.type) {
+        case OTE_RP_GRANT_RESP: return on_grant_resp(p, m, &rp);
+        case OTE_RP_COMMIT:
+            /* Only a wait of ours matches (grant id and window); anything else is ignored. */
+            ote__rdma_commit_on_msg(p, m->req_id, ote_ctl_peer_status(OTE_CTL_RDMA, m->status),
+                                    rp.u.commit.rkey);
+            return 0;
+        case OTE_RP_CONNECT_ACK:
+        case OTE_RP_INFO_ACK: return on_call_answer(p, m, &rp);
+        default:
+            OTE_WARN("rdma", "control to %s: unexpected message %u: closing", p->name, rp.type);
             return -1;
-        }
-        /* Served staged: the request's further runs, and later requests in its range,
-         * are cut at the chunk size (rdma_pump.c); served otherwise: the range is not. */
-        if (st == OTE_OK && mine != NULL && mine->req_uid != 0) {
-            ote_mutex_lock(&p->mu);
-            uint64_t lo = mine->req_remote, hi = mine->req_remote + mine->req_len;
-            if (staged) {
-                p->staged_uid = mine->req_uid;
-                /* Joined to the range known when it meets it, else in its place. */
-                if (lo <= p->staged_hi && hi >= p->staged_lo && p->staged_hi != 0) {
-                    if (lo > p->staged_lo) lo = p->staged_lo;
-                    if (hi < p->staged_hi) hi = p->staged_hi;
-                }
-                p->staged_lo = lo;
-                p->staged_hi = hi;
-            } else if (mine->req_remote >= p->staged_lo && mine->req_remote < p->staged_hi) {
-                p->staged_lo = p->staged_hi = 0;
-            }
-            ote_mutex_unlock(&p->mu);
-        }
-        /* The wire id names the device whose grant manager owns the grant. */
-        uint32_t nic = (uint32_t)(m->req_id >> 32);
-        /* A staged WRITE: its run waits for the COMMIT, linked before the grant can end. */
-        int waits = 0;
-        if (commit && st == OTE_OK && mine != NULL && nic < tp->nnics) {
-            if (ote__rdma_commit_expect(p, m->req_id, rp.u.resp.rkey, mine->s) != OTE_OK) {
-                /* Never used: fail it, and the source may drop the window at once. */
-                (void)ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, OTE_ERR_NOMEM,
-                                          0);
-                ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,
-                                       rp.u.resp.rkey);
-                ote_free(mine);
-                return 0;
-            }
-            waits = 1;
-        }
-        if (mine != NULL && nic < tp->nnics &&
-            ote_grant_on_answer_at(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp.u.resp.rkey,
-                                   staged, rp.u.resp.base) == OTE_ERR_NOT_FOUND &&
-            st == OTE_OK) {
-            /* Its grant ended before this answer (deadline, port down) and posted nothing
-             * under the window: the source may drop it now. */
-            ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,
-                                   rp.u.resp.rkey);
-            if (waits) ote__rdma_commit_drop(p, m->req_id);
-        }
-        ote_free(mine);
-        return 0;
     }
-    if (rp.type == OTE_RP_COMMIT) {
-        /* Only a wait of ours matches (grant id and window); anything else is ignored. */
-        ote__rdma_commit_on_msg(p, m->req_id, st, rp.u.commit.rkey);
-        return 0;
-    }
-    /* A CONNECT for another incarnation (proto.h): a cache miss, nothing was built. */
-    if (rp.type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_STATE) st = OTE__RDMA_CACHE_MISS;
-    /* Refused for now: the source holds its rdma_max_qps (rdma_srcqp.c); asked again. */
-    if (rp.type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
-    if (rp.type != OTE_RP_CONNECT_ACK && rp.type != OTE_RP_INFO_ACK) {
-        OTE_WARN("rdma", "control to %s: unexpected message %u: closing", p->name, rp.type);
-        return -1;
-    }
-    int bad = (m->req_id & OTE__RDMA_NOTE_TAG) != 0;
-    ote_mutex_lock(&p->mu);
-    call_t *x = p->calls;
-    while (!bad && x != NULL && x->req_id != m->req_id) x = x->next;
-    if (!bad && x != NULL) {
-        if (x->want != rp.type) {
-            bad = 1;
-        } else {
-            call_unlink(p, x);
-            x->done = 1;
-            x->st = st;
-            x->path = rp.u.connect.path;
-            if (rp.type == OTE_RP_INFO_ACK && st == OTE_OK) {
-                c->process = rp.u.info.process;
-                c->pd = rp.u.info.pd;
-                c->nic = rp.u.info.nic;
-                c->lanes = rp.u.info.lanes;
-                c->ndev = rp.u.info.ndev;
-                memcpy(c->nics, rp.u.info.nics, sizeof(c->nics));
-                c->epoch = rp.u.info.epoch;
-            }
-            ote_cond_broadcast(&p->cv);
-        }
-    }
-    ote_mutex_unlock(&p->mu);
-    if (bad) {
-        OTE_WARN("rdma", "control to %s: answer of the wrong kind (%u) for request %llu: closing",
-                 p->name, rp.type, (unsigned long long)m->req_id);
-        return -1;
-    }
-    return 0;
 }
 
 static void *reader_main(void *arg) {
@@ -336,16 +354,12 @@ static void eps_evict(ote_endpoint_t **eps, size_t n) {
     for (size_t i = 0; i < n; i++) (void)ote_endpoint_evict(eps[i]);
 }
 
-static ote_status_t connect_ctl(ote__tpeer_t *p) {
+/* HELLO and its answer on c, on this thread (no reader yet), bounded by dl: the key's
+ * challenge-response when the source asks for it, the version, and what the source's
+ * advertisement offers (RELEASE, CONNECT epochs, staged answers, GPUDirect source grants,
+ * whole-parent credits). */
+static ote_status_t hello(ote__tpeer_t *p, conn_t *c, ote_deadline_t dl) {
     rdma_tp_t *tp = p->tp;
-    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
-    int fd = -1;
-    ote_status_t st = connect_socket(p, dl, &fd);
-    if (st != OTE_OK) return st;
-    conn_t *c = ote__rdma_conn_new(tp, fd);
-    if (c == NULL) return OTE_ERR_NOMEM;
-    snprintf(c->peer_addr, sizeof(c->peer_addr), "%s", p->name);
-    /* HELLO and its answer, on this thread (no reader yet), bounded by dl. */
     ote_ctl_msg_t h;
     memset(&h, 0, sizeof(h));
     h.version = OTE_CTL_VERSION_MIN;
@@ -355,9 +369,8 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     h.u.hello.role = 2; /* RDMA control */
     h.u.hello.addr = tp->addr;
     h.u.hello.addr_len = (uint32_t)strlen(tp->addr);
-    st = ote__rdma_conn_send(c, &h);
+    ote_status_t st = ote__rdma_conn_send(c, &h);
     ote_ctl_msg_t a;
-    /* The answer, after the key's challenge-response when the source asks for it. */
     rdma_auth_chan_t ch = {c, dl, NULL};
     ote_auth_io_t io = ote__rdma_auth_io(&ch);
     if (st == OTE_OK) st = ote_auth_requester(tp->host.auth_key, &h, &io, p->name, &a);
@@ -367,7 +380,6 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     if (st == OTE_OK && a.version != ver) st = OTE_ERR_PROTOCOL;
     if (st != OTE_OK) {
         OTE_WARN("rdma", "handshake with %s failed: %s", p->name, ote_status_str(st));
-        ote__rdma_conn_put(c);
         return st;
     }
     c->version = ver;
@@ -380,23 +392,20 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     c->direct_ok = adv_flag(&a, "rdma_direct");
     /* Whole-parent credits (rdma_src_parents.c): GRANT_REQs carry their parent. */
     c->parent_ok = adv_flag(&a, "rdma_parent");
-    ote_mutex_lock(&p->mu);
-    p->c = c;
-    ote_mutex_unlock(&p->mu);
-    if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
-        ote_mutex_lock(&p->mu);
-        p->c = NULL;
-        ote_mutex_unlock(&p->mu);
-        ote__rdma_conn_put(c);
-        return OTE_ERR_NOMEM;
-    }
-    p->reader_started = 1;
+    return OTE_OK;
+}
+
+/* INFO on c (the reader runs), bounded by dl: the peer's identity, checked against the
+ * incarnation this segment met (a restarted peer fails it for good: a new segment meets
+ * the new one), then our requester endpoints to it, device i paired with the peer's
+ * device i % ndev (it computes the same), into eps. */
+static ote_status_t info_and_endpoints(ote__tpeer_t *p, conn_t *c, ote_deadline_t dl,
+                                       ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4]) {
+    rdma_tp_t *tp = p->tp;
     ote_rp_msg_t info;
     ote__rdma_local_info(tp, &info, OTE_RP_INFO);
-    st = ote__rdma_peer_call(p, &info, OTE_RP_INFO_ACK, dl, NULL);
+    ote_status_t st = ote__rdma_peer_call(p, &info, OTE_RP_INFO_ACK, dl, NULL);
     if (st == OTE_OK && (p->met_epoch != 0 || p->met_process != 0) && !same_incarnation(p, c)) {
-        /* The peer at this address restarted: this segment's addresses named the memory of
-         * the incarnation it met, so it fails for good; a new segment meets the new one. */
         OTE_WARN("rdma",
                  "peer %s restarted (epoch %016llx, was %016llx): its old endpoints are "
                  "dropped and this segment fails with OTE_ERR_PEER_LOST; open a new segment",
@@ -404,9 +413,6 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         p->restarted = 1;
         st = OTE_ERR_PEER_LOST;
     }
-    /* Our device i pairs with the peer's device i % ndev (it computes the same). */
-    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4];
-    memset(eps, 0, sizeof(eps));
     int ncap = c->direct_ok ? 4 : 2; /* 2, 3: direct endpoints (rdma_direct.c) */
     for (uint32_t i = 0; st == OTE_OK && i < tp->nnics; i++) {
         for (int cap = 0; st == OTE_OK && cap < ncap; cap++) {
@@ -416,16 +422,50 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
             st = ote_endpoint_get(tp->nics[i].eps, &key, c->lanes, &eps[i][cap]);
         }
     }
+    if (st != OTE_OK && !p->restarted)
+        OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
+                 ote_status_str(st));
+    return st;
+}
+
+/* Sets p's connection (NULL: none) under p->mu. */
+static void set_conn(ote__tpeer_t *p, conn_t *c) {
+    ote_mutex_lock(&p->mu);
+    p->c = c;
+    ote_mutex_unlock(&p->mu);
+}
+
+/* The control connection to p: connect, HELLO, the reader thread, INFO and the requester
+ * endpoints, all within connect_timeout_ms. On failure nothing of it is left. */
+static ote_status_t connect_ctl(ote__tpeer_t *p) {
+    rdma_tp_t *tp = p->tp;
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    int fd = -1;
+    ote_status_t st = connect_socket(p, dl, &fd);
+    if (st != OTE_OK) return st;
+    conn_t *c = ote__rdma_conn_new(tp, fd);
+    if (c == NULL) return OTE_ERR_NOMEM;
+    snprintf(c->peer_addr, sizeof(c->peer_addr), "%s", p->name);
+    st = hello(p, c, dl);
     if (st != OTE_OK) {
-        if (!p->restarted)
-            OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
-                     ote_status_str(st));
+        ote__rdma_conn_put(c);
+        return st;
+    }
+    set_conn(p, c);
+    if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
+        set_conn(p, NULL);
+        ote__rdma_conn_put(c);
+        return OTE_ERR_NOMEM;
+    }
+    p->reader_started = 1;
+    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4];
+    memset(eps, 0, sizeof(eps));
+    st = info_and_endpoints(p, c, dl, eps);
+    if (st != OTE_OK) {
         ote__rdma_conn_kill(c, NULL);
         pthread_join(p->reader, NULL);
         p->reader_started = 0;
-        ote_mutex_lock(&p->mu);
-        p->c = NULL;
-        ote_mutex_unlock(&p->mu);
+        set_conn(p, NULL);
         ote__rdma_conn_put(c);
         return st;
     }

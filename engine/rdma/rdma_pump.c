@@ -122,6 +122,208 @@ static ote__slice_t *run_take(const rdma_tp_t *tp, const ote__tpeer_t *p, ote__s
     return last;
 }
 
+/* Under p->mu: unlinks from p's queue the slices for which drop(x) holds (keeping the
+ * others in order, q_tail fixed) and returns them linked by next. */
+static ote__slice_t *queue_filter(ote__tpeer_t *p, int (*drop)(const ote__slice_t *x)) {
+    ote__slice_t *out = NULL, **tail = &out, **pp = &p->q_head;
+    p->q_tail = NULL;
+    while (*pp != NULL) {
+        ote__slice_t *x = *pp;
+        if (drop(x)) {
+            *pp = x->next;
+            x->next = NULL;
+            *tail = x;
+            tail = &x->next;
+        } else {
+            p->q_tail = x;
+            pp = &x->next;
+        }
+    }
+    return out;
+}
+
+static int is_canceled(const ote__slice_t *x) {
+    return x->canceled != NULL && atomic_load(x->canceled);
+}
+
+static int is_canceled_or_late(const ote__slice_t *x) {
+    return is_canceled(x) || ote_deadline_expired(x->deadline);
+}
+
+/* The pump thread's part of a round, p->mu held (dropped around the calls that may wait):
+ * under rdma_max_qps, room for the build asked (an idle QP retired) or the run waits
+ * queued (p->qp_wait; the next rounds try again, its deadline ends it); then the build
+ * itself, whose failure is for the run that waited for it (start_on takes it). */
+static void pump_build(ote__tpeer_t *p) {
+    rdma_tp_t *tp = p->tp;
+    int held = 0; /* rdma_max_qps: room held for this round's build */
+    if (p->build_want && p->build_run && tp->cfg.rdma_max_qps != 0) {
+        int room = p->q_head != NULL;
+        if (room) {
+            ote_mutex_unlock(&p->mu);
+            room = held = ote__rdma_qp_room(tp, 1);
+            ote_mutex_lock(&p->mu);
+        } else { /* nothing waits for it any more */
+            p->build_want = 0;
+            p->build_run = 0;
+            p->building = 0;
+        }
+        p->qp_wait = p->build_want && !room;
+    } else if (p->build_want && tp->cfg.rdma_max_qps != 0) {
+        ote_mutex_unlock(&p->mu);
+        held = ote__rdma_qp_room(tp, 0); /* a background build: not past the limit */
+        ote_mutex_lock(&p->mu);
+        if (!held) {
+            p->build_want = 0;
+            p->building = 0;
+        }
+    }
+    if (p->build_want && !p->qp_wait) {
+        uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
+        int for_run = p->build_run;
+        p->build_want = 0;
+        p->build_run = 0;
+        ote_mutex_unlock(&p->mu);
+        ote_status_t bst = ote__rdma_build_qp(p, bk, bc, bs);
+        ote_mutex_lock(&p->mu);
+        if (bst == OTE_OK) p->src_qp_refused = 0;
+        if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
+            p->build_failed = 1;
+            p->fail_k = bk;
+            p->fail_cap = bc;
+            p->build_st = bst;
+        }
+        if (!p->build_want) p->building = 0;
+    }
+    if (held) ote__rdma_qp_room_end(tp); /* built (now held as a QP) or not */
+}
+
+/* A cancel: its queued slices are dropped first (ended CANCELED with p->mu dropped). */
+static void pump_purge(ote__tpeer_t *p) {
+    ote__slice_t *drop = queue_filter(p, is_canceled);
+    ote_mutex_unlock(&p->mu);
+    while (drop != NULL) {
+        ote__slice_t *x = drop;
+        drop = x->next;
+        x->next = NULL;
+        ote__rdma_start_failed(p, x, -1, OTE_ERR_CANCELED);
+    }
+    ote_mutex_lock(&p->mu);
+}
+
+/* What the pump does with the run at the head of the queue (decided under p->mu). */
+typedef enum {
+    RUN_START, /* start it on device k */
+    RUN_END,   /* end it now with st (each slice on its own when k < 0) */
+    RUN_WAIT,  /* leave it queued: something it needs frees later and kicks the pump */
+} run_next_t;
+
+/* A run that may start: its grant's bytes (run_take), room in the engine-wide limit and in
+ * a device's window for this peer (gpu_staging_depth chunks for a staged request), a
+ * device picked (none active and nothing in flight: PORT_DOWN, each slice alone), and a
+ * grant credit of its request (rdma_max_grants). */
+static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **last, uint64_t *rlen,
+                            int *k, ote_status_t *st) {
+    rdma_tp_t *tp = p->tp;
+    *last = run_take(tp, p, s, rlen);
+    if (over_cap(tp, *rlen)) return RUN_WAIT; /* an ending run kicks the pump thread */
+    uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW ? tp->cfg.rdma_grant_max
+                                                                    : OTE__RDMA_NIC_WINDOW;
+    if (staged_run(p, s)) window = stage_chunk(tp) * stage_depth(tp);
+    uint32_t mask = 0;
+    uint64_t busy = 0;
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        busy += p->inflight[i];
+        if (p->inflight[i] == 0 || p->inflight[i] + *rlen <= window) mask |= 1u << i;
+    }
+    if (mask == 0) return RUN_WAIT; /* every window is full: an ending slice pumps again */
+    if (tp->cfg.rdma_max_qps != 0) mask = ote__rdma_qp_mask(tp, p, s, mask);
+    if (ote_selector_pick(tp->sel, s->mem_node, *rlen, mask, k) != OTE_OK) {
+        *k = -1;
+        if (busy > 0) return RUN_WAIT; /* no room on an active device yet */
+        *st = OTE_ERR_PORT_DOWN;       /* no active device, nothing in flight */
+        *last = s;                     /* each slice ends on its own */
+        *rlen = s->len;
+        return RUN_END;
+    }
+    if (!ote__rdma_grant_take(tp, s, *rlen)) {
+        /* rdma_max_grants: its request's reservation (or a slot of it) is not free; a
+         * returned credit kicks the pump thread. */
+        ote_selector_done(tp->sel, *k, *rlen, 0);
+        p->credit_wait = 1;
+        return RUN_WAIT;
+    }
+    return RUN_START;
+}
+
+/* The run at the head of the queue: ended (canceled, past its deadline, the peer lost),
+ * left queued (a source answered AGAIN: the pump thread's next rounds retry; no room), or
+ * placed on a device. */
+static run_next_t run_next(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **last, uint64_t *rlen,
+                           int *k, ote_status_t *st) {
+    *last = s;
+    *rlen = s->len;
+    *k = -1;
+    if (is_canceled(s)) {
+        *st = OTE_ERR_CANCELED;
+        return RUN_END;
+    }
+    if (ote_deadline_expired(s->deadline)) {
+        *st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
+        if (p->src_qp_refused)
+            OTE_WARN_LIMITED("rdma",
+                             "run to %s ends at its deadline (OTE_ERR_TIMEOUT): the "
+                             "source refused its QP, holding its rdma_max_qps QPs",
+                             p->name);
+        return RUN_END;
+    }
+    if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
+        /* Lost, or between connections (a reconnect publishes its endpoints last; a dead
+         * peer's were evicted). */
+        *st = OTE_ERR_PEER_LOST;
+        return RUN_END;
+    }
+    if (p->busy_until != 0 && ote_now_ns() < p->busy_until) return RUN_WAIT;
+    return run_place(p, s, last, rlen, k, st);
+}
+
+/* Starts (or ends) the queued runs until the queue is empty or a run must wait, p->mu
+ * held (dropped around each start). A run that needs a QP build goes back at the head,
+ * its window and credits given back: a submitting thread hands over to the pump thread
+ * (*handoff), the pump thread builds it in its next round. *kick: room given back that
+ * another peer waits for. */
+static void pump_runs(ote__tpeer_t *p, int inline_, int *handoff, int *kick) {
+    rdma_tp_t *tp = p->tp;
+    while (p->q_head != NULL) {
+        ote__slice_t *s = p->q_head, *last = s;
+        uint64_t rlen = s->len;
+        int k = -1;
+        ote_status_t st = OTE_OK;
+        if (run_next(p, s, &last, &rlen, &k, &st) == RUN_WAIT) break;
+        p->q_head = last->next;
+        if (p->q_head == NULL) p->q_tail = NULL;
+        last->next = NULL;
+        if (k >= 0) {
+            p->inflight[k] += rlen;
+            all_add(tp, rlen);
+        }
+        ote_mutex_unlock(&p->mu);
+        int r = OTE__RDMA_START_TAKEN;
+        if (k >= 0) r = ote__rdma_start_on(p, s, k, inline_);
+        else ote__rdma_start_failed(p, s, -1, st);
+        ote_mutex_lock(&p->mu);
+        if (r == OTE__RDMA_START_NEEDS_BUILD) {  /* back at the head, its window given back */
+            *kick |= ote__rdma_grant_put(tp, s); /* kicked by the caller, no lock held */
+            p->inflight[k] -= rlen;
+            *kick |= ote__rdma_all_sub(tp, rlen); /* other peers waiting for room */
+            ote__rdma_run_requeue(p, s);
+            if (inline_) *handoff = 1;
+            else if (!p->qp_wait) p->pump_again = 1; /* build it, then go on */
+            break;
+        }
+    }
+}
+
 /* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
  * released. inline_: a submitting thread, which never builds a QP: a run that needs one
  * stays at the head of the queue and the pump thread (kicked) builds it and goes on;
@@ -131,148 +333,12 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
     int handoff = 0; /* inline: a run waits for a build; the pump thread takes over */
     int kick = 0;    /* room given back that another peer waits for (rdma_max_inflight) */
     do {
-        int held = 0; /* rdma_max_qps: room held for this round's build */
         p->pump_again = 0;
         p->credit_wait = 0;
         p->qp_wait = 0;
-        if (!inline_ && p->build_want && p->build_run && tp->cfg.rdma_max_qps != 0) {
-            /* rdma_max_qps: room for the build (an idle QP retired), or the run waits
-             * queued; the pump thread's next rounds try again, its deadline ends it. */
-            int room = p->q_head != NULL;
-            if (room) {
-                ote_mutex_unlock(&p->mu);
-                room = held = ote__rdma_qp_room(tp, 1);
-                ote_mutex_lock(&p->mu);
-            } else { /* nothing waits for it any more */
-                p->build_want = 0;
-                p->build_run = 0;
-                p->building = 0;
-            }
-            p->qp_wait = p->build_want && !room;
-        } else if (!inline_ && p->build_want && tp->cfg.rdma_max_qps != 0) {
-            ote_mutex_unlock(&p->mu);
-            held = ote__rdma_qp_room(tp, 0); /* a background build: not past the limit */
-            ote_mutex_lock(&p->mu);
-            if (!held) {
-                p->build_want = 0;
-                p->building = 0;
-            }
-        }
-        if (!inline_ && p->build_want && !p->qp_wait) {
-            uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
-            int for_run = p->build_run;
-            p->build_want = 0;
-            p->build_run = 0;
-            ote_mutex_unlock(&p->mu);
-            ote_status_t bst = ote__rdma_build_qp(p, bk, bc, bs);
-            ote_mutex_lock(&p->mu);
-            if (bst == OTE_OK) p->src_qp_refused = 0;
-            if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
-                p->build_failed = 1;
-                p->fail_k = bk;
-                p->fail_cap = bc;
-                p->build_st = bst;
-            }
-            if (!p->build_want) p->building = 0;
-        }
-        if (held) ote__rdma_qp_room_end(tp); /* built (now held as a QP) or not */
-        if (atomic_exchange(&p->purge, 0)) { /* a cancel: drop its queued slices first */
-            ote__slice_t *drop = NULL, **tail = &drop, **pp = &p->q_head;
-            p->q_tail = NULL;
-            while (*pp != NULL) {
-                ote__slice_t *x = *pp;
-                if (x->canceled != NULL && atomic_load(x->canceled)) {
-                    *pp = x->next;
-                    x->next = NULL;
-                    *tail = x;
-                    tail = &x->next;
-                } else {
-                    p->q_tail = x;
-                    pp = &x->next;
-                }
-            }
-            ote_mutex_unlock(&p->mu);
-            while (drop != NULL) {
-                ote__slice_t *x = drop;
-                drop = x->next;
-                x->next = NULL;
-                ote__rdma_start_failed(p, x, -1, OTE_ERR_CANCELED);
-            }
-            ote_mutex_lock(&p->mu);
-        }
-        while (p->q_head != NULL) {
-            ote__slice_t *s = p->q_head, *last = s;
-            uint64_t rlen = s->len;
-            int k = -1;
-            ote_status_t st = OTE_OK;
-            if (s->canceled != NULL && atomic_load(s->canceled)) {
-                st = OTE_ERR_CANCELED;
-            } else if (ote_deadline_expired(s->deadline)) {
-                st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
-                if (p->src_qp_refused)
-                    OTE_WARN_LIMITED("rdma",
-                                     "run to %s ends at its deadline (OTE_ERR_TIMEOUT): the "
-                                     "source refused its QP, holding its rdma_max_qps QPs",
-                                     p->name);
-            } else if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
-                /* Lost, or between connections (a reconnect publishes its endpoints last;
-                 * a dead peer's were evicted). */
-                st = OTE_ERR_PEER_LOST;
-            } else if (p->busy_until != 0 && ote_now_ns() < p->busy_until) {
-                break; /* a source answered AGAIN: the pump thread's next rounds retry */
-            } else {
-                last = run_take(tp, p, s, &rlen);
-                if (over_cap(tp, rlen)) break; /* an ending run kicks the pump thread */
-                uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW
-                                      ? tp->cfg.rdma_grant_max
-                                      : OTE__RDMA_NIC_WINDOW;
-                /* A staged request: gpu_staging_depth chunks in flight per device. */
-                if (staged_run(p, s)) window = stage_chunk(tp) * stage_depth(tp);
-                uint32_t mask = 0;
-                uint64_t busy = 0;
-                for (uint32_t i = 0; i < tp->nnics; i++) {
-                    busy += p->inflight[i];
-                    if (p->inflight[i] == 0 || p->inflight[i] + rlen <= window) mask |= 1u << i;
-                }
-                if (mask == 0) break; /* every window is full: an ending slice pumps again */
-                if (tp->cfg.rdma_max_qps != 0) mask = ote__rdma_qp_mask(tp, p, s, mask);
-                if (ote_selector_pick(tp->sel, s->mem_node, rlen, mask, &k) != OTE_OK) {
-                    k = -1;
-                    if (busy > 0) break;    /* no room on an active device yet */
-                    st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */
-                    last = s;               /* each slice ends on its own */
-                    rlen = s->len;
-                } else if (!ote__rdma_grant_take(tp, s, rlen)) {
-                    /* rdma_max_grants: its request's reservation (or a slot of it) is not
-                     * free; a returned credit kicks the pump thread. */
-                    ote_selector_done(tp->sel, k, rlen, 0);
-                    p->credit_wait = 1;
-                    break;
-                }
-            }
-            p->q_head = last->next;
-            if (p->q_head == NULL) p->q_tail = NULL;
-            last->next = NULL;
-            if (k >= 0) {
-                p->inflight[k] += rlen;
-                all_add(tp, rlen);
-            }
-            ote_mutex_unlock(&p->mu);
-            int r = OTE__RDMA_START_TAKEN;
-            if (k >= 0) r = ote__rdma_start_on(p, s, k, inline_);
-            else ote__rdma_start_failed(p, s, -1, st);
-            ote_mutex_lock(&p->mu);
-            if (r == OTE__RDMA_START_NEEDS_BUILD) { /* back at the head, its window given back */
-                kick |= ote__rdma_grant_put(tp, s); /* kicked below, no lock held */
-                p->inflight[k] -= rlen;
-                kick |=
-                    ote__rdma_all_sub(tp, rlen); /* other peers waiting for room: kicked below */
-                ote__rdma_run_requeue(p, s);
-                if (inline_) handoff = 1;
-                else if (!p->qp_wait) p->pump_again = 1; /* build it, then go on */
-                break;
-            }
-        }
+        if (!inline_) pump_build(p);
+        if (atomic_exchange(&p->purge, 0)) pump_purge(p);
+        pump_runs(p, inline_, &handoff, &kick);
         /* A failed build's status is for the run that waited for it: that run took it
          * above, or ended meanwhile (deadline, cancel); nothing older lingers. */
         if (!inline_ && !p->build_want) p->build_failed = 0;
@@ -290,7 +356,6 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
  * told first for all of them (write-off), then each ends: nothing here touches p after
  * the first done(). */
 void ote__rdma_queue_expire(rdma_tp_t *tp) {
-    ote__slice_t *dead = NULL, **tail = &dead;
     ote__tpeer_t *owner[PUMP_EXPIRE_PEERS];
     ote__slice_t *lists[PUMP_EXPIRE_PEERS];
     size_t np = 0;
@@ -301,23 +366,7 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
             ote_mutex_unlock(&p->mu);
             continue;
         }
-        dead = NULL;
-        tail = &dead;
-        ote__slice_t **pp = &p->q_head;
-        p->q_tail = NULL;
-        while (*pp != NULL) {
-            ote__slice_t *x = *pp;
-            if ((x->canceled != NULL && atomic_load(x->canceled)) ||
-                ote_deadline_expired(x->deadline)) {
-                *pp = x->next;
-                x->next = NULL;
-                *tail = x;
-                tail = &x->next;
-            } else {
-                p->q_tail = x;
-                pp = &x->next;
-            }
-        }
+        ote__slice_t *dead = queue_filter(p, is_canceled_or_late);
         ote_mutex_unlock(&p->mu);
         if (dead != NULL) {
             owner[np] = p;

@@ -553,62 +553,53 @@ static ote_status_t borrow_now(ote_endpoint_t *ep, int inline_, uint32_t *slot_o
     return OTE_ERR_NOT_FOUND;
 }
 
-/* Start a run of READ or WRITE slices (s and those linked by next: contiguous, one
- * request) on device k (picked by pump, its window taken) as one grant: on success the
- * grant owns the QP borrow and ends the run's slices. Never waits for a QP: when the
- * endpoint has none READY, returns OTE__RDMA_START_NEEDS_BUILD with the build asked of the pump
- * thread. Called by the pump (pumping set), no lock held. */
-int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
-    rdma_tp_t *tp = p->tp;
-    uint64_t rlen = run_bytes(s);
-    ote_status_t st;
-    rdma_nic_t *n = &tp->nics[k];
-    int write = s->op == OTE__SLICE_WRITE;
-    /* A run the source redirected goes on a direct endpoint (rdma_direct.c), and so does
-     * a later run of a request it redirected. */
-    ote__rdma_direct_recall(p, s);
-    uint32_t cap = (write ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
-    ote_endpoint_t *ep = p->ep[k][cap];
-    if (ep == NULL) { /* a direct run toward a source that no longer advertises it */
-        ote__rdma_start_failed(p, s, k, OTE_ERR_UNSUPPORTED);
-        return OTE__RDMA_START_TAKEN;
-    }
-    uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
-    uint32_t slot = 0;
-    ote_qp_t *qp = NULL;
-    /* The build the last run on this device and capability waited for failed: this run
-     * ends with its status (as it would have, had it built the QP itself). A cache miss
-     * is the peer's, not the device's: it is this run's on whichever device it picked
-     * now (else, with two devices, a run that misses on every CONNECT would alternate
-     * between them, building for ever). */
-    ote_mutex_lock(&p->mu);
+/* Under p->mu: whether the build the last run on device k and capability cap waited for
+ * failed, so that this run ends with its status (*st_out), as it would have had it built
+ * the QP itself. A cache miss is the peer's, not the device's: it is this run's on
+ * whichever device it picked now (else, with two devices, a run that misses on every
+ * CONNECT would alternate between them, building for ever). *flush_out: a cache miss on
+ * this endpoint asked for its idle QPs to be retired (taken). */
+static int build_failed_locked(ote__tpeer_t *p, int k, uint32_t cap, ote_status_t *st_out,
+                               int *flush_out) {
     if (p->build_failed && p->fail_cap == cap &&
         (p->fail_k == (uint32_t)k || p->build_st == OTE__RDMA_CACHE_MISS)) {
         p->build_failed = 0;
-        st = p->build_st;
-        ote_mutex_unlock(&p->mu);
-        ote__rdma_start_failed(p, s, k, st);
-        return OTE__RDMA_START_TAKEN;
+        *st_out = p->build_st;
+        return 1;
     }
-    int flush = p->miss_flush[k][cap];
+    *flush_out = p->miss_flush[k][cap];
     p->miss_flush[k][cap] = 0;
-    ote_mutex_unlock(&p->mu);
-    /* A cache miss on this endpoint: its other idle QPs are as unknown to the source (it
-     * evicted or moved the endpoint): retire them too, so that the run retried after the
-     * miss meets a fresh QP rather than a second miss. */
-    for (uint32_t j = 0; flush && j < ote_endpoint_width(ep); j++) {
+    return 0;
+}
+
+/* After a cache miss on ep, its other idle QPs are as unknown to the source (it evicted or
+ * moved the endpoint): retired too, so that the run retried after the miss meets a fresh
+ * QP rather than a second miss. */
+static void retire_idle(ote_endpoint_t *ep) {
+    for (uint32_t j = 0; j < ote_endpoint_width(ep); j++) {
+        ote_qp_t *qp = NULL;
         if (ote_endpoint_borrow_ready(ep, j, 0, &qp) != OTE_OK) continue;
         ote_endpoint_retire(ep, j, qp);
         ote_endpoint_return(ep, j, qp);
-        qp = NULL;
     }
-    /* A QP that a port-down fenced while idle is still READY in its slot: retire it (the
-     * monitor's reclaim destroys it) and take another slot, built anew when empty. */
+}
+
+/* A live READY QP of ep for the run s on device k, borrowed into *slot_out / *qp_out:
+ * OTE__RDMA_START_TAKEN with *qp_out set. A QP that a port-down fenced while idle is still
+ * READY in its slot: retired (the monitor's reclaim destroys it) and another slot taken,
+ * built anew when empty. None READY: the build is asked of the pump thread and
+ * OTE__RDMA_START_NEEDS_BUILD returned (the device's pick given back); every slot fenced:
+ * the run ended FENCED (OTE__RDMA_START_TAKEN, *qp_out NULL). */
+static int borrow_live(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, uint32_t cap,
+                       ote_endpoint_t *ep, int inline_, uint32_t *slot_out, ote_qp_t **qp_out) {
+    rdma_tp_t *tp = p->tp;
+    ote_qp_t *qp = NULL;
+    uint32_t slot = 0;
     for (uint32_t tries = 0;; tries++) {
         uint32_t want = 0;
         int bg = 0;
         /* At rdma_max_qps any READY slot serves (no build while another one is READY). */
-        st = borrow_now(ep, inline_ || ote__rdma_qps_full(tp), &slot, &qp, &want, &bg);
+        ote_status_t st = borrow_now(ep, inline_ || ote__rdma_qps_full(tp), &slot, &qp, &want, &bg);
         if (st != OTE_OK || bg) {
             ote_mutex_lock(&p->mu);
             build_ask(p, (uint32_t)k, cap, want, st != OTE_OK);
@@ -627,30 +618,48 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         qp = NULL;
         if (tries >= ote_endpoint_width(ep)) {
             ote__rdma_start_failed(p, s, k, OTE_ERR_FENCED);
+            *qp_out = NULL;
             return OTE__RDMA_START_TAKEN;
         }
     }
-    atomic_fetch_add(inline_ ? &tp->starts_inline : &tp->starts_pumped, 1);
-    struct ibv_mr *mr = NULL, *tmp = NULL;
-    /* A READ writes its local buffer: its temporary MR needs LOCAL_WRITE (a read-only
-     * mapping fails: EFAULT); a WRITE only reads it, so its temporary MR asks for
-     * nothing and a read-only mapping works. (Registered memory is always writable.) */
+    *slot_out = slot;
+    *qp_out = qp;
+    return OTE__RDMA_START_TAKEN;
+}
+
+/* The MR of the run's local buffer in device n: its registration's, else a temporary one
+ * (*tmp_out, deregistered when the run ends). A READ writes its local buffer: its
+ * temporary MR needs LOCAL_WRITE (a read-only mapping fails: EFAULT); a WRITE only reads
+ * it, so its temporary MR asks for nothing and a read-only mapping works. (Registered
+ * memory is always writable.) */
+static ote_status_t local_mr(rdma_tp_t *tp, rdma_nic_t *n, const ote__slice_t *s, uint64_t rlen,
+                             struct ibv_mr **mr_out, struct ibv_mr **tmp_out) {
+    int write = s->op == OTE__SLICE_WRITE;
+    *tmp_out = NULL;
+    if (ote_buffer_manager_find(tp->bm, s->local, rlen, n->ctx, mr_out) == OTE_OK) return OTE_OK;
     int lacc = write ? 0 : IBV_ACCESS_LOCAL_WRITE;
-    if (ote_buffer_manager_find(tp->bm, s->local, rlen, n->ctx, &mr) != OTE_OK) {
-        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, rlen, lacc, &tmp);
-        if (err != 0) {
-            ote_endpoint_return(ep, slot, qp);
-            OTE_WARN("rdma", "temporary MR of the local buffer [%p, +%llu) of a %s failed: %s%s",
-                     (void *)s->local, (unsigned long long)rlen, write ? "WRITE" : "READ",
-                     strerror(err),
-                     err == EFAULT ? " (not mapped, or not writable for a READ)" : "");
-            ote__rdma_start_failed(
-                p, s, k, ote_status_make(err == EFAULT ? OTE_ERR_INVALID : OTE_ERR_NATIVE, err));
-            return OTE__RDMA_START_TAKEN;
-        }
-        mr = tmp;
+    int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, rlen, lacc, tmp_out);
+    if (err == 0) {
+        *mr_out = *tmp_out;
+        return OTE_OK;
     }
-    /* Scratch for slice_grant_done: the temporary MR (NULL when registered), tp, device. */
+    *tmp_out = NULL;
+    OTE_WARN("rdma", "temporary MR of the local buffer [%p, +%llu) of a %s failed: %s%s",
+             (void *)s->local, (unsigned long long)rlen, write ? "WRITE" : "READ", strerror(err),
+             err == EFAULT ? " (not mapped, or not writable for a READ)" : "");
+    return ote_status_make(err == EFAULT ? OTE_ERR_INVALID : OTE_ERR_NATIVE, err);
+}
+
+/* The run s as one grant on device k over (ep, slot, qp) with local MR mr (tmp: its
+ * temporary one): the slices' scratch for slice_grant_done, a reference on the connection
+ * its grant is asked on (for a RELEASE: the grant may end before ote_grant_start returns,
+ * so taken first), then the grant. On OTE_OK the grant owns the QP borrow and ends the
+ * slices; otherwise everything is given back and the run ended with the status. */
+static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, uint32_t cap,
+                      ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp, struct ibv_mr *mr,
+                      struct ibv_mr *tmp) {
+    rdma_tp_t *tp = p->tp;
+    rdma_nic_t *n = &tp->nics[k];
     for (ote__slice_t *x = s; x != NULL; x = x->next) {
         x->xp.rdma.mr = NULL;
         x->xp.rdma.tp = tp;
@@ -659,13 +668,11 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         x->xp.rdma.conn = NULL;
     }
     s->xp.rdma.mr = tmp; /* the run's first slice holds its temporary MR */
-    /* ... and a reference on the connection its grant is asked on, for a RELEASE (the
-     * grant may end before ote_grant_start returns: taken first). */
     ote__rdma_conn_get(p->c);
     s->xp.rdma.conn = p->c;
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
-    d.op = write ? OTE_GRANT_WRITE : OTE_GRANT_READ;
+    d.op = s->op == OTE__SLICE_WRITE ? OTE_GRANT_WRITE : OTE_GRANT_READ;
     d.local = s->local;
     d.lkey = mr->lkey;
     d.remote = s->remote;
@@ -679,19 +686,60 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     d.canceled = slice_canceled;
     d.abandoned = slice_grant_abandoned;
     d.receipt_imm = cap >= 2; /* an exact MR at the source: nothing to invalidate */
+    uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
     garg_t ga = {p, s, (uint32_t)k, pair, cap};
     ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
-    /* Ownership: on OTE_OK the grant owns the QP borrow and ends the slice. */
-    st = ote_grant_start(n->gm, &d, &ctl);
+    ote_status_t st = ote_grant_start(n->gm, &d, &ctl);
+    if (st == OTE_OK) return;
+    ote_endpoint_return(ep, slot, qp);
+    s->xp.rdma.mr = NULL;
+    ote__rdma_conn_put(s->xp.rdma.conn);
+    s->xp.rdma.conn = NULL;
+    if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
+        ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
+    ote__rdma_start_failed(p, s, k, st);
+}
+
+/* Start a run of READ or WRITE slices (s and those linked by next: contiguous, one
+ * request) on device k (picked by pump, its window taken) as one grant: on success the
+ * grant owns the QP borrow and ends the run's slices. Never waits for a QP: when the
+ * endpoint has none READY, returns OTE__RDMA_START_NEEDS_BUILD with the build asked of the pump
+ * thread. Called by the pump (pumping set), no lock held. */
+int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
+    rdma_tp_t *tp = p->tp;
+    /* A run the source redirected goes on a direct endpoint (rdma_direct.c), and so does
+     * a later run of a request it redirected. */
+    ote__rdma_direct_recall(p, s);
+    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    ote_endpoint_t *ep = p->ep[k][cap];
+    if (ep == NULL) { /* a direct run toward a source that no longer advertises it */
+        ote__rdma_start_failed(p, s, k, OTE_ERR_UNSUPPORTED);
+        return OTE__RDMA_START_TAKEN;
+    }
+    ote_status_t st = OTE_OK;
+    int flush = 0;
+    ote_mutex_lock(&p->mu);
+    int failed = build_failed_locked(p, k, cap, &st, &flush);
+    ote_mutex_unlock(&p->mu);
+    if (failed) {
+        ote__rdma_start_failed(p, s, k, st);
+        return OTE__RDMA_START_TAKEN;
+    }
+    if (flush) retire_idle(ep);
+    uint32_t slot = 0;
+    ote_qp_t *qp = NULL;
+    uint64_t rlen = run_bytes(s);
+    int r = borrow_live(p, s, rlen, k, cap, ep, inline_, &slot, &qp);
+    if (r != OTE__RDMA_START_TAKEN || qp == NULL) return r;
+    atomic_fetch_add(inline_ ? &tp->starts_inline : &tp->starts_pumped, 1);
+    struct ibv_mr *mr = NULL, *tmp = NULL;
+    st = local_mr(tp, &tp->nics[k], s, rlen, &mr, &tmp);
     if (st != OTE_OK) {
         ote_endpoint_return(ep, slot, qp);
-        s->xp.rdma.mr = NULL;
-        ote__rdma_conn_put(s->xp.rdma.conn);
-        s->xp.rdma.conn = NULL;
-        if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
-            ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
         ote__rdma_start_failed(p, s, k, st);
+        return OTE__RDMA_START_TAKEN;
     }
+    grant_run(p, s, rlen, k, cap, ep, slot, qp, mr, tmp);
     return OTE__RDMA_START_TAKEN;
 }
 

@@ -424,6 +424,98 @@ void ote__rdma_src_wait_copies(rdma_tp_t *tp, conn_t *c, ote_deadline_t dl) {
     }
 }
 
+/* Answers a GRANT_REQ that nothing here will serve, with status st (and rkey, for a
+ * redirect), before anything of it is held. */
+static void refuse_early(conn_t *c, uint64_t req_id, ote_status_t st, uint32_t rkey) {
+    ote_rp_msg_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.type = OTE_RP_GRANT_RESP;
+    rp.u.resp.rkey = rkey;
+    (void)ote__rdma_conn_send_rp(c, req_id, st, &rp);
+}
+
+/* The source QP the grant names (its endpoint of the grant's pair and capability, the slot
+ * and both QP numbers), borrowed; NOT_FOUND or PROTOCOL when there is none. */
+static ote_status_t borrow_src_qp(conn_t *c, const ote_rp_msg_t *rq, rdma_nic_t **nic_out,
+                                  ote_endpoint_t **ep_out, ote_qp_t **qp_out) {
+    int direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
+    uint32_t ecap = (rq->u.grant.op == OTE_GRANT_WRITE ? 1u : 0u) + (direct ? 2u : 0u);
+    ote_endpoint_t *ep = NULL;
+    ote_qp_t *qp = NULL;
+    ote_status_t st = ote__rdma_src_ep(c, rq->u.grant.pair, (ote_ep_cap_t)ecap, nic_out, &ep);
+    if (st == OTE_OK && rq->u.grant.slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
+    if (st == OTE_OK)
+        st = ote_endpoint_borrow_ready(ep, rq->u.grant.slot, rq->u.grant.req_qpn, &qp);
+    if (st == OTE_OK && ote_qp_num(qp) != rq->u.grant.src_qpn) {
+        ote_endpoint_return(ep, rq->u.grant.slot, qp);
+        st = OTE_ERR_NOT_FOUND;
+    }
+    if (st != OTE_OK) return st;
+    *ep_out = ep;
+    *qp_out = qp;
+    return OTE_OK;
+}
+
+/* Device memory: the grant's bytes go to a bounce buffer first, and the window covers
+ * exactly that (rdma_stage.c). The copy runs on a copy stream while this thread serves the
+ * next requests; the grant is served (or refused) by src_copied once it is done, which
+ * then owns everything p names: OTE_OK. Otherwise nothing was started and p->a, p->sps and
+ * the QP borrow are still the caller's (a failed copy is the source's failure: REMOTE). */
+static ote_status_t start_staged(const copying_t *want, void *reg_pin) {
+    conn_t *c = want->c;
+    rdma_tp_t *tp = c->tp;
+    int write = want->rq.u.grant.op == OTE_GRANT_WRITE;
+    rdma_stage_t *stage = NULL;
+    copying_t *p = ote_calloc(1, sizeof(*p));
+    ote_status_t st =
+        p == NULL ? OTE_ERR_NOMEM
+                  : ote__rdma_stage_take(tp, want->nic, reg_pin, write, want->rq.u.grant.addr,
+                                         want->rq.u.grant.len, want->dl, &stage);
+    if (st == OTE_OK) {
+        want->a->base = ote__rdma_stage_base(stage);
+        want->a->write = write;
+        *p = *want;
+        p->stage = stage;
+        ote__rdma_conn_get(c);
+        atomic_fetch_add(&c->src_copies, 1);
+        atomic_fetch_add(&tp->src_copies, 1);
+        st = ote__rdma_stage_copy_start(tp, stage, src_copied, p);
+        if (st == OTE_OK) return OTE_OK;
+        atomic_fetch_sub(&c->src_copies, 1);
+        atomic_fetch_sub(&tp->src_copies, 1);
+        ote__rdma_conn_put(c);
+        ote__rdma_stage_end(tp, stage); /* nothing pending on it */
+    }
+    ote_free(p);
+    int code = ote_status_code(st);
+    if (code != OTE_ERR_UNSUPPORTED && code != OTE_ERR_TOO_BIG && code != OTE_ERR_AGAIN &&
+        code != OTE_ERR_NOMEM)
+        st = OTE_ERR_REMOTE; /* the driver's status is in our log */
+    return st;
+}
+
+/* Serves the grant g (its QP borrowed, its parent's slot taken): staged through a bounce
+ * for device memory, else directly. OTE_OK: answered (or to be, by src_copied), everything
+ * handed on; otherwise what g held is given back here and *pinned says whether the grant
+ * took its bytes of the account (the caller refuses it). */
+static ote_status_t serve_or_stage(copying_t *g, int *pinned) {
+    rdma_tp_t *tp = g->c->tp;
+    g->a = ote_calloc(1, sizeof(*g->a));
+    g->dl = ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
+    void *reg_pin = ote__rdma_acct_staged(g->acct);
+    ote_status_t st = OTE_OK;
+    if (g->a == NULL) st = OTE_ERR_NOMEM;
+    else if (reg_pin != NULL && (st = start_staged(g, reg_pin)) == OTE_OK) return OTE_OK;
+    if (st != OTE_OK) {
+        ote_free(g->a);
+        ote__rdma_sp_put(tp, &g->sps);
+        ote_endpoint_return(g->ep, g->rq.u.grant.slot, g->qp);
+        return st;
+    }
+    return src_serve(g->c, g->req_id, &g->rq, g->acct, g->ep, g->nic, g->qp, g->sps, g->a, NULL,
+                     g->rq.u.grant.addr, g->dl, pinned);
+}
+
 void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     rdma_tp_t *tp = c->tp;
     ote_status_t fst;
@@ -435,52 +527,32 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         OTE_WARN_LIMITED(
             "rdma", "GRANT from %s for epoch %016llx, ours is %016llx: refused (cache miss)",
             c->peer_addr, (unsigned long long)rq->u.grant.epoch, (unsigned long long)tp->epoch);
-        ote_rp_msg_t rp;
-        memset(&rp, 0, sizeof(rp));
-        rp.type = OTE_RP_GRANT_RESP;
-        (void)ote__rdma_conn_send_rp(c, req_id, OTE_ERR_STATE, &rp);
+        refuse_early(c, req_id, OTE_ERR_STATE, 0);
         return;
     }
     /* The whole request is checked, and pinned, by its first grant (rdma_accounts.c): a
      * request partly outside a registration is refused on every grant, no byte moves. */
     acct_t *acct = NULL;
     ote_status_t chk = ote__rdma_acct_take(c, rq, &acct);
-    if (chk != OTE_OK) {
-        ote_rp_msg_t rp;
-        memset(&rp, 0, sizeof(rp));
-        rp.type = OTE_RP_GRANT_RESP;
-        if (chk == OTE__RDMA_DIRECT_REDIRECT) {
-            /* Device memory, asked on a plain slot by a requester that follows: to a
-             * direct slot (proto.h). */
-            rp.u.resp.rkey = OTE_RP_RKEY_DIRECT;
-            chk = OTE_ERR_UNSUPPORTED;
-            atomic_fetch_add(&tp->direct_redirects, 1);
-        } else {
-            chk = grant_refusal(chk);
-        }
-        (void)ote__rdma_conn_send_rp(c, req_id, chk, &rp);
+    if (chk == OTE__RDMA_DIRECT_REDIRECT) {
+        /* Device memory, asked on a plain slot by a requester that follows: to a direct
+         * slot (proto.h). */
+        atomic_fetch_add(&tp->direct_redirects, 1);
+        refuse_early(c, req_id, OTE_ERR_UNSUPPORTED, OTE_RP_RKEY_DIRECT);
         return;
     }
-    int direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
-    uint32_t ecap = (rq->u.grant.op == OTE_GRANT_WRITE ? 1u : 0u) + (direct ? 2u : 0u);
-    ote_endpoint_t *ep = NULL;
-    rdma_nic_t *nic = NULL;
-    ote_qp_t *qp = NULL;
-    int pinned = 0; /* the grant took its bytes of the account (and gives them back) */
-    ote_status_t st = ote__rdma_src_ep(c, rq->u.grant.pair, (ote_ep_cap_t)ecap, &nic, &ep);
-    if (st == OTE_OK && rq->u.grant.slot >= ote_endpoint_width(ep)) st = OTE_ERR_PROTOCOL;
-    if (st == OTE_OK)
-        st = ote_endpoint_borrow_ready(ep, rq->u.grant.slot, rq->u.grant.req_qpn, &qp);
-    if (st == OTE_OK && ote_qp_num(qp) != rq->u.grant.src_qpn) {
-        ote_endpoint_return(ep, rq->u.grant.slot, qp);
-        st = OTE_ERR_NOT_FOUND;
+    if (chk != OTE_OK) {
+        refuse_early(c, req_id, grant_refusal(chk), 0);
+        return;
     }
+    copying_t g = {.c = c, .req_id = req_id, .rq = *rq, .acct = acct, .sps = {NULL, -1}};
+    int pinned = 0; /* the grant took its bytes of the account (and gives them back) */
+    ote_status_t st = borrow_src_qp(c, rq, &g.nic, &g.ep, &g.qp);
     /* Its parent's reservation (made now by its first grant) and a slot of it, before any
      * window, pin or key of the grant exists (rdma_src_parents.c). */
-    sp_slot_t sps = {NULL, -1};
-    ote_status_t spst = st == OTE_OK ? ote__rdma_sp_take(c, rq, ep, qp, &sps) : OTE_OK;
+    ote_status_t spst = st == OTE_OK ? ote__rdma_sp_take(c, rq, g.ep, g.qp, &g.sps) : OTE_OK;
     if (spst != OTE_OK) {
-        ote_endpoint_return(ep, rq->u.grant.slot, qp);
+        ote_endpoint_return(g.ep, rq->u.grant.slot, g.qp);
         st = grant_refusal(spst);
     } else if (st != OTE_OK) {
         /* No such connection here (its endpoint was evicted, or it was built with an
@@ -489,63 +561,8 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
         OTE_WARN("rdma", "GRANT from %s on slot %u: no such connection (QP %u <- %u): %s",
                  c->peer_addr, rq->u.grant.slot, rq->u.grant.src_qpn, rq->u.grant.req_qpn,
                  ote_status_str(st));
-    } else {
-        answer_t *a = ote_calloc(1, sizeof(*a));
-        ote_deadline_t dl =
-            ote_deadline_after((tp->cfg.transfer_timeout_ms + 1000) * OTE_NSEC_PER_MSEC);
-        void *reg_pin = ote__rdma_acct_staged(acct);
-        if (a == NULL) {
-            st = OTE_ERR_NOMEM;
-        } else if (reg_pin != NULL) {
-            /* Device memory: the grant's bytes go to a bounce buffer first, and the window
-             * covers exactly that (rdma_stage.c). The copy runs on a copy stream while
-             * this thread serves the next requests; the grant is served once it is done
-             * (src_copied). A failed copy is the source's failure. */
-            int write = rq->u.grant.op == OTE_GRANT_WRITE;
-            rdma_stage_t *stage = NULL;
-            copying_t *p = ote_calloc(1, sizeof(*p));
-            st = p == NULL ? OTE_ERR_NOMEM
-                           : ote__rdma_stage_take(tp, nic, reg_pin, write, rq->u.grant.addr,
-                                                  rq->u.grant.len, dl, &stage);
-            if (st == OTE_OK) {
-                a->base = ote__rdma_stage_base(stage);
-                a->write = write;
-                *p = (copying_t){.c = c,
-                                 .req_id = req_id,
-                                 .rq = *rq,
-                                 .acct = acct,
-                                 .ep = ep,
-                                 .nic = nic,
-                                 .qp = qp,
-                                 .sps = sps,
-                                 .a = a,
-                                 .stage = stage,
-                                 .dl = dl};
-                ote__rdma_conn_get(c);
-                atomic_fetch_add(&c->src_copies, 1);
-                atomic_fetch_add(&tp->src_copies, 1);
-                st = ote__rdma_stage_copy_start(tp, stage, src_copied, p);
-                if (st == OTE_OK) return; /* served, or refused, by src_copied */
-                atomic_fetch_sub(&c->src_copies, 1);
-                atomic_fetch_sub(&tp->src_copies, 1);
-                ote__rdma_conn_put(c);
-                ote__rdma_stage_end(tp, stage); /* nothing pending on it */
-            }
-            ote_free(p);
-            int code = ote_status_code(st);
-            if (code != OTE_ERR_UNSUPPORTED && code != OTE_ERR_TOO_BIG && code != OTE_ERR_AGAIN &&
-                code != OTE_ERR_NOMEM)
-                st = OTE_ERR_REMOTE; /* the driver's status is in our log */
-        }
-        if (st != OTE_OK) {
-            ote_free(a);
-            ote__rdma_sp_put(tp, &sps);
-            ote_endpoint_return(ep, rq->u.grant.slot, qp);
-        } else {
-            st = src_serve(c, req_id, rq, acct, ep, nic, qp, sps, a, NULL, rq->u.grant.addr, dl,
-                           &pinned);
-            if (st == OTE_OK) return; /* answered (and counted) by src_answer */
-        }
+    } else if ((st = serve_or_stage(&g, &pinned)) == OTE_OK) {
+        return; /* answered (and counted) by src_answer, or to be by src_copied */
     }
     /* Not served: these bytes of the request will never be held. */
     src_refuse(c, req_id, acct, rq->u.grant.len, pinned, st);
