@@ -12,7 +12,8 @@
  * the range is BUSY from a request's first grant to its last, not only while a grant is
  * bound.
  *
- * Accounts live in tp->accts under tp->mu (nothing else is locked under it); the
+ * The account itself is engine/src_account.h's, shared with tcp and shm; its scope is the
+ * control connection. Accounts live in tp->accts under tp->mu (nothing else is locked under it); the
  * engine's pin and unpin are called with no lock held (the engine calls this transport's
  * registration hook under its registry lock, which takes tp->mu). An account holds a
  * reference on its connection. Server threads create and pin accounts (a request's
@@ -22,7 +23,6 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "base/hash.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/rdma_src_parents.h"
@@ -31,27 +31,15 @@
 /* Accounts one connection may hold open at once; past it, grants are refused AGAIN. */
 #define RDMA_MAX_ACCOUNTS 65536u
 
-struct acct {
-    struct {
-        uintptr_t conn;
-        uint64_t uid;
-    } key;
-    UT_hash_handle hh;
-    conn_t *c;
-    int pinned_once; /* the first grant checked the extent (st says how it went) */
-    ote_status_t st; /* OTE_OK, or the refusal every grant of the request gets */
-    void *pin;       /* the engine's pin of the extent */
-    int staged;      /* device memory, served through bounce buffers (rdma_stage.c) */
-    uint32_t op;
-    uint64_t req_addr, req_len;
-    uint64_t left; /* bytes not yet asked for (by a grant) nor written off */
-    uint64_t held; /* bytes of grants being served */
-    int direct;    /* device memory served by exact MRs on direct slots (rdma_direct.c) */
-};
+/* How a request is served (its account's mode). */
+enum { SERVE_WINDOW = 0, SERVE_STAGED = 1, SERVE_DIRECT = 2 };
+
+static uint64_t scope_of(const conn_t *c) { return (uint64_t)(uintptr_t)c; }
+static conn_t *conn_of(const acct_t *a) { return (conn_t *)(uintptr_t)a->key.scope; }
 
 int ote__rdma_acct_direct(rdma_tp_t *tp, const acct_t *a) {
     ote_mutex_lock(&tp->mu);
-    int d = a->direct;
+    int d = a->mode == SERVE_DIRECT;
     ote_mutex_unlock(&tp->mu);
     return d;
 }
@@ -59,128 +47,100 @@ int ote__rdma_acct_direct(rdma_tp_t *tp, const acct_t *a) {
 static size_t conn_accounts(rdma_tp_t *tp, const conn_t *c) {
     size_t n = 0;
     acct_t *a, *tmp;
-    HASH_ITER(hh, tp->accts, a, tmp) n += a->c == c;
+    HASH_ITER(hh, tp->accts.by_key, a, tmp) n += a->key.scope == scope_of(c);
     return n;
 }
 
-/* The account of (c, uid), created when absent. NULL: out of memory or at the cap.
- * tp->mu held. */
+/* The account of (c, uid), created when absent (holding a reference on c). NULL: out of
+ * memory or at the cap. tp->mu held. */
 static acct_t *acct_get_locked(conn_t *c, uint64_t uid, uint64_t req_len) {
     rdma_tp_t *tp = c->tp;
-    struct {
-        uintptr_t conn;
-        uint64_t uid;
-    } key;
-    memset(&key, 0, sizeof(key));
-    key.conn = (uintptr_t)c;
-    key.uid = uid;
-    acct_t *a = NULL;
-    HASH_FIND(hh, tp->accts, &key, sizeof(key), a);
-    if (a != NULL) return a;
-    if (HASH_COUNT(tp->accts) >= RDMA_MAX_ACCOUNTS && conn_accounts(tp, c) >= RDMA_MAX_ACCOUNTS)
-        return NULL;
-    if ((a = ote_calloc(1, sizeof(*a))) == NULL) return NULL;
-    a->key.conn = key.conn;
-    a->key.uid = uid;
-    a->req_len = req_len;
-    a->left = req_len;
-    ote_status_t st;
-    OTE_HASH_ADD(hh, tp->accts, key, sizeof(a->key), a, st);
-    if (st != OTE_OK) {
-        ote_free(a);
-        return NULL;
-    }
-    a->c = c;
-    ote__rdma_conn_get(c);
+    int may = !(tp->accts.n >= RDMA_MAX_ACCOUNTS && conn_accounts(tp, c) >= RDMA_MAX_ACCOUNTS);
+    int created = 0;
+    acct_t *a = ote__acct_get(&tp->accts, scope_of(c), uid, req_len, may, &created);
+    if (created) ote__rdma_conn_get(c);
     return a;
 }
 
-/* Nothing left to come and nothing held: unlink a; the caller releases it with
- * acct_free once no lock is held. tp->mu held. */
-static acct_t *acct_done_locked(rdma_tp_t *tp, acct_t *a) {
-    if (a->left != 0 || a->held != 0) return NULL;
-    HASH_DEL(tp->accts, a);
-    return a;
-}
-
+/* Releases an account that ended (unlinked), with no lock held. */
 static void acct_free(rdma_tp_t *tp, acct_t *a) {
     if (a == NULL) return;
+    conn_t *c = conn_of(a);
     if (a->pin != NULL) tp->host.unpin(tp->host.arg, a->pin);
     /* Its every byte is accounted for: its parents' reservations end too. */
-    ote__rdma_sp_end_req(tp, a->c, a->key.uid);
-    ote__rdma_conn_put(a->c);
-    ote_free(a);
+    ote__rdma_sp_end_req(tp, c, a->key.uid);
+    ote__rdma_conn_put(c);
+    ote__acct_free(a);
+}
+
+/* The first grant's check of the request's extent (no lock held; the connection's one
+ * server thread): the engine's pin, then how the request is served. Device memory goes
+ * on direct slots (GPUDirect source grants) when the requester takes them and a dma-buf
+ * of the range is here, else through bounce buffers when the requester takes staged
+ * answers (whether gpu_paths allows staging is asked by each grant's stage_get, which
+ * names what is missing); else it is refused, naming why. */
+static ote_status_t acct_check(conn_t *c, const ote_rp_msg_t *rq, acct_t *a, void **pin_out,
+                               int *mode_out) {
+    rdma_tp_t *tp = c->tp;
+    unsigned perm = a->op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
+    void *pin = NULL;
+    ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
+    const char *what = a->op == OTE_GRANT_WRITE ? "WRITE" : "READ";
+    *mode_out = SERVE_WINDOW;
+    if (pst != OTE_OK) {
+        OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s", what,
+                         (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
+                         c->peer_addr, ote_status_str(pst));
+        return pst;
+    }
+    if (tp->host.pin_kind == NULL || !OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
+        *pin_out = pin;
+        return OTE_OK;
+    }
+    if ((rq->u.grant.dflags & OTE_RP_GOP_DIRECT_OK) &&
+        ote__rdma_direct_servable(tp, a->req_addr, a->req_len)) {
+        *mode_out = SERVE_DIRECT; /* exact MRs on direct slots (rdma_direct.c) */
+    } else if ((rq->u.grant.flags & OTE_RP_GF_STAGE) != 0) {
+        *mode_out = SERVE_STAGED;
+    } else {
+        tp->host.unpin(tp->host.arg, pin);
+        OTE_WARN_LIMITED("rdma",
+                         "refused %s request of %llu bytes at 0x%llx from %s: device "
+                         "memory over rdma needs GPUDirect RDMA source grants (a "
+                         "dma-buf of the range here, gpu_paths direct, and a requester "
+                         "that takes them) or source-side staging (a requester that "
+                         "takes staged answers); an older engine can reach it over tcp "
+                         "or shm",
+                         what, (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
+                         c->peer_addr);
+        return OTE_ERR_UNSUPPORTED;
+    }
+    *pin_out = pin;
+    return OTE_OK;
 }
 
 ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_out) {
     rdma_tp_t *tp = c->tp;
     uint64_t uid = rq->u.grant.req_uid, len = rq->u.grant.len;
+    int first = 0;
     ote_mutex_lock(&tp->mu);
     acct_t *a = uid != 0 ? acct_get_locked(c, uid, rq->u.grant.req_len) : NULL;
     ote_status_t st = OTE_OK;
     if (a == NULL) {
         st = OTE_ERR_AGAIN; /* no id, no memory, or too many requests open */
-    } else if (a->req_len != rq->u.grant.req_len ||
-               (a->pinned_once &&
-                (a->req_addr != rq->u.grant.req_addr || a->op != rq->u.grant.op)) ||
-               len > a->left) {
+    } else if (ote__acct_admit(a, rq->u.grant.req_addr, rq->u.grant.req_len, rq->u.grant.op, len,
+                               &first) != OTE_OK) {
         a = NULL;
         st = OTE_ERR_INVALID; /* not the request its first grant named: refused alone */
     }
-    int first = a != NULL && !a->pinned_once;
-    if (first) {
-        a->pinned_once = 1; /* this (server) thread alone pins it, just below */
-        a->op = rq->u.grant.op;
-        a->req_addr = rq->u.grant.req_addr;
-    }
     ote_mutex_unlock(&tp->mu);
-    if (first) {
-        unsigned perm = a->op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
+    if (first) { /* this (server) thread alone checks and pins it */
         void *pin = NULL;
-        int direct = 0;
-        ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
-        int staged = 0;
-        if (pst == OTE_OK && tp->host.pin_kind != NULL &&
-            OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin)) &&
-            (rq->u.grant.dflags & OTE_RP_GOP_DIRECT_OK) &&
-            ote__rdma_direct_servable(tp, a->req_addr, a->req_len)) {
-            /* GPUDirect source grants: exact MRs on direct slots (rdma_direct.c). */
-            direct = 1;
-        } else if (pst == OTE_OK && tp->host.pin_kind != NULL &&
-                   OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
-            /* Device memory that no GPUDirect source grant serves (no dma-buf of the range
-             * here: gpu_paths without direct, or the driver could not export it; or a
-             * requester that does not follow the redirect) is served through bounce
-             * buffers when the requester takes staged answers (whether gpu_paths allows
-             * staging is asked by each grant's stage_get, which names what is missing);
-             * else refused, naming why. */
-            if ((rq->u.grant.flags & OTE_RP_GF_STAGE) != 0) {
-                staged = 1;
-            } else {
-                tp->host.unpin(tp->host.arg, pin);
-                pin = NULL;
-                pst = OTE_ERR_UNSUPPORTED;
-                OTE_WARN_LIMITED("rdma",
-                                 "refused %s request of %llu bytes at 0x%llx from %s: device "
-                                 "memory over rdma needs GPUDirect RDMA source grants (a "
-                                 "dma-buf of the range here, gpu_paths direct, and a requester "
-                                 "that takes them) or source-side staging (a requester that "
-                                 "takes staged answers); an older engine can reach it over tcp "
-                                 "or shm",
-                                 a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
-                                 (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
-                                 c->peer_addr);
-            }
-        } else if (pst != OTE_OK)
-            OTE_WARN_LIMITED("rdma", "refused %s request of %llu bytes at 0x%llx from %s: %s",
-                             a->op == OTE_GRANT_WRITE ? "WRITE" : "READ",
-                             (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
-                             c->peer_addr, ote_status_str(pst));
+        int mode = SERVE_WINDOW;
+        ote_status_t pst = acct_check(c, rq, a, &pin, &mode);
         ote_mutex_lock(&tp->mu);
-        a->st = pst;
-        a->pin = pst == OTE_OK ? pin : NULL;
-        a->staged = pst == OTE_OK && staged;
-        a->direct = direct;
+        ote__acct_open(a, pst, pin);
+        a->mode = pst == OTE_OK ? mode : SERVE_WINDOW;
         ote_mutex_unlock(&tp->mu);
     }
     if (a == NULL) return st;
@@ -189,13 +149,10 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
     int on_direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
     /* Device memory only on a direct slot (else redirected there), and a direct slot
      * only for it: each grant alone, the request's account stays as it is. */
-    if (st == OTE_OK && a->direct && !on_direct) st = OTE__RDMA_DIRECT_REDIRECT;
-    if (st == OTE_OK && !a->direct && on_direct) st = OTE_ERR_INVALID;
-    acct_t *done = NULL;
-    if (st != OTE_OK) { /* refused: this grant's bytes are accounted for now */
-        a->left -= len;
-        done = acct_done_locked(tp, a);
-    }
+    if (st == OTE_OK && a->mode == SERVE_DIRECT && !on_direct) st = OTE__RDMA_DIRECT_REDIRECT;
+    if (st == OTE_OK && a->mode != SERVE_DIRECT && on_direct) st = OTE_ERR_INVALID;
+    /* Refused: this grant's bytes are accounted for now. */
+    acct_t *done = st != OTE_OK ? ote__acct_settle(&tp->accts, a, len, 0) : NULL;
     ote_mutex_unlock(&tp->mu);
     acct_free(tp, done);
     if (st == OTE_OK) *a_out = a;
@@ -204,16 +161,13 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
 
 void ote__rdma_acct_hold(rdma_tp_t *tp, acct_t *a, uint64_t len) {
     ote_mutex_lock(&tp->mu);
-    a->left -= len < a->left ? len : a->left;
-    a->held += len;
+    (void)ote__acct_hold(a, len); /* served: its answer is OK */
     ote_mutex_unlock(&tp->mu);
 }
 
 void ote__rdma_acct_settle(rdma_tp_t *tp, acct_t *a, uint64_t seen, uint64_t done) {
     ote_mutex_lock(&tp->mu);
-    a->left -= seen < a->left ? seen : a->left;
-    a->held -= done < a->held ? done : a->held;
-    acct_t *end = acct_done_locked(tp, a);
+    acct_t *end = ote__acct_settle(&tp->accts, a, seen, done);
     ote_mutex_unlock(&tp->mu);
     acct_free(tp, end);
 }
@@ -224,32 +178,34 @@ void ote__rdma_acct_write_off(conn_t *c, const ote_rp_msg_t *rq) {
     ote_mutex_lock(&tp->mu);
     acct_t *a = acct_get_locked(c, rq->u.wo.req_uid, rq->u.wo.req_len);
     acct_t *end = NULL;
-    if (a != NULL && a->req_len == rq->u.wo.req_len) {
-        a->left -= rq->u.wo.bytes < a->left ? rq->u.wo.bytes : a->left;
-        end = acct_done_locked(tp, a);
-    }
+    if (a != NULL && a->req_len == rq->u.wo.req_len)
+        end = ote__acct_settle(&tp->accts, a, rq->u.wo.bytes, 0);
     ote_mutex_unlock(&tp->mu);
     acct_free(tp, end);
 }
 
+static void collect(void *arg, acct_t *a) {
+    acct_t **head = arg;
+    a->link = *head;
+    *head = a;
+}
+
 void ote__rdma_acct_end_conn(rdma_tp_t *tp, const conn_t *c) {
-    for (;;) {
-        acct_t *end = NULL, *a, *tmp;
-        ote_mutex_lock(&tp->mu);
-        HASH_ITER(hh, tp->accts, a, tmp) {
-            if (c != NULL && a->c != c) continue;
-            a->left = 0;                /* nothing more will come on this connection */
-            if (c == NULL) a->held = 0; /* teardown: no grant is left */
-            if ((end = acct_done_locked(tp, a)) != NULL) break;
-        }
-        ote_mutex_unlock(&tp->mu);
-        if (end == NULL) return; /* the rest end with their last grant */
-        acct_free(tp, end);
+    acct_t *ended = NULL;
+    ote_mutex_lock(&tp->mu);
+    /* Nothing more will come on c (NULL, teardown: on any connection, and no grant is
+     * left); the rest end with their last grant. */
+    (void)ote__acct_end_scope(&tp->accts, scope_of(c), c == NULL, c == NULL, collect, &ended);
+    ote_mutex_unlock(&tp->mu);
+    while (ended != NULL) {
+        acct_t *next = ended->link;
+        acct_free(tp, ended);
+        ended = next;
     }
 }
 
 void *ote__rdma_acct_staged(const acct_t *a) {
     /* Set by the request's first grant before any grant of it is served (the same server
      * thread), read-only after. */
-    return a->staged ? a->pin : NULL;
+    return a->mode == SERVE_STAGED ? a->pin : NULL;
 }

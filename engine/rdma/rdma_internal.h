@@ -37,6 +37,7 @@
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
+#include "engine/src_account.h"
 #include "engine/rdma/proto.h"
 #include "engine/rdma/selector/selector.h"
 #include "engine/transport.h"
@@ -92,7 +93,7 @@
 #define OTE__RDMA_SRC_BUSY ote_status_make(OTE_ERR_AGAIN, EBUSY)
 
 typedef struct ote__rdma_tp rdma_tp_t;
-typedef struct acct acct_t; /* the source's account of one request (rdma_accounts.c) */
+typedef ote__acct_t acct_t; /* the source's account of one request (rdma_accounts.c) */
 
 /* A registration's MRs. rdma.c owns the list (tp->regs, under tp->mu). */
 typedef struct reg_ent {
@@ -367,7 +368,7 @@ struct ote__rdma_tp {
     srv_t *sconns[256]; /* heap entries: a thread keeps its own */
     size_t nsconns;
     ote__tpeer_t *peers;       /* open requester peers (notification deadlines) */
-    acct_t *accts;             /* source: accounts of requests (rdma_accounts.c), under mu */
+    ote__acct_set_t accts;     /* source: accounts of requests, by connection, under mu */
     struct rdma_stage *stages; /* source: staged WRITEs answered OK (rdma_stage.c), under mu */
     struct rdma_stage_mr *stage_mrs; /* source: pool chunks' MRs (rdma_stage_mrs.c), under mu */
     _Atomic uint64_t stage_mrs_made; /* ... registered so far */

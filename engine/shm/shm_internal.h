@@ -127,6 +127,7 @@
 
 #include "base/lock.h"
 #include "engine/engine_internal.h"
+#include "engine/src_account.h"
 #include "engine/transport.h"
 
 #define SHM_MAGIC 0x4d48534fu /* "OSHM" */
@@ -375,7 +376,6 @@ typedef struct {
 } shm_resp_t;
 
 typedef struct shm_src shm_src_t;
-typedef struct shm_acct shm_acct_t; /* shm_source.c: one request's account */
 
 /* Bytes of one request the requester dropped unsent, to write off at the source
  * (op SHM_OP_WRITE_OFF), or a request to cancel there (op SHM_OP_CANCEL, bytes 0). */
@@ -458,9 +458,8 @@ struct shm_src {
     _Atomic uint64_t *marks;  /* the requester's staging mark (SHM_ACK_MARKS), or NULL */
     _Atomic uint64_t stalled; /* 1 + the mark a wait timed out at (0: none, shm_ring.c) */
     pthread_t thr;
-    _Atomic int done;  /* its thread has returned */
-    shm_acct_t *accts; /* open requests (uthash by uid); its thread's only */
-    size_t naccts;
+    _Atomic int done;      /* its thread has returned */
+    ote__acct_set_t accts; /* open requests (engine/src_account.h); its thread's only */
     char from[OTE__ADDR_MAX];
     shm_msg_t *msgs; /* SHM_LOOKAHEAD received messages, a ring: [mhead, +mcount) */
     uint32_t mhead, mcount;

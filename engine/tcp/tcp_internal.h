@@ -118,6 +118,7 @@
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
+#include "engine/src_account.h"
 #include "engine/transport.h"
 
 _Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW2_FRAME_LEN,
@@ -262,7 +263,7 @@ struct tcp {
      * per request) and the sessions (requester engines' connection sets) they belong
      * to; tcp_pins.c, under pmu (a leaf but for the engine's pin, taken under it). */
     ote_mutex_t pmu;
-    struct src_req *preqs;
+    ote__acct_set_t paccts; /* scoped by session id (engine/src_account.h) */
     struct src_sess *psess;
 };
 
