@@ -87,8 +87,8 @@ TEST_F(ListTest, MatchGivesAMaskOfDistinctKnownNames) {
     EXPECT_EQ(mask, 2u);
     ASSERT_EQ(ote_list_match("direct,staging,ipc", names, 3, &mask), OTE_OK);
     EXPECT_EQ(mask, 7u);
-    for (const char *bad : {"ipc,ipc", "ipc,", ",ipc", "ipc,,staging", "IPC", " ipc", "ipc ",
-                            "gpu", "staging,ipc,direct,staging"}) {
+    for (const char *bad : {"ipc,ipc", "ipc,", ",ipc", "ipc,,staging", "IPC", " ipc", "ipc ", "gpu",
+                            "staging,ipc,direct,staging"}) {
         mask = 99;
         EXPECT_EQ(ote_list_match(bad, names, 3, &mask), OTE_ERR_INVALID) << bad;
         EXPECT_EQ(mask, 99u) << bad; // untouched on failure
