@@ -1,7 +1,8 @@
 /*
- * base/list.h - the one parser of separated lists: the configuration's "shm,tcp" and
- * "staging,ipc", a peer's advertised transports, RDMA device lists, the control plane's
- * "key=value;key=value" fields, verbs/sim's configuration and ote_bench's options.
+ * base/list.h - the one parser of separated lists: the configuration's "shm,tcp",
+ * "staging,ipc" and rdma_pin, a peer's advertised transports, RDMA device lists,
+ * verbs/sim's "item;item" configuration of "key=value,key=value" items and ote_bench's
+ * options.
  *
  * One grammar for every caller: "" (or NULL) is the empty list, with no item. Otherwise
  * a list with N separators has N + 1 items, each the bytes between two separators, and
@@ -10,8 +11,8 @@
  * that is more lenient (skips empty items, trims leading blanks, as the RDMA device
  * lists do) does so at its call site, where the rule is written down.
  *
- * An item is a view (pointer and length) into the caller's string, which these functions
- * never write. No allocation, no lock, no log line; thread-safe.
+ * An item is a view (pointer and length) into the caller's string, which only
+ * ote_list_cut writes, when asked to. No allocation, no lock, no log line; thread-safe.
  */
 #ifndef OTE_BASE_LIST_H
 #define OTE_BASE_LIST_H
