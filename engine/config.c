@@ -1,6 +1,13 @@
 /*
  * engine/config.c - ote_config_t (public), its resolution into ote__cfg_t, and
  * "host:port" / "[v6]:port" parsing.
+ *
+ * One table (g_keys) is the configuration: each key's name, its kind (which says how a
+ * value is checked, how the check is described when a value is refused, and what the
+ * value's numeric form is), its default, and the fields of ote__cfg_t that its resolved
+ * value goes to. ote_config_set, ote_config_get, the OTE_<KEY> environment and
+ * ote__config_resolve all walk that table, and no key is named outside it. The one rule
+ * between keys (transport against transports) runs on the resolved fields afterwards.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -13,94 +20,121 @@
 #include <strings.h>
 
 #include "base/alloc.h"
+#include "base/list.h"
 #include "base/log.h"
 #include "engine/control/ctl.h"
 #include "engine/engine_internal.h"
 
+/* How a key's value is checked and what its numeric form is (kind_check). */
 typedef enum {
-    K_STRING,
-    K_UINT,
-    K_SIZE,
-    K_ENUM,
-    K_ADDR,
-    K_ADDR_OPT,
-    K_LOGLEVEL,
-    K_TRANSPORTS,
-    K_GPU_PATHS,
-    K_RDMA_PIN
+    K_STRING,     /* text of at most max characters */
+    K_UINT,       /* a decimal integer in [min, max] */
+    K_SIZE,       /* a size with an optional K/M/G suffix, in [min, max] bytes; number: bytes */
+    K_BOOL,       /* "0" or "1"; number: 0 or 1 */
+    K_ENUM,       /* one of choices */
+    K_ADDR,       /* "host:port" or "[v6]:port" */
+    K_ADDR_OPT,   /* an address or "" */
+    K_LOGLEVEL,   /* a log level name, or "" */
+    K_TRANSPORTS, /* a comma list of 1..3 distinct transports */
+    K_GPU_PATHS,  /* a comma list of distinct GPU paths, or ""; number: OTE__GPU_PATH_* mask */
+    K_RDMA_PIN    /* "device:port:gid_index" routes, comma-separated, or "" */
 } kind_t;
+
+/* A field of ote__cfg_t: its offset and size; size 0 = no such field. */
+typedef struct {
+    size_t off, size;
+} slot_t;
 
 typedef struct {
     const char *key;
     kind_t kind;
     const char *def;
-    uint64_t min, max;      /* K_UINT / K_SIZE */
+    uint64_t min, max;      /* K_UINT / K_SIZE; K_STRING: max characters */
     const char *choices[4]; /* K_ENUM */
+    slot_t text;            /* a char array that gets the value as text (truncated to fit) */
+    slot_t number;          /* a 4- or 8-byte integer that gets the value's numeric form */
 } key_def_t;
+
+/* Destinations, checked at compile time: TEXT names a char array, NUMBER a 4- or 8-byte
+ * integer (a negative array size stops the build otherwise). */
+#define CFG_FIELD(f) (((ote__cfg_t *)0)->f)
+#define CFG_CHECK0(cond) (0 * sizeof(char[(cond) ? 1 : -1]))
+#define TEXT(f) \
+    .text = {offsetof(ote__cfg_t, f), \
+             sizeof(CFG_FIELD(f)) + CFG_CHECK0(_Generic(CFG_FIELD(f), char * : 1, default : 0))}
+#define NUMBER(f) \
+    .number = { \
+        offsetof(ote__cfg_t, f), \
+        sizeof(CFG_FIELD(f)) + CFG_CHECK0(sizeof(CFG_FIELD(f)) == 4 || sizeof(CFG_FIELD(f)) == 8)}
 
 static const key_def_t g_keys[] = {
     /* transport: the one-element form of transports; "" = not set (transports rules). */
-    {"transport", K_ENUM, "", 0, 0, {"", "tcp", "rdma", "shm"}},
-    {"transports", K_TRANSPORTS, "shm,tcp", 0, 0, {NULL}},
+    {"transport", K_ENUM, "", .choices = {"", "tcp", "rdma", "shm"}, TEXT(transport)},
+    {"transports", K_TRANSPORTS, "shm,tcp", TEXT(transports)},
     /* shm data path: auto = cross-memory attach where the kernel allows it, else the
      * shared ring; ring = always the shared ring. */
-    {"shm_mode", K_ENUM, "auto", 0, 0, {"auto", "ring", NULL, NULL}},
-    {"listen_address", K_ADDR, "127.0.0.1:0", 0, 0, {NULL}},
-    {"advertise_address", K_ADDR_OPT, "", 0, 0, {NULL}},
-    {"tcp_connections", K_UINT, "4", 1, 64, {NULL}},
-    {"tcp_workers", K_UINT, "2", 1, 64, {NULL}},
-    {"tcp_max_accepted", K_UINT, "1024", 1, 65536, {NULL}},
-    {"slice_size", K_SIZE, "1M", 4096, 32u << 20, {NULL}},
-    {"transfer_timeout_ms", K_UINT, "30000", 1, 86400000, {NULL}},
-    {"connect_timeout_ms", K_UINT, "5000", 1, 600000, {NULL}},
+    {"shm_mode", K_ENUM, "auto", .choices = {"auto", "ring"}, TEXT(shm_mode)},
+    {"listen_address", K_ADDR, "127.0.0.1:0", TEXT(listen_address)},
+    {"advertise_address", K_ADDR_OPT, "", TEXT(advertise_address)},
+    {"tcp_connections", K_UINT, "4", 1, 64, NUMBER(tcp_connections)},
+    {"tcp_workers", K_UINT, "2", 1, 64, NUMBER(tcp_workers)},
+    {"tcp_max_accepted", K_UINT, "1024", 1, 65536, NUMBER(tcp_max_accepted)},
+    {"slice_size", K_SIZE, "1M", 4096, 32u << 20, NUMBER(slice_size)},
+    {"transfer_timeout_ms", K_UINT, "30000", 1, 86400000, NUMBER(transfer_timeout_ms)},
+    {"connect_timeout_ms", K_UINT, "5000", 1, 600000, NUMBER(connect_timeout_ms)},
     /* Accepted connections (listener, shm socket) that have not completed their HELLO
      * (and proof, with a key) by then are closed (bounded by connect_timeout_ms too). */
-    {"handshake_timeout_ms", K_UINT, "5000", 1, 600000, {NULL}},
-    {"verbs_provider", K_ENUM, "", 0, 0, {"", "sim", "rdma-core", NULL}},
-    {"rdma_device", K_STRING, "", 0, 63, {NULL}},
+    {"handshake_timeout_ms", K_UINT, "5000", 1, 600000, NUMBER(handshake_timeout_ms)},
+    {"verbs_provider", K_ENUM, "", .choices = {"", "sim", "rdma-core"}, TEXT(verbs_provider)},
+    {"rdma_device", K_STRING, "", 0, 63, TEXT(rdma_device)},
     /* Comma-separated device names: the data devices (empty: every one) and those never used. */
-    {"rdma_devices", K_STRING, "", 0, 255, {NULL}},
-    {"rdma_exclude", K_STRING, "", 0, 255, {NULL}},
+    {"rdma_devices", K_STRING, "", 0, 255, TEXT(rdma_devices)},
+    {"rdma_exclude", K_STRING, "", 0, 255, TEXT(rdma_exclude)},
     /* CQ lanes (one worker thread each) per RDMA data device. */
-    {"rdma_lanes", K_UINT, "2", 1, 64, {NULL}},
+    {"rdma_lanes", K_UINT, "2", 1, 64, NUMBER(rdma_lanes)},
     /* Strict routes "device:port:gid_index", comma-separated: exactly those devices, each
      * on that port and GID index (no automatic choice, no other device). */
-    {"rdma_pin", K_RDMA_PIN, "", 0, 255, {NULL}},
+    {"rdma_pin", K_RDMA_PIN, "", 0, 255, TEXT(rdma_pin)},
     /* Largest grant: a run of one request's slices on one device up to this many bytes
      * is asked of the source in one GRANT_REQ round trip (and a device's window of one
      * peer's bytes in flight is at least this). */
-    {"rdma_grant_max", K_SIZE, "16M", 1u << 20, 1u << 30, {NULL}},
+    {"rdma_grant_max", K_SIZE, "16M", 1u << 20, 1u << 30, NUMBER(rdma_grant_max)},
     /* Bytes of this engine's RDMA requests in flight at once over every peer and device
      * together (0: no limit beyond the per-device windows); runs past it wait queued. */
-    {"rdma_max_inflight", K_SIZE, "0", 0, 1ull << 40, {NULL}},
+    {"rdma_max_inflight", K_SIZE, "0", 0, 1ull << 40, NUMBER(rdma_max_inflight)},
     /* RDMA credits (engine/rdma/rdma_credits.c): grants reserved at once by this engine's
      * requests over every peer and device (0: no limit), physical QPs of every device and
      * peer together (0: no limit), and receive slots per QP (a source admits a grant only
      * with a slot for its receipt). */
-    {"rdma_max_grants", K_UINT, "0", 0, 65536, {NULL}},
-    {"rdma_max_qps", K_UINT, "0", 0, 65536, {NULL}},
-    {"rdma_recv_slots", K_UINT, "256", 1, 4096, {NULL}},
+    {"rdma_max_grants", K_UINT, "0", 0, 65536, NUMBER(rdma_max_grants)},
+    {"rdma_max_qps", K_UINT, "0", 0, 65536, NUMBER(rdma_max_qps)},
+    {"rdma_recv_slots", K_UINT, "256", 1, 4096, NUMBER(rdma_recv_slots)},
     /* Send WRs posted and not completed, every QP of this engine (0: per-QP depth only). */
-    {"rdma_max_send_wrs", K_UINT, "0", 0, 1048576, {NULL}},
+    {"rdma_max_send_wrs", K_UINT, "0", 0, 1048576, NUMBER(rdma_max_send_wrs)},
     /* Grants a source reserves at once for its requesters' parents (engine/rdma/
      * rdma_src_parents.c; 0: no limit). */
-    {"rdma_max_served_grants", K_UINT, "0", 0, 65536, {NULL}},
-    {"log_level", K_LOGLEVEL, "", 0, 0, {NULL}},
+    {"rdma_max_served_grants", K_UINT, "0", 0, 65536, NUMBER(rdma_max_served_grants)},
+    {"log_level", K_LOGLEVEL, "", TEXT(log_level)},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
-    {"auth_key_file", K_STRING, "", 0, 255, {NULL}},
-    {"allow_unauthenticated", K_ENUM, "0", 0, 0, {"0", "1", NULL, NULL}},
+    {"auth_key_file", K_STRING, "", 0, 255, TEXT(auth_key_file)},
+    {"allow_unauthenticated", K_BOOL, "0", NUMBER(allow_unauthenticated)},
     /* GPU memory (engine/gpu): the paths device memory may take (a comma list out of
-     * staging, ipc, direct, or "" for none), and the staging pipeline's chunk size and
-     * chunks in flight per request. */
-    {"gpu_paths", K_GPU_PATHS, "staging", 0, 0, {NULL}},
-    {"gpu_staging_chunk", K_SIZE, "2M", 64u << 10, 64u << 20, {NULL}},
-    {"gpu_staging_depth", K_UINT, "4", 1, 64, {NULL}},
+     * staging, ipc, direct, or "" for none; the mask and the text for log lines), and the
+     * staging pipeline's chunk size and chunks in flight per request. */
+    {"gpu_paths", K_GPU_PATHS, "staging", TEXT(gpu_paths_text), NUMBER(gpu_paths)},
+    {"gpu_staging_chunk", K_SIZE, "2M", 64u << 10, 64u << 20, NUMBER(gpu_staging_chunk)},
+    {"gpu_staging_depth", K_UINT, "4", 1, 64, NUMBER(gpu_staging_depth)},
     /* 1: ote_memory_register advises the kernel to back host ranges with transparent huge
      * pages (engine/hugepages.c); it changes the application's memory, hence opt-in. */
-    {"register_thp", K_ENUM, "0", 0, 0, {"0", "1", NULL, NULL}},
+    {"register_thp", K_BOOL, "0", NUMBER(register_thp)},
 };
 #define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
+
+/* The lists' names; a name's index is its bit in the mask (OTE__GPU_PATH_* for gpu_paths). */
+static const char *const g_transport_names[] = {"tcp", "rdma", "shm"};
+static const char *const g_gpu_path_names[] = {"staging", "ipc", "direct"};
+static const char *const g_bool_choices[4] = {"0", "1"};
 
 struct ote_config {
     char *values[NKEYS]; /* NULL = not set */
@@ -112,6 +146,8 @@ static int key_index(const char *key) {
         if (strcmp(g_keys[i].key, key) == 0) return (int)i;
     return -1;
 }
+
+const char *ote__config_key(size_t i) { return i < NKEYS ? g_keys[i].key : NULL; }
 
 ote_status_t ote__parse_size(const char *s, uint64_t *out) {
     if (s == NULL || out == NULL || !isdigit((unsigned char)s[0])) return OTE_ERR_INVALID;
@@ -247,45 +283,6 @@ ote_status_t ote__addr_format(const struct sockaddr *sa, char *buf, size_t len) 
     return OTE_OK;
 }
 
-/* "shm,rdma,tcp": 1..3 distinct names out of tcp, rdma, shm, comma-separated. */
-static ote_status_t validate_transports(const char *v) {
-    static const char *const names[] = {"tcp", "rdma", "shm"};
-    unsigned seen = 0, n = 0;
-    for (const char *p = v;;) {
-        const char *end = strchr(p, ',');
-        size_t l = end ? (size_t)(end - p) : strlen(p);
-        int found = -1;
-        for (int i = 0; i < 3; i++)
-            if (strlen(names[i]) == l && memcmp(names[i], p, l) == 0) found = i;
-        if (found < 0 || (seen & (1u << found))) return OTE_ERR_INVALID;
-        seen |= 1u << found;
-        n++;
-        if (end == NULL) break;
-        p = end + 1;
-    }
-    return n >= 1 ? OTE_OK : OTE_ERR_INVALID;
-}
-
-/* "staging,ipc": distinct names out of staging, ipc, direct; "" allows none. */
-static ote_status_t parse_gpu_paths(const char *v, unsigned *mask_out) {
-    static const char *const names[] = {"staging", "ipc", "direct"};
-    unsigned seen = 0;
-    for (const char *p = v; *p != '\0';) {
-        const char *end = strchr(p, ',');
-        size_t l = end ? (size_t)(end - p) : strlen(p);
-        int found = -1;
-        for (int i = 0; i < 3; i++)
-            if (strlen(names[i]) == l && memcmp(names[i], p, l) == 0) found = i;
-        if (found < 0 || (seen & (1u << found))) return OTE_ERR_INVALID;
-        seen |= 1u << found;
-        if (end == NULL) break;
-        p = end + 1;
-        if (*p == '\0') return OTE_ERR_INVALID;
-    }
-    *mask_out = seen;
-    return OTE_OK;
-}
-
 /* A decimal number of 1..digits digits, at most max; *pp moves past it. */
 static int parse_dec(const char **pp, unsigned digits, unsigned long max, unsigned long *out) {
     const char *p = *pp;
@@ -301,81 +298,113 @@ static int parse_dec(const char **pp, unsigned digits, unsigned long max, unsign
     return 0;
 }
 
+/* One rdma_pin item "device:port:gid_index" of len bytes into *pin. */
+static ote_status_t parse_pin(const char *p, size_t len, ote__rdma_pin_t *pin) {
+    const char *end = p + len;
+    const char *colon = memchr(p, ':', len);
+    if (colon == NULL) return OTE_ERR_INVALID;
+    size_t dl = (size_t)(colon - p);
+    if (dl == 0 || dl >= sizeof(pin->device)) return OTE_ERR_INVALID;
+    for (size_t i = 0; i < dl; i++)
+        if (!isgraph((unsigned char)p[i])) return OTE_ERR_INVALID;
+    const char *q = colon + 1;
+    unsigned long port, gid;
+    if (parse_dec(&q, 3, 255, &port) != 0 || port == 0 || *q++ != ':') return OTE_ERR_INVALID;
+    if (parse_dec(&q, 5, 65535, &gid) != 0 || q != end) return OTE_ERR_INVALID;
+    memcpy(pin->device, p, dl);
+    pin->device[dl] = '\0';
+    pin->port = (uint8_t)port;
+    pin->gid_index = (int)gid;
+    return OTE_OK;
+}
+
 ote_status_t ote__rdma_pin_parse(const char *text, ote__rdma_pin_t *pins, size_t *n_out) {
     if (text == NULL || pins == NULL || n_out == NULL || strlen(text) > 255) return OTE_ERR_INVALID;
     size_t n = 0;
-    for (const char *p = text; *p != '\0';) {
-        if (n == OTE__RDMA_PIN_MAX) return OTE_ERR_INVALID;
-        const char *colon = strchr(p, ':');
-        const char *comma = strchr(p, ',');
-        if (colon == NULL || (comma != NULL && comma < colon)) return OTE_ERR_INVALID;
-        size_t dl = (size_t)(colon - p);
-        if (dl == 0 || dl >= sizeof(pins[n].device)) return OTE_ERR_INVALID;
-        for (size_t i = 0; i < dl; i++)
-            if (!isgraph((unsigned char)p[i])) return OTE_ERR_INVALID;
-        memcpy(pins[n].device, p, dl);
-        pins[n].device[dl] = '\0';
+    ote_list_iter_t it = ote_list_iter(text, ',');
+    const char *item;
+    size_t len;
+    while (ote_list_next(&it, &item, &len)) { /* "a:1:0," has an empty, malformed last item */
+        if (n == OTE__RDMA_PIN_MAX || parse_pin(item, len, &pins[n]) != OTE_OK)
+            return OTE_ERR_INVALID;
         for (size_t i = 0; i < n; i++)
             if (strcmp(pins[i].device, pins[n].device) == 0) return OTE_ERR_INVALID;
-        p = colon + 1;
-        unsigned long port, gid;
-        if (parse_dec(&p, 3, 255, &port) != 0 || port == 0 || *p++ != ':') return OTE_ERR_INVALID;
-        if (parse_dec(&p, 5, 65535, &gid) != 0) return OTE_ERR_INVALID;
-        pins[n].port = (uint8_t)port;
-        pins[n].gid_index = (int)gid;
         n++;
-        if (*p == '\0') break;
-        if (*p++ != ',' || *p == '\0') return OTE_ERR_INVALID;
     }
     *n_out = n;
     return OTE_OK;
 }
 
-static ote_status_t validate(const key_def_t *k, const char *v) {
+/* K_UINT: 1..19 decimal digits, nothing else. */
+static ote_status_t parse_uint(const char *v, uint64_t *out) {
+    size_t l = strlen(v);
+    if (l == 0 || l > 19) return OTE_ERR_INVALID;
+    for (const char *p = v; *p; p++)
+        if (!isdigit((unsigned char)*p)) return OTE_ERR_INVALID;
+    *out = strtoull(v, NULL, 10);
+    return OTE_OK;
+}
+
+static ote_status_t one_of(const char *const choices[4], const char *v) {
+    for (int i = 0; i < 4 && choices[i]; i++)
+        if (strcmp(v, choices[i]) == 0) return OTE_OK;
+    return OTE_ERR_INVALID;
+}
+
+/* Checks v against k's kind and range: OTE_OK with *number_out its numeric form (0 for a
+ * text kind), else OTE_ERR_INVALID with *number_out untouched. */
+static ote_status_t kind_check(const key_def_t *k, const char *v, uint64_t *number_out) {
     char host[256];
     uint16_t port;
-    uint64_t n;
+    ote__rdma_pin_t pins[OTE__RDMA_PIN_MAX];
+    size_t npins;
+    unsigned mask = 0;
+    uint64_t n = 0;
+    ote_status_t st = OTE_ERR_INVALID;
     switch (k->kind) {
-        case K_STRING: return strlen(v) <= k->max ? OTE_OK : OTE_ERR_INVALID;
-        case K_ENUM:
-            for (int i = 0; i < 4 && k->choices[i]; i++)
-                if (strcmp(v, k->choices[i]) == 0) return OTE_OK;
-            return OTE_ERR_INVALID;
+        case K_STRING: st = strlen(v) <= k->max ? OTE_OK : OTE_ERR_INVALID; break;
+        case K_UINT: st = parse_uint(v, &n); break;
+        case K_SIZE: st = ote__parse_size(v, &n) == OTE_OK ? OTE_OK : OTE_ERR_INVALID; break;
+        case K_BOOL:
+            st = one_of(g_bool_choices, v);
+            n = strcmp(v, "1") == 0;
+            break;
+        case K_ENUM: st = one_of(k->choices, v); break;
         case K_ADDR_OPT:
-            if (v[0] == '\0') return OTE_OK;
+            if (v[0] == '\0') {
+                st = OTE_OK;
+                break;
+            }
             /* fallthrough */
-        case K_ADDR: return ote__addr_split(v, host, sizeof(host), &port, NULL);
+        case K_ADDR: st = ote__addr_split(v, host, sizeof(host), &port, NULL); break;
         case K_LOGLEVEL:
-            return (v[0] == '\0' || ote_log_parse_level(v) >= 0) ? OTE_OK : OTE_ERR_INVALID;
-        case K_TRANSPORTS: return validate_transports(v);
-        case K_GPU_PATHS: {
-            unsigned mask;
-            return parse_gpu_paths(v, &mask);
-        }
-        case K_RDMA_PIN: {
-            ote__rdma_pin_t pins[OTE__RDMA_PIN_MAX];
-            size_t np;
-            return ote__rdma_pin_parse(v, pins, &np);
-        }
-        case K_UINT:
-            for (const char *p = v; *p; p++)
-                if (!isdigit((unsigned char)*p)) return OTE_ERR_INVALID;
-            if (v[0] == '\0' || strlen(v) > 19) return OTE_ERR_INVALID;
-            n = strtoull(v, NULL, 10);
-            return (n >= k->min && n <= k->max) ? OTE_OK : OTE_ERR_INVALID;
-        case K_SIZE:
-            if (ote__parse_size(v, &n) != OTE_OK) return OTE_ERR_INVALID;
-            return (n >= k->min && n <= k->max) ? OTE_OK : OTE_ERR_INVALID;
+            st = (v[0] == '\0' || ote_log_parse_level(v) >= 0) ? OTE_OK : OTE_ERR_INVALID;
+            break;
+        case K_TRANSPORTS:
+            st = ote_list_match(v, g_transport_names, 3, &mask);
+            if (st == OTE_OK && mask == 0) st = OTE_ERR_INVALID; /* "": none */
+            break;
+        case K_GPU_PATHS:
+            st = ote_list_match(v, g_gpu_path_names, 3, &mask);
+            n = mask;
+            break;
+        case K_RDMA_PIN: st = ote__rdma_pin_parse(v, pins, &npins); break;
     }
-    return OTE_ERR_INVALID;
+    if (st == OTE_OK && (k->kind == K_UINT || k->kind == K_SIZE) && (n < k->min || n > k->max))
+        st = OTE_ERR_INVALID;
+    if (st != OTE_OK) return OTE_ERR_INVALID;
+    *number_out = n;
+    return OTE_OK;
 }
 
 static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
     switch (k->kind) {
-        case K_ENUM: {
+        case K_ENUM:
+        case K_BOOL: {
+            const char *const *choices = k->kind == K_BOOL ? g_bool_choices : k->choices;
             size_t o = (size_t)snprintf(buf, len, "one of");
-            for (int i = 0; i < 4 && k->choices[i] && o < len; i++)
-                o += (size_t)snprintf(buf + o, len - o, " \"%s\"", k->choices[i]);
+            for (int i = 0; i < 4 && choices[i] && o < len; i++)
+                o += (size_t)snprintf(buf + o, len - o, " \"%s\"", choices[i]);
             break;
         }
         case K_ADDR:
@@ -405,6 +434,17 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
     }
 }
 
+/* The WARN of a refused ote_config_set (src NULL) or the ERROR of a refused resolution. */
+static void log_invalid(const key_def_t *k, const char *v, const char *src) {
+    char allowed[160];
+    describe_allowed(k, allowed, sizeof(allowed));
+    if (src == NULL)
+        OTE_WARN("engine", "config: invalid %s=\"%s\": expected %s", k->key, v, allowed);
+    else
+        OTE_ERROR("engine", "config: invalid %s=\"%s\" (from %s): expected %s", k->key, v, src,
+                  allowed);
+}
+
 ote_status_t ote_config_create(ote_config_t **cfg_out) {
     if (cfg_out == NULL) return OTE_ERR_INVALID;
     ote_config_t *c = ote_calloc(1, sizeof(*c));
@@ -426,10 +466,9 @@ ote_status_t ote_config_set(ote_config_t *cfg, const char *key, const char *valu
         OTE_WARN("engine", "config: unknown key \"%s\"", key);
         return OTE_ERR_NOT_FOUND;
     }
-    if (validate(&g_keys[i], value) != OTE_OK) {
-        char allowed[160];
-        describe_allowed(&g_keys[i], allowed, sizeof(allowed));
-        OTE_WARN("engine", "config: invalid %s=\"%s\": expected %s", key, value, allowed);
+    uint64_t number;
+    if (kind_check(&g_keys[i], value, &number) != OTE_OK) {
+        log_invalid(&g_keys[i], value, NULL);
         return OTE_ERR_INVALID;
     }
     char *dup = ote_strdup(value);
@@ -478,6 +517,39 @@ static void copy_str(char *dst, size_t cap, const char *src) {
     dst[n] = '\0';
 }
 
+/* Puts a checked value where k says: its text, its numeric form. */
+static void store(const key_def_t *k, const char *v, uint64_t number, ote__cfg_t *r) {
+    char *base = (char *)r;
+    if (k->text.size != 0) copy_str(base + k->text.off, k->text.size, v);
+    if (k->number.size == sizeof(uint64_t)) {
+        memcpy(base + k->number.off, &number, sizeof(number));
+    } else if (k->number.size == sizeof(uint32_t)) {
+        uint32_t n32 = (uint32_t)number;
+        memcpy(base + k->number.off, &n32, sizeof(n32));
+    }
+}
+
+/* The rules between keys, once each key is resolved on its own. transport (one element)
+ * counts when transports was left at its default; setting both to different lists is
+ * refused rather than guessed. transport is then the first of transports. */
+static ote_status_t resolve_transports(ote__cfg_t *r, int transports_set) {
+    if (r->transport[0] != '\0') {
+        if (transports_set && strcmp(r->transport, r->transports) != 0) {
+            OTE_ERROR("engine", "config: transport=%s and transports=%s disagree: set one of them",
+                      r->transport, r->transports);
+            return OTE_ERR_INVALID;
+        }
+        copy_str(r->transports, sizeof(r->transports), r->transport);
+    }
+    ote_list_iter_t it = ote_list_iter(r->transports, ',');
+    const char *first = "";
+    size_t fl = 0;
+    (void)ote_list_next(&it, &first, &fl); /* checked: one item at least */
+    memcpy(r->transport, first, fl);
+    r->transport[fl] = '\0';
+    return OTE_OK;
+}
+
 ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
     if (out == NULL) return OTE_ERR_INVALID;
     ote__cfg_t r;
@@ -486,77 +558,17 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
     for (size_t i = 0; i < NKEYS; i++) {
         const char *src;
         const char *v = effective(cfg, i, &src);
-        const key_def_t *k = &g_keys[i];
-        if (validate(k, v) != OTE_OK || strlen(v) >= OTE__ADDR_MAX) {
-            char allowed[160];
-            describe_allowed(k, allowed, sizeof(allowed));
-            OTE_ERROR("engine", "config: invalid %s=\"%s\" (from %s): expected %s", k->key, v, src,
-                      allowed);
+        uint64_t number = 0;
+        if (kind_check(&g_keys[i], v, &number) != OTE_OK || strlen(v) >= OTE__ADDR_MAX) {
+            log_invalid(&g_keys[i], v, src);
             return OTE_ERR_INVALID;
         }
-        uint64_t n = 0;
-        if (k->kind == K_UINT) n = strtoull(v, NULL, 10);
-        if (k->kind == K_SIZE) (void)ote__parse_size(v, &n);
-        if (strcmp(k->key, "transport") == 0) copy_str(r.transport, sizeof(r.transport), v);
-        else if (strcmp(k->key, "transports") == 0) {
-            copy_str(r.transports, sizeof(r.transports), v);
-            transports_set = strcmp(src, "default") != 0;
-        } else if (strcmp(k->key, "shm_mode") == 0) copy_str(r.shm_mode, sizeof(r.shm_mode), v);
-        else if (strcmp(k->key, "listen_address") == 0)
-            copy_str(r.listen_address, sizeof(r.listen_address), v);
-        else if (strcmp(k->key, "advertise_address") == 0)
-            copy_str(r.advertise_address, sizeof(r.advertise_address), v);
-        else if (strcmp(k->key, "tcp_connections") == 0) r.tcp_connections = (uint32_t)n;
-        else if (strcmp(k->key, "tcp_workers") == 0) r.tcp_workers = (uint32_t)n;
-        else if (strcmp(k->key, "tcp_max_accepted") == 0) r.tcp_max_accepted = (uint32_t)n;
-        else if (strcmp(k->key, "slice_size") == 0) r.slice_size = n;
-        else if (strcmp(k->key, "transfer_timeout_ms") == 0) r.transfer_timeout_ms = n;
-        else if (strcmp(k->key, "connect_timeout_ms") == 0) r.connect_timeout_ms = n;
-        else if (strcmp(k->key, "handshake_timeout_ms") == 0) r.handshake_timeout_ms = n;
-        else if (strcmp(k->key, "verbs_provider") == 0)
-            copy_str(r.verbs_provider, sizeof(r.verbs_provider), v);
-        else if (strcmp(k->key, "rdma_device") == 0)
-            copy_str(r.rdma_device, sizeof(r.rdma_device), v);
-        else if (strcmp(k->key, "rdma_devices") == 0)
-            copy_str(r.rdma_devices, sizeof(r.rdma_devices), v);
-        else if (strcmp(k->key, "rdma_exclude") == 0)
-            copy_str(r.rdma_exclude, sizeof(r.rdma_exclude), v);
-        else if (strcmp(k->key, "rdma_lanes") == 0) r.rdma_lanes = (uint32_t)n;
-        else if (strcmp(k->key, "rdma_pin") == 0) copy_str(r.rdma_pin, sizeof(r.rdma_pin), v);
-        else if (strcmp(k->key, "rdma_grant_max") == 0) r.rdma_grant_max = n;
-        else if (strcmp(k->key, "rdma_max_inflight") == 0) r.rdma_max_inflight = n;
-        else if (strcmp(k->key, "rdma_max_grants") == 0) r.rdma_max_grants = (uint32_t)n;
-        else if (strcmp(k->key, "rdma_max_qps") == 0) r.rdma_max_qps = (uint32_t)n;
-        else if (strcmp(k->key, "rdma_recv_slots") == 0) r.rdma_recv_slots = (uint32_t)n;
-        else if (strcmp(k->key, "rdma_max_send_wrs") == 0) r.rdma_max_send_wrs = (uint32_t)n;
-        else if (strcmp(k->key, "rdma_max_served_grants") == 0)
-            r.rdma_max_served_grants = (uint32_t)n;
-        else if (strcmp(k->key, "log_level") == 0) copy_str(r.log_level, sizeof(r.log_level), v);
-        else if (strcmp(k->key, "auth_key_file") == 0)
-            copy_str(r.auth_key_file, sizeof(r.auth_key_file), v);
-        else if (strcmp(k->key, "allow_unauthenticated") == 0)
-            r.allow_unauthenticated = strcmp(v, "1") == 0;
-        else if (strcmp(k->key, "gpu_paths") == 0) {
-            (void)parse_gpu_paths(v, &r.gpu_paths);
-            copy_str(r.gpu_paths_text, sizeof(r.gpu_paths_text), v);
-        } else if (strcmp(k->key, "gpu_staging_chunk") == 0) r.gpu_staging_chunk = n;
-        else if (strcmp(k->key, "gpu_staging_depth") == 0) r.gpu_staging_depth = (uint32_t)n;
-        else if (strcmp(k->key, "register_thp") == 0) r.register_thp = strcmp(v, "1") == 0;
+        store(&g_keys[i], v, number, &r);
+        if (g_keys[i].kind == K_TRANSPORTS) transports_set = strcmp(src, "default") != 0;
     }
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
-    /* transport (one element) counts when transports was left at its default; setting
-     * both to different lists is refused rather than guessed. */
-    if (r.transport[0] != '\0') {
-        if (transports_set && strcmp(r.transport, r.transports) != 0) {
-            OTE_ERROR("engine", "config: transport=%s and transports=%s disagree: set one of them",
-                      r.transport, r.transports);
-            return OTE_ERR_INVALID;
-        }
-        copy_str(r.transports, sizeof(r.transports), r.transport);
-    }
-    size_t first = strcspn(r.transports, ",");
-    memcpy(r.transport, r.transports, first);
-    r.transport[first] = '\0';
+    ote_status_t st = resolve_transports(&r, transports_set);
+    if (st != OTE_OK) return st;
     *out = r;
     return OTE_OK;
 }

@@ -82,6 +82,9 @@ static inline uint64_t ote__cfg_handshake_ms(const ote__cfg_t *c) {
 /* Effective values of every key (set > OTE_<KEY> environment > default), each
  * validated. OTE_ERR_INVALID names the key and its source in an ERROR log line. */
 ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out);
+/* The i-th key of the configuration table, NULL past the last: every key, in the order
+ * they resolve (tests walk them all). */
+const char *ote__config_key(size_t i);
 #define OTE__RDMA_PIN_MAX 8 /* pins an rdma_pin list may name */
 /* One parsed rdma_pin entry. */
 typedef struct ote__rdma_pin_s {

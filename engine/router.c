@@ -46,22 +46,12 @@
 
 #include "base/alloc.h"
 #include "base/le.h"
+#include "base/list.h"
 #include "base/log.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
-
-static int list_has(const char *list, const char *name) {
-    size_t nl = strlen(name);
-    for (const char *p = list; *p;) {
-        size_t l = strcspn(p, ",");
-        if (l == nl && memcmp(p, name, l) == 0) return 1;
-        p += l;
-        if (*p == ',') p++;
-    }
-    return 0;
-}
 
 static ote_status_t create_one(ote_engine_t *e, const char *name, const ote__host_t *host) {
     ote__transport_t *tp = NULL;
@@ -114,7 +104,7 @@ static void build_info(ote_engine_t *e) {
 }
 
 int ote__router_serves(const ote_engine_t *e, const char *name) {
-    return list_has(e->cfg.transports, name);
+    return ote_list_has(e->cfg.transports, name);
 }
 
 static void conn_closed(void *arg) { ote__listen_release(((ote_engine_t *)arg)->lst); }
@@ -153,16 +143,16 @@ ote_status_t ote__router_create(ote_engine_t *e) {
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;
      * an shm-only engine creates tcp for it, outside its list), then the others in
      * order. */
-    const char *lname = list_has(e->cfg.transports, "tcp")    ? "tcp"
-                        : list_has(e->cfg.transports, "rdma") ? "rdma"
-                                                              : "tcp";
+    const char *lname = ote_list_has(e->cfg.transports, "tcp")    ? "tcp"
+                        : ote_list_has(e->cfg.transports, "rdma") ? "rdma"
+                                                                  : "tcp";
     st = create_one(e, lname, &host);
-    for (const char *p = e->cfg.transports; st == OTE_OK && *p;) {
+    ote_list_iter_t it = ote_list_iter(e->cfg.transports, ',');
+    const char *item;
+    size_t l;
+    while (st == OTE_OK && ote_list_next(&it, &item, &l)) {
         char name[8];
-        size_t l = strcspn(p, ",");
-        snprintf(name, sizeof(name), "%.*s", (int)l, p);
-        p += l;
-        if (*p == ',') p++;
+        snprintf(name, sizeof(name), "%.*s", (int)l, item);
         if (strcmp(name, lname) == 0) continue;
         st = create_one(e, name, &host);
     }
@@ -378,7 +368,7 @@ static int open_single(ote_engine_t *e, const char *peer, char *info, ote__trans
         char plist[64];
         if (query_info(e, peer, info, OTE_CTL_MAX_INFO + 1) == OTE_OK &&
             ote_ctl_info_get(info, "transports", plist, sizeof(plist)) == OTE_OK &&
-            !list_has(plist, tname)) {
+            !ote_list_has(plist, tname)) {
             OTE_ERROR("engine",
                       "segment_open %s: no common transport: this engine offers transports=%s, "
                       "the peer transports=%s",
@@ -414,19 +404,19 @@ ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_
     char plist[64] = "";
     if (st == OTE_OK && ote_ctl_info_get(info, "transports", plist, sizeof(plist)) != OTE_OK)
         plist[0] = '\0'; /* an engine without routing: its list is unknown */
-    for (const char *p = e->cfg.transports; st == OTE_OK && *p;) {
-        size_t wl = strcspn(p, ",");
-        const char *want = p;
-        p += wl + (p[wl] == ',');
+    ote_list_iter_t it = ote_list_iter(e->cfg.transports, ',');
+    const char *want;
+    size_t wl;
+    while (st == OTE_OK && ote_list_next(&it, &want, &wl)) {
         ote__transport_t *tp = NULL;
         const char *tname = NULL;
         for (size_t j = 0; j < e->ntps; j++)
-            if (strlen(e->tpnames[j]) == wl && memcmp(e->tpnames[j], want, wl) == 0) {
+            if (ote_list_item_is(want, wl, e->tpnames[j])) {
                 tp = e->tps[j];
                 tname = e->tpnames[j];
             }
         if (tp == NULL) continue; /* the listener of an shm-only engine is not in its list */
-        if (plist[0] ? !list_has(plist, tname) : strcmp(tname, "shm") == 0) continue;
+        if (plist[0] ? !ote_list_has(plist, tname) : strcmp(tname, "shm") == 0) continue;
         ote__tpeer_t *tpeer = NULL;
         ote_status_t ost = tp->ops->peer_open_info ? tp->ops->peer_open_info(tp, peer, info, &tpeer)
                                                    : tp->ops->peer_open(tp, peer, &tpeer);

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/list.h"
+
 /* ---- small helpers ---- */
 
 static int set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -110,10 +112,10 @@ int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t
     bench_format_size(hi, hi_s, sizeof hi_s);
     if (s == NULL || *s == '\0') return set_err(err, errlen, "%s: empty value", name);
     size_t n = 0;
-    const char *p = s;
-    for (;;) {
-        const char *comma = strchr(p, ',');
-        size_t tl = comma ? (size_t)(comma - p) : strlen(p);
+    ote_list_iter_t it = ote_list_iter(s, ',');
+    const char *p;
+    size_t tl;
+    while (ote_list_next(&it, &p, &tl)) {
         char tok[64];
         if (tl == 0 || tl >= sizeof tok)
             return set_err(err, errlen, "%s: '%s' is not a comma-separated list of values", name,
@@ -131,8 +133,6 @@ int bench_parse_size_list(const char *name, const char *s, uint64_t lo, uint64_t
         if (n == BENCH_MAX_LIST)
             return set_err(err, errlen, "%s: more than %d values", name, BENCH_MAX_LIST);
         vals[n++] = v;
-        if (comma == NULL) break;
-        p = comma + 1;
     }
     *n_out = n;
     return 0;
@@ -330,16 +330,7 @@ static bool transports_ok(const char *arg) {
     static const char *const names[] = {"tcp", "rdma", "shm"};
     unsigned seen = 0;
     if (strlen(arg) >= sizeof(((bench_options_t *)0)->transport)) return false;
-    for (const char *p = arg;;) {
-        size_t l = strcspn(p, ",");
-        int found = -1;
-        for (int i = 0; i < 3; i++)
-            if (strlen(names[i]) == l && strncmp(names[i], p, l) == 0) found = i;
-        if (found < 0 || (seen & (1u << found))) return false;
-        seen |= 1u << found;
-        if (p[l] == '\0') return true;
-        p += l + 1;
-    }
+    return ote_list_match(arg, names, 3, &seen) == OTE_OK && seen != 0;
 }
 
 /* Options of role, addresses, transport and operation.

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/list.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_src_parents.h"
@@ -440,12 +441,15 @@ static const ote__transport_ops_t g_rdma_ops = {
     .advert = ote__rdma_advert,
 };
 
-/* Split a comma-separated list (in place in buf) into at most cap names. */
+/* Split a comma-separated list (in place in buf) into at most cap names. Lenient, as
+ * these lists always were: leading blanks are dropped, and empty or blank items skipped. */
 static size_t split_names(char *buf, const char **names, size_t cap) {
     size_t n = 0;
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t != NULL && n < cap;
-         t = strtok_r(NULL, ",", &save)) {
+    ote_list_iter_t it = ote_list_iter(buf, ',');
+    const char *item;
+    size_t len;
+    while (n < cap && ote_list_next(&it, &item, &len)) {
+        char *t = ote_list_cut(buf, item, len);
         while (*t == ' ') t++;
         if (*t) names[n++] = t;
     }

@@ -1,7 +1,11 @@
 // Unit tests of engine configuration, address parsing and engine creation choices.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
+#include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -221,6 +225,224 @@ TEST_F(ConfigTest, ListenAddressInUseIsAClearError) {
         [&] { EXPECT_EQ(ote_status_code(ote_engine_create(cfg_, &b)), OTE_ERR_BUSY); });
     EXPECT_TRUE(LogContains("cannot listen on"));
     ASSERT_EQ(ote_engine_destroy(a), OTE_OK);
+}
+
+// The configuration table (engine/config.c) is the one source of every key: set, get, the
+// environment and resolution all walk it. These tests hold each of its keys to that.
+class ConfigTableTest : public ConfigTest {
+  protected:
+    void SetUp() override {
+        ConfigTest::SetUp();
+        for (size_t i = 0; ote__config_key(i) != nullptr; i++) {
+            std::string env = EnvName(ote__config_key(i));
+            const char *v = getenv(env.c_str());
+            if (v != nullptr) saved_env_[env] = v;
+            unsetenv(env.c_str());
+        }
+    }
+    void TearDown() override {
+        for (size_t i = 0; ote__config_key(i) != nullptr; i++)
+            unsetenv(EnvName(ote__config_key(i)).c_str());
+        for (const auto &kv : saved_env_) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+        ConfigTest::TearDown();
+    }
+    static std::string EnvName(const std::string &key) {
+        std::string env = "OTE_";
+        for (char c : key) env += (char)toupper((unsigned char)c);
+        return env;
+    }
+    static std::vector<std::string> Keys() {
+        std::vector<std::string> keys;
+        for (size_t i = 0; ote__config_key(i) != nullptr; i++) keys.push_back(ote__config_key(i));
+        return keys;
+    }
+    std::map<std::string, std::string> saved_env_;
+};
+
+// A valid value of each key other than its default, and where it must land.
+struct Sample {
+    const char *value;
+    std::function<bool(const ote__cfg_t &)> landed;
+};
+
+const std::map<std::string, Sample> &Samples() {
+    using R = const ote__cfg_t &;
+    static const std::map<std::string, Sample> s = {
+        {"transport",
+         {"tcp",
+          [](R r) {
+              return std::string(r.transport) == "tcp" && std::string(r.transports) == "tcp";
+          }}},
+        {"transports",
+         {"rdma,tcp",
+          [](R r) {
+              return std::string(r.transports) == "rdma,tcp" && std::string(r.transport) == "rdma";
+          }}},
+        {"shm_mode", {"ring", [](R r) { return std::string(r.shm_mode) == "ring"; }}},
+        {"listen_address",
+         {"[::1]:7", [](R r) { return std::string(r.listen_address) == "[::1]:7"; }}},
+        {"advertise_address",
+         {"10.0.0.1:9", [](R r) { return std::string(r.advertise_address) == "10.0.0.1:9"; }}},
+        {"tcp_connections", {"7", [](R r) { return r.tcp_connections == 7; }}},
+        {"tcp_workers", {"9", [](R r) { return r.tcp_workers == 9; }}},
+        {"tcp_max_accepted", {"65536", [](R r) { return r.tcp_max_accepted == 65536; }}},
+        {"slice_size", {"8K", [](R r) { return r.slice_size == 8192; }}},
+        {"transfer_timeout_ms",
+         {"86400000", [](R r) { return r.transfer_timeout_ms == 86400000; }}},
+        {"connect_timeout_ms", {"600000", [](R r) { return r.connect_timeout_ms == 600000; }}},
+        {"handshake_timeout_ms", {"77", [](R r) { return r.handshake_timeout_ms == 77; }}},
+        {"verbs_provider", {"sim", [](R r) { return std::string(r.verbs_provider) == "sim"; }}},
+        {"rdma_device", {"mlx5_3", [](R r) { return std::string(r.rdma_device) == "mlx5_3"; }}},
+        {"rdma_devices",
+         {"sim0, sim1", [](R r) { return std::string(r.rdma_devices) == "sim0, sim1"; }}},
+        {"rdma_exclude", {"mlx5_1", [](R r) { return std::string(r.rdma_exclude) == "mlx5_1"; }}},
+        {"rdma_lanes", {"64", [](R r) { return r.rdma_lanes == 64; }}},
+        {"rdma_pin",
+         {"sim0:1:0,sim1:2:65535",
+          [](R r) { return std::string(r.rdma_pin) == "sim0:1:0,sim1:2:65535"; }}},
+        {"rdma_grant_max", {"1G", [](R r) { return r.rdma_grant_max == (1ull << 30); }}},
+        // 2^40 does not fit 32 bits: the table stores this key's full width.
+        {"rdma_max_inflight", {"1024G", [](R r) { return r.rdma_max_inflight == (1ull << 40); }}},
+        {"rdma_max_grants", {"65536", [](R r) { return r.rdma_max_grants == 65536; }}},
+        {"rdma_max_qps", {"3", [](R r) { return r.rdma_max_qps == 3; }}},
+        {"rdma_recv_slots", {"4096", [](R r) { return r.rdma_recv_slots == 4096; }}},
+        {"rdma_max_send_wrs", {"1048576", [](R r) { return r.rdma_max_send_wrs == 1048576; }}},
+        {"rdma_max_served_grants", {"5", [](R r) { return r.rdma_max_served_grants == 5; }}},
+        {"log_level", {"debug", [](R r) { return std::string(r.log_level) == "debug"; }}},
+        {"auth_key_file",
+         {"/etc/ote/key", [](R r) { return std::string(r.auth_key_file) == "/etc/ote/key"; }}},
+        {"allow_unauthenticated", {"1", [](R r) { return r.allow_unauthenticated == 1; }}},
+        {"gpu_paths",
+         {"direct,ipc",
+          [](R r) {
+              return r.gpu_paths == (OTE__GPU_PATH_DIRECT | OTE__GPU_PATH_IPC) &&
+                     std::string(r.gpu_paths_text) == "direct,ipc";
+          }}},
+        {"gpu_staging_chunk", {"64M", [](R r) { return r.gpu_staging_chunk == (64ull << 20); }}},
+        {"gpu_staging_depth", {"64", [](R r) { return r.gpu_staging_depth == 64; }}},
+        {"register_thp", {"1", [](R r) { return r.register_thp == 1; }}},
+    };
+    return s;
+}
+
+TEST_F(ConfigTableTest, KeysAreDistinctAndEachHasASample) {
+    std::vector<std::string> keys = Keys();
+    ASSERT_FALSE(keys.empty());
+    std::set<std::string> distinct(keys.begin(), keys.end());
+    EXPECT_EQ(distinct.size(), keys.size());
+    for (const auto &k : keys) {
+        EXPECT_LT(EnvName(k).size(), 64u) << k; // the whole OTE_<KEY> name is looked up
+        EXPECT_EQ(Samples().count(k), 1u) << k << ": add a sample for the new key";
+    }
+    for (const auto &kv : Samples()) EXPECT_EQ(distinct.count(kv.first), 1u) << kv.first;
+    EXPECT_EQ(ote__config_key(keys.size()), nullptr);
+}
+
+TEST_F(ConfigTableTest, EveryKeyRoundTripsThroughSetAndGet) {
+    for (const auto &key : Keys()) {
+        ote_config_t *c = nullptr;
+        ASSERT_EQ(ote_config_create(&c), OTE_OK);
+        char def[300], buf[300];
+        ASSERT_EQ(ote_config_get(c, key.c_str(), def, sizeof(def)), OTE_OK) << key;
+        char nocfg[300]; // a NULL configuration reads the same defaults
+        ASSERT_EQ(ote_config_get(nullptr, key.c_str(), nocfg, sizeof(nocfg)), OTE_OK) << key;
+        EXPECT_STREQ(nocfg, def) << key;
+        EXPECT_EQ(ote_config_set(c, key.c_str(), def), OTE_OK) << key << ": its default is valid";
+        const char *v = Samples().at(key).value;
+        EXPECT_STRNE(v, def) << key;
+        ASSERT_EQ(ote_config_set(c, key.c_str(), v), OTE_OK) << key << "=" << v;
+        ASSERT_EQ(ote_config_get(c, key.c_str(), buf, sizeof(buf)), OTE_OK) << key;
+        EXPECT_STREQ(buf, v) << key;
+        EXPECT_EQ(ote_config_get(c, key.c_str(), buf, strlen(v)), OTE_ERR_TOO_BIG) << key;
+        EXPECT_EQ(ote_config_get(c, key.c_str(), buf, strlen(v) + 1), OTE_OK) << key;
+        ote_config_destroy(c);
+    }
+}
+
+TEST_F(ConfigTableTest, EveryKeyResolvesFromItsDefaultSetAndEnvironment) {
+    ote__cfg_t def;
+    ASSERT_EQ(ote__config_resolve(nullptr, &def), OTE_OK);
+    ote__cfg_t from_cfg; // an empty configuration resolves like none
+    ASSERT_EQ(ote__config_resolve(cfg_, &from_cfg), OTE_OK);
+    for (const auto &key : Keys()) {
+        const Sample &s = Samples().at(key);
+        EXPECT_FALSE(s.landed(def)) << key << ": the sample must differ from the default";
+        ote_config_t *c = nullptr;
+        ASSERT_EQ(ote_config_create(&c), OTE_OK);
+        ASSERT_EQ(ote_config_set(c, key.c_str(), s.value), OTE_OK) << key;
+        ote__cfg_t r;
+        ASSERT_EQ(ote__config_resolve(c, &r), OTE_OK) << key;
+        EXPECT_TRUE(s.landed(r)) << key << "=" << s.value << " set";
+        ote_config_destroy(c);
+        std::string env = EnvName(key);
+        setenv(env.c_str(), s.value, 1);
+        ASSERT_EQ(ote__config_resolve(nullptr, &r), OTE_OK) << key;
+        EXPECT_TRUE(s.landed(r)) << env << "=" << s.value;
+        unsetenv(env.c_str());
+    }
+}
+
+TEST_F(ConfigTableTest, UnknownKeysAreRefused) {
+    for (const char *key : {"", "no_such_key", "TCP_WORKERS", "tcp_workers ", " tcp_workers", "tcp",
+                            "transports,", "gpu_path"}) {
+        EXPECT_EQ(ote_config_set(cfg_, key, "1"), OTE_ERR_NOT_FOUND) << key;
+        EXPECT_TRUE(LogContains(std::string("unknown key \"") + key + "\"")) << key;
+        char buf[64];
+        EXPECT_EQ(ote_config_get(cfg_, key, buf, sizeof(buf)), OTE_ERR_NOT_FOUND) << key;
+    }
+    char buf[64];
+    EXPECT_EQ(ote_config_set(cfg_, nullptr, "1"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_get(cfg_, nullptr, buf, sizeof(buf)), OTE_ERR_INVALID);
+    setenv("OTE_NO_SUCH_KEY", "1", 1); // an environment variable names no new key
+    EXPECT_EQ(ote_config_get(cfg_, "no_such_key", buf, sizeof(buf)), OTE_ERR_NOT_FOUND);
+    unsetenv("OTE_NO_SUCH_KEY");
+}
+
+TEST_F(ConfigTableTest, BooleansAndListsKeepTheirRulesAndMessages) {
+    for (const char *key : {"allow_unauthenticated", "register_thp"}) {
+        for (const char *bad : {"2", "true", "", " 1", "01"})
+            EXPECT_EQ(ote_config_set(cfg_, key, bad), OTE_ERR_INVALID) << key << "=" << bad;
+        EXPECT_TRUE(
+            LogContains(std::string("invalid ") + key + "=\"2\": expected one of \"0\" \"1\""));
+    }
+    for (const char *bad :
+         {"staging,", ",ipc", "ipc,,staging", "ipc,ipc", "IPC", " ipc", "ipc ", "gpu"})
+        EXPECT_EQ(ote_config_set(cfg_, "gpu_paths", bad), OTE_ERR_INVALID) << bad;
+    EXPECT_TRUE(LogContains("expected a comma list of distinct staging, ipc, direct, or \"\""));
+    ote__cfg_t r;
+    for (const char *good : {"", "staging", "ipc,staging", "direct,ipc,staging"}) {
+        ASSERT_EQ(ote_config_set(cfg_, "gpu_paths", good), OTE_OK) << good;
+        ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK) << good;
+        EXPECT_STREQ(r.gpu_paths_text, good);
+    }
+    EXPECT_EQ(r.gpu_paths, OTE__GPU_PATH_STAGING | OTE__GPU_PATH_IPC | OTE__GPU_PATH_DIRECT);
+    for (const char *bad : {" tcp", "tcp ", "shm,,tcp", ","})
+        EXPECT_EQ(ote_config_set(cfg_, "transports", bad), OTE_ERR_INVALID) << bad;
+    setenv("OTE_REGISTER_THP", "yes", 1);
+    ExpectErrorLogsIn([&] { EXPECT_EQ(ote__config_resolve(cfg_, &r), OTE_ERR_INVALID); });
+    EXPECT_TRUE(LogContains(
+        "invalid register_thp=\"yes\" (from environment): expected one of \"0\" \"1\""));
+}
+
+TEST_F(ConfigTableTest, RdmaPinItemsParse) {
+    ote__rdma_pin_t pins[OTE__RDMA_PIN_MAX];
+    size_t n = 99;
+    ASSERT_EQ(ote__rdma_pin_parse("", pins, &n), OTE_OK);
+    EXPECT_EQ(n, 0u);
+    ASSERT_EQ(ote__rdma_pin_parse("mlx5_0:1:3,sim1:255:65535", pins, &n), OTE_OK);
+    ASSERT_EQ(n, 2u);
+    EXPECT_STREQ(pins[0].device, "mlx5_0");
+    EXPECT_EQ(pins[0].port, 1);
+    EXPECT_EQ(pins[0].gid_index, 3);
+    EXPECT_STREQ(pins[1].device, "sim1");
+    EXPECT_EQ(pins[1].port, 255);
+    EXPECT_EQ(pins[1].gid_index, 65535);
+    for (const char *bad : {",", "a:1:0,,b:1:0", "a:1:0,", ",a:1:0", "a:1:0 ", "a:1:0,a:2:0",
+                            "a,b:1:0", "a:1,0:0", "a:1:0:", "a:1:0x"}) {
+        n = 99;
+        EXPECT_EQ(ote__rdma_pin_parse(bad, pins, &n), OTE_ERR_INVALID) << bad;
+        EXPECT_EQ(n, 99u) << bad;
+    }
 }
 
 } // namespace

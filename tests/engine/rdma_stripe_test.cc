@@ -363,7 +363,7 @@ TEST_F(RdmaDeviceLists, AllowAndDenyListsChooseTheDataDevices) {
     } cases[] = {
         {"rdma_exclude", "sim1", "sim0"}, {"rdma_exclude", "sim0, nosuch", "sim1"},
         {"rdma_devices", "sim1", "sim1"}, {"rdma_devices", "sim0,sim1", "sim0,sim1"},
-        {"rdma_device", "sim1", "sim1"},
+        {"rdma_device", "sim1", "sim1"},  {"rdma_devices", ",sim1,, ,", "sim1"},
     };
     for (const Case &c : cases) {
         ote_test::ConfigKv kv = base;

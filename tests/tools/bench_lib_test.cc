@@ -263,10 +263,14 @@ TEST_F(BenchOptionsTest, RejectsBadValuesWithClearErrors) {
                 "--transport: 'udp' is not a comma list of distinct tcp, rdma, shm");
     ExpectError({"--transports", "shm,shm"},
                 "--transports: 'shm,shm' is not a comma list of distinct tcp, rdma, shm");
+    for (const char *bad : {"", "shm,", ",tcp", "shm,,tcp", " tcp", "TCP"})
+        ExpectError({"--transports", bad}, "is not a comma list of distinct tcp, rdma, shm");
     ExpectError({"-b", "0"}, "--block-size: 0 is out of range [1, 4G]");
     ExpectError({"-b", "5G"}, "--block-size: 5G is out of range");
     ExpectError({"-b", "4K,,8K"}, "comma-separated");
     ExpectError({"-b", "4K,"}, "comma-separated");
+    ExpectError({"-b", ",4K"}, "comma-separated");
+    ExpectError({"-b", ","}, "comma-separated");
     ExpectError({"-b", "4Q"}, "--block-size: '4Q' is not a number");
     ExpectError({"-b", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"}, "more than 16");
     ExpectError({"-B", "0"}, "--batch-size: 0 is out of range [1, 4K]");

@@ -120,6 +120,18 @@ TEST_P(Conformance, SimConfigSyntax) {
     EXPECT_EQ(ote_verbs_open("sim", "bogus=1", &v2), OTE_ERR_INVALID);
     EXPECT_EQ(ote_verbs_open("sim", "port;gid=auto-v4", &v2), OTE_ERR_INVALID);
     EXPECT_EQ(ote_verbs_open("sim", "dev=x;port;gid=not-an-address", &v2), OTE_ERR_INVALID);
+    // Lenient lists (base/list.h at the call site): empty and blank items are skipped,
+    // leading blanks dropped (newlines and tabs too between items).
+    ASSERT_EQ(ote_verbs_open("sim", ";\n dev=y,, numa=0;;port, state=active;\t;gid=auto-v4;", &v2),
+              OTE_OK);
+    struct ibv_device **lenient = nullptr;
+    int nlenient = 0;
+    ASSERT_EQ(v2->ops->get_device_list(v2, &lenient, &nlenient), 0);
+    ASSERT_EQ(nlenient, 1);
+    EXPECT_STREQ(v2->ops->get_device_name(v2, lenient[0]), "y");
+    v2->ops->free_device_list(v2, lenient);
+    ote_verbs_close(v2);
+    v2 = nullptr;
     // The explicit GID names a listening socket (abstract, machine-wide): made unique to
     // this process, so runs of this test in parallel (and other worktrees') never collide.
     char cfg[256];

@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "base/list.h"
 #include "verbs/sim/sim_internal.h"
 
 static const char k_default[] =
@@ -237,8 +238,12 @@ static ote_status_t parse_item(sim_config_t *cfg, char *item) {
     memset(&it, 0, sizeof(it));
     it.d = cfg->ndev ? &cfg->devs[cfg->ndev - 1] : NULL;
     it.gid_index = -1;
-    char *save_kv = NULL;
-    for (char *kv = strtok_r(item, ",", &save_kv); kv; kv = strtok_r(NULL, ",", &save_kv)) {
+    ote_list_iter_t kvs = ote_list_iter(item, ',');
+    const char *p;
+    size_t len;
+    while (ote_list_next(&kvs, &p, &len)) {
+        if (len == 0) continue; /* empty items are skipped, leading blanks dropped */
+        char *kv = ote_list_cut(item, p, len);
         while (*kv == ' ') kv++;
         char *val = strchr(kv, '=');
         if (val) *val++ = '\0';
@@ -269,9 +274,11 @@ ote_status_t ote__sim_config_parse(const char *text, sim_config_t *cfg) {
     char *copy = ote_strdup(text);
     if (!copy) return OTE_ERR_NOMEM;
     ote_status_t st = OTE_OK;
-    char *save_item = NULL;
-    for (char *item = strtok_r(copy, ";", &save_item); item && st == OTE_OK;
-         item = strtok_r(NULL, ";", &save_item)) {
+    ote_list_iter_t items = ote_list_iter(copy, ';');
+    const char *p;
+    size_t len;
+    while (st == OTE_OK && ote_list_next(&items, &p, &len)) {
+        char *item = ote_list_cut(copy, p, len); /* blank and empty items are skipped */
         while (*item == ' ' || *item == '\n' || *item == '\t') item++;
         if (*item) st = parse_item(cfg, item);
     }
