@@ -38,8 +38,12 @@ FakeControl LookupFake(ote_cuda_driver_t *drv) {
         reinterpret_cast<fake_cuda_set_max_delay_us_fn>(dlsym(dl, "fake_cuda_set_max_delay_us"));
     f.counters = reinterpret_cast<fake_cuda_counters_fn>(dlsym(dl, "fake_cuda_counters"));
     f.calls = reinterpret_cast<fake_cuda_calls_fn>(dlsym(dl, "fake_cuda_calls"));
+    f.hold_copies = reinterpret_cast<fake_cuda_hold_copies_fn>(dlsym(dl, "fake_cuda_hold_copies"));
+    f.release_copies =
+        reinterpret_cast<fake_cuda_release_copies_fn>(dlsym(dl, "fake_cuda_release_copies"));
     if (f.fail == nullptr || f.clear_faults == nullptr || f.set_max_delay_us == nullptr ||
-        f.counters == nullptr || f.calls == nullptr)
+        f.counters == nullptr || f.calls == nullptr || f.hold_copies == nullptr ||
+        f.release_copies == nullptr)
         f.is_fake = nullptr; // an incomplete control API is no control API
     return f;
 }
@@ -84,6 +88,7 @@ void CudaTest::SetUp() {
     fake_ = LookupFake(drv_);
     if (fake_.present()) {
         fake_.clear_faults();
+        fake_.release_copies();
         at_start_ = Live(Counters());
     }
     int n = 0;
@@ -120,7 +125,10 @@ LiveCounts CudaTest::WaitCounts(const LiveCounts &want) {
 }
 
 void CudaTest::TearDown() {
-    if (fake_.present()) fake_.clear_faults();
+    if (fake_.present()) {
+        fake_.clear_faults();
+        fake_.release_copies(); // a case that stopped while holding copies
+    }
     if (dev_ != nullptr) {
         size_t left = 0;
         EXPECT_EQ(ote_cuda_device_reclaim(dev_, &left), OTE_OK) << left << " owners still retained";

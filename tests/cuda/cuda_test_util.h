@@ -44,6 +44,8 @@ struct FakeControl {
     fake_cuda_set_max_delay_us_fn set_max_delay_us = nullptr;
     fake_cuda_counters_fn counters = nullptr;
     fake_cuda_calls_fn calls = nullptr;
+    fake_cuda_hold_copies_fn hold_copies = nullptr;
+    fake_cuda_release_copies_fn release_copies = nullptr;
     bool present() const { return is_fake != nullptr && is_fake() == 1; }
 };
 FakeControl LookupFake(ote_cuda_driver_t *drv);
