@@ -1,7 +1,6 @@
 #include "tests/cuda/cuda_test_util.h"
 
 #include <dlfcn.h>
-#include <time.h>
 
 #include <cstdlib>
 #include <sstream>
@@ -105,22 +104,19 @@ fake_cuda_counters_t CudaTest::Counters() {
 
 void CudaTest::SettleFake() {
     if (!fake_.present()) return;
-    ote_deadline_t d = LongDeadline();
-    while (!ote_deadline_expired(d)) {
-        if (Counters().pending_ops == at_start_.pending_ops) return;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, nullptr);
-    }
+    ote_test::WaitUntil([&] { return Counters().pending_ops == at_start_.pending_ops; }, kLongWait,
+                        "the fake's queued stream work back to its start count");
 }
 
 LiveCounts CudaTest::WaitCounts(const LiveCounts &want) {
-    LiveCounts now = Live(Counters());
-    ote_deadline_t d = LongDeadline();
-    while (!(now == want) && !ote_deadline_expired(d)) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, nullptr);
-        now = Live(Counters());
-    }
+    LiveCounts now{};
+    // Silent: the caller compares the last snapshot and describes both.
+    ote_test::PollUntil(
+        [&] {
+            now = Live(Counters());
+            return now == want;
+        },
+        kLongWait);
     return now;
 }
 

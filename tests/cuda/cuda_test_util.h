@@ -15,11 +15,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "tests/cuda/fake_cuda_control.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -50,8 +52,12 @@ struct FakeControl {
 };
 FakeControl LookupFake(ote_cuda_driver_t *drv);
 
-// A generous deadline for waits that must succeed (loaded 2-core machines).
-inline ote_deadline_t LongDeadline() { return ote_deadline_after(30ull * OTE_NSEC_PER_SEC); }
+// A generous deadline for waits that must succeed (loaded 2-core machines), as a deadline
+// for the owners' calls and as a timeout for ote_test::WaitUntil.
+constexpr std::chrono::seconds kLongWait{30};
+inline ote_deadline_t LongDeadline() {
+    return ote_deadline_after(static_cast<uint64_t>(kLongWait.count()) * OTE_NSEC_PER_SEC);
+}
 
 // Live-object counters of the fake that must return to their start values.
 struct LiveCounts {

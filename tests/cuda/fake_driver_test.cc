@@ -233,16 +233,8 @@ bool Unhex(const char *s, void *out, size_t n) {
     return true;
 }
 
-// Polls cond until true or ~20 s pass (generous: a loaded 2-core machine).
-template <typename F>
-bool WaitFor(F cond) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < end) {
-        if (cond()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return cond();
-}
+// Generous for waits that must succeed: a loaded 2-core machine.
+constexpr std::chrono::seconds kWait{20};
 
 // ---- the child side of multi-process cases ----
 
@@ -466,8 +458,8 @@ class FakeDriverTest : public ote_test::OteTest {
         EXPECT_EQ(c.vmm_handles, base.vmm_handles);
         EXPECT_EQ(c.vmm_reservations, base.vmm_reservations);
         EXPECT_EQ(c.vmm_mappings, base.vmm_mappings);
-        EXPECT_TRUE(WaitFor([&] { return Snap().streams == base.streams; }))
-            << "stream workers left";
+        EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().streams == base.streams; }, kWait,
+                                        "the stream workers to end"));
         EXPECT_EQ(Snap().pending_ops, 0u);
         EXPECT_EQ(a.PrimaryCtxRelease(0), CUDA_SUCCESS);
         EXPECT_EQ(a.CtxSetCurrent(nullptr), CUDA_SUCCESS);
@@ -536,12 +528,12 @@ TEST_F(FakeDriverTest, ForkedChildCannotUseTheParentsDriver) {
     }
     ASSERT_GT(pid, 0);
     int status = 0;
-    bool ended = WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; });
+    bool ended = ote_test::WaitUntil([&] { return waitpid(pid, &status, WNOHANG) == pid; }, kWait,
+                                     "the forked child to exit");
     if (!ended) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
     }
-    EXPECT_TRUE(ended) << "the forked child hung";
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
@@ -937,9 +929,11 @@ TEST_F(FakeDriverTest, DestroyedStreamFinishesItsWork) {
     EXPECT_GT(Snap().pending_ops, 0u);
     ASSERT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
     ASSERT_EQ(a.EventDestroy(e), CUDA_SUCCESS); // its queued record still completes
-    EXPECT_TRUE(WaitFor([&] { return flag.load() == 1; }));
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return flag.load() == 1; }, kWait,
+                                    "the destroyed stream's host function"));
     EXPECT_EQ(static_cast<unsigned char *>(pin)[n - 1], 0x3c);
-    EXPECT_TRUE(WaitFor([&] { return Snap().pending_ops == 0; }));
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().pending_ops == 0; }, kWait,
+                                    "the destroyed stream's queue to drain"));
     EXPECT_EQ(a.MemFreeHost(pin), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
 }
@@ -1005,7 +999,8 @@ TEST_F(FakeDriverTest, CountersFollowLiveObjects) {
     EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFreeHost(h), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
-    EXPECT_TRUE(WaitFor([&] { return Snap().streams == c0.streams; }));
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().streams == c0.streams; }, kWait,
+                                    "the destroyed stream's worker to end"));
     fake_cuda_counters_t c2 = Snap();
     EXPECT_EQ(c2.device_allocs, c0.device_allocs);
     EXPECT_EQ(c2.device_bytes, c0.device_bytes);
@@ -1120,8 +1115,8 @@ TEST_F(FakeDriverTest, CopyGateHoldsCopiesUntilReleased) {
     ASSERT_EQ(a.MemcpyDtoHAsync(out, d, n, s), CUDA_SUCCESS); // held
     ASSERT_EQ(a.EventRecord(e, s), CUDA_SUCCESS);
     ASSERT_EQ(a.LaunchHostFunc(s, CountCall, &after), CUDA_SUCCESS);
-    ASSERT_TRUE(ote_test::WaitUntil([&] { return Snap().copies_held == 1; },
-                                    std::chrono::seconds(20), "the DtoH copy held at the gate"));
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Snap().copies_held == 1; }, kWait,
+                                    "the DtoH copy held at the gate"));
     // The copy that passed is done (it ran before the held one on the same stream).
     EXPECT_EQ(nic[0], 0x5a);
     EXPECT_EQ(nic[n - 1], 0x5a);
@@ -1134,8 +1129,8 @@ TEST_F(FakeDriverTest, CopyGateHoldsCopiesUntilReleased) {
         sync_res = a.MemcpyDtoH(back.data(), d, n);
         sync_done.store(1);
     });
-    EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().copies_held == 2; },
-                                    std::chrono::seconds(20), "the synchronous copy held too"));
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().copies_held == 2; }, kWait,
+                                    "the synchronous copy held too"));
     // Both workers wait at the gate: nothing behind the held copies can have run.
     EXPECT_EQ(a.StreamQuery(s), CUDA_ERROR_NOT_READY);
     EXPECT_EQ(a.EventQuery(e), CUDA_ERROR_NOT_READY);
@@ -1152,7 +1147,7 @@ TEST_F(FakeDriverTest, CopyGateHoldsCopiesUntilReleased) {
     ASSERT_EQ(a.EventSynchronize(e), CUDA_SUCCESS);
     EXPECT_EQ(out[0], 0x5a);
     EXPECT_EQ(out[n - 1], 0x5a);
-    EXPECT_TRUE(ote_test::WaitUntil([&] { return after.load() == 1; }, std::chrono::seconds(20),
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return after.load() == 1; }, kWait,
                                     "the host function after the released copy"));
     sync_copier.join();
     EXPECT_EQ(sync_res, CUDA_SUCCESS);
