@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "tests/engine/native_counter.h"
 #include "tests/engine/engine_util.h"
 #include "tests/engine/pattern.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/fault.h"
@@ -87,12 +89,7 @@ class GpuRdmaStageTest : public ote_gpu_test::GpuTest {
         req_ = nullptr;
         if (src_ != nullptr && rdev_ != 0) {
             // The source's last receipt may still be on its way in: BUSY until it lands.
-            ote_status_t st = OTE_ERR_BUSY;
-            for (int i = 0; i < 3000 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
-                st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
-                if (ote_status_code(st) == OTE_ERR_BUSY) usleep(10 * 1000);
-            }
-            EXPECT_EQ(st, OTE_OK);
+            EXPECT_EQ(UnregisterSourceRange(), OTE_OK);
         }
         rdev_ = 0;
         if (src_ != nullptr) {
@@ -122,6 +119,35 @@ class GpuRdmaStageTest : public ote_gpu_test::GpuTest {
         ote__rdma_test_grants_t g{};
         EXPECT_EQ(ote__rdma_test_grants(ote_test::EngineAddress(e).c_str(), &g), OTE_OK);
         return g;
+    }
+    // Until pred holds of the source's grant counters (generously); the last snapshot.
+    ote__rdma_test_grants_t WaitSourceGrants(
+        const std::function<bool(const ote__rdma_test_grants_t &)> &pred, const std::string &what) {
+        ote__rdma_test_grants_t g{};
+        ote_test::WaitUntil(
+            [&] {
+                g = Grants(src_);
+                return pred(g);
+            },
+            ote_cuda_test::kLongWait, what);
+        return g;
+    }
+    // Until the GPU worker has seen fault point `name` (a copy held running) at least once.
+    void WaitHit(const char *name) {
+        ote_test::WaitUntil([&] { return ote_fault_hits(name) > 0; }, ote_cuda_test::kLongWait,
+                            std::string("fault point ") + name + " hit");
+    }
+    // Unregisters the source's device range, asked again while BUSY (a receipt still on
+    // its way in) for up to 30 s; the last status.
+    ote_status_t UnregisterSourceRange() {
+        ote_status_t st = OTE_ERR_BUSY;
+        ote_test::WaitUntil(
+            [&] {
+                st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
+                return ote_status_code(st) != OTE_ERR_BUSY;
+            },
+            std::chrono::seconds(30), "the source's range to unregister (not BUSY)");
+        return st;
     }
 
     ote_engine_t *src_ = nullptr, *req_ = nullptr;
@@ -387,8 +413,7 @@ TEST_F(GpuRdmaStageTest, ControlThreadServesOthersWhileACopyRuns) {
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     WaitCopies(this, 1);
     // Until the GPU worker has seen it running (held from then on).
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHold) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHold);
     ASSERT_GT(ote_fault_hits(kHold), 0u);
     ote_request_t h1 = {OTE_READ, host2.data(), seg_, reinterpret_cast<uintptr_t>(shost.data()),
                         cap};
@@ -442,13 +467,11 @@ TEST_F(GpuRdmaStageTest, AsyncCopyFaultFailsThatRequestAndReleasesAll) {
             EXPECT_GT(fake_.calls(entry), 0u);
             EXPECT_GE(SourceCopies() - c0, 1u);
             fake_.clear_faults();
-            ote_deadline_t dl = ote_cuda_test::LongDeadline();
-            g = Grants(src_);
-            while ((g.src_copies != 0 || g.live_source != 0 || g.sp_parents != 0) &&
-                   !ote_deadline_expired(dl)) {
-                usleep(1000);
-                g = Grants(src_);
-            }
+            g = WaitSourceGrants(
+                [](const ote__rdma_test_grants_t &x) {
+                    return x.src_copies == 0 && x.live_source == 0 && x.sp_parents == 0;
+                },
+                "no copy running, no grant live, no parent reservation");
         }
         EXPECT_EQ(g.src_copies, 0u);
         EXPECT_EQ(g.live_source, 0u);
@@ -517,12 +540,9 @@ TEST_F(GpuRdmaStageTest, RequesterGoneWithACopyRunning) {
     EXPECT_EQ(Grants(src_).src_copies, 1u); // still held
     EXPECT_EQ(ote_fault_disarm(kHold), OTE_OK);
     WaitCopies(this, 0);
-    ote__rdma_test_grants_t g = Grants(src_);
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while ((g.live_source != 0 || g.sp_parents != 0) && !ote_deadline_expired(dl)) {
-        usleep(1000);
-        g = Grants(src_);
-    }
+    ote__rdma_test_grants_t g = WaitSourceGrants(
+        [](const ote__rdma_test_grants_t &x) { return x.live_source == 0 && x.sp_parents == 0; },
+        "no grant live, no parent reservation");
     EXPECT_EQ(g.live_source, 0u);
     EXPECT_EQ(g.sp_parents, 0u);
     req_ = Engine(kSmall);
@@ -555,8 +575,7 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     ote_request_t r = {OTE_WRITE, host.data() + 1, seg_, rdev_ + 3, kChunk - 5};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     // Until the GPU worker has seen the copy back running (held from then on).
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHoldBack);
     ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
     EXPECT_EQ(SrcCopies(), 1u);
     ote_request_t h1 = {OTE_READ, host2.data(), seg_, reinterpret_cast<uintptr_t>(shost.data()),
@@ -573,8 +592,8 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     EXPECT_EQ(SrcCopies(), 1u);
     // The staged READ's bounce goes back when the source hears that the requester is done
     // with it, which can come after the READ completed here: only the held WRITE's stays.
-    dl = ote_cuda_test::LongDeadline();
-    while (Grants(src_).src_stages > 1 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitSourceGrants([](const ote__rdma_test_grants_t &x) { return x.src_stages <= 1; },
+                     "only the held WRITE's bounce left");
     EXPECT_EQ(Grants(src_).src_stages, 1u);
     ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
@@ -585,8 +604,8 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     EXPECT_EQ(DevHash(rdev_, 3), PatternHash(92, 0, 3));
     EXPECT_EQ(DevHash(rdev_ + kChunk - 2, 2), PatternHash(92, kChunk - 2, 2));
     WaitCopies(this, 0);
-    dl = ote_cuda_test::LongDeadline();
-    while (Grants(src_).src_stages != 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitSourceGrants([](const ote__rdma_test_grants_t &x) { return x.src_stages == 0; },
+                     "no bounce left at the source");
     EXPECT_EQ(Grants(src_).src_stages, 0u);
     EXPECT_EQ(ote_memory_unregister(src_, shost.data()), OTE_OK);
 }
@@ -607,13 +626,13 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldKeepsTheRangeRegistered) {
     ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
     ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHoldBack);
     ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
     // The grant has ended (its copy back runs), so its unpin ran or is about to: asked five
     // times (each unregister waits up to OTE_UNREGISTER_WAIT_MS for the pins to drop), the
     // range stays registered while the copy back is held.
-    while (Grants(src_).live_source != 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitSourceGrants([](const ote__rdma_test_grants_t &x) { return x.live_source == 0; },
+                     "the WRITE's grant ended");
     ote_status_t st = OTE_ERR_BUSY;
     for (int i = 0; i < 5 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
         st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
@@ -665,8 +684,7 @@ TEST_F(GpuRdmaStageTest, CopyBackFaultFailsThatWriteAndReleasesAll) {
             ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
             ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
             if (query) {
-                ote_deadline_t dl = ote_cuda_test::LongDeadline();
-                while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+                WaitHit(kHoldBack);
                 ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
                 fake_.fail(entry, 1, 1, kCudaErrorInvalidValue);
                 ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
@@ -681,14 +699,12 @@ TEST_F(GpuRdmaStageTest, CopyBackFaultFailsThatWriteAndReleasesAll) {
             EXPECT_EQ(SourceCopies() - c0, 2u);
             EXPECT_GT(fake_.calls(entry), 0u);
             fake_.clear_faults();
-            ote_deadline_t dl = ote_cuda_test::LongDeadline();
-            g = Grants(src_);
-            while ((g.src_copies != 0 || g.src_stages != 0 || g.live_source != 0 ||
-                    g.sp_parents != 0) &&
-                   !ote_deadline_expired(dl)) {
-                usleep(1000);
-                g = Grants(src_);
-            }
+            g = WaitSourceGrants(
+                [](const ote__rdma_test_grants_t &x) {
+                    return x.src_copies == 0 && x.src_stages == 0 && x.live_source == 0 &&
+                           x.sp_parents == 0;
+                },
+                "no copy running, no bounce, no grant live, no parent reservation");
         }
         EXPECT_EQ(g.src_copies, 0u);
         EXPECT_EQ(g.src_stages, 0u);
@@ -719,8 +735,7 @@ TEST_F(GpuRdmaStageTest, SourceDestroyWithACopyBackRunning) {
     ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
     ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHoldBack);
     ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
     {
         // The held copy is given up at its deadline: parked, logged.
@@ -774,13 +789,11 @@ class GpuRdmaStageMrTest : public GpuRdmaStageTest {
     // Until the source holds no bounce (a grant ends on its receipt, after the
     // requester's request completed).
     void WaitSourceIdle() {
-        ote_deadline_t dl = ote_cuda_test::LongDeadline();
-        ote__rdma_test_grants_t g = Grants(src_);
-        while ((g.src_stages != 0 || g.src_copies != 0 || g.live_source != 0) &&
-               !ote_deadline_expired(dl)) {
-            usleep(1000);
-            g = Grants(src_);
-        }
+        ote__rdma_test_grants_t g = WaitSourceGrants(
+            [](const ote__rdma_test_grants_t &x) {
+                return x.src_stages == 0 && x.src_copies == 0 && x.live_source == 0;
+            },
+            "the source idle (no bounce, no copy, no grant live)");
         EXPECT_EQ(g.src_stages, 0u);
         EXPECT_EQ(g.live_source, 0u);
     }
@@ -887,12 +900,7 @@ TEST_F(GpuRdmaStageMrTest, ChunkMrDeregFailureAtDestroyRetains) {
     seg_ = nullptr;
     EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
     req_ = nullptr;
-    ote_status_t st = OTE_ERR_BUSY;
-    for (int i = 0; i < 3000 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
-        st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
-        if (ote_status_code(st) == OTE_ERR_BUSY) usleep(10 * 1000);
-    }
-    ASSERT_EQ(st, OTE_OK);
+    ASSERT_EQ(UnregisterSourceRange(), OTE_OK);
     rdev_ = 0;
     const uint64_t retained0 = ote_retained_total();
     const int64_t alive = ns_->bind_mrs.load();
@@ -914,9 +922,8 @@ TEST_F(GpuRdmaStageMrTest, ChunkMrDeregFailureAtDestroyRetains) {
 }
 
 void WaitCopies(GpuRdmaStageTest *t, uint64_t n) {
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (t->SrcCopies() != n && !ote_deadline_expired(dl)) usleep(1000);
-    EXPECT_EQ(t->SrcCopies(), n);
+    ote_test::WaitUntil([&] { return t->SrcCopies() == n; }, ote_cuda_test::kLongWait,
+                        std::to_string(n) + " source copies running");
 }
 
 } // namespace
