@@ -140,14 +140,7 @@ class GpuRdmaStageTest : public ote_gpu_test::GpuTest {
     // Unregisters the source's device range, asked again while BUSY (a receipt still on
     // its way in) for up to 30 s; the last status.
     ote_status_t UnregisterSourceRange() {
-        ote_status_t st = OTE_ERR_BUSY;
-        ote_test::WaitUntil(
-            [&] {
-                st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
-                return ote_status_code(st) != OTE_ERR_BUSY;
-            },
-            std::chrono::seconds(30), "the source's range to unregister (not BUSY)");
-        return st;
+        return ote_test::UnregisterWhenFree(src_, reinterpret_cast<void *>(rdev_));
     }
 
     ote_engine_t *src_ = nullptr, *req_ = nullptr;

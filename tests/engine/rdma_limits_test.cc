@@ -690,10 +690,7 @@ TEST(RdmaLimitsTest, RequesterKilledMidParentReturnsTheReservation) {
                           "no live source grant"));
     EXPECT_GE(Grants(src).sp_ended, 1u);
     // The dead requester's pin of the range is released with its connection.
-    ote_status_t us = OTE_ERR_BUSY;
-    WaitUntil([&] { return (us = ote_memory_unregister(src, mem.data())) != OTE_ERR_BUSY; },
-              std::chrono::seconds(60), "the range to unregister (not BUSY)");
-    EXPECT_EQ(us, OTE_OK);
+    EXPECT_EQ(ote_test::UnregisterWhenFree(src, mem.data(), std::chrono::seconds(60)), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 
