@@ -3,7 +3,7 @@
 //
 // WaitUntil polls a predicate until it holds or a timeout passes, on the monotonic clock
 // (std::chrono::steady_clock), with a short exponential backoff (50 us doubling up to
-// 2 ms between polls, never sleeping past the deadline). The predicate is checked once
+// 2 ms between polls, or a fixed pause the caller gives; never sleeping past the deadline). The predicate is checked once
 // more at the deadline, so a condition that became true during the last pause counts.
 //
 //     EXPECT_TRUE(ote_test::WaitUntil([&] { return Grants(src).live_source == 0; },
@@ -37,6 +37,15 @@ bool PollUntil(const std::function<bool()> &pred, std::chrono::nanoseconds timeo
 bool WaitUntil(const std::function<bool()> &pred, std::chrono::nanoseconds timeout,
                const std::string &what, const char *file = __builtin_FILE(),
                int line = __builtin_LINE());
+
+// The same with a fixed pause of `every` between polls instead of the backoff: for a
+// predicate that is itself an attempt a peer sees (a connection, a handshake) and must not
+// be repeated faster than the test means to.
+bool PollUntil(const std::function<bool()> &pred, std::chrono::nanoseconds timeout,
+               std::chrono::nanoseconds every, std::chrono::nanoseconds *waited_out = nullptr);
+bool WaitUntil(const std::function<bool()> &pred, std::chrono::nanoseconds timeout,
+               std::chrono::nanoseconds every, const std::string &what,
+               const char *file = __builtin_FILE(), int line = __builtin_LINE());
 
 } // namespace ote_test
 
