@@ -236,6 +236,36 @@ bool Unhex(const char *s, void *out, size_t n) {
 // Generous for waits that must succeed: a loaded 2-core machine.
 constexpr std::chrono::seconds kWait{20};
 
+// Device bytes as a NIC sees them, without a copy through the driver: the allocation's
+// dma-buf fd mapped read-only (n a multiple of the page size). Unmapped and closed at
+// the end of the scope.
+class NicView {
+  public:
+    NicView() = default;
+    NicView(const NicView &) = delete;
+    NicView &operator=(const NicView &) = delete;
+    ~NicView() {
+        if (m_ != MAP_FAILED) munmap(m_, n_);
+        if (fd_ >= 0) close(fd_);
+    }
+    bool Open(CUdeviceptr d, size_t n) {
+        if (A().MemGetHandleForAddressRange(&fd_, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
+            CUDA_SUCCESS)
+            return false;
+        m_ = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd_, 0);
+        n_ = n;
+        return m_ != MAP_FAILED;
+    }
+    unsigned char operator[](size_t i) const {
+        return static_cast<const volatile unsigned char *>(m_)[i];
+    }
+
+  private:
+    int fd_ = -1;
+    void *m_ = MAP_FAILED;
+    size_t n_ = 0;
+};
+
 // ---- the child side of multi-process cases ----
 
 int ChildSetup(CUcontext *ctx) {
@@ -783,12 +813,8 @@ TEST_F(FakeDriverTest, SyncMemopsMakesSynchronousCopiesComplete) {
     const size_t n = 4096;
     CUdeviceptr d = 0;
     ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
-    int fd = -1;
-    ASSERT_EQ(a.MemGetHandleForAddressRange(&fd, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-              CUDA_SUCCESS);
-    void *m = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
-    ASSERT_NE(m, MAP_FAILED);
-    const volatile unsigned char *nic = static_cast<const volatile unsigned char *>(m);
+    NicView nic;
+    ASSERT_TRUE(nic.Open(d, n));
     int stale_copy = 0, stale_memset = 0;
     const int tries = 20;
     for (int t = 0; t < tries; t++) {
@@ -812,8 +838,6 @@ TEST_F(FakeDriverTest, SyncMemopsMakesSynchronousCopiesComplete) {
         ASSERT_EQ(a.MemsetD8(d, static_cast<unsigned char>(200 + t), n), CUDA_SUCCESS);
         EXPECT_EQ(nic[n - 1], 200 + t);
     }
-    munmap(m, n);
-    close(fd);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
 }
 
@@ -1091,12 +1115,8 @@ TEST_F(FakeDriverTest, CopyGateHoldsCopiesUntilReleased) {
     ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
     ASSERT_EQ(a.MemsetD8(d, 0x11, n), CUDA_SUCCESS);
     ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
-    int fd = -1; // the device bytes as a NIC sees them, without a copy
-    ASSERT_EQ(a.MemGetHandleForAddressRange(&fd, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-              CUDA_SUCCESS);
-    void *m = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
-    ASSERT_NE(m, MAP_FAILED);
-    const volatile unsigned char *nic = static_cast<const volatile unsigned char *>(m);
+    NicView nic; // the device bytes without a copy (a copy would be held)
+    ASSERT_TRUE(nic.Open(d, n));
     void *pin = nullptr;
     ASSERT_EQ(a.MemHostAlloc(&pin, 2 * n, 0), CUDA_SUCCESS);
     unsigned char *in = static_cast<unsigned char *>(pin), *out = in + n;
@@ -1170,8 +1190,6 @@ TEST_F(FakeDriverTest, CopyGateHoldsCopiesUntilReleased) {
 
     EXPECT_EQ(a.EventDestroy(e), CUDA_SUCCESS);
     EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
-    munmap(m, n);
-    close(fd);
     EXPECT_EQ(a.MemFreeHost(pin), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
 }

@@ -88,6 +88,9 @@ ote_transfer_status_t GpuTest::CancelWhileCopyHeld(ote_engine_t *e, const ote_re
     EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     if (!held) ts.state = OTE_TRANSFER_FAILED;
+    EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << ote_status_str(ts.error);
+    EXPECT_EQ(ts.error, OTE_ERR_CANCELED);
+    EXPECT_LT(ts.bytes_done, r.length);
     return ts;
 }
 

@@ -73,8 +73,10 @@ class GpuTest : public ote_cuda_test::CudaTest {
     // Cancel in the middle of a transfer, proven: closes gate (`pass` copies run, later ones
     // wait), submits r on a new batch of e, waits until a copy is held (the request cannot
     // have finished: its bytes are not all moved), cancels, opens the gate and waits for
-    // the end. Returns the request's final status (state FAILED and a test failure when
-    // no copy was held in time); the batch is destroyed.
+    // the end, which must be CANCELED (OTE_ERR_CANCELED) with fewer bytes done than asked
+    // (ote_batch_cancel's documented outcome for a request not all on the wire). Returns
+    // the request's final status (state FAILED, and a failure, when no copy was held in
+    // time); the batch is destroyed.
     ote_transfer_status_t CancelWhileCopyHeld(ote_engine_t *e, const ote_request_t &r,
                                               const CopyGate &gate, unsigned pass);
 

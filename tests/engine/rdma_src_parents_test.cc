@@ -81,12 +81,19 @@ ote__rdma_test_grants_t Grants(ote_engine_t *e) {
 // Waits (generously) until pred(Grants(e)) holds; false (and a failure naming what) when
 // it never did.
 template <typename P>
-bool WaitFor(ote_engine_t *e, P pred, const char *what) {
+bool WaitFor(ote_engine_t *e, P pred, const std::string &what) {
     return ote_test::WaitUntil([&] { return pred(Grants(e)); }, std::chrono::seconds(30), what);
 }
 
 bool NoReservation(const ote__rdma_test_grants_t &g) {
     return g.sp_parents == 0 && g.sp_credits == 0 && g.sp_rq == 0;
+}
+
+// Until the source holds no parent reservation and no live grant (after `why`).
+bool WaitNothingHeld(ote_engine_t *e, const std::string &why) {
+    return WaitFor(
+        e, [](const ote__rdma_test_grants_t &x) { return NoReservation(x) && x.live_source == 0; },
+        "no reservation and no live grant: " + why);
 }
 
 // A raw requester of a real source engine: its control connection, one WRITE QP (slot 0,
@@ -221,10 +228,7 @@ TEST(RdmaSrcParentsTest, EpResetReturnsTheParentsReservation) {
     std::vector<uint8_t> reset(8, 0);
     reset[0] = 8; // EP_RESET, pair 0
     rq.Send(reset);
-    EXPECT_TRUE(WaitFor(
-        rq.e_,
-        [](const ote__rdma_test_grants_t &x) { return NoReservation(x) && x.live_source == 0; },
-        "EP_RESET to end the parent's reservation and its grant"));
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "EP_RESET"));
     g = Grants(rq.e_);
     EXPECT_EQ(g.sp_parents, 0u);
     EXPECT_EQ(g.sp_credits, 0u);
@@ -237,10 +241,7 @@ TEST(RdmaSrcParentsTest, EpResetReturnsTheParentsReservation) {
     EXPECT_EQ(g.sp_parents, 1u);
     EXPECT_EQ(g.sp_rq, 4u);
     rq.CloseConn();
-    EXPECT_TRUE(WaitFor(
-        rq.e_,
-        [](const ote__rdma_test_grants_t &x) { return NoReservation(x) && x.live_source == 0; },
-        "no reservation and no live grant once the connection closed"));
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "the connection closed"));
 }
 
 // 2. A parent whose requester went quiet (its grant released, the rest of its request
@@ -268,10 +269,7 @@ TEST(RdmaSrcParentsTest, IdleParentIsEndedAtTheNextParentsFirstGrant) {
     EXPECT_EQ(g.sp_credits, 4u);
     EXPECT_EQ(g.sp_rq, 4u);
     rq.CloseConn();
-    EXPECT_TRUE(WaitFor(
-        rq.e_,
-        [](const ote__rdma_test_grants_t &x) { return NoReservation(x) && x.live_source == 0; },
-        "no reservation and no live grant once the connection closed"));
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "the connection closed"));
 }
 
 // 3. A GRANT_REQ naming another budget than its parent's first is refused (OTE_ERR_INVALID
@@ -291,10 +289,7 @@ TEST(RdmaSrcParentsTest, AnotherBudgetThanTheParentsFirstIsRefused) {
     EXPECT_EQ(g.sp_served, 1u);
     EXPECT_EQ(g.live_source, 1u);
     rq.CloseConn();
-    EXPECT_TRUE(WaitFor(
-        rq.e_,
-        [](const ote__rdma_test_grants_t &x) { return NoReservation(x) && x.live_source == 0; },
-        "no reservation and no live grant once the connection closed"));
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "the connection closed"));
     EXPECT_EQ(ote_test::UnregisterWhenFree(rq.e_, rq.mem_.data()), OTE_OK);
 }
 

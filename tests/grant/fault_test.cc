@@ -68,6 +68,18 @@ class GrantFaultTest : public ote_test::OteTest {
         if (st != OTE_OK) ote_endpoint_return(rig_.ep0[cap], slot, qp);
         return st;
     }
+    // Ticks the source's manager alone (as its monitor would) until no source grant is
+    // live (30 s).
+    bool TickSourceUntilIdle(const char *what) {
+        return WaitUntil(
+            [&] {
+                ote_grant_mgr_tick(rig_.g1);
+                ote_grant_stats_t s;
+                ote_grant_mgr_get_stats(rig_.g1, &s);
+                return s.live_source == 0;
+            },
+            std::chrono::seconds(30), what);
+    }
     // Until the verbs fault decorator lost the CQE it was told to lose (30 s).
     void WaitCqeLost() {
         WaitUntil([&] { return ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) > 0; },
@@ -182,13 +194,8 @@ TEST_F(GrantFaultTest, DeallocMwBusyRetainsTheWindowUntilTheRetrySucceeds) {
     ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1),
               OTE_OK);
     // Wait for the source deadline: tick g1 alone until the record ended.
-    WaitUntil( // tick as the monitor does; nothing is retained yet, so no tick retries
-        [&] {
-            ote_grant_mgr_tick(rig_.g1);
-            ote_grant_mgr_get_stats(rig_.g1, &s1);
-            return s1.live_source == 0;
-        },
-        std::chrono::seconds(30), "the source's record to end at its deadline");
+    // Tick as the monitor does; nothing is retained yet, so no tick retries.
+    TickSourceUntilIdle("the source's record to end at its deadline");
     ote_grant_mgr_get_stats(rig_.g1, &s1);
     ASSERT_EQ(s1.live_source, 0u);
     EXPECT_EQ(s1.source_expired, 1u);
@@ -634,15 +641,7 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     ote_grant_mgr_get_stats(rig_.g0, &s);
     EXPECT_EQ(s.slices_posted, 4u); /* the whole chain stays owed: it may have been posted */
     EXPECT_EQ(s.stale_cqes, 0u);
-    ote_grant_stats_t s1;
-    WaitUntil(
-        [&] {
-            ote_grant_mgr_tick(rig_.g1);
-            ote_grant_mgr_get_stats(rig_.g1, &s1);
-            return s1.live_source == 0;
-        },
-        std::chrono::seconds(30), "the source's window released at its deadline");
-    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_TRUE(TickSourceUntilIdle("the source's window released at its deadline"));
     rig_.Reclaim();
     EXPECT_EQ(Run(OTE_GRANT_WRITE, 2 * B), OTE_OK); /* a fresh pair works */
     EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), 2 * B), 0);
