@@ -5,11 +5,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/status.h"
@@ -42,14 +44,14 @@ class ContextTest : public OteTest {
         v_ = nullptr;
         ASSERT_EQ(ote_verbs_open("sim", config, &v_), OTE_OK);
     }
-    // Poll events until ctx reaches `want` or the deadline passes.
+    // Poll events until ctx reaches `want` or 30 s pass.
     bool WaitState(ote_context_t *ctx, ote_context_state_t want) {
-        ote_deadline_t d = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
-        while (!ote_deadline_expired(d)) {
-            EXPECT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
-            if (ote_context_state(ctx) == want) return true;
-        }
-        return false;
+        return ote_test::WaitUntil(
+            [&] {
+                EXPECT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+                return ote_context_state(ctx) == want;
+            },
+            std::chrono::seconds(30), "context state " + std::to_string(want));
     }
     ote_verbs_t *v_ = nullptr;
     ote_context_set_t *set_ = nullptr;
@@ -246,14 +248,16 @@ TEST_F(ContextTest, GidChangeReselectsAutomaticallyButKeepsPinStrict) {
     // Delete index 3 on both: automatic falls back to the IPv4-mapped v1 entry (2)...
     ASSERT_EQ(ote_sim_set_gid(v_, "sim0", 1, 3, nullptr, IBV_GID_TYPE_ROCE_V2), OTE_OK);
     ASSERT_EQ(ote_sim_set_gid(v_, "sim1", 1, 3, nullptr, IBV_GID_TYPE_ROCE_V2), OTE_OK);
-    ote_deadline_t d = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
     ote_context_info_t info;
     {
         ote_test::ErrorLogsExpected guard; // the vanished pinned GID is reported
-        do {
-            ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
-            ote_context_get_info(autoc, &info);
-        } while (info.gid_index == 3 && !ote_deadline_expired(d));
+        ote_test::WaitUntil(
+            [&] {
+                EXPECT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+                ote_context_get_info(autoc, &info);
+                return info.gid_index != 3;
+            },
+            std::chrono::seconds(30), "the automatic context to leave GID index 3");
         EXPECT_EQ(info.gid_index, 1); // ll v2 outranks v4 v1
         EXPECT_EQ(ote_context_check(autoc), OTE_OK);
         // ...while the pin is not replaced: its context pauses.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include "tests/cq/raw_qp.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/status.h"
@@ -226,11 +228,14 @@ TEST_F(CqTest, WorkerIPollsLaneIAcrossContexts) {
         for (int i = 0; i < 4; i++)
             ASSERT_EQ(qps[i].PostSends({OTE_CQ_WR_ID(recs[i].ns, (uint64_t)round)}), 0);
     // Nobody but the workers polls: wait for their progress.
-    ote_deadline_t d = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
-    for (int i = 0; i < 4; i++) {
-        while (recs[i].Count() < 20 && !ote_deadline_expired(d)) std::this_thread::yield();
-        ASSERT_EQ(recs[i].Count(), 20u) << "lane " << i;
-    }
+    ote_test::WaitUntil(
+        [&] {
+            for (int i = 0; i < 4; i++)
+                if (recs[i].Count() < 20) return false;
+            return true;
+        },
+        std::chrono::seconds(30), "20 completions on each of the 4 QPs");
+    for (int i = 0; i < 4; i++) ASSERT_EQ(recs[i].Count(), 20u) << "lane " << i;
     std::set<std::thread::id> lane0, lane1;
     for (int i = 0; i < 4; i++)
         for (auto &s : recs[i].seen) (i % 2 == 0 ? lane0 : lane1).insert(s.thread);

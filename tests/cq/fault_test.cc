@@ -14,6 +14,7 @@
 
 #include "tests/cq/raw_qp.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/alloc.h"
@@ -275,12 +276,13 @@ TEST_F(CqFaultTest, WorkersKeepPollingThroughPollFailures) {
     // delivered every completion and polled at least once more than the failing third
     // (all four may have come in its first poll, before the failure: then only a later
     // poll shows that it went on).
-    ote_deadline_t deadline = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
-    while ((rec.Count() < 4 || ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ) < 1 ||
-            ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_POLL_CQ) < 4) &&
-           !ote_deadline_expired(deadline)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    ote_test::WaitUntil(
+        [&] {
+            return rec.Count() >= 4 &&
+                   ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ) >= 1 &&
+                   ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_POLL_CQ) >= 4;
+        },
+        std::chrono::seconds(30), "4 completions, the failed poll and 4 polls in all");
     ASSERT_EQ(ote_cq_workers_remove(w, lane), OTE_OK);
     EXPECT_EQ(ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
     EXPECT_GE(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_POLL_CQ), 4u); // it polled on

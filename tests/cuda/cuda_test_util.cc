@@ -1,7 +1,6 @@
 #include "tests/cuda/cuda_test_util.h"
 
 #include <dlfcn.h>
-#include <time.h>
 
 #include <cstdlib>
 #include <sstream>
@@ -38,8 +37,12 @@ FakeControl LookupFake(ote_cuda_driver_t *drv) {
         reinterpret_cast<fake_cuda_set_max_delay_us_fn>(dlsym(dl, "fake_cuda_set_max_delay_us"));
     f.counters = reinterpret_cast<fake_cuda_counters_fn>(dlsym(dl, "fake_cuda_counters"));
     f.calls = reinterpret_cast<fake_cuda_calls_fn>(dlsym(dl, "fake_cuda_calls"));
+    f.hold_copies = reinterpret_cast<fake_cuda_hold_copies_fn>(dlsym(dl, "fake_cuda_hold_copies"));
+    f.release_copies =
+        reinterpret_cast<fake_cuda_release_copies_fn>(dlsym(dl, "fake_cuda_release_copies"));
     if (f.fail == nullptr || f.clear_faults == nullptr || f.set_max_delay_us == nullptr ||
-        f.counters == nullptr || f.calls == nullptr)
+        f.counters == nullptr || f.calls == nullptr || f.hold_copies == nullptr ||
+        f.release_copies == nullptr)
         f.is_fake = nullptr; // an incomplete control API is no control API
     return f;
 }
@@ -84,6 +87,7 @@ void CudaTest::SetUp() {
     fake_ = LookupFake(drv_);
     if (fake_.present()) {
         fake_.clear_faults();
+        fake_.release_copies();
         at_start_ = Live(Counters());
     }
     int n = 0;
@@ -100,27 +104,27 @@ fake_cuda_counters_t CudaTest::Counters() {
 
 void CudaTest::SettleFake() {
     if (!fake_.present()) return;
-    ote_deadline_t d = LongDeadline();
-    while (!ote_deadline_expired(d)) {
-        if (Counters().pending_ops == at_start_.pending_ops) return;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, nullptr);
-    }
+    ote_test::WaitUntil([&] { return Counters().pending_ops == at_start_.pending_ops; }, kLongWait,
+                        "the fake's queued stream work back to its start count");
 }
 
 LiveCounts CudaTest::WaitCounts(const LiveCounts &want) {
-    LiveCounts now = Live(Counters());
-    ote_deadline_t d = LongDeadline();
-    while (!(now == want) && !ote_deadline_expired(d)) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, nullptr);
-        now = Live(Counters());
-    }
+    LiveCounts now{};
+    // Silent: the caller compares the last snapshot and describes both.
+    ote_test::PollUntil(
+        [&] {
+            now = Live(Counters());
+            return now == want;
+        },
+        kLongWait);
     return now;
 }
 
 void CudaTest::TearDown() {
-    if (fake_.present()) fake_.clear_faults();
+    if (fake_.present()) {
+        fake_.clear_faults();
+        fake_.release_copies(); // a case that stopped while holding copies
+    }
     if (dev_ != nullptr) {
         size_t left = 0;
         EXPECT_EQ(ote_cuda_device_reclaim(dev_, &left), OTE_OK) << left << " owners still retained";

@@ -15,11 +15,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "tests/cuda/fake_cuda_control.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -44,12 +46,18 @@ struct FakeControl {
     fake_cuda_set_max_delay_us_fn set_max_delay_us = nullptr;
     fake_cuda_counters_fn counters = nullptr;
     fake_cuda_calls_fn calls = nullptr;
+    fake_cuda_hold_copies_fn hold_copies = nullptr;
+    fake_cuda_release_copies_fn release_copies = nullptr;
     bool present() const { return is_fake != nullptr && is_fake() == 1; }
 };
 FakeControl LookupFake(ote_cuda_driver_t *drv);
 
-// A generous deadline for waits that must succeed (loaded 2-core machines).
-inline ote_deadline_t LongDeadline() { return ote_deadline_after(30ull * OTE_NSEC_PER_SEC); }
+// A generous deadline for waits that must succeed (loaded 2-core machines), as a deadline
+// for the owners' calls and as a timeout for ote_test::WaitUntil.
+constexpr std::chrono::seconds kLongWait{30};
+inline ote_deadline_t LongDeadline() {
+    return ote_deadline_after(static_cast<uint64_t>(kLongWait.count()) * OTE_NSEC_PER_SEC);
+}
 
 // Live-object counters of the fake that must return to their start values.
 struct LiveCounts {

@@ -85,6 +85,10 @@ typedef struct fake_cuda_counters {
     uint64_t vmm_exported_fds;
     /* Faults that fired since load (cumulative). */
     uint64_t faults_fired;
+    /* The copy gate (fake_cuda_hold_copies): copies waiting at it now, and copies that
+     * have waited at it since load (cumulative). */
+    uint64_t copies_held;
+    uint64_t copies_held_total;
 } fake_cuda_counters_t;
 
 /* Returns 1 (only the fake exports this). */
@@ -105,6 +109,23 @@ void fake_cuda_clear_faults(void);
  * 0 = none). Applies to operations dequeued from now on. */
 void fake_cuda_set_max_delay_us(unsigned us);
 
+/* The copy gate: a way to make copies slow on purpose, for as long as a test needs.
+ * fake_cuda_hold_copies(pass) closes it: the next `pass` stream copies that reach it run
+ * as usual, and every copy after them waits at the gate, before it moves a byte, until
+ * fake_cuda_release_copies() opens it again. "Stream copies" are every cuMemcpy*, sync and
+ * async, on any stream of this process (memsets, event records and host functions pass).
+ * A copy reaches the gate when its stream's worker gets to it (after the random delay and
+ * after the work it is ordered behind), so a held copy is exactly a slow copy on a GPU:
+ * its stream stays busy (cuStreamQuery NOT_READY, later work on the stream waits), events
+ * recorded after it stay NOT_READY, a synchronous cuMemcpy* or a synchronize waits for it
+ * (up to the fake's 120 s limit, then CUDA_ERROR_LAUNCH_TIMEOUT), cuMemFree of its memory
+ * waits, and pending_ops counts it. copies_held (counters) says how many wait now, so a
+ * test can wait until the engine is really in the middle of a copy, act (cancel, kill a
+ * peer), then release. Calling hold again while closed replaces the pass budget; the
+ * gate opens by itself when the library unloads. */
+void fake_cuda_hold_copies(unsigned pass);
+void fake_cuda_release_copies(void);
+
 /* Writes a snapshot of the counters to *out. */
 void fake_cuda_counters(fake_cuda_counters_t *out);
 
@@ -118,6 +139,8 @@ typedef void (*fake_cuda_clear_faults_fn)(void);
 typedef void (*fake_cuda_set_max_delay_us_fn)(unsigned us);
 typedef void (*fake_cuda_counters_fn)(fake_cuda_counters_t *out);
 typedef uint64_t (*fake_cuda_calls_fn)(const char *base_name);
+typedef void (*fake_cuda_hold_copies_fn)(unsigned pass);
+typedef void (*fake_cuda_release_copies_fn)(void);
 
 #ifdef __cplusplus
 }

@@ -28,6 +28,7 @@
 
 #include "tests/cuda/fake_cuda_control.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 namespace {
 
@@ -100,6 +101,8 @@ struct Api {
     fake_cuda_counters_fn Counters = nullptr;
     fake_cuda_calls_fn Calls = nullptr;
     fake_cuda_is_fake_fn IsFake = nullptr;
+    fake_cuda_hold_copies_fn HoldCopies = nullptr;
+    fake_cuda_release_copies_fn ReleaseCopies = nullptr;
 
     void *Proc(const char *name) {
         void *p = nullptr;
@@ -180,7 +183,12 @@ struct Api {
         Counters = reinterpret_cast<fake_cuda_counters_fn>(dlsym(handle, "fake_cuda_counters"));
         Calls = reinterpret_cast<fake_cuda_calls_fn>(dlsym(handle, "fake_cuda_calls"));
         IsFake = reinterpret_cast<fake_cuda_is_fake_fn>(dlsym(handle, "fake_cuda_is_fake"));
-        return ok && Fail && ClearFaults && SetMaxDelayUs && Counters && Calls && IsFake;
+        HoldCopies =
+            reinterpret_cast<fake_cuda_hold_copies_fn>(dlsym(handle, "fake_cuda_hold_copies"));
+        ReleaseCopies = reinterpret_cast<fake_cuda_release_copies_fn>(
+            dlsym(handle, "fake_cuda_release_copies"));
+        return ok && Fail && ClearFaults && SetMaxDelayUs && Counters && Calls && IsFake &&
+               HoldCopies && ReleaseCopies;
     }
 };
 
@@ -225,16 +233,38 @@ bool Unhex(const char *s, void *out, size_t n) {
     return true;
 }
 
-// Polls cond until true or ~20 s pass (generous: a loaded 2-core machine).
-template <typename F>
-bool WaitFor(F cond) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < end) {
-        if (cond()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+// Generous for waits that must succeed: a loaded 2-core machine.
+constexpr std::chrono::seconds kWait{20};
+
+// Device bytes as a NIC sees them, without a copy through the driver: the allocation's
+// dma-buf fd mapped read-only (n a multiple of the page size). Unmapped and closed at
+// the end of the scope.
+class NicView {
+  public:
+    NicView() = default;
+    NicView(const NicView &) = delete;
+    NicView &operator=(const NicView &) = delete;
+    ~NicView() {
+        if (m_ != MAP_FAILED) munmap(m_, n_);
+        if (fd_ >= 0) close(fd_);
     }
-    return cond();
-}
+    bool Open(CUdeviceptr d, size_t n) {
+        if (A().MemGetHandleForAddressRange(&fd_, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
+            CUDA_SUCCESS)
+            return false;
+        m_ = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd_, 0);
+        n_ = n;
+        return m_ != MAP_FAILED;
+    }
+    unsigned char operator[](size_t i) const {
+        return static_cast<const volatile unsigned char *>(m_)[i];
+    }
+
+  private:
+    int fd_ = -1;
+    void *m_ = MAP_FAILED;
+    size_t n_ = 0;
+};
 
 // ---- the child side of multi-process cases ----
 
@@ -446,6 +476,7 @@ class FakeDriverTest : public ote_test::OteTest {
         base = Snap();
     }
     void TearDown() override {
+        a.ReleaseCopies();
         a.ClearFaults();
         a.SetMaxDelayUs(200);
         fake_cuda_counters_t c = Snap();
@@ -457,8 +488,8 @@ class FakeDriverTest : public ote_test::OteTest {
         EXPECT_EQ(c.vmm_handles, base.vmm_handles);
         EXPECT_EQ(c.vmm_reservations, base.vmm_reservations);
         EXPECT_EQ(c.vmm_mappings, base.vmm_mappings);
-        EXPECT_TRUE(WaitFor([&] { return Snap().streams == base.streams; }))
-            << "stream workers left";
+        EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().streams == base.streams; }, kWait,
+                                        "the stream workers to end"));
         EXPECT_EQ(Snap().pending_ops, 0u);
         EXPECT_EQ(a.PrimaryCtxRelease(0), CUDA_SUCCESS);
         EXPECT_EQ(a.CtxSetCurrent(nullptr), CUDA_SUCCESS);
@@ -527,12 +558,12 @@ TEST_F(FakeDriverTest, ForkedChildCannotUseTheParentsDriver) {
     }
     ASSERT_GT(pid, 0);
     int status = 0;
-    bool ended = WaitFor([&] { return waitpid(pid, &status, WNOHANG) == pid; });
+    bool ended = ote_test::WaitUntil([&] { return waitpid(pid, &status, WNOHANG) == pid; }, kWait,
+                                     "the forked child to exit");
     if (!ended) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
     }
-    EXPECT_TRUE(ended) << "the forked child hung";
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
@@ -782,12 +813,8 @@ TEST_F(FakeDriverTest, SyncMemopsMakesSynchronousCopiesComplete) {
     const size_t n = 4096;
     CUdeviceptr d = 0;
     ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
-    int fd = -1;
-    ASSERT_EQ(a.MemGetHandleForAddressRange(&fd, d, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-              CUDA_SUCCESS);
-    void *m = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
-    ASSERT_NE(m, MAP_FAILED);
-    const volatile unsigned char *nic = static_cast<const volatile unsigned char *>(m);
+    NicView nic;
+    ASSERT_TRUE(nic.Open(d, n));
     int stale_copy = 0, stale_memset = 0;
     const int tries = 20;
     for (int t = 0; t < tries; t++) {
@@ -811,8 +838,6 @@ TEST_F(FakeDriverTest, SyncMemopsMakesSynchronousCopiesComplete) {
         ASSERT_EQ(a.MemsetD8(d, static_cast<unsigned char>(200 + t), n), CUDA_SUCCESS);
         EXPECT_EQ(nic[n - 1], 200 + t);
     }
-    munmap(m, n);
-    close(fd);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
 }
 
@@ -928,9 +953,11 @@ TEST_F(FakeDriverTest, DestroyedStreamFinishesItsWork) {
     EXPECT_GT(Snap().pending_ops, 0u);
     ASSERT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
     ASSERT_EQ(a.EventDestroy(e), CUDA_SUCCESS); // its queued record still completes
-    EXPECT_TRUE(WaitFor([&] { return flag.load() == 1; }));
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return flag.load() == 1; }, kWait,
+                                    "the destroyed stream's host function"));
     EXPECT_EQ(static_cast<unsigned char *>(pin)[n - 1], 0x3c);
-    EXPECT_TRUE(WaitFor([&] { return Snap().pending_ops == 0; }));
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().pending_ops == 0; }, kWait,
+                                    "the destroyed stream's queue to drain"));
     EXPECT_EQ(a.MemFreeHost(pin), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
 }
@@ -996,7 +1023,8 @@ TEST_F(FakeDriverTest, CountersFollowLiveObjects) {
     EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFreeHost(h), CUDA_SUCCESS);
     EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
-    EXPECT_TRUE(WaitFor([&] { return Snap().streams == c0.streams; }));
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().streams == c0.streams; }, kWait,
+                                    "the destroyed stream's worker to end"));
     fake_cuda_counters_t c2 = Snap();
     EXPECT_EQ(c2.device_allocs, c0.device_allocs);
     EXPECT_EQ(c2.device_bytes, c0.device_bytes);
@@ -1072,6 +1100,98 @@ TEST_F(FakeDriverTest, IpcImportFailsAfterExporterDies) {
     close(to_child); // the exporter exits
     EXPECT_EQ(WaitChild(pid), 0);
     EXPECT_NE(a.IpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
+}
+
+void CountCall(void *arg) { static_cast<std::atomic<int> *>(arg)->fetch_add(1); }
+
+// The copy gate (fake_cuda_hold_copies): with a pass budget of 1, the first copy runs and
+// the next waits before it moves a byte, with everything a slow copy on a GPU implies: its
+// stream and the events and host functions behind it stay pending, a synchronous copy on
+// another thread does not return, copies_held counts both; released, each completes with
+// its bytes and the gate lets later copies through at once.
+TEST_F(FakeDriverTest, CopyGateHoldsCopiesUntilReleased) {
+    const size_t n = 4096;
+    CUdeviceptr d = 0;
+    ASSERT_EQ(a.MemAlloc(&d, n), CUDA_SUCCESS);
+    ASSERT_EQ(a.MemsetD8(d, 0x11, n), CUDA_SUCCESS);
+    ASSERT_EQ(a.StreamSynchronize(nullptr), CUDA_SUCCESS);
+    NicView nic; // the device bytes without a copy (a copy would be held)
+    ASSERT_TRUE(nic.Open(d, n));
+    void *pin = nullptr;
+    ASSERT_EQ(a.MemHostAlloc(&pin, 2 * n, 0), CUDA_SUCCESS);
+    unsigned char *in = static_cast<unsigned char *>(pin), *out = in + n;
+    std::memset(in, 0x5a, n);
+    std::memset(out, 0, n);
+    CUstream s = nullptr;
+    CUevent e = nullptr;
+    ASSERT_EQ(a.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    ASSERT_EQ(a.EventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    const fake_cuda_counters_t c0 = Snap();
+    EXPECT_EQ(c0.copies_held, 0u);
+
+    a.HoldCopies(1);
+    std::atomic<int> after{0};
+    ASSERT_EQ(a.MemcpyHtoDAsync(d, in, n, s), CUDA_SUCCESS);  // passes
+    ASSERT_EQ(a.MemcpyDtoHAsync(out, d, n, s), CUDA_SUCCESS); // held
+    ASSERT_EQ(a.EventRecord(e, s), CUDA_SUCCESS);
+    ASSERT_EQ(a.LaunchHostFunc(s, CountCall, &after), CUDA_SUCCESS);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Snap().copies_held == 1; }, kWait,
+                                    "the DtoH copy held at the gate"));
+    // The copy that passed is done (it ran before the held one on the same stream).
+    EXPECT_EQ(nic[0], 0x5a);
+    EXPECT_EQ(nic[n - 1], 0x5a);
+    // A synchronous copy on another thread is held too and does not return.
+    std::atomic<int> sync_done{0};
+    CUresult sync_res = CUDA_ERROR_UNKNOWN;
+    std::vector<unsigned char> back(n, 0);
+    std::thread sync_copier([&] {
+        (void)a.CtxSetCurrent(ctx);
+        sync_res = a.MemcpyDtoH(back.data(), d, n);
+        sync_done.store(1);
+    });
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Snap().copies_held == 2; }, kWait,
+                                    "the synchronous copy held too"));
+    // Both workers wait at the gate: nothing behind the held copies can have run.
+    EXPECT_EQ(a.StreamQuery(s), CUDA_ERROR_NOT_READY);
+    EXPECT_EQ(a.EventQuery(e), CUDA_ERROR_NOT_READY);
+    EXPECT_EQ(after.load(), 0) << "a host function overtook the held copy";
+    EXPECT_EQ(out[0], 0) << "the held copy moved bytes";
+    EXPECT_EQ(out[n - 1], 0);
+    EXPECT_EQ(sync_done.load(), 0) << "a synchronous copy returned while held";
+    fake_cuda_counters_t c1 = Snap();
+    EXPECT_EQ(c1.copies_held, 2u);
+    EXPECT_EQ(c1.copies_held_total, c0.copies_held_total + 2);
+    EXPECT_GE(c1.pending_ops, c0.pending_ops + 4);
+
+    a.ReleaseCopies();
+    ASSERT_EQ(a.EventSynchronize(e), CUDA_SUCCESS);
+    EXPECT_EQ(out[0], 0x5a);
+    EXPECT_EQ(out[n - 1], 0x5a);
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return after.load() == 1; }, kWait,
+                                    "the host function after the released copy"));
+    sync_copier.join();
+    EXPECT_EQ(sync_res, CUDA_SUCCESS);
+    EXPECT_EQ(back, std::vector<unsigned char>(n, 0x5a));
+    EXPECT_EQ(Snap().copies_held, 0u);
+
+    // Open: copies run without waiting and are not counted.
+    std::memset(in, 0x6b, n);
+    ASSERT_EQ(a.MemcpyHtoDAsync(d, in, n, s), CUDA_SUCCESS);
+    ASSERT_EQ(a.MemcpyDtoHAsync(out, d, n, s), CUDA_SUCCESS);
+    ASSERT_EQ(a.StreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT_EQ(out[n - 1], 0x6b);
+    // Closed with a budget that outlasts the work: nothing is held.
+    a.HoldCopies(4);
+    ASSERT_EQ(a.MemcpyHtoDAsync(d, in, n, s), CUDA_SUCCESS);
+    ASSERT_EQ(a.MemcpyDtoHAsync(out, d, n, s), CUDA_SUCCESS);
+    ASSERT_EQ(a.StreamSynchronize(s), CUDA_SUCCESS);
+    a.ReleaseCopies();
+    EXPECT_EQ(Snap().copies_held_total, c0.copies_held_total + 2);
+
+    EXPECT_EQ(a.EventDestroy(e), CUDA_SUCCESS);
+    EXPECT_EQ(a.StreamDestroy(s), CUDA_SUCCESS);
+    EXPECT_EQ(a.MemFreeHost(pin), CUDA_SUCCESS);
+    EXPECT_EQ(a.MemFree(d), CUDA_SUCCESS);
 }
 
 TEST_F(FakeDriverTest, DmabufFdShowsDeviceBytes) {

@@ -8,7 +8,6 @@
 // counters back at their start, no retained owner, no fd leaked (fixture), and the same
 // scenario succeeds again.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -182,9 +181,9 @@ struct Scenario {
         if (dev == nullptr) return;
         // A retained stream is released once its work is seen complete (it may still be
         // running): reclaim until nothing is left, within a generous deadline.
-        ote_deadline_t d = LongDeadline();
-        while (ote_cuda_device_reclaim(dev, nullptr) != OTE_OK && !ote_deadline_expired(d))
-            usleep(1000);
+        // Silent on timeout: what is left is recorded as a problem below.
+        ote_test::PollUntil([&] { return ote_cuda_device_reclaim(dev, nullptr) == OTE_OK; },
+                            ote_cuda_test::kLongWait);
         Cleanup(true);
         size_t left = 0;
         if (ote_cuda_device_reclaim(dev, &left) != OTE_OK)

@@ -158,14 +158,15 @@ TEST_F(CudaMemoryTest, AccessLockMakesDestroyWaitOrRefuse) {
     // Destroy waits for the user: meanwhile new users are refused.
     std::atomic<int> destroyed{-1};
     std::thread th([&] { destroyed = ote_cuda_alloc_destroy(a, LongDeadline()); });
-    ote_deadline_t d = LongDeadline();
     ote_status_t st = OTE_OK;
-    while (!ote_deadline_expired(d)) {
-        st = ote_cuda_alloc_acquire(a);
-        if (st != OTE_OK) break;
-        ote_cuda_alloc_release(a);
-        usleep(1000);
-    }
+    ote_test::WaitUntil(
+        [&] {
+            st = ote_cuda_alloc_acquire(a);
+            if (st != OTE_OK) return true;
+            ote_cuda_alloc_release(a);
+            return false;
+        },
+        ote_cuda_test::kLongWait, "a new user refused once the destroy began");
     EXPECT_EQ(st, OTE_ERR_STATE);
     EXPECT_EQ(destroyed.load(), -1); // still waiting for the first user
     ote_cuda_alloc_release(a);

@@ -1,7 +1,6 @@
 // cuda/stream: asynchronous copies with holds and a reusable event; pending work drained
 // before reuse or destroy; an unknown outcome retains the stream and its holds.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -28,8 +27,8 @@ struct Gate {
     static void Fn(void *arg) {
         Gate *g = static_cast<Gate *>(arg);
         g->entered = true;
-        ote_deadline_t d = LongDeadline();
-        while (!g->open.load() && !ote_deadline_expired(d)) usleep(200);
+        ote_test::WaitUntil([g] { return g->open.load(); }, ote_cuda_test::kLongWait,
+                            "the test to open the gate");
     }
 };
 
@@ -117,9 +116,8 @@ TEST_F(CudaStreamTest, PendingWorkIsDrainedBeforeReuseOrDestroy) {
     Gate gate;
     EnqueueRoundTrip();
     ASSERT_EQ(ote_cuda_stream_commit(s_, Gate::Fn, &gate), OTE_OK);
-    ote_deadline_t d = LongDeadline();
-    while (!gate.entered && !ote_deadline_expired(d)) usleep(200);
-    ASSERT_TRUE(gate.entered.load());
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return gate.entered.load(); }, ote_cuda_test::kLongWait,
+                                    "the stream's worker to enter the gate"));
     // The stream is held up by the gate: pending, reuse refused, destroy not possible.
     EXPECT_EQ(ote_status_code(ote_cuda_stream_poll(s_)), OTE_ERR_AGAIN);
     EXPECT_EQ(ote_cuda_stream_copy(s_, OTE_CUDA_COPY_HTOD, ote_cuda_alloc_ptr(a_), H(host_), 16),
@@ -188,10 +186,12 @@ TEST_F(CudaStreamTest, UnknownWaitOutcomeRetainsTheStreamAndItsHoldsUntilReclaim
               OTE_ERR_RETAINED);
     EXPECT_EQ(ote_cuda_stream_poll(s_), OTE_ERR_RETAINED);
     // Asked again (the driver answers now): the work proved complete, holds released.
-    ote_deadline_t d = LongDeadline();
-    do {
-        st = ote_cuda_stream_reclaim(s_);
-    } while (ote_status_code(st) == OTE_ERR_AGAIN && !ote_deadline_expired(d) && usleep(200) == 0);
+    ote_test::WaitUntil(
+        [&] {
+            st = ote_cuda_stream_reclaim(s_);
+            return ote_status_code(st) != OTE_ERR_AGAIN;
+        },
+        ote_cuda_test::kLongWait, "ote_cuda_stream_reclaim to answer other than AGAIN");
     ASSERT_EQ(st, OTE_OK);
     EXPECT_EQ(ote_cuda_stream_state(s_), OTE_CUDA_STREAM_IDLE);
     EXPECT_EQ(ote_cuda_alloc_users(a_), 0u);

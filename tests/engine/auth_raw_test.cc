@@ -25,6 +25,7 @@
 #include "tests/engine/engine_util.h"
 #include "tests/engine/shm_wire.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -405,16 +406,23 @@ TEST_P(AuthBackoffListenerTest, WrongKeyFromOneAddressIsClosedAtAcceptUntilItsBa
     EXPECT_EQ(ack.opcode, OTE_CTL_HELLO_ACK);
     close(fd);
     // The right key from 127.0.0.1, again and again, until the back-off is over.
-    ote_deadline_t dl = ote_deadline_after(30000 * kMs);
-    bool served = false;
-    while (!served && !ote_deadline_expired(dl)) {
-        fd = ConnectFrom("127.0.0.1", addr);
-        ASSERT_GE(fd, 0);
-        served = Handshake(fd, key_, role, &ack, &buf) == OTE_OK && ack.opcode == OTE_CTL_HELLO_ACK;
-        close(fd);
-        if (!served) usleep(50 * 1000);
-    }
-    EXPECT_TRUE(served);
+    // One attempt every 50 ms (each is a connection the listener sees), for 30 s.
+    bool no_fd = false;
+    EXPECT_TRUE(ote_test::WaitUntil(
+        [&] {
+            fd = ConnectFrom("127.0.0.1", addr);
+            if (fd < 0) {
+                no_fd = true;
+                return true;
+            }
+            bool served =
+                Handshake(fd, key_, role, &ack, &buf) == OTE_OK && ack.opcode == OTE_CTL_HELLO_ACK;
+            close(fd);
+            return served;
+        },
+        std::chrono::seconds(30), std::chrono::milliseconds(50),
+        "the right key served once the back-off is over"));
+    ASSERT_FALSE(no_fd) << "could not connect";
     EXPECT_GE(ote_now_ns(), t0 + kBackoffNs); // not before the back-off ended
     EXPECT_GT(ote_auth_refused(), refused);
     EXPECT_EQ(ote_auth_failures(), fails + 5); // refused connections are not failures
@@ -513,23 +521,27 @@ TEST_F(AuthBackoffTest, ShmWrongKeyBacksOffItsUidUntilTheBackOffEnds) {
     EXPECT_EQ(SeqRecv(fd, b, sizeof(b)), 0); // EOF before any message: closed at accept
     close(fd);
     EXPECT_EQ(ote_auth_refused(), refused + 1);
-    ote_deadline_t dl = ote_deadline_after(30000 * kMs);
+    // One attempt every 50 ms (each is a connection the listener sees), for 30 s.
     bool served = false;
-    while (!served && !ote_deadline_expired(dl)) {
-        fd = ShmConnect(src);
-        tw_auth_t c;
-        if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)) &&
-            SeqRecv(fd, &c, sizeof(c)) == static_cast<ssize_t>(sizeof(c)) && c.h.kind == TW_AUTH) {
-            tw_auth_t good = ShmProof(key_, h, c.nonce);
-            tw_auth_t ok;
-            served =
-                send(fd, &good, sizeof(good), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(good)) &&
-                SeqRecv(fd, &ok, sizeof(ok)) == static_cast<ssize_t>(sizeof(ok)) &&
-                ok.h.kind == TW_AUTH && ok.step == OTE_CTL_AUTH_OK;
-        }
-        close(fd);
-        if (!served) usleep(50 * 1000);
-    }
+    ote_test::WaitUntil(
+        [&] {
+            fd = ShmConnect(src);
+            tw_auth_t c;
+            if (send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)) &&
+                SeqRecv(fd, &c, sizeof(c)) == static_cast<ssize_t>(sizeof(c)) &&
+                c.h.kind == TW_AUTH) {
+                tw_auth_t good = ShmProof(key_, h, c.nonce);
+                tw_auth_t ok;
+                served = send(fd, &good, sizeof(good), MSG_NOSIGNAL) ==
+                             static_cast<ssize_t>(sizeof(good)) &&
+                         SeqRecv(fd, &ok, sizeof(ok)) == static_cast<ssize_t>(sizeof(ok)) &&
+                         ok.h.kind == TW_AUTH && ok.step == OTE_CTL_AUTH_OK;
+            }
+            close(fd);
+            return served;
+        },
+        std::chrono::seconds(30), std::chrono::milliseconds(50),
+        "the right key served once the back-off is over");
     EXPECT_TRUE(served);
     EXPECT_GE(ote_now_ns(), t0 + kBackoffNs); // not before the back-off ended
     EXPECT_EQ(ote_auth_failures(), fails + 5);

@@ -18,6 +18,7 @@
 #include "tests/engine/ctl_peer.h"
 #include "tests/engine/engine_util.h"
 #include "tests/engine/target.h"
+#include "tests/util/wait.h"
 #include "tests/util/test_base.h"
 
 extern "C" {
@@ -268,9 +269,9 @@ TEST_P(AuthTransportTest, KeyOnOneSideOnlyIsRefusedBothWays) {
     EXPECT_EQ(Open(open, keyed), OTE_ERR_AUTH);
     EXPECT_TRUE(LogContains("requires authentication and this engine has no key"));
     // The keyed source counts (and logs) it too, once it has read the refusal.
-    ote_deadline_t dl = ote_deadline_after(20000 * kMs);
-    while (ote_auth_failures() == fails && !ote_deadline_expired(dl)) usleep(1000);
-    EXPECT_GT(ote_auth_failures(), fails);
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return ote_auth_failures() > fails; },
+                                    std::chrono::seconds(20),
+                                    "the keyed source's refusal counted"));
     EXPECT_EQ(Open(keyed, open), OTE_ERR_AUTH);
     EXPECT_TRUE(LogContains("does not authenticate"));
     EXPECT_EQ(ote_engine_destroy(open), OTE_OK);

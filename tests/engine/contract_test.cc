@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
+#include "tests/engine/engine_util.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -165,10 +168,8 @@ TEST_P(ContractTest, RequestersOwnRegistrationIsBusyWhileARequestUsesIt) {
         ASSERT_NE(b, nullptr);
         EXPECT_EQ(ote_memory_unregister(engine_, reg), OTE_ERR_BUSY);
         ASSERT_TRUE(target_.Cont());
-        ote_status_t st = OTE_ERR_BUSY;
-        for (int i = 0; i < 1200 && st == OTE_ERR_BUSY; i++)
-            st = ote_memory_unregister(engine_, reg); // 100 ms each at most
-        EXPECT_EQ(st, OTE_OK);
+        // Each ask waits up to OTE_UNREGISTER_WAIT_MS (100 ms) itself; 1200 asks before.
+        EXPECT_EQ(ote_test::UnregisterWhenFree(engine_, reg, std::chrono::seconds(120)), OTE_OK);
         for (size_t i = 0; i < 2; i++) {
             ote_transfer_status_t ts;
             ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
@@ -188,11 +189,11 @@ TEST_P(ContractTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
     ote_batch_t *b = Submit(OTE_WRITE, src.data(), len, kN, 16);
     ASSERT_NE(b, nullptr);
     // Let the first request finish (data is moving), then kill the target.
-    ote_deadline_t dl = ote_deadline_after(20 * kSec);
     ote_transfer_status_t ts{};
-    while (ote_batch_status(b, 0, &ts) == OTE_OK && ts.state == OTE_TRANSFER_PENDING &&
-           !ote_deadline_expired(dl))
-        usleep(200);
+    // Silent: past 20 s the kill comes anyway, with the first request still moving.
+    ote_test::PollUntil(
+        [&] { return ote_batch_status(b, 0, &ts) != OTE_OK || ts.state != OTE_TRANSFER_PENDING; },
+        std::chrono::seconds(20));
     target_.Kill();
     uint64_t t0 = ote_now_ns();
     ote_status_t st = ote_batch_wait(b, 60 * kSec);
@@ -286,12 +287,12 @@ TEST_P(ContractTest, CanceledRequestsLeaveNothingPinnedAtTheSource) {
         EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
         // Every request has ended here: the source must let the range go.
         uint64_t t0 = ote_now_ns();
-        std::string st;
-        ote_deadline_t dl = ote_deadline_after(20 * kSec);
-        while ((st = target_.Command("unreg rw")) != "ST 0" && !ote_deadline_expired(dl))
-            usleep(1000);
+        EXPECT_TRUE(ote_test::WaitUntil([&] { return target_.Command("unreg rw") == "ST 0"; },
+                                        std::chrono::seconds(20),
+                                        "the target's rw to unregister: no canceled request "
+                                        "pinned"))
+            << "round " << round;
         uint64_t took = ote_now_ns() - t0;
-        EXPECT_EQ(st, "ST 0") << "round " << round << ": a canceled request stayed pinned";
         std::printf("[ figures ] %s: cancel round %d: range free %.1f ms after the batch ended\n",
                     Tp(), round, took / 1e6);
         ASSERT_EQ(target_.Command("rereg rw"), "ST 0");
@@ -327,10 +328,7 @@ TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
     EXPECT_EQ(st0, OTE_ERR_BUSY) << "nothing was pinned";
     target_.Kill();
     uint64_t t0 = ote_now_ns();
-    ote_status_t st = OTE_ERR_BUSY;
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while ((st = ote_memory_unregister(engine_, mem)) == OTE_ERR_BUSY && !ote_deadline_expired(dl))
-        usleep(1000);
+    ote_status_t st = ote_test::UnregisterWhenFree(engine_, mem, std::chrono::seconds(60));
     uint64_t took = ote_now_ns() - t0;
     EXPECT_EQ(st, OTE_OK);
     std::printf(

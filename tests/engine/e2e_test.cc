@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -211,16 +212,16 @@ TEST_F(E2eCancelTest, CancelQueuedAndInFlightTouchesNothingOutside) {
     ote_segment_info_t si;
     ASSERT_EQ(ote_segment_info(seg_, &si), OTE_OK);
     if (strcmp(si.transport, "tcp") == 0) {
-        int seen = 0;
-        for (uint64_t t0 = ote_now_ns(); seen == 0 && ote_now_ns() - t0 < 10 * kSec;) {
-            for (int i = 0; i < kN; i++) {
-                ote_transfer_status_t ts;
-                ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
-                if (ts.state == OTE_TRANSFER_CANCELED) seen++;
-            }
-            if (seen == 0) usleep(1000);
-        }
-        EXPECT_GT(seen, 0) << "no queued slice was dropped while the target was stopped";
+        EXPECT_TRUE(ote_test::WaitUntil(
+            [&] {
+                for (int i = 0; i < kN; i++) {
+                    ote_transfer_status_t ts{};
+                    EXPECT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+                    if (ts.state == OTE_TRANSFER_CANCELED) return true;
+                }
+                return false;
+            },
+            std::chrono::seconds(10), "a queued slice dropped while the target was stopped"));
     }
     ASSERT_TRUE(target_.Cont());
     ote_status_t st = ote_batch_wait(b, 30 * kSec);

@@ -20,6 +20,7 @@
 
 #include "tests/engine/native_counter.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/retained.h"
@@ -317,10 +318,8 @@ class EngineDestroyStuckTest : public EngineDestroyTest {
 TEST_F(EngineDestroyStuckTest, StuckControlThreadKeepsTheEngineUntilItEnds) {
     ns_->hold_next_create = true;
     Submit();
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while (!ns_->holding.load() && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_TRUE(ns_->holding.load()) << "the source's CONNECT reached create_qp";
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return ns_->holding.load(); }, std::chrono::seconds(60),
+                                    "the source's CONNECT to reach create_qp"));
     {
         ote_test::ErrorLogsExpected stuck_logs;
         EXPECT_EQ(ote_engine_destroy(src_), OTE_ERR_RETAINED);
@@ -381,11 +380,12 @@ TEST_P(EngineDestroyLiveGrantTest, DestroyRevokesALiveGrantAtOnce) {
     const std::vector<uint8_t> mem0 = mem_, out0 = out_;
     ASSERT_EQ(ote_verbs_fault_delay(vr, OTE_VERBS_FAULT_OP_POST_SEND, 120000), OTE_OK);
     Submit(c.op);
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while ((SourceGrants().live_source == 0 ||
-            ote_verbs_fault_injected(vr, OTE_VERBS_FAULT_OP_POST_SEND) == 0) &&
-           !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ote_test::WaitUntil(
+        [&] {
+            return SourceGrants().live_source > 0 &&
+                   ote_verbs_fault_injected(vr, OTE_VERBS_FAULT_OP_POST_SEND) > 0;
+        },
+        std::chrono::seconds(60), "a live source grant and the requester stalled at its post");
     ASSERT_GE(SourceGrants().live_source, 1u) << "the source served the grant";
     ASSERT_GE(ote_verbs_fault_injected(vr, OTE_VERBS_FAULT_OP_POST_SEND), 1u)
         << "the requester holds the key, stalled at its first post";

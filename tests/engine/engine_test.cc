@@ -20,6 +20,7 @@
 #include "tests/engine/ctl_peer.h"
 #include "tests/engine/engine_util.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/alloc.h"
@@ -150,18 +151,18 @@ TEST_F(EngineTest, CancelDropsQueuedRequestsPromptly) {
     EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
     // Queued requests end CANCELED, not at the 6 s deadline (a request that waited for
     // its deadline would end TIMEOUT instead). Looked at least once, for at most 5 s.
-    ote_deadline_t dl = ote_deadline_after(5000 * kMs);
     int canceled = 0;
-    for (;;) {
-        canceled = 0;
-        for (int i = 0; i < kN; i++) {
-            ote_transfer_status_t ts;
-            ASSERT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
-            canceled += ts.state == OTE_TRANSFER_CANCELED;
-        }
-        if (canceled > kN / 2 || ote_deadline_expired(dl)) break;
-        std::this_thread::yield();
-    }
+    ote_test::WaitUntil(
+        [&] {
+            canceled = 0;
+            for (int i = 0; i < kN; i++) {
+                ote_transfer_status_t ts{};
+                EXPECT_EQ(ote_batch_status(b, i, &ts), OTE_OK);
+                canceled += ts.state == OTE_TRANSFER_CANCELED;
+            }
+            return canceled > kN / 2;
+        },
+        std::chrono::seconds(5), "more than half of the requests CANCELED");
     EXPECT_GT(canceled, kN / 2);
     // Those on the wire end at the deadline (TIMEOUT) or canceled.
     ote_status_t st = ote_batch_wait(b, 60000 * kMs);

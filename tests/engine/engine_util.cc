@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "tests/util/wait.h"
+
 namespace ote_test {
 
 std::vector<std::string> KernelVerbsDevices() {
@@ -55,6 +57,17 @@ std::string EngineAddress(ote_engine_t *e) {
     char buf[300] = {0};
     EXPECT_EQ(ote_engine_address(e, buf, sizeof(buf)), OTE_OK);
     return buf;
+}
+
+ote_status_t UnregisterWhenFree(ote_engine_t *e, void *addr, std::chrono::nanoseconds timeout) {
+    ote_status_t st = OTE_ERR_BUSY;
+    WaitUntil(
+        [&] {
+            st = ote_memory_unregister(e, addr);
+            return ote_status_code(st) != OTE_ERR_BUSY;
+        },
+        timeout, "ote_memory_unregister to answer other than BUSY");
+    return st;
 }
 
 ote_status_t RunOne(ote_engine_t *e, const ote_request_t &r, uint64_t wait_ns,

@@ -3,6 +3,7 @@
 #ifndef OTE_TESTS_ENGINE_ENGINE_UTIL_H
 #define OTE_TESTS_ENGINE_ENGINE_UTIL_H
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -43,6 +44,12 @@ std::string EngineAddress(ote_engine_t *e);
 // status. The request's own status goes to ts when given.
 ote_status_t RunOne(ote_engine_t *e, const ote_request_t &r, uint64_t wait_ns,
                     ote_transfer_status_t *ts = nullptr);
+
+// ote_memory_unregister(e, addr), asked again while it answers BUSY (a grant, a pin or a
+// receipt still on its way in) for up to timeout (ote_test::WaitUntil: a failure names
+// the wait when it stays BUSY); the last status.
+ote_status_t UnregisterWhenFree(ote_engine_t *e, void *addr,
+                                std::chrono::nanoseconds timeout = std::chrono::seconds(30));
 
 } // namespace ote_test
 

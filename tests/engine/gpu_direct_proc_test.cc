@@ -9,6 +9,7 @@
 // OTE_ERR_PEER_LOST well within its deadline, and a new target serves the same way.
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "tests/engine/gpu_fixture.h"
 #include "tests/engine/native_counter.h"
 #include "tests/engine/target.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "engine/rdma/test_hook.h"
@@ -204,16 +206,19 @@ TEST_F(GpuDirectProcTest, SourceKilledMidTransferPeerLostAndANewSourceWorks) {
         // Until the target serves it by an exact MR (a direct grant live there); the
         // requester's held post then waits (its engine is not asked meanwhile: the post
         // holds its locks).
-        bool live = false;
-        for (int i = 0; i < 3000 && !live; i++) {
-            unsigned long long mrs = 0, served = 0, redirects = 0;
-            std::string g = t.Command("grants");
-            ASSERT_EQ(sscanf(g.c_str(), "GRANTS %llu %llu %llu", &mrs, &served, &redirects), 3)
-                << g;
-            live = mrs > 0;
-            if (!live) usleep(10 * 1000);
-        }
-        ASSERT_TRUE(live) << "no direct grant went live at the target";
+        bool bad_reply = false;
+        ASSERT_TRUE(ote_test::WaitUntil(
+            [&] {
+                unsigned long long mrs = 0, served = 0, redirects = 0;
+                std::string g = t.Command("grants");
+                if (sscanf(g.c_str(), "GRANTS %llu %llu %llu", &mrs, &served, &redirects) != 3) {
+                    ADD_FAILURE() << "the target answered " << g;
+                    bad_reply = true;
+                }
+                return bad_reply || mrs > 0;
+            },
+            std::chrono::seconds(30), "a direct grant live at the target"));
+        ASSERT_FALSE(bad_reply);
         // The target stopped, the held posts go on (to a peer that no longer answers),
         // then it dies with them in flight.
         ASSERT_TRUE(t.Stop());

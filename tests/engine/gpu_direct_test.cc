@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <memory>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include "tests/engine/gpu_fixture.h"
 #include "tests/engine/native_counter.h"
 #include "tests/engine/pattern.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/fault.h"
@@ -41,6 +43,7 @@ namespace {
 using ote_gpu_test::RdmaGpuEngine;
 using ote_test::kSec;
 using ote_test::NativeCounter;
+using ote_test::WaitUntil;
 
 std::vector<ote_verbs_t *> *g_wrapped = nullptr;
 std::vector<std::unique_ptr<NativeCounter>> *g_owned = nullptr;
@@ -331,12 +334,7 @@ TEST_F(GpuDirectTest, RemoteDeviceMemoryWithoutDmabufIsStagedOrRefused) {
         EXPECT_EQ(ote_memory_unregister(req, reinterpret_cast<void *>(ld)), OTE_OK);
         EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
         // The source's last receipt may still be on its way in: BUSY until it lands.
-        ote_status_t ust = OTE_ERR_BUSY;
-        for (int i = 0; i < 3000 && ote_status_code(ust) == OTE_ERR_BUSY; i++) {
-            ust = ote_memory_unregister(src, reinterpret_cast<void *>(rd));
-            if (ote_status_code(ust) == OTE_ERR_BUSY) usleep(10 * 1000);
-        }
-        EXPECT_EQ(ust, OTE_OK);
+        EXPECT_EQ(ote_test::UnregisterWhenFree(src, reinterpret_cast<void *>(rd)), OTE_OK);
         EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
     }
 }
@@ -368,13 +366,13 @@ class GpuDirectSourceTest : public GpuDirectTest {
     // Until the source holds no exact MR, private PD or direct QP (its monitor reclaims
     // a gone requester's endpoints), within a generous bound.
     static bool WaitDirectIdle(ote_engine_t *src) {
-        for (int i = 0; i < 3000; i++) {
-            ote__rdma_test_grants_t g = Grants(src);
-            if (g.direct_mrs == 0 && g.direct_pds == 0 && g.direct_qps == 0 && g.live_source == 0)
-                return true;
-            usleep(10 * 1000);
-        }
-        return false;
+        return WaitUntil(
+            [&] {
+                ote__rdma_test_grants_t g = Grants(src);
+                return g.direct_mrs == 0 && g.direct_pds == 0 && g.direct_qps == 0 &&
+                       g.live_source == 0;
+            },
+            std::chrono::seconds(30), "no exact MR, private PD, direct QP or live grant");
     }
     // The requester's segment closed, its device buffer ld unregistered and its engine
     // destroyed; then, once the source holds no direct resource for it, the source's
@@ -565,24 +563,15 @@ TEST_F(GpuDirectSourceTest, UnregisterWhileAGrantIsLiveIsBusyThenOk) {
     ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
     ote_request_t r = {OTE_READ, host.data(), seg, rd + 3, n};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-    bool live = false;
-    for (int i = 0; i < 3000 && !live; i++) {
-        live = Grants(src).direct_mrs > 0;
-        if (!live) usleep(10 * 1000);
-    }
-    ASSERT_TRUE(live) << "no grant went live";
+    ASSERT_TRUE(WaitUntil([&] { return Grants(src).direct_mrs > 0; }, std::chrono::seconds(30),
+                          "a direct grant live"));
     EXPECT_EQ(ote_memory_unregister(src, reinterpret_cast<void *>(rd)), OTE_ERR_BUSY);
     ASSERT_EQ(ote_verbs_fault_delay(wrapped[0], OTE_VERBS_FAULT_OP_POST_SEND, 0), OTE_OK);
     ASSERT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
     std::vector<uint8_t> want = DevRead(rd + 3, n);
     EXPECT_TRUE(want == host);
     // The grant ends at the source when it takes the receipt: then the range is free.
-    ote_status_t st = OTE_ERR_BUSY;
-    for (int i = 0; i < 3000 && st == OTE_ERR_BUSY; i++) {
-        st = ote_memory_unregister(src, reinterpret_cast<void *>(rd));
-        if (st == OTE_ERR_BUSY) usleep(10 * 1000);
-    }
-    EXPECT_EQ(st, OTE_OK);
+    EXPECT_EQ(ote_test::UnregisterWhenFree(src, reinterpret_cast<void *>(rd)), OTE_OK);
     EXPECT_EQ(Grants(src).direct_mrs, 0u);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
@@ -663,12 +652,9 @@ TEST_F(GpuDirectSourceTest, FailedExactMrDeregIsRetainedAndDestroyRetries) {
                   OTE_OK);
         ASSERT_EQ(ote_test::RunOne(req, r, 60 * kSec), OTE_OK);
         EXPECT_TRUE(host == DevRead(rd + 2, n));
-        bool retained = false;
-        for (int i = 0; i < 3000 && !retained; i++) {
-            retained = Grants(src).direct_retained >= 1;
-            if (!retained) usleep(10 * 1000);
-        }
-        EXPECT_TRUE(retained) << "the failed dereg of the exact MR was not retained";
+        EXPECT_TRUE(WaitUntil([&] { return Grants(src).direct_retained >= 1; },
+                              std::chrono::seconds(30),
+                              "the exact MR whose dereg failed counted retained"));
         EXPECT_EQ(ote_segment_close(seg), OTE_OK);
         EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
         EXPECT_EQ(ote_engine_destroy(src), OTE_ERR_RETAINED);

@@ -1,7 +1,11 @@
 // tests/engine/gpu_fixture.cc - see gpu_fixture.h.
 #include "tests/engine/gpu_fixture.h"
 
+#include <chrono>
 #include <cstdio>
+#include <sstream>
+
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "tests/engine/pattern.h"
@@ -41,6 +45,53 @@ ote_engine_t *RdmaGpuEngine(const char *gpu_paths, const ote_test::ConfigKv &kv,
 bool StartGpuTarget(ote_test::Target &t, uint64_t len, const std::vector<std::string> &env) {
     t.binary = "ote_gpu_target";
     return t.Start(len, "127.0.0.1:0", env);
+}
+
+CopyGate TargetGate(ote_test::Target &t) {
+    CopyGate g;
+    g.hold = [&t](unsigned pass) { EXPECT_EQ(t.Command("hold " + std::to_string(pass)), "OK"); };
+    g.held = [&t]() -> uint64_t {
+        std::istringstream in(t.Command("held"));
+        std::string word;
+        uint64_t now = 0, total = 0;
+        in >> word >> now >> total;
+        EXPECT_EQ(word, "HELD");
+        return now;
+    };
+    g.release = [&t] { EXPECT_EQ(t.Command("release"), "OK"); };
+    return g;
+}
+
+CopyGate GpuTest::LocalGate() {
+    CopyGate g;
+    g.hold = [this](unsigned pass) { fake_.hold_copies(pass); };
+    g.held = [this] { return Counters().copies_held; };
+    g.release = [this] { fake_.release_copies(); };
+    return g;
+}
+
+ote_transfer_status_t GpuTest::CancelWhileCopyHeld(ote_engine_t *e, const ote_request_t &r,
+                                                   const CopyGate &gate, unsigned pass) {
+    ote_transfer_status_t ts{};
+    ts.state = OTE_TRANSFER_FAILED;
+    ote_batch_t *b = nullptr;
+    EXPECT_EQ(ote_batch_create(e, 1, &b), OTE_OK);
+    if (b == nullptr) return ts;
+    gate.hold(pass);
+    EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    const bool held = ote_test::WaitUntil([&] { return gate.held() > 0; }, std::chrono::seconds(60),
+                                          "a copy held at the gate");
+    EXPECT_EQ(ote_batch_cancel(b), OTE_OK);
+    gate.release();
+    ote_status_t st = ote_batch_wait(b, 120 * ote_test::kSec);
+    EXPECT_NE(st, OTE_ERR_TIMEOUT) << "the canceled request did not end";
+    EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+    if (!held) ts.state = OTE_TRANSFER_FAILED;
+    EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << ote_status_str(ts.error);
+    EXPECT_EQ(ts.error, OTE_ERR_CANCELED);
+    EXPECT_LT(ts.bytes_done, r.length);
+    return ts;
 }
 
 void GpuTest::SetUp() {

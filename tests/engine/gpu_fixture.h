@@ -8,6 +8,7 @@
 #define OTE_TESTS_ENGINE_GPU_FIXTURE_H
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,16 @@ ote_engine_t *RdmaGpuEngine(const char *gpu_paths = nullptr, const ote_test::Con
 // the extra environment env ("KEY=VALUE"); false when it did not say READY.
 bool StartGpuTarget(ote_test::Target &t, uint64_t len, const std::vector<std::string> &env);
 
+// Where a cancel test holds copies at the fake's copy gate (fake_cuda_hold_copies): in
+// this process, or in an ote_gpu_target child through its hold/held/release commands.
+struct CopyGate {
+    std::function<void(unsigned pass)> hold;
+    std::function<uint64_t()> held; // copies waiting at the gate now
+    std::function<void()> release;
+};
+// The gate of ote_gpu_target t.
+CopyGate TargetGate(ote_test::Target &t);
+
 // The fake libcuda loaded (else the case skips) and device 0 open; device memory through
 // the driver.
 class GpuTest : public ote_cuda_test::CudaTest {
@@ -56,6 +67,18 @@ class GpuTest : public ote_cuda_test::CudaTest {
     static void OpenSegment(ote_engine_t *e, const std::string &addr, ote_segment_t **seg);
     // ... to the engine peer's listen address.
     static void OpenSegment(ote_engine_t *e, ote_engine_t *peer, ote_segment_t **seg);
+
+    // The copy gate of this process's fake driver.
+    CopyGate LocalGate();
+    // Cancel in the middle of a transfer, proven: closes gate (`pass` copies run, later ones
+    // wait), submits r on a new batch of e, waits until a copy is held (the request cannot
+    // have finished: its bytes are not all moved), cancels, opens the gate and waits for
+    // the end, which must be CANCELED (OTE_ERR_CANCELED) with fewer bytes done than asked
+    // (ote_batch_cancel's documented outcome for a request not all on the wire). Returns
+    // the request's final status (state FAILED, and a failure, when no copy was held in
+    // time); the batch is destroyed.
+    ote_transfer_status_t CancelWhileCopyHeld(ote_engine_t *e, const ote_request_t &r,
+                                              const CopyGate &gate, unsigned pass);
 
     std::vector<ote_cuda_alloc_t *> allocs_;
 };

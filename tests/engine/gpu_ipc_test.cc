@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "tests/engine/gpu_fixture.h"
 #include "tests/engine/pattern.h"
 #include "tests/engine/target.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "cuda/memory/memory.h"
@@ -39,6 +41,10 @@ using ote_gpu_test::PatternHash;
 using ote_gpu_test::StartGpuTarget;
 using ote_test::kSec;
 using ote_test::Target;
+using ote_test::WaitUntil;
+
+// Generous for waits that must succeed (a loaded 2-core machine).
+constexpr std::chrono::seconds kWait{30};
 
 constexpr int kCudaErrorUnknown = 999;
 constexpr int kCudaErrorNotReady = 600;
@@ -139,16 +145,6 @@ class GpuIpcTest : public ote_gpu_test::GpuTest {
                              : ote_hash(reinterpret_cast<uint8_t *>(lbase) + loff, len);
             EXPECT_EQ(h, PatternHash(seed, roff, len));
         }
-    }
-
-    // Waits (generously) until pred() holds; false when it never did.
-    template <typename F>
-    bool Eventually(F pred) {
-        for (int i = 0; i < 3000; i++) {
-            if (pred()) return true;
-            usleep(10 * 1000);
-        }
-        return pred();
     }
 
     // Open fds of this process, or of process pid.
@@ -422,16 +418,18 @@ TEST_F(GpuIpcTest, UnregisterWhileImportHeld) {
     ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
     ASSERT_EQ(t.Command("fill dev 61"), "OK");
     ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
-    ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+    ASSERT_TRUE(
+        WaitUntil([&] { return Stats().ipc_in_use_now == 1; }, kWait, "an IPC copy in flight"));
     EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
     fake_.clear_faults();
     ASSERT_EQ(ote_batch_wait(b, 60 * kSec), OTE_OK);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     EXPECT_EQ(DevHash(ldev, 65536), PatternHash(61, 0, 65536));
     // The pin goes with the requester's IPC_DONE, a moment after the completion.
-    ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
-    ASSERT_TRUE(
-        Eventually([&] { return Stats().ipc_closed >= 1 && Stats().ipc_imports_now == 0; }));
+    ASSERT_TRUE(WaitUntil([&] { return t.Command("unreg dev") == "ST 0"; }, kWait,
+                          "the target's dev buffer to unregister (its pin gone)"));
+    ASSERT_TRUE(WaitUntil([&] { return Stats().ipc_closed >= 1 && Stats().ipc_imports_now == 0; },
+                          kWait, "the import closed"));
     ote_transfer_status_t ts{};
     EXPECT_NE(Run(OTE_READ, ldev, t.rw, 64, &ts), OTE_OK); // unregistered: refused
     EXPECT_EQ(ts.error, OTE_ERR_ACCESS);
@@ -472,12 +470,14 @@ TEST_F(GpuIpcTest, DriverFaultFailsRequestCleanly) {
         fake_.clear_faults();
         EXPECT_GT(Stats().ipc_failed, s0.ipc_failed);
         // The source's pin went: unregister succeeds (and re-register).
-        ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+        ASSERT_TRUE(WaitUntil([&] { return t.Command("unreg dev") == "ST 0"; }, kWait,
+                              "the target's dev buffer to unregister (its pin gone)"));
         ASSERT_EQ(t.Command("reg dev"), "ST 0");
         MoveAndCheck(t, c.dev, lbase, c.op, 1, 5, 77777, seed++);
     }
     // Work retained after an unknown outcome was reclaimed by later copies.
-    ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
+    ASSERT_TRUE(
+        WaitUntil([&] { return Stats().ipc_in_use_now == 0; }, kWait, "no IPC copy in use"));
     CloseSeg();
     EXPECT_EQ(t.Quit(), 0);
 }
@@ -536,8 +536,10 @@ TEST_F(GpuIpcTest, UnknownOutcomeKeepsPinUntilProven) {
             EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
             // The fake lets the copy finish: proven complete, the pin and the mapping go.
             fake_.clear_faults();
-            ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
-            EXPECT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 0; }));
+            ASSERT_TRUE(WaitUntil([&] { return t.Command("unreg dev") == "ST 0"; }, kWait,
+                                  "the target's dev buffer to unregister (its pin gone)"));
+            EXPECT_TRUE(WaitUntil([&] { return Stats().ipc_in_use_now == 0; }, kWait,
+                                  "no IPC copy in use"));
             ASSERT_EQ(t.Command("reg dev"), "ST 0");
             MoveAndCheck(t, c.dev, lbase, c.op, 1, 5, 77777, seed++);
         }
@@ -571,14 +573,17 @@ TEST_F(GpuIpcTest, ExporterKilledWithCopyOfUnknownOutcome) {
             // import's close is counted, so the scope waits for that line too.
             ote_test::ErrorLogsExpected guard;
             t.Kill();
-            ASSERT_TRUE(Eventually([&] { return Stats().ipc_closed >= 1 && guard.Seen() >= 1; }));
+            ASSERT_TRUE(WaitUntil([&] { return Stats().ipc_closed >= 1 && guard.Seen() >= 1; },
+                                  kWait, "the import closed and the ERROR line"));
             EXPECT_EQ(Stats().ipc_in_use_now, 1u); // still unproven: kept
         }
         fake_.clear_faults();
-        ASSERT_TRUE(Eventually([&] {
-            ote_gpu_stats_t s = Stats();
-            return s.ipc_in_use_now == 0 && s.ipc_imports_now == 0;
-        }));
+        ASSERT_TRUE(WaitUntil(
+            [&] {
+                ote_gpu_stats_t s = Stats();
+                return s.ipc_in_use_now == 0 && s.ipc_imports_now == 0;
+            },
+            kWait, "no IPC copy in use and no import mapped"));
         CloseSeg();
     }
     Target t2;
@@ -597,14 +602,16 @@ TEST_F(GpuIpcTest, ImportFailureFailsRequestCleanly) {
     MoveAndCheck(t, true, ldev, OTE_READ, 0, 0, 4096, 90);
     ASSERT_EQ(t.Command("unreg dev"), "ST 0");
     ASSERT_EQ(t.Command("reg dev"), "ST 0");
-    ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; })); // the receipt
+    ASSERT_TRUE(WaitUntil([&] { return Stats().ipc_imports_now == 0; }, kWait,
+                          "no import mapped")); // the receipt
     fake_.fail("cuIpcOpenMemHandle", 1, 1, kCudaErrorUnknown);
     ote_transfer_status_t ts{};
     EXPECT_NE(Run(OTE_WRITE, ldev, t.rw, 4096, &ts), OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
     fake_.clear_faults();
     EXPECT_EQ(Stats().ipc_imports_now, 0u);
-    ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+    ASSERT_TRUE(WaitUntil([&] { return t.Command("unreg dev") == "ST 0"; }, kWait,
+                          "the target's dev buffer to unregister (its pin gone)"));
     ASSERT_EQ(t.Command("reg dev"), "ST 0");
     MoveAndCheck(t, true, ldev, OTE_WRITE, 2, 9, 33333, 91);
     EXPECT_EQ(Stats().ipc_imports, 2u);
@@ -624,7 +631,8 @@ TEST_F(GpuIpcTest, ExporterKilledMidCopy) {
         ote_batch_t *b = nullptr;
         ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
         ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
-        ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+        ASSERT_TRUE(
+            WaitUntil([&] { return Stats().ipc_in_use_now == 1; }, kWait, "an IPC copy in flight"));
         t.Kill();
         // The connection's end is seen at once; the copy ends when the driver says so.
         fake_.clear_faults();
@@ -634,7 +642,8 @@ TEST_F(GpuIpcTest, ExporterKilledMidCopy) {
         EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
         EXPECT_EQ(ts.error, OTE_ERR_PEER_LOST);
         EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+        ASSERT_TRUE(
+            WaitUntil([&] { return Stats().ipc_imports_now == 0; }, kWait, "no import mapped"));
         EXPECT_GE(Stats().ipc_closed, 1u);
         CloseSeg();
     }
@@ -688,8 +697,11 @@ TEST_F(GpuIpcTest, VmmMovesByIpcInBothModes) {
         // Every fd received was closed, and every fd sent (waited for: another thread of
         // either process may hold a short-lived fd of its own at the moment of counting;
         // a leak stays and fails).
-        EXPECT_TRUE(Eventually([&] { return OpenFds() == fds; })) << OpenFds() << " vs " << fds;
-        EXPECT_TRUE(Eventually([&] { return OpenFds(t.pid) == tfds; }))
+        EXPECT_TRUE(
+            WaitUntil([&] { return OpenFds() == fds; }, kWait, "this process's fd count back"))
+            << OpenFds() << " vs " << fds;
+        EXPECT_TRUE(
+            WaitUntil([&] { return OpenFds(t.pid) == tfds; }, kWait, "the target's fd count back"))
             << OpenFds(t.pid) << " vs " << tfds;
         CloseSeg();
         EXPECT_EQ(t.Quit(), 0);
@@ -763,14 +775,16 @@ TEST_F(GpuIpcTest, UnregisterWhileVmmImportHeld) {
     ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
     ASSERT_EQ(t.Command("fill dev 461"), "OK");
     ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
-    ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+    ASSERT_TRUE(
+        WaitUntil([&] { return Stats().ipc_in_use_now == 1; }, kWait, "an IPC copy in flight"));
     EXPECT_EQ(t.Command("unreg dev"), "ST " + Num(OTE_ERR_BUSY));
     fake_.clear_faults();
     ASSERT_EQ(ote_batch_wait(b, 60 * kSec), OTE_OK);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
     EXPECT_EQ(DevHash(ldev, 65536), PatternHash(461, 0, 65536));
-    ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
-    ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+    ASSERT_TRUE(WaitUntil([&] { return t.Command("unreg dev") == "ST 0"; }, kWait,
+                          "the target's dev buffer to unregister (its pin gone)"));
+    ASSERT_TRUE(WaitUntil([&] { return Stats().ipc_imports_now == 0; }, kWait, "no import mapped"));
     EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings);
     EXPECT_EQ(Counters().vmm_handles, c0.vmm_handles);
     ASSERT_EQ(t.Command("reg dev"), "ST 0");
@@ -797,7 +811,8 @@ TEST_F(GpuIpcTest, VmmImportFailureLeavesNothing) {
         // A close receipt first, so that the next request imports again.
         ASSERT_EQ(t.Command("unreg dev"), "ST 0");
         ASSERT_EQ(t.Command("reg dev"), "ST 0");
-        ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+        ASSERT_TRUE(
+            WaitUntil([&] { return Stats().ipc_imports_now == 0; }, kWait, "no import mapped"));
         const fake_cuda_counters_t c0 = Counters();
         const int fds = OpenFds();
         fake_.fail(entry, 1, 1, kCudaErrorUnknown);
@@ -811,7 +826,9 @@ TEST_F(GpuIpcTest, VmmImportFailureLeavesNothing) {
         EXPECT_EQ(c1.vmm_reservations, c0.vmm_reservations);
         EXPECT_EQ(c1.vmm_handles, c0.vmm_handles);
         // Waited for, as above: a leaked fd stays and fails.
-        EXPECT_TRUE(Eventually([&] { return OpenFds() == fds; })) << OpenFds() << " vs " << fds;
+        EXPECT_TRUE(
+            WaitUntil([&] { return OpenFds() == fds; }, kWait, "this process's fd count back"))
+            << OpenFds() << " vs " << fds;
         // The source holds one fd per cached VMM export (dropped by unregister), and no
         // more: the same count after the failed request as after a good one.
         // Waited for too (a short-lived fd of another thread there may be counted): the
@@ -823,12 +840,15 @@ TEST_F(GpuIpcTest, VmmImportFailureLeavesNothing) {
                 tfds_steady = std::min(tfds_steady, OpenFds(t.pid));
             }
         }
-        EXPECT_TRUE(Eventually([&] { return OpenFds(t.pid) == tfds_steady; }))
+        EXPECT_TRUE(WaitUntil([&] { return OpenFds(t.pid) == tfds_steady; }, kWait,
+                              "the target's fd count back to its steady count"))
             << OpenFds(t.pid) << " vs " << tfds_steady;
-        ASSERT_TRUE(Eventually([&] { return t.Command("unreg dev") == "ST 0"; }));
+        ASSERT_TRUE(WaitUntil([&] { return t.Command("unreg dev") == "ST 0"; }, kWait,
+                              "the target's dev buffer to unregister (its pin gone)"));
         ASSERT_EQ(t.Command("reg dev"), "ST 0");
         MoveAndCheck(t, true, ldev, OTE_WRITE, 2, 9, 33333, seed++);
-        EXPECT_TRUE(Eventually([&] { return OpenFds(t.pid) == tfds_steady; }))
+        EXPECT_TRUE(WaitUntil([&] { return OpenFds(t.pid) == tfds_steady; }, kWait,
+                              "the target's fd count back to its steady count"))
             << OpenFds(t.pid) << " vs " << tfds_steady;
     }
     CloseSeg();
@@ -850,7 +870,8 @@ TEST_F(GpuIpcTest, ExporterKilledWithVmmImport) {
         ote_batch_t *b = nullptr;
         ASSERT_EQ(ote_batch_create(e_, 1, &b), OTE_OK);
         ASSERT_EQ(Submit(b, OTE_READ, ldev, t.rw, 65536), OTE_OK);
-        ASSERT_TRUE(Eventually([&] { return Stats().ipc_in_use_now == 1; }));
+        ASSERT_TRUE(
+            WaitUntil([&] { return Stats().ipc_in_use_now == 1; }, kWait, "an IPC copy in flight"));
         t.Kill();
         fake_.clear_faults();
         EXPECT_NE(ote_batch_wait(b, 60 * kSec), OTE_OK);
@@ -858,7 +879,8 @@ TEST_F(GpuIpcTest, ExporterKilledWithVmmImport) {
         EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
         EXPECT_EQ(ts.error, OTE_ERR_PEER_LOST);
         EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        ASSERT_TRUE(Eventually([&] { return Stats().ipc_imports_now == 0; }));
+        ASSERT_TRUE(
+            WaitUntil([&] { return Stats().ipc_imports_now == 0; }, kWait, "no import mapped"));
         EXPECT_EQ(Counters().vmm_mappings, c0.vmm_mappings);
         EXPECT_EQ(Counters().vmm_handles, c0.vmm_handles);
         CloseSeg();

@@ -190,13 +190,12 @@ class GpuPipelineTest : public ote_cuda_test::CudaTest {
     // Waits (generously) until nothing is parked or out of the pool.
     ote__gpu_stats_t Settled() {
         ote__gpu_stats_t s{};
-        ote_deadline_t dl = ote_cuda_test::LongDeadline();
-        do {
-            ote__gpu_stats(g_, &s);
-            if (s.parked == 0 && s.chunks_out == 0 && s.jobs_active == 0) break;
-            struct timespec ts = {0, 1000 * 1000};
-            nanosleep(&ts, nullptr);
-        } while (!ote_deadline_expired(dl));
+        ote_test::WaitUntil(
+            [&] {
+                ote__gpu_stats(g_, &s);
+                return s.parked == 0 && s.chunks_out == 0 && s.jobs_active == 0;
+            },
+            ote_cuda_test::kLongWait, "nothing parked, no chunk out, no job active");
         return s;
     }
     void ExpectEachEndedOnce(const Req &r) {

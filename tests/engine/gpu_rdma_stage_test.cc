@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "tests/engine/native_counter.h"
 #include "tests/engine/engine_util.h"
 #include "tests/engine/pattern.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/fault.h"
@@ -87,12 +89,7 @@ class GpuRdmaStageTest : public ote_gpu_test::GpuTest {
         req_ = nullptr;
         if (src_ != nullptr && rdev_ != 0) {
             // The source's last receipt may still be on its way in: BUSY until it lands.
-            ote_status_t st = OTE_ERR_BUSY;
-            for (int i = 0; i < 3000 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
-                st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
-                if (ote_status_code(st) == OTE_ERR_BUSY) usleep(10 * 1000);
-            }
-            EXPECT_EQ(st, OTE_OK);
+            EXPECT_EQ(UnregisterSourceRange(), OTE_OK);
         }
         rdev_ = 0;
         if (src_ != nullptr) {
@@ -122,6 +119,28 @@ class GpuRdmaStageTest : public ote_gpu_test::GpuTest {
         ote__rdma_test_grants_t g{};
         EXPECT_EQ(ote__rdma_test_grants(ote_test::EngineAddress(e).c_str(), &g), OTE_OK);
         return g;
+    }
+    // Until pred holds of the source's grant counters (generously); the last snapshot.
+    ote__rdma_test_grants_t WaitSourceGrants(
+        const std::function<bool(const ote__rdma_test_grants_t &)> &pred, const std::string &what) {
+        ote__rdma_test_grants_t g{};
+        ote_test::WaitUntil(
+            [&] {
+                g = Grants(src_);
+                return pred(g);
+            },
+            ote_cuda_test::kLongWait, what);
+        return g;
+    }
+    // Until the GPU worker has seen fault point `name` (a copy held running) at least once.
+    void WaitHit(const char *name) {
+        ote_test::WaitUntil([&] { return ote_fault_hits(name) > 0; }, ote_cuda_test::kLongWait,
+                            std::string("fault point ") + name + " hit");
+    }
+    // Unregisters the source's device range, asked again while BUSY (a receipt still on
+    // its way in) for up to 30 s; the last status.
+    ote_status_t UnregisterSourceRange() {
+        return ote_test::UnregisterWhenFree(src_, reinterpret_cast<void *>(rdev_));
     }
 
     ote_engine_t *src_ = nullptr, *req_ = nullptr;
@@ -255,9 +274,10 @@ TEST_F(GpuRdmaStageTest, CopyFaultMidPipelineFailsOneRequestOnly) {
     }
 }
 
-// Cancel while a cut READ or WRITE runs (the fake's copies slowed down): the request
-// ends CANCELED (or COMPLETED if it was all on its way), the bytes outside the range on
-// the side written are untouched (a READ leaves the source's device memory as it was),
+// Cancel while a cut READ or WRITE runs, proven: the source's copy for a later grant is
+// held at the fake's copy gate (two copies ran first) when the cancel comes; released,
+// the request ends CANCELED with fewer bytes done than asked, the bytes outside the range
+// on the side written are untouched (a READ leaves the source's device memory as it was),
 // and the next request works.
 TEST_F(GpuRdmaStageTest, CancelMidPipelineTouchesNothingOutside) {
     const uint64_t total = 4 << 20, guard = 4096, len = total - 2 * guard;
@@ -268,21 +288,8 @@ TEST_F(GpuRdmaStageTest, CancelMidPipelineTouchesNothingOutside) {
         SCOPED_TRACE(op == OTE_WRITE ? "WRITE" : "READ");
         DevFill(rdev_, total, 81);
         ote_pattern_fill(host.data(), total, 85, 0);
-        fake_.set_max_delay_us(3000);
-        ote_batch_t *b = nullptr;
-        ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
         ote_request_t r = {op, host.data() + guard, seg_, rdev_ + guard, len};
-        ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-        struct timespec ts0 = {0, 5 * 1000 * 1000};
-        nanosleep(&ts0, nullptr);
-        ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
-        ote_status_t st = ote_batch_wait(b, 120 * kSec);
-        ote_transfer_status_t ts{};
-        ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
-        EXPECT_TRUE(ts.state == OTE_TRANSFER_CANCELED || ts.state == OTE_TRANSFER_COMPLETED)
-            << ts.state << " " << ote_status_str(st);
-        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        fake_.set_max_delay_us(200);
+        CancelWhileCopyHeld(req_, r, LocalGate(), 2); // CANCELED, bytes_done < len
         EXPECT_EQ(ote_hash(host.data(), guard), PatternHash(85, 0, guard));
         EXPECT_EQ(ote_hash(host.data() + guard + len, guard), PatternHash(85, guard + len, guard));
         if (op == OTE_READ) {
@@ -396,8 +403,7 @@ TEST_F(GpuRdmaStageTest, ControlThreadServesOthersWhileACopyRuns) {
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     WaitCopies(this, 1);
     // Until the GPU worker has seen it running (held from then on).
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHold) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHold);
     ASSERT_GT(ote_fault_hits(kHold), 0u);
     ote_request_t h1 = {OTE_READ, host2.data(), seg_, reinterpret_cast<uintptr_t>(shost.data()),
                         cap};
@@ -451,13 +457,11 @@ TEST_F(GpuRdmaStageTest, AsyncCopyFaultFailsThatRequestAndReleasesAll) {
             EXPECT_GT(fake_.calls(entry), 0u);
             EXPECT_GE(SourceCopies() - c0, 1u);
             fake_.clear_faults();
-            ote_deadline_t dl = ote_cuda_test::LongDeadline();
-            g = Grants(src_);
-            while ((g.src_copies != 0 || g.live_source != 0 || g.sp_parents != 0) &&
-                   !ote_deadline_expired(dl)) {
-                usleep(1000);
-                g = Grants(src_);
-            }
+            g = WaitSourceGrants(
+                [](const ote__rdma_test_grants_t &x) {
+                    return x.src_copies == 0 && x.live_source == 0 && x.sp_parents == 0;
+                },
+                "no copy running, no grant live, no parent reservation");
         }
         EXPECT_EQ(g.src_copies, 0u);
         EXPECT_EQ(g.live_source, 0u);
@@ -526,12 +530,9 @@ TEST_F(GpuRdmaStageTest, RequesterGoneWithACopyRunning) {
     EXPECT_EQ(Grants(src_).src_copies, 1u); // still held
     EXPECT_EQ(ote_fault_disarm(kHold), OTE_OK);
     WaitCopies(this, 0);
-    ote__rdma_test_grants_t g = Grants(src_);
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while ((g.live_source != 0 || g.sp_parents != 0) && !ote_deadline_expired(dl)) {
-        usleep(1000);
-        g = Grants(src_);
-    }
+    ote__rdma_test_grants_t g = WaitSourceGrants(
+        [](const ote__rdma_test_grants_t &x) { return x.live_source == 0 && x.sp_parents == 0; },
+        "no grant live, no parent reservation");
     EXPECT_EQ(g.live_source, 0u);
     EXPECT_EQ(g.sp_parents, 0u);
     req_ = Engine(kSmall);
@@ -564,8 +565,7 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     ote_request_t r = {OTE_WRITE, host.data() + 1, seg_, rdev_ + 3, kChunk - 5};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     // Until the GPU worker has seen the copy back running (held from then on).
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHoldBack);
     ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
     EXPECT_EQ(SrcCopies(), 1u);
     ote_request_t h1 = {OTE_READ, host2.data(), seg_, reinterpret_cast<uintptr_t>(shost.data()),
@@ -579,11 +579,14 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     ote_transfer_status_t ts{};
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_NE(ts.state, OTE_TRANSFER_COMPLETED);
-    EXPECT_EQ(SrcCopies(), 1u);
+    // The GPU worker counts the staged READ's copy ended after it sent the answer, which
+    // can come after the READ completed here (it did, once, under load): waited for; the
+    // held copy back stays.
+    WaitCopies(this, 1);
     // The staged READ's bounce goes back when the source hears that the requester is done
     // with it, which can come after the READ completed here: only the held WRITE's stays.
-    dl = ote_cuda_test::LongDeadline();
-    while (Grants(src_).src_stages > 1 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitSourceGrants([](const ote__rdma_test_grants_t &x) { return x.src_stages <= 1; },
+                     "only the held WRITE's bounce left");
     EXPECT_EQ(Grants(src_).src_stages, 1u);
     ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
     EXPECT_EQ(ote_batch_wait(b, 120 * kSec), OTE_OK);
@@ -594,8 +597,8 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldDoesNotBlockOtherRequests) {
     EXPECT_EQ(DevHash(rdev_, 3), PatternHash(92, 0, 3));
     EXPECT_EQ(DevHash(rdev_ + kChunk - 2, 2), PatternHash(92, kChunk - 2, 2));
     WaitCopies(this, 0);
-    dl = ote_cuda_test::LongDeadline();
-    while (Grants(src_).src_stages != 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitSourceGrants([](const ote__rdma_test_grants_t &x) { return x.src_stages == 0; },
+                     "no bounce left at the source");
     EXPECT_EQ(Grants(src_).src_stages, 0u);
     EXPECT_EQ(ote_memory_unregister(src_, shost.data()), OTE_OK);
 }
@@ -616,13 +619,13 @@ TEST_F(GpuRdmaStageTest, CopyBackHeldKeepsTheRangeRegistered) {
     ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
     ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHoldBack);
     ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
     // The grant has ended (its copy back runs), so its unpin ran or is about to: asked five
     // times (each unregister waits up to OTE_UNREGISTER_WAIT_MS for the pins to drop), the
     // range stays registered while the copy back is held.
-    while (Grants(src_).live_source != 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitSourceGrants([](const ote__rdma_test_grants_t &x) { return x.live_source == 0; },
+                     "the WRITE's grant ended");
     ote_status_t st = OTE_ERR_BUSY;
     for (int i = 0; i < 5 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
         st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
@@ -674,8 +677,7 @@ TEST_F(GpuRdmaStageTest, CopyBackFaultFailsThatWriteAndReleasesAll) {
             ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
             ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
             if (query) {
-                ote_deadline_t dl = ote_cuda_test::LongDeadline();
-                while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+                WaitHit(kHoldBack);
                 ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
                 fake_.fail(entry, 1, 1, kCudaErrorInvalidValue);
                 ASSERT_EQ(ote_fault_disarm(kHoldBack), OTE_OK);
@@ -690,14 +692,12 @@ TEST_F(GpuRdmaStageTest, CopyBackFaultFailsThatWriteAndReleasesAll) {
             EXPECT_EQ(SourceCopies() - c0, 2u);
             EXPECT_GT(fake_.calls(entry), 0u);
             fake_.clear_faults();
-            ote_deadline_t dl = ote_cuda_test::LongDeadline();
-            g = Grants(src_);
-            while ((g.src_copies != 0 || g.src_stages != 0 || g.live_source != 0 ||
-                    g.sp_parents != 0) &&
-                   !ote_deadline_expired(dl)) {
-                usleep(1000);
-                g = Grants(src_);
-            }
+            g = WaitSourceGrants(
+                [](const ote__rdma_test_grants_t &x) {
+                    return x.src_copies == 0 && x.src_stages == 0 && x.live_source == 0 &&
+                           x.sp_parents == 0;
+                },
+                "no copy running, no bounce, no grant live, no parent reservation");
         }
         EXPECT_EQ(g.src_copies, 0u);
         EXPECT_EQ(g.src_stages, 0u);
@@ -728,8 +728,7 @@ TEST_F(GpuRdmaStageTest, SourceDestroyWithACopyBackRunning) {
     ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
     ote_request_t r = {OTE_WRITE, host.data(), seg_, rdev_, kChunk};
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (ote_fault_hits(kHoldBack) == 0 && !ote_deadline_expired(dl)) usleep(1000);
+    WaitHit(kHoldBack);
     ASSERT_GT(ote_fault_hits(kHoldBack), 0u);
     {
         // The held copy is given up at its deadline: parked, logged.
@@ -783,13 +782,11 @@ class GpuRdmaStageMrTest : public GpuRdmaStageTest {
     // Until the source holds no bounce (a grant ends on its receipt, after the
     // requester's request completed).
     void WaitSourceIdle() {
-        ote_deadline_t dl = ote_cuda_test::LongDeadline();
-        ote__rdma_test_grants_t g = Grants(src_);
-        while ((g.src_stages != 0 || g.src_copies != 0 || g.live_source != 0) &&
-               !ote_deadline_expired(dl)) {
-            usleep(1000);
-            g = Grants(src_);
-        }
+        ote__rdma_test_grants_t g = WaitSourceGrants(
+            [](const ote__rdma_test_grants_t &x) {
+                return x.src_stages == 0 && x.src_copies == 0 && x.live_source == 0;
+            },
+            "the source idle (no bounce, no copy, no grant live)");
         EXPECT_EQ(g.src_stages, 0u);
         EXPECT_EQ(g.live_source, 0u);
     }
@@ -896,12 +893,7 @@ TEST_F(GpuRdmaStageMrTest, ChunkMrDeregFailureAtDestroyRetains) {
     seg_ = nullptr;
     EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
     req_ = nullptr;
-    ote_status_t st = OTE_ERR_BUSY;
-    for (int i = 0; i < 3000 && ote_status_code(st) == OTE_ERR_BUSY; i++) {
-        st = ote_memory_unregister(src_, reinterpret_cast<void *>(rdev_));
-        if (ote_status_code(st) == OTE_ERR_BUSY) usleep(10 * 1000);
-    }
-    ASSERT_EQ(st, OTE_OK);
+    ASSERT_EQ(UnregisterSourceRange(), OTE_OK);
     rdev_ = 0;
     const uint64_t retained0 = ote_retained_total();
     const int64_t alive = ns_->bind_mrs.load();
@@ -923,9 +915,8 @@ TEST_F(GpuRdmaStageMrTest, ChunkMrDeregFailureAtDestroyRetains) {
 }
 
 void WaitCopies(GpuRdmaStageTest *t, uint64_t n) {
-    ote_deadline_t dl = ote_cuda_test::LongDeadline();
-    while (t->SrcCopies() != n && !ote_deadline_expired(dl)) usleep(1000);
-    EXPECT_EQ(t->SrcCopies(), n);
+    ote_test::WaitUntil([&] { return t->SrcCopies() == n; }, ote_cuda_test::kLongWait,
+                        std::to_string(n) + " source copies running");
 }
 
 } // namespace

@@ -731,9 +731,11 @@ TEST_P(GpuTransferTest, SourceDriverFaultFailsOneRequestOnly) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
-// Cancel while a staged request's pipeline runs (the fake's copies slowed down): the
-// request ends CANCELED (or COMPLETED if it was all on its way), bytes outside the range
-// are untouched on both sides, and the next request works.
+// Cancel in the middle of a staged request's pipeline, proven: a copy is held at the
+// fake's copy gate (two chunks' copies ran first) on one side, the requester's (this
+// process) or the target's, when the cancel comes; released, the request ends CANCELED
+// with fewer bytes done than asked, bytes outside the range are untouched on both sides,
+// and the next request works.
 TEST_P(GpuTransferTest, CancelMidPipelineTouchesNothingOutside) {
     const std::string tp = GetParam();
     Target t;
@@ -745,31 +747,29 @@ TEST_P(GpuTransferTest, CancelMidPipelineTouchesNothingOutside) {
     ASSERT_EQ(ote_segment_open(e, t.address.c_str(), &seg), OTE_OK);
     const uint64_t guard = 4096, len = (32 << 20) - 2 * guard;
     uint64_t d = DevAlloc(32 << 20);
-    for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
-        SCOPED_TRACE(op == OTE_WRITE ? "WRITE" : "READ");
+    const ote_gpu_test::CopyGate local = LocalGate(), remote = ote_gpu_test::TargetGate(t);
+    for (int i = 0; i < 4; i++) {
+        const ote_opcode_t op = i < 2 ? OTE_READ : OTE_WRITE;
+        const bool at_target = (i & 1) != 0;
+        SCOPED_TRACE(std::string(op == OTE_WRITE ? "WRITE" : "READ") +
+                     (at_target ? ", the target's copy held" : ", this process's copy held"));
         DevFill(d, 32 << 20, 11);
         ASSERT_EQ(t.Command("fill dev 12"), "OK");
-        fake_.set_max_delay_us(3000);
-        ote_batch_t *b = nullptr;
-        ASSERT_EQ(ote_batch_create(e, 1, &b), OTE_OK);
         ote_request_t r = {op, reinterpret_cast<void *>(d + guard), seg, t.rw + guard, len};
-        ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-        struct timespec ts0 = {0, 5 * 1000 * 1000};
-        nanosleep(&ts0, nullptr);
-        ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
-        ote_status_t st = ote_batch_wait(b, 120 * kSec);
-        ote_transfer_status_t ts{};
-        ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
-        EXPECT_TRUE(ts.state == OTE_TRANSFER_CANCELED || ts.state == OTE_TRANSFER_COMPLETED)
-            << ts.state << " " << ote_status_str(st);
-        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        fake_.set_max_delay_us(200);
+        CancelWhileCopyHeld(e, r, at_target ? remote : local, 2); // CANCELED, bytes_done < len
         // Guards on both sides.
         EXPECT_EQ(DevHash(d, guard), PatternHash(11, 0, guard));
         EXPECT_EQ(DevHash(d + guard + len, guard), PatternHash(11, guard + len, guard));
         EXPECT_EQ(t.Command("sum dev 0 " + std::to_string(guard)), Hex(PatternHash(12, 0, guard)));
         EXPECT_EQ(t.Command("sum dev " + std::to_string(guard + len) + " " + std::to_string(guard)),
                   Hex(PatternHash(12, guard + len, guard)));
+        // The side read from is unchanged.
+        if (op == OTE_READ) {
+            EXPECT_EQ(t.Command("sum dev 0 " + std::to_string(32 << 20)),
+                      Hex(PatternHash(12, 0, 32 << 20)));
+        } else {
+            EXPECT_EQ(DevHash(d, 32 << 20), PatternHash(11, 0, 32 << 20));
+        }
         // The next request works.
         ASSERT_EQ(Run(e, seg, op, d + guard, t.rw + guard, 1 << 20), OTE_OK);
         if (op == OTE_READ) {
@@ -1102,16 +1102,21 @@ TEST_F(RdmaStagingTest, SourceCopyFaultFailsOneRequestOnly) {
     Close();
 }
 
-// Cancel while staged READs and WRITEs run (the fake's copies slowed down): the request
-// ends CANCELED (or COMPLETED if it was all on its way), the bytes outside the range on
-// the side written are untouched (and a READ leaves the source's device memory as it
-// was), and the next request works.
+// Cancel while staged READs and WRITEs run, proven: a copy (the source's or, for device
+// memory here, the requester's; both engines are in this process) is held at the fake's
+// copy gate after two ran; released, the request ends CANCELED with fewer bytes done than
+// asked, the bytes outside the range on the side written are untouched (and a READ leaves
+// the source's device memory as it was), and the next request works. A first 1-byte READ
+// teaches the requester that the range is staged, so each request is cut into grants of
+// gpu_staging_chunk (a whole 32 MiB grant would be one copy: nothing to cancel between).
 TEST_F(RdmaStagingTest, CancelMidTransferTouchesNothingOutside) {
     REQUIRE_FAKE();
     const uint64_t total = 32 << 20, guard = 4096, len = total - 2 * guard;
     ASSERT_NO_FATAL_FAILURE(Open(total));
     std::vector<uint8_t> host(total);
     uint64_t ldev = DevAlloc(total);
+    ASSERT_EQ(Run(req_, seg_, OTE_READ, reinterpret_cast<uintptr_t>(host.data()), rdev_ + guard, 1),
+              OTE_OK);
     for (int i = 0; i < 4; i++) {
         const int local_dev = i & 1;
         const ote_opcode_t op = i < 2 ? OTE_READ : OTE_WRITE;
@@ -1121,21 +1126,8 @@ TEST_F(RdmaStagingTest, CancelMidTransferTouchesNothingOutside) {
         if (local_dev) DevFill(ldev, total, 85);
         else ote_pattern_fill(host.data(), total, 85, 0);
         uint64_t lbase = local_dev ? ldev : reinterpret_cast<uintptr_t>(host.data());
-        fake_.set_max_delay_us(3000);
-        ote_batch_t *b = nullptr;
-        ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
         ote_request_t r = {op, reinterpret_cast<void *>(lbase + guard), seg_, rdev_ + guard, len};
-        ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-        struct timespec ts0 = {0, 5 * 1000 * 1000};
-        nanosleep(&ts0, nullptr);
-        ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
-        ote_status_t st = ote_batch_wait(b, 120 * kSec);
-        ote_transfer_status_t ts{};
-        ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
-        EXPECT_TRUE(ts.state == OTE_TRANSFER_CANCELED || ts.state == OTE_TRANSFER_COMPLETED)
-            << ts.state << " " << ote_status_str(st);
-        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-        fake_.set_max_delay_us(200);
+        CancelWhileCopyHeld(req_, r, LocalGate(), 2); // CANCELED, bytes_done < len
         uint64_t head = local_dev ? DevHash(ldev, guard) : ote_hash(host.data(), guard);
         uint64_t end = local_dev ? DevHash(ldev + guard + len, guard)
                                  : ote_hash(host.data() + guard + len, guard);

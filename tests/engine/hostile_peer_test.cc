@@ -37,6 +37,7 @@
 #include "tests/engine/ctl_peer.h"
 #include "tests/engine/engine_util.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/fault.h"
@@ -76,16 +77,9 @@ using ote_test::NewEngine;
 using ote_test::ReadFrame;
 using ote_test::RecvAll;
 using ote_test::SendAll;
+using ote_test::WaitUntil;
 
-// Poll a condition until it holds or timeout_ms passes (1 ms between looks).
-bool WaitFor(const std::function<bool()> &pred, int timeout_ms) {
-    ote_deadline_t dl = ote_deadline_after(static_cast<uint64_t>(timeout_ms) * kMs);
-    for (;;) {
-        if (pred()) return true;
-        if (ote_deadline_expired(dl)) return false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-}
+using std::chrono::milliseconds;
 
 std::vector<uint8_t> HelloFrame(uint16_t version, uint64_t req_id) {
     ote_ctl_msg_t h{};
@@ -265,13 +259,13 @@ TEST_F(HostilePeerTest, ReconnectToASmallerMaxDataCutsByTheNewLimit) {
     src.max_data = OTE_CTL_MIN_DATA;
     src.DropAll();
     int before = src.handshakes.load();
-    ASSERT_TRUE(WaitFor(
+    ASSERT_TRUE(WaitUntil(
         [&] {
             // Until the requester has seen the drop, requests fail with PEER_LOST.
             return Transfer(e, {OTE_WRITE, buf.data(), seg, 4096, 64}) == OTE_OK &&
                    src.handshakes.load() > before;
         },
-        10000));
+        milliseconds(10000), "a transfer on a new handshake after the drop"));
     src.ResetCounters();
     ASSERT_EQ(Transfer(e, {OTE_WRITE, buf.data(), seg, 4096, buf.size()}), OTE_OK);
     EXPECT_EQ(src.bytes_seen.load(), buf.size());
@@ -424,13 +418,13 @@ TEST_F(HostilePeerTest, AcceptedConnectionsAreCapped) {
     EXPECT_TRUE(LogContains("tcp_max_accepted connections reached"));
     close(a); // frees a place (once the engine sees the EOF)
     int d = -1;
-    EXPECT_TRUE(WaitFor(
+    EXPECT_TRUE(WaitUntil(
         [&] {
             if (d >= 0) close(d);
             d = ConnectTo(addr);
             return d >= 0 && RawHandshake(d);
         },
-        20000));
+        milliseconds(20000), "a place freed: a new connection handshakes"));
     if (d >= 0) close(d);
     close(b);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
@@ -502,14 +496,15 @@ TEST_F(HostilePeerTest, AcceptBacksOffWhenOutOfFds) {
     a.sin_port = htons(static_cast<uint16_t>(atoi(strrchr(addr.c_str(), ':') + 1)));
     uint64_t no_fd0 = g_accept_no_fd.load();
     bool connected = connect(client, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0;
-    bool warned = connected && WaitFor([&] { return CountLogs("accept failed") > 0; }, 20000);
+    bool warned = connected && WaitUntil([&] { return CountLogs("accept failed") > 0; },
+                                         milliseconds(20000), "the accept failed WARN");
     // Measure over 500 ms: the level-triggered listen fd used to make worker 0 spin, one
     // failing accept4() (and one WARN) per turn; now accepts pause for 100 ms after each
     // failure and the WARN is rate-limited. A pause shows as a handful of failed calls
     // over the window (at most one per 100 ms, plus slack); a spin as thousands.
     uint64_t window0 = g_accept_no_fd.load();
     uint64_t w0 = ote_now_ns();
-    if (warned) WaitFor([] { return false; }, 500);
+    if (warned) std::this_thread::sleep_for(milliseconds(500)); // the window measured
     uint64_t window_ns = ote_now_ns() - w0;
     uint64_t failed_in_window = g_accept_no_fd.load() - window0;
     size_t lines = CountLogs("accept failed");
@@ -601,7 +596,8 @@ TEST_F(HostilePeerTest, PipelinedReadsWithoutReadingStopTheSourceThenClose) {
     EXPECT_LT(sent, kLimit);
     EXPECT_EQ(ote_memory_unregister(e, mem.data()), OTE_ERR_BUSY);
     // No progress for transfer_timeout_ms: closed, and the registration is free again.
-    EXPECT_TRUE(WaitFor([&] { return ote_memory_unregister(e, mem.data()) == OTE_OK; }, 20000));
+    EXPECT_TRUE(WaitUntil([&] { return ote_memory_unregister(e, mem.data()) == OTE_OK; },
+                          milliseconds(20000), "the stuck peer closed and the range free"));
     EXPECT_TRUE(LogContains("made no progress for 4000 ms"));
     close(fd);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
@@ -677,7 +673,7 @@ TEST_F(HostilePeerTest, AHandOverThatFailsGivesItsPlaceBack) {
     // then never reaches the hand-over and is tried again. The fault point counts before
     // the close, so the count is final once the peer sees EOF.
     for (uint64_t i = 0; i < 5; i++) {
-        EXPECT_TRUE(WaitFor(
+        EXPECT_TRUE(WaitUntil(
             [&] {
                 int fd = ConnectTo(addr);
                 if (fd < 0) return false;
@@ -686,15 +682,14 @@ TEST_F(HostilePeerTest, AHandOverThatFailsGivesItsPlaceBack) {
                 EXPECT_FALSE(answered) << i; // closed unanswered, either way
                 return ote_fault_failures("tcp.adopt") == i + 1;
             },
-            20000))
-            << i;
+            milliseconds(20000), "refusal " + std::to_string(i + 1) + " of tcp.adopt"));
     }
     EXPECT_EQ(ote_fault_failures("tcp.adopt"), 5u);
     ASSERT_EQ(ote_fault_disarm("tcp.adopt"), OTE_OK);
     EXPECT_TRUE(LogContains("could not take the connection"));
     // The last refusal's place may come back just after its peer saw the close: retry.
     int a = -1, b = -1;
-    EXPECT_TRUE(WaitFor(
+    EXPECT_TRUE(WaitUntil(
         [&] {
             if (a >= 0) close(a);
             if (b >= 0) close(b);
@@ -703,7 +698,7 @@ TEST_F(HostilePeerTest, AHandOverThatFailsGivesItsPlaceBack) {
             b = ConnectTo(addr);
             return b >= 0 && RawHandshake(b);
         },
-        20000));
+        milliseconds(20000), "two connections handshaking after the refusals"));
     if (a >= 0) close(a);
     if (b >= 0) close(b);
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
@@ -721,7 +716,7 @@ TEST_F(HostilePeerTest, HelloTrickledAByteAtATimeMeetsTheDeadline) {
     size_t sent = 0;
     for (; sent < h.size(); sent++) {
         if (send(fd, &h[sent], 1, MSG_NOSIGNAL) != 1) break;
-        WaitFor([] { return false; }, 50);
+        std::this_thread::sleep_for(milliseconds(50)); // the trickle's pace
     }
     // Whether the engine closed before the last byte or after it, no HELLO_ACK comes.
     std::vector<uint8_t> buf;
@@ -768,7 +763,7 @@ TEST_F(HostilePeerTest, AFloodOfBadFirstFramesDoesNotFloodTheLog) {
     EXPECT_LE(malformed, secs + 2) << malformed << " lines for " << kConns << " connections";
     EXPECT_LE(not_hello, secs + 2) << not_hello << " lines for " << kConns << " connections";
     // A second on, the next line says how many it swallowed.
-    WaitFor([] { return false; }, 1100);
+    std::this_thread::sleep_for(milliseconds(1100)); // past the rate limit's second
     {
         ote_test::ErrorLogsExpected errors;
         int fd = ConnectTo(addr);
@@ -863,7 +858,7 @@ TEST_F(HostilePeerTest, GarbageAfterTheHandshakeDoesNotFloodTheLog) {
                                       << kConns << " connections in " << secs << " s";
     }
     // A second on, the next one of each kind is logged, with the count it swallowed.
-    WaitFor([] { return false; }, 1100);
+    std::this_thread::sleep_for(milliseconds(1100)); // past the rate limit's second
     {
         ote_test::ErrorLogsExpected errors;
         for (int kind = 0; kind < 3; kind++) bad(kind);
@@ -923,7 +918,8 @@ TEST_F(HostilePeerTest, SilentConnectionsAreClosedAndDoNotStopARealPeer) {
     }
     EXPECT_TRUE(LogContains("did not complete its handshake within 1500 ms"));
     // The engine's side of each is closed too: the descriptors come back.
-    EXPECT_TRUE(WaitFor([&] { return OpenFds() <= fds0; }, 30000))
+    EXPECT_TRUE(WaitUntil([&] { return OpenFds() <= fds0; }, milliseconds(30000),
+                          "the engine's side of each closed: fds back"))
         << OpenFds() << " open, " << fds0 << " before";
     EXPECT_EQ(ote_memory_unregister(src, mem.data()), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);

@@ -9,6 +9,8 @@
 #include <set>
 #include <thread>
 
+#include "tests/util/wait.h"
+
 extern "C" {
 #include "base/time.h"
 #include "verbs/fault.h"
@@ -30,9 +32,8 @@ NativeCounter *Of(ote_verbs_t *v) {
 // Held until the test sets release (bounded: 120 s at most, whatever the test does).
 void Hold(NativeCounter *n) {
     n->holding = true;
-    ote_deadline_t dl = ote_deadline_after(120 * OTE_NSEC_PER_SEC);
-    while (!n->release.load() && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ote_test::WaitUntil([n] { return n->release.load(); }, std::chrono::seconds(120),
+                        "the test to release the held native call");
 }
 
 int CreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, struct ibv_qp **out) {

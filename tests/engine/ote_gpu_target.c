@@ -20,6 +20,10 @@
  *   gpu                               -> GPU <staged_source> <ipc_exports>
  *                                        (ote_engine_gpu_stats of its engine)
  *   delay <us>                        -> OK           the fake's stream delay bound
+ *   hold <pass>                       -> OK           close the fake's copy gate: `pass`
+ *                                                     more copies run, later ones wait
+ *   held                              -> HELD <now> <total>  copies waiting at the gate
+ *   release                           -> OK           open the copy gate
  *   grants                            -> GRANTS <direct_mrs> <direct_served> <direct_redirects>
  *                                        (its RDMA transport's GPUDirect source grants:
  *                                        exact MRs live now, served, redirects sent)
@@ -178,6 +182,10 @@ int main(int argc, char **argv) {
         dl ? (fake_cuda_counters_fn)dlsym(dl, "fake_cuda_counters") : NULL;
     fake_cuda_set_max_delay_us_fn delay =
         dl ? (fake_cuda_set_max_delay_us_fn)dlsym(dl, "fake_cuda_set_max_delay_us") : NULL;
+    fake_cuda_hold_copies_fn hold =
+        dl ? (fake_cuda_hold_copies_fn)dlsym(dl, "fake_cuda_hold_copies") : NULL;
+    fake_cuda_release_copies_fn release =
+        dl ? (fake_cuda_release_copies_fn)dlsym(dl, "fake_cuda_release_copies") : NULL;
 
     ote_config_t *cfg = NULL;
     if (ote_config_create(&cfg) != OTE_OK) return 2;
@@ -263,6 +271,16 @@ int main(int argc, char **argv) {
             else printf("ERR gpu\n");
         } else if (strcmp(cmd, "delay") == 0 && n >= 2 && delay) {
             delay((unsigned)strtoul(which, NULL, 10));
+            printf("OK\n");
+        } else if (strcmp(cmd, "hold") == 0 && n >= 2 && hold) {
+            hold((unsigned)strtoul(which, NULL, 10));
+            printf("OK\n");
+        } else if (strcmp(cmd, "held") == 0 && counters) {
+            fake_cuda_counters_t c;
+            counters(&c);
+            printf("HELD %" PRIu64 " %" PRIu64 "\n", c.copies_held, c.copies_held_total);
+        } else if (strcmp(cmd, "release") == 0 && release) {
+            release();
             printf("OK\n");
         } else if (strcmp(cmd, "grants") == 0) {
             ote__rdma_test_grants_t g;

@@ -27,7 +27,9 @@
 #include <thread>
 #include <vector>
 
+#include "tests/engine/engine_util.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -70,9 +72,8 @@ int HoldPostSend(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr,
     if (h == nullptr || &h->v != v) return EINVAL;
     if (wr != nullptr && wr->opcode == IBV_WR_BIND_MW && h->arm.exchange(false)) {
         h->holding = true;
-        ote_deadline_t dl = ote_deadline_after(30 * kSec);
-        while (!h->release.load() && !ote_deadline_expired(dl))
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ote_test::WaitUntil([h] { return h->release.load(); }, std::chrono::seconds(30),
+                            "the test to release the held bind");
     }
     return h->sim->ops->post_send(h->sim, qp, wr, bad);
 }
@@ -247,24 +248,15 @@ class RdmaCancelTest : public ote_test::OteTest {
 
     // The source's live grants reach 0 within 10 s (its transfer_timeout_ms is 60 s).
     bool SourceGrantsEnd() {
-        ote_deadline_t dl = ote_deadline_after(10 * kSec);
-        while (SrcGrants().live_source != 0) {
-            if (ote_deadline_expired(dl)) return false;
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-        return true;
+        return ote_test::WaitUntil([&] { return SrcGrants().live_source == 0; },
+                                   std::chrono::seconds(10), "no live source grant");
     }
 
     // The source's range is unregistered within 10 s (nothing pins it any more), then
     // registered again.
     bool SourceRangeFree() {
-        ote_deadline_t dl = ote_deadline_after(10 * kSec);
-        for (;;) {
-            ote_status_t st = ote_memory_unregister(src_, src_mem_.data());
-            if (st == OTE_OK) break;
-            if (st != OTE_ERR_BUSY || ote_deadline_expired(dl)) return false;
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
+        if (ote_test::UnregisterWhenFree(src_, src_mem_.data(), std::chrono::seconds(10)) != OTE_OK)
+            return false;
         return ote_memory_register(src_, src_mem_.data(), src_mem_.size(),
                                    OTE_PERM_READ | OTE_PERM_WRITE) == OTE_OK;
     }
@@ -278,16 +270,17 @@ class RdmaCancelTest : public ote_test::OteTest {
         EXPECT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
         ote_request_t r = {op, Loc(), seg_, SrcAddr(), kLen};
         EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-        ote_deadline_t dl = ote_deadline_after(60 * kSec);
         ote_transfer_status_t ts = {};
         *live_seen = 0;
-        while (!ote_deadline_expired(dl)) {
-            EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
-            uint64_t live = SrcGrants().live_source;
-            if (live > *live_seen) *live_seen = live;
-            if (ts.state != OTE_TRANSFER_PENDING || (cancel && ts.bytes_done > 0)) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
+        ote_test::WaitUntil(
+            [&] {
+                EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+                uint64_t live = SrcGrants().live_source;
+                if (live > *live_seen) *live_seen = live;
+                return ts.state != OTE_TRANSFER_PENDING || (cancel && ts.bytes_done > 0);
+            },
+            std::chrono::seconds(60),
+            cancel ? "some bytes of the request done" : "the request's end");
         if (cancel) {
             EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING) << "the request ended before its cancel";
             EXPECT_EQ(ote_batch_cancel(b), OTE_OK);

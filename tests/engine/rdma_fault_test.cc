@@ -16,6 +16,7 @@
 
 #include "tests/engine/native_counter.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/retained.h"
@@ -101,13 +102,11 @@ class RdmaFaultTest : public ote_test::OteTest {
     // (within 30 s: a refused grant ends on the source's own threads, at once unless the
     // machine is loaded). It is registered again at once, so the test goes on as before.
     bool SourceRegistrationFree() {
-        ote_deadline_t dl = ote_deadline_after(30 * kSec);
-        for (;;) {
-            ote_status_t st = ote_memory_unregister(src_, mem_.data());
-            if (st == OTE_OK) break;
-            if (st != OTE_ERR_BUSY || ote_deadline_expired(dl)) return false;
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
+        ote_status_t st = OTE_ERR_BUSY;
+        ote_test::WaitUntil(
+            [&] { return (st = ote_memory_unregister(src_, mem_.data())) != OTE_ERR_BUSY; },
+            std::chrono::seconds(30), "the source's registration to unregister (not BUSY)");
+        if (st != OTE_OK) return false;
         return ote_memory_register(src_, mem_.data(), mem_.size(),
                                    OTE_PERM_READ | OTE_PERM_WRITE) == OTE_OK;
     }
@@ -180,10 +179,8 @@ TEST_F(RdmaFaultDeadlineTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestE
     uint64_t t0 = ote_now_ns();
     ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     // The fenced QP's destroy arrives (at the 5 s deadline) and waits for us.
-    ote_deadline_t dl = ote_deadline_after(30 * kSec);
-    while (!nr_->holding.load() && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    bool held = nr_->holding.load();
+    bool held = ote_test::WaitUntil([&] { return nr_->holding.load(); }, std::chrono::seconds(30),
+                                    "the fenced QP's destroy held");
     ote_transfer_status_t during{};
     EXPECT_EQ(ote_batch_status(b, 0, &during), OTE_OK);
     nr_->hold_next_qp_destroy = false;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "tests/engine/engine_util.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/fault.h"
@@ -47,6 +48,8 @@ extern "C" {
 }
 
 namespace {
+
+using ote_test::WaitUntil;
 
 constexpr uint64_t kSec = 1000000000ull;
 
@@ -178,10 +181,8 @@ void ExpectDrained(const Rig &rig) {
     for (ote_engine_t *s : rig.src_) {
         // A source grant ends with its receipt, whose receive completion the source may
         // handle just after the requester saw its SEND complete: waited for (generously).
-        ote_deadline_t dl = ote_deadline_after(60 * kSec);
-        while (Grants(s).live_source != 0 && !ote_deadline_expired(dl))
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        EXPECT_EQ(Grants(s).live_source, 0u);
+        EXPECT_TRUE(WaitUntil([&] { return Grants(s).live_source == 0; }, std::chrono::seconds(60),
+                              "no live source grant"));
     }
 }
 
@@ -317,10 +318,8 @@ TEST(RdmaLimitsTest, OneQpHeldElsewhereFailsAtTheDeadlineThenWorks) {
     EXPECT_EQ(ote_segment_close(xs), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(x), OTE_OK);
     // The requester's source endpoints for x are evicted and their QP destroyed.
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while (Grants(rig.req_).qps != 0 && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_EQ(Grants(rig.req_).qps, 0u);
+    ASSERT_TRUE(WaitUntil([&] { return Grants(rig.req_).qps == 0; }, std::chrono::seconds(60),
+                          "the requester's QPs for x destroyed"));
     rig.Run(OTE_WRITE, 0, 2);
     rig.Run(OTE_READ, 0, 2);
     rig.Check(0, 2);
@@ -456,10 +455,8 @@ TEST(RdmaLimitsTest, SourceQpLimitRefusesUntilTheDeadlineThenWorks) {
 
     // The source's requester QP goes with its segment (its endpoints evicted, reclaimed).
     EXPECT_EQ(ote_segment_close(sx), OTE_OK);
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while (Grants(src).qps != 0 && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_EQ(Grants(src).qps, 0u);
+    ASSERT_TRUE(WaitUntil([&] { return Grants(src).qps == 0; }, std::chrono::seconds(60),
+                          "the source's requester QP destroyed"));
     RunOneRequest(req, seg, OTE_WRITE, out.data(), smem.data(), kLen);
     EXPECT_EQ(memcmp(smem.data(), out.data(), kLen), 0);
     EXPECT_LE(Grants(src).qps_peak, 1u);
@@ -473,9 +470,8 @@ TEST(RdmaLimitsTest, SourceQpLimitRefusesUntilTheDeadlineThenWorks) {
 // reservation of the source returned, its grant credits and receive slots back to zero
 // (a parent ends with its request's account, just after its last receipt: waited for).
 void ExpectSourceParentsReturned(ote_engine_t *src) {
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while (Grants(src).sp_parents != 0 && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    WaitUntil([&] { return Grants(src).sp_parents == 0; }, std::chrono::seconds(60),
+              "every parent reservation of the source returned");
     ote__rdma_test_grants_t g = Grants(src);
     EXPECT_EQ(g.sp_parents, 0u);
     EXPECT_EQ(g.sp_credits, 0u);
@@ -675,10 +671,13 @@ TEST(RdmaLimitsTest, RequesterKilledMidParentReturnsTheReservation) {
     // Its parent's reservation is made here at its first grant.
     int wst = 0;
     pid_t gone = 0;
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while (Grants(src).sp_parents == 0 && !ote_deadline_expired(dl) &&
-           (gone = waitpid(pid, &wst, WNOHANG)) == 0)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    WaitUntil(
+        [&] {
+            if (Grants(src).sp_parents != 0) return true;
+            gone = waitpid(pid, &wst, WNOHANG);
+            return gone != 0;
+        },
+        std::chrono::seconds(60), "the child requester's parent reservation");
     EXPECT_EQ(gone, 0) << "the requester ended before its parent was reserved: " << wst;
     EXPECT_EQ(Grants(src).sp_parents, 1u);
     EXPECT_EQ(Grants(src).sp_rq, 4u) << "a parent of 4 grants holds 4 receive slots";
@@ -687,18 +686,11 @@ TEST(RdmaLimitsTest, RequesterKilledMidParentReturnsTheReservation) {
         ASSERT_EQ(waitpid(pid, &wst, 0), pid);
     }
     ExpectSourceParentsReturned(src);
-    dl = ote_deadline_after(60 * kSec);
-    while (Grants(src).live_source != 0 && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    EXPECT_EQ(Grants(src).live_source, 0u);
+    EXPECT_TRUE(WaitUntil([&] { return Grants(src).live_source == 0; }, std::chrono::seconds(60),
+                          "no live source grant"));
     EXPECT_GE(Grants(src).sp_ended, 1u);
     // The dead requester's pin of the range is released with its connection.
-    dl = ote_deadline_after(60 * kSec);
-    ote_status_t us;
-    while ((us = ote_memory_unregister(src, mem.data())) == OTE_ERR_BUSY &&
-           !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    EXPECT_EQ(us, OTE_OK);
+    EXPECT_EQ(ote_test::UnregisterWhenFree(src, mem.data(), std::chrono::seconds(60)), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
 }
 

@@ -14,10 +14,12 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -30,6 +32,7 @@ extern "C" {
 namespace {
 
 using ote_test::kSec;
+using ote_test::WaitUntil;
 
 constexpr uint64_t kLen = 16ull << 20;
 
@@ -137,29 +140,22 @@ TEST_F(RdmaNumaTest, SlicesGoToTheNicNearestTheMemory) {
     // The near NIC's port down: the far one carries the next request; back up, near again.
     const char *near_dev = near == 0 ? "sim0" : "sim1";
     ASSERT_EQ(ote_sim_set_port_state(g_sim, near_dev, 1, IBV_PORT_DOWN), OTE_OK);
-    ote_deadline_t dl = ote_deadline_after(30 * kSec);
-    for (;;) { // the monitor sees the event and the selector drops the device
+    auto near_active = [&] {
         std::vector<ote_nic_stats_t> v(4);
         size_t n = 0;
-        ASSERT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
-        if (!v[near].active) break;
-        ASSERT_FALSE(ote_deadline_expired(dl)) << near_dev << " still active";
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+        EXPECT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
+        return v[near].active;
+    };
+    // The monitor sees the event and the selector drops the device.
+    ASSERT_TRUE(WaitUntil([&] { return !near_active(); }, std::chrono::seconds(30),
+                          std::string(near_dev) + " inactive"));
     ote_test::ErrorLogsExpected lost; // QPs of the downed port may log their flush
     share = WriteShare(src.data());
     EXPECT_EQ(share[near], 0u);
     EXPECT_EQ(share[far], kLen) << "the far NIC carries it while the near one is down";
     ASSERT_EQ(ote_sim_set_port_state(g_sim, near_dev, 1, IBV_PORT_ACTIVE), OTE_OK);
-    dl = ote_deadline_after(30 * kSec);
-    for (;;) {
-        std::vector<ote_nic_stats_t> v(4);
-        size_t n = 0;
-        ASSERT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
-        if (v[near].active) break;
-        ASSERT_FALSE(ote_deadline_expired(dl)) << near_dev << " did not come back";
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    ASSERT_TRUE(WaitUntil([&] { return near_active(); }, std::chrono::seconds(30),
+                          std::string(near_dev) + " back"));
     share = WriteShare(src.data());
     EXPECT_EQ(share[near], kLen);
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);

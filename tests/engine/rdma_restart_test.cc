@@ -30,6 +30,7 @@
 #include "tests/engine/engine_util.h"
 #include "tests/engine/target.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/fault.h"
@@ -204,13 +205,14 @@ TEST_F(RdmaRestartTest, SegmentOpenedBeforeRestartFailsClearlyAndReopenWorks) {
 
 // Polls f() until it returns want, for up to 60 s (a loaded machine under ASan); returns
 // the last value.
-uint64_t WaitFor(const std::function<uint64_t()> &f, uint64_t want) {
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    uint64_t v = f();
-    while (v != want && !ote_deadline_expired(dl)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        v = f();
-    }
+uint64_t WaitFor(const std::function<uint64_t()> &f, uint64_t want, const char *what) {
+    uint64_t v = 0;
+    ote_test::WaitUntil(
+        [&] {
+            v = f();
+            return v == want;
+        },
+        std::chrono::seconds(60), what);
     return v;
 }
 
@@ -225,12 +227,16 @@ TEST_F(RdmaRestartTest, EndpointsOfADeadPeerAreEvicted) {
     // The requester goes away (its segment closed, its engine destroyed): the target's
     // source endpoints for it are evicted once they drained.
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(req_); }, req0), req0);
+    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(req_); }, req0,
+                      "the requester's endpoints for the closed segment evicted"),
+              req0);
     EXPECT_EQ(ote_memory_unregister(req_, src_.data()), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(req_, dst_.data()), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
     req_ = nullptr;
-    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(target_.e); }, tgt0), tgt0);
+    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(target_.e); }, tgt0,
+                      "the target's source endpoints for the gone requester evicted"),
+              tgt0);
 
     // The target dies under an open segment: the requester's endpoints for it are evicted
     // without waiting for the segment's close.
@@ -243,7 +249,9 @@ TEST_F(RdmaRestartTest, EndpointsOfADeadPeerAreEvicted) {
     WriteThenRead(seg, 12);
     EXPECT_GT(ote__rdma_test_endpoints(req_), req0);
     target_.Stop();
-    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(req_); }, req0), req0);
+    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(req_); }, req0,
+                      "the requester's endpoints for the dead target evicted"),
+              req0);
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
     ASSERT_TRUE(target_.Start(addr_, 0x44));
 }
@@ -456,7 +464,9 @@ TEST_F(RdmaRestartTest, KilledTargetProcessRestartedOnTheSamePort) {
     EXPECT_EQ(t.Hash("rw", 0, kLen), ote_hash(src_.data(), kLen));
     EXPECT_GT(ote__rdma_test_endpoints(req_), req0);
     t.Kill();
-    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(req_); }, req0), req0);
+    EXPECT_EQ(WaitFor([&] { return ote__rdma_test_endpoints(req_); }, req0,
+                      "the requester's endpoints for the killed target evicted"),
+              req0);
     ASSERT_TRUE(t.Start(kLen, taddr, ote_test::kRdmaTargetEnv)) << "no target on " << taddr;
     ASSERT_EQ(t.address, taddr);
     ote_transfer_status_t ts;

@@ -23,6 +23,7 @@
 
 #include "tests/engine/ctl_peer.h"
 #include "tests/engine/engine_util.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -77,19 +78,22 @@ ote__rdma_test_grants_t Grants(ote_engine_t *e) {
     return g;
 }
 
-// Waits (generously) until pred(Grants(e)) holds; returns it then.
+// Waits (generously) until pred(Grants(e)) holds; false (and a failure naming what) when
+// it never did.
 template <typename P>
-bool WaitFor(ote_engine_t *e, P pred) {
-    ote_deadline_t dl = ote_deadline_after(30 * kSec);
-    while (!pred(Grants(e))) {
-        if (ote_deadline_expired(dl)) return false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return true;
+bool WaitFor(ote_engine_t *e, P pred, const std::string &what) {
+    return ote_test::WaitUntil([&] { return pred(Grants(e)); }, std::chrono::seconds(30), what);
 }
 
 bool NoReservation(const ote__rdma_test_grants_t &g) {
     return g.sp_parents == 0 && g.sp_credits == 0 && g.sp_rq == 0;
+}
+
+// Until the source holds no parent reservation and no live grant (after `why`).
+bool WaitNothingHeld(ote_engine_t *e, const std::string &why) {
+    return WaitFor(
+        e, [](const ote__rdma_test_grants_t &x) { return NoReservation(x) && x.live_source == 0; },
+        "no reservation and no live grant: " + why);
 }
 
 // A raw requester of a real source engine: its control connection, one WRITE QP (slot 0,
@@ -224,9 +228,7 @@ TEST(RdmaSrcParentsTest, EpResetReturnsTheParentsReservation) {
     std::vector<uint8_t> reset(8, 0);
     reset[0] = 8; // EP_RESET, pair 0
     rq.Send(reset);
-    EXPECT_TRUE(WaitFor(rq.e_, [](const ote__rdma_test_grants_t &x) {
-        return NoReservation(x) && x.live_source == 0;
-    })) << "EP_RESET left the parent's reservation";
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "EP_RESET"));
     g = Grants(rq.e_);
     EXPECT_EQ(g.sp_parents, 0u);
     EXPECT_EQ(g.sp_credits, 0u);
@@ -239,9 +241,7 @@ TEST(RdmaSrcParentsTest, EpResetReturnsTheParentsReservation) {
     EXPECT_EQ(g.sp_parents, 1u);
     EXPECT_EQ(g.sp_rq, 4u);
     rq.CloseConn();
-    EXPECT_TRUE(WaitFor(rq.e_, [](const ote__rdma_test_grants_t &x) {
-        return NoReservation(x) && x.live_source == 0;
-    }));
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "the connection closed"));
 }
 
 // 2. A parent whose requester went quiet (its grant released, the rest of its request
@@ -254,8 +254,9 @@ TEST(RdmaSrcParentsTest, IdleParentIsEndedAtTheNextParentsFirstGrant) {
     uint32_t rkey = 0;
     ASSERT_EQ(rq.Grant(9, 0, 4, 7, 4, &rkey), OTE_OK);
     rq.Release(rkey); // (or it ends at its own deadline, 1.1 s)
-    EXPECT_TRUE(
-        WaitFor(rq.e_, [](const ote__rdma_test_grants_t &x) { return x.live_source == 0; }));
+    EXPECT_TRUE(WaitFor(
+        rq.e_, [](const ote__rdma_test_grants_t &x) { return x.live_source == 0; },
+        "the released grant to end"));
     ote__rdma_test_grants_t g = Grants(rq.e_);
     EXPECT_EQ(g.sp_parents, 1u) << "the parent ended before its idle deadline";
     EXPECT_EQ(g.sp_ended, 0u);
@@ -268,9 +269,7 @@ TEST(RdmaSrcParentsTest, IdleParentIsEndedAtTheNextParentsFirstGrant) {
     EXPECT_EQ(g.sp_credits, 4u);
     EXPECT_EQ(g.sp_rq, 4u);
     rq.CloseConn();
-    EXPECT_TRUE(WaitFor(rq.e_, [](const ote__rdma_test_grants_t &x) {
-        return NoReservation(x) && x.live_source == 0;
-    }));
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "the connection closed"));
 }
 
 // 3. A GRANT_REQ naming another budget than its parent's first is refused (OTE_ERR_INVALID
@@ -290,15 +289,8 @@ TEST(RdmaSrcParentsTest, AnotherBudgetThanTheParentsFirstIsRefused) {
     EXPECT_EQ(g.sp_served, 1u);
     EXPECT_EQ(g.live_source, 1u);
     rq.CloseConn();
-    EXPECT_TRUE(WaitFor(rq.e_, [](const ote__rdma_test_grants_t &x) {
-        return NoReservation(x) && x.live_source == 0;
-    }));
-    ote_deadline_t dl = ote_deadline_after(30 * kSec);
-    ote_status_t us;
-    while ((us = ote_memory_unregister(rq.e_, rq.mem_.data())) == OTE_ERR_BUSY &&
-           !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    EXPECT_EQ(us, OTE_OK);
+    EXPECT_TRUE(WaitNothingHeld(rq.e_, "the connection closed"));
+    EXPECT_EQ(ote_test::UnregisterWhenFree(rq.e_, rq.mem_.data()), OTE_OK);
 }
 
 // 5. Engine destroy with a parent's reservation and its grant live (the requester's

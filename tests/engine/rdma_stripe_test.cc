@@ -19,11 +19,13 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -39,6 +41,7 @@ extern "C" {
 namespace {
 
 using ote_test::kSec;
+using ote_test::WaitUntil;
 
 constexpr uint64_t kLen = 64ull << 20;
 constexpr int kTimings = 3; // runs of each timed request; the fastest counts
@@ -242,14 +245,14 @@ class RdmaFailoverTest : private SimEnv, private SimHook, public ote_test::Targe
         ote_request_t r = {op, local, seg_, target_.rw, kLen};
         uint64_t tx0 = Sim1Tx();
         EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-        ote_deadline_t dl = ote_deadline_after(60 * kSec);
         ote_transfer_status_t ts = {};
-        while (!ote_deadline_expired(dl)) { // some bytes done, not all
-            EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
-            if (ts.state != OTE_TRANSFER_PENDING) break;
-            if (op == OTE_READ ? ts.bytes_done >= kLen / 4 : Sim1Tx() - tx0 >= kLen / 8) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
+        WaitUntil(
+            [&] { // some bytes done, not all
+                EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+                if (ts.state != OTE_TRANSFER_PENDING) return true;
+                return op == OTE_READ ? ts.bytes_done >= kLen / 4 : Sim1Tx() - tx0 >= kLen / 8;
+            },
+            std::chrono::seconds(60), "the request part way through");
         EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING) << "the request ended before the port went down";
         EXPECT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_DOWN), OTE_OK);
         (void)ote_batch_wait(b, ote_deadline_after(120 * kSec));
@@ -260,10 +263,8 @@ class RdmaFailoverTest : private SimEnv, private SimHook, public ote_test::Targe
     // sim1 up again: the monitor puts it back (event or periodic refresh).
     void UpAndBack() {
         ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_ACTIVE), OTE_OK);
-        ote_deadline_t dl = ote_deadline_after(30 * kSec);
-        while (!Sim1Active() && !ote_deadline_expired(dl))
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        ASSERT_TRUE(Sim1Active()) << "sim1 did not come back";
+        ASSERT_TRUE(
+            WaitUntil([&] { return Sim1Active(); }, std::chrono::seconds(30), "sim1 to come back"));
     }
 };
 
@@ -326,10 +327,8 @@ class RdmaMissedEventTest : private WrapFirst, public RdmaFailoverTest {};
 TEST_F(RdmaMissedEventTest, PeriodicRefreshRecoversAMissedPortActive) {
     ASSERT_NE(g_fault, nullptr);
     ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_DOWN), OTE_OK);
-    ote_deadline_t dl = ote_deadline_after(30 * kSec);
-    while (Sim1Active() && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    ASSERT_FALSE(Sim1Active()) << "sim1 never seen down";
+    ASSERT_TRUE(
+        WaitUntil([&] { return !Sim1Active(); }, std::chrono::seconds(30), "sim1 seen down"));
     ASSERT_EQ(ote_verbs_fault_fail(g_fault, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_EVERY, 0,
                                    EAGAIN),
               OTE_OK);
@@ -444,10 +443,8 @@ TEST_F(RdmaStartPausedTest, RequestsFailUntilAPortComesUpThenRun) {
     EXPECT_EQ(ts.state, OTE_TRANSFER_FAILED);
     EXPECT_EQ(ote_status_code(ts.error), OTE_ERR_PORT_DOWN) << ote_status_str(ts.error);
     ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim0", 1, IBV_PORT_ACTIVE), OTE_OK);
-    ote_deadline_t dl = ote_deadline_after(30 * kSec);
-    while (!Nics()[0].active && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_TRUE(Nics()[0].active) << "sim0 did not join";
+    ASSERT_TRUE(
+        WaitUntil([&] { return Nics()[0].active; }, std::chrono::seconds(30), "sim0 to join"));
     uint64_t sim0 = Nics()[0].bytes_out;
     ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
     EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
@@ -512,15 +509,16 @@ TEST_F(RdmaLateDeviceTest, DeviceDownAtCreationJoinsWhenItsPortComesUp) {
     EXPECT_EQ(v[1].bytes_out, 0u);
 
     ASSERT_EQ(ote_sim_set_port_state(g_sim, "sim1", 1, IBV_PORT_ACTIVE), OTE_OK);
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
-    while (!Nics()[1].active && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_TRUE(Nics()[1].active) << "sim1 did not join";
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(
+        WaitUntil([&] { return Nics()[1].active; }, std::chrono::seconds(60), "sim1 to join"));
     // Requests until sim1 has carried bytes both ways (the selector spreads each request's
-    // slices by load; one request normally suffices), within the deadline.
+    // slices by load; one request normally suffices), within the same 60 s.
     uint64_t wrote = 0, read = 0; // sim1's bytes of WRITE and of READ requests
-    for (uint64_t seed = 97;; seed++) {
+    uint64_t seed = 97;
+    auto one = [&] {
         ote_pattern_fill(src.data(), kLen, seed, 0);
+        seed++;
         uint64_t b0 = Nics()[1].bytes_out;
         ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
         EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
@@ -530,8 +528,15 @@ TEST_F(RdmaLateDeviceTest, DeviceDownAtCreationJoinsWhenItsPortComesUp) {
         EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
         wrote += b1 - b0;
         read += Nics()[1].bytes_out - b1;
-        if ((wrote > 0 && read > 0) || ote_deadline_expired(dl)) break;
-    }
+    };
+    WaitUntil(
+        [&] {
+            one();
+            return HasFatalFailure() || (wrote > 0 && read > 0);
+        },
+        std::chrono::seconds(60) - (std::chrono::steady_clock::now() - t0),
+        "sim1 to carry WRITE and READ bytes");
+    if (HasFatalFailure()) return;
     EXPECT_GT(wrote, 0u) << "no WRITE byte on sim1 after it joined";
     EXPECT_GT(read, 0u) << "no READ byte on sim1 after it joined";
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
@@ -564,11 +569,12 @@ TEST_F(RdmaPeerLateDeviceTest, PairsWithAPausedDeviceOfThePeerAreServedOnAnActiv
     ote_pattern_fill(src.data(), kLen, 98, 0);
     ASSERT_EQ(ote_memory_register(engine_, src.data(), kLen, OTE_PERM_READ), OTE_OK);
     ASSERT_EQ(ote_memory_register(engine_, dst.data(), kLen, OTE_PERM_WRITE), OTE_OK);
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
     std::vector<ote_nic_stats_t> v(4);
     size_t n = 0;
-    for (uint64_t seed = 98;; seed++) {
+    uint64_t seed = 98;
+    auto one = [&] {
         ote_pattern_fill(src.data(), kLen, seed, 0);
+        seed++;
         ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, kLen), OTE_OK);
         EXPECT_EQ(target_.Hash("rw", 0, kLen), ote_hash(src.data(), kLen));
         memset(dst.data(), 0, kLen);
@@ -576,8 +582,14 @@ TEST_F(RdmaPeerLateDeviceTest, PairsWithAPausedDeviceOfThePeerAreServedOnAnActiv
         EXPECT_EQ(memcmp(dst.data(), src.data(), kLen), 0);
         ASSERT_EQ(ote_engine_nic_stats(engine_, v.data(), v.size(), &n), OTE_OK);
         ASSERT_EQ(n, 2u);
-        if ((v[0].bytes_out > 0 && v[1].bytes_out > 0) || ote_deadline_expired(dl)) break;
-    }
+    };
+    WaitUntil(
+        [&] {
+            one();
+            return HasFatalFailure() || (v[0].bytes_out > 0 && v[1].bytes_out > 0);
+        },
+        std::chrono::seconds(60), "both of the requester's devices to carry bytes");
+    if (HasFatalFailure()) return;
     EXPECT_GT(v[0].bytes_out, 0u);
     EXPECT_GT(v[1].bytes_out, 0u) << "the requester's sim1 carried nothing";
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
@@ -637,26 +649,29 @@ TEST_F(RdmaPeerDeviceJoinsTest, ConnectedPeersPairsMoveToTheDeviceThatCameUp) {
     ASSERT_EQ(t.size(), 2u);
     EXPECT_TRUE(t[0].active);
     EXPECT_FALSE(t[1].active);
-    ote_deadline_t dl = ote_deadline_after(60 * kSec);
+    const auto t0 = std::chrono::steady_clock::now();
     uint64_t seed = 200;
-    do { // until the requester's sim1 has carried bytes (its pairs served on sim0)
-        round(seed++);
-        if (HasFatalFailure()) break;
-    } while (nics(req)[1].bytes_out == 0 && !ote_deadline_expired(dl));
+    WaitUntil( // until the requester's sim1 has carried bytes (its pairs served on sim0)
+        [&] {
+            round(seed++);
+            return HasFatalFailure() || nics(req)[1].bytes_out > 0;
+        },
+        std::chrono::seconds(60), "the requester's sim1 to carry bytes");
     t = nics(target);
     EXPECT_GT(nics(req)[1].bytes_out, 0u);
     EXPECT_EQ(t[1].bytes_served, 0u) << "a paused device served";
     EXPECT_GE(t[0].bytes_served, 2 * kBytes);
 
     ASSERT_EQ(ote_sim_set_port_state(g_target_sim, "sim1", 1, IBV_PORT_ACTIVE), OTE_OK);
-    while (!nics(target)[1].active && !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_TRUE(nics(target)[1].active) << "the target's sim1 did not join";
-    dl = ote_deadline_after(60 * kSec);
-    do {
-        round(seed++);
-        if (HasFatalFailure()) break;
-    } while (nics(target)[1].bytes_served == 0 && !ote_deadline_expired(dl));
+    ASSERT_TRUE(WaitUntil([&] { return nics(target)[1].active; },
+                          std::chrono::seconds(60) - (std::chrono::steady_clock::now() - t0),
+                          "the target's sim1 to join"));
+    WaitUntil(
+        [&] {
+            round(seed++);
+            return HasFatalFailure() || nics(target)[1].bytes_served > 0;
+        },
+        std::chrono::seconds(60), "the target's sim1 to serve bytes");
     EXPECT_GT(nics(target)[1].bytes_served, 0u) << "the target's sim1 served nothing";
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(req, src.data()), OTE_OK);

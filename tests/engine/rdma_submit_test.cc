@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -165,10 +166,8 @@ class RdmaSubmitTest : public ote_test::OteTest {
     // Lifts the stall and waits (30 s at most) until the pump thread built a QP.
     void LiftAndWaitForBuild(uint64_t builds_before) {
         ASSERT_EQ(ote_verbs_fault_delay(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP, 0), OTE_OK);
-        ote_deadline_t dl = ote_deadline_after(30 * kSec);
-        while (ReqCounters().qp_builds == builds_before && !ote_deadline_expired(dl))
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        EXPECT_GT(ReqCounters().qp_builds, builds_before) << "no QP was built after the stall";
+        ote_test::WaitUntil([&] { return ReqCounters().qp_builds > builds_before; },
+                            std::chrono::seconds(30), "a QP built after the stall");
     }
 
     const char *req_timeout_ = "60000";
@@ -194,12 +193,12 @@ TEST_F(RdmaSubmitTest, SubmitOnAFreshPeerDoesNotWaitForTheQpBuild) {
         ote_batch_t *b = Submit(op, kLen, &submit_ns);
         EXPECT_LT(submit_ns, 2500 * kMs) << "ote_batch_submit waited for the QP build";
         // The pump thread entered a stalled build; the request waits for it.
-        ote_deadline_t dl = ote_deadline_after(30 * kSec);
-        while (ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP) == stalled0 &&
-               !ote_deadline_expired(dl))
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        EXPECT_GT(ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP), stalled0)
-            << "no QP build was entered under the stall";
+        ote_test::WaitUntil(
+            [&] {
+                return ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP) >
+                       stalled0;
+            },
+            std::chrono::seconds(30), "a QP build entered under the stall");
         ote_transfer_status_t ts{};
         ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
         EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING) << "the request ended without its QP";
@@ -254,10 +253,9 @@ TEST_F(RdmaSubmitTest, CancelOfARequestWaitingForItsQpEndsCanceled) {
     ote_batch_t *b = Submit(OTE_WRITE, kLen, &submit_ns);
     EXPECT_LT(submit_ns, 2500 * kMs) << "ote_batch_submit waited for the QP build";
     // The build is under way (the stalled create_qp was entered), the request waits.
-    ote_deadline_t dl = ote_deadline_after(30 * kSec);
-    while (ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP) == 0 &&
-           !ote_deadline_expired(dl))
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ote_test::WaitUntil(
+        [&] { return ote_verbs_fault_injected(ReqFault(), OTE_VERBS_FAULT_OP_CREATE_QP) > 0; },
+        std::chrono::seconds(30), "the stalled create_qp entered");
     ote_transfer_status_t ts{};
     ASSERT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
     EXPECT_EQ(ts.state, OTE_TRANSFER_PENDING);

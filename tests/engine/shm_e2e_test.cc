@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/log.h"
@@ -31,6 +32,7 @@ namespace {
 
 using ote_test::kSec;
 using ote_test::Target;
+using ote_test::WaitUntil;
 
 std::string TransportOf(ote_segment_t *seg) {
     ote_segment_info_t info;
@@ -273,11 +275,9 @@ class ShmCancelTest : public ote_test::TargetE2eTest,
 
     // The target lets the range go (every pin of the canceled request released).
     void ExpectUnregisterable() {
-        std::string st;
-        ote_deadline_t dl = ote_deadline_after(20 * kSec);
-        while ((st = target_.Command("unreg rw")) != "ST 0" && !ote_deadline_expired(dl))
-            usleep(1000);
-        EXPECT_EQ(st, "ST 0") << "the canceled request stayed pinned at the source";
+        EXPECT_TRUE(WaitUntil([&] { return target_.Command("unreg rw") == "ST 0"; },
+                              std::chrono::seconds(20),
+                              "the target's rw to unregister: the canceled request's pins gone"));
         ASSERT_EQ(target_.Command("rereg rw"), "ST 0");
     }
 
@@ -341,12 +341,14 @@ TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
         ote_request_t r = {op, local.data(), seg_, target_.rw, kLen};
         ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
         if (op == OTE_READ) { // until the first bytes arrive: the source is copying
-            ote_deadline_t dl = ote_deadline_after(60 * kSec);
             volatile uint8_t *v = local.data();
-            bool moved = false;
-            while (!moved && !ote_deadline_expired(dl))
-                for (size_t i = 0; i < (1u << 16) && !moved; i += 64) moved = v[i] != 0xEE;
-            EXPECT_TRUE(moved) << "no byte of the READ arrived in 60 s";
+            EXPECT_TRUE(WaitUntil(
+                [&] {
+                    for (size_t i = 0; i < (1u << 16); i += 64)
+                        if (v[i] != 0xEE) return true;
+                    return false;
+                },
+                std::chrono::seconds(60), "the READ's first bytes"));
         }
         dog_.Phase(std::string(name) + ": ote_batch_cancel mid-flight", 30 * kSec);
         uint64_t t0 = ote_now_ns();

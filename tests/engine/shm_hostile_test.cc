@@ -634,10 +634,9 @@ TEST_F(ShmHostileTest, AcceptedConnectionsAreCapped) {
     EXPECT_FALSE(served(Connect(sock))); // over the cap: closed, no HELLO_ACK
     EXPECT_TRUE(LogContains("connections reached: closing a new one"));
     shutdown(a, SHUT_RDWR); // frees a place once the source's thread has seen the EOF
-    ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
-    bool again = false;
-    while (!again && !ote_deadline_expired(dl)) again = served(Connect(sock));
-    EXPECT_TRUE(again);
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return served(Connect(sock)); },
+                                    std::chrono::milliseconds(kWaitMs),
+                                    "a freed place: a new connection served"));
     close(ring);
     CloseRaw();
     EXPECT_EQ(ote_engine_destroy(e), OTE_OK);

@@ -118,10 +118,9 @@ TEST_F(ShmMarksTest, ARequesterThatDiesWhileTheSourceWaitsEndsItsConnection) {
     uint64_t base = reinterpret_cast<uintptr_t>(mem.data());
     SendReqs(fd, {Req(TW_OP_WRITE, base, 0, 4096, 7, base, 4096)});
     // The source took the message (the socket's send queue is empty), then waits.
-    ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
     int queued = 1;
-    while (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0 && !ote_deadline_expired(dl))
-        usleep(1000);
+    ote_test::WaitUntil([&] { return ioctl(fd, SIOCOUTQ, &queued) != 0 || queued == 0; },
+                        std::chrono::milliseconds(kWaitMs), "the source to read the request");
     ASSERT_EQ(queued, 0) << "the source never read the request";
     shutdown(fd, SHUT_RDWR); // what the requester's death does to its end
     tw_hello_t h2 = Hello(TW_RING_BYTES);
@@ -135,10 +134,9 @@ TEST_F(ShmMarksTest, ARequesterThatDiesWhileTheSourceWaitsEndsItsConnection) {
         close(c);
         return false;
     };
-    dl = ote_deadline_after(kWaitMs * kMs);
-    bool again = false;
-    while (!(again = served()) && !ote_deadline_expired(dl)) usleep(2000);
-    EXPECT_TRUE(again) << "the waiting connection outlived its requester";
+    EXPECT_TRUE(ote_test::WaitUntil(served, std::chrono::milliseconds(kWaitMs),
+                                    "a new connection served: the waiting one ended with its "
+                                    "requester"));
     EXPECT_EQ(ote_memory_unregister(e, mem.data()), OTE_OK) << "its pin outlived it";
     for (uint8_t v : mem) ASSERT_EQ(v, 0x5a);
     CloseRaw();

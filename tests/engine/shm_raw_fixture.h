@@ -26,6 +26,7 @@
 #include "tests/engine/ctl_peer.h"
 #include "tests/engine/engine_util.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -157,11 +158,10 @@ class ShmHostileTest : public ote_test::OteTest {
         if (target_ != nullptr) {
             if (!::testing::Test::HasFatalFailure()) ServesANormalTransfer();
             // The hostile connection is closed: every pin it held goes with it.
-            ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
-            ote_status_t st;
-            while ((st = ote_memory_unregister(target_, buf_.data())) == OTE_ERR_BUSY &&
-                   !ote_deadline_expired(dl)) {}
-            EXPECT_EQ(st, OTE_OK) << "a pin outlived the hostile connection";
+            EXPECT_EQ(ote_test::UnregisterWhenFree(target_, buf_.data(),
+                                                   std::chrono::milliseconds(kWaitMs)),
+                      OTE_OK)
+                << "a pin outlived the hostile connection";
             EXPECT_EQ(ote_engine_destroy(target_), OTE_OK);
         }
         OteTest::TearDown();

@@ -165,9 +165,9 @@ TEST_F(ShmSharedRawTest, TheConnectionsEndUnmapsEverything) {
               OTE_OK);
     EXPECT_EQ(Maps("raw-end"), 3);
     CloseRaw();
-    ote_deadline_t dl = ote_deadline_after(kWaitMs * kMs);
-    while (Maps("raw-end") != 0 && !ote_deadline_expired(dl)) usleep(2000);
-    EXPECT_EQ(Maps("raw-end"), 0);
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Maps("raw-end") == 0; },
+                                    std::chrono::milliseconds(kWaitMs),
+                                    "the closed connection's memfd mappings gone"));
 }
 
 TEST_F(ShmSharedRawTest, UnsafeMemfdsAreRefusedAndTheirPiecesGoByAttach) {

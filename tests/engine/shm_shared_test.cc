@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -40,11 +41,9 @@ int SharedMaps(pid_t pid) {
 
 // SharedMaps(pid) reaches want within 20 s (the source acts on its own thread).
 bool SharedMapsBecome(pid_t pid, int want) {
-    ote_deadline_t dl = ote_deadline_after(20 * kSec);
-    while (SharedMaps(pid) != want)
-        if (ote_deadline_expired(dl)) return false;
-        else usleep(2000);
-    return true;
+    return ote_test::WaitUntil(
+        [&] { return SharedMaps(pid) == want; }, std::chrono::seconds(20),
+        std::to_string(want) + " shared memfd mappings in process " + std::to_string(pid));
 }
 
 ote_test::TargetSession ModeSession(const char *mode) {

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "tests/util/wait.h"
+
 extern char **environ;
 
 namespace ote_test {
@@ -145,16 +147,13 @@ int Target::Quit() {
         (void)w;
     }
     int status = 0;
-    // Bounded wait: poll waitpid for up to 30 s, then kill.
-    for (int i = 0; i < 3000; i++) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) {
-            pid = -1;
-            CloseFds();
-            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        }
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, nullptr);
+    // Bounded wait: poll waitpid for up to 30 s, then kill (silent: the caller checks the
+    // exit status, -1 then).
+    if (PollUntil([&] { return waitpid(pid, &status, WNOHANG) == pid; },
+                  std::chrono::seconds(30))) {
+        pid = -1;
+        CloseFds();
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     }
     Kill();
     return -1;

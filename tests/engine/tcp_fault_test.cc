@@ -18,6 +18,7 @@
 #include "tests/engine/engine_util.h"
 #include "tests/engine/target.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/fault.h"
@@ -68,12 +69,8 @@ class TcpFaultTest : public ote_test::OteTest {
     // The open fds of this process come back to `want` (the source closes the accepted
     // halves of a rolled-back connect when it sees their EOF, on its own thread).
     static bool FdsSettleAt(int want) {
-        ote_deadline_t dl = ote_deadline_after(10 * kSec);
-        for (;;) {
-            if (CountOpenFds() == want) return true;
-            if (ote_deadline_expired(dl)) return false;
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        }
+        return ote_test::WaitUntil([&] { return CountOpenFds() == want; }, std::chrono::seconds(10),
+                                   "this process's fd count back to " + std::to_string(want));
     }
     // WRITE out_ at offset 7 of the source's buffer and READ it back; both byte-checked.
     void RoundTrip(ote_segment_t *seg) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <vector>
 
 extern "C" {
@@ -11,12 +12,14 @@ extern "C" {
 }
 #include "tests/grant/rig.h"
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 namespace {
 
 using ote_test::Done;
 using ote_test::kMs;
 using ote_test::Rig;
+using ote_test::WaitUntil;
 
 constexpr unsigned long long B = OTE_GRANT_BLOCK;
 
@@ -64,6 +67,33 @@ class GrantFaultTest : public ote_test::OteTest {
         st = ote_grant_start(rig_.g0, &g, &ctl);
         if (st != OTE_OK) ote_endpoint_return(rig_.ep0[cap], slot, qp);
         return st;
+    }
+    // Ticks the source's manager alone (as its monitor would) until no source grant is
+    // live (30 s).
+    bool TickSourceUntilIdle(const char *what) {
+        return WaitUntil(
+            [&] {
+                ote_grant_mgr_tick(rig_.g1);
+                ote_grant_stats_t s;
+                ote_grant_mgr_get_stats(rig_.g1, &s);
+                return s.live_source == 0;
+            },
+            std::chrono::seconds(30), what);
+    }
+    // Until the verbs fault decorator lost the CQE it was told to lose (30 s).
+    void WaitCqeLost() {
+        WaitUntil([&] { return ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) > 0; },
+                  std::chrono::seconds(30), "the lost CQE");
+    }
+    // Polls the context set's events until the requester's context is (not) usable (30 s).
+    void WaitContext(bool usable, const char *what) {
+        WaitUntil(
+            [&] {
+                if ((ote_context_check(rig_.c0) == OTE_OK) == usable) return true;
+                ote_context_set_poll_events(rig_.set, nullptr);
+                return false;
+            },
+            std::chrono::seconds(30), what);
     }
     ote_status_t Run(ote_grant_op_t op, uint64_t len, uint64_t timeout_ms = 30000) {
         Done d;
@@ -164,13 +194,8 @@ TEST_F(GrantFaultTest, DeallocMwBusyRetainsTheWindowUntilTheRetrySucceeds) {
     ASSERT_EQ(ote_verbs_fault_destroy_busy(rig_.v, OTE_VERBS_FAULT_OP_DEALLOC_MW, nullptr, 1),
               OTE_OK);
     // Wait for the source deadline: tick g1 alone until the record ended.
-    ote_deadline_t until = ote_deadline_after(30000 * kMs);
-    do { // tick as the monitor does; nothing is retained yet, so no tick retries
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, nullptr);
-        ote_grant_mgr_tick(rig_.g1);
-        ote_grant_mgr_get_stats(rig_.g1, &s1);
-    } while (s1.live_source != 0 && !ote_deadline_expired(until));
+    // Tick as the monitor does; nothing is retained yet, so no tick retries.
+    TickSourceUntilIdle("the source's record to end at its deadline");
     ote_grant_mgr_get_stats(rig_.g1, &s1);
     ASSERT_EQ(s1.live_source, 0u);
     EXPECT_EQ(s1.source_expired, 1u);
@@ -365,14 +390,14 @@ TEST_F(GrantFaultTest, LostCqeFailsAtDeadlineQpFencedNothingFreedEarly) {
     // Tick (as the monitor does) without reclaiming, until the deadline failed the grant:
     // its QP is fenced, and the grant has not ended: the lost WR is still owed.
     ote_grant_stats_t s;
-    for (int i = 0; i < 30000; i++) {
-        ote_grant_mgr_tick(rig_.g0);
-        ote_grant_mgr_tick(rig_.g1);
-        ote_grant_mgr_get_stats(rig_.g0, &s);
-        if (s.expired > 0) break;
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    }
+    WaitUntil(
+        [&] {
+            ote_grant_mgr_tick(rig_.g0);
+            ote_grant_mgr_tick(rig_.g1);
+            ote_grant_mgr_get_stats(rig_.g0, &s);
+            return s.expired > 0;
+        },
+        std::chrono::seconds(30), "the requester's grant to expire");
     ASSERT_EQ(s.expired, 1u);
     ASSERT_GT(s.slices_posted, 0u) << "the deadline passed before the slices were posted";
     ote_qp_stats_t qs;
@@ -407,21 +432,11 @@ TEST_F(GrantFaultTest, PortDownEndsInFlightGrantReleasesItAndGrantsWorkAfterReco
         OTE_OK);
     Done d;
     ASSERT_EQ(Start(OTE_GRANT_WRITE, 8 * B, &d, 120000), OTE_OK);
-    ote_deadline_t until = ote_deadline_after(30000 * kMs);
-    while (ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0 &&
-           !ote_deadline_expired(until)) {
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    }
+    WaitCqeLost();
     ASSERT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
     EXPECT_EQ(d.calls.load(), 0);
     ASSERT_EQ(ote_sim_set_port_state(rig_.sim, "sim0", 1, IBV_PORT_DOWN), OTE_OK);
-    until = ote_deadline_after(30000 * kMs);
-    while (ote_context_check(rig_.c0) == OTE_OK && !ote_deadline_expired(until)) {
-        ote_context_set_poll_events(rig_.set, nullptr);
-        struct timespec ts = {0, 2 * 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    }
+    WaitContext(false, "the requester's context to see its port down");
     EXPECT_EQ(ote_context_check(rig_.c0), OTE_ERR_PORT_DOWN);
     ASSERT_TRUE(d.Wait(rig_, 60000)) << "in-flight grant hung after port down";
     EXPECT_EQ(d.calls.load(), 1);
@@ -434,16 +449,15 @@ TEST_F(GrantFaultTest, PortDownEndsInFlightGrantReleasesItAndGrantsWorkAfterReco
     // carried the grant's WRs); the source's window is released by its deadline, with
     // its pin; nothing was retained.
     ote_grant_stats_t s0, s1;
-    until = ote_deadline_after(30000 * kMs);
-    do {
-        ote_grant_mgr_tick(rig_.g0);
-        ote_grant_mgr_tick(rig_.g1);
-        ote_grant_mgr_get_stats(rig_.g0, &s0);
-        ote_grant_mgr_get_stats(rig_.g1, &s1);
-        struct timespec ts = {0, 2 * 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    } while ((s0.live_requester != 0 || s1.live_source != 0 || rig_.pins.load() != 0) &&
-             !ote_deadline_expired(until));
+    WaitUntil(
+        [&] {
+            ote_grant_mgr_tick(rig_.g0);
+            ote_grant_mgr_tick(rig_.g1);
+            ote_grant_mgr_get_stats(rig_.g0, &s0);
+            ote_grant_mgr_get_stats(rig_.g1, &s1);
+            return s0.live_requester == 0 && s1.live_source == 0 && rig_.pins.load() == 0;
+        },
+        std::chrono::seconds(30), "both records ended and every pin back");
     EXPECT_EQ(s0.live_requester, 0u);
     EXPECT_EQ(s0.failed, 1u);
     EXPECT_EQ(s1.live_source, 0u);
@@ -454,12 +468,7 @@ TEST_F(GrantFaultTest, PortDownEndsInFlightGrantReleasesItAndGrantsWorkAfterReco
     EXPECT_EQ(RetainedSinceStart(), 0);
     // Recovery: the port returns, the context resumes, and a grant works again.
     ASSERT_EQ(ote_sim_set_port_state(rig_.sim, "sim0", 1, IBV_PORT_ACTIVE), OTE_OK);
-    until = ote_deadline_after(30000 * kMs);
-    while (ote_context_check(rig_.c0) != OTE_OK && !ote_deadline_expired(until)) {
-        ote_context_set_poll_events(rig_.set, nullptr);
-        struct timespec ts = {0, 2 * 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    }
+    WaitContext(true, "the requester's context to resume");
     ASSERT_EQ(ote_context_check(rig_.c0), OTE_OK);
     rig_.Reclaim();
     // The source's end of the old pair was killed with its window: retire it so that the
@@ -493,12 +502,7 @@ TEST_F(GrantFaultTest, FencedManagerEndsLiveGrantsAtTheNextTick) {
         OTE_OK);
     Done d;
     ASSERT_EQ(Start(OTE_GRANT_WRITE, 8 * B, &d, 120000), OTE_OK);
-    ote_deadline_t until = ote_deadline_after(30000 * kMs);
-    while (ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ) == 0 &&
-           !ote_deadline_expired(until)) {
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    }
+    WaitCqeLost();
     ASSERT_EQ(ote_verbs_fault_injected(rig_.v, OTE_VERBS_FAULT_OP_POLL_CQ), 1u);
     ote_grant_stats_t s0, s1;
     ote_grant_mgr_get_stats(rig_.g1, &s1);
@@ -507,13 +511,13 @@ TEST_F(GrantFaultTest, FencedManagerEndsLiveGrantsAtTheNextTick) {
     ote_grant_mgr_fence(rig_.g0, OTE_ERR_CANCELED);
     ote_grant_mgr_fence(rig_.g1, OTE_ERR_CANCELED);
     // The source's grant ends at the tick (its bind long done, nothing owed).
-    until = ote_deadline_after(30000 * kMs);
-    do {
-        ote_grant_mgr_tick(rig_.g1);
-        ote_grant_mgr_get_stats(rig_.g1, &s1);
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    } while ((s1.live_source != 0 || rig_.pins.load() != 0) && !ote_deadline_expired(until));
+    WaitUntil(
+        [&] {
+            ote_grant_mgr_tick(rig_.g1);
+            ote_grant_mgr_get_stats(rig_.g1, &s1);
+            return s1.live_source == 0 && rig_.pins.load() == 0;
+        },
+        std::chrono::seconds(30), "the source's grant to end at the tick, its pin back");
     ASSERT_EQ(s1.live_source, 0u) << "the source's grant waits for its deadline";
     // The requester's fails at the tick; it ends once its QP's destruction resolved the
     // WR whose CQE was lost (the reclaim of the retired slot, as the monitor's).
@@ -616,15 +620,14 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
         // The qp layer logs the unknown outcome (from whichever thread posts the slices).
         ote_test::ErrorLogsExpected guard;
         ASSERT_EQ(Start(OTE_GRANT_WRITE, 4 * B, &d, 30000), OTE_OK);
-        ote_deadline_t until = ote_deadline_after(30000 * kMs);
-        while (!ote_deadline_expired(until)) {
-            ote_grant_mgr_tick(rig_.g0);
-            ote_grant_mgr_tick(rig_.g1);
-            ote_grant_mgr_get_stats(rig_.g0, &s);
-            if (s.slices_posted > 0 && AmbiguousWrite::armed.load() == 0 && guard.Seen() > 0) break;
-            struct timespec ts = {0, 1000 * 1000};
-            nanosleep(&ts, nullptr);
-        }
+        WaitUntil(
+            [&] {
+                ote_grant_mgr_tick(rig_.g0);
+                ote_grant_mgr_tick(rig_.g1);
+                ote_grant_mgr_get_stats(rig_.g0, &s);
+                return s.slices_posted > 0 && AmbiguousWrite::armed.load() == 0 && guard.Seen() > 0;
+            },
+            std::chrono::seconds(30), "the ambiguous post and its ERROR line");
         EXPECT_EQ(guard.Seen(), 1u);
     }
     ASSERT_EQ(AmbiguousWrite::armed.load(), 0) << "no slice was posted";
@@ -638,15 +641,7 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     ote_grant_mgr_get_stats(rig_.g0, &s);
     EXPECT_EQ(s.slices_posted, 4u); /* the whole chain stays owed: it may have been posted */
     EXPECT_EQ(s.stale_cqes, 0u);
-    ote_grant_stats_t s1;
-    for (int i = 0; i < 30000; i++) {
-        ote_grant_mgr_tick(rig_.g1);
-        ote_grant_mgr_get_stats(rig_.g1, &s1);
-        if (s1.live_source == 0) break;
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, nullptr);
-    }
-    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_TRUE(TickSourceUntilIdle("the source's window released at its deadline"));
     rig_.Reclaim();
     EXPECT_EQ(Run(OTE_GRANT_WRITE, 2 * B), OTE_OK); /* a fresh pair works */
     EXPECT_EQ(memcmp(rig_.src.data(), out_.data(), 2 * B), 0);

@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <vector>
+
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/time.h"
@@ -195,16 +198,17 @@ struct Rig {
                                    qp);
     }
 
-    // Reclaim retired QPs on both sides until none is left or the deadline passes.
+    // Reclaim retired QPs on both sides until none is left or 30 s pass (silent: the
+    // caller's next grant fails if a QP was left).
     void Reclaim() {
-        for (int i = 0; i < 200; i++) {
-            size_t a = 0, b = 0;
-            ote_endpoint_store_reclaim(s0, ote_deadline_after(200 * kMs), &a);
-            ote_endpoint_store_reclaim(s1, ote_deadline_after(200 * kMs), &b);
-            if (a + b == 0) return;
-            struct timespec ts = {0, 5 * 1000 * 1000};
-            nanosleep(&ts, nullptr);
-        }
+        PollUntil(
+            [&] {
+                size_t a = 0, b = 0;
+                ote_endpoint_store_reclaim(s0, ote_deadline_after(200 * kMs), &a);
+                ote_endpoint_store_reclaim(s1, ote_deadline_after(200 * kMs), &b);
+                return a + b == 0;
+            },
+            std::chrono::seconds(30));
     }
 
     // A grant's requester ends (its done runs) on the send CQE of its SEND_WITH_INV; the
@@ -213,25 +217,21 @@ struct Rig {
     // mutex. So the source's stats and pins are looked at only after waiting here: true
     // once no source grant is live and every pin is back (ms at most).
     bool WaitSourceIdle(int ms = 30000) {
-        ote_deadline_t dl = ote_deadline_after((uint64_t)ms * kMs);
-        for (;;) {
-            ote_grant_stats_t s;
-            ote_grant_mgr_get_stats(g1, &s);
-            if (s.live_source == 0 && pins.load() == 0) return true;
-            if (ote_deadline_expired(dl)) return false;
-            struct timespec ts = {0, 1000 * 1000};
-            nanosleep(&ts, nullptr);
-        }
+        return WaitUntil(
+            [&] {
+                ote_grant_stats_t s;
+                ote_grant_mgr_get_stats(g1, &s);
+                return s.live_source == 0 && pins.load() == 0;
+            },
+            std::chrono::milliseconds(ms), "no live source grant and every pin back");
     }
 
     void Close() {
         ote_verbs_fault_clear(v);
         auto tick = [](ote_grant_mgr_t *g) -> size_t { return g ? ote_grant_mgr_tick(g) : 0; };
         if (g0 || g1) {
-            for (int i = 0; i < 15000 && (tick(g0) + tick(g1)) > 0; i++) {
-                struct timespec ts = {0, 2 * 1000 * 1000};
-                nanosleep(&ts, nullptr);
-            }
+            WaitUntil([&] { return tick(g0) + tick(g1) == 0; }, std::chrono::seconds(30),
+                      "the grant managers' ticks to find nothing left");
         }
         if (s0) {
             EXPECT_EQ(ote_endpoint_store_destroy(s0, ote_deadline_after(30000 * kMs)), OTE_OK);
@@ -283,17 +283,19 @@ struct Done {
     }
     // Wait (ticking the managers and reclaiming retired QPs, as the monitor would).
     bool Wait(Rig &r, int ms) {
-        for (int i = 0; i < ms && calls.load() == 0; i++) {
-            ote_grant_mgr_tick(r.g0);
-            ote_grant_mgr_tick(r.g1);
-            if (i % 20 == 0) {
-                ote_endpoint_store_reclaim(r.s0, ote_deadline_after(100 * kMs), nullptr);
-                ote_endpoint_store_reclaim(r.s1, ote_deadline_after(100 * kMs), nullptr);
-            }
-            struct timespec ts = {0, 1000 * 1000};
-            nanosleep(&ts, nullptr);
-        }
-        return calls.load() > 0;
+        int polls = 0;
+        return WaitUntil(
+            [&] {
+                if (calls.load() > 0) return true;
+                ote_grant_mgr_tick(r.g0);
+                ote_grant_mgr_tick(r.g1);
+                if (polls++ % 20 == 0) {
+                    ote_endpoint_store_reclaim(r.s0, ote_deadline_after(100 * kMs), nullptr);
+                    ote_endpoint_store_reclaim(r.s1, ote_deadline_after(100 * kMs), nullptr);
+                }
+                return false;
+            },
+            std::chrono::milliseconds(ms), "the grant's done callback");
     }
 };
 

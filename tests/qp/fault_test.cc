@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "tests/qp/qp_fixture.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/alloc.h"
@@ -346,9 +348,16 @@ TEST_F(QpFaultTest, PortDownEndsInFlightWorkWithErrorsAndPausesAdmission) {
     ote_qp_post_result_t res;
     ASSERT_EQ(ote_qp_post_send(a, &win[0].wr, Soon(), &res), OTE_OK);
     // The monitor's poll pauses the context and fails the QP's outstanding work.
-    ote_deadline_t d = Soon();
-    while (ote_context_check(ctx_[0]) == OTE_OK && !ote_deadline_expired(d))
-        ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+    auto poll_until = [&](bool want_ok, const char *what) {
+        ote_test::WaitUntil(
+            [&] {
+                if ((ote_context_check(ctx_[0]) == OTE_OK) == want_ok) return true;
+                EXPECT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+                return false;
+            },
+            std::chrono::seconds(30), what);
+    };
+    poll_until(false, "the context to see its port down");
     ASSERT_EQ(ote_context_check(ctx_[0]), OTE_ERR_PORT_DOWN);
     ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK); // ended, not hung
     for (uint64_t id = 1; id <= 4; id++) {
@@ -363,9 +372,7 @@ TEST_F(QpFaultTest, PortDownEndsInFlightWorkWithErrorsAndPausesAdmission) {
     EXPECT_EQ(ote_qp_create(lane_[0], &cfg, &c), OTE_ERR_PORT_DOWN);
     // The port returns: a fresh pair works again.
     ASSERT_EQ(ote_sim_set_port_state(sim, "sim0", 1, IBV_PORT_ACTIVE), OTE_OK);
-    d = Soon();
-    while (ote_context_check(ctx_[0]) != OTE_OK && !ote_deadline_expired(d))
-        ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+    poll_until(true, "the context to see its port up again");
     ASSERT_EQ(ote_context_check(ctx_[0]), OTE_OK);
     ote_qp_t *a2 = MakeQp(0, Config(16));
     ote_qp_t *b2 = MakeQp(1, Config(16));

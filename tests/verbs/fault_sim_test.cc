@@ -6,9 +6,12 @@
 #include <sched.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "tests/util/wait.h"
 #include "tests/verbs/verbs_fixture.h"
 
 extern "C" {
@@ -83,14 +86,16 @@ class FaultSimTest : public ote_test::VerbsFixture {
     // within a short grace period (the sim completes promptly).
     std::vector<struct ibv_wc> PollN(size_t want) {
         std::vector<struct ibv_wc> out;
-        ote_deadline_t d = ote_deadline_after(ote_test::kVerbsWaitNs);
-        while (out.size() < want && !ote_deadline_expired(d)) {
-            struct ibv_wc wc[8];
-            int n = v_->ops->poll_cq(v_, cq_, 8, wc);
-            EXPECT_GE(n, 0);
-            for (int i = 0; i < n; i++) out.push_back(wc[i]);
-            if (n == 0) sched_yield();
-        }
+        ote_test::WaitUntil(
+            [&] {
+                struct ibv_wc wc[8];
+                int n = v_->ops->poll_cq(v_, cq_, 8, wc);
+                EXPECT_GE(n, 0);
+                for (int i = 0; i < n; i++) out.push_back(wc[i]);
+                return out.size() >= want;
+            },
+            std::chrono::nanoseconds(ote_test::kVerbsWaitNs),
+            std::to_string(want) + " completions");
         return out;
     }
     std::vector<struct ibv_wc> PollQuiet(uint64_t ms) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 #include "tests/verbs/mock_provider.h"
 #include "tests/verbs/op_caller.h"
 
@@ -701,9 +702,13 @@ TEST_F(FaultTest, DelayedCallIsReleasedWhenTheRuleIsLiftedOrCleared) {
             if (qp != nullptr) extra_qps_.push_back(qp);
         });
         // It entered the decorator (counted) and is held before the inner provider.
-        while (ote_verbs_fault_calls(v_, OP(CREATE_QP)) == 0 ||
-               ote_verbs_fault_injected(v_, OP(CREATE_QP)) == 0)
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ASSERT_TRUE(ote_test::WaitUntil(
+            [&] {
+                return ote_verbs_fault_calls(v_, OP(CREATE_QP)) > 0 &&
+                       ote_verbs_fault_injected(v_, OP(CREATE_QP)) > 0;
+            },
+            std::chrono::seconds(30), "create_qp held in the decorator"));
+        // Held, not merely slow: still held a while later.
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         EXPECT_EQ(ret.load(), -1) << "the call was not held";
         EXPECT_EQ(mock_.inner_calls(OP(CREATE_QP)), inner_before);

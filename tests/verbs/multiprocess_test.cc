@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/util/wait.h"
 #include "tests/verbs/verbs_fixture.h"
 #include "tests/verbs/multiprocess_common.h"
 
@@ -113,16 +115,11 @@ class MultiProcess : public ote_test::VerbsFixture {
         if (sock_ >= 0) close(sock_);
         if (pid_ > 0) {
             int status = 0;
-            ote_deadline_t dl = ote_deadline_after(30 * OTE_NSEC_PER_SEC);
             pid_t r = 0;
-            while ((r = waitpid(pid_, &status, WNOHANG)) == 0 && !ote_deadline_expired(dl)) {
-                struct timespec ts = {0, 5 * 1000 * 1000}; // waiting for a process to exit
-                nanosleep(&ts, nullptr);
-            }
-            if (r == 0) {
+            if (!ote_test::WaitUntil([&] { return (r = waitpid(pid_, &status, WNOHANG)) != 0; },
+                                     std::chrono::seconds(30), "the peer process to exit")) {
                 kill(pid_, SIGKILL);
                 waitpid(pid_, &status, 0);
-                ADD_FAILURE() << "peer did not exit";
             } else {
                 EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
                     << "peer status " << status;

@@ -23,12 +23,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "tests/util/wait.h"
 #include "tests/verbs/verbs_fixture.h"
 
 extern "C" {
@@ -159,24 +161,21 @@ class Raw {
         return true;
     }
     // True when the peer ends the stream before the deadline (data before it is dropped).
+    // Silent: the callers say what a missing end means.
     bool WaitEof(uint64_t wait_ns = kWaitNs) {
         char buf[4096];
-        ote_deadline_t dl = ote_deadline_after(wait_ns);
-        while (!ote_deadline_expired(dl)) {
-            if (!Recv(buf, 1, 20 * OTE_NSEC_PER_MSEC) && eof_) return true;
-        }
-        return false;
+        return ote_test::PollUntil([&] { return !Recv(buf, 1, 20 * OTE_NSEC_PER_MSEC) && eof_; },
+                                   std::chrono::nanoseconds(wait_ns));
     }
     // Wait until the peer has read everything sent so far (nothing left in our queue).
+    // Silent: one caller only gives the peer a second to read.
     bool WaitConsumed(uint64_t wait_ns = kWaitNs) {
-        ote_deadline_t dl = ote_deadline_after(wait_ns);
-        for (;;) {
-            int q = -1;
-            if (ioctl(fd_, SIOCOUTQ, &q) == 0 && q == 0) return true;
-            if (ote_deadline_expired(dl)) return false;
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, nullptr);
-        }
+        return ote_test::PollUntil(
+            [&] {
+                int q = -1;
+                return ioctl(fd_, SIOCOUTQ, &q) == 0 && q == 0;
+            },
+            std::chrono::nanoseconds(wait_ns));
     }
     bool eof() const { return eof_; }
 

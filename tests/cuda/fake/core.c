@@ -18,6 +18,8 @@ FK_HIDDEN fk_global_t fk_g = {
     .st_mu = PTHREAD_MUTEX_INITIALIZER,
     .ev_mu = PTHREAD_MUTEX_INITIALIZER,
     .ev_cv = PTHREAD_COND_INITIALIZER,
+    .gate_mu = PTHREAD_MUTEX_INITIALIZER,
+    .gate_cv = PTHREAD_COND_INITIALIZER,
     .ndev = 1,
     .capacity = (uint64_t)1 << 30,
     .max_delay_us = 200,
@@ -118,6 +120,10 @@ FK_EXPORT void fake_cuda_counters(fake_cuda_counters_t *out) {
     c.vmm_mappings = atomic_load(&fk_g.c_vmm_mappings);
     c.vmm_exported_fds = atomic_load(&fk_g.c_vmm_exported_fds);
     c.faults_fired = atomic_load(&fk_g.c_faults_fired);
+    pthread_mutex_lock(&fk_g.gate_mu);
+    c.copies_held = fk_g.gate_held;
+    c.copies_held_total = fk_g.gate_held_total;
+    pthread_mutex_unlock(&fk_g.gate_mu);
     pthread_mutex_lock(&fk_g.mu);
     for (int d = 0; d < FAKE_CUDA_MAX_DEVICES; d++) {
         c.primary_ctx_refs[d] = fk_g.devs[d].refs;

@@ -13,14 +13,16 @@
  * Files: core.c (init, devices, contexts, faults, counters, cuGetProcAddress, error
  * names), memory.c (the region registry, device and host memory, pointer attributes,
  * dmabuf), stream.c (streams and each context's legacy stream, events, every copy and
- * memset with CUDA's host-synchronisation rules, host functions),
+ * memset with CUDA's host-synchronisation rules, host functions, the copy gate),
  * ipc.c (legacy IPC), vmm.c (virtual memory management).
  *
  * Lock order: fk_g.st_mu (the stream list) before a stream's mu before fk_g.mu (the
  * registry, contexts) before fk_g.ev_mu (events). A stream worker never takes st_mu and
  * never holds its stream's mu while it runs an operation, so a thread holding st_mu may
  * wait for a worker. (A host function that calls the driver, which CUDA forbids, could
- * deadlock the unload: the destructor holds st_mu while it joins the workers.)
+ * deadlock the unload: the destructor holds st_mu while it joins the workers.) fk_g.gate_mu
+ * (the copy gate) is a leaf; a worker held at the gate holds no other lock, and the
+ * destructor opens the gate before it joins the workers.
  */
 #ifndef OTE_TESTS_CUDA_FAKE_INTERNAL_H
 #define OTE_TESTS_CUDA_FAKE_INTERNAL_H
@@ -198,6 +200,14 @@ typedef struct fk_global {
     pthread_mutex_t ev_mu;
     pthread_cond_t ev_cv;
     struct CUevent_st *events;
+    /* The copy gate (fake_cuda_hold_copies), under gate_mu: while closed, gate_pass more
+     * copies run, then each copy waits on gate_cv until it opens. gate_mu is a leaf lock:
+     * a worker takes it holding nothing else. */
+    pthread_mutex_t gate_mu;
+    pthread_cond_t gate_cv;
+    int gate_closed;
+    unsigned gate_pass;
+    uint64_t gate_held, gate_held_total;
     /* Counters (atomics, so that any file may bump them without a lock). */
     atomic_uint_least64_t c_device_allocs, c_device_bytes, c_host_allocs, c_host_bytes, c_host_regs,
         c_streams, c_events, c_pending_ops, c_ipc_exports, c_ipc_exported_allocs, c_ipc_imports,

@@ -12,7 +12,9 @@
  * the memory through a dmabuf needs). The legacy stream (NULL, CU_STREAM_LEGACY and, here,
  * CU_STREAM_PER_THREAD) synchronises implicitly with blocking streams (flags 0): an
  * operation on one waits for the work queued before it on the other(s); non-blocking
- * streams never wait for it. See fake_internal.h. */
+ * streams never wait for it. The copy gate (fake_cuda_hold_copies) holds copies before
+ * they move a byte, as long as a test wants: a slow copy, nothing a GPU could not do.
+ * See fake_internal.h. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +132,41 @@ static void fk_delay(struct CUstream_st *s) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
+/* ---- the copy gate (fake_cuda_control.h) ---- */
+
+/* A copy about to move its bytes: runs at once while the gate is open or its pass budget
+ * lasts, else waits (counted in gate_held) until the gate opens. The caller, a stream
+ * worker, holds no lock. */
+static void fk_gate(void) {
+    pthread_mutex_lock(&fk_g.gate_mu);
+    if (fk_g.gate_closed && fk_g.gate_pass > 0) {
+        fk_g.gate_pass--;
+    } else if (fk_g.gate_closed) {
+        fk_g.gate_held++;
+        fk_g.gate_held_total++;
+        while (fk_g.gate_closed) pthread_cond_wait(&fk_g.gate_cv, &fk_g.gate_mu);
+        fk_g.gate_held--;
+    }
+    pthread_mutex_unlock(&fk_g.gate_mu);
+}
+
+FK_EXPORT void fake_cuda_hold_copies(unsigned pass) {
+    pthread_mutex_lock(&fk_g.gate_mu);
+    fk_g.gate_closed = 1;
+    fk_g.gate_pass = pass;
+    pthread_mutex_unlock(&fk_g.gate_mu);
+}
+
+static void fk_gate_open(void) {
+    pthread_mutex_lock(&fk_g.gate_mu);
+    fk_g.gate_closed = 0;
+    fk_g.gate_pass = 0;
+    pthread_cond_broadcast(&fk_g.gate_cv);
+    pthread_mutex_unlock(&fk_g.gate_mu);
+}
+
+FK_EXPORT void fake_cuda_release_copies(void) { fk_gate_open(); }
+
 /* Waits until the stream has finished operation seq (s->mu held). */
 static CUresult fk_wait_seq(struct CUstream_st *s, uint64_t seq) {
     struct timespec dl;
@@ -159,6 +196,7 @@ static void *fk_worker(void *arg) {
             pthread_mutex_unlock(&o->mu);
         }
         fk_delay(s);
+        if (op->kind == FK_OP_COPY) fk_gate(); /* a held copy is a slow copy */
         switch (op->kind) {
             case FK_OP_COPY: memmove(op->dst, op->src, op->n); break;
             case FK_OP_MEMSET: memset(op->dst, op->value, op->n); break;
@@ -209,6 +247,7 @@ static void fk_reap(void) {
 }
 
 FK_HIDDEN void fk__streams_shutdown(void) {
+    fk_gate_open(); /* a copy held at the gate would never let its worker end */
     pthread_mutex_lock(&fk_g.st_mu);
     for (struct CUstream_st *s = fk_g.streams; s != NULL; s = s->next) {
         pthread_mutex_lock(&s->mu);
