@@ -169,39 +169,39 @@ err_close:
     return st;
 }
 
-ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cfg,
-                                  ote_context_set_t **set_out) {
-    if (v == NULL || set_out == NULL) return OTE_ERR_INVALID;
-    ote_status_t st;
-    if (ote_fault_hit("context.set_open", &st)) return st;
-
-    struct ibv_device **list = NULL;
-    int num = 0;
-    int err = v->ops->get_device_list(v, &list, &num);
+/* The provider's device list (*list_out, *num_out; the caller frees it). */
+static ote_status_t set_open_list(ote_verbs_t *v, struct ibv_device ***list_out, int *num_out) {
+    int err = v->ops->get_device_list(v, list_out, num_out);
     if (err != 0) {
         OTE_ERROR("context", "provider %s: get_device_list failed: errno %d", v->provider, err);
         return ote_status_make(OTE_ERR_NO_DEVICE, err);
     }
-    dev_entry_t *devs = NULL;
-    ote_context_set_t *set = NULL;
+    return OTE_OK;
+}
+
+/* The num listed devices with their names, sorted by name (*devs_out, the caller frees
+ * it); OTE_ERR_NO_DEVICE (ERROR) when the provider lists none. */
+static ote_status_t set_open_devs(ote_verbs_t *v, struct ibv_device **list, int num,
+                                  dev_entry_t **devs_out) {
     if (num <= 0) {
         OTE_ERROR("context", "provider %s lists no RDMA device", v->provider);
-        st = OTE_ERR_NO_DEVICE;
-        goto out;
+        return OTE_ERR_NO_DEVICE;
     }
-    devs = ote_calloc((size_t)num, sizeof(*devs));
-    if (devs == NULL) {
-        st = OTE_ERR_NOMEM;
-        goto out;
-    }
+    dev_entry_t *devs = ote_calloc((size_t)num, sizeof(*devs));
+    if (devs == NULL) return OTE_ERR_NOMEM;
     for (int i = 0; i < num; i++) {
         devs[i].dev = list[i];
         devs[i].name = v->ops->get_device_name(v, list[i]);
         if (devs[i].name == NULL) devs[i].name = "";
     }
     qsort(devs, (size_t)num, sizeof(*devs), dev_entry_cmp);
+    *devs_out = devs;
+    return OTE_OK;
+}
 
-    /* Every name the configuration mentions must exist. */
+/* Every name the configuration mentions must exist (OTE_ERR_NO_DEVICE, ERROR). */
+static ote_status_t set_open_check_names(ote_verbs_t *v, const ote_context_config_t *cfg,
+                                         const dev_entry_t *devs, int num) {
     for (size_t i = 0; cfg != NULL && i < cfg->num_devices + cfg->num_pins; i++) {
         const char *want =
             i < cfg->num_devices ? cfg->devices[i] : cfg->pins[i - cfg->num_devices].device;
@@ -211,10 +211,63 @@ ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cf
         if (!found) {
             OTE_ERROR("context", "device %s not found: provider %s lists %d device(s)%s%s", want,
                       v->provider, num, num > 0 ? ", first " : "", num > 0 ? devs[0].name : "");
-            st = OTE_ERR_NO_DEVICE;
-            goto out;
+            return OTE_ERR_NO_DEVICE;
         }
     }
+    return OTE_OK;
+}
+
+/* Open a context on each device the configuration names or pins (all when it names
+ * none), in name order, into set->contexts; an unpinned device without a usable port is
+ * skipped. OTE_ERR_NO_DEVICE (ERROR) when none opens; on failure the contexts opened so
+ * far stay in the set for the caller to close. */
+static ote_status_t set_open_contexts(ote_context_set_t *set, const ote_context_config_t *cfg,
+                                      const dev_entry_t *devs, int num) {
+    for (int i = 0; i < num; i++) {
+        const ote_context_pin_t *pin = find_pin(cfg, devs[i].name);
+        int l = listed(cfg, devs[i].name);
+        if (pin == NULL && l == 0) continue;
+        ote_context_t *ctx = NULL;
+        ote_status_t st =
+            context_open(set, devs[i].dev, devs[i].name, (uint32_t)i, pin, l == 1, &ctx);
+        if (st == OTE_ERR_NOT_FOUND && pin == NULL) continue; /* skipped, warned */
+        if (st != OTE_OK) return st;
+        set->contexts[set->count++] = ctx;
+    }
+    if (set->count == 0) {
+        OTE_ERROR("context",
+                  "no usable RDMA device: provider %s lists %d device(s), none has a port "
+                  "with a usable GID",
+                  set->v->provider, num);
+        return OTE_ERR_NO_DEVICE;
+    }
+    return OTE_OK;
+}
+
+/* Close the contexts of a failed open, last first. */
+static void set_open_close_contexts(ote_context_set_t *set) {
+    for (size_t i = set->count; i-- > 0;) {
+        if (context_close(set->contexts[i]) != OTE_OK) {
+            /* A PD that cannot be freed right after its creation: nothing can use it; it
+             * is leaked rather than freed on a guess, and said so. */
+            OTE_ERROR("context", "device %s: PD leaked during failed open", set->contexts[i]->name);
+        }
+    }
+}
+
+ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cfg,
+                                  ote_context_set_t **set_out) {
+    if (v == NULL || set_out == NULL) return OTE_ERR_INVALID;
+    ote_status_t st;
+    if (ote_fault_hit("context.set_open", &st)) return st;
+
+    struct ibv_device **list = NULL;
+    int num = 0;
+    if ((st = set_open_list(v, &list, &num)) != OTE_OK) return st;
+    dev_entry_t *devs = NULL;
+    ote_context_set_t *set = NULL;
+    if ((st = set_open_devs(v, list, num, &devs)) != OTE_OK) goto out;
+    if ((st = set_open_check_names(v, cfg, devs, num)) != OTE_OK) goto out;
 
     set = ote_calloc(1, sizeof(*set));
     if (set == NULL) {
@@ -230,38 +283,14 @@ ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cf
     }
     if ((st = ote_mutex_init(&set->mu)) != OTE_OK) goto err_free_set;
     if ((st = ote_mutex_init(&set->listeners_mu)) != OTE_OK) goto err_mu;
-
-    for (int i = 0; i < num; i++) {
-        const ote_context_pin_t *pin = find_pin(cfg, devs[i].name);
-        int l = listed(cfg, devs[i].name);
-        if (pin == NULL && l == 0) continue;
-        ote_context_t *ctx = NULL;
-        st = context_open(set, devs[i].dev, devs[i].name, (uint32_t)i, pin, l == 1, &ctx);
-        if (st == OTE_ERR_NOT_FOUND && pin == NULL) continue; /* skipped, warned */
-        if (st != OTE_OK) goto err_close_contexts;
-        set->contexts[set->count++] = ctx;
-    }
-    if (set->count == 0) {
-        OTE_ERROR("context",
-                  "no usable RDMA device: provider %s lists %d device(s), none has a port "
-                  "with a usable GID",
-                  v->provider, num);
-        st = OTE_ERR_NO_DEVICE;
-        goto err_close_contexts;
-    }
+    if ((st = set_open_contexts(set, cfg, devs, num)) != OTE_OK) goto err_close_contexts;
     *set_out = set;
     set = NULL;
     st = OTE_OK;
     goto out;
 
 err_close_contexts:
-    for (size_t i = set->count; i-- > 0;) {
-        if (context_close(set->contexts[i]) != OTE_OK) {
-            /* A PD that cannot be freed right after its creation: nothing can use it; it
-             * is leaked rather than freed on a guess, and said so. */
-            OTE_ERROR("context", "device %s: PD leaked during failed open", set->contexts[i]->name);
-        }
-    }
+    set_open_close_contexts(set);
     ote_mutex_destroy(&set->listeners_mu);
 err_mu:
     ote_mutex_destroy(&set->mu);

@@ -259,28 +259,42 @@ ote_status_t ote_memory_register(ote_engine_t *e, void *addr, size_t len, unsign
     return ote_memory_register_named(e, addr, len, perms, NULL);
 }
 
-ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
-                                       const char *name) {
-    if (e == NULL || addr == NULL || len == 0 || (perms & (OTE_PERM_READ | OTE_PERM_WRITE)) == 0 ||
-        (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE | OTE_PERM_IPC)) != 0 ||
-        (uintptr_t)addr > UINT64_MAX - len)
-        return OTE_ERR_INVALID;
-    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
-    size_t nl = name != NULL ? strnlen(name, OTE_NAME_MAX + 1) : 0;
-    if (name != NULL && !ote_ctl_buf_name_ok(name, nl)) {
+/* One registration's arguments and what is learned of them before the registry lock:
+ * the memory kind, whether the range is writable here, the device range's dma-buf. */
+typedef struct {
+    void *addr;
+    size_t len;
+    uint64_t start;
+    unsigned perms;
+    const char *name;
+    size_t nl;     /* name's length (0: none) */
+    uint32_t kind; /* OTE_MEM_* */
+    int writable;  /* host memory writable here (host_range_check) */
+    int dmabuf_fd; /* -1: none */
+    uint64_t dmabuf_off;
+} reg_args_t;
+
+/* A name (when given) must be 1..OTE_NAME_MAX printable ASCII characters; WARN and
+ * OTE_ERR_INVALID otherwise. */
+static ote_status_t register_check_name(const reg_args_t *a) {
+    if (a->name != NULL && !ote_ctl_buf_name_ok(a->name, a->nl)) {
         OTE_WARN("engine",
                  "register [%p, +%zu) refused: a name must be 1..%d printable ASCII "
                  "characters",
-                 addr, len, OTE_NAME_MAX);
+                 a->addr, a->len, OTE_NAME_MAX);
         return OTE_ERR_INVALID;
     }
-    uint64_t start = (uintptr_t)addr;
+    return OTE_OK;
+}
+
+/* The memory kind (a->kind), host memory checked for the permissions (a->writable) and
+ * OTE_PERM_IPC only on device memory; each refusal logged WARN. */
+static ote_status_t register_check_memory(ote_engine_t *e, reg_args_t *a) {
     /* The memory kind (host, pinned host, device N): asks the CUDA driver only when it is
      * loaded in this process or the range is not host memory (engine/gpu). */
-    uint32_t kind = OTE_MEM_HOST;
-    ote_status_t cst = ote__gpu_classify(e->gpu, start, len, 1, &kind);
+    ote_status_t cst = ote__gpu_classify(e->gpu, a->start, a->len, 1, &a->kind);
     if (cst != OTE_OK) {
-        OTE_WARN("engine", "register [%p, +%zu) refused: its memory kind: %s", addr, len,
+        OTE_WARN("engine", "register [%p, +%zu) refused: its memory kind: %s", a->addr, a->len,
                  ote_status_str(cst));
         return ote_status_code(cst) == OTE_ERR_NO_DEVICE ||
                        ote_status_code(cst) == OTE_ERR_INVALID ||
@@ -288,74 +302,97 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
                    ? cst
                    : OTE_ERR_INVALID;
     }
-    int writable = 0;
-    if (!OTE_MEM_IS_CUDA(kind) && (cst = host_range_check(addr, len, perms, &writable)) != OTE_OK)
+    if (!OTE_MEM_IS_CUDA(a->kind) &&
+        (cst = host_range_check(a->addr, a->len, a->perms, &a->writable)) != OTE_OK)
         return cst;
-    if ((perms & OTE_PERM_IPC) && !OTE_MEM_IS_CUDA(kind)) {
+    if ((a->perms & OTE_PERM_IPC) && !OTE_MEM_IS_CUDA(a->kind)) {
         OTE_WARN("engine",
                  "register [%p, +%zu) refused: OTE_PERM_IPC opts device memory in to CUDA IPC, "
                  "and this range is host memory",
-                 addr, len);
+                 a->addr, a->len);
         return OTE_ERR_INVALID;
     }
-    /* register_thp=1: huge pages for plain host memory, before a transport pins it (an
-     * RDMA MR's pinned pages cannot be collapsed); not for a range refused as an overlap
-     * (a concurrent registration racing this check costs only the advice). */
-    if (kind == OTE_MEM_HOST && e->cfg.register_thp) {
+    return OTE_OK;
+}
+
+/* register_thp=1: huge pages for plain host memory, before a transport pins it (an
+ * RDMA MR's pinned pages cannot be collapsed); not for a range refused as an overlap
+ * (a concurrent registration racing this check costs only the advice). Takes reg_lk
+ * (read) for the overlap check. */
+static void register_advise_thp(ote_engine_t *e, const reg_args_t *a) {
+    if (a->kind == OTE_MEM_HOST && e->cfg.register_thp) {
         pthread_rwlock_rdlock(&e->reg_lk);
-        int taken = overlaps(e, start, len);
+        int taken = overlaps(e, a->start, a->len);
         pthread_rwlock_unlock(&e->reg_lk);
-        if (!taken) ote__thp_advise(e, start, len);
+        if (!taken) ote__thp_advise(e, a->start, a->len);
     }
-    /* GPUDirect RDMA: the device range's dma-buf (engine/gpu/gpu_direct.c), taken before
-     * the registry lock (driver calls); without one the other GPU paths still serve it. */
-    int dmabuf_fd = -1, dmabuf_tp = 0; /* some transport takes dma-buf MRs (rdma) */
-    uint64_t dmabuf_off = 0;
+}
+
+/* GPUDirect RDMA: the device range's dma-buf (engine/gpu/gpu_direct.c), taken before
+ * the registry lock (driver calls); without one the other GPU paths still serve it.
+ * Sets a->dmabuf_fd (-1: none) and a->dmabuf_off; the caller closes the fd. */
+static void register_export_dmabuf(ote_engine_t *e, reg_args_t *a) {
+    int dmabuf_tp = 0; /* some transport takes dma-buf MRs (rdma) */
+    a->dmabuf_fd = -1;
+    a->dmabuf_off = 0;
     for (size_t t = 0; t < e->ntps; t++) dmabuf_tp |= e->tps[t]->ops->mem_register_dmabuf != NULL;
-    if (OTE_MEM_IS_CUDA(kind) && dmabuf_tp && ote__gpu_direct_allowed(e->gpu) &&
-        ote__gpu_direct_export(e->gpu, kind, start, len, &dmabuf_fd, &dmabuf_off) != OTE_OK)
-        dmabuf_fd = -1;
+    if (OTE_MEM_IS_CUDA(a->kind) && dmabuf_tp && ote__gpu_direct_allowed(e->gpu) &&
+        ote__gpu_direct_export(e->gpu, a->kind, a->start, a->len, &a->dmabuf_fd, &a->dmabuf_off) !=
+            OTE_OK)
+        a->dmabuf_fd = -1;
+}
+
+/* The registration record for a (not yet in the registry); NULL when out of memory. */
+static ote__reg_t *register_new_reg(ote_engine_t *e, const reg_args_t *a) {
     ote__reg_t *r = ote_calloc(1, sizeof(*r));
-    if (r == NULL) {
-        ote__gpu_direct_close(dmabuf_fd);
-        return OTE_ERR_NOMEM;
-    }
-    r->start = start;
-    r->len = len;
-    r->perms = perms;
-    r->kind = kind;
-    r->numa = ote__mem_node(e, start, len, kind);
-    if (nl) memcpy(r->name, name, nl);
-    ote_status_t st = OTE_OK;
-    int dup = 0;
-    pthread_rwlock_wrlock(&e->reg_lk);
-    long i = reg_find(e, start);
-    if (overlaps(e, start, len)) st = OTE_ERR_EXISTS;
-    if (st == OTE_OK && nl && name_taken(e, r->name)) {
-        st = OTE_ERR_EXISTS;
-        dup = 1;
-    }
-    if (st == OTE_OK && e->nregs == e->capregs) {
+    if (r == NULL) return NULL;
+    r->start = a->start;
+    r->len = a->len;
+    r->perms = a->perms;
+    r->kind = a->kind;
+    r->numa = ote__mem_node(e, a->start, a->len, a->kind);
+    if (a->nl) memcpy(r->name, a->name, a->nl);
+    return r;
+}
+
+/* Room for one more registration in e->regs (OTE_ERR_NOMEM). reg_lk held (write). */
+static ote_status_t regs_reserve(ote_engine_t *e) {
+    if (e->nregs == e->capregs) {
         size_t ncap = e->capregs ? e->capregs * 2 : 16;
         ote__reg_t **nr = ote_realloc(e->regs, ncap * sizeof(*nr));
-        if (nr == NULL) st = OTE_ERR_NOMEM;
-        else {
-            e->regs = nr;
-            e->capregs = ncap;
-        }
+        if (nr == NULL) return OTE_ERR_NOMEM;
+        e->regs = nr;
+        e->capregs = ncap;
     }
+    return OTE_OK;
+}
+
+/* Insert r in address order after the transports published it: OTE_ERR_EXISTS for an
+ * overlap or a taken name (*dup_out), a transport's failure leaving nothing registered.
+ * reg_lk held (write) throughout, across the transports' MR registrations. */
+static ote_status_t register_insert_locked(ote_engine_t *e, const reg_args_t *a, ote__reg_t *r,
+                                           int *dup_out) {
+    ote_status_t st = OTE_OK;
+    long i = reg_find(e, a->start);
+    if (overlaps(e, a->start, a->len)) st = OTE_ERR_EXISTS;
+    if (st == OTE_OK && a->nl && name_taken(e, r->name)) {
+        st = OTE_ERR_EXISTS;
+        *dup_out = 1;
+    }
+    if (st == OTE_OK) st = regs_reserve(e);
     /* RDMA hook: the transport publishes its MRs before the range becomes visible; a
      * failure leaves nothing registered. NULL for transports that need none (tcp). */
     /* (The transports see READ/WRITE only: OTE_PERM_IPC is the engine's.) Device memory
      * gets no host MR (its provider would fault on it) ... */
-    if (st == OTE_OK && !OTE_MEM_IS_CUDA(kind))
+    if (st == OTE_OK && !OTE_MEM_IS_CUDA(a->kind))
         st = ote__router_mem_register(
-            e, addr, len,
-            (perms & (OTE_PERM_READ | OTE_PERM_WRITE)) | (writable ? OTE__MEM_WRITABLE : 0));
+            e, a->addr, a->len,
+            (a->perms & (OTE_PERM_READ | OTE_PERM_WRITE)) | (a->writable ? OTE__MEM_WRITABLE : 0));
     /* ... except its dma-buf MRs (GPUDirect RDMA), where the driver gave one: a failure
      * leaves the registration to the other paths (logged by the transport). */
-    if (st == OTE_OK && dmabuf_fd >= 0)
-        r->direct = ote__router_mem_register_dmabuf(e, addr, len, dmabuf_fd, dmabuf_off) == OTE_OK;
+    if (st == OTE_OK && a->dmabuf_fd >= 0)
+        r->direct = ote__router_mem_register_dmabuf(e, a->addr, a->len, a->dmabuf_fd,
+                                                    a->dmabuf_off) == OTE_OK;
     if (st == OTE_OK) {
         size_t at = (size_t)(i + 1);
         memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
@@ -363,8 +400,39 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
         e->nregs++;
         atomic_store(&e->nregs_hint, e->nregs);
     }
+    return st;
+}
+
+ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
+                                       const char *name) {
+    if (e == NULL || addr == NULL || len == 0 || (perms & (OTE_PERM_READ | OTE_PERM_WRITE)) == 0 ||
+        (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE | OTE_PERM_IPC)) != 0 ||
+        (uintptr_t)addr > UINT64_MAX - len)
+        return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+    reg_args_t a = {.addr = addr,
+                    .len = len,
+                    .start = (uintptr_t)addr,
+                    .perms = perms,
+                    .name = name,
+                    .kind = OTE_MEM_HOST,
+                    .dmabuf_fd = -1};
+    a.nl = name != NULL ? strnlen(name, OTE_NAME_MAX + 1) : 0;
+    ote_status_t st = register_check_name(&a);
+    if (st == OTE_OK) st = register_check_memory(e, &a);
+    if (st != OTE_OK) return st;
+    register_advise_thp(e, &a);
+    register_export_dmabuf(e, &a);
+    ote__reg_t *r = register_new_reg(e, &a);
+    if (r == NULL) {
+        ote__gpu_direct_close(a.dmabuf_fd);
+        return OTE_ERR_NOMEM;
+    }
+    int dup = 0;
+    pthread_rwlock_wrlock(&e->reg_lk);
+    st = register_insert_locked(e, &a, r, &dup);
     pthread_rwlock_unlock(&e->reg_lk);
-    ote__gpu_direct_close(dmabuf_fd); /* the MRs hold their own references on the dma-buf */
+    ote__gpu_direct_close(a.dmabuf_fd); /* the MRs hold their own references on the dma-buf */
     if (st != OTE_OK) {
         if (dup)
             OTE_WARN("engine", "register [%p, +%zu) refused: the name \"%s\" is taken", addr, len,

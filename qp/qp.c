@@ -91,17 +91,96 @@ static void free_qp(ote_qp_t *qp) {
     ote_free(qp);
 }
 
-ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_qp_t **qp_out) {
-    if (lane == NULL || cfg == NULL || qp_out == NULL || cfg->max_send_wr == 0 ||
-        (cfg->recv_slots > 0 && cfg->recv_size == 0))
-        return OTE_ERR_INVALID;
-    ote_context_t *ctx = ote_cq_lane_context(lane);
+/* A QP is created only on a usable context, and the "qp.create" fault point can refuse
+ * it (logged WARN when the context refuses). */
+static ote_status_t create_admit(ote_context_t *ctx) {
     ote_status_t st = ote_context_check(ctx);
     if (st != OTE_OK) {
         OTE_WARN("qp", "create on %s refused: %s", ote_context_name(ctx), ote_status_str(st));
         return st;
     }
     if (ote_fault_hit("qp.create", &st)) return st;
+    return OTE_OK;
+}
+
+/* The native RC QP on the lane's CQ pair, in cfg->pd or the context's PD: sets qp->qp
+ * and qp->qp_num (needs qp->ctx, qp->v and qp->cfg). */
+static ote_status_t create_native_qp(ote_qp_t *qp, ote_cq_lane_t *lane) {
+    const ote_qp_config_t *cfg = &qp->cfg;
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ote_cq_lane_native_cq(lane, OTE_CQ_SEND);
+    ia.recv_cq = ote_cq_lane_native_cq(lane, OTE_CQ_RECV);
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = 1; /* every WR completes: exact discharge per WR id */
+    ia.cap.max_send_wr = cfg->max_send_wr;
+    ia.cap.max_recv_wr = cfg->recv_slots > 0 ? cfg->recv_slots : 1;
+    ia.cap.max_send_sge = cfg->max_send_sge > 0 ? cfg->max_send_sge : 1;
+    ia.cap.max_recv_sge = 1;
+    ia.cap.max_inline_data = cfg->max_inline;
+    struct ibv_pd *pd = cfg->pd != NULL ? cfg->pd : ote_context_pd(qp->ctx);
+    int err = qp->v->ops->create_qp(qp->v, pd, &ia, &qp->qp);
+    if (err != 0) {
+        OTE_ERROR("qp", "%s: create_qp(RC, %u send WRs, %u recv WRs) failed: errno %d",
+                  ote_context_name(qp->ctx), ia.cap.max_send_wr, ia.cap.max_recv_wr, err);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
+    qp->qp_num = qp->qp->qp_num;
+    return OTE_OK;
+}
+
+/* RESET -> INIT on qp->port with the configured access flags; sets qp->state. */
+static ote_status_t create_move_to_init(ote_qp_t *qp) {
+    struct ibv_qp_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.qp_state = IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = qp->port;
+    attr.qp_access_flags = (unsigned)qp->cfg.access;
+    int err = qp->v->ops->modify_qp(
+        qp->v, qp->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (err != 0) {
+        OTE_ERROR("qp", "%s: QP %u RESET->INIT failed: errno %d", ote_context_name(qp->ctx),
+                  qp->qp_num, err);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
+    qp->state = IBV_QPS_INIT;
+    return OTE_OK;
+}
+
+/* The path a peer needs to reach this QP (qp->local) and its starting PSN (qp->psn),
+ * from the context's port info. */
+static void create_local_path(ote_qp_t *qp, const ote_context_info_t *info) {
+    qp->psn = (uint32_t)((ote_now_ns() ^ ((uint64_t)qp->qp_num * 2654435761u)) & 0xffffff);
+    memset(&qp->local, 0, sizeof(qp->local));
+    qp->local.gid = info->gid;
+    qp->local.lid = info->lid;
+    qp->local.qp_num = qp->qp_num;
+    qp->local.psn = qp->psn;
+    qp->local.mtu = info->active_mtu;
+}
+
+/* Destroy the native QP of a failed create: 0 when it is gone; otherwise it stays
+ * counted as retained (ERROR logged) and the caller must keep its memory with it. */
+static int create_destroy_native(ote_qp_t *qp) {
+    int err = qp->v->ops->destroy_qp(qp->v, qp->qp);
+    if (err != 0) {
+        /* A QP that will not die moments after creation: it stays counted, and its
+         * memory (MR, buffers) is kept with it rather than freed on a guess. */
+        ote_context_retained_add(qp->ctx, OTE_RETAINED_QP, 1);
+        OTE_ERROR("qp", "%s: destroy of a half-created QP %u failed: errno %d; leaked",
+                  ote_context_name(qp->ctx), qp->qp_num, err);
+    }
+    return err;
+}
+
+ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_qp_t **qp_out) {
+    if (lane == NULL || cfg == NULL || qp_out == NULL || cfg->max_send_wr == 0 ||
+        (cfg->recv_slots > 0 && cfg->recv_size == 0))
+        return OTE_ERR_INVALID;
+    ote_context_t *ctx = ote_cq_lane_context(lane);
+    ote_status_t st = create_admit(ctx);
+    if (st != OTE_OK) return st;
     ote_qp_t *qp = ote_calloc(1, sizeof(*qp));
     if (qp == NULL) return OTE_ERR_NOMEM;
     qp->lane = lane;
@@ -118,56 +197,14 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     ote_context_get_info(ctx, &info);
     qp->port = info.port;
     qp->gid_index = info.gid_index;
-
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.send_cq = ote_cq_lane_native_cq(lane, OTE_CQ_SEND);
-    ia.recv_cq = ote_cq_lane_native_cq(lane, OTE_CQ_RECV);
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = 1; /* every WR completes: exact discharge per WR id */
-    ia.cap.max_send_wr = cfg->max_send_wr;
-    ia.cap.max_recv_wr = cfg->recv_slots > 0 ? cfg->recv_slots : 1;
-    ia.cap.max_send_sge = cfg->max_send_sge > 0 ? cfg->max_send_sge : 1;
-    ia.cap.max_recv_sge = 1;
-    ia.cap.max_inline_data = cfg->max_inline;
-    struct ibv_pd *pd = cfg->pd != NULL ? cfg->pd : ote_context_pd(ctx);
-    int err = qp->v->ops->create_qp(qp->v, pd, &ia, &qp->qp);
-    if (err != 0) {
-        OTE_ERROR("qp", "%s: create_qp(RC, %u send WRs, %u recv WRs) failed: errno %d",
-                  ote_context_name(ctx), ia.cap.max_send_wr, ia.cap.max_recv_wr, err);
-        st = ote_status_make(OTE_ERR_NATIVE, err);
-        goto err_rq;
-    }
-    qp->qp_num = qp->qp->qp_num;
-
-    struct ibv_qp_attr attr;
-    memset(&attr, 0, sizeof(attr));
-    attr.qp_state = IBV_QPS_INIT;
-    attr.pkey_index = 0;
-    attr.port_num = qp->port;
-    attr.qp_access_flags = (unsigned)cfg->access;
-    err = qp->v->ops->modify_qp(
-        qp->v, qp->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-    if (err != 0) {
-        OTE_ERROR("qp", "%s: QP %u RESET->INIT failed: errno %d", ote_context_name(ctx), qp->qp_num,
-                  err);
-        st = ote_status_make(OTE_ERR_NATIVE, err);
-        goto err_destroy_qp;
-    }
-    qp->state = IBV_QPS_INIT;
+    if ((st = create_native_qp(qp, lane)) != OTE_OK) goto err_rq;
+    if ((st = create_move_to_init(qp)) != OTE_OK) goto err_destroy_qp;
     if ((st = ote_cq_lane_attach_qp(lane, qp->qp_num, qp_hook, qp)) != OTE_OK) goto err_destroy_qp;
     qp->hook_attached = 1;
     st = ote_context_set_add_listener(ote_context_owner(ctx), qp_listener, qp, &qp->listener_id);
     if (st != OTE_OK) goto err_detach;
     qp->listener_added = 1;
-
-    qp->psn = (uint32_t)((ote_now_ns() ^ ((uint64_t)qp->qp_num * 2654435761u)) & 0xffffff);
-    memset(&qp->local, 0, sizeof(qp->local));
-    qp->local.gid = info.gid;
-    qp->local.lid = info.lid;
-    qp->local.qp_num = qp->qp_num;
-    qp->local.psn = qp->psn;
-    qp->local.mtu = info.active_mtu;
+    create_local_path(qp, &info);
     OTE_DEBUG("qp", "%s: QP %u created on lane %u (%u send WRs, %u receive slots)",
               ote_context_name(ctx), qp->qp_num, ote_cq_lane_index(lane), cfg->max_send_wr,
               cfg->recv_slots);
@@ -177,15 +214,7 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
 err_detach:
     ote_cq_lane_detach_qp(lane, qp->qp_num);
 err_destroy_qp:
-    err = qp->v->ops->destroy_qp(qp->v, qp->qp);
-    if (err != 0) {
-        /* A QP that will not die moments after creation: it stays counted, and its
-         * memory (MR, buffers) is kept with it rather than freed on a guess. */
-        ote_context_retained_add(ctx, OTE_RETAINED_QP, 1);
-        OTE_ERROR("qp", "%s: destroy of a half-created QP %u failed: errno %d; leaked",
-                  ote_context_name(ctx), qp->qp_num, err);
-        return st;
-    }
+    if (create_destroy_native(qp) != 0) return st; /* retained with its memory */
 err_rq:
     if (ote__rq_fini(qp) != OTE_OK) return st; /* MR retained and counted with its buffers */
 err_sq:

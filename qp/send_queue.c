@@ -40,42 +40,52 @@ static void entry_put(ote_qp_t *qp, sq_entry_t *e) {
     qp->sq_count--;
 }
 
-ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadline_t deadline,
-                              ote_qp_post_result_t *result) {
-    ote_qp_post_result_t res = {0, wrs};
-    if (result != NULL) *result = res;
-    if (qp == NULL || wrs == NULL || result == NULL) return OTE_ERR_INVALID;
-    size_t n = 0;
-    for (struct ibv_send_wr *w = wrs; w != NULL; w = w->next) n++;
+/* One post's state: the chain, its credited prefix (cut off the chain while posting) and
+ * the result to report. */
+typedef struct {
+    struct ibv_send_wr *wrs;
+    size_t n;                   /* WRs in the chain, then in the credited prefix */
+    size_t take;                /* shared credits taken */
+    struct ibv_send_wr *cut_at; /* last WR of the prefix when the chain is cut */
+    struct ibv_send_wr *cut;    /* first WR past the prefix, returned unposted */
+    ote_qp_post_result_t res;
+} sq_post_t;
 
-    ote_mutex_lock(&qp->mu);
+/* Admission (caller holds qp->mu, kept on return): the QP must be open, unfenced, in RTS
+ * with its port usable, with room for p->n WRs and at least one shared credit (p->take). */
+static ote_status_t post_admit(ote_qp_t *qp, sq_post_t *p) {
     ote_status_t st = OTE_OK;
     if (qp->closing || qp->qp == NULL) st = OTE_ERR_STATE;
     else if (qp->fenced) st = OTE_ERR_FENCED;
     else if (qp->state != IBV_QPS_RTS) st = OTE_ERR_STATE;
     else st = ote_context_check(qp->ctx); /* a paused port admits nothing new */
-    if (st == OTE_OK && (uint64_t)qp->sq_count + n > qp->cfg.max_send_wr) st = OTE_ERR_AGAIN;
-    size_t take = 0;
+    if (st == OTE_OK && (uint64_t)qp->sq_count + p->n > qp->cfg.max_send_wr) st = OTE_ERR_AGAIN;
     if (st == OTE_OK) {
-        take = ote__sq_pool_take(qp->cfg.sq_pool, n);
-        if (take == 0) st = OTE_ERR_AGAIN; /* no shared credit free */
+        p->take = ote__sq_pool_take(qp->cfg.sq_pool, p->n);
+        if (p->take == 0) st = OTE_ERR_AGAIN; /* no shared credit free */
     }
-    if (st != OTE_OK) {
-        ote_mutex_unlock(&qp->mu);
-        return st;
+    return st;
+}
+
+/* Credits for a prefix only: that prefix goes now, the rest is returned unposted. Cuts
+ * the chain after p->take WRs (p->cut_at, p->cut; relinked after the post). */
+static void post_cut_prefix(sq_post_t *p) {
+    if (p->take < p->n) {
+        p->cut_at = p->wrs;
+        for (size_t i = 1; i < p->take; i++) p->cut_at = p->cut_at->next;
+        p->cut = p->cut_at->next;
+        p->cut_at->next = NULL;
+        p->n = p->take;
     }
-    /* Credits for a prefix only: that prefix goes now, the rest is returned unposted. */
-    struct ibv_send_wr *cut_at = NULL, *cut = NULL;
-    if (take < n) {
-        cut_at = wrs;
-        for (size_t i = 1; i < take; i++) cut_at = cut_at->next;
-        cut = cut_at->next;
-        cut_at->next = NULL;
-        n = take;
-    }
-    /* Enter every WR id (refusing duplicates) before the post. */
+}
+
+/* Enter every WR id (refusing duplicates) before the post (caller holds qp->mu): each
+ * takes a pool entry and is marked signaled; *entered_out counts the ids visited. */
+static ote_status_t post_enter_ids(ote_qp_t *qp, sq_post_t *p, ote_deadline_t deadline,
+                                   size_t *entered_out) {
+    ote_status_t st = OTE_OK;
     size_t entered = 0;
-    for (struct ibv_send_wr *w = wrs; w != NULL; w = w->next, entered++) {
+    for (struct ibv_send_wr *w = p->wrs; w != NULL; w = w->next, entered++) {
         sq_entry_t *dup = NULL;
         HASH_FIND(hh, qp->outstanding, &w->wr_id, sizeof(uint64_t), dup);
         if (dup != NULL) {
@@ -98,54 +108,59 @@ ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadlin
         qp->sq_count++;
         w->send_flags |= IBV_SEND_SIGNALED;
     }
-    if (st == OTE_OK) st = ote_cq_lane_reserve(qp->lane, OTE_CQ_SEND, (uint32_t)n);
-    if (st != OTE_OK) {
-        struct ibv_send_wr *w = wrs;
-        for (size_t i = 0; i < entered; i++, w = w->next) {
-            sq_entry_t *e = NULL;
-            HASH_FIND(hh, qp->outstanding, &w->wr_id, sizeof(uint64_t), e);
-            if (e != NULL) entry_put(qp, e);
-        }
-        ote_mutex_unlock(&qp->mu);
-        if (cut_at != NULL) cut_at->next = cut;
-        ote__sq_pool_put(qp->cfg.sq_pool, take);
-        return st;
-    }
+    *entered_out = entered;
+    return st;
+}
 
-    struct ibv_send_wr *bad = NULL;
-    int err = qp->v->ops->post_send(qp->v, qp->qp, wrs, &bad);
-    if (cut_at != NULL) cut_at->next = cut;
-    if (err == 0) {
-        res.accepted = n;
-        res.unposted = cut;
-        ote_mutex_unlock(&qp->mu);
-        *result = res;
-        return cut == NULL ? OTE_OK : OTE_ERR_AGAIN;
+/* Nothing was posted: remove the first `entered` ids, drop qp->mu (held on entry),
+ * relink the chain and give the credits back. */
+static void post_undo_entries(ote_qp_t *qp, sq_post_t *p, size_t entered) {
+    struct ibv_send_wr *w = p->wrs;
+    for (size_t i = 0; i < entered; i++, w = w->next) {
+        sq_entry_t *e = NULL;
+        HASH_FIND(hh, qp->outstanding, &w->wr_id, sizeof(uint64_t), e);
+        if (e != NULL) entry_put(qp, e);
     }
-    /* Failure: resolve acceptance from bad_wr. */
+    ote_mutex_unlock(&qp->mu);
+    if (p->cut_at != NULL) p->cut_at->next = p->cut;
+    ote__sq_pool_put(qp->cfg.sq_pool, p->take);
+}
+
+/* The post failed with bad_wr in the chain (caller holds qp->mu, dropped here): WRs
+ * [0, k) are posted and owned; [k, n) were not posted and leave the table, the lane
+ * reservation and the pool. */
+static ote_status_t post_proven_prefix(ote_qp_t *qp, sq_post_t *p, struct ibv_send_wr *bad,
+                                       size_t k, int err, ote_qp_post_result_t *result) {
+    size_t n = p->n;
+    struct ibv_send_wr *u = bad;
+    for (size_t i = k; i < n && u != NULL; i++, u = u->next) {
+        sq_entry_t *e = NULL;
+        HASH_FIND(hh, qp->outstanding, &u->wr_id, sizeof(uint64_t), e);
+        if (e != NULL) entry_put(qp, e);
+    }
+    ote_mutex_unlock(&qp->mu);
+    ote_cq_lane_release(qp->lane, OTE_CQ_SEND, (uint32_t)(n - k));
+    ote__sq_pool_put(qp->cfg.sq_pool, n - k);
+    p->res.accepted = k;
+    p->res.unposted = bad;
+    OTE_WARN("qp", "QP %u: post_send accepted %zu of %zu WRs: errno %d", qp->qp_num, k, n, err);
+    *result = p->res;
+    return ote_verbs_status(err);
+}
+
+/* The post failed (caller holds qp->mu, dropped here): resolve acceptance from bad_wr;
+ * outside the chain the outcome is unknown, so the whole debt is kept and the queue
+ * fenced. */
+static ote_status_t post_resolve_failure(ote_qp_t *qp, sq_post_t *p, struct ibv_send_wr *bad,
+                                         int err, ote_qp_post_result_t *result) {
+    size_t n = p->n;
     size_t k = 0;
-    struct ibv_send_wr *w = wrs;
+    struct ibv_send_wr *w = p->wrs;
     while (w != NULL && w != bad && k < n) { /* the chain was relinked past n */
         w = w->next;
         k++;
     }
-    if (bad != NULL && w == bad && k < n) {
-        /* Proven: WRs [0, k) are posted and owned; [k, n) were not posted. */
-        struct ibv_send_wr *u = bad;
-        for (size_t i = k; i < n && u != NULL; i++, u = u->next) {
-            sq_entry_t *e = NULL;
-            HASH_FIND(hh, qp->outstanding, &u->wr_id, sizeof(uint64_t), e);
-            if (e != NULL) entry_put(qp, e);
-        }
-        ote_mutex_unlock(&qp->mu);
-        ote_cq_lane_release(qp->lane, OTE_CQ_SEND, (uint32_t)(n - k));
-        ote__sq_pool_put(qp->cfg.sq_pool, n - k);
-        res.accepted = k;
-        res.unposted = bad;
-        OTE_WARN("qp", "QP %u: post_send accepted %zu of %zu WRs: errno %d", qp->qp_num, k, n, err);
-        *result = res;
-        return ote_verbs_status(err);
-    }
+    if (bad != NULL && w == bad && k < n) return post_proven_prefix(qp, p, bad, k, err, result);
     /* Unknown outcome: any of the WRs may be posted. Keep the whole debt, fence. */
     qp->fenced = 1;
     ote_mutex_unlock(&qp->mu);
@@ -153,10 +168,44 @@ ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadlin
               "QP %u: post_send of %zu WRs failed (errno %d) with bad_wr outside the chain: "
               "outcome unknown, send queue fenced, all %zu WRs kept as owed",
               qp->qp_num, n, err, n);
-    res.accepted = n;
-    res.unposted = cut; /* never handed to the provider */
-    *result = res;
+    p->res.accepted = n;
+    p->res.unposted = p->cut; /* never handed to the provider */
+    *result = p->res;
     return ote_status_make(OTE_ERR_FENCED, err);
+}
+
+ote_status_t ote_qp_post_send(ote_qp_t *qp, struct ibv_send_wr *wrs, ote_deadline_t deadline,
+                              ote_qp_post_result_t *result) {
+    ote_qp_post_result_t res = {0, wrs};
+    if (result != NULL) *result = res;
+    if (qp == NULL || wrs == NULL || result == NULL) return OTE_ERR_INVALID;
+    sq_post_t p = {.wrs = wrs, .res = res};
+    for (struct ibv_send_wr *w = wrs; w != NULL; w = w->next) p.n++;
+
+    ote_mutex_lock(&qp->mu);
+    ote_status_t st = post_admit(qp, &p);
+    if (st != OTE_OK) {
+        ote_mutex_unlock(&qp->mu);
+        return st;
+    }
+    post_cut_prefix(&p);
+    size_t entered = 0;
+    st = post_enter_ids(qp, &p, deadline, &entered);
+    if (st == OTE_OK) st = ote_cq_lane_reserve(qp->lane, OTE_CQ_SEND, (uint32_t)p.n);
+    if (st != OTE_OK) {
+        post_undo_entries(qp, &p, entered);
+        return st;
+    }
+
+    struct ibv_send_wr *bad = NULL;
+    int err = qp->v->ops->post_send(qp->v, qp->qp, wrs, &bad);
+    if (p.cut_at != NULL) p.cut_at->next = p.cut;
+    if (err != 0) return post_resolve_failure(qp, &p, bad, err, result);
+    p.res.accepted = p.n;
+    p.res.unposted = p.cut;
+    ote_mutex_unlock(&qp->mu);
+    *result = p.res;
+    return p.cut == NULL ? OTE_OK : OTE_ERR_AGAIN;
 }
 
 int ote__sq_complete(ote_qp_t *qp, const struct ibv_wc *wc) {

@@ -237,6 +237,116 @@ static ote_status_t decode_hello_ack(const uint8_t *b, uint32_t body_len, ote_ct
     return OTE_OK;
 }
 
+/* The body of a HELLO (body_len bytes at b) into *m. */
+static ote_status_t decode_hello(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
+    if (body_len < 16) return OTE_ERR_PROTOCOL;
+    m->u.hello.min_version = ote_le_get16(b);
+    m->u.hello.max_version = ote_le_get16(b + 2);
+    m->u.hello.role = ote_le_get16(b + 4);
+    m->u.hello.conn_index = ote_le_get16(b + 6);
+    m->u.hello.session = ote_le_get64(b + 8);
+    m->u.hello.addr_len = body_len - 16;
+    if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
+    if (m->u.hello.min_version == 0 || m->u.hello.min_version > m->u.hello.max_version)
+        return OTE_ERR_PROTOCOL;
+    m->u.hello.addr = (const char *)(b + 16);
+    if (memchr(m->u.hello.addr, '\0', m->u.hello.addr_len) != NULL) return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
+/* The body of a WRITE_REQ or READ_REQ (body_len bytes at b, version 1 or 2) into *m;
+ * a WRITE's data follows (m->data_len). */
+static ote_status_t decode_rw(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
+    m->u.rw.addr = ote_le_get64(b);
+    m->u.rw.len = ote_le_get32(b + 8);
+    m->u.rw.flags = ote_le_get32(b + 12);
+    if (m->u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
+    if (m->u.rw.flags != 0) return OTE_ERR_PROTOCOL;
+    if (m->u.rw.len != 0 && m->u.rw.addr > UINT64_MAX - m->u.rw.len) return OTE_ERR_PROTOCOL;
+    m->u.rw.req_addr = m->u.rw.addr;
+    m->u.rw.req_len = m->u.rw.len;
+    if (body_len == OTE_CTL_RW2_BODY_LEN) {
+        m->u.rw.req_addr = ote_le_get64(b + 16);
+        m->u.rw.req_len = ote_le_get64(b + 24);
+        m->u.rw.req_uid = ote_le_get64(b + 32);
+        if (!rw_extent_ok(m) || m->u.rw.req_uid == 0) return OTE_ERR_PROTOCOL;
+    }
+    if (m->opcode == OTE_CTL_WRITE_REQ) {
+        if (m->length - body_len != m->u.rw.len) return OTE_ERR_PROTOCOL;
+        m->data_len = m->u.rw.len;
+    } else if (m->length != body_len) {
+        return OTE_ERR_PROTOCOL;
+    }
+    if (m->status != OTE_OK) return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
+/* The body of a CANCEL (body_len bytes at b) into *m: its ids and withdrawals. */
+static ote_status_t decode_cancel(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
+    m->u.cancel.count = ote_le_get32(b);
+    m->u.cancel.nwd = ote_le_get32(b + 4);
+    if (m->u.cancel.count > OTE_CTL_CANCEL_MAX || m->u.cancel.nwd > OTE_CTL_CANCEL_MAX ||
+        m->u.cancel.count + m->u.cancel.nwd == 0 ||
+        8 + 8 * (uint64_t)m->u.cancel.count + 24 * (uint64_t)m->u.cancel.nwd != body_len)
+        return OTE_ERR_PROTOCOL;
+    m->u.cancel.ids = b + 8;
+    m->u.cancel.wd = b + 8 + 8 * (size_t)m->u.cancel.count;
+    return OTE_OK;
+}
+
+/* The body of an AUTH (OTE_CTL_AUTH_BODY_LEN bytes at b) into *m: its step, nonce, mac. */
+static ote_status_t decode_auth(const uint8_t *b, ote_ctl_msg_t *m) {
+    m->u.auth.step = ote_le_get16(b);
+    if (m->u.auth.step < OTE_CTL_AUTH_CHALLENGE || m->u.auth.step > OTE_CTL_AUTH_OK ||
+        ote_le_get16(b + 2) != 0 || ote_le_get32(b + 4) != 0)
+        return OTE_ERR_PROTOCOL;
+    m->u.auth.nonce = b + 8;
+    m->u.auth.mac = b + 8 + OTE_CTL_AUTH_NONCE_LEN;
+    return OTE_OK;
+}
+
+/* The body of an ERROR (body_len bytes at b) into *m: the peer's versions and text; an
+ * ERROR must carry a status. */
+static ote_status_t decode_error(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
+    if (body_len < 4) return OTE_ERR_PROTOCOL;
+    m->u.error.min_version = ote_le_get16(b);
+    m->u.error.max_version = ote_le_get16(b + 2);
+    m->u.error.text_len = body_len - 4;
+    if (m->u.error.text_len > OTE_CTL_MAX_TEXT) return OTE_ERR_TOO_BIG;
+    m->u.error.text = (const char *)(b + 4);
+    if (m->status == OTE_OK) return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
+/* The body of the frame whose header is in *m (body_len bytes at b, all present) into
+ * *m, by opcode; opcodes without a body are left as the header made them. */
+static ote_status_t decode_body(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
+    switch (m->opcode) {
+        case OTE_CTL_HELLO: return decode_hello(b, body_len, m);
+        case OTE_CTL_HELLO_ACK: return decode_hello_ack(b, body_len, m);
+        case OTE_CTL_WRITE_REQ:
+        case OTE_CTL_READ_REQ: return decode_rw(b, body_len, m);
+        case OTE_CTL_READ_RESP: m->data_len = m->length; return OTE_OK;
+        case OTE_CTL_NOTIFY:
+            if (body_len > OTE_CTL_MAX_NOTIFY) return OTE_ERR_TOO_BIG;
+            m->u.notify.msg = b;
+            m->u.notify.len = body_len;
+            return OTE_OK;
+        case OTE_CTL_CANCEL: return decode_cancel(b, body_len, m);
+        case OTE_CTL_BUFS:
+            if (m->status == OTE_OK && decode_bufs(b, body_len, m) != OTE_OK)
+                return OTE_ERR_PROTOCOL;
+            return OTE_OK;
+        case OTE_CTL_AUTH: return decode_auth(b, m);
+        case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
+            m->u.rdma.body = b;
+            m->u.rdma.len = body_len;
+            return OTE_OK;
+        case OTE_CTL_ERROR: return decode_error(b, body_len, m);
+        default: return OTE_OK;
+    }
+}
+
 ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
                             size_t *consumed_out) {
     if (buf == NULL || out == NULL || consumed_out == NULL) return OTE_ERR_INVALID;
@@ -257,94 +367,8 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
     st = frame_body_len(&m, &body_len);
     if (st != OTE_OK) return st;
     if (len - OTE_CTL_HDR_LEN < body_len) return OTE_ERR_AGAIN;
-    const uint8_t *b = buf + OTE_CTL_HDR_LEN;
-
-    switch (m.opcode) {
-        case OTE_CTL_HELLO:
-            if (body_len < 16) return OTE_ERR_PROTOCOL;
-            m.u.hello.min_version = ote_le_get16(b);
-            m.u.hello.max_version = ote_le_get16(b + 2);
-            m.u.hello.role = ote_le_get16(b + 4);
-            m.u.hello.conn_index = ote_le_get16(b + 6);
-            m.u.hello.session = ote_le_get64(b + 8);
-            m.u.hello.addr_len = body_len - 16;
-            if (m.u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
-            if (m.u.hello.min_version == 0 || m.u.hello.min_version > m.u.hello.max_version)
-                return OTE_ERR_PROTOCOL;
-            m.u.hello.addr = (const char *)(b + 16);
-            if (memchr(m.u.hello.addr, '\0', m.u.hello.addr_len) != NULL) return OTE_ERR_PROTOCOL;
-            break;
-        case OTE_CTL_HELLO_ACK:
-            st = decode_hello_ack(b, body_len, &m);
-            if (st != OTE_OK) return st;
-            break;
-        case OTE_CTL_WRITE_REQ:
-        case OTE_CTL_READ_REQ:
-            m.u.rw.addr = ote_le_get64(b);
-            m.u.rw.len = ote_le_get32(b + 8);
-            m.u.rw.flags = ote_le_get32(b + 12);
-            if (m.u.rw.len > OTE_CTL_MAX_DATA) return OTE_ERR_TOO_BIG;
-            if (m.u.rw.flags != 0) return OTE_ERR_PROTOCOL;
-            if (m.u.rw.len != 0 && m.u.rw.addr > UINT64_MAX - m.u.rw.len) return OTE_ERR_PROTOCOL;
-            m.u.rw.req_addr = m.u.rw.addr;
-            m.u.rw.req_len = m.u.rw.len;
-            if (body_len == OTE_CTL_RW2_BODY_LEN) {
-                m.u.rw.req_addr = ote_le_get64(b + 16);
-                m.u.rw.req_len = ote_le_get64(b + 24);
-                m.u.rw.req_uid = ote_le_get64(b + 32);
-                if (!rw_extent_ok(&m) || m.u.rw.req_uid == 0) return OTE_ERR_PROTOCOL;
-            }
-            if (m.opcode == OTE_CTL_WRITE_REQ) {
-                if (m.length - body_len != m.u.rw.len) return OTE_ERR_PROTOCOL;
-                m.data_len = m.u.rw.len;
-            } else if (m.length != body_len) {
-                return OTE_ERR_PROTOCOL;
-            }
-            if (m.status != OTE_OK) return OTE_ERR_PROTOCOL;
-            break;
-        case OTE_CTL_READ_RESP: m.data_len = m.length; break;
-        case OTE_CTL_NOTIFY:
-            if (body_len > OTE_CTL_MAX_NOTIFY) return OTE_ERR_TOO_BIG;
-            m.u.notify.msg = b;
-            m.u.notify.len = body_len;
-            break;
-        case OTE_CTL_CANCEL:
-            m.u.cancel.count = ote_le_get32(b);
-            m.u.cancel.nwd = ote_le_get32(b + 4);
-            if (m.u.cancel.count > OTE_CTL_CANCEL_MAX || m.u.cancel.nwd > OTE_CTL_CANCEL_MAX ||
-                m.u.cancel.count + m.u.cancel.nwd == 0 ||
-                8 + 8 * (uint64_t)m.u.cancel.count + 24 * (uint64_t)m.u.cancel.nwd != body_len)
-                return OTE_ERR_PROTOCOL;
-            m.u.cancel.ids = b + 8;
-            m.u.cancel.wd = b + 8 + 8 * (size_t)m.u.cancel.count;
-            break;
-        case OTE_CTL_BUFS:
-            if (m.status == OTE_OK && decode_bufs(b, body_len, &m) != OTE_OK)
-                return OTE_ERR_PROTOCOL;
-            break;
-        case OTE_CTL_AUTH:
-            m.u.auth.step = ote_le_get16(b);
-            if (m.u.auth.step < OTE_CTL_AUTH_CHALLENGE || m.u.auth.step > OTE_CTL_AUTH_OK ||
-                ote_le_get16(b + 2) != 0 || ote_le_get32(b + 4) != 0)
-                return OTE_ERR_PROTOCOL;
-            m.u.auth.nonce = b + 8;
-            m.u.auth.mac = b + 8 + OTE_CTL_AUTH_NONCE_LEN;
-            break;
-        case OTE_CTL_RDMA: /* opaque here; engine/rdma/proto.c checks the body */
-            m.u.rdma.body = b;
-            m.u.rdma.len = body_len;
-            break;
-        case OTE_CTL_ERROR:
-            if (body_len < 4) return OTE_ERR_PROTOCOL;
-            m.u.error.min_version = ote_le_get16(b);
-            m.u.error.max_version = ote_le_get16(b + 2);
-            m.u.error.text_len = body_len - 4;
-            if (m.u.error.text_len > OTE_CTL_MAX_TEXT) return OTE_ERR_TOO_BIG;
-            m.u.error.text = (const char *)(b + 4);
-            if (m.status == OTE_OK) return OTE_ERR_PROTOCOL;
-            break;
-        default: break;
-    }
+    st = decode_body(buf + OTE_CTL_HDR_LEN, body_len, &m);
+    if (st != OTE_OK) return st;
     *out = m;
     *consumed_out = OTE_CTL_HDR_LEN + body_len;
     return OTE_OK;

@@ -170,11 +170,22 @@ static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, sh
     return ote__shm_ack_decode(&r, n, a) == 0 ? OTE_OK : OTE_ERR_PROTOCOL;
 }
 
-/* Connect and handshake (fd and src_pid set on success; *shared_ok: the source maps
- * shared allocations). */
-static ote_status_t peer_connect(shm_peer_t *p, int *shared_ok) {
-    shm_tp_t *tp = p->tp;
-    ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+/* One connect's state: the socket and its peer's credentials, the HELLO, the ring that
+ * goes with it and the source's answer. */
+typedef struct {
+    int fd;
+    struct ucred cr; /* the source's pid */
+    shm_hello_t h;
+    int want_ipc;   /* CUDA IPC asked for */
+    int force_ring; /* shm_mode "ring" */
+    uint8_t *ring;  /* mapped here; NULL: none */
+    int rfd;        /* the ring's fd until sent; -1: none */
+    shm_hello_ack_t a;
+} shm_connect_t;
+
+/* The control socket connected to the peer's abstract name, and its peer's credentials:
+ * c->fd and c->cr on success (nothing left open on failure). */
+static ote_status_t connect_socket(shm_peer_t *p, shm_connect_t *c) {
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0) return ote_status_from_errno(errno);
     struct sockaddr_un sun;
@@ -186,14 +197,20 @@ static ote_status_t peer_connect(shm_peer_t *p, int *shared_ok) {
                  strerror(e));
         return OTE_ERR_UNSUPPORTED;
     }
-    struct ucred cr;
-    socklen_t cl = sizeof(cr);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0) {
+    socklen_t cl = sizeof(c->cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cr, &cl) != 0) {
         close(fd);
         return OTE_ERR_UNSUPPORTED;
     }
+    c->fd = fd;
+    return OTE_OK;
+}
+
+/* Let the source attach to this process (Yama), and pick this process's probe cookie
+ * once (g_probe_cookie). */
+static void connect_allow_probe(pid_t src_pid) {
     /* Yama ptrace_scope 1: only a named process may attach; name the source. */
-    if (read_ptrace_scope() == 1) (void)prctl(PR_SET_PTRACER, (unsigned long)cr.pid, 0, 0, 0);
+    if (read_ptrace_scope() == 1) (void)prctl(PR_SET_PTRACER, (unsigned long)src_pid, 0, 0, 0);
     uint64_t expect = 0;
     if (atomic_load(&g_probe_cookie) == 0) {
         struct timespec ts;
@@ -201,84 +218,129 @@ static ote_status_t peer_connect(shm_peer_t *p, int *shared_ok) {
         atomic_compare_exchange_strong(&g_probe_cookie, &expect,
                                        ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)getpid() ^ 1u);
     }
-    shm_hello_t h;
-    memset(&h, 0, sizeof(h));
-    h.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO, 0, 0};
+}
+
+/* The HELLO (c->h) without its ring: capabilities, the probe and this engine's address;
+ * sets c->want_ipc and c->force_ring (needs c->cr). */
+static void connect_hello(shm_peer_t *p, shm_connect_t *c) {
+    shm_tp_t *tp = p->tp;
+    shm_hello_t *h = &c->h;
+    memset(h, 0, sizeof(*h));
+    h->h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO, 0, 0};
     /* CUDA IPC: asked for when gpu_paths allows it (whether the driver is loaded is
      * looked at per piece). */
-    int want_ipc = (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_copy_start != NULL;
+    c->want_ipc = (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_copy_start != NULL;
     /* Not with an engine of this very process: the driver opens no IPC handle of its own
      * process (cuIpcOpenMemHandle: CUDA_ERROR_INVALID_CONTEXT), so device memory goes by
      * the other paths gpu_paths allows (staging), said once per connection. */
-    if (want_ipc && cr.pid == getpid()) {
-        want_ipc = 0;
+    if (c->want_ipc && c->cr.pid == getpid()) {
+        c->want_ipc = 0;
         OTE_INFO("shm",
                  "peer %s is this process: no CUDA IPC with it (a process cannot open its own "
                  "IPC handles); device memory takes the other gpu_paths",
                  p->addr);
     }
-    if (want_ipc) h.h.pad = SHM_CAP_IPC;
-    int force_ring = strcmp(tp->cfg.shm_mode, "ring") == 0;
-    h.probe_addr = force_ring ? 0 : (uint64_t)(uintptr_t)&g_probe_cookie;
-    h.probe_val = atomic_load(&g_probe_cookie);
-    snprintf(h.addr, sizeof(h.addr), "%s", tp->host.self_addr ? tp->host.self_addr : "");
-    /* The ring goes along in every HELLO: the source falls back to it when it cannot
-     * attach to this process (its pages are allocated only when used). */
-    uint8_t *ring = NULL;
-    int rfd = ote__shm_ring_create(&ring);
-    if (rfd < 0) {
+    if (c->want_ipc) h->h.pad = SHM_CAP_IPC;
+    c->force_ring = strcmp(tp->cfg.shm_mode, "ring") == 0;
+    h->probe_addr = c->force_ring ? 0 : (uint64_t)(uintptr_t)&g_probe_cookie;
+    h->probe_val = atomic_load(&g_probe_cookie);
+    snprintf(h->addr, sizeof(h->addr), "%s", tp->host.self_addr ? tp->host.self_addr : "");
+}
+
+/* The ring that goes along in every HELLO: the source falls back to it when it cannot
+ * attach to this process (its pages are allocated only when used). Sets c->ring, c->rfd
+ * and the HELLO's ring fields; OTE_ERR_UNSUPPORTED when ring mode is forced and there is
+ * no ring (then c->ring stays NULL). */
+static ote_status_t connect_ring(shm_peer_t *p, shm_connect_t *c) {
+    c->rfd = ote__shm_ring_create(&c->ring);
+    if (c->rfd < 0) {
         OTE_WARN("shm", "peer %s: cannot create the shared ring: %s", p->addr, strerror(errno));
-        if (force_ring) {
-            close(fd);
-            return OTE_ERR_UNSUPPORTED;
-        }
+        if (c->force_ring) return OTE_ERR_UNSUPPORTED;
     }
-    h.ring_len = rfd >= 0 ? SHM_RING_BYTES : 0;
-    if (rfd >= 0) h.h.pad |= SHM_CAP_MARKS; /* its control page follows the ring */
-    if (!force_ring) h.h.pad |= SHM_CAP_SHARED;
-    shm_hello_ack_t a;
+    c->h.ring_len = c->rfd >= 0 ? SHM_RING_BYTES : 0;
+    if (c->rfd >= 0) c->h.h.pad |= SHM_CAP_MARKS; /* its control page follows the ring */
+    if (!c->force_ring) c->h.h.pad |= SHM_CAP_SHARED;
+    return OTE_OK;
+}
+
+/* The source's HELLO_ACK (c->a) accepts this engine in a mode it can serve: its refusal
+ * of the key is OTE_ERR_AUTH (WARN), of shm OTE_ERR_UNSUPPORTED (INFO), a mode this side
+ * cannot serve OTE_ERR_PROTOCOL. */
+static ote_status_t connect_check_ack(shm_peer_t *p, shm_connect_t *c) {
+    shm_hello_ack_t *a = &c->a;
+    if (a->status == OTE_ERR_AUTH) {
+        a->text[sizeof(a->text) - 1] = '\0';
+        OTE_WARN("shm", "peer %s (pid %d) refused this engine's key: %s", p->addr, (int)c->cr.pid,
+                 a->text);
+        return OTE_ERR_AUTH;
+    }
+    if (a->status != OTE_OK) {
+        a->text[sizeof(a->text) - 1] = '\0';
+        OTE_INFO("shm", "peer %s (pid %d) refuses shm: %s", p->addr, (int)c->cr.pid, a->text);
+        return OTE_ERR_UNSUPPORTED;
+    }
+    if (a->mode != SHM_MODE_CMA && (a->mode != SHM_MODE_RING || c->ring == NULL))
+        return OTE_ERR_PROTOCOL;
+    return OTE_OK;
+}
+
+/* Send the HELLO with the ring's fd (closed here once sent) and take the answer by dl
+ * into c->a; a failure other than OTE_ERR_UNSUPPORTED is logged WARN. */
+static ote_status_t connect_handshake(shm_peer_t *p, shm_connect_t *c, ote_deadline_t dl) {
     ote_status_t st = OTE_OK;
-    if (ote__shm_send_fd(fd, &h, sizeof(h), rfd, 0) != (ssize_t)sizeof(h)) st = OTE_ERR_PEER_LOST;
-    if (rfd >= 0) close(rfd); /* the mapping (and the source's copy of the fd) keep it */
-    if (st == OTE_OK) st = hello_answer(p, fd, &h, &a, dl);
-    if (st == OTE_OK && a.status == OTE_ERR_AUTH) {
-        a.text[sizeof(a.text) - 1] = '\0';
-        OTE_WARN("shm", "peer %s (pid %d) refused this engine's key: %s", p->addr, (int)cr.pid,
-                 a.text);
-        st = OTE_ERR_AUTH;
-    }
-    if (st == OTE_OK && a.status != OTE_OK) {
-        a.text[sizeof(a.text) - 1] = '\0';
-        OTE_INFO("shm", "peer %s (pid %d) refuses shm: %s", p->addr, (int)cr.pid, a.text);
-        st = OTE_ERR_UNSUPPORTED;
-    }
-    if (st == OTE_OK && (a.mode != SHM_MODE_CMA && (a.mode != SHM_MODE_RING || ring == NULL)))
-        st = OTE_ERR_PROTOCOL;
-    if (st != OTE_OK) {
-        if (st != OTE_ERR_UNSUPPORTED)
-            OTE_WARN("shm", "handshake with %s failed: %s", p->addr, ote_status_str(st));
-        if (ring) munmap(ring, SHM_RING_MAP);
-        close(fd);
-        return st;
-    }
-    if (a.mode == SHM_MODE_CMA && ring != NULL && !(a.flags & SHM_ACK_RING)) {
+    if (ote__shm_send_fd(c->fd, &c->h, sizeof(c->h), c->rfd, 0) != (ssize_t)sizeof(c->h))
+        st = OTE_ERR_PEER_LOST;
+    if (c->rfd >= 0) close(c->rfd); /* the mapping (and the source's copy of the fd) keep it */
+    if (st == OTE_OK) st = hello_answer(p, c->fd, &c->h, &c->a, dl);
+    if (st == OTE_OK) st = connect_check_ack(p, c);
+    if (st != OTE_OK && st != OTE_ERR_UNSUPPORTED)
+        OTE_WARN("shm", "handshake with %s failed: %s", p->addr, ote_status_str(st));
+    return st;
+}
+
+/* The accepted connection becomes p's: fd, source pid, mode, IPC, ring and marks (a CMA
+ * connection without the source's ring drops it), slice size; *shared_ok set. */
+static void connect_adopt(shm_peer_t *p, shm_connect_t *c, int *shared_ok) {
+    const shm_hello_ack_t *a = &c->a;
+    uint8_t *ring = c->ring;
+    if (a->mode == SHM_MODE_CMA && ring != NULL && !(a->flags & SHM_ACK_RING)) {
         munmap(ring, SHM_RING_MAP); /* no ring for small pieces either */
         ring = NULL;
     }
-    p->fd = fd;
-    p->src_pid = cr.pid;
-    p->mode = (int)a.mode;
-    p->ipc = want_ipc && (a.flags & SHM_ACK_IPC) != 0;
+    p->fd = c->fd;
+    p->src_pid = c->cr.pid;
+    p->mode = (int)a->mode;
+    p->ipc = c->want_ipc && (a->flags & SHM_ACK_IPC) != 0;
     p->ring = ring;
-    p->marks = ring != NULL && (a.flags & SHM_ACK_MARKS)
+    p->marks = ring != NULL && (a->flags & SHM_ACK_MARKS)
                    ? (_Atomic uint64_t *)(void *)(ring + SHM_RING_BYTES)
                    : NULL;
     p->ring_head = p->ring_tail = 0;
-    *shared_ok = a.mode == SHM_MODE_CMA && (a.flags & SHM_ACK_SHARED) != 0;
-    uint32_t cap = a.mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
-    p->max_slice = a.max_slice < cap ? a.max_slice : cap;
+    *shared_ok = a->mode == SHM_MODE_CMA && (a->flags & SHM_ACK_SHARED) != 0;
+    uint32_t cap = a->mode == SHM_MODE_RING ? 2 * SHM_RING_SLICE : SHM_MAX_SLICE;
+    p->max_slice = a->max_slice < cap ? a->max_slice : cap;
     if (p->max_slice < OTE_CTL_MIN_DATA) p->max_slice = OTE_CTL_MIN_DATA;
+}
+
+/* Connect and handshake (fd and src_pid set on success; *shared_ok: the source maps
+ * shared allocations). */
+static ote_status_t peer_connect(shm_peer_t *p, int *shared_ok) {
+    ote_deadline_t dl = ote_deadline_after(p->tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
+    shm_connect_t c = {.fd = -1, .rfd = -1};
+    ote_status_t st = connect_socket(p, &c);
+    if (st != OTE_OK) return st;
+    connect_allow_probe(c.cr.pid);
+    connect_hello(p, &c);
+    if ((st = connect_ring(p, &c)) != OTE_OK) goto err_close_fd;
+    if ((st = connect_handshake(p, &c, dl)) != OTE_OK) goto err_unmap_ring;
+    connect_adopt(p, &c, shared_ok);
     return OTE_OK;
+
+err_unmap_ring:
+    if (c.ring) munmap(c.ring, SHM_RING_MAP);
+err_close_fd:
+    close(c.fd);
+    return st;
 }
 
 /* Fail everything (in flight and queued) with st, expired slices with TIMEOUT. p->mu held. */
@@ -354,122 +416,184 @@ static int peer_uses_ring(const shm_peer_t *p, const ote__slice_t *s) {
     return p->mode == SHM_MODE_RING || (s->op != OTE__SLICE_NOTIFY && s->len <= SHM_RING_SMALL);
 }
 
-/* Send pending write-offs, and queued slices while the window allows. p->mu held. */
-void ote__shm_peer_pump(shm_peer_t *p, shm_slist_t *done) {
-    int ipc_ok = -1; /* host->ipc_usable, asked once when needed */
-    /* Shared allocations are looked for only when the engine has one (read once: one
-     * made meanwhile is found by the next call). */
-    const _Atomic size_t *shc = p->tp->host.shared_count;
-    int may_share =
-        p->shared_ok &&
-        (p->nshared > 0 || (shc != NULL && atomic_load_explicit(shc, memory_order_relaxed) > 0));
+/* One pump's state: the REQS message being built (write-off entries first, then n
+ * slices) and what is asked once per pump. */
+typedef struct {
     union {
         shm_hdr_t h;
         uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
     } m;
-    while (!p->broken && (p->nwoff > 0 || (p->qh && p->nflight < SHM_WINDOW &&
-                                           p->flight_bytes < SHM_WINDOW_BYTES))) {
-        shm_req_t *r = (shm_req_t *)(m.b + sizeof(shm_hdr_t));
-        uint32_t nw = 0, n = 0; /* write-off entries first, then n slices */
-        for (; nw < p->nwoff && nw < SHM_BATCH_MAX; nw++) {
-            const shm_woff_t *w = &p->woff[nw];
-            r[nw] = (shm_req_t){.id = w->id,
+    shm_req_t *r;       /* the message's entries */
+    uint32_t nw, n;     /* write-off entries, then slices, in this message */
+    ote__slice_t *last; /* the message's last slice */
+    uint64_t bytes;     /* the message's slice bytes */
+    uint64_t head0;     /* the ring as it was before this message */
+    uint64_t tail0;
+    int ipc_ok;    /* host->ipc_usable, asked once when needed (-1: not yet) */
+    int may_share; /* shared allocations are looked for */
+} shm_pump_t;
+
+/* Shared allocations are looked for only when the engine has one (read once: one made
+ * meanwhile is found by the next call). */
+static int pump_may_share(const shm_peer_t *p) {
+    const _Atomic size_t *shc = p->tp->host.shared_count;
+    return p->shared_ok &&
+           (p->nshared > 0 || (shc != NULL && atomic_load_explicit(shc, memory_order_relaxed) > 0));
+}
+
+/* The message's first entries: pending write-offs (and cancels), up to SHM_BATCH_MAX;
+ * sets pm->nw. p->mu held. */
+static void pump_add_write_offs(const shm_peer_t *p, shm_pump_t *pm) {
+    shm_req_t *r = pm->r;
+    for (pm->nw = 0; pm->nw < p->nwoff && pm->nw < SHM_BATCH_MAX; pm->nw++) {
+        const shm_woff_t *w = &p->woff[pm->nw];
+        r[pm->nw] = (shm_req_t){.id = w->id,
                                 .local = w->bytes,
                                 .op = w->op,
                                 .req_remote = w->req_remote,
                                 .req_len = w->req_len,
                                 .req_uid = w->uid};
-        }
-        ote__slice_t *s = p->qh, *last = NULL;
-        /* The ring as it was before this message: ring_alloc may reset an empty ring to
-         * 0, so an unsent message restores both ends (the head alone left the ring
-         * holding bytes no response would free: full for good, nothing in flight). */
-        uint64_t bytes = 0, head0 = p->ring_head, tail0 = p->ring_tail;
-        while (s && nw + n < SHM_BATCH_MAX && p->nflight + n < SHM_WINDOW &&
-               p->flight_bytes < SHM_WINDOW_BYTES &&
-               (n == 0 || (p->flight_bytes + bytes + s->len <= SHM_WINDOW_BYTES &&
-                           bytes + s->len <= SHM_MSG_BYTES))) {
-            ote__slice_t *next = s->next;
-            if (s->canceled && atomic_load(s->canceled)) { /* never sent: drop it */
-                if (last) last->next = next;
-                else p->qh = next;
-                if (p->qt == s) p->qt = last;
-                peer_write_off(p, s); /* goes with a later message */
-                ote__shm_slist_add(done, s, OTE_ERR_CANCELED);
-                s = next;
-                continue;
-            }
-            if (s->ipc_try && !p->ipc) { /* local device memory needs IPC: never sent */
-                if (last) last->next = next;
-                else p->qh = next;
-                if (p->qt == s) p->qt = last;
-                peer_write_off(p, s); /* the engine stages it as a request of its own */
-                ote__shm_slist_add(done, s, OTE_ERR_UNSUPPORTED);
-                s = next;
-                continue;
-            }
-            uint64_t local = (uint64_t)(uintptr_t)s->local;
-            uint16_t flags = 0;
-            if (p->ipc && s->op != OTE__SLICE_NOTIFY) {
-                if (ipc_ok < 0) ipc_ok = p->tp->host.ipc_usable(p->tp->host.arg);
-                if (ipc_ok || s->ipc_try) flags = SHM_REQ_IPC;
-                if (s->ipc_try) flags |= SHM_REQ_LOCAL_DEV;
-            }
-            s->xp.shm.ring_end = 0; /* nonzero: the slice holds a piece of the ring */
-            if (may_share && s->len > 0 && !s->ipc_try && s->op != OTE__SLICE_NOTIFY &&
-                ote__shm_peer_shared(p, s)) {
-                flags |= SHM_REQ_SHARED; /* the source copies it through its mapping */
-            } else if (peer_uses_ring(p, s)) {
-                if (ring_alloc(p, s, &local) != 0)
-                    break; /* the ring is full: more after responses */
-                flags |= SHM_REQ_RING;
-            }
-            s->xp.shm.id = p->next_id + n;
-            r[nw + n] = (shm_req_t){.id = s->xp.shm.id,
-                                    .remote = s->remote,
-                                    .local = local,
-                                    .len = s->len,
-                                    .op = s->op,
-                                    .flags = flags,
-                                    .req_remote = s->req_remote,
-                                    .req_len = s->req_len,
-                                    .req_uid = s->req_uid};
-            n++;
-            bytes += s->len;
-            last = s;
+    }
+}
+
+/* Queued slice s (after `last`, NULL: the head) that must never be sent leaves the queue
+ * and is done: canceled, or local device memory without IPC (the engine stages it as a
+ * request of its own); its bytes are written off with a later message. 1 when dropped.
+ * p->mu held. */
+static int pump_drop_unsendable(shm_peer_t *p, ote__slice_t *s, ote__slice_t *last,
+                                shm_slist_t *done) {
+    ote_status_t st;
+    if (s->canceled && atomic_load(s->canceled)) st = OTE_ERR_CANCELED; /* never sent */
+    else if (s->ipc_try && !p->ipc) st = OTE_ERR_UNSUPPORTED; /* device memory needs IPC */
+    else return 0;
+    if (last) last->next = s->next;
+    else p->qh = s->next;
+    if (p->qt == s) p->qt = last;
+    peer_write_off(p, s);
+    ote__shm_slist_add(done, s, st);
+    return 1;
+}
+
+/* How slice s travels: its request flags (IPC, shared mapping or a ring piece taken now,
+ * its offset in *local_io). -1 when it needs a piece of a full ring. p->mu held. */
+static int pump_slice_flags(shm_peer_t *p, shm_pump_t *pm, ote__slice_t *s, uint64_t *local_io,
+                            uint16_t *flags_out) {
+    uint16_t flags = 0;
+    if (p->ipc && s->op != OTE__SLICE_NOTIFY) {
+        if (pm->ipc_ok < 0) pm->ipc_ok = p->tp->host.ipc_usable(p->tp->host.arg);
+        if (pm->ipc_ok || s->ipc_try) flags = SHM_REQ_IPC;
+        if (s->ipc_try) flags |= SHM_REQ_LOCAL_DEV;
+    }
+    s->xp.shm.ring_end = 0; /* nonzero: the slice holds a piece of the ring */
+    if (pm->may_share && s->len > 0 && !s->ipc_try && s->op != OTE__SLICE_NOTIFY &&
+        ote__shm_peer_shared(p, s)) {
+        flags |= SHM_REQ_SHARED; /* the source copies it through its mapping */
+    } else if (peer_uses_ring(p, s)) {
+        if (ring_alloc(p, s, local_io) != 0) return -1;
+        flags |= SHM_REQ_RING;
+    }
+    *flags_out = flags;
+    return 0;
+}
+
+/* After the write-offs, the queued slices that the window, the batch and the message
+ * size allow, from the queue's head (not yet unlinked; ids from p->next_id): sets pm->n,
+ * pm->bytes, pm->last and the ring's ends before the message. p->mu held. */
+static void pump_add_slices(shm_peer_t *p, shm_pump_t *pm, shm_slist_t *done) {
+    ote__slice_t *s = p->qh;
+    pm->n = 0;
+    pm->last = NULL;
+    /* The ring as it was before this message: ring_alloc may reset an empty ring to
+     * 0, so an unsent message restores both ends (the head alone left the ring
+     * holding bytes no response would free: full for good, nothing in flight). */
+    pm->bytes = 0;
+    pm->head0 = p->ring_head;
+    pm->tail0 = p->ring_tail;
+    while (s && pm->nw + pm->n < SHM_BATCH_MAX && p->nflight + pm->n < SHM_WINDOW &&
+           p->flight_bytes < SHM_WINDOW_BYTES &&
+           (pm->n == 0 || (p->flight_bytes + pm->bytes + s->len <= SHM_WINDOW_BYTES &&
+                           pm->bytes + s->len <= SHM_MSG_BYTES))) {
+        ote__slice_t *next = s->next;
+        if (pump_drop_unsendable(p, s, pm->last, done)) {
             s = next;
+            continue;
         }
-        if (nw + n == 0) break;
-        m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_REQS, nw + n, 0};
-        /* (ring pieces of an unsent message are taken again, in the same order, when it
-         * is retried: head and tail go back to where they were when it began) */
-        size_t len = sizeof(shm_hdr_t) + (nw + n) * sizeof(shm_req_t);
-        ssize_t wr = send(p->fd, m.b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (wr < 0 && (errno == EAGAIN || errno == EINTR)) {
-            p->ring_head = head0;
-            p->ring_tail = tail0;
-            break; /* the receive thread retries */
-        }
-        if (wr != (ssize_t)len) {
-            peer_kill(p, OTE_ERR_PEER_LOST, done);
-            return;
-        }
-        /* The first nw write-offs are sent (later ones may have been added meanwhile). */
-        memmove(p->woff, p->woff + nw, (p->nwoff - nw) * sizeof(*p->woff));
-        p->nwoff -= nw;
-        if (n == 0) continue;
-        /* [qh, last] is in flight now. */
-        ote__slice_t *first = p->qh;
-        p->qh = last->next;
-        if (p->qh == NULL) p->qt = NULL;
-        last->next = NULL;
-        if (p->ft) p->ft->next = first;
-        else p->fh = first;
-        p->ft = last;
-        p->nflight += n;
-        p->flight_bytes += bytes;
-        p->next_id += n;
-        if (p->marks != NULL) peer_stage(p, first, last);
+        uint64_t local = (uint64_t)(uintptr_t)s->local;
+        uint16_t flags = 0;
+        if (pump_slice_flags(p, pm, s, &local, &flags) != 0)
+            break; /* the ring is full: more after responses */
+        s->xp.shm.id = p->next_id + pm->n;
+        pm->r[pm->nw + pm->n] = (shm_req_t){.id = s->xp.shm.id,
+                                            .remote = s->remote,
+                                            .local = local,
+                                            .len = s->len,
+                                            .op = s->op,
+                                            .flags = flags,
+                                            .req_remote = s->req_remote,
+                                            .req_len = s->req_len,
+                                            .req_uid = s->req_uid};
+        pm->n++;
+        pm->bytes += s->len;
+        pm->last = s;
+        s = next;
+    }
+}
+
+/* Send the message without blocking: 1 sent; 0 the socket is full (the ring's ends
+ * restored; the receive thread retries); -1 the connection is lost (p killed, its
+ * slices into done). p->mu held. */
+static int pump_send(shm_peer_t *p, shm_pump_t *pm, shm_slist_t *done) {
+    pm->m.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_REQS, pm->nw + pm->n, 0};
+    /* (ring pieces of an unsent message are taken again, in the same order, when it
+     * is retried: head and tail go back to where they were when it began) */
+    size_t len = sizeof(shm_hdr_t) + (pm->nw + pm->n) * sizeof(shm_req_t);
+    ssize_t wr = send(p->fd, pm->m.b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (wr < 0 && (errno == EAGAIN || errno == EINTR)) {
+        p->ring_head = pm->head0;
+        p->ring_tail = pm->tail0;
+        return 0;
+    }
+    if (wr != (ssize_t)len) {
+        peer_kill(p, OTE_ERR_PEER_LOST, done);
+        return -1;
+    }
+    return 1;
+}
+
+/* The message is sent: its write-offs leave p->woff and its slices [qh, last] move to
+ * the flight list (staged now when the source waits for marks). p->mu held. */
+static void pump_sent(shm_peer_t *p, const shm_pump_t *pm) {
+    /* The first nw write-offs are sent (later ones may have been added meanwhile). */
+    memmove(p->woff, p->woff + pm->nw, (p->nwoff - pm->nw) * sizeof(*p->woff));
+    p->nwoff -= pm->nw;
+    if (pm->n == 0) return;
+    /* [qh, last] is in flight now. */
+    ote__slice_t *first = p->qh, *last = pm->last;
+    p->qh = last->next;
+    if (p->qh == NULL) p->qt = NULL;
+    last->next = NULL;
+    if (p->ft) p->ft->next = first;
+    else p->fh = first;
+    p->ft = last;
+    p->nflight += pm->n;
+    p->flight_bytes += pm->bytes;
+    p->next_id += pm->n;
+    if (p->marks != NULL) peer_stage(p, first, last);
+}
+
+/* Send pending write-offs, and queued slices while the window allows. p->mu held. */
+void ote__shm_peer_pump(shm_peer_t *p, shm_slist_t *done) {
+    shm_pump_t pm;
+    pm.ipc_ok = -1;
+    pm.may_share = pump_may_share(p);
+    pm.r = (shm_req_t *)(pm.m.b + sizeof(shm_hdr_t));
+    while (!p->broken && (p->nwoff > 0 || (p->qh && p->nflight < SHM_WINDOW &&
+                                           p->flight_bytes < SHM_WINDOW_BYTES))) {
+        pump_add_write_offs(p, &pm);
+        pump_add_slices(p, &pm, done);
+        if (pm.nw + pm.n == 0) break;
+        if (pump_send(p, &pm, done) != 1) break; /* retried later, or the peer is lost */
+        pump_sent(p, &pm);
     }
 }
 

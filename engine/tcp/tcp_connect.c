@@ -19,15 +19,21 @@
 #include "engine/control/sock.h"
 #include "engine/tcp/tcp_internal.h"
 
-/* Connect one data connection of `p` and run the handshake. */
-static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session, ote_deadline_t dl,
-                                 tcp_conn_t **c_out) {
-    tcp_t *tp = p->tp;
-    ote_status_t st;
-    if (ote_fault_hit("tcp.connect", &st)) return st;
+/* One connection's handshake: its socket, the buffer the HELLO goes out of and the
+ * answer comes into (ack's strings point into it), the answer and its version. */
+typedef struct {
+    int fd;
+    uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
+    ote_ctl_msg_t ack;
+    uint16_t ver;
+} conn_hs_t;
+
+/* A non-blocking socket to p->addr, connected by dl: *fd_out on success (nothing left
+ * open on failure; socket and connect failures logged WARN). */
+static ote_status_t conn_socket(tcp_peer_t *p, ote_deadline_t dl, int *fd_out) {
     struct sockaddr_storage ss;
     socklen_t sl;
-    st = ote__addr_resolve(p->addr, &ss, &sl);
+    ote_status_t st = ote__addr_resolve(p->addr, &ss, &sl);
     if (st != OTE_OK) return st;
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
@@ -35,7 +41,7 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
         OTE_WARN("tcp", "socket() for %s failed: %s", p->addr, strerror(errno));
         return st;
     }
-    ote__tcp_set_sockopts(tp, fd);
+    ote__tcp_set_sockopts(p->tp, fd);
     st = ote_ctl_connect(fd, (struct sockaddr *)&ss, sl, dl);
     if (st != OTE_OK) {
         OTE_WARN("tcp", "connect to %s failed: %s", p->addr,
@@ -43,66 +49,82 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
         close(fd);
         return st;
     }
-    /* HELLO: our versions and the address the peer should name us by. */
-    uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
+    *fd_out = fd;
+    return OTE_OK;
+}
+
+/* HELLO: our versions and the address the peer should name us by. */
+static void conn_hello_msg(const tcp_t *tp, uint16_t index, uint64_t session,
+                           ote_ctl_msg_t *hello) {
+    memset(hello, 0, sizeof(*hello));
+    hello->version = OTE_CTL_VERSION_MAX;
+    hello->opcode = OTE_CTL_HELLO;
+    hello->req_id = 0;
+    hello->u.hello.min_version = OTE_CTL_VERSION_MIN;
+    hello->u.hello.max_version = OTE_CTL_VERSION_MAX;
+    hello->u.hello.role = ROLE_REQUESTER;
+    hello->u.hello.conn_index = index;
+    hello->u.hello.session = session;
+    hello->u.hello.addr = tp->addr;
+    hello->u.hello.addr_len = (uint32_t)strlen(tp->addr);
+}
+
+/* A version mismatch in the answer, logged ERROR with both sides' version ranges. */
+static void conn_log_version_mismatch(const tcp_peer_t *p, const ote_ctl_msg_t *ack) {
+    unsigned plo =
+        ack->opcode == OTE_CTL_ERROR ? ack->u.error.min_version : ack->u.hello_ack.version;
+    unsigned phi =
+        ack->opcode == OTE_CTL_ERROR ? ack->u.error.max_version : ack->u.hello_ack.version;
+    OTE_ERROR("control",
+              "protocol version mismatch with %s: this engine speaks versions %u..%u, the "
+              "peer %u..%u",
+              p->addr, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, plo, phi);
+}
+
+/* HELLO out, HELLO_ACK in (after the key's challenge-response when the source asks for
+ * it), checked: hs->ack and hs->ver on success. A max_data out of range or a version
+ * mismatch is logged ERROR, another failure WARN. hs->fd stays open either way. */
+static ote_status_t conn_handshake(tcp_peer_t *p, conn_hs_t *hs, uint16_t index, uint64_t session,
+                                   ote_deadline_t dl) {
+    tcp_t *tp = p->tp;
     ote_ctl_msg_t hello;
-    memset(&hello, 0, sizeof(hello));
-    hello.version = OTE_CTL_VERSION_MAX;
-    hello.opcode = OTE_CTL_HELLO;
-    hello.req_id = 0;
-    hello.u.hello.min_version = OTE_CTL_VERSION_MIN;
-    hello.u.hello.max_version = OTE_CTL_VERSION_MAX;
-    hello.u.hello.role = ROLE_REQUESTER;
-    hello.u.hello.conn_index = index;
-    hello.u.hello.session = session;
-    hello.u.hello.addr = tp->addr;
-    hello.u.hello.addr_len = (uint32_t)strlen(tp->addr);
+    conn_hello_msg(tp, index, session, &hello);
     size_t len = 0;
-    st = ote_ctl_encode(&hello, buf, sizeof(buf), &len);
-    if (st == OTE_OK) st = ote_ctl_send_all(fd, buf, len, dl);
-    ote_ctl_msg_t ack;
+    ote_status_t st = ote_ctl_encode(&hello, hs->buf, sizeof(hs->buf), &len);
+    if (st == OTE_OK) st = ote_ctl_send_all(hs->fd, hs->buf, len, dl);
     if (st == OTE_OK) {
         /* The answer, after the key's challenge-response when the source asks for it. */
-        ote_auth_sock_t as = {fd, buf, sizeof(buf), dl};
+        ote_auth_sock_t as = {hs->fd, hs->buf, sizeof(hs->buf), dl};
         ote_auth_io_t io = ote_auth_sock_io(&as);
-        st = ote_auth_requester(tp->host.auth_key, &hello, &io, p->addr, &ack);
+        st = ote_auth_requester(tp->host.auth_key, &hello, &io, p->addr, &hs->ack);
         if (st != OTE_OK && ote_status_scope(st) == OTE_SCOPE_REQUEST &&
             ote_status_code(st) != OTE_ERR_TIMEOUT)
             st = OTE_ERR_PROTOCOL;
     }
-    uint16_t ver = 0;
     if (st == OTE_OK) {
-        st = ote_ctl_check_hello_ack(&ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
-        if (st == OTE_ERR_PROTOCOL && ack.opcode == OTE_CTL_HELLO_ACK &&
-            (ack.u.hello_ack.max_data < OTE_CTL_MIN_DATA ||
-             ack.u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
+        const ote_ctl_msg_t *ack = &hs->ack;
+        st = ote_ctl_check_hello_ack(ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &hs->ver);
+        if (st == OTE_ERR_PROTOCOL && ack->opcode == OTE_CTL_HELLO_ACK &&
+            (ack->u.hello_ack.max_data < OTE_CTL_MIN_DATA ||
+             ack->u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
             OTE_ERROR("control", "%s advertises max_data %u, outside [%u, %u]: refusing the peer",
-                      p->addr, ack.u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
-            close(fd);
+                      p->addr, ack->u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
             return st;
         }
-        if (st == OTE_ERR_VERSION) {
-            unsigned plo =
-                ack.opcode == OTE_CTL_ERROR ? ack.u.error.min_version : ack.u.hello_ack.version;
-            unsigned phi =
-                ack.opcode == OTE_CTL_ERROR ? ack.u.error.max_version : ack.u.hello_ack.version;
-            OTE_ERROR("control",
-                      "protocol version mismatch with %s: this engine speaks versions %u..%u, the "
-                      "peer %u..%u",
-                      p->addr, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, plo, phi);
-        }
+        if (st == OTE_ERR_VERSION) conn_log_version_mismatch(p, ack);
     }
-    if (st != OTE_OK) {
-        if (st != OTE_ERR_VERSION)
-            OTE_WARN("control", "handshake with %s failed: %s", p->addr, ote_status_str(st));
-        close(fd);
-        return st;
-    }
-    /* The incarnation the segment met first: a restarted peer at this address fails it
-     * (its addresses named the old process's memory). */
+    if (st != OTE_OK && st != OTE_ERR_VERSION)
+        OTE_WARN("control", "handshake with %s failed: %s", p->addr, ote_status_str(st));
+    return st;
+}
+
+/* The incarnation the segment met first: a restarted peer at this address fails it
+ * (its addresses named the old process's memory). The first connection of peer_open
+ * records it in p->met; OTE_ERR_PEER_LOST (WARN once per peer) for another one. */
+static ote_status_t conn_check_incarnation(tcp_peer_t *p, const ote_ctl_msg_t *ack) {
     char info[OTE_CTL_MAX_INFO + 1];
-    size_t il = ack.u.hello_ack.info_len <= OTE_CTL_MAX_INFO ? ack.u.hello_ack.info_len : 0;
-    memcpy(info, ack.u.hello_ack.info, il);
+    size_t il = ack->u.hello_ack.info_len <= OTE_CTL_MAX_INFO ? ack->u.hello_ack.info_len : 0;
+    memcpy(info, ack->u.hello_ack.info, il);
     info[il] = '\0';
     uint64_t inc = ote_ctl_info_incarnation(info);
     if (!p->met_set) { /* the first connection of peer_open */
@@ -114,26 +136,48 @@ static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session
                      "peer %s restarted (epoch %016llx, was %016llx): this segment fails with "
                      "OTE_ERR_PEER_LOST; close it and open a new segment",
                      p->addr, (unsigned long long)inc, (unsigned long long)p->met);
-        close(fd);
         return OTE_ERR_PEER_LOST;
     }
-    tcp_conn_t *c = ote__tcp_conn_new(tp, fd, ROLE_REQUESTER);
-    if (c == NULL) {
-        close(fd);
-        return OTE_ERR_NOMEM;
-    }
-    c->version = ver;
+    return OTE_OK;
+}
+
+/* The handshaken connection c of p (index, version); connection 0 also learns the
+ * peer's advertised address and max_data from the answer. */
+static void conn_adopt(tcp_peer_t *p, tcp_conn_t *c, uint16_t index, const conn_hs_t *hs) {
+    const ote_ctl_msg_t *ack = &hs->ack;
+    c->version = hs->ver;
     c->index = index;
     c->peer = p;
     c->handshaken = 1;
     if (index == 0) {
-        memcpy(p->remote_addr, ack.u.hello_ack.addr, ack.u.hello_ack.addr_len);
-        p->remote_addr[ack.u.hello_ack.addr_len] = '\0';
-        atomic_store(&p->max_data, ack.u.hello_ack.max_data); /* checked by check_hello_ack */
+        memcpy(p->remote_addr, ack->u.hello_ack.addr, ack->u.hello_ack.addr_len);
+        p->remote_addr[ack->u.hello_ack.addr_len] = '\0';
+        atomic_store(&p->max_data, ack->u.hello_ack.max_data); /* checked by check_hello_ack */
     }
     snprintf(c->from, sizeof(c->from), "%s", p->addr);
+}
+
+/* Connect one data connection of `p` and run the handshake. */
+static ote_status_t conn_connect(tcp_peer_t *p, uint16_t index, uint64_t session, ote_deadline_t dl,
+                                 tcp_conn_t **c_out) {
+    ote_status_t st;
+    if (ote_fault_hit("tcp.connect", &st)) return st;
+    conn_hs_t hs;
+    if ((st = conn_socket(p, dl, &hs.fd)) != OTE_OK) return st;
+    if ((st = conn_handshake(p, &hs, index, session, dl)) != OTE_OK) goto err_close_fd;
+    if ((st = conn_check_incarnation(p, &hs.ack)) != OTE_OK) goto err_close_fd;
+    tcp_conn_t *c = ote__tcp_conn_new(p->tp, hs.fd, ROLE_REQUESTER);
+    if (c == NULL) {
+        st = OTE_ERR_NOMEM;
+        goto err_close_fd;
+    }
+    conn_adopt(p, c, index, &hs);
     *c_out = c;
     return OTE_OK;
+
+err_close_fd:
+    close(hs.fd);
+    return st;
 }
 
 /* Detach (through its worker) and free one requester connection. */

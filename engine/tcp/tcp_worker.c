@@ -63,108 +63,132 @@ static int payload_done(tcp_conn_t *c) {
     return ote__tcp_src_payload_done(c);
 }
 
+/* What ote__tcp_conn_read does after one of its steps. */
+typedef enum {
+    READ_LOOP, /* go round the read loop again */
+    READ_STOP, /* leave it: nothing to read now, budget spent, paused, or the connection gone */
+    READ_ON,   /* go on to the next step of this round */
+} read_next_t;
+
+/* A recv that returned r <= 0 (errno from it): the peer closed (killed, PEER_LOST), an
+ * interruption (again), nothing there now (stop), or an error (killed). */
+static read_next_t read_failed(tcp_conn_t *c, ssize_t r) {
+    if (r == 0) {
+        if (c->role == ROLE_SOURCE) OTE_DEBUG("tcp", "requester %s closed its connection", c->from);
+        ote__tcp_conn_kill(c, OTE_ERR_PEER_LOST);
+        return READ_STOP;
+    }
+    if (errno == EINTR) return READ_LOOP;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return READ_STOP;
+    ote__tcp_conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
+    return READ_STOP;
+}
+
+/* Inside a payload: the buffered bytes go to their place first; a complete payload is
+ * done; otherwise one recv within *budget, straight into place for a large data rest. */
+static read_next_t read_payload(tcp_conn_t *c, size_t *budget) {
+    ssize_t r;
+    size_t avail = c->rx_end - c->rx_start;
+    if (avail > 0) {
+        size_t k = avail < c->rx_left ? avail : c->rx_left;
+        if (c->rx_state == RX_DATA) memcpy(c->rx_dst, c->rxbuf + c->rx_start, k);
+        c->rx_dst += k;
+        c->rx_start += k;
+        c->rx_left -= k;
+    }
+    if (c->rx_left == 0) return payload_done(c) != 0 ? READ_STOP : READ_LOOP;
+    c->rx_start = c->rx_end = 0;
+    if (*budget == 0) return READ_STOP;
+    if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN)
+        r = recv(c->fd, c->rx_dst, c->rx_left, MSG_DONTWAIT);
+    else r = recv(c->fd, c->rxbuf, c->rxcap, MSG_DONTWAIT);
+    if (r > 0) {
+        c->progress++;
+        *budget = (size_t)r >= *budget ? 0 : *budget - (size_t)r;
+        if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN) {
+            c->rx_dst += r;
+            c->rx_left -= (size_t)r;
+        } else {
+            c->rx_end = (size_t)r;
+        }
+        return READ_LOOP;
+    }
+    return read_failed(c, r);
+}
+
+/* Parse every complete frame in the buffer and dispatch it to the source or requester
+ * side: READ_ON once only a partial frame is left, READ_LOOP when a frame starts a
+ * payload; a source without room for responses pauses (resumed by src_resume), a
+ * malformed frame kills the connection (ERROR, rate-limited). */
+static read_next_t read_parse_frames(tcp_conn_t *c) {
+    while (c->rx_state == RX_HDR && c->rx_end > c->rx_start) {
+        if (c->role == ROLE_SOURCE && !ote__tcp_src_may_parse(c)) {
+            ote__tcp_src_pause(c); /* resumed by src_resume once responses drain */
+            return READ_STOP;
+        }
+        ote_ctl_msg_t m;
+        size_t used = 0;
+        ote_status_t st =
+            ote_ctl_decode(c->rxbuf + c->rx_start, c->rx_end - c->rx_start, &m, &used);
+        if (st == OTE_ERR_AGAIN) break;
+        if (st != OTE_OK) {
+            OTE_LOG_LIMITED(OTE_LOG_ERROR, "control",
+                            "malformed frame from %s: %s; closing connection",
+                            c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
+                            ote_status_str(st));
+            ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+            return READ_STOP;
+        }
+        c->rx_start += used;
+        int rc = c->role == ROLE_SOURCE ? ote__tcp_src_frame(c, &m) : ote__tcp_req_frame(c, &m);
+        if (rc != 0) return READ_STOP;
+        if (c->rx_state != RX_HDR) return READ_LOOP;
+    }
+    return READ_ON;
+}
+
+/* Read more: keep the partial frame, bounded by a header after a large payload
+ * so that the next large payload lands in place rather than in the buffer. One recv
+ * within *budget; a frame that cannot fit the buffer kills the connection (WARN). */
+static read_next_t read_frame_bytes(tcp_conn_t *c, size_t *budget) {
+    if (c->rx_start > 0) {
+        size_t rem = c->rx_end - c->rx_start;
+        if (rem) memmove(c->rxbuf, c->rxbuf + c->rx_start, rem);
+        c->rx_start = 0;
+        c->rx_end = rem;
+    }
+    size_t want = c->rxcap - c->rx_end;
+    if (c->last_large && c->rx_end < OTE_CTL_RW2_FRAME_LEN)
+        want = OTE_CTL_RW2_FRAME_LEN - c->rx_end;
+    if (want == 0) { /* an incomplete frame fills the buffer: larger than allowed here */
+        OTE_WARN_LIMITED("control", "frame from %s larger than %zu bytes%s: closing connection",
+                         c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
+                         c->rxcap, c->handshaken ? "" : " before the handshake");
+        ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
+        return READ_STOP;
+    }
+    ssize_t r = recv(c->fd, c->rxbuf + c->rx_end, want, MSG_DONTWAIT);
+    if (r > 0) {
+        c->progress++;
+        c->rx_end += (size_t)r;
+        *budget = (size_t)r >= *budget ? 0 : *budget - (size_t)r;
+        return READ_LOOP;
+    }
+    return read_failed(c, r);
+}
+
 void ote__tcp_conn_read(tcp_conn_t *c) {
     size_t budget = TCP_RX_BUDGET;
     if (c->rx_paused) return;
     while (c->fd >= 0) {
-        ssize_t r;
+        read_next_t next;
         if (c->rx_state != RX_HDR) {
-            size_t avail = c->rx_end - c->rx_start;
-            if (avail > 0) {
-                size_t k = avail < c->rx_left ? avail : c->rx_left;
-                if (c->rx_state == RX_DATA) memcpy(c->rx_dst, c->rxbuf + c->rx_start, k);
-                c->rx_dst += k;
-                c->rx_start += k;
-                c->rx_left -= k;
-            }
-            if (c->rx_left == 0) {
-                if (payload_done(c) != 0) return;
-                continue;
-            }
-            c->rx_start = c->rx_end = 0;
-            if (budget == 0) break;
-            if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN)
-                r = recv(c->fd, c->rx_dst, c->rx_left, MSG_DONTWAIT);
-            else r = recv(c->fd, c->rxbuf, c->rxcap, MSG_DONTWAIT);
-            if (r > 0) {
-                c->progress++;
-                budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
-                if (c->rx_state == RX_DATA && c->rx_left >= TCP_DIRECT_MIN) {
-                    c->rx_dst += r;
-                    c->rx_left -= (size_t)r;
-                } else {
-                    c->rx_end = (size_t)r;
-                }
-                continue;
-            }
-            goto recv_failed_or_again;
+            next = read_payload(c, &budget);
+        } else {
+            next = read_parse_frames(c);
+            if (next == READ_ON) next = budget == 0 ? READ_STOP : read_frame_bytes(c, &budget);
         }
-        /* Parse every complete frame in the buffer. */
-        int stop_parsing = 0;
-        while (c->rx_state == RX_HDR && c->rx_end > c->rx_start) {
-            if (c->role == ROLE_SOURCE && !ote__tcp_src_may_parse(c)) {
-                ote__tcp_src_pause(c); /* resumed by src_resume once responses drain */
-                return;
-            }
-            ote_ctl_msg_t m;
-            size_t used = 0;
-            ote_status_t st =
-                ote_ctl_decode(c->rxbuf + c->rx_start, c->rx_end - c->rx_start, &m, &used);
-            if (st == OTE_ERR_AGAIN) break;
-            if (st != OTE_OK) {
-                OTE_LOG_LIMITED(OTE_LOG_ERROR, "control",
-                                "malformed frame from %s: %s; closing connection",
-                                c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
-                                ote_status_str(st));
-                ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
-                return;
-            }
-            c->rx_start += used;
-            int rc = c->role == ROLE_SOURCE ? ote__tcp_src_frame(c, &m) : ote__tcp_req_frame(c, &m);
-            if (rc != 0) return;
-            if (c->rx_state != RX_HDR) {
-                stop_parsing = 1;
-                break;
-            }
-        }
-        if (stop_parsing) continue;
-        if (budget == 0) break;
-        /* Read more: keep the partial frame, bounded by a header after a large payload
-         * so that the next large payload lands in place rather than in the buffer. */
-        if (c->rx_start > 0) {
-            size_t rem = c->rx_end - c->rx_start;
-            if (rem) memmove(c->rxbuf, c->rxbuf + c->rx_start, rem);
-            c->rx_start = 0;
-            c->rx_end = rem;
-        }
-        size_t want = c->rxcap - c->rx_end;
-        if (c->last_large && c->rx_end < OTE_CTL_RW2_FRAME_LEN)
-            want = OTE_CTL_RW2_FRAME_LEN - c->rx_end;
-        if (want == 0) { /* an incomplete frame fills the buffer: larger than allowed here */
-            OTE_WARN_LIMITED("control", "frame from %s larger than %zu bytes%s: closing connection",
-                             c->role == ROLE_SOURCE ? c->from : (c->peer ? c->peer->addr : "?"),
-                             c->rxcap, c->handshaken ? "" : " before the handshake");
-            ote__tcp_conn_kill(c, OTE_ERR_PROTOCOL);
-            return;
-        }
-        r = recv(c->fd, c->rxbuf + c->rx_end, want, MSG_DONTWAIT);
-        if (r > 0) {
-            c->progress++;
-            c->rx_end += (size_t)r;
-            budget = (size_t)r >= budget ? 0 : budget - (size_t)r;
-            continue;
-        }
-    recv_failed_or_again:
-        if (r == 0) {
-            if (c->role == ROLE_SOURCE)
-                OTE_DEBUG("tcp", "requester %s closed its connection", c->from);
-            ote__tcp_conn_kill(c, OTE_ERR_PEER_LOST);
-            return;
-        }
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        ote__tcp_conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
-        return;
+        if (next == READ_STOP) return;
     }
 }
 

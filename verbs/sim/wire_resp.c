@@ -45,6 +45,97 @@ static uint64_t sge_total(const sim_rwr_t *w) {
     return t;
 }
 
+/* No receive WQE for a request that needs one: an RNR NAK (counted), nothing consumed. */
+static void resp_rnr_nak(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
+    atomic_fetch_add(&ote__sim_rnr_naks, 1);
+    ote__sim_send_ctl(p, c, SIM_MSG_NAK, c->h.psn, SIM_NAK_RNR, qp->attr.min_rnr_timer);
+}
+
+/* A SEND (with IMM or INV): into the front receive WQE's SGEs once its length, local
+ * access and the invalidation are checked (c->act = SIM_ACT_RECV). */
+static void resp_send(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
+    sim_hdr_t *h = &c->h;
+    sim_rwr_t *w = rq_front(qp);
+    if (!w) {
+        resp_rnr_nak(p, c, qp);
+        return;
+    }
+    if (h->len > sge_total(w)) {
+        resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_LEN_ERR, IBV_EVENT_QP_REQ_ERR);
+        return;
+    }
+    if (!ote__sim_check_local(p, qp->pd, w->sge, w->nsge, true, h->len)) {
+        resp_fail(p, c, qp, SIM_NAK_OP, w, IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
+        return;
+    }
+    if (h->op == IBV_WR_SEND_WITH_INV && !ote__sim_mw_inv_allowed(p, qp, h->imm, true)) {
+        resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_QP_OP_ERR, IBV_EVENT_QP_REQ_ERR);
+        return;
+    }
+    ote__sim_div_sges(p, c, w->sge, w->nsge, h->len);
+    c->act = SIM_ACT_RECV;
+}
+
+/* An RDMA WRITE (with IMM: it also takes the front receive WQE): into the remote range
+ * once the QP's access and the rkey are checked (c->act = SIM_ACT_WRITE[_IMM]). */
+static void resp_write(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
+    sim_hdr_t *h = &c->h;
+    sim_rwr_t *w = NULL;
+    if (h->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+        w = rq_front(qp);
+        if (!w) {
+            resp_rnr_nak(p, c, qp);
+            return;
+        }
+    }
+    const void *auth = NULL;
+    void *host = NULL;
+    if (h->len > 0) {
+        if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
+            resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_REQ_ERR);
+            return;
+        }
+        if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len, IBV_ACCESS_REMOTE_WRITE, &auth,
+                                   &host)) {
+            resp_fail(p, c, qp, SIM_NAK_ACCESS, w, IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+            return;
+        }
+    }
+    ote__sim_div_one(c, host, h->len, auth);
+    c->act = w ? SIM_ACT_WRITE_IMM : SIM_ACT_WRITE;
+}
+
+/* An RDMA READ of h->imm bytes: once the QP's access and the rkey are checked, its
+ * response frame is queued on c (c->rresp) and the expected PSN moves past it. */
+static void resp_read(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
+    sim_hdr_t *h = &c->h;
+    uint64_t len = h->imm;
+    const void *auth = NULL;
+    void *host = NULL;
+    if (len > 0) {
+        if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)) {
+            resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_REQ_ERR);
+            return;
+        }
+        if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ, &auth,
+                                   &host)) {
+            resp_fail(p, c, qp, SIM_NAK_ACCESS, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_ACCESS_ERR);
+            return;
+        }
+    }
+    sim_frame_t *f = ote__sim_frame_new(1);
+    if (!f) return; /* no answer: the requester retries out */
+    f->hdr.type = SIM_MSG_RRESP;
+    f->hdr.psn = h->psn;
+    f->hdr.len = len;
+    /* Zero-copy: the bytes are read when the socket takes them. Until then the next
+     * request on this connection waits (conn_rx) and revoking auth withdraws it. */
+    ote__sim_frame_add(f, host, len, auth);
+    ote__sim_conn_queue(c, f);
+    c->rresp = f;
+    qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
+}
+
 static void resp_request(sim_prov_t *p, sim_conn_t *c) {
     sim_hdr_t *h = &c->h;
     sim_qp_t *qp = c->qp;
@@ -59,90 +150,10 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
     switch (h->op) {
         case IBV_WR_SEND:
         case IBV_WR_SEND_WITH_IMM:
-        case IBV_WR_SEND_WITH_INV: {
-            sim_rwr_t *w = rq_front(qp);
-            if (!w) {
-                atomic_fetch_add(&ote__sim_rnr_naks, 1);
-                ote__sim_send_ctl(p, c, SIM_MSG_NAK, h->psn, SIM_NAK_RNR, qp->attr.min_rnr_timer);
-                return;
-            }
-            if (h->len > sge_total(w)) {
-                resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_LEN_ERR, IBV_EVENT_QP_REQ_ERR);
-                return;
-            }
-            if (!ote__sim_check_local(p, qp->pd, w->sge, w->nsge, true, h->len)) {
-                resp_fail(p, c, qp, SIM_NAK_OP, w, IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
-                return;
-            }
-            if (h->op == IBV_WR_SEND_WITH_INV && !ote__sim_mw_inv_allowed(p, qp, h->imm, true)) {
-                resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_QP_OP_ERR, IBV_EVENT_QP_REQ_ERR);
-                return;
-            }
-            ote__sim_div_sges(p, c, w->sge, w->nsge, h->len);
-            c->act = SIM_ACT_RECV;
-            return;
-        }
+        case IBV_WR_SEND_WITH_INV: resp_send(p, c, qp); return;
         case IBV_WR_RDMA_WRITE:
-        case IBV_WR_RDMA_WRITE_WITH_IMM: {
-            sim_rwr_t *w = NULL;
-            if (h->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-                w = rq_front(qp);
-                if (!w) {
-                    atomic_fetch_add(&ote__sim_rnr_naks, 1);
-                    ote__sim_send_ctl(p, c, SIM_MSG_NAK, h->psn, SIM_NAK_RNR,
-                                      qp->attr.min_rnr_timer);
-                    return;
-                }
-            }
-            const void *auth = NULL;
-            void *host = NULL;
-            if (h->len > 0) {
-                if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE)) {
-                    resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_ACCESS_ERR,
-                              IBV_EVENT_QP_REQ_ERR);
-                    return;
-                }
-                if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, h->len,
-                                           IBV_ACCESS_REMOTE_WRITE, &auth, &host)) {
-                    resp_fail(p, c, qp, SIM_NAK_ACCESS, w, IBV_WC_LOC_ACCESS_ERR,
-                              IBV_EVENT_QP_ACCESS_ERR);
-                    return;
-                }
-            }
-            ote__sim_div_one(c, host, h->len, auth);
-            c->act = w ? SIM_ACT_WRITE_IMM : SIM_ACT_WRITE;
-            return;
-        }
-        case IBV_WR_RDMA_READ: {
-            uint64_t len = h->imm;
-            const void *auth = NULL;
-            void *host = NULL;
-            if (len > 0) {
-                if (!(qp->attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)) {
-                    resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS,
-                              IBV_EVENT_QP_REQ_ERR);
-                    return;
-                }
-                if (!ote__sim_check_remote(p, qp, h->rkey, h->raddr, len, IBV_ACCESS_REMOTE_READ,
-                                           &auth, &host)) {
-                    resp_fail(p, c, qp, SIM_NAK_ACCESS, NULL, IBV_WC_SUCCESS,
-                              IBV_EVENT_QP_ACCESS_ERR);
-                    return;
-                }
-            }
-            sim_frame_t *f = ote__sim_frame_new(1);
-            if (!f) return; /* no answer: the requester retries out */
-            f->hdr.type = SIM_MSG_RRESP;
-            f->hdr.psn = h->psn;
-            f->hdr.len = len;
-            /* Zero-copy: the bytes are read when the socket takes them. Until then the next
-         * request on this connection waits (conn_rx) and revoking auth withdraws it. */
-            ote__sim_frame_add(f, host, len, auth);
-            ote__sim_conn_queue(c, f);
-            c->rresp = f;
-            qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
-            return;
-        }
+        case IBV_WR_RDMA_WRITE_WITH_IMM: resp_write(p, c, qp); return;
+        case IBV_WR_RDMA_READ: resp_read(p, c, qp); return;
         default:
             resp_fail(p, c, qp, SIM_NAK_INV_REQ, NULL, IBV_WC_SUCCESS, IBV_EVENT_QP_REQ_ERR);
             return;
