@@ -50,6 +50,7 @@
 #include "base/log.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
+#include "engine/control/hello.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
 
@@ -283,31 +284,12 @@ ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t
     ote_status_t st = info_connect(peer, dl, &fd);
     if (st != OTE_OK) return st;
     uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
+    ote_ctl_hello_t h = {.role = OTE_CTL_ROLE_INFO, .addr = e->self_addr};
+    ote_auth_sock_t as = {fd, buf, sizeof(buf), dl};
+    ote_auth_io_t io = ote_auth_sock_io(&as);
     ote_ctl_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.version = OTE_CTL_VERSION_MAX;
-    m.opcode = OTE_CTL_HELLO;
-    m.u.hello.min_version = OTE_CTL_VERSION_MIN;
-    m.u.hello.max_version = OTE_CTL_VERSION_MAX;
-    m.u.hello.role = OTE_CTL_ROLE_INFO;
-    m.u.hello.addr = e->self_addr;
-    m.u.hello.addr_len = (uint32_t)strlen(e->self_addr);
-    size_t len = 0;
-    st = ote_ctl_encode(&m, buf, sizeof(buf), &len);
-    if (st == OTE_OK) st = ote_ctl_send_all(fd, buf, len, dl);
-    if (st == OTE_OK) {
-        /* The answer, after the key's challenge-response when the peer asks for it. */
-        ote_ctl_msg_t hello = m;
-        ote_auth_sock_t as = {fd, buf, sizeof(buf), dl};
-        ote_auth_io_t io = ote_auth_sock_io(&as);
-        st = ote_auth_requester(e->auth_key, &hello, &io, peer, &m);
-        if (st != OTE_OK && ote_status_code(st) != OTE_ERR_TIMEOUT &&
-            ote_status_code(st) != OTE_ERR_PEER_LOST && ote_status_code(st) != OTE_ERR_AUTH)
-            st = OTE_ERR_PROTOCOL;
-    }
     uint16_t ver = 0;
-    if (st == OTE_OK)
-        st = ote_ctl_check_hello_ack(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+    st = ote_ctl_hello_exchange(e->auth_key, &h, &io, peer, &m, &ver);
     if (st != OTE_OK) {
         close(fd);
         return st;

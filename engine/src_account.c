@@ -72,8 +72,7 @@ ote_status_t ote__acct_hold(ote__acct_t *a, uint64_t len) {
     return OTE_OK;
 }
 
-ote__acct_t *ote__acct_settle(ote__acct_set_t *set, ote__acct_t *a, uint64_t seen,
-                              uint64_t done) {
+ote__acct_t *ote__acct_settle(ote__acct_set_t *set, ote__acct_t *a, uint64_t seen, uint64_t done) {
     a->left -= seen < a->left ? seen : a->left;
     a->held -= done < a->held ? done : a->held;
     if (a->left != 0 || a->held != 0) return NULL;

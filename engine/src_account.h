@@ -49,11 +49,11 @@ typedef struct ote__acct {
     ote_status_t st; /* OTE_OK, or the refusal every piece of the request gets */
     void *pin;       /* the engine's pin of the extent (NULL unless opened OK) */
     uint64_t req_addr, req_len;
-    uint32_t op;          /* the first piece's operation (transport-defined, nonzero) */
-    uint64_t left;        /* bytes not yet seen (arrived as a piece, or written off) */
-    uint64_t held;        /* bytes of pieces being served now */
-    int canceled; /* the requester canceled it (atomic: ote__acct_cancel/_canceled) */
-    int mode;             /* the transport's: how the request is served (e.g. staged) */
+    uint32_t op;            /* the first piece's operation (transport-defined, nonzero) */
+    uint64_t left;          /* bytes not yet seen (arrived as a piece, or written off) */
+    uint64_t held;          /* bytes of pieces being served now */
+    int canceled;           /* the requester canceled it (atomic: ote__acct_cancel/_canceled) */
+    int mode;               /* the transport's: how the request is served (e.g. staged) */
     struct ote__acct *link; /* free for the transport's use once the account ended */
 } ote__acct_t;
 

@@ -19,6 +19,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "engine/control/hello.h"
 #include "engine/rdma/rdma_internal.h"
 
 static void call_unlink(ote__tpeer_t *p, call_t *x) {
@@ -360,28 +361,14 @@ static void eps_evict(ote_endpoint_t **eps, size_t n) {
  * whole-parent credits). */
 static ote_status_t hello(ote__tpeer_t *p, conn_t *c, ote_deadline_t dl) {
     rdma_tp_t *tp = p->tp;
-    ote_ctl_msg_t h;
-    memset(&h, 0, sizeof(h));
-    h.version = OTE_CTL_VERSION_MIN;
-    h.opcode = OTE_CTL_HELLO;
-    h.u.hello.min_version = OTE_CTL_VERSION_MIN;
-    h.u.hello.max_version = OTE_CTL_VERSION_MAX;
-    h.u.hello.role = 2; /* RDMA control */
-    h.u.hello.addr = tp->addr;
-    h.u.hello.addr_len = (uint32_t)strlen(tp->addr);
-    ote_status_t st = ote__rdma_conn_send(c, &h);
-    ote_ctl_msg_t a;
+    ote_ctl_hello_t h = {
+        .role = OTE_CTL_ROLE_RDMA, .addr = tp->addr, .frame_version = OTE_CTL_VERSION_MIN};
     rdma_auth_chan_t ch = {c, dl, NULL};
     ote_auth_io_t io = ote__rdma_auth_io(&ch);
-    if (st == OTE_OK) st = ote_auth_requester(tp->host.auth_key, &h, &io, p->name, &a);
+    ote_ctl_msg_t a;
     uint16_t ver = 0;
-    if (st == OTE_OK)
-        st = ote_ctl_check_hello_ack(&a, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
-    if (st == OTE_OK && a.version != ver) st = OTE_ERR_PROTOCOL;
-    if (st != OTE_OK) {
-        OTE_WARN("rdma", "handshake with %s failed: %s", p->name, ote_status_str(st));
-        return st;
-    }
+    ote_status_t st = ote_ctl_hello_exchange(tp->host.auth_key, &h, &io, p->name, &a, &ver);
+    if (st != OTE_OK) return st;
     c->version = ver;
     c->release_ok = adv_flag(&a, "rdma_release");
     c->cepoch_ok = adv_flag(&a, "rdma_connect_epoch");

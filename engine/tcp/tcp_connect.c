@@ -16,6 +16,7 @@
 #include "base/fault.h"
 #include "base/le.h"
 #include "base/log.h"
+#include "engine/control/hello.h"
 #include "engine/control/sock.h"
 #include "engine/tcp/tcp_internal.h"
 
@@ -53,69 +54,17 @@ static ote_status_t conn_socket(tcp_peer_t *p, ote_deadline_t dl, int *fd_out) {
     return OTE_OK;
 }
 
-/* HELLO: our versions and the address the peer should name us by. */
-static void conn_hello_msg(const tcp_t *tp, uint16_t index, uint64_t session,
-                           ote_ctl_msg_t *hello) {
-    memset(hello, 0, sizeof(*hello));
-    hello->version = OTE_CTL_VERSION_MAX;
-    hello->opcode = OTE_CTL_HELLO;
-    hello->req_id = 0;
-    hello->u.hello.min_version = OTE_CTL_VERSION_MIN;
-    hello->u.hello.max_version = OTE_CTL_VERSION_MAX;
-    hello->u.hello.role = ROLE_REQUESTER;
-    hello->u.hello.conn_index = index;
-    hello->u.hello.session = session;
-    hello->u.hello.addr = tp->addr;
-    hello->u.hello.addr_len = (uint32_t)strlen(tp->addr);
-}
-
-/* A version mismatch in the answer, logged ERROR with both sides' version ranges. */
-static void conn_log_version_mismatch(const tcp_peer_t *p, const ote_ctl_msg_t *ack) {
-    unsigned plo =
-        ack->opcode == OTE_CTL_ERROR ? ack->u.error.min_version : ack->u.hello_ack.version;
-    unsigned phi =
-        ack->opcode == OTE_CTL_ERROR ? ack->u.error.max_version : ack->u.hello_ack.version;
-    OTE_ERROR("control",
-              "protocol version mismatch with %s: this engine speaks versions %u..%u, the "
-              "peer %u..%u",
-              p->addr, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, plo, phi);
-}
-
-/* HELLO out, HELLO_ACK in (after the key's challenge-response when the source asks for
- * it), checked: hs->ack and hs->ver on success. A max_data out of range or a version
- * mismatch is logged ERROR, another failure WARN. hs->fd stays open either way. */
+/* HELLO out, HELLO_ACK in, checked (engine/control/hello.h: the key's challenge-response
+ * when the source asks for it; failures logged there): hs->ack (its strings in hs->buf)
+ * and hs->ver on success. hs->fd stays open either way. */
 static ote_status_t conn_handshake(tcp_peer_t *p, conn_hs_t *hs, uint16_t index, uint64_t session,
                                    ote_deadline_t dl) {
     tcp_t *tp = p->tp;
-    ote_ctl_msg_t hello;
-    conn_hello_msg(tp, index, session, &hello);
-    size_t len = 0;
-    ote_status_t st = ote_ctl_encode(&hello, hs->buf, sizeof(hs->buf), &len);
-    if (st == OTE_OK) st = ote_ctl_send_all(hs->fd, hs->buf, len, dl);
-    if (st == OTE_OK) {
-        /* The answer, after the key's challenge-response when the source asks for it. */
-        ote_auth_sock_t as = {hs->fd, hs->buf, sizeof(hs->buf), dl};
-        ote_auth_io_t io = ote_auth_sock_io(&as);
-        st = ote_auth_requester(tp->host.auth_key, &hello, &io, p->addr, &hs->ack);
-        if (st != OTE_OK && ote_status_scope(st) == OTE_SCOPE_REQUEST &&
-            ote_status_code(st) != OTE_ERR_TIMEOUT)
-            st = OTE_ERR_PROTOCOL;
-    }
-    if (st == OTE_OK) {
-        const ote_ctl_msg_t *ack = &hs->ack;
-        st = ote_ctl_check_hello_ack(ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &hs->ver);
-        if (st == OTE_ERR_PROTOCOL && ack->opcode == OTE_CTL_HELLO_ACK &&
-            (ack->u.hello_ack.max_data < OTE_CTL_MIN_DATA ||
-             ack->u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
-            OTE_ERROR("control", "%s advertises max_data %u, outside [%u, %u]: refusing the peer",
-                      p->addr, ack->u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
-            return st;
-        }
-        if (st == OTE_ERR_VERSION) conn_log_version_mismatch(p, ack);
-    }
-    if (st != OTE_OK && st != OTE_ERR_VERSION)
-        OTE_WARN("control", "handshake with %s failed: %s", p->addr, ote_status_str(st));
-    return st;
+    ote_ctl_hello_t h = {
+        .role = ROLE_REQUESTER, .conn_index = index, .session = session, .addr = tp->addr};
+    ote_auth_sock_t as = {hs->fd, hs->buf, sizeof(hs->buf), dl};
+    ote_auth_io_t io = ote_auth_sock_io(&as);
+    return ote_ctl_hello_exchange(tp->host.auth_key, &h, &io, p->addr, &hs->ack, &hs->ver);
 }
 
 /* The incarnation the segment met first: a restarted peer at this address fails it

@@ -106,10 +106,10 @@ TEST_F(SrcAccountTest, HeldAndSeenBytesEndItExactlyAtTheLastByte) {
     ote__acct_open(a, OTE_OK, &pin_);
     ASSERT_EQ(ote__acct_hold(a, 100), OTE_OK);
     ASSERT_EQ(ote__acct_hold(a, 100), OTE_OK);
-    EXPECT_EQ(ote__acct_settle(&set_, a, 100, 0), nullptr);  // the third written off
-    EXPECT_EQ(ote__acct_settle(&set_, a, 0, 100), nullptr);  // one piece served
-    EXPECT_EQ(ote__acct_settle(&set_, a, 0, 1000), a);       // the last (clamped)
-    EXPECT_EQ(a->pin, &pin_);                                // the caller releases it
+    EXPECT_EQ(ote__acct_settle(&set_, a, 100, 0), nullptr); // the third written off
+    EXPECT_EQ(ote__acct_settle(&set_, a, 0, 100), nullptr); // one piece served
+    EXPECT_EQ(ote__acct_settle(&set_, a, 0, 1000), a);      // the last (clamped)
+    EXPECT_EQ(a->pin, &pin_);                               // the caller releases it
     ote__acct_free(a);
     // A write-off before any piece: the account waits for the rest.
     ote__acct_t *b = Get(1, 2, 64);
