@@ -18,11 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/list.h"
 #include "base/log.h"
 #include "engine/control/ctl.h"
+#include "engine/control/sock.h"
 #include "engine/engine_internal.h"
 
 /* How a key's value is checked and what its numeric form is (kind_check). */
@@ -223,6 +226,29 @@ ote_status_t ote__addr_split(const char *s, char *host, size_t host_len, uint16_
     host[hl] = '\0';
     *port_out = (uint16_t)port;
     if (is_v6_out) *is_v6_out = v6;
+    return OTE_OK;
+}
+
+ote_status_t ote__addr_dial(const char *s, ote_deadline_t dl, const char *component, int *fd_out) {
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    ote_status_t st = ote__addr_resolve(s, &ss, &sl);
+    if (st != OTE_OK) return st;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        int err = errno;
+        OTE_WARN(component, "socket() for %s failed: %s", s, strerror(err));
+        return ote_status_make(OTE_ERR_CONNECT, err);
+    }
+    st = ote_ctl_connect(fd, (struct sockaddr *)&ss, sl, dl);
+    if (st != OTE_OK) {
+        OTE_WARN(component, "connect to %s failed: %s", s,
+                 st == OTE_ERR_TIMEOUT ? "timed out (connect_timeout_ms)"
+                                       : strerror(ote_status_errno(st)));
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
     return OTE_OK;
 }
 

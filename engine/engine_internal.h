@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 
 #include "base/status.h"
+#include "base/time.h"
 #include "ote/ote.h"
 
 #ifdef __cplusplus
@@ -107,6 +108,11 @@ ote_status_t ote__addr_split(const char *s, char *host, size_t host_len, uint16_
                              int *is_v6_out);
 /* Resolve "host:port" to a socket address (numeric first, then getaddrinfo). */
 ote_status_t ote__addr_resolve(const char *s, struct sockaddr_storage *ss, socklen_t *len_out);
+/* A non-blocking TCP connection to "host:port", connected by dl (ote_ctl_connect): *fd_out
+ * on success (close-on-exec); nothing left open and a WARN from component naming the
+ * peer on failure: the resolution's status, OTE_ERR_TIMEOUT, or OTE_ERR_CONNECT with the
+ * errno. */
+ote_status_t ote__addr_dial(const char *s, ote_deadline_t dl, const char *component, int *fd_out);
 /* Format a socket address as "a.b.c.d:port" or "[v6]:port". */
 ote_status_t ote__addr_format(const struct sockaddr *sa, char *buf, size_t len);
 

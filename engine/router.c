@@ -257,31 +257,13 @@ void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len) {
         if (e->tps[i]->ops->ipc_revoke != NULL) e->tps[i]->ops->ipc_revoke(e->tps[i], start, len);
 }
 
-static ote_status_t info_connect(const char *peer, ote_deadline_t dl, int *fd_out) {
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    ote_status_t st = ote__addr_resolve(peer, &ss, &sl);
-    if (st != OTE_OK) return st;
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return ote_status_from_errno(errno);
-    st = ote_ctl_connect(fd, (struct sockaddr *)&ss, sl, dl);
-    if (st != OTE_OK) {
-        OTE_WARN("engine", "connect to %s failed: %s", peer,
-                 st == OTE_ERR_TIMEOUT ? "timed out" : strerror(ote_status_errno(st)));
-        close(fd);
-        return st;
-    }
-    *fd_out = fd;
-    return OTE_OK;
-}
-
 /* A connection to peer's listener, handshaken with the role INFO by dl: its fd, the
  * version the peer chose and its advertisement ("" from an engine that sends none). */
 ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t dl, int *fd_out,
                                uint16_t *version_out, char *info, size_t cap) {
     if (cap == 0) return OTE_ERR_INVALID;
     int fd = -1;
-    ote_status_t st = info_connect(peer, dl, &fd);
+    ote_status_t st = ote__addr_dial(peer, dl, "engine", &fd);
     if (st != OTE_OK) return st;
     uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_BODY];
     ote_ctl_hello_t h = {.role = OTE_CTL_ROLE_INFO, .addr = e->self_addr};

@@ -19,8 +19,8 @@ static void log_failure(const char *peer, ote_status_t st, const ote_ctl_msg_t *
     } else if (answered && st == OTE_ERR_PROTOCOL && ack->opcode == OTE_CTL_HELLO_ACK &&
                (ack->u.hello_ack.max_data < OTE_CTL_MIN_DATA ||
                 ack->u.hello_ack.max_data > OTE_CTL_MAX_DATA)) {
-        OTE_ERROR("control", "%s advertises max_data %u, outside [%u, %u]: refusing the peer",
-                  peer, ack->u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
+        OTE_ERROR("control", "%s advertises max_data %u, outside [%u, %u]: refusing the peer", peer,
+                  ack->u.hello_ack.max_data, OTE_CTL_MIN_DATA, OTE_CTL_MAX_DATA);
     } else {
         OTE_WARN("control", "handshake with %s failed: %s", peer, ote_status_str(st));
     }
@@ -52,7 +52,8 @@ ote_status_t ote_ctl_hello_exchange(const ote_auth_key_t *key, const ote_ctl_hel
         st = OTE_ERR_PROTOCOL;
     int answered = st == OTE_OK;
     uint16_t ver = 0;
-    if (st == OTE_OK) st = ote_ctl_check_hello_ack(&ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
+    if (st == OTE_OK)
+        st = ote_ctl_check_hello_ack(&ack, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
     if (st == OTE_OK && ack.version != ver) st = OTE_ERR_PROTOCOL;
     if (st != OTE_OK) {
         if (ote_status_code(st) != OTE_ERR_AUTH) log_failure(peer, st, &ack, answered);

@@ -273,48 +273,6 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
     return st;
 }
 
-/* A non-blocking TCP connection to the peer, bounded by dl (connect_timeout_ms). */
-static ote_status_t connect_socket(ote__tpeer_t *p, ote_deadline_t dl, int *fd_out) {
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    ote_status_t st = ote__addr_resolve(p->name, &ss, &sl);
-    if (st != OTE_OK) return st;
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return ote_status_make(OTE_ERR_CONNECT, errno);
-    /* Non-blocking connect bounded by connect_timeout_ms. */
-    if (connect(fd, (struct sockaddr *)&ss, sl) != 0) {
-        int err = errno;
-        if (err == EINPROGRESS) {
-            err = 0;
-            for (;;) {
-                struct pollfd pf = {.fd = fd, .events = POLLOUT};
-                if (ote_deadline_expired(dl)) {
-                    err = ETIMEDOUT;
-                    break;
-                }
-                int n = poll(&pf, 1, ote_deadline_remaining_ms(dl, 1000));
-                if (n < 0 && errno != EINTR) {
-                    err = errno;
-                    break;
-                }
-                if (n > 0) {
-                    socklen_t el = sizeof(err);
-                    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
-                    break;
-                }
-            }
-        }
-        if (err != 0) {
-            close(fd);
-            OTE_WARN("rdma", "control connection to %s failed: %s", p->name,
-                     err == ETIMEDOUT ? "timed out (connect_timeout_ms)" : strerror(err));
-            return err == ETIMEDOUT ? OTE_ERR_TIMEOUT : ote_status_make(OTE_ERR_CONNECT, err);
-        }
-    }
-    *fd_out = fd;
-    return OTE_OK;
-}
-
 /* Whether the source's advertisement (HELLO_ACK info) has key=1. A source that takes
  * RELEASE says rdma_release=1; an older one would close the connection on the unknown
  * message, so it is sent none (its grants of failed requesters end at its own deadline,
@@ -428,7 +386,7 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
     ote_deadline_t dl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     int fd = -1;
-    ote_status_t st = connect_socket(p, dl, &fd);
+    ote_status_t st = ote__addr_dial(p->name, dl, "rdma", &fd);
     if (st != OTE_OK) return st;
     conn_t *c = ote__rdma_conn_new(tp, fd);
     if (c == NULL) return OTE_ERR_NOMEM;
