@@ -7,7 +7,7 @@
  * Files, one job each:
  *   shm.c            the ops table, ote__shm_create (the control socket and its accept
  *                    thread), advert, destroy
- *   shm_requester.c  requester side: reachability, connect and handshake, submit, the
+ *   shm_requester.c  requester side: reachability, submit, the
  *                    window of requests in flight, the receive thread (responses,
  *                    deadlines, peer death), cancel, reconnect, close
  *   shm_requester_ipc.c  requester side, CUDA IPC: messages received with an fd, offers
@@ -18,6 +18,7 @@
  *                    against the engine's registrations before any byte moves
  *   shm_source_ipc.c source side, CUDA IPC: pins held for the requester's IPC copies,
  *                    allocations offered, close receipts
+ *   shm_connect.c    requester side: connect, HELLO (probe, ring), the answer adopted
  *   shm_pins.c       source side: one account and one pin per request of a connection
  *   shm_ring.c       the shared ring: the requester's memfd, the source's mapping of it,
  *                    and the source's wait for a staging mark (see "Staging marks")
@@ -573,6 +574,11 @@ void ote__shm_src_cancel(shm_src_t *s, const shm_req_t *q);    /* a CANCEL entry
  * thread, while the piece is held. */
 int ote__shm_src_canceled(const void *pin);
 void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
+
+/* shm_connect.c: connect and handshake p with its source (p->fd, src_pid, mode, ring,
+ * marks, ipc and max_slice set on success; *shared_ok: the source maps shared
+ * allocations). Nothing of it is left on failure. */
+ote_status_t ote__shm_peer_connect(shm_peer_t *p, int *shared_ok);
 
 /* shm_ring.c: the shared ring's memfd (requester: created, SHM_RING_MAP bytes, mapped;
  * the fd returned, -1 on error), its mapping by the source (0, or -1 with the reason in
