@@ -5,8 +5,6 @@
 
 #include "base/alloc.h"
 
-#define ALONE_BIT ((uintptr_t)1)
-
 ote__acct_t *ote__acct_find(ote__acct_set_t *set, uint64_t scope, uint64_t uid) {
     ote__acct_key_t key;
     memset(&key, 0, sizeof(key));
@@ -58,12 +56,6 @@ void ote__acct_open(ote__acct_t *a, ote_status_t st, void *pin) {
     a->pin = st == OTE_OK ? pin : NULL;
 }
 
-void ote__acct_cancel(ote__acct_t *a) { __atomic_store_n(&a->canceled, 1, __ATOMIC_SEQ_CST); }
-
-int ote__acct_canceled(const ote__acct_t *a) {
-    return __atomic_load_n(&a->canceled, __ATOMIC_SEQ_CST);
-}
-
 ote_status_t ote__acct_hold(ote__acct_t *a, uint64_t len) {
     ote_status_t st = ote__acct_canceled(a) ? OTE_ERR_CANCELED : a->st;
     if (st != OTE_OK) return st;
@@ -98,21 +90,4 @@ size_t ote__acct_end_scope(ote__acct_set_t *set, uint64_t scope, int all, int dr
         n++;
     }
     return n;
-}
-
-ote_status_t ote__acct_pin_alone(ote__acct_pin_fn pinf, void *arg, uint64_t addr, uint64_t len,
-                                 unsigned perm, void **pin_out) {
-    void *pin = NULL;
-    ote_status_t st = pinf(arg, addr, len, perm, &pin);
-    if (st == OTE_OK) *pin_out = (void *)((uintptr_t)pin | ALONE_BIT);
-    return st;
-}
-
-int ote__acct_is_alone(const void *pin) { return ((uintptr_t)pin & ALONE_BIT) != 0; }
-
-void *ote__acct_alone_pin(void *pin) { return (void *)((uintptr_t)pin & ~ALONE_BIT); }
-
-void *ote__acct_engine_pin(void *pin) {
-    if (ote__acct_is_alone(pin)) return ote__acct_alone_pin(pin);
-    return ((ote__acct_t *)pin)->pin; /* held while a piece holds the account */
 }

@@ -94,21 +94,40 @@ size_t ote__acct_end_scope(ote__acct_set_t *set, uint64_t scope, int all, int dr
                            void (*end)(void *arg, ote__acct_t *a), void *arg);
 
 /* Marks a canceled (any thread) / whether it is: later pieces get OTE_ERR_CANCELED. */
-void ote__acct_cancel(ote__acct_t *a);
-int ote__acct_canceled(const ote__acct_t *a);
+static inline void ote__acct_cancel(ote__acct_t *a) {
+    __atomic_store_n(&a->canceled, 1, __ATOMIC_SEQ_CST);
+}
+static inline int ote__acct_canceled(const ote__acct_t *a) {
+    return __atomic_load_n(&a->canceled, __ATOMIC_SEQ_CST);
+}
 
 /* The engine's pin (host->pin of engine/transport.h). */
 typedef ote_status_t (*ote__acct_pin_fn)(void *arg, uint64_t addr, uint64_t len, unsigned perm,
                                          void **pin_out);
+
 /* A pin held by one piece alone: the engine's pin (pin(arg, ...)) with its low bit set
- * (the engine's pins are heap objects, so the bit is free), told apart from an account. */
-ote_status_t ote__acct_pin_alone(ote__acct_pin_fn pin, void *arg, uint64_t addr, uint64_t len,
-                                 unsigned perm, void **pin_out);
-int ote__acct_is_alone(const void *pin);
-/* The engine's pin behind a piece's pin (alone, or its account's). */
-void *ote__acct_engine_pin(void *pin);
+ * (the engine's pins are heap objects, so the bit is free), told apart from an account.
+ * Inline: every one-piece request of the data path takes one. */
+#define OTE__ACCT_ALONE_BIT ((uintptr_t)1)
+static inline ote_status_t ote__acct_pin_alone(ote__acct_pin_fn pinf, void *arg, uint64_t addr,
+                                               uint64_t len, unsigned perm, void **pin_out) {
+    void *pin = NULL;
+    ote_status_t st = pinf(arg, addr, len, perm, &pin);
+    if (st == OTE_OK) *pin_out = (void *)((uintptr_t)pin | OTE__ACCT_ALONE_BIT);
+    return st;
+}
+static inline int ote__acct_is_alone(const void *pin) {
+    return ((uintptr_t)pin & OTE__ACCT_ALONE_BIT) != 0;
+}
 /* The engine's pin of a pin held alone. */
-void *ote__acct_alone_pin(void *pin);
+static inline void *ote__acct_alone_pin(void *pin) {
+    return (void *)((uintptr_t)pin & ~OTE__ACCT_ALONE_BIT);
+}
+/* The engine's pin behind a piece's pin (alone, or its account's, held while a piece
+ * holds the account). */
+static inline void *ote__acct_engine_pin(void *pin) {
+    return ote__acct_is_alone(pin) ? ote__acct_alone_pin(pin) : ((ote__acct_t *)pin)->pin;
+}
 
 #ifdef __cplusplus
 }
