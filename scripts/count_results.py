@@ -2,9 +2,16 @@
 """Counts the test results of one `bazel test` invocation, per test case, without
 over-counting.
 
-Usage: count_results.py CONSOLE_LOG TESTLOGS_DIR
+Usage: count_results.py CONSOLE_LOG TESTLOGS_DIR [--expected-skips FILE --config NAME
+                        [--partial]]
   CONSOLE_LOG   Bazel's console output of the invocation (its per-target status lines)
   TESTLOGS_DIR  `bazel info bazel-testlogs` of the same configuration
+  --expected-skips FILE  the list of test cases expected to skip (tests/expected_skips.txt),
+                checked against this invocation's cases (see "Expected skips" below)
+  --config NAME the configuration of the invocation (default, asan, tsan): entries
+                restricted to other configurations do not apply
+  --partial     the invocation ran only some targets (the tsan phase): an entry that
+                matches no case of it is not stale
 Prints one line "PASSED FAILED SKIPPED" (three integers) on stdout, and the reasons for
 every failure on stderr. Exits 0 when it could count (whatever the results), non-zero
 when it could not (unreadable input): the caller must then fail the run.
@@ -27,7 +34,27 @@ Rules:
 - FLAKY (a run failed, a retry passed) counts as failed: a flake must not land.
 - A target that failed to build, or has no readable XML, counts as one failed case
   (one passed case when Bazel says PASSED but no XML exists, e.g. an sh_test).
+- A ThreadSanitizer report anywhere in a target's logs fails the target outside its
+  cases, even when Bazel says PASSED: a child process (ote_target) that reports a race
+  and halts may leave its parent's cases passing.
+
+Expected skips (--expected-skips): every line of the file is
+  [CONFIGS] PATTERN REASON
+where PATTERN is an fnmatch pattern over "Suite.Case" as GoogleTest's XML names it
+("Prefix/Suite.Case/Param" for parameterized cases), REASON is mandatory free text, and
+the optional [CONFIGS] (e.g. "[tsan]" or "[asan,tsan]") restricts the entry to those
+configurations; '#' starts a comment line. In an invocation of configuration NAME:
+- a case that skipped (in any run) and matches no entry for NAME is an unexpected skip:
+  it counts as failed instead of skipped (or passed);
+- a case that matches an entry for NAME and passed (in any run) no longer skips: it
+  counts as failed, so the list stays true (remove or narrow the entry);
+- without --partial, an entry for NAME that matches no case at all is stale: one more
+  failed case.
+Cases of a target that failed outside its cases are already all failed: not adjusted.
+A malformed file is a crash of the counter (exit non-zero).
 """
+import argparse
+import fnmatch
 import os
 import re
 import sys
@@ -38,8 +65,14 @@ STATUS_RE = re.compile(
     r"INCOMPLETE|REMOTE FAILURE|SKIPPED|BUILT)\b(.*)$")
 RUNS_IN_STATUS_RE = re.compile(r"\bin \d+ out of (\d+)\b")
 STATS_RE = re.compile(r"^Stats over (\d+) runs:")
-SANITIZER_RE = re.compile(r"^(?:==\d+==)?ERROR: (?:LeakSanitizer|AddressSanitizer|"
-                          r"UndefinedBehaviorSanitizer|ThreadSanitizer)", re.M)
+SANITIZER_RE = re.compile(r"^(?:==\d+==)?(?:ERROR|WARNING|FATAL): (?:LeakSanitizer|"
+                          r"AddressSanitizer|UndefinedBehaviorSanitizer|ThreadSanitizer)",
+                          re.M)
+# A ThreadSanitizer report (a race, a lock-order inversion, a fatal error) or its exit
+# summary; searched in every counted target's logs, passing ones included.
+TSAN_RE = re.compile(r"^(?:==\d+==)?(?:(?:WARNING|FATAL|ERROR): ThreadSanitizer[: ]|"
+                     r"ThreadSanitizer: )", re.M)
+SKIP_LINE_RE = re.compile(r"^(?:\[([A-Za-z0-9_-]+(?:,[A-Za-z0-9_-]+)*)\]\s+)?(\S+)\s+(\S.*)$")
 
 
 def parse_console(path):
@@ -137,58 +170,140 @@ def merge(outcomes):
     return "passed"
 
 
-def count(console_log, testlogs):
-    """Returns (passed, failed, skipped, details)."""
+class SkipEntry:
+    """One line of the expected-skips file."""
+
+    def __init__(self, configs, pattern, reason, where):
+        self.configs, self.pattern, self.reason, self.where = configs, pattern, reason, where
+
+    def applies(self, config):
+        return self.configs is None or config in self.configs
+
+    def matches(self, case_id):
+        return fnmatch.fnmatchcase(case_id, self.pattern)
+
+
+def load_expected_skips(path):
+    """Entries of an expected-skips file; raises ValueError on a malformed line."""
+    entries = []
+    with open(path) as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            m = SKIP_LINE_RE.match(line)
+            if not m or m.group(2).startswith("["):
+                raise ValueError(f"{path}:{n}: expected '[CONFIGS] PATTERN REASON': {line!r}")
+            configs = set(m.group(1).split(",")) if m.group(1) else None
+            entries.append(SkipEntry(configs, m.group(2), m.group(3), f"{path}:{n}"))
+    return entries
+
+
+def check_skips(cases, entries, config, partial):
+    """cases: [(label, case_id, outcomes, merged)] of trusted targets, plus untrusted
+    ones with merged None (they only mark entries as matching something). Returns
+    (dpassed, dfailed, dskipped, details): the adjustments to the counts."""
+    applicable = [e for e in entries if e.applies(config)]
+    used = set()
+    dp = df = ds = 0
+    details = []
+    for label, case_id, outcomes, merged in cases:
+        hits = [e for e in applicable if e.matches(case_id)]
+        used.update(id(e) for e in hits)
+        if merged is None or merged == "failed":
+            continue
+        if "skipped" in outcomes and not hits:
+            details.append(f"{label}: {case_id} skipped but is not in the expected skips "
+                           f"for {config}: counted as failed")
+        elif hits and "passed" in outcomes:
+            details.append(f"{label}: {case_id} is listed as skipping ({hits[0].where}) but "
+                           f"ran and passed in {config}: counted as failed (update the list)")
+        else:
+            continue
+        df += 1
+        if merged == "skipped":
+            ds -= 1
+        else:
+            dp -= 1
+    for e in applicable:
+        if id(e) not in used and not partial:
+            df += 1
+            details.append(f"{e.where}: '{e.pattern}' matches no test case of this {config} "
+                           f"run: a stale entry, counted as one failure")
+    return dp, df, ds, details
+
+
+def count_target(label, status, runs, testlogs, details, seen):
+    """Counts one target: returns (passed, failed, skipped) and appends to details; adds
+    (label, case_id, outcomes, merged or None when untrusted) for each case to seen."""
+    pkg, _, name = label[2:].partition(":")
+    dirs = run_dirs(os.path.join(testlogs, pkg, name), runs)
+    cases, broken = case_results([x for d in dirs for x in xml_files(d)])
+    ok_status = status == "PASSED"
+    logs = [read(lg) for d in dirs for lg in log_files(d)]
+    tsan = any(TSAN_RE.search(text) for text in logs)
+    if not cases:
+        if ok_status and not broken and not tsan:
+            return 1, 0, 0
+        details.append(f"{label}: {status}" + (" (unreadable XML)" if broken else "") +
+                       (" (a ThreadSanitizer report in its log)" if tsan else ""))
+        return 0, 1, 0
+    merged = {k: merge(v) for k, v in cases.items()}
+    p = sum(1 for v in merged.values() if v == "passed")
+    fl = sum(1 for v in merged.values() if v == "failed")
+    s = sum(1 for v in merged.values() if v == "skipped")
+    # A failed target whose logs carry a sanitizer report failed outside its cases too,
+    # even where some case also failed (in another run, say). A passing target's logs are
+    # searched for ThreadSanitizer reports only: a death test may print an ASan report on
+    # purpose, while no test provokes a race.
+    sanitizer = tsan or (not ok_status and any(SANITIZER_RE.search(t) for t in logs))
+    outside = (not ok_status and fl == 0) or sanitizer or broken
+    for (suite, case), v in sorted(merged.items()):
+        seen.append((label, f"{suite}.{case}", cases[(suite, case)], None if outside else v))
+    if outside:
+        why = ("a sanitizer report in its log" if sanitizer else
+               "unreadable XML" if broken else f"status {status} with every case passed")
+        details.append(f"{label}: failed outside its test cases ({why}); all {p + fl} "
+                       f"run case(s) counted as failed")
+        return 0, fl + p, s
+    if fl:
+        details.append(f"{label}: {fl} case(s) failed" +
+                       (f" (in at least one of {runs} runs)" if runs > 1 else ""))
+        for (suite, case), v in sorted(merged.items()):
+            if v == "failed":
+                details.append(f"    {suite}.{case}")
+    return p, fl, s
+
+
+def count(console_log, testlogs, skips=None, config="default", partial=False):
+    """Returns (passed, failed, skipped, details). skips: expected-skip entries to check
+    (None: no check)."""
     targets = parse_console(console_log)
     passed = failed = skipped = 0
-    details = []
+    details, seen = [], []
     for label, (status, runs) in sorted(targets.items()):
         if status == "BUILT":
             continue
-        pkg, _, name = label[2:].partition(":")
-        tdir = os.path.join(testlogs, pkg, name)
-        dirs = run_dirs(tdir, runs)
-        xmls = [x for d in dirs for x in xml_files(d)]
-        cases, broken = case_results(xmls)
-        ok_status = status == "PASSED"
-        if not cases:
-            if ok_status and not broken:
-                passed += 1
-            else:
-                failed += 1
-                details.append(f"{label}: {status}" + (" (unreadable XML)" if broken else ""))
-            continue
-        merged = {k: merge(v) for k, v in cases.items()}
-        p = sum(1 for v in merged.values() if v == "passed")
-        fl = sum(1 for v in merged.values() if v == "failed")
-        s = sum(1 for v in merged.values() if v == "skipped")
-        # A failed target whose logs carry a sanitizer report failed outside its cases
-        # too, even where some case also failed (in another run, say). A passing target's
-        # logs are not searched: a death test may print a report on purpose.
-        sanitizer = not ok_status and any(SANITIZER_RE.search(read(lg))
-                                          for d in dirs for lg in log_files(d))
-        outside = (not ok_status and fl == 0) or sanitizer or broken
-        if outside:
-            why = ("a sanitizer report in its log" if sanitizer else
-                   "unreadable XML" if broken else f"status {status} with every case passed")
-            details.append(f"{label}: failed outside its test cases ({why}); all {p + fl} "
-                           f"run case(s) counted as failed")
-            fl, p = fl + p, 0
-        elif fl:
-            details.append(f"{label}: {fl} case(s) failed" +
-                           (f" (in at least one of {runs} runs)" if runs > 1 else ""))
-            for (suite, case), v in sorted(merged.items()):
-                if v == "failed":
-                    details.append(f"    {suite}.{case}")
+        p, fl, s = count_target(label, status, runs, testlogs, details, seen)
         passed, failed, skipped = passed + p, failed + fl, skipped + s
+    if skips is not None:
+        dp, df, ds, more = check_skips(seen, skips, config, partial)
+        passed, failed, skipped = passed + dp, failed + df, skipped + ds
+        details += more
     return passed, failed, skipped, details
 
 
 def main(argv):
-    if len(argv) != 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    passed, failed, skipped, details = count(argv[1], argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], usage=__doc__)
+    ap.add_argument("console_log")
+    ap.add_argument("testlogs")
+    ap.add_argument("--expected-skips")
+    ap.add_argument("--config", default="default")
+    ap.add_argument("--partial", action="store_true")
+    args = ap.parse_args(argv[1:])
+    skips = load_expected_skips(args.expected_skips) if args.expected_skips else None
+    passed, failed, skipped, details = count(args.console_log, args.testlogs, skips,
+                                             args.config, args.partial)
     for d in details:
         print("  " + d, file=sys.stderr)
     print(passed, failed, skipped)

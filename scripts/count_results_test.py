@@ -76,10 +76,18 @@ class CountTest(unittest.TestCase):
             with open(os.path.join(d, "test.log"), "w") as f:
                 f.write(log)
 
-    def count(self):
+    def count(self, skips=None, config="default", partial=False):
+        """skips: the text of an expected-skips file (None: no check)."""
         with open(self.console, "w") as f:
             f.write("INFO: Build completed\n" + "\n".join(self.lines) + "\n\nExecuted 1 tests\n")
-        p, fl, s, _ = count_results.count(self.console, self.logs)
+        entries = None
+        if skips is not None:
+            path = os.path.join(self.tmp.name, "expected_skips.txt")
+            with open(path, "w") as f:
+                f.write(skips)
+            entries = count_results.load_expected_skips(path)
+        p, fl, s, self.details = count_results.count(self.console, self.logs, entries, config,
+                                                     partial)
         return p, fl, s
 
     def test_cases_of_a_passing_target_count_one_each(self):
@@ -175,6 +183,108 @@ class CountTest(unittest.TestCase):
                            capture_output=True, text=True)
         self.assertNotEqual(r.returncode, 0)
         self.assertEqual(r.stdout.strip(), "")
+
+
+    def test_a_thread_sanitizer_report_fails_a_passing_target(self):
+        # The race was in a child process (ote_target): the parent's cases all passed.
+        self.target("//a:t", "PASSED in 0.1s",
+                    xml=[("S", "one", "passed"), ("S", "two", "passed"), ("S", "off", "skipped")],
+                    log="WARNING: ThreadSanitizer: data race (pid=12)\n")
+        self.target("//a:ok", "PASSED in 0.1s", xml=[("S", "x", "passed")],
+                    log="ThreadSanitizer is mentioned mid-line, not a report\n")
+        self.assertEqual(self.count(), (1, 2, 1))
+
+    def test_a_thread_sanitizer_report_of_a_failed_target_fails_all_its_cases(self):
+        self.target("//a:t", "FAILED in 0.1s",
+                    xml=[("S", "one", "passed"), ("S", "two", "failed")],
+                    log="==9==WARNING: ThreadSanitizer: lock-order-inversion\n")
+        self.assertEqual(self.count(), (0, 2, 0))
+
+    def test_expected_skips_listed_skip_counts_skipped(self):
+        self.target("//a:t", "PASSED in 0.1s",
+                    xml=[("S", "one", "passed"), ("S", "nodev", "skipped"),
+                         ("Conf/V", "Mw/rdma_core", "skipped"), ("Conf/V", "Mw/sim", "passed")])
+        skips = ("# comment\n\nS.nodev   no device here\n"
+                 "Conf/V.*/rdma_core  no RDMA NIC on the CI machines\n")
+        self.assertEqual(self.count(skips), (2, 0, 2))
+
+    def test_an_unlisted_skip_counts_failed(self):
+        self.target("//a:t", "PASSED in 0.1s",
+                    xml=[("S", "one", "passed"), ("S", "surprise", "skipped")])
+        # The unlisted skip fails, and so do the two entries that match nothing (stale).
+        self.assertEqual(self.count("S.other  a reason\nX.y  another reason\n"), (1, 3, 0))
+        self.assertTrue(any("S.surprise skipped but is not in the expected skips" in d
+                            for d in self.details))
+
+    def test_a_listed_case_that_passes_counts_failed(self):
+        self.target("//a:t", "PASSED in 0.1s",
+                    xml=[("S", "one", "passed"), ("S", "back", "passed")])
+        self.assertEqual(self.count("S.back  used to skip\n"), (1, 1, 0))
+        self.assertTrue(any("is listed as skipping" in d for d in self.details))
+
+    def test_a_case_skipping_in_only_some_runs(self):
+        label = "//tests/engine:t"
+        self.target(label, "PASSED in 2.0s", runs=2)
+        self.put(label, "run_1_of_2", [("E", "a", "passed"), ("E", "b", "skipped")])
+        self.put(label, "run_2_of_2", [("E", "a", "passed"), ("E", "b", "passed")])
+        # Unlisted: it skipped in a run. Listed: it passed in a run. Failed either way.
+        self.assertEqual(self.count(""), (1, 1, 0))
+        self.assertEqual(self.count("E.b  sometimes\n"), (1, 1, 0))
+
+    def test_expected_skips_per_configuration(self):
+        self.target("//a:t", "PASSED in 0.1s",
+                    xml=[("S", "slow", "skipped"), ("S", "nodev", "skipped")])
+        skips = "[tsan] S.slow  too slow under tsan\nS.nodev  no device\n"
+        self.assertEqual(self.count(skips, "tsan"), (0, 0, 2))
+        self.assertEqual(self.count(skips, "default"), (0, 1, 1))
+        self.assertEqual(self.count("[asan,tsan] S.slow  x\nS.nodev  y\n", "asan"), (0, 0, 2))
+
+    def test_a_stale_entry_fails_unless_the_run_is_partial(self):
+        self.target("//a:t", "PASSED in 0.1s", xml=[("S", "one", "passed")])
+        skips = "Gone.case  a test that was renamed\n[asan] Other.case  asan only\n"
+        self.assertEqual(self.count(skips), (1, 1, 0))
+        self.assertTrue(any("'Gone.case' matches no test case" in d for d in self.details))
+        self.assertEqual(self.count(skips, partial=True), (1, 0, 0))
+
+    def test_cases_of_a_target_failed_outside_are_not_adjusted(self):
+        self.target("//a:t", "FAILED in 0.1s",
+                    xml=[("S", "one", "passed"), ("S", "nodev", "skipped"),
+                         ("S", "listed", "passed")],
+                    log="==1==ERROR: LeakSanitizer: detected memory leaks\n")
+        # Still failed outside (2 failed, 1 skipped); the entries match, so none is stale.
+        self.assertEqual(self.count("S.listed  x\nS.nodev  y\n"), (0, 2, 1))
+
+    def test_a_malformed_skips_file_is_an_error(self):
+        for text in ("S.case\n", "[tsan S.case reason\n", "[] S.case reason\n"):
+            path = os.path.join(self.tmp.name, "bad.txt")
+            with open(path, "w") as f:
+                f.write(text)
+            with self.assertRaises(ValueError):
+                count_results.load_expected_skips(path)
+        # Through the script: a crash, nothing on stdout.
+        self.target("//a:t", "PASSED in 0.1s", xml=[("S", "one", "passed")])
+        with open(self.console, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+        r = subprocess.run([sys.executable, SCRIPT, self.console, self.logs,
+                            "--expected-skips", path, "--config", "tsan"],
+                           capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertEqual(r.stdout.strip(), "")
+
+    def test_the_script_checks_skips(self):
+        self.target("//a:t", "PASSED in 0.1s",
+                    xml=[("S", "one", "passed"), ("S", "off", "skipped")])
+        with open(self.console, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+        path = os.path.join(self.tmp.name, "skips.txt")
+        with open(path, "w") as f:
+            f.write("[default] S.off  reason\n")
+        run = [sys.executable, SCRIPT, self.console, self.logs, "--expected-skips", path]
+        r = subprocess.run(run + ["--config", "default"], capture_output=True, text=True)
+        self.assertEqual((r.returncode, r.stdout.split()), (0, ["1", "0", "1"]))
+        r = subprocess.run(run + ["--config", "asan"], capture_output=True, text=True)
+        self.assertEqual((r.returncode, r.stdout.split()), (0, ["1", "1", "0"]))
+        self.assertIn("S.off skipped but is not in the expected skips", r.stderr)
 
 
 if __name__ == "__main__":

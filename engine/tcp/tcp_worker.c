@@ -199,7 +199,9 @@ static void conn_flush(tcp_conn_t *c) {
 }
 
 static void worker_attach(tcp_worker_t *w, tcp_conn_t *c) {
-    c->w = w;
+    /* c->w is w already: the poster set it before posting the attach to that worker, and
+     * submitting threads read it (to wake the worker) while it is attached, so it is not
+     * written here. */
     c->ev = EPOLLIN;
     c->out_wanted = 0;
     c->rx_paused = 0;

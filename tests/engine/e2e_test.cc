@@ -90,10 +90,13 @@ TEST_F(E2eTest, EightThreadsSubmitAtOnce) {
                 if (ote_batch_destroy(b) != OTE_OK) failures++;
                 if (round % 2 && memcmp(back[t].data(), src[t].data(), kChunk) != 0) failures++;
             }
-            // Also many threads appending to one shared batch.
-            ote_request_t one = {OTE_READ, back[t].data(), seg_, base, kChunk / kReqs};
-            for (int i = 0; i < kReqs; i++)
+            // Also many threads appending to one shared batch: each READ into a piece of
+            // its own (READs in flight into the same bytes would race with each other).
+            for (int i = 0; i < kReqs; i++) {
+                ote_request_t one = {OTE_READ, back[t].data() + i * piece, seg_, base + i * piece,
+                                     piece};
                 if (ote_batch_submit(shared, &one, 1) != OTE_OK) failures++;
+            }
         });
     }
     for (auto &th : ts) th.join();

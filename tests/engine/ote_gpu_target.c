@@ -54,6 +54,7 @@
 #include "tests/cuda/fake_cuda_control.h"
 #include "tests/engine/hostile_ranges.h"
 #include "tests/engine/pattern.h"
+#include "tests/util/sync_point.h"
 
 typedef struct {
     const char *name;
@@ -231,6 +232,7 @@ int main(int argc, char **argv) {
 
     char line[512];
     while (fgets(line, sizeof(line), stdin) != NULL) {
+        ote_test_sync_point(); /* after the test's requests that came before the command */
         char cmd[16] = "", which[64] = "";
         unsigned long long a = 0, b = 0;
         int c1 = 0, c2 = 0;
@@ -297,6 +299,7 @@ int main(int argc, char **argv) {
         } else {
             printf("ERR bad command\n");
         }
+        ote_test_sync_point(); /* before the requests that come after the answer */
         fflush(stdout);
     }
     st = ote_engine_destroy(e);

@@ -40,6 +40,7 @@
 #include "ote/ote.h"
 #include "tests/engine/hostile_ranges.h"
 #include "tests/engine/pattern.h"
+#include "tests/util/sync_point.h"
 
 typedef struct {
     const char *name;
@@ -159,6 +160,7 @@ int main(int argc, char **argv) {
 
     char line[512];
     while (fgets(line, sizeof(line), stdin) != NULL) {
+        ote_test_sync_point(); /* after the test's requests that came before the command */
         char cmd[16] = "", which[8] = "";
         unsigned long long a = 0, b = 0, c = 0;
         int n = sscanf(line, "%15s %7s %llu %llu", cmd, which, &a, &b);
@@ -220,6 +222,7 @@ int main(int argc, char **argv) {
         } else {
             printf("ERR bad command\n");
         }
+        ote_test_sync_point(); /* before the requests that come after the answer */
         fflush(stdout);
     }
     st = ote_engine_destroy(e);

@@ -15,11 +15,14 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -253,9 +256,35 @@ class ShmHostileTest : public ote_test::OteTest {
         return fd;
     }
 
-    // The staging mark in the ring's control page (GoodRing(true)).
+    // The staging mark in the ring's control page (GoodRing(true)), through the source's
+    // own mapping of the memfd when it has one. The memfd is mapped twice in this process
+    // (ring_ here, and by the target's source). ThreadSanitizer keeps its order per
+    // address: a mark stored through ring_ does not show it the release that the source's
+    // acquire of its own mapping pairs with, and it reported buf_ read here before a mark
+    // and written by the source after it. Stored where the source loads it, the
+    // release/acquire pair has one address; the memory is the same either way.
     std::atomic<uint64_t> *mark() {
-        return reinterpret_cast<std::atomic<uint64_t> *>(ring_ + TW_RING_BYTES);
+        uint8_t *base = SourceMapping();
+        return reinterpret_cast<std::atomic<uint64_t> *>((base ? base : ring_) + TW_RING_BYTES);
+    }
+
+    // The other mapping of ring_fd_'s memfd at offset 0 in this process (the source's),
+    // from /proc/self/maps; nullptr when there is none.
+    uint8_t *SourceMapping() const {
+        struct stat st;
+        if (ring_fd_ < 0 || fstat(ring_fd_, &st) != 0) return nullptr;
+        std::ifstream maps("/proc/self/maps");
+        std::string line;
+        while (std::getline(maps, line)) {
+            unsigned long lo = 0, hi = 0, off = 0, ino = 0;
+            char perms[8];
+            if (sscanf(line.c_str(), "%lx-%lx %7s %lx %*s %lu", &lo, &hi, perms, &off, &ino) != 5)
+                continue;
+            if (ino == st.st_ino && off == 0 && reinterpret_cast<uint8_t *>(lo) != ring_ &&
+                hi - lo >= ring_map_)
+                return reinterpret_cast<uint8_t *>(lo);
+        }
+        return nullptr;
     }
 
     // Send one REQS message of reqs (header n = n_hdr unless negative) and return the

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "tests/util/sync_point.h"
 #include "tests/util/wait.h"
 
 extern char **environ;
@@ -107,6 +108,7 @@ std::string Target::ReadLine(int timeout_ms) {
         if (nl != std::string::npos) {
             std::string line = pending_.substr(0, nl);
             pending_.erase(0, nl + 1);
+            ote_test_sync_point(); /* after what the target did before it answered */
             return line;
         }
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -125,6 +127,7 @@ std::string Target::ReadLine(int timeout_ms) {
 
 bool Target::Send(const std::string &cmd) {
     std::string line = cmd + "\n";
+    ote_test_sync_point(); /* before what the target does on the command */
     return in_ >= 0 && write(in_, line.data(), line.size()) == static_cast<ssize_t>(line.size());
 }
 

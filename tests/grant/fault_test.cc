@@ -613,7 +613,7 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     AmbiguousWrite::real = orig;
     AmbiguousWrite::armed = 1;
     rig_.src_deadline_ms = 800; /* the source releases the window nobody will invalidate */
-    rig_.v->ops = &amb;         /* every other op is the decorator's own */
+    rig_.SetOps(&amb);          /* every other op is the decorator's own */
     Done d;
     ote_grant_stats_t s;
     {
@@ -635,7 +635,7 @@ TEST_F(GrantFaultTest, UnknownPostOutcomeFencesTheQueueAndFailsTheGrant) {
     ote_qp_get_stats(qp, &qs);
     EXPECT_EQ(qs.fenced, 1) << "an unknown post outcome did not fence the queue";
     ASSERT_TRUE(d.Wait(rig_, 30000));
-    rig_.v->ops = orig;
+    rig_.SetOps(orig);
     EXPECT_EQ(d.calls.load(), 1);
     EXPECT_EQ(ote_status_code(d.st.load()), OTE_ERR_FENCED) << ote_status_str(d.st.load());
     ote_grant_mgr_get_stats(rig_.g0, &s);

@@ -191,6 +191,22 @@ struct Rig {
         }
     }
 
+    // Gives the provider another ops table (a test's misbehaving op in front of the
+    // decorator's). The CQ workers read v->ops under their mutex: the lanes leave the
+    // workers while the pointer changes and join them again after, so the workers see
+    // the new table through that mutex instead of racing with the store.
+    void SetOps(const ote_verbs_ops_t *ops) {
+        for (int i = 0; i < 2; i++) {
+            ASSERT_EQ(ote_cq_workers_remove(w, l0[i]), OTE_OK);
+            ASSERT_EQ(ote_cq_workers_remove(w, l1[i]), OTE_OK);
+        }
+        v->ops = ops;
+        for (int i = 0; i < 2; i++) {
+            ASSERT_EQ(ote_cq_workers_add(w, l0[i]), OTE_OK);
+            ASSERT_EQ(ote_cq_workers_add(w, l1[i]), OTE_OK);
+        }
+    }
+
     // Borrow a connected requester QP of slot `slot`.
     ote_status_t Borrow(int cap, uint32_t slot, ote_qp_t **qp) {
         Xarg x = {this, cap};

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/util/sync_point.h"
 #include "tests/verbs/rc_qp.h"
 
 extern "C" {
@@ -46,6 +47,7 @@ struct Msg {
 };
 
 inline bool WriteMsg(int fd, const Msg &m) {
+    ote_test_sync_point(); // before what the other process does on the message
     const char *p = reinterpret_cast<const char *>(&m);
     size_t left = sizeof(m);
     while (left > 0) {
@@ -68,6 +70,7 @@ inline bool ReadMsg(int fd, Msg *m) {
         p += r;
         left -= (size_t)r;
     }
+    ote_test_sync_point(); // after what the other process did before it sent this
     return true;
 }
 
