@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every OrbitTE test on a fresh Debian 12 machine: installs what it needs, checks
 # the include layering, runs the Bazel suites in the default and the AddressSanitizer
-# (+LeakSanitizer) configurations (they include //tests/fuzz:control_fuzz_test, the
-# control-plane fuzzer run for a bounded time) and the multi-threaded suites under
+# (+LeakSanitizer) configurations (the default one includes //tests/fuzz, the fuzzers
+# run for a bounded time, built with clang's ASan/UBSan whatever the configuration, so
+# not again under asan) and the multi-threaded suites under
 # ThreadSanitizer, checks that planted upward dependencies are visibility errors, and
 # builds the outside consumer workspace against //verbs alone. Also: every fault point in
 # library code is armed by a test (scripts/check_fault_points.py), the result counter's
