@@ -14,7 +14,9 @@
 # Inside engine/ the owner libraries are layered too (see //:visibility.bzl):
 #   engine/control      may include base only;
 #   engine/<transport>  (tcp, rdma, ...) may include its own files, engine/control, the
-#                       transport interface (engine/transport.h), the resolved
+#                       transport interface (engine/transport.h), the one source-pin
+#                       account every transport keeps (engine/src_account.h, its own
+#                       library //engine:src_account), the resolved
 #                       configuration (engine/engine_internal.h) and the public headers
 #                       (engine/include/, <ote/...>), never another transport or the
 #                       engine's other private files;
@@ -62,7 +64,7 @@ engine_allowed() {
     case "$inc" in engine/include/*) return 0 ;; esac
     [ "$from" = engine/control ] && return 1
     [ "$to" = engine/control ] && return 0
-    case "$inc" in engine/transport.h | engine/engine_internal.h) return 0 ;; esac
+    case "$inc" in engine/transport.h | engine/src_account.h | engine/engine_internal.h) return 0 ;; esac
     return 1
 }
 
@@ -96,7 +98,7 @@ check_tree() {
                 elif [ "$pkg" = engine ] && [ "$target" = engine ]; then
                     owner=$(engine_owner "${f#$root/}")
                     if ! engine_allowed "$owner" "$inc"; then
-                        echo "layering: ${f#$root/}: '$owner' may not include \"$inc\" (a transport sees engine/control, engine/transport.h, engine/engine_internal.h and <ote/...> only; control sees base only)"
+                        echo "layering: ${f#$root/}: '$owner' may not include \"$inc\" (a transport sees engine/control, engine/transport.h, engine/src_account.h, engine/engine_internal.h and <ote/...> only; control sees base only)"
                         bad=1
                     fi
                 fi
@@ -133,6 +135,8 @@ self_test() {
     plant "rdma includes the tcp transport" engine/rdma/planted.c '#include "engine/tcp/tcp_internal.h"'
     plant "tcp includes the engine's own objects" engine/tcp/planted.c '#include "engine/core_internal.h"'
     plant "control includes the transport interface" engine/control/planted.c '#include "engine/transport.h"'
+    plant "control includes the source account" engine/control/planted.c '#include "engine/src_account.h"'
+    plant "shm includes the engine's test hooks" engine/shm/planted.c '#include "engine/hooks.h"'
     return $fails
 }
 
