@@ -3,8 +3,11 @@
  *
  * Native reg/dereg run without the manager lock, so a long registration does not stall
  * lookups; the lock guards only the lists. A failed dereg keeps its MR on the owner that
- * had it (the registration, or the orphan list for rollbacks) and counts it once.
+ * had it (the registration, or the orphan list for rollbacks and single MRs) and counts
+ * it once. Single MRs are only counted while their user holds them (an atomic: a
+ * requester makes one per run over unregistered memory).
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -34,6 +37,8 @@ struct ote_buffer {
 typedef struct orphan {
     ote_context_t *ctx;
     struct ibv_mr *mr;
+    ote_buffer_mr_released_fn released; /* a single MR's owner, told once it is gone */
+    void *owner, *item;
     struct orphan *next;
 } orphan_t;
 
@@ -45,6 +50,7 @@ struct ote_buffer_manager {
     orphan_t *orphans;      /* rollback MRs that could not be deregistered */
     size_t live_count;
     size_t retained;
+    _Atomic size_t single; /* single MRs made and not dropped */
 };
 
 ote_status_t ote_buffer_manager_create(ote_context_set_t *set, ote_buffer_manager_t **bm_out) {
@@ -64,7 +70,7 @@ ote_status_t ote_buffer_manager_create(ote_context_set_t *set, ote_buffer_manage
 ote_status_t ote_buffer_manager_destroy(ote_buffer_manager_t *bm) {
     if (bm == NULL) return OTE_OK;
     ote_mutex_lock(&bm->mu);
-    int busy = bm->live != NULL || bm->retiring != NULL;
+    int busy = bm->live != NULL || bm->retiring != NULL || atomic_load(&bm->single) != 0;
     int orphans = bm->orphans != NULL;
     ote_mutex_unlock(&bm->mu);
     if (busy) return OTE_ERR_BUSY;
@@ -99,6 +105,28 @@ static ote_status_t dereg_slot(ote_buffer_manager_t *bm, buf_mr_t *m) {
         bm->retained--;
         ote_mutex_unlock(&bm->mu);
     }
+    return OTE_OK;
+}
+
+/* A retained MR (counted by dereg_slot) becomes the manager's orphan. OTE_ERR_NOMEM:
+ * no memory to remember it: the MR is leaked, counted retained for good, and said so. */
+static ote_status_t adopt_orphan(ote_buffer_manager_t *bm, const buf_mr_t *m,
+                                 ote_buffer_mr_released_fn released, void *owner, void *item) {
+    orphan_t *o = ote_calloc(1, sizeof(*o));
+    if (o == NULL) {
+        OTE_ERROR("context", "device %s: a retained MR could not be recorded (no memory): leaked",
+                  ote_context_name(m->ctx));
+        return OTE_ERR_NOMEM;
+    }
+    o->ctx = m->ctx;
+    o->mr = m->mr;
+    o->released = released;
+    o->owner = owner;
+    o->item = item;
+    ote_mutex_lock(&bm->mu);
+    o->next = bm->orphans;
+    bm->orphans = o;
+    ote_mutex_unlock(&bm->mu);
     return OTE_OK;
 }
 
@@ -177,20 +205,7 @@ static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t
     /* Roll back: a copy that cannot be deregistered becomes an orphan, still counted. */
     for (size_t i = buf->nmr; i-- > 0;) {
         buf_mr_t *m = &buf->mrs[i];
-        if (dereg_slot(bm, m) == OTE_OK) continue;
-        orphan_t *o = ote_calloc(1, sizeof(*o));
-        if (o == NULL) {
-            /* No memory to remember it: the MR is leaked, and said so. */
-            OTE_ERROR("context", "device %s: retained MR lost during rollback (no memory)",
-                      ote_context_name(m->ctx));
-            continue;
-        }
-        o->ctx = m->ctx;
-        o->mr = m->mr;
-        ote_mutex_lock(&bm->mu);
-        o->next = bm->orphans;
-        bm->orphans = o;
-        ote_mutex_unlock(&bm->mu);
+        if (dereg_slot(bm, m) != OTE_OK) (void)adopt_orphan(bm, m, NULL, NULL, NULL);
     }
     ote_free(buf->mrs);
     ote_free(buf);
@@ -244,6 +259,9 @@ ote_status_t ote_buffer_manager_reclaim(ote_buffer_manager_t *bm, size_t *remain
         list = o->next;
         buf_mr_t m = {.ctx = o->ctx, .mr = o->mr, .retained = 1};
         if (dereg_slot(bm, &m) == OTE_OK) {
+            OTE_INFO("context", "device %s: a retained MR was deregistered on retry",
+                     ote_context_name(o->ctx));
+            if (o->released != NULL) o->released(o->owner, o->item);
             ote_free(o);
             continue;
         }
@@ -256,6 +274,39 @@ ote_status_t ote_buffer_manager_reclaim(ote_buffer_manager_t *bm, size_t *remain
     if (remaining_out != NULL) *remaining_out = ote_buffer_manager_retained(bm);
     return result;
 }
+
+ote_status_t ote_buffer_mr_reg(ote_buffer_manager_t *bm, ote_context_t *ctx, void *addr, size_t len,
+                               int access, const ote_buffer_mr_where_t *where,
+                               struct ibv_mr **mr_out) {
+    if (bm == NULL || ctx == NULL || addr == NULL || len == 0 || mr_out == NULL)
+        return OTE_ERR_INVALID;
+    ote_verbs_t *v = ote_context_verbs(ctx);
+    struct ibv_pd *pd = where != NULL && where->pd != NULL ? where->pd : ote_context_pd(ctx);
+    struct ibv_mr *mr = NULL;
+    int err = where == NULL || where->dmabuf_fd < 0
+                  ? v->ops->reg_mr(v, pd, addr, len, access, &mr)
+                  : v->ops->reg_dmabuf_mr(v, pd, where->dmabuf_off, len, (uint64_t)(uintptr_t)addr,
+                                          where->dmabuf_fd, access, &mr);
+    if (err != 0) return ote_status_make(OTE_ERR_NATIVE, err);
+    atomic_fetch_add(&bm->single, 1);
+    *mr_out = mr;
+    return OTE_OK;
+}
+
+ote_status_t ote_buffer_mr_drop(ote_buffer_manager_t *bm, ote_context_t *ctx, struct ibv_mr *mr,
+                                ote_buffer_mr_released_fn released, void *owner, void *item) {
+    if (bm == NULL || ctx == NULL || mr == NULL) return OTE_ERR_INVALID;
+    atomic_fetch_sub(&bm->single, 1);
+    buf_mr_t m = {.ctx = ctx, .mr = mr, .retained = 0};
+    ote_status_t st = dereg_slot(bm, &m);
+    if (st == OTE_OK) {
+        if (released != NULL) released(owner, item);
+        return OTE_OK;
+    }
+    return adopt_orphan(bm, &m, released, owner, item) == OTE_OK ? OTE_ERR_RETAINED : OTE_ERR_NOMEM;
+}
+
+size_t ote_buffer_manager_single(ote_buffer_manager_t *bm) { return atomic_load(&bm->single); }
 
 size_t ote_buffer_manager_retained(ote_buffer_manager_t *bm) {
     ote_mutex_lock(&bm->mu);

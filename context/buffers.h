@@ -13,6 +13,18 @@
  * of ote_buffer_deregister() on the same handle returns OTE_OK. MRs that a rollback
  * could not deregister have no handle; ote_buffer_manager_reclaim() retries them.
  *
+ * The manager also owns the single MRs its users make for a while: an MR of one
+ * context (a requester's temporary MR over an unregistered buffer, a bounce buffer's, a
+ * source grant's exact dma-buf MR in a private PD). They are made with
+ * ote_buffer_mr_reg() and end with ote_buffer_mr_drop(); between the two the caller
+ * uses the MR, and the manager counts it (its destroy is OTE_ERR_BUSY meanwhile). Their
+ * failed dereg follows the one policy above: the MR becomes an orphan of the manager,
+ * counted per context as OTE_RETAINED_MR and in the manager, retried by
+ * ote_buffer_manager_reclaim(), and the manager's destroy answers OTE_ERR_RETAINED until
+ * it is gone. The caller forgets the MR either way; when the backing memory is its own,
+ * it gives the manager a release callback, called once the MR is finally deregistered
+ * (at once, or by the reclaim that succeeds), and frees that memory only then.
+ *
  * Thread-safe. The context set must outlive the manager.
  */
 #ifndef OTE_CONTEXT_BUFFERS_H
@@ -31,8 +43,8 @@ typedef struct ote_buffer_manager ote_buffer_manager_t;
 typedef struct ote_buffer ote_buffer_t;
 
 ote_status_t ote_buffer_manager_create(ote_context_set_t *set, ote_buffer_manager_t **bm_out);
-/* OTE_ERR_BUSY while registrations (live or retiring) exist, OTE_ERR_RETAINED while
- * orphaned MRs remain (reclaim first); OTE_OK frees the manager. */
+/* OTE_ERR_BUSY while registrations (live or retiring) or single MRs not dropped exist,
+ * OTE_ERR_RETAINED while orphaned MRs remain (reclaim first); OTE_OK frees the manager. */
 ote_status_t ote_buffer_manager_destroy(ote_buffer_manager_t *bm);
 
 /**
@@ -60,7 +72,44 @@ ote_status_t ote_buffer_register_dmabuf(ote_buffer_manager_t *bm, void *addr, si
  */
 ote_status_t ote_buffer_deregister(ote_buffer_manager_t *bm, ote_buffer_t *buf);
 
-/* Retry the orphaned MRs left by failed rollbacks; @remaining_out (optional) receives
+/* Where a single MR is made: @pd (NULL: the context's PD) and, for a dma-buf MR, its fd
+ * (>= 0; the MR takes its own reference) and the offset in it; @dmabuf_fd < 0 makes an
+ * ibv_reg_mr MR of the address. */
+typedef struct {
+    struct ibv_pd *pd;
+    int dmabuf_fd;
+    uint64_t dmabuf_off;
+} ote_buffer_mr_where_t;
+
+/* Called once when an MR dropped with it is finally deregistered (from
+ * ote_buffer_mr_drop itself, or from the reclaim that succeeds, on its thread, no manager
+ * lock held). */
+typedef void (*ote_buffer_mr_released_fn)(void *owner, void *item);
+
+/**
+ * ote_buffer_mr_reg() - make one MR of [addr, addr+len) (for a dma-buf MR, addr is its
+ * iova) in context @ctx with ibv access flags @access, where @where says (NULL: an
+ * ibv_reg_mr MR in the context's PD). The MR is the manager's until ote_buffer_mr_drop().
+ * A provider failure is OTE_ERR_NATIVE with its errno (EFAULT: memory the kernel would
+ * not pin with these flags); the caller logs it, naming what the MR was for.
+ */
+ote_status_t ote_buffer_mr_reg(ote_buffer_manager_t *bm, ote_context_t *ctx, void *addr, size_t len,
+                               int access, const ote_buffer_mr_where_t *where,
+                               struct ibv_mr **mr_out);
+/**
+ * ote_buffer_mr_drop() - end an MR of ote_buffer_mr_reg(). OTE_OK: deregistered, and
+ * @released (optional) has been called with (@owner, @item). OTE_ERR_RETAINED: the
+ * dereg failed; the MR is now the manager's orphan (counted, logged, retried by reclaim)
+ * and @released runs when a reclaim deregisters it; the caller must keep the backing
+ * memory until then. OTE_ERR_NOMEM: not even the orphan could be recorded: the MR is
+ * leaked, counted retained for good and logged, and @released never runs.
+ */
+ote_status_t ote_buffer_mr_drop(ote_buffer_manager_t *bm, ote_context_t *ctx, struct ibv_mr *mr,
+                                ote_buffer_mr_released_fn released, void *owner, void *item);
+/* Single MRs made and not dropped yet. */
+size_t ote_buffer_manager_single(ote_buffer_manager_t *bm);
+
+/* Retry the orphaned MRs (failed rollbacks, single MRs whose drop failed); @remaining_out (optional) receives
  * how many are still retained (orphans and retiring registrations' MRs). */
 ote_status_t ote_buffer_manager_reclaim(ote_buffer_manager_t *bm, size_t *remaining_out);
 /* MRs currently retained by this manager (orphans + MRs of retiring registrations). */

@@ -428,6 +428,7 @@ ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp) { return qp->lane; }
 struct ibv_pd *ote_qp_pd(const ote_qp_t *qp) {
     return qp->cfg.pd != NULL ? qp->cfg.pd : ote_context_pd(qp->ctx);
 }
+ote_context_t *ote_qp_context(const ote_qp_t *qp) { return qp->ctx; }
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp) {
     return qp->qp;
 }

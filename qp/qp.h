@@ -167,6 +167,8 @@ uint32_t ote_qp_num(const ote_qp_t *qp);
 ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp);
 /* The PD the QP was created in (its config's, else its context's). */
 struct ibv_pd *ote_qp_pd(const ote_qp_t *qp);
+/* The device context the QP lives in. */
+ote_context_t *ote_qp_context(const ote_qp_t *qp);
 /* The native QP, for verbs that take one (e.g. memory window binds). */
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp);
 /* Receive credits: slots posted and not yet consumed. */

@@ -140,8 +140,9 @@ static void *monitor_main(void *arg) {
         nics_watch(tp, refresh);
         if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
             last_reclaim = now;
-            (void)ote__rdma_direct_retry(tp); /* exact MRs whose dereg failed, before PDs */
-            ote__rdma_servers_reap(tp);       /* closes what ended server threads left */
+            /* MRs whose dereg failed (exact MRs of grants, temporary ones, bounces'). */
+            if (tp->bm != NULL) (void)ote_buffer_manager_reclaim(tp->bm, NULL);
+            ote__rdma_servers_reap(tp); /* closes what ended server threads left */
             ote__rdma_peers_evict_dead(tp);
             for (uint32_t i = 0; i < tp->nnics; i++) {
                 (void)ote_endpoint_store_reclaim(tp->nics[i].eps,
@@ -260,19 +261,20 @@ static size_t drop_store(ote_endpoint_store_t **eps, uint32_t dev, const char *n
     return 1;
 }
 
-/* 2. QPs and memory windows: the exact MRs of grants that would not deregister get one
- * more try before their private PDs go (rdma_direct.c), then every device's endpoint
+/* 2. QPs and memory windows: the MRs that would not deregister (the buffer manager's
+ * orphans: exact MRs of grants, in their private PDs) get one more try before those PDs
+ * go (rdma_direct.c), then every device's endpoint
  * stores and grant manager; then the copies back of staged WRITEs those grants started
  * (their MRs and connections stay until they end). While a QP or a window lives, a NIC or
  * a peer could still reach the registered memory, so the caller keeps every MR when this
  * leaves owners. Returns how many are left. */
 static size_t teardown_qps(rdma_tp_t *tp) {
     size_t left = 0;
-    uint64_t dmr = ote__rdma_direct_retry(tp);
-    if (dmr != 0) {
+    if (tp->bm != NULL && ote_buffer_manager_reclaim(tp->bm, NULL) != OTE_OK) {
         left++;
-        OTE_ERROR("rdma", "%llu exact dma-buf MR(s) of source grants retained at shutdown",
-                  (unsigned long long)dmr);
+        OTE_ERROR("rdma",
+                  "MR(s) retained at shutdown (deregs that keep failing): the PDs and "
+                  "QPs stay");
     }
     for (uint32_t i = 0; i < tp->nnics; i++) {
         rdma_nic_t *n = &tp->nics[i];
@@ -363,7 +365,10 @@ static size_t teardown_memory(rdma_tp_t *tp) {
                   r->addr, ote_status_str(st));
         pp = &r->next;
     }
-    left += ote__rdma_stage_mrs_drop(tp);
+    /* A chunk's MR that would not deregister is the manager's orphan now: the manager
+     * (and with it the transport and the pool's memory) stays, and the next teardown's
+     * reclaim (teardown_qps) tries it again. */
+    ote__rdma_stage_mrs_drop(tp);
     if (left == 0 && tp->bm != NULL) {
         ote_status_t st = ote_buffer_manager_destroy(tp->bm);
         if (st == OTE_OK) {

@@ -21,9 +21,10 @@
  * QP that the requester asked on (endpoint/: ote_endpoint_store_private_pd). Only that
  * QP, connected to that one requester QP, can reach the MR, and only while the grant
  * lives: its end (the requester's SEND_WITH_IMM receipt, a RELEASE, the deadline, the
- * requester's loss) deregisters it here before anything else is released. A dereg that
- * fails keeps the MR (counted, retried by the monitor; teardown reports RETAINED while
- * one is left).
+ * requester's loss) deregisters it here before anything else is released. The MR is a
+ * single MR of the transport's buffer manager (context/buffers.h): a dereg that fails
+ * leaves it an orphan there (counted, retried by the monitor's reclaim, and by the
+ * teardown before the private PDs go; teardown reports RETAINED while one is left).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -32,12 +33,6 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
-
-/* An exact MR whose dereg failed (tp->direct_retained, under tp->mu). */
-struct dmr_ret {
-    struct dmr_ret *next;
-    struct ibv_mr *mr;
-};
 
 ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size_t len, int fd,
                                            uint64_t offset) {
@@ -104,78 +99,37 @@ ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uin
     uint64_t off = r != NULL ? r->dmabuf_off + (addr - (uint64_t)(uintptr_t)r->addr) : 0;
     ote_mutex_unlock(&tp->mu);
     if (fd < 0) return OTE_ERR_ACCESS;
-    struct ibv_mr *mr = NULL;
     /* Remote WRITE needs local write too (verbs); nothing else is given. */
     int acc = access | ((access & IBV_ACCESS_REMOTE_WRITE) ? IBV_ACCESS_LOCAL_WRITE : 0);
-    int err = tp->v->ops->reg_dmabuf_mr(tp->v, ote_qp_pd(qp), off, (size_t)len, addr, fd, acc, &mr);
-    if (err != 0) {
+    ote_buffer_mr_where_t where = {.pd = ote_qp_pd(qp), .dmabuf_fd = fd, .dmabuf_off = off};
+    ote_status_t st = ote_buffer_mr_reg(tp->bm, ote_qp_context(qp), (void *)(uintptr_t)addr,
+                                        (size_t)len, acc, &where, mr_out);
+    if (st != OTE_OK) {
         OTE_WARN_LIMITED("rdma",
                          "exact dma-buf MR of device memory [0x%llx, +%llu) for a grant failed: "
-                         "errno %d: the grant is refused",
-                         (unsigned long long)addr, (unsigned long long)len, err);
-        return ote_status_make(OTE_ERR_NATIVE, err);
+                         "%s: the grant is refused",
+                         (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
+        return st;
     }
     atomic_fetch_add(&tp->direct_mrs, 1);
     atomic_fetch_add(&tp->direct_served, 1);
-    *mr_out = mr;
     return OTE_OK;
 }
 
-void ote__rdma_direct_mr_drop(rdma_tp_t *tp, struct ibv_mr *mr) {
-    int err = tp->v->ops->dereg_mr(tp->v, mr);
-    if (err == 0) {
-        atomic_fetch_sub(&tp->direct_mrs, 1);
-        return;
-    }
-    struct dmr_ret *x = ote_calloc(1, sizeof(*x));
-    OTE_ERROR("rdma",
-              "dereg of a grant's exact dma-buf MR failed: errno %d; retained (its rkey stays "
-              "reachable only through its private QP, which is fenced)",
-              err);
-    if (x == NULL) {
-        /* No memory to list it: the MR stays counted live, never freed (retained). */
-        return;
-    }
-    x->mr = mr;
-    ote_mutex_lock(&tp->mu);
-    x->next = tp->direct_retained;
-    tp->direct_retained = x;
-    tp->direct_nretained++;
-    ote_mutex_unlock(&tp->mu);
+/* An exact MR is gone (at its drop, or at the reclaim that deregistered it). */
+static void direct_mr_released(void *owner, void *item) {
+    (void)item;
+    rdma_tp_t *tp = owner;
+    atomic_fetch_sub(&tp->direct_mrs, 1);
 }
 
-uint64_t ote__rdma_direct_retry(rdma_tp_t *tp) {
-    ote_mutex_lock(&tp->mu);
-    struct dmr_ret *list = tp->direct_retained;
-    tp->direct_retained = NULL;
-    tp->direct_nretained = 0;
-    ote_mutex_unlock(&tp->mu);
-    uint64_t left = 0;
-    struct dmr_ret *keep = NULL;
-    while (list != NULL) {
-        struct dmr_ret *x = list;
-        list = x->next;
-        if (tp->v->ops->dereg_mr(tp->v, x->mr) == 0) {
-            atomic_fetch_sub(&tp->direct_mrs, 1);
-            OTE_INFO("rdma", "a retained exact dma-buf MR was deregistered on retry");
-            ote_free(x);
-            continue;
-        }
-        x->next = keep;
-        keep = x;
-        left++;
-    }
-    if (keep != NULL) {
-        ote_mutex_lock(&tp->mu);
-        struct dmr_ret *last = keep;
-        while (last->next != NULL) last = last->next;
-        last->next = tp->direct_retained;
-        tp->direct_retained = keep;
-        tp->direct_nretained += left;
-        left = tp->direct_nretained;
-        ote_mutex_unlock(&tp->mu);
-    }
-    return left;
+void ote__rdma_direct_mr_drop(rdma_tp_t *tp, ote_context_t *ctx, struct ibv_mr *mr) {
+    ote_status_t st = ote_buffer_mr_drop(tp->bm, ctx, mr, direct_mr_released, tp, NULL);
+    if (st != OTE_OK)
+        OTE_ERROR("rdma",
+                  "dereg of a grant's exact dma-buf MR failed (%s); retained (its rkey stays "
+                  "reachable only through its private QP, which is fenced)",
+                  ote_status_str(st));
 }
 
 int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey) {

@@ -389,13 +389,11 @@ struct ote__rdma_tp {
     struct rdma_credits *cred;
     /* rdma_src_parents.c: the source's reservations of whole parents. */
     struct rdma_sparents *sparents;
-    /* rdma_direct.c: exact-range MRs of source grants live now and served in all;
-     * redirects sent (source) and followed (requester); MRs whose dereg failed (under mu,
-     * retried by the monitor and at teardown). */
+    /* rdma_direct.c: exact-range MRs of source grants not deregistered yet (live, or
+     * orphans of bm whose dereg failed) and served in all; redirects sent (source) and
+     * followed (requester). */
     _Atomic uint64_t direct_mrs, direct_served, direct_redirects, direct_followed;
     _Atomic uint64_t direct_recalled; /* runs sent direct first: their request's redirect */
-    struct dmr_ret *direct_retained;
-    uint64_t direct_nretained;
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */
@@ -509,12 +507,12 @@ ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
  * whose copy runs to end (c's server thread, once c is dead; the teardown). */
 void ote__rdma_src_wait_copies(rdma_tp_t *tp, conn_t *c, ote_deadline_t dl);
 /* rdma_stage_mrs.c: the MR of the pool chunk [base, +size) in nic's PD, registered at
- * its first use and kept (local-only, MW-bindable). The teardown deregisters them:
- * the number that would not (retained, listed for the next teardown). */
+ * its first use and kept (local-only, MW-bindable). The teardown drops them all (one
+ * that would not deregister is an orphan of tp->bm, retried by its reclaim). */
 typedef struct rdma_stage_mr rdma_stage_mr_t;
 ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *base, uint64_t size,
                                       struct ibv_mr **mr_out);
-size_t ote__rdma_stage_mrs_drop(rdma_tp_t *tp);
+void ote__rdma_stage_mrs_drop(rdma_tp_t *tp);
 struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st);
 uint64_t ote__rdma_stage_base(const rdma_stage_t *st);
 /* A WRITE's COMMIT goes on c (a reference taken) with req_id (the grant's wire id); its
@@ -650,11 +648,10 @@ int ote__rdma_direct_servable(rdma_tp_t *tp, uint64_t addr, uint64_t len);
  * in the PD of qp (a direct endpoint's private PD). The caller pinned the registration. */
 ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uint64_t len,
                                  int access, struct ibv_mr **mr_out);
-/* Deregister such an MR now (synchronous revocation), else retain it (counted, retried
- * by ote__rdma_direct_retry). Any thread, no lock held. */
-void ote__rdma_direct_mr_drop(rdma_tp_t *tp, struct ibv_mr *mr);
-/* Retry the retained MRs; returns how many are still retained. Monitor and teardown. */
-uint64_t ote__rdma_direct_retry(rdma_tp_t *tp);
+/* Deregister such an MR (of the QP's context ctx) now (synchronous revocation), else it
+ * stays an orphan of tp->bm (counted, retried by ote_buffer_manager_reclaim: the
+ * monitor's and the teardown's). Any thread, no lock held. */
+void ote__rdma_direct_mr_drop(rdma_tp_t *tp, ote_context_t *ctx, struct ibv_mr *mr);
 /* Requester: whether a GRANT_RESP (status st, rkey) from c is the redirect to a direct
  * slot (proto.h), and the status the grant then ends with. */
 #define OTE__RDMA_DIRECT_REDIRECT ote_status_make(OTE_ERR_UNSUPPORTED, EXDEV)

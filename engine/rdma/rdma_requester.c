@@ -271,6 +271,17 @@ void ote__rdma_run_requeue(ote__tpeer_t *p, ote__slice_t *s) {
     p->q_head = s;
 }
 
+/* A run's temporary MR goes. One that will not deregister is the buffer manager's
+ * orphan (counted, retried by the monitor's reclaim); the memory is the caller's, which
+ * the engine cannot keep: the NIC keeps its pages pinned, and no work is posted on the
+ * MR again. */
+static void tmp_mr_drop(rdma_tp_t *tp, rdma_nic_t *n, struct ibv_mr *mr) {
+    ote_status_t st = ote_buffer_mr_drop(tp->bm, n->ctx, mr, NULL, NULL, NULL);
+    if (st != OTE_OK)
+        OTE_WARN("rdma", "%s: dereg of a temporary MR failed (%s): retained",
+                 ote_context_name(n->ctx), ote_status_str(st));
+}
+
 static void slice_grant_done(void *arg, ote_status_t st) {
     ote__slice_t *s = arg; /* the run's first slice; the others follow by next */
     /* A staged WRITE ends with the source's COMMIT (rdma_commit.c). */
@@ -286,13 +297,7 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
     s->xp.rdma.mr = NULL;
     if (s->xp.rdma.conn != NULL) ote__rdma_conn_put(s->xp.rdma.conn);
     s->xp.rdma.conn = NULL;
-    if (mr != NULL) {
-        int err = tp->v->ops->dereg_mr(tp->v, mr);
-        if (err != 0) {
-            ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
-            OTE_WARN("rdma", "dereg of a temporary MR failed: errno %d; retained", err);
-        }
-    }
+    if (mr != NULL) tmp_mr_drop(tp, n, mr);
     uint64_t rlen = run_bytes(s);
     ote_selector_done(tp->sel, (int)n->index, rlen, st == OTE_OK);
     if (st == OTE_OK) atomic_fetch_add(&n->req_bytes, rlen);
@@ -638,12 +643,13 @@ static ote_status_t local_mr(rdma_tp_t *tp, rdma_nic_t *n, const ote__slice_t *s
     *tmp_out = NULL;
     if (ote_buffer_manager_find(tp->bm, s->local, rlen, n->ctx, mr_out) == OTE_OK) return OTE_OK;
     int lacc = write ? 0 : IBV_ACCESS_LOCAL_WRITE;
-    int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(n->ctx), s->local, rlen, lacc, tmp_out);
-    if (err == 0) {
+    ote_status_t st = ote_buffer_mr_reg(tp->bm, n->ctx, s->local, rlen, lacc, NULL, tmp_out);
+    if (st == OTE_OK) {
         *mr_out = *tmp_out;
         return OTE_OK;
     }
     *tmp_out = NULL;
+    int err = ote_status_errno(st);
     OTE_WARN("rdma", "temporary MR of the local buffer [%p, +%llu) of a %s failed: %s%s",
              (void *)s->local, (unsigned long long)rlen, write ? "WRITE" : "READ", strerror(err),
              err == EFAULT ? " (not mapped, or not writable for a READ)" : "");
@@ -695,8 +701,7 @@ static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, ui
     s->xp.rdma.mr = NULL;
     ote__rdma_conn_put(s->xp.rdma.conn);
     s->xp.rdma.conn = NULL;
-    if (tmp != NULL && tp->v->ops->dereg_mr(tp->v, tmp) != 0)
-        ote_context_retained_add(n->ctx, OTE_RETAINED_MR, 1);
+    if (tmp != NULL) tmp_mr_drop(tp, n, tmp);
     ote__rdma_start_failed(p, s, k, st);
 }
 

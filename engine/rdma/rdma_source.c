@@ -51,8 +51,9 @@ typedef struct {
     acct_t *a;
     uint64_t len;
     rdma_stage_t *stage;
-    struct ibv_mr *mr; /* rdma_direct.c: deregistered first at unpin */
-    sp_slot_t sps;     /* its slot of its parent's reservation, returned at unpin */
+    struct ibv_mr *mr;  /* rdma_direct.c: deregistered first at unpin */
+    ote_context_t *ctx; /* ... the context it lives in */
+    sp_slot_t sps;      /* its slot of its parent's reservation, returned at unpin */
 } grant_pin_t;
 
 acct_t *ote__rdma_src_serving(void) { return tl_serve.a; }
@@ -78,6 +79,7 @@ static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64
     gp->len = len;
     gp->stage = tl_serve.stage;
     gp->mr = NULL;
+    gp->ctx = NULL;
     gp->sps = tl_serve.sps; /* the pin owns the parent's slot now */
     tl_serve.sps.sp = NULL;
     ote__rdma_acct_hold(tp, gp->a, len);
@@ -106,6 +108,7 @@ static ote_status_t src_pin_exact(void *arg, ote_qp_t *qp, uint64_t addr, uint64
     gp->len = len;
     gp->stage = NULL;
     gp->mr = mr;
+    gp->ctx = ote_qp_context(qp);
     gp->sps = tl_serve.sps;
     tl_serve.sps.sp = NULL;
     ote__rdma_acct_hold(tp, a, len);
@@ -126,7 +129,7 @@ static void src_unpin(void *arg, void *pin) {
     rdma_tp_t *tp = arg;
     grant_pin_t *gp = pin;
     /* The exact MR goes before the pin: no byte is reachable once the range may move. */
-    if (gp->mr != NULL) ote__rdma_direct_mr_drop(tp, gp->mr);
+    if (gp->mr != NULL) ote__rdma_direct_mr_drop(tp, gp->ctx, gp->mr);
     sp_slot_t sps = gp->sps; /* gp may be gone once the stage ended */
     /* The grant's window is dead by now (invalidated by its receipt, or deallocated). A
      * staged WRITE whose copy back into the range started keeps its bytes of the account

@@ -124,14 +124,14 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
         }
         st->cached = 1;
     } else {
-        int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), st->buf, len,
-                                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &st->mr);
-        if (err != 0) {
-            OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: errno %d",
-                     ote_context_name(nic->ctx), (unsigned long long)len, err);
+        s = ote_buffer_mr_reg(tp->bm, nic->ctx, st->buf, len,
+                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, NULL, &st->mr);
+        if (s != OTE_OK) {
+            OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: %s",
+                     ote_context_name(nic->ctx), (unsigned long long)len, ote_status_str(s));
             tp->host.stage_put(tp->host.arg, st->tok);
             ote_free(st);
-            return ote_status_make(OTE_ERR_NATIVE, err);
+            return s;
         }
     }
     atomic_fetch_add(&tp->src_stages, 1);
@@ -204,20 +204,29 @@ void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
     ote_mutex_unlock(&tp->mu);
 }
 
-/* A temporary MR goes, then the bounce (an MR that will not deregister keeps it), then
- * the grant's reference. A pool chunk's MR stays (its window is dead by now). */
+/* The bounce goes back to the engine (tok: its token): its MR is gone. */
+static void bounce_released(void *owner, void *tok) {
+    rdma_tp_t *tp = owner;
+    tp->host.stage_put(tp->host.arg, tok);
+    atomic_fetch_sub(&tp->src_stages, 1);
+}
+
+/* A temporary MR goes, then the bounce, then the grant's reference. A temporary MR
+ * that will not deregister is the buffer manager's orphan, and the bounce stays until
+ * its reclaim deregisters it (the NIC may still reach the buffer meanwhile: never given
+ * back nor reused before). A pool chunk's MR stays (its window is dead by now). */
 static void stage_release(rdma_tp_t *tp, rdma_stage_t *st) {
-    int err = st->cached ? 0 : tp->v->ops->dereg_mr(tp->v, st->mr);
-    if (err != 0) {
-        /* The NIC may still reach the buffer: it is never given back (nor reused). */
-        ote_context_retained_add(st->nic->ctx, OTE_RETAINED_MR, 1);
-        OTE_WARN("rdma",
-                 "%s: dereg of a bounce buffer's MR failed: errno %d; MR and its %llu-byte "
-                 "buffer retained",
-                 ote_context_name(st->nic->ctx), err, (unsigned long long)st->len);
+    if (st->cached) {
+        bounce_released(tp, st->tok);
     } else {
-        tp->host.stage_put(tp->host.arg, st->tok);
-        atomic_fetch_sub(&tp->src_stages, 1);
+        ote_status_t s =
+            ote_buffer_mr_drop(tp->bm, st->nic->ctx, st->mr, bounce_released, tp, st->tok);
+        if (s != OTE_OK)
+            OTE_WARN("rdma",
+                     "%s: dereg of a bounce buffer's MR failed (%s): MR and its %llu-byte "
+                     "buffer retained until a retry deregisters it",
+                     ote_context_name(st->nic->ctx), ote_status_str(s),
+                     (unsigned long long)st->len);
     }
     rdma_stage_t *fr = NULL;
     ote_mutex_lock(&tp->mu);

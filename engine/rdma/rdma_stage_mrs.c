@@ -15,10 +15,12 @@
  * At most one entry per (device, chunk): bounded by the pool's chunks times the data
  * devices. Listed under tp->mu; a chunk is held by one grant at a time, so two threads
  * never register the same one (a second registration found listed would be dropped).
- * The teardown deregisters them once no window can be bound (after the grant managers
- * and the endpoints are gone, before the PDs): one that will not deregister stays
- * listed, counted as a retained MR of its device, and keeps the transport retained (so
- * the engine keeps the pool's memory); the next teardown tries it again.
+ * The MRs are single MRs of the transport's buffer manager (context/buffers.h). The
+ * teardown drops them once no window can be bound (after the grant managers and the
+ * endpoints are gone, before the PDs): one that will not deregister becomes the
+ * manager's orphan, counted as a retained MR of its device, and keeps the manager, so
+ * the transport, retained (and the engine keeps the pool's memory); the next teardown's
+ * reclaim tries it again.
  */
 #include <stdint.h>
 
@@ -33,7 +35,6 @@ struct rdma_stage_mr {
     uint8_t *base;
     uint64_t size;
     struct ibv_mr *mr;
-    int retained; /* a dereg failed: counted in the device's context */
 };
 
 static struct ibv_mr *find_locked(rdma_tp_t *tp, const rdma_nic_t *nic, const uint8_t *base,
@@ -43,21 +44,16 @@ static struct ibv_mr *find_locked(rdma_tp_t *tp, const rdma_nic_t *nic, const ui
     return NULL;
 }
 
-/* A dereg that failed: counted once, logged. 0: deregistered. */
-static int drop_mr(rdma_tp_t *tp, rdma_stage_mr_t *m) {
-    int err = tp->v->ops->dereg_mr(tp->v, m->mr);
-    if (err == 0) {
-        if (m->retained) ote_context_retained_add(m->nic->ctx, OTE_RETAINED_MR, -1);
-        m->retained = 0;
-        return 0;
-    }
-    if (!m->retained) ote_context_retained_add(m->nic->ctx, OTE_RETAINED_MR, 1);
-    m->retained = 1;
-    OTE_ERROR("rdma",
-              "%s: dereg of the MR over a %llu-byte staging chunk at %p failed: errno %d; "
-              "the MR is retained (the pool's memory stays with the engine)",
-              ote_context_name(m->nic->ctx), (unsigned long long)m->size, (void *)m->base, err);
-    return err;
+/* The MR goes to the buffer manager (which keeps it as an orphan if its dereg fails). */
+static void drop_mr(rdma_tp_t *tp, rdma_stage_mr_t *m) {
+    ote_status_t st = ote_buffer_mr_drop(tp->bm, m->nic->ctx, m->mr, NULL, NULL, NULL);
+    if (st != OTE_OK)
+        OTE_ERROR("rdma",
+                  "%s: dereg of the MR over a %llu-byte staging chunk at %p failed (%s): the "
+                  "MR is retained (the pool's memory stays with the engine)",
+                  ote_context_name(m->nic->ctx), (unsigned long long)m->size, (void *)m->base,
+                  ote_status_str(st));
+    ote_free(m);
 }
 
 ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *base, uint64_t size,
@@ -74,13 +70,13 @@ ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *b
     m->nic = nic;
     m->base = base;
     m->size = size;
-    int err = tp->v->ops->reg_mr(tp->v, ote_context_pd(nic->ctx), base, size,
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &m->mr);
-    if (err != 0) {
-        OTE_WARN("rdma", "%s: MR over a %llu-byte staging chunk failed: errno %d",
-                 ote_context_name(nic->ctx), (unsigned long long)size, err);
+    ote_status_t st = ote_buffer_mr_reg(tp->bm, nic->ctx, base, size,
+                                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, NULL, &m->mr);
+    if (st != OTE_OK) {
+        OTE_WARN("rdma", "%s: MR over a %llu-byte staging chunk failed: %s",
+                 ote_context_name(nic->ctx), (unsigned long long)size, ote_status_str(st));
         ote_free(m);
-        return ote_status_make(OTE_ERR_NATIVE, err);
+        return st;
     }
     ote_mutex_lock(&tp->mu);
     mr = find_locked(tp, nic, base, size);
@@ -94,31 +90,15 @@ ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *b
         *mr_out = m->mr;
         return OTE_OK;
     }
-    /* Listed meanwhile (not expected: one grant holds a chunk at a time): ours goes. */
-    if (drop_mr(tp, m) != 0) {
-        ote_mutex_lock(&tp->mu); /* kept listed, so that the teardown retries it */
-        m->next = tp->stage_mrs;
-        tp->stage_mrs = m;
-        ote_mutex_unlock(&tp->mu);
-    } else {
-        ote_free(m);
-    }
+    drop_mr(tp, m); /* listed meanwhile (not expected: one grant holds a chunk at a time) */
     *mr_out = mr;
     return OTE_OK;
 }
 
-size_t ote__rdma_stage_mrs_drop(rdma_tp_t *tp) {
-    size_t left = 0;
-    rdma_stage_mr_t **pp = &tp->stage_mrs;
-    while (*pp != NULL) {
-        rdma_stage_mr_t *m = *pp;
-        if (drop_mr(tp, m) == 0) {
-            *pp = m->next;
-            ote_free(m);
-            continue;
-        }
-        left++;
-        pp = &m->next;
+void ote__rdma_stage_mrs_drop(rdma_tp_t *tp) {
+    while (tp->stage_mrs != NULL) {
+        rdma_stage_mr_t *m = tp->stage_mrs;
+        tp->stage_mrs = m->next;
+        drop_mr(tp, m);
     }
-    return left;
 }

@@ -100,9 +100,8 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.direct_redirects = atomic_load(&tp->direct_redirects);
         r.direct_followed = atomic_load(&tp->direct_followed);
         r.direct_recalled = atomic_load(&tp->direct_recalled);
-        ote_mutex_lock(&tp->mu);
-        r.direct_retained = tp->direct_nretained;
-        ote_mutex_unlock(&tp->mu);
+        r.mrs_retained = tp->bm != NULL ? ote_buffer_manager_retained(tp->bm) : 0;
+        r.mrs_single = tp->bm != NULL ? ote_buffer_manager_single(tp->bm) : 0;
         for (uint32_t k = 0; k < tp->nnics; k++) {
             if (tp->nics[k].deps == NULL) continue;
             ote_endpoint_stats_t es;

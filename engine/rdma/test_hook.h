@@ -67,10 +67,14 @@ typedef struct {
     uint64_t qps_peak, src_qp_evictions, src_qp_refusals;
     /* rdma_max_send_wrs: send credits held now, the most held at once, posts that waited. */
     uint64_t sq_in_use, sq_peak, sq_waits;
-    /* GPUDirect source grants (rdma_direct.c): exact MRs live now, grants served by one,
-     * redirects sent (source) and followed (requester), exact MRs retained (dereg failed),
+    /* GPUDirect source grants (rdma_direct.c): exact MRs not deregistered yet (live or
+     * retained), grants served by one, redirects sent (source) and followed (requester),
      * private PDs and QPs of the direct endpoints alive now (source). */
-    uint64_t direct_mrs, direct_served, direct_redirects, direct_followed, direct_retained;
+    uint64_t direct_mrs, direct_served, direct_redirects, direct_followed;
+    /* The transport's buffer manager (context/buffers.h): MRs retained now (a dereg
+     * failed: registrations' and orphans, exact MRs of grants among them), and single MRs
+     * held now (temporary, bounce, pool chunk and exact MRs). */
+    uint64_t mrs_retained, mrs_single;
     uint64_t direct_pds, direct_qps;
     /* Source: whole-parent reservations (rdma_src_parents.h): parents holding one now;
      * grant credits and receive slots they reserved now and the most at once; first

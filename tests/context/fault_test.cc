@@ -133,6 +133,83 @@ TEST_F(ContextFaultTest, DeregBusyRetainsTheMrAndALaterRetrySucceeds) {
     EXPECT_EQ(Retained(OTE_RETAINED_MR), 0u);
 }
 
+// A single MR (one context, made and dropped by its user) follows the registrations'
+// policy for a failed dereg: the drop answers RETAINED, the MR becomes the manager's
+// orphan (counted in its context and the manager, the manager's destroy RETAINED), the
+// release callback waits for the reclaim that deregisters it, and runs exactly once.
+// While a single MR is held the manager's destroy is BUSY.
+TEST_F(ContextFaultTest, SingleMrWhoseDropFailsIsAnOrphanUntilReclaimReleasesIt) {
+    Open();
+    ote_context_t *second = ote_context_set_get(set_, 1);
+    ibv_mr *mr = nullptr;
+    ASSERT_EQ(
+        ote_buffer_mr_reg(bm_, second, mem_.data(), 8192, IBV_ACCESS_LOCAL_WRITE, nullptr, &mr),
+        OTE_OK);
+    ASSERT_NE(mr, nullptr);
+    EXPECT_EQ(ote_buffer_manager_single(bm_), 1u);
+    EXPECT_EQ(ote_buffer_manager_destroy(bm_), OTE_ERR_BUSY);
+    // The manager never finds a single MR: it is its user's, not a registration.
+    ibv_mr *found = nullptr;
+    EXPECT_EQ(ote_buffer_manager_find(bm_, mem_.data(), 8, second, &found), OTE_ERR_ACCESS);
+
+    struct Released {
+        int calls = 0;
+        void *item = nullptr;
+    } rel;
+    auto cb = [](void *owner, void *item) {
+        auto *r = static_cast<Released *>(owner);
+        r->calls++;
+        r->item = item;
+    };
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEREG_MR, nullptr, 2), OTE_OK);
+    ote_status_t st = ote_buffer_mr_drop(bm_, second, mr, cb, &rel, mem_.data()); // a WARN names it
+    EXPECT_EQ(st, OTE_ERR_RETAINED);
+    EXPECT_EQ(rel.calls, 0) << "released before the MR is gone";
+    EXPECT_EQ(ote_buffer_manager_single(bm_), 0u);
+    EXPECT_EQ(ote_buffer_manager_retained(bm_), 1u);
+    EXPECT_EQ(ote_context_retained(second, OTE_RETAINED_MR), 1u);
+    EXPECT_EQ(ote_buffer_manager_destroy(bm_), OTE_ERR_RETAINED);
+    // The first reclaim still meets the provider's refusal; the second deregisters.
+    size_t left = 0;
+    EXPECT_EQ(ote_buffer_manager_reclaim(bm_, &left), OTE_ERR_RETAINED);
+    EXPECT_EQ(left, 1u);
+    EXPECT_EQ(rel.calls, 0);
+    EXPECT_EQ(ote_buffer_manager_reclaim(bm_, &left), OTE_OK);
+    EXPECT_EQ(left, 0u);
+    EXPECT_EQ(rel.calls, 1);
+    EXPECT_EQ(rel.item, mem_.data());
+    EXPECT_EQ(ote_context_retained(second, OTE_RETAINED_MR), 0u);
+    EXPECT_EQ(ote_buffer_manager_reclaim(bm_, &left), OTE_OK);
+    EXPECT_EQ(rel.calls, 1) << "released once";
+
+    // A drop that works releases at once; a dma-buf-less MR in a PD of the caller's
+    // choosing (here the context's own, named explicitly) is made there.
+    ote_buffer_mr_where_t where = {ote_context_pd(second), -1, 0};
+    ASSERT_EQ(ote_buffer_mr_reg(bm_, second, mem_.data(), 4096, 0, &where, &mr), OTE_OK);
+    EXPECT_EQ(mr->pd, ote_context_pd(second));
+    EXPECT_EQ(ote_buffer_mr_drop(bm_, second, mr, cb, &rel, nullptr), OTE_OK);
+    EXPECT_EQ(rel.calls, 2);
+    EXPECT_EQ(ote_buffer_manager_single(bm_), 0u);
+    EXPECT_EQ(Retained(OTE_RETAINED_MR), 0u);
+}
+
+// A provider's refusal of a single MR comes back with its errno and leaves nothing held.
+TEST_F(ContextFaultTest, SingleMrRefusedByTheProviderHoldsNothing) {
+    Open();
+    ote_context_t *first = ote_context_set_get(set_, 0);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_REG_MR, OTE_FAULT_NTH, 1, ENOMEM),
+              OTE_OK);
+    ibv_mr *mr = nullptr;
+    ote_status_t st = ote_buffer_mr_reg(bm_, first, mem_.data(), 4096, 0, nullptr, &mr);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
+    EXPECT_EQ(ote_status_errno(st), ENOMEM);
+    EXPECT_EQ(mr, nullptr);
+    EXPECT_EQ(ote_buffer_manager_single(bm_), 0u);
+    EXPECT_EQ(ote_buffer_mr_reg(bm_, first, nullptr, 4096, 0, nullptr, &mr), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_buffer_mr_reg(bm_, first, mem_.data(), 0, 0, nullptr, &mr), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_buffer_mr_drop(bm_, first, nullptr, nullptr, nullptr, nullptr), OTE_ERR_INVALID);
+}
+
 TEST_F(ContextFaultTest, DeallocPdBusyRetainsTheContextAndCloseRetries) {
     Open();
     ASSERT_EQ(ote_buffer_manager_destroy(bm_), OTE_OK);

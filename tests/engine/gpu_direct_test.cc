@@ -464,7 +464,7 @@ TEST_F(GpuDirectSourceTest, RemoteDeviceMemoryMovesByExactMrsBothWays) {
     EXPECT_GE(gs.direct_served, 20u) << "every request served by exact MRs";
     EXPECT_GE(gs.direct_redirects, 1u);
     EXPECT_GE(gr.direct_followed, 1u);
-    EXPECT_EQ(gs.direct_retained, 0u);
+    EXPECT_EQ(gs.mrs_retained, 0u);
 
     // A READ running one byte past the registration: refused as a whole, no byte moved
     // into the local guard.
@@ -652,7 +652,7 @@ TEST_F(GpuDirectSourceTest, FailedExactMrDeregIsRetainedAndDestroyRetries) {
                   OTE_OK);
         ASSERT_EQ(ote_test::RunOne(req, r, 60 * kSec), OTE_OK);
         EXPECT_TRUE(host == DevRead(rd + 2, n));
-        EXPECT_TRUE(WaitUntil([&] { return Grants(src).direct_retained >= 1; },
+        EXPECT_TRUE(WaitUntil([&] { return Grants(src).mrs_retained >= 1; },
                               std::chrono::seconds(30),
                               "the exact MR whose dereg failed counted retained"));
         EXPECT_EQ(ote_segment_close(seg), OTE_OK);

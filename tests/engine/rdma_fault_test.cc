@@ -245,6 +245,35 @@ TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
     EXPECT_EQ(memcmp(mem_.data(), out_.data(), 2 * kBlock), 0);
 }
 
+// A requester's temporary MR (over its unregistered buffer) whose dereg fails when its
+// run ends: the request still completes, the MR is the buffer manager's orphan (counted
+// retained, logged), and the monitor's reclaim deregisters it once the provider agrees:
+// nothing retained, no single MR held, the MR gone from the sim.
+TEST_F(RdmaFaultTest, TemporaryMrWhoseDeregFailsIsReclaimedByTheMonitor) {
+    char addr[300];
+    ASSERT_EQ(ote_engine_address(req_, addr, sizeof(addr)), OTE_OK);
+    auto grants = [&] {
+        ote__rdma_test_grants_t g;
+        EXPECT_EQ(ote__rdma_test_grants(addr, &g), OTE_OK);
+        return g;
+    };
+    ASSERT_EQ(Write(kBlock), OTE_OK); // builds the QPs
+    const int64_t mrs0 = nr_->mrs.load();
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(vr_, OTE_VERBS_FAULT_OP_DEREG_MR, nullptr, 1), OTE_OK);
+    ASSERT_EQ(Write(2 * kBlock), OTE_OK);
+    EXPECT_EQ(memcmp(mem_.data(), out_.data(), 2 * kBlock), 0);
+    EXPECT_EQ(ote_verbs_fault_injected(vr_, OTE_VERBS_FAULT_OP_DEREG_MR), 1u);
+    EXPECT_TRUE(LogContains("temporary MR"));
+    // Retained until a reclaim (the monitor's, every 50 ms) deregisters it.
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return grants().mrs_retained == 0; },
+                                    std::chrono::seconds(30),
+                                    "the monitor's reclaim to deregister the temporary MR"));
+    ote__rdma_test_grants_t g = grants();
+    EXPECT_EQ(g.mrs_single, 0u) << "a temporary MR still held";
+    EXPECT_EQ(nr_->mrs.load(), mrs0) << "the temporary MR is still alive in the provider";
+    EXPECT_EQ(ote_retained_total(), retained0_);
+}
+
 // alloc_mw failing at the source: refused before any window, requester told. On the
 // source no window exists afterwards (none was created, none is retained), the
 // registration is not pinned, and once alloc_mw works again the next grant creates its
