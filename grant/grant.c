@@ -609,7 +609,7 @@ static grant_t *serve_admit(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slo
 
 ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
                              ote_grant_op_t op, uint64_t addr, uint64_t len,
-                             ote_deadline_t deadline, uint64_t answer_ctx) {
+                             ote_deadline_t deadline, uint64_t answer_ctx, void *call) {
     uint32_t li = 0;
     ote_status_t st = serve_check(m, ep, qp, op, addr, len, &li);
     if (st != OTE_OK) return st;
@@ -617,7 +617,7 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
     struct ibv_mr *mr = NULL;
     void *pin = NULL;
     /* The exact range is checked before any window exists. */
-    st = m->src.pin(m->src.arg, m->ctx, addr, len, access, &mr, &pin);
+    st = m->src.pin(m->src.arg, call, m->ctx, addr, len, access, &mr, &pin);
     if (st != OTE_OK) return pin_refused(m, "", op, addr, len, st);
     /* The receipt's slot (the requester's SEND_WITH_INV), before any window exists. */
     grant_t *g = serve_admit(m, ep, slot, qp, li, deadline, pin, answer_ctx, &st);
@@ -695,7 +695,7 @@ err_unlock:
 
 ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot,
                                    ote_qp_t *qp, ote_grant_op_t op, uint64_t addr, uint64_t len,
-                                   ote_deadline_t deadline, uint64_t answer_ctx) {
+                                   ote_deadline_t deadline, uint64_t answer_ctx, void *call) {
     uint32_t li = 0;
     ote_status_t st = serve_check(m, ep, qp, op, addr, len, &li);
     if (st != OTE_OK) return st;
@@ -703,7 +703,7 @@ ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint3
     int access = op == OTE_GRANT_WRITE ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ;
     uint32_t rkey = 0;
     void *pin = NULL;
-    st = m->src.pin_exact(m->src.arg, qp, addr, len, access, &rkey, &pin);
+    st = m->src.pin_exact(m->src.arg, call, qp, addr, len, access, &rkey, &pin);
     if (st != OTE_OK) return pin_refused(m, "exact-MR ", op, addr, len, st);
     /* The receipt's slot (the requester's SEND_WITH_IMM), before the key is answered. */
     grant_t *g = serve_admit(m, ep, slot, qp, li, deadline, pin, answer_ctx, &st);

@@ -108,9 +108,11 @@ typedef struct ote_grant_desc {
 typedef struct ote_grant_source_ops {
     void *arg;
     /* Check [addr, addr+len) against the registrations for `access` (IBV_ACCESS_REMOTE_
-     * READ or _WRITE) and pin it; give its MW-bindable MR in ctx. */
-    ote_status_t (*pin)(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
-                        struct ibv_mr **mr_out, void **pin_out);
+     * READ or _WRITE) and pin it; give its MW-bindable MR in ctx. `call` is the one given
+     * to the ote_grant_serve() that calls this (before it returns, on its thread): the
+     * caller's state of that one request. */
+    ote_status_t (*pin)(void *arg, void *call, ote_context_t *ctx, uint64_t addr, uint64_t len,
+                        int access, struct ibv_mr **mr_out, void **pin_out);
     void (*unpin)(void *arg, void *pin);
     /* Answer a served request (exactly once per request ote_grant_serve() accepted). */
     void (*answer)(void *arg, uint64_t answer_ctx, ote_status_t st, uint32_t rkey);
@@ -118,9 +120,10 @@ typedef struct ote_grant_source_ops {
      * does, pin it and register an MR of exactly that range with that remote access in
      * the PD of qp (the requester's only way in); give its rkey. unpin(pin) deregisters
      * it (synchronous revocation: no byte of it is reachable once unpin returns, or it is
-     * retained by the owner of pin when the dereg fails) and releases the pin. */
-    ote_status_t (*pin_exact)(void *arg, ote_qp_t *qp, uint64_t addr, uint64_t len, int access,
-                              uint32_t *rkey_out, void **pin_out);
+     * retained by the owner of pin when the dereg fails) and releases the pin. `call` as
+     * for pin (ote_grant_serve_exact's). */
+    ote_status_t (*pin_exact)(void *arg, void *call, ote_qp_t *qp, uint64_t addr, uint64_t len,
+                              int access, uint32_t *rkey_out, void **pin_out);
 } ote_grant_source_ops_t;
 
 typedef struct ote_grant_stats {
@@ -183,11 +186,13 @@ ote_status_t ote_grant_on_answer_at(ote_grant_mgr_t *m, uint64_t grant_id, ote_s
  * @slot of @ep (whose QP the caller borrowed; the borrow is handed over on OTE_OK). The
  * range is checked first: OTE_ERR_ACCESS (or the pin's status) refuses before any window
  * exists. On OTE_OK the answer comes through ops->answer once the bind completes (or
- * fails: bind failure answers an error and retires the QP).
+ * fails: bind failure answers an error and retires the QP). @call (any value, NULL
+ * included) is handed to ops->pin, which runs before this returns: the caller's
+ * per-request state, so no pin needs a thread-local.
  */
 ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp,
                              ote_grant_op_t op, uint64_t addr, uint64_t len,
-                             ote_deadline_t deadline, uint64_t answer_ctx);
+                             ote_deadline_t deadline, uint64_t answer_ctx, void *call);
 /**
  * ote_grant_serve_exact() - source: as ote_grant_serve(), for memory a window cannot
  * cover (a dma-buf MR of device memory: the kernel refuses MW binds on it). ops->pin_exact
@@ -200,7 +205,7 @@ ote_status_t ote_grant_serve(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t sl
  */
 ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint32_t slot,
                                    ote_qp_t *qp, ote_grant_op_t op, uint64_t addr, uint64_t len,
-                                   ote_deadline_t deadline, uint64_t answer_ctx);
+                                   ote_deadline_t deadline, uint64_t answer_ctx, void *call);
 /* Source: the requester behind endpoint @ep is gone (its control connection died). End
  * every live source grant of @ep now, as its deadline would (the QP its window is bound
  * to is moved to ERR first, then window, pin and QP borrow are released), and answer a

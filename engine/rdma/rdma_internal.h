@@ -663,10 +663,6 @@ int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey
  * so it would redirect it again). */
 void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid);
 void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s);
-/* rdma_source.c for rdma_direct.c's pin: the account of the GRANT_REQ being served on
- * this thread (NULL outside ote__rdma_src_grant), and that the grant took its bytes. */
-acct_t *ote__rdma_src_serving(void);
-void ote__rdma_src_served(void);
 
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */
 

@@ -36,14 +36,15 @@ typedef struct {
     rdma_stage_t *stage; /* a staged WRITE's bounce (a reference, rdma_stage.c) */
 } answer_t;
 
-/* The request account of the GRANT_REQ being served on this (server) thread, handed to
- * src_pin, which ote_grant_serve() calls before it returns; pinned: src_pin took it. */
-static _Thread_local struct {
+/* One ote_grant_serve() call (its `call`, handed to src_pin / src_pin_exact, which run
+ * before it returns): the request account of the GRANT_REQ served, and whether a pin
+ * took it. */
+typedef struct {
     acct_t *a;
     rdma_stage_t *stage; /* a staged grant: its bounce buffer (rdma_stage.c) */
     sp_slot_t sps;       /* its slot of its parent's reservation (rdma_src_parents.c) */
     int pinned;
-} tl_serve;
+} serve_call_t;
 
 /* A grant's pin: its bytes of its request's account, a staged grant's bounce and a
  * direct grant's exact MR (never both). */
@@ -56,34 +57,32 @@ typedef struct {
     sp_slot_t sps;      /* its slot of its parent's reservation, returned at unpin */
 } grant_pin_t;
 
-acct_t *ote__rdma_src_serving(void) { return tl_serve.a; }
-void ote__rdma_src_served(void) { tl_serve.pinned = 1; }
-
-static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
-                            struct ibv_mr **mr_out, void **pin_out) {
+static ote_status_t src_pin(void *arg, void *call, ote_context_t *ctx, uint64_t addr, uint64_t len,
+                            int access, struct ibv_mr **mr_out, void **pin_out) {
     rdma_tp_t *tp = arg;
+    serve_call_t *sc = call;
     (void)access; /* the account checked the whole request for this access */
-    if (tl_serve.a == NULL) return OTE_ERR_STATE; /* only ote__rdma_src_grant serves */
+    if (sc == NULL || sc->a == NULL) return OTE_ERR_STATE; /* only src_serve serves */
     grant_pin_t *gp = ote_malloc(sizeof(*gp));
     if (gp == NULL) return OTE_ERR_NOMEM;
     struct ibv_mr *mr = NULL;
     ote_status_t st = OTE_OK;
-    if (tl_serve.stage != NULL) /* [addr, +len) is exactly the bounce buffer */
-        mr = ote__rdma_stage_mr(tl_serve.stage);
+    if (sc->stage != NULL) /* [addr, +len) is exactly the bounce buffer */
+        mr = ote__rdma_stage_mr(sc->stage);
     else st = ote_buffer_manager_find(tp->bm, (const void *)(uintptr_t)addr, len, ctx, &mr);
     if (st != OTE_OK) {
         ote_free(gp);
         return st;
     }
-    gp->a = tl_serve.a;
+    gp->a = sc->a;
     gp->len = len;
-    gp->stage = tl_serve.stage;
+    gp->stage = sc->stage;
     gp->mr = NULL;
     gp->ctx = NULL;
-    gp->sps = tl_serve.sps; /* the pin owns the parent's slot now */
-    tl_serve.sps.sp = NULL;
+    gp->sps = sc->sps; /* the pin owns the parent's slot now */
+    sc->sps.sp = NULL;
     ote__rdma_acct_hold(tp, gp->a, len);
-    tl_serve.pinned = 1;
+    sc->pinned = 1;
     *mr_out = mr;
     *pin_out = gp;
     return OTE_OK;
@@ -91,10 +90,11 @@ static ote_status_t src_pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64
 
 /* A direct grant (ote_grant_serve_exact): an MR of exactly the range in qp's private PD
  * (rdma_direct.c), and the grant's bytes of its account, as src_pin. */
-static ote_status_t src_pin_exact(void *arg, ote_qp_t *qp, uint64_t addr, uint64_t len, int access,
-                                  uint32_t *rkey_out, void **pin_out) {
+static ote_status_t src_pin_exact(void *arg, void *call, ote_qp_t *qp, uint64_t addr, uint64_t len,
+                                  int access, uint32_t *rkey_out, void **pin_out) {
     rdma_tp_t *tp = arg;
-    acct_t *a = ote__rdma_src_serving();
+    serve_call_t *sc = call;
+    acct_t *a = sc != NULL ? sc->a : NULL;
     if (a == NULL || !ote__rdma_acct_direct(tp, a)) return OTE_ERR_STATE;
     grant_pin_t *gp = ote_malloc(sizeof(*gp));
     if (gp == NULL) return OTE_ERR_NOMEM;
@@ -109,10 +109,10 @@ static ote_status_t src_pin_exact(void *arg, ote_qp_t *qp, uint64_t addr, uint64
     gp->stage = NULL;
     gp->mr = mr;
     gp->ctx = ote_qp_context(qp);
-    gp->sps = tl_serve.sps;
-    tl_serve.sps.sp = NULL;
+    gp->sps = sc->sps;
+    sc->sps.sp = NULL;
     ote__rdma_acct_hold(tp, a, len);
-    ote__rdma_src_served();
+    sc->pinned = 1;
     *rkey_out = mr->rkey;
     *pin_out = gp;
     return OTE_OK;
@@ -340,22 +340,17 @@ static ote_status_t src_serve(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq
     a->nic = nic;
     a->len = rq->u.grant.len;
     ote__rdma_conn_get(c);
-    tl_serve.a = acct;
-    tl_serve.stage = stage;
-    tl_serve.sps = sps;
-    tl_serve.pinned = 0;
+    serve_call_t sc = {.a = acct, .stage = stage, .sps = sps, .pinned = 0};
     /* A direct slot serves device memory by an exact MR, a plain one by a window
      * (over the range, or over a staged grant's bounce). */
     ote_status_t st = (direct ? ote_grant_serve_exact : ote_grant_serve)(
         nic->gm, ep, rq->u.grant.slot, qp, (ote_grant_op_t)rq->u.grant.op, addr, rq->u.grant.len,
-        dl, (uint64_t)(uintptr_t)a);
-    int pinned = tl_serve.pinned;
+        dl, (uint64_t)(uintptr_t)a, &sc);
+    int pinned = sc.pinned;
     *pinned_out = pinned;
     if (st == OTE_OK) atomic_store(&c->src_granted, 1);
-    tl_serve.a = NULL;
-    tl_serve.stage = NULL;
     /* Not taken by a pin (refused before one): back to its parent. */
-    ote__rdma_sp_put(tp, &tl_serve.sps);
+    ote__rdma_sp_put(tp, &sc.sps);
     /* The grant's pin owns the bounce once src_pin took it (src_unpin ends it). */
     if (!pinned) ote__rdma_stage_end(tp, stage);
     if (st == OTE_OK) return OTE_OK;               /* answered (and counted) by src_answer */

@@ -132,6 +132,7 @@ TEST_F(GrantTest, WriteThenReadExactBytesThroughWindows) {
     EXPECT_EQ(s0.completed, 10u);
     EXPECT_EQ(s0.live_requester, 0u);
     EXPECT_EQ(s1.receipts, 10u); /* every window invalidated by the requester's SEND_WITH_INV */
+    EXPECT_EQ(rig_.serving.load(), 10u) << "every pin met its ote_grant_serve call's context";
     EXPECT_EQ(s1.live_source, 0u);
     EXPECT_GE(s1.mw_pool, 1u); /* invalidated windows are reused */
     EXPECT_EQ(ote_verbs_fault_calls(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW), s1.mw_pool);
@@ -217,7 +218,8 @@ TEST_F(GrantExactTest, ExactMrGrantsMoveExactBytesAndDeregisterAtTheirReceipt) {
     uint32_t rkey = 0;
     void *pin = nullptr;
     uint64_t at = (uintptr_t)rig_.src.data() + 8192;
-    ASSERT_EQ(Rig::PinExact(&rig_, sqp, at, 100, IBV_ACCESS_REMOTE_READ, &rkey, &pin), OTE_OK);
+    ASSERT_EQ(Rig::PinExact(&rig_, nullptr, sqp, at, 100, IBV_ACCESS_REMOTE_READ, &rkey, &pin),
+              OTE_OK);
     std::fill(in.begin(), in.end(), 0xEE);
     struct ibv_sge sge = {(uintptr_t)in.data(), 101, mi->lkey};
     struct ibv_send_wr wr = {};

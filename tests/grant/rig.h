@@ -52,10 +52,13 @@ struct Rig {
     bool exact = false; /* the source serves by exact-range MRs (ote_grant_serve_exact) */
     std::atomic<int> exact_mrs{0}; /* exact-range MRs registered and not yet deregistered */
     std::atomic<uint32_t> last_rkey{0};
+    std::atomic<uint64_t> serving{0}; /* pins that met their serve call's context */
 
-    static ote_status_t Pin(void *arg, ote_context_t *ctx, uint64_t addr, uint64_t len, int access,
-                            struct ibv_mr **mr_out, void **pin_out) {
+    static ote_status_t Pin(void *arg, void *call, ote_context_t *ctx, uint64_t addr, uint64_t len,
+                            int access, struct ibv_mr **mr_out, void **pin_out) {
         Rig *r = static_cast<Rig *>(arg);
+        if (call != &r->serving) return OTE_ERR_STATE; // the serve call's own context
+        r->serving++;
         uint64_t base = (uintptr_t)r->src.data();
         if (addr < base || len > r->src.size() || addr - base > r->src.size() - len ||
             (r->src_access & access) != access)
@@ -67,9 +70,11 @@ struct Rig {
         return OTE_OK;
     }
     // An MR of exactly [addr, +len) with only the grant's remote access, in the QP's PD.
-    static ote_status_t PinExact(void *arg, ote_qp_t *qp, uint64_t addr, uint64_t len, int access,
-                                 uint32_t *rkey_out, void **pin_out) {
+    static ote_status_t PinExact(void *arg, void *call, ote_qp_t *qp, uint64_t addr, uint64_t len,
+                                 int access, uint32_t *rkey_out, void **pin_out) {
         Rig *r = static_cast<Rig *>(arg);
+        if (call != nullptr && call != &r->serving) return OTE_ERR_STATE;
+        if (call != nullptr) r->serving++;
         uint64_t base = (uintptr_t)r->src.data();
         if (addr < base || len > r->src.size() || addr - base > r->src.size() - len ||
             (r->src_access & access) != access)
@@ -138,7 +143,7 @@ struct Rig {
         if (st == OTE_OK) {
             auto serve = r->exact ? ote_grant_serve_exact : ote_grant_serve;
             st = serve(r->g1, r->ep1[cap], slot, qp, op, addr, len,
-                       ote_deadline_after(r->src_deadline_ms * kMs), id);
+                       ote_deadline_after(r->src_deadline_ms * kMs), id, &r->serving);
             if (st != OTE_OK) ote_endpoint_return(r->ep1[cap], slot, qp);
         }
         if (st != OTE_OK) ote_grant_on_answer(r->g0, id, st, 0); /* refused: tell the requester */
