@@ -7,8 +7,23 @@
 
 #include "ote/ote.h"
 
+/* n fresh pages with prot. The holes a range has (unmapped, crossing, midhole) must stay
+ * holes until the registration looks at them, while other threads of the process (the
+ * engine's, the sanitizer's allocator) map memory: the kernel places mmap(NULL, ...) top
+ * down from below the stack, and would fill a freshly unmapped page first. So the pages
+ * are placed low (from 256 MiB up, application memory under ASan and TSan too, far below
+ * where the kernel puts mappings it chooses), each range at an address of its own, with
+ * MAP_FIXED_NOREPLACE; only when no such address is free is the kernel left to choose. */
 static uint8_t *map_pages(size_t n, int prot) {
+    static uintptr_t next = 0x10000000u;
     size_t ps = (size_t)sysconf(_SC_PAGESIZE);
+    for (int tries = 0; tries < 64; tries++) {
+        uintptr_t want = __atomic_fetch_add(&next, 0x100000u, __ATOMIC_RELAXED);
+        void *p = mmap((void *)want, n * ps, prot,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        if (p == (void *)want) return (uint8_t *)p;
+        if (p != MAP_FAILED) munmap(p, n * ps); /* a kernel that took it as a hint */
+    }
     void *p = mmap(NULL, n * ps, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : (uint8_t *)p;
 }

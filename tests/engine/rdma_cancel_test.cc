@@ -421,7 +421,15 @@ TEST_F(RdmaAbandonTest, SourceGrantsReleasedWhenTheRequesterGivesUp) {
     EXPECT_TRUE(SourceGrantsEnd())
         << SrcGrants().live_source << " source grant(s) held after their requester gave up";
     EXPECT_TRUE(SourceRangeFree()) << "the abandoned grants left the source's range pinned";
-    ote__rdma_test_grants_t sg = SrcGrants(), rg{};
+    // The source's server thread counts a RELEASE after it ended the grant (the grant
+    // layer's count, `released`, goes first): the two agree a moment later.
+    ote__rdma_test_grants_t sg{}, rg{};
+    EXPECT_TRUE(ote_test::WaitUntil(
+        [&] {
+            sg = SrcGrants();
+            return sg.rel_applied >= 1 && sg.released == sg.rel_applied;
+        },
+        std::chrono::seconds(30), "the source to count every RELEASE it applied"));
     ASSERT_EQ(ote__rdma_test_grants(EngineAddr(req_).c_str(), &rg), OTE_OK);
     std::printf(
         "[ figures ] requester gave up: %llu grant(s) abandoned, %llu RELEASE sent; "
@@ -491,10 +499,14 @@ TEST_F(RdmaLateAnswerTest, LateAnswerOfAnEndedGrantIsReleased) {
     hold_.release = true; // the bind goes on, the late answer goes out
     EXPECT_TRUE(SourceGrantsEnd()) << "the window of the ended grant is still held";
     EXPECT_TRUE(SourceRangeFree());
-    ote__rdma_test_grants_t sg = SrcGrants(), rg{};
+    // The source's server thread counts the RELEASE after it ended the grant: the
+    // count may follow the end by a moment.
+    ote__rdma_test_grants_t sg{}, rg{};
+    EXPECT_TRUE(
+        ote_test::WaitUntil([&] { return (sg = SrcGrants()).rel_applied - g0.rel_applied >= 1; },
+                            std::chrono::seconds(30), "the source to count the RELEASE applied"));
     ASSERT_EQ(ote__rdma_test_grants(EngineAddr(req_).c_str(), &rg), OTE_OK);
     EXPECT_GE(rg.rel_sent, 1u);
-    EXPECT_GE(sg.rel_applied - g0.rel_applied, 1u);
     EXPECT_EQ(rg.abandoned, 0u) << "the grant posted nothing: its answer came too late";
     EXPECT_TRUE(GuardsIntact(src_mem_, kSrcGuard));
     // The QP was never used by that grant: the next request works on it.
