@@ -213,7 +213,7 @@ static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size
         const ote__reg_t *r =
             ote__reg_covering_near(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, near);
         if (r != NULL) {
-            plans[i].kind = r->kind;
+            plans[i].kind = r->pin.kind;
             plans[i].direct = r->direct;
             near = r;
         }

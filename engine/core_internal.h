@@ -77,13 +77,14 @@
 #include "ote/ote.h"
 
 typedef struct ote__reg {
+    /* First: host->pin gives &pin (a transport and the GPU services read it). kind:
+     * ote_mem_kind_t, classified at registration (engine/gpu); perms: OTE_PERM_*. */
+    ote__pin_t pin;
     uint64_t start;
     uint64_t len;
-    unsigned perms;
     _Atomic long inuse;
-    uint32_t kind; /* ote_mem_kind_t, classified at registration (engine/gpu) */
-    int numa;      /* NUMA node of the memory at registration (-1: unknown) */
-    int direct;    /* device memory with dma-buf MRs (GPUDirect RDMA): its transports' hooks */
+    int numa;   /* NUMA node of the memory at registration (-1: unknown) */
+    int direct; /* device memory with dma-buf MRs (GPUDirect RDMA): its transports' hooks */
     char name[OTE_NAME_MAX + 1]; /* "" without a name; unique among live registrations */
 } ote__reg_t;
 
@@ -281,32 +282,6 @@ ote__reg_t *ote__reg_covering_near(const ote_engine_t *e, uint64_t addr, uint64_
 /* host->pin / host->unpin of the engine's transports (arg: the engine). */
 ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
 void ote__reg_unpin(void *arg, void *pin);
-/* host->pin_kind / stage_get / stage_copy / stage_put (arg: the engine): device memory
- * at the source through engine/gpu. */
-uint32_t ote__reg_pin_kind(void *arg, void *pin);
-ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline_t dl,
-                                uint8_t **buf_out, void **tok_out);
-ote_status_t ote__reg_stage_pooled(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
-                                   void **tok_out);
-ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
-                                 uint32_t len, ote_deadline_t dl);
-void ote__reg_stage_put(void *arg, void *tok);
-int ote__reg_stage_chunk(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out);
-ote_status_t ote__reg_stage_copy_start(void *arg, void *tok, int to_device, uint64_t dev_addr,
-                                       uint32_t len, ote_deadline_t dl,
-                                       void (*done)(void *, ote_status_t), void *done_arg);
-/* host->ipc_* (arg: the engine): CUDA IPC through engine/gpu. ipc_export only for a
- * registration with OTE_PERM_IPC on device memory (OTE_ERR_UNSUPPORTED otherwise). */
-ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,
-                                 ote__ipc_desc_t *out, int *fd_out);
-int ote__reg_ipc_usable(void *arg);
-ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                     int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
-                                     int write, void **op_out);
-ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up);
-ote_status_t ote__reg_ipc_copy_settle(void *arg, void *op, int abandon);
-void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id);
-void ote__reg_ipc_exporter_dead(void *arg, uint64_t exporter);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
  * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
 ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,

@@ -55,7 +55,7 @@ ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm,
     ote_status_t st = OTE_ERR_ACCESS;
     pthread_rwlock_rdlock(&e->reg_lk);
     ote__reg_t *r = ote__reg_covering(e, addr, len);
-    if (r != NULL && (r->perms & perm) == perm) {
+    if (r != NULL && (r->pin.perms & perm) == perm) {
         atomic_fetch_add(&r->inuse, 1);
         *pin_out = r;
         st = OTE_OK;
@@ -74,103 +74,6 @@ void ote__reg_unpin(void *arg, void *pin) {
         ote_cond_broadcast(&e->ocv);
         ote_mutex_unlock(&e->omu);
     }
-}
-
-uint32_t ote__reg_pin_kind(void *arg, void *pin) {
-    (void)arg;
-    return ((const ote__reg_t *)pin)->kind;
-}
-
-ote_status_t ote__reg_stage_get(void *arg, void *pin, uint32_t len, ote_deadline_t dl,
-                                uint8_t **buf_out, void **tok_out) {
-    ote_engine_t *e = arg;
-    const ote__reg_t *r = pin;
-    ote_status_t st =
-        ote__gpu_path_check(e->gpu, r->kind, (r->perms & OTE_PERM_IPC) != 0, "a registered range");
-    ote__gpu_bounce_t *t = NULL;
-    if (st == OTE_OK) st = ote__gpu_src_get(e->gpu, r->kind, len, dl, buf_out, &t);
-    if (st == OTE_OK) *tok_out = t;
-    return st;
-}
-
-ote_status_t ote__reg_stage_pooled(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
-                                   void **tok_out) {
-    ote_engine_t *e = arg;
-    const ote__reg_t *r = pin;
-    ote_status_t st =
-        ote__gpu_path_check(e->gpu, r->kind, (r->perms & OTE_PERM_IPC) != 0, "a registered range");
-    ote__gpu_bounce_t *t = NULL;
-    if (st == OTE_OK) st = ote__gpu_src_get_pooled(e->gpu, r->kind, len, buf_out, &t);
-    if (st == OTE_OK) *tok_out = t;
-    return st;
-}
-
-ote_status_t ote__reg_stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
-                                 uint32_t len, ote_deadline_t dl) {
-    ote_engine_t *e = arg;
-    return ote__gpu_src_copy(e->gpu, tok, to_device, dev_addr, len, dl);
-}
-
-ote_status_t ote__reg_stage_copy_start(void *arg, void *tok, int to_device, uint64_t dev_addr,
-                                       uint32_t len, ote_deadline_t dl,
-                                       void (*done)(void *, ote_status_t), void *done_arg) {
-    ote_engine_t *e = arg;
-    return ote__gpu_src_copy_start(e->gpu, tok, to_device, dev_addr, len, dl, done, done_arg);
-}
-
-void ote__reg_stage_put(void *arg, void *tok) {
-    ote_engine_t *e = arg;
-    ote__gpu_src_put(e->gpu, tok);
-}
-
-int ote__reg_stage_chunk(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out) {
-    (void)arg;
-    return ote__gpu_src_chunk(tok, base_out, size_out);
-}
-
-ote_status_t ote__reg_ipc_export(void *arg, void *pin, uint64_t addr, uint32_t len,
-                                 ote__ipc_desc_t *out, int *fd_out) {
-    ote_engine_t *e = arg;
-    const ote__reg_t *r = pin;
-    /* IPC exposes the whole allocation: only a registration that opted in. */
-    if (!(r->perms & OTE_PERM_IPC) || !OTE_MEM_IS_CUDA(r->kind)) return OTE_ERR_UNSUPPORTED;
-    return ote__gpu_ipc_export(e->gpu, r->kind, addr, len, out, fd_out);
-}
-
-int ote__reg_ipc_usable(void *arg) {
-    ote_engine_t *e = arg;
-    return ote__gpu_ipc_allowed(e->gpu) && ote__gpu_driver_present(e->gpu);
-}
-
-ote_status_t ote__reg_ipc_copy_start(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                     int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
-                                     int write, void **op_out) {
-    ote_engine_t *e = arg;
-    ote__gpu_ipc_op_t *op = NULL;
-    ote_status_t st =
-        ote__gpu_ipc_copy_start(e->gpu, exporter, desc, fd, local, local_kind, len, write, &op);
-    *op_out = op; /* set on a failure too when the copy's outcome is unknown */
-    return st;
-}
-
-ote_status_t ote__reg_ipc_copy_poll(void *arg, void *op, int give_up) {
-    ote_engine_t *e = arg;
-    return ote__gpu_ipc_copy_poll(e->gpu, op, give_up);
-}
-
-ote_status_t ote__reg_ipc_copy_settle(void *arg, void *op, int abandon) {
-    ote_engine_t *e = arg;
-    return ote__gpu_ipc_copy_settle(e->gpu, op, abandon);
-}
-
-void ote__reg_ipc_revoked(void *arg, uint64_t exporter, uint64_t buffer_id) {
-    ote_engine_t *e = arg;
-    ote__gpu_ipc_revoked(e->gpu, exporter, buffer_id);
-}
-
-void ote__reg_ipc_exporter_dead(void *arg, uint64_t exporter) {
-    ote_engine_t *e = arg;
-    ote__gpu_ipc_exporter_dead(e->gpu, exporter);
 }
 
 ote_status_t ote_engine_gpu_stats(ote_engine_t *e, ote_gpu_stats_t *out) {
@@ -205,8 +108,8 @@ ote_status_t ote_memory_query(ote_engine_t *e, const void *addr, ote_buffer_info
         memcpy(b.name, r->name, sizeof(b.name));
         b.addr = r->start;
         b.length = r->len;
-        b.perms = r->perms;
-        b.kind = r->kind;
+        b.perms = r->pin.perms;
+        b.kind = r->pin.kind;
         b.numa_node = r->numa;
         st = OTE_OK;
     }
@@ -348,8 +251,8 @@ static ote__reg_t *register_new_reg(ote_engine_t *e, const reg_args_t *a) {
     if (r == NULL) return NULL;
     r->start = a->start;
     r->len = a->len;
-    r->perms = a->perms;
-    r->kind = a->kind;
+    r->pin.perms = a->perms;
+    r->pin.kind = a->kind;
     r->numa = ote__mem_node(e, a->start, a->len, a->kind);
     if (a->nl) memcpy(r->name, a->name, a->nl);
     return r;
@@ -459,8 +362,8 @@ ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint
         /* Peers see READ/WRITE (OTE_CTL_BUF_PERMS); OTE_PERM_IPC is not listed. */
         ote_ctl_buf_t b = {.addr = r->start,
                            .len = r->len,
-                           .perms = r->perms & OTE_CTL_BUF_PERMS,
-                           .kind = r->kind};
+                           .perms = r->pin.perms & OTE_CTL_BUF_PERMS,
+                           .kind = r->pin.kind};
         memcpy(b.name, r->name, sizeof(b.name));
         st = ote_ctl_buf_put(ent + i * OTE_CTL_BUF_ENTRY_LEN, &b);
     }
@@ -513,7 +416,7 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
                 *waiting = 2; /* released meanwhile: try again at once */
             }
         }
-    } else if ((!OTE_MEM_IS_CUDA(e->regs[i]->kind) || e->regs[i]->direct) &&
+    } else if ((!OTE_MEM_IS_CUDA(e->regs[i]->pin.kind) || e->regs[i]->direct) &&
                (st = ote__router_mem_unregister(e, (void *)(uintptr_t)start)) != OTE_OK) {
         /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {
@@ -524,7 +427,7 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
     }
     pthread_rwlock_unlock(&e->reg_lk);
     /* Peers that imported a device allocation of it are told (close receipts). */
-    if (victim != NULL && (victim->perms & OTE_PERM_IPC) && OTE_MEM_IS_CUDA(victim->kind)) {
+    if (victim != NULL && (victim->pin.perms & OTE_PERM_IPC) && OTE_MEM_IS_CUDA(victim->pin.kind)) {
         ote__router_ipc_revoke(e, victim->start, victim->len);
         ote__gpu_ipc_forget(e->gpu, victim->start, victim->len); /* a VMM export's fd too */
     }

@@ -109,7 +109,7 @@ struct ote__slice {
         struct {
             uint64_t id;       /* number of the slice's request on its peer connection */
             uint64_t ring_end; /* ring mode: where its bytes end in the ring (virtual) */
-            void *ipc;         /* the CUDA IPC copy under way (host->ipc_copy_start) */
+            void *ipc;         /* the CUDA IPC copy under way (host->gpu.ipc_copy_start) */
         } shm;
     } xp;
 };
@@ -133,6 +133,84 @@ typedef struct {
     uint64_t id, base, size;
     int fd;
 } ote__shared_ref_t;
+
+/* What a transport may read of a pin that host->pin gave (the head of the engine's
+ * registration): the memory kind it was classified as at registration (ote_mem_kind_t)
+ * and the permissions (OTE_PERM_*) it was registered with. */
+typedef struct {
+    uint32_t kind;
+    unsigned perms;
+} ote__pin_t;
+
+static inline uint32_t ote__pin_kind(const void *pin) { return ((const ote__pin_t *)pin)->kind; }
+
+/* The engine's GPU services (engine/gpu/gpu.h: ote__gpu_services fills them; arg is the
+ * engine's ote__gpu_t). A pin here is host->pin's (the engine's, not a transport's
+ * account of it); the services check the registration's own path rules (staging in
+ * gpu_paths; IPC only for a registration with OTE_PERM_IPC) and refuse with a WARN naming
+ * what is missing. Every member is set. */
+typedef struct {
+    void *arg;
+    /* Source side. A transport never touches device memory
+     * (OTE_MEM_IS_CUDA) itself: it takes a host bounce buffer of the slice's length
+     * (stage_get, waiting for a pinned chunk until dl), copies between it and the device
+     * range (stage_copy: to_device 1 after a WRITE's bytes arrived in it, 0 before a
+     * READ's bytes are sent from it; synchronous until dl) and gives it back (stage_put,
+     * also on every path that drops the slice). A stage_get or stage_copy failure fails
+     * that slice with the status. */
+    ote_status_t (*stage_get)(void *arg, const ote__pin_t *pin, uint32_t len, ote_deadline_t dl,
+                              uint8_t **buf_out, void **tok_out);
+    ote_status_t (*stage_copy)(void *arg, void *tok, int to_device, uint64_t dev_addr, uint32_t len,
+                               ote_deadline_t dl);
+    void (*stage_put)(void *arg, void *tok);
+    /* stage_get from the pinned pool only (the RDMA source): OTE_ERR_AGAIN when len fits
+     * a chunk and none is free now (never heap, never waits); a larger len is heap. */
+    ote_status_t (*stage_pooled)(void *arg, const ote__pin_t *pin, uint32_t len, uint8_t **buf_out,
+                                 void **tok_out);
+    /* 1 when tok's buffer is a chunk of the pinned pool (the same memory until the
+     * engine's destroy, which destroys the transports first): *base_out, *size_out the
+     * whole chunk (the RDMA source registers it once per device); 0 for heap memory. */
+    int (*stage_chunk)(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out);
+    /* stage_copy without waiting (the RDMA source; to_device as there): OTE_OK and
+     * done(done_arg, status) runs once later on another thread (the bounce is neither
+     * read nor put before), or the failure now (done never runs). See
+     * ote__gpu_src_copy_start (engine/gpu/gpu.h). */
+    ote_status_t (*stage_copy_start)(void *arg, void *tok, int to_device, uint64_t dev_addr,
+                                     uint32_t len, ote_deadline_t dl,
+                                     void (*done)(void *, ote_status_t), void *done_arg);
+    /* CUDA IPC (engine/gpu, gpu_paths "ipc"). Source side: ipc_export describes the
+     * allocation behind the pinned device registration pin for the piece [addr, +len)
+     * (exported once per allocation, cached), OTE_ERR_UNSUPPORTED when the registration
+     * lacks OTE_PERM_IPC, is not device memory, ipc is not in gpu_paths, or it is VMM
+     * memory created without the POSIX-fd handle type. *fd_out: -1, or for a VMM
+     * allocation (out->flags OTE__IPC_VMM) an fd that the caller sends with the offer
+     * and closes. ipc_copy_start's fd: the one received with a VMM desc (the caller's;
+     * it closes it after the call), else -1.
+     * Requester side: ipc_usable says whether this engine may take the path now (ipc in
+     * gpu_paths and the CUDA driver loaded); ipc_copy_start imports the allocation of
+     * desc from `exporter` (a key of the exporting peer) through the engine's bounded
+     * cache and enqueues the copy of len bytes between it and local (local_kind: host
+     * or device memory), write 1 = local to remote; *op_out is polled with
+     * ipc_copy_poll: OTE_ERR_AGAIN while running, OTE_OK when complete (the op is gone),
+     * else the request's status (the driver's; OTE_ERR_TIMEOUT when give_up: the deadline
+     * passed) and the op stays, its outcome unknown (as a failed ipc_copy_start that set
+     * *op_out): ipc_copy_settle answers OTE_ERR_AGAIN until the driver proves the copy
+     * complete, then OTE_OK (the op is gone): only then may the source's pin go;
+     * abandon (the peer is gone) hands the op to the engine, which retains its stream and
+     * mapping until proven complete, and answers OTE_OK.
+     * ipc_revoked: the exporter unregistered buffer_id (a close receipt);
+     * ipc_exporter_dead: every import of exporter is released (closed once unused). */
+    ote_status_t (*ipc_export)(void *arg, const ote__pin_t *pin, uint64_t addr, uint32_t len,
+                               ote__ipc_desc_t *out, int *fd_out);
+    int (*ipc_usable)(void *arg);
+    ote_status_t (*ipc_copy_start)(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
+                                   int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
+                                   int write, void **op_out);
+    ote_status_t (*ipc_copy_poll)(void *arg, void *op, int give_up);
+    ote_status_t (*ipc_copy_settle)(void *arg, void *op, int abandon);
+    void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
+    void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
+} ote__gpu_ops_t;
 
 /* Services of the engine that the source side of a transport uses. */
 typedef struct {
@@ -169,67 +247,9 @@ typedef struct {
     /* A connection the transport adopted (ops->adopt) is closed: called once per adopted
      * connection, from any thread, when the transport frees it. */
     void (*conn_closed)(void *arg);
-    /* Device memory at the source (engine/gpu/gpu.h). pin_kind: the memory kind
-     * (ote_mem_kind_t) of a pinned registration. A transport never touches device memory
-     * (OTE_MEM_IS_CUDA) itself: it takes a host bounce buffer of the slice's length
-     * (stage_get, waiting for a pinned chunk until dl), copies between it and the device
-     * range (stage_copy: to_device 1 after a WRITE's bytes arrived in it, 0 before a
-     * READ's bytes are sent from it; synchronous until dl) and gives it back (stage_put,
-     * also on every path that drops the slice). A stage_get or stage_copy failure fails
-     * that slice with the status. */
-    uint32_t (*pin_kind)(void *arg, void *pin);
-    ote_status_t (*stage_get)(void *arg, void *pin, uint32_t len, ote_deadline_t dl,
-                              uint8_t **buf_out, void **tok_out);
-    ote_status_t (*stage_copy)(void *arg, void *tok, int to_device, uint64_t dev_addr, uint32_t len,
-                               ote_deadline_t dl);
-    void (*stage_put)(void *arg, void *tok);
-    /* stage_get from the pinned pool only (the RDMA source): OTE_ERR_AGAIN when len fits
-     * a chunk and none is free now (never heap, never waits); a larger len is heap. */
-    ote_status_t (*stage_pooled)(void *arg, void *pin, uint32_t len, uint8_t **buf_out,
-                                 void **tok_out);
-    /* 1 when tok's buffer is a chunk of the pinned pool (the same memory until the
-     * engine's destroy, which destroys the transports first): *base_out, *size_out the
-     * whole chunk (the RDMA source registers it once per device); 0 for heap memory. */
-    int (*stage_chunk)(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out);
-    /* stage_copy without waiting (the RDMA source; to_device as there): OTE_OK and
-     * done(done_arg, status) runs once later on another thread (the bounce is neither
-     * read nor put before), or the failure now (done never runs). See
-     * ote__gpu_src_copy_start (engine/gpu/gpu.h). */
-    ote_status_t (*stage_copy_start)(void *arg, void *tok, int to_device, uint64_t dev_addr,
-                                     uint32_t len, ote_deadline_t dl,
-                                     void (*done)(void *, ote_status_t), void *done_arg);
-    /* CUDA IPC (engine/gpu, gpu_paths "ipc"). Source side: ipc_export describes the
-     * allocation behind the pinned device registration pin for the piece [addr, +len)
-     * (exported once per allocation, cached), OTE_ERR_UNSUPPORTED when the registration
-     * lacks OTE_PERM_IPC, is not device memory, ipc is not in gpu_paths, or it is VMM
-     * memory created without the POSIX-fd handle type. *fd_out: -1, or for a VMM
-     * allocation (out->flags OTE__IPC_VMM) an fd that the caller sends with the offer
-     * and closes. ipc_copy_start's fd: the one received with a VMM desc (the caller's;
-     * it closes it after the call), else -1.
-     * Requester side: ipc_usable says whether this engine may take the path now (ipc in
-     * gpu_paths and the CUDA driver loaded); ipc_copy_start imports the allocation of
-     * desc from `exporter` (a key of the exporting peer) through the engine's bounded
-     * cache and enqueues the copy of len bytes between it and local (local_kind: host
-     * or device memory), write 1 = local to remote; *op_out is polled with
-     * ipc_copy_poll: OTE_ERR_AGAIN while running, OTE_OK when complete (the op is gone),
-     * else the request's status (the driver's; OTE_ERR_TIMEOUT when give_up: the deadline
-     * passed) and the op stays, its outcome unknown (as a failed ipc_copy_start that set
-     * *op_out): ipc_copy_settle answers OTE_ERR_AGAIN until the driver proves the copy
-     * complete, then OTE_OK (the op is gone): only then may the source's pin go;
-     * abandon (the peer is gone) hands the op to the engine, which retains its stream and
-     * mapping until proven complete, and answers OTE_OK.
-     * ipc_revoked: the exporter unregistered buffer_id (a close receipt);
-     * ipc_exporter_dead: every import of exporter is released (closed once unused). */
-    ote_status_t (*ipc_export)(void *arg, void *pin, uint64_t addr, uint32_t len,
-                               ote__ipc_desc_t *out, int *fd_out);
-    int (*ipc_usable)(void *arg);
-    ote_status_t (*ipc_copy_start)(void *arg, uint64_t exporter, const ote__ipc_desc_t *desc,
-                                   int fd, uint8_t *local, uint32_t local_kind, uint32_t len,
-                                   int write, void **op_out);
-    ote_status_t (*ipc_copy_poll)(void *arg, void *op, int give_up);
-    ote_status_t (*ipc_copy_settle)(void *arg, void *op, int abandon);
-    void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
-    void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
+    /* Device memory (CUDA staging and IPC): the engine's GPU services, their own
+     * interface (below), implemented by engine/gpu. */
+    ote__gpu_ops_t gpu;
     /* Requester side: the shared allocation holding all of [addr, +len)
      * (ote__shared_ref_t), or OTE_ERR_NOT_FOUND (fast when the engine has none). */
     ote_status_t (*shared_find)(void *arg, uint64_t addr, uint64_t len, ote__shared_ref_t *out);

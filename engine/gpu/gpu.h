@@ -53,6 +53,10 @@ extern "C" {
 
 typedef struct ote__gpu ote__gpu_t;
 
+/* The GPU services a transport uses (engine/transport.h, ote__gpu_ops_t), over g
+ * (gpu_services.c). */
+ote__gpu_ops_t ote__gpu_services(ote__gpu_t *g);
+
 /* Never loads the driver. */
 ote_status_t ote__gpu_create(const ote__cfg_t *cfg, ote__gpu_t **gpu_out);
 /* Ends the worker, reclaims what was retained where the driver allows it and closes

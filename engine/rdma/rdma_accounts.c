@@ -93,7 +93,7 @@ static ote_status_t acct_check(conn_t *c, const ote_rp_msg_t *rq, acct_t *a, voi
                          c->peer_addr, ote_status_str(pst));
         return pst;
     }
-    if (tp->host.pin_kind == NULL || !OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, pin))) {
+    if (!OTE_MEM_IS_CUDA(ote__pin_kind(pin))) {
         *pin_out = pin;
         return OTE_OK;
     }

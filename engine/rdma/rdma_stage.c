@@ -1,13 +1,13 @@
 /*
  * engine/rdma/rdma_stage.c - source-side staging of device memory over RDMA: each
  * grant of a staged request (rdma_accounts.c) gets a host bounce buffer of exactly its
- * length from the engine (host->stage_pooled: a pinned chunk of the bounded pool when it
+ * length from the engine (host->gpu.stage_pooled: a pinned chunk of the bounded pool when it
  * fits one, OTE_ERR_AGAIN when every chunk is out, so that the requester asks again;
  * heap only for a grant larger than a chunk, which a requester sends only before it
  * learned that the request is staged: rdma_pump.c then cuts its runs at the chunk size,
  * so the copy of grant k+1 here overlaps the requester's transfer of grant k),
  * an MW-bindable MR over it in the grant's device, and the range's bytes copied into it
- * from the device without waiting (host->stage_copy_start: rdma_source.c serves the
+ * from the device without waiting (host->gpu.stage_copy_start: rdma_source.c serves the
  * grant, binding its window, once the GPU worker saw the copy complete, bounded by the
  * grant's deadline; the serving thread goes on meanwhile), so that the grant's window
  * covers exactly the bounce bytes, and only after they are there.
@@ -27,7 +27,7 @@
  * A WRITE's bounce starts as a copy of the range (so bytes a canceled grant never wrote
  * go back unchanged); its grant's receipt (a successful receive with invalidation of its
  * window's rkey on its QP: every write of the requester completed) marks it landed, and
- * its end starts its copy host-to-device without waiting (host->stage_copy_start with
+ * its end starts its copy host-to-device without waiting (host->gpu.stage_copy_start with
  * to_device 1, bounded by the grant's deadline: the thread that ended the grant, a CQ
  * lane's worker or the monitor, goes on). Once the GPU worker saw that copy end
  * (stage_copied), a temporary MR is deregistered, the bounce given back (or, when the copy's
@@ -51,7 +51,7 @@
 struct rdma_stage {
     rdma_tp_t *tp;
     rdma_nic_t *nic;
-    void *tok; /* the engine's bounce token (host->stage_put) */
+    void *tok; /* the engine's bounce token (host->gpu.stage_put) */
     uint8_t *buf;
     uint64_t len;
     struct ibv_mr *mr;
@@ -79,8 +79,8 @@ struct rdma_stage {
 ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
                                   uint64_t addr, uint64_t len, ote_deadline_t dl,
                                   rdma_stage_t **st_out) {
-    if (tp->host.stage_pooled == NULL || tp->host.stage_copy == NULL ||
-        tp->host.stage_copy_start == NULL || tp->host.stage_put == NULL)
+    if (tp->host.gpu.stage_pooled == NULL || tp->host.gpu.stage_copy == NULL ||
+        tp->host.gpu.stage_copy_start == NULL || tp->host.gpu.stage_put == NULL)
         return OTE_ERR_UNSUPPORTED;
     /* The bounce holds the whole grant: a grant is never larger than rdma_grant_max (the
      * largest a requester asks), and never more than one bounce can hold. */
@@ -104,7 +104,7 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
     /* Path check (gpu_paths has staging, else a WARN naming what is missing) and the
      * buffer. */
     ote_status_t s =
-        tp->host.stage_pooled(tp->host.arg, reg_pin, (uint32_t)len, &st->buf, &st->tok);
+        tp->host.gpu.stage_pooled(tp->host.gpu.arg, reg_pin, (uint32_t)len, &st->buf, &st->tok);
     if (s != OTE_OK) {
         ote_free(st);
         return s;
@@ -113,12 +113,12 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
      * memory (larger than a chunk, or while a chunk is parked): a temporary MR. */
     uint8_t *cbase = NULL;
     uint64_t csize = 0;
-    if (tp->host.stage_chunk != NULL &&
-        tp->host.stage_chunk(tp->host.arg, st->tok, &cbase, &csize) && cbase <= st->buf &&
+    if (tp->host.gpu.stage_chunk != NULL &&
+        tp->host.gpu.stage_chunk(tp->host.gpu.arg, st->tok, &cbase, &csize) && cbase <= st->buf &&
         (uint64_t)(st->buf - cbase) + len <= csize) {
         s = ote__rdma_stage_chunk_mr(tp, nic, cbase, csize, &st->mr);
         if (s != OTE_OK) {
-            tp->host.stage_put(tp->host.arg, st->tok);
+            tp->host.gpu.stage_put(tp->host.gpu.arg, st->tok);
             ote_free(st);
             return s;
         }
@@ -129,7 +129,7 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
         if (s != OTE_OK) {
             OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: %s",
                      ote_context_name(nic->ctx), (unsigned long long)len, ote_status_str(s));
-            tp->host.stage_put(tp->host.arg, st->tok);
+            tp->host.gpu.stage_put(tp->host.gpu.arg, st->tok);
             ote_free(st);
             return s;
         }
@@ -144,8 +144,8 @@ ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
     /* READ: the bytes the requester reads. WRITE: the range as it is, so that the copy
      * back after the receipt writes exactly what the requester wrote and, where a
      * canceled grant left bytes unwritten, what was there (never the bounce's garbage). */
-    ote_status_t s = tp->host.stage_copy_start(tp->host.arg, st->tok, 0, st->dev_addr,
-                                               (uint32_t)st->len, st->dl, done, arg);
+    ote_status_t s = tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 0, st->dev_addr,
+                                                   (uint32_t)st->len, st->dl, done, arg);
     if (s != OTE_OK)
         OTE_WARN_LIMITED("rdma",
                          "staged %s grant of %llu bytes at 0x%llx: the copy from the device "
@@ -207,7 +207,7 @@ void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
 /* The bounce goes back to the engine (tok: its token): its MR is gone. */
 static void bounce_released(void *owner, void *tok) {
     rdma_tp_t *tp = owner;
-    tp->host.stage_put(tp->host.arg, tok);
+    tp->host.gpu.stage_put(tp->host.gpu.arg, tok);
     atomic_fetch_sub(&tp->src_stages, 1);
 }
 
@@ -296,8 +296,8 @@ static int stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
     }
     if (landed) {
         atomic_fetch_add(&tp->src_copies, 1);
-        ote_status_t s = tp->host.stage_copy_start(tp->host.arg, st->tok, 1, st->dev_addr,
-                                                   (uint32_t)st->len, st->dl, stage_copied, st);
+        ote_status_t s = tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 1, st->dev_addr,
+                                                       (uint32_t)st->len, st->dl, stage_copied, st);
         if (s == OTE_OK) return 1;
         atomic_fetch_sub(&tp->src_copies, 1);
         stage_copy_warn(st, "failed to start", s);

@@ -159,7 +159,7 @@ static void connect_hello(shm_peer_t *p, shm_connect_t *c) {
     h->h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_HELLO, 0, 0};
     /* CUDA IPC: asked for when gpu_paths allows it (whether the driver is loaded is
      * looked at per piece). */
-    c->want_ipc = (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_copy_start != NULL;
+    c->want_ipc = (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.gpu.ipc_copy_start != NULL;
     /* Not with an engine of this very process: the driver opens no IPC handle of its own
      * process (cuIpcOpenMemHandle: CUDA_ERROR_INVALID_CONTEXT), so device memory goes by
      * the other paths gpu_paths allows (staging), said once per connection. */

@@ -413,7 +413,7 @@ typedef struct {
 typedef struct shm_unsettled {
     struct shm_unsettled *next;
     uint64_t id; /* the piece */
-    void *op;    /* host->ipc_copy_settle's */
+    void *op;    /* host->gpu.ipc_copy_settle's */
 } shm_unsettled_t;
 
 /* An allocation offered on a connection (for close receipts). */
@@ -566,7 +566,7 @@ int ote__shm_peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n);
 ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, uint64_t len,
                               unsigned perm, void **pin_out);
 void ote__shm_src_unpin(shm_src_t *s, void *pin, uint32_t len);
-/* The engine's pin (host->pin's) behind a pin of ote__shm_src_pin, for host->pin_kind. */
+/* The engine's pin (host->pin's) behind a pin of ote__shm_src_pin, for ote__pin_kind. */
 void *ote__shm_src_engine_pin(shm_src_t *s, void *pin);
 void ote__shm_src_write_off(shm_src_t *s, const shm_req_t *q); /* a WRITE_OFF entry */
 void ote__shm_src_cancel(shm_src_t *s, const shm_req_t *q);    /* a CANCEL entry */

@@ -104,8 +104,8 @@ static void peer_kill(shm_peer_t *p, ote_status_t st, shm_slist_t *done) {
             OTE_WARN("shm", "peer %s (pid %d): connection lost: %s", p->addr, (int)p->src_pid,
                      ote_status_str(st));
         /* Its CUDA IPC imports go (closed once no copy uses them). */
-        if (p->ipc && p->tp->host.ipc_exporter_dead != NULL)
-            p->tp->host.ipc_exporter_dead(p->tp->host.arg, (uint64_t)p->src_pid);
+        if (p->ipc && p->tp->host.gpu.ipc_exporter_dead != NULL)
+            p->tp->host.gpu.ipc_exporter_dead(p->tp->host.gpu.arg, (uint64_t)p->src_pid);
     }
     ote_deadline_t now = ote_now_ns();
     ote__slice_t *lists[2] = {p->fh, p->qh};
@@ -181,7 +181,7 @@ typedef struct {
     uint64_t bytes;     /* the message's slice bytes */
     uint64_t head0;     /* the ring as it was before this message */
     uint64_t tail0;
-    int ipc_ok;    /* host->ipc_usable, asked once when needed (-1: not yet) */
+    int ipc_ok;    /* host->gpu.ipc_usable, asked once when needed (-1: not yet) */
     int may_share; /* shared allocations are looked for */
 } shm_pump_t;
 
@@ -232,7 +232,7 @@ static int pump_slice_flags(shm_peer_t *p, shm_pump_t *pm, ote__slice_t *s, uint
                             uint16_t *flags_out) {
     uint16_t flags = 0;
     if (p->ipc && s->op != OTE__SLICE_NOTIFY) {
-        if (pm->ipc_ok < 0) pm->ipc_ok = p->tp->host.ipc_usable(p->tp->host.arg);
+        if (pm->ipc_ok < 0) pm->ipc_ok = p->tp->host.gpu.ipc_usable(p->tp->host.gpu.arg);
         if (pm->ipc_ok || s->ipc_try) flags = SHM_REQ_IPC;
         if (s->ipc_try) flags |= SHM_REQ_LOCAL_DEV;
     }

@@ -2,8 +2,8 @@
  * engine/shm/shm_requester_ipc.c - the CUDA IPC part of the requester side of the
  * same-host transport: a source message received with the fd it passes (an SHM_IPC_OFFER
  * of a VMM allocation), the offer taken (the piece leaves the window and its copy starts
- * through host->ipc_copy_start: import and an async copy), the copies under way polled
- * (host->ipc_copy_poll), copies of unknown outcome settled (host->ipc_copy_settle),
+ * through host->gpu.ipc_copy_start: import and an async copy), the copies under way polled
+ * (host->gpu.ipc_copy_poll), copies of unknown outcome settled (host->gpu.ipc_copy_settle),
  * IPC_DONE entries that let the source drop a piece's pin, and close receipts
  * (SHM_IPC_CLOSE). The receive thread of shm_requester.c calls it, p->mu held. Design:
  * shm_internal.h.
@@ -71,7 +71,7 @@ static void peer_ipc_unsettled(shm_peer_t *p, uint64_t id, void *op) {
                              "peer %s: out of memory for an unsettled IPC copy: the source "
                              "keeps the piece pinned until the connection closes",
                              p->addr);
-        (void)h->ipc_copy_settle(h->arg, op, 1); /* the engine retains it */
+        (void)h->gpu.ipc_copy_settle(h->gpu.arg, op, 1); /* the engine retains it */
         return;
     }
     u->id = id;
@@ -89,7 +89,7 @@ void ote__shm_peer_ipc_settle(shm_peer_t *p) {
     shm_unsettled_t **pp = &p->uh;
     while (*pp) {
         shm_unsettled_t *u = *pp;
-        if (h->ipc_copy_settle(h->arg, u->op, abandon) != OTE_OK) {
+        if (h->gpu.ipc_copy_settle(h->gpu.arg, u->op, abandon) != OTE_OK) {
             pp = &u->next;
             continue;
         }
@@ -117,8 +117,8 @@ int ote__shm_peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, shm_s
     if (s->xp.shm.ring_end != 0) p->ring_tail = s->xp.shm.ring_end; /* the source left it */
     const ote__host_t *h = &p->tp->host;
     void *op = NULL;
-    ote_status_t st = h->ipc_copy_start(h->arg, (uint64_t)p->src_pid, &o.d, fd, s->local,
-                                        s->local_kind, s->len, s->op == OTE__SLICE_WRITE, &op);
+    ote_status_t st = h->gpu.ipc_copy_start(h->gpu.arg, (uint64_t)p->src_pid, &o.d, fd, s->local,
+                                            s->local_kind, s->len, s->op == OTE__SLICE_WRITE, &op);
     if (st != OTE_OK) {
         if (op != NULL) peer_ipc_unsettled(p, o.id, op); /* the copy may still run */
         else peer_ipc_done(p, o.id);                     /* nothing runs: the pin may go */
@@ -142,7 +142,7 @@ void ote__shm_peer_ipc_poll(shm_peer_t *p, shm_slist_t *done) {
     ote__slice_t **pp = &p->ih, *last = NULL;
     while (*pp) {
         ote__slice_t *s = *pp;
-        ote_status_t st = h->ipc_copy_poll(h->arg, s->xp.shm.ipc, s->deadline <= now);
+        ote_status_t st = h->gpu.ipc_copy_poll(h->gpu.arg, s->xp.shm.ipc, s->deadline <= now);
         if (st == OTE_ERR_AGAIN) {
             last = s;
             pp = &s->next;
@@ -164,6 +164,6 @@ void ote__shm_peer_ipc_poll(shm_peer_t *p, shm_slist_t *done) {
 int ote__shm_peer_close_receipt(shm_peer_t *p, const uint8_t *b, size_t n) {
     shm_ipc_close_t c;
     if (!p->ipc || ote__shm_close_decode(b, n, &c) != 0) return -1;
-    p->tp->host.ipc_revoked(p->tp->host.arg, (uint64_t)p->src_pid, c.buffer_id);
+    p->tp->host.gpu.ipc_revoked(p->tp->host.gpu.arg, (uint64_t)p->src_pid, c.buffer_id);
     return 0;
 }

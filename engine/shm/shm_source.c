@@ -178,7 +178,7 @@ static ssize_t recv_hello(int sock, shm_hello_t *h, int *fd_out) {
 }
 
 static int tp_ipc_allowed(const shm_tp_t *tp) {
-    return (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.ipc_export != NULL;
+    return (tp->cfg.gpu_paths & OTE__GPU_PATH_IPC) && tp->host.gpu.ipc_export != NULL;
 }
 
 /* Choose the mode and answer the HELLO: cross-memory attach when the requester asks for
@@ -345,15 +345,13 @@ static ote_status_t src_check(shm_src_t *s, const shm_req_t *q, void **pin_out) 
     return OTE_OK;
 }
 
-/* Whether the registration behind pin is device memory (engine/gpu: host->stage_*). */
+/* Whether the registration behind pin is device memory (engine/gpu: host->gpu). */
 static int src_is_device(shm_src_t *s, void *pin) {
-    const ote__host_t *h = &s->tp->host;
-    return pin != NULL && h->pin_kind != NULL &&
-           OTE_MEM_IS_CUDA(h->pin_kind(h->arg, ote__shm_src_engine_pin(s, pin)));
+    return pin != NULL && OTE_MEM_IS_CUDA(ote__pin_kind(ote__shm_src_engine_pin(s, pin)));
 }
 
 /* One checked piece on device memory: its bytes go through a host bounce buffer
- * (host->stage_*), copied from/to the requester as host memory by copy_bytes. Served on
+ * (host->gpu.stage_*), copied from/to the requester as host memory by copy_bytes. Served on
  * the connection thread, one piece at a time, never by the copy helpers. */
 static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin) {
     const ote__host_t *h = &s->tp->host;
@@ -365,13 +363,14 @@ static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin)
     ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     uint8_t *buf = NULL;
     void *tok = NULL;
-    ote_status_t st = h->stage_get(h->arg, ote__shm_src_engine_pin(s, pin), q->len, dl, &buf, &tok);
+    ote_status_t st =
+        h->gpu.stage_get(h->gpu.arg, ote__shm_src_engine_pin(s, pin), q->len, dl, &buf, &tok);
     if (st != OTE_OK) return st;
-    if (q->op == OTE__SLICE_READ) st = h->stage_copy(h->arg, tok, 0, q->remote, q->len, dl);
+    if (q->op == OTE__SLICE_READ) st = h->gpu.stage_copy(h->gpu.arg, tok, 0, q->remote, q->len, dl);
     if (st == OTE_OK) st = copy_bytes(s, q, buf, q->local, NULL, q->len);
     if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
-        st = h->stage_copy(h->arg, tok, 1, q->remote, q->len, dl);
-    h->stage_put(h->arg, tok);
+        st = h->gpu.stage_copy(h->gpu.arg, tok, 1, q->remote, q->len, dl);
+    h->gpu.stage_put(h->gpu.arg, tok);
     return st;
 }
 
@@ -605,8 +604,8 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
                 /* CUDA IPC where the registration opted in: the requester copies. */
                 const ote__host_t *h = &s->tp->host;
                 ote_status_t xs =
-                    h->ipc_export(h->arg, ote__shm_src_engine_pin(s, m->pin[i]), q[i].remote,
-                                  q[i].len, &m->offer[i], &m->offer_fd[i]);
+                    h->gpu.ipc_export(h->gpu.arg, ote__shm_src_engine_pin(s, m->pin[i]),
+                                      q[i].remote, q[i].len, &m->offer[i], &m->offer_fd[i]);
                 if (xs == OTE_OK) {
                     m->ipc[i] = 1;
                     continue;

@@ -159,9 +159,9 @@ typedef struct {
     uint8_t owned;       /* data is an allocation of the response (BUFS): freed once sent */
     const uint8_t *data;
     uint32_t len;
-    void *pin;       /* registration pinned until the data is sent */
-    void *stage;     /* device memory: the host bounce buffer data points into (host->stage_*) */
-    uint64_t id;     /* req_id it answers */
+    void *pin;   /* registration pinned until the data is sent */
+    void *stage; /* device memory: the host bounce buffer data points into (host->gpu.stage_*) */
+    uint64_t id; /* req_id it answers */
     uint16_t opcode; /* what it answers with */
 } tcp_resp_t;
 
@@ -360,7 +360,7 @@ void ote__tcp_src_sess_leave(tcp_conn_t *c);
 ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned perm, void **pin_out);
 /* The slice holding pin (len bytes) is done: served, discarded or withdrawn. */
 void ote__tcp_src_unpin(tcp_conn_t *c, void *pin, uint32_t len);
-/* The engine's pin (host->pin's) behind a pin of ote__tcp_src_pin, for host->pin_kind. */
+/* The engine's pin (host->pin's) behind a pin of ote__tcp_src_pin, for ote__pin_kind. */
 void *ote__tcp_src_engine_pin(tcp_conn_t *c, void *pin);
 /* Give back a response's or a receive's bounce buffer of device memory (*stage, then NULL). */
 void ote__tcp_src_stage_put(tcp_conn_t *c, void **stage);

@@ -183,7 +183,7 @@ void *ote__tcp_src_engine_pin(tcp_conn_t *c, void *pin) {
 
 void ote__tcp_src_stage_put(tcp_conn_t *c, void **stage) {
     tcp_t *tp = c->w->tp;
-    if (*stage != NULL) tp->host.stage_put(tp->host.arg, *stage);
+    if (*stage != NULL) tp->host.gpu.stage_put(tp->host.gpu.arg, *stage);
     *stage = NULL;
 }
 

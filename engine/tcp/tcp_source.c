@@ -57,8 +57,8 @@ int ote__tcp_src_payload_done(tcp_conn_t *c) {
         tcp_t *tp = c->w->tp;
         if (c->rx_status == OTE_OK) {
             ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
-            c->rx_status = tp->host.stage_copy(tp->host.arg, c->rx_stage, 1, c->rx_dev,
-                                               (uint32_t)c->rx_len, dl);
+            c->rx_status = tp->host.gpu.stage_copy(tp->host.gpu.arg, c->rx_stage, 1, c->rx_dev,
+                                                   (uint32_t)c->rx_len, dl);
         }
         ote__tcp_src_stage_put(c, &c->rx_stage);
     }
@@ -276,19 +276,17 @@ static int src_buffers(tcp_conn_t *c, uint64_t id) {
     return 0;
 }
 
-/* Whether the registration behind pin is device memory (moved through host->stage_*). */
+/* Whether the registration behind pin is device memory (moved through host->gpu). */
 static int src_is_device(tcp_conn_t *c, void *pin) {
-    tcp_t *tp = c->w->tp;
-    if (tp->host.pin_kind == NULL) return 0;
-    return OTE_MEM_IS_CUDA(tp->host.pin_kind(tp->host.arg, ote__tcp_src_engine_pin(c, pin)));
+    return OTE_MEM_IS_CUDA(ote__pin_kind(ote__tcp_src_engine_pin(c, pin)));
 }
 
 static ote_status_t src_stage_get(tcp_conn_t *c, void *pin, uint32_t len, uint8_t **buf_out,
                                   void **tok_out) {
     tcp_t *tp = c->w->tp;
     ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
-    return tp->host.stage_get(tp->host.arg, ote__tcp_src_engine_pin(c, pin), len, dl, buf_out,
-                              tok_out);
+    return tp->host.gpu.stage_get(tp->host.gpu.arg, ote__tcp_src_engine_pin(c, pin), len, dl,
+                                  buf_out, tok_out);
 }
 
 /* READ of device memory: its bytes are copied into a bounce buffer (synchronously, on
@@ -300,7 +298,7 @@ static int src_read_device(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
     ote_status_t st = src_stage_get(c, pin, m->u.rw.len, &buf, &tok);
     if (st == OTE_OK) {
         ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
-        st = tp->host.stage_copy(tp->host.arg, tok, 0, m->u.rw.addr, m->u.rw.len, dl);
+        st = tp->host.gpu.stage_copy(tp->host.gpu.arg, tok, 0, m->u.rw.addr, m->u.rw.len, dl);
     }
     if (st != OTE_OK) {
         ote__tcp_src_stage_put(c, &tok);
