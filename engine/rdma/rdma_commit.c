@@ -27,15 +27,15 @@ ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey
     w->s = s;
     w->deadline = s->deadline;
     ote_mutex_lock(&p->mu);
-    w->next = p->commits;
-    p->commits = w;
+    w->next = p->waits.commits;
+    p->waits.commits = w;
     ote_mutex_unlock(&p->mu);
     return OTE_OK;
 }
 
 /* Under p->mu: unlink and return the wait that matches. */
 static cwait_t *take_locked(ote__tpeer_t *p, uint64_t id, const ote__slice_t *s) {
-    for (cwait_t **pp = &p->commits; *pp != NULL; pp = &(*pp)->next) {
+    for (cwait_t **pp = &p->waits.commits; *pp != NULL; pp = &(*pp)->next) {
         cwait_t *w = *pp;
         if (s != NULL ? w->s == s : w->id == id) {
             *pp = w->next;
@@ -55,7 +55,7 @@ void ote__rdma_commit_drop(ote__tpeer_t *p, uint64_t id) {
 int ote__rdma_commit_park(ote__tpeer_t *p, ote__slice_t *s, ote_status_t *st) {
     ote_mutex_lock(&p->mu);
     cwait_t *w = NULL;
-    for (w = p->commits; w != NULL && w->s != s; w = w->next) {}
+    for (w = p->waits.commits; w != NULL && w->s != s; w = w->next) {}
     if (w == NULL) {
         ote_mutex_unlock(&p->mu);
         return 0; /* not a staged WRITE */
@@ -81,7 +81,7 @@ int ote__rdma_commit_park(ote__tpeer_t *p, ote__slice_t *s, ote_status_t *st) {
 void ote__rdma_commit_on_msg(ote__tpeer_t *p, uint64_t id, ote_status_t st, uint32_t rkey) {
     ote_mutex_lock(&p->mu);
     cwait_t *w = NULL;
-    for (w = p->commits; w != NULL && w->id != id; w = w->next) {}
+    for (w = p->waits.commits; w != NULL && w->id != id; w = w->next) {}
     if (w == NULL || w->rkey != rkey || w->got) {
         ote_mutex_unlock(&p->mu);
         OTE_WARN_LIMITED("rdma",
@@ -108,7 +108,7 @@ void ote__rdma_commit_on_msg(ote__tpeer_t *p, uint64_t id, ote_status_t st, uint
 void ote__rdma_commits_lost(ote__tpeer_t *p) {
     cwait_t *done = NULL;
     ote_mutex_lock(&p->mu);
-    for (cwait_t **pp = &p->commits; *pp != NULL;) {
+    for (cwait_t **pp = &p->waits.commits; *pp != NULL;) {
         cwait_t *w = *pp;
         if (!w->parked) {
             if (!w->got) {
@@ -137,7 +137,7 @@ void ote__rdma_commits_expire(rdma_tp_t *tp) {
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
-        for (cwait_t **pp = &p->commits; *pp != NULL;) {
+        for (cwait_t **pp = &p->waits.commits; *pp != NULL;) {
             cwait_t *w = *pp;
             if (!w->parked || w->deadline > now) {
                 pp = &w->next;

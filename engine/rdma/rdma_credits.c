@@ -272,7 +272,7 @@ static int retire_idle(rdma_tp_t *tp) {
         ote_mutex_lock(&p->mu);
         for (uint32_t k = 0; k < tp->nnics && found < 0; k++) {
             for (int cap = 0; cap < 4 && found < 0; cap++) {
-                ote_endpoint_t *ep = p->ep[k][cap];
+                ote_endpoint_t *ep = p->conn.ep[k][cap];
                 if (ep == NULL) continue;
                 for (uint32_t i = 0; i < ote_endpoint_width(ep) && found < 0; i++) {
                     if (ote_endpoint_users(ep, i) != 0) continue;
@@ -297,7 +297,7 @@ uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s
     uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
     uint32_t ready = 0;
     for (uint32_t i = 0; i < tp->nnics; i++) {
-        ote_endpoint_t *ep = p->ep[i][cap];
+        ote_endpoint_t *ep = p->conn.ep[i][cap];
         if ((mask & (1u << i)) && ep != NULL && ote_endpoint_ready_count(ep) > 0) ready |= 1u << i;
     }
     return ready != 0 ? ready : mask;

@@ -141,20 +141,20 @@ void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid) {
     ote_mutex_lock(&p->mu);
     int known = 0;
     for (uint32_t i = 0; i < OTE__RDMA_REDIRECT_MEMO && !known; i++)
-        known = p->redirected[i] == req_uid;
+        known = p->direct.redirected[i] == req_uid;
     if (!known) {
-        p->redirected[p->redirected_next] = req_uid;
-        p->redirected_next = (p->redirected_next + 1) % OTE__RDMA_REDIRECT_MEMO;
+        p->direct.redirected[p->direct.next] = req_uid;
+        p->direct.next = (p->direct.next + 1) % OTE__RDMA_REDIRECT_MEMO;
     }
     ote_mutex_unlock(&p->mu);
 }
 
 void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s) {
-    if (s->xp.rdma.direct || s->req_uid == 0 || p->c == NULL || !p->c->direct_ok) return;
+    if (s->xp.rdma.direct || s->req_uid == 0 || p->conn.c == NULL || !p->conn.c->direct_ok) return;
     int known = 0;
     ote_mutex_lock(&p->mu);
     for (uint32_t i = 0; i < OTE__RDMA_REDIRECT_MEMO && !known; i++)
-        known = p->redirected[i] == s->req_uid;
+        known = p->direct.redirected[i] == s->req_uid;
     ote_mutex_unlock(&p->mu);
     if (!known) return;
     for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.direct = 1;

@@ -203,7 +203,7 @@ typedef struct grant_id_ent {
 } gid_ent_t;
 
 /* Requester: a staged WRITE grant answered OK (GRANT_RESP with OTE_RP_RESP_COMMIT): its
- * run ends only with the source's COMMIT (rdma_commit.c). Linked in p->commits under
+ * run ends only with the source's COMMIT (rdma_commit.c). Linked in p->waits.commits under
  * p->mu by the reader before the answer goes to the grant layer; taken by whoever ends
  * the run: the grant's end (a COMMIT already here), the COMMIT (a run parked by its
  * grant's end, OK or not: the source may still copy a canceled grant's bounce), the loss
@@ -224,77 +224,163 @@ typedef struct commit_wait {
 #define OTE__RDMA_GRANT_WIRE(nic, id) (((uint64_t)(nic) << 32) | (uint64_t)(id))
 
 /*
- * A requester peer (the engine's ote__tpeer_t). rdma_peer.c owns it: c, reader,
- * reader_started, name, mu, cv, calls, next_call and ep[] (set at connect, read-only
- * while connected). rdma_requester.c adds to notes (next_note) and grants under mu.
- * tp_next links tp->peers under tp->mu (rdma_peer.c; walked by the monitor).
+ * The QP build the pump thread owes a requester peer (p->build.state). Only the
+ * functions of rdma_build.c move it, under p->mu; one build is owed at a time (a build
+ * asked while one is wanted folds into it). Every state but IDLE makes the monitor end
+ * the peer's queued slices at their deadline or cancel (ote__rdma_queue_expire): the
+ * pump thread may be inside a slow build.
+ *
+ *   IDLE --ask--> WANTED / WANTED_FOR_RUN --begin--> UNDER_WAY --end--> IDLE
+ *   WANTED --ask for a run--> WANTED_FOR_RUN;  WANTED* --drop--> IDLE
+ *
+ * A failed build that a run waited for leaves its status owed to the next run on that
+ * device and capability (p->build.fail_*): that is a record beside the state, not a
+ * state, because it outlives the next ask (the run picked another device and asked a
+ * build there) and that build's whole course.
+ */
+typedef enum {
+    OTE__RDMA_BUILD_IDLE = 0, /* nothing owed */
+    /* A slot to build in the background: the run that picked it went on another READY
+     * slot of the endpoint (a submitting thread, or any pump at rdma_max_qps). */
+    OTE__RDMA_BUILD_WANTED,
+    /* A run found no READY QP on its endpoint and waits at the head of the queue for this
+     * build (started by the pump thread once rdma_max_qps has room: p->pump.qp_wait). */
+    OTE__RDMA_BUILD_WANTED_FOR_RUN,
+    /* The pump thread builds it (the CONNECT round trip), p->mu dropped. */
+    OTE__RDMA_BUILD_UNDER_WAY,
+} ote__rdma_build_state_t;
+
+/* The build taken by the pump thread (ote__rdma_build_begin): which slot of which
+ * endpoint, and whether a queued run waits for it. */
+typedef struct {
+    uint32_t k, cap, slot;
+    int for_run;
+} ote__rdma_build_job_t;
+
+/* p->build: what the pump owes and learnt about this peer's requester QPs. Under p->mu;
+ * written only by rdma_build.c's functions (called by rdma_pump.c and
+ * rdma_requester.c). */
+typedef struct {
+    ote__rdma_build_state_t state;
+    uint32_t k, cap, slot; /* the build wanted or under way (state != IDLE) */
+    /* The failure owed to the run that waited for a build: the next run that starts on
+     * device fail_k (any device for a cache miss, the peer's) and capability fail_cap
+     * ends with fail_st, as it would have had it built the QP itself. OTE_OK: none owed.
+     * The pump thread forgets it at the end of a round with no build wanted. */
+    ote_status_t fail_st;
+    uint32_t fail_k, fail_cap;
+    /* A GRANT_REQ on (device, cap) met a cache miss: the source forgot that endpoint, so
+     * the next start there retires every idle READY QP of it (rebuilt by CONNECT), not
+     * only the one that missed. Indexed like p->conn.ep[][] (the endpoint the run used). */
+    uint8_t miss_flush[OTE__RDMA_MAX_NICS][4];
+    /* The source refused this peer's last QP build AGAIN (its rdma_max_qps), until a
+     * build works: a queued run that ends at its deadline says so. */
+    int src_refused;
+} ote__rdma_build_t;
+
+/* p->pump.state: who pumps the peer's queue. rdma_pump.c alone, under p->mu. */
+typedef enum {
+    OTE__RDMA_PUMP_IDLE = 0, /* nobody: a submitting thread or the pump thread may take it */
+    OTE__RDMA_PUMP_BUSY,     /* one thread pumps (mu dropped around each start and build) */
+    OTE__RDMA_PUMP_AGAIN,    /* ... and was asked to go round again before it lets go */
+} ote__rdma_pump_state_t;
+
+/*
+ * A requester peer (the engine's ote__tpeer_t). Its fields are grouped by owner; each
+ * group names its writer and its lock. tp, name, mu and cv are set at open (rdma_peer.c)
+ * and read-only after; tp_next links tp->peers under tp->mu (rdma_peer.c; walked by the
+ * monitor and the pump thread).
  */
 #define OTE__RDMA_REDIRECT_MEMO 8
 struct ote__tpeer {
     rdma_tp_t *tp;
     struct ote__tpeer *tp_next; /* tp->peers, under tp->mu */
-    conn_t *c;
-    pthread_t reader;
-    int reader_started;
     char name[OTE__ADDR_MAX];
     ote_mutex_t mu;
     ote_cond_t cv;
-    call_t *calls;
-    note_t *notes;
-    gid_ent_t *grants; /* grant ids waiting for an answer */
-    cwait_t *commits;  /* staged WRITE runs waiting for their COMMIT (rdma_commit.c) */
-    uint64_t next_call, next_note;
-    /* requester endpoints per local data device and capability (READ, WRITE; 2, 3: the
-     * direct READ, WRITE endpoints of rdma_direct.c, only toward a source that advertised
-     * rdma_direct=1): device i pairs with the peer's device i % c->ndev */
-    ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][4];
-    /* rdma_requester.c, under mu: data slices not started yet (FIFO), the bytes of this
-     * peer's started slices per device (at most OTE__RDMA_NIC_WINDOW each, or one slice),
-     * and the pump's state (one thread pumps; others ask it to go round again).
-     * peer_close waits until no thread pumps. */
-    ote__slice_t *q_head, *q_tail;
-    uint64_t inflight[OTE__RDMA_MAX_NICS];
-    int pumping, pump_again;
-    _Atomic int purge; /* a cancel asked the pump to drop canceled queued slices */
-    /* rdma_peer.c: the incarnation this peer met at open (its epoch, and process id for an
-     * older peer without one) and whether a reconnect met another one (then the peer
-     * fails for good). c and ep[][] are written under mu (read by the monitor). */
-    uint64_t met_epoch, met_process;
-    int restarted;
-    /* rdma_requester.c, under mu: the QP build the pump thread owes this peer (a run that
-     * found no READY QP waits queued for it: build_run; or a slot built in the
-     * background), and while it is wanted or under way (building) the monitor ends
-     * queued slices at their deadline or cancel. A build asked for a run that failed
-     * leaves its status (build_st) for the next run on that device and capability. */
-    int build_want, build_run, building, build_failed;
-    uint32_t build_k, build_cap, build_slot;
-    uint32_t fail_k, fail_cap;
-    /* A GRANT_REQ on (device, cap) met a cache miss: the source forgot that endpoint, so
-     * the next start there retires every idle READY QP of it (rebuilt by CONNECT), not
-     * only the one that missed. Indexed like ep[][] (the endpoint the run used). Under mu. */
-    uint8_t miss_flush[OTE__RDMA_MAX_NICS][4];
-    ote_status_t build_st;
+    /* rdma_peer.c: the control connection. c and ep[][] are written under mu at connect
+     * and disconnect (read by the monitor and the pump; read-only while connected);
+     * reader and reader_started only by the thread that opens, ensures or closes the
+     * peer. met_*: the incarnation this peer met at open (its epoch, and process id for
+     * an older peer without one); restarted: a reconnect met another one (then the peer
+     * fails for good). */
+    struct {
+        conn_t *c;
+        pthread_t reader;
+        int reader_started;
+        /* requester endpoints per local data device and capability (READ, WRITE; 2, 3:
+         * the direct READ, WRITE endpoints of rdma_direct.c, only toward a source that
+         * advertised rdma_direct=1): device i pairs with the peer's device i % c->ndev */
+        ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][4];
+        uint64_t met_epoch, met_process;
+        int restarted;
+    } conn;
+    /* Under mu: what waits for an answer from the peer, ended by the reader (its answer,
+     * or the loss of the connection). calls, next_call: rdma_peer.c; notes, next_note and
+     * grants (grant ids waiting for their GRANT_RESP): linked by rdma_requester.c;
+     * commits (staged WRITE runs waiting for their COMMIT): rdma_commit.c. */
+    struct {
+        call_t *calls;
+        note_t *notes;
+        gid_ent_t *grants;
+        cwait_t *commits;
+        uint64_t next_call, next_note;
+    } waits;
+    /* Under mu: data slices not started yet (FIFO: rdma_pump.c appends and takes runs,
+     * rdma_requester.c puts a run back at the head), and the bytes of this peer's started
+     * runs per device (at most OTE__RDMA_NIC_WINDOW each, or one run: added by the pump,
+     * given back by rdma_requester.c when the run ends or does not start). */
+    struct {
+        ote__slice_t *head, *tail;
+        uint64_t inflight[OTE__RDMA_MAX_NICS];
+    } queue;
+    /* rdma_pump.c, under mu: who pumps (one thread; peer_close waits until nobody does),
+     * and what the queue's head waits for: grant credits (rdma_max_grants: credit_wait,
+     * rdma_credits.c) or room under rdma_max_qps for its build (qp_wait); then the
+     * monitor ends queued slices at their deadline or cancel. No run starts before
+     * busy_until (ns; set by rdma_requester.c when a source answered AGAIN). purge: a
+     * cancel asked the pump to drop canceled queued slices (atomic, no lock). */
+    struct {
+        ote__rdma_pump_state_t state;
+        int credit_wait, qp_wait;
+        uint64_t busy_until;
+        _Atomic int purge;
+    } pump;
+    /* rdma_build.c, under mu: the QP build owed (above). */
+    ote__rdma_build_t build;
     /* rdma_direct.c, under mu: the last requests (req_uid) the source redirected to
-     * direct slots; their later runs go there first (a ring, oldest overwritten). */
-    uint64_t redirected[OTE__RDMA_REDIRECT_MEMO];
-    uint32_t redirected_next;
-    /* rdma_credits.c / rdma_pump.c, under mu: the queue's head waits for grant credits
-     * (rdma_max_grants) or for room under rdma_max_qps (the monitor then ends queued
-     * slices at their deadline or cancel), and no run starts before busy_until (ns; a
-     * source answered AGAIN). */
-    int credit_wait, qp_wait;
-    uint64_t busy_until;
-    /* rdma_peer.c / rdma_pump.c, under mu: the last request (uid) the source answered
-     * staged and its remote range [staged_lo, staged_hi) (joined with the ranges of
-     * earlier staged requests it meets): its further runs, and those of
-     * later requests that start in that range, are cut at gpu_staging_chunk, at most
+     * direct slots; their later runs go there first (a ring, oldest overwritten at
+     * next). */
+    struct {
+        uint64_t redirected[OTE__RDMA_REDIRECT_MEMO];
+        uint32_t next;
+    } direct;
+    /* rdma_peer.c's reader writes, rdma_pump.c reads, under mu: the last request (uid)
+     * the source answered staged and its remote range [lo, hi) (joined with the ranges
+     * of earlier staged requests it meets): its further runs, and those of later
+     * requests that start in that range, are cut at gpu_staging_chunk, at most
      * gpu_staging_depth of them in flight per device (rdma_stage.c). An answer not
      * staged for a request that starts in the range forgets the range. */
-    uint64_t staged_uid, staged_lo, staged_hi;
-    /* rdma_requester.c: the source refused this peer's last QP build AGAIN (its
-     * rdma_max_qps), cleared by a build that worked: a queued run's deadline says so. */
-    int src_qp_refused;
+    struct {
+        uint64_t uid, lo, hi;
+    } staged;
 };
+
+/* Whether a build is wanted (the pump thread has work for this peer even with nothing
+ * queued), and whether one is owed at all (wanted or under way). Under p->mu. */
+static inline int ote__rdma_build_wanted(const ote__tpeer_t *p) {
+    return p->build.state == OTE__RDMA_BUILD_WANTED ||
+           p->build.state == OTE__RDMA_BUILD_WANTED_FOR_RUN;
+}
+
+static inline int ote__rdma_build_owed(const ote__tpeer_t *p) {
+    return p->build.state != OTE__RDMA_BUILD_IDLE;
+}
+
+/* Whether a thread pumps p (under p->mu). */
+static inline int ote__rdma_pumping(const ote__tpeer_t *p) {
+    return p->pump.state != OTE__RDMA_PUMP_IDLE;
+}
 
 /* Bytes of one peer's slices in flight on one device: the rest wait in the peer's queue,
  * so a device that goes down takes only these with it (the queued ones go elsewhere).
@@ -572,6 +658,36 @@ void ote__rdma_commits_expire(rdma_tp_t *tp);
 /* rdma_requester.c: end the run s whose grant (and COMMIT, if staged) ended with st. */
 void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st);
 
+/* ---- rdma_build.c: the QP build owed to a peer (p->build), every call under p->mu --- */
+
+/* A run on device k asks the build of slot `slot` of its endpoint for capability cap:
+ * for_run, it waits queued for it (it found no READY QP); else it went on another READY
+ * slot and the build is for later. IDLE (or UNDER_WAY) -> WANTED / WANTED_FOR_RUN with
+ * that target; WANTED -> WANTED_FOR_RUN (its target kept) for a run; WANTED_FOR_RUN
+ * stays. Called by rdma_requester.c (start_on, from a pump). */
+void ote__rdma_build_ask(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot, int for_run);
+/* WANTED / WANTED_FOR_RUN -> IDLE, never built: the run that waited is gone (the queue
+ * is empty), or rdma_max_qps has no room for a background build. The pump thread. */
+void ote__rdma_build_drop(ote__tpeer_t *p);
+/* WANTED / WANTED_FOR_RUN -> UNDER_WAY: the pump thread takes the build into *job and
+ * builds it with p->mu dropped (ote__rdma_build_qp), then calls ote__rdma_build_end. */
+void ote__rdma_build_begin(ote__tpeer_t *p, ote__rdma_build_job_t *job);
+/* UNDER_WAY -> IDLE once job's build returned st: a success clears build.src_refused; a
+ * failure of a build that a run waited for is owed to that run (build.fail_*). */
+void ote__rdma_build_end(ote__tpeer_t *p, const ote__rdma_build_job_t *job, ote_status_t st);
+/* A run is about to start on device k and capability cap: 1 with *st_out when a failed
+ * build is owed to it (then taken: none owed); else 0 (rdma_requester.c, start_on). */
+int ote__rdma_build_failure_take(ote__tpeer_t *p, uint32_t k, uint32_t cap, ote_status_t *st_out);
+/* The end of a pump thread's round: with no build wanted, an owed failure is dropped
+ * (the run it was for took it in the round, or ended meanwhile: deadline, cancel). */
+void ote__rdma_build_round_end(ote__tpeer_t *p);
+/* A cache miss on endpoint (k, cap): its idle QPs are to be retired at the next start
+ * there (ote__rdma_build_flush_take: whether that was asked, and no longer). */
+void ote__rdma_build_flush_ask(ote__tpeer_t *p, uint32_t k, uint32_t cap);
+int ote__rdma_build_flush_take(ote__tpeer_t *p, uint32_t k, uint32_t cap);
+/* The source refused a build of this peer AGAIN (its rdma_max_qps). */
+void ote__rdma_build_src_refused(ote__tpeer_t *p);
+
 /* ---- rdma_pump.c: the peers' slice queues and the pump ----------------------------- */
 
 void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list);
@@ -579,8 +695,8 @@ void ote__rdma_cancel(ote__tpeer_t *p);
 /* The pump thread: started at creation, ended by tp->stop (after a kick). */
 void *ote__rdma_pumper_main(void *arg);
 void ote__rdma_pump_kick(rdma_tp_t *tp);
-/* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
- * released. inline_: a submitting thread (never builds a QP). */
+/* The pump's rounds: p->mu held and p->pump.state taken (BUSY) by the caller; returns
+ * with both released. inline_: a submitting thread (never builds a QP). */
 void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_);
 /* Give back n bytes of the engine-wide count in flight (rdma_max_inflight); whether a
  * peer waits for that room (then the caller kicks the pump thread, with no lock held). */

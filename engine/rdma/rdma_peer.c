@@ -23,7 +23,7 @@
 #include "engine/rdma/rdma_internal.h"
 
 static void call_unlink(ote__tpeer_t *p, call_t *x) {
-    call_t **pp = &p->calls;
+    call_t **pp = &p->waits.calls;
     while (*pp != NULL && *pp != x) pp = &(*pp)->next;
     if (*pp != NULL) *pp = x->next;
 }
@@ -68,15 +68,15 @@ static void note_staged_range(ote__tpeer_t *p, const gid_ent_t *mine, int staged
     ote_mutex_lock(&p->mu);
     uint64_t lo = mine->req_remote, hi = mine->req_remote + mine->req_len;
     if (staged) {
-        p->staged_uid = mine->req_uid;
-        if (lo <= p->staged_hi && hi >= p->staged_lo && p->staged_hi != 0) {
-            if (lo > p->staged_lo) lo = p->staged_lo;
-            if (hi < p->staged_hi) hi = p->staged_hi;
+        p->staged.uid = mine->req_uid;
+        if (lo <= p->staged.hi && hi >= p->staged.lo && p->staged.hi != 0) {
+            if (lo > p->staged.lo) lo = p->staged.lo;
+            if (hi < p->staged.hi) hi = p->staged.hi;
         }
-        p->staged_lo = lo;
-        p->staged_hi = hi;
-    } else if (mine->req_remote >= p->staged_lo && mine->req_remote < p->staged_hi) {
-        p->staged_lo = p->staged_hi = 0;
+        p->staged.lo = lo;
+        p->staged.hi = hi;
+    } else if (mine->req_remote >= p->staged.lo && mine->req_remote < p->staged.hi) {
+        p->staged.lo = p->staged.hi = 0;
     }
     ote_mutex_unlock(&p->mu);
 }
@@ -88,7 +88,7 @@ static void note_staged_range(ote__tpeer_t *p, const gid_ent_t *mine, int staged
  * nothing under the window, so the source may drop it at once (RELEASE). */
 static int on_grant_resp(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_msg_t *rp) {
     rdma_tp_t *tp = p->tp;
-    conn_t *c = p->c;
+    conn_t *c = p->conn.c;
     ote_status_t st = grant_resp_status(c, m, rp);
     ote_mutex_lock(&p->mu);
     gid_ent_t *mine = ote__rdma_grant_id_take_ent(p, m->req_id);
@@ -137,7 +137,7 @@ static int on_grant_resp(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_m
  * connection's view of the peer). -1 when the id names a notification, or a call that
  * waits for another kind of answer. */
 static int on_call_answer(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_msg_t *rp) {
-    conn_t *c = p->c;
+    conn_t *c = p->conn.c;
     ote_status_t st = ote_ctl_peer_status(OTE_CTL_RDMA, m->status);
     /* A CONNECT for another incarnation (proto.h): a cache miss, nothing was built.
      * Refused for now: the source holds its rdma_max_qps (rdma_srcqp.c); asked again. */
@@ -145,7 +145,7 @@ static int on_call_answer(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_
     if (rp->type == OTE_RP_CONNECT_ACK && m->status == OTE_ERR_AGAIN) st = OTE__RDMA_SRC_BUSY;
     int bad = (m->req_id & OTE__RDMA_NOTE_TAG) != 0;
     ote_mutex_lock(&p->mu);
-    call_t *x = p->calls;
+    call_t *x = p->waits.calls;
     while (!bad && x != NULL && x->req_id != m->req_id) x = x->next;
     if (!bad && x != NULL) {
         if (x->want != rp->type) {
@@ -178,7 +178,7 @@ static int on_call_answer(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_
 
 /* One answer from the source; 0 to go on, -1: a protocol error (the peer is dropped). */
 static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
-    conn_t *c = p->c;
+    conn_t *c = p->conn.c;
     if (m->version != c->version) {
         OTE_WARN("rdma",
                  "control to %s: %s frame of version %u on a connection that negotiated "
@@ -211,7 +211,7 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
 static void *reader_main(void *arg) {
     ote__tpeer_t *p = arg;
     rdma_tp_t *tp = p->tp;
-    conn_t *c = p->c;
+    conn_t *c = p->conn.c;
     for (;;) {
         ote_ctl_msg_t m;
         if (ote__rdma_conn_next(c, &m, UINT64_MAX, NULL) != OTE_OK) break;
@@ -220,15 +220,15 @@ static void *reader_main(void *arg) {
     /* Peer lost: fail everything waiting on this connection. */
     ote__rdma_conn_kill(c, NULL);
     ote_mutex_lock(&p->mu);
-    for (call_t *x = p->calls; x != NULL; x = x->next) {
+    for (call_t *x = p->waits.calls; x != NULL; x = x->next) {
         x->done = 1;
         x->st = OTE_ERR_PEER_LOST;
     }
-    p->calls = NULL;
-    note_t *notes = p->notes;
-    p->notes = NULL;
-    gid_ent_t *grants = p->grants;
-    p->grants = NULL;
+    p->waits.calls = NULL;
+    note_t *notes = p->waits.notes;
+    p->waits.notes = NULL;
+    gid_ent_t *grants = p->waits.grants;
+    p->waits.grants = NULL;
     ote_cond_broadcast(&p->cv);
     ote_mutex_unlock(&p->mu);
     ote__rdma_notes_end(notes, OTE_ERR_PEER_LOST);
@@ -251,18 +251,18 @@ ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16
     memset(&x, 0, sizeof(x));
     x.want = want;
     ote_mutex_lock(&p->mu);
-    if (atomic_load(&p->c->dead)) {
+    if (atomic_load(&p->conn.c->dead)) {
         ote_mutex_unlock(&p->mu);
         return OTE_ERR_PEER_LOST;
     }
-    x.req_id = ++p->next_call;
-    x.next = p->calls;
-    p->calls = &x;
+    x.req_id = ++p->waits.next_call;
+    x.next = p->waits.calls;
+    p->waits.calls = &x;
     ote_mutex_unlock(&p->mu);
-    ote_status_t st = ote__rdma_conn_send_rp(p->c, x.req_id, OTE_OK, rq);
+    ote_status_t st = ote__rdma_conn_send_rp(p->conn.c, x.req_id, OTE_OK, rq);
     ote_mutex_lock(&p->mu);
     while (st == OTE_OK && !x.done) {
-        if (atomic_load(&p->c->dead)) st = OTE_ERR_PEER_LOST;
+        if (atomic_load(&p->conn.c->dead)) st = OTE_ERR_PEER_LOST;
         else if (ote_cond_wait(&p->cv, &p->mu, dl) == OTE_ERR_TIMEOUT && !x.done)
             st = OTE_ERR_TIMEOUT;
     }
@@ -293,8 +293,8 @@ static int adv_flag(const ote_ctl_msg_t *ack, const char *key) {
 /* Whether c (just past INFO) reaches the incarnation p met first: the same epoch, or for
  * a peer that sends none (an older engine) the same process id. */
 static int same_incarnation(const ote__tpeer_t *p, const conn_t *c) {
-    if (c->epoch != 0 || p->met_epoch != 0) return c->epoch == p->met_epoch;
-    return c->process == p->met_process;
+    if (c->epoch != 0 || p->conn.met_epoch != 0) return c->epoch == p->conn.met_epoch;
+    return c->process == p->conn.met_process;
 }
 
 /* Under p->mu: take p's endpoints (NULL there after); whoever takes them evicts them. */
@@ -302,8 +302,8 @@ static size_t eps_take(ote__tpeer_t *p, ote_endpoint_t **out) {
     size_t n = 0;
     for (uint32_t i = 0; i < OTE__RDMA_MAX_NICS; i++) {
         for (int cap = 0; cap < 4; cap++) {
-            if (p->ep[i][cap] != NULL) out[n++] = p->ep[i][cap];
-            p->ep[i][cap] = NULL;
+            if (p->conn.ep[i][cap] != NULL) out[n++] = p->conn.ep[i][cap];
+            p->conn.ep[i][cap] = NULL;
         }
     }
     return n;
@@ -350,12 +350,13 @@ static ote_status_t info_and_endpoints(ote__tpeer_t *p, conn_t *c, ote_deadline_
     ote_rp_msg_t info;
     ote__rdma_local_info(tp, &info, OTE_RP_INFO);
     ote_status_t st = ote__rdma_peer_call(p, &info, OTE_RP_INFO_ACK, dl, NULL);
-    if (st == OTE_OK && (p->met_epoch != 0 || p->met_process != 0) && !same_incarnation(p, c)) {
+    if (st == OTE_OK && (p->conn.met_epoch != 0 || p->conn.met_process != 0) &&
+        !same_incarnation(p, c)) {
         OTE_WARN("rdma",
                  "peer %s restarted (epoch %016llx, was %016llx): its old endpoints are "
                  "dropped and this segment fails with OTE_ERR_PEER_LOST; open a new segment",
-                 p->name, (unsigned long long)c->epoch, (unsigned long long)p->met_epoch);
-        p->restarted = 1;
+                 p->name, (unsigned long long)c->epoch, (unsigned long long)p->conn.met_epoch);
+        p->conn.restarted = 1;
         st = OTE_ERR_PEER_LOST;
     }
     int ncap = c->direct_ok ? 4 : 2; /* 2, 3: direct endpoints (rdma_direct.c) */
@@ -367,7 +368,7 @@ static ote_status_t info_and_endpoints(ote__tpeer_t *p, conn_t *c, ote_deadline_
             st = ote_endpoint_get(tp->nics[i].eps, &key, c->lanes, &eps[i][cap]);
         }
     }
-    if (st != OTE_OK && !p->restarted)
+    if (st != OTE_OK && !p->conn.restarted)
         OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
                  ote_status_str(st));
     return st;
@@ -376,7 +377,7 @@ static ote_status_t info_and_endpoints(ote__tpeer_t *p, conn_t *c, ote_deadline_
 /* Sets p's connection (NULL: none) under p->mu. */
 static void set_conn(ote__tpeer_t *p, conn_t *c) {
     ote_mutex_lock(&p->mu);
-    p->c = c;
+    p->conn.c = c;
     ote_mutex_unlock(&p->mu);
 }
 
@@ -397,41 +398,41 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         return st;
     }
     set_conn(p, c);
-    if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
+    if (pthread_create(&p->conn.reader, NULL, reader_main, p) != 0) {
         set_conn(p, NULL);
         ote__rdma_conn_put(c);
         return OTE_ERR_NOMEM;
     }
-    p->reader_started = 1;
+    p->conn.reader_started = 1;
     ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4];
     memset(eps, 0, sizeof(eps));
     st = info_and_endpoints(p, c, dl, eps);
     if (st != OTE_OK) {
         ote__rdma_conn_kill(c, NULL);
-        pthread_join(p->reader, NULL);
-        p->reader_started = 0;
+        pthread_join(p->conn.reader, NULL);
+        p->conn.reader_started = 0;
         set_conn(p, NULL);
         ote__rdma_conn_put(c);
         return st;
     }
     ote_mutex_lock(&p->mu);
-    memcpy(p->ep, eps, sizeof(p->ep));
-    if (p->met_epoch == 0 && p->met_process == 0) {
-        p->met_epoch = c->epoch;
-        p->met_process = c->process;
+    memcpy(p->conn.ep, eps, sizeof(p->conn.ep));
+    if (p->conn.met_epoch == 0 && p->conn.met_process == 0) {
+        p->conn.met_epoch = c->epoch;
+        p->conn.met_process = c->process;
     }
     ote_mutex_unlock(&p->mu);
     return OTE_OK;
 }
 
 static void disconnect_ctl(ote__tpeer_t *p) {
-    if (p->c == NULL) return;
-    conn_t *c = p->c;
+    if (p->conn.c == NULL) return;
+    conn_t *c = p->conn.c;
     ote__rdma_conn_kill(c, NULL);
-    if (p->reader_started) pthread_join(p->reader, NULL);
-    p->reader_started = 0;
+    if (p->conn.reader_started) pthread_join(p->conn.reader, NULL);
+    p->conn.reader_started = 0;
     ote_mutex_lock(&p->mu);
-    p->c = NULL;
+    p->conn.c = NULL;
     ote_endpoint_t *eps[4 * OTE__RDMA_MAX_NICS];
     size_t n = eps_take(p, eps);
     ote_mutex_unlock(&p->mu);
@@ -447,7 +448,8 @@ void ote__rdma_peers_evict_dead(rdma_tp_t *tp) {
         size_t n = 0;
         /* Nothing of p is queued or being started: no thread is about to use its
          * endpoints (the pump fails queued slices of a dead peer without them). */
-        if (p->c != NULL && atomic_load(&p->c->dead) && !p->pumping && p->q_head == NULL)
+        if (p->conn.c != NULL && atomic_load(&p->conn.c->dead) && !ote__rdma_pumping(p) &&
+            p->queue.head == NULL)
             n = eps_take(p, eps);
         ote_mutex_unlock(&p->mu);
         if (n > 0) {
@@ -489,14 +491,14 @@ ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer, ote__tpe
 }
 
 ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p) {
-    if (p->restarted) return OTE_ERR_PEER_LOST; /* it met another incarnation: reopen */
-    if (p->c != NULL && !atomic_load(&p->c->dead)) return OTE_OK;
+    if (p->conn.restarted) return OTE_ERR_PEER_LOST; /* it met another incarnation: reopen */
+    if (p->conn.c != NULL && !atomic_load(&p->conn.c->dead)) return OTE_OK;
     /* Reconnect: grants that still need the old connection end on their own (their
      * answers were failed by the reader, their QPs by their CQEs or deadlines). Slices
      * still queued or being started on the old connection fail first (the pump). */
     ote_mutex_lock(&p->mu);
-    int busy = p->grants != NULL || p->calls != NULL || p->notes != NULL || p->pumping ||
-               p->q_head != NULL;
+    int busy = p->waits.grants != NULL || p->waits.calls != NULL || p->waits.notes != NULL ||
+               ote__rdma_pumping(p) || p->queue.head != NULL;
     ote_mutex_unlock(&p->mu);
     if (busy) return OTE_ERR_PEER_LOST;
     disconnect_ctl(p);
@@ -518,8 +520,8 @@ ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
     ote_deadline_t pdl =
         ote_deadline_after((tp->cfg.connect_timeout_ms + 5000) * OTE_NSEC_PER_MSEC);
     ote_mutex_lock(&p->mu);
-    while (p->pumping && ote_cond_wait(&p->cv, &p->mu, pdl) != OTE_ERR_TIMEOUT) {}
-    int busy = p->pumping;
+    while (ote__rdma_pumping(p) && ote_cond_wait(&p->cv, &p->mu, pdl) != OTE_ERR_TIMEOUT) {}
+    int busy = ote__rdma_pumping(p);
     ote_mutex_unlock(&p->mu);
     if (busy) {
         OTE_ERROR("rdma", "peer %s: a slice pump did not end: peer kept", p->name);
@@ -537,10 +539,10 @@ void ote__rdma_reset_device(rdma_tp_t *tp, uint32_t k) {
     size_t n = 0;
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL && n < 64; p = p->tp_next) {
-        ote_mutex_lock(&p->mu); /* p->c changes under it (connect / disconnect) */
-        if (p->c != NULL && p->c->ndev != 0) {
-            ote__rdma_conn_get(p->c);
-            cs[n++] = p->c;
+        ote_mutex_lock(&p->mu); /* p->conn.c changes under it (connect / disconnect) */
+        if (p->conn.c != NULL && p->conn.c->ndev != 0) {
+            ote__rdma_conn_get(p->conn.c);
+            cs[n++] = p->conn.c;
         }
         ote_mutex_unlock(&p->mu);
     }

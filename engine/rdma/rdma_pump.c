@@ -56,17 +56,17 @@ static int over_cap(rdma_tp_t *tp, uint64_t rlen) {
  * rest queued for the pump thread, which it kicks. */
 static void pump(ote__tpeer_t *p) {
     ote_mutex_lock(&p->mu);
-    if (p->pumping) {
-        p->pump_again = 1;
+    if (ote__rdma_pumping(p)) {
+        p->pump.state = OTE__RDMA_PUMP_AGAIN;
         ote_mutex_unlock(&p->mu);
         return;
     }
-    p->pumping = 1;
+    p->pump.state = OTE__RDMA_PUMP_BUSY;
     ote__rdma_pump_locked(p, 1);
 }
 
 /* The chunk and depth of a staged run (gpu_staging_chunk, gpu_staging_depth), and whether
- * the run from s is of a request the source serves staged (p->staged_*). Under p->mu. */
+ * the run from s is of a request the source serves staged (p->staged). Under p->mu. */
 static uint64_t stage_chunk(const rdma_tp_t *tp) {
     return tp->cfg.gpu_staging_chunk != 0 ? tp->cfg.gpu_staging_chunk : (2u << 20);
 }
@@ -76,9 +76,9 @@ static uint64_t stage_depth(const rdma_tp_t *tp) {
 }
 
 static int staged_run(const ote__tpeer_t *p, const ote__slice_t *s) {
-    if (s->req_uid != 0 && s->req_uid == p->staged_uid) return 1;
+    if (s->req_uid != 0 && s->req_uid == p->staged.uid) return 1;
     uint64_t start = s->req_len != 0 ? s->req_remote : s->remote;
-    return start >= p->staged_lo && start < p->staged_hi;
+    return start >= p->staged.lo && start < p->staged.hi;
 }
 
 /* b may join the run that ends with a: the same request and op, contiguous at both ends,
@@ -93,7 +93,7 @@ static int run_joins(const ote__slice_t *a, const ote__slice_t *b) {
 /* The run of the queued slices from s that one grant covers: s and the slices after it
  * that join it, up to rdma_grant_max bytes and to the request's bytes divided among the
  * active devices (so one request still stripes over every NIC, with one grant on each);
- * the queue links them already. A request the source serves staged (p->staged_uid) is
+ * the queue links them already. A request the source serves staged (p->staged) is
  * cut at gpu_staging_chunk: the source stages grant k+1 while grant k moves
  * (rdma_stage.c). Returns the run's last slice, its bytes in *rlen. Under p->mu. */
 static ote__slice_t *run_take(const rdma_tp_t *tp, const ote__tpeer_t *p, ote__slice_t *s,
@@ -123,10 +123,10 @@ static ote__slice_t *run_take(const rdma_tp_t *tp, const ote__tpeer_t *p, ote__s
 }
 
 /* Under p->mu: unlinks from p's queue the slices for which drop(x) holds (keeping the
- * others in order, q_tail fixed) and returns them linked by next. */
+ * others in order, its tail fixed) and returns them linked by next. */
 static ote__slice_t *queue_filter(ote__tpeer_t *p, int (*drop)(const ote__slice_t *x)) {
-    ote__slice_t *out = NULL, **tail = &out, **pp = &p->q_head;
-    p->q_tail = NULL;
+    ote__slice_t *out = NULL, **tail = &out, **pp = &p->queue.head;
+    p->queue.tail = NULL;
     while (*pp != NULL) {
         ote__slice_t *x = *pp;
         if (drop(x)) {
@@ -135,7 +135,7 @@ static ote__slice_t *queue_filter(ote__tpeer_t *p, int (*drop)(const ote__slice_
             *tail = x;
             tail = &x->next;
         } else {
-            p->q_tail = x;
+            p->queue.tail = x;
             pp = &x->next;
         }
     }
@@ -152,48 +152,35 @@ static int is_canceled_or_late(const ote__slice_t *x) {
 
 /* The pump thread's part of a round, p->mu held (dropped around the calls that may wait):
  * under rdma_max_qps, room for the build asked (an idle QP retired) or the run waits
- * queued (p->qp_wait; the next rounds try again, its deadline ends it); then the build
- * itself, whose failure is for the run that waited for it (start_on takes it). */
+ * queued (p->pump.qp_wait; the next rounds try again, its deadline ends it), a build
+ * nobody waits for any more dropped; then the build itself (rdma_build.c), whose failure
+ * is for the run that waited for it (start_on takes it). */
 static void pump_build(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
     int held = 0; /* rdma_max_qps: room held for this round's build */
-    if (p->build_want && p->build_run && tp->cfg.rdma_max_qps != 0) {
-        int room = p->q_head != NULL;
+    if (p->build.state == OTE__RDMA_BUILD_WANTED_FOR_RUN && tp->cfg.rdma_max_qps != 0) {
+        int room = p->queue.head != NULL;
         if (room) {
             ote_mutex_unlock(&p->mu);
             room = held = ote__rdma_qp_room(tp, 1);
             ote_mutex_lock(&p->mu);
-        } else { /* nothing waits for it any more */
-            p->build_want = 0;
-            p->build_run = 0;
-            p->building = 0;
+        } else {
+            ote__rdma_build_drop(p); /* nothing waits for it any more */
         }
-        p->qp_wait = p->build_want && !room;
-    } else if (p->build_want && tp->cfg.rdma_max_qps != 0) {
+        p->pump.qp_wait = ote__rdma_build_wanted(p) && !room;
+    } else if (p->build.state == OTE__RDMA_BUILD_WANTED && tp->cfg.rdma_max_qps != 0) {
         ote_mutex_unlock(&p->mu);
         held = ote__rdma_qp_room(tp, 0); /* a background build: not past the limit */
         ote_mutex_lock(&p->mu);
-        if (!held) {
-            p->build_want = 0;
-            p->building = 0;
-        }
+        if (!held) ote__rdma_build_drop(p);
     }
-    if (p->build_want && !p->qp_wait) {
-        uint32_t bk = p->build_k, bc = p->build_cap, bs = p->build_slot;
-        int for_run = p->build_run;
-        p->build_want = 0;
-        p->build_run = 0;
+    if (ote__rdma_build_wanted(p) && !p->pump.qp_wait) {
+        ote__rdma_build_job_t job;
+        ote__rdma_build_begin(p, &job);
         ote_mutex_unlock(&p->mu);
-        ote_status_t bst = ote__rdma_build_qp(p, bk, bc, bs);
+        ote_status_t bst = ote__rdma_build_qp(p, job.k, job.cap, job.slot);
         ote_mutex_lock(&p->mu);
-        if (bst == OTE_OK) p->src_qp_refused = 0;
-        if (bst != OTE_OK && for_run) { /* the waiting run ends with it (start_on) */
-            p->build_failed = 1;
-            p->fail_k = bk;
-            p->fail_cap = bc;
-            p->build_st = bst;
-        }
-        if (!p->build_want) p->building = 0;
+        ote__rdma_build_end(p, &job, bst);
     }
     if (held) ote__rdma_qp_room_end(tp); /* built (now held as a QP) or not */
 }
@@ -233,8 +220,8 @@ static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **las
     uint32_t mask = 0;
     uint64_t busy = 0;
     for (uint32_t i = 0; i < tp->nnics; i++) {
-        busy += p->inflight[i];
-        if (p->inflight[i] == 0 || p->inflight[i] + *rlen <= window) mask |= 1u << i;
+        busy += p->queue.inflight[i];
+        if (p->queue.inflight[i] == 0 || p->queue.inflight[i] + *rlen <= window) mask |= 1u << i;
     }
     if (mask == 0) return RUN_WAIT; /* every window is full: an ending slice pumps again */
     if (tp->cfg.rdma_max_qps != 0) mask = ote__rdma_qp_mask(tp, p, s, mask);
@@ -250,7 +237,7 @@ static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **las
         /* rdma_max_grants: its request's reservation (or a slot of it) is not free; a
          * returned credit kicks the pump thread. */
         ote_selector_done(tp->sel, *k, *rlen, 0);
-        p->credit_wait = 1;
+        p->pump.credit_wait = 1;
         return RUN_WAIT;
     }
     return RUN_START;
@@ -270,20 +257,20 @@ static run_next_t run_next(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **last
     }
     if (ote_deadline_expired(s->deadline)) {
         *st = OTE_ERR_TIMEOUT; /* never started: no grant after the deadline */
-        if (p->src_qp_refused)
+        if (p->build.src_refused)
             OTE_WARN_LIMITED("rdma",
                              "run to %s ends at its deadline (OTE_ERR_TIMEOUT): the "
                              "source refused its QP, holding its rdma_max_qps QPs",
                              p->name);
         return RUN_END;
     }
-    if (p->c == NULL || atomic_load(&p->c->dead) || p->ep[0][0] == NULL) {
+    if (p->conn.c == NULL || atomic_load(&p->conn.c->dead) || p->conn.ep[0][0] == NULL) {
         /* Lost, or between connections (a reconnect publishes its endpoints last; a dead
          * peer's were evicted). */
         *st = OTE_ERR_PEER_LOST;
         return RUN_END;
     }
-    if (p->busy_until != 0 && ote_now_ns() < p->busy_until) return RUN_WAIT;
+    if (p->pump.busy_until != 0 && ote_now_ns() < p->pump.busy_until) return RUN_WAIT;
     return run_place(p, s, last, rlen, k, st);
 }
 
@@ -294,17 +281,17 @@ static run_next_t run_next(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **last
  * another peer waits for. */
 static void pump_runs(ote__tpeer_t *p, int inline_, int *handoff, int *kick) {
     rdma_tp_t *tp = p->tp;
-    while (p->q_head != NULL) {
-        ote__slice_t *s = p->q_head, *last = s;
+    while (p->queue.head != NULL) {
+        ote__slice_t *s = p->queue.head, *last = s;
         uint64_t rlen = s->len;
         int k = -1;
         ote_status_t st = OTE_OK;
         if (run_next(p, s, &last, &rlen, &k, &st) == RUN_WAIT) break;
-        p->q_head = last->next;
-        if (p->q_head == NULL) p->q_tail = NULL;
+        p->queue.head = last->next;
+        if (p->queue.head == NULL) p->queue.tail = NULL;
         last->next = NULL;
         if (k >= 0) {
-            p->inflight[k] += rlen;
+            p->queue.inflight[k] += rlen;
             all_add(tp, rlen);
         }
         ote_mutex_unlock(&p->mu);
@@ -314,18 +301,18 @@ static void pump_runs(ote__tpeer_t *p, int inline_, int *handoff, int *kick) {
         ote_mutex_lock(&p->mu);
         if (r == OTE__RDMA_START_NEEDS_BUILD) {  /* back at the head, its window given back */
             *kick |= ote__rdma_grant_put(tp, s); /* kicked by the caller, no lock held */
-            p->inflight[k] -= rlen;
+            p->queue.inflight[k] -= rlen;
             *kick |= ote__rdma_all_sub(tp, rlen); /* other peers waiting for room */
             ote__rdma_run_requeue(p, s);
             if (inline_) *handoff = 1;
-            else if (!p->qp_wait) p->pump_again = 1; /* build it, then go on */
+            else if (!p->pump.qp_wait) p->pump.state = OTE__RDMA_PUMP_AGAIN; /* build, go on */
             break;
         }
     }
 }
 
-/* The pump's rounds: p->mu held and p->pumping set by the caller; returns with both
- * released. inline_: a submitting thread, which never builds a QP: a run that needs one
+/* The pump's rounds: p->mu held and p->pump.state taken (BUSY) by the caller; returns
+ * with both released. inline_: a submitting thread, which never builds a QP: a run that needs one
  * stays at the head of the queue and the pump thread (kicked) builds it and goes on;
  * the pump thread (inline_ 0) builds what is asked first, then starts runs. */
 void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
@@ -333,18 +320,17 @@ void ote__rdma_pump_locked(ote__tpeer_t *p, int inline_) {
     int handoff = 0; /* inline: a run waits for a build; the pump thread takes over */
     int kick = 0;    /* room given back that another peer waits for (rdma_max_inflight) */
     do {
-        p->pump_again = 0;
-        p->credit_wait = 0;
-        p->qp_wait = 0;
+        p->pump.state = OTE__RDMA_PUMP_BUSY; /* an AGAIN asked before this round is served */
+        p->pump.credit_wait = 0;
+        p->pump.qp_wait = 0;
         if (!inline_) pump_build(p);
-        if (atomic_exchange(&p->purge, 0)) pump_purge(p);
+        if (atomic_exchange(&p->pump.purge, 0)) pump_purge(p);
         pump_runs(p, inline_, &handoff, &kick);
         /* A failed build's status is for the run that waited for it: that run took it
          * above, or ended meanwhile (deadline, cancel); nothing older lingers. */
-        if (!inline_ && !p->build_want) p->build_failed = 0;
-    } while (!handoff && p->pump_again);
-    if (handoff) p->pump_again = 0;
-    p->pumping = 0;
+        if (!inline_) ote__rdma_build_round_end(p);
+    } while (!handoff && p->pump.state == OTE__RDMA_PUMP_AGAIN);
+    p->pump.state = OTE__RDMA_PUMP_IDLE;
     ote_cond_broadcast(&p->cv);
     ote_mutex_unlock(&p->mu);
     if (handoff || kick) ote__rdma_pump_kick(tp);
@@ -362,7 +348,7 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL && np < PUMP_EXPIRE_PEERS; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
-        if (!(p->building || p->credit_wait) || p->q_head == NULL) {
+        if (!(ote__rdma_build_owed(p) || p->pump.credit_wait) || p->queue.head == NULL) {
             ote_mutex_unlock(&p->mu);
             continue;
         }
@@ -417,9 +403,9 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
             s->xp.rdma.retries = 0;
             s->xp.rdma.direct = 0;
             ote_mutex_lock(&p->mu);
-            if (p->q_tail != NULL) p->q_tail->next = s;
-            else p->q_head = s;
-            p->q_tail = s;
+            if (p->queue.tail != NULL) p->queue.tail->next = s;
+            else p->queue.head = s;
+            p->queue.tail = s;
             ote_mutex_unlock(&p->mu);
             queued = 1;
         }
@@ -435,7 +421,7 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
  * canceled request ends CANCELED only once nothing of it can still move. Called with no
  * engine lock held; ends nothing itself. */
 void ote__rdma_cancel(ote__tpeer_t *p) {
-    atomic_store(&p->purge, 1);
+    atomic_store(&p->pump.purge, 1);
     ote__rdma_pump_kick(p->tp);
 }
 
@@ -449,7 +435,7 @@ void ote__rdma_pump_kick(rdma_tp_t *tp) {
 #define PUMP_BATCH 64
 
 /* Pumps every peer whose queue holds slices (or has a cancel to apply) when kicked, and
- * every 10 ms in case a kick raced with a peer's pump. A peer is taken (pumping set)
+ * every 10 ms in case a kick raced with a peer's pump. A peer is taken (its pump BUSY)
  * under tp->mu while it is in tp->peers; peer_close unlinks it first and then waits
  * for its pump to end, so it is never freed under this thread. */
 void *ote__rdma_pumper_main(void *arg) {
@@ -463,9 +449,11 @@ void *ote__rdma_pumper_main(void *arg) {
         size_t n = 0;
         for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
             ote_mutex_lock(&p->mu);
-            if ((p->q_head != NULL || atomic_load(&p->purge) || p->build_want) && !p->pumping) {
+            if ((p->queue.head != NULL || atomic_load(&p->pump.purge) ||
+                 ote__rdma_build_wanted(p)) &&
+                !ote__rdma_pumping(p)) {
                 if (n < PUMP_BATCH) {
-                    p->pumping = 1;
+                    p->pump.state = OTE__RDMA_PUMP_BUSY;
                     take[n++] = p;
                 } else {
                     tp->pump_kick = 1; /* the rest next round */

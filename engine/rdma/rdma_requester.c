@@ -20,7 +20,7 @@
 #include "engine/rdma/rdma_internal.h"
 
 note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id) {
-    note_t **pp = &p->notes;
+    note_t **pp = &p->waits.notes;
     while (*pp != NULL && (*pp)->req_id != req_id) pp = &(*pp)->next;
     note_t *x = *pp;
     if (x != NULL) *pp = x->next;
@@ -28,7 +28,7 @@ note_t *ote__rdma_note_take(ote__tpeer_t *p, uint64_t req_id) {
 }
 
 gid_ent_t *ote__rdma_grant_id_take_ent(ote__tpeer_t *p, uint64_t id) {
-    gid_ent_t **pp = &p->grants;
+    gid_ent_t **pp = &p->waits.grants;
     while (*pp != NULL && (*pp)->id != id) pp = &(*pp)->next;
     gid_ent_t *x = *pp;
     if (x != NULL) *pp = x->next;
@@ -78,7 +78,7 @@ void ote__rdma_notes_expire(rdma_tp_t *tp) {
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
-        for (note_t **pp = &p->notes; *pp != NULL;) {
+        for (note_t **pp = &p->waits.notes; *pp != NULL;) {
             note_t *x = *pp;
             if (x->deadline > now) {
                 pp = &x->next;
@@ -112,7 +112,7 @@ static ote_status_t req_exchange(void *arg, uint32_t slot, const ote_qp_path_t *
     rq.u.connect.cap = x->cap;
     rq.u.connect.path = *local;
     rq.u.connect.pair = x->pair;
-    const conn_t *c = x->p->c; /* set while connected; builds run only then */
+    const conn_t *c = x->p->conn.c; /* set while connected; builds run only then */
     if (c != NULL && c->cepoch_ok && c->epoch != 0) {
         rq.u.connect.epoch = c->epoch; /* the source's, from its INFO_ACK */
         rq.u.connect.req_epoch = x->p->tp->epoch;
@@ -146,8 +146,8 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     g->req_remote = ga->s->req_len != 0 ? ga->s->req_remote : addr;
     g->req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
     ote_mutex_lock(&p->mu);
-    g->next = p->grants;
-    p->grants = g;
+    g->next = p->waits.grants;
+    p->waits.grants = g;
     ote_mutex_unlock(&p->mu);
     ote_rp_msg_t rq;
     memset(&rq, 0, sizeof(rq));
@@ -161,27 +161,27 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     rq.u.grant.req_len = ga->s->req_len != 0 ? ga->s->req_len : len;
     rq.u.grant.req_uid = ga->s->req_uid;
     rq.u.grant.pair = ga->pair;
-    rq.u.grant.epoch = p->c->epoch; /* 0 for a peer without epochs: not sent */
+    rq.u.grant.epoch = p->conn.c->epoch; /* 0 for a peer without epochs: not sent */
     /* A source that serves READs of its device memory staged (rdma_stage=1): say that we
      * take a staged answer (sent only with an epoch, proto.h). */
-    if (p->c->stage_ok && p->c->epoch != 0) rq.u.grant.flags = OTE_RP_GF_STAGE;
+    if (p->conn.c->stage_ok && p->conn.c->epoch != 0) rq.u.grant.flags = OTE_RP_GF_STAGE;
     /* To a source that reserves whole parents (rdma_parent=1): the run's parent and its
      * budget (with an epoch only, proto.h; rdma_src_parents.c). */
-    if (p->c->parent_ok && p->c->epoch != 0 &&
+    if (p->conn.c->parent_ok && p->conn.c->epoch != 0 &&
         !ote__rdma_parent_wire(ga->s, &rq.u.grant.parent, &rq.u.grant.budget))
         rq.u.grant.parent = 0;
     /* To a source with GPUDirect grants: we follow a redirect; this one is on a direct
      * slot (proto.h, rdma_direct.c). */
-    if (p->c->direct_ok)
+    if (p->conn.c->direct_ok)
         rq.u.grant.dflags = OTE_RP_GOP_DIRECT_OK | (ga->cap >= 2 ? OTE_RP_GOP_DIRECT : 0);
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
-    ote_endpoint_t *ep = p->ep[ga->nic][ga->cap];
+    ote_endpoint_t *ep = p->conn.ep[ga->nic][ga->cap];
     ote_qp_t *qp = NULL;
     if (ote_endpoint_borrow_ready(ep, slot, remote_qpn, &qp) == OTE_OK) {
         rq.u.grant.req_qpn = ote_qp_num(qp);
         ote_endpoint_return(ep, slot, qp);
     }
-    ote_status_t st = ote__rdma_conn_send_rp(p->c, wire_id, OTE_OK, &rq);
+    ote_status_t st = ote__rdma_conn_send_rp(p->conn.c, wire_id, OTE_OK, &rq);
     if (st == OTE_OK) atomic_fetch_add(&p->tp->nics[ga->nic].grant_reqs, 1);
     if (st != OTE_OK) {
         ote_mutex_lock(&p->mu);
@@ -266,9 +266,9 @@ static void run_end(rdma_tp_t *tp, ote__slice_t *s, ote_status_t st) {
 void ote__rdma_run_requeue(ote__tpeer_t *p, ote__slice_t *s) {
     ote__slice_t *last = s;
     while (last->next != NULL) last = last->next;
-    last->next = p->q_head;
-    if (p->q_head == NULL) p->q_tail = last;
-    p->q_head = s;
+    last->next = p->queue.head;
+    if (p->queue.head == NULL) p->queue.tail = last;
+    p->queue.head = s;
 }
 
 /* A run's temporary MR goes. One that will not deregister is the buffer manager's
@@ -341,18 +341,18 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
         ote__rdma_slice_renew(s);
     }
     ote_mutex_lock(&p->mu);
-    p->inflight[n->index] -= rlen;
+    p->queue.inflight[n->index] -= rlen;
     /* The endpoint the run used (plain or direct): its idle QPs are the unknown ones. */
     uint32_t used = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
-    if (st == OTE__RDMA_CACHE_MISS) p->miss_flush[n->index][used] = 1;
-    if (busy) p->busy_until = ote_now_ns() + OTE__RDMA_BUSY_PAUSE_NS;
+    if (st == OTE__RDMA_CACHE_MISS) ote__rdma_build_flush_ask(p, n->index, used);
+    if (busy) p->pump.busy_until = ote_now_ns() + OTE__RDMA_BUSY_PAUSE_NS;
     if (again) ote__rdma_run_requeue(p, s);
-    int queued = p->q_head != NULL;
+    int queued = p->queue.head != NULL;
     ote_mutex_unlock(&p->mu);
     int waiters = ote__rdma_all_sub(tp, rlen);
     /* Never pump here: this may run under a CQ lane's poll lock, and starting a slice may
      * take another lane's. The pump thread starts what waits. */
-    if (queued || waiters || atomic_load(&p->purge)) ote__rdma_pump_kick(tp);
+    if (queued || waiters || atomic_load(&p->pump.purge)) ote__rdma_pump_kick(tp);
     if (!again) run_end(tp, s, st);
 }
 
@@ -373,7 +373,7 @@ static void slice_grant_abandoned(void *arg, uint32_t slot, uint32_t remote_qpn,
  * be asked for, so that its account of the request (and the request's pin) can close.
  * Best effort: a lost WRITE_OFF leaves the account to the end of the connection. */
 void ote__rdma_slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
-    if (s->req_uid == 0 || p->c == NULL || atomic_load(&p->c->dead)) return;
+    if (s->req_uid == 0 || p->conn.c == NULL || atomic_load(&p->conn.c->dead)) return;
     uint64_t bytes = run_bytes(s); /* a run's slices share their request */
     ote_rp_msg_t wo;
     memset(&wo, 0, sizeof(wo));
@@ -381,7 +381,7 @@ void ote__rdma_slice_write_off(ote__tpeer_t *p, const ote__slice_t *s) {
     wo.u.wo.req_uid = s->req_uid;
     wo.u.wo.req_len = s->req_len;
     wo.u.wo.bytes = bytes;
-    (void)ote__rdma_conn_send_rp(p->c, 0, OTE_OK, &wo);
+    (void)ote__rdma_conn_send_rp(p->conn.c, 0, OTE_OK, &wo);
 }
 
 /* A notification: one NOTIFY frame; its NOTIFY_ACK, its deadline or the loss of the
@@ -398,17 +398,17 @@ void ote__rdma_submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
     size_t flen = 0;
     ote_mutex_lock(&p->mu);
     /* No connection at all: a reconnect failed (or met a restarted peer). */
-    if (p->c == NULL || atomic_load(&p->c->dead)) {
+    if (p->conn.c == NULL || atomic_load(&p->conn.c->dead)) {
         ote_mutex_unlock(&p->mu);
         ote_free(x);
         s->done(s, OTE_ERR_PEER_LOST);
         return;
     }
-    x->req_id = OTE__RDMA_NOTE_TAG | ++p->next_note;
+    x->req_id = OTE__RDMA_NOTE_TAG | ++p->waits.next_note;
     uint64_t id = x->req_id;
     ote_ctl_msg_t m;
     memset(&m, 0, sizeof(m));
-    m.version = p->c->version;
+    m.version = p->conn.c->version;
     m.opcode = OTE_CTL_NOTIFY;
     m.req_id = id;
     m.u.notify.msg = s->local;
@@ -421,10 +421,10 @@ void ote__rdma_submit_notify(ote__tpeer_t *p, ote__slice_t *s) {
         s->done(s, est);
         return;
     }
-    x->next = p->notes;
-    p->notes = x;
+    x->next = p->waits.notes;
+    p->waits.notes = x;
     ote_mutex_unlock(&p->mu);
-    if (ote__rdma_conn_send_raw(p->c, frame, flen) != OTE_OK) {
+    if (ote__rdma_conn_send_raw(p->conn.c, frame, flen) != OTE_OK) {
         ote_mutex_lock(&p->mu);
         note_t *y = ote__rdma_note_take(p, id);
         ote_mutex_unlock(&p->mu);
@@ -497,9 +497,9 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
         }
         move |= miss | busy;
         ote_mutex_lock(&p->mu);
-        p->inflight[k] -= rlen;
-        if (busy) p->busy_until = ote_now_ns() + OTE__RDMA_QP_BUSY_PAUSE_NS;
-        if (busy) p->src_qp_refused = 1;
+        p->queue.inflight[k] -= rlen;
+        if (busy) p->pump.busy_until = ote_now_ns() + OTE__RDMA_QP_BUSY_PAUSE_NS;
+        if (busy) ote__rdma_build_src_refused(p);
         if (move) ote__rdma_run_requeue(p, s);
         ote_mutex_unlock(&p->mu);
         if (ote__rdma_all_sub(tp, rlen)) ote__rdma_pump_kick(tp);
@@ -517,21 +517,6 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
         : st == OTE__RDMA_SRC_BUSY
             ? (s->canceled != NULL && atomic_load(s->canceled) ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT)
             : st);
-}
-
-/* Ask the pump thread for a build of (device k, cap, slot) of p; run: a queued run waits
- * for it. Under p->mu. A build already wanted is kept (one at a time). */
-static void build_ask(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot, int run) {
-    if (p->build_want) {
-        if (run) p->build_run = 1;
-        return;
-    }
-    p->build_want = 1;
-    p->build_run = run;
-    p->build_k = k;
-    p->build_cap = cap;
-    p->build_slot = slot;
-    p->building = 1;
 }
 
 /* A READY QP of ep without waiting: the picked slot's; else, for a submitting thread
@@ -556,25 +541,6 @@ static ote_status_t borrow_now(ote_endpoint_t *ep, int inline_, uint32_t *slot_o
         }
     }
     return OTE_ERR_NOT_FOUND;
-}
-
-/* Under p->mu: whether the build the last run on device k and capability cap waited for
- * failed, so that this run ends with its status (*st_out), as it would have had it built
- * the QP itself. A cache miss is the peer's, not the device's: it is this run's on
- * whichever device it picked now (else, with two devices, a run that misses on every
- * CONNECT would alternate between them, building for ever). *flush_out: a cache miss on
- * this endpoint asked for its idle QPs to be retired (taken). */
-static int build_failed_locked(ote__tpeer_t *p, int k, uint32_t cap, ote_status_t *st_out,
-                               int *flush_out) {
-    if (p->build_failed && p->fail_cap == cap &&
-        (p->fail_k == (uint32_t)k || p->build_st == OTE__RDMA_CACHE_MISS)) {
-        p->build_failed = 0;
-        *st_out = p->build_st;
-        return 1;
-    }
-    *flush_out = p->miss_flush[k][cap];
-    p->miss_flush[k][cap] = 0;
-    return 0;
 }
 
 /* After a cache miss on ep, its other idle QPs are as unknown to the source (it evicted or
@@ -607,7 +573,7 @@ static int borrow_live(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, u
         ote_status_t st = borrow_now(ep, inline_ || ote__rdma_qps_full(tp), &slot, &qp, &want, &bg);
         if (st != OTE_OK || bg) {
             ote_mutex_lock(&p->mu);
-            build_ask(p, (uint32_t)k, cap, want, st != OTE_OK);
+            ote__rdma_build_ask(p, (uint32_t)k, cap, want, st != OTE_OK);
             ote_mutex_unlock(&p->mu);
             if (st != OTE_OK) {
                 ote_selector_done(tp->sel, k, rlen, 0);
@@ -674,8 +640,8 @@ static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, ui
         x->xp.rdma.conn = NULL;
     }
     s->xp.rdma.mr = tmp; /* the run's first slice holds its temporary MR */
-    ote__rdma_conn_get(p->c);
-    s->xp.rdma.conn = p->c;
+    ote__rdma_conn_get(p->conn.c);
+    s->xp.rdma.conn = p->conn.c;
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
     d.op = s->op == OTE__SLICE_WRITE ? OTE_GRANT_WRITE : OTE_GRANT_READ;
@@ -692,7 +658,7 @@ static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, ui
     d.canceled = slice_canceled;
     d.abandoned = slice_grant_abandoned;
     d.receipt_imm = cap >= 2; /* an exact MR at the source: nothing to invalidate */
-    uint32_t pair = (((uint32_t)k % p->c->ndev) << 8) | (uint32_t)k;
+    uint32_t pair = (((uint32_t)k % p->conn.c->ndev) << 8) | (uint32_t)k;
     garg_t ga = {p, s, (uint32_t)k, pair, cap};
     ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     ote_status_t st = ote_grant_start(n->gm, &d, &ctl);
@@ -716,15 +682,18 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
      * a later run of a request it redirected. */
     ote__rdma_direct_recall(p, s);
     uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
-    ote_endpoint_t *ep = p->ep[k][cap];
+    ote_endpoint_t *ep = p->conn.ep[k][cap];
     if (ep == NULL) { /* a direct run toward a source that no longer advertises it */
         ote__rdma_start_failed(p, s, k, OTE_ERR_UNSUPPORTED);
         return OTE__RDMA_START_TAKEN;
     }
+    /* The build the last run on (k, cap) waited for failed: this run ends with its status
+     * (rdma_build.c); else a cache miss on this endpoint asked for its idle QPs to be
+     * retired. */
     ote_status_t st = OTE_OK;
-    int flush = 0;
     ote_mutex_lock(&p->mu);
-    int failed = build_failed_locked(p, k, cap, &st, &flush);
+    int failed = ote__rdma_build_failure_take(p, (uint32_t)k, cap, &st);
+    int flush = failed ? 0 : ote__rdma_build_flush_take(p, (uint32_t)k, cap);
     ote_mutex_unlock(&p->mu);
     if (failed) {
         ote__rdma_start_failed(p, s, k, st);
@@ -748,13 +717,13 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     return OTE__RDMA_START_TAKEN;
 }
 
-/* The pump thread's build of the QP p asked for (build_k, build_cap, build_slot),
- * bounded by connect_timeout_ms; the QP is given back READY for the runs that wait. No
- * lock held; p->pumping set. */
+/* The pump thread's build of the QP p asked for (p->build: UNDER_WAY), bounded by
+ * connect_timeout_ms; the QP is given back READY for the runs that wait. No lock held;
+ * the pump thread pumps p. */
 ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot) {
     rdma_tp_t *tp = p->tp;
-    ote_endpoint_t *ep = p->ep[k][cap];
-    uint32_t pair = ((k % p->c->ndev) << 8) | k;
+    ote_endpoint_t *ep = p->conn.ep[k][cap];
+    uint32_t pair = ((k % p->conn.c->ndev) << 8) | k;
     xarg_t xa = {p, cap, pair}; /* 0 READ, 1 WRITE, 2, 3 direct */
     ote_deadline_t cdl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     ote_qp_t *qp = NULL;
