@@ -24,8 +24,8 @@ static ote_status_t stage_get(void *arg, const ote__pin_t *pin, uint32_t len, ot
     return st;
 }
 
-static ote_status_t stage_pooled(void *arg, const ote__pin_t *pin, uint32_t len,
-                                 uint8_t **buf_out, void **tok_out) {
+static ote_status_t stage_pooled(void *arg, const ote__pin_t *pin, uint32_t len, uint8_t **buf_out,
+                                 void **tok_out) {
     ote__gpu_t *g = arg;
     ote__gpu_bounce_t *t = NULL;
     ote_status_t st = path_check(g, pin);
@@ -34,8 +34,8 @@ static ote_status_t stage_pooled(void *arg, const ote__pin_t *pin, uint32_t len,
     return st;
 }
 
-static ote_status_t stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr,
-                               uint32_t len, ote_deadline_t dl) {
+static ote_status_t stage_copy(void *arg, void *tok, int to_device, uint64_t dev_addr, uint32_t len,
+                               ote_deadline_t dl) {
     return ote__gpu_src_copy(arg, tok, to_device, dev_addr, len, dl);
 }
 
