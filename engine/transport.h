@@ -51,8 +51,8 @@ typedef struct ote__ipc_desc {
 /* A VMM allocation (cuMemCreate + cuMemMap): handle unused; the allocation's POSIX fd
  * (cuMemExportToShareableHandle) travels with the description (SCM_RIGHTS). */
 #define OTE__IPC_VMM 1u
-struct ote__rdma_tp; /* engine/rdma's transport, named only in the slice's scratch */
-struct ibv_mr;
+/* Bytes of a slice's transport scratch (ote__slice_t.xp). */
+#define OTE__SLICE_SCRATCH 80
 typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
 
 enum {
@@ -85,33 +85,13 @@ struct ote__slice {
     uint8_t ipc_try;
     uint32_t local_kind;
     ote_deadline_t deadline;
-    /* Transport scratch: the submitting transport's member only, from submit() until it
-     * calls done(); the engine never reads it. */
+    /* Transport scratch: the submitting transport's own record (its header declares
+     * it, checks that it fits and reaches it through one accessor), from submit() until
+     * it calls done(); the engine never reads it. */
     union {
-        struct {
-            uint64_t seq;      /* req_id of the slice's frame on its connection */
-            uint16_t wire_len; /* bytes of wire[] in use */
-            uint8_t withdrawn; /* a READ whose CANCEL went to the source */
-            uint8_t wire[64];  /* the encoded frame header (OTE_CTL_RW2_FRAME_LEN max) */
-        } tcp;
-        struct {
-            struct ote__rdma_tp *tp; /* the transport that took the slice */
-            struct ibv_mr *mr;       /* temporary MR of an unregistered local buffer, or NULL */
-            uint32_t nic;            /* the data device the selector picked */
-            uint32_t retries;        /* READ slices moved to another device after a loss */
-            struct ote__tpeer *peer; /* the peer whose queue the slice came from */
-            void *conn;      /* a run's first slice: a reference on the control connection its
-                         * grant was asked on (for a RELEASE), or NULL */
-            void *parent;    /* its request's grant reservation (rdma_credits.c), or NULL */
-            uint32_t credit; /* a run's first slice: the run holds a grant credit */
-            uint32_t direct; /* the source redirected it to a direct slot (rdma_direct.c) */
-        } rdma;
-        struct {
-            uint64_t id;       /* number of the slice's request on its peer connection */
-            uint64_t ring_end; /* ring mode: where its bytes end in the ring (virtual) */
-            void *ipc;         /* the CUDA IPC copy under way (host->gpu.ipc_copy_start) */
-        } shm;
-    } xp;
+        unsigned char xp[OTE__SLICE_SCRATCH];
+        uint64_t xp_align_; /* 8-byte aligned, in C and C++ alike */
+    };
 };
 
 /* A memfd that can be sealed and is not executable, for memory a same-host peer maps (the

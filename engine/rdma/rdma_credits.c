@@ -92,8 +92,8 @@ void ote__rdma_credits_destroy(rdma_tp_t *tp) {
 ote_status_t ote__rdma_parent_attach(ote__tpeer_t *p, ote__slice_t *s) {
     rdma_tp_t *tp = p->tp;
     rdma_credits_t *c = tp->cred;
-    s->xp.rdma.parent = NULL;
-    s->xp.rdma.credit = 0;
+    ote__rdma_xp(s)->parent = NULL;
+    ote__rdma_xp(s)->credit = 0;
     if (tp->cfg.rdma_max_grants == 0) return OTE_OK;
     ote_mutex_lock(&c->mu);
     parent_t *x = c->parents;
@@ -120,7 +120,7 @@ ote_status_t ote__rdma_parent_attach(ote__tpeer_t *p, ote__slice_t *s) {
     }
     x->left += s->len;
     ote_mutex_unlock(&c->mu);
-    s->xp.rdma.parent = x;
+    ote__rdma_xp(s)->parent = x;
     return OTE_OK;
 }
 
@@ -130,9 +130,9 @@ static void returned(rdma_tp_t *tp) {
 }
 
 void ote__rdma_parent_slice_end(ote__slice_t *s) {
-    parent_t *x = s->xp.rdma.parent;
+    parent_t *x = ote__rdma_xp(s)->parent;
     if (x == NULL) return;
-    s->xp.rdma.parent = NULL;
+    ote__rdma_xp(s)->parent = NULL;
     rdma_tp_t *tp = x->tp;
     rdma_credits_t *c = tp->cred;
     int freed = 0;
@@ -160,9 +160,9 @@ static void live_add(rdma_credits_t *c) {
 
 int ote__rdma_grant_take(rdma_tp_t *tp, ote__slice_t *s, uint64_t rlen) {
     rdma_credits_t *c = tp->cred;
-    parent_t *x = s->xp.rdma.parent;
+    parent_t *x = ote__rdma_xp(s)->parent;
     if (x == NULL) { /* no grant limit: counted only */
-        s->xp.rdma.credit = 1;
+        ote__rdma_xp(s)->credit = 1;
         live_add(c);
         return 1;
     }
@@ -191,17 +191,17 @@ int ote__rdma_grant_take(rdma_tp_t *tp, ote__slice_t *s, uint64_t rlen) {
         atomic_fetch_add(&c->waits, 1);
         return 0;
     }
-    s->xp.rdma.credit = 1;
+    ote__rdma_xp(s)->credit = 1;
     live_add(c);
     return 1;
 }
 
 int ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s) {
     rdma_credits_t *c = tp->cred;
-    if (!s->xp.rdma.credit) return 0;
-    s->xp.rdma.credit = 0;
+    if (!ote__rdma_xp(s)->credit) return 0;
+    ote__rdma_xp(s)->credit = 0;
     atomic_fetch_sub(&c->live, 1);
-    parent_t *x = s->xp.rdma.parent;
+    parent_t *x = ote__rdma_xp(s)->parent;
     if (x == NULL) return 0;
     ote_mutex_lock(&c->mu);
     if (x->live > 0) x->live--;
@@ -210,7 +210,7 @@ int ote__rdma_grant_put(rdma_tp_t *tp, ote__slice_t *s) {
 }
 
 int ote__rdma_parent_wire(const ote__slice_t *s, uint64_t *id_out, uint32_t *budget_out) {
-    const parent_t *x = s->xp.rdma.parent;
+    const parent_t *x = ote__rdma_cxp(s)->parent;
     if (x == NULL) return 0;
     rdma_credits_t *c = x->tp->cred;
     ote_mutex_lock(&c->mu);
@@ -294,7 +294,7 @@ static int retire_idle(rdma_tp_t *tp) {
 
 uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s, uint32_t mask) {
     if (!ote__rdma_qps_full(tp)) return mask;
-    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_cxp(s)->direct ? 2u : 0u);
     uint32_t ready = 0;
     for (uint32_t i = 0; i < tp->nnics; i++) {
         ote_endpoint_t *ep = p->conn.ep[i][cap];

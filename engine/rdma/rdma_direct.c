@@ -150,13 +150,14 @@ void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid) {
 }
 
 void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s) {
-    if (s->xp.rdma.direct || s->req_uid == 0 || p->conn.c == NULL || !p->conn.c->direct_ok) return;
+    if (ote__rdma_xp(s)->direct || s->req_uid == 0 || p->conn.c == NULL || !p->conn.c->direct_ok)
+        return;
     int known = 0;
     ote_mutex_lock(&p->mu);
     for (uint32_t i = 0; i < OTE__RDMA_REDIRECT_MEMO && !known; i++)
         known = p->direct.redirected[i] == s->req_uid;
     ote_mutex_unlock(&p->mu);
     if (!known) return;
-    for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.direct = 1;
+    for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->direct = 1;
     atomic_fetch_add(&p->tp->direct_recalled, 1);
 }

@@ -93,6 +93,25 @@
 #define OTE__RDMA_SRC_BUSY ote_status_make(OTE_ERR_AGAIN, EBUSY)
 
 typedef struct ote__rdma_tp rdma_tp_t;
+
+/* A slice's rdma scratch (ote__slice_t.xp): ote__rdma_xp(s). */
+typedef struct {
+    rdma_tp_t *tp;           /* the transport that took the slice */
+    struct ibv_mr *mr;       /* temporary MR of an unregistered local buffer, or NULL */
+    uint32_t nic;            /* the data device the selector picked */
+    uint32_t retries;        /* READ slices moved to another device after a loss */
+    struct ote__tpeer *peer; /* the peer whose queue the slice came from */
+    void *conn;              /* a run's first slice: a reference on the control connection
+                              * its grant was asked on (for a RELEASE), or NULL */
+    void *parent;            /* its request's grant reservation (rdma_credits.c), or NULL */
+    uint32_t credit;         /* a run's first slice: the run holds a grant credit */
+    uint32_t direct;         /* the source redirected it to a direct slot (rdma_direct.c) */
+} rdma_xp_t;
+_Static_assert(sizeof(rdma_xp_t) <= OTE__SLICE_SCRATCH, "rdma's slice scratch fits a slice's");
+static inline rdma_xp_t *ote__rdma_xp(ote__slice_t *s) { return (rdma_xp_t *)(void *)s->xp; }
+static inline const rdma_xp_t *ote__rdma_cxp(const ote__slice_t *s) {
+    return (const rdma_xp_t *)(const void *)s->xp;
+}
 typedef ote__acct_t acct_t; /* the source's account of one request (rdma_accounts.c) */
 
 /* A registration's MRs. rdma.c owns the list (tp->regs, under tp->mu). */

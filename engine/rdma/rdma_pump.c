@@ -400,8 +400,8 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
             ote__rdma_slice_write_off(p, s);
             s->done(s, OTE_ERR_NOMEM);
         } else {
-            s->xp.rdma.retries = 0;
-            s->xp.rdma.direct = 0;
+            ote__rdma_xp(s)->retries = 0;
+            ote__rdma_xp(s)->direct = 0;
             ote_mutex_lock(&p->mu);
             if (p->queue.tail != NULL) p->queue.tail->next = s;
             else p->queue.head = s;

@@ -207,7 +207,8 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     if (st == OTE__RDMA_SRC_BUSY) return user ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT;
     if (code == OTE_ERR_FENCED) {
         if (user) return OTE_ERR_CANCELED;
-        if (ote_context_check(tp->nics[s->xp.rdma.nic].ctx) == OTE_OK) return OTE_ERR_PEER_LOST;
+        if (ote_context_check(tp->nics[ote__rdma_cxp(s)->nic].ctx) == OTE_OK)
+            return OTE_ERR_PEER_LOST;
     }
     return st;
 }
@@ -223,7 +224,7 @@ static int miss_may_retry(const ote__slice_t *s, ote_status_t st) {
     if (st != OTE__RDMA_CACHE_MISS || ote_deadline_expired(s->deadline)) return 0;
     if (s->canceled != NULL && atomic_load(s->canceled)) return 0;
     for (const ote__slice_t *x = s; x != NULL; x = x->next)
-        if (x->xp.rdma.retries > 0) return 0;
+        if (ote__rdma_cxp(x)->retries > 0) return 0;
     return 1;
 }
 
@@ -233,13 +234,13 @@ static int miss_may_retry(const ote__slice_t *s, ote_status_t st) {
  * and only while another device is active. */
 static int read_may_move(const rdma_tp_t *tp, const ote__slice_t *s, const rdma_nic_t *n,
                          ote_status_t st) {
-    if (st == OTE_OK || s->op != OTE__SLICE_READ || s->xp.rdma.retries > 0) return 0;
+    if (st == OTE_OK || s->op != OTE__SLICE_READ || ote__rdma_cxp(s)->retries > 0) return 0;
     if (s->canceled != NULL && atomic_load(s->canceled)) return 0;
     if (ote_context_check(n->ctx) == OTE_OK || ote_deadline_expired(s->deadline)) return 0;
     return ote__rdma_other_active(tp, n->index);
 }
 
-/* The grant of a slice ended: deregister the slice's temporary MR (s->xp.rdma.mr, set
+/* The grant of a slice ended: deregister the slice's temporary MR (ote__rdma_xp(s)->mr, set
  * only for an unregistered local buffer), give its device's window back, kick the pump
  * thread when the peer's queue holds slices, then end the slice (or queue it again:
  * read_may_move). Nothing here touches p after done(): the peer may then be closed. */
@@ -285,18 +286,18 @@ static void tmp_mr_drop(rdma_tp_t *tp, rdma_nic_t *n, struct ibv_mr *mr) {
 static void slice_grant_done(void *arg, ote_status_t st) {
     ote__slice_t *s = arg; /* the run's first slice; the others follow by next */
     /* A staged WRITE ends with the source's COMMIT (rdma_commit.c). */
-    if (ote__rdma_commit_park(s->xp.rdma.peer, s, &st)) return;
+    if (ote__rdma_commit_park(ote__rdma_xp(s)->peer, s, &st)) return;
     ote__rdma_run_finish(s, st);
 }
 
 void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
-    rdma_tp_t *tp = s->xp.rdma.tp;
-    ote__tpeer_t *p = s->xp.rdma.peer;
-    rdma_nic_t *n = &tp->nics[s->xp.rdma.nic];
-    struct ibv_mr *mr = s->xp.rdma.mr;
-    s->xp.rdma.mr = NULL;
-    if (s->xp.rdma.conn != NULL) ote__rdma_conn_put(s->xp.rdma.conn);
-    s->xp.rdma.conn = NULL;
+    rdma_tp_t *tp = ote__rdma_xp(s)->tp;
+    ote__tpeer_t *p = ote__rdma_xp(s)->peer;
+    rdma_nic_t *n = &tp->nics[ote__rdma_xp(s)->nic];
+    struct ibv_mr *mr = ote__rdma_xp(s)->mr;
+    ote__rdma_xp(s)->mr = NULL;
+    if (ote__rdma_xp(s)->conn != NULL) ote__rdma_conn_put(ote__rdma_xp(s)->conn);
+    ote__rdma_xp(s)->conn = NULL;
     if (mr != NULL) tmp_mr_drop(tp, n, mr);
     uint64_t rlen = run_bytes(s);
     ote_selector_done(tp->sel, (int)n->index, rlen, st == OTE_OK);
@@ -312,12 +313,12 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
                   s->op == OTE__SLICE_WRITE ? "WRITE" : "READ", (unsigned long long)rlen);
         ote__rdma_slice_renew(s);
         again = busy = 1;
-    } else if (!again && st == OTE__RDMA_DIRECT_REDIRECT && !s->xp.rdma.direct &&
+    } else if (!again && st == OTE__RDMA_DIRECT_REDIRECT && !ote__rdma_xp(s)->direct &&
                !(s->canceled != NULL && atomic_load(s->canceled)) &&
                !ote_deadline_expired(s->deadline)) {
         /* Device memory at the source, served on a direct slot (rdma_direct.c): nothing
          * was posted, so the run goes again there, as a request of its own. */
-        for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.direct = 1;
+        for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->direct = 1;
         ote__rdma_direct_remember(p, s->req_uid); /* its later runs go there first */
         ote__rdma_slice_renew(s);
         atomic_fetch_add(&tp->direct_followed, 1);
@@ -328,7 +329,7 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
                          "%s run of %llu bytes: the source had no such connection (cache "
                          "miss): rebuilt and retried once",
                          s->op == OTE__SLICE_WRITE ? "WRITE" : "READ", (unsigned long long)rlen);
-        for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
+        for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->retries++;
         ote__rdma_slice_renew(s);
         again = 1;
     } else if (again) {
@@ -337,13 +338,13 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
         OTE_WARN_LIMITED("rdma",
                          "READ run of %llu bytes lost with device %s (%s): moved to another device",
                          (unsigned long long)rlen, ote_context_name(n->ctx), ote_status_str(st));
-        for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
+        for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->retries++;
         ote__rdma_slice_renew(s);
     }
     ote_mutex_lock(&p->mu);
     p->queue.inflight[n->index] -= rlen;
     /* The endpoint the run used (plain or direct): its idle QPs are the unknown ones. */
-    uint32_t used = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    uint32_t used = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_xp(s)->direct ? 2u : 0u);
     if (st == OTE__RDMA_CACHE_MISS) ote__rdma_build_flush_ask(p, n->index, used);
     if (busy) p->pump.busy_until = ote_now_ns() + OTE__RDMA_BUSY_PAUSE_NS;
     if (again) ote__rdma_run_requeue(p, s);
@@ -361,11 +362,11 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
  * deadline. Sent on the connection the grant was asked on (the run holds a reference). */
 static void slice_grant_abandoned(void *arg, uint32_t slot, uint32_t remote_qpn, uint32_t rkey) {
     ote__slice_t *s = arg;
-    conn_t *c = s->xp.rdma.conn;
+    conn_t *c = ote__rdma_xp(s)->conn;
     if (c == NULL || c->ndev == 0) return;
-    uint32_t k = s->xp.rdma.nic;
+    uint32_t k = ote__rdma_xp(s)->nic;
     uint32_t pair = ((k % c->ndev) << 8) | k;
-    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_xp(s)->direct ? 2u : 0u);
     ote__rdma_send_release(c, pair, cap, slot, remote_qpn, rkey);
 }
 
@@ -488,7 +489,7 @@ void ote__rdma_start_failed(ote__tpeer_t *p, ote__slice_t *s, int k, ote_status_
                              "miss): rebuilt and retried once",
                              s->op == OTE__SLICE_WRITE ? "WRITE" : "READ",
                              (unsigned long long)rlen);
-            for (ote__slice_t *x = s; x != NULL; x = x->next) x->xp.rdma.retries++;
+            for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->retries++;
         }
         if (move || miss) {
             if (move) (void)ote_selector_set_active(tp->sel, k, 0); /* the monitor confirms it */
@@ -633,15 +634,15 @@ static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, ui
     rdma_tp_t *tp = p->tp;
     rdma_nic_t *n = &tp->nics[k];
     for (ote__slice_t *x = s; x != NULL; x = x->next) {
-        x->xp.rdma.mr = NULL;
-        x->xp.rdma.tp = tp;
-        x->xp.rdma.nic = (uint32_t)k;
-        x->xp.rdma.peer = p;
-        x->xp.rdma.conn = NULL;
+        ote__rdma_xp(x)->mr = NULL;
+        ote__rdma_xp(x)->tp = tp;
+        ote__rdma_xp(x)->nic = (uint32_t)k;
+        ote__rdma_xp(x)->peer = p;
+        ote__rdma_xp(x)->conn = NULL;
     }
-    s->xp.rdma.mr = tmp; /* the run's first slice holds its temporary MR */
+    ote__rdma_xp(s)->mr = tmp; /* the run's first slice holds its temporary MR */
     ote__rdma_conn_get(p->conn.c);
-    s->xp.rdma.conn = p->conn.c;
+    ote__rdma_xp(s)->conn = p->conn.c;
     ote_grant_desc_t d;
     memset(&d, 0, sizeof(d));
     d.op = s->op == OTE__SLICE_WRITE ? OTE_GRANT_WRITE : OTE_GRANT_READ;
@@ -664,9 +665,9 @@ static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, ui
     ote_status_t st = ote_grant_start(n->gm, &d, &ctl);
     if (st == OTE_OK) return;
     ote_endpoint_return(ep, slot, qp);
-    s->xp.rdma.mr = NULL;
-    ote__rdma_conn_put(s->xp.rdma.conn);
-    s->xp.rdma.conn = NULL;
+    ote__rdma_xp(s)->mr = NULL;
+    ote__rdma_conn_put(ote__rdma_xp(s)->conn);
+    ote__rdma_xp(s)->conn = NULL;
     if (tmp != NULL) tmp_mr_drop(tp, n, tmp);
     ote__rdma_start_failed(p, s, k, st);
 }
@@ -681,7 +682,7 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     /* A run the source redirected goes on a direct endpoint (rdma_direct.c), and so does
      * a later run of a request it redirected. */
     ote__rdma_direct_recall(p, s);
-    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (s->xp.rdma.direct ? 2u : 0u);
+    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_xp(s)->direct ? 2u : 0u);
     ote_endpoint_t *ep = p->conn.ep[k][cap];
     if (ep == NULL) { /* a direct run toward a source that no longer advertises it */
         ote__rdma_start_failed(p, s, k, OTE_ERR_UNSUPPORTED);

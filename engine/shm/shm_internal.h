@@ -131,6 +131,18 @@
 #include "engine/src_account.h"
 #include "engine/transport.h"
 
+/* A slice's shm scratch (ote__slice_t.xp): ote__shm_xp(s). */
+typedef struct {
+    uint64_t id;       /* number of the slice's request on its peer connection */
+    uint64_t ring_end; /* ring mode: where its bytes end in the ring (virtual) */
+    void *ipc;         /* the CUDA IPC copy under way (host->gpu.ipc_copy_start) */
+} shm_xp_t;
+_Static_assert(sizeof(shm_xp_t) <= OTE__SLICE_SCRATCH, "shm's slice scratch fits a slice's");
+static inline shm_xp_t *ote__shm_xp(ote__slice_t *s) { return (shm_xp_t *)(void *)s->xp; }
+static inline const shm_xp_t *ote__shm_cxp(const ote__slice_t *s) {
+    return (const shm_xp_t *)(const void *)s->xp;
+}
+
 #define SHM_MAGIC 0x4d48534fu /* "OSHM" */
 #define SHM_VERSION 3         /* 2: pieces name their request (req_uid); WRITE_OFF; 3: CANCEL */
 #define SHM_BATCH_MAX 64      /* requests per REQS message */

@@ -28,7 +28,7 @@
 /* Queue s on l with its status; its done() runs in slist_finish. */
 void ote__shm_slist_add(shm_slist_t *l, ote__slice_t *s, ote_status_t st) {
     s->next = NULL;
-    s->xp.shm.id = (uint64_t)(int64_t)st; /* the status travels in the scratch until done() */
+    ote__shm_xp(s)->id = (uint64_t)(int64_t)st; /* the status travels in the scratch until done() */
     if (l->t) l->t->next = s;
     else l->h = s;
     l->t = s;
@@ -39,7 +39,7 @@ void ote__shm_slist_finish(shm_slist_t *l) {
     ote__slice_t *s = l->h;
     while (s) {
         ote__slice_t *next = s->next;
-        s->done(s, (ote_status_t)(int64_t)s->xp.shm.id);
+        s->done(s, (ote_status_t)(int64_t)ote__shm_xp(s)->id);
         s = next;
     }
     l->h = l->t = NULL;
@@ -142,7 +142,7 @@ static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
     if (p->ring_head + pad + s->len - p->ring_tail > SHM_RING_BYTES) return -1;
     uint64_t off = (p->ring_head + pad) % SHM_RING_BYTES;
     p->ring_head += pad + s->len;
-    s->xp.shm.ring_end = p->ring_head;
+    ote__shm_xp(s)->ring_end = p->ring_head;
     if (s->op != OTE__SLICE_READ && p->marks == NULL) memcpy(p->ring + off, s->local, s->len);
     *off_out = off;
     return 0;
@@ -153,9 +153,10 @@ static int ring_alloc(shm_peer_t *p, ote__slice_t *s, uint64_t *off_out) {
  * as soon as its mark passed it). p->mu held. */
 static void peer_stage(shm_peer_t *p, const ote__slice_t *first, const ote__slice_t *last) {
     for (const ote__slice_t *s = first;; s = s->next) {
-        if (s->xp.shm.ring_end != 0 && s->op != OTE__SLICE_READ) {
-            memcpy(p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->local, s->len);
-            atomic_store_explicit(p->marks, s->xp.shm.id + 1, memory_order_release);
+        if (ote__shm_cxp(s)->ring_end != 0 && s->op != OTE__SLICE_READ) {
+            memcpy(p->ring + (ote__shm_cxp(s)->ring_end - s->len) % SHM_RING_BYTES, s->local,
+                   s->len);
+            atomic_store_explicit(p->marks, ote__shm_cxp(s)->id + 1, memory_order_release);
         }
         if (s == last) break;
     }
@@ -236,7 +237,7 @@ static int pump_slice_flags(shm_peer_t *p, shm_pump_t *pm, ote__slice_t *s, uint
         if (pm->ipc_ok || s->ipc_try) flags = SHM_REQ_IPC;
         if (s->ipc_try) flags |= SHM_REQ_LOCAL_DEV;
     }
-    s->xp.shm.ring_end = 0; /* nonzero: the slice holds a piece of the ring */
+    ote__shm_xp(s)->ring_end = 0; /* nonzero: the slice holds a piece of the ring */
     if (pm->may_share && s->len > 0 && !s->ipc_try && s->op != OTE__SLICE_NOTIFY &&
         ote__shm_peer_shared(p, s)) {
         flags |= SHM_REQ_SHARED; /* the source copies it through its mapping */
@@ -274,8 +275,8 @@ static void pump_add_slices(shm_peer_t *p, shm_pump_t *pm, shm_slist_t *done) {
         uint16_t flags = 0;
         if (pump_slice_flags(p, pm, s, &local, &flags) != 0)
             break; /* the ring is full: more after responses */
-        s->xp.shm.id = p->next_id + pm->n;
-        pm->r[pm->nw + pm->n] = (shm_req_t){.id = s->xp.shm.id,
+        ote__shm_xp(s)->id = p->next_id + pm->n;
+        pm->r[pm->nw + pm->n] = (shm_req_t){.id = ote__shm_xp(s)->id,
                                             .remote = s->remote,
                                             .local = local,
                                             .len = s->len,
@@ -357,7 +358,7 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, shm_slist_t
         shm_resp_t r;
         memcpy(&r, b + sizeof(shm_hdr_t) + (size_t)i * sizeof(r), sizeof(r));
         ote__slice_t *s = p->fh;
-        if (s == NULL || s->xp.shm.id != r.id) return -1;
+        if (s == NULL || ote__shm_xp(s)->id != r.id) return -1;
         p->fh = s->next;
         if (p->fh == NULL) p->ft = NULL;
         p->nflight--;
@@ -373,10 +374,11 @@ static int peer_responses(shm_peer_t *p, const uint8_t *b, size_t n, shm_slist_t
         /* A piece of local device memory the source declined to offer by IPC (it moved
          * nothing): the engine stages it. */
         if (s->ipc_try && r.status == OTE_ERR_UNSUPPORTED) st = OTE_ERR_UNSUPPORTED;
-        if (s->xp.shm.ring_end != 0) {
+        if (ote__shm_xp(s)->ring_end != 0) {
             if (st == OTE_OK && s->op == OTE__SLICE_READ)
-                memcpy(s->local, p->ring + (s->xp.shm.ring_end - s->len) % SHM_RING_BYTES, s->len);
-            p->ring_tail = s->xp.shm.ring_end;
+                memcpy(s->local, p->ring + (ote__shm_xp(s)->ring_end - s->len) % SHM_RING_BYTES,
+                       s->len);
+            p->ring_tail = ote__shm_xp(s)->ring_end;
         }
         ote__shm_slist_add(done, s, st);
     }

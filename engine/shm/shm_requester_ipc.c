@@ -106,7 +106,7 @@ int ote__shm_peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, shm_s
     if (!p->ipc || ote__shm_offer_decode(b, n, &o) != 0) return -1;
     ote__slice_t *s = p->fh;
     /* A VMM offer carries exactly its allocation's fd; any other carries none. */
-    if (s == NULL || s->xp.shm.id != o.id ||
+    if (s == NULL || ote__shm_xp(s)->id != o.id ||
         (s->op != OTE__SLICE_READ && s->op != OTE__SLICE_WRITE) || s->len > o.d.size - o.d.offset ||
         ((o.d.flags & OTE__IPC_VMM) != 0) != (fd >= 0))
         return -1;
@@ -114,7 +114,8 @@ int ote__shm_peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, shm_s
     if (p->fh == NULL) p->ft = NULL;
     p->nflight--;
     p->flight_bytes -= s->len;
-    if (s->xp.shm.ring_end != 0) p->ring_tail = s->xp.shm.ring_end; /* the source left it */
+    if (ote__shm_xp(s)->ring_end != 0)
+        p->ring_tail = ote__shm_xp(s)->ring_end; /* the source left it */
     const ote__host_t *h = &p->tp->host;
     void *op = NULL;
     ote_status_t st = h->gpu.ipc_copy_start(h->gpu.arg, (uint64_t)p->src_pid, &o.d, fd, s->local,
@@ -126,7 +127,7 @@ int ote__shm_peer_offer(shm_peer_t *p, const uint8_t *b, size_t n, int fd, shm_s
         ote__shm_slist_add(done, s, st);
         return 0;
     }
-    s->xp.shm.ipc = op;
+    ote__shm_xp(s)->ipc = op;
     s->next = NULL;
     if (p->it) p->it->next = s;
     else p->ih = s;
@@ -142,17 +143,17 @@ void ote__shm_peer_ipc_poll(shm_peer_t *p, shm_slist_t *done) {
     ote__slice_t **pp = &p->ih, *last = NULL;
     while (*pp) {
         ote__slice_t *s = *pp;
-        ote_status_t st = h->gpu.ipc_copy_poll(h->gpu.arg, s->xp.shm.ipc, s->deadline <= now);
+        ote_status_t st = h->gpu.ipc_copy_poll(h->gpu.arg, ote__shm_xp(s)->ipc, s->deadline <= now);
         if (st == OTE_ERR_AGAIN) {
             last = s;
             pp = &s->next;
             continue;
         }
         *pp = s->next;
-        void *op = s->xp.shm.ipc;
-        s->xp.shm.ipc = NULL;
-        if (st != OTE_OK) peer_ipc_unsettled(p, s->xp.shm.id, op); /* outcome unknown */
-        else if (!p->broken) peer_ipc_done(p, s->xp.shm.id);
+        void *op = ote__shm_xp(s)->ipc;
+        ote__shm_xp(s)->ipc = NULL;
+        if (st != OTE_OK) peer_ipc_unsettled(p, ote__shm_xp(s)->id, op); /* outcome unknown */
+        else if (!p->broken) peer_ipc_done(p, ote__shm_xp(s)->id);
         if (p->broken) st = OTE_ERR_PEER_LOST;
         if (ote_status_code(st) == OTE_ERR_UNSUPPORTED) st = OTE_ERR_NATIVE; /* not a decline */
         ote__shm_slist_add(done, s, st);

@@ -121,8 +121,20 @@
 #include "engine/src_account.h"
 #include "engine/transport.h"
 
-_Static_assert(sizeof(((ote__slice_t *)0)->xp.tcp.wire) >= OTE_CTL_RW2_FRAME_LEN,
+/* A slice's tcp scratch (ote__slice_t.xp): ote__tcp_xp(s). */
+typedef struct {
+    uint64_t seq;      /* req_id of the slice's frame on its connection */
+    uint16_t wire_len; /* bytes of wire[] in use */
+    uint8_t withdrawn; /* a READ whose CANCEL went to the source */
+    uint8_t wire[64];  /* the encoded frame header (OTE_CTL_RW2_FRAME_LEN max) */
+} tcp_xp_t;
+_Static_assert(sizeof(tcp_xp_t) <= OTE__SLICE_SCRATCH, "tcp's slice scratch fits a slice's");
+_Static_assert(sizeof(((tcp_xp_t *)0)->wire) >= OTE_CTL_RW2_FRAME_LEN,
                "a slice's tcp scratch holds the largest frame header it sends");
+static inline tcp_xp_t *ote__tcp_xp(ote__slice_t *s) { return (tcp_xp_t *)(void *)s->xp; }
+static inline const tcp_xp_t *ote__tcp_cxp(const ote__slice_t *s) {
+    return (const tcp_xp_t *)(const void *)s->xp;
+}
 
 #define TCP_RXBUF (256u << 10)
 #define TCP_DIRECT_MIN (16u << 10) /* payload remainders this large are received in place */

@@ -42,15 +42,15 @@ static void req_append(tcp_conn_t *c, ote__slice_t *list, int check_cancel, req_
             drop_push(&dropped->canceled, s);
             continue;
         }
-        s->xp.tcp.seq = ++c->seq;
-        s->xp.tcp.withdrawn = 0;
+        ote__tcp_xp(s)->seq = ++c->seq;
+        ote__tcp_xp(s)->withdrawn = 0;
         if (s->op == OTE__SLICE_NOTIFY) {
-            ote_ctl_put_hdr(s->xp.tcp.wire, c->version, OTE_CTL_NOTIFY, s->xp.tcp.seq, OTE_OK,
-                            s->len);
-            s->xp.tcp.wire_len = OTE_CTL_HDR_LEN;
-        } else if (ote_ctl_put_rw2(s->xp.tcp.wire, c->version, s->op, s->xp.tcp.seq, s->remote,
-                                   s->len, s->req_remote, s->req_len, s->req_uid,
-                                   &s->xp.tcp.wire_len) == OTE_OK) {
+            ote_ctl_put_hdr(ote__tcp_xp(s)->wire, c->version, OTE_CTL_NOTIFY, ote__tcp_xp(s)->seq,
+                            OTE_OK, s->len);
+            ote__tcp_xp(s)->wire_len = OTE_CTL_HDR_LEN;
+        } else if (ote_ctl_put_rw2(ote__tcp_xp(s)->wire, c->version, s->op, ote__tcp_xp(s)->seq,
+                                   s->remote, s->len, s->req_remote, s->req_len, s->req_uid,
+                                   &ote__tcp_xp(s)->wire_len) == OTE_OK) {
         } else { /* ote__tcp_submit refuses these; never put a wrapped length on the wire */
             drop_push(&dropped->too_big, s);
             continue;
@@ -130,8 +130,8 @@ static void cancel_queue(tcp_conn_t *c, cancel_frame_t *f) {
     f->s.len = (uint32_t)(b - f->body);
     f->s.op = OTE_CTL_CANCEL;
     f->s.deadline = ote_deadline_after(c->w->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
-    ote_ctl_put_hdr(f->s.xp.tcp.wire, c->version, OTE_CTL_CANCEL, 0, OTE_OK, f->s.len);
-    f->s.xp.tcp.wire_len = OTE_CTL_HDR_LEN;
+    ote_ctl_put_hdr(ote__tcp_xp(&f->s)->wire, c->version, OTE_CTL_CANCEL, 0, OTE_OK, f->s.len);
+    ote__tcp_xp(&f->s)->wire_len = OTE_CTL_HDR_LEN;
     if (c->tx_tail) c->tx_tail->next = &f->s;
     else c->tx = &f->s;
     c->tx_tail = &f->s;
@@ -153,13 +153,13 @@ static cancel_frame_t *cancel_room(tcp_conn_t *c, cancel_frame_t **fp, int wd) {
 /* READs of list that were canceled and whose answers have not come: withdraw them. */
 static void withdraw_reads(tcp_conn_t *c, ote__slice_t *s, cancel_frame_t **fp) {
     for (; s != NULL; s = s->next) {
-        if (s->op != OTE__SLICE_READ || s->xp.tcp.withdrawn || s->canceled == NULL ||
+        if (s->op != OTE__SLICE_READ || ote__tcp_xp(s)->withdrawn || s->canceled == NULL ||
             !atomic_load_explicit(s->canceled, memory_order_relaxed))
             continue;
         cancel_frame_t *f = cancel_room(c, fp, 0);
         if (f == NULL) return; /* out of memory: they are served as if not canceled */
-        s->xp.tcp.withdrawn = 1;
-        f->ids[f->nids++] = s->xp.tcp.seq;
+        ote__tcp_xp(s)->withdrawn = 1;
+        f->ids[f->nids++] = ote__tcp_xp(s)->seq;
     }
 }
 
@@ -211,9 +211,9 @@ static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
         int n = 0;
         size_t off = c->tx_off;
         for (ote__slice_t *s = c->tx; s && n < TCP_IOV - 1; s = s->next) {
-            size_t wl = s->xp.tcp.wire_len, pl = slice_payload(s);
+            size_t wl = ote__tcp_xp(s)->wire_len, pl = slice_payload(s);
             if (off < wl) {
-                iov[n].iov_base = s->xp.tcp.wire + off;
+                iov[n].iov_base = ote__tcp_xp(s)->wire + off;
                 iov[n++].iov_len = wl - off;
                 if (pl) {
                     iov[n].iov_base = s->local;
@@ -235,7 +235,7 @@ static ote_status_t req_send(tcp_conn_t *c, struct iovec *iov) {
         size_t left = (size_t)r;
         while (left > 0 && c->tx) {
             ote__slice_t *s = c->tx;
-            size_t rem = s->xp.tcp.wire_len + slice_payload(s) - c->tx_off;
+            size_t rem = ote__tcp_xp(s)->wire_len + slice_payload(s) - c->tx_off;
             if (left < rem) {
                 c->tx_off += left;
                 break;
@@ -297,7 +297,7 @@ void ote__tcp_req_pop_complete(tcp_conn_t *c, ote_status_t st) {
 /* A response frame; returns 0 or -1 when the connection was killed. */
 int ote__tcp_req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     ote__slice_t *s = req_oldest_sent(c);
-    if (m->version != c->version || s == NULL || m->req_id != s->xp.tcp.seq ||
+    if (m->version != c->version || s == NULL || m->req_id != ote__tcp_xp(s)->seq ||
         m->opcode != s->op + 1) {
         OTE_LOG_LIMITED(OTE_LOG_ERROR, "tcp",
                         "unexpected %s (id %llu, version %u) from %s: closing connection",
@@ -325,7 +325,7 @@ int ote__tcp_req_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     c->last_large = 0;
     ote_status_t st = ote_ctl_peer_status(m->opcode, m->status);
     /* CANCELED answers only a READ this side withdrew; from anyone else it is a lie. */
-    if (ote_status_code(st) == OTE_ERR_CANCELED && !s->xp.tcp.withdrawn) st = OTE_ERR_REMOTE;
+    if (ote_status_code(st) == OTE_ERR_CANCELED && !ote__tcp_xp(s)->withdrawn) st = OTE_ERR_REMOTE;
     ote__tcp_req_pop_complete(c, st);
     return 0;
 }
