@@ -15,6 +15,8 @@
 #include "base/log.h"
 #include "base/time.h"
 #include "engine/core_internal.h"
+#include "engine/notify_internal.h"
+#include "engine/registry_internal.h"
 
 #define BATCH_SPIN_MAX_NS (500u * 1000u)
 

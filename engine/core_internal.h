@@ -1,16 +1,23 @@
 /*
  * engine/core_internal.h - what the engine's own files share: the objects behind the
  * public handles (engine, segment, batch and its request slots), registrations and
- * notifications, and the cross-file functions. Transports never include it (they see
- * engine/transport.h and engine/engine_internal.h only).
+ * notifications. Each owner declares its cross-file functions in its own header
+ * (listen_internal.h, router_internal.h, registry_internal.h, shared_mem_internal.h,
+ * notify_internal.h). Transports never include any of them (they see engine/transport.h
+ * and engine/engine_internal.h only).
  *
  * Files, one job each:
- *   engine.c    engine lifecycle (create, destroy, address) and segments
+ *   engine.c    engine lifecycle (create, destroy, address) and segments; it hands the
+ *               router the host services of registry.c, notify.c and shared_mem.c
+ *               (ote__router_upcalls_t), so that the router calls none of them
+ *   listen.c    the one listening socket
  *   router.c    the engine's transports, its advertisement and the choice of a transport
- *               per segment (ote_segment_info)
+ *               per segment (ote_segment_info); nic_stats.c: ote_engine_nic_stats
  *   registry.c  registered memory: register/unregister (with optional names) and the pins
  *               the source side of a transport (host->pin) and local buffers of requests
- *               take; the list of registrations peers discover (host->buffers)
+ *               take; the list of registrations peers discover (host->buffers); mem_node.c
+ *               and hugepages.c serve it
+ *   shared_mem.c  shared allocations (host->shared_find)
  *   discover.c  ote_segment_buffers: the requester side of discovery
  *   notify.c    notifications: the received queue, ote_notify_*, and notifications
  *               attached to batches (decided when no request of the batch is pending)
@@ -203,98 +210,5 @@ struct ote_batch {
 /* Whether e is being destroyed (a destroy was retained): the public calls other than
  * ote_engine_destroy return OTE_ERR_STATE then. */
 #define OTE__ENGINE_GONE(e) (atomic_load_explicit(&(e)->destroying, memory_order_acquire) != 0)
-
-/* ---- router.c --------------------------------------------------------------------- */
-/* Create the transports of e->cfg.transports (all or none), fill e->info/self_addr. A
- * failure whose rollback retained a transport sets e->retained (e must not be freed). */
-ote_status_t ote__router_create(ote_engine_t *e);
-/* Stop the listener and destroy every transport, then free the listener: OTE_OK. A
- * transport that is retained stays in e->tps (the others are gone) with the listener
- * object, and its status is returned: call again to retry what is left. */
-ote_status_t ote__router_destroy(ote_engine_t *e);
-/* Connect to peer through the first transport both sides offer that reaches it. */
-ote_status_t ote__router_open(ote_engine_t *e, const char *peer, ote__transport_t **tp_out,
-                              const char **name_out, ote__tpeer_t **peer_out);
-/* A short connection to peer's listener, handshaken with the role INFO by dl (the
- * router's and discovery's): *fd_out (the caller closes it), the chosen version and the
- * peer's advertisement copied into info (cap bytes, NUL-terminated). */
-ote_status_t ote__router_hello(ote_engine_t *e, const char *peer, ote_deadline_t dl, int *fd_out,
-                               uint16_t *version_out, char *info, size_t cap);
-/* host->query_info (arg: the engine). */
-ote_status_t ote__router_query_info(void *arg, const char *peer, char *buf, size_t cap);
-/* mem_(un)register of every transport (all or none for register). */
-ote_status_t ote__router_mem_register(ote_engine_t *e, void *addr, size_t len, unsigned perms);
-ote_status_t ote__router_mem_unregister(ote_engine_t *e, void *addr);
-/* Device memory on the transports that take a dma-buf MR (mem_register_dmabuf): OTE_OK
- * when at least one did (all or nothing among them), OTE_ERR_UNSUPPORTED when none can. */
-ote_status_t ote__router_mem_register_dmabuf(ote_engine_t *e, void *addr, size_t len, int fd,
-                                             uint64_t offset);
-/* A device registration with OTE_PERM_IPC is gone: each transport's ipc_revoke (close
- * receipts to the peers that imported its allocation). No engine lock held. */
-void ote__router_ipc_revoke(ote_engine_t *e, uint64_t start, uint64_t len);
-/* The shared allocation id was freed: every transport forgets it (ops->shared_free). */
-void ote__router_shared_free(ote_engine_t *e, uint64_t id);
-
-/* shared_mem.c: the table of shared allocations (created before the transports,
- * finished after them) and host->shared_find. */
-ote_status_t ote__shared_init(ote_engine_t *e);
-void ote__shared_fini(ote_engine_t *e);
-ote_status_t ote__shared_find(void *arg, uint64_t addr, uint64_t len, ote__shared_ref_t *out);
-/* Whether [start, +len) overlaps a live registration; reg_lk held (registry.c). */
-int ote__reg_overlaps(const ote_engine_t *e, uint64_t start, uint64_t len);
-
-/* Whether name is in e->cfg.transports (the transports the listener hands connections to). */
-int ote__router_serves(const ote_engine_t *e, const char *name);
-
-/* ---- listen.c: the engine's one listening socket ----------------------------------- */
-typedef struct ote__listen ote__listen_t;
-/* Bind and listen on e->cfg.listen_address and fill e->self_addr (the advertised
- * address); nothing is accepted before ote__listen_start. */
-ote_status_t ote__listen_create(ote_engine_t *e, ote__listen_t **out);
-/* Start accepting (every transport of e exists). */
-ote_status_t ote__listen_start(ote__listen_t *l);
-/* Stop accepting, end and join every handshake, close the socket (before the transports
- * are destroyed). */
-void ote__listen_stop(ote__listen_t *l);
-/* Stop (if not yet) and free (after the transports are destroyed). NULL: nothing. */
-void ote__listen_free(ote__listen_t *l);
-/* An adopted connection has closed (host->conn_closed). */
-void ote__listen_release(ote__listen_t *l);
-
-/* ---- mem_node.c ------------------------------------------------------------------- */
-/* The NUMA node of [addr, addr + len) of memory `kind` (host: where its pages are now;
- * device memory: its GPU's node), or -1 when unknown or spread over several nodes. */
-int ote__mem_node(ote_engine_t *e, uint64_t addr, uint64_t len, uint32_t kind);
-
-/* ---- hugepages.c ------------------------------------------------------------------ */
-/* register_thp=1: advise the kernel to back the huge-page-aligned interior of host range
- * [addr, addr + len) with transparent huge pages (MADV_HUGEPAGE, then MADV_COLLAPSE).
- * Best effort: a failure is logged (once per engine and kind) and changes nothing else. */
-void ote__thp_advise(ote_engine_t *e, uint64_t addr, uint64_t len);
-
-/* ---- registry.c ------------------------------------------------------------------- */
-/* The registration covering [addr, addr+len), or NULL. e->reg_lk held. */
-ote__reg_t *ote__reg_covering(const ote_engine_t *e, uint64_t addr, uint64_t len);
-/* The same, near first: when near (a registration found under the same hold of reg_lk)
- * covers the range it is the answer, without a search. */
-ote__reg_t *ote__reg_covering_near(const ote_engine_t *e, uint64_t addr, uint64_t len,
-                                   const ote__reg_t *near);
-/* host->pin / host->unpin of the engine's transports (arg: the engine). */
-ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
-void ote__reg_unpin(void *arg, void *pin);
-/* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
- * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
-ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
-                              size_t *len_out);
-
-/* ---- notify.c ---------------------------------------------------------------------- */
-/* host->deliver_notify (arg: the engine). */
-ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, size_t len);
-/* Drop one reference of an outgoing notification (freed with the last). */
-void ote__nout_put(ote__nout_t *n);
-/* Decide b's attached notifications once no request is pending. b->mu held. Returns the
- * list to send (with ote__notes_send, no lock held); frees the others. */
-ote__nout_t *ote__batch_decide_notes(ote_batch_t *b);
-void ote__notes_send(ote__nout_t *list);
 
 #endif

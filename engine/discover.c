@@ -15,6 +15,7 @@
 #include "engine/control/ctl.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
+#include "engine/router_internal.h"
 
 #define DISCOVER_REQ_ID 1u
 

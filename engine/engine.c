@@ -17,6 +17,10 @@
 #include "base/time.h"
 #include "engine/control/auth.h"
 #include "engine/core_internal.h"
+#include "engine/notify_internal.h"
+#include "engine/registry_internal.h"
+#include "engine/router_internal.h"
+#include "engine/shared_mem_internal.h"
 
 /* Whether "host:port" resolves to a loopback address (127.0.0.0/8, ::1, ::ffff:127.x). */
 static int is_loopback(const char *addr) {
@@ -66,6 +70,17 @@ static uint64_t new_epoch(const void *salt) {
     return v != 0 ? v : 1;
 }
 
+/* The services the transports call back into, owned by the libraries above the router
+ * (registry, notify, shared_mem), which call the router themselves: the lifecycle, above
+ * them all, hands them to the router at creation (engine/router_internal.h). */
+static const ote__router_upcalls_t g_router_upcalls = {
+    .pin = ote__reg_pin,
+    .unpin = ote__reg_unpin,
+    .buffers = ote__reg_buffers,
+    .deliver_notify = ote__notify_deliver,
+    .shared_find = ote__shared_find,
+};
+
 ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_out) {
     if (engine_out == NULL) return OTE_ERR_INVALID;
     ote__cfg_t rc;
@@ -101,7 +116,7 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
      * device is usable (never a fallback). */
     st = ote__gpu_create(&e->cfg, &e->gpu);
     if (st != OTE_OK) goto err_shared;
-    st = ote__router_create(e);
+    st = ote__router_create(e, &g_router_upcalls);
     if (st != OTE_OK && e->retained) {
         /* A transport's rollback left native owners or a thread behind, which may still
          * use e: e is not freed (logged; counted by the layers that retained). */

@@ -33,6 +33,7 @@
 #include "base/fault.h"
 #include "base/log.h"
 #include "engine/core_internal.h"
+#include "engine/registry_internal.h"
 
 #ifndef MADV_HUGEPAGE
 #define MADV_HUGEPAGE 14 /* <asm-generic/mman-common.h>, Linux >= 2.6.38 */

@@ -47,10 +47,12 @@
 
 #include "base/alloc.h"
 #include "base/le.h"
+#include "base/list.h"
 #include "base/log.h"
 #include "engine/control/auth.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
+#include "engine/listen_internal.h"
 
 #define OTE__LISTEN_MAX_HS 128 /* handshakes at once */
 /* Once half the handshake slots are taken, an address (IPv6: a /64) with this many
@@ -212,7 +214,9 @@ static void refuse(int fd, const ote_ctl_msg_t *hello, const char *from, const c
         (void)ote_ctl_send_all(fd, buf, len, dl);
 }
 
-/* The transport a HELLO role names, or NULL with why filled. */
+/* The transport a HELLO role names, or NULL with why filled. Only a transport of the
+ * engine's list is handed a connection (the tcp an shm-only engine creates answers INFO
+ * and BUFS_REQ only). */
 static ote__transport_t *route(ote_engine_t *e, uint16_t role, const char **name_out, char *why,
                                size_t cap) {
     const char *want = role == OTE_CTL_ROLE_TCP ? "tcp" : role == OTE_CTL_ROLE_RDMA ? "rdma" : NULL;
@@ -227,7 +231,7 @@ static ote__transport_t *route(ote_engine_t *e, uint16_t role, const char **name
     }
     for (size_t i = 0; i < e->ntps; i++)
         if (strcmp(e->tpnames[i], want) == 0 && e->tps[i]->ops->adopt != NULL &&
-            ote__router_serves(e, want)) {
+            ote_list_has(e->cfg.transports, want)) {
             *name_out = e->tpnames[i];
             return e->tps[i];
         }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine/core_internal.h"
+#include "engine/registry_internal.h"
 #include "engine/gpu/gpu.h"
 
 static int host_node(uint64_t addr, uint64_t len) {

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/time.h"
 #include "engine/core_internal.h"
+#include "engine/notify_internal.h"
 
 /* Queue a received notification. OTE_ERR_AGAIN when the queue is at its cap
  * (OTE_NOTIFY_QUEUE_MAX messages or OTE_NOTIFY_QUEUE_BYTES bytes) or out of memory: the

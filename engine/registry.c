@@ -17,6 +17,8 @@
 #include "base/vm.h"
 #include "engine/control/ctl.h"
 #include "engine/core_internal.h"
+#include "engine/registry_internal.h"
+#include "engine/router_internal.h"
 
 /* Index of the registration with the greatest start <= addr, or -1. reg_lk held. */
 static long reg_find(const ote_engine_t *e, uint64_t addr) {

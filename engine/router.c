@@ -53,6 +53,8 @@
 #include "engine/control/hello.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
+#include "engine/listen_internal.h"
+#include "engine/router_internal.h"
 
 static ote_status_t create_one(ote_engine_t *e, const char *name, const ote__host_t *host) {
     ote__transport_t *tp = NULL;
@@ -104,28 +106,24 @@ static void build_info(ote_engine_t *e) {
     if (o >= sizeof(e->info)) e->info[0] = '\0'; /* never a truncated advertisement */
 }
 
-int ote__router_serves(const ote_engine_t *e, const char *name) {
-    return ote_list_has(e->cfg.transports, name);
-}
-
 static void conn_closed(void *arg) { ote__listen_release(((ote_engine_t *)arg)->lst); }
 
-ote_status_t ote__router_create(ote_engine_t *e) {
+ote_status_t ote__router_create(ote_engine_t *e, const ote__router_upcalls_t *up) {
     /* The listener first: its address names the engine to every transport. */
     ote_status_t st = ote__listen_create(e, &e->lst);
     if (st != OTE_OK) return st;
     ote__host_t host = {.arg = e,
-                        .pin = ote__reg_pin,
-                        .unpin = ote__reg_unpin,
-                        .deliver_notify = ote__notify_deliver,
+                        .pin = up->pin,
+                        .unpin = up->unpin,
+                        .deliver_notify = up->deliver_notify,
                         .info = e->info,
                         .self_addr = e->self_addr,
                         .query_info = ote__router_query_info,
-                        .buffers = ote__reg_buffers,
+                        .buffers = up->buffers,
                         .auth_key = e->auth_key,
                         .conn_closed = conn_closed,
                         .gpu = ote__gpu_services(e->gpu),
-                        .shared_find = ote__shared_find,
+                        .shared_find = up->shared_find,
                         .shared_count = &e->nshared_hint,
                         .epoch = e->epoch};
     /* The transport that answers INFO handshakes on the listener first (tcp, else rdma;

@@ -25,6 +25,9 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "engine/core_internal.h"
+#include "engine/registry_internal.h"
+#include "engine/router_internal.h"
+#include "engine/shared_mem_internal.h"
 
 ote_status_t ote__shared_init(ote_engine_t *e) {
     e->shared = NULL;
