@@ -7,9 +7,12 @@ A package may depend only on the packages below it:
 
 Inside engine/ the same holds between its owner libraries:
 
-    //engine (public API, registrations, batches, notifications, composition)
+    //engine (public API: the lifecycle, engine.c)
+        -> the core's owner libraries, each vis_engine_internal (engine/DESIGN.md):
+           :batch -> :notify, :registry; :discover, :shared_mem, :registry -> :router
+           -> :listener -> :core
         -> //engine/tcp, //engine/rdma, //engine/shm (one library per transport; never
-           each other)
+           each other; only :router depends on them)
         -> //engine:transport_api, //engine:config, //engine/control, //engine:api
 
 Each layer's targets are visible only to the layers above it (and to //tests), so an
@@ -42,7 +45,8 @@ def vis_engine_api():
     return _engine_inside() + ["//tools:__subpackages__"]
 
 def vis_engine_internal():
-    """//engine:config and //engine:transport_api: the engine and its transports."""
+    """//engine:config, //engine:transport_api and the core's owner libraries (:core,
+    :listener, :router, :registry, ...): the engine and its transports."""
     return _engine_inside()
 
 def vis_engine_control():

@@ -1,28 +1,33 @@
 /*
- * engine/core_internal.h - what the engine's own files share: the objects behind the
- * public handles (engine, segment, batch and its request slots), registrations and
- * notifications. Each owner declares its cross-file functions in its own header
- * (listen_internal.h, router_internal.h, registry_internal.h, shared_mem_internal.h,
- * notify_internal.h). Transports never include any of them (they see engine/transport.h
- * and engine/engine_internal.h only).
+ * engine/core_internal.h - the objects the engine's owner libraries share: the structs
+ * behind the public handles (engine, segment, batch and its request slots),
+ * registrations and notifications. Owned by the lowest core library (//engine:core);
+ * each owner above it declares its cross-file functions in its own header. Transports
+ * never include any of them (they see engine/transport.h and engine/engine_internal.h
+ * only). engine/DESIGN.md draws the graph of who calls whom.
  *
- * Files, one job each:
- *   engine.c    engine lifecycle (create, destroy, address) and segments; it hands the
- *               router the host services of registry.c, notify.c and shared_mem.c
- *               (ote__router_upcalls_t), so that the router calls none of them
- *   listen.c    the one listening socket
- *   router.c    the engine's transports, its advertisement and the choice of a transport
- *               per segment (ote_segment_info); nic_stats.c: ote_engine_nic_stats
- *   registry.c  registered memory: register/unregister (with optional names) and the pins
- *               the source side of a transport (host->pin) and local buffers of requests
- *               take; the list of registrations peers discover (host->buffers); mem_node.c
- *               and hugepages.c serve it
- *   shared_mem.c  shared allocations (host->shared_find)
- *   discover.c  ote_segment_buffers: the requester side of discovery
- *   notify.c    notifications: the received queue, ote_notify_*, and notifications
- *               attached to batches (decided when no request of the batch is pending)
- *   batch.c     batches: submit (validate, plan, reserve, cut into slices), completion,
- *               status, wait, cancel, reset, destroy
+ * Libraries (engine/BUILD.bazel), one job each, lowest first:
+ *   :core        this header
+ *   :listener    listen.c: the one listening socket          (listen_internal.h)
+ *   :router      router.c: the engine's transports, its advertisement and the choice of
+ *                a transport per segment (ote_segment_info); nic_stats.c
+ *                                                             (router_internal.h)
+ *   :registry    registered memory: registry.c register/unregister (with optional
+ *                names) and the pins the source side of a transport (host->pin) and
+ *                local buffers of requests take; the list of registrations peers
+ *                discover (host->buffers); mem_node.c, hugepages.c
+ *                                                             (registry_internal.h)
+ *   :shared_mem  shared_mem.c: shared allocations (host->shared_find)
+ *                                                             (shared_mem_internal.h)
+ *   :notify      notify.c: the received queue, ote_notify_*, and notifications attached
+ *                to batches (decided when no request of the batch is pending)
+ *                                                             (notify_internal.h)
+ *   :discover    discover.c: ote_segment_buffers, the requester side of discovery
+ *   :batch       batch.c: submit (validate, plan, reserve, cut into slices),
+ *                completion, status, wait, cancel, reset, destroy
+ *   //engine     engine.c: the lifecycle (create, destroy, address) and segments; it
+ *                hands the router the host services of registry, notify and
+ *                shared_mem (ote__router_upcalls_t)
  *
  * Ownership: the engine owns its transport, registrations and the queue of received
  * notifications. A segment owns its transport peer; a batch owns its request slots.

@@ -7,7 +7,8 @@
 #   2. the outside consumer workspace (tests/consumer) builds and runs
 #      //engine_app:engine_user against @orbitte//engine through <ote/ote.h> alone;
 #   3. the same program with a planted #include of an engine *_internal.h header
-#      (engine/engine_internal.h, engine/core_internal.h, engine/tcp/tcp_internal.h)
+#      (engine/engine_internal.h, engine/core_internal.h, engine/router_internal.h,
+#      engine/registry_internal.h, engine/tcp/tcp_internal.h)
 #      fails to build with the header's "is internal to OrbitTE's engine" error;
 #      and a planted #include of a layer's *_internal.h (grant, qp, cq, context, verbs)
 #      fails with its "is internal to OrbitTE's ... layer" error;
@@ -95,8 +96,8 @@ bz build //engine_app:engine_user && ./bazel-bin/engine_app/engine_user
 record "consumer builds and runs engine_user against //engine" $?
 
 cp engine_app/engine_user.c "$SCRATCH/engine_user.c.orig"
-for h in engine/engine_internal.h engine/core_internal.h engine/tcp/tcp_internal.h \
-    engine/shm/shm_internal.h; do
+for h in engine/engine_internal.h engine/core_internal.h engine/router_internal.h \
+    engine/registry_internal.h engine/tcp/tcp_internal.h engine/shm/shm_internal.h; do
     { printf '#include "%s"\n' "$h"; cat "$SCRATCH/engine_user.c.orig"; } >engine_app/engine_user.c
     expect_fail "consumer cannot include $h" \
         "$h is internal to OrbitTE's engine" -- build //engine_app:engine_user
