@@ -296,14 +296,16 @@ ote_status_t ote_buffer_mr_reg(ote_buffer_manager_t *bm, ote_context_t *ctx, voi
 ote_status_t ote_buffer_mr_drop(ote_buffer_manager_t *bm, ote_context_t *ctx, struct ibv_mr *mr,
                                 ote_buffer_mr_released_fn released, void *owner, void *item) {
     if (bm == NULL || ctx == NULL || mr == NULL) return OTE_ERR_INVALID;
-    atomic_fetch_sub(&bm->single, 1);
     buf_mr_t m = {.ctx = ctx, .mr = mr, .retained = 0};
     ote_status_t st = dereg_slot(bm, &m);
-    if (st == OTE_OK) {
-        if (released != NULL) released(owner, item);
-        return OTE_OK;
-    }
-    return adopt_orphan(bm, &m, released, owner, item) == OTE_OK ? OTE_ERR_RETAINED : OTE_ERR_NOMEM;
+    if (st == OTE_OK && released != NULL) released(owner, item);
+    if (st != OTE_OK)
+        st = adopt_orphan(bm, &m, released, owner, item) == OTE_OK ? OTE_ERR_RETAINED
+                                                                   : OTE_ERR_NOMEM;
+    /* Counted down last: the manager's destroy is BUSY until the MR is gone (its owner
+     * told) or is an orphan, so it never frees the manager under a drop. */
+    atomic_fetch_sub(&bm->single, 1);
+    return st;
 }
 
 size_t ote_buffer_manager_single(ote_buffer_manager_t *bm) { return atomic_load(&bm->single); }
