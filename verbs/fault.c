@@ -53,6 +53,15 @@ static const char *const g_op_names[OTE_VERBS_FAULT_OP_COUNT] = {
     "destroy_qp",
     "post_send",
     "post_recv",
+    "query_device_ex",
+    "create_srq",
+    "modify_srq",
+    "query_srq",
+    "destroy_srq",
+    "post_srq_recv",
+    "create_qp_flags",
+    "qp_flags",
+    "device_flags",
 };
 
 const char *ote_verbs_fault_op_name(ote_verbs_fault_op_t op) {
@@ -79,7 +88,8 @@ bool ote_verbs_fault_op_is_destroy(ote_verbs_fault_op_t op) {
         case OP(DEALLOC_MW):
         case OP(DESTROY_COMP_CHANNEL):
         case OP(DESTROY_CQ):
-        case OP(DESTROY_QP): return true;
+        case OP(DESTROY_QP):
+        case OP(DESTROY_SRQ): return true;
         default: return false;
     }
 }

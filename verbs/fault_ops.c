@@ -416,6 +416,80 @@ static int f_post_recv(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *wr
     return err;
 }
 
+/* ---- the extended device query, shared receive queues, QP create flags ---- */
+
+static int f_query_device_ex(ote_verbs_t *v, struct ibv_context *ctx,
+                             struct ibv_device_attr_ex *attr) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(QUERY_DEVICE_EX), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->query_device_ex(f->inner, ctx, attr);
+}
+
+static int f_create_srq(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_srq_init_attr *init_attr,
+                        struct ibv_srq **srq_out) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(CREATE_SRQ), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->create_srq(f->inner, pd, init_attr, srq_out);
+}
+
+static int f_modify_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr,
+                        int attr_mask) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(MODIFY_SRQ), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->modify_srq(f->inner, srq, attr, attr_mask);
+}
+
+static int f_query_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(QUERY_SRQ), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->query_srq(f->inner, srq, attr);
+}
+
+static int f_destroy_srq(ote_verbs_t *v, struct ibv_srq *srq) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(DESTROY_SRQ), srq);
+    if (err != 0) return err;
+    return in_ops(f)->destroy_srq(f->inner, srq);
+}
+
+/* No partial-post rule for SRQ receives: a fail rule fails the whole list (nothing posted). */
+static int f_post_srq_recv(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                           struct ibv_recv_wr **bad_wr) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(POST_SRQ_RECV), NULL);
+    if (err != 0) {
+        if (bad_wr != NULL) *bad_wr = wr;
+        return err;
+    }
+    return in_ops(f)->post_srq_recv(f->inner, srq, wr, bad_wr);
+}
+
+static int f_create_qp_flags(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *init_attr,
+                             uint32_t flags, struct ibv_qp **qp_out) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(CREATE_QP_FLAGS), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->create_qp_flags(f->inner, pd, init_attr, flags, qp_out);
+}
+
+static int f_qp_flags(ote_verbs_t *v, struct ibv_qp *qp, uint32_t *flags_out) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(QP_FLAGS), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->qp_flags(f->inner, qp, flags_out);
+}
+
+static int f_device_flags(ote_verbs_t *v, struct ibv_context *ctx, uint32_t *flags_out) {
+    fault_t *f = to_fault(v);
+    int err = ote__verbs_fault_enter(f, OP(DEVICE_FLAGS), NULL);
+    if (err != 0) return err;
+    return in_ops(f)->device_flags(f->inner, ctx, flags_out);
+}
+
 const ote_verbs_ops_t ote__verbs_fault_ops = {
     .get_device_list = f_get_device_list,
     .free_device_list = f_free_device_list,
@@ -450,4 +524,13 @@ const ote_verbs_ops_t ote__verbs_fault_ops = {
     .destroy_qp = f_destroy_qp,
     .post_send = f_post_send,
     .post_recv = f_post_recv,
+    .query_device_ex = f_query_device_ex,
+    .create_srq = f_create_srq,
+    .modify_srq = f_modify_srq,
+    .query_srq = f_query_srq,
+    .destroy_srq = f_destroy_srq,
+    .post_srq_recv = f_post_srq_recv,
+    .create_qp_flags = f_create_qp_flags,
+    .qp_flags = f_qp_flags,
+    .device_flags = f_device_flags,
 };

@@ -243,6 +243,71 @@ static int stub_post_recv(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr 
     return EOPNOTSUPP;
 }
 
+static int stub_query_device_ex(ote_verbs_t *v, struct ibv_context *ctx,
+                                struct ibv_device_attr_ex *attr) {
+    (void)v;
+    (void)ctx;
+    (void)attr;
+    return EOPNOTSUPP;
+}
+static int stub_create_srq(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_srq_init_attr *init_attr,
+                           struct ibv_srq **srq_out) {
+    (void)v;
+    (void)pd;
+    (void)init_attr;
+    (void)srq_out;
+    return EOPNOTSUPP;
+}
+static int stub_modify_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr,
+                           int attr_mask) {
+    (void)v;
+    (void)srq;
+    (void)attr;
+    (void)attr_mask;
+    return EOPNOTSUPP;
+}
+static int stub_query_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr) {
+    (void)v;
+    (void)srq;
+    (void)attr;
+    return EOPNOTSUPP;
+}
+static int stub_destroy_srq(ote_verbs_t *v, struct ibv_srq *srq) {
+    (void)v;
+    (void)srq;
+    return EOPNOTSUPP;
+}
+/* Nothing is posted: *bad_wr names the first WR, as a failed post does. */
+static int stub_post_srq_recv(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                              struct ibv_recv_wr **bad_wr) {
+    (void)v;
+    (void)srq;
+    if (bad_wr != NULL) *bad_wr = wr;
+    return EOPNOTSUPP;
+}
+static int stub_create_qp_flags(ote_verbs_t *v, struct ibv_pd *pd,
+                                struct ibv_qp_init_attr *init_attr, uint32_t flags,
+                                struct ibv_qp **qp_out) {
+    (void)v;
+    (void)pd;
+    (void)init_attr;
+    (void)flags;
+    (void)qp_out;
+    return EOPNOTSUPP;
+}
+static int stub_qp_flags(ote_verbs_t *v, struct ibv_qp *qp, uint32_t *flags_out) {
+    (void)v;
+    (void)qp;
+    (void)flags_out;
+    return EOPNOTSUPP;
+}
+static int stub_device_flags(ote_verbs_t *v, struct ibv_context *ctx, uint32_t *flags_out) {
+    (void)v;
+    (void)ctx;
+    (void)flags_out;
+    return EOPNOTSUPP;
+}
+
 #define FILL(ops, name) \
     do { \
         if ((ops)->name == NULL) (ops)->name = stub_##name; \
@@ -283,6 +348,15 @@ void ote_verbs_ops_fill_stubs(ote_verbs_ops_t *ops) {
     FILL(ops, destroy_qp);
     FILL(ops, post_send);
     FILL(ops, post_recv);
+    FILL(ops, query_device_ex);
+    FILL(ops, create_srq);
+    FILL(ops, modify_srq);
+    FILL(ops, query_srq);
+    FILL(ops, destroy_srq);
+    FILL(ops, post_srq_recv);
+    FILL(ops, create_qp_flags);
+    FILL(ops, qp_flags);
+    FILL(ops, device_flags);
 }
 #undef FILL
 

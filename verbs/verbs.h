@@ -100,7 +100,50 @@ typedef struct ote_verbs_ops {
                      struct ibv_send_wr **bad_wr);
     int (*post_recv)(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *wr,
                      struct ibv_recv_wr **bad_wr);
+
+    /* Extended device attributes, as ibv_query_device_ex with no input: attr->orig_attr is
+     * what query_device answers; the rest as the provider reports it (zero where it does
+     * not). Limits every depth, SGE count, CQ size, RD-atom count and MW type is drawn from. */
+    int (*query_device_ex)(ote_verbs_t *v, struct ibv_context *ctx,
+                           struct ibv_device_attr_ex *attr);
+
+    /* Shared receive queues, as ibv_create_srq / ibv_modify_srq / ibv_query_srq /
+     * ibv_destroy_srq / ibv_post_srq_recv. create_srq writes the actual attr back into
+     * init_attr->attr on success only. A QP created with init_attr->srq takes its receives
+     * from that SRQ (its own post_recv fails EINVAL). modify_srq with IBV_SRQ_LIMIT arms the
+     * limit: when the posted count falls below it, IBV_EVENT_SRQ_LIMIT_REACHED (element.srq)
+     * is raised once and the limit disarms. destroy_srq with a QP still attached: EBUSY. */
+    int (*create_srq)(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_srq_init_attr *init_attr,
+                      struct ibv_srq **srq_out);
+    int (*modify_srq)(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr,
+                      int attr_mask);
+    int (*query_srq)(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr);
+    int (*destroy_srq)(ote_verbs_t *v, struct ibv_srq *srq);
+    int (*post_srq_recv)(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                         struct ibv_recv_wr **bad_wr);
+
+    /* create_qp with OrbitTE create flags (OTE_VERBS_QP_*). flags 0 is create_qp. A flag
+     * the device cannot honour fails EOPNOTSUPP (never silently ignored); a flag the device
+     * does not need (no scatter-to-CQE on this device) is honoured trivially. */
+    int (*create_qp_flags)(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *init_attr,
+                           uint32_t flags, struct ibv_qp **qp_out);
+    /* The OTE_VERBS_QP_* flags qp was created with, and OTE_VERBS_QP_* facts of the device
+     * it lives on (OTE_VERBS_DEV_SCATTER_TO_CQE: the device may scatter small READ responses
+     * into CQEs, so a CPU copies them at poll time). */
+    int (*qp_flags)(ote_verbs_t *v, struct ibv_qp *qp, uint32_t *flags_out);
+    int (*device_flags)(ote_verbs_t *v, struct ibv_context *ctx, uint32_t *flags_out);
 } ote_verbs_ops_t;
+
+/* create_qp_flags / qp_flags: scatter-to-CQE disabled on this QP (mlx5dv's
+ * MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE): no READ response is ever copied by the CPU
+ * from a CQE into its destination, so a QP that may READ into device memory needs it. */
+#define OTE_VERBS_QP_NO_SCATTER_TO_CQE 0x1u
+/* device_flags: the device scatters small READ responses into signalled CQEs unless a QP
+ * opts out (mlx5; the "mlx5" sim profile). */
+#define OTE_VERBS_DEV_SCATTER_TO_CQE 0x1u
+/* device_flags: QPs can opt out of scatter-to-CQE (create_qp_flags honours
+ * OTE_VERBS_QP_NO_SCATTER_TO_CQE: mlx5dv found, or a sim profile). */
+#define OTE_VERBS_DEV_SCATTER_OPT_OUT 0x2u
 
 /* A provider instance. Upper layers read ->ops and pass the instance back as `v`. */
 struct ote_verbs {

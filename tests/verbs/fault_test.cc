@@ -225,7 +225,8 @@ TEST_F(FaultTest, OpNamesCoverTheWholeTable) {
     int destroys = 0;
     for (int i = 0; i < OP(COUNT); i++)
         destroys += ote_verbs_fault_op_is_destroy(static_cast<ote_verbs_fault_op_t>(i));
-    EXPECT_EQ(destroys, 7);
+    EXPECT_EQ(destroys, 8);
+    EXPECT_TRUE(ote_verbs_fault_op_is_destroy(OP(DESTROY_SRQ)));
     EXPECT_TRUE(ote_verbs_fault_op_is_destroy(OP(CLOSE_DEVICE)));
     EXPECT_FALSE(ote_verbs_fault_op_is_destroy(OP(CREATE_QP)));
 }
@@ -285,7 +286,7 @@ TEST_F(FaultTest, EveryFailableOpFailsWithTheChosenErrno) {
         OpResult r = CallOp(v_, op, a_);
         EXPECT_EQ(r.ret, op == OP(POLL_CQ) ? -EIO : EIO) << ote_verbs_fault_op_name(op);
         EXPECT_TRUE(r.output_untouched) << ote_verbs_fault_op_name(op);
-        if (op == OP(POST_SEND) || op == OP(POST_RECV)) {
+        if (op == OP(POST_SEND) || op == OP(POST_RECV) || op == OP(POST_SRQ_RECV)) {
             EXPECT_TRUE(r.bad_wr_is_first) << ote_verbs_fault_op_name(op);
         }
         EXPECT_EQ(mock_.total_inner_calls(), inner_before)

@@ -24,6 +24,7 @@ struct OpArgs {
     struct ibv_comp_channel *ch = nullptr;
     struct ibv_cq *cq = nullptr;
     struct ibv_qp *qp = nullptr;
+    struct ibv_srq *srq = nullptr;
 };
 
 struct OpResult {
@@ -202,6 +203,71 @@ inline OpResult CallOp(ote_verbs_t *v, ote_verbs_fault_op_t op, const OpArgs &a)
             struct ibv_recv_wr *bad = nullptr;
             r.ret = o->post_recv(v, a.qp, &wr, &bad);
             r.bad_wr_is_first = bad == &wr;
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_QUERY_DEVICE_EX: {
+            struct ibv_device_attr_ex attr;
+            std::memset(&attr, 0, sizeof(attr));
+            r.ret = o->query_device_ex(v, a.ctx, &attr);
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_CREATE_SRQ: {
+            struct ibv_srq_init_attr init;
+            std::memset(&init, 0, sizeof(init));
+            init.attr.max_wr = 4;
+            init.attr.max_sge = 1;
+            auto srq = static_cast<struct ibv_srq *>(kSentinel);
+            r.ret = o->create_srq(v, a.pd, &init, &srq);
+            r.output_untouched = srq == kSentinel;
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_MODIFY_SRQ: {
+            struct ibv_srq_attr attr;
+            std::memset(&attr, 0, sizeof(attr));
+            attr.srq_limit = 1;
+            r.ret = o->modify_srq(v, a.srq, &attr, IBV_SRQ_LIMIT);
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_QUERY_SRQ: {
+            struct ibv_srq_attr attr;
+            r.ret = o->query_srq(v, a.srq, &attr);
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_DESTROY_SRQ: r.ret = o->destroy_srq(v, a.srq); break;
+        case OTE_VERBS_FAULT_OP_POST_SRQ_RECV: {
+            struct ibv_recv_wr wr;
+            std::memset(&wr, 0, sizeof(wr));
+            wr.wr_id = 1;
+            struct ibv_recv_wr *bad = nullptr;
+            r.ret = o->post_srq_recv(v, a.srq, &wr, &bad);
+            r.bad_wr_is_first = bad == &wr;
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_CREATE_QP_FLAGS: {
+            struct ibv_qp_init_attr init;
+            std::memset(&init, 0, sizeof(init));
+            init.send_cq = a.cq;
+            init.recv_cq = a.cq;
+            init.qp_type = IBV_QPT_RC;
+            init.cap.max_send_wr = 4;
+            init.cap.max_recv_wr = 4;
+            init.cap.max_send_sge = 1;
+            init.cap.max_recv_sge = 1;
+            auto qp = static_cast<struct ibv_qp *>(kSentinel);
+            r.ret = o->create_qp_flags(v, a.pd, &init, OTE_VERBS_QP_NO_SCATTER_TO_CQE, &qp);
+            r.output_untouched = qp == kSentinel;
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_QP_FLAGS: {
+            uint32_t flags = 0xdeadu;
+            r.ret = o->qp_flags(v, a.qp, &flags);
+            r.output_untouched = flags == 0xdeadu;
+            break;
+        }
+        case OTE_VERBS_FAULT_OP_DEVICE_FLAGS: {
+            uint32_t flags = 0xdeadu;
+            r.ret = o->device_flags(v, a.ctx, &flags);
+            r.output_untouched = flags == 0xdeadu;
             break;
         }
         case OTE_VERBS_FAULT_OP_COUNT: break;

@@ -70,7 +70,8 @@ TEST_F(VerbsTest, StubsFailEveryOpWithEopnotsupp) {
             EXPECT_EQ(r.ret, EOPNOTSUPP) << ote_verbs_fault_op_name(op);
         }
         EXPECT_TRUE(r.output_untouched) << ote_verbs_fault_op_name(op);
-        if (op == OTE_VERBS_FAULT_OP_POST_SEND || op == OTE_VERBS_FAULT_OP_POST_RECV) {
+        if (op == OTE_VERBS_FAULT_OP_POST_SEND || op == OTE_VERBS_FAULT_OP_POST_RECV ||
+            op == OTE_VERBS_FAULT_OP_POST_SRQ_RECV) {
             EXPECT_TRUE(r.bad_wr_is_first) << ote_verbs_fault_op_name(op);
         }
     }
