@@ -1,7 +1,7 @@
 /*
  * verbs/sim/config.c - devices, ports and GID tables of the sim: the configuration
  * parser (syntax in sim.h), unique auto GIDs, the listening socket of every GID and the
- * device/port/GID query verbs.
+ * port/GID query verbs (query_device is in profile.c).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -148,6 +148,13 @@ static ote_status_t parse_head(sim_config_t *cfg, cfg_item_t *it, const char *ke
     if (!strcmp(key, "dev")) return head_dev(cfg, it, val);
     if (!strcmp(key, "port")) return head_port(it, val);
     if (!strcmp(key, "gid")) return head_gid(it, val);
+    if (!strcmp(key, "profile")) {
+        if (cfg->profile) CFG_FAIL("sim config: the global profile is given twice");
+        cfg->profile = ote__sim_profile_find(val);
+        if (!cfg->profile) CFG_FAIL("sim config: unknown profile '%s'", val ? val : "");
+        it->kind = ITEM_GLOBAL;
+        return OTE_OK;
+    }
     if (!strcmp(key, "retry_cap_ms")) {
         unsigned long x = 0;
         if (!parse_uint(val, 3600000, &x) || x == 0) CFG_FAIL("sim config: bad retry_cap_ms");
@@ -212,6 +219,11 @@ static ote_status_t parse_option(cfg_item_t *it, const char *key, const char *va
         long n = strtol(val, NULL, 10);
         if (n < -1 || n > 1023) CFG_FAIL("sim config: bad numa");
         it->d->numa = (int)n;
+        return OTE_OK;
+    }
+    if (it->kind == ITEM_DEV && !strcmp(key, "profile")) {
+        it->d->profile = ote__sim_profile_find(val);
+        if (!it->d->profile) CFG_FAIL("sim config: unknown profile '%s'", val ? val : "");
         return OTE_OK;
     }
     if (it->kind == ITEM_PORT) return port_option(it->pt, key, val);
@@ -285,6 +297,13 @@ ote_status_t ote__sim_config_parse(const char *text, sim_config_t *cfg) {
     ote_free(copy);
     if (st == OTE_OK) st = config_check(cfg);
     if (st != OTE_OK) return st;
+    /* A device that names no profile: the global item's, else $OTE_SIM_PROFILE, else mlx5. */
+    const sim_profile_t *dflt = cfg->profile ? cfg->profile : ote__sim_profile_default();
+    for (int i = 0; i < cfg->ndev; i++) {
+        if (cfg->devs[i].profile) continue;
+        if (!dflt) return OTE_ERR_INVALID; /* a bad $OTE_SIM_PROFILE, logged */
+        cfg->devs[i].profile = dflt;
+    }
     const char *env = getenv("OTE_SIM_RETRY_CAP_MS");
     unsigned long x = 0;
     if (env && parse_uint(env, 3600000, &x) && x > 0) cfg->retry_cap_ms = (uint32_t)x;
@@ -468,40 +487,6 @@ void ote__sim_free_device_list(ote_verbs_t *v, struct ibv_device **list) {
 const char *ote__sim_get_device_name(ote_verbs_t *v, struct ibv_device *dev) {
     (void)v;
     return dev ? dev->name : NULL;
-}
-
-int ote__sim_query_device(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_device_attr *a) {
-    (void)v;
-    if (!ctx || !a) return EINVAL;
-    sim_dev_t *d = to_sim_ctx(ctx)->dev;
-    memset(a, 0, sizeof(*a));
-    snprintf(a->fw_ver, sizeof(a->fw_ver), "ote-sim 1.0");
-    a->node_guid = d->guid;
-    a->sys_image_guid = d->guid;
-    a->max_mr_size = SIM_MAX_MR_SIZE;
-    a->page_size_cap = 4096;
-    a->vendor_id = 0x5e5e;
-    a->vendor_part_id = 1;
-    a->hw_ver = 1;
-    a->max_qp = SIM_MAX_QP;
-    a->max_qp_wr = SIM_MAX_QP_WR;
-    a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW |
-                          IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_MEM_MGT_EXTENSIONS;
-    a->max_sge = SIM_MAX_SGE;
-    a->max_sge_rd = SIM_MAX_SGE;
-    a->max_cq = SIM_MAX_QP;
-    a->max_cqe = SIM_MAX_CQE;
-    a->max_mr = SIM_MAX_KEYS / 2;
-    a->max_pd = SIM_MAX_QP;
-    a->max_qp_rd_atom = SIM_MAX_RD_ATOM;
-    a->max_qp_init_rd_atom = SIM_MAX_RD_ATOM;
-    a->max_res_rd_atom = SIM_MAX_RD_ATOM * SIM_MAX_QP;
-    a->atomic_cap = IBV_ATOMIC_NONE;
-    a->max_mw = SIM_MAX_KEYS / 2;
-    a->max_pkeys = 1;
-    a->local_ca_ack_delay = 15;
-    a->phys_port_cnt = (uint8_t)d->nports;
-    return 0;
 }
 
 int ote__sim_query_port(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port,

@@ -262,7 +262,7 @@ void ote__sim_ack_cq_events(ote_verbs_t *v, struct ibv_cq *ibcq, unsigned int ne
 int ote__sim_create_cq(ote_verbs_t *v, struct ibv_context *ctx, int cqe, void *cq_context,
                        struct ibv_comp_channel *ibch, int comp_vector, struct ibv_cq **cq_out) {
     if (!ctx || !cq_out) return EINVAL;
-    if (cqe < 1 || cqe > SIM_MAX_CQE) return EINVAL;
+    if (cqe < 1 || (uint32_t)cqe > to_sim_ctx(ctx)->dev->profile->max_cqe) return EINVAL;
     if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) return EINVAL;
     if (ibch && ibch->context != ctx) return EINVAL;
     sim_prov_t *p = to_sim_prov(v);

@@ -331,6 +331,8 @@ int ote__sim_dereg_mr(ote_verbs_t *v, struct ibv_mr *ibmr) {
 int ote__sim_alloc_mw(ote_verbs_t *v, struct ibv_pd *ibpd, enum ibv_mw_type type,
                       struct ibv_mw **mw_out) {
     if (!ibpd || !mw_out) return EINVAL;
+    /* A profile without windows (nomw) has none of either type. */
+    if (!to_sim_pd(ibpd)->ctx->dev->profile->mw) return EOPNOTSUPP;
     /* Type 1 windows need ibv_bind_mw, which the ops table does not carry. */
     if (type == IBV_MW_TYPE_1) return EOPNOTSUPP;
     if (type != IBV_MW_TYPE_2) return EINVAL;

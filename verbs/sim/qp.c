@@ -146,9 +146,10 @@ int ote__sim_create_qp(ote_verbs_t *v, struct ibv_pd *ibpd, struct ibv_qp_init_a
     if (ia->send_cq->context != ibpd->context || ia->recv_cq->context != ibpd->context)
         return EINVAL;
     struct ibv_qp_cap c = ia->cap;
-    if (c.max_send_wr > SIM_MAX_QP_WR || c.max_recv_wr > SIM_MAX_QP_WR ||
-        c.max_send_sge > SIM_MAX_SGE || c.max_recv_sge > SIM_MAX_SGE ||
-        c.max_inline_data > SIM_MAX_INLINE)
+    const sim_profile_t *pr = to_sim_pd(ibpd)->ctx->dev->profile; /* the device's limits */
+    if (c.max_send_wr > pr->max_qp_wr || c.max_recv_wr > pr->max_qp_wr ||
+        c.max_send_sge > pr->max_sge || c.max_recv_sge > pr->max_sge ||
+        c.max_inline_data > pr->max_inline)
         return EINVAL;
     sim_prov_t *p = to_sim_prov(v);
     sim_qp_t *qp = ote_calloc(1, sizeof(*qp));
@@ -359,8 +360,10 @@ static int check_values(sim_qp_t *qp, const struct ibv_qp_attr *a, int mask) {
     if ((mask & M(RETRY_CNT)) && a->retry_cnt > 7) return EINVAL;
     if ((mask & M(RNR_RETRY)) && a->rnr_retry > 7) return EINVAL;
     if ((mask & M(MIN_RNR_TIMER)) && a->min_rnr_timer > 31) return EINVAL;
-    if ((mask & M(MAX_QP_RD_ATOMIC)) && a->max_rd_atomic > SIM_MAX_RD_ATOM) return EINVAL;
-    if ((mask & M(MAX_DEST_RD_ATOMIC)) && a->max_dest_rd_atomic > SIM_MAX_RD_ATOM) return EINVAL;
+    const sim_profile_t *pr = d->profile;
+    if ((mask & M(MAX_QP_RD_ATOMIC)) && a->max_rd_atomic > pr->max_qp_init_rd_atom) return EINVAL;
+    if ((mask & M(MAX_DEST_RD_ATOMIC)) && a->max_dest_rd_atomic > pr->max_qp_rd_atom)
+        return EINVAL;
     if ((mask & M(DEST_QPN)) && a->dest_qp_num > 0xffffff) return EINVAL;
     if (mask & M(AV)) {
         /* The sim routes by GID only: a GRH is mandatory, on IB ports too. */

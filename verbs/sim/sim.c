@@ -49,6 +49,10 @@ static const ote_verbs_ops_t k_sim_ops = {
     .destroy_qp = ote__sim_destroy_qp,
     .post_send = ote__sim_post_send,
     .post_recv = ote__sim_post_recv,
+    .query_device_ex = ote__sim_query_device_ex,
+    .create_qp_flags = ote__sim_create_qp_flags,
+    .qp_flags = ote__sim_qp_flags,
+    .device_flags = ote__sim_device_flags,
 };
 
 static void sim_close(ote_verbs_t *v);

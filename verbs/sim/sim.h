@@ -11,7 +11,7 @@
  * are separated by ';', each item is a comma-separated list of key=value whose first
  * key says what it is:
  *
- *   dev=NAME[,numa=N]                          start a device (at most 8)
+ *   dev=NAME[,numa=N][,profile=NAME]           start a device (at most 8) of that profile
  *   port[=N][,state=active|down|init][,mtu=NETDEV_MTU][,link=eth|ib][,lid=N][,gids=LEN]
  *                                              add a port to the last device (at most 4;
  *                                              mtu 1500 -> IBV_MTU_1024, 9000 -> 4096;
@@ -25,6 +25,8 @@
  *                                              auto-v6: derived from a per-process unique
  *                                              24-bit port id (::ffff:10.X.Y.Z,
  *                                              fe80::XX:XXff:feXX:XXXX, fd5e:...::XXXXXX)
+ *   profile=NAME                               the profile of every device that names
+ *                                              none (once, anywhere in the text)
  *   retry_cap_ms=N                             upper bound on the time before outstanding
  *                                              WRs fail with IBV_WC_RETRY_EXC_ERR when
  *                                              the peer is gone (default 3000;
@@ -38,6 +40,35 @@
  * sim instances on the host (the sim retries another id until its listening socket
  * name is free), so two processes using the default can tell each other apart. An
  * explicit GID that another instance already holds makes open fail (OTE_ERR_EXISTS).
+ *
+ * Device profiles. Each device has one: its own profile= option, else the global
+ * profile= item, else $OTE_SIM_PROFILE (an unknown name makes open fail), else "mlx5".
+ * query_device / query_device_ex report its limits and the verbs enforce them as a NIC
+ * does: create_qp with max_send_wr/max_recv_wr > max_qp_wr, an SGE count > max_sge or
+ * max_inline_data over the inline size -> EINVAL; create_cq with cqe > max_cqe -> EINVAL;
+ * modify_qp with max_rd_atomic > max_qp_init_rd_atom or max_dest_rd_atomic >
+ * max_qp_rd_atom -> EINVAL (max_sge_rd is reported, not enforced at post).
+ *
+ *              max_qp_wr max_sge max_sge_rd max_cqe  inline rd_atom(resp/init) srq_wr srq_sge
+ *   mlx5       32768     30      30         4194303  220    16/16              32767  31
+ *   rxe        16384     32      32         32767    400    128/128            16384  27
+ *   nomw       32768     30      30         4194303  220    16/16              32767  31
+ *   small      512       2       1          1024     64     4/4                512    2
+ *
+ *   mlx5 (ConnectX-like): type-2B windows; scatter-to-CQE: device_flags reports
+ *     OTE_VERBS_DEV_SCATTER_TO_CQE | OTE_VERBS_DEV_SCATTER_OPT_OUT, and a signalled
+ *     RDMA_READ of at most 64 bytes with a destination SGE in a dma-buf MR, on a QP
+ *     created without OTE_VERBS_QP_NO_SCATTER_TO_CQE, fails loudly: it completes with
+ *     IBV_WC_LOC_PROT_ERR (the QP goes to ERR), an ERROR naming the hazard is logged and
+ *     ote_sim_scatter_hazards() counts it (libmlx5 would copy the response out of the CQE
+ *     with the CPU: into GPU memory, a fault). An unsignalled READ, a longer one, or one
+ *     on a QP created with the flag moves the bytes.
+ *   rxe (soft-RoCE): type-2B windows, no scatter-to-CQE (device_flags 0).
+ *   nomw: mlx5's limits without memory windows (no IBV_DEVICE_MEM_WINDOW* flag, max_mw 0,
+ *     alloc_mw of any type EOPNOTSUPP) and without the scatter hazard (device_flags 0).
+ *   small: a constrained RNIC; type-2B windows, no scatter-to-CQE.
+ * Every profile accepts OTE_VERBS_QP_NO_SCATTER_TO_CQE in create_qp_flags (honoured
+ * trivially where there is no scatter-to-CQE); qp_flags reads it back.
  *
  * Where the sim differs from a NIC (see VERBS_FACTS.md for the NIC side):
  * - RC only (other QP types, SRQ: EOPNOTSUPP); no atomics (atomic_cap NONE, atomic
@@ -146,6 +177,14 @@ uint32_t ote_sim_retry_cap_ms(const ote_verbs_t *v);
 
 /* Number of devices of the instance. */
 int ote_sim_device_count(const ote_verbs_t *v);
+
+/* The profile of device dev ("mlx5", "rxe", "nomw", "small"; a static string).
+ * OTE_ERR_NOT_FOUND for an unknown device. */
+ote_status_t ote_sim_device_profile(const ote_verbs_t *v, const char *dev, const char **name_out);
+
+/* Scatter-to-CQE hazards every sim instance of the process has failed (see "Device
+ * profiles" above), since the process started. */
+uint64_t ote_sim_scatter_hazards(void);
 
 /* RNR NAKs sent by every sim instance of the process (a SEND or WRITE_WITH_IMM that found
  * no posted receive), since the process started. */

@@ -49,11 +49,10 @@ extern _Atomic uint64_t ote__sim_rnr_naks;
 #define SIM_MAX_DEVS 8
 #define SIM_MAX_PORTS 4
 #define SIM_GID_TBL_LEN 16
-#define SIM_MAX_QP_WR 16384
+/* Queue depths, SGE counts, CQ size, inline size and RD-atom counts are per device: its
+ * profile (sim_profile_t, profile.c). SIM_MAX_SGE only bounds arrays: the most SGEs any
+ * profile allows (rxe's 32); a device's limit is its profile's max_sge. */
 #define SIM_MAX_SGE 32
-#define SIM_MAX_CQE (1 << 20)
-#define SIM_MAX_INLINE 512
-#define SIM_MAX_RD_ATOM 16
 #define SIM_MAX_MSG_SZ (1ull << 31)
 #define SIM_MAX_MR_SIZE (1ull << 40)
 #define SIM_MAX_QP (1 << 16)
@@ -111,8 +110,29 @@ typedef struct sim_port {
     sim_listener_t *listeners[SIM_GID_TBL_LEN]; /* one per distinct valid GID */
 } sim_port_t;
 
+/* A device profile (profile.c; the list and values in sim.h): the limits query_device
+ * reports and create_qp, create_cq, modify_qp and alloc_mw enforce, and behaviours. */
+typedef struct sim_profile {
+    const char *name;
+    uint32_t vendor_part_id;
+    uint32_t max_qp_wr, max_sge, max_sge_rd, max_cqe, max_inline;
+    uint32_t max_qp_rd_atom, max_qp_init_rd_atom;
+    uint32_t max_srq, max_srq_wr, max_srq_sge;
+    bool mw;             /* type-2B memory windows (none at all when false) */
+    bool scatter_to_cqe; /* mlx5's requester scatter-to-CQE hazard, with the per-QP opt-out */
+} sim_profile_t;
+
+/* The profile named name, NULL when there is none. */
+const sim_profile_t *ote__sim_profile_find(const char *name);
+/* The profile of devices that name none: $OTE_SIM_PROFILE, else "mlx5" (an unknown
+ * $OTE_SIM_PROFILE is refused: NULL, logged). */
+const sim_profile_t *ote__sim_profile_default(void);
+/* Largest READ response mlx5 scatters into a (128-byte) CQE. */
+#define SIM_SCATTER_CQE_MAX 64
+
 typedef struct sim_dev {
     struct ibv_device ibdev;
+    const sim_profile_t *profile; /* never NULL once the configuration is parsed */
     struct sim_prov *prov;
     int index;
     int numa;
@@ -125,6 +145,7 @@ typedef struct sim_config {
     int ndev;
     sim_dev_t devs[SIM_MAX_DEVS];
     uint32_t retry_cap_ms;
+    const sim_profile_t *profile; /* the global profile= item (NULL: none) */
 } sim_config_t;
 
 /* Parse text (NULL/empty = default) into cfg. OTE_ERR_INVALID with a logged reason. */
@@ -316,6 +337,7 @@ typedef struct sim_qp {
     uint32_t epoch;          /* bumped on every move to ERR/RESET */
     uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
     bool sq_sig_all;
+    uint32_t ote_flags; /* OTE_VERBS_QP_* given to create_qp_flags */
     /* send queue: sequence numbers never reset */
     sim_swr_t *sq;
     uint64_t sq_head, sq_next, sq_tail; /* [head,next) sent/executing, [next,tail) queued */
@@ -585,6 +607,19 @@ int ote__sim_post_send(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr
                        struct ibv_send_wr **bad_wr);
 int ote__sim_post_recv(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *wr,
                        struct ibv_recv_wr **bad_wr);
+
+int ote__sim_query_device_ex(ote_verbs_t *v, struct ibv_context *ctx,
+                             struct ibv_device_attr_ex *attr);
+int ote__sim_create_qp_flags(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *init_attr,
+                             uint32_t flags, struct ibv_qp **qp_out);
+int ote__sim_qp_flags(ote_verbs_t *v, struct ibv_qp *qp, uint32_t *flags_out);
+int ote__sim_device_flags(ote_verbs_t *v, struct ibv_context *ctx, uint32_t *flags_out);
+/* mlx5's scatter-to-CQE hazard (profile.c): true when SQ entry e of qp is a signalled
+ * READ of at most SIM_SCATTER_CQE_MAX bytes into a dma-buf MR on a QP of a scatter-to-CQE
+ * profile created without OTE_VERBS_QP_NO_SCATTER_TO_CQE. Logs the ERROR and counts it
+ * (ote_sim_scatter_hazards); the caller fails the WR with IBV_WC_LOC_PROT_ERR. prov->mu
+ * held. */
+bool ote__sim_scatter_hazard(sim_prov_t *p, sim_qp_t *qp, const sim_swr_t *e);
 
 /* Raise CQ_ERR / QP_FATAL for CQs that overran (prov->mu held). */
 void ote__sim_handle_overflow(sim_prov_t *p);

@@ -156,6 +156,11 @@ static void req_build(sim_prov_t *p, sim_qp_t *qp) {
             qp->sq_next++;
             continue;
         }
+        if (ote__sim_scatter_hazard(p, qp, e)) { /* mlx5 profile: logged and counted */
+            swr_fail(qp, e, IBV_WC_LOC_PROT_ERR);
+            qp->sq_next++;
+            continue;
+        }
         if ((e->flags & IBV_SEND_FENCE) && qp->reads_out > 0) break;
         if (e->op == IBV_WR_RDMA_READ && (uint32_t)qp->reads_out >= max_reads) break;
         if (!qp->req || qp->req->dead || !ote__sim_port_up(qp)) break;
