@@ -108,6 +108,50 @@ static ote_status_t context_route(ote_context_t *ctx, const ote_context_pin_t *p
     return OTE_OK;
 }
 
+/* ctx->device_attr and ctx->limits: query_device_ex, or query_device where the provider
+ * lacks the extended verb (EOPNOTSUPP); device_flags says whether small READ responses
+ * may be scattered into CQEs (mlx5). */
+static ote_status_t context_limits(ote_context_t *ctx) {
+    ote_verbs_t *v = ctx->v;
+    struct ibv_device_attr_ex ex;
+    memset(&ex, 0, sizeof(ex));
+    int err = v->ops->query_device_ex(v, ctx->native, &ex);
+    if (err == EOPNOTSUPP) err = v->ops->query_device(v, ctx->native, &ex.orig_attr);
+    if (err != 0) {
+        OTE_ERROR("context", "device %s: query_device failed: errno %d", ctx->name, err);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
+    const struct ibv_device_attr *a = &ex.orig_attr;
+    ctx->device_attr = *a;
+    ote_context_limits_t *l = &ctx->limits;
+    l->max_qp_wr = a->max_qp_wr > 0 ? (uint32_t)a->max_qp_wr : 0;
+    l->max_sge = a->max_sge > 0 ? (uint32_t)a->max_sge : 0;
+    l->max_sge_rd = a->max_sge_rd > 0 ? (uint32_t)a->max_sge_rd : l->max_sge;
+    l->max_cqe = a->max_cqe > 0 ? (uint32_t)a->max_cqe : 0;
+    l->max_qp = a->max_qp > 0 ? (uint32_t)a->max_qp : 0;
+    l->max_qp_rd_atom = a->max_qp_rd_atom > 0 ? (uint32_t)a->max_qp_rd_atom : 0;
+    l->max_qp_init_rd_atom = a->max_qp_init_rd_atom > 0 ? (uint32_t)a->max_qp_init_rd_atom : 0;
+    l->max_srq = a->max_srq > 0 ? (uint32_t)a->max_srq : 0;
+    l->max_srq_wr = a->max_srq_wr > 0 ? (uint32_t)a->max_srq_wr : 0;
+    l->max_srq_sge = a->max_srq_sge > 0 ? (uint32_t)a->max_srq_sge : 0;
+    l->max_mw = a->max_mw > 0 ? (uint32_t)a->max_mw : 0;
+    l->max_mr_size = a->max_mr_size;
+    l->mw_type2 = (a->device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A |
+                                          IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0 &&
+                  l->max_mw > 0;
+    uint32_t df = 0;
+    if (v->ops->device_flags(v, ctx->native, &df) != 0) df = 0;
+    l->scatter_to_cqe = (df & OTE_VERBS_DEV_SCATTER_TO_CQE) != 0;
+    l->scatter_opt_out = (df & OTE_VERBS_DEV_SCATTER_OPT_OUT) != 0;
+    OTE_DEBUG("context",
+              "device %s: max_qp_wr %u, max_sge %u/%u, max_cqe %u, rd_atom %u/%u, srq %u x %u, "
+              "mw type 2 %s, scatter-to-CQE %s",
+              ctx->name, l->max_qp_wr, l->max_sge, l->max_sge_rd, l->max_cqe, l->max_qp_rd_atom,
+              l->max_qp_init_rd_atom, l->max_srq, l->max_srq_wr, l->mw_type2 ? "yes" : "no",
+              l->scatter_to_cqe ? (l->scatter_opt_out ? "on (per-QP opt-out)" : "on") : "off");
+    return OTE_OK;
+}
+
 static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev, const char *name,
                                  uint32_t nic_id, const ote_context_pin_t *pin, int required,
                                  ote_context_t **ctx_out) {
@@ -128,12 +172,8 @@ static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
         ote_free(ctx);
         return ote_status_make(OTE_ERR_NATIVE, err);
     }
-    err = v->ops->query_device(v, ctx->native, &ctx->device_attr);
-    if (err != 0) {
-        OTE_ERROR("context", "device %s: query_device failed: errno %d", name, err);
-        st = ote_status_make(OTE_ERR_NATIVE, err);
-        goto err_close;
-    }
+    st = context_limits(ctx);
+    if (st != OTE_OK) goto err_close;
     int node = -1;
     if (v->ops->device_numa_node(v, ctx->native, &node) == 0) ctx->numa_node = node;
 
@@ -381,6 +421,7 @@ void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info) {
     info->state = ote_context_state(ctx);
     info->route_generation = ctx->route_generation;
     info->device_attr = ctx->device_attr;
+    info->limits = ctx->limits;
     ote_mutex_unlock(&ctx->set->mu);
 }
 

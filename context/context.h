@@ -73,6 +73,28 @@ typedef enum {
  * of base/retained.h (every count is also noted in its process-wide registry). */
 
 /* A snapshot of one context's identity and route. */
+/* What the device says it can do (query_device_ex at open, query_device where the
+ * provider lacks it), the numbers every depth, SGE count, CQ size and RD-atom count is
+ * drawn from. Maxima are upper bounds, not guarantees (VERBS_FACTS.md 10). */
+typedef struct ote_context_limits {
+    uint32_t max_qp_wr;           /* per work queue */
+    uint32_t max_sge, max_sge_rd; /* SGEs per send/recv WR; per READ */
+    uint32_t max_cqe;             /* CQ entries */
+    uint32_t max_qp;
+    uint32_t max_qp_rd_atom;      /* responder depth (max_dest_rd_atomic) */
+    uint32_t max_qp_init_rd_atom; /* initiator depth (max_rd_atomic) */
+    uint32_t max_srq, max_srq_wr, max_srq_sge; /* 0: no SRQ */
+    uint32_t max_mw;
+    uint64_t max_mr_size;
+    int mw_type2;        /* type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B) */
+    int scatter_to_cqe;  /* small READ responses may be copied from CQEs by the CPU */
+    int scatter_opt_out; /* QPs can opt out of it (OTE_VERBS_QP_NO_SCATTER_TO_CQE) */
+} ote_context_limits_t;
+
+/* The largest GID index a QP can use as its source GID (ibv_ah_attr.grh.sgid_index is 8
+ * bits); the GID table itself may be larger. */
+#define OTE_CONTEXT_MAX_SGID_INDEX 255
+
 typedef struct ote_context_info {
     uint32_t nic_id;
     char name[64];
@@ -88,6 +110,7 @@ typedef struct ote_context_info {
     ote_context_state_t state;
     uint64_t route_generation; /* bumped by every route/state change */
     struct ibv_device_attr device_attr;
+    ote_context_limits_t limits;
 } ote_context_info_t;
 
 /* A listener sees every async event of every context, after its state was updated. */

@@ -49,6 +49,7 @@ struct ote_context {
     int numa_node;
     uint64_t route_generation;
     struct ibv_device_attr device_attr;
+    ote_context_limits_t limits; /* derived at open (context.c, context_limits) */
 };
 
 struct ote_context_set {

@@ -5,6 +5,11 @@
  * table, skip empty (ENODATA) and all-zero entries, prefer RoCE v2, then IPv4-mapped
  * entries, then other routable (non link-local) ones; ties go to the lowest index. A pin
  * is strict: it is used exactly as given or the call fails naming device, port and index.
+ *
+ * GID indices are 32 bits wide in the table (ibv_query_gid_ex) but 8 bits in the address
+ * vector every RC QP is connected with (ibv_ah_attr.grh.sgid_index): an entry past index
+ * OTE_CONTEXT_MAX_SGID_INDEX cannot be a QP's source GID, so automatic selection passes it
+ * by and a pin to one fails naming the limit (it is never truncated to another entry).
  */
 #include <errno.h>
 #include <string.h>
@@ -77,6 +82,13 @@ ote_status_t ote__context_select_route(ote_context_t *ctx, uint8_t port, int pin
     struct ibv_gid_entry chosen;
     memset(&chosen, 0, sizeof(chosen));
     if (pin_gid_index >= 0) {
+        if (pin_gid_index > OTE_CONTEXT_MAX_SGID_INDEX) {
+            OTE_ERROR("context",
+                      "pinned route device %s port %u GID index %d cannot be used: a QP's "
+                      "source GID index is 8 bits (ibv_ah_attr.grh.sgid_index, at most %d)",
+                      ctx->name, (unsigned)port, pin_gid_index, OTE_CONTEXT_MAX_SGID_INDEX);
+            return OTE_ERR_INVALID;
+        }
         if (pin_gid_index >= pa.gid_tbl_len) {
             OTE_ERROR("context",
                       "pinned route device %s port %u GID index %d does not exist (the GID "
@@ -93,7 +105,15 @@ ote_status_t ote__context_select_route(ote_context_t *ctx, uint8_t port, int pin
         }
     } else {
         int best_score = -1;
-        for (int i = 0; i < pa.gid_tbl_len; i++) {
+        int n = pa.gid_tbl_len;
+        if (n > OTE_CONTEXT_MAX_SGID_INDEX + 1) {
+            OTE_DEBUG("context",
+                      "device %s port %u: GID entries past index %d are not considered (a "
+                      "QP's source GID index is 8 bits); the table has %d",
+                      ctx->name, (unsigned)port, OTE_CONTEXT_MAX_SGID_INDEX, n);
+            n = OTE_CONTEXT_MAX_SGID_INDEX + 1;
+        }
+        for (int i = 0; i < n; i++) {
             struct ibv_gid_entry e;
             if (query_entry(ctx, port, i, &e) != 0) continue;
             int s = gid_score(&e);

@@ -56,6 +56,7 @@ struct ote_endpoint_store {
     uint64_t next_token;
     ote_endpoint_stats_t stats;
     int private_pd; /* every QP in a PD of its own */
+    uint32_t create_flags[2][OTE_EP_MAX_CAPS]; /* [role][cap]: OTE_VERBS_QP_* added to qp_cfg's */
 };
 
 void ote_ep_key_make(ote_ep_key_t *key, uint64_t remote_process, uint64_t remote_pd,
@@ -101,6 +102,12 @@ err_lanes:
 }
 
 void ote_endpoint_store_private_pd(ote_endpoint_store_t *s) { s->private_pd = 1; }
+
+void ote_endpoint_store_qp_flags(ote_endpoint_store_t *s, ote_ep_role_t role, uint32_t cap,
+                                 uint32_t flags) {
+    if (s == NULL || (unsigned)role > 1 || (unsigned)cap >= OTE_EP_MAX_CAPS) return;
+    s->create_flags[role][cap] = flags;
+}
 
 /* Deallocate the private PD of a slot whose QP is gone (the caller holds the slot by its
  * token); a failure keeps it on the slot, counted as retained once. */
@@ -323,6 +330,8 @@ ote_status_t ote_endpoint_build(ote_ep_claim_t *claim, ote_ep_exchange_fn exchan
     }
     ote_qp_t *qp = NULL;
     ote_qp_config_t cfg = s->qp_cfg;
+    if (ep->key.role <= 1 && ep->key.cap < OTE_EP_MAX_CAPS)
+        cfg.create_flags |= s->create_flags[ep->key.role][ep->key.cap];
     ote_status_t st = OTE_OK;
     if (s->private_pd) {
         ote_verbs_t *v = ote_context_verbs(s->ctx);

@@ -51,6 +51,9 @@ typedef struct ote_endpoint ote_endpoint_t;
 
 typedef enum { OTE_EP_REQUESTER = 0, OTE_EP_SOURCE = 1 } ote_ep_role_t;
 typedef enum { OTE_EP_READ = 0, OTE_EP_WRITE = 1 } ote_ep_cap_t;
+/* Upper layers may name more capabilities (key.cap, e.g. engine/rdma's direct READ 2 and
+ * WRITE 3); per-capability QP flags exist for caps below this. */
+#define OTE_EP_MAX_CAPS 4
 
 /* Build keys with ote_ep_key_make() so padding is zero (keys are compared bytewise). */
 typedef struct ote_ep_key {
@@ -102,6 +105,12 @@ ote_status_t ote_endpoint_store_create(ote_context_t *ctx, ote_cq_lane_t *const 
  * retained_now) until a later reclaim or destroy deallocates it. pds_live counts them.
  */
 void ote_endpoint_store_private_pd(ote_endpoint_store_t *store);
+/* From now on, the QPs this store builds for endpoints of @role and @cap are created with
+ * these OTE_VERBS_QP_* flags added to the template's (e.g. OTE_VERBS_QP_NO_SCATTER_TO_CQE
+ * for the requester's READ QPs when READs may land in device memory). Call before the
+ * store builds anything. */
+void ote_endpoint_store_qp_flags(ote_endpoint_store_t *store, ote_ep_role_t role, uint32_t cap,
+                                 uint32_t flags);
 /**
  * ote_endpoint_store_destroy() - destroy every QP (flush bounded by @deadline) and free
  * the store. OTE_ERR_BUSY while a slot is borrowed or being built; OTE_ERR_RETAINED when

@@ -119,10 +119,13 @@ static ote_status_t create_native_qp(ote_qp_t *qp, ote_cq_lane_t *lane) {
     ia.cap.max_recv_sge = 1;
     ia.cap.max_inline_data = cfg->max_inline;
     struct ibv_pd *pd = cfg->pd != NULL ? cfg->pd : ote_context_pd(qp->ctx);
-    int err = qp->v->ops->create_qp(qp->v, pd, &ia, &qp->qp);
+    int err = cfg->create_flags != 0
+                  ? qp->v->ops->create_qp_flags(qp->v, pd, &ia, cfg->create_flags, &qp->qp)
+                  : qp->v->ops->create_qp(qp->v, pd, &ia, &qp->qp);
     if (err != 0) {
-        OTE_ERROR("qp", "%s: create_qp(RC, %u send WRs, %u recv WRs) failed: errno %d",
-                  ote_context_name(qp->ctx), ia.cap.max_send_wr, ia.cap.max_recv_wr, err);
+        OTE_ERROR("qp", "%s: create_qp(RC, %u send WRs, %u recv WRs, flags 0x%x) failed: errno %d",
+                  ote_context_name(qp->ctx), ia.cap.max_send_wr, ia.cap.max_recv_wr,
+                  cfg->create_flags, err);
         return ote_status_make(OTE_ERR_NATIVE, err);
     }
     qp->qp_num = qp->qp->qp_num;
@@ -158,6 +161,15 @@ static void create_local_path(ote_qp_t *qp, const ote_context_info_t *info) {
     qp->local.qp_num = qp->qp_num;
     qp->local.psn = qp->psn;
     qp->local.mtu = info->active_mtu;
+    qp->local.rd_atom = qp->cfg.max_rd_atomic;
+}
+
+/* qp->cfg.max_rd_atomic within the device's depths (both directions use one value). */
+static void clamp_rd_atomic(ote_qp_t *qp, const ote_context_info_t *info) {
+    uint32_t lim = info->limits.max_qp_rd_atom;
+    if (info->limits.max_qp_init_rd_atom < lim) lim = info->limits.max_qp_init_rd_atom;
+    if (lim > 255) lim = 255;
+    if (lim > 0 && qp->cfg.max_rd_atomic > lim) qp->cfg.max_rd_atomic = (uint8_t)lim;
 }
 
 /* Destroy the native QP of a failed create: 0 when it is gone; otherwise it stays
@@ -197,6 +209,7 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     ote_context_get_info(ctx, &info);
     qp->port = info.port;
     qp->gid_index = info.gid_index;
+    clamp_rd_atomic(qp, &info);
     if ((st = create_native_qp(qp, lane)) != OTE_OK) goto err_rq;
     if ((st = create_move_to_init(qp)) != OTE_OK) goto err_destroy_qp;
     if ((st = ote_cq_lane_attach_qp(lane, qp->qp_num, qp_hook, qp)) != OTE_OK) goto err_destroy_qp;
@@ -292,6 +305,13 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer) {
     attr.min_rnr_timer = qp->cfg.min_rnr_timer;
     attr.ah_attr.is_global = 1;
     attr.ah_attr.grh.dgid = peer->gid;
+    if (qp->gid_index < 0 || qp->gid_index > OTE_CONTEXT_MAX_SGID_INDEX) {
+        /* The context never selects one (context/gid.c); never truncate to another GID. */
+        OTE_ERROR("qp", "%s: QP %u: GID index %d does not fit sgid_index (8 bits)",
+                  ote_context_name(qp->ctx), qp->qp_num, qp->gid_index);
+        ote_mutex_unlock(&qp->native_mu);
+        return OTE_ERR_INVALID;
+    }
     attr.ah_attr.grh.sgid_index = (uint8_t)qp->gid_index;
     attr.ah_attr.grh.hop_limit = 64;
     attr.ah_attr.dlid = peer->lid;
@@ -316,7 +336,10 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer) {
     attr.timeout = qp->cfg.timeout;
     attr.retry_cnt = qp->cfg.retry_cnt;
     attr.rnr_retry = qp->cfg.rnr_retry;
+    /* Initiator depth: never more READs in flight than the peer's responder accepts. */
     attr.max_rd_atomic = qp->cfg.max_rd_atomic;
+    if (peer->rd_atom != 0 && peer->rd_atom < attr.max_rd_atomic)
+        attr.max_rd_atomic = peer->rd_atom;
     err = qp->v->ops->modify_qp(qp->v, qp->qp, &attr,
                                 IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);

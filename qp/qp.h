@@ -64,6 +64,9 @@ typedef struct ote_qp_path {
     uint32_t qp_num;
     uint32_t psn;     /* initial send PSN of that end (24 bits) */
     enum ibv_mtu mtu; /* active MTU of that end's port */
+    /* RDMA READs that end accepts in flight as a responder (its max_dest_rd_atomic);
+     * 0: unknown (the local depth is used). A requester never keeps more outstanding. */
+    uint8_t rd_atom;
 } ote_qp_path_t;
 
 /* A successful receive: buf holds wc->byte_len bytes, valid during the call only. */
@@ -80,7 +83,13 @@ typedef struct ote_qp_config {
     uint8_t retry_cnt;
     uint8_t rnr_retry;
     uint8_t min_rnr_timer;
-    uint8_t max_rd_atomic; /* both initiator and responder depth */
+    /* Both initiator and responder depth, at most the device's (max_qp_init_rd_atom,
+     * max_qp_rd_atom: ote_context_limits_t) and, as initiator, the peer's rd_atom: the QP
+     * uses the smaller. */
+    uint8_t max_rd_atomic;
+    /* OTE_VERBS_QP_* create flags (verbs.h), e.g. OTE_VERBS_QP_NO_SCATTER_TO_CQE for a QP
+     * that may READ into device memory; 0: none. A flag the provider refuses fails create. */
+    uint32_t create_flags;
     ote_qp_recv_fn on_recv;
     void *recv_arg;
     /* The protection domain of the QP and of its receive MR; NULL: the context's. A QP

@@ -44,13 +44,17 @@ static void put_path(uint8_t *b, const ote_qp_path_t *p) {
     ote_le_put32(b + 16, p->lid);
     ote_le_put32(b + 20, p->qp_num);
     ote_le_put32(b + 24, p->psn);
-    ote_le_put32(b + 28, (uint32_t)p->mtu);
+    ote_le_put32(b + 28, (uint32_t)p->mtu | (uint32_t)p->rd_atom << 8);
 }
 
 static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
     memset(p, 0, sizeof(*p));
     memcpy(p->gid.raw, b, 16);
-    uint32_t lid = ote_le_get32(b + 16), mtu = ote_le_get32(b + 28);
+    uint32_t lid = ote_le_get32(b + 16), word = ote_le_get32(b + 28);
+    /* The MTU word: bits 0-7 the MTU, 8-15 the responder's READ depth (0: unknown). */
+    uint32_t mtu = word & 0xff;
+    if (word >> 16 != 0) return OTE_ERR_PROTOCOL;
+    p->rd_atom = (uint8_t)(word >> 8);
     p->qp_num = ote_le_get32(b + 20);
     p->psn = ote_le_get32(b + 24);
     if (lid > 0xffff || p->qp_num == 0 || p->qp_num > 0xffffff || p->psn > 0xffffff ||

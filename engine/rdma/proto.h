@@ -5,7 +5,7 @@
  *
  *   body = type u16, reserved u16 (0), then:
  *   INFO / INFO_ACK   process u64, pd u64, nic u32, lanes u32          (identity + width)
- *   CONNECT           slot u32, cap u32 (0 READ, 1 WRITE; 2, 3: direct), path (gid 16, lid u32, qpn u32, psn u32, mtu u32)
+ *   CONNECT           slot u32, cap u32 (0 READ, 1 WRITE; 2, 3: direct), path (gid 16, lid u32, qpn u32, psn u32, mtu u32: bits 0-7 the MTU, 8-15 the responder's READ depth)
  *   CONNECT_ACK       the source's path (status in the frame header)
  *   GRANT_REQ         slot u32, op u32, source qpn u32, requester qpn u32, addr u64, len u64,
  *                     req_addr u64, req_len u64 (the whole request; [addr, +len) inside it),

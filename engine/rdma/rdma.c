@@ -52,8 +52,9 @@ static ote_status_t rdma_mem_register(ote__transport_t *t, void *addr, size_t le
                  addr, len);
         return OTE_ERR_UNSUPPORTED;
     }
-    ote_status_t st = ote_buffer_register(tp->bm, addr, len,
-                                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, &r->buf);
+    /* MW-bindable only when windows grant it (rdma_grant_mode: exact MRs need no bind). */
+    int mw = tp->grant_mode == OTE__RDMA_GRANT_MW ? IBV_ACCESS_MW_BIND : 0;
+    ote_status_t st = ote_buffer_register(tp->bm, addr, len, IBV_ACCESS_LOCAL_WRITE | mw, &r->buf);
     if (st != OTE_OK) {
         ote_free(r);
         OTE_WARN("rdma", "registration of [%p, +%zu) failed: %s", addr, len, ote_status_str(st));
@@ -625,7 +626,7 @@ static ote_status_t start_lanes(rdma_tp_t *tp, rdma_nic_t *n) {
     if (st != OTE_OK) return st;
     for (uint32_t i = 0; i < n->nlanes; i++) {
         ote_cq_lane_config_t lc = {
-            .index = i, .send_depth = 4096, .recv_depth = 4096, .use_channel = 1};
+            .index = i, .send_depth = n->cq_depth, .recv_depth = n->cq_depth, .use_channel = 1};
         st = ote_cq_lane_create(n->ctx, &lc, &n->lanes[i]);
         if (st == OTE_OK) st = ote_cq_workers_add(n->workers, n->lanes[i]);
         if (st != OTE_OK) return st;
@@ -635,6 +636,7 @@ static ote_status_t start_lanes(rdma_tp_t *tp, rdma_nic_t *n) {
 
 /* Lanes, grant manager and endpoint store of data device n. */
 static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
+    ote__rdma_nic_depths(tp, n);
     ote_status_t st = start_lanes(tp, n);
     if (st != OTE_OK) return st;
     ote_grant_source_ops_t src = ote__rdma_source_ops(tp);
@@ -642,12 +644,12 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     if (st != OTE_OK) return st;
     ote_qp_config_t qc;
     ote_qp_config_default(&qc);
-    qc.max_send_wr = 256;
+    qc.max_send_wr = n->send_wr;
     /* Grant receipts (SEND_WITH_INV) land here; a source admits a grant only with one of
      * these slots reserved for its receipt (rdma_credits.h), so a receiver-not-ready NAK
      * can only mean a peer that sent what it was not granted: a finite RNR retry count
      * turns that into an error (OTE_ERR_PEER_LOST) instead of an endless stall. */
-    qc.recv_slots = tp->cfg.rdma_recv_slots != 0 ? tp->cfg.rdma_recv_slots : 256;
+    qc.recv_slots = n->recv_slots;
     qc.rnr_retry = 3;
     qc.recv_size = 64;
     qc.on_recv = ote__rdma_src_on_recv;
@@ -655,6 +657,9 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     qc.sq_pool = ote__rdma_sq_pool(tp); /* rdma_max_send_wrs (rdma_credits.h) */
     st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->eps);
     if (st != OTE_OK) return st;
+    /* READs may land in device memory: no CPU copy out of a CQE (rdma_limits.c). */
+    ote_endpoint_store_qp_flags(n->eps, OTE_EP_REQUESTER, OTE_EP_READ, n->read_flags);
+    ote_endpoint_store_qp_flags(n->eps, OTE_EP_REQUESTER, 2 /* direct READ */, n->read_flags);
     /* The source's direct endpoints (rdma_direct.c): each QP in a PD of its own. */
     st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->deps);
     if (st == OTE_OK) ote_endpoint_store_private_pd(n->deps);
@@ -717,6 +722,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         return st;
     }
     st = open_devices(tp);
+    if (st == OTE_OK) st = ote__rdma_grant_mode_resolve(tp); /* windows or exact MRs */
     if (st != OTE_OK) goto err;
     st = ote_buffer_manager_create(tp->set, &tp->bm);
     if (st != OTE_OK) goto err;

@@ -161,6 +161,7 @@ typedef struct conn {
     int stage_ok;     /* requester side: the source advertised rdma_stage=1 (staged READs) */
     int direct_ok;    /* requester side: the source advertised rdma_direct=1 (rdma_direct.c) */
     int parent_ok;    /* requester side: it advertised rdma_parent=1 (rdma_src_parents.c) */
+    int grant_mr;     /* requester side: it grants host memory by exact MRs (rdma_grant_mr=1) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -427,7 +428,17 @@ typedef struct rdma_nic {
     _Atomic uint64_t grant_reqs; /* requester: GRANT_REQs sent on it (control round trips) */
     _Atomic uint64_t src_bytes;  /* source: bytes of grants served on it */
     _Atomic int was_active;      /* the monitor's last view of its port */
+    /* Depths drawn from the device's limits at creation (rdma_limits.c). */
+    uint32_t cq_depth;   /* each lane's send and receive CQ */
+    uint32_t send_wr;    /* each QP's send depth */
+    uint32_t recv_slots; /* each QP's receive slots (rdma_recv_slots, clamped) */
+    uint32_t read_flags; /* OTE_VERBS_QP_* of the requester's READ QPs */
 } rdma_nic_t;
+
+/* rdma_limits.c: n's depths and QP flags from its device's limits (INFO when clamped). */
+void ote__rdma_nic_depths(rdma_tp_t *tp, rdma_nic_t *n);
+/* The receive slots of the transport's source QPs (the smallest over its devices). */
+uint32_t ote__rdma_recv_slots(const rdma_tp_t *tp);
 
 /* A server connection and its (joinable) thread. rdma_server.c only. */
 typedef struct srv {
@@ -435,6 +446,10 @@ typedef struct srv {
     pthread_t th;
     int exited; /* under tp->mu: the thread is past its last use of tp but for this */
 } srv_t;
+
+/* How a source grants its host memory (rdma_grant_mode; rdma_direct.c): a type-2 window
+ * bound over the range on the requester's QP, or an exact MR in a private PD. */
+typedef enum { OTE__RDMA_GRANT_MW = 0, OTE__RDMA_GRANT_MR = 1 } ote__rdma_grant_mode_t;
 
 /*
  * The transport. rdma.c creates and tears down everything here and owns base, cfg, host,
@@ -499,6 +514,13 @@ struct ote__rdma_tp {
      * followed (requester). */
     _Atomic uint64_t direct_mrs, direct_served, direct_redirects, direct_followed;
     _Atomic uint64_t direct_recalled; /* runs sent direct first: their request's redirect */
+    /* rdma_direct.c: how host memory is granted (rdma_grant_mode, resolved at creation,
+     * read-only after); whether every data device has type-2 windows; exact MRs
+     * deregistered in all (direct_served - direct_released == direct_mrs) and those of
+     * them over host memory registered in all. */
+    ote__rdma_grant_mode_t grant_mode;
+    int have_mw;
+    _Atomic uint64_t direct_released, direct_host_served;
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */
@@ -777,10 +799,15 @@ ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size
                                            uint64_t offset);
 /* rdma_mem_unregister: close r's dma-buf fd (after its MRs are gone). */
 void ote__rdma_direct_reg_end(reg_ent_t *r);
+/* Creation, once the data devices are open: rdma_grant_mode resolved against their
+ * type-2 window support (tp->grant_mode, tp->have_mw); OTE_ERR_UNSUPPORTED (an ERROR
+ * naming the key and the device) for mw on a device without windows. */
+ote_status_t ote__rdma_grant_mode_resolve(rdma_tp_t *tp);
 /* Whether [addr, +len) lies in one registration that has a dma-buf (served directly). */
 int ote__rdma_direct_servable(rdma_tp_t *tp, uint64_t addr, uint64_t len);
-/* An MR of exactly [addr, +len) of device memory, with `access` (remote READ or WRITE),
- * in the PD of qp (a direct endpoint's private PD). The caller pinned the registration. */
+/* An MR of exactly [addr, +len) of one registration (device memory from its dma-buf, or
+ * host memory), with `access` (remote READ or WRITE), in the PD of qp (a direct
+ * endpoint's private PD). The caller pinned the registration. */
 ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uint64_t len,
                                  int access, struct ibv_mr **mr_out);
 /* Deregister such an MR (of the QP's context ctx) now (synchronous revocation), else it

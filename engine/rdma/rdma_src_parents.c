@@ -177,7 +177,7 @@ static ote_status_t reserve_locked(rdma_tp_t *tp, struct rdma_sparents *S, conn_
                                    ote_qp_t *mine, sparent_t **out) {
     uint32_t budget = rq->u.grant.budget;
     uint32_t max = tp->cfg.rdma_max_served_grants;
-    uint32_t slots = tp->cfg.rdma_recv_slots != 0 ? tp->cfg.rdma_recv_slots : 256;
+    uint32_t slots = ote__rdma_recv_slots(tp);
     if (max != 0 && budget > max) {
         /* Never reservable here: refused at once rather than asked again to its deadline. */
         S->st.refused++;

@@ -275,9 +275,32 @@ TEST_F(ContextFaultTest, DeviceFatalFencesAndPublicationSkipsTheContext) {
     EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
 }
 
+// A provider without query_device_ex (EOPNOTSUPP) is asked query_device instead, and the
+// limits come from it; a failing query_device then fails the open like any other verb.
+TEST_F(ContextFaultTest, LimitsFallBackToQueryDeviceWithoutTheExtendedVerb) {
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_QUERY_DEVICE_EX, OTE_FAULT_EVERY, 0,
+                                   EOPNOTSUPP),
+              OTE_OK);
+    ote_context_set_t *set = nullptr;
+    ASSERT_EQ(ote_context_set_open(v_, nullptr, &set), OTE_OK);
+    ote_context_info_t info;
+    ote_context_get_info(ote_context_set_get(set, 0), &info);
+    EXPECT_GT(info.limits.max_qp_wr, 0u);
+    EXPECT_GT(info.limits.max_cqe, 0u);
+    EXPECT_EQ(info.limits.max_qp_wr, (uint32_t)info.device_attr.max_qp_wr);
+    EXPECT_GE(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_QUERY_DEVICE), 1u);
+    ASSERT_EQ(ote_context_set_close(set), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_QUERY_DEVICE, OTE_FAULT_NTH, 1, EIO),
+              OTE_OK);
+    ote_status_t st = OTE_OK;
+    ExpectErrorLogsIn([&] { st = ote_context_set_open(v_, nullptr, &set); });
+    EXPECT_EQ(ote_status_errno(st), EIO);
+    ote_verbs_fault_clear(v_);
+}
+
 TEST_F(ContextFaultTest, FailedOpenLeavesNothingAndRetrySucceeds) {
     const ote_verbs_fault_op_t ops[] = {OTE_VERBS_FAULT_OP_OPEN_DEVICE,
-                                        OTE_VERBS_FAULT_OP_QUERY_DEVICE,
+                                        OTE_VERBS_FAULT_OP_QUERY_DEVICE_EX,
                                         OTE_VERBS_FAULT_OP_ALLOC_PD};
     for (auto op : ops) {
         ote_verbs_fault_reset_counters(v_);
