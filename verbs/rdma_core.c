@@ -6,7 +6,9 @@
  * ibv_get_async_event/ibv_get_cq_event/ibv_query_gid/ibv_close_device, a positive errno
  * from the int verbs, a negative value from ibv_poll_cq) to the table's uniform one: 0 or
  * a positive errno, outputs written only on success. The objects are rdma-core's own, so
- * nothing is translated and this file holds no state besides the instance itself.
+ * nothing is translated. The extended entries (query_device_ex, QP create flags, device
+ * facts) and the instance's only state (libmlx5 loaded at run time, the flags table) are
+ * in rdma_core_ex.c.
  *
  * A machine without RDMA support (no uverbs in the kernel: ibv_get_device_list fails
  * with ENOSYS) lists zero devices, as one with support but no devices does.
@@ -311,9 +313,10 @@ static int rc_query_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *at
 }
 
 static int rc_destroy_qp(ote_verbs_t *v, struct ibv_qp *qp) {
-    (void)v;
     errno = 0;
-    return int_ret(ibv_destroy_qp(qp));
+    int r = int_ret(ibv_destroy_qp(qp));
+    if (r == 0) ote__rc_forget_qp(v, qp);
+    return r;
 }
 
 static int rc_post_send(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr,
@@ -370,18 +373,31 @@ static const ote_verbs_ops_t g_rdma_core_ops = {
     .destroy_qp = rc_destroy_qp,
     .post_send = rc_post_send,
     .post_recv = rc_post_recv,
+    .query_device_ex = ote__rc_query_device_ex,
+    .create_qp_flags = ote__rc_create_qp_flags,
+    .qp_flags = ote__rc_qp_flags,
+    .device_flags = ote__rc_device_flags,
 };
 
-static void rc_close(ote_verbs_t *v) { ote_free(v); }
+static void rc_close(ote_verbs_t *v) {
+    ote__rc_state_free(v->priv);
+    ote_free(v);
+}
 
 ote_status_t ote__verbs_rdma_core_open(const char *config, ote_verbs_t **v_out) {
     (void)config;
     if (v_out == NULL) return OTE_ERR_INVALID;
     ote_verbs_t *v = ote_calloc(1, sizeof(*v));
     if (v == NULL) return OTE_ERR_NOMEM;
+    ote__rc_state_t *s = NULL;
+    ote_status_t st = ote__rc_state_new(&s);
+    if (st != OTE_OK) {
+        ote_free(v);
+        return st;
+    }
     v->ops = &g_rdma_core_ops;
     v->provider = "rdma-core";
-    v->priv = NULL;
+    v->priv = s;
     v->close = rc_close;
     *v_out = v;
     return OTE_OK;
