@@ -339,6 +339,55 @@ static int rc_post_recv(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_recv_wr *w
     return r;
 }
 
+/* ibv_create_srq writes the actual attributes back into init_attr->attr: on a copy, so
+ * that the caller's change only when the SRQ was created. */
+static int rc_create_srq(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_srq_init_attr *init_attr,
+                         struct ibv_srq **srq_out) {
+    (void)v;
+    if (init_attr == NULL || srq_out == NULL) return EINVAL;
+    struct ibv_srq_init_attr attr = *init_attr;
+    errno = 0;
+    struct ibv_srq *srq = ibv_create_srq(pd, &attr);
+    if (srq == NULL) return failed_errno();
+    init_attr->attr = attr.attr;
+    *srq_out = srq;
+    return 0;
+}
+
+static int rc_modify_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr,
+                         int attr_mask) {
+    (void)v;
+    errno = 0;
+    return int_ret(ibv_modify_srq(srq, attr, attr_mask));
+}
+
+static int rc_query_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr) {
+    (void)v;
+    if (attr == NULL) return EINVAL;
+    struct ibv_srq_attr a;
+    memset(&a, 0, sizeof(a));
+    errno = 0;
+    int r = int_ret(ibv_query_srq(srq, &a));
+    if (r == 0) *attr = a;
+    return r;
+}
+
+static int rc_destroy_srq(ote_verbs_t *v, struct ibv_srq *srq) {
+    (void)v;
+    errno = 0;
+    return int_ret(ibv_destroy_srq(srq));
+}
+
+static int rc_post_srq_recv(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                            struct ibv_recv_wr **bad_wr) {
+    (void)v;
+    struct ibv_recv_wr *bad = NULL;
+    errno = 0;
+    int r = int_ret(ibv_post_srq_recv(srq, wr, &bad));
+    if (r != 0 && bad_wr != NULL) *bad_wr = bad;
+    return r;
+}
+
 static const ote_verbs_ops_t g_rdma_core_ops = {
     .get_device_list = rc_get_device_list,
     .free_device_list = rc_free_device_list,
@@ -377,6 +426,11 @@ static const ote_verbs_ops_t g_rdma_core_ops = {
     .create_qp_flags = ote__rc_create_qp_flags,
     .qp_flags = ote__rc_qp_flags,
     .device_flags = ote__rc_device_flags,
+    .create_srq = rc_create_srq,
+    .modify_srq = rc_modify_srq,
+    .query_srq = rc_query_srq,
+    .destroy_srq = rc_destroy_srq,
+    .post_srq_recv = rc_post_srq_recv,
 };
 
 static void rc_close(ote_verbs_t *v) {

@@ -106,7 +106,7 @@ void ote__sim_async_push(sim_ctx_t *ctx, const struct ibv_async_event *ev) {
     ote__sim_efd_set(ctx->efd, ctx_level(ctx), true);
 }
 
-/* The counter of the QP or CQ an async event names that delivery (or the ack) moves:
+/* The counter of the QP, CQ or SRQ an async event names that delivery (or the ack) moves:
  * destroy_qp/destroy_cq wait until both agree. NULL for events on other objects. */
 static uint32_t *aev_counter(const struct ibv_async_event *ev, bool acked) {
     switch (ote_verbs_event_target(ev->event_type)) {
@@ -117,6 +117,10 @@ static uint32_t *aev_counter(const struct ibv_async_event *ev, bool acked) {
         case OTE_VERBS_EVENT_ON_CQ: {
             sim_cq_t *cq = to_sim_cq(ev->element.cq);
             return acked ? &cq->async_acked : &cq->async_delivered;
+        }
+        case OTE_VERBS_EVENT_ON_SRQ: {
+            sim_srq_t *srq = to_sim_srq(ev->element.srq);
+            return acked ? &srq->async_acked : &srq->async_delivered;
         }
         default: return NULL;
     }

@@ -124,6 +124,7 @@ void ote__sim_qp_to_err(sim_qp_t *qp) {
     qp->reads_out = 0;
     ote__sim_qp_complete(qp);
     rq_flush(qp);
+    if (qp->srq) ote__sim_srq_qp_err(qp);
 }
 
 void ote__sim_qp_fatal(sim_qp_t *qp, enum ibv_event_type type) {
@@ -141,11 +142,12 @@ int ote__sim_create_qp(ote_verbs_t *v, struct ibv_pd *ibpd, struct ibv_qp_init_a
                        struct ibv_qp **qp_out) {
     if (!ibpd || !ia || !qp_out) return EINVAL;
     if (ia->qp_type != IBV_QPT_RC) return EOPNOTSUPP; /* the sim models RC only */
-    if (ia->srq) return EOPNOTSUPP;
+    if (ia->srq && ia->srq->context != ibpd->context) return EINVAL;
     if (!ia->send_cq || !ia->recv_cq) return EINVAL;
     if (ia->send_cq->context != ibpd->context || ia->recv_cq->context != ibpd->context)
         return EINVAL;
     struct ibv_qp_cap c = ia->cap;
+    if (ia->srq) c.max_recv_wr = c.max_recv_sge = 0; /* ignored: receives come from the SRQ */
     const sim_profile_t *pr = to_sim_pd(ibpd)->ctx->dev->profile; /* the device's limits */
     if (c.max_send_wr > pr->max_qp_wr || c.max_recv_wr > pr->max_qp_wr ||
         c.max_send_sge > pr->max_sge || c.max_recv_sge > pr->max_sge ||
@@ -220,6 +222,8 @@ int ote__sim_create_qp(ote_verbs_t *v, struct ibv_pd *ibpd, struct ibv_qp_init_a
     }
     DL_APPEND2(p->qp_list, qp, prev, next);
     qp->pd->children++;
+    qp->srq = ia->srq ? to_sim_srq(ia->srq) : NULL;
+    if (qp->srq) qp->srq->nqp++;
     qp->scq->nqp++;
     qp->rcq->nqp++;
     ote_mutex_unlock(&p->mu);
@@ -267,6 +271,7 @@ int ote__sim_destroy_qp(ote_verbs_t *v, struct ibv_qp *ibqp) {
     }
     ote_mutex_unlock(&qp->scq->mu);
     qp->pd->children--;
+    if (qp->srq) qp->srq->nqp--; /* its connections (and held SRQ WQEs) are gone above */
     qp->scq->nqp--;
     qp->rcq->nqp--;
     ote_mutex_unlock(&p->mu);
@@ -606,7 +611,7 @@ int ote__sim_post_recv(ote_verbs_t *v, struct ibv_qp *ibqp, struct ibv_recv_wr *
     sim_qp_t *qp = to_sim_qp(ibqp);
     int rc = 0;
     ote_mutex_lock(&p->mu);
-    if (qp->state == IBV_QPS_RESET) {
+    if (qp->state == IBV_QPS_RESET || qp->srq) { /* a QP on an SRQ: post_srq_recv only */
         if (bad_wr) *bad_wr = wr;
         ote_mutex_unlock(&p->mu);
         return EINVAL;

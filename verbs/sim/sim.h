@@ -71,7 +71,7 @@
  * trivially where there is no scatter-to-CQE); qp_flags reads it back.
  *
  * Where the sim differs from a NIC (see VERBS_FACTS.md for the NIC side):
- * - RC only (other QP types, SRQ: EOPNOTSUPP); no atomics (atomic_cap NONE, atomic
+ * - RC only (other QP types: EOPNOTSUPP); no atomics (atomic_cap NONE, atomic
  *   opcodes EINVAL at post); type-1 windows EOPNOTSUPP; no alternate paths/APM,
  *   COMM_EST or LID routing (a GRH is required on IB ports too).
  * - One message is one transfer: PSNs advance by packets (length / path MTU) but the
@@ -100,6 +100,10 @@
  *   SEND_WITH_INV of a type-2 window bound to another QP fails like a bad rkey (IBA);
  *   LOCAL_INV checks the PD only (as rxe). A requester takes an ACK in place of a READ
  *   response (or a READ response for another request) as IBV_WC_BAD_RESP_ERR, QP to ERR.
+ * - SRQs (srq.c): a WQE taken by a message that does not complete (its QP left
+ *   RTR/RTS/SQD, its connection closed) goes back to the SRQ's front with no completion
+ *   (rxe drops it, mlx5 may flush it on that QP); max_srq is not enforced; resizing
+ *   (modify_srq IBV_SRQ_MAX_WR) is EINVAL, as on mlx5.
  * - Connections are stricter than RC on a NIC: a responder QP accepts a connection only
  *   while in RTR/RTS/SQD, on its own port, from its RTR destination (the HELLO's source
  *   QPN = dest_qp_num, source GID = dgid, and that GID held by the connecting process,

@@ -347,7 +347,8 @@ typedef struct sim_qp {
     /* receive queue */
     sim_rwr_t *rq;
     uint64_t rq_head, rq_tail;
-    uint32_t rq_epsn; /* responder: next expected PSN */
+    struct sim_srq *srq; /* receives come from this SRQ instead (rq unused); srq.c */
+    uint32_t rq_epsn;    /* responder: next expected PSN */
     /* requester transport */
     struct sim_conn *req;
     bool conn_lost;
@@ -373,6 +374,58 @@ void ote__sim_rq_complete(sim_qp_t *qp, const struct ibv_wc *wc, bool solicited)
 void ote__sim_recv_error_wc(const sim_qp_t *qp, uint64_t wr_id, enum ibv_wc_status st,
                             struct ibv_wc *wc);
 uint64_t ote__sim_retry_bound_ns(sim_qp_t *qp, bool lost);
+
+/* ---- shared receive queues (srq.c) ----
+ *
+ * A bounded queue of receive WQEs in one PD that the QPs created with it (init_attr.srq)
+ * take their receives from. slots[] holds max_wr WQEs (each with max_sge SGEs); ring[]
+ * lists the posted ones in order by slot index at [head, tail); free_slots[] the others.
+ * A message in progress on a responder connection holds its WQE (conn->srq_from,
+ * conn->srq_slot) from its header to its end: another QP's message cannot take it, and
+ * a message that does not complete (its QP left RTR/RTS/SQD, the connection closed) gives
+ * it back to the front. prov->mu guards it all. */
+typedef struct sim_srq {
+    struct ibv_srq ibsrq;
+    sim_pd_t *pd;
+    uint32_t max_wr, max_sge;
+    uint32_t limit; /* armed limit (0: disarmed) */
+    sim_rwr_t *slots;
+    uint32_t *ring;
+    uint64_t head, tail;
+    uint32_t *free_slots;
+    uint32_t nfree;
+    int nqp; /* QPs attached */
+    uint32_t async_delivered, async_acked;
+} sim_srq_t;
+
+static inline sim_srq_t *to_sim_srq(struct ibv_srq *s) {
+    return sim_container_of(s, sim_srq_t, ibsrq);
+}
+
+int ote__sim_create_srq(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_srq_init_attr *init_attr,
+                        struct ibv_srq **srq_out);
+int ote__sim_modify_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr,
+                        int attr_mask);
+int ote__sim_query_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr);
+int ote__sim_destroy_srq(ote_verbs_t *v, struct ibv_srq *srq);
+int ote__sim_post_srq_recv(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                           struct ibv_recv_wr **bad_wr);
+/* The receive path of a responder QP, its RQ or its SRQ alike (prov->mu held):
+ * take: the WQE for the message whose header c just read (an SRQ WQE is taken off the
+ *       SRQ and held by c; the limit event may fire); NULL: none posted (RNR).
+ * held: the WQE that message uses at its end (NULL: none).
+ * done: its CQE on qp's receive CQ (an error moves qp to ERR); the WQE is consumed.
+ * give_back: an SRQ WQE c holds goes back to the SRQ's front, uncompleted. */
+struct sim_conn;
+sim_rwr_t *ote__sim_recv_take(struct sim_conn *c, sim_qp_t *qp);
+sim_rwr_t *ote__sim_recv_held(struct sim_conn *c, sim_qp_t *qp);
+void ote__sim_recv_done(struct sim_conn *c, sim_qp_t *qp, const struct ibv_wc *wc, bool solicited);
+void ote__sim_srq_give_back(struct sim_conn *c);
+/* The PD the receive WQEs of qp are checked in (its SRQ's, else its own). */
+sim_pd_t *ote__sim_recv_pd(sim_qp_t *qp);
+/* qp (on an SRQ) enters ERR: WQEs its messages hold go back to the SRQ (never flushed:
+ * they stay for the other QPs) and IBV_EVENT_QP_LAST_WQE_REACHED is raised on qp. */
+void ote__sim_srq_qp_err(sim_qp_t *qp);
 
 /* ---- wire (wire.c) ---- */
 
@@ -433,6 +486,9 @@ typedef struct sim_conn {
     bool act_revoked; /* the destination was revoked mid-payload: the rest was dropped */
     uint32_t act_epoch;
     uint64_t act_seq;
+    /* responder: the SRQ WQE the message in progress took (srq.c); NULL: none held */
+    struct sim_srq *srq_from;
+    uint32_t srq_slot;
     union ibv_gid hello_gid;
     bool helloed;       /* responder: a HELLO was seen (a second one closes the connection) */
     sim_frame_t *rresp; /* responder: the READ response not yet fully sent, if any */

@@ -106,6 +106,7 @@ void ote__sim_conn_close(sim_prov_t *p, sim_conn_t *c) {
     (void)p;
     if (c->dead) return;
     c->dead = true;
+    ote__sim_srq_give_back(c); /* a message in progress never completes now */
     if (c->qp && c->requester && c->qp->req == c) {
         c->qp->req = NULL;
         c->qp->conn_lost = true;

@@ -11,11 +11,6 @@
 
 #include "verbs/sim/sim_internal.h"
 
-static sim_rwr_t *rq_front(sim_qp_t *qp) {
-    if (qp->rq_head == qp->rq_tail) return NULL;
-    return &qp->rq[qp->rq_head % qp->max_recv_wr];
-}
-
 static void resp_error_event(sim_qp_t *qp, enum ibv_event_type t) {
     struct ibv_async_event ev;
     memset(&ev, 0, sizeof(ev));
@@ -32,7 +27,7 @@ static void resp_fail(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp, uint8_t syndro
     if (w) {
         struct ibv_wc wc;
         ote__sim_recv_error_wc(qp, w->wr_id, st, &wc);
-        ote__sim_rq_complete(qp, &wc, true);
+        ote__sim_recv_done(c, qp, &wc, true);
     } else {
         resp_error_event(qp, ev);
         if (qp->state != IBV_QPS_ERR) ote__sim_qp_to_err(qp);
@@ -55,7 +50,7 @@ static void resp_rnr_nak(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
  * access and the invalidation are checked (c->act = SIM_ACT_RECV). */
 static void resp_send(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
     sim_hdr_t *h = &c->h;
-    sim_rwr_t *w = rq_front(qp);
+    sim_rwr_t *w = ote__sim_recv_take(c, qp); /* its RQ's front, or held from its SRQ */
     if (!w) {
         resp_rnr_nak(p, c, qp);
         return;
@@ -64,7 +59,7 @@ static void resp_send(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
         resp_fail(p, c, qp, SIM_NAK_INV_REQ, w, IBV_WC_LOC_LEN_ERR, IBV_EVENT_QP_REQ_ERR);
         return;
     }
-    if (!ote__sim_check_local(p, qp->pd, w->sge, w->nsge, true, h->len)) {
+    if (!ote__sim_check_local(p, ote__sim_recv_pd(qp), w->sge, w->nsge, true, h->len)) {
         resp_fail(p, c, qp, SIM_NAK_OP, w, IBV_WC_LOC_PROT_ERR, IBV_EVENT_QP_ACCESS_ERR);
         return;
     }
@@ -82,7 +77,7 @@ static void resp_write(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
     sim_hdr_t *h = &c->h;
     sim_rwr_t *w = NULL;
     if (h->op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-        w = rq_front(qp);
+        w = ote__sim_recv_take(c, qp);
         if (!w) {
             resp_rnr_nak(p, c, qp);
             return;
@@ -163,16 +158,20 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
 void ote__sim_resp_done(sim_prov_t *p, sim_conn_t *c) {
     sim_hdr_t *h = &c->h;
     sim_qp_t *qp = c->qp;
-    if (!qp || qp->epoch != c->act_epoch || qp->state == IBV_QPS_ERR || qp->state == IBV_QPS_RESET)
+    if (!qp || qp->epoch != c->act_epoch || qp->state == IBV_QPS_ERR ||
+        qp->state == IBV_QPS_RESET) {
+        ote__sim_srq_give_back(c); /* the message never completes: its SRQ WQE is free */
         return;
+    }
     if (c->act_revoked) {
         /* The destination was deregistered or invalidated mid-payload and the rest was
          * dropped: a protection error found late (class C: NAK, QP to ERR). */
         if (c->act == SIM_ACT_RECV)
-            resp_fail(p, c, qp, SIM_NAK_OP, rq_front(qp), IBV_WC_LOC_PROT_ERR,
+            resp_fail(p, c, qp, SIM_NAK_OP, ote__sim_recv_held(c, qp), IBV_WC_LOC_PROT_ERR,
                       IBV_EVENT_QP_ACCESS_ERR);
         else
-            resp_fail(p, c, qp, SIM_NAK_ACCESS, c->act == SIM_ACT_WRITE_IMM ? rq_front(qp) : NULL,
+            resp_fail(p, c, qp, SIM_NAK_ACCESS,
+                      c->act == SIM_ACT_WRITE_IMM ? ote__sim_recv_held(c, qp) : NULL,
                       IBV_WC_LOC_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
         return;
     }
@@ -184,7 +183,7 @@ void ote__sim_resp_done(sim_prov_t *p, sim_conn_t *c) {
     wc.byte_len = (uint32_t)h->len;
     bool se = (h->flags & SIM_HF_SE) != 0;
     if (c->act == SIM_ACT_RECV) {
-        sim_rwr_t *w = rq_front(qp);
+        sim_rwr_t *w = ote__sim_recv_held(c, qp);
         if (!w) return;
         wc.wr_id = w->wr_id;
         wc.opcode = IBV_WC_RECV;
@@ -201,18 +200,18 @@ void ote__sim_resp_done(sim_prov_t *p, sim_conn_t *c) {
         }
         qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
         ote__sim_send_ctl(p, c, SIM_MSG_ACK, h->psn, 0, 0);
-        ote__sim_rq_complete(qp, &wc, se);
+        ote__sim_recv_done(c, qp, &wc, se);
     } else if (c->act == SIM_ACT_WRITE || c->act == SIM_ACT_WRITE_IMM) {
         qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
         ote__sim_send_ctl(p, c, SIM_MSG_ACK, h->psn, 0, 0);
         if (c->act == SIM_ACT_WRITE_IMM) {
-            sim_rwr_t *w = rq_front(qp);
+            sim_rwr_t *w = ote__sim_recv_held(c, qp);
             if (!w) return;
             wc.wr_id = w->wr_id;
             wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
             wc.wc_flags = IBV_WC_WITH_IMM;
             wc.imm_data = h->imm;
-            ote__sim_rq_complete(qp, &wc, se);
+            ote__sim_recv_done(c, qp, &wc, se);
         }
     }
 }
