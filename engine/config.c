@@ -89,6 +89,8 @@ static const key_def_t g_keys[] = {
      * (and proof, with a key) by then are closed (bounded by connect_timeout_ms too). */
     {"handshake_timeout_ms", K_UINT, "5000", 1, 600000, NUMBER(handshake_timeout_ms)},
     {"verbs_provider", K_ENUM, "", .choices = {"", "sim", "rdma-core"}, TEXT(verbs_provider)},
+    /* verbs_provider=sim: the device profile of every sim device (verbs/sim/sim.h). */
+    {"sim_profile", K_STRING, "", 0, 15, TEXT(sim_profile)},
     {"rdma_device", K_STRING, "", 0, 63, TEXT(rdma_device)},
     /* Comma-separated device names: the data devices (empty: every one) and those never used. */
     {"rdma_devices", K_STRING, "", 0, 255, TEXT(rdma_devices)},
@@ -117,6 +119,10 @@ static const key_def_t g_keys[] = {
     /* Grants a source reserves at once for its requesters' parents (engine/rdma/
      * rdma_src_parents.c; 0: no limit). */
     {"rdma_max_served_grants", K_UINT, "0", 0, 65536, NUMBER(rdma_max_served_grants)},
+    /* How this engine, as a source, grants host memory (engine/rdma/rdma_direct.c): auto
+     * = type-2 memory windows when every data device has them, else exact MRs; mw: windows
+     * (creation fails on a device without them); mr: an exact MR per grant. */
+    {"rdma_grant_mode", K_ENUM, "auto", .choices = {"auto", "mw", "mr"}, TEXT(rdma_grant_mode)},
     {"log_level", K_LOGLEVEL, "", TEXT(log_level)},
     /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
      * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
@@ -336,7 +342,7 @@ static ote_status_t parse_pin(const char *p, size_t len, ote__rdma_pin_t *pin) {
     const char *q = colon + 1;
     unsigned long port, gid;
     if (parse_dec(&q, 3, 255, &port) != 0 || port == 0 || *q++ != ':') return OTE_ERR_INVALID;
-    if (parse_dec(&q, 5, 65535, &gid) != 0 || q != end) return OTE_ERR_INVALID;
+    if (parse_dec(&q, 3, 255, &gid) != 0 || q != end) return OTE_ERR_INVALID; /* sgid_index: 8 bits */
     memcpy(pin->device, p, dl);
     pin->device[dl] = '\0';
     pin->port = (uint8_t)port;
@@ -452,7 +458,7 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
             break;
         case K_RDMA_PIN:
             snprintf(buf, len,
-                     "\"device:port:gid_index\" (port 1..255, GID index 0..65535), up to %d "
+                     "\"device:port:gid_index\" (port 1..255, GID index 0..255), up to %d "
                      "distinct devices comma-separated, or \"\"",
                      OTE__RDMA_PIN_MAX);
             break;

@@ -52,6 +52,7 @@ typedef struct ote__cfg_s {
      * handshake_timeout_ms and connect_timeout_ms (ote__cfg_handshake_ms). */
     uint64_t handshake_timeout_ms;
     char verbs_provider[32];
+    char sim_profile[16]; /* verbs_provider=sim: profile of every device ("": the sim's) */
     char rdma_device[64];
     char rdma_devices[256];            /* comma-separated allow list ("" = all) */
     char rdma_exclude[256];            /* comma-separated deny list */
@@ -64,6 +65,7 @@ typedef struct ote__cfg_s {
     uint32_t rdma_recv_slots;          /* receive slots per RDMA QP */
     uint32_t rdma_max_send_wrs;        /* RDMA send WRs outstanding, every QP (0: any) */
     uint32_t rdma_max_served_grants;   /* grants reserved at once by served parents (0: any) */
+    char rdma_grant_mode[8];           /* "auto", "mw" or "mr" (source grants of host memory) */
     char log_level[16];                /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
     int allow_unauthenticated;         /* no key on a non-loopback listen_address */

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "engine/rdma/rdma_src_parents.h"
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/rdma_hooks.h"
+#include "verbs/sim/sim.h"
 
 /* Teardown's wait for the flush CQEs of the grants it ended (at most; shorter when
  * transfer_timeout_ms + 2 s is). */
@@ -479,7 +481,21 @@ typedef struct {
 
 /* The verbs provider (wrapped by the test hook when set). */
 static ote_status_t open_provider(rdma_tp_t *tp, const char *prov) {
-    ote_status_t st = ote_verbs_open(prov, NULL, &tp->v);
+    /* sim_profile: the sim's configuration ($OTE_SIM_CONFIG or its default) with a global
+     * profile item after it, which every device that names none takes. */
+    char simcfg[1024];
+    const char *config = NULL;
+    if (tp->cfg.sim_profile[0] != '\0' && strcmp(prov, "sim") == 0) {
+        const char *base = getenv("OTE_SIM_CONFIG");
+        if (base == NULL || base[0] == '\0') base = ote_sim_default_config();
+        int n = snprintf(simcfg, sizeof(simcfg), "%s;profile=%s", base, tp->cfg.sim_profile);
+        if (n < 0 || (size_t)n >= sizeof(simcfg)) {
+            OTE_ERROR("rdma", "transport=rdma: sim configuration too long for sim_profile");
+            return OTE_ERR_INVALID;
+        }
+        config = simcfg;
+    }
+    ote_status_t st = ote_verbs_open(prov, config, &tp->v);
     if (st != OTE_OK) {
         OTE_ERROR("rdma", "transport=rdma: verbs provider \"%s\" could not be opened: %s", prov,
                   ote_status_str(st));

@@ -410,3 +410,47 @@ TEST_F(QpTest, DestroyFlushesAndEndsEveryOutstandingWrOnce) {
 }
 
 } // namespace
+
+namespace {
+
+// The READ depth a QP connects with stays within the device's limits and, as initiator,
+// within the responder depth its peer's path announces; the path carries this end's
+// responder depth for the peer.
+TEST_F(QpTest, ReadDepthStaysWithinTheDeviceAndThePeersResponderDepth) {
+    ote_context_info_t info;
+    ote_context_get_info(ctx_[0], &info);
+    uint32_t dev = std::min(info.limits.max_qp_rd_atom, info.limits.max_qp_init_rd_atom);
+    ASSERT_GT(dev, 0u);
+    ote_qp_config_t big = Config();
+    big.max_rd_atomic = 255; // far above any device: clamped, not refused
+    ote_qp_t *a = MakeQp(0, big);
+    ote_qp_config_t small = Config();
+    small.max_rd_atomic = 2;
+    ote_qp_t *b = MakeQp(1, small);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    ote_qp_path_t pa, pb;
+    ote_qp_local_path(a, &pa);
+    ote_qp_local_path(b, &pb);
+    EXPECT_EQ(pa.rd_atom, std::min<uint32_t>(dev, 255));
+    EXPECT_EQ(pb.rd_atom, 2u);
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    ibv_qp_attr attr;
+    ibv_qp_init_attr init;
+    ASSERT_EQ(v_->ops->query_qp(v_, ote_qp_native(a), &attr,
+                                IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &init),
+              0);
+    EXPECT_EQ(attr.max_rd_atomic, 2u); // b accepts 2 READs in flight: a keeps no more
+    EXPECT_EQ(attr.max_dest_rd_atomic, std::min<uint32_t>(dev, 255));
+
+    // READs still move bytes at that depth.
+    for (size_t i = 0; i < 4096; i++) mem_[1][i] = (uint8_t)(i * 13 + 5);
+    Wr w;
+    Rdma(&w, 0, 1, IBV_WR_RDMA_READ, 0, 4096);
+    ote_qp_post_result_t res;
+    ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    EXPECT_EQ(memcmp(mem_[0].data(), mem_[1].data(), 4096), 0);
+}
+
+} // namespace

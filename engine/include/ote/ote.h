@@ -60,6 +60,10 @@ typedef struct ote_batch ote_batch_t;
  *                        most connect_timeout_ms; a later one is closed with a
  *                        rate-limited WARN (default 5000).
  *   verbs_provider       "sim" or "rdma-core" (transport=rdma).
+ *   sim_profile          verbs_provider=sim: the device profile every sim device takes,
+ *                        "mlx5", "rxe", "nomw" or "small" (limits, memory windows,
+ *                        scatter-to-CQE; verbs/sim/sim.h). Default: $OTE_SIM_PROFILE, else
+ *                        "mlx5". An unknown name fails ote_engine_create.
  *   rdma_device          device name to pin (transport=rdma; default: automatic).
  *   rdma_devices         comma-separated device names the RDMA data path may use
  *                        (default: every device with an active port).
@@ -67,13 +71,29 @@ typedef struct ote_batch ote_batch_t;
  *   rdma_lanes           CQ lanes (one worker thread each) per RDMA data device, 1..64
  *                        (default 2; independent of tcp_workers).
  *   rdma_pin             strict routes "device:port:gid_index" (port 1..255, GID index
- *                        0..65535), up to 8 distinct devices comma-separated: exactly those
+ *                        0..255: a QP's source GID index is 8 bits), up to 8 distinct devices comma-separated: exactly those
  *                        devices are the data devices, each on that port and GID index
  *                        (overrides rdma_device / rdma_devices). A pinned device, port or
  *                        GID index the provider lacks fails ote_engine_create with
  *                        OTE_ERR_NO_DEVICE and an ERROR line; malformed text is
  *                        OTE_ERR_INVALID (at ote_config_set). With every data device's
  *                        port down the transport starts paused (see README).
+ *   rdma_grant_mode      how this engine, as an RDMA source, lets a peer reach its host
+ *                        memory: "mw" a type-2 memory window bound over exactly the
+ *                        granted range, "mr" an MR registered for the grant over exactly
+ *                        that range in a PD only the requester's QP reaches, "auto"
+ *                        (default) mw when every data device has type-2 windows, else
+ *                        mr. "mw" on a device without them fails ote_engine_create with
+ *                        OTE_ERR_UNSUPPORTED and an ERROR line naming the key and the
+ *                        device. Either way the peer reaches exactly the granted bytes,
+ *                        and nothing after the grant's receipt (README "RDMA"). mr needs
+ *                        a requester that follows the source's redirect (every engine
+ *                        that advertises rdma_direct does); an older one is refused
+ *                        OTE_ERR_UNSUPPORTED. MR cache policy: none, one registration
+ *                        per grant, deregistered at the grant's end, because an MR kept
+ *                        past the receipt would leave the range reachable after it; a
+ *                        grant covers up to rdma_grant_max bytes, so the cost is one
+ *                        registration per grant, not per slice.
  *   log_level            error|warn|info|debug|trace. A WARN that an event can repeat
  *                        per slice or per grant (a refused request, a failed grant, a
  *                        dead peer's windows) is logged once per event, at most once a
