@@ -21,6 +21,7 @@ typedef struct lane_ns {
     uint32_t ns;
     ote_cq_record_fn fn;
     void *arg;
+    int shared; /* ote_cq_lane_share_ns: takes completions of unhooked QPs */
     UT_hash_handle hh;
 } lane_ns_t;
 

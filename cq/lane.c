@@ -243,6 +243,14 @@ void ote_cq_lane_unregister_ns(ote_cq_lane_t *lane, uint32_t ns) {
     ote_free(n);
 }
 
+void ote_cq_lane_share_ns(ote_cq_lane_t *lane, uint32_t ns) {
+    ote_mutex_lock(&lane->table_mu);
+    lane_ns_t *n = NULL;
+    HASH_FIND(hh, lane->namespaces, &ns, sizeof(uint32_t), n);
+    if (n != NULL) n->shared = 1;
+    ote_mutex_unlock(&lane->table_mu);
+}
+
 ote_status_t ote_cq_lane_attach_qp(ote_cq_lane_t *lane, uint32_t qp_num, ote_cq_qp_hook_fn fn,
                                    void *arg) {
     if (lane == NULL || fn == NULL) return OTE_ERR_INVALID;
@@ -315,11 +323,21 @@ static void dispatch(ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc 
     lane_hook_t *h = NULL;
     uint32_t qpn = wc->qp_num;
     HASH_FIND(hh, lane->hooks, &qpn, sizeof(uint32_t), h);
+    int shared = 0;
     if (h != NULL) {
         fn = h->fn;
         arg = h->arg;
+    } else { /* a shared namespace (ote_cq_lane_share_ns) takes it all the same */
+        uint32_t ns = OTE_CQ_WR_NS(wc->wr_id);
+        lane_ns_t *n = NULL;
+        HASH_FIND(hh, lane->namespaces, &ns, sizeof(uint32_t), n);
+        shared = n != NULL && n->shared;
     }
     ote_mutex_unlock(&lane->table_mu);
+    if (fn == NULL && shared) {
+        ote_cq_lane_deliver(lane, dir, wc);
+        return;
+    }
     if (fn == NULL) {
         /* No owner for this QP number (a QP destroyed with CQEs still queued): stray. */
         atomic_fetch_add(&lane->stray, 1);

@@ -102,6 +102,10 @@ int ote_cq_lane_channel_fd(const ote_cq_lane_t *lane);
 ote_status_t ote_cq_lane_register_ns(ote_cq_lane_t *lane, ote_cq_record_fn fn, void *arg,
                                      uint32_t *ns_out);
 void ote_cq_lane_unregister_ns(ote_cq_lane_t *lane, uint32_t ns);
+/* Namespace ns is shared by the lane's QPs (a shared receive queue, qp/srq.h): its
+ * completions whose QP has no hook any more (destroyed with CQEs still queued) are
+ * delivered to it too, not stray, so that its owner gets every WR back. */
+void ote_cq_lane_share_ns(ote_cq_lane_t *lane, uint32_t ns);
 /* QP hooks, keyed by QP number (one hook per QP number). detach: as unregister. */
 ote_status_t ote_cq_lane_attach_qp(ote_cq_lane_t *lane, uint32_t qp_num, ote_cq_qp_hook_fn fn,
                                    void *arg);

@@ -27,6 +27,7 @@ static int qp_hook(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const struc
     (void)lane;
     ote_qp_t *qp = arg;
     if (dir == OTE_CQ_SEND) return ote__sq_complete(qp, wc);
+    if (qp->cfg.srq != NULL) return 1; /* an SRQ slot: the SRQ's namespace takes it (srq.c) */
     ote__rq_complete(qp, wc);
     return 0;
 }
@@ -118,6 +119,11 @@ static ote_status_t create_native_qp(ote_qp_t *qp, ote_cq_lane_t *lane) {
     ia.cap.max_send_sge = cfg->max_send_sge > 0 ? cfg->max_send_sge : 1;
     ia.cap.max_recv_sge = 1;
     ia.cap.max_inline_data = cfg->max_inline;
+    if (cfg->srq != NULL) { /* receives come from the SRQ: no receive queue of its own */
+        ia.srq = ote_srq_native(cfg->srq);
+        ia.cap.max_recv_wr = 0;
+        ia.cap.max_recv_sge = 0;
+    }
     struct ibv_pd *pd = cfg->pd != NULL ? cfg->pd : ote_context_pd(qp->ctx);
     int err = cfg->create_flags != 0
                   ? qp->v->ops->create_qp_flags(qp->v, pd, &ia, cfg->create_flags, &qp->qp)
@@ -188,7 +194,8 @@ static int create_destroy_native(ote_qp_t *qp) {
 
 ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_qp_t **qp_out) {
     if (lane == NULL || cfg == NULL || qp_out == NULL || cfg->max_send_wr == 0 ||
-        (cfg->recv_slots > 0 && cfg->recv_size == 0))
+        (cfg->recv_slots > 0 && cfg->recv_size == 0) ||
+        (cfg->srq != NULL && (cfg->recv_slots > 0 || ote_srq_lane(cfg->srq) != lane)))
         return OTE_ERR_INVALID;
     ote_context_t *ctx = ote_cq_lane_context(lane);
     ote_status_t st = create_admit(ctx);
@@ -214,8 +221,10 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     if ((st = create_move_to_init(qp)) != OTE_OK) goto err_destroy_qp;
     if ((st = ote_cq_lane_attach_qp(lane, qp->qp_num, qp_hook, qp)) != OTE_OK) goto err_destroy_qp;
     qp->hook_attached = 1;
+    if (cfg->srq != NULL && (st = ote__srq_attach(cfg->srq, qp, qp->qp_num)) != OTE_OK)
+        goto err_detach;
     st = ote_context_set_add_listener(ote_context_owner(ctx), qp_listener, qp, &qp->listener_id);
-    if (st != OTE_OK) goto err_detach;
+    if (st != OTE_OK) goto err_srq;
     qp->listener_added = 1;
     create_local_path(qp, &info);
     OTE_DEBUG("qp", "%s: QP %u created on lane %u (%u send WRs, %u receive slots)",
@@ -224,6 +233,8 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     *qp_out = qp;
     return OTE_OK;
 
+err_srq:
+    if (cfg->srq != NULL) ote__srq_detach(cfg->srq, qp->qp_num, 0);
 err_detach:
     ote_cq_lane_detach_qp(lane, qp->qp_num);
 err_destroy_qp:
@@ -434,6 +445,15 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
         /* The NIC can no longer touch this QP's WRs: end what is still owed. */
         ote__sq_resolve_destroyed(qp);
         ote__rq_forget_posted(qp);
+    }
+    if (qp->hook_attached && qp->cfg.srq != NULL) {
+        /* Off the SRQ's map first (its completions of this QP become orphans), then off
+         * the lane, which waits for a poll that may still hand one to this QP. */
+        ote_mutex_lock(&qp->mu);
+        uint32_t admitted = qp->rq_admitted;
+        qp->rq_admitted = 0;
+        ote_mutex_unlock(&qp->mu);
+        ote__srq_detach(qp->cfg.srq, qp->qp_num, admitted);
     }
     if (qp->hook_attached) {
         ote_cq_lane_detach_qp(qp->lane, qp->qp_num);

@@ -98,6 +98,11 @@ typedef struct ote_qp_config {
     struct ibv_pd *pd;
     /* Send credits shared with other QPs (ote_sq_pool_t, sq_pool.c); NULL: none. */
     struct ote_sq_pool *sq_pool;
+    /* Receives from this shared receive queue (qp/srq.h) of the same lane instead of
+     * receive slots of its own (recv_slots must be 0): receive completions are handed to
+     * on_recv by QP number, and ote_qp_rq_admit/unadmit/ote_qp_recv_credits act on the
+     * SRQ. NULL: none. The SRQ must outlive the QP. */
+    struct ote_srq *srq;
 } ote_qp_config_t;
 
 /*
@@ -180,7 +185,7 @@ struct ibv_pd *ote_qp_pd(const ote_qp_t *qp);
 ote_context_t *ote_qp_context(const ote_qp_t *qp);
 /* The native QP, for verbs that take one (e.g. memory window binds). */
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp);
-/* Receive credits: slots posted and not yet consumed. */
+/* Receive credits: slots posted and not yet consumed (its SRQ's, on an SRQ). */
 uint32_t ote_qp_recv_credits(const ote_qp_t *qp);
 /* Receive admission: a peer's message to come (a grant receipt) reserves one posted
  * receive slot before the peer may send it, so it never meets an empty receive queue
@@ -190,7 +195,10 @@ uint32_t ote_qp_recv_credits(const ote_qp_t *qp);
  * will never come. Any thread. */
 ote_status_t ote_qp_rq_admit(ote_qp_t *qp);
 void ote_qp_rq_unadmit(ote_qp_t *qp);
-/* Reservations held now. */
+/* On an SRQ QP (cfg.srq) admission reserves a slot of the SRQ (OTE_ERR_AGAIN also
+ * while the QP is not connected) and the QP counts what it holds: unadmit gives back only
+ * those, and its destruction gives back the rest. */
+/* Reservations held now (by this QP, on an SRQ). */
 uint32_t ote_qp_rq_admitted(const ote_qp_t *qp);
 void ote_qp_get_stats(const ote_qp_t *qp, ote_qp_stats_t *stats_out);
 

@@ -18,6 +18,7 @@
 #include "base/hash.h"
 #include "base/lock.h"
 #include "qp/qp.h"
+#include "qp/srq.h"
 
 typedef struct sq_entry {
     uint64_t wr_id;
@@ -88,5 +89,17 @@ ote_status_t ote__rq_post_idle(ote_qp_t *qp);
 void ote__rq_complete(ote_qp_t *qp, const struct ibv_wc *wc);
 /* Forget posted slots the provider discarded (RESET) or destroyed: release credits. */
 void ote__rq_forget_posted(ote_qp_t *qp);
+
+/* A receive completion of an SRQ slot that qp took: its statistics (an error fences it
+ * and marks it ERR, as for its own queue) and, on success, its on_recv with the buffer. */
+void ote__rq_srq_recv(ote_qp_t *qp, const struct ibv_wc *wc, const void *buf);
+
+/* srq.c: the QPs on an SRQ. attach: completions naming qp_num go to qp from now on;
+ * detach: no more, and the qp's `admitted` reservations go back to the SRQ. admit: as
+ * ote_srq_admit without its fault point (ote_qp_rq_admit has hit it already). */
+struct ibv_pd *ote__srq_pd(const ote_srq_t *srq);
+ote_status_t ote__srq_attach(ote_srq_t *srq, ote_qp_t *qp, uint32_t qp_num);
+void ote__srq_detach(ote_srq_t *srq, uint32_t qp_num, uint32_t admitted);
+ote_status_t ote__srq_admit(ote_srq_t *srq);
 
 #endif

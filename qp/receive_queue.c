@@ -186,7 +186,23 @@ void ote__rq_forget_posted(ote_qp_t *qp) {
     if (n > 0) ote_cq_lane_release(qp->lane, OTE_CQ_RECV, n);
 }
 
+void ote__rq_srq_recv(ote_qp_t *qp, const struct ibv_wc *wc, const void *buf) {
+    int ok = wc->status == IBV_WC_SUCCESS;
+    ote_mutex_lock(&qp->mu);
+    if (ok) {
+        qp->recv_completions++;
+    } else {
+        qp->recv_errors++;
+        qp->state = IBV_QPS_ERR;
+        qp->fenced = 1;
+    }
+    ote_mutex_unlock(&qp->mu);
+    /* The buffer stays the SRQ's: the callback reads it, then the SRQ reposts it. */
+    if (ok && qp->cfg.on_recv != NULL) qp->cfg.on_recv(qp->cfg.recv_arg, qp, wc, buf);
+}
+
 uint32_t ote_qp_recv_credits(const ote_qp_t *qp) {
+    if (qp->cfg.srq != NULL) return ote_srq_credits(qp->cfg.srq);
     ote_qp_t *q = (ote_qp_t *)qp;
     ote_mutex_lock(&q->mu);
     uint32_t n = q->rq_count;
@@ -198,15 +214,24 @@ ote_status_t ote_qp_rq_admit(ote_qp_t *qp) {
     ote_status_t st = OTE_OK;
     if (ote_fault_hit("qp.rq_admit", &st)) return st;
     ote_mutex_lock(&qp->mu);
-    if (qp->rq_admitted < qp->rq_count) qp->rq_admitted++;
-    else st = OTE_ERR_AGAIN;
+    if (qp->cfg.srq != NULL) { /* a slot of the SRQ, for a message to this QP */
+        int live = !qp->closing && (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_RTR);
+        st = live ? ote__srq_admit(qp->cfg.srq) : OTE_ERR_AGAIN;
+        if (st == OTE_OK) qp->rq_admitted++;
+    } else if (qp->rq_admitted < qp->rq_count) {
+        qp->rq_admitted++;
+    } else {
+        st = OTE_ERR_AGAIN;
+    }
     ote_mutex_unlock(&qp->mu);
     return st;
 }
 
 void ote_qp_rq_unadmit(ote_qp_t *qp) {
     ote_mutex_lock(&qp->mu);
-    if (qp->rq_admitted > 0) qp->rq_admitted--;
+    int given = qp->rq_admitted > 0;
+    if (given) qp->rq_admitted--;
+    if (given && qp->cfg.srq != NULL) ote_srq_unadmit(qp->cfg.srq);
     ote_mutex_unlock(&qp->mu);
 }
 
