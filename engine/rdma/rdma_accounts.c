@@ -73,12 +73,33 @@ static void acct_free(rdma_tp_t *tp, acct_t *a) {
     ote__acct_free(a);
 }
 
+/* Host memory: by a window (rdma_grant_mode mw), or by exact MRs on direct slots (mr,
+ * rdma_direct.c) for a requester that follows the redirect there; one that does not is
+ * refused, naming why. */
+static ote_status_t host_mode(conn_t *c, const ote_rp_msg_t *rq, const acct_t *a, int *mode_out) {
+    if (c->tp->grant_mode != OTE__RDMA_GRANT_MR) return OTE_OK; /* SERVE_WINDOW */
+    if (rq->u.grant.dflags & OTE_RP_GOP_DIRECT_OK) {
+        *mode_out = SERVE_DIRECT;
+        return OTE_OK;
+    }
+    OTE_WARN_LIMITED("rdma",
+                     "refused %s request of %llu bytes at 0x%llx from %s: this source grants "
+                     "host memory by exact MRs (rdma_grant_mode mr: %s), served only to a "
+                     "requester that follows the redirect to a direct slot, and this one "
+                     "does not (an older engine: reach it over tcp or shm)",
+                     a->op == OTE_GRANT_WRITE ? "WRITE" : "READ", (unsigned long long)a->req_len,
+                     (unsigned long long)a->req_addr, c->peer_addr,
+                     c->tp->have_mw ? "rdma_grant_mode=mr" : "a device without type-2 windows");
+    return OTE_ERR_UNSUPPORTED;
+}
+
 /* The first grant's check of the request's extent (no lock held; the connection's one
  * server thread): the engine's pin, then how the request is served. Device memory goes
  * on direct slots (GPUDirect source grants) when the requester takes them and a dma-buf
- * of the range is here, else through bounce buffers when the requester takes staged
- * answers (whether gpu_paths allows staging is asked by each grant's stage_get, which
- * names what is missing); else it is refused, naming why. */
+ * of the range is here (and so does host memory granted by exact MRs: host_mode), else
+ * through bounce buffers when the requester takes staged answers (whether gpu_paths
+ * allows staging is asked by each grant's stage_get, which names what is missing); else
+ * it is refused, naming why. */
 static ote_status_t acct_check(conn_t *c, const ote_rp_msg_t *rq, acct_t *a, void **pin_out,
                                int *mode_out) {
     rdma_tp_t *tp = c->tp;
@@ -94,12 +115,27 @@ static ote_status_t acct_check(conn_t *c, const ote_rp_msg_t *rq, acct_t *a, voi
         return pst;
     }
     if (!OTE_MEM_IS_CUDA(ote__pin_kind(pin))) {
+        ote_status_t hst = host_mode(c, rq, a, mode_out);
+        if (hst != OTE_OK) {
+            tp->host.unpin(tp->host.arg, pin);
+            return hst;
+        }
         *pin_out = pin;
         return OTE_OK;
     }
     if ((rq->u.grant.dflags & OTE_RP_GOP_DIRECT_OK) &&
         ote__rdma_direct_servable(tp, a->req_addr, a->req_len)) {
         *mode_out = SERVE_DIRECT; /* exact MRs on direct slots (rdma_direct.c) */
+    } else if ((rq->u.grant.flags & OTE_RP_GF_STAGE) != 0 && !tp->have_mw) {
+        tp->host.unpin(tp->host.arg, pin);
+        OTE_WARN_LIMITED("rdma",
+                         "refused %s request of %llu bytes at 0x%llx from %s: device memory "
+                         "without a dma-buf is served staged, through a window over a bounce "
+                         "buffer, and a data device here has no type-2 memory windows "
+                         "(gpu_paths direct serves it by exact MRs)",
+                         what, (unsigned long long)a->req_len, (unsigned long long)a->req_addr,
+                         c->peer_addr);
+        return OTE_ERR_UNSUPPORTED;
     } else if ((rq->u.grant.flags & OTE_RP_GF_STAGE) != 0) {
         *mode_out = SERVE_STAGED;
     } else {
@@ -147,8 +183,9 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
     ote_mutex_lock(&tp->mu);
     st = a->st;
     int on_direct = (rq->u.grant.dflags & OTE_RP_GOP_DIRECT) != 0;
-    /* Device memory only on a direct slot (else redirected there), and a direct slot
-     * only for it: each grant alone, the request's account stays as it is. */
+    /* Exact-MR memory (device memory with a dma-buf, host memory under rdma_grant_mode mr)
+     * only on a direct slot (else redirected there), and a direct slot only for it: each
+     * grant alone, the request's account stays as it is. */
     if (st == OTE_OK && a->mode == SERVE_DIRECT && !on_direct) st = OTE__RDMA_DIRECT_REDIRECT;
     if (st == OTE_OK && a->mode != SERVE_DIRECT && on_direct) st = OTE_ERR_INVALID;
     /* Refused: this grant's bytes are accounted for now. */

@@ -25,9 +25,18 @@
  * single MR of the transport's buffer manager (context/buffers.h): a dereg that fails
  * leaves it an orphan there (counted, retried by the monitor's reclaim, and by the
  * teardown before the private PDs go; teardown reports RETAINED while one is left).
+ *
+ * Host memory without windows (rdma_grant_mode, ote__rdma_grant_mode_resolve). A device
+ * without type-2 memory windows (or rdma_grant_mode=mr) grants host memory the same way:
+ * the request's account (rdma_accounts.c) serves it on direct slots, and
+ * ote__rdma_direct_mr registers the exact MR from the registration's address instead of
+ * its dma-buf. One mechanism for both kinds: the private PD, the rkey answered at once,
+ * the SEND_WITH_IMM receipt, the dereg before the account's pin goes. No MR cache: each
+ * grant's MR is registered for it and deregistered at its end (ote.h, rdma_grant_mode).
  */
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -73,11 +82,38 @@ void ote__rdma_direct_reg_end(reg_ent_t *r) {
     r->dmabuf_fd = -1;
 }
 
-/* The dma-buf registration holding [addr, +len), or NULL. tp->mu held. */
-static const reg_ent_t *reg_find_locked(rdma_tp_t *tp, uint64_t addr, uint64_t len) {
+ote_status_t ote__rdma_grant_mode_resolve(rdma_tp_t *tp) {
+    const char *want = tp->cfg.rdma_grant_mode[0] != '\0' ? tp->cfg.rdma_grant_mode : "auto";
+    const char *nomw = NULL; /* the first data device without type-2 windows */
+    for (uint32_t i = 0; i < tp->nnics && nomw == NULL; i++) {
+        ote_context_info_t info;
+        ote_context_get_info(tp->nics[i].ctx, &info);
+        if (!info.limits.mw_type2) nomw = ote_context_name(tp->nics[i].ctx);
+    }
+    tp->have_mw = nomw == NULL;
+    if (strcmp(want, "mw") == 0 && nomw != NULL) {
+        OTE_ERROR("rdma",
+                  "transport=rdma: rdma_grant_mode=mw, but device %s has no type-2 memory "
+                  "windows (device_cap_flags, max_mw): set rdma_grant_mode=mr or auto",
+                  nomw);
+        return OTE_ERR_UNSUPPORTED;
+    }
+    int mr = strcmp(want, "mr") == 0 || (strcmp(want, "auto") == 0 && nomw != NULL);
+    tp->grant_mode = mr ? OTE__RDMA_GRANT_MR : OTE__RDMA_GRANT_MW;
+    OTE_INFO("rdma", "transport=rdma: host memory is granted by %s (rdma_grant_mode=%s%s%s%s)",
+             mr ? "exact MRs, one per grant" : "type-2 memory windows", want,
+             nomw != NULL ? "; device " : "", nomw != NULL ? nomw : "",
+             nomw != NULL ? " has no type-2 windows" : "");
+    return OTE_OK;
+}
+
+/* The registration holding [addr, +len) (with a dma-buf only when dmabuf), or NULL.
+ * tp->mu held. */
+static const reg_ent_t *reg_find_locked(rdma_tp_t *tp, uint64_t addr, uint64_t len, int dmabuf) {
     for (const reg_ent_t *r = tp->regs; r != NULL; r = r->next) {
         uint64_t base = (uint64_t)(uintptr_t)r->addr;
-        if (r->dmabuf_fd >= 0 && addr >= base && len <= r->len && addr - base <= r->len - len)
+        if ((!dmabuf || r->dmabuf_fd >= 0) && addr >= base && len <= r->len &&
+            addr - base <= r->len - len)
             return r;
     }
     return NULL;
@@ -85,7 +121,7 @@ static const reg_ent_t *reg_find_locked(rdma_tp_t *tp, uint64_t addr, uint64_t l
 
 int ote__rdma_direct_servable(rdma_tp_t *tp, uint64_t addr, uint64_t len) {
     ote_mutex_lock(&tp->mu);
-    int yes = reg_find_locked(tp, addr, len) != NULL;
+    int yes = reg_find_locked(tp, addr, len, 1) != NULL;
     ote_mutex_unlock(&tp->mu);
     return yes;
 }
@@ -93,12 +129,14 @@ int ote__rdma_direct_servable(rdma_tp_t *tp, uint64_t addr, uint64_t len) {
 ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uint64_t len,
                                  int access, struct ibv_mr **mr_out) {
     ote_mutex_lock(&tp->mu);
-    const reg_ent_t *r = reg_find_locked(tp, addr, len);
-    /* The registration is pinned by the grant's account: its fd stays open until then. */
-    int fd = r != NULL ? r->dmabuf_fd : -1;
-    uint64_t off = r != NULL ? r->dmabuf_off + (addr - (uint64_t)(uintptr_t)r->addr) : 0;
+    const reg_ent_t *r = reg_find_locked(tp, addr, len, 0);
+    /* The registration is pinned by the grant's account: it (and a dma-buf's fd) stays
+     * until then. Host memory: an ibv_reg_mr MR of the address (fd -1). */
+    int found = r != NULL;
+    int fd = found ? r->dmabuf_fd : -1;
+    uint64_t off = fd >= 0 ? r->dmabuf_off + (addr - (uint64_t)(uintptr_t)r->addr) : 0;
     ote_mutex_unlock(&tp->mu);
-    if (fd < 0) return OTE_ERR_ACCESS;
+    if (!found) return OTE_ERR_ACCESS;
     /* Remote WRITE needs local write too (verbs); nothing else is given. */
     int acc = access | ((access & IBV_ACCESS_REMOTE_WRITE) ? IBV_ACCESS_LOCAL_WRITE : 0);
     ote_buffer_mr_where_t where = {.pd = ote_qp_pd(qp), .dmabuf_fd = fd, .dmabuf_off = off};
@@ -106,13 +144,15 @@ ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uin
                                         (size_t)len, acc, &where, mr_out);
     if (st != OTE_OK) {
         OTE_WARN_LIMITED("rdma",
-                         "exact dma-buf MR of device memory [0x%llx, +%llu) for a grant failed: "
-                         "%s: the grant is refused",
+                         "exact MR of %s [0x%llx, +%llu) for a grant failed: %s: the grant is "
+                         "refused",
+                         fd >= 0 ? "device memory (dma-buf)" : "host memory",
                          (unsigned long long)addr, (unsigned long long)len, ote_status_str(st));
         return st;
     }
     atomic_fetch_add(&tp->direct_mrs, 1);
     atomic_fetch_add(&tp->direct_served, 1);
+    if (fd < 0) atomic_fetch_add(&tp->direct_host_served, 1);
     return OTE_OK;
 }
 
@@ -120,6 +160,7 @@ ote_status_t ote__rdma_direct_mr(rdma_tp_t *tp, ote_qp_t *qp, uint64_t addr, uin
 static void direct_mr_released(void *owner, void *item) {
     (void)item;
     rdma_tp_t *tp = owner;
+    atomic_fetch_add(&tp->direct_released, 1);
     atomic_fetch_sub(&tp->direct_mrs, 1);
 }
 
@@ -127,7 +168,7 @@ void ote__rdma_direct_mr_drop(rdma_tp_t *tp, ote_context_t *ctx, struct ibv_mr *
     ote_status_t st = ote_buffer_mr_drop(tp->bm, ctx, mr, direct_mr_released, tp, NULL);
     if (st != OTE_OK)
         OTE_ERROR("rdma",
-                  "dereg of a grant's exact dma-buf MR failed (%s); retained (its rkey stays "
+                  "dereg of a grant's exact MR failed (%s); retained (its rkey stays "
                   "reachable only through its private QP, which is fenced)",
                   ote_status_str(st));
 }

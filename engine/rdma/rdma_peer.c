@@ -335,6 +335,12 @@ static ote_status_t hello(ote__tpeer_t *p, conn_t *c, ote_deadline_t dl) {
     c->stage_ok = adv_flag(&a, "rdma_stage");
     /* GPUDirect source grants (rdma_direct.c): the direct flags and endpoints. */
     c->direct_ok = adv_flag(&a, "rdma_direct");
+    /* Its host memory by exact MRs (rdma_grant_mode mr): our runs follow its redirect to
+     * direct slots, and need no window here. */
+    c->grant_mr = adv_flag(&a, "rdma_grant_mr");
+    if (c->grant_mr)
+        OTE_INFO("rdma", "peer %s grants host memory by exact MRs (rdma_grant_mr=1)%s", p->name,
+                 c->direct_ok ? "" : ", but offers no direct slot: its host memory is refused");
     /* Whole-parent credits (rdma_src_parents.c): GRANT_REQs carry their parent. */
     c->parent_ok = adv_flag(&a, "rdma_parent");
     return OTE_OK;

@@ -533,8 +533,9 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     acct_t *acct = NULL;
     ote_status_t chk = ote__rdma_acct_take(c, rq, &acct);
     if (chk == OTE__RDMA_DIRECT_REDIRECT) {
-        /* Device memory, asked on a plain slot by a requester that follows: to a direct
-         * slot (proto.h). */
+        /* Exact-MR memory (device memory with a dma-buf, host memory under rdma_grant_mode
+         * mr), asked on a plain slot by a requester that follows: to a direct slot
+         * (proto.h). */
         atomic_fetch_add(&tp->direct_redirects, 1);
         refuse_early(c, req_id, OTE_ERR_UNSUPPORTED, OTE_RP_RKEY_DIRECT);
         return;
@@ -617,14 +618,20 @@ void ote__rdma_src_release(conn_t *c, const ote_rp_msg_t *rq) {
 }
 
 ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
-    (void)t;
+    const rdma_tp_t *tp = (const rdma_tp_t *)t;
     /* rdma_stage=1: READs of device memory are served staged (rdma_stage.c) to a
      * requester that asks with OTE_RP_GF_STAGE; rdma_direct=1: GRANT_REQ's direct flags,
      * CONNECT cap 2/3 (rdma_direct.c); rdma_parent=1: GRANT_REQ's parent trailer
-     * (rdma_src_parents.c). */
+     * (rdma_src_parents.c); rdma_grant_mr=1: host memory too is served by exact MRs on
+     * direct slots (rdma_grant_mode, rdma_direct.c: a requester that does not follow the
+     * redirect is refused). */
     static const char kAdv[] =
         "rdma_release=1;rdma_connect_epoch=1;rdma_stage=1;rdma_direct=1;rdma_parent=1";
-    if (len < sizeof(kAdv)) return OTE_ERR_TOO_BIG;
+    static const char kMr[] = ";rdma_grant_mr=1";
+    int mr = tp->grant_mode == OTE__RDMA_GRANT_MR;
+    size_t need = sizeof(kAdv) + (mr ? sizeof(kMr) - 1 : 0);
+    if (len < need) return OTE_ERR_TOO_BIG;
     memcpy(buf, kAdv, sizeof(kAdv));
+    if (mr) memcpy(buf + sizeof(kAdv) - 1, kMr, sizeof(kMr));
     return OTE_OK;
 }

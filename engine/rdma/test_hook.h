@@ -91,6 +91,10 @@ typedef struct {
     uint64_t src_copies;
     uint64_t src_stages;
     uint64_t src_stage_mrs; /* pool chunks' MRs registered so far (rdma_stage_mrs.c) */
+    /* rdma_grant_mode (rdma_direct.c): 1 when this source grants host memory by exact
+     * MRs; exact MRs deregistered in all (direct_served - direct_released ==
+     * direct_mrs), and those of direct_served over host memory. */
+    uint64_t grant_mode_mr, direct_released, direct_host_served;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

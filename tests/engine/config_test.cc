@@ -308,6 +308,8 @@ const std::map<std::string, Sample> &Samples() {
         {"rdma_recv_slots", {"4096", [](R r) { return r.rdma_recv_slots == 4096; }}},
         {"rdma_max_send_wrs", {"1048576", [](R r) { return r.rdma_max_send_wrs == 1048576; }}},
         {"rdma_max_served_grants", {"5", [](R r) { return r.rdma_max_served_grants == 5; }}},
+        {"rdma_grant_mode",
+         {"mr", [](R r) { return std::string(r.rdma_grant_mode) == "mr"; }}},
         {"log_level", {"debug", [](R r) { return std::string(r.log_level) == "debug"; }}},
         {"auth_key_file",
          {"/etc/ote/key", [](R r) { return std::string(r.auth_key_file) == "/etc/ote/key"; }}},
