@@ -28,6 +28,7 @@ extern "C" {
 namespace {
 
 using ote_test::CallOp;
+using ote_test::kMockDeviceFlags;
 using ote_test::MockProvider;
 using ote_test::OpArgs;
 using ote_test::OpResult;
@@ -90,6 +91,7 @@ class FaultTest : public OteTest {
         for (auto *qp : extra_qps_) in->ops->destroy_qp(in, qp);
         extra_qps_.clear();
         if (a_.qp) in->ops->destroy_qp(in, a_.qp);
+        if (a_.srq) in->ops->destroy_srq(in, a_.srq);
         for (auto *cq : extra_cqs_) in->ops->destroy_cq(in, cq);
         extra_cqs_.clear();
         if (a_.cq) in->ops->destroy_cq(in, a_.cq);
@@ -229,6 +231,87 @@ TEST_F(FaultTest, OpNamesCoverTheWholeTable) {
     EXPECT_TRUE(ote_verbs_fault_op_is_destroy(OP(DESTROY_SRQ)));
     EXPECT_TRUE(ote_verbs_fault_op_is_destroy(OP(CLOSE_DEVICE)));
     EXPECT_FALSE(ote_verbs_fault_op_is_destroy(OP(CREATE_QP)));
+}
+
+// ---- the extended entries (issue 25): pass-through, counted, failable by name ----
+
+TEST_F(FaultTest, ExtendedEntriesPassThroughToTheInnerProvider) {
+    OpenAll();
+    const ote_verbs_ops_t *o = v_->ops;
+    struct ibv_device_attr_ex ax;
+    ASSERT_EQ(o->query_device_ex(v_, a_.ctx, &ax), 0);
+    EXPECT_EQ(ax.orig_attr.max_qp_wr, 77) << "the answer is the inner provider's";
+    uint32_t df = 0;
+    ASSERT_EQ(o->device_flags(v_, a_.ctx, &df), 0);
+    EXPECT_EQ(df, kMockDeviceFlags);
+
+    struct ibv_qp_init_attr init;
+    std::memset(&init, 0, sizeof(init));
+    init.send_cq = a_.cq;
+    init.recv_cq = a_.cq;
+    init.qp_type = IBV_QPT_RC;
+    struct ibv_qp *qp = nullptr;
+    ASSERT_EQ(o->create_qp_flags(v_, a_.pd, &init, OTE_VERBS_QP_NO_SCATTER_TO_CQE, &qp), 0);
+    extra_qps_.push_back(qp);
+    uint32_t qf = 0;
+    ASSERT_EQ(o->qp_flags(v_, qp, &qf), 0);
+    EXPECT_EQ(qf, OTE_VERBS_QP_NO_SCATTER_TO_CQE);
+    ASSERT_EQ(o->qp_flags(v_, a_.qp, &qf), 0);
+    EXPECT_EQ(qf, 0u) << "a QP made by create_qp has no flags";
+
+    struct ibv_srq_init_attr si;
+    std::memset(&si, 0, sizeof(si));
+    si.attr.max_wr = 8;
+    si.attr.max_sge = 1;
+    ASSERT_EQ(o->create_srq(v_, a_.pd, &si, &a_.srq), 0);
+    struct ibv_srq_attr sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.srq_limit = 2;
+    EXPECT_EQ(o->modify_srq(v_, a_.srq, &sa, IBV_SRQ_LIMIT), 0);
+    ASSERT_EQ(o->query_srq(v_, a_.srq, &sa), 0);
+    EXPECT_EQ(sa.srq_limit, 5u);
+    struct ibv_recv_wr wr;
+    std::memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 42;
+    struct ibv_recv_wr *bad = nullptr;
+    EXPECT_EQ(o->post_srq_recv(v_, a_.srq, &wr, &bad), 0);
+    EXPECT_EQ(mock_.posted_recv().back(), 42u);
+
+    const ote_verbs_fault_op_t ops[] = {OP(QUERY_DEVICE_EX), OP(CREATE_SRQ),      OP(MODIFY_SRQ),
+                                        OP(QUERY_SRQ),       OP(POST_SRQ_RECV),   OP(CREATE_QP_FLAGS),
+                                        OP(QP_FLAGS),        OP(DEVICE_FLAGS)};
+    for (auto op : ops) {
+        EXPECT_EQ(mock_.inner_calls(op), op == OP(QP_FLAGS) ? 2u : 1u) << ote_verbs_fault_op_name(op);
+        EXPECT_EQ(ote_verbs_fault_calls(v_, op), mock_.inner_calls(op)) << ote_verbs_fault_op_name(op);
+        EXPECT_EQ(ote_verbs_fault_injected(v_, op), 0u) << ote_verbs_fault_op_name(op);
+    }
+    // destroy_srq passes through too (and is a destroy: busy rules apply).
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OP(DESTROY_SRQ), a_.srq, 1), OTE_OK);
+    EXPECT_EQ(o->destroy_srq(v_, a_.srq), EBUSY);
+    EXPECT_EQ(mock_.inner_calls(OP(DESTROY_SRQ)), 0u);
+    EXPECT_EQ(o->destroy_srq(v_, a_.srq), 0);
+    EXPECT_EQ(mock_.inner_calls(OP(DESTROY_SRQ)), 1u);
+    a_.srq = nullptr;
+}
+
+TEST_F(FaultTest, ExtendedEntriesFailByNameWithoutReachingTheInnerProvider) {
+    OpenAll();
+    for (const char *name : {"query_device_ex", "create_srq", "modify_srq", "query_srq",
+                             "destroy_srq", "post_srq_recv", "create_qp_flags", "qp_flags",
+                             "device_flags"}) {
+        ote_verbs_fault_op_t op;
+        ASSERT_EQ(ote_verbs_fault_op_from_name(name, &op), OTE_OK) << name;
+        EXPECT_STREQ(ote_verbs_fault_op_name(op), name);
+        ASSERT_EQ(ote_verbs_fault_fail(v_, op, OTE_FAULT_NTH, 1, ENOSPC), OTE_OK) << name;
+        OpResult r = CallOp(v_, op, a_);
+        EXPECT_EQ(r.ret, ENOSPC) << name;
+        EXPECT_TRUE(r.output_untouched) << name;
+        if (op == OP(POST_SRQ_RECV)) {
+            EXPECT_TRUE(r.bad_wr_is_first);
+        }
+        EXPECT_EQ(mock_.inner_calls(op), 0u) << name;
+        EXPECT_EQ(ote_verbs_fault_injected(v_, op), 1u) << name;
+    }
 }
 
 // ---- fail rules ----

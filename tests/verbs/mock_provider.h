@@ -27,6 +27,9 @@ extern "C" {
 
 namespace ote_test {
 
+// What the mock's device_flags reports.
+constexpr uint32_t kMockDeviceFlags = OTE_VERBS_DEV_SCATTER_TO_CQE | OTE_VERBS_DEV_SCATTER_OPT_OUT;
+
 class MockProvider {
   public:
     MockProvider() {
@@ -61,6 +64,15 @@ class MockProvider {
         ops_.destroy_qp = DestroyQp;
         ops_.post_send = PostSend;
         ops_.post_recv = PostRecv;
+        ops_.query_device_ex = QueryDeviceEx;
+        ops_.create_srq = CreateSrq;
+        ops_.modify_srq = ModifySrq;
+        ops_.query_srq = QuerySrq;
+        ops_.destroy_srq = DestroySrq;
+        ops_.post_srq_recv = PostSrqRecv;
+        ops_.create_qp_flags = CreateQpFlags;
+        ops_.qp_flags = QpFlags;
+        ops_.device_flags = DeviceFlags;
         // query_device, query_gid, query_gid_ex, device_numa_node, get_cq_event,
         // query_qp: stubs.
         ote_verbs_ops_fill_stubs(&ops_);
@@ -346,6 +358,10 @@ class MockProvider {
     static int DestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
         M(v)->count(OTE_VERBS_FAULT_OP_DESTROY_QP);
         M(v)->del(qp);
+        {
+            std::lock_guard<std::mutex> g(M(v)->mu_);
+            M(v)->qp_flags_.erase(qp);
+        }
         delete qp;
         return 0;
     }
@@ -382,6 +398,80 @@ class MockProvider {
         }
         return 0;
     }
+    // The extended entries: what they report is fixed (max_qp_wr 77, srq_limit 5, device
+    // flags kMockDeviceFlags), so a test sees that the answer came from here.
+    static int QueryDeviceEx(ote_verbs_t *v, struct ibv_context *, struct ibv_device_attr_ex *a) {
+        M(v)->count(OTE_VERBS_FAULT_OP_QUERY_DEVICE_EX);
+        std::memset(a, 0, sizeof(*a));
+        a->orig_attr.max_qp_wr = 77;
+        return 0;
+    }
+    static int CreateSrq(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_srq_init_attr *init,
+                         struct ibv_srq **srq_out) {
+        M(v)->count(OTE_VERBS_FAULT_OP_CREATE_SRQ);
+        auto *srq = new struct ibv_srq;
+        std::memset(srq, 0, sizeof(*srq));
+        srq->context = pd ? pd->context : nullptr;
+        srq->pd = pd;
+        srq->srq_context = init->srq_context;
+        M(v)->add(srq);
+        *srq_out = srq;
+        return 0;
+    }
+    static int ModifySrq(ote_verbs_t *v, struct ibv_srq *, struct ibv_srq_attr *, int) {
+        M(v)->count(OTE_VERBS_FAULT_OP_MODIFY_SRQ);
+        return 0;
+    }
+    static int QuerySrq(ote_verbs_t *v, struct ibv_srq *, struct ibv_srq_attr *a) {
+        M(v)->count(OTE_VERBS_FAULT_OP_QUERY_SRQ);
+        std::memset(a, 0, sizeof(*a));
+        a->srq_limit = 5;
+        return 0;
+    }
+    static int DestroySrq(ote_verbs_t *v, struct ibv_srq *srq) {
+        M(v)->count(OTE_VERBS_FAULT_OP_DESTROY_SRQ);
+        M(v)->del(srq);
+        delete srq;
+        return 0;
+    }
+    static int PostSrqRecv(ote_verbs_t *v, struct ibv_srq *, struct ibv_recv_wr *wr,
+                           struct ibv_recv_wr **bad_wr) {
+        MockProvider *m = M(v);
+        m->count(OTE_VERBS_FAULT_OP_POST_SRQ_RECV);
+        for (; wr != nullptr; wr = wr->next) {
+            if (wr->wr_id == m->refused_wr_id_) {
+                *bad_wr = wr;
+                return EINVAL;
+            }
+            std::lock_guard<std::mutex> g(m->mu_);
+            m->posted_recv_.push_back(wr->wr_id);
+        }
+        return 0;
+    }
+    // As create_qp (counted once, under CREATE_QP_FLAGS), remembering the flags.
+    static int CreateQpFlags(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *init,
+                             uint32_t flags, struct ibv_qp **qp_out) {
+        MockProvider *m = M(v);
+        int r = CreateQp(v, pd, init, qp_out);
+        std::lock_guard<std::mutex> g(m->mu_);
+        m->calls_[OTE_VERBS_FAULT_OP_CREATE_QP]--;
+        m->calls_[OTE_VERBS_FAULT_OP_CREATE_QP_FLAGS]++;
+        if (r == 0) m->qp_flags_[*qp_out] = flags;
+        return r;
+    }
+    static int QpFlags(ote_verbs_t *v, struct ibv_qp *qp, uint32_t *flags_out) {
+        MockProvider *m = M(v);
+        m->count(OTE_VERBS_FAULT_OP_QP_FLAGS);
+        std::lock_guard<std::mutex> g(m->mu_);
+        auto it = m->qp_flags_.find(qp);
+        *flags_out = it == m->qp_flags_.end() ? 0 : it->second;
+        return 0;
+    }
+    static int DeviceFlags(ote_verbs_t *v, struct ibv_context *, uint32_t *flags_out) {
+        M(v)->count(OTE_VERBS_FAULT_OP_DEVICE_FLAGS);
+        *flags_out = kMockDeviceFlags;
+        return 0;
+    }
     static void Close(ote_verbs_t *v) { M(v)->closed_ = true; }
 
     std::mutex mu_;
@@ -395,6 +485,7 @@ class MockProvider {
     std::map<struct ibv_cq *, std::deque<struct ibv_wc>> cqes_;
     std::deque<struct ibv_async_event> events_;
     std::vector<uint64_t> posted_send_, posted_recv_;
+    std::map<struct ibv_qp *, uint32_t> qp_flags_;
     int async_acks_ = 0;
     uint32_t next_qpn_ = 100;
     uint64_t refused_wr_id_ = UINT64_MAX;

@@ -82,7 +82,8 @@ class VerbsFixture : public OteTest {
 
     struct ibv_cq *Cq(int n = 256, struct ibv_comp_channel *ch = nullptr);
     struct ibv_comp_channel *Channel();
-    // An RC QP with 4 SGEs and 64 bytes inline; its actual caps go to *actual if given.
+    // An RC QP with 4 SGEs (fewer if the device has fewer) and 64 bytes inline; its actual
+    // caps go to *actual if given.
     struct ibv_qp *Qp(struct ibv_cq *scq, struct ibv_cq *rcq, uint32_t sw = 64, uint32_t rw = 64,
                       int sig_all = 1, struct ibv_qp_cap *actual = nullptr);
     VerbsBuf *Mem(size_t n, int access = kAccessRw, uint8_t fill = 0);
