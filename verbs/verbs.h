@@ -136,7 +136,12 @@ typedef struct ote_verbs_ops {
 
 /* create_qp_flags / qp_flags: scatter-to-CQE disabled on this QP (mlx5dv's
  * MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE): no READ response is ever copied by the CPU
- * from a CQE into its destination, so a QP that may READ into device memory needs it. */
+ * from a CQE into its destination, so a QP that may READ into device memory needs it.
+ * rdma-core: through mlx5dv_create_qp of a libmlx5.so.1 loaded at run time (no link-time
+ * dependency). Where libmlx5 is missing, the process-wide fallback is the environment
+ * variable MLX5_SCATTER_TO_CQE=0, set before the device is opened (libmlx5 reads it): with
+ * it, device_flags leaves out OTE_VERBS_DEV_SCATTER_TO_CQE and this flag is honoured by a
+ * plain create_qp; without either, an mlx5 device fails the flag with EOPNOTSUPP. */
 #define OTE_VERBS_QP_NO_SCATTER_TO_CQE 0x1u
 /* device_flags: the device scatters small READ responses into signalled CQEs unless a QP
  * opts out (mlx5; the "mlx5" sim profile). */

@@ -151,6 +151,29 @@ TEST_F(VerbsTest, RdmaCoreOpensWithCompleteTable) {
     ote_verbs_close(v);
 }
 
+// The extended entries' argument rules need no device: an unknown create flag is refused
+// (never ignored), missing outputs are EINVAL, and a QP the instance never created with
+// flags reads back flags 0 (the table is looked up by pointer, the QP never touched).
+TEST_F(VerbsTest, RdmaCoreExtendedEntriesCheckTheirArguments) {
+    ote_verbs_t *v = nullptr;
+    ASSERT_EQ(ote_verbs_open("rdma-core", nullptr, &v), OTE_OK);
+    const ote_verbs_ops_t *o = v->ops;
+    struct ibv_qp_init_attr ia;
+    std::memset(&ia, 0, sizeof(ia));
+    struct ibv_qp *qp = reinterpret_cast<struct ibv_qp *>(0x1);
+    EXPECT_EQ(o->create_qp_flags(v, nullptr, &ia, 0x80, &qp), EOPNOTSUPP);
+    EXPECT_EQ(o->create_qp_flags(v, nullptr, &ia, OTE_VERBS_QP_NO_SCATTER_TO_CQE, &qp), EINVAL);
+    EXPECT_EQ(qp, reinterpret_cast<struct ibv_qp *>(0x1)) << "output written on failure";
+    uint32_t f = 0xdead;
+    EXPECT_EQ(o->qp_flags(v, reinterpret_cast<struct ibv_qp *>(0x10), &f), 0);
+    EXPECT_EQ(f, 0u);
+    EXPECT_EQ(o->qp_flags(v, nullptr, &f), EINVAL);
+    EXPECT_EQ(o->device_flags(v, nullptr, &f), EINVAL);
+    struct ibv_device_attr_ex ax;
+    EXPECT_EQ(o->query_device_ex(v, nullptr, &ax), EINVAL);
+    ote_verbs_close(v);
+}
+
 TEST_F(VerbsTest, RdmaCoreListsZeroDevicesWithoutRdma) {
     ote_verbs_t *v = nullptr;
     ASSERT_EQ(ote_verbs_open("rdma-core", nullptr, &v), OTE_OK);
