@@ -292,14 +292,16 @@ const std::map<std::string, Sample> &Samples() {
         {"connect_timeout_ms", {"600000", [](R r) { return r.connect_timeout_ms == 600000; }}},
         {"handshake_timeout_ms", {"77", [](R r) { return r.handshake_timeout_ms == 77; }}},
         {"verbs_provider", {"sim", [](R r) { return std::string(r.verbs_provider) == "sim"; }}},
+        {"sim_profile", {"small", [](R r) { return std::string(r.sim_profile) == "small"; }}},
+        {"rdma_srq_slots", {"1024", [](R r) { return r.rdma_srq_slots == 1024; }}},
         {"rdma_device", {"mlx5_3", [](R r) { return std::string(r.rdma_device) == "mlx5_3"; }}},
         {"rdma_devices",
          {"sim0, sim1", [](R r) { return std::string(r.rdma_devices) == "sim0, sim1"; }}},
         {"rdma_exclude", {"mlx5_1", [](R r) { return std::string(r.rdma_exclude) == "mlx5_1"; }}},
         {"rdma_lanes", {"64", [](R r) { return r.rdma_lanes == 64; }}},
         {"rdma_pin",
-         {"sim0:1:0,sim1:2:65535",
-          [](R r) { return std::string(r.rdma_pin) == "sim0:1:0,sim1:2:65535"; }}},
+         {"sim0:1:0,sim1:2:255",
+          [](R r) { return std::string(r.rdma_pin) == "sim0:1:0,sim1:2:255"; }}},
         {"rdma_grant_max", {"1G", [](R r) { return r.rdma_grant_max == (1ull << 30); }}},
         // 2^40 does not fit 32 bits: the table stores this key's full width.
         {"rdma_max_inflight", {"1024G", [](R r) { return r.rdma_max_inflight == (1ull << 40); }}},
@@ -431,16 +433,17 @@ TEST_F(ConfigTableTest, RdmaPinItemsParse) {
     size_t n = 99;
     ASSERT_EQ(ote__rdma_pin_parse("", pins, &n), OTE_OK);
     EXPECT_EQ(n, 0u);
-    ASSERT_EQ(ote__rdma_pin_parse("mlx5_0:1:3,sim1:255:65535", pins, &n), OTE_OK);
+    ASSERT_EQ(ote__rdma_pin_parse("mlx5_0:1:3,sim1:255:255", pins, &n), OTE_OK);
     ASSERT_EQ(n, 2u);
     EXPECT_STREQ(pins[0].device, "mlx5_0");
     EXPECT_EQ(pins[0].port, 1);
     EXPECT_EQ(pins[0].gid_index, 3);
     EXPECT_STREQ(pins[1].device, "sim1");
     EXPECT_EQ(pins[1].port, 255);
-    EXPECT_EQ(pins[1].gid_index, 65535);
+    EXPECT_EQ(pins[1].gid_index, 255);
     for (const char *bad : {",", "a:1:0,,b:1:0", "a:1:0,", ",a:1:0", "a:1:0 ", "a:1:0,a:2:0",
-                            "a,b:1:0", "a:1,0:0", "a:1:0:", "a:1:0x"}) {
+                            "a,b:1:0", "a:1,0:0", "a:1:0:", "a:1:0x",
+                            "a:1:256" /* sgid_index is 8 bits */}) {
         n = 99;
         EXPECT_EQ(ote__rdma_pin_parse(bad, pins, &n), OTE_ERR_INVALID) << bad;
         EXPECT_EQ(n, 99u) << bad;
