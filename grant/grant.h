@@ -28,7 +28,13 @@
  * once every WR it posted was discharged by a CQE, a flush, or the QP's destruction, so
  * nothing the NIC could still write is given back early.
  *
- * Thread-safe. Completion work runs in the lane's polling thread.
+ * Windows: every bind re-keys its window with the next 8-bit tag (ibv_inc_rkey); a window
+ * keeps its key history, so no tag repeats within its lifetime: after 255 binds it is
+ * retired (deallocated, retained if that fails) and a fresh one replaces it.
+ *
+ * Thread-safe. Completion work runs in the lane's polling thread. The lanes of one
+ * manager run in parallel: each lane's grants post and complete under that lane's own
+ * lock (see grant_internal.h), so no lane waits for another's post or completions.
  */
 #ifndef OTE_GRANT_GRANT_H
 #define OTE_GRANT_GRANT_H
@@ -88,7 +94,8 @@ typedef struct ote_grant_desc {
     /* Optional (NULL: never): nonzero once the caller canceled the grant. Slices not yet
      * posted are then never posted; what was posted completes, the window is invalidated
      * by the receipt as usual (the source releases it at once) and done() reports
-     * OTE_ERR_CANCELED. Looked at under the manager's lock: it must not block. */
+     * OTE_ERR_CANCELED. Looked at under the grant's lane lock: it must not block nor
+     * call into the grant layer. */
     int (*canceled)(void *done_arg);
     /* Optional (NULL: never): called once, just before done() and without grant locks,
      * when the grant ends failed although the source answered it (so the source still
@@ -137,6 +144,8 @@ typedef struct ote_grant_stats {
     uint64_t released;       /* source: grants ended by ote_grant_source_release */
     uint64_t stale_releases; /* source: releases naming no bound grant (ignored) */
     uint64_t rq_busy;        /* source: refused OTE_ERR_AGAIN, no receive slot for the receipt */
+    uint64_t mw_allocated;   /* source: windows allocated (alloc_mw succeeded) */
+    uint64_t mw_retired;     /* source: windows retired with every rkey tag used (replaced) */
 } ote_grant_stats_t;
 
 /**

@@ -1,11 +1,35 @@
 /*
  * grant/grant_internal.h - the records and the manager shared by grant/'s files:
- * grant.c (requester and source grants, completions, the monitor's tick) and manager.c
- * (slice geometry, sequence numbers, the window pool and retained windows, manager
- * create/destroy). Not a public header: only grant/'s own sources include it.
+ * grant.c (what both kinds of grant share: deferred work, ends, lane locking, the
+ * completion callback, the monitor's tick), requester.c (requester grants: answer,
+ * slices, invalidation), source.c (source grants: registration check, MW bind, receipt,
+ * release), window.c (the window pool, key history, retired and retained windows) and
+ * manager.c (slice geometry, sequence numbers, manager create/destroy, stats). Not a
+ * public header: only grant/'s own sources include it.
  *
- * Locking: one manager mutex (m->mu) guards every grant of the manager, the MW pool,
- * the retained windows and the per-lane wait lists; see grant.c for the lock order.
+ * Locking (issue 25.4: the lanes of one manager run in parallel). Two kinds of lock:
+ *
+ *   lane lock   mlane_t.mu, one per lane. Guards every mutable field of the grants of
+ *               that lane (a grant's lane never changes), the lane's wait list, its list
+ *               of live grants and its stats. A lane's posts (ote_qp_post_send on its
+ *               QPs), cancels (ote_qp_cancel) and its grants' endpoint return/retire
+ *               happen under it, and only under it: another lane never waits for them.
+ *   manager     m->mu. Short critical sections on what the lanes share: the by-seq and
+ *   lock        by-key tables, next_seq, the fence, the window pool, retired/retained
+ *               windows and the manager's own stats. Never held across a native call,
+ *               a post, a poll, or any call into another layer.
+ *
+ * Lock order: CQ lane poll lock (cq/) -> lane lock -> { qp locks -> CQ lane table lock;
+ * endpoint store locks; manager lock }. The manager lock is a leaf; two lane locks are
+ * never held together; no thread takes a CQ poll lock while it holds a lane lock. User
+ * callbacks (done, abandoned, answer, unpin) and window allocs/deallocs run with no grant
+ * lock held (defer_t); only desc.canceled() is called under the grant's lane lock.
+ *
+ * Finding a grant from a thread that does not yet hold its lane lock (an answer, a
+ * receipt, a release): ote__grant_lock_find() looks it up under the manager lock, reads
+ * its lane (fixed at creation), takes that lane lock, and looks it up again. A record
+ * leaves the tables and its lane's live list only with its lane lock held (and is freed
+ * after), so a record found with its lane lock held stays valid until that lock drops.
  */
 #ifndef OTE_GRANT_GRANT_INTERNAL_H
 #define OTE_GRANT_GRANT_INTERNAL_H
@@ -24,18 +48,29 @@
 #define IDX_BIND 0xfffeu /* the BIND_MW of a source grant */
 #define SEQ_MASK 0xffffffu
 #define CHAIN 16u /* WRs per post_send call */
+/* Binds one window may carry: each takes the next 8-bit tag of its rkey (ibv_inc_rkey),
+ * and none may repeat the tag the window was allocated with or an earlier bind's. */
+#define MW_TAGS_PER_WINDOW 255u
 
 typedef enum { R_WAIT_ANSWER = 0, R_POSTING, R_INVALIDATING, R_ENDED } rstate_t;
 typedef enum { S_BINDING = 0, S_BOUND, S_ENDED } sstate_t;
 
+/* A type-2 window and its key history. Its rkey's low 8 bits (the tag) start at tag0 (as
+ * allocated) and every bind takes the next one: binds 1..MW_TAGS_PER_WINDOW use tags
+ * tag0+1 .. tag0+255 (mod 256), all distinct, so an rkey of an earlier grant of this
+ * window never names a later one. A window whose tags are used up is retired (window.c):
+ * a replacement is allocated first, then it is deallocated (retained if that fails). */
 typedef struct mw_ent {
     struct ibv_mw *mw;
-    uint32_t rkey; /* current key: the library does not track type-2 rkeys */
+    uint32_t rkey;  /* current key: the library does not track type-2 rkeys */
+    uint8_t tag0;   /* the tag it was allocated with */
+    uint32_t binds; /* binds posted (each used up one tag) */
     struct mw_ent *next;
 } mw_ent_t;
 
 typedef struct grant grant_t;
 struct grant {
+    /* Fixed once the record is indexed: read without locks. */
     ote_grant_mgr_t *m;
     uint32_t seq;
     int source;
@@ -44,6 +79,9 @@ struct grant {
     uint32_t slot;
     ote_qp_t *qp;
     uint32_t qp_num;
+
+    /* Everything below: its lane's lock. */
+    grant_t *live_prev, *live_next; /* on its lane's list of live grants */
     int qp_returned;
     int rq_admitted; /* source: holds a receive admission on qp (its receipt's slot) */
     ote_deadline_t deadline;
@@ -78,8 +116,8 @@ struct grant {
     uint64_t answer_ctx;
     int exact; /* served by an exact-range MR (ote_grant_serve_exact): no window */
 
-    UT_hash_handle hh;     /* by seq */
-    UT_hash_handle hh_key; /* source: by rkey */
+    UT_hash_handle hh;     /* by seq (manager lock) */
+    UT_hash_handle hh_key; /* source: by rkey (manager lock) */
 };
 
 typedef struct {
@@ -88,7 +126,10 @@ typedef struct {
     ote_cq_lane_t *lane;
     uint32_t ns;
     int registered;
+    ote_mutex_t mu; /* the lane lock: see the header comment */
     grant_t *wait_head, *wait_tail;
+    grant_t *live; /* the lane's live grants (indexed, not yet ended) */
+    ote_grant_stats_t stats;
 } mlane_t;
 
 struct ote_grant_mgr {
@@ -98,29 +139,92 @@ struct ote_grant_mgr {
     mlane_t *lanes;
     int has_src;
     ote_grant_source_ops_t src;
-    ote_mutex_t mu;
+    ote_mutex_t mu; /* the manager lock: see the header comment */
     grant_t *by_seq;
     grant_t *by_key;
     uint32_t next_seq;
     ote_status_t fence;
     mw_ent_t *pool;
-    mw_ent_t *retained; /* windows whose dealloc failed: kept, counted, retried */
-    ote_grant_stats_t stats;
+    mw_ent_t *retained;      /* windows whose dealloc failed: kept, counted, retried */
+    ote_grant_stats_t stats; /* the manager's share; each lane counts its own */
 };
 
-/* The completion callback of every lane namespace a manager registers (grant.c). */
-void ote__grant_on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc *wc);
+/* Work deferred until no grant lock is held. Answers are copied by value: the grant they
+ * came from may end in another thread as soon as its lane lock is released. Windows to
+ * retire (tags used up) or to deallocate (maybe still bound) wait here too. */
+#define DEFER_ANSWERS 32
+typedef struct {
+    grant_t *fin;
+    mw_ent_t *retire;  /* proven unbound, tags used up: replace, then dealloc */
+    mw_ent_t *dealloc; /* may still be bound: dealloc (which unbinds) or retain */
+    size_t nans;
+    struct {
+        uint64_t ctx;
+        ote_status_t st;
+        uint32_t rkey;
+    } ans[DEFER_ANSWERS];
+} defer_t;
 
-/* Give record g a sequence number no live record has (never 0) and index it. m->mu held.
- * On failure (no memory for the index) g is not indexed. */
-ote_status_t ote__grant_seq_assign(ote_grant_mgr_t *m, grant_t *g);
+/* ---- grant.c: what both kinds of grant share ---- */
+
+/* The completion callback of every lane namespace a manager registers. */
+void ote__grant_on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc *wc);
+/* Find the record of seq (by_key: of rkey k) and lock its lane: returns it with *ml_out's
+ * lock held, or NULL with no lock held. */
+grant_t *ote__grant_lock_find(ote_grant_mgr_t *m, int by_key, uint32_t k, mlane_t **ml_out);
+/* Index record g (its lane's lock held): a fresh sequence number, the by-seq table and
+ * its lane's live list, unless the manager is fenced (its status) or out of memory. */
+ote_status_t ote__grant_index(ote_grant_mgr_t *m, mlane_t *ml, grant_t *g);
+/* Undo ote__grant_index() of a record that never became visible to anyone else. */
+void ote__grant_unindex(ote_grant_mgr_t *m, mlane_t *ml, grant_t *g);
+int ote__grant_defer_answer(defer_t *df, grant_t *g, ote_status_t st);
+/* Run deferred work: no grant lock held. */
+void ote__grant_defer_run(ote_grant_mgr_t *m, defer_t *df);
+ote_status_t ote__grant_wc_status(const struct ibv_wc *wc);
+void ote__grant_give_back_qp(grant_t *g, int broken);
+void ote__grant_wait_add(mlane_t *ml, grant_t *g);
+void ote__grant_wait_remove(mlane_t *ml, grant_t *g);
+/* End a record once nothing it posted is owed any more (its lane's lock held). */
+void ote__grant_maybe_finish(grant_t *g, defer_t *df);
+
+/* ---- requester.c (lane lock held) ---- */
+void ote__grant_pump(grant_t *g, defer_t *df);
+void ote__grant_post_inv(grant_t *g, defer_t *df);
+void ote__grant_fail_requester(grant_t *g, ote_status_t st, defer_t *df);
+/* A requester completion (data or SEND_WITH_INV), outstanding already counted down. */
+void ote__grant_requester_cqe(grant_t *g, uint32_t idx, const struct ibv_wc *wc, defer_t *df);
+
+/* ---- source.c (lane lock held) ---- */
+ote_status_t ote__grant_bind_post(grant_t *g, defer_t *df);
+void ote__grant_bind_refused(grant_t *g, ote_status_t st, defer_t *df);
+void ote__grant_source_cqe(grant_t *g, uint32_t idx, const struct ibv_wc *wc, defer_t *df);
+void ote__grant_source_end(grant_t *g, ote_status_t why, defer_t *df);
+
+/* ---- window.c ---- */
+/* A window with tags left: the pool's, or a new one (allocated with no lock held). The
+ * manager lock must not be held. OTE_ERR_NATIVE (counted as a bind failure) or NOMEM. */
+ote_status_t ote__grant_mw_take(ote_grant_mgr_t *m, mw_ent_t **ent_out);
+/* Back to the pool, never bound by us since it was taken (manager lock not held). */
+void ote__grant_mw_put(ote_grant_mgr_t *m, mw_ent_t *ent);
+/* The next rkey of ent's key history, or 0 when its tags are used up. */
+uint32_t ote__grant_mw_next_rkey(const mw_ent_t *ent);
+/* A source grant ended (manager lock held): its window goes back to the pool, or, when
+ * it may still be bound or its tags are used up, onto df to be deallocated/retired. */
+void ote__grant_mw_release(ote_grant_mgr_t *m, mw_ent_t *ent, int unbound, defer_t *df);
+/* Deferred: replace and deallocate retired windows, deallocate the others (no lock). */
+void ote__grant_mw_defer_run(ote_grant_mgr_t *m, defer_t *df);
 /* Deallocate window ent, or retain it: a failed dealloc keeps the entry (and the native
  * window) on m->retained, counted in the manager's stats and as OTE_RETAINED_MW in its
- * context, until a later retry succeeds. Returns 0 or the dealloc's errno. m->mu held
- * (or the manager owned alone). */
+ * context, until a later retry succeeds. Returns 0 or the dealloc's errno. No grant lock
+ * held (or the manager owned alone). */
 int ote__grant_mw_dealloc_or_retain(ote_grant_mgr_t *m, mw_ent_t *ent);
-/* Retry the dealloc of every retained window; returns how many are still retained.
- * m->mu held (or the manager owned alone). */
+/* Retry the dealloc of every retained window; returns how many are still retained. No
+ * grant lock held (or the manager owned alone). */
 size_t ote__grant_mw_retry_retained(ote_grant_mgr_t *m);
+
+/* ---- manager.c ---- */
+/* Give record g a sequence number no live record has (never 0) and index it by seq.
+ * m->mu held. On failure (no memory for the index) g is not indexed. */
+ote_status_t ote__grant_seq_assign(ote_grant_mgr_t *m, grant_t *g);
 
 #endif

@@ -1,8 +1,9 @@
 /*
- * grant/manager.c - slice geometry, record sequence numbers, the window pool and
- * retained windows, and the grant manager's lifecycle (create, destroy, fence, stats).
+ * grant/manager.c - slice geometry, record sequence numbers, and the grant manager's
+ * lifecycle (create with one lock per lane, destroy, fence, stats summed over the lanes).
  */
 #include <errno.h>
+#include <string.h>
 
 #include "base/alloc.h"
 #include "base/hash.h"
@@ -42,44 +43,6 @@ ote_status_t ote__grant_seq_assign(ote_grant_mgr_t *m, grant_t *g) {
     return st;
 }
 
-/* Deallocate window ent, or retain it: a failed dealloc keeps the entry (and the native
- * window) on m->retained, counted in the manager's stats and as OTE_RETAINED_MW in its
- * context, until a later retry succeeds. m->mu held (or the manager owned alone). */
-int ote__grant_mw_dealloc_or_retain(ote_grant_mgr_t *m, mw_ent_t *ent) {
-    int err = m->v->ops->dealloc_mw(m->v, ent->mw);
-    if (err == 0) {
-        ote_free(ent);
-        return 0;
-    }
-    ent->next = m->retained;
-    m->retained = ent;
-    m->stats.mw_retained++;
-    ote_context_retained_add(m->ctx, OTE_RETAINED_MW, 1);
-    OTE_WARN("grant", "%s: dealloc_mw failed: errno %d; window retained", ote_context_name(m->ctx),
-             err);
-    return err;
-}
-
-/* Retry the dealloc of every retained window; returns how many are still retained.
- * m->mu held (or the manager owned alone). */
-size_t ote__grant_mw_retry_retained(ote_grant_mgr_t *m) {
-    size_t left = 0;
-    mw_ent_t **pp = &m->retained;
-    while (*pp != NULL) {
-        mw_ent_t *e = *pp;
-        if (m->v->ops->dealloc_mw(m->v, e->mw) != 0) {
-            left++;
-            pp = &e->next;
-            continue;
-        }
-        *pp = e->next;
-        m->stats.mw_retained--;
-        ote_context_retained_add(m->ctx, OTE_RETAINED_MW, -1);
-        ote_free(e);
-    }
-    return left;
-}
-
 ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lanes, uint32_t nlanes,
                                   const ote_grant_source_ops_t *src, ote_grant_mgr_t **mgr_out) {
     if (ctx == NULL || lanes == NULL || nlanes == 0 || mgr_out == NULL) return OTE_ERR_INVALID;
@@ -105,10 +68,14 @@ ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lane
         m->has_src = 1;
         m->src = *src;
     }
-    for (uint32_t i = 0; i < nlanes; i++) {
+    uint32_t inited = 0;
+    for (uint32_t i = 0; i < nlanes && st == OTE_OK; i++) {
         m->lanes[i].m = m;
         m->lanes[i].idx = i;
         m->lanes[i].lane = lanes[i];
+        st = ote_mutex_init(&m->lanes[i].mu);
+        if (st != OTE_OK) break;
+        inited++;
         st = ote_cq_lane_register_ns(lanes[i], ote__grant_on_cqe, &m->lanes[i], &m->lanes[i].ns);
         if (st != OTE_OK) break;
         m->lanes[i].registered = 1;
@@ -116,6 +83,7 @@ ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lane
     if (st != OTE_OK) {
         for (uint32_t i = 0; i < nlanes; i++)
             if (m->lanes[i].registered) ote_cq_lane_unregister_ns(lanes[i], m->lanes[i].ns);
+        for (uint32_t i = 0; i < inited; i++) ote_mutex_destroy(&m->lanes[i].mu);
         ote_mutex_destroy(&m->mu);
         ote_free(m->lanes);
         ote_free(m);
@@ -128,26 +96,30 @@ ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lane
 ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m) {
     if (m == NULL) return OTE_OK;
     ote_mutex_lock(&m->mu);
-    if (m->by_seq != NULL) {
-        ote_mutex_unlock(&m->mu);
-        return OTE_ERR_BUSY;
-    }
+    int busy = m->by_seq != NULL;
+    ote_mutex_unlock(&m->mu);
+    if (busy) return OTE_ERR_BUSY;
     /* Windows retained earlier first, then the pool: a pooled window whose dealloc
      * fails joins the retained ones (counted); the manager stays valid while any is left
-     * and a later destroy retries them. */
+     * and a later destroy retries them. No grant lives, so nothing else takes from the
+     * pool meanwhile; the deallocs run with no lock held (window.c). */
     size_t left = ote__grant_mw_retry_retained(m);
     int err = 0;
-    while (m->pool != NULL) {
+    for (;;) {
+        ote_mutex_lock(&m->mu);
         mw_ent_t *e = m->pool;
-        m->pool = e->next;
-        m->stats.mw_pool--;
+        if (e != NULL) {
+            m->pool = e->next;
+            m->stats.mw_pool--;
+        }
+        ote_mutex_unlock(&m->mu);
+        if (e == NULL) break;
         int e_err = ote__grant_mw_dealloc_or_retain(m, e);
         if (e_err != 0) {
             err = e_err;
             left++;
         }
     }
-    ote_mutex_unlock(&m->mu);
     if (left != 0) {
         OTE_WARN("grant", "%s: %zu window(s) could not be deallocated; manager retained",
                  ote_context_name(m->ctx), left);
@@ -155,6 +127,7 @@ ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m) {
     }
     for (uint32_t i = 0; i < m->nlanes; i++)
         if (m->lanes[i].registered) ote_cq_lane_unregister_ns(m->lanes[i].lane, m->lanes[i].ns);
+    for (uint32_t i = 0; i < m->nlanes; i++) ote_mutex_destroy(&m->lanes[i].mu);
     ote_mutex_destroy(&m->mu);
     ote_free(m->lanes);
     ote_free(m);
@@ -167,8 +140,27 @@ void ote_grant_mgr_fence(ote_grant_mgr_t *m, ote_status_t why) {
     ote_mutex_unlock(&m->mu);
 }
 
+/* The stats are all uint64_t counters; each is counted by the manager (under its lock)
+ * and by every lane (under the lane's), and the sum is the figure. A count that goes up in
+ * one share and down in another still sums right (modulo 2^64). */
+_Static_assert(sizeof(ote_grant_stats_t) % sizeof(uint64_t) == 0, "stats are uint64_t only");
+#define STATS_N (sizeof(ote_grant_stats_t) / sizeof(uint64_t))
+
+static void stats_add(uint64_t *acc, const ote_grant_stats_t *s) {
+    uint64_t v[STATS_N];
+    memcpy(v, s, sizeof(v));
+    for (size_t i = 0; i < STATS_N; i++) acc[i] += v[i];
+}
+
 void ote_grant_mgr_get_stats(ote_grant_mgr_t *m, ote_grant_stats_t *out) {
+    uint64_t acc[STATS_N] = {0};
     ote_mutex_lock(&m->mu);
-    *out = m->stats;
+    stats_add(acc, &m->stats);
     ote_mutex_unlock(&m->mu);
+    for (uint32_t i = 0; i < m->nlanes; i++) {
+        ote_mutex_lock(&m->lanes[i].mu);
+        stats_add(acc, &m->lanes[i].stats);
+        ote_mutex_unlock(&m->lanes[i].mu);
+    }
+    memcpy(out, acc, sizeof(*out));
 }

@@ -1,6 +1,7 @@
 // grant_test: slice geometry, and grants between two contexts of one sim instance.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -307,6 +308,42 @@ TEST_F(GrantTest, ManyGrantsShareOneQpBeyondItsDepth) {
     ote_qp_get_stats(qp, &qs);
     EXPECT_EQ(qs.sq_outstanding, 0u);
     EXPECT_EQ(qs.unknown_cqes, 0u);
+    FreeMrs();
+}
+
+// Key history: every bind re-keys the window with its next 8-bit tag, and a window never
+// repeats a tag within its lifetime. One grant at a time (each source grant ends before
+// the next is served) keeps reusing the one pooled window: after 255 binds its tags are
+// used up, it is retired (a replacement allocated first, then it is deallocated) and the
+// next grants bind the fresh window. Across 300 grants no rkey repeats; the pool's
+// counters show two windows allocated, one retired, none retained.
+TEST_F(GrantTest, WindowRetiredWhenItsRkeyTagsAreUsedUpNoRkeyRepeats) {
+    constexpr int kGrants = 300;
+    std::vector<uint8_t> out(4096, 0x6B);
+    struct ibv_mr *mo = LocalMr(out);
+    std::vector<uint32_t> rkeys;
+    for (int i = 0; i < kGrants; i++) {
+        rig_.last_rkey = 0;
+        ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, out.size()), OTE_OK) << i;
+        ASSERT_TRUE(rig_.WaitSourceIdle()) << i; /* its window back in the pool */
+        rkeys.push_back(rig_.last_rkey.load());
+    }
+    std::set<uint32_t> distinct(rkeys.begin(), rkeys.end());
+    EXPECT_EQ(distinct.size(), (size_t)kGrants) << "an rkey repeated";
+    /* The first window carried 255 binds (one index, 255 tags); the 256th grant bound a
+     * new window (another index). */
+    for (int i = 1; i < 255; i++) EXPECT_EQ(rkeys[i] >> 8, rkeys[0] >> 8) << i;
+    EXPECT_NE(rkeys[255] >> 8, rkeys[0] >> 8);
+    for (int i = 256; i < kGrants; i++) EXPECT_EQ(rkeys[i] >> 8, rkeys[255] >> 8) << i;
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.mw_allocated, 2u);
+    EXPECT_EQ(s1.mw_retired, 1u);
+    EXPECT_EQ(s1.mw_pool, 1u);
+    EXPECT_EQ(s1.mw_retained, 0u);
+    EXPECT_EQ(s1.receipts, (uint64_t)kGrants);
+    EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_MW), 0u);
+    EXPECT_EQ(memcmp(rig_.src.data(), out.data(), out.size()), 0);
     FreeMrs();
 }
 
