@@ -55,8 +55,9 @@ struct ote_endpoint_store {
     ote_endpoint_t *dying; /* evicted, not yet freed (linked by dnext) */
     uint64_t next_token;
     ote_endpoint_stats_t stats;
-    int private_pd; /* every QP in a PD of its own */
+    int private_pd;                            /* every QP in a PD of its own */
     uint32_t create_flags[2][OTE_EP_MAX_CAPS]; /* [role][cap]: OTE_VERBS_QP_* added to qp_cfg's */
+    struct ote_srq **srqs; /* slot i's QPs take their receives from srqs[i] (NULL: own) */
 };
 
 void ote_ep_key_make(ote_ep_key_t *key, uint64_t remote_process, uint64_t remote_pd,
@@ -102,6 +103,16 @@ err_lanes:
 }
 
 void ote_endpoint_store_private_pd(ote_endpoint_store_t *s) { s->private_pd = 1; }
+
+ote_status_t ote_endpoint_store_srqs(ote_endpoint_store_t *s, struct ote_srq *const *srqs) {
+    if (s == NULL || srqs == NULL || s->qp_cfg.recv_slots != 0) return OTE_ERR_INVALID;
+    struct ote_srq **copy = ote_calloc(s->nlanes, sizeof(*copy));
+    if (copy == NULL) return OTE_ERR_NOMEM;
+    for (uint32_t i = 0; i < s->nlanes; i++) copy[i] = srqs[i];
+    ote_free(s->srqs);
+    s->srqs = copy;
+    return OTE_OK;
+}
 
 void ote_endpoint_store_qp_flags(ote_endpoint_store_t *s, ote_ep_role_t role, uint32_t cap,
                                  uint32_t flags) {
@@ -332,6 +343,7 @@ ote_status_t ote_endpoint_build(ote_ep_claim_t *claim, ote_ep_exchange_fn exchan
     ote_qp_config_t cfg = s->qp_cfg;
     if (ep->key.role <= 1 && ep->key.cap < OTE_EP_MAX_CAPS)
         cfg.create_flags |= s->create_flags[ep->key.role][ep->key.cap];
+    if (s->srqs != NULL) cfg.srq = s->srqs[claim->slot];
     ote_status_t st = OTE_OK;
     if (s->private_pd) {
         ote_verbs_t *v = ote_context_verbs(s->ctx);
@@ -671,6 +683,7 @@ ote_status_t ote_endpoint_store_destroy(ote_endpoint_store_t *s, ote_deadline_t 
     }
     ote_cond_destroy(&s->cv);
     ote_mutex_destroy(&s->mu);
+    ote_free(s->srqs);
     ote_free(s->lanes);
     ote_free(s);
     return OTE_OK;

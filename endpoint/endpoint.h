@@ -105,6 +105,11 @@ ote_status_t ote_endpoint_store_create(ote_context_t *ctx, ote_cq_lane_t *const 
  * retained_now) until a later reclaim or destroy deallocates it. pds_live counts them.
  */
 void ote_endpoint_store_private_pd(ote_endpoint_store_t *store);
+/* From now on, the QP this store builds in slot i takes its receives from srqs[i], a
+ * shared receive queue of lane i (qp/srq.h; copied array, the SRQs must outlive the
+ * store's QPs). The template must have no receive slots of its own (OTE_ERR_INVALID). */
+struct ote_srq;
+ote_status_t ote_endpoint_store_srqs(ote_endpoint_store_t *store, struct ote_srq *const *srqs);
 /* From now on, the QPs this store builds for endpoints of @role and @cap are created with
  * these OTE_VERBS_QP_* flags added to the template's (e.g. OTE_VERBS_QP_NO_SCATTER_TO_CQE
  * for the requester's READ QPs when READs may land in device memory). Call before the

@@ -114,6 +114,10 @@ static const key_def_t g_keys[] = {
     {"rdma_max_grants", K_UINT, "0", 0, 65536, NUMBER(rdma_max_grants)},
     {"rdma_max_qps", K_UINT, "0", 0, 65536, NUMBER(rdma_max_qps)},
     {"rdma_recv_slots", K_UINT, "256", 1, 4096, NUMBER(rdma_recv_slots)},
+    /* Depth of each lane's shared receive queue (0: half the lane's receive CQ). */
+    {"rdma_srq_slots", K_UINT, "0", 0, 1048576, NUMBER(rdma_srq_slots)},
+    /* Requesters this engine serves at once over rdma (control connections). */
+    {"rdma_max_peers", K_UINT, "4096", 1, 1048576, NUMBER(rdma_max_peers)},
     /* Send WRs posted and not completed, every QP of this engine (0: per-QP depth only). */
     {"rdma_max_send_wrs", K_UINT, "0", 0, 1048576, NUMBER(rdma_max_send_wrs)},
     /* Grants a source reserves at once for its requesters' parents (engine/rdma/
@@ -342,7 +346,8 @@ static ote_status_t parse_pin(const char *p, size_t len, ote__rdma_pin_t *pin) {
     const char *q = colon + 1;
     unsigned long port, gid;
     if (parse_dec(&q, 3, 255, &port) != 0 || port == 0 || *q++ != ':') return OTE_ERR_INVALID;
-    if (parse_dec(&q, 3, 255, &gid) != 0 || q != end) return OTE_ERR_INVALID; /* sgid_index: 8 bits */
+    if (parse_dec(&q, 3, 255, &gid) != 0 || q != end)
+        return OTE_ERR_INVALID; /* sgid_index: 8 bits */
     memcpy(pin->device, p, dl);
     pin->device[dl] = '\0';
     pin->port = (uint8_t)port;

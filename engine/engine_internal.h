@@ -63,6 +63,8 @@ typedef struct ote__cfg_s {
     uint32_t rdma_max_grants;          /* RDMA grants reserved at once, all peers (0: any) */
     uint32_t rdma_max_qps;             /* RDMA QPs, all devices and peers (0: any) */
     uint32_t rdma_recv_slots;          /* receive slots per RDMA QP */
+    uint32_t rdma_srq_slots;           /* depth of each lane's SRQ (0: half its recv CQ) */
+    uint32_t rdma_max_peers;           /* requesters served at once (control connections) */
     uint32_t rdma_max_send_wrs;        /* RDMA send WRs outstanding, every QP (0: any) */
     uint32_t rdma_max_served_grants;   /* grants reserved at once by served parents (0: any) */
     char rdma_grant_mode[8];           /* "auto", "mw" or "mr" (source grants of host memory) */

@@ -330,8 +330,11 @@ ote_status_t ote_srq_create(ote_cq_lane_t *lane, const ote_srq_config_t *cfg, ot
         cfg->low_water > cfg->slots)
         return OTE_ERR_INVALID;
     ote_context_t *ctx = ote_cq_lane_context(lane);
+    /* An SRQ has no port: a paused context (its port down) keeps its PD and takes one;
+     * only a fatal device refuses. */
     ote_status_t st = ote_context_check(ctx);
-    if (st != OTE_OK) return st;
+    if (st != OTE_OK && ote_status_code(st) != OTE_ERR_PORT_DOWN) return st;
+    st = OTE_OK;
     if (ote_fault_hit("qp.srq_create", &st)) return st;
     ote_srq_t *s = ote_calloc(1, sizeof(*s));
     if (s == NULL) return OTE_ERR_NOMEM;

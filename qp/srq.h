@@ -71,7 +71,7 @@ typedef struct ote_srq_stats {
 /* Defaults: 256 slots of 4 KiB, low water a quarter of the slots, the context's PD. */
 void ote_srq_config_default(ote_srq_config_t *cfg);
 
-/* Create the SRQ on @lane (its context must be active), register its buffers and post
+/* Create the SRQ on @lane (its context active or paused: an SRQ needs no port), register its buffers and post
  * them all. OTE_ERR_INVALID for 0 slots or size; the device's refusal as OTE_ERR_NATIVE. */
 ote_status_t ote_srq_create(ote_cq_lane_t *lane, const ote_srq_config_t *cfg, ote_srq_t **srq_out);
 /* See the header comment: OTE_OK frees it; OTE_ERR_BUSY / OTE_ERR_RETAINED keep it. */

@@ -285,6 +285,7 @@ static size_t teardown_qps(rdma_tp_t *tp) {
                            ": its CQs, the registrations' MRs and the PD stay");
         left += drop_store(&n->deps, i, "direct endpoint store",
                            "QPs or private PDs that would not be destroyed", "");
+        if (n->eps == NULL) left += ote__rdma_srqs_drop(n, i);
         if (n->gm != NULL) {
             ote_status_t st = ote_grant_mgr_destroy(n->gm);
             if (st == OTE_OK) {
@@ -422,6 +423,7 @@ static ote_status_t teardown(rdma_tp_t *tp) {
     ote_cond_destroy(&tp->pump_cv);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
+    ote_free(tp->sconns);
     ote_free(tp);
     return OTE_OK;
 }
@@ -655,6 +657,8 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     ote__rdma_nic_depths(tp, n);
     ote_status_t st = start_lanes(tp, n);
     if (st != OTE_OK) return st;
+    st = ote__rdma_srqs_start(tp, n);
+    if (st != OTE_OK) return st;
     ote_grant_source_ops_t src = ote__rdma_source_ops(tp);
     st = ote_grant_mgr_create(n->ctx, n->lanes, n->nlanes, &src, &n->gm);
     if (st != OTE_OK) return st;
@@ -671,13 +675,17 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     qc.on_recv = ote__rdma_src_on_recv;
     qc.recv_arg = n;
     qc.sq_pool = ote__rdma_sq_pool(tp); /* rdma_max_send_wrs (rdma_credits.h) */
+    /* The direct endpoints' QPs (below) live in PDs of their own, so not on the SRQs. */
+    ote_qp_config_t dqc = qc;
+    if (n->srq_slots != 0) qc.recv_slots = 0; /* receives from the lane's SRQ (rdma_srq.c) */
     st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->eps);
     if (st != OTE_OK) return st;
+    if (n->srq_slots != 0) ote_endpoint_store_srqs(n->eps, n->srq);
     /* READs may land in device memory: no CPU copy out of a CQE (rdma_limits.c). */
     ote_endpoint_store_qp_flags(n->eps, OTE_EP_REQUESTER, OTE_EP_READ, n->read_flags);
     ote_endpoint_store_qp_flags(n->eps, OTE_EP_REQUESTER, 2 /* direct READ */, n->read_flags);
     /* The source's direct endpoints (rdma_direct.c): each QP in a PD of its own. */
-    st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &qc, &n->deps);
+    st = ote_endpoint_store_create(n->ctx, n->lanes, n->nlanes, &dqc, &n->deps);
     if (st == OTE_OK) ote_endpoint_store_private_pd(n->deps);
     return st;
 }

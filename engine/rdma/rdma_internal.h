@@ -433,7 +433,15 @@ typedef struct rdma_nic {
     uint32_t send_wr;    /* each QP's send depth */
     uint32_t recv_slots; /* each QP's receive slots (rdma_recv_slots, clamped) */
     uint32_t read_flags; /* OTE_VERBS_QP_* of the requester's READ QPs */
+    /* rdma_srq.c: the shared receive queue of each lane (NULL: per-QP receive queues). */
+    struct ote_srq *srq[OTE__RDMA_MAX_LANES];
+    uint32_t srq_slots; /* each SRQ's depth (0: none) */
 } rdma_nic_t;
+
+/* rdma_srq.c: n's SRQs, one per lane (none on a device without SRQs); and their
+ * destruction after the endpoint stores (returns how many were retained). */
+ote_status_t ote__rdma_srqs_start(rdma_tp_t *tp, rdma_nic_t *n);
+size_t ote__rdma_srqs_drop(rdma_nic_t *n, uint32_t dev);
 
 /* rdma_limits.c: n's depths and QP flags from its device's limits (INFO when clamped). */
 void ote__rdma_nic_depths(rdma_tp_t *tp, rdma_nic_t *n);
@@ -485,8 +493,8 @@ struct ote__rdma_tp {
     ote_mutex_t mu;         /* registrations, server connections, peers */
     ote_cond_t cv;
     reg_ent_t *regs;
-    srv_t *sconns[256]; /* heap entries: a thread keeps its own */
-    size_t nsconns;
+    srv_t **sconns; /* heap entries: a thread keeps its own; grows to rdma_max_peers */
+    size_t nsconns, capsconns;
     ote__tpeer_t *peers;       /* open requester peers (notification deadlines) */
     ote__acct_set_t accts;     /* source: accounts of requests, by connection, under mu */
     struct rdma_stage *stages; /* source: staged WRITEs answered OK (rdma_stage.c), under mu */

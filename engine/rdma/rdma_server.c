@@ -315,6 +315,17 @@ void ote__rdma_servers_reap(rdma_tp_t *tp) {
     ote_mutex_unlock(&tp->mu);
 }
 
+/* Room for one more entry in tp->sconns (tp->mu held): grows it by doubling. */
+static int sconns_room(rdma_tp_t *tp) {
+    if (tp->nsconns < tp->capsconns) return 1;
+    size_t cap = tp->capsconns != 0 ? tp->capsconns * 2 : 64;
+    srv_t **n = ote_realloc(tp->sconns, cap * sizeof(*n));
+    if (n == NULL) return 0;
+    tp->sconns = n;
+    tp->capsconns = cap;
+    return 1;
+}
+
 ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, const uint8_t *hello,
                              size_t len) {
     rdma_tp_t *tp = (rdma_tp_t *)t;
@@ -329,11 +340,17 @@ ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, cons
     snprintf(c->peer_addr, sizeof(c->peer_addr), "%s", from); /* until its HELLO names it */
     ote_mutex_lock(&tp->mu);
     reap_servers_locked(tp);
-    if (tp->nsconns == sizeof(tp->sconns) / sizeof(tp->sconns[0])) {
+    if (tp->nsconns >= tp->cfg.rdma_max_peers || !sconns_room(tp)) {
+        int full = tp->nsconns >= tp->cfg.rdma_max_peers;
         ote_mutex_unlock(&tp->mu);
-        OTE_WARN_LIMITED("rdma", "too many control connections: refusing the one from %s", from);
+        if (full)
+            OTE_WARN_LIMITED("rdma",
+                             "control connection from %s refused: this engine serves "
+                             "rdma_max_peers=%u requesters already",
+                             from, tp->cfg.rdma_max_peers);
+        else OTE_WARN_LIMITED("rdma", "control connection from %s refused: out of memory", from);
         ote__rdma_conn_put(c);
-        return OTE_ERR_BUSY;
+        return full ? OTE_ERR_BUSY : OTE_ERR_NOMEM;
     }
     srv_t *sv = ote_calloc(1, sizeof(*sv));
     if (sv != NULL) sv->c = c;

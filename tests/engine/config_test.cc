@@ -294,6 +294,7 @@ const std::map<std::string, Sample> &Samples() {
         {"verbs_provider", {"sim", [](R r) { return std::string(r.verbs_provider) == "sim"; }}},
         {"sim_profile", {"small", [](R r) { return std::string(r.sim_profile) == "small"; }}},
         {"rdma_srq_slots", {"1024", [](R r) { return r.rdma_srq_slots == 1024; }}},
+        {"rdma_max_peers", {"100", [](R r) { return r.rdma_max_peers == 100; }}},
         {"rdma_device", {"mlx5_3", [](R r) { return std::string(r.rdma_device) == "mlx5_3"; }}},
         {"rdma_devices",
          {"sim0, sim1", [](R r) { return std::string(r.rdma_devices) == "sim0, sim1"; }}},
@@ -310,8 +311,7 @@ const std::map<std::string, Sample> &Samples() {
         {"rdma_recv_slots", {"4096", [](R r) { return r.rdma_recv_slots == 4096; }}},
         {"rdma_max_send_wrs", {"1048576", [](R r) { return r.rdma_max_send_wrs == 1048576; }}},
         {"rdma_max_served_grants", {"5", [](R r) { return r.rdma_max_served_grants == 5; }}},
-        {"rdma_grant_mode",
-         {"mr", [](R r) { return std::string(r.rdma_grant_mode) == "mr"; }}},
+        {"rdma_grant_mode", {"mr", [](R r) { return std::string(r.rdma_grant_mode) == "mr"; }}},
         {"log_level", {"debug", [](R r) { return std::string(r.log_level) == "debug"; }}},
         {"auth_key_file",
          {"/etc/ote/key", [](R r) { return std::string(r.auth_key_file) == "/etc/ote/key"; }}},
@@ -441,9 +441,9 @@ TEST_F(ConfigTableTest, RdmaPinItemsParse) {
     EXPECT_STREQ(pins[1].device, "sim1");
     EXPECT_EQ(pins[1].port, 255);
     EXPECT_EQ(pins[1].gid_index, 255);
-    for (const char *bad : {",", "a:1:0,,b:1:0", "a:1:0,", ",a:1:0", "a:1:0 ", "a:1:0,a:2:0",
-                            "a,b:1:0", "a:1,0:0", "a:1:0:", "a:1:0x",
-                            "a:1:256" /* sgid_index is 8 bits */}) {
+    for (const char *bad :
+         {",", "a:1:0,,b:1:0", "a:1:0,", ",a:1:0", "a:1:0 ", "a:1:0,a:2:0", "a,b:1:0", "a:1,0:0",
+          "a:1:0:", "a:1:0x", "a:1:256" /* sgid_index is 8 bits */}) {
         n = 99;
         EXPECT_EQ(ote__rdma_pin_parse(bad, pins, &n), OTE_ERR_INVALID) << bad;
         EXPECT_EQ(n, 99u) << bad;

@@ -24,11 +24,15 @@
  *   hostile <kind>                  -> HOSTILE <code> <addr> <len> <perms>  a range of that
  *                                      kind (tests/engine/hostile_ranges.h) made and given
  *                                      to ote_memory_register: its status
+ *   stat                            -> STAT <fds> <rss_kb>  open fds and resident memory
+ *                                      (VmRSS, after malloc_trim) of this process
  *   quit / end of input             -> exits 0 after destroying the engine
  *
  * Usage: ote_target [rw_size] [listen_address]. Config also from OTE_* variables.
  */
+#include <dirent.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +120,27 @@ static const char *pull(ote_engine_t *e, const char *line, const buf_t *rw) {
         nanosleep(&pause, NULL);
     }
     return "STARTED";
+}
+
+/* stat: "STAT <open fds> <VmRSS in KiB>", freed heap given back to the kernel first. */
+static const char *stat_line(void) {
+    static char reply[64];
+    malloc_trim(0);
+    long fds = 0, rss = -1;
+    DIR *d = opendir("/proc/self/fd");
+    if (d != NULL) {
+        for (struct dirent *de = readdir(d); de != NULL; de = readdir(d))
+            if (de->d_name[0] != '.') fds++;
+        closedir(d);
+        fds--; /* the directory's own fd */
+    }
+    FILE *f = fopen("/proc/self/status", "r");
+    char l[128];
+    while (f != NULL && fgets(l, sizeof(l), f) != NULL)
+        if (sscanf(l, "VmRSS: %ld", &rss) == 1) break;
+    if (f != NULL) fclose(f);
+    snprintf(reply, sizeof(reply), "STAT %ld %ld", fds, rss);
+    return reply;
 }
 
 int main(int argc, char **argv) {
@@ -217,6 +242,8 @@ int main(int argc, char **argv) {
             printf("ST %d\n", ote_memory_register_named(e, bf->p, bf->len, bf->perms, bf->name));
         } else if (strcmp(cmd, "pull") == 0) {
             printf("%s\n", pull(e, line, &bufs[0]));
+        } else if (strcmp(cmd, "stat") == 0) {
+            printf("%s\n", stat_line());
         } else if (strcmp(cmd, "hostile") == 0) {
             printf("%s\n", hostile(e, line));
         } else {

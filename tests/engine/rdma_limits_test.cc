@@ -232,7 +232,8 @@ TEST(RdmaLimitsTest, MultiGrantRequestsReserveTheirBudget) {
 TEST(RdmaLimitsTest, FewReceiveSlotsManyGrantsNoRnr) {
     uint64_t rnr0 = ote_sim_rnr_naks();
     {
-        auto cfg = Rdma({{"rdma_recv_slots", "2"}, {"rdma_lanes", "1"}});
+        // Two receive slots for every QP of the source: its lane's SRQ and its own.
+        auto cfg = Rdma({{"rdma_recv_slots", "2"}, {"rdma_srq_slots", "2"}, {"rdma_lanes", "1"}});
         Rig rig(cfg, cfg, 1, kN, kLen);
         rig.Open();
         rig.RunAll();

@@ -768,7 +768,7 @@ TEST_F(RdmaPinConfig, MissingDevicePortOrGidIsRefusedWithALogLine) {
     } cases[] = {
         {"sim7:1:0", "device sim7 not found", "lists 2 device(s), first sim0"},
         {"sim1:2:0", "device sim1 port 2 GID index 0", "the device has ports 1..1"},
-        {"sim1:1:999", "device sim1 port 1 GID index 999 does not exist", "the GID table has"},
+        {"sim1:1:200", "device sim1 port 1 GID index 200 does not exist", "the GID table has"},
         {"sim0:1:0,sim7:1:0", "device sim7 not found", "first sim0"},
     };
     for (const Case &c : cases) {

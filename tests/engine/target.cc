@@ -61,8 +61,13 @@ bool Target::Start(uint64_t rw_size, const std::string &listen,
     posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
     std::string bin = EngineTestBinary(binary.c_str());
     std::string size = std::to_string(rw_size);
-    char *argv[] = {const_cast<char *>(bin.c_str()), const_cast<char *>(size.c_str()),
-                    const_cast<char *>(listen.c_str()), nullptr};
+    std::vector<char *> argv = {const_cast<char *>(bin.c_str())};
+    if (args.empty()) {
+        argv.push_back(const_cast<char *>(size.c_str()));
+        argv.push_back(const_cast<char *>(listen.c_str()));
+    }
+    for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
     std::vector<std::string> envs;
     // An entry of env replaces an inherited one of the same name (getenv finds the first).
     auto named_in_env = [&env](const char *kv) {
@@ -78,7 +83,7 @@ bool Target::Start(uint64_t rw_size, const std::string &listen,
     std::vector<char *> envp;
     for (auto &e : envs) envp.push_back(const_cast<char *>(e.c_str()));
     envp.push_back(nullptr);
-    int rc = posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv, envp.data());
+    int rc = posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);
     close(pin[0]);
     close(pout[1]);
@@ -89,6 +94,7 @@ bool Target::Start(uint64_t rw_size, const std::string &listen,
         CloseFds();
         return false;
     }
+    if (!args.empty()) return true; // another program: its own protocol, no READY line
     std::string line = ReadLine(30000);
     std::istringstream is(line);
     std::string word;

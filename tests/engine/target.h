@@ -41,6 +41,9 @@ class Target {
     // The child binary (a data dependency in tests/engine); ote_gpu_target prints the same
     // READY line with its "dev", "host" and "dev2" buffers in place of rw, ro and wo.
     std::string binary = "ote_target";
+    // When not empty: the child's arguments in place of rw_size and listen, and Start
+    // returns once it runs (no READY line: another program, e.g. ote_swarm).
+    std::vector<std::string> args;
     std::string address;
     uint64_t rw = 0, rw_len = 0, ro = 0, ro_len = 0, wo = 0, wo_len = 0;
     pid_t pid = -1;

@@ -277,12 +277,14 @@ TEST_F(FaultTest, ExtendedEntriesPassThroughToTheInnerProvider) {
     EXPECT_EQ(o->post_srq_recv(v_, a_.srq, &wr, &bad), 0);
     EXPECT_EQ(mock_.posted_recv().back(), 42u);
 
-    const ote_verbs_fault_op_t ops[] = {OP(QUERY_DEVICE_EX), OP(CREATE_SRQ),      OP(MODIFY_SRQ),
-                                        OP(QUERY_SRQ),       OP(POST_SRQ_RECV),   OP(CREATE_QP_FLAGS),
+    const ote_verbs_fault_op_t ops[] = {OP(QUERY_DEVICE_EX), OP(CREATE_SRQ),    OP(MODIFY_SRQ),
+                                        OP(QUERY_SRQ),       OP(POST_SRQ_RECV), OP(CREATE_QP_FLAGS),
                                         OP(QP_FLAGS),        OP(DEVICE_FLAGS)};
     for (auto op : ops) {
-        EXPECT_EQ(mock_.inner_calls(op), op == OP(QP_FLAGS) ? 2u : 1u) << ote_verbs_fault_op_name(op);
-        EXPECT_EQ(ote_verbs_fault_calls(v_, op), mock_.inner_calls(op)) << ote_verbs_fault_op_name(op);
+        EXPECT_EQ(mock_.inner_calls(op), op == OP(QP_FLAGS) ? 2u : 1u)
+            << ote_verbs_fault_op_name(op);
+        EXPECT_EQ(ote_verbs_fault_calls(v_, op), mock_.inner_calls(op))
+            << ote_verbs_fault_op_name(op);
         EXPECT_EQ(ote_verbs_fault_injected(v_, op), 0u) << ote_verbs_fault_op_name(op);
     }
     // destroy_srq passes through too (and is a destroy: busy rules apply).
@@ -296,9 +298,9 @@ TEST_F(FaultTest, ExtendedEntriesPassThroughToTheInnerProvider) {
 
 TEST_F(FaultTest, ExtendedEntriesFailByNameWithoutReachingTheInnerProvider) {
     OpenAll();
-    for (const char *name : {"query_device_ex", "create_srq", "modify_srq", "query_srq",
-                             "destroy_srq", "post_srq_recv", "create_qp_flags", "qp_flags",
-                             "device_flags"}) {
+    for (const char *name :
+         {"query_device_ex", "create_srq", "modify_srq", "query_srq", "destroy_srq",
+          "post_srq_recv", "create_qp_flags", "qp_flags", "device_flags"}) {
         ote_verbs_fault_op_t op;
         ASSERT_EQ(ote_verbs_fault_op_from_name(name, &op), OTE_OK) << name;
         EXPECT_STREQ(ote_verbs_fault_op_name(op), name);

@@ -64,7 +64,8 @@ class SimProfile : public ote_test::VerbsFixture, public ::testing::WithParamInt
     }
 
     // create_qp with caps {1, 1, 1, 1, 0} changed by `set`; destroys what it created.
-    template <typename F> int TryQp(F set) {
+    template <typename F>
+    int TryQp(F set) {
         struct ibv_cq *cq = cq_ ? cq_ : (cq_ = Cq(16));
         struct ibv_qp_init_attr ia;
         std::memset(&ia, 0, sizeof(ia));
@@ -327,9 +328,9 @@ TEST_F(ScatterOnMlx5, QpWithTheFlagReadsSmallIntoDeviceMemory) {
     ASSERT_EQ(o_->create_qp_flags(v_, pd_, &ia, OTE_VERBS_QP_NO_SCATTER_TO_CQE, &a), 0);
     TrackQp(a);
     ASSERT_NO_FATAL_FAILURE(Pair(a));
-    ASSERT_EQ(PostSendSge(a, IBV_WR_RDMA_READ, kIova, 64, dmr_->lkey, 1, src_->addr(),
-                          src_->mr->rkey),
-              0);
+    ASSERT_EQ(
+        PostSendSge(a, IBV_WR_RDMA_READ, kIova, 64, dmr_->lkey, 1, src_->addr(), src_->mr->rkey),
+        0);
     ASSERT_NO_FATAL_FAILURE(ExpectOne(1));
     EXPECT_EQ(dev_.view()[0], 0x6b);
     EXPECT_EQ(dev_.view()[63], 0x6b);
@@ -365,9 +366,9 @@ TEST_F(ScatterOnMlx5, SignalledReadOf65BytesIntoDeviceMemoryMovesTheBytes) {
     struct ibv_qp *a = Qp(cq_, cq_);
     ASSERT_NE(a, nullptr);
     ASSERT_NO_FATAL_FAILURE(Pair(a));
-    ASSERT_EQ(PostSendSge(a, IBV_WR_RDMA_READ, kIova, 65, dmr_->lkey, 1, src_->addr(),
-                          src_->mr->rkey),
-              0);
+    ASSERT_EQ(
+        PostSendSge(a, IBV_WR_RDMA_READ, kIova, 65, dmr_->lkey, 1, src_->addr(), src_->mr->rkey),
+        0);
     ASSERT_NO_FATAL_FAILURE(ExpectOne(1));
     EXPECT_EQ(dev_.view()[0], 0x6b);
     EXPECT_EQ(dev_.view()[64], 0x6b);
@@ -399,7 +400,8 @@ class ProfileConfig : public ote_test::OteTest {
         std::string out;
         for (const char *dev : {"a", "b"}) {
             const char *name = nullptr;
-            if (ote_sim_device_profile(v, dev, &name) == OTE_OK) out += std::string(dev) + "=" + name + " ";
+            if (ote_sim_device_profile(v, dev, &name) == OTE_OK)
+                out += std::string(dev) + "=" + name + " ";
         }
         const char *name = nullptr;
         EXPECT_EQ(ote_sim_device_profile(v, "nope", &name), OTE_ERR_NOT_FOUND);
@@ -410,8 +412,9 @@ class ProfileConfig : public ote_test::OteTest {
     std::string saved_env_;
 };
 
-const char kTwoDevs[] = "dev=a,numa=0;port;gid=auto-v4,type=v2;dev=b,numa=0,profile=small;port;"
-                        "gid=auto-v4,type=v2";
+const char kTwoDevs[] =
+    "dev=a,numa=0;port;gid=auto-v4,type=v2;dev=b,numa=0,profile=small;port;"
+    "gid=auto-v4,type=v2";
 
 TEST_F(ProfileConfig, DefaultIsMlx5AndADeviceOptionWins) {
     EXPECT_EQ(Profiles(kTwoDevs), "a=mlx5 b=small ");

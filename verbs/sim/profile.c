@@ -151,8 +151,8 @@ int ote__sim_device_flags(ote_verbs_t *v, struct ibv_context *ctx, uint32_t *fla
     (void)v;
     if (!ctx || !flags_out) return EINVAL;
     const sim_profile_t *pr = to_sim_ctx(ctx)->dev->profile;
-    *flags_out = pr->scatter_to_cqe ? OTE_VERBS_DEV_SCATTER_TO_CQE | OTE_VERBS_DEV_SCATTER_OPT_OUT
-                                    : 0;
+    *flags_out =
+        pr->scatter_to_cqe ? OTE_VERBS_DEV_SCATTER_TO_CQE | OTE_VERBS_DEV_SCATTER_OPT_OUT : 0;
     return 0;
 }
 

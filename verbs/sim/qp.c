@@ -367,8 +367,7 @@ static int check_values(sim_qp_t *qp, const struct ibv_qp_attr *a, int mask) {
     if ((mask & M(MIN_RNR_TIMER)) && a->min_rnr_timer > 31) return EINVAL;
     const sim_profile_t *pr = d->profile;
     if ((mask & M(MAX_QP_RD_ATOMIC)) && a->max_rd_atomic > pr->max_qp_init_rd_atom) return EINVAL;
-    if ((mask & M(MAX_DEST_RD_ATOMIC)) && a->max_dest_rd_atomic > pr->max_qp_rd_atom)
-        return EINVAL;
+    if ((mask & M(MAX_DEST_RD_ATOMIC)) && a->max_dest_rd_atomic > pr->max_qp_rd_atom) return EINVAL;
     if ((mask & M(DEST_QPN)) && a->dest_qp_num > 0xffffff) return EINVAL;
     if (mask & M(AV)) {
         /* The sim routes by GID only: a GRH is mandatory, on IB ports too. */

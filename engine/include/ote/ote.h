@@ -70,6 +70,23 @@ typedef struct ote_batch ote_batch_t;
  *   rdma_exclude         comma-separated device names it never uses.
  *   rdma_lanes           CQ lanes (one worker thread each) per RDMA data device, 1..64
  *                        (default 2; independent of tcp_workers).
+ *   rdma_srq_slots       receive buffers of each lane's shared receive queue, from which
+ *                        every QP of the device takes its receives (grant receipts), so
+ *                        peers cost no receive buffers of their own (default 0: half the
+ *                        lane's receive CQ, e.g. 2048; clamped to the device's max_srq_wr
+ *                        with an INFO line). A grant waits (AGAIN, asked again until its
+ *                        deadline) while every slot is reserved for a receipt to come.
+ *   rdma_max_peers       requesters this engine serves over rdma at once (their control
+ *                        connections), 1..1048576 (default 4096); one more is refused with
+ *                        a WARN naming this key, and its segment open fails
+ *                        (OTE_ERR_PEER_LOST at the requester).
+ *   rdma_recv_slots      receive slots of each QP that cannot use the SRQ (the direct
+ *                        endpoints' QPs, in PDs of their own; every QP of a device without
+ *                        SRQs), 1..4096 (default 256; clamped to max_qp_wr).
+ *   Every depth is drawn from the device (query_device_ex at open): a lane's CQs hold at
+ *   most max_cqe entries, a QP at most max_qp_wr WRs, its READ depth at most the device's
+ *   and the peer's responder depth; a configured value above a limit is clamped with one
+ *   INFO line naming both.
  *   rdma_pin             strict routes "device:port:gid_index" (port 1..255, GID index
  *                        0..255: a QP's source GID index is 8 bits), up to 8 distinct devices comma-separated: exactly those
  *                        devices are the data devices, each on that port and GID index
