@@ -136,8 +136,8 @@ static ote_status_t context_limits(ote_context_t *ctx) {
     l->max_srq_sge = a->max_srq_sge > 0 ? (uint32_t)a->max_srq_sge : 0;
     l->max_mw = a->max_mw > 0 ? (uint32_t)a->max_mw : 0;
     l->max_mr_size = a->max_mr_size;
-    l->mw_type2 = (a->device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A |
-                                          IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0 &&
+    l->mw_type2 = (a->device_cap_flags &
+                   (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0 &&
                   l->max_mw > 0;
     uint32_t df = 0;
     if (v->ops->device_flags(v, ctx->native, &df) != 0) df = 0;

@@ -81,8 +81,8 @@ typedef struct ote_context_limits {
     uint32_t max_sge, max_sge_rd; /* SGEs per send/recv WR; per READ */
     uint32_t max_cqe;             /* CQ entries */
     uint32_t max_qp;
-    uint32_t max_qp_rd_atom;      /* responder depth (max_dest_rd_atomic) */
-    uint32_t max_qp_init_rd_atom; /* initiator depth (max_rd_atomic) */
+    uint32_t max_qp_rd_atom;                   /* responder depth (max_dest_rd_atomic) */
+    uint32_t max_qp_init_rd_atom;              /* initiator depth (max_rd_atomic) */
     uint32_t max_srq, max_srq_wr, max_srq_sge; /* 0: no SRQ */
     uint32_t max_mw;
     uint64_t max_mr_size;
