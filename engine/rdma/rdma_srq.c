@@ -31,7 +31,8 @@ static uint32_t srq_depth(rdma_tp_t *tp, rdma_nic_t *n, const ote_context_limits
         OTE_INFO("rdma",
                  "device %s has no shared receive queues: each QP posts its own %u receive "
                  "slots (rdma_recv_slots), so a lane's receive CQ of %u holds %u QPs",
-                 dev, n->recv_slots, n->cq_depth, n->cq_depth / (n->recv_slots ? n->recv_slots : 1));
+                 dev, n->recv_slots, n->cq_depth,
+                 n->cq_depth / (n->recv_slots ? n->recv_slots : 1));
         return 0;
     }
     uint32_t want = tp->cfg.rdma_srq_slots != 0 ? tp->cfg.rdma_srq_slots : n->cq_depth / 2;
@@ -39,8 +40,8 @@ static uint32_t srq_depth(rdma_tp_t *tp, rdma_nic_t *n, const ote_context_limits
     if (d > l->max_srq_wr) d = l->max_srq_wr;
     if (d > n->cq_depth) d = n->cq_depth;
     if (d != want)
-        OTE_INFO("rdma", "device %s: rdma_srq_slots=%u is above the device's %s=%u: using %u",
-                 dev, want, want > l->max_srq_wr ? "max_srq_wr" : "receive CQ depth",
+        OTE_INFO("rdma", "device %s: rdma_srq_slots=%u is above the device's %s=%u: using %u", dev,
+                 want, want > l->max_srq_wr ? "max_srq_wr" : "receive CQ depth",
                  want > l->max_srq_wr ? l->max_srq_wr : n->cq_depth, d);
     return d;
 }
@@ -77,7 +78,8 @@ size_t ote__rdma_srqs_drop(rdma_nic_t *n, uint32_t dev) {
             n->srq[i] = NULL;
         } else {
             left++;
-            OTE_ERROR("rdma", "device %u: shared receive queue of lane %u retained at shutdown "
+            OTE_ERROR("rdma",
+                      "device %u: shared receive queue of lane %u retained at shutdown "
                       "(%s): its lane's CQs and the PD stay",
                       dev, i, ote_status_str(st));
         }

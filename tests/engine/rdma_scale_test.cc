@@ -106,10 +106,11 @@ TEST_F(RdmaScaleTest, ThousandPeersOpenMoveAndCheckBytesThenEverythingReturns) {
     }
     EXPECT_EQ(done, peers);
     const Stat peak = Read(target);
-    printf("scale: %llu peers in %llu processes: target fds %ld -> %ld, resident %ld KiB -> "
-           "%ld KiB: %.1f KiB per connected peer\n",
-           (unsigned long long)peers, (unsigned long long)procs, base.fds, peak.fds, base.rss_kb,
-           peak.rss_kb, (double)(peak.rss_kb - base.rss_kb) / (double)peers);
+    printf(
+        "scale: %llu peers in %llu processes: target fds %ld -> %ld, resident %ld KiB -> "
+        "%ld KiB: %.1f KiB per connected peer\n",
+        (unsigned long long)peers, (unsigned long long)procs, base.fds, peak.fds, base.rss_kb,
+        peak.rss_kb, (double)(peak.rss_kb - base.rss_kb) / (double)peers);
 
     for (auto &p : swarm) ASSERT_TRUE(p->Send("close"));
     for (auto &p : swarm) {
