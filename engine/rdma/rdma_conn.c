@@ -10,6 +10,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,6 +24,13 @@ void ote__rdma_conn_kill(conn_t *c, const char *why) {
         OTE_WARN("rdma", "control connection %s%s dropped: %s", c->peer_addr[0] ? "with " : "",
                  c->peer_addr, why);
     (void)shutdown(c->fd, SHUT_RDWR); /* wakes the connection's own thread */
+}
+
+/* Wake the owner thread (it may sleep up to OTE__RDMA_CONN_IDLE_MS in poll). */
+static void conn_wake(conn_t *c) {
+    uint64_t one = 1;
+    ssize_t r = write(c->wake_fd, &one, sizeof(one)); /* full counter: a wake is due anyway */
+    (void)r;
 }
 
 /* Under wmu: send what the socket takes now. -1 on a socket error. */
@@ -91,7 +99,9 @@ ote_status_t ote__rdma_conn_send_raw(conn_t *c, const uint8_t *buf, size_t len) 
                 c->ooff = 0;
             }
             memcpy(c->out + c->ooff + c->olen, buf, len);
+            int was_empty = c->olen == 0;
             c->olen += len;
+            if (was_empty) conn_wake(c); /* the owner polls for POLLOUT from now on */
         }
     }
     ote_mutex_unlock(&c->wmu);
@@ -131,10 +141,18 @@ ote_status_t ote__rdma_conn_next(conn_t *c, ote_ctl_msg_t *m, ote_deadline_t dl,
         int pending = 0;
         if (conn_flush(c, &pending) != 0) return OTE_ERR_PEER_LOST;
         if (ote_deadline_expired(dl)) return OTE_ERR_TIMEOUT;
-        struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (pending ? POLLOUT : 0))};
-        int n = poll(&p, 1, ote_deadline_remaining_ms(dl, OTE__RDMA_CONN_POLL_MS));
+        struct pollfd p[2] = {{.fd = c->fd, .events = (short)(POLLIN | (pending ? POLLOUT : 0))},
+                              {.fd = c->wake_fd, .events = POLLIN}};
+        int n = poll(p, 2,
+                     ote_deadline_remaining_ms(
+                         dl, pending ? OTE__RDMA_CONN_POLL_MS : OTE__RDMA_CONN_IDLE_MS));
         if (n < 0 && errno != EINTR) return OTE_ERR_PEER_LOST;
-        if (n <= 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        if (n > 0 && (p[1].revents & POLLIN)) {
+            uint64_t cnt;
+            ssize_t r = read(c->wake_fd, &cnt, sizeof(cnt));
+            (void)r;
+        }
+        if (n <= 0 || (p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
         ssize_t r = recv(c->fd, c->in + c->ilen, OTE__RDMA_FRAME_MAX - c->ilen, MSG_DONTWAIT);
         if (r == 0) return OTE_ERR_PEER_LOST;
         if (r < 0) {
@@ -172,6 +190,7 @@ void ote__rdma_conn_get(conn_t *c) { atomic_fetch_add(&c->refs, 1); }
 void ote__rdma_conn_put(conn_t *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     close(c->fd);
+    close(c->wake_fd);
     if (c->adopted && c->tp->host.conn_closed != NULL) c->tp->host.conn_closed(c->tp->host.arg);
     ote_mutex_destroy(&c->wmu);
     ote_free(c->out);
@@ -191,6 +210,15 @@ conn_t *ote__rdma_conn_new(rdma_tp_t *tp, int fd) {
     }
     c->tp = tp;
     c->fd = fd;
+    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->wake_fd < 0) {
+        OTE_WARN("rdma", "control connection: eventfd failed: errno %d", errno);
+        ote_mutex_destroy(&c->wmu);
+        ote_free(c->in);
+        ote_free(c);
+        close(fd);
+        return NULL;
+    }
     uint64_t ms = tp->cfg.connect_timeout_ms < 1000 ? 1000 : tp->cfg.connect_timeout_ms;
     c->send_timeout_ns = ms * OTE_NSEC_PER_MSEC;
     atomic_store(&c->refs, 1);

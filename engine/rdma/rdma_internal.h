@@ -50,9 +50,13 @@
 /* Bytes a control connection may queue beyond what its socket accepted. A peer that lets
  * more pile up (it does not read) is dropped, never waited on. */
 #define OTE__RDMA_OUT_CAP (256u << 10)
-/* Poll period of a connection's own thread: it flushes its queue and checks the queue's
- * deadline at least this often. */
+/* Poll period of a connection's own thread while its output queue holds bytes: it
+ * flushes the queue and checks the queue's deadline at least this often. */
 #define OTE__RDMA_CONN_POLL_MS 10
+/* ... and while the queue is empty: nothing is due then (bytes queued by another thread,
+ * a kill, the peer's input all wake it at once: wake_fd, shutdown, the socket), so an idle
+ * connection's thread costs one wake-up a second, not a hundred (1,000s of peers). */
+#define OTE__RDMA_CONN_IDLE_MS 1000
 /* Notification ids carry this tag; call (INFO/CONNECT) ids never do, grant ids are
  * 24-bit: an answer of the wrong kind is recognised as such. */
 #define OTE__RDMA_NOTE_TAG (1ull << 62)
@@ -146,6 +150,7 @@ typedef struct reg_ent {
 typedef struct conn {
     rdma_tp_t *tp;
     int fd;
+    int wake_fd;     /* eventfd: wakes the owner thread when bytes were queued */
     ote_mutex_t wmu; /* out queue */
     uint8_t *out;    /* OTE__RDMA_OUT_CAP bytes once needed */
     size_t ooff, olen;

@@ -39,6 +39,7 @@ const std::vector<std::string> kEnv = {
     "OTE_CONNECT_TIMEOUT_MS=60000",
     "OTE_HANDSHAKE_TIMEOUT_MS=60000",
     "OTE_LOG_LEVEL=warn",
+    "OTE_TCP_MAX_ACCEPTED=4096", // the target's listener holds every peer's control connection
 };
 
 struct Stat {
