@@ -14,6 +14,7 @@
 #include "tests/qp/qp_fixture.h"
 
 extern "C" {
+#include "base/fault.h"
 #include "qp/srq.h"
 }
 
@@ -311,6 +312,29 @@ TEST_F(SrqTest, LimitEventIsSeenAndRearmed) {
         ASSERT_EQ(v_->ops->query_srq(v_, ote_srq_native(srq_), &a), 0);
         EXPECT_EQ(a.srq_limit, 3u) << "armed again once full";
     }
+}
+
+} // namespace
+
+namespace {
+
+// The SRQ's own fault point: creation fails with the armed status before anything is
+// made (no native SRQ, no MR, no lane charge, no output), then succeeds on the same lane.
+TEST_F(SrqTest, FaultPointFailsCreateBeforeAnythingIsMade) {
+    ASSERT_EQ(ote_fault_arm("qp.srq_create", OTE_FAULT_NTH, 1, OTE_ERR_NOMEM, 0), OTE_OK);
+    ote_srq_config_t c;
+    ote_srq_config_default(&c);
+    c.slots = 8;
+    c.low_water = 2;
+    ote_srq_t *s = nullptr;
+    EXPECT_EQ(ote_srq_create(lane_[1], &c, &s), OTE_ERR_NOMEM);
+    EXPECT_EQ(s, nullptr);
+    EXPECT_EQ(ote_fault_failures("qp.srq_create"), 1u);
+    EXPECT_EQ(ote_cq_lane_outstanding(lane_[1], OTE_CQ_RECV), 0u);
+    ASSERT_NO_FATAL_FAILURE(MakeSrq(8));
+    ote_srq_stats_t st;
+    ote_srq_get_stats(srq_, &st);
+    EXPECT_EQ(st.posted, 8u);
 }
 
 } // namespace
