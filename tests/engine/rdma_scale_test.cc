@@ -129,7 +129,12 @@ TEST_F(RdmaScaleTest, ThousandPeersOpenMoveAndCheckBytesThenEverythingReturns) {
         },
         std::chrono::seconds(60), "the target's fds back to their count before the peers");
     EXPECT_TRUE(back) << "target fds " << after.fds << ", before the peers " << base.fds;
+#if defined(OTE_ASAN)
+    // ASan keeps freed blocks in its quarantine (and LSan checks the target for leaks at
+    // its exit): resident memory says nothing about what the engine gave back here.
+#else
     EXPECT_LE(after.rss_kb, base.rss_kb + 16 * 1024) << "target resident memory did not return";
+#endif
     printf("scale: after close: target fds %ld, resident %ld KiB\n", after.fds, after.rss_kb);
     EXPECT_EQ(target.Quit(), 0);
 }
