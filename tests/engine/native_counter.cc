@@ -36,13 +36,49 @@ void Hold(NativeCounter *n) {
                         "the test to release the held native call");
 }
 
+void QpMade(NativeCounter *n, struct ibv_qp *qp, uint32_t flags) {
+    n->qps++;
+    std::lock_guard<std::mutex> g(n->qp_mu);
+    NativeCounter::QpSeen q;
+    q.flags = flags;
+    n->qp_live[qp] = n->qp_log.size();
+    n->qp_log.push_back(q);
+}
+
 int CreateQp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, struct ibv_qp **out) {
     NativeCounter *n = Of(v);
     if (n == nullptr) return EINVAL;
     if (n->hold_next_create.exchange(false)) Hold(n);
     int err = n->sim->ops->create_qp(n->sim, pd, a, out);
-    if (err == 0) n->qps++;
+    if (err == 0) QpMade(n, *out, 0);
     return err;
+}
+
+int CreateQpFlags(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_attr *a, uint32_t flags,
+                  struct ibv_qp **out) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    if (n->hold_next_create.exchange(false)) Hold(n);
+    int err = n->sim->ops->create_qp_flags(n->sim, pd, a, flags, out);
+    if (err == 0) QpMade(n, *out, flags);
+    return err;
+}
+
+int PostSend(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    {
+        std::lock_guard<std::mutex> g(n->qp_mu);
+        auto it = n->qp_live.find(qp);
+        for (struct ibv_send_wr *w = wr; w != nullptr && it != n->qp_live.end(); w = w->next) {
+            NativeCounter::QpSeen &q = n->qp_log[it->second];
+            if (w->opcode == IBV_WR_RDMA_READ) q.reads++;
+            else if (w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+                q.writes++;
+            else q.others++;
+        }
+    }
+    return n->sim->ops->post_send(n->sim, qp, wr, bad);
 }
 
 int DestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
@@ -53,6 +89,12 @@ int DestroyQp(ote_verbs_t *v, struct ibv_qp *qp) {
     if (err == 0) {
         n->qps--;
         n->qps_destroyed++;
+        std::lock_guard<std::mutex> g(n->qp_mu);
+        auto it = n->qp_live.find(qp);
+        if (it != n->qp_live.end()) {
+            n->qp_log[it->second].destroyed = true;
+            n->qp_live.erase(it);
+        }
     }
     return err;
 }
@@ -136,6 +178,8 @@ ote_status_t WrapCounted(ote_verbs_t **v, std::vector<std::unique_ptr<NativeCoun
     n->sim = *v;
     n->ops = *(*v)->ops;
     n->ops.create_qp = CreateQp;
+    n->ops.create_qp_flags = CreateQpFlags;
+    n->ops.post_send = PostSend;
     n->ops.destroy_qp = DestroyQp;
     n->ops.alloc_mw = AllocMw;
     n->ops.dealloc_mw = DeallocMw;

@@ -1,6 +1,6 @@
 // tests/engine/native_counter.h - a verbs provider in front of one sim instance that
 // counts the native objects that really exist, for tests of what a failure released or
-// retained. Between an engine's verbs fault decorator and its sim: the sim's own ops (the
+// retained, and logs every QP's create flags and the send opcodes it posted. Between an engine's verbs fault decorator and its sim: the sim's own ops (the
 // sim reaches its state through v->priv, which is the sim's), except that the
 // create/destroy pairs of QPs, MWs and MRs count the objects alive (MRs over a watched
 // range, the user's registered memory, and MW-bindable ones separately), and the next create_qp or destroy_qp
@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -41,6 +42,21 @@ struct NativeCounter {
     std::atomic<struct ibv_mr *> last_bind_mr{nullptr};
     std::mutex bind_mu; // guards bind_set: the MW-bindable MRs alive
     std::set<struct ibv_mr *> bind_set;
+    // Every QP made through this provider (create_qp and create_qp_flags), in creation
+    // order: the OTE_VERBS_QP_* flags it was created with and the send WRs it posted, by
+    // opcode; kept after the QP is destroyed (destroyed set).
+    struct QpSeen {
+        uint32_t flags = 0;
+        uint64_t reads = 0, writes = 0, others = 0;
+        bool destroyed = false;
+    };
+    std::mutex qp_mu; // guards qp_log, qp_live
+    std::vector<QpSeen> qp_log;
+    std::map<struct ibv_qp *, size_t> qp_live; // index in qp_log of each live QP
+    std::vector<QpSeen> QpLog() {
+        std::lock_guard<std::mutex> g(qp_mu);
+        return qp_log;
+    }
     std::atomic<bool> hold_next_create{false}, hold_next_qp_destroy{false};
     std::atomic<bool> holding{false}, release{false}, closed{false};
     bool Watched(const void *p) const {
