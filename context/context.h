@@ -145,6 +145,11 @@ ote_context_t *ote_context_set_find(ote_context_set_t *set, uint32_t nic_id);
  * @handled_out (optional) receives the number of events consumed.
  */
 ote_status_t ote_context_set_poll_events(ote_context_set_t *set, size_t *handled_out);
+/* The async event fds of the set's contexts (ibv_context.async_fd: readable while an
+ * event is queued), at most cap of them, for a monitor that sleeps until one is readable;
+ * returns how many were written. Events a decorator injects (verbs/fault.h) do not make
+ * these readable: a monitor also wakes on a timeout. */
+size_t ote_context_set_async_fds(const ote_context_set_t *set, int *fds, size_t cap);
 ote_status_t ote_context_set_add_listener(ote_context_set_t *set, ote_context_event_fn fn,
                                           void *arg, uint64_t *id_out);
 /* Remove a listener; when this returns, it is not running and will not be called. */

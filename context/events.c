@@ -150,6 +150,15 @@ ote_status_t ote_context_set_poll_events(ote_context_set_t *set, size_t *handled
     return result;
 }
 
+size_t ote_context_set_async_fds(const ote_context_set_t *set, int *fds, size_t cap) {
+    size_t n = 0;
+    for (size_t i = 0; i < set->count && n < cap; i++) {
+        const ote_context_t *ctx = set->contexts[i];
+        if (ctx->native != NULL && ctx->native->async_fd >= 0) fds[n++] = ctx->native->async_fd;
+    }
+    return n;
+}
+
 ote_status_t ote_context_set_add_listener(ote_context_set_t *set, ote_context_event_fn fn,
                                           void *arg, uint64_t *id_out) {
     if (fn == NULL) return OTE_ERR_INVALID;

@@ -1,9 +1,8 @@
 /*
  * engine/rdma/rdma.c - the RDMA transport's lifecycle: creation (provider, contexts,
  * buffer manager, lanes and their workers, grant manager, endpoint store, monitor
- * thread; control connections come from the engine's listener), teardown, the monitor
- * thread (async events, grant and notification deadlines, endpoint reclaim, reaping of
- * ended server threads), the engine's registration hooks and the transport ops table.
+ * thread (rdma_monitor.c); control connections come from the engine's listener),
+ * teardown, the engine's registration hooks and the transport ops table.
  * What the transport owns, its control-plane rules and its lock order are described in
  * rdma_internal.h; each job lives in its own file there.
  */
@@ -103,63 +102,6 @@ void ote__rdma_local_info(const rdma_tp_t *tp, ote_rp_msg_t *rp, uint16_t type) 
     rp->u.info.epoch = tp->epoch;
 }
 
-/* The monitor's view of each data device: a port that went down leaves the selector (its
- * unstarted slices go elsewhere), one that is active again (an event, or the periodic
- * refresh that catches a missed PORT_ACTIVE) comes back. */
-static void nics_watch(rdma_tp_t *tp, int refresh) {
-    for (uint32_t i = 0; i < tp->nnics; i++) {
-        rdma_nic_t *n = &tp->nics[i];
-        if (refresh) (void)ote_context_refresh(n->ctx);
-        int up = ote_context_check(n->ctx) == OTE_OK;
-        /* The data path may mark a device down before the monitor sees it (a start that
-         * failed on it): the selector follows the context's state at each change and at
-         * each refresh. */
-        int changed = up != atomic_load(&n->was_active);
-        if ((changed || refresh) && ote_selector_is_active(tp->sel, (int)i) != up)
-            (void)ote_selector_set_active(tp->sel, (int)i, up);
-        if (!changed) continue;
-        atomic_store(&n->was_active, up);
-        if (up) atomic_fetch_add(&tp->dev_gen, 1); /* sources move paused pairs back */
-        /* Its QPs are gone: the peers end the grants they serve for them now, rather than
-         * at their deadlines, so the slots can be rebuilt when the port is back. */
-        if (!up && tp->nnics > 1) ote__rdma_reset_device(tp, i);
-        OTE_INFO("rdma", "data device %s %s", ote_context_name(n->ctx),
-                 up ? "active: carries slices again" : "down: no new slices");
-    }
-}
-
-/* ---- monitor -------------------------------------------------------------------- */
-
-static void *monitor_main(void *arg) {
-    rdma_tp_t *tp = arg;
-    uint64_t last_reclaim = 0, last_refresh = 0;
-    while (!atomic_load(&tp->stop)) {
-        (void)ote_context_set_poll_events(tp->set, NULL);
-        for (uint32_t i = 0; i < tp->nnics; i++) (void)ote_grant_mgr_tick(tp->nics[i].gm);
-        ote__rdma_notes_expire(tp);
-        uint64_t now = ote_now_ns();
-        int refresh = now - last_refresh > 1000 * OTE_NSEC_PER_MSEC;
-        if (refresh) last_refresh = now;
-        nics_watch(tp, refresh);
-        if (now - last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
-            last_reclaim = now;
-            /* MRs whose dereg failed (exact MRs of grants, temporary ones, bounces'). */
-            if (tp->bm != NULL) (void)ote_buffer_manager_reclaim(tp->bm, NULL);
-            ote__rdma_servers_reap(tp); /* closes what ended server threads left */
-            ote__rdma_peers_evict_dead(tp);
-            for (uint32_t i = 0; i < tp->nnics; i++) {
-                (void)ote_endpoint_store_reclaim(tp->nics[i].eps,
-                                                 ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
-                (void)ote_endpoint_store_reclaim(tp->nics[i].deps,
-                                                 ote_deadline_after(200 * OTE_NSEC_PER_MSEC), NULL);
-            }
-        }
-        struct timespec ts = {0, 2 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    return NULL;
-}
-
 static ote_status_t rdma_address(ote__transport_t *t, char *buf, size_t len) {
     rdma_tp_t *tp = (rdma_tp_t *)t;
     if (strlen(tp->addr) >= len) return OTE_ERR_TOO_BIG;
@@ -245,8 +187,7 @@ static void teardown_grants(rdma_tp_t *tp) {
             nanosleep(&ts, NULL);
         }
     }
-    if (tp->monitor_started) pthread_join(tp->monitor, NULL);
-    tp->monitor_started = 0;
+    ote__rdma_monitor_join(tp);
 }
 
 /* Destroys the endpoint store *eps (cleared on success); 1 when it was retained (logged:
@@ -711,6 +652,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     rdma_tp_t *tp = ote_calloc(1, sizeof(*tp));
     if (tp == NULL) return OTE_ERR_NOMEM;
     tp->base.ops = &g_rdma_ops;
+    tp->monitor_efd = -1;
     tp->cfg = *cfg;
     tp->host = *host;
     if (host->self_addr == NULL || strlen(host->self_addr) >= sizeof(tp->addr)) {
@@ -757,11 +699,8 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     }
     tp->process_id = ((uint64_t)getpid() << 32) ^ ote_now_ns() ^ (uint64_t)(uintptr_t)tp;
     tp->pd_id = (uint64_t)(uintptr_t)ote_context_pd(tp->nics[0].ctx) ^ tp->process_id;
-    if (pthread_create(&tp->monitor, NULL, monitor_main, tp) != 0) {
-        st = OTE_ERR_NOMEM;
-        goto err;
-    }
-    tp->monitor_started = 1;
+    st = ote__rdma_monitor_start(tp); /* rdma_monitor.c */
+    if (st != OTE_OK) goto err;
     if (ote__rdma_hooks.track != NULL) ote__rdma_hooks.track(tp, 1);
     if (pthread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
         st = OTE_ERR_NOMEM;

@@ -485,6 +485,9 @@ struct ote__rdma_tp {
     char addr[OTE__ADDR_MAX];
     pthread_t monitor, pumper;
     int monitor_started, pumper_started;
+    /* rdma_monitor.c: written by ote__rdma_monitor_wake while the monitor says idle. */
+    int monitor_efd;
+    _Atomic int monitor_idle;
     /* rdma.c: a teardown could not finish (counted once in the retained transports) */
     int retained_counted;
     /* The pump thread (rdma_requester.c): a slice that ends (under a CQ lane's poll lock,
@@ -800,8 +803,19 @@ void ote__rdma_send_release(conn_t *c, uint32_t pair, uint32_t cap, uint32_t slo
 void ote__rdma_notes_end(note_t *list, ote_status_t st);
 /* Monitor: fail notifications whose NOTIFY_ACK did not come by their deadline, and the
  * queued slices of a peer that waits for a QP build whose deadline passed (TIMEOUT) or
- * whose request was canceled (CANCELED). */
-void ote__rdma_notes_expire(rdma_tp_t *tp);
+ * whose request was canceled (CANCELED). Nonzero when a peer still has a notification
+ * or a staged commit awaited, or slices queued: a deadline the monitor must keep. */
+int ote__rdma_notes_expire(rdma_tp_t *tp);
+
+/* ---- rdma_monitor.c: the monitor thread ------------------------------------------ */
+
+/* Creates its eventfd and starts it (monitor_started); OTE_ERR_* with nothing started. */
+ote_status_t ote__rdma_monitor_start(rdma_tp_t *tp);
+/* With tp->stop set: wakes it, joins it and closes the eventfd (idempotent). */
+void ote__rdma_monitor_join(rdma_tp_t *tp);
+/* Work with a deadline arrived (a submission, a grant asked, a notification sent): an
+ * idle monitor wakes now instead of within 100 ms. One atomic load when it is busy. */
+void ote__rdma_monitor_wake(rdma_tp_t *tp);
 
 /* ---- rdma_direct.c: GPUDirect RDMA ----------------------------------------------- */
 

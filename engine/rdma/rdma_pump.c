@@ -411,6 +411,7 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
         }
     }
     if (queued) pump(p);
+    ote__rdma_monitor_wake(p->tp); /* deadlines to keep now (rdma_monitor.c) */
 }
 
 /* Queued slices of canceled requests end (CANCELED, never started, their bytes written
@@ -435,23 +436,29 @@ void ote__rdma_pump_kick(rdma_tp_t *tp) {
 #define PUMP_BATCH 64
 
 /* Pumps every peer whose queue holds slices (or has a cancel to apply) when kicked, and
- * every 10 ms in case a kick raced with a peer's pump. A peer is taken (its pump BUSY)
- * under tp->mu while it is in tp->peers; peer_close unlinks it first and then waits
- * for its pump to end, so it is never freed under this thread. */
+ * every 10 ms while some peer has such work, in case a kick raced with a peer's pump;
+ * with none anywhere it waits up to 100 ms for a kick (an idle engine wakes 10 times a
+ * second, not 100). A peer is taken (its pump BUSY) under tp->mu while it is in
+ * tp->peers; peer_close unlinks it first and then waits for its pump to end, so it is
+ * never freed under this thread. */
 void *ote__rdma_pumper_main(void *arg) {
     rdma_tp_t *tp = arg;
+    int work = 1; /* some peer had work at the last round */
     ote_mutex_lock(&tp->mu);
     while (!atomic_load(&tp->stop)) {
         if (!tp->pump_kick)
-            (void)ote_cond_wait(&tp->pump_cv, &tp->mu, ote_deadline_after(10 * OTE_NSEC_PER_MSEC));
+            (void)ote_cond_wait(&tp->pump_cv, &tp->mu,
+                                ote_deadline_after((work ? 10 : 100) * OTE_NSEC_PER_MSEC));
         tp->pump_kick = 0;
+        work = 0;
         ote__tpeer_t *take[PUMP_BATCH];
         size_t n = 0;
         for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
             ote_mutex_lock(&p->mu);
-            if ((p->queue.head != NULL || atomic_load(&p->pump.purge) ||
-                 ote__rdma_build_wanted(p)) &&
-                !ote__rdma_pumping(p)) {
+            int has = p->queue.head != NULL || atomic_load(&p->pump.purge) ||
+                      ote__rdma_build_wanted(p);
+            work |= has;
+            if (has && !ote__rdma_pumping(p)) {
                 if (n < PUMP_BATCH) {
                     p->pump.state = OTE__RDMA_PUMP_BUSY;
                     take[n++] = p;

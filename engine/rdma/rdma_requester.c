@@ -70,11 +70,12 @@ void ote__rdma_notes_end(note_t *list, ote_status_t st) {
 
 /* Fail notifications whose NOTIFY_ACK did not come by their deadline (and, through
  * queue_expire, slices queued behind a QP build). */
-void ote__rdma_notes_expire(rdma_tp_t *tp) {
+int ote__rdma_notes_expire(rdma_tp_t *tp) {
     ote__rdma_queue_expire(tp);
     ote__rdma_commits_expire(tp);
     uint64_t now = ote_now_ns();
     note_t *expired = NULL;
+    int pending = 0;
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
@@ -90,10 +91,12 @@ void ote__rdma_notes_expire(rdma_tp_t *tp) {
             OTE_WARN("rdma", "notification to %s not acknowledged by its deadline: failed",
                      p->name);
         }
+        pending |= p->waits.notes != NULL || p->waits.commits != NULL || p->queue.head != NULL;
         ote_mutex_unlock(&p->mu);
     }
     ote_mutex_unlock(&tp->mu);
     ote__rdma_notes_end(expired, OTE_ERR_TIMEOUT);
+    return pending;
 }
 
 typedef struct {

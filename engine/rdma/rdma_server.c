@@ -168,6 +168,7 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
         ote__rdma_src_connect(c, m->req_id, &rq);
     } else if (rq.type == OTE_RP_GRANT_REQ) {
         ote__rdma_src_grant(c, m->req_id, &rq);
+        ote__rdma_monitor_wake(tp); /* a grant served has a deadline (rdma_monitor.c) */
     } else if (rq.type == OTE_RP_WRITE_OFF) {
         ote__rdma_acct_write_off(c, &rq);
     } else if (rq.type == OTE_RP_EP_RESET) {
