@@ -79,7 +79,10 @@
  * any other bit. The redirect is a GRANT_RESP with status OTE_ERR_UNSUPPORTED and rkey
  * OTE_RP_RKEY_DIRECT (a plain refusal has rkey 0): the range is device memory that the
  * source serves only on a direct slot. Sent only to a requester that set DIRECT_OK; an
- * older source (no advert) is never sent the flags nor cap 2/3.
+ * older source (no advert) is never sent the flags nor cap 2/3. A requester asks a source
+ * that advertises rdma_grant_mr=1 on direct slots first; the same answer to a grant asked
+ * on a direct slot sends it back to a plain slot (device memory the source serves
+ * staged).
  *
  * Whole-parent credits (engine/rdma/rdma_src_parents.c): GRANT_REQ may carry, after the
  * epoch and flags (flags may then be 0), parent u64 (nonzero: the requester's parent of

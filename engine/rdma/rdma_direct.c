@@ -33,6 +33,8 @@
  * its dma-buf. One mechanism for both kinds: the private PD, the rkey answered at once,
  * the SEND_WITH_IMM receipt, the dereg before the account's pin goes. No MR cache: each
  * grant's MR is registered for it and deregistered at its end (ote.h, rdma_grant_mode).
+ * A requester of such a source (rdma_grant_mr=1) asks on direct slots first
+ * (ote__rdma_direct_recall), so it builds no plain QP that would carry only redirects.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -197,8 +199,15 @@ void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s) {
     ote_mutex_lock(&p->mu);
     for (uint32_t i = 0; i < OTE__RDMA_REDIRECT_MEMO && !known; i++)
         known = p->direct.redirected[i] == s->req_uid;
+    /* A source with rdma_grant_mr=1 serves host memory, and device memory with a dma-buf,
+     * on direct slots only; a plain QP would carry nothing but the redirect (and count
+     * against both sides' rdma_max_qps). Only device memory it serves staged stays on
+     * plain slots: it sends such a run back (plain), and its range is known staged. */
+    uint64_t at = s->req_len != 0 ? s->req_remote : s->remote;
+    int first = !known && p->conn.c->grant_mr && !ote__rdma_xp(s)->plain &&
+                !(at >= p->staged.lo && at < p->staged.hi);
     ote_mutex_unlock(&p->mu);
-    if (!known) return;
+    if (!known && !first) return;
     for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->direct = 1;
-    atomic_fetch_add(&p->tp->direct_recalled, 1);
+    if (known) atomic_fetch_add(&p->tp->direct_recalled, 1);
 }

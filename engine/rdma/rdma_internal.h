@@ -109,7 +109,8 @@ typedef struct {
                               * its grant was asked on (for a RELEASE), or NULL */
     void *parent;            /* its request's grant reservation (rdma_credits.c), or NULL */
     uint32_t credit;         /* a run's first slice: the run holds a grant credit */
-    uint32_t direct;         /* the source redirected it to a direct slot (rdma_direct.c) */
+    uint32_t direct;         /* it goes to a direct slot (rdma_direct.c) */
+    uint32_t plain;          /* the source sent it back to a plain slot: never direct again */
 } rdma_xp_t;
 _Static_assert(sizeof(rdma_xp_t) <= OTE__SLICE_SCRATCH, "rdma's slice scratch fits a slice's");
 static inline rdma_xp_t *ote__rdma_xp(ote__slice_t *s) { return (rdma_xp_t *)(void *)s->xp; }
@@ -849,7 +850,10 @@ int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey
  * slots (remembered per peer, the last OTE__RDMA_REDIRECT_MEMO requests); and, before a
  * run s of a request starts, mark it direct when its request was redirected earlier, so
  * that it goes to a direct slot first (the source's account of the request is the same,
- * so it would redirect it again). */
+ * so it would redirect it again), or when the source grants host memory by exact MRs
+ * (rdma_grant_mr=1: it serves nearly everything on direct slots, and a plain QP would
+ * only carry the redirect) unless the source sent the run back to a plain slot or its
+ * range was served staged. */
 void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid);
 void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s);
 

@@ -402,6 +402,7 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
         } else {
             ote__rdma_xp(s)->retries = 0;
             ote__rdma_xp(s)->direct = 0;
+            ote__rdma_xp(s)->plain = 0;
             ote_mutex_lock(&p->mu);
             if (p->queue.tail != NULL) p->queue.tail->next = s;
             else p->queue.head = s;
@@ -455,8 +456,8 @@ void *ote__rdma_pumper_main(void *arg) {
         size_t n = 0;
         for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
             ote_mutex_lock(&p->mu);
-            int has = p->queue.head != NULL || atomic_load(&p->pump.purge) ||
-                      ote__rdma_build_wanted(p);
+            int has =
+                p->queue.head != NULL || atomic_load(&p->pump.purge) || ote__rdma_build_wanted(p);
             work |= has;
             if (has && !ote__rdma_pumping(p)) {
                 if (n < PUMP_BATCH) {

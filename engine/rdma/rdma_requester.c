@@ -326,6 +326,17 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
         ote__rdma_slice_renew(s);
         atomic_fetch_add(&tp->direct_followed, 1);
         again = 1;
+    } else if (!again && st == OTE__RDMA_DIRECT_REDIRECT && !ote__rdma_xp(s)->plain &&
+               !(s->canceled != NULL && atomic_load(s->canceled)) &&
+               !ote_deadline_expired(s->deadline)) {
+        /* Asked on a direct slot first (rdma_direct.c: an rdma_grant_mr=1 source) for
+         * memory the source serves staged, on plain slots: sent back there, once. */
+        for (ote__slice_t *x = s; x != NULL; x = x->next) {
+            ote__rdma_xp(x)->direct = 0;
+            ote__rdma_xp(x)->plain = 1;
+        }
+        ote__rdma_slice_renew(s);
+        again = 1;
     } else if (!again && miss_may_retry(s, st)) {
         /* The grant layer retired the slot's QP: the next pick rebuilds it (CONNECT). */
         OTE_WARN_LIMITED("rdma",

@@ -535,7 +535,7 @@ void ote__rdma_src_grant(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
     if (chk == OTE__RDMA_DIRECT_REDIRECT) {
         /* Exact-MR memory (device memory with a dma-buf, host memory under rdma_grant_mode
          * mr), asked on a plain slot by a requester that follows: to a direct slot
-         * (proto.h). */
+         * (proto.h); or memory served staged, asked on a direct slot: back to a plain one. */
         atomic_fetch_add(&tp->direct_redirects, 1);
         refuse_early(c, req_id, OTE_ERR_UNSUPPORTED, OTE_RP_RKEY_DIRECT);
         return;

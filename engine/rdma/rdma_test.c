@@ -126,10 +126,14 @@ uint64_t ote__rdma_test_endpoints(const void *engine) {
     for (rdma_tp_t *tp = g_track; tp != NULL; tp = tp->live_next) {
         if (tp->host.arg != engine) continue;
         for (uint32_t i = 0; i < tp->nnics; i++) {
-            if (tp->nics[i].eps == NULL) continue;
-            ote_endpoint_stats_t es;
-            ote_endpoint_store_stats(tp->nics[i].eps, &es);
-            n += es.endpoints;
+            /* The plain store, and the direct one (a source's exact-MR grants). */
+            ote_endpoint_store_t *stores[2] = {tp->nics[i].eps, tp->nics[i].deps};
+            for (int k = 0; k < 2; k++) {
+                if (stores[k] == NULL) continue;
+                ote_endpoint_stats_t es;
+                ote_endpoint_store_stats(stores[k], &es);
+                n += es.endpoints;
+            }
         }
     }
     ote_mutex_unlock(&g_track_mu);

@@ -14,9 +14,9 @@
  * OTE_ERR_NOT_FOUND when no live RDMA transport of this process serves that address.
  * Call it only while that engine exists.
  *
- * ote__rdma_test_endpoints: the endpoints (requester and source, every data device) that
- * the RDMA transport of the engine (an ote_engine_t *) holds now, evicted ones not yet
- * freed included; 0 for an engine without one. Any thread.
+ * ote__rdma_test_endpoints: the endpoints (requester and source, plain and direct, every
+ * data device) that the RDMA transport of the engine (an ote_engine_t *) holds now,
+ * evicted ones not yet freed included; 0 for an engine without one. Any thread.
  */
 #ifndef OTE_ENGINE_RDMA_TEST_HOOK_H
 #define OTE_ENGINE_RDMA_TEST_HOOK_H

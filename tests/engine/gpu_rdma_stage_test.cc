@@ -20,7 +20,9 @@
 // MW-bindable MRs counted under the verbs fault decorator), and a chunk's MR that will
 // not deregister keeps the source's destroy RETAINED until a retry; and a same-run
 // figure of a 64 MiB staged transfer with the cut (2 MiB chunks) and without it (grants of
-// rdma_grant_max, the earlier behaviour), printed against its parts.
+// rdma_grant_max, the earlier behaviour), printed against its parts; a source with
+// rdma_grant_mode=mr (its requester asks on direct slots first) sends staged runs back to
+// plain slots, once per range.
 #include <time.h>
 #include <unistd.h>
 
@@ -194,6 +196,52 @@ TEST_F(GpuRdmaStageTest, ChunkedGrantsMoveEveryByte) {
         }
     }
     EXPECT_EQ(cases, 6);
+}
+
+// A source that grants host memory by exact MRs although its device has windows
+// (rdma_grant_mode=mr) still serves device memory staged, through a window over a bounce,
+// on plain slots. Its requester saw rdma_grant_mr=1 and asks on direct slots first: the
+// source's redirect sends the run back to a plain slot, once, and the request's later
+// runs (and later requests) in the range known staged go there at once. READ and WRITE
+// of 3.5 chunks, every byte checked, cut at the chunk size as from a window source.
+TEST_F(GpuRdmaStageTest, MrSourceSendsStagedRunsBackToPlainSlots) {
+    const uint64_t len = 7 * kChunk / 2;
+    ote_test::ConfigKv src_kv = kSmall;
+    src_kv.push_back({"rdma_grant_mode", "mr"});
+    ASSERT_NO_FATAL_FAILURE(Open(1 << 20, src_kv, kSmall));
+    ASSERT_EQ(Grants(src_).grant_mode_mr, 1u);
+    std::vector<uint8_t> host(len);
+    uint64_t seed = 300;
+    for (int round = 0; round < 2; round++) {
+        for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
+            SCOPED_TRACE((op == OTE_WRITE ? "WRITE, round " : "READ, round ") +
+                         std::to_string(round));
+            ote_pattern_fill(host.data(), len, seed, 0);
+            DevFill(rdev_, len, seed + 1);
+            uint64_t redirects = Grants(src_).direct_redirects, copies = SourceCopies();
+            ASSERT_EQ(Run(op, reinterpret_cast<uintptr_t>(host.data()), rdev_, len), OTE_OK);
+            if (op == OTE_WRITE) {
+                EXPECT_EQ(DevHash(rdev_, len), PatternHash(seed, 0, len));
+            } else {
+                EXPECT_EQ(ote_hash(host.data(), len), PatternHash(seed + 1, 0, len));
+            }
+            uint64_t sent_back = Grants(src_).direct_redirects - redirects;
+            // The first request's first runs (one per sim device, started together) are
+            // sent back; once the range is known staged, nothing is asked on a direct slot.
+            bool first = round == 0 && op == OTE_READ;
+            EXPECT_LE(sent_back, first ? 2u : 0u);
+            if (first) {
+                EXPECT_GE(sent_back, 1u) << "the first run was not asked on a direct slot";
+            }
+            if (round > 0) {
+                EXPECT_EQ(SourceCopies() - copies, op == OTE_WRITE ? 8u : 4u)
+                    << "cut at the chunk size";
+            }
+            seed += 2;
+        }
+    }
+    EXPECT_EQ(Grants(src_).direct_served, 0u) << "device memory without a dma-buf by exact MR";
+    EXPECT_EQ(Grants(req_).direct_followed, 0u);
 }
 
 // The source's pool is smaller than what the requester keeps in flight (source depth 1:

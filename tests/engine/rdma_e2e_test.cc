@@ -2,7 +2,9 @@
 // (transport=rdma, verbs_provider=sim), the target engine runs in a child process with the
 // same transport. Every byte goes through endpoint + grant: a type-2 memory window bound
 // over exactly the requested range at the target, 64 KiB RDMA WRITE/READ slices, and a
-// SEND_WITH_INV receipt.
+// SEND_WITH_INV receipt; under the sim's nomw profile (no windows), an MR of exactly the
+// range registered for the grant, asked for on the requester's direct slots, and a
+// SEND_WITH_IMM receipt.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -99,7 +101,10 @@ class RdmaE2eCountedTest : public RdmaE2eTest {
 // 4 threads x 32 requests x 4 slices in flight at once go over the requester's fixed QP
 // arrays: one endpoint per capability (READ, WRITE) of min(local, remote) lanes each, so
 // at most 2 x 2 QPs (both engines have the default 2 lanes) are ever created, never one
-// per request or per slice, and none is torn down and rebuilt on the way.
+// per request or per slice, and none is torn down and rebuilt on the way. A target
+// without windows (nomw) serves host memory on direct slots only: the requester asks
+// there first (no run is redirected), so its plain endpoints build nothing and the direct
+// ones stay within the same bound.
 TEST_F(RdmaE2eCountedTest, ManyConcurrentRequestsShareQps) {
     constexpr uint64_t kMaxQps = 2 * 2; /* capabilities x lanes */
     uint64_t created0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_QP);
@@ -141,6 +146,11 @@ TEST_F(RdmaE2eCountedTest, ManyConcurrentRequestsShareQps) {
     EXPECT_GE(created, 1u) << "no QP was built: the requests did not go over RDMA QPs";
     EXPECT_LE(created, kMaxQps) << kThreads * kPerBatch << " requests built " << created << " QPs";
     EXPECT_EQ(destroyed, 0u) << "QPs were torn down and rebuilt while the requests ran";
+    char addr[300];
+    ASSERT_EQ(ote_engine_address(engine_, addr, sizeof(addr)), OTE_OK);
+    ote__rdma_test_grants_t g{};
+    ASSERT_EQ(ote__rdma_test_grants(addr, &g), OTE_OK);
+    EXPECT_EQ(g.direct_followed, 0u) << "runs asked on a slot the target does not serve them on";
 }
 
 // Registered local buffers use their persistent MRs: once the QPs exist, 64 MiB each way

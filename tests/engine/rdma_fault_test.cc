@@ -140,6 +140,69 @@ class RdmaFaultTest : public ote_test::OteTest {
         return st;
     }
 
+    // The source's transport counters (engine/rdma/test_hook.h).
+    ote__rdma_test_grants_t SourceGrants() {
+        char addr[300];
+        ote__rdma_test_grants_t g{};
+        EXPECT_EQ(ote_engine_address(src_, addr, sizeof(addr)), OTE_OK);
+        EXPECT_EQ(ote__rdma_test_grants(addr, &g), OTE_OK);
+        return g;
+    }
+    // Whether the source grants host memory by exact MRs (rdma_grant_mode auto on a
+    // device without type-2 windows: the nomw profile) instead of windows; there a
+    // grant's native step that can fail is its MR's registration, not a bind.
+    bool SourceGrantsByMr() { return SourceGrants().grant_mode_mr != 0; }
+    // Exact-MR grants: every QP of the requester's direct WRITE endpoint (one per lane, 2
+    // by default) built at both ends, each source QP with the MR of its own receive queue
+    // (a private PD has no SRQ), so that the next reg_mr at the source is a grant's.
+    void BuildEveryDirectWriteQp() {
+        for (int i = 0; i < 2; i++) ASSERT_EQ(Write(kBlock), OTE_OK);
+        ASSERT_TRUE(ote_test::WaitUntil([&] { return SourceGrants().direct_qps >= 2; },
+                                        std::chrono::seconds(30),
+                                        "the source's direct QPs of both lanes"));
+        ASSERT_TRUE(SourceRegistrationFree()) << "the warm-up grants' pins were never released";
+    }
+    // The source's MRs over mem_ (its registration's and its live grants' exact MRs).
+    void WatchSourceMem() {
+        ns_->watch_lo = (uintptr_t)mem_.data();
+        ns_->watch_hi = (uintptr_t)mem_.data() + mem_.size();
+    }
+    // A grant by exact MR whose registration fails at the source (how = OTE_FAULT_NTH 1:
+    // once; OTE_FAULT_EVERY: every time), the equivalent of a window's failed bind or
+    // alloc: the grant is refused, the requester told OTE_ERR_REMOTE_ACCESS, no byte
+    // touched; on the source no exact MR is left (none alive in the provider, none
+    // counted or retained) and the registration is not pinned; once registrations work
+    // the next transfer lands through a new exact MR.
+    void ExactMrFailureRefusesTheGrant(ote_fault_mode_t how, int err) {
+        BuildEveryDirectWriteQp();
+        std::fill(mem_.begin(), mem_.end(), 0);
+        WatchSourceMem();
+        const int64_t mrs0 = ns_->mrs.load(), watched0 = ns_->watched_mrs.load();
+        const ote__rdma_test_grants_t g0 = SourceGrants();
+        ote_test::ErrorLogsExpected fault_logs; // from the fault to the end of the test body
+        ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_REG_MR, how, 1, err), OTE_OK);
+        ote_status_t st = Write(2 * kBlock);
+        EXPECT_EQ(ote_status_code(st), OTE_ERR_REMOTE_ACCESS) << ote_status_str(st);
+        EXPECT_GE(ote_verbs_fault_injected(vs_, OTE_VERBS_FAULT_OP_REG_MR), 1u);
+        for (size_t i = 0; i < 2 * kBlock; i++)
+            ASSERT_EQ(mem_[i], 0) << "a refused grant wrote at " << i;
+        ote__rdma_test_grants_t g = SourceGrants();
+        EXPECT_EQ(g.direct_mrs, 0u) << "the refused grant left an exact MR counted";
+        EXPECT_EQ(g.direct_host_served, g0.direct_host_served) << "a refused grant was served";
+        EXPECT_EQ(g.live_source, 0u);
+        EXPECT_EQ(ns_->mrs.load(), mrs0) << "an MR exists although its registration failed";
+        EXPECT_EQ(ns_->watched_mrs.load(), watched0) << "an exact MR over the range is alive";
+        EXPECT_EQ(ote_retained_count(OTE_RETAINED_MR), 0u);
+        ote_verbs_fault_clear(vs_); // the check below registers the range again
+        EXPECT_TRUE(SourceRegistrationFree())
+            << "the refused grant left the source's registration pinned";
+        EXPECT_EQ(ote_retained_total(), retained0_);
+        EXPECT_EQ(Write(2 * kBlock), OTE_OK);
+        EXPECT_EQ(memcmp(mem_.data(), out_.data(), 2 * kBlock), 0);
+        EXPECT_GT(SourceGrants().direct_host_served, g0.direct_host_served)
+            << "the working grant was not served by an exact MR";
+    }
+
     // Both engines' transfer_timeout_ms. Generous: every transfer that must succeed
     // (the first one builds the QPs) runs under it, on a machine that may be loaded; a
     // test that waits for the deadline sets a shorter one in its constructor.
@@ -213,7 +276,11 @@ TEST_F(RdmaFaultDeadlineTest, LostCqeFailsAtDeadlineQpDestroyedBeforeTheRequestE
 // the grant held is released and nothing is retained: the window that was never bound
 // stays with the source's pool (no new MW is created for a refused grant), its
 // registration is not left pinned, and no owner is counted as retained.
+//
+// A source without windows (the nomw profile) binds nothing: there the grant's exact MR
+// fails to register, once, with the same outcome (ExactMrFailureRefusesTheGrant).
 TEST_F(RdmaFaultTest, BindFailureRefusesTheGrantRequesterTold) {
+    if (SourceGrantsByMr()) return ExactMrFailureRefusesTheGrant(OTE_FAULT_NTH, EINVAL);
     ASSERT_EQ(Write(kBlock), OTE_OK);
     std::fill(mem_.begin(), mem_.end(), 0);
     // The source ends the first grant (window back to its pool, then the pin released)
@@ -277,8 +344,10 @@ TEST_F(RdmaFaultTest, TemporaryMrWhoseDeregFailsIsReclaimedByTheMonitor) {
 // alloc_mw failing at the source: refused before any window, requester told. On the
 // source no window exists afterwards (none was created, none is retained), the
 // registration is not pinned, and once alloc_mw works again the next grant creates its
-// window and the transfer lands.
+// window and the transfer lands. A source without windows (the nomw profile): every
+// registration of a grant's exact MR fails instead, with the same outcome.
 TEST_F(RdmaFaultTest, AllocMwFailureRefusesTheGrant) {
+    if (SourceGrantsByMr()) return ExactMrFailureRefusesTheGrant(OTE_FAULT_EVERY, ENOMEM);
     ote_test::ErrorLogsExpected fault_logs; // from the fault to the end of the test body
     ASSERT_EQ(ote_verbs_fault_fail(vs_, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_EVERY, 0, ENOMEM),
               OTE_OK);

@@ -275,13 +275,16 @@ std::vector<uint8_t> InfoBody(uint64_t epoch, bool with_epoch) {
     return b;
 }
 
-std::vector<uint8_t> GrantBody(uint64_t src_epoch, uint64_t addr) {
+// direct: asked on a direct slot, as a requester does of a source that grants host memory
+// by exact MRs (rdma_grant_mr=1: op word flags DIRECT_OK | DIRECT, proto.h); a plain-slot
+// request is redirected there before its QP is looked up.
+std::vector<uint8_t> GrantBody(uint64_t src_epoch, uint64_t addr, bool direct = false) {
     std::vector<uint8_t> b(4 + 56 + 4 + 8, 0);
-    ote_le_put16(b.data(), 5);          // GRANT_REQ
-    ote_le_put32(b.data() + 4, 0);      // slot
-    ote_le_put32(b.data() + 8, 1);      // op WRITE
-    ote_le_put32(b.data() + 12, 0x100); // source qpn (of the old incarnation)
-    ote_le_put32(b.data() + 16, 0x200); // requester qpn
+    ote_le_put16(b.data(), 5);                      // GRANT_REQ
+    ote_le_put32(b.data() + 4, 0);                  // slot
+    ote_le_put32(b.data() + 8, direct ? 0x301 : 1); // op WRITE (and the direct flags)
+    ote_le_put32(b.data() + 12, 0x100);             // source qpn (of the old incarnation)
+    ote_le_put32(b.data() + 16, 0x200);             // requester qpn
     ote_le_put64(b.data() + 20, addr);
     ote_le_put64(b.data() + 28, 4096);
     ote_le_put64(b.data() + 36, addr);
@@ -359,15 +362,19 @@ TEST_F(RdmaRestartTest, OldEpochGrantRequestRefusedAndOldInfoServed) {
     // the connection and the engine serve on.
     int fd = ote_test::ConnectTo(addr_);
     ASSERT_GE(fd, 0);
-    uint16_t v = Hello(fd);
+    std::string adv;
+    uint16_t v = Hello(fd, &adv);
     ASSERT_NE(v, 0);
+    // A source without windows (the nomw profile) serves host memory only on direct
+    // slots: asked there, the request reaches the QP check as on a plain slot elsewhere.
+    bool direct = adv.find("rdma_grant_mr=1") != std::string::npos;
     auto info = InfoBody(0x6666, true);
     ote_test::SendMsg(fd, RdmaMsg(v, 1, info));
     std::vector<uint8_t> buf;
     ote_ctl_msg_t a;
     ASSERT_TRUE(ote_test::ReadFrame(fd, &buf, &a));
     for (uint64_t ep : {e1, e2 ^ 1}) {
-        auto g = GrantBody(ep, target_.Addr());
+        auto g = GrantBody(ep, target_.Addr(), direct);
         ote_test::SendMsg(fd, RdmaMsg(v, 77, g));
         ASSERT_TRUE(ote_test::ReadFrame(fd, &buf, &a));
         EXPECT_EQ(a.opcode, OTE_CTL_RDMA);
@@ -375,7 +382,7 @@ TEST_F(RdmaRestartTest, OldEpochGrantRequestRefusedAndOldInfoServed) {
         EXPECT_EQ(ote_status_code(a.status), OTE_ERR_STATE) << ote_status_str(a.status);
     }
     // The right epoch but no such QP (the old incarnation's numbers): a cache miss too.
-    auto g = GrantBody(e2, target_.Addr());
+    auto g = GrantBody(e2, target_.Addr(), direct);
     ote_test::SendMsg(fd, RdmaMsg(v, 78, g));
     ASSERT_TRUE(ote_test::ReadFrame(fd, &buf, &a));
     EXPECT_EQ(ote_status_code(a.status), OTE_ERR_STATE) << ote_status_str(a.status);
