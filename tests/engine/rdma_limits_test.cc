@@ -623,7 +623,7 @@ TEST(RdmaLimitsTest, ParentFailingMidwayReturnsItsReservation) {
 
 // A requester process killed mid-parent: the source saw its parent's reservation, then
 // the requester (a child forked before any engine of this test exists, its sim ports
-// limited to 50 MB/s so that its 64 MiB WRITE of 256 grants lasts) is killed with
+// limited to 50 MB/s so that its 64 MiB WRITE of 64 grants of 1 MiB lasts) is killed with
 // SIGKILL. Its control connection ends and the source returns the parent's reservation
 // (and ends its live grants): counters back to zero, the memory unregisters.
 TEST(RdmaLimitsTest, RequesterKilledMidParentReturnsTheReservation) {
@@ -645,7 +645,7 @@ TEST(RdmaLimitsTest, RequesterKilledMidParentReturnsTheReservation) {
             read(to_child[0], &remote, sizeof(remote)) != (ssize_t)sizeof(remote))
             _exit(2);
         ote_engine_t *req =
-            ote_test::NewEngine(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "256K"}}));
+            ote_test::NewEngine(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}}));
         std::vector<uint8_t> out(kBig, 5);
         ote_segment_t *seg = nullptr;
         if (req == nullptr || ote_memory_register(req, out.data(), kBig, OTE_PERM_READ) != OTE_OK ||
