@@ -122,8 +122,7 @@ class RdmaScatterTest : public ote_gpu_test::GpuTest {
                         uint64_t remote) {
             uint64_t off = 0;
             for (size_t len : {size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1} << 20}) {
-                ote_request_t r = {op, reinterpret_cast<void *>(local + off), g, remote + off,
-                                   len};
+                ote_request_t r = {op, reinterpret_cast<void *>(local + off), g, remote + off, len};
                 ote_transfer_status_t ts{};
                 EXPECT_EQ(ote_test::RunOne(e, r, 60 * kSec, &ts), OTE_OK) << len;
                 off += len;
