@@ -202,12 +202,13 @@ ote_status_t ote_grant_on_answer(ote_grant_mgr_t *m, uint64_t grant_id, ote_stat
     return ote_grant_on_answer_at(m, grant_id, st, rkey, 0, 0);
 }
 
-/* A refused answer (lane lock held): log, retire the QP when the source's end may be
- * broken, fail the grant. */
+/* A refused answer (lane lock held): retire the QP when the source's end may be broken,
+ * fail the grant. Logged at DEBUG only: whether a refusal is news (an access refused) or
+ * the protocol at work (a redirect, a busy source asked again) is the caller's to say. */
 static void answer_refused(grant_t *g, ote_status_t st, defer_t *df) {
-    OTE_WARN_LIMITED("grant", "grant %u ([0x%llx, +%llu) %s) refused by the source: %s", g->seq,
-                     (unsigned long long)g->d.remote, (unsigned long long)g->d.len,
-                     g->d.op == OTE_GRANT_WRITE ? "WRITE" : "READ", ote_status_str(st));
+    OTE_DEBUG("grant", "grant %u ([0x%llx, +%llu) %s) refused by the source: %s", g->seq,
+              (unsigned long long)g->d.remote, (unsigned long long)g->d.len,
+              g->d.op == OTE_GRANT_WRITE ? "WRITE" : "READ", ote_status_str(st));
     /* The source could not give access (its bind failed: its QP went to ERR), failed
      * otherwise, or the peer was lost: the source's end of the QP may be broken, so
      * retire ours and let the slot be rebuilt. A refusal of the range itself (ACCESS,

@@ -187,10 +187,12 @@ ote_status_t ote__rdma_acct_take(conn_t *c, const ote_rp_msg_t *rq, acct_t **a_o
      * only on a direct slot (else redirected there), and a direct slot only for it: each
      * grant alone, the request's account stays as it is. */
     if (st == OTE_OK && a->mode == SERVE_DIRECT && !on_direct) st = OTE__RDMA_DIRECT_REDIRECT;
-    /* Device memory served staged (on plain slots), asked on a direct slot first by a
-     * requester that saw rdma_grant_mr=1 (rdma_direct.c): the same redirect sends it
-     * back to a plain slot. Anything else served plain is refused there. */
-    if (st == OTE_OK && a->mode == SERVE_STAGED && on_direct &&
+    /* Memory served on plain slots (staged device memory, or host memory by a window)
+     * asked on a direct slot first by a requester that follows redirects (it saw
+     * rdma_grant_mr=1, or its request starts where device memory was redirected before:
+     * rdma_direct.c): the same redirect sends it back to a plain slot. A requester that
+     * does not follow them is refused there. */
+    if (st == OTE_OK && a->mode != SERVE_DIRECT && on_direct &&
         (rq->u.grant.dflags & OTE_RP_GOP_DIRECT_OK))
         st = OTE__RDMA_DIRECT_REDIRECT;
     if (st == OTE_OK && a->mode != SERVE_DIRECT && on_direct) st = OTE_ERR_INVALID;

@@ -179,16 +179,35 @@ int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey
     return c->direct_ok && st == OTE_ERR_UNSUPPORTED && rkey == OTE_RP_RKEY_DIRECT;
 }
 
-void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid) {
-    if (req_uid == 0) return;
+/* The remote start of s's request (of the run itself when it has no request length). */
+static uint64_t req_at(const ote__slice_t *s) {
+    return s->req_len != 0 ? s->req_remote : s->remote;
+}
+
+void ote__rdma_direct_remember(ote__tpeer_t *p, const ote__slice_t *s) {
+    if (s->req_uid == 0) return;
+    uint64_t lo = req_at(s), hi = lo + (s->req_len != 0 ? s->req_len : s->len);
     ote_mutex_lock(&p->mu);
     int known = 0;
     for (uint32_t i = 0; i < OTE__RDMA_REDIRECT_MEMO && !known; i++)
-        known = p->direct.redirected[i] == req_uid;
+        known = p->direct.redirected[i] == s->req_uid;
     if (!known) {
-        p->direct.redirected[p->direct.next] = req_uid;
+        p->direct.redirected[p->direct.next] = s->req_uid;
         p->direct.next = (p->direct.next + 1) % OTE__RDMA_REDIRECT_MEMO;
     }
+    if (p->direct.hi != 0 && lo <= p->direct.hi && hi >= p->direct.lo) { /* meets or touches */
+        if (lo > p->direct.lo) lo = p->direct.lo;
+        if (hi < p->direct.hi) hi = p->direct.hi;
+    }
+    p->direct.lo = lo;
+    p->direct.hi = hi;
+    ote_mutex_unlock(&p->mu);
+}
+
+void ote__rdma_direct_forget(ote__tpeer_t *p, const ote__slice_t *s) {
+    uint64_t at = req_at(s);
+    ote_mutex_lock(&p->mu);
+    if (at >= p->direct.lo && at < p->direct.hi) p->direct.lo = p->direct.hi = 0;
     ote_mutex_unlock(&p->mu);
 }
 
@@ -203,11 +222,12 @@ void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s) {
      * on direct slots only; a plain QP would carry nothing but the redirect (and count
      * against both sides' rdma_max_qps). Only device memory it serves staged stays on
      * plain slots: it sends such a run back (plain), and its range is known staged. */
-    uint64_t at = s->req_len != 0 ? s->req_remote : s->remote;
-    int first = !known && p->conn.c->grant_mr && !ote__rdma_xp(s)->plain &&
+    uint64_t at = req_at(s);
+    int seen = at >= p->direct.lo && at < p->direct.hi; /* redirected there before */
+    int first = !known && (p->conn.c->grant_mr || seen) && !ote__rdma_xp(s)->plain &&
                 !(at >= p->staged.lo && at < p->staged.hi);
     ote_mutex_unlock(&p->mu);
     if (!known && !first) return;
     for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->direct = 1;
-    if (known) atomic_fetch_add(&p->tp->direct_recalled, 1);
+    if (known || seen) atomic_fetch_add(&p->tp->direct_recalled, 1);
 }

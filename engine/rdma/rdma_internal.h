@@ -376,10 +376,13 @@ struct ote__tpeer {
     ote__rdma_build_t build;
     /* rdma_direct.c, under mu: the last requests (req_uid) the source redirected to
      * direct slots; their later runs go there first (a ring, oldest overwritten at
-     * next). */
+     * next). [lo, hi): the remote range of those requests (joined where they meet or
+     * touch, else the last one's): a later request that starts in it goes direct first;
+     * one the source sends back to a plain slot forgets it. */
     struct {
         uint64_t redirected[OTE__RDMA_REDIRECT_MEMO];
         uint32_t next;
+        uint64_t lo, hi;
     } direct;
     /* rdma_peer.c's reader writes, rdma_pump.c reads, under mu: the last request (uid)
      * the source answered staged and its remote range [lo, hi) (joined with the ranges
@@ -530,7 +533,8 @@ struct ote__rdma_tp {
      * orphans of bm whose dereg failed) and served in all; redirects sent (source) and
      * followed (requester). */
     _Atomic uint64_t direct_mrs, direct_served, direct_redirects, direct_followed;
-    _Atomic uint64_t direct_recalled; /* runs sent direct first: their request's redirect */
+    /* runs sent direct first: their request, or its remote range, was redirected before */
+    _Atomic uint64_t direct_recalled;
     /* rdma_direct.c: how host memory is granted (rdma_grant_mode, resolved at creation,
      * read-only after); whether every data device has type-2 windows; exact MRs
      * deregistered in all (direct_served - direct_released == direct_mrs) and those of
@@ -852,9 +856,13 @@ int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey
  * that it goes to a direct slot first (the source's account of the request is the same,
  * so it would redirect it again), or when the source grants host memory by exact MRs
  * (rdma_grant_mr=1: it serves nearly everything on direct slots, and a plain QP would
- * only carry the redirect) unless the source sent the run back to a plain slot or its
- * range was served staged. */
-void ote__rdma_direct_remember(ote__tpeer_t *p, uint64_t req_uid);
+ * only carry the redirect) or when it starts in the remote range of requests redirected
+ * before (device memory there is served on direct slots, so a new request into it skips
+ * the redirect's round trip), unless the source sent the run back to a plain slot or its
+ * range was served staged. forget: the source sent s back to a plain slot (its memory is
+ * not served by exact MRs): the redirected range it starts in is forgotten. */
+void ote__rdma_direct_remember(ote__tpeer_t *p, const ote__slice_t *s);
+void ote__rdma_direct_forget(ote__tpeer_t *p, const ote__slice_t *s);
 void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s);
 
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */

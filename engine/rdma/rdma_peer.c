@@ -121,6 +121,14 @@ static int on_grant_resp(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_m
         }
         waits = 1;
     }
+    /* A refusal that is not the protocol at work (a redirect, a busy source: asked again;
+     * a cache miss: logged where the run is rebuilt) fails its run: said here, once per
+     * burst. */
+    if (st != OTE_OK && st != OTE__RDMA_DIRECT_REDIRECT && st != OTE__RDMA_SRC_BUSY &&
+        st != OTE__RDMA_CACHE_MISS && mine != NULL)
+        OTE_WARN_LIMITED("rdma", "%s refused a grant for a request of %llu bytes at 0x%llx: %s",
+                         p->name, (unsigned long long)mine->req_len,
+                         (unsigned long long)mine->req_remote, ote_status_str(st));
     if (mine != NULL && nic < tp->nnics &&
         ote_grant_on_answer_at(tp->nics[nic].gm, m->req_id & 0xffffffffu, st, rp->u.resp.rkey,
                                staged, rp->u.resp.base) == OTE_ERR_NOT_FOUND &&

@@ -322,19 +322,21 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
         /* Device memory at the source, served on a direct slot (rdma_direct.c): nothing
          * was posted, so the run goes again there, as a request of its own. */
         for (ote__slice_t *x = s; x != NULL; x = x->next) ote__rdma_xp(x)->direct = 1;
-        ote__rdma_direct_remember(p, s->req_uid); /* its later runs go there first */
+        ote__rdma_direct_remember(p, s); /* its later runs, and its range, go there first */
         ote__rdma_slice_renew(s);
         atomic_fetch_add(&tp->direct_followed, 1);
         again = 1;
     } else if (!again && st == OTE__RDMA_DIRECT_REDIRECT && !ote__rdma_xp(s)->plain &&
                !(s->canceled != NULL && atomic_load(s->canceled)) &&
                !ote_deadline_expired(s->deadline)) {
-        /* Asked on a direct slot first (rdma_direct.c: an rdma_grant_mr=1 source) for
-         * memory the source serves staged, on plain slots: sent back there, once. */
+        /* Asked on a direct slot first (rdma_direct.c: an rdma_grant_mr=1 source, or a
+         * range redirected before) for memory the source serves on plain slots (staged,
+         * or by a window): sent back there, once; the range is no longer direct. */
         for (ote__slice_t *x = s; x != NULL; x = x->next) {
             ote__rdma_xp(x)->direct = 0;
             ote__rdma_xp(x)->plain = 1;
         }
+        ote__rdma_direct_forget(p, s);
         ote__rdma_slice_renew(s);
         again = 1;
     } else if (!again && miss_may_retry(s, st)) {

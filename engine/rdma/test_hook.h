@@ -84,7 +84,8 @@ typedef struct {
      * reservations returned. */
     uint64_t sp_parents, sp_credits, sp_credits_peak, sp_rq, sp_rq_peak;
     uint64_t sp_refused, sp_busy, sp_served, sp_per_grant, sp_bad, sp_ended;
-    /* Requester runs sent to a direct slot first: their request was redirected before. */
+    /* Requester runs sent to a direct slot first: their request, or a request whose remote
+     * range they start in, was redirected before. */
     uint64_t direct_recalled;
     /* Source: staged grants whose copy into their bounce (or a WRITE's back out of it)
      * runs now (rdma_source.c, rdma_stage.c); bounce buffers with their MR held now. */
