@@ -419,6 +419,28 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
     return OTE_OK;
 }
 
+ote_status_t ote_batch_submit_v(ote_batch_t *b, ote_opcode_t opcode, ote_segment_t *seg,
+                                const uint64_t *local, const uint64_t *remote, const uint64_t *len,
+                                size_t n) {
+    if (b == NULL || ((local == NULL || remote == NULL || len == NULL) && n > 0))
+        return OTE_ERR_INVALID;
+    if (n == 0) return OTE_OK;
+    if (n > b->cap) return OTE_ERR_TOO_BIG; /* before an allocation sized by n */
+    /* One path for every submission: the arrays become requests, checked and started by
+     * ote_batch_submit (a copy of 32 bytes per request, next to what each one costs). */
+    ote_request_t stack_reqs[64];
+    ote_request_t *reqs = n <= 64 ? stack_reqs : ote_malloc(n * sizeof(*reqs));
+    if (reqs == NULL) return OTE_ERR_NOMEM;
+    _Static_assert(sizeof(uintptr_t) == sizeof(uint64_t) && sizeof(size_t) == sizeof(uint64_t),
+                   "addresses and lengths are 64-bit");
+    for (size_t i = 0; i < n; i++)
+        reqs[i] =
+            (ote_request_t){opcode, (void *)(uintptr_t)local[i], seg, remote[i], (size_t)len[i]};
+    ote_status_t st = ote_batch_submit(b, reqs, n);
+    if (reqs != stack_reqs) ote_free(reqs);
+    return st;
+}
+
 ote_status_t ote_batch_status(ote_batch_t *b, size_t index, ote_transfer_status_t *status_out) {
     if (b == NULL || status_out == NULL || index >= b->cap) return OTE_ERR_INVALID;
     ote_transfer_status_t s = {OTE_TRANSFER_WAITING, 0, OTE_OK};

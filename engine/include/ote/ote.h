@@ -430,6 +430,13 @@ ote_status_t ote_batch_create(ote_engine_t *engine, size_t capacity, ote_batch_t
 /* Validates all n requests first (OTE_ERR_INVALID / OTE_ERR_TOO_BIG and nothing is
  * submitted), then starts them. */
 ote_status_t ote_batch_submit(ote_batch_t *batch, const ote_request_t *reqs, size_t n);
+/* The same for n requests of one opcode to one segment given as arrays (a KV cache's
+ * scattered blocks): request i moves len[i] bytes between local[i] (an address in this
+ * process) and remote[i] (the peer's). Validated as a whole like ote_batch_submit, and
+ * started as one submission: indices follow the arrays' order. */
+ote_status_t ote_batch_submit_v(ote_batch_t *batch, ote_opcode_t opcode, ote_segment_t *segment,
+                                const uint64_t *local, const uint64_t *remote, const uint64_t *len,
+                                size_t n);
 ote_status_t ote_batch_status(ote_batch_t *batch, size_t index, ote_transfer_status_t *status_out);
 /* Wait until every submitted request has ended or timeout_ns passes. Returns OTE_OK when
  * all COMPLETED, OTE_ERR_TIMEOUT when some are still pending at the timeout (they go on),
