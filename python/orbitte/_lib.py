@@ -137,6 +137,10 @@ _PROTOTYPES = {
     ),
     "ote_batch_create": (status_t, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
     "ote_batch_submit": (status_t, [c_void_p, ctypes.POINTER(Request), c_size_t]),
+    "ote_batch_submit_v": (
+        status_t,
+        [c_void_p, ctypes.c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t],
+    ),
     "ote_batch_status": (status_t, [c_void_p, c_size_t, ctypes.POINTER(TransferStatus)]),
     "ote_batch_wait": (status_t, [c_void_p, ctypes.c_uint64]),
     "ote_batch_cancel": (status_t, [c_void_p]),

@@ -9,6 +9,11 @@ import time
 from . import _lib
 from .errors import error_class
 
+try:  # optional: submit_arrays converts numpy arrays without a Python loop
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy is in the test environment
+    _np = None
+
 READ = 0  # remote -> local (OTE_READ)
 WRITE = 1  # local -> remote (OTE_WRITE)
 PERM_READ = 0x1  # peers may READ from the registration
@@ -72,6 +77,9 @@ def _resolve(obj, length, writable):
             raise ValueError("a raw address needs a length")
         return int(obj), int(length), None
     if hasattr(obj, "data_ptr") and hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
+            raise ValueError("the tensor is not contiguous (a view with strides): its bytes "
+                             "are not one run; register the tensor it views, or .contiguous()")
         n = obj.numel() * obj.element_size()
         if length is not None and length > n:
             raise ValueError("length %d is over the tensor's %d bytes" % (length, n))
@@ -81,6 +89,17 @@ def _resolve(obj, length, writable):
         view.release()
         raise ValueError("length %d is over the buffer's %d bytes" % (length, view.length))
     return view.address, view.length if length is None else int(length), view
+
+
+def _u64_array(values):
+    """(address, keeper) of a contiguous uint64 array holding `values`: a numpy array as
+    it is when it already is one, converted by numpy otherwise; other sequences through
+    ctypes (a C loop). The keeper holds the memory until the call returns."""
+    if _np is not None and isinstance(values, _np.ndarray):
+        arr = _np.ascontiguousarray(values, dtype=_np.uint64)
+        return arr.ctypes.data, arr
+    arr = (ctypes.c_uint64 * len(values))(*values)
+    return ctypes.addressof(arr), arr
 
 
 TransferStatus = collections.namedtuple("TransferStatus", "state bytes_done error")
@@ -150,6 +169,9 @@ class Segment:
 
     def __init__(self, engine, peer, handle):
         self.engine, self.peer, self._handle = engine, peer, handle
+        # Held by calls on the handle and by close(): never the engine's lock, so a call
+        # that waits on this peer (buffer discovery) holds up no other peer's threads.
+        self._lock = threading.RLock()
 
     @property
     def handle(self):
@@ -161,7 +183,7 @@ class Segment:
     def transport(self):
         """The transport ote_segment_open chose for this peer: "shm", "tcp" or "rdma"."""
         info = _lib.SegmentInfo()
-        with self.engine._lock:
+        with self._lock:
             check(lib.ote_segment_info(self.handle, ctypes.byref(info)), "ote_segment_info")
         return info.transport.decode()
 
@@ -172,7 +194,7 @@ class Segment:
         for _ in range(8):  # the list may grow between two calls; retry a few times
             arr = (_lib.BufferInfo * cap)()
             n = ctypes.c_size_t()
-            with self.engine._lock:
+            with self._lock:
                 st = lib.ote_segment_buffers(self.handle, arr, cap, ctypes.byref(n))
             if st == _OTE_ERR_TOO_BIG and n.value > cap:
                 cap = n.value + 16
@@ -191,11 +213,12 @@ class Segment:
         raise KeyError("peer %s has no registration named %r" % (self.peer, name))
 
     def close(self):
-        with self.engine._lock:
+        with self._lock:
             if not self._handle:
                 return
             check(lib.ote_segment_close(self._handle), "ote_segment_close(%s)" % self.peer)
             self._handle = None
+        with self.engine._lock:
             self.engine._segments.discard(self)
             if self.engine._sessions.get(self.peer) is self:
                 del self.engine._sessions[self.peer]
@@ -262,6 +285,30 @@ class Batch:
             for h in held:
                 if isinstance(h, _lib.BufferView):
                     h.release()
+
+    def submit_arrays(self, opcode, segment, local, remote, lengths):
+        """Submit len(local) requests of one opcode to one segment (a Segment or
+        "host:port") given as arrays: request i moves lengths[i] bytes between the local
+        address local[i] and the peer's address remote[i]. Each array is a numpy array
+        (converted to uint64 without a Python loop), or any sequence of ints. The caller
+        keeps the local memory alive and registered until the requests end. Returns the
+        range of the requests' indices (ote_batch_submit_v)."""
+        if opcode not in (READ, WRITE):
+            raise ValueError("opcode must be orbitte.READ or orbitte.WRITE")
+        seg = self.engine._segment_of(segment)
+        arrays = [_u64_array(a) for a in (local, remote, lengths)]
+        n = len(arrays[0][1])
+        if not n == len(arrays[1][1]) == len(arrays[2][1]):
+            raise ValueError("local, remote and lengths differ in number (%d, %d, %d)" % (
+                n, len(arrays[1][1]), len(arrays[2][1])))
+        with self._lock:
+            check(lib.ote_batch_submit_v(self.handle, opcode, seg.handle, arrays[0][0],
+                                         arrays[1][0], arrays[2][0], n),
+                  "ote_batch_submit_v(%d requests)" % n)
+            first = self._count
+            self._count += n
+            self._held.append(seg)
+        return range(first, first + n)
 
     def wait(self, timeout=None):
         """Wait until every submitted request has ended. Raises the first failed request's
@@ -359,6 +406,7 @@ class Engine:
         self._registrations = {}  # address -> Registration
         self._segments = set()
         self._sessions = {}  # "host:port" -> Segment opened for write()/read()/notify_send()
+        self._opening = {}  # "host:port" -> Lock held while that session is being opened
         self._batches = set()
         self._shared = {}  # address -> SharedMemory
         cfg = ctypes.c_void_p()
@@ -419,13 +467,14 @@ class Engine:
         cname = None if name is None else str(name).encode("utf-8")
         addr, n, view = _resolve(obj, length, writable=bool(perms & PERM_WRITE))
         try:
+            # Pinning a big buffer takes a while: no lock of this binding is held meanwhile.
+            check(lib.ote_memory_register_named(self.handle, addr, n, perms, cname),
+                  "ote_memory_register(0x%x, %d%s)" % (
+                      addr, n, "" if name is None else ", name=%r" % name))
+            reg = Registration(self, addr, n, perms, name, obj, view)
             with self._lock:
-                check(lib.ote_memory_register_named(self.handle, addr, n, perms, cname),
-                      "ote_memory_register(0x%x, %d%s)" % (
-                          addr, n, "" if name is None else ", name=%r" % name))
-                reg = Registration(self, addr, n, perms, name, obj, view)
                 self._registrations[addr] = reg
-                view = None
+            view = None
             return reg
         finally:
             if view is not None:
@@ -434,8 +483,8 @@ class Engine:
     def unregister(self, registration_or_address):
         r = registration_or_address
         addr = r.address if isinstance(r, Registration) else int(r)
+        check(lib.ote_memory_unregister(self.handle, addr), "ote_memory_unregister(0x%x)" % addr)
         with self._lock:
-            check(lib.ote_memory_unregister(self.handle, addr), "ote_memory_unregister(0x%x)" % addr)
             reg = self._registrations.pop(addr, None)
         if reg is not None and reg._view is not None:
             reg._view.release()
@@ -477,10 +526,11 @@ class Engine:
     def open_segment(self, peer):
         """Connect to the engine at "host:port" (or "[v6]:port") and handshake."""
         handle = ctypes.c_void_p()
+        # The handshake may wait up to connect_timeout_ms on this peer: no lock held.
+        check(lib.ote_segment_open(self.handle, peer.encode(), ctypes.byref(handle)),
+              "ote_segment_open(%s)" % peer)
+        seg = Segment(self, peer, handle.value)
         with self._lock:
-            check(lib.ote_segment_open(self.handle, peer.encode(), ctypes.byref(handle)),
-                  "ote_segment_open(%s)" % peer)
-            seg = Segment(self, peer, handle.value)
             self._segments.add(seg)
         return seg
 
@@ -490,13 +540,33 @@ class Engine:
         return self._segment_of(peer)
 
     def _segment_of(self, target):
+        """The session to target, opened once: threads asking for the same peer wait for
+        its open; threads of other peers never wait on it (per-peer lock)."""
         if isinstance(target, Segment):
             return target
         with self._lock:
             seg = self._sessions.get(target)
+            if seg is not None:
+                return seg
+            opening = self._opening.setdefault(target, threading.Lock())
+        with opening:
+            with self._lock:
+                seg = self._sessions.get(target)
             if seg is None:
-                seg = self._sessions[target] = self.open_segment(target)
+                seg = self.open_segment(target)
+                with self._lock:
+                    self._sessions[target] = seg
             return seg
+
+    def forget_session(self, target):
+        """Close the kept session to "host:port" (if any), so the next use opens a new one
+        (after the peer restarted, say). Returns whether one was closed."""
+        with self._lock:
+            seg = self._sessions.pop(target, None)
+        if seg is None:
+            return False
+        seg.close()
+        return True
 
     # ---- batches and the synchronous conveniences ----
     def batch(self, capacity=64):
