@@ -497,7 +497,11 @@ ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
             break;
         }
     }
+    int notes = b->sent != NULL;
     ote_mutex_unlock(&b->mu);
+    /* The notifications sent after the data: acknowledged or failed before the wait
+     * returns (ote_batch_notify_result then has their final outcome). */
+    if (notes && ote__batch_wait_notes(b, dl) != OTE_OK) return OTE_ERR_TIMEOUT;
     return st;
 }
 
@@ -551,6 +555,7 @@ ote_status_t ote_batch_reset(ote_batch_t *b) {
         r->seg = NULL;
     }
     atomic_store(&b->nsub, 0);
+    ote__batch_drop_sent(b);
     ote_mutex_unlock(&b->mu);
     return OTE_OK;
 }
@@ -564,6 +569,7 @@ ote_status_t ote_batch_destroy(ote_batch_t *b) {
     }
     ote__nout_t *notes = b->notes; /* attached to requests never submitted */
     b->notes = NULL;
+    ote__batch_drop_sent(b);
     ote_mutex_unlock(&b->mu);
     while (notes) {
         ote__nout_t *n = notes;

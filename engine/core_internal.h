@@ -108,15 +108,24 @@ typedef struct ote__nin {
 } ote__nin_t;
 
 /* An outgoing notification: either synchronous (ote_notify_send waits for its ack) or
- * attached to a batch (fire and forget). */
+ * attached to a batch (its outcome kept for ote_batch_notify_result). A batch's one that
+ * the receiver refuses for a full queue (OTE_ERR_AGAIN) is sent again by the engine's
+ * retry thread (notify.c) until `until`, the deadline of its first send. done, st, rnext,
+ * retry_at and backoff_ms under e->omu. */
 typedef struct ote__nout {
     ote__slice_t slice;
-    struct ote__nout *next;
+    struct ote__nout *next;  /* the batch's attached list, then the list being sent */
+    struct ote__nout *bnext; /* the batch's sent list (b->sent, under b->mu) */
+    struct ote__nout *rnext; /* the engine's retry list */
     ote_engine_t *e;
     ote_segment_t *seg;
     _Atomic int refs;
     int done;
+    int batch; /* attached to a batch: retried while the receiver is full */
     ote_status_t st;
+    ote_deadline_t until;
+    uint64_t retry_at;
+    uint32_t backoff_ms;
     size_t len;
     uint8_t msg[];
 } ote__nout_t;
@@ -153,8 +162,13 @@ struct ote_engine {
     size_t nqcount, nqbytes; /* queued: at most OTE_NOTIFY_QUEUE_MAX / _BYTES */
     int nqfull_logged;       /* one WARN per episode of a full queue */
 
-    ote_mutex_t omu;            /* completion of synchronous outgoing notifications, and the last */
-    ote_cond_t ocv;             /* unpin of a registration that an unregister waits for */
+    ote_mutex_t omu; /* completion of synchronous outgoing notifications, and the last */
+    ote_cond_t ocv;  /* unpin of a registration that an unregister waits for */
+    /* Batch notifications a full receiver refused, sent again by nretry_th (notify.c),
+     * started at the first; under omu. */
+    ote__nout_t *nretry;
+    pthread_t nretry_th;
+    int nretry_started, nretry_stop;
     _Atomic long unreg_waiters; /* unregisters waiting on ocv for a pin to drop */
 
     _Atomic long nsegments;
@@ -209,6 +223,8 @@ struct ote_batch {
     _Atomic size_t nsub;
     _Atomic size_t pending;
     ote__nout_t *notes;            /* attached, not yet decided */
+    ote__nout_t *sent;             /* decided and sent (the batch holds a reference each) */
+    ote_status_t notes_dropped;    /* a decided one not sent (its requests failed): CANCELED */
     _Atomic uint64_t last_wait_ns; /* how long the last completed wait took (0: none yet) */
 };
 

@@ -166,6 +166,7 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
         return OTE_ERR_BUSY;
     }
     int again = atomic_exchange_explicit(&e->destroying, 1, memory_order_acq_rel);
+    ote__notify_retry_stop(e); /* nothing is queued: every segment is closed */
     ote_status_t st = ote__router_destroy(e);
     if (st != OTE_OK) {
         OTE_ERROR("engine",

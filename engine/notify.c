@@ -80,9 +80,108 @@ void ote__nout_put(ote__nout_t *n) {
     if (atomic_fetch_sub(&n->refs, 1) == 1) ote_free(n);
 }
 
+#define NOTIFY_RETRY_FIRST_MS 1
+#define NOTIFY_RETRY_MAX_MS 50
+#define NOTIFY_RETRY_IDLE_MS 100
+
+static void *retry_main(void *arg);
+
+/* A batch's notification refused by a full receiver (AGAIN) before its deadline: queued
+ * for the retry thread (started at the first), which sends it again after a backoff of
+ * 1 ms doubling to 50 ms. Its hold on the segment and its references stay. Nonzero when
+ * queued. */
+static int nout_retry(ote__nout_t *n, ote_status_t st) {
+    ote_engine_t *e = n->e;
+    if (!n->batch || ote_status_code(st) != OTE_ERR_AGAIN || ote_deadline_expired(n->until))
+        return 0;
+    ote_mutex_lock(&e->omu);
+    int ok = !e->nretry_stop;
+    if (ok && !e->nretry_started) {
+        ok = pthread_create(&e->nretry_th, NULL, retry_main, e) == 0;
+        e->nretry_started = ok;
+        if (!ok) OTE_WARN("engine", "notification retry thread: pthread_create failed");
+    }
+    if (ok) {
+        n->backoff_ms = n->backoff_ms == 0                         ? NOTIFY_RETRY_FIRST_MS
+                        : n->backoff_ms >= NOTIFY_RETRY_MAX_MS / 2 ? NOTIFY_RETRY_MAX_MS
+                                                                   : n->backoff_ms * 2;
+        n->retry_at = ote_now_ns() + (uint64_t)n->backoff_ms * OTE_NSEC_PER_MSEC;
+        /* A send that could not be answered before the deadline would end TIMEOUT (it may
+         * or may not have been queued there): the refusal (AGAIN, never queued) stands. */
+        ok = n->retry_at + 2 * (uint64_t)n->backoff_ms * OTE_NSEC_PER_MSEC < n->until;
+    }
+    if (ok) {
+        n->rnext = e->nretry;
+        e->nretry = n;
+        ote_cond_broadcast(&e->ocv);
+    }
+    ote_mutex_unlock(&e->omu);
+    if (ok && n->backoff_ms == NOTIFY_RETRY_FIRST_MS)
+        OTE_INFO("engine", "notification to %s: its queue is full; sent again until its deadline",
+                 n->seg->name);
+    return ok;
+}
+
+/* Send n's slice again (no lock held): its transport record cleared, its deadline the
+ * first send's. */
+static void nout_resend(ote__nout_t *n) {
+    memset(n->slice.xp, 0, sizeof(n->slice.xp));
+    n->slice.next = NULL;
+    n->slice.deadline = n->until;
+    n->seg->tp->ops->submit(n->seg->peer, &n->slice);
+}
+
+/* The retry thread: sends each queued notification when its backoff is over; at the
+ * engine's destroy (nretry_stop) nothing is queued (every segment is closed, and a
+ * segment's close waits for its notifications). */
+static void *retry_main(void *arg) {
+    ote_engine_t *e = arg;
+    ote_mutex_lock(&e->omu);
+    while (!e->nretry_stop) {
+        uint64_t now = ote_now_ns(), next = now + NOTIFY_RETRY_IDLE_MS * OTE_NSEC_PER_MSEC;
+        ote__nout_t *due = NULL;
+        for (ote__nout_t **pp = &e->nretry; *pp != NULL;) {
+            ote__nout_t *n = *pp;
+            if (n->retry_at <= now) {
+                *pp = n->rnext;
+                n->rnext = due;
+                due = n;
+            } else {
+                if (n->retry_at < next) next = n->retry_at;
+                pp = &n->rnext;
+            }
+        }
+        if (due == NULL) {
+            (void)ote_cond_wait(&e->ocv, &e->omu, next);
+            continue;
+        }
+        ote_mutex_unlock(&e->omu);
+        while (due != NULL) {
+            ote__nout_t *n = due;
+            due = n->rnext;
+            n->rnext = NULL;
+            nout_resend(n);
+        }
+        ote_mutex_lock(&e->omu);
+    }
+    ote_mutex_unlock(&e->omu);
+    return NULL;
+}
+
+void ote__notify_retry_stop(ote_engine_t *e) {
+    ote_mutex_lock(&e->omu);
+    e->nretry_stop = 1;
+    ote_cond_broadcast(&e->ocv);
+    int started = e->nretry_started;
+    e->nretry_started = 0;
+    ote_mutex_unlock(&e->omu);
+    if (started) pthread_join(e->nretry_th, NULL);
+}
+
 static void nout_done(ote__slice_t *sl, ote_status_t st) {
     ote__nout_t *n = sl->owner;
     ote_engine_t *e = n->e;
+    if (nout_retry(n, st)) return;
     if (st != OTE_OK)
         OTE_WARN("engine", "notification to %s not delivered: %s", n->seg->name,
                  ote_status_str(st));
@@ -112,6 +211,7 @@ static ote_status_t nout_new(ote_engine_t *e, ote_segment_t *seg, const void *ms
     n->slice.op = OTE__SLICE_NOTIFY;
     n->slice.mem_node = -1;
     n->slice.deadline = ote_deadline_after(e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    n->until = n->slice.deadline;
     *out = n;
     return OTE_OK;
 }
@@ -201,11 +301,16 @@ ote__nout_t *ote__batch_decide_notes(ote_batch_t *b) {
                 atomic_load(&b->reqs[i].state) != OTE_TRANSFER_COMPLETED)
                 ok = 0;
         if (ok) {
+            /* The batch keeps a reference for ote_batch_notify_result (b->sent). */
+            atomic_fetch_add(&n->refs, 1);
+            n->bnext = b->sent;
+            b->sent = n;
             n->next = send;
             send = n;
         } else {
             OTE_INFO("engine", "batch notification to %s dropped: a request to it did not complete",
                      n->seg->name);
+            if (b->notes_dropped == OTE_OK) b->notes_dropped = OTE_ERR_CANCELED;
             atomic_fetch_sub(&n->seg->notes, 1);
             ote__nout_put(n);
         }
@@ -220,6 +325,7 @@ void ote__notes_send(ote__nout_t *list) {
         n->next = NULL;
         /* The batch's hold on seg->notes is handed to the in-flight notification. */
         n->slice.deadline = ote_deadline_after(n->e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+        n->until = n->slice.deadline;
         n->seg->tp->ops->submit(n->seg->peer, &n->slice);
     }
 }
@@ -231,6 +337,7 @@ ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *ms
     ote__nout_t *n;
     ote_status_t st = nout_new(b->e, seg, msg, len, 1, &n);
     if (st != OTE_OK) return st;
+    n->batch = 1;
     atomic_fetch_add(&seg->notes, 1); /* held until sent and acknowledged, or dropped */
     ote__nout_t *send = NULL;
     ote_mutex_lock(&b->mu);
@@ -250,4 +357,57 @@ ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *ms
         ote__notes_send(send);
     }
     return OTE_OK;
+}
+
+/* The outcome of b's sent notifications (b->mu held): OTE_ERR_AGAIN while one is in
+ * flight (or waits to be sent again), else the first failure, else OTE_OK. */
+static ote_status_t sent_result(ote_batch_t *b) {
+    ote_status_t st = OTE_OK;
+    ote_mutex_lock(&b->e->omu);
+    for (ote__nout_t *n = b->sent; n != NULL; n = n->bnext) {
+        if (!n->done) {
+            st = OTE_ERR_AGAIN;
+            break;
+        }
+        if (st == OTE_OK && n->st != OTE_OK) st = n->st;
+    }
+    ote_mutex_unlock(&b->e->omu);
+    return st;
+}
+
+ote_status_t ote_batch_notify_result(ote_batch_t *b, ote_status_t *result_out) {
+    if (b == NULL || result_out == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&b->mu);
+    ote_status_t st = b->notes != NULL ? OTE_ERR_AGAIN : sent_result(b);
+    if (st == OTE_OK && b->notes_dropped != OTE_OK) st = b->notes_dropped;
+    ote_mutex_unlock(&b->mu);
+    *result_out = st;
+    return OTE_OK;
+}
+
+ote_status_t ote__batch_wait_notes(ote_batch_t *b, ote_deadline_t dl) {
+    ote_engine_t *e = b->e;
+    ote_mutex_lock(&e->omu);
+    for (;;) {
+        int pending = 0;
+        for (ote__nout_t *n = b->sent; n != NULL && !pending; n = n->bnext) pending = !n->done;
+        if (!pending) break;
+        if (ote_cond_wait(&e->ocv, &e->omu, dl) == OTE_ERR_TIMEOUT) {
+            ote_mutex_unlock(&e->omu);
+            return OTE_ERR_TIMEOUT;
+        }
+    }
+    ote_mutex_unlock(&e->omu);
+    return OTE_OK;
+}
+
+void ote__batch_drop_sent(ote_batch_t *b) {
+    ote__nout_t *n = b->sent;
+    b->sent = NULL;
+    b->notes_dropped = OTE_OK;
+    while (n != NULL) {
+        ote__nout_t *nx = n->bnext;
+        ote__nout_put(n);
+        n = nx;
+    }
 }

@@ -23,5 +23,14 @@ void ote__nout_put(ote__nout_t *n);
  * list to send (with ote__notes_send, no lock held); frees the others. */
 ote__nout_t *ote__batch_decide_notes(ote_batch_t *b);
 void ote__notes_send(ote__nout_t *list);
+/* ote_batch_wait, after its requests ended (b->mu not held; b->sent stable: only
+ * decide, under b->mu from the last request's end, adds to it, and no request is
+ * pending): until every sent notification is acknowledged or failed, or dl. */
+ote_status_t ote__batch_wait_notes(ote_batch_t *b, ote_deadline_t dl);
+/* reset and destroy (b->mu held or b private): drop the batch's references to its sent
+ * notifications (they go on) and forget their outcome. */
+void ote__batch_drop_sent(ote_batch_t *b);
+/* Engine destroy: stop the retry thread (nothing is queued once every segment closed). */
+void ote__notify_retry_stop(ote_engine_t *e);
 
 #endif

@@ -147,6 +147,7 @@ _PROTOTYPES = {
     "ote_batch_reset": (status_t, [c_void_p]),
     "ote_batch_destroy": (status_t, [c_void_p]),
     "ote_batch_notify": (status_t, [c_void_p, c_void_p, ctypes.c_char_p, c_size_t]),
+    "ote_batch_notify_result": (status_t, [c_void_p, ctypes.POINTER(status_t)]),
     "ote_notify_send": (status_t, [c_void_p, c_void_p, ctypes.c_char_p, c_size_t]),
     "ote_notify_recv": (
         status_t,

@@ -354,6 +354,18 @@ class Batch:
         with self._lock:
             self._held.append(seg)
 
+    def notify_result(self):
+        """The outcome of this batch's notifications (ote_batch_notify_result): None when
+        every one sent was acknowledged, else the exception (not raised) of the first
+        failure: CanceledError when one was not sent because a request to its peer did
+        not complete, AgainError while one is undecided or in flight, or when its
+        receiver's queue stayed full until its deadline. Final once wait() returned."""
+        st = _lib.status_t()
+        check(lib.ote_batch_notify_result(self.handle, ctypes.byref(st)), "ote_batch_notify_result")
+        if st.value == 0:
+            return None
+        return error_class(st.value)(st.value, "batch notification", describe(st.value))
+
     def reset(self):
         """Forget the finished requests (BusyError while some are pending)."""
         with self._lock:

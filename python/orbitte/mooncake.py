@@ -405,9 +405,14 @@ class TransferEngine:
         return time.monotonic() + self._timeout_s + sum(int(x) for x in lengths) * 1e-9
 
     def _finish(self, batch, target, deadline):
-        """0 when every request completed by deadline, else -1 (logged); closes batch."""
+        """0 when every request completed by deadline and the batch's notification (if
+        any) was delivered, else -1 (logged); closes batch."""
         try:
             batch.wait(max(0.0, deadline - time.monotonic()))
+            failed = batch.notify_result()
+            if failed is not None:
+                log.error("notification to %s: %s", target, failed)
+                return -1
             return 0
         except OrbitteError as e:
             log.error("transfer to %s: %s", target, e)

@@ -30,6 +30,13 @@ def test_notification_of_a_failed_batch_is_not_sent(engine, peer):
             raise AssertionError("a WRITE into a READ-only registration succeeded")
         except orbitte.AccessError:
             pass
+        assert isinstance(b.notify_result(), orbitte.CanceledError)  # not sent, and said so
+    with engine.batch(1) as b:
+        b.submit([(orbitte.WRITE, np.ones(64, np.uint8), peer.address, peer.rw)])
+        b.notify(peer.address, b"delivered")
+        b.wait(60)
+        assert b.notify_result() is None  # acknowledged by the peer before wait returned
+    assert bytes.fromhex(peer.ask("recv 60")["message"]) == b"delivered"
     engine.notify_send(peer.address, b"after")  # ordered behind anything sent before
     assert bytes.fromhex(peer.ask("recv 60")["message"]) == b"after"
 

@@ -24,8 +24,8 @@ constexpr int kCudaErrorUnknown = 999;
 
 class GpuDirectRangeTest : public ote_gpu_test::GpuTest {
   protected:
-    static ote_status_t Run(ote_engine_t *e, ote_segment_t *seg, ote_opcode_t op,
-                            uint64_t local, uint64_t remote, size_t len) {
+    static ote_status_t Run(ote_engine_t *e, ote_segment_t *seg, ote_opcode_t op, uint64_t local,
+                            uint64_t remote, size_t len) {
         ote_request_t r = {op, reinterpret_cast<void *>(local), seg, remote, len};
         ote_transfer_status_t ts{};
         return ote_test::RunOne(e, r, 120 * kSec, &ts);
@@ -55,8 +55,7 @@ TEST_F(GpuDirectRangeTest, RangeKnownDirectIsSentBackWhenTheMemoryChanged) {
               OTE_OK);
     std::vector<uint8_t> host(kLen);
     const uint64_t h = reinterpret_cast<uintptr_t>(host.data());
-    ASSERT_EQ(ote_memory_register(req, host.data(), kLen, OTE_PERM_READ | OTE_PERM_WRITE),
-              OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, host.data(), kLen, OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
     ote_segment_t *seg = nullptr;
     ASSERT_NO_FATAL_FAILURE(OpenSegment(req, src, &seg));
     // Served by exact MRs: redirected once, then known direct.

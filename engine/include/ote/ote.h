@@ -438,9 +438,11 @@ ote_status_t ote_batch_submit_v(ote_batch_t *batch, ote_opcode_t opcode, ote_seg
                                 const uint64_t *local, const uint64_t *remote, const uint64_t *len,
                                 size_t n);
 ote_status_t ote_batch_status(ote_batch_t *batch, size_t index, ote_transfer_status_t *status_out);
-/* Wait until every submitted request has ended or timeout_ns passes. Returns OTE_OK when
- * all COMPLETED, OTE_ERR_TIMEOUT when some are still pending at the timeout (they go on),
- * else the error of the first request that did not complete.
+/* Wait until every submitted request has ended, and the notifications they sent have been
+ * acknowledged or failed (ote_batch_notify_result), or timeout_ns passes. Returns OTE_OK
+ * when all requests COMPLETED, OTE_ERR_TIMEOUT when some requests or notifications are
+ * still pending at the timeout (they go on), else the error of the first request that
+ * did not complete.
  *
  * Statuses a request can end with, each request-scope and from its first cause (never
  * from the cleanup that followed it):
@@ -481,7 +483,10 @@ ote_status_t ote_batch_destroy(ote_batch_t *batch);
 /* Received messages wait in a queue of at most OTE_NOTIFY_QUEUE_MAX messages and
  * OTE_NOTIFY_QUEUE_BYTES message bytes until ote_notify_recv takes them. While it is
  * full, new messages are refused: their senders' ote_notify_send fails with
- * OTE_ERR_AGAIN (retry later) and batch notifications are dropped with a WARN. */
+ * OTE_ERR_AGAIN (retry later), and a batch notification is sent again (after 1 ms,
+ * doubling to 50 ms) until room comes or its deadline (transfer_timeout_ms from its first
+ * send) passes; then it fails with OTE_ERR_AGAIN, which ote_batch_notify_result reports.
+ * No notification is lost silently. */
 #define OTE_NOTIFY_QUEUE_MAX 1024
 #define OTE_NOTIFY_QUEUE_BYTES (1u << 20)
 /* Send a small message (<= OTE_NOTIFY_MAX bytes) to the peer. OTE_ERR_AGAIN when the
@@ -495,6 +500,14 @@ ote_status_t ote_notify_send(ote_engine_t *engine, ote_segment_t *seg, const voi
  * end. A reset keeps undecided notifications; destroy drops them. While attached, the
  * notification holds seg (ote_segment_close is BUSY). */
 ote_status_t ote_batch_notify(ote_batch_t *batch, ote_segment_t *seg, const void *msg, size_t len);
+/* The outcome of the batch's notifications since creation or the last reset: OTE_OK when
+ * every one sent was acknowledged by its receiver; OTE_ERR_AGAIN while one is undecided
+ * or in flight; OTE_ERR_CANCELED when one was not sent because a request to its segment
+ * did not complete; else the first failure of one sent (OTE_ERR_AGAIN: its receiver's
+ * queue stayed full until its deadline; OTE_ERR_PEER_LOST, ...). The data requests keep
+ * their own statuses. ote_batch_wait waits for the sent ones to end too, so after it
+ * returns (not OTE_ERR_TIMEOUT) this is final. */
+ote_status_t ote_batch_notify_result(ote_batch_t *batch, ote_status_t *result_out);
 /* Receive the next message sent to this engine, waiting up to timeout_ns. The message is
  * copied into buf (OTE_ERR_TOO_BIG if cap is too small; it stays queued: receive it into
  * a bigger buffer, e.g. OTE_NOTIFY_MAX bytes, or drop it with ote_notify_discard); the
