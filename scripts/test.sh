@@ -18,8 +18,9 @@
 # read counts as a failure.
 #
 # In the default configuration the multi-process suites (//tests/engine, //tests/verbs,
-# //tests/tools) run twice each (--runs_per_test=2): a case counts once, failed if it
-# failed in any run, so a one-in-two flake cannot pass. (They ran three times before the
+# //tests/tools) run twice each (--runs_per_test=2; their sim-profile repeats once, see
+# MULTI_RUNS): a case counts once, failed if it failed in any run, so a one-in-two flake
+# cannot pass. (They ran three times before the
 # ThreadSanitizer phase came: its run of the same suites, under very different timing,
 # took the third run's place in the time budget, about 27 minutes on 2 cores.)
 #
@@ -137,8 +138,10 @@ phase_done checks
 run_python default
 phase_done "python (default)"
 
-# The multi-process suites, two runs each in the default configuration.
-MULTI_RUNS='--runs_per_test=//tests/engine[:/],//tests/verbs[:/],//tests/tools[:/]@2'
+# The multi-process suites, two runs each in the default configuration; their repeats
+# under the sim's rxe, small and nomw profiles (targets named *_rxe, *_small, *_nomw and
+# ote_bench_profile_*_test) once: the mlx5 runs of the same suites are the repeated ones.
+MULTI_RUNS='--runs_per_test=//tests/engine[:/],//tests/verbs[:/],//tests/tools[:/],-_(rxe|small|nomw)$,-_profile_(rxe|small|nomw)_test$@2'
 BAZEL_FLAGS=(--keep_going --test_output=errors --local_test_jobs=2)
 # ThreadSanitizer runs the suites whose code runs threads once each: the engine's (tcp,
 # shm, rdma over verbs/sim, batches, notifications; targets tagged no-tsan left out, see

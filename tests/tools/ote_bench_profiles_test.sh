@@ -1,6 +1,6 @@
 #!/bin/bash
 # ote_bench --transport rdma --check under one verbs/sim device profile (issue 25): WRITE
-# and READ, 4 KiB and 64 MiB blocks, host memory on both sides, device memory (the fake
+# and READ, 4 KiB blocks (1,024 of them) and a 64 MiB block, host memory on both sides, device memory (the fake
 # libcuda) at the initiator (GPUDirect: path direct) and at the target. Every run checks
 # every byte, must print one JSON line per block size with check "ok", and must say in
 # its log that the engines saw the profile's device (its max_qp_wr, or for nomw that host
@@ -35,19 +35,25 @@ export OTE_VERBS_PROVIDER=sim OTE_SIM_PROFILE="$PROFILE" OTE_LOG_LEVEL=debug
 export OTE_GPU_PATHS=direct,staging OTE_CUDA_LIBRARY
 OTE_CUDA_LIBRARY="$(cd "$(dirname "$FAKE_CUDA")" && pwd)/$(basename "$FAKE_CUDA")"
 
-# case NAME OP LOCAL REMOTE PATH: 4 KiB and 64 MiB blocks (64 MiB in all per block size),
-# checked; two JSON lines with check ok, those memories and that path; the profile's
-# device named in the log.
+# case NAME OP LOCAL REMOTE PATH: 4 KiB blocks (4 MiB of them: 1,024 requests) and one
+# 64 MiB block, checked; one JSON line each with check ok, those memories and that path;
+# the profile's device named in the log.
 run_case() {
-    local name="$1" op="$2" lm="$3" rm="$4" path="$5"
-    timeout -k 5 180 "$BENCH" --no-progress --transport rdma --op "$op" --local-mem "$lm" \
-        --remote-mem "$rm" --block-size 4K,64M --batch-size 1 --total-bytes 64M --json \
-        --check >"$TMP/$name.out" 2>"$TMP/$name.err"
-    local rc=$? why=""
+    local name="$1" op="$2" lm="$3" rm="$4" path="$5" rc=0 why=""
+    : >"$TMP/$name.out"
+    : >"$TMP/$name.err"
+    for shape in "4K 4M" "64M 64M"; do
+        read -r bs total <<<"$shape"
+        timeout -k 5 180 "$BENCH" --no-progress --transport rdma --op "$op" --local-mem "$lm" \
+            --remote-mem "$rm" --block-size "$bs" --batch-size 1 --total-bytes "$total" \
+            --json --check >>"$TMP/$name.out" 2>>"$TMP/$name.err" || rc=$?
+    done
     [ "$rc" -eq 0 ] || why="exit status $rc"
     [ "$(wc -l <"$TMP/$name.out")" -eq 2 ] || why="$why; not 2 result lines"
-    [ "$(grep -c '"transport":"rdma",.*"bytes":67108864,.*"check":"ok"' "$TMP/$name.out")" -eq 2 ] ||
-        why="$why; not 2 checked lines of 64 MiB"
+    [ "$(grep -c '"transport":"rdma","op":"'"$op"'","block_size":4096,.*"bytes":4194304,.*"check":"ok"' "$TMP/$name.out")" -eq 1 ] ||
+        why="$why; no checked line of 4 KiB blocks (4 MiB)"
+    [ "$(grep -c '"transport":"rdma","op":"'"$op"'","block_size":67108864,.*"bytes":67108864,.*"check":"ok"' "$TMP/$name.out")" -eq 1 ] ||
+        why="$why; no checked line of a 64 MiB block"
     [ "$(grep -c "\"local_mem\":\"$lm\",\"remote_mem\":\"$rm\",\"path\":\"$path\"" \
         "$TMP/$name.out")" -eq 2 ] || why="$why; memories or path not $lm $rm $path"
     grep -q "$SIGN" "$TMP/$name.err" || why="$why; the log does not show the $PROFILE device"
