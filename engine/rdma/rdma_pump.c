@@ -386,6 +386,9 @@ void ote__rdma_queue_expire(rdma_tp_t *tp) {
 /* Notifications go out at once; READ/WRITE slices join the peer's queue, which the pump
  * starts as the devices' windows allow. */
 void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
+    /* Read now: once a notification below is on its way, it may be answered and its
+     * segment (and p) closed before this returns; the transport outlives this call. */
+    rdma_tp_t *tp = p->tp;
     int queued = 0;
     while (list != NULL) {
         ote__slice_t *s = list;
@@ -412,7 +415,7 @@ void ote__rdma_submit(ote__tpeer_t *p, ote__slice_t *list) {
         }
     }
     if (queued) pump(p);
-    ote__rdma_monitor_wake(p->tp); /* deadlines to keep now (rdma_monitor.c) */
+    ote__rdma_monitor_wake(tp); /* deadlines to keep now (rdma_monitor.c) */
 }
 
 /* Queued slices of canceled requests end (CANCELED, never started, their bytes written
