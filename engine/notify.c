@@ -110,15 +110,17 @@ static int nout_retry(ote__nout_t *n, ote_status_t st) {
          * or may not have been queued there): the refusal (AGAIN, never queued) stands. */
         ok = n->retry_at + 2 * (uint64_t)n->backoff_ms * OTE_NSEC_PER_MSEC < n->until;
     }
+    /* Said once per notification, before the retry thread may take it (and another
+     * thread end it). */
+    if (ok && n->backoff_ms == NOTIFY_RETRY_FIRST_MS)
+        OTE_INFO("engine", "notification to %s: its queue is full; sent again until its deadline",
+                 n->seg->name);
     if (ok) {
         n->rnext = e->nretry;
         e->nretry = n;
         ote_cond_broadcast(&e->ocv);
     }
     ote_mutex_unlock(&e->omu);
-    if (ok && n->backoff_ms == NOTIFY_RETRY_FIRST_MS)
-        OTE_INFO("engine", "notification to %s: its queue is full; sent again until its deadline",
-                 n->seg->name);
     return ok;
 }
 
