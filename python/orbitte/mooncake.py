@@ -367,8 +367,12 @@ class TransferEngine:
     # ---- transfers -----------------------------------------------------------------
     def _submit(self, target, opcode, buffers, peers, lengths, notify):
         """A batch with the requests submitted (and the notification attached), or None
-        (logged)."""
-        eng = self._eng()
+        (logged): also when the engine is not initialized."""
+        try:
+            eng = self._eng()
+        except RuntimeError as e:
+            log.error("%s", e)
+            return None
         bufs, rems, lens = list(buffers), list(peers), list(lengths)
         if not len(bufs) == len(rems) == len(lens):
             log.error("transfer to %s: %d buffers, %d peer addresses, %d lengths", target,
@@ -428,12 +432,7 @@ class TransferEngine:
                             opcode, notify=None, transport_hint=""):
         del transport_hint
         lens = list(lengths)
-        try:
-            batch = self._submit(target_hostname, opcode, buffers, peer_buffer_addresses, lens,
-                                 notify)
-        except RuntimeError as e:
-            log.error("%s", e)
-            return -1
+        batch = self._submit(target_hostname, opcode, buffers, peer_buffer_addresses, lens, notify)
         if batch is None:
             return -1
         return self._finish(batch, target_hostname, self._deadline(lens))
@@ -467,12 +466,7 @@ class TransferEngine:
                              opcode, transport_hint=""):
         del transport_hint
         lens = list(lengths)
-        try:
-            batch = self._submit(target_hostname, opcode, buffers, peer_buffer_addresses, lens,
-                                 None)
-        except RuntimeError as e:
-            log.error("%s", e)
-            return 0
+        batch = self._submit(target_hostname, opcode, buffers, peer_buffer_addresses, lens, None)
         if batch is None:
             return 0
         with self._lock:
