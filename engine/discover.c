@@ -53,6 +53,19 @@ static ote_status_t ask_buffers(int fd, uint16_t ver, ote_deadline_t dl, uint8_t
 }
 
 /* The decoded list into out (cap entries); *count_out = entries listed. */
+/* A decoded entry (a BUFS frame's or a metadata blob's) as the API lists it. */
+static ote_buffer_info_t buf_info(const ote_ctl_buf_t *b) {
+    ote_buffer_info_t r;
+    memset(&r, 0, sizeof(r));
+    memcpy(r.name, b->name, sizeof(r.name)); /* NUL-terminated: the decoder checked */
+    r.addr = b->addr;
+    r.length = b->len;
+    r.perms = b->perms;
+    r.kind = b->kind;
+    r.numa_node = -1; /* the peer's own business */
+    return r;
+}
+
 static ote_status_t copy_out(const ote_ctl_msg_t *m, ote_buffer_info_t *out, size_t cap,
                              size_t *count_out) {
     uint32_t n = m->u.bufs.count;
@@ -63,15 +76,7 @@ static ote_status_t copy_out(const ote_ctl_msg_t *m, ote_buffer_info_t *out, siz
     for (uint32_t i = 0; i < n; i++) {
         ote_ctl_buf_t b;
         if (ote_ctl_buf_get(m, i, &b) != OTE_OK) return OTE_ERR_PROTOCOL; /* checked: never */
-        ote_buffer_info_t r;
-        memset(&r, 0, sizeof(r));
-        memcpy(r.name, b.name, sizeof(r.name)); /* NUL-terminated: the decoder checked */
-        r.addr = b.addr;
-        r.length = b.len;
-        r.perms = b.perms;
-        r.kind = b.kind;
-        r.numa_node = -1; /* the peer's own business */
-        out[i] = r;
+        out[i] = buf_info(&b);
     }
     *count_out = n;
     return OTE_OK;
@@ -109,4 +114,79 @@ ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, siz
     }
     ote_free(frame);
     return st;
+}
+
+/* ---- metadata blobs (ote_engine_metadata) -------------------------------------------- */
+
+ote_status_t ote_engine_metadata(ote_engine_t *e, void *buf, size_t cap, size_t *len_out) {
+    if (e == NULL || len_out == NULL || (buf == NULL && cap > 0)) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+    pthread_rwlock_rdlock(&e->reg_lk);
+    size_t n = e->nregs < OTE_CTL_BUFS_MAX ? e->nregs : OTE_CTL_BUFS_MAX;
+    ote_ctl_buf_t *bufs = n > 0 ? ote_calloc(n, sizeof(*bufs)) : NULL;
+    ote_status_t st = n > 0 && bufs == NULL ? OTE_ERR_NOMEM : OTE_OK;
+    for (size_t i = 0; st == OTE_OK && i < n; i++) {
+        const ote__reg_t *r = e->regs[i];
+        bufs[i] = (ote_ctl_buf_t){.addr = r->start,
+                                  .len = r->len,
+                                  .perms = r->pin.perms & OTE_CTL_BUF_PERMS,
+                                  .kind = r->pin.kind};
+        memcpy(bufs[i].name, r->name, sizeof(bufs[i].name));
+    }
+    pthread_rwlock_unlock(&e->reg_lk);
+    size_t len = 0;
+    if (st == OTE_OK)
+        st = ote_ctl_md_encode(e->self_addr, e->epoch, bufs, (uint32_t)n, buf, cap, &len);
+    ote_free(bufs);
+    if (st == OTE_OK || ote_status_code(st) == OTE_ERR_TOO_BIG) *len_out = len;
+    return st;
+}
+
+ote_status_t ote_engine_metadata_buffers(const void *md, size_t len, ote_buffer_info_t *out,
+                                         size_t cap, size_t *count_out) {
+    if (md == NULL || count_out == NULL || (out == NULL && cap > 0)) return OTE_ERR_INVALID;
+    ote_ctl_md_t m;
+    if (ote_ctl_md_decode(md, len, &m) != OTE_OK) return OTE_ERR_PROTOCOL;
+    if (m.count > cap) {
+        *count_out = m.count;
+        return OTE_ERR_TOO_BIG;
+    }
+    for (uint32_t i = 0; i < m.count; i++) {
+        ote_ctl_buf_t b;
+        if (ote_ctl_md_buf(&m, i, &b) != OTE_OK) return OTE_ERR_PROTOCOL; /* checked: never */
+        out[i] = buf_info(&b);
+    }
+    *count_out = m.count;
+    return OTE_OK;
+}
+
+ote_status_t ote_segment_open_md(ote_engine_t *e, const void *md, size_t len,
+                                 ote_segment_t **seg_out) {
+    if (e == NULL || md == NULL || seg_out == NULL) return OTE_ERR_INVALID;
+    ote_ctl_md_t m;
+    if (ote_ctl_md_decode(md, len, &m) != OTE_OK) {
+        OTE_WARN("engine", "segment_open_md: a malformed metadata blob (%zu bytes)", len);
+        return OTE_ERR_PROTOCOL;
+    }
+    ote_segment_t *seg = NULL;
+    ote_status_t st = ote_segment_open(e, m.addr, &seg);
+    if (st != OTE_OK) return st;
+    /* The blob names one incarnation: an engine restarted at that address since is
+     * another, and its old buffers mean nothing there. */
+    char info[sizeof(e->info)];
+    st = ote__router_query_info(e, m.addr, info, sizeof(info));
+    uint64_t inc = st == OTE_OK ? ote_ctl_info_incarnation(info) : 0;
+    if (st == OTE_OK && inc != m.epoch) {
+        OTE_WARN("engine",
+                 "segment_open_md %s: the engine there is another incarnation (epoch %016llx, "
+                 "the metadata's %016llx): refused",
+                 m.addr, (unsigned long long)inc, (unsigned long long)m.epoch);
+        st = OTE_ERR_STATE;
+    }
+    if (st != OTE_OK) {
+        (void)ote_segment_close(seg);
+        return st;
+    }
+    *seg_out = seg;
+    return OTE_OK;
 }

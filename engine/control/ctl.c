@@ -152,6 +152,72 @@ ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *
     return st == OTE_OK ? OTE_OK : OTE_ERR_INVALID;
 }
 
+/* ---- the metadata blob (ctl.h) ---- */
+
+static int md_addr_ok(const char *a, size_t n) {
+    if (n == 0 || n > OTE_CTL_MD_ADDR_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] < 0x21 || a[i] > 0x7e) return 0;
+    return 1;
+}
+
+ote_status_t ote_ctl_md_encode(const char *addr, uint64_t epoch, const ote_ctl_buf_t *bufs,
+                               uint32_t n, uint8_t *out, size_t cap, size_t *len_out) {
+    if (addr == NULL || len_out == NULL || (bufs == NULL && n > 0) || epoch == 0 ||
+        n > OTE_CTL_BUFS_MAX)
+        return OTE_ERR_INVALID;
+    size_t an = strnlen(addr, OTE_CTL_MD_ADDR_MAX + 1);
+    if (!md_addr_ok(addr, an)) return OTE_ERR_INVALID;
+    size_t need = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN;
+    if (out == NULL || cap < need) {
+        *len_out = need;
+        return OTE_ERR_TOO_BIG;
+    }
+    uint8_t *ent = out + OTE_CTL_MD_HDR_LEN + an;
+    for (uint32_t i = 0; i < n; i++)
+        if (ote_ctl_buf_put(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]) != OTE_OK)
+            return OTE_ERR_INVALID;
+    ote_le_put32(out, OTE_CTL_MD_MAGIC);
+    ote_le_put16(out + 4, OTE_CTL_MD_VERSION);
+    ote_le_put16(out + 6, (uint16_t)an);
+    ote_le_put64(out + 8, epoch);
+    ote_le_put32(out + 16, n);
+    memcpy(out + OTE_CTL_MD_HDR_LEN, addr, an);
+    *len_out = need;
+    return OTE_OK;
+}
+
+ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out) {
+    if (in == NULL || out == NULL || len < OTE_CTL_MD_HDR_LEN) return OTE_ERR_PROTOCOL;
+    if (ote_le_get32(in) != OTE_CTL_MD_MAGIC || ote_le_get16(in + 4) != OTE_CTL_MD_VERSION)
+        return OTE_ERR_PROTOCOL;
+    size_t an = ote_le_get16(in + 6);
+    uint64_t epoch = ote_le_get64(in + 8);
+    uint32_t n = ote_le_get32(in + 16);
+    if (epoch == 0 || n > OTE_CTL_BUFS_MAX ||
+        len != OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN ||
+        !md_addr_ok((const char *)in + OTE_CTL_MD_HDR_LEN, an))
+        return OTE_ERR_PROTOCOL;
+    const uint8_t *ent = in + OTE_CTL_MD_HDR_LEN + an;
+    for (uint32_t i = 0; i < n; i++) {
+        ote_ctl_buf_t b;
+        if (buf_parse(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &b) != OTE_OK)
+            return OTE_ERR_PROTOCOL;
+    }
+    out->epoch = epoch;
+    memcpy(out->addr, in + OTE_CTL_MD_HDR_LEN, an);
+    out->addr[an] = '\0';
+    out->count = n;
+    out->entries = ent;
+    return OTE_OK;
+}
+
+ote_status_t ote_ctl_md_buf(const ote_ctl_md_t *md, uint32_t i, ote_ctl_buf_t *out) {
+    if (md == NULL || out == NULL || i >= md->count) return OTE_ERR_INVALID;
+    ote_status_t st = buf_parse(md->entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out);
+    return st == OTE_OK ? OTE_OK : OTE_ERR_INVALID;
+}
+
 /* The header's fields into *m, checked: magic, version, known opcode, length. */
 static ote_status_t decode_header(const uint8_t *buf, ote_ctl_msg_t *m) {
     if (ote_le_get32(buf) != OTE_CTL_MAGIC) return OTE_ERR_PROTOCOL;

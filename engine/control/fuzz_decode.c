@@ -7,7 +7,8 @@
  * is: decode, skip the bulk data the frame announces, repeat. Every decoded message is
  * also re-encoded and decoded again (the round trip must agree), HELLO / HELLO_ACK /
  * ERROR frames go through the handshake checks, and every entry of a BUFS frame (buffer
- * discovery) is read back and re-encoded to its own bytes.
+ * discovery) is read back and re-encoded to its own bytes. The whole input is also
+ * decoded as an engine metadata blob (ote_engine_metadata), which must round-trip.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -43,7 +44,28 @@ static void check_bufs(const ote_ctl_msg_t *m, size_t used) {
     check(ote_ctl_buf_get(m, m->u.bufs.count, &b) == OTE_ERR_INVALID);
 }
 
+/* The whole input as an engine metadata blob (ote_ctl_md_decode): when it decodes, every
+ * entry reads back, and encoding what was decoded gives the input's bytes again. */
+static void check_md(const uint8_t *data, size_t size) {
+    ote_ctl_md_t md;
+    if (ote_ctl_md_decode(data, size, &md) != OTE_OK) return;
+    check(md.epoch != 0 && md.count <= OTE_CTL_BUFS_MAX && md.addr[0] != '\0');
+    ote_ctl_buf_t *bufs = md.count > 0 ? calloc(md.count, sizeof(*bufs)) : NULL;
+    check(md.count == 0 || bufs != NULL);
+    for (uint32_t i = 0; i < md.count; i++) check(ote_ctl_md_buf(&md, i, &bufs[i]) == OTE_OK);
+    ote_ctl_buf_t past;
+    check(ote_ctl_md_buf(&md, md.count, &past) == OTE_ERR_INVALID);
+    uint8_t *again = malloc(size);
+    size_t len = 0;
+    check(again != NULL);
+    check(ote_ctl_md_encode(md.addr, md.epoch, bufs, md.count, again, size, &len) == OTE_OK);
+    check(len == size && memcmp(again, data, size) == 0);
+    free(again);
+    free(bufs);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    check_md(data, size);
     size_t off = 0;
     int frames = 0;
     while (off < size && frames < 256) {

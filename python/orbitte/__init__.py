@@ -30,6 +30,7 @@ from .engine import (  # noqa: E402
     STATES,
     WRITE,
     Batch,
+    metadata_buffers,
     BufferInfo,
     Engine,
     Notification,

@@ -102,6 +102,30 @@ def _u64_array(values):
     return ctypes.addressof(arr), arr
 
 
+def metadata_buffers(blob):
+    """The registrations a metadata blob (Engine.metadata()) carries, as BufferInfo in
+    address order, read from the blob alone (ote_engine_metadata_buffers)."""
+    blob = bytes(blob)
+    cap = 16
+    for _ in range(2):
+        arr = (_lib.BufferInfo * cap)()
+        n = ctypes.c_size_t()
+        st = lib.ote_engine_metadata_buffers(blob, len(blob), arr, cap, ctypes.byref(n))
+        if st == _OTE_ERR_TOO_BIG:
+            cap = n.value
+            continue
+        check(st, "ote_engine_metadata_buffers")
+        return [BufferInfo(b.name.decode("ascii"), b.addr, b.length, b.perms, b.kind)
+                for b in arr[:n.value]]
+    check(_OTE_ERR_TOO_BIG, "ote_engine_metadata_buffers")
+
+
+def _md_address(blob):
+    """The "host:port" a (decoded, valid) metadata blob names: its header says where."""
+    n = int.from_bytes(blob[6:8], "little")
+    return blob[20:20 + n].decode("ascii")
+
+
 TransferStatus = collections.namedtuple("TransferStatus", "state bytes_done error")
 NicStats = collections.namedtuple("NicStats", "transport name bytes_out bytes_served active grants")
 TransferStatus.__doc__ = """One request of a batch: state is one of STATES, error is None
@@ -542,6 +566,32 @@ class Engine:
         check(lib.ote_segment_open(self.handle, peer.encode(), ctypes.byref(handle)),
               "ote_segment_open(%s)" % peer)
         seg = Segment(self, peer, handle.value)
+        with self._lock:
+            self._segments.add(seg)
+        return seg
+
+    def metadata(self):
+        """This engine's metadata blob (bytes: its address, incarnation and registrations;
+        ote_engine_metadata), to hand to another process over any side channel."""
+        need = ctypes.c_size_t()
+        for _ in range(4):  # the registrations may change between two calls
+            cap = need.value
+            buf = ctypes.create_string_buffer(max(1, cap))
+            st = lib.ote_engine_metadata(self.handle, buf if cap else None, cap, ctypes.byref(need))
+            if st == _OTE_ERR_TOO_BIG:
+                continue
+            check(st, "ote_engine_metadata")
+            return buf.raw[: need.value]
+        check(_OTE_ERR_TOO_BIG, "ote_engine_metadata: the registrations kept changing")
+
+    def open_segment_md(self, blob):
+        """A Segment to the engine a metadata blob describes (ote_segment_open_md):
+        StateError when the engine at its address is another incarnation now."""
+        blob = bytes(blob)
+        handle = ctypes.c_void_p()
+        check(lib.ote_segment_open_md(self.handle, blob, len(blob), ctypes.byref(handle)),
+              "ote_segment_open_md")
+        seg = Segment(self, _md_address(blob), handle.value)
         with self._lock:
             self._segments.add(seg)
         return seg

@@ -342,3 +342,100 @@ TEST_F(DiscoveryTest, LyingOrStalledPeerIsRefusedWhole) {
 }
 
 } // namespace
+
+namespace {
+
+// A metadata blob (ote_engine_metadata) carries the engine's address, epoch and
+// registrations: another engine reads the buffers out of it without asking (the same list
+// ote_segment_buffers gives), opens a segment from it and moves bytes to an address it
+// found there; a short buffer is TOO_BIG with the size needed.
+TEST_F(DiscoveryTest, MetadataBlobListsBuffersAndOpensASegment) {
+    ote_engine_t *a = NewEngine(), *b = NewEngine();
+    std::vector<uint8_t> kv(1 << 16, 0), aux(4096, 0), plain(8192, 0);
+    ASSERT_EQ(
+        ote_memory_register_named(b, kv.data(), kv.size(), OTE_PERM_READ | OTE_PERM_WRITE, "kv/0"),
+        OTE_OK);
+    ASSERT_EQ(ote_memory_register_named(b, aux.data(), aux.size(), OTE_PERM_READ, "aux"), OTE_OK);
+    ASSERT_EQ(ote_memory_register(b, plain.data(), plain.size(), OTE_PERM_WRITE), OTE_OK);
+    size_t need = 0;
+    EXPECT_EQ(ote_engine_metadata(b, nullptr, 0, &need), OTE_ERR_TOO_BIG);
+    ASSERT_GT(need, 3u * OTE_CTL_BUF_ENTRY_LEN);
+    std::vector<uint8_t> md(need);
+    size_t len = 0;
+    ASSERT_EQ(ote_engine_metadata(b, md.data(), md.size(), &len), OTE_OK);
+    EXPECT_EQ(len, need);
+    std::vector<ote_buffer_info_t> from_md(3);
+    size_t n = 0;
+    EXPECT_EQ(ote_engine_metadata_buffers(md.data(), len, from_md.data(), 2, &n), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(n, 3u);
+    ASSERT_EQ(ote_engine_metadata_buffers(md.data(), len, from_md.data(), 3, &n), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open_md(a, md.data(), len, &seg), OTE_OK);
+    std::vector<ote_buffer_info_t> asked = List(seg);
+    ASSERT_EQ(asked.size(), 3u);
+    for (size_t i = 0; i < 3; i++) {
+        EXPECT_STREQ(from_md[i].name, asked[i].name);
+        EXPECT_EQ(from_md[i].addr, asked[i].addr);
+        EXPECT_EQ(from_md[i].length, asked[i].length);
+        EXPECT_EQ(from_md[i].perms, asked[i].perms);
+    }
+    const ote_buffer_info_t *k = Find(from_md, "kv/0");
+    ASSERT_NE(k, nullptr);
+    std::vector<uint8_t> src(4096, 0x6b);
+    ote_batch_t *bt = nullptr;
+    ASSERT_EQ(ote_batch_create(a, 1, &bt), OTE_OK);
+    ote_request_t r = {OTE_WRITE, src.data(), seg, k->addr + 100, src.size()};
+    ASSERT_EQ(ote_batch_submit(bt, &r, 1), OTE_OK);
+    ASSERT_EQ(ote_batch_wait(bt, 30 * kSec), OTE_OK);
+    EXPECT_EQ(0, memcmp(kv.data() + 100, src.data(), src.size()));
+    EXPECT_EQ(ote_batch_destroy(bt), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(a), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(b, kv.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(b, aux.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(b, plain.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
+}
+
+// A blob of an engine that is gone, and another engine now at its address: the segment is
+// refused (STATE), nothing of the old incarnation is used. A damaged blob (every single
+// byte flipped, cut short, one byte too many) is PROTOCOL, never a crash or a segment.
+TEST_F(DiscoveryTest, MetadataBlobOfAnotherIncarnationOrDamagedIsRefused) {
+    ote_engine_t *a = NewEngine(), *b = NewEngine();
+    std::vector<uint8_t> kv(4096);
+    ASSERT_EQ(ote_memory_register_named(b, kv.data(), kv.size(), OTE_PERM_READ, "kv"), OTE_OK);
+    std::vector<uint8_t> md(4096);
+    size_t len = 0;
+    ASSERT_EQ(ote_engine_metadata(b, md.data(), md.size(), &len), OTE_OK);
+    md.resize(len);
+    ote_segment_t *seg = nullptr;
+    std::vector<uint8_t> bad = md;
+    for (size_t i = 0; i < len; i++) {
+        bad[i] ^= 0xff;
+        size_t n = 0;
+        ote_buffer_info_t one[1];
+        ote_status_t st = ote_engine_metadata_buffers(bad.data(), len, one, 1, &n);
+        EXPECT_TRUE(st == OTE_OK || st == OTE_ERR_PROTOCOL) << i;
+        bad[i] = md[i];
+    }
+    EXPECT_EQ(ote_segment_open_md(a, md.data(), len - 1, &seg), OTE_ERR_PROTOCOL);
+    bad.push_back(0);
+    EXPECT_EQ(ote_segment_open_md(a, bad.data(), bad.size(), &seg), OTE_ERR_PROTOCOL);
+    bad = md;
+    bad[0] ^= 1; /* magic */
+    EXPECT_EQ(ote_segment_open_md(a, bad.data(), bad.size(), &seg), OTE_ERR_PROTOCOL);
+    EXPECT_EQ(seg, nullptr);
+    // b restarted at the same address: a new engine listening there.
+    const std::string addr = ote_test::EngineAddress(b);
+    EXPECT_EQ(ote_memory_unregister(b, kv.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
+    ote_engine_t *b2 = NewEngine({{"listen_address", addr.c_str()}});
+    ASSERT_NE(b2, nullptr);
+    EXPECT_EQ(ote_segment_open_md(a, md.data(), len, &seg), OTE_ERR_STATE);
+    EXPECT_EQ(seg, nullptr);
+    EXPECT_TRUE(LogContains("another incarnation"));
+    EXPECT_EQ(ote_engine_destroy(b2), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(a), OTE_OK);
+}
+
+} // namespace

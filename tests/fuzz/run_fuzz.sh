@@ -42,6 +42,14 @@ printf 'OTEM\x02\x00\x0c\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00
     printf 'kv'
     head -c 62 /dev/zero
 } >"$CORPUS/bufs"
+# An engine metadata blob (ote_engine_metadata): "OTMD", version 1, address "h:12", epoch
+# 0x0102030405060708, one entry (0x1000, 64 bytes, READ|WRITE, host, name "kv").
+{
+    printf 'OTMD\x01\x00\x04\x00\x08\x07\x06\x05\x04\x03\x02\x01\x01\x00\x00\x00h:12'
+    printf '\x00\x10\x00\x00\x00\x00\x00\x00\x40\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x00\x00\x00\x00'
+    printf 'kv'
+    head -c 62 /dev/zero
+} >"$CORPUS/metadata"
 # Authentication (version 3): an AUTH PROOF (step 2) with a nonce of 0x11 and a MAC of 0x22.
 {
     printf 'OTEM\x03\x00\x0e\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x48\x00\x00\x00'

@@ -390,6 +390,22 @@ typedef struct {
 } ote_buffer_info_t;
 ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, size_t cap,
                                  size_t *count_out);
+/* A metadata blob of this engine for a side channel (NIXL's get_agent_metadata shape):
+ * its address, its incarnation (epoch) and its registrations as ote_segment_buffers
+ * lists them (the OTE_BUFFERS_MAX lowest addresses), versioned and checked on decode.
+ * Another process opens a segment from it (ote_segment_open_md) or reads the buffers out
+ * of it (ote_engine_metadata_buffers) without asking this engine. OTE_ERR_TOO_BIG when
+ * cap is short, with *len_out the size needed; OTE_OK with *len_out the size written. */
+ote_status_t ote_engine_metadata(ote_engine_t *engine, void *buf, size_t cap, size_t *len_out);
+/* The registrations a metadata blob carries, like ote_segment_buffers (OTE_ERR_TOO_BIG
+ * with *count_out the number when cap is short); OTE_ERR_PROTOCOL for a malformed blob. */
+ote_status_t ote_engine_metadata_buffers(const void *md, size_t len, ote_buffer_info_t *out,
+                                         size_t cap, size_t *count_out);
+/* ote_segment_open to the engine a metadata blob names, refused with OTE_ERR_STATE (no
+ * segment) when the engine at that address now is another incarnation (restarted since
+ * the blob was made), OTE_ERR_PROTOCOL for a malformed blob. */
+ote_status_t ote_segment_open_md(ote_engine_t *engine, const void *md, size_t len,
+                                 ote_segment_t **seg_out);
 /* This engine's own registration that contains addr, as a peer would list it (its name,
  * start, length, permissions and memory kind). OTE_ERR_NOT_FOUND when no registration
  * contains addr. */
