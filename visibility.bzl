@@ -4,6 +4,7 @@ A package may depend only on the packages below it:
 
     tools -> engine -> grant -> endpoint -> qp -> cq -> context -> verbs -> base
              engine -> cuda -> base
+    compat -> engine (its public header <ote/ote.h> only), base
 
 Inside engine/ the same holds between its owner libraries:
 
@@ -35,7 +36,12 @@ def vis_tools():
     return _pkgs([])
 
 def vis_engine():
-    return _pkgs(["tools"]) + _external()
+    return _pkgs(["tools", "compat"]) + _external()
+
+def vis_compat():
+    """//compat/*: APIs of other engines served by OrbitTE, on //engine's public API; on
+    top, nothing in OrbitTE depends on them (only //tests, and an outside workspace)."""
+    return _pkgs([]) + _external()
 
 def _engine_inside():
     return ["//engine:__subpackages__", "//tests:__subpackages__"]

@@ -8,6 +8,8 @@
 #   tools -> engine -> grant -> endpoint -> qp -> cq -> context -> verbs -> base
 #            engine -> cuda -> base
 #   tools -> cuda (ote_bench's device buffers), as //:visibility.bzl allows
+#   compat -> engine's public headers (<ote/...>, engine/include/) only, and base
+#            (compat/mooncake: another engine's API served on OrbitTE's public one)
 #
 # and also rejects including another package's *_internal.h or internal/ headers.
 #
@@ -42,10 +44,11 @@ allowed() { # package -> space-separated packages it may include
         cuda) echo "cuda base" ;;
         engine) echo "engine grant endpoint qp cq context verbs cuda base" ;;
         tools) echo "tools engine cuda base" ;;
+        compat) echo "compat engine base" ;;
         *) echo "" ;;
     esac
 }
-LAYERS="base verbs context cq qp endpoint grant cuda engine tools"
+LAYERS="base verbs context cq qp endpoint grant cuda engine tools compat"
 
 # Owner inside engine/ of a workspace-relative path: engine/<sub> for a subdirectory
 # (other than the public include/), else engine.
@@ -95,6 +98,10 @@ check_tree() {
                 elif [ "$target" != "$pkg" ] && printf '%s' "$inc" | grep -qE '(_internal\.h$|/internal/)'; then
                     echo "layering: ${f#$root/}: '$pkg' includes another package's internal header \"$inc\""
                     bad=1
+                elif [ "$pkg" = compat ] && [ "$target" = engine ] &&
+                    case "$inc" in engine/include/*) false ;; *) true ;; esac; then
+                    echo "layering: ${f#$root/}: 'compat' may include only the engine's public headers (<ote/...>), not \"$inc\""
+                    bad=1
                 elif [ "$pkg" = engine ] && [ "$target" = engine ]; then
                     owner=$(engine_owner "${f#$root/}")
                     if ! engine_allowed "$owner" "$inc"; then
@@ -137,6 +144,9 @@ self_test() {
     plant "control includes the transport interface" engine/control/planted.c '#include "engine/transport.h"'
     plant "control includes the source account" engine/control/planted.c '#include "engine/src_account.h"'
     plant "shm includes the engine's test hooks" engine/shm/planted.c '#include "engine/hooks.h"'
+    plant "compat includes an engine header that is not public" compat/mooncake/planted.c '#include "engine/transport.h"'
+    plant "compat includes a transport" compat/mooncake/planted.c '#include "engine/tcp/tcp_internal.h"'
+    plant "compat includes the qp layer" compat/mooncake/planted.c '#include "qp/qp.h"'
     return $fails
 }
 
