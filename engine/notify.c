@@ -273,6 +273,42 @@ ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len
     return OTE_OK;
 }
 
+ote_status_t ote_notify_drain(ote_engine_t *e, ote_notification_t *out, size_t cap, void *data,
+                              size_t data_cap, size_t *count_out) {
+    if (e == NULL || count_out == NULL || (out == NULL && cap > 0) ||
+        (data == NULL && data_cap > 0))
+        return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+    _Static_assert(sizeof(out->from) >= OTE__ADDR_MAX, "a sender's address fits");
+    size_t n = 0, used = 0;
+    ote__nin_t *taken = NULL, **tail = &taken;
+    ote_mutex_lock(&e->nmu);
+    if (e->nhead != NULL && e->nhead->len > data_cap && cap > 0) {
+        ote_mutex_unlock(&e->nmu);
+        return OTE_ERR_TOO_BIG;
+    }
+    while (n < cap && e->nhead != NULL && e->nhead->len <= data_cap - used) {
+        ote__nin_t *m = nq_pop(e);
+        out[n].offset = used;
+        out[n].len = m->len;
+        used += m->len;
+        n++;
+        m->next = NULL;
+        *tail = m;
+        tail = &m->next;
+    }
+    ote_mutex_unlock(&e->nmu);
+    for (size_t i = 0; taken != NULL; i++) { /* copied out with no lock held */
+        ote__nin_t *m = taken;
+        taken = m->next;
+        if (m->len) memcpy((uint8_t *)data + out[i].offset, m->data, m->len);
+        snprintf(out[i].from, sizeof(out[i].from), "%s", m->from);
+        ote_free(m);
+    }
+    *count_out = n;
+    return OTE_OK;
+}
+
 ote_status_t ote_notify_discard(ote_engine_t *e, size_t *len_out) {
     if (e == NULL) return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;

@@ -104,6 +104,16 @@ class TransferStatus(ctypes.Structure):
     ]
 
 
+class Notification(ctypes.Structure):
+    """ote_notification_t"""
+
+    _fields_ = [
+        ("sender", ctypes.c_char * 272),
+        ("offset", c_size_t),
+        ("len", c_size_t),
+    ]
+
+
 # name: (restype, argtypes). Every call that can wait (ote_batch_wait, ote_notify_recv)
 # takes a deadline in C; ctypes.CDLL releases the GIL for the length of each call.
 _PROTOTYPES = {
@@ -171,6 +181,11 @@ _PROTOTYPES = {
         ],
     ),
     "ote_notify_discard": (status_t, [c_void_p, ctypes.POINTER(c_size_t)]),
+    "ote_notify_drain": (
+        status_t,
+        [c_void_p, ctypes.POINTER(Notification), c_size_t, c_void_p, c_size_t,
+         ctypes.POINTER(c_size_t)],
+    ),
     "ote_status_str": (ctypes.c_char_p, [status_t]),
     "ote_status_describe": (ctypes.c_char_p, [status_t, ctypes.c_char_p, c_size_t]),
     "ote_status_scope": (ctypes.c_int, [status_t]),

@@ -526,13 +526,7 @@ class TransferEngine:
     # ---- notifications and peers ------------------------------------------------------
     def get_notifies(self):
         """Every queued notification, drained at once, as TransferNotify(name, msg)."""
-        out = []
-        eng = self._eng()
-        while True:
-            n = eng.notify_recv(timeout=0)
-            if n is None:
-                return out
-            out.append(_decode_notify(n.message, n.sender))
+        return [_decode_notify(n.message, n.sender) for n in self._eng().notify_drain()]
 
     def send_probe(self, peer_server_name):
         """0 when the peer answers a handshake now (a new session), else -1."""

@@ -57,3 +57,12 @@ def test_notify_send_both_ways_and_limits(engine, peer):
         assert e.name in ("OTE_ERR_TOO_BIG", "OTE_ERR_INVALID")
     engine.notify_send(peer.address, bytes(orbitte.NOTIFY_MAX))  # the limit itself is fine
     assert len(bytes.fromhex(peer.ask("recv 60")["message"])) == orbitte.NOTIFY_MAX
+
+
+def test_notify_drain_takes_every_queued_message_in_order(engine, peer):
+    for i in range(3):
+        assert "error" not in peer.ask("send %s %s" % (engine.address, (b"m%d" % i).hex()))
+    got = engine.notify_drain()
+    assert [n.message for n in got] == [b"m0", b"m1", b"m2"]
+    assert all(n.sender == peer.address for n in got)
+    assert engine.notify_drain() == []

@@ -141,6 +141,44 @@ TEST_P(NotifyTest, NotSentAfterAFailedRequestIsCanceled) {
     EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
 }
 
+// ote_notify_drain takes every queued message at once, in order, with its sender, as far
+// as the records and the data buffer allow; a message longer than the data buffer is
+// TOO_BIG with nothing taken; an empty queue gives 0.
+TEST_P(NotifyTest, DrainTakesEveryQueuedMessageInOrder) {
+    ote_engine_t *a = NewEngine({{"transports", GetParam()}});
+    ote_engine_t *b = NewEngine({{"transports", GetParam()}});
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(a, EngineAddress(b).c_str(), &seg), OTE_OK);
+    for (int i = 0; i < 10; i++) {
+        std::string m = "message " + std::to_string(i) + std::string(i * 10, 'x');
+        ASSERT_EQ(ote_notify_send(a, seg, m.data(), m.size()), OTE_OK);
+    }
+    ote_notification_t rec[4];
+    std::vector<char> data(1 << 12);
+    size_t n = 99;
+    char tiny[4];
+    EXPECT_EQ(ote_notify_drain(b, rec, 4, tiny, sizeof(tiny), &n), OTE_ERR_TOO_BIG);
+    EXPECT_EQ(n, 99u);
+    std::vector<std::string> got;
+    do {
+        ASSERT_EQ(ote_notify_drain(b, rec, 4, data.data(), data.size(), &n), OTE_OK);
+        ASSERT_LE(n, 4u);
+        for (size_t i = 0; i < n; i++) {
+            EXPECT_STREQ(rec[i].from, EngineAddress(a).c_str());
+            got.emplace_back(data.data() + rec[i].offset, rec[i].len);
+        }
+    } while (n > 0);
+    ASSERT_EQ(got.size(), 10u);
+    for (int i = 0; i < 10; i++)
+        EXPECT_EQ(got[i], "message " + std::to_string(i) + std::string(i * 10, 'x'));
+    EXPECT_EQ(ote_notify_drain(b, nullptr, 0, nullptr, 0, &n), OTE_OK);
+    EXPECT_EQ(n, 0u);
+    EXPECT_EQ(ote_notify_drain(b, rec, 4, nullptr, 16, &n), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(a), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, NotifyTest, ::testing::Values("shm,tcp", "tcp"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                              return std::string(i.param[0] == 's' ? "shm" : "tcp");
