@@ -41,6 +41,16 @@ struct ote_cq_lane {
     uint32_t capacity[2];
     int retained[3]; /* send CQ, recv CQ, channel counted as retained */
     int closing;     /* destroy started: nothing polls the CQs any more */
+    int depth[2];    /* CQEs asked of each CQ at creation: a replacement asks the same */
+
+    /* Health (ote_cq_lane_state_t, written under table_mu, read lock-free by pollers): a
+     * FAULTED lane attaches no new QP and is replaced (ote_cq_lane_replace) once its QPs
+     * are gone. fault: the cause (table_mu). generation: replacements so far. */
+    _Atomic int state;
+    ote_status_t fault;
+    _Atomic uint64_t generation;
+    uint64_t listener_id; /* the context listener that sees CQ_ERR events */
+    int listener_added;
 
     ote_mutex_t poll_mu;  /* held by the one thread polling (and dispatching) */
     ote_mutex_t table_mu; /* namespaces, hooks, budget */

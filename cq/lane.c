@@ -37,6 +37,41 @@ static void notify_progress(ote_cq_lane_t *lane) {
     ote_mutex_unlock(&lane->progress_mu);
 }
 
+void ote_cq_lane_fault(ote_cq_lane_t *lane, ote_status_t cause) {
+    ote_mutex_lock(&lane->table_mu);
+    int first = atomic_load(&lane->state) == OTE_CQ_LANE_HEALTHY;
+    if (first) {
+        lane->fault = cause;
+        atomic_store(&lane->state, OTE_CQ_LANE_FAULTED);
+    }
+    ote_mutex_unlock(&lane->table_mu);
+    if (!first) return;
+    OTE_ERROR("cq",
+              "lane %u on %s: CQ error (%s): lane fenced; its QPs are ended and it is "
+              "replaced once they are gone",
+              lane->index, ote_context_name(lane->ctx), ote_status_str(cause));
+    notify_progress(lane);
+}
+
+ote_cq_lane_state_t ote_cq_lane_state(const ote_cq_lane_t *lane, ote_status_t *cause_out) {
+    ote_cq_lane_t *l = (ote_cq_lane_t *)lane;
+    ote_mutex_lock(&l->table_mu);
+    ote_cq_lane_state_t st = (ote_cq_lane_state_t)atomic_load(&l->state);
+    if (st == OTE_CQ_LANE_FAULTED && cause_out != NULL) *cause_out = l->fault;
+    ote_mutex_unlock(&l->table_mu);
+    return st;
+}
+
+/* IBV_EVENT_CQ_ERR naming one of this lane's CQs faults the lane. */
+static void lane_listener(void *arg, ote_context_t *ctx, const struct ibv_async_event *ev) {
+    ote_cq_lane_t *lane = arg;
+    if (ctx != lane->ctx || ev->event_type != IBV_EVENT_CQ_ERR || ev->element.cq == NULL) return;
+    ote_mutex_lock(&lane->table_mu);
+    int mine = ev->element.cq == lane->cq[0] || ev->element.cq == lane->cq[1];
+    ote_mutex_unlock(&lane->table_mu);
+    if (mine) ote_cq_lane_fault(lane, ote_status_make(OTE_ERR_FENCED, EIO));
+}
+
 /* Destroy whatever native object of the lane still exists. OTE_ERR_RETAINED keeps the
  * ones that failed, counted once each. Caller holds poll_mu or owns the lane alone. */
 static ote_status_t destroy_natives(ote_cq_lane_t *lane) {
@@ -95,6 +130,25 @@ static void free_lane(ote_cq_lane_t *lane) {
     ote_free(lane);
 }
 
+/* Both CQs of the lane (at creation, and for a replacement), on its channel. */
+static ote_status_t create_cqs(ote_cq_lane_t *lane) {
+    ote_verbs_t *v = lane->v;
+    struct ibv_context *nctx = ote_context_native(lane->ctx);
+    for (int d = 0; d < 2; d++) {
+        if (lane->cq[d] != NULL) continue;
+        int err = v->ops->create_cq(v, nctx, lane->depth[d], lane, lane->channel, 0, &lane->cq[d]);
+        if (err != 0) {
+            OTE_ERROR("cq", "lane %u on %s: create_cq(%s, %d CQEs) failed: errno %d", lane->index,
+                      ote_context_name(lane->ctx), d == 0 ? "send" : "recv", lane->depth[d], err);
+            lane->cq[d] = NULL;
+            return ote_status_make(OTE_ERR_NATIVE, err);
+        }
+        int actual = lane->cq[d]->cqe;
+        lane->capacity[d] = (uint32_t)(actual >= lane->depth[d] ? lane->depth[d] : actual);
+    }
+    return OTE_OK;
+}
+
 ote_status_t ote_cq_lane_create(ote_context_t *ctx, const ote_cq_lane_config_t *cfg,
                                 ote_cq_lane_t **lane_out) {
     if (ctx == NULL || cfg == NULL || lane_out == NULL || cfg->send_depth <= 0 ||
@@ -129,18 +183,13 @@ ote_status_t ote_cq_lane_create(ote_context_t *ctx, const ote_cq_lane_config_t *
             if (fl >= 0) (void)fcntl(lane->channel->fd, F_SETFL, fl | O_NONBLOCK);
         }
     }
-    const int depth[2] = {cfg->send_depth, cfg->recv_depth};
-    for (int d = 0; d < 2; d++) {
-        err = v->ops->create_cq(v, nctx, depth[d], lane, lane->channel, 0, &lane->cq[d]);
-        if (err != 0) {
-            OTE_ERROR("cq", "lane %u on %s: create_cq(%s, %d CQEs) failed: errno %d", cfg->index,
-                      ote_context_name(ctx), d == 0 ? "send" : "recv", depth[d], err);
-            st = ote_status_make(OTE_ERR_NATIVE, err);
-            goto err_natives;
-        }
-        int actual = lane->cq[d]->cqe;
-        lane->capacity[d] = (uint32_t)(actual >= depth[d] ? depth[d] : actual);
-    }
+    lane->depth[0] = cfg->send_depth;
+    lane->depth[1] = cfg->recv_depth;
+    if ((st = create_cqs(lane)) != OTE_OK) goto err_natives;
+    st = ote_context_set_add_listener(ote_context_owner(ctx), lane_listener, lane,
+                                      &lane->listener_id);
+    if (st != OTE_OK) goto err_natives;
+    lane->listener_added = 1;
     OTE_DEBUG("cq", "lane %u on %s: send CQ %u, recv CQ %u CQEs%s", lane->index,
               ote_context_name(ctx), lane->capacity[0], lane->capacity[1],
               lane->channel != NULL ? ", channel" : "");
@@ -186,6 +235,10 @@ ote_status_t ote_cq_lane_destroy(ote_cq_lane_t *lane) {
     }
     lane->closing = 1;
     ote_mutex_unlock(&lane->table_mu);
+    if (lane->listener_added) {
+        ote_context_set_remove_listener(ote_context_owner(lane->ctx), lane->listener_id);
+        lane->listener_added = 0;
+    }
     ote__cq_lane_poll_lock(lane);
     ote_status_t st = destroy_natives(lane);
     ote__cq_lane_poll_unlock(lane);
@@ -265,6 +318,7 @@ ote_status_t ote_cq_lane_attach_qp(ote_cq_lane_t *lane, uint32_t qp_num, ote_cq_
     HASH_FIND(hh, lane->hooks, &qp_num, sizeof(uint32_t), old);
     if (old != NULL) st = OTE_ERR_EXISTS;
     else if (lane->closing) st = OTE_ERR_STATE;
+    else if (atomic_load(&lane->state) != OTE_CQ_LANE_HEALTHY) st = lane->fault;
     else OTE_HASH_ADD(hh, lane->hooks, qp_num, sizeof(uint32_t), h, st);
     if (st == OTE_OK) lane->attached++;
     ote_mutex_unlock(&lane->table_mu);
@@ -355,11 +409,15 @@ int ote__cq_lane_poll_locked(ote_cq_lane_t *lane) {
     int total = 0;
     for (int d = 0; d < 2; d++) {
         struct ibv_wc wc[POLL_BATCH];
+        if (lane->cq[d] == NULL) continue; /* a replacement that failed: none to poll */
         int n = v->ops->poll_cq(v, lane->cq[d], POLL_BATCH, wc);
         if (n < 0) {
             atomic_fetch_add(&lane->poll_failures, 1);
-            OTE_WARN("cq", "lane %u on %s: poll_cq(%s) failed: errno %d", lane->index,
-                     ote_context_name(lane->ctx), d == 0 ? "send" : "recv", -n);
+            /* A lane error: the lane is fenced and replaced (logged once, at the fault). */
+            if (atomic_load(&lane->state) == OTE_CQ_LANE_HEALTHY)
+                OTE_WARN("cq", "lane %u on %s: poll_cq(%s) failed: errno %d", lane->index,
+                         ote_context_name(lane->ctx), d == 0 ? "send" : "recv", -n);
+            ote_cq_lane_fault(lane, ote_status_make(OTE_ERR_FENCED, -n));
             return total > 0 ? total : n;
         }
         for (int i = 0; i < n; i++) dispatch(lane, (ote_cq_dir_t)d, &wc[i]);
@@ -368,16 +426,18 @@ int ote__cq_lane_poll_locked(ote_cq_lane_t *lane) {
     return total;
 }
 
+/* Arm and consume take the poll lock: a replacement swaps the CQs under it. */
 int ote__cq_lane_arm(ote_cq_lane_t *lane) {
     if (lane->channel == NULL || lane->closing) return 0;
-    for (int d = 0; d < 2; d++) {
-        int err = lane->v->ops->req_notify_cq(lane->v, lane->cq[d], 0);
-        if (err != 0) return err;
-    }
-    return 0;
+    int err = 0;
+    ote__cq_lane_poll_lock(lane);
+    for (int d = 0; d < 2 && err == 0; d++)
+        if (lane->cq[d] != NULL) err = lane->v->ops->req_notify_cq(lane->v, lane->cq[d], 0);
+    ote__cq_lane_poll_unlock(lane);
+    return err;
 }
 
-void ote__cq_lane_consume_events(ote_cq_lane_t *lane) {
+static void consume_events_locked(ote_cq_lane_t *lane) {
     if (lane->channel == NULL || lane->closing) return;
     for (int i = 0; i < 64; i++) {
         struct ibv_cq *cq = NULL;
@@ -385,6 +445,13 @@ void ote__cq_lane_consume_events(ote_cq_lane_t *lane) {
         if (lane->v->ops->get_cq_event(lane->v, lane->channel, &cq, &cq_ctx) != 0) break;
         lane->v->ops->ack_cq_events(lane->v, cq, 1); /* every event is acked at once */
     }
+}
+
+void ote__cq_lane_consume_events(ote_cq_lane_t *lane) {
+    if (lane->channel == NULL || lane->closing) return;
+    ote__cq_lane_poll_lock(lane);
+    consume_events_locked(lane);
+    ote__cq_lane_poll_unlock(lane);
 }
 
 ote_status_t ote_cq_lane_reserve(ote_cq_lane_t *lane, ote_cq_dir_t dir, uint32_t n) {
@@ -501,4 +568,65 @@ void ote_cq_lane_get_stats(const ote_cq_lane_t *lane, ote_cq_lane_stats_t *s) {
     s->errors = atomic_load(&l->errors);
     s->stray = atomic_load(&l->stray);
     s->poll_failures = atomic_load(&l->poll_failures);
+    s->replacements = atomic_load(&l->generation);
+}
+
+/* Destroy the old CQs (the channel stays), create new ones, under the poll lock. */
+static ote_status_t replace_cqs(ote_cq_lane_t *lane) {
+    ote__cq_lane_poll_lock(lane);
+    consume_events_locked(lane); /* a CQ's destroy waits until its events are acked */
+    ote_status_t st = OTE_OK;
+    ote_verbs_t *v = lane->v;
+    for (int d = 0; d < 2 && st == OTE_OK; d++) {
+        if (lane->cq[d] == NULL) continue;
+        int err = v->ops->destroy_cq(v, lane->cq[d]);
+        if (err != 0) {
+            if (!lane->retained[d]) {
+                lane->retained[d] = 1;
+                ote_context_retained_add(lane->ctx, OTE_RETAINED_CQ, 1);
+            }
+            OTE_WARN("cq", "lane %u on %s: destroy of the faulted %s CQ failed: errno %d; retained",
+                     lane->index, ote_context_name(lane->ctx), d == 0 ? "send" : "receive", err);
+            st = ote_status_make(OTE_ERR_RETAINED, err);
+            break;
+        }
+        ote_mutex_lock(&lane->table_mu);
+        lane->cq[d] = NULL;
+        ote_mutex_unlock(&lane->table_mu);
+        if (lane->retained[d]) {
+            lane->retained[d] = 0;
+            ote_context_retained_add(lane->ctx, OTE_RETAINED_CQ, -1);
+        }
+    }
+    if (st == OTE_OK) {
+        ote_mutex_lock(&lane->table_mu); /* the listener compares event CQs with these */
+        st = create_cqs(lane);
+        if (st == OTE_OK) {
+            lane->fault = OTE_OK;
+            atomic_store(&lane->state, OTE_CQ_LANE_HEALTHY);
+            atomic_fetch_add(&lane->generation, 1);
+        }
+        ote_mutex_unlock(&lane->table_mu);
+    }
+    ote__cq_lane_poll_unlock(lane);
+    return st;
+}
+
+ote_status_t ote_cq_lane_replace(ote_cq_lane_t *lane) {
+    if (lane == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&lane->table_mu);
+    ote_status_t st = OTE_OK;
+    if (atomic_load(&lane->state) == OTE_CQ_LANE_HEALTHY) st = OTE_OK;
+    else if (lane->closing) st = OTE_ERR_STATE;
+    else if (lane->attached > 0) st = OTE_ERR_BUSY;
+    int go = st == OTE_OK && atomic_load(&lane->state) != OTE_CQ_LANE_HEALTHY;
+    ote_mutex_unlock(&lane->table_mu);
+    if (!go) return st;
+    st = replace_cqs(lane);
+    if (st == OTE_OK)
+        OTE_INFO("cq", "lane %u on %s: CQs replaced after a lane error (replacement %llu)",
+                 lane->index, ote_context_name(lane->ctx),
+                 (unsigned long long)atomic_load(&lane->generation));
+    notify_progress(lane);
+    return st;
 }

@@ -29,6 +29,19 @@
  * post work and may unregister namespaces or detach QPs (of this lane), but must not
  * call ote_cq_lane_progress()/drain()/destroy() or poll this lane.
  *
+ * Faults and replacement: a lane whose CQ reports an error (an IBV_EVENT_CQ_ERR naming
+ * one of its CQs, seen by the listener the lane keeps on its context set, or a failed
+ * poll_cq) becomes FAULTED, with a device-scope cause (OTE_ERR_FENCED carrying the errno:
+ * EIO for the event, the poll's errno otherwise). A faulted lane attaches no new QP
+ * (ote_cq_lane_attach_qp answers the cause) and keeps polling what its CQs still give
+ * (flush CQEs of its QPs moved to ERR), silently when the poll fails again. The owner of
+ * its QPs fences and destroys them (their owed WRs end as synthesized flushes, qp/qp.h),
+ * then calls ote_cq_lane_replace(): with no QP attached, the lane destroys its two CQs
+ * and creates new ones of the same depths on the same completion channel, under its
+ * poll lock, and is HEALTHY again. The lane object, its index, its namespaces (never
+ * reused), its worker and its budget stay: the context's PD and MRs are not touched.
+ * QPs created afterwards use the new CQs.
+ *
  * Teardown: ote_cq_lane_destroy() refuses (OTE_ERR_BUSY) while QPs are attached or a
  * worker pool still polls the lane (remove it first). When a
  * native destroy fails (EBUSY), the lane keeps whatever it could not destroy, counts it
@@ -69,6 +82,9 @@ typedef void (*ote_cq_record_fn)(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t di
 typedef int (*ote_cq_qp_hook_fn)(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir,
                                  const struct ibv_wc *wc);
 
+/* Health of a lane (see "Faults and replacement" above). */
+typedef enum { OTE_CQ_LANE_HEALTHY = 0, OTE_CQ_LANE_FAULTED = 1 } ote_cq_lane_state_t;
+
 typedef struct ote_cq_lane_config {
     uint32_t index;  /* lane number in its context; worker (index % workers) polls it */
     int send_depth;  /* requested CQEs of the send CQ (> 0) */
@@ -81,6 +97,7 @@ typedef struct ote_cq_lane_stats {
     uint64_t errors;        /* CQEs with a status other than SUCCESS */
     uint64_t stray;         /* CQEs whose namespace had no record */
     uint64_t poll_failures; /* poll_cq calls that failed */
+    uint64_t replacements;  /* times the lane's CQs were replaced after a fault */
 } ote_cq_lane_stats_t;
 
 ote_status_t ote_cq_lane_create(ote_context_t *ctx, const ote_cq_lane_config_t *cfg,
@@ -140,6 +157,19 @@ ote_status_t ote_cq_lane_progress(ote_cq_lane_t *lane, int (*pred)(void *arg), v
 ote_status_t ote_cq_lane_drain(ote_cq_lane_t *lane, ote_deadline_t deadline);
 
 void ote_cq_lane_get_stats(const ote_cq_lane_t *lane, ote_cq_lane_stats_t *stats_out);
+
+/* The lane's health; when FAULTED and cause_out is not NULL, *cause_out is the cause. */
+ote_cq_lane_state_t ote_cq_lane_state(const ote_cq_lane_t *lane, ote_status_t *cause_out);
+/* Mark the lane FAULTED with cause (a device-scope status; the first cause stays). */
+void ote_cq_lane_fault(ote_cq_lane_t *lane, ote_status_t cause);
+/**
+ * ote_cq_lane_replace() - replace the CQs of a FAULTED lane (see above). OTE_OK when
+ * the lane is HEALTHY afterwards (also when it was not faulted); OTE_ERR_BUSY while QPs
+ * are still attached; OTE_ERR_RETAINED when an old CQ would not be destroyed (kept,
+ * counted; a later call retries); a failed native create: its status (the lane stays
+ * FAULTED, with no CQ; a later call retries). Never from a callback of this lane.
+ */
+ote_status_t ote_cq_lane_replace(ote_cq_lane_t *lane);
 
 #ifdef __cplusplus
 }

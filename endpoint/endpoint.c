@@ -527,6 +527,73 @@ uint32_t ote_endpoint_users(ote_endpoint_t *ep, uint32_t slot) {
     return n;
 }
 
+/* Under s->mu: hold (borrow) and retire every slot of ep whose QP matches the fence,
+ * appending them to *held (grown as needed). Returns OTE_ERR_NOMEM when the array
+ * cannot grow (what was held so far is kept). */
+typedef struct {
+    ote_endpoint_t *ep;
+    uint32_t slot;
+    ote_qp_t *qp;
+} fence_hold_t;
+
+static ote_status_t fence_collect(ote_endpoint_store_t *s, ote_endpoint_t *ep,
+                                  const ote_cq_lane_t *lane, uint64_t below_gen,
+                                  fence_hold_t **held, size_t *n, size_t *cap) {
+    for (uint32_t i = 0; i < ep->width; i++) {
+        ep_slot_t *sl = &ep->slots[i];
+        if ((sl->state != SLOT_READY && sl->state != SLOT_RETIRING) || sl->qp == NULL ||
+            sl->token != 0)
+            continue;
+        if (lane != NULL && s->lanes[i] != lane) continue;
+        if (below_gen != 0 && ote_qp_route_generation(sl->qp) >= below_gen) continue;
+        if (*n == *cap) {
+            size_t nc = *cap == 0 ? 16 : *cap * 2;
+            fence_hold_t *g = ote_realloc(*held, nc * sizeof(*g));
+            if (g == NULL) return OTE_ERR_NOMEM;
+            *held = g;
+            *cap = nc;
+        }
+        if (sl->state == SLOT_READY) {
+            sl->state = SLOT_RETIRING;
+            s->stats.retired++;
+        }
+        sl->users++;
+        (*held)[(*n)++] = (fence_hold_t){ep, i, sl->qp};
+    }
+    return OTE_OK;
+}
+
+ote_status_t ote_endpoint_store_fence(ote_endpoint_store_t *s, const ote_cq_lane_t *lane,
+                                      uint64_t below_gen, ote_status_t cause, int abandon,
+                                      ote_deadline_t deadline, size_t *fenced_out) {
+    if (s == NULL || cause == OTE_OK) return OTE_ERR_INVALID;
+    fence_hold_t *held = NULL;
+    size_t n = 0, cap = 0;
+    ote_status_t st = OTE_OK;
+    ote_mutex_lock(&s->mu);
+    ote_endpoint_t *ep, *tmp;
+    HASH_ITER(hh, s->eps, ep, tmp) {
+        if (st == OTE_OK) st = fence_collect(s, ep, lane, below_gen, &held, &n, &cap);
+    }
+    for (ep = s->dying; ep != NULL && st == OTE_OK; ep = ep->dnext)
+        st = fence_collect(s, ep, lane, below_gen, &held, &n, &cap);
+    ote_cond_broadcast(&s->cv);
+    ote_mutex_unlock(&s->mu);
+    /* Without the lock: fencing moves the QP to ERR (a native call), abandoning also
+     * destroys it natively and delivers its owed WRs' ends to their records. */
+    size_t fenced = 0;
+    for (size_t i = 0; i < n; i++) {
+        ote_status_t r =
+            abandon ? ote_qp_abandon(held[i].qp, cause, deadline) : ote_qp_fence(held[i].qp, cause);
+        if (r == OTE_OK) fenced++;
+        else if (st == OTE_OK) st = r;
+        ote_endpoint_return(held[i].ep, held[i].slot, held[i].qp);
+    }
+    ote_free(held);
+    if (fenced_out != NULL) *fenced_out = fenced;
+    return st;
+}
+
 /* Under s->mu: one idle RETIRING slot of ep to destroy (held by a token), or NULL. */
 static ep_slot_t *reclaim_pick(ote_endpoint_store_t *s, ote_endpoint_t *ep, ote_qp_t **qp_out) {
     for (uint32_t i = 0; i < ep->width; i++) {

@@ -126,6 +126,21 @@ ote_status_t ote_endpoint_store_destroy(ote_endpoint_store_t *store, ote_deadlin
  * slots still RETIRING afterwards (borrowed, or destroy failed). */
 ote_status_t ote_endpoint_store_reclaim(ote_endpoint_store_t *store, ote_deadline_t deadline,
                                         size_t *remaining_out);
+/**
+ * ote_endpoint_store_fence() - the QPs built on what failed under them: every slot's QP
+ * on @lane (NULL: any lane) built on a route generation below @below_gen (0: any;
+ * ote_qp_route_generation), READY or already RETIRING, is retired (no new borrow) and
+ * fenced with @cause (ote_qp_fence: its WRs flush and end with @cause, never as a peer's
+ * loss), or with @abandon also natively destroyed at once (ote_qp_abandon: for a lane
+ * whose CQs cannot be trusted to deliver the flush), borrowed or not. The QPs leave
+ * their slots through ote_endpoint_store_reclaim() once nobody borrows them; the slots
+ * are then built anew. @fenced_out (optional): how many were fenced. The first failure
+ * is returned (a QP retained by a failed native destroy stays RETIRING). Never from a
+ * completion callback.
+ */
+ote_status_t ote_endpoint_store_fence(ote_endpoint_store_t *store, const ote_cq_lane_t *lane,
+                                      uint64_t below_gen, ote_status_t cause, int abandon,
+                                      ote_deadline_t deadline, size_t *fenced_out);
 ote_context_t *ote_endpoint_store_context(const ote_endpoint_store_t *store);
 uint32_t ote_endpoint_store_lanes(const ote_endpoint_store_t *store);
 void ote_endpoint_store_stats(ote_endpoint_store_t *store, ote_endpoint_stats_t *out);

@@ -118,6 +118,12 @@ void ote__grant_pump(grant_t *g, defer_t *df) {
 void ote__grant_requester_cqe(grant_t *g, uint32_t idx, const struct ibv_wc *wc, defer_t *df) {
     mlane_t *ml = &g->m->lanes[g->lane];
     ote_status_t st = ote__grant_wc_status(wc);
+    /* A flush of a QP this engine's device fenced (its lane failed, its route changed):
+     * the work ends with that device-scope cause, not as a peer's loss. */
+    if (ote_status_code(st) == OTE_ERR_CANCELED) {
+        ote_status_t cause = ote_qp_fence_cause(g->qp);
+        if (cause != OTE_OK) st = cause;
+    }
     if (idx == IDX_INV) {
         if (st == OTE_OK && g->failed == OTE_OK) g->rstate = R_ENDED;
         else ote__grant_fail_requester(g, st != OTE_OK ? st : g->failed, df);

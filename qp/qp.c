@@ -49,9 +49,12 @@ static ote_status_t move_to_err(ote_qp_t *qp) {
     return OTE_OK;
 }
 
-ote_status_t ote_qp_cancel(ote_qp_t *qp) {
+ote_status_t ote_qp_cancel(ote_qp_t *qp) { return ote_qp_fence(qp, OTE_OK); }
+
+ote_status_t ote_qp_fence(ote_qp_t *qp, ote_status_t cause) {
     ote_mutex_lock(&qp->native_mu);
     ote_mutex_lock(&qp->mu);
+    if (qp->fence_cause == OTE_OK) qp->fence_cause = cause; /* the first cause stays */
     qp->fenced = 1;
     enum ibv_qp_state state = qp->state;
     ote_mutex_unlock(&qp->mu);
@@ -80,9 +83,13 @@ static void qp_listener(void *arg, ote_context_t *ctx, const struct ibv_async_ev
         default: break;
     }
     if (why == NULL) return;
+    /* A QP_FATAL that follows its lane's CQ error (an overrun): the lane's cause, so that
+     * the work on it ends as this device's failure. */
+    ote_status_t cause = OTE_OK;
+    (void)ote_cq_lane_state(qp->lane, &cause);
     OTE_WARN("qp", "QP %u on %s: %s: fencing and flushing outstanding work", qp->qp_num,
              ote_context_name(qp->ctx), why);
-    (void)ote_qp_cancel(qp);
+    (void)ote_qp_fence(qp, cause);
 }
 
 static void free_qp(ote_qp_t *qp) {
@@ -216,6 +223,7 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     ote_context_get_info(ctx, &info);
     qp->port = info.port;
     qp->gid_index = info.gid_index;
+    qp->route_gen = info.route_generation;
     clamp_rd_atomic(qp, &info);
     if ((st = create_native_qp(qp, lane)) != OTE_OK) goto err_rq;
     if ((st = create_move_to_init(qp)) != OTE_OK) goto err_destroy_qp;
@@ -390,17 +398,10 @@ ote_status_t ote_qp_wait_idle(ote_qp_t *qp, ote_deadline_t deadline) {
     return ote_cq_lane_progress(qp->lane, sq_idle, qp, deadline);
 }
 
-ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
-    if (qp == NULL) return OTE_OK;
-    if (qp->listener_added) {
-        ote_context_set_remove_listener(ote_context_owner(qp->ctx), qp->listener_id);
-        qp->listener_added = 0;
-    }
-    ote_mutex_lock(&qp->mu);
-    qp->closing = 1;
-    qp->fenced = 1;
-    ote_mutex_unlock(&qp->mu);
-
+/* Move the native QP to ERR, wait for its flush until the deadline (a faulted lane
+ * gives none: no wait then), destroy it and end what is still owed with synthesized
+ * flushes. OTE_ERR_RETAINED keeps the native QP (counted). */
+static ote_status_t destroy_native(ote_qp_t *qp, ote_deadline_t deadline) {
     if (qp->qp != NULL) {
         ote_mutex_lock(&qp->native_mu);
         ote_mutex_lock(&qp->mu);
@@ -446,6 +447,36 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
         ote__sq_resolve_destroyed(qp);
         ote__rq_forget_posted(qp);
     }
+    return OTE_OK;
+}
+
+ote_status_t ote_qp_abandon(ote_qp_t *qp, ote_status_t cause, ote_deadline_t deadline) {
+    if (qp == NULL) return OTE_ERR_INVALID;
+    (void)ote_qp_fence(qp, cause);
+    ote_mutex_lock(&qp->mu);
+    int open = qp->qp != NULL && !qp->closing;
+    ote_mutex_unlock(&qp->mu);
+    if (!open) return OTE_OK;
+    ote_status_t st = destroy_native(qp, deadline);
+    if (st == OTE_OK)
+        OTE_DEBUG("qp", "QP %u abandoned (%s): native QP destroyed, owed WRs ended", qp->qp_num,
+                  ote_status_str(cause));
+    return st;
+}
+
+ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
+    if (qp == NULL) return OTE_OK;
+    if (qp->listener_added) {
+        ote_context_set_remove_listener(ote_context_owner(qp->ctx), qp->listener_id);
+        qp->listener_added = 0;
+    }
+    ote_mutex_lock(&qp->mu);
+    qp->closing = 1;
+    qp->fenced = 1;
+    ote_mutex_unlock(&qp->mu);
+
+    ote_status_t nst = destroy_native(qp, deadline);
+    if (nst != OTE_OK) return nst;
     if (qp->hook_attached && qp->cfg.srq != NULL) {
         /* Off the SRQ's map first (its completions of this QP become orphans), then off
          * the lane, which waits for a poll that may still hand one to this QP. */
@@ -467,6 +498,14 @@ ote_status_t ote_qp_destroy(ote_qp_t *qp, ote_deadline_t deadline) {
 }
 
 uint32_t ote_qp_num(const ote_qp_t *qp) { return qp->qp_num; }
+uint64_t ote_qp_route_generation(const ote_qp_t *qp) { return qp->route_gen; }
+ote_status_t ote_qp_fence_cause(const ote_qp_t *qp) {
+    ote_qp_t *q = (ote_qp_t *)qp;
+    ote_mutex_lock(&q->mu);
+    ote_status_t st = q->fence_cause;
+    ote_mutex_unlock(&q->mu);
+    return st;
+}
 ote_cq_lane_t *ote_qp_lane(const ote_qp_t *qp) { return qp->lane; }
 struct ibv_pd *ote_qp_pd(const ote_qp_t *qp) {
     return qp->cfg.pd != NULL ? qp->cfg.pd : ote_context_pd(qp->ctx);

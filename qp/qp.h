@@ -170,6 +170,25 @@ size_t ote_qp_expire(ote_qp_t *qp, uint64_t *ids, size_t cap);
 
 /* Fence admission and move the QP to ERR: every outstanding WR flushes. */
 ote_status_t ote_qp_cancel(ote_qp_t *qp);
+/* As cancel, recording why: a device-scope cause (OTE_ERR_FENCED with an errno: the
+ * QP's CQ lane failed, its route changed) that posts refused from now on answer and that
+ * ote_qp_fence_cause() reports, so that the owner of its WRs ends them with this cause
+ * rather than as a peer's loss. The first cause stays. */
+ote_status_t ote_qp_fence(ote_qp_t *qp, ote_status_t cause);
+ote_status_t ote_qp_fence_cause(const ote_qp_t *qp);
+/**
+ * ote_qp_abandon() - fence with @cause, then do the native half of ote_qp_destroy() now,
+ * while the QP may still be borrowed: ERR, a flush wait bounded by @deadline (none on a
+ * faulted lane that gives nothing), native destroy, and one synthesized flush completion
+ * (vendor_err OTE_QP_VENDOR_ERR_DESTROYED) for each WR still owed, delivered to its
+ * record. For a QP whose CQs can no longer be trusted (its lane faulted). The ote_qp_t
+ * stays until ote_qp_destroy(), which then only detaches it. A failed native destroy:
+ * OTE_ERR_RETAINED (counted, as for destroy). Not from a completion callback.
+ */
+ote_status_t ote_qp_abandon(ote_qp_t *qp, ote_status_t cause, ote_deadline_t deadline);
+/* The context's route generation (ote_context_info_t) when the QP was created: the route
+ * its path was learned from. */
+uint64_t ote_qp_route_generation(const ote_qp_t *qp);
 
 /* Drive the lane until the SQ has nothing outstanding (OTE_ERR_TIMEOUT otherwise). */
 ote_status_t ote_qp_wait_idle(ote_qp_t *qp, ote_deadline_t deadline);

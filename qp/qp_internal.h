@@ -44,6 +44,8 @@ struct ote_qp {
     ote_mutex_t mu;
     enum ibv_qp_state state;
     int fenced;
+    ote_status_t fence_cause; /* ote_qp_fence's device-scope cause; OTE_OK: none given */
+    uint64_t route_gen;       /* the context's route generation this QP was built on */
     int closing;
     int hook_attached;
     int listener_added;

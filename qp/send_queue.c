@@ -55,8 +55,9 @@ typedef struct {
  * with its port usable, with room for p->n WRs and at least one shared credit (p->take). */
 static ote_status_t post_admit(ote_qp_t *qp, sq_post_t *p) {
     ote_status_t st = OTE_OK;
-    if (qp->closing || qp->qp == NULL) st = OTE_ERR_STATE;
-    else if (qp->fenced) st = OTE_ERR_FENCED;
+    if (qp->closing) st = OTE_ERR_STATE;
+    else if (qp->fenced) st = qp->fence_cause != OTE_OK ? qp->fence_cause : OTE_ERR_FENCED;
+    else if (qp->qp == NULL) st = OTE_ERR_STATE;
     else if (qp->state != IBV_QPS_RTS) st = OTE_ERR_STATE;
     else st = ote_context_check(qp->ctx); /* a paused port admits nothing new */
     if (st == OTE_OK && (uint64_t)qp->sq_count + p->n > qp->cfg.max_send_wr) st = OTE_ERR_AGAIN;

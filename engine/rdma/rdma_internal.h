@@ -437,6 +437,9 @@ typedef struct rdma_nic {
     _Atomic uint64_t grant_reqs; /* requester: GRANT_REQs sent on it (control round trips) */
     _Atomic uint64_t src_bytes;  /* source: bytes of grants served on it */
     _Atomic int was_active;      /* the monitor's last view of its port */
+    /* The monitor's (rdma_monitor.c): the context's route generation its QPs were last
+     * fenced against (0: not looked at yet). */
+    uint64_t route_gen;
     /* Depths drawn from the device's limits at creation (rdma_limits.c). */
     uint32_t cq_depth;   /* each lane's send and receive CQ */
     uint32_t send_wr;    /* each QP's send depth */
@@ -535,6 +538,9 @@ struct ote__rdma_tp {
     _Atomic uint64_t direct_mrs, direct_served, direct_redirects, direct_followed;
     /* runs sent direct first: their request, or its remote range, was redirected before */
     _Atomic uint64_t direct_recalled;
+    /* The monitor's recoveries (rdma_monitor.c): CQ lanes replaced after a lane error;
+     * QPs fenced because their lane failed or their route changed. */
+    _Atomic uint64_t lane_replacements, lane_fenced_qps, route_fenced_qps;
     /* rdma_direct.c: how host memory is granted (rdma_grant_mode, resolved at creation,
      * read-only after); whether every data device has type-2 windows; exact MRs
      * deregistered in all (direct_served - direct_released == direct_mrs) and those of

@@ -2,8 +2,24 @@
  * engine/rdma/rdma_monitor.c - the RDMA transport's monitor thread: async events of the
  * data devices, the grant managers' ticks (grant deadlines, retained windows), the
  * deadlines of notifications, staged commits and slices queued behind a QP build, the
- * devices' port state (selector), and every 50 ms the reclaim of MRs, ended server
- * threads, dead peers and evicted endpoints.
+ * devices' port state (selector), the recovery of failed CQ lanes and of QPs built on
+ * a route that changed, and every 50 ms the reclaim of MRs, ended server threads, dead
+ * peers and evicted endpoints.
+ *
+ * Lane recovery: a lane that reported an error (cq/lane.h: a CQ_ERR event naming its CQ,
+ * a failed poll) is FAULTED. Its QPs, in both endpoint stores, are retired and abandoned
+ * (qp/qp.h: fenced, natively destroyed, their owed WRs ended with the lane's cause,
+ * OTE_ERR_FENCED: the requests on them end FENCED, this engine's device, never a peer's
+ * loss), the stores' reclaim destroys them once their grants gave them back, and the
+ * lane replaces its CQs in place. The PD, the registrations' MRs, the workers and the
+ * lane's namespaces stay; the slots are built anew on the new CQs by the next runs.
+ *
+ * Route recovery: a change of the context's route generation (context/events.c: GID,
+ * LID or MTU changed, or the port went down and up) fences every QP built on an older
+ * generation (ote_qp_route_generation) with OTE_ERR_FENCED (errno ENETRESET): they drain
+ * (their flushes end their work) and leave their slots, which are rebuilt on the new
+ * route. The generation is read before the QPs are looked at, and only QPs built before
+ * it are fenced: a QP built on the new route is never fenced by it.
  *
  * Cadence: every 2 ms while anything with a deadline is live (a grant, a run in flight,
  * a queued slice, a notification or commit awaited, a staged copy); otherwise it sleeps
@@ -55,6 +71,61 @@ static void nics_watch(rdma_tp_t *tp, int refresh) {
     }
 }
 
+/* Failed lanes of every data device: their QPs fenced and destroyed, then the lane's CQs
+ * replaced (when a QP still holds the lane, e.g. a retained one, a later round retries). */
+static void lanes_watch(rdma_tp_t *tp) {
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        rdma_nic_t *n = &tp->nics[i];
+        for (uint32_t l = 0; l < n->nlanes; l++) {
+            ote_cq_lane_t *lane = n->lanes[l];
+            ote_status_t cause = OTE_OK;
+            if (lane == NULL || ote_cq_lane_state(lane, &cause) != OTE_CQ_LANE_FAULTED) continue;
+            ote_endpoint_store_t *stores[2] = {n->eps, n->deps};
+            for (int k = 0; k < 2; k++) {
+                size_t fenced = 0;
+                if (stores[k] == NULL) continue;
+                ote_deadline_t dl = ote_deadline_after(200 * OTE_NSEC_PER_MSEC);
+                (void)ote_endpoint_store_fence(stores[k], lane, 0, cause, 1, dl, &fenced);
+                atomic_fetch_add(&tp->lane_fenced_qps, fenced);
+                (void)ote_endpoint_store_reclaim(stores[k], dl, NULL);
+            }
+            if (ote_cq_lane_replace(lane) != OTE_OK) continue;
+            atomic_fetch_add(&tp->lane_replacements, 1);
+            OTE_INFO("rdma", "data device %s: CQ lane %u replaced after %s; PD and MRs kept",
+                     ote_context_name(n->ctx), l, ote_status_str(cause));
+        }
+    }
+}
+
+/* QPs built on a route older than the context's: fenced (see the header comment). */
+static void routes_watch(rdma_tp_t *tp) {
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        rdma_nic_t *n = &tp->nics[i];
+        ote_context_info_t info;
+        ote_context_get_info(n->ctx, &info);
+        if (n->route_gen == 0) n->route_gen = info.route_generation;
+        if (info.route_generation == n->route_gen) continue;
+        n->route_gen = info.route_generation;
+        size_t total = 0;
+        ote_endpoint_store_t *stores[2] = {n->eps, n->deps};
+        for (int k = 0; k < 2; k++) {
+            size_t fenced = 0;
+            if (stores[k] == NULL) continue;
+            (void)ote_endpoint_store_fence(stores[k], NULL, info.route_generation,
+                                           ote_status_make(OTE_ERR_FENCED, ENETRESET), 0,
+                                           ote_deadline_after(0), &fenced);
+            total += fenced;
+        }
+        atomic_fetch_add(&tp->route_fenced_qps, total);
+        if (total > 0)
+            OTE_INFO("rdma",
+                     "data device %s: route changed (generation %llu, GID index %d, MTU %d): "
+                     "%zu QP(s) of the old route fenced, rebuilt on demand",
+                     ote_context_name(n->ctx), (unsigned long long)info.route_generation,
+                     info.gid_index, (int)info.active_mtu, total);
+    }
+}
+
 /* The 50 ms chores: MRs whose dereg failed (exact MRs of grants, temporary ones,
  * bounces'), what ended server threads left, dead peers, evicted endpoints. */
 static void reclaim(rdma_tp_t *tp) {
@@ -80,6 +151,8 @@ static int monitor_round(rdma_tp_t *tp, uint64_t *last_refresh, uint64_t *last_r
     int refresh = now - *last_refresh > 1000 * OTE_NSEC_PER_MSEC;
     if (refresh) *last_refresh = now;
     nics_watch(tp, refresh);
+    lanes_watch(tp);
+    routes_watch(tp);
     if (now - *last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
         *last_reclaim = now;
         reclaim(tp);

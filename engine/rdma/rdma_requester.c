@@ -210,7 +210,12 @@ static ote_status_t slice_status(rdma_tp_t *tp, const ote__slice_t *s, ote_statu
     if (st == OTE__RDMA_SRC_BUSY) return user ? OTE_ERR_CANCELED : OTE_ERR_TIMEOUT;
     if (code == OTE_ERR_FENCED) {
         if (user) return OTE_ERR_CANCELED;
-        if (ote_context_check(tp->nics[ote__rdma_cxp(s)->nic].ctx) == OTE_OK)
+        /* FENCED with an errno: this engine's own device fenced the QP natively (its CQ
+         * lane failed, its route changed: ote_qp_fence; or a post of unknown outcome):
+         * device-scope, kept. Without one, a fenced QP on a healthy context broke at the
+         * peer's end. */
+        if (ote_status_errno(st) == 0 &&
+            ote_context_check(tp->nics[ote__rdma_cxp(s)->nic].ctx) == OTE_OK)
             return OTE_ERR_PEER_LOST;
     }
     return st;
@@ -573,8 +578,8 @@ static void retire_idle(ote_endpoint_t *ep) {
 }
 
 /* A live READY QP of ep for the run s on device k, borrowed into *slot_out / *qp_out:
- * OTE__RDMA_START_TAKEN with *qp_out set. A QP that a port-down fenced while idle is still
- * READY in its slot: retired (the monitor's reclaim destroys it) and another slot taken,
+ * OTE__RDMA_START_TAKEN with *qp_out set. A QP that a port-down fenced while idle, or one
+ * built on a route that changed since, is still READY in its slot: retired (the monitor's reclaim destroys it) and another slot taken,
  * built anew when empty. None READY: the build is asked of the pump thread and
  * OTE__RDMA_START_NEEDS_BUILD returned (the device's pick given back); every slot fenced:
  * the run ended FENCED (OTE__RDMA_START_TAKEN, *qp_out NULL). */
@@ -600,7 +605,10 @@ static int borrow_live(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, u
         }
         ote_qp_stats_t qs;
         ote_qp_get_stats(qp, &qs);
-        if (!qs.fenced && qs.state != IBV_QPS_ERR) break;
+        /* A QP of a route that changed is as broken (the monitor fences it soon): a run
+         * started on it now would end FENCED; it goes to a QP of the new route. */
+        int stale = ote_qp_route_generation(qp) < ote_context_route_generation(tp->nics[k].ctx);
+        if (!qs.fenced && qs.state != IBV_QPS_ERR && !stale) break;
         ote_endpoint_retire(ep, slot, qp);
         ote_endpoint_return(ep, slot, qp);
         qp = NULL;

@@ -96,6 +96,9 @@ typedef struct {
      * MRs; exact MRs deregistered in all (direct_served - direct_released ==
      * direct_mrs), and those of direct_served over host memory. */
     uint64_t grant_mode_mr, direct_released, direct_host_served;
+    /* The monitor's recoveries (rdma_monitor.c): CQ lanes replaced after a lane error, QPs
+     * fenced because their lane failed, QPs fenced because their route changed. */
+    uint64_t lane_replacements, lane_fenced_qps, route_fenced_qps;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

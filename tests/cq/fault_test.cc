@@ -220,12 +220,16 @@ TEST_F(CqFaultTest, ErrorCqeReachesTheRecordWithItsStatus) {
     EXPECT_EQ(ote_cq_lane_destroy(lane), OTE_OK);
 }
 
+// A failed poll is a lane error (cq/lane.h "Faults and replacement"): the lane is FAULTED
+// (logged once) but goes on polling what its CQs still give.
 TEST_F(CqFaultTest, FailingPollIsReportedAndCountedThenPollingRecovers) {
     ote_cq_lane_t *lane = nullptr;
     ASSERT_EQ(Create(&lane), OTE_OK);
     ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_POLL_CQ, OTE_FAULT_NTH, 1, EIO), OTE_OK);
     int n = -1;
+    ote_test::ErrorLogsExpected lane_error;
     ote_status_t st = ote_cq_lane_poll(lane, &n);
+    EXPECT_EQ(ote_cq_lane_state(lane, nullptr), OTE_CQ_LANE_FAULTED);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_NATIVE);
     EXPECT_EQ(ote_status_errno(st), EIO);
     ote_cq_lane_stats_t stats;
@@ -264,6 +268,7 @@ TEST_F(CqFaultTest, WorkersKeepPollingThroughPollFailures) {
     ASSERT_EQ(ote_cq_lane_attach_qp(lane, qp.Num(), &ChargedHook, nullptr), OTE_OK);
     ote_cq_workers_t *w = nullptr;
     ASSERT_EQ(ote_cq_workers_start(1, &w), OTE_OK);
+    ote_test::ErrorLogsExpected lane_error; // the failed poll faults the lane (logged)
     ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_POLL_CQ, OTE_FAULT_NTH, 3, EIO), OTE_OK);
     ASSERT_EQ(ote_cq_workers_add(w, lane), OTE_OK);
     // The worker's first polls (and the failing third) may come before or after the

@@ -159,6 +159,30 @@ int DeregMr(ote_verbs_t *v, struct ibv_mr *mr) {
     return err;
 }
 
+int CreateCq(ote_verbs_t *v, struct ibv_context *ctx, int cqe, void *cq_ctx,
+             struct ibv_comp_channel *ch, int comp_vector, struct ibv_cq **out) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->create_cq(n->sim, ctx, cqe, cq_ctx, ch, comp_vector, out);
+    if (err == 0) {
+        std::lock_guard<std::mutex> g(n->cq_mu);
+        n->cq_live.insert(*out);
+        n->cqs_made++;
+    }
+    return err;
+}
+
+int DestroyCq(ote_verbs_t *v, struct ibv_cq *cq) {
+    NativeCounter *n = Of(v);
+    if (n == nullptr) return EINVAL;
+    int err = n->sim->ops->destroy_cq(n->sim, cq);
+    if (err == 0) {
+        std::lock_guard<std::mutex> g(n->cq_mu);
+        n->cq_live.erase(cq);
+    }
+    return err;
+}
+
 void Close(ote_verbs_t *v) {
     NativeCounter *n = Of(v);
     if (n == nullptr) return;
@@ -186,6 +210,8 @@ ote_status_t WrapCounted(ote_verbs_t **v, std::vector<std::unique_ptr<NativeCoun
     n->ops.reg_mr = RegMr;
     n->ops.reg_dmabuf_mr = RegDmabufMr;
     n->ops.dereg_mr = DeregMr;
+    n->ops.create_cq = CreateCq;
+    n->ops.destroy_cq = DestroyCq;
     n->v.ops = &n->ops;
     n->v.provider = (*v)->provider;
     n->v.priv = (*v)->priv;

@@ -57,6 +57,15 @@ struct NativeCounter {
         std::lock_guard<std::mutex> g(qp_mu);
         return qp_log;
     }
+    // Every CQ alive now (create_cq / destroy_cq), and CQs made so far: a test breaks
+    // the engine's lanes through them (ote_sim_cq_error) and sees them replaced.
+    std::mutex cq_mu; // guards cq_live
+    std::set<struct ibv_cq *> cq_live;
+    std::atomic<uint64_t> cqs_made{0};
+    std::vector<struct ibv_cq *> LiveCqs() {
+        std::lock_guard<std::mutex> g(cq_mu);
+        return std::vector<struct ibv_cq *>(cq_live.begin(), cq_live.end());
+    }
     std::atomic<bool> hold_next_create{false}, hold_next_qp_destroy{false};
     std::atomic<bool> holding{false}, release{false}, closed{false};
     bool Watched(const void *p) const {

@@ -376,7 +376,6 @@ void ote__sim_cq_push(sim_cq_t *cq, const struct ibv_wc *wc, sim_qp_t *credit_qp
 }
 
 int ote__sim_poll_cq(ote_verbs_t *v, struct ibv_cq *ibcq, int n, struct ibv_wc *wc) {
-    (void)v;
     if (!ibcq || n < 0 || (n > 0 && !wc)) return -EINVAL;
     sim_cq_t *cq = to_sim_cq(ibcq);
     ote_mutex_lock(&cq->mu);
@@ -398,5 +397,6 @@ int ote__sim_poll_cq(ote_verbs_t *v, struct ibv_cq *ibcq, int n, struct ibv_wc *
         cq->count--;
     }
     ote_mutex_unlock(&cq->mu);
+    ote__sim_inject_polled(to_sim_prov(v), cq, got);
     return got;
 }

@@ -86,6 +86,7 @@ ote_status_t ote__verbs_sim_open(const char *config, ote_verbs_t **v_out) {
     p->epfd = -1;
     p->wake_efd = -1;
     ote_status_t st = ote__sim_config_parse(config, &p->cfg);
+    if (st == OTE_OK) st = ote__sim_inject_parse(p);
     if (st != OTE_OK) {
         ote_free(p);
         return st;

@@ -32,6 +32,14 @@
  *                                              the peer is gone (default 3000;
  *                                              $OTE_SIM_RETRY_CAP_MS overrides)
  *
+ * Fault schedule ($OTE_SIM_INJECT, read at open; for tools such as ote_bench that cannot
+ * call the control API below): comma-separated items
+ *   cq_error=N    after N CQEs polled from this instance (all its CQs together), the CQ
+ *                 of that poll fails as ote_sim_cq_error() makes it (once)
+ *   gid_change=N  after N CQEs polled, every IPv4-mapped GID of that CQ's device's port 1
+ *                 is renumbered (10.x.y.z -> 11.x.y.z) with GID_CHANGE (once)
+ * A malformed value makes open fail (OTE_ERR_INVALID, logged).
+ *
  * The default is
  *   dev=sim0,numa=0;port;gid=auto-ll,type=v1;gid=auto-ll,type=v2;gid=auto-v4,type=v1;
  *   gid=auto-v4,type=v2;dev=sim1,numa=1;port;gid=auto-ll,type=v1;gid=auto-ll,type=v2;
@@ -172,6 +180,11 @@ ote_status_t ote_sim_set_gid(ote_verbs_t *v, const char *dev, uint8_t port, int 
 
 /* Move qp to ERR as a catastrophic WQ error would: IBV_EVENT_QP_FATAL, then flush. */
 ote_status_t ote_sim_qp_fatal(ote_verbs_t *v, struct ibv_qp *qp);
+
+/* Make cq unusable as an overrun does: poll_cq on it fails with -EIO from now on,
+ * IBV_EVENT_CQ_ERR names it, and its QPs get IBV_EVENT_QP_FATAL and go to ERR (their
+ * flushes are lost with the CQ). */
+ote_status_t ote_sim_cq_error(ote_verbs_t *v, struct ibv_cq *cq);
 
 /* Raise IBV_EVENT_DEVICE_FATAL on every context of dev (nothing else changes). */
 ote_status_t ote_sim_device_fatal(ote_verbs_t *v, const char *dev);

@@ -588,6 +588,10 @@ typedef struct sim_prov {
     _Atomic bool stop;
     int nlisteners;
     bool bw_pass; /* the progress thread's round-robin pass: limited ports send only then */
+    /* $OTE_SIM_INJECT (inject.c): CQEs polled so far, and after how many the CQ error
+     * and the GID change come (0: never). */
+    _Atomic uint64_t inject_polled;
+    uint64_t inject_cq_error_at, inject_gid_change_at;
 } sim_prov_t;
 
 static inline sim_prov_t *to_sim_prov(ote_verbs_t *v) { return (sim_prov_t *)v->priv; }
@@ -679,6 +683,10 @@ bool ote__sim_scatter_hazard(sim_prov_t *p, sim_qp_t *qp, const sim_swr_t *e);
 
 /* Raise CQ_ERR / QP_FATAL for CQs that overran (prov->mu held). */
 void ote__sim_handle_overflow(sim_prov_t *p);
+/* inject.c: parse $OTE_SIM_INJECT into p; after a poll of cq returned got CQEs, raise
+ * what the schedule says is due (no sim lock held by the caller). */
+ote_status_t ote__sim_inject_parse(sim_prov_t *p);
+void ote__sim_inject_polled(sim_prov_t *p, sim_cq_t *cq, int got);
 uint32_t ote__sim_mtu_bytes(enum ibv_mtu m);
 
 /* Wait (prov->mu held) until *delivered == *acked or ~1 s; false on timeout. */

@@ -1,0 +1,228 @@
+// Recovery of a live RDMA engine from what its monitor heals (engine/rdma/rdma_monitor.c),
+// engine to engine in this process over verbs/sim, each engine's provider wrapped by the
+// verbs fault decorator over a NativeCounter (tests/engine/native_counter.h):
+// - a CQ lane error: the sim breaks the requester's CQs (as an overrun does: CQ_ERR,
+//   polls fail) while a WRITE is on the wire; that WRITE ends OTE_ERR_FENCED (this
+//   engine's device, not the peer), the lanes are replaced, the next WRITE lands every
+//   byte, and no registration's MR was registered again;
+// - a route change: the requester's GID changes (GID_CHANGE) while a WRITE is on the
+//   wire; the QPs of the old route are fenced (that WRITE ends OTE_ERR_FENCED) and rebuilt
+//   on the new route; the next WRITE lands every byte; no MR registered again.
+// Transfers are slowed by the source port's egress limit so that the fault meets work in
+// flight. Each test fails without its fix (checked by disabling the monitor's lane and
+// route passes): without lane recovery the broken lane's WRITE ends only at its deadline
+// (TIMEOUT) and no lane is replaced; without the route fence the WRITE on the old route
+// ends OTE_ERR_PEER_LOST (blamed on the peer) and no QP is fenced.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/engine/native_counter.h"
+#include "tests/util/test_base.h"
+#include "tests/util/wait.h"
+
+extern "C" {
+#include "base/retained.h"
+#include "base/time.h"
+#include "engine/rdma/test_hook.h"
+#include "ote/ote.h"
+#include "verbs/fault.h"
+#include "verbs/sim/sim.h"
+}
+
+namespace {
+
+constexpr uint64_t kSec = 1000000000ull;
+constexpr size_t kLen = 4u << 20;
+
+using ote_test::NativeCounter;
+
+std::vector<ote_verbs_t *> *g_wrapped = nullptr;
+std::vector<std::unique_ptr<NativeCounter>> *g_owned = nullptr;
+
+ote_status_t WrapWithFault(ote_verbs_t **v) { return ote_test::WrapCounted(v, g_owned, g_wrapped); }
+
+class RdmaRecoveryTest : public ote_test::OteTest {
+  protected:
+    void SetUp() override {
+        OteTest::SetUp();
+        g_wrapped = &wrapped_;
+        g_owned = &counters_;
+        retained0_ = ote_retained_total();
+        ote__rdma_test_verbs_hook = WrapWithFault;
+        src_ = Create();
+        req_ = Create();
+        ote__rdma_test_verbs_hook = nullptr;
+        ASSERT_NE(src_, nullptr);
+        ASSERT_NE(req_, nullptr);
+        ASSERT_EQ(wrapped_.size(), 2u);
+        vs_ = wrapped_[0];
+        vr_ = wrapped_[1];
+        nr_ = counters_[1].get();
+        mem_.assign(kLen, 0);
+        out_.resize(kLen);
+        ASSERT_EQ(ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+                  OTE_OK);
+        // The requester's buffer is registered too: its persistent MR must survive.
+        ASSERT_EQ(ote_memory_register(req_, out_.data(), out_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+                  OTE_OK);
+        char addr[300];
+        ASSERT_EQ(ote_engine_address(src_, addr, sizeof(addr)), OTE_OK);
+        ASSERT_EQ(ote_segment_open(req_, addr, &seg_), OTE_OK);
+        ASSERT_EQ(ote_engine_address(req_, req_addr_, sizeof(req_addr_)), OTE_OK);
+    }
+    void TearDown() override {
+        if (seg_) {
+            EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+        }
+        if (req_) {
+            EXPECT_EQ(ote_memory_unregister(req_, out_.data()), OTE_OK);
+            EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+        }
+        if (src_) {
+            EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+        }
+        for (auto &c : counters_) {
+            EXPECT_TRUE(c->closed.load());
+            EXPECT_EQ(c->qps.load(), 0) << "QPs left alive";
+            EXPECT_EQ(c->mrs.load(), 0) << "memory regions left alive";
+            EXPECT_TRUE(c->LiveCqs().empty()) << "CQs left alive";
+        }
+        EXPECT_EQ(ote_retained_total(), retained0_);
+        OteTest::TearDown();
+    }
+    static ote_engine_t *Create() {
+        ote_config_t *cfg = nullptr;
+        EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", "15000"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+        ote_engine_t *e = nullptr;
+        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
+        ote_config_destroy(cfg);
+        return e;
+    }
+    void Fill(uint8_t seed) {
+        for (size_t i = 0; i < out_.size(); i++) out_[i] = (uint8_t)(i * 31 + seed);
+    }
+    ote_status_t Start(ote_batch_t **b) {
+        EXPECT_EQ(ote_batch_create(req_, 1, b), OTE_OK);
+        ote_request_t r = {OTE_WRITE, out_.data(), seg_, (uint64_t)(uintptr_t)mem_.data(), kLen};
+        return ote_batch_submit(*b, &r, 1);
+    }
+    ote_status_t End(ote_batch_t *b) {
+        ote_status_t st = ote_batch_wait(b, 60 * kSec);
+        if (st != OTE_OK) {
+            ote_transfer_status_t ts;
+            EXPECT_EQ(ote_batch_status(b, 0, &ts), OTE_OK);
+            if (ts.state != OTE_TRANSFER_PENDING) st = ts.error;
+        }
+        EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+        return st;
+    }
+    // A whole checked WRITE: every byte lands.
+    void WriteChecked(uint8_t seed) {
+        Fill(seed);
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(Start(&b), OTE_OK);
+        ASSERT_EQ(End(b), OTE_OK);
+        ASSERT_EQ(memcmp(mem_.data(), out_.data(), kLen), 0) << "a wrong byte at the source";
+    }
+    ote__rdma_test_grants_t Req() {
+        ote__rdma_test_grants_t g{};
+        EXPECT_EQ(ote__rdma_test_grants(req_addr_, &g), OTE_OK);
+        return g;
+    }
+    // The requester's port sends at most 8 MB/s: a 4 MiB WRITE stays on the wire for
+    // about half a second.
+    void Slow(bool on) {
+        ASSERT_EQ(ote_sim_set_port_bw(ote_verbs_fault_inner(vr_), "sim0", 1, on ? 8000000 : 0),
+                  OTE_OK);
+    }
+    // A WRITE started and on the wire (requester bytes in flight).
+    void StartOnTheWire(ote_batch_t **b) {
+        Fill(0x5a);
+        ASSERT_EQ(Start(b), OTE_OK);
+        ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().inflight_now > 0; },
+                                        std::chrono::seconds(30), "the WRITE on the wire"));
+    }
+
+    std::vector<ote_verbs_t *> wrapped_;
+    std::vector<std::unique_ptr<NativeCounter>> counters_; // outlive the engines
+    ote_engine_t *src_ = nullptr, *req_ = nullptr;
+    ote_segment_t *seg_ = nullptr;
+    ote_verbs_t *vs_ = nullptr, *vr_ = nullptr;
+    NativeCounter *nr_ = nullptr;
+    std::vector<uint8_t> mem_, out_;
+    char req_addr_[300] = "";
+    uint64_t retained0_ = 0;
+};
+
+// Lane error (item 1): every requester CQ broken while a WRITE is on the wire.
+TEST_F(RdmaRecoveryTest, LaneErrorEndsItsWorkFencedLanesReplacedNextWriteLands) {
+    WriteChecked(1); // QPs built
+    uint64_t regs0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_REG_MR);
+    uint64_t pds0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_ALLOC_PD);
+    std::vector<ibv_cq *> old = nr_->LiveCqs();
+    ASSERT_FALSE(old.empty());
+    Slow(true);
+    ote_batch_t *b = nullptr;
+    StartOnTheWire(&b);
+    ote_test::ErrorLogsExpected fault_logs; // the lane errors are logged
+    for (ibv_cq *cq : old) ASSERT_EQ(ote_sim_cq_error(ote_verbs_fault_inner(vr_), cq), OTE_OK);
+    ote_status_t st = End(b);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_FENCED) << ote_status_str(st);
+    Slow(false);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().lane_replacements >= old.size() / 2; },
+                                    std::chrono::seconds(30), "every lane replaced"));
+    EXPECT_GE(Req().lane_fenced_qps, 1u);
+    for (ibv_cq *cq : nr_->LiveCqs())
+        for (ibv_cq *o : old) EXPECT_NE(cq, o) << "an old CQ is still alive";
+    WriteChecked(2);
+    WriteChecked(3);
+    // The PD and the persistent MRs stayed: nothing was registered or allocated again.
+    EXPECT_EQ(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_REG_MR), regs0);
+    EXPECT_EQ(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_ALLOC_PD), pds0);
+}
+
+// Route change (item 2): the requester's GIDs change while a WRITE is on the wire.
+TEST_F(RdmaRecoveryTest, RouteChangeFencesOldQpsWhichAreRebuiltOnTheNewRoute) {
+    WriteChecked(1);
+    uint64_t regs0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_REG_MR);
+    uint64_t builds0 = Req().qp_builds;
+    Slow(true);
+    ote_batch_t *b = nullptr;
+    StartOnTheWire(&b);
+    // A new IPv4-mapped RoCE v2 GID at the index the requester routes by (the sim's
+    // default table: index 3), unique to this process.
+    union ibv_gid gid;
+    memset(&gid, 0, sizeof(gid));
+    gid.raw[10] = gid.raw[11] = 0xff;
+    uint32_t pid = (uint32_t)getpid();
+    gid.raw[12] = 172;
+    gid.raw[13] = (uint8_t)(16 + (pid >> 16) % 16);
+    gid.raw[14] = (uint8_t)(pid >> 8);
+    gid.raw[15] = (uint8_t)pid;
+    ote_test::ErrorLogsExpected fault_logs;
+    ASSERT_EQ(ote_sim_set_gid(ote_verbs_fault_inner(vr_), "sim0", 1, 3, &gid, IBV_GID_TYPE_ROCE_V2),
+              OTE_OK);
+    ote_status_t st = End(b);
+    EXPECT_EQ(ote_status_code(st), OTE_ERR_FENCED) << ote_status_str(st);
+    Slow(false);
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return Req().route_fenced_qps >= 1; },
+                                    std::chrono::seconds(30), "the old route's QPs fenced"));
+    WriteChecked(2);
+    WriteChecked(3);
+    EXPECT_GT(Req().qp_builds, builds0) << "no QP was rebuilt on the new route";
+    EXPECT_EQ(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_REG_MR), regs0);
+}
+
+} // namespace
