@@ -404,6 +404,13 @@ ote_status_t ote_context_check(const ote_context_t *ctx) {
     }
 }
 
+uint64_t ote_context_route_generation(const ote_context_t *ctx) {
+    ote_mutex_lock(&ctx->set->mu);
+    uint64_t g = ctx->route_generation;
+    ote_mutex_unlock(&ctx->set->mu);
+    return g;
+}
+
 void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info) {
     ote_mutex_lock(&ctx->set->mu);
     memset(info, 0, sizeof(*info));

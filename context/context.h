@@ -168,11 +168,18 @@ const char *ote_context_name(const ote_context_t *ctx);
 ote_status_t ote_context_check(const ote_context_t *ctx);
 ote_context_state_t ote_context_state(const ote_context_t *ctx);
 void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info_out);
+/* The route generation alone (as in ote_context_info_t): bumped by every route or state
+ * change; a QP built on an older one was built on a route that is gone. */
+uint64_t ote_context_route_generation(const ote_context_t *ctx);
 
 /**
  * ote_context_refresh() - query the selected port now (the monitor's periodic pass, for
  * missed PORT_ACTIVE events): an active port with a valid route resumes a paused context;
- * a down port or an invalid route pauses it. A fatal context stays fatal.
+ * a down port or an invalid route pauses it. A fatal context stays fatal. The query
+ * runs without the set's lock: when the route generation changed meanwhile (an event
+ * paused the context, another refresh moved the route), its result is stale and is
+ * discarded (OTE_ERR_AGAIN, nothing changed), so an older query never clears a newer
+ * fault; the next refresh asks again.
  */
 ote_status_t ote_context_refresh(ote_context_t *ctx);
 

@@ -28,6 +28,7 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
     if (ote_context_state(ctx) == OTE_CONTEXT_FATAL) return OTE_ERR_DEVICE_FATAL;
     ote_mutex_lock(&ctx->set->mu);
     uint8_t port = ctx->route.port;
+    uint64_t gen = ctx->route_generation; /* what this query's result may replace */
     ote_mutex_unlock(&ctx->set->mu);
     /* A pin stays strict; automatic selection is repeated on the same port. */
     ote_context_route_t route;
@@ -38,6 +39,18 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
     if (old == OTE_CONTEXT_FATAL) {
         ote_mutex_unlock(&ctx->set->mu);
         return OTE_ERR_DEVICE_FATAL;
+    }
+    if (ctx->route_generation != gen) {
+        /* Something newer (an event, another refresh) changed the state or the route
+         * while this query ran: its result is stale and must not resume a context paused
+         * since, nor bring back an old route. The next refresh asks again. */
+        uint64_t now_gen = ctx->route_generation;
+        ote_mutex_unlock(&ctx->set->mu);
+        OTE_DEBUG("context",
+                  "device %s: refresh (%s) discarded: route generation %llu became %llu "
+                  "while it queried",
+                  ctx->name, why, (unsigned long long)gen, (unsigned long long)now_gen);
+        return OTE_ERR_AGAIN;
     }
     ote_context_state_t now = (st == OTE_OK && active) ? OTE_CONTEXT_ACTIVE : OTE_CONTEXT_PAUSED;
     int changed = now != old;

@@ -1,14 +1,18 @@
 // Drives context/ through the verbs fault decorator over the software provider: MR
 // publication rolled back when the second context fails, EBUSY on dereg_mr and
 // dealloc_pd retained and counted then retried, injected port events pausing and
-// resuming a context, failed opens leaving nothing behind.
+// resuming a context, a stale refresh that must not clear a newer port fault, failed
+// opens leaving nothing behind.
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "base/alloc.h"
@@ -254,6 +258,41 @@ TEST_F(ContextFaultTest, InjectedPortEventsPauseAndResumeOnlyTheSelectedPort) {
     ev.event_type = IBV_EVENT_PORT_ACTIVE;
     ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(ctx), &ev), OTE_OK);
     ASSERT_EQ(ote_context_set_poll_events(set_, &handled), OTE_OK);
+    EXPECT_EQ(ote_context_check(ctx), OTE_OK);
+}
+
+// A refresh whose port query started before a PORT_ERR and returns after it (the query
+// held by a delay rule) carries the port's older, active state: it must not resume the
+// context the event paused. The route generation read before the query has moved, so the
+// result is discarded (OTE_ERR_AGAIN). Without the generation check the stale result
+// resumes the context (this test then sees OTE_OK). A fresh refresh then resumes it.
+TEST_F(ContextFaultTest, StaleRefreshCannotClearANewerPortFault) {
+    Open();
+    ote_context_t *ctx = ote_context_set_get(set_, 0);
+    ote_context_info_t info;
+    ote_context_get_info(ctx, &info);
+    uint64_t gen0 = info.route_generation;
+    ote_verbs_fault_reset_counters(v_);
+    ASSERT_EQ(ote_verbs_fault_delay(v_, OTE_VERBS_FAULT_OP_QUERY_PORT, 60000), OTE_OK);
+    ote_status_t stale = OTE_OK;
+    std::thread refresher([&] { stale = ote_context_refresh(ctx); });
+    // The refresh is inside its (delayed) port query.
+    ASSERT_TRUE(ote_test::WaitUntil(
+        [&] { return ote_verbs_fault_injected(v_, OTE_VERBS_FAULT_OP_QUERY_PORT) >= 1; },
+        std::chrono::seconds(30), "the refresh's port query held"));
+    ibv_async_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.event_type = IBV_EVENT_PORT_ERR;
+    ev.element.port_num = 1;
+    ASSERT_EQ(ote_verbs_fault_inject_async_event(v_, ote_context_native(ctx), &ev), OTE_OK);
+    ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+    EXPECT_EQ(ote_context_check(ctx), OTE_ERR_PORT_DOWN);
+    EXPECT_GT(ote_context_route_generation(ctx), gen0);
+    ASSERT_EQ(ote_verbs_fault_delay(v_, OTE_VERBS_FAULT_OP_QUERY_PORT, 0), OTE_OK); // lift it
+    refresher.join();
+    EXPECT_EQ(stale, OTE_ERR_AGAIN) << ote_status_str(stale);
+    EXPECT_EQ(ote_context_check(ctx), OTE_ERR_PORT_DOWN) << "a stale query resumed the context";
+    EXPECT_EQ(ote_context_refresh(ctx), OTE_OK); // asked again: the sim port is active
     EXPECT_EQ(ote_context_check(ctx), OTE_OK);
 }
 
