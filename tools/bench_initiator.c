@@ -138,6 +138,11 @@ static int initiator_connect(initiator_t *in) {
         }
     }
 
+    /* --inject: this engine's sim only; the target child was spawned before. */
+    if (o->inject[0] != '\0' && setenv("OTE_SIM_INJECT", o->inject, 1) != 0) {
+        fprintf(stderr, "ote_bench: setenv(OTE_SIM_INJECT): %s\n", strerror(errno));
+        return -1;
+    }
     ote_status_t st = bench__make_engine(o, listen, &in->engine);
     if (st != OTE_OK) {
         bench__print_status("ote_engine_create", st);

@@ -260,6 +260,13 @@ const char *bench_usage(void) {
            "  --remote-ipc             the spawned target registers its device buffer with\n"
            "                           OTE_PERM_IPC (CUDA IPC over shm where gpu_paths\n"
            "                           allows ipc on both sides, e.g. OTE_GPU_PATHS=ipc,staging)\n"
+           "  --inject SPEC            faults of this process's verbs/sim device (its engine\n"
+           "                           only, not the spawned target's): cq_error=N breaks the\n"
+           "                           CQ of the Nth completion (a CQ lane error), gid_change=N\n"
+           "                           renumbers the port's GIDs there (a route change);\n"
+           "                           comma-separated (sets OTE_SIM_INJECT). A batch that\n"
+           "                           this engine's device failed (FENCED, PORT_DOWN) is\n"
+           "                           resubmitted, up to 8 times, in every run\n"
            "\n"
            "Target options (--role target):\n"
            "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
@@ -301,6 +308,7 @@ enum {
     OPT_LOCAL_MEM,
     OPT_REMOTE_MEM,
     OPT_REMOTE_IPC,
+    OPT_INJECT,
     OPT_END,
 };
 
@@ -464,6 +472,12 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
             break;
         case OPT_TEST_CORRUPT: o->test_corrupt = true; break;
         case OPT_REMOTE_IPC: o->remote_ipc = true; break;
+        case OPT_INJECT:
+            if (arg[0] == '\0' || strlen(arg) >= sizeof o->inject)
+                return set_err(err, errlen, "--inject: '%s' is not cq_error=N and/or gid_change=N",
+                               arg);
+            snprintf(o->inject, sizeof o->inject, "%s", arg);
+            break;
         case OPT_LOCAL_MEM:
         case OPT_REMOTE_MEM:
             if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem) != 0)
@@ -569,6 +583,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"report-fd", required_argument, NULL, OPT_REPORT_FD},
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
         {"remote-ipc", no_argument, NULL, OPT_REMOTE_IPC},
+        {"inject", required_argument, NULL, OPT_INJECT},
         {"depth", required_argument, NULL, OPT_DEPTH},
         {"local-mem", required_argument, NULL, OPT_LOCAL_MEM},
         {"remote-mem", required_argument, NULL, OPT_REMOTE_MEM},

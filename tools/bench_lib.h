@@ -69,6 +69,8 @@ typedef struct {
                            * target its own buffer */
     bool remote_ipc;      /* --remote-ipc: the target registers device memory with
                            * OTE_PERM_IPC (CUDA IPC for same-host peers over shm) */
+    char inject[64];      /* --inject: verbs/sim fault schedule of this process's engine
+                           * ($OTE_SIM_INJECT, verbs/sim/sim.h); "" = none */
 } bench_options_t;
 
 /* Memory of a buffer (--local-mem / --remote-mem): host, host on transparent huge pages

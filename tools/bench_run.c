@@ -37,6 +37,7 @@ struct bench_worker {
     uint64_t lat_count; /* samples taken */
     uint64_t lat_sum;
     uint64_t rng;
+    unsigned retries[BENCH_DEPTH_MAX]; /* resubmissions of batch d (device failures) */
     uint64_t bytes;
     uint64_t requests;
     uint64_t end_ns;
@@ -74,12 +75,52 @@ static int batch_start(worker_t *w, size_t d, size_t n) {
     return 0;
 }
 
+/* A batch whose failed requests all ended with this engine's own device failing them
+ * (OTE_ERR_FENCED: a CQ lane error, a route change; OTE_ERR_PORT_DOWN), which the
+ * engine recovers from (README "RDMA recovery"): it is reset and submitted again, whole
+ * (the same bytes to the same slots, so --check still holds), at most
+ * BENCH_DEVICE_RETRIES times. Returns 1 when resubmitted, 0 when not, -1 after
+ * worker_fail. */
+#define BENCH_DEVICE_RETRIES 8
+static int batch_resubmit(worker_t *w, size_t d, size_t n) {
+    ote_batch_t *b = w->batches[d];
+    ote_status_t first = OTE_OK;
+    for (size_t i = 0; i < n; i++) {
+        ote_transfer_status_t ts;
+        if (ote_batch_status(b, i, &ts) != OTE_OK) return 0;
+        if (ts.state == OTE_TRANSFER_COMPLETED) continue;
+        int code = ote_status_code(ts.error);
+        if (ts.state == OTE_TRANSFER_PENDING ||
+            (code != OTE_ERR_FENCED && code != OTE_ERR_PORT_DOWN))
+            return 0;
+        if (first == OTE_OK) first = ts.error;
+    }
+    if (first == OTE_OK || w->retries[d] >= BENCH_DEVICE_RETRIES) return 0;
+    w->retries[d]++;
+    fprintf(stderr, "ote_bench: a batch ended %s (this engine's device): resubmitted (%u of %d)\n",
+            ote_status_str(first), w->retries[d], BENCH_DEVICE_RETRIES);
+    ote_status_t st = ote_batch_reset(b);
+    if (st != OTE_OK) {
+        worker_fail(w, "ote_batch_reset", st);
+        return -1;
+    }
+    w->n_in[d] = 0;
+    return batch_start(w, d, n) == 0 ? 1 : -1;
+}
+
 /* Wait for batch d, record it when timed, reset it. Returns 0, or -1 after worker_fail. */
 static int batch_finish(worker_t *w, size_t d, bool timed) {
     run_t *r = w->run;
     ote_batch_t *b = w->batches[d];
     size_t n = w->n_in[d];
     ote_status_t st = ote_batch_wait(b, r->o->timeout_ns);
+    while (st != OTE_OK && ote_status_code(st) != OTE_ERR_TIMEOUT) {
+        int again = batch_resubmit(w, d, n);
+        if (again < 0) return -1;
+        if (again == 0) break;
+        st = ote_batch_wait(b, r->o->timeout_ns);
+    }
+    w->retries[d] = 0;
     uint64_t t1 = ote_now_ns();
     if (st != OTE_OK) {
         if (ote_status_code(st) == OTE_ERR_TIMEOUT) {
