@@ -164,7 +164,8 @@ static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t
     st = OTE_OK;
     for (size_t i = 0; i < n; i++) {
         ote_context_t *ctx = ote_context_set_get(bm->set, i);
-        if (ote_context_state(ctx) == OTE_CONTEXT_FATAL) continue; /* not usable */
+        ote_context_state_t cs = ote_context_state(ctx);
+        if (cs == OTE_CONTEXT_FATAL || cs == OTE_CONTEXT_LOST) continue; /* not usable */
         ote_verbs_t *v = ote_context_verbs(ctx);
         struct ibv_mr *mr = NULL;
         int err = dmabuf_fd < 0

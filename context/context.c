@@ -400,6 +400,7 @@ ote_status_t ote_context_check(const ote_context_t *ctx) {
     switch (ote_context_state(ctx)) {
         case OTE_CONTEXT_ACTIVE: return OTE_OK;
         case OTE_CONTEXT_PAUSED: return OTE_ERR_PORT_DOWN;
+        case OTE_CONTEXT_LOST: return ote_status_make(OTE_ERR_FENCED, EIO);
         default: return OTE_ERR_DEVICE_FATAL;
     }
 }

@@ -21,7 +21,8 @@
  * selected port pauses it (no new route admission: ote_context_check() fails
  * OTE_ERR_PORT_DOWN), PORT_ACTIVE / GID_CHANGE / LID_CHANGE refresh its route (automatic
  * GID selection is repeated on the same port; a pin stays strict) and resume it,
- * DEVICE_FATAL fences it for good. A paused context keeps its PD and MRs. Each change
+ * DEVICE_FATAL fences it for good, and so does a failed get_async_event (the event
+ * consumer is lost: OTE_CONTEXT_LOST). A paused context keeps its PD and MRs. Each change
  * bumps the context's route generation. Registered listeners see every event (after
  * the context's state was updated) in the thread that polls; this is how upper layers
  * fail their in-flight work on a port that went down. Lower layers never call up.
@@ -67,6 +68,12 @@ typedef enum {
     OTE_CONTEXT_ACTIVE = 0, /* route usable */
     OTE_CONTEXT_PAUSED = 1, /* selected port down or route invalid: PD and MRs kept */
     OTE_CONTEXT_FATAL = 2,  /* device fatal: nothing new, not even MR registration */
+    /* Its async event consumer was lost (get_async_event failed other than EAGAIN): events
+     * (QP_FATAL, PORT_ERR, DEVICE_FATAL...) may have gone unseen, so the device is fenced
+     * as a fatal one (ote_context_check: OTE_ERR_FENCED; no MR registration) for the life
+     * of the set; no port query heals it and no event of it is asked for again. A new set
+     * (a new engine) opens the device afresh: that is the only reopen there is. */
+    OTE_CONTEXT_LOST = 3,
 } ote_context_state_t;
 
 /* Native owners that a failed destroy left alive are counted per context, by the kinds
@@ -164,7 +171,8 @@ uint32_t ote_context_nic_id(const ote_context_t *ctx);
 const char *ote_context_name(const ote_context_t *ctx);
 
 /* Route admission: OTE_OK when active, OTE_ERR_PORT_DOWN when paused,
- * OTE_ERR_DEVICE_FATAL when fatal. Lock-free. */
+ * OTE_ERR_DEVICE_FATAL when fatal, OTE_ERR_FENCED (errno EIO) when its event consumer was
+ * lost. Lock-free. */
 ote_status_t ote_context_check(const ote_context_t *ctx);
 ote_context_state_t ote_context_state(const ote_context_t *ctx);
 void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info_out);

@@ -17,15 +17,21 @@
  * the monitor from the others. */
 #define EVENTS_PER_CONTEXT_PER_POLL 256
 
+/* Fatal and lost-consumer contexts are fenced for good: nothing resumes them. */
+static int fenced_for_good(const ote_context_t *ctx) {
+    ote_context_state_t st = ote_context_state(ctx);
+    return st == OTE_CONTEXT_FATAL || st == OTE_CONTEXT_LOST;
+}
+
 static void set_state(ote_context_t *ctx, ote_context_state_t st) {
     ote_mutex_lock(&ctx->set->mu);
-    if (ote_context_state(ctx) != OTE_CONTEXT_FATAL) atomic_store(&ctx->state, (int)st);
+    if (!fenced_for_good(ctx)) atomic_store(&ctx->state, (int)st);
     ctx->route_generation++;
     ote_mutex_unlock(&ctx->set->mu);
 }
 
 ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
-    if (ote_context_state(ctx) == OTE_CONTEXT_FATAL) return OTE_ERR_DEVICE_FATAL;
+    if (fenced_for_good(ctx)) return ote_context_check(ctx);
     ote_mutex_lock(&ctx->set->mu);
     uint8_t port = ctx->route.port;
     uint64_t gen = ctx->route_generation; /* what this query's result may replace */
@@ -36,9 +42,9 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
     ote_status_t st = ote__context_select_route(ctx, port, ctx->pin_gid_index, &route, &active);
     ote_mutex_lock(&ctx->set->mu);
     ote_context_state_t old = ote_context_state(ctx);
-    if (old == OTE_CONTEXT_FATAL) {
+    if (fenced_for_good(ctx)) {
         ote_mutex_unlock(&ctx->set->mu);
-        return OTE_ERR_DEVICE_FATAL;
+        return ote_context_check(ctx);
     }
     if (ctx->route_generation != gen) {
         /* Something newer (an event, another refresh) changed the state or the route
@@ -116,7 +122,8 @@ static void apply_event(ote_context_t *ctx, const struct ibv_async_event *ev) {
             break;
         case IBV_EVENT_DEVICE_FATAL:
             ote_mutex_lock(&ctx->set->mu);
-            atomic_store(&ctx->state, (int)OTE_CONTEXT_FATAL);
+            if (ote_context_state(ctx) != OTE_CONTEXT_LOST)
+                atomic_store(&ctx->state, (int)OTE_CONTEXT_FATAL);
             ctx->route_generation++;
             ote_mutex_unlock(&ctx->set->mu);
             OTE_ERROR("context", "device %s: fatal device error; context fenced", ctx->name);
@@ -134,21 +141,36 @@ static void notify(ote_context_set_t *set, ote_context_t *ctx, const struct ibv_
     ote_mutex_unlock(&set->listeners_mu);
 }
 
+/* get_async_event failed (not EAGAIN, EINTR or EOPNOTSUPP): the events of ctx can no
+ * longer be proven seen and acked. The context is fenced for good (OTE_CONTEXT_LOST), its
+ * route generation bumped (upper layers fence the QPs built before: their work ends),
+ * and its events are never asked for again. */
+static void lose_consumer(ote_context_t *ctx, int err) {
+    ote_mutex_lock(&ctx->set->mu);
+    atomic_store(&ctx->state, (int)OTE_CONTEXT_LOST);
+    ctx->route_generation++;
+    ote_mutex_unlock(&ctx->set->mu);
+    OTE_ERROR("context",
+              "device %s: get_async_event failed: errno %d: event consumer lost; device "
+              "fenced (no new work, its QPs' work ends) until the engine is created again",
+              ctx->name, err);
+}
+
 ote_status_t ote_context_set_poll_events(ote_context_set_t *set, size_t *handled_out) {
     size_t handled = 0;
     ote_status_t result = OTE_OK;
     for (size_t i = 0; i < set->count; i++) {
         ote_context_t *ctx = set->contexts[i];
         ote_verbs_t *v = ctx->v;
+        if (ote_context_state(ctx) == OTE_CONTEXT_LOST) continue; /* never asked again */
         for (int n = 0; n < EVENTS_PER_CONTEXT_PER_POLL; n++) {
             struct ibv_async_event ev;
             memset(&ev, 0, sizeof(ev));
             int err = v->ops->get_async_event(v, ctx->native, &ev);
-            if (err == EAGAIN || err == EWOULDBLOCK) break;
+            if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) break;
             if (err != 0) {
                 if (err != EOPNOTSUPP) {
-                    OTE_WARN("context", "device %s: get_async_event failed: errno %d", ctx->name,
-                             err);
+                    lose_consumer(ctx, err);
                     if (result == OTE_OK) result = ote_status_make(OTE_ERR_NATIVE, err);
                 }
                 break;

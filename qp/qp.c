@@ -54,7 +54,7 @@ ote_status_t ote_qp_cancel(ote_qp_t *qp) { return ote_qp_fence(qp, OTE_OK); }
 ote_status_t ote_qp_fence(ote_qp_t *qp, ote_status_t cause) {
     ote_mutex_lock(&qp->native_mu);
     ote_mutex_lock(&qp->mu);
-    if (qp->fence_cause == OTE_OK) qp->fence_cause = cause; /* the first cause stays */
+    if (!qp->fenced) qp->fence_cause = cause; /* the first fence's cause stays */
     qp->fenced = 1;
     enum ibv_qp_state state = qp->state;
     ote_mutex_unlock(&qp->mu);

@@ -15,11 +15,14 @@
  * lane's namespaces stay; the slots are built anew on the new CQs by the next runs.
  *
  * Route recovery: a change of the context's route generation (context/events.c: GID,
- * LID or MTU changed, or the port went down and up) fences every QP built on an older
+ * LID or MTU changed, or the port came back up) fences every QP built on an older
  * generation (ote_qp_route_generation) with OTE_ERR_FENCED (errno ENETRESET): they drain
  * (their flushes end their work) and leave their slots, which are rebuilt on the new
  * route. The generation is read before the QPs are looked at, and only QPs built before
- * it are fenced: a QP built on the new route is never fenced by it.
+ * it are fenced: a QP built on the new route is never fenced by it. A lost event consumer
+ * (OTE_CONTEXT_LOST: get_async_event failed) bumps the generation too: every QP of the
+ * device is fenced with the context's status (OTE_ERR_FENCED, EIO), and as the context
+ * admits nothing any more, no QP is built there again (the selector drops the device).
  *
  * Cadence: every 2 ms while anything with a deadline is live (a grant, a run in flight,
  * a queued slice, a notification or commit awaited, a staged copy); otherwise it sleeps
@@ -106,18 +109,26 @@ static void routes_watch(rdma_tp_t *tp) {
         if (n->route_gen == 0) n->route_gen = info.route_generation;
         if (info.route_generation == n->route_gen) continue;
         n->route_gen = info.route_generation;
+        /* A port that went down: its QPs were fenced by PORT_ERR already (qp/qp.h). A lost
+         * event consumer fences them with the context's own status. */
+        if (info.state == OTE_CONTEXT_PAUSED || info.state == OTE_CONTEXT_FATAL) continue;
+        ote_status_t cause = info.state == OTE_CONTEXT_LOST
+                                 ? ote_context_check(n->ctx)
+                                 : ote_status_make(OTE_ERR_FENCED, ENETRESET);
         size_t total = 0;
         ote_endpoint_store_t *stores[2] = {n->eps, n->deps};
         for (int k = 0; k < 2; k++) {
             size_t fenced = 0;
             if (stores[k] == NULL) continue;
-            (void)ote_endpoint_store_fence(stores[k], NULL, info.route_generation,
-                                           ote_status_make(OTE_ERR_FENCED, ENETRESET), 0,
+            (void)ote_endpoint_store_fence(stores[k], NULL, info.route_generation, cause, 0,
                                            ote_deadline_after(0), &fenced);
             total += fenced;
         }
         atomic_fetch_add(&tp->route_fenced_qps, total);
-        if (total > 0)
+        if (total > 0 && info.state == OTE_CONTEXT_LOST)
+            OTE_WARN("rdma", "data device %s: event consumer lost: %zu QP(s) fenced",
+                     ote_context_name(n->ctx), total);
+        else if (total > 0)
             OTE_INFO("rdma",
                      "data device %s: route changed (generation %llu, GID index %d, MTU %d): "
                      "%zu QP(s) of the old route fenced, rebuilt on demand",

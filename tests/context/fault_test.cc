@@ -296,6 +296,39 @@ TEST_F(ContextFaultTest, StaleRefreshCannotClearANewerPortFault) {
     EXPECT_EQ(ote_context_check(ctx), OTE_OK);
 }
 
+// A get_async_event that fails (EIO, not EAGAIN) loses that context's event consumer:
+// the context is fenced for good (OTE_CONTEXT_LOST, check OTE_ERR_FENCED with EIO, its
+// route generation bumped so that upper layers fence its QPs), no refresh resumes it, its
+// events are never asked for again, and new registrations skip it; the other context is
+// untouched. Without the fence the failure was only logged and the context stayed ACTIVE.
+TEST_F(ContextFaultTest, FailedGetAsyncEventLosesTheConsumerAndFencesTheDevice) {
+    Open();
+    ote_context_t *lost = ote_context_set_get(set_, 0), *other = ote_context_set_get(set_, 1);
+    uint64_t gen0 = ote_context_route_generation(lost);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_NTH, 1, EIO),
+              OTE_OK);
+    ote_status_t st = OTE_OK;
+    ExpectErrorLogsIn([&] { st = ote_context_set_poll_events(set_, nullptr); });
+    EXPECT_EQ(st, ote_status_make(OTE_ERR_NATIVE, EIO));
+    EXPECT_EQ(ote_context_state(lost), OTE_CONTEXT_LOST);
+    EXPECT_EQ(ote_context_check(lost), ote_status_make(OTE_ERR_FENCED, EIO));
+    EXPECT_GT(ote_context_route_generation(lost), gen0);
+    EXPECT_EQ(ote_context_check(other), OTE_OK);
+    EXPECT_EQ(ote_context_refresh(lost), ote_status_make(OTE_ERR_FENCED, EIO)); // not healed
+    EXPECT_EQ(ote_context_state(lost), OTE_CONTEXT_LOST);
+    // Never asked again: one more poll calls get_async_event for the other context only.
+    ote_verbs_fault_clear(v_);
+    uint64_t calls = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT);
+    EXPECT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT), calls + 1);
+    ote_buffer_t *buf = nullptr;
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    ibv_mr *mr = nullptr;
+    EXPECT_NE(ote_buffer_mr(buf, lost, &mr), OTE_OK); // no MR where events go unseen
+    EXPECT_EQ(ote_buffer_mr(buf, other, &mr), OTE_OK);
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+}
+
 TEST_F(ContextFaultTest, DeviceFatalFencesAndPublicationSkipsTheContext) {
     Open();
     ote_context_t *fatal = ote_context_set_get(set_, 1);

@@ -7,7 +7,9 @@
 //   byte, and no registration's MR was registered again;
 // - a route change: the requester's GID changes (GID_CHANGE) while a WRITE is on the
 //   wire; the QPs of the old route are fenced (that WRITE ends OTE_ERR_FENCED) and rebuilt
-//   on the new route; the next WRITE lands every byte; no MR registered again.
+//   on the new route; the next WRITE lands every byte; no MR registered again;
+// - a lost event consumer: the requester's get_async_event fails while a WRITE is on the
+//   wire; the device is fenced, that WRITE ends OTE_ERR_FENCED and no new work starts.
 // Transfers are slowed by the source port's egress limit so that the fault meets work in
 // flight. Each test fails without its fix (checked by disabling the monitor's lane and
 // route passes): without lane recovery the broken lane's WRITE ends only at its deadline
@@ -18,6 +20,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -68,11 +71,13 @@ class RdmaRecoveryTest : public ote_test::OteTest {
         nr_ = counters_[1].get();
         mem_.assign(kLen, 0);
         out_.resize(kLen);
-        ASSERT_EQ(ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
-                  OTE_OK);
+        ASSERT_EQ(
+            ote_memory_register(src_, mem_.data(), mem_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+            OTE_OK);
         // The requester's buffer is registered too: its persistent MR must survive.
-        ASSERT_EQ(ote_memory_register(req_, out_.data(), out_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
-                  OTE_OK);
+        ASSERT_EQ(
+            ote_memory_register(req_, out_.data(), out_.size(), OTE_PERM_READ | OTE_PERM_WRITE),
+            OTE_OK);
         char addr[300];
         ASSERT_EQ(ote_engine_address(src_, addr, sizeof(addr)), OTE_OK);
         ASSERT_EQ(ote_segment_open(req_, addr, &seg_), OTE_OK);
@@ -223,6 +228,32 @@ TEST_F(RdmaRecoveryTest, RouteChangeFencesOldQpsWhichAreRebuiltOnTheNewRoute) {
     WriteChecked(3);
     EXPECT_GT(Req().qp_builds, builds0) << "no QP was rebuilt on the new route";
     EXPECT_EQ(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_REG_MR), regs0);
+}
+
+// Lost event consumer (item 3): the requester's get_async_event fails (EIO) while a WRITE
+// is on the wire. Its only data device is fenced: that WRITE ends OTE_ERR_FENCED (its QP
+// fenced with the context's status), and no new work starts there (a later WRITE fails
+// without a byte moved). Without the fence the failure was only logged: the WRITE
+// completed and later ones kept using a device whose events went unseen.
+TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceAndEndsItsWork) {
+    WriteChecked(1);
+    Slow(true);
+    ote_batch_t *b = nullptr;
+    StartOnTheWire(&b);
+    ote_test::ErrorLogsExpected fault_logs;
+    ASSERT_EQ(ote_verbs_fault_fail(vr_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_NTH, 1, EIO),
+              OTE_OK);
+    ote_status_t st = End(b);
+    EXPECT_EQ(st, ote_status_make(OTE_ERR_FENCED, EIO)) << ote_status_str(st);
+    Slow(false);
+    EXPECT_EQ(ote_verbs_fault_injected(vr_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT), 1u);
+    std::fill(mem_.begin(), mem_.end(), 0);
+    Fill(7);
+    ASSERT_EQ(Start(&b), OTE_OK);
+    st = End(b);
+    EXPECT_NE(st, OTE_OK) << "new work started on a device whose events go unseen";
+    std::vector<uint8_t> zeros(kLen, 0);
+    EXPECT_EQ(memcmp(mem_.data(), zeros.data(), kLen), 0) << "bytes moved on a fenced device";
 }
 
 } // namespace
