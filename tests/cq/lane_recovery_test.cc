@@ -184,7 +184,7 @@ TEST_F(LaneRecoveryTest, PollErrorsFaultTheLaneAndABrokenCqIsReplaced) {
     ASSERT_EQ(ote_cq_lane_state(lane, &cause), OTE_CQ_LANE_FAULTED);
     EXPECT_EQ(ote_status_code(cause), OTE_ERR_FENCED);
     EXPECT_EQ(ote_status_code(ote_cq_lane_poll(lane, &n)), OTE_ERR_NATIVE); // broken for good
-    ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK); // its CQ_ERR, acked
+    ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);          // its CQ_ERR, acked
     ote_verbs_fault_reset_counters(v_);
     ASSERT_EQ(ote_cq_lane_replace(lane), OTE_OK);
     ExpectOnlyCqsReplaced();

@@ -90,8 +90,8 @@ static void change_gids(sim_prov_t *p, sim_dev_t *d, uint8_t port) {
         if (!g.valid || g.gid.raw[10] != 0xff || g.gid.raw[11] != 0xff) continue;
         g.gid.raw[12] = (uint8_t)(g.gid.raw[12] + 1);
         ote_status_t st = ote_sim_set_gid(&p->v, d->ibdev.name, port, i, &g.gid, g.type);
-        OTE_INFO(SIM_LOG, "sim: OTE_SIM_INJECT: %s port %u GID index %d changed: %s",
-                 d->ibdev.name, (unsigned)port, i, ote_status_str(st));
+        OTE_INFO(SIM_LOG, "sim: OTE_SIM_INJECT: %s port %u GID index %d changed: %s", d->ibdev.name,
+                 (unsigned)port, i, ote_status_str(st));
     }
 }
 
