@@ -103,13 +103,13 @@ class RdmaRecoveryTest : public ote_test::OteTest {
         EXPECT_EQ(ote_retained_total(), retained0_);
         OteTest::TearDown();
     }
-    static ote_engine_t *Create() {
+    ote_engine_t *Create() {
         ote_config_t *cfg = nullptr;
         EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "transport", "rdma"), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "verbs_provider", "sim"), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "transfer_timeout_ms", "15000"), OTE_OK);
-        EXPECT_EQ(ote_config_set(cfg, "rdma_devices", "sim0"), OTE_OK);
+        EXPECT_EQ(ote_config_set(cfg, "rdma_devices", devices_), OTE_OK);
         ote_engine_t *e = nullptr;
         EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
         ote_config_destroy(cfg);
@@ -169,6 +169,13 @@ class RdmaRecoveryTest : public ote_test::OteTest {
     std::vector<uint8_t> mem_, out_;
     char req_addr_[300] = "";
     uint64_t retained0_ = 0;
+    const char *devices_ = "sim0"; // the data devices of both engines
+};
+
+// Both sim devices: a registration is a persistent MR in each.
+class RdmaRecoveryTwoDeviceTest : public RdmaRecoveryTest {
+  protected:
+    RdmaRecoveryTwoDeviceTest() { devices_ = "sim0,sim1"; }
 };
 
 // Lane error (item 1): every requester CQ broken while a WRITE is on the wire.
@@ -254,6 +261,30 @@ TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceAndEndsItsWork) {
     EXPECT_NE(st, OTE_OK) << "new work started on a device whose events go unseen";
     std::vector<uint8_t> zeros(kLen, 0);
     EXPECT_EQ(memcmp(mem_.data(), zeros.data(), kLen), 0) << "bytes moved on a fenced device";
+}
+
+// Teardown (item 4): a registration whose second MR fails rolls back the first, and that
+// rollback's dereg fails (EBUSY once): the MR is the buffer manager's orphan (retained,
+// counted), the registration fails, and the monitor's reclaim deregisters the orphan
+// within a few of its 50 ms passes, with no MR left over the buffer. Without the
+// monitor's reclaim the orphan stays retained (and engine destroy would be RETAINED).
+TEST_F(RdmaRecoveryTwoDeviceTest, MrOrphanedByAFailedRollbackIsReclaimedByTheMonitor) {
+    std::vector<uint8_t> extra(1u << 20, 1);
+    nr_->watch_lo = (uintptr_t)extra.data();
+    nr_->watch_hi = (uintptr_t)extra.data() + extra.size();
+    ote_test::ErrorLogsExpected fault_logs;
+    ASSERT_EQ(ote_verbs_fault_fail(vr_, OTE_VERBS_FAULT_OP_REG_MR, OTE_FAULT_NTH, 2, ENOMEM),
+              OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(vr_, OTE_VERBS_FAULT_OP_DEREG_MR, nullptr, 1), OTE_OK);
+    EXPECT_NE(ote_memory_register(req_, extra.data(), extra.size(), OTE_PERM_READ), OTE_OK);
+    EXPECT_EQ(ote_verbs_fault_injected(vr_, OTE_VERBS_FAULT_OP_DEREG_MR), 1u);
+    ASSERT_TRUE(ote_test::WaitUntil(
+        [&] { return Req().mrs_retained == 0 && nr_->watched_mrs.load() == 0; },
+        std::chrono::seconds(30), "the orphaned MR deregistered by the monitor's reclaim"));
+    EXPECT_GE(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_DEREG_MR), 2u);
+    EXPECT_EQ(ote_retained_total(), retained0_);
+    ote_verbs_fault_clear(vr_);
+    WriteChecked(4); // the engine goes on
 }
 
 } // namespace
