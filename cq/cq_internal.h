@@ -49,6 +49,7 @@ struct ote_cq_lane {
     _Atomic int state;
     ote_status_t fault;
     _Atomic uint64_t generation;
+    uint32_t pins;        /* QPs being created on the current CQs (ote_cq_lane_pin) */
     uint64_t listener_id; /* the context listener that sees CQ_ERR events */
     int listener_added;
 

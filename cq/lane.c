@@ -250,10 +250,38 @@ ote_status_t ote_cq_lane_destroy(ote_cq_lane_t *lane) {
 ote_context_t *ote_cq_lane_context(const ote_cq_lane_t *lane) { return lane->ctx; }
 uint32_t ote_cq_lane_index(const ote_cq_lane_t *lane) { return lane->index; }
 struct ibv_cq *ote_cq_lane_native_cq(const ote_cq_lane_t *lane, ote_cq_dir_t dir) {
-    return lane->cq[dir == OTE_CQ_RECV];
+    ote_cq_lane_t *l = (ote_cq_lane_t *)lane;
+    ote_mutex_lock(&l->table_mu);
+    struct ibv_cq *cq = l->cq[dir == OTE_CQ_RECV];
+    ote_mutex_unlock(&l->table_mu);
+    return cq;
 }
 uint32_t ote_cq_lane_capacity(const ote_cq_lane_t *lane, ote_cq_dir_t dir) {
-    return lane->capacity[dir == OTE_CQ_RECV];
+    ote_cq_lane_t *l = (ote_cq_lane_t *)lane;
+    ote_mutex_lock(&l->table_mu);
+    uint32_t c = l->capacity[dir == OTE_CQ_RECV];
+    ote_mutex_unlock(&l->table_mu);
+    return c;
+}
+
+ote_status_t ote_cq_lane_pin(ote_cq_lane_t *lane, struct ibv_cq *cqs_out[2]) {
+    ote_status_t st = OTE_OK;
+    ote_mutex_lock(&lane->table_mu);
+    if (lane->closing) st = OTE_ERR_STATE;
+    else if (atomic_load(&lane->state) != OTE_CQ_LANE_HEALTHY) st = lane->fault;
+    if (st == OTE_OK) {
+        lane->pins++;
+        cqs_out[0] = lane->cq[0];
+        cqs_out[1] = lane->cq[1];
+    }
+    ote_mutex_unlock(&lane->table_mu);
+    return st;
+}
+
+void ote_cq_lane_unpin(ote_cq_lane_t *lane) {
+    ote_mutex_lock(&lane->table_mu);
+    if (lane->pins > 0) lane->pins--;
+    ote_mutex_unlock(&lane->table_mu);
 }
 int ote_cq_lane_channel_fd(const ote_cq_lane_t *lane) {
     return lane->channel != NULL ? lane->channel->fd : -1;
@@ -403,27 +431,33 @@ static void dispatch(ote_cq_lane_t *lane, ote_cq_dir_t dir, const struct ibv_wc 
     ote_cq_lane_deliver(lane, dir, wc);
 }
 
+/* Both CQs are polled before anything is dispatched: when one fails (a lane error) the
+ * lane is FAULTED before the other's CQEs (the flushes of QPs its error moved to ERR)
+ * reach their records, which then see the lane's cause. */
 int ote__cq_lane_poll_locked(ote_cq_lane_t *lane) {
     if (lane->closing) return 0;
     ote_verbs_t *v = lane->v;
-    int total = 0;
+    struct ibv_wc wc[2][POLL_BATCH];
+    int got[2] = {0, 0}, failed = 0;
     for (int d = 0; d < 2; d++) {
-        struct ibv_wc wc[POLL_BATCH];
         if (lane->cq[d] == NULL) continue; /* a replacement that failed: none to poll */
-        int n = v->ops->poll_cq(v, lane->cq[d], POLL_BATCH, wc);
-        if (n < 0) {
-            atomic_fetch_add(&lane->poll_failures, 1);
-            /* A lane error: the lane is fenced and replaced (logged once, at the fault). */
-            if (atomic_load(&lane->state) == OTE_CQ_LANE_HEALTHY)
-                OTE_WARN("cq", "lane %u on %s: poll_cq(%s) failed: errno %d", lane->index,
-                         ote_context_name(lane->ctx), d == 0 ? "send" : "recv", -n);
-            ote_cq_lane_fault(lane, ote_status_make(OTE_ERR_FENCED, -n));
-            return total > 0 ? total : n;
+        int n = v->ops->poll_cq(v, lane->cq[d], POLL_BATCH, wc[d]);
+        if (n >= 0) {
+            got[d] = n;
+            continue;
         }
-        for (int i = 0; i < n; i++) dispatch(lane, (ote_cq_dir_t)d, &wc[i]);
-        total += n;
+        atomic_fetch_add(&lane->poll_failures, 1);
+        /* A lane error: the lane is fenced and replaced (logged once, at the fault). */
+        if (atomic_load(&lane->state) == OTE_CQ_LANE_HEALTHY)
+            OTE_WARN("cq", "lane %u on %s: poll_cq(%s) failed: errno %d", lane->index,
+                     ote_context_name(lane->ctx), d == 0 ? "send" : "recv", -n);
+        ote_cq_lane_fault(lane, ote_status_make(OTE_ERR_FENCED, -n));
+        if (failed == 0) failed = n;
     }
-    return total;
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < got[d]; i++) dispatch(lane, (ote_cq_dir_t)d, &wc[d][i]);
+    int total = got[0] + got[1];
+    return total > 0 || failed == 0 ? total : failed;
 }
 
 /* Arm and consume take the poll lock: a replacement swaps the CQs under it. */
@@ -618,7 +652,7 @@ ote_status_t ote_cq_lane_replace(ote_cq_lane_t *lane) {
     ote_status_t st = OTE_OK;
     if (atomic_load(&lane->state) == OTE_CQ_LANE_HEALTHY) st = OTE_OK;
     else if (lane->closing) st = OTE_ERR_STATE;
-    else if (lane->attached > 0) st = OTE_ERR_BUSY;
+    else if (lane->attached > 0 || lane->pins > 0) st = OTE_ERR_BUSY;
     int go = st == OTE_OK && atomic_load(&lane->state) != OTE_CQ_LANE_HEALTHY;
     ote_mutex_unlock(&lane->table_mu);
     if (!go) return st;

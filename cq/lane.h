@@ -107,8 +107,13 @@ ote_status_t ote_cq_lane_destroy(ote_cq_lane_t *lane);
 
 ote_context_t *ote_cq_lane_context(const ote_cq_lane_t *lane);
 uint32_t ote_cq_lane_index(const ote_cq_lane_t *lane);
-/* The native CQs, for ibv_qp_init_attr. */
+/* The native CQs (a replacement changes them: a QP being created pins them instead). */
 struct ibv_cq *ote_cq_lane_native_cq(const ote_cq_lane_t *lane, ote_cq_dir_t dir);
+/* The current CQs pinned for a QP being created on them (its ibv_qp_init_attr): until
+ * ote_cq_lane_unpin() a replacement is refused (OTE_ERR_BUSY), so they stay alive. The
+ * fault's cause when the lane is FAULTED (nothing pinned then). cqs_out: send, recv. */
+ote_status_t ote_cq_lane_pin(ote_cq_lane_t *lane, struct ibv_cq *cqs_out[2]);
+void ote_cq_lane_unpin(ote_cq_lane_t *lane);
 /* Actual capacity (CQEs) of a CQ. */
 uint32_t ote_cq_lane_capacity(const ote_cq_lane_t *lane, ote_cq_dir_t dir);
 /* The completion channel's fd, -1 without a channel. */

@@ -118,10 +118,13 @@ void ote__grant_pump(grant_t *g, defer_t *df) {
 void ote__grant_requester_cqe(grant_t *g, uint32_t idx, const struct ibv_wc *wc, defer_t *df) {
     mlane_t *ml = &g->m->lanes[g->lane];
     ote_status_t st = ote__grant_wc_status(wc);
-    /* A flush of a QP this engine's device fenced (its lane failed, its route changed):
-     * the work ends with that device-scope cause, not as a peer's loss. */
+    /* A flush of a QP this engine's device fenced (its lane failed, its route changed),
+     * or of a QP on a lane that failed (its flush came through the lane's other CQ before
+     * the QP was fenced): the work ends with that device-scope cause, not as a peer's
+     * loss. */
     if (ote_status_code(st) == OTE_ERR_CANCELED) {
         ote_status_t cause = ote_qp_fence_cause(g->qp);
+        if (cause == OTE_OK) (void)ote_cq_lane_state(ote_qp_lane(g->qp), &cause);
         if (cause != OTE_OK) st = cause;
     }
     if (idx == IDX_INV) {

@@ -113,12 +113,12 @@ static ote_status_t create_admit(ote_context_t *ctx) {
 
 /* The native RC QP on the lane's CQ pair, in cfg->pd or the context's PD: sets qp->qp
  * and qp->qp_num (needs qp->ctx, qp->v and qp->cfg). */
-static ote_status_t create_native_qp(ote_qp_t *qp, ote_cq_lane_t *lane) {
+static ote_status_t create_native_qp(ote_qp_t *qp, struct ibv_cq *const cqs[2]) {
     const ote_qp_config_t *cfg = &qp->cfg;
     struct ibv_qp_init_attr ia;
     memset(&ia, 0, sizeof(ia));
-    ia.send_cq = ote_cq_lane_native_cq(lane, OTE_CQ_SEND);
-    ia.recv_cq = ote_cq_lane_native_cq(lane, OTE_CQ_RECV);
+    ia.send_cq = cqs[0];
+    ia.recv_cq = cqs[1];
     ia.qp_type = IBV_QPT_RC;
     ia.sq_sig_all = 1; /* every WR completes: exact discharge per WR id */
     ia.cap.max_send_wr = cfg->max_send_wr;
@@ -225,9 +225,17 @@ ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_
     qp->gid_index = info.gid_index;
     qp->route_gen = info.route_generation;
     clamp_rd_atomic(qp, &info);
-    if ((st = create_native_qp(qp, lane)) != OTE_OK) goto err_rq;
-    if ((st = create_move_to_init(qp)) != OTE_OK) goto err_destroy_qp;
-    if ((st = ote_cq_lane_attach_qp(lane, qp->qp_num, qp_hook, qp)) != OTE_OK) goto err_destroy_qp;
+    /* The lane's CQs stay (no replacement) from here until the QP is attached. */
+    struct ibv_cq *cqs[2];
+    if ((st = ote_cq_lane_pin(lane, cqs)) != OTE_OK) goto err_rq;
+    if ((st = create_native_qp(qp, cqs)) != OTE_OK) {
+        ote_cq_lane_unpin(lane);
+        goto err_rq;
+    }
+    st = create_move_to_init(qp);
+    if (st == OTE_OK) st = ote_cq_lane_attach_qp(lane, qp->qp_num, qp_hook, qp);
+    ote_cq_lane_unpin(lane);
+    if (st != OTE_OK) goto err_destroy_qp;
     qp->hook_attached = 1;
     if (cfg->srq != NULL && (st = ote__srq_attach(cfg->srq, qp, qp->qp_num)) != OTE_OK)
         goto err_detach;
@@ -512,7 +520,11 @@ struct ibv_pd *ote_qp_pd(const ote_qp_t *qp) {
 }
 ote_context_t *ote_qp_context(const ote_qp_t *qp) { return qp->ctx; }
 struct ibv_qp *ote_qp_native(const ote_qp_t *qp) {
-    return qp->qp;
+    ote_qp_t *q = (ote_qp_t *)qp;
+    ote_mutex_lock(&q->mu);
+    struct ibv_qp *n = q->qp; /* NULL once abandoned or destroyed */
+    ote_mutex_unlock(&q->mu);
+    return n;
 }
 
 void ote_qp_get_stats(const ote_qp_t *qp, ote_qp_stats_t *s) {
