@@ -641,6 +641,10 @@ static ote_status_t replace_cqs(ote_cq_lane_t *lane) {
             atomic_fetch_add(&lane->generation, 1);
         }
         ote_mutex_unlock(&lane->table_mu);
+        /* A worker asleep on the channel armed the old CQs: arm the new ones now, so
+         * their first CQE wakes it. */
+        for (int d = 0; d < 2 && st == OTE_OK && lane->channel != NULL; d++)
+            (void)v->ops->req_notify_cq(v, lane->cq[d], 0);
     }
     ote__cq_lane_poll_unlock(lane);
     return st;
