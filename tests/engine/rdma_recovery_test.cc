@@ -20,7 +20,6 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -185,6 +184,7 @@ TEST_F(RdmaRecoveryTest, LaneErrorEndsItsWorkFencedLanesReplacedNextWriteLands) 
     uint64_t pds0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_ALLOC_PD);
     std::vector<ibv_cq *> old = nr_->LiveCqs();
     ASSERT_FALSE(old.empty());
+    uint64_t made0 = nr_->cqs_made.load();
     Slow(true);
     ote_batch_t *b = nullptr;
     StartOnTheWire(&b);
@@ -196,8 +196,10 @@ TEST_F(RdmaRecoveryTest, LaneErrorEndsItsWorkFencedLanesReplacedNextWriteLands) 
     ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().lane_replacements >= old.size() / 2; },
                                     std::chrono::seconds(30), "every lane replaced"));
     EXPECT_GE(Req().lane_fenced_qps, 1u);
-    for (ibv_cq *cq : nr_->LiveCqs())
-        for (ibv_cq *o : old) EXPECT_NE(cq, o) << "an old CQ is still alive";
+    // Every lane's two CQs were made anew (addresses may be reused: counted instead), and
+    // as many CQs are alive as before.
+    EXPECT_GE(nr_->cqs_made.load(), made0 + old.size());
+    EXPECT_EQ(nr_->LiveCqs().size(), old.size());
     WriteChecked(2);
     WriteChecked(3);
     // The PD and the persistent MRs stayed: nothing was registered or allocated again.
@@ -239,8 +241,8 @@ TEST_F(RdmaRecoveryTest, RouteChangeFencesOldQpsWhichAreRebuiltOnTheNewRoute) {
 
 // Lost event consumer (item 3): the requester's get_async_event fails (EIO) while a WRITE
 // is on the wire. Its only data device is fenced: that WRITE ends OTE_ERR_FENCED (its QP
-// fenced with the context's status), and no new work starts there (a later WRITE fails
-// without a byte moved). Without the fence the failure was only logged: the WRITE
+// fenced with the context's status), and no new work starts there (a later WRITE fails,
+// no QP is built for it). Without the fence the failure was only logged: the WRITE
 // completed and later ones kept using a device whose events went unseen.
 TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceAndEndsItsWork) {
     WriteChecked(1);
@@ -254,13 +256,14 @@ TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceAndEndsItsWork) {
     EXPECT_EQ(st, ote_status_make(OTE_ERR_FENCED, EIO)) << ote_status_str(st);
     Slow(false);
     EXPECT_EQ(ote_verbs_fault_injected(vr_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT), 1u);
-    std::fill(mem_.begin(), mem_.end(), 0);
+    // (The source's memory is not looked at: the fenced WRITE's last bytes may still land
+    // there, as after any failed WRITE.) A new WRITE fails without a QP built for it.
+    uint64_t builds0 = Req().qp_builds;
     Fill(7);
     ASSERT_EQ(Start(&b), OTE_OK);
     st = End(b);
     EXPECT_NE(st, OTE_OK) << "new work started on a device whose events go unseen";
-    std::vector<uint8_t> zeros(kLen, 0);
-    EXPECT_EQ(memcmp(mem_.data(), zeros.data(), kLen), 0) << "bytes moved on a fenced device";
+    EXPECT_EQ(Req().qp_builds, builds0) << "a QP was built on the fenced device";
 }
 
 // Teardown (item 4): a registration whose second MR fails rolls back the first, and that
