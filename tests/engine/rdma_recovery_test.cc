@@ -189,7 +189,12 @@ TEST_F(RdmaRecoveryTest, LaneErrorEndsItsWorkFencedLanesReplacedNextWriteLands) 
     ote_batch_t *b = nullptr;
     StartOnTheWire(&b);
     ote_test::ErrorLogsExpected fault_logs; // the lane errors are logged
+    // No old CQ may be destroyed (a lane replaced) before all of them are broken: their
+    // destroys answer EBUSY meanwhile (the replacement is retried by later rounds).
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(vr_, OTE_VERBS_FAULT_OP_DESTROY_CQ, nullptr, 1000000),
+              OTE_OK);
     for (ibv_cq *cq : old) ASSERT_EQ(ote_sim_cq_error(ote_verbs_fault_inner(vr_), cq), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(vr_, OTE_VERBS_FAULT_OP_DESTROY_CQ, nullptr, 0), OTE_OK);
     ote_status_t st = End(b);
     EXPECT_EQ(ote_status_code(st), OTE_ERR_FENCED) << ote_status_str(st);
     Slow(false);
