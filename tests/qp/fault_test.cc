@@ -3,7 +3,8 @@
 // accepting only part of a window (exact accounting, no double completion), a post whose
 // outcome is unknown (fenced), a lost CQE (deadline, fence, nothing freed until native
 // destruction proves it), destroy_qp and dereg_mr EBUSY (retained, counted, retried),
-// and a port going down under in-flight work (error completions, not a hang).
+// a port going down under in-flight work (error completions, not a hang), and a QP
+// abandoned on a lane whose CQ broke (its owed WRs ended with the lane's cause).
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -51,6 +52,53 @@ class QpFaultTest : public QpFixture {
         EXPECT_EQ(memcmp(mem_[0].data(), mem_[1].data(), 4096), 0);
     }
 };
+
+// A QP whose lane's send CQ broke (ote_sim_cq_error: polls fail, the QP's flushes are lost
+// with the CQ) still owes its WRs. ote_qp_abandon(cause) fences it with that cause,
+// destroys it natively at once (the failed poll faults the lane: no flush to wait for)
+// and ends each owed WR with one synthesized flush (vendor_err DESTROYED); later posts
+// are refused with the cause; the QP records the route generation it was built on.
+// ote_qp_destroy then only detaches it, and its lane, with no QP left, is replaced and
+// carries a byte-checked WRITE on a new pair. Without abandon the WRs stay owed until a
+// destroy's flush deadline, and a post on the QP is refused only as FENCED.
+TEST_F(QpFaultTest, AbandonEndsTheOwedWorkOfABrokenLaneWithItsCause) {
+    ote_qp_config_t cfg = Config(16);
+    ote_qp_t *a = MakeQp(0, cfg);
+    ote_qp_t *b = MakeQp(1, cfg);
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    ote_context_info_t info;
+    ote_context_get_info(ctx_[0], &info);
+    EXPECT_EQ(ote_qp_route_generation(a), info.route_generation);
+    ErrorLogsExpected guard; // the lane error
+    ASSERT_EQ(ote_sim_cq_error(sim_, ote_cq_lane_native_cq(lane_[0], OTE_CQ_SEND)), OTE_OK);
+    auto w = Window(0, 10, 3, 4096);
+    ote_qp_post_result_t res;
+    ASSERT_EQ(ote_qp_post_send(a, &w[0].wr, Soon(), &res), OTE_OK); // QP_FATAL not seen yet
+    const ote_status_t cause = ote_status_make(OTE_ERR_FENCED, EIO);
+    uint64_t destroys = Calls(OTE_VERBS_FAULT_OP_DESTROY_QP);
+    uint64_t t0 = ote_now_ns();
+    ASSERT_EQ(ote_qp_abandon(a, cause, Soon()), OTE_OK);
+    EXPECT_LT(ote_now_ns() - t0, 10 * OTE_NSEC_PER_SEC) << "waited for flushes that cannot come";
+    EXPECT_EQ(Calls(OTE_VERBS_FAULT_OP_DESTROY_QP), destroys + 1);
+    for (uint64_t id = 10; id < 13; id++) {
+        ASSERT_EQ(rec_[0].Count(id), 1u) << "WR " << id;
+        EXPECT_EQ(rec_[0].First(id).status, IBV_WC_WR_FLUSH_ERR);
+        EXPECT_EQ(rec_[0].First(id).vendor_err, OTE_QP_VENDOR_ERR_DESTROYED);
+    }
+    EXPECT_EQ(ote_qp_fence_cause(a), cause);
+    auto w2 = Window(0, 20, 1, 4096);
+    EXPECT_EQ(ote_qp_post_send(a, &w2[0].wr, Soon(), &res), cause);
+    EXPECT_EQ(ote_cq_lane_state(lane_[0], nullptr), OTE_CQ_LANE_FAULTED);
+    EXPECT_EQ(ote_cq_lane_replace(lane_[0]), OTE_ERR_BUSY); // a is still attached
+    EXPECT_EQ(ote_qp_destroy(a, Soon()), OTE_OK);
+    Forget(a);
+    ASSERT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK); // CQ_ERR, QP_FATAL acked
+    ASSERT_EQ(ote_cq_lane_replace(lane_[0]), OTE_OK);
+    ote_qp_t *c = MakeQp(0, cfg);
+    ote_qp_t *d = MakeQp(1, cfg);
+    ASSERT_EQ(ConnectPair(c, d), OTE_OK);
+    ProveUsable(c, d, 30);
+}
 
 TEST_F(QpFaultTest, CreateQpFailingLeaksNothingAndRetrySucceeds) {
     ote_verbs_fault_reset_counters(v_);
