@@ -77,6 +77,11 @@ python3 scripts/check_fault_points.py; record "every fault point in library code
 python3 scripts/check_fault_points.py --self-test >/dev/null
 record "fault point check catches a planted unarmed point" $?
 
+echo "== the configuration reference agrees with the key table and <ote/ote.h>"
+python3 scripts/config_doc.py; record "docs/configuration.md and ote.h agree with engine/config.c" $?
+python3 scripts/config_doc.py --self-test >/dev/null
+record "configuration reference check catches planted drift" $?
+
 echo "== the result counter's own tests"
 python3 scripts/count_results_test.py; record "count_results.py unit tests" $?
 
