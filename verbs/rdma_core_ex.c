@@ -34,6 +34,7 @@
 #include "base/alloc.h"
 #include "base/lock.h"
 #include "base/log.h"
+#include "verbs/ibverbs_dl.h"
 #include "verbs/provider.h"
 
 #if defined(__has_include)
@@ -145,7 +146,7 @@ static void device_kind(ote_verbs_t *v, struct ibv_context *ctx, bool *mlx5, boo
     if (is_supported != NULL) {
         *mlx5 = is_supported(ctx->device);
     } else {
-        const char *name = ibv_get_device_name(ctx->device);
+        const char *name = ote__ibv()->get_device_name(ctx->device);
         *mlx5 = name != NULL && strncmp(name, "mlx5", 4) == 0;
     }
 }
@@ -157,7 +158,7 @@ int ote__rc_query_device_ex(ote_verbs_t *v, struct ibv_context *ctx,
     struct ibv_device_attr_ex a;
     memset(&a, 0, sizeof(a));
     errno = 0;
-    int r = ibv_query_device_ex(ctx, NULL, &a);
+    int r = ote__ibv_query_device_ex(ctx, &a);
     if (r < 0) r = errno != 0 ? errno : EIO;
     if (r != 0) return r;
     *attr = a;
@@ -264,13 +265,13 @@ int ote__rc_create_qp_flags(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_ini
         OTE_WARN(LOGC,
                  "create_qp_flags: %s is mlx5 but libmlx5 is not loadable: cannot disable "
                  "scatter-to-CQE on a QP (set MLX5_SCATTER_TO_CQE=0 before opening the device)",
-                 ibv_get_device_name(pd->context->device));
+                 ote__ibv()->get_device_name(pd->context->device));
         return EOPNOTSUPP;
     }
     if (r != 0) return r;
     r = remember(s, qp, flags);
     if (r != 0) {
-        (void)ibv_destroy_qp(qp);
+        (void)ote__ibv()->destroy_qp(qp);
         init_attr->cap = cap;
         return r;
     }

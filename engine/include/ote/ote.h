@@ -27,6 +27,26 @@ extern "C" {
 
 #define OTE_API_VERSION 1
 
+/* The library's version; the shared library's SONAME is liborbitte.so.<OTE_VERSION_MAJOR>. */
+#define OTE_VERSION_MAJOR 1
+#define OTE_VERSION_MINOR 0
+#define OTE_VERSION_PATCH 0
+
+/* "MAJOR.MINOR.PATCH" of the library linked or loaded (which may be newer than the header
+ * a program was built with). Never fails; the string is static. */
+const char *ote_version(void);
+
+/* What this library can use on this machine, now (ote_features). */
+#define OTE_FEATURE_RDMA_CORE (1u << 0) /* libibverbs loads: transports=rdma on real NICs */
+#define OTE_FEATURE_VERBS_SIM (1u << 1) /* the software verbs provider (always built in) */
+#define OTE_FEATURE_CUDA (1u << 2)      /* a CUDA driver library loads (libcuda.so.1) */
+#define OTE_FEATURE_AUTH (1u << 3)      /* cluster-key authentication (always built in) */
+/* The OTE_FEATURE_* bits that hold, in *features_out: libibverbs and the CUDA driver are
+ * looked for ($OTE_IBVERBS_LIBRARY, $OTE_CUDA_LIBRARY, else their sonames) without
+ * opening a device or initialising the driver, so a bit says the library is there, not
+ * that a NIC or GPU is. OTE_ERR_INVALID for NULL. */
+ote_status_t ote_features(uint32_t *features_out);
+
 typedef struct ote_config ote_config_t;
 typedef struct ote_engine ote_engine_t;
 typedef struct ote_segment ote_segment_t;
