@@ -7,7 +7,7 @@
 # the check really looks at the bytes. Every run is bounded by `timeout`.
 #
 # Device memory (--local-mem/--remote-mem cuda:0) runs over the fake libcuda (its path the
-# second argument), which is how the README's test mode runs it.
+# second argument), which is how the test mode of docs/performance.md runs it.
 #
 # Usage (from Bazel): ote_bench_e2e_test.sh <path to ote_bench> <path to libfake_cuda.so>
 set -u
