@@ -74,7 +74,7 @@ typedef struct {
  * that key's documentation, rendered with its values and default into
  * docs/configuration.md by scripts/config_doc.py (CI fails when the two differ, when a key
  * has no comment, or when <ote/ote.h>'s key list and this table disagree). Write it for
- * users; `backticks` and "README section" references are kept as written. */
+ * users; `backticks` and "docs/ section" references are kept as written. */
 static const key_def_t g_keys[] = {
     /* Ordered list of distinct transports out of `shm`, `tcp`, `rdma`, in any order and any
      * subset (e.g. `shm,rdma,tcp`, `rdma,tcp`): each segment takes the first one the peer
@@ -114,7 +114,7 @@ static const key_def_t g_keys[] = {
     /* Deadline, from accept, of the HELLO (and, with a key, the proof) of a connection this
      * engine accepted, on the listener and the shm socket; the smaller of it and
      * `connect_timeout_ms` applies; a connection past it is closed with a rate-limited
-     * WARN (README "Security"). */
+     * WARN (docs/security.md). */
     {"handshake_timeout_ms", K_UINT, "5000", 1, 600000, NUMBER(handshake_timeout_ms)},
     /* The verbs provider of the `rdma` transport: `rdma-core` (libibverbs, real devices)
      * or `sim` (OrbitTE's software provider, for tests and machines without a NIC). Empty:

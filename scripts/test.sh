@@ -82,6 +82,11 @@ python3 scripts/config_doc.py; record "docs/configuration.md and ote.h agree wit
 python3 scripts/config_doc.py --self-test >/dev/null
 record "configuration reference check catches planted drift" $?
 
+echo "== the README and docs/: README under 350 lines, every relative link resolves"
+python3 scripts/check_docs.py; record "README.md and docs/ links (scripts/check_docs.py)" $?
+python3 scripts/check_docs.py --self-test >/dev/null
+record "docs check catches planted faults" $?
+
 echo "== the result counter's own tests"
 python3 scripts/count_results_test.py; record "count_results.py unit tests" $?
 

@@ -139,7 +139,7 @@ typedef struct {
 ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, size_t cap,
                                   size_t *n_out);
 
-/* How device memory moved through this engine (README "GPU memory"), counters since
+/* How device memory moved through this engine (docs/gpu.md), counters since
  * creation (the *_now fields are the current state). A request's path shows as the
  * counter it moved: staged (pinned chunks), ipc_copies (CUDA IPC, same host) or
  * direct_requests (GPUDirect RDMA). */
@@ -208,7 +208,7 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  *    invalidated by moving their QPs to the error state first). Only a requester that
  *    stays connected but stops making progress holds them until transfer_timeout_ms.
  *
- * Memory kinds (README "GPU memory"): the range is host memory, pinned host memory or
+ * Memory kinds (docs/gpu.md): the range is host memory, pinned host memory or
  * device memory of one CUDA device (ote_memory_query reports which). Device memory is
  * recognized when the CUDA driver is loaded in the process; a range that is not host
  * memory while no driver loads is refused with OTE_ERR_NO_DEVICE (logged, naming the
@@ -225,7 +225,7 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  * (OTE_ERR_INVALID) on a range that is not device memory. Reported by ote_memory_query;
  * peers' buffer discovery does not list it (their perms stay READ/WRITE). Same-host
  * peers over shm then copy the range by CUDA IPC where gpu_paths allows it on both sides
- * (README "GPU memory"); unregister is OTE_ERR_BUSY while a peer's IPC copy of it runs. */
+ * (docs/gpu.md); unregister is OTE_ERR_BUSY while a peer's IPC copy of it runs. */
 #define OTE_PERM_IPC 0x4u
 ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
 ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
@@ -239,7 +239,7 @@ ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
 ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t len, unsigned perms,
                                        const char *name);
 
-/* Shared host memory (README "Same host"): len bytes (rounded up to the page size) of
+/* Shared host memory (docs/performance.md, "Shared allocations"): len bytes (rounded up to the page size) of
  * zeroed host memory that a same-host peer can map too. Use it for the local buffers of
  * requests to same-host peers: over shm in cross-memory-attach mode the source then maps
  * the allocation once per connection (its memfd travels over the control socket) and
