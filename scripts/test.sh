@@ -240,6 +240,12 @@ echo "== engine owners: planted //engine/tcp <-> //engine/rdma deps and *_intern
 OTE_VIS_SCRATCH=$(mktemp -d) bash scripts/check_visibility.sh
 record "engine visibility (scripts/check_visibility.sh)" $?
 
+echo "== installed library: pkg-config and CMake consumers (scripts/install_check.sh)"
+bash scripts/install_check.sh; record "C consumers of an installed prefix (pkg-config, static, CMake) move bytes" $?
+
+echo "== the wheel, installed offline into a new venv (scripts/wheel_check.sh)"
+bash scripts/wheel_check.sh; record "wheel installs with pip --no-index and runs the README example" $?
+
 phase_done "visibility and consumer checks"
 
 PASSED=$((PASSED + CHECKS_PASSED)) FAILED=$((FAILED + CHECKS_FAILED))
