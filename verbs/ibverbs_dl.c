@@ -20,7 +20,8 @@ static char g_reason[512]; /* why it failed (dlerror, or the missing verb) */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* Symbol name of each table entry, in the table's order. */
-#define SYM(field, name) {offsetof(ote__ibv_t, field), name}
+#define SYM(field, name) \
+    { offsetof(ote__ibv_t, field), name }
 static const struct {
     size_t off;
     const char *name;

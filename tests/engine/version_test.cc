@@ -11,11 +11,10 @@
 #include "tests/cuda/cuda_test_util.h"
 
 TEST(Version, MatchesTheHeader) {
-    std::string want = std::to_string(OTE_VERSION_MAJOR) + "." +
-                       std::to_string(OTE_VERSION_MINOR) + "." +
-                       std::to_string(OTE_VERSION_PATCH);
+    std::string want = std::to_string(OTE_VERSION_MAJOR) + "." + std::to_string(OTE_VERSION_MINOR) +
+                       "." + std::to_string(OTE_VERSION_PATCH);
     EXPECT_EQ(std::string(ote_version()), want);
-    EXPECT_EQ(ote_version(), ote_version());  // one static string
+    EXPECT_EQ(ote_version(), ote_version()); // one static string
 }
 
 TEST(Features, RefusesNull) { EXPECT_EQ(ote_features(nullptr), OTE_ERR_INVALID); }
