@@ -191,7 +191,7 @@ const char *bench_check_name(bench_check_t c) {
 void bench_options_defaults(bench_options_t *o) {
     memset(o, 0, sizeof *o);
     o->role = BENCH_ROLE_INITIATOR;
-    snprintf(o->transport, sizeof o->transport, "tcp");
+    snprintf(o->transport, sizeof o->transport, "shm,tcp"); /* the library's default */
     o->op = BENCH_OP_WRITE;
     static const uint64_t blocks[] = {4ull << 10, 64ull << 10, 1ull << 20, 16ull << 20};
     memcpy(o->block_sizes, blocks, sizeof blocks);
@@ -216,8 +216,8 @@ const char *bench_usage(void) {
            "       ote_bench --target H:P [options]         measure against that target\n"
            "\n"
            "Initiator options:\n"
-           "  --transport tcp|rdma|shm transport of both engines (default tcp); shm: the "
-           "same-host\n"
+           "  --transport tcp|rdma|shm transport of both engines (default: the library's\n"
+           "                           shm,tcp: shm on one host, else tcp); shm: the same-host\n"
            "                           transport (cross-memory attach)\n"
            "  --transports LIST        the engines' ordered list instead, e.g. shm,tcp: each\n"
            "                           segment takes the first both offer (the header says which)\n"
