@@ -95,6 +95,30 @@ typedef struct ote_batch ote_batch_t;
  *                        OTE_ERR_NO_DEVICE and an ERROR line; malformed text is
  *                        OTE_ERR_INVALID (at ote_config_set). With every data device's
  *                        port down the transport starts paused (see README).
+ *   rdma_port            the port of every RDMA device rdma_pin does not name, 1..255
+ *                        (default "": the first active port with a usable GID). A device
+ *                        without that port, or without a usable GID on it, fails
+ *                        ote_engine_create with an ERROR line naming device and port.
+ *   rdma_gid_index       the GID index of every RDMA device rdma_pin does not name, 0..255
+ *                        (default "": ranked per port: an entry whose netdev is up first
+ *                        (sysfs gid_attrs/ndevs and class/net/<netdev>/operstate, "up" or
+ *                        "unknown"), then RoCE v2, then IPv4-mapped over other routable
+ *                        over link-local, lowest index on ties). Strict like a pin: an
+ *                        index that is empty or past the GID table on every allowed port
+ *                        fails ote_engine_create with an ERROR line naming device, port
+ *                        and index. Setting rdma_port or rdma_gid_index beside rdma_pin is
+ *                        OTE_ERR_INVALID (rdma_pin opens no other device). The chosen
+ *                        route of each device is logged at INFO when it opens.
+ *   rdma_traffic_class   GRH traffic class of every RDMA QP, 0..255 (default 0); on RoCE v2
+ *                        it is the IP header's DSCP << 2 | ECN (DSCP 26: 104).
+ *   rdma_service_level   service level of every RDMA QP, 0..15 (default 0); on RoCE the
+ *                        priority the NIC maps to a VLAN PCP / lossless traffic class.
+ *   rdma_mtu             largest path MTU in bytes: 256, 512, 1024, 2048 or 4096 (default
+ *                        "": none). A QP's path MTU is min(local port's active MTU, the
+ *                        peer's, this); the peer learns the clamped value, so both ends agree.
+ *   rdma_sysfs_root      where sysfs is mounted for the GID netdev checks (default "":
+ *                        /sys); for tests (a fixture tree) and containers that bind-mount
+ *                        the host's /sys elsewhere.
  *   rdma_grant_mode      how this engine, as an RDMA source, lets a peer reach its host
  *                        memory: "mw" a type-2 memory window bound over exactly the
  *                        granted range, "mr" an MR registered for the grant over exactly
