@@ -425,7 +425,8 @@ typedef struct {
 /* The verbs provider (wrapped by the test hook when set). */
 static ote_status_t open_provider(rdma_tp_t *tp, const char *prov) {
     /* sim_profile: the sim's configuration ($OTE_SIM_CONFIG or its default) with a global
-     * profile item after it, which every device that names none takes. */
+     * profile item after it, which every device that names none takes; rdma-core gets
+     * rdma_sysfs_root. */
     char simcfg[1024];
     const char *config = NULL;
     if (tp->cfg.sim_profile[0] != '\0' && strcmp(prov, "sim") == 0) {
@@ -434,6 +435,15 @@ static ote_status_t open_provider(rdma_tp_t *tp, const char *prov) {
         int n = snprintf(simcfg, sizeof(simcfg), "%s;profile=%s", base, tp->cfg.sim_profile);
         if (n < 0 || (size_t)n >= sizeof(simcfg)) {
             OTE_ERROR("rdma", "transport=rdma: sim configuration too long for sim_profile");
+            return OTE_ERR_INVALID;
+        }
+        config = simcfg;
+    } else if (tp->cfg.rdma_sysfs_root[0] != '\0' && strcmp(prov, "rdma-core") == 0) {
+        /* rdma_sysfs_root: rdma-core reads each device's NUMA node under it too. */
+        int n = snprintf(simcfg, sizeof(simcfg), "sysfs_root=%s", tp->cfg.rdma_sysfs_root);
+        if (n < 0 || (size_t)n >= sizeof(simcfg) || tp->cfg.rdma_sysfs_root[0] != '/') {
+            OTE_ERROR("rdma", "transport=rdma: rdma_sysfs_root=%s is not an absolute path",
+                      tp->cfg.rdma_sysfs_root);
             return OTE_ERR_INVALID;
         }
         config = simcfg;
