@@ -4,11 +4,13 @@
 // - rdma_traffic_class / rdma_service_level / rdma_mtu: a WRITE and a READ move their
 //   bytes, and every QP of both engines (requester and source side) carries its own
 //   engine's class and level, with the path MTU min(active, peer's, clamp);
+// - rdma_sysfs_root: the GID choice reads the netdevs of a fixture tree;
 // - rdma_gid_index: a fixed index is the source GID of every QP and transfers work; an
 //   index that is an empty entry fails ote_engine_create with an ERROR naming device,
 //   port and index.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "tests/util/test_base.h"
 
 extern "C" {
+#include "base/log.h"
 #include "base/time.h"
 #include "engine/rdma/test_hook.h"
 #include "ote/ote.h"
@@ -50,9 +53,9 @@ class RdmaAvTest : public ote_test::OteTest {
         OteTest::TearDown();
     }
     ote_engine_t *Engine(ote_test::ConfigKv kv) {
-        kv.insert(kv.begin(), {{"transport", "rdma"},
-                               {"verbs_provider", "sim"},
-                               {"transfer_timeout_ms", "60000"}});
+        kv.insert(
+            kv.begin(),
+            {{"transport", "rdma"}, {"verbs_provider", "sim"}, {"transfer_timeout_ms", "60000"}});
         ote_engine_t *e = ote_test::NewEngine(kv);
         if (e != nullptr) engines_.push_back(e);
         return e;
@@ -107,9 +110,7 @@ TEST_F(RdmaAvTest, TrafficClassServiceLevelAndMtuReachEveryQpOfBothEngines) {
     ASSERT_EQ(g_sims.size(), 2u);
     WriteAndReadBack(a, b);
     ASSERT_EQ(paths_.size(), 2u);
-    const struct {
-        uint8_t tc, sl;
-    } want[2] = {{106, 3}, {184, 5}};
+    const struct { uint8_t tc, sl; } want[2] = {{106, 3}, {184, 5}};
     for (int side = 0; side < 2; side++) {
         EXPECT_GE(paths_[side].size(), 1u) << "engine " << side << " connected no QP";
         for (const auto &p : paths_[side]) {
@@ -151,6 +152,38 @@ TEST_F(RdmaAvTest, FixedGidIndexIsEveryQpsSourceGid) {
     }
 }
 
+// rdma_sysfs_root reaches the GID choice: a fixture tree where only sim0's entry 1 (its
+// link-local RoCE v2 GID) has a netdev, eth0, which is up. sim0 then routes on entry 1
+// (the only GID on a live interface), sim1 (no netdev information) keeps entry 3, the
+// INFO line at open says so, and transfers work over both.
+TEST_F(RdmaAvTest, SysfsRootReachesTheGidChoice) {
+    const char *tmp = getenv("TEST_TMPDIR");
+    std::string root = std::string(tmp != nullptr ? tmp : "/tmp") + "/av_sysfs";
+    std::string ndevs = root + "/class/infiniband/sim0/ports/1/gid_attrs/ndevs";
+    std::string net = root + "/class/net/eth0";
+    ASSERT_EQ(system(("rm -rf '" + root + "' && mkdir -p '" + ndevs + "' '" + net +
+                      "' && echo eth0 > '" + ndevs + "/1' && echo up > '" + net + "/operstate'")
+                         .c_str()),
+              0);
+    ote_log_level_t saved = ote_log_level();
+    ote_log_set_level(OTE_LOG_INFO);
+    ote_engine_t *a = Engine({{"rdma_sysfs_root", root.c_str()}});
+    ote_engine_t *b = Engine({{"rdma_sysfs_root", root.c_str()}});
+    ote_log_set_level(saved);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_TRUE(LogContains("sim0: port 1 GID index 1 fe80::"));
+    EXPECT_TRUE(LogContains("(RoCE v2, netdev eth0 up, automatic)"));
+    EXPECT_TRUE(LogContains("sim1: port 1 GID index 3 ::ffff:"));
+    WriteAndReadBack(a, b);
+    for (const auto &side : paths_) {
+        EXPECT_GE(side.size(), 1u);
+        for (const auto &p : side)
+            EXPECT_EQ(p.sgid_index, std::string(p.dev) == "sim0" ? 1 : 3)
+                << p.dev << " QP " << p.qp_num;
+    }
+}
+
 // rdma_gid_index=9 names an empty entry of the sim's 16-entry table (entries 0..3 hold
 // GIDs): ote_engine_create fails, and the ERROR line names device, port and index.
 TEST_F(RdmaAvTest, FixedGidIndexOnAnEmptyEntryFailsTheOpenNamingIt) {
@@ -162,8 +195,9 @@ TEST_F(RdmaAvTest, FixedGidIndexOnAnEmptyEntryFailsTheOpenNamingIt) {
     ote_config_destroy(cfg);
     EXPECT_EQ(st, OTE_ERR_NO_DEVICE);
     EXPECT_EQ(e, nullptr);
-    EXPECT_TRUE(LogContains("device sim0: the GID index 9 fixed for every device cannot be used: "
-                            "port 1: GID index 9 is empty (zero GID)"));
+    EXPECT_TRUE(
+        LogContains("device sim0: the GID index 9 fixed for every device cannot be used: "
+                    "port 1: GID index 9 is empty (zero GID)"));
 }
 
 } // namespace
