@@ -105,7 +105,7 @@ const char *ote__config_key(size_t i);
 typedef struct ote__rdma_pin_s {
     char device[64];
     uint8_t port;  /* 1..255 */
-    int gid_index; /* 0..65535 */
+    int gid_index; /* 0..255 (sgid_index is 8 bits) */
 } ote__rdma_pin_t;
 /* Parse rdma_pin text "device:port:gid_index[,device:port:gid_index...]" into at most
  * OTE__RDMA_PIN_MAX distinct devices. OTE_ERR_INVALID for malformed text; "" gives 0. */
