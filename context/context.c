@@ -128,10 +128,12 @@ static ote_status_t context_route(ote_context_t *ctx, const ote_context_pin_t *p
     uint8_t want_port = pin != NULL ? pin->port : cfg != NULL ? cfg->port : 0;
     if ((pin != NULL || want_port != 0) &&
         (want_port < 1 || want_port > ctx->device_attr.phys_port_cnt)) {
-        OTE_ERROR("context", "%s device %s port %u GID index %d: the device has ports 1..%u",
+        char gid[32] = "";
+        if (ctx->pin_gid_index >= 0)
+            snprintf(gid, sizeof(gid), " GID index %d", ctx->pin_gid_index);
+        OTE_ERROR("context", "%s device %s port %u%s: the device has ports 1..%u",
                   pin != NULL ? "pinned route" : "configured route of", ctx->name,
-                  (unsigned)want_port, ctx->pin_gid_index,
-                  (unsigned)ctx->device_attr.phys_port_cnt);
+                  (unsigned)want_port, gid, (unsigned)ctx->device_attr.phys_port_cnt);
         return OTE_ERR_NOT_FOUND;
     }
     if (pin != NULL && pin->gid_index < 0) {

@@ -58,8 +58,7 @@ static int read_value(const char *root, const char *rel, char *buf, size_t cap) 
     size_t len = (size_t)got;
     char *nl = memchr(buf, '\n', len);
     if (nl != NULL) len = (size_t)(nl - buf);
-    while (len > 0 && (buf[len - 1] == ' ' || buf[len - 1] == '\t' || buf[len - 1] == '\r'))
-        len--;
+    while (len > 0 && (buf[len - 1] == ' ' || buf[len - 1] == '\t' || buf[len - 1] == '\r')) len--;
     buf[len] = '\0';
     return 0;
 }
@@ -76,13 +75,13 @@ static int netdev_name_ok(const char *s) {
     return 1;
 }
 
-ote_context_netdev_t ote__context_gid_netdev(const ote_context_t *ctx, uint8_t port,
-                                             uint32_t index, char name_out[16]) {
+ote_context_netdev_t ote__context_gid_netdev(const ote_context_t *ctx, uint8_t port, uint32_t index,
+                                             char name_out[16]) {
     const char *root = ote__context_sysfs_root(ctx->set);
     char rel[256], value[SYSFS_VALUE_MAX];
     name_out[0] = '\0';
-    int n = snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%u/gid_attrs/ndevs/%u",
-                     ctx->name, (unsigned)port, (unsigned)index);
+    int n = snprintf(rel, sizeof(rel), "class/infiniband/%s/ports/%u/gid_attrs/ndevs/%u", ctx->name,
+                     (unsigned)port, (unsigned)index);
     if (n < 0 || (size_t)n >= sizeof(rel)) return OTE_CONTEXT_NETDEV_NONE;
     int err = read_value(root, rel, value, sizeof(value));
     if (err != 0 || !netdev_name_ok(value)) {

@@ -75,8 +75,8 @@ class SysfsTree {
     }
     // The kernel's files for one GID entry of dev/port: its netdev name.
     void Ndev(const std::string &dev, int index, const std::string &netdev, int port = 1) {
-        Write("class/infiniband/" + dev + "/ports/" + std::to_string(port) +
-                  "/gid_attrs/ndevs/" + std::to_string(index),
+        Write("class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/gid_attrs/ndevs/" +
+                  std::to_string(index),
               netdev + "\n");
     }
     void Operstate(const std::string &netdev, const std::string &state) {
@@ -103,7 +103,9 @@ class GidSysfsTest : public OteTest {
         ote_log_set_level(saved_level_);
         OteTest::TearDown();
     }
-    void Sim(const std::string &config) { ASSERT_EQ(ote_verbs_open("sim", config.c_str(), &v_), OTE_OK); }
+    void Sim(const std::string &config) {
+        ASSERT_EQ(ote_verbs_open("sim", config.c_str(), &v_), OTE_OK);
+    }
     // Opens the set with the fixture tree as sysfs; the chosen GID index of NIC 0.
     int OpenAndChosenIndex(ote_context_config_t cfg = {}) {
         cfg.sysfs_root = tree_.Root().c_str();
@@ -150,7 +152,8 @@ TEST_F(GidSysfsTest, Mooncake946SecondIpv4GidOnTheLocalNetdevIsChosen) {
     EXPECT_STREQ(info_.netdev, "eth1");
     EXPECT_EQ(info_.netdev_state, OTE_CONTEXT_NETDEV_UP);
     EXPECT_EQ(info_.pinned, 0);
-    EXPECT_TRUE(InfoLine("mlx5_1: port 1 GID index 7 ::ffff:26.208.8.252 (RoCE v2, netdev eth1 up, automatic)"));
+    EXPECT_TRUE(InfoLine(
+        "mlx5_1: port 1 GID index 7 ::ffff:26.208.8.252 (RoCE v2, netdev eth1 up, automatic)"));
 }
 
 // The same table where 2/3 do name a netdev, eth2, whose link is down: the engineer still
@@ -196,7 +199,8 @@ TEST_F(GidSysfsTest, Mooncake1593Ipv6OnlyChoosesTheGlobalRoceV2Entry) {
     tree_.Operstate("bond0", "up");
     EXPECT_EQ(OpenAndChosenIndex(), 3);
     EXPECT_STREQ(info_.netdev, "bond0");
-    EXPECT_TRUE(InfoLine("mlx5_bond_0: port 1 GID index 3 2001:db8:1593::33aa (RoCE v2, netdev bond0 up"));
+    EXPECT_TRUE(
+        InfoLine("mlx5_bond_0: port 1 GID index 3 2001:db8:1593::33aa (RoCE v2, netdev bond0 up"));
 }
 
 // #1593's shape with a second global address first, on a VLAN interface whose lower link
@@ -239,7 +243,8 @@ TEST_F(GidSysfsTest, InfinibandPortWithoutNdevsKeepsItsChoice) {
     t[1].gid_index = 0;
     t[1].gid_type = IBV_GID_TYPE_IB;
     EXPECT_EQ(ote_context_rank_gids(t, 2), 1);
-    EXPECT_TRUE(InfoLine("mlx5_ib0: port 1 GID index 1 2001:db8:1b:0:2c9:300:a:1 (IB, no netdev, automatic)"));
+    EXPECT_TRUE(InfoLine(
+        "mlx5_ib0: port 1 GID index 1 2001:db8:1b:0:2c9:300:a:1 (IB, no netdev, automatic)"));
 }
 
 // Files no kernel writes: binary bytes, a name too long for a netdev, a path, "..", an
@@ -307,7 +312,8 @@ TEST_F(GidSysfsTest, FixedGidIndexAndPortAreStrict) {
     cfg.gid_index = 1; // link-local v2: never chosen automatically
     EXPECT_EQ(OpenAndChosenIndex(cfg), 1);
     EXPECT_EQ(info_.pinned, 1);
-    EXPECT_TRUE(InfoLine("GID index 1 fe80::a288:c2ff:fe5b:13a4 (RoCE v2, netdev eth1 up, fixed GID index)"));
+    EXPECT_TRUE(InfoLine(
+        "GID index 1 fe80::a288:c2ff:fe5b:13a4 (RoCE v2, netdev eth1 up, fixed GID index)"));
     ASSERT_EQ(ote_context_set_close(set_), OTE_OK);
     set_ = nullptr;
 
@@ -315,8 +321,9 @@ TEST_F(GidSysfsTest, FixedGidIndexAndPortAreStrict) {
     cfg.sysfs_root = tree_.Root().c_str();
     ExpectErrorLogsIn([&] { EXPECT_EQ(ote_context_set_open(v_, &cfg, &set_), OTE_ERR_NOT_FOUND); });
     EXPECT_EQ(set_, nullptr);
-    EXPECT_TRUE(LogContains("device mlx5_1: the GID index 5 fixed for every device cannot be used: "
-                            "port 1: GID index 5 is empty (zero GID)"));
+    EXPECT_TRUE(
+        LogContains("device mlx5_1: the GID index 5 fixed for every device cannot be used: "
+                    "port 1: GID index 5 is empty (zero GID)"));
     cfg.gid_index = 16; // past the table (16 entries)
     ExpectErrorLogsIn([&] { EXPECT_EQ(ote_context_set_open(v_, &cfg, &set_), OTE_ERR_NOT_FOUND); });
     EXPECT_TRUE(LogContains("GID index 16 does not exist (the GID table has 16 entries)"));
@@ -324,8 +331,9 @@ TEST_F(GidSysfsTest, FixedGidIndexAndPortAreStrict) {
     ote_context_config_t pcfg = {};
     pcfg.port = 2; // the device has one port
     pcfg.sysfs_root = tree_.Root().c_str();
-    ExpectErrorLogsIn([&] { EXPECT_EQ(ote_context_set_open(v_, &pcfg, &set_), OTE_ERR_NOT_FOUND); });
-    EXPECT_TRUE(LogContains("device mlx5_1 port 2 GID index -1: the device has ports 1..1"));
+    ExpectErrorLogsIn(
+        [&] { EXPECT_EQ(ote_context_set_open(v_, &pcfg, &set_), OTE_ERR_NOT_FOUND); });
+    EXPECT_TRUE(LogContains("configured route of device mlx5_1 port 2: the device has ports 1..1"));
     pcfg.port = 1;
     EXPECT_EQ(OpenAndChosenIndex(pcfg), 7);
 }
