@@ -24,7 +24,7 @@ static void set_state(ote_context_t *ctx, ote_context_state_t st) {
     ote_mutex_unlock(&ctx->set->mu);
 }
 
-ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
+ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why_refresh) {
     if (ote_context_state(ctx) == OTE_CONTEXT_FATAL) return OTE_ERR_DEVICE_FATAL;
     ote_mutex_lock(&ctx->set->mu);
     uint8_t port = ctx->route.port;
@@ -32,7 +32,13 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
     /* A pin stays strict; automatic selection is repeated on the same port. */
     ote_context_route_t route;
     int active = 0;
-    ote_status_t st = ote__context_select_route(ctx, port, ctx->pin_gid_index, &route, &active);
+    char why[160] = "";
+    ote_status_t st =
+        ote__context_select_route(ctx, port, ctx->pin_gid_index, &route, &active, why, sizeof(why));
+    if (st != OTE_OK && ctx->pin_gid_index >= 0 && why[0] != '\0')
+        OTE_ERROR("context", "%s device %s port %u GID index %d %s (%s)",
+                  ctx->pinned ? "pinned route" : "fixed GID index of", ctx->name, (unsigned)port,
+                  ctx->pin_gid_index, why, why_refresh);
     ote_mutex_lock(&ctx->set->mu);
     ote_context_state_t old = ote_context_state(ctx);
     if (old == OTE_CONTEXT_FATAL) {
@@ -47,6 +53,9 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
          route.lid != ctx->route.lid || route.active_mtu != ctx->route.active_mtu)) {
         ctx->route = route;
         changed = 1;
+    } else if (st == OTE_OK) { /* the same entry: its netdev may have come or gone */
+        memcpy(ctx->route.netdev, route.netdev, sizeof(route.netdev));
+        ctx->route.netdev_state = route.netdev_state;
     }
     atomic_store(&ctx->state, (int)now);
     if (changed) ctx->route_generation++;
@@ -55,10 +64,10 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
     if (changed) {
         if (now == OTE_CONTEXT_ACTIVE)
             OTE_INFO("context", "device %s port %u GID index %d: context active (%s)", ctx->name,
-                     (unsigned)port, gid_index, why);
+                     (unsigned)port, gid_index, why_refresh);
         else
             OTE_WARN("context", "device %s port %u: context paused (%s)", ctx->name, (unsigned)port,
-                     why);
+                     why_refresh);
     }
     if (st != OTE_OK) return st;
     return now == OTE_CONTEXT_ACTIVE ? OTE_OK : OTE_ERR_PORT_DOWN;

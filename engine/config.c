@@ -40,7 +40,9 @@ typedef enum {
     K_LOGLEVEL,   /* a log level name, or "" */
     K_TRANSPORTS, /* a comma list of 1..3 distinct transports */
     K_GPU_PATHS,  /* a comma list of distinct GPU paths, or ""; number: OTE__GPU_PATH_* mask */
-    K_RDMA_PIN    /* "device:port:gid_index" routes, comma-separated, or "" */
+    K_RDMA_PIN,   /* "device:port:gid_index" routes, comma-separated, or "" */
+    K_UINT_OPT,   /* "" (number: OTE__CFG_UNSET) or a decimal integer in [min, max] */
+    K_MTU         /* "" (number 0) or an IB MTU in bytes; number: its IBV_MTU_* value */
 } kind_t;
 
 /* A field of ote__cfg_t: its offset and size; size 0 = no such field. */
@@ -142,6 +144,35 @@ static const key_def_t g_keys[] = {
      * was asked and what exists; malformed text is refused by ote_config_set
      * (OTE_ERR_INVALID). With every pinned port down the transport starts paused. */
     {"rdma_pin", K_RDMA_PIN, "", 0, 255, TEXT(rdma_pin)},
+    /* The port of every RDMA device `rdma_pin` does not name. Empty: the first active port
+     * with a usable GID. A device without that port, or without a usable GID on it, fails
+     * ote_engine_create with an ERROR line naming device and port. Refused beside
+     * `rdma_pin` (OTE_ERR_INVALID: the pin opens no other device). */
+    {"rdma_port", K_UINT_OPT, "", 1, 255, NUMBER(rdma_port)},
+    /* The GID index of every RDMA device `rdma_pin` does not name (Mooncake's
+     * MC_GID_INDEX). Empty: ranked per port: an entry whose netdev is up first (sysfs
+     * gid_attrs/ndevs and class/net/<netdev>/operstate, "up" or "unknown"), then RoCE v2,
+     * then IPv4-mapped over other routable over link-local, lowest index on ties; a port
+     * without netdev information (InfiniBand) is ranked by type alone. Set, it is strict
+     * like a pin: an index that is empty or past the GID table on every allowed port fails
+     * ote_engine_create with an ERROR line naming device, port and index. Refused beside
+     * `rdma_pin`. Each device's chosen route (port, GID index, GID, type, netdev and its
+     * state, how it was chosen) is logged at INFO when it opens. */
+    {"rdma_gid_index", K_UINT_OPT, "", 0, 255, NUMBER(rdma_gid_index)},
+    /* GRH traffic class of every RDMA QP's address vector; on RoCE v2 it is the IP
+     * header's DSCP << 2 | ECN (DSCP 26: 104), what a lossless fabric classifies on. */
+    {"rdma_traffic_class", K_UINT, "0", 0, 255, NUMBER(rdma_traffic_class)},
+    /* Service level of every RDMA QP's address vector; on RoCE the priority the NIC maps
+     * to a VLAN PCP / lossless traffic class. */
+    {"rdma_service_level", K_UINT, "0", 0, 15, NUMBER(rdma_service_level)},
+    /* Largest path MTU in bytes. Empty: no clamp. A QP's path MTU is min(the local port's
+     * active MTU, the peer's, this); the peer learns the clamped value, so both ends
+     * agree. */
+    {"rdma_mtu", K_MTU, "", TEXT(rdma_mtu_text), NUMBER(rdma_mtu)},
+    /* Where sysfs is mounted, for the GID netdev checks and the devices' NUMA nodes.
+     * Empty: /sys. For tests (a fixture tree) and containers that bind-mount the host's
+     * /sys elsewhere. */
+    {"rdma_sysfs_root", K_STRING, "", 0, 255, TEXT(rdma_sysfs_root)},
     /* Most bytes one RDMA grant covers: contiguous slices of one request on one device up
      * to this size share one GRANT_REQ round trip; a device's window of one peer's bytes
      * in flight is at least this. */
@@ -471,6 +502,21 @@ static ote_status_t parse_uint(const char *v, uint64_t *out) {
     return OTE_OK;
 }
 
+/* K_MTU: "" is 0 (no clamp); 256..4096 bytes are IBV_MTU_256 (1) .. IBV_MTU_4096 (5). */
+static ote_status_t parse_mtu(const char *v, uint64_t *out) {
+    static const char *const sizes[] = {"256", "512", "1024", "2048", "4096"};
+    if (v[0] == '\0') {
+        *out = 0;
+        return OTE_OK;
+    }
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        if (strcmp(v, sizes[i]) == 0) {
+            *out = i + 1;
+            return OTE_OK;
+        }
+    return OTE_ERR_INVALID;
+}
+
 static ote_status_t one_of(const char *const choices[4], const char *v) {
     for (int i = 0; i < 4 && choices[i]; i++)
         if (strcmp(v, choices[i]) == 0) return OTE_OK;
@@ -515,8 +561,18 @@ static ote_status_t kind_check(const key_def_t *k, const char *v, uint64_t *numb
             n = mask;
             break;
         case K_RDMA_PIN: st = ote__rdma_pin_parse(v, pins, &npins); break;
+        case K_UINT_OPT:
+            if (v[0] == '\0') {
+                st = OTE_OK;
+                n = OTE__CFG_UNSET;
+            } else {
+                st = parse_uint(v, &n);
+            }
+            break;
+        case K_MTU: st = parse_mtu(v, &n); break;
     }
-    if (st == OTE_OK && (k->kind == K_UINT || k->kind == K_SIZE) && (n < k->min || n > k->max))
+    if (st == OTE_OK && (k->kind == K_UINT || k->kind == K_SIZE || k->kind == K_UINT_OPT) &&
+        !(k->kind == K_UINT_OPT && v[0] == '\0') && (n < k->min || n > k->max))
         st = OTE_ERR_INVALID;
     if (st != OTE_OK) return OTE_ERR_INVALID;
     *number_out = n;
@@ -538,6 +594,13 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
         case K_UINT:
             snprintf(buf, len, "an integer in [%llu, %llu]", (unsigned long long)k->min,
                      (unsigned long long)k->max);
+            break;
+        case K_UINT_OPT:
+            snprintf(buf, len, "an integer in [%llu, %llu], or \"\" (automatic)",
+                     (unsigned long long)k->min, (unsigned long long)k->max);
+            break;
+        case K_MTU:
+            snprintf(buf, len, "256, 512, 1024, 2048 or 4096 (bytes), or \"\" (none)");
             break;
         case K_SIZE:
             snprintf(buf, len, "a size (K/M/G suffix) in [%llu, %llu] bytes",
@@ -695,6 +758,17 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
     ote_status_t st = resolve_transports(&r, transports_set);
     if (st != OTE_OK) return st;
+    if (r.rdma_pin[0] != '\0' &&
+        (r.rdma_gid_index != OTE__CFG_UNSET || r.rdma_port != OTE__CFG_UNSET)) {
+        /* rdma_pin opens exactly its devices, each on its own route: nothing is left for a
+         * port or GID index of every device, so one of the two would be ignored. */
+        OTE_ERROR("engine",
+                  "config: rdma_pin=%s names each device's port and GID index; rdma_port and "
+                  "rdma_gid_index route the devices it does not name, and it opens no other: "
+                  "set one of them",
+                  r.rdma_pin);
+        return OTE_ERR_INVALID;
+    }
     *out = r;
     return OTE_OK;
 }

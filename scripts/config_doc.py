@@ -78,6 +78,8 @@ def values_of(kind, rest):
     choices = re.search(r"\.choices = \{([^}]*)\}", rest)
     if kind == "K_UINT":
         return "an integer, %d..%d" % (nums[0], nums[1])
+    if kind == "K_UINT_OPT":
+        return "empty, or an integer %d..%d" % (nums[0], nums[1])
     if kind == "K_SIZE":
         return "a size in bytes (suffixes K, M, G are powers of 1024), %s..%s" % (
             human_size(nums[0]), human_size(nums[1]))
@@ -96,6 +98,7 @@ def values_of(kind, rest):
         "K_GPU_PATHS": "a comma list of distinct paths out of `staging`, `ipc`, `direct`, "
                        "or empty",
         "K_RDMA_PIN": "a comma list of `device:port:gid_index`, or empty",
+        "K_MTU": "empty, `256`, `512`, `1024`, `2048` or `4096`",
     }
     if kind not in fixed:
         raise ValueError("scripts/config_doc.py does not know kind %s: describe it" % kind)

@@ -128,15 +128,16 @@ static int rc_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t por
     return r;
 }
 
-/* /sys/class/infiniband/<dev>/device/numa_node holds the node, or -1 when the platform
- * does not say; a missing file also means "unknown", which is a success with -1. */
+/* <sysfs>/class/infiniband/<dev>/device/numa_node holds the node, or -1 when the platform
+ * does not say; a missing file also means "unknown", which is a success with -1. <sysfs>
+ * is /sys unless the open's configuration named another root. */
 static int rc_device_numa_node(ote_verbs_t *v, struct ibv_context *ctx, int *node_out) {
-    (void)v;
     if (ctx == NULL || ctx->device == NULL || node_out == NULL) return EINVAL;
     const char *name = IBV->get_device_name(ctx->device);
     if (name == NULL) return EINVAL;
-    char path[256];
-    int n = snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device/numa_node", name);
+    char path[512];
+    int n = snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/numa_node",
+                     ote__rc_sysfs_root(v), name);
     if (n < 0 || (size_t)n >= sizeof(path)) return ENAMETOOLONG;
     FILE *f = fopen(path, "re");
     if (f == NULL) {
@@ -443,15 +444,33 @@ static void rc_close(ote_verbs_t *v) {
     ote_free(v);
 }
 
+/* The configuration text: NULL or "" (nothing), or "sysfs_root=PATH" (an absolute path:
+ * where sysfs is mounted, for containers that bind-mount the host's /sys elsewhere). */
+static ote_status_t rc_parse_config(const char *config, const char **root_out) {
+    static const char key[] = "sysfs_root=";
+    *root_out = NULL;
+    if (config == NULL || config[0] == '\0') return OTE_OK;
+    if (strncmp(config, key, sizeof(key) - 1) == 0 && config[sizeof(key) - 1] == '/' &&
+        strlen(config) < 256 + sizeof(key)) {
+        *root_out = config + sizeof(key) - 1;
+        return OTE_OK;
+    }
+    OTE_WARN("verbs.rdma_core", "rdma-core: bad configuration \"%s\" (known: sysfs_root=/PATH)",
+             config);
+    return OTE_ERR_INVALID;
+}
+
 ote_status_t ote__verbs_rdma_core_open(const char *config, ote_verbs_t **v_out) {
-    (void)config;
-    if (v_out == NULL) return OTE_ERR_INVALID;
+    const char *root = NULL;
+    if (v_out == NULL || rc_parse_config(config, &root) != OTE_OK) return OTE_ERR_INVALID;
     ote_status_t lst = ote__ibv_load(); /* libibverbs at run time (ibverbs_dl.h) */
     if (lst != OTE_OK) return lst;
     ote_verbs_t *v = ote_calloc(1, sizeof(*v));
     if (v == NULL) return OTE_ERR_NOMEM;
     ote__rc_state_t *s = NULL;
     ote_status_t st = ote__rc_state_new(&s);
+    if (st == OTE_OK && root != NULL && (st = ote__rc_state_set_sysfs_root(s, root)) != OTE_OK)
+        ote__rc_state_free(s);
     if (st != OTE_OK) {
         ote_free(v);
         return st;

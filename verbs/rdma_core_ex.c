@@ -86,7 +86,21 @@ struct ote__rc_state {
     dv_is_supported_fn dv_is_supported;
     rc_qp_flags_t *qps; /* QPs created with nonzero flags */
     size_t nqps, cap;
+    char *sysfs_root; /* the open's "sysfs_root=PATH"; NULL = /sys */
 };
+
+ote_status_t ote__rc_state_set_sysfs_root(ote__rc_state_t *s, const char *root) {
+    char *dup = ote_strdup(root);
+    if (dup == NULL) return OTE_ERR_NOMEM;
+    ote_free(s->sysfs_root);
+    s->sysfs_root = dup;
+    return OTE_OK;
+}
+
+const char *ote__rc_sysfs_root(const ote_verbs_t *v) {
+    const ote__rc_state_t *s = v->priv;
+    return s != NULL && s->sysfs_root != NULL ? s->sysfs_root : "/sys";
+}
 
 ote_status_t ote__rc_state_new(ote__rc_state_t **out) {
     ote__rc_state_t *s = ote_calloc(1, sizeof(*s));
@@ -103,6 +117,7 @@ ote_status_t ote__rc_state_new(ote__rc_state_t **out) {
 void ote__rc_state_free(ote__rc_state_t *s) {
     if (s == NULL) return;
     if (s->dv != NULL) dlclose(s->dv);
+    ote_free(s->sysfs_root);
     ote_free(s->qps);
     ote_mutex_destroy(&s->mu);
     ote_free(s);

@@ -160,8 +160,10 @@ struct ote_verbs {
 
 /*
  * Open a provider by name: "rdma-core" or "sim". config is provider-specific (for
- * "sim" the device configuration string, NULL = OTE_SIM_CONFIG or the default); it may be
- * NULL. The returned table has no NULL entry. OTE_ERR_NOT_FOUND for an unknown name.
+ * "sim" the device configuration string, NULL = OTE_SIM_CONFIG or the default; for
+ * "rdma-core" NULL, "" or "sysfs_root=/PATH", where sysfs is mounted for the provider's
+ * own reads, else OTE_ERR_INVALID); it may be NULL. The returned table has no NULL entry.
+ * OTE_ERR_NOT_FOUND for an unknown name.
  */
 ote_status_t ote_verbs_open(const char *provider, const char *config, ote_verbs_t **v_out);
 /* The name of an async event type without the IBV_EVENT_ prefix ("PORT_ERR", "CQ_ERR",

@@ -76,6 +76,12 @@ typedef struct ote_batch ote_batch_t;
  *   rdma_exclude         RDMA devices never used
  *   rdma_lanes           CQ lanes (worker threads) per RDMA device
  *   rdma_pin             strict routes "device:port:gid_index"
+ *   rdma_port            the port of every device rdma_pin does not name
+ *   rdma_gid_index       the GID index of every device rdma_pin does not name (strict)
+ *   rdma_traffic_class   GRH traffic class of every QP (RoCE v2: DSCP << 2 | ECN)
+ *   rdma_service_level   service level of every QP
+ *   rdma_mtu             largest path MTU (256..4096 bytes)
+ *   rdma_sysfs_root      where sysfs is mounted (default /sys)
  *   rdma_grant_max       most bytes one RDMA grant covers
  *   rdma_max_inflight    most bytes of RDMA requests in flight (0: no limit)
  *   rdma_max_grants      most grant credits held by this engine's requests (0: no limit)
