@@ -95,6 +95,9 @@ static const key_def_t g_keys[] = {
     /* Comma-separated device names: the data devices (empty: every one) and those never used. */
     {"rdma_devices", K_STRING, "", 0, 255, TEXT(rdma_devices)},
     {"rdma_exclude", K_STRING, "", 0, 255, TEXT(rdma_exclude)},
+    /* A file of NICs in order per GPU and NUMA node (engine/rdma/selector/topo_file.h);
+     * "" = hwloc's ranking only. Read and checked at ote_engine_create. */
+    {"rdma_topology", K_STRING, "", 0, 1023, TEXT(rdma_topology)},
     /* CQ lanes (one worker thread each) per RDMA data device. */
     {"rdma_lanes", K_UINT, "2", 1, 64, NUMBER(rdma_lanes)},
     /* Strict routes "device:port:gid_index", comma-separated: exactly those devices, each

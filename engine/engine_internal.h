@@ -54,21 +54,22 @@ typedef struct ote__cfg_s {
     char verbs_provider[32];
     char sim_profile[16]; /* verbs_provider=sim: profile of every device ("": the sim's) */
     char rdma_device[64];
-    char rdma_devices[256];            /* comma-separated allow list ("" = all) */
-    char rdma_exclude[256];            /* comma-separated deny list */
-    uint32_t rdma_lanes;               /* CQ lanes (worker threads) per data device */
-    char rdma_pin[256];                /* "dev:port:gid[,...]" strict routes ("" = none) */
-    uint64_t rdma_grant_max;           /* bytes one RDMA grant may cover */
-    uint64_t rdma_max_inflight;        /* RDMA bytes in flight, all peers and devices (0: any) */
-    uint32_t rdma_max_grants;          /* RDMA grants reserved at once, all peers (0: any) */
-    uint32_t rdma_max_qps;             /* RDMA QPs, all devices and peers (0: any) */
-    uint32_t rdma_recv_slots;          /* receive slots per RDMA QP */
-    uint32_t rdma_srq_slots;           /* depth of each lane's SRQ (0: half its recv CQ) */
-    uint32_t rdma_max_peers;           /* requesters served at once (control connections) */
-    uint32_t rdma_max_send_wrs;        /* RDMA send WRs outstanding, every QP (0: any) */
-    uint32_t rdma_max_served_grants;   /* grants reserved at once by served parents (0: any) */
-    char rdma_grant_mode[8];           /* "auto", "mw" or "mr" (source grants of host memory) */
-    char log_level[16];                /* "" = leave the process-wide level alone */
+    char rdma_devices[256];          /* comma-separated allow list ("" = all) */
+    char rdma_exclude[256];          /* comma-separated deny list */
+    char rdma_topology[1024];        /* NICs in order per GPU / NUMA node (file path, "" = none) */
+    uint32_t rdma_lanes;             /* CQ lanes (worker threads) per data device */
+    char rdma_pin[256];              /* "dev:port:gid[,...]" strict routes ("" = none) */
+    uint64_t rdma_grant_max;         /* bytes one RDMA grant may cover */
+    uint64_t rdma_max_inflight;      /* RDMA bytes in flight, all peers and devices (0: any) */
+    uint32_t rdma_max_grants;        /* RDMA grants reserved at once, all peers (0: any) */
+    uint32_t rdma_max_qps;           /* RDMA QPs, all devices and peers (0: any) */
+    uint32_t rdma_recv_slots;        /* receive slots per RDMA QP */
+    uint32_t rdma_srq_slots;         /* depth of each lane's SRQ (0: half its recv CQ) */
+    uint32_t rdma_max_peers;         /* requesters served at once (control connections) */
+    uint32_t rdma_max_send_wrs;      /* RDMA send WRs outstanding, every QP (0: any) */
+    uint32_t rdma_max_served_grants; /* grants reserved at once by served parents (0: any) */
+    char rdma_grant_mode[8];         /* "auto", "mw" or "mr" (source grants of host memory) */
+    char log_level[16];              /* "" = leave the process-wide level alone */
     char auth_key_file[OTE__ADDR_MAX]; /* "" = no cluster key */
     int allow_unauthenticated;         /* no key on a non-loopback listen_address */
     unsigned gpu_paths;                /* OTE__GPU_PATH_* allowed */

@@ -225,7 +225,7 @@ static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **las
     }
     if (mask == 0) return RUN_WAIT; /* every window is full: an ending slice pumps again */
     if (tp->cfg.rdma_max_qps != 0) mask = ote__rdma_qp_mask(tp, p, s, mask);
-    if (ote_selector_pick(tp->sel, s->mem_node, *rlen, mask, k) != OTE_OK) {
+    if (ote_selector_pick(tp->sel, s->mem_loc, *rlen, mask, k) != OTE_OK) {
         *k = -1;
         if (busy > 0) return RUN_WAIT; /* no room on an active device yet */
         *st = OTE_ERR_PORT_DOWN;       /* no active device, nothing in flight */
