@@ -86,7 +86,8 @@ static void gpu_table(rdma_tp_t *tp, struct rdma_topo *t, int g) {
                ote_pcie_rank_nics(t->pcie, t->bus[g], names, n, ranks) == OTE_OK) {
         t->gpu_src[g] = SRC_PCIE;
     } else if (t->gpu_node[g] >= 0) {
-        for (size_t i = 0; i < n; i++) ranks[i] = ote_selector_rank(tp->sel, (int)i, t->gpu_node[g]);
+        for (size_t i = 0; i < n; i++)
+            ranks[i] = ote_selector_rank(tp->sel, (int)i, t->gpu_node[g]);
         t->gpu_src[g] = SRC_NUMA;
     } else {
         t->gpu_src[g] = SRC_EQUAL;

@@ -51,9 +51,8 @@ class PcieRankTest : public ote_test::OteTest {
     ote_pcie_topo_t *topo_ = nullptr;
 };
 
-const char *const kServerGpus[8] = {"0000:16:00.0", "0000:1e:00.0", "0000:56:00.0",
-                                    "0000:5e:00.0", "0000:96:00.0", "0000:9e:00.0",
-                                    "0000:d6:00.0", "0000:de:00.0"};
+const char *const kServerGpus[8] = {"0000:16:00.0", "0000:1e:00.0", "0000:56:00.0", "0000:5e:00.0",
+                                    "0000:96:00.0", "0000:9e:00.0", "0000:d6:00.0", "0000:de:00.0"};
 const std::vector<const char *> kServerNics = {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4",
                                                "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_9"};
 

@@ -351,6 +351,13 @@ TEST_F(SelectorTest, RankTablesReplaceDistancesForTheirLocality) {
     EXPECT_EQ(Stats(a).picks - before_a, 4u);
     EXPECT_EQ(Stats(b).picks - before_b, 4u);
     EXPECT_EQ(Stats(c).picks, 1u) << "c only took the node-1 pick";
+    // The best devices of a locality, among the active ones of a mask.
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, ~0u), 1u << a | 1u << b);
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, 1u << c), 1u << c);
+    ASSERT_EQ(ote_selector_set_active(s_, a, 0), OTE_OK);
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, ~0u), 1u << b);
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, 1u << a), 0u) << "a is not active";
+    EXPECT_EQ(ote_selector_best_mask(s_, 1, ~0u), 1u << c);
     // Bad arguments.
     EXPECT_EQ(ote_selector_set_ranks(s_, -1, ranks, 2), OTE_ERR_INVALID);
     EXPECT_EQ(ote_selector_set_ranks(s_, OTE_SELECTOR_MAX_LOCS, ranks, 2), OTE_ERR_INVALID);

@@ -29,8 +29,7 @@ ote_status_t ote_pcie_topo_load(ote_pcie_topo_t **out) {
     }
     (void)hwloc_topology_set_io_types_filter(t->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     if (hwloc_topology_load(t->topo) != 0) {
-        OTE_WARN(PCIE_LOG, "hwloc_topology_load (I/O objects): %s: no PCIe ranks",
-                 strerror(errno));
+        OTE_WARN(PCIE_LOG, "hwloc_topology_load (I/O objects): %s: no PCIe ranks", strerror(errno));
         hwloc_topology_destroy(t->topo);
         ote_free(t);
         return OTE_ERR_NATIVE;
@@ -92,7 +91,8 @@ static int same_package(hwloc_topology_t topo, hwloc_obj_t a, hwloc_obj_t b) {
     if (na->type == HWLOC_OBJ_PACKAGE) pa = na;
     if (nb->type == HWLOC_OBJ_PACKAGE) pb = nb;
     if (pa != NULL || pb != NULL) return pa == pb;
-    return na->nodeset != NULL && nb->nodeset != NULL && hwloc_bitmap_isequal(na->nodeset, nb->nodeset);
+    return na->nodeset != NULL && nb->nodeset != NULL &&
+           hwloc_bitmap_isequal(na->nodeset, nb->nodeset);
 }
 
 /* "dddd:bb:dd.f" exactly (hex digits of either case): 0, else -1. */

@@ -310,6 +310,25 @@ ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, ui
     return OTE_OK;
 }
 
+uint32_t ote_selector_best_mask(const ote_selector_t *s, int mem_numa, uint32_t mask) {
+    if (s == NULL) return 0;
+    ote_mutex_t *mu = (ote_mutex_t *)&s->mu;
+    ote_mutex_lock(mu);
+    int best = -1;
+    int rank[OTE_SELECTOR_MAX_DEVICES];
+    for (size_t i = 0; i < s->n; i++) {
+        rank[i] = -1;
+        if (!s->dev[i].st.active || !(mask & (1u << i))) continue;
+        rank[i] = rank_of(s, &s->dev[i], mem_numa);
+        if (best < 0 || rank[i] < best) best = rank[i];
+    }
+    uint32_t out = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (rank[i] >= 0 && rank[i] == best) out |= 1u << i;
+    ote_mutex_unlock(mu);
+    return out;
+}
+
 /* A completion-rate sample: the bytes done over a whole busy period (from the pick that
  * made the device busy to the end that made it idle), or over rate_window_ns of a busy
  * period that lasts longer. Slices run in parallel on a NIC, so their ends come in bursts:

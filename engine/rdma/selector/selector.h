@@ -108,6 +108,10 @@ int ote_selector_has_ranks(const ote_selector_t *s, int loc);
  * grow by len. OTE_ERR_NO_DEVICE when no allowed device is active. */
 ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, uint32_t mask,
                                int *index_out);
+/* The devices in mask that are active and of the best rank among those for memory at
+ * locality mem_numa (bit i = index i); 0 when none in mask is active. The RDMA pump
+ * keeps a run waiting for room on these rather than spilling it onto a farther device. */
+uint32_t ote_selector_best_mask(const ote_selector_t *s, int mem_numa, uint32_t mask);
 /* The slice of len bytes picked on index ended (ok: its bytes moved). */
 void ote_selector_done(ote_selector_t *s, int index, uint64_t len, int ok);
 /* The rank of device index for memory at locality mem_numa (lower is better). */

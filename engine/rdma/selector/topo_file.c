@@ -67,9 +67,8 @@ static int parse_line(ote_topo_file_t *f, char *text, int line, char *err, size_
     if (head == NULL) return 0; /* blank */
     ote_topo_entry_t e = {.line = line};
     if (parse_head(head, &e.kind, &e.index) != 0) {
-        snprintf(err, errcap,
-                 "line %d: \"%.32s\" is not gpu<N> or numa<N> (N from 0 to %d)", line, head,
-                 OTE_TOPO_FILE_MAX_INDEX);
+        snprintf(err, errcap, "line %d: \"%.32s\" is not gpu<N> or numa<N> (N from 0 to %d)", line,
+                 head, OTE_TOPO_FILE_MAX_INDEX);
         return -1;
     }
     const ote_topo_entry_t *dup = ote_topo_file_find(f, e.kind, e.index);
