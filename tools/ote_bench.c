@@ -29,6 +29,7 @@
 
 #include <ote/ote.h>
 
+#include "cuda/driver.h"
 #include "tools/bench_internal.h"
 #include "tools/bench_lib.h"
 
@@ -77,12 +78,20 @@ ote_status_t bench__make_engine(const bench_options_t *o, const char *listen,
 }
 
 /* --show-topology: an engine of the options' transports (configured by OTE_* variables
- * too, e.g. OTE_VERBS_PROVIDER, OTE_RDMA_TOPOLOGY), its ote_engine_topology on stdout. */
+ * too, e.g. OTE_VERBS_PROVIDER, OTE_RDMA_TOPOLOGY), its ote_engine_topology on stdout.
+ * The CUDA driver ($OTE_CUDA_LIBRARY or libcuda.so.1) is loaded first where there is
+ * one, so that the engine lists the GPUs too. */
 static int show_topology(const bench_options_t *o) {
+    ote_cuda_driver_t *drv = NULL;
+    if (ote_cuda_driver_load(NULL, &drv) != OTE_OK) {
+        drv = NULL;
+        fprintf(stderr, "ote_bench: no CUDA driver: host memory (NUMA nodes) only\n");
+    }
     ote_engine_t *e = NULL;
     ote_status_t st = bench__make_engine(o, o->listen[0] ? o->listen : "127.0.0.1:0", &e);
     if (st != OTE_OK) {
         bench__print_status("ote_engine_create", st);
+        if (drv != NULL) (void)ote_cuda_driver_unload(drv);
         return 1;
     }
     size_t need = 0;
@@ -97,6 +106,7 @@ static int show_topology(const bench_options_t *o) {
     free(text);
     ote_status_t dst = ote_engine_destroy(e);
     if (dst != OTE_OK) bench__print_status("ote_engine_destroy", dst);
+    if (drv != NULL && dst == OTE_OK) (void)ote_cuda_driver_unload(drv);
     return st == OTE_OK && dst == OTE_OK ? 0 : 1;
 }
 

@@ -34,9 +34,8 @@ using ote_test::kSec;
 
 constexpr size_t kLen = 64ull << 20;
 constexpr int kGpus = 8;
-const char *const kBus[kGpus] = {"0000:16:00.0", "0000:1e:00.0", "0000:56:00.0",
-                                 "0000:5e:00.0", "0000:96:00.0", "0000:9e:00.0",
-                                 "0000:d6:00.0", "0000:de:00.0"};
+const char *const kBus[kGpus] = {"0000:16:00.0", "0000:1e:00.0", "0000:56:00.0", "0000:5e:00.0",
+                                 "0000:96:00.0", "0000:9e:00.0", "0000:d6:00.0", "0000:de:00.0"};
 
 std::string TopologyFile(const char *name) {
     const char *srcdir = std::getenv("TEST_SRCDIR");
@@ -238,9 +237,9 @@ class RdmaTopologyFileTest : public RdmaPcieTest {
 // GPU 3 and node 1 as the file says (mlx5_6 for GPU 3: say its cable goes elsewhere); the
 // other GPUs and node 0 keep hwloc's ranking; GPU 3's WRITE goes to mlx5_6.
 TEST_F(RdmaTopologyFileTest, TheFileReplacesWhatItNames) {
-    const std::string path =
-        WriteFile("# GPU 3's own NIC is cabled to another fabric\ngpu3 mlx5_6 mlx5_2\n"
-                  "numa1 mlx5_7\n");
+    const std::string path = WriteFile(
+        "# GPU 3's own NIC is cabled to another fabric\ngpu3 mlx5_6 mlx5_2\n"
+        "numa1 mlx5_7\n");
     ote_engine_t *peer = ote_test::RdmaEngine("120000");
     ASSERT_NE(peer, nullptr);
     ote_engine_t *req =
@@ -248,12 +247,14 @@ TEST_F(RdmaTopologyFileTest, TheFileReplacesWhatItNames) {
     ASSERT_NE(req, nullptr);
     std::vector<std::string> lines = Lines(Topology(req));
     ASSERT_EQ(lines.size(), 10u);
-    EXPECT_EQ(lines[3], "gpu3 0000:5e:00.0 file: mlx5_6=0 mlx5_2=1 mlx5_0=2 mlx5_1=2 mlx5_3=2 "
-                        "mlx5_4=2 mlx5_5=2 mlx5_7=2");
+    EXPECT_EQ(lines[3],
+              "gpu3 0000:5e:00.0 file: mlx5_6=0 mlx5_2=1 mlx5_0=2 mlx5_1=2 mlx5_3=2 "
+              "mlx5_4=2 mlx5_5=2 mlx5_7=2");
     EXPECT_EQ(lines[2], GpuLine(2));
     EXPECT_EQ(lines[8], NumaLine(0));
-    EXPECT_EQ(lines[9], "numa1 file: mlx5_7=0 mlx5_0=1 mlx5_1=1 mlx5_2=1 mlx5_3=1 mlx5_4=1 "
-                        "mlx5_5=1 mlx5_6=1");
+    EXPECT_EQ(lines[9],
+              "numa1 file: mlx5_7=0 mlx5_0=1 mlx5_1=1 mlx5_2=1 mlx5_3=1 mlx5_4=1 "
+              "mlx5_5=1 mlx5_6=1");
 
     std::vector<uint8_t> host(kLen, 0);
     ASSERT_EQ(ote_memory_register(peer, host.data(), kLen, OTE_PERM_WRITE), OTE_OK);
