@@ -68,6 +68,19 @@ typedef struct ote_batch ote_batch_t;
  *   rdma_devices         comma-separated device names the RDMA data path may use
  *                        (default: every device with an active port).
  *   rdma_exclude         comma-separated device names it never uses.
+ *   rdma_topology        path of a file naming, per GPU and per NUMA node, the RDMA
+ *                        devices in the order to use them, for machines whose PCIe tree
+ *                        hwloc reads wrongly: lines "gpu<N> dev dev ..." (CUDA device N)
+ *                        and "numa<N> dev ..." (host memory on node N), N 0..63, '#'
+ *                        comments; a device a line lists ranks by its position, one it
+ *                        does not list after those. What the file names replaces the
+ *                        automatic ranking (PCIe distance for device memory moved by
+ *                        GPUDirect, NUMA distance for host memory); the rest keeps it.
+ *                        A file that cannot be read or has a bad line fails
+ *                        ote_engine_create with OTE_ERR_INVALID and an ERROR line naming
+ *                        the line (default "": none). ote_engine_topology prints the
+ *                        result. hwloc's own HWLOC_XMLFILE makes the ranking read a
+ *                        recorded topology instead of this machine's.
  *   rdma_lanes           CQ lanes (one worker thread each) per RDMA data device, 1..64
  *                        (default 2; independent of tcp_workers).
  *   rdma_srq_slots       receive buffers of each lane's shared receive queue, from which
