@@ -206,9 +206,9 @@ typedef enum {
 } run_next_t;
 
 /* A run that may start: its grant's bytes (run_take), room in the engine-wide limit and in
- * the window for this peer of a device of the best rank for its memory (gpu_staging_depth chunks for a staged request), a
- * device picked (none active and nothing in flight: PORT_DOWN, each slice alone), and a
- * grant credit of its request (rdma_max_grants). */
+ * the window for this peer (gpu_staging_depth chunks for a staged request) of a device of
+ * the best rank for its memory, a device picked (none active and nothing in flight:
+ * PORT_DOWN, each slice alone), and a grant credit of its request (rdma_max_grants). */
 static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **last, uint64_t *rlen,
                             int *k, ote_status_t *st) {
     rdma_tp_t *tp = p->tp;

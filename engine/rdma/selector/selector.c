@@ -191,12 +191,13 @@ static int table_rank(const ote_selector_t *s, const sel_dev_t *d, int loc) {
     return worst + 1;
 }
 
-/* Under mu. A locality with a rank table ranks by it (table_rank). Memory of unknown node ranks every device 0. A device whose distance to the
- * memory is unknown (no node, or a node the topology does not know) ranks as the farthest
- * placement known: the largest distance from the memory's node to any node of the
- * topology or to any device's node. On a multi-node host a NIC without a node therefore
- * never wins over a NIC known to be near. When no distance is known at all, every device
- * ranks 0 (the sim: nodes but no topology). */
+/* Under mu. A locality with a rank table ranks by it (table_rank). Memory of unknown
+ * node ranks every device 0. A device whose distance to the memory is unknown (no node,
+ * or a node the topology does not know) ranks as the farthest placement known: the
+ * largest distance from the memory's node to any node of the topology or to any device's
+ * node. On a multi-node host a NIC without a node therefore never wins over a NIC known
+ * to be near. When no distance is known at all, every device ranks 0 (the sim: nodes but
+ * no topology). */
 static int rank_of(const ote_selector_t *s, const sel_dev_t *d, int mem_numa) {
     if (mem_numa < 0) return 0;
     if (mem_numa < OTE_SELECTOR_MAX_LOCS && s->has[mem_numa]) return table_rank(s, d, mem_numa);
