@@ -74,13 +74,16 @@ TEST_F(PcieRankTest, ServerEveryGpuRanksItsOwnSwitchFirst) {
     }
     // Upper-case hex is the same bus id; an id the tree lacks and a malformed one.
     EXPECT_EQ(Ranks("0000:DE:00.0", {"mlx5_7"}), std::vector<int>{0});
+    EXPECT_EQ(Ranks("00000000:de:00.0", {"mlx5_7"}), std::vector<int>{0}) << "NVML's form";
     int r = -7;
     const char *nic = "mlx5_0";
     EXPECT_EQ(ote_pcie_rank_nics(topo_, "0000:17:00.0", &nic, 1, &r), OTE_OK)
         << "a NIC's own PCI function is found too";
     EXPECT_EQ(ote_pcie_rank_nics(topo_, "0000:44:00.0", &nic, 1, &r), OTE_ERR_NOT_FOUND);
     EXPECT_EQ(ote_pcie_rank_nics(topo_, "gpu0", &nic, 1, &r), OTE_ERR_INVALID);
-    EXPECT_EQ(ote_pcie_rank_nics(topo_, "0000:16:00.0x", &nic, 1, &r), OTE_ERR_INVALID);
+    for (const char *bad : {"0000:16:00.0x", "000:16:00.0", "000000000:16:00.0", "0000:16:20.0",
+                            "0000:16:00.8", "0000:1g:00.0", "0000-16:00.0", ""})
+        EXPECT_EQ(ote_pcie_rank_nics(topo_, bad, &nic, 1, &r), OTE_ERR_INVALID) << bad;
 }
 
 // Root ports of one host bridge are no switch: both GPUs rank the NIC by the socket.

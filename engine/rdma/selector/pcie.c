@@ -95,26 +95,34 @@ static int same_package(hwloc_topology_t topo, hwloc_obj_t a, hwloc_obj_t b) {
            hwloc_bitmap_isequal(na->nodeset, nb->nodeset);
 }
 
-/* "dddd:bb:dd.f" exactly (hex digits of either case): 0, else -1. */
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* "dddd:bb:dd.f" exactly, the domain of 4 to 8 hex digits (CUDA writes 4, NVML 8), hex
+ * digits of either case: 0, else -1. */
 static int parse_busid(const char *id, unsigned *dom, unsigned *bus, unsigned *dev, unsigned *fn) {
-    static const char shape[] = "xxxx:xx:xx.x";
-    if (strlen(id) != sizeof(shape) - 1) return -1;
-    unsigned v[4] = {0, 0, 0, 0}, k = 0;
-    for (size_t i = 0; shape[i] != '\0'; i++) {
-        char c = id[i];
-        if (shape[i] != 'x') {
-            if (c != shape[i]) return -1;
+    static const char tail[] = ":xx:xx.x";
+    size_t nd = 0;
+    unsigned v[4] = {0, 0, 0, 0};
+    for (; hex_digit(id[nd]) >= 0 && nd < 9; nd++) v[0] = v[0] * 16 + (unsigned)hex_digit(id[nd]);
+    if (nd < 4 || nd > 8 || strlen(id + nd) != sizeof(tail) - 1) return -1;
+    unsigned k = 0;
+    for (size_t i = 0; tail[i] != '\0'; i++) {
+        char c = id[nd + i];
+        if (tail[i] != 'x') {
+            if (c != tail[i]) return -1;
             k++;
             continue;
         }
-        int d = c >= '0' && c <= '9'   ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : -1;
+        int d = hex_digit(c);
         if (d < 0) return -1;
         v[k] = v[k] * 16 + (unsigned)d;
     }
-    if (v[2] > 0x1f || v[3] > 7) return -1;
+    if (v[0] > 0xffff || v[2] > 0x1f || v[3] > 7) return -1;
     *dom = v[0];
     *bus = v[1];
     *dev = v[2];

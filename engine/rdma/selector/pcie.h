@@ -44,9 +44,9 @@ ote_status_t ote_pcie_topo_load(ote_pcie_topo_t **out);
 void ote_pcie_topo_destroy(ote_pcie_topo_t *t);
 
 /* ranks[i] := the rank of NIC nics[i] for the GPU at PCI bus id gpu_busid
- * ("dddd:bb:dd.f", any case). OTE_ERR_NOT_FOUND (ranks untouched) when the topology has
- * no PCI function at that bus id; OTE_ERR_INVALID for a malformed bus id;
- * OTE_ERR_TOO_BIG past 64 NICs. */
+ * ("dddd:bb:dd.f", any case; a domain of up to 8 digits as NVML writes it).
+ * OTE_ERR_NOT_FOUND (ranks untouched) when the topology has no PCI function at that bus
+ * id; OTE_ERR_INVALID for a malformed bus id; OTE_ERR_TOO_BIG past 64 NICs. */
 ote_status_t ote_pcie_rank_nics(const ote_pcie_topo_t *t, const char *gpu_busid,
                                 const char *const *nics, size_t n, int *ranks);
 
