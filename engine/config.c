@@ -133,6 +133,14 @@ static const key_def_t g_keys[] = {
     {"rdma_devices", K_STRING, "", 0, 255, TEXT(rdma_devices)},
     /* Comma-separated device names the RDMA data path never uses. */
     {"rdma_exclude", K_STRING, "", 0, 255, TEXT(rdma_exclude)},
+    /* A file naming, per GPU and per NUMA node, the RDMA NICs in order of preference
+     * (format: engine/rdma/selector/topo_file.h, docs/rdma.md "Which NIC carries a
+     * buffer"), for machines whose PCIe tree hwloc reads wrongly; what it names replaces
+     * hwloc's ranking (GPUs: the NICs behind the GPU's own PCIe switch first, then the same
+     * socket, then the rest; host memory: NUMA distance). Read and checked at
+     * ote_engine_create: a bad file fails it with an ERROR naming the line. Empty: hwloc's
+     * ranking only (hwloc reads the machine, or the XML file named by $HWLOC_XMLFILE). */
+    {"rdma_topology", K_STRING, "", 0, 1023, TEXT(rdma_topology)},
     /* CQ lanes (one worker thread each) per RDMA data device, independent of
      * `tcp_workers`. */
     {"rdma_lanes", K_UINT, "2", 1, 64, NUMBER(rdma_lanes)},

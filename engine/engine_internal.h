@@ -56,6 +56,7 @@ typedef struct ote__cfg_s {
     char rdma_device[64];
     char rdma_devices[256];            /* comma-separated allow list ("" = all) */
     char rdma_exclude[256];            /* comma-separated deny list */
+    char rdma_topology[1024];          /* NICs in order per GPU / NUMA node (file, "" = none) */
     uint32_t rdma_lanes;               /* CQ lanes (worker threads) per data device */
     char rdma_pin[256];                /* "dev:port:gid[,...]" strict routes ("" = none) */
     uint32_t rdma_port;                /* port of every unpinned device (OTE__CFG_UNSET: any) */

@@ -214,6 +214,8 @@ const char *bench_usage(void) {
            "loopback\n"
            "       ote_bench --role target [--listen H:P]   serve as the target of another host\n"
            "       ote_bench --target H:P [options]         measure against that target\n"
+           "       ote_bench --show-topology [--transport rdma]  print which NIC the engine\n"
+           "                                                picks first per GPU and NUMA node\n"
            "\n"
            "Initiator options:\n"
            "  --transport tcp|rdma|shm transport of both engines (default: the library's\n"
@@ -301,6 +303,7 @@ enum {
     OPT_LOCAL_MEM,
     OPT_REMOTE_MEM,
     OPT_REMOTE_IPC,
+    OPT_SHOW_TOPOLOGY,
     OPT_END,
 };
 
@@ -464,6 +467,7 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
             break;
         case OPT_TEST_CORRUPT: o->test_corrupt = true; break;
         case OPT_REMOTE_IPC: o->remote_ipc = true; break;
+        case OPT_SHOW_TOPOLOGY: o->show_topology = true; break;
         case OPT_LOCAL_MEM:
         case OPT_REMOTE_MEM:
             if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem) != 0)
@@ -569,6 +573,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"report-fd", required_argument, NULL, OPT_REPORT_FD},
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
         {"remote-ipc", no_argument, NULL, OPT_REMOTE_IPC},
+        {"show-topology", no_argument, NULL, OPT_SHOW_TOPOLOGY},
         {"depth", required_argument, NULL, OPT_DEPTH},
         {"local-mem", required_argument, NULL, OPT_LOCAL_MEM},
         {"remote-mem", required_argument, NULL, OPT_REMOTE_MEM},

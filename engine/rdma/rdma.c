@@ -291,6 +291,7 @@ static size_t teardown_lanes(rdma_tp_t *tp) {
  * buffer manager. Returns how many owners are left. */
 static size_t teardown_memory(rdma_tp_t *tp) {
     size_t left = 0;
+    ote__rdma_topo_stop(tp);
     ote_selector_destroy(tp->sel);
     tp->sel = NULL;
     reg_ent_t **pp = &tp->regs;
@@ -389,6 +390,7 @@ static const ote__transport_ops_t g_rdma_ops = {
     .mem_register_dmabuf = ote__rdma_mem_register_dmabuf,
     .adopt = ote__rdma_adopt,
     .nic_stats = rdma_nic_stats,
+    .topology = ote__rdma_topology,
     .advert = ote__rdma_advert,
 };
 
@@ -489,8 +491,9 @@ static ote_status_t choose_devices(rdma_tp_t *tp, dev_choice_t *d) {
     d->asked = tp->cfg.rdma_pin[0]      ? tp->cfg.rdma_pin
                : tp->cfg.rdma_device[0] ? tp->cfg.rdma_device
                                         : tp->cfg.rdma_devices;
-    /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal. */
-    sc->use_topology = strcmp(tp->v->provider, "sim") != 0;
+    /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal, unless
+     * HWLOC_XMLFILE names a recorded topology (the tests' machine shapes). */
+    sc->use_topology = strcmp(tp->v->provider, "sim") != 0 || getenv("HWLOC_XMLFILE") != NULL;
     sc->distance = ote__rdma_hooks.distance;
     /* Every unpinned device's route (rdma_port / rdma_gid_index, which the configuration
      * refuses beside rdma_pin) and the sysfs the GID netdev checks read. */
@@ -711,6 +714,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         return st;
     }
     st = open_devices(tp);
+    if (st == OTE_OK) st = ote__rdma_topo_start(tp);         /* NIC ranks per GPU and node */
     if (st == OTE_OK) st = ote__rdma_grant_mode_resolve(tp); /* windows or exact MRs */
     if (st != OTE_OK) goto err;
     st = ote_buffer_manager_create(tp->set, &tp->bm);

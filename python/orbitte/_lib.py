@@ -131,6 +131,10 @@ _PROTOTYPES = {
         [c_void_p, ctypes.POINTER(NicStats), c_size_t, ctypes.POINTER(c_size_t)],
     ),
     "ote_engine_gpu_stats": (status_t, [c_void_p, c_void_p]),
+    "ote_engine_topology": (
+        status_t,
+        [c_void_p, ctypes.c_char_p, c_size_t, ctypes.POINTER(c_size_t)],
+    ),
     "ote_engine_metadata": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.POINTER(c_size_t)]),
     "ote_engine_metadata_buffers": (
         status_t,

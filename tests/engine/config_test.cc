@@ -78,6 +78,10 @@ TEST_F(ConfigTest, InvalidValuesAreRefusedAndChangeNothing) {
     EXPECT_EQ(ote_config_set(cfg_, "log_level", "loud"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(cfg_, "verbs_provider", "magic"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(nullptr, "transport", "tcp"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg_, "rdma_topology", std::string(1024, 'f').c_str()),
+              OTE_ERR_INVALID);
+    EXPECT_TRUE(LogContains("rdma_topology"));
+    EXPECT_EQ(Get("rdma_topology"), "");
     EXPECT_EQ(Get("transport"), "");
     EXPECT_EQ(Get("tcp_connections"), "4");
     EXPECT_TRUE(LogContains("invalid tcp_connections=\"0\""));
@@ -296,6 +300,9 @@ const std::map<std::string, Sample> &Samples() {
         {"rdma_srq_slots", {"1024", [](R r) { return r.rdma_srq_slots == 1024; }}},
         {"rdma_max_peers", {"100", [](R r) { return r.rdma_max_peers == 100; }}},
         {"rdma_device", {"mlx5_3", [](R r) { return std::string(r.rdma_device) == "mlx5_3"; }}},
+        {"rdma_topology",
+         {"/etc/orbitte/topology",
+          [](R r) { return std::string(r.rdma_topology) == "/etc/orbitte/topology"; }}},
         {"rdma_devices",
          {"sim0, sim1", [](R r) { return std::string(r.rdma_devices) == "sim0, sim1"; }}},
         {"rdma_exclude", {"mlx5_1", [](R r) { return std::string(r.rdma_exclude) == "mlx5_1"; }}},

@@ -74,6 +74,7 @@ typedef struct ote_batch ote_batch_t;
  *   rdma_device          one RDMA device to use alone
  *   rdma_devices         the RDMA devices the data path may use
  *   rdma_exclude         RDMA devices never used
+ *   rdma_topology        file: RDMA NICs in order per GPU and NUMA node (else hwloc)
  *   rdma_lanes           CQ lanes (worker threads) per RDMA device
  *   rdma_pin             strict routes "device:port:gid_index"
  *   rdma_port            the port of every device rdma_pin does not name
