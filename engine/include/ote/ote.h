@@ -146,6 +146,18 @@ typedef struct {
 ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, size_t cap,
                                   size_t *n_out);
 
+/* The order in which the engine picks its data devices for memory of each CUDA device
+ * and of each NUMA node (docs/rdma.md, "Which NIC carries a buffer"): text, one line each,
+ *     gpu<N> <PCI bus id> <source>: <device>=<rank> ...
+ *     numa<N> <source>: <device>=<rank> ...
+ * devices best first (lower rank; equal ranks share the load). source: "pcie" (the PCIe
+ * tree: 0 same leaf switch, 1 same switch, 2 same socket, 3 elsewhere, 4 not placed),
+ * "file" (rdma_topology), "numa" (NUMA distances; a GPU the PCIe tree lacks ranks as its
+ * node) or "equal". GPUs are listed once the CUDA driver is loaded in the process. "" for
+ * an engine without RDMA. OTE_OK with *len_out the text's length (NUL written); cap too
+ * small: OTE_ERR_TOO_BIG with *len_out the size needed (NUL included), buf untouched. */
+ote_status_t ote_engine_topology(ote_engine_t *engine, char *buf, size_t cap, size_t *len_out);
+
 /* How device memory moved through this engine (docs/gpu.md), counters since
  * creation (the *_now fields are the current state). A request's path shows as the
  * counter it moved: staged (pinned chunks), ipc_copies (CUDA IPC, same host) or
