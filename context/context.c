@@ -65,42 +65,85 @@ static ote_status_t context_close(ote_context_t *ctx) {
     return OTE_OK;
 }
 
-/* Choose the route: the pinned one, or the first active port with a usable GID, else
- * the first port with a usable GID (the context starts paused). */
-static ote_status_t context_route(ote_context_t *ctx, const ote_context_pin_t *pin) {
-    int active = 0;
-    if (pin != NULL) {
-        if (pin->port < 1 || pin->port > ctx->device_attr.phys_port_cnt) {
-            OTE_ERROR("context",
-                      "pinned route device %s port %u GID index %d: the device has ports 1..%u",
-                      ctx->name, (unsigned)pin->port, pin->gid_index,
-                      (unsigned)ctx->device_attr.phys_port_cnt);
-            return OTE_ERR_NOT_FOUND;
+/* A strict route on one port: ERROR naming device, port and index when it is unusable. */
+static ote_status_t route_strict(ote_context_t *ctx, uint8_t port, int gid_index, const char *what,
+                                 int *active_out) {
+    char why[160] = "";
+    ote_status_t st =
+        ote__context_select_route(ctx, port, gid_index, &ctx->route, active_out, why, sizeof(why));
+    if (st != OTE_OK && why[0] != '\0') /* else query_port failed: WARN logged */
+        OTE_ERROR("context", "%s device %s port %u GID index %d %s", what, ctx->name,
+                  (unsigned)port, gid_index, why);
+    return st;
+}
+
+/* The route of a device without a pin on the first active port (or cfg->port alone)
+ * with a usable GID (cfg's fixed index, else the best one), else the first such port:
+ * the context starts paused. A fixed index that no port can use is an ERROR naming each
+ * port's reason; an automatic choice that finds nothing is OTE_ERR_NOT_FOUND. */
+static ote_status_t route_ports(ote_context_t *ctx, const ote_context_config_t *cfg,
+                                int *active_out) {
+    int fixed = cfg != NULL && cfg->gid_mode == OTE_CONTEXT_GID_FIXED;
+    unsigned first = cfg != NULL && cfg->port != 0 ? cfg->port : 1;
+    unsigned last = cfg != NULL && cfg->port != 0 ? cfg->port : ctx->device_attr.phys_port_cnt;
+    char whys[320] = "";
+    size_t used = 0;
+    int found = 0, active = 0;
+    for (unsigned p = first; p <= last && p <= 255; p++) {
+        ote_context_route_t probe;
+        int probe_active = 0;
+        char why[160] = "";
+        if (ote__context_select_route(ctx, (uint8_t)p, fixed ? cfg->gid_index : -1, &probe,
+                                      &probe_active, why, sizeof(why)) != OTE_OK) {
+            if (why[0] == '\0') snprintf(why, sizeof(why), "cannot be checked (query_port failed)");
+            int n = snprintf(whys + used, sizeof(whys) - used, "%sport %u: GID index %d %s",
+                             used ? "; " : "", p, fixed ? cfg->gid_index : -1, why);
+            if (n > 0) used = used + (size_t)n < sizeof(whys) ? used + (size_t)n : sizeof(whys) - 1;
+            continue;
         }
-        if (pin->gid_index < 0) {
-            OTE_ERROR("context", "pinned route device %s port %u GID index %d: invalid index",
-                      ctx->name, (unsigned)pin->port, pin->gid_index);
-            return OTE_ERR_INVALID;
+        if (!found || (probe_active && !active)) {
+            ctx->route = probe;
+            active = probe_active;
+            found = 1;
         }
-        ote_status_t st =
-            ote__context_select_route(ctx, pin->port, pin->gid_index, &ctx->route, &active);
-        if (st != OTE_OK) return st;
-    } else {
-        int found = 0;
-        for (unsigned p = 1; p <= ctx->device_attr.phys_port_cnt && p <= 255; p++) {
-            ote_context_route_t probe;
-            int probe_active = 0;
-            if (ote__context_select_route(ctx, (uint8_t)p, -1, &probe, &probe_active) != OTE_OK)
-                continue;
-            if (!found || (probe_active && !active)) {
-                ctx->route = probe;
-                active = probe_active;
-                found = 1;
-            }
-            if (active) break;
-        }
-        if (!found) return OTE_ERR_NOT_FOUND;
+        if (active) break;
     }
+    if (!found && fixed) {
+        OTE_ERROR("context",
+                  "device %s: the GID index %d fixed for every device cannot be used: %s",
+                  ctx->name, cfg->gid_index, whys);
+        return OTE_ERR_NOT_FOUND;
+    }
+    if (!found) return OTE_ERR_NOT_FOUND;
+    *active_out = active;
+    return OTE_OK;
+}
+
+/* Choose the route: the pinned one, or route_ports's. A configured port the device does
+ * not have fails like a pin to it. */
+static ote_status_t context_route(ote_context_t *ctx, const ote_context_pin_t *pin,
+                                  const ote_context_config_t *cfg) {
+    int active = 0;
+    ote_status_t st;
+    uint8_t want_port = pin != NULL ? pin->port : cfg != NULL ? cfg->port : 0;
+    if ((pin != NULL || want_port != 0) &&
+        (want_port < 1 || want_port > ctx->device_attr.phys_port_cnt)) {
+        char gid[32] = "";
+        if (ctx->pin_gid_index >= 0)
+            snprintf(gid, sizeof(gid), " GID index %d", ctx->pin_gid_index);
+        OTE_ERROR("context", "%s device %s port %u%s: the device has ports 1..%u",
+                  pin != NULL ? "pinned route" : "configured route of", ctx->name,
+                  (unsigned)want_port, gid, (unsigned)ctx->device_attr.phys_port_cnt);
+        return OTE_ERR_NOT_FOUND;
+    }
+    if (pin != NULL && pin->gid_index < 0) {
+        OTE_ERROR("context", "pinned route device %s port %u GID index %d: invalid index",
+                  ctx->name, (unsigned)pin->port, pin->gid_index);
+        return OTE_ERR_INVALID;
+    }
+    if (pin != NULL) st = route_strict(ctx, pin->port, pin->gid_index, "pinned route", &active);
+    else st = route_ports(ctx, cfg, &active);
+    if (st != OTE_OK) return st;
     atomic_store(&ctx->state, active ? OTE_CONTEXT_ACTIVE : OTE_CONTEXT_PAUSED);
     if (!active)
         OTE_WARN("context", "device %s port %u is not active: context starts paused", ctx->name,
@@ -152,17 +195,24 @@ static ote_status_t context_limits(ote_context_t *ctx) {
     return OTE_OK;
 }
 
+/* Open device dev as NIC nic_id on its route (pin, else cfg's port and GID choice) with
+ * its PD into *ctx_out. A device without a usable GID that the configuration neither
+ * requires nor routes strictly is skipped: OTE_OK with *ctx_out NULL (WARN logged). */
 static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev, const char *name,
-                                 uint32_t nic_id, const ote_context_pin_t *pin, int required,
+                                 uint32_t nic_id, const ote_context_config_t *cfg,
+                                 const ote_context_pin_t *pin, int required,
                                  ote_context_t **ctx_out) {
     ote_verbs_t *v = set->v;
     ote_status_t st;
+    int skipped = 0;
     ote_context_t *ctx = ote_calloc(1, sizeof(*ctx));
     if (ctx == NULL) return OTE_ERR_NOMEM;
     ctx->set = set;
     ctx->v = v;
     ctx->nic_id = nic_id;
-    ctx->pin_gid_index = pin != NULL ? pin->gid_index : -1;
+    int fixed = pin == NULL && cfg != NULL && cfg->gid_mode == OTE_CONTEXT_GID_FIXED;
+    ctx->pin_gid_index = pin != NULL ? pin->gid_index : fixed ? cfg->gid_index : -1;
+    ctx->pinned = pin != NULL;
     ctx->numa_node = -1;
     snprintf(ctx->name, sizeof(ctx->name), "%s", name);
 
@@ -177,12 +227,19 @@ static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
     int node = -1;
     if (v->ops->device_numa_node(v, ctx->native, &node) == 0) ctx->numa_node = node;
 
-    st = context_route(ctx, pin);
+    st = context_route(ctx, pin, cfg);
     if (st != OTE_OK) {
-        if (pin == NULL && ote_status_code(st) == OTE_ERR_NOT_FOUND) {
-            if (required) OTE_ERROR("context", "device %s: no port has a usable GID", name);
+        /* Only an automatic route on any port may skip a device; a strict one fails (the
+         * pin and the fixed index said why already). */
+        uint8_t port = cfg != NULL ? cfg->port : 0;
+        if (pin == NULL && !fixed && ote_status_code(st) == OTE_ERR_NOT_FOUND) {
+            if (port != 0)
+                OTE_ERROR("context", "device %s port %u (the configured port): no usable GID", name,
+                          (unsigned)port);
+            else if (required) OTE_ERROR("context", "device %s: no port has a usable GID", name);
             else OTE_WARN("context", "device %s: no port has a usable GID; device skipped", name);
-            st = required ? OTE_ERR_NO_DEVICE : OTE_ERR_NOT_FOUND;
+            if (port == 0 && !required) skipped = 1;
+            else if (port == 0) st = OTE_ERR_NO_DEVICE;
         }
         goto err_close;
     }
@@ -197,15 +254,17 @@ static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
         if (fl >= 0) (void)fcntl(ctx->native->async_fd, F_SETFL, fl | O_NONBLOCK);
     }
     ctx->route_generation = 1;
-    OTE_INFO("context", "nic %u %s: port %u GID index %d (type %u)%s, NUMA node %d", nic_id, name,
-             (unsigned)ctx->route.port, ctx->route.gid_index, ctx->route.gid_type,
-             pin != NULL ? " pinned" : "", ctx->numa_node);
+    ote__context_log_route(ctx, pin != NULL ? "pinned" : fixed ? "fixed GID index" : "automatic");
     *ctx_out = ctx;
     return OTE_OK;
 
 err_close:
     (void)v->ops->close_device(v, ctx->native);
     ote_free(ctx);
+    if (skipped) {
+        *ctx_out = NULL;
+        return OTE_OK;
+    }
     return st;
 }
 
@@ -269,9 +328,9 @@ static ote_status_t set_open_contexts(ote_context_set_t *set, const ote_context_
         if (pin == NULL && l == 0) continue;
         ote_context_t *ctx = NULL;
         ote_status_t st =
-            context_open(set, devs[i].dev, devs[i].name, (uint32_t)i, pin, l == 1, &ctx);
-        if (st == OTE_ERR_NOT_FOUND && pin == NULL) continue; /* skipped, warned */
+            context_open(set, devs[i].dev, devs[i].name, (uint32_t)i, cfg, pin, l == 1, &ctx);
         if (st != OTE_OK) return st;
+        if (ctx == NULL) continue; /* skipped, warned */
         set->contexts[set->count++] = ctx;
     }
     if (set->count == 0) {
@@ -316,6 +375,11 @@ ote_status_t ote_context_set_open(ote_verbs_t *v, const ote_context_config_t *cf
     }
     set->v = v;
     set->next_listener_id = 1;
+    if (cfg != NULL && cfg->sysfs_root != NULL && cfg->sysfs_root[0] != '\0' &&
+        (set->sysfs_root = ote_strdup(cfg->sysfs_root)) == NULL) {
+        st = OTE_ERR_NOMEM;
+        goto err_free_set;
+    }
     set->contexts = ote_calloc((size_t)num, sizeof(*set->contexts));
     if (set->contexts == NULL) {
         st = OTE_ERR_NOMEM;
@@ -335,6 +399,7 @@ err_close_contexts:
 err_mu:
     ote_mutex_destroy(&set->mu);
 err_free_set:
+    ote_free(set->sysfs_root);
     ote_free(set->contexts);
     ote_free(set);
 out:
@@ -364,6 +429,7 @@ ote_status_t ote_context_set_close(ote_context_set_t *set) {
     }
     ote_mutex_destroy(&set->listeners_mu);
     ote_mutex_destroy(&set->mu);
+    ote_free(set->sysfs_root);
     ote_free(set->contexts);
     ote_free(set);
     return OTE_OK;
@@ -422,6 +488,8 @@ void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info) {
     info->gid = ctx->route.gid;
     info->gid_type = ctx->route.gid_type;
     info->pinned = ctx->pin_gid_index >= 0;
+    memcpy(info->netdev, ctx->route.netdev, sizeof(info->netdev));
+    info->netdev_state = ctx->route.netdev_state;
     info->lid = ctx->route.lid;
     info->link_layer = ctx->route.link_layer;
     info->active_mtu = ctx->route.active_mtu;

@@ -11,11 +11,13 @@
  * same devices, whatever subset a configuration opens.
  *
  * Route selection, per device: automatic (scan the selected port's GID table, skip
- * empty and zero entries, prefer RoCE v2, then IPv4-mapped or routable global entries
- * over link-local ones; the first active port with a usable GID wins, else the first
- * port with one and the context starts paused) or strict from a pin (device, port, GID
- * index): a pin that does not match fails the whole open with a message naming the
- * device, port and GID index. A pin is never replaced by another entry.
+ * empty and zero entries, prefer entries whose netdev sysfs shows up, then RoCE v2, then
+ * IPv4-mapped or routable global entries over link-local ones; the first active port
+ * with a usable GID wins, else the first port with one and the context starts paused)
+ * or strict from a pin (device, port, GID index) or a fixed GID index for every device:
+ * a strict route that does not match fails the whole open with a message naming the
+ * device, port and GID index. A strict route is never replaced by another entry. The
+ * open logs one INFO line per device naming its port, GID index, GID and netdev.
  *
  * Port state: the monitor calls ote_context_set_poll_events(); PORT_ERR on a context's
  * selected port pauses it (no new route admission: ote_context_check() fails
@@ -54,6 +56,12 @@ typedef struct ote_context_pin {
     int gid_index;
 } ote_context_pin_t;
 
+/* How a device without a pin chooses its GID index. */
+typedef enum {
+    OTE_CONTEXT_GID_AUTO = 0,  /* ranked per port (context/gid.c) */
+    OTE_CONTEXT_GID_FIXED = 1, /* ote_context_config_t.gid_index, strict */
+} ote_context_gid_mode_t;
+
 typedef struct ote_context_config {
     /* Devices to open, by name; NULL/0 = every device of the provider. A listed name the
      * provider does not have fails the open (OTE_ERR_NO_DEVICE, naming it). */
@@ -62,7 +70,27 @@ typedef struct ote_context_config {
     /* Strict pins; a pinned device is opened even when `devices` does not list it. */
     const ote_context_pin_t *pins;
     size_t num_pins;
+    /* The port of every device without a pin: 0 = any (the first active port with a usable
+     * GID); otherwise only that port (a device without it fails the open). */
+    uint8_t port;
+    /* The GID index of every device without a pin: OTE_CONTEXT_GID_AUTO chooses one per
+     * port (gid.c); OTE_CONTEXT_GID_FIXED uses gid_index strictly, like a pin: a device
+     * where no allowed port has a usable entry there fails the open, naming device, port
+     * and index. */
+    ote_context_gid_mode_t gid_mode;
+    int gid_index;
+    /* Where sysfs is mounted (for tests and containers with a bind-mounted /sys); every
+     * sysfs read of this layer goes under it. NULL or "" = "/sys". */
+    const char *sysfs_root;
 } ote_context_config_t;
+
+/* What sysfs says about the network device of a GID table entry (RoCE ports list one per
+ * entry under ports/<port>/gid_attrs/ndevs/<index>; InfiniBand ports list none). */
+typedef enum {
+    OTE_CONTEXT_NETDEV_NONE = 0, /* no netdev: no ndevs file, unreadable, or not a name */
+    OTE_CONTEXT_NETDEV_DOWN = 1, /* class/net/<netdev>/operstate says anything else */
+    OTE_CONTEXT_NETDEV_UP = 2,   /* operstate "up" or "unknown" (see context/sysfs.c) */
+} ote_context_netdev_t;
 
 typedef enum {
     OTE_CONTEXT_ACTIVE = 0, /* route usable */
@@ -109,7 +137,9 @@ typedef struct ote_context_info {
     int gid_index;
     union ibv_gid gid;
     uint32_t gid_type; /* IBV_GID_TYPE_* (IB when the provider cannot tell) */
-    int pinned;        /* 1 when the route comes from a strict pin */
+    int pinned;        /* 1 when the GID index is strict (a pin or a fixed GID index) */
+    char netdev[16];   /* the GID's network device from sysfs; "" when none is known */
+    ote_context_netdev_t netdev_state;
     uint16_t lid;
     uint8_t link_layer; /* IBV_LINK_LAYER_* */
     enum ibv_mtu active_mtu;
@@ -196,8 +226,13 @@ ote_status_t ote_context_refresh(ote_context_t *ctx);
 void ote_context_retained_add(ote_context_t *ctx, ote_retained_kind_t kind, int delta);
 uint64_t ote_context_retained(const ote_context_t *ctx, ote_retained_kind_t kind);
 
-/* Choose the best GID index in a table (exposed for tests): skip zero entries, rank RoCE
- * v2 > IPv4-mapped > routable global > link-local, lowest index on ties. -1 if none. */
+/* Choose the best GID index in a table (exposed for tests): skip zero entries; an entry
+ * whose netdev is up first, then RoCE v2, then IPv4-mapped > routable global >
+ * link-local, lowest index on ties. netdevs[i] is entry i's netdev state; NULL = none
+ * known (as on InfiniBand): the netdev criterion then changes nothing. -1 if none. */
+int ote_context_rank_gids_netdev(const struct ibv_gid_entry *entries,
+                                 const ote_context_netdev_t *netdevs, size_t n);
+/* The same without netdev information. */
 int ote_context_rank_gids(const struct ibv_gid_entry *entries, size_t n);
 
 #ifdef __cplusplus

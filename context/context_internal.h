@@ -33,6 +33,8 @@ typedef struct ote_context_route {
     uint16_t lid;
     uint8_t link_layer;
     enum ibv_mtu active_mtu;
+    char netdev[16]; /* the GID's netdev from sysfs ("" when none) */
+    ote_context_netdev_t netdev_state;
 } ote_context_route_t;
 
 struct ote_context {
@@ -42,7 +44,8 @@ struct ote_context {
     struct ibv_pd *pd; /* NULL once deallocated */
     uint32_t nic_id;
     char name[64];
-    int pin_gid_index; /* -1 = automatic */
+    int pin_gid_index; /* -1 = automatic; else strict (a pin or the fixed GID index) */
+    int pinned;        /* 1 when the route is a pin (for the log) */
     _Atomic int state; /* ote_context_state_t; read lock-free by admission */
     _Atomic uint64_t retained[OTE_RETAINED_KINDS];
     ote_context_route_t route; /* guarded by set->mu */
@@ -60,13 +63,24 @@ struct ote_context_set {
     uint64_t next_listener_id;
     size_t count;
     ote_context_t **contexts; /* NIC id order */
+    char *sysfs_root;         /* NULL = "/sys" (sysfs.c) */
 };
 
 /* gid.c: choose the route of ctx on `port` (automatic when pin_gid_index < 0) or check
- * the pin; on success writes *route_out and whether the port is active. Touches no
- * field of ctx. */
+ * the strict index; on success writes *route_out and whether the port is active. Touches
+ * no field of ctx and logs nothing but a failed query_port (WARN; why stays ""): when a
+ * strict index cannot be used, why (why_len bytes) says so, for the caller to log. */
 ote_status_t ote__context_select_route(ote_context_t *ctx, uint8_t port, int pin_gid_index,
-                                       ote_context_route_t *route_out, int *active_out);
+                                       ote_context_route_t *route_out, int *active_out, char *why,
+                                       size_t why_len);
+/* gid.c: one INFO line naming ctx's route (port, GID index, GID, type, netdev). */
+void ote__context_log_route(const ote_context_t *ctx, const char *what);
+
+/* sysfs.c: the sysfs root of set ("/sys" by default), and the netdev of GID entry index
+ * of port (its name into name_out, "" when none) with its state. */
+const char *ote__context_sysfs_root(const ote_context_set_t *set);
+ote_context_netdev_t ote__context_gid_netdev(const ote_context_t *ctx, uint8_t port, uint32_t index,
+                                             char name_out[16]);
 /* events.c: re-select the route of ctx and pause or resume it. */
 ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why);
 

@@ -30,7 +30,7 @@ static void set_state(ote_context_t *ctx, ote_context_state_t st) {
     ote_mutex_unlock(&ctx->set->mu);
 }
 
-ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
+ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why_refresh) {
     if (fenced_for_good(ctx)) return ote_context_check(ctx);
     ote_mutex_lock(&ctx->set->mu);
     uint8_t port = ctx->route.port;
@@ -39,7 +39,13 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
     /* A pin stays strict; automatic selection is repeated on the same port. */
     ote_context_route_t route;
     int active = 0;
-    ote_status_t st = ote__context_select_route(ctx, port, ctx->pin_gid_index, &route, &active);
+    char why[160] = "";
+    ote_status_t st =
+        ote__context_select_route(ctx, port, ctx->pin_gid_index, &route, &active, why, sizeof(why));
+    if (st != OTE_OK && ctx->pin_gid_index >= 0 && why[0] != '\0')
+        OTE_ERROR("context", "%s device %s port %u GID index %d %s (%s)",
+                  ctx->pinned ? "pinned route" : "fixed GID index of", ctx->name, (unsigned)port,
+                  ctx->pin_gid_index, why, why_refresh);
     ote_mutex_lock(&ctx->set->mu);
     ote_context_state_t old = ote_context_state(ctx);
     if (fenced_for_good(ctx)) {
@@ -55,7 +61,7 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
         OTE_DEBUG("context",
                   "device %s: refresh (%s) discarded: route generation %llu became %llu "
                   "while it queried",
-                  ctx->name, why, (unsigned long long)gen, (unsigned long long)now_gen);
+                  ctx->name, why_refresh, (unsigned long long)gen, (unsigned long long)now_gen);
         return OTE_ERR_AGAIN;
     }
     ote_context_state_t now = (st == OTE_OK && active) ? OTE_CONTEXT_ACTIVE : OTE_CONTEXT_PAUSED;
@@ -66,6 +72,9 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
          route.lid != ctx->route.lid || route.active_mtu != ctx->route.active_mtu)) {
         ctx->route = route;
         changed = 1;
+    } else if (st == OTE_OK) { /* the same entry: its netdev may have come or gone */
+        memcpy(ctx->route.netdev, route.netdev, sizeof(route.netdev));
+        ctx->route.netdev_state = route.netdev_state;
     }
     atomic_store(&ctx->state, (int)now);
     if (changed) ctx->route_generation++;
@@ -74,10 +83,10 @@ ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why) {
     if (changed) {
         if (now == OTE_CONTEXT_ACTIVE)
             OTE_INFO("context", "device %s port %u GID index %d: context active (%s)", ctx->name,
-                     (unsigned)port, gid_index, why);
+                     (unsigned)port, gid_index, why_refresh);
         else
             OTE_WARN("context", "device %s port %u: context paused (%s)", ctx->name, (unsigned)port,
-                     why);
+                     why_refresh);
     }
     if (st != OTE_OK) return st;
     return now == OTE_CONTEXT_ACTIVE ? OTE_OK : OTE_ERR_PORT_DOWN;

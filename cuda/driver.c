@@ -183,6 +183,16 @@ static ote_status_t resolve(ote_cuda_driver_t *drv, const char *path) {
     return OTE_OK;
 }
 
+int ote_cuda_driver_present(const char *path) {
+    if (path == NULL) path = getenv("OTE_CUDA_LIBRARY");
+    if (path == NULL || path[0] == '\0') path = "libcuda.so.1";
+    void *dl = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
+    if (dl == NULL) return 0;
+    int ok = dlsym(dl, "cuInit") != NULL;
+    dlclose(dl);
+    return ok;
+}
+
 ote_status_t ote_cuda_driver_load(const char *path, ote_cuda_driver_t **drv_out) {
     if (drv_out == NULL) return OTE_ERR_INVALID;
     if (path == NULL) path = getenv("OTE_CUDA_LIBRARY");

@@ -226,6 +226,9 @@ typedef struct ote_cuda_driver ote_cuda_driver_t;
 /* Open the driver library and call cuInit(0). path NULL = $OTE_CUDA_LIBRARY when set,
  * else "libcuda.so.1". OTE_ERR_NO_DEVICE when the library is absent or cuInit says there
  * is no device; OTE_ERR_UNSUPPORTED when an entry point is missing. */
+/* Whether a CUDA driver library can be loaded from path (NULL: $OTE_CUDA_LIBRARY, else
+ * libcuda.so.1) and has cuInit, without initialising it or keeping it mapped. Silent. */
+int ote_cuda_driver_present(const char *path);
 ote_status_t ote_cuda_driver_load(const char *path, ote_cuda_driver_t **drv_out);
 /* Build a driver over a caller-supplied table. Every entry must be set (OTE_ERR_INVALID
  * names the first missing one in the log). cuInit(0) is called. */

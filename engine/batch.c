@@ -334,11 +334,16 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
     ote__slice_t *sl = ns > 1 ? r->many : &r->one;
     if (!staged && l->seg != q->segment) slice_list_flush(r->b->e, l);
     if (!staged) l->seg = q->segment;
-    /* The node of the local memory: its registration's, else (for a transport that ranks
+    /* The locality of the local memory: its GPU for device memory that moves as it is
+     * (GPUDirect), else its NUMA node: its registration's, or (for a transport that ranks
      * devices by it) asked of the kernel once for the request. */
     int node = r->local_pin != NULL ? r->local_pin->numa : -1;
     if (r->local_pin == NULL && !staged && q->segment->tp->ops->ranks_by_node)
         node = ote__mem_node(r->b->e, (uintptr_t)q->local_addr, q->length, p->kind);
+    if (node >= OTE__LOC_GPU0) node = -1;
+    if (!staged && r->local_pin != NULL && OTE_MEM_IS_CUDA(r->local_pin->pin.kind) &&
+        OTE_MEM_CUDA_DEVICE(r->local_pin->pin.kind) < OTE__LOC_GPUS)
+        node = OTE__LOC_GPU(OTE_MEM_CUDA_DEVICE(r->local_pin->pin.kind));
     uint64_t off = 0;
     for (uint32_t j = 0; j < ns; j++) {
         ote__slice_t *s = &sl[j];
@@ -354,7 +359,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->req_uid = uid;
         s->len = (uint32_t)len;
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
-        s->mem_node = (int16_t)node;
+        s->mem_loc = (int16_t)node;
         s->ipc_try = (uint8_t)(p->ipc != 0);
         s->local_kind = p->ipc ? p->kind : OTE_MEM_HOST;
         s->deadline = dl;

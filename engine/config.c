@@ -40,7 +40,9 @@ typedef enum {
     K_LOGLEVEL,   /* a log level name, or "" */
     K_TRANSPORTS, /* a comma list of 1..3 distinct transports */
     K_GPU_PATHS,  /* a comma list of distinct GPU paths, or ""; number: OTE__GPU_PATH_* mask */
-    K_RDMA_PIN    /* "device:port:gid_index" routes, comma-separated, or "" */
+    K_RDMA_PIN,   /* "device:port:gid_index" routes, comma-separated, or "" */
+    K_UINT_OPT,   /* "" (number: OTE__CFG_UNSET) or a decimal integer in [min, max] */
+    K_MTU         /* "" (number 0) or an IB MTU in bytes; number: its IBV_MTU_* value */
 } kind_t;
 
 /* A field of ote__cfg_t: its offset and size; size 0 = no such field. */
@@ -70,76 +72,202 @@ typedef struct {
         offsetof(ote__cfg_t, f), \
         sizeof(CFG_FIELD(f)) + CFG_CHECK0(sizeof(CFG_FIELD(f)) == 4 || sizeof(CFG_FIELD(f)) == 8)}
 
+/* The table is also the configuration reference: the comment right above each entry is
+ * that key's documentation, rendered with its values and default into
+ * docs/configuration.md by scripts/config_doc.py (CI fails when the two differ, when a key
+ * has no comment, or when <ote/ote.h>'s key list and this table disagree). Write it for
+ * users; `backticks` and "docs/ section" references are kept as written. */
 static const key_def_t g_keys[] = {
-    /* transport: the one-element form of transports; "" = not set (transports rules). */
-    {"transport", K_ENUM, "", .choices = {"", "tcp", "rdma", "shm"}, TEXT(transport)},
+    /* Ordered list of distinct transports out of `shm`, `tcp`, `rdma`, in any order and any
+     * subset (e.g. `shm,rdma,tcp`, `rdma,tcp`): each segment takes the first one the peer
+     * also offers and that reaches it; never one outside the list. `shm` reaches only
+     * engines on the same host. */
     {"transports", K_TRANSPORTS, "shm,tcp", TEXT(transports)},
-    /* shm data path: auto = cross-memory attach where the kernel allows it, else the
-     * shared ring; ring = always the shared ring. */
+    /* The one-element form of `transports`; setting both to different lists is refused. */
+    {"transport", K_ENUM, "", .choices = {"", "tcp", "rdma", "shm"}, TEXT(transport)},
+    /* shm data path: `auto` uses cross-memory attach (process_vm_readv/writev) where the
+     * kernel allows it, else the shared ring; `ring` always uses the shared ring. */
     {"shm_mode", K_ENUM, "auto", .choices = {"auto", "ring"}, TEXT(shm_mode)},
+    /* `host:port` or `[v6]:port` of the engine's one listening socket, shared by every
+     * transport (port 0: any free port). A non-loopback address needs `auth_key_file` or
+     * `allow_unauthenticated=1`. */
     {"listen_address", K_ADDR, "127.0.0.1:0", TEXT(listen_address)},
+    /* Address reported by ote_engine_address() and sent to peers in place of the listen
+     * address, whatever that is (a wildcard, or a specific address behind NAT or a
+     * container's published port); port 0 means the port listened on. Empty: the listen
+     * address, a wildcard host (0.0.0.0, ::) replaced by the loopback of its family. */
     {"advertise_address", K_ADDR_OPT, "", TEXT(advertise_address)},
+    /* TCP data connections per peer. */
     {"tcp_connections", K_UINT, "4", 1, 64, NUMBER(tcp_connections)},
+    /* TCP transport worker threads (epoll). */
     {"tcp_workers", K_UINT, "2", 1, 64, NUMBER(tcp_workers)},
+    /* Connections the listener holds at once (TCP data, RDMA control and handshakes
+     * together; the shm socket has its own limit of the same value); more are closed at
+     * accept. An accepted connection that owes answers or data must make progress at least
+     * every `transfer_timeout_ms`, else it is closed (a WARN names the peer). */
     {"tcp_max_accepted", K_UINT, "1024", 1, 65536, NUMBER(tcp_max_accepted)},
+    /* Bytes per slice a request is cut into (the unit of striping and retry). */
     {"slice_size", K_SIZE, "1M", 4096, 32u << 20, NUMBER(slice_size)},
+    /* Deadline of every transfer, from submit; a request past it ends OTE_ERR_TIMEOUT. */
     {"transfer_timeout_ms", K_UINT, "30000", 1, 86400000, NUMBER(transfer_timeout_ms)},
+    /* Deadline of a connection attempt and its handshake (each transport tried gets its
+     * own). */
     {"connect_timeout_ms", K_UINT, "5000", 1, 600000, NUMBER(connect_timeout_ms)},
-    /* Accepted connections (listener, shm socket) that have not completed their HELLO
-     * (and proof, with a key) by then are closed (bounded by connect_timeout_ms too). */
+    /* Deadline, from accept, of the HELLO (and, with a key, the proof) of a connection this
+     * engine accepted, on the listener and the shm socket; the smaller of it and
+     * `connect_timeout_ms` applies; a connection past it is closed with a rate-limited
+     * WARN (docs/security.md). */
     {"handshake_timeout_ms", K_UINT, "5000", 1, 600000, NUMBER(handshake_timeout_ms)},
+    /* The verbs provider of the `rdma` transport: `rdma-core` (libibverbs, real devices)
+     * or `sim` (OrbitTE's software provider, for tests and machines without a NIC). Empty:
+     * `rdma-core`. */
     {"verbs_provider", K_ENUM, "", .choices = {"", "sim", "rdma-core"}, TEXT(verbs_provider)},
-    /* verbs_provider=sim: the device profile of every sim device (verbs/sim/sim.h). */
+    /* `verbs_provider=sim`: the device profile every sim device takes, `mlx5`, `rxe`,
+     * `nomw` or `small` (limits, memory windows, scatter-to-CQE; verbs/sim/sim.h). Empty:
+     * $OTE_SIM_PROFILE, else `mlx5`. An unknown name fails ote_engine_create. */
     {"sim_profile", K_STRING, "", 0, 15, TEXT(sim_profile)},
+    /* One RDMA device to use alone (empty: automatic, every device with an active port). */
     {"rdma_device", K_STRING, "", 0, 63, TEXT(rdma_device)},
-    /* Comma-separated device names: the data devices (empty: every one) and those never used. */
+    /* Comma-separated device names the RDMA data path may use (empty: every device with
+     * an active port). */
     {"rdma_devices", K_STRING, "", 0, 255, TEXT(rdma_devices)},
+    /* Comma-separated device names the RDMA data path never uses. */
     {"rdma_exclude", K_STRING, "", 0, 255, TEXT(rdma_exclude)},
-    /* CQ lanes (one worker thread each) per RDMA data device. */
+    /* A file naming, per GPU and per NUMA node, the RDMA NICs in order of preference
+     * (format: engine/rdma/selector/topo_file.h, docs/rdma.md "Which NIC carries a
+     * buffer"), for machines whose PCIe tree hwloc reads wrongly; what it names replaces
+     * hwloc's ranking (GPUs: the NICs behind the GPU's own PCIe switch first, then the same
+     * socket, then the rest; host memory: NUMA distance). Read and checked at
+     * ote_engine_create: a bad file fails it with an ERROR naming the line. Empty: hwloc's
+     * ranking only (hwloc reads the machine, or the XML file named by $HWLOC_XMLFILE). */
+    {"rdma_topology", K_STRING, "", 0, 1023, TEXT(rdma_topology)},
+    /* CQ lanes (one worker thread each) per RDMA data device, independent of
+     * `tcp_workers`. */
     {"rdma_lanes", K_UINT, "2", 1, 64, NUMBER(rdma_lanes)},
-    /* Strict routes "device:port:gid_index", comma-separated: exactly those devices, each
-     * on that port and GID index (no automatic choice, no other device). */
+    /* Strict routes `device:port:gid_index` (port 1..255, GID index 0..255: a QP's source
+     * GID index is 8 bits), up to 8 distinct devices, comma-separated: exactly those
+     * devices carry data, each on that port and GID index, never an automatic choice
+     * (overrides `rdma_device` / `rdma_devices`). A device, port or GID index the provider
+     * lacks fails ote_engine_create with OTE_ERR_NO_DEVICE and an ERROR line naming what
+     * was asked and what exists; malformed text is refused by ote_config_set
+     * (OTE_ERR_INVALID). With every pinned port down the transport starts paused. */
     {"rdma_pin", K_RDMA_PIN, "", 0, 255, TEXT(rdma_pin)},
-    /* Largest grant: a run of one request's slices on one device up to this many bytes
-     * is asked of the source in one GRANT_REQ round trip (and a device's window of one
-     * peer's bytes in flight is at least this). */
+    /* The port of every RDMA device `rdma_pin` does not name. Empty: the first active port
+     * with a usable GID. A device without that port, or without a usable GID on it, fails
+     * ote_engine_create with an ERROR line naming device and port. Refused beside
+     * `rdma_pin` (OTE_ERR_INVALID: the pin opens no other device). */
+    {"rdma_port", K_UINT_OPT, "", 1, 255, NUMBER(rdma_port)},
+    /* The GID index of every RDMA device `rdma_pin` does not name (Mooncake's
+     * MC_GID_INDEX). Empty: ranked per port: an entry whose netdev is up first (sysfs
+     * gid_attrs/ndevs and class/net/<netdev>/operstate, "up" or "unknown"), then RoCE v2,
+     * then IPv4-mapped over other routable over link-local, lowest index on ties; a port
+     * without netdev information (InfiniBand) is ranked by type alone. Set, it is strict
+     * like a pin: an index that is empty or past the GID table on every allowed port fails
+     * ote_engine_create with an ERROR line naming device, port and index. Refused beside
+     * `rdma_pin`. Each device's chosen route (port, GID index, GID, type, netdev and its
+     * state, how it was chosen) is logged at INFO when it opens. */
+    {"rdma_gid_index", K_UINT_OPT, "", 0, 255, NUMBER(rdma_gid_index)},
+    /* GRH traffic class of every RDMA QP's address vector; on RoCE v2 it is the IP
+     * header's DSCP << 2 | ECN (DSCP 26: 104), what a lossless fabric classifies on. */
+    {"rdma_traffic_class", K_UINT, "0", 0, 255, NUMBER(rdma_traffic_class)},
+    /* Service level of every RDMA QP's address vector; on RoCE the priority the NIC maps
+     * to a VLAN PCP / lossless traffic class. */
+    {"rdma_service_level", K_UINT, "0", 0, 15, NUMBER(rdma_service_level)},
+    /* Largest path MTU in bytes. Empty: no clamp. A QP's path MTU is min(the local port's
+     * active MTU, the peer's, this); the peer learns the clamped value, so both ends
+     * agree. */
+    {"rdma_mtu", K_MTU, "", TEXT(rdma_mtu_text), NUMBER(rdma_mtu)},
+    /* Where sysfs is mounted, for the GID netdev checks and the devices' NUMA nodes.
+     * Empty: /sys. For tests (a fixture tree) and containers that bind-mount the host's
+     * /sys elsewhere. */
+    {"rdma_sysfs_root", K_STRING, "", 0, 255, TEXT(rdma_sysfs_root)},
+    /* Most bytes one RDMA grant covers: contiguous slices of one request on one device up
+     * to this size share one GRANT_REQ round trip; a device's window of one peer's bytes
+     * in flight is at least this. */
     {"rdma_grant_max", K_SIZE, "16M", 1u << 20, 1u << 30, NUMBER(rdma_grant_max)},
-    /* Bytes of this engine's RDMA requests in flight at once over every peer and device
-     * together (0: no limit beyond the per-device windows); runs past it wait queued. */
+    /* Most bytes of this engine's RDMA requests in flight at once over every peer and
+     * device together (0: no limit beyond the per-device windows): a run past it waits in
+     * its peer's queue until ending runs make room; runs are cut to it; a lone run always
+     * goes. */
     {"rdma_max_inflight", K_SIZE, "0", 0, 1ull << 40, NUMBER(rdma_max_inflight)},
-    /* RDMA credits (engine/rdma/rdma_credits.c): grants reserved at once by this engine's
-     * requests over every peer and device (0: no limit), physical QPs of every device and
-     * peer together (0: no limit), and receive slots per QP (a source admits a grant only
-     * with a slot for its receipt). */
+    /* Most grant credits this engine's RDMA requests hold at once over every peer and
+     * device (0: no limit): a request reserves its whole budget (the grants it needs at
+     * the size of its first run, at most this) before its first GRANT_REQ, all or nothing;
+     * each started run holds one slot of it; a request that cannot get its budget waits in
+     * its peer's queue (deadline and cancel still end it) and is woken when credits
+     * return. */
     {"rdma_max_grants", K_UINT, "0", 0, 65536, NUMBER(rdma_max_grants)},
+    /* Most QPs this engine holds over every device, peer and role (0: no limit): a
+     * requester QP build past it retires an idle requester QP to make room, else waits; a
+     * requester's CONNECT past it retires an idle source QP, else is refused OTE_ERR_AGAIN
+     * and that requester asks again; at the limit runs use the peer's QPs that are built. */
     {"rdma_max_qps", K_UINT, "0", 0, 65536, NUMBER(rdma_max_qps)},
+    /* Receive slots of each RDMA QP that cannot use the shared receive queue (the direct
+     * endpoints' QPs, in PDs of their own; every QP of a device without SRQs), clamped to
+     * the device's max_qp_wr with an INFO line. */
     {"rdma_recv_slots", K_UINT, "256", 1, 4096, NUMBER(rdma_recv_slots)},
-    /* Depth of each lane's shared receive queue (0: half the lane's receive CQ). */
+    /* Receive buffers of each CQ lane's shared receive queue, from which every QP of the
+     * device takes its receives (grant receipts), so peers cost no receive buffers of their
+     * own. A source serves a grant only with a slot reserved for its receipt, else answers
+     * OTE_ERR_AGAIN and the requester asks again. 0: half the lane's receive CQ (e.g.
+     * 2048), clamped to the device's max_srq_wr with an INFO line. */
     {"rdma_srq_slots", K_UINT, "0", 0, 1048576, NUMBER(rdma_srq_slots)},
-    /* Requesters this engine serves at once over rdma (control connections). */
+    /* Requesters this engine serves over RDMA at once (their control connections); one
+     * more is refused with a WARN naming this key, and its segment open fails
+     * (OTE_ERR_PEER_LOST at the requester). */
     {"rdma_max_peers", K_UINT, "4096", 1, 1048576, NUMBER(rdma_max_peers)},
-    /* Send WRs posted and not completed, every QP of this engine (0: per-QP depth only). */
+    /* Most send WRs (RDMA WRITE/READ, receipts, window binds) outstanding over every QP of
+     * this engine, both roles (0: only each QP's own depth): a post past it waits, retried
+     * as sends complete, its deadline and cancel applying. */
     {"rdma_max_send_wrs", K_UINT, "0", 0, 1048576, NUMBER(rdma_max_send_wrs)},
-    /* Grants a source reserves at once for its requesters' parents (engine/rdma/
-     * rdma_src_parents.c; 0: no limit). */
+    /* Most grant credits this engine reserves at once, as a source, for its requesters'
+     * parents (requests of a requester with `rdma_max_grants`; 0: no limit, credits only
+     * counted): a budget past it is refused OTE_ERR_TOO_BIG; a parent never has more grants
+     * live than its credits. */
     {"rdma_max_served_grants", K_UINT, "0", 0, 65536, NUMBER(rdma_max_served_grants)},
-    /* How this engine, as a source, grants host memory (engine/rdma/rdma_direct.c): auto
-     * = type-2 memory windows when every data device has them, else exact MRs; mw: windows
-     * (creation fails on a device without them); mr: an exact MR per grant. */
+    /* How this engine, as an RDMA source, lets a peer reach its host memory: `mw` a type-2
+     * memory window bound over exactly the granted range, `mr` an MR registered for the
+     * grant over exactly that range in a PD only the requester's QP reaches (no cache: one
+     * registration per grant, deregistered at its end), `auto` windows when every data
+     * device has them, else `mr`. `mw` on a device without windows fails ote_engine_create
+     * (OTE_ERR_UNSUPPORTED, an ERROR naming the key and the device). Either way the peer
+     * reaches exactly the granted bytes, and nothing after the grant's receipt. */
     {"rdma_grant_mode", K_ENUM, "auto", .choices = {"auto", "mw", "mr"}, TEXT(rdma_grant_mode)},
+    /* `error`, `warn`, `info`, `debug` or `trace` (empty: `warn`). A WARN that an event can
+     * repeat per slice or per grant is logged at most once a second per kind, the next line
+     * saying how many were swallowed. */
     {"log_level", K_LOGLEVEL, "", TEXT(log_level)},
-    /* The cluster key (engine/control/auth.h): a file of 32..4096 raw bytes, mode 0600 or
-     * stricter. "" = no key: only a loopback listen_address, unless allow_unauthenticated. */
+    /* Path of the cluster key: a regular file of 32..4096 raw bytes (e.g. `head -c 32
+     * /dev/urandom`) that group and others can neither read nor write (a symlink to one is
+     * followed, as Kubernetes mounts secrets). Every connection to this engine then proves
+     * the key, and this engine proves it to every peer; a peer without the same key fails
+     * with OTE_ERR_AUTH. ote_engine_create fails at once, with an ERROR line, for a missing
+     * file (OTE_ERR_NOT_FOUND), one that is not a regular file or is open to group or
+     * others (OTE_ERR_ACCESS), or one of the wrong size (OTE_ERR_INVALID). Empty: no key,
+     * and only a loopback `listen_address` unless `allow_unauthenticated=1`. */
     {"auth_key_file", K_STRING, "", 0, 255, TEXT(auth_key_file)},
+    /* `1` lets an engine without a key listen on a non-loopback address (logged at WARN);
+     * otherwise ote_engine_create refuses it with OTE_ERR_INVALID. */
     {"allow_unauthenticated", K_BOOL, "0", NUMBER(allow_unauthenticated)},
-    /* GPU memory (engine/gpu): the paths device memory may take (a comma list out of
-     * staging, ipc, direct, or "" for none; the mask and the text for log lines), and the
-     * staging pipeline's chunk size and chunks in flight per request. */
+    /* The paths device memory may take: a comma list of `staging` (pinned host chunks),
+     * `ipc` (CUDA IPC over an shm segment, both ends allowing it, the remote range
+     * registered with OTE_PERM_IPC) and `direct` (GPUDirect RDMA: dma-buf MRs, over an
+     * `rdma` segment), or empty for none. A request on local device memory with no possible
+     * path fails at submit (OTE_ERR_UNSUPPORTED, a WARN naming what is missing). */
     {"gpu_paths", K_GPU_PATHS, "staging", TEXT(gpu_paths_text), NUMBER(gpu_paths)},
+    /* Bytes of one pinned staging chunk: a staged request is cut into slices of at most
+     * this size; over RDMA a request the source serves staged is cut into grants of this
+     * size. */
     {"gpu_staging_chunk", K_SIZE, "2M", 64u << 10, 64u << 20, NUMBER(gpu_staging_chunk)},
+    /* Staging chunks in flight per request; each device's pool has 4 x this many chunks;
+     * over RDMA the staged grants in flight per device toward one peer. */
     {"gpu_staging_depth", K_UINT, "4", 1, 64, NUMBER(gpu_staging_depth)},
-    /* 1: ote_memory_register advises the kernel to back host ranges with transparent huge
-     * pages (engine/hugepages.c); it changes the application's memory, hence opt-in. */
+    /* `1`: ote_memory_register of pageable host memory advises the kernel to back the
+     * range's interior aligned to 2 MiB with transparent huge pages (MADV_HUGEPAGE, then
+     * MADV_COLLAPSE on Linux >= 6.1), best effort (a failure is logged once per engine and
+     * the registration goes on). It changes the application's memory (its mapping becomes
+     * THP-advised; registering a large touched buffer costs about one copy of it), hence
+     * opt-in; memory already on huge pages needs no key. */
     {"register_thp", K_BOOL, "0", NUMBER(register_thp)},
 };
 #define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
@@ -382,6 +510,21 @@ static ote_status_t parse_uint(const char *v, uint64_t *out) {
     return OTE_OK;
 }
 
+/* K_MTU: "" is 0 (no clamp); 256..4096 bytes are IBV_MTU_256 (1) .. IBV_MTU_4096 (5). */
+static ote_status_t parse_mtu(const char *v, uint64_t *out) {
+    static const char *const sizes[] = {"256", "512", "1024", "2048", "4096"};
+    if (v[0] == '\0') {
+        *out = 0;
+        return OTE_OK;
+    }
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        if (strcmp(v, sizes[i]) == 0) {
+            *out = i + 1;
+            return OTE_OK;
+        }
+    return OTE_ERR_INVALID;
+}
+
 static ote_status_t one_of(const char *const choices[4], const char *v) {
     for (int i = 0; i < 4 && choices[i]; i++)
         if (strcmp(v, choices[i]) == 0) return OTE_OK;
@@ -426,8 +569,18 @@ static ote_status_t kind_check(const key_def_t *k, const char *v, uint64_t *numb
             n = mask;
             break;
         case K_RDMA_PIN: st = ote__rdma_pin_parse(v, pins, &npins); break;
+        case K_UINT_OPT:
+            if (v[0] == '\0') {
+                st = OTE_OK;
+                n = OTE__CFG_UNSET;
+            } else {
+                st = parse_uint(v, &n);
+            }
+            break;
+        case K_MTU: st = parse_mtu(v, &n); break;
     }
-    if (st == OTE_OK && (k->kind == K_UINT || k->kind == K_SIZE) && (n < k->min || n > k->max))
+    if (st == OTE_OK && (k->kind == K_UINT || k->kind == K_SIZE || k->kind == K_UINT_OPT) &&
+        !(k->kind == K_UINT_OPT && v[0] == '\0') && (n < k->min || n > k->max))
         st = OTE_ERR_INVALID;
     if (st != OTE_OK) return OTE_ERR_INVALID;
     *number_out = n;
@@ -449,6 +602,13 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
         case K_UINT:
             snprintf(buf, len, "an integer in [%llu, %llu]", (unsigned long long)k->min,
                      (unsigned long long)k->max);
+            break;
+        case K_UINT_OPT:
+            snprintf(buf, len, "an integer in [%llu, %llu], or \"\" (automatic)",
+                     (unsigned long long)k->min, (unsigned long long)k->max);
+            break;
+        case K_MTU:
+            snprintf(buf, len, "256, 512, 1024, 2048 or 4096 (bytes), or \"\" (none)");
             break;
         case K_SIZE:
             snprintf(buf, len, "a size (K/M/G suffix) in [%llu, %llu] bytes",
@@ -606,6 +766,17 @@ ote_status_t ote__config_resolve(const ote_config_t *cfg, ote__cfg_t *out) {
     if (r.slice_size > OTE_CTL_MAX_DATA / 2) r.slice_size = OTE_CTL_MAX_DATA / 2;
     ote_status_t st = resolve_transports(&r, transports_set);
     if (st != OTE_OK) return st;
+    if (r.rdma_pin[0] != '\0' &&
+        (r.rdma_gid_index != OTE__CFG_UNSET || r.rdma_port != OTE__CFG_UNSET)) {
+        /* rdma_pin opens exactly its devices, each on its own route: nothing is left for a
+         * port or GID index of every device, so one of the two would be ignored. */
+        OTE_ERROR("engine",
+                  "config: rdma_pin=%s names each device's port and GID index; rdma_port and "
+                  "rdma_gid_index route the devices it does not name, and it opens no other: "
+                  "set one of them",
+                  r.rdma_pin);
+        return OTE_ERR_INVALID;
+    }
     *out = r;
     return OTE_OK;
 }

@@ -56,8 +56,16 @@ typedef struct ote__cfg_s {
     char rdma_device[64];
     char rdma_devices[256];            /* comma-separated allow list ("" = all) */
     char rdma_exclude[256];            /* comma-separated deny list */
+    char rdma_topology[1024];          /* NICs in order per GPU / NUMA node (file, "" = none) */
     uint32_t rdma_lanes;               /* CQ lanes (worker threads) per data device */
     char rdma_pin[256];                /* "dev:port:gid[,...]" strict routes ("" = none) */
+    uint32_t rdma_port;                /* port of every unpinned device (OTE__CFG_UNSET: any) */
+    uint32_t rdma_gid_index;           /* GID index of every unpinned device (UNSET: ranked) */
+    uint32_t rdma_traffic_class;       /* every QP's GRH traffic class, 0..255 */
+    uint32_t rdma_service_level;       /* every QP's service level, 0..15 */
+    uint32_t rdma_mtu;                 /* path MTU clamp, IBV_MTU_* (0: none) */
+    char rdma_mtu_text[8];             /* as configured ("" = none) */
+    char rdma_sysfs_root[256];         /* sysfs mount for GID netdev checks ("" = /sys) */
     uint64_t rdma_grant_max;           /* bytes one RDMA grant may cover */
     uint64_t rdma_max_inflight;        /* RDMA bytes in flight, all peers and devices (0: any) */
     uint32_t rdma_max_grants;          /* RDMA grants reserved at once, all peers (0: any) */
@@ -78,6 +86,9 @@ typedef struct ote__cfg_s {
     int register_thp;                  /* THP advice on registered host ranges (hugepages.c) */
 } ote__cfg_t;
 
+/* The numeric form of an optional key ("" = not set: rdma_port, rdma_gid_index). */
+#define OTE__CFG_UNSET UINT32_MAX
+
 /* The deadline, from accept, of an accepted connection's handshake (ms). */
 static inline uint64_t ote__cfg_handshake_ms(const ote__cfg_t *c) {
     return c->handshake_timeout_ms < c->connect_timeout_ms ? c->handshake_timeout_ms
@@ -95,7 +106,7 @@ const char *ote__config_key(size_t i);
 typedef struct ote__rdma_pin_s {
     char device[64];
     uint8_t port;  /* 1..255 */
-    int gid_index; /* 0..65535 */
+    int gid_index; /* 0..255 (sgid_index is 8 bits) */
 } ote__rdma_pin_t;
 /* Parse rdma_pin text "device:port:gid_index[,device:port:gid_index...]" into at most
  * OTE__RDMA_PIN_MAX distinct devices. OTE_ERR_INVALID for malformed text; "" gives 0. */

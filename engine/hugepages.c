@@ -3,7 +3,7 @@
  *
  * Cross-memory attach (the shm transport's default data path) pins the other process's
  * pages one base page at a time, and that per-page cost bounds its speed on 4 KiB pages;
- * a range backed by 2 MiB transparent huge pages costs one pin per 512 base pages (README
+ * a range backed by 2 MiB transparent huge pages costs one pin per 512 base pages (docs/performance.md
  * "Same host"). With the key set, ote_memory_register of host memory (not device memory,
  * not memory pinned by the CUDA driver) asks the kernel to back the range's interior
  * aligned to the huge page size (hpage_pmd_size, 2 MiB on x86-64) with huge pages:

@@ -1,7 +1,8 @@
 /*
  * engine/nic_stats.c - ote_engine_nic_stats: the data devices (NICs) of the engine's
  * transports and the bytes each carried, from the transports that have devices (the
- * optional nic_stats op of engine/transport.h; RDMA today).
+ * optional nic_stats op of engine/transport.h; RDMA today); ote_engine_topology: the
+ * order in which they are picked per GPU and NUMA node (the optional topology op).
  */
 #include <stdio.h>
 #include <string.h>
@@ -33,5 +34,28 @@ ote_status_t ote_engine_nic_stats(ote_engine_t *e, ote_nic_stats_t *out, size_t 
     *n_out = n;
     if (n > cap) return OTE_ERR_TOO_BIG; /* out untouched */
     if (n > 0) memcpy(out, all, n * sizeof(all[0]));
+    return OTE_OK;
+}
+
+ote_status_t ote_engine_topology(ote_engine_t *e, char *buf, size_t cap, size_t *len_out) {
+    if (e == NULL || len_out == NULL || (buf == NULL && cap != 0)) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+    size_t len = 0;
+    for (size_t t = 0; t < e->ntps; t++) {
+        ote__transport_t *tp = e->tps[t];
+        if (tp == NULL || tp->ops->topology == NULL) continue;
+        len += tp->ops->topology(tp, NULL, 0);
+    }
+    *len_out = len + 1;
+    if (len + 1 > cap) return OTE_ERR_TOO_BIG; /* buf untouched */
+    size_t at = 0;
+    for (size_t t = 0; t < e->ntps; t++) {
+        ote__transport_t *tp = e->tps[t];
+        if (tp == NULL || tp->ops->topology == NULL) continue;
+        size_t k = tp->ops->topology(tp, buf + at, cap - at);
+        at += k < cap - at ? k : cap - at - 1;
+    }
+    buf[at] = '\0';
+    *len_out = at;
     return OTE_OK;
 }

@@ -211,7 +211,7 @@ static ote_status_t nout_new(ote_engine_t *e, ote_segment_t *seg, const void *ms
     n->slice.local = n->msg;
     n->slice.len = (uint32_t)len;
     n->slice.op = OTE__SLICE_NOTIFY;
-    n->slice.mem_node = -1;
+    n->slice.mem_loc = -1;
     n->slice.deadline = ote_deadline_after(e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     n->until = n->slice.deadline;
     *out = n;

@@ -61,6 +61,14 @@ enum {
     OTE__SLICE_NOTIFY = 7, /* == OTE_CTL_NOTIFY; local/len is the message */
 };
 
+/* The locality of a slice's local memory (s->mem_loc), by which the RDMA transport ranks
+ * its devices: NUMA node n (0 <= n < OTE__LOC_GPU0) for host memory, OTE__LOC_GPU(g) for
+ * device memory of CUDA device g (g < OTE__LOC_GPUS) that moves as it is (GPUDirect),
+ * -1 unknown. */
+#define OTE__LOC_GPU0 64
+#define OTE__LOC_GPUS 64
+#define OTE__LOC_GPU(g) (OTE__LOC_GPU0 + (g))
+
 /* One unit of transport work: a contiguous piece of one request (or a notification). */
 struct ote__slice {
     ote__slice_t *next; /* transport queue link */
@@ -76,7 +84,7 @@ struct ote__slice {
     uint64_t req_uid; /* the request's id, unique in this engine (nonzero; 0: a notification) */
     uint32_t len;
     uint16_t op;
-    int16_t mem_node; /* NUMA node of the local memory (its registration's), -1: unknown */
+    int16_t mem_loc; /* locality of the local memory (OTE__LOC_*), -1: unknown */
     /* CUDA IPC try (engine/batch.c, shm only): the local buffer is device memory of this
      * kind (ote_mem_kind_t) and the slice was not staged; the transport may move it only
      * through CUDA IPC, and ends it with OTE_ERR_UNSUPPORTED having touched nothing when
@@ -190,6 +198,11 @@ typedef struct {
     ote_status_t (*ipc_copy_settle)(void *arg, void *op, int abandon);
     void (*ipc_revoked)(void *arg, uint64_t exporter, uint64_t buffer_id);
     void (*ipc_exporter_dead)(void *arg, uint64_t exporter);
+    /* Where CUDA device dev is (the RDMA transport's PCIe ranks): its PCI bus id
+     * ("dddd:bb:dd.f") in bus[0, cap >= 16) and its NUMA node (-1: unknown) in *node_out;
+     * OTE_ERR_NOT_FOUND when no CUDA driver is loaded in this process or it has no such
+     * device. */
+    ote_status_t (*device_place)(void *arg, int dev, char *bus, size_t cap, int *node_out);
 } ote__gpu_ops_t;
 
 /* Services of the engine that the source side of a transport uses. */
@@ -257,7 +270,7 @@ typedef struct {
 typedef struct {
     const char *name;
     /* Nonzero: the transport picks devices by the NUMA node of a slice's local memory
-     * (s->mem_node), so the engine looks up that node per request for a local buffer in
+     * (s->mem_loc), so the engine looks up that node per request for a local buffer in
      * no registration too (engine/mem_node.c); the others never pay for it. */
     int ranks_by_node;
     ote_status_t (*address)(ote__transport_t *tp, char *buf, size_t len);
@@ -319,6 +332,10 @@ typedef struct {
     /* Optional: the transport's data devices (at most cap) and their counters; returns
      * how many it has. */
     size_t (*nic_stats)(ote__transport_t *tp, ote__nic_stat_t *out, size_t cap);
+    /* Optional: the devices it would pick first per GPU and per NUMA node, as text lines
+     * (ote_engine_topology), written snprintf-like into buf[0, cap); returns the length
+     * of the whole text. */
+    size_t (*topology)(ote__transport_t *tp, char *buf, size_t cap);
     /* Optional (shm): whether the peer's connection carries CUDA IPC (both ends allow
      * it); a slice with ipc_try set may then be submitted. */
     int (*ipc_ready)(ote__tpeer_t *peer);

@@ -174,6 +174,8 @@ static void create_local_path(ote_qp_t *qp, const ote_context_info_t *info) {
     qp->local.qp_num = qp->qp_num;
     qp->local.psn = qp->psn;
     qp->local.mtu = info->active_mtu;
+    if (qp->cfg.max_path_mtu != 0 && qp->cfg.max_path_mtu < qp->local.mtu)
+        qp->local.mtu = qp->cfg.max_path_mtu;
     qp->local.rd_atom = qp->cfg.max_rd_atomic;
 }
 
@@ -202,7 +204,10 @@ static int create_destroy_native(ote_qp_t *qp) {
 ote_status_t ote_qp_create(ote_cq_lane_t *lane, const ote_qp_config_t *cfg, ote_qp_t **qp_out) {
     if (lane == NULL || cfg == NULL || qp_out == NULL || cfg->max_send_wr == 0 ||
         (cfg->recv_slots > 0 && cfg->recv_size == 0) ||
-        (cfg->srq != NULL && (cfg->recv_slots > 0 || ote_srq_lane(cfg->srq) != lane)))
+        (cfg->srq != NULL && (cfg->recv_slots > 0 || ote_srq_lane(cfg->srq) != lane)) ||
+        cfg->service_level > 15 ||
+        (cfg->max_path_mtu != 0 &&
+         (cfg->max_path_mtu < IBV_MTU_256 || cfg->max_path_mtu > IBV_MTU_4096)))
         return OTE_ERR_INVALID;
     ote_context_t *ctx = ote_cq_lane_context(lane);
     ote_status_t st = create_admit(ctx);
@@ -326,6 +331,8 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer) {
     attr.qp_state = IBV_QPS_RTR;
     attr.path_mtu = qp->local.mtu < peer->mtu ? qp->local.mtu : peer->mtu;
     if (attr.path_mtu < IBV_MTU_256) attr.path_mtu = IBV_MTU_1024;
+    if (qp->cfg.max_path_mtu != 0 && attr.path_mtu > qp->cfg.max_path_mtu)
+        attr.path_mtu = qp->cfg.max_path_mtu;
     attr.dest_qp_num = peer->qp_num;
     attr.rq_psn = peer->psn & 0xffffff;
     attr.max_dest_rd_atomic = qp->cfg.max_rd_atomic;
@@ -341,6 +348,8 @@ ote_status_t ote_qp_connect(ote_qp_t *qp, const ote_qp_path_t *peer) {
     }
     attr.ah_attr.grh.sgid_index = (uint8_t)qp->gid_index;
     attr.ah_attr.grh.hop_limit = 64;
+    attr.ah_attr.grh.traffic_class = qp->cfg.traffic_class;
+    attr.ah_attr.sl = qp->cfg.service_level;
     attr.ah_attr.dlid = peer->lid;
     attr.ah_attr.port_num = qp->port;
     int err =

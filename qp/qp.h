@@ -63,7 +63,7 @@ typedef struct ote_qp_path {
     uint16_t lid;
     uint32_t qp_num;
     uint32_t psn;     /* initial send PSN of that end (24 bits) */
-    enum ibv_mtu mtu; /* active MTU of that end's port */
+    enum ibv_mtu mtu; /* active MTU of that end's port, clamped by its max_path_mtu */
     /* RDMA READs that end accepts in flight as a responder (its max_dest_rd_atomic);
      * 0: unknown (the local depth is used). A requester never keeps more outstanding. */
     uint8_t rd_atom;
@@ -87,6 +87,15 @@ typedef struct ote_qp_config {
      * max_qp_rd_atom: ote_context_limits_t) and, as initiator, the peer's rd_atom: the QP
      * uses the smaller. */
     uint8_t max_rd_atomic;
+    /* The address vector of every connect: the GRH traffic class (on RoCE v2 the IP
+     * header's DSCP << 2 | ECN, what a lossless fabric classifies on) and the service
+     * level (0..15; on RoCE the priority the NIC maps to a VLAN PCP; a larger one fails
+     * create). */
+    uint8_t traffic_class;
+    uint8_t service_level;
+    /* Largest path MTU (IBV_MTU_256..IBV_MTU_4096; 0: none). The QP tells its peer
+     * min(port's active MTU, this) and connects with the smaller of that and the peer's. */
+    enum ibv_mtu max_path_mtu;
     /* OTE_VERBS_QP_* create flags (verbs.h), e.g. OTE_VERBS_QP_NO_SCATTER_TO_CQE for a QP
      * that may READ into device memory; 0: none. A flag the provider refuses fails create. */
     uint32_t create_flags;

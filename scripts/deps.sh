@@ -18,6 +18,12 @@ PKGS=(
     python3-pytest       # the binding's tests (python/tests)
     python3-numpy        # arrays moved by the binding's tests
     procps               # pkill/ps used by multi-process tests
+    pkg-config           # the installed library's consumers (scripts/install_check.sh)
+    cmake
+    python3-build        # the wheel (scripts/wheel.sh): python3 -m build --no-isolation
+    python3-setuptools
+    python3-wheel
+    python3-venv         # the wheel's install check in a fresh venv
 )
 missing=()
 for p in "${PKGS[@]}"; do

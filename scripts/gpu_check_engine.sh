@@ -29,7 +29,7 @@
 #        the IPC figures again with gpu_staging_chunk=64M (a local device buffer is cut in
 #        pieces of gpu_staging_chunk over IPC), for information
 #      the staging sweep: TCP READ 64 MiB cuda:0->cuda:0 staged for gpu_staging_chunk
-#        1M, 2M, 4M, 8M x gpu_staging_depth 2, 4, 8 (README: "Defaults, reasoned").
+#        1M, 2M, 4M, 8M x gpu_staging_depth 2, 4, 8 (docs/gpu.md: "Defaults, reasoned").
 #    Every ote_bench run is under a timeout (ENGINE_TIMEOUT s), and the phase under a
 #    budget (ENGINE_BUDGET s, --engine-budget): a run that would start past it is not
 #    started (a SKIP line naming it), so one hanging path cannot eat a device lease. The

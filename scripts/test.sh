@@ -77,6 +77,16 @@ python3 scripts/check_fault_points.py; record "every fault point in library code
 python3 scripts/check_fault_points.py --self-test >/dev/null
 record "fault point check catches a planted unarmed point" $?
 
+echo "== the configuration reference agrees with the key table and <ote/ote.h>"
+python3 scripts/config_doc.py; record "docs/configuration.md and ote.h agree with engine/config.c" $?
+python3 scripts/config_doc.py --self-test >/dev/null
+record "configuration reference check catches planted drift" $?
+
+echo "== the README and docs/: README under 350 lines, every relative link resolves"
+python3 scripts/check_docs.py; record "README.md and docs/ links (scripts/check_docs.py)" $?
+python3 scripts/check_docs.py --self-test >/dev/null
+record "docs check catches planted faults" $?
+
 echo "== the result counter's own tests"
 python3 scripts/count_results_test.py; record "count_results.py unit tests" $?
 
@@ -229,6 +239,12 @@ record "consumer workspace cannot use //context (not visible)" $?
 echo "== engine owners: planted //engine/tcp <-> //engine/rdma deps and *_internal.h includes fail"
 OTE_VIS_SCRATCH=$(mktemp -d) bash scripts/check_visibility.sh
 record "engine visibility (scripts/check_visibility.sh)" $?
+
+echo "== installed library: pkg-config and CMake consumers (scripts/install_check.sh)"
+bash scripts/install_check.sh; record "C consumers of an installed prefix (pkg-config, static, CMake) move bytes" $?
+
+echo "== the wheel, installed offline into a new venv (scripts/wheel_check.sh)"
+bash scripts/wheel_check.sh; record "wheel installs with pip --no-index and runs the README example" $?
 
 phase_done "visibility and consumer checks"
 

@@ -191,7 +191,7 @@ const char *bench_check_name(bench_check_t c) {
 void bench_options_defaults(bench_options_t *o) {
     memset(o, 0, sizeof *o);
     o->role = BENCH_ROLE_INITIATOR;
-    snprintf(o->transport, sizeof o->transport, "tcp");
+    snprintf(o->transport, sizeof o->transport, "shm,tcp"); /* the library's default */
     o->op = BENCH_OP_WRITE;
     static const uint64_t blocks[] = {4ull << 10, 64ull << 10, 1ull << 20, 16ull << 20};
     memcpy(o->block_sizes, blocks, sizeof blocks);
@@ -214,10 +214,12 @@ const char *bench_usage(void) {
            "loopback\n"
            "       ote_bench --role target [--listen H:P]   serve as the target of another host\n"
            "       ote_bench --target H:P [options]         measure against that target\n"
+           "       ote_bench --show-topology [--transport rdma]  print which NIC the engine\n"
+           "                                                picks first per GPU and NUMA node\n"
            "\n"
            "Initiator options:\n"
-           "  --transport tcp|rdma|shm transport of both engines (default tcp); shm: the "
-           "same-host\n"
+           "  --transport tcp|rdma|shm transport of both engines (default: the library's\n"
+           "                           shm,tcp: shm on one host, else tcp); shm: the same-host\n"
            "                           transport (cross-memory attach)\n"
            "  --transports LIST        the engines' ordered list instead, e.g. shm,tcp: each\n"
            "                           segment takes the first both offer (the header says which)\n"
@@ -309,6 +311,7 @@ enum {
     OPT_REMOTE_MEM,
     OPT_REMOTE_IPC,
     OPT_INJECT,
+    OPT_SHOW_TOPOLOGY,
     OPT_END,
 };
 
@@ -478,6 +481,7 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
                                arg);
             snprintf(o->inject, sizeof o->inject, "%s", arg);
             break;
+        case OPT_SHOW_TOPOLOGY: o->show_topology = true; break;
         case OPT_LOCAL_MEM:
         case OPT_REMOTE_MEM:
             if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem) != 0)
@@ -584,6 +588,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
         {"remote-ipc", no_argument, NULL, OPT_REMOTE_IPC},
         {"inject", required_argument, NULL, OPT_INJECT},
+        {"show-topology", no_argument, NULL, OPT_SHOW_TOPOLOGY},
         {"depth", required_argument, NULL, OPT_DEPTH},
         {"local-mem", required_argument, NULL, OPT_LOCAL_MEM},
         {"remote-mem", required_argument, NULL, OPT_REMOTE_MEM},

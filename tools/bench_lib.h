@@ -67,6 +67,7 @@ typedef struct {
     unsigned local_mem;   /* --local-mem: BENCH_MEM_HOST, _THP, _SHARED or _CUDA(N) */
     unsigned remote_mem;  /* --remote-mem: the (spawned) target's buffer; for --role
                            * target its own buffer */
+    bool show_topology;   /* --show-topology: print ote_engine_topology and exit */
     bool remote_ipc;      /* --remote-ipc: the target registers device memory with
                            * OTE_PERM_IPC (CUDA IPC for same-host peers over shm) */
     char inject[64];      /* --inject: verbs/sim fault schedule of this process's engine

@@ -244,7 +244,7 @@ OTE_TW64M_GBPS="" OTE_TR64M_GBPS=""
 ote TW64M --transport shm --op write --block-size 64M --batch-size 1 --local-mem thp --remote-mem thp
 ote TR64M --transport shm --op read --block-size 64M --batch-size 1 --local-mem thp --remote-mem thp
 # Host buffers (4 KiB pages) with register_thp=1 on both engines: their registration
-# advises and collapses them to huge pages (README "Same host"). Information only.
+# advises and collapses them to huge pages (docs/performance.md "Same host"). Information only.
 OTE_GW64M_GBPS="" OTE_GR64M_GBPS=""
 OTE_REGISTER_THP=1 ote GW64M --transport shm --op write --block-size 64M --batch-size 1
 OTE_REGISTER_THP=1 ote GR64M --transport shm --op read --block-size 64M --batch-size 1

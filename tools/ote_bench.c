@@ -23,11 +23,13 @@
  */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include <ote/ote.h>
 
+#include "cuda/driver.h"
 #include "tools/bench_internal.h"
 #include "tools/bench_lib.h"
 
@@ -75,6 +77,39 @@ ote_status_t bench__make_engine(const bench_options_t *o, const char *listen,
     return st;
 }
 
+/* --show-topology: an engine of the options' transports (configured by OTE_* variables
+ * too, e.g. OTE_VERBS_PROVIDER, OTE_RDMA_TOPOLOGY), its ote_engine_topology on stdout.
+ * The CUDA driver ($OTE_CUDA_LIBRARY or libcuda.so.1) is loaded first where there is
+ * one, so that the engine lists the GPUs too. */
+static int show_topology(const bench_options_t *o) {
+    ote_cuda_driver_t *drv = NULL;
+    if (ote_cuda_driver_load(NULL, &drv) != OTE_OK) {
+        drv = NULL;
+        fprintf(stderr, "ote_bench: no CUDA driver: host memory (NUMA nodes) only\n");
+    }
+    ote_engine_t *e = NULL;
+    ote_status_t st = bench__make_engine(o, o->listen[0] ? o->listen : "127.0.0.1:0", &e);
+    if (st != OTE_OK) {
+        bench__print_status("ote_engine_create", st);
+        if (drv != NULL) (void)ote_cuda_driver_unload(drv);
+        return 1;
+    }
+    size_t need = 0;
+    char *text = NULL;
+    st = ote_engine_topology(e, NULL, 0, &need);
+    if (ote_status_code(st) == OTE_ERR_TOO_BIG && (text = malloc(need)) != NULL)
+        st = ote_engine_topology(e, text, need, &need);
+    if (st == OTE_OK && need == 0)
+        printf("no device ranking: the engine has no RDMA transport (--transport rdma)\n");
+    else if (st == OTE_OK) fputs(text, stdout);
+    else bench__print_status("ote_engine_topology", st);
+    free(text);
+    ote_status_t dst = ote_engine_destroy(e);
+    if (dst != OTE_OK) bench__print_status("ote_engine_destroy", dst);
+    if (drv != NULL && dst == OTE_OK) (void)ote_cuda_driver_unload(drv);
+    return st == OTE_OK && dst == OTE_OK ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     bench_options_t o;
     char err[512];
@@ -87,6 +122,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ote_bench: %s\nTry 'ote_bench --help'.\n", err);
         return 2;
     }
+    if (o.show_topology) return show_topology(&o);
     install_signals();
     return o.role == BENCH_ROLE_TARGET ? bench__run_target(&o) : bench__run_initiator(&o);
 }

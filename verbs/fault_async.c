@@ -132,7 +132,7 @@ ote_status_t ote_verbs_fault_inject_async_event(ote_verbs_t *v, struct ibv_conte
         return st;
     }
     OTE_DEBUG(LOGC, "%s: queued injected async event %s", f->name,
-              ibv_event_type_str(ev->event_type));
+              ote_verbs_event_name(ev->event_type));
     return OTE_OK;
 }
 

@@ -104,7 +104,7 @@ static int f_get_async_event(ote_verbs_t *v, struct ibv_context *ctx, struct ibv
     ote_mutex_unlock(&f->mu);
     if (e != NULL) {
         OTE_DEBUG(LOGC, "%s: get_async_event returns injected event %s", f->name,
-                  ibv_event_type_str(e->ev.event_type));
+                  ote_verbs_event_name(e->ev.event_type));
         return 0;
     }
     return in_ops(f)->get_async_event(f->inner, ctx, ev);

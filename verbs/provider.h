@@ -20,6 +20,10 @@ ote_status_t ote__verbs_rdma_core_open(const char *config, ote_verbs_t **v_out);
 typedef struct ote__rc_state ote__rc_state_t;
 ote_status_t ote__rc_state_new(ote__rc_state_t **out);
 void ote__rc_state_free(ote__rc_state_t *s);
+/* Where sysfs is mounted for the provider's own reads (the NUMA node of a device): the
+ * open's "sysfs_root=PATH", else /sys. */
+ote_status_t ote__rc_state_set_sysfs_root(ote__rc_state_t *s, const char *root);
+const char *ote__rc_sysfs_root(const ote_verbs_t *v);
 /* destroy_qp succeeded: drop qp from the flags table. */
 void ote__rc_forget_qp(ote_verbs_t *v, struct ibv_qp *qp);
 int ote__rc_query_device_ex(ote_verbs_t *v, struct ibv_context *ctx,

@@ -11,7 +11,9 @@
  * in rdma_core_ex.c.
  *
  * A machine without RDMA support (no uverbs in the kernel: ibv_get_device_list fails
- * with ENOSYS) lists zero devices, as one with support but no devices does.
+ * with ENOSYS) lists zero devices, as one with support but no devices does. libibverbs
+ * itself is loaded at run time (ibverbs_dl.h): without it the provider's open fails
+ * OTE_ERR_UNSUPPORTED with an ERROR line naming the library.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,8 +22,11 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "verbs/ibverbs_dl.h"
 #include "verbs/provider.h"
 #include "verbs/verbs.h"
+
+#define IBV ote__ibv()
 
 /* errno of the native call that just failed; EIO when it failed without setting one. */
 static int failed_errno(void) { return errno != 0 ? errno : EIO; }
@@ -42,7 +47,7 @@ static int rc_get_device_list(ote_verbs_t *v, struct ibv_device ***list_out, int
     if (list_out == NULL) return EINVAL;
     int num = 0;
     errno = 0;
-    struct ibv_device **list = ibv_get_device_list(&num);
+    struct ibv_device **list = IBV->get_device_list(&num);
     if (list == NULL) {
         int err = failed_errno();
         if (err != ENOSYS) return err;
@@ -59,20 +64,20 @@ static int rc_get_device_list(ote_verbs_t *v, struct ibv_device ***list_out, int
 static void rc_free_device_list(ote_verbs_t *v, struct ibv_device **list) {
     (void)v;
     if (list == NULL || list == g_empty_list) return;
-    ibv_free_device_list(list);
+    IBV->free_device_list(list);
 }
 
 static const char *rc_get_device_name(ote_verbs_t *v, struct ibv_device *dev) {
     (void)v;
     if (dev == NULL) return NULL;
-    return ibv_get_device_name(dev);
+    return IBV->get_device_name(dev);
 }
 
 static int rc_open_device(ote_verbs_t *v, struct ibv_device *dev, struct ibv_context **ctx_out) {
     (void)v;
     if (dev == NULL || ctx_out == NULL) return EINVAL;
     errno = 0;
-    struct ibv_context *ctx = ibv_open_device(dev);
+    struct ibv_context *ctx = IBV->open_device(dev);
     if (ctx == NULL) return failed_errno();
     *ctx_out = ctx;
     return 0;
@@ -81,14 +86,14 @@ static int rc_open_device(ote_verbs_t *v, struct ibv_device *dev, struct ibv_con
 static int rc_close_device(ote_verbs_t *v, struct ibv_context *ctx) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_close_device(ctx));
+    return int_ret(IBV->close_device(ctx));
 }
 
 static int rc_query_device(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_device_attr *attr) {
     (void)v;
     struct ibv_device_attr tmp;
     errno = 0;
-    int r = int_ret(ibv_query_device(ctx, &tmp));
+    int r = int_ret(IBV->query_device(ctx, &tmp));
     if (r == 0) *attr = tmp;
     return r;
 }
@@ -98,7 +103,7 @@ static int rc_query_port(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port,
     (void)v;
     struct ibv_port_attr tmp;
     errno = 0;
-    int r = int_ret(ibv_query_port(ctx, port, &tmp));
+    int r = int_ret(ote__ibv_query_port(ctx, port, &tmp));
     if (r == 0) *attr = tmp;
     return r;
 }
@@ -108,7 +113,7 @@ static int rc_query_gid(ote_verbs_t *v, struct ibv_context *ctx, uint8_t port, i
     (void)v;
     union ibv_gid tmp;
     errno = 0;
-    int r = int_ret(ibv_query_gid(ctx, port, index, &tmp));
+    int r = int_ret(IBV->query_gid(ctx, port, index, &tmp));
     if (r == 0) *gid = tmp;
     return r;
 }
@@ -118,20 +123,21 @@ static int rc_query_gid_ex(ote_verbs_t *v, struct ibv_context *ctx, uint32_t por
     (void)v;
     struct ibv_gid_entry tmp;
     errno = 0;
-    int r = int_ret(ibv_query_gid_ex(ctx, port, index, &tmp, 0));
+    int r = int_ret(IBV->query_gid_ex(ctx, port, index, &tmp, 0, sizeof(tmp)));
     if (r == 0) *entry = tmp;
     return r;
 }
 
-/* /sys/class/infiniband/<dev>/device/numa_node holds the node, or -1 when the platform
- * does not say; a missing file also means "unknown", which is a success with -1. */
+/* <sysfs>/class/infiniband/<dev>/device/numa_node holds the node, or -1 when the platform
+ * does not say; a missing file also means "unknown", which is a success with -1. <sysfs>
+ * is /sys unless the open's configuration named another root. */
 static int rc_device_numa_node(ote_verbs_t *v, struct ibv_context *ctx, int *node_out) {
-    (void)v;
     if (ctx == NULL || ctx->device == NULL || node_out == NULL) return EINVAL;
-    const char *name = ibv_get_device_name(ctx->device);
+    const char *name = IBV->get_device_name(ctx->device);
     if (name == NULL) return EINVAL;
-    char path[256];
-    int n = snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device/numa_node", name);
+    char path[512];
+    int n = snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/numa_node",
+                     ote__rc_sysfs_root(v), name);
     if (n < 0 || (size_t)n >= sizeof(path)) return ENAMETOOLONG;
     FILE *f = fopen(path, "re");
     if (f == NULL) {
@@ -150,20 +156,20 @@ static int rc_get_async_event(ote_verbs_t *v, struct ibv_context *ctx, struct ib
     (void)v;
     struct ibv_async_event tmp;
     errno = 0;
-    if (ibv_get_async_event(ctx, &tmp) != 0) return failed_errno();
+    if (IBV->get_async_event(ctx, &tmp) != 0) return failed_errno();
     *ev = tmp;
     return 0;
 }
 
 static void rc_ack_async_event(ote_verbs_t *v, struct ibv_async_event *ev) {
     (void)v;
-    ibv_ack_async_event(ev);
+    IBV->ack_async_event(ev);
 }
 
 static int rc_alloc_pd(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_pd **pd_out) {
     (void)v;
     errno = 0;
-    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_pd *pd = IBV->alloc_pd(ctx);
     if (pd == NULL) return failed_errno();
     *pd_out = pd;
     return 0;
@@ -172,14 +178,14 @@ static int rc_alloc_pd(ote_verbs_t *v, struct ibv_context *ctx, struct ibv_pd **
 static int rc_dealloc_pd(ote_verbs_t *v, struct ibv_pd *pd) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_dealloc_pd(pd));
+    return int_ret(IBV->dealloc_pd(pd));
 }
 
 static int rc_reg_mr(ote_verbs_t *v, struct ibv_pd *pd, void *addr, size_t length, int access,
                      struct ibv_mr **mr_out) {
     (void)v;
     errno = 0;
-    struct ibv_mr *mr = ibv_reg_mr(pd, addr, length, access);
+    struct ibv_mr *mr = IBV->reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned)access);
     if (mr == NULL) return failed_errno();
     *mr_out = mr;
     return 0;
@@ -190,7 +196,7 @@ static int rc_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, 
     (void)v;
     if (pd == NULL || mr_out == NULL) return EINVAL;
     errno = 0;
-    struct ibv_mr *mr = ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access);
+    struct ibv_mr *mr = IBV->reg_dmabuf_mr(pd, offset, length, iova, fd, access);
     if (mr == NULL) return failed_errno();
     *mr_out = mr;
     return 0;
@@ -199,7 +205,7 @@ static int rc_reg_dmabuf_mr(ote_verbs_t *v, struct ibv_pd *pd, uint64_t offset, 
 static int rc_dereg_mr(ote_verbs_t *v, struct ibv_mr *mr) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_dereg_mr(mr));
+    return int_ret(IBV->dereg_mr(mr));
 }
 
 static int rc_alloc_mw(ote_verbs_t *v, struct ibv_pd *pd, enum ibv_mw_type type,
@@ -222,7 +228,7 @@ static int rc_create_comp_channel(ote_verbs_t *v, struct ibv_context *ctx,
                                   struct ibv_comp_channel **ch_out) {
     (void)v;
     errno = 0;
-    struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+    struct ibv_comp_channel *ch = IBV->create_comp_channel(ctx);
     if (ch == NULL) return failed_errno();
     *ch_out = ch;
     return 0;
@@ -231,14 +237,14 @@ static int rc_create_comp_channel(ote_verbs_t *v, struct ibv_context *ctx,
 static int rc_destroy_comp_channel(ote_verbs_t *v, struct ibv_comp_channel *ch) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_destroy_comp_channel(ch));
+    return int_ret(IBV->destroy_comp_channel(ch));
 }
 
 static int rc_create_cq(ote_verbs_t *v, struct ibv_context *ctx, int cqe, void *cq_context,
                         struct ibv_comp_channel *ch, int comp_vector, struct ibv_cq **cq_out) {
     (void)v;
     errno = 0;
-    struct ibv_cq *cq = ibv_create_cq(ctx, cqe, cq_context, ch, comp_vector);
+    struct ibv_cq *cq = IBV->create_cq(ctx, cqe, cq_context, ch, comp_vector);
     if (cq == NULL) return failed_errno();
     *cq_out = cq;
     return 0;
@@ -247,7 +253,7 @@ static int rc_create_cq(ote_verbs_t *v, struct ibv_context *ctx, int cqe, void *
 static int rc_destroy_cq(ote_verbs_t *v, struct ibv_cq *cq) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_destroy_cq(cq));
+    return int_ret(IBV->destroy_cq(cq));
 }
 
 static int rc_req_notify_cq(ote_verbs_t *v, struct ibv_cq *cq, int solicited_only) {
@@ -262,7 +268,7 @@ static int rc_get_cq_event(ote_verbs_t *v, struct ibv_comp_channel *ch, struct i
     struct ibv_cq *cq = NULL;
     void *cq_context = NULL;
     errno = 0;
-    if (ibv_get_cq_event(ch, &cq, &cq_context) != 0) return failed_errno();
+    if (IBV->get_cq_event(ch, &cq, &cq_context) != 0) return failed_errno();
     *cq_out = cq;
     if (cq_context_out != NULL) *cq_context_out = cq_context;
     return 0;
@@ -270,7 +276,7 @@ static int rc_get_cq_event(ote_verbs_t *v, struct ibv_comp_channel *ch, struct i
 
 static void rc_ack_cq_events(ote_verbs_t *v, struct ibv_cq *cq, unsigned int nevents) {
     (void)v;
-    ibv_ack_cq_events(cq, nevents);
+    IBV->ack_cq_events(cq, nevents);
 }
 
 /* ibv_poll_cq returns a provider-specific negative value on failure (mlx5: -2); the
@@ -291,7 +297,7 @@ static int rc_create_qp(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_init_at
     if (init_attr == NULL || qp_out == NULL) return EINVAL;
     struct ibv_qp_init_attr attr = *init_attr;
     errno = 0;
-    struct ibv_qp *qp = ibv_create_qp(pd, &attr);
+    struct ibv_qp *qp = IBV->create_qp(pd, &attr);
     if (qp == NULL) return failed_errno();
     init_attr->cap = attr.cap;
     *qp_out = qp;
@@ -302,19 +308,19 @@ static int rc_modify_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *a
                         int attr_mask) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_modify_qp(qp, attr, attr_mask));
+    return int_ret(IBV->modify_qp(qp, attr, attr_mask));
 }
 
 static int rc_query_qp(ote_verbs_t *v, struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
                        struct ibv_qp_init_attr *init_attr) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_query_qp(qp, attr, attr_mask, init_attr));
+    return int_ret(IBV->query_qp(qp, attr, attr_mask, init_attr));
 }
 
 static int rc_destroy_qp(ote_verbs_t *v, struct ibv_qp *qp) {
     errno = 0;
-    int r = int_ret(ibv_destroy_qp(qp));
+    int r = int_ret(IBV->destroy_qp(qp));
     if (r == 0) ote__rc_forget_qp(v, qp);
     return r;
 }
@@ -347,7 +353,7 @@ static int rc_create_srq(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_srq_init_
     if (init_attr == NULL || srq_out == NULL) return EINVAL;
     struct ibv_srq_init_attr attr = *init_attr;
     errno = 0;
-    struct ibv_srq *srq = ibv_create_srq(pd, &attr);
+    struct ibv_srq *srq = IBV->create_srq(pd, &attr);
     if (srq == NULL) return failed_errno();
     init_attr->attr = attr.attr;
     *srq_out = srq;
@@ -358,7 +364,7 @@ static int rc_modify_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_att
                          int attr_mask) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_modify_srq(srq, attr, attr_mask));
+    return int_ret(IBV->modify_srq(srq, attr, attr_mask));
 }
 
 static int rc_query_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr *attr) {
@@ -367,7 +373,7 @@ static int rc_query_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr
     struct ibv_srq_attr a;
     memset(&a, 0, sizeof(a));
     errno = 0;
-    int r = int_ret(ibv_query_srq(srq, &a));
+    int r = int_ret(IBV->query_srq(srq, &a));
     if (r == 0) *attr = a;
     return r;
 }
@@ -375,7 +381,7 @@ static int rc_query_srq(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_srq_attr
 static int rc_destroy_srq(ote_verbs_t *v, struct ibv_srq *srq) {
     (void)v;
     errno = 0;
-    return int_ret(ibv_destroy_srq(srq));
+    return int_ret(IBV->destroy_srq(srq));
 }
 
 static int rc_post_srq_recv(ote_verbs_t *v, struct ibv_srq *srq, struct ibv_recv_wr *wr,
@@ -438,13 +444,33 @@ static void rc_close(ote_verbs_t *v) {
     ote_free(v);
 }
 
+/* The configuration text: NULL or "" (nothing), or "sysfs_root=PATH" (an absolute path:
+ * where sysfs is mounted, for containers that bind-mount the host's /sys elsewhere). */
+static ote_status_t rc_parse_config(const char *config, const char **root_out) {
+    static const char key[] = "sysfs_root=";
+    *root_out = NULL;
+    if (config == NULL || config[0] == '\0') return OTE_OK;
+    if (strncmp(config, key, sizeof(key) - 1) == 0 && config[sizeof(key) - 1] == '/' &&
+        strlen(config) < 256 + sizeof(key)) {
+        *root_out = config + sizeof(key) - 1;
+        return OTE_OK;
+    }
+    OTE_WARN("verbs.rdma_core", "rdma-core: bad configuration \"%s\" (known: sysfs_root=/PATH)",
+             config);
+    return OTE_ERR_INVALID;
+}
+
 ote_status_t ote__verbs_rdma_core_open(const char *config, ote_verbs_t **v_out) {
-    (void)config;
-    if (v_out == NULL) return OTE_ERR_INVALID;
+    const char *root = NULL;
+    if (v_out == NULL || rc_parse_config(config, &root) != OTE_OK) return OTE_ERR_INVALID;
+    ote_status_t lst = ote__ibv_load(); /* libibverbs at run time (ibverbs_dl.h) */
+    if (lst != OTE_OK) return lst;
     ote_verbs_t *v = ote_calloc(1, sizeof(*v));
     if (v == NULL) return OTE_ERR_NOMEM;
     ote__rc_state_t *s = NULL;
     ote_status_t st = ote__rc_state_new(&s);
+    if (st == OTE_OK && root != NULL && (st = ote__rc_state_set_sysfs_root(s, root)) != OTE_OK)
+        ote__rc_state_free(s);
     if (st != OTE_OK) {
         ote_free(v);
         return st;

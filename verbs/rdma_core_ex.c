@@ -34,6 +34,7 @@
 #include "base/alloc.h"
 #include "base/lock.h"
 #include "base/log.h"
+#include "verbs/ibverbs_dl.h"
 #include "verbs/provider.h"
 
 #if defined(__has_include)
@@ -85,7 +86,21 @@ struct ote__rc_state {
     dv_is_supported_fn dv_is_supported;
     rc_qp_flags_t *qps; /* QPs created with nonzero flags */
     size_t nqps, cap;
+    char *sysfs_root; /* the open's "sysfs_root=PATH"; NULL = /sys */
 };
+
+ote_status_t ote__rc_state_set_sysfs_root(ote__rc_state_t *s, const char *root) {
+    char *dup = ote_strdup(root);
+    if (dup == NULL) return OTE_ERR_NOMEM;
+    ote_free(s->sysfs_root);
+    s->sysfs_root = dup;
+    return OTE_OK;
+}
+
+const char *ote__rc_sysfs_root(const ote_verbs_t *v) {
+    const ote__rc_state_t *s = v->priv;
+    return s != NULL && s->sysfs_root != NULL ? s->sysfs_root : "/sys";
+}
 
 ote_status_t ote__rc_state_new(ote__rc_state_t **out) {
     ote__rc_state_t *s = ote_calloc(1, sizeof(*s));
@@ -102,6 +117,7 @@ ote_status_t ote__rc_state_new(ote__rc_state_t **out) {
 void ote__rc_state_free(ote__rc_state_t *s) {
     if (s == NULL) return;
     if (s->dv != NULL) dlclose(s->dv);
+    ote_free(s->sysfs_root);
     ote_free(s->qps);
     ote_mutex_destroy(&s->mu);
     ote_free(s);
@@ -145,7 +161,7 @@ static void device_kind(ote_verbs_t *v, struct ibv_context *ctx, bool *mlx5, boo
     if (is_supported != NULL) {
         *mlx5 = is_supported(ctx->device);
     } else {
-        const char *name = ibv_get_device_name(ctx->device);
+        const char *name = ote__ibv()->get_device_name(ctx->device);
         *mlx5 = name != NULL && strncmp(name, "mlx5", 4) == 0;
     }
 }
@@ -157,7 +173,7 @@ int ote__rc_query_device_ex(ote_verbs_t *v, struct ibv_context *ctx,
     struct ibv_device_attr_ex a;
     memset(&a, 0, sizeof(a));
     errno = 0;
-    int r = ibv_query_device_ex(ctx, NULL, &a);
+    int r = ote__ibv_query_device_ex(ctx, &a);
     if (r < 0) r = errno != 0 ? errno : EIO;
     if (r != 0) return r;
     *attr = a;
@@ -264,13 +280,13 @@ int ote__rc_create_qp_flags(ote_verbs_t *v, struct ibv_pd *pd, struct ibv_qp_ini
         OTE_WARN(LOGC,
                  "create_qp_flags: %s is mlx5 but libmlx5 is not loadable: cannot disable "
                  "scatter-to-CQE on a QP (set MLX5_SCATTER_TO_CQE=0 before opening the device)",
-                 ibv_get_device_name(pd->context->device));
+                 ote__ibv()->get_device_name(pd->context->device));
         return EOPNOTSUPP;
     }
     if (r != 0) return r;
     r = remember(s, qp, flags);
     if (r != 0) {
-        (void)ibv_destroy_qp(qp);
+        (void)ote__ibv()->destroy_qp(qp);
         init_attr->cap = cap;
         return r;
     }

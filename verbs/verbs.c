@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "verbs/ibverbs_dl.h"
 #include "verbs/provider.h"
 #include "verbs/verbs.h"
 
@@ -382,6 +383,39 @@ static int table_has_gap(const ote_verbs_ops_t *ops) {
     ote_verbs_ops_t filled = *ops;
     ote_verbs_ops_fill_stubs(&filled);
     return memcmp(&filled, ops, sizeof(filled)) != 0;
+}
+
+const char *ote_verbs_event_name(enum ibv_event_type t) {
+    switch (t) {
+        case IBV_EVENT_CQ_ERR: return "CQ_ERR";
+        case IBV_EVENT_QP_FATAL: return "QP_FATAL";
+        case IBV_EVENT_QP_REQ_ERR: return "QP_REQ_ERR";
+        case IBV_EVENT_QP_ACCESS_ERR: return "QP_ACCESS_ERR";
+        case IBV_EVENT_COMM_EST: return "COMM_EST";
+        case IBV_EVENT_SQ_DRAINED: return "SQ_DRAINED";
+        case IBV_EVENT_PATH_MIG: return "PATH_MIG";
+        case IBV_EVENT_PATH_MIG_ERR: return "PATH_MIG_ERR";
+        case IBV_EVENT_DEVICE_FATAL: return "DEVICE_FATAL";
+        case IBV_EVENT_PORT_ACTIVE: return "PORT_ACTIVE";
+        case IBV_EVENT_PORT_ERR: return "PORT_ERR";
+        case IBV_EVENT_LID_CHANGE: return "LID_CHANGE";
+        case IBV_EVENT_PKEY_CHANGE: return "PKEY_CHANGE";
+        case IBV_EVENT_SM_CHANGE: return "SM_CHANGE";
+        case IBV_EVENT_SRQ_ERR: return "SRQ_ERR";
+        case IBV_EVENT_SRQ_LIMIT_REACHED: return "SRQ_LIMIT_REACHED";
+        case IBV_EVENT_QP_LAST_WQE_REACHED: return "QP_LAST_WQE_REACHED";
+        case IBV_EVENT_CLIENT_REREGISTER: return "CLIENT_REREGISTER";
+        case IBV_EVENT_GID_CHANGE: return "GID_CHANGE";
+        case IBV_EVENT_WQ_FATAL: return "WQ_FATAL";
+        default: return "other";
+    }
+}
+
+int ote_verbs_provider_available(const char *provider) {
+    if (provider == NULL) return 0;
+    if (strcmp(provider, "sim") == 0) return 1;
+    if (strcmp(provider, "rdma-core") == 0) return ote__ibv_available();
+    return 0;
 }
 
 ote_status_t ote_verbs_open(const char *provider, const char *config, ote_verbs_t **v_out) {

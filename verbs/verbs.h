@@ -160,10 +160,20 @@ struct ote_verbs {
 
 /*
  * Open a provider by name: "rdma-core" or "sim". config is provider-specific (for
- * "sim" the device configuration string, NULL = OTE_SIM_CONFIG or the default); it may be
- * NULL. The returned table has no NULL entry. OTE_ERR_NOT_FOUND for an unknown name.
+ * "sim" the device configuration string, NULL = OTE_SIM_CONFIG or the default; for
+ * "rdma-core" NULL, "" or "sysfs_root=/PATH", where sysfs is mounted for the provider's
+ * own reads, else OTE_ERR_INVALID); it may be NULL. The returned table has no NULL entry.
+ * OTE_ERR_NOT_FOUND for an unknown name.
  */
 ote_status_t ote_verbs_open(const char *provider, const char *config, ote_verbs_t **v_out);
+/* The name of an async event type without the IBV_EVENT_ prefix ("PORT_ERR", "CQ_ERR",
+ * ...), "other" for one not listed: for log lines, with no libibverbs call. */
+const char *ote_verbs_event_name(enum ibv_event_type t);
+
+/* Whether provider can be opened on this machine, without opening it: "sim" always;
+ * "rdma-core" when libibverbs loads ($OTE_IBVERBS_LIBRARY, else libibverbs.so.1) with every
+ * verb the binding calls (it may still list no device). 0 for an unknown name. Silent. */
+int ote_verbs_provider_available(const char *provider);
 /* Close a provider instance. Objects opened through it must be destroyed first. */
 void ote_verbs_close(ote_verbs_t *v);
 

@@ -469,22 +469,35 @@ void ote__gpu_destroy(ote__gpu_t *g) {
     ote_free(g);
 }
 
+/* The PCI bus id of CUDA device `dev` ("dddd:bb:dd.f", lower case) in bus[0, cap): OTE_OK,
+ * OTE_ERR_NOT_FOUND when there is no driver (none loaded in this process) or no such
+ * device, OTE_ERR_PROTOCOL for an answer that is not a bus id. */
+ote_status_t ote__gpu_pci_bus_id(ote__gpu_t *g, int dev, char *bus, size_t cap) {
+    if (g == NULL || dev < 0 || bus == NULL || cap < 16) return OTE_ERR_INVALID;
+    if (!ote__gpu_driver_present(g)) return OTE_ERR_NOT_FOUND;
+    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(g->drv);
+    ote_cu_device_t d = 0;
+    char id[32] = {0};
+    if (t->cuDeviceGet(&d, dev) != OTE_CU_SUCCESS ||
+        t->cuDeviceGetPCIBusId(id, (int)sizeof(id) - 1, d) != OTE_CU_SUCCESS)
+        return OTE_ERR_NOT_FOUND;
+    for (char *c = id; *c != '\0'; c++) {
+        if (*c >= 'A' && *c <= 'F') *c = (char)(*c - 'A' + 'a');
+        else if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || *c == ':' || *c == '.'))
+            return OTE_ERR_PROTOCOL; /* only a bus id names a sysfs path */
+    }
+    if (id[0] == '\0' || strlen(id) >= cap) return OTE_ERR_PROTOCOL;
+    snprintf(bus, cap, "%s", id);
+    return OTE_OK;
+}
+
 /* The NUMA node of CUDA device `dev`'s PCI function (sysfs numa_node of the bus id the
  * driver reports), -1 when unknown: no driver, no such device, or no NUMA information. */
 int ote__gpu_device_node(ote__gpu_t *g, int dev) {
     if (g == NULL || dev < 0 || !atomic_load_explicit(&g->drv_ready, memory_order_acquire))
         return -1;
-    const ote_cuda_driver_table_t *t = ote_cuda_driver_table(g->drv);
-    ote_cu_device_t d = 0;
-    char bus[32] = {0};
-    if (t->cuDeviceGet(&d, dev) != OTE_CU_SUCCESS ||
-        t->cuDeviceGetPCIBusId(bus, (int)sizeof(bus) - 1, d) != OTE_CU_SUCCESS)
-        return -1;
-    for (char *c = bus; *c != '\0'; c++) {
-        if (*c >= 'A' && *c <= 'F') *c = (char)(*c - 'A' + 'a');
-        else if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || *c == ':' || *c == '.'))
-            return -1; /* only a bus id names a sysfs path */
-    }
+    char bus[32];
+    if (ote__gpu_pci_bus_id(g, dev, bus, sizeof(bus)) != OTE_OK) return -1;
     char path[96];
     snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", bus);
     FILE *f = fopen(path, "re");

@@ -78,6 +78,9 @@ int ote__gpu_driver_present(ote__gpu_t *g);
 
 /* The NUMA node of CUDA device dev (its PCI function's, from sysfs), -1 when unknown. */
 int ote__gpu_device_node(ote__gpu_t *g, int dev);
+/* The PCI bus id of CUDA device dev ("dddd:bb:dd.f", lower case) in bus[0, cap >= 16):
+ * OTE_OK; OTE_ERR_NOT_FOUND without a driver in this process or without such a device. */
+ote_status_t ote__gpu_pci_bus_id(ote__gpu_t *g, int dev, char *bus, size_t cap);
 
 /* Whether device memory of `kind` may be moved by staging (gpu_paths has staging):
  * OTE_OK, else OTE_ERR_UNSUPPORTED with a WARN naming what is missing; `what` names the

@@ -89,6 +89,12 @@ static void ipc_exporter_dead(void *arg, uint64_t exporter) {
     ote__gpu_ipc_exporter_dead(arg, exporter);
 }
 
+static ote_status_t device_place(void *arg, int dev, char *bus, size_t cap, int *node_out) {
+    ote_status_t st = ote__gpu_pci_bus_id(arg, dev, bus, cap);
+    if (st == OTE_OK) *node_out = ote__gpu_device_node(arg, dev);
+    return st;
+}
+
 ote__gpu_ops_t ote__gpu_services(ote__gpu_t *g) {
     ote__gpu_ops_t ops = {.arg = g,
                           .stage_get = stage_get,
@@ -103,6 +109,7 @@ ote__gpu_ops_t ote__gpu_services(ote__gpu_t *g) {
                           .ipc_copy_poll = ipc_copy_poll,
                           .ipc_copy_settle = ipc_copy_settle,
                           .ipc_revoked = ipc_revoked,
-                          .ipc_exporter_dead = ipc_exporter_dead};
+                          .ipc_exporter_dead = ipc_exporter_dead,
+                          .device_place = device_place};
     return ops;
 }

@@ -291,6 +291,7 @@ static size_t teardown_lanes(rdma_tp_t *tp) {
  * buffer manager. Returns how many owners are left. */
 static size_t teardown_memory(rdma_tp_t *tp) {
     size_t left = 0;
+    ote__rdma_topo_stop(tp);
     ote_selector_destroy(tp->sel);
     tp->sel = NULL;
     reg_ent_t **pp = &tp->regs;
@@ -389,6 +390,7 @@ static const ote__transport_ops_t g_rdma_ops = {
     .mem_register_dmabuf = ote__rdma_mem_register_dmabuf,
     .adopt = ote__rdma_adopt,
     .nic_stats = rdma_nic_stats,
+    .topology = ote__rdma_topology,
     .advert = ote__rdma_advert,
 };
 
@@ -425,7 +427,8 @@ typedef struct {
 /* The verbs provider (wrapped by the test hook when set). */
 static ote_status_t open_provider(rdma_tp_t *tp, const char *prov) {
     /* sim_profile: the sim's configuration ($OTE_SIM_CONFIG or its default) with a global
-     * profile item after it, which every device that names none takes. */
+     * profile item after it, which every device that names none takes; rdma-core gets
+     * rdma_sysfs_root. */
     char simcfg[1024];
     const char *config = NULL;
     if (tp->cfg.sim_profile[0] != '\0' && strcmp(prov, "sim") == 0) {
@@ -434,6 +437,15 @@ static ote_status_t open_provider(rdma_tp_t *tp, const char *prov) {
         int n = snprintf(simcfg, sizeof(simcfg), "%s;profile=%s", base, tp->cfg.sim_profile);
         if (n < 0 || (size_t)n >= sizeof(simcfg)) {
             OTE_ERROR("rdma", "transport=rdma: sim configuration too long for sim_profile");
+            return OTE_ERR_INVALID;
+        }
+        config = simcfg;
+    } else if (tp->cfg.rdma_sysfs_root[0] != '\0' && strcmp(prov, "rdma-core") == 0) {
+        /* rdma_sysfs_root: rdma-core reads each device's NUMA node under it too. */
+        int n = snprintf(simcfg, sizeof(simcfg), "sysfs_root=%s", tp->cfg.rdma_sysfs_root);
+        if (n < 0 || (size_t)n >= sizeof(simcfg) || tp->cfg.rdma_sysfs_root[0] != '/') {
+            OTE_ERROR("rdma", "transport=rdma: rdma_sysfs_root=%s is not an absolute path",
+                      tp->cfg.rdma_sysfs_root);
             return OTE_ERR_INVALID;
         }
         config = simcfg;
@@ -479,9 +491,18 @@ static ote_status_t choose_devices(rdma_tp_t *tp, dev_choice_t *d) {
     d->asked = tp->cfg.rdma_pin[0]      ? tp->cfg.rdma_pin
                : tp->cfg.rdma_device[0] ? tp->cfg.rdma_device
                                         : tp->cfg.rdma_devices;
-    /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal. */
-    sc->use_topology = strcmp(tp->v->provider, "sim") != 0;
+    /* NUMA ranks from hwloc on real NICs; the sim's devices rank equal, unless
+     * HWLOC_XMLFILE names a recorded topology (the tests' machine shapes). */
+    sc->use_topology = strcmp(tp->v->provider, "sim") != 0 || getenv("HWLOC_XMLFILE") != NULL;
     sc->distance = ote__rdma_hooks.distance;
+    /* Every unpinned device's route (rdma_port / rdma_gid_index, which the configuration
+     * refuses beside rdma_pin) and the sysfs the GID netdev checks read. */
+    if (tp->cfg.rdma_port != OTE__CFG_UNSET) d->cc.port = (uint8_t)tp->cfg.rdma_port;
+    if (tp->cfg.rdma_gid_index != OTE__CFG_UNSET) {
+        d->cc.gid_mode = OTE_CONTEXT_GID_FIXED;
+        d->cc.gid_index = (int)tp->cfg.rdma_gid_index;
+    }
+    d->cc.sysfs_root = tp->cfg.rdma_sysfs_root[0] ? tp->cfg.rdma_sysfs_root : NULL;
     if (d->npins > 0) {
         d->cc.devices = d->allow;
         d->cc.num_devices = d->npins;
@@ -616,6 +637,11 @@ static ote_status_t start_nic(rdma_tp_t *tp, rdma_nic_t *n) {
     qc.on_recv = ote__rdma_src_on_recv;
     qc.recv_arg = n;
     qc.sq_pool = ote__rdma_sq_pool(tp); /* rdma_max_send_wrs (rdma_credits.h) */
+    /* Every QP below (requester, source, direct, SRQ-based) is made from qc or its copy
+     * dqc, so each connects with the configured class, level and MTU clamp (qp/qp.c). */
+    qc.traffic_class = (uint8_t)tp->cfg.rdma_traffic_class; /* validated 0..255 */
+    qc.service_level = (uint8_t)tp->cfg.rdma_service_level; /* validated 0..15 */
+    qc.max_path_mtu = (enum ibv_mtu)tp->cfg.rdma_mtu;       /* 0 or IBV_MTU_256..4096 */
     /* The direct endpoints' QPs (below) live in PDs of their own, so not on the SRQs. */
     ote_qp_config_t dqc = qc;
     if (n->srq_slots != 0) qc.recv_slots = 0; /* receives from the lane's SRQ (rdma_srq.c) */
@@ -688,10 +714,18 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
         return st;
     }
     st = open_devices(tp);
+    if (st == OTE_OK) st = ote__rdma_topo_start(tp);         /* NIC ranks per GPU and node */
     if (st == OTE_OK) st = ote__rdma_grant_mode_resolve(tp); /* windows or exact MRs */
     if (st != OTE_OK) goto err;
     st = ote_buffer_manager_create(tp->set, &tp->bm);
     if (st != OTE_OK) goto err;
+    if (cfg->rdma_traffic_class != 0 || cfg->rdma_service_level != 0 || cfg->rdma_mtu != 0)
+        OTE_INFO("rdma",
+                 "transport=rdma: every QP connects with traffic class %u, service level %u, "
+                 "path MTU %s%s",
+                 cfg->rdma_traffic_class, cfg->rdma_service_level,
+                 cfg->rdma_mtu != 0 ? "at most " : "the ports' active MTU",
+                 cfg->rdma_mtu != 0 ? cfg->rdma_mtu_text : "");
     /* Lane workers run on the CPUs of each NIC's NUMA node (unbound when unknown). */
     for (uint32_t i = 0; i < tp->nnics; i++) {
         st = start_nic(tp, &tp->nics[i]);

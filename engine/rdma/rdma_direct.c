@@ -48,6 +48,7 @@
 ote_status_t ote__rdma_mem_register_dmabuf(ote__transport_t *t, void *addr, size_t len, int fd,
                                            uint64_t offset) {
     rdma_tp_t *tp = (rdma_tp_t *)t;
+    ote__rdma_topo_gpus(tp); /* the driver is loaded now: the GPUs' NIC ranks */
     reg_ent_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
     r->dmabuf_fd = dup(fd);

@@ -488,6 +488,7 @@ struct ote__rdma_tp {
     rdma_nic_t nics[OTE__RDMA_MAX_NICS];
     uint32_t nnics;
     ote_selector_t *sel;
+    struct rdma_topo *topo; /* rdma_topo.c: rank tables per GPU and node, the file */
     uint64_t process_id, pd_id;
     char addr[OTE__ADDR_MAX];
     pthread_t monitor, pumper;
@@ -870,6 +871,16 @@ int ote__rdma_direct_is_redirect(const conn_t *c, ote_status_t st, uint32_t rkey
 void ote__rdma_direct_remember(ote__tpeer_t *p, const ote__slice_t *s);
 void ote__rdma_direct_forget(ote__tpeer_t *p, const ote__slice_t *s);
 void ote__rdma_direct_recall(ote__tpeer_t *p, ote__slice_t *s);
+
+/* ---- rdma_topo.c: NIC ranks per GPU and NUMA node --------------------------------- */
+/* After the data devices joined the selector: the rdma_topology file (a bad one:
+ * OTE_ERR_INVALID, logged with its line), the PCIe tree, the tables. stop frees them. */
+ote_status_t ote__rdma_topo_start(rdma_tp_t *tp);
+void ote__rdma_topo_stop(rdma_tp_t *tp);
+/* The GPUs' tables once the CUDA driver is loaded (a no-op after that). */
+void ote__rdma_topo_gpus(rdma_tp_t *tp);
+/* ops->topology: the ranking per GPU and per NUMA node (engine/transport.h). */
+size_t ote__rdma_topology(ote__transport_t *t, char *buf, size_t cap);
 
 /* ---- rdma.c: lifecycle ------------------------------------------------------------- */
 

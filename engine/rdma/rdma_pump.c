@@ -206,9 +206,9 @@ typedef enum {
 } run_next_t;
 
 /* A run that may start: its grant's bytes (run_take), room in the engine-wide limit and in
- * a device's window for this peer (gpu_staging_depth chunks for a staged request), a
- * device picked (none active and nothing in flight: PORT_DOWN, each slice alone), and a
- * grant credit of its request (rdma_max_grants). */
+ * the window for this peer (gpu_staging_depth chunks for a staged request) of a device of
+ * the best rank for its memory, a device picked (none active and nothing in flight:
+ * PORT_DOWN, each slice alone), and a grant credit of its request (rdma_max_grants). */
 static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **last, uint64_t *rlen,
                             int *k, ote_status_t *st) {
     rdma_tp_t *tp = p->tp;
@@ -223,9 +223,14 @@ static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **las
         busy += p->queue.inflight[i];
         if (p->queue.inflight[i] == 0 || p->queue.inflight[i] + *rlen <= window) mask |= 1u << i;
     }
+    /* Only the nearest devices of the memory's locality: a full window there waits for
+     * room (a device with nothing in flight always has room, so one of them ends a slice
+     * and pumps again) instead of spilling the run onto a farther device. */
+    uint32_t near = ote_selector_best_mask(tp->sel, s->mem_loc, UINT32_MAX);
+    if (near != 0) mask &= near;
     if (mask == 0) return RUN_WAIT; /* every window is full: an ending slice pumps again */
     if (tp->cfg.rdma_max_qps != 0) mask = ote__rdma_qp_mask(tp, p, s, mask);
-    if (ote_selector_pick(tp->sel, s->mem_node, *rlen, mask, k) != OTE_OK) {
+    if (ote_selector_pick(tp->sel, s->mem_loc, *rlen, mask, k) != OTE_OK) {
         *k = -1;
         if (busy > 0) return RUN_WAIT; /* no room on an active device yet */
         *st = OTE_ERR_PORT_DOWN;       /* no active device, nothing in flight */

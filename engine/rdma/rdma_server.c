@@ -93,8 +93,8 @@ static int settle_now(void *arg) {
  * ended, and each of its grants ended on the completion of its receipt (SEND_WITH_INV),
  * which the source's provider queued on one of these lanes first. Taking them here
  * releases those grants' pins before the user hears of the notification, instead of
- * whenever a lane worker is scheduled: ote_memory_unregister on the notification (README,
- * ote.h "Free again") would otherwise depend on that worker running within
+ * whenever a lane worker is scheduled: ote_memory_unregister on the notification
+ * (ote.h "Free again") would otherwise depend on that worker running within
  * OTE_UNREGISTER_WAIT_MS, which a loaded machine does not promise. A lane a worker is
  * polling: its batch is waited for (ote_cq_lane_progress), then looked at again. Bounded
  * by SERVER_SETTLE_MS; a lane that keeps completing is left to its worker then.

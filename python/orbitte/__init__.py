@@ -16,8 +16,29 @@ from . import _lib, engine as _engine
 from .errors import *  # noqa: F401,F403 - the exception classes
 from .errors import ERROR_CLASSES, OrbitteError, error_class  # noqa: F401
 
+from ._version import __version__  # noqa: F401
+
 _engine.lib = _lib.load()
 library_path = _engine.lib.orbitte_path
+
+# OTE_FEATURE_* of <ote/ote.h>, by name.
+_FEATURES = {"rdma_core": 1 << 0, "verbs_sim": 1 << 1, "cuda": 1 << 2, "auth": 1 << 3}
+
+
+def library_version():
+    """The loaded liborbitte.so's version, "MAJOR.MINOR.PATCH" (ote_version)."""
+    return _engine.lib.ote_version().decode()
+
+
+def features():
+    """What the library can use on this machine now (ote_features), a set out of
+    "rdma_core" (libibverbs loads), "verbs_sim", "cuda" (a CUDA driver library loads) and
+    "auth". A name says the library is there, not that a NIC or GPU is."""
+    import ctypes
+
+    bits = ctypes.c_uint32(0)
+    _engine.check(_engine.lib.ote_features(ctypes.byref(bits)), "ote_features")
+    return {name for name, bit in _FEATURES.items() if bits.value & bit}
 
 from .engine import (  # noqa: E402
     MEM_HOST,

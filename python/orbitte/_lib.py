@@ -117,6 +117,8 @@ class Notification(ctypes.Structure):
 # name: (restype, argtypes). Every call that can wait (ote_batch_wait, ote_notify_recv)
 # takes a deadline in C; ctypes.CDLL releases the GIL for the length of each call.
 _PROTOTYPES = {
+    "ote_version": (ctypes.c_char_p, []),
+    "ote_features": (status_t, [ctypes.POINTER(ctypes.c_uint32)]),
     "ote_config_create": (status_t, [ctypes.POINTER(c_void_p)]),
     "ote_config_set": (status_t, [c_void_p, ctypes.c_char_p, ctypes.c_char_p]),
     "ote_config_get": (status_t, [c_void_p, ctypes.c_char_p, ctypes.c_char_p, c_size_t]),
@@ -129,6 +131,10 @@ _PROTOTYPES = {
         [c_void_p, ctypes.POINTER(NicStats), c_size_t, ctypes.POINTER(c_size_t)],
     ),
     "ote_engine_gpu_stats": (status_t, [c_void_p, c_void_p]),
+    "ote_engine_topology": (
+        status_t,
+        [c_void_p, ctypes.c_char_p, c_size_t, ctypes.POINTER(c_size_t)],
+    ),
     "ote_engine_metadata": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.POINTER(c_size_t)]),
     "ote_engine_metadata_buffers": (
         status_t,

@@ -161,7 +161,7 @@ class Registration:
 class SharedMemory:
     """Host memory from ote_memory_alloc_shared (Engine.alloc_shared): a same-host peer
     maps it, so that requests over shm whose local buffer lies in it are copied by the
-    peer with one memcpy instead of a cross-memory-attach call (README "Same host").
+    peer with one memcpy instead of a cross-memory-attach call (docs/performance.md "Same host").
     `view` is a writable memoryview of its `length` bytes (zeroed at first), usable as
     any local buffer (numpy.frombuffer(shm.view, numpy.uint8) too) and registrable. Free
     it with free() (or leave the `with` block) once no request uses it and it is

@@ -22,8 +22,9 @@ Conventions kept (from Mooncake's pybind module and its callers):
   with an ERROR: OrbitTE has no name service yet.
 - MC_TRANSFER_TIMEOUT (seconds, at least 5; default 30) becomes transfer_timeout_ms and
   the synchronous calls' deadline (plus 1 ns per byte, as Mooncake); MC_FORCE_TCP=1 maps
-  any protocol to tcp; MC_LOG_LEVEL to log_level; MC_GID_INDEX to rdma_gid_index: each
-  logged once at INFO when applied.
+  any protocol to tcp; MC_LOG_LEVEL to log_level; MC_GID_INDEX to rdma_gid_index (a
+  negative one, Mooncake's "choose", leaves the engine's ranked choice): each logged once
+  at INFO when applied.
 - get_notifies() drains every queued notification as TransferNotify(name, msg).
 - Remote addresses are the peer's absolute addresses inside its registered memory.
 - Threads: no lock of this module or of the engine is held across a network call; a
@@ -124,8 +125,10 @@ def _env_config():
         if mapped:
             cfg["log_level"] = mapped
             log.info("MC_LOG_LEVEL=%s: log_level=%s", level, mapped)
-    gid = os.environ.get("MC_GID_INDEX")
-    if gid:
+    gid = os.environ.get("MC_GID_INDEX", "").strip()
+    if gid.startswith("-") and gid[1:].isdigit():  # Mooncake's "choose one": ours ranks
+        log.info("MC_GID_INDEX=%s: automatic GID choice", gid)
+    elif gid:  # anything else is the engine's to check (0..255; else initialize fails)
         cfg["rdma_gid_index"] = gid
         log.info("MC_GID_INDEX=%s: rdma_gid_index=%s", gid, gid)
     return cfg

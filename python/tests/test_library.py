@@ -88,3 +88,84 @@ def test_library_search_order(tmp_path):
     r = _import_in_child(str(src_tree / "python"), None)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(src_tree / "bazel-bin" / "engine" / "liborbitte.so")
+
+
+def _dynamic_section(path):
+    return subprocess.run(["readelf", "-d", path], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _header_version():
+    text = open(HEADERS[0]).read()
+    parts = [re.search(r"#define OTE_VERSION_%s (\d+)" % p, text).group(1)
+             for p in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(parts)
+
+
+def test_versions_agree():
+    """ote.h's OTE_VERSION_*, ote_version(), orbitte.__version__ and the SONAME's major."""
+    v = _header_version()
+    assert orbitte.library_version() == v
+    assert orbitte.__version__ == v
+    soname = re.search(r"\(SONAME\)\s+Library soname: \[(.*?)\]",
+                       _dynamic_section(orbitte.library_path))
+    assert soname is not None, "liborbitte.so has no SONAME"
+    assert soname.group(1) == "liborbitte.so.%s" % v.split(".")[0]
+
+
+def test_no_needless_dependencies():
+    """A C11 library: no C++ runtime; libibverbs is loaded at run time (verbs/ibverbs_dl.h),
+    so tcp and shm users need no rdma-core, and no ibv_ symbol is left undefined."""
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.*?)\]",
+                        _dynamic_section(orbitte.library_path))
+    assert not [n for n in needed if "stdc++" in n or "ibverbs" in n or "mlx5" in n], needed
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", orbitte.library_path],
+                               check=True, capture_output=True, text=True).stdout
+    assert not re.search(r"\bibv_|\b_ibv_", undefined), undefined
+
+
+def test_features():
+    f = orbitte.features()
+    assert {"verbs_sim", "auth"} <= f
+    assert f <= {"rdma_core", "verbs_sim", "cuda", "auth"}
+
+
+def _features_in_child(env_extra):
+    env = dict(os.environ, **env_extra)
+    code = "import orbitte; print(sorted(orbitte.features()))"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_features_follow_the_libraries_found():
+    """rdma_core and cuda say whether each library loads: pointed at a missing file they
+    are absent (tests/engine:version_test checks present ones, with the fake driver)."""
+    missing = _features_in_child({"OTE_IBVERBS_LIBRARY": "/nonexistent/libibverbs.so.1",
+                                  "OTE_CUDA_LIBRARY": "/nonexistent/libcuda.so.1"})
+    assert "rdma_core" not in missing and "cuda" not in missing
+
+
+def test_rdma_without_libibverbs_fails_naming_the_library():
+    """transports=rdma over rdma-core on a machine without libibverbs: engine creation
+    fails with a status and an ERROR naming the library; tcp in the same process works."""
+    code = """
+import orbitte
+try:
+    orbitte.Engine({"transports": "rdma", "verbs_provider": "rdma-core", "log_level": "error"})
+except orbitte.OrbitteError as e:
+    print("refused", e.name)
+with orbitte.Engine({"transports": "tcp"}) as a, orbitte.Engine({"transports": "tcp"}) as b:
+    buf = bytearray(b"x" * 4096)
+    reg = b.register(bytearray(4096))
+    a.write(b.address, buf, reg.address)
+    print("tcp ok")
+"""
+    env = dict(os.environ, OTE_IBVERBS_LIBRARY="/nonexistent/libibverbs.so.1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "refused OTE_ERR_UNSUPPORTED" in r.stdout, r.stdout + r.stderr
+    assert "tcp ok" in r.stdout, r.stdout + r.stderr
+    assert "cannot load /nonexistent/libibverbs.so.1" in r.stderr, r.stderr

@@ -234,6 +234,25 @@ def test_initialize_conventions(caplog, monkeypatch):
     te.close()
 
 
+def test_mc_gid_index_maps_to_rdma_gid_index(caplog, monkeypatch):
+    """MC_GID_INDEX becomes rdma_gid_index (INFO); a negative one is Mooncake's "choose
+    one" and leaves the engine's ranked choice; one the engine refuses fails initialize."""
+    with caplog.at_level(logging.INFO, logger="orbitte.mooncake"):
+        monkeypatch.setenv("MC_GID_INDEX", "3")
+        assert mooncake._env_config()["rdma_gid_index"] == "3"
+        assert "MC_GID_INDEX=3: rdma_gid_index=3" in caplog.text
+        monkeypatch.setenv("MC_GID_INDEX", "-1")
+        assert "rdma_gid_index" not in mooncake._env_config()
+        assert "MC_GID_INDEX=-1: automatic GID choice" in caplog.text
+        te = mooncake.TransferEngine()
+        assert te.initialize(HOST, mooncake.P2PHANDSHAKE, "tcp", "") == 0
+        te.close()
+        monkeypatch.setenv("MC_GID_INDEX", "256")  # past a QP's 8-bit source GID index
+        te = mooncake.TransferEngine()
+        assert te.initialize(HOST, mooncake.P2PHANDSHAKE, "tcp", "") == -1
+        te.close()
+
+
 def test_install_makes_mooncake_engine_resolve_here(monkeypatch):
     import sys
     monkeypatch.delitem(sys.modules, "mooncake", raising=False)

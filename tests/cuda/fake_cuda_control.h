@@ -14,6 +14,11 @@
  *   FAKE_CUDA_MAX_DELAY_US  upper bound of the random delay a stream worker waits before
  *                           each queued operation (default 200; 0 = no delay)
  *   FAKE_CUDA_INIT_FAIL     if set, cuInit returns CUDA_ERROR_NO_DEVICE (100)
+ *   FAKE_CUDA_PCI_BUS_IDS   the devices' PCI addresses, "dddd:bb:dd.f" joined by ',' (device
+ *                           0 first); a device past the list is at 0000:<0x18+dev>:00.0 (the
+ *                           default for all). cuDeviceGetPCIBusId and the PCI domain, bus and
+ *                           device attributes answer from it; a malformed list makes cuInit
+ *                           return CUDA_ERROR_INVALID_VALUE (1)
  *
  * All functions are thread-safe. Counters are a snapshot taken under the fake's locks.
  *

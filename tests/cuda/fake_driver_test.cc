@@ -47,6 +47,8 @@ struct Api {
     decltype(&cuInit) Init = nullptr;
     decltype(&cuDeviceGetCount) DeviceGetCount = nullptr;
     decltype(&cuDeviceGetName) DeviceGetName = nullptr;
+    decltype(&cuDeviceGetPCIBusId) DeviceGetPCIBusId = nullptr;
+    decltype(&cuDeviceGetAttribute) DeviceGetAttribute = nullptr;
     decltype(&cuDevicePrimaryCtxRetain) PrimaryCtxRetain = nullptr;
     decltype(&cuDevicePrimaryCtxRelease) PrimaryCtxRelease = nullptr;
     decltype(&cuCtxSetCurrent) CtxSetCurrent = nullptr;
@@ -127,6 +129,8 @@ struct Api {
         FK_LOAD(Init, "cuInit");
         FK_LOAD(DeviceGetCount, "cuDeviceGetCount");
         FK_LOAD(DeviceGetName, "cuDeviceGetName");
+        FK_LOAD(DeviceGetPCIBusId, "cuDeviceGetPCIBusId");
+        FK_LOAD(DeviceGetAttribute, "cuDeviceGetAttribute");
         FK_LOAD(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
         FK_LOAD(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease");
         FK_LOAD(CtxSetCurrent, "cuCtxSetCurrent");
@@ -419,6 +423,31 @@ int ChildFreshProcess() {
     return 0;
 }
 
+// FAKE_CUDA_PCI_BUS_IDS="0000:1b:00.0,0001:2c:03.1" with FAKE_CUDA_DEVICES=3: devices 0
+// and 1 at the listed addresses, device 2 past the list at the default 0000:1a:00.0; the
+// bus id and the PCI attributes agree. FAKE_CHILD_PCI_BAD set: the list is malformed and
+// cuInit fails with CUDA_ERROR_INVALID_VALUE.
+int ChildPciBusIds() {
+    Api &a = A();
+    if (std::getenv("FAKE_CHILD_PCI_BAD") != nullptr)
+        return a.Init(0) == CUDA_ERROR_INVALID_VALUE ? 0 : 80;
+    if (a.Init(0) != CUDA_SUCCESS) return 81;
+    const char *want[3] = {"0000:1b:00.0", "0001:2c:03.1", "0000:1a:00.0"};
+    const int attrs[3][3] = {{0, 0x1b, 0}, {1, 0x2c, 3}, {0, 0x1a, 0}};
+    for (int d = 0; d < 3; d++) {
+        char bus[32] = {};
+        if (a.DeviceGetPCIBusId(bus, sizeof(bus), d) != CUDA_SUCCESS) return 82;
+        if (std::strcmp(bus, want[d]) != 0) return 83 + d;
+        int dom = -1, b = -1, dv = -1;
+        if (a.DeviceGetAttribute(&dom, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, d) != CUDA_SUCCESS ||
+            a.DeviceGetAttribute(&b, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, d) != CUDA_SUCCESS ||
+            a.DeviceGetAttribute(&dv, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, d) != CUDA_SUCCESS)
+            return 86;
+        if (dom != attrs[d][0] || b != attrs[d][1] || dv != attrs[d][2]) return 87 + d;
+    }
+    return 0;
+}
+
 int RunChildIfAsked() {
     const char *mode = std::getenv("FAKE_CHILD_MODE");
     if (mode == nullptr) return 0;
@@ -428,6 +457,7 @@ int RunChildIfAsked() {
     if (std::strcmp(mode, "ipc_import_fails") == 0) rc = ChildIpcImportFails();
     if (std::strcmp(mode, "vmm_import") == 0) rc = ChildVmmImport();
     if (std::strcmp(mode, "fresh") == 0) rc = ChildFreshProcess();
+    if (std::strcmp(mode, "pci") == 0) rc = ChildPciBusIds();
     if (rc != 0) std::fprintf(stderr, "fake_driver_test child %s failed at step %d\n", mode, rc);
     std::fflush(stdout);
     std::exit(rc);
@@ -527,6 +557,17 @@ TEST_F(FakeDriverTest, ResolvesBaseNamesToVersionedExports) {
 TEST_F(FakeDriverTest, FreshProcessNeedsInitAndHasPerDeviceCapacity) {
     pid_t pid =
         SpawnChild({"FAKE_CHILD_MODE=fresh", "FAKE_CUDA_DEVICES=2", "FAKE_CUDA_MEM_BYTES=1048576"});
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(WaitChild(pid), 0);
+}
+
+TEST_F(FakeDriverTest, PciBusIdsComeFromTheEnvironment) {
+    pid_t pid = SpawnChild({"FAKE_CHILD_MODE=pci", "FAKE_CUDA_DEVICES=3",
+                            "FAKE_CUDA_PCI_BUS_IDS=0000:1b:00.0,0001:2c:03.1"});
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(WaitChild(pid), 0);
+    pid = SpawnChild({"FAKE_CHILD_MODE=pci", "FAKE_CHILD_PCI_BAD=1",
+                      "FAKE_CUDA_PCI_BUS_IDS=0000:1b:00.0,1b:00.0"});
     ASSERT_GT(pid, 0);
     EXPECT_EQ(WaitChild(pid), 0);
 }

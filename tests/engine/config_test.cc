@@ -78,6 +78,10 @@ TEST_F(ConfigTest, InvalidValuesAreRefusedAndChangeNothing) {
     EXPECT_EQ(ote_config_set(cfg_, "log_level", "loud"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(cfg_, "verbs_provider", "magic"), OTE_ERR_INVALID);
     EXPECT_EQ(ote_config_set(nullptr, "transport", "tcp"), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_config_set(cfg_, "rdma_topology", std::string(1024, 'f').c_str()),
+              OTE_ERR_INVALID);
+    EXPECT_TRUE(LogContains("rdma_topology"));
+    EXPECT_EQ(Get("rdma_topology"), "");
     EXPECT_EQ(Get("transport"), "");
     EXPECT_EQ(Get("tcp_connections"), "4");
     EXPECT_TRUE(LogContains("invalid tcp_connections=\"0\""));
@@ -296,6 +300,9 @@ const std::map<std::string, Sample> &Samples() {
         {"rdma_srq_slots", {"1024", [](R r) { return r.rdma_srq_slots == 1024; }}},
         {"rdma_max_peers", {"100", [](R r) { return r.rdma_max_peers == 100; }}},
         {"rdma_device", {"mlx5_3", [](R r) { return std::string(r.rdma_device) == "mlx5_3"; }}},
+        {"rdma_topology",
+         {"/etc/orbitte/topology",
+          [](R r) { return std::string(r.rdma_topology) == "/etc/orbitte/topology"; }}},
         {"rdma_devices",
          {"sim0, sim1", [](R r) { return std::string(r.rdma_devices) == "sim0, sim1"; }}},
         {"rdma_exclude", {"mlx5_1", [](R r) { return std::string(r.rdma_exclude) == "mlx5_1"; }}},
@@ -303,6 +310,17 @@ const std::map<std::string, Sample> &Samples() {
         {"rdma_pin",
          {"sim0:1:0,sim1:2:255",
           [](R r) { return std::string(r.rdma_pin) == "sim0:1:0,sim1:2:255"; }}},
+        {"rdma_port", {"2", [](R r) { return r.rdma_port == 2; }}},
+        {"rdma_gid_index", {"0", [](R r) { return r.rdma_gid_index == 0; }}},
+        {"rdma_traffic_class", {"106", [](R r) { return r.rdma_traffic_class == 106; }}},
+        {"rdma_service_level", {"15", [](R r) { return r.rdma_service_level == 15; }}},
+        {"rdma_mtu",
+         {"2048",
+          [](R r) {
+              return r.rdma_mtu == 4 /* IBV_MTU_2048 */ && std::string(r.rdma_mtu_text) == "2048";
+          }}},
+        {"rdma_sysfs_root",
+         {"/host/sys", [](R r) { return std::string(r.rdma_sysfs_root) == "/host/sys"; }}},
         {"rdma_grant_max", {"1G", [](R r) { return r.rdma_grant_max == (1ull << 30); }}},
         // 2^40 does not fit 32 bits: the table stores this key's full width.
         {"rdma_max_inflight", {"1024G", [](R r) { return r.rdma_max_inflight == (1ull << 40); }}},
@@ -426,6 +444,82 @@ TEST_F(ConfigTableTest, BooleansAndListsKeepTheirRulesAndMessages) {
     ExpectErrorLogsIn([&] { EXPECT_EQ(ote__config_resolve(cfg_, &r), OTE_ERR_INVALID); });
     EXPECT_TRUE(LogContains(
         "invalid register_thp=\"yes\" (from environment): expected one of \"0\" \"1\""));
+}
+
+// The route and address-vector keys: defaults, the good values at their edges, the bad
+// ones refused at ote_config_set with a message naming the key and what it accepts, and
+// rdma_port / rdma_gid_index refused beside rdma_pin (which opens no other device).
+TEST_F(ConfigTableTest, RdmaRouteAndAddressVectorKeys) {
+    ote__cfg_t r;
+    ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
+    EXPECT_EQ(r.rdma_port, OTE__CFG_UNSET);
+    EXPECT_EQ(r.rdma_gid_index, OTE__CFG_UNSET);
+    EXPECT_EQ(r.rdma_traffic_class, 0u);
+    EXPECT_EQ(r.rdma_service_level, 0u);
+    EXPECT_EQ(r.rdma_mtu, 0u);
+    EXPECT_STREQ(r.rdma_sysfs_root, "");
+    struct Case {
+        const char *key;
+        std::vector<const char *> good, bad;
+        const char *expected;
+    };
+    const std::vector<Case> cases = {
+        {"rdma_gid_index",
+         {"0", "7", "255", ""},
+         {"-1", "256", "x", "3 ", " 3", "0x3", "65535"},
+         "expected an integer in [0, 255], or \"\" (automatic)"},
+        {"rdma_port",
+         {"1", "255", ""},
+         {"0", "256", "-1", "p1"},
+         "expected an integer in [1, 255]"},
+        {"rdma_traffic_class",
+         {"0", "104", "255"},
+         {"256", "-1", "", "ef"},
+         "expected an integer in [0, 255]"},
+        {"rdma_service_level",
+         {"0", "3", "15"},
+         {"16", "-1", "", "255"},
+         "expected an integer in [0, 15]"},
+        {"rdma_mtu",
+         {"256", "512", "1024", "2048", "4096", ""},
+         {"1500", "9000", "8192", "128", "4K", "0", " 1024"},
+         "expected 256, 512, 1024, 2048 or 4096 (bytes), or \"\" (none)"},
+    };
+    for (const auto &c : cases) {
+        for (const char *g : c.good)
+            EXPECT_EQ(ote_config_set(cfg_, c.key, g), OTE_OK) << c.key << "=" << g;
+        for (const char *b : c.bad) {
+            EXPECT_EQ(ote_config_set(cfg_, c.key, b), OTE_ERR_INVALID) << c.key << "=" << b;
+            EXPECT_TRUE(
+                LogContains(std::string("invalid ") + c.key + "=\"" + b + "\": " + c.expected))
+                << c.key << "=" << b;
+        }
+    }
+    // The numeric forms: IBV_MTU_* for rdma_mtu (1 = 256 .. 5 = 4096).
+    const std::pair<const char *, uint32_t> mtus[] = {{"256", 1},  {"512", 2},  {"1024", 3},
+                                                      {"2048", 4}, {"4096", 5}, {"", 0}};
+    for (const auto &m : mtus) {
+        ASSERT_EQ(ote_config_set(cfg_, "rdma_mtu", m.first), OTE_OK);
+        ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
+        EXPECT_EQ(r.rdma_mtu, m.second) << m.first;
+    }
+    // Environment values are checked the same way, naming their source.
+    setenv("OTE_RDMA_SERVICE_LEVEL", "16", 1); // cfg_ has the key set: set wins, so none
+    ExpectErrorLogsIn([&] { EXPECT_EQ(ote__config_resolve(nullptr, &r), OTE_ERR_INVALID); });
+    EXPECT_TRUE(LogContains("invalid rdma_service_level=\"16\" (from environment)"));
+    unsetenv("OTE_RDMA_SERVICE_LEVEL");
+    // Beside rdma_pin: refused, whichever of the two is set.
+    ASSERT_EQ(ote_config_set(cfg_, "rdma_pin", "sim0:1:3"), OTE_OK);
+    ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
+    for (const char *key : {"rdma_gid_index", "rdma_port"}) {
+        ote_config_t *c = nullptr;
+        ASSERT_EQ(ote_config_create(&c), OTE_OK);
+        ASSERT_EQ(ote_config_set(c, "rdma_pin", "sim0:1:3"), OTE_OK);
+        ASSERT_EQ(ote_config_set(c, key, "1"), OTE_OK);
+        ExpectErrorLogsIn([&] { EXPECT_EQ(ote__config_resolve(c, &r), OTE_ERR_INVALID) << key; });
+        ote_config_destroy(c);
+    }
+    EXPECT_TRUE(LogContains("rdma_pin=sim0:1:3 names each device's port and GID index"));
 }
 
 TEST_F(ConfigTableTest, RdmaPinItemsParse) {

@@ -606,6 +606,12 @@ TEST(RdmaLimitsTest, ParentFailingMidwayReturnsItsReservation) {
     Rig rig(Rdma({{"rdma_max_grants", "4"}, {"rdma_grant_max", "1M"}, {"rdma_lanes", "1"}}),
             Rdma({{"rdma_lanes", "1"}}), 1, 1, kParentLen);
     rig.Open();
+    // Build every QP of both devices first: a QP built while the fault below is armed
+    // cannot be built at all, and its build then waits out connect deadlines (once seen
+    // to take 120 s under ASan) instead of testing the reservation's return.
+    rig.Run(OTE_WRITE, 0, 1);
+    ExpectDrained(rig);
+    ExpectSourceParentsReturned(rig.src_[0]);
     // Hits 1..4: the parent's reservation; 5: its first grant's admission; the rest fail.
     ASSERT_EQ(ote_fault_arm("qp.rq_admit", OTE_FAULT_FROM, 6, OTE_ERR_FAULT, 0), OTE_OK);
     rig.Run(OTE_WRITE, 0, 1, OTE_ERR_REMOTE_ACCESS);

@@ -714,8 +714,8 @@ TEST_F(RdmaPinTest, PinnedDeviceCarriesAllBytes) {
     // The context layer took the route from the strict pin and never opened sim0.
     bool pinned = false;
     for (const std::string &l : Logs())
-        pinned |= l.find("sim1: port 1 GID index 3 (type ") != std::string::npos &&
-                  l.find(") pinned,") != std::string::npos;
+        pinned |= l.find("sim1: port 1 GID index 3 ") != std::string::npos &&
+                  l.find("(RoCE v2, no netdev, pinned), NUMA node") != std::string::npos;
     EXPECT_TRUE(pinned);
     EXPECT_FALSE(LogContains(" sim0: port"));
     std::vector<uint8_t> src(kLen), dst(kLen, 0);

@@ -1,6 +1,6 @@
 // The device selector (//engine/rdma/selector) with a deterministic clock and injected
 // NUMA distances: allow/deny lists, ranks (best rank only, unknown topology ranks equal),
-// load by bytes in flight, the completion-rate EWMA steering slices towards the faster
+// rank tables per locality, load by bytes in flight, the completion-rate EWMA steering slices towards the faster
 // NIC, inactive devices and masks, and its counters.
 #include <gtest/gtest.h>
 
@@ -320,6 +320,50 @@ TEST_F(SelectorTest, BadArguments) {
     ote_selector_stats_t st;
     EXPECT_EQ(ote_selector_stats(s_, OTE_SELECTOR_MAX_DEVICES, &st), OTE_ERR_NOT_FOUND);
     ote_selector_done(s_, 99, 1, 1); // ignored
+}
+
+// A locality with a rank table ranks by it (unplaced devices after every placed one),
+// picks go to its best rank only and share the load among equals; a locality without a
+// table keeps the NUMA distances; a later table replaces the first.
+TEST_F(SelectorTest, RankTablesReplaceDistancesForTheirLocality) {
+    ASSERT_NO_FATAL_FAILURE(Make());
+    int a = Add("a", 0), b = Add("b", 0), c = Add("c", 1);
+    const int loc = 70;
+    EXPECT_FALSE(ote_selector_has_ranks(s_, loc));
+    const int ranks[2] = {3, 0}; // a: 3, b: 0, c: past the table (unplaced)
+    ASSERT_EQ(ote_selector_set_ranks(s_, loc, ranks, 2), OTE_OK);
+    EXPECT_TRUE(ote_selector_has_ranks(s_, loc));
+    EXPECT_EQ(ote_selector_rank(s_, a, loc), 3);
+    EXPECT_EQ(ote_selector_rank(s_, b, loc), 0);
+    EXPECT_EQ(ote_selector_rank(s_, c, loc), 4) << "unplaced: after the worst placed rank";
+    for (int k = 0; k < 4; k++) EXPECT_EQ(Pick(1 << 20, loc), b);
+    EXPECT_EQ(Pick(1 << 20, loc, 1u << a | 1u << c), a) << "b masked out: the next rank";
+    // Node 1 keeps its distances: c is near.
+    EXPECT_EQ(ote_selector_rank(s_, c, 1), 10);
+    EXPECT_EQ(Pick(1 << 20, 1), c);
+    // Equal table ranks share the load.
+    const int equal[3] = {0, 0, -1};
+    ASSERT_EQ(ote_selector_set_ranks(s_, loc, equal, 3), OTE_OK);
+    EXPECT_EQ(ote_selector_rank(s_, c, loc), 1);
+    for (int i : {a, b, c}) ote_selector_done(s_, i, Stats(i).inflight, 1);
+    uint64_t before_a = Stats(a).picks, before_b = Stats(b).picks;
+    for (int k = 0; k < 8; k++) Pick(1 << 20, loc);
+    EXPECT_EQ(Stats(a).picks - before_a, 4u);
+    EXPECT_EQ(Stats(b).picks - before_b, 4u);
+    EXPECT_EQ(Stats(c).picks, 1u) << "c only took the node-1 pick";
+    // The best devices of a locality, among the active ones of a mask.
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, ~0u), 1u << a | 1u << b);
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, 1u << c), 1u << c);
+    ASSERT_EQ(ote_selector_set_active(s_, a, 0), OTE_OK);
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, ~0u), 1u << b);
+    EXPECT_EQ(ote_selector_best_mask(s_, loc, 1u << a), 0u) << "a is not active";
+    EXPECT_EQ(ote_selector_best_mask(s_, 1, ~0u), 1u << c);
+    // Bad arguments.
+    EXPECT_EQ(ote_selector_set_ranks(s_, -1, ranks, 2), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_selector_set_ranks(s_, OTE_SELECTOR_MAX_LOCS, ranks, 2), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_selector_set_ranks(s_, 1, nullptr, 2), OTE_ERR_INVALID);
+    EXPECT_EQ(ote_selector_set_ranks(s_, 1, ranks, OTE_SELECTOR_MAX_DEVICES + 1), OTE_ERR_INVALID);
+    EXPECT_FALSE(ote_selector_has_ranks(s_, 1));
 }
 
 // With hwloc's topology (use_topology): on this machine ranks are whatever hwloc knows;

@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "cq/workers.h"
+#include "verbs/sim/sim.h"
 }
 
 namespace {
@@ -451,6 +452,84 @@ TEST_F(QpTest, ReadDepthStaysWithinTheDeviceAndThePeersResponderDepth) {
     ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
     ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
     EXPECT_EQ(memcmp(mem_[0].data(), mem_[1].data(), 4096), 0);
+}
+
+// Ports with a 9000-byte netdev MTU (active MTU 4096) on both devices.
+class QpAddressVectorTest : public QpFixture {
+  protected:
+    void SetUp() override {
+        QpFixture::SetUp();
+        Start(false,
+              "dev=sim0,numa=0;port,mtu=9000;gid=auto-v4,type=v2;"
+              "dev=sim1,numa=1;port,mtu=9000;gid=auto-v4,type=v2");
+    }
+    ibv_qp_attr Query(ote_qp_t *qp) {
+        ibv_qp_attr attr;
+        ibv_qp_init_attr init;
+        memset(&attr, 0, sizeof(attr));
+        EXPECT_EQ(
+            v_->ops->query_qp(v_, ote_qp_native(qp), &attr, IBV_QP_AV | IBV_QP_PATH_MTU, &init), 0);
+        return attr;
+    }
+};
+
+// Each end connects with its own traffic class and service level in the address vector,
+// and with the path MTU min(its port's active MTU, the peer's, its clamp): the clamped
+// end tells its peer the clamped MTU, so both ends agree. A service level past 4 bits is
+// refused at create. Bytes still move.
+TEST_F(QpAddressVectorTest, TrafficClassServiceLevelAndMtuClampReachTheQps) {
+    ote_qp_config_t ca = Config();
+    ca.traffic_class = 106; // DSCP 26, ECN 2
+    ca.service_level = 3;
+    ca.max_path_mtu = IBV_MTU_2048;
+    ote_qp_config_t cb = Config();
+    cb.traffic_class = 184; // DSCP 46
+    cb.service_level = 5;
+    ote_qp_t *a = MakeQp(0, ca);
+    ote_qp_t *b = MakeQp(1, cb);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    ote_qp_path_t pa, pb;
+    ote_qp_local_path(a, &pa);
+    ote_qp_local_path(b, &pb);
+    EXPECT_EQ(pa.mtu, IBV_MTU_2048); // active 4096, clamped
+    EXPECT_EQ(pb.mtu, IBV_MTU_4096);
+    ASSERT_EQ(ConnectPair(a, b), OTE_OK);
+    ibv_qp_attr qa = Query(a), qb = Query(b);
+    EXPECT_EQ(qa.ah_attr.grh.traffic_class, 106);
+    EXPECT_EQ(qa.ah_attr.sl, 3);
+    EXPECT_EQ(qa.path_mtu, IBV_MTU_2048);
+    EXPECT_EQ(qb.ah_attr.grh.traffic_class, 184);
+    EXPECT_EQ(qb.ah_attr.sl, 5);
+    EXPECT_EQ(qb.path_mtu, IBV_MTU_2048); // the peer's clamped MTU
+    // The sim's record of the same connections.
+    ote_sim_qp_path_t paths[8];
+    size_t n = 0;
+    ASSERT_EQ(ote_sim_qp_paths(sim_, paths, 8, &n), OTE_OK);
+    ASSERT_EQ(n, 2u);
+    EXPECT_STREQ(paths[0].dev, "sim0");
+    EXPECT_EQ(paths[0].qp_num, ote_qp_native(a)->qp_num);
+    EXPECT_EQ(paths[0].traffic_class, 106);
+    EXPECT_EQ(paths[0].sl, 3);
+    EXPECT_EQ(paths[1].traffic_class, 184);
+    EXPECT_EQ(paths[1].path_mtu, IBV_MTU_2048);
+
+    for (size_t i = 0; i < 8192; i++) mem_[0][i] = (uint8_t)(i * 11 + 3);
+    Wr w;
+    Rdma(&w, 0, 1, IBV_WR_RDMA_WRITE, 0, 8192);
+    ote_qp_post_result_t res;
+    ASSERT_EQ(ote_qp_post_send(a, &w.wr, Soon(), &res), OTE_OK);
+    ASSERT_EQ(ote_qp_wait_idle(a, Soon()), OTE_OK);
+    EXPECT_EQ(memcmp(mem_[0].data(), mem_[1].data(), 8192), 0);
+
+    ote_qp_config_t bad = Config();
+    bad.service_level = 16;
+    ote_qp_t *q = nullptr;
+    EXPECT_EQ(ote_qp_create(lane_[0], &bad, &q), OTE_ERR_INVALID);
+    bad = Config();
+    bad.max_path_mtu = (ibv_mtu)6;
+    EXPECT_EQ(ote_qp_create(lane_[0], &bad, &q), OTE_ERR_INVALID);
+    EXPECT_EQ(q, nullptr);
 }
 
 } // namespace

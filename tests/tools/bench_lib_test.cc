@@ -148,7 +148,7 @@ TEST_F(BenchLibTest, FormatSizeIsExactAndShort) {
 TEST_F(BenchOptionsTest, DefaultsWithNoArguments) {
     ASSERT_EQ(Parse({}), 0) << err_;
     EXPECT_EQ(o_.role, BENCH_ROLE_INITIATOR);
-    EXPECT_STREQ(o_.transport, "tcp");
+    EXPECT_STREQ(o_.transport, "shm,tcp"); // the library's default transports
     EXPECT_EQ(o_.op, BENCH_OP_WRITE);
     ASSERT_EQ(o_.n_block_sizes, 4u);
     EXPECT_EQ(o_.block_sizes[0], 4096u);

@@ -5,7 +5,7 @@
 # each verdict is checked: the asserted path passes; another path, a failed check, a
 # missing line or a non-zero exit fails; GPUDirect that comes out staged over a real
 # driver is a SKIP but a FAIL over the fake; a figure of another path is no figure. The
-# real runs of the phase are `scripts/gpu_check.sh --fake` (README, "Testing without
+# real runs of the phase are `scripts/gpu_check.sh --fake` (docs/testing.md, "Testing without
 # hardware"); this test keeps its verdicts from drifting. About a second.
 #
 # Usage (from Bazel): gpu_check_engine_test.sh <gpu_check_engine.sh> <gpu_check.sh>

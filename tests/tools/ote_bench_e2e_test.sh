@@ -7,7 +7,7 @@
 # the check really looks at the bytes. Every run is bounded by `timeout`.
 #
 # Device memory (--local-mem/--remote-mem cuda:0) runs over the fake libcuda (its path the
-# second argument), which is how the README's test mode runs it.
+# second argument), which is how the test mode of docs/performance.md runs it.
 #
 # Usage (from Bazel): ote_bench_e2e_test.sh <path to ote_bench> <path to libfake_cuda.so>
 set -u
@@ -23,10 +23,14 @@ pass() { PASSED=$((PASSED + 1)); echo "PASS: $1"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL: $1"; }
 
 # run NAME EXPECTED_RC ARGS... : runs ote_bench, keeps stdout/stderr in $TMP/NAME.{out,err}.
+# Runs that name no transport run over tcp (the bench's default is the library's shm,tcp,
+# which on one host is shm; default_transport runs with it), unless NO_TCP=1.
 run() {
-    local name="$1" want="$2"
+    local name="$1" want="$2" t=(--transport tcp)
     shift 2
-    timeout -k 5 120 "$BENCH" --no-progress "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
+    case " $* " in *" --transport "* | *" --transports "*) t=() ;; esac
+    [ "${NO_TCP:-0}" = 1 ] && t=()
+    timeout -k 5 120 "$BENCH" --no-progress "${t[@]}" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
     local rc=$?
     if [ "$rc" -ne "$want" ]; then
         fail "$name: exit status $rc, want $want"
@@ -94,6 +98,12 @@ if run write_check 0 --op write --block-size 4K,4097 "${COMMON[@]}"; then
 fi
 if run read_check 0 --op read --block-size 4K,4097 "${COMMON[@]}"; then
     json_ok read_check 4 ok 1048576
+fi
+
+# With no --transport the bench takes the library's default list, shm,tcp (the JSON names the list).
+if NO_TCP=1 run default_transport 0 --op write --block-size 4K --batch-size 4 --total-bytes 64K \
+    --json --check; then
+    json_ok default_transport 1 ok 65536 "shm,tcp"
 fi
 
 # Three batches in flight per thread, each on its own slots.

@@ -73,7 +73,7 @@ class SimBw : public ote_test::VerbsFixture {
         }
         auto s = Poll(scq, kWrs, 60 * OTE_NSEC_PER_SEC);
         EXPECT_EQ(s.size(), (size_t)kWrs);
-        for (auto &wc : s) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+        for (auto &wc : s) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "wc status " << wc.status;
         if (op == IBV_WR_SEND) {
             auto r = Poll(rcq, kWrs, 60 * OTE_NSEC_PER_SEC);
             EXPECT_EQ(r.size(), (size_t)kWrs);
@@ -167,7 +167,7 @@ TEST_F(SimBw, ManyQpsShareALimitedPortWithoutStarving) {
     }
     auto s = Poll(scq, kQps, 120 * OTE_NSEC_PER_SEC);
     ASSERT_EQ(s.size(), (size_t)kQps);
-    for (auto &wc : s) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    for (auto &wc : s) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "wc status " << wc.status;
     EXPECT_TRUE(src->mem == dst->mem);
     uint64_t n = (uint64_t)kWr * kQps;
     EXPECT_GE(ote_now_ns() - t0, (n - kSlow / 100) * 9 / 10 * OTE_NSEC_PER_SEC / kSlow);

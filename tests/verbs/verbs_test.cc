@@ -151,6 +151,26 @@ TEST_F(VerbsTest, RdmaCoreOpensWithCompleteTable) {
     ote_verbs_close(v);
 }
 
+// rdma-core's configuration: nothing, or where sysfs is mounted for its own reads (a
+// device's NUMA node: README "rdma_sysfs_root"); anything else is refused, never ignored.
+TEST_F(VerbsTest, RdmaCoreConfigurationNamesOnlyTheSysfsRoot) {
+    for (const char *good : {"", "sysfs_root=/host/sys", "sysfs_root=/"}) {
+        ote_verbs_t *v = nullptr;
+        ASSERT_EQ(ote_verbs_open("rdma-core", good, &v), OTE_OK) << good;
+        ote_verbs_close(v);
+    }
+    for (const char *bad :
+         {"sysfs_root=", "sysfs_root=host/sys", "sysroot=/sys", "x", " sysfs_root=/s"}) {
+        ote_verbs_t *v = nullptr;
+        EXPECT_EQ(ote_verbs_open("rdma-core", bad, &v), OTE_ERR_INVALID) << bad;
+        EXPECT_EQ(v, nullptr) << bad;
+    }
+    std::string long_root = "sysfs_root=/" + std::string(300, 'd');
+    ote_verbs_t *v = nullptr;
+    EXPECT_EQ(ote_verbs_open("rdma-core", long_root.c_str(), &v), OTE_ERR_INVALID);
+    EXPECT_TRUE(LogContains("known: sysfs_root=/PATH"));
+}
+
 // The extended entries' argument rules need no device: an unknown create flag is refused
 // (never ignored), missing outputs are EINVAL, and a QP the instance never created with
 // flags reads back flags 0 (the table is looked up by pointer, the QP never touched).

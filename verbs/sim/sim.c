@@ -4,6 +4,7 @@
  * sim_internal.h for the object model and locking.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -313,4 +314,32 @@ uint64_t ote_sim_rnr_naks(void) { return atomic_load(&ote__sim_rnr_naks); }
 int ote_sim_device_count(const ote_verbs_t *v) {
     if (!ote_sim_is_sim(v)) return 0;
     return ((const sim_prov_t *)v->priv)->cfg.ndev;
+}
+
+ote_status_t ote_sim_qp_paths(const ote_verbs_t *v, ote_sim_qp_path_t *out, size_t cap,
+                              size_t *n_out) {
+    if (!ote_sim_is_sim(v) || !n_out || (cap > 0 && !out)) return OTE_ERR_INVALID;
+    sim_prov_t *p = to_sim_prov((ote_verbs_t *)v);
+    size_t n = 0;
+    ote_mutex_lock(&p->mu);
+    sim_qp_t *qp;
+    DL_FOREACH2(p->qp_list, qp, next) {
+        if (qp->state != IBV_QPS_RTR && qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD)
+            continue;
+        if (n < cap) {
+            ote_sim_qp_path_t *o = &out[n];
+            memset(o, 0, sizeof(*o));
+            snprintf(o->dev, sizeof(o->dev), "%s", qp->ctx->dev->ibdev.name);
+            o->qp_num = qp->ibqp.qp_num;
+            o->state = qp->state;
+            o->sgid_index = qp->attr.ah_attr.grh.sgid_index;
+            o->traffic_class = qp->attr.ah_attr.grh.traffic_class;
+            o->sl = qp->attr.ah_attr.sl;
+            o->path_mtu = qp->attr.path_mtu;
+        }
+        n++;
+    }
+    ote_mutex_unlock(&p->mu);
+    *n_out = n;
+    return OTE_OK;
 }

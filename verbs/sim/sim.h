@@ -138,6 +138,7 @@
 #define OTE_VERBS_SIM_SIM_H
 
 #include <infiniband/verbs.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -191,6 +192,23 @@ ote_status_t ote_sim_device_fatal(ote_verbs_t *v, const char *dev);
 
 /* Effective cap on the retry-exceeded time, in milliseconds. */
 uint32_t ote_sim_retry_cap_ms(const ote_verbs_t *v);
+
+/* What one QP of the instance is connected with: the address vector and path MTU of its
+ * last move to RTR (what a NIC would put on the wire: GRH traffic class, service level). */
+typedef struct ote_sim_qp_path {
+    char dev[64];
+    uint32_t qp_num;
+    enum ibv_qp_state state;
+    uint8_t sgid_index;
+    uint8_t traffic_class;
+    uint8_t sl;
+    enum ibv_mtu path_mtu;
+} ote_sim_qp_path_t;
+
+/* The instance's QPs in RTR, RTS or SQD, at most cap of them into out (creation order);
+ * *n_out = how many there are (may exceed cap). */
+ote_status_t ote_sim_qp_paths(const ote_verbs_t *v, ote_sim_qp_path_t *out, size_t cap,
+                              size_t *n_out);
 
 /* Number of devices of the instance. */
 int ote_sim_device_count(const ote_verbs_t *v);

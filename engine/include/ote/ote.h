@@ -27,126 +27,81 @@ extern "C" {
 
 #define OTE_API_VERSION 1
 
+/* The library's version; the shared library's SONAME is liborbitte.so.<OTE_VERSION_MAJOR>. */
+#define OTE_VERSION_MAJOR 1
+#define OTE_VERSION_MINOR 0
+#define OTE_VERSION_PATCH 0
+
+/* "MAJOR.MINOR.PATCH" of the library linked or loaded (which may be newer than the header
+ * a program was built with). Never fails; the string is static. */
+const char *ote_version(void);
+
+/* What this library can use on this machine, now (ote_features). */
+#define OTE_FEATURE_RDMA_CORE (1u << 0) /* libibverbs loads: transports=rdma on real NICs */
+#define OTE_FEATURE_VERBS_SIM (1u << 1) /* the software verbs provider (always built in) */
+#define OTE_FEATURE_CUDA (1u << 2)      /* a CUDA driver library loads (libcuda.so.1) */
+#define OTE_FEATURE_AUTH (1u << 3)      /* cluster-key authentication (always built in) */
+/* The OTE_FEATURE_* bits that hold, in *features_out: libibverbs and the CUDA driver are
+ * looked for ($OTE_IBVERBS_LIBRARY, $OTE_CUDA_LIBRARY, else their sonames) without
+ * opening a device or initialising the driver, so a bit says the library is there, not
+ * that a NIC or GPU is. OTE_ERR_INVALID for NULL. */
+ote_status_t ote_features(uint32_t *features_out);
+
 typedef struct ote_config ote_config_t;
 typedef struct ote_engine ote_engine_t;
 typedef struct ote_segment ote_segment_t;
 typedef struct ote_batch ote_batch_t;
 
 /* ---- configuration ------------------------------------------------------------------
- * Keys (the value is always a string; sizes accept K/M/G suffixes):
- *   transport            "tcp" (default) or "rdma". Never silently replaced by another.
- *   listen_address       "host:port" the engine listens on; "[v6]:port" for IPv6.
- *                        Default "127.0.0.1:0" (port 0 = any free port).
- *   advertise_address    "host:port" reported by ote_engine_address() and sent to peers
- *                        in place of the address listened on, whatever the listen
- *                        address (a wildcard, or a specific one behind NAT or a
- *                        container's published port); port 0 there means the port
- *                        listened on. Default "": the listen address, its wildcard host
- *                        (0.0.0.0, ::) replaced by the loopback address of its family.
- *   tcp_connections      data connections per peer (default 4).
- *   tcp_workers          transport worker threads (default 2).
- *   tcp_max_accepted     connections this engine accepts from requesters at once
- *                        (default 1024), counted per transport (TCP data connections,
- *                        and shm control sockets, each served by its own thread); more
- *                        are closed at once. An accepted connection
- *                        must finish its handshake within handshake_timeout_ms, and one
- *                        that owes answers or data must make progress at least every
- *                        transfer_timeout_ms, else it is closed (a WARN names the peer).
- *   slice_size           bytes per slice a request is cut into (default 1M).
- *   transfer_timeout_ms  deadline of every transfer (default 30000).
- *   connect_timeout_ms   deadline of a connection attempt and handshake (default 5000).
- *   handshake_timeout_ms deadline, from accept, of the HELLO (and, with a key, the proof)
- *                        of a connection this engine accepted (listener, shm socket): at
- *                        most connect_timeout_ms; a later one is closed with a
- *                        rate-limited WARN (default 5000).
- *   verbs_provider       "sim" or "rdma-core" (transport=rdma).
- *   sim_profile          verbs_provider=sim: the device profile every sim device takes,
- *                        "mlx5", "rxe", "nomw" or "small" (limits, memory windows,
- *                        scatter-to-CQE; verbs/sim/sim.h). Default: $OTE_SIM_PROFILE, else
- *                        "mlx5". An unknown name fails ote_engine_create.
- *   rdma_device          device name to pin (transport=rdma; default: automatic).
- *   rdma_devices         comma-separated device names the RDMA data path may use
- *                        (default: every device with an active port).
- *   rdma_exclude         comma-separated device names it never uses.
- *   rdma_lanes           CQ lanes (one worker thread each) per RDMA data device, 1..64
- *                        (default 2; independent of tcp_workers).
- *   rdma_srq_slots       receive buffers of each lane's shared receive queue, from which
- *                        every QP of the device takes its receives (grant receipts), so
- *                        peers cost no receive buffers of their own (default 0: half the
- *                        lane's receive CQ, e.g. 2048; clamped to the device's max_srq_wr
- *                        with an INFO line). A grant waits (AGAIN, asked again until its
- *                        deadline) while every slot is reserved for a receipt to come.
- *   rdma_max_peers       requesters this engine serves over rdma at once (their control
- *                        connections), 1..1048576 (default 4096); one more is refused with
- *                        a WARN naming this key, and its segment open fails
- *                        (OTE_ERR_PEER_LOST at the requester).
- *   rdma_recv_slots      receive slots of each QP that cannot use the SRQ (the direct
- *                        endpoints' QPs, in PDs of their own; every QP of a device without
- *                        SRQs), 1..4096 (default 256; clamped to max_qp_wr).
- *   Every depth is drawn from the device (query_device_ex at open): a lane's CQs hold at
- *   most max_cqe entries, a QP at most max_qp_wr WRs, its READ depth at most the device's
- *   and the peer's responder depth; a configured value above a limit is clamped with one
- *   INFO line naming both.
- *   rdma_pin             strict routes "device:port:gid_index" (port 1..255, GID index
- *                        0..255: a QP's source GID index is 8 bits), up to 8 distinct devices comma-separated: exactly those
- *                        devices are the data devices, each on that port and GID index
- *                        (overrides rdma_device / rdma_devices). A pinned device, port or
- *                        GID index the provider lacks fails ote_engine_create with
- *                        OTE_ERR_NO_DEVICE and an ERROR line; malformed text is
- *                        OTE_ERR_INVALID (at ote_config_set). With every data device's
- *                        port down the transport starts paused (see README).
- *   rdma_grant_mode      how this engine, as an RDMA source, lets a peer reach its host
- *                        memory: "mw" a type-2 memory window bound over exactly the
- *                        granted range, "mr" an MR registered for the grant over exactly
- *                        that range in a PD only the requester's QP reaches, "auto"
- *                        (default) mw when every data device has type-2 windows, else
- *                        mr. "mw" on a device without them fails ote_engine_create with
- *                        OTE_ERR_UNSUPPORTED and an ERROR line naming the key and the
- *                        device. Either way the peer reaches exactly the granted bytes,
- *                        and nothing after the grant's receipt (README "RDMA"). mr needs
- *                        a requester that follows the source's redirect (every engine
- *                        that advertises rdma_direct does); an older one is refused
- *                        OTE_ERR_UNSUPPORTED. MR cache policy: none, one registration
- *                        per grant, deregistered at the grant's end, because an MR kept
- *                        past the receipt would leave the range reachable after it; a
- *                        grant covers up to rdma_grant_max bytes, so the cost is one
- *                        registration per grant, not per slice.
- *   log_level            error|warn|info|debug|trace. A WARN that an event can repeat
- *                        per slice or per grant (a refused request, a failed grant, a
- *                        dead peer's windows) is logged once per event, at most once a
- *                        second per kind, the next line saying how many were swallowed.
- *   auth_key_file        path of the cluster key: a regular file of 32..4096 raw bytes
- *                        (e.g. `head -c 32 /dev/urandom`) that group and others can
- *                        neither read nor write (a symlink to one is followed, as
- *                        Kubernetes mounts secrets). Else ote_engine_create fails, at once
- *                        and with an ERROR line: OTE_ERR_NOT_FOUND when the path does not
- *                        exist; OTE_ERR_ACCESS when it is not a regular file (a directory,
- *                        a FIFO: never waited on) or group or others may read or write it;
- *                        OTE_ERR_INVALID when it holds fewer than 32 or more than 4096
- *                        bytes. The checks and the read use one open file, so a path
- *                        swapped meanwhile is never read. Every connection to this engine then proves the
- *                        key, and this engine proves it to every peer; a peer without the
- *                        same key fails with OTE_ERR_AUTH. Default "": no key.
- *   allow_unauthenticated "1" lets an engine without a key listen on a non-loopback
- *                        address (logged at WARN); otherwise ote_engine_create refuses it
- *                        with OTE_ERR_INVALID. Default "0".
- *   gpu_paths            paths device memory may take: a comma list of staging, ipc,
- *                        direct, or "" (none); default "staging". direct: GPUDirect RDMA
- *                        (README "GPU memory"): device memory registered here gets
- *                        dma-buf MRs, and a request whose local buffer lies in one moves
- *                        over an rdma segment with no staging.
- *                        ipc: CUDA IPC over an shm segment when both ends allow it and the
- *                        remote range is device memory registered with OTE_PERM_IPC
- *                        (README "GPU memory"). A request whose local buffer is device
- *                        memory fails at submit with OTE_ERR_UNSUPPORTED (logged) when
- *                        neither staging nor, for its segment, ipc is possible; a source
- *                        whose list lacks staging refuses requests on its device
- *                        registrations that it does not serve by IPC (OTE_ERR_UNSUPPORTED,
- *                        logged naming what is missing).
- *   gpu_staging_chunk    bytes of one pinned staging chunk (64K..64M, default 2M).
- *   gpu_staging_depth    staging chunks in flight per request (1..64, default 4).
- * Every key can also come from the environment as OTE_<KEY> (upper case); a value set
- * with ote_config_set() wins over the environment.
+ * Every value is a string (sizes accept K/M/G suffixes, powers of 1024). Each key's values,
+ * default and behaviour: docs/configuration.md, generated from engine/config.c's key table
+ * (CI checks that this list, the table and that file agree). Every key can also come from
+ * the environment as OTE_<KEY> (upper case); a value set with ote_config_set() wins.
+ *   transports           ordered transport list out of shm, tcp, rdma (default "shm,tcp")
+ *   transport            the one-element form of transports
+ *   shm_mode             auto (cross-memory attach where allowed) or ring
+ *   listen_address       "host:port" / "[v6]:port" of the one listening socket
+ *   advertise_address    the address peers are told, in place of the listen address
+ *   tcp_connections      TCP data connections per peer
+ *   tcp_workers          TCP worker threads
+ *   tcp_max_accepted     connections the listener holds at once
+ *   slice_size           bytes per slice a request is cut into
+ *   transfer_timeout_ms  deadline of every transfer
+ *   connect_timeout_ms   deadline of a connection attempt and handshake
+ *   handshake_timeout_ms deadline of an accepted connection's HELLO (and proof)
+ *   verbs_provider       rdma-core or sim
+ *   sim_profile          device profile of the sim's devices (mlx5, rxe, nomw, small)
+ *   rdma_device          one RDMA device to use alone
+ *   rdma_devices         the RDMA devices the data path may use
+ *   rdma_exclude         RDMA devices never used
+ *   rdma_topology        file: RDMA NICs in order per GPU and NUMA node (else hwloc)
+ *   rdma_lanes           CQ lanes (worker threads) per RDMA device
+ *   rdma_pin             strict routes "device:port:gid_index"
+ *   rdma_port            the port of every device rdma_pin does not name
+ *   rdma_gid_index       the GID index of every device rdma_pin does not name (strict)
+ *   rdma_traffic_class   GRH traffic class of every QP (RoCE v2: DSCP << 2 | ECN)
+ *   rdma_service_level   service level of every QP
+ *   rdma_mtu             largest path MTU (256..4096 bytes)
+ *   rdma_sysfs_root      where sysfs is mounted (default /sys)
+ *   rdma_grant_max       most bytes one RDMA grant covers
+ *   rdma_max_inflight    most bytes of RDMA requests in flight (0: no limit)
+ *   rdma_max_grants      most grant credits held by this engine's requests (0: no limit)
+ *   rdma_max_qps         most QPs this engine holds (0: no limit)
+ *   rdma_recv_slots      receive slots of a QP without the shared receive queue
+ *   rdma_srq_slots       receive buffers of each lane's shared receive queue
+ *   rdma_max_peers       requesters served over RDMA at once
+ *   rdma_max_send_wrs    most send WRs outstanding over every QP (0: no limit)
+ *   rdma_max_served_grants most grant credits a source reserves for its peers (0: no limit)
+ *   rdma_grant_mode      how a source grants host memory: auto, mw or mr
+ *   log_level            error, warn, info, debug or trace
+ *   auth_key_file        path of the cluster key (needed to listen off loopback)
+ *   allow_unauthenticated "1": listen off loopback without a key
+ *   gpu_paths            paths device memory may take: staging, ipc, direct
+ *   gpu_staging_chunk    bytes of one pinned staging chunk
+ *   gpu_staging_depth    staging chunks in flight per request
+ *   register_thp         "1": advise transparent huge pages for registered host memory
+ * RDMA depths are drawn from the device (query_device_ex at open): a configured value above
+ * a device limit is clamped with one INFO line naming both.
  */
 ote_status_t ote_config_create(ote_config_t **cfg_out);
 /* OTE_ERR_NOT_FOUND for an unknown key, OTE_ERR_INVALID for a malformed value. */
@@ -191,7 +146,19 @@ typedef struct {
 ote_status_t ote_engine_nic_stats(ote_engine_t *engine, ote_nic_stats_t *out, size_t cap,
                                   size_t *n_out);
 
-/* How device memory moved through this engine (README "GPU memory"), counters since
+/* The order in which the engine picks its data devices for memory of each CUDA device
+ * and of each NUMA node (docs/rdma.md, "Which NIC carries a buffer"): text, one line each,
+ *     gpu<N> <PCI bus id> <source>: <device>=<rank> ...
+ *     numa<N> <source>: <device>=<rank> ...
+ * devices best first (lower rank; equal ranks share the load). source: "pcie" (the PCIe
+ * tree: 0 same leaf switch, 1 same switch, 2 same socket, 3 elsewhere, 4 not placed),
+ * "file" (rdma_topology), "numa" (NUMA distances; a GPU the PCIe tree lacks ranks as its
+ * node) or "equal". GPUs are listed once the CUDA driver is loaded in the process. "" for
+ * an engine without RDMA. OTE_OK with *len_out the text's length (NUL written); cap too
+ * small: OTE_ERR_TOO_BIG with *len_out the size needed (NUL included), buf untouched. */
+ote_status_t ote_engine_topology(ote_engine_t *engine, char *buf, size_t cap, size_t *len_out);
+
+/* How device memory moved through this engine (docs/gpu.md), counters since
  * creation (the *_now fields are the current state). A request's path shows as the
  * counter it moved: staged (pinned chunks), ipc_copies (CUDA IPC, same host) or
  * direct_requests (GPUDirect RDMA). */
@@ -260,7 +227,7 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  *    invalidated by moving their QPs to the error state first). Only a requester that
  *    stays connected but stops making progress holds them until transfer_timeout_ms.
  *
- * Memory kinds (README "GPU memory"): the range is host memory, pinned host memory or
+ * Memory kinds (docs/gpu.md): the range is host memory, pinned host memory or
  * device memory of one CUDA device (ote_memory_query reports which). Device memory is
  * recognized when the CUDA driver is loaded in the process; a range that is not host
  * memory while no driver loads is refused with OTE_ERR_NO_DEVICE (logged, naming the
@@ -277,7 +244,7 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  * (OTE_ERR_INVALID) on a range that is not device memory. Reported by ote_memory_query;
  * peers' buffer discovery does not list it (their perms stay READ/WRITE). Same-host
  * peers over shm then copy the range by CUDA IPC where gpu_paths allows it on both sides
- * (README "GPU memory"); unregister is OTE_ERR_BUSY while a peer's IPC copy of it runs. */
+ * (docs/gpu.md); unregister is OTE_ERR_BUSY while a peer's IPC copy of it runs. */
 #define OTE_PERM_IPC 0x4u
 ote_status_t ote_memory_register(ote_engine_t *engine, void *addr, size_t len, unsigned perms);
 ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
@@ -291,7 +258,7 @@ ote_status_t ote_memory_unregister(ote_engine_t *engine, void *addr);
 ote_status_t ote_memory_register_named(ote_engine_t *engine, void *addr, size_t len, unsigned perms,
                                        const char *name);
 
-/* Shared host memory (README "Same host"): len bytes (rounded up to the page size) of
+/* Shared host memory (docs/performance.md, "Shared allocations"): len bytes (rounded up to the page size) of
  * zeroed host memory that a same-host peer can map too. Use it for the local buffers of
  * requests to same-host peers: over shm in cross-memory-attach mode the source then maps
  * the allocation once per connection (its memfd travels over the control socket) and
@@ -327,8 +294,8 @@ ote_status_t ote_memory_free_shared(ote_engine_t *engine, void *addr);
  * lists have nothing in common that reaches (both lists logged); OTE_ERR_INVALID for a
  * peer that is not "host:port". OTE_ERR_AUTH (logged on both
  * sides) when the two engines do not share a cluster key (auth_key_file): another key, or
- * a key on one side only. Over RDMA a segment is bound to the engine instance it met
- * (its epoch): once that engine is gone and another listens at the same address, the
+ * a key on one side only. A segment, over every transport, is bound to the engine
+ * instance it met (its epoch): once that engine is gone and another listens at the same address, the
  * segment's submits fail with OTE_ERR_PEER_LOST (a WARN says the peer restarted) and
  * nothing reaches the new instance; close it and open a new segment, which works at
  * once. */

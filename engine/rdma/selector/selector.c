@@ -36,6 +36,9 @@ struct ote_selector {
     /* hwloc's NUMA distances by OS index (-1: unknown); used when cfg.distance is NULL */
     int nnodes;
     int dist[SEL_MAX_NODES][SEL_MAX_NODES];
+    /* rank tables by locality (ote_selector_set_ranks); has[loc] 0: none */
+    uint8_t has[OTE_SELECTOR_MAX_LOCS];
+    int16_t ranks[OTE_SELECTOR_MAX_LOCS][OTE_SELECTOR_MAX_DEVICES];
 };
 
 static int name_in(const char *name, const char *const *list, size_t n) {
@@ -177,14 +180,27 @@ static int distance_of(const ote_selector_t *s, int mem_numa, int node) {
     return -1;
 }
 
-/* Under mu. Memory of unknown node ranks every device 0. A device whose distance to the
- * memory is unknown (no node, or a node the topology does not know) ranks as the farthest
- * placement known: the largest distance from the memory's node to any node of the
- * topology or to any device's node. On a multi-node host a NIC without a node therefore
- * never wins over a NIC known to be near. When no distance is known at all, every device
- * ranks 0 (the sim: nodes but no topology). */
+/* Under mu. The rank of d in loc's table: its entry, or one past the table's worst
+ * placed rank when unplaced. */
+static int table_rank(const ote_selector_t *s, const sel_dev_t *d, int loc) {
+    int r = s->ranks[loc][d - s->dev];
+    if (r >= 0) return r;
+    int worst = -1;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->ranks[loc][i] > worst) worst = s->ranks[loc][i];
+    return worst + 1;
+}
+
+/* Under mu. A locality with a rank table ranks by it (table_rank). Memory of unknown
+ * node ranks every device 0. A device whose distance to the memory is unknown (no node,
+ * or a node the topology does not know) ranks as the farthest placement known: the
+ * largest distance from the memory's node to any node of the topology or to any device's
+ * node. On a multi-node host a NIC without a node therefore never wins over a NIC known
+ * to be near. When no distance is known at all, every device ranks 0 (the sim: nodes but
+ * no topology). */
 static int rank_of(const ote_selector_t *s, const sel_dev_t *d, int mem_numa) {
     if (mem_numa < 0) return 0;
+    if (mem_numa < OTE_SELECTOR_MAX_LOCS && s->has[mem_numa]) return table_rank(s, d, mem_numa);
     int v = distance_of(s, mem_numa, d->st.numa_node);
     if (v >= 0) return v;
     int worst = 0;
@@ -198,6 +214,29 @@ static int rank_of(const ote_selector_t *s, const sel_dev_t *d, int mem_numa) {
         if (w > worst) worst = w;
     }
     return worst;
+}
+
+ote_status_t ote_selector_set_ranks(ote_selector_t *s, int loc, const int *ranks, size_t n) {
+    if (s == NULL || loc < 0 || loc >= OTE_SELECTOR_MAX_LOCS || n > OTE_SELECTOR_MAX_DEVICES ||
+        (ranks == NULL && n > 0))
+        return OTE_ERR_INVALID;
+    ote_mutex_lock(&s->mu);
+    for (size_t i = 0; i < OTE_SELECTOR_MAX_DEVICES; i++) {
+        int r = i < n ? ranks[i] : -1;
+        s->ranks[loc][i] = (int16_t)(r < 0 ? -1 : r > INT16_MAX ? INT16_MAX : r);
+    }
+    s->has[loc] = 1;
+    ote_mutex_unlock(&s->mu);
+    return OTE_OK;
+}
+
+int ote_selector_has_ranks(const ote_selector_t *s, int loc) {
+    if (s == NULL || loc < 0 || loc >= OTE_SELECTOR_MAX_LOCS) return 0;
+    ote_mutex_t *mu = (ote_mutex_t *)&s->mu;
+    ote_mutex_lock(mu);
+    int h = s->has[loc];
+    ote_mutex_unlock(mu);
+    return h;
 }
 
 int ote_selector_rank(const ote_selector_t *s, int index, int mem_numa) {
@@ -270,6 +309,25 @@ ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, ui
     *index_out = pick;
     ote_mutex_unlock(&s->mu);
     return OTE_OK;
+}
+
+uint32_t ote_selector_best_mask(const ote_selector_t *s, int mem_numa, uint32_t mask) {
+    if (s == NULL) return 0;
+    ote_mutex_t *mu = (ote_mutex_t *)&s->mu;
+    ote_mutex_lock(mu);
+    int best = -1;
+    int rank[OTE_SELECTOR_MAX_DEVICES];
+    for (size_t i = 0; i < s->n; i++) {
+        rank[i] = -1;
+        if (!s->dev[i].st.active || !(mask & (1u << i))) continue;
+        rank[i] = rank_of(s, &s->dev[i], mem_numa);
+        if (best < 0 || rank[i] < best) best = rank[i];
+    }
+    uint32_t out = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (rank[i] >= 0 && rank[i] == best) out |= 1u << i;
+    ote_mutex_unlock(mu);
+    return out;
 }
 
 /* A completion-rate sample: the bytes done over a whole busy period (from the pick that

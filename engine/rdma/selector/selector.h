@@ -6,6 +6,11 @@
  * the engine. The RDMA transport adds every device it opened, tells it when a port goes
  * down or comes back, asks it for a device per slice and reports each slice's end.
  *
+ * Locality: where a slice's memory is, an int in [0, OTE_SELECTOR_MAX_LOCS) or -1
+ * (unknown). A locality given a rank table (ote_selector_set_ranks: the RDMA transport
+ * gives one per GPU from the PCIe tree, and one per locality an rdma_topology file names)
+ * ranks each device by its entry in the table; what the locality stands for is the
+ * caller's business. A locality without a table is NUMA node loc, ranked as follows.
  * Rank: the distance between the NUMA node of the slice's memory and the NIC's node
  * (hwloc's NUMA distance matrix when the selector is created with use_topology and hwloc
  * has one; a test may give its own distance function). Memory of unknown node ranks every
@@ -44,6 +49,7 @@ extern "C" {
 #define OTE_SELECTOR_NAME_MAX 64
 #define OTE_SELECTOR_RATE_SPREAD 1.25
 #define OTE_SELECTOR_RATE_STALE 8
+#define OTE_SELECTOR_MAX_LOCS 128
 
 typedef struct ote_selector ote_selector_t;
 
@@ -88,14 +94,27 @@ size_t ote_selector_count(const ote_selector_t *s);
 ote_status_t ote_selector_set_active(ote_selector_t *s, int index, int active);
 int ote_selector_is_active(const ote_selector_t *s, int index);
 
-/* The device for a slice of len bytes of memory on NUMA node mem_numa (-1: unknown),
+/* Locality loc ranks the devices by ranks[0, n): ranks[i] is the rank of device index i
+ * (lower is better; negative: unplaced, ranked after every placed device of the table);
+ * a device at an index >= n is unplaced too. A later call replaces the table.
+ * OTE_ERR_INVALID for loc outside [0, OTE_SELECTOR_MAX_LOCS), n past
+ * OTE_SELECTOR_MAX_DEVICES or ranks NULL with n. */
+ote_status_t ote_selector_set_ranks(ote_selector_t *s, int loc, const int *ranks, size_t n);
+/* Whether loc has a rank table. */
+int ote_selector_has_ranks(const ote_selector_t *s, int loc);
+
+/* The device for a slice of len bytes of memory at locality mem_numa (-1: unknown),
  * among those whose bit is set in mask (bit i = index i; ~0: any). Its bytes in flight
  * grow by len. OTE_ERR_NO_DEVICE when no allowed device is active. */
 ote_status_t ote_selector_pick(ote_selector_t *s, int mem_numa, uint64_t len, uint32_t mask,
                                int *index_out);
+/* The devices in mask that are active and of the best rank among those for memory at
+ * locality mem_numa (bit i = index i); 0 when none in mask is active. The RDMA pump
+ * keeps a run waiting for room on these rather than spilling it onto a farther device. */
+uint32_t ote_selector_best_mask(const ote_selector_t *s, int mem_numa, uint32_t mask);
 /* The slice of len bytes picked on index ended (ok: its bytes moved). */
 void ote_selector_done(ote_selector_t *s, int index, uint64_t len, int ok);
-/* The rank of device index for memory on mem_numa (lower is better). */
+/* The rank of device index for memory at locality mem_numa (lower is better). */
 int ote_selector_rank(const ote_selector_t *s, int index, int mem_numa);
 ote_status_t ote_selector_stats(const ote_selector_t *s, int index, ote_selector_stats_t *out);
 

@@ -146,6 +146,31 @@ static uint64_t fk_env_u64(const char *name, uint64_t dflt) {
     return (uint64_t)v;
 }
 
+/* The devices' PCI addresses: FAKE_CUDA_PCI_BUS_IDS ("dddd:bb:dd.f,..."), device d at
+ * 0000:<0x18+d>:00.0 past the list. 0 when the list is malformed. fk_g.mu held. */
+static int fk_pci_ids(void) {
+    for (int d = 0; d < FAKE_CUDA_MAX_DEVICES; d++) {
+        fk_g.devs[d].pci_domain = 0;
+        fk_g.devs[d].pci_bus = 0x18u + (unsigned)d;
+        fk_g.devs[d].pci_dev = 0;
+        fk_g.devs[d].pci_fn = 0;
+    }
+    const char *s = getenv("FAKE_CUDA_PCI_BUS_IDS");
+    for (int d = 0; s != NULL && *s != '\0' && d < FAKE_CUDA_MAX_DEVICES; d++) {
+        unsigned dom, bus, dev, fn;
+        int used = 0;
+        if (sscanf(s, "%4x:%2x:%2x.%1x%n", &dom, &bus, &dev, &fn, &used) != 4 || used != 12 ||
+            dev > 0x1f || fn > 7 || (s[used] != ',' && s[used] != '\0'))
+            return 0;
+        fk_g.devs[d].pci_domain = dom;
+        fk_g.devs[d].pci_bus = bus;
+        fk_g.devs[d].pci_dev = dev;
+        fk_g.devs[d].pci_fn = fn;
+        s += used + (s[used] == ',');
+    }
+    return 1;
+}
+
 /* Set in the child of a fork() taken after cuInit: the parent's driver state (stream
  * workers, locks other threads held) did not come along, and as with a real driver the
  * child cannot use it: every call that needs initialisation fails at once, cuInit too,
@@ -187,6 +212,10 @@ CUresult CUDAAPI cuInit(unsigned int Flags) {
     if (getenv("FAKE_CUDA_INIT_FAIL") != NULL) return CUDA_ERROR_NO_DEVICE;
     if (atomic_load(&fk_forked)) return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&fk_g.mu);
+    if (!fk_g.initialized && !fk_pci_ids()) {
+        pthread_mutex_unlock(&fk_g.mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (!fk_g.initialized) {
         uint64_t n = fk_env_u64("FAKE_CUDA_DEVICES", 1);
         if (n > FAKE_CUDA_MAX_DEVICES) n = FAKE_CUDA_MAX_DEVICES;
@@ -251,7 +280,11 @@ CUresult CUDAAPI cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
     CUresult r = fk_check_dev(dev);
     if (r != CUDA_SUCCESS) return r;
     if (pciBusId == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", 0x18 + dev);
+    pthread_mutex_lock(&fk_g.mu);
+    const fk_device_t *fd = &fk_g.devs[dev];
+    snprintf(pciBusId, (size_t)len, "%04x:%02x:%02x.%x", fd->pci_domain, fd->pci_bus, fd->pci_dev,
+             fd->pci_fn);
+    pthread_mutex_unlock(&fk_g.mu);
     return CUDA_SUCCESS;
 }
 
@@ -263,9 +296,9 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
         return CUDA_ERROR_INVALID_VALUE;
     int v = 0;
     switch (attrib) {
-        case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
-        case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
-        case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = (int)fk_g.devs[dev].pci_bus; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = (int)fk_g.devs[dev].pci_dev; break;
+        case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = (int)fk_g.devs[dev].pci_domain; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
         case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 4; break;

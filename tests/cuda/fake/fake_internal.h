@@ -167,6 +167,7 @@ typedef struct fk_device {
     struct CUstream_st *legacy; /* the legacy (NULL) stream, created on first use (st_mu) */
     uint32_t refs;              /* primary context retain count */
     uint64_t used;              /* live device bytes (cuMemAlloc + cuMemCreate) */
+    unsigned pci_domain, pci_bus, pci_dev, pci_fn; /* its PCI address (FAKE_CUDA_PCI_BUS_IDS) */
 } fk_device_t;
 
 typedef struct fk_fault {
