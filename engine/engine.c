@@ -131,7 +131,9 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     return OTE_OK;
 
 err_gpu:
-    ote__gpu_destroy(e->gpu);
+    /* A creation that failed has moved no GPU work; a retained remainder stays with the
+     * CUDA layer (logged) and is not the engine's to wait for. */
+    (void)ote__gpu_destroy(e->gpu);
 err_shared:
     ote__shared_fini(e);
 err_ocv:
@@ -180,8 +182,20 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
     }
     if (again) OTE_INFO("engine", "engine %s: a retried destroy finished", e->self_addr);
     /* After the transports: their bounce buffers are back and the RDMA source's MRs
-     * over the pool's chunks deregistered. */
-    ote__gpu_destroy(e->gpu);
+     * over the pool's chunks deregistered. GPU work the CUDA layer cannot release yet keeps
+     * the engine, as a retained transport does. */
+    if (e->gpu != NULL) {
+        ote_status_t gst = ote__gpu_destroy(e->gpu);
+        if (gst != OTE_OK) {
+            OTE_ERROR("engine",
+                      "destroy%s of engine %s incomplete: GPU work retained (%s); the engine "
+                      "and its %zu registration(s) are kept. Call ote_engine_destroy again "
+                      "to retry",
+                      again ? " (again)" : "", e->self_addr, ote_status_str(gst), e->nregs);
+            return OTE_ERR_RETAINED;
+        }
+        e->gpu = NULL;
+    }
     ote__shared_fini(e); /* after the transports: no peer sends its fd any more */
     for (size_t i = 0; i < e->nregs; i++) ote_free(e->regs[i]);
     ote_free(e->regs);

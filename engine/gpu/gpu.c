@@ -412,12 +412,61 @@ void ote__gpu_stats(ote__gpu_t *g, ote__gpu_stats_t *out) {
     }
 }
 
-void ote__gpu_destroy(ote__gpu_t *g) {
-    if (g == NULL) return;
+/* What device i still holds at engine destroy, released where it can be: 1 while something
+ * stays (IPC mappings in use, chunks out, owners the CUDA layer retained, a context that
+ * would not be released), each logged; a later call retries exactly that. */
+static int release_device(ote__gpu_t *g, int i, ote_deadline_t dl) {
+    gdev_t *d = &g->devs[i];
+    int left = 0;
+    if (d->ipc != NULL) {
+        ote_status_t cst = ote_cuda_ipc_cache_destroy(d->ipc);
+        if (ote_status_code(cst) == OTE_ERR_BUSY) {
+            OTE_ERROR("gpu",
+                      "cuda:%d: CUDA IPC mappings still in use at engine destroy: the import "
+                      "cache is left open",
+                      i);
+            left = 1;
+        } else {
+            d->ipc = NULL; /* gone; a RETAINED close is the device's to retry */
+        }
+    }
+    while (d->nfree > 0) (void)ote_cuda_stream_destroy(d->free_streams[--d->nfree], dl);
+    if (d->pool != NULL) {
+        if (ote_status_code(ote_cuda_staging_destroy(d->pool)) == OTE_ERR_BUSY) {
+            OTE_ERROR("gpu",
+                      "cuda:%d: staging chunks still out at engine destroy: the pool is left "
+                      "allocated",
+                      i);
+            left = 1;
+        } else {
+            d->pool = NULL; /* its memory, if retained, is on the device's retained list */
+        }
+    }
+    if (d->dev != NULL) {
+        (void)ote_cuda_device_reclaim(d->dev, NULL);
+        ote_status_t st = ote_cuda_device_close(d->dev);
+        if (st == OTE_OK) {
+            d->dev = NULL;
+        } else {
+            OTE_ERROR("gpu", "cuda:%d: device close at engine destroy: %s (owners retained)", i,
+                      ote_status_str(st));
+            left = 1;
+        }
+    }
+    return left;
+}
+
+/* Stops the GPU service thread, then releases what the engine's GPU paths hold: OTE_OK
+ * frees g; OTE_ERR_RETAINED (something the CUDA layer could not release: a stream still
+ * running, chunks out, mappings in use, retained owners) keeps g with what is left, and
+ * a later call retries exactly that. */
+ote_status_t ote__gpu_destroy(ote__gpu_t *g) {
+    if (g == NULL) return OTE_OK;
     ote_mutex_lock(&g->mu);
     g->stop = 1;
     ote_cond_signal(&g->cv);
     int started = g->thread_started;
+    g->thread_started = 0;
     ote_mutex_unlock(&g->mu);
     if (started) pthread_join(g->thread, NULL);
     /* Parked work: one more look, generously. */
@@ -436,37 +485,25 @@ void ote__gpu_destroy(ote__gpu_t *g) {
         (void)ote_cuda_stream_destroy(p->s, ote_now_ns());
         ote_free(p);
     }
-    for (int i = 0; i < GPU_IPC_EXPORTS; i++) ote_cuda_ipc_export_destroy(g->exps[i].ex);
-    for (int i = 0; i < GPU_MAX_DEVICES; i++) {
-        gdev_t *d = &g->devs[i];
-        if (d->ipc != NULL) {
-            ote_status_t cst = ote_cuda_ipc_cache_destroy(d->ipc);
-            if (ote_status_code(cst) == OTE_ERR_BUSY)
-                OTE_ERROR("gpu",
-                          "cuda:%d: CUDA IPC mappings still in use at engine destroy: the "
-                          "import cache is left open",
-                          i);
-            else d->ipc = NULL;
-        }
-        while (d->nfree > 0) (void)ote_cuda_stream_destroy(d->free_streams[--d->nfree], dl);
-        if (d->pool != NULL && ote_cuda_staging_destroy(d->pool) == OTE_ERR_BUSY)
-            OTE_ERROR("gpu",
-                      "cuda:%d: staging chunks still out at engine destroy: the pool is "
-                      "left allocated",
-                      i);
-        if (d->dev != NULL) {
-            (void)ote_cuda_device_reclaim(d->dev, NULL);
-            ote_status_t st = ote_cuda_device_close(d->dev);
-            if (st != OTE_OK)
-                OTE_ERROR("gpu", "cuda:%d: device close at engine destroy: %s", i,
-                          ote_status_str(st));
-        }
+    g->nparked = 0;
+    for (int i = 0; i < GPU_IPC_EXPORTS; i++) {
+        ote_cuda_ipc_export_destroy(g->exps[i].ex);
+        g->exps[i].ex = NULL;
     }
-    if (g->drv != NULL && ote_cuda_driver_unload(g->drv) != OTE_OK)
-        OTE_WARN("gpu", "the CUDA driver stays loaded: owners are still retained on it");
+    int left = 0;
+    for (int i = 0; i < GPU_MAX_DEVICES; i++) left |= release_device(g, i, dl);
+    if (left) return OTE_ERR_RETAINED;
+    if (g->drv != NULL) {
+        if (ote_cuda_driver_unload(g->drv) != OTE_OK) {
+            OTE_WARN("gpu", "the CUDA driver stays loaded: owners are still retained on it");
+            return OTE_ERR_RETAINED;
+        }
+        g->drv = NULL;
+    }
     ote_cond_destroy(&g->cv);
     ote_mutex_destroy(&g->mu);
     ote_free(g);
+    return OTE_OK;
 }
 
 /* The PCI bus id of CUDA device `dev` ("dddd:bb:dd.f", lower case) in bus[0, cap): OTE_OK,

@@ -61,7 +61,11 @@ ote__gpu_ops_t ote__gpu_services(ote__gpu_t *g);
 ote_status_t ote__gpu_create(const ote__cfg_t *cfg, ote__gpu_t **gpu_out);
 /* Ends the worker, reclaims what was retained where the driver allows it and closes
  * the devices. Every staged request must have ended. */
-void ote__gpu_destroy(ote__gpu_t *g);
+/* Stops the GPU paths and releases what they hold. OTE_OK: g is freed. OTE_ERR_RETAINED:
+ * something the CUDA layer could not release yet (a stream still running, staging chunks
+ * out, IPC mappings in use, retained owners): g is kept with what is left (logged), and a
+ * later call retries exactly that. */
+ote_status_t ote__gpu_destroy(ote__gpu_t *g);
 
 /* The kind (ote_mem_kind_t) of [addr, addr + len). for_register: a range that is not
  * host-readable while the driver is not loaded loads it (OTE_ERR_NO_DEVICE, logged,
