@@ -17,6 +17,7 @@
 #include "engine/core_internal.h"
 #include "engine/notify_internal.h"
 #include "engine/registry_internal.h"
+#include "engine/stats_internal.h"
 
 #define BATCH_SPIN_MAX_NS (500u * 1000u)
 
@@ -64,7 +65,8 @@ static void batch_end_one(ote_batch_t *b) {
     ote__notes_send(send);
 }
 
-static void req_finalize(ote__req_t *r) {
+/* r ended; end_ns: when (a transport's stamp of its last slice), 0: now. */
+static void req_finalize(ote__req_t *r, uint64_t end_ns) {
     ote_status_t err = atomic_load(&r->error);
     int state;
     switch (ote_status_code(err)) {
@@ -79,12 +81,19 @@ static void req_finalize(ote__req_t *r) {
     r->many = NULL;
     ote_segment_t *seg = r->seg;
     ote_batch_t *b = r->b;
+    /* Timed and counted before the state is published and before the segment's pending
+     * count drops (its close folds the counters, stats.c). */
+    uint64_t now = end_ns != 0 ? end_ns : ote_now_ns();
+    uint64_t t0 = atomic_load_explicit(&r->t_submit, OTE__RELAXED);
+    atomic_store_explicit(&r->t_end, now, OTE__RELAXED);
+    ote__stats_ended(&seg->c, r->op, state, r->length,
+                     atomic_load_explicit(&r->bytes_done, OTE__RELAXED), now - t0);
     atomic_store(&r->state, state);
     /* The local registration's pin goes after the final state is visible: once its
      * unregister answers OK, no request that used it still reads PENDING. (The batch
      * cannot be reset or destroyed before batch_end_one below.) */
     if (pin) ote__reg_unpin(b->e, pin);
-    if (seg) atomic_fetch_sub(&seg->pending, 1);
+    atomic_fetch_sub(&seg->pending, 1);
     batch_end_one(b);
 }
 
@@ -118,7 +127,7 @@ static void req_slice_done(ote__slice_t *s, ote_status_t st) {
         ote_status_t zero = OTE_OK;
         atomic_compare_exchange_strong(&r->error, &zero, st);
     }
-    if (atomic_fetch_sub(&r->left, 1) == 1) req_finalize(r);
+    if (atomic_fetch_sub(&r->left, 1) == 1) req_finalize(r, s->end_ns);
 }
 
 /* How one request is cut: ns slices of ssz bytes, the last one taking the rest. Computed
@@ -298,8 +307,10 @@ static void staged_submit(void *arg, ote__slice_t *s) {
 /* Fill request slot r for q: its fields, its hold on the segment, and (when its local
  * buffer lies in a registration; reg_lk held for reading when use_pins) that pin. */
 static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote__slice_t *many,
-                     int use_pins, ote__reg_t **near) {
+                     uint64_t now, int use_pins, ote__reg_t **near) {
     r->b = b;
+    atomic_store_explicit(&r->t_submit, now, OTE__RELAXED);
+    atomic_store_explicit(&r->tpid, q->segment->tpid, OTE__RELAXED);
     r->seg = q->segment;
     r->op = q->opcode;
     r->local = q->local_addr;
@@ -311,6 +322,7 @@ static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote_
     r->local_pin = NULL;
     r->many = many;
     atomic_fetch_add(&q->segment->pending, 1);
+    ote__stats_submitted(&q->segment->c, (int)q->opcode, q->length); /* before it can end */
     if (use_pins && q->length > 0) {
         ote__reg_t *lr = ote__reg_covering_near(b->e, (uintptr_t)q->local_addr, q->length, *near);
         if (lr) {
@@ -358,6 +370,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->ipc_try = (uint8_t)(p->ipc != 0);
         s->local_kind = p->ipc ? p->kind : OTE_MEM_HOST;
         s->deadline = dl;
+        s->end_ns = 0;
         off += len;
         if (staged) continue;
         if (l->tail) l->tail->next = s;
@@ -371,14 +384,15 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
 static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, size_t k,
                          const req_plan_t *plans) {
     ote_engine_t *e = b->e;
-    ote_deadline_t dl = ote_deadline_after(e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    uint64_t now = ote_now_ns(), tmo = e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC;
+    ote_deadline_t dl = tmo > UINT64_MAX - now ? UINT64_MAX : now + tmo;
     int use_pins = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
     if (use_pins) pthread_rwlock_rdlock(&e->reg_lk);
     slice_list_t l = {NULL, NULL, NULL};
     ote__reg_t *near = NULL; /* the last registration found, under this hold of reg_lk */
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
-        req_init(r, b, &reqs[i], plans[i].arr, use_pins, &near);
+        req_init(r, b, &reqs[i], plans[i].arr, now, use_pins, &near);
         if (reqs[i].length == 0) {
             atomic_store(&r->left, 1);
             continue; /* completed below, after the lock */
@@ -390,7 +404,7 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
         if (plans[i].direct) ote__gpu_direct_count(e->gpu);
-        if (reqs[i].length == 0) req_finalize(r);
+        if (reqs[i].length == 0) req_finalize(r, 0);
         else if (OTE_MEM_IS_CUDA(plans[i].kind) && !plans[i].ipc)
             ote__gpu_stage(e->gpu, plans[i].kind, plans[i].ns > 1 ? r->many : &r->one, plans[i].ns,
                            staged_submit, reqs[i].segment);
@@ -441,17 +455,38 @@ ote_status_t ote_batch_submit_v(ote_batch_t *b, ote_opcode_t opcode, ote_segment
     return st;
 }
 
+/* Request index of b (< cap) as ote_batch_status_ex reports it. */
+static void status_read(ote_batch_t *b, size_t index, ote_transfer_status_ex_t *s) {
+    memset(s, 0, sizeof(*s));
+    s->state = OTE_TRANSFER_WAITING;
+    if (index >= atomic_load(&b->nsub)) return;
+    ote__req_t *r = &b->reqs[index];
+    s->state = (ote_transfer_state_t)atomic_load(&r->state);
+    s->bytes_done = atomic_load_explicit(&r->bytes_done, memory_order_relaxed);
+    s->transport = atomic_load_explicit(&r->tpid, OTE__RELAXED);
+    s->submit_ns = atomic_load_explicit(&r->t_submit, OTE__RELAXED);
+    if (s->state != OTE_TRANSFER_PENDING && s->state != OTE_TRANSFER_WAITING) {
+        s->error = atomic_load(&r->error);
+        s->end_ns = atomic_load_explicit(&r->t_end, OTE__RELAXED);
+    }
+}
+
 ote_status_t ote_batch_status(ote_batch_t *b, size_t index, ote_transfer_status_t *status_out) {
     if (b == NULL || status_out == NULL || index >= b->cap) return OTE_ERR_INVALID;
-    ote_transfer_status_t s = {OTE_TRANSFER_WAITING, 0, OTE_OK};
-    if (index < atomic_load(&b->nsub)) {
-        ote__req_t *r = &b->reqs[index];
-        s.state = (ote_transfer_state_t)atomic_load(&r->state);
-        s.bytes_done = atomic_load_explicit(&r->bytes_done, memory_order_relaxed);
-        if (s.state != OTE_TRANSFER_PENDING && s.state != OTE_TRANSFER_WAITING)
-            s.error = atomic_load(&r->error);
-    }
-    *status_out = s;
+    ote_transfer_status_ex_t s;
+    status_read(b, index, &s);
+    *status_out = (ote_transfer_status_t){s.state, s.bytes_done, s.error};
+    return OTE_OK;
+}
+
+ote_status_t ote_batch_status_ex(ote_batch_t *b, size_t index, ote_transfer_status_ex_t *out) {
+    if (b == NULL || out == NULL || index >= b->cap || out->struct_size < OTE_STATS_MIN_SIZE)
+        return OTE_ERR_INVALID;
+    ote_transfer_status_ex_t s;
+    status_read(b, index, &s);
+    size_t n = out->struct_size < sizeof(s) ? out->struct_size : sizeof(s);
+    s.struct_size = n;
+    memcpy(out, &s, n);
     return OTE_OK;
 }
 
