@@ -123,7 +123,8 @@ ote_status_t ote_engine_stats(ote_engine_t *e, ote_engine_stats_t *out) {
     memset(&s, 0, sizeof(s));
     for (uint32_t t = 0; t < OTE_STATS_TRANSPORTS; t++) {
         snprintf(s.transport[t].name, sizeof(s.transport[t].name), "%s", k_names[t]);
-        s.transport[t].enabled = k_names[t][0] != '\0' && ote_list_has(e->cfg.transports, k_names[t]);
+        s.transport[t].enabled =
+            k_names[t][0] != '\0' && ote_list_has(e->cfg.transports, k_names[t]);
     }
     ote_mutex_lock(&e->segmu);
     for (uint32_t t = 0; t < OTE_STATS_TRANSPORTS; t++) {
@@ -150,8 +151,7 @@ ote_status_t ote_engine_stats(ote_engine_t *e, ote_engine_stats_t *out) {
 }
 
 ote_status_t ote_segment_stats(ote_segment_t *seg, ote_segment_stats_t *out) {
-    if (seg == NULL || out == NULL || out->struct_size < OTE_STATS_MIN_SIZE)
-        return OTE_ERR_INVALID;
+    if (seg == NULL || out == NULL || out->struct_size < OTE_STATS_MIN_SIZE) return OTE_ERR_INVALID;
     ote_segment_stats_t s;
     memset(&s, 0, sizeof(s));
     snprintf(s.transport, sizeof(s.transport), "%s", seg->tpname);

@@ -39,7 +39,7 @@ ConfigKv TransportConfig(const char *t) {
 }
 
 uint32_t TransportId(const char *t) {
-    return strcmp(t, "shm") == 0 ? OTE_TRANSPORT_SHM
+    return strcmp(t, "shm") == 0   ? OTE_TRANSPORT_SHM
            : strcmp(t, "tcp") == 0 ? OTE_TRANSPORT_TCP
                                    : OTE_TRANSPORT_RDMA;
 }
@@ -102,14 +102,14 @@ TEST_P(StatsTest, MovesKnownBytes) {
     std::vector<ote_request_t> reqs;
     uint64_t off = 0, wbytes = 0, rbytes = 0;
     for (uint64_t n : kWrites) {
-        reqs.push_back({OTE_WRITE, local.data() + off, seg, (uint64_t)(uintptr_t)(remote.data() + off),
-                        n});
+        reqs.push_back(
+            {OTE_WRITE, local.data() + off, seg, (uint64_t)(uintptr_t)(remote.data() + off), n});
         off += n;
         wbytes += n;
     }
     for (uint64_t n : kReads) {
-        reqs.push_back({OTE_READ, local.data() + off, seg, (uint64_t)(uintptr_t)(remote.data() + off),
-                        n});
+        reqs.push_back(
+            {OTE_READ, local.data() + off, seg, (uint64_t)(uintptr_t)(remote.data() + off), n});
         off += n;
         rbytes += n;
     }
