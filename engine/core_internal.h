@@ -135,8 +135,8 @@ typedef struct ote__nout {
 /* The request counters of a segment (ote_segment_stats; engine/stats.c), and of the
  * segments an engine closed, per transport (folded in at close). Relaxed atomics, added
  * to by the threads that submit and end the segment's requests (batch.c) and its
- * notifications (notify.c): no lock on the data path. unmoved: requested bytes of
- * ended requests that did not move
+ * notifications (notify.c): no lock on the data path. unmoved: bytes of failed slices,
+ * which will not move
  * (in flight = submitted - ended, submitted_bytes - bytes - unmoved); lat_us and
  * lat_ns_sum: every ended request. */
 /* Latency slots: the bit length of a latency's whole microseconds, at most 54 (2^64 ns);

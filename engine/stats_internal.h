@@ -31,16 +31,20 @@ static inline unsigned ote__stats_slot(uint64_t ns) {
     return 63u - (unsigned)__builtin_clzll(us * 2u + 1u);
 }
 
+/* A slice of len bytes of a request of c's segment failed: those bytes will not move. */
+static inline void ote__stats_unmoved(ote__counters_t *c, uint64_t len) {
+    atomic_fetch_add_explicit(&c->unmoved, len, OTE__RELAXED);
+}
+
 /* A request of c's segment ended in `state` (an ended ote_transfer_state_t) after moving
- * done of its len bytes, ns after its submit. */
-static inline void ote__stats_ended(ote__counters_t *c, int op, int state, uint64_t len,
-                                    uint64_t done, uint64_t ns) {
+ * done bytes, ns after its submit. */
+static inline void ote__stats_ended(ote__counters_t *c, int op, int state, uint64_t done,
+                                    uint64_t ns) {
     ote__op_counters_t *o = &c->op[op];
     atomic_fetch_add_explicit(&o->ended[state - OTE_TRANSFER_COMPLETED], 1, OTE__RELAXED);
     atomic_fetch_add_explicit(&o->bytes, done, OTE__RELAXED);
     atomic_fetch_add_explicit(&c->lat_us[ote__stats_slot(ns)], 1, OTE__RELAXED);
     atomic_fetch_add_explicit(&c->lat_ns_sum, ns, OTE__RELAXED);
-    if (done != len) atomic_fetch_add_explicit(&c->unmoved, len - done, OTE__RELAXED);
 }
 
 /* The ote_transport_id_t of a transport's name ("shm", "tcp", "rdma"). */

@@ -96,27 +96,29 @@ static void text_stats(const ote_engine_stats_t *s) {
         const ote_transport_stats_t *x = &s->transport[t];
         if (!x->enabled) continue;
         const ote_request_stats_t *r = &x->requests;
-        printf("  %-4s peers %llu; requests read %llu/%llu/%llu/%llu/%llu, write "
-               "%llu/%llu/%llu/%llu/%llu (submitted/completed/failed/canceled/timed out)\n",
-               x->name, (unsigned long long)x->peers_now, (unsigned long long)r->submitted[0],
-               (unsigned long long)r->completed[0], (unsigned long long)r->failed[0],
-               (unsigned long long)r->canceled[0], (unsigned long long)r->timed_out[0],
-               (unsigned long long)r->submitted[1], (unsigned long long)r->completed[1],
-               (unsigned long long)r->failed[1], (unsigned long long)r->canceled[1],
-               (unsigned long long)r->timed_out[1]);
-        printf("       bytes read %llu, written %llu; in flight %llu (%llu bytes); latency "
-               "p50 < %llu us, p99 < %llu us\n",
-               (unsigned long long)r->bytes[OTE_READ], (unsigned long long)r->bytes[OTE_WRITE],
-               (unsigned long long)r->inflight_requests_now,
-               (unsigned long long)r->inflight_bytes_now, hist_bound_us(r->latency_us, 1, 2),
-               hist_bound_us(r->latency_us, 99, 100));
+        printf(
+            "  %-4s peers %llu; requests read %llu/%llu/%llu/%llu/%llu, write "
+            "%llu/%llu/%llu/%llu/%llu (submitted/completed/failed/canceled/timed out)\n",
+            x->name, (unsigned long long)x->peers_now, (unsigned long long)r->submitted[0],
+            (unsigned long long)r->completed[0], (unsigned long long)r->failed[0],
+            (unsigned long long)r->canceled[0], (unsigned long long)r->timed_out[0],
+            (unsigned long long)r->submitted[1], (unsigned long long)r->completed[1],
+            (unsigned long long)r->failed[1], (unsigned long long)r->canceled[1],
+            (unsigned long long)r->timed_out[1]);
+        printf(
+            "       bytes read %llu, written %llu; in flight %llu (%llu bytes); latency "
+            "p50 < %llu us, p99 < %llu us\n",
+            (unsigned long long)r->bytes[OTE_READ], (unsigned long long)r->bytes[OTE_WRITE],
+            (unsigned long long)r->inflight_requests_now, (unsigned long long)r->inflight_bytes_now,
+            hist_bound_us(r->latency_us, 1, 2), hist_bound_us(r->latency_us, 99, 100));
     }
-    printf("  registrations %llu (%llu bytes); notifications sent %llu, failed %llu, received "
-           "%llu, refused %llu; authentication failures %llu\n",
-           (unsigned long long)s->registrations_now, (unsigned long long)s->registered_bytes_now,
-           (unsigned long long)s->notify_sent, (unsigned long long)s->notify_send_failed,
-           (unsigned long long)s->notify_received, (unsigned long long)s->notify_refused,
-           (unsigned long long)s->auth_failures);
+    printf(
+        "  registrations %llu (%llu bytes); notifications sent %llu, failed %llu, received "
+        "%llu, refused %llu; authentication failures %llu\n",
+        (unsigned long long)s->registrations_now, (unsigned long long)s->registered_bytes_now,
+        (unsigned long long)s->notify_sent, (unsigned long long)s->notify_send_failed,
+        (unsigned long long)s->notify_received, (unsigned long long)s->notify_refused,
+        (unsigned long long)s->auth_failures);
 }
 
 int bench__print_stats(ote_engine_t *engine, bool json) {
