@@ -23,6 +23,8 @@
  *                to batches (decided when no request of the batch is pending)
  *                                                             (notify_internal.h)
  *   :discover    discover.c: ote_segment_buffers, the requester side of discovery
+ *   :stats       stats.c: ote_engine_stats, ote_segment_stats over the segments'
+ *                counters, which the data path adds to inline      (stats_internal.h)
  *   :batch       batch.c: submit (validate, plan, reserve, cut into slices),
  *                completion, status, wait, cancel, reset, destroy
  *   //engine     engine.c: the lifecycle (create, destroy, address) and segments; it
@@ -63,7 +65,9 @@
  * the transport under it. A batch's mu is held by ote_batch_cancel around the
  * transport's cancel, never around its submit. nmu (received notifications) and omu
  * (completion of outgoing notifications; unpins waking an unregister) are leaves; an
- * unregister takes omu under reg_lk (written) and releases reg_lk before it waits. done() of a slice runs with no
+ * unregister takes omu under reg_lk (written) and releases reg_lk before it waits. segmu
+ * (the open segments' list, stats.c) is a leaf, taken by segment open and close and the
+ * stats calls only, which take reg_lk (read) once it is released. done() of a slice runs with no
  * transport lock held (transport.h) and may take a batch's mu or omu.
  */
 #ifndef OTE_ENGINE_CORE_INTERNAL_H
