@@ -384,7 +384,8 @@ class Batch:
             err = error_class(ts.error)(ts.error, "request %d" % index, describe(ts.error))
         out = TransferStatus(STATES[ts.state], ts.bytes_done, err)
         if ts.state != 0:
-            out.transport = _stats.TRANSPORT_NAMES[ts.transport]
+            names = _stats.TRANSPORT_NAMES
+            out.transport = names[ts.transport] if ts.transport < len(names) else str(ts.transport)
         out.submit_ns, out.end_ns = ts.submit_ns, ts.end_ns
         return out
 
