@@ -17,6 +17,7 @@
 #include "engine/core_internal.h"
 #include "engine/notify_internal.h"
 #include "engine/registry_internal.h"
+#include "engine/stats_internal.h"
 
 #define BATCH_SPIN_MAX_NS (500u * 1000u)
 
@@ -64,7 +65,8 @@ static void batch_end_one(ote_batch_t *b) {
     ote__notes_send(send);
 }
 
-static void req_finalize(ote__req_t *r) {
+/* r ended; end_ns: when (a transport's stamp of its last slice), 0: now. */
+static void req_finalize(ote__req_t *r, uint64_t end_ns) {
     ote_status_t err = atomic_load(&r->error);
     int state;
     switch (ote_status_code(err)) {
@@ -79,12 +81,19 @@ static void req_finalize(ote__req_t *r) {
     r->many = NULL;
     ote_segment_t *seg = r->seg;
     ote_batch_t *b = r->b;
+    /* Timed and counted before the state is published and before the segment's pending
+     * count drops (its close folds the counters, stats.c). */
+    uint64_t now = end_ns != 0 ? end_ns : ote_now_ns();
+    uint64_t t0 = atomic_load_explicit(&r->t_submit, OTE__RELAXED);
+    atomic_store_explicit(&r->t_end, now, OTE__RELAXED);
+    ote__stats_ended(&seg->c, r->op, state, atomic_load_explicit(&r->bytes_done, OTE__RELAXED),
+                     now - t0);
     atomic_store(&r->state, state);
     /* The local registration's pin goes after the final state is visible: once its
      * unregister answers OK, no request that used it still reads PENDING. (The batch
      * cannot be reset or destroyed before batch_end_one below.) */
     if (pin) ote__reg_unpin(b->e, pin);
-    if (seg) atomic_fetch_sub(&seg->pending, 1);
+    atomic_fetch_sub(&seg->pending, 1);
     batch_end_one(b);
 }
 
@@ -117,8 +126,9 @@ static void req_slice_done(ote__slice_t *s, ote_status_t st) {
     } else {
         ote_status_t zero = OTE_OK;
         atomic_compare_exchange_strong(&r->error, &zero, st);
+        ote__stats_unmoved(&r->seg->c, s->len);
     }
-    if (atomic_fetch_sub(&r->left, 1) == 1) req_finalize(r);
+    if (atomic_fetch_sub(&r->left, 1) == 1) req_finalize(r, s->end_ns);
 }
 
 /* How one request is cut: ns slices of ssz bytes, the last one taking the rest. Computed
@@ -363,6 +373,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->ipc_try = (uint8_t)(p->ipc != 0);
         s->local_kind = p->ipc ? p->kind : OTE_MEM_HOST;
         s->deadline = dl;
+        s->end_ns = 0;
         off += len;
         if (staged) continue;
         if (l->tail) l->tail->next = s;
@@ -376,7 +387,17 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
 static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, size_t k,
                          const req_plan_t *plans) {
     ote_engine_t *e = b->e;
-    ote_deadline_t dl = ote_deadline_after(e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    uint64_t now = ote_now_ns(), tmo = e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC;
+    ote_deadline_t dl = tmo > UINT64_MAX - now ? UINT64_MAX : now + tmo;
+    /* Timed and counted before any of them can end (a loop of its own: the one below
+     * keeps enough values live already). */
+    for (size_t i = 0; i < n; i++) {
+        ote__req_t *r = &b->reqs[k + i];
+        ote_segment_t *seg = reqs[i].segment;
+        atomic_store_explicit(&r->t_submit, now, OTE__RELAXED);
+        atomic_store_explicit(&r->tpid, seg->tpid, OTE__RELAXED);
+        ote__stats_submitted(&seg->c, (int)reqs[i].opcode, reqs[i].length);
+    }
     int use_pins = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
     if (use_pins) pthread_rwlock_rdlock(&e->reg_lk);
     slice_list_t l = {NULL, NULL, NULL};
@@ -395,7 +416,7 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
         if (plans[i].direct) ote__gpu_direct_count(e->gpu);
-        if (reqs[i].length == 0) req_finalize(r);
+        if (reqs[i].length == 0) req_finalize(r, 0);
         else if (OTE_MEM_IS_CUDA(plans[i].kind) && !plans[i].ipc)
             ote__gpu_stage(e->gpu, plans[i].kind, plans[i].ns > 1 ? r->many : &r->one, plans[i].ns,
                            staged_submit, reqs[i].segment);
@@ -446,17 +467,38 @@ ote_status_t ote_batch_submit_v(ote_batch_t *b, ote_opcode_t opcode, ote_segment
     return st;
 }
 
+/* Request index of b (< cap) as ote_batch_status_ex reports it. */
+static void status_read(ote_batch_t *b, size_t index, ote_transfer_status_ex_t *s) {
+    memset(s, 0, sizeof(*s));
+    s->state = OTE_TRANSFER_WAITING;
+    if (index >= atomic_load(&b->nsub)) return;
+    ote__req_t *r = &b->reqs[index];
+    s->state = (ote_transfer_state_t)atomic_load(&r->state);
+    s->bytes_done = atomic_load_explicit(&r->bytes_done, memory_order_relaxed);
+    s->transport = atomic_load_explicit(&r->tpid, OTE__RELAXED);
+    s->submit_ns = atomic_load_explicit(&r->t_submit, OTE__RELAXED);
+    if (s->state != OTE_TRANSFER_PENDING && s->state != OTE_TRANSFER_WAITING) {
+        s->error = atomic_load(&r->error);
+        s->end_ns = atomic_load_explicit(&r->t_end, OTE__RELAXED);
+    }
+}
+
 ote_status_t ote_batch_status(ote_batch_t *b, size_t index, ote_transfer_status_t *status_out) {
     if (b == NULL || status_out == NULL || index >= b->cap) return OTE_ERR_INVALID;
-    ote_transfer_status_t s = {OTE_TRANSFER_WAITING, 0, OTE_OK};
-    if (index < atomic_load(&b->nsub)) {
-        ote__req_t *r = &b->reqs[index];
-        s.state = (ote_transfer_state_t)atomic_load(&r->state);
-        s.bytes_done = atomic_load_explicit(&r->bytes_done, memory_order_relaxed);
-        if (s.state != OTE_TRANSFER_PENDING && s.state != OTE_TRANSFER_WAITING)
-            s.error = atomic_load(&r->error);
-    }
-    *status_out = s;
+    ote_transfer_status_ex_t s;
+    status_read(b, index, &s);
+    *status_out = (ote_transfer_status_t){s.state, s.bytes_done, s.error};
+    return OTE_OK;
+}
+
+ote_status_t ote_batch_status_ex(ote_batch_t *b, size_t index, ote_transfer_status_ex_t *out) {
+    if (b == NULL || out == NULL || index >= b->cap || out->struct_size < OTE_STATS_MIN_SIZE)
+        return OTE_ERR_INVALID;
+    ote_transfer_status_ex_t s;
+    status_read(b, index, &s);
+    size_t n = out->struct_size < sizeof(s) ? out->struct_size : sizeof(s);
+    s.struct_size = n;
+    memcpy(out, &s, n);
     return OTE_OK;
 }
 

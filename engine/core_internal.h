@@ -23,6 +23,8 @@
  *                to batches (decided when no request of the batch is pending)
  *                                                             (notify_internal.h)
  *   :discover    discover.c: ote_segment_buffers, the requester side of discovery
+ *   :stats       stats.c: ote_engine_stats, ote_segment_stats over the segments'
+ *                counters, which the data path adds to inline      (stats_internal.h)
  *   :batch       batch.c: submit (validate, plan, reserve, cut into slices),
  *                completion, status, wait, cancel, reset, destroy
  *   //engine     engine.c: the lifecycle (create, destroy, address) and segments; it
@@ -63,7 +65,9 @@
  * the transport under it. A batch's mu is held by ote_batch_cancel around the
  * transport's cancel, never around its submit. nmu (received notifications) and omu
  * (completion of outgoing notifications; unpins waking an unregister) are leaves; an
- * unregister takes omu under reg_lk (written) and releases reg_lk before it waits. done() of a slice runs with no
+ * unregister takes omu under reg_lk (written) and releases reg_lk before it waits. segmu
+ * (the open segments' list, stats.c) is a leaf, taken by segment open and close and the
+ * stats calls only, which take reg_lk (read) once it is released. done() of a slice runs with no
  * transport lock held (transport.h) and may take a batch's mu or omu.
  */
 #ifndef OTE_ENGINE_CORE_INTERNAL_H
@@ -132,6 +136,32 @@ typedef struct ote__nout {
 
 #define OTE__MAX_TRANSPORTS 3
 
+/* The request counters of a segment (ote_segment_stats; engine/stats.c), and of the
+ * segments an engine closed, per transport (folded in at close). Relaxed atomics, added
+ * to by the threads that submit and end the segment's requests (batch.c) and its
+ * notifications (notify.c): no lock on the data path. unmoved: bytes of failed slices,
+ * which will not move
+ * (in flight = submitted - ended, submitted_bytes - bytes - unmoved); lat_us and
+ * lat_ns_sum: every ended request. */
+/* Latency slots: the bit length of a latency's whole microseconds, at most 54 (2^64 ns);
+ * the stats calls fold the slots past the public histogram's last bucket into it, so the
+ * data path needs no clamp. */
+#define OTE__LAT_SLOTS 56
+typedef struct {
+    _Atomic uint64_t submitted;
+    _Atomic uint64_t ended[4]; /* by state - OTE_TRANSFER_COMPLETED */
+    _Atomic uint64_t bytes;    /* bytes_done of ended requests */
+} ote__op_counters_t;
+typedef struct {
+    ote__op_counters_t op[2]; /* by ote_opcode_t */
+    _Atomic uint64_t submitted_bytes;
+    _Atomic uint64_t unmoved;
+    _Atomic uint64_t lat_ns_sum;
+    _Atomic uint64_t lat_us[OTE__LAT_SLOTS];
+    _Atomic uint64_t notify_sent;
+    _Atomic uint64_t notify_failed;
+} ote__counters_t;
+
 /* One shared allocation (shared_mem.c). */
 typedef struct {
     uint64_t base, size, id;
@@ -185,6 +215,14 @@ struct ote_engine {
     size_t nshared, capshared;
     _Atomic size_t nshared_hint; /* nshared, read without smu */
     uint64_t shared_next;        /* the next allocation's id (never 0) */
+
+    /* Statistics (stats.c). segmu, a leaf lock, holds the list of open segments and the
+     * counters of closed ones (by ote_transport_id_t); never taken on the data path. */
+    ote_mutex_t segmu;
+    struct ote_segment *segs;
+    ote__counters_t closed[OTE_STATS_TRANSPORTS];
+    uint64_t regs_total; /* successful registrations; under reg_lk (written) */
+    _Atomic uint64_t notify_received, notify_refused, auth_open_failures;
 };
 
 struct ote_segment {
@@ -195,6 +233,9 @@ struct ote_segment {
     _Atomic long pending; /* requests in flight */
     _Atomic long notes;   /* notifications attached to batches or in flight */
     char name[OTE__ADDR_MAX];
+    uint32_t tpid;                     /* ote_transport_id_t of tp */
+    struct ote_segment *snext, *sprev; /* e->segs, under e->segmu */
+    ote__counters_t c;                 /* its requests and notifications */
 };
 
 typedef struct ote__req {
@@ -209,6 +250,11 @@ typedef struct ote__req {
     _Atomic uint64_t bytes_done;
     _Atomic uint32_t left;
     _Atomic int canceled;
+    /* Timing (ote_batch_status_ex): CLOCK_MONOTONIC ns at submit and at the end (0 while
+     * pending), and the transport's ote_transport_id_t; relaxed, the end published by
+     * the store of state. */
+    _Atomic uint64_t t_submit, t_end;
+    _Atomic uint32_t tpid;
     ote__reg_t *local_pin;
     ote__slice_t one;
     ote__slice_t *many;

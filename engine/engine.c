@@ -21,6 +21,7 @@
 #include "engine/registry_internal.h"
 #include "engine/router_internal.h"
 #include "engine/shared_mem_internal.h"
+#include "engine/stats_internal.h"
 
 /* Whether "host:port" resolves to a loopback address (127.0.0.0/8, ::1, ::ffff:127.x). */
 static int is_loopback(const char *addr) {
@@ -110,8 +111,10 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     if (st != OTE_OK) goto err_ncv;
     st = ote_cond_init(&e->ocv);
     if (st != OTE_OK) goto err_omu;
-    st = ote__shared_init(e);
+    st = ote_mutex_init(&e->segmu);
     if (st != OTE_OK) goto err_ocv;
+    st = ote__shared_init(e);
+    if (st != OTE_OK) goto err_segmu;
     /* Every transport of the list (router.c); rdma fails, naming what is missing, when no
      * device is usable (never a fallback). */
     st = ote__gpu_create(&e->cfg, &e->gpu);
@@ -136,6 +139,8 @@ err_gpu:
     (void)ote__gpu_destroy(e->gpu);
 err_shared:
     ote__shared_fini(e);
+err_segmu:
+    ote_mutex_destroy(&e->segmu);
 err_ocv:
     ote_cond_destroy(&e->ocv);
 err_omu:
@@ -204,6 +209,7 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
         e->nhead = n->next;
         ote_free(n);
     }
+    ote_mutex_destroy(&e->segmu);
     ote_cond_destroy(&e->ocv);
     ote_mutex_destroy(&e->omu);
     ote_cond_destroy(&e->ncv);
@@ -248,11 +254,15 @@ ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t *
         OTE_WARN("engine", "segment_open %s: the peer does not speak OrbitTE's handshake", peer);
     }
     if (st != OTE_OK) {
+        if (ote_status_code(st) == OTE_ERR_AUTH)
+            atomic_fetch_add_explicit(&e->auth_open_failures, 1, memory_order_relaxed);
         ote_free(s);
         return st;
     }
     s->e = e;
     snprintf(s->name, sizeof(s->name), "%s", peer);
+    s->tpid = ote__stats_transport_id(s->tpname);
+    ote__stats_attach(e, s);
     atomic_fetch_add(&e->nsegments, 1);
     *seg_out = s;
     return OTE_OK;
@@ -275,6 +285,7 @@ ote_status_t ote_segment_close(ote_segment_t *s) {
     }
     ote_status_t st = s->tp->ops->peer_close(s->peer);
     if (st != OTE_OK) return st;
+    ote__stats_detach(e, s);
     atomic_fetch_sub(&e->nsegments, 1);
     ote_free(s);
     return OTE_OK;

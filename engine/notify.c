@@ -30,6 +30,7 @@ ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, s
     size_t qc = e->nqcount, qb = e->nqbytes;
     ote_mutex_unlock(&e->nmu);
     if (full) {
+        atomic_fetch_add_explicit(&e->notify_refused, 1, memory_order_relaxed);
         if (log_full)
             OTE_WARN("engine",
                      "notification queue full (%zu message(s), %zu bytes; caps %u, %u): refusing "
@@ -41,6 +42,7 @@ ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, s
     }
     ote__nin_t *n = ote_malloc(sizeof(*n) + len);
     if (n == NULL) {
+        atomic_fetch_add_explicit(&e->notify_refused, 1, memory_order_relaxed);
         OTE_WARN("engine", "out of memory: refusing a %zu-byte notification from %s", len, from);
         return OTE_ERR_AGAIN;
     }
@@ -53,6 +55,7 @@ ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, s
     if (e->nqcount >= OTE_NOTIFY_QUEUE_MAX || len > OTE_NOTIFY_QUEUE_BYTES - e->nqbytes) {
         ote_mutex_unlock(&e->nmu);
         ote_free(n);
+        atomic_fetch_add_explicit(&e->notify_refused, 1, memory_order_relaxed);
         return OTE_ERR_AGAIN;
     }
     if (e->ntail) e->ntail->next = n;
@@ -60,6 +63,7 @@ ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, s
     e->ntail = n;
     e->nqcount++;
     e->nqbytes += len;
+    atomic_fetch_add_explicit(&e->notify_received, 1, memory_order_relaxed);
     ote_cond_broadcast(&e->ncv);
     ote_mutex_unlock(&e->nmu);
     return OTE_OK;
@@ -187,6 +191,8 @@ static void nout_done(ote__slice_t *sl, ote_status_t st) {
     if (st != OTE_OK)
         OTE_WARN("engine", "notification to %s not delivered: %s", n->seg->name,
                  ote_status_str(st));
+    atomic_fetch_add_explicit(st == OTE_OK ? &n->seg->c.notify_sent : &n->seg->c.notify_failed, 1,
+                              memory_order_relaxed);
     atomic_fetch_sub(&n->seg->notes, 1); /* last use of seg */
     ote_mutex_lock(&e->omu);
     n->done = 1;

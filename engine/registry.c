@@ -303,6 +303,7 @@ static ote_status_t register_insert_locked(ote_engine_t *e, const reg_args_t *a,
         memmove(&e->regs[at + 1], &e->regs[at], (e->nregs - at) * sizeof(*e->regs));
         e->regs[at] = r;
         e->nregs++;
+        e->regs_total++;
         atomic_store(&e->nregs_hint, e->nregs);
     }
     return st;

@@ -93,6 +93,10 @@ struct ote__slice {
     uint8_t ipc_try;
     uint32_t local_kind;
     ote_deadline_t deadline;
+    /* When the slice ended (CLOCK_MONOTONIC ns), for the request's timing: a transport
+     * that ends many slices at once may read the clock once and set this on each before
+     * done(); 0 (as the engine hands it over) lets the engine read the clock itself. */
+    uint64_t end_ns;
     /* Transport scratch: the submitting transport's own record (its header declares
      * it, checks that it fits and reaches it through one accessor), from submit() until
      * it calls done(); the engine never reads it. */

@@ -17,6 +17,7 @@ PKGS=(
     python3              # test result counting, the Python binding (python/orbitte)
     python3-pytest       # the binding's tests (python/tests)
     python3-numpy        # arrays moved by the binding's tests
+    python3-prometheus-client # orbitte.metrics (the Prometheus collector) and its tests
     procps               # pkill/ps used by multi-process tests
     pkg-config           # the installed library's consumers (scripts/install_check.sh)
     cmake

@@ -338,5 +338,6 @@ int bench__run_initiator(const bench_options_t *o) {
         for (size_t j = 0; j < o->n_batch_sizes && rc == 0; j++)
             for (size_t k = 0; k < o->n_threads && rc == 0; k++)
                 rc = measure_one(&in, o->block_sizes[i], o->batch_sizes[j], o->threads[k]) != 0;
+    if (o->stats && bench__print_stats(in.engine, o->json) != 0) rc = 1;
     return initiator_close(&in, rc);
 }

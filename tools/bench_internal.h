@@ -42,6 +42,9 @@
 extern volatile sig_atomic_t bench__stop;
 
 void bench__print_status(const char *what, ote_status_t st);
+/* --stats (bench_stats.c): the engine's counters on stdout, as lines after the table or as
+ * one JSON line {"stats":{...}}; 0, or 1 when they cannot be read. */
+int bench__print_stats(ote_engine_t *engine, bool json);
 /* An anonymous, populated mapping of len bytes; NULL on failure. */
 void *bench__map_buffer(uint64_t len);
 /* Engine with the transport and addresses of the options. */

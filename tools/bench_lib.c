@@ -240,6 +240,9 @@ const char *bench_usage(void) {
            "  --warmup N               untimed batches per thread before each result (default 1)\n"
            "  --timeout TIME           deadline of one batch (default 60s)\n"
            "  --no-progress            no progress line on stderr (shown only on a terminal)\n"
+           "  --stats                  at the end, this engine's counters (ote_engine_stats):\n"
+           "                           lines after the table, or one more JSON line\n"
+           "                           {\"stats\":{...}} with --json\n"
            "  --target HOST:PORT       a target started with --role target (no child is spawned)\n"
            "  --remote-addr ADDR       the target's buffer address as it printed it; with\n"
            "  --remote-len SIZE        --remote-len, skips asking the target for them\n"
@@ -312,6 +315,7 @@ enum {
     OPT_REMOTE_IPC,
     OPT_INJECT,
     OPT_SHOW_TOPOLOGY,
+    OPT_STATS,
     OPT_END,
 };
 
@@ -450,6 +454,7 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
         case 'c': o->check = true; break;
         case 'j': o->json = true; break;
         case OPT_NO_PROGRESS: o->progress = false; break;
+        case OPT_STATS: o->stats = true; break;
         case OPT_REMOTE_ADDR:
             if (bench_parse_u64(arg, 0, &v) != 0 || v == 0)
                 return set_err(err, errlen,
@@ -516,6 +521,7 @@ static int check_target_options(const bool *seen, bench_options_t *o, char *err,
         {OPT_TEST_CORRUPT, "--test-corrupt"},
         {OPT_DEPTH, "--depth"},
         {OPT_LOCAL_MEM, "--local-mem"},
+        {OPT_STATS, "--stats"},
     };
     for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
         if (seen[initiator_only[i].opt])
@@ -592,6 +598,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"depth", required_argument, NULL, OPT_DEPTH},
         {"local-mem", required_argument, NULL, OPT_LOCAL_MEM},
         {"remote-mem", required_argument, NULL, OPT_REMOTE_MEM},
+        {"stats", no_argument, NULL, OPT_STATS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };

@@ -55,6 +55,7 @@ typedef struct {
     bool check;
     bool json;
     bool progress;                  /* false with --no-progress */
+    bool stats;                     /* --stats: the engine's counters at the end */
     char target[BENCH_ADDR_MAX];    /* "" = start a target child on loopback */
     char listen[BENCH_ADDR_MAX];    /* "" = default */
     char advertise[BENCH_ADDR_MAX]; /* "" = default */

@@ -5,7 +5,11 @@
 # cost_setup TARGET       installs valgrind from Debian when missing, builds //tests/engine:
 #                         TARGET (-c opt; BAZEL_OUTPUT_BASE selects an output base), sets BIN
 #                         and TMP (a directory removed at exit)
-# cost_measure N ENG COPY runs "$BIN" N under callgrind and prints
+# cost_setup_base REV TARGET  builds //tests/engine:TARGET of the git revision REV too (its
+#                         tree exported with git archive under $TMP, built in a Bazel
+#                         output base of its own, which is shut down and removed at exit)
+#                         and sets BASE_BIN: the same measurement of the code before a change
+# cost_measure N ENG COPY [BINARY]  runs BINARY (default "$BIN") N under callgrind and prints
 #                         "engine verbs copy libc total": self instructions of files whose
 #                         path matches the regex ENG (outside tests/), of verbs/, of libc
 #                         functions matching COPY, of every other library function, and of
@@ -24,13 +28,33 @@ cost_setup() {
     "${bazel[@]}" build -c opt "//tests/engine:$1" >&2
     BIN="$("${bazel[@]}" info -c opt bazel-bin 2>/dev/null)/tests/engine/$1"
     TMP=$(mktemp -d)
-    trap 'rm -rf "$TMP"' EXIT
+    trap cost_cleanup EXIT
+}
+
+cost_cleanup() {
+    if [ -n "${BASE_DIR:-}" ] && [ -d "$BASE_DIR" ]; then
+        (cd "$BASE_DIR" && bazel clean --expunge >/dev/null 2>&1 && bazel shutdown >/dev/null 2>&1) || true
+    fi
+    rm -rf "$TMP"
+}
+
+cost_setup_base() {
+    local rev=$1 target=$2
+    BASE_DIR="$TMP/base"
+    mkdir -p "$BASE_DIR"
+    git rev-parse --verify -q "$rev^{commit}" >/dev/null || {
+        echo "no such revision: $rev" >&2
+        exit 2
+    }
+    git archive "$rev" | tar -x -C "$BASE_DIR"
+    (cd "$BASE_DIR" && bazel build -c opt "//tests/engine:$target" >&2)
+    BASE_BIN="$(cd "$BASE_DIR" && bazel info -c opt bazel-bin 2>/dev/null)/tests/engine/$target"
 }
 
 cost_measure() {
-    local n=$1 eng=$2 copy=$3
-    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$n" "$BIN" "$n" >"$TMP/run.$n" 2>"$TMP/vg.$n" || {
-        echo "run of $BIN $n failed:" >&2
+    local n=$1 eng=$2 copy=$3 bin=${4:-$BIN}
+    valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$n" "$bin" "$n" >"$TMP/run.$n" 2>"$TMP/vg.$n" || {
+        echo "run of $bin $n failed:" >&2
         cat "$TMP/run.$n" "$TMP/vg.$n" >&2
         exit 1
     }

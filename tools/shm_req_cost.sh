@@ -21,29 +21,73 @@
 #      The waiting threads' short spins (poll with a zero timeout before they sleep)
 #      count as they run under valgrind's serialised threads.
 #
-# Usage: tools/shm_req_cost.sh [N1 N2]   (multiples of 64; default 1280 6400)
-#   BAZEL_OUTPUT_BASE=... selects a Bazel output base (default: Bazel's own).
+# Usage: tools/shm_req_cost.sh [--base REV] [--runs K] [N1 N2]
+#   N1 N2        request counts, multiples of 64 (default 1280 6400)
+#   --base REV   also measure git revision REV (e.g. main), built apart from this tree, in
+#                the same run, and print both columns and the change: the cost of a change
+#                before and after it, on one machine at one time
+#   --runs K     measure each count K times and average (default 1): the waiting threads'
+#                spins make single runs differ by about 1%
+#   BAZEL_OUTPUT_BASE=... selects a Bazel output base for this tree (default: Bazel's own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BASE_REV=""
+RUNS=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --base) BASE_REV=${2:?--base needs a revision}; shift 2 ;;
+        --runs) RUNS=${2:?--runs needs a count}; shift 2 ;;
+        *) break ;;
+    esac
+done
 N1=${1:-1280}
 N2=${2:-6400}
-if ((N1 % 64 != 0 || N2 % 64 != 0 || N2 <= N1)); then
-    echo "usage: $0 [N1 N2] with N1 < N2, both multiples of 64" >&2
+if ((N1 % 64 != 0 || N2 % 64 != 0 || N2 <= N1 || RUNS < 1)); then
+    echo "usage: $0 [--base REV] [--runs K] [N1 N2] with N1 < N2, both multiples of 64" >&2
     exit 2
 fi
 
 . tools/cost_lib.sh
 cost_setup shm_req_cost
+if [ -n "$BASE_REV" ]; then cost_setup_base "$BASE_REV" shm_req_cost; fi
 ENG='/(engine|base)/[^ ]*[.][ch]:'
-measure() { cost_measure "$1" "$ENG" 'memmove|memcpy|memset'; } # "engine verbs copy libc total"
+measure() { cost_measure "$1" "$ENG" 'memmove|memcpy|memset' "$2"; } # "engine verbs copy libc total"
 
-read -r e1 _ c1 l1 t1 < <(measure "$N1")
-read -r e2 _ c2 l2 t2 < <(measure "$N2")
-D=$((N2 - N1))
-echo "callgrind, $N1 and $N2 requests of 4 KiB in batches of 64 (difference: $D); instructions per request:"
-awk -v d="$D" -v e=$((e2 - e1)) -v c=$((c2 - c1)) -v l=$((l2 - l1)) -v t=$((t2 - t1)) 'BEGIN {
-    printf "  engine self (engine/ base/, requester + source):      %8.0f\n", e / d
-    printf "  other libc (mutex, malloc, syscall wrappers):          %8.0f\n", l / d
-    printf "  memcpy/memset, the payload copies (excluded):          %8.0f\n", c / d
-    printf "  whole process:                                         %8.0f\n", t / d
-}'
+# Per request, averaged over RUNS: "engine copy libc total" of binary $1.
+per_request() {
+    local bin=$1 e=0 c=0 l=0 t=0 r e1 c1 l1 t1 e2 c2 l2 t2
+    for ((r = 0; r < RUNS; r++)); do
+        read -r e1 _ c1 l1 t1 < <(measure "$N1" "$bin")
+        read -r e2 _ c2 l2 t2 < <(measure "$N2" "$bin")
+        e=$((e + e2 - e1)) c=$((c + c2 - c1)) l=$((l + l2 - l1)) t=$((t + t2 - t1))
+    done
+    awk -v d=$(((N2 - N1) * RUNS)) -v e=$e -v c=$c -v l=$l -v t=$t \
+        'BEGIN { printf "%.1f %.1f %.1f %.1f\n", e / d, c / d, l / d, t / d }'
+}
+
+read -r E C L T < <(per_request "$BIN")
+echo "callgrind, $N1 and $N2 requests of 4 KiB in batches of 64 (difference: $((N2 - N1)), $RUNS run(s) each); instructions per request:"
+if [ -z "$BASE_REV" ]; then
+    awk -v e="$E" -v c="$C" -v l="$L" -v t="$T" 'BEGIN {
+        printf "  engine self (engine/ base/, requester + source):      %8.0f\n", e
+        printf "  other libc (mutex, malloc, syscall wrappers):          %8.0f\n", l
+        printf "  memcpy/memset, the payload copies (excluded):          %8.0f\n", c
+        printf "  whole process:                                         %8.0f\n", t
+    }'
+    exit 0
+fi
+read -r BE BC BL BT < <(per_request "$BASE_BIN")
+echo "                                                        $(printf '%10s %10s %8s' "$BASE_REV" "this tree" change)"
+awk -v e="$E" -v c="$C" -v l="$L" -v t="$T" -v be="$BE" -v bc="$BC" -v bl="$BL" -v bt="$BT" '
+    function row(name, b, a, pct) {
+        pct = 0
+        if (b > 0) pct = 100 * (a - b) / b
+        printf "  %-52s %10.0f %10.0f %+7.1f%%\n", name, b, a, pct
+    }
+    BEGIN {
+        row("engine self (engine/ base/, requester + source):", be, e)
+        row("other libc (mutex, malloc, syscall wrappers):", bl, l)
+        row("engine self + other libc:", be + bl, e + l)
+        row("memcpy/memset, the payload copies (excluded):", bc, c)
+        row("whole process:", bt, t)
+    }'

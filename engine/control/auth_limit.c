@@ -54,6 +54,7 @@ struct ote_auth_limit {
     uint64_t seed;
     _Atomic uint32_t used;
     _Atomic uint64_t refused;
+    _Atomic uint64_t failures; /* every ote_auth_limit_fail (ote_engine_stats) */
 };
 
 static _Atomic uint64_t g_refused;
@@ -228,7 +229,9 @@ int ote_auth_limit_refuse(ote_auth_limit_t *lim, const ote_auth_addr_t *a, uint6
 
 void ote_auth_limit_fail(ote_auth_limit_t *lim, const char *transport, const ote_auth_addr_t *a,
                          uint64_t now) {
-    if (lim == NULL || a->kind == 0) return;
+    if (lim == NULL) return;
+    atomic_fetch_add_explicit(&lim->failures, 1, memory_order_relaxed);
+    if (a->kind == 0) return;
     uint64_t backoff = 0;
     uint32_t nfails = 0;
     ote_mutex_lock(&lim->mu);
@@ -275,5 +278,7 @@ void ote_auth_limit_ok(ote_auth_limit_t *lim, const ote_auth_addr_t *a) {
 size_t ote_auth_limit_size(ote_auth_limit_t *lim) { return atomic_load(&lim->used); }
 
 uint64_t ote_auth_limit_refused(ote_auth_limit_t *lim) { return atomic_load(&lim->refused); }
+
+uint64_t ote_auth_limit_failures(ote_auth_limit_t *lim) { return atomic_load(&lim->failures); }
 
 uint64_t ote_auth_refused(void) { return atomic_load(&g_refused); }

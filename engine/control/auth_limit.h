@@ -80,6 +80,8 @@ void ote_auth_limit_ok(ote_auth_limit_t *lim, const ote_auth_addr_t *a);
 size_t ote_auth_limit_size(ote_auth_limit_t *lim);
 /* Connections this table refused. */
 uint64_t ote_auth_limit_refused(ote_auth_limit_t *lim);
+/* Failed authentications reported to this table (ote_auth_limit_fail), from any address. */
+uint64_t ote_auth_limit_failures(ote_auth_limit_t *lim);
 /* Connections refused by back-off in this process, all tables together (tests). */
 uint64_t ote_auth_refused(void);
 

@@ -147,6 +147,7 @@ static void job_finish_slice(ote__gpu_t *g, job_t *j, uint32_t idx, ote_status_t
     s->owner = j->owner;
     s->local = (uint8_t *)(uintptr_t)j->dev[idx];
     s->done = j->done;
+    s->end_ns = 0; /* it ends now, after its staging copy, not when its transport ended it */
     ote__slice_done_fn done = j->done;
     if (st != OTE_OK && j->fail == OTE_OK) j->fail = st;
     if (--j->left == 0) {

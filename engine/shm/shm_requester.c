@@ -34,11 +34,14 @@ void ote__shm_slist_add(shm_slist_t *l, ote__slice_t *s, ote_status_t st) {
     l->t = s;
 }
 
-/* Call done() of every slice of l; no lock held. */
+/* Call done() of every slice of l, each stamped with one reading of the clock (their
+ * requests' end, transport.h); no lock held. */
 void ote__shm_slist_finish(shm_slist_t *l) {
     ote__slice_t *s = l->h;
+    uint64_t now = s != NULL ? ote_now_ns() : 0;
     while (s) {
         ote__slice_t *next = s->next;
+        s->end_ns = now;
         s->done(s, (ote_status_t)(int64_t)ote__shm_xp(s)->id);
         s = next;
     }

@@ -114,6 +114,96 @@ class Notification(ctypes.Structure):
     ]
 
 
+# ---- statistics (ote_engine_stats, ote_segment_stats, ote_batch_status_ex) ----
+STATS_TRANSPORTS = 4  # OTE_STATS_TRANSPORTS
+STATS_LATENCY_BUCKETS = 32  # OTE_STATS_LATENCY_BUCKETS
+STATS_MEM_KINDS = 3  # OTE_STATS_MEM_KINDS
+
+
+class RequestStats(ctypes.Structure):
+    """ote_request_stats_t"""
+
+    _fields_ = [
+        ("submitted", ctypes.c_uint64 * 2),
+        ("completed", ctypes.c_uint64 * 2),
+        ("failed", ctypes.c_uint64 * 2),
+        ("canceled", ctypes.c_uint64 * 2),
+        ("timed_out", ctypes.c_uint64 * 2),
+        ("bytes", ctypes.c_uint64 * 2),
+        ("inflight_requests_now", ctypes.c_uint64),
+        ("inflight_bytes_now", ctypes.c_uint64),
+        ("latency_ns_sum", ctypes.c_uint64),
+        ("latency_us", ctypes.c_uint64 * STATS_LATENCY_BUCKETS),
+    ]
+
+
+class TransportStats(ctypes.Structure):
+    """ote_transport_stats_t"""
+
+    _fields_ = [
+        ("name", ctypes.c_char * 8),
+        ("enabled", ctypes.c_uint32),
+        ("peers_now", ctypes.c_uint64),
+        ("requests", RequestStats),
+    ]
+
+
+class EngineStats(ctypes.Structure):
+    """ote_engine_stats_t"""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("transport", TransportStats * STATS_TRANSPORTS),
+        ("registrations_now", ctypes.c_uint64),
+        ("registered_bytes_now", ctypes.c_uint64),
+        ("registrations_kind_now", ctypes.c_uint64 * STATS_MEM_KINDS),
+        ("registered_bytes_kind_now", ctypes.c_uint64 * STATS_MEM_KINDS),
+        ("registrations_total", ctypes.c_uint64),
+        ("notify_sent", ctypes.c_uint64),
+        ("notify_send_failed", ctypes.c_uint64),
+        ("notify_received", ctypes.c_uint64),
+        ("notify_refused", ctypes.c_uint64),
+        ("auth_failures", ctypes.c_uint64),
+        ("auth_backoff_refused", ctypes.c_uint64),
+        ("auth_open_failures", ctypes.c_uint64),
+    ]
+
+
+class SegmentStats(ctypes.Structure):
+    """ote_segment_stats_t"""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("transport", ctypes.c_char * 8),
+        ("transport_id", ctypes.c_uint32),
+        ("peer", ctypes.c_char * 272),
+        ("requests", RequestStats),
+        ("notify_sent", ctypes.c_uint64),
+        ("notify_send_failed", ctypes.c_uint64),
+    ]
+
+
+class TransferStatusEx(ctypes.Structure):
+    """ote_transfer_status_ex_t"""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("state", ctypes.c_int),
+        ("error", status_t),
+        ("bytes_done", ctypes.c_uint64),
+        ("transport", ctypes.c_uint32),
+        ("submit_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+    ]
+
+
+_STATS_PROTOTYPES = {
+    "ote_engine_stats": (status_t, [c_void_p, ctypes.POINTER(EngineStats)]),
+    "ote_segment_stats": (status_t, [c_void_p, ctypes.POINTER(SegmentStats)]),
+    "ote_batch_status_ex": (status_t, [c_void_p, c_size_t, ctypes.POINTER(TransferStatusEx)]),
+}
+
+
 # name: (restype, argtypes). Every call that can wait (ote_batch_wait, ote_notify_recv)
 # takes a deadline in C; ctypes.CDLL releases the GIL for the length of each call.
 _PROTOTYPES = {
@@ -196,6 +286,8 @@ _PROTOTYPES = {
     "ote_status_describe": (ctypes.c_char_p, [status_t, ctypes.c_char_p, c_size_t]),
     "ote_status_scope": (ctypes.c_int, [status_t]),
 }
+
+_PROTOTYPES.update(_STATS_PROTOTYPES)
 
 PUBLIC_FUNCTIONS = tuple(sorted(_PROTOTYPES))
 

@@ -7,6 +7,7 @@ import threading
 import time
 
 from . import _lib
+from . import stats as _stats
 from .errors import error_class
 
 try:  # optional: submit_arrays converts numpy arrays without a Python loop
@@ -126,10 +127,23 @@ def _md_address(blob):
     return blob[20:20 + n].decode("ascii")
 
 
-TransferStatus = collections.namedtuple("TransferStatus", "state bytes_done error")
 NicStats = collections.namedtuple("NicStats", "transport name bytes_out bytes_served active grants")
-TransferStatus.__doc__ = """One request of a batch: state is one of STATES, error is None
-or the exception (not raised) of a FAILED/CANCELED/TIMEOUT request."""
+
+
+class TransferStatus(collections.namedtuple("TransferStatus", "state bytes_done error")):
+    """One request of a batch: state is one of STATES, error is None or the exception (not
+    raised) of a FAILED/CANCELED/TIMEOUT request. Also (ote_batch_status_ex; not part of
+    the tuple): transport ("shm", "tcp", "rdma"; None for a WAITING slot), submit_ns and
+    end_ns (CLOCK_MONOTONIC nanoseconds; 0 until reached) and latency (seconds from submit
+    to end, None while pending)."""
+
+    transport = None
+    submit_ns = 0
+    end_ns = 0
+
+    @property
+    def latency(self):
+        return (self.end_ns - self.submit_ns) / 1e9 if self.end_ns else None
 Notification = collections.namedtuple("Notification", "message sender")
 
 
@@ -210,6 +224,12 @@ class Segment:
         with self._lock:
             check(lib.ote_segment_info(self.handle, ctypes.byref(info)), "ote_segment_info")
         return info.transport.decode()
+
+    def stats(self):
+        """This segment's counters since it was opened: orbitte.stats.SegmentStats
+        (ote_segment_stats)."""
+        with self._lock:
+            return _stats.segment_stats(lib, self.handle, check)
 
     def buffers(self):
         """The peer's registrations now, as a list of BufferInfo sorted by address (each
@@ -354,13 +374,20 @@ class Batch:
         raise exc
 
     def status(self, index):
-        """TransferStatus of the index-th request submitted."""
-        ts = _lib.TransferStatus()
-        check(lib.ote_batch_status(self.handle, index, ctypes.byref(ts)), "ote_batch_status")
+        """TransferStatus of the index-th request submitted, with its timing."""
+        ts = _lib.TransferStatusEx()
+        ts.struct_size = ctypes.sizeof(ts)
+        check(lib.ote_batch_status_ex(self.handle, index, ctypes.byref(ts)),
+              "ote_batch_status_ex")
         err = None
         if ts.error != 0:
             err = error_class(ts.error)(ts.error, "request %d" % index, describe(ts.error))
-        return TransferStatus(STATES[ts.state], ts.bytes_done, err)
+        out = TransferStatus(STATES[ts.state], ts.bytes_done, err)
+        if ts.state != 0:
+            names = _stats.TRANSPORT_NAMES
+            out.transport = names[ts.transport] if ts.transport < len(names) else str(ts.transport)
+        out.submit_ns, out.end_ns = ts.submit_ns, ts.end_ns
+        return out
 
     def statuses(self):
         return [self.status(i) for i in range(self._count)]
@@ -491,6 +518,11 @@ class Engine:
             return [NicStats(x.transport.decode("ascii"), x.name.decode("ascii"), x.bytes_out,
                              x.bytes_served, bool(x.active), x.grants) for x in arr[:n.value]]
         check(_OTE_ERR_TOO_BIG, "ote_engine_nic_stats: the list kept growing")
+
+    def stats(self):
+        """The engine's counters (closed segments' included): orbitte.stats.EngineStats
+        (ote_engine_stats). orbitte.metrics.Collector exports them to Prometheus."""
+        return _stats.engine_stats(lib, self.handle, check)
 
     # ---- memory ----
     def register(self, buffer_or_address, length=None, perms=PERM_RW, name=None):

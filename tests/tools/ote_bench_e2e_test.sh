@@ -148,6 +148,36 @@ if run table 0 --op write --block-size 4K,8K --batch-size 2 --total-bytes 256K; 
     fi
 fi
 
+# --stats: after the results, the engine's counters (ote_engine_stats). With --json one
+# more line, {"stats":{...}}, with its keys in order; its transport moved at least the
+# results' bytes (warm-up batches come on top), nothing failed and nothing is in flight.
+# In the table, the stats lines follow the rows.
+STATS_KEYS="stats transports tcp peers submitted read write completed read write failed read write canceled read write timed_out read write bytes_read bytes_written inflight_requests inflight_bytes latency_ns_sum latency_us_log2 registrations registered_bytes registrations_total notify_sent notify_send_failed notify_received notify_refused auth_failures auth_backoff_refused auth_open_failures"
+if run stats_json 0 --op write --block-size 64K --batch-size 4 --total-bytes 1M --json --check \
+    --stats; then
+    head -n -1 "$TMP/stats_json.out" >"$TMP/stats_results.out"
+    json_ok stats_results 1 ok 1048576
+    line=$(tail -n 1 "$TMP/stats_json.out")
+    keys=$(printf '%s' "$line" | grep -o '"[a-z0-9_]*":' | tr -d '":' | tr '\n' ' ')
+    written=$(printf '%s' "$line" | sed -n 's/.*"bytes_written":\([0-9]*\),.*/\1/p')
+    if [ "${keys% }" = "$STATS_KEYS" ] && [ -n "$written" ] && [ "$written" -ge 1048576 ] &&
+        printf '%s' "$line" | grep -q '"failed":{"read":0,"write":0}' &&
+        printf '%s' "$line" | grep -q '"inflight_requests":0,"inflight_bytes":0' &&
+        printf '%s' "$line" | grep -qE '"latency_us_log2":\[[0-9]+(,[0-9]+){31}\]'; then
+        pass stats_json
+    else
+        fail stats_json; echo "keys '${keys% }'"; echo "$line"
+    fi
+fi
+if run stats_table 0 --op read --block-size 4K --batch-size 2 --total-bytes 64K --stats; then
+    if grep -q '^stats (this engine, whole run):' "$TMP/stats_table.out" &&
+        grep -qE '^  tcp  peers 1; requests read ([0-9]+)/\1/0/0/0' "$TMP/stats_table.out"; then
+        pass stats_table
+    else
+        fail stats_table; cat "$TMP/stats_table.out"
+    fi
+fi
+
 # Host buffers on transparent huge pages (thp: 2 MiB-aligned, MADV_HUGEPAGE) and shared
 # allocations (shared: ote_memory_alloc_shared, which the target's source maps and copies
 # through) over shm, a page-sized, an odd and a multi-MiB block: checked, named.

@@ -461,6 +461,118 @@ ote_status_t ote_batch_reset(ote_batch_t *batch);
 /* OTE_ERR_BUSY while requests are pending (cancel and wait first). */
 ote_status_t ote_batch_destroy(ote_batch_t *batch);
 
+/* ---- statistics ---------------------------------------------------------------------
+ * Counters of an engine (ote_engine_stats), of one segment (ote_segment_stats) and the
+ * timing of one request (ote_batch_status_ex), read at any time from any thread without
+ * stopping anything: the data path counts with relaxed atomics (no lock), so a reading
+ * taken while requests run may be a few requests apart between two counters. Counters
+ * only grow from the engine's creation; the *_now fields and in-flight figures are the
+ * present state.
+ *
+ * Versioned by size: struct_size comes first and the caller sets it to sizeof of the
+ * struct it was built with (zero the rest). The library fills the first
+ * min(struct_size, its own size) bytes and writes that size back into struct_size:
+ * fields past it were not filled (a library older than the header). OTE_ERR_INVALID for a
+ * NULL argument or a struct_size smaller than OTE_STATS_MIN_SIZE. New fields are only
+ * ever appended. */
+#define OTE_STATS_MIN_SIZE 8u
+
+/* Transports, as an index into ote_engine_stats_t.transport and in
+ * ote_transfer_status_ex_t.transport. */
+typedef enum {
+    OTE_TRANSPORT_SHM = 0,
+    OTE_TRANSPORT_TCP = 1,
+    OTE_TRANSPORT_RDMA = 2,
+} ote_transport_id_t;
+#define OTE_STATS_TRANSPORTS 4 /* entries of ote_engine_stats_t.transport (one spare) */
+
+/* The latency histogram: every ended request (whatever its state) by its time from
+ * submit to end in whole microseconds u: bucket 0 holds u == 0 (under 1 us), bucket i
+ * (1 <= i < 31) holds 2^(i-1) <= u < 2^i, bucket 31 everything from 2^30 us (about 18
+ * minutes) up. Every request in buckets 0..i took less than 2^i us (Prometheus' le). */
+#define OTE_STATS_LATENCY_BUCKETS 32
+
+/* Requests of this engine (one transport's, or one segment's), by ote_opcode_t where an
+ * array has two entries ([OTE_READ], [OTE_WRITE]). Every submitted request ends exactly
+ * once, as completed, failed, canceled or timed_out (its ote_transfer_state_t). */
+typedef struct {
+    uint64_t submitted[2];
+    uint64_t completed[2];
+    uint64_t failed[2];    /* ended FAILED (e.g. refused by the peer: OTE_ERR_ACCESS) */
+    uint64_t canceled[2];  /* ended CANCELED (ote_batch_cancel) */
+    uint64_t timed_out[2]; /* ended TIMEOUT (transfer_timeout_ms) */
+    /* Bytes moved by ended requests: [OTE_READ] read from peers into this process,
+     * [OTE_WRITE] written to peers (bytes_done, so a failed request's proven bytes too). */
+    uint64_t bytes[2];
+    uint64_t inflight_requests_now;                 /* submitted and not yet ended */
+    uint64_t inflight_bytes_now;                    /* their lengths */
+    uint64_t latency_ns_sum;                        /* submit to end, summed over ended requests */
+    uint64_t latency_us[OTE_STATS_LATENCY_BUCKETS]; /* ended requests (above) */
+} ote_request_stats_t;
+
+typedef struct {
+    char name[8];       /* "shm", "tcp", "rdma"; "" for the spare entry */
+    uint32_t enabled;   /* 1: in this engine's transports list */
+    uint64_t peers_now; /* segments open now over this transport */
+    ote_request_stats_t requests;
+} ote_transport_stats_t;
+
+/* Memory kinds of ote_engine_stats_t's registration arrays. */
+#define OTE_STATS_MEM_HOST 0        /* OTE_MEM_HOST */
+#define OTE_STATS_MEM_HOST_PINNED 1 /* OTE_MEM_HOST_PINNED */
+#define OTE_STATS_MEM_CUDA 2        /* device memory of every CUDA device */
+#define OTE_STATS_MEM_KINDS 3
+
+typedef struct {
+    size_t struct_size;
+    ote_transport_stats_t transport[OTE_STATS_TRANSPORTS]; /* by ote_transport_id_t */
+    uint64_t registrations_now;                            /* live registrations */
+    uint64_t registered_bytes_now;
+    uint64_t registrations_kind_now[OTE_STATS_MEM_KINDS]; /* by OTE_STATS_MEM_* */
+    uint64_t registered_bytes_kind_now[OTE_STATS_MEM_KINDS];
+    uint64_t registrations_total; /* successful registrations since creation */
+    uint64_t notify_sent;         /* notifications sent and acknowledged by their receiver */
+    uint64_t notify_send_failed;  /* sent and failed (refused to their deadline, peer lost) */
+    uint64_t notify_received;     /* queued here for ote_notify_recv */
+    uint64_t notify_refused;      /* refused here: the queue was full (each refusal) */
+    /* Connections to this engine whose authentication failed (wrong key, no key, no
+     * proof in time), and connections refused unheard by the back-off of a peer address
+     * that failed too often (auth_key_file set; 0 without a key). */
+    uint64_t auth_failures;
+    uint64_t auth_backoff_refused;
+    uint64_t auth_open_failures; /* this engine's segment opens that failed with OTE_ERR_AUTH */
+} ote_engine_stats_t;
+/* The engine's counters, its closed segments' included. */
+ote_status_t ote_engine_stats(ote_engine_t *engine, ote_engine_stats_t *out);
+
+typedef struct {
+    size_t struct_size;
+    char transport[8];     /* the segment's transport (ote_segment_info) */
+    uint32_t transport_id; /* ote_transport_id_t */
+    char peer[272];
+    ote_request_stats_t requests; /* this segment's requests */
+    uint64_t notify_sent;         /* notifications to this peer, acknowledged */
+    uint64_t notify_send_failed;
+} ote_segment_stats_t;
+/* The counters of one segment (one peer), since it was opened. */
+ote_status_t ote_segment_stats(ote_segment_t *seg, ote_segment_stats_t *out);
+
+/* ote_transfer_status_t with the request's timing: the same state, bytes_done and error,
+ * the transport that carries it and CLOCK_MONOTONIC timestamps in nanoseconds (0 when not
+ * reached yet: submit_ns of a WAITING slot, end_ns of a PENDING request). end_ns -
+ * submit_ns is what the latency histogram counts. Versioned by size like the stats. */
+typedef struct {
+    size_t struct_size;
+    ote_transfer_state_t state;
+    ote_status_t error;
+    uint64_t bytes_done;
+    uint32_t transport; /* ote_transport_id_t (0 for a WAITING slot) */
+    uint64_t submit_ns;
+    uint64_t end_ns;
+} ote_transfer_status_ex_t;
+ote_status_t ote_batch_status_ex(ote_batch_t *batch, size_t index,
+                                 ote_transfer_status_ex_t *status_out);
+
 /* ---- notifications ----------------------------------------------------------------- */
 #define OTE_NOTIFY_MAX 4096
 /* Received messages wait in a queue of at most OTE_NOTIFY_QUEUE_MAX messages and
