@@ -62,6 +62,7 @@ typedef struct ote_batch ote_batch_t;
  *   shm_mode             auto (cross-memory attach where allowed) or ring
  *   listen_address       "host:port" / "[v6]:port" of the one listening socket
  *   advertise_address    the address peers are told, in place of the listen address
+ *   engine_name          this engine's name, given to receivers with its notifications
  *   tcp_connections      TCP data connections per peer
  *   tcp_workers          TCP worker threads
  *   tcp_max_accepted     connections the listener holds at once
