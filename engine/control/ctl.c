@@ -303,6 +303,20 @@ static ote_status_t decode_hello_ack(const uint8_t *b, uint32_t body_len, ote_ct
     return OTE_OK;
 }
 
+/* A HELLO's name trailer (n bytes at t, after the address's NUL): the name, then its
+ * NUL, nothing after it. */
+static ote_status_t decode_hello_name(const char *t, uint32_t n, ote_ctl_msg_t *m) {
+    if (n == 0 || t[n - 1] != '\0') return OTE_ERR_PROTOCOL; /* unterminated */
+    uint32_t len = n - 1;
+    if (len == 0) return OTE_ERR_PROTOCOL;
+    if (len > OTE_CTL_MAX_NAME) return OTE_ERR_TOO_BIG;
+    for (uint32_t i = 0; i < len; i++)
+        if ((unsigned char)t[i] < 0x20 || (unsigned char)t[i] > 0x7e) return OTE_ERR_PROTOCOL;
+    m->u.hello.name = t;
+    m->u.hello.name_len = len;
+    return OTE_OK;
+}
+
 /* The body of a HELLO (body_len bytes at b) into *m. */
 static ote_status_t decode_hello(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
     if (body_len < 16) return OTE_ERR_PROTOCOL;
@@ -311,13 +325,16 @@ static ote_status_t decode_hello(const uint8_t *b, uint32_t body_len, ote_ctl_ms
     m->u.hello.role = ote_le_get16(b + 4);
     m->u.hello.conn_index = ote_le_get16(b + 6);
     m->u.hello.session = ote_le_get64(b + 8);
-    m->u.hello.addr_len = body_len - 16;
-    if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
     if (m->u.hello.min_version == 0 || m->u.hello.min_version > m->u.hello.max_version)
         return OTE_ERR_PROTOCOL;
-    m->u.hello.addr = (const char *)(b + 16);
-    if (memchr(m->u.hello.addr, '\0', m->u.hello.addr_len) != NULL) return OTE_ERR_PROTOCOL;
-    return OTE_OK;
+    const char *a = (const char *)(b + 16);
+    uint32_t rest = body_len - 16;
+    const char *nul = memchr(a, '\0', rest);
+    m->u.hello.addr = a;
+    m->u.hello.addr_len = nul != NULL ? (uint32_t)(nul - a) : rest;
+    if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
+    if (nul == NULL) return OTE_OK; /* no name */
+    return decode_hello_name(nul + 1, rest - m->u.hello.addr_len - 1, m);
 }
 
 /* The body of a WRITE_REQ or READ_REQ (body_len bytes at b, version 1 or 2) into *m;
@@ -440,16 +457,26 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
     return OTE_OK;
 }
 
+/* Body bytes of the HELLO m encodes: the address must hold no NUL, the name (optional)
+ * be printable; OTE_ERR_INVALID otherwise. */
+static ote_status_t hello_size(const ote_ctl_msg_t *m, uint32_t *body) {
+    uint32_t al = m->u.hello.addr_len, nl = m->u.hello.name_len;
+    if (al > OTE_CTL_MAX_ADDR || nl > OTE_CTL_MAX_NAME) return OTE_ERR_INVALID;
+    if (al != 0 && memchr(m->u.hello.addr, '\0', al) != NULL) return OTE_ERR_INVALID;
+    for (uint32_t i = 0; i < nl; i++)
+        if ((unsigned char)m->u.hello.name[i] < 0x20 || (unsigned char)m->u.hello.name[i] > 0x7e)
+            return OTE_ERR_INVALID;
+    *body = 16 + al + (nl != 0 ? nl + 2 : 0);
+    return OTE_OK;
+}
+
 /* Body bytes (and bulk bytes that follow) of the frame m encodes; OTE_ERR_INVALID for
  * out-of-range fields. */
 static ote_status_t encode_size(const ote_ctl_msg_t *m, uint32_t *body, uint32_t *data) {
     *body = 0;
     *data = 0;
     switch (m->opcode) {
-        case OTE_CTL_HELLO:
-            if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
-            *body = 16 + m->u.hello.addr_len;
-            break;
+        case OTE_CTL_HELLO: return hello_size(m, body);
         case OTE_CTL_HELLO_ACK:
             if (m->u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
             if (m->u.hello_ack.info_len > OTE_CTL_MAX_INFO) return OTE_ERR_INVALID;
@@ -518,6 +545,12 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             ote_le_put16(b + 6, m->u.hello.conn_index);
             ote_le_put64(b + 8, m->u.hello.session);
             if (m->u.hello.addr_len) memcpy(b + 16, m->u.hello.addr, m->u.hello.addr_len);
+            if (m->u.hello.name_len) {
+                uint8_t *t = b + 16 + m->u.hello.addr_len;
+                t[0] = '\0';
+                memcpy(t + 1, m->u.hello.name, m->u.hello.name_len);
+                t[1 + m->u.hello.name_len] = '\0';
+            }
             break;
         case OTE_CTL_HELLO_ACK:
             ote_le_put16(b, m->u.hello_ack.version);

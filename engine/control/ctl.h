@@ -68,7 +68,14 @@ extern "C" {
 #define OTE_CTL_MIN_DATA (8u << 10)
 #define OTE_CTL_MAX_BODY 8192u /* largest non-bulk body (BUFS: OTE_CTL_BUFS_MAX_BODY) */
 #define OTE_CTL_MAX_FRAME (OTE_CTL_MAX_DATA + OTE_CTL_MAX_BODY)
-#define OTE_CTL_MAX_ADDR 255u    /* advertised "host:port" */
+#define OTE_CTL_MAX_ADDR 255u /* advertised "host:port" */
+/* HELLO: the requester's engine name (config key engine_name), optional. The HELLO body is
+ * its 16 fixed bytes, then the address (no NUL); a named requester appends a NUL, the name
+ * (1..OTE_CTL_MAX_NAME bytes of printable ASCII, 0x20..0x7e) and a NUL. A HELLO without
+ * the trailer (every engine before names, and every unnamed one) has no name. The decoder
+ * refuses a trailer that is empty, longer, unterminated or not printable. */
+#define OTE_CTL_MAX_NAME 63u
+#define OTE_CTL_MAX_HELLO_BODY (16u + OTE_CTL_MAX_ADDR + 2u + OTE_CTL_MAX_NAME)
 #define OTE_CTL_MAX_TEXT 1024u   /* ERROR text */
 #define OTE_CTL_MAX_NOTIFY 4096u /* == OTE_NOTIFY_MAX */
 #define OTE_CTL_CANCEL_MAX 1000u /* req_ids of one CANCEL frame */
@@ -166,6 +173,8 @@ typedef struct {
             uint64_t session;
             const char *addr; /* points into the decoded buffer, not NUL-terminated */
             uint32_t addr_len;
+            const char *name; /* the engine's name (NULL when name_len is 0), likewise */
+            uint32_t name_len;
         } hello;
         struct {
             uint16_t version;
