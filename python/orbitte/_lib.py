@@ -111,6 +111,7 @@ class Notification(ctypes.Structure):
         ("sender", ctypes.c_char * 272),
         ("offset", c_size_t),
         ("len", c_size_t),
+        ("name", ctypes.c_char * 64),  # OTE_ENGINE_NAME_MAX + 1
     ]
 
 
@@ -177,6 +178,20 @@ _PROTOTYPES = {
             c_void_p,
             c_size_t,
             ctypes.POINTER(c_size_t),
+            ctypes.c_char_p,
+            c_size_t,
+            ctypes.c_uint64,
+        ],
+    ),
+    "ote_notify_recv_ex": (
+        status_t,
+        [
+            c_void_p,
+            c_void_p,
+            c_size_t,
+            ctypes.POINTER(c_size_t),
+            ctypes.c_char_p,
+            c_size_t,
             ctypes.c_char_p,
             c_size_t,
             ctypes.c_uint64,

@@ -485,15 +485,25 @@ ote_status_t ote_batch_notify_result(ote_batch_t *batch, ote_status_t *result_ou
  * sender's address is copied into from (may be NULL). OTE_ERR_TIMEOUT when none arrived. */
 ote_status_t ote_notify_recv(ote_engine_t *engine, void *buf, size_t cap, size_t *len_out,
                              char *from, size_t from_len, uint64_t timeout_ns);
+/* The longest engine name (config key engine_name), without its NUL. */
+#define OTE_ENGINE_NAME_MAX 63
+/* ote_notify_recv, and the sender's engine name (its engine_name; "" when it has none or
+ * runs an OrbitTE without names) copied into name (may be NULL; OTE_ERR_TOO_BIG, the
+ * message staying queued, when name_len is too short: OTE_ENGINE_NAME_MAX + 1 always
+ * fits). */
+ote_status_t ote_notify_recv_ex(ote_engine_t *engine, void *buf, size_t cap, size_t *len_out,
+                                char *from, size_t from_len, char *name, size_t name_len,
+                                uint64_t timeout_ns);
 /* Every queued message at once, in arrival order, without waiting: as many whole
  * messages as fit both out (cap records) and data (data_cap bytes, the messages back to
  * back: record i's bytes at data + out[i].offset); *count_out how many were taken (0 when
  * none is queued). Call again while it returns cap records or data was too short for the
  * next one; a single message longer than data_cap is OTE_ERR_TOO_BIG (nothing taken). */
 typedef struct {
-    char from[272]; /* the sender's "host:port", NUL-terminated */
-    size_t offset;  /* in data */
-    size_t len;     /* message bytes */
+    char from[272];                     /* the sender's "host:port", NUL-terminated */
+    size_t offset;                      /* in data */
+    size_t len;                         /* message bytes */
+    char name[OTE_ENGINE_NAME_MAX + 1]; /* the sender's engine name, "" for none */
 } ote_notification_t;
 ote_status_t ote_notify_drain(ote_engine_t *engine, ote_notification_t *out, size_t cap, void *data,
                               size_t data_cap, size_t *count_out);
