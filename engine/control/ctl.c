@@ -161,14 +161,25 @@ static int md_addr_ok(const char *a, size_t n) {
     return 1;
 }
 
-ote_status_t ote_ctl_md_encode(const char *addr, uint64_t epoch, const ote_ctl_buf_t *bufs,
-                               uint32_t n, uint8_t *out, size_t cap, size_t *len_out) {
+/* A metadata blob's engine name: 1..OTE_CTL_MAX_NAME printable ASCII bytes. */
+static int md_name_ok(const char *a, size_t n) {
+    if (n == 0 || n > OTE_CTL_MAX_NAME) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)a[i] < 0x20 || (unsigned char)a[i] > 0x7e) return 0;
+    return 1;
+}
+
+ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoch,
+                               const ote_ctl_buf_t *bufs, uint32_t n, uint8_t *out, size_t cap,
+                               size_t *len_out) {
     if (addr == NULL || len_out == NULL || (bufs == NULL && n > 0) || epoch == 0 ||
         n > OTE_CTL_BUFS_MAX)
         return OTE_ERR_INVALID;
     size_t an = strnlen(addr, OTE_CTL_MD_ADDR_MAX + 1);
-    if (!md_addr_ok(addr, an)) return OTE_ERR_INVALID;
-    size_t need = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN;
+    size_t nn = name != NULL ? strnlen(name, OTE_CTL_MAX_NAME + 1) : 0;
+    if (!md_addr_ok(addr, an) || (nn != 0 && !md_name_ok(name, nn))) return OTE_ERR_INVALID;
+    size_t body = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN;
+    size_t need = body + (nn != 0 ? 2 + nn : 0);
     if (out == NULL || cap < need) {
         *len_out = need;
         return OTE_ERR_TOO_BIG;
@@ -178,24 +189,36 @@ ote_status_t ote_ctl_md_encode(const char *addr, uint64_t epoch, const ote_ctl_b
         if (ote_ctl_buf_put(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]) != OTE_OK)
             return OTE_ERR_INVALID;
     ote_le_put32(out, OTE_CTL_MD_MAGIC);
-    ote_le_put16(out + 4, OTE_CTL_MD_VERSION);
+    ote_le_put16(out + 4, nn != 0 ? OTE_CTL_MD_VERSION_NAMED : OTE_CTL_MD_VERSION);
     ote_le_put16(out + 6, (uint16_t)an);
     ote_le_put64(out + 8, epoch);
     ote_le_put32(out + 16, n);
     memcpy(out + OTE_CTL_MD_HDR_LEN, addr, an);
+    if (nn != 0) {
+        ote_le_put16(out + body, (uint16_t)nn);
+        memcpy(out + body + 2, name, nn);
+    }
     *len_out = need;
     return OTE_OK;
 }
 
 ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out) {
     if (in == NULL || out == NULL || len < OTE_CTL_MD_HDR_LEN) return OTE_ERR_PROTOCOL;
-    if (ote_le_get32(in) != OTE_CTL_MD_MAGIC || ote_le_get16(in + 4) != OTE_CTL_MD_VERSION)
+    uint16_t ver = ote_le_get16(in + 4);
+    if (ote_le_get32(in) != OTE_CTL_MD_MAGIC ||
+        (ver != OTE_CTL_MD_VERSION && ver != OTE_CTL_MD_VERSION_NAMED))
         return OTE_ERR_PROTOCOL;
     size_t an = ote_le_get16(in + 6);
     uint64_t epoch = ote_le_get64(in + 8);
     uint32_t n = ote_le_get32(in + 16);
-    if (epoch == 0 || n > OTE_CTL_BUFS_MAX ||
-        len != OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN ||
+    size_t body = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN, nn = 0;
+    if (ver == OTE_CTL_MD_VERSION_NAMED) {
+        if (len < body + 2 || body > len) return OTE_ERR_PROTOCOL;
+        nn = ote_le_get16(in + body);
+        if (len != body + 2 + nn || !md_name_ok((const char *)in + body + 2, nn))
+            return OTE_ERR_PROTOCOL;
+    }
+    if (epoch == 0 || n > OTE_CTL_BUFS_MAX || (ver == OTE_CTL_MD_VERSION && len != body) ||
         !md_addr_ok((const char *)in + OTE_CTL_MD_HDR_LEN, an))
         return OTE_ERR_PROTOCOL;
     const uint8_t *ent = in + OTE_CTL_MD_HDR_LEN + an;
@@ -207,6 +230,8 @@ ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out)
     out->epoch = epoch;
     memcpy(out->addr, in + OTE_CTL_MD_HDR_LEN, an);
     out->addr[an] = '\0';
+    if (nn != 0) memcpy(out->name, in + body + 2, nn);
+    out->name[nn] = '\0';
     out->count = n;
     out->entries = ent;
     return OTE_OK;

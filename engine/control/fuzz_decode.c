@@ -58,7 +58,9 @@ static void check_md(const uint8_t *data, size_t size) {
     uint8_t *again = malloc(size);
     size_t len = 0;
     check(again != NULL);
-    check(ote_ctl_md_encode(md.addr, md.epoch, bufs, md.count, again, size, &len) == OTE_OK);
+    check(strlen(md.name) <= OTE_CTL_MAX_NAME);
+    check(ote_ctl_md_encode(md.addr, md.name, md.epoch, bufs, md.count, again, size, &len) ==
+          OTE_OK);
     check(len == size && memcmp(again, data, size) == 0);
     free(again);
     free(bufs);

@@ -133,6 +133,7 @@ _PROTOTYPES = {
     ),
     "ote_engine_gpu_stats": (status_t, [c_void_p, c_void_p]),
     "ote_engine_metadata": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.POINTER(c_size_t)]),
+    "ote_engine_metadata_name": (status_t, [c_void_p, c_size_t, ctypes.c_char_p, c_size_t]),
     "ote_engine_metadata_buffers": (
         status_t,
         [ctypes.c_char_p, c_size_t, ctypes.POINTER(BufferInfo), c_size_t, ctypes.POINTER(c_size_t)],

@@ -120,6 +120,16 @@ def metadata_buffers(blob):
     check(_OTE_ERR_TOO_BIG, "ote_engine_metadata_buffers")
 
 
+def metadata_name(blob):
+    """The engine name (its engine_name) a metadata blob carries, "" for an unnamed
+    engine's (ote_engine_metadata_name)."""
+    blob = bytes(blob)
+    name = ctypes.create_string_buffer(64)
+    check(lib.ote_engine_metadata_name(blob, len(blob), name, len(name)),
+          "ote_engine_metadata_name")
+    return name.value.decode("ascii")
+
+
 def _md_address(blob):
     """The "host:port" a (decoded, valid) metadata blob names: its header says where."""
     n = int.from_bytes(blob[6:8], "little")

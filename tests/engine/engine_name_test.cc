@@ -35,9 +35,9 @@ class EngineNameTest : public ote_test::OteTest,
     static void Recv(ote_engine_t *b, std::string *msg, std::string *from, std::string *name) {
         char buf[OTE_NOTIFY_MAX], f[272], n[OTE_ENGINE_NAME_MAX + 1];
         size_t len = 0;
-        ASSERT_EQ(ote_notify_recv_ex(b, buf, sizeof(buf), &len, f, sizeof(f), n, sizeof(n),
-                                     5 * kSec),
-                  OTE_OK);
+        ASSERT_EQ(
+            ote_notify_recv_ex(b, buf, sizeof(buf), &len, f, sizeof(f), n, sizeof(n), 5 * kSec),
+            OTE_OK);
         *msg = std::string(buf, len);
         *from = f;
         *name = n;
@@ -45,8 +45,8 @@ class EngineNameTest : public ote_test::OteTest,
 };
 
 TEST_P(EngineNameTest, NotificationsCarryTheSendersName) {
-    ote_engine_t *b = NewEngine(Config(nullptr));                // the receiver
-    ote_engine_t *named = NewEngine(Config("prefill node-0~"));  // printable, with a space
+    ote_engine_t *b = NewEngine(Config(nullptr));               // the receiver
+    ote_engine_t *named = NewEngine(Config("prefill node-0~")); // printable, with a space
     ote_engine_t *plain = NewEngine(Config(nullptr));
     ote_segment_t *sn = nullptr, *sp = nullptr;
     ASSERT_EQ(ote_segment_open(named, EngineAddress(b).c_str(), &sn), OTE_OK);
@@ -91,9 +91,9 @@ TEST_P(EngineNameTest, NotificationsCarryTheSendersName) {
     ASSERT_EQ(ote_notify_send(named, sn, "kept", 4), OTE_OK);
     char buf[16], f[272], small[4];
     size_t len = 0;
-    EXPECT_EQ(ote_notify_recv_ex(b, buf, sizeof(buf), &len, f, sizeof(f), small, sizeof(small),
-                                 5 * kSec),
-              OTE_ERR_TOO_BIG);
+    EXPECT_EQ(
+        ote_notify_recv_ex(b, buf, sizeof(buf), &len, f, sizeof(f), small, sizeof(small), 5 * kSec),
+        OTE_ERR_TOO_BIG);
     ASSERT_EQ(ote_notify_recv(b, buf, sizeof(buf), &len, f, sizeof(f), 5 * kSec), OTE_OK);
     EXPECT_EQ(std::string(buf, len), "kept");
     EXPECT_EQ(ote_notify_recv_ex(b, buf, sizeof(buf), &len, nullptr, 0, nullptr, 0, 0),

@@ -356,6 +356,10 @@ ote_status_t ote_engine_metadata(ote_engine_t *engine, void *buf, size_t cap, si
  * with *count_out the number when cap is short); OTE_ERR_PROTOCOL for a malformed blob. */
 ote_status_t ote_engine_metadata_buffers(const void *md, size_t len, ote_buffer_info_t *out,
                                          size_t cap, size_t *count_out);
+/* The engine name (engine_name) a metadata blob carries, NUL-terminated into name: "" for
+ * an unnamed engine's blob. OTE_ERR_TOO_BIG when cap is short (OTE_ENGINE_NAME_MAX + 1
+ * always fits), OTE_ERR_PROTOCOL for a malformed blob. */
+ote_status_t ote_engine_metadata_name(const void *md, size_t len, char *name, size_t cap);
 /* ote_segment_open to the engine a metadata blob names, refused with OTE_ERR_STATE (no
  * segment) when the engine at that address now is another incarnation (restarted since
  * the blob was made), OTE_ERR_PROTOCOL for a malformed blob. */
