@@ -511,6 +511,11 @@ static ote_status_t parse_uint(const char *v, uint64_t *out) {
     return OTE_OK;
 }
 
+/* engine_name: the key's bound, the HELLO's (ctl.h) and the public one are the same. */
+_Static_assert(OTE__ENGINE_NAME_LEN == OTE_CTL_MAX_NAME + 1 &&
+                   OTE__ENGINE_NAME_LEN == OTE_ENGINE_NAME_MAX + 1,
+               "engine_name bounds agree");
+
 /* K_NAME: at most max characters, each printable ASCII (what the HELLO carries). */
 static int name_ok(const char *v, uint64_t max) {
     size_t n = strlen(v);

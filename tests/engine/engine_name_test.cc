@@ -5,6 +5,11 @@
 // tcp, shm and rdma (the sim provider). ote_notify_recv (no name) keeps working.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -105,6 +110,35 @@ TEST_P(EngineNameTest, NotificationsCarryTheSendersName) {
     EXPECT_EQ(ote_engine_destroy(plain), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(named), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
+}
+
+// With a cluster key the proof covers the HELLO as sent, name included: a named requester
+// proves the key and its notifications still carry its name.
+TEST_P(EngineNameTest, WithAClusterKeyTheNamedHelloProves) {
+    const char *dir = getenv("TEST_TMPDIR");
+    std::string key = std::string(dir ? dir : "/tmp") + "/engine_name_key";
+    unlink(key.c_str());
+    int fd = open(key.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    std::vector<uint8_t> k(32);
+    for (size_t i = 0; i < k.size(); i++) k[i] = static_cast<uint8_t>(3 + i * 7);
+    ASSERT_EQ(write(fd, k.data(), k.size()), static_cast<ssize_t>(k.size()));
+    close(fd);
+    ConfigKv rc = Config(nullptr), nc = Config("keyed-0");
+    rc.push_back({"auth_key_file", key.c_str()});
+    nc.push_back({"auth_key_file", key.c_str()});
+    ote_engine_t *b = NewEngine(rc), *named = NewEngine(nc);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(named, EngineAddress(b).c_str(), &seg), OTE_OK);
+    ASSERT_EQ(ote_notify_send(named, seg, "keyed", 5), OTE_OK);
+    std::string msg, from, name;
+    Recv(b, &msg, &from, &name);
+    EXPECT_EQ(msg, "keyed");
+    EXPECT_EQ(name, "keyed-0");
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(named), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
+    unlink(key.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, EngineNameTest, ::testing::Values("tcp", "shm,tcp", "rdma"),
