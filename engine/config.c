@@ -31,6 +31,7 @@
 /* How a key's value is checked and what its numeric form is (kind_check). */
 typedef enum {
     K_STRING,     /* text of at most max characters */
+    K_NAME,       /* text of at most max printable ASCII characters (0x20..0x7e), or "" */
     K_UINT,       /* a decimal integer in [min, max] */
     K_SIZE,       /* a size with an optional K/M/G suffix, in [min, max] bytes; number: bytes */
     K_BOOL,       /* "0" or "1"; number: 0 or 1 */
@@ -92,6 +93,14 @@ static const key_def_t g_keys[] = {
      * transport (port 0: any free port). A non-loopback address needs `auth_key_file` or
      * `allow_unauthenticated=1`. */
     {"listen_address", K_ADDR, "127.0.0.1:0", TEXT(listen_address)},
+    /* This engine's name, sent to every peer it connects to (in the HELLO of its TCP, shm
+     * and RDMA connections) and handed to the receiver with each notification it sends,
+     * beside its `host:port` (ote_notify_recv_ex, ote_notify_drain, Python
+     * `Notification.name`, Mooncake's `TransferNotify.name`); also in the metadata blob
+     * (ote_engine_metadata). Empty: no name (receivers see ""). A peer older than
+     * OrbitTE's engine names refuses a named engine's HELLO: leave it empty in a cluster
+     * that mixes versions (docs/api.md, "Notifications"). */
+    {"engine_name", K_NAME, "", 0, 63, TEXT(engine_name)},
     /* Address reported by ote_engine_address() and sent to peers in place of the listen
      * address, whatever that is (a wildcard, or a specific address behind NAT or a
      * container's published port); port 0 means the port listened on. Empty: the listen
@@ -510,6 +519,20 @@ static ote_status_t parse_uint(const char *v, uint64_t *out) {
     return OTE_OK;
 }
 
+/* engine_name: the key's bound, the HELLO's (ctl.h) and the public one are the same. */
+_Static_assert(OTE__ENGINE_NAME_LEN == OTE_CTL_MAX_NAME + 1 &&
+                   OTE__ENGINE_NAME_LEN == OTE_ENGINE_NAME_MAX + 1,
+               "engine_name bounds agree");
+
+/* K_NAME: at most max characters, each printable ASCII (what the HELLO carries). */
+static int name_ok(const char *v, uint64_t max) {
+    size_t n = strlen(v);
+    if (n > max) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] > 0x7e) return 0;
+    return 1;
+}
+
 /* K_MTU: "" is 0 (no clamp); 256..4096 bytes are IBV_MTU_256 (1) .. IBV_MTU_4096 (5). */
 static ote_status_t parse_mtu(const char *v, uint64_t *out) {
     static const char *const sizes[] = {"256", "512", "1024", "2048", "4096"};
@@ -543,6 +566,7 @@ static ote_status_t kind_check(const key_def_t *k, const char *v, uint64_t *numb
     ote_status_t st = OTE_ERR_INVALID;
     switch (k->kind) {
         case K_STRING: st = strlen(v) <= k->max ? OTE_OK : OTE_ERR_INVALID; break;
+        case K_NAME: st = name_ok(v, k->max) ? OTE_OK : OTE_ERR_INVALID; break;
         case K_UINT: st = parse_uint(v, &n); break;
         case K_SIZE: st = ote__parse_size(v, &n) == OTE_OK ? OTE_OK : OTE_ERR_INVALID; break;
         case K_BOOL:
@@ -626,6 +650,10 @@ static void describe_allowed(const key_def_t *k, char *buf, size_t len) {
                      "\"device:port:gid_index\" (port 1..255, GID index 0..255), up to %d "
                      "distinct devices comma-separated, or \"\"",
                      OTE__RDMA_PIN_MAX);
+            break;
+        case K_NAME:
+            snprintf(buf, len, "at most %llu printable ASCII characters (0x20..0x7e), or \"\"",
+                     (unsigned long long)k->max);
             break;
         default: snprintf(buf, len, "at most %llu characters", (unsigned long long)k->max);
     }

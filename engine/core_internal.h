@@ -108,6 +108,7 @@ typedef struct ote__nin {
     struct ote__nin *next;
     size_t len;
     char from[OTE__ADDR_MAX];
+    char name[OTE__ENGINE_NAME_LEN]; /* the sender's engine name, "" for none */
     uint8_t data[];
 } ote__nin_t;
 

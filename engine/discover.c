@@ -136,7 +136,8 @@ ote_status_t ote_engine_metadata(ote_engine_t *e, void *buf, size_t cap, size_t 
     pthread_rwlock_unlock(&e->reg_lk);
     size_t len = 0;
     if (st == OTE_OK)
-        st = ote_ctl_md_encode(e->self_addr, e->epoch, bufs, (uint32_t)n, buf, cap, &len);
+        st = ote_ctl_md_encode(e->self_addr, e->cfg.engine_name, e->epoch, bufs, (uint32_t)n, buf,
+                               cap, &len);
     ote_free(bufs);
     if (st == OTE_OK || ote_status_code(st) == OTE_ERR_TOO_BIG) *len_out = len;
     return st;
@@ -157,6 +158,16 @@ ote_status_t ote_engine_metadata_buffers(const void *md, size_t len, ote_buffer_
         out[i] = buf_info(&b);
     }
     *count_out = m.count;
+    return OTE_OK;
+}
+
+ote_status_t ote_engine_metadata_name(const void *md, size_t len, char *name, size_t cap) {
+    if (md == NULL || name == NULL) return OTE_ERR_INVALID;
+    ote_ctl_md_t m;
+    if (ote_ctl_md_decode(md, len, &m) != OTE_OK) return OTE_ERR_PROTOCOL;
+    size_t n = strlen(m.name);
+    if (n >= cap) return OTE_ERR_TOO_BIG;
+    memcpy(name, m.name, n + 1);
     return OTE_OK;
 }
 

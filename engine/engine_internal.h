@@ -29,6 +29,8 @@ extern "C" {
 #endif
 
 #define OTE__ADDR_MAX 272 /* "[" + 255 host chars + "]:" + port + NUL, rounded */
+/* An engine name (engine_name) with its NUL: OTE_CTL_MAX_NAME + 1, OTE_ENGINE_NAME_MAX + 1. */
+#define OTE__ENGINE_NAME_LEN 64
 
 #define OTE__GPU_PATH_STAGING 0x1u /* gpu_paths: pinned staging chunks */
 #define OTE__GPU_PATH_IPC 0x2u     /* CUDA IPC (not built yet) */
@@ -40,7 +42,8 @@ typedef struct ote__cfg_s {
     char transports[32]; /* ordered list, e.g. "shm,tcp" (validated) */
     char shm_mode[8];    /* "auto" or "ring" */
     char listen_address[OTE__ADDR_MAX];
-    char advertise_address[OTE__ADDR_MAX]; /* "" = none */
+    char advertise_address[OTE__ADDR_MAX];  /* "" = none */
+    char engine_name[OTE__ENGINE_NAME_LEN]; /* "" = none (printable ASCII, in HELLOs) */
     uint32_t tcp_connections;
     uint32_t tcp_workers;
     uint32_t tcp_max_accepted;

@@ -66,7 +66,7 @@
 #define LISTEN_LOG_EVERY_NS OTE_NSEC_PER_SEC
 #define LISTEN_HS_STACK (512u << 10)
 /* The largest HELLO: its fixed body and the longest address. */
-#define LISTEN_HELLO_MAX (OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR)
+#define LISTEN_HELLO_MAX (OTE_CTL_HDR_LEN + OTE_CTL_MAX_HELLO_BODY)
 
 typedef struct {
     ote__listen_t *l;

@@ -20,7 +20,8 @@
  * (OTE_NOTIFY_QUEUE_MAX messages or OTE_NOTIFY_QUEUE_BYTES bytes) or out of memory: the
  * transport answers the sender with it, so the sender's ote_notify_send fails with AGAIN
  * instead of this engine growing without bound behind a receiver that does not keep up. */
-ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, size_t len) {
+ote_status_t ote__notify_deliver(void *arg, const char *from, const char *name, const void *msg,
+                                 size_t len) {
     ote_engine_t *e = arg;
     if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
     ote_mutex_lock(&e->nmu);
@@ -49,6 +50,7 @@ ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, s
     n->next = NULL;
     n->len = len;
     snprintf(n->from, sizeof(n->from), "%s", from);
+    snprintf(n->name, sizeof(n->name), "%s", name != NULL ? name : "");
     if (len) memcpy(n->data, msg, len);
     ote_mutex_lock(&e->nmu);
     /* Re-checked: another worker may have queued one since. */
@@ -255,6 +257,11 @@ ote_status_t ote_notify_send(ote_engine_t *e, ote_segment_t *seg, const void *ms
 
 ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len_out, char *from,
                              size_t from_len, uint64_t timeout_ns) {
+    return ote_notify_recv_ex(e, buf, cap, len_out, from, from_len, NULL, 0, timeout_ns);
+}
+
+ote_status_t ote_notify_recv_ex(ote_engine_t *e, void *buf, size_t cap, size_t *len_out, char *from,
+                                size_t from_len, char *name, size_t name_len, uint64_t timeout_ns) {
     if (e == NULL || len_out == NULL || (buf == NULL && cap > 0)) return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     ote_deadline_t dl = ote_deadline_after(timeout_ns);
@@ -266,7 +273,8 @@ ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len
         }
     }
     ote__nin_t *n = e->nhead;
-    if (n->len > cap || (from != NULL && strlen(n->from) >= from_len)) {
+    if (n->len > cap || (from != NULL && strlen(n->from) >= from_len) ||
+        (name != NULL && strlen(n->name) >= name_len)) {
         ote_mutex_unlock(&e->nmu);
         return OTE_ERR_TOO_BIG;
     }
@@ -274,6 +282,7 @@ ote_status_t ote_notify_recv(ote_engine_t *e, void *buf, size_t cap, size_t *len
     ote_mutex_unlock(&e->nmu);
     if (n->len) memcpy(buf, n->data, n->len);
     if (from != NULL) memcpy(from, n->from, strlen(n->from) + 1);
+    if (name != NULL) memcpy(name, n->name, strlen(n->name) + 1);
     *len_out = n->len;
     ote_free(n);
     return OTE_OK;
@@ -286,6 +295,7 @@ ote_status_t ote_notify_drain(ote_engine_t *e, ote_notification_t *out, size_t c
         return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     _Static_assert(sizeof(out->from) >= OTE__ADDR_MAX, "a sender's address fits");
+    _Static_assert(sizeof(out->name) >= OTE__ENGINE_NAME_LEN, "a sender's name fits");
     size_t n = 0, used = 0;
     ote__nin_t *taken = NULL, **tail = &taken;
     ote_mutex_lock(&e->nmu);
@@ -309,6 +319,7 @@ ote_status_t ote_notify_drain(ote_engine_t *e, ote_notification_t *out, size_t c
         taken = m->next;
         if (m->len) memcpy((uint8_t *)data + out[i].offset, m->data, m->len);
         snprintf(out[i].from, sizeof(out[i].from), "%s", m->from);
+        snprintf(out[i].name, sizeof(out[i].name), "%s", m->name);
         ote_free(m);
     }
     *count_out = n;

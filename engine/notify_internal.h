@@ -16,7 +16,8 @@
 #include "engine/core_internal.h"
 
 /* host->deliver_notify (arg: the engine). */
-ote_status_t ote__notify_deliver(void *arg, const char *from, const void *msg, size_t len);
+ote_status_t ote__notify_deliver(void *arg, const char *from, const char *name, const void *msg,
+                                 size_t len);
 /* Drop one reference of an outgoing notification (freed with the last). */
 void ote__nout_put(ote__nout_t *n);
 /* Decide b's attached notifications once no request is pending. b->mu held. Returns the

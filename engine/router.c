@@ -118,6 +118,7 @@ ote_status_t ote__router_create(ote_engine_t *e, const ote__router_upcalls_t *up
                         .deliver_notify = up->deliver_notify,
                         .info = e->info,
                         .self_addr = e->self_addr,
+                        .self_name = e->cfg.engine_name,
                         .query_info = ote__router_query_info,
                         .buffers = up->buffers,
                         .auth_key = e->auth_key,

@@ -28,7 +28,8 @@ typedef struct {
     void (*unpin)(void *arg, void *pin);
     ote_status_t (*buffers)(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
                             size_t *len_out);
-    ote_status_t (*deliver_notify)(void *arg, const char *from, const void *msg, size_t len);
+    ote_status_t (*deliver_notify)(void *arg, const char *from, const char *name, const void *msg,
+                                   size_t len);
     ote_status_t (*shared_find)(void *arg, uint64_t addr, uint64_t len, ote__shared_ref_t *out);
 } ote__router_upcalls_t;
 

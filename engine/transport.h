@@ -216,10 +216,12 @@ typedef struct {
      * success the registration is pinned (unregister is BUSY) until unpin(*pin_out). */
     ote_status_t (*pin)(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out);
     void (*unpin)(void *arg, void *pin);
-    /* A notification arrived from the peer whose advertised address is `from`. OTE_OK
-     * when queued; OTE_ERR_AGAIN when the engine's queue is full (or out of memory):
-     * the transport answers NOTIFY_ACK with the returned status. */
-    ote_status_t (*deliver_notify)(void *arg, const char *from, const void *msg, size_t len);
+    /* A notification arrived from the peer whose advertised address is `from` and whose
+     * engine name (its HELLO's, "" when it sent none) is `name`. OTE_OK when queued;
+     * OTE_ERR_AGAIN when the engine's queue is full (or out of memory): the transport
+     * answers NOTIFY_ACK with the returned status. */
+    ote_status_t (*deliver_notify)(void *arg, const char *from, const char *name, const void *msg,
+                                   size_t len);
     /* The engine's advertisement ("transports=...;boot=...;..." text, see engine/router.c)
      * and its advertised "host:port": NUL-terminated, owned by the engine, unchanged until
      * the engine is destroyed. self_addr is filled before any transport is created (the
@@ -227,6 +229,9 @@ typedef struct {
      * A transport's source side sends info in its HELLO_ACK. */
     const char *info;
     const char *self_addr;
+    /* This engine's name (config key engine_name, "" for none): what the requester side
+     * sends in its HELLOs (engine/control/ctl.h, OTE_CTL_MAX_NAME). */
+    const char *self_name;
     /* Ask the engine listening at "host:port" for its advertisement now (a short
      * handshake on its listener, bounded by connect_timeout_ms): how a transport that
      * reaches peers by advertised names (shm) finds a restarted peer again. */

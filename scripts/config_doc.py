@@ -85,6 +85,8 @@ def values_of(kind, rest):
             human_size(nums[0]), human_size(nums[1]))
     if kind == "K_STRING":
         return "text of at most %d characters" % nums[1]
+    if kind == "K_NAME":
+        return "printable ASCII text of at most %d characters, or empty" % nums[1]
     if kind == "K_BOOL":
         return "`0` or `1`"
     if kind == "K_ENUM":

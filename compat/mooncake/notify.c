@@ -3,7 +3,8 @@
  * travels as one OrbitTE notification framed as python/orbitte/mooncake.py frames a
  * TransferNotify (so the two interoperate): "OTMN", the name's length (u32, little
  * endian), the name, then the message. A notification without that framing (a plain
- * ote_notify_send) is received with the sender's address as name.
+ * ote_notify_send) is received with the sender's engine name (its engine_name) as name,
+ * or its address when it has none.
  *
  * Memory handed to the caller (getNotifsFromEngine) comes from malloc, as Mooncake's
  * does, so that freeNotifsMsgBuf and a caller's own free() both release it.
@@ -34,8 +35,10 @@ ote_status_t ote__mc_notify_encode(const notify_msg_t *n, char *buf, size_t cap,
     return OTE_OK;
 }
 
-/* Split a received message into name and msg (each NUL-terminated, at most len bytes). */
-static void decode(const char *buf, size_t len, const char *from, char *name, char *msg) {
+/* Split a received message into name and msg (each NUL-terminated, at most len bytes);
+ * an unframed one is named by the sender's engine name, else its address (from). */
+static void decode(const char *buf, size_t len, const char *from, const char *sender_name,
+                   char *name, char *msg) {
     if (len >= NOTIFY_HEADER && memcmp(buf, NOTIFY_MAGIC, 4) == 0) {
         const unsigned char *u = (const unsigned char *)buf + 4;
         size_t nl = (size_t)u[0] | (size_t)u[1] << 8 | (size_t)u[2] << 16 | (size_t)u[3] << 24;
@@ -47,7 +50,7 @@ static void decode(const char *buf, size_t len, const char *from, char *name, ch
             return;
         }
     }
-    strcpy(name, from);
+    strcpy(name, sender_name[0] != '\0' ? sender_name : from);
     memcpy(msg, buf, len);
     msg[len] = '\0';
 }
@@ -62,14 +65,16 @@ static char *fit(char *s) {
  * queued, or a failure (logged). Memory is allocated before the message is taken, so
  * running out of it leaves the message queued. */
 static ote_status_t take_one(ote_engine_t *ote, notify_msg_t *out) {
-    char buf[OTE_NOTIFY_MAX], from[FROM_MAX];
+    char buf[OTE_NOTIFY_MAX], from[FROM_MAX], sender_name[OTE_ENGINE_NAME_MAX + 1];
     char *name = malloc(OTE_NOTIFY_MAX + FROM_MAX + 1), *msg = malloc(OTE_NOTIFY_MAX + 1);
     ote_status_t st = name == NULL || msg == NULL ? OTE_ERR_NOMEM : OTE_OK;
     size_t len = 0;
-    if (st == OTE_OK) st = ote_notify_recv(ote, buf, sizeof buf, &len, from, sizeof from, 0);
+    if (st == OTE_OK)
+        st = ote_notify_recv_ex(ote, buf, sizeof buf, &len, from, sizeof from, sender_name,
+                                sizeof sender_name, 0);
     if (st == OTE_OK) {
         from[FROM_MAX - 1] = '\0';
-        decode(buf, len, from, name, msg);
+        decode(buf, len, from, sender_name, name, msg);
         *out = (notify_msg_t){.name = fit(name), .msg = fit(msg)};
         return OTE_OK;
     }

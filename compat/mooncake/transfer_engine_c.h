@@ -225,7 +225,10 @@ int submitTransferWithNotify(transfer_engine_t engine, batch_id_t batch_id,
                              notify_msg_t notify_msg);
 
 /* Every notification received and not yet taken, as a malloc'd array of *size entries
- * (free it with freeNotifsMsgBuf); NULL with *size 0 when there is none. */
+ * (free it with freeNotifsMsgBuf); NULL with *size 0 when there is none. A notification
+ * sent through this library (or Python's orbitte.mooncake) carries the name its sender
+ * gave; one sent with OrbitTE's own ote_notify_send is named by its sender's engine name
+ * (config key engine_name, e.g. OTE_ENGINE_NAME), else by its "host:port". */
 notify_msg_t *getNotifsFromEngine(transfer_engine_t engine, int *size);
 int freeNotifsMsgBuf(notify_msg_t *msg, int size);
 

@@ -130,7 +130,7 @@ void ote_auth_bind(ote_auth_t *a, const char *context, const void *hello, size_t
 }
 
 ote_status_t ote_auth_bind_hello(ote_auth_t *a, const ote_ctl_msg_t *hello) {
-    uint8_t buf[OTE_CTL_HDR_LEN + 16 + OTE_CTL_MAX_ADDR];
+    uint8_t buf[OTE_CTL_HDR_LEN + OTE_CTL_MAX_HELLO_BODY];
     size_t len = 0;
     if (hello->opcode != OTE_CTL_HELLO || ote_ctl_encode(hello, buf, sizeof(buf), &len) != OTE_OK)
         return OTE_ERR_INVALID;

@@ -161,14 +161,25 @@ static int md_addr_ok(const char *a, size_t n) {
     return 1;
 }
 
-ote_status_t ote_ctl_md_encode(const char *addr, uint64_t epoch, const ote_ctl_buf_t *bufs,
-                               uint32_t n, uint8_t *out, size_t cap, size_t *len_out) {
+/* A metadata blob's engine name: 1..OTE_CTL_MAX_NAME printable ASCII bytes. */
+static int md_name_ok(const char *a, size_t n) {
+    if (n == 0 || n > OTE_CTL_MAX_NAME) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)a[i] < 0x20 || (unsigned char)a[i] > 0x7e) return 0;
+    return 1;
+}
+
+ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoch,
+                               const ote_ctl_buf_t *bufs, uint32_t n, uint8_t *out, size_t cap,
+                               size_t *len_out) {
     if (addr == NULL || len_out == NULL || (bufs == NULL && n > 0) || epoch == 0 ||
         n > OTE_CTL_BUFS_MAX)
         return OTE_ERR_INVALID;
     size_t an = strnlen(addr, OTE_CTL_MD_ADDR_MAX + 1);
-    if (!md_addr_ok(addr, an)) return OTE_ERR_INVALID;
-    size_t need = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN;
+    size_t nn = name != NULL ? strnlen(name, OTE_CTL_MAX_NAME + 1) : 0;
+    if (!md_addr_ok(addr, an) || (nn != 0 && !md_name_ok(name, nn))) return OTE_ERR_INVALID;
+    size_t body = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN;
+    size_t need = body + (nn != 0 ? 2 + nn : 0);
     if (out == NULL || cap < need) {
         *len_out = need;
         return OTE_ERR_TOO_BIG;
@@ -178,24 +189,36 @@ ote_status_t ote_ctl_md_encode(const char *addr, uint64_t epoch, const ote_ctl_b
         if (ote_ctl_buf_put(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]) != OTE_OK)
             return OTE_ERR_INVALID;
     ote_le_put32(out, OTE_CTL_MD_MAGIC);
-    ote_le_put16(out + 4, OTE_CTL_MD_VERSION);
+    ote_le_put16(out + 4, nn != 0 ? OTE_CTL_MD_VERSION_NAMED : OTE_CTL_MD_VERSION);
     ote_le_put16(out + 6, (uint16_t)an);
     ote_le_put64(out + 8, epoch);
     ote_le_put32(out + 16, n);
     memcpy(out + OTE_CTL_MD_HDR_LEN, addr, an);
+    if (nn != 0) {
+        ote_le_put16(out + body, (uint16_t)nn);
+        memcpy(out + body + 2, name, nn);
+    }
     *len_out = need;
     return OTE_OK;
 }
 
 ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out) {
     if (in == NULL || out == NULL || len < OTE_CTL_MD_HDR_LEN) return OTE_ERR_PROTOCOL;
-    if (ote_le_get32(in) != OTE_CTL_MD_MAGIC || ote_le_get16(in + 4) != OTE_CTL_MD_VERSION)
+    uint16_t ver = ote_le_get16(in + 4);
+    if (ote_le_get32(in) != OTE_CTL_MD_MAGIC ||
+        (ver != OTE_CTL_MD_VERSION && ver != OTE_CTL_MD_VERSION_NAMED))
         return OTE_ERR_PROTOCOL;
     size_t an = ote_le_get16(in + 6);
     uint64_t epoch = ote_le_get64(in + 8);
     uint32_t n = ote_le_get32(in + 16);
-    if (epoch == 0 || n > OTE_CTL_BUFS_MAX ||
-        len != OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN ||
+    size_t body = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN, nn = 0;
+    if (ver == OTE_CTL_MD_VERSION_NAMED) {
+        if (len < body + 2 || body > len) return OTE_ERR_PROTOCOL;
+        nn = ote_le_get16(in + body);
+        if (len != body + 2 + nn || !md_name_ok((const char *)in + body + 2, nn))
+            return OTE_ERR_PROTOCOL;
+    }
+    if (epoch == 0 || n > OTE_CTL_BUFS_MAX || (ver == OTE_CTL_MD_VERSION && len != body) ||
         !md_addr_ok((const char *)in + OTE_CTL_MD_HDR_LEN, an))
         return OTE_ERR_PROTOCOL;
     const uint8_t *ent = in + OTE_CTL_MD_HDR_LEN + an;
@@ -207,6 +230,8 @@ ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out)
     out->epoch = epoch;
     memcpy(out->addr, in + OTE_CTL_MD_HDR_LEN, an);
     out->addr[an] = '\0';
+    if (nn != 0) memcpy(out->name, in + body + 2, nn);
+    out->name[nn] = '\0';
     out->count = n;
     out->entries = ent;
     return OTE_OK;
@@ -303,6 +328,20 @@ static ote_status_t decode_hello_ack(const uint8_t *b, uint32_t body_len, ote_ct
     return OTE_OK;
 }
 
+/* A HELLO's name trailer (n bytes at t, after the address's NUL): the name, then its
+ * NUL, nothing after it. */
+static ote_status_t decode_hello_name(const char *t, uint32_t n, ote_ctl_msg_t *m) {
+    if (n == 0 || t[n - 1] != '\0') return OTE_ERR_PROTOCOL; /* unterminated */
+    uint32_t len = n - 1;
+    if (len == 0) return OTE_ERR_PROTOCOL;
+    if (len > OTE_CTL_MAX_NAME) return OTE_ERR_TOO_BIG;
+    for (uint32_t i = 0; i < len; i++)
+        if ((unsigned char)t[i] < 0x20 || (unsigned char)t[i] > 0x7e) return OTE_ERR_PROTOCOL;
+    m->u.hello.name = t;
+    m->u.hello.name_len = len;
+    return OTE_OK;
+}
+
 /* The body of a HELLO (body_len bytes at b) into *m. */
 static ote_status_t decode_hello(const uint8_t *b, uint32_t body_len, ote_ctl_msg_t *m) {
     if (body_len < 16) return OTE_ERR_PROTOCOL;
@@ -311,13 +350,16 @@ static ote_status_t decode_hello(const uint8_t *b, uint32_t body_len, ote_ctl_ms
     m->u.hello.role = ote_le_get16(b + 4);
     m->u.hello.conn_index = ote_le_get16(b + 6);
     m->u.hello.session = ote_le_get64(b + 8);
-    m->u.hello.addr_len = body_len - 16;
-    if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
     if (m->u.hello.min_version == 0 || m->u.hello.min_version > m->u.hello.max_version)
         return OTE_ERR_PROTOCOL;
-    m->u.hello.addr = (const char *)(b + 16);
-    if (memchr(m->u.hello.addr, '\0', m->u.hello.addr_len) != NULL) return OTE_ERR_PROTOCOL;
-    return OTE_OK;
+    const char *a = (const char *)(b + 16);
+    uint32_t rest = body_len - 16;
+    const char *nul = memchr(a, '\0', rest);
+    m->u.hello.addr = a;
+    m->u.hello.addr_len = nul != NULL ? (uint32_t)(nul - a) : rest;
+    if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_TOO_BIG;
+    if (nul == NULL) return OTE_OK; /* no name */
+    return decode_hello_name(nul + 1, rest - m->u.hello.addr_len - 1, m);
 }
 
 /* The body of a WRITE_REQ or READ_REQ (body_len bytes at b, version 1 or 2) into *m;
@@ -440,16 +482,26 @@ ote_status_t ote_ctl_decode(const uint8_t *buf, size_t len, ote_ctl_msg_t *out,
     return OTE_OK;
 }
 
+/* Body bytes of the HELLO m encodes: the address must hold no NUL, the name (optional)
+ * be printable; OTE_ERR_INVALID otherwise. */
+static ote_status_t hello_size(const ote_ctl_msg_t *m, uint32_t *body) {
+    uint32_t al = m->u.hello.addr_len, nl = m->u.hello.name_len;
+    if (al > OTE_CTL_MAX_ADDR || nl > OTE_CTL_MAX_NAME) return OTE_ERR_INVALID;
+    if (al != 0 && memchr(m->u.hello.addr, '\0', al) != NULL) return OTE_ERR_INVALID;
+    for (uint32_t i = 0; i < nl; i++)
+        if ((unsigned char)m->u.hello.name[i] < 0x20 || (unsigned char)m->u.hello.name[i] > 0x7e)
+            return OTE_ERR_INVALID;
+    *body = 16 + al + (nl != 0 ? nl + 2 : 0);
+    return OTE_OK;
+}
+
 /* Body bytes (and bulk bytes that follow) of the frame m encodes; OTE_ERR_INVALID for
  * out-of-range fields. */
 static ote_status_t encode_size(const ote_ctl_msg_t *m, uint32_t *body, uint32_t *data) {
     *body = 0;
     *data = 0;
     switch (m->opcode) {
-        case OTE_CTL_HELLO:
-            if (m->u.hello.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
-            *body = 16 + m->u.hello.addr_len;
-            break;
+        case OTE_CTL_HELLO: return hello_size(m, body);
         case OTE_CTL_HELLO_ACK:
             if (m->u.hello_ack.addr_len > OTE_CTL_MAX_ADDR) return OTE_ERR_INVALID;
             if (m->u.hello_ack.info_len > OTE_CTL_MAX_INFO) return OTE_ERR_INVALID;
@@ -518,6 +570,12 @@ ote_status_t ote_ctl_encode(const ote_ctl_msg_t *m, uint8_t *buf, size_t cap, si
             ote_le_put16(b + 6, m->u.hello.conn_index);
             ote_le_put64(b + 8, m->u.hello.session);
             if (m->u.hello.addr_len) memcpy(b + 16, m->u.hello.addr, m->u.hello.addr_len);
+            if (m->u.hello.name_len) {
+                uint8_t *t = b + 16 + m->u.hello.addr_len;
+                t[0] = '\0';
+                memcpy(t + 1, m->u.hello.name, m->u.hello.name_len);
+                t[1 + m->u.hello.name_len] = '\0';
+            }
             break;
         case OTE_CTL_HELLO_ACK:
             ote_le_put16(b, m->u.hello_ack.version);

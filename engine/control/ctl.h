@@ -68,7 +68,14 @@ extern "C" {
 #define OTE_CTL_MIN_DATA (8u << 10)
 #define OTE_CTL_MAX_BODY 8192u /* largest non-bulk body (BUFS: OTE_CTL_BUFS_MAX_BODY) */
 #define OTE_CTL_MAX_FRAME (OTE_CTL_MAX_DATA + OTE_CTL_MAX_BODY)
-#define OTE_CTL_MAX_ADDR 255u    /* advertised "host:port" */
+#define OTE_CTL_MAX_ADDR 255u /* advertised "host:port" */
+/* HELLO: the requester's engine name (config key engine_name), optional. The HELLO body is
+ * its 16 fixed bytes, then the address (no NUL); a named requester appends a NUL, the name
+ * (1..OTE_CTL_MAX_NAME bytes of printable ASCII, 0x20..0x7e) and a NUL. A HELLO without
+ * the trailer (every engine before names, and every unnamed one) has no name. The decoder
+ * refuses a trailer that is empty, longer, unterminated or not printable. */
+#define OTE_CTL_MAX_NAME 63u
+#define OTE_CTL_MAX_HELLO_BODY (16u + OTE_CTL_MAX_ADDR + 2u + OTE_CTL_MAX_NAME)
 #define OTE_CTL_MAX_TEXT 1024u   /* ERROR text */
 #define OTE_CTL_MAX_NOTIFY 4096u /* == OTE_NOTIFY_MAX */
 #define OTE_CTL_CANCEL_MAX 1000u /* req_ids of one CANCEL frame */
@@ -166,6 +173,8 @@ typedef struct {
             uint64_t session;
             const char *addr; /* points into the decoded buffer, not NUL-terminated */
             uint32_t addr_len;
+            const char *name; /* the engine's name (NULL when name_len is 0), likewise */
+            uint32_t name_len;
         } hello;
         struct {
             uint16_t version;
@@ -297,23 +306,29 @@ ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *
  * version u16 (1), address length u16 (1..OTE_CTL_MD_ADDR_MAX), epoch u64 (nonzero),
  * count u32 (<= OTE_CTL_BUFS_MAX), the address ("host:port", printable ASCII, no NUL),
  * then count BUFS entries (OTE_CTL_BUF_ENTRY_LEN each, checked like a BUFS frame's), and
- * nothing after them. Little-endian.
+ * nothing after them. Little-endian. Version 2 (the blob of an engine with an engine_name;
+ * an unnamed engine's stays version 1, readable by engines before names) appends the name:
+ * its length u16 (1..OTE_CTL_MAX_NAME) and its printable ASCII bytes (0x20..0x7e).
  */
 #define OTE_CTL_MD_MAGIC 0x444d544fu /* "OTMD" */
 #define OTE_CTL_MD_VERSION 1u
+#define OTE_CTL_MD_VERSION_NAMED 2u
 #define OTE_CTL_MD_HDR_LEN 20u
 #define OTE_CTL_MD_ADDR_MAX 271u
 typedef struct {
     uint64_t epoch;
     char addr[OTE_CTL_MD_ADDR_MAX + 1]; /* NUL-terminated */
+    char name[OTE_CTL_MAX_NAME + 1];    /* the engine's name, "" in a version-1 blob */
     uint32_t count;
     const uint8_t *entries; /* count entries, inside the decoded blob (ote_ctl_md_buf) */
 } ote_ctl_md_t;
-/* Encode a blob of n entries into out. OTE_ERR_INVALID for a bad address, a zero epoch,
- * too many or invalid entries (nothing written); OTE_ERR_TOO_BIG when cap is short, with
- * *len_out the size needed; OTE_OK with *len_out the size written. */
-ote_status_t ote_ctl_md_encode(const char *addr, uint64_t epoch, const ote_ctl_buf_t *bufs,
-                               uint32_t n, uint8_t *out, size_t cap, size_t *len_out);
+/* Encode a blob of n entries into out (version 2 when name is neither NULL nor "").
+ * OTE_ERR_INVALID for a bad address or name, a zero epoch, too many or invalid entries
+ * (nothing written); OTE_ERR_TOO_BIG when cap is short, with *len_out the size needed;
+ * OTE_OK with *len_out the size written. */
+ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoch,
+                               const ote_ctl_buf_t *bufs, uint32_t n, uint8_t *out, size_t cap,
+                               size_t *len_out);
 /* Decode and check a whole blob (every entry too): OTE_ERR_PROTOCOL when anything is
  * wrong (*out untouched), else OTE_OK with out->entries pointing into in. */
 ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out);

@@ -58,7 +58,9 @@ static void check_md(const uint8_t *data, size_t size) {
     uint8_t *again = malloc(size);
     size_t len = 0;
     check(again != NULL);
-    check(ote_ctl_md_encode(md.addr, md.epoch, bufs, md.count, again, size, &len) == OTE_OK);
+    check(strlen(md.name) <= OTE_CTL_MAX_NAME);
+    check(ote_ctl_md_encode(md.addr, md.name, md.epoch, bufs, md.count, again, size, &len) ==
+          OTE_OK);
     check(len == size && memcmp(again, data, size) == 0);
     free(again);
     free(bufs);
@@ -85,6 +87,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             st = ote_ctl_negotiate(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);
             check(st == OTE_OK || st == OTE_ERR_VERSION);
             if (st == OTE_OK) check(ver >= OTE_CTL_VERSION_MIN && ver <= OTE_CTL_VERSION_MAX);
+            /* The address holds no NUL; a name is 1..OTE_CTL_MAX_NAME printable bytes, and
+             * the HELLO encodes back byte for byte. */
+            check(m.u.hello.addr_len <= OTE_CTL_MAX_ADDR &&
+                  memchr(m.u.hello.addr, '\0', m.u.hello.addr_len) == NULL);
+            check(m.u.hello.name_len <= OTE_CTL_MAX_NAME &&
+                  (m.u.hello.name_len == 0) == (m.u.hello.name == NULL));
+            for (uint32_t i = 0; i < m.u.hello.name_len; i++)
+                check(m.u.hello.name[i] >= 0x20 && m.u.hello.name[i] <= 0x7e);
+            uint8_t hb[OTE_CTL_HDR_LEN + OTE_CTL_MAX_HELLO_BODY];
+            size_t hl = 0;
+            check(ote_ctl_encode(&m, hb, sizeof(hb), &hl) == OTE_OK && hl == used);
+            check(memcmp(hb, data + off, used) == 0);
         }
         if (m.opcode == OTE_CTL_HELLO_ACK || m.opcode == OTE_CTL_ERROR) {
             st = ote_ctl_check_hello_ack(&m, OTE_CTL_VERSION_MIN, OTE_CTL_VERSION_MAX, &ver);

@@ -40,6 +40,10 @@ ote_status_t ote_ctl_hello_exchange(const ote_auth_key_t *key, const ote_ctl_hel
     hello.u.hello.session = h->session;
     hello.u.hello.addr = h->addr;
     hello.u.hello.addr_len = (uint32_t)strlen(h->addr);
+    if (h->name != NULL && h->name[0] != '\0') {
+        hello.u.hello.name = h->name;
+        hello.u.hello.name_len = (uint32_t)strlen(h->name);
+    }
     ote_ctl_msg_t ack;
     memset(&ack, 0, sizeof(ack));
     ote_status_t st = io->send(io->arg, &hello);

@@ -25,6 +25,7 @@ typedef struct {
     uint16_t conn_index;    /* a TCP data connection's index (0 otherwise) */
     uint64_t session;       /* a TCP requester's session (0 otherwise) */
     const char *addr;       /* the address the peer should name this engine by */
+    const char *name;       /* this engine's name (engine_name), NULL or "": none */
     uint16_t frame_version; /* the HELLO frame's own version (0: OTE_CTL_VERSION_MAX) */
 } ote_ctl_hello_t;
 

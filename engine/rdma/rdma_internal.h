@@ -173,6 +173,7 @@ typedef struct conn {
     uint32_t ndev;                     /* the peer's data devices (1..) */
     uint32_t nics[OTE__RDMA_MAX_NICS]; /* their NIC ids (nics[0] == nic) */
     char peer_addr[OTE__ADDR_MAX];
+    char peer_name[OTE__ENGINE_NAME_LEN]; /* its HELLO's engine name ("" for none) */
     int adopted;    /* from the engine's listener: the last put calls host->conn_closed */
     uint64_t epoch; /* the peer's epoch (its INFO / INFO_ACK); 0: not sent (older engine) */
     /* Source side (the connection's own thread): our device that serves the pairs whose

@@ -327,8 +327,10 @@ static void eps_evict(ote_endpoint_t **eps, size_t n) {
  * whole-parent credits). */
 static ote_status_t hello(ote__tpeer_t *p, conn_t *c, ote_deadline_t dl) {
     rdma_tp_t *tp = p->tp;
-    ote_ctl_hello_t h = {
-        .role = OTE_CTL_ROLE_RDMA, .addr = tp->addr, .frame_version = OTE_CTL_VERSION_MIN};
+    ote_ctl_hello_t h = {.role = OTE_CTL_ROLE_RDMA,
+                         .addr = tp->addr,
+                         .name = tp->host.self_name,
+                         .frame_version = OTE_CTL_VERSION_MIN};
     rdma_auth_chan_t ch = {c, dl, NULL};
     ote_auth_io_t io = ote__rdma_auth_io(&ch);
     ote_ctl_msg_t a;

@@ -43,6 +43,8 @@ static int server_hello(conn_t *c, const ote_ctl_msg_t *m) {
                                                                  : sizeof(c->peer_addr) - 1;
     memcpy(c->peer_addr, m->u.hello.addr, alen);
     c->peer_addr[alen] = '\0';
+    memcpy(c->peer_name, m->u.hello.name != NULL ? m->u.hello.name : "", m->u.hello.name_len);
+    c->peer_name[m->u.hello.name_len] = '\0'; /* <= OTE_CTL_MAX_NAME (decoded) */
     a.version = ver;
     a.opcode = OTE_CTL_HELLO_ACK;
     a.u.hello_ack.version = ver;
@@ -122,8 +124,8 @@ static int server_frame(conn_t *c, const ote_ctl_msg_t *m, int *have_info) {
     rdma_tp_t *tp = c->tp;
     if (m->opcode == OTE_CTL_NOTIFY) {
         settle_lanes(tp);
-        ote_status_t st =
-            tp->host.deliver_notify(tp->host.arg, c->peer_addr, m->u.notify.msg, m->u.notify.len);
+        ote_status_t st = tp->host.deliver_notify(tp->host.arg, c->peer_addr, c->peer_name,
+                                                  m->u.notify.msg, m->u.notify.len);
         ote_ctl_msg_t a;
         memset(&a, 0, sizeof(a));
         a.version = c->version;

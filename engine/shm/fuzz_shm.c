@@ -47,8 +47,12 @@ static void check_reqs(const uint8_t *data, size_t size, int cnt) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     shm_hello_t h;
     if (ote__shm_hello_decode(data, size, &h) == 0) {
-        check(size == sizeof(h) && h.h.magic == SHM_MAGIC && h.h.kind == SHM_HELLO);
+        check((size == sizeof(h) || size == SHM_HELLO_BASE_LEN) && h.h.magic == SHM_MAGIC &&
+              h.h.kind == SHM_HELLO);
         check(strnlen(h.addr, sizeof(h.addr)) < sizeof(h.addr));
+        size_t nl = strnlen(h.name, sizeof(h.name));
+        check(nl <= OTE_CTL_MAX_NAME && (size == sizeof(h) || nl == 0));
+        for (size_t i = 0; i < nl; i++) check(h.name[i] >= 0x20 && h.name[i] <= 0x7e);
     }
     for (uint16_t step = 0; step <= OTE_CTL_AUTH_OK + 1; step++) {
         shm_auth_t a;
@@ -109,7 +113,12 @@ int main(int argc, char **argv) {
     h.probe_val = 0x1234;
     h.ring_len = SHM_RING_BYTES;
     snprintf(h.addr, sizeof(h.addr), "127.0.0.1:4000");
-    bad |= put(d, "hello", &h, sizeof(h));
+    bad |= put(d, "hello", &h, SHM_HELLO_BASE_LEN);
+    snprintf(h.name, sizeof(h.name), "prefill-0");
+    bad |= put(d, "hello_named", &h, sizeof(h));
+    memset(h.name, 'n', sizeof(h.name)); /* malformed: a name without its NUL */
+    bad |= put(d, "hello_name_unterminated", &h, sizeof(h));
+    memset(&h.name, 0, sizeof(h.name));
     shm_auth_t a;
     memset(&a, 0, sizeof(a));
     a.h = (shm_hdr_t){SHM_MAGIC, SHM_VERSION, SHM_AUTH, 0, 0};

@@ -54,8 +54,8 @@ static ote_status_t recv_by(int fd, void *buf, size_t cap, ote_deadline_t dl, si
 
 /* The source's HELLO_ACK into *a, after the key's challenge-response when the source asks
  * for it (engine/control/auth.h; the exchange is bound to the HELLO's bytes). */
-static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, shm_hello_ack_t *a,
-                                 ote_deadline_t dl) {
+static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, size_t hlen,
+                                 shm_hello_ack_t *a, ote_deadline_t dl) {
     const ote_auth_key_t *key = p->tp->host.auth_key;
     union {
         shm_hdr_t h;
@@ -74,7 +74,7 @@ static ote_status_t hello_answer(shm_peer_t *p, int fd, const shm_hello_t *h, sh
             return OTE_ERR_AUTH;
         }
         ote_auth_t au;
-        ote_auth_bind(&au, "shm", h, sizeof(*h));
+        ote_auth_bind(&au, "shm", h, hlen); /* the bytes sent */
         ote_auth_prove(&au, key, au_msg.nonce);
         memcpy(au_msg.nonce, au.nc, sizeof(au.nc));
         memcpy(au_msg.mac, au.mac, sizeof(au.mac));
@@ -106,6 +106,7 @@ typedef struct {
     int fd;
     struct ucred cr; /* the source's pid */
     shm_hello_t h;
+    size_t hlen;    /* bytes of h sent: SHM_HELLO_BASE_LEN without a name */
     int want_ipc;   /* CUDA IPC asked for */
     int force_ring; /* shm_mode "ring" */
     uint8_t *ring;  /* mapped here; NULL: none */
@@ -175,6 +176,9 @@ static void connect_hello(shm_peer_t *p, shm_connect_t *c) {
     h->probe_addr = c->force_ring ? 0 : (uint64_t)(uintptr_t)&g_probe_cookie;
     h->probe_val = atomic_load(&g_probe_cookie);
     snprintf(h->addr, sizeof(h->addr), "%s", tp->host.self_addr ? tp->host.self_addr : "");
+    const char *name = tp->host.self_name ? tp->host.self_name : "";
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    c->hlen = name[0] != '\0' ? sizeof(*h) : SHM_HELLO_BASE_LEN; /* shm_hello_t.name */
 }
 
 /* The ring that goes along in every HELLO: the source falls back to it when it cannot
@@ -218,10 +222,10 @@ static ote_status_t connect_check_ack(shm_peer_t *p, shm_connect_t *c) {
  * into c->a; a failure other than OTE_ERR_UNSUPPORTED is logged WARN. */
 static ote_status_t connect_handshake(shm_peer_t *p, shm_connect_t *c, ote_deadline_t dl) {
     ote_status_t st = OTE_OK;
-    if (ote__shm_send_fd(c->fd, &c->h, sizeof(c->h), c->rfd, 0) != (ssize_t)sizeof(c->h))
+    if (ote__shm_send_fd(c->fd, &c->h, c->hlen, c->rfd, 0) != (ssize_t)c->hlen)
         st = OTE_ERR_PEER_LOST;
     if (c->rfd >= 0) close(c->rfd); /* the mapping (and the source's copy of the fd) keep it */
-    if (st == OTE_OK) st = hello_answer(p, c->fd, &c->h, &c->a, dl);
+    if (st == OTE_OK) st = hello_answer(p, c->fd, &c->h, c->hlen, &c->a, dl);
     if (st == OTE_OK) st = connect_check_ack(p, c);
     if (st != OTE_OK && st != OTE_ERR_UNSUPPORTED)
         OTE_WARN("shm", "handshake with %s failed: %s", p->addr, ote_status_str(st));

@@ -297,7 +297,15 @@ typedef struct {
     uint64_t probe_val;
     uint64_t ring_len;        /* bytes of the memfd passed with this message (SCM_RIGHTS) */
     char addr[OTE__ADDR_MAX]; /* the requester's advertised "host:port" (notifications) */
+    /* The requester's engine name (engine_name): sent only by a named requester, whose
+     * HELLO is then sizeof(shm_hello_t) bytes; an unnamed one (and every engine before
+     * names) sends SHM_HELLO_BASE_LEN bytes. A source before names reads the first
+     * SHM_HELLO_BASE_LEN bytes of a named HELLO and serves it (without a key: with one, the
+     * proof covers every byte sent and fails). 1..OTE_CTL_MAX_NAME printable ASCII bytes,
+     * NUL-terminated (the decoder takes an empty one as none). */
+    char name[OTE__ENGINE_NAME_LEN];
 } shm_hello_t;
+#define SHM_HELLO_BASE_LEN offsetof(shm_hello_t, name)
 
 typedef struct {
     shm_hdr_t h;
@@ -474,6 +482,7 @@ struct shm_src {
     _Atomic int done;      /* its thread has returned */
     ote__acct_set_t accts; /* open requests (engine/src_account.h); its thread's only */
     char from[OTE__ADDR_MAX];
+    char from_name[OTE__ENGINE_NAME_LEN]; /* the requester's engine name ("" for none) */
     shm_msg_t *msgs; /* SHM_LOOKAHEAD received messages, a ring: [mhead, +mcount) */
     uint32_t mhead, mcount;
     _Atomic int abort; /* the requester is gone: copy nothing more */

@@ -17,9 +17,19 @@ static int hdr_of(const void *b, size_t n, uint16_t kind, shm_hdr_t *h) {
 
 int ote__shm_hello_decode(const void *b, size_t n, shm_hello_t *out) {
     shm_hdr_t h;
-    if (n != sizeof(*out) || hdr_of(b, n, SHM_HELLO, &h) != 0) return -1;
-    memcpy(out, b, sizeof(*out));
-    out->addr[sizeof(out->addr) - 1] = '\0';
+    if ((n != sizeof(*out) && n != SHM_HELLO_BASE_LEN) || hdr_of(b, n, SHM_HELLO, &h) != 0)
+        return -1;
+    shm_hello_t m;
+    memset(&m, 0, sizeof(m));
+    memcpy(&m, b, n);
+    m.addr[sizeof(m.addr) - 1] = '\0';
+    if (n == sizeof(m)) {
+        size_t nl = strnlen(m.name, sizeof(m.name));
+        if (nl > OTE_CTL_MAX_NAME) return -1; /* unterminated (an empty name: none) */
+        for (size_t i = 0; i < nl; i++)
+            if ((unsigned char)m.name[i] < 0x20 || (unsigned char)m.name[i] > 0x7e) return -1;
+    }
+    *out = m;
     return 0;
 }
 

@@ -15,7 +15,9 @@
 #include "engine/shm/shm_internal.h"
 
 /* A HELLO (any version: the answer says when it is not SHM_VERSION); out->addr ends in
- * NUL. 0, or -1 when malformed. */
+ * NUL. SHM_HELLO_BASE_LEN bytes: no name (out->name ""); sizeof(shm_hello_t): a name of
+ * 0..OTE_CTL_MAX_NAME printable ASCII bytes and its NUL (anything else there refuses it).
+ * 0, or -1 when malformed. */
 int ote__shm_hello_decode(const void *b, size_t n, shm_hello_t *out);
 /* An SHM_AUTH message of the given step (OTE_CTL_AUTH_*). 0, or -1. */
 int ote__shm_auth_decode(const void *b, size_t n, uint16_t step, shm_auth_t *out);

@@ -79,11 +79,11 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd);
 /* Engine with a key: the challenge-response on the HELLO h (its bytes as received),
  * before anything of it is acted on. 0 when the requester proved the key; -1 when not
  * (counted and logged): the caller closes without reading more. */
-static int src_auth(shm_src_t *s, const shm_hello_t *h, ote_deadline_t dl) {
+static int src_auth(shm_src_t *s, const shm_hello_t *h, size_t hlen, ote_deadline_t dl) {
     ote_auth_peer_t peer;
     ote_auth_peer_of_uid(s->tp->host.auth_key, s->uid, s->pid, &peer);
     ote_auth_t a;
-    ote_auth_bind(&a, "shm", h, sizeof(*h));
+    ote_auth_bind(&a, "shm", h, hlen);
     ote_auth_challenge(&a);
     shm_auth_t m;
     memset(&m, 0, sizeof(m));
@@ -142,7 +142,7 @@ static int src_hello(shm_src_t *s) {
         return -1;
     }
     /* The exchange is bound to the HELLO's bytes as they came. */
-    if (tp->host.auth_key != NULL && src_auth(s, &raw, dl) != 0) {
+    if (tp->host.auth_key != NULL && src_auth(s, &raw, (size_t)n, dl) != 0) {
         if (rfd >= 0) close(rfd);
         return -1;
     }
@@ -187,6 +187,7 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
     shm_hello_t h = *hp;
     h.addr[sizeof(h.addr) - 1] = '\0';
     snprintf(s->from, sizeof(s->from), "%s", h.addr);
+    snprintf(s->from_name, sizeof(s->from_name), "%s", h.name); /* checked by the decoder */
     shm_hello_ack_t a;
     memset(&a, 0, sizeof(a));
     a.h.magic = SHM_MAGIC;
@@ -306,18 +307,18 @@ static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
     uint8_t msg[OTE_CTL_MAX_NOTIFY];
     if (q->len > sizeof(msg)) return OTE_ERR_TOO_BIG;
     if (q->len == 0) /* never in the ring, in either mode: nothing to read */
-        return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, 0);
+        return s->tp->host.deliver_notify(s->tp->host.arg, s->from, s->from_name, msg, 0);
     if (in_ring(s, q)) {
         if (s->ring == NULL || q->local > s->ring_len || q->len > s->ring_len - q->local)
             return OTE_ERR_INVALID;
         ote_status_t st = ote__shm_ring_ready(s, q->id);
         if (st != OTE_OK) return st;
         memcpy(msg, s->ring + q->local, q->len);
-        return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
+        return s->tp->host.deliver_notify(s->tp->host.arg, s->from, s->from_name, msg, q->len);
     }
     struct iovec l = {msg, q->len}, r = {(void *)(uintptr_t)q->local, q->len};
     if (process_vm_readv(s->pid, &l, 1, &r, 1, 0) != (ssize_t)q->len) return OTE_ERR_INVALID;
-    return s->tp->host.deliver_notify(s->tp->host.arg, s->from, msg, q->len);
+    return s->tp->host.deliver_notify(s->tp->host.arg, s->from, s->from_name, msg, q->len);
 }
 
 /* Check one data request against the registrations and pin its range. */

@@ -60,8 +60,11 @@ static ote_status_t conn_socket(tcp_peer_t *p, ote_deadline_t dl, int *fd_out) {
 static ote_status_t conn_handshake(tcp_peer_t *p, conn_hs_t *hs, uint16_t index, uint64_t session,
                                    ote_deadline_t dl) {
     tcp_t *tp = p->tp;
-    ote_ctl_hello_t h = {
-        .role = ROLE_REQUESTER, .conn_index = index, .session = session, .addr = tp->addr};
+    ote_ctl_hello_t h = {.role = ROLE_REQUESTER,
+                         .conn_index = index,
+                         .session = session,
+                         .addr = tp->addr,
+                         .name = tp->host.self_name};
     ote_auth_sock_t as = {hs->fd, hs->buf, sizeof(hs->buf), dl};
     ote_auth_io_t io = ote_auth_sock_io(&as);
     return ote_ctl_hello_exchange(tp->host.auth_key, &h, &io, p->addr, &hs->ack, &hs->ver);

@@ -146,7 +146,7 @@ static inline const tcp_xp_t *ote__tcp_cxp(const ote__slice_t *s) {
 #define TCP_INLINE_MAX (256u << 10) /* submit: a connection's share this small may go inline */
 #define TCP_SRC_MAX_RESP 256u       /* queued responses per source connection */
 #define TCP_HS_RXBUF 512u           /* receive buffer before the handshake: one HELLO fits */
-#define TCP_HSBUF (OTE_CTL_HDR_LEN + 8 + OTE_CTL_MAX_TEXT + OTE_CTL_MAX_ADDR + 16)
+#define TCP_HSBUF (OTE_CTL_HDR_LEN + 8 + OTE_CTL_MAX_TEXT + OTE_CTL_MAX_HELLO_BODY)
 
 enum { ROLE_REQUESTER = 1, ROLE_SOURCE = 2 };
 enum { RX_HDR = 0, RX_DATA = 1, RX_DISCARD = 2 };
@@ -186,6 +186,7 @@ struct tcp_conn {
     uint16_t index;
     tcp_peer_t *peer; /* requester role */
     char from[OTE__ADDR_MAX];
+    char from_name[OTE__ENGINE_NAME_LEN]; /* the requester's engine name ("" for none) */
     uint32_t ev;
     int out_wanted;   /* EPOLLOUT requested */
     int rx_paused;    /* source: EPOLLIN off (response cap reached, or closing) */

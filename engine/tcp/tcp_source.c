@@ -158,6 +158,8 @@ static int src_hello(tcp_conn_t *c, const ote_ctl_msg_t *m) {
     size_t al = m->u.hello.addr_len;
     memcpy(c->from, m->u.hello.addr, al);
     c->from[al] = '\0';
+    memcpy(c->from_name, m->u.hello.name != NULL ? m->u.hello.name : "", m->u.hello.name_len);
+    c->from_name[m->u.hello.name_len] = '\0'; /* <= OTE_CTL_MAX_NAME (decoded) */
     ote_ctl_msg_t out;
     memset(&out, 0, sizeof(out));
     tcp_t *tp = c->w->tp;
@@ -375,7 +377,8 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
             return 0;
         case OTE_CTL_NOTIFY:
             c->last_large = 0;
-            st = tp->host.deliver_notify(tp->host.arg, c->from, m->u.notify.msg, m->u.notify.len);
+            st = tp->host.deliver_notify(tp->host.arg, c->from, c->from_name, m->u.notify.msg,
+                                         m->u.notify.len);
             return src_respond(c, OTE_CTL_NOTIFY_ACK, m->req_id, st, NULL, 0, NULL);
         case OTE_CTL_BUFS_REQ: c->last_large = 0; return src_buffers(c, m->req_id);
         default:

@@ -52,6 +52,7 @@ from .engine import (  # noqa: E402
     WRITE,
     Batch,
     metadata_buffers,
+    metadata_name,
     BufferInfo,
     Engine,
     Notification,

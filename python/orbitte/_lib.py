@@ -111,6 +111,7 @@ class Notification(ctypes.Structure):
         ("sender", ctypes.c_char * 272),
         ("offset", c_size_t),
         ("len", c_size_t),
+        ("name", ctypes.c_char * 64),  # OTE_ENGINE_NAME_MAX + 1
     ]
 
 
@@ -226,6 +227,7 @@ _PROTOTYPES = {
         [c_void_p, ctypes.c_char_p, c_size_t, ctypes.POINTER(c_size_t)],
     ),
     "ote_engine_metadata": (status_t, [c_void_p, c_void_p, c_size_t, ctypes.POINTER(c_size_t)]),
+    "ote_engine_metadata_name": (status_t, [c_void_p, c_size_t, ctypes.c_char_p, c_size_t]),
     "ote_engine_metadata_buffers": (
         status_t,
         [ctypes.c_char_p, c_size_t, ctypes.POINTER(BufferInfo), c_size_t, ctypes.POINTER(c_size_t)],
@@ -271,6 +273,20 @@ _PROTOTYPES = {
             c_void_p,
             c_size_t,
             ctypes.POINTER(c_size_t),
+            ctypes.c_char_p,
+            c_size_t,
+            ctypes.c_uint64,
+        ],
+    ),
+    "ote_notify_recv_ex": (
+        status_t,
+        [
+            c_void_p,
+            c_void_p,
+            c_size_t,
+            ctypes.POINTER(c_size_t),
+            ctypes.c_char_p,
+            c_size_t,
             ctypes.c_char_p,
             c_size_t,
             ctypes.c_uint64,

@@ -121,6 +121,16 @@ def metadata_buffers(blob):
     check(_OTE_ERR_TOO_BIG, "ote_engine_metadata_buffers")
 
 
+def metadata_name(blob):
+    """The engine name (its engine_name) a metadata blob carries, "" for an unnamed
+    engine's (ote_engine_metadata_name)."""
+    blob = bytes(blob)
+    name = ctypes.create_string_buffer(64)
+    check(lib.ote_engine_metadata_name(blob, len(blob), name, len(name)),
+          "ote_engine_metadata_name")
+    return name.value.decode("ascii")
+
+
 def _md_address(blob):
     """The "host:port" a (decoded, valid) metadata blob names: its header says where."""
     n = int.from_bytes(blob[6:8], "little")
@@ -144,7 +154,10 @@ class TransferStatus(collections.namedtuple("TransferStatus", "state bytes_done 
     @property
     def latency(self):
         return (self.end_ns - self.submit_ns) / 1e9 if self.end_ns else None
-Notification = collections.namedtuple("Notification", "message sender")
+
+
+# name: the sender's engine name (its engine_name config key), "" when it has none.
+Notification = collections.namedtuple("Notification", "message sender name", defaults=("",))
 
 
 class Registration:
@@ -720,7 +733,7 @@ class Engine:
         check(lib.ote_notify_send(self.handle, seg.handle, msg, len(msg)), "ote_notify_send")
 
     def notify_drain(self):
-        """Every queued Notification(message, sender) at once, in arrival order, without
+        """Every queued Notification(message, sender, name) at once, in arrival order, without
         waiting ([] when none; ote_notify_drain, one C call per 64 messages)."""
         out = []
         recs = (_lib.Notification * 64)()
@@ -730,23 +743,26 @@ class Engine:
             check(lib.ote_notify_drain(self.handle, recs, 64, data, len(data), ctypes.byref(n)),
                   "ote_notify_drain")
             raw = data.raw
-            out.extend(Notification(raw[r.offset:r.offset + r.len], r.sender.decode())
+            out.extend(Notification(raw[r.offset:r.offset + r.len], r.sender.decode(),
+                                    r.name.decode("ascii", "replace"))
                        for r in recs[:n.value])
             if n.value == 0:
                 return out
 
     def notify_recv(self, timeout=1.0):
-        """The next Notification(message, sender) sent to this engine, or None when none
-        arrives within `timeout` seconds (the wait runs in C without the GIL)."""
+        """The next Notification(message, sender, name) sent to this engine, or None when
+        none arrives within `timeout` seconds (the wait runs in C without the GIL)."""
         buf = ctypes.create_string_buffer(NOTIFY_MAX)
-        sender = ctypes.create_string_buffer(256)
+        sender = ctypes.create_string_buffer(272)
+        name = ctypes.create_string_buffer(64)
         n = ctypes.c_size_t()
-        st = lib.ote_notify_recv(self.handle, buf, len(buf), ctypes.byref(n), sender,
-                                 len(sender), _ns(timeout))
+        st = lib.ote_notify_recv_ex(self.handle, buf, len(buf), ctypes.byref(n), sender,
+                                    len(sender), name, len(name), _ns(timeout))
         if st == _OTE_ERR_TIMEOUT:
             return None
         check(st, "ote_notify_recv")
-        return Notification(buf.raw[: n.value], sender.value.decode())
+        return Notification(buf.raw[: n.value], sender.value.decode(),
+                            name.value.decode("ascii", "replace"))
 
     # ---- closing ----
     def close(self):

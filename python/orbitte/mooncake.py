@@ -25,7 +25,16 @@ Conventions kept (from Mooncake's pybind module and its callers):
   any protocol to tcp; MC_LOG_LEVEL to log_level; MC_GID_INDEX to rdma_gid_index (a
   negative one, Mooncake's "choose", leaves the engine's ranked choice): each logged once
   at INFO when applied.
-- get_notifies() drains every queued notification as TransferNotify(name, msg).
+- get_notifies() drains every queued notification as TransferNotify(name, msg): the name
+  its sender gave (transfer_sync's notify, as Mooncake), or for a plain OrbitTE
+  notification the sender's engine name (config key engine_name, OTE_ENGINE_NAME), else
+  its "host:port".
+- transfer_{write,read}_on_cuda and batch_transfer_{write,read}_on_cuda: the transfer
+  starts after the work queued on the CUDA stream before the call, and the stream's later
+  work follows it, as Mooncake's; but the call synchronizes the stream (torch or
+  cuda-python, else RuntimeError) and returns once the transfer is done instead of
+  enqueueing it on the stream, and a failure raises RuntimeError instead of ending the
+  process.
 - Remote addresses are the peer's absolute addresses inside its registered memory.
 - Threads: no lock of this module or of the engine is held across a network call; a
   session being opened holds up only callers of that peer.
@@ -81,15 +90,17 @@ def _encode_notify(notify):
     return _NOTIFY_MAGIC + struct.pack("<I", len(name)) + name + msg
 
 
-def _decode_notify(message, sender):
-    """A TransferNotify from a received message: framed by this module, else the whole
-    message as msg with the sender's address as name (a plain OrbitTE notification)."""
+def _decode_notify(message, sender, engine_name=""):
+    """A TransferNotify from a received message: framed by this module (the name the
+    sender gave, as Mooncake's NotifyDesc), else the whole message as msg with the
+    sender's engine name (its engine_name) as name, or its address when it has none (a
+    plain OrbitTE notification)."""
     if message.startswith(_NOTIFY_MAGIC) and len(message) >= 8:
         (n,) = struct.unpack_from("<I", message, 4)
         if 8 + n <= len(message):
             name = message[8:8 + n].decode("utf-8", "replace")
             return TransferNotify(name, message[8 + n:].decode("utf-8", "replace"))
-    return TransferNotify(sender, message.decode("utf-8", "replace"))
+    return TransferNotify(engine_name or sender, message.decode("utf-8", "replace"))
 
 
 def _split_host(hostname):
@@ -526,10 +537,64 @@ class TransferEngine:
             a.batch.close()
         return done
 
+    # ---- transfers ordered on a CUDA stream ---------------------------------------------
+    # Mooncake (built with USE_CUDA) enqueues a host callback on the stream (its
+    # cudaLaunchHostFunc): the transfer starts once the work queued on the stream before
+    # the call has finished, and the stream's later work waits for the transfer; the call
+    # itself returns at once (None), and a transfer that fails in the callback ends the
+    # process. OrbitTE enqueues nothing on a stream: these calls wait for the stream's
+    # work so far (_stream_synchronize), then transfer and return once done, so both
+    # orders hold, but the calling thread waits for the stream and the transfer. A
+    # failure raises RuntimeError (Mooncake raises for mismatched lists and a segment it
+    # cannot open).
+    def _on_cuda(self, what, target, opcode, buffers, peers, lengths, stream_ptr):
+        bufs, rems, lens = list(buffers), list(peers), list(lengths)
+        if not len(bufs) == len(rems) == len(lens):
+            raise RuntimeError("%s: buffers, peer_buffer_addresses and lengths have different "
+                               "size (%d, %d, %d)" % (what, len(bufs), len(rems), len(lens)))
+        _stream_synchronize(stream_ptr, what)
+        batch = self._submit(target, opcode, bufs, rems, lens, None)
+        if batch is None:
+            raise RuntimeError("%s to %s: the transfer could not be submitted (the "
+                               "orbitte.mooncake log says why)" % (what, target))
+        if self._finish(batch, target, self._deadline(lens)) != 0:
+            raise RuntimeError("%s to %s: the transfer failed (the orbitte.mooncake log says "
+                               "why)" % (what, target))
+
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                               stream_ptr=0, transport_hint=""):
+        """WRITE once the work queued on stream_ptr has finished; returns None once the
+        bytes are at the peer (see _on_cuda)."""
+        del transport_hint
+        self._on_cuda("transfer_write_on_cuda", target_hostname, TransferOpcode.Write, [buffer],
+                      [peer_buffer_address], [length], stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                              stream_ptr=0, transport_hint=""):
+        """READ once the work queued on stream_ptr has finished; returns None once the
+        bytes are here (see _on_cuda)."""
+        del transport_hint
+        self._on_cuda("transfer_read_on_cuda", target_hostname, TransferOpcode.Read, [buffer],
+                      [peer_buffer_address], [length], stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                     lengths, stream_ptr=0, transport_hint=""):
+        """batch_transfer_sync_write ordered after the stream's work (see _on_cuda)."""
+        del transport_hint
+        self._on_cuda("batch_transfer_write_on_cuda", target_hostname, TransferOpcode.Write,
+                      buffers, peer_buffer_addresses, lengths, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                    lengths, stream_ptr=0, transport_hint=""):
+        """batch_transfer_sync_read ordered after the stream's work (see _on_cuda)."""
+        del transport_hint
+        self._on_cuda("batch_transfer_read_on_cuda", target_hostname, TransferOpcode.Read,
+                      buffers, peer_buffer_addresses, lengths, stream_ptr)
+
     # ---- notifications and peers ------------------------------------------------------
     def get_notifies(self):
         """Every queued notification, drained at once, as TransferNotify(name, msg)."""
-        return [_decode_notify(n.message, n.sender) for n in self._eng().notify_drain()]
+        return [_decode_notify(n.message, n.sender, n.name) for n in self._eng().notify_drain()]
 
     def send_probe(self, peer_server_name):
         """0 when the peer answers a handshake now (a new session), else -1."""
@@ -544,6 +609,53 @@ class TransferEngine:
     def warmup_efa_segment(self, segment_name):
         """Mooncake's EFA warm-up: there is no EFA transport here; opens the session."""
         return 0 if self.send_probe(segment_name) == 0 else -1
+
+
+def _cuda_runtime():
+    """cuda-python's runtime bindings (cuda.bindings.runtime, or the older cuda.cudart),
+    or None."""
+    for name in ("cuda.bindings.runtime", "cuda.cudart"):
+        try:
+            return __import__(name, fromlist=["cudaStreamSynchronize"])
+        except ImportError:
+            continue
+    return None
+
+
+def _stream_synchronize(stream, what):
+    """Wait until the work queued on `stream` so far has finished. `stream` is Mooncake's
+    stream_ptr (a cudaStream_t as an integer; 0 is the legacy default stream) or a stream
+    object with synchronize() (torch.cuda.Stream, cupy's). An integer goes through torch
+    (torch.cuda.ExternalStream) when it is importable with CUDA, else cuda-python's
+    cudaStreamSynchronize; with neither, RuntimeError: OrbitTE cannot see the stream."""
+    sync = getattr(stream, "synchronize", None)
+    if callable(sync):
+        sync()
+        return
+    try:
+        handle = int(stream)
+    except (TypeError, ValueError):
+        raise RuntimeError("%s: stream_ptr must be a cudaStream_t (an integer) or a stream "
+                           "with synchronize(), not %r" % (what, stream)) from None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch  # noqa: F811 (only when the caller has not imported it)
+        except ImportError:
+            torch = None
+    if torch is not None and torch.cuda.is_available():
+        s = torch.cuda.default_stream() if handle == 0 else torch.cuda.ExternalStream(handle)
+        s.synchronize()
+        return
+    rt = _cuda_runtime()
+    if rt is not None:
+        (err,) = rt.cudaStreamSynchronize(rt.cudaStream_t(handle))
+        if int(err) != 0:
+            raise RuntimeError("%s: cudaStreamSynchronize(0x%x) failed: %s" % (what, handle, err))
+        return
+    raise RuntimeError("%s: cannot wait for CUDA stream 0x%x: neither torch (with CUDA) nor "
+                       "cuda-python is importable; OrbitTE orders a transfer after a stream's "
+                       "work by synchronizing the stream first" % (what, handle))
 
 
 def install():

@@ -8,6 +8,17 @@ import orbitte
 from conftest import pattern
 
 
+def test_metadata_blob_carries_the_engine_name(engine):
+    """engine_name in the blob: orbitte.metadata_name gives it, "" for an unnamed engine."""
+    assert orbitte.metadata_name(engine.metadata()) == ""
+    with orbitte.Engine({"listen_address": "127.0.0.1:0", "engine_name": "prefill-1"}) as t:
+        blob = t.metadata()
+        assert orbitte.metadata_name(blob) == "prefill-1"
+        assert orbitte.metadata_buffers(blob) == []
+        with pytest.raises(orbitte.ProtocolError):
+            orbitte.metadata_name(blob[:-1])
+
+
 def test_metadata_blob_lists_buffers_and_opens_a_segment(engine):
     with orbitte.Engine({"listen_address": "127.0.0.1:0"}) as target:
         kv = np.zeros(1 << 16, np.uint8)

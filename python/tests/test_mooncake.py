@@ -307,3 +307,34 @@ def test_a_stopped_peer_holds_up_only_its_own_callers(make_peer, monkeypatch):
         assert "blocked" in done
     finally:
         te.close()
+
+
+def test_get_notifies_names_plain_notifications_by_the_senders_engine_name(monkeypatch):
+    """A notification framed by transfer_sync keeps the name its sender gave (Mooncake's
+    NotifyDesc); a plain OrbitTE one is named by its sender's engine_name
+    (OTE_ENGINE_NAME here), else by its host:port."""
+    decode = new_engine()
+    monkeypatch.setenv("OTE_ENGINE_NAME", "prefill-3")
+    prefill = new_engine()
+    monkeypatch.delenv("OTE_ENGINE_NAME")
+    plain = new_engine()
+    try:
+        session = session_of(decode)
+        prefill.get_engine().notify_send(session, b"plain named")
+        plain.get_engine().notify_send(session, b"plain unnamed")
+        dst = np.zeros(PAGE, np.uint8)
+        src = pattern(PAGE, 4)
+        assert decode.register_memory(addr(dst), dst.nbytes) == 0
+        assert prefill.register_memory(addr(src), src.nbytes) == 0
+        note = mooncake.TransferNotify("req-9", "kv ready")
+        assert prefill.transfer_sync(session, addr(src), addr(dst), PAGE,
+                                     mooncake.TransferOpcode.Write, note) == 0
+        assert decode.get_notifies() == [
+            mooncake.TransferNotify("prefill-3", "plain named"),
+            mooncake.TransferNotify(session_of(plain), "plain unnamed"),
+            note,
+        ]
+    finally:
+        plain.close()
+        prefill.close()
+        decode.close()

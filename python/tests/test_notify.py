@@ -66,3 +66,23 @@ def test_notify_drain_takes_every_queued_message_in_order(engine, peer):
     assert [n.message for n in got] == [b"m0", b"m1", b"m2"]
     assert all(n.sender == peer.address for n in got)
     assert engine.notify_drain() == []
+
+
+def test_notifications_carry_the_senders_engine_name():
+    """engine_name (issue 27): a named sender's notifications arrive with its name
+    (Notification.name), an unnamed one's with "", by notify_recv and notify_drain."""
+    cfg = {"listen_address": "127.0.0.1:0", "transports": "tcp"}
+    with orbitte.Engine(cfg) as rx, \
+            orbitte.Engine(dict(cfg, engine_name="prefill-0")) as named, \
+            orbitte.Engine(cfg) as plain:
+        named.notify_send(rx.address, b"one")
+        n = rx.notify_recv(10)
+        assert (n.message, n.sender, n.name) == (b"one", named.address, "prefill-0")
+        plain.notify_send(rx.address, b"two")
+        n = rx.notify_recv(10)
+        assert (n.message, n.sender, n.name) == (b"two", plain.address, "")
+        named.notify_send(rx.address, b"three")
+        plain.notify_send(rx.address, b"four")
+        got = rx.notify_drain()
+        assert [(x.message, x.name) for x in got] == [(b"three", "prefill-0"), (b"four", "")]
+        assert orbitte.Notification(b"m", "h:1") == (b"m", "h:1", "")  # name defaults to ""

@@ -2,7 +2,7 @@
 // two engines in one process (P2PHANDSHAKE, tcp; same-host peers move over shm), the
 // typical C flow (register, openSegment by getLocalIpAndPort, allocateBatchID,
 // submitTransfer, poll getTransferStatus, freeBatchID) with bytes checked, Mooncake's
-// error codes, and notifications.
+// error codes, and notifications (also from a plain OrbitTE sender, through <ote/ote.h>).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +13,10 @@
 #include "tests/util/test_base.h"
 #include "tests/util/wait.h"
 #include "transfer_engine_c.h"
+
+extern "C" {
+#include "ote/ote.h" // a plain OrbitTE sender (its notifications are not framed)
+}
 
 namespace {
 
@@ -302,6 +306,40 @@ TEST_F(MooncakeCompatTest, NotifyAfterDataAndImmediateNotify) {
     batch = allocateBatchID(a_, 1);
     EXPECT_EQ(submitTransferWithNotify(a_, batch, &req, 0, {n1, m1}), 1);
     EXPECT_EQ(freeBatchID(a_, batch), 0);
+}
+
+// A notification sent with OrbitTE's own ote_notify_send (no Mooncake framing) is named by
+// its sender's engine_name, or by its "host:port" when the sender has no name.
+TEST_F(MooncakeCompatTest, PlainNotificationsAreNamedByTheSendersEngineName) {
+    ote_engine_t *plain[2] = {nullptr, nullptr};
+    std::string from[2];
+    for (int i = 0; i < 2; i++) {
+        ote_config_t *cfg = nullptr;
+        ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
+        ASSERT_EQ(ote_config_set(cfg, "transports", "tcp"), OTE_OK);
+        if (i == 0) {
+            ASSERT_EQ(ote_config_set(cfg, "engine_name", "prefill-2"), OTE_OK);
+        }
+        ASSERT_EQ(ote_engine_create(cfg, &plain[i]), OTE_OK);
+        ote_config_destroy(cfg);
+        char a[300];
+        ASSERT_EQ(ote_engine_address(plain[i], a, sizeof a), OTE_OK);
+        from[i] = a;
+        ote_segment_t *seg = nullptr;
+        ASSERT_EQ(ote_segment_open(plain[i], Address(b_).c_str(), &seg), OTE_OK);
+        ASSERT_EQ(ote_notify_send(plain[i], seg, "plain", 5), OTE_OK);
+        ASSERT_EQ(ote_segment_close(seg), OTE_OK);
+    }
+    int size = 0;
+    notify_msg_t *got = getNotifsFromEngine(b_, &size);
+    ASSERT_NE(got, nullptr);
+    ASSERT_EQ(size, 2);
+    EXPECT_STREQ(got[0].name, "prefill-2");
+    EXPECT_STREQ(got[0].msg, "plain");
+    EXPECT_EQ(std::string(got[1].name), from[1]);
+    EXPECT_NE(from[0], from[1]);
+    EXPECT_EQ(freeNotifsMsgBuf(got, size), 0);
+    for (ote_engine_t *e : plain) EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
 }
 
 } // namespace

@@ -303,6 +303,8 @@ const std::map<std::string, Sample> &Samples() {
         {"rdma_topology",
          {"/etc/orbitte/topology",
           [](R r) { return std::string(r.rdma_topology) == "/etc/orbitte/topology"; }}},
+        {"engine_name",
+         {"prefill node 0", [](R r) { return std::string(r.engine_name) == "prefill node 0"; }}},
         {"rdma_devices",
          {"sim0, sim1", [](R r) { return std::string(r.rdma_devices) == "sim0, sim1"; }}},
         {"rdma_exclude", {"mlx5_1", [](R r) { return std::string(r.rdma_exclude) == "mlx5_1"; }}},
@@ -444,6 +446,40 @@ TEST_F(ConfigTableTest, BooleansAndListsKeepTheirRulesAndMessages) {
     ExpectErrorLogsIn([&] { EXPECT_EQ(ote__config_resolve(cfg_, &r), OTE_ERR_INVALID); });
     EXPECT_TRUE(LogContains(
         "invalid register_thp=\"yes\" (from environment): expected one of \"0\" \"1\""));
+}
+
+// engine_name: empty by default; up to 63 printable ASCII characters (space included);
+// longer, control characters and non-ASCII bytes refused with a message naming the key,
+// from ote_config_set and from the environment alike.
+TEST_F(ConfigTableTest, EngineNameIsPrintableAndBounded) {
+    ote__cfg_t r;
+    ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
+    EXPECT_STREQ(r.engine_name, "");
+    std::string longest(63, 'n');
+    for (const std::string &good : {std::string("prefill-0"), std::string(" ~"), longest}) {
+        ASSERT_EQ(ote_config_set(cfg_, "engine_name", good.c_str()), OTE_OK) << good;
+        ASSERT_EQ(ote__config_resolve(cfg_, &r), OTE_OK);
+        EXPECT_EQ(std::string(r.engine_name), good);
+    }
+    std::string too_long(64, 'n');
+    for (const std::string &bad : {too_long, std::string("a\nb"), std::string("tab\t"),
+                                   std::string("caf\xc3\xa9"), std::string("del\x7f")})
+        EXPECT_EQ(ote_config_set(cfg_, "engine_name", bad.c_str()), OTE_ERR_INVALID) << bad;
+    EXPECT_TRUE(LogContains("invalid engine_name=")); // names the key
+    EXPECT_TRUE(LogContains("at most 63 printable ASCII characters (0x20..0x7e)"));
+    EXPECT_EQ(std::string(r.engine_name), longest); // a refused value changes nothing
+    ASSERT_EQ(ote_config_set(cfg_, "engine_name", ""), OTE_OK);
+    setenv("OTE_ENGINE_NAME", "bad\x01", 1);
+    ote_config_t *env_cfg = nullptr;
+    ASSERT_EQ(ote_config_create(&env_cfg), OTE_OK);
+    ExpectErrorLogsIn([&] { EXPECT_EQ(ote__config_resolve(env_cfg, &r), OTE_ERR_INVALID); });
+    EXPECT_TRUE(LogContains("invalid engine_name=\"bad"));
+    EXPECT_TRUE(LogContains("(from environment)"));
+    setenv("OTE_ENGINE_NAME", "decode-1", 1);
+    ASSERT_EQ(ote__config_resolve(env_cfg, &r), OTE_OK);
+    EXPECT_STREQ(r.engine_name, "decode-1");
+    unsetenv("OTE_ENGINE_NAME");
+    ote_config_destroy(env_cfg);
 }
 
 // The route and address-vector keys: defaults, the good values at their edges, the bad

@@ -671,3 +671,104 @@ TEST_F(ControlTest, AuthFailuresAreCountedAndLoggedRateLimited) {
 }
 
 } // namespace
+
+namespace {
+
+// A HELLO's engine name (issue 27): optional, after the address as NUL, name, NUL. A
+// HELLO without it (every unnamed engine, every engine before names) decodes with no name;
+// with it, the name comes back; an oversized, unterminated, empty or non-printable name is
+// refused, and the encoder refuses what the decoder would.
+class HelloNameTest : public ote_test::OteTest {
+  protected:
+    static ote_ctl_msg_t Named(const char *name) {
+        ote_ctl_msg_t m{};
+        m.version = OTE_CTL_VERSION_MAX;
+        m.opcode = OTE_CTL_HELLO;
+        m.u.hello.min_version = OTE_CTL_VERSION_MIN;
+        m.u.hello.max_version = OTE_CTL_VERSION_MAX;
+        m.u.hello.role = OTE_CTL_ROLE_TCP;
+        m.u.hello.addr = "10.0.0.1:99";
+        m.u.hello.addr_len = 11;
+        m.u.hello.name = name;
+        m.u.hello.name_len = name != nullptr ? static_cast<uint32_t>(strlen(name)) : 0;
+        return m;
+    }
+    static std::vector<uint8_t> Enc(const ote_ctl_msg_t &m) {
+        std::vector<uint8_t> b(OTE_CTL_HDR_LEN + OTE_CTL_MAX_HELLO_BODY);
+        size_t len = 0;
+        EXPECT_EQ(ote_ctl_encode(&m, b.data(), b.size(), &len), OTE_OK);
+        b.resize(len);
+        return b;
+    }
+    // The frame of `m` (no name) with `trailer` appended to its body.
+    static std::vector<uint8_t> WithTrailer(const std::string &trailer) {
+        std::vector<uint8_t> b = Enc(Named(nullptr));
+        b.insert(b.end(), trailer.begin(), trailer.end());
+        uint32_t body = static_cast<uint32_t>(b.size() - OTE_CTL_HDR_LEN);
+        for (int i = 0; i < 4; i++) b[20 + i] = static_cast<uint8_t>(body >> (8 * i));
+        return b;
+    }
+    static ote_status_t Dec(const std::vector<uint8_t> &b, ote_ctl_msg_t *out) {
+        size_t used = 0;
+        return ote_ctl_decode(b.data(), b.size(), out, &used);
+    }
+};
+
+TEST_F(HelloNameTest, WithoutANameDecodesAsBefore) {
+    std::vector<uint8_t> b = Enc(Named(nullptr));
+    EXPECT_EQ(b.size(), OTE_CTL_HDR_LEN + 16u + 11u); // the frame engines sent before names
+    ote_ctl_msg_t out{};
+    ASSERT_EQ(Dec(b, &out), OTE_OK);
+    EXPECT_EQ(std::string(out.u.hello.addr, out.u.hello.addr_len), "10.0.0.1:99");
+    EXPECT_EQ(out.u.hello.name_len, 0u);
+    EXPECT_EQ(out.u.hello.name, nullptr);
+    // An empty name encodes as none.
+    EXPECT_EQ(Enc(Named("")).size(), b.size());
+}
+
+TEST_F(HelloNameTest, ANameRoundTrips) {
+    std::string longest(OTE_CTL_MAX_NAME, 'n');
+    for (const std::string &name : {std::string("prefill-0"), std::string("a b~"), longest}) {
+        std::vector<uint8_t> b = Enc(Named(name.c_str()));
+        EXPECT_EQ(b.size(), OTE_CTL_HDR_LEN + 16u + 11u + name.size() + 2u);
+        ote_ctl_msg_t out{};
+        ASSERT_EQ(Dec(b, &out), OTE_OK) << name;
+        EXPECT_EQ(std::string(out.u.hello.addr, out.u.hello.addr_len), "10.0.0.1:99");
+        EXPECT_EQ(std::string(out.u.hello.name, out.u.hello.name_len), name);
+        EXPECT_EQ(out.u.hello.role, OTE_CTL_ROLE_TCP);
+        // A short read is AGAIN, never a partial name.
+        size_t used = 0;
+        EXPECT_EQ(ote_ctl_decode(b.data(), b.size() - 1, &out, &used), OTE_ERR_AGAIN);
+    }
+}
+
+TEST_F(HelloNameTest, MalformedNamesAreRefused) {
+    ote_ctl_msg_t out{};
+    EXPECT_EQ(Dec(WithTrailer(std::string("\0prefill", 8)), &out),
+              OTE_ERR_PROTOCOL);                                                 // unterminated
+    EXPECT_EQ(Dec(WithTrailer(std::string("\0", 1)), &out), OTE_ERR_PROTOCOL);   // nothing after
+    EXPECT_EQ(Dec(WithTrailer(std::string("\0\0", 2)), &out), OTE_ERR_PROTOCOL); // empty
+    EXPECT_EQ(Dec(WithTrailer(std::string("\0a\0b\0", 5)), &out), OTE_ERR_PROTOCOL);  // two
+    EXPECT_EQ(Dec(WithTrailer(std::string("\0a\nb\0", 5)), &out), OTE_ERR_PROTOCOL);  // newline
+    EXPECT_EQ(Dec(WithTrailer(std::string("\0a\x7f\0", 4)), &out), OTE_ERR_PROTOCOL); // DEL
+    EXPECT_EQ(Dec(WithTrailer(std::string("\0\xc3\xa9\0", 4)), &out), OTE_ERR_PROTOCOL);
+    std::string big = std::string(1, '\0') + std::string(OTE_CTL_MAX_NAME + 1, 'n') + '\0';
+    EXPECT_EQ(Dec(WithTrailer(big), &out), OTE_ERR_TOO_BIG);
+    // The longest name that fits decodes (the bound is the name's, not the frame's).
+    std::string fits = std::string(1, '\0') + std::string(OTE_CTL_MAX_NAME, 'n') + '\0';
+    EXPECT_EQ(Dec(WithTrailer(fits), &out), OTE_OK);
+    // The encoder refuses the same.
+    std::vector<uint8_t> buf(OTE_CTL_HDR_LEN + OTE_CTL_MAX_HELLO_BODY);
+    size_t len = 0;
+    std::string too_long(OTE_CTL_MAX_NAME + 1, 'n');
+    ote_ctl_msg_t m = Named(too_long.c_str());
+    EXPECT_EQ(ote_ctl_encode(&m, buf.data(), buf.size(), &len), OTE_ERR_INVALID);
+    m = Named("tab\there");
+    EXPECT_EQ(ote_ctl_encode(&m, buf.data(), buf.size(), &len), OTE_ERR_INVALID);
+    m = Named("ok");
+    m.u.hello.addr = "a\0b";
+    m.u.hello.addr_len = 3; // an address with a NUL would read as a name
+    EXPECT_EQ(ote_ctl_encode(&m, buf.data(), buf.size(), &len), OTE_ERR_INVALID);
+}
+
+} // namespace

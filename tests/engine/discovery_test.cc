@@ -397,6 +397,61 @@ TEST_F(DiscoveryTest, MetadataBlobListsBuffersAndOpensASegment) {
     EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
 }
 
+// The engine's name (engine_name) in its metadata blob (issue 27): an unnamed engine's blob
+// is version 1 (what engines before names read) and carries ""; a named one's is version 2
+// with the name after the entries, and still lists its buffers and opens its segment. A
+// named blob whose name is damaged (a control byte, cut, longer than its length, empty) is
+// PROTOCOL.
+TEST_F(DiscoveryTest, MetadataBlobCarriesTheEngineName) {
+    ote_engine_t *a = NewEngine(), *plain = NewEngine();
+    ote_engine_t *named = NewEngine({{"engine_name", "decode 7"}});
+    std::vector<uint8_t> kv(4096);
+    ASSERT_EQ(ote_memory_register_named(named, kv.data(), kv.size(), OTE_PERM_READ, "kv"), OTE_OK);
+    std::vector<uint8_t> md(4096), pm(4096);
+    size_t len = 0, plen = 0;
+    ASSERT_EQ(ote_engine_metadata(named, md.data(), md.size(), &len), OTE_OK);
+    ASSERT_EQ(ote_engine_metadata(plain, pm.data(), pm.size(), &plen), OTE_OK);
+    md.resize(len);
+    pm.resize(plen);
+    EXPECT_EQ(pm[4], 1); // version 1
+    EXPECT_EQ(md[4], 2); // version 2
+    char name[OTE_ENGINE_NAME_MAX + 1] = "x";
+    ASSERT_EQ(ote_engine_metadata_name(pm.data(), plen, name, sizeof(name)), OTE_OK);
+    EXPECT_STREQ(name, "");
+    ASSERT_EQ(ote_engine_metadata_name(md.data(), len, name, sizeof(name)), OTE_OK);
+    EXPECT_STREQ(name, "decode 7");
+    char small[8];
+    EXPECT_EQ(ote_engine_metadata_name(md.data(), len, small, sizeof(small)), OTE_ERR_TOO_BIG);
+    ote_buffer_info_t one[1];
+    size_t n = 0;
+    ASSERT_EQ(ote_engine_metadata_buffers(md.data(), len, one, 1, &n), OTE_OK);
+    EXPECT_EQ(n, 1u);
+    EXPECT_STREQ(one[0].name, "kv");
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open_md(a, md.data(), len, &seg), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    // The name is the last 2 + 8 bytes: its length, then "decode 7".
+    ASSERT_EQ(md[len - 10], 8);
+    std::vector<uint8_t> bad = md;
+    bad[len - 1] = '\n';
+    EXPECT_EQ(ote_engine_metadata_name(bad.data(), len, name, sizeof(name)), OTE_ERR_PROTOCOL);
+    EXPECT_EQ(ote_engine_metadata_buffers(bad.data(), len, one, 1, &n), OTE_ERR_PROTOCOL);
+    EXPECT_EQ(ote_engine_metadata_name(md.data(), len - 1, name, sizeof(name)), OTE_ERR_PROTOCOL);
+    bad = md;
+    bad[len - 10] = 9; // one byte more than there is
+    EXPECT_EQ(ote_engine_metadata_name(bad.data(), len, name, sizeof(name)), OTE_ERR_PROTOCOL);
+    bad = md;
+    bad.resize(len - 8);
+    bad[len - 10] = 0; // an empty name
+    EXPECT_EQ(ote_engine_metadata_name(bad.data(), bad.size(), name, sizeof(name)),
+              OTE_ERR_PROTOCOL);
+    bad = pm;
+    bad[4] = 2; // version 2 without a name
+    EXPECT_EQ(ote_engine_metadata_name(bad.data(), plen, name, sizeof(name)), OTE_ERR_PROTOCOL);
+    EXPECT_EQ(ote_memory_unregister(named, kv.data()), OTE_OK);
+    for (ote_engine_t *e : {named, plain, a}) EXPECT_EQ(ote_engine_destroy(e), OTE_OK);
+}
+
 // A blob of an engine that is gone, and another engine now at its address: the segment is
 // refused (STATE), nothing of the old incarnation is used. A damaged blob (every single
 // byte flipped, cut short, one byte too many) is PROTOCOL, never a crash or a segment.

@@ -54,7 +54,7 @@ TEST_F(GpuDestroyTest, RetainedStagingMemoryKeepsTheEngineUntilItFrees) {
     fake_.fail("cuMemFreeHost", 1, 1 << 20, kCudaErrorUnknown);
     ote_status_t st;
     {
-        ote_test::ErrorLogsExpected retained_logs;  // the device and the engine say so
+        ote_test::ErrorLogsExpected retained_logs; // the device and the engine say so
         st = ote_engine_destroy(src);
     }
     EXPECT_EQ(ote_status_code(st), OTE_ERR_RETAINED) << ote_status_str(st);
@@ -72,4 +72,4 @@ TEST_F(GpuDestroyTest, RetainedStagingMemoryKeepsTheEngineUntilItFrees) {
     }
 }
 
-}  // namespace
+} // namespace

@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -62,6 +63,29 @@ TEST_F(ShmHostileTest, GarbageOrWrongFirstMessagesAreClosed) {
     tw_hdr_t reqs = {TW_MAGIC, TW_VERSION, TW_REQS, 0, 0};
     ExpectClosedBy(Connect(), &reqs, sizeof(reqs));
     ExpectClosedBy(Connect(), "", 0); // an empty message
+}
+
+// The requester's engine name (issue 27) is optional: a HELLO without it (its first
+// offsetof(name) bytes, what engines before names and unnamed ones send) and one with a
+// printable name are both served; a name without its NUL or with a control character
+// closes the connection.
+TEST_F(ShmHostileTest, HelloNameIsOptionalAndChecked) {
+    int ring = MakeRing(TW_RING_BYTES, true);
+    ASSERT_GE(ring, 0);
+    tw_hello_t h = Hello(TW_RING_BYTES);
+    for (size_t len : {offsetof(tw_hello_t, name), sizeof(tw_hello_t)}) {
+        int fd = Connect();
+        tw_hello_ack_t a;
+        if (len == sizeof(h)) snprintf(h.name, sizeof(h.name), "decode-1");
+        ASSERT_TRUE(Handshake(fd, &h, len, {ring}, &a)) << len;
+        EXPECT_EQ(a.status, OTE_OK) << a.text;
+        close(fd);
+    }
+    memset(h.name, 'n', sizeof(h.name)); // unterminated
+    ExpectClosedBy(Connect(), &h, sizeof(h));
+    snprintf(h.name, sizeof(h.name), "bad\nname");
+    ExpectClosedBy(Connect(), &h, sizeof(h));
+    close(ring);
 }
 
 TEST_F(ShmHostileTest, WrongVersionIsRefusedWithVersionStatus) {

@@ -63,6 +63,7 @@ typedef struct {
     uint64_t probe_val;
     uint64_t ring_len;
     char addr[TW_ADDR_MAX];
+    char name[64]; /* sent by a named requester only (the HELLO is shorter without it) */
 } tw_hello_t;
 
 typedef struct {

@@ -81,6 +81,7 @@ SAME_FIELD(tw_hello_t, shm_hello_t, probe_addr);
 SAME_FIELD(tw_hello_t, shm_hello_t, probe_val);
 SAME_FIELD(tw_hello_t, shm_hello_t, ring_len);
 SAME_FIELD(tw_hello_t, shm_hello_t, addr);
+SAME_FIELD(tw_hello_t, shm_hello_t, name);
 SAME(sizeof(tw_hello_ack_t), sizeof(shm_hello_ack_t));
 SAME_FIELD(tw_hello_ack_t, shm_hello_ack_t, status);
 SAME_FIELD(tw_hello_ack_t, shm_hello_ack_t, max_slice);

@@ -62,6 +62,7 @@ typedef struct ote_batch ote_batch_t;
  *   shm_mode             auto (cross-memory attach where allowed) or ring
  *   listen_address       "host:port" / "[v6]:port" of the one listening socket
  *   advertise_address    the address peers are told, in place of the listen address
+ *   engine_name          this engine's name, given to receivers with its notifications
  *   tcp_connections      TCP data connections per peer
  *   tcp_workers          TCP worker threads
  *   tcp_max_accepted     connections the listener holds at once
@@ -368,6 +369,10 @@ ote_status_t ote_engine_metadata(ote_engine_t *engine, void *buf, size_t cap, si
  * with *count_out the number when cap is short); OTE_ERR_PROTOCOL for a malformed blob. */
 ote_status_t ote_engine_metadata_buffers(const void *md, size_t len, ote_buffer_info_t *out,
                                          size_t cap, size_t *count_out);
+/* The engine name (engine_name) a metadata blob carries, NUL-terminated into name: "" for
+ * an unnamed engine's blob. OTE_ERR_TOO_BIG when cap is short (OTE_ENGINE_NAME_MAX + 1
+ * always fits), OTE_ERR_PROTOCOL for a malformed blob. */
+ote_status_t ote_engine_metadata_name(const void *md, size_t len, char *name, size_t cap);
 /* ote_segment_open to the engine a metadata blob names, refused with OTE_ERR_STATE (no
  * segment) when the engine at that address now is another incarnation (restarted since
  * the blob was made), OTE_ERR_PROTOCOL for a malformed blob. */
@@ -609,15 +614,25 @@ ote_status_t ote_batch_notify_result(ote_batch_t *batch, ote_status_t *result_ou
  * sender's address is copied into from (may be NULL). OTE_ERR_TIMEOUT when none arrived. */
 ote_status_t ote_notify_recv(ote_engine_t *engine, void *buf, size_t cap, size_t *len_out,
                              char *from, size_t from_len, uint64_t timeout_ns);
+/* The longest engine name (config key engine_name), without its NUL. */
+#define OTE_ENGINE_NAME_MAX 63
+/* ote_notify_recv, and the sender's engine name (its engine_name; "" when it has none or
+ * runs an OrbitTE without names) copied into name (may be NULL; OTE_ERR_TOO_BIG, the
+ * message staying queued, when name_len is too short: OTE_ENGINE_NAME_MAX + 1 always
+ * fits). */
+ote_status_t ote_notify_recv_ex(ote_engine_t *engine, void *buf, size_t cap, size_t *len_out,
+                                char *from, size_t from_len, char *name, size_t name_len,
+                                uint64_t timeout_ns);
 /* Every queued message at once, in arrival order, without waiting: as many whole
  * messages as fit both out (cap records) and data (data_cap bytes, the messages back to
  * back: record i's bytes at data + out[i].offset); *count_out how many were taken (0 when
  * none is queued). Call again while it returns cap records or data was too short for the
  * next one; a single message longer than data_cap is OTE_ERR_TOO_BIG (nothing taken). */
 typedef struct {
-    char from[272]; /* the sender's "host:port", NUL-terminated */
-    size_t offset;  /* in data */
-    size_t len;     /* message bytes */
+    char from[272];                     /* the sender's "host:port", NUL-terminated */
+    size_t offset;                      /* in data */
+    size_t len;                         /* message bytes */
+    char name[OTE_ENGINE_NAME_MAX + 1]; /* the sender's engine name, "" for none */
 } ote_notification_t;
 ote_status_t ote_notify_drain(ote_engine_t *engine, ote_notification_t *out, size_t cap, void *data,
                               size_t data_cap, size_t *count_out);
