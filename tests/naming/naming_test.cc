@@ -349,7 +349,11 @@ TEST_P(NamingTest, StoreGoneOpensFailInTimeSegmentsWork) {
     ASSERT_EQ(ote_naming_resolve(cached, "decode-3", &e, nullptr, 0, nullptr), OTE_OK);
 
     for (int sig : {SIGSTOP, SIGKILL}) {
-        Store().Kill(sig);
+        if (sig == SIGSTOP) {
+            ASSERT_TRUE(Store().Freeze());
+        } else {
+            Store().Kill(sig);
+        }
         if (sig == SIGKILL) {
             waitpid(Store().pid, nullptr, 0);
             Store().pid = -1;
@@ -358,6 +362,9 @@ TEST_P(NamingTest, StoreGoneOpensFailInTimeSegmentsWork) {
         ote_segment_t *seg2 = nullptr;
         ote_status_t st = ote_naming_segment_open(fresh, req, "decode-3", &seg2);
         auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count();
+        if (st == OTE_OK) {
+            EXPECT_EQ(ote_segment_close(seg2), OTE_OK);
+        }
         EXPECT_TRUE(st == OTE_ERR_TIMEOUT || st == OTE_ERR_CONNECT) << ote_status_str(st);
         EXPECT_EQ(st, sig == SIGSTOP ? OTE_ERR_TIMEOUT : OTE_ERR_CONNECT)
             << "a frozen store times out, a dead one refuses";

@@ -84,6 +84,29 @@ void ServerProc::Kill(int sig) {
     if (pid > 0) kill(pid, sig);
 }
 
+// Whether every thread of pid is stopped ('T' in /proc/<pid>/task/*/stat).
+static bool AllStopped(pid_t pid) {
+    std::string cmd = "cat /proc/" + std::to_string(pid) + "/task/*/stat 2>/dev/null";
+    FILE *f = popen(cmd.c_str(), "r");
+    if (f == nullptr) return false;
+    char line[4096];
+    int threads = 0, stopped = 0;
+    while (fgets(line, sizeof(line), f) != nullptr) {
+        const char *close_paren = strrchr(line, ')');
+        if (close_paren == nullptr || close_paren[1] == '\0') continue;
+        threads++;
+        stopped += close_paren[2] == 'T';
+    }
+    pclose(f);
+    return threads > 0 && stopped == threads;
+}
+
+bool ServerProc::Freeze() {
+    if (pid <= 0 || kill(pid, SIGSTOP) != 0) return false;
+    return WaitUntil([&] { return AllStopped(pid); }, std::chrono::seconds(5),
+                     "the store to stop (SIGSTOP)");
+}
+
 void ServerProc::Stop() {
     if (pid > 0) {
         kill(pid, SIGKILL);

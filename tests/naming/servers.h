@@ -27,6 +27,8 @@ struct ServerProc {
     std::string dir;   // its data directory (removed by Stop)
     std::string log;   // its output
     void Kill(int sig = 9);
+    // SIGSTOP, and wait (up to 5 s) until every thread of it is stopped: true then.
+    bool Freeze();
     void Stop(); // SIGKILL, reap, remove its directory
     ~ServerProc() { Stop(); }
 };
