@@ -53,8 +53,9 @@ def _engine_inside():
     return ["//engine:__subpackages__", "//tests:__subpackages__"]
 
 def vis_engine_api():
-    """//engine:api, the public headers <ote/*.h>: everything in engine/ and tools."""
-    return _engine_inside() + ["//tools:__subpackages__"]
+    """//engine:api, the public headers <ote/*.h>: everything in engine/ and tools, and
+    //naming's shared library (built against the header, the engine from liborbitte.so)."""
+    return _engine_inside() + ["//tools:__subpackages__", "//naming:__pkg__"]
 
 def vis_engine_internal():
     """//engine:config, //engine:transport_api and the core's owner libraries (:core,
