@@ -98,3 +98,30 @@ def test_publish_resolve_list_watch_open(store, engine):
         assert seen[-1] == (naming.GONE, None)
         names.unwatch(token)
         reg.unregister()
+
+
+def test_mooncake_initialize_with_a_metadata_server(store):
+    """Mooncake's initialize(local_hostname, "etcd://..." | "redis://...", ...): each engine
+    is published under its local_hostname, and a transfer's target_hostname is a segment
+    name resolved in the store (here names whose ports nothing listens on: only the name
+    service can reach them). close() withdraws the name."""
+    from orbitte import mooncake
+
+    decode, prefill = mooncake.TransferEngine(), mooncake.TransferEngine()
+    assert decode.initialize("127.0.0.1:5002", store, "tcp", "") == 0
+    assert prefill.initialize("127.0.0.1:5001", store, "tcp", "") == 0
+    try:
+        assert decode.get_session_id() == "127.0.0.1:5002"
+        dst = decode.allocate_managed_buffer(1 << 16)
+        src = prefill.allocate_managed_buffer(1 << 16)
+        assert dst and src
+        prefill.write_bytes_to_buffer(src, bytes(range(256)) * 16, 4096)
+        remote = prefill.get_first_buffer_address("127.0.0.1:5002")
+        assert remote == dst
+        assert prefill.transfer_sync_write("127.0.0.1:5002", src, remote, 4096) == 0
+        assert decode.read_bytes_from_buffer(dst, 4096) == bytes(range(256)) * 16
+    finally:
+        decode.close()
+    with naming.Naming(store) as names:
+        assert names.list("127.0.0.1:") == ["127.0.0.1:5001"]
+    prefill.close()
