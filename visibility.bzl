@@ -5,6 +5,7 @@ A package may depend only on the packages below it:
     tools -> engine -> grant -> endpoint -> qp -> cq -> context -> verbs -> base
              engine -> cuda -> base
     compat -> engine (its public header <ote/ote.h> only), base
+    naming -> engine (its public header <ote/ote.h> only), base
 
 Inside engine/ the same holds between its owner libraries:
 
@@ -36,19 +37,25 @@ def vis_tools():
     return _pkgs([])
 
 def vis_engine():
-    return _pkgs(["tools", "compat"]) + _external()
+    return _pkgs(["tools", "compat", "naming"]) + _external()
 
 def vis_compat():
     """//compat/*: APIs of other engines served by OrbitTE, on //engine's public API; on
     top, nothing in OrbitTE depends on them (only //tests, and an outside workspace)."""
     return _pkgs([]) + _external()
 
+def vis_naming():
+    """//naming: names in etcd/Redis on //engine's public API; on top like //compat, nothing
+    in OrbitTE's core depends on it (only //tests, and an outside workspace)."""
+    return _pkgs([]) + _external()
+
 def _engine_inside():
     return ["//engine:__subpackages__", "//tests:__subpackages__"]
 
 def vis_engine_api():
-    """//engine:api, the public headers <ote/*.h>: everything in engine/ and tools."""
-    return _engine_inside() + ["//tools:__subpackages__"]
+    """//engine:api, the public headers <ote/*.h>: everything in engine/ and tools, and
+    //naming's shared library (built against the header, the engine from liborbitte.so)."""
+    return _engine_inside() + ["//tools:__subpackages__", "//naming:__pkg__"]
 
 def vis_engine_internal():
     """//engine:config, //engine:transport_api and the core's owner libraries (:core,

@@ -10,6 +10,7 @@
 #   tools -> cuda (ote_bench's device buffers), as //:visibility.bzl allows
 #   compat -> engine's public headers (<ote/...>, engine/include/) only, and base
 #            (compat/mooncake: another engine's API served on OrbitTE's public one)
+#   naming -> the same: engine's public headers only, and base (names in etcd/Redis)
 #
 # and also rejects including another package's *_internal.h or internal/ headers.
 #
@@ -45,10 +46,11 @@ allowed() { # package -> space-separated packages it may include
         engine) echo "engine grant endpoint qp cq context verbs cuda base" ;;
         tools) echo "tools engine cuda base" ;;
         compat) echo "compat engine base" ;;
+        naming) echo "naming engine base" ;;
         *) echo "" ;;
     esac
 }
-LAYERS="base verbs context cq qp endpoint grant cuda engine tools compat"
+LAYERS="base verbs context cq qp endpoint grant cuda engine tools compat naming"
 
 # Owner inside engine/ of a workspace-relative path: engine/<sub> for a subdirectory
 # (other than the public include/), else engine.
@@ -98,9 +100,9 @@ check_tree() {
                 elif [ "$target" != "$pkg" ] && printf '%s' "$inc" | grep -qE '(_internal\.h$|/internal/)'; then
                     echo "layering: ${f#$root/}: '$pkg' includes another package's internal header \"$inc\""
                     bad=1
-                elif [ "$pkg" = compat ] && [ "$target" = engine ] &&
+                elif { [ "$pkg" = compat ] || [ "$pkg" = naming ]; } && [ "$target" = engine ] &&
                     case "$inc" in engine/include/*) false ;; *) true ;; esac; then
-                    echo "layering: ${f#$root/}: 'compat' may include only the engine's public headers (<ote/...>), not \"$inc\""
+                    echo "layering: ${f#$root/}: '$pkg' may include only the engine's public headers (<ote/...>), not \"$inc\""
                     bad=1
                 elif [ "$pkg" = engine ] && [ "$target" = engine ]; then
                     owner=$(engine_owner "${f#$root/}")
@@ -147,6 +149,8 @@ self_test() {
     plant "compat includes an engine header that is not public" compat/mooncake/planted.c '#include "engine/transport.h"'
     plant "compat includes a transport" compat/mooncake/planted.c '#include "engine/tcp/tcp_internal.h"'
     plant "compat includes the qp layer" compat/mooncake/planted.c '#include "qp/qp.h"'
+    plant "naming includes an engine header that is not public" naming/planted.c '#include "engine/transport.h"'
+    plant "naming includes the grant layer" naming/planted.c '#include "grant/grant.h"'
     return $fails
 }
 

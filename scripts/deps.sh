@@ -10,6 +10,11 @@ PKGS=(
     libhwloc-dev         # NUMA topology for CQ worker placement
     libsodium-dev        # HMAC, hashes and random nonces of the cluster key's authentication
     uthash-dev           # hash tables and lists
+    libcurl4-openssl-dev # //naming: etcd v3's JSON gateway over HTTP
+    libhiredis-dev       # //naming: the Redis client
+    libcjson-dev         # //naming: JSON of etcd's gateway
+    etcd-server          # tests/naming: a real etcd on loopback
+    redis-server         # tests/naming: a real Redis on loopback
     libgtest-dev         # GoogleTest (prebuilt static libraries)
     clang-format         # the formatting check (scripts/check_format.sh)
     clang                # libFuzzer for the control-plane fuzz target

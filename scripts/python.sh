@@ -20,8 +20,9 @@ ROOT=$(pwd)
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 scripts/deps.sh >&2
-bazel build //engine:liborbitte.so >&2
+bazel build //engine:liborbitte.so //naming:liborbitte_naming.so >&2
 install -m 0755 bazel-bin/engine/liborbitte.so python/orbitte/liborbitte.so
+install -m 0755 bazel-bin/naming/liborbitte_naming.so python/orbitte/liborbitte_naming.so
 if [ "${1:-}" = "--install" ]; then
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     dest=${2:-$site}

@@ -100,15 +100,17 @@ fi
 # off because the interpreter itself does not free everything at exit).
 python_block() { # prints "passed failed skipped"
     local cfg=$1 py=/usr/bin/python3 xml="$LOGDIR/pytest-$1.xml" so="$LOGDIR/liborbitte-$1.so" rc
+    local nso="$LOGDIR/liborbitte_naming-$1.so" # orbitte.naming's library (//naming)
     local pre=() bflags=()
     [ -x "$py" ] || py=python3
     if [ "$cfg" = asan ]; then
         bflags=(--config=asan)
         pre=(env LD_PRELOAD="$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0)
     fi
-    if ! bazel build "${bflags[@]}" //engine:liborbitte.so >&2 ||
-        ! cp bazel-bin/engine/liborbitte.so "$so"; then echo "0 1 0"; return; fi
-    "${pre[@]}" env ORBITTE_LIBRARY="$so" PYTHONPATH="$ROOT/python" \
+    if ! bazel build "${bflags[@]}" //engine:liborbitte.so //naming:liborbitte_naming.so >&2 ||
+        ! cp bazel-bin/engine/liborbitte.so "$so" ||
+        ! cp bazel-bin/naming/liborbitte_naming.so "$nso"; then echo "0 1 0"; return; fi
+    "${pre[@]}" env ORBITTE_LIBRARY="$so" ORBITTE_NAMING_LIBRARY="$nso" PYTHONPATH="$ROOT/python" \
         timeout 1200 "$py" -m pytest -p no:cacheprovider -v --junitxml="$xml" python/tests >&2
     rc=$?
     "$py" - "$xml" "$rc" <<'PYEOF'

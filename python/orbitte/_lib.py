@@ -232,6 +232,10 @@ _PROTOTYPES = {
         status_t,
         [ctypes.c_char_p, c_size_t, ctypes.POINTER(BufferInfo), c_size_t, ctypes.POINTER(c_size_t)],
     ),
+    "ote_engine_metadata_peer": (
+        status_t,
+        [ctypes.c_char_p, c_size_t, ctypes.c_char_p, c_size_t, ctypes.POINTER(ctypes.c_uint64)],
+    ),
     "ote_segment_open_md": (
         status_t,
         [c_void_p, ctypes.c_char_p, c_size_t, ctypes.POINTER(c_void_p)],

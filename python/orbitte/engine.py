@@ -483,6 +483,9 @@ class Engine:
         self._segments = set()
         self._sessions = {}  # "host:port" -> Segment opened for write()/read()/notify_send()
         self._opening = {}  # "host:port" -> Lock held while that session is being opened
+        # How a session to a string target is opened: open_segment ("host:port"), or a
+        # name service's open by name (orbitte.mooncake with a metadata server).
+        self.session_opener = None
         self._batches = set()
         self._shared = {}  # address -> SharedMemory
         cfg = ctypes.c_void_p()
@@ -660,7 +663,7 @@ class Engine:
             with self._lock:
                 seg = self._sessions.get(target)
             if seg is None:
-                seg = self.open_segment(target)
+                seg = (self.session_opener or self.open_segment)(target)
                 with self._lock:
                     self._sessions[target] = seg
             return seg

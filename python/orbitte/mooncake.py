@@ -18,8 +18,13 @@ Conventions kept (from Mooncake's pybind module and its callers):
   session id peers use is "host:get_rpc_port()". `protocol` "tcp" maps to transports
   shm,tcp (same-host peers over shared memory), "rdma" to shm,rdma, falling back to
   shm,tcp with one WARN when no RDMA device is usable (as Mooncake does); `device_name`
-  (a comma list) to rdma_devices. Any metadata server other than P2PHANDSHAKE returns -1
-  with an ERROR: OrbitTE has no name service yet.
+  (a comma list) to rdma_devices.
+- `initialize(local_hostname, "etcd://h:p[,h:p]" | "redis://h:p", ...)` (or a bare
+  "h:p" with metadata_type "etcd" / "redis" in initialize_ext): the engine is published
+  under the segment name local_hostname (orbitte.naming, a lease kept alive until
+  close()); target_hostname in the transfer calls is then a segment name, resolved in
+  that store (get_session_id() returns the name). Other metadata servers (http://)
+  return -1 with an ERROR.
 - MC_TRANSFER_TIMEOUT (seconds, at least 5; default 30) becomes transfer_timeout_ms and
   the synchronous calls' deadline (plus 1 ns per byte, as Mooncake); MC_FORCE_TCP=1 maps
   any protocol to tcp; MC_LOG_LEVEL to log_level; MC_GID_INDEX to rdma_gid_index (a
@@ -103,6 +108,17 @@ def _decode_notify(message, sender, engine_name=""):
     return TransferNotify(engine_name or sender, message.decode("utf-8", "replace"))
 
 
+def _store_url(metadata_server, metadata_type):
+    """The orbitte.naming url of a Mooncake metadata server, or None (P2PHANDSHAKE, http)."""
+    server = str(metadata_server or "")
+    if server.startswith(("etcd://", "redis://")):
+        return server
+    kind = str(metadata_type or "").lower()
+    if kind in ("etcd", "redis") and server and server != P2PHANDSHAKE and "://" not in server:
+        return "%s://%s" % (kind, server)
+    return None
+
+
 def _split_host(hostname):
     """(host, port or None) of "host", "host:port", "[v6]:port" or a bare IPv6 address."""
     h = str(hostname).strip()
@@ -165,6 +181,8 @@ class TransferEngine:
         self._managed = {}  # address -> (ctypes buffer, length)
         self._order = []  # registered addresses in registration order
         self._regions = {}  # address -> length
+        self._naming = None  # orbitte.naming.Naming with a metadata server
+        self._name = None  # this engine's segment name there
         t = os.environ.get("MC_TRANSFER_TIMEOUT")
         try:
             self._timeout_s = max(5, int(t)) if t else 30
@@ -180,10 +198,10 @@ class TransferEngine:
         if self._engine is not None:
             log.error("initialize: this TransferEngine is already initialized")
             return -1
-        if str(metadata_server) != P2PHANDSHAKE:
-            log.error("initialize: metadata server %r (%s) is not supported: OrbitTE finds "
-                      "peers by host:port only (use %r)", metadata_server, metadata_type,
-                      P2PHANDSHAKE)
+        store = _store_url(metadata_server, metadata_type)
+        if str(metadata_server) != P2PHANDSHAKE and store is None:
+            log.error("initialize: metadata server %r (%s) is not supported: OrbitTE serves "
+                      "%r, etcd:// and redis://", metadata_server, metadata_type, P2PHANDSHAKE)
             return -1
         try:
             host, _ = _split_host(local_hostname)
@@ -221,6 +239,27 @@ class TransferEngine:
             except OrbitteError as e2:
                 log.error("initialize: %s", e2)
                 return -1
+        if store is not None:
+            return self._publish(store, str(local_hostname))
+        return 0
+
+    def _publish(self, store, name):
+        """Publish the engine under name in store; segment names resolve there from now."""
+        from . import naming  # liborbitte_naming.so: loaded only with a metadata server
+        try:
+            self._naming = naming.Naming(store)
+            self._naming.publish(name, self._engine)
+        except (OrbitteError, ImportError) as e:
+            log.error("initialize: publishing %r in %s: %s", name, store, e)
+            if self._naming is not None:
+                self._naming.close()
+                self._naming = None
+            self._engine.close()
+            self._engine = None
+            return -1
+        self._name = name
+        self._engine.session_opener = lambda target: self._naming.open_segment(
+            self._engine, target)
         return 0
 
     def _eng(self):
@@ -232,8 +271,10 @@ class TransferEngine:
         return int(self._eng().address.rsplit(":", 1)[1])
 
     def get_session_id(self):
-        """"host:port", the name peers pass as target_hostname (OrbitTE's address)."""
-        return self._eng().address
+        """The name peers pass as target_hostname: "host:port" (OrbitTE's address), or the
+        segment name published in the metadata server."""
+        eng = self._eng()
+        return self._name if self._name is not None else eng.address
 
     def get_engine(self):
         """The orbitte.Engine underneath (Mooncake returns its C++ engine for Mooncake
@@ -252,6 +293,12 @@ class TransferEngine:
             a.batch.close()
         for addr in managed:
             self._unregister(addr)
+        if self._naming is not None:  # withdraws the name
+            try:
+                self._naming.close()
+            except OrbitteError as e:
+                log.error("close: withdrawing %r: %s", self._name, e)
+            self._naming, self._name = None, None
         if self._engine is not None:
             self._engine.close()
             self._engine = None

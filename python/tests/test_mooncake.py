@@ -217,12 +217,13 @@ def test_registration_conventions_and_managed_buffers(pair):
 
 
 def test_initialize_conventions(caplog, monkeypatch):
-    """A metadata server other than P2PHANDSHAKE is refused (-1, logged); "rdma" with no
+    """A metadata server other than P2PHANDSHAKE, etcd:// and redis:// (http://) is
+    refused (-1, logged; etcd and Redis: tests/test_naming.py); "rdma" with no
     usable RDMA device falls back to tcp with one WARN, as Mooncake does; the port in
     local_hostname is ignored; MC_TRANSFER_TIMEOUT is applied (INFO)."""
     te = mooncake.TransferEngine()
     with caplog.at_level(logging.INFO, logger="orbitte.mooncake"):
-        assert te.initialize(HOST, "etcd://127.0.0.1:2379", "tcp", "") == -1
+        assert te.initialize(HOST, "http://127.0.0.1:8080/metadata", "tcp", "") == -1
         assert "P2PHANDSHAKE" in caplog.text
         monkeypatch.setenv("OTE_VERBS_PROVIDER", "rdma-core")
         monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "7")

@@ -373,6 +373,12 @@ ote_status_t ote_engine_metadata_buffers(const void *md, size_t len, ote_buffer_
  * an unnamed engine's blob. OTE_ERR_TOO_BIG when cap is short (OTE_ENGINE_NAME_MAX + 1
  * always fits), OTE_ERR_PROTOCOL for a malformed blob. */
 ote_status_t ote_engine_metadata_name(const void *md, size_t len, char *name, size_t cap);
+/* The engine a metadata blob names: its "host:port" (NUL-terminated into addr, cap
+ * bytes; OTE_ERR_TOO_BIG when short) and its incarnation (*epoch_out, nonzero), both
+ * checked like every other field; OTE_ERR_PROTOCOL for a malformed blob. Outputs are
+ * written only on OTE_OK. */
+ote_status_t ote_engine_metadata_peer(const void *md, size_t len, char *addr, size_t cap,
+                                      uint64_t *epoch_out);
 /* ote_segment_open to the engine a metadata blob names, refused with OTE_ERR_STATE (no
  * segment) when the engine at that address now is another incarnation (restarted since
  * the blob was made), OTE_ERR_PROTOCOL for a malformed blob. */
