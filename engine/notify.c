@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "base/time.h"
 #include "engine/core_internal.h"
 #include "engine/notify_internal.h"
@@ -97,7 +98,7 @@ static int nout_retry(ote__nout_t *n, ote_status_t st) {
     ote_mutex_lock(&e->omu);
     int ok = !e->nretry_stop;
     if (ok && !e->nretry_started) {
-        ok = pthread_create(&e->nretry_th, NULL, retry_main, e) == 0;
+        ok = ote_thread_create(&e->nretry_th, NULL, retry_main, e) == 0;
         e->nretry_started = ok;
         if (!ok) OTE_WARN("engine", "notification retry thread: pthread_create failed");
     }

@@ -19,6 +19,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/control/hello.h"
 #include "engine/rdma/rdma_internal.h"
 
@@ -412,7 +413,7 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         return st;
     }
     set_conn(p, c);
-    if (pthread_create(&p->conn.reader, NULL, reader_main, p) != 0) {
+    if (ote_thread_create(&p->conn.reader, NULL, reader_main, p) != 0) {
         set_conn(p, NULL);
         ote__rdma_conn_put(c);
         return OTE_ERR_NOMEM;

@@ -20,6 +20,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/shm/shm_internal.h"
@@ -496,7 +497,7 @@ static ote_status_t peer_start(shm_peer_t *p) {
     p->nshared = 0; /* a new connection: its source has mapped none */
     ote_mutex_unlock(&p->mu);
     p->broken = 0;
-    if (pthread_create(&p->rx, NULL, rx_main, p) != 0) {
+    if (ote_thread_create(&p->rx, NULL, rx_main, p) != 0) {
         close(p->fd);
         p->fd = -1;
         if (p->ring != NULL) munmap(p->ring, SHM_RING_MAP);
