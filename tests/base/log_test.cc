@@ -26,7 +26,7 @@ void Count(void *arg, ote_log_level_t, const char *, const char *engine, const c
 }
 
 class LogTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         level_ = ote_log_level();
         ote_log_set_level(OTE_LOG_WARN);

@@ -49,7 +49,7 @@ void Capture(void *arg, ote_log_level_t level, const char *component, const char
 
 // The level and callback of the process, put back at the end of each test.
 class LogCallbackTest : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override { level_ = ote_log_level(); }
     void TearDown() override {
         EXPECT_EQ(ote_log_set_callback(nullptr, nullptr), OTE_OK);
@@ -80,8 +80,8 @@ TEST_F(LogCallbackTest, RefusedDestroyArrivesAsWarnOfItsEngine) {
     std::string all;
     std::lock_guard<std::mutex> g(cap.mu);
     for (const Line &l : cap.lines) {
-        all += std::to_string(l.level) + " [" + l.component + "] {" + l.engine + "} " +
-               l.message + "\n";
+        all += std::to_string(l.level) + " [" + l.component + "] {" + l.engine + "} " + l.message +
+               "\n";
         if (l.level == OTE_LOG_WARN && l.component == "engine" &&
             l.message.find("destroy refused") != std::string::npos) {
             warn = true;
