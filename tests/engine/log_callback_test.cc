@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <regex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,7 +13,6 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -146,10 +146,13 @@ std::string StderrOf(const std::function<void()> &fn) {
 }
 
 TEST_F(LogCallbackTest, DefaultLineMatchesTheDocumentedFormat) {
-    // <ote/log.h>'s pattern.
-    const std::regex line(
-        "[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z orbitte [EWIDT] "
-        "pid=([0-9]+) tid=([0-9]+)( engine=[^ ]+)? \\[[^\\]]+\\] .*");
+    // <ote/log.h>'s pattern, as POSIX extended regular expression.
+    regex_t line;
+    ASSERT_EQ(regcomp(&line,
+                      "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z orbitte "
+                      "[EWIDT] pid=([0-9]+) tid=([0-9]+)( engine=[^ ]+)? \\[[^]]+\\] .*$",
+                      REG_EXTENDED),
+              0);
     ote_engine_t *a = NewEngine({{"transports", "tcp"}});
     ote_engine_t *b = NewEngine({{"transports", "tcp"}});
     ASSERT_NE(a, nullptr);
@@ -171,23 +174,28 @@ TEST_F(LogCallbackTest, DefaultLineMatchesTheDocumentedFormat) {
     std::istringstream lines(out);
     std::string l;
     int with_engine = 0, without = 0;
+    long me = static_cast<long>(syscall(SYS_gettid));
     while (std::getline(lines, l)) {
-        std::smatch m;
-        ASSERT_TRUE(std::regex_match(l, m, line)) << "line not in the documented format: " << l;
-        EXPECT_EQ(std::stol(m[1].str()), static_cast<long>(getpid())) << l;
-        long me = static_cast<long>(syscall(SYS_gettid));
+        regmatch_t m[4];
+        ASSERT_EQ(regexec(&line, l.c_str(), 4, m, 0), 0)
+            << "line not in the documented format: " << l;
+        auto group = [&](int i) {
+            return m[i].rm_so < 0 ? std::string() : l.substr(m[i].rm_so, m[i].rm_eo - m[i].rm_so);
+        };
+        EXPECT_EQ(std::stol(group(1)), static_cast<long>(getpid())) << l;
         if (l.find(" W ") != std::string::npos &&
             l.find("[engine] destroy refused") != std::string::npos) {
-            EXPECT_EQ(m[3].str(), " engine=" + addr_a) << l;
-            EXPECT_EQ(std::stol(m[2].str()), me) << l;
+            EXPECT_EQ(group(3), " engine=" + addr_a) << l;
+            EXPECT_EQ(std::stol(group(2)), me) << l;
             with_engine++;
         }
         if (l.find("[engine] config: invalid log_level") != std::string::npos) {
-            EXPECT_EQ(m[3].str(), "") << "a configuration line knows no engine: " << l;
-            EXPECT_EQ(std::stol(m[2].str()), me) << l;
+            EXPECT_EQ(group(3), "") << "a configuration line knows no engine: " << l;
+            EXPECT_EQ(std::stol(group(2)), me) << l;
             without++;
         }
     }
+    regfree(&line);
     EXPECT_EQ(with_engine, 1) << out;
     EXPECT_EQ(without, 1) << out;
 }

@@ -15,12 +15,12 @@
  *
  * The engine is named by its advertised address ("host:port", ote_engine_address).
  * Lines written on a thread an engine started (its listener, transport workers,
- * progress, pumper and reader threads, all started through one helper that passes the
- * tag on) and lines written during ote_engine_create, ote_engine_destroy,
- * ote_segment_open, ote_segment_close, ote_memory_register(_named) and
- * ote_memory_unregister on the caller's thread carry it; a line written on the caller's thread by another call
- * (a batch submitted, waited or canceled) or before the engine has its address (a
- * refused configuration) carries none.
+ * progress, pumper and reader threads, started through one helper that passes the tag
+ * on; docs/api.md lists the exceptions) and lines written on the caller's thread during
+ * ote_engine_create, ote_engine_destroy, ote_segment_open, ote_segment_close,
+ * ote_memory_register(_named) and ote_memory_unregister carry it; a line written on the
+ * caller's thread by another call (a batch submitted, waited or canceled) or before the
+ * engine has its address (a refused configuration) carries none.
  *
  * The level is process-wide: OTE_LOG_LEVEL in the environment (read once), the
  * log_level key of any engine's configuration (applied when that engine is created, for
