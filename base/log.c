@@ -7,13 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Atomic int g_level = -1; /* -1: not yet read from the environment */
 static _Atomic uint64_t g_errors;
-static pthread_mutex_t g_sink_lock = PTHREAD_MUTEX_INITIALIZER;
-static ote_log_sink_fn g_sink;
-static void *g_sink_arg;
+/* The callback and its arg change and are called under g_cb_lock: a line is delivered
+ * whole, and once ote_log_set_callback returns the old callback is neither running nor
+ * about to run (<ote/log.h>'s contract). */
+static pthread_mutex_t g_cb_lock = PTHREAD_MUTEX_INITIALIZER;
+static ote_log_callback_t g_cb;
+static void *g_cb_arg;
+static _Thread_local const char *tl_engine; /* the engine this thread's lines are about */
+static _Thread_local int tl_in_callback;    /* this thread is inside g_cb */
 
 int ote_log_parse_level(const char *s) {
     static const char *const names[] = {"error", "warn", "info", "debug", "trace"};
@@ -35,14 +42,27 @@ ote_log_level_t ote_log_level(void) {
     return (ote_log_level_t)atomic_load(&g_level);
 }
 
-void ote_log_set_level(ote_log_level_t level) { atomic_store(&g_level, (int)level); }
-
-void ote_log_set_sink(ote_log_sink_fn fn, void *arg) {
-    pthread_mutex_lock(&g_sink_lock);
-    g_sink = fn;
-    g_sink_arg = arg;
-    pthread_mutex_unlock(&g_sink_lock);
+void ote_log_set_level(ote_log_level_t level) {
+    if ((int)level >= OTE_LOG_ERROR && (int)level <= OTE_LOG_TRACE)
+        atomic_store(&g_level, (int)level);
 }
+
+ote_status_t ote_log_set_callback(ote_log_callback_t fn, void *arg) {
+    if (tl_in_callback) return OTE_ERR_STATE; /* the lock is held by this very thread */
+    pthread_mutex_lock(&g_cb_lock);
+    g_cb = fn;
+    g_cb_arg = arg;
+    pthread_mutex_unlock(&g_cb_lock);
+    return OTE_OK;
+}
+
+const char *ote_log_set_thread_engine(const char *tag) {
+    const char *prev = tl_engine;
+    tl_engine = tag;
+    return prev;
+}
+
+const char *ote_log_thread_engine(void) { return tl_engine; }
 
 uint64_t ote_log_error_count(void) { return atomic_load(&g_errors); }
 
@@ -61,8 +81,29 @@ int ote_log_limit_pass(ote_log_limit_t *l, uint64_t every_ns, uint64_t *suppress
     return 1;
 }
 
-void ote_log_write(ote_log_level_t level, const char *component, const char *fmt, ...) {
+/* The default line (<ote/log.h>): UTC time to the ms, level, pid, tid, engine, component. */
+static void write_stderr(ote_log_level_t level, const char *component, const char *engine,
+                         const char *msg) {
     static const char letters[] = "EWIDT";
+    struct timespec ts;
+    struct tm tm;
+    char when[32] = "";
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (gmtime_r(&ts.tv_sec, &tm) != NULL) strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    char line[1400];
+    int n = snprintf(line, sizeof(line), "%s.%03ldZ orbitte %c pid=%ld tid=%ld%s%s [%s] %s\n", when,
+                     ts.tv_nsec / 1000000, letters[(unsigned)level < 5 ? level : 4], (long)getpid(),
+                     (long)syscall(SYS_gettid), engine ? " engine=" : "", engine ? engine : "",
+                     component, msg);
+    if (n <= 0) return;
+    if ((size_t)n >= sizeof(line)) { /* cut, but still one line */
+        n = (int)sizeof(line) - 1;
+        line[n - 1] = '\n';
+    }
+    fwrite(line, 1, (size_t)n, stderr);
+}
+
+void ote_log_write(ote_log_level_t level, const char *component, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -70,14 +111,18 @@ void ote_log_write(ote_log_level_t level, const char *component, const char *fmt
     va_end(ap);
     if (level == OTE_LOG_ERROR) atomic_fetch_add(&g_errors, 1);
     if (component == NULL) component = "-";
-    pthread_mutex_lock(&g_sink_lock);
-    if (g_sink != NULL) {
-        g_sink(g_sink_arg, level, component, msg);
-    } else {
-        char line[1200];
-        int n = snprintf(line, sizeof(line), "orbitte %c [%s] %s\n",
-                         letters[(unsigned)level < 5 ? level : 4], component, msg);
-        if (n > 0) fwrite(line, 1, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1, stderr);
+    const char *engine = tl_engine != NULL && tl_engine[0] != '\0' ? tl_engine : NULL;
+    if (tl_in_callback) { /* the callback called into OrbitTE: its lock is this thread's */
+        write_stderr(level, component, engine, msg);
+        return;
     }
-    pthread_mutex_unlock(&g_sink_lock);
+    pthread_mutex_lock(&g_cb_lock);
+    if (g_cb != NULL) {
+        tl_in_callback = 1;
+        g_cb(g_cb_arg, level, component, engine, msg);
+        tl_in_callback = 0;
+    } else {
+        write_stderr(level, component, engine, msg);
+    }
+    pthread_mutex_unlock(&g_cb_lock);
 }

@@ -1,38 +1,33 @@
 /*
- * base/log.h - leveled logging with a component tag.
+ * base/log.h - leveled logging with a component tag and the engine a line is about.
  *
- * Lines look like "orbitte W [verbs] reg_mr failed: ...". The level comes from the
- * OTE_LOG_LEVEL environment variable (error, warn, info, debug, trace; default warn),
- * read once, or from ote_log_set_level(). Tests install a sink to capture lines and to
- * fail on unexpected errors; ote_log_error_count() counts every ERROR line emitted.
+ * The public half (levels, the callback, the process-wide level, the stderr line's
+ * format) is <ote/log.h>. The level comes from the OTE_LOG_LEVEL environment variable
+ * (error, warn, info, debug, trace; default warn), read once, or from
+ * ote_log_set_level(). ote_log_error_count() counts every ERROR line emitted.
+ *
+ * The engine tag is per thread: ote_log_set_thread_engine() names the engine the calling
+ * thread works for (a string the caller keeps alive while it is set), and every line the
+ * thread writes carries it; ote_thread_create (base/thread.h) starts a thread with its
+ * creator's tag. The engine's public calls that name one set it for their duration.
  */
 #ifndef OTE_BASE_LOG_H
 #define OTE_BASE_LOG_H
 
+/* Workspace-relative, as in base/status.h: compilers outside Bazel need only the root. */
+#include "base/include/ote/log.h"
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum {
-    OTE_LOG_ERROR = 0,
-    OTE_LOG_WARN = 1,
-    OTE_LOG_INFO = 2,
-    OTE_LOG_DEBUG = 3,
-    OTE_LOG_TRACE = 4,
-} ote_log_level_t;
-
-typedef void (*ote_log_sink_fn)(void *arg, ote_log_level_t level, const char *component,
-                                const char *message);
-
-ote_log_level_t ote_log_level(void);
-void ote_log_set_level(ote_log_level_t level);
 /* Parse "error", "warn", ..., or a digit 0-4. Returns -1 when unknown. */
 int ote_log_parse_level(const char *s);
-/* Install a sink (NULL restores stderr). The sink receives every line at or below the
- * current level; it must not call back into the logger. */
-void ote_log_set_sink(ote_log_sink_fn fn, void *arg);
+/* The engine tag of the calling thread's lines (NULL or "" for none); returns the previous
+ * one, for the caller to put back. tag must stay valid while it is set. */
+const char *ote_log_set_thread_engine(const char *tag);
+const char *ote_log_thread_engine(void);
 uint64_t ote_log_error_count(void);
 
 void ote_log_write(ote_log_level_t level, const char *component, const char *fmt, ...)

@@ -19,6 +19,7 @@
 #include "base/alloc.h"
 #include "base/fault.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "cq/cq_internal.h"
 #include "cq/workers.h"
 
@@ -235,7 +236,7 @@ ote_status_t ote_cq_workers_start_numa(uint32_t count, int numa_node,
         int err = pthread_attr_init(&attr);
         if (err == 0) {
             if (p->bound) err = pthread_attr_setaffinity_np(&attr, sizeof(p->cpus), &p->cpus);
-            if (err == 0) err = pthread_create(&w->thread, &attr, worker_main, w);
+            if (err == 0) err = ote_thread_create(&w->thread, &attr, worker_main, w);
             pthread_attr_destroy(&attr);
         }
         if (err == 0) {

@@ -242,9 +242,13 @@ static const key_def_t g_keys[] = {
      * (OTE_ERR_UNSUPPORTED, an ERROR naming the key and the device). Either way the peer
      * reaches exactly the granted bytes, and nothing after the grant's receipt. */
     {"rdma_grant_mode", K_ENUM, "auto", .choices = {"auto", "mw", "mr"}, TEXT(rdma_grant_mode)},
-    /* `error`, `warn`, `info`, `debug` or `trace` (empty: `warn`). A WARN that an event can
-     * repeat per slice or per grant is logged at most once a second per kind, the next line
-     * saying how many were swallowed. */
+    /* `error`, `warn`, `info`, `debug` or `trace` (empty: leave the level as it is; `warn`
+     * unless `OTE_LOG_LEVEL` says otherwise). Process-wide, not per engine: creating an
+     * engine with this key sets the level of every engine of the process, and of the lines
+     * written outside any engine, until another engine or `ote_log_set_level` changes it.
+     * A WARN that an event can repeat per slice or per grant is logged at most once a
+     * second per kind, the next line saying how many were swallowed. Where lines go (stderr
+     * or a callback) and their format: `<ote/log.h>`, docs/api.md. */
     {"log_level", K_LOGLEVEL, "", TEXT(log_level)},
     /* Path of the cluster key: a regular file of 32..4096 raw bytes (e.g. `head -c 32
      * /dev/urandom`) that group and others can neither read nor write (a symlink to one is

@@ -82,6 +82,8 @@ static const ote__router_upcalls_t g_router_upcalls = {
     .shared_find = ote__shared_find,
 };
 
+static ote_status_t engine_start(ote_engine_t *e);
+
 ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_out) {
     if (engine_out == NULL) return OTE_ERR_INVALID;
     ote__cfg_t rc;
@@ -99,6 +101,19 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     e->cfg = rc;
     e->auth_key = key; /* owned by the engine from here */
     e->epoch = new_epoch(e);
+    /* This thread's lines, and those of every thread the engine starts, name the engine
+     * (its address, once the listener has it: nothing is logged after e is freed). */
+    const char *prev_tag = ote_log_set_thread_engine(e->self_addr);
+    st = engine_start(e);
+    ote_log_set_thread_engine(prev_tag);
+    if (st == OTE_OK) *engine_out = e;
+    return st;
+}
+
+/* The engine's locks, shared memory, GPU services and transports; on failure e is freed
+ * (unless a transport retained it). */
+static ote_status_t engine_start(ote_engine_t *e) {
+    ote_status_t st;
     if (pthread_rwlock_init(&e->reg_lk, NULL) != 0) {
         st = OTE_ERR_NOMEM;
         goto err_free;
@@ -130,7 +145,6 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
         return st;
     }
     if (st != OTE_OK) goto err_gpu;
-    *engine_out = e;
     return OTE_OK;
 
 err_gpu:
@@ -164,8 +178,7 @@ err_free:
  * transport still owns (memory a NIC could still reach stays registered): RETAINED, and
  * every other call on e is refused with OTE_ERR_STATE from then on. A later destroy
  * retries exactly what is left and frees everything once it succeeds. */
-ote_status_t ote_engine_destroy(ote_engine_t *e) {
-    if (e == NULL) return OTE_ERR_INVALID;
+static ote_status_t engine_destroy(ote_engine_t *e) {
     long segs = atomic_load(&e->nsegments), batches = atomic_load(&e->nbatches);
     if (segs > 0 || batches > 0) {
         OTE_WARN("engine", "destroy refused: %ld segment(s) and %ld batch(es) still open", segs,
@@ -220,6 +233,16 @@ ote_status_t ote_engine_destroy(ote_engine_t *e) {
     return OTE_OK;
 }
 
+/* The public calls that name an engine and may log from lower layers tag this thread's
+ * lines with it for their duration (<ote/log.h>). */
+ote_status_t ote_engine_destroy(ote_engine_t *e) {
+    if (e == NULL) return OTE_ERR_INVALID;
+    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    ote_status_t st = engine_destroy(e); /* e may be freed: its tag is not read again */
+    ote_log_set_thread_engine(prev);
+    return st;
+}
+
 ote_status_t ote_engine_address(ote_engine_t *e, char *buf, size_t len) {
     if (e == NULL || buf == NULL || len == 0) return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
@@ -229,9 +252,7 @@ ote_status_t ote_engine_address(ote_engine_t *e, char *buf, size_t len) {
     return OTE_OK;
 }
 
-ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t **seg_out) {
-    if (e == NULL || peer == NULL || seg_out == NULL) return OTE_ERR_INVALID;
-    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+static ote_status_t segment_open(ote_engine_t *e, const char *peer, ote_segment_t **seg_out) {
     char host[256];
     uint16_t port;
     if (strlen(peer) >= OTE__ADDR_MAX ||
@@ -268,8 +289,16 @@ ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t *
     return OTE_OK;
 }
 
-ote_status_t ote_segment_close(ote_segment_t *s) {
-    if (s == NULL) return OTE_ERR_INVALID;
+ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t **seg_out) {
+    if (e == NULL || peer == NULL || seg_out == NULL) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    ote_status_t st = segment_open(e, peer, seg_out);
+    ote_log_set_thread_engine(prev);
+    return st;
+}
+
+static ote_status_t segment_close(ote_segment_t *s) {
     if (atomic_load(&s->pending) > 0) return OTE_ERR_BUSY;
     ote_engine_t *e = s->e;
     /* Notifications on their way (sent after their batch's data) are waited for: each
@@ -289,4 +318,12 @@ ote_status_t ote_segment_close(ote_segment_t *s) {
     atomic_fetch_sub(&e->nsegments, 1);
     ote_free(s);
     return OTE_OK;
+}
+
+ote_status_t ote_segment_close(ote_segment_t *s) {
+    if (s == NULL) return OTE_ERR_INVALID;
+    const char *prev = ote_log_set_thread_engine(s->e->self_addr);
+    ote_status_t st = segment_close(s);
+    ote_log_set_thread_engine(prev);
+    return st;
 }

@@ -49,6 +49,7 @@
 #include "base/le.h"
 #include "base/list.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/control/auth.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
@@ -474,7 +475,7 @@ static void accept_one(ote__listen_t *l, int fd, const struct sockaddr_storage *
     int rc = pthread_attr_init(&attr);
     if (rc == 0) {
         (void)pthread_attr_setstacksize(&attr, LISTEN_HS_STACK);
-        rc = pthread_create(&h->th, &attr, hs_main, h);
+        rc = ote_thread_create(&h->th, &attr, hs_main, h);
         pthread_attr_destroy(&attr);
     }
     if (rc != 0) {
@@ -519,7 +520,7 @@ static void *acceptor_main(void *arg) {
 }
 
 ote_status_t ote__listen_start(ote__listen_t *l) {
-    if (pthread_create(&l->th, NULL, acceptor_main, l) != 0) {
+    if (ote_thread_create(&l->th, NULL, acceptor_main, l) != 0) {
         OTE_ERROR("engine", "cannot start the listener thread of %s", l->e->self_addr);
         return OTE_ERR_NOMEM;
     }

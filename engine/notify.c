@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "base/time.h"
 #include "engine/core_internal.h"
 #include "engine/notify_internal.h"
@@ -103,7 +104,7 @@ static int nout_retry(ote__nout_t *n, ote_status_t st) {
     ote_mutex_lock(&e->omu);
     int ok = !e->nretry_stop;
     if (ok && !e->nretry_started) {
-        ok = pthread_create(&e->nretry_th, NULL, retry_main, e) == 0;
+        ok = ote_thread_create(&e->nretry_th, NULL, retry_main, e) == 0;
         e->nretry_started = ok;
         if (!ok) OTE_WARN("engine", "notification retry thread: pthread_create failed");
     }
@@ -144,6 +145,7 @@ static void nout_resend(ote__nout_t *n) {
  * segment's close waits for its notifications). */
 static void *retry_main(void *arg) {
     ote_engine_t *e = arg;
+    ote_log_set_thread_engine(e->self_addr); /* started by whichever thread's batch needed it */
     ote_mutex_lock(&e->omu);
     while (!e->nretry_stop) {
         uint64_t now = ote_now_ns(), next = now + NOTIFY_RETRY_IDLE_MS * OTE_NSEC_PER_MSEC;

@@ -309,8 +309,8 @@ static ote_status_t register_insert_locked(ote_engine_t *e, const reg_args_t *a,
     return st;
 }
 
-ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
-                                       const char *name) {
+static ote_status_t register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
+                                   const char *name) {
     if (e == NULL || addr == NULL || len == 0 || (perms & (OTE_PERM_READ | OTE_PERM_WRITE)) == 0 ||
         (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE | OTE_PERM_IPC)) != 0 ||
         (uintptr_t)addr > UINT64_MAX - len)
@@ -441,9 +441,7 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
 /* A registration still pinned waits at most OTE_UNREGISTER_WAIT_MS for its pins to drop
  * (a release already in flight: the source's receipt of a request whose requester saw
  * it COMPLETED), then answers BUSY. */
-ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
-    if (e == NULL || addr == NULL) return OTE_ERR_INVALID;
-    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+static ote_status_t unregister(ote_engine_t *e, void *addr) {
     uint64_t start = (uintptr_t)addr;
     ote_deadline_t dl = ote_deadline_after(OTE_UNREGISTER_WAIT_MS * OTE_NSEC_PER_MSEC);
     for (;;) {
@@ -457,4 +455,23 @@ ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
         atomic_fetch_sub(&e->unreg_waiters, 1);
         (void)wst; /* woken or at the deadline: look again (BUSY past the deadline) */
     }
+}
+
+/* Lines of a registration name its engine (<ote/log.h>). */
+ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
+                                       const char *name) {
+    if (e == NULL) return OTE_ERR_INVALID;
+    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    ote_status_t st = register_named(e, addr, len, perms, name);
+    ote_log_set_thread_engine(prev);
+    return st;
+}
+
+ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
+    if (e == NULL || addr == NULL) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    ote_status_t st = unregister(e, addr);
+    ote_log_set_thread_engine(prev);
+    return st;
 }

@@ -3,7 +3,7 @@
 #
 #   scripts/install.sh --prefix DIR        (default /usr/local)
 #
-#   DIR/include/ote/ote.h, DIR/include/ote/status.h    the public API
+#   DIR/include/ote/ote.h, DIR/include/ote/status.h, DIR/include/ote/log.h    the public API
 #   DIR/lib/liborbitte.so.X.Y.Z (+ .so.X, .so links)    the shared library (SONAME .so.X)
 #   DIR/lib/liborbitte.a                                the same objects, static
 #   DIR/lib/pkgconfig/orbitte.pc                        pkg-config --cflags --libs orbitte
@@ -37,7 +37,8 @@ soname=$(readelf -d bazel-bin/engine/liborbitte.so | sed -n 's/.*Library soname:
 [ "$soname" = "liborbitte.so.$MAJOR" ] || { echo "install.sh: SONAME '$soname' is not liborbitte.so.$MAJOR" >&2; exit 1; }
 
 install -d "$PREFIX/include/ote" "$PREFIX/lib/pkgconfig" "$PREFIX/lib/cmake/orbitte"
-install -m 0644 engine/include/ote/ote.h base/include/ote/status.h "$PREFIX/include/ote/"
+install -m 0644 engine/include/ote/ote.h base/include/ote/status.h base/include/ote/log.h \
+    "$PREFIX/include/ote/"
 install -m 0755 bazel-bin/engine/liborbitte.so "$PREFIX/lib/liborbitte.so.$VERSION"
 ln -sfn "liborbitte.so.$VERSION" "$PREFIX/lib/liborbitte.so.$MAJOR"
 ln -sfn "liborbitte.so.$MAJOR" "$PREFIX/lib/liborbitte.so"

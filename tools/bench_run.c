@@ -353,7 +353,8 @@ int bench__run_one(run_t *r, ote_engine_t *engine, bench_result_t *res) {
     while (r->done < started) {
         ote_cond_wait(&r->cv, &r->mu, ote_deadline_after(250 * OTE_NSEC_PER_MSEC));
         uint64_t now = ote_now_ns();
-        if (show && r->done < started && now - r->start_ns > OTE_NSEC_PER_SEC) {
+        /* Only a run that lasts over 2 s shows it: a short one ends before it appears. */
+        if (show && r->done < started && now - r->start_ns > 2 * OTE_NSEC_PER_SEC) {
             progress_line(r, now, false);
             shown = true;
         }

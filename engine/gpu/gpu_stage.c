@@ -16,6 +16,7 @@
 #include "base/alloc.h"
 #include "base/lock.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "cuda/driver.h"
 #include "cuda/ipc/ipc.h"
 #include "cuda/memory/device.h"
@@ -300,7 +301,7 @@ static void *worker_main(void *arg) {
 
 void ote__gpu_worker_ensure(ote__gpu_t *g) {
     ote_mutex_lock(&g->mu);
-    if (!g->thread_started && !g->stop && pthread_create(&g->thread, NULL, worker_main, g) == 0)
+    if (!g->thread_started && !g->stop && ote_thread_create(&g->thread, NULL, worker_main, g) == 0)
         g->thread_started = 1;
     if (!g->thread_started)
         OTE_WARN_LIMITED("gpu",
@@ -326,7 +327,7 @@ void ote__gpu_stage(ote__gpu_t *g, uint32_t kind, ote__slice_t *slices, uint32_t
     if (st == OTE_OK) {
         ote_mutex_lock(&g->mu);
         if (!g->thread_started) {
-            if (pthread_create(&g->thread, NULL, worker_main, g) == 0) g->thread_started = 1;
+            if (ote_thread_create(&g->thread, NULL, worker_main, g) == 0) g->thread_started = 1;
             else st = OTE_ERR_NOMEM;
         }
         ote_mutex_unlock(&g->mu);

@@ -17,6 +17,7 @@
 #include "base/alloc.h"
 #include "base/list.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_src_parents.h"
 #include "engine/rdma/rdma_internal.h"
@@ -736,7 +737,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     st = ote__rdma_monitor_start(tp); /* rdma_monitor.c */
     if (st != OTE_OK) goto err;
     if (ote__rdma_hooks.track != NULL) ote__rdma_hooks.track(tp, 1);
-    if (pthread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
+    if (ote_thread_create(&tp->pumper, NULL, ote__rdma_pumper_main, tp) != 0) {
         st = OTE_ERR_NOMEM;
         goto err;
     }

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/rdma/rdma_internal.h"
 
 #define MONITOR_BUSY_MS 2
@@ -221,7 +222,7 @@ ote_status_t ote__rdma_monitor_start(rdma_tp_t *tp) {
         OTE_ERROR("rdma", "monitor: eventfd failed: %s", strerror(err));
         return ote_status_make(OTE_ERR_NATIVE, err);
     }
-    if (pthread_create(&tp->monitor, NULL, monitor_main, tp) != 0) {
+    if (ote_thread_create(&tp->monitor, NULL, monitor_main, tp) != 0) {
         close(tp->monitor_efd);
         tp->monitor_efd = -1;
         return OTE_ERR_NOMEM;

@@ -19,6 +19,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/control/hello.h"
 #include "engine/rdma/rdma_internal.h"
 
@@ -219,6 +220,8 @@ static int reader_frame(ote__tpeer_t *p, const ote_ctl_msg_t *m) {
 static void *reader_main(void *arg) {
     ote__tpeer_t *p = arg;
     rdma_tp_t *tp = p->tp;
+    /* Started again by a reconnect on whatever thread asked: its lines name the engine. */
+    ote_log_set_thread_engine(tp->addr);
     conn_t *c = p->conn.c;
     for (;;) {
         ote_ctl_msg_t m;
@@ -414,7 +417,7 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         return st;
     }
     set_conn(p, c);
-    if (pthread_create(&p->conn.reader, NULL, reader_main, p) != 0) {
+    if (ote_thread_create(&p->conn.reader, NULL, reader_main, p) != 0) {
         set_conn(p, NULL);
         ote__rdma_conn_put(c);
         return OTE_ERR_NOMEM;

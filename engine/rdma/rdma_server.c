@@ -19,6 +19,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/rdma/rdma_internal.h"
 #include "engine/rdma/rdma_src_parents.h"
 
@@ -358,7 +359,7 @@ ote_status_t ote__rdma_adopt(ote__transport_t *t, int fd, const char *from, cons
     srv_t *sv = ote_calloc(1, sizeof(*sv));
     if (sv != NULL) sv->c = c;
     c->adopted = 1; /* its last put reports it closed */
-    if (sv == NULL || pthread_create(&sv->th, NULL, server_main, sv) != 0) {
+    if (sv == NULL || ote_thread_create(&sv->th, NULL, server_main, sv) != 0) {
         ote_mutex_unlock(&tp->mu);
         ote_free(sv);
         c->adopted = 0; /* not taken: the listener counts it closed */

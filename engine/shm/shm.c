@@ -14,6 +14,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/control/auth.h"
 #include "engine/shm/shm_internal.h"
 
@@ -128,7 +129,7 @@ static void accept_one(shm_tp_t *tp) {
     s->fd = fd;
     s->pid = cr.pid;
     s->uid = cr.uid;
-    if (pthread_create(&s->thr, NULL, ote__shm_src_main, s) != 0) {
+    if (ote_thread_create(&s->thr, NULL, ote__shm_src_main, s) != 0) {
         OTE_WARN("shm", "cannot start the thread of pid %d's connection", (int)cr.pid);
         close(fd);
         ote_free(s);
@@ -212,7 +213,7 @@ ote_status_t ote__shm_create(const ote__cfg_t *cfg, const ote__host_t *host,
         OTE_ERROR("shm", "cannot listen on the abstract socket @%s: %s", tp->sock, strerror(errno));
         goto err_fd;
     }
-    if (pthread_create(&tp->accept_thr, NULL, accept_main, tp) != 0) {
+    if (ote_thread_create(&tp->accept_thr, NULL, accept_main, tp) != 0) {
         st = OTE_ERR_NOMEM;
         OTE_ERROR("shm", "cannot start the accept thread");
         goto err_fd;

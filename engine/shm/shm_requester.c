@@ -20,6 +20,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/shm/shm_internal.h"
@@ -428,6 +429,8 @@ static void peer_expire(shm_peer_t *p, shm_slist_t *done) {
 
 static void *rx_main(void *arg) {
     shm_peer_t *p = arg;
+    /* Started again by a reconnect on whatever thread asked: its lines name the engine. */
+    ote_log_set_thread_engine(p->tp->host.self_addr);
     uint8_t buf[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t)];
     for (;;) {
         struct pollfd pf = {.fd = p->fd, .events = POLLIN};
@@ -499,7 +502,7 @@ static ote_status_t peer_start(shm_peer_t *p) {
     p->nshared = 0; /* a new connection: its source has mapped none */
     ote_mutex_unlock(&p->mu);
     p->broken = 0;
-    if (pthread_create(&p->rx, NULL, rx_main, p) != 0) {
+    if (ote_thread_create(&p->rx, NULL, rx_main, p) != 0) {
         close(p->fd);
         p->fd = -1;
         if (p->ring != NULL) munmap(p->ring, SHM_RING_MAP);

@@ -20,6 +20,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/control/auth.h"
 #include "engine/control/ctl.h"
 #include "engine/shm/shm_internal.h"
@@ -523,7 +524,7 @@ static int helpers_start(shm_src_t *s) {
     int want = cpus > 1 ? (int)(cpus - 1) : 0;
     if (want > SHM_COPY_HELPERS) want = SHM_COPY_HELPERS;
     while (s->nhelpers < want) {
-        if (pthread_create(&s->helper[s->nhelpers], NULL, helper_main, s) != 0) {
+        if (ote_thread_create(&s->helper[s->nhelpers], NULL, helper_main, s) != 0) {
             OTE_WARN_LIMITED("shm", "cannot start a copy helper for %s: copying alone", s->from);
             break;
         }

@@ -18,6 +18,7 @@
 
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/thread.h"
 #include "engine/tcp/tcp_internal.h"
 
 /* Large socket buffers help only when the kernel lets us have them: setting a small
@@ -140,7 +141,7 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
     }
     for (uint32_t i = 0; i < tp->nworkers; i++) {
         tcp_worker_t *w = &tp->workers[i];
-        int rc = pthread_create(&w->th, NULL, ote__tcp_worker_main, w);
+        int rc = ote_thread_create(&w->th, NULL, ote__tcp_worker_main, w);
         if (rc != 0) {
             st = ote_status_from_errno(rc);
             OTE_ERROR("tcp", "cannot start worker thread %u: %s", i, strerror(rc));

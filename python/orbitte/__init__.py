@@ -62,3 +62,11 @@ from .engine import (  # noqa: E402
     TransferStatus,
     status_name,
 )
+
+# The library's log lines into Python's logging (orbitte.logs).
+from .logs import (  # noqa: E402,F401
+    TRACE_LEVEL,
+    library_log_level,
+    route_logs_to_python,
+    stop_routing_logs,
+)

@@ -205,6 +205,11 @@ _STATS_PROTOTYPES = {
 }
 
 
+# ote_log_callback_t of <ote/log.h>: (arg, level, component, engine or NULL, message).
+LogCallback = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                               ctypes.c_char_p)
+
+
 # name: (restype, argtypes). Every call that can wait (ote_batch_wait, ote_notify_recv)
 # takes a deadline in C; ctypes.CDLL releases the GIL for the length of each call.
 _PROTOTYPES = {
@@ -305,6 +310,10 @@ _PROTOTYPES = {
     "ote_status_str": (ctypes.c_char_p, [status_t]),
     "ote_status_describe": (ctypes.c_char_p, [status_t, ctypes.c_char_p, c_size_t]),
     "ote_status_scope": (ctypes.c_int, [status_t]),
+    # <ote/log.h> (orbitte.logs): the process-wide callback and level
+    "ote_log_set_callback": (status_t, [LogCallback, c_void_p]),
+    "ote_log_set_level": (None, [ctypes.c_int]),
+    "ote_log_level": (ctypes.c_int, []),
 }
 
 _PROTOTYPES.update(_STATS_PROTOTYPES)

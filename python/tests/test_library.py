@@ -11,7 +11,8 @@ from orbitte import _lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADERS = [os.path.join(REPO, "engine", "include", "ote", "ote.h"),
-           os.path.join(REPO, "base", "include", "ote", "status.h")]
+           os.path.join(REPO, "base", "include", "ote", "status.h"),
+           os.path.join(REPO, "base", "include", "ote", "log.h")]
 
 
 def declared_functions():

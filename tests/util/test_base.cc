@@ -40,7 +40,7 @@ int CountOpenFds() {
 }
 
 void OteTest::SetUp() {
-    ote_log_set_sink(&OteTest::Sink, this);
+    ote_log_set_callback(&OteTest::Sink, this);
     fds_at_start_ = CountOpenFds();
     retained_at_start_ = ote_retained_total();
     g_current.store(this);
@@ -49,7 +49,7 @@ void OteTest::SetUp() {
 void OteTest::TearDown() {
     ote_alloc_fail_disarm();
     ote_fault_disarm_all();
-    ote_log_set_sink(nullptr, nullptr);
+    ote_log_set_callback(nullptr, nullptr);
     g_current.store(nullptr);
     EXPECT_EQ(expect_depth_.load(), 0) << "an ErrorLogsExpected guard outlived its test";
     if (!allow_errors_) {
@@ -82,7 +82,8 @@ uint64_t OteTest::ExpectErrorLogsIn(const std::function<void()> &fn) {
     return seen;
 }
 
-void OteTest::Sink(void *arg, ote_log_level_t level, const char *component, const char *msg) {
+void OteTest::Sink(void *arg, ote_log_level_t level, const char *component, const char * /*engine*/,
+                   const char *msg) {
     auto *self = static_cast<OteTest *>(arg);
     std::lock_guard<std::mutex> g(self->mu_);
     static const char kLetters[] = "EWIDT";

@@ -65,7 +65,8 @@ class OteTest : public ::testing::Test {
 
   private:
     friend class ErrorLogsExpected;
-    static void Sink(void *arg, ote_log_level_t level, const char *component, const char *msg);
+    static void Sink(void *arg, ote_log_level_t level, const char *component, const char *engine,
+                     const char *msg);
     std::mutex mu_;
     std::vector<std::string> lines_;
     int errors_ = 0;                         // unexpected ERROR lines

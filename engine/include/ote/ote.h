@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ote/log.h"
 #include "ote/status.h"
 
 #ifdef __cplusplus
@@ -94,7 +95,7 @@ typedef struct ote_batch ote_batch_t;
  *   rdma_max_send_wrs    most send WRs outstanding over every QP (0: no limit)
  *   rdma_max_served_grants most grant credits a source reserves for its peers (0: no limit)
  *   rdma_grant_mode      how a source grants host memory: auto, mw or mr
- *   log_level            error, warn, info, debug or trace
+ *   log_level            error, warn, info, debug or trace: process-wide (<ote/log.h>)
  *   auth_key_file        path of the cluster key (needed to listen off loopback)
  *   allow_unauthenticated "1": listen off loopback without a key
  *   gpu_paths            paths device memory may take: staging, ipc, direct
