@@ -96,22 +96,6 @@ ote_status_t ote_context_refresh(ote_context_t *ctx) {
     return ote__context_refresh(ctx, "refresh");
 }
 
-static const char *event_name(enum ibv_event_type t) {
-    switch (t) {
-        case IBV_EVENT_PORT_ACTIVE: return "PORT_ACTIVE";
-        case IBV_EVENT_PORT_ERR: return "PORT_ERR";
-        case IBV_EVENT_GID_CHANGE: return "GID_CHANGE";
-        case IBV_EVENT_LID_CHANGE: return "LID_CHANGE";
-        case IBV_EVENT_DEVICE_FATAL: return "DEVICE_FATAL";
-        case IBV_EVENT_QP_FATAL: return "QP_FATAL";
-        case IBV_EVENT_QP_REQ_ERR: return "QP_REQ_ERR";
-        case IBV_EVENT_QP_ACCESS_ERR: return "QP_ACCESS_ERR";
-        case IBV_EVENT_CQ_ERR: return "CQ_ERR";
-        case IBV_EVENT_COMM_EST: return "COMM_EST";
-        default: return "other";
-    }
-}
-
 static void apply_event(ote_context_t *ctx, const struct ibv_async_event *ev) {
     ote_mutex_lock(&ctx->set->mu);
     uint8_t port = ctx->route.port;
@@ -127,7 +111,7 @@ static void apply_event(ote_context_t *ctx, const struct ibv_async_event *ev) {
         case IBV_EVENT_GID_CHANGE:
         case IBV_EVENT_LID_CHANGE:
             if (ev->element.port_num != port) break;
-            (void)ote__context_refresh(ctx, event_name(ev->event_type));
+            (void)ote__context_refresh(ctx, ote_verbs_event_name(ev->event_type));
             break;
         case IBV_EVENT_DEVICE_FATAL:
             ote_mutex_lock(&ctx->set->mu);
@@ -139,7 +123,7 @@ static void apply_event(ote_context_t *ctx, const struct ibv_async_event *ev) {
             break;
         default:
             OTE_DEBUG("context", "device %s: async event %s", ctx->name,
-                      event_name(ev->event_type));
+                      ote_verbs_event_name(ev->event_type));
             break;
     }
 }
