@@ -18,10 +18,12 @@ when it could not (unreadable input): the caller must then fail the run.
 
 Rules:
 - Only targets with a status line in CONSOLE_LOG are counted, and for each only the
-  test.xml files of this invocation's layout: with N runs per test ("Stats over N runs"
-  or "in K out of N"), run_1_of_N .. run_N_of_N (and their shards); with one run, the
-  target's own test.xml or its shard_*_of_M files. Files of an earlier layout left in
-  the testlogs directory are never read.
+  test.xml files of this invocation's layout. Bazel's "Stats over N runs" (or "in K out
+  of N") counts test actions, shards times runs: one action writes the target's own
+  test.xml; N write run_R_of_N, shard_S_of_N or shard_S_of_M_run_R_of_K (M*K = N).
+  Files of an earlier layout left in the testlogs directory are not read (of complete
+  layouts with N actions, the one written last is this invocation's); an announced
+  action without results fails the target outside its cases.
 - A test case is identified by its suite and name and is counted ONCE per invocation,
   however many runs or shards contain it: failed if it failed (or errored) in any run,
   skipped if it was skipped in every run that had it, otherwise passed.
@@ -99,38 +101,46 @@ def parse_console(path):
     return targets
 
 
-def run_dirs(tdir, runs):
-    """Directories holding this invocation's results of one target."""
-    if runs > 1:
-        return [os.path.join(tdir, f"run_{k}_of_{runs}") for k in range(1, runs + 1)]
-    return [tdir]
+LAYOUT_RE = re.compile(r"^(?:shard_(\d+)_of_(\d+))?_?(?:run_(\d+)_of_(\d+))?$")
+
+
+def run_dirs(tdir, actions):
+    """The directories holding this invocation's results of one target, and whether the
+    layout is complete. Bazel's "Stats over N runs" counts test actions: shards times
+    runs. One action writes the target's own directory; N write run_R_of_N,
+    shard_S_of_N, or shard_S_of_M_run_R_of_K with M*K = N. Of the layouts present with
+    N actions in all (an earlier invocation may have left another), the complete one
+    written last is this invocation's; none complete: the missing actions are a failure."""
+    if actions <= 1:
+        return [tdir], True
+    layouts = {}
+    names = sorted(os.listdir(tdir)) if os.path.isdir(tdir) else []
+    for name in names:
+        m = LAYOUT_RE.match(name)
+        if not m or not (m.group(1) or m.group(3)):
+            continue
+        shards, runs = int(m.group(2) or 1), int(m.group(4) or 1)
+        if shards * runs == actions:
+            layouts.setdefault((shards, runs), []).append(os.path.join(tdir, name))
+    complete = [d for d in layouts.values() if len(d) == actions]
+    if not complete:
+        return [d for ds in layouts.values() for d in ds], False
+
+    def written(ds):
+        return max(os.path.getmtime(d) for d in ds)
+    return max(complete, key=written), True
 
 
 def xml_files(d):
-    """test.xml of d itself and of its shard_*_of_* subdirectories (not run_* ones)."""
-    out = []
-    if os.path.isfile(os.path.join(d, "test.xml")):
-        out.append(os.path.join(d, "test.xml"))
-    if os.path.isdir(d):
-        for name in sorted(os.listdir(d)):
-            if re.match(r"shard_\d+_of_\d+$", name):
-                x = os.path.join(d, name, "test.xml")
-                if os.path.isfile(x):
-                    out.append(x)
-    return out
+    """The test.xml of one action's directory, if it wrote one."""
+    x = os.path.join(d, "test.xml")
+    return [x] if os.path.isfile(x) else []
 
 
 def log_files(d):
-    out = []
-    if os.path.isfile(os.path.join(d, "test.log")):
-        out.append(os.path.join(d, "test.log"))
-    if os.path.isdir(d):
-        for name in sorted(os.listdir(d)):
-            if re.match(r"shard_\d+_of_\d+$", name):
-                x = os.path.join(d, name, "test.log")
-                if os.path.isfile(x):
-                    out.append(x)
-    return out
+    """The test.log of one action's directory, if it wrote one."""
+    x = os.path.join(d, "test.log")
+    return [x] if os.path.isfile(x) else []
 
 
 def case_results(xml_paths):
@@ -237,8 +247,12 @@ def count_target(label, status, runs, testlogs, details, seen):
     """Counts one target: returns (passed, failed, skipped) and appends to details; adds
     (label, case_id, outcomes, merged or None when untrusted) for each case to seen."""
     pkg, _, name = label[2:].partition(":")
-    dirs = run_dirs(os.path.join(testlogs, pkg, name), runs)
+    dirs, complete = run_dirs(os.path.join(testlogs, pkg, name), runs)
     cases, broken = case_results([x for d in dirs for x in xml_files(d)])
+    if not complete:
+        details.append(f"{label}: the results of some of its {runs} test actions (shards x "
+                       f"runs) are missing")
+        broken = True
     ok_status = status == "PASSED"
     logs = [read(lg) for d in dirs for lg in log_files(d)]
     tsan = any(TSAN_RE.search(text) for text in logs)

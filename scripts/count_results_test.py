@@ -155,11 +155,39 @@ class CountTest(unittest.TestCase):
         self.assertEqual(self.count(), (1, 3, 0))
 
     def test_shards_are_merged(self):
+        # Bazel's console counts each shard as a run: "Stats over 2 runs".
         label = "//a:sharded"
-        self.target(label, "PASSED in 0.2s")
+        self.target(label, "PASSED in 0.2s", runs=2)
         self.put(label, "shard_1_of_2", [("S", "a", "passed")])
         self.put(label, "shard_2_of_2", [("S", "b", "passed"), ("S", "c", "skipped")])
         self.assertEqual(self.count(), (2, 0, 1))
+
+    def test_shards_times_runs_are_read_and_a_failure_in_any_fails_the_case(self):
+        # --runs_per_test=2 over 2 shards: "Stats over 4 runs", shard_S_of_2_run_R_of_2.
+        label = "//tests/engine:gpu_staging_test"
+        self.target(label, "FAILED in 1 out of 4 in 2.0s", runs=4)
+        for r in (1, 2):
+            self.put(label, f"shard_1_of_2_run_{r}_of_2", [("G", "a", "passed")])
+            self.put(label, f"shard_2_of_2_run_{r}_of_2",
+                     [("G", "b", "failed" if r == 2 else "passed"), ("G", "c", "passed")])
+        # Results of an earlier layout (runs alone, 4 of them) are older and not read.
+        old = [("Old", "x", "passed")]
+        for r in (1, 2, 3, 4):
+            self.put(label, f"run_{r}_of_4", old)
+            past = os.path.join(self.logs, "tests/engine/gpu_staging_test", f"run_{r}_of_4")
+            os.utime(past, (1, 1))
+        self.assertEqual(self.count(), (2, 1, 0))
+
+    def test_a_missing_shard_fails_the_target(self):
+        # Two actions announced, one wrote results: its passes cannot be trusted alone.
+        label = "//a:sharded"
+        self.target(label, "PASSED in 0.2s", runs=2)
+        self.put(label, "shard_1_of_2", [("S", "a", "passed"), ("S", "b", "passed")])
+        self.assertEqual(self.count(), (0, 2, 0))
+
+    def test_several_runs_without_any_results_fail(self):
+        self.target("//a:gone", "PASSED in 0.2s", runs=2)
+        self.assertEqual(self.count(), (0, 1, 0))
 
     def test_unreadable_xml_of_a_passed_target_counts_failed(self):
         self.target("//a:t", "PASSED in 0.1s", xml="<testsuites><oops")
