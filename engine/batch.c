@@ -419,9 +419,7 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     }
 }
 
-ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
-    if (b == NULL || (reqs == NULL && n > 0)) return OTE_ERR_INVALID;
-    if (n == 0) return OTE_OK;
+static ote_status_t batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
     ote_status_t st = submit_validate(b, reqs, n);
     if (st == OTE_OK) st = submit_ensure_peers(b->e, reqs, n);
     if (st != OTE_OK) return st;
@@ -439,6 +437,18 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
     submit_start(b, reqs, n, k, plans);
     if (plans != stack_plans) ote_free(plans);
     return OTE_OK;
+}
+
+/* The lines a submit, wait or cancel writes on the caller's thread name the batch's
+ * engine (base/log.h's thread tag, put back on return): one store of a thread-local each
+ * way per call. */
+ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
+    if (b == NULL || (reqs == NULL && n > 0)) return OTE_ERR_INVALID;
+    if (n == 0) return OTE_OK;
+    const char *prev = ote_log_set_thread_engine(b->e->log_tag);
+    ote_status_t st = batch_submit(b, reqs, n);
+    ote_log_set_thread_engine(prev);
+    return st;
 }
 
 ote_status_t ote_batch_submit_v(ote_batch_t *b, ote_opcode_t opcode, ote_segment_t *seg,
@@ -516,8 +526,7 @@ static void batch_spin(ote_batch_t *b, uint64_t now, ote_deadline_t dl) {
     while (atomic_load(&b->pending) > 0 && ote_now_ns() < until) sched_yield();
 }
 
-ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
-    if (b == NULL) return OTE_ERR_INVALID;
+static ote_status_t batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
     ote_deadline_t dl = ote_deadline_after(timeout_ns);
     uint64_t t0 = 0;
     if (atomic_load(&b->pending) > 0) {
@@ -548,8 +557,15 @@ ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
     return st;
 }
 
-ote_status_t ote_batch_cancel(ote_batch_t *b) {
+ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
     if (b == NULL) return OTE_ERR_INVALID;
+    const char *prev = ote_log_set_thread_engine(b->e->log_tag);
+    ote_status_t st = batch_wait(b, timeout_ns);
+    ote_log_set_thread_engine(prev);
+    return st;
+}
+
+static void batch_cancel(ote_batch_t *b) {
     ote_segment_t *segs[16];
     size_t nsegs = 0;
     int overflow = 0;
@@ -579,6 +595,13 @@ ote_status_t ote_batch_cancel(ote_batch_t *b) {
         atomic_fetch_sub(&segs[j]->pending, 1);
     }
     if (overflow) OTE_DEBUG("engine", "cancel: more than 16 segments; others drop lazily");
+}
+
+ote_status_t ote_batch_cancel(ote_batch_t *b) {
+    if (b == NULL) return OTE_ERR_INVALID;
+    const char *prev = ote_log_set_thread_engine(b->e->log_tag);
+    batch_cancel(b);
+    ote_log_set_thread_engine(prev);
     return OTE_OK;
 }
 

@@ -177,6 +177,9 @@ struct ote_engine {
     char tpnames[OTE__MAX_TRANSPORTS][8];
     size_t ntps;
     char self_addr[OTE__ADDR_MAX]; /* host->self_addr */
+    /* What its log lines name (base/log.h's thread tag; host->log_tag): "name@host:port"
+     * with an engine_name, else "host:port"; "" until the listener has the address. */
+    char log_tag[OTE__ENGINE_NAME_LEN + OTE__ADDR_MAX];
     char info[1025];               /* host->info: the advertisement (router.c) */
     struct ote_auth_key *auth_key; /* host->auth_key: the cluster key, or NULL */
     ote__gpu_t *gpu;               /* memory kinds and GPU paths (engine/gpu) */
