@@ -81,10 +81,27 @@ int ote_log_limit_pass(ote_log_limit_t *l, uint64_t every_ns, uint64_t *suppress
     return 1;
 }
 
+/* The engine tag as one word of the stderr line: ' ' and '%' (an engine_name may hold
+ * them) as %20 and %25, cut to fit out (cap > 0). */
+static void engine_word(const char *tag, char *out, size_t cap) {
+    size_t n = 0;
+    for (; *tag != '\0'; tag++) {
+        const char *rep = *tag == ' ' ? "%20" : *tag == '%' ? "%25" : NULL;
+        size_t len = rep != NULL ? 3 : 1;
+        if (n + len >= cap) break;
+        if (rep != NULL) memcpy(out + n, rep, 3);
+        else out[n] = *tag;
+        n += len;
+    }
+    out[n] = '\0';
+}
+
 /* The default line (<ote/log.h>): UTC time to the ms, level, pid, tid, engine, component. */
 static void write_stderr(ote_log_level_t level, const char *component, const char *engine,
                          const char *msg) {
     static const char letters[] = "EWIDT";
+    char word[200] = "";
+    if (engine != NULL) engine_word(engine, word, sizeof(word));
     struct timespec ts;
     struct tm tm;
     char when[32] = "";
@@ -93,8 +110,7 @@ static void write_stderr(ote_log_level_t level, const char *component, const cha
     char line[1400];
     int n = snprintf(line, sizeof(line), "%s.%03ldZ orbitte %c pid=%ld tid=%ld%s%s [%s] %s\n", when,
                      ts.tv_nsec / 1000000, letters[(unsigned)level < 5 ? level : 4], (long)getpid(),
-                     (long)syscall(SYS_gettid), engine ? " engine=" : "", engine ? engine : "",
-                     component, msg);
+                     (long)syscall(SYS_gettid), engine ? " engine=" : "", word, component, msg);
     if (n <= 0) return;
     if ((size_t)n >= sizeof(line)) { /* cut, but still one line */
         n = (int)sizeof(line) - 1;

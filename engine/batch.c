@@ -75,19 +75,20 @@ static void req_finalize(ote__req_t *r, uint64_t end_ns) {
         case OTE_ERR_TIMEOUT: state = OTE_TRANSFER_TIMEOUT; break;
         default: state = OTE_TRANSFER_FAILED; break;
     }
-    ote__reg_t *pin = r->local_pin;
-    r->local_pin = NULL;
-    ote_free(r->many);
-    r->many = NULL;
     ote_segment_t *seg = r->seg;
-    ote_batch_t *b = r->b;
     /* Timed and counted before the state is published and before the segment's pending
-     * count drops (its close folds the counters, stats.c). */
+     * count drops (its close folds the counters, stats.c); first, so that the end time
+     * need not outlive a call. */
     uint64_t now = end_ns != 0 ? end_ns : ote_now_ns();
     uint64_t t0 = atomic_load_explicit(&r->t_submit, OTE__RELAXED);
     atomic_store_explicit(&r->t_end, now, OTE__RELAXED);
     ote__stats_ended(&seg->c, r->op, state, atomic_load_explicit(&r->bytes_done, OTE__RELAXED),
                      now - t0);
+    ote__reg_t *pin = r->local_pin;
+    r->local_pin = NULL;
+    ote_free(r->many);
+    r->many = NULL;
+    ote_batch_t *b = r->b;
     atomic_store(&r->state, state);
     /* The local registration's pin goes after the final state is visible: once its
      * unregister answers OK, no request that used it still reads PENDING. (The batch
@@ -308,8 +309,10 @@ static void staged_submit(void *arg, ote__slice_t *s) {
 /* Fill request slot r for q: its fields, its hold on the segment, and (when its local
  * buffer lies in a registration; reg_lk held for reading when use_pins) that pin. */
 static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote__slice_t *many,
-                     int use_pins, ote__reg_t **near) {
+                     uint64_t now, int use_pins, ote__reg_t **near) {
     r->b = b;
+    atomic_store_explicit(&r->t_submit, now, OTE__RELAXED);
+    atomic_store_explicit(&r->tpid, q->segment->tpid, OTE__RELAXED);
     r->seg = q->segment;
     r->op = q->opcode;
     r->local = q->local_addr;
@@ -321,6 +324,7 @@ static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote_
     r->local_pin = NULL;
     r->many = many;
     atomic_fetch_add(&q->segment->pending, 1);
+    ote__stats_submitted(&q->segment->c, (int)q->opcode, q->length); /* before it can end */
     if (use_pins && q->length > 0) {
         ote__reg_t *lr = ote__reg_covering_near(b->e, (uintptr_t)q->local_addr, q->length, *near);
         if (lr) {
@@ -389,27 +393,19 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     ote_engine_t *e = b->e;
     uint64_t now = ote_now_ns(), tmo = e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC;
     ote_deadline_t dl = tmo > UINT64_MAX - now ? UINT64_MAX : now + tmo;
-    /* Timed and counted before any of them can end (a loop of its own: the one below
-     * keeps enough values live already). */
-    for (size_t i = 0; i < n; i++) {
-        ote__req_t *r = &b->reqs[k + i];
-        ote_segment_t *seg = reqs[i].segment;
-        atomic_store_explicit(&r->t_submit, now, OTE__RELAXED);
-        atomic_store_explicit(&r->tpid, seg->tpid, OTE__RELAXED);
-        ote__stats_submitted(&seg->c, (int)reqs[i].opcode, reqs[i].length);
-    }
     int use_pins = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
     if (use_pins) pthread_rwlock_rdlock(&e->reg_lk);
     slice_list_t l = {NULL, NULL, NULL};
     ote__reg_t *near = NULL; /* the last registration found, under this hold of reg_lk */
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
-        req_init(r, b, &reqs[i], plans[i].arr, use_pins, &near);
-        if (reqs[i].length == 0) {
+        const ote_request_t *q = &reqs[i];
+        req_init(r, b, q, plans[i].arr, now, use_pins, &near);
+        if (q->length == 0) {
             atomic_store(&r->left, 1);
             continue; /* completed below, after the lock */
         }
-        req_cut(r, &reqs[i], &plans[i], dl, &l);
+        req_cut(r, q, &plans[i], dl, &l);
     }
     if (use_pins) pthread_rwlock_unlock(&e->reg_lk);
     slice_list_flush(e, &l);
@@ -423,9 +419,7 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     }
 }
 
-ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
-    if (b == NULL || (reqs == NULL && n > 0)) return OTE_ERR_INVALID;
-    if (n == 0) return OTE_OK;
+static ote_status_t batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
     ote_status_t st = submit_validate(b, reqs, n);
     if (st == OTE_OK) st = submit_ensure_peers(b->e, reqs, n);
     if (st != OTE_OK) return st;
@@ -443,6 +437,18 @@ ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t 
     submit_start(b, reqs, n, k, plans);
     if (plans != stack_plans) ote_free(plans);
     return OTE_OK;
+}
+
+/* The lines a submit, wait or cancel writes on the caller's thread name the batch's
+ * engine (base/log.h's thread tag, put back on return): one store of a thread-local each
+ * way per call. */
+ote_status_t ote_batch_submit(ote_batch_t *b, const ote_request_t *reqs, size_t n) {
+    if (b == NULL || (reqs == NULL && n > 0)) return OTE_ERR_INVALID;
+    if (n == 0) return OTE_OK;
+    const char *prev = ote_log_set_thread_engine(b->e->log_tag);
+    ote_status_t st = batch_submit(b, reqs, n);
+    ote_log_set_thread_engine(prev);
+    return st;
 }
 
 ote_status_t ote_batch_submit_v(ote_batch_t *b, ote_opcode_t opcode, ote_segment_t *seg,
@@ -520,8 +526,7 @@ static void batch_spin(ote_batch_t *b, uint64_t now, ote_deadline_t dl) {
     while (atomic_load(&b->pending) > 0 && ote_now_ns() < until) sched_yield();
 }
 
-ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
-    if (b == NULL) return OTE_ERR_INVALID;
+static ote_status_t batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
     ote_deadline_t dl = ote_deadline_after(timeout_ns);
     uint64_t t0 = 0;
     if (atomic_load(&b->pending) > 0) {
@@ -552,8 +557,15 @@ ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
     return st;
 }
 
-ote_status_t ote_batch_cancel(ote_batch_t *b) {
+ote_status_t ote_batch_wait(ote_batch_t *b, uint64_t timeout_ns) {
     if (b == NULL) return OTE_ERR_INVALID;
+    const char *prev = ote_log_set_thread_engine(b->e->log_tag);
+    ote_status_t st = batch_wait(b, timeout_ns);
+    ote_log_set_thread_engine(prev);
+    return st;
+}
+
+static void batch_cancel(ote_batch_t *b) {
     ote_segment_t *segs[16];
     size_t nsegs = 0;
     int overflow = 0;
@@ -583,6 +595,13 @@ ote_status_t ote_batch_cancel(ote_batch_t *b) {
         atomic_fetch_sub(&segs[j]->pending, 1);
     }
     if (overflow) OTE_DEBUG("engine", "cancel: more than 16 segments; others drop lazily");
+}
+
+ote_status_t ote_batch_cancel(ote_batch_t *b) {
+    if (b == NULL) return OTE_ERR_INVALID;
+    const char *prev = ote_log_set_thread_engine(b->e->log_tag);
+    batch_cancel(b);
+    ote_log_set_thread_engine(prev);
     return OTE_OK;
 }
 

@@ -140,25 +140,25 @@ typedef struct ote__nout {
 /* The request counters of a segment (ote_segment_stats; engine/stats.c), and of the
  * segments an engine closed, per transport (folded in at close). Relaxed atomics, added
  * to by the threads that submit and end the segment's requests (batch.c) and its
- * notifications (notify.c): no lock on the data path. unmoved: bytes of failed slices,
- * which will not move
- * (in flight = submitted - ended, submitted_bytes - bytes - unmoved); lat_us and
- * lat_ns_sum: every ended request. */
+ * notifications (notify.c): no lock on the data path. The opcode (ote_opcode_t) is the
+ * last index of each array, so that the data path reaches a counter in one address.
+ * unmoved: bytes of failed slices, which will not move (in flight = submitted - ended,
+ * submitted_bytes - bytes - unmoved). An ended request costs three adds: its latency slot
+ * (done_us for a completed one, whose count is the sum of its slots; else other_us and
+ * other[state]: the rare path), its bytes and lat_ns_sum. */
 /* Latency slots: the bit length of a latency's whole microseconds, at most 54 (2^64 ns);
  * the stats calls fold the slots past the public histogram's last bucket into it, so the
  * data path needs no clamp. */
 #define OTE__LAT_SLOTS 56
 typedef struct {
-    _Atomic uint64_t submitted;
-    _Atomic uint64_t ended[4]; /* by state - OTE_TRANSFER_COMPLETED */
-    _Atomic uint64_t bytes;    /* bytes_done of ended requests */
-} ote__op_counters_t;
-typedef struct {
-    ote__op_counters_t op[2]; /* by ote_opcode_t */
+    _Atomic uint64_t submitted[2];
+    _Atomic uint64_t bytes[2];    /* bytes_done of ended requests */
+    _Atomic uint64_t other[3][2]; /* ended not completed: [state - OTE_TRANSFER_FAILED] */
     _Atomic uint64_t submitted_bytes;
     _Atomic uint64_t unmoved;
-    _Atomic uint64_t lat_ns_sum;
-    _Atomic uint64_t lat_us[OTE__LAT_SLOTS];
+    _Atomic uint64_t lat_ns_sum;                 /* every ended request */
+    _Atomic uint64_t done_us[OTE__LAT_SLOTS][2]; /* completed requests by latency slot */
+    _Atomic uint64_t other_us[OTE__LAT_SLOTS];   /* requests ended not completed, by slot */
     _Atomic uint64_t notify_sent;
     _Atomic uint64_t notify_failed;
 } ote__counters_t;
@@ -177,6 +177,9 @@ struct ote_engine {
     char tpnames[OTE__MAX_TRANSPORTS][8];
     size_t ntps;
     char self_addr[OTE__ADDR_MAX]; /* host->self_addr */
+    /* What its log lines name (base/log.h's thread tag; host->log_tag): "name@host:port"
+     * with an engine_name, else "host:port"; "" until the listener has the address. */
+    char log_tag[OTE__ENGINE_NAME_LEN + OTE__ADDR_MAX];
     char info[1025];               /* host->info: the advertisement (router.c) */
     struct ote_auth_key *auth_key; /* host->auth_key: the cluster key, or NULL */
     ote__gpu_t *gpu;               /* memory kinds and GPU paths (engine/gpu) */

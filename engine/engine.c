@@ -103,7 +103,7 @@ ote_status_t ote_engine_create(const ote_config_t *cfg, ote_engine_t **engine_ou
     e->epoch = new_epoch(e);
     /* This thread's lines, and those of every thread the engine starts, name the engine
      * (its address, once the listener has it: nothing is logged after e is freed). */
-    const char *prev_tag = ote_log_set_thread_engine(e->self_addr);
+    const char *prev_tag = ote_log_set_thread_engine(e->log_tag);
     st = engine_start(e);
     ote_log_set_thread_engine(prev_tag);
     if (st == OTE_OK) *engine_out = e;
@@ -237,7 +237,7 @@ static ote_status_t engine_destroy(ote_engine_t *e) {
  * lines with it for their duration (<ote/log.h>). */
 ote_status_t ote_engine_destroy(ote_engine_t *e) {
     if (e == NULL) return OTE_ERR_INVALID;
-    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    const char *prev = ote_log_set_thread_engine(e->log_tag);
     ote_status_t st = engine_destroy(e); /* e may be freed: its tag is not read again */
     ote_log_set_thread_engine(prev);
     return st;
@@ -292,7 +292,7 @@ static ote_status_t segment_open(ote_engine_t *e, const char *peer, ote_segment_
 ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t **seg_out) {
     if (e == NULL || peer == NULL || seg_out == NULL) return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
-    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    const char *prev = ote_log_set_thread_engine(e->log_tag);
     ote_status_t st = segment_open(e, peer, seg_out);
     ote_log_set_thread_engine(prev);
     return st;
@@ -322,7 +322,7 @@ static ote_status_t segment_close(ote_segment_t *s) {
 
 ote_status_t ote_segment_close(ote_segment_t *s) {
     if (s == NULL) return OTE_ERR_INVALID;
-    const char *prev = ote_log_set_thread_engine(s->e->self_addr);
+    const char *prev = ote_log_set_thread_engine(s->e->log_tag);
     ote_status_t st = segment_close(s);
     ote_log_set_thread_engine(prev);
     return st;

@@ -145,7 +145,7 @@ static void nout_resend(ote__nout_t *n) {
  * segment's close waits for its notifications). */
 static void *retry_main(void *arg) {
     ote_engine_t *e = arg;
-    ote_log_set_thread_engine(e->self_addr); /* started by whichever thread's batch needed it */
+    ote_log_set_thread_engine(e->log_tag); /* started by whichever thread's batch needed it */
     ote_mutex_lock(&e->omu);
     while (!e->nretry_stop) {
         uint64_t now = ote_now_ns(), next = now + NOTIFY_RETRY_IDLE_MS * OTE_NSEC_PER_MSEC;

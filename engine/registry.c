@@ -461,7 +461,7 @@ static ote_status_t unregister(ote_engine_t *e, void *addr) {
 ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, unsigned perms,
                                        const char *name) {
     if (e == NULL) return OTE_ERR_INVALID;
-    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    const char *prev = ote_log_set_thread_engine(e->log_tag);
     ote_status_t st = register_named(e, addr, len, perms, name);
     ote_log_set_thread_engine(prev);
     return st;
@@ -470,7 +470,7 @@ ote_status_t ote_memory_register_named(ote_engine_t *e, void *addr, size_t len, 
 ote_status_t ote_memory_unregister(ote_engine_t *e, void *addr) {
     if (e == NULL || addr == NULL) return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
-    const char *prev = ote_log_set_thread_engine(e->self_addr);
+    const char *prev = ote_log_set_thread_engine(e->log_tag);
     ote_status_t st = unregister(e, addr);
     ote_log_set_thread_engine(prev);
     return st;

@@ -112,6 +112,10 @@ ote_status_t ote__router_create(ote_engine_t *e, const ote__router_upcalls_t *up
     /* The listener first: its address names the engine to every transport. */
     ote_status_t st = ote__listen_create(e, &e->lst);
     if (st != OTE_OK) return st;
+    /* The lines of every thread tagged with e->log_tag name the engine from here on. */
+    const char *name = e->cfg.engine_name;
+    snprintf(e->log_tag, sizeof(e->log_tag), "%s%s%s", name, name[0] != '\0' ? "@" : "",
+             e->self_addr);
     ote__host_t host = {.arg = e,
                         .pin = up->pin,
                         .unpin = up->unpin,
@@ -119,6 +123,7 @@ ote_status_t ote__router_create(ote_engine_t *e, const ote__router_upcalls_t *up
                         .info = e->info,
                         .self_addr = e->self_addr,
                         .self_name = e->cfg.engine_name,
+                        .log_tag = e->log_tag,
                         .query_info = ote__router_query_info,
                         .buffers = up->buffers,
                         .auth_key = e->auth_key,

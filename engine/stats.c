@@ -58,25 +58,35 @@ void ote__stats_detach(ote_engine_t *e, ote_segment_t *s) {
     ote_mutex_unlock(&e->segmu);
 }
 
-/* out += the request figures of c (ended counters read before submitted ones, so that
- * what is in flight never reads negative on its own; clamped anyway). */
+/* out += the request figures of c. Ended counters are read before submitted ones, so
+ * that what is in flight never reads negative on its own (clamped anyway); a completed
+ * request is counted once, by its latency slot, so completed and the histogram agree. */
 static void request_add(ote_request_stats_t *out, const ote__counters_t *c) {
-    uint64_t ended = 0, moved = 0;
+    _Static_assert(OTE__LAT_SLOTS >= OTE_STATS_LATENCY_BUCKETS, "slots cover the buckets");
+    uint64_t ended = 0, moved = ld(&c->unmoved);
+    for (int i = 0; i < OTE__LAT_SLOTS; i++) {
+        int k = i < OTE_STATS_LATENCY_BUCKETS ? i : OTE_STATS_LATENCY_BUCKETS - 1;
+        for (int op = 0; op < 2; op++) {
+            uint64_t v = ld(&c->done_us[i][op]);
+            out->completed[op] += v;
+            out->latency_us[k] += v;
+            ended += v;
+        }
+        uint64_t v = ld(&c->other_us[i]);
+        out->latency_us[k] += v;
+        ended += v;
+    }
     for (int op = 0; op < 2; op++) {
-        const ote__op_counters_t *o = &c->op[op];
-        out->completed[op] += ld(&o->ended[0]);
-        out->failed[op] += ld(&o->ended[1]);
-        out->canceled[op] += ld(&o->ended[2]);
-        out->timed_out[op] += ld(&o->ended[3]);
-        for (int k = 0; k < 4; k++) ended += ld(&o->ended[k]);
-        uint64_t b = ld(&o->bytes);
+        out->failed[op] += ld(&c->other[0][op]);
+        out->canceled[op] += ld(&c->other[1][op]);
+        out->timed_out[op] += ld(&c->other[2][op]);
+        uint64_t b = ld(&c->bytes[op]);
         out->bytes[op] += b;
         moved += b;
     }
-    moved += ld(&c->unmoved);
     uint64_t submitted = 0;
     for (int op = 0; op < 2; op++) {
-        uint64_t n = ld(&c->op[op].submitted);
+        uint64_t n = ld(&c->submitted[op]);
         out->submitted[op] += n;
         submitted += n;
     }
@@ -84,11 +94,6 @@ static void request_add(ote_request_stats_t *out, const ote__counters_t *c) {
     out->inflight_requests_now += submitted > ended ? submitted - ended : 0;
     out->inflight_bytes_now += sbytes > moved ? sbytes - moved : 0;
     out->latency_ns_sum += ld(&c->lat_ns_sum);
-    _Static_assert(sizeof(c->lat_us) / sizeof(c->lat_us[0]) == OTE__LAT_SLOTS, "slots");
-    for (int i = 0; i < OTE__LAT_SLOTS; i++) {
-        int b = i < OTE_STATS_LATENCY_BUCKETS ? i : OTE_STATS_LATENCY_BUCKETS - 1;
-        out->latency_us[b] += ld(&c->lat_us[i]);
-    }
 }
 
 /* The live registrations by memory kind, and the count since creation. */

@@ -11,6 +11,7 @@
 #endif
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/core_internal.h"
@@ -19,16 +20,16 @@
 
 /* A request of opcode op and len bytes was submitted to c's segment (before it can end). */
 static inline void ote__stats_submitted(ote__counters_t *c, int op, uint64_t len) {
-    atomic_fetch_add_explicit(&c->op[op].submitted, 1, OTE__RELAXED);
+    atomic_fetch_add_explicit(&c->submitted[op], 1, OTE__RELAXED);
     atomic_fetch_add_explicit(&c->submitted_bytes, len, OTE__RELAXED);
 }
 
 /* The slot of a latency of ns nanoseconds: 0 under 1 us, else the bit length of its
  * whole microseconds u (2^(i-1) <= u < 2^i for slot i): the highest set bit of 2u + 1,
- * without a branch. */
-static inline unsigned ote__stats_slot(uint64_t ns) {
-    uint64_t us = ns / 1000u;
-    return 63u - (unsigned)__builtin_clzll(us * 2u + 1u);
+ * without a branch. 2u + 1 is ns / 500 with its low bit set; clz ^ 63 is that bit's
+ * index (one bsr). */
+static inline size_t ote__stats_slot(uint64_t ns) {
+    return (size_t)(__builtin_clzll(ns / 500u | 1u) ^ 63);
 }
 
 /* A slice of len bytes of a request of c's segment failed: those bytes will not move. */
@@ -37,13 +38,17 @@ static inline void ote__stats_unmoved(ote__counters_t *c, uint64_t len) {
 }
 
 /* A request of c's segment ended in `state` (an ended ote_transfer_state_t) after moving
- * done bytes, ns after its submit. */
+ * done bytes, ns after its submit: three adds when it completed (its slot counts it). */
 static inline void ote__stats_ended(ote__counters_t *c, int op, int state, uint64_t done,
                                     uint64_t ns) {
-    ote__op_counters_t *o = &c->op[op];
-    atomic_fetch_add_explicit(&o->ended[state - OTE_TRANSFER_COMPLETED], 1, OTE__RELAXED);
-    atomic_fetch_add_explicit(&o->bytes, done, OTE__RELAXED);
-    atomic_fetch_add_explicit(&c->lat_us[ote__stats_slot(ns)], 1, OTE__RELAXED);
+    size_t slot = ote__stats_slot(ns);
+    if (__builtin_expect(state == OTE_TRANSFER_COMPLETED, 1)) {
+        atomic_fetch_add_explicit(&c->done_us[slot][op], 1, OTE__RELAXED);
+    } else {
+        atomic_fetch_add_explicit(&c->other[state - OTE_TRANSFER_FAILED][op], 1, OTE__RELAXED);
+        atomic_fetch_add_explicit(&c->other_us[slot], 1, OTE__RELAXED);
+    }
+    atomic_fetch_add_explicit(&c->bytes[op], done, OTE__RELAXED);
     atomic_fetch_add_explicit(&c->lat_ns_sum, ns, OTE__RELAXED);
 }
 

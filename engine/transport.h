@@ -232,6 +232,9 @@ typedef struct {
     /* This engine's name (config key engine_name, "" for none): what the requester side
      * sends in its HELLOs (engine/control/ctl.h, OTE_CTL_MAX_NAME). */
     const char *self_name;
+    /* What this engine's log lines name ("name@host:port", or "host:port" without a
+     * name): the tag a thread the transport starts itself sets (base/log.h). */
+    const char *log_tag;
     /* Ask the engine listening at "host:port" for its advertisement now (a short
      * handshake on its listener, bounded by connect_timeout_ms): how a transport that
      * reaches peers by advertised names (shm) finds a restarted peer again. */

@@ -221,7 +221,7 @@ static void *reader_main(void *arg) {
     ote__tpeer_t *p = arg;
     rdma_tp_t *tp = p->tp;
     /* Started again by a reconnect on whatever thread asked: its lines name the engine. */
-    ote_log_set_thread_engine(tp->addr);
+    ote_log_set_thread_engine(tp->host.log_tag);
     conn_t *c = p->conn.c;
     for (;;) {
         ote_ctl_msg_t m;

@@ -430,7 +430,7 @@ static void peer_expire(shm_peer_t *p, shm_slist_t *done) {
 static void *rx_main(void *arg) {
     shm_peer_t *p = arg;
     /* Started again by a reconnect on whatever thread asked: its lines name the engine. */
-    ote_log_set_thread_engine(p->tp->host.self_addr);
+    ote_log_set_thread_engine(p->tp->host.log_tag);
     uint8_t buf[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_resp_t)];
     for (;;) {
         struct pollfd pf = {.fd = p->fd, .events = POLLIN};

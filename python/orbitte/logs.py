@@ -10,7 +10,8 @@ Process-wide, like the library's log callback (<ote/log.h>, ote_log_set_callback
 installs: every engine of the process, and lines written outside any engine, go to the
 "orbitte" logger. Each record's message is "[component] message"; the record also carries
 `component` (the layer: "engine", "tcp", "shm", "rdma", ...) and `engine` (the engine's
-address "host:port", or None when the line knows no engine) as attributes. Levels:
+tag: "name@host:port" for an engine with an engine_name, else its address "host:port";
+None when the line knows no engine) as attributes. Levels:
 ERROR, WARNING, INFO, DEBUG, and TRACE as level 5 (TRACE_LEVEL).
 
 Lines come from whatever thread wrote them, the library's own threads included; ctypes

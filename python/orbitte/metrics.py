@@ -26,7 +26,38 @@ Metrics (every one carries the constant labels given; NIXL-like names and units)
   orbitte_auth_open_failures_total                      counters
 Only the transports of the engine's list are exported. Needs prometheus_client (Debian:
 python3-prometheus-client).
+
+Several engines of one process: Collector({"prefill-0": e0, "decode-0": e1}, labels) adds
+an "engine" label with each engine's name to every sample.
+
+Several processes (an inference server's workers behind one scrape endpoint; the role of
+NIXL's multi-process exporter and of prometheus_client's multiprocess mode, which custom
+collectors cannot use): each worker runs a SnapshotWriter(engine, directory), which writes
+the engine's counters to directory/orbitte-<pid>-<n>.json every interval_s seconds (and on
+write() and close(); whole files only, by rename); the exporting process registers
+DirectoryCollector(directory, labels), which reads every file on each scrape and labels
+each sample with the writer's "pid" and "engine". A file of a process that is gone (its
+writer closed: the file is removed; killed: the pid no longer exists) is not exported, so
+that process's counters leave the scrape, which Prometheus reads as a counter reset.
+Values are as fresh as the last write (at most interval_s old while the worker runs).
+
+    # each worker
+    writer = SnapshotWriter(engine, "/run/orbitte-metrics", name="decode-3")
+    ...
+    writer.close()      # before engine.close()
+    # the exporter
+    REGISTRY.register(DirectoryCollector("/run/orbitte-metrics", {"job": "vllm"}))
+    start_http_server(9400)
 """
+
+import glob
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -34,7 +65,8 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from .stats import LATENCY_BUCKETS, MEM_KINDS, OPS
+from .stats import (LATENCY_BUCKETS, MEM_KINDS, OPS, engine_stats_from_dict,
+                    engine_stats_to_dict)
 
 _STATUSES = (("completed", "completed"), ("failed", "failed"), ("canceled", "canceled"),
              ("timed_out", "timeout"))
@@ -48,15 +80,27 @@ def _bucket_bounds():
 
 
 class Collector:
-    """A prometheus_client collector of one orbitte.Engine. labels: constant labels added to
-    every metric (a dict of str to str, e.g. {"instance": "decode-3"})."""
+    """A prometheus_client collector of orbitte engines. engine: one orbitte.Engine, or a
+    mapping of names to Engines of this process (each sample then has an "engine" label:
+    its engine's name). labels: constant labels added to every metric (a dict of str to
+    str, e.g. {"instance": "decode-3"})."""
 
     def __init__(self, engine, labels=None):
-        self.engine = engine
         self.labels = dict(labels or {})
-        self._names = list(self.labels)
         self._values = [str(v) for v in self.labels.values()]
         self._bounds = _bucket_bounds()
+        if isinstance(engine, Mapping):
+            self.engine, self._engines = None, dict(engine)
+            self._names = list(self.labels) + ["engine"]
+        else:
+            self.engine, self._engines = engine, None
+            self._names = list(self.labels)
+
+    def _stats(self):
+        """[(label values after the constant ones, EngineStats)], read now."""
+        if self._engines is None:
+            return [([], self.engine.stats())]
+        return [([str(name)], e.stats()) for name, e in self._engines.items()]
 
     def _family(self, kind, name, doc, extra=()):
         return kind(name, doc, labels=self._names + list(extra))
@@ -65,11 +109,11 @@ class Collector:
         return []  # read on scrape only: no scrape at registration time
 
     def collect(self):
-        s = self.engine.stats()
-        yield from self._requests(s)
-        yield from self._engine(s)
+        items = [(self._values + extra, s) for extra, s in self._stats()]
+        yield from self._requests(items)
+        yield from self._engine(items)
 
-    def _requests(self, s):
+    def _requests(self, items):
         def fam(kind, name, doc, extra=("transport",)):
             return self._family(kind, name, doc, extra)
 
@@ -84,52 +128,164 @@ class Collector:
         peers = fam(GaugeMetricFamily, "orbitte_peers", "Segments open")
         hist = fam(HistogramMetricFamily, "orbitte_request_duration_seconds",
                    "Time from submit to end of ended requests")
-        for name, t in s.transports.items():
-            if not t.enabled:
-                continue
-            r, lv = t.requests, self._values + [name]
-            for op in OPS:
-                submitted.add_metric(self._values + [op, name], r.submitted[op])
-                for field, status in _STATUSES:
-                    ended.add_metric(self._values + [op, name, status], getattr(r, field)[op])
-            rx.add_metric(lv, r.bytes_read)
-            tx.add_metric(lv, r.bytes_written)
-            infl.add_metric(lv, r.inflight_requests_now)
-            inflb.add_metric(lv, r.inflight_bytes_now)
-            peers.add_metric(lv, t.peers_now)
-            cum, buckets = 0, []
-            for le, n in zip(self._bounds, r.latency_us_buckets):
-                cum += n
-                buckets.append((le, cum))
-            hist.add_metric(lv, buckets, r.latency_sum_s)
+        for base, s in items:
+            for name, t in s.transports.items():
+                if t.enabled:
+                    self._transport(base, name, t, (submitted, ended, rx, tx, infl, inflb,
+                                                    peers, hist))
         return [submitted, ended, rx, tx, infl, inflb, peers, hist]
 
-    def _engine(self, s):
+    def _transport(self, base, name, t, fams):
+        submitted, ended, rx, tx, infl, inflb, peers, hist = fams
+        r, lv = t.requests, base + [name]
+        for op in OPS:
+            submitted.add_metric(base + [op, name], r.submitted[op])
+            for field, status in _STATUSES:
+                ended.add_metric(base + [op, name, status], getattr(r, field)[op])
+        rx.add_metric(lv, r.bytes_read)
+        tx.add_metric(lv, r.bytes_written)
+        infl.add_metric(lv, r.inflight_requests_now)
+        inflb.add_metric(lv, r.inflight_bytes_now)
+        peers.add_metric(lv, t.peers_now)
+        cum, buckets = 0, []
+        for le, n in zip(self._bounds, r.latency_us_buckets):
+            cum += n
+            buckets.append((le, cum))
+        hist.add_metric(lv, buckets, r.latency_sum_s)
+
+    def _engine(self, items):
         regs = self._family(GaugeMetricFamily, "orbitte_memory_registrations",
                             "Live registrations, by memory kind", ("kind",))
         regb = self._family(GaugeMetricFamily, "orbitte_memory_registered_bytes",
                             "Registered bytes, by memory kind", ("kind",))
-        for k in MEM_KINDS:
-            regs.add_metric(self._values + [k], s.registrations_kind_now[k])
-            regb.add_metric(self._values + [k], s.registered_bytes_kind_now[k])
+        for base, s in items:
+            for k in MEM_KINDS:
+                regs.add_metric(base + [k], s.registrations_kind_now[k])
+                regb.add_metric(base + [k], s.registered_bytes_kind_now[k])
         out = [regs, regb]
-        for name, doc, value in (
-            ("orbitte_memory_registered", "Registrations made", s.registrations_total),
-            ("orbitte_notifications_sent", "Notifications acknowledged by their receiver",
-             s.notify_sent),
-            ("orbitte_notifications_send_failed", "Notifications that failed",
-             s.notify_send_failed),
-            ("orbitte_notifications_received", "Notifications queued here", s.notify_received),
-            ("orbitte_notifications_refused", "Notifications refused here (queue full)",
-             s.notify_refused),
-            ("orbitte_auth_failures", "Connections to this engine that failed to authenticate",
-             s.auth_failures),
-            ("orbitte_auth_backoff_refused", "Connections closed unheard (address backing off)",
-             s.auth_backoff_refused),
-            ("orbitte_auth_open_failures", "Segment opens that failed authentication",
-             s.auth_open_failures),
-        ):
+        for name, doc, field in _ENGINE_COUNTERS:
             c = self._family(CounterMetricFamily, name, doc)
-            c.add_metric(self._values, value)
+            for base, s in items:
+                c.add_metric(base, getattr(s, field))
             out.append(c)
+        return out
+
+
+# The engine-wide counters: (metric name, help, EngineStats field).
+_ENGINE_COUNTERS = (
+    ("orbitte_memory_registered", "Registrations made", "registrations_total"),
+    ("orbitte_notifications_sent", "Notifications acknowledged by their receiver",
+     "notify_sent"),
+    ("orbitte_notifications_send_failed", "Notifications that failed",
+     "notify_send_failed"),
+    ("orbitte_notifications_received", "Notifications queued here", "notify_received"),
+    ("orbitte_notifications_refused", "Notifications refused here (queue full)",
+     "notify_refused"),
+    ("orbitte_auth_failures", "Connections to this engine that failed to authenticate",
+     "auth_failures"),
+    ("orbitte_auth_backoff_refused", "Connections closed unheard (address backing off)",
+     "auth_backoff_refused"),
+    ("orbitte_auth_open_failures", "Segment opens that failed authentication",
+     "auth_open_failures"),
+)
+
+SNAPSHOT_PATTERN = "orbitte-*.json"
+_log = logging.getLogger("orbitte")
+_serial = itertools.count()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # there, but another user's
+    return True
+
+
+class SnapshotWriter:
+    """Writes engine's counters (Engine.stats()) to directory/orbitte-<pid>-<n>.json every
+    interval_s seconds from a daemon thread, and on write(); close() stops it and removes
+    the file. name: the "engine" label a DirectoryCollector gives its samples (default: the
+    engine's address). Close it before the engine; a read that fails (the engine closed
+    first) stops the thread with a WARNING on the "orbitte" logger."""
+
+    def __init__(self, engine, directory, name=None, interval_s=1.0):
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.engine = engine
+        self.name = str(name if name is not None else engine.address)
+        self.interval_s = float(interval_s)
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, "orbitte-%d-%d.json" % (os.getpid(), next(_serial)))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.write()  # the first snapshot before the constructor returns
+        self._thread = threading.Thread(target=self._run, name="orbitte-snapshot", daemon=True)
+        self._thread.start()
+
+    def write(self):
+        """Write the engine's counters now (whole: a temporary file renamed over it)."""
+        data = {"pid": os.getpid(), "engine": self.name, "time": time.time(),
+                "stats": engine_stats_to_dict(self.engine.stats())}
+        with self._lock:
+            if self._stop.is_set() and not os.path.exists(self.path):
+                return  # closed
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.path)
+
+    def _run(self):
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.write()
+            except Exception as e:  # noqa: BLE001 - the thread must not die silently
+                _log.warning("orbitte.metrics: snapshot of %s stopped: %s", self.name, e)
+                return
+
+    def close(self):
+        """Stop writing and remove the file (its counters leave the scrape)."""
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, 2 * self.interval_s))
+        with self._lock:
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class DirectoryCollector(Collector):
+    """A prometheus_client collector of the SnapshotWriter files in directory, read on each
+    scrape: every sample labelled with its writer's "pid" and "engine" (after the constant
+    labels). Files of processes that no longer exist, and files that are not a snapshot,
+    are skipped (the latter with a WARNING on the "orbitte" logger)."""
+
+    def __init__(self, directory, labels=None):
+        super().__init__(None, labels)
+        self.directory = directory
+        self._names = list(self.labels) + ["pid", "engine"]
+
+    def _stats(self):
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.directory, SNAPSHOT_PATTERN))):
+            try:
+                with open(path) as f:
+                    d = json.load(f)
+                pid, name = int(d["pid"]), str(d["engine"])
+                stats = engine_stats_from_dict(d["stats"])
+            except FileNotFoundError:
+                continue  # its writer closed since the listing
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                _log.warning("orbitte.metrics: %s is not a snapshot: %s", path, e)
+                continue
+            if _alive(pid):
+                out.append(([str(pid), name], stats))
         return out

@@ -6,6 +6,7 @@ are the present state. Opcodes are "read" and "write"; transports "shm", "tcp", 
 """
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass, field
 
 from . import _lib
@@ -123,3 +124,23 @@ def segment_stats(lib, handle, check):
     return SegmentStats(transport=s.transport.decode("ascii"), peer=s.peer.decode(),
                         requests=request_stats(s.requests), notify_sent=int(s.notify_sent),
                         notify_send_failed=int(s.notify_send_failed))
+
+
+def engine_stats_to_dict(s):
+    """EngineStats as plain data (dicts, lists, numbers, strings): what json.dumps takes."""
+    return dataclasses.asdict(s)
+
+
+def engine_stats_from_dict(d):
+    """The EngineStats that engine_stats_to_dict gave d for (ValueError when d is not one)."""
+    try:
+        transports = {}
+        for name, t in d["transports"].items():
+            r = dict(t["requests"])
+            r["latency_us_buckets"] = tuple(int(x) for x in r["latency_us_buckets"])
+            transports[name] = TransportStats(t["name"], bool(t["enabled"]), int(t["peers_now"]),
+                                              RequestStats(**r))
+        rest = {k: v for k, v in d.items() if k != "transports"}
+        return EngineStats(transports=transports, **rest)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError("not the data of an EngineStats: %s" % e) from e

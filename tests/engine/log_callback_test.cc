@@ -1,7 +1,9 @@
 // The public log sink (<ote/log.h>) over real engines: ote_log_set_callback sees the
 // level, component, engine and message of a provoked WARN (a destroy refused while a
-// segment is open); lines written on an engine's own threads name that engine; and the
-// default stderr line matches the documented format, with and without an engine.
+// segment is open); lines written on an engine's own threads name that engine; a named
+// engine's lines carry "name@host:port", also those a batch's submit and wait write on the
+// caller's thread; and the default stderr line matches the documented format, with and
+// without an engine, a name's space and '%' escaped.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "tests/engine/engine_util.h"
+#include "tests/util/wait.h"
 
 extern "C" {
 #include "ote/ote.h"
@@ -145,6 +148,67 @@ std::string StderrOf(const std::function<void()> &fn) {
     return ss.str();
 }
 
+// A named engine's tag is "name@host:port". Its peer goes away; the next submits write
+// "reconnecting to ..." (INFO, tcp) on the caller's thread while the batch's submit
+// asks for the connection again: that line, and every other one the caller's thread
+// writes during submit and wait, names the engine.
+TEST_F(LogCallbackTest, NamedEngineTagsTheLinesOfItsBatchCalls) {
+    Captured cap;
+    ote_engine_t *a = NewEngine({{"transports", "tcp"}, {"engine_name", "prefill 0%"}});
+    ote_engine_t *b = NewEngine({{"transports", "tcp"}});
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    const std::string tag_a = "prefill 0%@" + EngineAddress(a);
+    std::vector<uint8_t> local(4096, 1), remote(4096, 0);
+    ASSERT_EQ(ote_memory_register(b, remote.data(), remote.size(), OTE_PERM_WRITE), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open(a, EngineAddress(b).c_str(), &seg), OTE_OK);
+    ote_batch_t *bt = nullptr;
+    ASSERT_EQ(ote_batch_create(a, 1, &bt), OTE_OK);
+    ote_request_t q = {OTE_WRITE, local.data(), seg, (uint64_t)(uintptr_t)remote.data(), 4096};
+    ASSERT_EQ(ote_batch_submit(bt, &q, 1), OTE_OK);
+    ASSERT_EQ(ote_batch_wait(bt, 30 * ote_test::kSec), OTE_OK);
+    ASSERT_EQ(ote_batch_reset(bt), OTE_OK);
+
+    ote_log_set_level(OTE_LOG_INFO);
+    ASSERT_EQ(ote_log_set_callback(&Capture, &cap), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(b, remote.data()), OTE_OK);
+    ASSERT_EQ(ote_engine_destroy(b), OTE_OK);
+    const long me = static_cast<long>(syscall(SYS_gettid));
+    auto reconnect_seen = [&] {
+        std::lock_guard<std::mutex> g(cap.mu);
+        for (const Line &l : cap.lines)
+            if (l.tid == me && l.component == "tcp" &&
+                l.message.find("reconnecting to") != std::string::npos)
+                return true;
+        return false;
+    };
+    // Each try is a submit (and, when one starts, its wait): the peer's loss is noticed
+    // by a's connection thread, after which a submit reconnects.
+    ote_test::WaitUntil(
+        [&] {
+            if (ote_batch_submit(bt, &q, 1) == OTE_OK) {
+                EXPECT_NE(ote_batch_wait(bt, 30 * ote_test::kSec), OTE_ERR_TIMEOUT);
+                EXPECT_EQ(ote_batch_reset(bt), OTE_OK);
+            }
+            return reconnect_seen();
+        },
+        std::chrono::seconds(20), std::chrono::milliseconds(20), "a submit reconnecting");
+    EXPECT_EQ(ote_log_set_callback(nullptr, nullptr), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(bt), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(a), OTE_OK);
+
+    std::lock_guard<std::mutex> g(cap.mu);
+    int mine = 0;
+    for (const Line &l : cap.lines) {
+        if (l.tid != me) continue;
+        mine++;
+        EXPECT_EQ(l.engine, tag_a) << "[" << l.component << "] " << l.message;
+    }
+    EXPECT_GT(mine, 0);
+}
+
 TEST_F(LogCallbackTest, DefaultLineMatchesTheDocumentedFormat) {
     // <ote/log.h>'s pattern, as POSIX extended regular expression.
     regex_t line;
@@ -158,22 +222,29 @@ TEST_F(LogCallbackTest, DefaultLineMatchesTheDocumentedFormat) {
     ASSERT_NE(a, nullptr);
     ASSERT_NE(b, nullptr);
     std::string addr_a = EngineAddress(a), addr_b = EngineAddress(b);
-    ote_segment_t *seg = nullptr;
+    ote_engine_t *c = NewEngine({{"transports", "tcp"}, {"engine_name", "decode 1%"}});
+    ASSERT_NE(c, nullptr);
+    const std::string word_c = "decode%201%25@" + EngineAddress(c);
+    ote_segment_t *seg = nullptr, *seg_c = nullptr;
     ASSERT_EQ(ote_segment_open(a, addr_b.c_str(), &seg), OTE_OK);
+    ASSERT_EQ(ote_segment_open(c, addr_b.c_str(), &seg_c), OTE_OK);
     std::string out = StderrOf([&] {
         EXPECT_EQ(ote_engine_destroy(a), OTE_ERR_BUSY); // WARN, engine a
+        EXPECT_EQ(ote_engine_destroy(c), OTE_ERR_BUSY); // WARN, engine c (named)
         ote_config_t *cfg = nullptr;
         ASSERT_EQ(ote_config_create(&cfg), OTE_OK);
         EXPECT_EQ(ote_config_set(cfg, "log_level", "noisy"), OTE_ERR_INVALID); // no engine
         ote_config_destroy(cfg);
     });
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_segment_close(seg_c), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(a), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(c), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(b), OTE_OK);
 
     std::istringstream lines(out);
     std::string l;
-    int with_engine = 0, without = 0;
+    int with_engine = 0, without = 0, named = 0;
     long me = static_cast<long>(syscall(SYS_gettid));
     while (std::getline(lines, l)) {
         regmatch_t m[4];
@@ -185,9 +256,10 @@ TEST_F(LogCallbackTest, DefaultLineMatchesTheDocumentedFormat) {
         EXPECT_EQ(std::stol(group(1)), static_cast<long>(getpid())) << l;
         if (l.find(" W ") != std::string::npos &&
             l.find("[engine] destroy refused") != std::string::npos) {
-            EXPECT_EQ(group(3), " engine=" + addr_a) << l;
+            EXPECT_TRUE(group(3) == " engine=" + addr_a || group(3) == " engine=" + word_c) << l;
             EXPECT_EQ(std::stol(group(2)), me) << l;
             with_engine++;
+            if (group(3) == " engine=" + word_c) named++;
         }
         if (l.find("[engine] config: invalid log_level") != std::string::npos) {
             EXPECT_EQ(group(3), "") << "a configuration line knows no engine: " << l;
@@ -196,7 +268,8 @@ TEST_F(LogCallbackTest, DefaultLineMatchesTheDocumentedFormat) {
         }
     }
     regfree(&line);
-    EXPECT_EQ(with_engine, 1) << out;
+    EXPECT_EQ(with_engine, 2) << out;
+    EXPECT_EQ(named, 1) << "the named engine's word, its space and '%' escaped: " << out;
     EXPECT_EQ(without, 1) << out;
 }
 

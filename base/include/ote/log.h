@@ -13,14 +13,17 @@
  *     ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z orbitte [EWIDT]
  *      pid=[0-9]+ tid=[0-9]+( engine=[^ ]+)? \[[^]]+\] .*$      (one line)
  *
- * The engine is named by its advertised address ("host:port", ote_engine_address).
- * Lines written on a thread an engine started (its listener, transport workers,
- * progress, pumper and reader threads, started through one helper that passes the tag
- * on; docs/api.md lists the exceptions) and lines written on the caller's thread during
- * ote_engine_create, ote_engine_destroy, ote_segment_open, ote_segment_close,
- * ote_memory_register(_named) and ote_memory_unregister carry it; a line written on the
- * caller's thread by another call (a batch submitted, waited or canceled) or before the
- * engine has its address (a refused configuration) carries none.
+ * The engine is named by its engine_name and advertised address, "name@host:port", or by
+ * the address alone ("host:port", ote_engine_address) when it has no name; on the stderr
+ * line a space or '%' of the name is written %20 or %25, so that the tag stays one word
+ * (the callback gets it as it is). Lines written on a thread an engine started (its
+ * listener, transport workers, progress, pumper and reader threads, started through one
+ * helper that passes the tag on; docs/api.md lists the exceptions) and lines written on
+ * the caller's thread during ote_engine_create, ote_engine_destroy, ote_segment_open,
+ * ote_segment_close, ote_memory_register(_named), ote_memory_unregister,
+ * ote_batch_submit(_v), ote_batch_wait and ote_batch_cancel carry it; a line written on
+ * the caller's thread by another call or before the engine has its address (a refused
+ * configuration) carries none.
  *
  * The level is process-wide: OTE_LOG_LEVEL in the environment (read once), the
  * log_level key of any engine's configuration (applied when that engine is created, for
@@ -46,7 +49,8 @@ typedef enum {
     OTE_LOG_TRACE = 4,
 } ote_log_level_t;
 
-/* One line: engine is the engine's tag ("host:port") or NULL when the line knows none;
+/* One line: engine is the engine's tag ("name@host:port", or "host:port" for an engine
+ * without engine_name) or NULL when the line knows none;
  * component and message are never NULL. The strings live only during the call. */
 typedef void (*ote_log_callback_t)(void *arg, ote_log_level_t level, const char *component,
                                    const char *engine, const char *message);
