@@ -147,6 +147,24 @@ sys.stdin.read()
 """
 
 
+def _freeze(pid):
+    """SIGSTOP pid and wait (up to 5 s) until every thread of it is stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(st == "T" for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the publisher did not stop")
+
+
 def test_open_segment_fails_fast_when_its_publisher_hangs(store):
     """A publisher SIGSTOPped (its sockets stay open: no transport notices) while a READ to
     it is in flight with a 120 s deadline: its lease ends, the segment's guard sees the
@@ -165,7 +183,7 @@ def test_open_segment_fails_fast_when_its_publisher_hangs(store):
             got = np.zeros(1 << 20, np.uint8)
             eng.read(seg, got, kv)
             assert got[0] == 0x33
-            os.kill(proc.pid, signal.SIGSTOP)
+            _freeze(proc.pid)
             t0 = time.monotonic()
             with pytest.raises(orbitte.PeerLostError):
                 eng.read(seg, got, kv)
