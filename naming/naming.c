@@ -474,6 +474,14 @@ static void guards_sweep(ote_naming_t *n) {
     }
 }
 
+/* Link g (and its watch) into n's lists (work_mu held). */
+static void guard_link(ote_naming_t *n, guard_t *g) {
+    g->w->next = n->watches;
+    n->watches = g->w;
+    g->next = n->guards;
+    n->guards = g;
+}
+
 /* Guard seg, opened to incarnation epoch of name. */
 static ote_status_t guard_add(ote_naming_t *n, const char *name, ote_segment_t *seg,
                               uint64_t epoch) {
@@ -487,10 +495,7 @@ static ote_status_t guard_add(ote_naming_t *n, const char *name, ote_segment_t *
     g->epoch = epoch;
     g->w = w;
     ote_mutex_lock(&n->work_mu);
-    w->next = n->watches;
-    n->watches = w;
-    g->next = n->guards;
-    n->guards = g;
+    guard_link(n, g);
     ote_mutex_unlock(&n->work_mu);
     return OTE_OK;
 }
@@ -541,20 +546,32 @@ ote_status_t ote_naming_segment_open(ote_naming_t *n, ote_engine_t *engine, cons
 
 ote_status_t ote_naming_segment_close(ote_naming_t *n, ote_segment_t *seg) {
     if (n == NULL || seg == NULL) return OTE_ERR_INVALID;
-    /* Under work_mu: the thread is not invalidating seg meanwhile, and never will. */
+    /* The guard leaves first (under work_mu, so the thread is not invalidating seg now
+     * and never will); the close itself, which may wait for notifications, runs without
+     * work_mu so that refreshes go on. A refused close puts a fresh guard back. */
+    guard_t *g = NULL;
     ote_mutex_lock(&n->work_mu);
-    ote_status_t st = ote_segment_close(seg);
-    for (guard_t **pp = &n->guards; st == OTE_OK && *pp != NULL; pp = &(*pp)->next) {
+    for (guard_t **pp = &n->guards; *pp != NULL; pp = &(*pp)->next) {
         if ((*pp)->seg == seg) {
-            guard_t *g = *pp;
+            g = *pp;
             *pp = g->next;
             (void)watch_unlink(n, g->w);
-            ote_free(g->w);
-            ote_free(g);
             break;
         }
     }
     ote_mutex_unlock(&n->work_mu);
+    ote_status_t st = ote_segment_close(seg);
+    if (g != NULL && st != OTE_OK && g->state == GUARD_ARMED) {
+        g->w->state = WATCH_UNKNOWN;
+        ote_mutex_lock(&n->work_mu);
+        guard_link(n, g);
+        ote_mutex_unlock(&n->work_mu);
+        g = NULL;
+    }
+    if (g != NULL) {
+        ote_free(g->w);
+        ote_free(g);
+    }
     return st;
 }
 

@@ -92,9 +92,10 @@ class FailFastTest : public OteTest,
 
 // A READ of the whole kv buffer in flight to a publisher that `freeze` stopped;
 // `trigger` then makes its name end or move on (or nothing: the lease ends by itself).
-// The READ must end PEER_LOST, long before its own deadline, and a later submit on the
-// segment must fail PEER_LOST at once. Returns how long the READ took.
-long long InFlightEndsPeerLost(ote_engine_t *req, ote_segment_t *seg, uint64_t kv,
+// The READ must end PEER_LOST, long before its own deadline (also after a close of the
+// segment was refused meanwhile), and a later submit on the segment must fail PEER_LOST
+// at once. Returns how long the READ took.
+long long InFlightEndsPeerLost(ote_naming_t *n, ote_engine_t *req, ote_segment_t *seg, uint64_t kv,
                                const std::function<bool()> &freeze,
                                const std::function<void()> &trigger) {
     std::vector<uint8_t> got(1u << 20);
@@ -106,6 +107,8 @@ long long InFlightEndsPeerLost(ote_engine_t *req, ote_segment_t *seg, uint64_t k
     EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
     // Still in flight: the frozen peer answers nothing and the transport sees no loss.
     EXPECT_EQ(ote_batch_wait(b, 300000000ull), OTE_ERR_TIMEOUT);
+    // A close refused while it is in flight leaves the segment open and still guarded.
+    EXPECT_EQ(ote_naming_segment_close(n, seg), OTE_ERR_BUSY);
     trigger();
     // Generous: the watch's reaction is a lease ttl plus polls, far under the deadline.
     ote_status_t st = ote_batch_wait(b, 60000000000ull);
@@ -138,7 +141,7 @@ TEST_P(FailFastTest, HungPublisherLeaseEnds) {
     ote_segment_t *seg = OpenAndRead(n, req, &kv);
     ASSERT_NE(seg, nullptr);
     long long took = InFlightEndsPeerLost(
-        req, seg, kv, [&] { return pub.Freeze(); }, [] {});
+        n, req, seg, kv, [&] { return pub.Freeze(); }, [] {});
     printf(
         "[ figures ] naming %s/%s: a READ to a hung publisher ended PEER_LOST after %lld ms "
         "(ttl %d ms, deadline %d ms)\n",
@@ -165,7 +168,7 @@ TEST_P(FailFastTest, RepublishedWithNewEpoch) {
     ASSERT_NE(seg, nullptr);
     auto b = std::make_unique<Publisher>();
     long long took = InFlightEndsPeerLost(
-        req, seg, kv, [&] { return a->Freeze(); },
+        n, req, seg, kv, [&] { return a->Freeze(); },
         [&] { ASSERT_TRUE(b->Start(url_, "decode-3", 60000, 0x44, "", Transport())); });
     printf(
         "[ figures ] naming %s/%s: a READ to a hung publisher replaced by a new epoch ended "
