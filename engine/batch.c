@@ -199,7 +199,7 @@ static ote_status_t submit_ensure_peers(ote_engine_t *e, const ote_request_t *re
     for (size_t i = 0; i < n; i++) {
         if (reqs[i].segment == last) continue;
         last = reqs[i].segment;
-        ote_status_t st = last->tp->ops->peer_ensure(last->peer);
+        ote_status_t st = ote__segment_ensure(last);
         if (st != OTE_OK) return st;
     }
     return OTE_OK;

@@ -237,6 +237,9 @@ struct ote_segment {
     _Atomic long pending; /* requests in flight */
     _Atomic long notes;   /* notifications attached to batches or in flight */
     char name[OTE__ADDR_MAX];
+    /* SEG_LIVE, or SEG_INVALIDATED once ote_segment_invalidate said its peer is gone:
+     * every later submit and notification fails OTE_ERR_PEER_LOST (ote__segment_ensure). */
+    _Atomic int state;
     uint32_t tpid;                     /* ote_transport_id_t of tp */
     struct ote_segment *snext, *sprev; /* e->segs, under e->segmu */
     ote__counters_t c;                 /* its requests and notifications */
@@ -277,6 +280,16 @@ struct ote_batch {
     ote_status_t notes_dropped;    /* a decided one not sent (its requests failed): CANCELED */
     _Atomic uint64_t last_wait_ns; /* how long the last completed wait took (0: none yet) */
 };
+
+enum { OTE__SEG_LIVE = 0, OTE__SEG_INVALIDATED = 1 };
+
+/* Before anything is handed to seg's transport: OTE_ERR_PEER_LOST for an invalidated
+ * segment, else the transport's reconnect of a lost peer (peer_ensure). */
+static inline ote_status_t ote__segment_ensure(ote_segment_t *seg) {
+    if (atomic_load_explicit(&seg->state, memory_order_acquire) == OTE__SEG_INVALIDATED)
+        return OTE_ERR_PEER_LOST;
+    return seg->tp->ops->peer_ensure(seg->peer);
+}
 
 /* Whether e is being destroyed (a destroy was retained): the public calls other than
  * ote_engine_destroy return OTE_ERR_STATE then. */

@@ -327,3 +327,17 @@ ote_status_t ote_segment_close(ote_segment_t *s) {
     ote_log_set_thread_engine(prev);
     return st;
 }
+
+ote_status_t ote_segment_invalidate(ote_segment_t *s) {
+    if (s == NULL) return OTE_ERR_INVALID;
+    int live = OTE__SEG_LIVE;
+    if (!atomic_compare_exchange_strong(&s->state, &live, OTE__SEG_INVALIDATED)) return OTE_OK;
+    const char *prev = ote_log_set_thread_engine(s->e->self_addr);
+    OTE_WARN("engine",
+             "segment %s invalidated (its peer is gone): its requests end OTE_ERR_PEER_LOST; "
+             "close it",
+             s->name);
+    s->tp->ops->peer_lost(s->peer);
+    ote_log_set_thread_engine(prev);
+    return OTE_OK;
+}

@@ -239,7 +239,7 @@ ote_status_t ote_notify_send(ote_engine_t *e, ote_segment_t *seg, const void *ms
     if (e == NULL || seg == NULL || seg->e != e || (msg == NULL && len > 0)) return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     if (len > OTE_NOTIFY_MAX) return OTE_ERR_TOO_BIG;
-    ote_status_t st = seg->tp->ops->peer_ensure(seg->peer);
+    ote_status_t st = ote__segment_ensure(seg);
     if (st != OTE_OK) return st;
     ote__nout_t *n;
     st = nout_new(e, seg, msg, len, 2, &n);
@@ -405,7 +405,7 @@ ote_status_t ote_batch_notify(ote_batch_t *b, ote_segment_t *seg, const void *ms
         send = ote__batch_decide_notes(b);
     ote_mutex_unlock(&b->mu);
     if (send) {
-        st = seg->tp->ops->peer_ensure(seg->peer);
+        st = ote__segment_ensure(seg);
         if (st != OTE_OK) {
             /* Unsendable: the slice fails through the transport with PEER_LOST. */
             OTE_WARN("engine", "batch notification to %s: reconnect failed: %s", seg->name,

@@ -299,6 +299,13 @@ typedef struct {
      * with no engine lock held: it may complete slices through their done(), the last
      * of which ends its batch. */
     void (*cancel)(ote__tpeer_t *peer);
+    /* The peer is known gone (ote_segment_invalidate: a name's lease ended or it names
+     * another incarnation now): fail every slice queued or in flight on it with
+     * OTE_ERR_PEER_LOST now, through the transport's own path for a lost connection,
+     * without waiting on the peer. Any thread, not concurrently with peer_close; once per
+     * peer. The engine submits nothing to the peer after it (a submit racing with it
+     * fails PEER_LOST too). */
+    void (*peer_lost)(ote__tpeer_t *peer);
     /* Close the peer's connections; the peer must have no slices in flight. */
     ote_status_t (*peer_close)(ote__tpeer_t *peer);
     /* Stop every thread of the transport and free it: OTE_OK. Anything else keeps the

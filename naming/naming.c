@@ -51,6 +51,18 @@ struct ote_naming_watch {
     ote_naming_entry_t last;
 };
 
+/* A segment opened by name (ote_naming_segment_open): its name is watched, and when the
+ * name ends or names another incarnation than the one opened, the segment is
+ * invalidated (its requests end OTE_ERR_PEER_LOST). Under work_mu. */
+typedef enum { GUARD_ARMED = 0, GUARD_FIRED = 1 } guard_state_t;
+typedef struct guard {
+    struct guard *next;
+    ote_segment_t *seg;
+    uint64_t epoch; /* the incarnation the segment was opened to */
+    ote_naming_watch_t *w;
+    guard_state_t state;
+} guard_t;
+
 struct ote_naming {
     const ote__nstore_ops_t *ops;
     void *st;
@@ -64,6 +76,7 @@ struct ote_naming {
     pub_t *pubs;
     cached_t *cache;
     ote_naming_watch_t *watches;
+    guard_t *guards;
 };
 
 static ote_status_t key_of(const ote_naming_t *n, const char *name, char *key, size_t cap) {
@@ -180,30 +193,6 @@ ote_status_t ote_naming_resolve(ote_naming_t *n, const char *name, ote_naming_en
     }
     if (st == OTE_OK && entry_out != NULL) *entry_out = e;
     ote_free(val);
-    return st;
-}
-
-ote_status_t ote_naming_segment_open(ote_naming_t *n, ote_engine_t *engine, const char *name,
-                                     ote_segment_t **seg_out) {
-    if (n == NULL || engine == NULL || seg_out == NULL || !ote__name_ok(name, OTE_NAMING_NAME_MAX))
-        return OTE_ERR_INVALID;
-    ote_status_t st = OTE_OK;
-    for (int fresh = 0; fresh <= 1; fresh++) {
-        uint8_t *val = NULL;
-        size_t len = 0;
-        int cached = !fresh && cache_get(n, name, &val, &len) == OTE_OK;
-        st = cached ? OTE_OK : fetch(n, name, &val, &len);
-        if (st != OTE_OK) return st;
-        const uint8_t *m = NULL;
-        size_t ml = 0;
-        st = ote__nval_decode(val, len, name, &m, &ml, NULL);
-        if (st == OTE_OK) st = ote_segment_open_md(engine, m, ml, seg_out);
-        ote_free(val);
-        if (st == OTE_OK || !cached || (st != OTE_ERR_STATE && st != OTE_ERR_CONNECT)) break;
-        OTE_INFO("naming", "%s: the cached engine is gone (%s); resolving again", name,
-                 ote_status_str(st));
-        cache_drop(n, name);
-    }
     return st;
 }
 
@@ -378,6 +367,8 @@ static void watch_poll(ote_naming_t *n, ote_naming_watch_t *w) {
     }
 }
 
+static void guards_sweep(ote_naming_t *n);
+
 static void *naming_thread(void *arg) {
     ote_naming_t *n = arg;
     uint64_t next_watch = 0;
@@ -387,6 +378,7 @@ static void *naming_thread(void *arg) {
         refresh_due(n, now);
         if (now >= next_watch) {
             for (ote_naming_watch_t *w = n->watches; w != NULL; w = w->next) watch_poll(n, w);
+            guards_sweep(n);
             next_watch = ote_now_ns() + (uint64_t)n->period_ms * OTE_NSEC_PER_MSEC;
         }
         uint64_t wake = next_watch;
@@ -402,16 +394,34 @@ static void *naming_thread(void *arg) {
     }
 }
 
-ote_status_t ote_naming_watch(ote_naming_t *n, const char *name, ote_naming_watch_fn fn, void *arg,
-                              ote_naming_watch_t **watch_out) {
-    if (n == NULL || fn == NULL || watch_out == NULL || !ote__name_ok(name, OTE_NAMING_NAME_MAX))
-        return OTE_ERR_INVALID;
+static ote_naming_watch_t *watch_new(ote_naming_t *n, const char *name, ote_naming_watch_fn fn,
+                                     void *arg) {
     ote_naming_watch_t *w = ote_calloc(1, sizeof(*w));
-    if (w == NULL) return OTE_ERR_NOMEM;
+    if (w == NULL) return NULL;
     w->n = n;
     snprintf(w->name, sizeof(w->name), "%s", name);
     w->fn = fn;
     w->arg = arg;
+    return w;
+}
+
+/* Take w out of n's watches (work_mu held): 1 when it was there. */
+static int watch_unlink(ote_naming_t *n, ote_naming_watch_t *w) {
+    for (ote_naming_watch_t **pp = &n->watches; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == w) {
+            *pp = w->next;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+ote_status_t ote_naming_watch(ote_naming_t *n, const char *name, ote_naming_watch_fn fn, void *arg,
+                              ote_naming_watch_t **watch_out) {
+    if (n == NULL || fn == NULL || watch_out == NULL || !ote__name_ok(name, OTE_NAMING_NAME_MAX))
+        return OTE_ERR_INVALID;
+    ote_naming_watch_t *w = watch_new(n, name, fn, arg);
+    if (w == NULL) return OTE_ERR_NOMEM;
     ote_mutex_lock(&n->work_mu);
     w->next = n->watches;
     n->watches = w;
@@ -423,17 +433,145 @@ ote_status_t ote_naming_watch(ote_naming_t *n, const char *name, ote_naming_watc
 ote_status_t ote_naming_unwatch(ote_naming_watch_t *w) {
     if (w == NULL) return OTE_ERR_INVALID;
     ote_naming_t *n = w->n;
-    ote_status_t st = OTE_ERR_NOT_FOUND;
     ote_mutex_lock(&n->work_mu); /* the thread is not inside a callback now */
-    for (ote_naming_watch_t **pp = &n->watches; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == w) {
-            *pp = w->next;
-            st = OTE_OK;
+    int found = watch_unlink(n, w);
+    ote_mutex_unlock(&n->work_mu);
+    if (!found) return OTE_ERR_NOT_FOUND;
+    ote_free(w);
+    return OTE_OK;
+}
+
+/* ---- segments by name, invalidated when their name ends or moves on ----------------- */
+
+/* A guard's watch (the handle's thread, work_mu held): the name gone, or resolving to
+ * another incarnation than the segment's, invalidates the segment, once. */
+static void guard_event(void *arg, const char *name, ote_naming_event_t ev,
+                        const ote_naming_entry_t *e) {
+    guard_t *g = arg;
+    if (g->state != GUARD_ARMED) return;
+    if (ev != OTE_NAMING_GONE && e != NULL && e->epoch == g->epoch) return;
+    OTE_WARN("naming",
+             "%s %s (the segment opened to epoch %016llx): its requests end "
+             "OTE_ERR_PEER_LOST",
+             name, ev == OTE_NAMING_GONE ? "is gone" : "names another incarnation",
+             (unsigned long long)g->epoch);
+    (void)ote_segment_invalidate(g->seg);
+    g->state = GUARD_FIRED;
+}
+
+/* Drop the guards that fired: their segments need no more watching (work_mu held). */
+static void guards_sweep(ote_naming_t *n) {
+    for (guard_t **pp = &n->guards; *pp != NULL;) {
+        guard_t *g = *pp;
+        if (g->state != GUARD_FIRED) {
+            pp = &g->next;
+            continue;
+        }
+        *pp = g->next;
+        (void)watch_unlink(n, g->w);
+        ote_free(g->w);
+        ote_free(g);
+    }
+}
+
+/* Link g (and its watch) into n's lists (work_mu held). */
+static void guard_link(ote_naming_t *n, guard_t *g) {
+    g->w->next = n->watches;
+    n->watches = g->w;
+    g->next = n->guards;
+    n->guards = g;
+}
+
+/* Guard seg, opened to incarnation epoch of name. */
+static ote_status_t guard_add(ote_naming_t *n, const char *name, ote_segment_t *seg,
+                              uint64_t epoch) {
+    guard_t *g = ote_calloc(1, sizeof(*g));
+    ote_naming_watch_t *w = g != NULL ? watch_new(n, name, guard_event, g) : NULL;
+    if (w == NULL) {
+        ote_free(g);
+        return OTE_ERR_NOMEM;
+    }
+    g->seg = seg;
+    g->epoch = epoch;
+    g->w = w;
+    ote_mutex_lock(&n->work_mu);
+    guard_link(n, g);
+    ote_mutex_unlock(&n->work_mu);
+    return OTE_OK;
+}
+
+/* One open of name's engine from its value (cached or fetched): the segment, and the
+ * incarnation it was opened to. */
+static ote_status_t open_one(ote_naming_t *n, ote_engine_t *engine, const char *name, int fresh,
+                             int *cached_out, ote_segment_t **seg_out, uint64_t *epoch_out) {
+    uint8_t *val = NULL;
+    size_t len = 0;
+    *cached_out = !fresh && cache_get(n, name, &val, &len) == OTE_OK;
+    ote_status_t st = *cached_out ? OTE_OK : fetch(n, name, &val, &len);
+    if (st != OTE_OK) return st;
+    const uint8_t *m = NULL;
+    size_t ml = 0;
+    ote_naming_entry_t e;
+    st = ote__nval_decode(val, len, name, &m, &ml, &e);
+    if (st == OTE_OK) st = ote_segment_open_md(engine, m, ml, seg_out);
+    if (st == OTE_OK) *epoch_out = e.epoch;
+    ote_free(val);
+    return st;
+}
+
+ote_status_t ote_naming_segment_open(ote_naming_t *n, ote_engine_t *engine, const char *name,
+                                     ote_segment_t **seg_out) {
+    if (n == NULL || engine == NULL || seg_out == NULL || !ote__name_ok(name, OTE_NAMING_NAME_MAX))
+        return OTE_ERR_INVALID;
+    ote_status_t st = OTE_OK;
+    ote_segment_t *seg = NULL;
+    uint64_t epoch = 0;
+    for (int fresh = 0; fresh <= 1; fresh++) {
+        int cached = 0;
+        st = open_one(n, engine, name, fresh, &cached, &seg, &epoch);
+        if (st == OTE_OK || !cached || (st != OTE_ERR_STATE && st != OTE_ERR_CONNECT)) break;
+        OTE_INFO("naming", "%s: the cached engine is gone (%s); resolving again", name,
+                 ote_status_str(st));
+        cache_drop(n, name);
+    }
+    if (st != OTE_OK) return st;
+    st = guard_add(n, name, seg, epoch);
+    if (st != OTE_OK) {
+        (void)ote_segment_close(seg);
+        return st;
+    }
+    *seg_out = seg;
+    return OTE_OK;
+}
+
+ote_status_t ote_naming_segment_close(ote_naming_t *n, ote_segment_t *seg) {
+    if (n == NULL || seg == NULL) return OTE_ERR_INVALID;
+    /* The guard leaves first (under work_mu, so the thread is not invalidating seg now
+     * and never will); the close itself, which may wait for notifications, runs without
+     * work_mu so that refreshes go on. A refused close puts a fresh guard back. */
+    guard_t *g = NULL;
+    ote_mutex_lock(&n->work_mu);
+    for (guard_t **pp = &n->guards; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->seg == seg) {
+            g = *pp;
+            *pp = g->next;
+            (void)watch_unlink(n, g->w);
             break;
         }
     }
     ote_mutex_unlock(&n->work_mu);
-    if (st == OTE_OK) ote_free(w);
+    ote_status_t st = ote_segment_close(seg);
+    if (g != NULL && st != OTE_OK && g->state == GUARD_ARMED) {
+        g->w->state = WATCH_UNKNOWN;
+        ote_mutex_lock(&n->work_mu);
+        guard_link(n, g);
+        ote_mutex_unlock(&n->work_mu);
+        g = NULL;
+    }
+    if (g != NULL) {
+        ote_free(g->w);
+        ote_free(g);
+    }
     return st;
 }
 
@@ -522,6 +660,11 @@ ote_status_t ote_naming_close(ote_naming_t *n) {
         (void)key_of(n, p->name, key, sizeof(key));
         (void)n->ops->del(n->st, key, p->lease);
         pub_free(p);
+    }
+    while (n->guards != NULL) { /* their segments stay open, no longer watched */
+        guard_t *g = n->guards;
+        n->guards = g->next;
+        ote_free(g); /* its watch is freed with the others below */
     }
     while (n->watches != NULL) {
         ote_naming_watch_t *w = n->watches;

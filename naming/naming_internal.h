@@ -54,9 +54,9 @@ extern const ote__nstore_ops_t ote__redis_ops;
 /* Encode into an ote_malloc'ed buffer. OTE_ERR_INVALID for a bad name or empty md. */
 ote_status_t ote__nval_encode(const char *name, const void *md, size_t md_len, uint8_t **out,
                               size_t *len_out);
-/* Check a whole value: the envelope, that it names `name`, and that the metadata blob
- * decodes (address, nonzero epoch). OTE_ERR_PROTOCOL when anything is wrong (outputs
- * untouched); else the blob's place inside val and the engine's address and epoch. */
+/* Check a whole value: the envelope, that it names `name` (a valid name), and that the
+ * metadata blob decodes (address, nonzero epoch). OTE_ERR_PROTOCOL when anything is wrong
+ * (outputs untouched); else the blob's place inside val and the engine's address and epoch. */
 ote_status_t ote__nval_decode(const uint8_t *val, size_t len, const char *name,
                               const uint8_t **md_out, size_t *md_len_out,
                               ote_naming_entry_t *entry_out);

@@ -45,8 +45,10 @@ ote_status_t ote__nval_decode(const uint8_t *val, size_t len, const char *name,
     if (nl == 0 || nl > OTE_NAMING_NAME_MAX || ml == 0 || ml > OTE__NVAL_MD_MAX ||
         len != OTE__NVAL_HDR_LEN + nl + ml)
         return OTE_ERR_PROTOCOL;
-    /* A value copied under another key is not this name's. */
-    if (strlen(name) != nl || memcmp(val + OTE__NVAL_HDR_LEN, name, nl) != 0)
+    /* A value copied under another key is not this name's; a name that could not have
+     * been published (ote__nval_encode refuses it) is no name's. */
+    if (strlen(name) != nl || memcmp(val + OTE__NVAL_HDR_LEN, name, nl) != 0 ||
+        !ote__name_ok(name, OTE_NAMING_NAME_MAX))
         return OTE_ERR_PROTOCOL;
     const uint8_t *md = val + OTE__NVAL_HDR_LEN + nl;
     ote_naming_entry_t e;

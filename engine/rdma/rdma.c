@@ -384,6 +384,7 @@ static const ote__transport_ops_t g_rdma_ops = {
     .peer_max_slice = ote__rdma_peer_max_slice,
     .submit = ote__rdma_submit,
     .cancel = ote__rdma_cancel,
+    .peer_lost = ote__rdma_peer_lost,
     .peer_close = ote__rdma_peer_close,
     .destroy = rdma_destroy,
     .mem_register = rdma_mem_register,

@@ -699,6 +699,9 @@ int ote__rdma_stage_end_then(rdma_tp_t *tp, rdma_stage_t *st, void (*then)(rdma_
 ote_status_t ote__rdma_peer_open(ote__transport_t *t, const char *peer, ote__tpeer_t **peer_out);
 ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p);
 ote_status_t ote__rdma_peer_close(ote__tpeer_t *p);
+/* ops->peer_lost: its control connection dropped as on a loss (its reader fails what
+ * waits on it: grants, calls, notifications, commits). */
+void ote__rdma_peer_lost(ote__tpeer_t *p);
 /* Send a request and wait (until dl) for its CONNECT_ACK / INFO_ACK. */
 ote_status_t ote__rdma_peer_call(ote__tpeer_t *p, const ote_rp_msg_t *rq, uint16_t want,
                                  ote_deadline_t dl, ote_qp_path_t *path_out);

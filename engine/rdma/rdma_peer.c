@@ -524,6 +524,12 @@ ote_status_t ote__rdma_peer_ensure(ote__tpeer_t *p) {
     return connect_ctl(p);
 }
 
+void ote__rdma_peer_lost(ote__tpeer_t *p) {
+    ote_mutex_lock(&p->mu);
+    if (p->conn.c != NULL) ote__rdma_conn_kill(p->conn.c, "the peer is gone (segment invalidated)");
+    ote_mutex_unlock(&p->mu);
+}
+
 ote_status_t ote__rdma_peer_close(ote__tpeer_t *p) {
     rdma_tp_t *tp = p->tp;
     ote_mutex_lock(&tp->mu);

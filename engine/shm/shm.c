@@ -175,6 +175,7 @@ static const ote__transport_ops_t g_shm_ops = {
     .peer_max_slice = ote__shm_peer_max_slice,
     .submit = ote__shm_submit,
     .cancel = ote__shm_cancel,
+    .peer_lost = ote__shm_peer_lost,
     .peer_close = ote__shm_peer_close,
     .destroy = shm_destroy,
     .advert = shm_advert,

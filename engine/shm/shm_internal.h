@@ -559,6 +559,8 @@ uint32_t ote__shm_peer_max_slice(ote__tpeer_t *peer);
 void ote__shm_submit(ote__tpeer_t *peer, ote__slice_t *list);
 void ote__shm_cancel(ote__tpeer_t *peer);
 ote_status_t ote__shm_peer_close(ote__tpeer_t *peer);
+/* ops->peer_lost: the peer killed as on a lost connection (its slices end PEER_LOST). */
+void ote__shm_peer_lost(ote__tpeer_t *peer);
 int ote__shm_ipc_ready(ote__tpeer_t *peer);
 /* The slices a call of the requester side completes, in order: each one's done() runs
  * once no lock is held. */

@@ -706,6 +706,15 @@ void ote__shm_cancel(ote__tpeer_t *tpeer) {
     ote__shm_slist_finish(&done);
 }
 
+void ote__shm_peer_lost(ote__tpeer_t *tpeer) {
+    shm_peer_t *p = (shm_peer_t *)tpeer;
+    shm_slist_t done = {NULL, NULL};
+    ote_mutex_lock(&p->mu);
+    peer_kill(p, OTE_ERR_PEER_LOST, &done); /* the receive thread sees its socket shut */
+    ote_mutex_unlock(&p->mu);
+    ote__shm_slist_finish(&done);
+}
+
 ote_status_t ote__shm_peer_close(ote__tpeer_t *tpeer) {
     shm_peer_t *p = (shm_peer_t *)tpeer;
     ote__shm_peers_del(p); /* ote_memory_free_shared no longer looks at it */

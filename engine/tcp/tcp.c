@@ -81,6 +81,7 @@ static const ote__transport_ops_t g_tcp_ops = {
     .peer_max_slice = ote__tcp_peer_max_slice,
     .submit = ote__tcp_submit,
     .cancel = ote__tcp_cancel,
+    .peer_lost = ote__tcp_peer_lost,
     .peer_close = ote__tcp_peer_close,
     .destroy = tcp_destroy,
     .adopt = ote__tcp_adopt,

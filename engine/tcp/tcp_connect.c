@@ -238,6 +238,19 @@ ote_status_t ote__tcp_peer_ensure(ote__tpeer_t *tpeer) {
     return st;
 }
 
+void ote__tcp_peer_lost(ote__tpeer_t *tpeer) {
+    tcp_peer_t *p = (tcp_peer_t *)tpeer;
+    /* For good, as a restarted peer: no later ensure reconnects. Each connection is
+     * killed by its worker (its slices end PEER_LOST, none touched again). */
+    atomic_store(&p->restarted, 1);
+    pthread_rwlock_wrlock(&p->lk);
+    atomic_store(&p->broken, 1);
+    ote_status_t st = peer_disconnect_all(p);
+    pthread_rwlock_unlock(&p->lk);
+    if (st != OTE_OK)
+        OTE_WARN("tcp", "peer %s: a connection was not released: %s", p->addr, ote_status_str(st));
+}
+
 uint32_t ote__tcp_peer_max_slice(ote__tpeer_t *tpeer) {
     tcp_peer_t *p = (tcp_peer_t *)tpeer;
     return atomic_load(&p->max_data); /* set by the handshake before the peer is visible */

@@ -387,5 +387,7 @@ ote_status_t ote__tcp_peer_open(ote__transport_t *t, const char *peer, ote__tpee
 ote_status_t ote__tcp_peer_ensure(ote__tpeer_t *tpeer);
 uint32_t ote__tcp_peer_max_slice(ote__tpeer_t *tpeer);
 ote_status_t ote__tcp_peer_close(ote__tpeer_t *tpeer);
+/* ops->peer_lost: the peer fails for good (as restarted), its connections killed. */
+void ote__tcp_peer_lost(ote__tpeer_t *tpeer);
 
 #endif

@@ -256,6 +256,7 @@ _PROTOTYPES = {
     "ote_memory_free_shared": (status_t, [c_void_p, c_void_p]),
     "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_close": (status_t, [c_void_p]),
+    "ote_segment_invalidate": (status_t, [c_void_p]),
     "ote_segment_info": (status_t, [c_void_p, ctypes.POINTER(SegmentInfo)]),
     "ote_segment_buffers": (
         status_t,

@@ -218,8 +218,11 @@ class SharedMemory:
 class Segment:
     """An open connection to a peer engine ("host:port")."""
 
-    def __init__(self, engine, peer, handle):
+    def __init__(self, engine, peer, handle, closer=None):
         self.engine, self.peer, self._handle = engine, peer, handle
+        # closer(handle) -> status closes the handle (default ote_segment_close); a segment
+        # opened by name closes through its naming handle (orbitte.naming).
+        self._closer = closer if closer is not None else lib.ote_segment_close
         # Held by calls on the handle and by close(): never the engine's lock, so a call
         # that waits on this peer (buffer discovery) holds up no other peer's threads.
         self._lock = threading.RLock()
@@ -273,12 +276,19 @@ class Segment:
         with self._lock:
             if not self._handle:
                 return
-            check(lib.ote_segment_close(self._handle), "ote_segment_close(%s)" % self.peer)
+            check(self._closer(self._handle), "ote_segment_close(%s)" % self.peer)
             self._handle = None
         with self.engine._lock:
             self.engine._segments.discard(self)
             if self.engine._sessions.get(self.peer) is self:
                 del self.engine._sessions[self.peer]
+
+    def invalidate(self):
+        """Declare the peer gone (ote_segment_invalidate): requests in flight or queued on
+        this segment end OTE_ERR_PEER_LOST now, and later ones fail PeerLostError at once.
+        For good: close it and open a new one."""
+        with self._lock:
+            check(lib.ote_segment_invalidate(self.handle), "ote_segment_invalidate(%s)" % self.peer)
 
     def __enter__(self):
         return self

@@ -62,6 +62,7 @@ _PROTOTYPES = {
     ),
     "ote_naming_unwatch": (_status, [c_void_p]),
     "ote_naming_segment_open": (_status, [c_void_p, c_void_p, c_char_p, ctypes.POINTER(c_void_p)]),
+    "ote_naming_segment_close": (_status, [c_void_p, c_void_p]),
 }
 
 _lib = None
@@ -104,6 +105,7 @@ class Naming:
 
     def __init__(self, url, timeout_ms=0, ttl_ms=0, cache_ms=0, watch_period_ms=0, prefix=None):
         self._lib = _load()
+        self._close_lock = threading.Lock()  # close() and the guarded segments' closes
         self._prefix = prefix.encode() if prefix else None  # kept alive with the handle
         opts = _Opts(timeout_ms, ttl_ms, cache_ms, watch_period_ms, self._prefix)
         handle = c_void_p()
@@ -159,15 +161,27 @@ class Naming:
                     for i in range(n.value)]
 
     def open_segment(self, engine, name):
-        """A Segment to the engine published under name (orbitte.Segment)."""
+        """A Segment to the engine published under name (orbitte.Segment). It fails fast:
+        while it is open (and this handle too) its name is watched, and when the name ends
+        (the publisher died, hangs or withdrew it) or names another incarnation, its
+        requests end PeerLostError at once instead of at their deadlines. Its close()
+        stops the watching."""
         handle = c_void_p()
         check(self._lib.ote_naming_segment_open(self.handle, engine.handle, name.encode(),
                                                 ctypes.byref(handle)),
               "ote_naming_segment_open(%s)" % name)
-        seg = Segment(engine, name, handle.value)
+        seg = Segment(engine, name, handle.value, closer=self._segment_closer)
         with engine._lock:
             engine._segments.add(seg)
         return seg
+
+    def _segment_closer(self, seg_handle):
+        # Through this handle while it is open (the guard goes with the segment); after
+        # close() the segment is no longer guarded and closes as any other.
+        with self._close_lock:
+            if self._handle:
+                return self._lib.ote_naming_segment_close(self._handle, seg_handle)
+        return _engine.lib.ote_segment_close(seg_handle)
 
     def watch(self, name, fn):
         """Call fn(name, event, (addr, epoch) or None) from the handle's thread on each change
@@ -190,10 +204,11 @@ class Naming:
         self._watches.pop(token, None)
 
     def close(self):
-        if self._handle:
-            check(self._lib.ote_naming_close(self._handle), "ote_naming_close")
-            self._handle = None
-            self._watches.clear()
+        with self._close_lock:
+            if self._handle:
+                check(self._lib.ote_naming_close(self._handle), "ote_naming_close")
+                self._handle = None
+                self._watches.clear()
 
     def __enter__(self):
         return self

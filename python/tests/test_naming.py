@@ -2,9 +2,12 @@
 with free ports and temporary directories): publish, resolve, list, watch, open by name,
 withdraw. Skipped only when the server binary or liborbitte_naming.so is absent."""
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -125,3 +128,94 @@ def test_mooncake_initialize_with_a_metadata_server(store):
     with naming.Naming(store) as names:
         assert names.list("127.0.0.1:") == ["127.0.0.1:5001"]
     prefill.close()
+
+
+# A publisher process: an engine on tcp with a 1 MiB buffer "kv" of 0x33, published as
+# "decode-3" at argv[1] with a 2 s ttl; "ready" once published, then it waits for EOF.
+_PUBLISHER = r"""
+import sys
+import numpy as np
+import orbitte
+import orbitte.naming as naming
+eng = orbitte.Engine({"listen_address": "127.0.0.1:0", "transports": "tcp"})
+kv = np.full(1 << 20, 0x33, np.uint8)
+reg = eng.register(kv, name="kv")
+names = naming.Naming(sys.argv[1], ttl_ms=2000, timeout_ms=1000)
+names.publish("decode-3", eng)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _freeze(pid):
+    """SIGSTOP pid and wait (up to 5 s) until every thread of it is stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(st == "T" for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the publisher did not stop")
+
+
+def test_open_segment_fails_fast_when_its_publisher_hangs(store):
+    """A publisher SIGSTOPped (its sockets stay open: no transport notices) while a READ to
+    it is in flight with a 120 s deadline: its lease ends, the segment's guard sees the
+    name gone, and the READ raises PeerLostError long before its deadline; later ones at
+    once."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(orbitte.__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", _PUBLISHER, store], cwd=here,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        with orbitte.Engine({"listen_address": "127.0.0.1:0", "transports": "tcp",
+                             "transfer_timeout_ms": 120000}) as eng, \
+                naming.Naming(store, watch_period_ms=100) as names:
+            seg = names.open_segment(eng, "decode-3")
+            kv = seg.buffer("kv").address
+            got = np.zeros(1 << 20, np.uint8)
+            eng.read(seg, got, kv)
+            assert got[0] == 0x33
+            _freeze(proc.pid)
+            t0 = time.monotonic()
+            with pytest.raises(orbitte.PeerLostError):
+                eng.read(seg, got, kv)
+            assert time.monotonic() - t0 < 60, "it ended at its deadline, not by the guard"
+            with pytest.raises(orbitte.PeerLostError):
+                eng.read(seg, got, kv)
+            seg.close()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def test_segment_invalidate(store, engine):
+    """Segment.invalidate() on a live peer: its reads fail PeerLostError at once; a new
+    segment by name works."""
+    with orbitte.Engine({"listen_address": "127.0.0.1:0"}) as target, \
+            naming.Naming(store) as names:
+        kv = np.full(4096, 7, np.uint8)
+        reg = target.register(kv, name="kv")
+        names.publish("decode-5", target)
+        seg = names.open_segment(engine, "decode-5")
+        got = np.zeros(4096, np.uint8)
+        addr = seg.buffer("kv").address
+        seg.invalidate()
+        with pytest.raises(orbitte.PeerLostError):
+            engine.read(seg, got, addr)
+        seg.close()
+        with names.open_segment(engine, "decode-5") as seg2:
+            engine.read(seg2, got, addr)
+        assert np.array_equal(got, kv)
+        names.unpublish("decode-5")
+        reg.unregister()

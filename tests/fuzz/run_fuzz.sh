@@ -1,8 +1,8 @@
 #!/bin/bash
 # tests/fuzz/run_fuzz.sh - build the control-plane libFuzzer targets with Debian's clang
 # (the frame codec and handshake checks; the RDMA transport's message codec; the shm
-# transport's wire checks, its HELLO and AUTH steps included) and run each for a bounded
-# time. Exits non-zero when clang fails or a fuzzer finds a crash, a sanitizer report or
+# transport's wire checks, its HELLO and AUTH steps included; the naming value envelope)
+# and run each for a bounded time. Exits non-zero when clang fails or a fuzzer finds a crash, a sanitizer report or
 # a leak.
 #
 # Regression mode (seconds 0): each target runs once over its seeds and over the inputs
@@ -138,8 +138,34 @@ SCORPUS="$WORK/shm_corpus"
 mkdir -p "$SCORPUS"
 "$WORK/shm_seeds" "$SCORPUS"
 
+# The value stored under a name (naming/value.c: the OTNM envelope around an engine
+# metadata blob). Seeds: "decode-3" around the metadata seeds above (versions 1 and 2),
+# and the envelope of version 2 (refused) around the first.
+NBIN="$WORK/nval_fuzz"
+"$CLANG" -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
+    -fno-sanitize-recover=undefined -I"$ROOT" -I"$ROOT/naming/include" \
+    -I"$ROOT/engine/include" -I"$ROOT/base/include" \
+    "$ROOT/tests/fuzz/nval_fuzz.c" "$ROOT/naming/value.c" "$ROOT/engine/control/ctl.c" \
+    "$ROOT/base/alloc.c" -o "$NBIN"
+NCORPUS="$WORK/nval_corpus"
+mkdir -p "$NCORPUS"
+nval() { # version, metadata file, output
+    local ml
+    ml=$(wc -c <"$2")
+    {
+        printf 'OTNM'
+        printf "\\x$(printf %02x "$1")\\x00\\x08\\x00"
+        printf "\\x$(printf %02x $((ml & 255)))\\x$(printf %02x $((ml >> 8)))\\x00\\x00"
+        printf 'decode-3'
+        cat "$2"
+    } >"$3"
+}
+nval 1 "$CORPUS/metadata" "$NCORPUS/value"
+nval 1 "$CORPUS/metadata_named" "$NCORPUS/value_named"
+nval 2 "$CORPUS/metadata" "$NCORPUS/value_v2"
+
 # Kept inputs of each target (regress/<name>/) join its corpus.
-for kept in ctl_fuzz:"$CORPUS" rp_fuzz:"$RCORPUS" shm_fuzz:"$SCORPUS"; do
+for kept in ctl_fuzz:"$CORPUS" rp_fuzz:"$RCORPUS" shm_fuzz:"$SCORPUS" nval_fuzz:"$NCORPUS"; do
     dir="$ROOT/tests/fuzz/regress/${kept%%:*}"
     if [[ -d "$dir" ]]; then
         for f in "$dir"/*; do [[ -f "$f" ]] && cp "$f" "${kept#*:}/regress_$(basename "$f")"; done
@@ -148,7 +174,7 @@ done
 
 cd "$WORK"
 fail=0
-for run in "$BIN $CORPUS 8192" "$RBIN $RCORPUS 128" "$SBIN $SCORPUS 2048"; do
+for run in "$BIN $CORPUS 8192" "$RBIN $RCORPUS 128" "$SBIN $SCORPUS 2048" "$NBIN $NCORPUS 4096"; do
     set -- $run
     set +e
     if [[ "$SECS" == 0 ]]; then

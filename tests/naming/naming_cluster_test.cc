@@ -52,7 +52,7 @@ TEST_F(NamingClusterTest, OneMemberKilledKeepsServing) {
     EXPECT_EQ(count, 2u);
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_naming_segment_open(n, req, "decode-1", &seg), OTE_OK);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_naming_segment_close(n, seg), OTE_OK);
     EXPECT_EQ(ote_naming_close(n), OTE_OK);
     EXPECT_EQ(ote_naming_close(pub), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);

@@ -1,9 +1,10 @@
 /*
  * tests/naming/naming_publisher.c - a child process for the naming tests: an engine on
  * TCP at argv[5] with a 1 MiB buffer "kv" filled with byte argv[4], published under
- * argv[2] at store url argv[1] with ttl argv[3] ms. Prints "ready <addr>" and waits for
- * EOF on stdin (then withdraws its name and exits 0); the tests SIGKILL it to play a
- * dead publisher.
+ * argv[2] at store url argv[1] with ttl argv[3] ms; argv[6], when given, is its
+ * transports list ("tcp" by default; with rdma, over verbs_provider sim). Prints
+ * "ready <addr>" and waits for EOF on stdin (then withdraws its name and exits 0); the
+ * tests SIGKILL it to play a dead publisher, SIGSTOP it to play a hung one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +24,14 @@ static int fail(const char *what, ote_status_t st) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) return 2;
+    if (argc != 6 && argc != 7) return 2;
+    const char *transports = argc == 7 ? argv[6] : "tcp";
     ote_config_t *cfg = NULL;
     ote_engine_t *e = NULL;
     ote_status_t st = ote_config_create(&cfg);
-    if (st == OTE_OK) st = ote_config_set(cfg, "transports", "tcp");
+    if (st == OTE_OK) st = ote_config_set(cfg, "transports", transports);
+    if (st == OTE_OK && strstr(transports, "rdma") != NULL)
+        st = ote_config_set(cfg, "verbs_provider", "sim");
     if (st == OTE_OK) st = ote_config_set(cfg, "listen_address", argv[5]);
     if (st == OTE_OK) st = ote_engine_create(cfg, &e);
     ote_config_destroy(cfg);

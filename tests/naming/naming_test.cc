@@ -147,7 +147,7 @@ TEST_P(NamingTest, PublishResolveListWatchUnpublish) {
     std::vector<uint8_t> got(kv.size(), 0);
     EXPECT_EQ(ReadOnce(req, seg, got.data(), bufs[0].addr, got.size()), OTE_OK);
     EXPECT_EQ(got, kv);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_naming_segment_close(n, seg), OTE_OK);
 
     EXPECT_TRUE(WaitUntil([&] { return ev.Has(OTE_NAMING_UP, EpochOf(src)); }, seconds(5),
                           "the watch to see decode-0 up"));
@@ -258,7 +258,7 @@ TEST_P(NamingTest, LeaseEndsAfterPublisherKilled) {
     printf("[ figures ] naming %s: name gone %lld ms after its publisher's SIGKILL (ttl %d ms)\n",
            GetParam(), static_cast<long long>(gone_after), ttl_ms);
     EXPECT_EQ(ote_naming_unwatch(w), OTE_OK);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_naming_segment_close(n, seg), OTE_OK);
     EXPECT_EQ(ote_naming_close(n), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
 }
@@ -320,8 +320,8 @@ TEST_P(NamingTest, RestartWithNewEpoch) {
     EXPECT_EQ(got[0], 0x22);
     EXPECT_TRUE(ev.Has(OTE_NAMING_CHANGED, now.epoch) || ev.Has(OTE_NAMING_UP, now.epoch));
     EXPECT_EQ(ote_naming_unwatch(w), OTE_OK);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(ote_segment_close(seg_old), OTE_OK);
+    EXPECT_EQ(ote_naming_segment_close(n, seg), OTE_OK);
+    EXPECT_EQ(ote_naming_segment_close(n, seg_old), OTE_OK);
     EXPECT_EQ(ote_naming_close(n), OTE_OK);
     b.reset();
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
@@ -363,7 +363,7 @@ TEST_P(NamingTest, StoreGoneOpensFailInTimeSegmentsWork) {
         ote_status_t st = ote_naming_segment_open(fresh, req, "decode-3", &seg2);
         auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count();
         if (st == OTE_OK) {
-            EXPECT_EQ(ote_segment_close(seg2), OTE_OK);
+            EXPECT_EQ(ote_naming_segment_close(fresh, seg2), OTE_OK);
         }
         EXPECT_TRUE(st == OTE_ERR_TIMEOUT || st == OTE_ERR_CONNECT) << ote_status_str(st);
         EXPECT_EQ(st, sig == SIGSTOP ? OTE_ERR_TIMEOUT : OTE_ERR_CONNECT)
@@ -378,7 +378,7 @@ TEST_P(NamingTest, StoreGoneOpensFailInTimeSegmentsWork) {
                   OTE_OK);
         EXPECT_EQ(got, kv);
     }
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_naming_segment_close(fresh, seg), OTE_OK);
     // Closing handles whose store is gone ends within the deadlines (withdrawal fails).
     auto t2 = Clock::now();
     EXPECT_EQ(ote_naming_close(pub), OTE_OK);

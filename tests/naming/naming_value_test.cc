@@ -80,6 +80,20 @@ TEST_F(NamingValueTest, RoundTripAndNameBinding) {
     EXPECT_EQ(ote__nval_encode("x", md_.data(), 0, &v, &len), OTE_ERR_INVALID);
 }
 
+// A value whose name could not have been published (a byte outside printable ASCII) is
+// refused even when asked for by that very name (found by tests/fuzz/nval_fuzz.c).
+TEST_F(NamingValueTest, UnpublishableNameIsRefused) {
+    uint8_t *v = nullptr;
+    size_t len = 0;
+    ASSERT_EQ(ote__nval_encode("decode-3", md_.data(), md_.size(), &v, &len), OTE_OK);
+    v[OTE__NVAL_HDR_LEN + 3] = 0xef;
+    const char bad[] = {'d', 'e', 'c', '\xef', 'd', 'e', '-', '3', '\0'};
+    EXPECT_EQ(ote__nval_decode(v, len, bad, nullptr, nullptr, nullptr), OTE_ERR_PROTOCOL);
+    v[OTE__NVAL_HDR_LEN + 3] = ' ';
+    EXPECT_EQ(ote__nval_decode(v, len, "dec de-3", nullptr, nullptr, nullptr), OTE_ERR_PROTOCOL);
+    ote_free(v);
+}
+
 // Every prefix, every single-byte change, and random multi-byte mutations: each one is
 // refused, or decodes to an entry whose metadata is itself a valid blob (never a crash,
 // never a read outside the value: ASan checks that).

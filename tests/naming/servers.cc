@@ -233,7 +233,7 @@ static std::string PublisherBinary() {
 }
 
 bool Publisher::Start(const std::string &url, const std::string &name, int ttl_ms, int fill,
-                      const std::string &listen_addr) {
+                      const std::string &listen_addr, const std::string &transports) {
     int inp[2], outp[2];
     if (pipe2(inp, O_CLOEXEC) != 0) return false;
     if (pipe2(outp, O_CLOEXEC) != 0) {
@@ -246,7 +246,8 @@ bool Publisher::Start(const std::string &url, const std::string &name, int ttl_m
                                      name,
                                      std::to_string(ttl_ms),
                                      std::to_string(fill),
-                                     listen_addr.empty() ? "127.0.0.1:0" : listen_addr};
+                                     listen_addr.empty() ? "127.0.0.1:0" : listen_addr,
+                                     transports};
     const char *t = getenv("TEST_TMPDIR");
     pid = Spawn(args, std::string(t != nullptr ? t : "/tmp") + "/naming_publisher.log", inp[0],
                 outp[1]);
@@ -281,9 +282,16 @@ void Publisher::Kill() {
     }
 }
 
+bool Publisher::Freeze() {
+    if (pid <= 0 || kill(pid, SIGSTOP) != 0) return false;
+    return WaitUntil([&] { return AllStopped(pid); }, std::chrono::seconds(5),
+                     "the publisher to stop (SIGSTOP)");
+}
+
 Publisher::~Publisher() {
     if (in >= 0) close(in); // EOF: the child withdraws its name and exits
     if (pid > 0) {
+        kill(pid, SIGCONT); // a frozen one runs again to see it
         bool gone = PollUntil([&] { return waitpid(pid, nullptr, WNOHANG) == pid; },
                               std::chrono::seconds(10));
         if (gone) pid = -1;

@@ -46,8 +46,12 @@ struct Publisher {
     int in = -1; // its stdin: closing it ends the child cleanly
     std::string addr;
     bool Start(const std::string &url, const std::string &name, int ttl_ms, int fill,
-               const std::string &listen_addr = "");
+               const std::string &listen_addr = "", const std::string &transports = "tcp");
     void Kill(); // SIGKILL and reap
+    // SIGSTOP (a hung publisher: its sockets stay open, its lease is no longer kept
+    // alive), and wait (up to 5 s) until every thread of it is stopped: true then. The
+    // destructor and Kill end it stopped or not.
+    bool Freeze();
     ~Publisher();
 };
 

@@ -306,6 +306,16 @@ ote_status_t ote_segment_open(ote_engine_t *engine, const char *peer, ote_segmen
  * still on their way to the peer are waited for (each ends by its deadline); one still
  * attached to an undecided batch makes the close BUSY once that wait runs out. */
 ote_status_t ote_segment_close(ote_segment_t *seg);
+/* Declare the segment's peer gone (what <ote/naming.h> does when the name a segment was
+ * opened by loses its lease or names another incarnation): every request in flight or
+ * queued on it ends OTE_ERR_PEER_LOST now, on every transport, without waiting for its
+ * deadline or for the peer, and every later submit or notification on it fails
+ * OTE_ERR_PEER_LOST at once. For good: close the segment and open a new one. OTE_OK
+ * (also when it was invalidated already). Any thread, while the segment is open (not
+ * concurrently with its close). On shm a copy the peer process already began into local
+ * memory may still land (as after a request's deadline): reuse such buffers only once
+ * that peer is known dead or the request was retried elsewhere. */
+ote_status_t ote_segment_invalidate(ote_segment_t *seg);
 
 /* What ote_segment_open chose for a segment: the transport (the first of the engine's
  * `transports` list that the peer offers and that reaches it: "shm", "tcp" or "rdma") and

@@ -104,9 +104,25 @@ ote_status_t ote_naming_unwatch(ote_naming_watch_t *watch);
 /* Resolve name and open a segment to the engine it names (ote_segment_open_md, which
  * refuses another incarnation at that address with OTE_ERR_STATE). A cached entry that
  * turns out stale (OTE_ERR_STATE or OTE_ERR_CONNECT) is dropped and the name resolved
- * once more from the store. OTE_ERR_NOT_FOUND when the name does not resolve. */
+ * once more from the store. OTE_ERR_NOT_FOUND when the name does not resolve.
+ *
+ * Fail-fast: the name stays watched (every watch_period_ms, as ote_naming_watch) for as
+ * long as the segment is open through this handle. When it is gone (its publisher's
+ * lease ended: the publisher died, hangs or lost the store, or it withdrew the name) or
+ * resolves to another incarnation (epoch) than the one the segment was opened to, the
+ * segment is invalidated (ote_segment_invalidate, a WARN says why): its requests in
+ * flight end OTE_ERR_PEER_LOST then, within about ttl_ms + watch_period_ms of the
+ * publisher's last refresh, not at their deadlines, and later submits fail
+ * OTE_ERR_PEER_LOST. A store that does not answer invalidates nothing. Close such a
+ * segment with ote_naming_segment_close (ote_segment_close on it would leave the handle
+ * watching freed memory); ote_naming_close stops watching the ones still open, which
+ * then stay open, no longer guarded, for ote_segment_close. */
 ote_status_t ote_naming_segment_open(ote_naming_t *naming, ote_engine_t *engine, const char *name,
                                      ote_segment_t **seg_out);
+/* Close a segment that ote_naming_segment_open gave (ote_segment_close, with its name no
+ * longer watched once that succeeds). OTE_ERR_BUSY etc. as ote_segment_close: then it is
+ * still open and still watched. Not concurrently with other uses of seg. */
+ote_status_t ote_naming_segment_close(ote_naming_t *naming, ote_segment_t *seg);
 
 #ifdef __cplusplus
 }
