@@ -240,7 +240,10 @@ struct ote_segment {
     /* SEG_LIVE, or SEG_INVALIDATED once ote_segment_invalidate said its peer is gone:
      * every later submit and notification fails OTE_ERR_PEER_LOST (ote__segment_ensure). */
     _Atomic int state;
-    uint32_t tpid;                     /* ote_transport_id_t of tp */
+    uint32_t tpid; /* ote_transport_id_t of tp */
+    /* ote_segment_set_close_hook: told when a close begins and how it ended. */
+    ote_segment_close_hook_t close_hook;
+    void *close_arg;
     struct ote_segment *snext, *sprev; /* e->segs, under e->segmu */
     ote__counters_t c;                 /* its requests and notifications */
 };

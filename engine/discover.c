@@ -161,28 +161,6 @@ ote_status_t ote_engine_metadata_buffers(const void *md, size_t len, ote_buffer_
     return OTE_OK;
 }
 
-ote_status_t ote_engine_metadata_name(const void *md, size_t len, char *name, size_t cap) {
-    if (md == NULL || name == NULL) return OTE_ERR_INVALID;
-    ote_ctl_md_t m;
-    if (ote_ctl_md_decode(md, len, &m) != OTE_OK) return OTE_ERR_PROTOCOL;
-    size_t n = strlen(m.name);
-    if (n >= cap) return OTE_ERR_TOO_BIG;
-    memcpy(name, m.name, n + 1);
-    return OTE_OK;
-}
-
-ote_status_t ote_engine_metadata_peer(const void *md, size_t len, char *addr, size_t cap,
-                                      uint64_t *epoch_out) {
-    if (md == NULL || addr == NULL || epoch_out == NULL) return OTE_ERR_INVALID;
-    ote_ctl_md_t m;
-    if (ote_ctl_md_decode(md, len, &m) != OTE_OK) return OTE_ERR_PROTOCOL;
-    size_t n = strlen(m.addr);
-    if (n >= cap) return OTE_ERR_TOO_BIG;
-    memcpy(addr, m.addr, n + 1);
-    *epoch_out = m.epoch;
-    return OTE_OK;
-}
-
 ote_status_t ote_segment_open_md(ote_engine_t *e, const void *md, size_t len,
                                  ote_segment_t **seg_out) {
     if (e == NULL || md == NULL || seg_out == NULL) return OTE_ERR_INVALID;

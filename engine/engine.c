@@ -323,16 +323,27 @@ static ote_status_t segment_close(ote_segment_t *s) {
 ote_status_t ote_segment_close(ote_segment_t *s) {
     if (s == NULL) return OTE_ERR_INVALID;
     const char *prev = ote_log_set_thread_engine(s->e->log_tag);
-    ote_status_t st = segment_close(s);
+    ote_segment_close_hook_t hook = s->close_hook;
+    void *arg = s->close_arg;
+    if (hook != NULL) hook(arg, s, OTE_SEGMENT_CLOSING);
+    ote_status_t st = segment_close(s); /* OTE_OK: s is freed */
+    if (hook != NULL) hook(arg, s, st == OTE_OK ? OTE_SEGMENT_CLOSED : OTE_SEGMENT_CLOSE_REFUSED);
     ote_log_set_thread_engine(prev);
     return st;
+}
+
+ote_status_t ote_segment_set_close_hook(ote_segment_t *s, ote_segment_close_hook_t fn, void *arg) {
+    if (s == NULL) return OTE_ERR_INVALID;
+    s->close_hook = fn;
+    s->close_arg = fn != NULL ? arg : NULL;
+    return OTE_OK;
 }
 
 ote_status_t ote_segment_invalidate(ote_segment_t *s) {
     if (s == NULL) return OTE_ERR_INVALID;
     int live = OTE__SEG_LIVE;
     if (!atomic_compare_exchange_strong(&s->state, &live, OTE__SEG_INVALIDATED)) return OTE_OK;
-    const char *prev = ote_log_set_thread_engine(s->e->self_addr);
+    const char *prev = ote_log_set_thread_engine(s->e->log_tag);
     OTE_WARN("engine",
              "segment %s invalidated (its peer is gone): its requests end OTE_ERR_PEER_LOST; "
              "close it",

@@ -53,14 +53,18 @@ struct ote_naming_watch {
 
 /* A segment opened by name (ote_naming_segment_open): its name is watched, and when the
  * name ends or names another incarnation than the one opened, the segment is
- * invalidated (its requests end OTE_ERR_PEER_LOST). Under work_mu. */
-typedef enum { GUARD_ARMED = 0, GUARD_FIRED = 1 } guard_state_t;
+ * invalidated (its requests end OTE_ERR_PEER_LOST). The guard lives until the segment is
+ * closed (its close hook, whichever call closes it) or the handle is. ARMED: watched;
+ * FIRED: invalidated, its watch dropped; CLOSING: a close of the segment is under way,
+ * the segment not to be touched. Under work_mu. */
+typedef enum { GUARD_ARMED = 0, GUARD_FIRED = 1, GUARD_CLOSING = 2 } guard_state_t;
 typedef struct guard {
     struct guard *next;
+    struct ote_naming *n;
     ote_segment_t *seg;
-    uint64_t epoch; /* the incarnation the segment was opened to */
-    ote_naming_watch_t *w;
-    guard_state_t state;
+    uint64_t epoch;        /* the incarnation the segment was opened to */
+    ote_naming_watch_t *w; /* NULL once FIRED (swept) */
+    guard_state_t state, before_close;
 } guard_t;
 
 struct ote_naming {
@@ -459,19 +463,45 @@ static void guard_event(void *arg, const char *name, ote_naming_event_t ev,
     g->state = GUARD_FIRED;
 }
 
-/* Drop the guards that fired: their segments need no more watching (work_mu held). */
+/* Drop the watches of the guards that fired: their segments need no more watching; the
+ * guards stay until their segments close (work_mu held). */
 static void guards_sweep(ote_naming_t *n) {
-    for (guard_t **pp = &n->guards; *pp != NULL;) {
-        guard_t *g = *pp;
-        if (g->state != GUARD_FIRED) {
-            pp = &g->next;
-            continue;
-        }
-        *pp = g->next;
+    for (guard_t *g = n->guards; g != NULL; g = g->next) {
+        if (g->state != GUARD_FIRED || g->w == NULL) continue;
         (void)watch_unlink(n, g->w);
         ote_free(g->w);
+        g->w = NULL;
+    }
+}
+
+/* The segment's close hook (ote_segment_set_close_hook), on the closing thread: from
+ * CLOSING on the guard leaves the segment alone (the handle's thread may be about to
+ * invalidate it: work_mu orders the two); a refused close re-arms it; a closed segment
+ * takes its guard and watch away. */
+static void guard_close_hook(void *arg, ote_segment_t *seg, ote_segment_close_event_t ev) {
+    guard_t *g = arg;
+    ote_naming_t *n = g->n;
+    (void)seg;
+    ote_mutex_lock(&n->work_mu);
+    if (ev == OTE_SEGMENT_CLOSING) {
+        g->before_close = g->state;
+        g->state = GUARD_CLOSING;
+    } else if (ev == OTE_SEGMENT_CLOSE_REFUSED) {
+        g->state = g->before_close;
+    } else {
+        for (guard_t **pp = &n->guards; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == g) {
+                *pp = g->next;
+                break;
+            }
+        }
+        if (g->w != NULL) {
+            (void)watch_unlink(n, g->w);
+            ote_free(g->w);
+        }
         ote_free(g);
     }
+    ote_mutex_unlock(&n->work_mu);
 }
 
 /* Link g (and its watch) into n's lists (work_mu held). */
@@ -491,12 +521,15 @@ static ote_status_t guard_add(ote_naming_t *n, const char *name, ote_segment_t *
         ote_free(g);
         return OTE_ERR_NOMEM;
     }
+    g->n = n;
     g->seg = seg;
     g->epoch = epoch;
     g->w = w;
     ote_mutex_lock(&n->work_mu);
     guard_link(n, g);
     ote_mutex_unlock(&n->work_mu);
+    /* Before the caller has seg, so no close can race with it. */
+    (void)ote_segment_set_close_hook(seg, guard_close_hook, g);
     return OTE_OK;
 }
 
@@ -546,33 +579,9 @@ ote_status_t ote_naming_segment_open(ote_naming_t *n, ote_engine_t *engine, cons
 
 ote_status_t ote_naming_segment_close(ote_naming_t *n, ote_segment_t *seg) {
     if (n == NULL || seg == NULL) return OTE_ERR_INVALID;
-    /* The guard leaves first (under work_mu, so the thread is not invalidating seg now
-     * and never will); the close itself, which may wait for notifications, runs without
-     * work_mu so that refreshes go on. A refused close puts a fresh guard back. */
-    guard_t *g = NULL;
-    ote_mutex_lock(&n->work_mu);
-    for (guard_t **pp = &n->guards; *pp != NULL; pp = &(*pp)->next) {
-        if ((*pp)->seg == seg) {
-            g = *pp;
-            *pp = g->next;
-            (void)watch_unlink(n, g->w);
-            break;
-        }
-    }
-    ote_mutex_unlock(&n->work_mu);
-    ote_status_t st = ote_segment_close(seg);
-    if (g != NULL && st != OTE_OK && g->state == GUARD_ARMED) {
-        g->w->state = WATCH_UNKNOWN;
-        ote_mutex_lock(&n->work_mu);
-        guard_link(n, g);
-        ote_mutex_unlock(&n->work_mu);
-        g = NULL;
-    }
-    if (g != NULL) {
-        ote_free(g->w);
-        ote_free(g);
-    }
-    return st;
+    /* The guard follows the close through its hook (guard_close_hook), as it does for a
+     * plain ote_segment_close. */
+    return ote_segment_close(seg);
 }
 
 /* ---- open and close --------------------------------------------------------------- */
@@ -664,7 +673,8 @@ ote_status_t ote_naming_close(ote_naming_t *n) {
     while (n->guards != NULL) { /* their segments stay open, no longer watched */
         guard_t *g = n->guards;
         n->guards = g->next;
-        ote_free(g); /* its watch is freed with the others below */
+        (void)ote_segment_set_close_hook(g->seg, NULL, NULL);
+        ote_free(g); /* its watch, if any, is freed with the others below */
     }
     while (n->watches != NULL) {
         ote_naming_watch_t *w = n->watches;

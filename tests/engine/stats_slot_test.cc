@@ -38,16 +38,16 @@ TEST(StatsSlotTest, CompletedCountedByItsSlotOthersByState) {
                       OTE_TRANSFER_TIMEOUT}) {
         ote_test_stats_counts(8192, 5000, state, v);
         bool done = state == OTE_TRANSFER_COMPLETED;
-        EXPECT_EQ(v[0], 1u);               // READs submitted
-        EXPECT_EQ(v[1], 0u);               // WRITEs submitted
-        EXPECT_EQ(v[2], 8192u);            // bytes submitted
-        EXPECT_EQ(v[3], 1u);               // the completed READ in its slot
-        EXPECT_EQ(v[4], done ? 1u : 0u);   // the WRITE there only when it completed
-        EXPECT_EQ(v[5], done ? 0u : 1u);   // else in its state's counter
-        EXPECT_EQ(v[6], done ? 0u : 1u);   // and in the slots of requests not completed
-        EXPECT_EQ(v[7], 8192u);            // READ bytes moved
-        EXPECT_EQ(v[8], 4096u);            // WRITE bytes moved
-        EXPECT_EQ(v[9], 10000u);           // both latencies
+        EXPECT_EQ(v[0], 1u);             // READs submitted
+        EXPECT_EQ(v[1], 0u);             // WRITEs submitted
+        EXPECT_EQ(v[2], 8192u);          // bytes submitted
+        EXPECT_EQ(v[3], 1u);             // the completed READ in its slot
+        EXPECT_EQ(v[4], done ? 1u : 0u); // the WRITE there only when it completed
+        EXPECT_EQ(v[5], done ? 0u : 1u); // else in its state's counter
+        EXPECT_EQ(v[6], done ? 0u : 1u); // and in the slots of requests not completed
+        EXPECT_EQ(v[7], 8192u);          // READ bytes moved
+        EXPECT_EQ(v[8], 4096u);          // WRITE bytes moved
+        EXPECT_EQ(v[9], 10000u);         // both latencies
     }
 }
 

@@ -24,20 +24,6 @@ static void check(int cond) {
     if (!cond) __builtin_trap();
 }
 
-/* The engine's ote_engine_metadata_peer (engine/discover.c) is the same call on the
- * control plane's blob decoder; the fuzzer links that decoder alone, not the engine. */
-ote_status_t ote_engine_metadata_peer(const void *md, size_t len, char *addr, size_t cap,
-                                      uint64_t *epoch_out) {
-    if (md == NULL || addr == NULL || epoch_out == NULL) return OTE_ERR_INVALID;
-    ote_ctl_md_t m;
-    if (ote_ctl_md_decode(md, len, &m) != OTE_OK) return OTE_ERR_PROTOCOL;
-    size_t n = strlen(m.addr);
-    if (n >= cap) return OTE_ERR_TOO_BIG;
-    memcpy(addr, m.addr, n + 1);
-    *epoch_out = m.epoch;
-    return OTE_OK;
-}
-
 static void decode_as(const uint8_t *data, size_t size, const char *name) {
     const uint8_t *md = NULL;
     size_t ml = 0;

@@ -146,7 +146,7 @@ NBIN="$WORK/nval_fuzz"
     -fno-sanitize-recover=undefined -I"$ROOT" -I"$ROOT/naming/include" \
     -I"$ROOT/engine/include" -I"$ROOT/base/include" \
     "$ROOT/tests/fuzz/nval_fuzz.c" "$ROOT/naming/value.c" "$ROOT/engine/control/ctl.c" \
-    "$ROOT/base/alloc.c" -o "$NBIN"
+    "$ROOT/engine/md_decode.c" "$ROOT/base/alloc.c" -o "$NBIN"
 NCORPUS="$WORK/nval_corpus"
 mkdir -p "$NCORPUS"
 nval() { # version, metadata file, output

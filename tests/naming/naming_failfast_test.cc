@@ -7,10 +7,12 @@
 #include <signal.h>
 #include <string.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -216,6 +218,51 @@ TEST_P(FailFastTest, InvalidateLiveSegment) {
     EXPECT_EQ(ReadOnce(req, seg2, got.data(), kv, got.size()), OTE_OK);
     EXPECT_EQ(got[0], 0x33);
     EXPECT_EQ(ote_naming_segment_close(n, seg2), OTE_OK);
+    EXPECT_EQ(ote_naming_close(n), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+}
+
+// A segment opened by name and closed with plain ote_segment_close: the close hook takes
+// its guard away, so when the name then ends nothing touches the freed segment (ASan would
+// see it) and no invalidation is logged for it; a second watch of the same name on the
+// same handle shows the name did end and was polled.
+TEST_P(FailFastTest, PlainCloseEndsTheWatch) {
+    ErrorLogsExpected quiet; // the killed publisher's connections may log as they drop
+    Publisher pub;
+    ASSERT_TRUE(pub.Start(url_, "decode-3", 2000, 0x33, "", Transport()));
+    ote_engine_t *req = Requester();
+    ASSERT_NE(req, nullptr);
+    ote_naming_t *n = Open();
+    ASSERT_NE(n, nullptr);
+    uint64_t kv = 0;
+    ote_segment_t *seg = OpenAndRead(n, req, &kv);
+    ASSERT_NE(seg, nullptr);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    struct Seen {
+        std::atomic<int> gone{0}, invalidations{0};
+    } seen;
+    ASSERT_EQ(
+        ote_log_set_callback(
+            [](void *arg, ote_log_level_t, const char *component, const char *, const char *msg) {
+                if (strcmp(component, "naming") == 0 && strstr(msg, "PEER_LOST") != nullptr)
+                    static_cast<Seen *>(arg)->invalidations++;
+            },
+            &seen),
+        OTE_OK);
+    ote_naming_watch_t *w = nullptr;
+    ASSERT_EQ(ote_naming_watch(
+                  n, "decode-3",
+                  [](void *arg, const char *, ote_naming_event_t ev, const ote_naming_entry_t *) {
+                      if (ev == OTE_NAMING_GONE) static_cast<Seen *>(arg)->gone++;
+                  },
+                  &seen, &w),
+              OTE_OK);
+    pub.Kill(); // its lease ends with its ttl
+    EXPECT_TRUE(WaitUntil([&] { return seen.gone.load() > 0; }, seconds(30), "the name ends"));
+    std::this_thread::sleep_for(milliseconds(500)); // a few more watch passes
+    EXPECT_EQ(ote_log_set_callback(nullptr, nullptr), OTE_OK);
+    EXPECT_EQ(seen.invalidations.load(), 0) << "a closed segment's guard still watched its name";
+    EXPECT_EQ(ote_naming_unwatch(w), OTE_OK);
     EXPECT_EQ(ote_naming_close(n), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
 }

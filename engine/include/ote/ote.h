@@ -316,6 +316,22 @@ ote_status_t ote_segment_close(ote_segment_t *seg);
  * memory may still land (as after a request's deadline): reuse such buffers only once
  * that peer is known dead or the request was retried elsewhere. */
 ote_status_t ote_segment_invalidate(ote_segment_t *seg);
+/* A close hook, for libraries that keep a reference to a segment they gave the caller
+ * (<ote/naming.h> watches the name of each segment it opened). ote_segment_close calls
+ * fn(arg, seg, ev) on the closing thread: OTE_SEGMENT_CLOSING before it touches anything,
+ * then OTE_SEGMENT_CLOSE_REFUSED (the close failed: seg stays open) or
+ * OTE_SEGMENT_CLOSED (seg is freed: an identity only, never to be dereferenced). From
+ * CLOSING until REFUSED the hook's owner must not use seg (not even
+ * ote_segment_invalidate); fn must not close seg. One hook per segment: a new call
+ * replaces it, fn NULL removes it. Not concurrently with the segment's close. */
+typedef enum {
+    OTE_SEGMENT_CLOSING = 0,
+    OTE_SEGMENT_CLOSE_REFUSED = 1,
+    OTE_SEGMENT_CLOSED = 2,
+} ote_segment_close_event_t;
+typedef void (*ote_segment_close_hook_t)(void *arg, ote_segment_t *seg,
+                                         ote_segment_close_event_t ev);
+ote_status_t ote_segment_set_close_hook(ote_segment_t *seg, ote_segment_close_hook_t fn, void *arg);
 
 /* What ote_segment_open chose for a segment: the transport (the first of the engine's
  * `transports` list that the peer offers and that reaches it: "shm", "tcp" or "rdma") and

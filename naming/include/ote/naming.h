@@ -114,14 +114,16 @@ ote_status_t ote_naming_unwatch(ote_naming_watch_t *watch);
  * flight end OTE_ERR_PEER_LOST then, within about ttl_ms + watch_period_ms of the
  * publisher's last refresh, not at their deadlines, and later submits fail
  * OTE_ERR_PEER_LOST. A store that does not answer invalidates nothing. Close such a
- * segment with ote_naming_segment_close (ote_segment_close on it would leave the handle
- * watching freed memory); ote_naming_close stops watching the ones still open, which
- * then stay open, no longer guarded, for ote_segment_close. */
+ * segment with ote_segment_close or ote_naming_segment_close (the same): the watch ends
+ * with the close (the handle keeps a close hook on the segment,
+ * ote_segment_set_close_hook: do not replace it). ote_naming_close stops watching the
+ * ones still open, which then stay open, no longer guarded; not concurrently with a
+ * close of one of them. */
 ote_status_t ote_naming_segment_open(ote_naming_t *naming, ote_engine_t *engine, const char *name,
                                      ote_segment_t **seg_out);
-/* Close a segment that ote_naming_segment_open gave (ote_segment_close, with its name no
- * longer watched once that succeeds). OTE_ERR_BUSY etc. as ote_segment_close: then it is
- * still open and still watched. Not concurrently with other uses of seg. */
+/* Close a segment that ote_naming_segment_open gave: ote_segment_close, kept for symmetry
+ * (the name is no longer watched once that succeeds). OTE_ERR_BUSY etc. as
+ * ote_segment_close: then it is still open and still watched. */
 ote_status_t ote_naming_segment_close(ote_naming_t *naming, ote_segment_t *seg);
 
 #ifdef __cplusplus
