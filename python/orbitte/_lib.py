@@ -206,6 +206,9 @@ _STATS_PROTOTYPES = {
 
 
 # ote_log_callback_t of <ote/log.h>: (arg, level, component, engine or NULL, message).
+# ote_segment_close_hook_t (arg, segment, ote_segment_close_event_t): declared for
+# completeness; the binding itself sets no hook (orbitte.naming closes through its handle).
+SegmentCloseHook = ctypes.CFUNCTYPE(None, c_void_p, c_void_p, ctypes.c_int)
 LogCallback = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
                                ctypes.c_char_p)
 
@@ -257,6 +260,7 @@ _PROTOTYPES = {
     "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_close": (status_t, [c_void_p]),
     "ote_segment_invalidate": (status_t, [c_void_p]),
+    "ote_segment_set_close_hook": (status_t, [c_void_p, SegmentCloseHook, c_void_p]),
     "ote_segment_info": (status_t, [c_void_p, ctypes.POINTER(SegmentInfo)]),
     "ote_segment_buffers": (
         status_t,
