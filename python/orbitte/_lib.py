@@ -205,10 +205,10 @@ _STATS_PROTOTYPES = {
 }
 
 
-# ote_log_callback_t of <ote/log.h>: (arg, level, component, engine or NULL, message).
 # ote_segment_close_hook_t (arg, segment, ote_segment_close_event_t): declared for
 # completeness; the binding itself sets no hook (orbitte.naming closes through its handle).
 SegmentCloseHook = ctypes.CFUNCTYPE(None, c_void_p, c_void_p, ctypes.c_int)
+# ote_log_callback_t of <ote/log.h>: (arg, level, component, engine or NULL, message).
 LogCallback = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
                                ctypes.c_char_p)
 
