@@ -18,12 +18,12 @@
 #include "engine/core_internal.h"
 #include "engine/stats_internal.h"
 
-static const char *const k_names[OTE_STATS_TRANSPORTS] = {"shm", "tcp", "rdma", ""};
+static const char *const k_names[OTE_STATS_TRANSPORTS] = {"shm", "tcp", "rdma", "file"};
 
 uint32_t ote__stats_transport_id(const char *name) {
     for (uint32_t i = 0; i < OTE_STATS_TRANSPORTS; i++)
         if (k_names[i][0] != '\0' && strcmp(name, k_names[i]) == 0) return i;
-    return OTE_TRANSPORT_TCP; /* the router names only the three above */
+    return OTE_TRANSPORT_TCP; /* the router names only shm, tcp and rdma; the local segment file */
 }
 
 void ote__stats_attach(ote_engine_t *e, ote_segment_t *s) {

@@ -53,6 +53,9 @@ typedef struct ote__ipc_desc {
 #define OTE__IPC_VMM 1u
 /* Bytes of a slice's transport scratch (ote__slice_t.xp). */
 #define OTE__SLICE_SCRATCH 80
+/* ote__slice_t.file_io; the same bits as OTE_FILE_IO_* of <ote/ote.h>. */
+#define OTE__FILE_IO_DIRECT 1u
+#define OTE__FILE_IO_BUFFERED 2u
 typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
 
 enum {
@@ -91,6 +94,9 @@ struct ote__slice {
      * the source declines (the engine then stages it). 0 = ipc_try unset: local is host
      * memory. */
     uint8_t ipc_try;
+    /* How the file owner moved the slice (engine/file): OTE__FILE_IO_* set before done(),
+     * 0 for every other transport (the engine hands it over 0). */
+    uint8_t file_io;
     uint32_t local_kind;
     ote_deadline_t deadline;
     /* When the slice ended (CLOCK_MONOTONIC ns), for the request's timing: a transport
