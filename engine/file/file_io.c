@@ -126,8 +126,8 @@ static void end_list(ote__slice_t *l) {
  * names none), so that EIO and ENOSPC reach the status as a failing device's would. */
 static int fault_errno(ote__fop_t *op) {
     ote_status_t fst;
-    bool hit = op->state == FOP_SYNC ? ote_fault_hit("file.sync", &fst)
-                                     : ote_fault_hit("file.io", &fst);
+    bool hit =
+        op->state == FOP_SYNC ? ote_fault_hit("file.sync", &fst) : ote_fault_hit("file.io", &fst);
     if (!hit) return 0;
     int err = ote_status_errno(fst);
     return err > 0 ? err : EIO;

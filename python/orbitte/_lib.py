@@ -195,6 +195,7 @@ class TransferStatusEx(ctypes.Structure):
         ("transport", ctypes.c_uint32),
         ("submit_ns", ctypes.c_uint64),
         ("end_ns", ctypes.c_uint64),
+        ("file_io", ctypes.c_uint32),  # OTE_FILE_IO_* (requests to file registrations)
     ]
 
 

@@ -543,7 +543,7 @@ typedef enum {
     OTE_TRANSPORT_RDMA = 2,
     OTE_TRANSPORT_FILE = 3, /* the local segment to file registrations (ote_segment_open_local) */
 } ote_transport_id_t;
-#define OTE_STATS_TRANSPORTS 4 /* entries of ote_engine_stats_t.transport (one spare) */
+#define OTE_STATS_TRANSPORTS 4 /* entries of ote_engine_stats_t.transport */
 
 /* The latency histogram: every ended request (whatever its state) by its time from
  * submit to end in whole microseconds u: bucket 0 holds u == 0 (under 1 us), bucket i
@@ -570,8 +570,8 @@ typedef struct {
 } ote_request_stats_t;
 
 typedef struct {
-    char name[8];       /* "shm", "tcp", "rdma"; "" for the spare entry */
-    uint32_t enabled;   /* 1: in this engine's transports list */
+    char name[8];       /* "shm", "tcp", "rdma", "file" (the local segment to files) */
+    uint32_t enabled;   /* 1: in this engine's transports list (file: 0, never listed) */
     uint64_t peers_now; /* segments open now over this transport */
     ote_request_stats_t requests;
 } ote_transport_stats_t;
