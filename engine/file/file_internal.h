@@ -56,6 +56,7 @@ typedef struct {
     uint8_t stop;   /* ote__fop_stop_t */
     uint8_t stall;  /* file.stall armed: a never-ending pipe read runs first */
     uint32_t slot;  /* io_uring: its slot */
+    uint32_t gen;   /* io_uring: its generation in the slot (user_data) */
 } ote__fop_t;
 
 _Static_assert(sizeof(ote__fop_t) <= OTE__SLICE_SCRATCH, "ote__fop_t must fit a slice's scratch");

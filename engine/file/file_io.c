@@ -42,7 +42,11 @@ typedef struct {
     ote_status_t st;
 } fio_end_t;
 #define FIO_TICK_NS (20 * OTE_NSEC_PER_MSEC)
-/* user_data: slot << 2 | tag */
+/* user_data: gen << 32 | slot << 2 | tag, gen the operation's generation (its fill), so
+ * that a completion or cancel of an earlier user of a slot never touches a later one. */
+static uint64_t ud_of(const ote__fop_t *op, uint64_t tag) {
+    return (uint64_t)op->gen << 32 | (uint64_t)op->slot << 2 | tag;
+}
 enum { TAG_OP = 0, TAG_STALL = 1, TAG_CANCEL = 2, TAG_WAKE = 3 };
 
 typedef enum { FIO_URING = 0, FIO_THREADS = 1 } fio_kind_t;
@@ -62,6 +66,7 @@ struct ote__fio {
     uint32_t *free_slots, nfree;
     pthread_t reaper;
     fio_end_t *ends; /* the reaper's: at most depth slices end per pass */
+    uint32_t gen;    /* the last operation's generation (ud_of) */
     char stall_byte;
     /* thread pool */
     pthread_t th[FIO_MAX_THREADS];
@@ -159,7 +164,7 @@ static void uring_prep_op(ote__fio_t *io, ote__slice_t *s) {
     } else {
         io_uring_prep_read(e, op->fd, s->local + op->done, s->len - op->done, op->foff + op->done);
     }
-    io_uring_sqe_set_data64(e, (uint64_t)op->slot << 2 | TAG_OP);
+    io_uring_sqe_set_data64(e, ud_of(op, TAG_OP));
 }
 
 /* Queued slices into free slots, and the ring submitted. mu held. */
@@ -171,12 +176,13 @@ static void uring_fill(ote__fio_t *io) {
         s->next = NULL;
         ote__fop_t *op = ote__fop(s);
         op->slot = io->free_slots[--io->nfree];
+        op->gen = ++io->gen;
         io->slots[op->slot] = s;
         op->state = FOP_IO;
         if (op->stall) {
             struct io_uring_sqe *e = sqe_get(io);
             io_uring_prep_read(e, io->stall_fd, &io->stall_byte, 1, 0);
-            io_uring_sqe_set_data64(e, (uint64_t)op->slot << 2 | TAG_STALL);
+            io_uring_sqe_set_data64(e, ud_of(op, TAG_STALL));
             e->flags |= IOSQE_IO_LINK;
         }
         uring_prep_op(io, s);
@@ -192,8 +198,8 @@ static void uring_cancel_slot(ote__fio_t *io, ote__slice_t *s, ote__fop_stop_t w
     for (int tag = TAG_OP; tag <= TAG_STALL; tag++) {
         if (tag == TAG_STALL && !op->stall) continue;
         struct io_uring_sqe *e = sqe_get(io);
-        io_uring_prep_cancel64(e, (uint64_t)op->slot << 2 | (uint64_t)tag, 0);
-        io_uring_sqe_set_data64(e, (uint64_t)op->slot << 2 | TAG_CANCEL);
+        io_uring_prep_cancel64(e, ud_of(op, (uint64_t)tag), 0);
+        io_uring_sqe_set_data64(e, ud_of(op, TAG_CANCEL));
     }
 }
 
@@ -253,7 +259,9 @@ static void *uring_reaper(void *arg) {
             uint64_t ud = io_uring_cqe_get_data64(cqe);
             int res = cqe->res;
             io_uring_cqe_seen(&io->ring, cqe);
-            ote__slice_t *s = (ud & 3) == TAG_OP ? io->slots[ud >> 2] : NULL;
+            uint32_t slot = (uint32_t)(ud & 0xffffffffu) >> 2;
+            ote__slice_t *s = (ud & 3) == TAG_OP && slot < io->depth ? io->slots[slot] : NULL;
+            if (s != NULL && ote__fop(s)->gen != (uint32_t)(ud >> 32)) s = NULL;
             ote_status_t st;
             if (s == NULL || !uring_complete(io, s, res, &st)) continue;
             uring_free_slot(io, s);
