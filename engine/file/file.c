@@ -175,6 +175,7 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     r->off = offset;
     r->len = len;
     r->perms = perms;
+    r->pin = (ote__pin_t){OTE_MEM_FILE, perms};
     if (name != NULL) snprintf(r->name, sizeof(r->name), "%s", name);
     if (path != NULL) snprintf(r->path, sizeof(r->path), "%s", path);
     else snprintf(r->path, sizeof(r->path), "fd %d", fd);
@@ -250,6 +251,89 @@ const char *ote__files_engine(ote__files_t *f) {
     const char *k = f->io != NULL ? ote__fio_kind(f->io) : "";
     ote_mutex_unlock(&f->mu);
     return k;
+}
+
+/* ---- serving peers: pins and bounce buffers (host->pin, host->file) ---------------- */
+
+ote_status_t ote__files_pin(ote__files_t *f, uint64_t addr, uint64_t len, unsigned perm,
+                            void **pin_out) {
+    ote_status_t st = OTE_ERR_ACCESS;
+    ote_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->nregs; i++) {
+        ote__freg_t *r = f->regs[i];
+        if (addr < r->addr || addr - r->addr > r->len || len > r->len - (addr - r->addr)) continue;
+        if ((r->perms & perm) == perm) {
+            atomic_fetch_add(&r->inuse, 1);
+            *pin_out = r;
+            st = OTE_OK;
+        }
+        break;
+    }
+    ote_mutex_unlock(&f->mu);
+    return st;
+}
+
+void ote__files_unpin(ote__files_t *f, void *pin) {
+    (void)f;
+    atomic_fetch_sub(&((ote__freg_t *)pin)->inuse, 1);
+}
+
+/* A bounce buffer: the registration it serves, then its bytes. */
+typedef struct {
+    ote__freg_t *reg;
+    uint32_t len;
+    uint8_t data[];
+} bounce_t;
+
+static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, uint8_t **buf_out,
+                               void **tok_out) {
+    (void)arg;
+    bounce_t *b = ote_malloc(sizeof(*b) + (len ? len : 1));
+    if (b == NULL) return OTE_ERR_NOMEM;
+    b->reg = (ote__freg_t *)(uintptr_t)pin; /* the pin is the registration's head */
+    b->len = len;
+    *buf_out = b->data;
+    *tok_out = b;
+    return OTE_OK;
+}
+
+/* Synchronous, buffered: the whole range or a status (a truncated file: ENODATA). */
+static ote_status_t bounce_copy(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len) {
+    ote__files_t *f = arg;
+    bounce_t *b = tok;
+    ote__freg_t *r = b->reg;
+    if (len > b->len || addr < r->addr || addr - r->addr > r->len ||
+        len > r->len - (addr - r->addr))
+        return OTE_ERR_ACCESS;
+    uint64_t foff = r->off + (addr - r->addr);
+    for (uint32_t done = 0; done < len;) {
+        ssize_t n = to_file ? pwrite(r->fd, b->data + done, len - done, (off_t)(foff + done))
+                            : pread(r->fd, b->data + done, len - done, (off_t)(foff + done));
+        if (n < 0 && errno == EINTR) continue;
+        int err = n < 0 ? errno : n == 0 ? (to_file ? EIO : ENODATA) : 0;
+        if (err != 0) {
+            OTE_WARN("file", "serving a peer: %s of %u bytes at offset %llu of %s failed: %s",
+                     to_file ? "write" : "read", len - done, (unsigned long long)(foff + done),
+                     r->path, err == ENODATA ? "the file was truncated" : strerror(err));
+            return ote_status_make(OTE_ERR_IO, err);
+        }
+        done += (uint32_t)n;
+    }
+    if (to_file && strcmp(f->cfg.file_sync, "data") == 0 && fdatasync(r->fd) != 0) {
+        int err = errno;
+        OTE_WARN("file", "serving a peer: fdatasync of %s failed: %s", r->path, strerror(err));
+        return ote_status_make(OTE_ERR_IO, err);
+    }
+    return OTE_OK;
+}
+
+static void bounce_put(void *arg, void *tok) {
+    (void)arg;
+    ote_free(tok);
+}
+
+ote__file_ops_t ote__files_services(ote__files_t *f) {
+    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put};
 }
 
 /* ---- the local segment's slices ----------------------------------------------------- */

@@ -42,6 +42,14 @@ ote_status_t ote__files_unregister(ote__files_t *f, uint64_t addr);
 ote_status_t ote__files_query(ote__files_t *f, uint64_t addr, ote_buffer_info_t *out);
 /* The I/O engine in use ("io_uring", "threads"), "" before the first registration. */
 const char *ote__files_engine(ote__files_t *f);
+/* host->pin and host->unpin for an address in the file windows (the registry calls
+ * them for a perm with OTE__PIN_FILE): the registration holding [addr, +len) with perm
+ * (OTE_PERM_* bits), pinned; OTE_ERR_ACCESS otherwise. */
+ote_status_t ote__files_pin(ote__files_t *f, uint64_t addr, uint64_t len, unsigned perm,
+                            void **pin_out);
+void ote__files_unpin(ote__files_t *f, void *pin);
+/* The bounce services of host->file (transport.h). */
+ote__file_ops_t ote__files_services(ote__files_t *f);
 /* The local segment's transport: peer_open ignores its peer argument. */
 ote__transport_t *ote__files_transport(ote__files_t *f);
 

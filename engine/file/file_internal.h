@@ -20,11 +20,12 @@
 /* One file registration. fd and dfd are the owner's own descriptors, closed at
  * unregister; inuse counts the slices in flight on it (unregister is BUSY). */
 typedef struct ote__freg {
+    ote__pin_t pin;     /* first: host->pin's answer (kind OTE_MEM_FILE, perms) */
     uint64_t addr, len; /* the address range requests name */
     uint64_t off;       /* file offset of addr */
     int fd;             /* buffered */
     int dfd;            /* O_DIRECT, or -1 where the file system refuses it */
-    unsigned perms;     /* OTE_PERM_READ / OTE_PERM_WRITE */
+    unsigned perms;     /* OTE_PERM_READ / OTE_PERM_WRITE (also in pin) */
     _Atomic long inuse;
     char name[OTE_NAME_MAX + 1];
     char path[256]; /* for log lines */
