@@ -315,7 +315,10 @@ ote_status_t ote_memory_free_shared(ote_engine_t *engine, void *addr);
  * a WARN); ENOSPC, EIO and other failures of the kernel are OTE_ERR_IO with their errno.
  * Unregister waits up to OTE_UNREGISTER_WAIT_MS for requests using it, then is
  * OTE_ERR_BUSY; OTE_ERR_NOT_FOUND for an address that is not a registration's start.
- * Peers do not reach file registrations yet (docs/files.md, "Not yet"). */
+ * Peers: over tcp a peer READs and WRITEs a file registration at its address like
+ * registered memory (the source moves the bytes through a bounce buffer, synchronously
+ * on its worker); shm and rdma refuse such requests whole with OTE_ERR_ACCESS for now,
+ * and ote_segment_buffers does not list file registrations (docs/files.md, "Not yet"). */
 ote_status_t ote_file_register(ote_engine_t *engine, const char *path, int fd, uint64_t offset,
                                uint64_t len, unsigned perms, const char *name, uint64_t *addr_out);
 ote_status_t ote_file_unregister(ote_engine_t *engine, uint64_t addr);
