@@ -122,6 +122,7 @@ static void req_slice_done(ote__slice_t *s, ote_status_t st) {
         }
     }
     s->ipc_try = 0;
+    if (s->file_io != 0) atomic_fetch_or_explicit(&r->file_io, s->file_io, OTE__RELAXED);
     if (st == OTE_OK) {
         atomic_fetch_add_explicit(&r->bytes_done, s->len, memory_order_relaxed);
     } else {
@@ -321,6 +322,7 @@ static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote_
     atomic_store(&r->error, OTE_OK);
     atomic_store(&r->bytes_done, 0);
     atomic_store(&r->canceled, 0);
+    atomic_store_explicit(&r->file_io, 0, OTE__RELAXED);
     r->local_pin = NULL;
     r->many = many;
     atomic_fetch_add(&q->segment->pending, 1);
@@ -375,6 +377,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->op = q->opcode == OTE_WRITE ? OTE__SLICE_WRITE : OTE__SLICE_READ;
         s->mem_loc = (int16_t)node;
         s->ipc_try = (uint8_t)(p->ipc != 0);
+        s->file_io = 0;
         s->local_kind = p->ipc ? p->kind : OTE_MEM_HOST;
         s->deadline = dl;
         s->end_ns = 0;
@@ -486,6 +489,7 @@ static void status_read(ote_batch_t *b, size_t index, ote_transfer_status_ex_t *
     if (s->state != OTE_TRANSFER_PENDING && s->state != OTE_TRANSFER_WAITING) {
         s->error = atomic_load(&r->error);
         s->end_ns = atomic_load_explicit(&r->t_end, OTE__RELAXED);
+        s->file_io = atomic_load_explicit(&r->file_io, OTE__RELAXED);
     }
 }
 

@@ -282,6 +282,21 @@ static const key_def_t g_keys[] = {
      * THP-advised; registering a large touched buffer costs about one copy of it), hence
      * opt-in; memory already on huge pages needs no key. */
     {"register_thp", K_BOOL, "0", NUMBER(register_thp)},
+    /* How file registrations (ote_file_register, docs/files.md) move their bytes: `uring`
+     * (io_uring, liburing; refused at the first registration when the kernel has none),
+     * `threads` (a pool of preadv/pwritev threads) or `auto` (io_uring where
+     * io_uring_queue_init succeeds, else the thread pool with one INFO line saying why). */
+    {"file_engine", K_ENUM, "auto", .choices = {"auto", "uring", "threads"}, TEXT(file_engine)},
+    /* File I/O operations in flight per engine: the io_uring's queue depth (each one is a
+     * chunk), or the thread pool's threads (at most 16 of them). */
+    {"file_queue_depth", K_UINT, "32", 1, 4096, NUMBER(file_queue_depth)},
+    /* Bytes of one file I/O operation: a request to a file registration is cut into chunks
+     * of this size (a multiple of 4 KiB keeps aligned requests aligned for O_DIRECT). */
+    {"file_chunk_size", K_SIZE, "1M", 4u << 10, 64u << 20, NUMBER(file_chunk_size)},
+    /* When a WRITE to a file registration completes: `none` once the page cache (or, with
+     * O_DIRECT, the device) has its bytes; `data` only after fdatasync of the file
+     * returned, so that the bytes survive a crash. */
+    {"file_sync", K_ENUM, "none", .choices = {"none", "data"}, TEXT(file_sync)},
 };
 #define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
 

@@ -183,6 +183,7 @@ struct ote_engine {
     char info[1025];               /* host->info: the advertisement (router.c) */
     struct ote_auth_key *auth_key; /* host->auth_key: the cluster key, or NULL */
     ote__gpu_t *gpu;               /* memory kinds and GPU paths (engine/gpu) */
+    struct ote__files *files;      /* file registrations and the local segment (engine/file) */
 
     pthread_rwlock_t reg_lk;
     ote__reg_t **regs; /* sorted by start, non-overlapping */
@@ -265,6 +266,7 @@ typedef struct ote__req {
      * the store of state. */
     _Atomic uint64_t t_submit, t_end;
     _Atomic uint32_t tpid;
+    _Atomic uint32_t file_io; /* OTE_FILE_IO_* of its slices (the local segment's) */
     ote__reg_t *local_pin;
     ote__slice_t one;
     ote__slice_t *many;

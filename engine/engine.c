@@ -17,6 +17,7 @@
 #include "base/time.h"
 #include "engine/control/auth.h"
 #include "engine/core_internal.h"
+#include "engine/file/file.h"
 #include "engine/notify_internal.h"
 #include "engine/registry_internal.h"
 #include "engine/router_internal.h"
@@ -130,10 +131,12 @@ static ote_status_t engine_start(ote_engine_t *e) {
     if (st != OTE_OK) goto err_ocv;
     st = ote__shared_init(e);
     if (st != OTE_OK) goto err_segmu;
+    st = ote__files_create(&e->cfg, &e->files);
+    if (st != OTE_OK) goto err_shared;
     /* Every transport of the list (router.c); rdma fails, naming what is missing, when no
      * device is usable (never a fallback). */
     st = ote__gpu_create(&e->cfg, &e->gpu);
-    if (st != OTE_OK) goto err_shared;
+    if (st != OTE_OK) goto err_files;
     st = ote__router_create(e, &g_router_upcalls);
     if (st != OTE_OK && e->retained) {
         /* A transport's rollback left native owners or a thread behind, which may still
@@ -151,6 +154,8 @@ err_gpu:
     /* A creation that failed has moved no GPU work; a retained remainder stays with the
      * CUDA layer (logged) and is not the engine's to wait for. */
     (void)ote__gpu_destroy(e->gpu);
+err_files:
+    (void)ote__files_destroy(e->files); /* nothing registered yet: never BUSY */
 err_shared:
     ote__shared_fini(e);
 err_segmu:
@@ -214,6 +219,10 @@ static ote_status_t engine_destroy(ote_engine_t *e) {
         }
         e->gpu = NULL;
     }
+    /* Every segment is closed, so no slice is in flight on a file registration: the
+     * file owner closes its files and stops its I/O engine. */
+    (void)ote__files_destroy(e->files);
+    e->files = NULL;
     ote__shared_fini(e); /* after the transports: no peer sends its fd any more */
     for (size_t i = 0; i < e->nregs; i++) ote_free(e->regs[i]);
     ote_free(e->regs);
@@ -296,6 +305,27 @@ ote_status_t ote_segment_open(ote_engine_t *e, const char *peer, ote_segment_t *
     ote_status_t st = segment_open(e, peer, seg_out);
     ote_log_set_thread_engine(prev);
     return st;
+}
+
+ote_status_t ote_segment_open_local(ote_engine_t *e, ote_segment_t **seg_out) {
+    if (e == NULL || seg_out == NULL) return OTE_ERR_INVALID;
+    if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
+    ote_segment_t *s = ote_calloc(1, sizeof(*s));
+    if (s == NULL) return OTE_ERR_NOMEM;
+    s->tp = ote__files_transport(e->files);
+    s->tpname = s->tp->ops->name;
+    ote_status_t st = s->tp->ops->peer_open(s->tp, "local", &s->peer);
+    if (st != OTE_OK) {
+        ote_free(s);
+        return st;
+    }
+    s->e = e;
+    snprintf(s->name, sizeof(s->name), "local");
+    s->tpid = ote__stats_transport_id(s->tpname);
+    ote__stats_attach(e, s);
+    atomic_fetch_add(&e->nsegments, 1);
+    *seg_out = s;
+    return OTE_OK;
 }
 
 static ote_status_t segment_close(ote_segment_t *s) {

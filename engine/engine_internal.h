@@ -87,6 +87,10 @@ typedef struct ote__cfg_s {
     uint64_t gpu_staging_chunk;        /* bytes per pinned staging chunk */
     uint32_t gpu_staging_depth;        /* staging chunks in flight per request */
     int register_thp;                  /* THP advice on registered host ranges (hugepages.c) */
+    char file_engine[8];               /* "auto", "uring" or "threads" (engine/file) */
+    uint32_t file_queue_depth;         /* file I/O operations in flight */
+    uint64_t file_chunk_size;          /* bytes of one file I/O operation */
+    char file_sync[8];                 /* "none" or "data": fdatasync after file WRITEs */
 } ote__cfg_t;
 
 /* The numeric form of an optional key ("" = not set: rdma_port, rdma_gid_index). */

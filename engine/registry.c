@@ -17,6 +17,7 @@
 #include "base/vm.h"
 #include "engine/control/ctl.h"
 #include "engine/core_internal.h"
+#include "engine/file/file.h"
 #include "engine/registry_internal.h"
 #include "engine/router_internal.h"
 
@@ -54,6 +55,10 @@ ote__reg_t *ote__reg_covering_near(const ote_engine_t *e, uint64_t addr, uint64_
 
 ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out) {
     ote_engine_t *e = arg;
+    /* File windows: only for a transport that serves them (transport.h, OTE__PIN_FILE). */
+    if ((perm & OTE__PIN_FILE) && addr >= OTE__FILE_ADDR_BASE)
+        return ote__files_pin(e->files, addr, len, perm & ~OTE__PIN_FILE, pin_out);
+    perm &= ~OTE__PIN_FILE;
     ote_status_t st = OTE_ERR_ACCESS;
     pthread_rwlock_rdlock(&e->reg_lk);
     ote__reg_t *r = ote__reg_covering(e, addr, len);
@@ -68,6 +73,10 @@ ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm,
 
 void ote__reg_unpin(void *arg, void *pin) {
     ote_engine_t *e = arg;
+    if (ote__pin_kind(pin) == OTE_MEM_FILE) {
+        ote__files_unpin(e->files, pin);
+        return;
+    }
     if (atomic_fetch_sub(&((ote__reg_t *)pin)->inuse, 1) != 1) return;
     /* The last pin: wake the unregisters waiting for it (they hold omu from before they
      * looked at the count until they sleep, so this wakeup cannot be lost). */

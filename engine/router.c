@@ -53,6 +53,7 @@
 #include "engine/control/hello.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
+#include "engine/file/file.h"
 #include "engine/listen_internal.h"
 #include "engine/router_internal.h"
 
@@ -129,6 +130,7 @@ ote_status_t ote__router_create(ote_engine_t *e, const ote__router_upcalls_t *up
                         .auth_key = e->auth_key,
                         .conn_closed = conn_closed,
                         .gpu = ote__gpu_services(e->gpu),
+                        .file = ote__files_services(e->files),
                         .shared_find = up->shared_find,
                         .shared_count = &e->nshared_hint,
                         .epoch = e->epoch};

@@ -18,12 +18,12 @@
 #include "engine/core_internal.h"
 #include "engine/stats_internal.h"
 
-static const char *const k_names[OTE_STATS_TRANSPORTS] = {"shm", "tcp", "rdma", ""};
+static const char *const k_names[OTE_STATS_TRANSPORTS] = {"shm", "tcp", "rdma", "file"};
 
 uint32_t ote__stats_transport_id(const char *name) {
     for (uint32_t i = 0; i < OTE_STATS_TRANSPORTS; i++)
-        if (k_names[i][0] != '\0' && strcmp(name, k_names[i]) == 0) return i;
-    return OTE_TRANSPORT_TCP; /* the router names only the three above */
+        if (strcmp(name, k_names[i]) == 0) return i;
+    return OTE_TRANSPORT_TCP; /* the router names only shm, tcp and rdma; the local segment file */
 }
 
 void ote__stats_attach(ote_engine_t *e, ote_segment_t *s) {
@@ -128,8 +128,7 @@ ote_status_t ote_engine_stats(ote_engine_t *e, ote_engine_stats_t *out) {
     memset(&s, 0, sizeof(s));
     for (uint32_t t = 0; t < OTE_STATS_TRANSPORTS; t++) {
         snprintf(s.transport[t].name, sizeof(s.transport[t].name), "%s", k_names[t]);
-        s.transport[t].enabled =
-            k_names[t][0] != '\0' && ote_list_has(e->cfg.transports, k_names[t]);
+        s.transport[t].enabled = ote_list_has(e->cfg.transports, k_names[t]);
     }
     ote_mutex_lock(&e->segmu);
     for (uint32_t t = 0; t < OTE_STATS_TRANSPORTS; t++) {

@@ -53,6 +53,9 @@ typedef struct ote__ipc_desc {
 #define OTE__IPC_VMM 1u
 /* Bytes of a slice's transport scratch (ote__slice_t.xp). */
 #define OTE__SLICE_SCRATCH 80
+/* ote__slice_t.file_io; the same bits as OTE_FILE_IO_* of <ote/ote.h>. */
+#define OTE__FILE_IO_DIRECT 1u
+#define OTE__FILE_IO_BUFFERED 2u
 typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
 
 enum {
@@ -91,6 +94,9 @@ struct ote__slice {
      * the source declines (the engine then stages it). 0 = ipc_try unset: local is host
      * memory. */
     uint8_t ipc_try;
+    /* How the file owner moved the slice (engine/file): OTE__FILE_IO_* set before done(),
+     * 0 for every other transport (the engine hands it over 0). */
+    uint8_t file_io;
     uint32_t local_kind;
     ote_deadline_t deadline;
     /* When the slice ended (CLOCK_MONOTONIC ns), for the request's timing: a transport
@@ -209,6 +215,24 @@ typedef struct {
     ote_status_t (*device_place)(void *arg, int dev, char *bus, size_t cap, int *node_out);
 } ote__gpu_ops_t;
 
+/* The engine's file registrations as a source serves them (engine/file; arg is the
+ * engine's file owner). A transport that can serve them asks host->pin with
+ * OTE__PIN_FILE in perm; only then may the pin be a file registration's (its kind
+ * OTE_MEM_FILE), never otherwise, so a transport that cannot serve them never sees one.
+ * Like device memory, a transport never touches a file's bytes itself: it takes a host
+ * bounce buffer of the slice's length (bounce_get), reads the file range into it before
+ * sending (bounce_copy, to_file 0) or writes it to the file once a WRITE's bytes arrived
+ * (to_file 1), synchronously, with the file owner's O_DIRECT and file_sync rules, and
+ * gives it back (bounce_put, on every path). Every member is set. */
+#define OTE__PIN_FILE 0x200u /* apart from OTE__MEM_WRITABLE */
+typedef struct {
+    void *arg;
+    ote_status_t (*bounce_get)(void *arg, const ote__pin_t *pin, uint32_t len, uint8_t **buf_out,
+                               void **tok_out);
+    ote_status_t (*bounce_copy)(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len);
+    void (*bounce_put)(void *arg, void *tok);
+} ote__file_ops_t;
+
 /* Services of the engine that the source side of a transport uses. */
 typedef struct {
     void *arg;
@@ -255,6 +279,8 @@ typedef struct {
     /* Device memory (CUDA staging and IPC): the engine's GPU services, their own
      * interface (below), implemented by engine/gpu. */
     ote__gpu_ops_t gpu;
+    /* File registrations (ote__file_ops_t above). */
+    ote__file_ops_t file;
     /* Requester side: the shared allocation holding all of [addr, +len)
      * (ote__shared_ref_t), or OTE_ERR_NOT_FOUND (fast when the engine has none). */
     ote_status_t (*shared_find)(void *arg, uint64_t addr, uint64_t len, ote__shared_ref_t *out);

@@ -8,6 +8,7 @@ PKGS=(
     libibverbs-dev       # rdma-core verbs (the real RDMA provider)
     ibverbs-providers
     libhwloc-dev         # NUMA topology for CQ worker placement
+    liburing-dev         # io_uring for file registrations (engine/file)
     libsodium-dev        # HMAC, hashes and random nonces of the cluster key's authentication
     uthash-dev           # hash tables and lists
     libcurl4-openssl-dev # //naming: etcd v3's JSON gateway over HTTP

@@ -159,9 +159,10 @@ MULTI_RUNS='--runs_per_test=//tests/verbs[:/],//tests/tools[:/],-_(rxe|small|nom
 BAZEL_FLAGS=(--keep_going --test_output=errors --local_test_jobs=2)
 # ThreadSanitizer runs the suites whose code runs threads once each: the engine's (tcp,
 # shm, rdma over verbs/sim, batches, notifications; targets tagged no-tsan left out, see
-# .bazelrc) and the layers under it with worker or progress threads.
+# .bazelrc), the file owner's (io_uring reaper, thread pool) and the layers under it with
+# worker or progress threads.
 TSAN_TARGETS=(//tests/engine/... //tests/cq/... //tests/grant/... //tests/endpoint/... //tests/compat/...
-    //tests/qp/... //tests/verbs/...)
+    //tests/qp/... //tests/verbs/... //tests/file/...)
 for cfg in ${OTE_TEST_CONFIGS:-default asan tsan}; do
     targets=(//...) extra=(--config="$cfg") partial=()
     case "$cfg" in

@@ -135,7 +135,7 @@ void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why) {
             tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
             if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
             r->pin = NULL;
-            ote__tcp_src_stage_put(c, &r->stage);
+            ote__tcp_src_stage_put(c, &r->stage, &r->stage_file);
             if (r->owned) ote_free((void *)r->data);
             r->owned = 0;
         }
@@ -143,7 +143,7 @@ void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why) {
         c->bufs_queued = 0;
         if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
         c->rx_pin = NULL;
-        ote__tcp_src_stage_put(c, &c->rx_stage);
+        ote__tcp_src_stage_put(c, &c->rx_stage, &c->rx_stage_file);
         /* The last connection of its session ends what the requester left open. */
         ote__tcp_src_sess_leave(c);
     }

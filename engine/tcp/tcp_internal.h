@@ -173,8 +173,9 @@ typedef struct {
     uint32_t len;
     void *pin;   /* registration pinned until the data is sent */
     void *stage; /* device memory: the host bounce buffer data points into (host->gpu.stage_*) */
-    uint64_t id; /* req_id it answers */
-    uint16_t opcode; /* what it answers with */
+    uint8_t stage_file; /* stage is a file registration's bounce (host->file), not the GPU's */
+    uint64_t id;        /* req_id it answers */
+    uint16_t opcode;    /* what it answers with */
 } tcp_resp_t;
 
 struct tcp_conn {
@@ -236,8 +237,9 @@ struct tcp_conn {
     uint8_t *rx_dst;
     size_t rx_left;
     void *rx_pin;
-    void *rx_stage;  /* device memory: the bounce buffer rx_dst points into */
-    uint64_t rx_dev; /* ... and the device address its bytes go to */
+    void *rx_stage;        /* device memory or a file: the bounce buffer rx_dst points into */
+    uint8_t rx_stage_file; /* rx_stage is host->file's (a file registration), else host->gpu's */
+    uint64_t rx_dev;       /* ... and the device address its bytes go to */
     uint64_t rx_id;
     ote_status_t rx_status;
     int last_large;
@@ -375,8 +377,9 @@ ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned pe
 void ote__tcp_src_unpin(tcp_conn_t *c, void *pin, uint32_t len);
 /* The engine's pin (host->pin's) behind a pin of ote__tcp_src_pin, for ote__pin_kind. */
 void *ote__tcp_src_engine_pin(tcp_conn_t *c, void *pin);
-/* Give back a response's or a receive's bounce buffer of device memory (*stage, then NULL). */
-void ote__tcp_src_stage_put(tcp_conn_t *c, void **stage);
+/* Give back a response's or a receive's bounce buffer of device memory or of a file
+ * registration (*file says which; *stage then NULL, *file 0). */
+void ote__tcp_src_stage_put(tcp_conn_t *c, void **stage, uint8_t *file);
 /* CANCEL's withdrawals: bytes of request uid that will never come. */
 void ote__tcp_src_write_off(tcp_conn_t *c, uint64_t uid, uint64_t req_len, uint64_t bytes);
 /* Transport teardown, no connection left: end every account. */

@@ -142,6 +142,7 @@ static ote__acct_t *acct_get_locked(tcp_conn_t *c, uint64_t uid, uint64_t req_le
 ote_status_t ote__tcp_src_pin(tcp_conn_t *c, const ote_ctl_msg_t *m, unsigned perm,
                               void **pin_out) {
     tcp_t *tp = c->w->tp;
+    perm |= OTE__PIN_FILE; /* this source serves file registrations (through host->file) */
     if (c->sess == NULL || m->u.rw.req_uid == 0) /* version 1: the slice's own range */
         return ote__acct_pin_alone(tp->host.pin, tp->host.arg, m->u.rw.req_addr, m->u.rw.req_len,
                                    perm, pin_out);
@@ -181,10 +182,12 @@ void *ote__tcp_src_engine_pin(tcp_conn_t *c, void *pin) {
     return ote__acct_engine_pin(pin);
 }
 
-void ote__tcp_src_stage_put(tcp_conn_t *c, void **stage) {
+void ote__tcp_src_stage_put(tcp_conn_t *c, void **stage, uint8_t *file) {
     tcp_t *tp = c->w->tp;
-    if (*stage != NULL) tp->host.gpu.stage_put(tp->host.gpu.arg, *stage);
+    if (*stage != NULL && *file) tp->host.file.bounce_put(tp->host.file.arg, *stage);
+    else if (*stage != NULL) tp->host.gpu.stage_put(tp->host.gpu.arg, *stage);
     *stage = NULL;
+    *file = 0;
 }
 
 void ote__tcp_src_unpin(tcp_conn_t *c, void *pin, uint32_t len) {

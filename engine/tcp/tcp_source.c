@@ -53,14 +53,17 @@ static int src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t
 
 int ote__tcp_src_payload_done(tcp_conn_t *c) {
     if (c->rx_stage != NULL) {
-        /* Device memory: the bytes are in the bounce buffer; copy them to the device. */
+        /* Device memory or a file: the bytes are in the bounce buffer; copy them there. */
         tcp_t *tp = c->w->tp;
-        if (c->rx_status == OTE_OK) {
+        if (c->rx_status == OTE_OK && c->rx_stage_file) {
+            c->rx_status = tp->host.file.bounce_copy(tp->host.file.arg, c->rx_stage, 1, c->rx_dev,
+                                                     (uint32_t)c->rx_len);
+        } else if (c->rx_status == OTE_OK) {
             ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
             c->rx_status = tp->host.gpu.stage_copy(tp->host.gpu.arg, c->rx_stage, 1, c->rx_dev,
                                                    (uint32_t)c->rx_len, dl);
         }
-        ote__tcp_src_stage_put(c, &c->rx_stage);
+        ote__tcp_src_stage_put(c, &c->rx_stage, &c->rx_stage_file);
     }
     if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
     c->rx_pin = NULL;
@@ -117,7 +120,7 @@ static void src_write(tcp_conn_t *c) {
                 c->rtx_off = 0;
                 if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
                 r->pin = NULL;
-                ote__tcp_src_stage_put(c, &r->stage);
+                ote__tcp_src_stage_put(c, &r->stage, &r->stage_file);
                 if (r->owned) {
                     ote_free((void *)r->data);
                     c->bufs_queued--;
@@ -223,7 +226,7 @@ static void src_withdraw(tcp_conn_t *c, const ote_ctl_msg_t *m) {
             if (r->id != id || r->opcode != OTE_CTL_READ_RESP || r->data == NULL) continue;
             if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
             r->pin = NULL;
-            ote__tcp_src_stage_put(c, &r->stage);
+            ote__tcp_src_stage_put(c, &r->stage, &r->stage_file);
             r->data = NULL;
             r->len = 0;
             ote_ctl_put_hdr(r->hdr, c->version, OTE_CTL_READ_RESP, id, OTE_ERR_CANCELED, 0);
@@ -278,9 +281,15 @@ static int src_buffers(tcp_conn_t *c, uint64_t id) {
     return 0;
 }
 
-/* Whether the registration behind pin is device memory (moved through host->gpu). */
+/* Whether the registration behind pin is a file registration (moved through host->file). */
+static int src_is_file(tcp_conn_t *c, void *pin) {
+    return ote__pin_kind(ote__tcp_src_engine_pin(c, pin)) == OTE_MEM_FILE;
+}
+
+/* Whether the registration behind pin is not host memory: device memory (moved through
+ * host->gpu) or a file registration (host->file); either goes through a bounce buffer. */
 static int src_is_device(tcp_conn_t *c, void *pin) {
-    return OTE_MEM_IS_CUDA(ote__pin_kind(ote__tcp_src_engine_pin(c, pin)));
+    return OTE_MEM_IS_CUDA(ote__pin_kind(ote__tcp_src_engine_pin(c, pin))) || src_is_file(c, pin);
 }
 
 static ote_status_t src_stage_get(tcp_conn_t *c, void *pin, uint32_t len, uint8_t **buf_out,
@@ -297,23 +306,32 @@ static int src_read_device(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
     tcp_t *tp = c->w->tp;
     uint8_t *buf = NULL;
     void *tok = NULL;
-    ote_status_t st = src_stage_get(c, pin, m->u.rw.len, &buf, &tok);
-    if (st == OTE_OK) {
+    uint8_t file = (uint8_t)src_is_file(c, pin);
+    ote_status_t st =
+        file ? tp->host.file.bounce_get(tp->host.file.arg, ote__tcp_src_engine_pin(c, pin),
+                                        m->u.rw.len, &buf, &tok)
+             : src_stage_get(c, pin, m->u.rw.len, &buf, &tok);
+    if (st == OTE_OK && file) {
+        st = tp->host.file.bounce_copy(tp->host.file.arg, tok, 0, m->u.rw.addr, m->u.rw.len);
+    } else if (st == OTE_OK) {
         ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
         st = tp->host.gpu.stage_copy(tp->host.gpu.arg, tok, 0, m->u.rw.addr, m->u.rw.len, dl);
     }
     if (st != OTE_OK) {
-        ote__tcp_src_stage_put(c, &tok);
+        ote__tcp_src_stage_put(c, &tok, &file);
         ote__tcp_src_unpin(c, pin, m->u.rw.len);
-        OTE_WARN_LIMITED("tcp", "READ of device memory at 0x%llx for %s failed: %s",
+        OTE_WARN_LIMITED("tcp", "READ of %s at 0x%llx for %s failed: %s",
+                         file ? "a file registration" : "device memory",
                          (unsigned long long)m->u.rw.addr, c->from, ote_status_str(st));
         return src_respond(c, OTE_CTL_READ_RESP, m->req_id, st, NULL, 0, NULL);
     }
     if (src_respond(c, OTE_CTL_READ_RESP, m->req_id, OTE_OK, buf, m->u.rw.len, pin) != 0) {
-        ote__tcp_src_stage_put(c, &tok);
+        ote__tcp_src_stage_put(c, &tok, &file);
         return -1;
     }
-    c->ring[(c->rhead + c->rcount - 1) % c->rcap].stage = tok;
+    tcp_resp_t *r = &c->ring[(c->rhead + c->rcount - 1) % c->rcap];
+    r->stage = tok;
+    r->stage_file = file;
     return 0;
 }
 
@@ -342,7 +360,13 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
             if (st == OTE_OK && src_is_device(c, pin)) {
                 /* Device memory: receive into a bounce buffer, copied to the device
                  * when the payload is complete. */
-                st = src_stage_get(c, pin, m->u.rw.len, &c->rx_dst, &c->rx_stage);
+                c->rx_stage_file = (uint8_t)src_is_file(c, pin);
+                st = c->rx_stage_file
+                         ? tp->host.file.bounce_get(tp->host.file.arg,
+                                                    ote__tcp_src_engine_pin(c, pin), m->u.rw.len,
+                                                    &c->rx_dst, &c->rx_stage)
+                         : src_stage_get(c, pin, m->u.rw.len, &c->rx_dst, &c->rx_stage);
+                if (st != OTE_OK) c->rx_stage_file = 0;
                 c->rx_dev = m->u.rw.addr;
                 if (st != OTE_OK) {
                     ote__tcp_src_unpin(c, pin, m->u.rw.len);

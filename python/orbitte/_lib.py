@@ -195,6 +195,7 @@ class TransferStatusEx(ctypes.Structure):
         ("transport", ctypes.c_uint32),
         ("submit_ns", ctypes.c_uint64),
         ("end_ns", ctypes.c_uint64),
+        ("file_io", ctypes.c_uint32),  # OTE_FILE_IO_* (requests to file registrations)
     ]
 
 
@@ -257,6 +258,15 @@ _PROTOTYPES = {
     "ote_memory_query": (status_t, [c_void_p, c_void_p, ctypes.POINTER(BufferInfo)]),
     "ote_memory_alloc_shared": (status_t, [c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
     "ote_memory_free_shared": (status_t, [c_void_p, c_void_p]),
+    "ote_file_register": (
+        status_t,
+        [c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint,
+         ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)],
+    ),
+    "ote_file_unregister": (status_t, [c_void_p, ctypes.c_uint64]),
+    "ote_file_query": (status_t, [c_void_p, ctypes.c_uint64, ctypes.POINTER(BufferInfo)]),
+    "ote_file_engine": (status_t, [c_void_p, ctypes.c_char_p, c_size_t]),
+    "ote_segment_open_local": (status_t, [c_void_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_open": (status_t, [c_void_p, ctypes.c_char_p, ctypes.POINTER(c_void_p)]),
     "ote_segment_close": (status_t, [c_void_p]),
     "ote_segment_invalidate": (status_t, [c_void_p]),

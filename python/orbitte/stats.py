@@ -16,7 +16,7 @@ MEM_KINDS = ("host", "host_pinned", "cuda")  # OTE_STATS_MEM_*
 # Bucket i of a latency histogram holds requests that took less than 2**i microseconds
 # (and at least 2**(i-1)); the last one everything longer.
 LATENCY_BUCKETS = _lib.STATS_LATENCY_BUCKETS
-TRANSPORT_NAMES = ("shm", "tcp", "rdma")  # by ote_transport_id_t
+TRANSPORT_NAMES = ("shm", "tcp", "rdma", "file")  # by ote_transport_id_t (file: the local segment)
 
 
 @dataclass(frozen=True)

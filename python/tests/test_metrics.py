@@ -120,8 +120,9 @@ def test_engine_stats_dataclass_and_notifications(engines):
     seg = req.open_segment(peers["tcp"].address)
     req.notify_send(seg, b"hello")
     s = req.stats()
-    assert set(s.transports) == {"shm", "tcp", "rdma"}
-    assert all(t.enabled for t in s.transports.values())
+    assert set(s.transports) == {"shm", "tcp", "rdma", "file"}  # file: the local segment
+    assert all(t.enabled for n, t in s.transports.items() if n != "file")
+    assert s.transports["file"].enabled is False
     assert s.transports["tcp"].peers_now == 1
     assert s.notify_sent == 1 and s.notify_send_failed == 0
     assert peers["tcp"].stats().notify_received == 1

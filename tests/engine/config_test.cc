@@ -345,6 +345,10 @@ const std::map<std::string, Sample> &Samples() {
         {"gpu_staging_chunk", {"64M", [](R r) { return r.gpu_staging_chunk == (64ull << 20); }}},
         {"gpu_staging_depth", {"64", [](R r) { return r.gpu_staging_depth == 64; }}},
         {"register_thp", {"1", [](R r) { return r.register_thp == 1; }}},
+        {"file_engine", {"threads", [](R r) { return std::string(r.file_engine) == "threads"; }}},
+        {"file_queue_depth", {"4096", [](R r) { return r.file_queue_depth == 4096; }}},
+        {"file_chunk_size", {"64M", [](R r) { return r.file_chunk_size == (64ull << 20); }}},
+        {"file_sync", {"data", [](R r) { return std::string(r.file_sync) == "data"; }}},
     };
     return s;
 }

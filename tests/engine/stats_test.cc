@@ -231,7 +231,8 @@ TEST_F(StatsApiTest, StructSizeFillsWhatFits) {
     EXPECT_EQ(s->transport[OTE_TRANSPORT_SHM].enabled, 1u); // the default list: shm,tcp
     EXPECT_EQ(s->transport[OTE_TRANSPORT_TCP].enabled, 1u);
     EXPECT_EQ(s->transport[OTE_TRANSPORT_RDMA].enabled, 0u);
-    EXPECT_STREQ(s->transport[3].name, "");
+    EXPECT_STREQ(s->transport[OTE_TRANSPORT_FILE].name, "file"); // the local segment to files
+    EXPECT_EQ(s->transport[OTE_TRANSPORT_FILE].enabled, 0u);     // not a transports list entry
 
     s->struct_size = OTE_STATS_MIN_SIZE - 1;
     EXPECT_EQ(ote_engine_stats(e, s), OTE_ERR_INVALID);

@@ -102,6 +102,10 @@ typedef struct ote_batch ote_batch_t;
  *   gpu_staging_chunk    bytes of one pinned staging chunk
  *   gpu_staging_depth    staging chunks in flight per request
  *   register_thp         "1": advise transparent huge pages for registered host memory
+ *   file_engine          file I/O by auto, uring (io_uring) or threads (preadv/pwritev)
+ *   file_queue_depth     file I/O operations in flight
+ *   file_chunk_size      bytes of one file I/O operation
+ *   file_sync            none or data (fdatasync before a file WRITE completes)
  * RDMA depths are drawn from the device (query_device_ex at open): a configured value above
  * a device limit is clamped with one INFO line naming both.
  */
@@ -285,6 +289,43 @@ ote_status_t ote_memory_alloc_shared(ote_engine_t *engine, size_t len, void **ad
  * message find no memory, a WARN, and the peer unmaps it when the connection ends). */
 ote_status_t ote_memory_free_shared(ote_engine_t *engine, void *addr);
 
+/* ---- files (docs/files.md) ---------------------------------------------------------
+ * A file registration makes bytes [offset, offset + len) of a regular file or block
+ * device an endpoint of requests: this engine's local segment (ote_segment_open_local)
+ * READs from it into memory and WRITEs memory into it, through the normal batch, status,
+ * wait and cancel calls. Give the file by path (fd -1: the engine opens it, read-only
+ * for OTE_PERM_READ, read-write with OTE_PERM_WRITE) or by an open fd (path NULL: the
+ * engine duplicates it; the caller keeps and closes its own). *addr_out is the
+ * registration's address, which requests name as remote_addr (byte offset + i of the
+ * range at *addr_out + i); it never overlaps memory. perms: OTE_PERM_READ lets requests
+ * READ it, OTE_PERM_WRITE lets them WRITE it (a request without the permission, or not
+ * inside one registration, fails OTE_ERR_ACCESS and touches nothing). name as in
+ * ote_memory_register_named, unique among file registrations (OTE_ERR_EXISTS).
+ * Refused: a path that is neither a regular file nor a block device (a directory, a
+ * character device, a FIFO), a range past the file's end, len 0, both or neither of
+ * path and fd: OTE_ERR_INVALID, with a WARN; an fd whose open mode does not allow perms
+ * (read-only with OTE_PERM_WRITE) or a file the process may not open so: OTE_ERR_ACCESS.
+ * I/O (file_engine, file_queue_depth, file_chunk_size, file_sync): io_uring, or a
+ * preadv/pwritev thread pool where io_uring is not available (one INFO line); O_DIRECT
+ * for each chunk whose file offset, length and memory address are 4 KiB-aligned where
+ * the file system takes O_DIRECT, buffered otherwise (ote_transfer_status_ex_t.file_io
+ * says which). A WRITE completes once the page cache (O_DIRECT: the device) has its
+ * bytes, or with file_sync=data once fdatasync returned. A chunk that finds the file
+ * truncated under the registration fails its request with OTE_ERR_IO (errno ENODATA,
+ * a WARN); ENOSPC, EIO and other failures of the kernel are OTE_ERR_IO with their errno.
+ * Unregister waits up to OTE_UNREGISTER_WAIT_MS for requests using it, then is
+ * OTE_ERR_BUSY; OTE_ERR_NOT_FOUND for an address that is not a registration's start.
+ * Peers: over tcp a peer READs and WRITEs a file registration at its address like
+ * registered memory (the source moves the bytes through a bounce buffer, synchronously
+ * on its worker); shm and rdma refuse such requests whole with OTE_ERR_ACCESS for now,
+ * and ote_segment_buffers does not list file registrations (docs/files.md, "Not yet"). */
+ote_status_t ote_file_register(ote_engine_t *engine, const char *path, int fd, uint64_t offset,
+                               uint64_t len, unsigned perms, const char *name, uint64_t *addr_out);
+ote_status_t ote_file_unregister(ote_engine_t *engine, uint64_t addr);
+/* The I/O engine file registrations use: "io_uring" or "threads" ("" before the first
+ * file registration), NUL-terminated into buf (OTE_ERR_TOO_BIG when len is short). */
+ote_status_t ote_file_engine(ote_engine_t *engine, char *buf, size_t len);
+
 /* ---- segments ---------------------------------------------------------------------- */
 /* Connect to the engine at "host:port" / "[v6]:port" and handshake. A closed or lost
  * segment can be opened again; a later open reconnects. Failures are peer-scope and come
@@ -332,6 +373,11 @@ typedef enum {
 typedef void (*ote_segment_close_hook_t)(void *arg, ote_segment_t *seg,
                                          ote_segment_close_event_t ev);
 ote_status_t ote_segment_set_close_hook(ote_segment_t *seg, ote_segment_close_hook_t fn, void *arg);
+/* A segment to this engine itself whose remote addresses are its file registrations
+ * (ote_file_register): READ moves file bytes into local_addr, WRITE moves local_addr's
+ * bytes into the file. Its transport is "file" (OTE_TRANSPORT_FILE). Close it with
+ * ote_segment_close. */
+ote_status_t ote_segment_open_local(ote_engine_t *engine, ote_segment_t **seg_out);
 
 /* What ote_segment_open chose for a segment: the transport (the first of the engine's
  * `transports` list that the peer offers and that reaches it: "shm", "tcp" or "rdma") and
@@ -365,6 +411,7 @@ ote_status_t ote_segment_info(ote_segment_t *seg, ote_segment_info_t *info_out);
 typedef enum {
     OTE_MEM_HOST = 0,        /* pageable host (CPU) memory */
     OTE_MEM_HOST_PINNED = 1, /* host memory pinned by the CUDA driver (host-addressable) */
+    OTE_MEM_FILE = 2,        /* a byte range of a file or block device (ote_file_register) */
     OTE_MEM_CUDA = 16,       /* device memory of CUDA device 0; OTE_MEM_CUDA + N: device N */
 } ote_mem_kind_t;
 #define OTE_MEM_CUDA_MAX_DEVICES 240
@@ -415,6 +462,8 @@ ote_status_t ote_segment_open_md(ote_engine_t *engine, const void *md, size_t le
  * start, length, permissions and memory kind). OTE_ERR_NOT_FOUND when no registration
  * contains addr. */
 ote_status_t ote_memory_query(ote_engine_t *engine, const void *addr, ote_buffer_info_t *info_out);
+/* The file registration containing addr, kind OTE_MEM_FILE (OTE_ERR_NOT_FOUND). */
+ote_status_t ote_file_query(ote_engine_t *engine, uint64_t addr, ote_buffer_info_t *info_out);
 
 /* ---- transfers --------------------------------------------------------------------- */
 typedef enum {
@@ -521,8 +570,9 @@ typedef enum {
     OTE_TRANSPORT_SHM = 0,
     OTE_TRANSPORT_TCP = 1,
     OTE_TRANSPORT_RDMA = 2,
+    OTE_TRANSPORT_FILE = 3, /* the local segment to file registrations (ote_segment_open_local) */
 } ote_transport_id_t;
-#define OTE_STATS_TRANSPORTS 4 /* entries of ote_engine_stats_t.transport (one spare) */
+#define OTE_STATS_TRANSPORTS 4 /* entries of ote_engine_stats_t.transport */
 
 /* The latency histogram: every ended request (whatever its state) by its time from
  * submit to end in whole microseconds u: bucket 0 holds u == 0 (under 1 us), bucket i
@@ -549,8 +599,8 @@ typedef struct {
 } ote_request_stats_t;
 
 typedef struct {
-    char name[8];       /* "shm", "tcp", "rdma"; "" for the spare entry */
-    uint32_t enabled;   /* 1: in this engine's transports list */
+    char name[8];       /* "shm", "tcp", "rdma", "file" (the local segment to files) */
+    uint32_t enabled;   /* 1: in this engine's transports list (file: 0, never listed) */
     uint64_t peers_now; /* segments open now over this transport */
     ote_request_stats_t requests;
 } ote_transport_stats_t;
@@ -607,7 +657,13 @@ typedef struct {
     uint32_t transport; /* ote_transport_id_t (0 for a WAITING slot) */
     uint64_t submit_ns;
     uint64_t end_ns;
+    /* A request of the local segment to a file registration: how its bytes moved,
+     * OTE_FILE_IO_DIRECT (O_DIRECT) and/or OTE_FILE_IO_BUFFERED (through the page cache),
+     * one bit per kind its chunks took; 0 for every other request. */
+    uint32_t file_io;
 } ote_transfer_status_ex_t;
+#define OTE_FILE_IO_DIRECT 1u
+#define OTE_FILE_IO_BUFFERED 2u
 ote_status_t ote_batch_status_ex(ote_batch_t *batch, size_t index,
                                  ote_transfer_status_ex_t *status_out);
 

@@ -1,0 +1,508 @@
+/*
+ * engine/file/file.c - file registrations and the local segment's transport
+ * (engine/file/file.h): open or adopt a file, check it (a regular file or a block
+ * device, the range inside it, an open mode that allows the permissions), give it an
+ * address window, and serve slices of the local segment against it through the I/O
+ * engine (file_io.c): O_DIRECT where the slice's file offset, length and memory are
+ * aligned to OTE__FILE_DIO_ALIGN and the file system takes O_DIRECT, buffered otherwise.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/fault.h"
+#include "base/lock.h"
+#include "base/log.h"
+#include "base/time.h"
+#include "engine/file/file_internal.h"
+
+#define FILE_WINDOW (1ull << 30) /* address windows are 1 GiB-aligned */
+
+struct ote__tpeer {
+    ote__files_t *f;
+};
+
+struct ote__files {
+    ote__transport_t tp; /* first: the local segment's transport */
+    ote__cfg_t cfg;
+    ote_mutex_t mu; /* regs, next_addr, io's creation */
+    ote__freg_t **regs;
+    size_t nregs, capregs;
+    uint64_t next_addr;
+    ote__fio_t *io; /* created with the first registration */
+    int stall[2];   /* the file.stall fault point's pipe (nothing writes it) */
+    struct ote__tpeer peer;
+};
+
+/* ---- registrations ------------------------------------------------------------------ */
+
+static ote_status_t errno_status(int err) {
+    if (err == ENOMEM) return ote_status_make(OTE_ERR_NOMEM, err);
+    if (err == EACCES || err == EPERM || err == EROFS) return ote_status_make(OTE_ERR_ACCESS, err);
+    if (err == ENOENT || err == ENOTDIR) return ote_status_make(OTE_ERR_NOT_FOUND, err);
+    return ote_status_make(OTE_ERR_NATIVE, err);
+}
+
+/* The caller's path opened, or its fd duplicated (the owner's own descriptor either way),
+ * with an open mode that allows perms. */
+static ote_status_t file_open(const char *path, int fd, unsigned perms, int *fd_out) {
+    int want = (perms & OTE_PERM_WRITE) ? ((perms & OTE_PERM_READ) ? O_RDWR : O_WRONLY) : O_RDONLY;
+    if (path != NULL) {
+        int o = open(path, want | O_CLOEXEC | O_NOCTTY);
+        if (o < 0) {
+            int err = errno;
+            OTE_WARN("file", "file_register: cannot open %s for %s: %s", path,
+                     want == O_RDONLY ? "reading" : "reading and writing", strerror(err));
+            return errno_status(err);
+        }
+        *fd_out = o;
+        return OTE_OK;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0) {
+        OTE_WARN("file", "file_register: fd %d is not open: %s", fd, strerror(errno));
+        return OTE_ERR_INVALID;
+    }
+    int acc = fl & O_ACCMODE;
+    if (((perms & OTE_PERM_READ) && acc == O_WRONLY) ||
+        ((perms & OTE_PERM_WRITE) && acc == O_RDONLY)) {
+        OTE_WARN("file", "file_register: fd %d is open %s, which does not allow OTE_PERM_%s", fd,
+                 acc == O_RDONLY ? "read-only" : "write-only", acc == O_RDONLY ? "WRITE" : "READ");
+        return OTE_ERR_ACCESS;
+    }
+    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) return errno_status(errno);
+    *fd_out = d;
+    return OTE_OK;
+}
+
+/* A regular file or a block device whose size holds [off, off + len). */
+static ote_status_t file_check(int fd, const char *what, uint64_t off, uint64_t len) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return errno_status(errno);
+    uint64_t size;
+    if (S_ISREG(st.st_mode)) {
+        size = (uint64_t)st.st_size;
+    } else if (S_ISBLK(st.st_mode)) {
+        if (ioctl(fd, BLKGETSIZE64, &size) != 0) return errno_status(errno);
+    } else {
+        OTE_WARN("file", "file_register: %s is not a regular file or block device (mode 0%o)", what,
+                 (unsigned)(st.st_mode & S_IFMT));
+        return OTE_ERR_INVALID;
+    }
+    if (off > size || len > size - off) {
+        OTE_WARN("file",
+                 "file_register: range [%llu, +%llu) runs past the end of %s (%llu bytes); "
+                 "extend it first (ftruncate, fallocate)",
+                 (unsigned long long)off, (unsigned long long)len, what, (unsigned long long)size);
+        return OTE_ERR_INVALID;
+    }
+    return OTE_OK;
+}
+
+/* The same file opened again with O_DIRECT, or -1 (INFO) where the file system refuses. */
+static int file_open_direct(int fd, const char *what) {
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+    int acc = fcntl(fd, F_GETFL) & O_ACCMODE;
+    int d = open(p, acc | O_DIRECT | O_CLOEXEC | O_NOCTTY);
+    if (d < 0)
+        OTE_INFO("file", "%s: no O_DIRECT here (%s): every request to it is buffered", what,
+                 strerror(errno));
+    return d;
+}
+
+static int name_ok(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n > OTE_NAME_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] < 0x20 || name[i] > 0x7e) return 0;
+    return 1;
+}
+
+static ote_status_t io_start(ote__files_t *f) {
+    if (f->io != NULL) return OTE_OK;
+    if (f->stall[0] < 0 && pipe2(f->stall, O_CLOEXEC) != 0) return errno_status(errno);
+    return ote__fio_create(f->cfg.file_engine, f->cfg.file_queue_depth,
+                           strcmp(f->cfg.file_sync, "data") == 0, f->stall[0], &f->io);
+}
+
+/* Table insert under f->mu: the name unique, an address window, room. */
+static ote_status_t table_add(ote__files_t *f, ote__freg_t *r) {
+    for (size_t i = 0; i < f->nregs; i++)
+        if (r->name[0] != '\0' && strcmp(f->regs[i]->name, r->name) == 0) {
+            OTE_WARN("file", "file_register: the name \"%s\" is taken", r->name);
+            return OTE_ERR_EXISTS;
+        }
+    if (f->nregs == f->capregs) {
+        size_t cap = f->capregs ? f->capregs * 2 : 8;
+        ote__freg_t **n = ote_realloc(f->regs, cap * sizeof(*n));
+        if (n == NULL) return OTE_ERR_NOMEM;
+        f->regs = n;
+        f->capregs = cap;
+    }
+    uint64_t span = (r->len + FILE_WINDOW - 1) / FILE_WINDOW * FILE_WINDOW;
+    if (span > UINT64_MAX - f->next_addr - FILE_WINDOW) return OTE_ERR_TOO_BIG;
+    r->addr = f->next_addr;
+    f->next_addr += span + FILE_WINDOW; /* one empty window between two */
+    f->regs[f->nregs++] = r;
+    return OTE_OK;
+}
+
+static void freg_free(ote__freg_t *r) {
+    if (r->dfd >= 0) close(r->dfd);
+    if (r->fd >= 0) close(r->fd);
+    ote_free(r);
+}
+
+ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint64_t offset,
+                                 uint64_t len, unsigned perms, const char *name,
+                                 uint64_t *addr_out) {
+    if ((path == NULL) == (fd < 0) || len == 0 || offset > UINT64_MAX - len || addr_out == NULL ||
+        perms == 0 || (perms & ~(OTE_PERM_READ | OTE_PERM_WRITE)) != 0 ||
+        (name != NULL && !name_ok(name)))
+        return OTE_ERR_INVALID;
+    ote__freg_t *r = ote_calloc(1, sizeof(*r));
+    if (r == NULL) return OTE_ERR_NOMEM;
+    r->fd = r->dfd = -1;
+    r->off = offset;
+    r->len = len;
+    r->perms = perms;
+    r->pin = (ote__pin_t){OTE_MEM_FILE, perms};
+    if (name != NULL) snprintf(r->name, sizeof(r->name), "%s", name);
+    if (path != NULL) snprintf(r->path, sizeof(r->path), "%s", path);
+    else snprintf(r->path, sizeof(r->path), "fd %d", fd);
+    ote_status_t st = file_open(path, fd, perms, &r->fd);
+    if (st == OTE_OK) st = file_check(r->fd, r->path, offset, len);
+    if (st != OTE_OK) {
+        freg_free(r);
+        return st;
+    }
+    r->dfd = file_open_direct(r->fd, r->path);
+    ote_mutex_lock(&f->mu);
+    st = io_start(f);
+    if (st == OTE_OK) st = table_add(f, r);
+    ote_mutex_unlock(&f->mu);
+    if (st != OTE_OK) {
+        freg_free(r);
+        return st;
+    }
+    OTE_DEBUG("file", "registered %s [%llu, +%llu) at 0x%llx (%s%s)", r->path,
+              (unsigned long long)offset, (unsigned long long)len, (unsigned long long)r->addr,
+              r->dfd >= 0 ? "O_DIRECT when aligned, " : "buffered, ", ote__fio_kind(f->io));
+    *addr_out = r->addr;
+    return OTE_OK;
+}
+
+static ote_status_t unregister_locked(ote__files_t *f, uint64_t addr, ote__freg_t **out) {
+    for (size_t i = 0; i < f->nregs; i++) {
+        if (f->regs[i]->addr != addr) continue;
+        if (atomic_load(&f->regs[i]->inuse) > 0) return OTE_ERR_BUSY;
+        *out = f->regs[i];
+        f->regs[i] = f->regs[--f->nregs];
+        return OTE_OK;
+    }
+    return OTE_ERR_NOT_FOUND;
+}
+
+/* Waits up to OTE_UNREGISTER_WAIT_MS for the slices in flight on it to end. */
+ote_status_t ote__files_unregister(ote__files_t *f, uint64_t addr) {
+    ote_deadline_t dl = ote_deadline_after(OTE_UNREGISTER_WAIT_MS * OTE_NSEC_PER_MSEC);
+    for (;;) {
+        ote__freg_t *r = NULL;
+        ote_mutex_lock(&f->mu);
+        ote_status_t st = unregister_locked(f, addr, &r);
+        ote_mutex_unlock(&f->mu);
+        if (st == OTE_OK) freg_free(r);
+        if (st != OTE_ERR_BUSY || ote_deadline_expired(dl)) return st;
+        usleep(1000);
+    }
+}
+
+ote_status_t ote__files_query(ote__files_t *f, uint64_t addr, ote_buffer_info_t *out) {
+    ote_status_t st = OTE_ERR_NOT_FOUND;
+    ote_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->nregs; i++) {
+        const ote__freg_t *r = f->regs[i];
+        if (addr < r->addr || addr - r->addr >= r->len) continue;
+        memset(out, 0, sizeof(*out));
+        snprintf(out->name, sizeof(out->name), "%s", r->name);
+        out->addr = r->addr;
+        out->length = r->len;
+        out->perms = r->perms;
+        out->kind = OTE_MEM_FILE;
+        out->numa_node = -1;
+        st = OTE_OK;
+        break;
+    }
+    ote_mutex_unlock(&f->mu);
+    return st;
+}
+
+const char *ote__files_engine(ote__files_t *f) {
+    ote_mutex_lock(&f->mu);
+    const char *k = f->io != NULL ? ote__fio_kind(f->io) : "";
+    ote_mutex_unlock(&f->mu);
+    return k;
+}
+
+/* ---- serving peers: pins and bounce buffers (host->pin, host->file) ---------------- */
+
+ote_status_t ote__files_pin(ote__files_t *f, uint64_t addr, uint64_t len, unsigned perm,
+                            void **pin_out) {
+    ote_status_t st = OTE_ERR_ACCESS;
+    ote_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->nregs; i++) {
+        ote__freg_t *r = f->regs[i];
+        if (addr < r->addr || addr - r->addr > r->len || len > r->len - (addr - r->addr)) continue;
+        if ((r->perms & perm) == perm) {
+            atomic_fetch_add(&r->inuse, 1);
+            *pin_out = r;
+            st = OTE_OK;
+        }
+        break;
+    }
+    ote_mutex_unlock(&f->mu);
+    return st;
+}
+
+void ote__files_unpin(ote__files_t *f, void *pin) {
+    (void)f;
+    atomic_fetch_sub(&((ote__freg_t *)pin)->inuse, 1);
+}
+
+/* A bounce buffer: the registration it serves, then its bytes. */
+typedef struct {
+    ote__freg_t *reg;
+    uint32_t len;
+    uint8_t data[];
+} bounce_t;
+
+static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, uint8_t **buf_out,
+                               void **tok_out) {
+    (void)arg;
+    bounce_t *b = ote_malloc(sizeof(*b) + (len ? len : 1));
+    if (b == NULL) return OTE_ERR_NOMEM;
+    b->reg = (ote__freg_t *)(uintptr_t)pin; /* the pin is the registration's head */
+    b->len = len;
+    *buf_out = b->data;
+    *tok_out = b;
+    return OTE_OK;
+}
+
+/* Synchronous, buffered: the whole range or a status (a truncated file: ENODATA). */
+static ote_status_t bounce_copy(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len) {
+    ote__files_t *f = arg;
+    bounce_t *b = tok;
+    ote__freg_t *r = b->reg;
+    if (len > b->len || addr < r->addr || addr - r->addr > r->len ||
+        len > r->len - (addr - r->addr))
+        return OTE_ERR_ACCESS;
+    uint64_t foff = r->off + (addr - r->addr);
+    for (uint32_t done = 0; done < len;) {
+        ssize_t n = to_file ? pwrite(r->fd, b->data + done, len - done, (off_t)(foff + done))
+                            : pread(r->fd, b->data + done, len - done, (off_t)(foff + done));
+        if (n < 0 && errno == EINTR) continue;
+        int err = n < 0 ? errno : n == 0 ? (to_file ? EIO : ENODATA) : 0;
+        if (err != 0) {
+            OTE_WARN("file", "serving a peer: %s of %u bytes at offset %llu of %s failed: %s",
+                     to_file ? "write" : "read", len - done, (unsigned long long)(foff + done),
+                     r->path, err == ENODATA ? "the file was truncated" : strerror(err));
+            return ote_status_make(OTE_ERR_IO, err);
+        }
+        done += (uint32_t)n;
+    }
+    if (to_file && strcmp(f->cfg.file_sync, "data") == 0 && fdatasync(r->fd) != 0) {
+        int err = errno;
+        OTE_WARN("file", "serving a peer: fdatasync of %s failed: %s", r->path, strerror(err));
+        return ote_status_make(OTE_ERR_IO, err);
+    }
+    return OTE_OK;
+}
+
+static void bounce_put(void *arg, void *tok) {
+    (void)arg;
+    ote_free(tok);
+}
+
+ote__file_ops_t ote__files_services(ote__files_t *f) {
+    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put};
+}
+
+/* ---- the local segment's slices ----------------------------------------------------- */
+
+ote_status_t ote__file_io_error(ote__slice_t *s, int err, const char *what) {
+    ote__fop_t *op = ote__fop(s);
+    OTE_WARN("file", "%s %s of %u bytes at offset %llu of %s failed: %s",
+             op->direct ? "O_DIRECT" : "buffered", what, s->len, (unsigned long long)op->foff,
+             op->reg->path, strerror(err));
+    if (err == ENOMEM) return ote_status_make(OTE_ERR_NOMEM, err);
+    return ote_status_make(OTE_ERR_IO, err);
+}
+
+void ote__file_slice_end(ote__slice_t *s, ote_status_t st) {
+    ote__fop_t *op = ote__fop(s);
+    if (op->reg != NULL) {
+        s->file_io = op->direct ? OTE__FILE_IO_DIRECT : OTE__FILE_IO_BUFFERED;
+        atomic_fetch_sub(&op->reg->inuse, 1);
+    }
+    s->done(s, st);
+}
+
+/* The registration holding the slice's whole request, with the permission its opcode
+ * needs, pinned; NULL (and the reason in *st) otherwise. */
+static ote__freg_t *slice_pin(ote__files_t *f, const ote__slice_t *s, ote_status_t *st) {
+    unsigned need = s->op == OTE__SLICE_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
+    ote__freg_t *found = NULL;
+    ote_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->nregs; i++) {
+        ote__freg_t *r = f->regs[i];
+        if (s->req_remote >= r->addr && s->req_remote - r->addr <= r->len &&
+            s->req_len <= r->len - (s->req_remote - r->addr)) {
+            found = r;
+            break;
+        }
+    }
+    if (found != NULL && (found->perms & need) != 0) atomic_fetch_add(&found->inuse, 1);
+    ote_mutex_unlock(&f->mu);
+    *st = OTE_ERR_ACCESS;
+    if (found == NULL || (found->perms & need) == 0) {
+        if (s->remote == s->req_remote) /* once per request: its first slice */
+            OTE_WARN("file", "request [0x%llx, +%llu) %s: %s", (unsigned long long)s->req_remote,
+                     (unsigned long long)s->req_len, need == OTE_PERM_WRITE ? "WRITE" : "READ",
+                     found == NULL ? "not inside one file registration"
+                                   : "the file registration lacks the permission");
+        return NULL;
+    }
+    *st = OTE_OK;
+    return found;
+}
+
+static void files_submit(ote__tpeer_t *peer, ote__slice_t *list) {
+    ote__files_t *f = peer->f;
+    while (list != NULL) {
+        ote__slice_t *s = list;
+        list = s->next;
+        s->next = NULL;
+        ote__fop_t *op = ote__fop(s);
+        memset(op, 0, sizeof(*op));
+        ote_status_t st;
+        ote__freg_t *r = slice_pin(f, s, &st);
+        if (r == NULL) {
+            ote__file_slice_end(s, st);
+            continue;
+        }
+        op->reg = r;
+        op->foff = r->off + (s->remote - r->addr);
+        op->write = s->op == OTE__SLICE_WRITE;
+        op->direct = r->dfd >= 0 && op->foff % OTE__FILE_DIO_ALIGN == 0 &&
+                     s->len % OTE__FILE_DIO_ALIGN == 0 &&
+                     (uintptr_t)s->local % OTE__FILE_DIO_ALIGN == 0;
+        op->fd = op->direct ? r->dfd : r->fd;
+        op->state = FOP_QUEUED;
+        ote_status_t fst;
+        op->stall = ote_fault_hit("file.stall", &fst);
+        ote__fio_submit(f->io, s);
+    }
+}
+
+static void files_cancel(ote__tpeer_t *peer) {
+    ote__files_t *f = peer->f;
+    ote_mutex_lock(&f->mu);
+    ote__fio_t *io = f->io;
+    ote_mutex_unlock(&f->mu);
+    if (io != NULL) ote__fio_cancel(io);
+}
+
+static ote_status_t files_address(ote__transport_t *tp, char *buf, size_t len) {
+    (void)tp;
+    return snprintf(buf, len, "local") < (int)len ? OTE_OK : OTE_ERR_TOO_BIG;
+}
+
+static ote_status_t files_peer_open(ote__transport_t *tp, const char *peer, ote__tpeer_t **out) {
+    (void)peer;
+    ote__files_t *f = (ote__files_t *)tp;
+    *out = &f->peer;
+    return OTE_OK;
+}
+
+static ote_status_t files_peer_ensure(ote__tpeer_t *peer) {
+    ote__files_t *f = peer->f;
+    ote_mutex_lock(&f->mu);
+    ote_status_t st = io_start(f); /* requests before any registration: refused per slice */
+    ote_mutex_unlock(&f->mu);
+    return st;
+}
+
+/* Slices of at most file_chunk_size: the engine cuts at half a peer's limit. */
+static uint32_t files_peer_max_slice(ote__tpeer_t *peer) {
+    uint64_t c = peer->f->cfg.file_chunk_size * 2;
+    return c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
+}
+
+static ote_status_t files_peer_close(ote__tpeer_t *peer) {
+    (void)peer;
+    return OTE_OK;
+}
+
+static ote_status_t files_tp_destroy(ote__transport_t *tp) {
+    (void)tp; /* the engine destroys the owner (ote__files_destroy) */
+    return OTE_OK;
+}
+
+static const ote__transport_ops_t k_files_ops = {
+    .name = "file",
+    .address = files_address,
+    .peer_open = files_peer_open,
+    .peer_ensure = files_peer_ensure,
+    .peer_max_slice = files_peer_max_slice,
+    .submit = files_submit,
+    .cancel = files_cancel,
+    .peer_close = files_peer_close,
+    .destroy = files_tp_destroy,
+};
+
+ote__transport_t *ote__files_transport(ote__files_t *f) { return &f->tp; }
+
+ote_status_t ote__files_create(const ote__cfg_t *cfg, ote__files_t **out) {
+    ote__files_t *f = ote_calloc(1, sizeof(*f));
+    if (f == NULL) return OTE_ERR_NOMEM;
+    f->tp.ops = &k_files_ops;
+    f->cfg = *cfg;
+    f->next_addr = OTE__FILE_ADDR_BASE;
+    f->stall[0] = f->stall[1] = -1;
+    f->peer.f = f;
+    ote_status_t st = ote_mutex_init(&f->mu);
+    if (st != OTE_OK) {
+        ote_free(f);
+        return st;
+    }
+    *out = f;
+    return OTE_OK;
+}
+
+ote_status_t ote__files_destroy(ote__files_t *f) {
+    if (f == NULL) return OTE_OK;
+    ote_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->nregs; i++)
+        if (atomic_load(&f->regs[i]->inuse) > 0) {
+            ote_mutex_unlock(&f->mu);
+            return OTE_ERR_BUSY;
+        }
+    ote_mutex_unlock(&f->mu);
+    if (f->io != NULL) ote__fio_destroy(f->io);
+    for (size_t i = 0; i < f->nregs; i++) freg_free(f->regs[i]);
+    ote_free(f->regs);
+    for (int i = 0; i < 2; i++)
+        if (f->stall[i] >= 0) close(f->stall[i]);
+    ote_mutex_destroy(&f->mu);
+    ote_free(f);
+    return OTE_OK;
+}
