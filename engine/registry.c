@@ -265,6 +265,10 @@ static ote__reg_t *register_new_reg(ote_engine_t *e, const reg_args_t *a) {
     r->pin.perms = a->perms;
     r->pin.kind = a->kind;
     r->numa = ote__mem_node(e, a->start, a->len, a->kind);
+    r->pin.loc =
+        ote__mem_loc(OTE_MEM_IS_CUDA(a->kind) ? OTE_MEM_CUDA_DEVICE(a->kind) : -1, r->numa);
+    r->pin.base = a->start;
+    r->pin.len = a->len;
     if (a->nl) memcpy(r->name, a->name, a->nl);
     return r;
 }

@@ -72,6 +72,13 @@ enum {
 #define OTE__LOC_GPUS 64
 #define OTE__LOC_GPU(g) (OTE__LOC_GPU0 + (g))
 
+/* The locality of memory of CUDA device cuda_dev (-1: host memory) whose NUMA node is
+ * numa (-1: unknown): its GPU for device memory, else its node; -1 when out of range. */
+static inline int ote__mem_loc(int cuda_dev, int numa) {
+    if (cuda_dev >= 0) return cuda_dev < OTE__LOC_GPUS ? OTE__LOC_GPU(cuda_dev) : -1;
+    return numa >= 0 && numa < OTE__LOC_GPU0 ? numa : -1;
+}
+
 /* One unit of transport work: a contiguous piece of one request (or a notification). */
 struct ote__slice {
     ote__slice_t *next; /* transport queue link */
@@ -133,11 +140,15 @@ typedef struct {
 } ote__shared_ref_t;
 
 /* What a transport may read of a pin that host->pin gave (the head of the engine's
- * registration): the memory kind it was classified as at registration (ote_mem_kind_t)
- * and the permissions (OTE_PERM_*) it was registered with. */
+ * registration): the memory kind it was classified as at registration (ote_mem_kind_t),
+ * the permissions (OTE_PERM_*) it was registered with, its locality (OTE__LOC_*, -1:
+ * unknown; ote__mem_loc) and the registration's extent. All set at registration, then
+ * read-only. */
 typedef struct {
     uint32_t kind;
     unsigned perms;
+    int loc;
+    uint64_t base, len;
 } ote__pin_t;
 
 static inline uint32_t ote__pin_kind(const void *pin) { return ((const ote__pin_t *)pin)->kind; }

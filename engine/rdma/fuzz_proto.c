@@ -5,7 +5,8 @@
  *
  * What decodes must satisfy the bounds the transport relies on (lanes, devices, pairs,
  * the grant's range inside its request, a sent epoch nonzero, CONNECT's two epochs
- * sent together, the staging forms' flags and base) and survive a round trip: encoded
+ * sent together, the staging forms' flags and base, the pair form's devices and extent)
+ * and survive a round trip: encoded
  * again (in the form its content asks for) and decoded, it is the same message.
  */
 #include <stddef.h>
@@ -53,11 +54,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             check((m.u.grant.parent != 0) == (size == 88));
             check(m.u.grant.parent == 0 ||
                   (m.u.grant.budget >= 1 && m.u.grant.budget <= OTE_RP_MAX_BUDGET));
-            check(m.u.grant.flags == 0 || m.u.grant.flags == OTE_RP_GF_STAGE);
+            check((m.u.grant.flags & ~(OTE_RP_GF_STAGE | OTE_RP_GF_PAIR)) == 0);
             break;
         case OTE_RP_GRANT_RESP:
-            /* The staged form: exactly the known flag and a nonzero base. */
-            check((m.u.resp.flags != 0) == (size == 20));
+            /* The staged form: exactly the known flag and a nonzero base; the pair form
+             * (44 bytes): staged or not, devices below OTE_RP_MAX_DEVS, a nonempty extent
+             * that does not wrap. */
+            check(m.u.resp.flags == 0 || size == 20 || size == 44);
+            check(size != 20 || m.u.resp.flags != 0);
+            check((m.u.resp.near != 0) == (size == 44));
+            check((m.u.resp.near >> OTE_RP_MAX_DEVS) == 0);
+            check(m.u.resp.near == 0 ||
+                  (m.u.resp.reg_len != 0 && m.u.resp.reg_addr <= UINT64_MAX - m.u.resp.reg_len));
             check(m.u.resp.flags == 0 || m.u.resp.flags == OTE_RP_RESP_STAGED ||
                   m.u.resp.flags == (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT));
             check(m.u.resp.flags == 0 || m.u.resp.base != 0);

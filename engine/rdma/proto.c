@@ -18,6 +18,8 @@
 #define RESP_STAGED (4 + 16)
 /* ... and the parent trailer (proto.h). */
 #define GRANT_PARENT (GRANT_FLAGS + 12)
+/* ... and remote locality: GRANT_RESP's pair form (proto.h). */
+#define RESP_PAIR (RESP_STAGED + 24)
 
 static int pair_ok(uint32_t pair) {
     return (pair >> 16) == 0 && (pair >> 8) < OTE_RP_MAX_DEVS && (pair & 0xff) < OTE_RP_MAX_DEVS;
@@ -66,7 +68,7 @@ static ote_status_t get_path(const uint8_t *b, ote_qp_path_t *p) {
 }
 
 _Static_assert(INFO_EPOCH <= OTE_RP_MAX_BODY && GRANT_PARENT <= OTE_RP_MAX_BODY &&
-                   CONNECT_EPOCH <= OTE_RP_MAX_BODY,
+                   RESP_PAIR <= OTE_RP_MAX_BODY && CONNECT_EPOCH <= OTE_RP_MAX_BODY,
                "OTE_RP_MAX_BODY holds every form");
 
 size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
@@ -82,6 +84,7 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.flags != 0) n = GRANT_FLAGS;
     if (m->type == OTE_RP_GRANT_REQ && m->u.grant.parent != 0) n = GRANT_PARENT;
     if (m->type == OTE_RP_GRANT_RESP && m->u.resp.flags != 0) n = RESP_STAGED;
+    if (m->type == OTE_RP_GRANT_RESP && m->u.resp.near != 0) n = RESP_PAIR;
     memset(buf, 0, n);
     ote_le_put16(buf, m->type);
     uint8_t *b = buf + 4;
@@ -137,9 +140,14 @@ size_t ote__rp_encode(const ote_rp_msg_t *m, uint8_t *buf) {
             break;
         case OTE_RP_GRANT_RESP:
             ote_le_put32(b, m->u.resp.rkey);
-            if (n == RESP_STAGED) {
+            if (n >= RESP_STAGED) {
                 ote_le_put32(b + 4, m->u.resp.flags);
                 ote_le_put64(b + 8, m->u.resp.base);
+            }
+            if (n == RESP_PAIR) {
+                ote_le_put32(b + 16, m->u.resp.near);
+                ote_le_put64(b + 24, m->u.resp.reg_addr);
+                ote_le_put64(b + 32, m->u.resp.reg_len);
             }
             break;
         case OTE_RP_EP_RESET: ote_le_put32(b, m->u.reset.pair); break;
@@ -164,6 +172,7 @@ typedef struct {
     int gflags;  /* GRANT_REQ's flags word */
     int gparent; /* GRANT_REQ's parent trailer */
     int staged;  /* GRANT_RESP's staged form */
+    int rpair;   /* GRANT_RESP's pair form (its staged fields may be 0) */
 } shape_t;
 
 static shape_t shape_of(uint16_t type, size_t len) {
@@ -172,11 +181,12 @@ static shape_t shape_of(uint16_t type, size_t len) {
     sh.gparent = type == OTE_RP_GRANT_REQ && len == GRANT_PARENT;
     sh.gflags = type == OTE_RP_GRANT_REQ && (len == GRANT_FLAGS || sh.gparent);
     sh.staged = type == OTE_RP_GRANT_RESP && len == RESP_STAGED;
+    sh.rpair = type == OTE_RP_GRANT_RESP && len == RESP_PAIR;
     sh.epoch = (info && len == INFO_EPOCH) ||
                (type == OTE_RP_GRANT_REQ && (len == GRANT_EPOCH || sh.gflags)) ||
                (type == OTE_RP_CONNECT && len == CONNECT_EPOCH);
     sh.lng = (info && len == INFO_LONG) || (type == OTE_RP_CONNECT && len == CONNECT_LONG) ||
-             (type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || sh.epoch || sh.staged;
+             (type == OTE_RP_GRANT_REQ && len == GRANT_LONG) || sh.epoch || sh.staged || sh.rpair;
     return sh;
 }
 
@@ -221,7 +231,8 @@ static ote_status_t decode_connect(const uint8_t *b, shape_t sh, ote_rp_msg_t *m
 static ote_status_t decode_grant_trailers(const uint8_t *b, shape_t sh, ote_rp_msg_t *m) {
     if (sh.gflags) {
         m->u.grant.flags = ote_le_get32(b + 68);
-        if (m->u.grant.flags != OTE_RP_GF_STAGE && !(sh.gparent && m->u.grant.flags == 0))
+        if ((m->u.grant.flags & ~(OTE_RP_GF_STAGE | OTE_RP_GF_PAIR)) != 0 ||
+            (m->u.grant.flags == 0 && !sh.gparent))
             return OTE_ERR_PROTOCOL;
     }
     if (sh.gparent) {
@@ -262,14 +273,25 @@ static ote_status_t decode_grant_req(const uint8_t *b, shape_t sh, ote_rp_msg_t 
     return OTE_OK;
 }
 
+/* GRANT_RESP: the staged fields (in the pair form both may be 0: not staged) and the
+ * pair form's best devices and registration extent. */
 static ote_status_t decode_grant_resp(const uint8_t *b, shape_t sh, ote_rp_msg_t *m) {
     m->u.resp.rkey = ote_le_get32(b);
-    if (!sh.staged) return OTE_OK;
+    if (!sh.staged && !sh.rpair) return OTE_OK;
     m->u.resp.flags = ote_le_get32(b + 4);
     m->u.resp.base = ote_le_get64(b + 8);
-    if ((m->u.resp.flags != OTE_RP_RESP_STAGED &&
-         m->u.resp.flags != (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT)) ||
-        m->u.resp.base == 0)
+    int plain = sh.rpair && m->u.resp.flags == 0 && m->u.resp.base == 0;
+    if (!plain && ((m->u.resp.flags != OTE_RP_RESP_STAGED &&
+                    m->u.resp.flags != (OTE_RP_RESP_STAGED | OTE_RP_RESP_COMMIT)) ||
+                   m->u.resp.base == 0))
+        return OTE_ERR_PROTOCOL;
+    if (!sh.rpair) return OTE_OK;
+    m->u.resp.near = ote_le_get32(b + 16);
+    m->u.resp.reg_addr = ote_le_get64(b + 24);
+    m->u.resp.reg_len = ote_le_get64(b + 32);
+    if (m->u.resp.near == 0 || (m->u.resp.near >> OTE_RP_MAX_DEVS) != 0 ||
+        ote_le_get32(b + 20) != 0 || m->u.resp.reg_len == 0 ||
+        m->u.resp.reg_addr > UINT64_MAX - m->u.resp.reg_len)
         return OTE_ERR_PROTOCOL;
     return OTE_OK;
 }

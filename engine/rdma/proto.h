@@ -90,6 +90,18 @@
  * grants that parent reserved at the requester): 88 bytes. Sent only with an epoch and
  * only to a source whose advertisement has rdma_parent=1 (an older source would refuse
  * the size as a protocol error); a GRANT_REQ without it is served per grant.
+ *
+ * Remote locality (engine/rdma/rdma_pairing.c): a source whose advertisement has
+ * rdma_pair=1 takes the GRANT_REQ flag OTE_RP_GF_PAIR (with or without OTE_RP_GF_STAGE;
+ * sent only with an epoch) and then answers an OK grant in the pair form of GRANT_RESP:
+ * rkey u32, flags u32, base u64 (the staged form's, both 0 when not staged), near u32
+ * (bit i: the source's device i is among those its selector ranks best for the
+ * registration holding the grant's range; nonzero, below bit OTE_RP_MAX_DEVS), reserved
+ * u32 (0), reg_addr u64, reg_len u64 (that registration's extent: nonzero, not wrapping):
+ * 44 bytes. The requester pairs its later runs into that extent with one of those devices
+ * (the pair's source index) instead of its own device index modulo the peer's devices.
+ * A requester that does not set the flag gets the forms above; a source without the
+ * advert is never sent the flag (its decoder refuses unknown flag bits).
  */
 #ifndef OTE_ENGINE_RDMA_PROTO_H
 #define OTE_ENGINE_RDMA_PROTO_H
@@ -117,6 +129,8 @@ enum {
 
 /* GRANT_REQ flags: the requester takes a staged GRANT_RESP (source-side staging). */
 #define OTE_RP_GF_STAGE 1u
+/* GRANT_REQ flags: the requester takes the pair form of GRANT_RESP (remote locality). */
+#define OTE_RP_GF_PAIR 2u
 /* GRANT_RESP flags (staged form): the window covers a bounce buffer at base; COMMIT (a
  * WRITE grant only): the requester's request completes only on the grant's COMMIT. */
 #define OTE_RP_RESP_STAGED 1u
@@ -164,6 +178,8 @@ typedef struct {
             uint32_t rkey;
             uint32_t flags; /* 0 (short form) or OTE_RP_RESP_STAGED */
             uint64_t base;  /* staged: the window's (bounce buffer's) address */
+            uint32_t near;  /* pair form: the source's best devices (bit i: device i); 0: none */
+            uint64_t reg_addr, reg_len; /* pair form: the registration they are best for */
         } resp;
         struct {
             uint32_t pair;

@@ -689,6 +689,7 @@ ote_status_t ote__rdma_create(const ote__cfg_t *cfg, const ote__host_t *host,
     }
     snprintf(tp->addr, sizeof(tp->addr), "%s", host->self_addr);
     tp->epoch = host->epoch;
+    tp->pair_adv = !ote__rdma_hooks.no_pair; /* a test plays an older source */
     ote_status_t st = ote_mutex_init(&tp->mu);
     if (st != OTE_OK) {
         ote_free(tp);

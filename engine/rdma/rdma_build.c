@@ -48,13 +48,15 @@ void ote__rdma_build_end(ote__tpeer_t *p, const ote__rdma_build_job_t *job, ote_
     if (b->state == OTE__RDMA_BUILD_UNDER_WAY) b->state = OTE__RDMA_BUILD_IDLE;
 }
 
-/* A cache miss is the peer's, not the device's: it is owed to the run on whichever
- * device it picked now (else, with two devices, a run that misses on every CONNECT would
- * alternate between them, building for ever). */
+/* cap and fail_cap are endpoint indexes (rdma_pairing.h: the peer's device and the
+ * capability). A cache miss is the peer's, not the device's: it is owed to the run of the
+ * same capability on whichever pair it picked now (else, with two devices, a run that
+ * misses on every CONNECT would alternate between them, building for ever). */
 int ote__rdma_build_failure_take(ote__tpeer_t *p, uint32_t k, uint32_t cap, ote_status_t *st_out) {
     ote__rdma_build_t *b = &p->build;
-    if (b->fail_st == OTE_OK || b->fail_cap != cap) return 0;
-    if (b->fail_k != k && b->fail_st != OTE__RDMA_CACHE_MISS) return 0;
+    int miss = b->fail_st == OTE__RDMA_CACHE_MISS;
+    if (b->fail_st == OTE_OK || OTE__RDMA_EPI_CAP(b->fail_cap) != OTE__RDMA_EPI_CAP(cap)) return 0;
+    if (!miss && (b->fail_k != k || b->fail_cap != cap)) return 0;
     *st_out = b->fail_st;
     b->fail_st = OTE_OK;
     return 1;

@@ -271,8 +271,8 @@ static int retire_idle(rdma_tp_t *tp) {
     for (ote__tpeer_t *p = tp->peers; p != NULL && found < 0; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
         for (uint32_t k = 0; k < tp->nnics && found < 0; k++) {
-            for (int cap = 0; cap < 4 && found < 0; cap++) {
-                ote_endpoint_t *ep = p->conn.ep[k][cap];
+            for (int e = 0; e < OTE__RDMA_EPS && found < 0; e++) {
+                ote_endpoint_t *ep = p->conn.ep[k][e];
                 if (ep == NULL) continue;
                 for (uint32_t i = 0; i < ote_endpoint_width(ep) && found < 0; i++) {
                     if (ote_endpoint_users(ep, i) != 0) continue;
@@ -294,10 +294,10 @@ static int retire_idle(rdma_tp_t *tp) {
 
 uint32_t ote__rdma_qp_mask(rdma_tp_t *tp, ote__tpeer_t *p, const ote__slice_t *s, uint32_t mask) {
     if (!ote__rdma_qps_full(tp)) return mask;
-    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_cxp(s)->direct ? 2u : 0u);
-    uint32_t ready = 0;
+    uint32_t cap = ote__rdma_run_cap(s), ready = 0;
     for (uint32_t i = 0; i < tp->nnics; i++) {
-        ote_endpoint_t *ep = p->conn.ep[i][cap];
+        /* The endpoint the run would use on device i (rdma_pairing.c; p->mu held). */
+        ote_endpoint_t *ep = p->conn.ep[i][OTE__RDMA_EPI(ote__rdma_pair_dev_locked(p, s, i), cap)];
         if ((mask & (1u << i)) && ep != NULL && ote_endpoint_ready_count(ep) > 0) ready |= 1u << i;
     }
     return ready != 0 ? ready : mask;

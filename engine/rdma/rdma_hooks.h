@@ -26,6 +26,9 @@ typedef struct {
     int (*distance)(void *arg, int a, int b);
     /* A transport from its creation (on 1) until its teardown begins (on 0); idempotent. */
     void (*track)(struct ote__rdma_tp *tp, int on);
+    /* Nonzero: a transport created now advertises no rdma_pair=1 and answers no grant in
+     * the pair form (an older source: requesters keep their k % ndev pairing). */
+    int no_pair;
 } ote__rdma_hooks_t;
 
 extern ote__rdma_hooks_t ote__rdma_hooks;

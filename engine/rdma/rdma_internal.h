@@ -39,6 +39,7 @@
 #include "engine/engine_internal.h"
 #include "engine/src_account.h"
 #include "engine/rdma/proto.h"
+#include "engine/rdma/rdma_pairing.h"
 #include "engine/rdma/selector/selector.h"
 #include "engine/transport.h"
 #include "grant/grant.h"
@@ -60,7 +61,6 @@
 /* Notification ids carry this tag; call (INFO/CONNECT) ids never do, grant ids are
  * 24-bit: an answer of the wrong kind is recognised as such. */
 #define OTE__RDMA_NOTE_TAG (1ull << 62)
-
 #define OTE__RDMA_MAX_NICS OTE_RP_MAX_DEVS
 
 /*
@@ -111,6 +111,7 @@ typedef struct {
     uint32_t credit;         /* a run's first slice: the run holds a grant credit */
     uint32_t direct;         /* it goes to a direct slot (rdma_direct.c) */
     uint32_t plain;          /* the source sent it back to a plain slot: never direct again */
+    uint32_t rdev;           /* the peer's device it was paired with (rdma_pairing.h) */
 } rdma_xp_t;
 _Static_assert(sizeof(rdma_xp_t) <= OTE__SLICE_SCRATCH, "rdma's slice scratch fits a slice's");
 static inline rdma_xp_t *ote__rdma_xp(ote__slice_t *s) { return (rdma_xp_t *)(void *)s->xp; }
@@ -168,6 +169,7 @@ typedef struct conn {
     int direct_ok;    /* requester side: the source advertised rdma_direct=1 (rdma_direct.c) */
     int parent_ok;    /* requester side: it advertised rdma_parent=1 (rdma_src_parents.c) */
     int grant_mr;     /* requester side: it grants host memory by exact MRs (rdma_grant_mr=1) */
+    int pair_ok;      /* requester side: it advertised rdma_pair=1 (rdma_pairing.h) */
     uint64_t process, pd;
     uint32_t nic, lanes;
     uint32_t ndev;                     /* the peer's data devices (1..) */
@@ -299,7 +301,7 @@ typedef struct {
     /* A GRANT_REQ on (device, cap) met a cache miss: the source forgot that endpoint, so
      * the next start there retires every idle READY QP of it (rebuilt by CONNECT), not
      * only the one that missed. Indexed like p->conn.ep[][] (the endpoint the run used). */
-    uint8_t miss_flush[OTE__RDMA_MAX_NICS][4];
+    uint8_t miss_flush[OTE__RDMA_MAX_NICS][OTE__RDMA_EPS];
     /* The source refused this peer's last QP build AGAIN (its rdma_max_qps), until a
      * build works: a queued run that ends at its deadline says so. */
     int src_refused;
@@ -335,10 +337,9 @@ struct ote__tpeer {
         conn_t *c;
         pthread_t reader;
         int reader_started;
-        /* requester endpoints per local data device and capability (READ, WRITE; 2, 3:
-         * the direct READ, WRITE endpoints of rdma_direct.c, only toward a source that
-         * advertised rdma_direct=1): device i pairs with the peer's device i % c->ndev */
-        ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][4];
+        /* requester endpoints per local device and endpoint index (the peer's device, the
+         * capability; 2, 3: direct, rdma_direct.c): rdma_pairing.h says which exist */
+        ote_endpoint_t *ep[OTE__RDMA_MAX_NICS][OTE__RDMA_EPS];
         uint64_t met_epoch, met_process;
         int restarted;
     } conn;
@@ -394,6 +395,7 @@ struct ote__tpeer {
     struct {
         uint64_t uid, lo, hi;
     } staged;
+    ote__rdma_pairs_t pairs; /* under mu: the peer's registrations' best devices */
 };
 
 /* Whether a build is wanted (the pump thread has work for this peer even with nothing
@@ -550,6 +552,7 @@ struct ote__rdma_tp {
     ote__rdma_grant_mode_t grant_mode;
     int have_mw;
     _Atomic uint64_t direct_released, direct_host_served;
+    int pair_adv; /* rdma_pair=1 advertised (not under the no_pair test hook) */
 };
 
 /* ---- rdma_conn.c: one control connection ----------------------------------------- */

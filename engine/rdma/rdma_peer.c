@@ -110,6 +110,10 @@ static int on_grant_resp(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_m
         return -1;
     }
     if (st == OTE_OK && mine != NULL && mine->req_uid != 0) note_staged_range(p, mine, staged);
+    /* The pair form (asked only of a source with rdma_pair=1): its best devices for the
+     * registration, for our later runs into it (rdma_pairing.c). */
+    if (st == OTE_OK && mine != NULL && c->pair_ok && rp->u.resp.near != 0)
+        ote__rdma_pair_learn(p, rp);
     int waits = 0;
     if (commit && st == OTE_OK && mine != NULL && nic < tp->nnics) {
         if (ote__rdma_commit_expect(p, m->req_id, rp->u.resp.rkey, mine->s) != OTE_OK) {
@@ -312,9 +316,9 @@ static int same_incarnation(const ote__tpeer_t *p, const conn_t *c) {
 static size_t eps_take(ote__tpeer_t *p, ote_endpoint_t **out) {
     size_t n = 0;
     for (uint32_t i = 0; i < OTE__RDMA_MAX_NICS; i++) {
-        for (int cap = 0; cap < 4; cap++) {
-            if (p->conn.ep[i][cap] != NULL) out[n++] = p->conn.ep[i][cap];
-            p->conn.ep[i][cap] = NULL;
+        for (int e = 0; e < OTE__RDMA_EPS; e++) {
+            if (p->conn.ep[i][e] != NULL) out[n++] = p->conn.ep[i][e];
+            p->conn.ep[i][e] = NULL;
         }
     }
     return n;
@@ -356,15 +360,17 @@ static ote_status_t hello(ote__tpeer_t *p, conn_t *c, ote_deadline_t dl) {
                  c->direct_ok ? "" : ", but offers no direct slot: its host memory is refused");
     /* Whole-parent credits (rdma_src_parents.c): GRANT_REQs carry their parent. */
     c->parent_ok = adv_flag(&a, "rdma_parent");
+    /* Its registrations' best devices in GRANT_RESP (rdma_pairing.c): endpoints to each
+     * of its devices, and runs paired by the remote buffer's locality. */
+    c->pair_ok = adv_flag(&a, "rdma_pair");
     return OTE_OK;
 }
 
 /* INFO on c (the reader runs), bounded by dl: the peer's identity, checked against the
  * incarnation this segment met (a restarted peer fails it for good: a new segment meets
- * the new one), then our requester endpoints to it, device i paired with the peer's
- * device i % ndev (it computes the same), into eps. */
+ * the new one), then our requester endpoints to it (rdma_pairing.h) into eps. */
 static ote_status_t info_and_endpoints(ote__tpeer_t *p, conn_t *c, ote_deadline_t dl,
-                                       ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4]) {
+                                       ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][OTE__RDMA_EPS]) {
     rdma_tp_t *tp = p->tp;
     ote_rp_msg_t info;
     ote__rdma_local_info(tp, &info, OTE_RP_INFO);
@@ -378,15 +384,7 @@ static ote_status_t info_and_endpoints(ote__tpeer_t *p, conn_t *c, ote_deadline_
         p->conn.restarted = 1;
         st = OTE_ERR_PEER_LOST;
     }
-    int ncap = c->direct_ok ? 4 : 2; /* 2, 3: direct endpoints (rdma_direct.c) */
-    for (uint32_t i = 0; st == OTE_OK && i < tp->nnics; i++) {
-        for (int cap = 0; st == OTE_OK && cap < ncap; cap++) {
-            ote_ep_key_t key;
-            ote_ep_key_make(&key, c->process, c->pd, ote_context_nic_id(tp->nics[i].ctx),
-                            c->nics[i % c->ndev], OTE_EP_REQUESTER, (ote_ep_cap_t)cap);
-            st = ote_endpoint_get(tp->nics[i].eps, &key, c->lanes, &eps[i][cap]);
-        }
-    }
+    if (st == OTE_OK) st = ote__rdma_pair_endpoints(tp, c, eps);
     if (st != OTE_OK && !p->conn.restarted)
         OTE_WARN("rdma", "control handshake (INFO) with %s failed: %s", p->name,
                  ote_status_str(st));
@@ -423,7 +421,7 @@ static ote_status_t connect_ctl(ote__tpeer_t *p) {
         return OTE_ERR_NOMEM;
     }
     p->conn.reader_started = 1;
-    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][4];
+    ote_endpoint_t *eps[OTE__RDMA_MAX_NICS][OTE__RDMA_EPS];
     memset(eps, 0, sizeof(eps));
     st = info_and_endpoints(p, c, dl, eps);
     if (st != OTE_OK) {
@@ -452,7 +450,7 @@ static void disconnect_ctl(ote__tpeer_t *p) {
     p->conn.reader_started = 0;
     ote_mutex_lock(&p->mu);
     p->conn.c = NULL;
-    ote_endpoint_t *eps[4 * OTE__RDMA_MAX_NICS];
+    ote_endpoint_t *eps[OTE__RDMA_EPS * OTE__RDMA_MAX_NICS];
     size_t n = eps_take(p, eps);
     ote_mutex_unlock(&p->mu);
     eps_evict(eps, n); /* the endpoints of that connection's peer: fresh ones next time */
@@ -460,7 +458,7 @@ static void disconnect_ctl(ote__tpeer_t *p) {
 }
 
 void ote__rdma_peers_evict_dead(rdma_tp_t *tp) {
-    ote_endpoint_t *eps[4 * OTE__RDMA_MAX_NICS];
+    ote_endpoint_t *eps[OTE__RDMA_EPS * OTE__RDMA_MAX_NICS];
     ote_mutex_lock(&tp->mu);
     for (ote__tpeer_t *p = tp->peers; p != NULL; p = p->tp_next) {
         ote_mutex_lock(&p->mu);
@@ -573,11 +571,7 @@ void ote__rdma_reset_device(rdma_tp_t *tp, uint32_t k) {
     }
     ote_mutex_unlock(&tp->mu);
     for (size_t i = 0; i < n; i++) {
-        ote_rp_msg_t rq;
-        memset(&rq, 0, sizeof(rq));
-        rq.type = OTE_RP_EP_RESET;
-        rq.u.reset.pair = ((k % cs[i]->ndev) << 8) | k;
-        (void)ote__rdma_conn_send_rp(cs[i], 0, OTE_OK, &rq);
+        ote__rdma_pair_reset(cs[i], k);
         ote__rdma_conn_put(cs[i]);
     }
 }

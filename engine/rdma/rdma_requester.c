@@ -129,7 +129,7 @@ typedef struct {
     ote__tpeer_t *p;
     ote__slice_t *s;    /* the run (its first slice) */
     uint32_t nic, pair; /* our device; (the peer's device << 8) | ours */
-    uint32_t cap;       /* the endpoint's: 0 READ, 1 WRITE, 2, 3 direct (rdma_direct.c) */
+    uint32_t epi;       /* the endpoint's index: the peer's device, the capability */
 } garg_t;
 
 static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, uint32_t remote_qpn,
@@ -141,7 +141,7 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     uint64_t wire_id = OTE__RDMA_GRANT_WIRE(ga->nic, grant_id);
     g->id = wire_id;
     g->pair = ga->pair;
-    g->cap = ga->cap; /* a RELEASE names the endpoint, direct ones included */
+    g->cap = OTE__RDMA_EPI_CAP(ga->epi); /* a RELEASE names the endpoint, direct ones too */
     g->slot = slot;
     g->src_qpn = remote_qpn;
     g->s = ga->s;
@@ -168,6 +168,9 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     /* A source that serves READs of its device memory staged (rdma_stage=1): say that we
      * take a staged answer (sent only with an epoch, proto.h). */
     if (p->conn.c->stage_ok && p->conn.c->epoch != 0) rq.u.grant.flags = OTE_RP_GF_STAGE;
+    /* A source that says where its registrations are best served (rdma_pair=1): we take
+     * the pair form of its answer (rdma_pairing.c; with an epoch only, proto.h). */
+    if (p->conn.c->pair_ok && p->conn.c->epoch != 0) rq.u.grant.flags |= OTE_RP_GF_PAIR;
     /* To a source that reserves whole parents (rdma_parent=1): the run's parent and its
      * budget (with an epoch only, proto.h; rdma_src_parents.c). */
     if (p->conn.c->parent_ok && p->conn.c->epoch != 0 &&
@@ -176,9 +179,10 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     /* To a source with GPUDirect grants: we follow a redirect; this one is on a direct
      * slot (proto.h, rdma_direct.c). */
     if (p->conn.c->direct_ok)
-        rq.u.grant.dflags = OTE_RP_GOP_DIRECT_OK | (ga->cap >= 2 ? OTE_RP_GOP_DIRECT : 0);
+        rq.u.grant.dflags =
+            OTE_RP_GOP_DIRECT_OK | (OTE__RDMA_EPI_CAP(ga->epi) >= 2 ? OTE_RP_GOP_DIRECT : 0);
     /* req_qpn: the requester's own QP on that slot, for the source's identity check. */
-    ote_endpoint_t *ep = p->conn.ep[ga->nic][ga->cap];
+    ote_endpoint_t *ep = p->conn.ep[ga->nic][ga->epi];
     ote_qp_t *qp = NULL;
     if (ote_endpoint_borrow_ready(ep, slot, remote_qpn, &qp) == OTE_OK) {
         rq.u.grant.req_qpn = ote_qp_num(qp);
@@ -365,8 +369,7 @@ void ote__rdma_run_finish(ote__slice_t *s, ote_status_t st) {
     ote_mutex_lock(&p->mu);
     p->queue.inflight[n->index] -= rlen;
     /* The endpoint the run used (plain or direct): its idle QPs are the unknown ones. */
-    uint32_t used = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_xp(s)->direct ? 2u : 0u);
-    if (st == OTE__RDMA_CACHE_MISS) ote__rdma_build_flush_ask(p, n->index, used);
+    if (st == OTE__RDMA_CACHE_MISS) ote__rdma_build_flush_ask(p, n->index, ote__rdma_run_epi(s));
     if (busy) p->pump.busy_until = ote_now_ns() + OTE__RDMA_BUSY_PAUSE_NS;
     if (again) ote__rdma_run_requeue(p, s);
     int queued = p->queue.head != NULL;
@@ -386,9 +389,8 @@ static void slice_grant_abandoned(void *arg, uint32_t slot, uint32_t remote_qpn,
     conn_t *c = ote__rdma_xp(s)->conn;
     if (c == NULL || c->ndev == 0) return;
     uint32_t k = ote__rdma_xp(s)->nic;
-    uint32_t pair = ((k % c->ndev) << 8) | k;
-    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_xp(s)->direct ? 2u : 0u);
-    ote__rdma_send_release(c, pair, cap, slot, remote_qpn, rkey);
+    uint32_t pair = (ote__rdma_xp(s)->rdev << 8) | k;
+    ote__rdma_send_release(c, pair, ote__rdma_run_cap(s), slot, remote_qpn, rkey);
 }
 
 /* A slice that ends before its grant was asked for: tell the source its bytes will never
@@ -583,7 +585,7 @@ static void retire_idle(ote_endpoint_t *ep) {
  * built anew when empty. None READY: the build is asked of the pump thread and
  * OTE__RDMA_START_NEEDS_BUILD returned (the device's pick given back); every slot fenced:
  * the run ended FENCED (OTE__RDMA_START_TAKEN, *qp_out NULL). */
-static int borrow_live(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, uint32_t cap,
+static int borrow_live(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, uint32_t epi,
                        ote_endpoint_t *ep, int inline_, uint32_t *slot_out, ote_qp_t **qp_out) {
     rdma_tp_t *tp = p->tp;
     ote_qp_t *qp = NULL;
@@ -595,7 +597,7 @@ static int borrow_live(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, u
         ote_status_t st = borrow_now(ep, inline_ || ote__rdma_qps_full(tp), &slot, &qp, &want, &bg);
         if (st != OTE_OK || bg) {
             ote_mutex_lock(&p->mu);
-            ote__rdma_build_ask(p, (uint32_t)k, cap, want, st != OTE_OK);
+            ote__rdma_build_ask(p, (uint32_t)k, epi, want, st != OTE_OK);
             ote_mutex_unlock(&p->mu);
             if (st != OTE_OK) {
                 ote_selector_done(tp->sel, k, rlen, 0);
@@ -652,7 +654,7 @@ static ote_status_t local_mr(rdma_tp_t *tp, rdma_nic_t *n, const ote__slice_t *s
  * its grant is asked on (for a RELEASE: the grant may end before ote_grant_start returns,
  * so taken first), then the grant. On OTE_OK the grant owns the QP borrow and ends the
  * slices; otherwise everything is given back and the run ended with the status. */
-static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, uint32_t cap,
+static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, uint32_t epi,
                       ote_endpoint_t *ep, uint32_t slot, ote_qp_t *qp, struct ibv_mr *mr,
                       struct ibv_mr *tmp) {
     rdma_tp_t *tp = p->tp;
@@ -663,6 +665,7 @@ static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, ui
         ote__rdma_xp(x)->nic = (uint32_t)k;
         ote__rdma_xp(x)->peer = p;
         ote__rdma_xp(x)->conn = NULL;
+        ote__rdma_xp(x)->rdev = OTE__RDMA_EPI_DEV(epi);
     }
     ote__rdma_xp(s)->mr = tmp; /* the run's first slice holds its temporary MR */
     ote__rdma_conn_get(p->conn.c);
@@ -682,9 +685,9 @@ static void grant_run(ote__tpeer_t *p, ote__slice_t *s, uint64_t rlen, int k, ui
     d.done_arg = s;
     d.canceled = slice_canceled;
     d.abandoned = slice_grant_abandoned;
-    d.receipt_imm = cap >= 2; /* an exact MR at the source: nothing to invalidate */
-    uint32_t pair = (((uint32_t)k % p->conn.c->ndev) << 8) | (uint32_t)k;
-    garg_t ga = {p, s, (uint32_t)k, pair, cap};
+    d.receipt_imm = OTE__RDMA_EPI_CAP(epi) >= 2; /* an exact MR at the source: no window */
+    uint32_t pair = (OTE__RDMA_EPI_DEV(epi) << 8) | (uint32_t)k;
+    garg_t ga = {p, s, (uint32_t)k, pair, epi};
     ote_grant_ctl_t ctl = {.arg = &ga, .request = grant_request};
     ote_status_t st = ote_grant_start(n->gm, &d, &ctl);
     if (st == OTE_OK) return;
@@ -706,8 +709,9 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     /* A run the source redirected goes on a direct endpoint (rdma_direct.c), and so does
      * a later run of a request it redirected. */
     ote__rdma_direct_recall(p, s);
-    uint32_t cap = (s->op == OTE__SLICE_WRITE ? 1u : 0u) + (ote__rdma_xp(s)->direct ? 2u : 0u);
-    ote_endpoint_t *ep = p->conn.ep[k][cap];
+    /* The peer's device by the remote buffer's locality (rdma_pairing.c). */
+    uint32_t epi = OTE__RDMA_EPI(ote__rdma_pair_dev(p, s, (uint32_t)k), ote__rdma_run_cap(s));
+    ote_endpoint_t *ep = p->conn.ep[k][epi];
     if (ep == NULL) { /* a direct run toward a source that no longer advertises it */
         ote__rdma_start_failed(p, s, k, OTE_ERR_UNSUPPORTED);
         return OTE__RDMA_START_TAKEN;
@@ -717,8 +721,8 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
      * retired. */
     ote_status_t st = OTE_OK;
     ote_mutex_lock(&p->mu);
-    int failed = ote__rdma_build_failure_take(p, (uint32_t)k, cap, &st);
-    int flush = failed ? 0 : ote__rdma_build_flush_take(p, (uint32_t)k, cap);
+    int failed = ote__rdma_build_failure_take(p, (uint32_t)k, epi, &st);
+    int flush = failed ? 0 : ote__rdma_build_flush_take(p, (uint32_t)k, epi);
     ote_mutex_unlock(&p->mu);
     if (failed) {
         ote__rdma_start_failed(p, s, k, st);
@@ -728,7 +732,7 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
     uint32_t slot = 0;
     ote_qp_t *qp = NULL;
     uint64_t rlen = run_bytes(s);
-    int r = borrow_live(p, s, rlen, k, cap, ep, inline_, &slot, &qp);
+    int r = borrow_live(p, s, rlen, k, epi, ep, inline_, &slot, &qp);
     if (r != OTE__RDMA_START_TAKEN || qp == NULL) return r;
     atomic_fetch_add(inline_ ? &tp->starts_inline : &tp->starts_pumped, 1);
     struct ibv_mr *mr = NULL, *tmp = NULL;
@@ -738,17 +742,17 @@ int ote__rdma_start_on(ote__tpeer_t *p, ote__slice_t *s, int k, int inline_) {
         ote__rdma_start_failed(p, s, k, st);
         return OTE__RDMA_START_TAKEN;
     }
-    grant_run(p, s, rlen, k, cap, ep, slot, qp, mr, tmp);
+    grant_run(p, s, rlen, k, epi, ep, slot, qp, mr, tmp);
     return OTE__RDMA_START_TAKEN;
 }
 
 /* The pump thread's build of the QP p asked for (p->build: UNDER_WAY), bounded by
  * connect_timeout_ms; the QP is given back READY for the runs that wait. No lock held;
  * the pump thread pumps p. */
-ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint32_t slot) {
+ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t epi, uint32_t slot) {
     rdma_tp_t *tp = p->tp;
-    ote_endpoint_t *ep = p->conn.ep[k][cap];
-    uint32_t pair = ((k % p->conn.c->ndev) << 8) | k;
+    ote_endpoint_t *ep = p->conn.ep[k][epi];
+    uint32_t cap = OTE__RDMA_EPI_CAP(epi), pair = (OTE__RDMA_EPI_DEV(epi) << 8) | k;
     xarg_t xa = {p, cap, pair}; /* 0 READ, 1 WRITE, 2, 3 direct */
     ote_deadline_t cdl = ote_deadline_after(tp->cfg.connect_timeout_ms * OTE_NSEC_PER_MSEC);
     ote_qp_t *qp = NULL;
@@ -761,7 +765,7 @@ ote_status_t ote__rdma_build_qp(ote__tpeer_t *p, uint32_t k, uint32_t cap, uint3
         OTE_DEBUG("rdma", "QP to %s not built: the source holds its rdma_max_qps", p->name);
     } else {
         OTE_WARN("rdma", "QP to %s (device %s, %s, slot %u) not built: %s", p->name,
-                 ote_context_name(tp->nics[k].ctx), cap ? "WRITE" : "READ", slot,
+                 ote_context_name(tp->nics[k].ctx), (cap & 1u) ? "WRITE" : "READ", slot,
                  ote_status_str(st));
     }
     return st;

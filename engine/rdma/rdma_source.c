@@ -34,6 +34,8 @@ typedef struct {
     uint64_t base;       /* nonzero: a staged grant, its window over the bounce buffer there */
     int write;           /* a staged WRITE: the answer asks for the COMMIT wait */
     rdma_stage_t *stage; /* a staged WRITE's bounce (a reference, rdma_stage.c) */
+    uint32_t near;       /* the pair form (rdma_pairing.c): our best devices; 0: not sent */
+    uint64_t reg_addr, reg_len;
 } answer_t;
 
 /* One ote_grant_serve() call (its `call`, handed to src_pin / src_pin_exact, which run
@@ -166,6 +168,11 @@ static void src_answer(void *arg, uint64_t actx, ote_status_t st, uint32_t rkey)
     if (st == OTE_OK && a->base != 0) { /* staged: the requester addresses the bounce */
         rp.u.resp.flags = OTE_RP_RESP_STAGED | (a->write ? OTE_RP_RESP_COMMIT : 0);
         rp.u.resp.base = a->base;
+    }
+    if (st == OTE_OK && a->near != 0) { /* asked with OTE_RP_GF_PAIR */
+        rp.u.resp.near = a->near;
+        rp.u.resp.reg_addr = a->reg_addr;
+        rp.u.resp.reg_len = a->reg_len;
     }
     (void)ote__rdma_conn_send_rp(a->c, a->req_id, st, &rp);
     ote__rdma_conn_put(a->c);
@@ -339,6 +346,8 @@ static ote_status_t src_serve(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq
     a->req_id = req_id;
     a->nic = nic;
     a->len = rq->u.grant.len;
+    if ((rq->u.grant.flags & OTE_RP_GF_PAIR) && tp->pair_adv)
+        ote__rdma_pair_hint(tp, acct, &a->near, &a->reg_addr, &a->reg_len);
     ote__rdma_conn_get(c);
     serve_call_t sc = {.a = acct, .stage = stage, .sps = sps, .pinned = 0};
     /* A direct slot serves device memory by an exact MR, a plain one by a window
@@ -628,10 +637,14 @@ ote_status_t ote__rdma_advert(ote__transport_t *t, char *buf, size_t len) {
     static const char kAdv[] =
         "rdma_release=1;rdma_connect_epoch=1;rdma_stage=1;rdma_direct=1;rdma_parent=1";
     static const char kMr[] = ";rdma_grant_mr=1";
+    /* rdma_pair=1: GRANT_REQ's OTE_RP_GF_PAIR, GRANT_RESP's pair form (rdma_pairing.c). */
+    static const char kPair[] = ";rdma_pair=1";
     int mr = tp->grant_mode == OTE__RDMA_GRANT_MR;
-    size_t need = sizeof(kAdv) + (mr ? sizeof(kMr) - 1 : 0);
+    size_t need =
+        sizeof(kAdv) + (mr ? sizeof(kMr) - 1 : 0) + (tp->pair_adv ? sizeof(kPair) - 1 : 0);
     if (len < need) return OTE_ERR_TOO_BIG;
     memcpy(buf, kAdv, sizeof(kAdv));
-    if (mr) memcpy(buf + sizeof(kAdv) - 1, kMr, sizeof(kMr));
+    if (mr) memcpy(buf + strlen(buf), kMr, sizeof(kMr));
+    if (tp->pair_adv) memcpy(buf + strlen(buf), kPair, sizeof(kPair));
     return OTE_OK;
 }

@@ -680,7 +680,7 @@ TEST_F(RdmaControlTest, ParentTrailerIsCheckedAndAdvertised) {
     EXPECT_NE(m.status, OTE_OK) << "another epoch, nothing registered: refused";
     close(fd);
     for (const auto &body : {grant(0, 4, 0, 88), grant(7, 0, 0, 88), grant(7, 65537, 0, 88),
-                             grant(7, 4, 2, 88), grant(7, 4, 0, 84)}) {
+                             grant(7, 4, 4, 88), grant(7, 4, 0, 84)}) {
         int bad = session();
         ASSERT_TRUE(SendAll(bad, Frame(OTE_CTL_RDMA, 3, OTE_OK, body)));
         EXPECT_FALSE(ReadFrame(bad, &buf, &m, 3000)) << "a malformed parent trailer was answered";

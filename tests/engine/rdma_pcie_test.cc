@@ -131,7 +131,8 @@ class RdmaPcieTest : public ote_gpu_test::GpuTest {
         }
         return out;
     }
-    static std::vector<uint64_t> BytesOut(ote_engine_t *e) {
+    // Bytes each mlx5_k carried as requester (out) or served as source.
+    static std::vector<uint64_t> BytesOut(ote_engine_t *e, bool served = false) {
         ote_nic_stats_t st[16];
         size_t n = 0;
         EXPECT_EQ(ote_engine_nic_stats(e, st, 16, &n), OTE_OK);
@@ -139,7 +140,7 @@ class RdmaPcieTest : public ote_gpu_test::GpuTest {
         for (size_t i = 0; i < n; i++) {
             int k = -1;
             if (std::sscanf(st[i].name, "mlx5_%d", &k) == 1 && k >= 0 && k < kGpus)
-                v[k] = st[i].bytes_out;
+                v[k] = served ? st[i].bytes_served : st[i].bytes_out;
         }
         return v;
     }
@@ -212,6 +213,47 @@ TEST_F(RdmaPcieTest, EveryGpuWritesOnTheNicBehindItsOwnSwitch) {
     }
     EXPECT_EQ(ote_segment_close(seg), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(peer, host.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(peer), OTE_OK);
+}
+
+// The other way round: the peer's buffer is on its GPU k and the requester's is host
+// memory (its runs leave on the NICs of its socket). The peer's first grant answer says
+// that mlx5_k is best for that buffer (rdma_pairing.c), so every later run pairs with
+// the peer's mlx5_k whichever NIC of ours it leaves on: the peer serves all of a 64 MiB
+// WRITE there, for every k, every byte checked in the GPU's memory.
+TEST_F(RdmaPcieTest, ThePeerServesEachGpusBufferOnTheNicBehindItsSwitch) {
+    ote_engine_t *peer = ote_gpu_test::RdmaGpuEngine("direct", {}, "120000");
+    ASSERT_NE(peer, nullptr);
+    ote_engine_t *req = ote_test::RdmaEngine("120000");
+    ASSERT_NE(req, nullptr);
+    std::vector<uint8_t> host(kLen), back(kLen);
+    ASSERT_EQ(ote_memory_register(req, host.data(), kLen, OTE_PERM_READ), OTE_OK);
+    ote_segment_t *seg = nullptr;
+    ASSERT_NO_FATAL_FAILURE(OpenSegment(req, peer, &seg));
+    for (int k = 0; k < kGpus; k++) {
+        uint64_t d = GpuBuffer(k, 300 + static_cast<uint64_t>(k));
+        ASSERT_NE(d, 0u);
+        void *dp = reinterpret_cast<void *>(d);
+        ASSERT_EQ(ote_memory_register(peer, dp, kLen, OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
+        ote_pattern_fill(host.data(), kLen, 400 + static_cast<uint64_t>(k), 0);
+        ASSERT_EQ(ote_test::RunOne(req, {OTE_WRITE, host.data(), seg, d, 4096}, 120 * kSec),
+                  OTE_OK);
+        std::vector<uint64_t> before = BytesOut(peer, true);
+        ASSERT_EQ(ote_test::RunOne(req, {OTE_WRITE, host.data(), seg, d, kLen}, 120 * kSec),
+                  OTE_OK);
+        std::vector<uint64_t> after = BytesOut(peer, true);
+        EXPECT_EQ(t_->cuMemcpyDtoH(back.data(), d, kLen), 0);
+        EXPECT_TRUE(back == host) << "GPU " << k << ": the peer's bytes differ";
+        uint64_t total = 0;
+        for (int n = 0; n < kGpus; n++) total += after[n] - before[n];
+        EXPECT_EQ(total, kLen) << "GPU " << k;
+        EXPECT_EQ(after[k] - before[k], kLen)
+            << "GPU " << k << ": the peer's mlx5_" << k << " served " << after[k] - before[k];
+        EXPECT_EQ(ote_memory_unregister(peer, dp), OTE_OK);
+    }
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, host.data()), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
     EXPECT_EQ(ote_engine_destroy(peer), OTE_OK);
 }

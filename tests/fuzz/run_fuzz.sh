@@ -123,6 +123,15 @@ printf "$INFO_HEAD" >"$RCORPUS/info_short"
     printf '\x07\x00\x00\x00\x00\x00\x00\x00\x04\x00\x00\x00'
 } >"$RCORPUS/grant_parent"
 
+# GRANT_RESP in the pair form (rkey 0x1234, not staged, the source's device 1 best for
+# the registration at 0x10000 of 1 MiB: remote locality, proto.h).
+{
+    printf '\x06\x00\x00\x00\x34\x12\x00\x00\x00\x00\x00\x00'
+    head -c 8 /dev/zero
+    printf '\x02\x00\x00\x00\x00\x00\x00\x00'
+    printf '\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x10\x00\x00\x00\x00\x00'
+} >"$RCORPUS/resp_pair"
+
 # The shm transport's wire checks (engine/shm/shm_proto.h): one SOCK_SEQPACKET message
 # per input. Seeds (a HELLO, the three AUTH steps, HELLO_ACKs, REQS, RESPS, an IPC offer
 # and close receipt, and malformed neighbours of them) are written by the target itself
