@@ -141,7 +141,8 @@ typedef struct {
     uint64_t ssz;
     uint32_t ns;
     uint32_t kind; /* memory kind of the local buffer (ote_mem_kind_t) */
-    int ipc;       /* device memory tried through CUDA IPC first (not staged up front) */
+    int ipc;       /* device memory tried through the transport's device path first (CUDA
+                    * IPC, GPUDirect Storage), not staged up front */
     int direct;    /* planning: the local buffer's registration has dma-buf MRs */
 } req_plan_t;
 
@@ -258,6 +259,10 @@ static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size
         if (direct) kind = OTE_MEM_HOST;
         int ipc = st == OTE_OK && OTE_MEM_IS_CUDA(kind) && ote__gpu_ipc_allowed(e->gpu) &&
                   ops->ipc_ready != NULL && ops->ipc_ready(reqs[i].segment->peer);
+        /* GPUDirect Storage (the local segment, engine/file/gds.c): tried like IPC, a
+         * slice it declines is staged. */
+        if (!ipc && st == OTE_OK && OTE_MEM_IS_CUDA(kind) && ops->gds_ready != NULL)
+            ipc = ops->gds_ready(reqs[i].segment->peer);
         if (st == OTE_OK && OTE_MEM_IS_CUDA(kind) && !ipc)
             st = ote__gpu_path_check(e->gpu, kind, -1, "a request's local buffer");
         if (st != OTE_OK) continue;

@@ -56,6 +56,7 @@ typedef struct ote__ipc_desc {
 /* ote__slice_t.file_io; the same bits as OTE_FILE_IO_* of <ote/ote.h>. */
 #define OTE__FILE_IO_DIRECT 1u
 #define OTE__FILE_IO_BUFFERED 2u
+#define OTE__FILE_IO_GDS 4u
 typedef void (*ote__slice_done_fn)(ote__slice_t *s, ote_status_t st);
 
 enum {
@@ -95,11 +96,12 @@ struct ote__slice {
     uint32_t len;
     uint16_t op;
     int16_t mem_loc; /* locality of the local memory (OTE__LOC_*), -1: unknown */
-    /* CUDA IPC try (engine/batch.c, shm only): the local buffer is device memory of this
-     * kind (ote_mem_kind_t) and the slice was not staged; the transport may move it only
-     * through CUDA IPC, and ends it with OTE_ERR_UNSUPPORTED having touched nothing when
-     * the source declines (the engine then stages it). 0 = ipc_try unset: local is host
-     * memory. */
+    /* Device-path try (engine/batch.c): the local buffer is device memory of this kind
+     * (ote_mem_kind_t) and the slice was not staged; the transport may move it only
+     * through its own device path (shm: CUDA IPC, ipc_ready; the local segment:
+     * GPUDirect Storage, gds_ready), and ends it with OTE_ERR_UNSUPPORTED having touched
+     * nothing when that path declines (the engine then stages it). 0 = ipc_try unset:
+     * local is host memory. */
     uint8_t ipc_try;
     /* How the file owner moved the slice (engine/file): OTE__FILE_IO_* set before done(),
      * 0 for every other transport (the engine hands it over 0). */
@@ -395,6 +397,10 @@ typedef struct {
     /* Optional (shm): whether the peer's connection carries CUDA IPC (both ends allow
      * it); a slice with ipc_try set may then be submitted. */
     int (*ipc_ready)(ote__tpeer_t *peer);
+    /* Optional (the local segment, engine/file): whether it moves device memory itself
+     * (GPUDirect Storage: libcufile loaded, which the first call tries); a slice with
+     * ipc_try set may then be submitted. Never called for host memory. */
+    int (*gds_ready)(ote__tpeer_t *peer);
     /* Optional (shm): the device registration [start, +len) was unregistered: peers that
      * imported its allocation are told (close receipts). Called without engine locks. */
     void (*ipc_revoke)(ote__transport_t *tp, uint64_t start, uint64_t len);

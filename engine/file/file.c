@@ -39,6 +39,11 @@ struct ote__files {
     ote__fio_t *io; /* created with the first registration */
     int stall[2];   /* the file.stall fault point's pipe (nothing writes it) */
     struct ote__tpeer peer;
+    /* GPUDirect Storage (gds.c), under mu: tried with the first device-memory request;
+     * its slices run on their own preadv-style pool (gio, file_engine=threads). */
+    enum { GDS_UNTRIED = 0, GDS_READY, GDS_ABSENT } gds_state;
+    ote__gds_t *gds;
+    ote__fio_t *gio;
 };
 
 /* ---- registrations ------------------------------------------------------------------ */
@@ -157,6 +162,7 @@ static ote_status_t table_add(ote__files_t *f, ote__freg_t *r) {
 }
 
 static void freg_free(ote__freg_t *r) {
+    ote__gds_reg_close(r); /* gds.c: its cuFile handle, before the descriptor closes */
     if (r->dfd >= 0) close(r->dfd);
     if (r->fd >= 0) close(r->fd);
     ote_free(r);
@@ -175,7 +181,7 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     r->off = offset;
     r->len = len;
     r->perms = perms;
-    r->pin = (ote__pin_t){OTE_MEM_FILE, perms};
+    r->pin = (ote__pin_t){.kind = OTE_MEM_FILE, .perms = perms, .loc = -1, .len = len};
     if (name != NULL) snprintf(r->name, sizeof(r->name), "%s", name);
     if (path != NULL) snprintf(r->path, sizeof(r->path), "%s", path);
     else snprintf(r->path, sizeof(r->path), "fd %d", fd);
@@ -189,6 +195,7 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     ote_mutex_lock(&f->mu);
     st = io_start(f);
     if (st == OTE_OK) st = table_add(f, r);
+    r->pin.base = r->addr; /* the registration's extent, as host->pin's answer gives it */
     ote_mutex_unlock(&f->mu);
     if (st != OTE_OK) {
         freg_free(r);
@@ -350,7 +357,9 @@ ote_status_t ote__file_io_error(ote__slice_t *s, int err, const char *what) {
 void ote__file_slice_end(ote__slice_t *s, ote_status_t st) {
     ote__fop_t *op = ote__fop(s);
     if (op->reg != NULL) {
-        s->file_io = op->direct ? OTE__FILE_IO_DIRECT : OTE__FILE_IO_BUFFERED;
+        s->file_io = op->gds      ? OTE__FILE_IO_GDS
+                     : op->direct ? OTE__FILE_IO_DIRECT
+                                  : OTE__FILE_IO_BUFFERED;
         atomic_fetch_sub(&op->reg->inuse, 1);
     }
     s->done(s, st);
@@ -385,6 +394,41 @@ static ote__freg_t *slice_pin(ote__files_t *f, const ote__slice_t *s, ote_status
     return found;
 }
 
+/* ---- GPUDirect Storage hooks (gds.c) ------------------------------------------------- */
+
+/* transport op gds_ready: libcufile loaded, tried once (INFO lines when absent). */
+static int files_gds_ready(ote__tpeer_t *peer) {
+    ote__files_t *f = peer->f;
+    ote_mutex_lock(&f->mu);
+    if (f->gds_state == GDS_UNTRIED)
+        f->gds_state = ote__gds_create(&f->gds) == OTE_OK ? GDS_READY : GDS_ABSENT;
+    int ready = f->gds_state == GDS_READY;
+    ote_mutex_unlock(&f->mu);
+    return ready;
+}
+
+/* A device-memory slice (ipc_try, its fop filled) onto the GDS pool; declined with
+ * OTE_ERR_UNSUPPORTED (the engine stages it) when the handle or the pool is refused. */
+static void gds_submit(ote__files_t *f, ote__slice_t *s) {
+    ote__fop_t *op = ote__fop(s);
+    op->gds = 1;
+    op->direct = op->reg->dfd >= 0;
+    op->fd = op->direct ? op->reg->dfd : op->reg->fd;
+    ote_mutex_lock(&f->mu);
+    ote_status_t st = f->gds != NULL ? OTE_OK : OTE_ERR_UNSUPPORTED;
+    if (st == OTE_OK && f->gio == NULL)
+        st = ote__fio_create("threads", f->cfg.file_queue_depth,
+                             strcmp(f->cfg.file_sync, "data") == 0, f->stall[0], &f->gio);
+    ote__fio_t *gio = f->gio;
+    ote_mutex_unlock(&f->mu);
+    if (st == OTE_OK) st = ote__gds_reg_open(f->gds, op->reg);
+    if (st != OTE_OK) {
+        ote__file_slice_end(s, ote_status_make(OTE_ERR_UNSUPPORTED, ote_status_errno(st)));
+        return;
+    }
+    ote__fio_submit(gio, s);
+}
+
 static void files_submit(ote__tpeer_t *peer, ote__slice_t *list) {
     ote__files_t *f = peer->f;
     while (list != NULL) {
@@ -409,6 +453,10 @@ static void files_submit(ote__tpeer_t *peer, ote__slice_t *list) {
         op->state = FOP_QUEUED;
         ote_status_t fst;
         op->stall = ote_fault_hit("file.stall", &fst);
+        if (s->ipc_try) { /* device memory: GPUDirect Storage (gds.c) */
+            gds_submit(f, s);
+            continue;
+        }
         ote__fio_submit(f->io, s);
     }
 }
@@ -416,9 +464,10 @@ static void files_submit(ote__tpeer_t *peer, ote__slice_t *list) {
 static void files_cancel(ote__tpeer_t *peer) {
     ote__files_t *f = peer->f;
     ote_mutex_lock(&f->mu);
-    ote__fio_t *io = f->io;
+    ote__fio_t *io = f->io, *gio = f->gio;
     ote_mutex_unlock(&f->mu);
     if (io != NULL) ote__fio_cancel(io);
+    if (gio != NULL) ote__fio_cancel(gio);
 }
 
 static ote_status_t files_address(ote__transport_t *tp, char *buf, size_t len) {
@@ -465,6 +514,7 @@ static const ote__transport_ops_t k_files_ops = {
     .peer_max_slice = files_peer_max_slice,
     .submit = files_submit,
     .cancel = files_cancel,
+    .gds_ready = files_gds_ready,
     .peer_close = files_peer_close,
     .destroy = files_tp_destroy,
 };
@@ -498,7 +548,9 @@ ote_status_t ote__files_destroy(ote__files_t *f) {
         }
     ote_mutex_unlock(&f->mu);
     if (f->io != NULL) ote__fio_destroy(f->io);
+    if (f->gio != NULL) ote__fio_destroy(f->gio);
     for (size_t i = 0; i < f->nregs; i++) freg_free(f->regs[i]);
+    ote__gds_destroy(f->gds); /* after every handle (freg_free) */
     ote_free(f->regs);
     for (int i = 0; i < 2; i++)
         if (f->stall[i] >= 0) close(f->stall[i]);

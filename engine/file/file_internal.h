@@ -2,7 +2,8 @@
  * engine/file/file_internal.h - shared by the file owner's two files: file.c (the
  * registrations and the local segment's transport ops) and file_io.c (the I/O engines:
  * io_uring, and the preadv/pwritev thread pool that takes over where io_uring is not
- * available). Nothing outside engine/file includes it.
+ * available), and gds.c (GPUDirect Storage: device memory <-> file through libcufile).
+ * Nothing outside engine/file includes it.
  */
 #ifndef OTE_ENGINE_FILE_FILE_INTERNAL_H
 #define OTE_ENGINE_FILE_FILE_INTERNAL_H
@@ -19,6 +20,8 @@
 
 /* One file registration. fd and dfd are the owner's own descriptors, closed at
  * unregister; inuse counts the slices in flight on it (unregister is BUSY). */
+typedef struct ote__gds ote__gds_t;
+
 typedef struct ote__freg {
     ote__pin_t pin;     /* first: host->pin's answer (kind OTE_MEM_FILE, perms) */
     uint64_t addr, len; /* the address range requests name */
@@ -29,6 +32,10 @@ typedef struct ote__freg {
     _Atomic long inuse;
     char name[OTE_NAME_MAX + 1];
     char path[256]; /* for log lines */
+    /* gds.c: the cuFile handle of the descriptor (NULL until the first GPUDirect Storage
+     * slice on it) and the owner that registered it. */
+    void *gds_fh;
+    ote__gds_t *gds;
 } ote__freg_t;
 
 /* What one slice is while the file owner holds it: its record in the slice's transport
@@ -56,6 +63,7 @@ typedef struct {
     uint8_t state;  /* ote__fop_state_t */
     uint8_t stop;   /* ote__fop_stop_t */
     uint8_t stall;  /* file.stall armed: a never-ending pipe read runs first */
+    uint8_t gds;    /* local is device memory moved by GPUDirect Storage (gds.c) */
     uint32_t slot;  /* io_uring: its slot */
     uint32_t gen;   /* io_uring: its generation in the slot (user_data) */
 } ote__fop_t;
@@ -88,5 +96,21 @@ void ote__fio_cancel(ote__fio_t *io);
 void ote__file_slice_end(ote__slice_t *s, ote_status_t st);
 /* The status of a failed native file call (errno err) of s, logged once per slice. */
 ote_status_t ote__file_io_error(ote__slice_t *s, int err, const char *what);
+
+/* ---- gds.c -------------------------------------------------------------------------- */
+/* libcufile loaded ($OTE_CUFILE_LIBRARY, else libcufile.so.0) and its driver opened;
+ * OTE_ERR_NO_DEVICE with INFO lines where it is absent (requests are then staged). */
+ote_status_t ote__gds_create(ote__gds_t **out);
+/* cuFileDriverClose; every registration's handle must have been closed. */
+void ote__gds_destroy(ote__gds_t *g);
+/* The registration's cuFile handle, registered once (a failure: the slice is staged). */
+ote_status_t ote__gds_reg_open(ote__gds_t *g, ote__freg_t *r);
+/* Deregisters the registration's handle, if it has one (before its descriptors close). */
+void ote__gds_reg_close(ote__freg_t *r);
+/* The slice's whole transfer by one cuFileRead or cuFileWrite, its device range
+ * registered with cuFile for the call: OTE_ERR_UNSUPPORTED with nothing moved when the
+ * range does not register (the engine stages it), OTE_ERR_IO / OTE_ERR_NATIVE for a failed
+ * call. A pool thread of the file owner's GDS pool runs it (file_io.c). */
+ote_status_t ote__gds_move(ote__slice_t *s);
 
 #endif

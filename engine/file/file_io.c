@@ -332,6 +332,11 @@ static ote_status_t pool_run(ote__fio_t *io, ote__slice_t *s) {
     op->state = FOP_IO;
     int err = fault_errno(op);
     if (err != 0) return ote__file_io_error(s, err, op->write ? "pwritev" : "preadv");
+    if (op->gds) { /* GPUDirect Storage (gds.c): device memory, one cuFile call */
+        st = ote__gds_move(s);
+        if (st != OTE_OK) return st;
+        op->done = s->len;
+    }
     while (op->done < s->len) {
         struct iovec v = {s->local + op->done, s->len - op->done};
         ssize_t r = op->write ? pwritev(op->fd, &v, 1, (off_t)(op->foff + op->done))

@@ -659,11 +659,14 @@ typedef struct {
     uint64_t end_ns;
     /* A request of the local segment to a file registration: how its bytes moved,
      * OTE_FILE_IO_DIRECT (O_DIRECT) and/or OTE_FILE_IO_BUFFERED (through the page cache),
-     * one bit per kind its chunks took; 0 for every other request. */
+     * one bit per kind its chunks took; 0 for every other request. A local device buffer:
+     * OTE_FILE_IO_GDS for chunks moved by GPUDirect Storage (libcufile), DIRECT/BUFFERED
+     * for chunks staged through pinned host memory (ote_gpu_stats_t.staged_requests). */
     uint32_t file_io;
 } ote_transfer_status_ex_t;
 #define OTE_FILE_IO_DIRECT 1u
 #define OTE_FILE_IO_BUFFERED 2u
+#define OTE_FILE_IO_GDS 4u
 ote_status_t ote_batch_status_ex(ote_batch_t *batch, size_t index,
                                  ote_transfer_status_ex_t *status_out);
 
