@@ -19,6 +19,10 @@
 #include <vector>
 
 #include "tests/cuda/fake_cufile_control.h"
+
+extern "C" {
+#include "base/fault.h"
+}
 #include "tests/engine/gpu_fixture.h"
 
 extern "C" {
@@ -286,6 +290,40 @@ TEST_F(GdsFileTest, ReadErrorIsAClearStatus) {
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     std::vector<uint8_t> got = DevRead(dev, 65536);
     for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], Pat(i, 7)) << i;
+}
+
+// Cancel reaches GDS chunks held before their cuFile call (the file.stall fault point on
+// the GDS pool): CANCELED, no byte moved, no buffer registration left; the engine goes on.
+TEST_F(GdsFileTest, CancelReachesQueuedGdsChunks) {
+    REQUIRE_FAKE();
+    FakeCufile cf(Runfile("tests/cuda/libfake_cufile.so"));
+    ASSERT_NE(cf.counters, nullptr) << dlerror();
+    Start(true);
+    const size_t len = 1u << 20;
+    uint64_t dev = DevAlloc(len);
+    ASSERT_NE(dev, 0u);
+    DevFill(dev, len, 5);
+    uint64_t reads0 = static_cast<uint64_t>(cf.Now().reads);
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    ASSERT_EQ(ote_batch_reset(b_), OTE_OK);
+    ote_request_t r{OTE_READ, reinterpret_cast<void *>(dev), seg_, faddr_, len};
+    ASSERT_EQ(ote_batch_submit(b_, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b_, 50ull * 1000 * 1000), OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_fault_hits("file.stall"), 4u); // every chunk (1 MiB / 256 KiB)
+    ASSERT_EQ(ote_batch_cancel(b_), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b_, 10ull * 1000 * 1000 * 1000), OTE_ERR_CANCELED);
+    ote_transfer_status_ex_t s{};
+    s.struct_size = sizeof(s);
+    ASSERT_EQ(ote_batch_status_ex(b_, 0, &s), OTE_OK);
+    EXPECT_EQ(s.state, OTE_TRANSFER_CANCELED);
+    EXPECT_EQ(s.bytes_done, 0u);
+    ote_fault_disarm("file.stall");
+    EXPECT_EQ(static_cast<uint64_t>(cf.Now().reads), reads0);
+    EXPECT_EQ(cf.Now().bufs, 0);
+    EXPECT_EQ(DevHash(dev, len), ote_gpu_test::PatternHash(5, 0, len)); // untouched
+    s = Move(OTE_READ, dev, 0, len);
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(s.file_io, OTE_FILE_IO_GDS);
 }
 
 } // namespace
