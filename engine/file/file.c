@@ -151,6 +151,7 @@ static ote_status_t table_add(ote__files_t *f, ote__freg_t *r) {
     uint64_t span = (r->len + FILE_WINDOW - 1) / FILE_WINDOW * FILE_WINDOW;
     if (span > UINT64_MAX - f->next_addr - FILE_WINDOW) return OTE_ERR_TOO_BIG;
     r->addr = f->next_addr;
+    r->pin.base = r->addr;              /* the registration's extent: its address window */
     f->next_addr += span + FILE_WINDOW; /* one empty window between two */
     f->regs[f->nregs++] = r;
     return OTE_OK;
@@ -175,7 +176,7 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     r->off = offset;
     r->len = len;
     r->perms = perms;
-    r->pin = (ote__pin_t){OTE_MEM_FILE, perms};
+    r->pin = (ote__pin_t){.kind = OTE_MEM_FILE, .perms = perms, .loc = -1, .len = len};
     if (name != NULL) snprintf(r->name, sizeof(r->name), "%s", name);
     if (path != NULL) snprintf(r->path, sizeof(r->path), "%s", path);
     else snprintf(r->path, sizeof(r->path), "fd %d", fd);
