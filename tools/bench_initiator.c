@@ -249,6 +249,7 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     r.seg = in->seg;
     r.local = (uint8_t *)(uintptr_t)local->addr; /* an address only: never dereferenced */
     r.remote_base = in->raddr;
+    r.sweep_span = o->sweep ? in->rlen : 0;
     r.block = block;
     r.batch = batch;
     r.threads = (size_t)threads;

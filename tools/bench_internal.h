@@ -129,6 +129,7 @@ struct run {
     ote_segment_t *seg;
     uint8_t *local;
     uint64_t remote_base;
+    uint64_t sweep_span; /* --sweep: bytes of the target buffer the offsets go through; 0 none */
     uint64_t block;
     uint64_t batch;
     size_t depth;

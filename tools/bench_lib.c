@@ -267,6 +267,11 @@ const char *bench_usage(void) {
            "  --remote-mem host|thp|shared|cuda:N|file:PATH  the spawned target's buffer (a\n"
            "                           --target is asked for its kind by buffer discovery);\n"
            "                           file:PATH: the target registers that file\n"
+           "  --sweep                  after every batch, move its target offsets on by the\n"
+           "                           working set, wrapping at the end of the target's buffer:\n"
+           "                           the whole buffer (a whole file) is read or written rather\n"
+           "                           than its first working set over and over (not with "
+           "--check)\n"
            "  --remote-ipc             the spawned target registers its device buffer with\n"
            "                           OTE_PERM_IPC (CUDA IPC over shm where gpu_paths\n"
            "                           allows ipc on both sides, e.g. OTE_GPU_PATHS=ipc,staging)\n"
@@ -318,6 +323,7 @@ enum {
     OPT_LOCAL_MEM,
     OPT_REMOTE_MEM,
     OPT_REMOTE_IPC,
+    OPT_SWEEP,
     OPT_INJECT,
     OPT_SHOW_TOPOLOGY,
     OPT_STATS,
@@ -485,6 +491,7 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
             break;
         case OPT_TEST_CORRUPT: o->test_corrupt = true; break;
         case OPT_REMOTE_IPC: o->remote_ipc = true; break;
+        case OPT_SWEEP: o->sweep = true; break;
         case OPT_INJECT:
             if (arg[0] == '\0' || strlen(arg) >= sizeof o->inject)
                 return set_err(err, errlen, "--inject: '%s' is not cq_error=N and/or gid_change=N",
@@ -529,6 +536,7 @@ static int check_target_options(const bool *seen, bench_options_t *o, char *err,
         {OPT_DEPTH, "--depth"},
         {OPT_LOCAL_MEM, "--local-mem"},
         {OPT_STATS, "--stats"},
+        {OPT_SWEEP, "--sweep"},
     };
     for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
         if (seen[initiator_only[i].opt])
@@ -543,6 +551,10 @@ static int check_target_options(const bool *seen, bench_options_t *o, char *err,
 static int check_initiator_options(const bool *seen, bench_options_t *o, char *err, size_t errlen) {
     if (seen[OPT_REPORT_FD])
         return set_err(err, errlen, "--report-fd is internal to --role target");
+    if (o->sweep && o->check)
+        return set_err(err, errlen,
+                       "--sweep and --check exclude each other (a check compares the first "
+                       "working set)");
     if (seen['d'] && seen['n'])
         return set_err(err, errlen, "--duration and --total-bytes exclude each other");
     if (seen['n']) o->duration_ns = 0;
@@ -600,6 +612,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"report-fd", required_argument, NULL, OPT_REPORT_FD},
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
         {"remote-ipc", no_argument, NULL, OPT_REMOTE_IPC},
+        {"sweep", no_argument, NULL, OPT_SWEEP},
         {"inject", required_argument, NULL, OPT_INJECT},
         {"show-topology", no_argument, NULL, OPT_SHOW_TOPOLOGY},
         {"depth", required_argument, NULL, OPT_DEPTH},

@@ -71,6 +71,8 @@ typedef struct {
                            * target its own buffer */
     char local_file[BENCH_PATH_MAX];  /* --local-mem file:PATH: the path */
     char remote_file[BENCH_PATH_MAX]; /* --remote-mem file:PATH: the path */
+    bool sweep;                       /* --sweep: each batch's target offsets move on through
+                                       * the whole target buffer (not with --check) */
     bool show_topology;               /* --show-topology: print ote_engine_topology and exit */
     bool remote_ipc;                  /* --remote-ipc: the target registers device memory with
                            * OTE_PERM_IPC (CUDA IPC for same-host peers over shm) */

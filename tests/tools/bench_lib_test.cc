@@ -372,6 +372,10 @@ TEST_F(BenchOptionsTest, FileMemoryKind) {
     EXPECT_EQ(m, 7u);
     EXPECT_STREQ(path, "x");
     ExpectError({"--local-mem", "file:"}, "--local-mem: 'file:' is not host");
+    ASSERT_EQ(Parse({"--sweep"}), 0) << err_;
+    EXPECT_TRUE(o_.sweep);
+    ExpectError({"--sweep", "--check"}, "--sweep and --check exclude each other");
+    ExpectError({"--role", "target", "--sweep"}, "--sweep is an initiator option");
 }
 
 TEST_F(BenchLibTest, LatencyPercentilesNearestRank) {
