@@ -166,6 +166,10 @@ if run file_remote_corrupt 1 --remote-mem "file:$TMP/remote.bin" --op read --blo
     --batch-size 4 --total-bytes 64K --json --check --test-corrupt; then
     json_ok file_remote_corrupt 1 failed 65536
 fi
+if run file_remote_shm 0 --transport shm --remote-mem "file:$TMP/remote.bin" --op write \
+    --block-size 4K,1M --batch-size 3 --total-bytes 4M --json --check; then
+    json_ok file_remote_shm 2 ok 4194304 shm
+fi
 # --sweep: a WRITE of 8 MiB through a 128 KiB working set into a new (sparse) 4 MiB file
 # allocates every block of it; without --sweep only the working set's.
 kib() { du -k "$1" | cut -f1; }
