@@ -25,6 +25,7 @@ PKGS=(
     python3-numpy        # arrays moved by the binding's tests
     python3-prometheus-client # orbitte.metrics (the Prometheus collector) and its tests
     python3-matplotlib   # tools/plot_bench.py (its test, tests/tools:plot_bench_test)
+    fio                  # tools/file_vs_fio.sh (its test, tests/tools:file_vs_fio_test)
     procps               # pkill/ps used by multi-process tests
     pkg-config           # the installed library's consumers (scripts/install_check.sh)
     cmake

@@ -42,8 +42,9 @@ int bench__spawn_target(const bench_options_t *o, uint64_t buffer_size, child_t 
     char fd_s[16], size_s[32];
     snprintf(fd_s, sizeof fd_s, "%d", fds[1]);
     snprintf(size_s, sizeof size_s, "%" PRIu64, buffer_size);
-    char mem_s[16];
-    bench_mem_name(o->remote_mem, mem_s, sizeof mem_s);
+    char mem_s[BENCH_PATH_MAX + 8];
+    if (o->remote_mem == BENCH_MEM_FILE) snprintf(mem_s, sizeof mem_s, "file:%s", o->remote_file);
+    else bench_mem_name(o->remote_mem, mem_s, sizeof mem_s);
     char *argv[] = {exe,
                     "--role",
                     "target",
@@ -150,6 +151,13 @@ int bench__reap_child(child_t *c, bool asked_to_quit) {
 int bench__ctl_call(ctl_client_t *c, bench_ctl_msg_t *req, bench_ctl_msg_t *rep) {
     char msg[MSG_MAX];
     req->id = ++c->next_id;
+    if (c->local != NULL) { /* --local-mem file:PATH: our own file, no target */
+        memset(rep, 0, sizeof(*rep));
+        rep->id = req->id;
+        if (!bench__mem_serve(c->local, c->local->len, req, rep)) rep->verb = BENCH_CTL_OK;
+        if (rep->verb == BENCH_CTL_ERR) fprintf(stderr, "ote_bench: %s\n", rep->text);
+        return rep->verb == BENCH_CTL_ERR ? -1 : 0;
+    }
     int n = bench_ctl_format(req, msg, sizeof msg);
     if (n < 0) return -1;
     ote_status_t st = ote_notify_send(c->engine, c->seg, msg, (size_t)n);

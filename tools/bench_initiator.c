@@ -72,8 +72,10 @@ typedef struct {
     ote_engine_t *engine;
     ote_segment_t *seg;
     ctl_client_t ctl;
-    bench_mem_t local; /* host or device memory (--local-mem) */
+    bench_mem_t local; /* host or device memory (--local-mem; host with file:PATH) */
     bool have_local;
+    bench_mem_t file; /* --local-mem file:PATH: this engine's file registration */
+    bool have_file;
     unsigned remote_mem; /* the target buffer's memory (discovery, or --remote-mem) */
     bool registered;
     uint64_t result_idx;
@@ -115,11 +117,38 @@ static int discover_buffer(initiator_t *in) {
     return -1;
 }
 
+/* --local-mem file:PATH: no target; the engine's own registration of the file, reached
+ * through its local segment, stands where the target's buffer would. Returns 0, or -1
+ * after saying why. */
+static int initiator_local_file(initiator_t *in) {
+    const bench_options_t *o = in->o;
+    snprintf(in->target, sizeof in->target, "this engine's file registration (local segment)");
+    ote_status_t st = bench__make_engine(o, o->listen[0] ? o->listen : "127.0.0.1:0", &in->engine);
+    if (st != OTE_OK) {
+        bench__print_status("ote_engine_create", st);
+        return -1;
+    }
+    uint64_t len = o->buffer_size != 0 ? o->buffer_size : in->ws;
+    if (bench__mem_create(in->engine, BENCH_MEM_FILE, o->local_file, len, &in->file) != 0)
+        return -1;
+    in->have_file = true;
+    st = ote_segment_open_local(in->engine, &in->seg);
+    if (st != OTE_OK) {
+        bench__print_status("ote_segment_open_local", st);
+        return -1;
+    }
+    in->raddr = in->file.addr;
+    in->rlen = len;
+    in->ctl = (ctl_client_t){.engine = in->engine, .target = in->target, .local = &in->file};
+    return 0;
+}
+
 /* Spawn or name the target, create the engine, open the segment and learn the target's
  * buffer (buffer discovery when neither the spawned child nor --remote-addr gave it). Returns 0, or -1 after saying why (what exists is undone by initiator_close). */
 static int initiator_connect(initiator_t *in) {
     const bench_options_t *o = in->o;
     char listen[BENCH_ADDR_MAX] = "";
+    if (o->local_mem == BENCH_MEM_FILE) return initiator_local_file(in);
     if (o->target[0] == '\0') {
         uint64_t bufsz = o->buffer_size != 0 ? o->buffer_size : in->ws;
         if (bufsz < BENCH_BUFFER_MIN) bufsz = BENCH_BUFFER_MIN;
@@ -172,9 +201,10 @@ static int initiator_buffer(initiator_t *in) {
                 bench_format_size(in->ws, a, sizeof a), bench_format_size(in->rlen, b, sizeof b));
         return -1;
     }
-    if (bench__mem_create(in->engine, o->local_mem, in->ws, &in->local) != 0) return -1;
+    unsigned kind = o->local_mem == BENCH_MEM_FILE ? BENCH_MEM_HOST : o->local_mem;
+    if (bench__mem_create(in->engine, kind, NULL, in->ws, &in->local) != 0) return -1;
     in->have_local = true;
-    if (strcmp(o->transport, "tcp") != 0) {
+    if (strcmp(o->transport, "tcp") != 0 && !in->have_file) {
         /* TCP needs no registration of local buffers (ote.h); other transports do. */
         ote_status_t st = ote_memory_register(in->engine, (void *)(uintptr_t)in->local.addr,
                                               (size_t)in->ws, OTE_PERM_READ | OTE_PERM_WRITE);
@@ -219,6 +249,7 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
     r.seg = in->seg;
     r.local = (uint8_t *)(uintptr_t)local->addr; /* an address only: never dereferenced */
     r.remote_base = in->raddr;
+    r.sweep_span = o->sweep ? in->rlen : 0;
     r.block = block;
     r.batch = batch;
     r.threads = (size_t)threads;
@@ -272,7 +303,8 @@ static int measure_one(initiator_t *in, uint64_t block, uint64_t batch, uint64_t
      * IPC copies with nothing staged here is "ipc", GPUDirect RDMA requests with nothing
      * staged here is "direct"; otherwise staging (here, or at the
      * target for its device memory). */
-    int gpu = !BENCH_MEM_IS_HOST(o->local_mem) || !BENCH_MEM_IS_HOST(in->remote_mem);
+    int gpu = (!BENCH_MEM_IS_HOST(o->local_mem) && o->local_mem != BENCH_MEM_FILE) ||
+              (!BENCH_MEM_IS_HOST(in->remote_mem) && in->remote_mem != BENCH_MEM_FILE);
     int ipc = g1.ipc_copies > g0.ipc_copies && g1.staged_requests == g0.staged_requests;
     int direct =
         g1.direct_requests > g0.direct_requests && g1.staged_requests == g0.staged_requests;
@@ -311,6 +343,7 @@ static int initiator_close(initiator_t *in, int rc) {
         bench__mem_destroy(&in->local);
         in->have_local = false;
     }
+    if (in->have_file) bench__mem_destroy(&in->file); /* ote_file_unregister */
     if (in->engine != NULL) {
         st = ote_engine_destroy(in->engine);
         if (st != OTE_OK) {

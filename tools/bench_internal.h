@@ -61,17 +61,23 @@ typedef struct {
     uint64_t len;
     uint64_t addr;        /* where it is (device memory: not host-addressable) */
     uint8_t *host;        /* host memory: the mapping; NULL for device memory */
-    ote_engine_t *engine; /* BENCH_MEM_SHARED: the engine that allocated it */
+    ote_engine_t *engine; /* BENCH_MEM_SHARED: the engine that allocated it; BENCH_MEM_FILE:
+                           * the engine that registered the file */
+    int fd;               /* BENCH_MEM_FILE: our descriptor (fill and check); else -1 */
     struct ote_cuda_driver *drv;
     struct ote_cuda_device *dev;
     struct ote_cuda_alloc *alloc;
 } bench_mem_t;
 /* Returns 0, or -1 after saying why. engine is the engine that will use the buffer: a
- * BENCH_MEM_SHARED buffer is its ote_memory_alloc_shared allocation (the other kinds
- * ignore it; it may be NULL for them). */
-int bench__mem_create(ote_engine_t *engine, unsigned kind, uint64_t len, bench_mem_t *m);
-/* A BENCH_MEM_SHARED buffer goes back with ote_memory_free_shared, so for it call this
- * after unregistering the buffer and before destroying its engine. */
+ * BENCH_MEM_SHARED buffer is its ote_memory_alloc_shared allocation, a BENCH_MEM_FILE
+ * buffer the file at path (created, or grown to len, when shorter) registered with it for
+ * READ and WRITE under BENCH_BUFFER_NAME, addr its address window (the other kinds
+ * ignore engine and path; they may be NULL for them). */
+int bench__mem_create(ote_engine_t *engine, unsigned kind, const char *path, uint64_t len,
+                      bench_mem_t *m);
+/* A BENCH_MEM_SHARED buffer goes back with ote_memory_free_shared and a BENCH_MEM_FILE one
+ * is unregistered, so for them call this after unregistering the buffer (shared) and before
+ * destroying its engine. */
 void bench__mem_destroy(bench_mem_t *m);
 /* The --check pattern (bench_pattern_*) into / out of [off, off+len): 0 ok, -1 failed,
  * bench__mem_check 1 with *bad_out the first differing offset. */
@@ -79,6 +85,12 @@ int bench__mem_fill(bench_mem_t *m, uint64_t off, uint64_t len, uint64_t seed);
 int bench__mem_zero(bench_mem_t *m, uint64_t off, uint64_t len);
 int bench__mem_check(bench_mem_t *m, uint64_t off, uint64_t len, uint64_t seed, uint64_t *bad_out);
 int bench__mem_corrupt(bench_mem_t *m, uint64_t off);
+/* The buffer's part of a control request (FILL, ZERO, VERIFY of [off, off+len) of a
+ * len_total-byte buffer) into rep (verb OK, BAD with the offset, or ERR with a reason).
+ * The target serves its peers' requests with it, and an initiator its own file
+ * (--local-mem file:PATH). Returns false for any other verb (rep untouched). */
+bool bench__mem_serve(bench_mem_t *m, uint64_t len_total, const bench_ctl_msg_t *req,
+                      bench_ctl_msg_t *rep);
 
 /* ---- bench_target.c ---- */
 int bench__run_target(const bench_options_t *o);
@@ -101,6 +113,7 @@ typedef struct {
     ote_segment_t *seg;
     uint64_t next_id;
     const char *target;
+    bench_mem_t *local; /* --local-mem file:PATH: requests served here (bench__mem_serve) */
 } ctl_client_t;
 
 /* Send a request to the target and wait for the reply with the same id. */
@@ -116,6 +129,7 @@ struct run {
     ote_segment_t *seg;
     uint8_t *local;
     uint64_t remote_base;
+    uint64_t sweep_span; /* --sweep: bytes of the target buffer the offsets go through; 0 none */
     uint64_t block;
     uint64_t batch;
     size_t depth;

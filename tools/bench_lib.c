@@ -253,16 +253,25 @@ const char *bench_usage(void) {
            "  --advertise HOST:PORT    address reported to peers when listening on a wildcard\n"
            "  --buffer-size SIZE       registered buffer of the spawned target (default: just\n"
            "                           enough for the largest threads*depth*batch*block)\n"
-           "  --local-mem host|thp|shared|cuda:N  local buffer: host (default), host on\n"
+           "  --local-mem host|thp|shared|cuda:N|file:PATH  local buffer: host (default), host on\n"
            "                           transparent huge pages (thp: 2 MiB-aligned,\n"
            "                           MADV_HUGEPAGE), the engine's shared host memory (shared:\n"
            "                           ote_memory_alloc_shared; a same-host shm peer in cross-\n"
            "                           memory-attach mode maps it and copies with memcpy), or\n"
            "                           device memory of CUDA device N (cuda/memory; the driver\n"
            "                           is $OTE_CUDA_LIBRARY or libcuda.so.1); --check then reads\n"
-           "                           it back with device-to-host copies\n"
-           "  --remote-mem host|thp|shared|cuda:N  the spawned target's buffer (a --target is\n"
-           "                           asked for its kind by buffer discovery)\n"
+           "                           it back with device-to-host copies. file:PATH: no target;\n"
+           "                           host memory to and from this process's registration of\n"
+           "                           the file (created, or grown to the working set), through\n"
+           "                           its local segment (ote_segment_open_local)\n"
+           "  --remote-mem host|thp|shared|cuda:N|file:PATH  the spawned target's buffer (a\n"
+           "                           --target is asked for its kind by buffer discovery);\n"
+           "                           file:PATH: the target registers that file\n"
+           "  --sweep                  after every batch, move its target offsets on by the\n"
+           "                           working set, wrapping at the end of the target's buffer:\n"
+           "                           the whole buffer (a whole file) is read or written rather\n"
+           "                           than its first working set over and over (not with "
+           "--check)\n"
            "  --remote-ipc             the spawned target registers its device buffer with\n"
            "                           OTE_PERM_IPC (CUDA IPC over shm where gpu_paths\n"
            "                           allows ipc on both sides, e.g. OTE_GPU_PATHS=ipc,staging)\n"
@@ -278,7 +287,7 @@ const char *bench_usage(void) {
            "  --listen HOST:PORT       listen address (default 0.0.0.0:0; port 0 = any free port)\n"
            "  --advertise HOST:PORT    address to report (default: the listen address)\n"
            "  --buffer-size SIZE       buffer registered for READ and WRITE (default 1G)\n"
-           "  --remote-mem host|thp|shared|cuda:N  memory of that buffer (default host)\n"
+           "  --remote-mem host|thp|shared|cuda:N|file:PATH  memory of that buffer (default host)\n"
            "  --remote-ipc             register a device buffer with OTE_PERM_IPC\n"
            "  --transport tcp|rdma|shm, --transports LIST\n"
            "The target prints one line 'OTEB1 TARGET <host:port> <buffer address> <length>' and\n"
@@ -314,6 +323,7 @@ enum {
     OPT_LOCAL_MEM,
     OPT_REMOTE_MEM,
     OPT_REMOTE_IPC,
+    OPT_SWEEP,
     OPT_INJECT,
     OPT_SHOW_TOPOLOGY,
     OPT_STATS,
@@ -481,6 +491,7 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
             break;
         case OPT_TEST_CORRUPT: o->test_corrupt = true; break;
         case OPT_REMOTE_IPC: o->remote_ipc = true; break;
+        case OPT_SWEEP: o->sweep = true; break;
         case OPT_INJECT:
             if (arg[0] == '\0' || strlen(arg) >= sizeof o->inject)
                 return set_err(err, errlen, "--inject: '%s' is not cq_error=N and/or gid_change=N",
@@ -490,10 +501,12 @@ static int parse_output_and_remote(int c, const char *arg, bench_options_t *o, c
         case OPT_SHOW_TOPOLOGY: o->show_topology = true; break;
         case OPT_LOCAL_MEM:
         case OPT_REMOTE_MEM:
-            if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem) != 0)
-                return set_err(
-                    err, errlen, "--%s: '%s' is not host, thp, shared or cuda:N (N 0..%d)",
-                    c == OPT_LOCAL_MEM ? "local-mem" : "remote-mem", arg, BENCH_MEM_CUDA_MAX);
+            if (bench_parse_mem(arg, c == OPT_LOCAL_MEM ? &o->local_mem : &o->remote_mem,
+                                c == OPT_LOCAL_MEM ? o->local_file : o->remote_file) != 0)
+                return set_err(err, errlen,
+                               "--%s: '%s' is not host, thp, shared, file:PATH or cuda:N (N 0..%d)",
+                               c == OPT_LOCAL_MEM ? "local-mem" : "remote-mem", arg,
+                               BENCH_MEM_CUDA_MAX);
             break;
         default: return 1;
     }
@@ -523,6 +536,7 @@ static int check_target_options(const bool *seen, bench_options_t *o, char *err,
         {OPT_DEPTH, "--depth"},
         {OPT_LOCAL_MEM, "--local-mem"},
         {OPT_STATS, "--stats"},
+        {OPT_SWEEP, "--sweep"},
     };
     for (size_t i = 0; i < sizeof initiator_only / sizeof initiator_only[0]; i++)
         if (seen[initiator_only[i].opt])
@@ -537,6 +551,10 @@ static int check_target_options(const bool *seen, bench_options_t *o, char *err,
 static int check_initiator_options(const bool *seen, bench_options_t *o, char *err, size_t errlen) {
     if (seen[OPT_REPORT_FD])
         return set_err(err, errlen, "--report-fd is internal to --role target");
+    if (o->sweep && o->check)
+        return set_err(err, errlen,
+                       "--sweep and --check exclude each other (a check compares the first "
+                       "working set)");
     if (seen['d'] && seen['n'])
         return set_err(err, errlen, "--duration and --total-bytes exclude each other");
     if (seen['n']) o->duration_ns = 0;
@@ -594,6 +612,7 @@ int bench_options_parse(int argc, char **argv, bench_options_t *o, char *err, si
         {"report-fd", required_argument, NULL, OPT_REPORT_FD},
         {"test-corrupt", no_argument, NULL, OPT_TEST_CORRUPT},
         {"remote-ipc", no_argument, NULL, OPT_REMOTE_IPC},
+        {"sweep", no_argument, NULL, OPT_SWEEP},
         {"inject", required_argument, NULL, OPT_INJECT},
         {"show-topology", no_argument, NULL, OPT_SHOW_TOPOLOGY},
         {"depth", required_argument, NULL, OPT_DEPTH},
@@ -705,11 +724,19 @@ const char *bench_mem_name(unsigned mem, char *buf, size_t len) {
     if (mem == BENCH_MEM_HOST) snprintf(buf, len, "host");
     else if (mem == BENCH_MEM_THP) snprintf(buf, len, "thp");
     else if (mem == BENCH_MEM_SHARED) snprintf(buf, len, "shared");
+    else if (mem == BENCH_MEM_FILE) snprintf(buf, len, "file");
     else snprintf(buf, len, "cuda:%u", mem - 1);
     return buf;
 }
 
-int bench_parse_mem(const char *s, unsigned *out) {
+int bench_parse_mem(const char *s, unsigned *out, char *path) {
+    if (strncmp(s, "file:", 5) == 0) {
+        size_t n = strlen(s + 5);
+        if (path == NULL || n == 0 || n >= BENCH_PATH_MAX) return -1;
+        memcpy(path, s + 5, n + 1);
+        *out = BENCH_MEM_FILE;
+        return 0;
+    }
     if (strcmp(s, "host") == 0) {
         *out = BENCH_MEM_HOST;
         return 0;

@@ -23,6 +23,7 @@ extern "C" {
 #define BENCH_MAX_LIST 16
 /* Longest "host:port" accepted. */
 #define BENCH_ADDR_MAX 256
+#define BENCH_PATH_MAX 512 /* --local-mem / --remote-mem file:PATH */
 
 /* Ranges checked by bench_options_parse(). */
 #define BENCH_BLOCK_MAX (4ull << 30) /* one request: 4 GiB */
@@ -65,13 +66,17 @@ typedef struct {
     uint64_t buffer_size; /* target: registered buffer; 0 = default/automatic */
     int report_fd;        /* internal: target writes its report line here; -1 none */
     bool test_corrupt;    /* internal: damage one byte so --check must fail */
-    unsigned local_mem;   /* --local-mem: BENCH_MEM_HOST, _THP, _SHARED or _CUDA(N) */
+    unsigned local_mem;   /* --local-mem: BENCH_MEM_HOST, _THP, _SHARED, _FILE or _CUDA(N) */
     unsigned remote_mem;  /* --remote-mem: the (spawned) target's buffer; for --role
                            * target its own buffer */
-    bool show_topology;   /* --show-topology: print ote_engine_topology and exit */
-    bool remote_ipc;      /* --remote-ipc: the target registers device memory with
+    char local_file[BENCH_PATH_MAX];  /* --local-mem file:PATH: the path */
+    char remote_file[BENCH_PATH_MAX]; /* --remote-mem file:PATH: the path */
+    bool sweep;                       /* --sweep: each batch's target offsets move on through
+                                       * the whole target buffer (not with --check) */
+    bool show_topology;               /* --show-topology: print ote_engine_topology and exit */
+    bool remote_ipc;                  /* --remote-ipc: the target registers device memory with
                            * OTE_PERM_IPC (CUDA IPC for same-host peers over shm) */
-    char inject[64];      /* --inject: verbs/sim fault schedule of this process's engine
+    char inject[64];                  /* --inject: verbs/sim fault schedule of this process's engine
                            * ($OTE_SIM_INJECT, verbs/sim/sim.h); "" = none */
 } bench_options_t;
 
@@ -82,15 +87,22 @@ typedef struct {
 #define BENCH_MEM_HOST 0u
 #define BENCH_MEM_THP 255u
 #define BENCH_MEM_SHARED 254u
+/* A file or block device ("file:PATH"), registered with ote_file_register. As --local-mem
+ * the run needs no target: host memory moves to and from this process's own file
+ * registration through its local segment (ote_segment_open_local); as --remote-mem the
+ * spawned target registers the file instead of memory. */
+#define BENCH_MEM_FILE 253u
 #define BENCH_MEM_IS_HOST(m) \
     ((m) == BENCH_MEM_HOST || (m) == BENCH_MEM_THP || (m) == BENCH_MEM_SHARED)
 #define BENCH_MEM_CUDA(n) (1u + (unsigned)(n))
 #define BENCH_MEM_CUDA_MAX 239
-/* "host", "thp", "shared" or "cuda:N" into buf. */
+/* "host", "thp", "shared", "file" or "cuda:N" into buf. */
 const char *bench_mem_name(unsigned mem, char *buf, size_t len);
-/* Parses "host", "thp", "shared" or "cuda:N" (N in 0..BENCH_MEM_CUDA_MAX). Returns 0, or
+/* Parses "host", "thp", "shared", "cuda:N" (N in 0..BENCH_MEM_CUDA_MAX) or "file:PATH"
+ * (PATH non-empty, under BENCH_PATH_MAX bytes, copied into path, which has BENCH_PATH_MAX
+ * bytes; path may be NULL for the other kinds, then file:PATH is refused). Returns 0, or
  * -1. */
-int bench_parse_mem(const char *s, unsigned *out);
+int bench_parse_mem(const char *s, unsigned *out, char *path);
 
 /* Defaults: initiator, tcp, write, 4K,64K,1M,16M blocks, batch 16, 1 thread, depth 1,
  * 2 s per result. */

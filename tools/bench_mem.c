@@ -5,14 +5,19 @@
  * device memory of CUDA device N (--local-mem / --remote-mem cuda:N) allocated through
  * cuda/memory on the driver $OTE_CUDA_LIBRARY names (else libcuda.so.1). Device memory is
  * not host-addressable: the --check pattern goes in and comes back through synchronous
- * host-to-device / device-to-host copies, in pieces through one host buffer.
+ * host-to-device / device-to-host copies, in pieces through one host buffer; or a file
+ * (file:PATH) registered with ote_file_register, whose pattern goes through pread/pwrite of
+ * our own descriptor, in the same pieces.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cuda/driver.h"
 #include "cuda/memory/device.h"
@@ -60,12 +65,45 @@ static int alloc_shared(ote_engine_t *engine, uint64_t len, bench_mem_t *m) {
     return 0;
 }
 
-int bench__mem_create(ote_engine_t *engine, unsigned kind, uint64_t len, bench_mem_t *m) {
+/* The file at path, created or grown to len bytes (a block device must hold them),
+ * registered with engine for READ and WRITE. Returns 0, or -1 after saying why. */
+static int open_file(ote_engine_t *engine, const char *path, uint64_t len, bench_mem_t *m) {
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        fprintf(stderr, "ote_bench: %s: %s\n", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    if (S_ISREG(sb.st_mode) && (uint64_t)sb.st_size < len && ftruncate(fd, (off_t)len) != 0) {
+        fprintf(stderr, "ote_bench: growing %s to %" PRIu64 " bytes: %s\n", path, len,
+                strerror(errno));
+        close(fd);
+        return -1;
+    }
+    ote_status_t st = ote_file_register(engine, NULL, fd, 0, len, OTE_PERM_READ | OTE_PERM_WRITE,
+                                        BENCH_BUFFER_NAME, &m->addr);
+    if (st != OTE_OK) {
+        char what[BENCH_PATH_MAX + 64];
+        snprintf(what, sizeof what, "ote_file_register(%s, %" PRIu64 " bytes)", path, len);
+        bench__print_status(what, st);
+        close(fd);
+        return -1;
+    }
+    m->engine = engine;
+    m->fd = fd;
+    return 0;
+}
+
+int bench__mem_create(ote_engine_t *engine, unsigned kind, const char *path, uint64_t len,
+                      bench_mem_t *m) {
     memset(m, 0, sizeof(*m));
     m->kind = kind;
     m->len = len;
+    m->fd = -1;
     char name[16];
     if (kind == BENCH_MEM_SHARED) return alloc_shared(engine, len, m);
+    if (kind == BENCH_MEM_FILE) return open_file(engine, path, len, m);
     if (BENCH_MEM_IS_HOST(kind)) {
         m->host = kind == BENCH_MEM_THP ? map_thp(len) : bench__map_buffer(len);
         if (m->host == NULL) {
@@ -93,6 +131,11 @@ int bench__mem_create(ote_engine_t *engine, unsigned kind, uint64_t len, bench_m
 }
 
 void bench__mem_destroy(bench_mem_t *m) {
+    if (m->fd >= 0) {
+        ote_status_t st = ote_file_unregister(m->engine, m->addr);
+        if (st != OTE_OK) bench__print_status("ote_file_unregister", st);
+        close(m->fd);
+    }
     if (m->host != NULL && m->kind == BENCH_MEM_SHARED) {
         ote_status_t st = ote_memory_free_shared(m->engine, m->host);
         if (st != OTE_OK) bench__print_status("ote_memory_free_shared", st);
@@ -107,14 +150,41 @@ void bench__mem_destroy(bench_mem_t *m) {
     if (m->dev != NULL) (void)ote_cuda_device_close(m->dev);
     if (m->drv != NULL) (void)ote_cuda_driver_unload(m->drv);
     memset(m, 0, sizeof(*m));
+    m->fd = -1;
 }
 
 /* Device: write or read [off, off+len) in pieces through one host buffer; fn fills the
  * piece before a write (HtoD) or looks at it after a read (DtoH). */
 typedef bool (*piece_fn)(uint8_t *piece, uint64_t off, size_t n, void *arg);
 
+/* File: the same through pwrite / pread of our descriptor (a short read: the file shrank). */
+static int file_pieces(bench_mem_t *m, uint64_t off, uint64_t len, int to_file, piece_fn fn,
+                       void *arg) {
+    size_t cap = (size_t)(len < MEM_PIECE ? len : MEM_PIECE);
+    uint8_t *piece = malloc(cap ? cap : 1);
+    if (piece == NULL) return -1;
+    int rc = 0;
+    for (uint64_t done = 0; rc == 0 && done < len;) {
+        size_t n = (size_t)(len - done < cap ? len - done : cap);
+        if (to_file) {
+            if (!fn(piece, off + done, n, arg) ||
+                pwrite(m->fd, piece, n, (off_t)(off + done)) != (ssize_t)n)
+                rc = -1;
+        } else if (pread(m->fd, piece, n, (off_t)(off + done)) != (ssize_t)n) {
+            rc = -1;
+        } else if (!fn(piece, off + done, n, arg)) {
+            rc = 1;
+        }
+        done += n;
+    }
+    if (rc < 0) fprintf(stderr, "ote_bench: file pattern I/O failed: %s\n", strerror(errno));
+    free(piece);
+    return rc;
+}
+
 static int dev_pieces(bench_mem_t *m, uint64_t off, uint64_t len, int to_device, piece_fn fn,
                       void *arg) {
+    if (m->fd >= 0) return file_pieces(m, off, len, to_device, fn, arg);
     const ote_cuda_driver_table_t *t = ote_cuda_driver_table(m->drv);
     if (ote_cuda_device_make_current(m->dev) != OTE_OK) return -1;
     size_t cap = (size_t)(len < MEM_PIECE ? len : MEM_PIECE);
@@ -191,6 +261,12 @@ int bench__mem_corrupt(bench_mem_t *m, uint64_t off) {
         m->host[off] ^= 0x5a;
         return 0;
     }
+    if (m->fd >= 0) {
+        uint8_t b = 0;
+        if (pread(m->fd, &b, 1, (off_t)off) != 1) return -1;
+        b ^= 0x5a;
+        return pwrite(m->fd, &b, 1, (off_t)off) == 1 ? 0 : -1;
+    }
     const ote_cuda_driver_table_t *t = ote_cuda_driver_table(m->drv);
     uint8_t b = 0;
     if (ote_cuda_device_make_current(m->dev) != OTE_OK || t->cuStreamSynchronize(NULL) != 0 ||
@@ -198,4 +274,35 @@ int bench__mem_corrupt(bench_mem_t *m, uint64_t off) {
         return -1;
     b ^= 0x5a;
     return t->cuMemcpyHtoD(m->addr + off, &b, 1) == 0 && t->cuStreamSynchronize(NULL) == 0 ? 0 : -1;
+}
+
+/* Bounds check of [off, off+len) against a total-byte buffer, overflow-safe. */
+static bool range_ok(uint64_t total, uint64_t off, uint64_t len) {
+    return off <= total && len <= total - off;
+}
+
+bool bench__mem_serve(bench_mem_t *m, uint64_t len_total, const bench_ctl_msg_t *req,
+                      bench_ctl_msg_t *rep) {
+    uint64_t off, len;
+    if (req->verb == BENCH_CTL_ZERO) off = req->a, len = req->b;
+    else if (req->verb == BENCH_CTL_FILL || req->verb == BENCH_CTL_VERIFY)
+        off = req->b, len = req->c;
+    else return false;
+    rep->verb = BENCH_CTL_OK;
+    if (!range_ok(len_total, off, len)) {
+        rep->verb = BENCH_CTL_ERR;
+        snprintf(rep->text, sizeof rep->text, "range outside the %" PRIu64 "-byte buffer",
+                 len_total);
+        return true;
+    }
+    int rc = req->verb == BENCH_CTL_FILL   ? bench__mem_fill(m, off, len, req->a)
+             : req->verb == BENCH_CTL_ZERO ? bench__mem_zero(m, off, len)
+                                           : bench__mem_check(m, off, len, req->a, &rep->a);
+    if (rc == 1) rep->verb = BENCH_CTL_BAD;
+    if (rc < 0) {
+        rep->verb = BENCH_CTL_ERR;
+        snprintf(rep->text, sizeof rep->text, "a copy to or from the %s buffer failed",
+                 m->fd >= 0 ? "file" : "device");
+    }
+    return true;
 }

@@ -108,6 +108,21 @@ static int batch_resubmit(worker_t *w, size_t d, size_t n) {
     return batch_start(w, d, n) == 0 ? 1 : -1;
 }
 
+/* --sweep: batch d's target offsets one working set further, back to the start past the
+ * last whole working set of the span. Batches never share bytes: each keeps its slot's
+ * offset within a working set. */
+static void batch_sweep(worker_t *w, size_t d) {
+    run_t *r = w->run;
+    uint64_t region = r->block * r->batch * r->depth * r->threads;
+    uint64_t end = r->sweep_span / region * region;
+    if (end <= region) return;
+    for (uint64_t j = 0; j < r->batch; j++) {
+        ote_request_t *q = &w->reqs[d * r->batch + j];
+        uint64_t off = q->remote_addr - r->remote_base + region;
+        q->remote_addr = r->remote_base + (off >= end ? off - end : off);
+    }
+}
+
 /* Wait for batch d, record it when timed, reset it. Returns 0, or -1 after worker_fail. */
 static int batch_finish(worker_t *w, size_t d, bool timed) {
     run_t *r = w->run;
@@ -149,6 +164,7 @@ static int batch_finish(worker_t *w, size_t d, bool timed) {
         return -1;
     }
     w->n_in[d] = 0;
+    if (r->sweep_span != 0) batch_sweep(w, d);
     if (timed) {
         uint64_t lat = t1 - w->t0[d];
         w->lat_count++;

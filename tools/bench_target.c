@@ -73,11 +73,6 @@ static void target_reply(target_t *t, const char *from, const bench_ctl_msg_t *r
     }
 }
 
-/* Bounds check of [off, off+len) against the buffer, overflow-safe. */
-static bool target_range_ok(const target_t *t, uint64_t off, uint64_t len) {
-    return off <= t->len && len <= t->len - off;
-}
-
 /* Handles one request; returns true on QUIT. */
 static bool target_handle(target_t *t, const char *from, const bench_ctl_msg_t *req) {
     bench_ctl_msg_t rep;
@@ -85,48 +80,19 @@ static bool target_handle(target_t *t, const char *from, const bench_ctl_msg_t *
     rep.id = req->id;
     rep.verb = BENCH_CTL_OK;
     bool quit = false;
-    switch (req->verb) {
-        case BENCH_CTL_INFO:
-            rep.a = t->mem.addr;
-            rep.b = t->len;
-            break;
-        case BENCH_CTL_FILL:
-            if (!target_range_ok(t, req->b, req->c)) goto out_of_range;
-            if (bench__mem_fill(&t->mem, req->b, req->c, req->a) != 0) goto mem_failed;
-            break;
-        case BENCH_CTL_ZERO:
-            if (!target_range_ok(t, req->a, req->b)) goto out_of_range;
-            if (bench__mem_zero(&t->mem, req->a, req->b) != 0) goto mem_failed;
-            break;
-        case BENCH_CTL_VERIFY: {
-            if (!target_range_ok(t, req->b, req->c)) goto out_of_range;
-            uint64_t bad = 0;
-            int rc = bench__mem_check(&t->mem, req->b, req->c, req->a, &bad);
-            if (rc < 0) goto mem_failed;
-            if (rc == 1) {
-                rep.verb = BENCH_CTL_BAD;
-                rep.a = bad;
-            }
-            break;
-        }
-        case BENCH_CTL_QUIT: quit = true; break;
-        default:
-            rep.verb = BENCH_CTL_ERR;
-            snprintf(rep.text, sizeof rep.text, "unexpected request");
-            break;
+    if (bench__mem_serve(&t->mem, t->len, req, &rep)) {
+        /* FILL, ZERO, VERIFY: answered */
+    } else if (req->verb == BENCH_CTL_INFO) {
+        rep.a = t->mem.addr;
+        rep.b = t->len;
+    } else if (req->verb == BENCH_CTL_QUIT) {
+        quit = true;
+    } else {
+        rep.verb = BENCH_CTL_ERR;
+        snprintf(rep.text, sizeof rep.text, "unexpected request");
     }
     target_reply(t, from, &rep);
     return quit;
-out_of_range:
-    rep.verb = BENCH_CTL_ERR;
-    snprintf(rep.text, sizeof rep.text, "range outside the %" PRIu64 "-byte buffer", t->len);
-    target_reply(t, from, &rep);
-    return false;
-mem_failed:
-    rep.verb = BENCH_CTL_ERR;
-    snprintf(rep.text, sizeof rep.text, "a copy to or from the device buffer failed");
-    target_reply(t, from, &rep);
-    return false;
 }
 
 /* True when the initiator that spawned us is gone (the read end of the pipe closed). */
@@ -170,11 +136,15 @@ int bench__run_target(const bench_options_t *o) {
         bench__print_status("target: ote_engine_address", st);
         goto err_destroy_engine;
     }
-    if (bench__mem_create(t.engine, o->remote_mem, t.len, &t.mem) != 0) goto err_destroy_engine;
+    if (bench__mem_create(t.engine, o->remote_mem, o->remote_file, t.len, &t.mem) != 0)
+        goto err_destroy_engine;
     unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
     if (o->remote_ipc && !BENCH_MEM_IS_HOST(o->remote_mem)) perms |= OTE_PERM_IPC;
-    st = ote_memory_register_named(t.engine, (void *)(uintptr_t)t.mem.addr, (size_t)t.len, perms,
-                                   BENCH_BUFFER_NAME);
+    /* A file is registered by bench__mem_create (ote_file_register). */
+    st = o->remote_mem == BENCH_MEM_FILE
+             ? OTE_OK
+             : ote_memory_register_named(t.engine, (void *)(uintptr_t)t.mem.addr, (size_t)t.len,
+                                         perms, BENCH_BUFFER_NAME);
     if (st != OTE_OK) {
         bench__print_status("target: ote_memory_register", st);
         goto err_unmap;
@@ -226,7 +196,9 @@ int bench__run_target(const bench_options_t *o) {
 err_close_peers:
     while (t.n_peers > 0) target_drop_peer(&t, t.n_peers - 1);
 err_unregister:
-    st = ote_memory_unregister(t.engine, (void *)(uintptr_t)t.mem.addr);
+    st = o->remote_mem == BENCH_MEM_FILE
+             ? OTE_OK
+             : ote_memory_unregister(t.engine, (void *)(uintptr_t)t.mem.addr);
     if (st != OTE_OK) {
         bench__print_status("target: ote_memory_unregister", st);
         rc = 1;

@@ -44,6 +44,7 @@ struct ote__files {
     enum { GDS_UNTRIED = 0, GDS_READY, GDS_ABSENT } gds_state;
     ote__gds_t *gds;
     ote__fio_t *gio;
+    ote__fbpool_t bounce; /* peers' slices (host->file) */
 };
 
 /* ---- registrations ------------------------------------------------------------------ */
@@ -156,6 +157,7 @@ static ote_status_t table_add(ote__files_t *f, ote__freg_t *r) {
     uint64_t span = (r->len + FILE_WINDOW - 1) / FILE_WINDOW * FILE_WINDOW;
     if (span > UINT64_MAX - f->next_addr - FILE_WINDOW) return OTE_ERR_TOO_BIG;
     r->addr = f->next_addr;
+    r->pin.base = r->addr;              /* the registration's extent: its address window */
     f->next_addr += span + FILE_WINDOW; /* one empty window between two */
     f->regs[f->nregs++] = r;
     return OTE_OK;
@@ -285,17 +287,10 @@ void ote__files_unpin(ote__files_t *f, void *pin) {
     atomic_fetch_sub(&((ote__freg_t *)pin)->inuse, 1);
 }
 
-/* A bounce buffer: the registration it serves, then its bytes. */
-typedef struct {
-    ote__freg_t *reg;
-    uint32_t len;
-    uint8_t data[];
-} bounce_t;
-
 static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, uint8_t **buf_out,
                                void **tok_out) {
-    (void)arg;
-    bounce_t *b = ote_malloc(sizeof(*b) + (len ? len : 1));
+    ote__files_t *f = arg;
+    ote__fbuf_t *b = ote__fbpool_get(&f->bounce, len);
     if (b == NULL) return OTE_ERR_NOMEM;
     b->reg = (ote__freg_t *)(uintptr_t)pin; /* the pin is the registration's head */
     b->len = len;
@@ -304,18 +299,27 @@ static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, u
     return OTE_OK;
 }
 
-/* Synchronous, buffered: the whole range or a status (a truncated file: ENODATA). */
+/* One read or write of [foff, +len) with buf: the O_DIRECT descriptor where offset and
+ * length are OTE__FILE_DIO_ALIGN-aligned (buf always is), else the buffered one. */
+static ssize_t bounce_rw(const ote__freg_t *r, int to_file, uint8_t *buf, uint32_t len,
+                         uint64_t foff) {
+    int direct = r->dfd >= 0 && foff % OTE__FILE_DIO_ALIGN == 0 && len % OTE__FILE_DIO_ALIGN == 0;
+    int fd = direct ? r->dfd : r->fd;
+    return to_file ? pwrite(fd, buf, len, (off_t)foff) : pread(fd, buf, len, (off_t)foff);
+}
+
+/* Synchronous, O_DIRECT when aligned: the whole range or a status (a truncated file:
+ * ENODATA). */
 static ote_status_t bounce_copy(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len) {
     ote__files_t *f = arg;
-    bounce_t *b = tok;
+    ote__fbuf_t *b = tok;
     ote__freg_t *r = b->reg;
     if (len > b->len || addr < r->addr || addr - r->addr > r->len ||
         len > r->len - (addr - r->addr))
         return OTE_ERR_ACCESS;
     uint64_t foff = r->off + (addr - r->addr);
     for (uint32_t done = 0; done < len;) {
-        ssize_t n = to_file ? pwrite(r->fd, b->data + done, len - done, (off_t)(foff + done))
-                            : pread(r->fd, b->data + done, len - done, (off_t)(foff + done));
+        ssize_t n = bounce_rw(r, to_file, b->data + done, len - done, foff + done);
         if (n < 0 && errno == EINTR) continue;
         int err = n < 0 ? errno : n == 0 ? (to_file ? EIO : ENODATA) : 0;
         if (err != 0) {
@@ -335,8 +339,8 @@ static ote_status_t bounce_copy(void *arg, void *tok, int to_file, uint64_t addr
 }
 
 static void bounce_put(void *arg, void *tok) {
-    (void)arg;
-    ote_free(tok);
+    ote__files_t *f = arg;
+    ote__fbpool_put(&f->bounce, tok);
 }
 
 ote__file_ops_t ote__files_services(ote__files_t *f) {
@@ -534,6 +538,12 @@ ote_status_t ote__files_create(const ote__cfg_t *cfg, ote__files_t **out) {
         ote_free(f);
         return st;
     }
+    st = ote__fbpool_init(&f->bounce);
+    if (st != OTE_OK) {
+        ote_mutex_destroy(&f->mu);
+        ote_free(f);
+        return st;
+    }
     *out = f;
     return OTE_OK;
 }
@@ -554,6 +564,7 @@ ote_status_t ote__files_destroy(ote__files_t *f) {
     ote_free(f->regs);
     for (int i = 0; i < 2; i++)
         if (f->stall[i] >= 0) close(f->stall[i]);
+    ote__fbpool_fini(&f->bounce);
     ote_mutex_destroy(&f->mu);
     ote_free(f);
     return OTE_OK;

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "base/lock.h"
 #include "engine/file/file.h"
 #include "engine/transport.h"
 
@@ -40,6 +41,32 @@ typedef struct ote__freg {
 
 /* What one slice is while the file owner holds it: its record in the slice's transport
  * scratch (ote__slice_t.xp), from submit until done(). */
+/* Bounce buffers of peers' slices (file_bounce.c): 4 KiB-aligned, in power-of-two classes
+ * of 4 KiB .. 64 MiB, up to OTE__FILE_BOUNCE_KEEP free ones kept per class. */
+#define OTE__FILE_BOUNCE_CLASSES 15
+#define OTE__FILE_BOUNCE_KEEP 32
+
+typedef struct ote__fbuf {
+    struct ote__fbuf *next; /* the pool's free list */
+    ote__freg_t *reg;       /* the registration the slice serves (bounce_get) */
+    uint32_t len;           /* the slice's bytes */
+    int cls;                /* its class, -1: over the largest (freed when given back) */
+    uint64_t cap;           /* bytes at data */
+    uint8_t *data;          /* OTE__FILE_DIO_ALIGN-aligned */
+} ote__fbuf_t;
+
+typedef struct {
+    ote_mutex_t mu;
+    ote__fbuf_t *free[OTE__FILE_BOUNCE_CLASSES];
+    uint32_t nfree[OTE__FILE_BOUNCE_CLASSES];
+} ote__fbpool_t;
+
+ote_status_t ote__fbpool_init(ote__fbpool_t *p);
+void ote__fbpool_fini(ote__fbpool_t *p); /* every buffer given back */
+/* A buffer of at least len bytes (its reg and len for the caller to set); NULL: no memory. */
+ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len);
+void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b);
+
 typedef enum {
     FOP_QUEUED = 0, /* waiting for a queue slot (or a pool thread) */
     FOP_IO,         /* its read or write is in flight */

@@ -49,6 +49,7 @@ static ote__acct_t *acct_get(shm_src_t *s, uint64_t uid, uint64_t req_remote, ui
 ote_status_t ote__shm_src_pin(shm_src_t *s, const shm_req_t *q, uint64_t start, uint64_t len,
                               unsigned perm, void **pin_out) {
     const ote__host_t *host = &s->tp->host;
+    perm |= OTE__PIN_FILE; /* this source serves file registrations (through host->file) */
     /* A request of one piece needs no account: its pin is held while it is copied, and a
      * write-off of it (the whole request) opens none. */
     if (q->req_uid == 0 || q->req_len == 0 || (q->remote == q->req_remote && q->len == q->req_len))

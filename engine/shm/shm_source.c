@@ -352,6 +352,40 @@ static int src_is_device(shm_src_t *s, void *pin) {
     return pin != NULL && OTE_MEM_IS_CUDA(ote__pin_kind(ote__shm_src_engine_pin(s, pin)));
 }
 
+/* Whether it is a file registration (engine/file: host->file). */
+static int src_is_file(shm_src_t *s, void *pin) {
+    return pin != NULL && ote__pin_kind(ote__shm_src_engine_pin(s, pin)) == OTE_MEM_FILE;
+}
+
+/* Whether its bytes go through a bounce buffer here: device memory or a file. */
+static int src_is_staged(shm_src_t *s, void *pin) {
+    return src_is_device(s, pin) || src_is_file(s, pin);
+}
+
+/* One checked piece on a file registration: like device memory, through a host bounce
+ * buffer (host->file: read from the file before the copy to the requester, written to it
+ * after the copy from the requester, with the file owner's O_DIRECT and file_sync rules);
+ * mapped: the requester's shared allocation mapped here (SHM_REQ_SHARED), else NULL. On
+ * the connection thread, one piece at a time. */
+static ote_status_t src_copy_file(shm_src_t *s, const shm_req_t *q, void *pin, uint8_t *mapped) {
+    const ote__host_t *h = &s->tp->host;
+    if (q->op == OTE__SLICE_WRITE && in_ring(s, q)) {
+        ote_status_t ready = ote__shm_ring_ready(s, q->id);
+        if (ready != OTE_OK) return ready;
+    }
+    uint8_t *buf = NULL;
+    void *tok = NULL;
+    ote_status_t st =
+        h->file.bounce_get(h->file.arg, ote__shm_src_engine_pin(s, pin), q->len, &buf, &tok);
+    if (st != OTE_OK) return st;
+    if (q->op == OTE__SLICE_READ) st = h->file.bounce_copy(h->file.arg, tok, 0, q->remote, q->len);
+    if (st == OTE_OK) st = copy_bytes(s, q, buf, q->local, mapped, q->len);
+    if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
+        st = h->file.bounce_copy(h->file.arg, tok, 1, q->remote, q->len);
+    h->file.bounce_put(h->file.arg, tok);
+    return st;
+}
+
 /* One checked piece on device memory: its bytes go through a host bounce buffer
  * (host->gpu.stage_*), copied from/to the requester as host memory by copy_bytes. Served on
  * the connection thread, one piece at a time, never by the copy helpers. */
@@ -436,7 +470,7 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
     for (uint32_t i = a; i < b; i++)
         if (atomic_load(&m->st[i]) == OTE_OK && q[i].len > SHM_RUN_MAX_LEN &&
             (q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) &&
-            !src_is_device(s, m->pin[i]))
+            !src_is_staged(s, m->pin[i]))
             large += q[i].len;
     /* Each entry adds at most one unit beyond large / chunk (b - a <= SHM_BATCH_MAX). */
     uint64_t room = SHM_UNITS_MAX - SHM_BATCH_MAX, chunk = SHM_PAR_CHUNK;
@@ -446,7 +480,7 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
     for (uint32_t i = a; i < b;) {
         uint16_t op = q[i].op;
         if (atomic_load(&m->st[i]) != OTE_OK || (op != OTE__SLICE_WRITE && op != OTE__SLICE_READ) ||
-            src_is_device(s, m->pin[i])) {
+            src_is_staged(s, m->pin[i])) {
             i++;
             continue;
         }
@@ -456,7 +490,7 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
             while (j < b && atomic_load(&m->st[j]) == OTE_OK && q[j].op == op &&
                    q[j].len <= SHM_RUN_MAX_LEN && in_ring(s, &q[j]) == in_ring(s, &q[i]) &&
                    (m->sptr[j] == NULL) == (m->sptr[i] == NULL) && run < SHM_RUN_MAX_LEN &&
-                   !src_is_device(s, m->pin[j])) {
+                   !src_is_staged(s, m->pin[j])) {
                 run += q[j].len;
                 j++;
             }
@@ -593,15 +627,19 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
     for (uint32_t a = 0; a < cnt;) {
         uint32_t b = a;
         while (b < cnt && q[b].op != OTE__SLICE_NOTIFY) b++;
-        /* Pieces on device memory first, one at a time (they are staged); the others
-         * of [a, b) as copy units. */
+        /* Pieces on device memory or files first, one at a time (they are staged); the
+         * others of [a, b) as copy units. */
         for (uint32_t i = a; i < b; i++) {
             if ((q[i].op != OTE__SLICE_WRITE && q[i].op != OTE__SLICE_READ) ||
-                !src_is_device(s, m->pin[i]))
+                !src_is_staged(s, m->pin[i]))
                 continue;
             if (atomic_load(&s->abort)) set_st(m, i, OTE_ERR_PEER_LOST);
             if (ote__shm_src_canceled(m->pin[i])) set_st(m, i, OTE_ERR_CANCELED);
             if (atomic_load(&m->st[i]) != OTE_OK) continue;
+            if (src_is_file(s, m->pin[i])) {
+                set_st(m, i, src_copy_file(s, &q[i], m->pin[i], m->sptr[i]));
+                continue;
+            }
             if (q[i].flags & SHM_REQ_IPC) {
                 /* CUDA IPC where the registration opted in: the requester copies. */
                 const ote__host_t *h = &s->tp->host;

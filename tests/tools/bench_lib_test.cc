@@ -336,21 +336,46 @@ TEST_F(BenchOptionsTest, MemoryKinds) {
     EXPECT_STREQ(bench_mem_name(BENCH_MEM_CUDA(3), name, sizeof name), "cuda:3");
     EXPECT_STREQ(bench_mem_name(BENCH_MEM_CUDA(BENCH_MEM_CUDA_MAX), name, sizeof name), "cuda:239");
     unsigned m = 7;
-    EXPECT_EQ(bench_parse_mem("shared", &m), 0);
+    EXPECT_EQ(bench_parse_mem("shared", &m, nullptr), 0);
     EXPECT_EQ(m, BENCH_MEM_SHARED);
     m = 7;
-    EXPECT_EQ(bench_parse_mem("thp2", &m), -1);
-    EXPECT_EQ(bench_parse_mem("THP", &m), -1);
-    EXPECT_EQ(bench_parse_mem("shared2", &m), -1);
-    EXPECT_EQ(bench_parse_mem("share", &m), -1);
-    EXPECT_EQ(bench_parse_mem("SHARED", &m), -1);
+    EXPECT_EQ(bench_parse_mem("thp2", &m, nullptr), -1);
+    EXPECT_EQ(bench_parse_mem("THP", &m, nullptr), -1);
+    EXPECT_EQ(bench_parse_mem("shared2", &m, nullptr), -1);
+    EXPECT_EQ(bench_parse_mem("share", &m, nullptr), -1);
+    EXPECT_EQ(bench_parse_mem("SHARED", &m, nullptr), -1);
     EXPECT_EQ(m, 7u); /* untouched on failure */
     /* Distinct from every other kind: no CUDA device number maps onto it. */
     EXPECT_NE(BENCH_MEM_SHARED, BENCH_MEM_THP);
     EXPECT_NE(BENCH_MEM_SHARED, BENCH_MEM_HOST);
     EXPECT_GT(BENCH_MEM_SHARED, BENCH_MEM_CUDA(BENCH_MEM_CUDA_MAX));
-    ExpectError({"--local-mem", "huge"}, "is not host, thp, shared or cuda:N");
-    ExpectError({"--remote-mem", "shm"}, "--remote-mem: 'shm' is not host, thp, shared or cuda:N");
+    ExpectError({"--local-mem", "huge"}, "is not host, thp, shared, file:PATH or cuda:N");
+    ExpectError({"--remote-mem", "shm"},
+                "--remote-mem: 'shm' is not host, thp, shared, file:PATH or cuda:N");
+}
+
+TEST_F(BenchOptionsTest, FileMemoryKind) {
+    ASSERT_EQ(Parse({"--local-mem", "file:/data/a.bin", "--remote-mem", "file:b"}), 0) << err_;
+    EXPECT_EQ(o_.local_mem, BENCH_MEM_FILE);
+    EXPECT_EQ(o_.remote_mem, BENCH_MEM_FILE);
+    EXPECT_STREQ(o_.local_file, "/data/a.bin");
+    EXPECT_STREQ(o_.remote_file, "b");
+    EXPECT_FALSE(BENCH_MEM_IS_HOST(o_.local_mem));
+    EXPECT_GT(BENCH_MEM_FILE, BENCH_MEM_CUDA(BENCH_MEM_CUDA_MAX));
+    char name[16];
+    EXPECT_STREQ(bench_mem_name(BENCH_MEM_FILE, name, sizeof name), "file");
+    unsigned m = 7;
+    char path[BENCH_PATH_MAX] = "x";
+    EXPECT_EQ(bench_parse_mem("file:", &m, path), -1);          /* no path */
+    EXPECT_EQ(bench_parse_mem("file:/tmp/f", &m, nullptr), -1); /* nowhere to put it */
+    EXPECT_EQ(bench_parse_mem(("file:" + std::string(BENCH_PATH_MAX, 'a')).c_str(), &m, path), -1);
+    EXPECT_EQ(m, 7u);
+    EXPECT_STREQ(path, "x");
+    ExpectError({"--local-mem", "file:"}, "--local-mem: 'file:' is not host");
+    ASSERT_EQ(Parse({"--sweep"}), 0) << err_;
+    EXPECT_TRUE(o_.sweep);
+    ExpectError({"--sweep", "--check"}, "--sweep and --check exclude each other");
+    ExpectError({"--role", "target", "--sweep"}, "--sweep is an initiator option");
 }
 
 TEST_F(BenchLibTest, LatencyPercentilesNearestRank) {

@@ -139,6 +139,51 @@ if run duration_off 0 --op read --block-size 64K --batch-size 8 --duration 5s --
 fi
 
 # The human table: a header with the latency unit, then one row per result.
+# Files (--local-mem file:PATH: this engine's registration through the local segment, no
+# target; --remote-mem file:PATH: the spawned target registers the file; served over tcp):
+# --check compares the file's bytes, --test-corrupt must fail it.
+if run file_local_write 0 --local-mem "file:$TMP/local.bin" --op write --block-size 4K,4097 \
+    "${COMMON[@]}"; then
+    json_ok file_local_write 4 ok 1048576
+fi
+if run file_local_read 0 --local-mem "file:$TMP/local.bin" --op read --block-size 4K,4097 \
+    "${COMMON[@]}"; then
+    json_ok file_local_read 4 ok 1048576
+fi
+if run file_local_corrupt 1 --local-mem "file:$TMP/local.bin" --op write --block-size 4K \
+    --batch-size 4 --total-bytes 64K --json --check --test-corrupt; then
+    json_ok file_local_corrupt 1 failed 65536
+fi
+if run file_remote_write 0 --remote-mem "file:$TMP/remote.bin" --op write --block-size 4K,1M \
+    --batch-size 3 --total-bytes 4M --json --check; then
+    json_ok file_remote_write 2 ok 4194304
+fi
+if run file_remote_read 0 --remote-mem "file:$TMP/remote.bin" --op read --block-size 4K,1M \
+    --batch-size 3 --total-bytes 4M --json --check; then
+    json_ok file_remote_read 2 ok 4194304
+fi
+if run file_remote_corrupt 1 --remote-mem "file:$TMP/remote.bin" --op read --block-size 4K \
+    --batch-size 4 --total-bytes 64K --json --check --test-corrupt; then
+    json_ok file_remote_corrupt 1 failed 65536
+fi
+if run file_remote_shm 0 --transport shm --remote-mem "file:$TMP/remote.bin" --op write \
+    --block-size 4K,1M --batch-size 3 --total-bytes 4M --json --check; then
+    json_ok file_remote_shm 2 ok 4194304 shm
+fi
+# --sweep: a WRITE of 8 MiB through a 128 KiB working set into a new (sparse) 4 MiB file
+# allocates every block of it; without --sweep only the working set's.
+kib() { du -k "$1" | cut -f1; }
+if run file_nosweep 0 --local-mem "file:$TMP/nosweep.bin" --buffer-size 4M --op write \
+    --block-size 64K --batch-size 2 --total-bytes 8M --json &&
+    run file_sweep 0 --local-mem "file:$TMP/sweep.bin" --buffer-size 4M --op write \
+        --block-size 64K --batch-size 2 --total-bytes 8M --json --sweep; then
+    if [ "$(kib "$TMP/sweep.bin")" -ge 4096 ] && [ "$(kib "$TMP/nosweep.bin")" -lt 1024 ]; then
+        json_ok file_sweep 1 off 8388608
+    else
+        fail "file_sweep: $(kib "$TMP/sweep.bin") KiB with --sweep, $(kib "$TMP/nosweep.bin") without"
+    fi
+fi
+
 if run table 0 --op write --block-size 4K,8K --batch-size 2 --total-bytes 256K; then
     if grep -q 'latency per batch' "$TMP/table.out" && grep -q 'p99.9_us' "$TMP/table.out" &&
         [ "$(grep -c '^write ' "$TMP/table.out")" -eq 2 ]; then

@@ -1,0 +1,87 @@
+/*
+ * engine/file/file_bounce.c - the pool of bounce buffers through which a transport's
+ * source serves file registrations to peers (host->file's bounce_get / bounce_put): 4 KiB-
+ * aligned buffers, so that an aligned slice goes O_DIRECT, in power-of-two size classes
+ * from 4 KiB to 64 MiB, up to OTE__FILE_BOUNCE_KEEP free ones kept per class, reused
+ * instead of an allocation per slice. A buffer over the largest class is allocated for its
+ * slice alone and freed when given back. Thread-safe: sources of several workers share it.
+ */
+
+#include "base/alloc.h"
+#include "engine/file/file_internal.h"
+
+/* The class of len (its capacity 4 KiB << class), or -1 over the largest. */
+static int bounce_class(uint32_t len) {
+    uint64_t cap = OTE__FILE_DIO_ALIGN;
+    for (int c = 0; c < OTE__FILE_BOUNCE_CLASSES; c++, cap <<= 1)
+        if (len <= cap) return c;
+    return -1;
+}
+
+ote_status_t ote__fbpool_init(ote__fbpool_t *p) {
+    for (int c = 0; c < OTE__FILE_BOUNCE_CLASSES; c++) {
+        p->free[c] = NULL;
+        p->nfree[c] = 0;
+    }
+    return ote_mutex_init(&p->mu);
+}
+
+static void fbuf_free(ote__fbuf_t *b) {
+    ote_aligned_free(b->data);
+    ote_free(b);
+}
+
+void ote__fbpool_fini(ote__fbpool_t *p) {
+    for (int c = 0; c < OTE__FILE_BOUNCE_CLASSES; c++) {
+        while (p->free[c] != NULL) {
+            ote__fbuf_t *b = p->free[c];
+            p->free[c] = b->next;
+            fbuf_free(b);
+        }
+        p->nfree[c] = 0;
+    }
+    ote_mutex_destroy(&p->mu);
+}
+
+ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len) {
+    int c = bounce_class(len);
+    ote__fbuf_t *b = NULL;
+    if (c >= 0) {
+        ote_mutex_lock(&p->mu);
+        b = p->free[c];
+        if (b != NULL) {
+            p->free[c] = b->next;
+            p->nfree[c]--;
+        }
+        ote_mutex_unlock(&p->mu);
+        if (b != NULL) return b;
+    }
+    uint64_t cap = c >= 0 ? (uint64_t)OTE__FILE_DIO_ALIGN << c
+                          : ((uint64_t)len + OTE__FILE_DIO_ALIGN - 1) / OTE__FILE_DIO_ALIGN *
+                                OTE__FILE_DIO_ALIGN;
+    b = ote_calloc(1, sizeof(*b));
+    if (b == NULL) return NULL;
+    b->data = ote_aligned_alloc(OTE__FILE_DIO_ALIGN, (size_t)cap);
+    if (b->data == NULL) {
+        ote_free(b);
+        return NULL;
+    }
+    b->cls = c;
+    b->cap = cap;
+    return b;
+}
+
+void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b) {
+    if (b->cls >= 0) {
+        ote_mutex_lock(&p->mu);
+        if (p->nfree[b->cls] < OTE__FILE_BOUNCE_KEEP) {
+            b->next = p->free[b->cls];
+            b->reg = NULL;
+            p->free[b->cls] = b;
+            p->nfree[b->cls]++;
+            b = NULL;
+        }
+        ote_mutex_unlock(&p->mu);
+    }
+    if (b != NULL) fbuf_free(b);
+}
