@@ -175,7 +175,7 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     r->off = offset;
     r->len = len;
     r->perms = perms;
-    r->pin = (ote__pin_t){OTE_MEM_FILE, perms};
+    r->pin = (ote__pin_t){.kind = OTE_MEM_FILE, .perms = perms, .loc = -1}; /* no locality, no extent */
     if (name != NULL) snprintf(r->name, sizeof(r->name), "%s", name);
     if (path != NULL) snprintf(r->path, sizeof(r->path), "%s", path);
     else snprintf(r->path, sizeof(r->path), "fd %d", fd);
