@@ -175,7 +175,8 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     r->off = offset;
     r->len = len;
     r->perms = perms;
-    r->pin = (ote__pin_t){.kind = OTE_MEM_FILE, .perms = perms, .loc = -1}; /* no locality, no extent */
+    /* No locality and no extent: only a registration of host or device memory has them. */
+    r->pin = (ote__pin_t){.kind = OTE_MEM_FILE, .perms = perms, .loc = -1};
     if (name != NULL) snprintf(r->name, sizeof(r->name), "%s", name);
     if (path != NULL) snprintf(r->path, sizeof(r->path), "%s", path);
     else snprintf(r->path, sizeof(r->path), "fd %d", fd);
