@@ -86,8 +86,10 @@ static void req_finalize(ote__req_t *r, uint64_t end_ns) {
                      now - t0);
     ote__reg_t *pin = r->local_pin;
     r->local_pin = NULL;
-    ote_free(r->many);
-    r->many = NULL;
+    if (r->many != NULL) { /* a multi-slice request's array (a call less for the others) */
+        ote_free(r->many);
+        r->many = NULL;
+    }
     ote_batch_t *b = r->b;
     atomic_store(&r->state, state);
     /* The local registration's pin goes after the final state is visible: once its
@@ -100,8 +102,9 @@ static void req_finalize(ote__req_t *r, uint64_t end_ns) {
 
 static void staged_submit(void *arg, ote__slice_t *s);
 
-static void req_slice_done(ote__slice_t *s, ote_status_t st) {
-    ote__req_t *r = s->owner;
+/* req_slice_done's rare cases, one test there: s tried CUDA IPC (ipc_try) or came from
+ * the local file segment (file_io). 1: s went on to be staged (nothing else to do). */
+static int slice_done_rare(ote__req_t *r, ote__slice_t *s, ote_status_t st) {
     if (s->ipc_try && ote_status_code(st) == OTE_ERR_UNSUPPORTED) {
         /* The source declined CUDA IPC for this piece of local device memory (no
          * OTE_PERM_IPC there, host memory there, or ipc not allowed there) and touched
@@ -118,11 +121,17 @@ static void req_slice_done(ote__slice_t *s, ote_status_t st) {
             s->req_remote = s->remote;
             s->req_len = s->len;
             ote__gpu_stage(e->gpu, kind, s, 1, staged_submit, r->seg);
-            return;
+            return 1;
         }
     }
     s->ipc_try = 0;
     if (s->file_io != 0) atomic_fetch_or_explicit(&r->file_io, s->file_io, OTE__RELAXED);
+    return 0;
+}
+
+static void req_slice_done(ote__slice_t *s, ote_status_t st) {
+    ote__req_t *r = s->owner;
+    if (__builtin_expect((s->ipc_try | s->file_io) != 0, 0) && slice_done_rare(r, s, st)) return;
     if (st == OTE_OK) {
         atomic_fetch_add_explicit(&r->bytes_done, s->len, memory_order_relaxed);
     } else {
@@ -144,6 +153,9 @@ typedef struct {
     int ipc;       /* device memory tried through the transport's device path first (CUDA
                     * IPC, GPUDirect Storage), not staged up front */
     int direct;    /* planning: the local buffer's registration has dma-buf MRs */
+    /* The registration holding the local buffer, pinned (inuse) when it was found: the
+     * request's local_pin once started, unpinned by batch_submit if the submit fails. */
+    ote__reg_t *pin;
 } req_plan_t;
 
 /* The slice geometry of a `length`-byte request to seg. A slice is at most half the
@@ -209,25 +221,28 @@ static ote_status_t submit_ensure_peers(ote_engine_t *e, const ote_request_t *re
 
 /* Each request's geometry (once) and the slice arrays of multi-slice requests, all
  * before anything starts. Every plans[i] is set, also after a failure, so that the
- * caller can free the arrays that were allocated. */
+ * caller can free the arrays that were allocated and drop the pins that were taken. */
 #define KIND_UNKNOWN UINT32_MAX
 
 static ote_status_t submit_plan(ote_engine_t *e, const ote_request_t *reqs, size_t n,
                                 req_plan_t *plans) {
     ote_status_t st = OTE_OK;
-    /* The local buffers' memory kinds: their registrations', found under one hold of
-     * reg_lk for the whole batch (consecutive requests mostly share a registration);
-     * the others are asked of engine/gpu after the lock: host memory while no CUDA
-     * driver is loaded (looked at once per submit), else classified. */
+    /* The local buffers' memory kinds: their registrations', found (and pinned: one
+     * lookup per request) under one hold of reg_lk for the whole batch (consecutive
+     * requests mostly share a registration); the others are asked of engine/gpu after the
+     * lock: host memory while no CUDA driver is loaded (looked at once per submit), else
+     * classified. */
     int locked = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
     if (locked) pthread_rwlock_rdlock(&e->reg_lk);
     const ote__reg_t *near = NULL;
     for (size_t i = 0; i < n; i++) {
-        plans[i] = (req_plan_t){NULL, 0, 1, KIND_UNKNOWN, 0, 0};
+        plans[i] = (req_plan_t){NULL, 0, 1, KIND_UNKNOWN, 0, 0, NULL};
         if (!locked || reqs[i].length == 0) continue;
-        const ote__reg_t *r =
+        ote__reg_t *r =
             ote__reg_covering_near(e, (uintptr_t)reqs[i].local_addr, reqs[i].length, near);
         if (r != NULL) {
+            atomic_fetch_add(&r->inuse, 1);
+            plans[i].pin = r;
             plans[i].kind = r->pin.kind;
             plans[i].direct = r->direct;
             near = r;
@@ -285,7 +300,9 @@ static ote_status_t submit_reserve(ote_batch_t *b, size_t n, size_t *k_out) {
     if (n > b->cap - k) {
         st = OTE_ERR_TOO_BIG;
     } else {
-        for (size_t i = 0; i < n; i++) atomic_store(&b->reqs[k + i].state, OTE_TRANSFER_PENDING);
+        /* Relaxed: published by the store of nsub below (seq_cst, a release). */
+        for (size_t i = 0; i < n; i++)
+            atomic_store_explicit(&b->reqs[k + i].state, OTE_TRANSFER_PENDING, OTE__RELAXED);
         atomic_fetch_add(&b->pending, n);
         atomic_store(&b->nsub, k + n);
         *k_out = k;
@@ -312,10 +329,10 @@ static void staged_submit(void *arg, ote__slice_t *s) {
     seg->tp->ops->submit(seg->peer, s);
 }
 
-/* Fill request slot r for q: its fields, its hold on the segment, and (when its local
- * buffer lies in a registration; reg_lk held for reading when use_pins) that pin. */
-static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote__slice_t *many,
-                     uint64_t now, int use_pins, ote__reg_t **near) {
+/* Fill request slot r for q: its fields, its hold on the segment, and the pin of its
+ * plan p (when its local buffer lies in a registration). */
+static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, const req_plan_t *p,
+                     uint64_t now) {
     r->b = b;
     atomic_store_explicit(&r->t_submit, now, OTE__RELAXED);
     atomic_store_explicit(&r->tpid, q->segment->tpid, OTE__RELAXED);
@@ -324,22 +341,30 @@ static void req_init(ote__req_t *r, ote_batch_t *b, const ote_request_t *q, ote_
     r->local = q->local_addr;
     r->remote = q->remote_addr;
     r->length = q->length;
-    atomic_store(&r->error, OTE_OK);
-    atomic_store(&r->bytes_done, 0);
-    atomic_store(&r->canceled, 0);
+    /* Relaxed: the slot is not read for these before its slices reach the transport
+     * (under the transport's lock) or before its state says it ended (seq_cst). */
+    atomic_store_explicit(&r->error, OTE_OK, OTE__RELAXED);
+    atomic_store_explicit(&r->bytes_done, 0, OTE__RELAXED);
+    atomic_store_explicit(&r->canceled, 0, OTE__RELAXED);
     atomic_store_explicit(&r->file_io, 0, OTE__RELAXED);
-    r->local_pin = NULL;
-    r->many = many;
+    r->local_pin = p->pin;
+    r->many = p->arr;
     atomic_fetch_add(&q->segment->pending, 1);
     ote__stats_submitted(&q->segment->c, (int)q->opcode, q->length); /* before it can end */
-    if (use_pins && q->length > 0) {
-        ote__reg_t *lr = ote__reg_covering_near(b->e, (uintptr_t)q->local_addr, q->length, *near);
-        if (lr) {
-            atomic_fetch_add(&lr->inuse, 1);
-            r->local_pin = lr;
-            *near = lr;
-        }
-    }
+}
+
+/* The locality of a request's local memory in registration lp: its GPU for device memory
+ * that moves as it is (not staged: GPUDirect or CUDA IPC), else its NUMA node (-1:
+ * unknown). The registration's pin.loc (ote__mem_loc, set at registration) is that
+ * already for host memory and unstaged device memory; the rest is worked out here. */
+static int req_loc(const ote__reg_t *lp, int staged) {
+    int loc = lp->pin.loc;
+    if (loc >= 0 && (loc < OTE__LOC_GPU0 || !staged)) return loc;
+    int node = lp->numa < OTE__LOC_GPU0 ? lp->numa : -1;
+    if (!staged && OTE_MEM_IS_CUDA(lp->pin.kind) &&
+        OTE_MEM_CUDA_DEVICE(lp->pin.kind) < OTE__LOC_GPUS)
+        node = OTE__LOC_GPU(OTE_MEM_CUDA_DEVICE(lp->pin.kind));
+    return node;
 }
 
 /* Cut r (length > 0) into its planned slices and append them to l, handing l to the
@@ -351,20 +376,19 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
     uint64_t ssz = p->ssz;
     uint32_t ns = p->ns;
     uint64_t uid = atomic_fetch_add_explicit(&r->b->e->next_uid, 1, memory_order_relaxed) + 1;
-    atomic_store(&r->left, ns);
+    atomic_store_explicit(&r->left, ns, OTE__RELAXED); /* published with the slices */
     ote__slice_t *sl = ns > 1 ? r->many : &r->one;
     if (!staged && l->seg != q->segment) slice_list_flush(r->b->e, l);
     if (!staged) l->seg = q->segment;
-    /* The locality of the local memory: its GPU for device memory that moves as it is
-     * (GPUDirect), else its NUMA node: its registration's, or (for a transport that ranks
-     * devices by it) asked of the kernel once for the request. */
-    int node = r->local_pin != NULL ? r->local_pin->numa : -1;
-    if (r->local_pin == NULL && !staged && q->segment->tp->ops->ranks_by_node)
+    /* The locality of the local memory (req_loc), or (no registration; for a transport
+     * that ranks devices by it) its NUMA node asked of the kernel once for the request. */
+    int node = -1;
+    if (r->local_pin != NULL) {
+        node = req_loc(r->local_pin, staged);
+    } else if (!staged && q->segment->tp->ops->ranks_by_node) {
         node = ote__mem_node(r->b->e, (uintptr_t)q->local_addr, q->length, p->kind);
-    if (node >= OTE__LOC_GPU0) node = -1;
-    if (!staged && r->local_pin != NULL && OTE_MEM_IS_CUDA(r->local_pin->pin.kind) &&
-        OTE_MEM_CUDA_DEVICE(r->local_pin->pin.kind) < OTE__LOC_GPUS)
-        node = OTE__LOC_GPU(OTE_MEM_CUDA_DEVICE(r->local_pin->pin.kind));
+        if (node >= OTE__LOC_GPU0) node = -1;
+    }
     uint64_t off = 0;
     for (uint32_t j = 0; j < ns; j++) {
         ote__slice_t *s = &sl[j];
@@ -401,21 +425,17 @@ static void submit_start(ote_batch_t *b, const ote_request_t *reqs, size_t n, si
     ote_engine_t *e = b->e;
     uint64_t now = ote_now_ns(), tmo = e->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC;
     ote_deadline_t dl = tmo > UINT64_MAX - now ? UINT64_MAX : now + tmo;
-    int use_pins = atomic_load_explicit(&e->nregs_hint, memory_order_relaxed) > 0;
-    if (use_pins) pthread_rwlock_rdlock(&e->reg_lk);
     slice_list_t l = {NULL, NULL, NULL};
-    ote__reg_t *near = NULL; /* the last registration found, under this hold of reg_lk */
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
         const ote_request_t *q = &reqs[i];
-        req_init(r, b, q, plans[i].arr, now, use_pins, &near);
+        req_init(r, b, q, &plans[i], now);
         if (q->length == 0) {
             atomic_store(&r->left, 1);
             continue; /* completed below, after the lock */
         }
         req_cut(r, q, &plans[i], dl, &l);
     }
-    if (use_pins) pthread_rwlock_unlock(&e->reg_lk);
     slice_list_flush(e, &l);
     for (size_t i = 0; i < n; i++) {
         ote__req_t *r = &b->reqs[k + i];
@@ -438,7 +458,10 @@ static ote_status_t batch_submit(ote_batch_t *b, const ote_request_t *reqs, size
     st = submit_plan(b->e, reqs, n, plans);
     if (st == OTE_OK) st = submit_reserve(b, n, &k);
     if (st != OTE_OK) {
-        for (size_t i = 0; i < n; i++) ote_free(plans[i].arr);
+        for (size_t i = 0; i < n; i++) { /* what the plans took: arrays, pins */
+            ote_free(plans[i].arr);
+            if (plans[i].pin != NULL) ote__reg_unpin(b->e, plans[i].pin);
+        }
         if (plans != stack_plans) ote_free(plans);
         return st;
     }

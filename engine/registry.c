@@ -56,9 +56,11 @@ ote__reg_t *ote__reg_covering_near(const ote_engine_t *e, uint64_t addr, uint64_
 ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm, void **pin_out) {
     ote_engine_t *e = arg;
     /* File windows: only for a transport that serves them (transport.h, OTE__PIN_FILE). */
-    if ((perm & OTE__PIN_FILE) && addr >= OTE__FILE_ADDR_BASE)
-        return ote__files_pin(e->files, addr, len, perm & ~OTE__PIN_FILE, pin_out);
-    perm &= ~OTE__PIN_FILE;
+    if (perm & OTE__PIN_FILE) {
+        if (addr >= OTE__FILE_ADDR_BASE)
+            return ote__files_pin(e->files, addr, len, perm & ~OTE__PIN_FILE, pin_out);
+        perm &= ~OTE__PIN_FILE;
+    }
     ote_status_t st = OTE_ERR_ACCESS;
     pthread_rwlock_rdlock(&e->reg_lk);
     ote__reg_t *r = ote__reg_covering(e, addr, len);
@@ -71,20 +73,25 @@ ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm,
     return st;
 }
 
+/* The last pin of a registration went: wake the unregisters waiting for it (they hold omu
+ * from before they looked at the count until they sleep, so this wakeup cannot be lost).
+ * Out of line, like the file case below: ote__reg_unpin's common path (a pin that is not
+ * the last) then needs no stack frame (about 20 instructions per request less). */
+static __attribute__((noinline)) void unpin_last(ote_engine_t *e) {
+    if (atomic_load(&e->unreg_waiters) > 0) {
+        ote_mutex_lock(&e->omu);
+        ote_cond_broadcast(&e->ocv);
+        ote_mutex_unlock(&e->omu);
+    }
+}
+
 void ote__reg_unpin(void *arg, void *pin) {
     ote_engine_t *e = arg;
     if (ote__pin_kind(pin) == OTE_MEM_FILE) {
         ote__files_unpin(e->files, pin);
         return;
     }
-    if (atomic_fetch_sub(&((ote__reg_t *)pin)->inuse, 1) != 1) return;
-    /* The last pin: wake the unregisters waiting for it (they hold omu from before they
-     * looked at the count until they sleep, so this wakeup cannot be lost). */
-    if (atomic_load(&e->unreg_waiters) > 0) {
-        ote_mutex_lock(&e->omu);
-        ote_cond_broadcast(&e->ocv);
-        ote_mutex_unlock(&e->omu);
-    }
+    if (atomic_fetch_sub(&((ote__reg_t *)pin)->inuse, 1) == 1) unpin_last(e);
 }
 
 ote_status_t ote_engine_gpu_stats(ote_engine_t *e, ote_gpu_stats_t *out) {

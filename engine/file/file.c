@@ -197,7 +197,6 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     ote_mutex_lock(&f->mu);
     st = io_start(f);
     if (st == OTE_OK) st = table_add(f, r);
-    r->pin.base = r->addr; /* the registration's extent, as host->pin's answer gives it */
     ote_mutex_unlock(&f->mu);
     if (st != OTE_OK) {
         freg_free(r);

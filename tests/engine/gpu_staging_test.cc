@@ -201,8 +201,8 @@ TEST_F(GpuStagingTest, HostOnlyTargetNeverLoadsTheDriver) {
     EXPECT_EQ(t.Quit(), 0);
 }
 
-// gpu_paths without staging: a request whose local buffer is device memory fails at
-// submit, naming what is missing; host requests still run.
+// gpu_paths without staging: a request whose local buffer is device memory (registered or
+// not) fails at submit, naming what is missing; host requests still run.
 TEST_F(GpuStagingTest, GpuPathsWithoutStagingRefusedAtSubmit) {
     Target t;
     ASSERT_TRUE(StartTarget(t, 1 << 20, "tcp"));
@@ -217,6 +217,12 @@ TEST_F(GpuStagingTest, GpuPathsWithoutStagingRefusedAtSubmit) {
         ote_request_t r = {OTE_WRITE, reinterpret_cast<void *>(d), seg, t.ro, 4096};
         EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_ERR_UNSUPPORTED) << paths;
         EXPECT_TRUE(LogContains("staging is not allowed")) << paths;
+        // Registered, the same: the registration the refused submit found (and pinned
+        // while planning) is free again, so it unregisters at once.
+        ASSERT_EQ(ote_memory_register(e, reinterpret_cast<void *>(d), 1 << 16, OTE_PERM_READ),
+                  OTE_OK);
+        EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_ERR_UNSUPPORTED) << paths;
+        EXPECT_EQ(ote_memory_unregister(e, reinterpret_cast<void *>(d)), OTE_OK) << paths;
         std::vector<uint8_t> host(4096);
         r.local_addr = host.data();
         EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
