@@ -21,6 +21,7 @@
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_src_parents.h"
 #include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/rdma_stage.h"
 #include "engine/rdma/rdma_hooks.h"
 #include "verbs/sim/sim.h"
 

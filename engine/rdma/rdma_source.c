@@ -20,6 +20,7 @@
 #include "base/time.h"
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/rdma_stage.h"
 #include "engine/rdma/rdma_src_parents.h"
 #include "ote/ote.h"
 

@@ -46,6 +46,7 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_internal.h"
+#include "engine/rdma/rdma_stage.h"
 #include "ote/ote.h"
 
 struct rdma_stage {
