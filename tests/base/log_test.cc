@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,13 +44,22 @@ class LogTest : public ::testing::Test {
 // reached it), and every callback saw the lines of its own window only.
 TEST_F(LogTest, ArgMayBeFreedOnceReplaced) {
     std::atomic<bool> stop{false};
+    std::atomic<int> started{0};
     std::vector<std::thread> writers;
     for (int i = 0; i < 4; i++)
         writers.emplace_back([&] {
+            started++;
             while (!stop.load()) OTE_WARN("logtest", "line from a writer");
         });
+    // Every writer runs before the rounds start (on a loaded machine a thread may not be
+    // scheduled for a while); the rounds go on, past 200, until lines reached a callback.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (started.load() < 4 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(started.load(), 4) << "the writers did not start within 30 s";
     uint64_t seen = 0;
-    for (int round = 0; round < 200; round++) {
+    for (int round = 0; round < 200 || (seen == 0 && std::chrono::steady_clock::now() < deadline);
+         round++) {
         auto *c = new Counter;
         ASSERT_EQ(ote_log_set_callback(&Count, c), OTE_OK);
         std::this_thread::yield();
