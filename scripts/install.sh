@@ -12,8 +12,8 @@
 #
 # Builds //engine:liborbitte.so first (installing the build dependencies with
 # scripts/deps.sh). The static archive holds every object the shared library is linked
-# from (read from Bazel's link parameters); a static user also links hwloc, libsodium and
-# -ldl -pthread (pkg-config --static and the CMake target say so). The version comes from
+# from (read from Bazel's link parameters); a static user also links hwloc, libsodium,
+# liburing and -ldl -pthread (pkg-config --static and the CMake target say so). The version comes from
 # OTE_VERSION_* of <ote/ote.h>.
 set -eu
 cd "$(dirname "$0")/.."

@@ -6,8 +6,8 @@
 #   scripts/wheel.sh                    # then: pip install --no-index dist/orbitte-*.whl
 #
 # The tag is honest about what it needs: Linux x86-64 with glibc >= 2.34 (the newest
-# symbol version liborbitte.so uses; checked below), libhwloc15 and libsodium23 (Debian 12
-# names); libibverbs and a CUDA driver are looked for at run time. It is not a manylinux
+# symbol version liborbitte.so uses; checked below), libhwloc15, libsodium23 and liburing2
+# (Debian 12 names); libibverbs and a CUDA driver are looked for at run time. It is not a manylinux
 # wheel: auditwheel is not in Debian's archive, so the libraries are not bundled.
 set -eu
 cd "$(dirname "$0")/.."
