@@ -167,6 +167,9 @@ for cfg in ${OTE_TEST_CONFIGS:-default asan tsan}; do
     targets=(//...) extra=(--config="$cfg") partial=()
     case "$cfg" in
         default) extra=("$MULTI_RUNS") ;;
+        # Only what the ASan tests run is built (not the sim-profile repeats and fuzzers
+        # its tag filter leaves out, nor the tools no test runs): the default run built all.
+        asan) extra+=(--build_tests_only) ;;
         tsan) extra+=(--build_tests_only) targets=("${TSAN_TARGETS[@]}") partial=(--partial) ;;
     esac
     echo "== bazel test ${targets[*]} ($cfg)"
