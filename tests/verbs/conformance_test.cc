@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -976,9 +977,10 @@ TEST_P(Conformance, SimAsyncEventsThroughTheAsyncFd) {
     union ibv_gid g;
     memset(&g, 0, sizeof(g));
     g.raw[0] = 0xfd;
-    g.raw[15] = (uint8_t)getpid();
-    g.raw[14] = (uint8_t)(getpid() >> 8);
-    g.raw[13] = (uint8_t)(getpid() >> 16);
+    // Random, not from getpid(): the sim listens on an abstract socket named by the GID,
+    // and this suite runs under several profiles side by side, in sandboxes whose PID
+    // namespaces give them the same pid.
+    ASSERT_EQ(getrandom(&g.raw[13], 3, 0), 3);
     g.raw[12] = 0x77;
     ASSERT_EQ(ote_sim_set_gid(v_, dev.c_str(), 1, 9, &g, IBV_GID_TYPE_ROCE_V2), OTE_OK);
     struct ibv_gid_entry e;

@@ -598,8 +598,11 @@ int ote__sim_post_send(ote_verbs_t *v, struct ibv_qp *ibqp, struct ibv_send_wr *
     }
     if (qp->state == IBV_QPS_ERR) ote__sim_qp_complete(qp);
     ote__sim_handle_overflow(p);
+    /* the thread that sends on its connection pumps it (wire.c); without one, any */
+    int t = qp->req && !qp->req->dead ? qp->req->owner : -1;
     ote_mutex_unlock(&p->mu);
-    ote__sim_wake(p);
+    if (t >= 0) ote__sim_wake_thr(p, t);
+    else ote__sim_wake(p);
     return rc;
 }
 

@@ -2,10 +2,19 @@
  * verbs/sim/sim.h - control API of the software RC provider ("sim").
  *
  * The sim is opened like any provider: ote_verbs_open("sim", config, &v). Each instance
- * runs one progress thread, owns its devices and reaches other instances (in this or
+ * runs two progress threads, owns its devices and reaches other instances (in this or
  * another process) over abstract UNIX-domain stream sockets: every valid GID of a port
  * is a listening socket named "\0orbitte-sim/<32 hex digits of the GID>", so a peer that
  * learned a GID and a QP number out of band (as on RoCE) connects to exactly that port.
+ *
+ * Threads. Each connection (one per sending QP, to its destination QP) is serviced by one
+ * of the instance's two progress threads: requester connections go to them in turn, and
+ * the accepting end of a connection from the same instance joins its requester's thread,
+ * so one QP pair's traffic stays on one thread (its completions in order) and two pairs
+ * copy in parallel. The payload copies (socket sendmsg/readv and the staging memcpy) run
+ * outside the provider's lock; dereg_mr, dealloc_mw, invalidation and a QP's move to ERR
+ * wait for a copy in flight on the memory they withdraw, so once they return no byte of it
+ * is read or written (as on a NIC).
  *
  * Configuration (the config argument, else $OTE_SIM_CONFIG, else the default). Items
  * are separated by ';', each item is a comma-separated list of key=value whose first
@@ -224,6 +233,18 @@ uint64_t ote_sim_scatter_hazards(void);
 /* RNR NAKs sent by every sim instance of the process (a SEND or WRITE_WITH_IMM that found
  * no posted receive), since the process started. */
 uint64_t ote_sim_rnr_naks(void);
+
+/* Test hook inside the sim's copies (every instance of the process). A connection's bytes
+ * move outside the provider's lock, on the progress thread that owns the connection (see
+ * "Threads" above); fn, when set, runs on that thread at the start of each such copy,
+ * before any byte moves: qp_num is the connection's local QP (0: not bound yet), dir
+ * OTE_SIM_COPY_TX (sendmsg from frames) or OTE_SIM_COPY_RX (into destination memory), len
+ * the most bytes of registered memory the copy may touch (0: headers only). A hook that
+ * blocks holds that one copy (and every verb that must wait for it: dereg, dealloc,
+ * invalidation of memory it touches); other connections go on. NULL clears it. */
+enum { OTE_SIM_COPY_TX = 0, OTE_SIM_COPY_RX = 1 };
+typedef void (*ote_sim_copy_hook_t)(void *arg, uint32_t qp_num, int dir, size_t len);
+void ote_sim_set_copy_hook(ote_sim_copy_hook_t fn, void *arg);
 
 #ifdef __cplusplus
 }

@@ -1,15 +1,26 @@
 /*
  * verbs/sim/sim_internal.h - private objects of the software RC provider.
  *
- * One provider instance (sim_prov_t) owns its devices (from the configuration), one
- * progress thread, one epoll set, the listening sockets of its GIDs and every
- * connection. The verbs objects (context, PD, MR, MW, CQ, channel, QP) embed rdma-core's
- * structs and are recovered with the to_sim_*() helpers.
+ * One provider instance (sim_prov_t) owns its devices (from the configuration),
+ * SIM_THREADS progress threads (each with its own epoll set), the listening sockets of its
+ * GIDs and every connection. The verbs objects (context, PD, MR, MW, CQ, channel, QP)
+ * embed rdma-core's structs and are recovered with the to_sim_*() helpers.
  *
  * Locking: prov->mu protects every object's state, the key table, the QP table, all
  * connections and queues. Each CQ also has cq->mu for its ring and arming so that
  * poll_cq and req_notify_cq never wait for the progress thread; order is prov->mu then
  * cq->mu. Every producer of CQEs holds prov->mu.
+ *
+ * Copies outside prov->mu: each connection has one owner thread (conn->owner), the only
+ * thread that reads or writes its socket. The owner moves bytes (sendmsg from frames,
+ * read/readv and the staging memcpy into destination iovs) in an I/O section
+ * (ote__sim_io_enter/leave): it takes conn->io_mu and sets conn->io_busy under prov->mu,
+ * drops prov->mu, copies from iovs it built under the lock, releases io_mu, retakes
+ * prov->mu and only then applies the result. So the connections of different threads copy
+ * in parallel. Anything that withdraws memory from a connection (revocation, QP to ERR,
+ * close) waits for that connection's copy in flight (ote__sim_io_wait: io_mu, taken with
+ * prov->mu held; order prov->mu then conn->io_mu, and an owner never takes prov->mu while
+ * it holds io_mu), so no byte of revoked memory moves once the revoking verb returns.
  */
 #ifndef OTE_VERBS_SIM_SIM_INTERNAL_H
 #define OTE_VERBS_SIM_SIM_INTERNAL_H
@@ -58,6 +69,10 @@ extern _Atomic uint64_t ote__sim_rnr_naks;
 #define SIM_MAX_QP (1 << 16)
 #define SIM_MAX_KEYS (1 << 20)
 #define SIM_MAX_BW (1000ull * 1000 * 1000 * 1000) /* 1 TB/s */
+/* Progress threads per provider instance: a requester connection goes to them in turn and
+ * the responder end of a connection from this instance joins its requester's thread, so
+ * one QP pair's traffic stays on one thread and different pairs copy in parallel. */
+#define SIM_THREADS 2
 
 struct sim_prov;
 struct sim_qp;
@@ -102,10 +117,11 @@ typedef struct sim_port {
     uint64_t bw;
     double bw_tokens;
     uint64_t bw_last_ns;
-    uint64_t bw_wake_ns; /* a throttled connection waits for tokens until then (0: none) */
-    uint64_t tx_bytes;   /* bytes handed to the sockets of this port's connections */
-    uint32_t uid;        /* unique 24-bit component of this port's auto GIDs */
-    int ngid;            /* gid_tbl_len */
+    /* per progress thread: a throttled connection waits for tokens until then (0: none) */
+    uint64_t bw_wake_ns[SIM_THREADS];
+    uint64_t tx_bytes; /* bytes handed to the sockets of this port's connections */
+    uint32_t uid;      /* unique 24-bit component of this port's auto GIDs */
+    int ngid;          /* gid_tbl_len */
     sim_gid_t gids[SIM_GID_TBL_LEN];
     sim_listener_t *listeners[SIM_GID_TBL_LEN]; /* one per distinct valid GID */
 } sim_port_t;
@@ -465,7 +481,11 @@ typedef struct sim_conn {
     int kind; /* SIM_FD_CONN */
     int fd;
     struct sim_prov *p;
-    bool requester; /* our QP's outgoing connection */
+    int owner;         /* the progress thread that services it (index in prov->thr) */
+    bool kick;         /* moved to its owner with work pending: the owner's pass takes it */
+    ote_mutex_t io_mu; /* held by the owner while it copies outside prov->mu */
+    bool io_busy;      /* a copy is in flight or its result not applied yet (prov->mu) */
+    bool requester;    /* our QP's outgoing connection */
     bool dead;
     sim_qp_t *qp;        /* requester: owner; responder: bound after HELLO (may be NULL) */
     sim_listener_t *via; /* responder: the listener that accepted it */
@@ -507,22 +527,37 @@ enum {
     SIM_ACT_RRESP
 };
 
-/* The transport is one job per file, all under prov->mu:
+/* The transport is one job per file, all under prov->mu (but the copies, see the top):
  *   wire.c       connections, frames and their transmission, revocation, progress thread
  *   wire_req.c   requester: send queue -> frames, ACK/NAK/RNR, retry timer, READ data in
  *   wire_resp.c  responder: HELLO binding, request checks and execution, NAKs
  *   wire_rx.c    receive engine: header parsing, payload into destination iovs, dispatch
- * Lock order inside the transport: prov->mu, then a CQ's mu (through ote__sim_cq_push). */
+ * Lock order inside the transport: prov->mu, then a connection's io_mu (ote__sim_io_wait,
+ * and its owner entering an I/O section), or a CQ's mu (through ote__sim_cq_push). */
 
 /* wire.c */
 ote_status_t ote__sim_wire_start(struct sim_prov *p);
 void ote__sim_wire_stop(struct sim_prov *p);
+/* Wake every progress thread / the one of index t. */
 void ote__sim_wake(struct sim_prov *p);
+void ote__sim_wake_thr(struct sim_prov *p, int t);
+/* The index of the calling progress thread (-1: not one). */
+int ote__sim_self(void);
+/* The I/O section of c's owner (see the top of this file). enter: prov->mu held, released
+ * on return; the copy hook runs here (dir: OTE_SIM_COPY_TX/RX, len: bytes of registered or
+ * user memory the section may touch). leave: prov->mu held again on return. */
+void ote__sim_io_enter(struct sim_prov *p, sim_conn_t *c, int dir, size_t len);
+void ote__sim_io_leave(struct sim_prov *p, sim_conn_t *c);
+/* Wait (prov->mu held, not released) until no copy of c is in flight. */
+void ote__sim_io_wait(sim_conn_t *c);
+/* Hand c to progress thread t (the responder end of a connection joins its requester). */
+void ote__sim_conn_move(struct sim_prov *p, sim_conn_t *c, int t);
 /* The QP's port is ACTIVE (a QP neither sends nor accepts requests otherwise). */
 bool ote__sim_port_up(sim_qp_t *qp);
 void ote__sim_set_bufs(int fd);
-/* A connection over fd, registered with the progress thread's epoll (NULL: no memory). */
-sim_conn_t *ote__sim_conn_new(struct sim_prov *p, int fd);
+/* A connection over fd owned by progress thread owner, registered with its epoll set
+ * (NULL: no memory). */
+sim_conn_t *ote__sim_conn_new(struct sim_prov *p, int fd, int owner);
 void ote__sim_conn_close(struct sim_prov *p, sim_conn_t *c);
 /* A frame with room for npay payload iovs after the header. */
 sim_frame_t *ote__sim_frame_new(int npay);
@@ -567,6 +602,17 @@ void ote__sim_listener_del(struct sim_prov *p, sim_listener_t *l);
 
 #define SIM_MAGIC 0x5e5e0115u
 
+/* One progress thread: its epoll set (its connections; thread 0 also the listeners) and
+ * its wake eventfd. Thread 0's are prov->epfd and prov->wake_efd. */
+typedef struct sim_thr {
+    int kind; /* SIM_FD_WAKE: epoll data of wake_efd points here (threads 1..) */
+    int idx;
+    int epfd, wake_efd;
+    struct sim_prov *p;
+    pthread_t thread;
+    bool started;
+} sim_thr_t;
+
 typedef struct sim_prov {
     ote_verbs_t v;
     uint32_t magic;
@@ -583,11 +629,11 @@ typedef struct sim_prov {
     sim_conn_t *conns;
     int epfd, wake_efd;
     int wake_kind; /* SIM_FD_WAKE: epoll data of wake_efd points here */
-    pthread_t thread;
-    bool thread_started;
+    sim_thr_t thr[SIM_THREADS];
+    int nthr;         /* threads whose epfd and wake_efd exist */
+    uint32_t conn_rr; /* the next requester connection's thread (in turn) */
     _Atomic bool stop;
     int nlisteners;
-    bool bw_pass; /* the progress thread's round-robin pass: limited ports send only then */
     /* $OTE_SIM_INJECT (inject.c): CQEs polled so far, and after how many the CQ error
      * and the GID change come (0: never). */
     _Atomic uint64_t inject_polled;

@@ -94,7 +94,7 @@ static bool conn_open(sim_prov_t *p, sim_qp_t *qp) {
         }
         return false;
     }
-    sim_conn_t *c = ote__sim_conn_new(p, fd);
+    sim_conn_t *c = ote__sim_conn_new(p, fd, (int)(p->conn_rr++ % (uint32_t)p->nthr));
     if (!c) {
         close(fd);
         return false;
@@ -297,7 +297,10 @@ void ote__sim_req_pump(sim_prov_t *p, sim_qp_t *qp, uint64_t now) {
     req_build(p, qp);
     req_timers(qp, now);
     ote__sim_qp_complete(qp);
-    if (qp->req && qp->req->tx_head) ote__sim_conn_tx(p, qp->req);
+    /* Sent by its owner's pass (a connection just opened may belong to another thread);
+     * the pump itself never releases prov->mu. */
+    if (qp->req && qp->req->tx_head && qp->req->owner != ote__sim_self())
+        ote__sim_wake_thr(p, qp->req->owner);
 }
 
 static void on_ack(sim_qp_t *qp, const sim_hdr_t *h) {

@@ -283,4 +283,11 @@ void ote__sim_resp_hello_done(sim_prov_t *p, sim_conn_t *c) {
         return;
     }
     c->qp = qp;
+    /* A connection from a QP of this instance joins its requester's progress thread: one
+     * QP pair's traffic on one thread, different pairs in parallel. */
+    uint32_t src = c->h.imm;
+    sim_qp_t *rq = NULL;
+    HASH_FIND(hh, p->qps, &src, sizeof(src), rq);
+    if (rq && rq->req && !rq->req->dead) ote__sim_conn_move(p, c, rq->req->owner);
+    else ote__sim_conn_move(p, c, (int)(p->conn_rr++ % (uint32_t)p->nthr));
 }

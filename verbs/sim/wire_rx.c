@@ -61,19 +61,21 @@ static void on_payload_done(sim_prov_t *p, sim_conn_t *c) {
     c->act = SIM_ACT_NONE;
 }
 
-/* Copy k bytes into the destination iovs (or drop them). Bytes beyond the destination
- * (a READ response longer than the local SGEs) are dropped. */
-static void div_copy(sim_conn_t *c, const uint8_t *src, size_t k) {
-    while (k > 0 && c->idiv < c->ndiv) {
-        struct iovec *v = &c->div[c->idiv];
-        size_t l = v->iov_len < k ? v->iov_len : k;
-        memcpy(v->iov_base, src, l);
-        v->iov_base = (char *)v->iov_base + l;
-        v->iov_len -= l;
-        src += l;
-        k -= l;
-        if (v->iov_len == 0) c->idiv++;
+/* The destination of the next k payload bytes (at most cap iovs): the iovs from c->idiv,
+ * cut at k bytes; *total_out: the bytes they hold (less than k when the rest is dropped). */
+static int div_take(const sim_conn_t *c, size_t k, struct iovec *iov, int cap, size_t *total_out) {
+    int n = 0;
+    size_t t = 0;
+    for (int i = c->idiv; i < c->ndiv && t < k && n < cap; i++) {
+        size_t l = c->div[i].iov_len;
+        if (l > k - t) l = k - t;
+        iov[n].iov_base = c->div[i].iov_base;
+        iov[n].iov_len = l;
+        t += l;
+        n++;
     }
+    *total_out = t;
+    return n;
 }
 
 static void div_advance(sim_conn_t *c, size_t k) {
@@ -105,9 +107,70 @@ static bool div_live(const sim_conn_t *c) {
     }
 }
 
+/* A read(2) of c's socket ended with n (err its errno): 1 to go on reading, 0 when c
+ * was closed (EOF, an error) or the socket has nothing now. */
+static int rx_read_ended(sim_prov_t *p, sim_conn_t *c, ssize_t n, int err) {
+    if (n == 0) {
+        ote__sim_conn_close(p, c);
+        return 0;
+    }
+    if (n < 0) {
+        if (err == EINTR) return 1;
+        if (err != EAGAIN && err != EWOULDBLOCK) ote__sim_conn_close(p, c);
+        return 0;
+    }
+    return 1;
+}
+
+/* RX_HDR without a whole header staged: the staging buffer (the owner's alone: moved and
+ * filled outside prov->mu) compacted and filled from the socket. 0: stop reading now. */
+static int rx_fill_staging(sim_prov_t *p, sim_conn_t *c, size_t *budget) {
+    ote__sim_io_enter(p, c, OTE_SIM_COPY_RX, 0);
+    if (c->rpos > 0) {
+        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+    }
+    ssize_t n = read(c->fd, c->rbuf + c->rlen, SIM_RXBUF - c->rlen);
+    int err = errno;
+    ote__sim_io_leave(p, c);
+    if (n <= 0) return rx_read_ended(p, c, n, err);
+    c->rlen += (size_t)n;
+    *budget -= (size_t)n < *budget ? (size_t)n : *budget;
+    ote__sim_conn_touch(c);
+    return 1;
+}
+
+/* RX_PAYLOAD with the staging buffer empty: read straight into the destination (outside
+ * prov->mu), what follows the payload into staging. 0: stop reading now. */
+static int rx_read_direct(sim_prov_t *p, sim_conn_t *c, size_t *budget) {
+    c->rpos = c->rlen = 0;
+    struct iovec iov[SIM_MAX_SGE + 2];
+    size_t direct = 0;
+    size_t want = c->remaining < SIZE_MAX ? (size_t)c->remaining : SIZE_MAX;
+    int n = div_take(c, want, iov, SIM_MAX_SGE + 1, &direct);
+    iov[n].iov_base = c->rbuf;
+    iov[n].iov_len = SIM_RXBUF;
+    n++;
+    ote__sim_io_enter(p, c, OTE_SIM_COPY_RX, direct);
+    ssize_t r = readv(c->fd, iov, n);
+    int err = errno;
+    ote__sim_io_leave(p, c);
+    if (r <= 0) return rx_read_ended(p, c, r, err);
+    ote__sim_conn_touch(c);
+    *budget -= (size_t)r < *budget ? (size_t)r : *budget;
+    size_t got = (size_t)r;
+    size_t into_div = got < direct ? got : direct;
+    div_advance(c, into_div);
+    c->remaining -= into_div;
+    c->rlen = got - into_div; /* the rest landed in staging */
+    return 1;
+}
+
 void ote__sim_conn_rx(sim_prov_t *p, sim_conn_t *c) {
     size_t budget = 256u << 20;
-    while (!c->dead && budget > 0) {
+    /* (a HELLO may hand c to another thread: it goes on there) */
+    while (!c->dead && budget > 0 && c->owner == ote__sim_self()) {
         if (c->rx == RX_HDR && c->rresp) {
             /* The next request executes only after the READ response ahead of it is
              * fully sent (in order, and no later request can revoke what it reads). */
@@ -128,24 +191,7 @@ void ote__sim_conn_rx(sim_prov_t *p, sim_conn_t *c) {
                 c->rx = RX_PAYLOAD;
                 continue;
             }
-            if (c->rpos > 0) {
-                memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
-                c->rlen -= c->rpos;
-                c->rpos = 0;
-            }
-            ssize_t n = read(c->fd, c->rbuf + c->rlen, SIM_RXBUF - c->rlen);
-            if (n == 0) {
-                ote__sim_conn_close(p, c);
-                return;
-            }
-            if (n < 0) {
-                if (errno == EINTR) continue;
-                if (errno != EAGAIN && errno != EWOULDBLOCK) ote__sim_conn_close(p, c);
-                return;
-            }
-            c->rlen += (size_t)n;
-            budget -= (size_t)n < budget ? (size_t)n : budget;
-            ote__sim_conn_touch(c);
+            if (!rx_fill_staging(p, c, &budget)) return;
             continue;
         }
         /* RX_PAYLOAD */
@@ -153,7 +199,19 @@ void ote__sim_conn_rx(sim_prov_t *p, sim_conn_t *c) {
         size_t avail = c->rlen - c->rpos;
         if (avail > 0 && c->remaining > 0) {
             size_t k = avail < c->remaining ? avail : (size_t)c->remaining;
-            div_copy(c, c->rbuf + c->rpos, k);
+            struct iovec iov[SIM_MAX_SGE + 1];
+            size_t into = 0;
+            int n = div_take(c, k, iov, SIM_MAX_SGE + 1, &into);
+            if (n > 0) { /* copied outside prov->mu; bytes beyond the destination drop */
+                const uint8_t *src = c->rbuf + c->rpos;
+                ote__sim_io_enter(p, c, OTE_SIM_COPY_RX, into);
+                for (int i = 0; i < n; i++) {
+                    memcpy(iov[i].iov_base, src, iov[i].iov_len);
+                    src += iov[i].iov_len;
+                }
+                ote__sim_io_leave(p, c);
+                div_advance(c, into); /* nothing when revoked meanwhile (idiv = ndiv) */
+            }
             c->rpos += k;
             c->remaining -= k;
         }
@@ -162,38 +220,6 @@ void ote__sim_conn_rx(sim_prov_t *p, sim_conn_t *c) {
             on_payload_done(p, c);
             continue;
         }
-        /* staging empty: read straight into the destination, the rest into staging */
-        c->rpos = c->rlen = 0;
-        struct iovec iov[SIM_MAX_SGE + 2];
-        int n = 0;
-        size_t direct = 0;
-        for (int i = c->idiv; i < c->ndiv && direct < c->remaining; i++) {
-            size_t l = c->div[i].iov_len;
-            if (l > c->remaining - direct) l = (size_t)(c->remaining - direct);
-            iov[n].iov_base = c->div[i].iov_base;
-            iov[n].iov_len = l;
-            direct += l;
-            n++;
-        }
-        iov[n].iov_base = c->rbuf;
-        iov[n].iov_len = SIM_RXBUF;
-        n++;
-        ssize_t r = readv(c->fd, iov, n);
-        if (r == 0) {
-            ote__sim_conn_close(p, c);
-            return;
-        }
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) ote__sim_conn_close(p, c);
-            return;
-        }
-        ote__sim_conn_touch(c);
-        budget -= (size_t)r < budget ? (size_t)r : budget;
-        size_t got = (size_t)r;
-        size_t into_div = got < direct ? got : direct;
-        div_advance(c, into_div);
-        c->remaining -= into_div;
-        c->rlen = got - into_div; /* the rest landed in staging */
+        if (!rx_read_direct(p, c, &budget)) return;
     }
 }
