@@ -28,9 +28,12 @@
  * once every WR it posted was discharged by a CQE, a flush, or the QP's destruction, so
  * nothing the NIC could still write is given back early.
  *
- * Windows: every bind re-keys its window with the next 8-bit tag (ibv_inc_rkey); a window
- * keeps its key history, so no tag repeats within its lifetime: after 255 binds it is
- * retired (deallocated, retained if that fails) and a fresh one replaces it.
+ * Windows: every bind re-keys its window with a new 8-bit tag (ibv_inc_rkey). The manager
+ * keeps the key history of every window index of its PD (its key domain), so no rkey
+ * repeats within the manager's life, across windows too: a bind takes the next tag its
+ * index has not used, and a window whose index used all 256 is kept allocated (never
+ * bound again, counted in mw_retired) until the manager is destroyed, or until the
+ * provider has no window left for a new grant (grant/window.c).
  *
  * Thread-safe. Completion work runs in the lane's polling thread. The lanes of one
  * manager run in parallel: each lane's grants post and complete under that lane's own
@@ -145,7 +148,7 @@ typedef struct ote_grant_stats {
     uint64_t stale_releases; /* source: releases naming no bound grant (ignored) */
     uint64_t rq_busy;        /* source: refused OTE_ERR_AGAIN, no receive slot for the receipt */
     uint64_t mw_allocated;   /* source: windows allocated (alloc_mw succeeded) */
-    uint64_t mw_retired;     /* source: windows retired with every rkey tag used (replaced) */
+    uint64_t mw_retired; /* source: windows kept allocated, every rkey tag of their index used */
 } ote_grant_stats_t;
 
 /**
@@ -160,6 +163,11 @@ ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lane
  * window that a finished grant could not dealloc is retained the same way; the monitor's
  * ote_grant_mgr_tick() retries those too. */
 ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m);
+/* For the reopen of the manager's context (context.h, ote_context_reopen): with no grant
+ * live, deallocate its pooled windows and retry the retained ones (they are of the old
+ * PD; new grants allocate windows on the current one). OTE_ERR_BUSY while a grant lives;
+ * OTE_ERR_RETAINED when a window would not go (kept, counted; a later call retries). */
+ote_status_t ote_grant_mgr_drop_windows(ote_grant_mgr_t *m);
 /* Fence the manager (its transport's teardown): new grants (requester and source) are
  * refused with @why, and the next ote_grant_mgr_tick() ends every live grant at once with
  * @why, as a context that is down does. */

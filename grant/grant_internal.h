@@ -48,23 +48,40 @@
 #define IDX_BIND 0xfffeu /* the BIND_MW of a source grant */
 #define SEQ_MASK 0xffffffu
 #define CHAIN 16u /* WRs per post_send call */
-/* Binds one window may carry: each takes the next 8-bit tag of its rkey (ibv_inc_rkey),
- * and none may repeat the tag the window was allocated with or an earlier bind's. */
-#define MW_TAGS_PER_WINDOW 255u
+/* The tags of one window index: an rkey is index << 8 | tag (ibv_inc_rkey changes the
+ * tag only). */
+#define MW_TAGS 256u
+/* Windows allocated in a row whose index has no tag left before ote__grant_mw_take gives
+ * up (each is kept: see key_hist_t). */
+#define MW_ALLOC_TRIES 8
 
 typedef enum { R_WAIT_ANSWER = 0, R_POSTING, R_INVALIDATING, R_ENDED } rstate_t;
 typedef enum { S_BINDING = 0, S_BOUND, S_ENDED } sstate_t;
 
-/* A type-2 window and its key history. Its rkey's low 8 bits (the tag) start at tag0 (as
- * allocated) and every bind takes the next one: binds 1..MW_TAGS_PER_WINDOW use tags
- * tag0+1 .. tag0+255 (mod 256), all distinct, so an rkey of an earlier grant of this
- * window never names a later one. A window whose tags are used up is retired (window.c):
- * a replacement is allocated first, then it is deallocated (retained if that fails). */
+/* The key domain of the manager's PD: the key history of every window index (rkey >> 8)
+ * a window of this manager ever had, across windows. Each tag an index carried (the
+ * allocation's and every bind's) is marked used, and a bind takes the next unused tag,
+ * so no rkey repeats within the manager's life, even when the provider hands an index
+ * back to a later window after a dealloc (window.c). An index whose 256 tags are all used
+ * keeps its window allocated (m->exhausted), so that the provider cannot give it out
+ * again, until the manager is destroyed or the provider has no window left for a new
+ * allocation (then the oldest exhausted window goes and its index starts a new history:
+ * window.c says when, with a WARN). Entries are added under the manager lock; the used
+ * tags of an index are written only by the one live window at that index. */
+typedef struct key_hist {
+    uint32_t index;
+    uint32_t nused;
+    uint8_t used[MW_TAGS / 8];
+    UT_hash_handle hh;
+} key_hist_t;
+
+/* A type-2 window. Its rkey's low 8 bits (the tag) change with every bind, to the next
+ * tag its index's history has not used (key_hist_t). */
 typedef struct mw_ent {
     struct ibv_mw *mw;
-    uint32_t rkey;  /* current key: the library does not track type-2 rkeys */
-    uint8_t tag0;   /* the tag it was allocated with */
-    uint32_t binds; /* binds posted (each used up one tag) */
+    uint32_t rkey;    /* current key: the library does not track type-2 rkeys */
+    uint32_t binds;   /* binds posted by this window (each used up one tag) */
+    key_hist_t *hist; /* its index's history in the manager's key domain */
     struct mw_ent *next;
 } mw_ent_t;
 
@@ -146,6 +163,8 @@ struct ote_grant_mgr {
     ote_status_t fence;
     mw_ent_t *pool;
     mw_ent_t *retained;      /* windows whose dealloc failed: kept, counted, retried */
+    key_hist_t *keys;        /* the key domain: history per window index */
+    mw_ent_t *exhausted;     /* windows whose index has no tag left: kept, newest first */
     ote_grant_stats_t stats; /* the manager's share; each lane counts its own */
 };
 
@@ -155,7 +174,7 @@ struct ote_grant_mgr {
 #define DEFER_ANSWERS 32
 typedef struct {
     grant_t *fin;
-    mw_ent_t *retire;  /* proven unbound, tags used up: replace, then dealloc */
+    mw_ent_t *retire;  /* proven unbound, its index's tags used up: kept (m->exhausted) */
     mw_ent_t *dealloc; /* may still be bound: dealloc (which unbinds) or retain */
     size_t nans;
     struct {
@@ -206,13 +225,19 @@ void ote__grant_source_end(grant_t *g, ote_status_t why, defer_t *df);
 ote_status_t ote__grant_mw_take(ote_grant_mgr_t *m, mw_ent_t **ent_out);
 /* Back to the pool, never bound by us since it was taken (manager lock not held). */
 void ote__grant_mw_put(ote_grant_mgr_t *m, mw_ent_t *ent);
-/* The next rkey of ent's key history, or 0 when its tags are used up. */
+/* The next rkey of ent's index: the next tag after its current one that the index's key
+ * history has not used; 0 when every tag is used. */
 uint32_t ote__grant_mw_next_rkey(const mw_ent_t *ent);
+/* Mark rkey's tag used in ent's index history (a bind posted or possibly posted). */
+void ote__grant_mw_tag_used(mw_ent_t *ent, uint32_t rkey);
 /* A source grant ended (manager lock held): its window goes back to the pool, or, when
- * it may still be bound or its tags are used up, onto df to be deallocated/retired. */
+ * it may still be bound or its index's tags are used up, onto df to be deallocated/kept. */
 void ote__grant_mw_release(ote_grant_mgr_t *m, mw_ent_t *ent, int unbound, defer_t *df);
-/* Deferred: replace and deallocate retired windows, deallocate the others (no lock). */
+/* Deferred: keep exhausted windows, deallocate the others (no lock). */
 void ote__grant_mw_defer_run(ote_grant_mgr_t *m, defer_t *df);
+/* Manager destroy: deallocate the exhausted windows (retained when that fails: returns
+ * how many) and free the key domain. No grant lock held, no grant live. */
+size_t ote__grant_mw_domain_free(ote_grant_mgr_t *m, int *err_out);
 /* Deallocate window ent, or retain it: a failed dealloc keeps the entry (and the native
  * window) on m->retained, counted in the manager's stats and as OTE_RETAINED_MW in its
  * context, until a later retry succeeds. Returns 0 or the dealloc's errno. No grant lock

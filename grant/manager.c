@@ -93,16 +93,11 @@ ote_status_t ote_grant_mgr_create(ote_context_t *ctx, ote_cq_lane_t *const *lane
     return OTE_OK;
 }
 
-ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m) {
-    if (m == NULL) return OTE_OK;
-    ote_mutex_lock(&m->mu);
-    int busy = m->by_seq != NULL;
-    ote_mutex_unlock(&m->mu);
-    if (busy) return OTE_ERR_BUSY;
-    /* Windows retained earlier first, then the pool: a pooled window whose dealloc
-     * fails joins the retained ones (counted); the manager stays valid while any is left
-     * and a later destroy retries them. No grant lives, so nothing else takes from the
-     * pool meanwhile; the deallocs run with no lock held (window.c). */
+/* Windows retained earlier first, then the pool: a pooled window whose dealloc fails
+ * joins the retained ones (counted). No grant lives, so nothing else takes from the pool
+ * meanwhile; the deallocs run with no lock held (window.c). Returns how many are left;
+ * *err_out: the errno of the last failure. */
+static size_t drop_windows(ote_grant_mgr_t *m, int *err_out) {
     size_t left = ote__grant_mw_retry_retained(m);
     int err = 0;
     for (;;) {
@@ -120,6 +115,36 @@ ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m) {
             left++;
         }
     }
+    left += ote__grant_mw_domain_free(m, &err); /* the exhausted windows, the key domain */
+    *err_out = err;
+    return left;
+}
+
+/* A grant lives. */
+static int has_grants(ote_grant_mgr_t *m) {
+    ote_mutex_lock(&m->mu);
+    int busy = m->by_seq != NULL;
+    ote_mutex_unlock(&m->mu);
+    return busy;
+}
+
+ote_status_t ote_grant_mgr_drop_windows(ote_grant_mgr_t *m) {
+    if (m == NULL) return OTE_ERR_INVALID;
+    if (has_grants(m)) return OTE_ERR_BUSY;
+    int err = 0;
+    size_t left = drop_windows(m, &err);
+    if (left == 0) return OTE_OK;
+    OTE_WARN("grant", "%s: %zu window(s) could not be deallocated; retained",
+             ote_context_name(m->ctx), left);
+    return ote_status_make(OTE_ERR_RETAINED, err != 0 ? err : EBUSY);
+}
+
+ote_status_t ote_grant_mgr_destroy(ote_grant_mgr_t *m) {
+    if (m == NULL) return OTE_OK;
+    if (has_grants(m)) return OTE_ERR_BUSY;
+    /* The manager stays valid while a window is left; a later destroy retries them. */
+    int err = 0;
+    size_t left = drop_windows(m, &err);
     if (left != 0) {
         OTE_WARN("grant", "%s: %zu window(s) could not be deallocated; manager retained",
                  ote_context_name(m->ctx), left);

@@ -35,7 +35,8 @@ static void bind_posted(grant_t *g, uint32_t new_rkey, ote_status_t st, defer_t 
     g->bind_wait = 0;
     g->mw_unbound = 0;
     ent->rkey = new_rkey;
-    ent->binds++; /* its tag is used, whatever the bind's outcome */
+    ent->binds++;
+    ote__grant_mw_tag_used(ent, new_rkey); /* used, whatever the bind's outcome */
     g->rkey = new_rkey;
     g->outstanding = 1;
     if (st == OTE_OK) {
@@ -63,8 +64,8 @@ ote_status_t ote__grant_bind_post(grant_t *g, defer_t *df) {
     ote_grant_mgr_t *m = g->m;
     mlane_t *ml = &m->lanes[g->lane];
     mw_ent_t *ent = g->mw;
-    /* The next tag of the window's key history: a stale rkey of an earlier grant of this
-     * window never matches (a pooled window always has one left: window.c). */
+    /* The next unused tag of the window's index (the key domain): a stale rkey of an
+     * earlier grant never matches (a pooled window always has one left: window.c). */
     uint32_t new_rkey = ote__grant_mw_next_rkey(ent);
     if (new_rkey == 0) return OTE_ERR_STATE;
     struct ibv_send_wr wr;

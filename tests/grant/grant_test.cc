@@ -1,6 +1,8 @@
 // grant_test: slice geometry, and grants between two contexts of one sim instance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
 #include <thread>
 #include <vector>
@@ -50,6 +52,22 @@ TEST(GrantGeometryTest, BlocksAndFoldedTails) {
     }
 }
 
+// The abandoned() callback of a requester grant: what it was given, and whether done()
+// had come before it.
+struct Abandoned {
+    std::atomic<int> calls{0}, done_seen{0};
+    uint32_t slot = 0, qpn = 0, rkey = 0;
+    Done *done = nullptr;
+    static void Fn(void *arg, uint32_t slot, uint32_t qpn, uint32_t rkey) {
+        Abandoned *a = static_cast<Abandoned *>(static_cast<Done *>(arg)->ctx);
+        a->slot = slot;
+        a->qpn = qpn;
+        a->rkey = rkey;
+        a->done_seen = a->done->calls.load(); /* done() must come after */
+        a->calls++;
+    }
+};
+
 class GrantTest : public ote_test::OteTest {
   protected:
     void SetUp() override {
@@ -92,6 +110,37 @@ class GrantTest : public ote_test::OteTest {
         EXPECT_TRUE(d.Wait(rig_, 60000)) << "grant did not end";
         EXPECT_EQ(d.calls.load(), 1);
         return d.st.load();
+    }
+
+    // A WRITE grant of [off, off + len) of the source's memory from local (lkey) on slot 0
+    // whose requester's first data post is refused (post 1 is the source's bind, post 2
+    // the data chain): it fails after the source answered it, so it is abandoned (ab) and
+    // the source keeps its window and pin until released or its deadline. Waits for done().
+    void RunAbandoned(uint8_t *local, uint32_t lkey, uint64_t off, uint64_t len, Done &d,
+                      Abandoned &ab) {
+        ote_qp_t *qp = nullptr;
+        ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
+        ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 2, EIO),
+                  OTE_OK);
+        ab.done = &d;
+        d.ctx = &ab;
+        ote_grant_desc_t g = {};
+        g.op = OTE_GRANT_WRITE;
+        g.local = local;
+        g.lkey = lkey;
+        g.remote = (uintptr_t)rig_.src.data() + off;
+        g.len = len;
+        g.ep = rig_.ep0[1];
+        g.slot = 0;
+        g.qp = qp;
+        g.deadline = ote_deadline_after(30000 * kMs);
+        g.done = Done::Fn;
+        g.done_arg = &d;
+        g.abandoned = Abandoned::Fn;
+        ote_grant_ctl_t ctl = {&rig_, Rig::Request};
+        ASSERT_EQ(ote_grant_start(rig_.g0, &g, &ctl), OTE_OK);
+        ASSERT_TRUE(d.Wait(rig_, 60000));
+        ote_verbs_fault_clear(rig_.v);
     }
 
     struct ibv_mr *LocalMr(std::vector<uint8_t> &buf) {
@@ -311,12 +360,15 @@ TEST_F(GrantTest, ManyGrantsShareOneQpBeyondItsDepth) {
     FreeMrs();
 }
 
-// Key history: every bind re-keys the window with its next 8-bit tag, and a window never
-// repeats a tag within its lifetime. One grant at a time (each source grant ends before
-// the next is served) keeps reusing the one pooled window: after 255 binds its tags are
-// used up, it is retired (a replacement allocated first, then it is deallocated) and the
-// next grants bind the fresh window. Across 300 grants no rkey repeats; the pool's
-// counters show two windows allocated, one retired, none retained.
+// Key history: every bind re-keys the window with the next 8-bit tag its index has not
+// used. One grant at a time (each source grant ends before the next is served) keeps
+// reusing the one pooled window: after 255 binds every tag of its index is used (the
+// allocation's too), it is kept allocated (retired: never bound again, so the provider
+// cannot give the index out again) and the next grants bind a fresh window. Across 300
+// grants no rkey repeats; the counters show two windows allocated, one retired, none
+// retained. Then, with the pooled window held by a grant, alloc_mw fails once: the kept
+// window is given back to the provider (a WARN: its index starts a new history) and the
+// allocation tried again, so the grant is served.
 TEST_F(GrantTest, WindowRetiredWhenItsRkeyTagsAreUsedUpNoRkeyRepeats) {
     constexpr int kGrants = 300;
     std::vector<uint8_t> out(4096, 0x6B);
@@ -344,6 +396,26 @@ TEST_F(GrantTest, WindowRetiredWhenItsRkeyTagsAreUsedUpNoRkeyRepeats) {
     EXPECT_EQ(s1.receipts, (uint64_t)kGrants);
     EXPECT_EQ(ote_context_retained(rig_.c1, OTE_RETAINED_MW), 0u);
     EXPECT_EQ(memcmp(rig_.src.data(), out.data(), out.size()), 0);
+
+    // The pooled window held: a grant abandoned after its answer (its data post refused)
+    // keeps it until released.
+    ote_test::ErrorLogsExpected refused;
+    Done d;
+    Abandoned ab;
+    ASSERT_NO_FATAL_FAILURE(RunAbandoned(out.data(), mo->lkey, 0, out.size(), d, ab));
+    ASSERT_EQ(ab.calls.load(), 1);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    ASSERT_EQ(s1.mw_pool, 0u);
+    // The next grant needs a new window; the provider refuses the first alloc_mw.
+    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_ALLOC_MW, OTE_FAULT_NTH, 1, ENOMEM),
+              OTE_OK);
+    EXPECT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, out.size(), 1), OTE_OK);
+    ote_verbs_fault_clear(rig_.v);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.mw_retired, 0u) << "the kept window was not given back";
+    EXPECT_EQ(s1.mw_allocated, 3u);
+    EXPECT_EQ(s1.mw_retained, 0u);
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], 0, ab.qpn, ab.rkey), OTE_OK);
     FreeMrs();
 }
 
@@ -353,19 +425,6 @@ TEST_F(GrantTest, WindowRetiredWhenItsRkeyTagsAreUsedUpNoRkeyRepeats) {
 // source QP and rkey must all match, on its endpoint): window deallocated, pin released,
 // QP kept. A release naming anything else, or the same grant again, is NOT_FOUND and
 // changes nothing. Grants go on.
-struct Abandoned {
-    std::atomic<int> calls{0}, done_seen{0};
-    uint32_t slot = 0, qpn = 0, rkey = 0;
-    Done *done = nullptr;
-    static void Fn(void *arg, uint32_t slot, uint32_t qpn, uint32_t rkey) {
-        Abandoned *a = static_cast<Abandoned *>(static_cast<Done *>(arg)->ctx);
-        a->slot = slot;
-        a->qpn = qpn;
-        a->rkey = rkey;
-        a->done_seen = a->done->calls.load(); /* done() must come after */
-        a->calls++;
-    }
-};
 
 TEST_F(GrantTest, AbandonedGrantIsReleasedAtTheSourceOnRequest) {
     std::vector<uint8_t> out(4 * B, 0x5A);
@@ -373,39 +432,16 @@ TEST_F(GrantTest, AbandonedGrantIsReleasedAtTheSourceOnRequest) {
     ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, B), OTE_OK); /* QPs built */
     ote_grant_stats_t before;
     ote_grant_mgr_get_stats(rig_.g1, &before);
-    ote_qp_t *qp = nullptr;
-    ASSERT_EQ(rig_.Borrow(1, 0, &qp), OTE_OK);
     uint32_t src_qpn = ote_endpoint_remote_qpn(rig_.ep0[1], 0);
-    // Post 1 is the source's bind, post 2 the requester's first data chain: refused.
     ote_test::ErrorLogsExpected refused;
-    ASSERT_EQ(ote_verbs_fault_fail(rig_.v, OTE_VERBS_FAULT_OP_POST_SEND, OTE_FAULT_NTH, 2, EIO),
-              OTE_OK);
     Done d;
     Abandoned ab;
-    ab.done = &d;
-    d.ctx = &ab;
-    ote_grant_desc_t g = {};
-    g.op = OTE_GRANT_WRITE;
-    g.local = out.data();
-    g.lkey = mo->lkey;
-    g.remote = (uintptr_t)rig_.src.data() + B;
-    g.len = 4 * B;
-    g.ep = rig_.ep0[1];
-    g.slot = 0;
-    g.qp = qp;
-    g.deadline = ote_deadline_after(30000 * kMs);
-    g.done = Done::Fn;
-    g.done_arg = &d;
-    g.abandoned = Abandoned::Fn;
-    ote_grant_ctl_t ctl = {&rig_, Rig::Request};
-    ASSERT_EQ(ote_grant_start(rig_.g0, &g, &ctl), OTE_OK);
-    ASSERT_TRUE(d.Wait(rig_, 60000));
+    ASSERT_NO_FATAL_FAILURE(RunAbandoned(out.data(), mo->lkey, B, 4 * B, d, ab));
     EXPECT_NE(d.st.load(), OTE_OK);
     ASSERT_EQ(ab.calls.load(), 1) << "a grant failed after its answer was not abandoned";
     EXPECT_EQ(ab.done_seen.load(), 0) << "done() came before abandoned()";
     EXPECT_EQ(ab.slot, 0u);
     EXPECT_EQ(ab.qpn, src_qpn);
-    ote_verbs_fault_clear(rig_.v);
     // The source still holds the window and the pin: its deadline is 5 s away.
     ote_grant_stats_t s1;
     ote_grant_mgr_get_stats(rig_.g1, &s1);
@@ -443,6 +479,45 @@ TEST_F(GrantTest, AbandonedGrantIsReleasedAtTheSourceOnRequest) {
     std::fill(rig_.src.begin(), rig_.src.end(), 0);
     EXPECT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, B, 4 * B, 1), OTE_OK);
     EXPECT_EQ(memcmp(rig_.src.data() + B, out.data(), 4 * B), 0);
+    FreeMrs();
+}
+
+// The key domain across many windows at one index: grants whose windows are deallocated
+// as maybe bound (each abandoned after its answer, then released) hand the index back to
+// the next window again and again; over 300 such grants, more than the 256 tags of one
+// index, no rkey repeats: once the index used every tag its window is kept allocated
+// (mw_retired) and the grants go on at another index.
+TEST_F(GrantTest, KeyDomainNoRkeyRepeatsAcrossWindowsAtOneIndex) {
+    constexpr int kGrants = 300;
+    std::vector<uint8_t> out(B, 0x3C);
+    struct ibv_mr *mo = LocalMr(out);
+    ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, B), OTE_OK); /* QPs built */
+    ote_test::ErrorLogsExpected refused;
+    std::set<uint32_t> seen;
+    std::map<uint32_t, int> per_index; // grants per window index
+    for (int i = 0; i < kGrants; i++) {
+        // Abandoned after its answer, so its window is released as maybe bound.
+        Done d;
+        Abandoned ab;
+        ASSERT_NO_FATAL_FAILURE(RunAbandoned(out.data(), mo->lkey, 0, B, d, ab)) << i;
+        ASSERT_EQ(ab.calls.load(), 1) << i;
+        EXPECT_TRUE(seen.insert(ab.rkey).second)
+            << "grant " << i << ": rkey 0x" << std::hex << ab.rkey << " repeated";
+        per_index[ab.rkey >> 8]++;
+        ASSERT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], 0, ab.qpn, ab.rkey), OTE_OK) << i;
+    }
+    // The provider gave one index back again and again (its free list; now and then
+    // another key takes it first): without that the test would show nothing.
+    int most = 0;
+    for (const auto &kv : per_index) most = std::max(most, kv.second);
+    EXPECT_GE(most, 64) << per_index.size() << " indexes";
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    if (most >= 255) { // its 256 tags (the allocation's and the binds') used: window kept
+        EXPECT_GE(s1.mw_retired, 1u) << "an index out of tags must keep its window";
+    }
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(rig_.pins.load(), 0);
     FreeMrs();
 }
 
