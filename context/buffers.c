@@ -7,8 +7,11 @@
  * it once. Single MRs are only counted while their user holds them (an atomic: a
  * requester makes one per run over unregistered memory).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/fault.h"
@@ -28,6 +31,9 @@ struct ote_buffer {
     void *addr;
     size_t len;
     int access;
+    int dmabuf_fd;       /* device memory: a duplicate of its dma-buf fd (a reopened device
+                          * registers the range anew from it), closed with the buffer; else -1 */
+    uint64_t dmabuf_off; /* the range's offset in that dma-buf */
     int retiring;
     size_t nmr;
     buf_mr_t *mrs;
@@ -136,6 +142,29 @@ static int overlaps_exact(const ote_buffer_t *b, const void *addr, size_t len) {
 
 /* dmabuf_fd < 0: ibv_reg_mr of addr; else ibv_reg_dmabuf_mr of [dmabuf_off, +len) of
  * the dma-buf with iova addr. */
+static ote_status_t republish_one(ote_buffer_t *b, ote_context_t *ctx);
+
+/* A context skipped above as LOST may have been resumed since its reopen republished the
+ * live registrations (before this one was listed): it gets its MR here, under bm->mu, as
+ * its user's republish after the resume would have given it (see
+ * ote_buffer_manager_republish). Failures leave it without one there. */
+static void catch_up_reopened(ote_buffer_manager_t *bm, ote_buffer_t *buf) {
+    size_t n = ote_context_set_count(bm->set);
+    for (size_t i = 0; i < n; i++) {
+        ote_context_t *ctx = ote_context_set_get(bm->set, i);
+        ote_context_state_t cs = ote_context_state(ctx);
+        if (cs == OTE_CONTEXT_FATAL || cs == OTE_CONTEXT_LOST) continue;
+        (void)republish_one(buf, ctx); /* a no-op where it has an MR already */
+    }
+}
+
+/* A buffer with no MR left (or none made): its dma-buf duplicate closed, its memory freed. */
+static void buffer_free(ote_buffer_t *buf) {
+    if (buf->dmabuf_fd >= 0) (void)close(buf->dmabuf_fd);
+    ote_free(buf->mrs);
+    ote_free(buf);
+}
+
 static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t len, int access,
                                     int dmabuf_fd, uint64_t dmabuf_off, ote_buffer_t **buf_out) {
     if (bm == NULL || addr == NULL || len == 0 || buf_out == NULL) return OTE_ERR_INVALID;
@@ -153,6 +182,7 @@ static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t
     size_t n = ote_context_set_count(bm->set);
     ote_buffer_t *buf = ote_calloc(1, sizeof(*buf));
     if (buf == NULL) return OTE_ERR_NOMEM;
+    buf->dmabuf_fd = -1;
     buf->mrs = ote_calloc(n > 0 ? n : 1, sizeof(*buf->mrs));
     if (buf->mrs == NULL) {
         ote_free(buf);
@@ -161,6 +191,14 @@ static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t
     buf->addr = addr;
     buf->len = len;
     buf->access = access;
+    buf->dmabuf_off = dmabuf_off;
+    if (dmabuf_fd >= 0 && (buf->dmabuf_fd = fcntl(dmabuf_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        int err = errno;
+        OTE_ERROR("context", "register %p (%zu bytes): dup of its dma-buf fd failed: errno %d",
+                  addr, len, err);
+        buffer_free(buf);
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
     st = OTE_OK;
     for (size_t i = 0; i < n; i++) {
         ote_context_t *ctx = ote_context_set_get(bm->set, i);
@@ -194,6 +232,7 @@ static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t
         for (ote_buffer_t *b = bm->live; b != NULL; b = b->next)
             if (overlaps_exact(b, addr, len)) st = OTE_ERR_EXISTS; /* lost a race */
         if (st == OTE_OK) {
+            catch_up_reopened(bm, buf);
             DL_APPEND(bm->live, buf);
             bm->live_count++;
         }
@@ -208,8 +247,7 @@ static ote_status_t buffer_register(ote_buffer_manager_t *bm, void *addr, size_t
         buf_mr_t *m = &buf->mrs[i];
         if (dereg_slot(bm, m) != OTE_OK) (void)adopt_orphan(bm, m, NULL, NULL, NULL);
     }
-    ote_free(buf->mrs);
-    ote_free(buf);
+    buffer_free(buf);
     return st;
 }
 
@@ -244,8 +282,7 @@ ote_status_t ote_buffer_deregister(ote_buffer_manager_t *bm, ote_buffer_t *buf) 
     ote_mutex_lock(&bm->mu);
     DL_DELETE(bm->retiring, buf);
     ote_mutex_unlock(&bm->mu);
-    ote_free(buf->mrs);
-    ote_free(buf);
+    buffer_free(buf);
     return OTE_OK;
 }
 
@@ -357,4 +394,86 @@ ote_status_t ote_buffer_manager_find(ote_buffer_manager_t *bm, const void *addr,
     }
     ote_mutex_unlock(&bm->mu);
     return st;
+}
+
+/* The live registrations' MRs in ctx, moved out of their slots (under bm->mu) into a
+ * list: a registration's MR of ctx for the reopen of ctx (drop_context). */
+typedef struct moved_mr {
+    struct ibv_mr *mr;
+    struct moved_mr *next;
+} moved_mr_t;
+
+size_t ote_buffer_manager_drop_context(ote_buffer_manager_t *bm, ote_context_t *ctx) {
+    moved_mr_t *list = NULL;
+    size_t n = 0;
+    ote_mutex_lock(&bm->mu);
+    for (ote_buffer_t *b = bm->live; b != NULL; b = b->next) {
+        for (size_t i = 0; i < b->nmr; i++) {
+            buf_mr_t *m = &b->mrs[i];
+            if (m->ctx != ctx || m->mr == NULL) continue;
+            moved_mr_t *e = ote_calloc(1, sizeof(*e));
+            if (e == NULL) continue; /* kept in its slot: the old PD is then retained */
+            e->mr = m->mr;
+            e->next = list;
+            list = e;
+            m->mr = NULL;
+        }
+    }
+    ote_mutex_unlock(&bm->mu);
+    while (list != NULL) {
+        moved_mr_t *e = list;
+        list = e->next;
+        buf_mr_t m = {.ctx = ctx, .mr = e->mr, .retained = 0};
+        if (dereg_slot(bm, &m) != OTE_OK) (void)adopt_orphan(bm, &m, NULL, NULL, NULL);
+        ote_free(e);
+        n++;
+    }
+    return n;
+}
+
+/* Registers b's range in ctx into its slot of ctx (made when missing). Under bm->mu. */
+static ote_status_t republish_one(ote_buffer_t *b, ote_context_t *ctx) {
+    buf_mr_t *slot = NULL;
+    for (size_t i = 0; i < b->nmr && slot == NULL; i++)
+        if (b->mrs[i].ctx == ctx) slot = &b->mrs[i];
+    if (slot != NULL && slot->mr != NULL) return OTE_OK;
+    ote_verbs_t *v = ote_context_verbs(ctx);
+    struct ibv_mr *mr = NULL;
+    int err =
+        b->dmabuf_fd < 0
+            ? v->ops->reg_mr(v, ote_context_pd(ctx), b->addr, b->len, b->access, &mr)
+            : v->ops->reg_dmabuf_mr(v, ote_context_pd(ctx), b->dmabuf_off, b->len,
+                                    (uint64_t)(uintptr_t)b->addr, b->dmabuf_fd, b->access, &mr);
+    if (err != 0) return ote_status_make(OTE_ERR_NATIVE, err);
+    if (slot == NULL) slot = &b->mrs[b->nmr++]; /* allocated for every context at register */
+    slot->ctx = ctx;
+    slot->retained = 0;
+    slot->mr = mr;
+    return OTE_OK;
+}
+
+ote_status_t ote_buffer_manager_republish(ote_buffer_manager_t *bm, ote_context_t *ctx,
+                                          size_t *count_out) {
+    ote_status_t result = OTE_OK;
+    size_t made = 0, refused = 0;
+    ote_mutex_lock(&bm->mu);
+    for (ote_buffer_t *b = bm->live; b != NULL; b = b->next) {
+        ote_status_t st = republish_one(b, ctx);
+        if (st == OTE_OK) {
+            made++;
+            continue;
+        }
+        refused++;
+        if (result == OTE_OK) result = st;
+        OTE_WARN("context",
+                 "device %s: registration %p (%zu bytes%s) has no MR here after the reopen: %s",
+                 ote_context_name(ctx), b->addr, b->len, b->dmabuf_fd >= 0 ? ", a dma-buf" : "",
+                 ote_status_str(st));
+    }
+    ote_mutex_unlock(&bm->mu);
+    if (refused == 0 && made > 0)
+        OTE_INFO("context", "device %s: %zu registration(s) published on the new PD",
+                 ote_context_name(ctx), made);
+    if (count_out != NULL) *count_out = made;
+    return result;
 }

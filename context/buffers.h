@@ -58,9 +58,11 @@ ote_status_t ote_buffer_register(ote_buffer_manager_t *bm, void *addr, size_t le
  * ote_buffer_register_dmabuf() - the same for memory the process may not address (GPU
  * memory, GPUDirect RDMA): in every usable context an MR of bytes [offset, offset+len)
  * of the dma-buf fd (ibv_reg_dmabuf_mr), addressed by work requests and looked up at
- * [addr, addr+len) (its iova). The fd stays the caller's: an MR holds its own reference
- * on the dma-buf, so the caller may close the fd once this returns. offset and addr
- * must have the same offset in their page (the kernel's rule).
+ * [addr, addr+len) (its iova). The fd stays the caller's (it may close it once this
+ * returns): the buffer keeps a duplicate of its own, closed when the buffer is freed, from
+ * which a device reopened after a lost event consumer registers the range anew
+ * (ote_buffer_manager_republish). offset and addr must have the same offset in their page
+ * (the kernel's rule).
  */
 ote_status_t ote_buffer_register_dmabuf(ote_buffer_manager_t *bm, void *addr, size_t len,
                                         int access, int fd, uint64_t offset,
@@ -120,6 +122,25 @@ size_t ote_buffer_manager_count(ote_buffer_manager_t *bm);
 /* The MR of @buf in context @ctx: OTE_ERR_NOT_FOUND when @ctx has none. */
 ote_status_t ote_buffer_mr(const ote_buffer_t *buf, const ote_context_t *ctx,
                            struct ibv_mr **mr_out);
+/**
+ * ote_buffer_manager_drop_context() - for the reopen of @ctx (context.h,
+ * ote_context_reopen): every live registration's MR in @ctx is deregistered (one that
+ * will not go becomes an orphan: retained, counted, retried by the reclaim); the
+ * registrations stay and lookups in @ctx find no MR until ote_buffer_manager_republish.
+ * Returns how many MRs were taken out.
+ */
+size_t ote_buffer_manager_drop_context(ote_buffer_manager_t *bm, ote_context_t *ctx);
+/**
+ * ote_buffer_manager_republish() - after the reopen of @ctx: every live registration
+ * without an MR in @ctx gets one on its current PD (same range and access). A dma-buf
+ * registration is refused (OTE_ERR_UNSUPPORTED: its fd is not kept), one whose reg_mr fails
+ * too; each stays without an MR in @ctx, with a WARN naming it. Returns OTE_OK or the
+ * first failure; @count_out (optional): MRs made or already there. Call it before
+ * resuming @ctx and again after: a registration listed between the two gets its MR from
+ * the second call, one listed after the resume gets it at its registration.
+ */
+ote_status_t ote_buffer_manager_republish(ote_buffer_manager_t *bm, ote_context_t *ctx,
+                                          size_t *count_out);
 /* Find the live registration whose range contains [addr, addr+len) and its MR in @ctx
  * (OTE_ERR_ACCESS when no registration covers the range). */
 ote_status_t ote_buffer_manager_find(ote_buffer_manager_t *bm, const void *addr, size_t len,

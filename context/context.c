@@ -2,8 +2,9 @@
  * context/context.c - opening and closing the context set; context accessors.
  *
  * Open order per device: open_device -> query_device -> NUMA node -> alloc_pd -> route.
- * Close order: dealloc_pd -> close_device. A failed dealloc keeps the context (and its
- * device) alive and counted; the set stays valid until a later close succeeds.
+ * Close order: what reopens retired (reopen.c), dealloc_pd -> close_device. A failed
+ * dealloc keeps the context (and its device) alive and counted; the set stays valid until
+ * a later close succeeds.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -42,6 +43,8 @@ static int listed(const ote_context_config_t *cfg, const char *name) {
 /* Destroy a context that owns its PD and device. OTE_ERR_RETAINED keeps it alive. */
 static ote_status_t context_close(ote_context_t *ctx) {
     ote_verbs_t *v = ctx->v;
+    ote_status_t rst = ote__context_release_retired(ctx);
+    if (rst != OTE_OK) return rst;
     if (ctx->pd != NULL) {
         int err = v->ops->dealloc_pd(v, ctx->pd);
         if (err != 0) {
@@ -216,12 +219,14 @@ static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
     ctx->numa_node = -1;
     snprintf(ctx->name, sizeof(ctx->name), "%s", name);
 
-    int err = v->ops->open_device(v, dev, &ctx->native);
+    struct ibv_context *native = NULL;
+    int err = v->ops->open_device(v, dev, &native);
     if (err != 0) {
         OTE_ERROR("context", "device %s: open_device failed: errno %d", name, err);
         ote_free(ctx);
         return ote_status_make(OTE_ERR_NATIVE, err);
     }
+    atomic_store(&ctx->native, native);
     st = context_limits(ctx);
     if (st != OTE_OK) goto err_close;
     int node = -1;
@@ -243,23 +248,22 @@ static ote_status_t context_open(ote_context_set_t *set, struct ibv_device *dev,
         }
         goto err_close;
     }
-    err = v->ops->alloc_pd(v, ctx->native, &ctx->pd);
+    struct ibv_pd *pd = NULL;
+    err = v->ops->alloc_pd(v, native, &pd);
+    atomic_store(&ctx->pd, pd);
     if (err != 0) {
         OTE_ERROR("context", "device %s: alloc_pd failed: errno %d", name, err);
         st = ote_status_make(OTE_ERR_NATIVE, err);
         goto err_close;
     }
-    if (ctx->native->async_fd >= 0) {
-        int fl = fcntl(ctx->native->async_fd, F_GETFL);
-        if (fl >= 0) (void)fcntl(ctx->native->async_fd, F_SETFL, fl | O_NONBLOCK);
-    }
+    ote__context_nonblocking(native);
     ctx->route_generation = 1;
     ote__context_log_route(ctx, pin != NULL ? "pinned" : fixed ? "fixed GID index" : "automatic");
     *ctx_out = ctx;
     return OTE_OK;
 
 err_close:
-    (void)v->ops->close_device(v, ctx->native);
+    (void)v->ops->close_device(v, native);
     ote_free(ctx);
     if (skipped) {
         *ctx_out = NULL;
@@ -450,10 +454,10 @@ ote_context_t *ote_context_set_find(ote_context_set_t *set, uint32_t nic_id) {
 ote_context_set_t *ote_context_owner(const ote_context_t *ctx) { return ctx->set; }
 ote_verbs_t *ote_context_verbs(const ote_context_t *ctx) { return ctx->v; }
 struct ibv_context *ote_context_native(const ote_context_t *ctx) {
-    return ctx->native;
+    return atomic_load(&((ote_context_t *)ctx)->native);
 }
 struct ibv_pd *ote_context_pd(const ote_context_t *ctx) {
-    return ctx->pd;
+    return atomic_load(&((ote_context_t *)ctx)->pd);
 }
 uint32_t ote_context_nic_id(const ote_context_t *ctx) { return ctx->nic_id; }
 const char *ote_context_name(const ote_context_t *ctx) { return ctx->name; }
@@ -498,6 +502,12 @@ void ote_context_get_info(const ote_context_t *ctx, ote_context_info_t *info) {
     info->route_generation = ctx->route_generation;
     info->device_attr = ctx->device_attr;
     info->limits = ctx->limits;
+    info->reopens = ctx->reopens;
+    info->reopen_failures = ctx->reopen_failures;
+    info->reopen_error = ctx->reopen_error;
+    info->retired_natives = 0;
+    for (const ote_context_retired_t *r = ctx->retired; r != NULL; r = r->next)
+        info->retired_natives++;
     ote_mutex_unlock(&ctx->set->mu);
 }
 

@@ -24,7 +24,8 @@
  * OTE_ERR_PORT_DOWN), PORT_ACTIVE / GID_CHANGE / LID_CHANGE refresh its route (automatic
  * GID selection is repeated on the same port; a pin stays strict) and resume it,
  * DEVICE_FATAL fences it for good, and so does a failed get_async_event (the event
- * consumer is lost: OTE_CONTEXT_LOST). A paused context keeps its PD and MRs. Each change
+ * consumer is lost: OTE_CONTEXT_LOST) until ote_context_reopen() gives it a new native
+ * context and PD. A paused context keeps its PD and MRs. Each change
  * bumps the context's route generation. Registered listeners see every event (after
  * the context's state was updated) in the thread that polls; this is how upper layers
  * fail their in-flight work on a port that went down. Lower layers never call up.
@@ -98,9 +99,9 @@ typedef enum {
     OTE_CONTEXT_FATAL = 2,  /* device fatal: nothing new, not even MR registration */
     /* Its async event consumer was lost (get_async_event failed other than EAGAIN): events
      * (QP_FATAL, PORT_ERR, DEVICE_FATAL...) may have gone unseen, so the device is fenced
-     * as a fatal one (ote_context_check: OTE_ERR_FENCED; no MR registration) for the life
-     * of the set; no port query heals it and no event of it is asked for again. A new set
-     * (a new engine) opens the device afresh: that is the only reopen there is. */
+     * as a fatal one (ote_context_check: OTE_ERR_FENCED; no MR registration); no port
+     * query heals it and no event of its native context is asked for again. Only
+     * ote_context_reopen() (a new native context and PD) ends it. */
     OTE_CONTEXT_LOST = 3,
 } ote_context_state_t;
 
@@ -148,6 +149,12 @@ typedef struct ote_context_info {
     uint64_t route_generation; /* bumped by every route/state change */
     struct ibv_device_attr device_attr;
     ote_context_limits_t limits;
+    /* ote_context_reopen(): successful reopens, failed ones, the last failure's status
+     * (OTE_OK after a success), and old native contexts/PDs kept because they would not
+     * be released (each also counted as OTE_RETAINED_PD). */
+    uint64_t reopens, reopen_failures;
+    ote_status_t reopen_error;
+    uint32_t retired_natives;
 } ote_context_info_t;
 
 /* A listener sees every async event of every context, after its state was updated. */
@@ -220,6 +227,27 @@ uint64_t ote_context_route_generation(const ote_context_t *ctx);
  * fault; the next refresh asks again.
  */
 ote_status_t ote_context_refresh(ote_context_t *ctx);
+
+/**
+ * ote_context_reopen() - the first half of ending OTE_CONTEXT_LOST (context/reopen.c): the
+ * device is opened again with a new PD, its route selected on the same port, and the new
+ * native context and PD swapped in; the context stays LOST (nothing is admitted) until
+ * ote_context_resume(), so the caller can rebuild what it had on the old ones first.
+ * The caller must have destroyed everything it built on the old PD and native context
+ * (MRs, MWs, QPs, SRQs, CQs, completion channels): they are released after the swap, and
+ * what will not be released is retained (counted as OTE_RETAINED_PD, retried by later
+ * reopens and by ote_context_set_close, which answers OTE_ERR_RETAINED meanwhile).
+ * OTE_OK (also when already reopened and not yet resumed: nothing is done again);
+ * OTE_ERR_STATE when the context is not LOST, OTE_ERR_BUSY while another reopen of it
+ * runs, OTE_ERR_AGAIN (nothing tried) until the backoff after a failed reopen has passed
+ * (100 ms doubled per failure, at most 5 s), else the failure (WARN logged; the context
+ * stays LOST with its old natives). The limits stay those of the first open.
+ */
+ote_status_t ote_context_reopen(ote_context_t *ctx);
+/* The second half: a reopened LOST context admits work again: its route is refreshed
+ * (ACTIVE, or PAUSED when its port is down), its route generation bumped, its events
+ * consumed again. OTE_ERR_STATE when it is not a reopened LOST context. */
+ote_status_t ote_context_resume(ote_context_t *ctx);
 
 /* Retention accounting, kept by the layer that failed a native destroy: +1 when it
  * retains an owner, -1 when a later destroy of that owner succeeds. */

@@ -37,11 +37,22 @@ typedef struct ote_context_route {
     ote_context_netdev_t netdev_state;
 } ote_context_route_t;
 
+/* A native device context and its PD that a reopen replaced but could not release (the
+ * old PD's dealloc or the device's close failed): kept, counted (OTE_RETAINED_PD), retried
+ * by every later reopen and by the set's close (reopen.c). */
+typedef struct ote_context_retired {
+    struct ibv_context *native;
+    struct ibv_pd *pd; /* NULL once deallocated */
+    struct ote_context_retired *next;
+} ote_context_retired_t;
+
 struct ote_context {
     ote_context_set_t *set;
     ote_verbs_t *v;
-    struct ibv_context *native;
-    struct ibv_pd *pd; /* NULL once deallocated */
+    /* Atomic: a reopen (reopen.c) replaces both while other threads may read them; it
+     * does so only while the context is LOST, when no layer builds anything on them. */
+    _Atomic(struct ibv_context *) native;
+    _Atomic(struct ibv_pd *) pd; /* NULL once deallocated */
     uint32_t nic_id;
     char name[64];
     int pin_gid_index; /* -1 = automatic; else strict (a pin or the fixed GID index) */
@@ -53,6 +64,14 @@ struct ote_context {
     uint64_t route_generation;
     struct ibv_device_attr device_attr;
     ote_context_limits_t limits; /* derived at open (context.c, context_limits) */
+    /* reopen.c, guarded by set->mu: one reopen at a time, the backoff after a failed one,
+     * the counts, and the natives a reopen could not release. */
+    int reopening;
+    int reopened; /* new natives swapped in; LOST until ote_context_resume */
+    uint64_t reopen_next_ns, reopen_backoff_ns;
+    uint64_t reopens, reopen_failures;
+    ote_status_t reopen_error;
+    ote_context_retired_t *retired;
 };
 
 struct ote_context_set {
@@ -81,6 +100,12 @@ void ote__context_log_route(const ote_context_t *ctx, const char *what);
 const char *ote__context_sysfs_root(const ote_context_set_t *set);
 ote_context_netdev_t ote__context_gid_netdev(const ote_context_t *ctx, uint8_t port, uint32_t index,
                                              char name_out[16]);
+/* reopen.c: make native's async fd nonblocking (get_async_event then answers EAGAIN). */
+void ote__context_nonblocking(struct ibv_context *native);
+/* reopen.c: release what reopens retired (for the set's close): OTE_OK when nothing is
+ * left, else OTE_ERR_RETAINED (what failed stays listed and counted). */
+ote_status_t ote__context_release_retired(ote_context_t *ctx);
+
 /* events.c: re-select the route of ctx and pause or resume it. */
 ote_status_t ote__context_refresh(ote_context_t *ctx, const char *why);
 

@@ -17,7 +17,8 @@
  * the monitor from the others. */
 #define EVENTS_PER_CONTEXT_PER_POLL 256
 
-/* Fatal and lost-consumer contexts are fenced for good: nothing resumes them. */
+/* Fatal and lost-consumer contexts are fenced: no event or refresh resumes them (a lost
+ * one is resumed only by its reopen, reopen.c). */
 static int fenced_for_good(const ote_context_t *ctx) {
     ote_context_state_t st = ote_context_state(ctx);
     return st == OTE_CONTEXT_FATAL || st == OTE_CONTEXT_LOST;
@@ -135,9 +136,10 @@ static void notify(ote_context_set_t *set, ote_context_t *ctx, const struct ibv_
 }
 
 /* get_async_event failed (not EAGAIN, EINTR or EOPNOTSUPP): the events of ctx can no
- * longer be proven seen and acked. The context is fenced for good (OTE_CONTEXT_LOST), its
- * route generation bumped (upper layers fence the QPs built before: their work ends),
- * and its events are never asked for again. */
+ * longer be proven seen and acked. The context is fenced (OTE_CONTEXT_LOST) until
+ * ote_context_reopen/resume (reopen.c), its route generation bumped (upper layers fence
+ * the QPs built before: their work ends), and the events of its native context are never
+ * asked for again. */
 static void lose_consumer(ote_context_t *ctx, int err) {
     ote_mutex_lock(&ctx->set->mu);
     atomic_store(&ctx->state, (int)OTE_CONTEXT_LOST);
@@ -145,7 +147,7 @@ static void lose_consumer(ote_context_t *ctx, int err) {
     ote_mutex_unlock(&ctx->set->mu);
     OTE_ERROR("context",
               "device %s: get_async_event failed: errno %d: event consumer lost; device "
-              "fenced (no new work, its QPs' work ends) until the engine is created again",
+              "fenced (no new work, its QPs' work ends) until it is reopened",
               ctx->name, err);
 }
 
@@ -181,8 +183,12 @@ ote_status_t ote_context_set_poll_events(ote_context_set_t *set, size_t *handled
 size_t ote_context_set_async_fds(const ote_context_set_t *set, int *fds, size_t cap) {
     size_t n = 0;
     for (size_t i = 0; i < set->count && n < cap; i++) {
-        const ote_context_t *ctx = set->contexts[i];
-        if (ctx->native != NULL && ctx->native->async_fd >= 0) fds[n++] = ctx->native->async_fd;
+        ote_context_t *ctx = set->contexts[i];
+        /* A LOST context's events are not read: its fd, maybe readable for good, would
+         * wake the monitor at once every time. */
+        if (ote_context_state(ctx) == OTE_CONTEXT_LOST) continue;
+        struct ibv_context *native = atomic_load(&ctx->native);
+        if (native != NULL && native->async_fd >= 0) fds[n++] = native->async_fd;
     }
     return n;
 }

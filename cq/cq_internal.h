@@ -42,6 +42,7 @@ struct ote_cq_lane {
     int retained[3]; /* send CQ, recv CQ, channel counted as retained */
     int closing;     /* destroy started: nothing polls the CQs any more */
     int depth[2];    /* CQEs asked of each CQ at creation: a replacement asks the same */
+    int use_channel; /* made with a channel: a replacement after an unbind makes a new one */
 
     /* Health (ote_cq_lane_state_t, written under table_mu, read lock-free by pollers): a
      * FAULTED lane attaches no new QP and is replaced (ote_cq_lane_replace) once its QPs

@@ -131,6 +131,23 @@ static void free_lane(ote_cq_lane_t *lane) {
 }
 
 /* Both CQs of the lane (at creation, and for a replacement), on its channel. */
+/* The lane's completion channel on its context's current native context (nonblocking). */
+static ote_status_t create_channel(ote_cq_lane_t *lane) {
+    ote_verbs_t *v = lane->v;
+    int err = v->ops->create_comp_channel(v, ote_context_native(lane->ctx), &lane->channel);
+    if (err != 0) {
+        OTE_ERROR("cq", "lane %u on %s: create_comp_channel failed: errno %d", lane->index,
+                  ote_context_name(lane->ctx), err);
+        lane->channel = NULL;
+        return ote_status_make(OTE_ERR_NATIVE, err);
+    }
+    if (lane->channel->fd >= 0) {
+        int fl = fcntl(lane->channel->fd, F_GETFL);
+        if (fl >= 0) (void)fcntl(lane->channel->fd, F_SETFL, fl | O_NONBLOCK);
+    }
+    return OTE_OK;
+}
+
 static ote_status_t create_cqs(ote_cq_lane_t *lane) {
     ote_verbs_t *v = lane->v;
     struct ibv_context *nctx = ote_context_native(lane->ctx);
@@ -167,22 +184,8 @@ ote_status_t ote_cq_lane_create(ote_context_t *ctx, const ote_cq_lane_config_t *
     if ((st = ote_mutex_init(&lane->progress_mu)) != OTE_OK) goto err_table_mu;
     if ((st = ote_cond_init(&lane->progress_cv)) != OTE_OK) goto err_progress_mu;
 
-    ote_verbs_t *v = lane->v;
-    struct ibv_context *nctx = ote_context_native(ctx);
-    int err;
-    if (cfg->use_channel) {
-        err = v->ops->create_comp_channel(v, nctx, &lane->channel);
-        if (err != 0) {
-            OTE_ERROR("cq", "lane %u on %s: create_comp_channel failed: errno %d", cfg->index,
-                      ote_context_name(ctx), err);
-            st = ote_status_make(OTE_ERR_NATIVE, err);
-            goto err_cond;
-        }
-        if (lane->channel->fd >= 0) {
-            int fl = fcntl(lane->channel->fd, F_GETFL);
-            if (fl >= 0) (void)fcntl(lane->channel->fd, F_SETFL, fl | O_NONBLOCK);
-        }
-    }
+    lane->use_channel = cfg->use_channel != 0;
+    if (cfg->use_channel && (st = create_channel(lane)) != OTE_OK) goto err_cond;
     lane->depth[0] = cfg->send_depth;
     lane->depth[1] = cfg->recv_depth;
     if ((st = create_cqs(lane)) != OTE_OK) goto err_natives;
@@ -634,7 +637,9 @@ static ote_status_t replace_cqs(ote_cq_lane_t *lane) {
     }
     if (st == OTE_OK) {
         ote_mutex_lock(&lane->table_mu); /* the listener compares event CQs with these */
-        st = create_cqs(lane);
+        /* After an unbind (a reopened context) the channel is made anew too. */
+        if (lane->use_channel && lane->channel == NULL) st = create_channel(lane);
+        if (st == OTE_OK) st = create_cqs(lane);
         if (st == OTE_OK) {
             lane->fault = OTE_OK;
             atomic_store(&lane->state, OTE_CQ_LANE_HEALTHY);
@@ -666,5 +671,26 @@ ote_status_t ote_cq_lane_replace(ote_cq_lane_t *lane) {
                  lane->index, ote_context_name(lane->ctx),
                  (unsigned long long)atomic_load(&lane->generation));
     notify_progress(lane);
+    return st;
+}
+
+ote_status_t ote_cq_lane_unbind(ote_cq_lane_t *lane) {
+    if (lane == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&lane->table_mu);
+    ote_status_t st = OTE_OK;
+    if (atomic_load(&lane->state) == OTE_CQ_LANE_HEALTHY || lane->closing) st = OTE_ERR_STATE;
+    else if (lane->attached > 0 || lane->pins > 0) st = OTE_ERR_BUSY;
+    else if (lane->in_workers) st = OTE_ERR_BUSY;
+    ote_mutex_unlock(&lane->table_mu);
+    if (st != OTE_OK) return st;
+    ote__cq_lane_poll_lock(lane);
+    consume_events_locked(lane); /* a CQ's destroy waits until its events are acked */
+    ote_mutex_lock(&lane->table_mu);
+    st = destroy_natives(lane);
+    ote_mutex_unlock(&lane->table_mu);
+    ote__cq_lane_poll_unlock(lane);
+    if (st == OTE_OK)
+        OTE_INFO("cq", "lane %u on %s: CQs and channel destroyed for a reopen of the device",
+                 lane->index, ote_context_name(lane->ctx));
     return st;
 }

@@ -175,6 +175,17 @@ void ote_cq_lane_fault(ote_cq_lane_t *lane, ote_status_t cause);
  * FAULTED, with no CQ; a later call retries). Never from a callback of this lane.
  */
 ote_status_t ote_cq_lane_replace(ote_cq_lane_t *lane);
+/**
+ * ote_cq_lane_unbind() - for the reopen of the lane's context (context.h,
+ * ote_context_reopen): a FAULTED lane with no QP attached and in no worker pool destroys
+ * its CQs and its completion channel, so it holds nothing of the old native context; the
+ * next ote_cq_lane_replace() makes a new channel (when the lane had one) and new CQs on
+ * the context's current native context. OTE_ERR_STATE when the lane is healthy or
+ * closing, OTE_ERR_BUSY while a QP is attached or a worker pool holds it (remove it
+ * first: workers read the channel without the lane's locks), OTE_ERR_RETAINED when a
+ * native destroy failed (kept, counted; a later call retries).
+ */
+ote_status_t ote_cq_lane_unbind(ote_cq_lane_t *lane);
 
 #ifdef __cplusplus
 }

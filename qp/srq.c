@@ -21,7 +21,9 @@
 #include "qp/qp_internal.h"
 #include "qp/srq.h"
 
-typedef enum { SRQ_ACTIVE = 0, SRQ_CLOSING } srq_state_t;
+/* UNBOUND: its natives destroyed for a reopen of its context (ote_srq_unbind), until
+ * ote_srq_rebind makes them on the new PD; nothing is posted or attached meanwhile. */
+typedef enum { SRQ_ACTIVE = 0, SRQ_CLOSING, SRQ_UNBOUND } srq_state_t;
 /* The native limit: off (none or arming failed), armed, fired (the event came; armed
  * again once every slot is posted), being re-armed (one thread calls modify_srq). */
 typedef enum { LIMIT_OFF = 0, LIMIT_ARMED, LIMIT_FIRED, LIMIT_REARMING } srq_limit_t;
@@ -212,12 +214,8 @@ static void srq_on_cqe(void *arg, ote_cq_lane_t *lane, ote_cq_dir_t dir, const s
 
 /* ---- create / destroy ---- */
 
-static ote_status_t create_buffers(ote_srq_t *s) {
+static ote_status_t register_buffers(ote_srq_t *s) {
     size_t bytes = (size_t)s->cfg.slots * s->cfg.size;
-    s->posted = ote_calloc(s->cfg.slots, 1);
-    s->buf = ote_aligned_alloc(64, bytes);
-    if (s->posted == NULL || s->buf == NULL) return OTE_ERR_NOMEM;
-    memset(s->buf, 0, bytes);
     int err = s->v->ops->reg_mr(s->v, s->pd, s->buf, bytes, IBV_ACCESS_LOCAL_WRITE, &s->mr);
     if (err != 0) {
         OTE_ERROR("qp", "%s: reg_mr of %u SRQ buffers failed: errno %d", ote_context_name(s->ctx),
@@ -225,6 +223,15 @@ static ote_status_t create_buffers(ote_srq_t *s) {
         return ote_status_make(OTE_ERR_NATIVE, err);
     }
     return OTE_OK;
+}
+
+static ote_status_t create_buffers(ote_srq_t *s) {
+    size_t bytes = (size_t)s->cfg.slots * s->cfg.size;
+    s->posted = ote_calloc(s->cfg.slots, 1);
+    s->buf = ote_aligned_alloc(64, bytes);
+    if (s->posted == NULL || s->buf == NULL) return OTE_ERR_NOMEM;
+    memset(s->buf, 0, bytes);
+    return register_buffers(s);
 }
 
 static ote_status_t create_native(ote_srq_t *s) {
@@ -304,6 +311,20 @@ static ote_status_t teardown(ote_srq_t *s) {
     return OTE_OK;
 }
 
+/* Every slot posted, then the limit armed (a WARN when it cannot be). */
+static ote_status_t post_and_arm(ote_srq_t *s) {
+    ote_status_t st = post_all(s);
+    if (st != OTE_OK || s->cfg.low_water == 0) return st;
+    int err = modify_limit(s, s->cfg.low_water);
+    ote_mutex_lock(&s->mu);
+    s->limit = err == 0 ? LIMIT_ARMED : LIMIT_OFF;
+    ote_mutex_unlock(&s->mu);
+    if (err != 0)
+        OTE_WARN("qp", "%s: SRQ limit %u not armed: errno %d", ote_context_name(s->ctx),
+                 s->cfg.low_water, err);
+    return OTE_OK;
+}
+
 static ote_status_t create_steps(ote_srq_t *s) {
     ote_status_t st;
     if ((st = create_buffers(s)) != OTE_OK) return st;
@@ -312,14 +333,7 @@ static ote_status_t create_steps(ote_srq_t *s) {
     s->ns_registered = 1;
     /* Completions of QPs destroyed with CQEs still queued come here too. */
     ote_cq_lane_share_ns(s->lane, s->ns);
-    if ((st = post_all(s)) != OTE_OK) return st;
-    if (s->cfg.low_water > 0) {
-        int err = modify_limit(s, s->cfg.low_water);
-        if (err == 0) s->limit = LIMIT_ARMED;
-        else
-            OTE_WARN("qp", "%s: SRQ limit %u not armed: errno %d", ote_context_name(s->ctx),
-                     s->cfg.low_water, err);
-    }
+    if ((st = post_and_arm(s)) != OTE_OK) return st;
     st = ote_context_set_add_listener(ote_context_owner(s->ctx), srq_listener, s, &s->listener_id);
     if (st == OTE_OK) s->listener_added = 1;
     return st;
@@ -477,4 +491,45 @@ void ote_srq_get_stats(const ote_srq_t *srq, ote_srq_stats_t *out) {
     out->limit_events = s->limit_events;
     out->retained = s->retained_srq || s->retained_mr;
     ote_mutex_unlock(&s->mu);
+}
+
+ote_status_t ote_srq_unbind(ote_srq_t *srq) {
+    if (srq == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&srq->mu);
+    ote_status_t st = OTE_OK;
+    if (srq->attached > 0) st = OTE_ERR_BUSY;
+    else if (srq->state == SRQ_CLOSING) st = OTE_ERR_STATE;
+    if (st == OTE_OK) {
+        srq->state = SRQ_UNBOUND; /* nothing is reposted from now on */
+        srq->limit = LIMIT_OFF;
+    }
+    ote_mutex_unlock(&srq->mu);
+    if (st != OTE_OK) return st;
+    return destroy_natives(srq); /* a failure is retained; a later unbind retries */
+}
+
+ote_status_t ote_srq_rebind(ote_srq_t *srq) {
+    if (srq == NULL) return OTE_ERR_INVALID;
+    ote_mutex_lock(&srq->mu);
+    int ok = srq->state == SRQ_UNBOUND && srq->srq == NULL && srq->mr == NULL && !srq->cfg.pd;
+    ote_mutex_unlock(&srq->mu);
+    if (!ok) return OTE_ERR_STATE;
+    /* Its context is still LOST here (reopened, resumed after the rebuild) or paused. */
+    if (ote_context_state(srq->ctx) == OTE_CONTEXT_FATAL) return OTE_ERR_DEVICE_FATAL;
+    ote_status_t st;
+    srq->pd = ote_context_pd(srq->ctx);
+    st = register_buffers(srq);
+    if (st == OTE_OK) st = create_native(srq);
+    if (st == OTE_OK) {
+        ote_mutex_lock(&srq->mu);
+        srq->state = SRQ_ACTIVE;
+        ote_mutex_unlock(&srq->mu);
+        st = post_and_arm(srq);
+    }
+    if (st == OTE_OK) return OTE_OK;
+    ote_mutex_lock(&srq->mu);
+    srq->state = SRQ_UNBOUND;
+    ote_mutex_unlock(&srq->mu);
+    (void)destroy_natives(srq); /* a failure is retained and counted */
+    return st;
 }

@@ -76,6 +76,15 @@ void ote_srq_config_default(ote_srq_config_t *cfg);
 ote_status_t ote_srq_create(ote_cq_lane_t *lane, const ote_srq_config_t *cfg, ote_srq_t **srq_out);
 /* See the header comment: OTE_OK frees it; OTE_ERR_BUSY / OTE_ERR_RETAINED keep it. */
 ote_status_t ote_srq_destroy(ote_srq_t *srq);
+/* For the reopen of the SRQ's context (context.h, ote_context_reopen): with no QP
+ * attached, ote_srq_unbind destroys the native SRQ (its posted slots vanish, their
+ * charges go back) and deregisters its buffers' MR, keeping the object, its buffers and
+ * its namespace (OTE_ERR_BUSY while QPs are attached; OTE_ERR_RETAINED when a native
+ * destroy failed: kept, counted, a later unbind retries); ote_srq_rebind then registers
+ * the buffers on the context's current PD, creates the native SRQ, posts every slot and
+ * arms the limit (OTE_ERR_STATE when not unbound or made with a PD of its own). */
+ote_status_t ote_srq_unbind(ote_srq_t *srq);
+ote_status_t ote_srq_rebind(ote_srq_t *srq);
 
 /* Reserve one posted slot (fault point "qp.rq_admit", as for a QP's own queue). */
 ote_status_t ote_srq_admit(ote_srq_t *srq);

@@ -22,7 +22,9 @@
  * it are fenced: a QP built on the new route is never fenced by it. A lost event consumer
  * (OTE_CONTEXT_LOST: get_async_event failed) bumps the generation too: every QP of the
  * device is fenced with the context's status (OTE_ERR_FENCED, EIO), and as the context
- * admits nothing any more, no QP is built there again (the selector drops the device).
+ * admits nothing, no QP is built there (the selector drops the device) until its reopen
+ * (rdma_reopen.c: drained, unbound from the old native context, reopened, rebuilt, resumed)
+ * brings it back; the lane pass leaves its lanes to that reopen.
  *
  * Cadence: every 2 ms while anything with a deadline is live (a grant, a run in flight,
  * a queued slice, a notification or commit awaited, a staged copy); otherwise it sleeps
@@ -83,6 +85,8 @@ static void lanes_watch(rdma_tp_t *tp) {
         for (uint32_t l = 0; l < n->nlanes; l++) {
             ote_cq_lane_t *lane = n->lanes[l];
             ote_status_t cause = OTE_OK;
+            /* A lost device's lanes are unbound and made anew by its reopen. */
+            if (ote_context_state(n->ctx) == OTE_CONTEXT_LOST) break;
             if (lane == NULL || ote_cq_lane_state(lane, &cause) != OTE_CQ_LANE_FAULTED) continue;
             ote_endpoint_store_t *stores[2] = {n->eps, n->deps};
             for (int k = 0; k < 2; k++) {
@@ -152,6 +156,16 @@ static void reclaim(rdma_tp_t *tp) {
     }
 }
 
+/* 1 while a LOST device drains or is rebuilt (rdma_reopen.c): the 2 ms rounds drive it;
+ * a reopen waiting out its backoff (at least 100 ms) needs only the idle rounds. */
+static int reopening(rdma_tp_t *tp) {
+    for (uint32_t i = 0; i < tp->nnics; i++)
+        if (ote_context_state(tp->nics[i].ctx) == OTE_CONTEXT_LOST &&
+            tp->nics[i].reopen != RDMA_REOPEN_UNBOUND)
+            return 1;
+    return 0;
+}
+
 /* One round of the monitor's work; returns nonzero when something with a deadline is
  * live (the next round comes in 2 ms). */
 static int monitor_round(rdma_tp_t *tp, uint64_t *last_refresh, uint64_t *last_reclaim) {
@@ -165,11 +179,12 @@ static int monitor_round(rdma_tp_t *tp, uint64_t *last_refresh, uint64_t *last_r
     nics_watch(tp, refresh);
     lanes_watch(tp);
     routes_watch(tp);
+    ote__rdma_reopen_watch(tp);
     if (now - *last_reclaim > 50 * OTE_NSEC_PER_MSEC) {
         *last_reclaim = now;
         reclaim(tp);
     }
-    return live != 0 || pending || atomic_load(&tp->inflight_all) != 0 ||
+    return live != 0 || pending || reopening(tp) || atomic_load(&tp->inflight_all) != 0 ||
            atomic_load(&tp->src_copies) != 0;
 }
 

@@ -106,6 +106,8 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.lane_replacements = atomic_load(&tp->lane_replacements);
         r.lane_fenced_qps = atomic_load(&tp->lane_fenced_qps);
         r.route_fenced_qps = atomic_load(&tp->route_fenced_qps);
+        r.device_reopens = atomic_load(&tp->device_reopens);
+        r.device_reopen_failures = atomic_load(&tp->device_reopen_failures);
         r.mrs_retained = tp->bm != NULL ? ote_buffer_manager_retained(tp->bm) : 0;
         r.mrs_single = tp->bm != NULL ? ote_buffer_manager_single(tp->bm) : 0;
         for (uint32_t k = 0; k < tp->nnics; k++) {

@@ -99,6 +99,9 @@ typedef struct {
     /* The monitor's recoveries (rdma_monitor.c): CQ lanes replaced after a lane error, QPs
      * fenced because their lane failed, QPs fenced because their route changed. */
     uint64_t lane_replacements, lane_fenced_qps, route_fenced_qps;
+    /* Devices reopened after a lost event consumer, and reopens that failed
+     * (rdma_reopen.c). */
+    uint64_t device_reopens, device_reopen_failures;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
 

@@ -2,9 +2,14 @@
 // publication rolled back when the second context fails, EBUSY on dereg_mr and
 // dealloc_pd retained and counted then retried, injected port events pausing and
 // resuming a context, a stale refresh that must not clear a newer port fault, failed
-// opens leaving nothing behind.
+// opens leaving nothing behind, and the reopen of a context whose event consumer was lost
+// (new native context and PD, backoff after a failed try, an old PD that will not go
+// retained until the set's close, registrations dropped and republished, concurrency).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -447,3 +452,261 @@ TEST_F(ContextFaultTest, FaultPointsFailOpenAndRegisterBeforeAnythingIsMade) {
 }
 
 } // namespace
+
+namespace {
+
+// Loses ctx's event consumer through an injected get_async_event failure.
+void LoseConsumer(ote_verbs_t *v, ote_context_set_t *set, ote_context_t *ctx) {
+    ASSERT_EQ(ote_verbs_fault_fail(v, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_NTH,
+                                   (int)ote_context_nic_id(ctx) + 1, EIO),
+              OTE_OK);
+    ote_test::ErrorLogsExpected lost_log;
+    (void)ote_context_set_poll_events(set, nullptr);
+    ote_verbs_fault_clear(v);
+    ASSERT_EQ(ote_context_state(ctx), OTE_CONTEXT_LOST);
+}
+
+// Calls ote_context_reopen until it answers something other than OTE_ERR_AGAIN (the
+// backoff after a failed try), for at most 30 s.
+ote_status_t ReopenWhenDue(ote_context_t *ctx) {
+    ote_status_t st = OTE_ERR_AGAIN;
+    EXPECT_TRUE(ote_test::WaitUntil([&] { return (st = ote_context_reopen(ctx)) != OTE_ERR_AGAIN; },
+                                    std::chrono::seconds(30), "the reopen's backoff to pass"));
+    return st;
+}
+
+} // namespace
+
+// A lost consumer ends with a reopen: a new native context and PD (the old ones released:
+// one close_device, one dealloc_pd more), the context ACTIVE again with a newer route
+// generation, its events asked for again, and a registration publishes an MR on the new
+// PD. A context that is not LOST is not reopened. Without ote_context_reopen the context
+// stayed LOST for the life of the set.
+TEST_F(ContextFaultTest, ReopenAfterALostConsumerGivesANewNativeContextAndPd) {
+    Open();
+    ote_context_t *lost = ote_context_set_get(set_, 0), *other = ote_context_set_get(set_, 1);
+    EXPECT_EQ(ote_context_reopen(other), OTE_ERR_STATE);
+    LoseConsumer(v_, set_, lost);
+    ibv_context *old_native = ote_context_native(lost);
+    ibv_pd *old_pd = ote_context_pd(lost);
+    uint64_t gen0 = ote_context_route_generation(lost);
+    uint64_t opens0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE);
+    uint64_t closes0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CLOSE_DEVICE);
+    uint64_t deallocs0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DEALLOC_PD);
+    EXPECT_EQ(ote_context_resume(lost), OTE_ERR_STATE); // not reopened yet
+    ASSERT_EQ(ote_context_reopen(lost), OTE_OK);
+    // Reopened, not resumed: still fenced (the caller rebuilds first); a second reopen
+    // does nothing.
+    EXPECT_EQ(ote_context_check(lost), ote_status_make(OTE_ERR_FENCED, EIO));
+    EXPECT_EQ(ote_context_reopen(lost), OTE_OK);
+    ASSERT_EQ(ote_context_resume(lost), OTE_OK);
+    EXPECT_EQ(ote_context_state(lost), OTE_CONTEXT_ACTIVE);
+    EXPECT_EQ(ote_context_check(lost), OTE_OK);
+    EXPECT_GT(ote_context_route_generation(lost), gen0);
+    EXPECT_NE(ote_context_native(lost), old_native);
+    EXPECT_NE(ote_context_pd(lost), old_pd);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE), opens0 + 1);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CLOSE_DEVICE), closes0 + 1);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DEALLOC_PD), deallocs0 + 1);
+    ote_context_info_t info;
+    ote_context_get_info(lost, &info);
+    EXPECT_EQ(info.reopens, 1u);
+    EXPECT_EQ(info.reopen_failures, 0u);
+    EXPECT_EQ(info.retired_natives, 0u);
+    EXPECT_EQ(Retained(OTE_RETAINED_PD), 0u);
+    // Its events are consumed again: one poll asks both contexts.
+    uint64_t calls = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT);
+    EXPECT_EQ(ote_context_set_poll_events(set_, nullptr), OTE_OK);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT), calls + 2);
+    EXPECT_EQ(ote_context_reopen(lost), OTE_ERR_STATE); // healthy: nothing to reopen
+    ote_buffer_t *buf = nullptr;
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), mem_.size(), kAccess, &buf), OTE_OK);
+    ibv_mr *mr = nullptr;
+    ASSERT_EQ(ote_buffer_mr(buf, lost, &mr), OTE_OK);
+    EXPECT_EQ(mr->pd, ote_context_pd(lost));
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+}
+
+// A reopen that fails (open_device ENODEV, then alloc_pd ENOMEM on the new device) keeps
+// the context LOST and fenced with its status, says why (reopen_error), refuses to try
+// again before its backoff (OTE_ERR_AGAIN, nothing opened), closes what the failed try
+// opened, and a later try after the backoff succeeds.
+TEST_F(ContextFaultTest, FailedReopenKeepsTheDeviceFencedAndRetriesAfterABackoff) {
+    Open();
+    ote_context_t *lost = ote_context_set_get(set_, 0);
+    LoseConsumer(v_, set_, lost);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE, OTE_FAULT_NTH, 1, ENODEV),
+              OTE_OK);
+    EXPECT_EQ(ote_context_reopen(lost), ote_status_make(OTE_ERR_NATIVE, ENODEV));
+    EXPECT_EQ(ote_context_state(lost), OTE_CONTEXT_LOST);
+    EXPECT_EQ(ote_context_check(lost), ote_status_make(OTE_ERR_FENCED, EIO));
+    ote_context_info_t info;
+    ote_context_get_info(lost, &info);
+    EXPECT_EQ(info.reopen_failures, 1u);
+    EXPECT_EQ(info.reopen_error, ote_status_make(OTE_ERR_NATIVE, ENODEV));
+    uint64_t opens = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE);
+    EXPECT_EQ(ote_context_reopen(lost), OTE_ERR_AGAIN); // within the backoff: not tried
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE), opens);
+    ote_verbs_fault_clear(v_);
+    ASSERT_EQ(ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_ALLOC_PD, OTE_FAULT_NTH, 1, ENOMEM),
+              OTE_OK);
+    uint64_t closes = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CLOSE_DEVICE);
+    EXPECT_EQ(ReopenWhenDue(lost), ote_status_make(OTE_ERR_NATIVE, ENOMEM));
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CLOSE_DEVICE), closes + 1);
+    EXPECT_EQ(ote_context_state(lost), OTE_CONTEXT_LOST);
+    ote_verbs_fault_clear(v_);
+    EXPECT_EQ(ReopenWhenDue(lost), OTE_OK);
+    EXPECT_EQ(ote_context_resume(lost), OTE_OK);
+    EXPECT_EQ(ote_context_check(lost), OTE_OK);
+    ote_context_get_info(lost, &info);
+    EXPECT_EQ(info.reopens, 1u);
+    EXPECT_EQ(info.reopen_failures, 2u);
+    EXPECT_EQ(info.reopen_error, OTE_OK);
+}
+
+// The old PD will not be deallocated (EBUSY): the reopen still succeeds on the new PD, the
+// old PD and native context are retired (counted as a retained PD), and the set's close
+// answers OTE_ERR_RETAINED until they are released; a later close releases them.
+TEST_F(ContextFaultTest, OldPdThatWillNotGoIsRetainedUntilTheSetCloses) {
+    Open();
+    ASSERT_EQ(ote_buffer_manager_destroy(bm_), OTE_OK);
+    bm_ = nullptr;
+    ote_context_t *lost = ote_context_set_get(set_, 0);
+    LoseConsumer(v_, set_, lost);
+    ASSERT_EQ(
+        ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEALLOC_PD, ote_context_pd(lost), 3),
+        OTE_OK);
+    ASSERT_EQ(ote_context_reopen(lost), OTE_OK);
+    ASSERT_EQ(ote_context_resume(lost), OTE_OK);
+    EXPECT_EQ(ote_context_check(lost), OTE_OK);
+    ote_context_info_t info;
+    ote_context_get_info(lost, &info);
+    EXPECT_EQ(info.retired_natives, 1u);
+    EXPECT_EQ(ote_context_retained(lost, OTE_RETAINED_PD), 1u);
+    EXPECT_EQ(ote_status_code(ote_context_set_close(set_)), OTE_ERR_RETAINED);
+    EXPECT_EQ(ote_context_retained(lost, OTE_RETAINED_PD), 1u);
+    EXPECT_EQ(ote_context_set_close(set_), OTE_OK);
+    set_ = nullptr;
+}
+
+// Two threads reopen the same LOST context while a third reads its native context, PD,
+// admission and info: one reopen opens the device once, the other is told BUSY (one runs)
+// or OK (done already, nothing opened again), and the readers see either the old or the new natives, never
+// a torn pair (the swap happens while the context admits nothing). For TSan.
+TEST_F(ContextFaultTest, ConcurrentReopensOneWinsReadersSeeAWholeContext) {
+    Open();
+    ote_context_t *lost = ote_context_set_get(set_, 0);
+    LoseConsumer(v_, set_, lost);
+    std::atomic<bool> stop{false};
+    std::thread reader([&] {
+        while (!stop.load()) {
+            ote_context_info_t info;
+            ote_context_get_info(lost, &info);
+            (void)ote_context_native(lost);
+            (void)ote_context_pd(lost);
+            (void)ote_context_check(lost);
+        }
+    });
+    ote_status_t st[2] = {OTE_ERR_INVALID, OTE_ERR_INVALID};
+    uint64_t opens0 = ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE);
+    std::thread a([&] { st[0] = ote_context_reopen(lost); });
+    std::thread b([&] { st[1] = ote_context_reopen(lost); });
+    a.join();
+    b.join();
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_OPEN_DEVICE), opens0 + 1);
+    EXPECT_EQ(ote_context_resume(lost), OTE_OK);
+    stop.store(true);
+    reader.join();
+    int ok = 0;
+    for (ote_status_t s : st) {
+        if (s == OTE_OK) ok++;
+        else EXPECT_EQ(s, OTE_ERR_BUSY) << ote_status_str(s);
+    }
+    EXPECT_GE(ok, 1);
+    EXPECT_EQ(ote_context_check(lost), OTE_OK);
+    ote_context_info_t info;
+    ote_context_get_info(lost, &info);
+    EXPECT_EQ(info.reopens, 1u);
+}
+
+// A reopen with the buffer manager: the registrations' MRs of the lost context are
+// dropped (deregistered; the other context's stay), and after the reopen republished on
+// the new PD, including a registration made while the context was LOST (it had none
+// there). An MR that will not deregister becomes a counted orphan, which the reclaim
+// deregisters later.
+TEST_F(ContextFaultTest, RegistrationsAreDroppedThenRepublishedOnTheReopenedPd) {
+    Open();
+    ote_context_t *lost = ote_context_set_get(set_, 0), *other = ote_context_set_get(set_, 1);
+    ote_buffer_t *a = nullptr, *b = nullptr;
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data(), 4096, kAccess, &a), OTE_OK);
+    ibv_mr *other_mr = nullptr, *mr = nullptr;
+    ASSERT_EQ(ote_buffer_mr(a, other, &other_mr), OTE_OK);
+    LoseConsumer(v_, set_, lost);
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data() + 8192, 4096, kAccess, &b), OTE_OK);
+    EXPECT_NE(ote_buffer_mr(b, lost, &mr), OTE_OK); // none while LOST
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(v_, OTE_VERBS_FAULT_OP_DEREG_MR, nullptr, 1), OTE_OK);
+    EXPECT_EQ(ote_buffer_manager_drop_context(bm_, lost), 1u);
+    EXPECT_EQ(ote_buffer_manager_retained(bm_), 1u); // the orphan
+    EXPECT_NE(ote_buffer_mr(a, lost, &mr), OTE_OK);
+    ASSERT_EQ(ote_buffer_manager_reclaim(bm_, nullptr), OTE_OK);
+    EXPECT_EQ(ote_buffer_manager_retained(bm_), 0u);
+    ASSERT_EQ(ote_context_reopen(lost), OTE_OK);
+    size_t made = 0;
+    ASSERT_EQ(ote_buffer_manager_republish(bm_, lost, &made), OTE_OK);
+    EXPECT_EQ(made, 2u);
+    // Listed after that republish but before the resume: none there yet; the second
+    // republish (after the resume) gives it one.
+    ote_buffer_t *c = nullptr;
+    ASSERT_EQ(ote_buffer_register(bm_, mem_.data() + 16384, 4096, kAccess, &c), OTE_OK);
+    EXPECT_NE(ote_buffer_mr(c, lost, &mr), OTE_OK);
+    ASSERT_EQ(ote_context_resume(lost), OTE_OK);
+    ASSERT_EQ(ote_buffer_manager_republish(bm_, lost, &made), OTE_OK);
+    EXPECT_EQ(made, 3u);
+    for (ote_buffer_t *buf : {a, b, c}) {
+        ASSERT_EQ(ote_buffer_mr(buf, lost, &mr), OTE_OK);
+        EXPECT_EQ(mr->pd, ote_context_pd(lost));
+    }
+    ibv_mr *still = nullptr;
+    ASSERT_EQ(ote_buffer_mr(a, other, &still), OTE_OK);
+    EXPECT_EQ(still, other_mr); // the other context's MR untouched
+    EXPECT_EQ(ote_buffer_deregister(bm_, a), OTE_OK);
+    EXPECT_EQ(ote_buffer_deregister(bm_, b), OTE_OK);
+    EXPECT_EQ(ote_buffer_deregister(bm_, c), OTE_OK);
+}
+
+// A dma-buf registration (GPUDirect RDMA's shape; a memfd stands in for a GPU's dma-buf)
+// is published anew on the reopened PD from the buffer's own duplicate of the fd: the
+// caller closed its fd right after registering, and the new MR covers the same bytes of
+// the dma-buf at the same iova. The duplicate goes with the buffer.
+TEST_F(ContextFaultTest, DmabufRegistrationRepublishedFromItsOwnFd) {
+    Open();
+    ote_context_t *lost = ote_context_set_get(set_, 0);
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    int fd = memfd_create("dmabuf", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(4 * page)), 0);
+    const int fds0 = ote_test::CountOpenFds();
+    void *iova = reinterpret_cast<void *>(0x7e0000000000ull + page + 123);
+    const size_t len = 2 * page + 5;
+    ote_buffer_t *buf = nullptr;
+    ASSERT_EQ(ote_buffer_register_dmabuf(bm_, iova, len, kAccess, fd, page + 123, &buf), OTE_OK);
+    close(fd);                                 // the caller's; the buffer keeps its own
+    EXPECT_EQ(ote_test::CountOpenFds(), fds0); // the memfd's place taken by the duplicate
+    LoseConsumer(v_, set_, lost);
+    EXPECT_EQ(ote_buffer_manager_drop_context(bm_, lost), 1u);
+    ibv_mr *mr = nullptr;
+    EXPECT_NE(ote_buffer_mr(buf, lost, &mr), OTE_OK);
+    ASSERT_EQ(ote_context_reopen(lost), OTE_OK);
+    ASSERT_EQ(ote_context_resume(lost), OTE_OK);
+    size_t made = 0;
+    ASSERT_EQ(ote_buffer_manager_republish(bm_, lost, &made), OTE_OK);
+    EXPECT_EQ(made, 1u);
+    ASSERT_EQ(ote_buffer_mr(buf, lost, &mr), OTE_OK);
+    EXPECT_EQ(mr->pd, ote_context_pd(lost));
+    EXPECT_EQ(mr->length, len);
+    ibv_mr *found = nullptr;
+    EXPECT_EQ(ote_buffer_manager_find(bm_, iova, len, lost, &found), OTE_OK);
+    EXPECT_EQ(found, mr);
+    EXPECT_EQ(ote_buffer_deregister(bm_, buf), OTE_OK);
+    EXPECT_EQ(ote_test::CountOpenFds(), fds0 - 1); // the duplicate closed with the buffer
+}

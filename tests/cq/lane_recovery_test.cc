@@ -212,3 +212,47 @@ TEST_F(LaneRecoveryTest, OldCqThatWillNotDieIsRetainedAndTheReplacementRetried) 
 }
 
 } // namespace
+
+namespace {
+
+// Across a reopen of the lanes' context (a lost event consumer): a healthy lane is not
+// unbound, a faulted one not while a QP is attached; unbound, each lane has destroyed its
+// two CQs and its channel; after ote_context_reopen, replace makes a new channel and CQs
+// on the new native context, and the namespace registered before gets their completions.
+TEST_F(LaneRecoveryTest, UnbindThenReplaceMovesTheLaneToAReopenedContext) {
+    Record rec;
+    ote_cq_lane_t *lane = lanes_[0];
+    ASSERT_EQ(ote_cq_lane_register_ns(lane, &Record::Fn, &rec, &rec.ns), OTE_OK);
+    EXPECT_EQ(ote_cq_lane_unbind(lane), OTE_ERR_STATE); // healthy
+    RawQp qp;
+    ASSERT_EQ(qp.Create(lane), 0);
+    ASSERT_EQ(ote_cq_lane_attach_qp(lane, qp.Num(), &Forward, nullptr), OTE_OK);
+    {
+        ote_test::ErrorLogsExpected lost_log;
+        ASSERT_EQ(
+            ote_verbs_fault_fail(v_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_NTH, 1, EIO),
+            OTE_OK);
+        (void)ote_context_set_poll_events(set_, nullptr);
+        ote_verbs_fault_clear(v_);
+        ASSERT_EQ(ote_context_state(ctx_), OTE_CONTEXT_LOST);
+        for (auto *l : lanes_) ote_cq_lane_fault(l, ote_context_check(ctx_)); // logged
+    }
+    EXPECT_EQ(ote_cq_lane_unbind(lane), OTE_ERR_BUSY); // a QP attached
+    ote_cq_lane_detach_qp(lane, qp.Num());
+    EXPECT_EQ(qp.Destroy(), 0);
+    ote_verbs_fault_reset_counters(v_);
+    for (auto *l : lanes_) ASSERT_EQ(ote_cq_lane_unbind(l), OTE_OK);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_CQ), 4u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_DESTROY_COMP_CHANNEL), 2u);
+    ASSERT_EQ(ote_context_reopen(ctx_), OTE_OK);
+    for (auto *l : lanes_) ASSERT_EQ(ote_cq_lane_replace(l), OTE_OK);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_COMP_CHANNEL), 2u);
+    EXPECT_EQ(ote_verbs_fault_calls(v_, OTE_VERBS_FAULT_OP_CREATE_CQ), 4u);
+    ASSERT_EQ(ote_context_resume(ctx_), OTE_OK);
+    EXPECT_EQ(ote_cq_lane_native_cq(lane, OTE_CQ_SEND)->context, ote_context_native(ctx_));
+    EXPECT_GE(ote_cq_lane_channel_fd(lane), 0);
+    ExpectWorksAgain(lane, &rec);
+    ote_cq_lane_unregister_ns(lane, rec.ns);
+}
+
+} // namespace

@@ -9,7 +9,9 @@
 //   wire; the QPs of the old route are fenced (that WRITE ends OTE_ERR_FENCED) and rebuilt
 //   on the new route; the next WRITE lands every byte; no MR registered again;
 // - a lost event consumer: the requester's get_async_event fails while a WRITE is on the
-//   wire; the device is fenced, that WRITE ends OTE_ERR_FENCED and no new work starts.
+//   wire; the device is fenced, that WRITE ends OTE_ERR_FENCED, then the monitor reopens
+//   the device (new native context, PD, lanes, MRs) and the next WRITE lands every byte;
+//   a reopen that fails keeps the device fenced and is retried.
 // Transfers are slowed by the source port's egress limit so that the fault meets work in
 // flight. Each test fails without its fix (checked by disabling the monitor's lane and
 // route passes): without lane recovery the broken lane's WRITE ends only at its deadline
@@ -18,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -221,15 +224,18 @@ TEST_F(RdmaRecoveryTest, RouteChangeFencesOldQpsWhichAreRebuiltOnTheNewRoute) {
     ote_batch_t *b = nullptr;
     StartOnTheWire(&b);
     // A new IPv4-mapped RoCE v2 GID at the index the requester routes by (the sim's
-    // default table: index 3), unique to this process.
+    // default table: index 3), random: the sim listens on an abstract socket named by the
+    // GID, and tests run side by side in sandboxes whose PID namespaces give them the same
+    // getpid(), so a pid-derived one collided (EXISTS) when two runs overlapped.
     union ibv_gid gid;
     memset(&gid, 0, sizeof(gid));
     gid.raw[10] = gid.raw[11] = 0xff;
-    uint32_t pid = (uint32_t)getpid();
+    uint8_t rnd[3] = {0, 0, 0};
+    ASSERT_EQ(getrandom(rnd, sizeof(rnd), 0), (ssize_t)sizeof(rnd));
     gid.raw[12] = 172;
-    gid.raw[13] = (uint8_t)(16 + (pid >> 16) % 16);
-    gid.raw[14] = (uint8_t)(pid >> 8);
-    gid.raw[15] = (uint8_t)pid;
+    gid.raw[13] = (uint8_t)(16 + rnd[0] % 16);
+    gid.raw[14] = rnd[1];
+    gid.raw[15] = rnd[2];
     ote_test::ErrorLogsExpected fault_logs;
     ASSERT_EQ(ote_sim_set_gid(ote_verbs_fault_inner(vr_), "sim0", 1, 3, &gid, IBV_GID_TYPE_ROCE_V2),
               OTE_OK);
@@ -245,12 +251,18 @@ TEST_F(RdmaRecoveryTest, RouteChangeFencesOldQpsWhichAreRebuiltOnTheNewRoute) {
 }
 
 // Lost event consumer (item 3): the requester's get_async_event fails (EIO) while a WRITE
-// is on the wire. Its only data device is fenced: that WRITE ends OTE_ERR_FENCED (its QP
-// fenced with the context's status), and no new work starts there (a later WRITE fails,
-// no QP is built for it). Without the fence the failure was only logged: the WRITE
-// completed and later ones kept using a device whose events went unseen.
-TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceAndEndsItsWork) {
+// is on the wire. Its only data device is fenced: that WRITE ends OTE_ERR_FENCED (EIO: its
+// QP fenced with the context's status). Once its work drained, the monitor destroys what
+// it built on the old native context, reopens the device (one more open_device and
+// alloc_pd) and makes its lanes and the registrations' MRs anew (the requester's
+// registered buffer is registered again: the new PD needs its own MR); the next WRITEs
+// land every byte. Without the reopen the device stayed fenced for the engine's life and
+// every later WRITE failed.
+TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceThenItIsReopened) {
     WriteChecked(1);
+    uint64_t opens0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_OPEN_DEVICE);
+    uint64_t pds0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_ALLOC_PD);
+    uint64_t regs0 = ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_REG_MR);
     Slow(true);
     ote_batch_t *b = nullptr;
     StartOnTheWire(&b);
@@ -261,14 +273,66 @@ TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceAndEndsItsWork) {
     EXPECT_EQ(st, ote_status_make(OTE_ERR_FENCED, EIO)) << ote_status_str(st);
     Slow(false);
     EXPECT_EQ(ote_verbs_fault_injected(vr_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT), 1u);
-    // (The source's memory is not looked at: the fenced WRITE's last bytes may still land
-    // there, as after any failed WRITE.) A new WRITE fails without a QP built for it.
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().device_reopens >= 1; },
+                                    std::chrono::seconds(30), "the device reopened"));
+    EXPECT_EQ(Req().device_reopen_failures, 0u);
+    EXPECT_EQ(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_OPEN_DEVICE), opens0 + 1);
+    EXPECT_EQ(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_ALLOC_PD), pds0 + 1);
+    EXPECT_GT(ote_verbs_fault_calls(vr_, OTE_VERBS_FAULT_OP_REG_MR), regs0);
+    uint64_t builds0 = Req().qp_builds;
+    WriteChecked(2);
+    WriteChecked(3);
+    EXPECT_GT(Req().qp_builds, builds0) << "no QP built on the reopened device";
+}
+
+// The reopen fails (open_device ENODEV, every try): the device stays fenced, a new WRITE
+// fails without a QP built for it, and the reopen is retried (after a backoff: two
+// failures counted); once the device opens again the next try succeeds and WRITEs land.
+TEST_F(RdmaRecoveryTest, FailingReopenKeepsTheDeviceFencedAndIsRetried) {
+    WriteChecked(1);
+    ote_test::ErrorLogsExpected fault_logs;
+    ASSERT_EQ(ote_verbs_fault_fail(vr_, OTE_VERBS_FAULT_OP_OPEN_DEVICE, OTE_FAULT_EVERY, 0, ENODEV),
+              OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(vr_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_NTH, 1, EIO),
+              OTE_OK);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().device_reopen_failures >= 2; },
+                                    std::chrono::seconds(30), "two failed reopens"));
     uint64_t builds0 = Req().qp_builds;
     Fill(7);
+    ote_batch_t *b = nullptr;
     ASSERT_EQ(Start(&b), OTE_OK);
-    st = End(b);
+    ote_status_t st = End(b);
     EXPECT_NE(st, OTE_OK) << "new work started on a device whose events go unseen";
     EXPECT_EQ(Req().qp_builds, builds0) << "a QP was built on the fenced device";
+    EXPECT_EQ(Req().device_reopens, 0u);
+    ote_verbs_fault_clear(vr_);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().device_reopens >= 1; },
+                                    std::chrono::seconds(30), "the device reopened"));
+    WriteChecked(2);
+}
+
+// The old PD will not be deallocated after the reopen (EBUSY, as while something of the
+// old device context still lived on it): the device is reopened anyway on a new PD and
+// WRITEs land, the old PD stays retained (counted), and the engine's destroy answers
+// OTE_ERR_RETAINED until the driver lets it go; then a second destroy releases it.
+TEST_F(RdmaRecoveryTest, OldPdThatWillNotGoIsRetainedUntilTheEngineDestroyReleasesIt) {
+    WriteChecked(1);
+    ote_test::ErrorLogsExpected fault_logs;
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(vr_, OTE_VERBS_FAULT_OP_DEALLOC_PD, nullptr, 1000000),
+              OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(vr_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_NTH, 1, EIO),
+              OTE_OK);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().device_reopens >= 1; },
+                                    std::chrono::seconds(30), "the device reopened"));
+    WriteChecked(2);
+    EXPECT_GE(ote_retained_total(), retained0_ + 1) << "the old PD was not kept";
+    EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+    seg_ = nullptr;
+    EXPECT_EQ(ote_memory_unregister(req_, out_.data()), OTE_OK);
+    EXPECT_EQ(ote_status_code(ote_engine_destroy(req_)), OTE_ERR_RETAINED);
+    ASSERT_EQ(ote_verbs_fault_destroy_busy(vr_, OTE_VERBS_FAULT_OP_DEALLOC_PD, nullptr, 0), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+    req_ = nullptr;
 }
 
 // Teardown (item 4): a registration whose second MR fails rolls back the first, and that

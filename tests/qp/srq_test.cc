@@ -338,3 +338,42 @@ TEST_F(SrqTest, FaultPointFailsCreateBeforeAnythingIsMade) {
 }
 
 } // namespace
+
+namespace {
+
+// Unbind and rebind (the reopen of its context, engine/rdma/rdma_reopen.c): refused while
+// a QP is attached (and a bound SRQ is not rebound); unbound, it holds no posted slot and
+// no receive-CQ charge; rebound (here on the same context's PD) it posts every slot again
+// and a new QP on it receives.
+TEST_F(SrqTest, UnbindThenRebindMakesItsNativesAnew) {
+    ASSERT_NO_FATAL_FAILURE(MakeSrq(4));
+    Inbox in;
+    ote_qp_t *r = SrqQp(&in);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(ote_srq_unbind(srq_), OTE_ERR_BUSY);
+    EXPECT_EQ(ote_srq_rebind(srq_), OTE_ERR_STATE);
+    ASSERT_EQ(ote_qp_destroy(r, Soon()), OTE_OK);
+    Forget(r);
+    ASSERT_EQ(ote_srq_unbind(srq_), OTE_OK);
+    ote_srq_stats_t st;
+    ote_srq_get_stats(srq_, &st);
+    EXPECT_EQ(st.posted, 0u);
+    EXPECT_EQ(ote_cq_lane_outstanding(lane_[1], OTE_CQ_RECV), 0u) << "its charges went back";
+    ASSERT_EQ(ote_srq_rebind(srq_), OTE_OK);
+    ote_srq_get_stats(srq_, &st);
+    EXPECT_EQ(st.posted, 4u);
+    EXPECT_EQ(ote_cq_lane_outstanding(lane_[1], OTE_CQ_RECV), 4u);
+    ote_qp_t *s = MakeQp(0, Config(16));
+    r = SrqQp(&in);
+    ASSERT_TRUE(s && r);
+    ASSERT_EQ(ConnectPair(s, r), OTE_OK);
+    ASSERT_EQ(ote_qp_rq_admit(r), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(Send(s, "after the rebind", 7));
+    Want w{&in, 1};
+    ASSERT_EQ(ote_cq_lane_progress(lane_[1], &Want::Reached, &w, Soon()), OTE_OK);
+    ote_qp_rq_unadmit(r);
+    ASSERT_EQ(in.msgs.size(), 1u);
+    EXPECT_EQ(in.msgs[0].second, "after the rebind");
+}
+
+} // namespace
