@@ -64,13 +64,25 @@ ote_status_t ote__acct_hold(ote__acct_t *a, uint64_t len) {
     return OTE_OK;
 }
 
-ote__acct_t *ote__acct_settle(ote__acct_set_t *set, ote__acct_t *a, uint64_t seen, uint64_t done) {
-    a->left -= seen < a->left ? seen : a->left;
-    a->held -= done < a->held ? done : a->held;
-    if (a->left != 0 || a->held != 0) return NULL;
+/* a unlinked when nothing of it is left to come, held or staging. */
+static ote__acct_t *maybe_end(ote__acct_set_t *set, ote__acct_t *a) {
+    if (a->left != 0 || a->held != 0 || a->staging != 0) return NULL;
     HASH_DEL(set->by_key, a);
     set->n--;
     return a;
+}
+
+ote__acct_t *ote__acct_settle(ote__acct_set_t *set, ote__acct_t *a, uint64_t seen, uint64_t done) {
+    a->left -= seen < a->left ? seen : a->left;
+    a->held -= done < a->held ? done : a->held;
+    return maybe_end(set, a);
+}
+
+void ote__acct_stage(ote__acct_t *a, uint64_t len) { a->staging += len; }
+
+ote__acct_t *ote__acct_unstage(ote__acct_set_t *set, ote__acct_t *a, uint64_t len) {
+    a->staging -= len < a->staging ? len : a->staging;
+    return maybe_end(set, a);
 }
 
 void ote__acct_free(ote__acct_t *a) { ote_free(a); }
@@ -83,7 +95,7 @@ size_t ote__acct_end_scope(ote__acct_set_t *set, uint64_t scope, int all, int dr
         if (!all && a->key.scope != scope) continue;
         a->left = 0; /* nothing more will come */
         if (drop_held) a->held = 0;
-        if (a->held != 0) continue; /* ends with its last piece */
+        if (a->held != 0 || a->staging != 0) continue; /* ends with its last piece */
         HASH_DEL(set->by_key, a);
         set->n--;
         end(arg, a);

@@ -52,6 +52,8 @@ typedef struct ote__acct {
     uint32_t op;            /* the first piece's operation (transport-defined, nonzero) */
     uint64_t left;          /* bytes not yet seen (arrived as a piece, or written off) */
     uint64_t held;          /* bytes of pieces being served now */
+    uint64_t staging;       /* bytes of pieces whose bytes are being staged (copied to a
+                             * bounce) before they are held: the account lives on */
     int canceled;           /* the requester canceled it (atomic: ote__acct_cancel/_canceled) */
     int mode;               /* the transport's: how the request is served (e.g. staged) */
     struct ote__acct *link; /* free for the transport's use once the account ended */
@@ -86,10 +88,17 @@ ote_status_t ote__acct_hold(ote__acct_t *a, uint64_t len);
  * pin (no lock held) and frees it with ote__acct_free. NULL while it lives on. */
 ote__acct_t *ote__acct_settle(ote__acct_set_t *set, ote__acct_t *a, uint64_t seen, uint64_t done);
 void ote__acct_free(ote__acct_t *a);
+/* A piece of len bytes is being staged (its copy runs without the caller's lock): the
+ * account cannot end, whatever is settled meanwhile (a write-off of the request, the end
+ * of its scope), until ote__acct_unstage of the same len. */
+void ote__acct_stage(ote__acct_t *a, uint64_t len);
+/* The staging of len bytes ended (the piece was held, refused or settled meanwhile): like
+ * ote__acct_settle, a that ends now is unlinked and returned, else NULL. */
+ote__acct_t *ote__acct_unstage(ote__acct_set_t *set, ote__acct_t *a, uint64_t len);
 /* Ends the accounts of scope (every scope: all != 0): nothing more will come, so each one
  * nothing holds is unlinked and handed to end(arg, a) (which releases its pin and frees
- * it); with drop_held also those still held (no piece is left: teardown). Returns how
- * many ended. end runs under the caller's lock: it may collect, not call the engine. */
+ * it); with drop_held also those still held (no piece is left: teardown); never one
+ * staging (it ends at its ote__acct_unstage). Returns how many ended. end runs under the caller's lock: it may collect, not call the engine. */
 size_t ote__acct_end_scope(ote__acct_set_t *set, uint64_t scope, int all, int drop_held,
                            void (*end)(void *arg, ote__acct_t *a), void *arg);
 

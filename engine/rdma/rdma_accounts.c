@@ -93,8 +93,30 @@ static ote_status_t host_mode(conn_t *c, const ote_rp_msg_t *rq, const acct_t *a
     return OTE_ERR_UNSUPPORTED;
 }
 
+/* A file registration (docs/files.md, "Peers"): always through bounce buffers that the
+ * file owner fills and writes (rdma_stage.c), so only for a requester that takes staged
+ * answers, over a device with type-2 windows; otherwise refused, naming why. */
+static ote_status_t file_mode(conn_t *c, const ote_rp_msg_t *rq, const acct_t *a, int *mode_out) {
+    const char *why = NULL;
+    if ((rq->u.grant.flags & OTE_RP_GF_STAGE) == 0)
+        why = "a requester that takes staged answers (an older engine: reach it over tcp or shm)";
+    else if (!c->tp->have_mw)
+        why = "type-2 memory windows over the bounce buffers, which a data device here lacks";
+    if (why == NULL) {
+        *mode_out = SERVE_STAGED;
+        return OTE_OK;
+    }
+    OTE_WARN_LIMITED("rdma",
+                     "refused %s request of %llu bytes at 0x%llx from %s: a file registration "
+                     "is served through bounce buffers, which needs %s",
+                     a->op == OTE_GRANT_WRITE ? "WRITE" : "READ", (unsigned long long)a->req_len,
+                     (unsigned long long)a->req_addr, c->peer_addr, why);
+    return OTE_ERR_UNSUPPORTED;
+}
+
 /* The first grant's check of the request's extent (no lock held; the connection's one
- * server thread): the engine's pin, then how the request is served. Device memory goes
+ * server thread): the engine's pin (file registrations too: OTE__PIN_FILE, served staged
+ * by file_mode), then how the request is served. Device memory goes
  * on direct slots (GPUDirect source grants) when the requester takes them and a dma-buf
  * of the range is here (and so does host memory granted by exact MRs: host_mode), else
  * through bounce buffers when the requester takes staged answers (whether gpu_paths
@@ -105,7 +127,8 @@ static ote_status_t acct_check(conn_t *c, const ote_rp_msg_t *rq, acct_t *a, voi
     rdma_tp_t *tp = c->tp;
     unsigned perm = a->op == OTE_GRANT_WRITE ? OTE_PERM_WRITE : OTE_PERM_READ;
     void *pin = NULL;
-    ote_status_t pst = tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm, &pin);
+    ote_status_t pst =
+        tp->host.pin(tp->host.arg, a->req_addr, a->req_len, perm | OTE__PIN_FILE, &pin);
     const char *what = a->op == OTE_GRANT_WRITE ? "WRITE" : "READ";
     *mode_out = SERVE_WINDOW;
     if (pst != OTE_OK) {
@@ -115,7 +138,8 @@ static ote_status_t acct_check(conn_t *c, const ote_rp_msg_t *rq, acct_t *a, voi
         return pst;
     }
     if (!OTE_MEM_IS_CUDA(ote__pin_kind(pin))) {
-        ote_status_t hst = host_mode(c, rq, a, mode_out);
+        ote_status_t hst = ote__pin_kind(pin) == OTE_MEM_FILE ? file_mode(c, rq, a, mode_out)
+                                                              : host_mode(c, rq, a, mode_out);
         if (hst != OTE_OK) {
             tp->host.unpin(tp->host.arg, pin);
             return hst;
@@ -213,6 +237,19 @@ void ote__rdma_acct_hold(rdma_tp_t *tp, acct_t *a, uint64_t len) {
 void ote__rdma_acct_settle(rdma_tp_t *tp, acct_t *a, uint64_t seen, uint64_t done) {
     ote_mutex_lock(&tp->mu);
     acct_t *end = ote__acct_settle(&tp->accts, a, seen, done);
+    ote_mutex_unlock(&tp->mu);
+    acct_free(tp, end);
+}
+
+void ote__rdma_acct_stage(rdma_tp_t *tp, acct_t *a, uint64_t len) {
+    ote_mutex_lock(&tp->mu);
+    ote__acct_stage(a, len);
+    ote_mutex_unlock(&tp->mu);
+}
+
+void ote__rdma_acct_unstage(rdma_tp_t *tp, acct_t *a, uint64_t len) {
+    ote_mutex_lock(&tp->mu);
+    acct_t *end = ote__acct_unstage(&tp->accts, a, len);
     ote_mutex_unlock(&tp->mu);
     acct_free(tp, end);
 }

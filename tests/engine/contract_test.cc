@@ -60,19 +60,23 @@ class ContractTest : public ote_test::TargetE2eTest,
             if (!l.empty() && l[0] == 'W') n++;
         return n;
     }
-    // Submit n requests of len bytes (op) at rw + (i % spread) * len from one local buffer.
+    // Submit n requests of len bytes (op) at rw + (i % spread) * len, request i at local +
+    // (i % spread) * local_step (READs: into bytes of their own, since two READs in flight
+    // into the same bytes race: the sim writes each connection's payload on its own thread).
     size_t list_size() {
         size_t n = 0;
         EXPECT_EQ(ote_segment_buffers(seg_, nullptr, 0, &n), OTE_ERR_TOO_BIG);
         return n;
     }
-    ote_batch_t *Submit(ote_opcode_t op, uint8_t *local, size_t len, int n, int spread) {
+    ote_batch_t *Submit(ote_opcode_t op, uint8_t *local, size_t len, int n, int spread,
+                        size_t local_step = 0) {
         ote_batch_t *b = nullptr;
         EXPECT_EQ(ote_batch_create(engine_, n, &b), OTE_OK);
         if (b == nullptr) return nullptr;
         std::vector<ote_request_t> r;
         for (int i = 0; i < n; i++)
-            r.push_back({op, local, seg_, target_.rw + (i % spread) * len, len});
+            r.push_back({op, local + (i % spread) * local_step, seg_,
+                         target_.rw + (i % spread) * len, len});
         EXPECT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
         return b;
     }
@@ -164,7 +168,8 @@ TEST_P(ContractTest, RequestersOwnRegistrationIsBusyWhileARequestUsesIt) {
         uint8_t *reg = local.data() + 4096; // the request uses the registration's middle
         ASSERT_EQ(ote_memory_register(engine_, reg, len, OTE_PERM_READ | OTE_PERM_WRITE), OTE_OK);
         ASSERT_TRUE(target_.Stop());
-        ote_batch_t *b = Submit(op, reg + 4096, len / 2, 2, 2);
+        // Two requests, each on bytes of its own in the registration's middle.
+        ote_batch_t *b = Submit(op, reg + 4096, len / 2 - 4096, 2, 2, len / 2);
         ASSERT_NE(b, nullptr);
         EXPECT_EQ(ote_memory_unregister(engine_, reg), OTE_ERR_BUSY);
         ASSERT_TRUE(target_.Cont());
@@ -227,11 +232,13 @@ TEST_P(ContractTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
 // Point 4: cancel stops what is not on the wire yet, for WRITE and for READ.
 TEST_P(ContractTest, CancelStopsWriteAndReadWorkNotOnTheWire) {
     constexpr int kN = 32;
-    size_t len = 16u << 20;
-    std::vector<uint8_t> local(len, 7);
+    std::vector<uint8_t> local(64u << 20, 7);
     for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
         const char *name = op == OTE_WRITE ? "WRITE" : "READ";
-        ote_batch_t *b = Submit(op, local.data(), len, kN, 4);
+        // 16 MiB each; WRITEs from one buffer, READs into four (at most 64 MiB of one peer
+        // is in flight over rdma, so READs in flight at once land on bytes of their own).
+        const size_t len = 16u << 20;
+        ote_batch_t *b = Submit(op, local.data(), len, kN, 4, op == OTE_WRITE ? 0 : len);
         ASSERT_NE(b, nullptr);
         uint64_t t0 = ote_now_ns();
         ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
@@ -344,15 +351,17 @@ TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
 // the moment the batch's notification arrives, and that succeeds every time.
 TEST_P(ContractTest, UnregisterOnTheNotificationSucceeds) {
     size_t len = 8u << 20;
-    std::vector<uint8_t> src(len);
-    ote_pattern_fill(src.data(), len, 77, 0);
+    // Each request on bytes of its own: a READ into the buffer that a WRITE in flight
+    // sends from (or another READ fills) would race.
+    std::vector<uint8_t> src(4 * len);
+    ote_pattern_fill(src.data(), src.size(), 77, 0);
     for (int round = 0; round < 5; round++) {
         ote_batch_t *b = nullptr;
         ASSERT_EQ(ote_batch_create(engine_, 4, &b), OTE_OK);
         ASSERT_TRUE(target_.Send("recvunreg 30000"));
         std::vector<ote_request_t> r;
         for (int i = 0; i < 4; i++)
-            r.push_back({i % 2 ? OTE_READ : OTE_WRITE, src.data(), seg_,
+            r.push_back({i % 2 ? OTE_READ : OTE_WRITE, src.data() + (uint64_t)i * len, seg_,
                          target_.rw + (uint64_t)i * len, len});
         ASSERT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
         ASSERT_EQ(ote_batch_notify(b, seg_, "done", 4), OTE_OK);

@@ -16,7 +16,9 @@
  *   unregloop <ms>                  -> ST <ok> <busy>  unregister rw again and again for ms
  *                                      (registering it again after each success)
  *   pull <host:port> <addr> <len> <n> -> STARTED | ST <code>  n READs of len bytes at addr
- *                                      of that engine into rw, submitted, answered once
+ *                                      of that engine, each into its own len bytes of a
+ *                                      registered n * len mapping (no two READs in flight
+ *                                      write the same bytes), submitted, answered once
  *                                      some bytes arrived (so that the source has taken
  *                                      them: 30 s at most, else ST <OTE_ERR_TIMEOUT>), not
  *                                      waited for (the process is meant to be killed
@@ -85,23 +87,30 @@ static int pull_moved(ote_batch_t *b, unsigned long long n) {
     return 0;
 }
 
-/* pull: n READs from another engine into rw, left running. The segment and batch stay
- * open (the process is killed while they run). The reply comes once bytes arrived, so the
- * source is serving (and has pinned) them when the caller acts on it, however slowly
- * either process runs; a fixed pause instead was a guess. Returns the reply line. */
-static const char *pull(ote_engine_t *e, const char *line, const buf_t *rw) {
+/* pull: n READs from another engine, left running, each into its own len bytes of a
+ * mapping of n * len registered for them (MAP_NORESERVE: only what arrives is touched).
+ * READs in flight into the same bytes would race (the sim writes each connection's
+ * payload on that connection's thread: ThreadSanitizer saw it). The segment, batch and
+ * mapping stay (the process is killed while they run). The reply comes once bytes
+ * arrived, so the source is serving (and has pinned) them when the caller acts on it,
+ * however slowly either process runs; a fixed pause instead was a guess. */
+static const char *pull(ote_engine_t *e, const char *line) {
     static char reply[32];
     char cmd[16], peer[300];
     unsigned long long addr = 0, len = 0, n = 0;
     if (sscanf(line, "%15s %299s %llu %llu %llu", cmd, peer, &addr, &len, &n) != 5 || len == 0 ||
-        len > rw->len || n == 0 || n > 1024)
+        len > (1ull << 30) || n == 0 || n > 1024)
         return "ERR bad pull";
+    uint8_t *dst = mmap(NULL, n * len, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (dst == MAP_FAILED) return "ERR pull: mmap";
     ote_segment_t *seg = NULL;
     ote_batch_t *b = NULL;
-    ote_status_t st = ote_segment_open(e, peer, &seg);
+    ote_status_t st = ote_memory_register(e, dst, n * len, OTE_PERM_READ | OTE_PERM_WRITE);
+    if (st == OTE_OK) st = ote_segment_open(e, peer, &seg);
     if (st == OTE_OK) st = ote_batch_create(e, n, &b);
     for (unsigned long long i = 0; st == OTE_OK && i < n; i++) {
-        ote_request_t r = {OTE_READ, rw->p, seg, addr, len};
+        ote_request_t r = {OTE_READ, dst + i * len, seg, addr, len};
         st = ote_batch_submit(b, &r, 1);
     }
     if (st != OTE_OK) {
@@ -241,7 +250,7 @@ int main(int argc, char **argv) {
         } else if (strcmp(cmd, "rereg") == 0 && bf) {
             printf("ST %d\n", ote_memory_register_named(e, bf->p, bf->len, bf->perms, bf->name));
         } else if (strcmp(cmd, "pull") == 0) {
-            printf("%s\n", pull(e, line, &bufs[0]));
+            printf("%s\n", pull(e, line));
         } else if (strcmp(cmd, "stat") == 0) {
             printf("%s\n", stat_line());
         } else if (strcmp(cmd, "hostile") == 0) {

@@ -117,6 +117,33 @@ TEST_F(SrcAccountTest, HeldAndSeenBytesEndItExactlyAtTheLastByte) {
     EXPECT_EQ(b->opened, 0);
 }
 
+// A piece being staged (its copy runs outside the caller's lock, and the copy's end uses
+// the account): a write-off of the whole request, or its scope's end, does not end the
+// account; the unstage does, once nothing else is left or held.
+TEST_F(SrcAccountTest, AStagingPieceKeepsItUntilItsUnstage) {
+    ote__acct_t *a = Get(1, 1, 200);
+    int first = 0;
+    ASSERT_EQ(ote__acct_admit(a, 0x1000, 200, 2, 100, &first), OTE_OK);
+    ote__acct_open(a, OTE_OK, &pin_);
+    ote__acct_stage(a, 100);
+    EXPECT_EQ(ote__acct_settle(&set_, a, 200, 0), nullptr); // all written off: staging
+    ote__acct_t *ended = nullptr;
+    EXPECT_EQ(ote__acct_end_scope(&set_, 1, 0, 1, Collect, &ended), 0u); // not even teardown
+    EXPECT_EQ(ote__acct_find(&set_, 1, 1), a);
+    EXPECT_EQ(ote__acct_unstage(&set_, a, 100), a); // its copy ended: now it goes
+    EXPECT_EQ(ote__acct_find(&set_, 1, 1), nullptr);
+    ote__acct_free(a);
+    // Staged, then held by its serve: the unstage leaves it to the held piece.
+    ote__acct_t *b = Get(1, 2, 100);
+    ASSERT_EQ(ote__acct_admit(b, 0x2000, 100, 2, 100, &first), OTE_OK);
+    ote__acct_open(b, OTE_OK, &pin_);
+    ote__acct_stage(b, 100);
+    ASSERT_EQ(ote__acct_hold(b, 100), OTE_OK);
+    EXPECT_EQ(ote__acct_unstage(&set_, b, 100), nullptr);
+    EXPECT_EQ(ote__acct_settle(&set_, b, 0, 100), b);
+    ote__acct_free(b);
+}
+
 TEST_F(SrcAccountTest, ACancelAnswersLaterPieces) {
     ote__acct_t *a = Get(1, 1, 200);
     int first = 0;
