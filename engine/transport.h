@@ -244,6 +244,15 @@ typedef struct {
                                void **tok_out);
     ote_status_t (*bounce_copy)(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len);
     void (*bounce_put)(void *arg, void *tok);
+    /* bounce_copy's read (to_file 0) without waiting: queued on the file owner's I/O
+     * engine (io_uring, or its thread pool) with deadline dl (TIMEOUT when it passes).
+     * OTE_OK: done(done_arg, status) runs exactly once later, on the owner's reaper or a
+     * pool thread (rarely on the caller's, before this returns); until then the bounce is
+     * neither read nor put, and the registration stays in use (unregister is BUSY) even
+     * if the caller drops its pin. Any other answer: nothing started, done never runs. */
+    ote_status_t (*bounce_read_start)(void *arg, void *tok, uint64_t addr, uint32_t len,
+                                      ote_deadline_t dl, void (*done)(void *, ote_status_t),
+                                      void *done_arg);
 } ote__file_ops_t;
 
 /* Services of the engine that the source side of a transport uses. */

@@ -105,6 +105,7 @@ static int discover_buffer(initiator_t *in) {
         in->rlen = bufs[i].length;
         in->remote_mem = OTE_MEM_IS_CUDA(bufs[i].kind)
                              ? BENCH_MEM_CUDA(OTE_MEM_CUDA_DEVICE(bufs[i].kind))
+                         : bufs[i].kind == OTE_MEM_FILE ? BENCH_MEM_FILE /* listed since v4 */
                          : in->remote_mem == BENCH_MEM_THP || in->remote_mem == BENCH_MEM_SHARED
                              ? in->remote_mem /* as asked */
                              : BENCH_MEM_HOST;

@@ -91,16 +91,18 @@ int ote_ctl_buf_kind_ok(uint32_t kind) {
            (kind >= OTE_CTL_BUF_KIND_CUDA && kind <= OTE_CTL_BUF_KIND_MAX);
 }
 
-static int buf_entry_ok(const ote_ctl_buf_t *b, size_t name_len) {
+/* file_ok: the entry may be a file registration's (a BUFS frame of version >= 4). */
+static int buf_entry_ok(const ote_ctl_buf_t *b, size_t name_len, int file_ok) {
     return b->len != 0 && b->addr <= UINT64_MAX - b->len && b->perms != 0 &&
-           (b->perms & ~OTE_CTL_BUF_PERMS) == 0 && ote_ctl_buf_kind_ok(b->kind) &&
+           (b->perms & ~OTE_CTL_BUF_PERMS) == 0 &&
+           (ote_ctl_buf_kind_ok(b->kind) || (file_ok && b->kind == OTE_CTL_BUF_KIND_FILE)) &&
            (name_len == 0 || ote_ctl_buf_name_ok(b->name, name_len));
 }
 
 ote_status_t ote_ctl_buf_put(uint8_t *dst, const ote_ctl_buf_t *b) {
     if (dst == NULL || b == NULL) return OTE_ERR_INVALID;
     const char *nul = memchr(b->name, '\0', sizeof(b->name));
-    if (nul == NULL || !buf_entry_ok(b, (size_t)(nul - b->name))) return OTE_ERR_INVALID;
+    if (nul == NULL || !buf_entry_ok(b, (size_t)(nul - b->name), 1)) return OTE_ERR_INVALID;
     ote_le_put64(dst, b->addr);
     ote_le_put64(dst + 8, b->len);
     ote_le_put32(dst + 16, b->perms);
@@ -110,8 +112,9 @@ ote_status_t ote_ctl_buf_put(uint8_t *dst, const ote_ctl_buf_t *b) {
     return OTE_OK;
 }
 
-/* One entry from the wire; OTE_ERR_PROTOCOL when malformed. */
-static ote_status_t buf_parse(const uint8_t *p, ote_ctl_buf_t *out) {
+/* One entry from the wire (a file registration's only with file_ok);
+ * OTE_ERR_PROTOCOL when malformed. */
+static ote_status_t buf_parse(const uint8_t *p, ote_ctl_buf_t *out, int file_ok) {
     ote_ctl_buf_t b;
     b.addr = ote_le_get64(p);
     b.len = ote_le_get64(p + 8);
@@ -123,7 +126,7 @@ static ote_status_t buf_parse(const uint8_t *p, ote_ctl_buf_t *out) {
     size_t nl = (size_t)(nul - b.name);
     for (size_t i = nl; i < OTE_CTL_BUF_NAME_LEN; i++)
         if (b.name[i] != '\0') return OTE_ERR_PROTOCOL; /* padding is NULs only */
-    if (!buf_entry_ok(&b, nl)) return OTE_ERR_PROTOCOL;
+    if (!buf_entry_ok(&b, nl, file_ok)) return OTE_ERR_PROTOCOL;
     *out = b;
     return OTE_OK;
 }
@@ -138,7 +141,8 @@ static ote_status_t decode_bufs(const uint8_t *b, uint32_t body_len, ote_ctl_msg
     m->u.bufs.entries = b + 8;
     for (uint32_t i = 0; i < n; i++) {
         ote_ctl_buf_t e;
-        if (buf_parse(b + 8 + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &e) != OTE_OK)
+        if (buf_parse(b + 8 + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &e,
+                      m->version >= OTE_CTL_FILES_VERSION) != OTE_OK)
             return OTE_ERR_PROTOCOL;
     }
     return OTE_OK;
@@ -148,7 +152,8 @@ ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *
     if (m == NULL || out == NULL || m->opcode != OTE_CTL_BUFS || m->status != OTE_OK ||
         i >= m->u.bufs.count)
         return OTE_ERR_INVALID;
-    ote_status_t st = buf_parse(m->u.bufs.entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out);
+    ote_status_t st = buf_parse(m->u.bufs.entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out,
+                                m->version >= OTE_CTL_FILES_VERSION);
     return st == OTE_OK ? OTE_OK : OTE_ERR_INVALID;
 }
 
@@ -186,7 +191,8 @@ ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoc
     }
     uint8_t *ent = out + OTE_CTL_MD_HDR_LEN + an;
     for (uint32_t i = 0; i < n; i++)
-        if (ote_ctl_buf_put(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]) != OTE_OK)
+        if (!ote_ctl_buf_kind_ok(bufs[i].kind) || /* a blob lists no file registration */
+            ote_ctl_buf_put(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]) != OTE_OK)
             return OTE_ERR_INVALID;
     ote_le_put32(out, OTE_CTL_MD_MAGIC);
     ote_le_put16(out + 4, nn != 0 ? OTE_CTL_MD_VERSION_NAMED : OTE_CTL_MD_VERSION);
@@ -224,7 +230,7 @@ ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out)
     const uint8_t *ent = in + OTE_CTL_MD_HDR_LEN + an;
     for (uint32_t i = 0; i < n; i++) {
         ote_ctl_buf_t b;
-        if (buf_parse(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &b) != OTE_OK)
+        if (buf_parse(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &b, 0) != OTE_OK)
             return OTE_ERR_PROTOCOL;
     }
     out->epoch = epoch;
@@ -239,7 +245,7 @@ ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out)
 
 ote_status_t ote_ctl_md_buf(const ote_ctl_md_t *md, uint32_t i, ote_ctl_buf_t *out) {
     if (md == NULL || out == NULL || i >= md->count) return OTE_ERR_INVALID;
-    ote_status_t st = buf_parse(md->entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out);
+    ote_status_t st = buf_parse(md->entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out, 0);
     return st == OTE_OK ? OTE_OK : OTE_ERR_INVALID;
 }
 
@@ -540,6 +546,11 @@ static ote_status_t encode_size(const ote_ctl_msg_t *m, uint32_t *body, uint32_t
             if (m->u.bufs.count > OTE_CTL_BUFS_MAX || m->u.bufs.count > m->u.bufs.total ||
                 (m->u.bufs.count > 0 && m->u.bufs.entries == NULL))
                 return OTE_ERR_INVALID;
+            /* A file registration only where the requester speaks version 4. */
+            for (uint32_t i = 0; m->version < OTE_CTL_FILES_VERSION && i < m->u.bufs.count; i++)
+                if (ote_le_get32(m->u.bufs.entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN + 20) ==
+                    OTE_CTL_BUF_KIND_FILE)
+                    return OTE_ERR_INVALID;
             *body = 8 + m->u.bufs.count * OTE_CTL_BUF_ENTRY_LEN;
             break;
         case OTE_CTL_AUTH:

@@ -49,8 +49,13 @@ extern "C" {
  * source checks and pins the whole request, not the slice, before any byte moves. */
 /* Version 3 adds the AUTH frame (authentication, engine/control/auth.h): a source with a
  * key refuses a requester that does not speak it. */
-#define OTE_CTL_VERSION_MAX 3
-#define OTE_CTL_AUTH_VERSION 3 /* the version AUTH frames are written in (and at least) */
+/* Version 4 lets a BUFS frame list file registrations (OTE_CTL_BUF_KIND_FILE,
+ * docs/files.md): a source lists them only in a frame of version >= 4 (a connection
+ * whose requester speaks it), and the decoder refuses the kind in a frame below it, as
+ * every engine before version 4 does, so that no such peer ever meets one. */
+#define OTE_CTL_VERSION_MAX 4
+#define OTE_CTL_FILES_VERSION 4 /* BUFS entries of kind OTE_CTL_BUF_KIND_FILE, at least */
+#define OTE_CTL_AUTH_VERSION 3  /* the version AUTH frames are written in (and at least) */
 #define OTE_CTL_HDR_LEN 24u
 #define OTE_CTL_RW_BODY_LEN 16u /* version 1: remote addr u64, length u32, flags u32 */
 #define OTE_CTL_RW_FRAME_LEN (OTE_CTL_HDR_LEN + OTE_CTL_RW_BODY_LEN)
@@ -119,7 +124,8 @@ typedef enum {
      * OTE_CTL_BUFS_MAX; the source lists its count lowest addresses), then count entries
      * of OTE_CTL_BUF_ENTRY_LEN bytes: addr u64, len u64 (nonzero, addr + len does not
      * wrap), perms u32 (nonzero, inside OTE_CTL_BUF_PERMS), kind u32 (<=
-     * OTE_CTL_BUF_KIND_MAX; 0: host memory), name 64 bytes (printable ASCII, then a NUL,
+     * OTE_CTL_BUF_KIND_MAX; 0: host memory; OTE_CTL_BUF_KIND_FILE only in version >= 4),
+     * name 64 bytes (printable ASCII, then a NUL,
      * then NULs to the end; "" for an unregistered name). Otherwise an empty body. */
     OTE_CTL_BUFS_REQ = 12,
     OTE_CTL_BUFS = 13,
@@ -145,9 +151,12 @@ typedef enum {
 #define OTE_CTL_BUF_NAME_LEN 64u  /* name field, NUL included: names of 1..63 chars */
 #define OTE_CTL_BUF_PERMS 0x3u    /* == OTE_PERM_READ | OTE_PERM_WRITE */
 /* Memory kinds a BUFS entry may carry (the values of ote_mem_kind_t): 0 host, 1 pinned
- * host, 16 + N device memory of CUDA device N (N <= 239); the others are refused. */
+ * host, 16 + N device memory of CUDA device N (N <= 239), and in a BUFS frame of version
+ * >= OTE_CTL_FILES_VERSION 2, a file registration (never in a metadata blob); the others
+ * are refused. */
 #define OTE_CTL_BUF_KIND_HOST 0u
 #define OTE_CTL_BUF_KIND_PINNED 1u
+#define OTE_CTL_BUF_KIND_FILE 2u
 #define OTE_CTL_BUF_KIND_CUDA 16u
 #define OTE_CTL_BUF_KIND_MAX 255u
 #define OTE_CTL_BUFS_MAX_BODY (8u + OTE_CTL_BUFS_MAX * OTE_CTL_BUF_ENTRY_LEN)
@@ -292,10 +301,13 @@ const char *ote_ctl_opcode_str(uint16_t opcode);
 /* Whether name[0, len) is a valid registration name: 1..63 printable ASCII characters
  * (0x20..0x7e). */
 int ote_ctl_buf_name_ok(const char *name, size_t len);
-/* Whether kind is one a BUFS entry may carry. */
+/* Whether kind is one a BUFS entry of any version (and a metadata blob's) may carry:
+ * memory kinds; OTE_CTL_BUF_KIND_FILE is not (version >= OTE_CTL_FILES_VERSION only). */
 int ote_ctl_buf_kind_ok(uint32_t kind);
 /* Encode one BUFS entry into dst (OTE_CTL_BUF_ENTRY_LEN bytes). OTE_ERR_INVALID (nothing
- * written) for an entry the decoder would refuse; an empty name is allowed. */
+ * written) for an entry the decoder of a version-4 frame would refuse; an empty name is
+ * allowed. A file registration's (OTE_CTL_BUF_KIND_FILE) only goes in a frame of version
+ * >= OTE_CTL_FILES_VERSION: its caller's business. */
 ote_status_t ote_ctl_buf_put(uint8_t *dst, const ote_ctl_buf_t *b);
 /* Entry i of a decoded BUFS frame (the decoder checked them all). OTE_ERR_INVALID when m
  * is not a BUFS frame or i >= its count. */

@@ -3,13 +3,15 @@
  * (engine/file/file.h): open or adopt a file, check it (a regular file or a block
  * device, the range inside it, an open mode that allows the permissions), give it an
  * address window, and serve slices of the local segment against it through the I/O
- * engine (file_io.c): O_DIRECT where the slice's file offset, length and memory are
- * aligned to OTE__FILE_DIO_ALIGN and the file system takes O_DIRECT, buffered otherwise.
+ * engine (file_io.c): O_DIRECT where the slice's file offset, length and memory meet the
+ * registration's alignment (statx STATX_DIOALIGN, else OTE__FILE_DIO_ALIGN) and the file
+ * system takes O_DIRECT, buffered otherwise.
  */
 
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -32,7 +34,9 @@ struct ote__tpeer {
 struct ote__files {
     ote__transport_t tp; /* first: the local segment's transport */
     ote__cfg_t cfg;
-    ote_mutex_t mu; /* regs, next_addr, io's creation */
+    ote_mutex_t mu;            /* regs, next_addr, io's creation */
+    ote_cond_t unpinned;       /* under mu: a registration's last in-use count went */
+    _Atomic int unreg_waiters; /* unregisters sleeping on unpinned */
     ote__freg_t **regs;
     size_t nregs, capregs;
     uint64_t next_addr;
@@ -125,6 +129,30 @@ static int file_open_direct(int fd, const char *what) {
     return d;
 }
 
+/* r's O_DIRECT alignment from statx(STATX_DIOALIGN), else OTE__FILE_DIO_ALIGN; why in
+ * why (for the registration's DEBUG line). */
+static void file_dio_align(ote__freg_t *r, char *why, size_t cap) {
+    r->dio_mem = r->dio_off = OTE__FILE_DIO_ALIGN;
+    struct statx sx;
+    memset(&sx, 0, sizeof(sx));
+    if (statx(r->dfd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) {
+        snprintf(why, cap, "statx failed (%s), assumed", strerror(errno));
+    } else if ((sx.stx_mask & STATX_DIOALIGN) == 0) {
+        snprintf(why, cap, "STATX_DIOALIGN not reported (kernel < 6.1?), assumed");
+    } else if (sx.stx_dio_mem_align == 0 || sx.stx_dio_offset_align == 0) {
+        snprintf(why, cap, "STATX_DIOALIGN reports none for this file, assumed");
+    } else {
+        r->dio_mem = sx.stx_dio_mem_align;
+        r->dio_off = sx.stx_dio_offset_align;
+        snprintf(why, cap, "statx");
+    }
+}
+
+int ote__freg_direct(const ote__freg_t *r, uint64_t foff, uint64_t len, const void *buf) {
+    return r->dfd >= 0 && foff % r->dio_off == 0 && len % r->dio_off == 0 &&
+           len % r->dio_mem == 0 && (uintptr_t)buf % r->dio_mem == 0;
+}
+
 static int name_ok(const char *name) {
     size_t n = strlen(name);
     if (n == 0 || n > OTE_NAME_MAX) return 0;
@@ -163,7 +191,21 @@ static ote_status_t table_add(ote__files_t *f, ote__freg_t *r) {
     return OTE_OK;
 }
 
-static void freg_free(ote__freg_t *r) {
+/* The I/O engine (made with the first registration, kept until the owner goes). */
+static ote__fio_t *files_io(ote__files_t *f) {
+    ote_mutex_lock(&f->mu);
+    ote__fio_t *io = f->io;
+    ote_mutex_unlock(&f->mu);
+    return io;
+}
+
+/* r's descriptors out of the ring's table (io: f->io, never replaced once made), closed. */
+static void freg_free(ote__files_t *f, ote__freg_t *r) {
+    ote__fio_t *io = files_io(f);
+    if (io != NULL) {
+        ote__fio_file_remove(io, r->fix);
+        ote__fio_file_remove(io, r->dfix);
+    }
     ote__gds_reg_close(r); /* gds.c: its cuFile handle, before the descriptor closes */
     if (r->dfd >= 0) close(r->dfd);
     if (r->fd >= 0) close(r->fd);
@@ -179,7 +221,9 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
         return OTE_ERR_INVALID;
     ote__freg_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
-    r->fd = r->dfd = -1;
+    r->fd = r->dfd = r->fix = r->dfix = -1;
+    r->dio_mem = r->dio_off = OTE__FILE_DIO_ALIGN;
+    r->owner = f;
     r->off = offset;
     r->len = len;
     r->perms = perms;
@@ -190,21 +234,33 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     ote_status_t st = file_open(path, fd, perms, &r->fd);
     if (st == OTE_OK) st = file_check(r->fd, r->path, offset, len);
     if (st != OTE_OK) {
-        freg_free(r);
+        freg_free(f, r);
         return st;
     }
     r->dfd = file_open_direct(r->fd, r->path);
+    char why[96] = "no O_DIRECT";
+    if (r->dfd >= 0) file_dio_align(r, why, sizeof(why));
     ote_mutex_lock(&f->mu);
     st = io_start(f);
-    if (st == OTE_OK) st = table_add(f, r);
+    ote__fio_t *io = f->io;
     ote_mutex_unlock(&f->mu);
+    if (st == OTE_OK) {
+        r->fix = ote__fio_file_add(io, r->fd, r->path);
+        r->dfix = ote__fio_file_add(io, r->dfd, r->path);
+        ote_mutex_lock(&f->mu);
+        st = table_add(f, r);
+        ote_mutex_unlock(&f->mu);
+    }
     if (st != OTE_OK) {
-        freg_free(r);
+        freg_free(f, r);
         return st;
     }
-    OTE_DEBUG("file", "registered %s [%llu, +%llu) at 0x%llx (%s%s)", r->path,
-              (unsigned long long)offset, (unsigned long long)len, (unsigned long long)r->addr,
-              r->dfd >= 0 ? "O_DIRECT when aligned, " : "buffered, ", ote__fio_kind(f->io));
+    OTE_DEBUG("file",
+              "registered %s [%llu, +%llu) at 0x%llx (%s, O_DIRECT alignment: memory %u, "
+              "offset %u (%s); io_uring fixed files %d, %d)",
+              r->path, (unsigned long long)offset, (unsigned long long)len,
+              (unsigned long long)r->addr, ote__fio_kind(io), r->dio_mem, r->dio_off, why, r->fix,
+              r->dfix);
     *addr_out = r->addr;
     return OTE_OK;
 }
@@ -220,18 +276,41 @@ static ote_status_t unregister_locked(ote__files_t *f, uint64_t addr, ote__freg_
     return OTE_ERR_NOT_FOUND;
 }
 
-/* Waits up to OTE_UNREGISTER_WAIT_MS for the slices in flight on it to end. */
+void ote__freg_unpin(ote__freg_t *r) {
+    ote__files_t *f = r->owner; /* read first: r may be freed once its count is 0 */
+    if (atomic_fetch_sub(&r->inuse, 1) == 1 && atomic_load(&f->unreg_waiters) > 0) {
+        ote_mutex_lock(&f->mu);
+        ote_cond_broadcast(&f->unpinned);
+        ote_mutex_unlock(&f->mu);
+    }
+}
+
+/* Waits up to OTE_UNREGISTER_WAIT_MS for the slices in flight on it to end, asleep until
+ * the last one goes (the waiter is counted before it looks at the count, under mu, and
+ * the last unpin broadcasts under mu: the wakeup cannot be lost). */
 ote_status_t ote__files_unregister(ote__files_t *f, uint64_t addr) {
     ote_deadline_t dl = ote_deadline_after(OTE_UNREGISTER_WAIT_MS * OTE_NSEC_PER_MSEC);
-    for (;;) {
-        ote__freg_t *r = NULL;
-        ote_mutex_lock(&f->mu);
-        ote_status_t st = unregister_locked(f, addr, &r);
-        ote_mutex_unlock(&f->mu);
-        if (st == OTE_OK) freg_free(r);
-        if (st != OTE_ERR_BUSY || ote_deadline_expired(dl)) return st;
-        usleep(1000);
-    }
+    ote__freg_t *r = NULL;
+    atomic_fetch_add(&f->unreg_waiters, 1);
+    ote_mutex_lock(&f->mu);
+    ote_status_t st;
+    while ((st = unregister_locked(f, addr, &r)) == OTE_ERR_BUSY &&
+           ote_cond_wait(&f->unpinned, &f->mu, dl) == OTE_OK) {}
+    ote_mutex_unlock(&f->mu);
+    atomic_fetch_sub(&f->unreg_waiters, 1);
+    if (st == OTE_OK) freg_free(f, r);
+    return st;
+}
+
+/* What ote_file_query and discovery say of registration r. */
+static void freg_info(const ote__freg_t *r, ote_buffer_info_t *out) {
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "%s", r->name);
+    out->addr = r->addr;
+    out->length = r->len;
+    out->perms = r->perms;
+    out->kind = OTE_MEM_FILE;
+    out->numa_node = -1;
 }
 
 ote_status_t ote__files_query(ote__files_t *f, uint64_t addr, ote_buffer_info_t *out) {
@@ -240,18 +319,34 @@ ote_status_t ote__files_query(ote__files_t *f, uint64_t addr, ote_buffer_info_t 
     for (size_t i = 0; i < f->nregs; i++) {
         const ote__freg_t *r = f->regs[i];
         if (addr < r->addr || addr - r->addr >= r->len) continue;
-        memset(out, 0, sizeof(*out));
-        snprintf(out->name, sizeof(out->name), "%s", r->name);
-        out->addr = r->addr;
-        out->length = r->len;
-        out->perms = r->perms;
-        out->kind = OTE_MEM_FILE;
-        out->numa_node = -1;
+        freg_info(r, out);
         st = OTE_OK;
         break;
     }
     ote_mutex_unlock(&f->mu);
     return st;
+}
+
+ote_status_t ote__files_list(ote__files_t *f, ote_buffer_info_t *out, size_t cap, size_t *n_out,
+                             size_t *total_out) {
+    if ((out == NULL && cap > 0) || n_out == NULL || total_out == NULL) return OTE_ERR_INVALID;
+    size_t n = 0;
+    ote_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->nregs; i++) {
+        const ote__freg_t *r = f->regs[i];
+        /* Insertion into the cap lowest addresses so far, in order. */
+        size_t at = n;
+        while (at > 0 && out[at - 1].addr > r->addr) at--;
+        if (at >= cap) continue;
+        size_t last = n < cap ? n : cap - 1;
+        memmove(out + at + 1, out + at, (last - at) * sizeof(*out));
+        if (n < cap) n++;
+        freg_info(r, &out[at]);
+    }
+    *total_out = f->nregs;
+    ote_mutex_unlock(&f->mu);
+    *n_out = n;
+    return OTE_OK;
 }
 
 const char *ote__files_engine(ote__files_t *f) {
@@ -283,13 +378,13 @@ ote_status_t ote__files_pin(ote__files_t *f, uint64_t addr, uint64_t len, unsign
 
 void ote__files_unpin(ote__files_t *f, void *pin) {
     (void)f;
-    atomic_fetch_sub(&((ote__freg_t *)pin)->inuse, 1);
+    ote__freg_unpin(pin);
 }
 
 static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, uint8_t **buf_out,
                                void **tok_out) {
     ote__files_t *f = arg;
-    ote__fbuf_t *b = ote__fbpool_get(&f->bounce, len);
+    ote__fbuf_t *b = ote__fbpool_get(&f->bounce, len, files_io(f));
     if (b == NULL) return OTE_ERR_NOMEM;
     b->reg = (ote__freg_t *)(uintptr_t)pin; /* the pin is the registration's head */
     b->len = len;
@@ -298,11 +393,11 @@ static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, u
     return OTE_OK;
 }
 
-/* One read or write of [foff, +len) with buf: the O_DIRECT descriptor where offset and
- * length are OTE__FILE_DIO_ALIGN-aligned (buf always is), else the buffered one. */
+/* One read or write of [foff, +len) with buf: the O_DIRECT descriptor where offset,
+ * length and buf meet r's alignment (ote__freg_direct), else the buffered one. */
 static ssize_t bounce_rw(const ote__freg_t *r, int to_file, uint8_t *buf, uint32_t len,
                          uint64_t foff) {
-    int direct = r->dfd >= 0 && foff % OTE__FILE_DIO_ALIGN == 0 && len % OTE__FILE_DIO_ALIGN == 0;
+    int direct = ote__freg_direct(r, foff, len, buf);
     int fd = direct ? r->dfd : r->fd;
     return to_file ? pwrite(fd, buf, len, (off_t)foff) : pread(fd, buf, len, (off_t)foff);
 }
@@ -337,13 +432,58 @@ static ote_status_t bounce_copy(void *arg, void *tok, int to_file, uint64_t addr
     return OTE_OK;
 }
 
+/* The I/O engine ended a bounce_read_start read: its caller learns it. */
+static void bounce_read_end(ote__slice_t *s, ote_status_t st) {
+    ote__fbuf_t *b = (ote__fbuf_t *)(void *)((char *)s - offsetof(ote__fbuf_t, slice));
+    b->done(b->done_arg, st);
+}
+
+/* The read as a slice of the I/O engine (O_DIRECT when aligned, file.io / file.stall
+ * apply as to the local segment's); its fop holds the registration in use until it ends
+ * (ote__file_slice_end drops it). */
+static ote_status_t bounce_read_start(void *arg, void *tok, uint64_t addr, uint32_t len,
+                                      ote_deadline_t dl, void (*done)(void *, ote_status_t),
+                                      void *done_arg) {
+    ote__files_t *f = arg;
+    ote__fbuf_t *b = tok;
+    ote__freg_t *r = b->reg;
+    if (len > b->len || addr < r->addr || addr - r->addr > r->len ||
+        len > r->len - (addr - r->addr))
+        return OTE_ERR_ACCESS;
+    ote__fio_t *io = files_io(f); /* created with the first registration: r exists */
+    if (io == NULL) return OTE_ERR_INVALID;
+    ote__slice_t *s = &b->slice;
+    memset(s, 0, sizeof(*s));
+    s->done = bounce_read_end;
+    s->local = b->data;
+    s->remote = addr;
+    s->len = len;
+    s->op = OTE__SLICE_READ;
+    s->mem_loc = -1;
+    s->deadline = dl;
+    ote__fop_t *op = ote__fop(s);
+    op->reg = r;
+    op->foff = r->off + (addr - r->addr);
+    op->direct = ote__freg_direct(r, op->foff, len, b->data);
+    op->fixbuf = (uint16_t)(b->fixbuf + 1); /* 0: a plain buffer */
+    op->fd = op->direct ? r->dfd : r->fd;
+    op->state = FOP_QUEUED;
+    ote_status_t fst;
+    op->stall = ote_fault_hit("file.stall", &fst);
+    b->done = done;
+    b->done_arg = done_arg;
+    atomic_fetch_add(&r->inuse, 1);
+    ote__fio_submit(io, s);
+    return OTE_OK;
+}
+
 static void bounce_put(void *arg, void *tok) {
     ote__files_t *f = arg;
-    ote__fbpool_put(&f->bounce, tok);
+    ote__fbpool_put(&f->bounce, tok, files_io(f));
 }
 
 ote__file_ops_t ote__files_services(ote__files_t *f) {
-    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put};
+    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put, bounce_read_start};
 }
 
 /* ---- the local segment's slices ----------------------------------------------------- */
@@ -363,7 +503,7 @@ void ote__file_slice_end(ote__slice_t *s, ote_status_t st) {
         s->file_io = op->gds      ? OTE__FILE_IO_GDS
                      : op->direct ? OTE__FILE_IO_DIRECT
                                   : OTE__FILE_IO_BUFFERED;
-        atomic_fetch_sub(&op->reg->inuse, 1);
+        ote__freg_unpin(op->reg);
     }
     s->done(s, st);
 }
@@ -449,9 +589,7 @@ static void files_submit(ote__tpeer_t *peer, ote__slice_t *list) {
         op->reg = r;
         op->foff = r->off + (s->remote - r->addr);
         op->write = s->op == OTE__SLICE_WRITE;
-        op->direct = r->dfd >= 0 && op->foff % OTE__FILE_DIO_ALIGN == 0 &&
-                     s->len % OTE__FILE_DIO_ALIGN == 0 &&
-                     (uintptr_t)s->local % OTE__FILE_DIO_ALIGN == 0;
+        op->direct = ote__freg_direct(r, op->foff, s->len, s->local);
         op->fd = op->direct ? r->dfd : r->fd;
         op->state = FOP_QUEUED;
         ote_status_t fst;
@@ -537,8 +675,15 @@ ote_status_t ote__files_create(const ote__cfg_t *cfg, ote__files_t **out) {
         ote_free(f);
         return st;
     }
+    st = ote_cond_init(&f->unpinned);
+    if (st != OTE_OK) {
+        ote_mutex_destroy(&f->mu);
+        ote_free(f);
+        return st;
+    }
     st = ote__fbpool_init(&f->bounce);
     if (st != OTE_OK) {
+        ote_cond_destroy(&f->unpinned);
         ote_mutex_destroy(&f->mu);
         ote_free(f);
         return st;
@@ -556,14 +701,16 @@ ote_status_t ote__files_destroy(ote__files_t *f) {
             return OTE_ERR_BUSY;
         }
     ote_mutex_unlock(&f->mu);
-    if (f->io != NULL) ote__fio_destroy(f->io);
+    if (f->io != NULL) ote__fio_destroy(f->io); /* its ring's file table with it */
     if (f->gio != NULL) ote__fio_destroy(f->gio);
-    for (size_t i = 0; i < f->nregs; i++) freg_free(f->regs[i]);
+    f->io = f->gio = NULL;
+    for (size_t i = 0; i < f->nregs; i++) freg_free(f, f->regs[i]);
     ote__gds_destroy(f->gds); /* after every handle (freg_free) */
     ote_free(f->regs);
     for (int i = 0; i < 2; i++)
         if (f->stall[i] >= 0) close(f->stall[i]);
     ote__fbpool_fini(&f->bounce);
+    ote_cond_destroy(&f->unpinned);
     ote_mutex_destroy(&f->mu);
     ote_free(f);
     return OTE_OK;

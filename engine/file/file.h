@@ -40,6 +40,11 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
 ote_status_t ote__files_unregister(ote__files_t *f, uint64_t addr);
 /* ote_file_query: the registration containing addr (OTE_ERR_NOT_FOUND). */
 ote_status_t ote__files_query(ote__files_t *f, uint64_t addr, ote_buffer_info_t *out);
+/* Buffer discovery: the registrations with the cap lowest addresses into out (as
+ * ote__files_query describes each), in address order; *n_out of them, *total_out the
+ * registrations there are. */
+ote_status_t ote__files_list(ote__files_t *f, ote_buffer_info_t *out, size_t cap, size_t *n_out,
+                             size_t *total_out);
 /* The I/O engine in use ("io_uring", "threads"), "" before the first registration. */
 const char *ote__files_engine(ote__files_t *f);
 /* host->pin and host->unpin for an address in the file windows (the registry calls

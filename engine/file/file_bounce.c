@@ -4,7 +4,9 @@
  * aligned buffers, so that an aligned slice goes O_DIRECT, in power-of-two size classes
  * from 4 KiB to 64 MiB, up to OTE__FILE_BOUNCE_KEEP free ones kept per class, reused
  * instead of an allocation per slice. A buffer over the largest class is allocated for its
- * slice alone and freed when given back. Thread-safe: sources of several workers share it.
+ * slice alone and freed when given back. A pooled buffer is registered with the I/O
+ * engine's ring as a fixed buffer when made (ote__fio_buf_add; refused: a plain one), its
+ * slot emptied before it is freed. Thread-safe: sources of several workers share it.
  */
 
 #include "base/alloc.h"
@@ -26,7 +28,8 @@ ote_status_t ote__fbpool_init(ote__fbpool_t *p) {
     return ote_mutex_init(&p->mu);
 }
 
-static void fbuf_free(ote__fbuf_t *b) {
+static void fbuf_free(ote__fbuf_t *b, ote__fio_t *io) {
+    ote__fio_buf_remove(io, b->fixbuf); /* before its memory goes */
     ote_aligned_free(b->data);
     ote_free(b);
 }
@@ -36,14 +39,14 @@ void ote__fbpool_fini(ote__fbpool_t *p) {
         while (p->free[c] != NULL) {
             ote__fbuf_t *b = p->free[c];
             p->free[c] = b->next;
-            fbuf_free(b);
+            fbuf_free(b, NULL); /* the I/O engine is gone, its ring's table with it */
         }
         p->nfree[c] = 0;
     }
     ote_mutex_destroy(&p->mu);
 }
 
-ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len) {
+ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len, ote__fio_t *io) {
     int c = bounce_class(len);
     ote__fbuf_t *b = NULL;
     if (c >= 0) {
@@ -68,10 +71,11 @@ ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len) {
     }
     b->cls = c;
     b->cap = cap;
+    b->fixbuf = c >= 0 ? ote__fio_buf_add(io, b->data, (size_t)cap) : -1; /* pooled ones */
     return b;
 }
 
-void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b) {
+void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b, ote__fio_t *io) {
     if (b->cls >= 0) {
         ote_mutex_lock(&p->mu);
         if (p->nfree[b->cls] < OTE__FILE_BOUNCE_KEEP) {
@@ -83,5 +87,5 @@ void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b) {
         }
         ote_mutex_unlock(&p->mu);
     }
-    if (b != NULL) fbuf_free(b);
+    if (b != NULL) fbuf_free(b, io);
 }

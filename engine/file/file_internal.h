@@ -15,12 +15,14 @@
 #include "engine/file/file.h"
 #include "engine/transport.h"
 
-/* O_DIRECT alignment of the file offset, the length and the memory address of one
- * operation. 4 KiB covers every logical block size in use (512 B and 4 KiB). */
+/* The O_DIRECT alignment (file offset, length and memory address) assumed where statx
+ * does not report STATX_DIOALIGN (kernel < 6.1, a file system that does not fill it), and
+ * the bounce buffers' alignment. 4 KiB covers every logical block size in use. */
 #define OTE__FILE_DIO_ALIGN 4096u
 
 /* One file registration. fd and dfd are the owner's own descriptors, closed at
- * unregister; inuse counts the slices in flight on it (unregister is BUSY). */
+ * unregister; inuse counts the slices in flight on it (unregister is BUSY, and waits for
+ * the last one: ote__freg_unpin wakes it). */
 typedef struct ote__gds ote__gds_t;
 
 typedef struct ote__freg {
@@ -30,7 +32,14 @@ typedef struct ote__freg {
     int fd;             /* buffered */
     int dfd;            /* O_DIRECT, or -1 where the file system refuses it */
     unsigned perms;     /* OTE_PERM_READ / OTE_PERM_WRITE (also in pin) */
+    /* O_DIRECT alignment of the memory address, and of the file offset and length, from
+     * statx(STATX_DIOALIGN) at registration (else OTE__FILE_DIO_ALIGN): ote__freg_direct. */
+    uint32_t dio_mem, dio_off;
+    /* The io_uring ring's registered-file slots of fd and dfd (IOSQE_FIXED_FILE), -1
+     * where the plain descriptor is used (ote__fio_file_add). */
+    int fix, dfix;
     _Atomic long inuse;
+    struct ote__files *owner; /* whose unregister waits for inuse to reach 0 */
     char name[OTE_NAME_MAX + 1];
     char path[256]; /* for log lines */
     /* gds.c: the cuFile handle of the descriptor (NULL until the first GPUDirect Storage
@@ -53,6 +62,12 @@ typedef struct ote__fbuf {
     int cls;                /* its class, -1: over the largest (freed when given back) */
     uint64_t cap;           /* bytes at data */
     uint8_t *data;          /* OTE__FILE_DIO_ALIGN-aligned */
+    int fixbuf;             /* its io_uring fixed-buffer slot, -1: a plain buffer */
+    /* bounce_read_start: the read as a slice of the I/O engine (its fop in slice.xp) and
+     * whom to tell when it ends. */
+    ote__slice_t slice;
+    void (*done)(void *, ote_status_t);
+    void *done_arg;
 } ote__fbuf_t;
 
 typedef struct {
@@ -64,8 +79,12 @@ typedef struct {
 ote_status_t ote__fbpool_init(ote__fbpool_t *p);
 void ote__fbpool_fini(ote__fbpool_t *p); /* every buffer given back */
 /* A buffer of at least len bytes (its reg and len for the caller to set); NULL: no memory. */
-ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len);
-void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b);
+struct ote__fio;
+/* io: the I/O engine whose ring a new pooled buffer is registered with as a fixed buffer
+ * (ote__fio_buf_add; NULL: none). */
+ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len, struct ote__fio *io);
+/* io: the same engine (its slot emptied when the buffer is freed), NULL once it is gone. */
+void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b, struct ote__fio *io);
 
 typedef enum {
     FOP_QUEUED = 0, /* waiting for a queue slot (or a pool thread) */
@@ -82,17 +101,18 @@ typedef enum {
 
 typedef struct {
     ote__freg_t *reg;
-    uint64_t foff;  /* file offset of the slice's first byte */
-    uint32_t done;  /* bytes moved so far (a short transfer is continued) */
-    int fd;         /* reg->fd or reg->dfd */
-    uint8_t write;  /* 1: memory -> file */
-    uint8_t direct; /* fd is the O_DIRECT one */
-    uint8_t state;  /* ote__fop_state_t */
-    uint8_t stop;   /* ote__fop_stop_t */
-    uint8_t stall;  /* file.stall armed: a never-ending pipe read runs first */
-    uint8_t gds;    /* local is device memory moved by GPUDirect Storage (gds.c) */
-    uint32_t slot;  /* io_uring: its slot */
-    uint32_t gen;   /* io_uring: its generation in the slot (user_data) */
+    uint64_t foff;   /* file offset of the slice's first byte */
+    uint32_t done;   /* bytes moved so far (a short transfer is continued) */
+    int fd;          /* reg->fd or reg->dfd */
+    uint8_t write;   /* 1: memory -> file */
+    uint8_t direct;  /* fd is the O_DIRECT one */
+    uint8_t state;   /* ote__fop_state_t */
+    uint8_t stop;    /* ote__fop_stop_t */
+    uint8_t stall;   /* file.stall armed: a never-ending pipe read runs first */
+    uint8_t gds;     /* local is device memory moved by GPUDirect Storage (gds.c) */
+    uint16_t fixbuf; /* io_uring: the fixed-buffer slot + 1 of its memory, 0: none */
+    uint32_t slot;   /* io_uring: its slot */
+    uint32_t gen;    /* io_uring: its generation in the slot (user_data) */
 } ote__fop_t;
 
 _Static_assert(sizeof(ote__fop_t) <= OTE__SLICE_SCRATCH, "ote__fop_t must fit a slice's scratch");
@@ -113,6 +133,19 @@ const char *ote__fio_kind(const ote__fio_t *io);
 /* Start the slice (its ote__fop_t filled, state FOP_QUEUED); it ends through
  * ote__file_slice_end exactly once. */
 void ote__fio_submit(ote__fio_t *io, ote__slice_t *s);
+/* A slot of io's registered-file table holding fd (its operations then name the slot
+ * with IOSQE_FIXED_FILE), or -1: the plain fd is used (the thread pool; a ring without
+ * the table; the table full or the kernel refusing it: one INFO line naming what). */
+int ote__fio_file_add(ote__fio_t *io, int fd, const char *what);
+/* The slot emptied and free for the next ote__fio_file_add (no operation uses it). */
+void ote__fio_file_remove(ote__fio_t *io, int slot);
+/* A slot of io's fixed-buffer table holding [data, +len) (its reads and writes then use
+ * io_uring_prep_read_fixed / write_fixed), or -1: a plain buffer (the thread pool, no
+ * table, the table full, the kernel refusing it: ENOMEM past RLIMIT_MEMLOCK; one INFO
+ * line for the first refusal). */
+int ote__fio_buf_add(ote__fio_t *io, void *data, size_t len);
+/* The slot emptied and free again (no operation uses the buffer). */
+void ote__fio_buf_remove(ote__fio_t *io, int slot);
 /* Every slice whose canceled flag is set: queued ones end CANCELED now, in-flight ones
  * are asked to stop (io_uring: IORING_OP_ASYNC_CANCEL). */
 void ote__fio_cancel(ote__fio_t *io);
@@ -139,5 +172,12 @@ void ote__gds_reg_close(ote__freg_t *r);
  * range does not register (the engine stages it), OTE_ERR_IO / OTE_ERR_NATIVE for a failed
  * call. A pool thread of the file owner's GDS pool runs it (file_io.c). */
 ote_status_t ote__gds_move(ote__slice_t *s);
+
+/* Whether an operation of len bytes at file offset foff with memory buf goes O_DIRECT:
+ * r has an O_DIRECT descriptor and all three meet r's alignment (file.c). */
+int ote__freg_direct(const ote__freg_t *r, uint64_t foff, uint64_t len, const void *buf);
+
+/* Drop one count of r->inuse; the last wakes the unregisters waiting for it (file.c). */
+void ote__freg_unpin(ote__freg_t *r);
 
 #endif

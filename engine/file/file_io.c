@@ -6,7 +6,13 @@
  * on with short transfers, adds the fdatasync of a WRITE when file_sync=data, and every
  * 20 ms (its bounded wait) sends IORING_OP_ASYNC_CANCEL to operations whose deadline
  * passed. ote_batch_cancel sends it at once to the canceled ones. A slice waits in the
- * queue while every slot is taken.
+ * queue while every slot is taken. Each registration's descriptors sit in the ring's
+ * sparse registered-file table (FIO_FILES slots, a slot freed at unregister): its SQEs
+ * name the slot with IOSQE_FIXED_FILE, sparing the kernel an fd lookup and reference per
+ * operation; where the table or a slot is refused (kernel < 5.19, ENOMEM, full) the plain
+ * descriptor is used, with one INFO line. The pooled bounce buffers of peers' slices
+ * (file_bounce.c) sit in its sparse fixed-buffer table (FIO_BUFS slots): their reads use
+ * io_uring_prep_read_fixed; a buffer refused a slot stays a plain one.
  *
  * The thread pool (file_engine=threads, or auto where io_uring_queue_init fails: old
  * kernel, seccomp, the io_uring_disabled sysctl): min(file_queue_depth, 16) threads, each
@@ -35,6 +41,8 @@
 #include "engine/file/file_internal.h"
 
 #define FIO_MAX_THREADS 16
+#define FIO_FILES 512 /* registered-file slots (two per registration: buffered, O_DIRECT) */
+#define FIO_BUFS 64   /* fixed-buffer slots (pooled bounce buffers) */
 
 /* A slice the reaper ended under mu, completed once mu is released. */
 typedef struct {
@@ -68,6 +76,11 @@ struct ote__fio {
     fio_end_t *ends; /* the reaper's: at most depth slices end per pass */
     uint32_t gen;    /* the last operation's generation (ud_of) */
     char stall_byte;
+    int *ffree; /* free registered-file slots, NULL: no table (plain fds) */
+    uint32_t nffree;
+    int *bfree; /* free fixed-buffer slots, NULL: no table (plain buffers) */
+    uint32_t nbfree;
+    int buf_refused; /* the INFO line of the first refused buffer is out */
     /* thread pool */
     pthread_t th[FIO_MAX_THREADS];
     uint32_t nth;
@@ -157,13 +170,21 @@ static struct io_uring_sqe *sqe_get(ote__fio_t *io) {
 static void uring_prep_op(ote__fio_t *io, ote__slice_t *s) {
     ote__fop_t *op = ote__fop(s);
     struct io_uring_sqe *e = sqe_get(io);
+    int fix = op->direct ? op->reg->dfix : op->reg->fix;
+    int fd = fix >= 0 ? fix : op->fd;
+    uint8_t *p = s->local + op->done;
+    uint32_t n = s->len - op->done;
     if (op->state == FOP_SYNC) {
-        io_uring_prep_fsync(e, op->fd, IORING_FSYNC_DATASYNC);
+        io_uring_prep_fsync(e, fd, IORING_FSYNC_DATASYNC);
+    } else if (op->fixbuf != 0) { /* a registered bounce buffer */
+        if (op->write) io_uring_prep_write_fixed(e, fd, p, n, op->foff + op->done, op->fixbuf - 1);
+        else io_uring_prep_read_fixed(e, fd, p, n, op->foff + op->done, op->fixbuf - 1);
     } else if (op->write) {
-        io_uring_prep_write(e, op->fd, s->local + op->done, s->len - op->done, op->foff + op->done);
+        io_uring_prep_write(e, fd, p, n, op->foff + op->done);
     } else {
-        io_uring_prep_read(e, op->fd, s->local + op->done, s->len - op->done, op->foff + op->done);
+        io_uring_prep_read(e, fd, p, n, op->foff + op->done);
     }
+    if (fix >= 0) e->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(e, ud_of(op, TAG_OP));
 }
 
@@ -283,10 +304,48 @@ static void *uring_reaper(void *arg) {
 }
 
 static void uring_free(ote__fio_t *io) {
-    io_uring_queue_exit(&io->ring);
+    io_uring_queue_exit(&io->ring); /* drops the registered-file and buffer tables */
+    ote_free(io->ffree);
+    ote_free(io->bfree);
     ote_free(io->slots);
     ote_free(io->free_slots);
     ote_free(io->ends);
+}
+
+/* The ring's sparse registered-file table, or none (plain fds, one INFO line). */
+static void uring_files_init(ote__fio_t *io) {
+    int ret = io_uring_register_files_sparse(&io->ring, FIO_FILES);
+    if (ret < 0) {
+        OTE_INFO("file",
+                 "io_uring registered files unavailable (io_uring_register_files_sparse: %s): "
+                 "operations name plain descriptors",
+                 strerror(-ret));
+        return;
+    }
+    io->ffree = ote_calloc(FIO_FILES, sizeof(*io->ffree));
+    if (io->ffree == NULL) {
+        (void)io_uring_unregister_files(&io->ring);
+        OTE_INFO("file", "io_uring registered files: no memory; operations name plain descriptors");
+        return;
+    }
+    for (int i = 0; i < FIO_FILES; i++) io->ffree[i] = FIO_FILES - 1 - i;
+    io->nffree = FIO_FILES;
+}
+
+/* The ring's sparse fixed-buffer table, or none (plain buffers, one INFO line). */
+static void uring_bufs_init(ote__fio_t *io) {
+    int ret = io_uring_register_buffers_sparse(&io->ring, FIO_BUFS);
+    io->bfree = ret == 0 ? ote_calloc(FIO_BUFS, sizeof(*io->bfree)) : NULL;
+    if (io->bfree == NULL) {
+        if (ret == 0) (void)io_uring_unregister_buffers(&io->ring);
+        OTE_INFO("file",
+                 "io_uring fixed buffers unavailable (io_uring_register_buffers_sparse: %s): "
+                 "bounce buffers are read and written as plain ones",
+                 strerror(ret < 0 ? -ret : ENOMEM));
+        return;
+    }
+    for (int i = 0; i < FIO_BUFS; i++) io->bfree[i] = FIO_BUFS - 1 - i;
+    io->nbfree = FIO_BUFS;
 }
 
 static ote_status_t uring_start(ote__fio_t *io) {
@@ -304,6 +363,8 @@ static ote_status_t uring_start(ote__fio_t *io) {
     }
     for (uint32_t i = 0; i < io->depth; i++) io->free_slots[i] = io->depth - 1 - i;
     io->nfree = io->depth;
+    uring_files_init(io);
+    uring_bufs_init(io);
     if (ote_thread_create(&io->reaper, NULL, uring_reaper, io) != 0) {
         uring_free(io);
         return OTE_ERR_NOMEM;
@@ -441,6 +502,73 @@ void ote__fio_submit(ote__fio_t *io, ote__slice_t *s) {
     if (io->kind == FIO_URING) uring_fill(io);
     else ote_cond_signal(&io->cv);
     ote_mutex_unlock(&io->mu);
+}
+
+int ote__fio_file_add(ote__fio_t *io, int fd, const char *what) {
+    if (io->kind != FIO_URING || fd < 0) return -1;
+    ote_mutex_lock(&io->mu);
+    int slot = -1, ret = -ENFILE;
+    if (io->ffree != NULL && io->nffree > 0) {
+        ote_status_t fst;
+        slot = io->ffree[io->nffree - 1];
+        if (ote_fault_hit("file.fixed_file", &fst)) ret = -ENOMEM;
+        else ret = io_uring_register_files_update(&io->ring, (unsigned)slot, &fd, 1);
+        if (ret == 1) io->nffree--;
+        else slot = -1;
+    }
+    int table = io->ffree != NULL;
+    ote_mutex_unlock(&io->mu);
+    if (slot < 0 && table)
+        OTE_INFO("file", "%s: no io_uring registered-file slot (%s): its operations name fd %d",
+                 what, ret == -ENFILE ? "all taken" : strerror(-ret), fd);
+    return slot;
+}
+
+void ote__fio_file_remove(ote__fio_t *io, int slot) {
+    if (slot < 0) return;
+    int none = -1;
+    ote_mutex_lock(&io->mu);
+    int ret = io_uring_register_files_update(&io->ring, (unsigned)slot, &none, 1);
+    if (ret == 1) io->ffree[io->nffree++] = slot;
+    ote_mutex_unlock(&io->mu);
+    if (ret != 1) /* the slot stays taken: never handed to another descriptor */
+        OTE_WARN("file", "io_uring: emptying registered-file slot %d failed: %s", slot,
+                 strerror(-ret));
+}
+
+int ote__fio_buf_add(ote__fio_t *io, void *data, size_t len) {
+    if (io == NULL || io->kind != FIO_URING) return -1;
+    struct iovec v = {data, len};
+    ote_mutex_lock(&io->mu);
+    int slot = -1, ret = -ENFILE, first = 0;
+    if (io->bfree != NULL && io->nbfree > 0) {
+        slot = io->bfree[io->nbfree - 1];
+        ret = io_uring_register_buffers_update_tag(&io->ring, (unsigned)slot, &v, NULL, 1);
+        if (ret == 1) io->nbfree--;
+        else slot = -1;
+    }
+    if (slot < 0 && io->bfree != NULL && !io->buf_refused) first = io->buf_refused = 1;
+    ote_mutex_unlock(&io->mu);
+    if (first)
+        OTE_INFO("file",
+                 "a bounce buffer of %zu bytes got no io_uring fixed-buffer slot (%s): it and "
+                 "later refused ones are read and written as plain buffers",
+                 len, ret == -ENFILE ? "all taken" : strerror(-ret));
+    else if (slot >= 0)
+        OTE_DEBUG("file", "a bounce buffer of %zu bytes is io_uring fixed buffer %d", len, slot);
+    return slot;
+}
+
+void ote__fio_buf_remove(ote__fio_t *io, int slot) {
+    if (io == NULL || slot < 0) return;
+    struct iovec v = {NULL, 0};
+    ote_mutex_lock(&io->mu);
+    int ret = io_uring_register_buffers_update_tag(&io->ring, (unsigned)slot, &v, NULL, 1);
+    if (ret == 1) io->bfree[io->nbfree++] = slot;
+    ote_mutex_unlock(&io->mu);
+    if (ret != 1) /* the slot stays taken (and the memory pinned until the ring goes) */
+        OTE_WARN("file", "io_uring: emptying fixed-buffer slot %d failed: %s", slot,
+                 strerror(-ret));
 }
 
 void ote__fio_cancel(ote__fio_t *io) {

@@ -19,13 +19,15 @@
 #include "engine/rdma/rdma_internal.h"
 #include "ote/ote.h"
 
-ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey, ote__slice_t *s) {
+ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey,
+                                     const gid_ent_t *g) {
     cwait_t *w = ote_calloc(1, sizeof(*w));
     if (w == NULL) return OTE_ERR_NOMEM;
     w->id = id;
     w->rkey = rkey;
-    w->s = s;
-    w->deadline = s->deadline;
+    w->s = g->s; /* only a name: the run may have ended before its answer came */
+    w->uid = g->req_uid;
+    w->deadline = g->deadline;
     ote_mutex_lock(&p->mu);
     w->next = p->waits.commits;
     p->waits.commits = w;
@@ -37,7 +39,7 @@ ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey
 static cwait_t *take_locked(ote__tpeer_t *p, uint64_t id, const ote__slice_t *s) {
     for (cwait_t **pp = &p->waits.commits; *pp != NULL; pp = &(*pp)->next) {
         cwait_t *w = *pp;
-        if (s != NULL ? w->s == s : w->id == id) {
+        if (s != NULL ? w->s == s && w->uid == s->req_uid : w->id == id) {
             *pp = w->next;
             return w;
         }
@@ -55,7 +57,7 @@ void ote__rdma_commit_drop(ote__tpeer_t *p, uint64_t id) {
 int ote__rdma_commit_park(ote__tpeer_t *p, ote__slice_t *s, ote_status_t *st) {
     ote_mutex_lock(&p->mu);
     cwait_t *w = NULL;
-    for (w = p->waits.commits; w != NULL && w->s != s; w = w->next) {}
+    for (w = p->waits.commits; w != NULL && !(w->s == s && w->uid == s->req_uid); w = w->next) {}
     if (w == NULL) {
         ote_mutex_unlock(&p->mu);
         return 0; /* not a staged WRITE */

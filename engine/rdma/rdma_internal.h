@@ -226,7 +226,11 @@ typedef struct grant_id_ent {
     /* What a RELEASE of a late answer names: the pair, the capability (0 READ, 1 WRITE),
      * the slot and the source's QP on it. */
     uint32_t pair, cap, slot, src_qpn;
-    ote__slice_t *s; /* the run (its first slice): a staged WRITE's COMMIT wait names it */
+    /* The run (its first slice): a staged WRITE's COMMIT wait names it. Only a name: the
+     * run may have ended (its deadline, a cancel) before the answer came, so the reader
+     * never reads it; what it needs of it is copied here. */
+    ote__slice_t *s;
+    ote_deadline_t deadline; /* the run's */
     /* Its request's id and remote range (a staged answer marks them: rdma_pump.c). */
     uint64_t req_uid, req_remote, req_len;
 } gid_ent_t;
@@ -241,7 +245,10 @@ typedef struct commit_wait {
     struct commit_wait *next;
     uint64_t id;   /* the grant's wire id */
     uint32_t rkey; /* the window its answer named */
+    /* The run, named by its first slice and its request's id (uid: a slice freed before
+     * the wait was linked and another at its address never match: ids are never reused). */
     ote__slice_t *s;
+    uint64_t uid;
     ote_deadline_t deadline;
     int parked;       /* its grant ended (gst): the run waits here for the COMMIT */
     ote_status_t gst; /* the grant's own status (a failure or cancel is kept) */
@@ -426,6 +433,12 @@ static inline int ote__rdma_pumping(const ote__tpeer_t *p) {
  * one paused in the selector until the monitor sees it active), read-only after
  * but for the counters. The selector (tp->sel, same index) picks one per slice.
  */
+/* A lost device's reopen (rdma_reopen.c): nothing to do (or waiting for its work to
+ * drain), everything of the old native context destroyed (the reopen is tried, with
+ * the context layer's backoff), or reopened with the lanes, SRQs and MRs still to be made
+ * anew before it is resumed. */
+typedef enum { RDMA_REOPEN_NONE = 0, RDMA_REOPEN_UNBOUND, RDMA_REOPEN_REBIND } rdma_reopen_t;
+
 typedef struct rdma_nic {
     rdma_tp_t *tp;
     uint32_t index;
@@ -451,7 +464,16 @@ typedef struct rdma_nic {
     /* rdma_srq.c: the shared receive queue of each lane (NULL: per-QP receive queues). */
     struct ote_srq *srq[OTE__RDMA_MAX_LANES];
     uint32_t srq_slots; /* each SRQ's depth (0: none) */
+    /* rdma_reopen.c (the monitor's): where the reopen of a device whose event consumer
+     * was lost stands. */
+    rdma_reopen_t reopen;
+    uint32_t rebind_failures; /* in a row (the WARN's rate) */
 } rdma_nic_t;
+
+/* rdma_reopen.c: the monitor's pass over devices whose event consumer was lost: their
+ * work drained, what they built on the old native context destroyed, the context
+ * reopened, the lanes, SRQs and registrations' MRs made anew, the device resumed. */
+void ote__rdma_reopen_watch(rdma_tp_t *tp);
 
 /* rdma_srq.c: n's SRQs, one per lane (none on a device without SRQs); and their
  * destruction after the endpoint stores (returns how many were retained). */
@@ -545,6 +567,8 @@ struct ote__rdma_tp {
     /* The monitor's recoveries (rdma_monitor.c): CQ lanes replaced after a lane error;
      * QPs fenced because their lane failed or their route changed. */
     _Atomic uint64_t lane_replacements, lane_fenced_qps, route_fenced_qps;
+    /* rdma_reopen.c: devices reopened after a lost event consumer; reopens that failed. */
+    _Atomic uint64_t device_reopens, device_reopen_failures;
     /* rdma_direct.c: how host memory is granted (rdma_grant_mode, resolved at creation,
      * read-only after); whether every data device has type-2 windows; exact MRs
      * deregistered in all (direct_served - direct_released == direct_mrs) and those of
@@ -640,6 +664,11 @@ void ote__rdma_acct_hold(rdma_tp_t *tp, acct_t *a, uint64_t len);
 /* seen: bytes of the request that will never be held (refused, never served); done:
  * held bytes released. The last byte releases the pin. Any thread, no lock held. */
 void ote__rdma_acct_settle(rdma_tp_t *tp, acct_t *a, uint64_t seen, uint64_t done);
+/* A staged grant's len bytes while its copy into the bounce runs (src_copied on another
+ * thread uses the account after it): the account outlives a write-off of its request or
+ * its connection's end until the unstage (which may end it). Any thread, no lock held. */
+void ote__rdma_acct_stage(rdma_tp_t *tp, acct_t *a, uint64_t len);
+void ote__rdma_acct_unstage(rdma_tp_t *tp, acct_t *a, uint64_t len);
 void ote__rdma_acct_write_off(conn_t *c, const ote_rp_msg_t *rq);
 /* c's control connection ended (NULL: teardown, no grant left): nothing more will come;
  * accounts end now or with their last grant. */
@@ -671,9 +700,11 @@ void ote__rdma_peers_evict_dead(rdma_tp_t *tp);
 
 /* ---- rdma_commit.c: the requester's waits for COMMIT (staged WRITEs) ---------------- */
 
-/* Reader, before a staged WRITE's OK answer goes to the grant layer: its run (s) ends
- * only with the COMMIT of grant id naming rkey. OTE_ERR_NOMEM: nothing linked. */
-ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey, ote__slice_t *s);
+/* Reader, before a staged WRITE's OK answer goes to the grant layer: its run (g->s, which
+ * may have ended already: only named, never read) ends only with the COMMIT of grant id
+ * naming rkey. OTE_ERR_NOMEM: nothing linked. */
+ote_status_t ote__rdma_commit_expect(ote__tpeer_t *p, uint64_t id, uint32_t rkey,
+                                     const gid_ent_t *g);
 /* Reader: the grant layer did not take that answer (its grant had ended): unlink it. */
 void ote__rdma_commit_drop(ote__tpeer_t *p, uint64_t id);
 /* The grant of run s ended with *st: 1 when the run now waits for its COMMIT (parked,

@@ -116,7 +116,7 @@ static int on_grant_resp(ote__tpeer_t *p, const ote_ctl_msg_t *m, const ote_rp_m
         ote__rdma_pair_learn(p, rp);
     int waits = 0;
     if (commit && st == OTE_OK && mine != NULL && nic < tp->nnics) {
-        if (ote__rdma_commit_expect(p, m->req_id, rp->u.resp.rkey, mine->s) != OTE_OK) {
+        if (ote__rdma_commit_expect(p, m->req_id, rp->u.resp.rkey, mine) != OTE_OK) {
             /* Never used: fail it, and the source may drop the window at once. */
             (void)ote_grant_on_answer(tp->nics[nic].gm, m->req_id & 0xffffffffu, OTE_ERR_NOMEM, 0);
             ote__rdma_send_release(c, mine->pair, mine->cap, mine->slot, mine->src_qpn,

@@ -145,6 +145,7 @@ static ote_status_t grant_request(void *arg, uint64_t grant_id, uint32_t slot, u
     g->slot = slot;
     g->src_qpn = remote_qpn;
     g->s = ga->s;
+    g->deadline = ga->s->deadline;
     g->req_uid = ga->s->req_uid;
     g->req_remote = ga->s->req_len != 0 ? ga->s->req_remote : addr;
     g->req_len = ga->s->req_len != 0 ? ga->s->req_len : len;

@@ -277,7 +277,8 @@ static void *server_main(void *arg) {
     }
     ote__rdma_conn_kill(c, NULL);
     /* Its staged grants whose copy runs hold its account, parent slot and QP borrows: they
-     * end (refused, c is dead) by their deadline, which the GPU worker keeps. */
+     * end (refused, c is dead) by their deadline, which the GPU worker (a file's read: the
+     * file owner) keeps. */
     for (;;) {
         uint64_t ms = tp->cfg.transfer_timeout_ms + 2000;
         ote__rdma_src_wait_copies(tp, c, ote_deadline_after(ms * OTE_NSEC_PER_MSEC));

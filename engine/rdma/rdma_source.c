@@ -372,8 +372,8 @@ static ote_status_t src_serve(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq
     return grant_refusal(st);
 }
 
-/* A staged grant whose copy into its bounce runs (the GPU worker polls it): everything
- * src_serve needs once it is done. Holds a reference on c, counted in c->src_copies and
+/* A staged grant whose copy into its bounce runs (the GPU worker polls it; a file's read
+ * runs on the file owner's I/O engine): everything src_serve needs once it is done. Holds a reference on c, counted in c->src_copies and
  * tp->src_copies, which its server thread and the teardown wait for. */
 typedef struct {
     conn_t *c;
@@ -389,8 +389,8 @@ typedef struct {
     ote_deadline_t dl;
 } copying_t;
 
-/* GPU worker: the copy of a staged grant ended. Copied: served now (window bound over
- * the bounce, answered by src_answer). Failed, or its requester or the transport went
+/* GPU worker (a file's: the file owner's reaper or pool thread): the copy of a staged
+ * grant ended. Copied: served now (window bound over the bounce, answered by src_answer). Failed, or its requester or the transport went
  * meanwhile: refused, and everything it held given back as a refusal on the serving
  * thread does (the bounce only now: the device no longer writes it, or engine/gpu
  * parked what it may still write). */
@@ -407,9 +407,10 @@ static void src_copied(void *arg, ote_status_t st) {
         if (ote_status_code(st) != OTE_ERR_CANCELED)
             OTE_WARN_LIMITED("rdma",
                              "staged %s grant of %llu bytes at 0x%llx for %s: the copy from the "
-                             "device failed: %s",
+                             "%s failed: %s",
                              p->a->write ? "WRITE" : "READ", (unsigned long long)p->rq.u.grant.len,
                              (unsigned long long)p->rq.u.grant.addr, c->peer_addr,
+                             ote__rdma_stage_is_file(p->stage) ? "file" : "device",
                              ote_status_str(st));
         ote__rdma_stage_end(tp, p->stage);
         ote_free(p->a);
@@ -418,6 +419,7 @@ static void src_copied(void *arg, ote_status_t st) {
         st = OTE_ERR_REMOTE; /* the driver's status is in our log */
     }
     if (st != OTE_OK) src_refuse(c, p->req_id, p->acct, p->rq.u.grant.len, pinned, st);
+    ote__rdma_acct_unstage(tp, p->acct, p->rq.u.grant.len); /* may end it */
     ote_free(p);
     atomic_fetch_sub(&c->src_copies, 1);
     ote__rdma_conn_put(c);
@@ -464,10 +466,11 @@ static ote_status_t borrow_src_qp(conn_t *c, const ote_rp_msg_t *rq, rdma_nic_t 
     return OTE_OK;
 }
 
-/* Device memory: the grant's bytes go to a bounce buffer first, and the window covers
- * exactly that (rdma_stage.c). The copy runs on a copy stream while this thread serves the
- * next requests; the grant is served (or refused) by src_copied once it is done, which
- * then owns everything p names: OTE_OK. Otherwise nothing was started and p->a, p->sps and
+/* Device memory or a file: the grant's bytes go to a bounce buffer first, and the window
+ * covers exactly that (rdma_stage.c). The copy runs on a copy stream (a file's read on the
+ * file owner's I/O engine) while this thread serves the next requests; the grant is
+ * served (or refused) by src_copied once it is done, which then owns everything p names:
+ * OTE_OK. Otherwise nothing was started and p->a, p->sps and
  * the QP borrow are still the caller's (a failed copy is the source's failure: REMOTE). */
 static ote_status_t start_staged(const copying_t *want, void *reg_pin) {
     conn_t *c = want->c;
@@ -487,8 +490,12 @@ static ote_status_t start_staged(const copying_t *want, void *reg_pin) {
         ote__rdma_conn_get(c);
         atomic_fetch_add(&c->src_copies, 1);
         atomic_fetch_add(&tp->src_copies, 1);
+        /* The account outlives the copy: src_copied uses it (ci21: a write-off of the
+         * request freed it while a copy ran). */
+        ote__rdma_acct_stage(tp, p->acct, p->rq.u.grant.len);
         st = ote__rdma_stage_copy_start(tp, stage, src_copied, p);
         if (st == OTE_OK) return OTE_OK;
+        ote__rdma_acct_unstage(tp, p->acct, p->rq.u.grant.len);
         atomic_fetch_sub(&c->src_copies, 1);
         atomic_fetch_sub(&tp->src_copies, 1);
         ote__rdma_conn_put(c);

@@ -39,6 +39,17 @@
  * waits for. A grant that ends without its receipt (deadline, RELEASE, the requester's
  * loss) copies nothing and commits a failure at once. See rdma_internal.h for the
  * protocol around it.
+ *
+ * A file registration (docs/files.md, "Peers") is staged the same way through the file
+ * owner's bounce buffers (host->file): bounce_get for the buffer (its pool, with a
+ * temporary MR per grant: a pooled bounce may be freed by the owner once given back, so
+ * no MR of it is kept). The file range is read into it (READ, and a WRITE's initial
+ * copy) as the device's bytes are copied: without waiting (bounce_read_start, bounded by
+ * the grant's deadline), the grant served by rdma_source.c's src_copied from the read's
+ * end on the file owner's reaper or pool thread, while the server thread serves the next
+ * GRANT_REQ. A landed WRITE's bounce is written to the file (and fdatasync'd with
+ * file_sync=data) synchronously (bounce_copy), on the thread that ends the grant, before
+ * its COMMIT goes.
  */
 #include <stdint.h>
 #include <string.h>
@@ -57,6 +68,7 @@ struct rdma_stage {
     uint64_t len;
     struct ibv_mr *mr;
     int cached; /* mr is its pool chunk's, kept (rdma_stage_mrs.c); else ours, temporary */
+    int file;   /* a file registration's: tok is host->file's, the copies synchronous */
     /* A WRITE: the device range its bytes go to once they landed, and its COMMIT's
      * destination (a reference on c; req_id = the grant's wire id). Listed in tp->stages
      * (under tp->mu) from its answer to its end, under (nic, qpn, rkey), so that its
@@ -77,11 +89,18 @@ struct rdma_stage {
     void *then_arg;
 };
 
+/* The bounce buffer of st (file or device memory, by its registration reg_pin) and its MR
+ * in st->nic's context; nothing held on failure. */
+static ote_status_t stage_buffer(rdma_tp_t *tp, rdma_stage_t *st, void *reg_pin);
+
 ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
                                   uint64_t addr, uint64_t len, ote_deadline_t dl,
                                   rdma_stage_t **st_out) {
-    if (tp->host.gpu.stage_pooled == NULL || tp->host.gpu.stage_copy == NULL ||
-        tp->host.gpu.stage_copy_start == NULL || tp->host.gpu.stage_put == NULL)
+    int file = ote__pin_kind(reg_pin) == OTE_MEM_FILE;
+    if (file ? (tp->host.file.bounce_get == NULL || tp->host.file.bounce_copy == NULL ||
+                tp->host.file.bounce_read_start == NULL || tp->host.file.bounce_put == NULL)
+             : (tp->host.gpu.stage_pooled == NULL || tp->host.gpu.stage_copy == NULL ||
+                tp->host.gpu.stage_copy_start == NULL || tp->host.gpu.stage_put == NULL))
         return OTE_ERR_UNSUPPORTED;
     /* The bounce holds the whole grant: a grant is never larger than rdma_grant_max (the
      * largest a requester asks), and never more than one bounce can hold. */
@@ -102,25 +121,43 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
     st->write = write;
     st->dev_addr = addr;
     st->dl = dl;
-    /* Path check (gpu_paths has staging, else a WARN naming what is missing) and the
-     * buffer. */
-    ote_status_t s =
-        tp->host.gpu.stage_pooled(tp->host.gpu.arg, reg_pin, (uint32_t)len, &st->buf, &st->tok);
+    st->file = file;
+    ote_status_t s = stage_buffer(tp, st, reg_pin);
     if (s != OTE_OK) {
         ote_free(st);
         return s;
     }
+    atomic_fetch_add(&tp->src_stages, 1);
+    *st_out = st;
+    return OTE_OK;
+}
+
+/* A bounce buffer back to its owner (engine/gpu or engine/file). */
+static void stage_put(rdma_tp_t *tp, const rdma_stage_t *st) {
+    if (st->file) tp->host.file.bounce_put(tp->host.file.arg, st->tok);
+    else tp->host.gpu.stage_put(tp->host.gpu.arg, st->tok);
+}
+
+static ote_status_t stage_buffer(rdma_tp_t *tp, rdma_stage_t *st, void *reg_pin) {
+    rdma_nic_t *nic = st->nic;
+    uint64_t len = st->len;
+    /* Path check (device memory: gpu_paths has staging, else a WARN naming what is
+     * missing) and the buffer. */
+    ote_status_t s = st->file ? tp->host.file.bounce_get(tp->host.file.arg, reg_pin, (uint32_t)len,
+                                                         &st->buf, &st->tok)
+                              : tp->host.gpu.stage_pooled(tp->host.gpu.arg, reg_pin, (uint32_t)len,
+                                                          &st->buf, &st->tok);
+    if (s != OTE_OK) return s;
     /* A pool chunk: its MR in this device, registered at its first use and kept. Heap
      * memory (larger than a chunk, or while a chunk is parked): a temporary MR. */
     uint8_t *cbase = NULL;
     uint64_t csize = 0;
-    if (tp->host.gpu.stage_chunk != NULL &&
+    if (!st->file && tp->host.gpu.stage_chunk != NULL &&
         tp->host.gpu.stage_chunk(tp->host.gpu.arg, st->tok, &cbase, &csize) && cbase <= st->buf &&
         (uint64_t)(st->buf - cbase) + len <= csize) {
         s = ote__rdma_stage_chunk_mr(tp, nic, cbase, csize, &st->mr);
         if (s != OTE_OK) {
-            tp->host.gpu.stage_put(tp->host.gpu.arg, st->tok);
-            ote_free(st);
+            stage_put(tp, st);
             return s;
         }
         st->cached = 1;
@@ -130,13 +167,10 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
         if (s != OTE_OK) {
             OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: %s",
                      ote_context_name(nic->ctx), (unsigned long long)len, ote_status_str(s));
-            tp->host.gpu.stage_put(tp->host.gpu.arg, st->tok);
-            ote_free(st);
+            stage_put(tp, st);
             return s;
         }
     }
-    atomic_fetch_add(&tp->src_stages, 1);
-    *st_out = st;
     return OTE_OK;
 }
 
@@ -144,21 +178,30 @@ ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
                                         void (*done)(void *, ote_status_t), void *arg) {
     /* READ: the bytes the requester reads. WRITE: the range as it is, so that the copy
      * back after the receipt writes exactly what the requester wrote and, where a
-     * canceled grant left bytes unwritten, what was there (never the bounce's garbage). */
-    ote_status_t s = tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 0, st->dev_addr,
-                                                   (uint32_t)st->len, st->dl, done, arg);
+     * canceled grant left bytes unwritten, what was there (never the bounce's garbage).
+     * A file's range is read the same way, without waiting: queued on the file owner's
+     * I/O engine until dl, done on its reaper or pool thread (the owner WARNs a failed
+     * read; its read holds the registration in use until done). */
+    ote_status_t s = st->file
+                         ? tp->host.file.bounce_read_start(tp->host.file.arg, st->tok, st->dev_addr,
+                                                           (uint32_t)st->len, st->dl, done, arg)
+                         : tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 0, st->dev_addr,
+                                                         (uint32_t)st->len, st->dl, done, arg);
     if (s != OTE_OK)
         OTE_WARN_LIMITED("rdma",
-                         "staged %s grant of %llu bytes at 0x%llx: the copy from the device "
+                         "staged %s grant of %llu bytes at 0x%llx: the copy from the %s "
                          "failed to start: %s",
                          st->write ? "WRITE" : "READ", (unsigned long long)st->len,
-                         (unsigned long long)st->dev_addr, ote_status_str(s));
+                         (unsigned long long)st->dev_addr, st->file ? "file" : "device",
+                         ote_status_str(s));
     return s;
 }
 
 struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st) {
     return st->mr;
 }
+
+int ote__rdma_stage_is_file(const rdma_stage_t *st) { return st->file; }
 
 uint64_t ote__rdma_stage_base(const rdma_stage_t *st) { return (uint64_t)(uintptr_t)st->buf; }
 
@@ -212,6 +255,13 @@ static void bounce_released(void *owner, void *tok) {
     atomic_fetch_sub(&tp->src_stages, 1);
 }
 
+/* As bounce_released, for a file registration's bounce (host->file's). */
+static void file_bounce_released(void *owner, void *tok) {
+    rdma_tp_t *tp = owner;
+    tp->host.file.bounce_put(tp->host.file.arg, tok);
+    atomic_fetch_sub(&tp->src_stages, 1);
+}
+
 /* A temporary MR goes, then the bounce, then the grant's reference. A temporary MR
  * that will not deregister is the buffer manager's orphan, and the bounce stays until
  * its reclaim deregisters it (the NIC may still reach the buffer meanwhile: never given
@@ -221,7 +271,8 @@ static void stage_release(rdma_tp_t *tp, rdma_stage_t *st) {
         bounce_released(tp, st->tok);
     } else {
         ote_status_t s =
-            ote_buffer_mr_drop(tp->bm, st->nic->ctx, st->mr, bounce_released, tp, st->tok);
+            ote_buffer_mr_drop(tp->bm, st->nic->ctx, st->mr,
+                               st->file ? file_bounce_released : bounce_released, tp, st->tok);
         if (s != OTE_OK)
             OTE_WARN("rdma",
                      "%s: dereg of a bounce buffer's MR failed (%s): MR and its %llu-byte "
@@ -249,9 +300,9 @@ static void stage_send_commit(conn_t *c, uint64_t req_id, uint32_t rkey, ote_sta
 
 static void stage_copy_warn(const rdma_stage_t *st, const char *what, ote_status_t s) {
     OTE_WARN_LIMITED("rdma",
-                     "staged WRITE of %llu bytes at 0x%llx from %s: the copy to the device %s: %s",
+                     "staged WRITE of %llu bytes at 0x%llx from %s: the copy to the %s %s: %s",
                      (unsigned long long)st->len, (unsigned long long)st->dev_addr,
-                     st->c->peer_addr, what, ote_status_str(s));
+                     st->c->peer_addr, st->file ? "file" : "device", what, ote_status_str(s));
 }
 
 /* GPU worker: a staged WRITE's copy back ended (OTE_OK: its bytes are in device memory).
@@ -294,6 +345,14 @@ static int stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
         ote__rdma_conn_put(st->c);
         st->c = NULL;
         return 0;
+    }
+    if (landed && st->file) {
+        /* The file's write (and fdatasync), on this thread; then as a device copy's end. */
+        atomic_fetch_add(&tp->src_copies, 1);
+        ote_status_t fs = tp->host.file.bounce_copy(tp->host.file.arg, st->tok, 1, st->dev_addr,
+                                                    (uint32_t)st->len);
+        stage_copied(st, fs);
+        return 1;
     }
     if (landed) {
         atomic_fetch_add(&tp->src_copies, 1);

@@ -11,9 +11,11 @@ typedef struct rdma_stage rdma_stage_t;
 /* Server thread: a bounce buffer for the grant [addr, +len) (write: a WRITE grant) of
  * the staged request whose registration pin is reg_pin, with a MW-bindable MR in nic's
  * context. OTE_OK with *st_out, else the refusal (nothing held). Its bytes come with
- * ote__rdma_stage_copy_start: the range copied from the device until dl, done(arg,
- * status) later on the GPU worker (the bounce is not ended before), or the failure now
- * (no done; the bounce is ended by the caller as usual). */
+ * ote__rdma_stage_copy_start: the range copied from the device (a file's range read by
+ * the file owner, host->file.bounce_read_start) until dl, done(arg, status) later on the
+ * GPU worker (the file owner's reaper or pool thread; rarely on this thread before the
+ * call returns), the bounce not ended before, or the failure now (no done; the bounce is
+ * ended by the caller as usual). */
 ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin, int write,
                                   uint64_t addr, uint64_t len, ote_deadline_t dl,
                                   rdma_stage_t **st_out);
@@ -26,7 +28,11 @@ typedef struct rdma_stage_mr rdma_stage_mr_t;
 ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *base, uint64_t size,
                                       struct ibv_mr **mr_out);
 void ote__rdma_stage_mrs_drop(rdma_tp_t *tp);
+/* The same for one data device's (its reopen, rdma_reopen.c); returns how many. */
+size_t ote__rdma_stage_mrs_drop_nic(rdma_tp_t *tp, const rdma_nic_t *nic);
 struct ibv_mr *ote__rdma_stage_mr(const rdma_stage_t *st);
+/* 1: a file registration's bounce (its copy is the file owner's read), 0: device memory's. */
+int ote__rdma_stage_is_file(const rdma_stage_t *st);
 uint64_t ote__rdma_stage_base(const rdma_stage_t *st);
 /* A WRITE's COMMIT goes on c (a reference taken) with req_id (the grant's wire id); its
  * window is on our QP qpn. The answer then holds a reference: ote__rdma_stage_answered

@@ -103,3 +103,27 @@ void ote__rdma_stage_mrs_drop(rdma_tp_t *tp) {
         drop_mr(tp, m);
     }
 }
+
+size_t ote__rdma_stage_mrs_drop_nic(rdma_tp_t *tp, const rdma_nic_t *nic) {
+    rdma_stage_mr_t *mine = NULL;
+    ote_mutex_lock(&tp->mu);
+    for (rdma_stage_mr_t **pp = &tp->stage_mrs; *pp != NULL;) {
+        rdma_stage_mr_t *m = *pp;
+        if (m->nic != nic) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        m->next = mine;
+        mine = m;
+    }
+    ote_mutex_unlock(&tp->mu);
+    size_t n = 0;
+    while (mine != NULL) {
+        rdma_stage_mr_t *m = mine;
+        mine = m->next;
+        drop_mr(tp, m);
+        n++;
+    }
+    return n;
+}

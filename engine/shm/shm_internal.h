@@ -146,6 +146,7 @@ static inline const shm_xp_t *ote__shm_cxp(const ote__slice_t *s) {
 #define SHM_MAGIC 0x4d48534fu /* "OSHM" */
 #define SHM_VERSION 3         /* 2: pieces name their request (req_uid); WRITE_OFF; 3: CANCEL */
 #define SHM_BATCH_MAX 64      /* requests per REQS message */
+#define SHM_SRC_FILE_READS 16 /* file reads ahead of the piece being copied (shm_fread.c) */
 #define SHM_WINDOW 256        /* slices in flight per peer */
 /* Bytes in flight per peer (one slice always may go). 64 MiB rather than 16: the source
  * reads ahead and keeps copying while the requester's receive thread waits for a core
@@ -507,6 +508,7 @@ struct shm_src {
     uint32_t jn;
     _Atomic uint64_t jnext; /* (generation << 32) | next unit */
     _Atomic uint32_t jdone; /* units finished */
+    struct shm_frwin *frw;  /* file reads ahead (shm_fread.c), the thread's; NULL: none yet */
 };
 
 /* A peer (requester side). */
@@ -597,6 +599,34 @@ void ote__shm_src_cancel(shm_src_t *s, const shm_req_t *q);    /* a CANCEL entry
  * thread, while the piece is held. */
 int ote__shm_src_canceled(const void *pin);
 void ote__shm_src_accts_end(shm_src_t *s); /* the connection closed */
+
+static inline const shm_req_t *ote__shm_msg_reqs(const shm_msg_t *m) {
+    return (const shm_req_t *)(m->in.b + sizeof(shm_hdr_t));
+}
+/* The piece's `local` is an offset in the ring (ring mode, or a small piece so marked). */
+static inline int ote__shm_in_ring(const shm_src_t *s, const shm_req_t *q) {
+    if (q->flags & SHM_REQ_LOCAL_DEV) return 0; /* a device address, never copied here */
+    return s->mode == SHM_MODE_RING || (q->flags & SHM_REQ_RING) != 0;
+}
+/* Whether pin is a file registration's (engine/file: host->file). */
+static inline int ote__shm_src_is_file(shm_src_t *s, void *pin) {
+    return pin != NULL && ote__pin_kind(ote__shm_src_engine_pin(s, pin)) == OTE_MEM_FILE;
+}
+
+/* shm_source.c: copy len bytes of piece q between this process's `mine` and the
+ * requester's `theirs` (CMA), the ring at offset theirs (ring; a WRITE's bytes once the
+ * requester's staging mark says they are there), or its shared allocation mapped here. */
+ote_status_t ote__shm_copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine, uint64_t theirs,
+                                 uint8_t *mapped, size_t len);
+
+/* shm_fread.c (the connection's thread): piece i of message m, on a file registration,
+ * served through a bounce (a READ's read started ahead with those of the run's later
+ * READ pieces up to b and, past m's end, of the READs read after it; at most
+ * SHM_SRC_FILE_READS); its status. settle: wait for the reads of m's entries [a, b) still
+ * running (pieces skipped; m NULL: every read), bounces back; end: the connection closes. */
+ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b);
+void ote__shm_fread_settle(shm_src_t *s, const shm_msg_t *m, uint32_t a, uint32_t b);
+void ote__shm_fread_end(shm_src_t *s);
 
 /* shm_connect.c: connect and handshake p with its source (p->fd, src_pid, mode, ring,
  * marks, ipc and max_slice set on success; *shared_ok: the source maps shared

@@ -258,28 +258,18 @@ static void set_st(shm_msg_t *m, uint32_t i, ote_status_t st) {
     if (st != OTE_OK) atomic_compare_exchange_strong(&m->st[i], &ok, (int32_t)st);
 }
 
-static const shm_req_t *msg_reqs(const shm_msg_t *m) {
-    return (const shm_req_t *)(m->in.b + sizeof(shm_hdr_t));
-}
-
-/* The piece's `local` is an offset in the ring (ring mode, or a small piece so marked). */
-static int in_ring(const shm_src_t *s, const shm_req_t *q) {
-    if (q->flags & SHM_REQ_LOCAL_DEV) return 0; /* a device address, never copied here */
-    return s->mode == SHM_MODE_RING || (q->flags & SHM_REQ_RING) != 0;
-}
-
 /* Copy len bytes of piece q between this process's `mine` and the requester's `theirs`
  * (CMA) or the ring at offset theirs (ring; bounded by the ring when the message was read;
  * a WRITE's bytes once the requester's staging mark says they are there). */
-static ote_status_t copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine, uint64_t theirs,
-                               uint8_t *mapped, size_t len) {
+ote_status_t ote__shm_copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine, uint64_t theirs,
+                                 uint8_t *mapped, size_t len) {
     uint16_t op = q->op;
     if (mapped != NULL) { /* a shared allocation of the requester's, mapped here */
         if (op == OTE__SLICE_WRITE) memcpy(mine, mapped, len);
         else memcpy(mapped, mine, len);
         return OTE_OK;
     }
-    if (in_ring(s, q)) {
+    if (ote__shm_in_ring(s, q)) {
         uint8_t *piece = s->ring + theirs;
         if (op == OTE__SLICE_WRITE) {
             ote_status_t st = ote__shm_ring_ready(s, q->id);
@@ -309,7 +299,7 @@ static ote_status_t src_notify(shm_src_t *s, const shm_req_t *q) {
     if (q->len > sizeof(msg)) return OTE_ERR_TOO_BIG;
     if (q->len == 0) /* never in the ring, in either mode: nothing to read */
         return s->tp->host.deliver_notify(s->tp->host.arg, s->from, s->from_name, msg, 0);
-    if (in_ring(s, q)) {
+    if (ote__shm_in_ring(s, q)) {
         if (s->ring == NULL || q->local > s->ring_len || q->len > s->ring_len - q->local)
             return OTE_ERR_INVALID;
         ote_status_t st = ote__shm_ring_ready(s, q->id);
@@ -352,38 +342,9 @@ static int src_is_device(shm_src_t *s, void *pin) {
     return pin != NULL && OTE_MEM_IS_CUDA(ote__pin_kind(ote__shm_src_engine_pin(s, pin)));
 }
 
-/* Whether it is a file registration (engine/file: host->file). */
-static int src_is_file(shm_src_t *s, void *pin) {
-    return pin != NULL && ote__pin_kind(ote__shm_src_engine_pin(s, pin)) == OTE_MEM_FILE;
-}
-
 /* Whether its bytes go through a bounce buffer here: device memory or a file. */
 static int src_is_staged(shm_src_t *s, void *pin) {
-    return src_is_device(s, pin) || src_is_file(s, pin);
-}
-
-/* One checked piece on a file registration: like device memory, through a host bounce
- * buffer (host->file: read from the file before the copy to the requester, written to it
- * after the copy from the requester, with the file owner's O_DIRECT and file_sync rules);
- * mapped: the requester's shared allocation mapped here (SHM_REQ_SHARED), else NULL. On
- * the connection thread, one piece at a time. */
-static ote_status_t src_copy_file(shm_src_t *s, const shm_req_t *q, void *pin, uint8_t *mapped) {
-    const ote__host_t *h = &s->tp->host;
-    if (q->op == OTE__SLICE_WRITE && in_ring(s, q)) {
-        ote_status_t ready = ote__shm_ring_ready(s, q->id);
-        if (ready != OTE_OK) return ready;
-    }
-    uint8_t *buf = NULL;
-    void *tok = NULL;
-    ote_status_t st =
-        h->file.bounce_get(h->file.arg, ote__shm_src_engine_pin(s, pin), q->len, &buf, &tok);
-    if (st != OTE_OK) return st;
-    if (q->op == OTE__SLICE_READ) st = h->file.bounce_copy(h->file.arg, tok, 0, q->remote, q->len);
-    if (st == OTE_OK) st = copy_bytes(s, q, buf, q->local, mapped, q->len);
-    if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
-        st = h->file.bounce_copy(h->file.arg, tok, 1, q->remote, q->len);
-    h->file.bounce_put(h->file.arg, tok);
-    return st;
+    return src_is_device(s, pin) || ote__shm_src_is_file(s, pin);
 }
 
 /* One checked piece on device memory: its bytes go through a host bounce buffer
@@ -392,7 +353,7 @@ static ote_status_t src_copy_file(shm_src_t *s, const shm_req_t *q, void *pin, u
 static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin) {
     const ote__host_t *h = &s->tp->host;
     /* A WRITE's bytes staged first: no bounce buffer is held while the requester stages. */
-    if (q->op == OTE__SLICE_WRITE && in_ring(s, q)) {
+    if (q->op == OTE__SLICE_WRITE && ote__shm_in_ring(s, q)) {
         ote_status_t ready = ote__shm_ring_ready(s, q->id);
         if (ready != OTE_OK) return ready;
     }
@@ -403,7 +364,7 @@ static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin)
         h->gpu.stage_get(h->gpu.arg, ote__shm_src_engine_pin(s, pin), q->len, dl, &buf, &tok);
     if (st != OTE_OK) return st;
     if (q->op == OTE__SLICE_READ) st = h->gpu.stage_copy(h->gpu.arg, tok, 0, q->remote, q->len, dl);
-    if (st == OTE_OK) st = copy_bytes(s, q, buf, q->local, NULL, q->len);
+    if (st == OTE_OK) st = ote__shm_copy_bytes(s, q, buf, q->local, NULL, q->len);
     if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
         st = h->gpu.stage_copy(h->gpu.arg, tok, 1, q->remote, q->len, dl);
     h->gpu.stage_put(h->gpu.arg, tok);
@@ -416,7 +377,7 @@ static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin)
 
 /* One unit of copy work (any copying thread). */
 static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
-    const shm_req_t *q = msg_reqs(m);
+    const shm_req_t *q = ote__shm_msg_reqs(m);
     if (atomic_load(&s->abort)) {
         for (uint32_t k = u->i; k < u->j; k++) set_st(m, k, OTE_ERR_PEER_LOST);
         return;
@@ -427,8 +388,8 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (atomic_load(&m->st[u->i]) != OTE_OK) return; /* stopped or failed: no more of it */
         uint8_t *mapped = m->sptr[u->i] ? m->sptr[u->i] + u->off : NULL;
         set_st(m, u->i,
-               copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off, p->local + u->off, mapped,
-                          u->len));
+               ote__shm_copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off,
+                                   p->local + u->off, mapped, u->len));
         return;
     }
     uint32_t n = u->j - u->i;
@@ -437,7 +398,7 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) != OTE_OK) plain = 0;
     }
-    if (n > 1 && plain && !in_ring(s, &q[u->i]) && m->sptr[u->i] == NULL) {
+    if (n > 1 && plain && !ote__shm_in_ring(s, &q[u->i]) && m->sptr[u->i] == NULL) {
         /* One system call for the whole run; when the kernel copies less, each is copied
          * alone below so that each gets its own status. */
         struct iovec l[SHM_BATCH_MAX], r[SHM_BATCH_MAX];
@@ -455,8 +416,8 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) == OTE_OK)
             set_st(m, k,
-                   copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local, m->sptr[k],
-                              q[k].len));
+                   ote__shm_copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local,
+                                       m->sptr[k], q[k].len));
     }
 }
 
@@ -465,7 +426,7 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
  * number; *large_out: the bytes of the large pieces. */
 static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
                             uint64_t *large_out) {
-    const shm_req_t *q = msg_reqs(m);
+    const shm_req_t *q = ote__shm_msg_reqs(m);
     uint64_t large = 0;
     for (uint32_t i = a; i < b; i++)
         if (atomic_load(&m->st[i]) == OTE_OK && q[i].len > SHM_RUN_MAX_LEN &&
@@ -488,7 +449,8 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
             uint32_t j = i + 1;
             uint64_t run = q[i].len;
             while (j < b && atomic_load(&m->st[j]) == OTE_OK && q[j].op == op &&
-                   q[j].len <= SHM_RUN_MAX_LEN && in_ring(s, &q[j]) == in_ring(s, &q[i]) &&
+                   q[j].len <= SHM_RUN_MAX_LEN &&
+                   ote__shm_in_ring(s, &q[j]) == ote__shm_in_ring(s, &q[i]) &&
                    (m->sptr[j] == NULL) == (m->sptr[i] == NULL) && run < SHM_RUN_MAX_LEN &&
                    !src_is_staged(s, m->pin[j])) {
                 run += q[j].len;
@@ -622,7 +584,7 @@ static void run_units(shm_src_t *s, shm_msg_t *m, uint32_t nu, int par) {
 /* Serve message m in order: the copies of its data entries (checked and pinned when it
  * was read), each notification in its place after the data before it; then its pins go. */
 static void src_serve(shm_src_t *s, shm_msg_t *m) {
-    const shm_req_t *q = msg_reqs(m);
+    const shm_req_t *q = ote__shm_msg_reqs(m);
     uint32_t cnt = m->in.h.n;
     for (uint32_t a = 0; a < cnt;) {
         uint32_t b = a;
@@ -636,8 +598,8 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
             if (atomic_load(&s->abort)) set_st(m, i, OTE_ERR_PEER_LOST);
             if (ote__shm_src_canceled(m->pin[i])) set_st(m, i, OTE_ERR_CANCELED);
             if (atomic_load(&m->st[i]) != OTE_OK) continue;
-            if (src_is_file(s, m->pin[i])) {
-                set_st(m, i, src_copy_file(s, &q[i], m->pin[i], m->sptr[i]));
+            if (ote__shm_src_is_file(s, m->pin[i])) {
+                set_st(m, i, ote__shm_fread_piece(s, m, i, b)); /* shm_fread.c */
                 continue;
             }
             if (q[i].flags & SHM_REQ_IPC) {
@@ -657,6 +619,7 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
             }
             set_st(m, i, src_copy_device(s, &q[i], m->pin[i]));
         }
+        ote__shm_fread_settle(s, m, a, b); /* file reads of pieces skipped meanwhile */
         uint64_t large = 0;
         uint32_t nu = build_units(s, m, a, b, &large);
         if (nu > 0) run_units(s, m, nu, large >= SHM_PAR_MIN && nu > 1);
@@ -687,7 +650,7 @@ static void src_cancel(shm_src_t *s, const shm_req_t *c) {
     ote__shm_src_cancel(s, c);
     for (uint32_t k = 0; k <= s->mcount && k < SHM_LOOKAHEAD; k++) {
         shm_msg_t *m = &s->msgs[(s->mhead + k) % SHM_LOOKAHEAD]; /* k == mcount: being read */
-        const shm_req_t *q = msg_reqs(m);
+        const shm_req_t *q = ote__shm_msg_reqs(m);
         for (uint32_t i = 0; i < m->in.h.n; i++)
             if ((q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) &&
                 q[i].req_uid == c->req_uid && q[i].req_remote == c->req_remote &&
@@ -705,7 +668,7 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
                          (int)s->pid);
         return -1;
     }
-    const shm_req_t *q = msg_reqs(m);
+    const shm_req_t *q = ote__shm_msg_reqs(m);
     int resp = 0;
     for (uint32_t i = 0; i < m->in.h.n; i++) {
         m->pin[i] = NULL;
@@ -737,7 +700,7 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
          * requester stages it). */
         if (st == OTE_OK && (fl & SHM_REQ_LOCAL_DEV) && !src_is_device(s, m->pin[i]))
             st = OTE_ERR_UNSUPPORTED;
-        if (st == OTE_OK && in_ring(s, &q[i]) &&
+        if (st == OTE_OK && ote__shm_in_ring(s, &q[i]) &&
             !ote__shm_ring_range_ok(s->ring, s->ring_len, q[i].local, q[i].len))
             st = OTE_ERR_INVALID;
         if (st == OTE_OK && (fl & SHM_REQ_SHARED) && !src_is_device(s, m->pin[i]))
@@ -798,7 +761,7 @@ static void src_loop(shm_src_t *s) {
             offer_fds_close(m);
             break;
         }
-        const shm_req_t *reqs = msg_reqs(m);
+        const shm_req_t *reqs = ote__shm_msg_reqs(m);
         shm_resp_t *resps = (shm_resp_t *)(out.b + sizeof(shm_hdr_t));
         int lost = 0, failed = 0;
         uint32_t k = 0; /* write-offs, cancels and IPC_DONEs get no response */
@@ -838,7 +801,7 @@ static void src_loop(shm_src_t *s) {
     for (; s->mcount > 0; s->mcount--, s->mhead = (s->mhead + 1) % SHM_LOOKAHEAD) {
         shm_msg_t *m = &s->msgs[s->mhead];
         for (uint32_t i = 0; i < m->in.h.n; i++)
-            if (m->pin[i] != NULL) ote__shm_src_unpin(s, m->pin[i], msg_reqs(m)[i].len);
+            if (m->pin[i] != NULL) ote__shm_src_unpin(s, m->pin[i], ote__shm_msg_reqs(m)[i].len);
     }
 }
 
@@ -854,6 +817,7 @@ void *ote__shm_src_main(void *arg) {
         goto out_done;
     }
     if (src_hello(s) == 0) src_loop(s);
+    ote__shm_fread_end(s);
     helpers_stop(s);
     ote__shm_src_shared_end(s); /* no copy runs any more */
 out_done:

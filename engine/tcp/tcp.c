@@ -61,10 +61,13 @@ static ote_status_t tcp_destroy(ote__transport_t *t) {
             if (cmd->kind == CMD_ATTACH && cmd->c->role == ROLE_SOURCE) ote__tcp_conn_free(cmd->c);
         w->chead = w->ctail = NULL;
         if (w->epfd >= 0) close(w->epfd);
+        if (tp->leak_workers) continue; /* file reads may still wake them (tcp_fread.c) */
         if (w->evfd >= 0) close(w->evfd);
         ote_mutex_destroy(&w->cmu);
+        ote_mutex_destroy(&w->fmu);
     }
-    ote__tcp_src_reqs_drop_all(tp); /* workers joined: every connection is gone */
+    ote__tcp_src_reqs_drop_all(tp);      /* workers joined: every connection is gone */
+    if (tp->leak_workers) return OTE_OK; /* logged by the worker: its memory must stay */
     ote_mutex_destroy(&tp->pmu);
     ote_cond_destroy(&tp->cv);
     ote_mutex_destroy(&tp->mu);
@@ -124,10 +127,12 @@ ote_status_t ote__tcp_create(const ote__cfg_t *cfg, const ote__host_t *host,
         w->epfd = epoll_create1(EPOLL_CLOEXEC);
         w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         ote_status_t mst = ote_mutex_init(&w->cmu);
-        if (w->epfd < 0 || w->evfd < 0 || mst != OTE_OK) {
-            st = mst != OTE_OK ? mst : ote_status_from_errno(errno);
+        ote_status_t fst = mst == OTE_OK ? ote_mutex_init(&w->fmu) : mst;
+        if (w->epfd < 0 || w->evfd < 0 || fst != OTE_OK) {
+            st = fst != OTE_OK ? fst : ote_status_from_errno(errno);
             OTE_ERROR("tcp", "cannot create worker %u: %s", i, ote_status_str(st));
             if (mst == OTE_OK) ote_mutex_destroy(&w->cmu);
+            if (fst == OTE_OK) ote_mutex_destroy(&w->fmu);
             if (w->epfd >= 0) close(w->epfd);
             if (w->evfd >= 0) close(w->evfd);
             tp->nworkers = i;

@@ -133,6 +133,7 @@ void ote__tcp_conn_kill(tcp_conn_t *c, ote_status_t why) {
         /* Unpinned before the close: once the requester sees EOF, unregister works. */
         for (size_t i = 0; i < c->rcount; i++) {
             tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
+            if (r->fread) ote__tcp_fread_drop(c, r); /* a running read keeps its bounce */
             if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
             r->pin = NULL;
             ote__tcp_src_stage_put(c, &r->stage, &r->stage_file);

@@ -15,6 +15,8 @@
  *                    against registrations (host->pin), responses, pause/resume, deadlines,
  *                    CANCEL (withdrawn READs, written-off bytes)
  *   tcp_pins.c       source: one account and one pin per request (version 2), sessions
+ *   tcp_fread.c      source: READs of file registrations read without waiting (several
+ *                    per connection in flight, answered in order)
  *   tcp_connect.c    connect and handshake as requester, peer open/reconnect/close
  *
  * The TCP transport.
@@ -145,6 +147,7 @@ static inline const tcp_xp_t *ote__tcp_cxp(const ote__slice_t *s) {
 #define TCP_MAX_CONNS 64
 #define TCP_INLINE_MAX (256u << 10) /* submit: a connection's share this small may go inline */
 #define TCP_SRC_MAX_RESP 256u       /* queued responses per source connection */
+#define TCP_SRC_FILE_READS 16u      /* file reads in flight per source connection */
 #define TCP_HS_RXBUF 512u           /* receive buffer before the handshake: one HELLO fits */
 #define TCP_HSBUF (OTE_CTL_HDR_LEN + 8 + OTE_CTL_MAX_TEXT + OTE_CTL_MAX_HELLO_BODY)
 
@@ -156,6 +159,24 @@ typedef struct tcp tcp_t;
 typedef struct tcp_worker tcp_worker_t;
 typedef struct tcp_conn tcp_conn_t;
 typedef struct tcp_peer tcp_peer_t;
+
+/* A READ of a file registration whose bytes the file owner reads into the response's
+ * bounce (host->file.bounce_read_start) while earlier responses are sent (tcp_fread.c).
+ * Its response points to it; the ring is sent up to the first response whose read has
+ * not ended. The read's done() (the file owner's thread) puts it on its worker's done
+ * list and wakes the worker, which marks it DONE and sends on. A connection that dies
+ * first unpins at once and leaves it the bounce (c NULL): the worker gives that back when
+ * the read ends. */
+typedef enum { FREAD_READING = 0, FREAD_DONE = 1 } tcp_fread_state_t;
+typedef struct tcp_fread {
+    struct tcp_fread *next; /* the worker's done list */
+    tcp_worker_t *w;        /* its connection's worker (outlives it) */
+    tcp_conn_t *c;          /* NULL once its connection died (it owns tok then) */
+    void *tok;              /* the bounce, while an orphan */
+    ote_status_t st;        /* the read's outcome (set by done()) */
+    tcp_fread_state_t state;
+    uint8_t withdrawn; /* CANCEL reached its READ: answered CANCELED once it ends */
+} tcp_fread_t;
 
 typedef struct tcp_cmd {
     struct tcp_cmd *next;
@@ -176,6 +197,7 @@ typedef struct {
     uint8_t stage_file; /* stage is a file registration's bounce (host->file), not the GPU's */
     uint64_t id;        /* req_id it answers */
     uint16_t opcode;    /* what it answers with */
+    tcp_fread_t *fread; /* its file read, until the ring sends past it (tcp_fread.c) */
 } tcp_resp_t;
 
 struct tcp_conn {
@@ -226,6 +248,7 @@ struct tcp_conn {
     int handshaken;
     struct src_sess *sess;     /* version 2: the session it belongs to (tcp_pins.c) */
     uint32_t rx_len;           /* length of the WRITE slice being received */
+    uint32_t freads;           /* file reads in flight (at most TCP_SRC_FILE_READS) */
     uint64_t last_refused_req; /* extent start of the last refused request (one WARN each) */
     uint8_t hsbuf[TCP_HSBUF];
 
@@ -259,6 +282,11 @@ struct tcp_worker {
     tcp_conn_t *grave;
     uint64_t next_tick;
     struct iovec iov[TCP_IOV];
+    /* File reads of its source connections (tcp_fread.c), under fmu: those ended and not
+     * yet taken, and how many were started and not yet taken. */
+    ote_mutex_t fmu;
+    tcp_fread_t *fdone;
+    uint32_t finflight;
 };
 
 struct tcp {
@@ -270,7 +298,8 @@ struct tcp {
     tcp_worker_t *workers;
     _Atomic uint32_t rr;
     _Atomic int stop;
-    ote_mutex_t mu; /* conn lifecycle */
+    ote_mutex_t mu;   /* conn lifecycle */
+    int leak_workers; /* a worker's file reads outlived its teardown wait: keep workers */
     ote_cond_t cv;
     int sockbuf;
     _Atomic uint64_t session;
@@ -358,9 +387,29 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m);
 /* A WRITE payload has fully arrived (or was discarded): unpin and answer WRITE_ACK. */
 int ote__tcp_src_payload_done(tcp_conn_t *c);
 int ote__tcp_src_may_parse(const tcp_conn_t *c);
+/* Queue a response (pin unpinned, c killed and -1 when out of memory); 0 otherwise. */
+int ote__tcp_src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t st,
+                         const uint8_t *data, uint32_t len, void *pin);
 void ote__tcp_src_pause(tcp_conn_t *c);
 void ote__tcp_src_pump(tcp_conn_t *c);
 void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now);
+
+/* ---- tcp_fread.c: file reads in flight (source) ----------------------------------- */
+/* READ of a file registration (pin): bounce, read started, response queued waiting for
+ * it; a failure answers the slice with its status. Returns 0, or -1 when c was killed. */
+int ote__tcp_fread_start(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin);
+/* Sending reached r, which has a file read: 1 when it may go (its read ended; a failed
+ * or withdrawn one is now an answer without data), 0 while the read runs. */
+int ote__tcp_fread_ready(tcp_conn_t *c, tcp_resp_t *r);
+/* CANCEL reached r (a READ with a file read): answered CANCELED once its read ends. */
+void ote__tcp_fread_withdraw(tcp_resp_t *r);
+/* c dies: r's pin goes now; a running read keeps the bounce until it ends. */
+void ote__tcp_fread_drop(tcp_conn_t *c, tcp_resp_t *r);
+/* Worker: take the ended reads, send on their connections, give back orphans' bounces. */
+void ote__tcp_fread_drain(tcp_worker_t *w);
+/* Worker teardown, its connections gone: wait (bounded) for its reads still running.
+ * 0 when none is left; -1 when some outlived the wait (their memory must stay). */
+int ote__tcp_fread_settle(tcp_worker_t *w);
 
 /* ---- tcp_pins.c: one pin per request at the source (version 2) -------------------- */
 /* A handshaken version-2 source connection joins its requester's session; at close it

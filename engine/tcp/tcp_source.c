@@ -51,6 +51,11 @@ static int src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t
     return 0;
 }
 
+int ote__tcp_src_respond(tcp_conn_t *c, uint16_t opcode, uint64_t id, ote_status_t st,
+                         const uint8_t *data, uint32_t len, void *pin) {
+    return src_respond(c, opcode, id, st, data, len, pin);
+}
+
 int ote__tcp_src_payload_done(tcp_conn_t *c) {
     if (c->rx_stage != NULL) {
         /* Device memory or a file: the bytes are in the bounce buffer; copy them there. */
@@ -71,11 +76,13 @@ int ote__tcp_src_payload_done(tcp_conn_t *c) {
 }
 
 /* Whether the source may take another request from c: not after a refusal that closes
- * the connection, not while TCP_SRC_MAX_RESP responses wait to be sent, and not while a
+ * the connection, not while TCP_SRC_MAX_RESP responses wait to be sent or
+ * TCP_SRC_FILE_READS file reads run, and not while a
  * BUFS answer (up to OTE_CTL_BUFS_MAX_BODY bytes) does: one list per connection is
  * allocated at a time, however many BUFS_REQ a requester sends without reading. */
 int ote__tcp_src_may_parse(const tcp_conn_t *c) {
-    return !c->closing && c->rcount < TCP_SRC_MAX_RESP && c->bufs_queued == 0;
+    return !c->closing && c->rcount < TCP_SRC_MAX_RESP && c->bufs_queued == 0 &&
+           c->freads < TCP_SRC_FILE_READS;
 }
 
 static void src_write(tcp_conn_t *c) {
@@ -85,6 +92,7 @@ static void src_write(tcp_conn_t *c) {
         size_t off = c->rtx_off;
         for (size_t i = 0; i < c->rcount && n < TCP_IOV - 1; i++) {
             tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
+            if (r->fread != NULL && !ote__tcp_fread_ready(c, r)) break; /* in order */
             if (off < r->hdr_len) {
                 iov[n].iov_base = r->hdr + off;
                 iov[n++].iov_len = r->hdr_len - off;
@@ -98,6 +106,7 @@ static void src_write(tcp_conn_t *c) {
             }
             off = 0;
         }
+        if (n == 0) break; /* the oldest waits for its file read */
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t rc = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (rc < 0) {
@@ -224,6 +233,11 @@ static void src_withdraw(tcp_conn_t *c, const ote_ctl_msg_t *m) {
         for (size_t i = first; i < c->rcount; i++) {
             tcp_resp_t *r = &c->ring[(c->rhead + i) % c->rcap];
             if (r->id != id || r->opcode != OTE_CTL_READ_RESP || r->data == NULL) continue;
+            if (r->fread != NULL) { /* its bounce stays until the read ends */
+                if (!r->fread->withdrawn) n++;
+                ote__tcp_fread_withdraw(r);
+                break;
+            }
             if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
             r->pin = NULL;
             ote__tcp_src_stage_put(c, &r->stage, &r->stage_file);
@@ -301,27 +315,22 @@ static ote_status_t src_stage_get(tcp_conn_t *c, void *pin, uint32_t len, uint8_
 }
 
 /* READ of device memory: its bytes are copied into a bounce buffer (synchronously, on
- * this worker) that the response sends; a failure answers the slice with its status. */
+ * this worker) that the response sends; a failure answers the slice with its status.
+ * (A file registration's READ reads without waiting: ote__tcp_fread_start.) */
 static int src_read_device(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
     tcp_t *tp = c->w->tp;
     uint8_t *buf = NULL;
     void *tok = NULL;
-    uint8_t file = (uint8_t)src_is_file(c, pin);
-    ote_status_t st =
-        file ? tp->host.file.bounce_get(tp->host.file.arg, ote__tcp_src_engine_pin(c, pin),
-                                        m->u.rw.len, &buf, &tok)
-             : src_stage_get(c, pin, m->u.rw.len, &buf, &tok);
-    if (st == OTE_OK && file) {
-        st = tp->host.file.bounce_copy(tp->host.file.arg, tok, 0, m->u.rw.addr, m->u.rw.len);
-    } else if (st == OTE_OK) {
+    uint8_t file = 0;
+    ote_status_t st = src_stage_get(c, pin, m->u.rw.len, &buf, &tok);
+    if (st == OTE_OK) {
         ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
         st = tp->host.gpu.stage_copy(tp->host.gpu.arg, tok, 0, m->u.rw.addr, m->u.rw.len, dl);
     }
     if (st != OTE_OK) {
         ote__tcp_src_stage_put(c, &tok, &file);
         ote__tcp_src_unpin(c, pin, m->u.rw.len);
-        OTE_WARN_LIMITED("tcp", "READ of %s at 0x%llx for %s failed: %s",
-                         file ? "a file registration" : "device memory",
+        OTE_WARN_LIMITED("tcp", "READ of device memory at 0x%llx for %s failed: %s",
                          (unsigned long long)m->u.rw.addr, c->from, ote_status_str(st));
         return src_respond(c, OTE_CTL_READ_RESP, m->req_id, st, NULL, 0, NULL);
     }
@@ -331,7 +340,7 @@ static int src_read_device(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
     }
     tcp_resp_t *r = &c->ring[(c->rhead + c->rcount - 1) % c->rcap];
     r->stage = tok;
-    r->stage_file = file;
+    r->stage_file = 0;
     return 0;
 }
 
@@ -392,6 +401,7 @@ int ote__tcp_src_frame(tcp_conn_t *c, const ote_ctl_msg_t *m) {
                 src_refused(c, "READ", m, st);
                 return src_respond(c, OTE_CTL_READ_RESP, m->req_id, st, NULL, 0, NULL);
             }
+            if (src_is_file(c, pin)) return ote__tcp_fread_start(c, m, pin);
             if (src_is_device(c, pin)) return src_read_device(c, m, pin);
             return src_respond(c, OTE_CTL_READ_RESP, m->req_id, OTE_OK,
                                (const uint8_t *)(uintptr_t)m->u.rw.addr, m->u.rw.len, pin);

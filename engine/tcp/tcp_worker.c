@@ -247,6 +247,7 @@ static void worker_commands(tcp_worker_t *w) {
 
 static void worker_service(tcp_worker_t *w) {
     worker_commands(w);
+    ote__tcp_fread_drain(w); /* file reads that ended (tcp_fread.c) */
     for (tcp_conn_t *c = w->conns, *next; c; c = next) {
         next = c->wnext;
         if (c->role != ROLE_REQUESTER) continue;
@@ -313,5 +314,10 @@ void *ote__tcp_worker_main(void *arg) {
     }
     while (w->conns) ote__tcp_conn_kill(w->conns, OTE_ERR_PEER_LOST);
     worker_bury(w);
+    if (ote__tcp_fread_settle(w) != 0) {
+        ote_mutex_lock(&tp->mu);
+        tp->leak_workers = 1;
+        ote_mutex_unlock(&tp->mu);
+    }
     return NULL;
 }

@@ -1,9 +1,11 @@
-// A peer's requests to file registrations (engine/file through host->file): over tcp the
-// source reads the file into a bounce buffer and sends it (READ), or writes the bytes it
-// received (WRITE); shm does not serve file registrations yet and refuses them whole
-// (OTE_ERR_ACCESS). Two engines of this process talk over loopback.
+// A peer's requests to file registrations (engine/file through host->file): over tcp and
+// shm the source reads the file into a bounce buffer (READ: started ahead on the file
+// owner's I/O engine, host->file.bounce_read_start) and sends or copies it, or writes the
+// bytes it received (WRITE). Two engines of this process talk over loopback (tcp) or the
+// same-host transport (shm).
 #include <gtest/gtest.h>
 
+#include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 extern "C" {
+#include "base/fault.h"
 #include "ote/ote.h"
 }
 
@@ -31,16 +34,72 @@ uint8_t Pat(uint64_t i) { return static_cast<uint8_t>(i * 7 + (i >> 11)); }
 
 class FileRemoteTest : public ote_test::OteTest {
   protected:
-    ote_engine_t *Engine(const char *transports) {
+    using Kv = std::vector<std::pair<const char *, std::string>>;
+    // An engine with the keys of kv set.
+    ote_engine_t *NewEngine(const Kv &kv) {
         ote_config_t *cfg = nullptr;
         EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
-        EXPECT_EQ(ote_config_set(cfg, "listen_address", "127.0.0.1:0"), OTE_OK);
-        EXPECT_EQ(ote_config_set(cfg, "transports", transports), OTE_OK);
-        EXPECT_EQ(ote_config_set(cfg, "slice_size", "64K"), OTE_OK);
+        for (const auto &k : kv) EXPECT_EQ(ote_config_set(cfg, k.first, k.second.c_str()), OTE_OK);
         ote_engine_t *e = nullptr;
         EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
         ote_config_destroy(cfg);
         return e;
+    }
+    // tcp on loopback, 64 KiB slices, and the keys of more.
+    ote_engine_t *TcpEngine(const Kv &more = {}) {
+        Kv kv{{"listen_address", "127.0.0.1:0"}, {"transports", "tcp"}, {"slice_size", "64K"}};
+        kv.insert(kv.end(), more.begin(), more.end());
+        return NewEngine(kv);
+    }
+    // The pair under test: src (src_) with [off, off + len) of the file at path registered
+    // (a_, perms, name), req (req_) with a segment to it (seg_) and a batch of cap
+    // requests (b_). TearDown ends them all and removes the file.
+    void Connect(ote_engine_t *src, ote_engine_t *req, const std::string &path, uint64_t off,
+                 uint64_t len, unsigned perms, const char *name = nullptr, uint32_t cap = 1) {
+        src_ = src;
+        req_ = req;
+        path_ = path;
+        ASSERT_NE(src_, nullptr);
+        ASSERT_NE(req_, nullptr);
+        ASSERT_EQ(ote_file_register(src_, path.c_str(), -1, off, len, perms, name, &a_), OTE_OK);
+        char addr[272];
+        ASSERT_EQ(ote_engine_address(src_, addr, sizeof(addr)), OTE_OK);
+        ASSERT_EQ(ote_segment_open(req_, addr, &seg_), OTE_OK);
+        ASSERT_EQ(ote_batch_create(req_, cap, &b_), OTE_OK);
+    }
+    // The requester side ends: its batch, its segment, its engine (its connections too).
+    void CloseRequester() {
+        if (b_ != nullptr) {
+            EXPECT_EQ(ote_batch_destroy(b_), OTE_OK);
+        }
+        if (seg_ != nullptr) {
+            EXPECT_EQ(ote_segment_close(seg_), OTE_OK);
+        }
+        if (req_ != nullptr) {
+            EXPECT_EQ(ote_engine_destroy(req_), OTE_OK);
+        }
+        b_ = nullptr, seg_ = nullptr, req_ = nullptr;
+    }
+    // ote_file_unregister of a_, waiting up to 10 s while reads that the source still has
+    // in flight (held by file.stall until their deadline) keep it BUSY.
+    ote_status_t UnregisterWaiting() {
+        ote_status_t st = OTE_ERR_BUSY;
+        for (int i = 0; i < 200 && st == OTE_ERR_BUSY; i++) {
+            st = ote_file_unregister(src_, a_);
+            if (st == OTE_ERR_BUSY) usleep(50 * 1000);
+        }
+        return st;
+    }
+    void TearDown() override {
+        CloseRequester();
+        if (src_ != nullptr) {
+            if (a_ != 0) {
+                EXPECT_EQ(UnregisterWaiting(), OTE_OK);
+            }
+            EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+        }
+        if (!path_.empty()) unlink(path_.c_str());
+        OteTest::TearDown();
     }
     void MakeFile(const std::string &p, uint64_t n) {
         std::vector<uint8_t> b(n);
@@ -57,41 +116,46 @@ class FileRemoteTest : public ote_test::OteTest {
         close(fd);
         return b;
     }
-    ote_transfer_status_t Move(ote_batch_t *b, ote_segment_t *seg, ote_opcode_t op, void *local,
-                               uint64_t remote, size_t len) {
-        EXPECT_EQ(ote_batch_reset(b), OTE_OK);
-        ote_request_t r{op, local, seg, remote, len};
-        EXPECT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
-        (void)ote_batch_wait(b, kWaitNs);
+    // One request through b_, waited for; its status.
+    ote_transfer_status_t Move(ote_opcode_t op, void *local, uint64_t remote, size_t len) {
+        EXPECT_EQ(ote_batch_reset(b_), OTE_OK);
+        ote_request_t r{op, local, seg_, remote, len};
+        EXPECT_EQ(ote_batch_submit(b_, &r, 1), OTE_OK);
+        (void)ote_batch_wait(b_, kWaitNs);
         ote_transfer_status_t s{};
-        EXPECT_EQ(ote_batch_status(b, 0, &s), OTE_OK);
+        EXPECT_EQ(ote_batch_status(b_, 0, &s), OTE_OK);
         return s;
     }
+    // READs of bufs[i].size() bytes at a_ + offs[i] into bufs through b_, waited for.
+    void ReadMany(std::vector<std::vector<uint8_t>> &bufs, const std::vector<uint64_t> &offs) {
+        std::vector<ote_request_t> rs;
+        for (size_t i = 0; i < bufs.size(); i++)
+            rs.push_back({OTE_READ, bufs[i].data(), seg_, a_ + offs[i], bufs[i].size()});
+        ASSERT_EQ(ote_batch_reset(b_), OTE_OK);
+        ASSERT_EQ(ote_batch_submit(b_, rs.data(), rs.size()), OTE_OK);
+        (void)ote_batch_wait(b_, kWaitNs);
+    }
+    ote_engine_t *src_ = nullptr, *req_ = nullptr;
+    ote_segment_t *seg_ = nullptr;
+    ote_batch_t *b_ = nullptr;
+    uint64_t a_ = 0;
+    std::string path_;
 };
 
 TEST_F(FileRemoteTest, TcpPeerReadsAndWritesAFile) {
     const uint64_t n = 1u << 20;
     std::string path = TmpPath("remote_tcp.bin");
     MakeFile(path, n);
-    ote_engine_t *src = Engine("tcp"), *req = Engine("tcp");
-    uint64_t a = 0;
-    ASSERT_EQ(ote_file_register(src, path.c_str(), -1, 4096, n - 4096,
-                                OTE_PERM_READ | OTE_PERM_WRITE, "kv", &a),
-              OTE_OK);
-    char addr[272];
-    ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, addr, &seg), OTE_OK);
-    ote_batch_t *b = nullptr;
-    ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(Connect(TcpEngine(), TcpEngine(), path, 4096, n - 4096,
+                                    OTE_PERM_READ | OTE_PERM_WRITE, "kv"));
 
     std::vector<uint8_t> buf(300001);
-    ote_transfer_status_t s = Move(b, seg, OTE_READ, buf.data(), a + 77, buf.size());
+    ote_transfer_status_t s = Move(OTE_READ, buf.data(), a_ + 77, buf.size());
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], Pat(4096 + 77 + i)) << i;
 
     for (size_t i = 0; i < buf.size(); i++) buf[i] = static_cast<uint8_t>(~Pat(i));
-    s = Move(b, seg, OTE_WRITE, buf.data(), a + 1000, buf.size());
+    s = Move(OTE_WRITE, buf.data(), a_ + 1000, buf.size());
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     std::vector<uint8_t> got = ReadFile(path, n);
     for (uint64_t i = 0; i < n; i++) {
@@ -99,21 +163,14 @@ TEST_F(FileRemoteTest, TcpPeerReadsAndWritesAFile) {
         ASSERT_EQ(got[i], in ? static_cast<uint8_t>(~Pat(i - 5096)) : Pat(i)) << i;
     }
     // Outside the registration: refused whole, nothing written.
-    s = Move(b, seg, OTE_WRITE, buf.data(), a + (n - 4096) - 10, 11);
+    s = Move(OTE_WRITE, buf.data(), a_ + (n - 4096) - 10, 11);
     EXPECT_EQ(s.state, OTE_TRANSFER_FAILED);
     EXPECT_EQ(ote_status_code(s.error), OTE_ERR_ACCESS);
     // The file truncated under the registration: the READ fails, the peer says why.
     ASSERT_EQ(truncate(path.c_str(), 8192), 0);
-    s = Move(b, seg, OTE_READ, buf.data(), a, 100000);
+    s = Move(OTE_READ, buf.data(), a_, 100000);
     EXPECT_EQ(s.state, OTE_TRANSFER_FAILED);
     EXPECT_NE(ote_status_code(s.error), OTE_OK);
-
-    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(ote_file_unregister(src, a), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
-    unlink(path.c_str());
 }
 
 // Slices whose file range is 4 KiB-aligned go O_DIRECT at the source, through its pool of
@@ -125,29 +182,20 @@ TEST_F(FileRemoteTest, TcpPeerAlignedSlicesThroughPooledBounces) {
     const uint64_t n = 4u << 20;
     std::string path = TmpPath("remote_aligned.bin");
     MakeFile(path, n);
-    ote_engine_t *src = Engine("tcp"), *req = Engine("tcp");
-    uint64_t a = 0;
-    ASSERT_EQ(
-        ote_file_register(src, path.c_str(), -1, 0, n, OTE_PERM_READ | OTE_PERM_WRITE, nullptr, &a),
-        OTE_OK);
-    char addr[272];
-    ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, addr, &seg), OTE_OK);
-    ote_batch_t *b = nullptr;
-    ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(
+        Connect(TcpEngine(), TcpEngine(), path, 0, n, OTE_PERM_READ | OTE_PERM_WRITE));
 
     std::vector<uint8_t> buf(2u << 20);
     for (int round = 0; round < 5; round++) {
         std::fill(buf.begin(), buf.end(), 0);
-        ote_transfer_status_t s = Move(b, seg, OTE_READ, buf.data(), a + 65536, buf.size());
+        ote_transfer_status_t s = Move(OTE_READ, buf.data(), a_ + 65536, buf.size());
         ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
         for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], Pat(65536 + i)) << i;
     }
     // 1 MiB + 100 bytes: sixteen aligned slices, then a 100-byte one.
     const size_t wl = (1u << 20) + 100;
     for (size_t i = 0; i < wl; i++) buf[i] = static_cast<uint8_t>(~Pat(i));
-    ote_transfer_status_t s = Move(b, seg, OTE_WRITE, buf.data(), a + (1u << 20), wl);
+    ote_transfer_status_t s = Move(OTE_WRITE, buf.data(), a_ + (1u << 20), wl);
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     std::vector<uint8_t> got = ReadFile(path, n);
     for (uint64_t i = 0; i < n; i++) {
@@ -156,37 +204,221 @@ TEST_F(FileRemoteTest, TcpPeerAlignedSlicesThroughPooledBounces) {
     }
     // Read back through the source: what the WRITE left, O_DIRECT and buffered slices alike.
     std::vector<uint8_t> back(wl);
-    s = Move(b, seg, OTE_READ, back.data(), a + (1u << 20), wl);
+    s = Move(OTE_READ, back.data(), a_ + (1u << 20), wl);
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     for (size_t i = 0; i < wl; i++) ASSERT_EQ(back[i], static_cast<uint8_t>(~Pat(i))) << i;
 
     ASSERT_EQ(truncate(path.c_str(), 65536 + 4096 + 100), 0);
-    s = Move(b, seg, OTE_READ, buf.data(), a + 65536, 65536);
+    s = Move(OTE_READ, buf.data(), a_ + 65536, 65536);
     EXPECT_EQ(s.state, OTE_TRANSFER_FAILED);
     EXPECT_EQ(ote_status_code(s.error), OTE_ERR_REMOTE) << ote_status_str(s.error);
-
-    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(ote_file_unregister(src, a), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
-    unlink(path.c_str());
 }
+
+// The tcp source reads a file registration's slices without waiting (engine/tcp/
+// tcp_fread.c): up to TCP_SRC_FILE_READS reads per connection run on the file owner's
+// I/O engine (each one: io_uring and the thread pool) while earlier responses go out, in
+// order. Many READs at once, a read error that fails only its slice, a connection that
+// dies with reads in flight, a cancel that withdraws them, and the source engine
+// destroyed with reads in flight.
+class FileTcpAsyncTest : public FileRemoteTest, public ::testing::WithParamInterface<const char *> {
+  protected:
+    // The file at path (n bytes) made and registered READ-only at src; the two engines'
+    // transfer_timeout_ms; a batch of cap requests.
+    void Open(const std::string &path, uint64_t n, const char *src_ms, const char *req_ms,
+              uint32_t cap) {
+        MakeFile(path, n);
+        ASSERT_NO_FATAL_FAILURE(
+            Connect(TcpEngine({{"file_engine", GetParam()}, {"transfer_timeout_ms", src_ms}}),
+                    TcpEngine({{"file_engine", GetParam()}, {"transfer_timeout_ms", req_ms}}), path,
+                    0, n, OTE_PERM_READ, nullptr, cap));
+    }
+};
+
+// 48 READs at once (64 KiB slices: hundreds of frames per connection, aligned and not,
+// one byte to 1 MiB + 1), three rounds: every byte right.
+TEST_P(FileTcpAsyncTest, ManyConcurrentReads) {
+    const uint64_t n = 16u << 20;
+    std::string path = TmpPath((std::string("async_many_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "30000", "30000", 48));
+    for (int round = 0; round < 3; round++) {
+        std::vector<std::vector<uint8_t>> bufs;
+        std::vector<uint64_t> offs;
+        for (uint64_t i = 0; i < 48; i++) {
+            uint64_t len = i % 4 == 0 ? (1u << 20) : i % 4 == 1 ? (1u << 20) + 1 : 1 + i * 4099;
+            uint64_t off = (i * 331u * 4096 + (i % 2 ? 0 : 4096u * round + i)) % (n - len);
+            bufs.emplace_back(len, 0xee);
+            offs.push_back(off);
+        }
+        ReadMany(bufs, offs);
+        for (size_t i = 0; i < bufs.size(); i++) {
+            ote_transfer_status_t s{};
+            ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+            ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(s.error);
+            for (size_t k = 0; k < bufs[i].size(); k++)
+                ASSERT_EQ(bufs[i][k], Pat(offs[i] + k)) << i << " " << k;
+        }
+    }
+}
+
+// The file.io fault point fails the 5th read the source's file owner completes (EIO):
+// that slice's request fails (OTE_ERR_REMOTE), the other READs, in flight beside it on
+// the same connection, complete with the right bytes; the connection goes on serving.
+TEST_P(FileTcpAsyncTest, ReadErrorFailsOnlyItsSlice) {
+    const uint64_t n = 4u << 20;
+    std::string path = TmpPath((std::string("async_eio_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "30000", "30000", 16));
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<uint64_t> offs;
+    for (uint64_t i = 0; i < 16; i++) { // one 64 KiB slice each
+        bufs.emplace_back(65536, 0xee);
+        offs.push_back(i * 65536 * 3);
+    }
+    ASSERT_EQ(ote_fault_arm("file.io", OTE_FAULT_NTH, 5, OTE_ERR_FAULT, EIO), OTE_OK);
+    ReadMany(bufs, offs);
+    EXPECT_GE(ote_fault_hits("file.io"), 16u);
+    ote_fault_disarm("file.io");
+    size_t failed = 0;
+    for (size_t i = 0; i < bufs.size(); i++) {
+        ote_transfer_status_t s{};
+        ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+        if (s.state == OTE_TRANSFER_FAILED) {
+            EXPECT_EQ(ote_status_code(s.error), OTE_ERR_REMOTE) << ote_status_str(s.error);
+            failed++;
+            continue;
+        }
+        ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(s.error);
+        for (size_t k = 0; k < bufs[i].size(); k++) ASSERT_EQ(bufs[i][k], Pat(offs[i] + k)) << i;
+    }
+    EXPECT_EQ(failed, 1u);
+    std::vector<uint8_t> again(1u << 20);
+    ote_transfer_status_t s = Move(OTE_READ, again.data(), a_ + 4096, again.size());
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    for (size_t k = 0; k < again.size(); k++) ASSERT_EQ(again[k], Pat(4096 + k)) << k;
+}
+
+// The source's reads are held in flight (file.stall) past the requester's deadline
+// (300 ms): the requester closes its connection, the source's connection dies with its
+// reads running. The registration stays BUSY until they end at their own deadline (the
+// source's 2 s), then the bounces come back and unregister works (ASan/LSan: nothing
+// leaked, nothing used after free).
+TEST_P(FileTcpAsyncTest, ConnectionDiesWithReadsInFlight) {
+    const uint64_t n = 4u << 20;
+    std::string path = TmpPath((std::string("async_die_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "2000", "300", 4));
+    std::vector<std::vector<uint8_t>> bufs(4, std::vector<uint8_t>(256u << 10, 0xee));
+    std::vector<uint64_t> offs{0, 1u << 20, 2u << 20, (3u << 20) + 5};
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    ReadMany(bufs, offs);
+    EXPECT_GE(ote_fault_hits("file.stall"), 1u);
+    ote_fault_disarm("file.stall");
+    for (size_t i = 0; i < bufs.size(); i++) {
+        ote_transfer_status_t s{};
+        ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+        EXPECT_NE(s.state, OTE_TRANSFER_COMPLETED) << i;
+        for (uint8_t v : bufs[i]) ASSERT_EQ(v, 0xee);
+    }
+    CloseRequester();                       // its connections are surely gone now
+    EXPECT_EQ(UnregisterWaiting(), OTE_OK); // the reads end by 2 s
+    a_ = 0;
+}
+
+// The source engine is destroyed while its reads are in flight (file.stall): the tcp
+// transport's teardown waits for them (their 1 s deadline) before the file owner goes.
+TEST_P(FileTcpAsyncTest, SourceDestroyedWithReadsInFlight) {
+    const uint64_t n = 2u << 20;
+    std::string path = TmpPath((std::string("async_destroy_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "1000", "30000", 2));
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    std::vector<uint8_t> x(512u << 10), y(300000);
+    ote_request_t rs[2] = {{OTE_READ, x.data(), seg_, a_, x.size()},
+                           {OTE_READ, y.data(), seg_, a_ + 700000, y.size()}};
+    ASSERT_EQ(ote_batch_submit(b_, rs, 2), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b_, 100ull * 1000 * 1000), OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_fault_hits("file.stall"), 1u);
+    EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+    src_ = nullptr;
+    ote_fault_disarm("file.stall");
+    (void)ote_batch_wait(b_, kWaitNs);
+    for (size_t i = 0; i < 2; i++) {
+        ote_transfer_status_t s{};
+        ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+        EXPECT_NE(s.state, OTE_TRANSFER_COMPLETED) << i;
+    }
+}
+
+// ote_batch_cancel while the source's reads are held in flight (file.stall): the CANCEL
+// withdraws them at the source, which answers CANCELED once each read ended (its 1 s
+// deadline) and gives its bounce back; the connection then serves on.
+TEST_P(FileTcpAsyncTest, CancelWithReadsInFlight) {
+    const uint64_t n = 2u << 20;
+    std::string path = TmpPath((std::string("async_cancel_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "1000", "30000", 1));
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    std::vector<uint8_t> x(512u << 10, 0xee);
+    ote_request_t r{OTE_READ, x.data(), seg_, a_ + 4096, x.size()};
+    ASSERT_EQ(ote_batch_submit(b_, &r, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b_, 100ull * 1000 * 1000), OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_fault_hits("file.stall"), 1u);
+    ASSERT_EQ(ote_batch_cancel(b_), OTE_OK);
+    (void)ote_batch_wait(b_, kWaitNs);
+    ote_fault_disarm("file.stall");
+    ote_transfer_status_t s{};
+    ASSERT_EQ(ote_batch_status(b_, 0, &s), OTE_OK);
+    EXPECT_EQ(s.state, OTE_TRANSFER_CANCELED) << ote_status_str(s.error);
+    s = Move(OTE_READ, x.data(), a_ + 8192, x.size());
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    for (size_t k = 0; k < x.size(); k++) ASSERT_EQ(x[k], Pat(8192 + k)) << k;
+    EXPECT_EQ(UnregisterWaiting(), OTE_OK);
+    a_ = 0;
+}
+
+// The source's pooled bounce buffers are io_uring fixed buffers (a DEBUG line per buffer
+// registered; the reads into them io_uring_prep_read_fixed): READs of a peer over tcp,
+// aligned (O_DIRECT) and not, move the right bytes; the thread pool registers none.
+TEST_P(FileTcpAsyncTest, BounceBuffersAreFixed) {
+    const uint64_t n = 4u << 20;
+    std::string path = TmpPath((std::string("async_fixed_") + GetParam() + ".bin").c_str());
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(
+        Connect(TcpEngine({{"file_engine", GetParam()}, {"log_level", "debug"}}),
+                TcpEngine({{"file_engine", GetParam()}}), path, 0, n, OTE_PERM_READ, nullptr, 8));
+    for (int round = 0; round < 2; round++) {
+        std::vector<std::vector<uint8_t>> bufs;
+        std::vector<uint64_t> offs;
+        for (uint64_t i = 0; i < 8; i++) {
+            uint64_t len = i % 2 == 0 ? (256u << 10) : 100000 + i;
+            bufs.emplace_back(len, 0xee);
+            offs.push_back(i * (400u << 10) + (i % 2 == 0 ? 0 : 3 + round));
+        }
+        ReadMany(bufs, offs);
+        for (size_t i = 0; i < bufs.size(); i++) {
+            ote_transfer_status_t s{};
+            ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+            ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(s.error);
+            for (size_t k = 0; k < bufs[i].size(); k++)
+                ASSERT_EQ(bufs[i][k], Pat(offs[i] + k)) << i << " " << k;
+        }
+    }
+    bool fixed = LogContains("is io_uring fixed buffer");
+    if (std::string(GetParam()) == "threads") {
+        EXPECT_FALSE(fixed);
+    } else if (!LogContains("io_uring fixed buffers unavailable")) { // a kernel >= 5.19
+        EXPECT_TRUE(fixed);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, FileTcpAsyncTest, ::testing::Values("uring", "threads"));
 
 // shm serves file registrations as tcp does, through host->file's bounce buffers, in both
 // of its modes (auto: cross-memory attach; ring: the shared ring): READ and WRITE of
 // unaligned and aligned ranges, a request outside the registration refused whole.
 class FileShmTest : public FileRemoteTest, public ::testing::WithParamInterface<const char *> {
   protected:
-    ote_engine_t *ShmEngine() {
-        ote_config_t *cfg = nullptr;
-        EXPECT_EQ(ote_config_create(&cfg), OTE_OK);
-        EXPECT_EQ(ote_config_set(cfg, "transports", "shm"), OTE_OK);
-        EXPECT_EQ(ote_config_set(cfg, "shm_mode", GetParam()), OTE_OK);
-        ote_engine_t *e = nullptr;
-        EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
-        ote_config_destroy(cfg);
-        return e;
+    // shm in this test's mode, and the keys of more.
+    ote_engine_t *ShmEngine(const Kv &more = {}) {
+        Kv kv{{"transports", "shm"}, {"shm_mode", GetParam()}};
+        kv.insert(kv.end(), more.begin(), more.end());
+        return NewEngine(kv);
     }
 };
 
@@ -194,35 +426,26 @@ TEST_P(FileShmTest, PeerReadsAndWritesAFile) {
     const uint64_t n = 2u << 20;
     std::string path = TmpPath((std::string("remote_shm_") + GetParam() + ".bin").c_str());
     MakeFile(path, n);
-    ote_engine_t *src = ShmEngine(), *req = ShmEngine();
-    uint64_t a = 0;
-    ASSERT_EQ(ote_file_register(src, path.c_str(), -1, 4096, n - 4096,
-                                OTE_PERM_READ | OTE_PERM_WRITE, nullptr, &a),
-              OTE_OK);
-    char addr[272];
-    ASSERT_EQ(ote_engine_address(src, addr, sizeof(addr)), OTE_OK);
-    ote_segment_t *seg = nullptr;
-    ASSERT_EQ(ote_segment_open(req, addr, &seg), OTE_OK);
+    ASSERT_NO_FATAL_FAILURE(
+        Connect(ShmEngine(), ShmEngine(), path, 4096, n - 4096, OTE_PERM_READ | OTE_PERM_WRITE));
     ote_segment_info_t info{};
-    ASSERT_EQ(ote_segment_info(seg, &info), OTE_OK);
+    ASSERT_EQ(ote_segment_info(seg_, &info), OTE_OK);
     ASSERT_STREQ(info.transport, "shm");
-    ote_batch_t *b = nullptr;
-    ASSERT_EQ(ote_batch_create(req, 1, &b), OTE_OK);
 
     std::vector<uint8_t> buf(300001);
-    ote_transfer_status_t s = Move(b, seg, OTE_READ, buf.data(), a + 77, buf.size());
+    ote_transfer_status_t s = Move(OTE_READ, buf.data(), a_ + 77, buf.size());
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], Pat(4096 + 77 + i)) << i;
     std::vector<uint8_t> big(1u << 20); // aligned: file offset 64 KiB, 1 MiB
-    s = Move(b, seg, OTE_READ, big.data(), a + 61440, big.size());
+    s = Move(OTE_READ, big.data(), a_ + 61440, big.size());
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     for (size_t i = 0; i < big.size(); i++) ASSERT_EQ(big[i], Pat(65536 + i)) << i;
 
     for (size_t i = 0; i < buf.size(); i++) buf[i] = static_cast<uint8_t>(~Pat(i));
-    s = Move(b, seg, OTE_WRITE, buf.data(), a + 1000, buf.size());
+    s = Move(OTE_WRITE, buf.data(), a_ + 1000, buf.size());
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     for (size_t i = 0; i < big.size(); i++) big[i] = static_cast<uint8_t>(Pat(i) ^ 0x5a);
-    s = Move(b, seg, OTE_WRITE, big.data(), a + 1044480, big.size()); // file offset 1 MiB
+    s = Move(OTE_WRITE, big.data(), a_ + 1044480, big.size()); // file offset 1 MiB
     ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     std::vector<uint8_t> got = ReadFile(path, n);
     for (uint64_t i = 0; i < n; i++) {
@@ -232,17 +455,79 @@ TEST_P(FileShmTest, PeerReadsAndWritesAFile) {
         ASSERT_EQ(got[i], want) << i;
     }
     // Outside the registration: refused whole, nothing written.
-    s = Move(b, seg, OTE_WRITE, buf.data(), a + (n - 4096) - 10, 11);
+    s = Move(OTE_WRITE, buf.data(), a_ + (n - 4096) - 10, 11);
     EXPECT_EQ(s.state, OTE_TRANSFER_FAILED);
     EXPECT_EQ(ote_status_code(s.error), OTE_ERR_ACCESS);
     EXPECT_EQ(ReadFile(path, n)[n - 11], Pat(n - 1u - (1u << 20) - 10) ^ 0x5a);
+}
 
-    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
-    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
-    EXPECT_EQ(ote_file_unregister(src, a), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
-    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
-    unlink(path.c_str());
+// shm reads a run's file pieces ahead (engine/shm/shm_fread.c): 32 READs at once, aligned
+// and not, every byte right; then the 3rd read the file owner completes fails (file.io,
+// EIO): only its request fails (OTE_ERR_REMOTE), the others complete.
+TEST_P(FileShmTest, ManyReadsAndAReadError) {
+    const uint64_t n = 8u << 20;
+    std::string path = TmpPath((std::string("shm_many_") + GetParam() + ".bin").c_str());
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(
+        Connect(ShmEngine(), ShmEngine(), path, 0, n, OTE_PERM_READ, nullptr, 32));
+    for (int round = 0; round < 2; round++) {
+        std::vector<std::vector<uint8_t>> bufs;
+        std::vector<uint64_t> offs;
+        for (uint64_t i = 0; i < 32; i++) {
+            uint64_t len = i % 3 == 0 ? (1u << 20) : i % 3 == 1 ? 65536 : 1 + i * 5003;
+            offs.push_back((i * 229u * 4096 + (i % 2 ? 0 : i)) % (n - len));
+            bufs.emplace_back(len, 0xee);
+        }
+        if (round == 1) {
+            ASSERT_EQ(ote_fault_arm("file.io", OTE_FAULT_NTH, 3, OTE_ERR_FAULT, EIO), OTE_OK);
+        }
+        ReadMany(bufs, offs);
+        ote_fault_disarm("file.io");
+        size_t failed = 0;
+        for (size_t i = 0; i < bufs.size(); i++) {
+            ote_transfer_status_t s{};
+            ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+            if (round == 1 && s.state == OTE_TRANSFER_FAILED) {
+                EXPECT_EQ(ote_status_code(s.error), OTE_ERR_REMOTE) << ote_status_str(s.error);
+                failed++;
+                continue;
+            }
+            ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(s.error);
+            for (size_t k = 0; k < bufs[i].size(); k++)
+                ASSERT_EQ(bufs[i][k], Pat(offs[i] + k)) << i << " " << k;
+        }
+        EXPECT_EQ(failed, round == 1 ? 1u : 0u);
+    }
+}
+
+// The requester engine goes away while the source's reads of its pieces are held in
+// flight (file.stall): the connection thread waits for them (their 1 s deadline), gives
+// the bounces back and unpins; the registration then unregisters.
+TEST_P(FileShmTest, RequesterGoneWithReadsInFlight) {
+    const uint64_t n = 4u << 20;
+    std::string path = TmpPath((std::string("shm_gone_") + GetParam() + ".bin").c_str());
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(Connect(ShmEngine({{"transfer_timeout_ms", "1000"}}), ShmEngine(), path,
+                                    0, n, OTE_PERM_READ, nullptr, 4));
+    std::vector<std::vector<uint8_t>> bufs(4, std::vector<uint8_t>(256u << 10, 0xee));
+    std::vector<ote_request_t> rs;
+    for (size_t i = 0; i < 4; i++)
+        rs.push_back({OTE_READ, bufs[i].data(), seg_, a_ + i * (1u << 20), bufs[i].size()});
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    ASSERT_EQ(ote_batch_submit(b_, rs.data(), rs.size()), OTE_OK);
+    EXPECT_EQ(ote_batch_wait(b_, 100ull * 1000 * 1000), OTE_ERR_TIMEOUT);
+    EXPECT_GE(ote_fault_hits("file.stall"), 1u);
+    ote_fault_disarm("file.stall");
+    EXPECT_EQ(ote_batch_cancel(b_), OTE_OK);
+    (void)ote_batch_wait(b_, kWaitNs);
+    for (size_t i = 0; i < 4; i++) {
+        ote_transfer_status_t s{};
+        ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+        EXPECT_NE(s.state, OTE_TRANSFER_COMPLETED) << i;
+    }
+    CloseRequester();
+    EXPECT_EQ(UnregisterWaiting(), OTE_OK);
+    a_ = 0;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FileShmTest, ::testing::Values("auto", "ring"));

@@ -12,7 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -32,6 +34,7 @@ constexpr char kStall[] = "file.stall";
 constexpr char kUringInit[] = "file.uring_init";
 constexpr char kIo[] = "file.io";
 constexpr char kSync[] = "file.sync";
+constexpr char kFixedFile[] = "file.fixed_file";
 
 std::string TmpDir() {
     const char *d = getenv("TEST_TMPDIR");
@@ -384,6 +387,128 @@ TEST_P(FileTest, DeadlineReachesInFlightIo) {
     EXPECT_EQ(s.bytes_done, 0u);
     std::vector<uint8_t> got = f.Read();
     for (uint64_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], Pat(i, 7)) << i;
+}
+
+// The io_uring fixed-file slots the registration's DEBUG line names for path (its fd, its
+// O_DIRECT descriptor; -1: the plain descriptor), from its last such line.
+std::pair<int, int> FixedSlots(const std::vector<std::string> &logs, const std::string &path) {
+    std::pair<int, int> got{-2, -2};
+    for (const std::string &l : logs) {
+        if (l.find("registered " + path + " ") == std::string::npos) continue;
+        size_t at = l.find("io_uring fixed files ");
+        if (at == std::string::npos) continue;
+        if (sscanf(l.c_str() + at, "io_uring fixed files %d, %d)", &got.first, &got.second) != 2)
+            got = {-3, -3};
+    }
+    return got;
+}
+
+// The O_DIRECT alignment of each registration is what statx(STATX_DIOALIGN) reports for
+// the file (the DEBUG line says so), and it decides which chunks go O_DIRECT: an offset
+// aligned to the reported one but not to 4 KiB goes O_DIRECT where the file system
+// reports less than 4 KiB, and one aligned to 4 KiB but not to a larger one goes buffered.
+TEST_P(FileTest, DirectAlignmentFromStatx) {
+    if (!DirectSupported()) GTEST_SKIP() << TmpDir() << " does not take O_DIRECT (tmpfs?)";
+    Start({{"log_level", "debug"}, {"file_chunk_size", "1M"}});
+    const uint64_t n = 1u << 20;
+    TmpFile f("dioalign.bin", n);
+    struct statx sx {};
+    int fd = open(f.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx), 0);
+    close(fd);
+    uint32_t mem = 4096, off = 4096;
+    std::string how = "assumed";
+    if ((sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_offset_align != 0 &&
+        sx.stx_dio_mem_align != 0) {
+        mem = sx.stx_dio_mem_align;
+        off = sx.stx_dio_offset_align;
+        how = "statx";
+    }
+    uint64_t a = Register(f, 0, n, OTE_PERM_READ);
+    std::string want = "O_DIRECT alignment: memory " + std::to_string(mem) + ", offset " +
+                       std::to_string(off) + " (" + how;
+    EXPECT_TRUE(LogContains(want)) << want;
+    const uint64_t blk = std::max<uint64_t>({off, mem, 4096}); // length and buffer: aligned
+    Buf buf = Alloc(2 * blk);
+    // At the reported alignment: O_DIRECT (below 4 KiB too).
+    ote_transfer_status_ex_t s = Move(OTE_READ, buf.get(), a + off, blk);
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(s.file_io, OTE_FILE_IO_DIRECT);
+    for (uint64_t i = 0; i < blk; i++) ASSERT_EQ(buf.get()[i], Pat(off + i, 7)) << i;
+    // Half the reported alignment (where that is still a 512 B multiple): buffered.
+    if (off >= 1024) {
+        s = Move(OTE_READ, buf.get(), a + off / 2, blk);
+        ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+        EXPECT_EQ(s.file_io, OTE_FILE_IO_BUFFERED);
+        for (uint64_t i = 0; i < blk; i++) ASSERT_EQ(buf.get()[i], Pat(off / 2 + i, 7)) << i;
+    }
+}
+
+// Each registration's descriptors take slots of the ring's registered-file table (io_uring:
+// slots >= 0, the bytes move through them; the thread pool: plain descriptors), and the
+// slots of an unregistered file are what the next registration gets.
+TEST_P(FileTest, FixedFilesUsedAndSlotsReused) {
+    Start({{"log_level", "debug"}, {"file_chunk_size", "64K"}});
+    const bool uring = std::string(GetParam()) != "threads";
+    TmpFile fa("fixa.bin", 300000, 1), fb("fixb.bin", 300000, 2), fc("fixc.bin", 300000, 3);
+    uint64_t a = Register(fa, 0, 300000, OTE_PERM_READ | OTE_PERM_WRITE);
+    uint64_t b = Register(fb, 0, 300000, OTE_PERM_READ | OTE_PERM_WRITE);
+    std::pair<int, int> sa = FixedSlots(Logs(), fa.path), sb = FixedSlots(Logs(), fb.path);
+    if (uring) {
+        EXPECT_GE(sa.first, 0);
+        EXPECT_GE(sb.first, 0);
+        EXPECT_NE(sa.first, sb.first);
+        if (DirectSupported()) {
+            EXPECT_GE(sa.second, 0);
+        }
+    } else {
+        EXPECT_EQ(sa, std::make_pair(-1, -1));
+        EXPECT_EQ(sb, std::make_pair(-1, -1));
+    }
+    std::vector<uint8_t> buf(250001);
+    ote_transfer_status_ex_t s = Move(OTE_READ, buf.data(), b + 7, buf.size());
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], Pat(7 + i, 2)) << i;
+    EXPECT_EQ(ote_file_unregister(e_, a), OTE_OK);
+    uint64_t c = Register(fc, 0, 300000, OTE_PERM_READ | OTE_PERM_WRITE);
+    std::pair<int, int> sc = FixedSlots(Logs(), fc.path);
+    if (uring) {
+        std::vector<int> was{sa.first, sa.second}, now{sc.first, sc.second};
+        std::sort(was.begin(), was.end());
+        std::sort(now.begin(), now.end());
+        EXPECT_EQ(was, now); // a's slots, freed at unregister, reused
+    } else {
+        EXPECT_EQ(sc, std::make_pair(-1, -1));
+    }
+    for (size_t i = 0; i < buf.size(); i++) buf[i] = Pat(i, 77);
+    s = Move(OTE_WRITE, buf.data(), c + 3, buf.size());
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    std::vector<uint8_t> got = fc.Read();
+    for (size_t i = 0; i < got.size(); i++) {
+        bool in = i >= 3 && i < 3 + buf.size();
+        ASSERT_EQ(got[i], in ? Pat(i - 3, 77) : Pat(i, 3)) << i;
+    }
+    got = fb.Read(); // b untouched by c's write through the slot a had
+    for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], Pat(i, 2)) << i;
+}
+
+// A registered-file slot the kernel refuses (file.fixed_file stands for ENOMEM): one INFO
+// line, the plain descriptor, and bytes still move right.
+TEST_P(FileTest, FixedFileRefusedUsesPlainFd) {
+    Start({{"log_level", "debug"}, {"file_chunk_size", "64K"}});
+    ASSERT_EQ(ote_fault_arm(kFixedFile, OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, ENOMEM), OTE_OK);
+    TmpFile f("fixno.bin", 200000, 5);
+    uint64_t a = Register(f, 0, 200000, OTE_PERM_READ);
+    EXPECT_EQ(FixedSlots(Logs(), f.path), std::make_pair(-1, -1));
+    if (std::string(GetParam()) != "threads") {
+        EXPECT_GE(ote_fault_hits(kFixedFile), 1u);
+        EXPECT_TRUE(LogContains("no io_uring registered-file slot"));
+    }
+    std::vector<uint8_t> buf(150000);
+    ote_transfer_status_ex_t s = Move(OTE_READ, buf.data(), a + 1, buf.size());
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], Pat(1 + i, 5)) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, FileTest, ::testing::Values("uring", "threads"),

@@ -392,7 +392,9 @@ ote_status_t ote_segment_info(ote_segment_t *seg, ote_segment_info_t *info_out);
  * ote_segment_buffers asks the peer now (one request on a short connection to its
  * listener, whatever transport the segment uses, all within connect_timeout_ms) for its
  * registrations: every live one, named or not (name "" when registered without one),
- * sorted by address. Each call asks again: a registration made or removed at the peer
+ * sorted by address; its file registrations too (kind OTE_MEM_FILE, after its memory),
+ * from a peer of this version on (engines before it do not list them). Each call asks
+ * again: a registration made or removed at the peer
  * is seen by the next call. An address the peer has unregistered since fails in a
  * transfer with OTE_ERR_ACCESS and touches nothing there.
  *

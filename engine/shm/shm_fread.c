@@ -1,0 +1,210 @@
+/*
+ * engine/shm/shm_fread.c - the source's pieces on file registrations (host->file's
+ * bounce buffers), on the connection thread. A WRITE piece: its bytes copied from the
+ * requester into a bounce, then written to the file (bounce_copy). READ pieces of one
+ * run of a message (the data entries between two notifications) read without waiting:
+ * up to SHM_SRC_FILE_READS of them are queued on the file owner's I/O engine
+ * (bounce_read_start) ahead of the one being copied, so the file reads of later pieces
+ * run while earlier ones are copied to the requester, in order. When the run ends its
+ * message, reading ahead goes on into the messages already read after it (the lookahead,
+ * their pieces checked and pinned), up to the first WRITE or notification. Each read's done() (the
+ * file owner's thread) only marks its slot; the thread waits for a slot's end (bounded),
+ * and ote__shm_fread_settle waits for the reads of a run still running before its pins
+ * go (pieces canceled or a requester gone meanwhile), giving their bounces back; every
+ * slot of a message is settled by the end of its serving (its runs cover its entries),
+ * the rest when the connection ends.
+ */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "engine/shm/shm_internal.h"
+
+typedef enum { FR_FREE = 0, FR_RUNNING, FR_ENDED } shm_fr_state_t;
+
+typedef struct shm_frwin shm_frwin_t;
+typedef struct {
+    shm_frwin_t *w;
+    const shm_msg_t *m; /* the message ... */
+    uint32_t idx;       /* ... and its entry it reads for */
+    void *tok;
+    uint8_t *buf;
+    ote_status_t st;
+    _Atomic int state; /* shm_fr_state_t; RUNNING -> ENDED by done(), under w->mu */
+} shm_fr_slot_t;
+
+struct shm_frwin {
+    ote_mutex_t mu;
+    ote_cond_t cv;
+    shm_fr_slot_t slot[SHM_SRC_FILE_READS];
+};
+
+/* done() of bounce_read_start: the file owner's thread. */
+static void fr_done(void *arg, ote_status_t st) {
+    shm_fr_slot_t *sl = arg;
+    shm_frwin_t *w = sl->w;
+    ote_mutex_lock(&w->mu);
+    sl->st = st;
+    atomic_store(&sl->state, FR_ENDED);
+    ote_cond_broadcast(&w->cv);
+    ote_mutex_unlock(&w->mu);
+}
+
+static shm_frwin_t *fr_win(shm_src_t *s) {
+    if (s->frw != NULL) return s->frw;
+    shm_frwin_t *w = ote_calloc(1, sizeof(*w));
+    if (w == NULL) return NULL;
+    if (ote_mutex_init(&w->mu) != OTE_OK) {
+        ote_free(w);
+        return NULL;
+    }
+    if (ote_cond_init(&w->cv) != OTE_OK) {
+        ote_mutex_destroy(&w->mu);
+        ote_free(w);
+        return NULL;
+    }
+    for (int k = 0; k < SHM_SRC_FILE_READS; k++) w->slot[k].w = w;
+    s->frw = w;
+    return w;
+}
+
+static shm_fr_slot_t *fr_find(shm_frwin_t *w, const shm_msg_t *m, uint32_t i) {
+    for (int k = 0; k < SHM_SRC_FILE_READS; k++)
+        if (atomic_load(&w->slot[k].state) != FR_FREE && w->slot[k].m == m && w->slot[k].idx == i)
+            return &w->slot[k];
+    return NULL;
+}
+
+/* Start the read of entry k of m when it is a file READ piece not started yet: 1 when it
+ * runs (or needs none), 0 when no slot or bounce is free (stop filling). */
+static int fr_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k, ote_deadline_t dl) {
+    const ote__host_t *h = &s->tp->host;
+    const shm_req_t *q = &ote__shm_msg_reqs(m)[k];
+    if (q->op != OTE__SLICE_READ || m->pin[k] == NULL || !ote__shm_src_is_file(s, m->pin[k]) ||
+        atomic_load(&m->st[k]) != OTE_OK || fr_find(w, m, k) != NULL)
+        return 1;
+    shm_fr_slot_t *sl = NULL;
+    for (int j = 0; j < SHM_SRC_FILE_READS && sl == NULL; j++)
+        if (atomic_load(&w->slot[j].state) == FR_FREE) sl = &w->slot[j];
+    if (sl == NULL || h->file.bounce_get(h->file.arg, ote__shm_src_engine_pin(s, m->pin[k]), q->len,
+                                         &sl->buf, &sl->tok) != OTE_OK)
+        return 0; /* this piece goes the synchronous way unless a slot frees first */
+    sl->m = m;
+    sl->idx = k;
+    atomic_store(&sl->state, FR_RUNNING);
+    if (h->file.bounce_read_start(h->file.arg, sl->tok, q->remote, q->len, dl, fr_done, sl) !=
+        OTE_OK) {
+        h->file.bounce_put(h->file.arg, sl->tok);
+        atomic_store(&sl->state, FR_FREE);
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether entry k of a later message lets reading ahead go past it: a READ, or an entry
+ * that moves no byte; a WRITE or a notification keeps what follows it in its order. */
+static int fr_passable(const shm_req_t *q) {
+    return q->op == OTE__SLICE_READ || q->op == SHM_OP_WRITE_OFF || q->op == SHM_OP_CANCEL ||
+           q->op == SHM_OP_IPC_DONE || q->op == SHM_OP_UNMAP;
+}
+
+/* Start the reads of the file READ pieces of [i, b) of m (the message being served) not
+ * started yet, while slots are free; when the run ends m, on into the messages read
+ * after it, as long as their entries are READs (fr_passable). */
+static void fr_fill(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t i, uint32_t b) {
+    ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    for (uint32_t k = i; k < b; k++)
+        if (atomic_load(&s->abort) || !fr_start(s, w, m, k, dl)) return;
+    if (b < m->in.h.n || m != &s->msgs[s->mhead]) return;
+    for (uint32_t n = 1; n < s->mcount; n++) {
+        shm_msg_t *later = &s->msgs[(s->mhead + n) % SHM_LOOKAHEAD];
+        const shm_req_t *q = ote__shm_msg_reqs(later);
+        for (uint32_t k = 0; k < later->in.h.n; k++) {
+            if (!fr_passable(&q[k]) || atomic_load(&s->abort) || !fr_start(s, w, later, k, dl))
+                return;
+        }
+    }
+}
+
+/* Wait for sl's read (its deadline, and 5 s more); OTE_ERR_TIMEOUT past that (the window
+ * is then left to the read: s->frw NULL, an ERROR line). */
+static ote_status_t fr_wait(shm_src_t *s, shm_fr_slot_t *sl) {
+    shm_frwin_t *w = sl->w;
+    ote_deadline_t dl =
+        ote_deadline_after((s->tp->cfg.transfer_timeout_ms + 5000) * OTE_NSEC_PER_MSEC);
+    ote_mutex_lock(&w->mu);
+    while (atomic_load(&sl->state) != FR_ENDED && !ote_deadline_expired(dl))
+        (void)ote_cond_wait(&w->cv, &w->mu, dl);
+    int ended = atomic_load(&sl->state) == FR_ENDED;
+    ote_mutex_unlock(&w->mu);
+    if (ended) return OTE_OK;
+    OTE_ERROR("shm",
+              "a file read for pid %d still runs past its deadline: its bounce buffer "
+              "and read window are left to it",
+              (int)s->pid);
+    s->frw = NULL;
+    return OTE_ERR_TIMEOUT;
+}
+
+/* The synchronous way: one piece through its own bounce. */
+static ote_status_t fr_copy_sync(shm_src_t *s, const shm_req_t *q, void *pin, uint8_t *mapped) {
+    const ote__host_t *h = &s->tp->host;
+    if (q->op == OTE__SLICE_WRITE && ote__shm_in_ring(s, q)) {
+        ote_status_t ready = ote__shm_ring_ready(s, q->id);
+        if (ready != OTE_OK) return ready;
+    }
+    uint8_t *buf = NULL;
+    void *tok = NULL;
+    ote_status_t st =
+        h->file.bounce_get(h->file.arg, ote__shm_src_engine_pin(s, pin), q->len, &buf, &tok);
+    if (st != OTE_OK) return st;
+    if (q->op == OTE__SLICE_READ) st = h->file.bounce_copy(h->file.arg, tok, 0, q->remote, q->len);
+    if (st == OTE_OK) st = ote__shm_copy_bytes(s, q, buf, q->local, mapped, q->len);
+    if (st == OTE_OK && q->op == OTE__SLICE_WRITE)
+        st = h->file.bounce_copy(h->file.arg, tok, 1, q->remote, q->len);
+    h->file.bounce_put(h->file.arg, tok);
+    return st;
+}
+
+ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b) {
+    const ote__host_t *h = &s->tp->host;
+    const shm_req_t *q = &ote__shm_msg_reqs(m)[i];
+    shm_frwin_t *w = q->op == OTE__SLICE_READ ? fr_win(s) : NULL;
+    if (w != NULL) fr_fill(s, w, m, i, b);
+    shm_fr_slot_t *sl = w != NULL ? fr_find(w, m, i) : NULL;
+    if (sl == NULL) return fr_copy_sync(s, q, m->pin[i], m->sptr[i]);
+    ote_status_t st = fr_wait(s, sl);
+    if (st != OTE_OK) return st;
+    st = sl->st;
+    if (st == OTE_OK) st = ote__shm_copy_bytes(s, q, sl->buf, q->local, m->sptr[i], q->len);
+    h->file.bounce_put(h->file.arg, sl->tok);
+    sl->tok = NULL;
+    atomic_store(&sl->state, FR_FREE);
+    return st;
+}
+
+void ote__shm_fread_settle(shm_src_t *s, const shm_msg_t *m, uint32_t a, uint32_t b) {
+    const ote__host_t *h = &s->tp->host;
+    shm_frwin_t *w = s->frw;
+    if (w == NULL) return;
+    for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
+        shm_fr_slot_t *sl = &w->slot[k];
+        if (atomic_load(&sl->state) == FR_FREE) continue;
+        if (m != NULL && (sl->m != m || sl->idx < a || sl->idx >= b)) continue;
+        if (fr_wait(s, sl) != OTE_OK) return;
+        h->file.bounce_put(h->file.arg, sl->tok); /* its piece was canceled or lost */
+        sl->tok = NULL;
+        atomic_store(&sl->state, FR_FREE);
+    }
+}
+
+void ote__shm_fread_end(shm_src_t *s) {
+    ote__shm_fread_settle(s, NULL, 0, 0);
+    shm_frwin_t *w = s->frw;
+    if (w == NULL) return;
+    ote_cond_destroy(&w->cv);
+    ote_mutex_destroy(&w->mu);
+    ote_free(w);
+    s->frw = NULL;
+}
