@@ -20,3 +20,20 @@ def ote_cc_test(name, srcs, deps = [], data = [], size = "small", **kwargs):
         deps = deps + [d for d in [_TEST_BASE, _GTEST_MAIN] if d not in deps],
         **kwargs
     )
+
+def ote_cc_test_cases(name, srcs, deps = []):
+    """The cases of a suite that several tests run, compiled once.
+
+    A testonly cc_library (alwayslink, so that every TEST registers) of srcs with the
+    shared fixture and GoogleTest; each ote_cc_test that runs the suite (the same cases
+    under another environment: a sim device profile, a transport) has srcs = [] and this
+    library in deps. Without it every such test compiled its own copy of the source, the
+    heaviest step of a CI build.
+    """
+    native.cc_library(
+        name = name,
+        testonly = True,
+        srcs = srcs,
+        deps = deps + [d for d in [_TEST_BASE, "@gtest//:gtest"] if d not in deps],
+        alwayslink = True,
+    )

@@ -26,13 +26,15 @@ extern "C" {
 #include "cuda/memory/memory.h"
 #include "ote/ote.h"
 #include "tests/engine/pattern.h"
+#include "tests/util/test_base.h"
 }
 
 namespace {
 
 using ote_test::kSec;
 
-constexpr size_t kLen = 64ull << 20;
+// 16 MiB under TSan (ote_test::TsanScaled): the same striping decision, a quarter of the bytes.
+constexpr size_t kLen = ote_test::TsanScaled(64ull << 20, 4);
 constexpr int kGpus = 8;
 const char *const kBus[kGpus] = {"0000:16:00.0", "0000:1e:00.0", "0000:56:00.0", "0000:5e:00.0",
                                  "0000:96:00.0", "0000:9e:00.0", "0000:d6:00.0", "0000:de:00.0"};
