@@ -228,6 +228,11 @@ ote_status_t ote_grant_serve_exact(ote_grant_mgr_t *m, ote_endpoint_t *ep, uint3
  * to is moved to ERR first, then window, pin and QP borrow are released), and answer a
  * grant still binding with OTE_ERR_PEER_LOST. Returns how many were ended. */
 size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep);
+/* Source: the requester asks for a new QP on @slot of @ep (CONNECT): its QP there is gone,
+ * so the grants served on that slot's old QP can neither be used nor released by it. End
+ * them now as ote_grant_source_end_endpoint() does, so that the slot's old QP is idle and
+ * can be replaced at once rather than after their deadlines. Returns how many. */
+size_t ote_grant_source_end_slot(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot);
 /* Source: how many source grants of @ep are live (not yet ended). */
 size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep);
 /* Source: the requester of a bound grant abandoned it (it failed there after every WR it

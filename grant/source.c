@@ -403,7 +403,8 @@ size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *
     return n;
 }
 
-size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep) {
+/* End every live source grant of @ep (on @slot only when @slot is not UINT32_MAX). */
+static size_t end_matching(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot) {
     size_t n = 0;
     for (uint32_t i = 0; i < m->nlanes; i++) {
         mlane_t *ml = &m->lanes[i];
@@ -413,6 +414,7 @@ size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *e
         for (grant_t *g = ml->live; g != NULL; g = next) {
             next = g->live_next; /* ending g removes g only */
             if (!g->source || g->ep != ep || g->sstate == S_ENDED) continue;
+            if (slot != UINT32_MAX && g->slot != slot) continue;
             /* A grant whose deferred answer did not fit this round stays for the tick. */
             g->deadline = 0;
             ote__grant_source_end(g, OTE_ERR_PEER_LOST, &df);
@@ -422,4 +424,13 @@ size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *e
         ote__grant_defer_run(m, &df);
     }
     return n;
+}
+
+size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep) {
+    return end_matching(m, ep, UINT32_MAX);
+}
+
+size_t ote_grant_source_end_slot(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot) {
+    if (m == NULL || ep == NULL || slot == UINT32_MAX) return 0;
+    return end_matching(m, ep, slot);
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "engine/rdma/rdma_credits.h"
 #include "engine/rdma/rdma_internal.h"
@@ -44,6 +45,10 @@ int ote__rdma_grant_id_take(ote__tpeer_t *p, uint64_t id) {
 void ote__rdma_send_release(conn_t *c, uint32_t pair, uint32_t cap, uint32_t slot, uint32_t src_qpn,
                             uint32_t rkey) {
     if (c == NULL || !c->release_ok || atomic_load(&c->dead)) return;
+    ote_status_t fst;
+    /* rdma.release_lost: the RELEASE never reaches the source (tests: the source must not
+     * depend on it to rebuild the slot). */
+    if (ote_fault_hit("rdma.release_lost", &fst)) return;
     ote_rp_msg_t rl;
     memset(&rl, 0, sizeof(rl));
     rl.type = OTE_RP_RELEASE;

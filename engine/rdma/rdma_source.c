@@ -291,6 +291,17 @@ void ote__rdma_src_connect(conn_t *c, uint64_t req_id, const ote_rp_msg_t *rq) {
                 qp = NULL;
             }
         }
+        if (qp == NULL) {
+            /* The requester has no QP on this slot: the grants served on our old one there
+             * can neither be used nor released by it any more. Ended now, so that the old
+             * QP is idle and the slot is rebuilt at once, not after their deadlines. */
+            size_t ended = ote_grant_source_end_slot(nic->gm, ep, slot);
+            if (ended != 0)
+                OTE_INFO("rdma",
+                         "CONNECT slot %u from %s: the requester's QP there is new; %zu "
+                         "grant(s) served on our old QP ended",
+                         slot, c->peer_addr, ended);
+        }
         /* rdma_max_qps (rdma_srcqp.c): room made, or refused AGAIN (asked again later). */
         int limit = qp == NULL && tp->cfg.rdma_max_qps != 0;
         if (limit) ote__rdma_src_build_lock(tp);

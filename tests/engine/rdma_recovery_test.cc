@@ -34,6 +34,7 @@
 #include "tests/util/wait.h"
 
 extern "C" {
+#include "base/fault.h"
 #include "base/retained.h"
 #include "base/time.h"
 #include "engine/rdma/test_hook.h"
@@ -283,6 +284,32 @@ TEST_F(RdmaRecoveryTest, LostEventConsumerFencesTheDeviceThenItIsReopened) {
     WriteChecked(2);
     WriteChecked(3);
     EXPECT_GT(Req().qp_builds, builds0) << "no QP built on the reopened device";
+}
+
+// As above, and every RELEASE the requester sends is lost: the source still serves the
+// in-flight WRITE's grant on its old QP when the requester, on the reopened device, asks
+// for a new QP on that slot. The CONNECT ends the grants of the slot's old QP (their
+// requester QP is gone), so the slot is rebuilt at once: without that its CONNECT waited
+// for the grant's deadline (15 s) and failed after connect_timeout_ms with
+// OTE_ERR_TIMEOUT (the flake of ci21 when the RELEASE had not been applied in time).
+TEST_F(RdmaRecoveryTest, ReconnectAfterReopenEndsTheSourceGrantsOfTheSlotsOldQp) {
+    WriteChecked(1);
+    Slow(true);
+    ote_batch_t *b = nullptr;
+    StartOnTheWire(&b);
+    ote_test::ErrorLogsExpected fault_logs;
+    ASSERT_EQ(ote_fault_arm("rdma.release_lost", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    ASSERT_EQ(ote_verbs_fault_fail(vr_, OTE_VERBS_FAULT_OP_GET_ASYNC_EVENT, OTE_FAULT_NTH, 1, EIO),
+              OTE_OK);
+    ote_status_t st = End(b);
+    EXPECT_EQ(st, ote_status_make(OTE_ERR_FENCED, EIO)) << ote_status_str(st);
+    Slow(false);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return Req().device_reopens >= 1; },
+                                    std::chrono::seconds(30), "the device reopened"));
+    EXPECT_GE(ote_fault_failures("rdma.release_lost"), 1u) << "no RELEASE was held back";
+    WriteChecked(2); // OTE_ERR_TIMEOUT here when the slot waited for the old grant
+    WriteChecked(3);
+    EXPECT_EQ(ote_fault_disarm("rdma.release_lost"), OTE_OK);
 }
 
 // The reopen fails (open_device ENODEV, every try): the device stays fenced, a new WRITE
