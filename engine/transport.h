@@ -235,7 +235,8 @@ typedef struct {
  * Like device memory, a transport never touches a file's bytes itself: it takes a host
  * bounce buffer of the slice's length (bounce_get), reads the file range into it before
  * sending (bounce_copy, to_file 0) or writes it to the file once a WRITE's bytes arrived
- * (to_file 1), synchronously, with the file owner's O_DIRECT and file_sync rules, and
+ * (to_file 1), synchronously or queued (bounce_io_start), with the file owner's O_DIRECT
+ * and file_sync rules, and
  * gives it back (bounce_put, on every path). Every member is set. */
 #define OTE__PIN_FILE 0x200u /* apart from OTE__MEM_WRITABLE */
 typedef struct {
@@ -244,15 +245,16 @@ typedef struct {
                                void **tok_out);
     ote_status_t (*bounce_copy)(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len);
     void (*bounce_put)(void *arg, void *tok);
-    /* bounce_copy's read (to_file 0) without waiting: queued on the file owner's I/O
-     * engine (io_uring, or its thread pool) with deadline dl (TIMEOUT when it passes).
-     * OTE_OK: done(done_arg, status) runs exactly once later, on the owner's reaper or a
-     * pool thread (rarely on the caller's, before this returns); until then the bounce is
-     * neither read nor put, and the registration stays in use (unregister is BUSY) even
+    /* bounce_copy without waiting (to_file 0: the read into the bounce, 1: the write of
+     * it, then its fdatasync when file_sync=data): queued on the file owner's I/O engine
+     * (io_uring, or its thread pool) with deadline dl (TIMEOUT when it passes). OTE_OK:
+     * done(done_arg, status) runs exactly once later, on the owner's reaper or a pool
+     * thread (rarely on the caller's, before this returns); until then the bounce is
+     * neither used nor put, and the registration stays in use (unregister is BUSY) even
      * if the caller drops its pin. Any other answer: nothing started, done never runs. */
-    ote_status_t (*bounce_read_start)(void *arg, void *tok, uint64_t addr, uint32_t len,
-                                      ote_deadline_t dl, void (*done)(void *, ote_status_t),
-                                      void *done_arg);
+    ote_status_t (*bounce_io_start)(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len,
+                                    ote_deadline_t dl, void (*done)(void *, ote_status_t),
+                                    void *done_arg);
 } ote__file_ops_t;
 
 /* Services of the engine that the source side of a transport uses. */

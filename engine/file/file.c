@@ -432,7 +432,7 @@ static ote_status_t bounce_copy(void *arg, void *tok, int to_file, uint64_t addr
     return OTE_OK;
 }
 
-/* The I/O engine ended a bounce_read_start read: its caller learns it. */
+/* The I/O engine ended a bounce_io_start read or write: its caller learns it. */
 static void bounce_read_end(ote__slice_t *s, ote_status_t st) {
     ote__fbuf_t *b = (ote__fbuf_t *)(void *)((char *)s - offsetof(ote__fbuf_t, slice));
     b->done(b->done_arg, st);
@@ -441,9 +441,9 @@ static void bounce_read_end(ote__slice_t *s, ote_status_t st) {
 /* The read as a slice of the I/O engine (O_DIRECT when aligned, file.io / file.stall
  * apply as to the local segment's); its fop holds the registration in use until it ends
  * (ote__file_slice_end drops it). */
-static ote_status_t bounce_read_start(void *arg, void *tok, uint64_t addr, uint32_t len,
-                                      ote_deadline_t dl, void (*done)(void *, ote_status_t),
-                                      void *done_arg) {
+static ote_status_t bounce_io_start(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len,
+                                    ote_deadline_t dl, void (*done)(void *, ote_status_t),
+                                    void *done_arg) {
     ote__files_t *f = arg;
     ote__fbuf_t *b = tok;
     ote__freg_t *r = b->reg;
@@ -458,12 +458,13 @@ static ote_status_t bounce_read_start(void *arg, void *tok, uint64_t addr, uint3
     s->local = b->data;
     s->remote = addr;
     s->len = len;
-    s->op = OTE__SLICE_READ;
+    s->op = to_file ? OTE__SLICE_WRITE : OTE__SLICE_READ;
     s->mem_loc = -1;
     s->deadline = dl;
     ote__fop_t *op = ote__fop(s);
     op->reg = r;
     op->foff = r->off + (addr - r->addr);
+    op->write = to_file != 0; /* then the I/O engine's fdatasync with file_sync=data */
     op->direct = ote__freg_direct(r, op->foff, len, b->data);
     op->fixbuf = (uint16_t)(b->fixbuf + 1); /* 0: a plain buffer */
     op->fd = op->direct ? r->dfd : r->fd;
@@ -483,7 +484,7 @@ static void bounce_put(void *arg, void *tok) {
 }
 
 ote__file_ops_t ote__files_services(ote__files_t *f) {
-    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put, bounce_read_start};
+    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put, bounce_io_start};
 }
 
 /* ---- the local segment's slices ----------------------------------------------------- */

@@ -63,7 +63,7 @@ typedef struct ote__fbuf {
     uint64_t cap;           /* bytes at data */
     uint8_t *data;          /* OTE__FILE_DIO_ALIGN-aligned */
     int fixbuf;             /* its io_uring fixed-buffer slot, -1: a plain buffer */
-    /* bounce_read_start: the read as a slice of the I/O engine (its fop in slice.xp) and
+    /* bounce_io_start: the read as a slice of the I/O engine (its fop in slice.xp) and
      * whom to tell when it ends. */
     ote__slice_t slice;
     void (*done)(void *, ote_status_t);

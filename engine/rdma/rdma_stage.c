@@ -44,12 +44,13 @@
  * owner's bounce buffers (host->file): bounce_get for the buffer (its pool, with a
  * temporary MR per grant: a pooled bounce may be freed by the owner once given back, so
  * no MR of it is kept). The file range is read into it (READ, and a WRITE's initial
- * copy) as the device's bytes are copied: without waiting (bounce_read_start, bounded by
+ * copy) as the device's bytes are copied: without waiting (bounce_io_start, bounded by
  * the grant's deadline), the grant served by rdma_source.c's src_copied from the read's
  * end on the file owner's reaper or pool thread, while the server thread serves the next
  * GRANT_REQ. A landed WRITE's bounce is written to the file (and fdatasync'd with
- * file_sync=data) synchronously (bounce_copy), on the thread that ends the grant, before
- * its COMMIT goes.
+ * file_sync=data) the same way (bounce_io_start, to_file 1), as a device copy back is
+ * started: the thread that ends the grant goes on, and its COMMIT goes from the write's
+ * end on the file owner's thread.
  */
 #include <stdint.h>
 #include <string.h>
@@ -98,7 +99,7 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
                                   rdma_stage_t **st_out) {
     int file = ote__pin_kind(reg_pin) == OTE_MEM_FILE;
     if (file ? (tp->host.file.bounce_get == NULL || tp->host.file.bounce_copy == NULL ||
-                tp->host.file.bounce_read_start == NULL || tp->host.file.bounce_put == NULL)
+                tp->host.file.bounce_io_start == NULL || tp->host.file.bounce_put == NULL)
              : (tp->host.gpu.stage_pooled == NULL || tp->host.gpu.stage_copy == NULL ||
                 tp->host.gpu.stage_copy_start == NULL || tp->host.gpu.stage_put == NULL))
         return OTE_ERR_UNSUPPORTED;
@@ -182,11 +183,11 @@ ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
      * A file's range is read the same way, without waiting: queued on the file owner's
      * I/O engine until dl, done on its reaper or pool thread (the owner WARNs a failed
      * read; its read holds the registration in use until done). */
-    ote_status_t s = st->file
-                         ? tp->host.file.bounce_read_start(tp->host.file.arg, st->tok, st->dev_addr,
-                                                           (uint32_t)st->len, st->dl, done, arg)
-                         : tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 0, st->dev_addr,
-                                                         (uint32_t)st->len, st->dl, done, arg);
+    ote_status_t s =
+        st->file ? tp->host.file.bounce_io_start(tp->host.file.arg, st->tok, 0, st->dev_addr,
+                                                 (uint32_t)st->len, st->dl, done, arg)
+                 : tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 0, st->dev_addr,
+                                                 (uint32_t)st->len, st->dl, done, arg);
     if (s != OTE_OK)
         OTE_WARN_LIMITED("rdma",
                          "staged %s grant of %llu bytes at 0x%llx: the copy from the %s "
@@ -305,7 +306,8 @@ static void stage_copy_warn(const rdma_stage_t *st, const char *what, ote_status
                      st->c->peer_addr, st->file ? "file" : "device", what, ote_status_str(s));
 }
 
-/* GPU worker: a staged WRITE's copy back ended (OTE_OK: its bytes are in device memory).
+/* GPU worker (a file's: the file owner's reaper or pool thread): a staged WRITE's copy
+ * back ended (OTE_OK: its bytes are in device memory, or written to the file).
  * The bounce is released (engine/gpu parked its chunk when the outcome is unknown), then
  * the COMMIT goes; the copy's count is the last touch of tp. */
 static void stage_copied(void *arg, ote_status_t s) {
@@ -346,18 +348,16 @@ static int stage_commit(rdma_tp_t *tp, rdma_stage_t *st) {
         st->c = NULL;
         return 0;
     }
-    if (landed && st->file) {
-        /* The file's write (and fdatasync), on this thread; then as a device copy's end. */
-        atomic_fetch_add(&tp->src_copies, 1);
-        ote_status_t fs = tp->host.file.bounce_copy(tp->host.file.arg, st->tok, 1, st->dev_addr,
-                                                    (uint32_t)st->len);
-        stage_copied(st, fs);
-        return 1;
-    }
     if (landed) {
+        /* The copy back to the device, or the file's write (and fdatasync): queued on the
+         * GPU worker or the file owner's I/O engine, never run on this thread (a CQ
+         * lane's worker, the monitor, the server thread on a RELEASE). */
         atomic_fetch_add(&tp->src_copies, 1);
-        ote_status_t s = tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 1, st->dev_addr,
-                                                       (uint32_t)st->len, st->dl, stage_copied, st);
+        ote_status_t s =
+            st->file ? tp->host.file.bounce_io_start(tp->host.file.arg, st->tok, 1, st->dev_addr,
+                                                     (uint32_t)st->len, st->dl, stage_copied, st)
+                     : tp->host.gpu.stage_copy_start(tp->host.gpu.arg, st->tok, 1, st->dev_addr,
+                                                     (uint32_t)st->len, st->dl, stage_copied, st);
         if (s == OTE_OK) return 1;
         atomic_fetch_sub(&tp->src_copies, 1);
         stage_copy_warn(st, "failed to start", s);

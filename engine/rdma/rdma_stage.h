@@ -12,7 +12,7 @@ typedef struct rdma_stage rdma_stage_t;
  * the staged request whose registration pin is reg_pin, with a MW-bindable MR in nic's
  * context. OTE_OK with *st_out, else the refusal (nothing held). Its bytes come with
  * ote__rdma_stage_copy_start: the range copied from the device (a file's range read by
- * the file owner, host->file.bounce_read_start) until dl, done(arg, status) later on the
+ * the file owner, host->file.bounce_io_start) until dl, done(arg, status) later on the
  * GPU worker (the file owner's reaper or pool thread; rarely on this thread before the
  * call returns), the bounce not ended before, or the failure now (no done; the bounce is
  * ended by the caller as usual). */
@@ -44,7 +44,8 @@ void ote__rdma_stage_answered(rdma_tp_t *tp, rdma_stage_t *st, ote_status_t ans,
 void ote__rdma_stage_receipt(rdma_tp_t *tp, const rdma_nic_t *nic, uint32_t qpn,
                              const struct ibv_wc *wc);
 /* The grant over it ended (its window is dead): a WRITE answered OK whose receipt came
- * starts the bounce's copy to the device and returns; the GPU worker then deregisters
+ * starts the bounce's copy to the device (a file's write) and returns; the GPU worker (the
+ * file owner's thread) then deregisters
  * the MR, gives the bounce back and sends the COMMIT (counted in tp->src_copies until
  * then). Otherwise a WRITE answered OK sends its failed COMMIT now, and the MR is
  * deregistered and the bounce buffer given back (retained when the MR does not

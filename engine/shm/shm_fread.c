@@ -1,10 +1,14 @@
 /*
  * engine/shm/shm_fread.c - the source's pieces on file registrations (host->file's
  * bounce buffers), on the connection thread. A WRITE piece: its bytes copied from the
- * requester into a bounce, then written to the file (bounce_copy). READ pieces of one
+ * requester into a bounce, then its write to the file queued on the file owner's I/O
+ * engine (bounce_io_start, to_file 1) in a free slot while the thread serves the next
+ * pieces; the settle of its run (before the notification after it, and before the
+ * message's statuses go out) waits for it and makes its outcome the piece's status. With
+ * no slot or bounce free it is written synchronously (bounce_copy). READ pieces of one
  * run of a message (the data entries between two notifications) read without waiting:
  * up to SHM_SRC_FILE_READS of them are queued on the file owner's I/O engine
- * (bounce_read_start) ahead of the one being copied, so the file reads of later pieces
+ * (bounce_io_start) ahead of the one being copied, so the file reads of later pieces
  * run while earlier ones are copied to the requester, in order. When the run ends its
  * message, reading ahead goes on into the messages already read after it (the lookahead,
  * their pieces checked and pinned), up to the first WRITE or notification. Each read's done() (the
@@ -32,6 +36,7 @@ typedef struct {
     uint8_t *buf;
     ote_status_t st;
     _Atomic int state; /* shm_fr_state_t; RUNNING -> ENDED by done(), under w->mu */
+    uint8_t write;     /* a WRITE piece's write of the bounce to the file */
 } shm_fr_slot_t;
 
 struct shm_frwin {
@@ -40,7 +45,7 @@ struct shm_frwin {
     shm_fr_slot_t slot[SHM_SRC_FILE_READS];
 };
 
-/* done() of bounce_read_start: the file owner's thread. */
+/* done() of bounce_io_start: the file owner's thread. */
 static void fr_done(void *arg, ote_status_t st) {
     shm_fr_slot_t *sl = arg;
     shm_frwin_t *w = sl->w;
@@ -92,8 +97,9 @@ static int fr_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k, ote_
         return 0; /* this piece goes the synchronous way unless a slot frees first */
     sl->m = m;
     sl->idx = k;
+    sl->write = 0;
     atomic_store(&sl->state, FR_RUNNING);
-    if (h->file.bounce_read_start(h->file.arg, sl->tok, q->remote, q->len, dl, fr_done, sl) !=
+    if (h->file.bounce_io_start(h->file.arg, sl->tok, 0, q->remote, q->len, dl, fr_done, sl) !=
         OTE_OK) {
         h->file.bounce_put(h->file.arg, sl->tok);
         atomic_store(&sl->state, FR_FREE);
@@ -167,10 +173,51 @@ static ote_status_t fr_copy_sync(shm_src_t *s, const shm_req_t *q, void *pin, ui
     return st;
 }
 
+/* WRITE piece i of m: its bytes copied into a bounce, then the bounce's write to the
+ * file started in a free slot (*st_out OTE_OK: its outcome comes at the settle), or the
+ * copy's failure in *st_out. 0 when no slot or bounce is free or the write does not
+ * start: the piece goes the synchronous way. */
+static int fw_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t i, ote_status_t *st_out) {
+    const ote__host_t *h = &s->tp->host;
+    const shm_req_t *q = &ote__shm_msg_reqs(m)[i];
+    shm_fr_slot_t *sl = NULL;
+    for (int j = 0; j < SHM_SRC_FILE_READS && sl == NULL; j++)
+        if (atomic_load(&w->slot[j].state) == FR_FREE) sl = &w->slot[j];
+    if (sl == NULL || h->file.bounce_get(h->file.arg, ote__shm_src_engine_pin(s, m->pin[i]), q->len,
+                                         &sl->buf, &sl->tok) != OTE_OK)
+        return 0;
+    ote_status_t st = ote__shm_in_ring(s, q) ? ote__shm_ring_ready(s, q->id) : OTE_OK;
+    if (st == OTE_OK) st = ote__shm_copy_bytes(s, q, sl->buf, q->local, m->sptr[i], q->len);
+    if (st != OTE_OK) {
+        h->file.bounce_put(h->file.arg, sl->tok);
+        *st_out = st;
+        return 1;
+    }
+    sl->m = m;
+    sl->idx = i;
+    sl->write = 1;
+    atomic_store(&sl->state, FR_RUNNING);
+    ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    if (h->file.bounce_io_start(h->file.arg, sl->tok, 1, q->remote, q->len, dl, fr_done, sl) !=
+        OTE_OK) {
+        h->file.bounce_put(h->file.arg, sl->tok);
+        atomic_store(&sl->state, FR_FREE);
+        return 0;
+    }
+    *st_out = OTE_OK;
+    return 1;
+}
+
 ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b) {
     const ote__host_t *h = &s->tp->host;
     const shm_req_t *q = &ote__shm_msg_reqs(m)[i];
-    shm_frwin_t *w = q->op == OTE__SLICE_READ ? fr_win(s) : NULL;
+    if (q->op == OTE__SLICE_WRITE) {
+        shm_frwin_t *fw = fr_win(s);
+        ote_status_t st = OTE_OK;
+        if (fw != NULL && fw_start(s, fw, m, i, &st)) return st;
+        return fr_copy_sync(s, q, m->pin[i], m->sptr[i]);
+    }
+    shm_frwin_t *w = fr_win(s);
     if (w != NULL) fr_fill(s, w, m, i, b);
     shm_fr_slot_t *sl = w != NULL ? fr_find(w, m, i) : NULL;
     if (sl == NULL) return fr_copy_sync(s, q, m->pin[i], m->sptr[i]);
@@ -184,7 +231,17 @@ ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32
     return st;
 }
 
-void ote__shm_fread_settle(shm_src_t *s, const shm_msg_t *m, uint32_t a, uint32_t b) {
+/* fr_wait gave up on w: every WRITE of m's [a, b) still in a slot fails with st (their
+ * writes' outcome will never be known here). */
+static void fw_abandon(shm_frwin_t *w, shm_msg_t *m, uint32_t a, uint32_t b, ote_status_t st) {
+    for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
+        shm_fr_slot_t *sl = &w->slot[k];
+        if (atomic_load(&sl->state) == FR_FREE || !sl->write || sl->m != m) continue;
+        if (m != NULL && sl->idx >= a && sl->idx < b) ote__shm_set_st(m, sl->idx, st);
+    }
+}
+
+void ote__shm_fread_settle(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b) {
     const ote__host_t *h = &s->tp->host;
     shm_frwin_t *w = s->frw;
     if (w == NULL) return;
@@ -192,8 +249,16 @@ void ote__shm_fread_settle(shm_src_t *s, const shm_msg_t *m, uint32_t a, uint32_
         shm_fr_slot_t *sl = &w->slot[k];
         if (atomic_load(&sl->state) == FR_FREE) continue;
         if (m != NULL && (sl->m != m || sl->idx < a || sl->idx >= b)) continue;
-        if (fr_wait(s, sl) != OTE_OK) return;
-        h->file.bounce_put(h->file.arg, sl->tok); /* its piece was canceled or lost */
+        ote_status_t ws = fr_wait(s, sl);
+        if (ws != OTE_OK) {
+            fw_abandon(w, m, a, b, ws);
+            return;
+        }
+        /* A WRITE's write ended: its outcome is its piece's. A READ's piece was canceled
+         * or lost. */
+        if (sl->write && m != NULL) ote__shm_set_st(m, sl->idx, sl->st);
+        sl->write = 0;
+        h->file.bounce_put(h->file.arg, sl->tok);
         sl->tok = NULL;
         atomic_store(&sl->state, FR_FREE);
     }

@@ -619,13 +619,18 @@ static inline int ote__shm_src_is_file(shm_src_t *s, void *pin) {
 ote_status_t ote__shm_copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine, uint64_t theirs,
                                  uint8_t *mapped, size_t len);
 
+/* Piece i of m failed with st (its first failure stays). */
+void ote__shm_set_st(shm_msg_t *m, uint32_t i, ote_status_t st);
 /* shm_fread.c (the connection's thread): piece i of message m, on a file registration,
  * served through a bounce (a READ's read started ahead with those of the run's later
- * READ pieces up to b and, past m's end, of the READs read after it; at most
- * SHM_SRC_FILE_READS); its status. settle: wait for the reads of m's entries [a, b) still
- * running (pieces skipped; m NULL: every read), bounces back; end: the connection closes. */
+ * READ pieces up to b and, past m's end, of the READs read after it; a WRITE's write
+ * started once its bytes are in the bounce, its status set at the settle of its run; at
+ * most SHM_SRC_FILE_READS of them); its status. settle: wait for the I/O of m's entries
+ * [a, b) still running (reads of pieces skipped, and the WRITEs' writes, whose outcome
+ * becomes their piece's status; m NULL: all of it), bounces back; end: the connection
+ * closes. */
 ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b);
-void ote__shm_fread_settle(shm_src_t *s, const shm_msg_t *m, uint32_t a, uint32_t b);
+void ote__shm_fread_settle(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b);
 void ote__shm_fread_end(shm_src_t *s);
 
 /* shm_connect.c: connect and handshake p with its source (p->fd, src_pid, mode, ring,

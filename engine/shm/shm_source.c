@@ -253,7 +253,7 @@ static int src_hello_answer(shm_src_t *s, shm_hello_t *hp, int rfd) {
 }
 
 /* Record st as entry i's status unless it already has one that is not OTE_OK. */
-static void set_st(shm_msg_t *m, uint32_t i, ote_status_t st) {
+void ote__shm_set_st(shm_msg_t *m, uint32_t i, ote_status_t st) {
     int32_t ok = OTE_OK;
     if (st != OTE_OK) atomic_compare_exchange_strong(&m->st[i], &ok, (int32_t)st);
 }
@@ -379,23 +379,23 @@ static ote_status_t src_copy_device(shm_src_t *s, const shm_req_t *q, void *pin)
 static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
     const shm_req_t *q = ote__shm_msg_reqs(m);
     if (atomic_load(&s->abort)) {
-        for (uint32_t k = u->i; k < u->j; k++) set_st(m, k, OTE_ERR_PEER_LOST);
+        for (uint32_t k = u->i; k < u->j; k++) ote__shm_set_st(m, k, OTE_ERR_PEER_LOST);
         return;
     }
     if (u->len > 0) { /* a chunk of one large piece */
         const shm_req_t *p = &q[u->i];
-        if (ote__shm_src_canceled(m->pin[u->i])) set_st(m, u->i, OTE_ERR_CANCELED);
+        if (ote__shm_src_canceled(m->pin[u->i])) ote__shm_set_st(m, u->i, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[u->i]) != OTE_OK) return; /* stopped or failed: no more of it */
         uint8_t *mapped = m->sptr[u->i] ? m->sptr[u->i] + u->off : NULL;
-        set_st(m, u->i,
-               ote__shm_copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off,
-                                   p->local + u->off, mapped, u->len));
+        ote__shm_set_st(m, u->i,
+                        ote__shm_copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off,
+                                            p->local + u->off, mapped, u->len));
         return;
     }
     uint32_t n = u->j - u->i;
     int plain = 1; /* nothing of the run canceled or failed */
     for (uint32_t k = u->i; k < u->j; k++) {
-        if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
+        if (ote__shm_src_canceled(m->pin[k])) ote__shm_set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) != OTE_OK) plain = 0;
     }
     if (n > 1 && plain && !ote__shm_in_ring(s, &q[u->i]) && m->sptr[u->i] == NULL) {
@@ -413,11 +413,11 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (got == (ssize_t)total) return;
     }
     for (uint32_t k = u->i; k < u->j; k++) {
-        if (ote__shm_src_canceled(m->pin[k])) set_st(m, k, OTE_ERR_CANCELED);
+        if (ote__shm_src_canceled(m->pin[k])) ote__shm_set_st(m, k, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[k]) == OTE_OK)
-            set_st(m, k,
-                   ote__shm_copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote, q[k].local,
-                                       m->sptr[k], q[k].len));
+            ote__shm_set_st(m, k,
+                            ote__shm_copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote,
+                                                q[k].local, m->sptr[k], q[k].len));
     }
 }
 
@@ -595,11 +595,11 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
             if ((q[i].op != OTE__SLICE_WRITE && q[i].op != OTE__SLICE_READ) ||
                 !src_is_staged(s, m->pin[i]))
                 continue;
-            if (atomic_load(&s->abort)) set_st(m, i, OTE_ERR_PEER_LOST);
-            if (ote__shm_src_canceled(m->pin[i])) set_st(m, i, OTE_ERR_CANCELED);
+            if (atomic_load(&s->abort)) ote__shm_set_st(m, i, OTE_ERR_PEER_LOST);
+            if (ote__shm_src_canceled(m->pin[i])) ote__shm_set_st(m, i, OTE_ERR_CANCELED);
             if (atomic_load(&m->st[i]) != OTE_OK) continue;
             if (ote__shm_src_is_file(s, m->pin[i])) {
-                set_st(m, i, ote__shm_fread_piece(s, m, i, b)); /* shm_fread.c */
+                ote__shm_set_st(m, i, ote__shm_fread_piece(s, m, i, b)); /* shm_fread.c */
                 continue;
             }
             if (q[i].flags & SHM_REQ_IPC) {
@@ -613,18 +613,19 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
                     continue;
                 }
                 if (q[i].flags & SHM_REQ_LOCAL_DEV) { /* no byte of it can move here */
-                    set_st(m, i, OTE_ERR_UNSUPPORTED);
+                    ote__shm_set_st(m, i, OTE_ERR_UNSUPPORTED);
                     continue;
                 }
             }
-            set_st(m, i, src_copy_device(s, &q[i], m->pin[i]));
+            ote__shm_set_st(m, i, src_copy_device(s, &q[i], m->pin[i]));
         }
         ote__shm_fread_settle(s, m, a, b); /* file reads of pieces skipped meanwhile */
         uint64_t large = 0;
         uint32_t nu = build_units(s, m, a, b, &large);
         if (nu > 0) run_units(s, m, nu, large >= SHM_PAR_MIN && nu > 1);
         if (b < cnt) {
-            set_st(m, b, atomic_load(&s->abort) ? OTE_ERR_PEER_LOST : src_notify(s, &q[b]));
+            ote__shm_set_st(m, b,
+                            atomic_load(&s->abort) ? OTE_ERR_PEER_LOST : src_notify(s, &q[b]));
             b++;
         }
         a = b;
@@ -635,7 +636,7 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
         if (m->ipc[i] && atomic_load(&m->st[i]) == OTE_OK &&
             ote__shm_src_held_add(s, q[i].id, m->pin[i], q[i].len))
             continue;
-        if (m->ipc[i]) set_st(m, i, OTE_ERR_NOMEM);
+        if (m->ipc[i]) ote__shm_set_st(m, i, OTE_ERR_NOMEM);
         ote__shm_src_unpin(s, m->pin[i], q[i].len);
         m->pin[i] = NULL;
     }
@@ -655,7 +656,7 @@ static void src_cancel(shm_src_t *s, const shm_req_t *c) {
             if ((q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) &&
                 q[i].req_uid == c->req_uid && q[i].req_remote == c->req_remote &&
                 q[i].req_len == c->req_len)
-                set_st(m, i, OTE_ERR_CANCELED);
+                ote__shm_set_st(m, i, OTE_ERR_CANCELED);
     }
 }
 

@@ -1,12 +1,14 @@
 /*
- * engine/tcp/tcp_fread.c - the source's READs of file registrations without waiting
- * (tcp_internal.h, tcp_fread_t): the file owner reads a slice's range into its bounce
- * (host->file.bounce_read_start) while the worker sends earlier responses and starts the
- * reads of later READ frames, up to TCP_SRC_FILE_READS per connection; responses still
- * go out in order (the ring stops at the first one whose read runs). The read's done()
- * runs on the file owner's thread: it only queues the read for its worker and wakes it.
- * A connection that dies with reads running unpins at once and leaves each read its
- * bounce; the worker gives it back when the read ends, and its teardown waits for them.
+ * engine/tcp/tcp_fread.c - the source's file I/O without waiting (tcp_internal.h,
+ * tcp_fread_t): for a READ of a file registration the file owner reads the slice's range
+ * into its bounce (host->file.bounce_io_start) while the worker sends earlier responses
+ * and starts the reads of later READ frames; for a WRITE whose bytes arrived in a bounce
+ * it writes them to the file while the worker receives the next frames. Up to
+ * TCP_SRC_FILE_READS of them run per connection; responses still go out in order (the
+ * ring stops at the first one whose I/O runs; a WRITE_ACK leaves once its write ended).
+ * The I/O's done() runs on the file owner's thread: it only queues it for its worker and
+ * wakes it. A connection that dies with I/O running unpins at once and leaves each its
+ * bounce; the worker gives it back when it ends, and its teardown waits for them.
  */
 #include <string.h>
 
@@ -14,7 +16,7 @@
 #include "base/log.h"
 #include "engine/tcp/tcp_internal.h"
 
-/* done() of host->file.bounce_read_start: the file owner's thread. */
+/* done() of host->file.bounce_io_start: the file owner's thread. */
 static void fread_done(void *arg, ote_status_t st) {
     tcp_fread_t *fr = arg;
     tcp_worker_t *w = fr->w;
@@ -24,6 +26,57 @@ static void fread_done(void *arg, ote_status_t st) {
     w->fdone = fr;
     ote__tcp_worker_wake(w); /* under fmu: the worker's teardown cannot pass it */
     ote_mutex_unlock(&w->fmu);
+}
+
+/* The response just queued on c waits for fr's I/O on the bounce tok (its stage now):
+ * started here; one that does not start answers with its status. */
+static void io_start(tcp_conn_t *c, tcp_fread_t *fr, void *tok, int to_file, uint64_t addr,
+                     uint32_t len) {
+    tcp_t *tp = c->w->tp;
+    const ote__file_ops_t *fo = &tp->host.file;
+    tcp_resp_t *r = &c->ring[(c->rhead + c->rcount - 1) % c->rcap];
+    r->stage = tok;
+    r->stage_file = 1;
+    fr->w = c->w;
+    fr->c = c;
+    fr->write = (uint8_t)(to_file != 0);
+    ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    ote_mutex_lock(&c->w->fmu);
+    c->w->finflight++;
+    ote_mutex_unlock(&c->w->fmu);
+    ote_status_t st = fo->bounce_io_start(fo->arg, tok, to_file, addr, len, dl, fread_done, fr);
+    if (st != OTE_OK) { /* never started: the response answers the failure */
+        ote_mutex_lock(&c->w->fmu);
+        c->w->finflight--;
+        ote_mutex_unlock(&c->w->fmu);
+        fr->st = st;
+        fr->state = FREAD_DONE;
+    } else {
+        c->freads++;
+    }
+    r->fread = fr;
+}
+
+int ote__tcp_fwrite_start(tcp_conn_t *c) {
+    const ote__file_ops_t *fo = &c->w->tp->host.file;
+    void *tok = c->rx_stage;
+    c->rx_stage = NULL;
+    c->rx_stage_file = 0;
+    /* The write holds the registration in use until it ends (unregister is BUSY). */
+    if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
+    c->rx_pin = NULL;
+    tcp_fread_t *fr = ote_calloc(1, sizeof(*fr));
+    if (fr == NULL) {
+        fo->bounce_put(fo->arg, tok);
+        return ote__tcp_src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, OTE_ERR_NOMEM, NULL, 0, NULL);
+    }
+    if (ote__tcp_src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, OTE_OK, NULL, 0, NULL) != 0) {
+        fo->bounce_put(fo->arg, tok);
+        ote_free(fr);
+        return -1;
+    }
+    io_start(c, fr, tok, 1, c->rx_dev, c->rx_len);
+    return 0;
 }
 
 int ote__tcp_fread_start(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
@@ -47,26 +100,7 @@ int ote__tcp_fread_start(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
         ote_free(fr);
         return -1;
     }
-    tcp_resp_t *r = &c->ring[(c->rhead + c->rcount - 1) % c->rcap];
-    r->stage = tok;
-    r->stage_file = 1;
-    fr->w = c->w;
-    fr->c = c;
-    ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
-    ote_mutex_lock(&c->w->fmu);
-    c->w->finflight++;
-    ote_mutex_unlock(&c->w->fmu);
-    st = fo->bounce_read_start(fo->arg, tok, m->u.rw.addr, m->u.rw.len, dl, fread_done, fr);
-    if (st != OTE_OK) { /* never started: the response answers the failure */
-        ote_mutex_lock(&c->w->fmu);
-        c->w->finflight--;
-        ote_mutex_unlock(&c->w->fmu);
-        fr->st = st;
-        fr->state = FREAD_DONE;
-    } else {
-        c->freads++;
-    }
-    r->fread = fr;
+    io_start(c, fr, tok, 0, m->u.rw.addr, m->u.rw.len);
     return 0;
 }
 
@@ -76,14 +110,15 @@ int ote__tcp_fread_ready(tcp_conn_t *c, tcp_resp_t *r) {
     ote_status_t st = fr->withdrawn ? OTE_ERR_CANCELED : fr->st;
     if (st != OTE_OK) { /* answered without data */
         if (!fr->withdrawn)
-            OTE_WARN_LIMITED("tcp", "READ of a file registration (id %llu) for %s failed: %s",
-                             (unsigned long long)r->id, c->from, ote_status_str(st));
+            OTE_WARN_LIMITED("tcp", "%s of a file registration (id %llu) for %s failed: %s",
+                             fr->write ? "WRITE" : "READ", (unsigned long long)r->id, c->from,
+                             ote_status_str(st));
         if (r->pin) ote__tcp_src_unpin(c, r->pin, r->len);
         r->pin = NULL;
         ote__tcp_src_stage_put(c, &r->stage, &r->stage_file);
         r->data = NULL;
         r->len = 0;
-        ote_ctl_put_hdr(r->hdr, c->version, OTE_CTL_READ_RESP, r->id, st, 0);
+        ote_ctl_put_hdr(r->hdr, c->version, r->opcode, r->id, st, 0);
     }
     ote_free(fr);
     r->fread = NULL;

@@ -161,8 +161,9 @@ typedef struct tcp_conn tcp_conn_t;
 typedef struct tcp_peer tcp_peer_t;
 
 /* A READ of a file registration whose bytes the file owner reads into the response's
- * bounce (host->file.bounce_read_start) while earlier responses are sent (tcp_fread.c).
- * Its response points to it; the ring is sent up to the first response whose read has
+ * bounce (host->file.bounce_io_start) while earlier responses are sent, or a WRITE's
+ * bounce being written to the file before its WRITE_ACK goes (write 1; tcp_fread.c).
+ * Its response points to it; the ring is sent up to the first response whose I/O has
  * not ended. The read's done() (the file owner's thread) puts it on its worker's done
  * list and wakes the worker, which marks it DONE and sends on. A connection that dies
  * first unpins at once and leaves it the bounce (c NULL): the worker gives that back when
@@ -176,6 +177,7 @@ typedef struct tcp_fread {
     ote_status_t st;        /* the read's outcome (set by done()) */
     tcp_fread_state_t state;
     uint8_t withdrawn; /* CANCEL reached its READ: answered CANCELED once it ends */
+    uint8_t write;     /* a WRITE's write of its bounce to the file */
 } tcp_fread_t;
 
 typedef struct tcp_cmd {
@@ -398,6 +400,10 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now);
 /* READ of a file registration (pin): bounce, read started, response queued waiting for
  * it; a failure answers the slice with its status. Returns 0, or -1 when c was killed. */
 int ote__tcp_fread_start(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin);
+/* A WRITE slice of a file registration fully received into its bounce (c->rx_stage): its
+ * pin dropped, WRITE_ACK queued waiting for the write of the bounce to the file (its
+ * status then). Returns 0, or -1 when c was killed. */
+int ote__tcp_fwrite_start(tcp_conn_t *c);
 /* Sending reached r, which has a file read: 1 when it may go (its read ended; a failed
  * or withdrawn one is now an answer without data), 0 while the read runs. */
 int ote__tcp_fread_ready(tcp_conn_t *c, tcp_resp_t *r);

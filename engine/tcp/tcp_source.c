@@ -61,8 +61,7 @@ int ote__tcp_src_payload_done(tcp_conn_t *c) {
         /* Device memory or a file: the bytes are in the bounce buffer; copy them there. */
         tcp_t *tp = c->w->tp;
         if (c->rx_status == OTE_OK && c->rx_stage_file) {
-            c->rx_status = tp->host.file.bounce_copy(tp->host.file.arg, c->rx_stage, 1, c->rx_dev,
-                                                     (uint32_t)c->rx_len);
+            return ote__tcp_fwrite_start(c); /* acknowledged once the file has them */
         } else if (c->rx_status == OTE_OK) {
             ote_deadline_t dl = ote_deadline_after(tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
             c->rx_status = tp->host.gpu.stage_copy(tp->host.gpu.arg, c->rx_stage, 1, c->rx_dev,

@@ -10,7 +10,7 @@
 // READ and WRITE with OTE_ERR_REMOTE (OTE_ERR_IO at the source) and the next in-range
 // request still completes; a canceled WRITE writes nothing outside its range, nor does a
 // requester that passed its deadline or went away. The file reads are asynchronous
-// (host->file.bounce_read_start): 48 READs in flight at once, an injected EIO (file.io)
+// (host->file.bounce_io_start): 48 READs in flight at once, an injected EIO (file.io)
 // failing only its grant, a read held by file.stall while a second request completes on
 // the same connection (its server thread not blocked) and then failing at its deadline,
 // and the requester or the source engine gone with reads in flight. Every path
@@ -375,7 +375,7 @@ TEST_F(FileRdmaTest, RequesterGoneAfterCancelReleasesEverything) {
 
 // 48 READs in flight at once in one batch (4 KiB aligned, unaligned odd sizes, 1 MiB + 5
 // and 3 MiB: several staged grants each), their file reads running on the file owner
-// beside each other (bounce_read_start) while the server thread serves the next grants:
+// beside each other (bounce_io_start) while the server thread serves the next grants:
 // every byte right, every bounce and pin given back.
 TEST_F(FileRdmaTest, ManyConcurrentReadsBytesChecked) {
     const uint64_t n = 64u << 20;
@@ -563,6 +563,102 @@ TEST_F(FileRdmaTest, SourceDestroyedWithReadsInFlight) {
         ASSERT_EQ(ote_batch_status(b, i, &s), OTE_OK);
         EXPECT_NE(s.state, OTE_TRANSFER_COMPLETED) << i;
     }
+    EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
+}
+
+// A WRITE's bounce goes to the file through the file owner's I/O engine
+// (host->file.bounce_io_start, to_file 1), not on the thread that ends the grant. The
+// file.io fault point fails the 2nd operation of one 64 KiB WRITE (the 1st is its bounce's
+// initial read): the write back fails with EIO, the COMMIT carries the failure, the
+// request ends FAILED with OTE_ERR_REMOTE, nothing outside its range is written; the
+// same WRITE again lands, and every bounce and pin comes back.
+TEST_F(FileRdmaTest, WriteBackErrorFailsItsWriteOnly) {
+    const uint64_t n = 1u << 20, at = 65536, len = 65536;
+    ASSERT_NO_FATAL_FAILURE(Open(n, 0, n, OTE_PERM_READ | OTE_PERM_WRITE));
+    std::vector<uint8_t> buf(len);
+    for (size_t i = 0; i < len; i++) buf[i] = static_cast<uint8_t>(~Pat(at + i));
+    ASSERT_EQ(ote_fault_arm("file.io", OTE_FAULT_NTH, 2, OTE_ERR_FAULT, EIO), OTE_OK);
+    ote_transfer_status_t s = Run(OTE_WRITE, buf.data(), faddr_ + at, len);
+    EXPECT_EQ(ote_fault_failures("file.io"), 1u) << "the write back is not the I/O engine's";
+    EXPECT_EQ(ote_fault_hits("file.io"), 2u);
+    ote_fault_disarm("file.io");
+    EXPECT_EQ(s.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ote_status_code(s.error), OTE_ERR_REMOTE) << ote_status_str(s.error);
+    EXPECT_TRUE(LogContains("Input/output error")); // the file owner's WARN
+    // file.io replaces the kernel's answer: the write ran, so the range may hold either
+    // byte (as after a real EIO); nothing outside it is written.
+    std::vector<uint8_t> got = ReadFile();
+    for (uint64_t i = 0; i < n; i++) {
+        if (i >= at && i < at + len)
+            ASSERT_TRUE(got[i] == Pat(i) || got[i] == static_cast<uint8_t>(~Pat(i))) << i;
+        else ASSERT_EQ(got[i], Pat(i)) << i;
+    }
+    s = Run(OTE_WRITE, buf.data(), faddr_ + at, len);
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    got = ReadFile();
+    for (uint64_t i = 0; i < n; i++)
+        ASSERT_EQ(got[i], i >= at && i < at + len ? static_cast<uint8_t>(~Pat(i)) : Pat(i)) << i;
+    ExpectBouncesBack();
+}
+
+// The write back of a first WRITE is held in flight (file.stall on the file owner's 2nd
+// operation, until the source's 10 s deadline): meanwhile a READ on the same connection
+// and device completes with the right bytes (the thread that ended the WRITE's grant went
+// on), and the WRITE is still running. It then fails at the source's deadline
+// (OTE_ERR_REMOTE: its write's TIMEOUT), its range of the file never written.
+TEST_F(FileRdmaTest, StalledWriteBackDoesNotHoldTheNextRequest) {
+    const uint64_t n = 4u << 20, at = 8192, len = 65536;
+    ASSERT_NO_FATAL_FAILURE(
+        Open(n, 0, n, OTE_PERM_READ | OTE_PERM_WRITE, "none", "60000", "10000"));
+    std::vector<uint8_t> abuf(len);
+    for (size_t i = 0; i < len; i++) abuf[i] = static_cast<uint8_t>(~Pat(at + i));
+    ote_batch_t *a = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &a), OTE_OK);
+    ote_request_t ra{OTE_WRITE, abuf.data(), seg_, faddr_ + at, len};
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_NTH, 2, OTE_ERR_FAULT, 0), OTE_OK);
+    ASSERT_EQ(ote_batch_submit(a, &ra, 1), OTE_OK);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return ote_fault_failures("file.stall") >= 1; },
+                                    std::chrono::seconds(30), "the write back to stall"));
+    std::vector<uint8_t> bbuf((1u << 20) + 77, 0);
+    ote_transfer_status_t s = Run(OTE_READ, bbuf.data(), faddr_ + (2u << 20), bbuf.size());
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    for (size_t k = 0; k < bbuf.size(); k++) ASSERT_EQ(bbuf[k], Pat((2u << 20) + k)) << k;
+    ote_transfer_status_t sa{};
+    ASSERT_EQ(ote_batch_status(a, 0, &sa), OTE_OK);
+    EXPECT_EQ(sa.state, OTE_TRANSFER_PENDING) << "the WRITE ended before its write back";
+    (void)ote_batch_wait(a, 120 * kSec);
+    ote_fault_disarm("file.stall");
+    ASSERT_EQ(ote_batch_status(a, 0, &sa), OTE_OK);
+    EXPECT_EQ(sa.state, OTE_TRANSFER_FAILED);
+    EXPECT_EQ(ote_status_code(sa.error), OTE_ERR_REMOTE) << ote_status_str(sa.error);
+    EXPECT_EQ(ote_batch_destroy(a), OTE_OK);
+    ExpectBouncesBack();
+    std::vector<uint8_t> got = ReadFile();
+    for (uint64_t i = 0; i < n; i++) ASSERT_EQ(got[i], Pat(i)) << i;
+}
+
+// The source engine is destroyed while a WRITE's write back is held in flight (file.stall,
+// until its 1 s deadline): the teardown waits for it (ASan: bounce, MR and pin given back
+// once, before the file owner goes); the requester's WRITE does not complete.
+TEST_F(FileRdmaTest, SourceDestroyedWithWriteBackInFlight) {
+    const uint64_t n = 1u << 20;
+    ASSERT_NO_FATAL_FAILURE(Open(n, 0, n, OTE_PERM_READ | OTE_PERM_WRITE, "none", "30000", "1000"));
+    std::vector<uint8_t> x(300000, 0x3c);
+    ote_batch_t *b = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+    ote_request_t r{OTE_WRITE, x.data(), seg_, faddr_ + 4096, x.size()};
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_NTH, 2, OTE_ERR_FAULT, 0), OTE_OK);
+    ASSERT_EQ(ote_batch_submit(b, &r, 1), OTE_OK);
+    ASSERT_TRUE(ote_test::WaitUntil([&] { return ote_fault_failures("file.stall") >= 1; },
+                                    std::chrono::seconds(30), "the write back to stall"));
+    faddr_ = 0; // the engine's destroy drops the registration
+    EXPECT_EQ(ote_engine_destroy(src_), OTE_OK);
+    src_ = nullptr;
+    ote_fault_disarm("file.stall");
+    (void)ote_batch_wait(b, 120 * kSec);
+    ote_transfer_status_t s{};
+    ASSERT_EQ(ote_batch_status(b, 0, &s), OTE_OK);
+    EXPECT_NE(s.state, OTE_TRANSFER_COMPLETED);
     EXPECT_EQ(ote_batch_destroy(b), OTE_OK);
 }
 

@@ -1,6 +1,6 @@
 // A peer's requests to file registrations (engine/file through host->file): over tcp and
 // shm the source reads the file into a bounce buffer (READ: started ahead on the file
-// owner's I/O engine, host->file.bounce_read_start) and sends or copies it, or writes the
+// owner's I/O engine, host->file.bounce_io_start) and sends or copies it, or writes the
 // bytes it received (WRITE). Two engines of this process talk over loopback (tcp) or the
 // same-host transport (shm).
 #include <gtest/gtest.h>
@@ -135,6 +135,67 @@ class FileRemoteTest : public ote_test::OteTest {
         ASSERT_EQ(ote_batch_submit(b_, rs.data(), rs.size()), OTE_OK);
         (void)ote_batch_wait(b_, kWaitNs);
     }
+    // 24 WRITEs at once through b_ into disjoint ranges of the registration a_ (the whole
+    // file at path, n >= 8 MiB, pattern bytes): 64 KiB aligned, 200,001 bytes unaligned, or
+    // 32 KiB at an odd offset, each of its own bytes. With fail_nth > 0 the file owner's
+    // fail_nth-th operation fails (file.io, EIO): exactly one request fails with
+    // OTE_ERR_REMOTE, its range holding old or new bytes (the fault replaces the answer of
+    // a write that ran). Every other request completes and its range holds its bytes;
+    // nothing outside the ranges changes.
+    void WriteManyChecked(const std::string &path, uint64_t n, uint64_t fail_nth) {
+        const size_t kCount = 24;
+        std::vector<std::vector<uint8_t>> bufs;
+        std::vector<uint64_t> offs;
+        std::vector<ote_request_t> rs;
+        for (size_t i = 0; i < kCount; i++) {
+            uint64_t len = i % 3 == 0 ? 65536 : i % 3 == 1 ? 200001 : 32768;
+            uint64_t off = i * (320u << 10) + (i % 3 == 2 ? 7 : 0);
+            bufs.emplace_back(len);
+            for (uint64_t k = 0; k < len; k++) bufs[i][k] = static_cast<uint8_t>(~Pat(off + k) ^ i);
+            offs.push_back(off);
+        }
+        for (size_t i = 0; i < kCount; i++)
+            rs.push_back({OTE_WRITE, bufs[i].data(), seg_, a_ + offs[i], bufs[i].size()});
+        if (fail_nth > 0) {
+            ASSERT_EQ(ote_fault_arm("file.io", OTE_FAULT_NTH, fail_nth, OTE_ERR_FAULT, EIO),
+                      OTE_OK);
+        }
+        ASSERT_EQ(ote_batch_reset(b_), OTE_OK);
+        ASSERT_EQ(ote_batch_submit(b_, rs.data(), rs.size()), OTE_OK);
+        (void)ote_batch_wait(b_, kWaitNs);
+        if (fail_nth > 0) {
+            EXPECT_EQ(ote_fault_failures("file.io"), 1u);
+            ote_fault_disarm("file.io");
+        }
+        std::vector<int> failed(kCount, 0);
+        size_t nfailed = 0;
+        for (size_t i = 0; i < kCount; i++) {
+            ote_transfer_status_t s{};
+            ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+            if (fail_nth > 0 && s.state == OTE_TRANSFER_FAILED) {
+                EXPECT_EQ(ote_status_code(s.error), OTE_ERR_REMOTE) << ote_status_str(s.error);
+                failed[i] = 1;
+                nfailed++;
+                continue;
+            }
+            ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(s.error);
+        }
+        EXPECT_EQ(nfailed, fail_nth > 0 ? 1u : 0u);
+        std::vector<uint8_t> got = ReadFile(path, n);
+        std::vector<int> owner(n, -1);
+        for (size_t i = 0; i < kCount; i++)
+            for (uint64_t k = 0; k < bufs[i].size(); k++) owner[offs[i] + k] = static_cast<int>(i);
+        for (uint64_t x = 0; x < n; x++) {
+            int i = owner[x];
+            if (i < 0) {
+                ASSERT_EQ(got[x], Pat(x)) << x;
+            } else if (failed[i]) {
+                ASSERT_TRUE(got[x] == Pat(x) || got[x] == bufs[i][x - offs[i]]) << x;
+            } else {
+                ASSERT_EQ(got[x], bufs[i][x - offs[i]]) << i << " @" << x;
+            }
+        }
+    }
     ote_engine_t *src_ = nullptr, *req_ = nullptr;
     ote_segment_t *seg_ = nullptr;
     ote_batch_t *b_ = nullptr;
@@ -225,14 +286,27 @@ class FileTcpAsyncTest : public FileRemoteTest, public ::testing::WithParamInter
     // The file at path (n bytes) made and registered READ-only at src; the two engines'
     // transfer_timeout_ms; a batch of cap requests.
     void Open(const std::string &path, uint64_t n, const char *src_ms, const char *req_ms,
-              uint32_t cap) {
+              uint32_t cap, unsigned perms = OTE_PERM_READ) {
         MakeFile(path, n);
         ASSERT_NO_FATAL_FAILURE(
             Connect(TcpEngine({{"file_engine", GetParam()}, {"transfer_timeout_ms", src_ms}}),
                     TcpEngine({{"file_engine", GetParam()}, {"transfer_timeout_ms", req_ms}}), path,
-                    0, n, OTE_PERM_READ, nullptr, cap));
+                    0, n, perms, nullptr, cap));
     }
 };
+
+// The tcp source writes a WRITE slice's bounce to the file without waiting (tcp_fread.c:
+// its WRITE_ACK leaves once the write ended, in order): 24 WRITEs at once, every byte
+// where it belongs; then the 5th write fails (EIO): only its request fails.
+TEST_P(FileTcpAsyncTest, ManyWritesAndAWriteError) {
+    const uint64_t n = 8u << 20;
+    std::string path = TmpPath((std::string("async_writes_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "30000", "30000", 24, OTE_PERM_READ | OTE_PERM_WRITE));
+    ASSERT_NO_FATAL_FAILURE(WriteManyChecked(path, n, 0));
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(WriteManyChecked(path, n, 5));
+    EXPECT_TRUE(LogContains("Input/output error")); // the file owner's WARN
+}
 
 // 48 READs at once (64 KiB slices: hundreds of frames per connection, aligned and not,
 // one byte to 1 MiB + 1), three rounds: every byte right.
@@ -319,6 +393,35 @@ TEST_P(FileTcpAsyncTest, ConnectionDiesWithReadsInFlight) {
     }
     CloseRequester();                       // its connections are surely gone now
     EXPECT_EQ(UnregisterWaiting(), OTE_OK); // the reads end by 2 s
+    a_ = 0;
+}
+
+// As above with WRITEs: their bytes arrived, their writes to the file are held in flight
+// (file.stall) past the requester's deadline; the connection dies with them running. The
+// registration stays BUSY until they end (the source's 4 s), then every bounce comes back
+// and unregister works; none of the WRITEs completed.
+TEST_P(FileTcpAsyncTest, ConnectionDiesWithWritesInFlight) {
+    const uint64_t n = 4u << 20;
+    std::string path = TmpPath((std::string("async_wdie_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "4000", "300", 4, OTE_PERM_READ | OTE_PERM_WRITE));
+    std::vector<std::vector<uint8_t>> bufs(4, std::vector<uint8_t>(256u << 10, 0x3c));
+    std::vector<ote_request_t> rs;
+    for (size_t i = 0; i < bufs.size(); i++)
+        rs.push_back({OTE_WRITE, bufs[i].data(), seg_, a_ + i * (1u << 20), bufs[i].size()});
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_EVERY, 0, OTE_ERR_FAULT, 0), OTE_OK);
+    ASSERT_EQ(ote_batch_reset(b_), OTE_OK);
+    ASSERT_EQ(ote_batch_submit(b_, rs.data(), rs.size()), OTE_OK);
+    (void)ote_batch_wait(b_, kWaitNs);
+    EXPECT_GE(ote_fault_hits("file.stall"), 1u);
+    for (size_t i = 0; i < bufs.size(); i++) {
+        ote_transfer_status_t s{};
+        ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+        EXPECT_NE(s.state, OTE_TRANSFER_COMPLETED) << i;
+    }
+    CloseRequester();
+    EXPECT_EQ(ote_status_code(ote_file_unregister(src_, a_)), OTE_ERR_BUSY) << "no write running";
+    ote_fault_disarm("file.stall");
+    EXPECT_EQ(UnregisterWaiting(), OTE_OK); // the writes end by 4 s
     a_ = 0;
 }
 
@@ -498,6 +601,21 @@ TEST_P(FileShmTest, ManyReadsAndAReadError) {
         }
         EXPECT_EQ(failed, round == 1 ? 1u : 0u);
     }
+}
+
+// shm writes a WRITE piece's bounce to the file without waiting (shm_fread.c: the run's
+// settle makes each write's outcome its piece's status): 24 WRITEs at once, every byte
+// where it belongs; then the 5th write fails (EIO): only its request fails.
+TEST_P(FileShmTest, ManyWritesAndAWriteError) {
+    const uint64_t n = 8u << 20;
+    std::string path = TmpPath((std::string("shm_writes_") + GetParam() + ".bin").c_str());
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(
+        Connect(ShmEngine(), ShmEngine(), path, 0, n, OTE_PERM_READ | OTE_PERM_WRITE, nullptr, 24));
+    ASSERT_NO_FATAL_FAILURE(WriteManyChecked(path, n, 0));
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(WriteManyChecked(path, n, 5));
+    EXPECT_TRUE(LogContains("Input/output error")); // the file owner's WARN
 }
 
 // The requester engine goes away while the source's reads of its pieces are held in
