@@ -569,6 +569,8 @@ struct ote__rdma_tp {
     _Atomic uint64_t lane_replacements, lane_fenced_qps, route_fenced_qps;
     /* rdma_reopen.c: devices reopened after a lost event consumer; reopens that failed. */
     _Atomic uint64_t device_reopens, device_reopen_failures;
+    /* Devices the pump put back in the selector ahead of the monitor (rdma_pump.c). */
+    _Atomic uint64_t sel_resyncs;
     /* rdma_direct.c: how host memory is granted (rdma_grant_mode, resolved at creation,
      * read-only after); whether every data device has type-2 windows; exact MRs
      * deregistered in all (direct_served - direct_released == direct_mrs) and those of

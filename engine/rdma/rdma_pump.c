@@ -205,6 +205,22 @@ typedef enum {
     RUN_WAIT,  /* leave it queued: something it needs frees later and kicks the pump */
 } run_next_t;
 
+/* Devices whose context is active while the selector still has them out: a port event
+ * handled by the context layer that the monitor's next device pass has not followed yet
+ * (rdma_monitor.c). Put back now, so that a request submitted once the port is up is not
+ * failed PORT_DOWN in between. 1 when one was. */
+static int sel_resync(rdma_tp_t *tp) {
+    int n = 0;
+    for (uint32_t i = 0; i < tp->nnics; i++) {
+        if (ote_selector_is_active(tp->sel, (int)i) || ote_context_check(tp->nics[i].ctx) != OTE_OK)
+            continue;
+        if (ote_selector_set_active(tp->sel, (int)i, 1) != OTE_OK) continue;
+        atomic_fetch_add(&tp->sel_resyncs, 1);
+        n = 1;
+    }
+    return n;
+}
+
 /* A run that may start: its grant's bytes (run_take), room in the engine-wide limit and in
  * the window for this peer (gpu_staging_depth chunks for a staged request) of a device of
  * the best rank for its memory, a device picked (none active and nothing in flight:
@@ -233,8 +249,12 @@ static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **las
     if (ote_selector_pick(tp->sel, s->mem_loc, *rlen, mask, k) != OTE_OK) {
         *k = -1;
         if (busy > 0) return RUN_WAIT; /* no room on an active device yet */
-        *st = OTE_ERR_PORT_DOWN;       /* no active device, nothing in flight */
-        *last = s;                     /* each slice ends on its own */
+        if (sel_resync(tp)) {          /* a device came up: this pump goes round again */
+            p->pump.state = OTE__RDMA_PUMP_AGAIN;
+            return RUN_WAIT;
+        }
+        *st = OTE_ERR_PORT_DOWN; /* no active device, nothing in flight */
+        *last = s;               /* each slice ends on its own */
         *rlen = s->len;
         return RUN_END;
     }

@@ -108,6 +108,7 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.route_fenced_qps = atomic_load(&tp->route_fenced_qps);
         r.device_reopens = atomic_load(&tp->device_reopens);
         r.device_reopen_failures = atomic_load(&tp->device_reopen_failures);
+        r.sel_resyncs = atomic_load(&tp->sel_resyncs);
         r.mrs_retained = tp->bm != NULL ? ote_buffer_manager_retained(tp->bm) : 0;
         r.mrs_single = tp->bm != NULL ? ote_buffer_manager_single(tp->bm) : 0;
         for (uint32_t k = 0; k < tp->nnics; k++) {
@@ -119,6 +120,19 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         }
         *out = r;
         st = OTE_OK;
+        break;
+    }
+    ote_mutex_unlock(&g_track_mu);
+    return st;
+}
+
+ote_status_t ote__rdma_test_selector_out(const char *engine_addr, uint32_t k) {
+    if (engine_addr == NULL) return OTE_ERR_INVALID;
+    ote_status_t st = OTE_ERR_NOT_FOUND;
+    ote_mutex_lock(&g_track_mu);
+    for (rdma_tp_t *tp = g_track; tp != NULL; tp = tp->live_next) {
+        if (strcmp(tp->addr, engine_addr) != 0) continue;
+        st = k < tp->nnics ? ote_selector_set_active(tp->sel, (int)k, 0) : OTE_ERR_INVALID;
         break;
     }
     ote_mutex_unlock(&g_track_mu);

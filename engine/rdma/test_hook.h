@@ -102,8 +102,13 @@ typedef struct {
     /* Devices reopened after a lost event consumer, and reopens that failed
      * (rdma_reopen.c). */
     uint64_t device_reopens, device_reopen_failures;
+    /* Devices put back in the selector by the pump before the monitor's pass (rdma_pump.c). */
+    uint64_t sel_resyncs;
 } ote__rdma_test_grants_t;
 ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grants_t *out);
+/* Take data device k of the engine at engine_addr out of its selector, as if its port had
+ * just come back and the monitor's device pass had not followed yet. */
+ote_status_t ote__rdma_test_selector_out(const char *engine_addr, uint32_t k);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
+#include "tests/engine/engine_util.h"
 #include "tests/util/wait.h"
 
 extern "C" {
@@ -452,6 +453,21 @@ TEST_F(RdmaStartPausedTest, RequestsFailUntilAPortComesUpThenRun) {
     EXPECT_GE(v[0].bytes_out - sim0, kLen);
     EXPECT_EQ(v[1].bytes_out, 0u);
     EXPECT_FALSE(v[1].active);
+    // The port is up but the selector does not have the device yet: the monitor's device
+    // pass (rdma_monitor.c) has not followed the context's state (ci26: a WRITE right
+    // after the context turned active ended PORT_DOWN in that gap). The pump puts the
+    // device back itself: each WRITE lands.
+    const std::string me = ote_test::EngineAddress(engine_);
+    const size_t small = 1u << 20;
+    for (int i = 0; i < 5; i++) {
+        ASSERT_EQ(ote__rdma_test_selector_out(me.c_str(), 0), OTE_OK);
+        ote_pattern_fill(src.data(), small, 96 + i, 0);
+        ASSERT_EQ(Transfer(OTE_WRITE, src.data(), target_.rw, small), OTE_OK) << i;
+        EXPECT_EQ(target_.Hash("rw", 0, small), ote_hash(src.data(), small));
+    }
+    ote__rdma_test_grants_t g{};
+    ASSERT_EQ(ote__rdma_test_grants(me.c_str(), &g), OTE_OK);
+    EXPECT_GE(g.sel_resyncs, 1u) << "the monitor put the device back each time";
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
 }
 
