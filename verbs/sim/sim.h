@@ -100,10 +100,13 @@
  *   alive but silent (its QP gone, in ERR, or its port down) after max(that, 1 s)
  *   capped likewise; timeout 0 (infinite on a NIC) means the cap. The clock runs from
  *   the last bytes sent or received on the QP's connection, and a live peer counts as
- *   silent only once it has read everything sent to it and nothing is queued either way:
- *   a peer process that is stopped or starved of CPU (a NIC would ACK without it), a wait
- *   for the port's own egress tokens, or answers not yet read here restart the clock, so
- *   such WRs stay outstanding until the peer runs again or its process exits.
+ *   silent only once it has read everything sent to it, nothing is queued either way, and
+ *   its last word was that it dropped a request (an internal DROP frame: its QP gone, in
+ *   ERR or not ready, its port down, a PSN out of sequence, a READ response withdrawn):
+ *   a peer process that is stopped or starved of CPU, or one that read requests and has
+ *   not answered them yet (a NIC would ACK without that CPU), a wait for the port's own
+ *   egress tokens, or answers not yet read here restart the clock, so such WRs stay
+ *   outstanding until the peer runs again or its process exits.
  * - CQ overrun: poll_cq on the CQ fails with -EIO from then on; the NIC may keep
  *   returning (corrupt) entries. destroy_cq/destroy_qp with unacked events wait up to
  *   1 s, then fail EBUSY (rdma-core blocks); close_device with children fails EBUSY

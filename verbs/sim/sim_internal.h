@@ -370,6 +370,7 @@ typedef struct sim_qp {
     bool conn_lost;
     uint64_t lost_at_ns;
     uint64_t progress_ns;
+    bool peer_dropped; /* the last word of the responder was SIM_MSG_DROP (wire_req.c) */
     uint64_t rnr_until_ns;
     int rnr_tries;
     bool sqd_notify_pending;
@@ -445,7 +446,19 @@ void ote__sim_srq_qp_err(sim_qp_t *qp);
 
 /* ---- wire (wire.c) ---- */
 
-enum { SIM_MSG_HELLO = 1, SIM_MSG_REQ = 2, SIM_MSG_ACK = 3, SIM_MSG_NAK = 4, SIM_MSG_RRESP = 5 };
+/* SIM_MSG_DROP: the responder read a request and will never answer it (its QP gone, in ERR
+ * or not ready, its port down, a PSN out of sequence, a READ response withdrawn, no
+ * memory). It completes nothing: it tells the requester that the silence that follows is
+ * a NIC's silence, so its retry clock may run out (wire_req.c, req_timers); a responder
+ * that is only slow says nothing and the clock waits for it, as a NIC would answer. */
+enum {
+    SIM_MSG_HELLO = 1,
+    SIM_MSG_REQ = 2,
+    SIM_MSG_ACK = 3,
+    SIM_MSG_NAK = 4,
+    SIM_MSG_RRESP = 5,
+    SIM_MSG_DROP = 6
+};
 enum { SIM_NAK_RNR = 1, SIM_NAK_ACCESS = 2, SIM_NAK_INV_REQ = 3, SIM_NAK_OP = 4 };
 enum { SIM_HF_SE = 1 };
 

@@ -459,15 +459,11 @@ static void rresp_cancel(sim_prov_t *p, sim_conn_t *c, bool nak) {
         f->total = f->iov[0].iov_len;
         return;
     }
-    sim_frame_t **pp = &c->tx_head, *prev = NULL; /* the QP left RTS: say nothing */
-    while (*pp && *pp != f) {
-        prev = *pp;
-        pp = &(*pp)->next;
-    }
-    if (!*pp) return;
-    *pp = f->next;
-    if (c->tx_tail == f) c->tx_tail = prev;
-    ote_free(f);
+    /* The QP left RTS: no answer, only the word that it was dropped (SIM_MSG_DROP). */
+    f->hdr.type = SIM_MSG_DROP;
+    f->hdr.len = 0;
+    f->niov = 1;
+    f->total = f->iov[0].iov_len;
 }
 
 static bool frames_use(const sim_conn_t *c, const void *obj) {
@@ -509,8 +505,10 @@ void ote__sim_send_ctl(sim_prov_t *p, sim_conn_t *c, uint8_t type, uint32_t psn,
                        uint32_t imm) {
     sim_frame_t *f = ote__sim_frame_new(0);
     if (!f) {
-        /* Out of memory: the requester sees no answer and ends in RETRY_EXC_ERR. */
-        OTE_WARN(SIM_LOG, "sim: response lost (out of memory)");
+        /* Out of memory: the link fails (the requester's QPs on it see their connection
+         * lost and end in RETRY_EXC_ERR), rather than a silence taken for a slow NIC. */
+        OTE_WARN(SIM_LOG, "sim: response lost (out of memory): connection closed");
+        ote__sim_conn_close(p, c);
         return;
     }
     f->hdr.type = type;

@@ -259,6 +259,10 @@ static void req_timers(sim_qp_t *qp, uint64_t now) {
     uint64_t bound = ote__sim_retry_bound_ns(qp, lost);
     if (now - since < bound) return;
     const char *busy = !lost && qp->req && !qp->req->dead ? req_not_silent(qp->req) : NULL;
+    /* A live peer that dropped nothing is slow, not silent: a NIC would have answered.
+     * With our own port down nothing reaches it: silence. */
+    if (!busy && !lost && !qp->peer_dropped && ote__sim_port_up(qp))
+        busy = "the peer dropped nothing";
     if (busy) {
         OTE_DEBUG(SIM_LOG, "sim: QP %u: no answer for %llu ms, but %s: retry clock restarted",
                   qp->ibqp.qp_num, (unsigned long long)((now - since) / OTE_NSEC_PER_MSEC), busy);
@@ -349,6 +353,7 @@ void ote__sim_req_on_header(sim_prov_t *p, sim_conn_t *c) {
     sim_hdr_t *h = &c->h;
     sim_qp_t *qp = c->qp;
     bool live = qp && (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD);
+    if (qp != NULL) qp->peer_dropped = h->type == SIM_MSG_DROP;
     switch (h->type) {
         case SIM_MSG_ACK:
             if (live) on_ack(qp, h);
@@ -356,6 +361,7 @@ void ote__sim_req_on_header(sim_prov_t *p, sim_conn_t *c) {
         case SIM_MSG_NAK:
             if (live) on_nak(qp, h);
             break;
+        case SIM_MSG_DROP: break; /* the retry clock may run out (req_timers) */
         case SIM_MSG_RRESP: {
             uint64_t s;
             if (!live || !swr_find(qp, h->psn, &s)) break; /* stale: payload dropped */

@@ -119,7 +119,10 @@ static void resp_read(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
         }
     }
     sim_frame_t *f = ote__sim_frame_new(1);
-    if (!f) return; /* no answer: the requester retries out */
+    if (!f) { /* no answer: the requester retries out */
+        ote__sim_send_ctl(p, c, SIM_MSG_DROP, h->psn, 0, 0);
+        return;
+    }
     f->hdr.type = SIM_MSG_RRESP;
     f->hdr.psn = h->psn;
     f->hdr.len = len;
@@ -137,10 +140,13 @@ static void resp_request(sim_prov_t *p, sim_conn_t *c) {
     c->act = SIM_ACT_NONE;
     c->ndiv = 0;
     c->idiv = 0;
+    /* Dropped (the requester times out): the QP not there or not ready, its port down, or
+     * out of sequence (after a go-back) or a PSN mismatch. */
     if (!qp || (qp->state != IBV_QPS_RTR && qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) ||
-        !ote__sim_port_up(qp))
-        return;                        /* dropped: the requester times out */
-    if (h->psn != qp->rq_epsn) return; /* out of sequence (after a go-back) or PSN mismatch */
+        !ote__sim_port_up(qp) || h->psn != qp->rq_epsn) {
+        ote__sim_send_ctl(p, c, SIM_MSG_DROP, h->psn, 0, 0);
+        return;
+    }
     c->act_epoch = qp->epoch;
     switch (h->op) {
         case IBV_WR_SEND:
@@ -161,6 +167,7 @@ void ote__sim_resp_done(sim_prov_t *p, sim_conn_t *c) {
     if (!qp || qp->epoch != c->act_epoch || qp->state == IBV_QPS_ERR ||
         qp->state == IBV_QPS_RESET) {
         ote__sim_srq_give_back(c); /* the message never completes: its SRQ WQE is free */
+        ote__sim_send_ctl(p, c, SIM_MSG_DROP, h->psn, 0, 0);
         return;
     }
     if (c->act_revoked) {
