@@ -498,7 +498,12 @@ typedef struct sim_conn {
     bool kick;         /* moved to its owner with work pending: the owner's pass takes it */
     ote_mutex_t io_mu; /* held by the owner while it copies outside prov->mu */
     bool io_busy;      /* a copy is in flight or its result not applied yet (prov->mu) */
-    bool requester;    /* our QP's outgoing connection */
+    bool io_tx;        /* ... and it is a send (OTE_SIM_COPY_TX) */
+    /* A cancel of rresp asked while a send was not accounted yet (wire.c rresp_cancel):
+     * 0 none, 1 as rresp_cancel(nak false), 2 (nak true); the owner applies it once it
+     * has counted what the send took. prov->mu. */
+    uint8_t rresp_cancel_ask;
+    bool requester; /* our QP's outgoing connection */
     bool dead;
     sim_qp_t *qp;        /* requester: owner; responder: bound after HELLO (may be NULL) */
     sim_listener_t *via; /* responder: the listener that accepted it */

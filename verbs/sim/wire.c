@@ -64,6 +64,7 @@ void ote__sim_io_enter(sim_prov_t *p, sim_conn_t *c, int dir, size_t len) {
     uint32_t qpn = c->qp ? c->qp->ibqp.qp_num : 0;
     ote_mutex_lock(&c->io_mu);
     c->io_busy = true;
+    c->io_tx = dir == OTE_SIM_COPY_TX;
     ote_mutex_unlock(&p->mu);
     ote_sim_copy_hook_t hook = atomic_load(&g_copy_hook);
     if (hook) hook(atomic_load(&g_copy_hook_arg), qpn, dir, len);
@@ -358,11 +359,21 @@ static size_t tx_bytes(const struct iovec *iov, int n) {
     return t;
 }
 
+/* A cancel of the READ response asked while this thread's send was not counted yet:
+ * applied now that it is (the frame is gone if it was fully sent). */
+static void tx_cancel_asked(sim_prov_t *p, sim_conn_t *c) {
+    uint8_t ask = c->rresp_cancel_ask;
+    c->rresp_cancel_ask = 0;
+    if (ask != 0 && !c->dead) rresp_cancel(p, c, ask == 2);
+}
+
 void ote__sim_conn_tx(sim_prov_t *p, sim_conn_t *c) {
     if (c->owner != t_self) return; /* only its owner touches its socket (it was kicked) */
     sim_port_t *pt = conn_port(c);
     size_t sent = 0;
     while (c->tx_head && !c->dead) {
+        tx_cancel_asked(p, c);
+        if (!c->tx_head || c->dead) break;
         size_t cap = bw_allow(pt, c, sent);
         if (cap == 0) {
             conn_want_out(p, c, false); /* woken by the port's timer, not by EPOLLOUT */
@@ -398,6 +409,7 @@ void ote__sim_conn_tx(sim_prov_t *p, sim_conn_t *c) {
         if (w < 0) {
             if (err == EINTR) continue;
             if (err == EAGAIN || err == EWOULDBLOCK) {
+                tx_cancel_asked(p, c);
                 conn_want_out(p, c, true);
                 return;
             }
@@ -426,6 +438,7 @@ void ote__sim_conn_tx(sim_prov_t *p, sim_conn_t *c) {
             ote_free(f);
         }
     }
+    tx_cancel_asked(p, c);
     conn_want_out(p, c, false);
 }
 
@@ -443,11 +456,18 @@ void ote__sim_conn_tx(sim_prov_t *p, sim_conn_t *c) {
 
 static void rresp_cancel(sim_prov_t *p, sim_conn_t *c, bool nak) {
     sim_frame_t *f = c->rresp;
-    c->rresp = NULL;
     if (!f) return;
-    /* The header is out (or a send that may have taken it is not accounted yet): the
-     * rest cannot be sent, end the stream. */
-    if (f->done > 0 || c->io_busy) {
+    if (c->io_busy && c->io_tx) {
+        /* The owner's send ended (the caller waited for it) but what it took is not
+         * counted yet: the frame may be fully sent (ci27: a READ the requester had
+         * completed, its connection closed by the MR's dereg). The owner applies this
+         * once it has counted (conn_tx); it sends nothing more before. */
+        if (c->rresp_cancel_ask != 2) c->rresp_cancel_ask = nak ? 2 : 1;
+        return;
+    }
+    c->rresp = NULL;
+    /* The header is out: the rest cannot be sent, end the stream. */
+    if (f->done > 0) {
         ote__sim_conn_close(p, c);
         return;
     }
