@@ -63,11 +63,22 @@ bool Expect(Target &p, const char *word, uint64_t *a, uint64_t *b, int timeout_m
     return w == word && !is.fail();
 }
 
+// 1,024 peers in the default configuration. Under ASan 256 (OTE_SCALE_PEERS still
+// overrides): on a 2-core VM the 1,024-peer run under ASan took 1,030 s and one process
+// missed its 600 s DONE (ci27), where the default build takes about a minute; the
+// 1,024-peer figures and checks come from the default run.
+#ifdef OTE_ASAN
+constexpr uint64_t kDefaultPeers = 256;
+#else
+constexpr uint64_t kDefaultPeers = 1024;
+#endif
+
 class RdmaScaleTest : public ote_test::OteTest {};
 
 TEST_F(RdmaScaleTest, ThousandPeersOpenMoveAndCheckBytesThenEverythingReturns) {
     signal(SIGPIPE, SIG_IGN); // a child that died fails its Expect, not this process
-    const uint64_t peers = EnvOr("OTE_SCALE_PEERS", 1024), procs = EnvOr("OTE_SCALE_PROCS", 8);
+    const uint64_t peers = EnvOr("OTE_SCALE_PEERS", kDefaultPeers),
+                   procs = EnvOr("OTE_SCALE_PROCS", 8);
     ASSERT_GE(procs, 1u);
     ASSERT_LE(peers, 1024u); // the target's rw buffer holds 1,024 ranges of 64 KiB
     Target target;
