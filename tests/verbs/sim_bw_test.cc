@@ -59,6 +59,11 @@ class SimBw : public ote_test::VerbsFixture {
         EXPECT_EQ(ote_sim_port_tx_bytes(v_, dev_.c_str(), 1, &b), OTE_OK);
         return b;
     }
+    uint64_t TxPayload() {
+        uint64_t b = 0;
+        EXPECT_EQ(ote_sim_port_tx_payload_bytes(v_, dev_.c_str(), 1, &b), OTE_OK);
+        return b;
+    }
     // kWrs WRs of op from src into dst (or, for READ, from dst into src); returns the
     // elapsed wall time and checks every completion.
     uint64_t Run(struct ibv_qp *a, struct ibv_qp *b, struct ibv_cq *scq, struct ibv_cq *rcq,
@@ -98,6 +103,10 @@ TEST(SimBwConfig, RatesParsedAndBadOnesRefused) {
         EXPECT_EQ(b, 0u);
         EXPECT_EQ(ote_sim_port_tx_bytes(v, "d0", 9, &b), OTE_ERR_NOT_FOUND);
         EXPECT_EQ(ote_sim_port_tx_bytes(v, "nope", 1, &b), OTE_ERR_NOT_FOUND);
+        b = 1;
+        EXPECT_EQ(ote_sim_port_tx_payload_bytes(v, "d0", 1, &b), OTE_OK);
+        EXPECT_EQ(b, 0u);
+        EXPECT_EQ(ote_sim_port_tx_payload_bytes(v, "d0", 9, &b), OTE_ERR_NOT_FOUND);
         EXPECT_EQ(ote_sim_set_port_bw(v, "d0", 1, 5), OTE_OK);
         EXPECT_EQ(ote_sim_set_port_bw(v, "d0", 1, 2000ull * 1000 * 1000 * 1000), OTE_ERR_INVALID);
         EXPECT_EQ(ote_sim_set_port_bw(v, "d9", 1, 5), OTE_ERR_NOT_FOUND);
@@ -183,12 +192,15 @@ TEST_F(SimBw, NoLimitAfterTheLimitIsRemovedAndBytesAreCounted) {
     const size_t n = (size_t)kWr * kWrs;
     Buf *src = Mem(n), *dst = Mem(n);
     Fill(src, 3);
-    uint64_t tx0 = TxBytes();
+    uint64_t tx0 = TxBytes(), pay0 = TxPayload();
     // At 1 kB/s this would take more than an hour: it finishes within the poll deadline
     // only because the limit is gone.
     Run(a, b, scq, rcq, IBV_WR_RDMA_WRITE, src, dst);
     EXPECT_TRUE(src->mem == dst->mem);
     EXPECT_GE(TxBytes() - tx0, (uint64_t)n);
+    // The data exactly: the WRITEs' headers and their ACKs are not payload.
+    EXPECT_EQ(TxPayload() - pay0, (uint64_t)n);
+    EXPECT_GT(TxBytes() - tx0, TxPayload() - pay0);
 }
 
 } // namespace

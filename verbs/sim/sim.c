@@ -245,6 +245,18 @@ ote_status_t ote_sim_port_tx_bytes(ote_verbs_t *v, const char *dev, uint8_t port
     return OTE_OK;
 }
 
+ote_status_t ote_sim_port_tx_payload_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
+                                           uint64_t *bytes_out) {
+    if (!ote_sim_is_sim(v) || !bytes_out) return OTE_ERR_INVALID;
+    sim_prov_t *p = to_sim_prov(v);
+    sim_dev_t *d = find_dev(p, dev);
+    if (!d || port < 1 || port > d->nports) return OTE_ERR_NOT_FOUND;
+    ote_mutex_lock(&p->mu);
+    *bytes_out = d->ports[port - 1].tx_payload;
+    ote_mutex_unlock(&p->mu);
+    return OTE_OK;
+}
+
 ote_status_t ote_sim_set_gid(ote_verbs_t *v, const char *dev, uint8_t port, int index,
                              const union ibv_gid *gid, enum ibv_gid_type type) {
     if (!ote_sim_is_sim(v)) return OTE_ERR_INVALID;

@@ -185,6 +185,11 @@ ote_status_t ote_sim_set_port_bw(ote_verbs_t *v, const char *dev, uint8_t port,
 ote_status_t ote_sim_port_tx_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
                                    uint64_t *bytes_out);
 
+/* Of those, the payload bytes (WRITE and SEND data, READ responses): no frame headers, so
+ * no ACK, NAK or word of a dropped request. */
+ote_status_t ote_sim_port_tx_payload_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
+                                           uint64_t *bytes_out);
+
 /* Set (gid != NULL) or delete (gid == NULL) GID table entry index; raises
  * IBV_EVENT_GID_CHANGE. The new GID becomes reachable at once; a deleted one does not
  * accept new connections. OTE_ERR_EXISTS when another instance holds that GID. */

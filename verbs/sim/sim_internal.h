@@ -119,9 +119,10 @@ typedef struct sim_port {
     uint64_t bw_last_ns;
     /* per progress thread: a throttled connection waits for tokens until then (0: none) */
     uint64_t bw_wake_ns[SIM_THREADS];
-    uint64_t tx_bytes; /* bytes handed to the sockets of this port's connections */
-    uint32_t uid;      /* unique 24-bit component of this port's auto GIDs */
-    int ngid;          /* gid_tbl_len */
+    uint64_t tx_bytes;   /* bytes handed to the sockets of this port's connections */
+    uint64_t tx_payload; /* of them, payload (WRITE/SEND data, READ responses): no headers */
+    uint32_t uid;        /* unique 24-bit component of this port's auto GIDs */
+    int ngid;            /* gid_tbl_len */
     sim_gid_t gids[SIM_GID_TBL_LEN];
     sim_listener_t *listeners[SIM_GID_TBL_LEN]; /* one per distinct valid GID */
 } sim_port_t;

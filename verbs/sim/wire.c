@@ -359,6 +359,13 @@ static size_t tx_bytes(const struct iovec *iov, int n) {
     return t;
 }
 
+/* Payload bytes (past the header and its small extra, iov[0]) among bytes [from, to) of f. */
+static uint64_t frame_payload(const sim_frame_t *f, size_t from, size_t to) {
+    size_t h = f->iov[0].iov_len;
+    if (to <= h) return 0;
+    return (uint64_t)(to - (from > h ? from : h));
+}
+
 /* A cancel of the READ response asked while this thread's send was not counted yet:
  * applied now that it is (the frame is gone if it was fully sent). */
 static void tx_cancel_asked(sim_prov_t *p, sim_conn_t *c) {
@@ -426,6 +433,8 @@ void ote__sim_conn_tx(sim_prov_t *p, sim_conn_t *c) {
         while (left > 0 && c->tx_head) {
             sim_frame_t *f = c->tx_head;
             size_t rem = f->total - f->done;
+            size_t take = left < rem ? left : rem;
+            if (pt) pt->tx_payload += frame_payload(f, f->done, f->done + take);
             if (left < rem) {
                 f->done += left;
                 left = 0;
