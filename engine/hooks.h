@@ -21,6 +21,11 @@ typedef struct {
     /* Nonzero: the shm source answers as a protocol 3 source without staging marks would
      * (shm_ring.c), so that tests reach the requester's stage-then-send path. */
     int (*shm_no_marks)(void);
+    /* Called by the tcp source on its worker thread right before it starts writing a
+     * peer's WRITE slice into a file registration (tcp_fread.c), the slice's pin still
+     * held: a test unregisters there (engine/testing.h). */
+    void (*tcp_file_write)(void *arg);
+    void *tcp_file_write_arg;
 } ote__engine_hooks_t;
 
 extern ote__engine_hooks_t ote__engine_hooks;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "engine/hooks.h"
+#include "engine/testing.h"
 
 static const char *host_suffix(void) { return getenv("OTE_TEST_HOST_SUFFIX"); }
 
@@ -18,4 +19,9 @@ static int shm_no_marks(void) { return getenv("OTE_TEST_SHM_NO_MARKS") != NULL; 
 __attribute__((constructor)) static void install(void) {
     ote__engine_hooks.host_suffix = host_suffix;
     ote__engine_hooks.shm_no_marks = shm_no_marks;
+}
+
+void ote__test_tcp_file_write_hook(void (*fn)(void *arg), void *arg) {
+    ote__engine_hooks.tcp_file_write_arg = arg;
+    ote__engine_hooks.tcp_file_write = fn;
 }

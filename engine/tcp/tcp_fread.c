@@ -62,21 +62,28 @@ int ote__tcp_fwrite_start(tcp_conn_t *c) {
     void *tok = c->rx_stage;
     c->rx_stage = NULL;
     c->rx_stage_file = 0;
-    /* The write holds the registration in use until it ends (unregister is BUSY). */
-    if (c->rx_pin) ote__tcp_src_unpin(c, c->rx_pin, c->rx_len);
+    /* The slice's pin is dropped only once the write holds the registration in use
+     * (bounce_io_start) or the bounce is given back: dropped before, the last unpin could
+     * let an unregister free the registration and close its fd under the write. */
+    void *pin = c->rx_pin;
+    uint32_t len = c->rx_len;
     c->rx_pin = NULL;
+    int rc = 0;
     tcp_fread_t *fr = ote_calloc(1, sizeof(*fr));
     if (fr == NULL) {
         fo->bounce_put(fo->arg, tok);
-        return ote__tcp_src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, OTE_ERR_NOMEM, NULL, 0, NULL);
-    }
-    if (ote__tcp_src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, OTE_OK, NULL, 0, NULL) != 0) {
+        rc = ote__tcp_src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, OTE_ERR_NOMEM, NULL, 0, NULL);
+    } else if (ote__tcp_src_respond(c, OTE_CTL_WRITE_ACK, c->rx_id, OTE_OK, NULL, 0, NULL) != 0) {
         fo->bounce_put(fo->arg, tok);
         ote_free(fr);
-        return -1;
+        rc = -1;
+    } else {
+        if (ote__engine_hooks.tcp_file_write)
+            ote__engine_hooks.tcp_file_write(ote__engine_hooks.tcp_file_write_arg);
+        io_start(c, fr, tok, 1, c->rx_dev, len);
     }
-    io_start(c, fr, tok, 1, c->rx_dev, c->rx_len);
-    return 0;
+    if (pin) ote__tcp_src_unpin(c, pin, len);
+    return rc;
 }
 
 int ote__tcp_fread_start(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {

@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
 
 extern "C" {
 #include "base/fault.h"
+#include "engine/testing.h"
 #include "ote/ote.h"
 }
 
@@ -306,6 +308,37 @@ TEST_P(FileTcpAsyncTest, ManyWritesAndAWriteError) {
     MakeFile(path, n);
     ASSERT_NO_FATAL_FAILURE(WriteManyChecked(path, n, 5));
     EXPECT_TRUE(LogContains("Input/output error")); // the file owner's WARN
+}
+
+// A peer's WRITE slice holds the registration until its write has taken it over
+// (tcp_fread.c): an unregister right before the write starts, the slice's pin then the
+// only hold, waits its 100 ms and is BUSY, and the write lands. Before, the pin was
+// dropped first: that unregister freed the registration and closed its fd under the
+// write about to start.
+TEST_P(FileTcpAsyncTest, UnregisterRightBeforeAWriteStartsIsBusy) {
+    const uint64_t n = 1u << 20;
+    std::string path = TmpPath((std::string("async_wunreg_") + GetParam() + ".bin").c_str());
+    ASSERT_NO_FATAL_FAILURE(Open(path, n, "30000", "30000", 1, OTE_PERM_READ | OTE_PERM_WRITE));
+    struct Ctx {
+        ote_engine_t *e;
+        uint64_t a;
+        std::atomic<int> calls{0};
+        ote_status_t st = OTE_OK;
+    } ctx{src_, a_};
+    ote__test_tcp_file_write_hook(
+        +[](void *arg) {
+            auto *c = static_cast<Ctx *>(arg);
+            if (c->calls.fetch_add(1) == 0) c->st = ote_file_unregister(c->e, c->a);
+        },
+        &ctx);
+    std::vector<uint8_t> buf(65536, 0x5a); // one slice (slice_size 64K)
+    ote_transfer_status_t s = Move(OTE_WRITE, buf.data(), a_, buf.size());
+    ote__test_tcp_file_write_hook(nullptr, nullptr);
+    EXPECT_EQ(ctx.calls.load(), 1);
+    EXPECT_EQ(ote_status_code(ctx.st), OTE_ERR_BUSY) << ote_status_str(ctx.st);
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    std::vector<uint8_t> got = ReadFile(path, n);
+    for (uint64_t i = 0; i < n; i++) ASSERT_EQ(got[i], i < buf.size() ? 0x5a : Pat(i)) << i;
 }
 
 // 48 READs at once (64 KiB slices: hundreds of frames per connection, aligned and not,
