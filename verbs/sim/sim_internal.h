@@ -371,7 +371,8 @@ typedef struct sim_qp {
     bool conn_lost;
     uint64_t lost_at_ns;
     uint64_t progress_ns;
-    bool peer_dropped; /* the last word of the responder was SIM_MSG_DROP (wire_req.c) */
+    bool peer_dropped; /* the responder's last word to this tx_gen was SIM_MSG_DROP (wire_req.c) */
+    uint32_t tx_gen;   /* go-backs so far: answers to requests sent before the last one are stale */
     uint64_t rnr_until_ns;
     int rnr_tries;
     bool sqd_notify_pending;
@@ -472,7 +473,7 @@ typedef struct sim_hdr {
     uint32_t imm; /* imm / invalidate rkey / HELLO: src qpn / NAK RNR: min_rnr_timer */
     uint32_t rkey;
     uint32_t npsn; /* REQ: PSNs the message consumes */
-    uint32_t pad;
+    uint32_t gen; /* REQ: its requester's go-back generation (qp->tx_gen); echoed in every answer */
     uint64_t raddr; /* HELLO: dst qpn */
     uint64_t len;   /* payload bytes following the header */
 } sim_hdr_t;
@@ -630,6 +631,8 @@ typedef struct sim_thr {
     struct sim_prov *p;
     pthread_t thread;
     bool started;
+    bool in_pass; /* under prov->mu: walking prov->conns (progress_round), which then
+                   * must not be reordered (it releases prov->mu in its copies) */
 } sim_thr_t;
 
 typedef struct sim_prov {

@@ -211,6 +211,7 @@ void ote__sim_qp_detach(sim_qp_t *qp, bool responder_too) {
         ote__sim_conn_close(p, c);
     }
     qp->conn_lost = false;
+    qp->peer_dropped = false; /* words of the old connection's responder */
     sim_conn_t *c;
     DL_FOREACH(p->conns, c) {
         if (c->requester || c->qp != qp || c->dead) continue;
@@ -544,6 +545,7 @@ void ote__sim_send_ctl(sim_prov_t *p, sim_conn_t *c, uint8_t type, uint32_t psn,
     f->hdr.psn = psn;
     f->hdr.syndrome = syndrome;
     f->hdr.imm = imm;
+    f->hdr.gen = c->h.gen; /* the answer to the request in c->h */
     ote__sim_conn_queue(c, f);
     (void)p;
 }
@@ -642,6 +644,12 @@ static void progress_events(sim_prov_t *p, sim_thr_t *t, struct epoll_event *evs
     }
 }
 
+static bool others_in_pass(const sim_prov_t *p, int self) {
+    for (int i = 0; i < p->nthr; i++)
+        if (i != self && p->thr[i].in_pass) return true;
+    return false;
+}
+
 static void progress_round(sim_prov_t *p, sim_thr_t *t) {
     uint64_t now = ote_now_ns();
     sim_qp_t *qp;
@@ -649,14 +657,19 @@ static void progress_round(sim_prov_t *p, sim_thr_t *t) {
     DL_FOREACH2(p->qp_list, qp, next) if (pumps(qp, t->idx)) ote__sim_req_pump(p, qp, now);
     sim_conn_t *c;
     t_bw_pass = true;
+    t->in_pass = true;
     DL_FOREACH(p->conns, c) {
         if (c->dead || c->owner != t->idx || !(c->tx_head || c->rx_blocked || c->kick)) continue;
         bool readable = c->kick;
         c->kick = false;
         conn_service(p, c, readable); /* c stays in the list: only t frees it */
     }
+    t->in_pass = false;
     t_bw_pass = false;
-    if (t->idx == 0 && p->conns && p->conns->next) { /* round-robin: another goes first */
+    /* Round-robin: another goes first. Not while another thread walks the list: moving
+     * the connection it stands on to the tail would end its pass there (the rest of its
+     * connections would wait for an event or the next timeout). */
+    if (t->idx == 0 && p->conns && p->conns->next && !others_in_pass(p, t->idx)) {
         sim_conn_t *h = p->conns;
         DL_DELETE(p->conns, h);
         DL_APPEND(p->conns, h);

@@ -180,6 +180,7 @@ static void req_build(sim_prov_t *p, sim_qp_t *qp) {
         h->flags = (e->flags & IBV_SEND_SOLICITED) ? SIM_HF_SE : 0;
         h->psn = e->psn;
         h->npsn = e->npsn;
+        h->gen = qp->tx_gen;
         h->imm = e->imm;
         h->rkey = e->rkey;
         h->raddr = e->raddr;
@@ -211,6 +212,10 @@ static void req_rewind(sim_qp_t *qp, uint64_t s) {
         }
     }
     qp->sq_next = s;
+    /* The responder's answers to what was sent before, DROPs of the requests after s
+     * among them, may still be on their way: they no longer say anything of the peer. */
+    qp->tx_gen++;
+    qp->peer_dropped = false;
     sim_conn_t *c = qp->req;
     if (c) { /* drop frames not started yet; they will be rebuilt */
         sim_frame_t *keep = c->tx_head;
@@ -353,7 +358,7 @@ void ote__sim_req_on_header(sim_prov_t *p, sim_conn_t *c) {
     sim_hdr_t *h = &c->h;
     sim_qp_t *qp = c->qp;
     bool live = qp && (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD);
-    if (qp != NULL) qp->peer_dropped = h->type == SIM_MSG_DROP;
+    if (qp != NULL && h->gen == qp->tx_gen) qp->peer_dropped = h->type == SIM_MSG_DROP;
     switch (h->type) {
         case SIM_MSG_ACK:
             if (live) on_ack(qp, h);

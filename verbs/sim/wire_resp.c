@@ -24,6 +24,7 @@ static void resp_error_event(sim_qp_t *qp, enum ibv_event_type t) {
 static void resp_fail(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp, uint8_t syndrome, sim_rwr_t *w,
                       enum ibv_wc_status st, enum ibv_event_type ev) {
     ote__sim_send_ctl(p, c, SIM_MSG_NAK, c->h.psn, syndrome, 0);
+    if (c->dead) w = NULL; /* closed (out of memory): the WQE went back with the connection */
     if (w) {
         struct ibv_wc wc;
         ote__sim_recv_error_wc(qp, w->wr_id, st, &wc);
@@ -125,6 +126,7 @@ static void resp_read(sim_prov_t *p, sim_conn_t *c, sim_qp_t *qp) {
     }
     f->hdr.type = SIM_MSG_RRESP;
     f->hdr.psn = h->psn;
+    f->hdr.gen = h->gen;
     f->hdr.len = len;
     /* Zero-copy: the bytes are read when the socket takes them. Until then the next
      * request on this connection waits (conn_rx) and revoking auth withdraws it. */
@@ -207,10 +209,12 @@ void ote__sim_resp_done(sim_prov_t *p, sim_conn_t *c) {
         }
         qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
         ote__sim_send_ctl(p, c, SIM_MSG_ACK, h->psn, 0, 0);
+        if (c->dead) return; /* closed (out of memory): its WQE went back with it */
         ote__sim_recv_done(c, qp, &wc, se);
     } else if (c->act == SIM_ACT_WRITE || c->act == SIM_ACT_WRITE_IMM) {
         qp->rq_epsn = (qp->rq_epsn + h->npsn) & 0xffffff;
         ote__sim_send_ctl(p, c, SIM_MSG_ACK, h->psn, 0, 0);
+        if (c->dead) return; /* closed (out of memory): its WQE went back with it */
         if (c->act == SIM_ACT_WRITE_IMM) {
             sim_rwr_t *w = ote__sim_recv_held(c, qp);
             if (!w) return;

@@ -222,4 +222,10 @@ void ote__sim_conn_rx(sim_prov_t *p, sim_conn_t *c) {
         }
         if (!rx_read_direct(p, c, &budget)) return;
     }
+    if (budget == 0 && !c->dead && c->owner == ote__sim_self()) {
+        /* Out of budget, not of bytes: whole frames may wait in staging with the socket
+         * empty, so no EPOLLIN would come for them. Go on in the next round. */
+        c->kick = true;
+        ote__sim_wake_thr(p, c->owner);
+    }
 }
