@@ -405,12 +405,22 @@ typedef struct {
  * meanwhile: refused, and everything it held given back as a refusal on the serving
  * thread does (the bounce only now: the device no longer writes it, or engine/gpu
  * parked what it may still write). */
+/* Whether the slot QP p borrowed was retired while its copy ran (a CONNECT for the slot:
+ * the requester's QP there is new). A grant served on it now could be neither used nor
+ * released, and would hold the old QP, and the CONNECT's rebuild waiting behind it, until
+ * its deadline; ote_grant_source_end_slot ended only the grants already served. */
+static int src_slot_replaced(const copying_t *p) {
+    uint32_t want = p->rq.u.grant.req_qpn;
+    return want != 0 && ote_endpoint_remote_qpn(p->ep, p->rq.u.grant.slot) != want;
+}
+
 static void src_copied(void *arg, ote_status_t st) {
     copying_t *p = arg;
     conn_t *c = p->c;
     rdma_tp_t *tp = c->tp;
     int pinned = 0;
-    if (st == OTE_OK && (atomic_load(&c->dead) || atomic_load(&tp->stop))) st = OTE_ERR_CANCELED;
+    if (st == OTE_OK && (atomic_load(&c->dead) || atomic_load(&tp->stop) || src_slot_replaced(p)))
+        st = OTE_ERR_CANCELED;
     if (st == OTE_OK) {
         st = src_serve(c, p->req_id, &p->rq, p->acct, p->ep, p->nic, p->qp, p->sps, p->a, p->stage,
                        ote__rdma_stage_base(p->stage), p->dl, &pinned);

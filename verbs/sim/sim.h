@@ -102,7 +102,9 @@
  *   the last bytes sent or received on the QP's connection, and a live peer counts as
  *   silent only once it has read everything sent to it, nothing is queued either way, and
  *   its last word was that it dropped a request (an internal DROP frame: its QP gone, in
- *   ERR or not ready, its port down, a PSN out of sequence, a READ response withdrawn):
+ *   ERR or not ready, its port down, a PSN out of sequence, a READ response withdrawn)
+ *   about requests sent since the QP's last go-back (an RNR NAK's: the drops of what was
+ *   sent before it say nothing of the resent requests):
  *   a peer process that is stopped or starved of CPU, or one that read requests and has
  *   not answered them yet (a NIC would ACK without that CPU), a wait for the port's own
  *   egress tokens, or answers not yet read here restart the clock, so such WRs stay
