@@ -400,20 +400,23 @@ typedef struct {
     ote_deadline_t dl;
 } copying_t;
 
-/* GPU worker (a file's: the file owner's reaper or pool thread): the copy of a staged
- * grant ended. Copied: served now (window bound over the bounce, answered by src_answer). Failed, or its requester or the transport went
- * meanwhile: refused, and everything it held given back as a refusal on the serving
- * thread does (the bounce only now: the device no longer writes it, or engine/gpu
- * parked what it may still write). */
 /* Whether the slot QP p borrowed was retired while its copy ran (a CONNECT for the slot:
  * the requester's QP there is new). A grant served on it now could be neither used nor
  * released, and would hold the old QP, and the CONNECT's rebuild waiting behind it, until
- * its deadline; ote_grant_source_end_slot ended only the grants already served. */
+ * its deadline; ote_grant_source_end_slot ended only the grants already served. (A
+ * CONNECT between this check and the grant's serving still finds it unserved: a narrower
+ * window, not closed.) */
 static int src_slot_replaced(const copying_t *p) {
     uint32_t want = p->rq.u.grant.req_qpn;
     return want != 0 && ote_endpoint_remote_qpn(p->ep, p->rq.u.grant.slot) != want;
 }
 
+/* GPU worker (a file's: the file owner's reaper or pool thread): the copy of a staged
+ * grant ended. Copied: served now (window bound over the bounce, answered by src_answer).
+ * Failed, or its requester, the transport or its slot's QP (src_slot_replaced) went
+ * meanwhile: refused (the requester sees OTE_ERR_REMOTE), and everything it held given
+ * back as a refusal on the serving thread does (the bounce only now: the device no longer
+ * writes it, or engine/gpu parked what it may still write). */
 static void src_copied(void *arg, ote_status_t st) {
     copying_t *p = arg;
     conn_t *c = p->c;
