@@ -233,28 +233,28 @@ ote_status_t ote_sim_set_port_bw(ote_verbs_t *v, const char *dev, uint8_t port,
     return OTE_OK;
 }
 
-ote_status_t ote_sim_port_tx_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
-                                   uint64_t *bytes_out) {
+/* One of a port's byte counters (payload: tx_payload, else tx_bytes), read under p->mu. */
+static ote_status_t port_tx_counter(ote_verbs_t *v, const char *dev, uint8_t port, bool payload,
+                                    uint64_t *bytes_out) {
     if (!ote_sim_is_sim(v) || !bytes_out) return OTE_ERR_INVALID;
     sim_prov_t *p = to_sim_prov(v);
     sim_dev_t *d = find_dev(p, dev);
     if (!d || port < 1 || port > d->nports) return OTE_ERR_NOT_FOUND;
     ote_mutex_lock(&p->mu);
-    *bytes_out = d->ports[port - 1].tx_bytes;
+    const sim_port_t *pt = &d->ports[port - 1];
+    *bytes_out = payload ? pt->tx_payload : pt->tx_bytes;
     ote_mutex_unlock(&p->mu);
     return OTE_OK;
 }
 
+ote_status_t ote_sim_port_tx_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
+                                   uint64_t *bytes_out) {
+    return port_tx_counter(v, dev, port, false, bytes_out);
+}
+
 ote_status_t ote_sim_port_tx_payload_bytes(ote_verbs_t *v, const char *dev, uint8_t port,
                                            uint64_t *bytes_out) {
-    if (!ote_sim_is_sim(v) || !bytes_out) return OTE_ERR_INVALID;
-    sim_prov_t *p = to_sim_prov(v);
-    sim_dev_t *d = find_dev(p, dev);
-    if (!d || port < 1 || port > d->nports) return OTE_ERR_NOT_FOUND;
-    ote_mutex_lock(&p->mu);
-    *bytes_out = d->ports[port - 1].tx_payload;
-    ote_mutex_unlock(&p->mu);
-    return OTE_OK;
+    return port_tx_counter(v, dev, port, true, bytes_out);
 }
 
 ote_status_t ote_sim_set_gid(ote_verbs_t *v, const char *dev, uint8_t port, int index,
