@@ -32,14 +32,12 @@ bool ote__sim_wait_acked(sim_prov_t *p, const uint32_t *delivered, const uint32_
     return true;
 }
 
-int ote__sim_wait_fd(sim_prov_t *p, int fd) {
+int ote__sim_wait_fd(int fd) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0 && (fl & O_NONBLOCK)) return EAGAIN;
     /* The verb blocks by contract (the caller chose a blocking fd); wait in slices. */
-    ote_mutex_unlock(&p->mu);
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     int r = poll(&pfd, 1, 1000);
-    ote_mutex_lock(&p->mu);
     if (r < 0 && errno != EINTR) return errno;
     return 0;
 }
@@ -132,11 +130,10 @@ int ote__sim_get_async_event(ote_verbs_t *v, struct ibv_context *ctx, struct ibv
     sim_ctx_t *c = to_sim_ctx(ctx);
     ote_mutex_lock(&p->mu);
     while (!c->aq) {
-        int rc = ote__sim_wait_fd(p, c->efd);
-        if (rc) {
-            ote_mutex_unlock(&p->mu);
-            return rc;
-        }
+        ote_mutex_unlock(&p->mu); /* no syscall under the provider lock */
+        int rc = ote__sim_wait_fd(c->efd);
+        if (rc) return rc;
+        ote_mutex_lock(&p->mu);
     }
     sim_aev_t *e = c->aq;
     DL_DELETE(c->aq, e);
@@ -237,11 +234,10 @@ int ote__sim_get_cq_event(ote_verbs_t *v, struct ibv_comp_channel *ibch, struct 
     sim_channel_t *ch = to_sim_ch(ibch);
     ote_mutex_lock(&p->mu);
     while (!ch->q_head) {
-        int rc = ote__sim_wait_fd(p, ch->efd);
-        if (rc) {
-            ote_mutex_unlock(&p->mu);
-            return rc;
-        }
+        ote_mutex_unlock(&p->mu); /* no syscall under the provider lock */
+        int rc = ote__sim_wait_fd(ch->efd);
+        if (rc) return rc;
+        ote_mutex_lock(&p->mu);
     }
     sim_cq_t *cq = ch->q_head;
     ch_unqueue(cq);

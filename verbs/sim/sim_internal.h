@@ -633,6 +633,12 @@ typedef struct sim_thr {
     bool started;
     bool in_pass; /* under prov->mu: walking prov->conns (progress_round), which then
                    * must not be reordered (it releases prov->mu in its copies) */
+    /* Wakeups without a syscall while the thread runs (ote__sim_wake_thr): a waker sets
+     * pending and writes wake_efd only when the thread is in (or entering) epoll_wait;
+     * the thread sets parked before it reads pending, so one of the two sees the other
+     * (both seq_cst) and no wakeup is lost. */
+    atomic_bool parked;
+    atomic_bool pending;
 } sim_thr_t;
 
 typedef struct sim_prov {
@@ -759,7 +765,8 @@ uint32_t ote__sim_mtu_bytes(enum ibv_mtu m);
 
 /* Wait (prov->mu held) until *delivered == *acked or ~1 s; false on timeout. */
 bool ote__sim_wait_acked(sim_prov_t *p, const uint32_t *delivered, const uint32_t *acked);
-/* Blocking read for an event fd (poll without the lock). EAGAIN if O_NONBLOCK. */
-int ote__sim_wait_fd(sim_prov_t *p, int fd);
+/* Wait (prov->mu not held) until an event fd is readable, or ~1 s; EAGAIN at once if
+ * the fd is O_NONBLOCK (the caller's choice, as with a real channel or context fd). */
+int ote__sim_wait_fd(int fd);
 
 #endif

@@ -46,8 +46,11 @@ void ote_sim_set_copy_hook(ote_sim_copy_hook_t fn, void *arg) {
 }
 
 void ote__sim_wake_thr(sim_prov_t *p, int t) {
+    sim_thr_t *th = &p->thr[t];
+    atomic_store(&th->pending, true);
+    if (!atomic_load(&th->parked)) return; /* it reads pending before it parks */
     uint64_t one = 1;
-    ssize_t r = write(t == 0 ? p->wake_efd : p->thr[t].wake_efd, &one, sizeof(one));
+    ssize_t r = write(t == 0 ? p->wake_efd : th->wake_efd, &one, sizeof(one));
     (void)r; /* a full counter already means "wake" */
 }
 
@@ -687,7 +690,11 @@ static void *progress_main(void *arg) {
     while (!atomic_load(&p->stop)) {
         int tmo = next_timeout_ms(p, t->idx, ote_now_ns());
         ote_mutex_unlock(&p->mu);
+        atomic_store(&t->parked, true);
+        if (atomic_exchange(&t->pending, false)) tmo = 0; /* woken while it ran */
         int n = epoll_wait(t->epfd, evs, 64, tmo);
+        atomic_store(&t->parked, false);
+        atomic_store(&t->pending, false); /* the round below sees what came before */
         ote_mutex_lock(&p->mu);
         for (int i = 0; i < p->cfg.ndev; i++) /* throttled connections set it again */
             for (int j = 0; j < p->cfg.devs[i].nports; j++)
