@@ -174,6 +174,14 @@ static int md_name_ok(const char *a, size_t n) {
     return 1;
 }
 
+/* The version a blob of these entries and this name is written in: the lowest that
+ * carries them, so that engines before files (and before names) read what they can. */
+static uint16_t md_version(const ote_ctl_buf_t *bufs, uint32_t n, size_t name_len) {
+    for (uint32_t i = 0; i < n; i++)
+        if (bufs[i].kind == OTE_CTL_BUF_KIND_FILE) return OTE_CTL_MD_VERSION_FILES;
+    return name_len != 0 ? OTE_CTL_MD_VERSION_NAMED : OTE_CTL_MD_VERSION;
+}
+
 ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoch,
                                const ote_ctl_buf_t *bufs, uint32_t n, uint8_t *out, size_t cap,
                                size_t *len_out) {
@@ -183,24 +191,24 @@ ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoc
     size_t an = strnlen(addr, OTE_CTL_MD_ADDR_MAX + 1);
     size_t nn = name != NULL ? strnlen(name, OTE_CTL_MAX_NAME + 1) : 0;
     if (!md_addr_ok(addr, an) || (nn != 0 && !md_name_ok(name, nn))) return OTE_ERR_INVALID;
+    uint16_t ver = md_version(bufs, n, nn);
     size_t body = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN;
-    size_t need = body + (nn != 0 ? 2 + nn : 0);
+    size_t need = body + (ver != OTE_CTL_MD_VERSION ? 2 + nn : 0);
     if (out == NULL || cap < need) {
         *len_out = need;
         return OTE_ERR_TOO_BIG;
     }
     uint8_t *ent = out + OTE_CTL_MD_HDR_LEN + an;
     for (uint32_t i = 0; i < n; i++)
-        if (!ote_ctl_buf_kind_ok(bufs[i].kind) || /* a blob lists no file registration */
-            ote_ctl_buf_put(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]) != OTE_OK)
+        if (ote_ctl_buf_put(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]) != OTE_OK)
             return OTE_ERR_INVALID;
     ote_le_put32(out, OTE_CTL_MD_MAGIC);
-    ote_le_put16(out + 4, nn != 0 ? OTE_CTL_MD_VERSION_NAMED : OTE_CTL_MD_VERSION);
+    ote_le_put16(out + 4, ver);
     ote_le_put16(out + 6, (uint16_t)an);
     ote_le_put64(out + 8, epoch);
     ote_le_put32(out + 16, n);
     memcpy(out + OTE_CTL_MD_HDR_LEN, addr, an);
-    if (nn != 0) {
+    if (ver != OTE_CTL_MD_VERSION) {
         ote_le_put16(out + body, (uint16_t)nn);
         memcpy(out + body + 2, name, nn);
     }
@@ -211,28 +219,35 @@ ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoc
 ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out) {
     if (in == NULL || out == NULL || len < OTE_CTL_MD_HDR_LEN) return OTE_ERR_PROTOCOL;
     uint16_t ver = ote_le_get16(in + 4);
-    if (ote_le_get32(in) != OTE_CTL_MD_MAGIC ||
-        (ver != OTE_CTL_MD_VERSION && ver != OTE_CTL_MD_VERSION_NAMED))
+    if (ote_le_get32(in) != OTE_CTL_MD_MAGIC || ver < OTE_CTL_MD_VERSION ||
+        ver > OTE_CTL_MD_VERSION_FILES)
         return OTE_ERR_PROTOCOL;
     size_t an = ote_le_get16(in + 6);
     uint64_t epoch = ote_le_get64(in + 8);
     uint32_t n = ote_le_get32(in + 16);
     size_t body = OTE_CTL_MD_HDR_LEN + an + (size_t)n * OTE_CTL_BUF_ENTRY_LEN, nn = 0;
-    if (ver == OTE_CTL_MD_VERSION_NAMED) {
-        if (len < body + 2 || body > len) return OTE_ERR_PROTOCOL;
-        nn = ote_le_get16(in + body);
-        if (len != body + 2 + nn || !md_name_ok((const char *)in + body + 2, nn))
-            return OTE_ERR_PROTOCOL;
-    }
-    if (epoch == 0 || n > OTE_CTL_BUFS_MAX || (ver == OTE_CTL_MD_VERSION && len != body) ||
+    if (epoch == 0 || n > OTE_CTL_BUFS_MAX || body > len ||
         !md_addr_ok((const char *)in + OTE_CTL_MD_HDR_LEN, an))
         return OTE_ERR_PROTOCOL;
-    const uint8_t *ent = in + OTE_CTL_MD_HDR_LEN + an;
-    for (uint32_t i = 0; i < n; i++) {
-        ote_ctl_buf_t b;
-        if (buf_parse(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &b, 0) != OTE_OK)
+    if (ver == OTE_CTL_MD_VERSION) {
+        if (len != body) return OTE_ERR_PROTOCOL;
+    } else { /* a name section: 1.. bytes in version 2, 0.. in version 3 */
+        if (len < body + 2) return OTE_ERR_PROTOCOL;
+        nn = ote_le_get16(in + body);
+        if (len != body + 2 + nn || (ver == OTE_CTL_MD_VERSION_NAMED && nn == 0) ||
+            (nn != 0 && !md_name_ok((const char *)in + body + 2, nn)))
             return OTE_ERR_PROTOCOL;
     }
+    const uint8_t *ent = in + OTE_CTL_MD_HDR_LEN + an;
+    int files = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        ote_ctl_buf_t b;
+        if (buf_parse(ent + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, &b,
+                      ver == OTE_CTL_MD_VERSION_FILES) != OTE_OK)
+            return OTE_ERR_PROTOCOL;
+        files |= b.kind == OTE_CTL_BUF_KIND_FILE;
+    }
+    if (ver == OTE_CTL_MD_VERSION_FILES && !files) return OTE_ERR_PROTOCOL; /* not canonical */
     out->epoch = epoch;
     memcpy(out->addr, in + OTE_CTL_MD_HDR_LEN, an);
     out->addr[an] = '\0';
@@ -245,7 +260,8 @@ ote_status_t ote_ctl_md_decode(const uint8_t *in, size_t len, ote_ctl_md_t *out)
 
 ote_status_t ote_ctl_md_buf(const ote_ctl_md_t *md, uint32_t i, ote_ctl_buf_t *out) {
     if (md == NULL || out == NULL || i >= md->count) return OTE_ERR_INVALID;
-    ote_status_t st = buf_parse(md->entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out, 0);
+    /* ote_ctl_md_decode took a file entry only in a version-3 blob */
+    ote_status_t st = buf_parse(md->entries + (size_t)i * OTE_CTL_BUF_ENTRY_LEN, out, 1);
     return st == OTE_OK ? OTE_OK : OTE_ERR_INVALID;
 }
 

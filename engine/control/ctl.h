@@ -321,10 +321,16 @@ ote_status_t ote_ctl_buf_get(const ote_ctl_msg_t *m, uint32_t i, ote_ctl_buf_t *
  * nothing after them. Little-endian. Version 2 (the blob of an engine with an engine_name;
  * an unnamed engine's stays version 1, readable by engines before names) appends the name:
  * its length u16 (1..OTE_CTL_MAX_NAME) and its printable ASCII bytes (0x20..0x7e).
+ * Version 3 (the blob of an engine with file registrations: only it may carry entries of
+ * OTE_CTL_BUF_KIND_FILE, and it carries at least one) has version 2's layout with a name
+ * of 0..OTE_CTL_MAX_NAME bytes. Engines before it refuse a version-3 blob as a whole; the
+ * encoder writes the lowest version that carries its entries and name, so a blob without
+ * files stays readable by them.
  */
 #define OTE_CTL_MD_MAGIC 0x444d544fu /* "OTMD" */
 #define OTE_CTL_MD_VERSION 1u
 #define OTE_CTL_MD_VERSION_NAMED 2u
+#define OTE_CTL_MD_VERSION_FILES 3u
 #define OTE_CTL_MD_HDR_LEN 20u
 #define OTE_CTL_MD_ADDR_MAX 271u
 typedef struct {
@@ -334,7 +340,8 @@ typedef struct {
     uint32_t count;
     const uint8_t *entries; /* count entries, inside the decoded blob (ote_ctl_md_buf) */
 } ote_ctl_md_t;
-/* Encode a blob of n entries into out (version 2 when name is neither NULL nor "").
+/* Encode a blob of n entries into out (version 3 when an entry is a file registration's,
+ * else version 2 when name is neither NULL nor "", else version 1).
  * OTE_ERR_INVALID for a bad address or name, a zero epoch, too many or invalid entries
  * (nothing written); OTE_ERR_TOO_BIG when cap is short, with *len_out the size needed;
  * OTE_OK with *len_out the size written. */

@@ -4,7 +4,9 @@
 // as they come and go); a requester that speaks at most version 3 (every engine before
 // the gate) gets a list without them, which its decoder accepts; the decoder refuses a
 // file entry in a frame below version 4 and takes it from 4 on, the encoder refuses to
-// write one below 4, and a metadata blob never carries one.
+// write one below 4. Metadata blobs list file registrations in version 3 only (an engine
+// without files still writes version 1 or 2, which engines before files read); a peer
+// opened from such a blob serves READs and WRITEs of the file.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -196,11 +198,118 @@ TEST_F(FileDiscoveryTest, CodecGatesTheFileKindByVersion) {
             EXPECT_EQ(ote_status_code(dst), OTE_ERR_PROTOCOL) << v;
         }
     }
+    // Metadata blobs: a file entry makes the blob version 3 (name section, maybe empty),
+    // which only this decoder reads; versions 1 and 2 never carry one.
+    ote_ctl_buf_t mem{};
+    mem.addr = 0x10000;
+    mem.len = 4096;
+    mem.perms = OTE_PERM_READ;
+    mem.kind = OTE_CTL_BUF_KIND_HOST;
     std::vector<uint8_t> blob(4096);
+    for (const char *name : {static_cast<const char *>(nullptr), "eng"}) {
+        ote_ctl_buf_t two[2] = {mem, b};
+        size_t blen = 0;
+        ASSERT_EQ(
+            ote_ctl_md_encode("127.0.0.1:1", name, 1, two, 2, blob.data(), blob.size(), &blen),
+            OTE_OK);
+        EXPECT_EQ(ote_le_get16(blob.data() + 4), OTE_CTL_MD_VERSION_FILES);
+        ote_ctl_md_t md{};
+        ASSERT_EQ(ote_ctl_md_decode(blob.data(), blen, &md), OTE_OK);
+        EXPECT_STREQ(md.name, name != nullptr ? name : "");
+        ASSERT_EQ(md.count, 2u);
+        ote_ctl_buf_t got{};
+        ASSERT_EQ(ote_ctl_md_buf(&md, 1, &got), OTE_OK);
+        EXPECT_EQ(got.kind, OTE_CTL_BUF_KIND_FILE);
+        EXPECT_EQ(got.addr, b.addr);
+        // The same bytes under version 2 (or 1): a file entry there is refused.
+        std::vector<uint8_t> v2(blob.begin(), blob.begin() + static_cast<long>(blen));
+        ote_le_put16(v2.data() + 4, OTE_CTL_MD_VERSION_NAMED);
+        EXPECT_EQ(ote_ctl_md_decode(v2.data(), v2.size(), &md), OTE_ERR_PROTOCOL);
+        // Without the file entry: the version of before (1 unnamed, 2 named).
+        ASSERT_EQ(
+            ote_ctl_md_encode("127.0.0.1:1", name, 1, &mem, 1, blob.data(), blob.size(), &blen),
+            OTE_OK);
+        EXPECT_EQ(ote_le_get16(blob.data() + 4),
+                  name != nullptr ? OTE_CTL_MD_VERSION_NAMED : OTE_CTL_MD_VERSION);
+        // A version-3 blob without a file entry is not one this encoder writes: refused.
+        std::vector<uint8_t> v3(blen + (name != nullptr ? 0 : 2), 0);
+        std::memcpy(v3.data(), blob.data(), blen);
+        ote_le_put16(v3.data() + 4, OTE_CTL_MD_VERSION_FILES);
+        EXPECT_EQ(ote_ctl_md_decode(v3.data(), v3.size(), &md), OTE_ERR_PROTOCOL);
+    }
+}
+
+// An engine's blob lists its file registrations (version 3) after its memory ones; a
+// requester that opens the segment from the blob reads and writes the file's bytes; once
+// the file is unregistered the blob is version 1 again.
+TEST_F(FileDiscoveryTest, MetadataBlobListsFileRegistrations) {
+    std::string path = MakeFile("disc_md.bin", 1u << 20);
+    ote_engine_t *src = NewEngine({{"transports", "tcp"}});
+    ote_engine_t *req = NewEngine({{"transports", "tcp"}});
+    ASSERT_NE(src, nullptr);
+    ASSERT_NE(req, nullptr);
+    std::vector<uint8_t> mem(8192);
+    ASSERT_EQ(ote_memory_register_named(src, mem.data(), mem.size(), OTE_PERM_READ, "mem"), OTE_OK);
+    uint64_t fa = 0;
+    ASSERT_EQ(ote_file_register(src, path.c_str(), -1, 0, 1u << 20, OTE_PERM_READ | OTE_PERM_WRITE,
+                                "kv", &fa),
+              OTE_OK);
+    std::vector<uint8_t> blob(1u << 16);
     size_t blen = 0;
-    EXPECT_EQ(ote_status_code(ote_ctl_md_encode("127.0.0.1:1", nullptr, 1, &b, 1, blob.data(),
-                                                blob.size(), &blen)),
-              OTE_ERR_INVALID);
+    ASSERT_EQ(ote_engine_metadata(src, blob.data(), blob.size(), &blen), OTE_OK);
+    EXPECT_EQ(ote_le_get16(blob.data() + 4), OTE_CTL_MD_VERSION_FILES);
+    std::vector<ote_buffer_info_t> l(4);
+    size_t n = 0;
+    ASSERT_EQ(ote_engine_metadata_buffers(blob.data(), blen, l.data(), l.size(), &n), OTE_OK);
+    ASSERT_EQ(n, 2u);
+    EXPECT_STREQ(l[0].name, "mem");
+    EXPECT_EQ(l[0].kind, static_cast<uint32_t>(OTE_MEM_HOST));
+    ote_buffer_info_t q{};
+    ASSERT_EQ(ote_file_query(src, fa, &q), OTE_OK);
+    EXPECT_EQ(l[1].addr, fa);
+    EXPECT_EQ(l[1].length, q.length);
+    EXPECT_EQ(l[1].perms, q.perms);
+    EXPECT_EQ(l[1].kind, static_cast<uint32_t>(OTE_MEM_FILE));
+    EXPECT_STREQ(l[1].name, "kv");
+    // The blob is enough to move the file's bytes: WRITE 64 KiB at 4 KiB, READ them back.
+    ote_segment_t *seg = nullptr;
+    ASSERT_EQ(ote_segment_open_md(req, blob.data(), blen, &seg), OTE_OK);
+    std::vector<uint8_t> out(65536), in(65536, 0);
+    for (size_t i = 0; i < out.size(); i++) out[i] = static_cast<uint8_t>(i * 7 + 3);
+    ASSERT_EQ(ote_memory_register(req, out.data(), out.size(), OTE_PERM_READ), OTE_OK);
+    ASSERT_EQ(ote_memory_register(req, in.data(), in.size(), OTE_PERM_WRITE), OTE_OK);
+    ote_request_t w{};
+    w.opcode = OTE_WRITE;
+    w.local_addr = out.data();
+    w.segment = seg;
+    w.remote_addr = l[1].addr + 4096;
+    w.length = out.size();
+    ote_transfer_status_t ts{};
+    ASSERT_EQ(ote_test::RunOne(req, w, 30000000000ull, &ts), OTE_OK);
+    ASSERT_EQ(ts.state, OTE_TRANSFER_COMPLETED) << ote_status_str(ts.error);
+    ote_request_t r = w;
+    r.opcode = OTE_READ;
+    r.local_addr = in.data();
+    ASSERT_EQ(ote_test::RunOne(req, r, 30000000000ull, &ts), OTE_OK);
+    ASSERT_EQ(ts.state, OTE_TRANSFER_COMPLETED) << ote_status_str(ts.error);
+    EXPECT_EQ(in, out);
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    std::vector<uint8_t> disk(out.size());
+    EXPECT_EQ(pread(fd, disk.data(), disk.size(), 4096), static_cast<ssize_t>(disk.size()));
+    close(fd);
+    EXPECT_EQ(disk, out);
+    EXPECT_EQ(ote_segment_close(seg), OTE_OK);
+    ASSERT_EQ(ote_file_unregister(src, fa), OTE_OK);
+    ASSERT_EQ(ote_engine_metadata(src, blob.data(), blob.size(), &blen), OTE_OK);
+    EXPECT_EQ(ote_le_get16(blob.data() + 4), OTE_CTL_MD_VERSION);
+    ASSERT_EQ(ote_engine_metadata_buffers(blob.data(), blen, l.data(), l.size(), &n), OTE_OK);
+    EXPECT_EQ(n, 1u);
+    EXPECT_EQ(ote_memory_unregister(req, out.data()), OTE_OK);
+    EXPECT_EQ(ote_memory_unregister(req, in.data()), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(req), OTE_OK);
+    EXPECT_EQ(ote_engine_destroy(src), OTE_OK);
+    unlink(path.c_str());
 }
 
 } // namespace

@@ -60,6 +60,15 @@ printf 'OTEM\x02\x00\x0c\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00
     head -c 62 /dev/zero
     printf '\x02\x00p0'
 } >"$CORPUS/metadata_named"
+# An unnamed engine's blob with a file registration (version 3: the entry's kind is 2, a
+# file; the name section is there, of length 0).
+{
+    printf 'OTMD\x03\x00\x04\x00\x08\x07\x06\x05\x04\x03\x02\x01\x01\x00\x00\x00h:12'
+    printf '\x00\x10\x00\x00\x00\x00\x00\xf0\x40\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x02\x00\x00\x00'
+    printf 'kv'
+    head -c 62 /dev/zero
+    printf '\x00\x00'
+} >"$CORPUS/metadata_files"
 # Authentication (version 3): an AUTH PROOF (step 2) with a nonce of 0x11 and a MAC of 0x22.
 {
     printf 'OTEM\x03\x00\x0e\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x48\x00\x00\x00'
