@@ -210,7 +210,7 @@ ote_status_t ote_ctl_md_encode(const char *addr, const char *name, uint64_t epoc
     memcpy(out + OTE_CTL_MD_HDR_LEN, addr, an);
     if (ver != OTE_CTL_MD_VERSION) {
         ote_le_put16(out + body, (uint16_t)nn);
-        memcpy(out + body + 2, name, nn);
+        if (nn != 0) memcpy(out + body + 2, name, nn); /* name may be NULL in version 3 */
     }
     *len_out = need;
     return OTE_OK;

@@ -302,7 +302,8 @@ const char *ote_ctl_opcode_str(uint16_t opcode);
  * (0x20..0x7e). */
 int ote_ctl_buf_name_ok(const char *name, size_t len);
 /* Whether kind is one a BUFS entry of any version (and a metadata blob's) may carry:
- * memory kinds; OTE_CTL_BUF_KIND_FILE is not (version >= OTE_CTL_FILES_VERSION only). */
+ * memory kinds; OTE_CTL_BUF_KIND_FILE is not (a BUFS frame of version >=
+ * OTE_CTL_FILES_VERSION, a metadata blob of version OTE_CTL_MD_VERSION_FILES only). */
 int ote_ctl_buf_kind_ok(uint32_t kind);
 /* Encode one BUFS entry into dst (OTE_CTL_BUF_ENTRY_LEN bytes). OTE_ERR_INVALID (nothing
  * written) for an entry the decoder of a version-4 frame would refuse; an empty name is

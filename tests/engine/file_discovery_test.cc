@@ -156,7 +156,8 @@ TEST_F(FileDiscoveryTest, RequesterBeforeTheGateGetsNoFileEntry) {
 }
 
 // The codec: a BUFS frame with a file entry decodes at version 4 and is refused below it;
-// the encoder refuses to write one below it; a metadata blob refuses one.
+// the encoder refuses to write one below it. A metadata blob carries one in version 3
+// only.
 TEST_F(FileDiscoveryTest, CodecGatesTheFileKindByVersion) {
     ote_ctl_buf_t b{};
     b.addr = 0xF000000000000000ull;
@@ -221,10 +222,19 @@ TEST_F(FileDiscoveryTest, CodecGatesTheFileKindByVersion) {
         ASSERT_EQ(ote_ctl_md_buf(&md, 1, &got), OTE_OK);
         EXPECT_EQ(got.kind, OTE_CTL_BUF_KIND_FILE);
         EXPECT_EQ(got.addr, b.addr);
-        // The same bytes under version 2 (or 1): a file entry there is refused.
-        std::vector<uint8_t> v2(blob.begin(), blob.begin() + static_cast<long>(blen));
-        ote_le_put16(v2.data() + 4, OTE_CTL_MD_VERSION_NAMED);
-        EXPECT_EQ(ote_ctl_md_decode(v2.data(), v2.size(), &md), OTE_ERR_PROTOCOL);
+        // The same entries under version 2 (named) or 1 (unnamed: no name section), each
+        // well formed but for the file entry: refused.
+        std::vector<uint8_t> old(blob.begin(), blob.begin() + static_cast<long>(blen));
+        if (name != nullptr) {
+            ote_le_put16(old.data() + 4, OTE_CTL_MD_VERSION_NAMED);
+        } else {
+            old.resize(old.size() - 2);
+            ote_le_put16(old.data() + 4, OTE_CTL_MD_VERSION);
+        }
+        EXPECT_EQ(ote_ctl_md_decode(old.data(), old.size(), &md), OTE_ERR_PROTOCOL);
+        ote_le_put32(old.data() + OTE_CTL_MD_HDR_LEN + 11 + OTE_CTL_BUF_ENTRY_LEN + 20,
+                     OTE_CTL_BUF_KIND_HOST); // the same blob with a memory entry instead
+        EXPECT_EQ(ote_ctl_md_decode(old.data(), old.size(), &md), OTE_OK);
         // Without the file entry: the version of before (1 unnamed, 2 named).
         ASSERT_EQ(
             ote_ctl_md_encode("127.0.0.1:1", name, 1, &mem, 1, blob.data(), blob.size(), &blen),

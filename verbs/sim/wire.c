@@ -694,7 +694,9 @@ static void *progress_main(void *arg) {
         if (atomic_exchange(&t->pending, false)) tmo = 0; /* woken while it ran */
         int n = epoll_wait(t->epfd, evs, 64, tmo);
         atomic_store(&t->parked, false);
-        atomic_store(&t->pending, false); /* the round below sees what came before */
+        /* The round below sees what came before: every waker publishes its work under
+         * prov->mu (or sets p->stop) before it wakes. */
+        atomic_store(&t->pending, false);
         ote_mutex_lock(&p->mu);
         for (int i = 0; i < p->cfg.ndev; i++) /* throttled connections set it again */
             for (int j = 0; j < p->cfg.devs[i].nports; j++)
