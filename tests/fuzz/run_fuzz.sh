@@ -157,8 +157,8 @@ mkdir -p "$SCORPUS"
 "$WORK/shm_seeds" "$SCORPUS"
 
 # The value stored under a name (naming/value.c: the OTNM envelope around an engine
-# metadata blob). Seeds: "decode-3" around the metadata seeds above (versions 1 and 2),
-# and the envelope of version 2 (refused) around the first.
+# metadata blob). Seeds: "decode-3" around the metadata seeds above (versions 1, 2 and
+# 3), and the envelope of version 2 (refused) around the first.
 NBIN="$WORK/nval_fuzz"
 "$CLANG" -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=undefined -I"$ROOT" -I"$ROOT/naming/include" \
@@ -180,6 +180,7 @@ nval() { # version, metadata file, output
 }
 nval 1 "$CORPUS/metadata" "$NCORPUS/value"
 nval 1 "$CORPUS/metadata_named" "$NCORPUS/value_named"
+nval 1 "$CORPUS/metadata_files" "$NCORPUS/value_files"
 nval 2 "$CORPUS/metadata" "$NCORPUS/value_v2"
 
 # Kept inputs of each target (regress/<name>/) join its corpus.
