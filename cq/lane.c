@@ -476,12 +476,29 @@ int ote__cq_lane_arm(ote_cq_lane_t *lane) {
 
 static void consume_events_locked(ote_cq_lane_t *lane) {
     if (lane->channel == NULL || lane->closing) return;
+    /* Every event is acked before this returns, one ack per CQ (an ack takes the
+     * provider's lock: rdma-core batches them the same way). */
+    struct ibv_cq *cqs[4] = {NULL};
+    unsigned int counts[4] = {0};
+    int ncq = 0;
     for (int i = 0; i < 64; i++) {
         struct ibv_cq *cq = NULL;
         void *cq_ctx = NULL;
         if (lane->v->ops->get_cq_event(lane->v, lane->channel, &cq, &cq_ctx) != 0) break;
-        lane->v->ops->ack_cq_events(lane->v, cq, 1); /* every event is acked at once */
+        int k = 0;
+        while (k < ncq && cqs[k] != cq) k++;
+        if (k == 4) { /* a fifth CQ on one channel: never so far; ack the rest now */
+            for (k = 0; k < ncq; k++) lane->v->ops->ack_cq_events(lane->v, cqs[k], counts[k]);
+            ncq = 0;
+            k = 0;
+        }
+        if (k == ncq) {
+            cqs[ncq] = cq;
+            counts[ncq++] = 0;
+        }
+        counts[k]++;
     }
+    for (int k = 0; k < ncq; k++) lane->v->ops->ack_cq_events(lane->v, cqs[k], counts[k]);
 }
 
 void ote__cq_lane_consume_events(ote_cq_lane_t *lane) {
