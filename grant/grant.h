@@ -233,6 +233,12 @@ size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *e
  * them now as ote_grant_source_end_endpoint() does, so that the slot's old QP is idle and
  * can be replaced at once rather than after their deadlines. Returns how many. */
 size_t ote_grant_source_end_slot(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot);
+/* Source: as ote_grant_source_end_slot(), for the grants of @slot served on the QP
+ * numbered @qp_num only (a QP the slot no longer has: a grant served there after the
+ * CONNECT's end_slot ran). A number, not a pointer: the QP may be gone and another made at
+ * its address. Returns how many. */
+size_t ote_grant_source_end_slot_qp(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot,
+                                    uint32_t qp_num);
 /* Source: how many source grants of @ep are live (not yet ended). */
 size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep);
 /* Source: the requester of a bound grant abandoned it (it failed there after every WR it

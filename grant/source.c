@@ -404,7 +404,9 @@ size_t ote_grant_source_live_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *
 }
 
 /* End every live source grant of @ep (on @slot only when @slot is not UINT32_MAX). */
-static size_t end_matching(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot) {
+/* qp_num 0: any QP. */
+static size_t end_matching(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot,
+                           uint32_t qp_num) {
     size_t n = 0;
     for (uint32_t i = 0; i < m->nlanes; i++) {
         mlane_t *ml = &m->lanes[i];
@@ -415,6 +417,7 @@ static size_t end_matching(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_
             next = g->live_next; /* ending g removes g only */
             if (!g->source || g->ep != ep || g->sstate == S_ENDED) continue;
             if (slot != UINT32_MAX && g->slot != slot) continue;
+            if (qp_num != 0 && ote_qp_num(g->qp) != qp_num) continue;
             /* A grant whose deferred answer did not fit this round stays for the tick. */
             g->deadline = 0;
             ote__grant_source_end(g, OTE_ERR_PEER_LOST, &df);
@@ -427,10 +430,16 @@ static size_t end_matching(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_
 }
 
 size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *ep) {
-    return end_matching(m, ep, UINT32_MAX);
+    return end_matching(m, ep, UINT32_MAX, 0);
 }
 
 size_t ote_grant_source_end_slot(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot) {
     if (m == NULL || ep == NULL || slot == UINT32_MAX) return 0;
-    return end_matching(m, ep, slot);
+    return end_matching(m, ep, slot, 0);
+}
+
+size_t ote_grant_source_end_slot_qp(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot,
+                                    uint32_t qp_num) {
+    if (m == NULL || ep == NULL || slot == UINT32_MAX || qp_num == 0) return 0;
+    return end_matching(m, ep, slot, qp_num);
 }

@@ -403,12 +403,24 @@ typedef struct {
 /* Whether the slot QP p borrowed was retired while its copy ran (a CONNECT for the slot:
  * the requester's QP there is new). A grant served on it now could be neither used nor
  * released, and would hold the old QP, and the CONNECT's rebuild waiting behind it, until
- * its deadline; ote_grant_source_end_slot ended only the grants already served. (A
- * CONNECT between this check and the grant's serving still finds it unserved: a narrower
- * window, not closed.) */
+ * its deadline; ote_grant_source_end_slot ended only the grants already served. A CONNECT
+ * between this check and the grant's serving still finds it unserved: src_copied asks
+ * again once the grant is served, and ends it there (src_end_if_replaced). */
 static int src_slot_replaced(const copying_t *p) {
     uint32_t want = p->rq.u.grant.req_qpn;
     return want != 0 && ote_endpoint_remote_qpn(p->ep, p->rq.u.grant.slot) != want;
+}
+
+/* A staged grant just served (indexed as live in the grant manager): when its slot's QP
+ * was retired or replaced meanwhile (a CONNECT whose ote_grant_source_end_slot ran before
+ * the grant was indexed), it is ended now, on that old QP only. Ordered by the endpoint's
+ * lock: a CONNECT retires the slot before its end_slot, so either this sees the slot
+ * retired (or rebuilt), or that end_slot runs after the grant was indexed and ends it. */
+static void src_end_if_replaced(const copying_t *p, uint32_t qp_num) {
+    if (!src_slot_replaced(p)) return;
+    size_t n = ote_grant_source_end_slot_qp(p->nic->gm, p->ep, p->rq.u.grant.slot, qp_num);
+    OTE_DEBUG("rdma", "staged grant on slot %u: its QP was replaced while it was served: %zu ended",
+              p->rq.u.grant.slot, n);
 }
 
 /* GPU worker (a file's: the file owner's reaper or pool thread): the copy of a staged
@@ -425,8 +437,10 @@ static void src_copied(void *arg, ote_status_t st) {
     if (st == OTE_OK && (atomic_load(&c->dead) || atomic_load(&tp->stop) || src_slot_replaced(p)))
         st = OTE_ERR_CANCELED;
     if (st == OTE_OK) {
+        uint32_t qp_num = ote_qp_num(p->qp); /* the borrow is src_serve's after this */
         st = src_serve(c, p->req_id, &p->rq, p->acct, p->ep, p->nic, p->qp, p->sps, p->a, p->stage,
                        ote__rdma_stage_base(p->stage), p->dl, &pinned);
+        if (st == OTE_OK) src_end_if_replaced(p, qp_num);
     } else {
         if (ote_status_code(st) != OTE_ERR_CANCELED)
             OTE_WARN_LIMITED("rdma",

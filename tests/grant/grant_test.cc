@@ -482,6 +482,37 @@ TEST_F(GrantTest, AbandonedGrantIsReleasedAtTheSourceOnRequest) {
     FreeMrs();
 }
 
+// ote_grant_source_end_slot_qp ends the live grants of one slot served on one QP number
+// only (the engine's staged grant served on a slot a CONNECT replaced meanwhile): another
+// number or another slot ends nothing; the right one ends the grant, its window and pin.
+TEST_F(GrantTest, EndSlotQpEndsOnlyTheGrantsOfThatQpNumber) {
+    std::vector<uint8_t> out(4 * B, 0x5A);
+    struct ibv_mr *mo = LocalMr(out);
+    ASSERT_EQ(Run(OTE_GRANT_WRITE, out.data(), mo->lkey, 0, B), OTE_OK); /* QPs built */
+    ote_test::ErrorLogsExpected refused;
+    Done d;
+    Abandoned ab;
+    ASSERT_NO_FATAL_FAILURE(RunAbandoned(out.data(), mo->lkey, B, 4 * B, d, ab));
+    ASSERT_EQ(ab.calls.load(), 1);
+    ote_grant_stats_t s1;
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    ASSERT_EQ(s1.live_source, 1u);
+    EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot, ab.qpn + 1), 0u);
+    EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot + 1, ab.qpn), 0u);
+    EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[0], ab.slot, ab.qpn), 0u);
+    EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot, 0), 0u); /* "any" */
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.live_source, 1u);
+    EXPECT_EQ(rig_.pins.load(), 1);
+    EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot, ab.qpn), 1u);
+    ote_grant_mgr_get_stats(rig_.g1, &s1);
+    EXPECT_EQ(s1.live_source, 0u);
+    EXPECT_EQ(rig_.pins.load(), 0) << "the ended grant kept its pin";
+    EXPECT_EQ(ote_grant_source_release(rig_.g1, rig_.ep1[1], ab.slot, ab.qpn, ab.rkey),
+              OTE_ERR_NOT_FOUND); /* ended once */
+    FreeMrs();
+}
+
 // The key domain across many windows at one index: grants whose windows are deallocated
 // as maybe bound (each abandoned after its answer, then released) hand the index back to
 // the next window again and again; over 300 such grants, more than the 256 tags of one
