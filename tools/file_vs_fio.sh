@@ -10,20 +10,29 @@
 #     (host memory to and from this process's file registration through the local
 #     segment: io_uring, O_DIRECT for aligned chunks; file_queue_depth=QD,
 #     file_chunk_size=1M; --sweep walks the whole file as fio does)
-# then one line per direction with both rates and the ratio ote_bench / fio:
+#   with --peer T (tcp or shm) also, per direction, a peer's requests to the file:
+#   ote_bench --transport T --remote-mem file:FILE (the same flags; the spawned target
+#     registers the file, this process's host memory is the other end: issue 31's
+#     "registered by a peer on the same host" measure, with shm)
+# then one line per direction with the rates and the ratios ote_bench / fio:
 #   file_vs_fio: read  fio 2.914 GB/s  ote_bench 2.801 GB/s  ratio 0.96
+#   file_vs_fio: read  fio 2.914 GB/s  peer over shm 2.650 GB/s  ratio 0.91   (--peer shm)
+# fio and ote_bench run one after the other, so a noisy disk shows as spread between
+# runs: --rounds N repeats the whole set N times and prints every round.
 # GB/s is 10^9 bytes per second. Nothing is asserted: the numbers depend on the device
 # and on what else runs (measure on an idle machine, on the file system you care about;
 # tmpfs takes no O_DIRECT, so both then go through the page cache).
 #
 # Usage: tools/file_vs_fio.sh [--ote-bench PATH] [--file PATH] [--size SIZE] [--qd N]
-#                             [--runtime SEC]
+#                             [--runtime SEC] [--peer tcp|shm] [--rounds N]
 #   --ote-bench  the ote_bench binary (default: bazel-bin/tools/ote_bench)
 #   --file       the file (default: a new one in $TMPDIR, removed at the end; a given
 #                file is grown to SIZE with data when shorter, and kept)
 #   --size       bytes of the file the runs cover, K/M/G suffix (default 1G)
 #   --qd         requests in flight, 1..16 (default 16)
 #   --runtime    seconds per measurement (default 5)
+#   --peer       also measure a peer's requests to the file over this transport
+#   --rounds     how many times to run the whole set (default 1)
 # Needs fio (Debian's fio; scripts/deps.sh) and python3 (to read the JSON of both).
 set -euo pipefail
 
@@ -32,6 +41,8 @@ FILE=""
 SIZE=1G
 QD=16
 RUNTIME=5
+PEER=""
+ROUNDS=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --ote-bench) BENCH="$2"; shift 2 ;;
@@ -39,6 +50,8 @@ while [ $# -gt 0 ]; do
         --size) SIZE="$2"; shift 2 ;;
         --qd) QD="$2"; shift 2 ;;
         --runtime) RUNTIME="$2"; shift 2 ;;
+        --peer) PEER="$2"; shift 2 ;;
+        --rounds) ROUNDS="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "file_vs_fio: unknown argument '$1' (--help)" >&2; exit 2 ;;
     esac
@@ -47,6 +60,8 @@ command -v fio >/dev/null || { echo "file_vs_fio: fio is not installed (scripts/
 [ -x "$BENCH" ] || { echo "file_vs_fio: no ote_bench at '$BENCH' (--ote-bench)" >&2; exit 2; }
 case "$QD" in ''|*[!0-9]*) echo "file_vs_fio: --qd '$QD' is not 1..16" >&2; exit 2 ;; esac
 if [ "$QD" -lt 1 ] || [ "$QD" -gt 16 ]; then echo "file_vs_fio: --qd $QD is not 1..16" >&2; exit 2; fi
+case "$PEER" in ''|tcp|shm) ;; *) echo "file_vs_fio: --peer '$PEER' is not tcp or shm" >&2; exit 2 ;; esac
+case "$ROUNDS" in ''|*[!0-9]*|0) echo "file_vs_fio: --rounds '$ROUNDS' is not a count" >&2; exit 2 ;; esac
 BYTES=$(python3 -c '
 import sys
 s = sys.argv[1]; m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -76,8 +91,10 @@ j = json.load(open(sys.argv[1]))["jobs"][0][sys.argv[2]]
 print(j["bw_bytes"])' "$TMP/fio_$1.json" "$1"
 }
 
-ote_rate() { # OP -> bytes per second
-    OTE_FILE_QUEUE_DEPTH="$QD" OTE_FILE_CHUNK_SIZE=1M "$BENCH" --local-mem "file:$FILE" \
+ote_rate() { # OP [TRANSPORT] -> bytes per second (local segment, or a peer's requests)
+    local where=(--local-mem "file:$FILE")
+    if [ -n "${2:-}" ]; then where=(--transport "$2" --remote-mem "file:$FILE"); fi
+    OTE_FILE_QUEUE_DEPTH="$QD" OTE_FILE_CHUNK_SIZE=1M "$BENCH" "${where[@]}" \
         --buffer-size "$BYTES" --op "$1" -b 1M -B 1 --depth "$QD" --duration "${RUNTIME}s" \
         --sweep --json --no-progress >"$TMP/ote_$1.json"
     python3 -c 'import json, sys
@@ -85,13 +102,20 @@ r = json.loads(open(sys.argv[1]).readline())
 print(int(r["bytes"] / r["seconds"]))' "$TMP/ote_$1.json"
 }
 
-echo "file_vs_fio: $FILE, $BYTES bytes, 1 MiB requests, queue depth $QD, ${RUNTIME} s each"
-for op in read write; do
-    f=$(fio_rate "$op")
-    o=$(ote_rate "$op")
+line() { # OP, fio rate, label, rate
     python3 -c 'import sys
-op, f, o = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+op, f, label, o = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 ratio = o / f if f > 0 else float("nan")
-print("file_vs_fio: %-5s fio %.3f GB/s  ote_bench %.3f GB/s  ratio %.2f" % (op, f / 1e9, o / 1e9, ratio))' \
-        "$op" "$f" "$o"
+print("file_vs_fio: %-5s fio %.3f GB/s  %s %.3f GB/s  ratio %.2f" % (op, f / 1e9, label, o / 1e9, ratio))' \
+        "$1" "$2" "$3" "$4"
+}
+
+echo "file_vs_fio: $FILE, $BYTES bytes, 1 MiB requests, queue depth $QD, ${RUNTIME} s each"
+for ((round = 1; round <= ROUNDS; round++)); do
+    if [ "$ROUNDS" -gt 1 ]; then echo "file_vs_fio: round $round of $ROUNDS"; fi
+    for op in read write; do
+        f=$(fio_rate "$op")
+        line "$op" "$f" ote_bench "$(ote_rate "$op")"
+        if [ -n "$PEER" ]; then line "$op" "$f" "peer over $PEER" "$(ote_rate "$op" "$PEER")"; fi
+    done
 done
