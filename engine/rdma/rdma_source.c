@@ -400,32 +400,52 @@ typedef struct {
     ote_deadline_t dl;
 } copying_t;
 
-/* Whether the slot QP p borrowed was retired while its copy ran (a CONNECT for the slot:
- * the requester's QP there is new). A grant served on it now could be neither used nor
- * released, and would hold the old QP, and the CONNECT's rebuild waiting behind it, until
- * its deadline; ote_grant_source_end_slot ended only the grants already served. A CONNECT
- * between this check and the grant's serving still finds it unserved: src_copied asks
- * again once the grant is served, and ends it there (src_end_if_replaced). */
-static int src_slot_replaced(const copying_t *p) {
-    uint32_t want = p->rq.u.grant.req_qpn;
-    return want != 0 && ote_endpoint_remote_qpn(p->ep, p->rq.u.grant.slot) != want;
+/* Whether the slot still has the QP p borrowed, READY (and connected to the requester's
+ * QP the grant named, when it named one): then a second borrow of it, *hold, which keeps
+ * the QP (and so its number) alive until src_end_if_replaced returns it. Not so when the
+ * slot was retired while the copy ran (a CONNECT for the slot: the requester's QP there
+ * is new): a grant served on it could be neither used nor released, and would hold the
+ * old QP, and the CONNECT's rebuild waiting behind it, until its deadline
+ * (ote_grant_source_end_slot ended only the grants already served). */
+static int src_slot_kept(const copying_t *p, ote_qp_t **hold) {
+    ote_qp_t *q = NULL;
+    *hold = NULL;
+    if (ote_endpoint_borrow_ready(p->ep, p->rq.u.grant.slot, p->rq.u.grant.req_qpn, &q) != OTE_OK)
+        return 0;
+    if (q != p->qp) {
+        ote_endpoint_return(p->ep, p->rq.u.grant.slot, q);
+        return 0;
+    }
+    *hold = q;
+    return 1;
 }
 
-/* A staged grant just served (indexed as live in the grant manager): when its slot's QP
- * was retired or replaced meanwhile (a CONNECT whose ote_grant_source_end_slot ran before
- * the grant was indexed), it is ended now, on that old QP only. Ordered by the endpoint's
- * lock: a CONNECT retires the slot before its end_slot, so either this sees the slot
- * retired (or rebuilt), or that end_slot runs after the grant was indexed and ends it. */
-static void src_end_if_replaced(const copying_t *p, uint32_t qp_num) {
-    if (!src_slot_replaced(p)) return;
-    size_t n = ote_grant_source_end_slot_qp(p->nic->gm, p->ep, p->rq.u.grant.slot, qp_num);
-    OTE_DEBUG("rdma", "staged grant on slot %u: its QP was replaced while it was served: %zu ended",
-              p->rq.u.grant.slot, n);
+/* A staged grant just served (indexed as live in the grant manager) on the QP src_slot_kept
+ * holds: when the slot lost that QP meanwhile (a CONNECT whose ote_grant_source_end_slot
+ * ran before the grant was indexed), the grants of the slot on that QP are ended now.
+ * Ordered by the endpoint's lock: a CONNECT retires the slot before its end_slot, so
+ * either this sees the slot retired (or rebuilt), or that end_slot runs after the grant
+ * was indexed and ends it. The hold keeps the old QP alive until then, so its number names
+ * it alone. The hold is given back here. */
+static void src_end_if_replaced(const copying_t *p, ote_qp_t *hold) {
+    ote_qp_t *now = NULL;
+    if (src_slot_kept(p, &now)) {
+        ote_endpoint_return(p->ep, p->rq.u.grant.slot, now);
+    } else {
+        size_t n =
+            ote_grant_source_end_slot_qp(p->nic->gm, p->ep, p->rq.u.grant.slot, ote_qp_num(hold));
+        if (n != 0)
+            OTE_DEBUG("rdma",
+                      "staged grant on slot %u: the slot's QP was retired as it was "
+                      "served: %zu grant(s) on it ended",
+                      p->rq.u.grant.slot, n);
+    }
+    ote_endpoint_return(p->ep, p->rq.u.grant.slot, hold);
 }
 
 /* GPU worker (a file's: the file owner's reaper or pool thread): the copy of a staged
  * grant ended. Copied: served now (window bound over the bounce, answered by src_answer).
- * Failed, or its requester, the transport or its slot's QP (src_slot_replaced) went
+ * Failed, or its requester, the transport or its slot's QP (src_slot_kept) went
  * meanwhile: refused (the requester sees OTE_ERR_REMOTE), and everything it held given
  * back as a refusal on the serving thread does (the bounce only now: the device no longer
  * writes it, or engine/gpu parked what it may still write). */
@@ -434,13 +454,15 @@ static void src_copied(void *arg, ote_status_t st) {
     conn_t *c = p->c;
     rdma_tp_t *tp = c->tp;
     int pinned = 0;
-    if (st == OTE_OK && (atomic_load(&c->dead) || atomic_load(&tp->stop) || src_slot_replaced(p)))
+    ote_qp_t *hold = NULL;
+    if (st == OTE_OK &&
+        (atomic_load(&c->dead) || atomic_load(&tp->stop) || !src_slot_kept(p, &hold)))
         st = OTE_ERR_CANCELED;
     if (st == OTE_OK) {
-        uint32_t qp_num = ote_qp_num(p->qp); /* the borrow is src_serve's after this */
         st = src_serve(c, p->req_id, &p->rq, p->acct, p->ep, p->nic, p->qp, p->sps, p->a, p->stage,
                        ote__rdma_stage_base(p->stage), p->dl, &pinned);
-        if (st == OTE_OK) src_end_if_replaced(p, qp_num);
+        if (st == OTE_OK) src_end_if_replaced(p, hold);
+        else ote_endpoint_return(p->ep, p->rq.u.grant.slot, hold);
     } else {
         if (ote_status_code(st) != OTE_ERR_CANCELED)
             OTE_WARN_LIMITED("rdma",
