@@ -76,16 +76,24 @@ void AskRaw(ote_engine_t *src, uint16_t max_version, std::vector<uint8_t> *frame
     close(fd);
 }
 
+// A tcp source with 8 KiB of memory registered as "mem" (READ), and a tcp requester.
+void TcpPair(ote_engine_t **src, ote_engine_t **req, std::vector<uint8_t> *mem) {
+    *src = NewEngine({{"transports", "tcp"}});
+    *req = NewEngine({{"transports", "tcp"}});
+    ASSERT_NE(*src, nullptr);
+    ASSERT_NE(*req, nullptr);
+    mem->assign(8192, 0);
+    ASSERT_EQ(ote_memory_register_named(*src, mem->data(), mem->size(), OTE_PERM_READ, "mem"),
+              OTE_OK);
+}
+
 class FileDiscoveryTest : public ote_test::OteTest {};
 
 TEST_F(FileDiscoveryTest, PeersOfThisVersionListFileRegistrations) {
     std::string path = MakeFile("disc_a.bin", 1u << 20);
-    ote_engine_t *src = NewEngine({{"transports", "tcp"}});
-    ote_engine_t *req = NewEngine({{"transports", "tcp"}});
-    ASSERT_NE(src, nullptr);
-    ASSERT_NE(req, nullptr);
-    std::vector<uint8_t> mem(8192);
-    ASSERT_EQ(ote_memory_register_named(src, mem.data(), mem.size(), OTE_PERM_READ, "mem"), OTE_OK);
+    ote_engine_t *src = nullptr, *req = nullptr;
+    std::vector<uint8_t> mem;
+    ASSERT_NO_FATAL_FAILURE(TcpPair(&src, &req, &mem));
     uint64_t fa = 0, fb = 0;
     ASSERT_EQ(ote_file_register(src, path.c_str(), -1, 4096, 65536, OTE_PERM_READ | OTE_PERM_WRITE,
                                 "kv", &fa),
@@ -254,12 +262,9 @@ TEST_F(FileDiscoveryTest, CodecGatesTheFileKindByVersion) {
 // the file is unregistered the blob is version 1 again.
 TEST_F(FileDiscoveryTest, MetadataBlobListsFileRegistrations) {
     std::string path = MakeFile("disc_md.bin", 1u << 20);
-    ote_engine_t *src = NewEngine({{"transports", "tcp"}});
-    ote_engine_t *req = NewEngine({{"transports", "tcp"}});
-    ASSERT_NE(src, nullptr);
-    ASSERT_NE(req, nullptr);
-    std::vector<uint8_t> mem(8192);
-    ASSERT_EQ(ote_memory_register_named(src, mem.data(), mem.size(), OTE_PERM_READ, "mem"), OTE_OK);
+    ote_engine_t *src = nullptr, *req = nullptr;
+    std::vector<uint8_t> mem;
+    ASSERT_NO_FATAL_FAILURE(TcpPair(&src, &req, &mem));
     uint64_t fa = 0;
     ASSERT_EQ(ote_file_register(src, path.c_str(), -1, 0, 1u << 20, OTE_PERM_READ | OTE_PERM_WRITE,
                                 "kv", &fa),
