@@ -235,8 +235,9 @@ size_t ote_grant_source_end_endpoint(ote_grant_mgr_t *m, const ote_endpoint_t *e
 size_t ote_grant_source_end_slot(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot);
 /* Source: as ote_grant_source_end_slot(), for the grants of @slot served on the QP
  * numbered @qp_num only (a QP the slot no longer has: a grant served there after the
- * CONNECT's end_slot ran). The caller keeps that QP alive (a borrow) across the call, so
- * that no other QP has its number. Returns how many. */
+ * CONNECT's end_slot ran; a borrow the caller holds keeps the slot on that QP, so the
+ * number names it among the slot's grants). @qp_num 0 names no QP: nothing is ended.
+ * Returns how many. */
 size_t ote_grant_source_end_slot_qp(ote_grant_mgr_t *m, const ote_endpoint_t *ep, uint32_t slot,
                                     uint32_t qp_num);
 /* Source: how many source grants of @ep are live (not yet ended). */

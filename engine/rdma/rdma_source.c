@@ -659,9 +659,10 @@ void ote__rdma_src_reset(conn_t *c, const ote_rp_msg_t *rq) {
         rdma_nic_t *nic = NULL;
         ote_endpoint_t *ep = NULL;
         if (ote__rdma_src_ep(c, rq->u.reset.pair, (ote_ep_cap_t)cap, &nic, &ep) != OTE_OK) continue;
-        /* Their borrows of the slots' QPs end with them. The QPs stay: a requester QP
-         * that saw no traffic while its port was down is still connected to its own; one
-         * that failed is rebuilt by CONNECT, which retires ours then. */
+        /* Their borrows of the slots' QPs end with them; ending a live grant cancels and
+         * retires its QP. QPs without a live grant stay: a requester QP that saw no
+         * traffic while its port was down is still connected to its own; one that failed
+         * is rebuilt by CONNECT, which retires ours then. */
         n += ote_grant_source_end_endpoint(nic->gm, ep);
         ote__rdma_sp_end_ep(c->tp, ep); /* reservations on those QPs (rdma_src_parents.c) */
     }

@@ -500,7 +500,7 @@ TEST_F(GrantTest, EndSlotQpEndsOnlyTheGrantsOfThatQpNumber) {
     EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot, ab.qpn + 1), 0u);
     EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot + 1, ab.qpn), 0u);
     EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[0], ab.slot, ab.qpn), 0u);
-    EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot, 0), 0u); /* "any" */
+    EXPECT_EQ(ote_grant_source_end_slot_qp(rig_.g1, rig_.ep1[1], ab.slot, 0), 0u); /* names none */
     ote_grant_mgr_get_stats(rig_.g1, &s1);
     EXPECT_EQ(s1.live_source, 1u);
     EXPECT_EQ(rig_.pins.load(), 1);
