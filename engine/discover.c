@@ -15,7 +15,7 @@
 #include "engine/control/ctl.h"
 #include "engine/control/sock.h"
 #include "engine/core_internal.h"
-#include "engine/file/file.h"
+#include "engine/registry_internal.h"
 #include "engine/router_internal.h"
 
 #define DISCOVER_REQ_ID 1u
@@ -119,60 +119,15 @@ ote_status_t ote_segment_buffers(ote_segment_t *seg, ote_buffer_info_t *out, siz
 
 /* ---- metadata blobs (ote_engine_metadata) -------------------------------------------- */
 
-/* The blob's entries: memory registrations, then file registrations (their windows lie
- * above every memory address), at most OTE_CTL_BUFS_MAX in all (the lowest addresses). */
-static ote_status_t md_entries(ote_engine_t *e, ote_ctl_buf_t **bufs_out, size_t *n_out) {
-    ote_buffer_info_t *files = NULL;
-    size_t nfiles = 0, tfiles = 0;
-    if (e->files != NULL) {
-        files = ote_malloc(OTE_CTL_BUFS_MAX * sizeof(*files));
-        if (files == NULL) return OTE_ERR_NOMEM;
-        ote_status_t st = ote__files_list(e->files, files, OTE_CTL_BUFS_MAX, &nfiles, &tfiles);
-        if (st != OTE_OK) {
-            ote_free(files);
-            return st;
-        }
-    }
-    pthread_rwlock_rdlock(&e->reg_lk);
-    size_t total = e->nregs + tfiles;
-    size_t nmem = e->nregs < OTE_CTL_BUFS_MAX ? e->nregs : OTE_CTL_BUFS_MAX;
-    size_t n = nmem + nfiles < OTE_CTL_BUFS_MAX ? nmem + nfiles : OTE_CTL_BUFS_MAX;
-    ote_ctl_buf_t *bufs = n > 0 ? ote_calloc(n, sizeof(*bufs)) : NULL;
-    ote_status_t st = n > 0 && bufs == NULL ? OTE_ERR_NOMEM : OTE_OK;
-    for (size_t i = 0; st == OTE_OK && i < n; i++) {
-        if (i < nmem) {
-            const ote__reg_t *r = e->regs[i];
-            bufs[i] = (ote_ctl_buf_t){.addr = r->start,
-                                      .len = r->len,
-                                      .perms = r->pin.perms & OTE_CTL_BUF_PERMS,
-                                      .kind = r->pin.kind};
-            memcpy(bufs[i].name, r->name, sizeof(bufs[i].name));
-        } else {
-            const ote_buffer_info_t *fi = &files[i - nmem];
-            bufs[i] = (ote_ctl_buf_t){.addr = fi->addr,
-                                      .len = fi->length,
-                                      .perms = fi->perms & OTE_CTL_BUF_PERMS,
-                                      .kind = OTE_CTL_BUF_KIND_FILE};
-            snprintf(bufs[i].name, sizeof(bufs[i].name), "%s", fi->name);
-        }
-    }
-    pthread_rwlock_unlock(&e->reg_lk);
-    ote_free(files);
-    if (st != OTE_OK) return st;
-    if (total > n)
-        OTE_WARN_LIMITED("engine", "metadata blob: listing %zu of %zu registrations (at most %u)",
-                         n, total, OTE_CTL_BUFS_MAX);
-    *bufs_out = bufs;
-    *n_out = n;
-    return OTE_OK;
-}
-
 ote_status_t ote_engine_metadata(ote_engine_t *e, void *buf, size_t cap, size_t *len_out) {
     if (e == NULL || len_out == NULL || (buf == NULL && cap > 0)) return OTE_ERR_INVALID;
     if (OTE__ENGINE_GONE(e)) return OTE_ERR_STATE;
     ote_ctl_buf_t *bufs = NULL;
-    size_t n = 0, len = 0;
-    ote_status_t st = md_entries(e, &bufs, &n);
+    size_t n = 0, total = 0, len = 0;
+    ote_status_t st = ote__reg_entries(e, 1, &bufs, &n, &total);
+    if (st == OTE_OK && total > n)
+        OTE_WARN_LIMITED("engine", "metadata blob: listing %zu of %zu registrations (at most %u)",
+                         n, total, OTE_CTL_BUFS_MAX);
     if (st == OTE_OK)
         st = ote_ctl_md_encode(e->self_addr, e->cfg.engine_name, e->epoch, bufs, (uint32_t)n, buf,
                                cap, &len);

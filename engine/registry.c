@@ -372,65 +372,68 @@ static ote_status_t register_named(ote_engine_t *e, void *addr, size_t len, unsi
     return st;
 }
 
-/* The file registrations a BUFS frame of `version` lists (*files_out, an allocation the
- * caller frees, NULL with none): none below OTE_CTL_FILES_VERSION (a requester of an
- * earlier version refuses the kind), else the OTE_CTL_BUFS_MAX lowest; *total_out how
- * many there are. */
-static ote_status_t buffers_files(ote_engine_t *e, uint16_t version, ote_buffer_info_t **files_out,
-                                  size_t *n_out, size_t *total_out) {
-    *files_out = NULL;
-    *n_out = *total_out = 0;
-    if (version < OTE_CTL_FILES_VERSION || e->files == NULL) return OTE_OK;
-    ote_buffer_info_t *files = ote_malloc(OTE_CTL_BUFS_MAX * sizeof(*files));
-    if (files == NULL) return OTE_ERR_NOMEM;
-    ote_status_t st = ote__files_list(e->files, files, OTE_CTL_BUFS_MAX, n_out, total_out);
-    if (st != OTE_OK) {
-        ote_free(files);
-        return st;
+ote_status_t ote__reg_entries(ote_engine_t *e, int with_files, ote_ctl_buf_t **out, size_t *n_out,
+                              size_t *total_out) {
+    ote_buffer_info_t *files = NULL;
+    size_t nfiles = 0, tfiles = 0;
+    if (with_files && e->files != NULL) {
+        files = ote_malloc(OTE_CTL_BUFS_MAX * sizeof(*files));
+        if (files == NULL) return OTE_ERR_NOMEM;
+        ote_status_t st = ote__files_list(e->files, files, OTE_CTL_BUFS_MAX, &nfiles, &tfiles);
+        if (st != OTE_OK) {
+            ote_free(files);
+            return st;
+        }
     }
-    *files_out = files;
+    pthread_rwlock_rdlock(&e->reg_lk);
+    /* Memory first, then files: their windows lie above every memory address. */
+    size_t total = e->nregs + tfiles;
+    size_t nmem = e->nregs < OTE_CTL_BUFS_MAX ? e->nregs : OTE_CTL_BUFS_MAX;
+    size_t n = nmem + nfiles < OTE_CTL_BUFS_MAX ? nmem + nfiles : OTE_CTL_BUFS_MAX;
+    ote_ctl_buf_t *bufs = n > 0 ? ote_calloc(n, sizeof(*bufs)) : NULL;
+    ote_status_t st = n > 0 && bufs == NULL ? OTE_ERR_NOMEM : OTE_OK;
+    for (size_t i = 0; st == OTE_OK && i < n; i++) {
+        /* Peers see READ/WRITE (OTE_CTL_BUF_PERMS); OTE_PERM_IPC is not listed. */
+        if (i < nmem) {
+            const ote__reg_t *r = e->regs[i];
+            bufs[i] = (ote_ctl_buf_t){.addr = r->start,
+                                      .len = r->len,
+                                      .perms = r->pin.perms & OTE_CTL_BUF_PERMS,
+                                      .kind = r->pin.kind};
+            memcpy(bufs[i].name, r->name, sizeof(bufs[i].name));
+        } else {
+            const ote_buffer_info_t *fi = &files[i - nmem];
+            bufs[i] = (ote_ctl_buf_t){.addr = fi->addr,
+                                      .len = fi->length,
+                                      .perms = fi->perms & OTE_CTL_BUF_PERMS,
+                                      .kind = OTE_CTL_BUF_KIND_FILE};
+            snprintf(bufs[i].name, sizeof(bufs[i].name), "%s", fi->name);
+        }
+    }
+    pthread_rwlock_unlock(&e->reg_lk);
+    ote_free(files);
+    if (st != OTE_OK) return st;
+    *out = bufs;
+    *n_out = n;
+    *total_out = total;
     return OTE_OK;
 }
 
 ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
                               size_t *len_out) {
     ote_engine_t *e = arg;
-    ote_buffer_info_t *files = NULL;
-    size_t nfiles = 0, tfiles = 0;
-    ote_status_t st = buffers_files(e, version, &files, &nfiles, &tfiles);
+    ote_ctl_buf_t *bufs = NULL;
+    size_t n = 0, total = 0;
+    /* Files only to a requester that speaks their kind (an earlier one refuses it). */
+    ote_status_t st = ote__reg_entries(e, version >= OTE_CTL_FILES_VERSION, &bufs, &n, &total);
     if (st != OTE_OK) return st;
-    pthread_rwlock_rdlock(&e->reg_lk);
-    /* Memory first, then files: their windows lie above every memory address. */
-    size_t total = e->nregs + tfiles, n = total < OTE_CTL_BUFS_MAX ? total : OTE_CTL_BUFS_MAX;
-    size_t nmem = e->nregs < n ? e->nregs : n;
-    if (n - nmem > nfiles) n = nmem + nfiles; /* files unregistered meanwhile */
     size_t cap = OTE_CTL_HDR_LEN + 8 + n * OTE_CTL_BUF_ENTRY_LEN;
     uint8_t *f = ote_malloc(cap);
     st = f != NULL ? OTE_OK : OTE_ERR_NOMEM;
     uint8_t *ent = f != NULL ? f + OTE_CTL_HDR_LEN + 8 : NULL;
-    for (size_t i = 0; st == OTE_OK && i < n; i++) {
-        /* Peers see READ/WRITE (OTE_CTL_BUF_PERMS); OTE_PERM_IPC is not listed. */
-        ote_ctl_buf_t b;
-        memset(&b, 0, sizeof(b));
-        if (i < nmem) {
-            const ote__reg_t *r = e->regs[i];
-            b.addr = r->start;
-            b.len = r->len;
-            b.perms = r->pin.perms & OTE_CTL_BUF_PERMS;
-            b.kind = r->pin.kind;
-            memcpy(b.name, r->name, sizeof(b.name));
-        } else {
-            const ote_buffer_info_t *fi = &files[i - nmem];
-            b.addr = fi->addr;
-            b.len = fi->length;
-            b.perms = fi->perms & OTE_CTL_BUF_PERMS;
-            b.kind = OTE_CTL_BUF_KIND_FILE;
-            snprintf(b.name, sizeof(b.name), "%s", fi->name);
-        }
-        st = ote_ctl_buf_put(ent + i * OTE_CTL_BUF_ENTRY_LEN, &b);
-    }
-    pthread_rwlock_unlock(&e->reg_lk);
-    ote_free(files);
+    for (size_t i = 0; st == OTE_OK && i < n; i++)
+        st = ote_ctl_buf_put(ent + i * OTE_CTL_BUF_ENTRY_LEN, &bufs[i]);
+    ote_free(bufs);
     ote_ctl_msg_t m;
     memset(&m, 0, sizeof(m));
     m.version = version;

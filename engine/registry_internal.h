@@ -15,6 +15,7 @@
 #error "engine/registry_internal.h is internal to OrbitTE's engine; include <ote/ote.h> instead"
 #endif
 
+#include "engine/control/ctl.h"
 #include "engine/core_internal.h"
 
 /* ---- registry.c ------------------------------------------------------------------- */
@@ -29,6 +30,11 @@ ote_status_t ote__reg_pin(void *arg, uint64_t addr, uint64_t len, unsigned perm,
 void ote__reg_unpin(void *arg, void *pin);
 /* host->buffers (arg: the engine): the BUFS frame answering req_id, listing the
  * registrations now (at most OTE_CTL_BUFS_MAX, lowest addresses first). */
+/* The registrations a peer may see, as BUFS / metadata-blob entries: memory ones, then
+ * (with_files) file ones, at most OTE_CTL_BUFS_MAX (the lowest addresses). *out is an
+ * allocation the caller frees (NULL when *n_out is 0); *total_out how many there are. */
+ote_status_t ote__reg_entries(ote_engine_t *e, int with_files, ote_ctl_buf_t **out, size_t *n_out,
+                              size_t *total_out);
 ote_status_t ote__reg_buffers(void *arg, uint16_t version, uint64_t req_id, uint8_t **frame_out,
                               size_t *len_out);
 /* Whether [start, +len) overlaps a live registration; reg_lk held. */
