@@ -11,12 +11,16 @@
  * (bounce_io_start) ahead of the one being copied, so the file reads of later pieces
  * run while earlier ones are copied to the requester, in order. When the run ends its
  * message, reading ahead goes on into the messages already read after it (the lookahead,
- * their pieces checked and pinned), up to the first WRITE or notification. Each read's done() (the
- * file owner's thread) only marks its slot; the thread waits for a slot's end (bounded),
- * and ote__shm_fread_settle waits for the reads of a run still running before its pins
- * go (pieces canceled or a requester gone meanwhile), giving their bounces back; every
- * slot of a message is settled by the end of its serving (its runs cover its entries),
- * the rest when the connection ends.
+ * their pieces checked and pinned), up to the first WRITE or notification. Writes go
+ * ahead likewise (fw_settle_ahead): while the last run of a message settles its writes,
+ * the file WRITE pieces of the messages read after it start, in order, up to the first
+ * notification, file READ not started, or WRITE whose range meets a running slot's. Each
+ * I/O's done() (the file owner's thread) only marks its slot; the thread waits for a
+ * slot's end (bounded), and ote__shm_fread_settle waits for the I/O of a run still
+ * running before its pins go (pieces canceled or a requester gone meanwhile), giving
+ * their bounces back; every slot of a message is settled by the end of its serving (its
+ * runs cover its entries, and the first run of a message covers what was written ahead
+ * for it), the rest when the connection ends, before the pins of messages never served.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -208,12 +212,85 @@ static int fw_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t i, ote_
     return 1;
 }
 
+/* Whether a running slot keeps file WRITE piece q (on registration reg) from starting
+ * ahead: its range meets q's, or it is on another registration (two registrations may
+ * name the same bytes of one file). */
+static int fw_conflicts(shm_src_t *s, shm_frwin_t *w, const void *reg, const shm_req_t *q) {
+    for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
+        const shm_fr_slot_t *sl = &w->slot[k];
+        if (atomic_load(&sl->state) == FR_FREE) continue;
+        const shm_req_t *o = &ote__shm_msg_reqs(sl->m)[sl->idx];
+        if (ote__shm_src_engine_pin(s, sl->m->pin[sl->idx]) != reg) return 1;
+        if (q->remote < o->remote + o->len && o->remote < q->remote + q->len) return 1;
+    }
+    return 0;
+}
+
+/* Entry k of a message read after the one being settled, while writing ahead: 1 when the
+ * scan may go past it (it moves no file byte, is refused or canceled already, is a READ
+ * started ahead, or is a file WRITE now started or failed), 0 where it must stop to keep
+ * the order: a notification, a file READ not started, a WRITE that cannot start now (no
+ * slot or bounce, its bytes not staged in the ring yet, a running slot in its way). */
+static int fw_ahead_one(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k) {
+    const shm_req_t *q = &ote__shm_msg_reqs(m)[k];
+    if (q->op == OTE__SLICE_NOTIFY) return 0;
+    if (q->op != OTE__SLICE_WRITE && q->op != OTE__SLICE_READ) return 1;
+    if (!ote__shm_src_is_file(s, m->pin[k]) || atomic_load(&m->st[k]) != OTE_OK ||
+        ote__shm_src_canceled(m->pin[k]) || fr_find(w, m, k) != NULL)
+        return 1;
+    if (q->op == OTE__SLICE_READ) return 0;
+    if (ote__shm_in_ring(s, q) && !ote__shm_ring_staged(s, q->id)) return 0;
+    if (fw_conflicts(s, w, ote__shm_src_engine_pin(s, m->pin[k]), q)) return 0;
+    ote_status_t st = OTE_OK;
+    if (!fw_start(s, w, m, k, &st)) return 0;
+    ote__shm_set_st(m, k, st); /* its copy failed: that is its status (nothing written) */
+    return 1;
+}
+
+/* Whether a write of m still runs in w. */
+static int fw_writing(shm_frwin_t *w, const shm_msg_t *m) {
+    for (int k = 0; k < SHM_SRC_FILE_READS; k++)
+        if (atomic_load(&w->slot[k].state) == FR_RUNNING && w->slot[k].write && w->slot[k].m == m)
+            return 1;
+    return 0;
+}
+
+/* The file WRITE pieces of the messages read after the one being served, in order, until
+ * fw_ahead_one stops. */
+static void fw_ahead(shm_src_t *s, shm_frwin_t *w) {
+    for (uint32_t n = 1; n < s->mcount; n++) {
+        shm_msg_t *later = &s->msgs[(s->mhead + n) % SHM_LOOKAHEAD];
+        for (uint32_t k = 0; k < later->in.h.n; k++)
+            if (atomic_load(&s->abort) || !fw_ahead_one(s, w, later, k)) return;
+    }
+}
+
+/* Writing ahead, at the settle of the last run of m (the message being served): while
+ * m's writes run (at most their deadline), the file WRITE pieces of the messages read
+ * after it start (fw_ahead), and what the requester sends meanwhile is read every ms and
+ * its writes start too, so that one connection's writes overlap across messages as its
+ * reads do. ote__shm_fread_piece finds such a piece started when its message is served,
+ * and that message's first run settles it (the scan stops at a notification). */
+static void fw_settle_ahead(shm_src_t *s, shm_frwin_t *w, const shm_msg_t *m) {
+    if (m != &s->msgs[s->mhead]) return;
+    ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
+    while (!atomic_load(&s->abort) && fw_writing(w, m) && !ote_deadline_expired(dl)) {
+        fw_ahead(s, w);
+        ote_mutex_lock(&w->mu);
+        if (fw_writing(w, m)) /* fr_done broadcasts under w->mu: no end is missed */
+            (void)ote_cond_wait(&w->cv, &w->mu, ote_deadline_after(OTE_NSEC_PER_MSEC));
+        ote_mutex_unlock(&w->mu);
+        ote__shm_src_pull_between(s);
+    }
+}
+
 ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b) {
     const ote__host_t *h = &s->tp->host;
     const shm_req_t *q = &ote__shm_msg_reqs(m)[i];
     if (q->op == OTE__SLICE_WRITE) {
         shm_frwin_t *fw = fr_win(s);
         ote_status_t st = OTE_OK;
+        if (fw != NULL && fr_find(fw, m, i) != NULL) return OTE_OK; /* written ahead */
         if (fw != NULL && fw_start(s, fw, m, i, &st)) return st;
         return fr_copy_sync(s, q, m->pin[i], m->sptr[i]);
     }
@@ -245,6 +322,7 @@ void ote__shm_fread_settle(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b) {
     const ote__host_t *h = &s->tp->host;
     shm_frwin_t *w = s->frw;
     if (w == NULL) return;
+    if (m != NULL && b == m->in.h.n) fw_settle_ahead(s, w, m);
     for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
         shm_fr_slot_t *sl = &w->slot[k];
         if (atomic_load(&sl->state) == FR_FREE) continue;

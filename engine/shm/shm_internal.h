@@ -621,14 +621,18 @@ ote_status_t ote__shm_copy_bytes(shm_src_t *s, const shm_req_t *q, uint8_t *mine
 
 /* Piece i of m failed with st (its first failure stays). */
 void ote__shm_set_st(shm_msg_t *m, uint32_t i, ote_status_t st);
+/* The connection thread, between two steps of serving a message: the messages the
+ * requester sent meanwhile read into the lookahead (s->abort set when it is gone). */
+void ote__shm_src_pull_between(shm_src_t *s);
 /* shm_fread.c (the connection's thread): piece i of message m, on a file registration,
  * served through a bounce (a READ's read started ahead with those of the run's later
  * READ pieces up to b and, past m's end, of the READs read after it; a WRITE's write
- * started once its bytes are in the bounce, its status set at the settle of its run; at
- * most SHM_SRC_FILE_READS of them); its status. settle: wait for the I/O of m's entries
- * [a, b) still running (reads of pieces skipped, and the WRITEs' writes, whose outcome
- * becomes their piece's status; m NULL: all of it), bounces back; end: the connection
- * closes. */
+ * started once its bytes are in the bounce, or already by the settle of the message
+ * before, its status set at the settle of its run; at most SHM_SRC_FILE_READS of them);
+ * its status. settle: wait for the I/O of m's entries [a, b) still running (reads of
+ * pieces skipped, and the WRITEs' writes, whose outcome becomes their piece's status; m
+ * NULL: all of it), bounces back, after starting the writes of later messages when [a, b)
+ * ends m; end: the connection closes. */
 ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b);
 void ote__shm_fread_settle(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b);
 void ote__shm_fread_end(shm_src_t *s);
@@ -650,6 +654,8 @@ int ote__shm_ring_create(uint8_t **map_out);
 const char *ote__shm_memfd_unsafe(int fd, uint64_t need, uint64_t *size_out);
 int ote__shm_ring_map(shm_src_t *s, const shm_hello_t *h, int rfd, char *text, size_t tl);
 ote_status_t ote__shm_ring_ready(shm_src_t *s, uint64_t id);
+/* Whether piece id's bytes are staged already (ote__shm_ring_ready without waiting). */
+int ote__shm_ring_staged(const shm_src_t *s, uint64_t id);
 
 /* shm_shared.c. Requester: whether slice s (host memory, a READ or WRITE) lies in a
  * shared allocation the source was sent (sending it now when not yet: SHM_MAP; p->mu

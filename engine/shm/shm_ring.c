@@ -99,6 +99,10 @@ static int mark_passed(const shm_src_t *s, uint64_t id) {
     return atomic_load_explicit(s->marks, memory_order_acquire) > id;
 }
 
+int ote__shm_ring_staged(const shm_src_t *s, uint64_t id) {
+    return s->marks == NULL || mark_passed(s, id);
+}
+
 static void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();

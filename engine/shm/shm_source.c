@@ -541,7 +541,7 @@ static void helpers_stop(shm_src_t *s) {
 static int src_pull(shm_src_t *s);
 
 /* Between two units of the connection thread: what the requester sent meanwhile. */
-static void pull_between(shm_src_t *s) {
+void ote__shm_src_pull_between(shm_src_t *s) {
     if (!atomic_load(&s->abort) && src_pull(s) != 0) atomic_store(&s->abort, 1);
 }
 
@@ -551,7 +551,7 @@ static void run_units(shm_src_t *s, shm_msg_t *m, uint32_t nu, int par) {
     if (!par || !helpers_start(s)) {
         for (k = 0; k < nu; k++) {
             do_unit(s, m, &s->jun[k]);
-            if (k + 1 < nu) pull_between(s);
+            if (k + 1 < nu) ote__shm_src_pull_between(s);
         }
         return;
     }
@@ -567,7 +567,7 @@ static void run_units(shm_src_t *s, shm_msg_t *m, uint32_t nu, int par) {
     while (grab_unit(s, gen, nu, &k)) {
         do_unit(s, m, &s->jun[k]);
         unit_finished(s, nu);
-        pull_between(s);
+        ote__shm_src_pull_between(s);
     }
     /* The helpers' last units; what the requester sends meanwhile is read every ms. */
     ote_mutex_lock(&s->jmu);
@@ -575,7 +575,7 @@ static void run_units(shm_src_t *s, shm_msg_t *m, uint32_t nu, int par) {
         (void)ote_cond_wait(&s->jdone_cv, &s->jmu, ote_deadline_after(OTE_NSEC_PER_MSEC));
         if (atomic_load(&s->jdone) >= nu) break;
         ote_mutex_unlock(&s->jmu);
-        pull_between(s);
+        ote__shm_src_pull_between(s);
         ote_mutex_lock(&s->jmu);
     }
     ote_mutex_unlock(&s->jmu);
@@ -798,7 +798,9 @@ static void src_loop(shm_src_t *s) {
         if (k > 0 && send_msg(s, out.b, sizeof(shm_hdr_t) + k * sizeof(shm_resp_t)) != OTE_OK)
             break;
     }
-    /* Pins of messages read but never served. */
+    /* Pins of messages read but never served, once the file I/O started ahead for them
+     * (reads and writes of their pieces, on their registrations) has ended. */
+    ote__shm_fread_settle(s, NULL, 0, 0);
     for (; s->mcount > 0; s->mcount--, s->mhead = (s->mhead + 1) % SHM_LOOKAHEAD) {
         shm_msg_t *m = &s->msgs[s->mhead];
         for (uint32_t i = 0; i < m->in.h.n; i++)

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -649,6 +650,72 @@ TEST_P(FileShmTest, ManyWritesAndAWriteError) {
     MakeFile(path, n);
     ASSERT_NO_FATAL_FAILURE(WriteManyChecked(path, n, 5));
     EXPECT_TRUE(LogContains("Input/output error")); // the file owner's WARN
+}
+
+// shm writes ahead across messages (shm_fread.c, fw_settle_ahead): four WRITEs of 4 MiB
+// (slices of 4 MiB: one message each). The first one's write is held (file.stall, the
+// source's 3 s deadline); meanwhile the second one's bytes land in the file, which the
+// source could not do before the first message settled. The third overlaps the held
+// range, so it waits, and so does the fourth behind it (order). At the end the first
+// fails (its deadline) and the others hold their bytes.
+TEST_P(FileShmTest, WritesOfLaterMessagesGoAhead) {
+    const uint64_t kMiB = 1u << 20, n = 16 * kMiB;
+    std::string path = TmpPath((std::string("shm_ahead_") + GetParam() + ".bin").c_str());
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(Connect(ShmEngine({{"transfer_timeout_ms", "3000"}}),
+                                    ShmEngine({{"slice_size", "4M"}}), path, 0, n,
+                                    OTE_PERM_READ | OTE_PERM_WRITE));
+    const uint64_t offs[4] = {0, 4 * kMiB, 0, 12 * kMiB}; // held, ahead, overlaps, behind
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<ote_batch_t *> bs{b_};
+    for (int i = 0; i < 4; i++) bufs.emplace_back(4 * kMiB, static_cast<uint8_t>(0x11 * (i + 1)));
+    for (int i = 1; i < 4; i++) {
+        ote_batch_t *b = nullptr;
+        ASSERT_EQ(ote_batch_create(req_, 1, &b), OTE_OK);
+        bs.push_back(b);
+    }
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_NTH, 1, OTE_ERR_FAULT, 0), OTE_OK);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 4; i++) {
+        ote_request_t r{OTE_WRITE, bufs[i].data(), seg_, a_ + offs[i], bufs[i].size()};
+        ASSERT_EQ(ote_batch_submit(bs[i], &r, 1), OTE_OK);
+    }
+    // Up to 2.5 s, inside the first write's 3 s hold: the second one's bytes in the file.
+    auto held = [&]() {
+        return std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500);
+    };
+    bool ahead = false;
+    while (!ahead && held()) {
+        std::vector<uint8_t> got = ReadFile(path, n);
+        ahead = got[4 * kMiB] == 0x22 && got[8 * kMiB - 1] == 0x22;
+        if (!ahead) usleep(10 * 1000);
+    }
+    EXPECT_TRUE(ahead) << "the second message's write did not go ahead of the held first";
+    if (ahead) {
+        std::vector<uint8_t> got = ReadFile(path, n);
+        if (held()) { // read while the first write is still held: nothing after the overlap
+            EXPECT_EQ(got[0], Pat(0));
+            EXPECT_EQ(got[12 * kMiB], Pat(12 * kMiB));
+        }
+    }
+    EXPECT_EQ(ote_fault_failures("file.stall"), 1u);
+    ote_fault_disarm("file.stall");
+    for (int i = 0; i < 4; i++) {
+        (void)ote_batch_wait(bs[i], kWaitNs);
+        ote_transfer_status_t st{};
+        ASSERT_EQ(ote_batch_status(bs[i], 0, &st), OTE_OK);
+        if (i == 0) {
+            EXPECT_EQ(st.state, OTE_TRANSFER_FAILED) << ote_status_str(st.error);
+        } else {
+            EXPECT_EQ(st.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(st.error);
+        }
+    }
+    for (int i = 1; i < 4; i++) EXPECT_EQ(ote_batch_destroy(bs[i]), OTE_OK);
+    std::vector<uint8_t> got = ReadFile(path, n);
+    for (uint64_t x = 0; x < n; x++) {
+        uint8_t want = x < 4 * kMiB ? 0x33 : x < 8 * kMiB ? 0x22 : x < 12 * kMiB ? Pat(x) : 0x44;
+        ASSERT_EQ(got[x], want) << x;
+    }
 }
 
 // The requester engine goes away while the source's reads of its pieces are held in
