@@ -34,8 +34,8 @@ typedef enum { FR_FREE = 0, FR_RUNNING, FR_ENDED } shm_fr_state_t;
 typedef struct shm_frwin shm_frwin_t;
 typedef struct {
     shm_frwin_t *w;
-    const shm_msg_t *m; /* the message ... */
-    uint32_t idx;       /* ... and its entry it reads for */
+    shm_msg_t *m; /* the message ... */
+    uint32_t idx; /* ... and its entry it reads for */
     void *tok;
     uint8_t *buf;
     ote_status_t st;
@@ -85,6 +85,21 @@ static shm_fr_slot_t *fr_find(shm_frwin_t *w, const shm_msg_t *m, uint32_t i) {
     return NULL;
 }
 
+/* Whether a slot in use keeps file piece q (on registration reg) from starting now: its
+ * range meets q's, or it is on another registration (two may name the same bytes of one
+ * file). writes_only: only write slots count (a READ may run beside another READ). */
+static int fr_conflicts(shm_src_t *s, shm_frwin_t *w, const void *reg, const shm_req_t *q,
+                        int writes_only) {
+    for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
+        const shm_fr_slot_t *sl = &w->slot[k];
+        if (atomic_load(&sl->state) == FR_FREE || (writes_only && !sl->write)) continue;
+        const shm_req_t *o = &ote__shm_msg_reqs(sl->m)[sl->idx];
+        if (ote__shm_src_engine_pin(s, sl->m->pin[sl->idx]) != reg) return 1;
+        if (q->remote < o->remote + o->len && o->remote < q->remote + q->len) return 1;
+    }
+    return 0;
+}
+
 /* Start the read of entry k of m when it is a file READ piece not started yet: 1 when it
  * runs (or needs none), 0 when no slot or bounce is free (stop filling). */
 static int fr_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k, ote_deadline_t dl) {
@@ -93,6 +108,8 @@ static int fr_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k, ote_
     if (q->op != OTE__SLICE_READ || m->pin[k] == NULL || !ote__shm_src_is_file(s, m->pin[k]) ||
         atomic_load(&m->st[k]) != OTE_OK || fr_find(w, m, k) != NULL)
         return 1;
+    /* A write it meets runs: not ahead of it (a later message's READ after its WRITE). */
+    if (fr_conflicts(s, w, ote__shm_src_engine_pin(s, m->pin[k]), q, 1)) return 0;
     shm_fr_slot_t *sl = NULL;
     for (int j = 0; j < SHM_SRC_FILE_READS && sl == NULL; j++)
         if (atomic_load(&w->slot[j].state) == FR_FREE) sl = &w->slot[j];
@@ -147,11 +164,23 @@ static ote_status_t fr_wait(shm_src_t *s, shm_fr_slot_t *sl) {
     while (atomic_load(&sl->state) != FR_ENDED && !ote_deadline_expired(dl))
         (void)ote_cond_wait(&w->cv, &w->mu, dl);
     int ended = atomic_load(&sl->state) == FR_ENDED;
+    if (!ended) {
+        /* The window is left to its I/O: each write slot's piece gets its outcome now (a
+         * write that ended: its status; one still running: TIMEOUT), so that no piece
+         * written ahead is written again when its message is served (its slot is not in
+         * the next window) and none is answered OK unwritten. */
+        for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
+            shm_fr_slot_t *o = &w->slot[k];
+            int state = atomic_load(&o->state);
+            if (state != FR_FREE && o->write)
+                ote__shm_set_st(o->m, o->idx, state == FR_ENDED ? o->st : OTE_ERR_TIMEOUT);
+        }
+    }
     ote_mutex_unlock(&w->mu);
     if (ended) return OTE_OK;
     OTE_ERROR("shm",
-              "a file read for pid %d still runs past its deadline: its bounce buffer "
-              "and read window are left to it",
+              "file I/O for pid %d still runs past its deadline: its bounce buffer and "
+              "window are left to it",
               (int)s->pid);
     s->frw = NULL;
     return OTE_ERR_TIMEOUT;
@@ -212,20 +241,6 @@ static int fw_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t i, ote_
     return 1;
 }
 
-/* Whether a running slot keeps file WRITE piece q (on registration reg) from starting
- * ahead: its range meets q's, or it is on another registration (two registrations may
- * name the same bytes of one file). */
-static int fw_conflicts(shm_src_t *s, shm_frwin_t *w, const void *reg, const shm_req_t *q) {
-    for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
-        const shm_fr_slot_t *sl = &w->slot[k];
-        if (atomic_load(&sl->state) == FR_FREE) continue;
-        const shm_req_t *o = &ote__shm_msg_reqs(sl->m)[sl->idx];
-        if (ote__shm_src_engine_pin(s, sl->m->pin[sl->idx]) != reg) return 1;
-        if (q->remote < o->remote + o->len && o->remote < q->remote + q->len) return 1;
-    }
-    return 0;
-}
-
 /* Entry k of a message read after the one being settled, while writing ahead: 1 when the
  * scan may go past it (it moves no file byte, is refused or canceled already, is a READ
  * started ahead, or is a file WRITE now started or failed), 0 where it must stop to keep
@@ -240,7 +255,7 @@ static int fw_ahead_one(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k) 
         return 1;
     if (q->op == OTE__SLICE_READ) return 0;
     if (ote__shm_in_ring(s, q) && !ote__shm_ring_staged(s, q->id)) return 0;
-    if (fw_conflicts(s, w, ote__shm_src_engine_pin(s, m->pin[k]), q)) return 0;
+    if (fr_conflicts(s, w, ote__shm_src_engine_pin(s, m->pin[k]), q, 0)) return 0;
     ote_status_t st = OTE_OK;
     if (!fw_start(s, w, m, k, &st)) return 0;
     ote__shm_set_st(m, k, st); /* its copy failed: that is its status (nothing written) */
@@ -308,16 +323,6 @@ ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32
     return st;
 }
 
-/* fr_wait gave up on w: every WRITE of m's [a, b) still in a slot fails with st (their
- * writes' outcome will never be known here). */
-static void fw_abandon(shm_frwin_t *w, shm_msg_t *m, uint32_t a, uint32_t b, ote_status_t st) {
-    for (int k = 0; k < SHM_SRC_FILE_READS; k++) {
-        shm_fr_slot_t *sl = &w->slot[k];
-        if (atomic_load(&sl->state) == FR_FREE || !sl->write || sl->m != m) continue;
-        if (m != NULL && sl->idx >= a && sl->idx < b) ote__shm_set_st(m, sl->idx, st);
-    }
-}
-
 void ote__shm_fread_settle(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b) {
     const ote__host_t *h = &s->tp->host;
     shm_frwin_t *w = s->frw;
@@ -327,14 +332,11 @@ void ote__shm_fread_settle(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b) {
         shm_fr_slot_t *sl = &w->slot[k];
         if (atomic_load(&sl->state) == FR_FREE) continue;
         if (m != NULL && (sl->m != m || sl->idx < a || sl->idx >= b)) continue;
-        ote_status_t ws = fr_wait(s, sl);
-        if (ws != OTE_OK) {
-            fw_abandon(w, m, a, b, ws);
-            return;
-        }
-        /* A WRITE's write ended: its outcome is its piece's. A READ's piece was canceled
-         * or lost. */
-        if (sl->write && m != NULL) ote__shm_set_st(m, sl->idx, sl->st);
+        if (fr_wait(s, sl) != OTE_OK) return; /* the window is left to its I/O */
+        /* A WRITE's write ended: its outcome is its piece's, whatever came meanwhile (a
+         * CANCEL after the write started finds its bytes moved). A READ's piece was
+         * canceled or lost. */
+        if (sl->write && m != NULL) atomic_store(&m->st[sl->idx], (int32_t)sl->st);
         sl->write = 0;
         h->file.bounce_put(h->file.arg, sl->tok);
         sl->tok = NULL;

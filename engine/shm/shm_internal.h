@@ -414,7 +414,9 @@ typedef struct {
         uint8_t b[sizeof(shm_hdr_t) + SHM_BATCH_MAX * sizeof(shm_req_t)];
     } in;
     void *pin[SHM_BATCH_MAX];
-    _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins */
+    _Atomic int32_t st[SHM_BATCH_MAX]; /* the first error of each entry wins (a file
+                                        * WRITE's outcome replaces it once its write ran:
+                                        * shm_fread.c) */
     uint8_t ipc[SHM_BATCH_MAX];        /* answered by an SHM_IPC_OFFER (offer[i]) */
     ote__ipc_desc_t offer[SHM_BATCH_MAX];
     int offer_fd[SHM_BATCH_MAX];     /* a VMM offer's fd (sent with it, then closed), else -1 */

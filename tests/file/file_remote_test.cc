@@ -654,15 +654,16 @@ TEST_P(FileShmTest, ManyWritesAndAWriteError) {
 
 // shm writes ahead across messages (shm_fread.c, fw_settle_ahead): four WRITEs of 4 MiB
 // (slices of 4 MiB: one message each). The first one's write is held (file.stall, the
-// source's 3 s deadline); meanwhile the second one's bytes land in the file, which the
+// source's 6 s deadline); meanwhile the second one's bytes land in the file, which the
 // source could not do before the first message settled. The third overlaps the held
-// range, so it waits, and so does the fourth behind it (order). At the end the first
-// fails (its deadline) and the others hold their bytes.
+// range, so it waits, and so does the fourth behind it (order): one read of the file,
+// done inside the hold, shows the second's bytes and neither the third's nor the
+// fourth's. At the end the first fails (its deadline) and the others hold their bytes.
 TEST_P(FileShmTest, WritesOfLaterMessagesGoAhead) {
     const uint64_t kMiB = 1u << 20, n = 16 * kMiB;
     std::string path = TmpPath((std::string("shm_ahead_") + GetParam() + ".bin").c_str());
     MakeFile(path, n);
-    ASSERT_NO_FATAL_FAILURE(Connect(ShmEngine({{"transfer_timeout_ms", "3000"}}),
+    ASSERT_NO_FATAL_FAILURE(Connect(ShmEngine({{"transfer_timeout_ms", "6000"}}),
                                     ShmEngine({{"slice_size", "4M"}}), path, 0, n,
                                     OTE_PERM_READ | OTE_PERM_WRITE));
     const uint64_t offs[4] = {0, 4 * kMiB, 0, 12 * kMiB}; // held, ahead, overlaps, behind
@@ -680,23 +681,39 @@ TEST_P(FileShmTest, WritesOfLaterMessagesGoAhead) {
         ote_request_t r{OTE_WRITE, bufs[i].data(), seg_, a_ + offs[i], bufs[i].size()};
         ASSERT_EQ(ote_batch_submit(bs[i], &r, 1), OTE_OK);
     }
-    // Up to 2.5 s, inside the first write's 3 s hold: the second one's bytes in the file.
+    // Within 4 s, inside the first write's 6 s hold (it starts after t0).
     auto held = [&]() {
-        return std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2500);
+        return std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(4000);
     };
-    bool ahead = false;
+    // Whether got holds v at every offset of at (none: at none of them).
+    auto all = [&](const std::vector<uint8_t> &got, std::initializer_list<uint64_t> at, uint8_t v) {
+        for (uint64_t x : at)
+            if (got[x] != v) return false;
+        return true;
+    };
+    auto none = [&](const std::vector<uint8_t> &got, std::initializer_list<uint64_t> at,
+                    uint8_t v) {
+        for (uint64_t x : at)
+            if (got[x] == v) return false;
+        return true;
+    };
+    bool ahead = false, in_hold = false;
+    std::vector<uint8_t> got;
     while (!ahead && held()) {
-        std::vector<uint8_t> got = ReadFile(path, n);
-        ahead = got[4 * kMiB] == 0x22 && got[8 * kMiB - 1] == 0x22;
+        got = ReadFile(path, n);
+        in_hold = held();
+        ahead = all(got, {4 * kMiB, 5 * kMiB + 3, 8 * kMiB - 1}, 0x22);
         if (!ahead) usleep(10 * 1000);
     }
     EXPECT_TRUE(ahead) << "the second message's write did not go ahead of the held first";
     if (ahead) {
-        std::vector<uint8_t> got = ReadFile(path, n);
-        if (held()) { // read while the first write is still held: nothing after the overlap
-            EXPECT_EQ(got[0], Pat(0));
-            EXPECT_EQ(got[12 * kMiB], Pat(12 * kMiB));
-        }
+        EXPECT_TRUE(in_hold) << "inconclusive: the file was read after 4 s";
+        // (A ring's slices are at most 2 MiB: the first WRITE is two pieces there, and only
+        // its first is held, so its second half may hold its bytes already.)
+        EXPECT_TRUE(none(got, {0, 2 * kMiB, 4 * kMiB - 1}, 0x33))
+            << "the overlapping third went ahead";
+        EXPECT_TRUE(none(got, {12 * kMiB, 14 * kMiB, 16 * kMiB - 1}, 0x44))
+            << "the fourth went ahead of the third";
     }
     EXPECT_EQ(ote_fault_failures("file.stall"), 1u);
     ote_fault_disarm("file.stall");
@@ -711,7 +728,7 @@ TEST_P(FileShmTest, WritesOfLaterMessagesGoAhead) {
         }
     }
     for (int i = 1; i < 4; i++) EXPECT_EQ(ote_batch_destroy(bs[i]), OTE_OK);
-    std::vector<uint8_t> got = ReadFile(path, n);
+    got = ReadFile(path, n);
     for (uint64_t x = 0; x < n; x++) {
         uint8_t want = x < 4 * kMiB ? 0x33 : x < 8 * kMiB ? 0x22 : x < 12 * kMiB ? Pat(x) : 0x44;
         ASSERT_EQ(got[x], want) << x;
