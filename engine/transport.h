@@ -255,6 +255,11 @@ typedef struct {
     ote_status_t (*bounce_io_start)(void *arg, void *tok, int to_file, uint64_t addr, uint32_t len,
                                     ote_deadline_t dl, void (*done)(void *, ote_status_t),
                                     void *done_arg);
+    /* 1 when tok's buffer is one the pool keeps (the same memory until the file owner's
+     * destroy, which the engine runs after the transports'): *base_out, *size_out the
+     * whole buffer (the RDMA source registers it once per device and keeps the MR); 0
+     * for a buffer freed when given back. */
+    int (*bounce_kept)(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out);
 } ote__file_ops_t;
 
 /* Services of the engine that the source side of a transport uses. */

@@ -483,8 +483,13 @@ static void bounce_put(void *arg, void *tok) {
     ote__fbpool_put(&f->bounce, tok, files_io(f));
 }
 
+static int bounce_kept(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out) {
+    (void)arg;
+    return ote__fbpool_kept(tok, base_out, size_out);
+}
+
 ote__file_ops_t ote__files_services(ote__files_t *f) {
-    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put, bounce_io_start};
+    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put, bounce_io_start, bounce_kept};
 }
 
 /* ---- the local segment's slices ----------------------------------------------------- */

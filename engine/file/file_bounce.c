@@ -2,9 +2,15 @@
  * engine/file/file_bounce.c - the pool of bounce buffers through which a transport's
  * source serves file registrations to peers (host->file's bounce_get / bounce_put): 4 KiB-
  * aligned buffers, so that an aligned slice goes O_DIRECT, in power-of-two size classes
- * from 4 KiB to 64 MiB, up to OTE__FILE_BOUNCE_KEEP free ones kept per class, reused
- * instead of an allocation per slice. A buffer over the largest class is allocated for its
- * slice alone and freed when given back. A pooled buffer is registered with the I/O
+ * from 4 KiB to 64 MiB, reused instead of an allocation per slice. The first
+ * OTE__FILE_BOUNCE_KEEP buffers made in a class are kept: given back, they wait in the
+ * pool for the next slice, and only ote__fbpool_fini (the file owner's destroy, after the
+ * transports') frees them, so that the RDMA source registers an MR over each once per
+ * device and keeps it (host->file.bounce_kept). A buffer made while a class's kept ones
+ * are all out is a spare: given back, it waits on a list of its own (up to
+ * OTE__FILE_BOUNCE_KEEP free ones per class, the others freed), is never reported kept,
+ * and is taken only when no kept one is free. One over the largest class serves its
+ * slice alone and is freed when given back. A pooled buffer is registered with the I/O
  * engine's ring as a fixed buffer when made (ote__fio_buf_add; refused: a plain one), its
  * slot emptied before it is freed. Thread-safe: sources of several workers share it.
  */
@@ -23,7 +29,9 @@ static int bounce_class(uint32_t len) {
 ote_status_t ote__fbpool_init(ote__fbpool_t *p) {
     for (int c = 0; c < OTE__FILE_BOUNCE_CLASSES; c++) {
         p->free[c] = NULL;
-        p->nfree[c] = 0;
+        p->spare[c] = NULL;
+        p->nspare[c] = 0;
+        p->nkept[c] = 0;
     }
     return ote_mutex_init(&p->mu);
 }
@@ -34,14 +42,20 @@ static void fbuf_free(ote__fbuf_t *b, ote__fio_t *io) {
     ote_free(b);
 }
 
+static void free_list(ote__fbuf_t **l) {
+    while (*l != NULL) {
+        ote__fbuf_t *b = *l;
+        *l = b->next;
+        fbuf_free(b, NULL); /* the I/O engine is gone, its ring's table with it */
+    }
+}
+
 void ote__fbpool_fini(ote__fbpool_t *p) {
     for (int c = 0; c < OTE__FILE_BOUNCE_CLASSES; c++) {
-        while (p->free[c] != NULL) {
-            ote__fbuf_t *b = p->free[c];
-            p->free[c] = b->next;
-            fbuf_free(b, NULL); /* the I/O engine is gone, its ring's table with it */
-        }
-        p->nfree[c] = 0;
+        free_list(&p->free[c]);
+        free_list(&p->spare[c]);
+        p->nspare[c] = 0;
+        p->nkept[c] = 0;
     }
     ote_mutex_destroy(&p->mu);
 }
@@ -54,7 +68,9 @@ ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len, ote__fio_t *io) {
         b = p->free[c];
         if (b != NULL) {
             p->free[c] = b->next;
-            p->nfree[c]--;
+        } else if ((b = p->spare[c]) != NULL) {
+            p->spare[c] = b->next;
+            p->nspare[c]--;
         }
         ote_mutex_unlock(&p->mu);
         if (b != NULL) return b;
@@ -71,6 +87,14 @@ ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len, ote__fio_t *io) {
     }
     b->cls = c;
     b->cap = cap;
+    if (c >= 0) {
+        ote_mutex_lock(&p->mu);
+        if (p->nkept[c] < OTE__FILE_BOUNCE_KEEP) {
+            p->nkept[c]++;
+            b->kept = 1;
+        }
+        ote_mutex_unlock(&p->mu);
+    }
     b->fixbuf = c >= 0 ? ote__fio_buf_add(io, b->data, (size_t)cap) : -1; /* pooled ones */
     return b;
 }
@@ -78,14 +102,25 @@ ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len, ote__fio_t *io) {
 void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b, ote__fio_t *io) {
     if (b->cls >= 0) {
         ote_mutex_lock(&p->mu);
-        if (p->nfree[b->cls] < OTE__FILE_BOUNCE_KEEP) {
+        b->reg = NULL;
+        if (b->kept) {
             b->next = p->free[b->cls];
-            b->reg = NULL;
             p->free[b->cls] = b;
-            p->nfree[b->cls]++;
+            b = NULL;
+        } else if (p->nspare[b->cls] < OTE__FILE_BOUNCE_KEEP) {
+            b->next = p->spare[b->cls];
+            p->spare[b->cls] = b;
+            p->nspare[b->cls]++;
             b = NULL;
         }
         ote_mutex_unlock(&p->mu);
     }
     if (b != NULL) fbuf_free(b, io);
+}
+
+int ote__fbpool_kept(const ote__fbuf_t *b, uint8_t **base_out, uint64_t *size_out) {
+    if (!b->kept) return 0;
+    *base_out = b->data;
+    *size_out = b->cap;
+    return 1;
 }

@@ -51,7 +51,9 @@ typedef struct ote__freg {
 /* What one slice is while the file owner holds it: its record in the slice's transport
  * scratch (ote__slice_t.xp), from submit until done(). */
 /* Bounce buffers of peers' slices (file_bounce.c): 4 KiB-aligned, in power-of-two classes
- * of 4 KiB .. 64 MiB, up to OTE__FILE_BOUNCE_KEEP free ones kept per class. */
+ * of 4 KiB .. 64 MiB; the first OTE__FILE_BOUNCE_KEEP made in a class are kept (given
+ * back to the pool, freed only by ote__fbpool_fini), the others spares (up to
+ * OTE__FILE_BOUNCE_KEEP free ones per class wait for reuse, the rest freed). */
 #define OTE__FILE_BOUNCE_CLASSES 15
 #define OTE__FILE_BOUNCE_KEEP 32
 
@@ -63,6 +65,7 @@ typedef struct ote__fbuf {
     uint64_t cap;           /* bytes at data */
     uint8_t *data;          /* OTE__FILE_DIO_ALIGN-aligned */
     int fixbuf;             /* its io_uring fixed-buffer slot, -1: a plain buffer */
+    int kept;               /* one of its class's kept buffers (freed only by the fini) */
     /* bounce_io_start: the read as a slice of the I/O engine (its fop in slice.xp) and
      * whom to tell when it ends. */
     ote__slice_t slice;
@@ -72,8 +75,10 @@ typedef struct ote__fbuf {
 
 typedef struct {
     ote_mutex_t mu;
-    ote__fbuf_t *free[OTE__FILE_BOUNCE_CLASSES];
-    uint32_t nfree[OTE__FILE_BOUNCE_CLASSES];
+    ote__fbuf_t *free[OTE__FILE_BOUNCE_CLASSES];  /* kept buffers given back */
+    ote__fbuf_t *spare[OTE__FILE_BOUNCE_CLASSES]; /* spares given back */
+    uint32_t nspare[OTE__FILE_BOUNCE_CLASSES];
+    uint32_t nkept[OTE__FILE_BOUNCE_CLASSES]; /* kept buffers made so far */
 } ote__fbpool_t;
 
 ote_status_t ote__fbpool_init(ote__fbpool_t *p);
@@ -85,6 +90,9 @@ struct ote__fio;
 ote__fbuf_t *ote__fbpool_get(ote__fbpool_t *p, uint32_t len, struct ote__fio *io);
 /* io: the same engine (its slot emptied when the buffer is freed), NULL once it is gone. */
 void ote__fbpool_put(ote__fbpool_t *p, ote__fbuf_t *b, struct ote__fio *io);
+/* 1 when b is a kept buffer (its memory the same until ote__fbpool_fini): *base_out and
+ * *size_out the whole buffer; 0 otherwise. */
+int ote__fbpool_kept(const ote__fbuf_t *b, uint8_t **base_out, uint64_t *size_out);
 
 typedef enum {
     FOP_QUEUED = 0, /* waiting for a queue slot (or a pool thread) */

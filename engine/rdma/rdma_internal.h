@@ -539,8 +539,9 @@ struct ote__rdma_tp {
     ote__tpeer_t *peers;       /* open requester peers (notification deadlines) */
     ote__acct_set_t accts;     /* source: accounts of requests, by connection, under mu */
     struct rdma_stage *stages; /* source: staged WRITEs answered OK (rdma_stage.c), under mu */
-    struct rdma_stage_mr *stage_mrs; /* source: pool chunks' MRs (rdma_stage_mrs.c), under mu */
+    struct rdma_stage_mr *stage_mrs; /* source: kept bounces' MRs (rdma_stage_mrs.c), under mu */
     _Atomic uint64_t stage_mrs_made; /* ... registered so far */
+    _Atomic uint64_t stage_tmp_mrs;  /* temporary MRs over a grant's bounce, so far */
     uint64_t epoch;                  /* host->epoch, sent in INFO / INFO_ACK (read-only) */
     _Atomic uint32_t dev_gen;        /* monitor: +1 each time a data device comes up */
     struct ote__rdma_tp *live_next;  /* rdma_test.c (test-only): the process's transports */

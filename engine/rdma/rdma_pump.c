@@ -67,7 +67,7 @@ static void pump(ote__tpeer_t *p) {
 
 /* The chunk and depth of a staged run (gpu_staging_chunk, gpu_staging_depth), and whether
  * the run from s is of a request the source serves staged (p->staged). Under p->mu. */
-static uint64_t stage_chunk(const rdma_tp_t *tp) {
+uint64_t ote__rdma_stage_run_chunk(const rdma_tp_t *tp) {
     return tp->cfg.gpu_staging_chunk != 0 ? tp->cfg.gpu_staging_chunk : (2u << 20);
 }
 
@@ -100,7 +100,8 @@ static ote__slice_t *run_take(const rdma_tp_t *tp, const ote__tpeer_t *p, ote__s
                               uint64_t *rlen) {
     uint64_t cap = tp->cfg.rdma_grant_max;
     if (cap == 0 || cap > OTE_GRANT_MAX_LEN) cap = OTE_GRANT_MAX_LEN;
-    if (staged_run(p, s) && stage_chunk(tp) < cap) cap = stage_chunk(tp);
+    if (staged_run(p, s) && ote__rdma_stage_run_chunk(tp) < cap)
+        cap = ote__rdma_stage_run_chunk(tp);
     /* Never more than the engine-wide limit of bytes in flight (one slice at least). */
     if (tp->cfg.rdma_max_inflight != 0 && tp->cfg.rdma_max_inflight < cap)
         cap = tp->cfg.rdma_max_inflight;
@@ -232,7 +233,7 @@ static run_next_t run_place(ote__tpeer_t *p, ote__slice_t *s, ote__slice_t **las
     if (over_cap(tp, *rlen)) return RUN_WAIT; /* an ending run kicks the pump thread */
     uint64_t window = tp->cfg.rdma_grant_max > OTE__RDMA_NIC_WINDOW ? tp->cfg.rdma_grant_max
                                                                     : OTE__RDMA_NIC_WINDOW;
-    if (staged_run(p, s)) window = stage_chunk(tp) * stage_depth(tp);
+    if (staged_run(p, s)) window = ote__rdma_stage_run_chunk(tp) * stage_depth(tp);
     uint32_t mask = 0;
     uint64_t busy = 0;
     for (uint32_t i = 0; i < tp->nnics; i++) {

@@ -41,16 +41,18 @@
  * protocol around it.
  *
  * A file registration (docs/files.md, "Peers") is staged the same way through the file
- * owner's bounce buffers (host->file): bounce_get for the buffer (its pool, with a
- * temporary MR per grant: a pooled bounce may be freed by the owner once given back, so
- * no MR of it is kept). The file range is read into it (READ, and a WRITE's initial
- * copy) as the device's bytes are copied: without waiting (bounce_io_start, bounded by
- * the grant's deadline), the grant served by rdma_source.c's src_copied from the read's
- * end on the file owner's reaper or pool thread, while the server thread serves the next
- * GRANT_REQ. A landed WRITE's bounce is written to the file (and fdatasync'd with
- * file_sync=data) the same way (bounce_io_start, to_file 1), as a device copy back is
- * started: the thread that ends the grant goes on, and its COMMIT goes from the write's
- * end on the file owner's thread.
+ * owner's bounce buffers (host->file): bounce_get for the buffer; one the owner keeps
+ * (bounce_kept: the first OTE__FILE_BOUNCE_KEEP of its size class, the same memory until
+ * the owner's destroy, which the engine runs after the transports') has its MR kept per
+ * device as a pool chunk's, any other a temporary MR for its grant. The file range is
+ * read into it (READ, and a WRITE's initial copy) as the device's bytes are copied:
+ * without waiting (bounce_io_start, bounded by the grant's deadline), the grant served
+ * by rdma_source.c's src_copied from the read's end on the file owner's reaper or pool
+ * thread, while the server thread serves the next GRANT_REQ. A landed WRITE's bounce is
+ * written to the file (and fdatasync'd with file_sync=data) the same way
+ * (bounce_io_start, to_file 1), as a device copy back is started: the thread that ends
+ * the grant goes on, and its COMMIT goes from the write's end on the file owner's
+ * thread.
  */
 #include <stdint.h>
 #include <string.h>
@@ -69,7 +71,7 @@ struct rdma_stage {
     uint64_t len;
     struct ibv_mr *mr;
     int cached; /* mr is its pool chunk's, kept (rdma_stage_mrs.c); else ours, temporary */
-    int file;   /* a file registration's: tok is host->file's, the copies synchronous */
+    int file;   /* a file registration's: tok is host->file's */
     /* A WRITE: the device range its bytes go to once they landed, and its COMMIT's
      * destination (a reference on c; req_id = the grant's wire id). Listed in tp->stages
      * (under tp->mu) from its answer to its end, under (nic, qpn, rkey), so that its
@@ -149,29 +151,40 @@ static ote_status_t stage_buffer(rdma_tp_t *tp, rdma_stage_t *st, void *reg_pin)
                               : tp->host.gpu.stage_pooled(tp->host.gpu.arg, reg_pin, (uint32_t)len,
                                                           &st->buf, &st->tok);
     if (s != OTE_OK) return s;
-    /* A pool chunk: its MR in this device, registered at its first use and kept. Heap
-     * memory (larger than a chunk, or while a chunk is parked): a temporary MR. */
+    /* A pool chunk, or a bounce the file owner keeps (up to a staged run's grant: a first
+     * grant larger than that gets its MR for itself, so that the MRs kept pin at most
+     * 32 of each class up to the run's chunk): its MR in this device, registered at its
+     * first use and kept. Heap memory (larger than a chunk, or while a chunk is parked), a
+     * file bounce the owner frees when given back, or a kept one whose MR could not be
+     * made: a temporary MR. */
     uint8_t *cbase = NULL;
     uint64_t csize = 0;
-    if (!st->file && tp->host.gpu.stage_chunk != NULL &&
-        tp->host.gpu.stage_chunk(tp->host.gpu.arg, st->tok, &cbase, &csize) && cbase <= st->buf &&
-        (uint64_t)(st->buf - cbase) + len <= csize) {
+    int chunk = st->file
+                    ? tp->host.file.bounce_kept != NULL &&
+                          tp->host.file.bounce_kept(tp->host.file.arg, st->tok, &cbase, &csize) &&
+                          csize <= ote__rdma_stage_run_chunk(tp)
+                    : tp->host.gpu.stage_chunk != NULL &&
+                          tp->host.gpu.stage_chunk(tp->host.gpu.arg, st->tok, &cbase, &csize);
+    if (chunk && cbase <= st->buf && (uint64_t)(st->buf - cbase) + len <= csize) {
         s = ote__rdma_stage_chunk_mr(tp, nic, cbase, csize, &st->mr);
-        if (s != OTE_OK) {
-            stage_put(tp, st);
-            return s;
+        if (s == OTE_OK) {
+            st->cached = 1;
+            return OTE_OK;
         }
-        st->cached = 1;
-    } else {
-        s = ote_buffer_mr_reg(tp->bm, nic->ctx, st->buf, len,
-                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, NULL, &st->mr);
-        if (s != OTE_OK) {
-            OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: %s",
-                     ote_context_name(nic->ctx), (unsigned long long)len, ote_status_str(s));
+        if (!st->file) {
             stage_put(tp, st);
             return s;
         }
     }
+    s = ote_buffer_mr_reg(tp->bm, nic->ctx, st->buf, len,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, NULL, &st->mr);
+    if (s != OTE_OK) {
+        OTE_WARN("rdma", "%s: MR over a %llu-byte bounce buffer failed: %s",
+                 ote_context_name(nic->ctx), (unsigned long long)len, ote_status_str(s));
+        stage_put(tp, st);
+        return s;
+    }
+    atomic_fetch_add(&tp->stage_tmp_mrs, 1);
     return OTE_OK;
 }
 
@@ -269,7 +282,8 @@ static void file_bounce_released(void *owner, void *tok) {
  * back nor reused before). A pool chunk's MR stays (its window is dead by now). */
 static void stage_release(rdma_tp_t *tp, rdma_stage_t *st) {
     if (st->cached) {
-        bounce_released(tp, st->tok);
+        if (st->file) file_bounce_released(tp, st->tok);
+        else bounce_released(tp, st->tok);
     } else {
         ote_status_t s =
             ote_buffer_mr_drop(tp->bm, st->nic->ctx, st->mr,

@@ -21,8 +21,11 @@ ote_status_t ote__rdma_stage_take(rdma_tp_t *tp, rdma_nic_t *nic, void *reg_pin,
                                   rdma_stage_t **st_out);
 ote_status_t ote__rdma_stage_copy_start(rdma_tp_t *tp, rdma_stage_t *st,
                                         void (*done)(void *, ote_status_t), void *arg);
-/* rdma_stage_mrs.c: the MR of the pool chunk [base, +size) in nic's PD, registered at
- * its first use and kept (local-only, MW-bindable). The teardown drops them all (one
+/* rdma_pump.c: the most a requester puts in one grant of a staged run (gpu_staging_chunk,
+ * 2 MiB when 0); the source keeps MRs over file bounces up to this size only. */
+uint64_t ote__rdma_stage_run_chunk(const rdma_tp_t *tp);
+/* rdma_stage_mrs.c: the MR of the pool chunk or kept file bounce [base, +size) in nic's
+ * PD, registered at its first use and kept (local-only, MW-bindable). The teardown drops them all (one
  * that would not deregister is an orphan of tp->bm, retried by its reclaim). */
 typedef struct rdma_stage_mr rdma_stage_mr_t;
 ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *base, uint64_t size,

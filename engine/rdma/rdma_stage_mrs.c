@@ -1,10 +1,12 @@
 /*
- * engine/rdma/rdma_stage_mrs.c - the MRs of the pinned pool's chunks that the source's
- * staged grants use as bounce buffers (rdma_stage.c): each chunk is registered once per
- * data device, at its first use there, and its MR is kept for the transport's life (the
- * pool's chunks are the same pinned memory until the engine's destroy, which destroys
- * the transports before the pool). A registration costs pinning and translation setup
- * on a real NIC; a pooled grant now costs none.
+ * engine/rdma/rdma_stage_mrs.c - the MRs of the bounce buffers that the source's staged
+ * grants use and their owner keeps (rdma_stage.c): the pinned pool's chunks (device
+ * memory) and the file owner's kept bounces (file registrations). Each is registered once
+ * per data device, at its first use there, and its MR is kept for the transport's life
+ * (the chunks are the same pinned memory until the engine's destroy, and the kept file
+ * bounces until the file owner's destroy: the engine destroys the transports before
+ * both). A registration costs pinning and translation setup on a real NIC; a grant on a
+ * kept bounce now costs none.
  *
  * The MR is local-only and MW-bindable (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, as
  * the host registrations' MRs of rdma.c): its own rkey grants no remote access. A peer
@@ -12,9 +14,10 @@
  * grant's bytes after their copy into the chunk completed and dead before the chunk goes
  * back to the pool, so a chunk used again never shows the bytes of an earlier grant.
  *
- * At most one entry per (device, chunk): bounded by the pool's chunks times the data
- * devices. Listed under tp->mu; a chunk is held by one grant at a time, so two threads
- * never register the same one (a second registration found listed would be dropped).
+ * At most one entry per (device, chunk): bounded by the pool's chunks and the file
+ * owner's kept bounces times the data devices. Listed under tp->mu; a chunk is held by
+ * one grant at a time, so two threads never register the same one (a second
+ * registration found listed would be dropped).
  * The MRs are single MRs of the transport's buffer manager (context/buffers.h). The
  * teardown drops them once no window can be bound (after the grant managers and the
  * endpoints are gone, before the PDs): one that will not deregister becomes the
@@ -50,8 +53,8 @@ static void drop_mr(rdma_tp_t *tp, rdma_stage_mr_t *m) {
     ote_status_t st = ote_buffer_mr_drop(tp->bm, m->nic->ctx, m->mr, NULL, NULL, NULL);
     if (st != OTE_OK)
         OTE_ERROR("rdma",
-                  "%s: dereg of the MR over a %llu-byte staging chunk at %p failed (%s): the "
-                  "MR is retained (the pool's memory stays with the engine)",
+                  "%s: dereg of the MR over a %llu-byte staging chunk or file bounce at %p "
+                  "failed (%s): the MR is retained (the pool's memory stays with the engine)",
                   ote_context_name(m->nic->ctx), (unsigned long long)m->size, (void *)m->base,
                   ote_status_str(st));
     ote_free(m);
@@ -74,7 +77,7 @@ ote_status_t ote__rdma_stage_chunk_mr(rdma_tp_t *tp, rdma_nic_t *nic, uint8_t *b
     ote_status_t st = ote_buffer_mr_reg(tp->bm, nic->ctx, base, size,
                                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, NULL, &m->mr);
     if (st != OTE_OK) {
-        OTE_WARN("rdma", "%s: MR over a %llu-byte staging chunk failed: %s",
+        OTE_WARN("rdma", "%s: MR over a %llu-byte staging chunk or file bounce failed: %s",
                  ote_context_name(nic->ctx), (unsigned long long)size, ote_status_str(st));
         ote_free(m);
         return st;

@@ -95,6 +95,7 @@ ote_status_t ote__rdma_test_grants(const char *engine_addr, ote__rdma_test_grant
         r.src_copies = (uint64_t)atomic_load(&tp->src_copies);
         r.src_stages = (uint64_t)atomic_load(&tp->src_stages);
         r.src_stage_mrs = atomic_load(&tp->stage_mrs_made);
+        r.src_stage_tmp_mrs = atomic_load(&tp->stage_tmp_mrs);
         r.direct_mrs = atomic_load(&tp->direct_mrs);
         r.direct_served = atomic_load(&tp->direct_served);
         r.direct_redirects = atomic_load(&tp->direct_redirects);

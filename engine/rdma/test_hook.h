@@ -91,7 +91,8 @@ typedef struct {
      * runs now (rdma_source.c, rdma_stage.c); bounce buffers with their MR held now. */
     uint64_t src_copies;
     uint64_t src_stages;
-    uint64_t src_stage_mrs; /* pool chunks' MRs registered so far (rdma_stage_mrs.c) */
+    uint64_t src_stage_mrs;     /* kept bounces' MRs registered so far (rdma_stage_mrs.c) */
+    uint64_t src_stage_tmp_mrs; /* temporary MRs over one grant's bounce, so far */
     /* rdma_grant_mode (rdma_direct.c): 1 when this source grants host memory by exact
      * MRs; exact MRs deregistered in all (direct_served - direct_released ==
      * direct_mrs), and those of direct_served over host memory. */

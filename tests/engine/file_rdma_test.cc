@@ -66,9 +66,14 @@ class FileRdmaTest : public ote_test::OteTest, public ::testing::WithParamInterf
         if (!path_.empty()) unlink(path_.c_str());
         OteTest::TearDown();
     }
-    static ote_engine_t *Engine(const char *file_sync, const char *timeout_ms = "20000") {
+    // device: rdma_device (nullptr: every device of the sim).
+    static ote_engine_t *Engine(const char *file_sync, const char *timeout_ms = "20000",
+                                const char *device = nullptr) {
         ote_config_t *cfg = ote_test::RdmaConfig(timeout_ms);
         EXPECT_EQ(ote_config_set(cfg, "file_sync", file_sync), OTE_OK);
+        if (device != nullptr) {
+            EXPECT_EQ(ote_config_set(cfg, "rdma_device", device), OTE_OK);
+        }
         ote_engine_t *e = nullptr;
         EXPECT_EQ(ote_engine_create(cfg, &e), OTE_OK);
         ote_config_destroy(cfg);
@@ -92,8 +97,8 @@ class FileRdmaTest : public ote_test::OteTest, public ::testing::WithParamInterf
         ASSERT_EQ(write(fd, b.data(), n), static_cast<ssize_t>(n));
         close(fd);
         n_ = n;
-        src_ = Engine(file_sync, src_timeout_ms);
-        req_ = Engine("none", req_timeout_ms);
+        src_ = Engine(file_sync, src_timeout_ms, device_);
+        req_ = Engine("none", req_timeout_ms, device_);
         ASSERT_NE(src_, nullptr);
         ASSERT_NE(req_, nullptr);
         ASSERT_EQ(ote_file_register(src_, path_.c_str(), -1, off, len, perms, "kv", &faddr_),
@@ -159,6 +164,7 @@ class FileRdmaTest : public ote_test::OteTest, public ::testing::WithParamInterf
     ote_segment_t *seg_ = nullptr;
     uint64_t faddr_ = 0, n_ = 0;
     std::string path_;
+    const char *device_ = nullptr; // Open's engines: rdma_device (nullptr: all)
 };
 
 // READ and WRITE of 4 KiB (aligned: O_DIRECT where the file system takes it), an odd
@@ -208,6 +214,56 @@ TEST_P(FileRdmaTest, ReadsAndWritesBytesChecked) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FileSync, FileRdmaTest, ::testing::Values("none", "data"));
+
+// The file owner keeps its first bounces of each size class (file_bounce.c) and the
+// source keeps an MR over each per device (rdma_stage_mrs.c): after a first round of
+// READs and WRITEs (1 MiB aligned and 12,345 bytes at an odd offset, every byte checked),
+// two more rounds register no MR at all, kept or temporary. One device (sim0), so that
+// the selector's choice of device cannot bring a first use in a later round.
+TEST_F(FileRdmaTest, KeptBouncesKeepTheirMrs) {
+    const uint64_t n = 8u << 20;
+    device_ = "sim0";
+    ASSERT_NO_FATAL_FAILURE(Open(n, 0, n, OTE_PERM_READ | OTE_PERM_WRITE));
+    struct Case {
+        uint64_t at;
+        size_t len;
+    };
+    const Case cases[] = {{1u << 20, 1u << 20}, {3 * (1u << 20) + 7, 12345}};
+    uint64_t made1 = 0, tmp1 = 0;
+    for (int round = 0; round < 3; round++) {
+        for (const Case &c : cases) {
+            SCOPED_TRACE("round " + std::to_string(round) + ", " + std::to_string(c.len));
+            std::vector<uint8_t> buf(c.len);
+            for (size_t i = 0; i < c.len; i++) buf[i] = static_cast<uint8_t>(Pat(i) ^ (round + 1));
+            ote_transfer_status_t s = Run(OTE_WRITE, buf.data(), faddr_ + c.at, c.len);
+            ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+            std::vector<uint8_t> back(c.len, 0);
+            s = Run(OTE_READ, back.data(), faddr_ + c.at, c.len);
+            ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+            ASSERT_EQ(back, buf);
+        }
+        ExpectBouncesBack();
+        if (round == 0) {
+            made1 = Grants(src_).src_stage_mrs;
+            tmp1 = Grants(src_).src_stage_tmp_mrs;
+        }
+    }
+    ote__rdma_test_grants_t g = Grants(src_);
+    printf("kept-bounce MRs registered: %llu (after the first round %llu); temporary MRs %llu\n",
+           static_cast<unsigned long long>(g.src_stage_mrs), static_cast<unsigned long long>(made1),
+           static_cast<unsigned long long>(g.src_stage_tmp_mrs));
+    EXPECT_GE(made1, 2u) << "a kept bounce of each size class";
+    EXPECT_EQ(g.src_stage_mrs, made1) << "no MR registered after the first round";
+    EXPECT_EQ(tmp1, 0u);
+    EXPECT_EQ(g.src_stage_tmp_mrs, 0u);
+    std::vector<uint8_t> got = ReadFile();
+    for (uint64_t i = 0; i < n; i++) {
+        uint8_t want = Pat(i);
+        for (const Case &c : cases)
+            if (i >= c.at && i < c.at + c.len) want = static_cast<uint8_t>(Pat(i - c.at) ^ 3);
+        ASSERT_EQ(got[i], want) << i;
+    }
+}
 
 // Outside the registration, straddling its end, or without the permission: refused whole
 // with OTE_ERR_ACCESS, no byte of the file written.
