@@ -23,6 +23,7 @@ extern "C" {
 }
 
 #include "tests/util/test_base.h"
+#include "tests/util/wait.h"
 
 namespace {
 
@@ -681,9 +682,9 @@ TEST_P(FileShmTest, WritesOfLaterMessagesGoAhead) {
         ote_request_t r{OTE_WRITE, bufs[i].data(), seg_, a_ + offs[i], bufs[i].size()};
         ASSERT_EQ(ote_batch_submit(bs[i], &r, 1), OTE_OK);
     }
-    // Within 4 s, inside the first write's 6 s hold (it starts after t0).
+    // Inside the first write's 6 s hold (it starts after t0), with a second to spare.
     auto held = [&]() {
-        return std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(4000);
+        return std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(5000);
     };
     // Whether got holds v at every offset of at (none: at none of them).
     auto all = [&](const std::vector<uint8_t> &got, std::initializer_list<uint64_t> at, uint8_t v) {
@@ -697,17 +698,18 @@ TEST_P(FileShmTest, WritesOfLaterMessagesGoAhead) {
             if (got[x] == v) return false;
         return true;
     };
-    bool ahead = false, in_hold = false;
+    bool in_hold = false;
     std::vector<uint8_t> got;
-    while (!ahead && held()) {
-        got = ReadFile(path, n);
-        in_hold = held();
-        ahead = all(got, {4 * kMiB, 5 * kMiB + 3, 8 * kMiB - 1}, 0x22);
-        if (!ahead) usleep(10 * 1000);
-    }
-    EXPECT_TRUE(ahead) << "the second message's write did not go ahead of the held first";
+    const bool ahead = ote_test::WaitUntil(
+        [&] {
+            got = ReadFile(path, n);
+            in_hold = held();
+            return all(got, {4 * kMiB, 5 * kMiB + 3, 8 * kMiB - 1}, 0x22);
+        },
+        std::chrono::seconds(4), std::chrono::milliseconds(10),
+        "the second message's write to go ahead of the held first");
     if (ahead) {
-        EXPECT_TRUE(in_hold) << "inconclusive: the file was read after 4 s";
+        EXPECT_TRUE(in_hold) << "inconclusive: the file was read after 5 s";
         // (A ring's slices are at most 2 MiB: the first WRITE is two pieces there, and only
         // its first is held, so its second half may hold its bytes already.)
         EXPECT_TRUE(none(got, {0, 2 * kMiB, 4 * kMiB - 1}, 0x33))
