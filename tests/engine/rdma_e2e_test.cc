@@ -240,12 +240,16 @@ TEST(RdmaEngineTest, PinnedDeviceThatDoesNotExistFails) {
 }
 
 TEST_F(RdmaE2eTest, PeerKilledMidTransferFailsWithinDeadline) {
-    size_t len = 64u << 20;
+    // 8 x 12 MiB, each on rw bytes of its own: two WRITEs in flight at once may be served
+    // by two sim threads, which must not write the same bytes.
+    size_t len = 12u << 20;
+    ASSERT_LE(8 * len, target_.rw_len);
     std::vector<uint8_t> src(len, 1);
     ote_batch_t *b = nullptr;
     ASSERT_EQ(ote_batch_create(engine_, 8, &b), OTE_OK);
     std::vector<ote_request_t> r;
-    for (int i = 0; i < 8; i++) r.push_back({OTE_WRITE, src.data(), seg_, target_.rw, len});
+    for (int i = 0; i < 8; i++)
+        r.push_back({OTE_WRITE, src.data(), seg_, target_.rw + i * len, len});
     uint64_t t0 = ote_now_ns();
     ASSERT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
     target_.Kill();
