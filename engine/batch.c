@@ -408,6 +408,7 @@ static void req_cut(ote__req_t *r, const ote_request_t *q, const req_plan_t *p, 
         s->ipc_try = (uint8_t)(p->ipc != 0);
         s->file_io = 0;
         s->local_kind = p->ipc ? p->kind : OTE_MEM_HOST;
+        s->local_reg = r->local_pin != NULL ? &r->local_pin->pin : NULL;
         s->deadline = dl;
         s->end_ns = 0;
         off += len;

@@ -206,7 +206,9 @@ static ote_status_t engine_destroy(ote_engine_t *e) {
     if (again) OTE_INFO("engine", "engine %s: a retried destroy finished", e->self_addr);
     /* After the transports: their bounce buffers are back and the RDMA source's MRs
      * over the pool's chunks deregistered. GPU work the CUDA layer cannot release yet keeps
-     * the engine, as a retained transport does. */
+     * the engine, as a retained transport does. The file owner's cuFile registrations of
+     * device memory go first. */
+    ote__files_release_device(e->files);
     if (e->gpu != NULL) {
         ote_status_t gst = ote__gpu_destroy(e->gpu);
         if (gst != OTE_OK) {

@@ -487,6 +487,9 @@ static ote_status_t unregister_once(ote_engine_t *e, uint64_t start, int may_wai
         /* RDMA hook: an MR that would not deregister keeps the registration (retained). */
     } else {
         victim = e->regs[i];
+        /* What a transport kept of device memory (a cuFile buffer registration) goes
+         * before the range can be registered again. */
+        if (OTE_MEM_IS_CUDA(victim->pin.kind)) ote__files_dev_unregister(e->files, start);
         memmove(&e->regs[i], &e->regs[i + 1], (e->nregs - (size_t)i - 1) * sizeof(*e->regs));
         e->nregs--;
         atomic_store(&e->nregs_hint, e->nregs);

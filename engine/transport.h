@@ -107,6 +107,10 @@ struct ote__slice {
      * 0 for every other transport (the engine hands it over 0). */
     uint8_t file_io;
     uint32_t local_kind;
+    /* The engine's registration that holds the local buffer (pinned by the request until
+     * it ends), or NULL when the buffer lies in none: the file owner keeps a device
+     * registration's cuFile buffer registration across requests (engine/file/gds.c). */
+    const struct ote__pin *local_reg;
     ote_deadline_t deadline;
     /* When the slice ended (CLOCK_MONOTONIC ns), for the request's timing: a transport
      * that ends many slices at once may read the clock once and set this on each before
@@ -146,7 +150,7 @@ typedef struct {
  * the permissions (OTE_PERM_*) it was registered with, its locality (OTE__LOC_*, -1:
  * unknown; ote__mem_loc) and the registration's extent. All set at registration, then
  * read-only. */
-typedef struct {
+typedef struct ote__pin {
     uint32_t kind;
     unsigned perms;
     int loc;

@@ -132,7 +132,7 @@ static int file_open_direct(int fd, const char *what) {
 /* r's O_DIRECT alignment from statx(STATX_DIOALIGN), else OTE__FILE_DIO_ALIGN; why in
  * why (for the registration's DEBUG line). */
 static void file_dio_align(ote__freg_t *r, char *why, size_t cap) {
-    r->dio_mem = r->dio_off = OTE__FILE_DIO_ALIGN;
+    r->dio_mem = r->dio_off = r->dio_woff = OTE__FILE_DIO_ALIGN;
     struct statx sx;
     memset(&sx, 0, sizeof(sx));
     if (statx(r->dfd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) {
@@ -146,11 +146,15 @@ static void file_dio_align(ote__freg_t *r, char *why, size_t cap) {
         r->dio_off = sx.stx_dio_offset_align;
         snprintf(why, cap, "statx");
     }
+    long page = sysconf(_SC_PAGESIZE);
+    r->dio_woff = page > 0 && (uint32_t)page > r->dio_off ? (uint32_t)page : r->dio_off;
 }
 
-int ote__freg_direct(const ote__freg_t *r, uint64_t foff, uint64_t len, const void *buf) {
-    return r->dfd >= 0 && foff % r->dio_off == 0 && len % r->dio_off == 0 &&
-           len % r->dio_mem == 0 && (uintptr_t)buf % r->dio_mem == 0;
+int ote__freg_direct(const ote__freg_t *r, uint64_t foff, uint64_t len, const void *buf,
+                     int write) {
+    uint32_t off = write ? r->dio_woff : r->dio_off;
+    return r->dfd >= 0 && foff % off == 0 && len % off == 0 && len % r->dio_mem == 0 &&
+           (uintptr_t)buf % r->dio_mem == 0;
 }
 
 static int name_ok(const char *name) {
@@ -222,7 +226,7 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     ote__freg_t *r = ote_calloc(1, sizeof(*r));
     if (r == NULL) return OTE_ERR_NOMEM;
     r->fd = r->dfd = r->fix = r->dfix = -1;
-    r->dio_mem = r->dio_off = OTE__FILE_DIO_ALIGN;
+    r->dio_mem = r->dio_off = r->dio_woff = OTE__FILE_DIO_ALIGN;
     r->owner = f;
     r->off = offset;
     r->len = len;
@@ -257,10 +261,10 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
     }
     OTE_DEBUG("file",
               "registered %s [%llu, +%llu) at 0x%llx (%s, O_DIRECT alignment: memory %u, "
-              "offset %u (%s); io_uring fixed files %d, %d)",
+              "offset %u (%s), writes' offset %u; io_uring fixed files %d, %d)",
               r->path, (unsigned long long)offset, (unsigned long long)len,
-              (unsigned long long)r->addr, ote__fio_kind(io), r->dio_mem, r->dio_off, why, r->fix,
-              r->dfix);
+              (unsigned long long)r->addr, ote__fio_kind(io), r->dio_mem, r->dio_off, why,
+              r->dio_woff, r->fix, r->dfix);
     *addr_out = r->addr;
     return OTE_OK;
 }
@@ -397,7 +401,7 @@ static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, u
  * length and buf meet r's alignment (ote__freg_direct), else the buffered one. */
 static ssize_t bounce_rw(const ote__freg_t *r, int to_file, uint8_t *buf, uint32_t len,
                          uint64_t foff) {
-    int direct = ote__freg_direct(r, foff, len, buf);
+    int direct = ote__freg_direct(r, foff, len, buf, to_file);
     int fd = direct ? r->dfd : r->fd;
     return to_file ? pwrite(fd, buf, len, (off_t)foff) : pread(fd, buf, len, (off_t)foff);
 }
@@ -465,7 +469,7 @@ static ote_status_t bounce_io_start(void *arg, void *tok, int to_file, uint64_t 
     op->reg = r;
     op->foff = r->off + (addr - r->addr);
     op->write = to_file != 0; /* then the I/O engine's fdatasync with file_sync=data */
-    op->direct = ote__freg_direct(r, op->foff, len, b->data);
+    op->direct = ote__freg_direct(r, op->foff, len, b->data, to_file);
     op->fixbuf = (uint16_t)(b->fixbuf + 1); /* 0: a plain buffer */
     op->fd = op->direct ? r->dfd : r->fd;
     op->state = FOP_QUEUED;
@@ -556,6 +560,22 @@ static int files_gds_ready(ote__tpeer_t *peer) {
     return ready;
 }
 
+void ote__files_release_device(ote__files_t *f) {
+    if (f == NULL) return;
+    ote_mutex_lock(&f->mu);
+    ote__gds_t *g = f->gds;
+    ote_mutex_unlock(&f->mu);
+    ote__gds_release(g);
+}
+
+void ote__files_dev_unregister(ote__files_t *f, uint64_t start) {
+    if (f == NULL) return;
+    ote_mutex_lock(&f->mu);
+    ote__gds_t *g = f->gds; /* set once, freed only by the owner's destroy */
+    ote_mutex_unlock(&f->mu);
+    ote__gds_dev_unregister(g, start);
+}
+
 /* A device-memory slice (ipc_try, its fop filled) onto the GDS pool; declined with
  * OTE_ERR_UNSUPPORTED (the engine stages it) when the handle or the pool is refused. */
 static void gds_submit(ote__files_t *f, ote__slice_t *s) {
@@ -595,7 +615,7 @@ static void files_submit(ote__tpeer_t *peer, ote__slice_t *list) {
         op->reg = r;
         op->foff = r->off + (s->remote - r->addr);
         op->write = s->op == OTE__SLICE_WRITE;
-        op->direct = ote__freg_direct(r, op->foff, s->len, s->local);
+        op->direct = ote__freg_direct(r, op->foff, s->len, s->local, op->write);
         op->fd = op->direct ? r->dfd : r->fd;
         op->state = FOP_QUEUED;
         ote_status_t fst;

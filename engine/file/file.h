@@ -55,6 +55,13 @@ ote_status_t ote__files_pin(ote__files_t *f, uint64_t addr, uint64_t len, unsign
 void ote__files_unpin(ote__files_t *f, void *pin);
 /* The bounce services of host->file (transport.h). */
 ote__file_ops_t ote__files_services(ote__files_t *f);
+/* The engine's device registration at start is being unregistered (under the registry's
+ * write lock, no request holding it): what the file owner kept of it goes (its cuFile
+ * buffer registration, engine/file/gds.c). f may be NULL. */
+void ote__files_dev_unregister(ote__files_t *f, uint64_t start);
+/* Every cuFile registration kept of device memory goes (the engine's destroy, no segment
+ * open, before the CUDA layer's destroy). f may be NULL. */
+void ote__files_release_device(ote__files_t *f);
 /* The local segment's transport: peer_open ignores its peer argument. */
 ote__transport_t *ote__files_transport(ote__files_t *f);
 

@@ -33,8 +33,11 @@ typedef struct ote__freg {
     int dfd;            /* O_DIRECT, or -1 where the file system refuses it */
     unsigned perms;     /* OTE_PERM_READ / OTE_PERM_WRITE (also in pin) */
     /* O_DIRECT alignment of the memory address, and of the file offset and length, from
-     * statx(STATX_DIOALIGN) at registration (else OTE__FILE_DIO_ALIGN): ote__freg_direct. */
-    uint32_t dio_mem, dio_off;
+     * statx(STATX_DIOALIGN) at registration (else OTE__FILE_DIO_ALIGN): ote__freg_direct.
+     * dio_woff: a write's offset and length alignment, dio_off but at least a page (a
+     * sub-page O_DIRECT write may race a buffered write of the same page's other bytes,
+     * and the page cache's copy of that page then overwrites it at writeback). */
+    uint32_t dio_mem, dio_off, dio_woff;
     /* The io_uring ring's registered-file slots of fd and dfd (IOSQE_FIXED_FILE), -1
      * where the plain descriptor is used (ote__fio_file_add). */
     int fix, dfix;
@@ -175,15 +178,23 @@ void ote__gds_destroy(ote__gds_t *g);
 ote_status_t ote__gds_reg_open(ote__gds_t *g, ote__freg_t *r);
 /* Deregisters the registration's handle, if it has one (before its descriptors close). */
 void ote__gds_reg_close(ote__freg_t *r);
-/* The slice's whole transfer by one cuFileRead or cuFileWrite, its device range
- * registered with cuFile for the call: OTE_ERR_UNSUPPORTED with nothing moved when the
- * range does not register (the engine stages it), OTE_ERR_IO / OTE_ERR_NATIVE for a failed
- * call. A pool thread of the file owner's GDS pool runs it (file_io.c). */
+/* The slice's whole transfer by one cuFileRead or cuFileWrite, through its engine
+ * registration's kept cuFile registration, else its own range registered with cuFile for
+ * the call: OTE_ERR_UNSUPPORTED with nothing moved when the range does not register (the
+ * engine stages it), OTE_ERR_IO / OTE_ERR_NATIVE for a failed call. A pool thread of the
+ * file owner's GDS pool runs it (file_io.c). */
 ote_status_t ote__gds_move(ote__slice_t *s);
+/* The engine's device registration at base is going (no request holds it): its kept
+ * cuFile registration, if any, is deregistered. g may be NULL (libcufile never loaded). */
+void ote__gds_dev_unregister(ote__gds_t *g, uint64_t base);
+/* Every kept cuFile registration deregistered (no slice in flight): the engine's destroy,
+ * before the CUDA layer lets the device go. g may be NULL. */
+void ote__gds_release(ote__gds_t *g);
 
 /* Whether an operation of len bytes at file offset foff with memory buf goes O_DIRECT:
- * r has an O_DIRECT descriptor and all three meet r's alignment (file.c). */
-int ote__freg_direct(const ote__freg_t *r, uint64_t foff, uint64_t len, const void *buf);
+ * r has an O_DIRECT descriptor and all three meet r's alignment (a write's offset and
+ * length: dio_woff), file.c. */
+int ote__freg_direct(const ote__freg_t *r, uint64_t foff, uint64_t len, const void *buf, int write);
 
 /* Drop one count of r->inuse; the last wakes the unregisters waiting for it (file.c). */
 void ote__freg_unpin(ote__freg_t *r);

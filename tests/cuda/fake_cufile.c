@@ -12,8 +12,14 @@
  * cuCtxSynchronize), in the allocation's context when the thread has none current.
  * Without a loaded driver cuFileDriverOpen fails (CU_FILE_DRIVER_NOT_INITIALIZED).
  *
+ * Buffer registrations behave as the library documents them: a range that meets a
+ * registered one is refused, and a transfer through a registered buffer passes its base
+ * and an offset (one that runs past it fails); a buffer base that is not registered is
+ * moved through the library's own bounce buffers (counted: bounce_io).
+ *
  * Control API (fake_cufile_control.h): live counters of driver opens, file handles and
- * buffer registrations, and fault hooks.
+ * buffer registrations, registrations ever made, bounce-buffer transfers, and fault
+ * hooks.
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -61,8 +67,9 @@ typedef struct {
 
 static struct {
     pthread_mutex_t mu;
-    long opens, handles, reads, writes;
+    long opens, handles, reads, writes, registers, bounce_io;
     const void *bufs[FAKE_MAX_BUFS];
+    size_t lens[FAKE_MAX_BUFS];
     int nbufs;
     char fault_call[64];
     int fault_err, fault_count;
@@ -159,10 +166,19 @@ EXPORT CUfileError_t cuFileBufRegister(const void *buf, size_t length, int flags
     int f = fault_take("cuFileBufRegister");
     if (f != 0) return ferr(f);
     if (buf == NULL || length == 0) return ferr(CU_FILE_INVALID_VALUE);
+    uintptr_t a = (uintptr_t)buf;
     pthread_mutex_lock(&g.mu);
     int ok = g.nbufs < FAKE_MAX_BUFS;
-    for (int i = 0; ok && i < g.nbufs; i++) ok = g.bufs[i] != buf;
-    if (ok) g.bufs[g.nbufs++] = buf;
+    /* A range that meets a registered one is refused (already registered). */
+    for (int i = 0; ok && i < g.nbufs; i++) {
+        uintptr_t b = (uintptr_t)g.bufs[i];
+        ok = a + length <= b || b + g.lens[i] <= a;
+    }
+    if (ok) {
+        g.bufs[g.nbufs] = buf;
+        g.lens[g.nbufs++] = length;
+        g.registers++;
+    }
     pthread_mutex_unlock(&g.mu);
     return ferr(ok ? CU_FILE_SUCCESS : CU_FILE_INVALID_VALUE);
 }
@@ -172,7 +188,9 @@ EXPORT CUfileError_t cuFileBufDeregister(const void *buf) {
     pthread_mutex_lock(&g.mu);
     for (int i = 0; i < g.nbufs; i++) {
         if (g.bufs[i] != buf) continue;
-        g.bufs[i] = g.bufs[--g.nbufs];
+        g.nbufs--;
+        g.bufs[i] = g.bufs[g.nbufs];
+        g.lens[i] = g.lens[g.nbufs];
         found = 1;
         break;
     }
@@ -191,6 +209,23 @@ static int ctx_enter(CUdeviceptr p, int *restore) {
     if (g.set_ctx(own) != CUDA_SUCCESS) return -1;
     *restore = 1;
     return 0;
+}
+
+/* How libcufile takes the buffer of a transfer: 1 when base is a registered buffer's base
+ * (DMA straight into it), 0 when base is no registered buffer's base (the library moves
+ * the bytes through its own bounce buffers: counted in bounce_io), -1 when the transfer
+ * runs past the registered buffer it starts in. */
+static int buf_check(const void *base, off_t boff, size_t size) {
+    int r = 0;
+    pthread_mutex_lock(&g.mu);
+    for (int i = 0; i < g.nbufs; i++) {
+        if (g.bufs[i] != base) continue;
+        r = boff >= 0 && (size_t)boff <= g.lens[i] && size <= g.lens[i] - (size_t)boff ? 1 : -1;
+        break;
+    }
+    if (r == 0) g.bounce_io++;
+    pthread_mutex_unlock(&g.mu);
+    return r;
 }
 
 /* One transfer: read (file -> device) or write (device -> file), in FAKE_BOUNCE pieces. */
@@ -244,11 +279,13 @@ static ssize_t fake_io(CUfileHandle_t fh, CUdeviceptr dev, size_t size, off_t fo
 
 EXPORT ssize_t cuFileRead(CUfileHandle_t fh, void *buf, size_t size, off_t file_offset,
                           off_t buf_offset) {
+    if (buf_check(buf, buf_offset, size) < 0) return -CU_FILE_INVALID_VALUE;
     return fake_io(fh, (CUdeviceptr)(uintptr_t)buf + (CUdeviceptr)buf_offset, size, file_offset, 0);
 }
 
 EXPORT ssize_t cuFileWrite(CUfileHandle_t fh, const void *buf, size_t size, off_t file_offset,
                            off_t buf_offset) {
+    if (buf_check(buf, buf_offset, size) < 0) return -CU_FILE_INVALID_VALUE;
     return fake_io(fh, (CUdeviceptr)(uintptr_t)buf + (CUdeviceptr)buf_offset, size, file_offset, 1);
 }
 
@@ -272,6 +309,7 @@ EXPORT void fake_cufile_clear_faults(void) {
 
 EXPORT void fake_cufile_counters(fake_cufile_counters_t *out) {
     pthread_mutex_lock(&g.mu);
-    *out = (fake_cufile_counters_t){g.opens, g.handles, g.nbufs, g.reads, g.writes};
+    *out = (fake_cufile_counters_t){g.opens,  g.handles,   g.nbufs,    g.reads,
+                                    g.writes, g.registers, g.bounce_io};
     pthread_mutex_unlock(&g.mu);
 }

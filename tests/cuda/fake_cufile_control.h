@@ -17,6 +17,9 @@ typedef struct fake_cufile_counters {
     long handles;       /* live cuFileHandleRegister handles */
     long bufs;          /* live cuFileBufRegister registrations */
     long reads, writes; /* cuFileRead / cuFileWrite calls that moved bytes */
+    long registers;     /* cuFileBufRegister calls that registered (ever) */
+    long bounce_io;     /* cuFileRead / cuFileWrite calls whose buffer base was no
+                           registered buffer's (libcufile's own bounce buffers) */
 } fake_cufile_counters_t;
 
 /* Fault hooks: the next `count` calls of `call` ("cuFileDriverOpen", "cuFileRead",

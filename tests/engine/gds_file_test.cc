@@ -22,6 +22,7 @@
 
 extern "C" {
 #include "base/fault.h"
+#include "tests/engine/pattern.h"
 }
 #include "tests/engine/gpu_fixture.h"
 
@@ -266,6 +267,95 @@ TEST_F(GdsFileTest, BufRegisterRefusedStagesTheChunk) {
     EXPECT_EQ(io[1], OTE_FILE_IO_GDS);
     EXPECT_EQ(Staged(), 1u);
     EXPECT_EQ(cf.Now().bufs, 0);
+}
+
+// Device memory registered with the engine is registered with cuFile once, whole, by its
+// first GPUDirect Storage chunk, and stays so across requests (every chunk passes the
+// registration's base and its offset; none goes through the library's bounce buffers)
+// until ote_memory_unregister. Unregistered device memory registers each chunk's range for
+// its call; a registration cuFile refuses whole does the same (an INFO line); an engine
+// destroyed with the memory still registered leaves no cuFile registration.
+TEST_F(GdsFileTest, RegisteredDeviceMemoryKeepsOneCufileRegistration) {
+    REQUIRE_FAKE();
+    FakeCufile cf(Runfile("tests/cuda/libfake_cufile.so"));
+    ASSERT_NE(cf.counters, nullptr) << dlerror();
+    Start(true);
+    const size_t len = 1u << 20, span = len + 8192;
+    uint64_t dev = DevAlloc(span);
+    ASSERT_NE(dev, 0u);
+    ASSERT_EQ(ote_memory_register(e_, reinterpret_cast<void *>(dev), span,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    fake_cufile_counters_t c0 = cf.Now();
+    // READs and WRITEs at three offsets in the registration (one unaligned), 4 chunks each.
+    const uint64_t offs[] = {0, 4096, 8191};
+    for (uint64_t o : offs) {
+        SCOPED_TRACE(o);
+        ote_transfer_status_ex_t s = Move(OTE_READ, dev + o, o, len);
+        ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error) << LogText();
+        EXPECT_EQ(s.file_io, OTE_FILE_IO_GDS);
+        std::vector<uint8_t> got = DevRead(dev + o, len);
+        for (size_t i = 0; i < len; i++) ASSERT_EQ(got[i], Pat(o + i, 7)) << i;
+        DevFill(dev + o, len, 40 + o);
+        s = Move(OTE_WRITE, dev + o, o, len);
+        ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+        EXPECT_EQ(s.file_io, OTE_FILE_IO_GDS);
+        std::vector<uint8_t> want(len);
+        ote_pattern_fill(want.data(), len, 40 + o, 0);
+        EXPECT_TRUE(FileBytes(o, len) == want) << "the WRITE's bytes in the file";
+        // Put the file's pattern back for the next offset's READ.
+        std::vector<uint8_t> orig(len);
+        for (size_t i = 0; i < len; i++) orig[i] = Pat(o + i, 7);
+        int fd = open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(pwrite(fd, orig.data(), len, static_cast<off_t>(o)), static_cast<ssize_t>(len));
+        close(fd);
+    }
+    fake_cufile_counters_t c = cf.Now();
+    EXPECT_EQ(c.registers - c0.registers, 1) << "one cuFile registration for every chunk";
+    EXPECT_EQ(c.bufs, c0.bufs + 1) << "kept across requests";
+    EXPECT_EQ(c.bounce_io, c0.bounce_io) << "a chunk missed the registration's base";
+    EXPECT_GE(c.reads - c0.reads, 12);
+    EXPECT_GE(c.writes - c0.writes, 12);
+    EXPECT_EQ(Staged(), 0u);
+    ASSERT_EQ(ote_memory_unregister(e_, reinterpret_cast<void *>(dev)), OTE_OK);
+    EXPECT_EQ(cf.Now().bufs, c0.bufs) << "ote_memory_unregister left the cuFile registration";
+    // The same memory, no longer registered with the engine: each chunk its own range.
+    c0 = cf.Now();
+    ote_transfer_status_ex_t s = Move(OTE_READ, dev, 0, len);
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(s.file_io, OTE_FILE_IO_GDS);
+    c = cf.Now();
+    EXPECT_EQ(c.registers - c0.registers, c.reads - c0.reads); // one per chunk
+    EXPECT_GE(c.reads - c0.reads, 4);
+    EXPECT_EQ(c.bufs, c0.bufs);
+    // Registered again, cuFile refusing the whole extent: each chunk its own range, once
+    // the INFO line said so; the request still moves by GPUDirect Storage.
+    ASSERT_EQ(ote_memory_register(e_, reinterpret_cast<void *>(dev), span,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    ASSERT_EQ(cf.fail("cuFileBufRegister", 5022, 1), 0);
+    c0 = cf.Now();
+    s = Move(OTE_READ, dev + 4096, 4096, len);
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(s.file_io, OTE_FILE_IO_GDS);
+    std::vector<uint8_t> got = DevRead(dev + 4096, len);
+    for (size_t i = 0; i < len; i++) ASSERT_EQ(got[i], Pat(4096 + i, 7)) << i;
+    c = cf.Now();
+    EXPECT_EQ(c.registers - c0.registers, c.reads - c0.reads);
+    EXPECT_EQ(c.bufs, c0.bufs);
+    EXPECT_TRUE(LogContains("not registered with cuFile whole"));
+    ASSERT_EQ(ote_memory_unregister(e_, reinterpret_cast<void *>(dev)), OTE_OK);
+    // Registered a third time and kept; the engine goes with the memory still registered.
+    ASSERT_EQ(ote_memory_register(e_, reinterpret_cast<void *>(dev), span,
+                                  OTE_PERM_READ | OTE_PERM_WRITE),
+              OTE_OK);
+    c0 = cf.Now();
+    s = Move(OTE_WRITE, dev, 0, len);
+    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(cf.Now().bufs, c0.bufs + 1);
+    Stop();
+    EXPECT_EQ(cf.Now().bufs, c0.bufs) << "the engine's destroy left a cuFile registration";
 }
 
 // cuFileRead failing with EIO fails the request with OTE_ERR_IO (errno EIO); the device

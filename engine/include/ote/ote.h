@@ -239,7 +239,10 @@ ote_status_t ote_engine_gpu_stats(ote_engine_t *engine, ote_gpu_stats_t *out);
  * memory while no driver loads is refused with OTE_ERR_NO_DEVICE (logged, naming the
  * library tried). A device range must lie within one allocation, else OTE_ERR_INVALID;
  * managed memory is OTE_ERR_UNSUPPORTED. Local buffers of requests may be device memory
- * too, registered or not (moved by the staging path, gpu_paths).
+ * too, registered or not (moved by the staging path, gpu_paths). A registered device
+ * range that a local file request moves by GPUDirect Storage stays registered with
+ * cuFile from that request until ote_memory_unregister or ote_engine_destroy
+ * (docs/files.md).
  */
 #define OTE_UNREGISTER_WAIT_MS 100
 #define OTE_PERM_READ 0x1u
