@@ -31,6 +31,9 @@ static inline void ote_mutex_lock(ote_mutex_t *mu) { pthread_mutex_lock(&mu->m);
 static inline void ote_mutex_unlock(ote_mutex_t *mu) { pthread_mutex_unlock(&mu->m); }
 /* OTE_OK when taken, OTE_ERR_BUSY when held by another thread. */
 ote_status_t ote_mutex_trylock(ote_mutex_t *mu);
+/* Take mu by the deadline: OTE_OK, or OTE_ERR_TIMEOUT (not taken). pthread_mutex_timedlock
+ * waits on CLOCK_REALTIME: the time left is measured on CLOCK_MONOTONIC and added to it. */
+ote_status_t ote_mutex_lock_until(ote_mutex_t *mu, ote_deadline_t deadline);
 
 /* Condition variable on CLOCK_MONOTONIC. */
 ote_status_t ote_cond_init(ote_cond_t *cv);

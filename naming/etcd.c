@@ -4,8 +4,10 @@
  * libcurl, answers parsed by cJSON; keys and values are base64 on the wire.
  *
  * One curl handle, under the store's mutex, so its connection is reused (a resolve is
- * one request on an open connection). Each request has CURLOPT_TIMEOUT_MS = timeout_ms
- * per endpoint; the endpoints are tried in order from the last one that answered.
+ * one request on an open connection). A call has timeout_ms per endpoint in all, the wait
+ * for the mutex included (a watch's request of another thread may hold it while the store
+ * does not answer): each request's CURLOPT_TIMEOUT_MS is timeout_ms or what is left of the
+ * call's time, less; the endpoints are tried in order from the last one that answered.
  */
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -113,7 +115,7 @@ static ote_status_t curl_status(CURLcode rc) {
 
 /* POST body to one endpoint; the parsed answer in *json_out (HTTP 200 only). */
 static ote_status_t post_one(etcd_t *s, size_t i, const char *path, const char *body,
-                             cJSON **json_out) {
+                             long timeout_ms, cJSON **json_out) {
     char url[512];
     if (snprintf(url, sizeof(url), "http://%s%s", s->ep[i], path) >= (int)sizeof(url))
         return OTE_ERR_INVALID;
@@ -122,8 +124,8 @@ static ote_status_t post_one(etcd_t *s, size_t i, const char *path, const char *
     curl_easy_setopt(s->curl, CURLOPT_URL, url);
     curl_easy_setopt(s->curl, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(s->curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, (long)s->timeout_ms);
-    curl_easy_setopt(s->curl, CURLOPT_CONNECTTIMEOUT_MS, (long)s->timeout_ms);
+    curl_easy_setopt(s->curl, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(s->curl, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
     curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &b);
     CURLcode rc = curl_easy_perform(s->curl);
@@ -147,11 +149,21 @@ static ote_status_t post_one(etcd_t *s, size_t i, const char *path, const char *
 /* POST to the endpoints in turn, from the last that answered; transport failures move on
  * to the next one, an answer (even an error) ends the call. */
 static ote_status_t post(etcd_t *s, const char *path, const char *body, cJSON **json_out) {
-    ote_mutex_lock(&s->mu);
+    ote_deadline_t dl = ote_deadline_after((uint64_t)s->timeout_ms * s->n * OTE_NSEC_PER_MSEC);
+    if (ote_mutex_lock_until(&s->mu, dl) != OTE_OK) {
+        OTE_WARN("naming", "etcd %s: no answer in %u ms (the store's other requests)", path,
+                 s->timeout_ms);
+        return OTE_ERR_TIMEOUT;
+    }
     ote_status_t st = OTE_ERR_CONNECT;
     for (size_t k = 0; k < s->n; k++) {
         size_t i = (s->cur + k) % s->n;
-        st = post_one(s, i, path, body, json_out);
+        int left = ote_deadline_remaining_ms(dl, (int)s->timeout_ms);
+        if (left <= 0) {
+            st = OTE_ERR_TIMEOUT;
+            break;
+        }
+        st = post_one(s, i, path, body, left, json_out);
         if (st == OTE_OK || st == OTE_ERR_REMOTE || st == OTE_ERR_PROTOCOL || st == OTE_ERR_NOMEM) {
             s->cur = i;
             break;

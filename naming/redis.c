@@ -46,12 +46,18 @@ static ote_status_t ensure(rstore_t *s) {
     return OTE_OK;
 }
 
-/* One command (argv form, binary-safe); the reply in *r_out. A failed connection is
- * dropped: OTE_ERR_TIMEOUT when it did not answer in time, else OTE_ERR_CONNECT. */
-static ote_status_t cmd(rstore_t *s, int argc, const char **argv, const size_t *lens,
+/* One command (argv form, binary-safe) with left_ms to answer; the reply in *r_out. A
+ * failed connection is dropped: OTE_ERR_TIMEOUT when it did not answer in time, else
+ * OTE_ERR_CONNECT. */
+static ote_status_t cmd(rstore_t *s, int argc, const char **argv, const size_t *lens, int left_ms,
                         redisReply **r_out) {
     ote_status_t st = ensure(s);
     if (st != OTE_OK) return st;
+    if (redisSetTimeout(s->c, tv_of((uint32_t)left_ms)) != REDIS_OK) {
+        redisFree(s->c);
+        s->c = NULL;
+        return OTE_ERR_CONNECT;
+    }
     redisReply *r = redisCommandArgv(s->c, argc, argv, lens);
     if (r == NULL) {
         int timed_out = s->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT);
@@ -69,10 +75,18 @@ static ote_status_t cmd(rstore_t *s, int argc, const char **argv, const size_t *
     return OTE_OK;
 }
 
+/* cmd under the store's mutex, timeout_ms in all, the wait for the mutex included (a
+ * watch's command of another thread may hold it while the store does not answer). */
 static ote_status_t locked_cmd(rstore_t *s, int argc, const char **argv, const size_t *lens,
                                redisReply **r_out) {
-    ote_mutex_lock(&s->mu);
-    ote_status_t st = cmd(s, argc, argv, lens, r_out);
+    ote_deadline_t dl = ote_deadline_after((uint64_t)s->timeout_ms * OTE_NSEC_PER_MSEC);
+    if (ote_mutex_lock_until(&s->mu, dl) != OTE_OK) {
+        OTE_WARN("naming", "redis %s: no answer in %u ms (the store's other commands)", argv[0],
+                 s->timeout_ms);
+        return OTE_ERR_TIMEOUT;
+    }
+    int left = ote_deadline_remaining_ms(dl, (int)s->timeout_ms);
+    ote_status_t st = left > 0 ? cmd(s, argc, argv, lens, left, r_out) : OTE_ERR_TIMEOUT;
     ote_mutex_unlock(&s->mu);
     return st;
 }

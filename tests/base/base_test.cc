@@ -194,6 +194,22 @@ TEST_F(BaseTest, CondWaitHonoursDeadlineAndSignal) {
     EXPECT_EQ(ote_mutex_trylock(&mu), OTE_OK);
     std::thread t2([&] { EXPECT_EQ(ote_mutex_trylock(&mu), OTE_ERR_BUSY); });
     t2.join();
+    // ote_mutex_lock_until: a held mutex is not taken by the deadline (and the wait lasts
+    // until it); one released meanwhile is taken; a free one at once, even past deadline.
+    std::thread t3([&] {
+        ote_deadline_t near = ote_deadline_after(50 * OTE_NSEC_PER_MSEC);
+        EXPECT_EQ(ote_mutex_lock_until(&mu, near), OTE_ERR_TIMEOUT);
+        EXPECT_GE(ote_now_ns(), near);
+    });
+    t3.join();
+    std::thread t4([&] {
+        EXPECT_EQ(ote_mutex_lock_until(&mu, ote_deadline_after(30 * OTE_NSEC_PER_SEC)), OTE_OK);
+        ote_mutex_unlock(&mu);
+    });
+    usleep(20000); // t4 waits in the timed lock meanwhile (or takes it after the unlock)
+    ote_mutex_unlock(&mu);
+    t4.join();
+    EXPECT_EQ(ote_mutex_lock_until(&mu, ote_now_ns() - 1), OTE_OK);
     ote_mutex_unlock(&mu);
     ote_cond_destroy(&cv);
     ote_mutex_destroy(&mu);
