@@ -66,19 +66,26 @@ class ContractTest : public ote_test::TargetE2eTest,
         EXPECT_EQ(ote_segment_buffers(seg_, nullptr, 0, &n), OTE_ERR_TOO_BIG);
         return n;
     }
-    // Submit n requests of len bytes (op), request i at rw + i * len and at local +
-    // i * local_step. Requests of one batch never share destination bytes (a WRITE's in rw,
-    // a READ's at local unless local_step is 0): two of them may be in flight at once, on
-    // two devices or lanes, and the sim writes each connection's payload from its own
-    // thread, so shared bytes would be a data race of the test's own making under TSan.
-    ote_batch_t *Submit(ote_opcode_t op, uint8_t *local, size_t len, int n, size_t local_step = 0) {
-        EXPECT_LE(n * len, target_.rw_len) << "requests of one batch would share rw bytes";
+    // Submit n requests of len bytes (op), request i at rw + (i % spread) * len and at
+    // local + (i % spread) * local_step (spread 0: n). Over rdma requests of one batch never
+    // share destination bytes (a WRITE's in rw, a READ's at local unless local_step is 0):
+    // two of them may be in flight at once on two devices or lanes, and the sim writes each
+    // connection's payload from its own thread, a data race of the test's own making under
+    // TSan. (tcp deals one submit's slices round-robin over its 4 connections, each served
+    // by one worker: with 1 MiB slices, 16 MiB requests and a spread of 4, slices on the
+    // same bytes share a connection; shm has one source thread per connection.)
+    ote_batch_t *Submit(ote_opcode_t op, uint8_t *local, size_t len, int n, size_t local_step = 0,
+                        int spread = 0) {
+        if (spread == 0) spread = n;
+        EXPECT_TRUE(spread == n || GetParam() != "rdma") << "shared bytes over rdma";
+        EXPECT_LE(spread * len, target_.rw_len) << "requests would run past rw";
         ote_batch_t *b = nullptr;
         EXPECT_EQ(ote_batch_create(engine_, n, &b), OTE_OK);
         if (b == nullptr) return nullptr;
         std::vector<ote_request_t> r;
         for (int i = 0; i < n; i++)
-            r.push_back({op, local + i * local_step, seg_, target_.rw + i * len, len});
+            r.push_back({op, local + (i % spread) * local_step, seg_,
+                         target_.rw + (i % spread) * len, len});
         EXPECT_EQ(ote_batch_submit(b, r.data(), r.size()), OTE_OK);
         return b;
     }
@@ -247,10 +254,13 @@ TEST_P(ContractTest, CancelStopsWriteAndReadWorkNotOnTheWire) {
     std::vector<uint8_t> local(64u << 20, 7);
     for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
         const char *name = op == OTE_WRITE ? "WRITE" : "READ";
-        // 2 MiB each, on rw bytes of their own; WRITEs from one buffer, READs each into
-        // bytes of its own.
-        const size_t len = 2u << 20;
-        ote_batch_t *b = Submit(op, local.data(), len, kN, op == OTE_WRITE ? 0 : len);
+        // WRITEs from one buffer, READs into local bytes as rw's. Over rdma 2 MiB each on
+        // bytes of their own; over tcp and shm 16 MiB each on 4 slots (Submit): there the
+        // READs' request frames are tiny and 64 MiB of them may all be on the wire before
+        // the cancel (seen under TSan), 512 MiB keeps most of them queued.
+        const bool rdma = GetParam() == "rdma";
+        const size_t len = rdma ? 2u << 20 : 16u << 20;
+        ote_batch_t *b = Submit(op, local.data(), len, kN, op == OTE_WRITE ? 0 : len, rdma ? 0 : 4);
         ASSERT_NE(b, nullptr);
         uint64_t t0 = ote_now_ns();
         ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
