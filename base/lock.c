@@ -28,9 +28,14 @@ ote_status_t ote_mutex_lock_until(ote_mutex_t *mu, ote_deadline_t deadline) {
         uint64_t left = ote_deadline_remaining_ns(deadline);
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
-        uint64_t at = (uint64_t)now.tv_sec * OTE_NSEC_PER_SEC + (uint64_t)now.tv_nsec + left;
-        struct timespec ts = {(time_t)(at / OTE_NSEC_PER_SEC), (long)(at % OTE_NSEC_PER_SEC)};
-        rc = pthread_mutex_timedlock(&mu->m, &ts);
+        uint64_t at = (uint64_t)now.tv_sec * OTE_NSEC_PER_SEC + (uint64_t)now.tv_nsec;
+        if (left > UINT64_MAX - at) { /* no deadline (ote_deadline_after saturated) */
+            rc = pthread_mutex_lock(&mu->m);
+        } else {
+            at += left;
+            struct timespec ts = {(time_t)(at / OTE_NSEC_PER_SEC), (long)(at % OTE_NSEC_PER_SEC)};
+            rc = pthread_mutex_timedlock(&mu->m, &ts);
+        }
     }
     if (rc == 0) return OTE_OK;
     return rc == ETIMEDOUT ? OTE_ERR_TIMEOUT : ote_status_from_errno(rc);

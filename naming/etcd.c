@@ -151,8 +151,8 @@ static ote_status_t post_one(etcd_t *s, size_t i, const char *path, const char *
 static ote_status_t post(etcd_t *s, const char *path, const char *body, cJSON **json_out) {
     ote_deadline_t dl = ote_deadline_after((uint64_t)s->timeout_ms * s->n * OTE_NSEC_PER_MSEC);
     if (ote_mutex_lock_until(&s->mu, dl) != OTE_OK) {
-        OTE_WARN("naming", "etcd %s: no answer in %u ms (the store's other requests)", path,
-                 s->timeout_ms);
+        OTE_WARN("naming", "etcd %s: no answer in %llu ms (the store's other requests)", path,
+                 (unsigned long long)s->timeout_ms * s->n);
         return OTE_ERR_TIMEOUT;
     }
     ote_status_t st = OTE_ERR_CONNECT;

@@ -33,9 +33,12 @@ static struct timeval tv_of(uint32_t ms) {
     return tv;
 }
 
-static ote_status_t ensure(rstore_t *s) {
+/* A connection, made with what is left of dl to connect (at most timeout_ms). */
+static ote_status_t ensure(rstore_t *s, ote_deadline_t dl) {
     if (s->c != NULL) return OTE_OK;
-    redisContext *c = redisConnectWithTimeout(s->host, s->port, tv_of(s->timeout_ms));
+    int left = ote_deadline_remaining_ms(dl, (int)s->timeout_ms);
+    if (left <= 0) return OTE_ERR_TIMEOUT;
+    redisContext *c = redisConnectWithTimeout(s->host, s->port, tv_of((uint32_t)left));
     if (c == NULL) return OTE_ERR_NOMEM;
     if (c->err != 0 || redisSetTimeout(c, tv_of(s->timeout_ms)) != REDIS_OK) {
         OTE_WARN("naming", "redis %s:%d: %s", s->host, s->port, c->errstr);
@@ -46,14 +49,18 @@ static ote_status_t ensure(rstore_t *s) {
     return OTE_OK;
 }
 
-/* One command (argv form, binary-safe) with left_ms to answer; the reply in *r_out. A
- * failed connection is dropped: OTE_ERR_TIMEOUT when it did not answer in time, else
- * OTE_ERR_CONNECT. */
-static ote_status_t cmd(rstore_t *s, int argc, const char **argv, const size_t *lens, int left_ms,
-                        redisReply **r_out) {
-    ote_status_t st = ensure(s);
+/* One command (argv form, binary-safe) by dl, the connection made first where there is
+ * none; the reply in *r_out. A failed connection is dropped: OTE_ERR_TIMEOUT when it did
+ * not answer in time, else OTE_ERR_CONNECT. */
+static ote_status_t cmd(rstore_t *s, int argc, const char **argv, const size_t *lens,
+                        ote_deadline_t dl, redisReply **r_out) {
+    ote_status_t st = ensure(s, dl);
     if (st != OTE_OK) return st;
-    if (redisSetTimeout(s->c, tv_of((uint32_t)left_ms)) != REDIS_OK) {
+    int left = ote_deadline_remaining_ms(dl, (int)s->timeout_ms);
+    if (left <= 0) return OTE_ERR_TIMEOUT;
+    if (redisSetTimeout(s->c, tv_of((uint32_t)left)) != REDIS_OK) {
+        OTE_WARN("naming", "redis %s:%d: setting a %d ms timeout failed: %s", s->host, s->port,
+                 left, s->c->errstr);
         redisFree(s->c);
         s->c = NULL;
         return OTE_ERR_CONNECT;
@@ -85,8 +92,7 @@ static ote_status_t locked_cmd(rstore_t *s, int argc, const char **argv, const s
                  s->timeout_ms);
         return OTE_ERR_TIMEOUT;
     }
-    int left = ote_deadline_remaining_ms(dl, (int)s->timeout_ms);
-    ote_status_t st = left > 0 ? cmd(s, argc, argv, lens, left, r_out) : OTE_ERR_TIMEOUT;
+    ote_status_t st = cmd(s, argc, argv, lens, dl, r_out);
     ote_mutex_unlock(&s->mu);
     return st;
 }
