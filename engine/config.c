@@ -297,6 +297,11 @@ static const key_def_t g_keys[] = {
      * O_DIRECT, the device) has its bytes; `data` only after fdatasync of the file
      * returned, so that the bytes survive a crash. */
     {"file_sync", K_ENUM, "none", .choices = {"none", "data"}, TEXT(file_sync)},
+    /* How a peer's READ of a file registration leaves this engine (tcp, shm): `auto` sends
+     * a range the page cache holds in full straight from the page cache (the file mapped
+     * read-only; one copy fewer) and reads any other range into a bounce buffer first;
+     * `off` reads every range into a bounce buffer (O_DIRECT where aligned). */
+    {"file_zero_copy", K_ENUM, "auto", .choices = {"auto", "off"}, TEXT(file_zero_copy)},
 };
 #define NKEYS (sizeof(g_keys) / sizeof(g_keys[0]))
 

@@ -91,6 +91,7 @@ typedef struct ote__cfg_s {
     uint32_t file_queue_depth;         /* file I/O operations in flight */
     uint64_t file_chunk_size;          /* bytes of one file I/O operation */
     char file_sync[8];                 /* "none" or "data": fdatasync after file WRITEs */
+    char file_zero_copy[8];            /* "auto" or "off": peers' READs from the page cache */
 } ote__cfg_t;
 
 /* The numeric form of an optional key ("" = not set: rdma_port, rdma_gid_index). */

@@ -10,6 +10,8 @@
 #ifndef OTE_ENGINE_HOOKS_H
 #define OTE_ENGINE_HOOKS_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -26,6 +28,11 @@ typedef struct {
      * held: a test unregisters there (engine/testing.h). */
     void (*tcp_file_write)(void *arg);
     void *tcp_file_write_arg;
+    /* Called by the file owner right after it answered a peer's READ of [addr, +len) from
+     * the page cache (engine/file/file_map.c), before the transport's copy of those bytes:
+     * a test truncates the file there (engine/testing.h). */
+    void (*file_mapped)(void *arg, uint64_t addr, uint32_t len);
+    void *file_mapped_arg;
 } ote__engine_hooks_t;
 
 extern ote__engine_hooks_t ote__engine_hooks;

@@ -16,6 +16,7 @@
 #include "engine/control/auth.h"
 #include "engine/control/auth_limit.h"
 #include "engine/core_internal.h"
+#include "engine/file/file.h"
 #include "engine/stats_internal.h"
 
 static const char *const k_names[OTE_STATS_TRANSPORTS] = {"shm", "tcp", "rdma", "file"};
@@ -150,6 +151,7 @@ ote_status_t ote_engine_stats(ote_engine_t *e, ote_engine_stats_t *out) {
     s.auth_failures = lim != NULL ? ote_auth_limit_failures(lim) : 0;
     s.auth_backoff_refused = lim != NULL ? ote_auth_limit_refused(lim) : 0;
     s.auth_open_failures = ld(&e->auth_open_failures);
+    ote__files_read_bytes(e->files, &s.file_read_bytes_mapped, &s.file_read_bytes_bounced);
     fill(out, &s, sizeof(s));
     return OTE_OK;
 }

@@ -25,3 +25,8 @@ void ote__test_tcp_file_write_hook(void (*fn)(void *arg), void *arg) {
     ote__engine_hooks.tcp_file_write_arg = arg;
     ote__engine_hooks.tcp_file_write = fn;
 }
+
+void ote__test_file_mapped_hook(void (*fn)(void *arg, uint64_t addr, uint32_t len), void *arg) {
+    ote__engine_hooks.file_mapped_arg = arg;
+    ote__engine_hooks.file_mapped = fn;
+}

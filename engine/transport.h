@@ -264,6 +264,20 @@ typedef struct {
      * whole buffer (the RDMA source registers it once per device and keeps the MR); 0
      * for a buffer freed when given back. */
     int (*bounce_kept)(void *arg, void *tok, uint8_t **base_out, uint64_t *size_out);
+    /* Zero copy for a peer's READ (config file_zero_copy=auto): [addr, +len) of pin's
+     * registration, when the page cache holds all of it now and the file still covers it,
+     * as bytes of the owner's read-only shared mapping of the file in *ptr_out, valid while
+     * the pin is held. Only the kernel may read them (sendmsg, process_vm_writev): a file
+     * truncated after this answer fails such a copy with EFAULT, where a load from the
+     * mapping would raise SIGBUS. Any other answer (OTE_ERR_AGAIN: not all of it cached;
+     * OTE_ERR_UNSUPPORTED: not mapped, file_zero_copy=off): read it through a bounce. */
+    ote_status_t (*map_read)(void *arg, const ote__pin_t *pin, uint64_t addr, uint32_t len,
+                             const uint8_t **ptr_out);
+    /* A kernel copy out of map_read's bytes failed with st: the status its request gets
+     * (OTE_ERR_IO, errno ENODATA, with a WARN when the file no longer covers the range, as
+     * the bounce path answers a truncated file; st otherwise). */
+    ote_status_t (*map_failed)(void *arg, const ote__pin_t *pin, uint64_t addr, uint32_t len,
+                               ote_status_t st);
 } ote__file_ops_t;
 
 /* Services of the engine that the source side of a transport uses. */

@@ -24,6 +24,7 @@
 #include "base/log.h"
 #include "base/time.h"
 #include "engine/file/file_internal.h"
+#include "engine/hooks.h"
 
 #define FILE_WINDOW (1ull << 30) /* address windows are 1 GiB-aligned */
 
@@ -49,6 +50,9 @@ struct ote__files {
     ote__gds_t *gds;
     ote__fio_t *gio;
     ote__fbpool_t bounce; /* peers' slices (host->file) */
+    /* Bytes of peers' READs sent from the page cache (map_read) and read into a bounce
+     * first (bounce_copy, bounce_io_start): ote_engine_stats_t.file_read_bytes_*. */
+    _Atomic uint64_t read_mapped, read_bounced;
 };
 
 /* ---- registrations ------------------------------------------------------------------ */
@@ -211,6 +215,7 @@ static void freg_free(ote__files_t *f, ote__freg_t *r) {
         ote__fio_file_remove(io, r->dfix);
     }
     ote__gds_reg_close(r); /* gds.c: its cuFile handle, before the descriptor closes */
+    ote__freg_unmap(r);
     if (r->dfd >= 0) close(r->dfd);
     if (r->fd >= 0) close(r->fd);
     ote_free(r);
@@ -242,6 +247,7 @@ ote_status_t ote__files_register(ote__files_t *f, const char *path, int fd, uint
         return st;
     }
     r->dfd = file_open_direct(r->fd, r->path);
+    if (strcmp(f->cfg.file_zero_copy, "off") != 0) ote__freg_map(r);
     char why[96] = "no O_DIRECT";
     if (r->dfd >= 0) file_dio_align(r, why, sizeof(why));
     ote_mutex_lock(&f->mu);
@@ -416,6 +422,7 @@ static ote_status_t bounce_copy(void *arg, void *tok, int to_file, uint64_t addr
         len > r->len - (addr - r->addr))
         return OTE_ERR_ACCESS;
     uint64_t foff = r->off + (addr - r->addr);
+    if (!to_file) atomic_fetch_add_explicit(&f->read_bounced, len, memory_order_relaxed);
     for (uint32_t done = 0; done < len;) {
         ssize_t n = bounce_rw(r, to_file, b->data + done, len - done, foff + done);
         if (n < 0 && errno == EINTR) continue;
@@ -456,6 +463,7 @@ static ote_status_t bounce_io_start(void *arg, void *tok, int to_file, uint64_t 
         return OTE_ERR_ACCESS;
     ote__fio_t *io = files_io(f); /* created with the first registration: r exists */
     if (io == NULL) return OTE_ERR_INVALID;
+    if (!to_file) atomic_fetch_add_explicit(&f->read_bounced, len, memory_order_relaxed);
     ote__slice_t *s = &b->slice;
     memset(s, 0, sizeof(*s));
     s->done = bounce_read_end;
@@ -492,8 +500,32 @@ static int bounce_kept(void *arg, void *tok, uint8_t **base_out, uint64_t *size_
     return ote__fbpool_kept(tok, base_out, size_out);
 }
 
+static ote_status_t map_read(void *arg, const ote__pin_t *pin, uint64_t addr, uint32_t len,
+                             const uint8_t **ptr_out) {
+    ote__files_t *f = arg;
+    ote_status_t st =
+        ote__freg_map_read((const ote__freg_t *)(const void *)pin, addr, len, ptr_out);
+    if (st != OTE_OK) return st;
+    atomic_fetch_add_explicit(&f->read_mapped, len, memory_order_relaxed);
+    if (ote__engine_hooks.file_mapped)
+        ote__engine_hooks.file_mapped(ote__engine_hooks.file_mapped_arg, addr, len);
+    return OTE_OK;
+}
+
+static ote_status_t map_failed(void *arg, const ote__pin_t *pin, uint64_t addr, uint32_t len,
+                               ote_status_t st) {
+    (void)arg;
+    return ote__freg_map_failed((const ote__freg_t *)(const void *)pin, addr, len, st);
+}
+
 ote__file_ops_t ote__files_services(ote__files_t *f) {
-    return (ote__file_ops_t){f, bounce_get, bounce_copy, bounce_put, bounce_io_start, bounce_kept};
+    return (ote__file_ops_t){f,           bounce_get, bounce_copy, bounce_put, bounce_io_start,
+                             bounce_kept, map_read,   map_failed};
+}
+
+void ote__files_read_bytes(ote__files_t *f, uint64_t *mapped_out, uint64_t *bounced_out) {
+    *mapped_out = f != NULL ? atomic_load_explicit(&f->read_mapped, memory_order_relaxed) : 0;
+    *bounced_out = f != NULL ? atomic_load_explicit(&f->read_bounced, memory_order_relaxed) : 0;
 }
 
 /* ---- the local segment's slices ----------------------------------------------------- */

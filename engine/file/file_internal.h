@@ -49,6 +49,12 @@ typedef struct ote__freg {
      * slice on it) and the owner that registered it. */
     void *gds_fh;
     ote__gds_t *gds;
+    /* file_map.c: [off, +len) mapped read-only and shared from off rounded down to a page
+     * (map + map_skew is addr's byte), for peers' READs of ranges the page cache holds;
+     * NULL where not mapped (no OTE_PERM_READ, file_zero_copy=off, mmap refused). */
+    uint8_t *map;
+    size_t map_len, map_skew;
+    int map_blk; /* a block device: it cannot shrink under the mapping */
 } ote__freg_t;
 
 /* What one slice is while the file owner holds it: its record in the slice's transport
@@ -195,6 +201,20 @@ void ote__gds_release(ote__gds_t *g);
  * r has an O_DIRECT descriptor and all three meet r's alignment (a write's offset and
  * length: dio_woff), file.c. */
 int ote__freg_direct(const ote__freg_t *r, uint64_t foff, uint64_t len, const void *buf, int write);
+
+/* ---- file_map.c ---------------------------------------------------------------------- */
+/* Map r's range for zero-copy READs (r->fd, r->off, r->len, r->perms set); an INFO line
+ * and r->map NULL where mmap refuses. */
+void ote__freg_map(ote__freg_t *r);
+void ote__freg_unmap(ote__freg_t *r);
+/* host->file.map_read for r: OTE_OK with *ptr_out when the page cache holds all of
+ * [addr, +len) and the file still covers it; OTE_ERR_AGAIN otherwise; OTE_ERR_UNSUPPORTED
+ * without a mapping. */
+ote_status_t ote__freg_map_read(const ote__freg_t *r, uint64_t addr, uint32_t len,
+                                const uint8_t **ptr_out);
+/* host->file.map_failed for r (transport.h). */
+ote_status_t ote__freg_map_failed(const ote__freg_t *r, uint64_t addr, uint32_t len,
+                                  ote_status_t st);
 
 /* Drop one count of r->inuse; the last wakes the unregisters waiting for it (file.c). */
 void ote__freg_unpin(ote__freg_t *r);

@@ -21,6 +21,8 @@
  * their bounces back; every slot of a message is settled by the end of its serving (its
  * runs cover its entries, and the first run of a message covers what was written ahead
  * for it), the rest when the connection ends, before the pins of messages never served.
+ * A file READ piece whose range the page cache holds in full takes none of this
+ * (ote__shm_fread_mapped): the copy units copy it from the file's mapping like memory.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -110,6 +112,8 @@ static int fr_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k, ote_
         return 1;
     /* A write it meets runs: not ahead of it (a later message's READ after its WRITE). */
     if (fr_conflicts(s, w, ote__shm_src_engine_pin(s, m->pin[k]), q, 1)) return 0;
+    /* Cached in full: the copy units send it from the page cache when its run is served. */
+    if (ote__shm_fread_mapped(s, m, k)) return 1;
     shm_fr_slot_t *sl = NULL;
     for (int j = 0; j < SHM_SRC_FILE_READS && sl == NULL; j++)
         if (atomic_load(&w->slot[j].state) == FR_FREE) sl = &w->slot[j];
@@ -299,6 +303,17 @@ static void fw_settle_ahead(shm_src_t *s, shm_frwin_t *w, const shm_msg_t *m) {
     }
 }
 
+int ote__shm_fread_mapped(shm_src_t *s, shm_msg_t *m, uint32_t i) {
+    const ote__host_t *h = &s->tp->host;
+    const shm_req_t *q = &ote__shm_msg_reqs(m)[i];
+    if (m->fmap[i] != NULL) return 1; /* chosen already, by reading ahead (fr_start) */
+    if (q->op != OTE__SLICE_READ || m->sptr[i] != NULL || ote__shm_in_ring(s, q)) return 0;
+    const ote__pin_t *reg = ote__shm_src_engine_pin(s, m->pin[i]);
+    shm_frwin_t *w = s->frw;
+    if (w != NULL && (fr_find(w, m, i) != NULL || fr_conflicts(s, w, reg, q, 1))) return 0;
+    return h->file.map_read(h->file.arg, reg, q->remote, q->len, &m->fmap[i]) == OTE_OK;
+}
+
 ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b) {
     const ote__host_t *h = &s->tp->host;
     const shm_req_t *q = &ote__shm_msg_reqs(m)[i];
@@ -311,6 +326,7 @@ ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32
     }
     shm_frwin_t *w = fr_win(s);
     if (w != NULL) fr_fill(s, w, m, i, b);
+    if (m->fmap[i] != NULL) return OTE_OK; /* cached meanwhile: the copy units send it */
     shm_fr_slot_t *sl = w != NULL ? fr_find(w, m, i) : NULL;
     if (sl == NULL) return fr_copy_sync(s, q, m->pin[i], m->sptr[i]);
     ote_status_t st = fr_wait(s, sl);

@@ -422,6 +422,9 @@ typedef struct {
     int offer_fd[SHM_BATCH_MAX];     /* a VMM offer's fd (sent with it, then closed), else -1 */
     shm_smap_t *smap[SHM_BATCH_MAX]; /* a shared allocation the entry copies through */
     uint8_t *sptr[SHM_BATCH_MAX];    /* its local bytes there, else NULL */
+    /* A file READ piece sent from the page cache (ote__shm_fread_mapped): its bytes in the
+     * file owner's mapping, read only by process_vm_writev; else NULL. */
+    const uint8_t *fmap[SHM_BATCH_MAX];
 } shm_msg_t;
 
 /* A piece whose IPC copy the requester is making: its pin, held until SHM_OP_IPC_DONE. */
@@ -636,6 +639,13 @@ void ote__shm_src_pull_between(shm_src_t *s);
  * NULL: all of it), bounces back, after starting the writes of later messages when [a, b)
  * ends m; end: the connection closes. */
 ote_status_t ote__shm_fread_piece(shm_src_t *s, shm_msg_t *m, uint32_t i, uint32_t b);
+/* Zero copy (host->file.map_read): 1 when file READ piece i of m is to be copied from the
+ * page cache by the copy units like memory (m->fmap[i] set): the page cache holds all of
+ * it, and it is not a piece the ring or a shared allocation carries (both copied with
+ * memcpy here, which must never load from the mapping), nor one whose read started ahead,
+ * nor one that a running write meets; chosen when it is served, or earlier by reading
+ * ahead (which then starts no read for it). 0: serve it by ote__shm_fread_piece. */
+int ote__shm_fread_mapped(shm_src_t *s, shm_msg_t *m, uint32_t i);
 void ote__shm_fread_settle(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b);
 void ote__shm_fread_end(shm_src_t *s);
 

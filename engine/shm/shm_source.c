@@ -342,9 +342,28 @@ static int src_is_device(shm_src_t *s, void *pin) {
     return pin != NULL && OTE_MEM_IS_CUDA(ote__pin_kind(ote__shm_src_engine_pin(s, pin)));
 }
 
-/* Whether its bytes go through a bounce buffer here: device memory or a file. */
-static int src_is_staged(shm_src_t *s, void *pin) {
-    return src_is_device(s, pin) || ote__shm_src_is_file(s, pin);
+/* Whether entry i's bytes go through a bounce buffer here: device memory, or a file
+ * piece not sent from the page cache (m->fmap[i]). */
+static int src_is_staged(shm_src_t *s, const shm_msg_t *m, uint32_t i) {
+    return m->fmap[i] == NULL &&
+           (src_is_device(s, m->pin[i]) || ote__shm_src_is_file(s, m->pin[i]));
+}
+
+/* This side's bytes of entry k: its registered memory, or a file READ's page cache pages
+ * (m->fmap[k], which only the kernel's copy reads). */
+static uint8_t *src_mine(const shm_msg_t *m, const shm_req_t *q, uint32_t k) {
+    return m->fmap[k] != NULL ? (uint8_t *)(uintptr_t)m->fmap[k]
+                              : (uint8_t *)(uintptr_t)q[k].remote;
+}
+
+/* Entry k's status after its copy: one out of a file's page cache that failed asks the
+ * file owner why (the file truncated meanwhile: OTE_ERR_IO). */
+static ote_status_t src_copied(shm_src_t *s, const shm_msg_t *m, const shm_req_t *q, uint32_t k,
+                               ote_status_t st) {
+    if (st == OTE_OK || m->fmap[k] == NULL) return st;
+    const ote__host_t *h = &s->tp->host;
+    return h->file.map_failed(h->file.arg, ote__shm_src_engine_pin(s, m->pin[k]), q[k].remote,
+                              q[k].len, st);
 }
 
 /* One checked piece on device memory: its bytes go through a host bounce buffer
@@ -387,9 +406,9 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         if (ote__shm_src_canceled(m->pin[u->i])) ote__shm_set_st(m, u->i, OTE_ERR_CANCELED);
         if (atomic_load(&m->st[u->i]) != OTE_OK) return; /* stopped or failed: no more of it */
         uint8_t *mapped = m->sptr[u->i] ? m->sptr[u->i] + u->off : NULL;
-        ote__shm_set_st(m, u->i,
-                        ote__shm_copy_bytes(s, p, (uint8_t *)(uintptr_t)p->remote + u->off,
-                                            p->local + u->off, mapped, u->len));
+        ote_status_t st = ote__shm_copy_bytes(s, p, src_mine(m, q, u->i) + u->off,
+                                              p->local + u->off, mapped, u->len);
+        ote__shm_set_st(m, u->i, src_copied(s, m, q, u->i, st));
         return;
     }
     uint32_t n = u->j - u->i;
@@ -404,7 +423,7 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
         struct iovec l[SHM_BATCH_MAX], r[SHM_BATCH_MAX];
         size_t total = 0;
         for (uint32_t k = 0; k < n; k++) {
-            l[k] = (struct iovec){(void *)(uintptr_t)q[u->i + k].remote, q[u->i + k].len};
+            l[k] = (struct iovec){src_mine(m, q, u->i + k), q[u->i + k].len};
             r[k] = (struct iovec){(void *)(uintptr_t)q[u->i + k].local, q[u->i + k].len};
             total += q[u->i + k].len;
         }
@@ -414,10 +433,11 @@ static void do_unit(shm_src_t *s, shm_msg_t *m, const shm_unit_t *u) {
     }
     for (uint32_t k = u->i; k < u->j; k++) {
         if (ote__shm_src_canceled(m->pin[k])) ote__shm_set_st(m, k, OTE_ERR_CANCELED);
-        if (atomic_load(&m->st[k]) == OTE_OK)
-            ote__shm_set_st(m, k,
-                            ote__shm_copy_bytes(s, &q[k], (uint8_t *)(uintptr_t)q[k].remote,
-                                                q[k].local, m->sptr[k], q[k].len));
+        if (atomic_load(&m->st[k]) == OTE_OK) {
+            ote_status_t st =
+                ote__shm_copy_bytes(s, &q[k], src_mine(m, q, k), q[k].local, m->sptr[k], q[k].len);
+            ote__shm_set_st(m, k, src_copied(s, m, q, k, st));
+        }
     }
 }
 
@@ -430,8 +450,7 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
     uint64_t large = 0;
     for (uint32_t i = a; i < b; i++)
         if (atomic_load(&m->st[i]) == OTE_OK && q[i].len > SHM_RUN_MAX_LEN &&
-            (q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) &&
-            !src_is_staged(s, m->pin[i]))
+            (q[i].op == OTE__SLICE_WRITE || q[i].op == OTE__SLICE_READ) && !src_is_staged(s, m, i))
             large += q[i].len;
     /* Each entry adds at most one unit beyond large / chunk (b - a <= SHM_BATCH_MAX). */
     uint64_t room = SHM_UNITS_MAX - SHM_BATCH_MAX, chunk = SHM_PAR_CHUNK;
@@ -441,7 +460,7 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
     for (uint32_t i = a; i < b;) {
         uint16_t op = q[i].op;
         if (atomic_load(&m->st[i]) != OTE_OK || (op != OTE__SLICE_WRITE && op != OTE__SLICE_READ) ||
-            src_is_staged(s, m->pin[i])) {
+            src_is_staged(s, m, i)) {
             i++;
             continue;
         }
@@ -452,7 +471,7 @@ static uint32_t build_units(shm_src_t *s, shm_msg_t *m, uint32_t a, uint32_t b,
                    q[j].len <= SHM_RUN_MAX_LEN &&
                    ote__shm_in_ring(s, &q[j]) == ote__shm_in_ring(s, &q[i]) &&
                    (m->sptr[j] == NULL) == (m->sptr[i] == NULL) && run < SHM_RUN_MAX_LEN &&
-                   !src_is_staged(s, m->pin[j])) {
+                   !src_is_staged(s, m, j)) {
                 run += q[j].len;
                 j++;
             }
@@ -593,12 +612,13 @@ static void src_serve(shm_src_t *s, shm_msg_t *m) {
          * others of [a, b) as copy units. */
         for (uint32_t i = a; i < b; i++) {
             if ((q[i].op != OTE__SLICE_WRITE && q[i].op != OTE__SLICE_READ) ||
-                !src_is_staged(s, m->pin[i]))
+                !src_is_staged(s, m, i))
                 continue;
             if (atomic_load(&s->abort)) ote__shm_set_st(m, i, OTE_ERR_PEER_LOST);
             if (ote__shm_src_canceled(m->pin[i])) ote__shm_set_st(m, i, OTE_ERR_CANCELED);
             if (atomic_load(&m->st[i]) != OTE_OK) continue;
             if (ote__shm_src_is_file(s, m->pin[i])) {
+                if (ote__shm_fread_mapped(s, m, i)) continue; /* copied by the units below */
                 ote__shm_set_st(m, i, ote__shm_fread_piece(s, m, i, b)); /* shm_fread.c */
                 continue;
             }
@@ -677,6 +697,7 @@ static int src_take(shm_src_t *s, shm_msg_t *m, ssize_t n) {
         m->offer_fd[i] = -1;
         m->smap[i] = NULL;
         m->sptr[i] = NULL;
+        m->fmap[i] = NULL;
         atomic_store(&m->st[i], OTE_OK);
         if (q[i].op == SHM_OP_UNMAP) {
             ote__shm_src_unmap(s, q[i].id);

@@ -9,6 +9,8 @@
  * The I/O's done() runs on the file owner's thread: it only queues it for its worker and
  * wakes it. A connection that dies with I/O running unpins at once and leaves each its
  * bounce; the worker gives it back when it ends, and its teardown waits for them.
+ * A READ whose range the page cache holds in full (host->file.map_read, file_zero_copy)
+ * takes none of this: its response is sent from the file's mapping like memory.
  */
 #include <string.h>
 
@@ -89,12 +91,18 @@ int ote__tcp_fwrite_start(tcp_conn_t *c) {
 int ote__tcp_fread_start(tcp_conn_t *c, const ote_ctl_msg_t *m, void *pin) {
     tcp_t *tp = c->w->tp;
     const ote__file_ops_t *fo = &tp->host.file;
+    const ote__pin_t *epin = ote__tcp_src_engine_pin(c, pin);
+    /* Cached in full: sent from the page cache like memory (the pin holds the mapping),
+     * behind the responses queued before it. */
+    const uint8_t *map = NULL;
+    if (fo->map_read(fo->arg, epin, m->u.rw.addr, m->u.rw.len, &map) == OTE_OK) {
+        return ote__tcp_src_respond(c, OTE_CTL_READ_RESP, m->req_id, OTE_OK, map, m->u.rw.len, pin);
+    }
     uint8_t *buf = NULL;
     void *tok = NULL;
     tcp_fread_t *fr = ote_calloc(1, sizeof(*fr));
-    ote_status_t st = fr != NULL ? fo->bounce_get(fo->arg, ote__tcp_src_engine_pin(c, pin),
-                                                  m->u.rw.len, &buf, &tok)
-                                 : OTE_ERR_NOMEM;
+    ote_status_t st =
+        fr != NULL ? fo->bounce_get(fo->arg, epin, m->u.rw.len, &buf, &tok) : OTE_ERR_NOMEM;
     if (st != OTE_OK) {
         ote_free(fr);
         ote__tcp_src_unpin(c, pin, m->u.rw.len);

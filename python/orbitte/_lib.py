@@ -167,6 +167,8 @@ class EngineStats(ctypes.Structure):
         ("auth_failures", ctypes.c_uint64),
         ("auth_backoff_refused", ctypes.c_uint64),
         ("auth_open_failures", ctypes.c_uint64),
+        ("file_read_bytes_mapped", ctypes.c_uint64),
+        ("file_read_bytes_bounced", ctypes.c_uint64),
     ]
 
 

@@ -24,6 +24,9 @@ Metrics (every one carries the constant labels given; NIXL-like names and units)
   orbitte_notifications_refused_total                   counters
   orbitte_auth_failures_total, orbitte_auth_backoff_refused_total,
   orbitte_auth_open_failures_total                      counters
+  orbitte_file_read_mapped_bytes_total,
+  orbitte_file_read_bounced_bytes_total                 counters, peers' READs of file
+                                                        registrations (docs/files.md)
 Only the transports of the engine's list are exported. Needs prometheus_client (Debian:
 python3-prometheus-client).
 
@@ -187,6 +190,10 @@ _ENGINE_COUNTERS = (
      "auth_backoff_refused"),
     ("orbitte_auth_open_failures", "Segment opens that failed authentication",
      "auth_open_failures"),
+    ("orbitte_file_read_mapped_bytes", "Bytes of peers' file READs sent from the page cache",
+     "file_read_bytes_mapped"),
+    ("orbitte_file_read_bounced_bytes", "Bytes of peers' file READs read into a bounce buffer",
+     "file_read_bytes_bounced"),
 )
 
 SNAPSHOT_PATTERN = "orbitte-*.json"

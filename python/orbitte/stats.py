@@ -65,6 +65,10 @@ class EngineStats:
     auth_failures: int  # connections to this engine that failed to authenticate
     auth_backoff_refused: int  # closed unheard: their address was backing off
     auth_open_failures: int  # this engine's segment opens that failed with OTE_ERR_AUTH
+    # Peers' READs of this engine's file registrations: bytes sent from the page cache
+    # (file_zero_copy), bytes read into a bounce buffer first. 0 from an older library.
+    file_read_bytes_mapped: int = 0
+    file_read_bytes_bounced: int = 0
     struct_size: int = field(default=0, repr=False)  # what the library filled
 
 
@@ -113,7 +117,9 @@ def engine_stats(lib, handle, check):
         notify_send_failed=int(s.notify_send_failed), notify_received=int(s.notify_received),
         notify_refused=int(s.notify_refused), auth_failures=int(s.auth_failures),
         auth_backoff_refused=int(s.auth_backoff_refused),
-        auth_open_failures=int(s.auth_open_failures), struct_size=int(s.struct_size))
+        auth_open_failures=int(s.auth_open_failures),
+        file_read_bytes_mapped=int(s.file_read_bytes_mapped),
+        file_read_bytes_bounced=int(s.file_read_bytes_bounced), struct_size=int(s.struct_size))
 
 
 def segment_stats(lib, handle, check):

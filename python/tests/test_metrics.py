@@ -113,6 +113,9 @@ def test_collector_scraped_over_http_counts_the_bytes_moved(engines):
         assert sample(m, "orbitte_inflight_requests", transport=t, **labels) == 0
     assert sample(m, "orbitte_memory_registrations", kind="host", **labels) == 1
     assert sample(m, "orbitte_memory_registered_bytes", kind="host", **labels) == SIZE
+    # No file registration here: the file READ counters are exported, at 0.
+    assert sample(m, "orbitte_file_read_mapped_bytes_total", **labels) == 0
+    assert sample(m, "orbitte_file_read_bounced_bytes_total", **labels) == 0
 
 
 def test_engine_stats_dataclass_and_notifications(engines):

@@ -349,6 +349,7 @@ const std::map<std::string, Sample> &Samples() {
         {"file_queue_depth", {"4096", [](R r) { return r.file_queue_depth == 4096; }}},
         {"file_chunk_size", {"64M", [](R r) { return r.file_chunk_size == (64ull << 20); }}},
         {"file_sync", {"data", [](R r) { return std::string(r.file_sync) == "data"; }}},
+        {"file_zero_copy", {"off", [](R r) { return std::string(r.file_zero_copy) == "off"; }}},
     };
     return s;
 }

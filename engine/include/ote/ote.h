@@ -106,6 +106,7 @@ typedef struct ote_batch ote_batch_t;
  *   file_queue_depth     file I/O operations in flight
  *   file_chunk_size      bytes of one file I/O operation
  *   file_sync            none or data (fdatasync before a file WRITE completes)
+ *   file_zero_copy       auto or off (peers' READs of cached file ranges skip the bounce)
  * RDMA depths are drawn from the device (query_device_ex at open): a configured value above
  * a device limit is clamped with one INFO line naming both.
  */
@@ -318,10 +319,11 @@ ote_status_t ote_memory_free_shared(ote_engine_t *engine, void *addr);
  * a WARN); ENOSPC, EIO and other failures of the kernel are OTE_ERR_IO with their errno.
  * Unregister waits up to OTE_UNREGISTER_WAIT_MS for requests using it, then is
  * OTE_ERR_BUSY; OTE_ERR_NOT_FOUND for an address that is not a registration's start.
- * Peers: over tcp a peer READs and WRITEs a file registration at its address like
- * registered memory (the source moves the bytes through a bounce buffer, synchronously
- * on its worker); shm and rdma refuse such requests whole with OTE_ERR_ACCESS for now,
- * and ote_segment_buffers does not list file registrations (docs/files.md, "Not yet"). */
+ * Peers: over tcp, shm and rdma a peer READs and WRITEs a file registration at its
+ * address like registered memory, with the same permission checks; the source moves the
+ * bytes through bounce buffers, except that over tcp and shm a READ of a range the page
+ * cache holds in full is sent from the page cache (file_zero_copy, docs/files.md).
+ * ote_segment_buffers lists file registrations (kind OTE_MEM_FILE). */
 ote_status_t ote_file_register(ote_engine_t *engine, const char *path, int fd, uint64_t offset,
                                uint64_t len, unsigned perms, const char *name, uint64_t *addr_out);
 ote_status_t ote_file_unregister(ote_engine_t *engine, uint64_t addr);
@@ -634,6 +636,11 @@ typedef struct {
     uint64_t auth_failures;
     uint64_t auth_backoff_refused;
     uint64_t auth_open_failures; /* this engine's segment opens that failed with OTE_ERR_AUTH */
+    /* Peers' READs of this engine's file registrations (tcp, shm, rdma): bytes sent
+     * straight from the page cache (file_zero_copy=auto, the range cached in full), and
+     * bytes read into a bounce buffer first (docs/files.md). */
+    uint64_t file_read_bytes_mapped;
+    uint64_t file_read_bytes_bounced;
 } ote_engine_stats_t;
 /* The engine's counters, its closed segments' included. */
 ote_status_t ote_engine_stats(ote_engine_t *engine, ote_engine_stats_t *out);
