@@ -44,9 +44,12 @@ namespace {
 
 constexpr uint64_t kMs = 1000000ull;
 constexpr uint64_t kSec = 1000 * kMs;
-constexpr uint64_t kLen = 256ull << 20; // the request
-constexpr uint64_t kGuard = 1ull << 20; // guard bytes on each side of a range
-constexpr uint64_t kRate = 50000000;    // 50 MB/s per port: 256 MiB take > 2.5 s
+// The request, and the rate per port that makes it take > 2.5 s: halved both under
+// ThreadSanitizer (which checks every byte the sim moves and the fills and checks
+// touch), so that the request takes as long and a cancel still finds most of it to do.
+constexpr uint64_t kLen = ote_test::TsanScaled(256ull << 20, 2);
+constexpr uint64_t kGuard = 1ull << 20;                       // guard bytes on each side of a range
+constexpr uint64_t kRate = ote_test::TsanScaled(50000000, 2); // 50 MB/s per port
 
 // The sim instances of the engines created while the hook is set, in creation order.
 std::vector<ote_verbs_t *> *g_sims = nullptr;
@@ -404,10 +407,11 @@ TEST_F(RdmaCancelTest, ReadCanceledMidFlight) {
 // deadline. Nothing outside the range is touched; the next request works.
 class RdmaAbandonTest : public RdmaCancelTest {
   protected:
-    // 20 MB/s per port: the 256 MiB take > 6 s, well past the requester's 3 s.
+    // 20 MB/s per port (10 under TSan, with kLen halved): the request takes > 6 s, well
+    // past the requester's 3 s.
     RdmaAbandonTest() {
         req_timeout_ = "3000";
-        rate_ = 20000000;
+        rate_ = ote_test::TsanScaled(20000000, 2);
     }
 };
 

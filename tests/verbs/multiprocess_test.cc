@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/util/test_base.h"
 #include "tests/util/wait.h"
 #include "tests/verbs/verbs_fixture.h"
 #include "tests/verbs/multiprocess_common.h"
@@ -40,7 +41,9 @@ namespace {
 uint64_t TransferBytes() {
     const char *e = getenv("OTE_MP_BYTES"); // e.g. 1073741824 for the 1 GiB figure
     if (e && *e) return strtoull(e, nullptr, 10);
-    return 256ull << 20;
+    // A quarter under ThreadSanitizer, which checks every byte the sim moves and the
+    // fills and checks touch (still 32 chunks of 2 MiB per stream).
+    return ote_test::TsanScaled(256ull << 20, 4);
 }
 
 std::string PeerPath() {
