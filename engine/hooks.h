@@ -29,7 +29,7 @@ typedef struct {
     void (*tcp_file_write)(void *arg);
     void *tcp_file_write_arg;
     /* Called by the file owner right after it answered a peer's READ of [addr, +len) from
-     * the page cache (engine/file/file_map.c), before the transport's copy of those bytes:
+     * the page cache (map_read in engine/file/file.c), before the transport's copy of them:
      * a test truncates the file there (engine/testing.h). */
     void (*file_mapped)(void *arg, uint64_t addr, uint32_t len);
     void *file_mapped_arg;

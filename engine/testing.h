@@ -20,7 +20,7 @@ extern "C" {
 void ote__test_tcp_file_write_hook(void (*fn)(void *arg), void *arg);
 /* fn(arg, addr, len) is called by every engine's file owner of this process right after
  * it answered a peer's READ of [addr, +len) of a file registration from the page cache
- * (file_zero_copy), before the transport copies those bytes (engine/file/file_map.c), on
+ * (file_zero_copy), before the transport copies those bytes (engine/file/file.c), on
  * the transport's thread. NULL clears it. Set and clear it while no READ runs. */
 void ote__test_file_mapped_hook(void (*fn)(void *arg, uint64_t addr, uint32_t len), void *arg);
 

@@ -55,8 +55,8 @@ if [ -z "$FILE" ]; then
 fi
 trap '[ $own = 1 ] && rm -f "$FILE"' EXIT
 have=$(stat -c %s "$FILE")
-if [ "$have" -lt "$bytes" ]; then
-    head -c "$bytes" /dev/urandom >"$FILE"
+if [ "$have" -lt "$bytes" ]; then # grown with data, what it holds kept
+    head -c "$((bytes - have))" /dev/urandom >>"$FILE"
 fi
 cat "$FILE" >/dev/null # cached
 

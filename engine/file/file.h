@@ -63,7 +63,8 @@ void ote__files_dev_unregister(ote__files_t *f, uint64_t start);
  * open, before the CUDA layer's destroy). f may be NULL. */
 void ote__files_release_device(ote__files_t *f);
 /* Bytes of peers' READs of file registrations sent straight from the page cache
- * (file_zero_copy) and read into a bounce buffer first, since creation. f may be NULL. */
+ * (file_zero_copy), and bytes of files read into bounce buffers for peers (READs, rdma's
+ * WRITEs), since creation. f may be NULL. */
 void ote__files_read_bytes(ote__files_t *f, uint64_t *mapped_out, uint64_t *bounced_out);
 /* The local segment's transport: peer_open ignores its peer argument. */
 ote__transport_t *ote__files_transport(ote__files_t *f);

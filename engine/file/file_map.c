@@ -14,6 +14,8 @@
  * OTE_ERR_IO), where a load would raise SIGBUS.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -30,11 +32,30 @@ static size_t page_size(void) {
     return p > 0 ? (size_t)p : 4096u;
 }
 
+/* Whether mincore tells the truth about st's file here: since Linux 5.0 it reports every
+ * page of a file mapping as resident unless the caller owns the file or may write it
+ * (can_do_mincore; root is taken to hold CAP_FOWNER). Where it would lie, a READ of pages
+ * on disk would be read by page faults inside the transport's copy. */
+static int map_mincore_truthful(const ote__freg_t *r, const struct stat *st) {
+    if (st->st_uid == geteuid() || geteuid() == 0) return 1;
+    char p[64];
+    snprintf(p, sizeof(p), "/proc/self/fd/%d", r->fd);
+    return faccessat(AT_FDCWD, p, W_OK, AT_EACCESS) == 0;
+}
+
 void ote__freg_map(ote__freg_t *r) {
     r->map = NULL;
     if (!(r->perms & OTE_PERM_READ) || r->len > SIZE_MAX / 2) return;
     struct stat st;
     if (fstat(r->fd, &st) != 0) return;
+    if (!map_mincore_truthful(r, &st)) {
+        OTE_INFO("file",
+                 "%s: neither owned by this process's user nor writable by it, so the kernel "
+                 "does not say which of its pages are cached (mincore): peers' READs of it "
+                 "always go through bounce buffers",
+                 r->path);
+        return;
+    }
     r->map_blk = S_ISBLK(st.st_mode) ? 1 : 0;
     size_t pg = page_size();
     uint64_t start = r->off & ~(uint64_t)(pg - 1);
@@ -44,8 +65,7 @@ void ote__freg_map(ote__freg_t *r) {
         OTE_INFO("file",
                  "%s: cannot map [%llu, +%llu) (%s): peers' READs of it always go through "
                  "bounce buffers",
-                 r->path, (unsigned long long)r->off, (unsigned long long)r->len,
-                 strerror(errno));
+                 r->path, (unsigned long long)r->off, (unsigned long long)r->len, strerror(errno));
         return;
     }
     r->map = p;

@@ -245,11 +245,28 @@ static int fw_start(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t i, ote_
     return 1;
 }
 
+/* Whether a READ piece of the message being served that is sent from the page cache
+ * (m->fmap) meets WRITE piece q (on registration reg) of a later message: its bytes are
+ * copied by the copy units after the settle that writes ahead, so that WRITE must wait.
+ * A piece on another registration counts too (two may name the same bytes of one file). */
+static int fm_conflicts(shm_src_t *s, const void *reg, const shm_req_t *q) {
+    if (s->mcount == 0) return 0;
+    const shm_msg_t *m = &s->msgs[s->mhead];
+    const shm_req_t *e = ote__shm_msg_reqs(m);
+    for (uint32_t i = 0; i < m->in.h.n; i++) {
+        if (m->fmap[i] == NULL) continue;
+        if (ote__shm_src_engine_pin(s, m->pin[i]) != reg) return 1;
+        if (q->remote < e[i].remote + e[i].len && e[i].remote < q->remote + q->len) return 1;
+    }
+    return 0;
+}
+
 /* Entry k of a message read after the one being settled, while writing ahead: 1 when the
  * scan may go past it (it moves no file byte, is refused or canceled already, is a READ
  * started ahead, or is a file WRITE now started or failed), 0 where it must stop to keep
  * the order: a notification, a file READ not started, a WRITE that cannot start now (no
- * slot or bounce, its bytes not staged in the ring yet, a running slot in its way). */
+ * slot or bounce, its bytes not staged in the ring yet, a running slot or a READ of the
+ * served message sent from the page cache in its way). */
 static int fw_ahead_one(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k) {
     const shm_req_t *q = &ote__shm_msg_reqs(m)[k];
     if (q->op == OTE__SLICE_NOTIFY) return 0;
@@ -259,7 +276,8 @@ static int fw_ahead_one(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t k) 
         return 1;
     if (q->op == OTE__SLICE_READ) return 0;
     if (ote__shm_in_ring(s, q) && !ote__shm_ring_staged(s, q->id)) return 0;
-    if (fr_conflicts(s, w, ote__shm_src_engine_pin(s, m->pin[k]), q, 0)) return 0;
+    const void *reg = ote__shm_src_engine_pin(s, m->pin[k]);
+    if (fr_conflicts(s, w, reg, q, 0) || fm_conflicts(s, reg, q)) return 0;
     ote_status_t st = OTE_OK;
     if (!fw_start(s, w, m, k, &st)) return 0;
     ote__shm_set_st(m, k, st); /* its copy failed: that is its status (nothing written) */

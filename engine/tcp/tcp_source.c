@@ -114,14 +114,17 @@ static void src_write(tcp_conn_t *c) {
                 ote__tcp_want_out(c, 1);
                 return;
             }
-            if (errno == EFAULT) /* only a file mapping's pages can go (file_map.c) */
+            int err = errno;
+            if (err == EFAULT) { /* only a file mapping's pages can go (file_map.c) */
                 OTE_WARN_LIMITED("tcp",
-                                 "send to %s failed: a READ's bytes were gone from a file "
-                                 "registration's page cache (the file truncated under it): "
-                                 "closing the connection",
+                                 "send to %s failed: a READ's bytes could not be read from a "
+                                 "file registration's page cache (the file truncated under "
+                                 "it, or an I/O error reading it back): closing the connection",
                                  c->from);
-            else OTE_DEBUG("tcp", "send to %s failed: %s", c->from, strerror(errno));
-            ote__tcp_conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, errno));
+            } else {
+                OTE_DEBUG("tcp", "send to %s failed: %s", c->from, strerror(err));
+            }
+            ote__tcp_conn_kill(c, ote_status_make(OTE_ERR_PEER_LOST, err));
             return;
         }
         c->progress++;

@@ -192,7 +192,7 @@ _ENGINE_COUNTERS = (
      "auth_open_failures"),
     ("orbitte_file_read_mapped_bytes", "Bytes of peers' file READs sent from the page cache",
      "file_read_bytes_mapped"),
-    ("orbitte_file_read_bounced_bytes", "Bytes of peers' file READs read into a bounce buffer",
+    ("orbitte_file_read_bounced_bytes", "Bytes of files read into bounce buffers for peers",
      "file_read_bytes_bounced"),
 )
 

@@ -65,8 +65,9 @@ class EngineStats:
     auth_failures: int  # connections to this engine that failed to authenticate
     auth_backoff_refused: int  # closed unheard: their address was backing off
     auth_open_failures: int  # this engine's segment opens that failed with OTE_ERR_AUTH
-    # Peers' READs of this engine's file registrations: bytes sent from the page cache
-    # (file_zero_copy), bytes read into a bounce buffer first. 0 from an older library.
+    # Peers' requests to this engine's file registrations: bytes of READs sent from the
+    # page cache (file_zero_copy), bytes read from files into bounce buffers (READs, and
+    # rdma's WRITEs). 0 from an older library.
     file_read_bytes_mapped: int = 0
     file_read_bytes_bounced: int = 0
     struct_size: int = field(default=0, repr=False)  # what the library filled

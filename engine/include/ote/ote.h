@@ -636,9 +636,11 @@ typedef struct {
     uint64_t auth_failures;
     uint64_t auth_backoff_refused;
     uint64_t auth_open_failures; /* this engine's segment opens that failed with OTE_ERR_AUTH */
-    /* Peers' READs of this engine's file registrations (tcp, shm, rdma): bytes sent
-     * straight from the page cache (file_zero_copy=auto, the range cached in full), and
-     * bytes read into a bounce buffer first (docs/files.md). */
+    /* Peers' requests to this engine's file registrations (tcp, shm, rdma): bytes of
+     * READs sent straight from the page cache (file_zero_copy=auto, the range cached in
+     * full), and bytes read from files into bounce buffers (READs, and rdma's WRITEs,
+     * whose bounce is read from the file first), counted when the way is chosen
+     * (docs/files.md). */
     uint64_t file_read_bytes_mapped;
     uint64_t file_read_bytes_bounced;
 } ote_engine_stats_t;
