@@ -24,7 +24,6 @@
 #include "base/log.h"
 #include "base/time.h"
 #include "engine/file/file_internal.h"
-#include "engine/hooks.h"
 
 #define FILE_WINDOW (1ull << 30) /* address windows are 1 GiB-aligned */
 

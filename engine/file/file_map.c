@@ -32,12 +32,26 @@ static size_t page_size(void) {
     return p > 0 ? (size_t)p : 4096u;
 }
 
+/* Whether this process holds CAP_FOWNER (bit 3 of CapEff, /proc/self/status). */
+static int map_cap_fowner(void) {
+    FILE *f = fopen("/proc/self/status", "re");
+    if (f == NULL) return 0;
+    char line[256];
+    unsigned long long eff = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = sscanf(line, "CapEff: %llx", &eff) == 1;
+    fclose(f);
+    return found && ((eff >> 3) & 1u);
+}
+
 /* Whether mincore tells the truth about st's file here: since Linux 5.0 it reports every
- * page of a file mapping as resident unless the caller owns the file or may write it
- * (can_do_mincore; root is taken to hold CAP_FOWNER). Where it would lie, a READ of pages
- * on disk would be read by page faults inside the transport's copy. */
+ * page of a file mapping as resident unless the caller owns the file (or holds
+ * CAP_FOWNER over its owner: not the overflow uid 65534 of an owner unmapped in this user
+ * namespace) or may write it (can_do_mincore). Where it would lie, a READ of pages on
+ * disk would be read by page faults inside the transport's copy. */
 static int map_mincore_truthful(const ote__freg_t *r, const struct stat *st) {
-    if (st->st_uid == geteuid() || geteuid() == 0) return 1;
+    if (st->st_uid == geteuid() || (st->st_uid != 65534 && map_cap_fowner())) return 1;
     char p[64];
     snprintf(p, sizeof(p), "/proc/self/fd/%d", r->fd);
     return faccessat(AT_FDCWD, p, W_OK, AT_EACCESS) == 0;

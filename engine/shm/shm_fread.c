@@ -14,7 +14,9 @@
  * their pieces checked and pinned), up to the first WRITE or notification. Writes go
  * ahead likewise (fw_settle_ahead): while the last run of a message settles its writes,
  * the file WRITE pieces of the messages read after it start, in order, up to the first
- * notification, file READ not started, or WRITE whose range meets a running slot's. Each
+ * notification, file READ not started, or WRITE whose range meets a running slot's or a
+ * READ of the served message sent from the page cache. Reading ahead into later messages
+ * waits while the run still has a file WRITE to start. Each
  * I/O's done() (the file owner's thread) only marks its slot; the thread waits for a
  * slot's end (bounded), and ote__shm_fread_settle waits for the I/O of a run still
  * running before its pins go (pieces canceled or a requester gone meanwhile), giving
@@ -140,14 +142,26 @@ static int fr_passable(const shm_req_t *q) {
            q->op == SHM_OP_IPC_DONE || q->op == SHM_OP_UNMAP;
 }
 
+/* Whether [i, b) of m holds a file WRITE piece whose write has not started (no slot):
+ * a READ of a later message must not start before it. */
+static int fr_write_pending(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t i, uint32_t b) {
+    const shm_req_t *q = ote__shm_msg_reqs(m);
+    for (uint32_t k = i; k < b; k++)
+        if (q[k].op == OTE__SLICE_WRITE && ote__shm_src_is_file(s, m->pin[k]) &&
+            atomic_load(&m->st[k]) == OTE_OK && fr_find(w, m, k) == NULL)
+            return 1;
+    return 0;
+}
+
 /* Start the reads of the file READ pieces of [i, b) of m (the message being served) not
- * started yet, while slots are free; when the run ends m, on into the messages read
- * after it, as long as their entries are READs (fr_passable). */
+ * started yet, while slots are free; when the run ends m and holds no file WRITE still to
+ * start, on into the messages read after it, as long as their entries are READs
+ * (fr_passable). */
 static void fr_fill(shm_src_t *s, shm_frwin_t *w, shm_msg_t *m, uint32_t i, uint32_t b) {
     ote_deadline_t dl = ote_deadline_after(s->tp->cfg.transfer_timeout_ms * OTE_NSEC_PER_MSEC);
     for (uint32_t k = i; k < b; k++)
         if (atomic_load(&s->abort) || !fr_start(s, w, m, k, dl)) return;
-    if (b < m->in.h.n || m != &s->msgs[s->mhead]) return;
+    if (b < m->in.h.n || m != &s->msgs[s->mhead] || fr_write_pending(s, w, m, i, b)) return;
     for (uint32_t n = 1; n < s->mcount; n++) {
         shm_msg_t *later = &s->msgs[(s->mhead + n) % SHM_LOOKAHEAD];
         const shm_req_t *q = ote__shm_msg_reqs(later);

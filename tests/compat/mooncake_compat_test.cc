@@ -167,7 +167,7 @@ TEST_F(MooncakeCompatTest, FreeBatchIdIsBusyWhileATaskIsPending) {
     transfer_request_t req = {OPCODE_WRITE, src.data(), seg,
                               reinterpret_cast<uintptr_t>(dst.data()), len};
     ASSERT_EQ(submitTransfer(a_, batch, &req, 1), 0);
-    EXPECT_EQ(freeBatchID(a_, batch), 4); // 256 MiB are not moved in the next microsecond
+    EXPECT_EQ(freeBatchID(a_, batch), 4); // len bytes are not moved in the next microsecond
     {
         ote_test::ErrorLogsExpected guard;
         EXPECT_EQ(closeSegment(a_, seg), OTE_MC_ERR_BATCH_BUSY);

@@ -242,19 +242,19 @@ TEST_F(FileRemoteTest, ShmLaterWriteWaitsForAMappedRead) {
     ote_request_t m1[2] = {{OTE_WRITE, w1.data(), seg_, a_, w1.size()},
                            {OTE_READ, r1.data(), seg_, a_ + x, r1.size()}};
     ote_request_t m2{OTE_WRITE, w2.data(), seg_, a_ + x, w2.size()};
-    ASSERT_EQ(ote_batch_submit(b_, m1, 2), OTE_OK);
-    ASSERT_EQ(ote_batch_submit(b2, &m2, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_submit(b_, m1, 2), OTE_OK);
+    EXPECT_EQ(ote_batch_submit(b2, &m2, 1), OTE_OK);
     (void)ote_batch_wait(b_, kWaitNs);
     (void)ote_batch_wait(b2, kWaitNs);
     EXPECT_EQ(ote_fault_failures("file.stall"), 1u);
     ote_fault_disarm("file.stall");
     ote_transfer_status_t s{};
-    ASSERT_EQ(ote_batch_status(b_, 0, &s), OTE_OK);
+    EXPECT_EQ(ote_batch_status(b_, 0, &s), OTE_OK);
     EXPECT_EQ(s.state, OTE_TRANSFER_FAILED) << "the held write did not reach its deadline";
-    ASSERT_EQ(ote_batch_status(b_, 1, &s), OTE_OK);
-    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
-    ASSERT_EQ(ote_batch_status(b2, 0, &s), OTE_OK);
-    ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(ote_batch_status(b_, 1, &s), OTE_OK);
+    EXPECT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(ote_batch_status(b2, 0, &s), OTE_OK);
+    EXPECT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
     EXPECT_EQ(ote_batch_destroy(b2), OTE_OK);
     for (size_t i = 0; i < r1.size(); i++) ASSERT_EQ(r1[i], Pat(x + i)) << i;
     uint64_t mapped = 0;
@@ -265,6 +265,54 @@ TEST_F(FileRemoteTest, ShmLaterWriteWaitsForAMappedRead) {
     EXPECT_EQ(mapped, r1.size()) << "the READ was not sent from the page cache";
     std::vector<uint8_t> got = ReadFile(path, n);
     for (uint64_t i = x; i < x + w2.size(); i++) ASSERT_EQ(got[i], 0x22) << i;
+}
+
+// The same order on the bounce path (file_zero_copy=off): shm reads ahead into later
+// messages only once the served run has no file WRITE left to start. Message 0: a WRITE
+// whose write is held by file.stall until the source's 3 s deadline (meanwhile the source
+// reads messages 1 and 2); message 1: a READ of A, then a WRITE of X; message 2: a READ
+// of X. Before, the READ of A read ahead past the WRITE of X into message 2, whose READ
+// of X then returned the bytes from before that WRITE.
+TEST_F(FileRemoteTest, ShmLaterReadWaitsForAnEarlierWrite) {
+    const uint64_t kMiB = 1u << 20, n = 8 * kMiB, x = 4 * kMiB, z = 6 * kMiB;
+    std::string path = TmpPath("zc_shm_read_order.bin");
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(Connect(
+        NewEngine(
+            {{"transports", "shm"}, {"file_zero_copy", "off"}, {"transfer_timeout_ms", "3000"}}),
+        NewEngine({{"transports", "shm"}, {"slice_size", "2M"}}), path, 0, n,
+        OTE_PERM_READ | OTE_PERM_WRITE, nullptr, 2));
+    ote_batch_t *b0 = nullptr, *b2 = nullptr;
+    ASSERT_EQ(ote_batch_create(req_, 1, &b0), OTE_OK);
+    ASSERT_EQ(ote_batch_create(req_, 1, &b2), OTE_OK);
+    std::vector<uint8_t> w0(2 * kMiB, 0x11), ra(2 * kMiB, 0xee), wx(2 * kMiB, 0x22),
+        rx(2 * kMiB, 0xee);
+    ASSERT_EQ(ote_fault_arm("file.stall", OTE_FAULT_NTH, 1, OTE_ERR_FAULT, 0), OTE_OK);
+    ote_request_t m0{OTE_WRITE, w0.data(), seg_, a_ + z, w0.size()};
+    ote_request_t m1[2] = {{OTE_READ, ra.data(), seg_, a_, ra.size()},
+                           {OTE_WRITE, wx.data(), seg_, a_ + x, wx.size()}};
+    ote_request_t m2{OTE_READ, rx.data(), seg_, a_ + x, rx.size()};
+    EXPECT_EQ(ote_batch_submit(b0, &m0, 1), OTE_OK);
+    EXPECT_EQ(ote_batch_submit(b_, m1, 2), OTE_OK);
+    EXPECT_EQ(ote_batch_submit(b2, &m2, 1), OTE_OK);
+    (void)ote_batch_wait(b0, kWaitNs);
+    (void)ote_batch_wait(b_, kWaitNs);
+    (void)ote_batch_wait(b2, kWaitNs);
+    EXPECT_EQ(ote_fault_failures("file.stall"), 1u);
+    ote_fault_disarm("file.stall");
+    ote_transfer_status_t s{};
+    EXPECT_EQ(ote_batch_status(b0, 0, &s), OTE_OK);
+    EXPECT_EQ(s.state, OTE_TRANSFER_FAILED) << "the held write did not reach its deadline";
+    for (size_t i = 0; i < 2; i++) {
+        EXPECT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
+        EXPECT_EQ(s.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(s.error);
+    }
+    EXPECT_EQ(ote_batch_status(b2, 0, &s), OTE_OK);
+    EXPECT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+    EXPECT_EQ(ote_batch_destroy(b0), OTE_OK);
+    EXPECT_EQ(ote_batch_destroy(b2), OTE_OK);
+    for (size_t i = 0; i < ra.size(); i++) ASSERT_EQ(ra[i], Pat(i)) << i;
+    for (size_t i = 0; i < rx.size(); i++) ASSERT_EQ(rx[i], 0x22) << "message 2 read ahead: " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ZeroCopyTest, ::testing::Values("tcp", "shm", "shm-ring"),

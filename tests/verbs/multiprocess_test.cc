@@ -42,7 +42,7 @@ uint64_t TransferBytes() {
     const char *e = getenv("OTE_MP_BYTES"); // e.g. 1073741824 for the 1 GiB figure
     if (e && *e) return strtoull(e, nullptr, 10);
     // A quarter under ThreadSanitizer, which checks every byte the sim moves and the
-    // fills and checks touch (still 32 chunks of 2 MiB per stream).
+    // fills and checks touch (still 8 WRs of 8 MiB per stream, 16 of 4 MiB when killed).
     return ote_test::TsanScaled(256ull << 20, 4);
 }
 
