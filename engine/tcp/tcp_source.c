@@ -459,7 +459,9 @@ void ote__tcp_src_pump(tcp_conn_t *c) {
 /* Deadlines of a source connection: the handshake within handshake_timeout_ms (at most
  * connect_timeout_ms: ote__cfg_handshake_ms); while it
  * owes responses, is receiving a payload or holds part of a frame, progress (bytes in or
- * out) at least every transfer_timeout_ms. Closing it unpins what it held. */
+ * out) at least every transfer_timeout_ms. Closing it unpins what it held. Time the oldest
+ * response waits for this source's own file I/O is not the requester's stall: that I/O
+ * ends by its own deadline (tcp_fread.c), and its response then goes out. */
 void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
     tcp_t *tp = c->w->tp;
     if (!c->handshaken) {
@@ -473,7 +475,9 @@ void ote__tcp_src_tick(tcp_conn_t *c, uint64_t now) {
         return;
     }
     int owes = c->rcount > 0 || c->rx_state != RX_HDR || c->rx_end > c->rx_start;
-    if (!owes || c->progress != c->progress_seen) {
+    const tcp_resp_t *head = c->rcount > 0 ? &c->ring[c->rhead] : NULL;
+    int own_io = head != NULL && head->fread != NULL && head->fread->state != FREAD_DONE;
+    if (!owes || own_io || c->progress != c->progress_seen) {
         c->progress_seen = c->progress;
         c->progress_ns = now;
         return;
