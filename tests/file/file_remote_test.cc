@@ -346,13 +346,7 @@ TEST_P(FileTcpAsyncTest, BounceBuffersAreFixed) {
             offs.push_back(i * (400u << 10) + (i % 2 == 0 ? 0 : 3 + round));
         }
         ReadMany(bufs, offs);
-        for (size_t i = 0; i < bufs.size(); i++) {
-            ote_transfer_status_t s{};
-            ASSERT_EQ(ote_batch_status(b_, i, &s), OTE_OK);
-            ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << i << ": " << ote_status_str(s.error);
-            for (size_t k = 0; k < bufs[i].size(); k++)
-                ASSERT_EQ(bufs[i][k], Pat(offs[i] + k)) << i << " " << k;
-        }
+        ASSERT_NO_FATAL_FAILURE(ExpectReadsRight(bufs, offs));
     }
     bool fixed = LogContains("is io_uring fixed buffer");
     if (std::string(GetParam()) == "threads") {
