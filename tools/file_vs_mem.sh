@@ -16,7 +16,13 @@
 # on an idle machine, and compare file systems: FILE on tmpfs (/dev/shm) keeps its
 # pages, FILE on a disk shows the page cache of that file system.
 #
-# Usage: tools/file_vs_mem.sh [--ote-bench PATH] [--file PATH] [--size SIZE]
+# How the pages came into the cache matters on a disk file system: pages left by the
+# file's own buffered writes are single 4 KiB pages, pages read in from the disk are
+# large folios (readahead), and the kernel copies the latter faster (docs/files.md,
+# "Measuring"). --reread drops the file's cached pages first (POSIX_FADV_DONTNEED, after
+# a sync), so the runs read pages that came from the disk.
+#
+# Usage: tools/file_vs_mem.sh [--ote-bench PATH] [--file PATH] [--size SIZE] [--reread]
 #                             [--runtime SEC] [--transports "tcp shm"] [--rounds N]
 #   --file        the file (default: a new one in $TMPDIR, removed at the end; a given
 #                 file is grown to SIZE with data when shorter, and kept)
@@ -32,6 +38,7 @@ SIZE=1G
 RUNTIME=4
 TRANSPORTS="tcp shm"
 ROUNDS=3
+REREAD=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --ote-bench) BENCH=$2; shift 2 ;;
@@ -40,6 +47,7 @@ while [ $# -gt 0 ]; do
         --runtime) RUNTIME=$2; shift 2 ;;
         --transports) TRANSPORTS=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
+        --reread) REREAD=1; shift ;;
         *) echo "file_vs_mem: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -57,6 +65,12 @@ trap '[ $own = 1 ] && rm -f "$FILE"' EXIT
 have=$(stat -c %s "$FILE")
 if [ "$have" -lt "$bytes" ]; then # grown with data, what it holds kept
     head -c "$((bytes - have))" /dev/urandom >>"$FILE"
+fi
+if [ "$REREAD" = 1 ]; then # the cached pages dropped: what the cat below reads comes from the disk
+    sync "$FILE"
+    python3 -c 'import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$FILE"
 fi
 cat "$FILE" >/dev/null # cached
 

@@ -4,7 +4,8 @@
 # (zero copy) and the bounced file READ rate with their ratios, every figure a positive
 # number. Correctness only: no rate or ratio is asserted (the machine is shared and
 # noisy; tools/file_vs_mem.sh is the benchmark). Also: an unknown argument and a
-# transport other than tcp and shm exit 2.
+# transport other than tcp and shm exit 2. A given --file is grown to --size and kept, and
+# --reread (its cached pages dropped first) measures it the same way.
 #
 # Usage (from Bazel): file_vs_mem_test.sh <tools/file_vs_mem.sh> <ote_bench>
 set -u
@@ -27,6 +28,13 @@ for t in tcp shm; do
         fail "$t: a zero rate or ratio: $line"
 done
 [ -z "$(ls "$TMP" | grep '^file_vs_mem\.')" ] || fail "its temporary file was left behind"
+
+: >"$TMP/given"
+timeout 120 "$SCRIPT" --ote-bench "$BENCH" --file "$TMP/given" --reread --transports tcp \
+    --size 32M --runtime 1 --rounds 1 >"$TMP/out2" 2>"$TMP/err2" || { fail "--reread: exit status $?"; cat "$TMP/err2"; }
+cat "$TMP/out2"
+grep -qE "^file_vs_mem: round 1 tcp +memory $num  file $num \(${num}x\)" "$TMP/out2" || fail "--reread: no line for tcp"
+[ "$(stat -c %s "$TMP/given" 2>/dev/null)" = $((32 << 20)) ] || fail "the given file was not grown to 32 MiB and kept"
 
 "$SCRIPT" --ote-bench "$BENCH" --bogus >/dev/null 2>&1
 [ $? = 2 ] || fail "an unknown argument did not exit 2"
