@@ -1,6 +1,7 @@
 // tests/engine/gpu_fixture.cc - see gpu_fixture.h.
 #include "tests/engine/gpu_fixture.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -20,9 +21,7 @@ std::string Hex(uint64_t h) {
 }
 
 uint64_t PatternHash(uint64_t seed, uint64_t off, uint64_t len) {
-    std::vector<uint8_t> v(len ? len : 1);
-    ote_pattern_fill(v.data(), len, seed, off);
-    return ote_hash(v.data(), len);
+    return ote_pattern_hash(seed, off, len);
 }
 
 std::string Num(uint64_t v) { return std::to_string(v); }
@@ -115,10 +114,21 @@ uint64_t GpuTest::DevAlloc(size_t n, unsigned flags) {
     return ote_cuda_alloc_ptr(a);
 }
 
+std::vector<uint8_t> &GpuTest::Scratch() {
+    if (scratch_.empty()) scratch_.resize(4 << 20);
+    return scratch_;
+}
+
+// Piece by piece through the scratch buffer: a synchronous copy from pageable memory
+// has taken its source bytes when it returns, so the buffer is refilled at once.
 void GpuTest::DevFill(uint64_t addr, size_t len, uint64_t seed, uint64_t base) {
-    std::vector<uint8_t> v(len);
-    ote_pattern_fill(v.data(), len, seed, base);
-    ASSERT_EQ(t_->cuMemcpyHtoD(addr, v.data(), len), 0);
+    std::vector<uint8_t> &v = Scratch();
+    for (size_t done = 0; done < len;) {
+        size_t n = std::min(len - done, v.size());
+        ote_pattern_fill(v.data(), n, seed, base + done);
+        ASSERT_EQ(t_->cuMemcpyHtoD(addr + done, v.data(), n), 0);
+        done += n;
+    }
     ASSERT_EQ(t_->cuStreamSynchronize(nullptr), 0);
 }
 
@@ -133,9 +143,16 @@ std::vector<uint8_t> GpuTest::DevRead(uint64_t addr, size_t len) {
 }
 
 uint64_t GpuTest::DevHash(uint64_t addr, size_t len) {
-    std::vector<uint8_t> v = DevRead(addr, len);
-    uint8_t none = 0;
-    return ote_hash(v.empty() ? &none : v.data(), len);
+    std::vector<uint8_t> &v = Scratch(); // 4 MiB: every piece but the last a multiple of 8
+    uint64_t h = ote_hash_begin(len);
+    EXPECT_EQ(t_->cuStreamSynchronize(nullptr), 0);
+    for (size_t done = 0; done < len;) {
+        size_t n = std::min(len - done, v.size());
+        EXPECT_EQ(t_->cuMemcpyDtoH(v.data(), addr + done, n), 0);
+        h = ote_hash_more(h, v.data(), n);
+        done += n;
+    }
+    return h;
 }
 
 void GpuTest::OpenSegment(ote_engine_t *e, const std::string &addr, ote_segment_t **seg) {

@@ -81,6 +81,12 @@ class GpuTest : public ote_cuda_test::CudaTest {
                                               const CopyGate &gate, unsigned pass);
 
     std::vector<ote_cuda_alloc_t *> allocs_;
+
+  private:
+    // DevFill's and DevHash's host side: one 4 MiB buffer reused, so that filling or
+    // hashing device memory allocates (and faults in) nothing per call.
+    std::vector<uint8_t> &Scratch();
+    std::vector<uint8_t> scratch_;
 };
 
 } // namespace ote_gpu_test

@@ -595,7 +595,9 @@ TEST_P(GpuTransferTest, EveryKindPairBothDirectionsBytesChecked) {
                     uint64_t lspan = loff + len + tail;
                     if (local_dev) DevFill(ldev, lspan, lseed);
                     else ote_pattern_fill(lhost.data(), lspan, lseed, 0);
-                    ASSERT_EQ(t.Command(std::string("fill ") + rname + " " + std::to_string(rseed)),
+                    // The target's buffer: pattern rseed over the span the checks read.
+                    ASSERT_EQ(t.Command(std::string("fill ") + rname + " " + std::to_string(rseed) +
+                                        " " + std::to_string(roff + len + tail)),
                               "OK");
                     ote_transfer_status_t ts{};
                     ASSERT_EQ(Run(e, seg, op, lbase + loff, rbase + roff, len, &ts), OTE_OK);
@@ -1007,7 +1009,9 @@ TEST_F(RdmaStagingTest, TwoProcessesStagedAtTheTarget) {
             SCOPED_TRACE((op == OTE_WRITE ? "WRITE " : "READ ") + std::to_string(len));
             const uint64_t lseed = 500 + cases, rseed = 600 + cases;
             ote_pattern_fill(lhost.data(), loff + len + tail, lseed, 0);
-            ASSERT_EQ(t.Command("fill dev " + std::to_string(rseed)), "OK");
+            ASSERT_EQ(t.Command("fill dev " + std::to_string(rseed) + " " +
+                                std::to_string(roff + len + tail)),
+                      "OK"); // the span the checks read
             ote_transfer_status_t ts{};
             ASSERT_EQ(Run(req_, seg_, op, reinterpret_cast<uintptr_t>(lhost.data()) + loff,
                           t.rw + roff, len, &ts),

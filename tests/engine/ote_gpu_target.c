@@ -7,7 +7,8 @@
  * command per stdin line:
  *
  *   READY <address> <dev_addr> <dev_len> <host_addr> <host_len> <dev2_addr> <dev2_len>
- *   fill <dev|host|dev2> <seed>       -> OK           fill with the seed pattern
+ *   fill <dev|host|dev2> <seed> [len] -> OK           fill with the seed pattern (bytes
+ *                                                     [0, len) when len is given)
  *   sum <dev|host|dev2> <off> <len>   -> SUM <hex>    hash of a range (device memory is
  *                                                     read with a device-to-host copy)
  *   fail <entry> <nth> <count> <res>  -> OK | ERR     arm a fault of the fake driver
@@ -97,18 +98,27 @@ static int dev_sync(void) {
     return g_t->cuStreamSynchronize(NULL) == 0 ? 0 : -1;
 }
 
-static int fill(gbuf_t *b, uint64_t seed) {
+/* fill's and sum's host side for device buffers: 4 MiB reused, so that a command
+ * allocates (and faults in) nothing. The command loop runs on one thread. */
+static uint8_t g_scratch[4 << 20];
+
+/* Bytes [0, len) of the buffer := the seed pattern (len 0: the whole buffer). A device
+ * buffer is written piece by piece through g_scratch: a synchronous copy from pageable
+ * memory has taken its source bytes when it returns. */
+static int fill(gbuf_t *b, uint64_t seed, uint64_t len) {
+    if (len == 0 || len > b->len) len = b->len;
     if (!b->device) {
-        ote_pattern_fill(b->host, b->len, seed, 0);
+        ote_pattern_fill(b->host, len, seed, 0);
         return 0;
     }
-    uint8_t *tmp = malloc(b->len);
-    if (tmp == NULL) return -1;
-    ote_pattern_fill(tmp, b->len, seed, 0);
     int rc = dev_sync();
-    if (rc == 0) rc = g_t->cuMemcpyHtoD(b->addr, tmp, b->len) == 0 ? dev_sync() : -1;
-    free(tmp);
-    return rc;
+    for (uint64_t done = 0; rc == 0 && done < len;) {
+        size_t n = len - done < sizeof(g_scratch) ? (size_t)(len - done) : sizeof(g_scratch);
+        ote_pattern_fill(g_scratch, n, seed, done);
+        if (g_t->cuMemcpyHtoD(b->addr + done, g_scratch, n) != 0) rc = -1;
+        done += n;
+    }
+    return rc == 0 ? dev_sync() : rc;
 }
 
 static int sum(gbuf_t *b, uint64_t off, uint64_t len, uint64_t *out) {
@@ -116,12 +126,15 @@ static int sum(gbuf_t *b, uint64_t off, uint64_t len, uint64_t *out) {
         *out = ote_hash(b->host + off, len);
         return 0;
     }
-    uint8_t *tmp = malloc(len ? len : 1);
-    if (tmp == NULL) return -1;
+    uint64_t h = ote_hash_begin(len);
     int rc = dev_sync();
-    if (rc == 0 && len > 0 && g_t->cuMemcpyDtoH(tmp, b->addr + off, len) != 0) rc = -1;
-    if (rc == 0) *out = ote_hash(tmp, len);
-    free(tmp);
+    for (uint64_t done = 0; rc == 0 && done < len;) { /* 4 MiB pieces: multiples of 8 */
+        size_t n = len - done < sizeof(g_scratch) ? (size_t)(len - done) : sizeof(g_scratch);
+        if (g_t->cuMemcpyDtoH(g_scratch, b->addr + off + done, n) != 0) rc = -1;
+        else h = ote_hash_more(h, g_scratch, n);
+        done += n;
+    }
+    if (rc == 0) *out = h;
     return rc;
 }
 
@@ -215,7 +228,7 @@ int main(int argc, char **argv) {
             if (b->host == NULL) return 4;
             b->addr = (uintptr_t)b->host;
         }
-        if (fill(b, (uint64_t)(i + 1)) != 0) return 4;
+        if (fill(b, (uint64_t)(i + 1), 0) != 0) return 4;
         unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
         if (b->device && ipc_optin) perms |= OTE_PERM_IPC;
         st = ote_memory_register_named(e, (void *)(uintptr_t)b->addr, b->len, perms, b->name);
@@ -241,8 +254,8 @@ int main(int argc, char **argv) {
         gbuf_t *bf = NULL;
         for (int i = 0; n >= 2 && i < 3; i++)
             if (strcmp(bufs[i].name, which) == 0) bf = &bufs[i];
-        if (strcmp(cmd, "fill") == 0 && bf && n >= 3) {
-            printf(fill(bf, a) == 0 ? "OK\n" : "ERR fill\n");
+        if (strcmp(cmd, "fill") == 0 && bf && n >= 3) { /* fill NAME SEED [LEN] */
+            printf(fill(bf, a, n >= 4 ? b : 0) == 0 ? "OK\n" : "ERR fill\n");
         } else if (strcmp(cmd, "sum") == 0 && bf && n >= 4 && a <= bf->len && b <= bf->len - a) {
             uint64_t h = 0;
             if (sum(bf, a, b, &h) == 0) printf("SUM %016" PRIx64 "\n", h);

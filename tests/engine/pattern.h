@@ -30,10 +30,13 @@ static inline void ote_pattern_fill(void *buf, size_t len, uint64_t seed, uint64
     for (; i < len; i++) p[i] = ote_pattern_byte(seed, base + i);
 }
 
-/* 64-bit hash of a byte range (word-wise, position dependent). */
-static inline uint64_t ote_hash(const void *buf, size_t len) {
+/* ote_hash in pieces: h = ote_hash_begin(total), then h = ote_hash_more(h, piece, n) for
+ * each piece in order, every piece but the last a multiple of 8 bytes: the result is
+ * ote_hash of the pieces laid end to end. */
+static inline uint64_t ote_hash_begin(size_t total) { return 0xcbf29ce484222325ull ^ total; }
+
+static inline uint64_t ote_hash_more(uint64_t h, const void *buf, size_t len) {
     const uint8_t *p = (const uint8_t *)buf;
-    uint64_t h = 0xcbf29ce484222325ull ^ len;
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
         uint64_t w;
@@ -42,6 +45,25 @@ static inline uint64_t ote_hash(const void *buf, size_t len) {
         h ^= h >> 31;
     }
     for (; i < len; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* 64-bit hash of a byte range (word-wise, position dependent). */
+static inline uint64_t ote_hash(const void *buf, size_t len) {
+    return ote_hash_more(ote_hash_begin(len), buf, len);
+}
+
+/* ote_hash of bytes [base, base+len) of the seed pattern, generated 64 KiB at a time on
+ * the stack (no allocation: a test's expected hash costs no page faults). */
+static inline uint64_t ote_pattern_hash(uint64_t seed, uint64_t base, uint64_t len) {
+    uint64_t piece[8192]; /* 64 KiB, a multiple of 8 bytes */
+    uint64_t h = ote_hash_begin(len);
+    for (uint64_t done = 0; done < len;) {
+        size_t n = len - done < sizeof(piece) ? (size_t)(len - done) : sizeof(piece);
+        ote_pattern_fill(piece, n, seed, base + done);
+        h = ote_hash_more(h, piece, n);
+        done += n;
+    }
     return h;
 }
 
