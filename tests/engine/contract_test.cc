@@ -13,8 +13,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/engine/e2e_fixture.h"
@@ -49,10 +51,42 @@ ote_test::TargetSession SessionFor(const std::string &tp, uint64_t rw_size) {
     return s;
 }
 
+// UnregisterNeverSucceedsInsideARequest's WRITEs: 16 MiB (16 slices of the default 1 MiB)
+// in every configuration. Under TSan 4 MiB saved most of the case's time, but then the
+// target's unregister loop met no request in flight in most runs (0 BUSY answers), and
+// an unregister racing a request is what the case is for.
+constexpr size_t kUnregLen = 16u << 20;
+// UnregisterOnTheNotificationSucceeds's requests: 8 MiB, 2 MiB under TSan (still 2 slices).
+constexpr size_t kNotifyLen = ote_test::TsanScaled(8u << 20, 4);
+
+// The target's rw for the running test: the bytes its requests lie on. A target maps and
+// fills its whole rw when it starts, fresh pages that took about a second per 64 MiB in
+// every case under TSan, so a test that uses a few MiB of it (or none) gets no more. A
+// test not named here gets 64 MiB; Submit checks that a batch fits.
+uint64_t RwSizeFor(const std::string &test) {
+    static const std::pair<const char *, uint64_t> kNeeds[] = {
+        {"RequestPartlyOutsideARegistrationMovesNoByte/", 4u << 20},
+        {"UnregisterNeverSucceedsInsideARequest/", 4 * kUnregLen},
+        {"RequestersOwnRegistrationIsBusyWhileARequestUsesIt/", 4u << 20},
+        {"CanceledRequestsLeaveNothingPinnedAtTheSource/", 24 * (2u << 20)},
+        {"DeadRequesterReleasesTheSourcePinAtOnce/", 4u << 20},
+        {"UnregisterOnTheNotificationSucceeds/", 4 * kNotifyLen},
+        {"DiscoveredBuffersFollowTheTargetsRegistrations/", 4u << 20},
+        {"DiscoveryOfADeadTargetFailsByTheDeadline/", 4u << 20},
+    };
+    for (const auto &n : kNeeds)
+        if (test.rfind(n.first, 0) == 0) return n.second;
+    return 64ull << 20;
+}
+
+std::string CurrentTest() {
+    return ::testing::UnitTest::GetInstance()->current_test_info()->name();
+}
+
 class ContractTest : public ote_test::TargetE2eTest,
                      public ::testing::WithParamInterface<std::string> {
   protected:
-    explicit ContractTest(uint64_t rw_size = 64ull << 20)
+    explicit ContractTest(uint64_t rw_size = RwSizeFor(CurrentTest()))
         : TargetE2eTest(SessionFor(GetParam(), rw_size)) {}
     const char *Tp() const { return GetParam().c_str(); }
     size_t Warns() {
@@ -131,8 +165,8 @@ TEST_P(ContractTest, RequestPartlyOutsideARegistrationMovesNoByte) {
 // unregister may succeed between requests, never inside one, so every request either
 // completes or is refused as a whole (OTE_ERR_ACCESS with no byte moved).
 TEST_P(ContractTest, UnregisterNeverSucceedsInsideARequest) {
-    constexpr int kN = 4, kRounds = 16; // 4 x 16 MiB fill rw: no two share bytes
-    size_t len = 16u << 20;
+    constexpr int kN = 4, kRounds = 16; // 4 x kUnregLen fill rw: no two share bytes
+    size_t len = kUnregLen;
     std::vector<uint8_t> src(len, 5);
     ASSERT_TRUE(target_.Send("unregloop 1500"));
     int completed = 0, refused = 0;
@@ -157,9 +191,9 @@ TEST_P(ContractTest, UnregisterNeverSucceedsInsideARequest) {
     }
     std::string reply = target_.Reply(30000);
     std::printf(
-        "[ figures ] %s: unregister loop during %d x %d x 16 MiB WRITEs: %s (ok, busy); "
+        "[ figures ] %s: unregister loop during %d x %d x %zu MiB WRITEs: %s (ok, busy); "
         "%d completed, %d refused whole\n",
-        Tp(), kRounds, kN, reply.c_str(), completed, refused);
+        Tp(), kRounds, kN, len >> 20, reply.c_str(), completed, refused);
     EXPECT_EQ(reply.rfind("ST ", 0), 0u) << reply;
 }
 
@@ -251,7 +285,10 @@ TEST_P(PeerDeathTest, PeerKilledMidBatchEveryUnfinishedRequestEndsPeerLost) {
 // Point 4: cancel stops what is not on the wire yet, for WRITE and for READ.
 TEST_P(ContractTest, CancelStopsWriteAndReadWorkNotOnTheWire) {
     constexpr int kN = 32;
-    std::vector<uint8_t> local(64u << 20, 7);
+    // 64 MiB, left as the allocator gives it except what the WRITEs send: the canceled
+    // READs land in few of these bytes and nothing reads them, so filling all of them was
+    // only page faults (a second under TSan).
+    std::unique_ptr<uint8_t[]> local(new uint8_t[64u << 20]);
     for (ote_opcode_t op : {OTE_WRITE, OTE_READ}) {
         const char *name = op == OTE_WRITE ? "WRITE" : "READ";
         // WRITEs from one buffer, READs into local bytes as rw's. Over rdma 2 MiB each on
@@ -260,7 +297,8 @@ TEST_P(ContractTest, CancelStopsWriteAndReadWorkNotOnTheWire) {
         // the cancel (seen under TSan), 512 MiB keeps most of them queued.
         const bool rdma = GetParam() == "rdma";
         const size_t len = rdma ? 2u << 20 : 16u << 20;
-        ote_batch_t *b = Submit(op, local.data(), len, kN, op == OTE_WRITE ? 0 : len, rdma ? 0 : 4);
+        if (op == OTE_WRITE) memset(local.get(), 7, len);
+        ote_batch_t *b = Submit(op, local.get(), len, kN, op == OTE_WRITE ? 0 : len, rdma ? 0 : 4);
         ASSERT_NE(b, nullptr);
         uint64_t t0 = ote_now_ns();
         ASSERT_EQ(ote_batch_cancel(b), OTE_OK);
@@ -332,7 +370,9 @@ TEST_P(ContractTest, CanceledRequestsLeaveNothingPinnedAtTheSource) {
 
 // Point 5: a requester that dies releases what it pinned at the source at once.
 TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
-    size_t len = 64u << 20, piece = 16u << 20;
+    // Every READ reads the same 16 MiB: the registration is those bytes (fresh pages that
+    // no READ reads only cost page faults, seconds under TSan).
+    size_t len = 16u << 20, piece = len;
     void *mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(mem, MAP_FAILED);
     memset(mem, 9, len);
@@ -372,7 +412,7 @@ TEST_P(ContractTest, DeadRequesterReleasesTheSourcePinAtOnce) {
 // Point 6: a range is free again once the requester saw COMPLETED: the target unregisters
 // the moment the batch's notification arrives, and that succeeds every time.
 TEST_P(ContractTest, UnregisterOnTheNotificationSucceeds) {
-    size_t len = 8u << 20;
+    size_t len = kNotifyLen;
     // Each request on bytes of its own: a READ into the buffer that a WRITE in flight
     // sends from (or another READ fills) would race.
     std::vector<uint8_t> src(4 * len);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -234,12 +235,43 @@ class StepWatchdog {
 // their pieces are at the source end CANCELED; no byte of them moves once the request
 // reported it; the destination changes only where a piece was served before the cancel;
 // nothing outside the range is touched; and the target can unregister the range at once.
+//
+// Under TSan (ote_test::TsanScaled) the request is 128 MiB and slice_size 16 MiB: in
+// cross-memory-attach mode still 8 slices, of which the 64 MiB window (SHM_WINDOW_BYTES,
+// the transport's) sends only some (4 rather than 2; the rest wait at the requester, where
+// a cancel drops them, while those sent wait at the source for the CANCEL entry); in ring
+// mode 64 slices of 2 MiB rather than 128, 8 at a time in the 16 MiB ring. A cancel so
+// still lands with pieces at the source and pieces queued (the mid-flight READ's once its
+// first slice arrived: 7 of 8, or 63 of 64, to go), and the mid-flight bound (the window,
+// a slice and a MiB: 81 of 128 MiB) still bounds. The target fills its whole rw when it
+// starts and the checks hash all of it several times: at 256 MiB those fresh pages, fills
+// and hashes took 25-45 s a case under TSan.
+constexpr size_t kCancelLen = ote_test::TsanScaled(256ull << 20, 2);
+constexpr size_t kCancelSlice = kCancelLen / 8;
+static_assert(kCancelSlice == (ote_test::kUnderTsan ? 16u << 20 : 32u << 20),
+              "slice_size below names the slice");
+
 ote_test::TargetSession CancelSession(const char *mode) {
     ote_test::TargetSession s = ModeSession(mode, "60000");
-    s.rw_size = (256ull << 20) + (1u << 20); // the request, then a guard MiB
-    s.config.push_back({"slice_size", "32M"});
+    s.rw_size = kCancelLen + (1u << 20); // the request, then a guard MiB
+    s.config.push_back({"slice_size", ote_test::kUnderTsan ? "16M" : "32M"});
     s.wait_ns = 120 * kSec;
     return s;
+}
+
+// Bytes of p[0, len) other than c, compared a MiB at a time with memcmp (a block that
+// differs is counted byte by byte): a loop over every byte of a few hundred MiB costs
+// seconds under TSan, an instrumented read each.
+size_t CountOtherThan(const uint8_t *p, size_t len, uint8_t c) {
+    constexpr size_t kBlock = 1u << 20;
+    const std::vector<uint8_t> same(std::min(kBlock, len), c);
+    size_t n = 0;
+    for (size_t off = 0; off < len; off += kBlock) {
+        size_t m = std::min(kBlock, len - off);
+        if (memcmp(p + off, same.data(), m) == 0) continue;
+        for (size_t i = off; i < off + m; i++) n += p[i] != c;
+    }
+    return n;
 }
 
 class ShmCancelTest : public ote_test::TargetE2eTest,
@@ -256,8 +288,18 @@ class ShmCancelTest : public ote_test::TargetE2eTest,
         TargetE2eTest::TearDown();
     }
 
-    static constexpr size_t kLen = 256u << 20;
+    static constexpr size_t kLen = kCancelLen;
     static constexpr size_t kMiB = 1u << 20;
+
+    // This process's side of the requests (kLen and a guard MiB), one buffer for the
+    // suite: each case's fresh one took seconds of page faults under TSan. A case fills
+    // what it uses before each request; the engines and targets of earlier cases are gone.
+    static void SetUpTestSuite() { local_ = new std::vector<uint8_t>(kLen + kMiB); }
+    static void TearDownTestSuite() {
+        delete local_;
+        local_ = nullptr;
+    }
+    static std::vector<uint8_t> *local_;
 
     std::vector<uint64_t> BlockHashes() {
         std::vector<uint64_t> h;
@@ -284,12 +326,15 @@ class ShmCancelTest : public ote_test::TargetE2eTest,
     StepWatchdog dog_{"ShmCancelTest"};
 };
 
+std::vector<uint8_t> *ShmCancelTest::local_ = nullptr;
+
 // The source is stopped while the request's first piece and then the CANCEL reach it: it
 // reads both before it copies, so not one byte of the request moves.
 TEST_P(ShmCancelTest, CanceledBeforeTheSourceCopiedMovesNoByte) {
     for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
         const char *name = op == OTE_READ ? "READ" : "WRITE";
-        std::vector<uint8_t> local(kLen + kMiB, 0xEE);
+        std::vector<uint8_t> &local = *local_;
+        memset(local.data(), 0xEE, local.size());
         if (op == OTE_WRITE) ote_pattern_fill(local.data(), kLen, 21, 0);
         std::vector<uint64_t> before = BlockHashes();
         ote_batch_t *b = nullptr;
@@ -310,7 +355,8 @@ TEST_P(ShmCancelTest, CanceledBeforeTheSourceCopiedMovesNoByte) {
         EXPECT_EQ(ts.state, OTE_TRANSFER_CANCELED) << name;
         EXPECT_EQ(ts.bytes_done, 0u) << name;
         if (op == OTE_READ) {
-            for (size_t i = 0; i < local.size(); i++) ASSERT_EQ(local[i], 0xEE) << name << " " << i;
+            ASSERT_EQ(CountOtherThan(local.data(), local.size(), 0xEE), 0u)
+                << name << ": bytes arrived here";
         }
         EXPECT_EQ(BlockHashes(), before) << name << ": the target's memory changed";
         ExpectUnregisterable();
@@ -328,11 +374,13 @@ TEST_P(ShmCancelTest, CanceledBeforeTheSourceCopiedMovesNoByte) {
 // request reports done plus the pieces that were at the source (at most the 64 MiB
 // window plus one slice); after CANCELED nothing changes any more.
 TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
-    const size_t bound = (64u << 20) + (32u << 20) + kMiB;
+    const size_t bound = (64u << 20) + kCancelSlice + kMiB;
+    static_assert((64u << 20) + kCancelSlice + kMiB < kLen, "the bound is below the request");
     for (ote_opcode_t op : {OTE_READ, OTE_WRITE}) {
         const char *name = op == OTE_READ ? "READ" : "WRITE";
         dog_.Phase(std::string(name) + ": hashes before the request", 90 * kSec);
-        std::vector<uint8_t> local(kLen + kMiB, 0xEE);
+        std::vector<uint8_t> &local = *local_;
+        memset(local.data(), 0xEE, local.size());
         if (op == OTE_WRITE) ote_pattern_fill(local.data(), kLen, 22, 0);
         std::vector<uint64_t> before = BlockHashes();
         ote_batch_t *b = nullptr;
@@ -372,8 +420,9 @@ TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
         EXPECT_EQ(ote_hash(local.data(), local.size()), local_hash) << name;
         size_t changed = 0;
         if (op == OTE_READ) {
-            for (size_t i = 0; i < kLen; i++) changed += local[i] != 0xEE;
-            for (size_t i = kLen; i < local.size(); i++) ASSERT_EQ(local[i], 0xEE) << i;
+            changed = CountOtherThan(local.data(), kLen, 0xEE);
+            ASSERT_EQ(CountOtherThan(local.data() + kLen, kMiB, 0xEE), 0u)
+                << name << ": the READ wrote past its range";
         } else {
             for (size_t k = 0; k < kLen / kMiB; k++) changed += after[k] != before[k] ? kMiB : 0;
         }
@@ -398,9 +447,12 @@ TEST_P(ShmCancelTest, CanceledMidFlightStopsAtTheSource) {
 // deadlock of the caller), the batch ends CANCELED with no byte moved, and the other
 // batch completes once the source goes on.
 TEST_P(ShmCancelTest, CancelOfABatchStillQueuedBehindAnotherReturns) {
-    const size_t big = 64u << 20, off_small = 200u << 20;
-    std::vector<uint8_t> a_src(big), b_src(4096);
-    ote_pattern_fill(a_src.data(), a_src.size(), 31, 0);
+    // The big batch fills the 64 MiB window; the small one's bytes lie well past it (200
+    // MiB into rw, 100 MiB under TSan).
+    const size_t big = 64u << 20, off_small = kLen / 32 * 25;
+    uint8_t *a_src = local_->data();
+    std::vector<uint8_t> b_src(4096);
+    ote_pattern_fill(a_src, big, 31, 0);
     ote_pattern_fill(b_src.data(), b_src.size(), 32, 0);
     uint64_t small_before = target_.Hash("rw", off_small, b_src.size());
     ote_batch_t *a = nullptr, *b = nullptr;
@@ -408,7 +460,7 @@ TEST_P(ShmCancelTest, CancelOfABatchStillQueuedBehindAnotherReturns) {
     ASSERT_EQ(ote_batch_create(engine_, 1, &b), OTE_OK);
     ASSERT_TRUE(target_.Stop());
     dog_.Phase("submit of the 64 MiB batch and the queued one", 30 * kSec);
-    ote_request_t ra = {OTE_WRITE, a_src.data(), seg_, target_.rw, big};
+    ote_request_t ra = {OTE_WRITE, a_src, seg_, target_.rw, big};
     ASSERT_EQ(ote_batch_submit(a, &ra, 1), OTE_OK);
     ote_request_t rb = {OTE_WRITE, b_src.data(), seg_, target_.rw + off_small, b_src.size()};
     ASSERT_EQ(ote_batch_submit(b, &rb, 1), OTE_OK);
@@ -423,7 +475,7 @@ TEST_P(ShmCancelTest, CancelOfABatchStillQueuedBehindAnotherReturns) {
     dog_.Phase("ote_batch_wait of the other batch", 90 * kSec);
     EXPECT_EQ(ote_batch_wait(a, 60 * kSec), OTE_OK);
     dog_.Phase("checks after the cancel of the queued batch", 120 * kSec);
-    EXPECT_EQ(target_.Hash("rw", 0, big), ote_hash(a_src.data(), big));
+    EXPECT_EQ(target_.Hash("rw", 0, big), ote_hash(a_src, big));
     EXPECT_EQ(target_.Hash("rw", off_small, b_src.size()), small_before)
         << "a canceled piece moved";
     ExpectUnregisterable();
