@@ -12,7 +12,11 @@
  * operation; where the table or a slot is refused (kernel < 5.19, ENOMEM, full) the plain
  * descriptor is used, with one INFO line. The pooled bounce buffers of peers' slices
  * (file_bounce.c) sit in its sparse fixed-buffer table (FIO_BUFS slots): their reads use
- * io_uring_prep_read_fixed; a buffer refused a slot stays a plain one.
+ * io_uring_prep_read_fixed; a buffer refused a slot stays a plain one. The kernel counts
+ * fixed buffers' pages against the user's RLIMIT_MEMLOCK, summed over every process of
+ * the user (unless it holds CAP_IPC_LOCK in the initial user namespace), and so it counts
+ * rings' own pages: an engine pins at most a sixteenth of a finite limit (pin_budget),
+ * so that its buffers never leave the user's other engines without room for a ring.
  *
  * The thread pool (file_engine=threads, or auto where io_uring_queue_init fails: old
  * kernel, seccomp, the io_uring_disabled sysctl): min(file_queue_depth, 16) threads, each
@@ -29,6 +33,7 @@
 #include <liburing.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -80,7 +85,9 @@ struct ote__fio {
     uint32_t nffree;
     int *bfree; /* free fixed-buffer slots, NULL: no table (plain buffers) */
     uint32_t nbfree;
-    int buf_refused; /* the INFO line of the first refused buffer is out */
+    int buf_refused;            /* the INFO line of the first refused buffer is out */
+    uint64_t pinned;            /* bytes the fixed buffers pin */
+    uint64_t bpinned[FIO_BUFS]; /* each fixed-buffer slot's pinned bytes */
     /* thread pool */
     pthread_t th[FIO_MAX_THREADS];
     uint32_t nth;
@@ -332,6 +339,16 @@ static void uring_files_init(ote__fio_t *io) {
     io->nffree = FIO_FILES;
 }
 
+/* The bytes this engine's fixed buffers may pin: a sixteenth of a finite RLIMIT_MEMLOCK
+ * (the kernel refuses a ring, io_uring_queue_init ENOMEM, to a user whose pinned pages
+ * reached it), all of an unlimited one. Read at each buffer: a limit lowered meanwhile
+ * counts. */
+static uint64_t pin_budget(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 0;
+    return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur / 16;
+}
+
 /* The ring's sparse fixed-buffer table, or none (plain buffers, one INFO line). */
 static void uring_bufs_init(ote__fio_t *io) {
     int ret = io_uring_register_buffers_sparse(&io->ring, FIO_BUFS);
@@ -539,17 +556,33 @@ void ote__fio_file_remove(ote__fio_t *io, int slot) {
 int ote__fio_buf_add(ote__fio_t *io, void *data, size_t len) {
     if (io == NULL || io->kind != FIO_URING) return -1;
     struct iovec v = {data, len};
+    /* The pages the kernel pins for it. */
+    const uint64_t pg = 4096, a = (uintptr_t)data / pg * pg,
+                   cost = ((uintptr_t)data + len + pg - 1) / pg * pg - a;
+    const uint64_t budget = pin_budget();
     ote_mutex_lock(&io->mu);
     int slot = -1, ret = -ENFILE, first = 0;
-    if (io->bfree != NULL && io->nbfree > 0) {
+    if (io->bfree != NULL && io->pinned + cost > budget) ret = -EDQUOT;
+    else if (io->bfree != NULL && io->nbfree > 0) {
         slot = io->bfree[io->nbfree - 1];
         ret = io_uring_register_buffers_update_tag(&io->ring, (unsigned)slot, &v, NULL, 1);
-        if (ret == 1) io->nbfree--;
-        else slot = -1;
+        if (ret == 1) {
+            io->nbfree--;
+            io->bpinned[slot] = cost;
+            io->pinned += cost;
+        } else {
+            slot = -1;
+        }
     }
     if (slot < 0 && io->bfree != NULL && !io->buf_refused) first = io->buf_refused = 1;
     ote_mutex_unlock(&io->mu);
-    if (first)
+    if (first && ret == -EDQUOT)
+        OTE_INFO("file",
+                 "a bounce buffer of %zu bytes got no io_uring fixed-buffer slot (it would "
+                 "pass this engine's share of RLIMIT_MEMLOCK, %llu bytes): it and later "
+                 "refused ones are read and written as plain buffers",
+                 len, (unsigned long long)budget);
+    else if (first)
         OTE_INFO("file",
                  "a bounce buffer of %zu bytes got no io_uring fixed-buffer slot (%s): it and "
                  "later refused ones are read and written as plain buffers",
@@ -564,7 +597,11 @@ void ote__fio_buf_remove(ote__fio_t *io, int slot) {
     struct iovec v = {NULL, 0};
     ote_mutex_lock(&io->mu);
     int ret = io_uring_register_buffers_update_tag(&io->ring, (unsigned)slot, &v, NULL, 1);
-    if (ret == 1) io->bfree[io->nbfree++] = slot;
+    if (ret == 1) {
+        io->bfree[io->nbfree++] = slot;
+        io->pinned -= io->bpinned[slot];
+        io->bpinned[slot] = 0;
+    }
     ote_mutex_unlock(&io->mu);
     if (ret != 1) /* the slot stays taken (and the memory pinned until the ring goes) */
         OTE_WARN("file", "io_uring: emptying fixed-buffer slot %d failed: %s", slot,

@@ -145,9 +145,9 @@ TEST_P(ContractTest, RequestPartlyOutsideARegistrationMovesNoByte) {
     size_t touched = 0;
     for (uint8_t c : dst) touched += c != 0xEE;
     EXPECT_EQ(touched, 0u) << "a refused READ brought bytes here";
-    // Permission: a 3 MiB WRITE that starts in the write-only buffer and is refused there
-    // as a whole (ro is READ-only: a WRITE into it fails before a byte moves).
-    std::vector<uint8_t> small(2u << 20, 0x11);
+    // Permission: a WRITE that lies inside the read-only buffer (ro, 1 MiB) is refused as a
+    // whole for its permission alone (it fails before a byte moves).
+    std::vector<uint8_t> small(target_.ro_len / 2, 0x11);
     uint64_t ro_before = target_.Hash("ro", 0, target_.ro_len);
     EXPECT_EQ(ote_status_code(Transfer(OTE_WRITE, small.data(), target_.ro, small.size(), &ts)),
               OTE_ERR_ACCESS);

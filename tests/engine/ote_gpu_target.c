@@ -7,8 +7,9 @@
  * command per stdin line:
  *
  *   READY <address> <dev_addr> <dev_len> <host_addr> <host_len> <dev2_addr> <dev2_len>
- *   fill <dev|host|dev2> <seed> [len] -> OK           fill with the seed pattern (bytes
- *                                                     [0, len) when len is given)
+ *   fill <dev|host|dev2> <seed> [len] -> OK | ERR     fill with the seed pattern (bytes
+ *                                                     [0, len) when len is given, not 0;
+ *                                                     ERR past the buffer)
  *   sum <dev|host|dev2> <off> <len>   -> SUM <hex>    hash of a range (device memory is
  *                                                     read with a device-to-host copy)
  *   fail <entry> <nth> <count> <res>  -> OK | ERR     arm a fault of the fake driver
@@ -102,11 +103,13 @@ static int dev_sync(void) {
  * allocates (and faults in) nothing. The command loop runs on one thread. */
 static uint8_t g_scratch[4 << 20];
 
-/* Bytes [0, len) of the buffer := the seed pattern (len 0: the whole buffer). A device
+/* Bytes [0, len) of the buffer := the seed pattern (len 0: the whole buffer; more than
+ * the buffer: -1, nothing written). A device
  * buffer is written piece by piece through g_scratch: a synchronous copy from pageable
  * memory has taken its source bytes when it returns. */
 static int fill(gbuf_t *b, uint64_t seed, uint64_t len) {
-    if (len == 0 || len > b->len) len = b->len;
+    if (len > b->len) return -1;
+    if (len == 0) len = b->len;
     if (!b->device) {
         ote_pattern_fill(b->host, len, seed, 0);
         return 0;

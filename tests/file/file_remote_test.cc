@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -353,6 +354,53 @@ TEST_P(FileTcpAsyncTest, BounceBuffersAreFixed) {
         EXPECT_FALSE(fixed);
     } else if (!LogContains("io_uring fixed buffers unavailable")) { // a kernel >= 5.19
         EXPECT_TRUE(fixed);
+    }
+}
+
+// The kernel counts fixed buffers against the user's RLIMIT_MEMLOCK, every process of
+// the user together, and a ring's own pages too: an engine pins at most a sixteenth of a
+// finite limit, so that it never leaves another engine of the user without room for a
+// ring (io_uring_queue_init ENOMEM). With the limit lowered to 1 MiB (a 64 KiB share, less
+// than the 128 and 256 KiB bounce buffers these READs take) the buffers made meanwhile
+// pin at most 64 KiB together, one INFO line names the share, and READs move the right
+// bytes through plain buffers. (The limit is lowered once the rings exist:
+// they are counted against it too.)
+TEST_F(FileRemoteTest, BounceBuffersPinAShareOfTheMemlockLimit) {
+    const uint64_t n = 4u << 20;
+    std::string path = TmpPath("async_memlock.bin");
+    MakeFile(path, n);
+    ASSERT_NO_FATAL_FAILURE(Connect(TcpEngine({{"file_engine", "uring"}, {"log_level", "debug"}}),
+                                    TcpEngine({{"file_engine", "uring"}}), path, 0, n,
+                                    OTE_PERM_READ, nullptr, 8));
+    // The bytes of the buffers fixed so far (each DEBUG line names its size): those made
+    // before the limit is lowered (at the connection) do not count against the check.
+    auto fixed = [this] {
+        uint64_t bytes = 0;
+        for (const std::string &l : Logs()) {
+            size_t at = l.find("a bounce buffer of ");
+            if (at != l.npos && l.find("is io_uring fixed buffer") != l.npos)
+                bytes += std::stoull(l.substr(at + 19));
+        }
+        return bytes;
+    };
+    const uint64_t fixed_before = fixed();
+    struct rlimit was {};
+    ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &was), 0);
+    struct rlimit low = was;
+    low.rlim_cur = 1u << 20;
+    ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &low), 0);
+    std::vector<std::vector<uint8_t>> bufs;
+    std::vector<uint64_t> offs;
+    for (uint64_t i = 0; i < 8; i++) {
+        bufs.emplace_back(i % 2 == 0 ? (256u << 10) : 100000 + i, 0xee);
+        offs.push_back(i * (400u << 10) + (i % 2 == 0 ? 0 : 5));
+    }
+    ReadMany(bufs, offs);
+    ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &was), 0);
+    ASSERT_NO_FATAL_FAILURE(ExpectReadsRight(bufs, offs));
+    if (!LogContains("io_uring fixed buffers unavailable")) { // a kernel >= 5.19
+        EXPECT_TRUE(LogContains("share of RLIMIT_MEMLOCK, 65536 bytes"));
+        EXPECT_LE(fixed() - fixed_before, 65536u) << "buffers were fixed past the share";
     }
 }
 
