@@ -751,22 +751,24 @@ TEST_P(GpuTransferTest, SourceDriverFaultFailsOneRequestOnly) {
 // and the next request works.
 TEST_P(GpuTransferTest, CancelMidPipelineTouchesNothingOutside) {
     const std::string tp = GetParam();
+    // 32 MiB, 8 MiB under TSan: 128 or 32 chunks of 256 KiB, the copy held at the third.
+    constexpr uint64_t kSpan = ote_test::TsanScaled(32 << 20, 4);
     Target t;
-    ASSERT_TRUE(StartTarget(t, 32 << 20));
+    ASSERT_TRUE(StartTarget(t, kSpan));
     ote_engine_t *e = ote_test::NewEngine(
         {{"transports", tp == "shm" ? "shm,tcp" : "tcp"}, {"gpu_staging_chunk", "256K"}});
     ASSERT_NE(e, nullptr);
     ote_segment_t *seg = nullptr;
     ASSERT_EQ(ote_segment_open(e, t.address.c_str(), &seg), OTE_OK);
-    const uint64_t guard = 4096, len = (32 << 20) - 2 * guard;
-    uint64_t d = DevAlloc(32 << 20);
+    const uint64_t guard = 4096, len = kSpan - 2 * guard;
+    uint64_t d = DevAlloc(kSpan);
     const ote_gpu_test::CopyGate local = LocalGate(), remote = ote_gpu_test::TargetGate(t);
     for (int i = 0; i < 4; i++) {
         const ote_opcode_t op = i < 2 ? OTE_READ : OTE_WRITE;
         const bool at_target = (i & 1) != 0;
         SCOPED_TRACE(std::string(op == OTE_WRITE ? "WRITE" : "READ") +
                      (at_target ? ", the target's copy held" : ", this process's copy held"));
-        DevFill(d, 32 << 20, 11);
+        DevFill(d, kSpan, 11);
         ASSERT_EQ(t.Command("fill dev 12"), "OK");
         ote_request_t r = {op, reinterpret_cast<void *>(d + guard), seg, t.rw + guard, len};
         CancelWhileCopyHeld(e, r, at_target ? remote : local, 2); // CANCELED, bytes_done < len
@@ -778,10 +780,10 @@ TEST_P(GpuTransferTest, CancelMidPipelineTouchesNothingOutside) {
                   Hex(PatternHash(12, guard + len, guard)));
         // The side read from is unchanged.
         if (op == OTE_READ) {
-            EXPECT_EQ(t.Command("sum dev 0 " + std::to_string(32 << 20)),
-                      Hex(PatternHash(12, 0, 32 << 20)));
+            EXPECT_EQ(t.Command("sum dev 0 " + std::to_string(kSpan)),
+                      Hex(PatternHash(12, 0, kSpan)));
         } else {
-            EXPECT_EQ(DevHash(d, 32 << 20), PatternHash(11, 0, 32 << 20));
+            EXPECT_EQ(DevHash(d, kSpan), PatternHash(11, 0, kSpan));
         }
         // The next request works.
         ASSERT_EQ(Run(e, seg, op, d + guard, t.rw + guard, 1 << 20), OTE_OK);
@@ -1129,7 +1131,9 @@ TEST_F(RdmaStagingTest, SourceCopyFaultFailsOneRequestOnly) {
 // gpu_staging_chunk (a whole 32 MiB grant would be one copy: nothing to cancel between).
 TEST_F(RdmaStagingTest, CancelMidTransferTouchesNothingOutside) {
     REQUIRE_FAKE();
-    const uint64_t total = 32 << 20, guard = 4096, len = total - 2 * guard;
+    // 32 MiB, 8 MiB under TSan: 16 or 4 grants of the default 2 MiB chunk, a copy held
+    // after two ran.
+    const uint64_t total = ote_test::TsanScaled(32 << 20, 4), guard = 4096, len = total - 2 * guard;
     ASSERT_NO_FATAL_FAILURE(Open(total));
     std::vector<uint8_t> host(total);
     uint64_t ldev = DevAlloc(total);
