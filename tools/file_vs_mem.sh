@@ -16,11 +16,10 @@
 # on an idle machine, and compare file systems: FILE on tmpfs (/dev/shm) keeps its
 # pages, FILE on a disk shows the page cache of that file system.
 #
-# How the pages came into the cache matters on a disk file system: pages left by the
-# file's own buffered writes are single 4 KiB pages, pages read in from the disk are
-# large folios (readahead), and the kernel copies the latter faster (docs/files.md,
-# "Measuring"). --reread drops the file's cached pages first (POSIX_FADV_DONTNEED, after
-# a sync), so the runs read pages that came from the disk.
+# --reread drops the file's cached pages first (POSIX_FADV_DONTNEED, after a sync), so
+# that the runs read pages that came in from the disk (large folios of readahead) rather
+# than those the file's own writes left (single 4 KiB pages); docs/files.md, "Measuring",
+# has both, and how pages that leave the cache between runs were handled.
 #
 # Usage: tools/file_vs_mem.sh [--ote-bench PATH] [--file PATH] [--size SIZE] [--reread]
 #                             [--runtime SEC] [--transports "tcp shm"] [--rounds N]

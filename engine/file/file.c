@@ -403,10 +403,12 @@ static ote_status_t bounce_get(void *arg, const ote__pin_t *pin, uint32_t len, u
 }
 
 /* One read or write of [foff, +len) with buf: the O_DIRECT descriptor where offset,
- * length and buf meet r's alignment (ote__freg_direct), else the buffered one. */
+ * length and buf meet r's alignment (ote__freg_direct) and, for a read, the page cache
+ * holds none of the range (ote__freg_map_partly), else the buffered one. */
 static ssize_t bounce_rw(const ote__freg_t *r, int to_file, uint8_t *buf, uint32_t len,
                          uint64_t foff) {
-    int direct = ote__freg_direct(r, foff, len, buf, to_file);
+    int direct = ote__freg_direct(r, foff, len, buf, to_file) &&
+                 (to_file || !ote__freg_map_partly(r, foff, len));
     int fd = direct ? r->dfd : r->fd;
     return to_file ? pwrite(fd, buf, len, (off_t)foff) : pread(fd, buf, len, (off_t)foff);
 }
@@ -476,7 +478,8 @@ static ote_status_t bounce_io_start(void *arg, void *tok, int to_file, uint64_t 
     op->reg = r;
     op->foff = r->off + (addr - r->addr);
     op->write = to_file != 0; /* then the I/O engine's fdatasync with file_sync=data */
-    op->direct = ote__freg_direct(r, op->foff, len, b->data, to_file);
+    op->direct = ote__freg_direct(r, op->foff, len, b->data, to_file) &&
+                 (to_file || !ote__freg_map_partly(r, op->foff, len));
     op->fixbuf = (uint16_t)(b->fixbuf + 1); /* 0: a plain buffer */
     op->fd = op->direct ? r->dfd : r->fd;
     op->state = FOP_QUEUED;

@@ -212,6 +212,11 @@ void ote__freg_unmap(ote__freg_t *r);
  * without a mapping. */
 ote_status_t ote__freg_map_read(const ote__freg_t *r, uint64_t addr, uint32_t len,
                                 const uint8_t **ptr_out);
+/* Whether r is mapped and the page cache holds some page of the file's [foff, +len): a
+ * read of such a range that is not sent from the page cache goes through it (buffered),
+ * so that it serves what it holds and keeps the pages it reads; O_DIRECT, which neither
+ * reads from it nor fills it, would leave the range's holes open for every later READ. */
+int ote__freg_map_partly(const ote__freg_t *r, uint64_t foff, uint64_t len);
 /* host->file.map_failed for r (transport.h). */
 ote_status_t ote__freg_map_failed(const ote__freg_t *r, uint64_t addr, uint32_t len,
                                   ote_status_t st);

@@ -92,8 +92,9 @@ void ote__freg_unmap(ote__freg_t *r) {
     r->map = NULL;
 }
 
-/* Whether every page of [p, +len) is in the page cache now. */
-static int map_resident(const uint8_t *p, size_t len) {
+/* How many pages of [p, +len) the page cache holds now: all (1) or not (0), asked with
+ * want 1; any (1) or none (0), asked with want 0. A failed mincore answers 0. */
+static int map_pages(const uint8_t *p, size_t len, int want) {
     size_t pg = page_size();
     uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1);
     size_t pages = ((uintptr_t)p + len - a + pg - 1) / pg;
@@ -102,9 +103,19 @@ static int map_resident(const uint8_t *p, size_t len) {
         size_t k = pages - i < MAP_VEC ? pages - i : MAP_VEC;
         if (mincore((void *)(a + i * pg), k * pg, vec) != 0) return 0;
         for (size_t j = 0; j < k; j++)
-            if (!(vec[j] & 1)) return 0;
+            if ((vec[j] & 1) != want) return !want;
     }
-    return 1;
+    return want;
+}
+
+/* Whether every page of [p, +len) is in the page cache now. */
+static int map_resident(const uint8_t *p, size_t len) { return map_pages(p, len, 1); }
+
+int ote__freg_map_partly(const ote__freg_t *r, uint64_t foff, uint64_t len) {
+    if (r->map == NULL || len == 0 || foff < r->off || foff - r->off > r->len ||
+        len > r->len - (foff - r->off))
+        return 0;
+    return map_pages(r->map + r->map_skew + (foff - r->off), (size_t)len, 0);
 }
 
 /* Whether the file still holds [foff, +len) (a block device cannot shrink). */

@@ -73,6 +73,20 @@ class ZeroCopyTest : public FileRemoteTest, public ::testing::WithParamInterface
         ReadMany(bufs, offs);
         ASSERT_NO_FATAL_FAILURE(ExpectReadsRight(bufs, offs));
     }
+    // How many pages of [off, +len) of the file at path the page cache holds.
+    static uint64_t Resident(const std::string &path, uint64_t off, uint64_t len) {
+        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return 0;
+        void *p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(off));
+        close(fd);
+        if (p == MAP_FAILED) return 0;
+        std::vector<unsigned char> vec((len + 4095) / 4096);
+        uint64_t k = 0;
+        if (mincore(p, len, vec.data()) == 0)
+            for (unsigned char v : vec) k += v & 1;
+        munmap(p, len);
+        return k;
+    }
     // Every page of [0, n) of the file at path out of the page cache (written back first);
     // false when the file system keeps them (tmpfs).
     static bool Evict(const std::string &path, uint64_t n) {
@@ -155,6 +169,52 @@ TEST_P(ZeroCopyTest, UncachedRangesAreBounced) {
     ASSERT_NO_FATAL_FAILURE(Counts(&mapped, &bounced));
     EXPECT_EQ(mapped, Mappable(buf.size()));
     EXPECT_EQ(mapped + bounced, 2 * buf.size());
+}
+
+// A range the page cache holds but for a few pages (read, then one page in each 256 KiB
+// dropped, as the kernel's reclaim leaves holes): a READ of it cannot be sent from the page
+// cache, and its bounce reads the range buffered, not O_DIRECT though it is aligned, so
+// the page cache serves what it holds and keeps the pages it reads: the range is cached
+// in full after the READ, and the same READ is then sent from there (where the transport
+// sends from the page cache at all). Read O_DIRECT, the holes would have stayed open,
+// every later READ of the range bounced. (A slice of which the page cache holds nothing
+// is still read O_DIRECT: a cold file does not fill the page cache.)
+TEST_P(ZeroCopyTest, PartlyCachedRangeIsReadIntoThePageCache) {
+    const uint64_t n = 4u << 20, off = 1u << 20, len = 1u << 20;
+    std::string path = TmpPath((std::string("zc_part_") + GetParam() + ".bin").c_str());
+    MakeFile(path, n);
+    ASSERT_TRUE(Evict(path, n)) << "the file system under TEST_TMPDIR keeps its pages";
+    const uint64_t holes[] = {25, 100, 175, 250}; // pages of the range, one in each 256 KiB
+    {
+        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        ASSERT_GE(fd, 0);
+        std::vector<uint8_t> all(len);
+        EXPECT_EQ(pread(fd, all.data(), all.size(), off), static_cast<ssize_t>(all.size()));
+        for (uint64_t h : holes)
+            EXPECT_EQ(posix_fadvise(fd, off + h * 4096, 4096, POSIX_FADV_DONTNEED), 0);
+        close(fd);
+    }
+    ASSERT_EQ(Resident(path, off, len), len / 4096 - 4);
+    ASSERT_NO_FATAL_FAILURE(Connect(Engine(), Engine(), path, 0, n, OTE_PERM_READ));
+    std::vector<uint8_t> buf(len);
+    uint64_t mapped[2] = {}, bounced[2] = {};
+    for (int round = 0; round < 2; round++) {
+        std::fill(buf.begin(), buf.end(), 0);
+        ote_transfer_status_t s = Move(OTE_READ, buf.data(), a_ + off, buf.size());
+        ASSERT_EQ(s.state, OTE_TRANSFER_COMPLETED) << ote_status_str(s.error);
+        for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], Pat(off + i)) << i;
+        EXPECT_EQ(Resident(path, off, len), len / 4096) << "round " << round;
+        ASSERT_NO_FATAL_FAILURE(Counts(&mapped[round], &bounced[round]));
+    }
+    // The first READ was bounced (tcp: its 64 KiB slices with a hole, those the buffered
+    // reads' readahead had not filled meanwhile); the second went from the page cache
+    // wherever the transport sends from there.
+    EXPECT_GT(bounced[0], 0u);
+    if (!Tcp()) {
+        EXPECT_EQ(bounced[0], len);
+    }
+    EXPECT_EQ(mapped[1] - mapped[0], Mappable(len));
+    EXPECT_EQ(mapped[1] + bounced[1], 2 * len);
 }
 
 // file_zero_copy=off: every READ of a cached file is bounced.
