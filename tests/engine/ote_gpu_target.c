@@ -1,10 +1,10 @@
 /*
  * tests/engine/ote_gpu_target.c - the target engine of the GPU staging tests, run as a
- * child process (tests/engine/gpu_staging_test.cc). It loads the CUDA driver named by
- * $OTE_CUDA_LIBRARY (the fake libcuda in tests), allocates two device buffers on device 0
- * through cuda/memory and one host buffer, registers them (read and write) as "dev",
- * "host" and "dev2", prints one READY line in the format of ote_target and then obeys one
- * command per stdin line:
+ * child process (tests/engine/gpu_staging_test.cc, gpu_rdma_staging_test.cc). It loads the
+ * CUDA driver named by $OTE_CUDA_LIBRARY (the fake libcuda in tests), allocates two
+ * device buffers on device 0 through cuda/memory and one host buffer, registers them
+ * (read and write) as "dev", "host" and "dev2", prints one READY line in the format of
+ * ote_target and then obeys one command per stdin line:
  *
  *   READY <address> <dev_addr> <dev_len> <host_addr> <host_len> <dev2_addr> <dev2_len>
  *   fill <dev|host|dev2> <seed> [len] -> OK | ERR     fill with the seed pattern (bytes
