@@ -4,15 +4,6 @@
 // sizes, offsets, gpu_paths without staging, driver faults on the source's copy, cancel),
 // local device buffers staged by the requester. The memory kinds and the tcp and shm
 // paths: gpu_staging_test.cc.
-#include <sys/mman.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,9 +15,6 @@
 #include "tests/util/test_base.h"
 
 extern "C" {
-#include "cuda/memory/memory.h"
-#include "cuda/pinned/pinned.h"
-#include "cuda/stream/stream.h"
 #include "ote/ote.h"
 }
 
@@ -40,7 +28,6 @@ using ote_gpu_test::kCudaErrorUnknown;
 using ote_gpu_test::kTargetLen;
 using ote_gpu_test::PatternHash;
 using ote_gpu_test::StartGpuTarget;
-using ote_test::kSec;
 using ote_test::Target;
 
 // ---- RDMA (verbs/sim) and device memory ----
