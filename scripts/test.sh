@@ -45,6 +45,9 @@
 #   scripts/test.sh                 everything
 #   OTE_TEST_CONFIGS=default scripts/test.sh   only the default configuration
 #   OTE_TEST_CONFIGS="default tsan" scripts/test.sh   those two
+#   OTE_BAZEL_PROFILE_DIR=DIR scripts/test.sh   also keeps each configuration's Bazel
+#       profile (DIR/<cfg>.profile.gz: every action and test with its times; open it in
+#       chrome://tracing or `bazel analyze-profile`), to see where a slow run went
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -180,7 +183,10 @@ for cfg in ${OTE_TEST_CONFIGS:-default asan tsan}; do
         tsan) extra+=(--build_tests_only) targets=("${TSAN_TARGETS[@]}") partial=(--partial) ;;
     esac
     echo "== bazel test ${targets[*]} ($cfg)"
-    bazel test "${BAZEL_FLAGS[@]}" "${extra[@]}" -- "${targets[@]}" 2>&1 | tee "$LOGDIR/$cfg.log"
+    prof=()
+    [ -n "${OTE_BAZEL_PROFILE_DIR:-}" ] && prof=(--profile="$OTE_BAZEL_PROFILE_DIR/$cfg.profile.gz")
+    bazel test "${BAZEL_FLAGS[@]}" "${extra[@]}" "${prof[@]}" -- "${targets[@]}" 2>&1 |
+        tee "$LOGDIR/$cfg.log"
     rc=${PIPESTATUS[0]}
     info=()
     [ "$cfg" = default ] || info=(--config="$cfg")

@@ -43,6 +43,23 @@ TEST_F(E2eTest, SegmentUsesTheConfiguredTransport) {
     EXPECT_EQ(target_.address, info.peer);
 }
 
+// The target fills its fresh buffers with ote_pattern_fill_fresh (uninstrumented, for
+// speed under the sanitizers): the bytes must be those of ote_pattern_fill, which the
+// cases that READ the target's untouched bytes expect.
+TEST_F(E2eTest, TargetBuffersStartWithTheirSeedPatterns) {
+    EXPECT_EQ(target_.Hash("rw", 0, target_.rw_len), ote_pattern_hash(1, 0, target_.rw_len));
+    EXPECT_EQ(target_.Hash("ro", 0, target_.ro_len), ote_pattern_hash(2, 0, target_.ro_len));
+    EXPECT_EQ(target_.Hash("wo", 0, target_.wo_len), ote_pattern_hash(3, 0, target_.wo_len));
+    for (uint64_t base : {0ull, 8ull, 4096ull << 10})
+        for (size_t len : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{4099}}) {
+            std::vector<uint64_t> fresh(len / 8 + 1, 0), checked(len / 8 + 1, 0);
+            ote_pattern_fill_fresh(fresh.data(), len, 9, base);
+            ote_pattern_fill(checked.data(), len, 9, base);
+            EXPECT_EQ(memcmp(fresh.data(), checked.data(), fresh.size() * 8), 0)
+                << len << " at " << base;
+        }
+}
+
 TEST_F(E2eTest, SizesZeroOneOddUnaligned) {
     RoundTrip(0, 0, 0, 11);
     RoundTrip(1, 0, 0, 12);

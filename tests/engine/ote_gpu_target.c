@@ -104,20 +104,24 @@ static int dev_sync(void) {
 static uint8_t g_scratch[4 << 20];
 
 /* Bytes [0, len) of the buffer := the seed pattern (len 0: the whole buffer; more than
- * the buffer: -1, nothing written). A device
+ * the buffer: -1, nothing written). fresh: the buffer is new, not yet registered, and
+ * the fill is not instrumented (ote_pattern_fill_fresh; g_scratch is this thread's, and a
+ * synchronous copy has read it when it returns). A device
  * buffer is written piece by piece through g_scratch: a synchronous copy from pageable
  * memory has taken its source bytes when it returns. */
-static int fill(gbuf_t *b, uint64_t seed, uint64_t len) {
+static int fill(gbuf_t *b, uint64_t seed, uint64_t len, int fresh) {
     if (len > b->len) return -1;
     if (len == 0) len = b->len;
     if (!b->device) {
-        ote_pattern_fill(b->host, len, seed, 0);
+        if (fresh) ote_pattern_fill_fresh(b->host, len, seed, 0);
+        else ote_pattern_fill(b->host, len, seed, 0);
         return 0;
     }
     int rc = dev_sync();
     for (uint64_t done = 0; rc == 0 && done < len;) {
         size_t n = len - done < sizeof(g_scratch) ? (size_t)(len - done) : sizeof(g_scratch);
-        ote_pattern_fill(g_scratch, n, seed, done);
+        if (fresh) ote_pattern_fill_fresh(g_scratch, n, seed, done);
+        else ote_pattern_fill(g_scratch, n, seed, done);
         if (g_t->cuMemcpyHtoD(b->addr + done, g_scratch, n) != 0) rc = -1;
         done += n;
     }
@@ -231,7 +235,7 @@ int main(int argc, char **argv) {
             if (b->host == NULL) return 4;
             b->addr = (uintptr_t)b->host;
         }
-        if (fill(b, (uint64_t)(i + 1), 0) != 0) return 4;
+        if (fill(b, (uint64_t)(i + 1), 0, 1) != 0) return 4;
         unsigned perms = OTE_PERM_READ | OTE_PERM_WRITE;
         if (b->device && ipc_optin) perms |= OTE_PERM_IPC;
         st = ote_memory_register_named(e, (void *)(uintptr_t)b->addr, b->len, perms, b->name);
@@ -258,7 +262,7 @@ int main(int argc, char **argv) {
         for (int i = 0; n >= 2 && i < 3; i++)
             if (strcmp(bufs[i].name, which) == 0) bf = &bufs[i];
         if (strcmp(cmd, "fill") == 0 && bf && n >= 3) { /* fill NAME SEED [LEN] */
-            printf(fill(bf, a, n >= 4 ? b : 0) == 0 ? "OK\n" : "ERR fill\n");
+            printf(fill(bf, a, n >= 4 ? b : 0, 0) == 0 ? "OK\n" : "ERR fill\n");
         } else if (strcmp(cmd, "sum") == 0 && bf && n >= 4 && a <= bf->len && b <= bf->len - a) {
             uint64_t h = 0;
             if (sum(bf, a, b, &h) == 0) printf("SUM %016" PRIx64 "\n", h);

@@ -180,7 +180,7 @@ int main(int argc, char **argv) {
             mmap(NULL, bufs[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return 4;
         bufs[i].p = m;
-        ote_pattern_fill(bufs[i].p, bufs[i].len, (uint64_t)(i + 1), 0);
+        ote_pattern_fill_fresh(bufs[i].p, bufs[i].len, (uint64_t)(i + 1), 0); /* not yet shared */
         if (ote_memory_register_named(e, bufs[i].p, bufs[i].len, bufs[i].perms, bufs[i].name) !=
             OTE_OK)
             return 5;

@@ -30,6 +30,30 @@ static inline void ote_pattern_fill(void *buf, size_t len, uint64_t seed, uint64
     for (; i < len; i++) p[i] = ote_pattern_byte(seed, base + i);
 }
 
+/* ote_pattern_fill for memory that no other thread or process can reach yet (a buffer just
+ * mapped, before it is registered or shared): the same bytes as ote_pattern_fill, with the
+ * sanitizers' instrumentation left out; base must be a multiple of 8. Under ThreadSanitizer
+ * every 8-byte store of the checked fill also writes its shadow cells: filling the test
+ * target's 64 MiB buffer took 1.3 of the 1.9 s of a trivial end-to-end case. Nothing can
+ * race with or overflow these stores: the caller owns the whole fresh range. Later fills,
+ * of memory a peer may be moving, use ote_pattern_fill and stay checked. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((no_sanitize_thread, no_sanitize_address))
+#elif defined(__clang__)
+__attribute__((no_sanitize("thread", "address")))
+#endif
+static inline void
+ote_pattern_fill_fresh(void *buf, size_t len, uint64_t seed, uint64_t base) {
+    uint8_t *p = (uint8_t *)buf; /* base: a multiple of 8 (the callers' are) */
+    size_t i = 0;
+    for (; i < len / 8; i++) {
+        uint64_t v = ((base >> 3) + i) * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+        v ^= v >> 29;
+        memcpy(p + i * 8, &v, 8); /* inlined: a plain store, not the intercepted memcpy */
+    }
+    for (i *= 8; i < len; i++) p[i] = ote_pattern_byte(seed, base + i);
+}
+
 /* ote_hash in pieces: h = ote_hash_begin(total), then h = ote_hash_more(h, piece, n) for
  * each piece in order, every piece but the last a multiple of 8 bytes: the result is
  * ote_hash of the pieces laid end to end. */
