@@ -3,7 +3,7 @@
  *
  * Each worker holds its own mutex while it touches its lanes (polling, arming, consuming
  * channel events), so removal under that mutex guarantees the worker is done with the
- * lane. The sleep in poll(2) happens without it and is bounded (100 ms with channels,
+ * lane. The sleep in poll(2) happens without it and is bounded (1 s with channels,
  * 1 ms when some lane has none), and an eventfd wakes a worker for add/remove/stop.
  */
 #include <errno.h>
@@ -24,7 +24,7 @@
 #include "cq/workers.h"
 
 #define MAX_WORKERS 64
-#define SLEEP_MS_CHANNEL 100 /* a safety net: an armed channel or the wake fd wakes it */
+#define SLEEP_MS_CHANNEL 1000 /* a safety net: an armed channel or the wake fd wakes it */
 #define SLEEP_MS_NO_CHANNEL 1
 
 typedef struct worker {

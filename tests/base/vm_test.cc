@@ -2,6 +2,8 @@
 // registration (anonymous, PROT_NONE, read-only, a hole, a range running from mapped into
 // unmapped memory, files and memfds shorter than their mapping), every verdict and the
 // address it names, and the fallback without /proc (fault point vm.maps_open).
+#include <gtest/gtest.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>

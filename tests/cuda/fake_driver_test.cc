@@ -7,10 +7,11 @@
 // Multi-process cases re-execute this binary (/proc/self/exe) with FAKE_CHILD_MODE set:
 // a static initializer runs the child's part before GoogleTest starts and exits with 0
 // on success (a distinct non-zero code names the failed step).
+#include <gtest/gtest.h>
+
 #include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>

@@ -7,9 +7,10 @@
 // The fake cuFile's counters prove that no buffer registration, file handle or driver
 // open outlives its owner; its fault hooks fail cuFileRead (EIO), cuFileDriverOpen and
 // cuFileBufRegister.
+#include <gtest/gtest.h>
+
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -7,6 +7,8 @@
 // path asserted by the requester's redirects followed and the target's staged copies
 // (none). The target SIGKILLed while a request is on its direct slot: the request fails
 // OTE_ERR_PEER_LOST well within its deadline, and a new target serves the same way.
+#include <gtest/gtest.h>
+
 #include <unistd.h>
 
 #include <chrono>

@@ -3,6 +3,8 @@
 // request was redirected to a direct slot goes there first, skipping the redirect's round
 // trip; when the memory there changed and is served on plain slots, the source's redirect
 // sends it back and the range is forgotten. Over verbs/sim with the fake libcuda.
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <vector>
 

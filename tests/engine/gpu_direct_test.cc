@@ -12,6 +12,8 @@
 // refused, unregister BUSY while a grant lives, faults on the private PD, QP and MR
 // failing one request cleanly, a failed dereg retained and the engine's destroy retried;
 // a source without the dma-buf still refuses it.
+#include <gtest/gtest.h>
+
 #include <dirent.h>
 #include <unistd.h>
 

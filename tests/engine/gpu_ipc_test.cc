@@ -13,6 +13,8 @@
 // the driver prove the copy complete); the exporter killed in the middle of a copy
 // (PEER_LOST, its imports released, a new peer works), also while a copy of unknown
 // outcome holds its mapping.
+#include <gtest/gtest.h>
+
 #include <dirent.h>
 #include <unistd.h>
 

@@ -5,6 +5,8 @@
 // a driver fault on the async copy or the event query fails the request and the next one
 // works, a cancel stops what is not staged, and no staging chunk or stream stays out
 // (ote__gpu_stats, and the fake's live objects after destroy in TearDown).
+#include <gtest/gtest.h>
+
 #include <time.h>
 
 #include <atomic>

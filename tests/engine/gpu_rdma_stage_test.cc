@@ -23,6 +23,8 @@
 // rdma_grant_max, the earlier behaviour), printed against its parts; a source with
 // rdma_grant_mode=mr (its requester asks on direct slots first) sends staged runs back to
 // plain slots, once per range.
+#include <gtest/gtest.h>
+
 #include <time.h>
 #include <unistd.h>
 

@@ -4,6 +4,8 @@
 // sizes, offsets, gpu_paths without staging, driver faults on the source's copy, cancel),
 // local device buffers staged by the requester. The memory kinds and the tcp and shm
 // paths: gpu_staging_test.cc.
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
 

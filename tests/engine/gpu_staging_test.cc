@@ -8,6 +8,8 @@
 // either side (that request fails, the next one works, nothing leaks); cancel in the
 // middle of a pipeline touches nothing outside the range. Over RDMA:
 // gpu_rdma_staging_test.cc.
+#include <gtest/gtest.h>
+
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>

@@ -7,6 +7,8 @@
 // through a counting provider (native_counter.h) that logs its create flags and the
 // opcodes it posted; a small READ (1 to 64 bytes) into device memory completes with its
 // bytes right (the sim fails it loudly on a QP without the flag).
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>

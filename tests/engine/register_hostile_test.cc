@@ -8,6 +8,8 @@
 // sim): every request fails with OTE_ERR_ACCESS and the target lives on. Before the
 // registration checked its range, the peer's request killed the target with SIGSEGV or
 // SIGBUS (and, with a driver loaded, PROT_NONE registered as host memory).
+#include <gtest/gtest.h>
+
 #include <unistd.h>
 
 #include <cstring>

@@ -5,8 +5,9 @@
 // in the engine's. The source counts its registrations and the notifications it received;
 // a wrong key counts authentication failures on both sides. The struct_size protocol
 // fills what fits and says so.
-#include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

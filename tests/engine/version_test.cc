@@ -1,8 +1,9 @@
 // ote_version() and ote_features() (engine/version.c): the version the header promises,
 // and feature bits that follow the libraries this machine has: libibverbs loaded at run
 // time (verbs/ibverbs_dl.h), the CUDA driver found through $OTE_CUDA_LIBRARY.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
+
+#include <dlfcn.h>
 #include <stdlib.h>
 
 #include <string>

@@ -1,12 +1,12 @@
 // tests/naming/naming_cluster_test.cc - a three-member etcd cluster on loopback: with one
 // member killed (the endpoint the handle was using), names still resolve, publish, list
 // and stay alive past their ttl through the other members.
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/naming/servers.h"
 #include "tests/util/test_base.h"

@@ -4,6 +4,8 @@
 // incarnation ends the requests in flight to it OTE_ERR_PEER_LOST through the name's watch,
 // long before their own deadline, and later submits fail at once. Each case runs on both
 // stores (real etcd and redis-server) and over tcp, shm and rdma (verbs sim).
+#include <gtest/gtest.h>
+
 #include <signal.h>
 #include <string.h>
 
@@ -15,8 +17,6 @@
 #include <thread>
 #include <tuple>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/naming/servers.h"
 #include "tests/util/test_base.h"

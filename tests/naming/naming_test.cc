@@ -1,6 +1,8 @@
 // tests/naming/naming_test.cc - <ote/naming.h> against real servers on loopback: etcd
 // (Debian's etcd-server, v3 JSON gateway) and redis-server, started by the test with free
 // ports and temporary data directories. Each case runs on both stores.
+#include <gtest/gtest.h>
+
 #include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -13,8 +15,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/naming/servers.h"
 #include "tests/util/test_base.h"

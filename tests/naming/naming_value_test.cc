@@ -1,12 +1,12 @@
 // tests/naming/naming_value_test.cc - the value stored under a name (naming/value.c) and
 // ote_engine_metadata_peer: round trip, and every truncation, every single-byte change and
 // random mutations of a real value are refused or decode to a checked value.
+#include <gtest/gtest.h>
+
 #include <string.h>
 
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/naming/servers.h"
 #include "tests/util/test_base.h"

@@ -2,10 +2,11 @@
 // thread is seen in time, a predicate already true costs no sleep, a timeout returns false
 // after about the limit and (WaitUntil only) reports one non-fatal failure at the caller's
 // line naming what was waited for and how long; a fixed pause paces the polls.
+#include <gtest/gtest.h>
+
 #include "tests/util/wait.h"
 
 #include <gtest/gtest-spi.h>
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
